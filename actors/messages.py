@@ -1,0 +1,177 @@
+"""The typed messages the control-plane actors exchange over trio memory channels.
+
+Each inbox has one union type (``LeaseInbox``, ``LedgerInbox``, ...). A request that wants an
+answer carries a :class:`runtime.reply.Reply`. Protobuf types never appear here.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from runtime.reply import Reply
+
+# ---------------------------------------------------------------- lease keeper -> everyone
+
+
+@attrs.frozen(kw_only=True)
+class Elected:
+    """This replica now holds the lease under ``epoch``. ``seq`` orders role changes."""
+
+    seq: int
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class Deposed:
+    """This replica no longer decides (lost, released, or stepped down). ``seq`` orders changes."""
+
+    seq: int
+    epoch: int
+    reason: str
+
+
+RoleChange = Elected | Deposed
+
+# ---------------------------------------------------------------- -> lease keeper
+
+
+@attrs.frozen(kw_only=True)
+class EpochSuperseded:
+    """Someone saw a newer epoch than ours (the ledger's FOR SHARE check, a worker's reply)."""
+
+    epoch: int
+    epoch_seen: int
+
+
+@attrs.frozen(kw_only=True)
+class QueryRole:
+    """Ask the lease keeper for the current role (an actor that just (re)started)."""
+
+    reply: Reply[RoleChange]
+
+
+LeaseInbox = EpochSuperseded | QueryRole
+
+# ---------------------------------------------------------------- -> ledger (fenced writes)
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """A decision: run ``job_id`` on ``worker_id`` (of ``incarnation``), holding these resources."""
+
+    job_id: int
+    worker_id: str
+    incarnation: int
+    cpu_millis: int
+    memory_mb: int
+
+
+@attrs.frozen(kw_only=True)
+class JobPayload:
+    """What a worker needs to run a job (a plain copy of the job's spec)."""
+
+    name: str
+    cpu_millis: int
+    memory_mb: int
+    priority: int
+    sleep_ms: int | None
+    argv: tuple[str, ...] | None
+
+
+@attrs.frozen(kw_only=True)
+class CommittedAssignment:
+    """A placement the ledger committed under ``epoch``: the assignment, where it goes, and
+    what the worker needs to run it."""
+
+    assignment_id: int
+    job_id: int
+    worker_id: str
+    incarnation: int
+    epoch: int
+    payload: JobPayload
+
+
+@attrs.frozen(kw_only=True)
+class CommitPlacements:
+    """Commit ``placements`` under ``epoch``; claim only jobs still pending (invariant 3).
+
+    ``reasons`` sets ``jobs.reason`` for pending jobs (``""`` clears it). The reply holds the
+    assignments actually created (a job cancelled meanwhile is skipped). Fails with
+    :class:`runtime.errors.Deposed` when ``epoch`` is not current.
+    """
+
+    epoch: int
+    placements: tuple[Placement, ...]
+    reasons: tuple[tuple[int, str], ...]
+    reply: Reply[tuple[CommittedAssignment, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class ReconcileResult:
+    """What a fenced reconcile transaction changed."""
+
+    dead_worker_ids: tuple[str, ...]
+    requeued_job_ids: tuple[int, ...]
+    orphaned_assignment_ids: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DeclareDeadWorkers:
+    """Under ``epoch``: declare dead every alive worker without a heartbeat for ``dead_after_s``
+    (database time), end its active assignments as lost, and requeue their jobs; also end
+    assignments addressed to a worker incarnation that is no longer current."""
+
+    epoch: int
+    dead_after_s: float
+    reply: Reply[ReconcileResult]
+
+
+@attrs.frozen(kw_only=True)
+class EndAssignments:
+    """Under ``epoch``: end active assignments that their worker acknowledged cancelling.
+
+    ``requeue`` True puts the job back to pending (an unconfirmed assignment withdrawn);
+    False marks the job cancelled (the user asked). The reply lists the ids really ended.
+    """
+
+    epoch: int
+    assignment_ids: tuple[int, ...]
+    requeue: bool
+    reason: str
+    reply: Reply[tuple[int, ...]]
+
+
+LedgerInbox = CommitPlacements | DeclareDeadWorkers | EndAssignments
+
+# ---------------------------------------------------------------- -> dispatcher (worker RPCs)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerRef:
+    """Where to reach one worker incarnation."""
+
+    worker_id: str
+    address: str
+    incarnation: int
+
+
+@attrs.frozen(kw_only=True)
+class Dispatch:
+    """Send committed assignments to one worker under ``epoch`` (fire and forget)."""
+
+    epoch: int
+    worker: WorkerRef
+    assignments: tuple[CommittedAssignment, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CancelOnWorker:
+    """Ask a worker to cancel assignments; the reply lists the ids it acknowledged."""
+
+    epoch: int
+    worker: WorkerRef
+    assignment_ids: tuple[int, ...]
+    reply: Reply[tuple[int, ...]]
+
+
+DispatcherInbox = Dispatch | CancelOnWorker

@@ -1,0 +1,348 @@
+"""Every SQL statement the control plane runs, by name.
+
+Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
+ingest (unfenced: submissions, registrations, heartbeats, presence). Reads are used by the
+lease keeper, placer, reconciler and ingest. Durations are passed as float seconds and turned
+into intervals with ``make_interval(secs => $n)``; all times are the database's ``now()``.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- schema
+
+SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
+APPLY_SCHEMA_LOCK = "SELECT pg_advisory_lock($1)"
+APPLY_SCHEMA_UNLOCK = "SELECT pg_advisory_unlock($1)"
+
+# ---------------------------------------------------------------- lease keeper
+
+# $1 holder, $2 ttl_s. Takes the lease only if it has expired by database time; bumps the
+# epoch and appends the reign to lease_history in the same statement (one transaction).
+TAKE_OVER_LEASE = """
+WITH previous AS (SELECT holder FROM lease WHERE id = 1),
+taken AS (
+    UPDATE lease
+       SET holder = $1, epoch = epoch + 1, expires_at = now() + make_interval(secs => $2)
+     WHERE id = 1 AND expires_at < now()
+ RETURNING epoch, holder
+),
+history AS (
+    INSERT INTO lease_history (epoch, holder, acquired_at, previous)
+    SELECT taken.epoch, taken.holder, now(), (SELECT holder FROM previous) FROM taken
+)
+SELECT epoch FROM taken
+"""
+
+# $1 holder, $2 epoch, $3 ttl_s. No row back: someone else holds the lease now.
+RENEW_LEASE = """
+UPDATE lease SET expires_at = now() + make_interval(secs => $3)
+ WHERE id = 1 AND holder = $1 AND epoch = $2
+RETURNING epoch
+"""
+
+# $1 holder, $2 epoch. A clean shutdown hands the lease over at once.
+RELEASE_LEASE = """
+UPDATE lease SET expires_at = '-infinity'
+ WHERE id = 1 AND holder = $1 AND epoch = $2
+"""
+
+READ_LEASE = """
+SELECT holder, epoch, expires_at > now() AS live,
+       extract(epoch FROM expires_at - now())::float8 AS remaining_s
+  FROM lease WHERE id = 1
+"""
+
+# ---------------------------------------------------------------- ledger (fenced)
+
+# The fence: same transaction as the writes. A takeover's UPDATE of this row waits until
+# the transaction holding the share lock commits or aborts.
+FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
+
+# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch. Claims only jobs still pending
+# (invariant 3) on workers still alive in that incarnation; returns what was created.
+COMMIT_PLACEMENTS = """
+WITH p AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation)
+),
+claimed AS (
+    UPDATE jobs j
+       SET state = 'assigned', reason = '', attempts = j.attempts + 1
+      FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
+                           AND w.state = 'alive'
+     WHERE j.id = p.job_id AND j.state = 'pending'
+ RETURNING j.id, p.worker_id, p.incarnation, j.cpu_millis, j.memory_mb,
+           j.name, j.priority, j.sleep_ms, j.argv
+),
+created AS (
+    INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
+    SELECT id, worker_id, incarnation, cpu_millis, memory_mb, $4 FROM claimed
+ RETURNING id, job_id
+)
+SELECT created.id AS assignment_id, claimed.*
+  FROM created JOIN claimed ON claimed.id = created.job_id
+"""
+
+# $1 job ids, $2 reasons. Only pending jobs carry a reason.
+SET_PENDING_REASONS = """
+UPDATE jobs j SET reason = r.reason
+  FROM unnest($1::bigint[], $2::text[]) AS r(id, reason)
+ WHERE j.id = r.id AND j.state = 'pending' AND j.reason IS DISTINCT FROM r.reason
+"""
+
+# $1 epoch, $2 dead_after_s. Judged by database time on heartbeats any replica recorded.
+DECLARE_DEAD_WORKERS = """
+WITH dead AS (
+    UPDATE workers SET state = 'dead', dead_at = now(), dead_epoch = $1
+     WHERE state = 'alive' AND last_heartbeat_at < now() - make_interval(secs => $2)
+ RETURNING id, incarnation, last_heartbeat_at
+),
+logged AS (
+    INSERT INTO worker_deaths (worker_id, incarnation, epoch, last_heartbeat_at)
+    SELECT id, incarnation, $1, last_heartbeat_at FROM dead
+)
+SELECT id FROM dead
+"""
+
+# $1 epoch. Ends active assignments whose worker is dead or has registered again (a new
+# incarnation: the old one's jobs are stopped), and requeues their jobs (or finishes the
+# cancellation of jobs whose cancel was requested).
+END_ORPHANED_ASSIGNMENTS = """
+WITH ended AS (
+    UPDATE assignments a
+       SET state = 'lost', ended_at = now(), ended_epoch = $1,
+           end_reason = CASE WHEN w.state = 'dead' THEN 'worker_dead' ELSE 'worker_restarted' END
+      FROM workers w
+     WHERE a.state = 'active' AND w.id = a.worker_id
+       AND (w.state = 'dead' OR w.incarnation <> a.worker_incarnation)
+ RETURNING a.id, a.job_id
+),
+requeued AS (
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+           started_at = NULL
+      FROM ended
+     WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
+ RETURNING j.id, j.state
+)
+SELECT (SELECT coalesce(array_agg(id), '{}') FROM ended) AS ended_ids,
+       (SELECT coalesce(array_agg(id), '{}') FROM requeued WHERE state = 'pending') AS requeued_ids
+"""
+
+# $1 epoch, $2 assignment ids, $3 end reason, $4 requeue. Only for assignments whose worker
+# acknowledged the cancel: the job runs nowhere now.
+END_CANCELLED_ASSIGNMENTS = """
+WITH ended AS (
+    UPDATE assignments
+       SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = $3
+     WHERE id = ANY($2::bigint[]) AND state = 'active'
+ RETURNING id, job_id
+),
+jobs_ended AS (
+    UPDATE jobs j
+       SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
+           finished_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE now() END,
+           started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END
+      FROM ended
+     WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
+)
+SELECT id FROM ended
+"""
+
+# $1 holder, $2 epoch, $3 epoch_seen, $4 what. Written after a refused fenced write.
+RECORD_STALE_WRITE = """
+INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $4)
+"""
+
+# ---------------------------------------------------------------- placer (reads)
+
+# $1 worker_fresh_s. Live workers with their allocation from active assignments.
+LIVE_WORKERS = """
+SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb,
+       coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
+       coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb
+  FROM workers w
+  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
+ WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
+ GROUP BY w.id
+"""
+
+# $1 limit. Highest priority first, then submission order.
+PENDING_JOBS = """
+SELECT id, cpu_millis, memory_mb, priority, reason
+  FROM jobs WHERE state = 'pending'
+ ORDER BY priority DESC, id
+ LIMIT $1
+"""
+
+# ---------------------------------------------------------------- reconciler (reads)
+
+_ASSIGNMENT_PAYLOAD = """
+SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,
+       a.epoch, w.address, j.name, j.cpu_millis, j.memory_mb, j.priority, j.sleep_ms, j.argv,
+       extract(epoch FROM now() - a.created_at)::float8 AS age_s
+  FROM assignments a
+  JOIN workers w ON w.id = a.worker_id
+  JOIN jobs j ON j.id = a.job_id
+"""
+
+# Active assignments no heartbeat has confirmed, on live workers of the right incarnation.
+UNCONFIRMED_ASSIGNMENTS = _ASSIGNMENT_PAYLOAD + """
+ WHERE a.state = 'active' AND a.confirmed_at IS NULL
+   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+ ORDER BY a.id
+"""
+
+# Active assignments of jobs a user asked to cancel.
+CANCEL_REQUESTED_ASSIGNMENTS = _ASSIGNMENT_PAYLOAD + """
+ WHERE a.state = 'active' AND j.cancel_requested
+   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+ ORDER BY a.id
+"""
+
+# ---------------------------------------------------------------- ingest (unfenced writes)
+
+# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv
+SUBMIT_JOB = """
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id
+"""
+
+# $1 job id. Pending: cancelled at once. Assigned or running: the leader cancels it on its
+# worker and ends the assignment (a fenced write).
+CANCEL_JOB = """
+UPDATE jobs
+   SET cancel_requested = state IN ('assigned', 'running'),
+       state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
+       finished_at = CASE WHEN state = 'pending' THEN now() ELSE finished_at END
+ WHERE id = $1
+RETURNING state, cancel_requested
+"""
+
+_JOB_INFO = """
+SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
+       j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
+       extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
+       extract(epoch FROM j.started_at)::float8 AS started_unix_s,
+       extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
+       j.stdout_path, j.stderr_path, j.detail,
+       a.id AS assignment_id, a.worker_id, a.epoch
+  FROM jobs j
+  LEFT JOIN LATERAL (
+      SELECT id, worker_id, epoch FROM assignments
+       WHERE job_id = j.id ORDER BY id DESC LIMIT 1
+  ) a ON true
+"""
+
+GET_JOB = _JOB_INFO + " WHERE j.id = $1"
+
+# $1 state ('' for any), $2 limit. Newest first.
+LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
+
+# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text).
+# Every registration is a new incarnation, alive, with a fresh heartbeat.
+REGISTER_WORKER = """
+INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'))
+ON CONFLICT (id) DO UPDATE
+   SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
+       memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
+       incarnation = EXCLUDED.incarnation, state = 'alive',
+       registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL
+RETURNING incarnation
+"""
+
+# $1 worker id, $2 incarnation. No row: unknown, dead or another incarnation -> reregister.
+RECORD_HEARTBEAT = """
+UPDATE workers SET last_heartbeat_at = now()
+ WHERE id = $1 AND incarnation = $2 AND state = 'alive'
+RETURNING id
+"""
+
+# $1 worker id, $2 assignment ids, $3 states, $4 exit codes (NULL for none), $5 started
+# (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9 details.
+# Only succeeded/failed outcomes of still-active assignments end them; anything else the
+# worker reports (a stop the control plane ordered) was or will be ended by the leader.
+RECORD_OUTCOMES = """
+WITH o AS (
+    SELECT * FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+                         $7::text[], $8::text[], $9::text[])
+           AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+                stderr_path, detail)
+     WHERE o.state IN ('succeeded', 'failed')
+),
+ended AS (
+    UPDATE assignments a
+       SET state = 'finished', ended_at = now(), end_reason = o.state
+      FROM o
+     WHERE a.id = o.assignment_id AND a.worker_id = $1 AND a.state = 'active'
+ RETURNING a.id, a.job_id
+)
+UPDATE jobs j
+   SET state = o.state, exit_code = o.exit_code,
+       started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+       finished_at = coalesce(to_timestamp(o.finished_s), now()),
+       stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+  FROM ended JOIN o ON o.assignment_id = ended.id
+ WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
+"""
+
+# $1 worker id, $2 running assignment ids. First heartbeat that lists an assignment confirms it.
+CONFIRM_RUNNING = """
+WITH confirmed AS (
+    UPDATE assignments SET confirmed_at = now()
+     WHERE id = ANY($2::bigint[]) AND worker_id = $1 AND state = 'active'
+       AND confirmed_at IS NULL
+ RETURNING job_id
+)
+UPDATE jobs j SET state = 'running', started_at = coalesce(j.started_at, now())
+  FROM confirmed WHERE j.id = confirmed.job_id AND j.state = 'assigned'
+"""
+
+# $1 worker id, $2 running assignment ids. Those that are not active on this worker: stop them.
+ENDED_AMONG = """
+SELECT r.id FROM unnest($2::bigint[]) AS r(id)
+ WHERE NOT EXISTS (
+     SELECT 1 FROM assignments a WHERE a.id = r.id AND a.worker_id = $1 AND a.state = 'active'
+ )
+"""
+
+CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
+
+# $1 id, $2 address, $3 pid
+RECORD_PRESENCE = """
+INSERT INTO control_planes (id, address, pid, started_at, seen_at)
+VALUES ($1, $2, $3, now(), now())
+ON CONFLICT (id) DO UPDATE
+   SET address = EXCLUDED.address, seen_at = now(),
+       started_at = CASE WHEN control_planes.pid IS DISTINCT FROM EXCLUDED.pid
+                         THEN now() ELSE control_planes.started_at END,
+       pid = EXCLUDED.pid
+"""
+
+# ---------------------------------------------------------------- status (reads)
+
+STATUS_CONTROL_PLANES = """
+SELECT id, address, extract(epoch FROM seen_at)::float8 AS seen_unix_s,
+       seen_at > now() - interval '3 seconds' AS up
+  FROM control_planes ORDER BY id
+"""
+
+STATUS_WORKERS = """
+SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
+       extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
+       coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
+       coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
+       coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
+           AS job_ids
+  FROM workers w
+  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
+ GROUP BY w.id ORDER BY w.id
+"""
+
+STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
+
+STATUS_UNSCHEDULABLE = _JOB_INFO + """
+ WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
+"""

@@ -1,0 +1,8 @@
+"""The small actor kit every Stockade process stands on.
+
+Supervision (:mod:`runtime.supervisor`), request/reply between actors (:mod:`runtime.reply`),
+the trio-asyncio bridge to asyncpg and grpclib (:mod:`runtime.aio`), the control-plane
+client with failover (:mod:`runtime.client`), settings (:mod:`runtime.settings`), errors
+(:mod:`runtime.errors`), logging (:mod:`runtime.log`) and fault points for tests
+(:mod:`runtime.faults`). Imports only :mod:`protocol`.
+"""

@@ -1,0 +1,395 @@
+"""The trio-asyncio bridge: asyncpg and grpclib used from trio code.
+
+asyncpg and grpclib are asyncio libraries. Each Stockade process opens one asyncio loop on
+top of trio (:func:`asyncio_bridge`) and every call into those libraries goes through this
+module, the only caller of ``aio_as_trio``. Errors are translated at the boundary: a broken
+connection or an unreachable peer becomes a :class:`runtime.errors.TemporaryError`, a gRPC
+status becomes :class:`InvalidArgument`, :class:`NotFound` or :class:`RemoteError`.
+
+Cancellation: a trio cancel that lands inside an asyncpg call terminates that connection
+(its protocol state is unknown afterwards), so the owner reconnects; close and rollback are
+shielded, with a short deadline of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+import grpclib.client
+import grpclib.const
+import grpclib.exceptions
+import grpclib.server
+import trio
+import trio_asyncio
+from betterproto2.grpclib import ServiceBase, ServiceStub
+
+from runtime.errors import (
+    DatabaseUnavailable,
+    Deposed,
+    InvalidArgument,
+    NotFound,
+    RemoteError,
+    StockadeError,
+    TemporaryError,
+    Unavailable,
+)
+
+T = TypeVar("T")
+StubT = TypeVar("StubT", bound=ServiceStub)
+
+_CLEANUP_DEADLINE_S = 2.0
+
+
+@asynccontextmanager
+async def asyncio_bridge() -> AsyncIterator[None]:
+    """Open the asyncio loop that asyncpg and grpclib run on, for the body of the block.
+
+    Open it once per process, around everything else (``trio_asyncio.open_loop``).
+    """
+    async with trio_asyncio.open_loop():
+        yield
+
+
+async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Await the asyncio coroutine function ``fn(*args, **kwargs)`` from trio."""
+    return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------- PostgreSQL
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+)
+
+Record = asyncpg.Record
+
+
+class PgConnection:
+    """One asyncpg connection owned by one actor, callable from trio.
+
+    Create with :meth:`connect`; every method may raise :class:`DatabaseUnavailable` when the
+    connection breaks (the owner then closes it and connects again). SQL errors other than
+    connection loss propagate as asyncpg's own ``PostgresError`` subclasses.
+    """
+
+    def __init__(self, raw: asyncpg.Connection) -> None:
+        self._raw = raw
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        server_settings: dict[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> PgConnection:
+        """Connect to ``url``; ``server_settings`` are PostgreSQL session settings.
+
+        Raises:
+            DatabaseUnavailable: the server could not be reached in ``connect_timeout_s``.
+        """
+        try:
+            raw = await run_aio(
+                asyncpg.connect, url, server_settings=server_settings or {},
+                timeout=connect_timeout_s, statement_cache_size=256,
+            )
+        except _CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
+        return cls(raw)
+
+    @property
+    def backend_pid(self) -> int:
+        """The PostgreSQL server process id serving this session."""
+        return int(self._raw.get_server_pid())
+
+    def is_closed(self) -> bool:
+        return bool(self._raw.is_closed())
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        try:
+            return await run_aio(fn, *args)
+        except _CONNECTION_ERRORS as exc:
+            self._raw.terminate()
+            raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
+
+    async def fetch(self, sql: str, *args: Any) -> list[Record]:
+        """Rows of ``sql``."""
+        try:
+            return await self._call(self._raw.fetch, sql, *args)
+        except trio.Cancelled:
+            self._raw.terminate()
+            raise
+
+    async def fetchrow(self, sql: str, *args: Any) -> Record | None:
+        """The first row of ``sql``, or None."""
+        try:
+            return await self._call(self._raw.fetchrow, sql, *args)
+        except trio.Cancelled:
+            self._raw.terminate()
+            raise
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row of ``sql``, or None."""
+        try:
+            return await self._call(self._raw.fetchval, sql, *args)
+        except trio.Cancelled:
+            self._raw.terminate()
+            raise
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        """Run ``sql``; returns the command tag (``"UPDATE 3"``)."""
+        try:
+            return await self._call(self._raw.execute, sql, *args)
+        except trio.Cancelled:
+            self._raw.terminate()
+            raise
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PgConnection]:
+        """``BEGIN`` ... ``COMMIT`` around the body; ``ROLLBACK`` (shielded) when it raises.
+
+        Raises:
+            DatabaseUnavailable: the connection broke, including at COMMIT. A COMMIT whose
+                answer was lost is ambiguous: the caller must not assume it failed.
+        """
+        await self.execute("BEGIN")
+        try:
+            yield self
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S) as scope:
+                if not self._raw.is_closed():
+                    try:
+                        await run_aio(self._raw.execute, "ROLLBACK")
+                    except Exception:
+                        self._raw.terminate()
+            if scope.cancelled_caught:
+                self._raw.terminate()
+            raise
+        await self.execute("COMMIT")
+
+    async def close(self) -> None:
+        """Close, shielded from cancellation; terminates if a clean close takes too long."""
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S) as scope:
+            if not self._raw.is_closed():
+                try:
+                    await run_aio(self._raw.close)
+                except Exception:
+                    self._raw.terminate()
+        if scope.cancelled_caught:
+            self._raw.terminate()
+
+    def terminate(self) -> None:
+        """Drop the connection at once (no goodbye to the server)."""
+        self._raw.terminate()
+
+
+class PgPool:
+    """A small asyncpg pool shared by concurrent request handlers (the ingest actor)."""
+
+    def __init__(self, raw: asyncpg.Pool) -> None:
+        self._raw = raw
+
+    @classmethod
+    async def create(
+        cls, url: str, *, size: int, server_settings: dict[str, str] | None = None
+    ) -> PgPool:
+        """Open ``size`` connections to ``url``.
+
+        Raises:
+            DatabaseUnavailable: the server could not be reached.
+        """
+        try:
+            raw = await run_aio(
+                asyncpg.create_pool, url, min_size=1, max_size=size,
+                server_settings=server_settings or {}, timeout=5.0,
+            )
+        except _CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
+        assert raw is not None
+        return cls(raw)
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[PgConnection]:
+        """Borrow a connection for the body of the block.
+
+        Raises:
+            DatabaseUnavailable: no connection could be had within 5 s.
+        """
+        try:
+            raw = await run_aio(self._raw.acquire, timeout=5.0)
+        except _CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(f"no database connection: {exc!r}") from exc
+        try:
+            yield PgConnection(raw)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S):
+                try:
+                    await run_aio(self._raw.release, raw)
+                except Exception:
+                    raw.terminate()
+
+    async def close(self) -> None:
+        """Close every connection, shielded; terminate what does not close in time."""
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S) as scope:
+            try:
+                await run_aio(self._raw.close)
+            except Exception:
+                self._raw.terminate()
+        if scope.cancelled_caught:
+            self._raw.terminate()
+
+
+# ---------------------------------------------------------------------------- gRPC server
+
+_STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
+    (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
+    (NotFound, grpclib.const.Status.NOT_FOUND),
+    (Deposed, grpclib.const.Status.FAILED_PRECONDITION),
+    (TemporaryError, grpclib.const.Status.UNAVAILABLE),
+]
+
+
+def _to_grpc_error(exc: StockadeError) -> grpclib.exceptions.GRPCError:
+    for cls, status in _STATUS_OF:
+        if isinstance(exc, cls):
+            return grpclib.exceptions.GRPCError(status, str(exc))
+    return grpclib.exceptions.GRPCError(grpclib.const.Status.INTERNAL, str(exc))
+
+
+def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
+    """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
+
+    Each RPC of the generated ``base`` class is served by the same-named trio method of
+    ``impl``, which takes the request message and returns the reply message. StockadeErrors
+    become gRPC statuses: InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND,
+    Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others -> INTERNAL.
+    """
+    methods: dict[str, Any] = {}
+    for name, fn in vars(base).items():
+        if name.startswith("_") or not inspect.iscoroutinefunction(fn):
+            continue
+        trio_fn = getattr(impl, name)
+
+        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
+            try:
+                return await trio_asyncio.trio_as_aio(_trio_fn)(message)
+            except StockadeError as exc:
+                raise _to_grpc_error(exc) from exc
+
+        methods[name] = rpc
+    return type(f"Trio{base.__name__}", (base,), methods)()
+
+
+async def serve_grpc(
+    services: Sequence[ServiceBase],
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``services`` on ``host:port`` until cancelled; ``task_status.started(actual_port)``.
+
+    Raises:
+        OSError: the address could not be bound.
+    """
+    server = grpclib.server.Server(list(services))
+    await run_aio(server.start, host, port)
+    try:
+        sockets = server._server.sockets if server._server is not None else []  # noqa: SLF001
+        actual_port = sockets[0].getsockname()[1] if sockets else port
+        task_status.started(actual_port)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S):
+            server.close()
+            await run_aio(server.wait_closed)
+
+
+# ---------------------------------------------------------------------------- gRPC client
+
+_RETRYABLE_STATUS = {
+    grpclib.const.Status.UNAVAILABLE,
+    grpclib.const.Status.DEADLINE_EXCEEDED,
+    grpclib.const.Status.CANCELLED,
+}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)``.
+
+    Raises:
+        InvalidArgument: no port, or a port outside 1..65535.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
+    return host, int(port_text)
+
+
+class GrpcChannel:
+    """A client connection to one gRPC server, with trio-side calls and error translation."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        host, port = split_address(address)
+        self._channel = grpclib.client.Channel(host, port)
+
+    def stub(self, stub_cls: type[StubT]) -> StubT:
+        """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
+        return stub_cls(self._channel)
+
+    async def call(
+        self, method: Callable[..., Awaitable[T]], request: Any, *, timeout_s: float
+    ) -> T:
+        """Call a stub's bound ``method`` with ``request`` and a deadline of ``timeout_s``.
+
+        Raises:
+            Unavailable: the peer did not answer in time, refused the connection, or
+                answered UNAVAILABLE / DEADLINE_EXCEEDED.
+            InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
+                (``field`` is ``"request"``; the peer's message is kept whole).
+            RemoteError: any other error status.
+        """
+        try:
+            with trio.fail_after(timeout_s + 0.5):
+                return await run_aio(method, request, timeout=timeout_s)
+        except trio.TooSlowError as exc:
+            raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
+        except grpclib.exceptions.GRPCError as exc:
+            message = exc.message or ""
+            if exc.status in _RETRYABLE_STATUS:
+                raise Unavailable(f"{self.address}: {exc.status.name}: {message}") from exc
+            if exc.status == grpclib.const.Status.INVALID_ARGUMENT:
+                raise _RemoteInvalid(message) from exc
+            if exc.status == grpclib.const.Status.NOT_FOUND:
+                raise NotFound(message) from exc
+            raise RemoteError(exc.status.name, message) from exc
+        except (OSError, asyncio.TimeoutError, grpclib.exceptions.StreamTerminatedError,
+                grpclib.exceptions.ProtocolError) as exc:
+            raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._channel.close()
+
+
+class _RemoteInvalid(InvalidArgument):
+    """INVALID_ARGUMENT from a peer: keeps the peer's message as the whole text."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.field = "request"
+        self.value = None
+        self.rule = message

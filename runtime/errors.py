@@ -1,0 +1,98 @@
+"""Stockade's exceptions: one base class, subclasses that say what the caller can do.
+
+- :class:`TemporaryError`: try again after ``retry_after_s`` (the supervisor restarts the actor).
+- :class:`PermanentError`: retrying will not help.
+- :class:`Deposed`: this replica's epoch is no longer current; stop deciding.
+- :class:`InvalidArgument` / :class:`NotFound`: the caller's input is wrong (gRPC
+  INVALID_ARGUMENT / NOT_FOUND at the boundary).
+"""
+
+from __future__ import annotations
+
+
+class StockadeError(Exception):
+    """Base class of every error Stockade raises on purpose."""
+
+
+class TemporaryError(StockadeError):
+    """A failure that may pass: retry after ``retry_after_s`` seconds.
+
+    Args:
+        message: what failed.
+        retry_after_s: the suggested delay before trying again, in seconds.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentError(StockadeError):
+    """A failure that retrying will not mend (bad configuration, a broken invariant)."""
+
+
+class DatabaseUnavailable(TemporaryError):
+    """The database did not answer or the connection broke."""
+
+
+class Unavailable(TemporaryError):
+    """A remote peer (control plane or worker) did not answer in time."""
+
+
+class NoControlPlaneReachable(Unavailable):
+    """Every control-plane address in the list failed; the message lists why for each."""
+
+
+class Deposed(StockadeError):
+    """The epoch this replica acts under is no longer the current one.
+
+    Args:
+        epoch: the epoch the refused decision carried.
+        epoch_seen: the current epoch as read under ``FOR SHARE`` (or reported by a worker).
+    """
+
+    def __init__(self, epoch: int, epoch_seen: int) -> None:
+        super().__init__(f"deposed: acting under epoch {epoch}, current epoch is {epoch_seen}")
+        self.epoch = epoch
+        self.epoch_seen = epoch_seen
+
+
+class InvalidArgument(StockadeError, ValueError):
+    """Input that breaks a rule; the message names the field, the value and the limit.
+
+    Args:
+        field: the offending field's name, e.g. ``"cpu_millis"``.
+        value: the value received.
+        rule: the limit it broke, e.g. ``"must be between 1 and 1000000"``.
+    """
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{field} {rule}, got {shown}")
+        self.field = field
+        self.value = value
+        self.rule = rule
+
+
+class NotFound(StockadeError, LookupError):
+    """The named object (job, worker) does not exist."""
+
+
+class RemoteError(StockadeError):
+    """A peer answered with an error status that is not one of ours to retry.
+
+    Args:
+        status: the gRPC status name, e.g. ``"INVALID_ARGUMENT"``.
+        message: the peer's message.
+    """
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.detail = message
+
+
+class ActorGaveUp(PermanentError):
+    """An actor crashed more often than its restart policy allows; the process should exit."""

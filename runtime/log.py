@@ -1,0 +1,40 @@
+"""Structured logging (structlog), one line per event, to stderr.
+
+Call :func:`configure` once per process; get loggers with :func:`get`. Console output is
+human-readable; ``json=True`` gives JSON lines for machines.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+
+def configure(*, json: bool = False, level: str = "INFO", **context: Any) -> None:
+    """Set up structlog for this process, binding ``context`` (e.g. ``cp_id="cp-1"``) to every line."""
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**context)
+
+
+def get(name: str) -> Any:
+    """A logger that adds ``actor=name`` to every line."""
+    return structlog.get_logger().bind(actor=name)

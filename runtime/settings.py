@@ -1,0 +1,155 @@
+"""Settings, grouped per component, with the unit in every name, passed explicitly.
+
+Defaults follow DESIGN.md: lease 2 s, placer round 100 ms, reconcile 1 s, heartbeat 500 ms,
+dead_after 5 s. Every group validates itself at construction and raises
+:class:`runtime.errors.InvalidArgument` naming the field, the value and the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from runtime.errors import InvalidArgument
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise InvalidArgument(attribute.name, value, "must be > 0")
+
+
+@attrs.frozen(kw_only=True)
+class LeaseSettings:
+    """The lease keeper's timing."""
+
+    lease_ttl_s: float = attrs.field(default=2.0, validator=_positive)
+    """How long a takeover or renewal holds the lease, by database time."""
+    renew_interval_s: float = attrs.field(default=0.5, validator=_positive)
+    """How often the leader renews (ttl/4 by default)."""
+    step_down_margin_s: float = attrs.field(default=0.4, validator=_positive)
+    """The leader stops deciding once its last renewal was sent more than ttl minus this ago."""
+    takeover_poll_s: float = attrs.field(default=0.25, validator=_positive)
+    """How often a standby tries to take an expired lease."""
+    statement_timeout_s: float = attrs.field(default=1.0, validator=_positive)
+    """Longest a lease query may take before it counts as failed."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.renew_interval_s >= self.lease_ttl_s - self.step_down_margin_s:
+            raise InvalidArgument(
+                "renew_interval_s",
+                self.renew_interval_s,
+                f"must be < lease_ttl_s - step_down_margin_s = "
+                f"{self.lease_ttl_s - self.step_down_margin_s:g}",
+            )
+
+
+@attrs.frozen(kw_only=True)
+class LedgerSettings:
+    """The fenced connection's session settings."""
+
+    idle_in_transaction_timeout_s: float = attrs.field(default=2.0, validator=_positive)
+    """PostgreSQL ends a session idle inside a transaction this long (a frozen leader's)."""
+    statement_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """Longest one fenced statement may run, including waits for locks."""
+
+
+@attrs.frozen(kw_only=True)
+class PlacerSettings:
+    """The placer's round."""
+
+    round_interval_s: float = attrs.field(default=0.1, validator=_positive)
+    """Time between round starts."""
+    max_jobs_per_round: int = attrs.field(default=20_000, validator=_positive)
+    """Pending jobs read per round, highest priority and oldest first."""
+    worker_fresh_s: float = attrs.field(default=2.0, validator=_positive)
+    """Place only on workers whose last heartbeat is at most this old (database time)."""
+    policy: str = attrs.field(default="best_fit")
+    """best_fit, first_fit or worst_fit."""
+
+    @policy.validator
+    def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in ("best_fit", "first_fit", "worst_fit"):
+            raise InvalidArgument("policy", value, "must be best_fit, first_fit or worst_fit")
+
+
+@attrs.frozen(kw_only=True)
+class ReconcilerSettings:
+    """The reconciler's repair pass."""
+
+    reconcile_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    """Time between passes."""
+    dead_after_s: float = attrs.field(default=5.0, validator=_positive)
+    """A worker without a recorded heartbeat for this long (database time) is declared dead."""
+    redispatch_after_s: float = attrs.field(default=1.0, validator=_positive)
+    """An assignment no heartbeat has confirmed after this long is sent to its worker again."""
+    cancel_unconfirmed_after_s: float = attrs.field(default=30.0, validator=_positive)
+    """An assignment still unconfirmed after this long is cancelled on its worker and requeued."""
+
+
+@attrs.frozen(kw_only=True)
+class DispatchSettings:
+    """The leader's calls to workers."""
+
+    rpc_timeout_s: float = attrs.field(default=2.0, validator=_positive)
+    """Deadline of one Assign or Cancel call."""
+
+
+@attrs.frozen(kw_only=True)
+class ControlPlaneSettings:
+    """Everything one control-plane replica needs."""
+
+    cp_id: str
+    """This replica's id, e.g. ``cp-1``."""
+    database_url: str
+    """asyncpg URL of the shared database."""
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    """gRPC port of the ControlPlane service; 0 picks a free one."""
+    advertise_address: str = ""
+    """host:port others should use; defaults to listen_host:actual port."""
+    ingest_pool_size: int = attrs.field(default=8, validator=_positive)
+    """Database connections for submissions, registrations, heartbeats and status."""
+    presence_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    """How often the replica records that it is up (control_planes.seen_at)."""
+    lease: LeaseSettings = attrs.field(factory=LeaseSettings)
+    ledger: LedgerSettings = attrs.field(factory=LedgerSettings)
+    placer: PlacerSettings = attrs.field(factory=PlacerSettings)
+    reconciler: ReconcilerSettings = attrs.field(factory=ReconcilerSettings)
+    dispatch: DispatchSettings = attrs.field(factory=DispatchSettings)
+
+
+@attrs.frozen(kw_only=True)
+class AgentSettings:
+    """Everything one worker agent needs."""
+
+    worker_id: str
+    """Stable id of this worker, e.g. ``w-1``."""
+    control_planes: tuple[str, ...] = attrs.field(converter=tuple)
+    """host:port of every control plane; heartbeats go to the first that answers."""
+    cpu_millis: int = attrs.field(validator=_positive)
+    """CPU this worker offers, in millicores (1000 = one core)."""
+    memory_mb: int = attrs.field(validator=_positive)
+    """Memory this worker offers, in MiB."""
+    work_dir: str
+    """Folder for the JSON-lines log and the jobs' stdout/stderr files."""
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    """gRPC port of the Worker service; 0 picks a free one."""
+    advertise_address: str = ""
+    """host:port the leader should call; defaults to listen_host:actual port."""
+    labels: dict[str, str] = attrs.field(factory=dict)
+    heartbeat_interval_s: float = attrs.field(default=0.5, validator=_positive)
+    """Time between heartbeats."""
+    heartbeat_timeout_s: float = attrs.field(default=1.0, validator=_positive)
+    """Deadline of one heartbeat call to one control plane."""
+    self_fence_after_s: float = attrs.field(default=3.0, validator=_positive)
+    """Stop every job when no heartbeat sent in the last this-many seconds was acknowledged.
+    Must stay below the control planes' dead_after_s by more than stop_grace_s."""
+    stop_grace_s: float = attrs.field(default=1.0, validator=_positive)
+    """Time between SIGTERM and SIGKILL when stopping a command job."""
+
+    @control_planes.validator
+    def _cps(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+        if not value:
+            raise InvalidArgument("control_planes", value, "must name at least one host:port")
