@@ -117,11 +117,14 @@ class ReconcileResult:
 
 @attrs.frozen(kw_only=True)
 class DeclareDeadWorkers:
-    """Under ``epoch``: declare dead every alive worker without a heartbeat for ``dead_after_s``
-    (database time), end its active assignments as lost, and requeue their jobs; also end
-    assignments addressed to a worker incarnation that is no longer current."""
+    """Under ``epoch``: declare dead the listed (worker_id, incarnation) pairs, each only if it
+    is still alive in that incarnation and still has no heartbeat for ``dead_after_s``
+    (re-checked by database time in the same transaction); end the active assignments of dead
+    workers and of incarnations no longer current (orphans) as lost, and requeue their jobs.
+    An empty ``workers`` only ends orphans."""
 
     epoch: int
+    workers: tuple[tuple[str, int], ...]
     dead_after_s: float
     reply: Reply[ReconcileResult]
 

@@ -51,6 +51,11 @@ class Plan:
     placements: tuple[tuple[int, str], ...]
     unschedulable: dict[int, str]
 
+    @property
+    def placements_by_job(self) -> dict[int, str]:
+        """job_id -> worker_id."""
+        return dict(self.placements)
+
 
 POLICIES = ("best_fit", "first_fit", "worst_fit")
 

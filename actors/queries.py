@@ -89,12 +89,15 @@ UPDATE jobs j SET reason = r.reason
  WHERE j.id = r.id AND j.state = 'pending' AND j.reason IS DISTINCT FROM r.reason
 """
 
-# $1 epoch, $2 dead_after_s. Judged by database time on heartbeats any replica recorded.
+# $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on
+# heartbeats any replica recorded, so a heartbeat that landed after the reconciler's read wins.
 DECLARE_DEAD_WORKERS = """
 WITH dead AS (
-    UPDATE workers SET state = 'dead', dead_at = now(), dead_epoch = $1
-     WHERE state = 'alive' AND last_heartbeat_at < now() - make_interval(secs => $2)
- RETURNING id, incarnation, last_heartbeat_at
+    UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
+      FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
+     WHERE w.id = c.id AND w.incarnation = c.incarnation AND w.state = 'alive'
+       AND w.last_heartbeat_at < now() - make_interval(secs => $2)
+ RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),
 logged AS (
     INSERT INTO worker_deaths (worker_id, incarnation, epoch, last_heartbeat_at)
@@ -176,6 +179,12 @@ SELECT id, cpu_millis, memory_mb, priority, reason
 """
 
 # ---------------------------------------------------------------- reconciler (reads)
+
+# Alive workers and how long ago (database time) their last heartbeat was recorded.
+HEARTBEAT_AGES = """
+SELECT id, incarnation, extract(epoch FROM now() - last_heartbeat_at)::float8 AS age_s
+  FROM workers WHERE state = 'alive'
+"""
 
 _ASSIGNMENT_PAYLOAD = """
 SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,

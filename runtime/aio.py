@@ -307,7 +307,7 @@ async def serve_grpc(
     server = grpclib.server.Server(list(services))
     await run_aio(server.start, host, port)
     try:
-        sockets = server._server.sockets if server._server is not None else []  # noqa: SLF001
+        sockets = server._server.sockets if server._server is not None else []
         actual_port = sockets[0].getsockname()[1] if sockets else port
         task_status.started(actual_port)
         await trio.sleep_forever()
@@ -376,8 +376,7 @@ class GrpcChannel:
             if exc.status == grpclib.const.Status.NOT_FOUND:
                 raise NotFound(message) from exc
             raise RemoteError(exc.status.name, message) from exc
-        except (OSError, asyncio.TimeoutError, grpclib.exceptions.StreamTerminatedError,
-                grpclib.exceptions.ProtocolError) as exc:
+        except (TimeoutError, OSError, grpclib.exceptions.StreamTerminatedError, grpclib.exceptions.ProtocolError) as exc:
             raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
 
     def close(self) -> None:

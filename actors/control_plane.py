@@ -1,0 +1,142 @@
+"""One control-plane replica: a trio nursery of supervised actors, wired by memory channels.
+
+::
+
+    ingest (gRPC ControlPlane)          lease keeper --Elected/Deposed--> placer, reconciler
+    placer --CommitPlacements--> ledger --EpochSuperseded--> lease keeper
+    reconciler --DeclareDeadWorkers/EndAssignments--> ledger
+    placer, reconciler --Dispatch/CancelOnWorker--> dispatcher --gRPC--> workers
+
+Every actor runs under :func:`runtime.supervisor.supervise`; one that keeps crashing takes the
+process down (:class:`runtime.errors.ActorGaveUp`), for the operator's process manager to
+restart. Channels belong to this nursery, not to the actors, so a restarted actor finds its
+inbox intact.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from actors.dispatcher import Dispatcher
+from actors.ingest import Ingest, apply_schema
+from actors.lease import LeaseKeeper, open_pg_store
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import PgPlacerStore, Placer
+from actors.reconciler import PgReconcilerStore, Reconciler
+from actors.role import RoleView
+from runtime import log
+from runtime.aio import asyncio_bridge
+from runtime.errors import DatabaseUnavailable
+from runtime.settings import ControlPlaneSettings
+from runtime.supervisor import RestartPolicy, supervise
+
+
+@attrs.define
+class ControlPlaneHandle:
+    """What a started control plane tells its starter."""
+
+    cp_id: str
+    address: str
+    placer: Placer
+    lease: LeaseKeeper
+
+
+async def _apply_schema_with_retry(database_url: str) -> None:
+    logger = log.get("control_plane")
+    delay_s = 0.2
+    while True:
+        try:
+            await apply_schema(database_url)
+            return
+        except DatabaseUnavailable as exc:
+            logger.warning("database not reachable, retrying", error=str(exc), retry_in_s=delay_s)
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+
+
+async def run_control_plane(
+    settings: ControlPlaneSettings,
+    *,
+    policy: RestartPolicy = RestartPolicy(),
+    task_status: trio.TaskStatus[ControlPlaneHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one replica until cancelled. Needs the asyncio bridge open (see :func:`main`).
+
+    ``task_status.started`` gets a :class:`ControlPlaneHandle` once every actor is up.
+
+    Raises:
+        ActorGaveUp: an actor crashed more often than ``policy`` allows.
+    """
+    await _apply_schema_with_retry(settings.database_url)
+    lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](64)
+    ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](16)
+    dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](1024)
+    placer_roles_send, placer_roles_recv = trio.open_memory_channel[RoleChange](16)
+    reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
+
+    ingest = Ingest(
+        cp_id=settings.cp_id, database_url=settings.database_url,
+        listen_host=settings.listen_host, listen_port=settings.listen_port,
+        pool_size=settings.ingest_pool_size, presence_interval_s=settings.presence_interval_s,
+        advertise_address=settings.advertise_address,
+    )
+    ledger = Ledger(cp_id=settings.cp_id, database_url=settings.database_url,
+                    settings=settings.ledger, inbox=ledger_recv, lease_inbox=lease_send)
+    dispatcher = Dispatcher(settings=settings.dispatch, inbox=dispatch_recv, lease_inbox=lease_send)
+    lease = LeaseKeeper(
+        cp_id=settings.cp_id, settings=settings.lease,
+        open_store=open_pg_store(settings.cp_id, settings.database_url, settings.lease),
+        inbox=lease_recv, subscribers=[placer_roles_send, reconciler_roles_send],
+    )
+    placer = Placer(
+        settings=settings.placer,
+        store=PgPlacerStore(database_url=settings.database_url,
+                            application_name=f"stockade {settings.cp_id} placer"),
+        role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send, dispatcher=dispatch_send,
+    )
+    reconciler = Reconciler(
+        settings=settings.reconciler,
+        store=PgReconcilerStore(database_url=settings.database_url,
+                                application_name=f"stockade {settings.cp_id} reconciler"),
+        role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send, dispatcher=dispatch_send,
+    )
+    actors: list[tuple[str, Callable[..., Any]]] = [
+        ("ledger", ledger.run),
+        ("dispatcher", dispatcher.run),
+        ("ingest", ingest.run),
+        ("lease", lease.run),
+        ("placer", placer.run),
+        ("reconciler", reconciler.run),
+    ]
+    async with trio.open_nursery() as nursery:
+        for name, run in actors:
+            await nursery.start(partial(supervise, name, run, policy=policy))
+        log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
+        task_status.started(ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address,
+                                               placer=placer, lease=lease))
+
+
+def main(settings: ControlPlaneSettings, *, json_logs: bool = False) -> None:
+    """Run a replica as a process: logs to stderr, exits cleanly on SIGTERM or SIGINT
+    (releasing the lease if it holds it, so a standby takes over at once)."""
+    log.configure(json=json_logs, cp_id=settings.cp_id)
+
+    async def _main() -> None:
+        async with asyncio_bridge(), trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                await nursery.start(run_control_plane, settings)
+                async for signum in signals:
+                    log.get("control_plane").info("stopping", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(_main)

@@ -1,0 +1,150 @@
+"""The dispatcher: the leader's gRPC calls to workers (Assign batches, Cancel).
+
+Receives :class:`Dispatch` (fire and forget: a lost batch is re-sent by the reconciler, the
+worker deduplicates by assignment id) and :class:`CancelOnWorker` (answered with the ids the
+worker acknowledged). Calls run concurrently, at most ``max_concurrent_calls`` at once, each
+with a deadline. A worker that refuses with ``stale_epoch`` has seen a newer epoch: the lease
+keeper is told (:class:`EpochSuperseded`). Protobuf stops here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from actors.messages import (
+    CancelOnWorker,
+    CommittedAssignment,
+    Dispatch,
+    DispatcherInbox,
+    EpochSuperseded,
+    LeaseInbox,
+)
+from protocol import pb
+from runtime import log
+from runtime.aio import GrpcChannel
+from runtime.errors import StockadeError
+from runtime.settings import DispatchSettings
+
+
+def assignment_message(a: CommittedAssignment) -> pb.Assignment:
+    """The wire form of a committed assignment."""
+    p = a.payload
+    spec = pb.JobSpec(name=p.name, cpu_millis=p.cpu_millis, memory_mb=p.memory_mb, priority=p.priority)
+    if p.argv is not None:
+        spec.command = pb.CommandRuntime(argv=list(p.argv))
+    else:
+        spec.sleep = pb.SleepRuntime(duration_ms=p.sleep_ms or 0)
+    return pb.Assignment(assignment_id=a.assignment_id, job_id=a.job_id, spec=spec,
+                         committed_epoch=a.epoch)
+
+
+class WorkerCalls(Protocol):
+    """The two Worker RPCs, by address (a test can script them)."""
+
+    async def assign(self, address: str, request: pb.AssignRequest, timeout_s: float) -> pb.AssignReply: ...
+
+    async def cancel(self, address: str, request: pb.CancelRequest, timeout_s: float) -> pb.CancelReply: ...
+
+
+@attrs.define
+class GrpcWorkerCalls:
+    """:class:`WorkerCalls` over real gRPC, one cached channel per address."""
+
+    _channels: dict[str, GrpcChannel] = attrs.field(factory=dict)
+
+    def _channel(self, address: str) -> GrpcChannel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = GrpcChannel(address)
+        return channel
+
+    async def assign(self, address: str, request: pb.AssignRequest, timeout_s: float) -> pb.AssignReply:
+        channel = self._channel(address)
+        return await channel.call(channel.stub(pb.WorkerStub).assign, request, timeout_s=timeout_s)
+
+    async def cancel(self, address: str, request: pb.CancelRequest, timeout_s: float) -> pb.CancelReply:
+        channel = self._channel(address)
+        return await channel.call(channel.stub(pb.WorkerStub).cancel, request, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+@attrs.define
+class Dispatcher:
+    """The actor."""
+
+    settings: DispatchSettings
+    inbox: trio.MemoryReceiveChannel[DispatcherInbox]
+    lease_inbox: trio.MemorySendChannel[LeaseInbox]
+    calls: WorkerCalls = attrs.field(factory=GrpcWorkerCalls)
+    max_concurrent_calls: int = 128
+    _log: Any = attrs.field(factory=lambda: log.get("dispatcher"))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve dispatch requests until cancelled."""
+        slots = trio.Semaphore(self.max_concurrent_calls)
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                async for message in self.inbox:
+                    await slots.acquire()
+                    nursery.start_soon(self._serve, message, slots)
+        finally:
+            if isinstance(self.calls, GrpcWorkerCalls):
+                self.calls.close()
+
+    async def _serve(self, message: DispatcherInbox, slots: trio.Semaphore) -> None:
+        try:
+            match message:
+                case Dispatch():
+                    await self._assign(message)
+                case CancelOnWorker():
+                    await self._cancel(message)
+        finally:
+            slots.release()
+
+    def _stale(self, epoch: int, epoch_seen: int) -> None:
+        if epoch_seen > epoch:
+            try:
+                self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
+            except trio.WouldBlock:
+                pass
+
+    async def _assign(self, message: Dispatch) -> None:
+        w = message.worker
+        request = pb.AssignRequest(
+            epoch=message.epoch, worker_id=w.worker_id, incarnation=w.incarnation,
+            assignments=[assignment_message(a) for a in message.assignments],
+        )
+        try:
+            reply = await self.calls.assign(w.address, request, self.settings.rpc_timeout_s)
+        except StockadeError as exc:
+            self._log.warning("assign failed", worker_id=w.worker_id, count=len(message.assignments),
+                              error=str(exc))
+            return
+        if reply.refused:
+            reasons = sorted({r.reason for r in reply.refused})
+            self._log.warning("worker refused assignments", worker_id=w.worker_id,
+                              refused=len(reply.refused), reasons=reasons)
+            if "stale_epoch" in reasons:
+                self._stale(message.epoch, reply.epoch_seen)
+
+    async def _cancel(self, message: CancelOnWorker) -> None:
+        w = message.worker
+        request = pb.CancelRequest(epoch=message.epoch, worker_id=w.worker_id, incarnation=w.incarnation,
+                                   assignment_ids=list(message.assignment_ids))
+        try:
+            reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
+        except StockadeError as exc:
+            self._log.warning("cancel failed", worker_id=w.worker_id, error=str(exc))
+            message.reply.set(())
+            return
+        if any(r.reason == "stale_epoch" for r in reply.refused):
+            self._stale(message.epoch, reply.epoch_seen)
+        message.reply.set(tuple(reply.acknowledged_ids))

@@ -1,0 +1,240 @@
+"""Ingest: the ControlPlane gRPC service that clients and workers call, on every replica.
+
+Records what is not a decision, with or without a leader (unfenced writes): submissions,
+cancellation requests, worker registrations, heartbeats (liveness, running confirmations,
+finished outcomes) and this replica's presence. Answers job queries and the status view.
+Every input is checked before anything is written (:mod:`actors.validation`).
+
+Heartbeat outcomes end only assignments that are still active, so a report that arrives after
+the leader ended an assignment (worker declared dead, job requeued) changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from actors import queries, validation
+from protocol import pb
+from runtime import log
+from runtime.aio import PgConnection, PgPool, serve_grpc, trio_service
+from runtime.errors import DatabaseUnavailable, NotFound
+
+
+def job_info(row: Any) -> pb.JobInfo:
+    """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
+    spec = pb.JobSpec(name=row["name"], cpu_millis=row["cpu_millis"], memory_mb=row["memory_mb"],
+                      priority=row["priority"])
+    if row["runtime"] == "command":
+        spec.command = pb.CommandRuntime(argv=list(row["argv"] or []))
+    else:
+        spec.sleep = pb.SleepRuntime(duration_ms=row["sleep_ms"] or 0)
+    info = pb.JobInfo(
+        job_id=row["id"], spec=spec, state=row["state"], reason=row["reason"],
+        worker_id=row["worker_id"] or "", assignment_id=row["assignment_id"] or 0,
+        epoch=row["epoch"] or 0, has_exit_code=row["exit_code"] is not None,
+        exit_code=row["exit_code"] or 0, submitted_unix_s=row["submitted_unix_s"] or 0.0,
+        started_unix_s=row["started_unix_s"] or 0.0, finished_unix_s=row["finished_unix_s"] or 0.0,
+        stdout_path=row["stdout_path"] or "", stderr_path=row["stderr_path"] or "",
+        attempts=row["attempts"],
+    )
+    if row["cancel_requested"] and row["state"] in ("assigned", "running"):
+        info.reason = "cancelling"
+    elif row["detail"] and not info.reason:
+        info.reason = row["detail"]
+    return info
+
+
+@attrs.define
+class ControlPlaneService:
+    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`."""
+
+    cp_id: str
+    pool: PgPool
+
+    async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
+        spec = request.spec or pb.JobSpec()
+        job = validation.check_job(
+            name=spec.name, cpu_millis=spec.cpu_millis, memory_mb=spec.memory_mb,
+            priority=spec.priority,
+            sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
+            argv=list(spec.command.argv) if spec.command is not None else None,
+        )
+        async with self.pool.acquire() as conn:
+            job_id = await conn.fetchval(
+                queries.SUBMIT_JOB, job.name, job.cpu_millis, job.memory_mb, job.priority,
+                job.runtime, job.sleep_ms, None if job.argv is None else list(job.argv),
+            )
+        return pb.SubmitJobReply(job_id=job_id)
+
+    async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
+        validation.check_job_id(request.job_id)
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(queries.GET_JOB, request.job_id)
+        if row is None:
+            raise NotFound(f"job_id {request.job_id} not found")
+        return job_info(row)
+
+    async def list_jobs(self, request: pb.ListJobsRequest) -> pb.ListJobsReply:
+        state, limit = validation.check_list(request.state, request.limit)
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(queries.LIST_JOBS, state, limit)
+        return pb.ListJobsReply(jobs=[job_info(r) for r in rows])
+
+    async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
+        validation.check_job_id(request.job_id)
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(queries.CANCEL_JOB, request.job_id)
+        if row is None:
+            raise NotFound(f"job_id {request.job_id} not found")
+        state = "cancelling" if row["cancel_requested"] else row["state"]
+        return pb.CancelJobReply(state=state)
+
+    async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
+        labels = dict(request.labels)
+        validation.check_registration(
+            worker_id=request.worker_id, address=request.address, cpu_millis=request.cpu_millis,
+            memory_mb=request.memory_mb, labels=labels,
+        )
+        async with self.pool.acquire() as conn, conn.transaction():
+            incarnation = await conn.fetchval(
+                queries.REGISTER_WORKER, request.worker_id, request.address, request.cpu_millis,
+                request.memory_mb, json.dumps(labels),
+            )
+            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
+        log.get("ingest").info("worker registered", worker_id=request.worker_id,
+                               incarnation=incarnation, address=request.address)
+        return pb.RegisterWorkerReply(incarnation=incarnation, epoch=epoch)
+
+    async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        worker_id = validation.check_worker_id(request.worker_id)
+        finished = list(request.finished)
+        running = list(request.running_assignment_ids)
+        async with self.pool.acquire() as conn, conn.transaction():
+            alive = await conn.fetchval(queries.RECORD_HEARTBEAT, worker_id, request.incarnation)
+            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
+            if finished:
+                await conn.execute(
+                    queries.RECORD_OUTCOMES, worker_id,
+                    [o.assignment_id for o in finished], [o.state for o in finished],
+                    [o.exit_code if o.has_exit_code else None for o in finished],
+                    [o.started_unix_s or None for o in finished],
+                    [o.finished_unix_s or None for o in finished],
+                    [o.stdout_path or None for o in finished], [o.stderr_path or None for o in finished],
+                    [o.detail for o in finished],
+                )
+            if alive is None:
+                return pb.HeartbeatReply(epoch=epoch, reregister=True)
+            stop: list[int] = []
+            if running:
+                await conn.execute(queries.CONFIRM_RUNNING, worker_id, running)
+                stop = [r["id"] for r in await conn.fetch(queries.ENDED_AMONG, worker_id, running)]
+        return pb.HeartbeatReply(epoch=epoch, stop_assignment_ids=stop)
+
+    async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        async with self.pool.acquire() as conn:
+            lease = await conn.fetchrow(queries.READ_LEASE)
+            cps = await conn.fetch(queries.STATUS_CONTROL_PLANES)
+            workers = await conn.fetch(queries.STATUS_WORKERS)
+            counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
+            stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
+        assert lease is not None
+        leader = lease["holder"] if lease["live"] and lease["holder"] else ""
+        by_state = {r["state"]: r["count"] for r in counts}
+        return pb.StatusReply(
+            leader=leader,
+            epoch=lease["epoch"],
+            control_planes=[
+                pb.ControlPlaneInfo(
+                    id=r["id"], address=r["address"], seen_unix_s=r["seen_unix_s"],
+                    role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
+                )
+                for r in cps
+            ],
+            workers=[
+                pb.WorkerInfo(
+                    id=r["id"], address=r["address"], state=r["state"], cpu_millis=r["cpu_millis"],
+                    memory_mb=r["memory_mb"], cpu_allocated_millis=r["cpu_allocated_millis"],
+                    memory_allocated_mb=r["memory_allocated_mb"], job_ids=list(r["job_ids"]),
+                    incarnation=r["incarnation"], last_heartbeat_age_s=r["heartbeat_age_s"],
+                )
+                for r in workers
+            ],
+            jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
+            unschedulable=[job_info(r) for r in stuck],
+            answered_by=self.cp_id,
+        )
+
+
+@attrs.define
+class Ingest:
+    """The actor: serves :class:`ControlPlaneService` and records this replica's presence."""
+
+    cp_id: str
+    database_url: str
+    listen_host: str
+    listen_port: int
+    pool_size: int
+    presence_interval_s: float
+    advertise_address: str = ""
+    address: str = ""
+    """host:port others reach this replica at; set once serving."""
+    _log: Any = attrs.field(factory=lambda: log.get("ingest"))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled."""
+        pool = await PgPool.create(
+            self.database_url, size=self.pool_size,
+            server_settings={"application_name": f"stockade {self.cp_id} ingest",
+                             "statement_timeout": "5000"},
+        )
+        try:
+            service = trio_service(pb.ControlPlaneBase, ControlPlaneService(cp_id=self.cp_id, pool=pool))
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve_grpc, [service], self.listen_host, self.listen_port)
+                self.address = self.advertise_address or f"{self.listen_host}:{port}"
+                await self._record_presence(pool)
+                nursery.start_soon(self._presence, pool)
+                self._log.info("serving", address=self.address)
+                task_status.started()
+        finally:
+            await pool.close()
+
+    async def _record_presence(self, pool: PgPool) -> None:
+        async with pool.acquire() as conn:
+            await conn.execute(queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid())
+
+    async def _presence(self, pool: PgPool) -> None:
+        while True:
+            await trio.sleep(self.presence_interval_s)
+            try:
+                await self._record_presence(pool)
+            except DatabaseUnavailable as exc:
+                self._log.warning("presence not recorded", error=str(exc))
+
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema.sql"
+
+
+async def apply_schema(database_url: str) -> None:
+    """Apply ``schema.sql`` (idempotent), serialised across replicas by an advisory lock.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+        FileNotFoundError: schema.sql is missing next to the packages.
+    """
+    sql = SCHEMA_PATH.read_text()
+    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade schema"})
+    try:
+        await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
+    finally:
+        await conn.close()

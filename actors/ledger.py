@@ -1,0 +1,231 @@
+"""The ledger: the one connection that runs fenced transactions, and owns the epoch share lock.
+
+Every decision (placements, dead-worker declarations, ended assignments) is a request to this
+actor carrying the epoch the decider acts under. The ledger runs it as::
+
+    BEGIN
+    SELECT epoch FROM lease WHERE id = 1 FOR SHARE   -- same transaction as the writes
+      epoch != ours -> ROLLBACK, Deposed
+    <the decision's writes>
+    COMMIT
+
+The share lock makes a takeover's ``UPDATE lease`` wait until this transaction ends, so there is
+no window between the check and the writes. The session runs with
+``idle_in_transaction_session_timeout`` (2 s by default): a leader frozen inside the transaction
+loses its session, the takeover proceeds, and the COMMIT it sends on waking fails.
+
+A refused write (stale epoch at the check, or a session ended under a newer epoch) is recorded
+in ``stale_writes`` in a separate transaction and reported to the lease keeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from actors import queries
+from actors.messages import (
+    CommitPlacements,
+    CommittedAssignment,
+    DeclareDeadWorkers,
+    EndAssignments,
+    EpochSuperseded,
+    JobPayload,
+    LeaseInbox,
+    LedgerInbox,
+    ReconcileResult,
+)
+from runtime import faults, log
+from runtime.aio import PgConnection
+from runtime.errors import DatabaseUnavailable, Deposed
+from runtime.settings import LedgerSettings
+
+T = TypeVar("T")
+
+# Test-only switch for the negative control: with fencing off the epoch check is skipped, so
+# a frozen old leader can commit. Not reachable from the CLI, the settings or the environment.
+_FENCING_ENABLED = True
+
+
+def payload_of(row: Any) -> JobPayload:
+    """A :class:`JobPayload` from a row with name, cpu_millis, memory_mb, priority, sleep_ms, argv."""
+    argv = row["argv"]
+    return JobPayload(
+        name=row["name"],
+        cpu_millis=int(row["cpu_millis"]),
+        memory_mb=int(row["memory_mb"]),
+        priority=int(row["priority"]),
+        sleep_ms=None if row["sleep_ms"] is None else int(row["sleep_ms"]),
+        argv=None if argv is None else tuple(argv),
+    )
+
+
+@attrs.define
+class Ledger:
+    """The actor. ``lease_inbox`` receives :class:`EpochSuperseded` when a write is refused."""
+
+    cp_id: str
+    database_url: str
+    settings: LedgerSettings
+    inbox: trio.MemoryReceiveChannel[LedgerInbox]
+    lease_inbox: trio.MemorySendChannel[LeaseInbox]
+    _conn: PgConnection | None = None
+    _log: Any = attrs.field(factory=lambda: log.get("ledger"))
+
+    async def _connection(self) -> PgConnection:
+        if self._conn is None or self._conn.is_closed():
+            s = self.settings
+            self._conn = await PgConnection.connect(
+                self.database_url,
+                server_settings={
+                    "application_name": f"stockade {self.cp_id} ledger",
+                    "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
+                    "statement_timeout": str(int(s.statement_timeout_s * 1000)),
+                },
+            )
+        return self._conn
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve fenced-write requests one at a time until cancelled."""
+        await self._connection()
+        task_status.started()
+        try:
+            async for message in self.inbox:
+                await self._handle(message)
+        finally:
+            if self._conn is not None:
+                await self._conn.close()
+
+    async def _handle(self, message: LedgerInbox) -> None:
+        match message:
+            case CommitPlacements(epoch=epoch, reply=reply):
+                op: Callable[[PgConnection], Awaitable[Any]] = lambda c: self._commit_placements(c, message)  # noqa: E731
+                what = f"commit {len(message.placements)} placements"
+            case DeclareDeadWorkers(epoch=epoch, reply=reply):
+                op = lambda c: self._declare_dead(c, message)  # noqa: E731
+                what = "declare dead workers"
+            case EndAssignments(epoch=epoch, reply=reply):
+                op = lambda c: self._end_assignments(c, message)  # noqa: E731
+                what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
+        try:
+            result = await self.fenced(epoch, what, op)
+        except (Deposed, DatabaseUnavailable) as exc:
+            reply.fail(exc)
+        else:
+            reply.set(result)
+
+    async def fenced(self, epoch: int, what: str, op: Callable[[PgConnection], Awaitable[T]]) -> T:
+        """Run ``op`` in one transaction that commits only if ``epoch`` is current.
+
+        Args:
+            epoch: the epoch the decision was made under.
+            what: a short description, for ``stale_writes`` and logs.
+            op: the decision's writes, given the connection inside the transaction.
+
+        Raises:
+            Deposed: ``epoch`` is not the current one (checked under ``FOR SHARE``), or the
+                session ended while a newer epoch took over.
+            DatabaseUnavailable: the connection failed; the writes may or may not have
+                committed (callers treat the outcome as unknown).
+        """
+        conn = await self._connection()
+        try:
+            async with conn.transaction():
+                seen = int(await conn.fetchval(queries.FENCE_EPOCH))
+                await faults.hit("ledger.after_epoch_check")
+                if seen != epoch and _FENCING_ENABLED:
+                    raise Deposed(epoch, seen)
+                result = await op(conn)
+                await faults.hit("ledger.before_commit")
+            return result
+        except Deposed as exc:
+            await self._refused(epoch, exc.epoch_seen, what)
+            raise
+        except DatabaseUnavailable:
+            seen_after = await self._current_epoch()
+            if seen_after is not None and seen_after != epoch:
+                await self._refused(epoch, seen_after, f"{what} (session ended)")
+                raise Deposed(epoch, seen_after) from None
+            raise
+
+    async def _current_epoch(self) -> int | None:
+        try:
+            conn = await self._connection()
+            return int(await conn.fetchval(queries.CURRENT_EPOCH))
+        except DatabaseUnavailable:
+            return None
+
+    async def _refused(self, epoch: int, epoch_seen: int, what: str) -> None:
+        self._log.warning("fenced write refused", epoch=epoch, epoch_seen=epoch_seen, what=what)
+        try:
+            conn = await self._connection()
+            await conn.execute(queries.RECORD_STALE_WRITE, self.cp_id, epoch, epoch_seen, what)
+        except DatabaseUnavailable as exc:
+            self._log.warning("could not record refused write", error=str(exc))
+        try:
+            self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
+        except trio.WouldBlock:
+            pass
+
+    # ------------------------------------------------------------ the decisions' writes
+
+    async def _commit_placements(
+        self, conn: PgConnection, message: CommitPlacements
+    ) -> tuple[CommittedAssignment, ...]:
+        if message.reasons:
+            await conn.execute(
+                queries.SET_PENDING_REASONS,
+                [job_id for job_id, _ in message.reasons],
+                [reason for _, reason in message.reasons],
+            )
+        if not message.placements:
+            return ()
+        rows = await conn.fetch(
+            queries.COMMIT_PLACEMENTS,
+            [p.job_id for p in message.placements],
+            [p.worker_id for p in message.placements],
+            [p.incarnation for p in message.placements],
+            message.epoch,
+        )
+        return tuple(
+            CommittedAssignment(
+                assignment_id=int(row["assignment_id"]),
+                job_id=int(row["id"]),
+                worker_id=row["worker_id"],
+                incarnation=int(row["incarnation"]),
+                epoch=message.epoch,
+                payload=payload_of(row),
+            )
+            for row in rows
+        )
+
+    async def _declare_dead(self, conn: PgConnection, message: DeclareDeadWorkers) -> ReconcileResult:
+        dead = []
+        if message.workers:
+            dead = await conn.fetch(
+                queries.DECLARE_DEAD_WORKERS,
+                message.epoch,
+                message.dead_after_s,
+                [worker_id for worker_id, _ in message.workers],
+                [incarnation for _, incarnation in message.workers],
+            )
+        row = await conn.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, message.epoch)
+        assert row is not None
+        return ReconcileResult(
+            dead_worker_ids=tuple(r["id"] for r in dead),
+            requeued_job_ids=tuple(int(i) for i in row["requeued_ids"]),
+            orphaned_assignment_ids=tuple(int(i) for i in row["ended_ids"]),
+        )
+
+    async def _end_assignments(self, conn: PgConnection, message: EndAssignments) -> tuple[int, ...]:
+        rows = await conn.fetch(
+            queries.END_CANCELLED_ASSIGNMENTS,
+            message.epoch,
+            list(message.assignment_ids),
+            message.reason,
+            message.requeue,
+        )
+        return tuple(int(r["id"]) for r in rows)

@@ -1,0 +1,53 @@
+"""Following the lease keeper's role changes from another actor.
+
+An actor that decides (placer, reconciler) asks :class:`QueryRole` when it starts (it may be a
+restart that missed messages), then applies :class:`Elected` / :class:`Deposed` from its role
+channel, ignoring any whose ``seq`` is not newer than what it has (messages buffered while it
+was down). The view is advisory: the ledger's fence decides what commits.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from actors.messages import Deposed, Elected, LeaseInbox, QueryRole, RoleChange
+from runtime.reply import Reply
+
+
+@attrs.define
+class RoleView:
+    """The latest role this actor knows: ``epoch`` while leader, else None."""
+
+    changes: trio.MemoryReceiveChannel[RoleChange]
+    lease_inbox: trio.MemorySendChannel[LeaseInbox]
+    epoch: int | None = None
+    seq: int = -1
+    elected: trio.Event = attrs.field(factory=trio.Event)
+    """Set whenever we become leader (replaced with a fresh event when deposed)."""
+
+    def apply(self, change: RoleChange) -> bool:
+        """Apply ``change`` if newer; True when it changed the view."""
+        if change.seq <= self.seq:
+            return False
+        self.seq = change.seq
+        match change:
+            case Elected(epoch=epoch):
+                self.epoch = epoch
+                self.elected.set()
+            case Deposed():
+                self.epoch = None
+                if self.elected.is_set():
+                    self.elected = trio.Event()
+        return True
+
+    async def query(self) -> None:
+        """Ask the lease keeper for the current role and apply it."""
+        reply: Reply[RoleChange] = Reply()
+        await self.lease_inbox.send(QueryRole(reply=reply))
+        self.apply(await reply.wait())
+
+    async def follow(self) -> None:
+        """Apply role changes as they arrive, forever."""
+        async for change in self.changes:
+            self.apply(change)

@@ -1,0 +1,151 @@
+"""Checks on what clients and workers send, before anything is stored.
+
+Each check raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the
+limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written when one fails.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from runtime.errors import InvalidArgument
+
+MAX_CPU_MILLIS = 1_000_000  # 1000 cores
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
+MAX_NAME_CHARS = 128
+MAX_PRIORITY = 1_000_000
+MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
+MAX_ARGV_ITEMS = 256
+MAX_ARGV_BYTES = 64 * 1024
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 256
+MAX_LIST_LIMIT = 10_000
+WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
+
+
+@attrs.frozen(kw_only=True)
+class JobRequest:
+    """A checked job submission. Exactly one of ``sleep_ms`` and ``argv`` is set."""
+
+    name: str
+    cpu_millis: int
+    memory_mb: int
+    priority: int
+    sleep_ms: int | None
+    argv: tuple[str, ...] | None
+
+    @property
+    def runtime(self) -> str:
+        """``sleep`` or ``command``."""
+        return "sleep" if self.argv is None else "command"
+
+
+def _text(field: str, value: str, *, max_chars: int, allow_empty: bool = False) -> str:
+    if "\x00" in value:
+        raise InvalidArgument(field, value, "must not contain NUL bytes")
+    if not value and not allow_empty:
+        raise InvalidArgument(field, value, "must not be empty")
+    if len(value) > max_chars:
+        raise InvalidArgument(field, value, f"must be at most {max_chars} characters (has {len(value)})")
+    return value
+
+
+def _int_between(field: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(field, value, f"must be between {low} and {high}")
+    return value
+
+
+def check_job(
+    *,
+    name: str,
+    cpu_millis: int,
+    memory_mb: int,
+    priority: int,
+    sleep_ms: int | None,
+    argv: Sequence[str] | None,
+) -> JobRequest:
+    """Check a submission.
+
+    Raises:
+        InvalidArgument: a field is empty, too long, out of range or holds a NUL byte, or the
+            job names no runtime (or both).
+    """
+    _text("name", name, max_chars=MAX_NAME_CHARS)
+    _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
+    _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
+    _int_between("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
+    if (sleep_ms is None) == (argv is None):
+        raise InvalidArgument("runtime", None if sleep_ms is None else "both",
+                              "must be exactly one of sleep or command")
+    if sleep_ms is not None:
+        _int_between("sleep.duration_ms", sleep_ms, 0, MAX_SLEEP_MS)
+    checked_argv: tuple[str, ...] | None = None
+    if argv is not None:
+        if not argv:
+            raise InvalidArgument("command.argv", list(argv), "must name a program")
+        if len(argv) > MAX_ARGV_ITEMS:
+            raise InvalidArgument("command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items")
+        for index, arg in enumerate(argv):
+            _text(f"command.argv[{index}]", arg, max_chars=MAX_ARGV_BYTES, allow_empty=index > 0)
+        total = sum(len(a.encode()) for a in argv)
+        if total > MAX_ARGV_BYTES:
+            raise InvalidArgument("command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes")
+        checked_argv = tuple(argv)
+    return JobRequest(name=name, cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority,
+                      sleep_ms=sleep_ms, argv=checked_argv)
+
+
+def check_worker_id(worker_id: str) -> str:
+    """Raises InvalidArgument unless ``worker_id`` is 1-64 of ``[A-Za-z0-9._-]``, starting alnum."""
+    _text("worker_id", worker_id, max_chars=64)
+    if not WORKER_ID_PATTERN.fullmatch(worker_id):
+        raise InvalidArgument("worker_id", worker_id,
+                              "must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit")
+    return worker_id
+
+
+def check_registration(
+    *, worker_id: str, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]
+) -> None:
+    """Check a worker registration.
+
+    Raises:
+        InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels.
+    """
+    check_worker_id(worker_id)
+    _text("address", address, max_chars=256)
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
+    _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
+    _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument("labels", f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
+    for key, value in labels.items():
+        _text("labels key", key, max_chars=MAX_LABEL_CHARS)
+        _text(f"labels[{key}]", value, max_chars=MAX_LABEL_CHARS, allow_empty=True)
+
+
+def check_job_id(job_id: int) -> int:
+    """Raises InvalidArgument for 0 (ids start at 1)."""
+    if job_id < 1:
+        raise InvalidArgument("job_id", job_id, "must be >= 1")
+    return job_id
+
+
+def check_list(state: str, limit: int) -> tuple[str, int]:
+    """Check a ListJobs request; a limit of 0 means 100.
+
+    Raises:
+        InvalidArgument: unknown state, or limit above the maximum.
+    """
+    if state and state not in JOB_STATES:
+        raise InvalidArgument("state", state, f"must be empty or one of {', '.join(JOB_STATES)}")
+    if limit > MAX_LIST_LIMIT:
+        raise InvalidArgument("limit", limit, f"must be at most {MAX_LIST_LIMIT}")
+    return state, limit or 100

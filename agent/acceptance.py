@@ -1,0 +1,232 @@
+"""The worker's acceptance rules (DESIGN.md invariant 5), as pure bookkeeping without trio.
+
+:class:`Admission` holds what the rules need (who this worker is, its incarnation, the newest
+epoch seen, what runs and what ended in this incarnation, which ids were cancelled) and
+answers an Assign or Cancel request with a decision. It does no I/O and never waits, so the
+agent can apply a decision with no checkpoint in between, and tests can drive it directly.
+
+Assign, in this order, per request and then per assignment:
+
+1. ``worker_id`` is not mine: refuse all ``wrong_worker``.
+2. fenced (self-fenced, not registered yet, registering, shutting down): refuse all ``fenced``.
+3. ``incarnation`` is not my current one: refuse all ``wrong_incarnation``.
+4. ``epoch`` < newest epoch seen: refuse all ``stale_epoch``; otherwise raise the newest seen.
+5. per assignment: cancelled id -> ``cancelled``; running or ended in this incarnation ->
+   accepted again, not started again (a duplicate); no runtime, zero ``cpu_millis`` or
+   ``memory_mb``, or a command with an empty argv -> ``bad_spec``; does not fit the free
+   capacity -> ``no_room``; else accepted and started (its resources reserved at once).
+
+Cancel applies rules 1, 3 and 4 (a fenced worker still acknowledges cancels: it runs
+nothing), then acknowledges every id: running ones must be stopped first; every id is
+remembered as cancelled, so a later Assign of it is refused.
+
+Dedup memory (ended and cancelled ids) is kept per incarnation: a new incarnation refuses
+everything addressed to the old one anyway (rule 3).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from agent.messages import (
+    AssignDecision,
+    AssignOrder,
+    CancelDecision,
+    CancelOrder,
+    CommandSpec,
+    JobOrder,
+    Refusal,
+    RefusalReason,
+)
+
+
+@attrs.frozen(kw_only=True)
+class Reservation:
+    """Resources held by one running assignment."""
+
+    cpu_millis: int
+    memory_mb: int
+
+
+def spec_problem(order: JobOrder) -> str | None:
+    """Why ``order`` cannot be run at all, or None when its spec is sound."""
+    if order.runtime is None:
+        return "no runtime"
+    if order.cpu_millis <= 0:
+        return f"cpu_millis must be > 0, got {order.cpu_millis}"
+    if order.memory_mb <= 0:
+        return f"memory_mb must be > 0, got {order.memory_mb}"
+    if isinstance(order.runtime, CommandSpec) and not order.runtime.argv:
+        return "command argv must not be empty"
+    return None
+
+
+@attrs.define(kw_only=True)
+class Admission:
+    """The acceptance state of one worker and the rules that read and update it.
+
+    Args:
+        worker_id: this worker's id.
+        cpu_capacity_millis: CPU the worker offers, in millicores.
+        memory_capacity_mb: memory the worker offers, in MiB.
+    """
+
+    worker_id: str
+    cpu_capacity_millis: int
+    memory_capacity_mb: int
+    incarnation: int | None = None
+    """The current incarnation; None until the first registration."""
+    fenced: bool = True
+    """True while the worker must not start anything (set and cleared by the agent)."""
+    max_epoch_seen: int = 0
+    running: dict[int, Reservation] = attrs.field(factory=dict)
+    """Assignment id -> resources, from acceptance until the job has really ended."""
+    ended: set[int] = attrs.field(factory=set)
+    """Assignment ids that ran and ended in this incarnation."""
+    cancelled: set[int] = attrs.field(factory=set)
+    """Assignment ids cancelled or ended by the control plane in this incarnation."""
+    cpu_used_millis: int = attrs.field(default=0, init=False)
+    """CPU reserved by running assignments, in millicores (the sum over ``running``)."""
+    memory_used_mb: int = attrs.field(default=0, init=False)
+    """Memory reserved by running assignments, in MiB (the sum over ``running``)."""
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def accepting(self) -> bool:
+        """True when rule 2 lets Assign requests through."""
+        return not self.fenced and self.incarnation is not None
+
+    # ------------------------------------------------------------------ state changes
+
+    def observe_epoch(self, epoch: int) -> None:
+        """Raise the newest seen epoch to ``epoch`` (a heartbeat or registration reply)."""
+        self.max_epoch_seen = max(self.max_epoch_seen, epoch)
+
+    def registered(self, incarnation: int, epoch: int) -> None:
+        """Enter a new incarnation: forget this life's dedup memory and stop being fenced.
+
+        The agent stops every job before it registers again, so nothing should be running;
+        whatever still is keeps its reservation.
+        """
+        if incarnation != self.incarnation:
+            self.ended.clear()
+            self.cancelled.clear()
+        self.incarnation = incarnation
+        self.observe_epoch(epoch)
+        self.fenced = False
+
+    def job_ended(self, assignment_id: int) -> None:
+        """Release the reservation of an assignment whose job has really ended."""
+        reservation = self.running.pop(assignment_id, None)
+        if reservation is not None:
+            self.cpu_used_millis -= reservation.cpu_millis
+            self.memory_used_mb -= reservation.memory_mb
+            self.ended.add(assignment_id)
+
+    def ended_by_control_plane(self, assignment_id: int) -> bool:
+        """Remember an id a heartbeat reply said is no longer active; True if it is running."""
+        self.cancelled.add(assignment_id)
+        return assignment_id in self.running
+
+    # ------------------------------------------------------------------ rules
+
+    def _request_refusal(
+        self, worker_id: str, incarnation: int, epoch: int, *, check_fence: bool
+    ) -> RefusalReason | None:
+        if worker_id != self.worker_id:
+            return RefusalReason.WRONG_WORKER
+        if check_fence and not self.accepting:
+            return RefusalReason.FENCED
+        if incarnation != self.incarnation:
+            return RefusalReason.WRONG_INCARNATION
+        if epoch < self.max_epoch_seen:
+            return RefusalReason.STALE_EPOCH
+        self.observe_epoch(epoch)
+        return None
+
+    def assign(self, order: AssignOrder) -> AssignDecision:
+        """Apply the Assign rules to ``order``; reserve resources of what is to be started.
+
+        Returns:
+            The ids accepted (new and duplicate), the orders the caller must start now (each
+            new id once, even if the request repeats it), the refusals and the newest epoch.
+        """
+        reason = self._request_refusal(
+            order.worker_id, order.incarnation, order.epoch, check_fence=True
+        )
+        if reason is not None:
+            return AssignDecision(
+                accepted_ids=(),
+                to_start=(),
+                refused=tuple(
+                    Refusal(assignment_id=a.assignment_id, reason=reason)
+                    for a in order.assignments
+                ),
+                epoch_seen=self.max_epoch_seen,
+            )
+        accepted: list[int] = []
+        to_start: list[JobOrder] = []
+        refused: list[Refusal] = []
+        for job in order.assignments:
+            verdict = self._admit(job)
+            if verdict is None:
+                accepted.append(job.assignment_id)
+                if job.assignment_id not in self.running and job.assignment_id not in self.ended:
+                    self.running[job.assignment_id] = Reservation(
+                        cpu_millis=job.cpu_millis, memory_mb=job.memory_mb
+                    )
+                    self.cpu_used_millis += job.cpu_millis
+                    self.memory_used_mb += job.memory_mb
+                    to_start.append(job)
+            else:
+                refused.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
+        return AssignDecision(
+            accepted_ids=tuple(accepted),
+            to_start=tuple(to_start),
+            refused=tuple(refused),
+            epoch_seen=self.max_epoch_seen,
+        )
+
+    def _admit(self, job: JobOrder) -> RefusalReason | None:
+        aid = job.assignment_id
+        if aid in self.cancelled:
+            return RefusalReason.CANCELLED
+        if aid in self.running or aid in self.ended:
+            return None  # a duplicate: acknowledged, not run twice
+        if spec_problem(job) is not None:
+            return RefusalReason.BAD_SPEC
+        if (
+            self.cpu_used_millis + job.cpu_millis > self.cpu_capacity_millis
+            or self.memory_used_mb + job.memory_mb > self.memory_capacity_mb
+        ):
+            return RefusalReason.NO_ROOM
+        return None
+
+    def cancel(self, order: CancelOrder) -> CancelDecision:
+        """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.
+
+        Returns:
+            The acknowledged ids, those of them that run now (the caller stops them before it
+            replies), the refusals and the newest epoch.
+        """
+        reason = self._request_refusal(
+            order.worker_id, order.incarnation, order.epoch, check_fence=False
+        )
+        if reason is not None:
+            return CancelDecision(
+                acknowledged_ids=(),
+                to_stop=(),
+                refused=tuple(
+                    Refusal(assignment_id=aid, reason=reason) for aid in order.assignment_ids
+                ),
+                epoch_seen=self.max_epoch_seen,
+            )
+        to_stop = tuple(dict.fromkeys(aid for aid in order.assignment_ids if aid in self.running))
+        self.cancelled.update(order.assignment_ids)
+        return CancelDecision(
+            acknowledged_ids=tuple(order.assignment_ids),
+            to_stop=to_stop,
+            refused=(),
+            epoch_seen=self.max_epoch_seen,
+        )

@@ -1,0 +1,97 @@
+"""The agent's view of the control plane: register and heartbeat, behind a small protocol.
+
+The agent talks to the control plane only through :class:`ControlPlane`, so a unit test can
+pass a scripted stand-in (answer, stall, fail) and drive the heartbeat and self-fence logic
+on a mock clock. :class:`GrpcControlPlane` is the production one: a thin wrapper over
+:class:`runtime.client.ControlPlaneClient` (failover across replicas) that converts between
+the agent's messages and protobuf.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agent.messages import HeartbeatAnswer, HeartbeatReport, Outcome, Registered, Registration
+from protocol import pb
+from runtime.client import ControlPlaneClient
+
+
+class ControlPlane(Protocol):
+    """What the agent needs from the control plane.
+
+    Both methods raise :class:`runtime.errors.StockadeError` subclasses on failure
+    (:class:`runtime.errors.Unavailable` when no replica answered in time); the agent retries.
+    """
+
+    async def register(self, request: Registration) -> Registered: ...
+
+    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer: ...
+
+
+def outcome_to_pb(outcome: Outcome) -> pb.JobOutcome:
+    """An :class:`Outcome` as a ``JobOutcome`` message."""
+    return pb.JobOutcome(
+        assignment_id=outcome.assignment_id,
+        job_id=outcome.job_id,
+        state=outcome.state.value,
+        has_exit_code=outcome.exit_code is not None,
+        exit_code=outcome.exit_code if outcome.exit_code is not None else 0,
+        started_unix_s=outcome.started_unix_s,
+        finished_unix_s=outcome.finished_unix_s,
+        stdout_path=outcome.stdout_path,
+        stderr_path=outcome.stderr_path,
+        detail=outcome.detail,
+    )
+
+
+class GrpcControlPlane:
+    """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
+
+    Args:
+        client: the failover client; its ``timeout_s`` bounds each call to each replica.
+    """
+
+    def __init__(self, client: ControlPlaneClient) -> None:
+        self._client = client
+
+    async def register(self, request: Registration) -> Registered:
+        """Call RegisterWorker.
+
+        Raises:
+            NoControlPlaneReachable: no replica answered.
+            InvalidArgument, NotFound, RemoteError: a replica refused the request.
+        """
+        reply = await self._client.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(
+                worker_id=request.worker_id,
+                address=request.address,
+                cpu_millis=request.cpu_millis,
+                memory_mb=request.memory_mb,
+                labels=dict(request.labels),
+            ),
+        )
+        return Registered(incarnation=reply.incarnation, epoch=reply.epoch)
+
+    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer:
+        """Call Heartbeat.
+
+        Raises:
+            NoControlPlaneReachable: no replica answered.
+            InvalidArgument, NotFound, RemoteError: a replica refused the request.
+        """
+        reply = await self._client.call(
+            "heartbeat",
+            pb.HeartbeatRequest(
+                worker_id=request.worker_id,
+                incarnation=request.incarnation,
+                running_assignment_ids=list(request.running_assignment_ids),
+                finished=[outcome_to_pb(o) for o in request.finished],
+                epoch_seen=request.epoch_seen,
+            ),
+        )
+        return HeartbeatAnswer(
+            epoch=reply.epoch,
+            stop_assignment_ids=tuple(reply.stop_assignment_ids),
+            reregister=reply.reregister,
+        )

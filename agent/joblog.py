@@ -1,0 +1,104 @@
+"""The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
+
+One line per event, keys exactly ``event`` (``start``, ``stop``, ``register``,
+``self_fence``), ``worker_id``, ``incarnation``, ``job_id``, ``assignment_id``, ``epoch``,
+``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` on stop lines and
+``exit_code`` on stop lines whose exit code is known. ``register`` and ``self_fence`` lines
+have null ``job_id`` and ``assignment_id``.
+
+The checker reads these logs to prove that no job ran on two workers at overlapping times,
+so the agent writes a ``start`` line before the job begins and a ``stop`` line after it has
+really ended. Each line is flushed as it is written (not fsynced): a crashed agent's
+children die with it (PR_SET_PDEATHSIG), so a lost tail only hides stops that did happen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any
+
+
+class LogEvent(StrEnum):
+    START = "start"
+    STOP = "stop"
+    REGISTER = "register"
+    SELF_FENCE = "self_fence"
+
+
+class JobLog:
+    """Writes ``agent.jsonl`` lines for one worker.
+
+    Args:
+        path: the log file; its folder is created on :meth:`open`.
+        worker_id: written on every line.
+    """
+
+    def __init__(self, path: Path, *, worker_id: str) -> None:
+        self.path = path
+        self.worker_id = worker_id
+        self._file: IO[str] | None = None
+
+    def open(self) -> None:
+        """Open for appending (creating the folder and the file as needed); idempotent.
+
+        Raises:
+            OSError: the folder or the file cannot be created.
+        """
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def write(
+        self,
+        event: LogEvent,
+        *,
+        incarnation: int | None,
+        epoch: int,
+        job_id: int | None = None,
+        assignment_id: int | None = None,
+        reason: str | None = None,
+        exit_code: int | None = None,
+    ) -> None:
+        """Append one line and flush it.
+
+        Raises:
+            RuntimeError: the log is not open.
+        """
+        if self._file is None:
+            raise RuntimeError(f"job log {self.path} is not open")
+        record: dict[str, Any] = {
+            "event": event.value,
+            "worker_id": self.worker_id,
+            "incarnation": incarnation,
+            "job_id": job_id,
+            "assignment_id": assignment_id,
+            "epoch": epoch,
+            "time": time.time(),
+        }
+        if event is LogEvent.STOP:
+            record["reason"] = reason
+            if exit_code is not None:
+                record["exit_code"] = exit_code
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Every record of a ``agent.jsonl`` file, in order; a torn last line is skipped."""
+    records: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as file:
+        for line in file:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

@@ -1,0 +1,213 @@
+"""The agent's own typed messages: what the Worker service receives, what the agent reports.
+
+Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`);
+everything inside the agent, including the pure acceptance rules, speaks these frozen attrs
+classes. Units are in the field names (``cpu_millis``, ``memory_mb``, ``duration_ms``,
+``*_unix_s`` for wall-clock seconds).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import attrs
+
+
+class RefusalReason(StrEnum):
+    """Why the worker refused an assignment or a cancel (``Refusal.reason`` on the wire)."""
+
+    WRONG_WORKER = "wrong_worker"
+    """The request names another worker id."""
+    FENCED = "fenced"
+    """The worker is self-fenced, not registered yet, (re)registering or shutting down."""
+    WRONG_INCARNATION = "wrong_incarnation"
+    """The request was meant for another life of this worker."""
+    STALE_EPOCH = "stale_epoch"
+    """The request's epoch is lower than the newest the worker has seen."""
+    CANCELLED = "cancelled"
+    """The assignment id was cancelled (or ended by the control plane) on this worker."""
+    BAD_SPEC = "bad_spec"
+    """No runtime, zero cpu_millis or memory_mb, or a command with an empty argv."""
+    NO_ROOM = "no_room"
+    """Starting it would exceed the worker's capacity."""
+
+
+class JobState(StrEnum):
+    """The final state of a job run (``JobOutcome.state`` on the wire)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StopReason(StrEnum):
+    """Why a job stopped, as written in the ``reason`` field of a ``stop`` log record."""
+
+    SUCCEEDED = "succeeded"
+    """It ended on its own with exit code 0 (or a sleep job ran its full duration)."""
+    FAILED = "failed"
+    """It ended on its own with a non-zero exit code, or could not be started."""
+    CANCELLED = "cancelled"
+    """The leader cancelled it with the Cancel RPC."""
+    STOPPED_BY_CONTROL_PLANE = "stopped_by_control_plane"
+    """A heartbeat reply listed it in ``stop_assignment_ids``."""
+    SELF_FENCE = "self_fence"
+    """No heartbeat was acknowledged for ``self_fence_after_s``."""
+    REREGISTER = "reregister"
+    """A heartbeat reply asked the worker to register again."""
+    SHUTDOWN = "shutdown"
+    """The agent was cancelled (SIGTERM, SIGINT, or its nursery ended)."""
+
+
+# ---------------------------------------------------------------------------- job specs
+
+
+@attrs.frozen(kw_only=True)
+class SleepSpec:
+    """A job that holds its resources for ``duration_ms`` milliseconds and does no work."""
+
+    duration_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class CommandSpec:
+    """A job that runs ``argv`` as a child process (``argv[0]`` looked up on PATH)."""
+
+    argv: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+RuntimeSpec = SleepSpec | CommandSpec
+
+
+@attrs.frozen(kw_only=True)
+class JobOrder:
+    """One assignment as the leader sent it."""
+
+    assignment_id: int
+    job_id: int
+    cpu_millis: int
+    """CPU the job reserves, in millicores."""
+    memory_mb: int
+    """Memory the job reserves, in MiB."""
+    runtime: RuntimeSpec | None
+    """None when the spec named no runtime (refused as ``bad_spec``)."""
+    committed_epoch: int = 0
+    """The epoch whose leader committed the assignment (informational)."""
+    name: str = ""
+
+
+# ---------------------------------------------------------------------------- Worker service
+
+
+@attrs.frozen(kw_only=True)
+class AssignOrder:
+    """An Assign request: start these assignments on worker ``worker_id``."""
+
+    epoch: int
+    worker_id: str
+    incarnation: int
+    assignments: tuple[JobOrder, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class CancelOrder:
+    """A Cancel request: stop these assignments, or refuse them forever if not running."""
+
+    epoch: int
+    worker_id: str
+    incarnation: int
+    assignment_ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class Refusal:
+    """One refused assignment (or cancel) and why."""
+
+    assignment_id: int
+    reason: RefusalReason
+
+
+@attrs.frozen(kw_only=True)
+class AssignDecision:
+    """The acceptance rules' answer to one :class:`AssignOrder`."""
+
+    accepted_ids: tuple[int, ...]
+    """Every accepted assignment id, new ones and duplicates, in request order."""
+    to_start: tuple[JobOrder, ...]
+    """The accepted assignments that are new: the agent must start exactly these."""
+    refused: tuple[Refusal, ...]
+    epoch_seen: int
+    """The worker's newest seen epoch after this request."""
+
+
+@attrs.frozen(kw_only=True)
+class CancelDecision:
+    """The acceptance rules' answer to one :class:`CancelOrder`."""
+
+    acknowledged_ids: tuple[int, ...]
+    """Every acknowledged id; the reply may be sent only once those in ``to_stop`` ended."""
+    to_stop: tuple[int, ...]
+    """The acknowledged ids that are running now: the agent must stop them first."""
+    refused: tuple[Refusal, ...]
+    epoch_seen: int
+
+
+# ---------------------------------------------------------------------------- control plane
+
+
+@attrs.frozen(kw_only=True)
+class Registration:
+    """A RegisterWorker request."""
+
+    worker_id: str
+    address: str
+    """host:port of this worker's Worker service."""
+    cpu_millis: int
+    memory_mb: int
+    labels: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Registered:
+    """A RegisterWorker reply: this life's incarnation and the current epoch."""
+
+    incarnation: int
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """How one assignment ended on this worker (``JobOutcome`` on the wire)."""
+
+    assignment_id: int
+    job_id: int
+    state: JobState
+    exit_code: int | None
+    """None when the job had no exit code (a sleep job stopped early, a command not started)."""
+    started_unix_s: float
+    finished_unix_s: float
+    stdout_path: str = ""
+    """Absolute path, empty for runtimes without output files."""
+    stderr_path: str = ""
+    detail: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatReport:
+    """A Heartbeat request."""
+
+    worker_id: str
+    incarnation: int
+    running_assignment_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    finished: tuple[Outcome, ...] = attrs.field(converter=tuple)
+    """Every outcome not yet acknowledged by a heartbeat reply."""
+    epoch_seen: int
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatAnswer:
+    """A Heartbeat reply."""
+
+    epoch: int
+    stop_assignment_ids: tuple[int, ...] = attrs.field(converter=tuple, default=())
+    reregister: bool = False
