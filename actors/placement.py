@@ -138,6 +138,9 @@ def place(
                 if chosen < 0 or (score > best_score if worst else score < best_score):
                     chosen, best_score = k, score
         if chosen < 0:
+            reason = unschedulable_reason(job, workers)
+            if reason is not None:
+                unschedulable[job.job_id] = reason
             continue
         free_cpu[chosen] -= cpu
         free_mem[chosen] -= mem

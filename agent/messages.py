@@ -73,7 +73,7 @@ class SleepSpec:
 class CommandSpec:
     """A job that runs ``argv`` as a child process (``argv[0]`` looked up on PATH)."""
 
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...]
 
 
 RuntimeSpec = SleepSpec | CommandSpec
@@ -106,7 +106,7 @@ class AssignOrder:
     epoch: int
     worker_id: str
     incarnation: int
-    assignments: tuple[JobOrder, ...] = attrs.field(converter=tuple)
+    assignments: tuple[JobOrder, ...]
 
 
 @attrs.frozen(kw_only=True)
@@ -116,7 +116,7 @@ class CancelOrder:
     epoch: int
     worker_id: str
     incarnation: int
-    assignment_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    assignment_ids: tuple[int, ...]
 
 
 @attrs.frozen(kw_only=True)
@@ -198,8 +198,8 @@ class HeartbeatReport:
 
     worker_id: str
     incarnation: int
-    running_assignment_ids: tuple[int, ...] = attrs.field(converter=tuple)
-    finished: tuple[Outcome, ...] = attrs.field(converter=tuple)
+    running_assignment_ids: tuple[int, ...]
+    finished: tuple[Outcome, ...]
     """Every outcome not yet acknowledged by a heartbeat reply."""
     epoch_seen: int
 
@@ -209,5 +209,5 @@ class HeartbeatAnswer:
     """A Heartbeat reply."""
 
     epoch: int
-    stop_assignment_ids: tuple[int, ...] = attrs.field(converter=tuple, default=())
+    stop_assignment_ids: tuple[int, ...] = ()
     reregister: bool = False

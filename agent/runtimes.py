@@ -175,9 +175,10 @@ async def _wait_exited(pid: int) -> None:
     except (AttributeError, OSError):
         pidfd = None
     if pidfd is None:
-        while not _has_exited(pid):
+        while True:
+            if _has_exited(pid):
+                return
             await trio.sleep(_POLL_INTERVAL_S)
-        return
     try:
         await trio.lowlevel.wait_readable(pidfd)
     finally:
@@ -241,9 +242,8 @@ async def _run_command(
     _signal_group(pid, signal.SIGKILL)
     code = proc.wait()
     finished = time.time()
+    state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     if stopped:
         state = JobState.CANCELLED
-    else:
-        state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     return JobResult(state=state, stopped=stopped, exit_code=code, started_unix_s=started,
                      finished_unix_s=finished, detail=_describe_exit(code), **paths)

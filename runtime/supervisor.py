@@ -35,6 +35,13 @@ class RestartPolicy:
     """Cap of the doubling delay."""
 
 
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (trio's nursery wrapping)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def _permanent(exc: BaseException) -> bool:
     if isinstance(exc, PermanentError):
         return True
@@ -85,7 +92,8 @@ async def supervise(
                     signalled = True
                     task_status.started()
             return
-        except Exception as exc:  # BaseException (Cancelled, KeyboardInterrupt) propagates
+        except Exception as group:  # BaseException (Cancelled, KeyboardInterrupt) propagates
+            exc = _unwrap(group)
             now = trio.current_time()
             if _permanent(exc):
                 logger.error("actor failed permanently", error=repr(exc))

@@ -1,0 +1,431 @@
+"""The agent: registration, heartbeats, self-fence, and the jobs it runs.
+
+:class:`Agent` owns everything of one worker (several agents can live in one process: there
+is no module-level state). Its pieces:
+
+- the acceptance rules (:class:`agent.acceptance.Admission`), applied to Assign and Cancel
+  requests with no checkpoint between decision and effect;
+- a heartbeat loop: register (retrying every 0.5 s while no control plane answers), then
+  every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
+  outcome; obey the reply (stop ids, re-register);
+- a fence watcher on its own timer (invariant 7 in DESIGN.md): once
+  ``trio.current_time() - last_acked_send_time >= self_fence_after_s`` (the send time of
+  the newest heartbeat, or registration, that got a reply) the agent stops every job at
+  once, refuses Assign with ``fenced``, and keeps heartbeating; the first heartbeat that
+  gets through makes it register again (a new incarnation) and leave the fenced state;
+- one task per running job, shielded from cancellation: a job ends only through its stop
+  event, so its ``stop`` line is written after it has really ended, also at shutdown.
+
+Which outcomes go into heartbeats: only those of jobs that ended on their own (succeeded or
+failed). A job stopped because the control plane ended it (Cancel, ``stop_assignment_ids``,
+``reregister``) or because the worker fenced itself or shut down is not reported: its
+assignment is ended by the control plane's own path (the Cancel acknowledgement, the
+reregistration, or the dead-worker declaration), which requeues it where it must be
+requeued. Reporting such a job as ``cancelled`` could end a job for good that should run
+again.
+
+All timing uses trio's clock, so ``trio.testing.MockClock`` drives the agent in unit tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import trio
+
+from agent.acceptance import Admission
+from agent.control_plane import ControlPlane
+from agent.joblog import JobLog, LogEvent
+from agent.messages import (
+    AssignDecision,
+    AssignOrder,
+    CancelDecision,
+    CancelOrder,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    JobOrder,
+    Outcome,
+    RefusalReason,
+    Registration,
+    StopReason,
+)
+from agent.runtimes import JobResult, job_dir_for, run_job
+from runtime import log
+from runtime.errors import StockadeError, TemporaryError
+from runtime.settings import AgentSettings
+
+REGISTER_RETRY_S = 0.5
+"""Pause between registration attempts while no control plane answers, in seconds."""
+_LOG_EVERY_FAILURES = 20
+"""Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
+
+
+@attrs.define(eq=False, kw_only=True)
+class _Job:
+    """One accepted assignment from acceptance until it has really ended."""
+
+    order: JobOrder
+    epoch: int
+    """The epoch of the Assign request that started it."""
+    incarnation: int
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    stop_reason: StopReason | None = None
+    """The first reason a stop was asked for; None while nobody asked."""
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+class Agent:
+    """One worker's agent. Serve its :meth:`assign`/:meth:`cancel` and run :meth:`run`.
+
+    Args:
+        settings: this worker's settings (capacity, timing, work folder).
+        control_plane: how to reach the control plane (:class:`agent.control_plane.GrpcControlPlane`
+            in production, a scripted stand-in in tests).
+    """
+
+    def __init__(self, settings: AgentSettings, control_plane: ControlPlane) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id
+        self.address = ""
+        """host:port registered with the control plane; set by :meth:`run`."""
+        self.work_dir = Path(settings.work_dir).resolve()
+        self.jobs_dir = self.work_dir / "jobs"
+        self.joblog = JobLog(self.work_dir / "agent.jsonl", worker_id=settings.worker_id)
+        self._cp = control_plane
+        self._admission = Admission(
+            worker_id=settings.worker_id,
+            cpu_capacity_millis=settings.cpu_millis,
+            memory_capacity_mb=settings.memory_mb,
+        )
+        self._jobs: dict[int, _Job] = {}
+        self._unacked: list[Outcome] = []
+        self._last_acked_send_time: float | None = None
+        self._self_fenced = False
+        self._live = trio.Event()
+        """Set while registered and not fenced; replaced by a fresh one when that ends."""
+        self._registered_once = trio.Event()
+        self._job_nursery: trio.Nursery | None = None
+        self._logger = log.get("agent").bind(worker_id=settings.worker_id)
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def incarnation(self) -> int | None:
+        """The current incarnation; None before the first registration."""
+        return self._admission.incarnation
+
+    @property
+    def max_epoch_seen(self) -> int:
+        """The newest epoch this worker has seen."""
+        return self._admission.max_epoch_seen
+
+    @property
+    def self_fenced(self) -> bool:
+        """True from a self-fence until the next registration."""
+        return self._self_fenced
+
+    @property
+    def running_assignment_ids(self) -> tuple[int, ...]:
+        """Assignments whose jobs have not ended yet (including those being stopped)."""
+        return tuple(sorted(self._jobs))
+
+    @property
+    def unacknowledged_outcomes(self) -> tuple[Outcome, ...]:
+        """Outcomes waiting for a heartbeat reply."""
+        return tuple(self._unacked)
+
+    async def wait_registered(self) -> None:
+        """Return once the agent has registered at least once."""
+        await self._registered_once.wait()
+
+    # ------------------------------------------------------------------ Worker service
+
+    def assign(self, order: AssignOrder) -> AssignDecision:
+        """Apply the acceptance rules to an Assign request and start what they accept.
+
+        Synchronous on purpose: the decision and its effect (the ``start`` line, the job
+        task) happen with no checkpoint in between, so concurrent requests cannot both
+        start one assignment or both take the last free capacity.
+        """
+        decision = self._admission.assign(order)
+        for refusal in decision.refused:
+            if refusal.reason is RefusalReason.NO_ROOM:
+                self._logger.warning(
+                    "assignment refused: no room", assignment_id=refusal.assignment_id,
+                    cpu_used_millis=self._admission.cpu_used_millis,
+                    memory_used_mb=self._admission.memory_used_mb, epoch=order.epoch,
+                )
+        if decision.to_start:
+            nursery = self._job_nursery
+            assert nursery is not None, "accepted while not running: Admission must be fenced"
+            for job_order in decision.to_start:
+                job = _Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
+                self._jobs[job_order.assignment_id] = job
+                # The start line is written before the job begins (the checker relies on it).
+                self.joblog.write(
+                    LogEvent.START, incarnation=job.incarnation, epoch=job.epoch,
+                    job_id=job_order.job_id, assignment_id=job_order.assignment_id,
+                )
+                nursery.start_soon(self._run_job, job)
+        if decision.refused:
+            self._logger.info(
+                "assignments refused", epoch=order.epoch, incarnation=order.incarnation,
+                refused={r.assignment_id: r.reason.value for r in decision.refused},
+            )
+        return decision
+
+    async def cancel(self, order: CancelOrder) -> CancelDecision:
+        """Apply the cancel rules; stop the running ones and return once they have ended."""
+        decision = self._admission.cancel(order)
+        jobs = [self._jobs[aid] for aid in decision.to_stop if aid in self._jobs]
+        for job in jobs:
+            self._request_stop(job, StopReason.CANCELLED)
+        for job in jobs:
+            await job.done.wait()
+        return decision
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(
+        self, address: str, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Register as ``address``, heartbeat and run jobs until cancelled.
+
+        Signals ``task_status.started(self)`` at once (before the first registration, which
+        waits for a control plane). On cancellation stops every job (shielded), writing a
+        ``stop`` line with reason ``shutdown`` for each, then returns by re-raising.
+
+        Raises:
+            OSError: the work folder or the log file cannot be created.
+        """
+        self.address = address
+        self.joblog.open()
+        try:
+            async with trio.open_nursery() as job_nursery:
+                self._job_nursery = job_nursery
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._heartbeat_loop)
+                        nursery.start_soon(self._fence_watch)
+                        task_status.started(self)
+                finally:
+                    self._admission.fenced = True
+                    with trio.CancelScope(shield=True):
+                        await self._stop_all(StopReason.SHUTDOWN)
+        finally:
+            self._job_nursery = None
+            self.joblog.close()
+
+    # ------------------------------------------------------------------ jobs
+
+    def _request_stop(self, job: _Job, reason: StopReason) -> None:
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        job.stop.set()
+
+    async def _stop_all(self, reason: StopReason) -> None:
+        """Ask every job to stop at once, then wait until all have ended."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            self._request_stop(job, reason)
+        for job in jobs:
+            await job.done.wait()
+
+    async def _run_job(self, job: _Job) -> None:
+        # Shielded: a job ends only through its stop event, so shutdown too goes through
+        # _stop_all and every job gets its stop line after it has really ended.
+        with trio.CancelScope(shield=True):
+            order = job.order
+            assert order.runtime is not None  # Admission refuses a spec without runtime
+            job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
+            try:
+                result = await run_job(
+                    order.runtime, job_dir=job_dir, stop=job.stop,
+                    stop_grace_s=self.settings.stop_grace_s,
+                )
+            except BaseException:
+                # A bug in a runtime: it has killed and reaped what it started before
+                # raising. Record the end, release the job, and let the error take the
+                # agent down (fail loud).
+                self._release(job)
+                self.joblog.write(
+                    LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
+                    job_id=order.job_id, assignment_id=order.assignment_id,
+                    reason=StopReason.FAILED.value,
+                )
+                job.done.set()
+                raise
+            self._job_ended(job, result)
+
+    def _release(self, job: _Job) -> None:
+        """Forget a job that has really ended and free its reservation."""
+        self._admission.job_ended(job.order.assignment_id)
+        self._jobs.pop(job.order.assignment_id, None)
+
+    def _job_ended(self, job: _Job, result: JobResult) -> None:
+        order = job.order
+        self._release(job)
+        if result.stopped and job.stop_reason is not None:
+            reason = job.stop_reason
+        else:
+            reason = StopReason(result.state.value)
+        self.joblog.write(
+            LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch, job_id=order.job_id,
+            assignment_id=order.assignment_id, reason=reason.value, exit_code=result.exit_code,
+        )
+        self._logger.info(
+            "job ended", job_id=order.job_id, assignment_id=order.assignment_id,
+            reason=reason.value, exit_code=result.exit_code, detail=result.detail,
+        )
+        if not result.stopped:
+            self._unacked.append(
+                Outcome(
+                    assignment_id=order.assignment_id, job_id=order.job_id, state=result.state,
+                    exit_code=result.exit_code, started_unix_s=result.started_unix_s,
+                    finished_unix_s=result.finished_unix_s, stdout_path=result.stdout_path,
+                    stderr_path=result.stderr_path, detail=result.detail,
+                )
+            )
+        job.done.set()
+
+    # ------------------------------------------------------------------ registration
+
+    def _leave_live(self) -> None:
+        """Stop accepting work: fenced for Admission, the fence watcher parks."""
+        self._admission.fenced = True
+        if self._live.is_set():
+            self._live = trio.Event()
+
+    async def _register(self, stop_reason: StopReason) -> None:
+        """Stop every job, then register until a control plane answers (new incarnation)."""
+        self._leave_live()
+        await self._stop_all(stop_reason)
+        failures = 0
+        while True:
+            sent_at = trio.current_time()
+            try:
+                reply = await self._cp.register(
+                    Registration(
+                        worker_id=self.worker_id, address=self.address,
+                        cpu_millis=self.settings.cpu_millis, memory_mb=self.settings.memory_mb,
+                        labels=dict(self.settings.labels),
+                    )
+                )
+            except StockadeError as exc:
+                failures += 1
+                if failures % _LOG_EVERY_FAILURES == 1:
+                    level = "warning" if isinstance(exc, TemporaryError) else "error"
+                    getattr(self._logger, level)(
+                        "registration failed, retrying", error=str(exc), attempts=failures,
+                        retry_in_s=REGISTER_RETRY_S,
+                    )
+                await trio.sleep(REGISTER_RETRY_S)
+                continue
+            break
+        self._admission.registered(reply.incarnation, reply.epoch)
+        self._last_acked_send_time = sent_at
+        self._self_fenced = False
+        self.joblog.write(
+            LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen
+        )
+        self._logger.info(
+            "registered", incarnation=reply.incarnation, epoch=reply.epoch, address=self.address,
+            attempts=failures + 1,
+        )
+        self._live.set()
+        self._registered_once.set()
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def _heartbeat_loop(self) -> None:
+        interval_s = self.settings.heartbeat_interval_s
+        await self._register(StopReason.REREGISTER)
+        next_at = trio.current_time() + interval_s
+        failures = 0
+        while True:
+            await trio.sleep_until(next_at)
+            ok = await self._heartbeat_once(failures)
+            failures = 0 if ok else failures + 1
+            # A heartbeat that took longer than the interval is followed at once, not by a burst.
+            next_at = max(next_at + interval_s, trio.current_time())
+
+    async def _heartbeat_once(self, failures: int) -> bool:
+        """Send one heartbeat and obey its reply; False when no control plane answered."""
+        incarnation = self._admission.incarnation
+        assert incarnation is not None  # the loop registers first
+        report = HeartbeatReport(
+            worker_id=self.worker_id, incarnation=incarnation,
+            running_assignment_ids=self.running_assignment_ids,
+            finished=tuple(self._unacked), epoch_seen=self.max_epoch_seen,
+        )
+        sent_at = trio.current_time()
+        try:
+            answer = await self._cp.heartbeat(report)
+        except StockadeError as exc:
+            if failures % _LOG_EVERY_FAILURES == 0:
+                self._logger.warning(
+                    "heartbeat failed", error=str(exc), failures_in_a_row=failures + 1,
+                    fenced=self._self_fenced,
+                )
+            return False
+        if failures:
+            self._logger.info("heartbeat answered again", failures_in_a_row=failures)
+        await self._on_heartbeat_answer(report, answer, sent_at)
+        return True
+
+    async def _on_heartbeat_answer(
+        self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
+    ) -> None:
+        if self._last_acked_send_time is None or sent_at > self._last_acked_send_time:
+            self._last_acked_send_time = sent_at
+        self._admission.observe_epoch(answer.epoch)
+        # Outcomes are only appended while the heartbeat was in flight, and heartbeats are
+        # sequential: the first len(report.finished) entries are exactly those it carried.
+        del self._unacked[: len(report.finished)]
+        if self._self_fenced:
+            self._logger.info("heartbeat got through while fenced: registering again")
+            await self._register(StopReason.SELF_FENCE)
+            return
+        if answer.reregister:
+            self._logger.warning("control plane asked to register again",
+                                 incarnation=report.incarnation)
+            await self._register(StopReason.REREGISTER)
+            return
+        for aid in answer.stop_assignment_ids:
+            self._admission.ended_by_control_plane(aid)
+            job = self._jobs.get(aid)
+            if job is not None:
+                self._logger.info("control plane ended a running assignment", assignment_id=aid)
+                self._request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
+
+    # ------------------------------------------------------------------ self-fence
+
+    async def _fence_watch(self) -> None:
+        """Self-fence once no heartbeat sent in the last ``self_fence_after_s`` was answered."""
+        after_s = self.settings.self_fence_after_s
+        while True:
+            if not self._live.is_set():
+                await self._live.wait()
+                continue
+            assert self._last_acked_send_time is not None  # set by the registration
+            deadline = self._last_acked_send_time + after_s
+            if trio.current_time() >= deadline:
+                await self._self_fence()
+            else:
+                await trio.sleep_until(deadline)
+
+    async def _self_fence(self) -> None:
+        silent_s = trio.current_time() - (self._last_acked_send_time or 0.0)
+        self._self_fenced = True
+        self._leave_live()
+        self.joblog.write(
+            LogEvent.SELF_FENCE, incarnation=self._admission.incarnation,
+            epoch=self.max_epoch_seen,
+        )
+        self._logger.warning(
+            "self-fenced: no heartbeat acknowledged, stopping every job",
+            silent_s=round(silent_s, 3), self_fence_after_s=self.settings.self_fence_after_s,
+            jobs=len(self._jobs),
+        )
+        await self._stop_all(StopReason.SELF_FENCE)

@@ -1,0 +1,121 @@
+"""The agent's entry points: :func:`run_agent` (async, composable) and :func:`main` (a process).
+
+:func:`run_agent` serves the Worker gRPC service, registers, heartbeats and runs jobs until it
+is cancelled. It keeps all of its state in its own objects, so one process can host many
+agents (the fleet mode runs one ``run_agent`` per worker under one asyncio bridge).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+import trio
+
+from agent.control_plane import ControlPlane, GrpcControlPlane
+from agent.core import Agent
+from agent.service import WorkerService
+from protocol import pb
+from runtime import log
+from runtime.aio import asyncio_bridge, serve_grpc, trio_service
+from runtime.client import ControlPlaneClient
+from runtime.settings import AgentSettings
+
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+
+
+def advertised_address(settings: AgentSettings, port: int) -> str:
+    """The host:port to register: ``advertise_address``, else the listen host and bound port.
+
+    A wildcard listen host (``0.0.0.0``, ``::``) cannot be called, so the machine's host
+    name stands in for it.
+    """
+    if settings.advertise_address:
+        return settings.advertise_address
+    host = settings.listen_host
+    if host in _WILDCARD_HOSTS:
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+async def run_agent(
+    settings: AgentSettings,
+    *,
+    control_plane: ControlPlane | None = None,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one worker's agent until cancelled; the asyncio bridge must already be open.
+
+    Binds the Worker service on ``settings.listen_host:listen_port`` (0: a free port), then
+    signals ``task_status.started(agent)`` (``agent.address`` is the registered host:port)
+    and registers with the control plane in the background (retrying while none answers).
+    On cancellation it stops every running job (shielded; SIGTERM, then SIGKILL after
+    ``stop_grace_s``), logs each stop with reason ``shutdown``, and closes its connections.
+
+    Args:
+        settings: the worker's settings.
+        control_plane: how to reach the control plane; by default a
+            :class:`GrpcControlPlane` over ``settings.control_planes`` with a per-call
+            deadline of ``heartbeat_timeout_s``.
+
+    Raises:
+        OSError: the listen address cannot be bound, or the work folder cannot be written.
+    """
+    client: ControlPlaneClient | None = None
+    if control_plane is None:
+        client = ControlPlaneClient(settings.control_planes, timeout_s=settings.heartbeat_timeout_s)
+        control_plane = GrpcControlPlane(client)
+    agent = Agent(settings, control_plane)
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                serve_grpc,
+                [trio_service(pb.WorkerBase, WorkerService(agent))],
+                settings.listen_host,
+                settings.listen_port,
+            )
+            await nursery.start(agent.run, advertised_address(settings, port))
+            log.get("agent").info(
+                "worker service listening", worker_id=settings.worker_id,
+                address=agent.address, work_dir=str(agent.work_dir),
+            )
+            task_status.started(agent)
+    finally:
+        if client is not None:
+            client.close()
+
+
+async def _run_until_signal(settings: AgentSettings) -> None:
+    logger = log.get("agent")
+    async with asyncio_bridge():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_agent, settings)
+                async for signum in signals:
+                    logger.info("stopping: signal received, stopping every job",
+                                signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+    logger.info("agent stopped")
+
+
+def main(settings: AgentSettings, *, json_logs: bool = False, log_level: str = "INFO") -> None:
+    """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
+
+    On the signal every running job is stopped (and logged) before this returns, so the
+    caller exits with status 0. Must run in the main thread (it installs signal handlers).
+
+    Args:
+        settings: the worker's settings.
+        json_logs: JSON-lines logs on stderr instead of console lines.
+        log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
+
+    Raises:
+        OSError: the listen address cannot be bound, or the work folder cannot be written
+            (inside an ExceptionGroup, as trio's nurseries raise them).
+    """
+    log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
+    trio.run(_run_until_signal, settings)
+
+
+__all__ = ["Agent", "main", "run_agent"]

@@ -1,0 +1,92 @@
+"""The Worker gRPC service: protobuf in, the agent's messages inside, protobuf out.
+
+Served with ``runtime.aio.trio_service(pb.WorkerBase, WorkerService(agent))``; each method is
+a trio coroutine that converts the request, lets :class:`agent.core.Agent` apply the
+acceptance rules, and converts the decision back.
+"""
+
+from __future__ import annotations
+
+from agent.core import Agent
+from agent.messages import (
+    AssignOrder,
+    CancelOrder,
+    CommandSpec,
+    JobOrder,
+    Refusal,
+    RuntimeSpec,
+    SleepSpec,
+)
+from protocol import pb
+
+
+def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
+    """An ``Assignment`` message as a :class:`JobOrder` (runtime None when the spec has none)."""
+    spec = assignment.spec or pb.JobSpec()
+    runtime: RuntimeSpec | None = None
+    if spec.sleep is not None:
+        runtime = SleepSpec(duration_ms=spec.sleep.duration_ms)
+    elif spec.command is not None:
+        runtime = CommandSpec(argv=tuple(spec.command.argv))
+    return JobOrder(
+        assignment_id=assignment.assignment_id,
+        job_id=assignment.job_id,
+        cpu_millis=spec.cpu_millis,
+        memory_mb=spec.memory_mb,
+        runtime=runtime,
+        committed_epoch=assignment.committed_epoch,
+        name=spec.name,
+    )
+
+
+def assign_order_from_pb(request: pb.AssignRequest) -> AssignOrder:
+    """An ``AssignRequest`` as an :class:`AssignOrder`."""
+    return AssignOrder(
+        epoch=request.epoch,
+        worker_id=request.worker_id,
+        incarnation=request.incarnation,
+        assignments=tuple(job_order_from_pb(a) for a in request.assignments),
+    )
+
+
+def cancel_order_from_pb(request: pb.CancelRequest) -> CancelOrder:
+    """A ``CancelRequest`` as a :class:`CancelOrder`."""
+    return CancelOrder(
+        epoch=request.epoch,
+        worker_id=request.worker_id,
+        incarnation=request.incarnation,
+        assignment_ids=tuple(request.assignment_ids),
+    )
+
+
+def _refusals_to_pb(refused: tuple[Refusal, ...]) -> list[pb.Refusal]:
+    return [pb.Refusal(assignment_id=r.assignment_id, reason=r.reason.value) for r in refused]
+
+
+class WorkerService:
+    """Implements the Worker service's RPCs for one agent (trio methods, protobuf messages).
+
+    Args:
+        agent: the agent whose rules and jobs answer.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    async def assign(self, request: pb.AssignRequest) -> pb.AssignReply:
+        """Assign: start what the acceptance rules accept; answer accepted and refused ids."""
+        decision = self._agent.assign(assign_order_from_pb(request))
+        return pb.AssignReply(
+            accepted_ids=list(decision.accepted_ids),
+            refused=_refusals_to_pb(decision.refused),
+            epoch_seen=decision.epoch_seen,
+        )
+
+    async def cancel(self, request: pb.CancelRequest) -> pb.CancelReply:
+        """Cancel: stop the running ones (waiting until they ended), refuse the rest forever."""
+        decision = await self._agent.cancel(cancel_order_from_pb(request))
+        return pb.CancelReply(
+            acknowledged_ids=list(decision.acknowledged_ids),
+            refused=_refusals_to_pb(decision.refused),
+            epoch_seen=decision.epoch_seen,
+        )

@@ -1,0 +1,200 @@
+"""The lease keeper's takeover, renewal and step-down timing, on trio's mock clock.
+
+The database is a scripted stand-in whose clock is the mock clock, so "database time" and the
+keeper's monotonic clock agree and every expected instant is exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from actors.lease import LeaseKeeper
+from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
+from runtime.reply import Reply
+from runtime.settings import LeaseSettings
+
+SETTINGS = LeaseSettings(lease_ttl_s=2.0, renew_interval_s=0.5, step_down_margin_s=0.4,
+                         takeover_poll_s=0.25, statement_timeout_s=1.0)
+
+
+@attrs.define
+class FakeLeaseDb:
+    """One lease row judged by the mock clock; ``frozen`` makes every call hang."""
+
+    holder: str | None = None
+    epoch: int = 0
+    expires_at: float = -math.inf
+    frozen: bool = False
+    renewals: list[float] = attrs.field(factory=list)
+    released: list[int] = attrs.field(factory=list)
+
+    async def _maybe_hang(self) -> None:
+        if self.frozen:
+            await trio.sleep_forever()
+
+    async def take_over(self, holder: str, ttl_s: float) -> int | None:
+        await self._maybe_hang()
+        now = trio.current_time()
+        if self.expires_at < now:
+            self.holder, self.epoch, self.expires_at = holder, self.epoch + 1, now + ttl_s
+            return self.epoch
+        return None
+
+    async def renew(self, holder: str, epoch: int, ttl_s: float) -> bool:
+        await self._maybe_hang()
+        self.renewals.append(trio.current_time())
+        if self.holder == holder and self.epoch == epoch:
+            self.expires_at = trio.current_time() + ttl_s
+            return True
+        return False
+
+    async def release(self, holder: str, epoch: int) -> None:
+        if self.holder == holder and self.epoch == epoch:
+            self.expires_at = -math.inf
+            self.released.append(epoch)
+
+    async def close(self) -> None:
+        pass
+
+
+@attrs.define
+class Harness:
+    db: FakeLeaseDb
+    keeper: LeaseKeeper
+    inbox: trio.MemorySendChannel[LeaseInbox]
+    changes: trio.MemoryReceiveChannel[RoleChange]
+
+    async def next_change(self) -> tuple[float, RoleChange]:
+        change = await self.changes.receive()
+        return trio.current_time(), change
+
+
+def make_harness(db: FakeLeaseDb, settings: LeaseSettings = SETTINGS) -> Harness:
+    inbox_send, inbox_recv = trio.open_memory_channel[LeaseInbox](8)
+    changes_send, changes_recv = trio.open_memory_channel[RoleChange](8)
+
+    async def open_store() -> FakeLeaseDb:
+        return db
+
+    keeper = LeaseKeeper(cp_id="cp-1", settings=settings, open_store=open_store,
+                         inbox=inbox_recv, subscribers=[changes_send])
+    return Harness(db=db, keeper=keeper, inbox=inbox_send, changes=changes_recv)
+
+
+async def test_takes_an_expired_lease_at_once_and_bumps_the_epoch(autojump_clock: trio.testing.MockClock) -> None:
+    """A standby takes an expired lease on its first attempt, with epoch + 1."""
+    h = make_harness(FakeLeaseDb(holder="cp-9", epoch=4, expires_at=-1.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        assert isinstance((await h.next_change())[1], Deposed)  # the "starting" reset
+        at, change = await h.next_change()
+        assert change == Elected(seq=2, epoch=5)
+        assert at == 0.0
+        assert h.db.holder == "cp-1"
+        nursery.cancel_scope.cancel()
+
+
+async def test_waits_for_a_live_lease_to_expire_by_database_time(autojump_clock: trio.testing.MockClock) -> None:
+    """A standby does not take a lease held until t=10; it takes it at the first poll after."""
+    h = make_harness(FakeLeaseDb(holder="cp-9", epoch=4, expires_at=10.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        at, change = await h.next_change()
+        assert isinstance(change, Elected) and change.epoch == 5
+        assert at == pytest.approx(10.25)  # polls every 0.25 s; at 10.0 it is not yet expired
+        nursery.cancel_scope.cancel()
+
+
+async def test_leader_renews_every_renew_interval(autojump_clock: trio.testing.MockClock) -> None:
+    """The leader renews at 0.5 s steps after its takeover, and stays leader."""
+    h = make_harness(FakeLeaseDb())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        await trio.sleep(2.2)
+        assert h.db.renewals == pytest.approx([0.5, 1.0, 1.5, 2.0])
+        assert h.keeper.epoch == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_steps_down_locally_when_renewals_hang(autojump_clock: trio.testing.MockClock) -> None:
+    """With the database frozen after the 0.5 s renewal, the leader steps down at exactly
+    0.5 + ttl - margin = 2.1 s, before the lease (renewed at 0.5 s until 2.5 s) expires."""
+    db = FakeLeaseDb()
+    h = make_harness(db)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        await trio.sleep(0.75)
+        db.frozen = True
+        at, change = await h.next_change()
+        assert isinstance(change, Deposed)
+        assert at == pytest.approx(0.5 + 2.0 - 0.4)
+        assert at < db.expires_at
+        assert h.keeper.epoch is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_deposed_when_renewal_finds_another_holder(autojump_clock: trio.testing.MockClock) -> None:
+    """A renewal that finds the lease taken (no row back) deposes the leader at that renewal."""
+    db = FakeLeaseDb()
+    h = make_harness(db)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        await trio.sleep(0.6)
+        db.holder, db.epoch = "cp-2", 2
+        at, change = await h.next_change()
+        assert isinstance(change, Deposed) and change.epoch == 1
+        assert at == pytest.approx(1.0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_epoch_superseded_deposes_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    """A report of a newer epoch (from the ledger or a worker) deposes without waiting."""
+    h = make_harness(FakeLeaseDb())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        await trio.sleep(0.1)
+        await h.inbox.send(EpochSuperseded(epoch=1, epoch_seen=2))
+        at, change = await h.next_change()
+        assert isinstance(change, Deposed)
+        assert at == pytest.approx(0.1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_query_role_answers_the_latest_change(autojump_clock: trio.testing.MockClock) -> None:
+    """QueryRole returns the role last published, so a restarted actor catches up."""
+    h = make_harness(FakeLeaseDb())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        reply: Reply[RoleChange] = Reply()
+        await h.inbox.send(QueryRole(reply=reply))
+        assert await reply.wait() == Elected(seq=2, epoch=1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_releases_the_lease_when_cancelled(autojump_clock: trio.testing.MockClock) -> None:
+    """Stopping the leader expires its lease so a standby can take over at once."""
+    db = FakeLeaseDb()
+    h = make_harness(db)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        nursery.cancel_scope.cancel()
+    assert db.released == [1]
+    assert db.expires_at == -math.inf

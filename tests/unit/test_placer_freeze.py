@@ -1,0 +1,135 @@
+"""The placer frozen between deciding and committing, while another epoch takes over.
+
+The ledger's side is scripted by the test: it refuses the late commit as the real ledger's
+``SELECT epoch ... FOR SHARE`` check does (tests/integration/test_fencing.py shows the real
+one). Nothing may reach the dispatcher.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from actors.messages import (
+    CommitPlacements,
+    CommittedAssignment,
+    Deposed,
+    Dispatch,
+    DispatcherInbox,
+    Elected,
+    JobPayload,
+    LeaseInbox,
+    LedgerInbox,
+    QueryRole,
+    RoleChange,
+    WorkerRef,
+)
+from actors.placement import PendingJob, WorkerRoom
+from actors.placer import LiveWorker, Placer, WaitingJob
+from actors.role import RoleView
+from runtime import faults
+from runtime.errors import Deposed as DeposedError
+from runtime.settings import PlacerSettings
+
+
+@attrs.define
+class FakeStore:
+    workers: list[LiveWorker]
+    jobs: list[WaitingJob]
+
+    async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
+        return self.workers
+
+    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
+        return self.jobs[:limit]
+
+
+def store() -> FakeStore:
+    ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    return FakeStore(
+        workers=[LiveWorker(ref=ref, room=WorkerRoom(worker_id="w-1", cpu_millis=4000, memory_mb=4096))],
+        jobs=[WaitingJob(job=PendingJob(job_id=i, cpu_millis=1000, memory_mb=100), reason="") for i in (1, 2)],
+    )
+
+
+@attrs.define
+class Harness:
+    placer: Placer
+    lease: trio.MemoryReceiveChannel[LeaseInbox]
+    ledger: trio.MemoryReceiveChannel[LedgerInbox]
+    dispatcher: trio.MemoryReceiveChannel[DispatcherInbox]
+    roles: trio.MemorySendChannel[RoleChange]
+
+
+def make_harness() -> Harness:
+    lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](8)
+    ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+    dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](64)
+    roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+    placer = Placer(settings=PlacerSettings(round_interval_s=0.1), store=store(),
+                    role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+                    ledger=ledger_send, dispatcher=dispatch_send)
+    return Harness(placer, lease_recv, ledger_recv, dispatch_recv, roles_send)
+
+
+async def elect(h: Harness, epoch: int) -> None:
+    message = await h.lease.receive()
+    assert isinstance(message, QueryRole)
+    message.reply.set(Elected(seq=1, epoch=epoch))
+
+
+async def test_frozen_placer_commit_is_refused_and_nothing_is_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Frozen 5 s (past the 2 s lease) between deciding and committing; epoch 2 took over
+    meanwhile; the ledger refuses the epoch-1 commit and no batch reaches any worker."""
+    h = make_harness()
+    frozen_until: list[float] = []
+
+    async def freeze() -> None:
+        await trio.sleep(5.0)
+        frozen_until.append(trio.current_time())
+
+    async with faults.installed("placer.before_commit", freeze), trio.open_nursery() as nursery:
+        nursery.start_soon(elect, h, 1)
+        await nursery.start(h.placer.run)
+        commit = await h.ledger.receive()
+        assert isinstance(commit, CommitPlacements)
+        assert trio.current_time() == pytest.approx(5.0)
+        assert commit.epoch == 1 and [p.job_id for p in commit.placements] == [1, 2]
+        commit.reply.fail(DeposedError(epoch=1, epoch_seen=2))
+        await h.roles.send(Deposed(seq=2, epoch=1, reason="lease taken by another replica"))
+        await trio.sleep(3.0)
+        with pytest.raises(trio.WouldBlock):
+            h.dispatcher.receive_nowait()
+        with pytest.raises(trio.WouldBlock):
+            h.ledger.receive_nowait()  # deposed: no further rounds
+        nursery.cancel_scope.cancel()
+    assert frozen_until == [5.0]
+
+
+async def test_committed_placements_are_dispatched_after_the_commit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Without a freeze the commit's assignments reach the dispatcher, only after the reply."""
+    h = make_harness()
+    payload = JobPayload(name="j", cpu_millis=1000, memory_mb=100, priority=0, sleep_ms=10, argv=None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(elect, h, 1)
+        await nursery.start(h.placer.run)
+        commit = await h.ledger.receive()
+        assert isinstance(commit, CommitPlacements)
+        await trio.sleep(1.0)
+        with pytest.raises(trio.WouldBlock):
+            h.dispatcher.receive_nowait()
+        commit.reply.set(tuple(
+            CommittedAssignment(assignment_id=10 + p.job_id, job_id=p.job_id, worker_id=p.worker_id,
+                                incarnation=1, epoch=1, payload=payload)
+            for p in commit.placements
+        ))
+        sent = await h.dispatcher.receive()
+        assert isinstance(sent, Dispatch)
+        assert sent.epoch == 1 and [a.assignment_id for a in sent.assignments] == [11, 12]
+        nursery.cancel_scope.cancel()
