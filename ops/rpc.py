@@ -1,0 +1,90 @@
+"""Synchronous entry to the control-plane client, for the CLI, the launcher and the tests.
+
+Each call to :func:`with_client` is one ``trio.run`` with the asyncio bridge open around
+the body, so a plain function (a typer command, a pytest test) can talk to the cluster. An
+error raised by the body comes out as itself, not wrapped in an exception group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from protocol import pb
+from runtime.aio import asyncio_bridge
+from runtime.client import ControlPlaneClient
+
+__all__ = ["DEFAULT_CALL_TIMEOUT_S", "call", "with_client"]
+
+T = TypeVar("T")
+
+DEFAULT_CALL_TIMEOUT_S = 2.0
+"""Deadline of one call to one control plane, in seconds."""
+
+
+@attrs.frozen
+class _Failed:
+    error: Exception
+
+
+def with_client(
+    addresses: Sequence[str],
+    body: Callable[[ControlPlaneClient], Awaitable[T]],
+    *,
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+) -> T:
+    """Run ``await body(client)`` in a fresh trio loop with the asyncio bridge open.
+
+    Args:
+        addresses: ``host:port`` of the control planes, tried in order.
+        body: the async function to run; gets a :class:`ControlPlaneClient`.
+        timeout_s: deadline of one call to one control plane, in seconds.
+
+    Returns:
+        what ``body`` returned.
+
+    Raises:
+        InvalidArgument: an address is malformed, or a replica refused the input.
+        NoControlPlaneReachable: no control plane answered.
+        Exception: whatever ``body`` raised, unwrapped.
+    """
+
+    async def main() -> T | _Failed:
+        async with asyncio_bridge():
+            client = ControlPlaneClient(addresses, timeout_s=timeout_s)
+            try:
+                return await body(client)
+            except Exception as exc:
+                # Leave the bridge's nursery first, so the error is not wrapped in a group.
+                return _Failed(exc)
+            finally:
+                client.close()
+
+    result = trio.run(main)
+    if isinstance(result, _Failed):
+        raise result.error
+    return result
+
+
+def call(
+    addresses: Sequence[str], rpc: str, request: Any, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+) -> Any:
+    """One ControlPlane call (``rpc`` in snake_case, e.g. ``"status"``) on the first replica that answers.
+
+    Raises:
+        the same errors as :func:`with_client`.
+    """
+
+    async def body(client: ControlPlaneClient) -> Any:
+        return await client.call(rpc, request)
+
+    return with_client(addresses, body, timeout_s=timeout_s)
+
+
+def status(addresses: Sequence[str], *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> pb.StatusReply:
+    """The Status view from the first replica that answers."""
+    reply: pb.StatusReply = call(addresses, "status", pb.StatusRequest(), timeout_s=timeout_s)
+    return reply

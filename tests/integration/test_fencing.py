@@ -1,0 +1,215 @@
+"""The fence on a real PostgreSQL: stale epochs refused, takeovers wait for open fenced
+transactions, frozen transactions ended by idle_in_transaction_session_timeout, and the
+partial unique index that allows one active assignment per job."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import trio
+
+from actors import queries
+from actors.ledger import Ledger
+from actors.messages import CommitPlacements, DeclareDeadWorkers, LeaseInbox, LedgerInbox, Placement
+from runtime import faults
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.errors import Deposed
+from runtime.reply import Reply
+from runtime.settings import LedgerSettings
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[PgConnection]:
+    """An admin connection to a fresh database (with the bridge open), holding one worker
+    w-1 (incarnation 1) and two pending jobs (ids 1 and 2)."""
+    async with asyncio_bridge():
+        conn = await PgConnection.connect(database_url)
+        await conn.execute(
+            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+            " VALUES ('w-1', '127.0.0.1:1', 8000, 8192, 1)"
+        )
+        for name in ("a", "b"):
+            await conn.execute(queries.SUBMIT_JOB, name, 1000, 100, 0, "sleep", 1000, None)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+
+async def take_over(conn: PgConnection, holder: str, ttl_s: float = 2.0) -> int | None:
+    epoch = await conn.fetchval(queries.TAKE_OVER_LEASE, holder, ttl_s)
+    return None if epoch is None else int(epoch)
+
+
+def placements(*job_ids: int) -> tuple[Placement, ...]:
+    return tuple(Placement(job_id=j, worker_id="w-1", incarnation=1, cpu_millis=1000, memory_mb=100)
+                 for j in job_ids)
+
+
+async def commit(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch: int, *job_ids: int) -> object:
+    reply: Reply[object] = Reply()
+    await ledger_inbox.send(CommitPlacements(epoch=epoch, placements=placements(*job_ids), reasons=(),
+                                             reply=reply))
+    return await reply.wait()
+
+
+async def run_ledger(nursery: trio.Nursery, url: str, settings: LedgerSettings = LedgerSettings()) -> tuple[
+    trio.MemorySendChannel[LedgerInbox], trio.MemoryReceiveChannel[LeaseInbox]
+]:
+    ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+    lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](8)
+    ledger = Ledger(cp_id="cp-1", database_url=url, settings=settings, inbox=ledger_recv,
+                    lease_inbox=lease_send)
+    await nursery.start(ledger.run)
+    return ledger_send, lease_recv
+
+
+async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, database_url: str) -> None:
+    """Epoch 2 holds the lease; a commit under epoch 1 writes nothing, is recorded in
+    stale_writes, and tells the lease keeper it was superseded."""
+    assert await take_over(db, "cp-1") == 1
+    await db.execute("UPDATE lease SET expires_at = '-infinity'")
+    assert await take_over(db, "cp-2") == 2
+    async with trio.open_nursery() as nursery:
+        ledger, lease = await run_ledger(nursery, database_url)
+        with pytest.raises(Deposed) as info:
+            await commit(ledger, 1, 1, 2)
+        assert (info.value.epoch, info.value.epoch_seen) == (1, 2)
+        superseded = lease.receive_nowait()
+        assert (superseded.epoch, superseded.epoch_seen) == (1, 2)  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+    assert await db.fetchval("SELECT count(*) FROM assignments") == 0
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE state = 'pending'") == 2
+    assert await db.fetchval("SELECT epoch_seen FROM stale_writes WHERE holder = 'cp-1'") == 2
+
+
+async def test_the_current_epoch_commits_and_claims_only_pending_jobs(db: PgConnection, database_url: str) -> None:
+    """Under the current epoch the placements commit with that epoch; placing a job that is no
+    longer pending creates nothing (invariant 3)."""
+    assert await take_over(db, "cp-1") == 1
+    async with trio.open_nursery() as nursery:
+        ledger, _ = await run_ledger(nursery, database_url)
+        first = await commit(ledger, 1, 1)
+        again = await commit(ledger, 1, 1, 2)
+        nursery.cancel_scope.cancel()
+    assert [a.job_id for a in first] == [1]  # type: ignore[attr-defined]
+    assert [a.job_id for a in again] == [2]  # type: ignore[attr-defined]
+    rows = await db.fetch("SELECT job_id, epoch, state FROM assignments ORDER BY job_id")
+    assert [tuple(r) for r in rows] == [(1, 1, "active"), (2, 1, "active")]
+
+
+async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection, database_url: str) -> None:
+    """With a fenced transaction parked after its FOR SHARE check, a takeover of the (expired)
+    lease blocks; it completes, with a new epoch, only after the fenced write committed."""
+    assert await take_over(db, "cp-1") == 1
+    await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
+    parked, release = trio.Event(), trio.Event()
+    order: list[str] = []
+
+    async def park() -> None:
+        parked.set()
+        await release.wait()
+
+    standby = await PgConnection.connect(database_url)
+
+    async def standby_takes_over() -> None:
+        order.append(f"takeover epoch {await take_over(standby, 'cp-2')}")
+
+    try:
+        async with faults.installed("ledger.after_epoch_check", park), trio.open_nursery() as nursery:
+            ledger, _ = await run_ledger(nursery, database_url)
+
+            async def leader_commits() -> None:
+                await commit(ledger, 1, 1)
+                order.append("commit epoch 1")
+
+            nursery.start_soon(leader_commits)
+            await parked.wait()
+            nursery.start_soon(standby_takes_over)
+            await trio.sleep(0.5)
+            assert order == []  # the takeover is waiting on the share lock
+            release.set()
+            while len(order) < 2:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        await standby.close()
+    assert sorted(order) == ["commit epoch 1", "takeover epoch 2"]  # both went through, in lock order
+    assert await db.fetchval("SELECT epoch FROM assignments WHERE job_id = 1") == 1
+
+
+async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(db: PgConnection, database_url: str) -> None:
+    """A leader frozen inside its fenced transaction loses its session after the idle timeout;
+    the standby takes over meanwhile; the leader's commit on waking is refused, counted as a
+    stale write, and nothing it wrote survives."""
+    assert await take_over(db, "cp-1") == 1
+    await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
+    parked = trio.Event()
+    standby_epoch: list[int | None] = []
+
+    async def freeze() -> None:
+        parked.set()
+        await trio.sleep(1.5)  # sends nothing: the session sits idle in its transaction
+
+    standby = await PgConnection.connect(database_url)
+    try:
+        async with faults.installed("ledger.before_commit", freeze), trio.open_nursery() as nursery:
+            ledger, _ = await run_ledger(nursery, database_url,
+                                         LedgerSettings(idle_in_transaction_timeout_s=0.5))
+
+            async def standby_takes_over() -> None:
+                await parked.wait()
+                standby_epoch.append(await take_over(standby, "cp-2"))
+
+            nursery.start_soon(standby_takes_over)
+            with pytest.raises(Deposed) as info:
+                await commit(ledger, 1, 1)
+            nursery.cancel_scope.cancel()
+    finally:
+        await standby.close()
+    assert standby_epoch == [2]
+    assert (info.value.epoch, info.value.epoch_seen) == (1, 2)
+    assert await db.fetchval("SELECT count(*) FROM assignments") == 0
+    assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
+    assert "session ended" in await db.fetchval("SELECT what FROM stale_writes")
+
+
+async def test_the_partial_unique_index_refuses_a_second_active_assignment(db: PgConnection) -> None:
+    """Two active assignments for one job cannot exist, whatever writes them (invariant 1)."""
+    insert = ("INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)"
+              " VALUES (1, 'w-1', 1, 1000, 100, $1)")
+    await db.execute(insert, 1)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await db.execute(insert, 2)
+    await db.execute("UPDATE assignments SET state = 'finished'")
+    await db.execute(insert, 3)  # once the first ended, a new one may be active
+
+
+async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
+    db: PgConnection, database_url: str
+) -> None:
+    """A worker named dead is declared dead only if still silent for dead_after by database
+    time; then its active assignments end as lost and their jobs are pending again."""
+    assert await take_over(db, "cp-1") == 1
+    async with trio.open_nursery() as nursery:
+        ledger, _ = await run_ledger(nursery, database_url)
+        await commit(ledger, 1, 1)
+
+        async def declare() -> object:
+            reply: Reply[object] = Reply()
+            await ledger.send(DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply))
+            return await reply.wait()
+
+        fresh = await declare()
+        assert fresh.dead_worker_ids == ()  # type: ignore[attr-defined]
+        await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '6 seconds'")
+        dead = await declare()
+        nursery.cancel_scope.cancel()
+    assert dead.dead_worker_ids == ("w-1",)  # type: ignore[attr-defined]
+    assert dead.requeued_job_ids == (1,)  # type: ignore[attr-defined]
+    assert await db.fetchval("SELECT state FROM workers") == "dead"
+    assert await db.fetchval("SELECT end_reason FROM assignments WHERE job_id = 1") == "worker_dead"
+    assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
+    assert await db.fetchval("SELECT epoch FROM worker_deaths") == 1

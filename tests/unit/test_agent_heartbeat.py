@@ -1,0 +1,362 @@
+"""Registration, heartbeats and self-fence of the agent, on trio's mock clock.
+
+The agent reaches the control plane through a scripted stand-in, so every timing is exact:
+pytest-trio's ``autojump_clock`` fixture (a ``MockClock(autojump_threshold=0)``) jumps time
+whenever every task is blocked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from agent.core import REGISTER_RETRY_S, Agent
+from agent.joblog import read_log
+from agent.messages import (
+    AssignOrder,
+    CancelOrder,
+    HeartbeatAnswer,
+    HeartbeatReport,
+    JobOrder,
+    Registered,
+    Registration,
+    SleepSpec,
+)
+from runtime.errors import NoControlPlaneReachable
+from runtime.settings import AgentSettings
+
+HEARTBEAT_S = 0.5
+TIMEOUT_S = 1.0
+FENCE_S = 3.0
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """Mock time that jumps ahead whenever every task waits."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+@attrs.define
+class ScriptedControlPlane:
+    """A control plane stand-in: answers, fails after the call deadline, or hangs forever."""
+
+    mode: str = "up"
+    """up: answer at once; down: fail after TIMEOUT_S (like a real call); hang: never answer."""
+    epoch: int = 1
+    incarnations: int = 0
+    registrations: list[tuple[float, Registration]] = attrs.field(factory=list)
+    heartbeats: list[tuple[float, HeartbeatReport]] = attrs.field(factory=list)
+    answered: list[float] = attrs.field(factory=list)
+    """Send times of the heartbeats that got a reply."""
+    next_answer: dict[str, Any] = attrs.field(factory=dict)
+    answer_delay_s: float = 0.0
+
+    async def _gate(self) -> None:
+        if self.mode == "down":
+            await trio.sleep(TIMEOUT_S)
+            raise NoControlPlaneReachable("no control plane answered: scripted outage")
+        if self.mode == "hang":
+            await trio.sleep_forever()
+
+    async def register(self, request: Registration) -> Registered:
+        self.registrations.append((trio.current_time(), request))
+        await self._gate()
+        self.incarnations += 1
+        return Registered(incarnation=self.incarnations, epoch=self.epoch)
+
+    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer:
+        sent = trio.current_time()
+        self.heartbeats.append((sent, request))
+        await self._gate()
+        await trio.sleep(self.answer_delay_s)
+        answer = HeartbeatAnswer(epoch=self.epoch, **self.next_answer)
+        self.next_answer = {}
+        self.answered.append(sent)
+        return answer
+
+
+def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
+    values: dict[str, Any] = {
+        "worker_id": "w-1", "control_planes": ["127.0.0.1:1"], "cpu_millis": 4000,
+        "memory_mb": 4096, "work_dir": str(tmp_path), "heartbeat_interval_s": HEARTBEAT_S,
+        "heartbeat_timeout_s": TIMEOUT_S, "self_fence_after_s": FENCE_S, "stop_grace_s": 1.0,
+    }
+    values.update(overrides)
+    return AgentSettings(**values)
+
+
+@asynccontextmanager
+async def running_agent(tmp_path: Path, cp: ScriptedControlPlane,
+                        **overrides: Any) -> AsyncIterator[Agent]:
+    agent = Agent(agent_settings(tmp_path, **overrides), cp)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run, "127.0.0.1:9")
+        yield agent
+        nursery.cancel_scope.cancel()
+
+
+def sleep_job(aid: int, duration_s: float = 1000.0) -> JobOrder:
+    return JobOrder(assignment_id=aid, job_id=aid * 10, cpu_millis=1000, memory_mb=100,
+                    runtime=SleepSpec(duration_ms=int(duration_s * 1000)))
+
+
+def assign(agent: Agent, *jobs: JobOrder, epoch: int = 1) -> dict[int, str]:
+    """Assign ``jobs``; returns id -> "accepted" or the refusal reason."""
+    assert agent.incarnation is not None
+    decision = agent.assign(AssignOrder(epoch=epoch, worker_id="w-1",
+                                        incarnation=agent.incarnation, assignments=jobs))
+    result = {aid: "accepted" for aid in decision.accepted_ids}
+    result.update({r.assignment_id: r.reason.value for r in decision.refused})
+    return result
+
+
+def stops(tmp_path: Path) -> dict[int, str]:
+    return {r["assignment_id"]: r["reason"] for r in read_log(tmp_path / "agent.jsonl")
+            if r["event"] == "stop"}
+
+
+async def test_heartbeats_are_sent_every_interval(tmp_path: Path, autojump_clock: Any) -> None:
+    """After registering, the agent heartbeats exactly every heartbeat_interval_s."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        t0 = cp.registrations[0][0]
+        await trio.sleep(2.1)
+    times = [t - t0 for t, _ in cp.heartbeats]
+    assert times == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    assert all(r.incarnation == 1 and r.worker_id == "w-1" for _, r in cp.heartbeats)
+
+
+async def test_registration_is_retried_until_a_control_plane_answers(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """While no control plane answers, registration is tried again every 0.5 s after failing."""
+    cp = ScriptedControlPlane(mode="down")
+    async with running_agent(tmp_path, cp) as agent:
+        await trio.sleep(5.0)
+        assert agent.incarnation is None
+        refused = agent.assign(AssignOrder(epoch=1, worker_id="w-1", incarnation=0,
+                                           assignments=(sleep_job(1),)))
+        assert [r.reason.value for r in refused.refused] == ["fenced"]
+        cp.mode = "up"
+        await agent.wait_registered()
+    gaps = [b[0] - a[0] for a, b in zip(cp.registrations, cp.registrations[1:], strict=False)]
+    assert gaps == pytest.approx([TIMEOUT_S + REGISTER_RETRY_S] * len(gaps))
+    assert cp.registrations[0][1].address == "127.0.0.1:9"
+    assert agent.incarnation == 1
+
+
+async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Jobs run until self_fence_after_s past the last acknowledged send, then stop at once."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        t0 = trio.current_time()
+        assert assign(agent, sleep_job(1), sleep_job(2)) == {1: "accepted", 2: "accepted"}
+        await trio.sleep_until(t0 + 1.2)  # heartbeats at 0.5 and 1.0 answered
+        cp.mode = "down"
+        last_acked = cp.answered[-1]
+        assert last_acked == pytest.approx(t0 + 1.0)
+        await trio.sleep_until(last_acked + FENCE_S - 0.001)
+        assert agent.running_assignment_ids == (1, 2)
+        assert not agent.self_fenced
+        await trio.sleep_until(last_acked + FENCE_S + 0.001)
+        assert agent.self_fenced
+        assert agent.running_assignment_ids == ()
+        assert assign(agent, sleep_job(3)) == {3: "fenced"}
+    assert stops(tmp_path) == {1: "self_fence", 2: "self_fence"}
+    events = [r["event"] for r in read_log(tmp_path / "agent.jsonl")]
+    assert events == ["register", "start", "start", "self_fence", "stop", "stop"]
+
+
+async def test_a_hanging_heartbeat_does_not_delay_the_fence(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The fence runs on its own timer: a heartbeat call that never returns still fences."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        await trio.sleep(0.7)  # the heartbeat at 0.5 was answered
+        cp.mode = "hang"
+        last_acked = cp.answered[-1]
+        await trio.sleep_until(last_acked + FENCE_S - 0.001)
+        assert agent.running_assignment_ids == (1,)
+        await trio.sleep_until(last_acked + FENCE_S + 0.001)
+        assert agent.self_fenced and agent.running_assignment_ids == ()
+
+
+async def test_fenced_agent_registers_again_when_a_heartbeat_gets_through(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """After a self-fence, the first answered heartbeat leads to a new incarnation."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        cp.mode = "down"
+        await trio.sleep(FENCE_S + 1.0)
+        assert agent.self_fenced
+        fenced_heartbeats = len(cp.heartbeats)
+        cp.mode = "up"
+        await trio.sleep(TIMEOUT_S + HEARTBEAT_S + 0.1)
+        assert len(cp.heartbeats) > fenced_heartbeats  # it kept trying while fenced
+        assert not agent.self_fenced
+        assert agent.incarnation == 2
+        assert agent.running_assignment_ids == ()
+        old = agent.assign(AssignOrder(epoch=1, worker_id="w-1", incarnation=1,
+                                       assignments=(sleep_job(2),)))
+        assert [r.reason.value for r in old.refused] == ["wrong_incarnation"]
+        assert assign(agent, sleep_job(2)) == {2: "accepted"}
+        # ... and it stays up: the new registration reset the fence deadline.
+        await trio.sleep(FENCE_S * 2)
+        assert not agent.self_fenced and agent.running_assignment_ids == (2,)
+    registers = [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "register"]
+    assert [r["incarnation"] for r in registers] == [1, 2]
+    assert stops(tmp_path) == {1: "self_fence", 2: "shutdown"}
+
+
+async def test_outcomes_are_kept_until_a_heartbeat_carrying_them_is_answered(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A finished job's outcome rides every heartbeat until one of them is acknowledged."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, self_fence_after_s=100.0) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=0.2))
+        cp.mode = "down"
+        await trio.sleep(3.0)
+        assert [o.assignment_id for o in agent.unacknowledged_outcomes] == [1]
+        cp.mode = "up"
+        await trio.sleep(2.0)
+        assert agent.unacknowledged_outcomes == ()
+    carried = [[o.assignment_id for o in r.finished] for _, r in cp.heartbeats]
+    answered_carry = [[o.assignment_id for o in r.finished] for t, r in cp.heartbeats
+                      if t in cp.answered]
+    assert [1] in carried
+    assert answered_carry.count([1]) == 1  # once acknowledged, never sent again
+    assert carried[-1] == []
+    outcome = next(o for _, r in cp.heartbeats for o in r.finished)
+    assert outcome.state.value == "succeeded" and outcome.exit_code == 0
+
+
+async def test_only_the_acknowledged_outcomes_are_dropped(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """An outcome that appears while a heartbeat is in flight is kept for the next one."""
+    cp = ScriptedControlPlane(answer_delay_s=0.3)
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        t0 = trio.current_time()
+        assign(agent, sleep_job(1, duration_s=0.1), sleep_job(2, duration_s=0.6))
+        # heartbeat at 0.5 carries outcome 1 and is answered at 0.8; job 2 ends at 0.6.
+        await trio.sleep_until(t0 + 0.9)
+        assert [o.assignment_id for o in agent.unacknowledged_outcomes] == [2]
+        await trio.sleep_until(t0 + 1.5)
+    carried = [[o.assignment_id for o in r.finished] for _, r in cp.heartbeats]
+    assert carried[:2] == [[1], [2]]
+
+
+async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A job the control plane ended is stopped, not reported, and refused if re-assigned."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1), sleep_job(2))
+        cp.next_answer = {"stop_assignment_ids": (1,)}
+        await trio.sleep(0.6)
+        assert agent.running_assignment_ids == (2,)
+        assert assign(agent, sleep_job(1)) == {1: "cancelled"}
+        await trio.sleep(1.0)
+    assert stops(tmp_path) == {1: "stopped_by_control_plane", 2: "shutdown"}
+    assert all(not r.finished for _, r in cp.heartbeats)
+
+
+async def test_reregister_reply_stops_everything_and_registers_again(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """reregister in a heartbeat reply stops every job and leads to a new incarnation."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        cp.next_answer = {"reregister": True}
+        await trio.sleep(0.6)
+        assert agent.incarnation == 2 and agent.running_assignment_ids == ()
+    assert stops(tmp_path) == {1: "reregister"}
+
+
+async def test_heartbeat_reply_epoch_makes_older_assigns_stale(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The epoch in a heartbeat reply raises the newest seen epoch."""
+    cp = ScriptedControlPlane(epoch=1)
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        cp.epoch = 4
+        await trio.sleep(0.6)
+        assert agent.max_epoch_seen == 4
+        assert assign(agent, sleep_job(1), epoch=3) == {1: "stale_epoch"}
+        assert cp.heartbeats[-1][1].epoch_seen == 1
+        await trio.sleep(0.5)
+        assert cp.heartbeats[-1][1].epoch_seen == 4
+
+
+async def test_cancel_stops_a_running_job_before_it_answers(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Cancel of a running job returns once the job has ended, and the id is refused after."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        decision = await agent.cancel(CancelOrder(epoch=1, worker_id="w-1", incarnation=1,
+                                                  assignment_ids=(1,)))
+        assert decision.acknowledged_ids == (1,)
+        assert agent.running_assignment_ids == ()
+        assert assign(agent, sleep_job(1)) == {1: "cancelled"}
+    assert stops(tmp_path) == {1: "cancelled"}
+
+
+async def test_shutdown_stops_every_job_and_logs_it(tmp_path: Path, autojump_clock: Any) -> None:
+    """Cancelling the agent stops its jobs and writes a shutdown stop line for each."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1), sleep_job(2))
+    assert stops(tmp_path) == {1: "shutdown", 2: "shutdown"}
+    assert agent.running_assignment_ids == ()
+
+
+async def test_start_and_stop_lines_carry_the_assign_epoch(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """start and stop lines name the job, assignment, incarnation and the Assign's epoch."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=0.1), epoch=2)
+        await trio.sleep(0.2)
+    records = read_log(tmp_path / "agent.jsonl")
+    start, stop = (r for r in records if r["event"] in ("start", "stop"))
+    for record in (start, stop):
+        assert set(record) >= {"event", "worker_id", "incarnation", "job_id", "assignment_id",
+                               "epoch", "time"}
+        assert (record["worker_id"], record["incarnation"], record["job_id"],
+                record["assignment_id"], record["epoch"]) == ("w-1", 1, 10, 1, 2)
+    assert set(start) == {"event", "worker_id", "incarnation", "job_id", "assignment_id",
+                          "epoch", "time"}
+    assert stop["reason"] == "succeeded" and stop["exit_code"] == 0
+    assert math.isfinite(stop["time"]) and stop["time"] >= start["time"]
