@@ -24,6 +24,7 @@ standby, a killed worker registers a new incarnation).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -39,7 +40,13 @@ import psutil
 import trio
 
 from ops import rpc
-from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
+from ops.pg import (
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    PostgresStartError,
+    database_url_from_env,
+    free_port,
+)
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError, Unavailable
@@ -104,6 +111,10 @@ def default_state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or ".stockade").absolute()
 
 
+def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
 @attrs.frozen(kw_only=True)
 class ProcessSpec:
     """One process of the cluster, as recorded in cluster.json."""
@@ -114,7 +125,7 @@ class ProcessSpec:
     """``cp`` or ``agent``: the ops.cli subcommand it runs."""
     address: str
     """host:port of its gRPC service."""
-    args: tuple[str, ...] = attrs.field(converter=tuple)
+    args: tuple[str, ...] = attrs.field(converter=_str_tuple)
     """The arguments after ``python -m ops.cli``."""
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +140,10 @@ class ProcessSpec:
         return int(self.address.rpartition(":")[2])
 
 
+def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
+    return tuple(items)
+
+
 @attrs.frozen(kw_only=True)
 class ClusterConfig:
     """What cluster.json holds."""
@@ -136,7 +151,7 @@ class ClusterConfig:
     database_url: str
     embedded_pg_port: int | None
     """Port of the embedded server under ``pg/``; None when the database is DATABASE_URL's."""
-    processes: tuple[ProcessSpec, ...] = attrs.field(converter=tuple)
+    processes: tuple[ProcessSpec, ...] = attrs.field(converter=_spec_tuple)
 
     @property
     def control_planes(self) -> list[ProcessSpec]:
@@ -277,8 +292,8 @@ class LocalCluster:
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
     database_url: str | None = None
-    cp_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    agent_args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    cp_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    agent_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -582,7 +597,8 @@ class LocalCluster:
         spec = self.config().process(process_id)
         process = self.live_process(spec)
         if process is None:
-            raise ClusterError(f"{process_id} is not running (no live pid in {self.state.pid_path(process_id)})")
+            pid_path = self.state.pid_path(process_id)
+            raise ClusterError(f"{process_id} is not running (no live pid in {pid_path})")
         process.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM) and process_id in self._children:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -627,9 +643,7 @@ class LocalCluster:
             if server.is_running():
                 try:
                     server.stop()
-                except StockadeError as exc:  # pragma: no cover - PostgresStopError is not ours
-                    raise ClusterError(str(exc)) from exc
-                except Exception as exc:
+                except EmbeddedPostgresError as exc:
                     raise ClusterError(f"embedded PostgreSQL did not stop: {exc}") from exc
                 database_stopped = True
         left = self._marked_processes()
@@ -685,7 +699,7 @@ def _matches(cmdline: Sequence[str], spec: ProcessSpec) -> bool:
     rest = list(cmdline[start + 1:])
     if not rest or rest[0] != spec.kind:
         return False
-    return any(a == "--id" and b == spec.id for a, b in zip(rest, rest[1:], strict=False))
+    return any(a == "--id" and b == spec.id for a, b in itertools.pairwise(rest))
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

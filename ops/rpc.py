@@ -17,7 +17,7 @@ from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "call", "with_client"]
+__all__ = ["DEFAULT_CALL_TIMEOUT_S", "call", "status", "with_client"]
 
 T = TypeVar("T")
 

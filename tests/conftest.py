@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -93,8 +95,13 @@ def docker_unavailable_reason() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """An admin URL of the session's PostgreSQL server (see the module docstring)."""
+def pg_admin_url() -> Iterator[str]:
+    """An admin URL of the session's PostgreSQL server (see the module docstring).
+
+    The embedded server's data lives in a temporary directory of its own, not under pytest's
+    basetemp: pytest makes its root 0700 again and prunes old sessions' folders whenever
+    another pytest session starts, which would cut the server's user off from its data.
+    """
     url = database_url_from_env()
     if url is not None:
         yield url
@@ -105,7 +112,14 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with PostgresContainer(POSTGRES_IMAGE, driver=None) as container:
             yield container.get_connection_url()
         return
-    data_dir = tmp_path_factory.mktemp("embedded-pg")
+    data_dir = Path(tempfile.mkdtemp(prefix="stockade-test-pg-"))
+    try:
+        yield from _embedded_admin_url(data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _embedded_admin_url(data_dir: Path) -> Iterator[str]:
     for attempt in range(1, _PORT_ATTEMPTS + 1):
         server = EmbeddedPostgres(data_dir=data_dir, port=free_port(), fast_unsafe=True)
         try:

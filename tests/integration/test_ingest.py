@@ -1,0 +1,115 @@
+"""Ingest over real gRPC on a real PostgreSQL, with no leader at all: submissions,
+registrations and heartbeats are recorded by any replica; bad input is refused with
+INVALID_ARGUMENT or NOT_FOUND naming the field, and nothing is stored."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from actors.ingest import Ingest
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.errors import InvalidArgument, NotFound
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, PgConnection]]:
+    """A client of one ingest actor (no lease keeper, no leader), and an admin connection."""
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        ingest = Ingest(cp_id="cp-1", database_url=database_url, listen_host="127.0.0.1", listen_port=0,
+                        pool_size=2, presence_interval_s=1.0)
+        await nursery.start(ingest.run)
+        cp = ControlPlaneClient([ingest.address], timeout_s=5.0)
+        admin = await PgConnection.connect(database_url)
+        try:
+            yield cp, admin
+        finally:
+            cp.close()
+            await admin.close()
+            nursery.cancel_scope.cancel()
+
+
+def sleep_job(**fields: object) -> pb.SubmitJobRequest:
+    spec = dict(name="j", cpu_millis=500, memory_mb=256, sleep=pb.SleepRuntime(duration_ms=1000))
+    spec.update(fields)
+    return pb.SubmitJobRequest(spec=pb.JobSpec(**spec))  # type: ignore[arg-type]
+
+
+async def test_submissions_registrations_and_heartbeats_need_no_leader(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """With the lease never taken, a job is stored pending, a worker registers with a fresh
+    incarnation, and its heartbeat is recorded (the reply carries epoch 0)."""
+    cp, admin = client
+    submitted = await cp.call("submit_job", sleep_job())
+    job = await cp.call("get_job", pb.GetJobRequest(job_id=submitted.job_id))
+    assert (job.state, job.spec.cpu_millis, job.spec.sleep.duration_ms) == ("pending", 500, 1000)
+    first = await cp.call("register_worker", pb.RegisterWorkerRequest(
+        worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192))
+    second = await cp.call("register_worker", pb.RegisterWorkerRequest(
+        worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192))
+    assert second.incarnation > first.incarnation
+    stale = await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=first.incarnation))
+    assert stale.reregister  # the previous life is over
+    beat = await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=second.incarnation,
+                                                          running_assignment_ids=[42]))
+    assert (beat.reregister, beat.epoch, list(beat.stop_assignment_ids)) == (False, 0, [42])
+    status = await cp.call("status", pb.StatusRequest())
+    assert status.leader == "" and [w.id for w in status.workers] == ["w-1"]
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "message"),
+    [
+        ({"cpu_millis": 0}, "cpu_millis must be between 1 and 1000000, got 0"),
+        ({"memory_mb": 10**9}, "memory_mb must be between 1 and 16777216, got 1000000000"),
+        ({"name": ""}, "name must not be empty"),
+        ({"name": "n" * 500}, "name must be at most 128 characters"),
+        ({"name": "a\x00b"}, "name must not contain NUL bytes"),
+        ({"sleep": None}, "runtime must be exactly one of sleep or command"),
+    ],
+)
+async def test_bad_submissions_are_refused_and_nothing_is_stored(
+    client: tuple[ControlPlaneClient, PgConnection], request_fields: dict[str, object], message: str
+) -> None:
+    """INVALID_ARGUMENT names the field, the value and the limit; the jobs table stays empty."""
+    cp, admin = client
+    with pytest.raises(InvalidArgument) as info:
+        await cp.call("submit_job", sleep_job(**request_fields))
+    assert message in str(info.value)
+    assert await admin.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_unknown_job_ids_are_not_found(client: tuple[ControlPlaneClient, PgConnection]) -> None:
+    """GetJob and CancelJob of an id that does not exist answer NOT_FOUND naming the id."""
+    cp, _ = client
+    with pytest.raises(NotFound, match="job_id 77 not found"):
+        await cp.call("get_job", pb.GetJobRequest(job_id=77))
+    with pytest.raises(NotFound, match="job_id 77 not found"):
+        await cp.call("cancel_job", pb.CancelJobRequest(job_id=77))
+
+
+async def test_bad_registrations_are_refused(client: tuple[ControlPlaneClient, PgConnection]) -> None:
+    """A registration with a bad id or no port stores no worker."""
+    cp, admin = client
+    with pytest.raises(InvalidArgument, match="worker_id"):
+        await cp.call("register_worker", pb.RegisterWorkerRequest(
+            worker_id="../etc", address="127.0.0.1:9", cpu_millis=1, memory_mb=1))
+    with pytest.raises(InvalidArgument, match="address must be host:port"):
+        await cp.call("register_worker", pb.RegisterWorkerRequest(
+            worker_id="w-1", address="nowhere", cpu_millis=1, memory_mb=1))
+    assert await admin.fetchval("SELECT count(*) FROM workers") == 0
+
+
+async def test_cancelling_a_pending_job_cancels_it_at_once(client: tuple[ControlPlaneClient, PgConnection]) -> None:
+    """A pending job is cancelled by ingest itself; there is nothing to stop."""
+    cp, _ = client
+    submitted = await cp.call("submit_job", sleep_job())
+    reply = await cp.call("cancel_job", pb.CancelJobRequest(job_id=submitted.job_id))
+    assert reply.state == "cancelled"
+    job = await cp.call("get_job", pb.GetJobRequest(job_id=submitted.job_id))
+    assert job.state == "cancelled"
