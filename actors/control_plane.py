@@ -82,32 +82,46 @@ async def run_control_plane(
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
     ingest = Ingest(
-        cp_id=settings.cp_id, database_url=settings.database_url,
-        listen_host=settings.listen_host, listen_port=settings.listen_port,
-        pool_size=settings.ingest_pool_size, presence_interval_s=settings.presence_interval_s,
+        cp_id=settings.cp_id,
+        database_url=settings.database_url,
+        listen_host=settings.listen_host,
+        listen_port=settings.listen_port,
+        pool_size=settings.ingest_pool_size,
+        presence_interval_s=settings.presence_interval_s,
         advertise_address=settings.advertise_address,
     )
-    ledger = Ledger(cp_id=settings.cp_id, database_url=settings.database_url,
-                    settings=settings.ledger, inbox=ledger_recv, lease_inbox=lease_send)
+    ledger = Ledger(
+        cp_id=settings.cp_id,
+        database_url=settings.database_url,
+        settings=settings.ledger,
+        inbox=ledger_recv,
+        lease_inbox=lease_send,
+    )
     dispatcher = Dispatcher(settings=settings.dispatch, inbox=dispatch_recv, lease_inbox=lease_send)
     lease = LeaseKeeper(
-        cp_id=settings.cp_id, settings=settings.lease,
+        cp_id=settings.cp_id,
+        settings=settings.lease,
         open_store=open_pg_store(settings.cp_id, settings.database_url, settings.lease),
-        inbox=lease_recv, subscribers=[placer_roles_send, reconciler_roles_send],
+        inbox=lease_recv,
+        subscribers=[placer_roles_send, reconciler_roles_send],
     )
     placer = Placer(
         settings=settings.placer,
-        store=PgPlacerStore(database_url=settings.database_url,
-                            application_name=f"stockade {settings.cp_id} placer"),
+        store=PgPlacerStore(
+            database_url=settings.database_url, application_name=f"stockade {settings.cp_id} placer"
+        ),
         role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send, dispatcher=dispatch_send,
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
     )
     reconciler = Reconciler(
         settings=settings.reconciler,
-        store=PgReconcilerStore(database_url=settings.database_url,
-                                application_name=f"stockade {settings.cp_id} reconciler"),
+        store=PgReconcilerStore(
+            database_url=settings.database_url, application_name=f"stockade {settings.cp_id} reconciler"
+        ),
         role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send, dispatcher=dispatch_send,
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
     )
     actors: list[tuple[str, Callable[..., Any]]] = [
         ("ledger", ledger.run),
@@ -121,8 +135,9 @@ async def run_control_plane(
         for name, run in actors:
             await nursery.start(partial(supervise, name, run, policy=policy))
         log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
-        task_status.started(ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address,
-                                               placer=placer, lease=lease))
+        task_status.started(
+            ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer, lease=lease)
+        )
 
 
 def main(settings: ControlPlaneSettings, *, json_logs: bool = False) -> None:

@@ -37,8 +37,7 @@ def assignment_message(a: CommittedAssignment) -> pb.Assignment:
         spec.command = pb.CommandRuntime(argv=list(p.argv))
     else:
         spec.sleep = pb.SleepRuntime(duration_ms=p.sleep_ms or 0)
-    return pb.Assignment(assignment_id=a.assignment_id, job_id=a.job_id, spec=spec,
-                         committed_epoch=a.epoch)
+    return pb.Assignment(assignment_id=a.assignment_id, job_id=a.job_id, spec=spec, committed_epoch=a.epoch)
 
 
 class WorkerCalls(Protocol):
@@ -119,26 +118,37 @@ class Dispatcher:
     async def _assign(self, message: Dispatch) -> None:
         w = message.worker
         request = pb.AssignRequest(
-            epoch=message.epoch, worker_id=w.worker_id, incarnation=w.incarnation,
+            epoch=message.epoch,
+            worker_id=w.worker_id,
+            incarnation=w.incarnation,
             assignments=[assignment_message(a) for a in message.assignments],
         )
         try:
             reply = await self.calls.assign(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
-            self._log.warning("assign failed", worker_id=w.worker_id, count=len(message.assignments),
-                              error=str(exc))
+            self._log.warning(
+                "assign failed", worker_id=w.worker_id, count=len(message.assignments), error=str(exc)
+            )
             return
         if reply.refused:
             reasons = sorted({r.reason for r in reply.refused})
-            self._log.warning("worker refused assignments", worker_id=w.worker_id,
-                              refused=len(reply.refused), reasons=reasons)
+            self._log.warning(
+                "worker refused assignments",
+                worker_id=w.worker_id,
+                refused=len(reply.refused),
+                reasons=reasons,
+            )
             if "stale_epoch" in reasons:
                 self._stale(message.epoch, reply.epoch_seen)
 
     async def _cancel(self, message: CancelOnWorker) -> None:
         w = message.worker
-        request = pb.CancelRequest(epoch=message.epoch, worker_id=w.worker_id, incarnation=w.incarnation,
-                                   assignment_ids=list(message.assignment_ids))
+        request = pb.CancelRequest(
+            epoch=message.epoch,
+            worker_id=w.worker_id,
+            incarnation=w.incarnation,
+            assignment_ids=list(message.assignment_ids),
+        )
         try:
             reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:

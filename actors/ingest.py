@@ -28,19 +28,28 @@ from runtime.errors import DatabaseUnavailable, NotFound
 
 def job_info(row: Any) -> pb.JobInfo:
     """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
-    spec = pb.JobSpec(name=row["name"], cpu_millis=row["cpu_millis"], memory_mb=row["memory_mb"],
-                      priority=row["priority"])
+    spec = pb.JobSpec(
+        name=row["name"], cpu_millis=row["cpu_millis"], memory_mb=row["memory_mb"], priority=row["priority"]
+    )
     if row["runtime"] == "command":
         spec.command = pb.CommandRuntime(argv=list(row["argv"] or []))
     else:
         spec.sleep = pb.SleepRuntime(duration_ms=row["sleep_ms"] or 0)
     info = pb.JobInfo(
-        job_id=row["id"], spec=spec, state=row["state"], reason=row["reason"],
-        worker_id=row["worker_id"] or "", assignment_id=row["assignment_id"] or 0,
-        epoch=row["epoch"] or 0, has_exit_code=row["exit_code"] is not None,
-        exit_code=row["exit_code"] or 0, submitted_unix_s=row["submitted_unix_s"] or 0.0,
-        started_unix_s=row["started_unix_s"] or 0.0, finished_unix_s=row["finished_unix_s"] or 0.0,
-        stdout_path=row["stdout_path"] or "", stderr_path=row["stderr_path"] or "",
+        job_id=row["id"],
+        spec=spec,
+        state=row["state"],
+        reason=row["reason"],
+        worker_id=row["worker_id"] or "",
+        assignment_id=row["assignment_id"] or 0,
+        epoch=row["epoch"] or 0,
+        has_exit_code=row["exit_code"] is not None,
+        exit_code=row["exit_code"] or 0,
+        submitted_unix_s=row["submitted_unix_s"] or 0.0,
+        started_unix_s=row["started_unix_s"] or 0.0,
+        finished_unix_s=row["finished_unix_s"] or 0.0,
+        stdout_path=row["stdout_path"] or "",
+        stderr_path=row["stderr_path"] or "",
         attempts=row["attempts"],
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
@@ -60,15 +69,23 @@ class ControlPlaneService:
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         spec = request.spec or pb.JobSpec()
         job = validation.check_job(
-            name=spec.name, cpu_millis=spec.cpu_millis, memory_mb=spec.memory_mb,
+            name=spec.name,
+            cpu_millis=spec.cpu_millis,
+            memory_mb=spec.memory_mb,
             priority=spec.priority,
             sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
             argv=list(spec.command.argv) if spec.command is not None else None,
         )
         async with self.pool.acquire() as conn:
             job_id = await conn.fetchval(
-                queries.SUBMIT_JOB, job.name, job.cpu_millis, job.memory_mb, job.priority,
-                job.runtime, job.sleep_ms, None if job.argv is None else list(job.argv),
+                queries.SUBMIT_JOB,
+                job.name,
+                job.cpu_millis,
+                job.memory_mb,
+                job.priority,
+                job.runtime,
+                job.sleep_ms,
+                None if job.argv is None else list(job.argv),
             )
         return pb.SubmitJobReply(job_id=job_id)
 
@@ -98,17 +115,25 @@ class ControlPlaneService:
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         labels = dict(request.labels)
         validation.check_registration(
-            worker_id=request.worker_id, address=request.address, cpu_millis=request.cpu_millis,
-            memory_mb=request.memory_mb, labels=labels,
+            worker_id=request.worker_id,
+            address=request.address,
+            cpu_millis=request.cpu_millis,
+            memory_mb=request.memory_mb,
+            labels=labels,
         )
         async with self.pool.acquire() as conn, conn.transaction():
             incarnation = await conn.fetchval(
-                queries.REGISTER_WORKER, request.worker_id, request.address, request.cpu_millis,
-                request.memory_mb, json.dumps(labels),
+                queries.REGISTER_WORKER,
+                request.worker_id,
+                request.address,
+                request.cpu_millis,
+                request.memory_mb,
+                json.dumps(labels),
             )
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
-        log.get("ingest").info("worker registered", worker_id=request.worker_id,
-                               incarnation=incarnation, address=request.address)
+        log.get("ingest").info(
+            "worker registered", worker_id=request.worker_id, incarnation=incarnation, address=request.address
+        )
         return pb.RegisterWorkerReply(incarnation=incarnation, epoch=epoch)
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
@@ -120,12 +145,15 @@ class ControlPlaneService:
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
             if finished:
                 await conn.execute(
-                    queries.RECORD_OUTCOMES, worker_id,
-                    [o.assignment_id for o in finished], [o.state for o in finished],
+                    queries.RECORD_OUTCOMES,
+                    worker_id,
+                    [o.assignment_id for o in finished],
+                    [o.state for o in finished],
                     [o.exit_code if o.has_exit_code else None for o in finished],
                     [o.started_unix_s or None for o in finished],
                     [o.finished_unix_s or None for o in finished],
-                    [o.stdout_path or None for o in finished], [o.stderr_path or None for o in finished],
+                    [o.stdout_path or None for o in finished],
+                    [o.stderr_path or None for o in finished],
                     [o.detail for o in finished],
                 )
             if alive is None:
@@ -151,17 +179,25 @@ class ControlPlaneService:
             epoch=lease["epoch"],
             control_planes=[
                 pb.ControlPlaneInfo(
-                    id=r["id"], address=r["address"], seen_unix_s=r["seen_unix_s"],
+                    id=r["id"],
+                    address=r["address"],
+                    seen_unix_s=r["seen_unix_s"],
                     role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
                 )
                 for r in cps
             ],
             workers=[
                 pb.WorkerInfo(
-                    id=r["id"], address=r["address"], state=r["state"], cpu_millis=r["cpu_millis"],
-                    memory_mb=r["memory_mb"], cpu_allocated_millis=r["cpu_allocated_millis"],
-                    memory_allocated_mb=r["memory_allocated_mb"], job_ids=list(r["job_ids"]),
-                    incarnation=r["incarnation"], last_heartbeat_age_s=r["heartbeat_age_s"],
+                    id=r["id"],
+                    address=r["address"],
+                    state=r["state"],
+                    cpu_millis=r["cpu_millis"],
+                    memory_mb=r["memory_mb"],
+                    cpu_allocated_millis=r["cpu_allocated_millis"],
+                    memory_allocated_mb=r["memory_allocated_mb"],
+                    job_ids=list(r["job_ids"]),
+                    incarnation=r["incarnation"],
+                    last_heartbeat_age_s=r["heartbeat_age_s"],
                 )
                 for r in workers
             ],
@@ -189,9 +225,12 @@ class Ingest:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled."""
         pool = await PgPool.create(
-            self.database_url, size=self.pool_size,
-            server_settings={"application_name": f"stockade {self.cp_id} ingest",
-                             "statement_timeout": "5000"},
+            self.database_url,
+            size=self.pool_size,
+            server_settings={
+                "application_name": f"stockade {self.cp_id} ingest",
+                "statement_timeout": "5000",
+            },
         )
         try:
             service = trio_service(pb.ControlPlaneBase, ControlPlaneService(cp_id=self.cp_id, pool=pool))

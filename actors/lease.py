@@ -215,7 +215,9 @@ class LeaseKeeper:
             self._depose("renewal did not succeed within lease_ttl_s - step_down_margin_s")
 
 
-def open_pg_store(cp_id: str, database_url: str, settings: LeaseSettings) -> Callable[[], Awaitable[LeaseStore]]:
+def open_pg_store(
+    cp_id: str, database_url: str, settings: LeaseSettings
+) -> Callable[[], Awaitable[LeaseStore]]:
     """A store factory for :class:`LeaseKeeper` on a real database."""
 
     async def open_store() -> LeaseStore:

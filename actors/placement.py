@@ -76,14 +76,11 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     if job.memory_mb > largest_mem:
         return f"unschedulable: needs {job.memory_mb} memory_mb, largest worker has {largest_mem}"
     return (
-        f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, "
-        "no worker has both"
+        f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, no worker has both"
     )
 
 
-def place(
-    jobs: Sequence[PendingJob], workers: Sequence[WorkerRoom], *, policy: str = "best_fit"
-) -> Plan:
+def place(jobs: Sequence[PendingJob], workers: Sequence[WorkerRoom], *, policy: str = "best_fit") -> Plan:
     """Decide where each job goes.
 
     Args:

@@ -73,8 +73,7 @@ class PgPlacerStore:
         if self._conn is None or self._conn.is_closed():
             self._conn = await PgConnection.connect(
                 self.database_url,
-                server_settings={"application_name": self.application_name,
-                                 "statement_timeout": "5000"},
+                server_settings={"application_name": self.application_name, "statement_timeout": "5000"},
             )
         return self._conn
 
@@ -98,8 +97,12 @@ class PgPlacerStore:
         rows = await (await self._connection()).fetch(queries.PENDING_JOBS, limit)
         return [
             WaitingJob(
-                job=PendingJob(job_id=int(r["id"]), cpu_millis=int(r["cpu_millis"]),
-                               memory_mb=int(r["memory_mb"]), priority=int(r["priority"])),
+                job=PendingJob(
+                    job_id=int(r["id"]),
+                    cpu_millis=int(r["cpu_millis"]),
+                    memory_mb=int(r["memory_mb"]),
+                    priority=int(r["priority"]),
+                ),
                 reason=r["reason"],
             )
             for r in rows
@@ -206,6 +209,7 @@ class Placer:
         self.stats.pending_counts.append(len(waiting))
         self.stats.placements += len(committed)
         if committed:
-            self._log.debug("round", placed=len(committed), pending=len(waiting),
-                            elapsed_ms=round(elapsed * 1000, 2))
+            self._log.debug(
+                "round", placed=len(committed), pending=len(waiting), elapsed_ms=round(elapsed * 1000, 2)
+            )
         return committed

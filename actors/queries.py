@@ -196,18 +196,24 @@ SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS inc
 """
 
 # Active assignments no heartbeat has confirmed, on live workers of the right incarnation.
-UNCONFIRMED_ASSIGNMENTS = _ASSIGNMENT_PAYLOAD + """
+UNCONFIRMED_ASSIGNMENTS = (
+    _ASSIGNMENT_PAYLOAD
+    + """
  WHERE a.state = 'active' AND a.confirmed_at IS NULL
    AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
  ORDER BY a.id
 """
+)
 
 # Active assignments of jobs a user asked to cancel.
-CANCEL_REQUESTED_ASSIGNMENTS = _ASSIGNMENT_PAYLOAD + """
+CANCEL_REQUESTED_ASSIGNMENTS = (
+    _ASSIGNMENT_PAYLOAD
+    + """
  WHERE a.state = 'active' AND j.cancel_requested
    AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
  ORDER BY a.id
 """
+)
 
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
@@ -352,6 +358,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
 
 STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
 
-STATUS_UNSCHEDULABLE = _JOB_INFO + """
+STATUS_UNSCHEDULABLE = (
+    _JOB_INFO
+    + """
  WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
 """
+)

@@ -84,12 +84,16 @@ def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tup
 def _delivery(row: Any) -> Delivery:
     return Delivery(
         assignment=CommittedAssignment(
-            assignment_id=int(row["assignment_id"]), job_id=int(row["job_id"]),
-            worker_id=row["worker_id"], incarnation=int(row["incarnation"]),
-            epoch=int(row["epoch"]), payload=payload_of(row),
+            assignment_id=int(row["assignment_id"]),
+            job_id=int(row["job_id"]),
+            worker_id=row["worker_id"],
+            incarnation=int(row["incarnation"]),
+            epoch=int(row["epoch"]),
+            payload=payload_of(row),
         ),
-        worker=WorkerRef(worker_id=row["worker_id"], address=row["address"],
-                         incarnation=int(row["incarnation"])),
+        worker=WorkerRef(
+            worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])
+        ),
         age_s=float(row["age_s"]),
     )
 
@@ -106,15 +110,16 @@ class PgReconcilerStore:
         if self._conn is None or self._conn.is_closed():
             self._conn = await PgConnection.connect(
                 self.database_url,
-                server_settings={"application_name": self.application_name,
-                                 "statement_timeout": "5000"},
+                server_settings={"application_name": self.application_name, "statement_timeout": "5000"},
             )
         return self._conn
 
     async def heartbeat_ages(self) -> list[HeartbeatAge]:
         rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
-        return [HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
-                for r in rows]
+        return [
+            HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
+            for r in rows
+        ]
 
     async def unconfirmed(self) -> list[Delivery]:
         return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]
@@ -187,18 +192,23 @@ class Reconciler:
         s = self.settings
         candidates = dead_workers(await self.store.heartbeat_ages(), s.dead_after_s)
         result: ReconcileResult = await self._ask_ledger(
-            lambda reply: DeclareDeadWorkers(epoch=epoch, workers=candidates,
-                                             dead_after_s=s.dead_after_s, reply=reply)
+            lambda reply: DeclareDeadWorkers(
+                epoch=epoch, workers=candidates, dead_after_s=s.dead_after_s, reply=reply
+            )
         )
         if result.dead_worker_ids or result.orphaned_assignment_ids:
-            self._log.warning("reconciled", dead_workers=list(result.dead_worker_ids),
-                              requeued_jobs=len(result.requeued_job_ids),
-                              ended_assignments=len(result.orphaned_assignment_ids))
+            self._log.warning(
+                "reconciled",
+                dead_workers=list(result.dead_worker_ids),
+                requeued_jobs=len(result.requeued_job_ids),
+                ended_assignments=len(result.orphaned_assignment_ids),
+            )
 
         unconfirmed = await self.store.unconfirmed()
         withdraw = [d for d in unconfirmed if d.age_s >= s.cancel_unconfirmed_after_s]
         resend = [
-            d for d in unconfirmed
+            d
+            for d in unconfirmed
             if d.age_s < s.cancel_unconfirmed_after_s and (first_pass or d.age_s >= s.redispatch_after_s)
         ]
         for worker, group in _by_worker(resend).items():
@@ -225,7 +235,8 @@ class Reconciler:
         if not acknowledged:
             return
         ended = await self._ask_ledger(
-            lambda reply: EndAssignments(epoch=epoch, assignment_ids=acknowledged, requeue=requeue,
-                                         reason=reason, reply=reply)
+            lambda reply: EndAssignments(
+                epoch=epoch, assignment_ids=acknowledged, requeue=requeue, reason=reason, reply=reply
+            )
         )
         self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))

@@ -80,8 +80,9 @@ def check_job(
     _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
     _int_between("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
     if (sleep_ms is None) == (argv is None):
-        raise InvalidArgument("runtime", None if sleep_ms is None else "both",
-                              "must be exactly one of sleep or command")
+        raise InvalidArgument(
+            "runtime", None if sleep_ms is None else "both", "must be exactly one of sleep or command"
+        )
     if sleep_ms is not None:
         _int_between("sleep.duration_ms", sleep_ms, 0, MAX_SLEEP_MS)
     checked_argv: tuple[str, ...] | None = None
@@ -89,23 +90,36 @@ def check_job(
         if not argv:
             raise InvalidArgument("command.argv", list(argv), "must name a program")
         if len(argv) > MAX_ARGV_ITEMS:
-            raise InvalidArgument("command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items")
+            raise InvalidArgument(
+                "command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items"
+            )
         for index, arg in enumerate(argv):
             _text(f"command.argv[{index}]", arg, max_chars=MAX_ARGV_BYTES, allow_empty=index > 0)
         total = sum(len(a.encode()) for a in argv)
         if total > MAX_ARGV_BYTES:
-            raise InvalidArgument("command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes")
+            raise InvalidArgument(
+                "command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes"
+            )
         checked_argv = tuple(argv)
-    return JobRequest(name=name, cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority,
-                      sleep_ms=sleep_ms, argv=checked_argv)
+    return JobRequest(
+        name=name,
+        cpu_millis=cpu_millis,
+        memory_mb=memory_mb,
+        priority=priority,
+        sleep_ms=sleep_ms,
+        argv=checked_argv,
+    )
 
 
 def check_worker_id(worker_id: str) -> str:
     """Raises InvalidArgument unless ``worker_id`` is 1-64 of ``[A-Za-z0-9._-]``, starting alnum."""
     _text("worker_id", worker_id, max_chars=64)
     if not WORKER_ID_PATTERN.fullmatch(worker_id):
-        raise InvalidArgument("worker_id", worker_id,
-                              "must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit")
+        raise InvalidArgument(
+            "worker_id",
+            worker_id,
+            "must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit",
+        )
     return worker_id
 
 

@@ -32,20 +32,23 @@ def generate(out_dir: Path) -> None:
     protos = sorted(str(p.name) for p in PROTO_DIR.glob("*.proto"))
     subprocess.run(
         [
-            sys.executable, "-m", "grpc_tools.protoc",
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
             f"-I{PROTO_DIR}",
             f"--python_betterproto2_out={PLUGIN_OPTIONS}:{out_dir}",
             *protos,
         ],
-        check=True, env=env, cwd=PROTO_DIR, stdout=subprocess.DEVNULL,
+        check=True,
+        env=env,
+        cwd=PROTO_DIR,
+        stdout=subprocess.DEVNULL,
     )
 
 
 def _tree(root: Path) -> dict[str, Path]:
     return {
-        str(p.relative_to(root)): p
-        for p in root.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
+        str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     }
 
 

@@ -84,8 +84,8 @@ class PgConnection:
     connection loss propagate as asyncpg's own ``PostgresError`` subclasses.
     """
 
-    def __init__(self, raw: asyncpg.Connection) -> None:
-        self._raw = raw
+    def __init__(self, raw: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> None:
+        self._raw: Any = raw
 
     @classmethod
     async def connect(
@@ -102,8 +102,11 @@ class PgConnection:
         """
         try:
             raw = await run_aio(
-                asyncpg.connect, url, server_settings=server_settings or {},
-                timeout=connect_timeout_s, statement_cache_size=256,
+                asyncpg.connect,
+                url,
+                server_settings=server_settings or {},
+                timeout=connect_timeout_s,
+                statement_cache_size=256,
             )
         except _CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
@@ -202,9 +205,7 @@ class PgPool:
         self._raw = raw
 
     @classmethod
-    async def create(
-        cls, url: str, *, size: int, server_settings: dict[str, str] | None = None
-    ) -> PgPool:
+    async def create(cls, url: str, *, size: int, server_settings: dict[str, str] | None = None) -> PgPool:
         """Open ``size`` connections to ``url``.
 
         Raises:
@@ -212,8 +213,12 @@ class PgPool:
         """
         try:
             raw = await run_aio(
-                asyncpg.create_pool, url, min_size=1, max_size=size,
-                server_settings=server_settings or {}, timeout=5.0,
+                asyncpg.create_pool,
+                url,
+                min_size=1,
+                max_size=size,
+                server_settings=server_settings or {},
+                timeout=5.0,
             )
         except _CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
@@ -304,10 +309,12 @@ async def serve_grpc(
     Raises:
         OSError: the address could not be bound.
     """
-    server = grpclib.server.Server(list(services))
+    server = grpclib.server.Server(list(services))  # type: ignore[arg-type]
     await run_aio(server.start, host, port)
     try:
-        sockets = server._server.sockets if server._server is not None else []
+        # grpclib keeps its asyncio server private; the port bound for port 0 is only there.
+        asyncio_server: Any = server._server
+        sockets = asyncio_server.sockets if asyncio_server is not None else []
         actual_port = sockets[0].getsockname()[1] if sockets else port
         task_status.started(actual_port)
         await trio.sleep_forever()
@@ -350,9 +357,7 @@ class GrpcChannel:
         """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
         return stub_cls(self._channel)
 
-    async def call(
-        self, method: Callable[..., Awaitable[T]], request: Any, *, timeout_s: float
-    ) -> T:
+    async def call(self, method: Callable[..., Awaitable[T]], request: Any, *, timeout_s: float) -> T:
         """Call a stub's bound ``method`` with ``request`` and a deadline of ``timeout_s``.
 
         Raises:
@@ -376,7 +381,12 @@ class GrpcChannel:
             if exc.status == grpclib.const.Status.NOT_FOUND:
                 raise NotFound(message) from exc
             raise RemoteError(exc.status.name, message) from exc
-        except (TimeoutError, OSError, grpclib.exceptions.StreamTerminatedError, grpclib.exceptions.ProtocolError) as exc:
+        except (
+            TimeoutError,
+            OSError,
+            grpclib.exceptions.StreamTerminatedError,
+            grpclib.exceptions.ProtocolError,
+        ) as exc:
             raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
 
     def close(self) -> None:

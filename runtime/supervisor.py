@@ -102,15 +102,18 @@ async def supervise(
             while crashes and crashes[0] < now - policy.window_s:
                 crashes.popleft()
             if len(crashes) > policy.max_restarts:
-                logger.error("actor gave up", crashes=len(crashes), window_s=policy.window_s,
-                             error=repr(exc))
+                logger.error("actor gave up", crashes=len(crashes), window_s=policy.window_s, error=repr(exc))
                 raise ActorGaveUp(
                     f"{name} crashed {len(crashes)} times in {policy.window_s:g} s; last: {exc!r}"
                 ) from exc
             if now - started_at > policy.window_s:
                 delay_s = policy.backoff_initial_s
             wait_s = max(delay_s, _retry_after(exc))
-            logger.warning("actor crashed, restarting", error=repr(exc), restart_in_s=wait_s,
-                           crashes_in_window=len(crashes))
+            logger.warning(
+                "actor crashed, restarting",
+                error=repr(exc),
+                restart_in_s=wait_s,
+                crashes_in_window=len(crashes),
+            )
             await trio.sleep(wait_s)
             delay_s = min(delay_s * 2, policy.backoff_max_s)

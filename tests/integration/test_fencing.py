@@ -44,24 +44,27 @@ async def take_over(conn: PgConnection, holder: str, ttl_s: float = 2.0) -> int 
 
 
 def placements(*job_ids: int) -> tuple[Placement, ...]:
-    return tuple(Placement(job_id=j, worker_id="w-1", incarnation=1, cpu_millis=1000, memory_mb=100)
-                 for j in job_ids)
+    return tuple(
+        Placement(job_id=j, worker_id="w-1", incarnation=1, cpu_millis=1000, memory_mb=100) for j in job_ids
+    )
 
 
 async def commit(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch: int, *job_ids: int) -> object:
     reply: Reply[object] = Reply()
-    await ledger_inbox.send(CommitPlacements(epoch=epoch, placements=placements(*job_ids), reasons=(),
-                                             reply=reply))
+    await ledger_inbox.send(
+        CommitPlacements(epoch=epoch, placements=placements(*job_ids), reasons=(), reply=reply)
+    )
     return await reply.wait()
 
 
-async def run_ledger(nursery: trio.Nursery, url: str, settings: LedgerSettings = LedgerSettings()) -> tuple[
-    trio.MemorySendChannel[LedgerInbox], trio.MemoryReceiveChannel[LeaseInbox]
-]:
+async def run_ledger(
+    nursery: trio.Nursery, url: str, settings: LedgerSettings = LedgerSettings()
+) -> tuple[trio.MemorySendChannel[LedgerInbox], trio.MemoryReceiveChannel[LeaseInbox]]:
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](8)
-    ledger = Ledger(cp_id="cp-1", database_url=url, settings=settings, inbox=ledger_recv,
-                    lease_inbox=lease_send)
+    ledger = Ledger(
+        cp_id="cp-1", database_url=url, settings=settings, inbox=ledger_recv, lease_inbox=lease_send
+    )
     await nursery.start(ledger.run)
     return ledger_send, lease_recv
 
@@ -85,7 +88,9 @@ async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, da
     assert await db.fetchval("SELECT epoch_seen FROM stale_writes WHERE holder = 'cp-1'") == 2
 
 
-async def test_the_current_epoch_commits_and_claims_only_pending_jobs(db: PgConnection, database_url: str) -> None:
+async def test_the_current_epoch_commits_and_claims_only_pending_jobs(
+    db: PgConnection, database_url: str
+) -> None:
     """Under the current epoch the placements commit with that epoch; placing a job that is no
     longer pending creates nothing (invariant 3)."""
     assert await take_over(db, "cp-1") == 1
@@ -107,6 +112,7 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
     await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
     parked, release = trio.Event(), trio.Event()
     order: list[str] = []
+    both_done = trio.Semaphore(0)
 
     async def park() -> None:
         parked.set()
@@ -116,6 +122,7 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
 
     async def standby_takes_over() -> None:
         order.append(f"takeover epoch {await take_over(standby, 'cp-2')}")
+        both_done.release()
 
     try:
         async with faults.installed("ledger.after_epoch_check", park), trio.open_nursery() as nursery:
@@ -124,6 +131,7 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
             async def leader_commits() -> None:
                 await commit(ledger, 1, 1)
                 order.append("commit epoch 1")
+                both_done.release()
 
             nursery.start_soon(leader_commits)
             await parked.wait()
@@ -131,8 +139,8 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
             await trio.sleep(0.5)
             assert order == []  # the takeover is waiting on the share lock
             release.set()
-            while len(order) < 2:
-                await trio.sleep(0.01)
+            await both_done.acquire()
+            await both_done.acquire()
             nursery.cancel_scope.cancel()
     finally:
         await standby.close()
@@ -140,7 +148,9 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
     assert await db.fetchval("SELECT epoch FROM assignments WHERE job_id = 1") == 1
 
 
-async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(db: PgConnection, database_url: str) -> None:
+async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
+    db: PgConnection, database_url: str
+) -> None:
     """A leader frozen inside its fenced transaction loses its session after the idle timeout;
     the standby takes over meanwhile; the leader's commit on waking is refused, counted as a
     stale write, and nothing it wrote survives."""
@@ -156,8 +166,9 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(db: PgConnec
     standby = await PgConnection.connect(database_url)
     try:
         async with faults.installed("ledger.before_commit", freeze), trio.open_nursery() as nursery:
-            ledger, _ = await run_ledger(nursery, database_url,
-                                         LedgerSettings(idle_in_transaction_timeout_s=0.5))
+            ledger, _ = await run_ledger(
+                nursery, database_url, LedgerSettings(idle_in_transaction_timeout_s=0.5)
+            )
 
             async def standby_takes_over() -> None:
                 await parked.wait()
@@ -178,8 +189,10 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(db: PgConnec
 
 async def test_the_partial_unique_index_refuses_a_second_active_assignment(db: PgConnection) -> None:
     """Two active assignments for one job cannot exist, whatever writes them (invariant 1)."""
-    insert = ("INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)"
-              " VALUES (1, 'w-1', 1, 1000, 100, $1)")
+    insert = (
+        "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)"
+        " VALUES (1, 'w-1', 1, 1000, 100, $1)"
+    )
     await db.execute(insert, 1)
     with pytest.raises(asyncpg.UniqueViolationError):
         await db.execute(insert, 2)
@@ -199,7 +212,9 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
 
         async def declare() -> object:
             reply: Reply[object] = Reply()
-            await ledger.send(DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply))
+            await ledger.send(
+                DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply)
+            )
             return await reply.wait()
 
         fresh = await declare()

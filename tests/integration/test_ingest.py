@@ -20,8 +20,14 @@ from runtime.errors import InvalidArgument, NotFound
 async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, PgConnection]]:
     """A client of one ingest actor (no lease keeper, no leader), and an admin connection."""
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        ingest = Ingest(cp_id="cp-1", database_url=database_url, listen_host="127.0.0.1", listen_port=0,
-                        pool_size=2, presence_interval_s=1.0)
+        ingest = Ingest(
+            cp_id="cp-1",
+            database_url=database_url,
+            listen_host="127.0.0.1",
+            listen_port=0,
+            pool_size=2,
+            presence_interval_s=1.0,
+        )
         await nursery.start(ingest.run)
         cp = ControlPlaneClient([ingest.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
@@ -44,19 +50,25 @@ async def test_submissions_registrations_and_heartbeats_need_no_leader(
 ) -> None:
     """With the lease never taken, a job is stored pending, a worker registers with a fresh
     incarnation, and its heartbeat is recorded (the reply carries epoch 0)."""
-    cp, admin = client
+    cp, _ = client
     submitted = await cp.call("submit_job", sleep_job())
     job = await cp.call("get_job", pb.GetJobRequest(job_id=submitted.job_id))
     assert (job.state, job.spec.cpu_millis, job.spec.sleep.duration_ms) == ("pending", 500, 1000)
-    first = await cp.call("register_worker", pb.RegisterWorkerRequest(
-        worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192))
-    second = await cp.call("register_worker", pb.RegisterWorkerRequest(
-        worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192))
+    first = await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192),
+    )
+    second = await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=8192),
+    )
     assert second.incarnation > first.incarnation
     stale = await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=first.incarnation))
     assert stale.reregister  # the previous life is over
-    beat = await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=second.incarnation,
-                                                          running_assignment_ids=[42]))
+    beat = await cp.call(
+        "heartbeat",
+        pb.HeartbeatRequest(worker_id="w-1", incarnation=second.incarnation, running_assignment_ids=[42]),
+    )
     assert (beat.reregister, beat.epoch, list(beat.stop_assignment_ids)) == (False, 0, [42])
     status = await cp.call("status", pb.StatusRequest())
     assert status.leader == "" and [w.id for w in status.workers] == ["w-1"]
@@ -97,15 +109,21 @@ async def test_bad_registrations_are_refused(client: tuple[ControlPlaneClient, P
     """A registration with a bad id or no port stores no worker."""
     cp, admin = client
     with pytest.raises(InvalidArgument, match="worker_id"):
-        await cp.call("register_worker", pb.RegisterWorkerRequest(
-            worker_id="../etc", address="127.0.0.1:9", cpu_millis=1, memory_mb=1))
+        await cp.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(worker_id="../etc", address="127.0.0.1:9", cpu_millis=1, memory_mb=1),
+        )
     with pytest.raises(InvalidArgument, match="address must be host:port"):
-        await cp.call("register_worker", pb.RegisterWorkerRequest(
-            worker_id="w-1", address="nowhere", cpu_millis=1, memory_mb=1))
+        await cp.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(worker_id="w-1", address="nowhere", cpu_millis=1, memory_mb=1),
+        )
     assert await admin.fetchval("SELECT count(*) FROM workers") == 0
 
 
-async def test_cancelling_a_pending_job_cancels_it_at_once(client: tuple[ControlPlaneClient, PgConnection]) -> None:
+async def test_cancelling_a_pending_job_cancels_it_at_once(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
     """A pending job is cancelled by ingest itself; there is nothing to stop."""
     cp, _ = client
     submitted = await cp.call("submit_job", sleep_job())

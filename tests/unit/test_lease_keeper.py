@@ -18,8 +18,13 @@ from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, Query
 from runtime.reply import Reply
 from runtime.settings import LeaseSettings
 
-SETTINGS = LeaseSettings(lease_ttl_s=2.0, renew_interval_s=0.5, step_down_margin_s=0.4,
-                         takeover_poll_s=0.25, statement_timeout_s=1.0)
+SETTINGS = LeaseSettings(
+    lease_ttl_s=2.0,
+    renew_interval_s=0.5,
+    step_down_margin_s=0.4,
+    takeover_poll_s=0.25,
+    statement_timeout_s=1.0,
+)
 
 
 @attrs.define
@@ -81,12 +86,15 @@ def make_harness(db: FakeLeaseDb, settings: LeaseSettings = SETTINGS) -> Harness
     async def open_store() -> FakeLeaseDb:
         return db
 
-    keeper = LeaseKeeper(cp_id="cp-1", settings=settings, open_store=open_store,
-                         inbox=inbox_recv, subscribers=[changes_send])
+    keeper = LeaseKeeper(
+        cp_id="cp-1", settings=settings, open_store=open_store, inbox=inbox_recv, subscribers=[changes_send]
+    )
     return Harness(db=db, keeper=keeper, inbox=inbox_send, changes=changes_recv)
 
 
-async def test_takes_an_expired_lease_at_once_and_bumps_the_epoch(autojump_clock: trio.testing.MockClock) -> None:
+async def test_takes_an_expired_lease_at_once_and_bumps_the_epoch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """A standby takes an expired lease on its first attempt, with epoch + 1."""
     h = make_harness(FakeLeaseDb(holder="cp-9", epoch=4, expires_at=-1.0))
     async with trio.open_nursery() as nursery:
@@ -99,7 +107,9 @@ async def test_takes_an_expired_lease_at_once_and_bumps_the_epoch(autojump_clock
         nursery.cancel_scope.cancel()
 
 
-async def test_waits_for_a_live_lease_to_expire_by_database_time(autojump_clock: trio.testing.MockClock) -> None:
+async def test_waits_for_a_live_lease_to_expire_by_database_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """A standby does not take a lease held until t=10; it takes it at the first poll after."""
     h = make_harness(FakeLeaseDb(holder="cp-9", epoch=4, expires_at=10.0))
     async with trio.open_nursery() as nursery:

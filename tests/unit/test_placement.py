@@ -10,25 +10,40 @@ from actors.placement import PendingJob, Plan, WorkerRoom, place
 workers_st = st.lists(
     st.builds(
         lambda i, cpu, mem, used_cpu, used_mem: WorkerRoom(
-            worker_id=f"w-{i:02d}", cpu_millis=cpu, memory_mb=mem,
-            cpu_allocated_millis=min(used_cpu, cpu), memory_allocated_mb=min(used_mem, mem),
+            worker_id=f"w-{i:02d}",
+            cpu_millis=cpu,
+            memory_mb=mem,
+            cpu_allocated_millis=min(used_cpu, cpu),
+            memory_allocated_mb=min(used_mem, mem),
         ),
-        st.integers(0, 99), st.integers(1000, 16000), st.integers(1024, 32768),
-        st.integers(0, 16000), st.integers(0, 32768),
+        st.integers(0, 99),
+        st.integers(1000, 16000),
+        st.integers(1024, 32768),
+        st.integers(0, 16000),
+        st.integers(0, 32768),
     ),
-    max_size=8, unique_by=lambda w: w.worker_id,
+    max_size=8,
+    unique_by=lambda w: w.worker_id,
 )
 jobs_st = st.lists(
-    st.builds(PendingJob, job_id=st.integers(1, 10_000), cpu_millis=st.integers(1, 20000),
-              memory_mb=st.integers(1, 40000), priority=st.integers(-2, 2)),
-    max_size=40, unique_by=lambda j: j.job_id,
+    st.builds(
+        PendingJob,
+        job_id=st.integers(1, 10_000),
+        cpu_millis=st.integers(1, 20000),
+        memory_mb=st.integers(1, 40000),
+        priority=st.integers(-2, 2),
+    ),
+    max_size=40,
+    unique_by=lambda j: j.job_id,
 )
 
 
 def replay(jobs: list[PendingJob], workers: list[WorkerRoom], plan: Plan) -> dict[str, list[int]]:
     """Free (cpu, memory) per worker after applying the plan in order."""
-    free = {w.worker_id: [w.cpu_millis - w.cpu_allocated_millis, w.memory_mb - w.memory_allocated_mb]
-            for w in workers}
+    free = {
+        w.worker_id: [w.cpu_millis - w.cpu_allocated_millis, w.memory_mb - w.memory_allocated_mb]
+        for w in workers
+    }
     size = {j.job_id: j for j in jobs}
     for job_id, worker_id in plan.placements:
         free[worker_id][0] -= size[job_id].cpu_millis
@@ -54,12 +69,16 @@ def test_best_fit_always_picks_the_tightest_fit(jobs: list[PendingJob], workers:
     plan = place(jobs, workers, policy="best_fit")
     chosen = dict(plan.placements)
     cap = {w.worker_id: (w.cpu_millis, w.memory_mb) for w in workers}
-    free = {w.worker_id: [w.cpu_millis - w.cpu_allocated_millis, w.memory_mb - w.memory_allocated_mb]
-            for w in workers}
+    free = {
+        w.worker_id: [w.cpu_millis - w.cpu_allocated_millis, w.memory_mb - w.memory_allocated_mb]
+        for w in workers
+    }
     for job in sorted(jobs, key=lambda j: (-j.priority, j.job_id)):
-        fits = [(
-            (free[w][0] - job.cpu_millis) / cap[w][0] + (free[w][1] - job.memory_mb) / cap[w][1], w)
-            for w in sorted(free) if free[w][0] >= job.cpu_millis and free[w][1] >= job.memory_mb]
+        fits = [
+            ((free[w][0] - job.cpu_millis) / cap[w][0] + (free[w][1] - job.memory_mb) / cap[w][1], w)
+            for w in sorted(free)
+            if free[w][0] >= job.cpu_millis and free[w][1] >= job.memory_mb
+        ]
         if not fits:
             assert job.job_id not in chosen
             continue
@@ -71,7 +90,9 @@ def test_best_fit_always_picks_the_tightest_fit(jobs: list[PendingJob], workers:
 
 
 @given(jobs_st, workers_st)
-def test_unplaceable_jobs_stay_pending_with_a_reason(jobs: list[PendingJob], workers: list[WorkerRoom]) -> None:
+def test_unplaceable_jobs_stay_pending_with_a_reason(
+    jobs: list[PendingJob], workers: list[WorkerRoom]
+) -> None:
     """A job larger than every worker's whole capacity is not placed and carries a reason
     naming what it needs; a job that fits some worker never gets such a reason."""
     plan = place(jobs, workers)
@@ -88,11 +109,15 @@ def test_unplaceable_jobs_stay_pending_with_a_reason(jobs: list[PendingJob], wor
 def test_a_huge_job_does_not_block_smaller_jobs_behind_it() -> None:
     """The operator's example: 64000 cpu_millis on 16000-millicore workers waits with a
     reason, and the small jobs submitted after it are placed in the same round."""
-    workers = [WorkerRoom(worker_id="w-1", cpu_millis=16000, memory_mb=32768),
-               WorkerRoom(worker_id="w-2", cpu_millis=4000, memory_mb=8192)]
-    jobs = [PendingJob(job_id=1, cpu_millis=64000, memory_mb=1024, priority=5),
-            PendingJob(job_id=2, cpu_millis=1000, memory_mb=256),
-            PendingJob(job_id=3, cpu_millis=3000, memory_mb=256)]
+    workers = [
+        WorkerRoom(worker_id="w-1", cpu_millis=16000, memory_mb=32768),
+        WorkerRoom(worker_id="w-2", cpu_millis=4000, memory_mb=8192),
+    ]
+    jobs = [
+        PendingJob(job_id=1, cpu_millis=64000, memory_mb=1024, priority=5),
+        PendingJob(job_id=2, cpu_millis=1000, memory_mb=256),
+        PendingJob(job_id=3, cpu_millis=3000, memory_mb=256),
+    ]
     plan = place(jobs, workers)
     assert plan.unschedulable == {1: "unschedulable: needs 64000 cpu_millis, largest worker has 16000"}
     assert dict(plan.placements) == {2: "w-2", 3: "w-2"}
@@ -100,10 +125,19 @@ def test_a_huge_job_does_not_block_smaller_jobs_behind_it() -> None:
 
 def test_best_fit_keeps_the_big_gap_open() -> None:
     """A small job goes to the fuller worker so a later big job still fits on the emptier one."""
-    workers = [WorkerRoom(worker_id="a", cpu_millis=8000, memory_mb=8000),
-               WorkerRoom(worker_id="b", cpu_millis=8000, memory_mb=8000,
-                          cpu_allocated_millis=6000, memory_allocated_mb=6000)]
-    jobs = [PendingJob(job_id=1, cpu_millis=1000, memory_mb=1000),
-            PendingJob(job_id=2, cpu_millis=8000, memory_mb=8000)]
+    workers = [
+        WorkerRoom(worker_id="a", cpu_millis=8000, memory_mb=8000),
+        WorkerRoom(
+            worker_id="b",
+            cpu_millis=8000,
+            memory_mb=8000,
+            cpu_allocated_millis=6000,
+            memory_allocated_mb=6000,
+        ),
+    ]
+    jobs = [
+        PendingJob(job_id=1, cpu_millis=1000, memory_mb=1000),
+        PendingJob(job_id=2, cpu_millis=8000, memory_mb=8000),
+    ]
     assert dict(place(jobs, workers).placements) == {1: "b", 2: "a"}
     assert dict(place(jobs, workers, policy="worst_fit").placements) == {1: "a"}

@@ -50,7 +50,9 @@ def store() -> FakeStore:
     ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
     return FakeStore(
         workers=[LiveWorker(ref=ref, room=WorkerRoom(worker_id="w-1", cpu_millis=4000, memory_mb=4096))],
-        jobs=[WaitingJob(job=PendingJob(job_id=i, cpu_millis=1000, memory_mb=100), reason="") for i in (1, 2)],
+        jobs=[
+            WaitingJob(job=PendingJob(job_id=i, cpu_millis=1000, memory_mb=100), reason="") for i in (1, 2)
+        ],
     )
 
 
@@ -68,9 +70,13 @@ def make_harness() -> Harness:
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](64)
     roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-    placer = Placer(settings=PlacerSettings(round_interval_s=0.1), store=store(),
-                    role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-                    ledger=ledger_send, dispatcher=dispatch_send)
+    placer = Placer(
+        settings=PlacerSettings(round_interval_s=0.1),
+        store=store(),
+        role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
+    )
     return Harness(placer, lease_recv, ledger_recv, dispatch_recv, roles_send)
 
 
@@ -124,11 +130,19 @@ async def test_committed_placements_are_dispatched_after_the_commit(
         await trio.sleep(1.0)
         with pytest.raises(trio.WouldBlock):
             h.dispatcher.receive_nowait()
-        commit.reply.set(tuple(
-            CommittedAssignment(assignment_id=10 + p.job_id, job_id=p.job_id, worker_id=p.worker_id,
-                                incarnation=1, epoch=1, payload=payload)
-            for p in commit.placements
-        ))
+        commit.reply.set(
+            tuple(
+                CommittedAssignment(
+                    assignment_id=10 + p.job_id,
+                    job_id=p.job_id,
+                    worker_id=p.worker_id,
+                    incarnation=1,
+                    epoch=1,
+                    payload=payload,
+                )
+                for p in commit.placements
+            )
+        )
         sent = await h.dispatcher.receive()
         assert isinstance(sent, Dispatch)
         assert sent.epoch == 1 and [a.assignment_id for a in sent.assignments] == [11, 12]

@@ -33,8 +33,9 @@ from actors.reconciler import Delivery, HeartbeatAge, Reconciler, dead_workers
 from actors.role import RoleView
 from runtime.settings import ReconcilerSettings
 
-SETTINGS = ReconcilerSettings(reconcile_interval_s=1.0, dead_after_s=5.0, redispatch_after_s=1.0,
-                              cancel_unconfirmed_after_s=30.0)
+SETTINGS = ReconcilerSettings(
+    reconcile_interval_s=1.0, dead_after_s=5.0, redispatch_after_s=1.0, cancel_unconfirmed_after_s=30.0
+)
 PAYLOAD = JobPayload(name="j", cpu_millis=100, memory_mb=10, priority=0, sleep_ms=1000, argv=None)
 
 
@@ -47,15 +48,24 @@ class FakeStore:
 
     async def heartbeat_ages(self) -> list[HeartbeatAge]:
         now = trio.current_time()
-        return [HeartbeatAge(worker_id=w, incarnation=1, age_s=now - t) for w, t in self.last_heartbeat.items()]
+        return [
+            HeartbeatAge(worker_id=w, incarnation=1, age_s=now - t) for w, t in self.last_heartbeat.items()
+        ]
 
     async def unconfirmed(self) -> list[Delivery]:
         now = trio.current_time()
         return [
             Delivery(
-                assignment=CommittedAssignment(assignment_id=aid, job_id=aid, worker_id=ref.worker_id,
-                                               incarnation=ref.incarnation, epoch=1, payload=PAYLOAD),
-                worker=ref, age_s=now - at,
+                assignment=CommittedAssignment(
+                    assignment_id=aid,
+                    job_id=aid,
+                    worker_id=ref.worker_id,
+                    incarnation=ref.incarnation,
+                    epoch=1,
+                    payload=PAYLOAD,
+                ),
+                worker=ref,
+                age_s=now - at,
             )
             for aid, (ref, at) in self.unconfirmed_at.items()
         ]
@@ -78,9 +88,13 @@ def make_harness(store: FakeStore) -> Harness:
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](64)
     roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-    reconciler = Reconciler(settings=SETTINGS, store=store,
-                            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-                            ledger=ledger_send, dispatcher=dispatch_send)
+    reconciler = Reconciler(
+        settings=SETTINGS,
+        store=store,
+        role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
+    )
     return Harness(reconciler, lease_recv, ledger_recv, dispatch_recv, roles_send)
 
 
@@ -116,8 +130,9 @@ async def test_declares_a_worker_dead_after_dead_after_and_not_before(
             assert isinstance(message, DeclareDeadWorkers)
             assert message.epoch == 3 and message.dead_after_s == 5.0
             named.append((trio.current_time(), message.workers))
-            message.reply.set(ReconcileResult(dead_worker_ids=(), requeued_job_ids=(),
-                                              orphaned_assignment_ids=()))
+            message.reply.set(
+                ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+            )
         nursery.cancel_scope.cancel()
     times = [t for t, _ in named]
     assert times == pytest.approx([float(k) for k in range(10)])
@@ -138,7 +153,9 @@ async def test_first_pass_after_election_resends_every_unconfirmed_assignment(
         await nursery.start(h.reconciler.run)
         message = await h.ledger.receive()
         assert isinstance(message, DeclareDeadWorkers)
-        message.reply.set(ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=()))
+        message.reply.set(
+            ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+        )
         sent = await h.dispatcher.receive()
         assert isinstance(sent, Dispatch)
         assert trio.current_time() == 0.0
@@ -160,7 +177,9 @@ async def test_withdraws_long_unconfirmed_assignments_only_after_the_worker_ackn
         await nursery.start(h.reconciler.run)
         declare = await h.ledger.receive()
         assert isinstance(declare, DeclareDeadWorkers)
-        declare.reply.set(ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=()))
+        declare.reply.set(
+            ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+        )
         cancel = await h.dispatcher.receive()
         assert isinstance(cancel, CancelOnWorker)
         assert cancel.assignment_ids == (7, 8)
@@ -172,8 +191,10 @@ async def test_withdraws_long_unconfirmed_assignments_only_after_the_worker_ackn
         nursery.cancel_scope.cancel()
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.floats(0, 20)), max_size=8),
-       st.floats(0.1, 10))
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.floats(0, 20)), max_size=8),
+    st.floats(0.1, 10),
+)
 def test_dead_workers_are_exactly_those_silent_longer_than_dead_after(
     ages: list[tuple[str, float]], dead_after_s: float
 ) -> None:

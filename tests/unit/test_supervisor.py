@@ -33,6 +33,7 @@ async def test_restarts_a_crashed_actor_with_doubling_backoff(autojump_clock: tr
 
 async def test_signals_started_once_the_first_start_succeeds(autojump_clock: trio.testing.MockClock) -> None:
     """nursery.start(supervise, ...) returns once the actor's first start succeeded."""
+
     async def actor(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.sleep(0.5)
         task_status.started()
