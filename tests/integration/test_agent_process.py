@@ -1,0 +1,103 @@
+"""The agent as a real process (agent.main.main): SIGTERM stops its jobs and exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+from agent.joblog import read_log
+from protocol import pb
+from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
+
+
+class RegistrationsOnly:
+    """A ControlPlane service that answers registrations and heartbeats and records them."""
+
+    def __init__(self) -> None:
+        self.registrations: list[pb.RegisterWorkerRequest] = []
+        self.registered = trio.Event()
+
+    async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
+        self.registrations.append(request)
+        self.registered.set()
+        return pb.RegisterWorkerReply(incarnation=len(self.registrations), epoch=1)
+
+    async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        return pb.HeartbeatReply(epoch=1)
+
+    async def submit_job(self, request: object) -> object:
+        raise NotImplementedError
+
+    get_job = list_jobs = cancel_job = status = submit_job
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _agent_script(cp_port: int, work_dir: Path) -> str:
+    return textwrap.dedent(f"""
+        from agent.main import main
+        from runtime.settings import AgentSettings
+        main(AgentSettings(worker_id="w-p", control_planes=["127.0.0.1:{cp_port}"],
+                           cpu_millis=1000, memory_mb=1000, work_dir={str(work_dir)!r},
+                           heartbeat_interval_s=0.1, stop_grace_s=2.0))
+    """)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.Signals) -> None:
+    """On SIGTERM or SIGINT the agent stops its running command, logs it, and exits 0."""
+    cp = RegistrationsOnly()
+    pid_file = tmp_path / "child.pid"
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)],
+                                      "127.0.0.1", 0)
+        agent = subprocess.Popen([sys.executable, "-c", _agent_script(cp_port, tmp_path)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            with trio.fail_after(30):
+                await cp.registered.wait()
+            channel = GrpcChannel(cp.registrations[0].address)
+            try:
+                stub = channel.stub(pb.WorkerStub)
+                argv = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]
+                reply = await channel.call(stub.assign, pb.AssignRequest(
+                    epoch=1, worker_id="w-p", incarnation=1,
+                    assignments=[pb.Assignment(assignment_id=1, job_id=10, spec=pb.JobSpec(
+                        cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=argv)))],
+                ), timeout_s=5)
+                assert list(reply.accepted_ids) == [1]
+            finally:
+                channel.close()
+            with trio.fail_after(10):
+                while not (pid_file.exists() and pid_file.read_text().strip()):
+                    await trio.sleep(0.02)
+            child = int(pid_file.read_text())
+            agent.send_signal(signum)
+            with trio.fail_after(15):
+                while agent.poll() is None:
+                    await trio.sleep(0.05)
+            assert agent.returncode == 0, agent.stderr.read().decode() if agent.stderr else ""
+            assert not _alive(child)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+            nursery.cancel_scope.cancel()
+    records = read_log(tmp_path / "agent.jsonl")
+    stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records
+             if r["event"] == "stop"]
+    assert stops == [(1, "shutdown", -15)]
