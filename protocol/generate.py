@@ -23,6 +23,10 @@ PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
 def generate(out_dir: Path) -> None:
     """Run protoc with the betterproto2 plugin, writing the package tree into ``out_dir``.
 
+    The plugin formats its output with ruff, which reads the nearest ruff configuration, so
+    ``out_dir`` should be outside the repository (a temporary directory) for the output to
+    be the same everywhere; :func:`main` generates there and copies.
+
     Raises:
         subprocess.CalledProcessError: protoc or the plugin failed.
     """
@@ -43,7 +47,9 @@ def generate(out_dir: Path) -> None:
         env=env,
         cwd=PROTO_DIR,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
+    (out_dir / "__init__.py").touch()
 
 
 def _tree(root: Path) -> dict[str, Path]:
@@ -71,8 +77,11 @@ def main() -> int:
             return 1
         print("generated protocol code is current")
         return 0
-    shutil.rmtree(GENERATED_DIR, ignore_errors=True)
-    generate(GENERATED_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp))
+        shutil.rmtree(GENERATED_DIR, ignore_errors=True)
+        shutil.copytree(tmp, GENERATED_DIR)
+    GENERATED_DIR.chmod(0o755)
     print(f"wrote {GENERATED_DIR.relative_to(PROTO_DIR.parent)}")
     return 0
 

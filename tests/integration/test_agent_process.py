@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import IO
 
 import pytest
 import trio
@@ -47,6 +48,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _open_for_writing(path: Path) -> IO[bytes]:
+    return path.open("wb")
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+async def _child_pid(pid_file: Path) -> int:
+    """Wait until the job wrote its pid (a file: nothing to wait on but polling)."""
+    with trio.fail_after(10):
+        while True:
+            if text := _read(pid_file).strip():
+                return int(text)
+            await trio.sleep(0.02)
+
+
 def _agent_script(cp_port: int, work_dir: Path) -> str:
     return textwrap.dedent(f"""
         from agent.main import main
@@ -62,11 +80,14 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
     """On SIGTERM or SIGINT the agent stops its running command, logs it, and exits 0."""
     cp = RegistrationsOnly()
     pid_file = tmp_path / "child.pid"
+    stderr_path = tmp_path / "agent.stderr"
+    stderr_file = _open_for_writing(stderr_path)
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)],
                                       "127.0.0.1", 0)
-        agent = subprocess.Popen([sys.executable, "-c", _agent_script(cp_port, tmp_path)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        agent = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _agent_script(cp_port, tmp_path)],
+            stdout=subprocess.DEVNULL, stderr=stderr_file)
         try:
             with trio.fail_after(30):
                 await cp.registered.wait()
@@ -82,21 +103,18 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
                 assert list(reply.accepted_ids) == [1]
             finally:
                 channel.close()
-            with trio.fail_after(10):
-                while not (pid_file.exists() and pid_file.read_text().strip()):
-                    await trio.sleep(0.02)
-            child = int(pid_file.read_text())
+            child = await _child_pid(pid_file)
             agent.send_signal(signum)
             with trio.fail_after(15):
-                while agent.poll() is None:
-                    await trio.sleep(0.05)
-            assert agent.returncode == 0, agent.stderr.read().decode() if agent.stderr else ""
+                code = await agent.wait()
+            assert code == 0, _read(stderr_path)
             assert not _alive(child)
         finally:
             if agent.poll() is None:
                 agent.kill()
-                agent.wait()
+                await agent.wait()
             nursery.cancel_scope.cancel()
+            stderr_file.close()
     records = read_log(tmp_path / "agent.jsonl")
     stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records
              if r["event"] == "stop"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,10 +27,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def _wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` (a file or /proc check: nothing to wait on) until it holds."""
     with trio.fail_after(timeout_s):
-        while not predicate():
+        while True:
+            if predicate():
+                return
             await trio.sleep(0.02)
+
+
+def _read(path: str | Path) -> str:
+    return Path(path).read_text()
 
 
 async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
@@ -39,8 +46,8 @@ async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
                            job_dir=tmp_path / "7-70", stop=trio.Event(), stop_grace_s=1.0)
     assert result.state is JobState.FAILED and result.exit_code == 3 and not result.stopped
     assert Path(result.stdout_path) == tmp_path / "7-70" / "stdout.log"
-    assert Path(result.stdout_path).read_text() == "hi\n"
-    assert Path(result.stderr_path).read_text() == "oops\n"
+    assert _read(result.stdout_path) == "hi\n"
+    assert _read(result.stderr_path) == "oops\n"
     assert result.finished_unix_s >= result.started_unix_s
 
 
@@ -49,7 +56,7 @@ async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
     result = await run_job(CommandSpec(argv=("pwd",)), job_dir=tmp_path / "j",
                            stop=trio.Event(), stop_grace_s=1.0)
     assert result.state is JobState.SUCCEEDED and result.exit_code == 0
-    assert Path(result.stdout_path).read_text().strip() == str(tmp_path / "j")
+    assert _read(result.stdout_path).strip() == str(tmp_path / "j")
 
 
 async def test_missing_command_fails_with_a_detail(tmp_path: Path) -> None:
@@ -131,19 +138,19 @@ async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
         trio.run(lambda: run_job(CommandSpec(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
                                  stop=trio.Event(), stop_grace_s=1.0))
     """)
-    agent = subprocess.Popen([sys.executable, "-c", script])
+    agent = await trio.lowlevel.open_process([sys.executable, "-c", script])
     try:
         await _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
         child = int(pid_file.read_text())
         await trio.sleep(0.3)
         assert _alive(child)
         agent.send_signal(signal.SIGKILL)
-        agent.wait()
+        await agent.wait()
         await _wait_for(lambda: not _alive(child))
     finally:
         if agent.poll() is None:
             agent.kill()
-            agent.wait()
+            await agent.wait()
         if pid_file.exists() and pid_file.read_text().strip():
             try:
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -156,6 +163,6 @@ async def _set_later(event: trio.Event, delay_s: float) -> None:
     event.set()
 
 
-async def _set_when(event: trio.Event, predicate) -> None:  # type: ignore[no-untyped-def]
+async def _set_when(event: trio.Event, predicate: Callable[[], bool]) -> None:
     await _wait_for(predicate)
     event.set()

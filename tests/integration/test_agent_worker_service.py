@@ -71,7 +71,7 @@ class Harness:
                      incarnation: int | None = None) -> pb.AssignReply:
         request = pb.AssignRequest(
             epoch=epoch, worker_id="w-1",
-            incarnation=self.agent.incarnation if incarnation is None else incarnation,
+            incarnation=(self.agent.incarnation or 0) if incarnation is None else incarnation,
             assignments=list(assignments),
         )
         stub = self.channel.stub(pb.WorkerStub)
@@ -99,8 +99,10 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Harness]:
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)],
                                       "127.0.0.1", 0)
+        cps = (f"127.0.0.1:{cp_port}",)
         settings = AgentSettings(
-            worker_id="w-1", control_planes=[f"127.0.0.1:{cp_port}"], cpu_millis=2000,
+            worker_id="w-1", control_planes=cps,  # type: ignore[arg-type]  # attrs converter
+            cpu_millis=2000,
             memory_mb=2048, work_dir=str(tmp_path), heartbeat_interval_s=0.05,
             heartbeat_timeout_s=1.0, self_fence_after_s=3.0, stop_grace_s=1.0,
             labels={"zone": "test"},
@@ -162,9 +164,10 @@ async def test_command_job_records_exit_code_and_stdout(tmp_path: Path) -> None:
         await h.cp.wait_for(lambda: 2 in h.cp.finished())
         outcome = h.cp.finished()[2]
     assert (outcome.state, outcome.has_exit_code, outcome.exit_code) == ("failed", True, 3)
-    stdout = Path(outcome.stdout_path)
-    assert stdout.is_absolute() and stdout.parent == tmp_path.resolve() / "jobs" / "20-2"
-    assert stdout.read_text() == "hi\n"
+    stdout = trio.Path(outcome.stdout_path)
+    assert stdout.is_absolute()
+    assert stdout.parent == await (trio.Path(tmp_path) / "jobs" / "20-2").resolve()
+    assert await stdout.read_text() == "hi\n"
     stop = next(r for r in h.log() if r["event"] == "stop")
     assert (stop["reason"], stop["exit_code"]) == ("failed", 3)
 

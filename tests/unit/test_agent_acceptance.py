@@ -11,7 +11,6 @@ from agent.messages import (
     CancelOrder,
     CommandSpec,
     JobOrder,
-    RefusalReason,
     SleepSpec,
 )
 
@@ -257,9 +256,9 @@ def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  #
             assert adm.cpu_used_millis <= 3000 and adm.memory_used_mb <= 3000
         elif kind == "cancel":
             _, ids, epoch, inc = op
-            decision = adm.cancel(cancel(*ids, epoch=epoch, incarnation=inc))
-            cancelled.update(decision.acknowledged_ids)
-            assert set(decision.to_stop) <= set(adm.running)
+            acks = adm.cancel(cancel(*ids, epoch=epoch, incarnation=inc))
+            cancelled.update(acks.acknowledged_ids)
+            assert set(acks.to_stop) <= set(adm.running)
         elif kind == "end":
             adm.job_ended(op[1])
         else:

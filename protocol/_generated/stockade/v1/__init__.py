@@ -102,9 +102,7 @@ class AssignRequest(betterproto2.Message):
 
     incarnation: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
 
-    assignments: "list[Assignment]" = betterproto2.field(
-        4, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    assignments: "list[Assignment]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
 
 
 default_message_pool.register_message("stockade.v1", "AssignRequest", AssignRequest)
@@ -202,9 +200,7 @@ class HeartbeatReply(betterproto2.Message):
     The current lease epoch (0 while no leader was ever elected).
     """
 
-    stop_assignment_ids: "list[int]" = betterproto2.field(
-        2, betterproto2.TYPE_UINT64, repeated=True
-    )
+    stop_assignment_ids: "list[int]" = betterproto2.field(2, betterproto2.TYPE_UINT64, repeated=True)
     """
     Running assignments that are no longer active: stop them.
     """
@@ -225,9 +221,7 @@ class HeartbeatRequest(betterproto2.Message):
 
     incarnation: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
-    running_assignment_ids: "list[int]" = betterproto2.field(
-        3, betterproto2.TYPE_UINT64, repeated=True
-    )
+    running_assignment_ids: "list[int]" = betterproto2.field(3, betterproto2.TYPE_UINT64, repeated=True)
     """
     Assignments the worker is running now.
     """
@@ -455,9 +449,7 @@ class StatusReply(betterproto2.Message):
 
     epoch: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
-    control_planes: "list[ControlPlaneInfo]" = betterproto2.field(
-        3, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    control_planes: "list[ControlPlaneInfo]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
 
     workers: "list[WorkerInfo]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
 
@@ -743,9 +735,7 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.get_job(request)
         await stream.send_message(response)
 
-    async def __rpc_list_jobs(
-        self, stream: "grpclib.server.Stream[ListJobsRequest, ListJobsReply]"
-    ) -> None:
+    async def __rpc_list_jobs(self, stream: "grpclib.server.Stream[ListJobsRequest, ListJobsReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.list_jobs(request)
@@ -775,9 +765,7 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.heartbeat(request)
         await stream.send_message(response)
 
-    async def __rpc_status(
-        self, stream: "grpclib.server.Stream[StatusRequest, StatusReply]"
-    ) -> None:
+    async def __rpc_status(self, stream: "grpclib.server.Stream[StatusRequest, StatusReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.status(request)
@@ -839,17 +827,13 @@ class WorkerBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
-    async def __rpc_assign(
-        self, stream: "grpclib.server.Stream[AssignRequest, AssignReply]"
-    ) -> None:
+    async def __rpc_assign(self, stream: "grpclib.server.Stream[AssignRequest, AssignReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.assign(request)
         await stream.send_message(response)
 
-    async def __rpc_cancel(
-        self, stream: "grpclib.server.Stream[CancelRequest, CancelReply]"
-    ) -> None:
+    async def __rpc_cancel(self, stream: "grpclib.server.Stream[CancelRequest, CancelReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
         response = await self.cancel(request)

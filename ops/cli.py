@@ -1,0 +1,690 @@
+"""The ``stockade`` command: run a control plane or an agent, drive the local cluster, use it.
+
+Process commands run in the foreground: ``cp`` (one control-plane replica) and ``agent``
+(one worker). Cluster commands manage the background processes of ``.stockade/``: ``up``,
+``down``, ``kill-leader``, ``kill-worker``. Client commands talk to the control planes
+through the failover client: ``jobs``, ``submit``, ``job``, ``list``, ``cancel``, ``status``.
+
+Client commands find the control planes in ``--control-planes host:port,...``, else in
+``$STOCKADE_CONTROL_PLANES``, else in ``.stockade/cluster.json``. Errors print one line
+(``error: ...``) and exit with 2 for invalid input (bad value, unknown job) or 1 when the
+cluster cannot be reached or the command cannot be carried out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import rich.box
+import trio
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from actors import validation
+from ops import rpc
+from ops.cluster import (
+    CONTROL_PLANES_ENV,
+    ClusterError,
+    LocalCluster,
+    StateDir,
+    UpResult,
+    default_state_dir,
+    resolve_addresses,
+)
+from ops.pg import EmbeddedPostgresError
+from protocol import pb
+from runtime.client import ControlPlaneClient
+from runtime.errors import InvalidArgument, NotFound, RemoteError, Unavailable
+
+__all__ = ["app", "main"]
+
+EXIT_UNAVAILABLE = 1
+"""Exit status when the cluster cannot be reached or the command cannot be carried out."""
+EXIT_INVALID = 2
+"""Exit status for invalid input (a value out of range, an unknown job)."""
+
+OUTPUT_TAIL_LINES = 50
+"""Lines of a job's stdout and stderr that ``stockade job`` shows."""
+
+JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
+JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
+JOB_SLEEP_S = (2.0, 10.0)
+"""The sizes and durations ``stockade jobs`` draws from."""
+
+JOB_STATES = validation.JOB_STATES
+
+app = typer.Typer(
+    name="stockade",
+    help="Stockade: a cluster scheduler whose leaders can crash and freeze without placing "
+    "or running a job twice.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+ControlPlanesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--control-planes",
+        help=f"Control-plane addresses, host:port,... (default: ${CONTROL_PLANES_ENV}, "
+        "else .stockade/cluster.json).",
+        show_default=False,
+    ),
+]
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
+    err_console.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn Stockade's errors into one line on stderr and an exit status; no traceback."""
+    try:
+        yield
+    except (InvalidArgument, NotFound) as exc:
+        _fail(str(exc), EXIT_INVALID)
+    except (Unavailable, RemoteError, ClusterError, EmbeddedPostgresError) as exc:
+        _fail(str(exc), EXIT_UNAVAILABLE)
+
+
+def _state() -> StateDir:
+    return StateDir(default_state_dir())
+
+
+def _addresses(option: str | None) -> list[str]:
+    return resolve_addresses(option, _state())
+
+
+def _time(unix_s: float) -> str:
+    if not unix_s:
+        return "-"
+    return datetime.fromtimestamp(unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _bar(used: int, total: int, unit: str, width: int = 14) -> Text:
+    fraction = min(1.0, used / total) if total > 0 else 0.0
+    filled = round(fraction * width)
+    colour = "green" if fraction < 0.7 else ("yellow" if fraction < 0.9 else "red")
+    text = Text()
+    text.append("█" * filled, style=colour)
+    text.append("░" * (width - filled), style="grey50")
+    text.append(f" {used}/{total}{unit}")
+    return text
+
+
+def _job_ids(ids: list[int], limit: int = 10) -> str:
+    shown = " ".join(str(i) for i in ids[:limit])
+    if len(ids) > limit:
+        shown += f" +{len(ids) - limit} more"
+    return shown or "-"
+
+
+def _counts(status: pb.StatusReply) -> dict[str, int]:
+    counts = dict.fromkeys(JOB_STATES, 0)
+    for item in status.jobs:
+        counts[item.state] = int(item.count)
+    return counts
+
+
+def status_json(status: pb.StatusReply) -> dict[str, Any]:
+    """The stable JSON shape of ``stockade status --json``.
+
+    Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
+    ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
+    memory_allocated_mb, jobs}), ``jobs`` (counts keyed by state) and ``unschedulable``
+    ({job_id, reason}).
+    """
+    return {
+        "leader": status.leader or None,
+        "epoch": int(status.epoch),
+        "control_planes": [
+            {"id": cp.id, "address": cp.address, "role": cp.role} for cp in status.control_planes
+        ],
+        "workers": [
+            {
+                "id": w.id,
+                "state": w.state,
+                "cpu_millis": int(w.cpu_millis),
+                "memory_mb": int(w.memory_mb),
+                "cpu_allocated_millis": int(w.cpu_allocated_millis),
+                "memory_allocated_mb": int(w.memory_allocated_mb),
+                "jobs": [int(j) for j in w.job_ids],
+            }
+            for w in status.workers
+        ],
+        "jobs": _counts(status),
+        "unschedulable": [{"job_id": int(j.job_id), "reason": j.reason} for j in status.unschedulable],
+    }
+
+
+def render_status(status: pb.StatusReply) -> Group:
+    """The status view: leader, control planes, workers with bars, job counts, unschedulable."""
+    parts: list[Any] = []
+    if status.leader:
+        parts.append(Text.assemble(("leader ", "bold"), (status.leader, "bold green"),
+                                   f"  epoch {status.epoch}  (answered by {status.answered_by})"))
+    else:
+        parts.append(Text.assemble(("no leader", "bold red"),
+                                   f"  last epoch {status.epoch}  (answered by {status.answered_by})"))
+
+    cps = Table(box=rich.box.SIMPLE_HEAD, title="control planes", title_justify="left")
+    for column in ("id", "address", "role"):
+        cps.add_column(column)
+    role_style = {"leader": "bold green", "standby": "", "down": "red"}
+    for cp in status.control_planes:
+        cps.add_row(cp.id, cp.address, Text(cp.role, style=role_style.get(cp.role, "")))
+    parts.append(cps)
+
+    workers = Table(box=rich.box.SIMPLE_HEAD, title="workers", title_justify="left")
+    for column in ("id", "state", "cpu (millis)", "memory (MiB)", "jobs"):
+        workers.add_column(column)
+    for w in status.workers:
+        workers.add_row(
+            w.id, Text(w.state, style="green" if w.state == "alive" else "red"),
+            _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
+            _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
+            _job_ids([int(j) for j in w.job_ids]),
+        )
+    parts.append(workers)
+
+    counts = _counts(status)
+    parts.append(Text("jobs  " + "  ".join(f"{state} {counts[state]}" for state in JOB_STATES)))
+    if status.unschedulable:
+        stuck = Table(box=rich.box.SIMPLE_HEAD, title="unschedulable", title_justify="left")
+        stuck.add_column("job")
+        stuck.add_column("reason")
+        for job in status.unschedulable:
+            stuck.add_row(str(job.job_id), job.reason)
+        parts.append(stuck)
+    return Group(*parts)
+
+
+def _runtime_text(spec: pb.JobSpec | None) -> str:
+    if spec is None:
+        return "-"
+    if spec.command is not None:
+        return "command: " + shlex.join(spec.command.argv)
+    if spec.sleep is not None:
+        return f"sleep {spec.sleep.duration_ms / 1000:g} s"
+    return "-"
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    with path.open(errors="replace") as handle:
+        return handle.read().splitlines()[-lines:]
+
+
+def _submit(
+    addresses: list[str], specs: list[pb.JobSpec]
+) -> list[int]:
+    async def body(client: ControlPlaneClient) -> list[int]:
+        ids = []
+        for spec in specs:
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+            ids.append(int(reply.job_id))
+        return ids
+
+    return rpc.with_client(addresses, body)
+
+
+def _check_spec(spec: pb.JobSpec) -> None:
+    """The control plane's own checks, run here first: out-of-range numbers do not fit the wire.
+
+    Raises:
+        InvalidArgument: the same message the control plane would give.
+    """
+    validation.check_job(
+        name=spec.name, cpu_millis=spec.cpu_millis, memory_mb=spec.memory_mb,
+        priority=spec.priority,
+        sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
+        argv=list(spec.command.argv) if spec.command is not None else None,
+    )
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+@app.command("cp")
+def control_plane(
+    cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
+    port: Annotated[int, typer.Option(help="gRPC port of the ControlPlane service (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    database_url: Annotated[
+        str | None,
+        typer.Option(envvar="DATABASE_URL", show_default=False,
+                     help="PostgreSQL URL of the shared database [default: $DATABASE_URL]."),
+    ] = None,
+    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = 2.0,
+    round_interval_s: Annotated[float, typer.Option(help="Placer round interval, seconds.")] = 0.1,
+    reconcile_interval_s: Annotated[float, typer.Option(help="Reconcile pass interval, seconds.")] = 1.0,
+    dead_after_s: Annotated[
+        float, typer.Option(help="A worker silent this long is declared dead, seconds.")
+    ] = 5.0,
+    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+) -> None:
+    """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
+    from actors.control_plane import main as control_plane_main
+    from runtime.settings import (
+        ControlPlaneSettings,
+        LeaseSettings,
+        PlacerSettings,
+        ReconcilerSettings,
+    )
+
+    if not database_url:
+        _fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
+    with _errors():
+        settings = ControlPlaneSettings(
+            cp_id=cp_id, database_url=database_url, listen_host=host, listen_port=port,
+            lease=LeaseSettings(
+                lease_ttl_s=lease_ttl_s, renew_interval_s=lease_ttl_s / 4,
+                step_down_margin_s=min(0.4, lease_ttl_s / 5),
+                takeover_poll_s=min(0.25, lease_ttl_s / 8),
+            ),
+            placer=PlacerSettings(round_interval_s=round_interval_s),
+            reconciler=ReconcilerSettings(reconcile_interval_s=reconcile_interval_s,
+                                          dead_after_s=dead_after_s),
+        )
+    control_plane_main(settings, json_logs=json_logs)
+
+
+@app.command("agent")
+def agent(
+    worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
+    cpu_millis: Annotated[int, typer.Option(help="CPU offered, millicores (1000 = one core).")],
+    memory_mb: Annotated[int, typer.Option(help="Memory offered, MiB.")],
+    control_planes: Annotated[str, typer.Option(help="Control-plane addresses, host:port,...")],
+    work_dir: Annotated[Path, typer.Option(help="Folder for agent.jsonl and the jobs' output.")],
+    port: Annotated[int, typer.Option(help="gRPC port of the Worker service (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    heartbeat_interval_s: Annotated[float, typer.Option(help="Time between heartbeats, seconds.")] = 0.5,
+    self_fence_after_s: Annotated[
+        float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
+    ] = 3.0,
+    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+) -> None:
+    """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
+    from agent.main import main as agent_main
+    from ops.cluster import parse_addresses
+    from runtime.settings import AgentSettings
+
+    with _errors():
+        settings = AgentSettings(
+            worker_id=worker_id, control_planes=parse_addresses(control_planes),
+            cpu_millis=cpu_millis, memory_mb=memory_mb, work_dir=str(work_dir.absolute()),
+            listen_host=host, listen_port=port, heartbeat_interval_s=heartbeat_interval_s,
+            self_fence_after_s=self_fence_after_s,
+        )
+    agent_main(settings, json_logs=json_logs)
+
+
+# ---------------------------------------------------------------------------- the local cluster
+
+
+def _print_up(result: UpResult, cluster: LocalCluster) -> None:
+    roles = {cp.id: cp.role for cp in result.status.control_planes}
+    workers = {w.id: w for w in result.status.workers}
+    table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left")
+    for column in ("id", "kind", "pid", "address", "state", "log"):
+        table.add_column(column)
+    for spec in result.config.processes:
+        if spec.kind == "cp":
+            state = roles.get(spec.id, "?")
+            if spec.id == result.status.leader:
+                state = "leader"
+        else:
+            worker = workers.get(spec.id)
+            state = f"{worker.state} {worker.cpu_millis}m/{worker.memory_mb}MiB" if worker else "?"
+        if spec.id in result.started:
+            state += " (started)"
+        table.add_row(spec.id, spec.kind, str(result.pids.get(spec.id, "-")), spec.address, state,
+                      str(cluster.state.log_path(spec.id)))
+    console.print(table)
+    database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
+    if result.database_started:
+        database += " (started)"
+    console.print(f"database  {database}: {result.config.database_url}")
+    console.print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
+    console.print(f"state     {cluster.state.root}")
+
+
+@app.command("up")
+def up(
+    control_planes: Annotated[int, typer.Option(help="Number of control planes (cp-1..cp-N).")] = 3,
+    workers: Annotated[int, typer.Option(help="Number of workers (w-1..w-M).")] = 5,
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for the cluster, seconds.")] = 60.0,
+) -> None:
+    """Start the local cluster in the background and wait for a leader and every worker.
+
+    The state folder is ./.stockade (or $STOCKADE_STATE_DIR). PostgreSQL is DATABASE_URL
+    when set, else an embedded server under .stockade/pg. Safe to run again: live processes
+    are left alone, dead ones are started again.
+    """
+    cluster = LocalCluster(_state())
+    with _errors():
+        with console.status("starting the cluster..."):
+            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+    _print_up(result, cluster)
+
+
+@app.command("down")
+def down() -> None:
+    """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded database."""
+    cluster = LocalCluster(_state())
+    with _errors():
+        report = cluster.down()
+    if report.terminated:
+        console.print("stopped " + " ".join(report.terminated))
+    if report.killed:
+        console.print("killed (no exit 10 s after SIGTERM) " + " ".join(report.killed))
+    if report.stragglers:
+        console.print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
+    if report.database_stopped:
+        console.print("stopped embedded PostgreSQL")
+    if not (report.terminated or report.killed or report.stragglers or report.database_stopped):
+        console.print("nothing was running")
+
+
+@app.command("kill-leader")
+def kill_leader(
+    control_planes: ControlPlanesOption = None,
+    wait: Annotated[bool, typer.Option(help="Wait for a new leader and print how long it took.")] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 30.0,
+) -> None:
+    """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
+    cluster = LocalCluster(_state())
+    with _errors():
+        addresses = _addresses(control_planes)
+        status = rpc.status(addresses)
+        if not status.leader:
+            _fail(f"there is no leader right now (last epoch {status.epoch})")
+        pid = cluster.kill(status.leader)
+        killed_at = time.monotonic()
+        console.print(f"killed leader {status.leader} (pid {pid}) at epoch {status.epoch}")
+        if not wait:
+            return
+        old_epoch = int(status.epoch)
+
+        async def body(client: ControlPlaneClient) -> pb.StatusReply | None:
+            with trio.move_on_after(timeout_s):
+                while True:
+                    with contextlib.suppress(Unavailable):
+                        reply: pb.StatusReply = await client.call("status", pb.StatusRequest())
+                        if reply.leader and reply.epoch > old_epoch:
+                            return reply
+                    await trio.sleep(0.05)
+            return None
+
+        new = rpc.with_client(addresses, body, timeout_s=0.5)
+        elapsed_s = time.monotonic() - killed_at
+        if new is None:
+            _fail(f"no new leader {timeout_s:g} s after the kill")
+        console.print(f"new leader {new.leader} at epoch {new.epoch}, {elapsed_s:.2f} s after the kill")
+
+
+@app.command("kill-worker")
+def kill_worker(
+    control_planes: ControlPlanesOption = None,
+    wait: Annotated[
+        bool, typer.Option(help="Wait until its jobs run on other workers and print how long it took.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 60.0,
+) -> None:
+    """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
+    cluster = LocalCluster(_state())
+    with _errors():
+        addresses = _addresses(control_planes)
+        status = rpc.status(addresses)
+        config = cluster.config()
+        live = cluster.pids(config)
+        candidates = [w for w in status.workers if w.state == "alive" and w.id in live]
+        if not candidates:
+            _fail("no live worker of this cluster to kill")
+        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
+        job_ids = [int(j) for j in victim.job_ids]
+        pid = cluster.kill(victim.id)
+        killed_at = time.monotonic()
+        console.print(
+            f"killed worker {victim.id} (pid {pid}) with {victim.cpu_allocated_millis} cpu_millis "
+            f"allocated; its jobs: {' '.join(map(str, job_ids)) or 'none'}"
+        )
+        if not wait or not job_ids:
+            return
+
+        async def body(client: ControlPlaneClient) -> list[pb.JobInfo] | None:
+            with trio.move_on_after(timeout_s):
+                while True:
+                    jobs = []
+                    with contextlib.suppress(Unavailable):
+                        for job_id in job_ids:
+                            jobs.append(await client.call("get_job", pb.GetJobRequest(job_id=job_id)))
+                    if len(jobs) == len(job_ids) and all(_moved(j, victim.id) for j in jobs):
+                        return jobs
+                    await trio.sleep(0.1)
+            return None
+
+        moved = rpc.with_client(addresses, body, timeout_s=1.0)
+        elapsed_s = time.monotonic() - killed_at
+        if moved is None:
+            _fail(f"the jobs of {victim.id} were not running elsewhere {timeout_s:g} s after the kill")
+        where = ", ".join(f"{j.job_id} on {j.worker_id or '-'} ({j.state})" for j in moved)
+        console.print(f"its jobs run elsewhere {elapsed_s:.2f} s after the kill: {where}")
+
+
+def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
+    """Whether ``job`` left ``dead_worker``: running or ended on another worker, or cancelled."""
+    if job.state == "cancelled":
+        return True
+    return job.worker_id != dead_worker and job.state in ("running", "succeeded", "failed")
+
+
+# ---------------------------------------------------------------------------- client commands
+
+
+@app.command("jobs")
+def jobs(
+    count: Annotated[int, typer.Argument(help="How many sleep jobs to submit.")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the random sizes and durations.")] = 1,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Submit COUNT sleep jobs of mixed sizes (250-4000 cpu_millis, 128-4096 MiB) and durations (2-10 s)."""
+    if count < 1:
+        _fail(f"count must be >= 1, got {count}", EXIT_INVALID)
+    rng = random.Random(seed)
+    specs = []
+    for index in range(1, count + 1):
+        sleep_s = round(rng.uniform(*JOB_SLEEP_S), 1)
+        specs.append(pb.JobSpec(
+            name=f"sleep-{index}", cpu_millis=rng.choice(JOB_CPU_MILLIS),
+            memory_mb=rng.choice(JOB_MEMORY_MB), sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
+        ))
+    with _errors():
+        ids = _submit(_addresses(control_planes), specs)
+    table = Table(box=rich.box.SIMPLE_HEAD)
+    for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
+        table.add_column(column, justify="right" if column != "name" else "left")
+    for job_id, spec in zip(ids, specs, strict=True):
+        assert spec.sleep is not None
+        table.add_row(str(job_id), spec.name, str(spec.cpu_millis), str(spec.memory_mb),
+                      f"{spec.sleep.duration_ms / 1000:g} s")
+    console.print(table)
+    console.print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
+
+
+@app.command(
+    "submit",
+    context_settings={"allow_interspersed_args": False},
+)
+def submit(
+    cpu_millis: Annotated[int, typer.Option(help="CPU the job needs, millicores (1000 = one core).")],
+    memory_mb: Annotated[int, typer.Option(help="Memory the job needs, MiB.")],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The command to run on a worker (after --).", show_default=False)
+    ] = None,
+    sleep_s: Annotated[
+        float | None, typer.Option(help="Submit a sleep job holding its resources this long, seconds.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name [default: the command's basename, or sleep].",
+                                             show_default=False)] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
+    if (sleep_s is None) == (not command):
+        _fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
+    spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
+    if command:
+        spec.command = pb.CommandRuntime(argv=list(command))
+        spec.name = name if name is not None else (os.path.basename(command[0]) or "command")
+    else:
+        assert sleep_s is not None
+        if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
+            _fail(f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s:g}",
+                  EXIT_INVALID)
+        spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
+        spec.name = name if name is not None else "sleep"
+    with _errors():
+        _check_spec(spec)
+        (job_id,) = _submit(_addresses(control_planes), [spec])
+    console.print(job_id)
+
+
+@app.command("job")
+def job(
+    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Show one job: state, worker, assignment, times, and its stdout/stderr when on this machine."""
+    with _errors():
+        validation.check_job_id(job_id)
+        info: pb.JobInfo = rpc.call(_addresses(control_planes), "get_job", pb.GetJobRequest(job_id=job_id))
+    spec = info.spec
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    duration = "-"
+    if info.started_unix_s and info.finished_unix_s:
+        duration = f"{info.finished_unix_s - info.started_unix_s:.2f} s"
+    rows = [
+        ("job", str(info.job_id)),
+        ("name", spec.name if spec else "-"),
+        ("state", info.state + (f" ({info.reason})" if info.reason else "")),
+        ("runtime", _runtime_text(spec)),
+        ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
+        ("memory_mb", str(spec.memory_mb) if spec else "-"),
+        ("priority", str(spec.priority) if spec else "-"),
+        ("worker", info.worker_id or "-"),
+        ("assignment", str(info.assignment_id or "-")),
+        ("epoch", str(info.epoch or "-")),
+        ("attempts", str(info.attempts)),
+        ("exit code", str(info.exit_code) if info.has_exit_code else "-"),
+        ("submitted", _time(info.submitted_unix_s)),
+        ("started", _time(info.started_unix_s)),
+        ("finished", _time(info.finished_unix_s)),
+        ("duration", duration),
+        ("stdout", info.stdout_path or "-"),
+        ("stderr", info.stderr_path or "-"),
+    ]
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console.print(table)
+    for label, path_text in (("stdout", info.stdout_path), ("stderr", info.stderr_path)):
+        if not path_text:
+            continue
+        path = Path(path_text)
+        if not path.is_file():
+            console.print(f"({label} file {path} is not on this machine)", style="dim")
+            continue
+        lines = _tail(path, OUTPUT_TAIL_LINES)
+        console.rule(f"{label} (last {len(lines)} lines)", align="left", style="dim")
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("list")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).",
+                                              show_default=False)] = None,
+    limit: Annotated[int, typer.Option(help="At most this many jobs, newest first.")] = 50,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """List jobs in a table."""
+    with _errors():
+        if limit < 1:
+            raise InvalidArgument("limit", limit, "must be >= 1")
+        validation.check_list(state or "", limit)
+        reply = rpc.call(_addresses(control_planes), "list_jobs",
+                         pb.ListJobsRequest(state=state or "", limit=limit))
+    table = Table(box=rich.box.SIMPLE_HEAD)
+    for column in ("job", "name", "state", "cpu_millis", "memory_mb", "runtime", "worker", "attempts",
+                   "exit", "reason"):
+        table.add_column(column)
+    for info in reply.jobs:
+        spec = info.spec
+        table.add_row(
+            str(info.job_id), spec.name if spec else "-", info.state,
+            str(spec.cpu_millis) if spec else "-", str(spec.memory_mb) if spec else "-",
+            Text(_runtime_text(spec)), info.worker_id or "-", str(info.attempts),
+            str(info.exit_code) if info.has_exit_code else "-", Text(info.reason),
+        )
+    console.print(table)
+    console.print(f"{len(reply.jobs)} jobs")
+
+
+app.command("jobs-list", hidden=True)(list_jobs)
+
+
+@app.command("cancel")
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Cancel a job: at once while pending, through its worker once placed."""
+    with _errors():
+        validation.check_job_id(job_id)
+        reply = rpc.call(_addresses(control_planes), "cancel_job", pb.CancelJobRequest(job_id=job_id))
+    console.print(f"job {job_id}: {reply.state}")
+
+
+@app.command("status")
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON with stable keys.")] = False,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Show the leader and its epoch, the control planes, the workers with their load, the jobs."""
+    with _errors():
+        reply = rpc.status(_addresses(control_planes))
+    if as_json:
+        sys.stdout.write(json.dumps(status_json(reply), indent=2) + "\n")
+        return
+    console.print(render_status(reply))
+
+
+def main() -> None:
+    """The console entry point (``stockade``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
