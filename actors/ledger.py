@@ -114,6 +114,11 @@ class Ledger:
             result = await self.fenced(epoch, what, op)
         except (Deposed, DatabaseUnavailable) as exc:
             reply.fail(exc)
+        except Exception as exc:
+            # Any other failure (a deadlock abort, a constraint) is answered too, so the asker
+            # never waits forever; then the ledger restarts with a fresh connection.
+            reply.fail(DatabaseUnavailable(f"{what} failed: {exc!r}"))
+            raise
         else:
             reply.set(result)
 

@@ -331,7 +331,8 @@ def agent(
 
     with _errors():
         settings = AgentSettings(
-            worker_id=worker_id, control_planes=parse_addresses(control_planes),
+            # runtime.settings uses converter=tuple, which mypy types as Iterable[_T_co].
+            worker_id=worker_id, control_planes=parse_addresses(control_planes),  # type: ignore[arg-type]
             cpu_millis=cpu_millis, memory_mb=memory_mb, work_dir=str(work_dir.absolute()),
             listen_host=host, listen_port=port, heartbeat_interval_s=heartbeat_interval_s,
             self_fence_after_s=self_fence_after_s,
@@ -382,9 +383,8 @@ def up(
     are left alone, dead ones are started again.
     """
     cluster = LocalCluster(_state())
-    with _errors():
-        with console.status("starting the cluster..."):
-            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+    with _errors(), console.status("starting the cluster..."):
+        result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
     _print_up(result, cluster)
 
 
@@ -540,7 +540,8 @@ def submit(
     cpu_millis: Annotated[int, typer.Option(help="CPU the job needs, millicores (1000 = one core).")],
     memory_mb: Annotated[int, typer.Option(help="Memory the job needs, MiB.")],
     command: Annotated[
-        list[str] | None, typer.Argument(help="The command to run on a worker (after --).", show_default=False)
+        list[str] | None,
+        typer.Argument(help="The command to run on a worker (after --).", show_default=False),
     ] = None,
     sleep_s: Annotated[
         float | None, typer.Option(help="Submit a sleep job holding its resources this long, seconds.")
