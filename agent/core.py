@@ -46,6 +46,7 @@ from agent.messages import (
     HeartbeatReport,
     JobOrder,
     Outcome,
+    Refusal,
     RefusalReason,
     Registration,
     StopReason,
@@ -157,23 +158,49 @@ class Agent:
                     memory_used_mb=self._admission.memory_used_mb, epoch=order.epoch,
                 )
         if decision.to_start:
-            nursery = self._job_nursery
-            assert nursery is not None, "accepted while not running: Admission must be fenced"
-            for job_order in decision.to_start:
-                job = _Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
-                self._jobs[job_order.assignment_id] = job
-                # The start line is written before the job begins (the checker relies on it).
-                self.joblog.write(
-                    LogEvent.START, incarnation=job.incarnation, epoch=job.epoch,
-                    job_id=job_order.job_id, assignment_id=job_order.assignment_id,
-                )
-                nursery.start_soon(self._run_job, job)
+            decision = self._start(order, decision)
         if decision.refused:
             self._logger.info(
                 "assignments refused", epoch=order.epoch, incarnation=order.incarnation,
                 refused={r.assignment_id: r.reason.value for r in decision.refused},
             )
         return decision
+
+    def _start(self, order: AssignOrder, decision: AssignDecision) -> AssignDecision:
+        """Write the start lines and start the jobs of ``decision.to_start``.
+
+        A job whose start line cannot be written is not started (the checker could not see
+        it run): its acceptance is undone and it is refused as ``fenced`` instead.
+        """
+        nursery = self._job_nursery
+        assert nursery is not None, "accepted while not running: Admission must be fenced"
+        unstarted: list[int] = []
+        for job_order in decision.to_start:
+            aid = job_order.assignment_id
+            job = _Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
+            try:
+                # The start line is written before the job begins (the checker relies on it).
+                self.joblog.write(
+                    LogEvent.START, incarnation=job.incarnation, epoch=job.epoch,
+                    job_id=job_order.job_id, assignment_id=aid,
+                )
+            except OSError as exc:
+                self._logger.error("cannot write the start line: job not started",
+                                   assignment_id=aid, error=repr(exc))
+                self._admission.abandon(aid)
+                unstarted.append(aid)
+                continue
+            self._jobs[aid] = job
+            nursery.start_soon(self._run_job, job)
+        if not unstarted:
+            return decision
+        return attrs.evolve(
+            decision,
+            accepted_ids=tuple(a for a in decision.accepted_ids if a not in unstarted),
+            to_start=tuple(j for j in decision.to_start if j.assignment_id not in unstarted),
+            refused=decision.refused + tuple(
+                Refusal(assignment_id=a, reason=RefusalReason.FENCED) for a in unstarted),
+        )
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the cancel rules; stop the running ones and return once they have ended."""
@@ -249,12 +276,14 @@ class Agent:
                 # raising. Record the end, release the job, and let the error take the
                 # agent down (fail loud).
                 self._release(job)
-                self.joblog.write(
-                    LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
-                    job_id=order.job_id, assignment_id=order.assignment_id,
-                    reason=StopReason.FAILED.value,
-                )
-                job.done.set()
+                try:
+                    self.joblog.write(
+                        LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
+                        job_id=order.job_id, assignment_id=order.assignment_id,
+                        reason=StopReason.FAILED.value,
+                    )
+                finally:
+                    job.done.set()
                 raise
             self._job_ended(job, result)
 
@@ -270,10 +299,15 @@ class Agent:
             reason = job.stop_reason
         else:
             reason = StopReason(result.state.value)
-        self.joblog.write(
-            LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch, job_id=order.job_id,
-            assignment_id=order.assignment_id, reason=reason.value, exit_code=result.exit_code,
-        )
+        try:
+            self.joblog.write(
+                LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
+                job_id=order.job_id, assignment_id=order.assignment_id, reason=reason.value,
+                exit_code=result.exit_code,
+            )
+        except BaseException:
+            job.done.set()  # nobody may wait forever for it; the error takes the agent down
+            raise
         self._logger.info(
             "job ended", job_id=order.job_id, assignment_id=order.assignment_id,
             reason=reason.value, exit_code=result.exit_code, detail=result.detail,
@@ -410,6 +444,8 @@ class Agent:
                 continue
             assert self._last_acked_send_time is not None  # set by the registration
             deadline = self._last_acked_send_time + after_s
+            # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
+            # clock, and a strict test there would spin without time moving on.
             if trio.current_time() >= deadline:
                 await self._self_fence()
             else:

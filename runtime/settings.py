@@ -7,11 +7,16 @@ dead_after 5 s. Every group validates itself at construction and raises
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from runtime.errors import InvalidArgument
+
+
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -125,7 +130,7 @@ class AgentSettings:
 
     worker_id: str
     """Stable id of this worker, e.g. ``w-1``."""
-    control_planes: tuple[str, ...] = attrs.field(converter=tuple)
+    control_planes: tuple[str, ...] = attrs.field(converter=_str_tuple)
     """host:port of every control plane; heartbeats go to the first that answers."""
     cpu_millis: int = attrs.field(validator=_positive)
     """CPU this worker offers, in millicores (1000 = one core)."""

@@ -101,7 +101,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Harness]:
                                       "127.0.0.1", 0)
         cps = (f"127.0.0.1:{cp_port}",)
         settings = AgentSettings(
-            worker_id="w-1", control_planes=cps,  # type: ignore[arg-type]  # attrs converter
+            worker_id="w-1", control_planes=cps,
             cpu_millis=2000,
             memory_mb=2048, work_dir=str(tmp_path), heartbeat_interval_s=0.05,
             heartbeat_timeout_s=1.0, self_fence_after_s=3.0, stop_grace_s=1.0,

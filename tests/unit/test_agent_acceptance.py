@@ -264,3 +264,12 @@ def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  #
         else:
             adm.fenced = op[1]
         assert adm.cpu_used_millis == sum(r.cpu_millis for r in adm.running.values())
+
+
+def test_abandoned_assignment_is_forgotten() -> None:
+    """An acceptance undone because the job could not start frees its room and is not a dup."""
+    adm = admission(cpu=1000)
+    adm.assign(assign(job(1)))
+    adm.abandon(1)
+    assert adm.cpu_used_millis == 0
+    assert len(adm.assign(assign(job(1))).to_start) == 1

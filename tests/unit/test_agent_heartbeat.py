@@ -360,3 +360,21 @@ async def test_start_and_stop_lines_carry_the_assign_epoch(
                           "epoch", "time"}
     assert stop["reason"] == "succeeded" and stop["exit_code"] == 0
     assert math.isfinite(stop["time"]) and stop["time"] >= start["time"]
+
+
+async def test_job_whose_start_line_cannot_be_written_is_not_started(
+    tmp_path: Path, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the start line cannot be written the job is refused (fenced) and nothing runs."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+
+        def disk_full(*args: Any, **kwargs: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(agent.joblog, "write", disk_full)
+            assert assign(agent, sleep_job(1)) == {1: "fenced"}
+        assert agent.running_assignment_ids == ()
+        assert assign(agent, sleep_job(1)) == {1: "accepted"}
