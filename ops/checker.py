@@ -1,0 +1,375 @@
+"""The checker: proves from the record that no job was placed or run twice.
+
+Inputs, all read after the fact:
+
+- the database history: every assignment (job, worker, incarnation, commit epoch, state,
+  created and ended times), every dead-worker declaration, every refused stale write, jobs;
+- each worker's append-only ``agent.jsonl`` (start and stop records, with wall-clock times);
+- the fault record a harness keeps (``events.jsonl``: which process was killed, frozen or cut
+  off, and when), so a run on a killed worker ends at the kill, and a worker declared dead
+  while it was being faulted is not a false death.
+
+What it counts:
+
+- ``double_placements``: jobs whose assignments overlap in time (two active at once), or that
+  were placed again after an assignment of theirs finished (the job was done), from the
+  database alone.
+- ``double_runs``: jobs that ran at overlapping times in two places (two workers, or two
+  assignments), from the workers' own logs. A run lasts from its start record to its stop
+  record, or to the kill of its worker process, or (neither) to the end of time.
+- ``false_deaths``: dead-worker declarations that no fault injected into that worker explains.
+- ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
+- ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
+
+:func:`check` is a pure function of those inputs; :func:`load_history`, :func:`load_runs` and
+:func:`load_events` read them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from runtime.aio import PgConnection
+
+# A fault explains a death when it began at most this long before the last heartbeat the
+# database recorded (a kill lands between heartbeats) and before the declaration.
+FAULT_SLACK_S = 2.0
+
+
+@attrs.frozen(kw_only=True)
+class AssignmentRecord:
+    """One row of ``assignments``; times in Unix seconds (``ended_at`` None while active)."""
+
+    assignment_id: int
+    job_id: int
+    worker_id: str
+    incarnation: int
+    epoch: int
+    state: str
+    created_at: float
+    ended_at: float | None
+    end_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DeathRecord:
+    """One dead-worker declaration."""
+
+    worker_id: str
+    incarnation: int
+    epoch: int
+    declared_at: float
+    last_heartbeat_at: float
+
+
+@attrs.frozen(kw_only=True)
+class History:
+    """What the database says happened."""
+
+    assignments: tuple[AssignmentRecord, ...]
+    deaths: tuple[DeathRecord, ...] = ()
+    job_states: dict[int, str] = attrs.field(factory=dict)
+    stale_writes_rejected: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Run:
+    """A job's run on a worker, from its start record to its end (``math.inf``: never ended)."""
+
+    worker_id: str
+    incarnation: int
+    job_id: int
+    assignment_id: int
+    started_at: float
+    ended_at: float
+
+
+@attrs.frozen(kw_only=True)
+class FaultEvent:
+    """A fault a harness injected: ``kind`` is kill, freeze or partition; ``target`` a process id
+    such as ``w-3`` or ``cp-1``; ``until`` when a freeze or partition ended (kills: ``at``)."""
+
+    kind: str
+    target: str
+    at: float
+    until: float
+
+
+@attrs.frozen(kw_only=True)
+class CheckReport:
+    """The checker's verdict. ``ok`` when every safety count is 0 and every job finished."""
+
+    double_placements: int
+    double_runs: int
+    false_deaths: int
+    stale_writes_rejected: int
+    jobs_submitted: int
+    jobs_finished: int
+    unfinished_job_ids: tuple[int, ...]
+    details: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.double_placements == 0
+            and self.double_runs == 0
+            and self.false_deaths == 0
+            and not self.unfinished_job_ids
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stable JSON keys."""
+        return {
+            "double_placements": self.double_placements,
+            "double_runs": self.double_runs,
+            "false_deaths": self.false_deaths,
+            "stale_writes_rejected": self.stale_writes_rejected,
+            "jobs_submitted": self.jobs_submitted,
+            "jobs_finished": self.jobs_finished,
+            "unfinished_job_ids": list(self.unfinished_job_ids),
+            "details": list(self.details),
+            "ok": self.ok,
+        }
+
+
+def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
+    return a_start < b_end and b_start < a_end
+
+
+def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]:
+    """Jobs placed twice, with why: two assignments active at once, or placed again after one
+    of its assignments finished."""
+    by_job: dict[int, list[AssignmentRecord]] = defaultdict(list)
+    for a in assignments:
+        by_job[a.job_id].append(a)
+    found: dict[int, str] = {}
+    for job_id, group in by_job.items():
+        group.sort(key=lambda a: (a.created_at, a.assignment_id))
+        for i, first in enumerate(group):
+            first_end = math.inf if first.ended_at is None else first.ended_at
+            for second in group[i + 1 :]:
+                second_end = math.inf if second.ended_at is None else second.ended_at
+                if _overlap(first.created_at, first_end, second.created_at, second_end):
+                    found[job_id] = (
+                        f"job {job_id}: assignments {first.assignment_id} (epoch {first.epoch}, "
+                        f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
+                        f"{second.worker_id}) were active at the same time"
+                    )
+                elif first.state == "finished":
+                    found[job_id] = (
+                        f"job {job_id}: placed again as assignment {second.assignment_id} "
+                        f"(epoch {second.epoch}) after assignment {first.assignment_id} finished"
+                    )
+    return found
+
+
+def double_runs(runs: Iterable[Run]) -> dict[int, str]:
+    """Jobs that ran at overlapping times under two assignments or on two workers, with why."""
+    by_job: dict[int, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_job[run.job_id].append(run)
+    found: dict[int, str] = {}
+    for job_id, group in by_job.items():
+        group.sort(key=lambda r: r.started_at)
+        for i, first in enumerate(group):
+            for second in group[i + 1 :]:
+                if _overlap(first.started_at, first.ended_at, second.started_at, second.ended_at):
+                    found[job_id] = (
+                        f"job {job_id}: ran on {first.worker_id} (assignment {first.assignment_id}) "
+                        f"and on {second.worker_id} (assignment {second.assignment_id}) at the same time"
+                    )
+    return found
+
+
+def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) -> list[str]:
+    """Declarations no fault explains: the worker was neither killed, frozen nor cut off from
+    ``FAULT_SLACK_S`` before its last recorded heartbeat until it was declared dead."""
+    found = []
+    for death in deaths:
+        explained = any(
+            f.target == death.worker_id
+            and f.at <= death.declared_at
+            and f.until >= death.last_heartbeat_at - FAULT_SLACK_S
+            for f in faults
+        )
+        if not explained:
+            found.append(
+                f"worker {death.worker_id} (incarnation {death.incarnation}) declared dead "
+                f"under epoch {death.epoch} with no fault injected into it"
+            )
+    return found
+
+
+def check(history: History, runs: Sequence[Run], faults: Sequence[FaultEvent] = ()) -> CheckReport:
+    """Judge one run of the cluster. Pure: see the module docstring for what each count means."""
+    placed_twice = double_placements(history.assignments)
+    ran_twice = double_runs(runs)
+    wrongly_dead = false_deaths(history.deaths, faults)
+    finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
+    unfinished = tuple(sorted(set(history.job_states) - finished))
+    details = [*placed_twice.values(), *ran_twice.values(), *wrongly_dead]
+    if unfinished:
+        shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
+        details.append(f"{len(unfinished)} jobs unfinished: {shown}")
+    return CheckReport(
+        double_placements=len(placed_twice),
+        double_runs=len(ran_twice),
+        false_deaths=len(wrongly_dead),
+        stale_writes_rejected=history.stale_writes_rejected,
+        jobs_submitted=len(history.job_states),
+        jobs_finished=sum(1 for s in history.job_states.values() if s in ("succeeded", "failed")),
+        unfinished_job_ids=unfinished,
+        details=tuple(details),
+    )
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultEvent] = ()) -> list[Run]:
+    """Pair start and stop records (one worker's ``agent.jsonl`` or several) into runs.
+
+    A start with no stop ends at the first kill of its worker after it started, else never.
+    Two start records of one assignment on one worker count as two runs.
+    """
+    kills: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.kind == "kill":
+            kills[f.target].append(f.at)
+    open_runs: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
+    runs: list[Run] = []
+    for record in records:
+        event = record.get("event")
+        if event not in ("start", "stop"):
+            continue
+        key = (record["worker_id"], int(record["incarnation"]), int(record["assignment_id"]))
+        if event == "start":
+            open_runs[key].append(record)
+        elif open_runs[key]:
+            start = open_runs[key].pop(0)
+            runs.append(
+                Run(
+                    worker_id=key[0],
+                    incarnation=key[1],
+                    job_id=int(start["job_id"]),
+                    assignment_id=key[2],
+                    started_at=float(start["time"]),
+                    ended_at=float(record["time"]),
+                )
+            )
+    for (worker_id, incarnation, assignment_id), starts in open_runs.items():
+        for start in starts:
+            began = float(start["time"])
+            ended = min((t for t in kills.get(worker_id, []) if t >= began), default=math.inf)
+            runs.append(
+                Run(
+                    worker_id=worker_id,
+                    incarnation=incarnation,
+                    job_id=int(start["job_id"]),
+                    assignment_id=assignment_id,
+                    started_at=began,
+                    ended_at=ended,
+                )
+            )
+    return runs
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object line of ``path``; a torn last line (a killed writer) is skipped."""
+    records = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def load_events(path: Path | None) -> list[FaultEvent]:
+    """A harness's ``events.jsonl`` (``{"kind", "target", "at", "until"}`` per line), or none."""
+    if path is None or not path.exists():
+        return []
+    return [
+        FaultEvent(
+            kind=r["kind"], target=r["target"], at=float(r["at"]), until=float(r.get("until", r["at"]))
+        )
+        for r in read_jsonl(path)
+        if "kind" in r
+    ]
+
+
+def load_runs(worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()) -> list[Run]:
+    """Runs from every ``agent.jsonl`` under ``worker_dirs``."""
+    records: list[dict[str, Any]] = []
+    for directory in worker_dirs:
+        log = directory / "agent.jsonl"
+        if log.exists():
+            records.extend(read_jsonl(log))
+    return runs_from_records(records, faults)
+
+
+ASSIGNMENT_HISTORY = """
+SELECT id, job_id, worker_id, worker_incarnation, epoch, state, end_reason,
+       extract(epoch FROM created_at)::float8 AS created_s,
+       extract(epoch FROM ended_at)::float8 AS ended_s
+  FROM assignments ORDER BY id
+"""
+DEATH_HISTORY = """
+SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS declared_s,
+       extract(epoch FROM last_heartbeat_at)::float8 AS heartbeat_s
+  FROM worker_deaths ORDER BY id
+"""
+JOB_STATES = "SELECT id, state FROM jobs"
+STALE_WRITES = "SELECT count(*) FROM stale_writes"
+
+
+async def load_history(database_url: str) -> History:
+    """Read the history from the database (needs the asyncio bridge open).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
+    try:
+        rows = await conn.fetch(ASSIGNMENT_HISTORY)
+        deaths = await conn.fetch(DEATH_HISTORY)
+        jobs = await conn.fetch(JOB_STATES)
+        stale = int(await conn.fetchval(STALE_WRITES))
+    finally:
+        await conn.close()
+    return History(
+        assignments=tuple(
+            AssignmentRecord(
+                assignment_id=r["id"],
+                job_id=r["job_id"],
+                worker_id=r["worker_id"],
+                incarnation=r["worker_incarnation"],
+                epoch=r["epoch"],
+                state=r["state"],
+                created_at=r["created_s"],
+                ended_at=r["ended_s"],
+                end_reason=r["end_reason"],
+            )
+            for r in rows
+        ),
+        deaths=tuple(
+            DeathRecord(
+                worker_id=r["worker_id"],
+                incarnation=r["incarnation"],
+                epoch=r["epoch"],
+                declared_at=r["declared_s"],
+                last_heartbeat_at=r["heartbeat_s"],
+            )
+            for r in deaths
+        ),
+        job_states={r["id"]: r["state"] for r in jobs},
+        stale_writes_rejected=stale,
+    )

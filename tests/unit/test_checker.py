@@ -1,0 +1,158 @@
+"""The checker on crafted histories and logs: it catches a double placement and a double run,
+and passes a clean run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ops.checker import (
+    AssignmentRecord,
+    DeathRecord,
+    FaultEvent,
+    History,
+    check,
+    load_runs,
+    runs_from_records,
+)
+
+
+def assignment(
+    aid: int, job: int, worker: str, epoch: int, state: str, start: float, end: float | None
+) -> AssignmentRecord:
+    return AssignmentRecord(
+        assignment_id=aid,
+        job_id=job,
+        worker_id=worker,
+        incarnation=1,
+        epoch=epoch,
+        state=state,
+        created_at=start,
+        ended_at=end,
+    )
+
+
+def record(
+    event: str, worker: str, job: int, aid: int, time: float, incarnation: int = 1
+) -> dict[str, object]:
+    return {
+        "event": event,
+        "worker_id": worker,
+        "incarnation": incarnation,
+        "job_id": job,
+        "assignment_id": aid,
+        "epoch": 1,
+        "time": time,
+    }
+
+
+CLEAN = History(
+    assignments=(
+        assignment(1, 1, "w-1", 1, "finished", 0.0, 5.0),
+        assignment(2, 2, "w-1", 1, "lost", 0.0, 9.0),  # w-1 killed at 3, declared dead at 9
+        assignment(3, 2, "w-2", 2, "finished", 9.1, 12.0),  # requeued, ran again elsewhere
+    ),
+    deaths=(DeathRecord(worker_id="w-1", incarnation=1, epoch=2, declared_at=9.0, last_heartbeat_at=3.0),),
+    job_states={1: "succeeded", 2: "succeeded"},
+    stale_writes_rejected=1,
+)
+CLEAN_LOGS = [
+    record("start", "w-1", 1, 1, 0.1),
+    record("stop", "w-1", 1, 1, 2.0),
+    record("start", "w-1", 2, 2, 0.1),  # no stop: its worker was killed at 3.0
+    record("start", "w-2", 2, 3, 9.2),
+    record("stop", "w-2", 2, 3, 11.0),
+]
+KILL_W1 = [FaultEvent(kind="kill", target="w-1", at=3.0, until=3.0)]
+
+
+def test_a_clean_run_passes() -> None:
+    """A job requeued after its worker was killed and declared dead is neither a double
+    placement nor a double run, and the death is no false death."""
+    report = check(CLEAN, runs_from_records(CLEAN_LOGS, KILL_W1), KILL_W1)
+    assert report.as_dict() | {"details": []} == {
+        "double_placements": 0,
+        "double_runs": 0,
+        "false_deaths": 0,
+        "stale_writes_rejected": 1,
+        "jobs_submitted": 2,
+        "jobs_finished": 2,
+        "unfinished_job_ids": [],
+        "details": [],
+        "ok": True,
+    }
+
+
+def test_catches_two_assignments_active_at_once() -> None:
+    """Two assignments of one job whose active intervals overlap are a double placement."""
+    history = History(
+        assignments=(
+            assignment(1, 7, "w-1", 1, "finished", 0.0, 5.0),
+            assignment(2, 7, "w-2", 2, "finished", 4.0, 6.0),
+        ),
+        job_states={7: "succeeded"},
+    )
+    report = check(history, [])
+    assert report.double_placements == 1 and not report.ok
+    assert "job 7: assignments 1 (epoch 1, w-1) and 2 (epoch 2, w-2)" in report.details[0]
+
+
+def test_catches_a_job_placed_again_after_it_finished() -> None:
+    """A stale leader's placement of a job that already finished is a double placement."""
+    history = History(
+        assignments=(
+            assignment(1, 7, "w-1", 2, "finished", 0.0, 5.0),
+            assignment(2, 7, "w-2", 1, "finished", 6.0, 8.0),
+        ),
+        job_states={7: "succeeded"},
+    )
+    report = check(history, [])
+    assert report.double_placements == 1
+    assert "placed again as assignment 2 (epoch 1) after assignment 1 finished" in report.details[0]
+
+
+def test_catches_a_job_running_on_two_workers_at_once() -> None:
+    """A job still running on a cut-off worker (no stop, no kill) while it runs elsewhere is
+    a double run, found from the workers' logs alone."""
+    logs = [
+        record("start", "w-1", 3, 5, 1.0),
+        record("start", "w-2", 3, 6, 8.0),
+        record("stop", "w-2", 3, 6, 10.0),
+    ]
+    report = check(History(assignments=(), job_states={3: "succeeded"}), runs_from_records(logs))
+    assert report.double_runs == 1 and not report.ok
+    assert "job 3: ran on w-1 (assignment 5) and on w-2 (assignment 6)" in report.details[0]
+
+
+def test_a_run_ends_at_its_stop_or_at_its_workers_kill() -> None:
+    """Without the kill record the killed worker's run would never end; with it, it ends then."""
+    logs = [record("start", "w-1", 3, 5, 1.0), record("start", "w-2", 3, 6, 8.0)]
+    assert check(History(assignments=()), runs_from_records(logs, KILL_W1)).double_runs == 0
+    runs = runs_from_records(logs)
+    assert sorted(r.ended_at for r in runs) == [math.inf, math.inf]
+
+
+def test_a_death_no_fault_explains_is_a_false_death() -> None:
+    """A worker declared dead with no kill, freeze or partition of it is counted."""
+    report = check(History(assignments=(), deaths=CLEAN.deaths), [], faults=[])
+    assert report.false_deaths == 1
+    assert "worker w-1 (incarnation 1) declared dead under epoch 2" in report.details[0]
+    other = [FaultEvent(kind="kill", target="w-2", at=3.0, until=3.0)]
+    assert check(History(assignments=(), deaths=CLEAN.deaths), [], faults=other).false_deaths == 1
+
+
+def test_unfinished_jobs_fail_the_check() -> None:
+    """A job still pending or running at the end is reported by id."""
+    report = check(History(assignments=(), job_states={1: "succeeded", 2: "running", 3: "pending"}), [])
+    assert report.unfinished_job_ids == (2, 3) and not report.ok
+
+
+def test_logs_with_a_torn_last_line_are_read(tmp_path: Path) -> None:
+    """A worker killed mid-write leaves a partial line; the records before it still count."""
+    worker = tmp_path / "w-1"
+    worker.mkdir()
+    lines = [json.dumps(r) for r in CLEAN_LOGS[:2]] + ['{"event": "sta']
+    (worker / "agent.jsonl").write_text("\n".join(lines))
+    runs = load_runs([worker])
+    assert [(r.job_id, r.started_at, r.ended_at) for r in runs] == [(1, 0.1, 2.0)]
