@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS lease_history (
     epoch        bigint PRIMARY KEY,
     holder       text        NOT NULL,
     acquired_at  timestamptz NOT NULL DEFAULT now(),
-    -- how the previous holder left: expired, released
+    -- the holder of the lease just before this takeover (NULL for the first)
     previous     text
 );
 

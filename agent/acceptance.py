@@ -163,16 +163,13 @@ class Admission:
             The ids accepted (new and duplicate), the orders the caller must start now (each
             new id once, even if the request repeats it), the refusals and the newest epoch.
         """
-        reason = self._request_refusal(
-            order.worker_id, order.incarnation, order.epoch, check_fence=True
-        )
+        reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=True)
         if reason is not None:
             return AssignDecision(
                 accepted_ids=(),
                 to_start=(),
                 refused=tuple(
-                    Refusal(assignment_id=a.assignment_id, reason=reason)
-                    for a in order.assignments
+                    Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments
                 ),
                 epoch_seen=self.max_epoch_seen,
             )
@@ -221,16 +218,12 @@ class Admission:
             The acknowledged ids, those of them that run now (the caller stops them before it
             replies), the refusals and the newest epoch.
         """
-        reason = self._request_refusal(
-            order.worker_id, order.incarnation, order.epoch, check_fence=False
-        )
+        reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=False)
         if reason is not None:
             return CancelDecision(
                 acknowledged_ids=(),
                 to_stop=(),
-                refused=tuple(
-                    Refusal(assignment_id=aid, reason=reason) for aid in order.assignment_ids
-                ),
+                refused=tuple(Refusal(assignment_id=aid, reason=reason) for aid in order.assignment_ids),
                 epoch_seen=self.max_epoch_seen,
             )
         to_stop = tuple(dict.fromkeys(aid for aid in order.assignment_ids if aid in self.running))

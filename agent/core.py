@@ -153,15 +153,19 @@ class Agent:
         for refusal in decision.refused:
             if refusal.reason is RefusalReason.NO_ROOM:
                 self._logger.warning(
-                    "assignment refused: no room", assignment_id=refusal.assignment_id,
+                    "assignment refused: no room",
+                    assignment_id=refusal.assignment_id,
                     cpu_used_millis=self._admission.cpu_used_millis,
-                    memory_used_mb=self._admission.memory_used_mb, epoch=order.epoch,
+                    memory_used_mb=self._admission.memory_used_mb,
+                    epoch=order.epoch,
                 )
         if decision.to_start:
             decision = self._start(order, decision)
         if decision.refused:
             self._logger.info(
-                "assignments refused", epoch=order.epoch, incarnation=order.incarnation,
+                "assignments refused",
+                epoch=order.epoch,
+                incarnation=order.incarnation,
                 refused={r.assignment_id: r.reason.value for r in decision.refused},
             )
         return decision
@@ -181,12 +185,16 @@ class Agent:
             try:
                 # The start line is written before the job begins (the checker relies on it).
                 self.joblog.write(
-                    LogEvent.START, incarnation=job.incarnation, epoch=job.epoch,
-                    job_id=job_order.job_id, assignment_id=aid,
+                    LogEvent.START,
+                    incarnation=job.incarnation,
+                    epoch=job.epoch,
+                    job_id=job_order.job_id,
+                    assignment_id=aid,
                 )
             except OSError as exc:
-                self._logger.error("cannot write the start line: job not started",
-                                   assignment_id=aid, error=repr(exc))
+                self._logger.error(
+                    "cannot write the start line: job not started", assignment_id=aid, error=repr(exc)
+                )
                 self._admission.abandon(aid)
                 unstarted.append(aid)
                 continue
@@ -198,8 +206,8 @@ class Agent:
             decision,
             accepted_ids=tuple(a for a in decision.accepted_ids if a not in unstarted),
             to_start=tuple(j for j in decision.to_start if j.assignment_id not in unstarted),
-            refused=decision.refused + tuple(
-                Refusal(assignment_id=a, reason=RefusalReason.FENCED) for a in unstarted),
+            refused=decision.refused
+            + tuple(Refusal(assignment_id=a, reason=RefusalReason.FENCED) for a in unstarted),
         )
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
@@ -268,7 +276,9 @@ class Agent:
             job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
             try:
                 result = await run_job(
-                    order.runtime, job_dir=job_dir, stop=job.stop,
+                    order.runtime,
+                    job_dir=job_dir,
+                    stop=job.stop,
                     stop_grace_s=self.settings.stop_grace_s,
                 )
             except BaseException:
@@ -278,8 +288,11 @@ class Agent:
                 self._release(job)
                 try:
                     self.joblog.write(
-                        LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
-                        job_id=order.job_id, assignment_id=order.assignment_id,
+                        LogEvent.STOP,
+                        incarnation=job.incarnation,
+                        epoch=job.epoch,
+                        job_id=order.job_id,
+                        assignment_id=order.assignment_id,
                         reason=StopReason.FAILED.value,
                     )
                 finally:
@@ -301,24 +314,37 @@ class Agent:
             reason = StopReason(result.state.value)
         try:
             self.joblog.write(
-                LogEvent.STOP, incarnation=job.incarnation, epoch=job.epoch,
-                job_id=order.job_id, assignment_id=order.assignment_id, reason=reason.value,
+                LogEvent.STOP,
+                incarnation=job.incarnation,
+                epoch=job.epoch,
+                job_id=order.job_id,
+                assignment_id=order.assignment_id,
+                reason=reason.value,
                 exit_code=result.exit_code,
             )
         except BaseException:
             job.done.set()  # nobody may wait forever for it; the error takes the agent down
             raise
         self._logger.info(
-            "job ended", job_id=order.job_id, assignment_id=order.assignment_id,
-            reason=reason.value, exit_code=result.exit_code, detail=result.detail,
+            "job ended",
+            job_id=order.job_id,
+            assignment_id=order.assignment_id,
+            reason=reason.value,
+            exit_code=result.exit_code,
+            detail=result.detail,
         )
         if not result.stopped:
             self._unacked.append(
                 Outcome(
-                    assignment_id=order.assignment_id, job_id=order.job_id, state=result.state,
-                    exit_code=result.exit_code, started_unix_s=result.started_unix_s,
-                    finished_unix_s=result.finished_unix_s, stdout_path=result.stdout_path,
-                    stderr_path=result.stderr_path, detail=result.detail,
+                    assignment_id=order.assignment_id,
+                    job_id=order.job_id,
+                    state=result.state,
+                    exit_code=result.exit_code,
+                    started_unix_s=result.started_unix_s,
+                    finished_unix_s=result.finished_unix_s,
+                    stdout_path=result.stdout_path,
+                    stderr_path=result.stderr_path,
+                    detail=result.detail,
                 )
             )
         job.done.set()
@@ -341,8 +367,10 @@ class Agent:
             try:
                 reply = await self._cp.register(
                     Registration(
-                        worker_id=self.worker_id, address=self.address,
-                        cpu_millis=self.settings.cpu_millis, memory_mb=self.settings.memory_mb,
+                        worker_id=self.worker_id,
+                        address=self.address,
+                        cpu_millis=self.settings.cpu_millis,
+                        memory_mb=self.settings.memory_mb,
                         labels=dict(self.settings.labels),
                     )
                 )
@@ -351,7 +379,9 @@ class Agent:
                 if failures % _LOG_EVERY_FAILURES == 1:
                     level = "warning" if isinstance(exc, TemporaryError) else "error"
                     getattr(self._logger, level)(
-                        "registration failed, retrying", error=str(exc), attempts=failures,
+                        "registration failed, retrying",
+                        error=str(exc),
+                        attempts=failures,
                         retry_in_s=REGISTER_RETRY_S,
                     )
                 await trio.sleep(REGISTER_RETRY_S)
@@ -360,11 +390,12 @@ class Agent:
         self._admission.registered(reply.incarnation, reply.epoch)
         self._last_acked_send_time = sent_at
         self._self_fenced = False
-        self.joblog.write(
-            LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen
-        )
+        self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
-            "registered", incarnation=reply.incarnation, epoch=reply.epoch, address=self.address,
+            "registered",
+            incarnation=reply.incarnation,
+            epoch=reply.epoch,
+            address=self.address,
             attempts=failures + 1,
         )
         self._live.set()
@@ -389,9 +420,11 @@ class Agent:
         incarnation = self._admission.incarnation
         assert incarnation is not None  # the loop registers first
         report = HeartbeatReport(
-            worker_id=self.worker_id, incarnation=incarnation,
+            worker_id=self.worker_id,
+            incarnation=incarnation,
             running_assignment_ids=self.running_assignment_ids,
-            finished=tuple(self._unacked), epoch_seen=self.max_epoch_seen,
+            finished=tuple(self._unacked),
+            epoch_seen=self.max_epoch_seen,
         )
         sent_at = trio.current_time()
         try:
@@ -399,7 +432,9 @@ class Agent:
         except StockadeError as exc:
             if failures % _LOG_EVERY_FAILURES == 0:
                 self._logger.warning(
-                    "heartbeat failed", error=str(exc), failures_in_a_row=failures + 1,
+                    "heartbeat failed",
+                    error=str(exc),
+                    failures_in_a_row=failures + 1,
                     fenced=self._self_fenced,
                 )
             return False
@@ -422,8 +457,7 @@ class Agent:
             await self._register(StopReason.SELF_FENCE)
             return
         if answer.reregister:
-            self._logger.warning("control plane asked to register again",
-                                 incarnation=report.incarnation)
+            self._logger.warning("control plane asked to register again", incarnation=report.incarnation)
             await self._register(StopReason.REREGISTER)
             return
         for aid in answer.stop_assignment_ids:
@@ -456,12 +490,14 @@ class Agent:
         self._self_fenced = True
         self._leave_live()
         self.joblog.write(
-            LogEvent.SELF_FENCE, incarnation=self._admission.incarnation,
+            LogEvent.SELF_FENCE,
+            incarnation=self._admission.incarnation,
             epoch=self.max_epoch_seen,
         )
         self._logger.warning(
             "self-fenced: no heartbeat acknowledged, stopping every job",
-            silent_s=round(silent_s, 3), self_fence_after_s=self.settings.self_fence_after_s,
+            silent_s=round(silent_s, 3),
+            self_fence_after_s=self.settings.self_fence_after_s,
             jobs=len(self._jobs),
         )
         await self._stop_all(StopReason.SELF_FENCE)

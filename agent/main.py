@@ -76,8 +76,10 @@ async def run_agent(
             )
             await nursery.start(agent.run, advertised_address(settings, port))
             log.get("agent").info(
-                "worker service listening", worker_id=settings.worker_id,
-                address=agent.address, work_dir=str(agent.work_dir),
+                "worker service listening",
+                worker_id=settings.worker_id,
+                address=agent.address,
+                work_dir=str(agent.work_dir),
             )
             task_status.started(agent)
     finally:
@@ -92,8 +94,9 @@ async def _run_until_signal(settings: AgentSettings) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run_agent, settings)
                 async for signum in signals:
-                    logger.info("stopping: signal received, stopping every job",
-                                signal=signal.Signals(signum).name)
+                    logger.info(
+                        "stopping: signal received, stopping every job", signal=signal.Signals(signum).name
+                    )
                     nursery.cancel_scope.cancel()
                     break
     logger.info("agent stopped")

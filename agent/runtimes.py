@@ -95,9 +95,7 @@ async def run_job(
         case SleepSpec():
             return await _run_sleep(runtime, stop=stop)
         case CommandSpec():
-            return await _run_command(
-                runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s
-            )
+            return await _run_command(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)
 
 
 async def _run_sleep(spec: SleepSpec, *, stop: trio.Event) -> JobResult:
@@ -133,8 +131,9 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-def _spawn(argv: tuple[str, ...], *, job_dir: Path, stdout_path: Path,
-           stderr_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: tuple[str, ...], *, job_dir: Path, stdout_path: Path, stderr_path: Path
+) -> subprocess.Popen[bytes]:
     """Fork and exec ``argv`` from the calling thread (see the module docstring for why).
 
     Raises:
@@ -203,16 +202,27 @@ async def _run_command(
     paths = {"stdout_path": str(stdout_path), "stderr_path": str(stderr_path)}
     started = time.time()
     if stop.is_set():
-        return JobResult(state=JobState.CANCELLED, stopped=True, exit_code=None,
-                         started_unix_s=started, finished_unix_s=time.time(),
-                         detail="stopped before it was started", **paths)
+        return JobResult(
+            state=JobState.CANCELLED,
+            stopped=True,
+            exit_code=None,
+            started_unix_s=started,
+            finished_unix_s=time.time(),
+            detail="stopped before it was started",
+            **paths,
+        )
     try:
-        proc = _spawn(spec.argv, job_dir=job_dir, stdout_path=stdout_path,
-                      stderr_path=stderr_path)
+        proc = _spawn(spec.argv, job_dir=job_dir, stdout_path=stdout_path, stderr_path=stderr_path)
     except (OSError, subprocess.SubprocessError) as exc:
-        return JobResult(state=JobState.FAILED, stopped=False, exit_code=None,
-                         started_unix_s=started, finished_unix_s=time.time(),
-                         detail=f"cannot start {spec.argv[0]!r}: {exc}", **paths)
+        return JobResult(
+            state=JobState.FAILED,
+            stopped=False,
+            exit_code=None,
+            started_unix_s=started,
+            finished_unix_s=time.time(),
+            detail=f"cannot start {spec.argv[0]!r}: {exc}",
+            **paths,
+        )
     pid = proc.pid  # also the process group id (start_new_session)
     stopped = False
 
@@ -245,5 +255,12 @@ async def _run_command(
     state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     if stopped:
         state = JobState.CANCELLED
-    return JobResult(state=state, stopped=stopped, exit_code=code, started_unix_s=started,
-                     finished_unix_s=finished, detail=_describe_exit(code), **paths)
+    return JobResult(
+        state=state,
+        stopped=stopped,
+        exit_code=code,
+        started_unix_s=started,
+        finished_unix_s=finished,
+        detail=_describe_exit(code),
+        **paths,
+    )

@@ -41,6 +41,7 @@ from ops.cluster import (
     StateDir,
     UpResult,
     default_state_dir,
+    parse_addresses,
     resolve_addresses,
 )
 from ops.pg import EmbeddedPostgresError
@@ -75,8 +76,18 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+_PIPED_WIDTH = 120
+"""Columns of output written to a pipe or file (rich would assume 80) unless $COLUMNS says."""
+
+
+def _console(*, stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, highlight=False, width=_PIPED_WIDTH if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 ControlPlanesOption = Annotated[
     str | None,
@@ -114,6 +125,14 @@ def _state() -> StateDir:
 
 def _addresses(option: str | None) -> list[str]:
     return resolve_addresses(option, _state())
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the current directory when it lies below it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _time(unix_s: float) -> str:
@@ -182,11 +201,19 @@ def render_status(status: pb.StatusReply) -> Group:
     """The status view: leader, control planes, workers with bars, job counts, unschedulable."""
     parts: list[Any] = []
     if status.leader:
-        parts.append(Text.assemble(("leader ", "bold"), (status.leader, "bold green"),
-                                   f"  epoch {status.epoch}  (answered by {status.answered_by})"))
+        parts.append(
+            Text.assemble(
+                ("leader ", "bold"),
+                (status.leader, "bold green"),
+                f"  epoch {status.epoch}  (answered by {status.answered_by})",
+            )
+        )
     else:
-        parts.append(Text.assemble(("no leader", "bold red"),
-                                   f"  last epoch {status.epoch}  (answered by {status.answered_by})"))
+        parts.append(
+            Text.assemble(
+                ("no leader", "bold red"), f"  last epoch {status.epoch}  (answered by {status.answered_by})"
+            )
+        )
 
     cps = Table(box=rich.box.SIMPLE_HEAD, title="control planes", title_justify="left")
     for column in ("id", "address", "role"):
@@ -201,7 +228,8 @@ def render_status(status: pb.StatusReply) -> Group:
         workers.add_column(column)
     for w in status.workers:
         workers.add_row(
-            w.id, Text(w.state, style="green" if w.state == "alive" else "red"),
+            w.id,
+            Text(w.state, style="green" if w.state == "alive" else "red"),
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
             _job_ids([int(j) for j in w.job_ids]),
@@ -235,9 +263,7 @@ def _tail(path: Path, lines: int) -> list[str]:
         return handle.read().splitlines()[-lines:]
 
 
-def _submit(
-    addresses: list[str], specs: list[pb.JobSpec]
-) -> list[int]:
+def _submit(addresses: list[str], specs: list[pb.JobSpec]) -> list[int]:
     async def body(client: ControlPlaneClient) -> list[int]:
         ids = []
         for spec in specs:
@@ -255,7 +281,9 @@ def _check_spec(spec: pb.JobSpec) -> None:
         InvalidArgument: the same message the control plane would give.
     """
     validation.check_job(
-        name=spec.name, cpu_millis=spec.cpu_millis, memory_mb=spec.memory_mb,
+        name=spec.name,
+        cpu_millis=spec.cpu_millis,
+        memory_mb=spec.memory_mb,
         priority=spec.priority,
         sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
         argv=list(spec.command.argv) if spec.command is not None else None,
@@ -272,8 +300,9 @@ def control_plane(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     database_url: Annotated[
         str | None,
-        typer.Option(envvar="DATABASE_URL", show_default=False,
-                     help="PostgreSQL URL of the shared database [default: $DATABASE_URL]."),
+        typer.Option(
+            envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
+        ),
     ] = None,
     lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = 2.0,
     round_interval_s: Annotated[float, typer.Option(help="Placer round interval, seconds.")] = 0.1,
@@ -284,6 +313,7 @@ def control_plane(
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
+    # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
     from runtime.settings import (
         ControlPlaneSettings,
@@ -296,15 +326,20 @@ def control_plane(
         _fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
     with _errors():
         settings = ControlPlaneSettings(
-            cp_id=cp_id, database_url=database_url, listen_host=host, listen_port=port,
+            cp_id=cp_id,
+            database_url=database_url,
+            listen_host=host,
+            listen_port=port,
             lease=LeaseSettings(
-                lease_ttl_s=lease_ttl_s, renew_interval_s=lease_ttl_s / 4,
+                lease_ttl_s=lease_ttl_s,
+                renew_interval_s=lease_ttl_s / 4,
                 step_down_margin_s=min(0.4, lease_ttl_s / 5),
                 takeover_poll_s=min(0.25, lease_ttl_s / 8),
             ),
             placer=PlacerSettings(round_interval_s=round_interval_s),
-            reconciler=ReconcilerSettings(reconcile_interval_s=reconcile_interval_s,
-                                          dead_after_s=dead_after_s),
+            reconciler=ReconcilerSettings(
+                reconcile_interval_s=reconcile_interval_s, dead_after_s=dead_after_s
+            ),
         )
     control_plane_main(settings, json_logs=json_logs)
 
@@ -326,15 +361,19 @@ def agent(
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
     from agent.main import main as agent_main
-    from ops.cluster import parse_addresses
     from runtime.settings import AgentSettings
 
     with _errors():
         settings = AgentSettings(
             # runtime.settings uses converter=tuple, which mypy types as Iterable[_T_co].
-            worker_id=worker_id, control_planes=parse_addresses(control_planes),  # type: ignore[arg-type]
-            cpu_millis=cpu_millis, memory_mb=memory_mb, work_dir=str(work_dir.absolute()),
-            listen_host=host, listen_port=port, heartbeat_interval_s=heartbeat_interval_s,
+            worker_id=worker_id,
+            control_planes=parse_addresses(control_planes),
+            cpu_millis=cpu_millis,
+            memory_mb=memory_mb,
+            work_dir=str(work_dir.absolute()),
+            listen_host=host,
+            listen_port=port,
+            heartbeat_interval_s=heartbeat_interval_s,
             self_fence_after_s=self_fence_after_s,
         )
     agent_main(settings, json_logs=json_logs)
@@ -346,28 +385,26 @@ def agent(
 def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     roles = {cp.id: cp.role for cp in result.status.control_planes}
     workers = {w.id: w for w in result.status.workers}
-    table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left")
-    for column in ("id", "kind", "pid", "address", "state", "log"):
-        table.add_column(column)
+    table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left", padding=(0, 1))
+    for column in ("id", "pid", "address", "state", "capacity", ""):
+        table.add_column(column, no_wrap=True)
     for spec in result.config.processes:
+        capacity = ""
         if spec.kind == "cp":
-            state = roles.get(spec.id, "?")
-            if spec.id == result.status.leader:
-                state = "leader"
+            state = "leader" if spec.id == result.status.leader else roles.get(spec.id, "?")
         else:
             worker = workers.get(spec.id)
-            state = f"{worker.state} {worker.cpu_millis}m/{worker.memory_mb}MiB" if worker else "?"
-        if spec.id in result.started:
-            state += " (started)"
-        table.add_row(spec.id, spec.kind, str(result.pids.get(spec.id, "-")), spec.address, state,
-                      str(cluster.state.log_path(spec.id)))
+            state = worker.state if worker else "?"
+            capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
+        note = "started" if spec.id in result.started else "was running"
+        table.add_row(spec.id, str(result.pids.get(spec.id, "-")), spec.address, state, capacity, note)
     console.print(table)
     database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
     if result.database_started:
         database += " (started)"
     console.print(f"database  {database}: {result.config.database_url}")
     console.print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
-    console.print(f"state     {cluster.state.root}")
+    console.print(f"logs      {_shown_path(cluster.state.root / 'logs')}/<id>.log")
 
 
 @app.command("up")
@@ -515,10 +552,14 @@ def jobs(
     specs = []
     for index in range(1, count + 1):
         sleep_s = round(rng.uniform(*JOB_SLEEP_S), 1)
-        specs.append(pb.JobSpec(
-            name=f"sleep-{index}", cpu_millis=rng.choice(JOB_CPU_MILLIS),
-            memory_mb=rng.choice(JOB_MEMORY_MB), sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
-        ))
+        specs.append(
+            pb.JobSpec(
+                name=f"sleep-{index}",
+                cpu_millis=rng.choice(JOB_CPU_MILLIS),
+                memory_mb=rng.choice(JOB_MEMORY_MB),
+                sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
+            )
+        )
     with _errors():
         ids = _submit(_addresses(control_planes), specs)
     table = Table(box=rich.box.SIMPLE_HEAD)
@@ -526,8 +567,13 @@ def jobs(
         table.add_column(column, justify="right" if column != "name" else "left")
     for job_id, spec in zip(ids, specs, strict=True):
         assert spec.sleep is not None
-        table.add_row(str(job_id), spec.name, str(spec.cpu_millis), str(spec.memory_mb),
-                      f"{spec.sleep.duration_ms / 1000:g} s")
+        table.add_row(
+            str(job_id),
+            spec.name,
+            str(spec.cpu_millis),
+            str(spec.memory_mb),
+            f"{spec.sleep.duration_ms / 1000:g} s",
+        )
     console.print(table)
     console.print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
 
@@ -546,8 +592,10 @@ def submit(
     sleep_s: Annotated[
         float | None, typer.Option(help="Submit a sleep job holding its resources this long, seconds.")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Job name [default: the command's basename, or sleep].",
-                                             show_default=False)] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Job name [default: the command's basename, or sleep].", show_default=False),
+    ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
     control_planes: ControlPlanesOption = None,
 ) -> None:
@@ -561,8 +609,10 @@ def submit(
     else:
         assert sleep_s is not None
         if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
-            _fail(f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s:g}",
-                  EXIT_INVALID)
+            _fail(
+                f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s:g}",
+                EXIT_INVALID,
+            )
         spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
         spec.name = name if name is not None else "sleep"
     with _errors():
@@ -604,8 +654,8 @@ def job(
         ("started", _time(info.started_unix_s)),
         ("finished", _time(info.finished_unix_s)),
         ("duration", duration),
-        ("stdout", info.stdout_path or "-"),
-        ("stderr", info.stderr_path or "-"),
+        ("stdout", _shown_path(Path(info.stdout_path)) if info.stdout_path else "-"),
+        ("stderr", _shown_path(Path(info.stderr_path)) if info.stderr_path else "-"),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))
@@ -615,9 +665,12 @@ def job(
             continue
         path = Path(path_text)
         if not path.is_file():
-            console.print(f"({label} file {path} is not on this machine)", style="dim")
+            console.print(f"({label} file {_shown_path(path)} is not on this machine)", style="dim")
             continue
         lines = _tail(path, OUTPUT_TAIL_LINES)
+        if not lines:
+            console.print(f"{label}: empty", style="dim")
+            continue
         console.rule(f"{label} (last {len(lines)} lines)", align="left", style="dim")
         for line in lines:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -625,8 +678,10 @@ def job(
 
 @app.command("list")
 def list_jobs(
-    state: Annotated[str | None, typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).",
-                                              show_default=False)] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).", show_default=False),
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many jobs, newest first.")] = 50,
     control_planes: ControlPlanesOption = None,
 ) -> None:
@@ -635,19 +690,32 @@ def list_jobs(
         if limit < 1:
             raise InvalidArgument("limit", limit, "must be >= 1")
         validation.check_list(state or "", limit)
-        reply = rpc.call(_addresses(control_planes), "list_jobs",
-                         pb.ListJobsRequest(state=state or "", limit=limit))
-    table = Table(box=rich.box.SIMPLE_HEAD)
-    for column in ("job", "name", "state", "cpu_millis", "memory_mb", "runtime", "worker", "attempts",
-                   "exit", "reason"):
-        table.add_column(column)
+        reply = rpc.call(
+            _addresses(control_planes), "list_jobs", pb.ListJobsRequest(state=state or "", limit=limit)
+        )
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("job", justify="right", no_wrap=True)
+    table.add_column("name", no_wrap=True, max_width=20)
+    table.add_column("state", no_wrap=True)
+    table.add_column("cpu", justify="right", no_wrap=True)
+    table.add_column("MiB", justify="right", no_wrap=True)
+    table.add_column("worker", no_wrap=True)
+    table.add_column("tries", justify="right", no_wrap=True)
+    table.add_column("exit", justify="right", no_wrap=True)
+    table.add_column("runtime / reason", ratio=1)
     for info in reply.jobs:
         spec = info.spec
+        detail = _runtime_text(spec) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
-            str(info.job_id), spec.name if spec else "-", info.state,
-            str(spec.cpu_millis) if spec else "-", str(spec.memory_mb) if spec else "-",
-            Text(_runtime_text(spec)), info.worker_id or "-", str(info.attempts),
-            str(info.exit_code) if info.has_exit_code else "-", Text(info.reason),
+            str(info.job_id),
+            spec.name if spec else "-",
+            info.state,
+            str(spec.cpu_millis) if spec else "-",
+            str(spec.memory_mb) if spec else "-",
+            info.worker_id or "-",
+            str(info.attempts),
+            str(info.exit_code) if info.has_exit_code else "-",
+            Text(detail),
         )
     console.print(table)
     console.print(f"{len(reply.jobs)} jobs")

@@ -24,6 +24,7 @@ standby, a killed worker registers a new incarnation).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -31,7 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,17 @@ class StateDir:
         for sub in ("logs", "pids", "workers"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive flock on ``.lock``, so two ``up``/``down`` never interleave."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".lock").open("a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
     def load(self) -> ClusterConfig | None:
         """The recorded cluster, or None when there is none.
 
@@ -364,6 +376,10 @@ class LocalCluster:
             raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
         if workers < 0:
             raise ClusterError(f"workers must be >= 0, got {workers}")
+        with self.state.locked():
+            return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+
+    def _up(self, *, control_planes: int, workers: int, timeout_s: float) -> UpResult:
         self.state.create()
         previous = self.state.load()
         live_before = self.pids(previous) if previous is not None else {}
@@ -382,11 +398,17 @@ class LocalCluster:
                 self._start(spec, config)
                 started.append(spec.id)
         status = self.wait_ready(
-            config, restarted_workers={w: incarnations_before.get(w, 0) for w in started},
+            config,
+            restarted_workers={w: incarnations_before.get(w, 0) for w in started},
             timeout_s=timeout_s,
         )
-        return UpResult(config=config, started=tuple(started), database_started=database_started,
-                        status=status, pids=self.pids(config))
+        return UpResult(
+            config=config,
+            started=tuple(started),
+            database_started=database_started,
+            status=status,
+            pids=self.pids(config),
+        )
 
     def _start_database(
         self, previous: ClusterConfig | None, live_before: dict[str, int]
@@ -446,9 +468,10 @@ class LocalCluster:
                 cp_id = f"cp-{i}"
                 port = new_port()
                 spec = ProcessSpec(
-                    id=cp_id, kind="cp", address=f"{LISTEN_HOST}:{port}",
-                    args=("cp", "--id", cp_id, "--host", LISTEN_HOST, "--port", str(port),
-                          *self.cp_args),
+                    id=cp_id,
+                    kind="cp",
+                    address=f"{LISTEN_HOST}:{port}",
+                    args=("cp", "--id", cp_id, "--host", LISTEN_HOST, "--port", str(port), *self.cp_args),
                 )
             cp_specs.append(spec)
         extra_cps = [p for p in recorded.values() if p.kind == "cp" and p not in cp_specs]
@@ -463,16 +486,33 @@ class LocalCluster:
                 port = new_port()
                 cpu_millis, memory_mb = WORKER_CAPACITIES[(i - 1) % len(WORKER_CAPACITIES)]
                 spec = ProcessSpec(
-                    id=worker_id, kind="agent", address=f"{LISTEN_HOST}:{port}",
-                    args=("agent", "--id", worker_id, "--host", LISTEN_HOST, "--port", str(port),
-                          "--cpu-millis", str(cpu_millis), "--memory-mb", str(memory_mb),
-                          "--control-planes", addresses,
-                          "--work-dir", str(self.state.work_dir(worker_id)), *self.agent_args),
+                    id=worker_id,
+                    kind="agent",
+                    address=f"{LISTEN_HOST}:{port}",
+                    args=(
+                        "agent",
+                        "--id",
+                        worker_id,
+                        "--host",
+                        LISTEN_HOST,
+                        "--port",
+                        str(port),
+                        "--cpu-millis",
+                        str(cpu_millis),
+                        "--memory-mb",
+                        str(memory_mb),
+                        "--control-planes",
+                        addresses,
+                        "--work-dir",
+                        str(self.state.work_dir(worker_id)),
+                        *self.agent_args,
+                    ),
                 )
             worker_specs.append(spec)
         worker_specs += [p for p in recorded.values() if p.kind == "agent" and p not in worker_specs]
-        return ClusterConfig(database_url=database_url, embedded_pg_port=pg_port,
-                             processes=[*cp_specs, *worker_specs])
+        return ClusterConfig(
+            database_url=database_url, embedded_pg_port=pg_port, processes=[*cp_specs, *worker_specs]
+        )
 
     def _start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
         """Start ``spec`` in its own session, output appended to its log, pid file written."""
@@ -493,8 +533,11 @@ class LocalCluster:
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "ops.cli", *spec.args],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         self._children[spec.id] = process
         self.state.pid_path(spec.id).write_text(f"{process.pid}\n")
@@ -536,7 +579,9 @@ class LocalCluster:
         status, missing = rpc.with_client(config.control_plane_addresses, body)
         if missing or status is None:
             raise ClusterError(
-                f"cluster not ready after {timeout_s:g} s: " + "; ".join(missing)
+                f"cluster not ready after {timeout_s:g} s: "
+                + "; ".join(missing)
+                + " (the processes keep running: `stockade down` stops them)"
             )
         return status
 
@@ -550,8 +595,9 @@ class LocalCluster:
             try:
                 reply = await client.call("status", pb.StatusRequest())
             except Unavailable:
-                missing.append(f"{spec.id} does not answer at {spec.address} "
-                               f"(read {self.state.log_path(spec.id)})")
+                missing.append(
+                    f"{spec.id} does not answer at {spec.address} (read {self.state.log_path(spec.id)})"
+                )
                 continue
             finally:
                 client.close()
@@ -614,6 +660,12 @@ class LocalCluster:
         Raises:
             ClusterError: a process or the database survived every attempt to stop it.
         """
+        if not self.state.root.is_dir():
+            return DownReport(terminated=(), killed=(), stragglers=(), database_stopped=False)
+        with self.state.locked():
+            return self._down(timeout_s=timeout_s)
+
+    def _down(self, *, timeout_s: float) -> DownReport:
         config = self.state.load()
         running: dict[str, psutil.Process] = {}
         if config is not None:
@@ -653,8 +705,10 @@ class LocalCluster:
                 + ", ".join(f"{p.pid} ({' '.join(_cmdline(p))})" for p in left)
             )
         return DownReport(
-            terminated=tuple(i for i in running if i not in killed), killed=tuple(killed),
-            stragglers=tuple(stragglers), database_stopped=database_stopped,
+            terminated=tuple(i for i in running if i not in killed),
+            killed=tuple(killed),
+            stragglers=tuple(stragglers),
+            database_stopped=database_stopped,
         )
 
     def _reap(self, process_id: str) -> None:
@@ -696,7 +750,7 @@ def _matches(cmdline: Sequence[str], spec: ProcessSpec) -> bool:
         start = list(cmdline).index("ops.cli")
     except ValueError:
         return False
-    rest = list(cmdline[start + 1:])
+    rest = list(cmdline[start + 1 :])
     if not rest or rest[0] != spec.kind:
         return False
     return any(a == "--id" and b == spec.id for a, b in itertools.pairwise(rest))

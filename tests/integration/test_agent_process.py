@@ -83,11 +83,12 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
     stderr_path = tmp_path / "agent.stderr"
     stderr_file = _open_for_writing(stderr_path)
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)],
-                                      "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
         agent = await trio.lowlevel.open_process(
             [sys.executable, "-c", _agent_script(cp_port, tmp_path)],
-            stdout=subprocess.DEVNULL, stderr=stderr_file)
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+        )
         try:
             with trio.fail_after(30):
                 await cp.registered.wait()
@@ -95,11 +96,24 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
             try:
                 stub = channel.stub(pb.WorkerStub)
                 argv = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]
-                reply = await channel.call(stub.assign, pb.AssignRequest(
-                    epoch=1, worker_id="w-p", incarnation=1,
-                    assignments=[pb.Assignment(assignment_id=1, job_id=10, spec=pb.JobSpec(
-                        cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=argv)))],
-                ), timeout_s=5)
+                reply = await channel.call(
+                    stub.assign,
+                    pb.AssignRequest(
+                        epoch=1,
+                        worker_id="w-p",
+                        incarnation=1,
+                        assignments=[
+                            pb.Assignment(
+                                assignment_id=1,
+                                job_id=10,
+                                spec=pb.JobSpec(
+                                    cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=argv)
+                                ),
+                            )
+                        ],
+                    ),
+                    timeout_s=5,
+                )
                 assert list(reply.accepted_ids) == [1]
             finally:
                 channel.close()
@@ -116,6 +130,5 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
             nursery.cancel_scope.cancel()
             stderr_file.close()
     records = read_log(tmp_path / "agent.jsonl")
-    stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records
-             if r["event"] == "stop"]
+    stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records if r["event"] == "stop"]
     assert stops == [(1, "shutdown", -15)]

@@ -42,8 +42,12 @@ def _read(path: str | Path) -> str:
 
 async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
     """A command's exit code is recorded and its stdout/stderr land in the job folder."""
-    result = await run_job(CommandSpec(argv=("sh", "-c", "echo hi; echo oops >&2; exit 3")),
-                           job_dir=tmp_path / "7-70", stop=trio.Event(), stop_grace_s=1.0)
+    result = await run_job(
+        CommandSpec(argv=("sh", "-c", "echo hi; echo oops >&2; exit 3")),
+        job_dir=tmp_path / "7-70",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+    )
     assert result.state is JobState.FAILED and result.exit_code == 3 and not result.stopped
     assert Path(result.stdout_path) == tmp_path / "7-70" / "stdout.log"
     assert _read(result.stdout_path) == "hi\n"
@@ -53,16 +57,21 @@ async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
 
 async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
     """The command's working directory is its job folder; exit 0 is success."""
-    result = await run_job(CommandSpec(argv=("pwd",)), job_dir=tmp_path / "j",
-                           stop=trio.Event(), stop_grace_s=1.0)
+    result = await run_job(
+        CommandSpec(argv=("pwd",)), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+    )
     assert result.state is JobState.SUCCEEDED and result.exit_code == 0
     assert _read(result.stdout_path).strip() == str(tmp_path / "j")
 
 
 async def test_missing_command_fails_with_a_detail(tmp_path: Path) -> None:
     """A command that cannot be started is a failed result naming the error, no exit code."""
-    result = await run_job(CommandSpec(argv=("no-such-command-xyz",)), job_dir=tmp_path / "j",
-                           stop=trio.Event(), stop_grace_s=1.0)
+    result = await run_job(
+        CommandSpec(argv=("no-such-command-xyz",)),
+        job_dir=tmp_path / "j",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+    )
     assert result.state is JobState.FAILED and result.exit_code is None
     assert "no-such-command-xyz" in result.detail and "No such file" in result.detail
 
@@ -73,8 +82,9 @@ async def test_stop_sends_sigterm(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_later, stop, 0.2)
         with trio.fail_after(5):
-            result = await run_job(CommandSpec(argv=("sleep", "30")), job_dir=tmp_path / "j",
-                                   stop=stop, stop_grace_s=5.0)
+            result = await run_job(
+                CommandSpec(argv=("sleep", "30")), job_dir=tmp_path / "j", stop=stop, stop_grace_s=5.0
+            )
     assert result.stopped and result.state is JobState.CANCELLED
     assert result.exit_code == -signal.SIGTERM
 
@@ -87,8 +97,7 @@ async def test_stop_sigkills_after_the_grace(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_when, stop, ready.exists)
         started = trio.current_time()
-        result = await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=stop,
-                               stop_grace_s=0.3)
+        result = await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=stop, stop_grace_s=0.3)
     assert result.exit_code == -signal.SIGKILL
     assert trio.current_time() - started >= 0.3
 
@@ -97,8 +106,9 @@ async def test_leftover_group_members_are_killed_when_the_job_ends(tmp_path: Pat
     """When a command's main process exits, what it left running in its group is killed."""
     pid_file = tmp_path / "bg.pid"
     argv = ("sh", "-c", f"sleep 60 & echo $! > {pid_file}")
-    result = await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(),
-                           stop_grace_s=1.0)
+    result = await run_job(
+        CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+    )
     assert result.exit_code == 0
     background = int(pid_file.read_text())
     await _wait_for(lambda: not _alive(background))
@@ -109,20 +119,17 @@ async def test_cancelled_runtime_kills_its_process(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     argv = ("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60")
     with trio.move_on_after(1.0):
-        await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(),
-                      stop_grace_s=1.0)
+        await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0)
     assert not _alive(int(pid_file.read_text()))
 
 
 async def test_sleep_job_succeeds_or_stops(tmp_path: Path) -> None:
     """A sleep job succeeds after its duration, or ends at once when stopped."""
-    done = await run_job(SleepSpec(duration_ms=10), job_dir=tmp_path, stop=trio.Event(),
-                         stop_grace_s=1.0)
+    done = await run_job(SleepSpec(duration_ms=10), job_dir=tmp_path, stop=trio.Event(), stop_grace_s=1.0)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     stop = trio.Event()
     stop.set()
-    stopped = await run_job(SleepSpec(duration_ms=60_000), job_dir=tmp_path, stop=stop,
-                            stop_grace_s=1.0)
+    stopped = await run_job(SleepSpec(duration_ms=60_000), job_dir=tmp_path, stop=stop, stop_grace_s=1.0)
     assert stopped.stopped and stopped.state is JobState.CANCELLED
 
 

@@ -67,25 +67,25 @@ class Harness:
     channel: GrpcChannel
     work_dir: Path
 
-    async def assign(self, *assignments: pb.Assignment, epoch: int = 1,
-                     incarnation: int | None = None) -> pb.AssignReply:
+    async def assign(
+        self, *assignments: pb.Assignment, epoch: int = 1, incarnation: int | None = None
+    ) -> pb.AssignReply:
         request = pb.AssignRequest(
-            epoch=epoch, worker_id="w-1",
+            epoch=epoch,
+            worker_id="w-1",
             incarnation=(self.agent.incarnation or 0) if incarnation is None else incarnation,
             assignments=list(assignments),
         )
         stub = self.channel.stub(pb.WorkerStub)
-        reply: pb.AssignReply = await self.channel.call(stub.assign, request,
-                                                        timeout_s=RPC_TIMEOUT_S)
+        reply: pb.AssignReply = await self.channel.call(stub.assign, request, timeout_s=RPC_TIMEOUT_S)
         return reply
 
     async def cancel(self, *ids: int, epoch: int = 1) -> pb.CancelReply:
-        request = pb.CancelRequest(epoch=epoch, worker_id="w-1",
-                                   incarnation=self.agent.incarnation or 0,
-                                   assignment_ids=list(ids))
+        request = pb.CancelRequest(
+            epoch=epoch, worker_id="w-1", incarnation=self.agent.incarnation or 0, assignment_ids=list(ids)
+        )
         stub = self.channel.stub(pb.WorkerStub)
-        reply: pb.CancelReply = await self.channel.call(stub.cancel, request,
-                                                        timeout_s=RPC_TIMEOUT_S)
+        reply: pb.CancelReply = await self.channel.call(stub.cancel, request, timeout_s=RPC_TIMEOUT_S)
         return reply
 
     def log(self) -> list[dict[str, Any]]:
@@ -97,14 +97,18 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Harness]:
     """A fake control plane and one agent, both on 127.0.0.1 free ports; torn down after."""
     cp = FakeControlPlane()
     async with asyncio_bridge(), trio.open_nursery() as nursery:
-        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)],
-                                      "127.0.0.1", 0)
+        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
         cps = (f"127.0.0.1:{cp_port}",)
         settings = AgentSettings(
-            worker_id="w-1", control_planes=cps,
+            worker_id="w-1",
+            control_planes=cps,
             cpu_millis=2000,
-            memory_mb=2048, work_dir=str(tmp_path), heartbeat_interval_s=0.05,
-            heartbeat_timeout_s=1.0, self_fence_after_s=3.0, stop_grace_s=1.0,
+            memory_mb=2048,
+            work_dir=str(tmp_path),
+            heartbeat_interval_s=0.05,
+            heartbeat_timeout_s=1.0,
+            self_fence_after_s=3.0,
+            stop_grace_s=1.0,
             labels={"zone": "test"},
         )
         agent: Agent = await nursery.start(run_agent, settings)
@@ -119,14 +123,25 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Harness]:
 
 
 def sleep_assignment(aid: int, duration_ms: int = 60_000) -> pb.Assignment:
-    return pb.Assignment(assignment_id=aid, job_id=aid * 10, committed_epoch=1, spec=pb.JobSpec(
-        name=f"sleep-{aid}", cpu_millis=500, memory_mb=100,
-        sleep=pb.SleepRuntime(duration_ms=duration_ms)))
+    return pb.Assignment(
+        assignment_id=aid,
+        job_id=aid * 10,
+        committed_epoch=1,
+        spec=pb.JobSpec(
+            name=f"sleep-{aid}", cpu_millis=500, memory_mb=100, sleep=pb.SleepRuntime(duration_ms=duration_ms)
+        ),
+    )
 
 
 def command_assignment(aid: int, argv: list[str]) -> pb.Assignment:
-    return pb.Assignment(assignment_id=aid, job_id=aid * 10, committed_epoch=1, spec=pb.JobSpec(
-        name=f"cmd-{aid}", cpu_millis=500, memory_mb=100, command=pb.CommandRuntime(argv=argv)))
+    return pb.Assignment(
+        assignment_id=aid,
+        job_id=aid * 10,
+        committed_epoch=1,
+        spec=pb.JobSpec(
+            name=f"cmd-{aid}", cpu_millis=500, memory_mb=100, command=pb.CommandRuntime(argv=argv)
+        ),
+    )
 
 
 async def test_agent_registers_with_its_address_and_capacity(tmp_path: Path) -> None:
@@ -136,7 +151,10 @@ async def test_agent_registers_with_its_address_and_capacity(tmp_path: Path) -> 
         registration = h.cp.registrations[0]
         assert registration.address == h.agent.address
         assert (registration.worker_id, registration.cpu_millis, registration.memory_mb) == (
-            "w-1", 2000, 2048)
+            "w-1",
+            2000,
+            2048,
+        )
         assert registration.labels == {"zone": "test"}
         assert h.cp.heartbeats[-1].incarnation == 1
 
@@ -150,10 +168,16 @@ async def test_sleep_job_runs_and_is_reported_finished(tmp_path: Path) -> None:
         await h.cp.wait_for(lambda: 1 in h.cp.finished())
         outcome = h.cp.finished()[1]
         assert (outcome.state, outcome.job_id, outcome.has_exit_code, outcome.exit_code) == (
-            "succeeded", 10, True, 0)
+            "succeeded",
+            10,
+            True,
+            0,
+        )
         assert outcome.finished_unix_s - outcome.started_unix_s >= 0.2
     assert [(r["event"], r.get("reason")) for r in h.log() if r["assignment_id"] == 1] == [
-        ("start", None), ("stop", "succeeded")]
+        ("start", None),
+        ("stop", "succeeded"),
+    ]
 
 
 async def test_command_job_records_exit_code_and_stdout(tmp_path: Path) -> None:
@@ -230,5 +254,4 @@ async def test_shutdown_stops_running_command(tmp_path: Path) -> None:
         await h.assign(command_assignment(9, ["sleep", "30"]))
         await h.cp.wait_for(lambda: any(9 in hb.running_assignment_ids for hb in h.cp.heartbeats))
     stop = [r for r in h.log() if r["event"] == "stop"]
-    assert [(r["assignment_id"], r["reason"], r["exit_code"]) for r in stop] == [
-        (9, "shutdown", -15)]
+    assert [(r["assignment_id"], r["reason"], r["exit_code"]) for r in stop] == [(9, "shutdown", -15)]

@@ -122,9 +122,7 @@ def test_listens_on_loopback_only(tmp_path: Path) -> None:
 
 def test_long_data_dir_puts_the_socket_under_tmp(tmp_path: Path) -> None:
     """A data dir too deep for a unix socket path gets a short socket dir, removed at stop()."""
-    server = EmbeddedPostgres(
-        data_dir=tmp_path / ("d" * 90) / "pg", port=free_port(), fast_unsafe=True
-    )
+    server = EmbeddedPostgres(data_dir=tmp_path / ("d" * 90) / "pg", port=free_port(), fast_unsafe=True)
     socket_dir = server.socket_dir
     assert socket_dir.parent == Path("/tmp")
     try:

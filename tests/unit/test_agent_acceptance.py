@@ -17,8 +17,9 @@ from agent.messages import (
 WORKER = "w-1"
 
 
-def admission(*, incarnation: int | None = 7, epoch: int = 3, cpu: int = 4000,
-              memory: int = 8192) -> Admission:
+def admission(
+    *, incarnation: int | None = 7, epoch: int = 3, cpu: int = 4000, memory: int = 8192
+) -> Admission:
     adm = Admission(worker_id=WORKER, cpu_capacity_millis=cpu, memory_capacity_mb=memory)
     if incarnation is not None:
         adm.registered(incarnation, epoch)
@@ -27,19 +28,15 @@ def admission(*, incarnation: int | None = 7, epoch: int = 3, cpu: int = 4000,
 
 def job(aid: int, *, cpu: int = 1000, memory: int = 1024, runtime: object = "sleep") -> JobOrder:
     spec = SleepSpec(duration_ms=1000) if runtime == "sleep" else runtime
-    return JobOrder(assignment_id=aid, job_id=aid * 10, cpu_millis=cpu, memory_mb=memory,
-                    runtime=spec)  # type: ignore[arg-type]
+    return JobOrder(assignment_id=aid, job_id=aid * 10, cpu_millis=cpu, memory_mb=memory, runtime=spec)  # type: ignore[arg-type]
 
 
-def assign(*jobs: JobOrder, epoch: int = 3, incarnation: int = 7,
-           worker_id: str = WORKER) -> AssignOrder:
-    return AssignOrder(epoch=epoch, worker_id=worker_id, incarnation=incarnation,
-                       assignments=jobs)
+def assign(*jobs: JobOrder, epoch: int = 3, incarnation: int = 7, worker_id: str = WORKER) -> AssignOrder:
+    return AssignOrder(epoch=epoch, worker_id=worker_id, incarnation=incarnation, assignments=jobs)
 
 
 def cancel(*ids: int, epoch: int = 3, incarnation: int = 7, worker_id: str = WORKER) -> CancelOrder:
-    return CancelOrder(epoch=epoch, worker_id=worker_id, incarnation=incarnation,
-                       assignment_ids=ids)
+    return CancelOrder(epoch=epoch, worker_id=worker_id, incarnation=incarnation, assignment_ids=ids)
 
 
 def reasons(decision: object) -> dict[int, str]:
@@ -105,12 +102,10 @@ def test_rules_apply_in_order() -> None:
     """Wrong worker wins over fenced, fenced over wrong incarnation, that over stale epoch."""
     adm = admission(epoch=5)
     adm.fenced = True
-    assert reasons(adm.assign(assign(job(1), worker_id="x", incarnation=1, epoch=1))) == {
-        1: "wrong_worker"}
+    assert reasons(adm.assign(assign(job(1), worker_id="x", incarnation=1, epoch=1))) == {1: "wrong_worker"}
     assert reasons(adm.assign(assign(job(1), incarnation=1, epoch=1))) == {1: "fenced"}
     adm.fenced = False
-    assert reasons(adm.assign(assign(job(1), incarnation=1, epoch=1))) == {
-        1: "wrong_incarnation"}
+    assert reasons(adm.assign(assign(job(1), incarnation=1, epoch=1))) == {1: "wrong_incarnation"}
 
 
 def test_duplicate_is_accepted_but_started_once() -> None:
@@ -179,8 +174,9 @@ def test_cancel_checks_worker_incarnation_and_epoch() -> None:
 def test_no_room_when_capacity_would_be_exceeded() -> None:
     """An assignment that does not fit the free CPU or memory is refused with no_room."""
     adm = admission(cpu=2000, memory=2048)
-    decision = adm.assign(assign(job(1, cpu=1500), job(2, cpu=600), job(3, cpu=500),
-                                 job(4, cpu=100, memory=1500)))
+    decision = adm.assign(
+        assign(job(1, cpu=1500), job(2, cpu=600), job(3, cpu=500), job(4, cpu=100, memory=1500))
+    )
     assert decision.accepted_ids == (1, 3)
     assert reasons(decision) == {2: "no_room", 4: "no_room"}
     assert adm.cpu_used_millis == 2000
@@ -197,9 +193,15 @@ def test_room_returns_when_a_job_ends() -> None:
 
 def test_bad_spec_is_refused() -> None:
     """No runtime, zero CPU or memory, or an empty argv is refused with bad_spec."""
-    decision = admission().assign(assign(
-        job(1, runtime=None), job(2, cpu=0), job(3, memory=0),
-        job(4, runtime=CommandSpec(argv=())), job(5, runtime=CommandSpec(argv=("true",)))))
+    decision = admission().assign(
+        assign(
+            job(1, runtime=None),
+            job(2, cpu=0),
+            job(3, memory=0),
+            job(4, runtime=CommandSpec(argv=())),
+            job(5, runtime=CommandSpec(argv=("true",))),
+        )
+    )
     assert reasons(decision) == {1: "bad_spec", 2: "bad_spec", 3: "bad_spec", 4: "bad_spec"}
     assert decision.accepted_ids == (5,)
 
@@ -223,10 +225,18 @@ def test_ended_by_control_plane_refuses_later_assign() -> None:
 
 _ops = st.lists(
     st.one_of(
-        st.tuples(st.just("assign"), st.lists(st.integers(1, 6), min_size=1, max_size=4),
-                  st.integers(0, 6), st.integers(1, 2)),
-        st.tuples(st.just("cancel"), st.lists(st.integers(1, 6), min_size=1, max_size=3),
-                  st.integers(0, 6), st.integers(1, 2)),
+        st.tuples(
+            st.just("assign"),
+            st.lists(st.integers(1, 6), min_size=1, max_size=4),
+            st.integers(0, 6),
+            st.integers(1, 2),
+        ),
+        st.tuples(
+            st.just("cancel"),
+            st.lists(st.integers(1, 6), min_size=1, max_size=3),
+            st.integers(0, 6),
+            st.integers(1, 2),
+        ),
         st.tuples(st.just("end"), st.integers(1, 6)),
         st.tuples(st.just("fence"), st.booleans()),
     ),

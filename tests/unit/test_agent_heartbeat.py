@@ -85,17 +85,22 @@ class ScriptedControlPlane:
 
 def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
     values: dict[str, Any] = {
-        "worker_id": "w-1", "control_planes": ["127.0.0.1:1"], "cpu_millis": 4000,
-        "memory_mb": 4096, "work_dir": str(tmp_path), "heartbeat_interval_s": HEARTBEAT_S,
-        "heartbeat_timeout_s": TIMEOUT_S, "self_fence_after_s": FENCE_S, "stop_grace_s": 1.0,
+        "worker_id": "w-1",
+        "control_planes": ["127.0.0.1:1"],
+        "cpu_millis": 4000,
+        "memory_mb": 4096,
+        "work_dir": str(tmp_path),
+        "heartbeat_interval_s": HEARTBEAT_S,
+        "heartbeat_timeout_s": TIMEOUT_S,
+        "self_fence_after_s": FENCE_S,
+        "stop_grace_s": 1.0,
     }
     values.update(overrides)
     return AgentSettings(**values)
 
 
 @asynccontextmanager
-async def running_agent(tmp_path: Path, cp: ScriptedControlPlane,
-                        **overrides: Any) -> AsyncIterator[Agent]:
+async def running_agent(tmp_path: Path, cp: ScriptedControlPlane, **overrides: Any) -> AsyncIterator[Agent]:
     agent = Agent(agent_settings(tmp_path, **overrides), cp)
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run, "127.0.0.1:9")
@@ -104,23 +109,30 @@ async def running_agent(tmp_path: Path, cp: ScriptedControlPlane,
 
 
 def sleep_job(aid: int, duration_s: float = 1000.0) -> JobOrder:
-    return JobOrder(assignment_id=aid, job_id=aid * 10, cpu_millis=1000, memory_mb=100,
-                    runtime=SleepSpec(duration_ms=int(duration_s * 1000)))
+    return JobOrder(
+        assignment_id=aid,
+        job_id=aid * 10,
+        cpu_millis=1000,
+        memory_mb=100,
+        runtime=SleepSpec(duration_ms=int(duration_s * 1000)),
+    )
 
 
 def assign(agent: Agent, *jobs: JobOrder, epoch: int = 1) -> dict[int, str]:
     """Assign ``jobs``; returns id -> "accepted" or the refusal reason."""
     assert agent.incarnation is not None
-    decision = agent.assign(AssignOrder(epoch=epoch, worker_id="w-1",
-                                        incarnation=agent.incarnation, assignments=jobs))
+    decision = agent.assign(
+        AssignOrder(epoch=epoch, worker_id="w-1", incarnation=agent.incarnation, assignments=jobs)
+    )
     result = {aid: "accepted" for aid in decision.accepted_ids}
     result.update({r.assignment_id: r.reason.value for r in decision.refused})
     return result
 
 
 def stops(tmp_path: Path) -> dict[int, str]:
-    return {r["assignment_id"]: r["reason"] for r in read_log(tmp_path / "agent.jsonl")
-            if r["event"] == "stop"}
+    return {
+        r["assignment_id"]: r["reason"] for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "stop"
+    }
 
 
 async def test_heartbeats_are_sent_every_interval(tmp_path: Path, autojump_clock: Any) -> None:
@@ -143,8 +155,9 @@ async def test_registration_is_retried_until_a_control_plane_answers(
     async with running_agent(tmp_path, cp) as agent:
         await trio.sleep(5.0)
         assert agent.incarnation is None
-        refused = agent.assign(AssignOrder(epoch=1, worker_id="w-1", incarnation=0,
-                                           assignments=(sleep_job(1),)))
+        refused = agent.assign(
+            AssignOrder(epoch=1, worker_id="w-1", incarnation=0, assignments=(sleep_job(1),))
+        )
         assert [r.reason.value for r in refused.refused] == ["fenced"]
         cp.mode = "up"
         await agent.wait_registered()
@@ -179,9 +192,7 @@ async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
     assert events == ["register", "start", "start", "self_fence", "stop", "stop"]
 
 
-async def test_a_hanging_heartbeat_does_not_delay_the_fence(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_a_hanging_heartbeat_does_not_delay_the_fence(tmp_path: Path, autojump_clock: Any) -> None:
     """The fence runs on its own timer: a heartbeat call that never returns still fences."""
     cp = ScriptedControlPlane()
     async with running_agent(tmp_path, cp) as agent:
@@ -214,8 +225,7 @@ async def test_fenced_agent_registers_again_when_a_heartbeat_gets_through(
         assert not agent.self_fenced
         assert agent.incarnation == 2
         assert agent.running_assignment_ids == ()
-        old = agent.assign(AssignOrder(epoch=1, worker_id="w-1", incarnation=1,
-                                       assignments=(sleep_job(2),)))
+        old = agent.assign(AssignOrder(epoch=1, worker_id="w-1", incarnation=1, assignments=(sleep_job(2),)))
         assert [r.reason.value for r in old.refused] == ["wrong_incarnation"]
         assert assign(agent, sleep_job(2)) == {2: "accepted"}
         # ... and it stays up: the new registration reset the fence deadline.
@@ -241,8 +251,7 @@ async def test_outcomes_are_kept_until_a_heartbeat_carrying_them_is_answered(
         await trio.sleep(2.0)
         assert agent.unacknowledged_outcomes == ()
     carried = [[o.assignment_id for o in r.finished] for _, r in cp.heartbeats]
-    answered_carry = [[o.assignment_id for o in r.finished] for t, r in cp.heartbeats
-                      if t in cp.answered]
+    answered_carry = [[o.assignment_id for o in r.finished] for t, r in cp.heartbeats if t in cp.answered]
     assert [1] in carried
     assert answered_carry.count([1]) == 1  # once acknowledged, never sent again
     assert carried[-1] == []
@@ -250,9 +259,7 @@ async def test_outcomes_are_kept_until_a_heartbeat_carrying_them_is_answered(
     assert outcome.state.value == "succeeded" and outcome.exit_code == 0
 
 
-async def test_only_the_acknowledged_outcomes_are_dropped(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_only_the_acknowledged_outcomes_are_dropped(tmp_path: Path, autojump_clock: Any) -> None:
     """An outcome that appears while a heartbeat is in flight is kept for the next one."""
     cp = ScriptedControlPlane(answer_delay_s=0.3)
     async with running_agent(tmp_path, cp) as agent:
@@ -267,9 +274,7 @@ async def test_only_the_acknowledged_outcomes_are_dropped(
     assert carried[:2] == [[1], [2]]
 
 
-async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(tmp_path: Path, autojump_clock: Any) -> None:
     """A job the control plane ended is stopped, not reported, and refused if re-assigned."""
     cp = ScriptedControlPlane()
     async with running_agent(tmp_path, cp) as agent:
@@ -298,9 +303,7 @@ async def test_reregister_reply_stops_everything_and_registers_again(
     assert stops(tmp_path) == {1: "reregister"}
 
 
-async def test_heartbeat_reply_epoch_makes_older_assigns_stale(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_heartbeat_reply_epoch_makes_older_assigns_stale(tmp_path: Path, autojump_clock: Any) -> None:
     """The epoch in a heartbeat reply raises the newest seen epoch."""
     cp = ScriptedControlPlane(epoch=1)
     async with running_agent(tmp_path, cp) as agent:
@@ -314,16 +317,15 @@ async def test_heartbeat_reply_epoch_makes_older_assigns_stale(
         assert cp.heartbeats[-1][1].epoch_seen == 4
 
 
-async def test_cancel_stops_a_running_job_before_it_answers(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_cancel_stops_a_running_job_before_it_answers(tmp_path: Path, autojump_clock: Any) -> None:
     """Cancel of a running job returns once the job has ended, and the id is refused after."""
     cp = ScriptedControlPlane()
     async with running_agent(tmp_path, cp) as agent:
         await agent.wait_registered()
         assign(agent, sleep_job(1))
-        decision = await agent.cancel(CancelOrder(epoch=1, worker_id="w-1", incarnation=1,
-                                                  assignment_ids=(1,)))
+        decision = await agent.cancel(
+            CancelOrder(epoch=1, worker_id="w-1", incarnation=1, assignment_ids=(1,))
+        )
         assert decision.acknowledged_ids == (1,)
         assert agent.running_assignment_ids == ()
         assert assign(agent, sleep_job(1)) == {1: "cancelled"}
@@ -340,9 +342,7 @@ async def test_shutdown_stops_every_job_and_logs_it(tmp_path: Path, autojump_clo
     assert agent.running_assignment_ids == ()
 
 
-async def test_start_and_stop_lines_carry_the_assign_epoch(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+async def test_start_and_stop_lines_carry_the_assign_epoch(tmp_path: Path, autojump_clock: Any) -> None:
     """start and stop lines name the job, assignment, incarnation and the Assign's epoch."""
     cp = ScriptedControlPlane()
     async with running_agent(tmp_path, cp) as agent:
@@ -352,12 +352,23 @@ async def test_start_and_stop_lines_carry_the_assign_epoch(
     records = read_log(tmp_path / "agent.jsonl")
     start, stop = (r for r in records if r["event"] in ("start", "stop"))
     for record in (start, stop):
-        assert set(record) >= {"event", "worker_id", "incarnation", "job_id", "assignment_id",
-                               "epoch", "time"}
-        assert (record["worker_id"], record["incarnation"], record["job_id"],
-                record["assignment_id"], record["epoch"]) == ("w-1", 1, 10, 1, 2)
-    assert set(start) == {"event", "worker_id", "incarnation", "job_id", "assignment_id",
-                          "epoch", "time"}
+        assert set(record) >= {
+            "event",
+            "worker_id",
+            "incarnation",
+            "job_id",
+            "assignment_id",
+            "epoch",
+            "time",
+        }
+        assert (
+            record["worker_id"],
+            record["incarnation"],
+            record["job_id"],
+            record["assignment_id"],
+            record["epoch"],
+        ) == ("w-1", 1, 10, 1, 2)
+    assert set(start) == {"event", "worker_id", "incarnation", "job_id", "assignment_id", "epoch", "time"}
     assert stop["reason"] == "succeeded" and stop["exit_code"] == 0
     assert math.isfinite(stop["time"]) and stop["time"] >= start["time"]
 

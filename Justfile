@@ -1,0 +1,70 @@
+# Stockade: a cluster scheduler. `just` lists the recipes.
+# Every recipe uses the project's .venv, whether or not it is activated.
+
+export PATH := justfile_directory() + "/.venv/bin:" + env_var('PATH')
+
+# List the recipes
+default:
+    @just --list
+
+# Create .venv (python3.11, else python3) if missing and install Stockade with its dev tools
+install:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ ! -x .venv/bin/python ]; then
+        python=$(command -v python3.11 || command -v python3)
+        "$python" -m venv .venv
+    fi
+    .venv/bin/pip install -e '.[dev]'
+
+# Start the local cluster, submit 12 jobs, wait 3 s, show the status
+demo:
+    stockade up
+    stockade jobs 12
+    sleep 3
+    stockade status
+
+# Start the local cluster (database, cp-1..cp-3, w-1..w-5) in the background; safe to repeat
+up:
+    stockade up
+
+# Stop every process of the local cluster, the embedded database included
+down:
+    stockade down
+
+# Submit N sleep jobs of mixed sizes and durations
+jobs N="12":
+    stockade jobs {{N}}
+
+# Show the leader, the control planes, the workers' load and the job counts
+status:
+    stockade status
+
+# SIGKILL the leader and time the takeover
+kill-leader:
+    stockade kill-leader --wait
+
+# SIGKILL the busiest worker and time until its jobs run elsewhere
+kill-worker:
+    stockade kill-worker --wait
+
+# The whole suite: lint, then unit, integration and end-to-end tests
+test: lint
+    pytest -q
+
+# ruff, mypy, the import-layer contract, and the generated protocol code being current
+lint:
+    ruff check .
+    ruff format --check .
+    mypy
+    lint-imports
+    python -m protocol.generate --check
+
+# Regenerate protocol/_generated from protocol/*.proto
+proto:
+    python -m protocol.generate
+
+# Apply ruff's safe fixes and format the code
+fmt:
+    ruff check --fix .
+    ruff format .

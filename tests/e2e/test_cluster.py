@@ -1,0 +1,212 @@
+"""End to end with real processes: control planes and agents started by the launcher of `stockade up`.
+
+Each test gets a fresh database (tests/conftest.py) and a state folder under ``tmp_path``;
+the ``launch`` fixture stops every process it started, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ops import rpc
+from ops.cluster import LocalCluster, UpResult
+from protocol import pb
+from runtime.client import ControlPlaneClient
+
+pytestmark = pytest.mark.e2e
+
+JOB_COUNT = 30
+JOBS_DONE_TIMEOUT_S = 90.0
+TERMINAL_STATES = {"succeeded", "failed", "cancelled"}
+
+Launch = Callable[[int, int], tuple[LocalCluster, UpResult]]
+
+
+@pytest.fixture
+def launch(tmp_path: Path, database_url: str) -> Iterator[Launch]:
+    """Start a local cluster on the test's database; every one started is brought down afterwards."""
+    clusters: list[LocalCluster] = []
+
+    def start(control_planes: int, workers: int) -> tuple[LocalCluster, UpResult]:
+        cluster = LocalCluster(tmp_path / f"stockade-{len(clusters)}", database_url=database_url)
+        clusters.append(cluster)
+        return cluster, cluster.up(control_planes=control_planes, workers=workers)
+
+    try:
+        yield start
+    finally:
+        for cluster in clusters:
+            cluster.down()
+
+
+def submit_sleep_jobs(addresses: list[str], durations_s: list[float], rng: random.Random) -> list[int]:
+    async def body(client: ControlPlaneClient) -> list[int]:
+        ids = []
+        for index, duration_s in enumerate(durations_s):
+            spec = pb.JobSpec(
+                name=f"e2e-{index}",
+                cpu_millis=rng.choice((500, 1000, 2000)),
+                memory_mb=rng.choice((128, 256, 1024)),
+                sleep=pb.SleepRuntime(duration_ms=int(duration_s * 1000)),
+            )
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+            ids.append(int(reply.job_id))
+        return ids
+
+    return rpc.with_client(addresses, body)
+
+
+def list_jobs(addresses: list[str]) -> dict[int, pb.JobInfo]:
+    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000))
+    return {int(job.job_id): job for job in reply.jobs}
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            return await connection.fetch(query, *args)
+        finally:
+            await connection.close()
+
+    return asyncio.run(run())
+
+
+def read_agent_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_thirty_jobs_run_exactly_once_across_a_leader_kill(launch: Launch, database_url: str) -> None:
+    """30 sleep jobs all succeed exactly once, on one worker each, when the leader is SIGKILLed midway."""
+    cluster, ready = launch(3, 3)
+    addresses = ready.config.control_plane_addresses
+    old_leader, old_epoch = ready.status.leader, int(ready.status.epoch)
+    rng = random.Random(30)
+    durations_s = [round(rng.uniform(1.0, 3.0), 1) for _ in range(JOB_COUNT)]
+
+    job_ids = submit_sleep_jobs(addresses, durations_s[: JOB_COUNT // 2], rng)
+
+    def some_jobs_started() -> bool:
+        jobs = list_jobs(addresses)
+        return sum(j.state in ("running", "succeeded") for j in jobs.values()) >= 5
+
+    wait_for(some_jobs_started, timeout_s=30, what="5 jobs to start")
+    cluster.kill(old_leader)
+    # Submissions are recorded by any replica, also while no one leads.
+    job_ids += submit_sleep_jobs(addresses, durations_s[JOB_COUNT // 2 :], rng)
+    assert len(set(job_ids)) == JOB_COUNT
+
+    def all_done() -> bool:
+        jobs = list_jobs(addresses)
+        return all(jobs[j].state in TERMINAL_STATES for j in job_ids)
+
+    wait_for(all_done, timeout_s=JOBS_DONE_TIMEOUT_S, what=f"all {JOB_COUNT} jobs to finish")
+
+    jobs = list_jobs(addresses)
+    assert {j: jobs[j].state for j in job_ids} == dict.fromkeys(job_ids, "succeeded")
+
+    after = rpc.status(addresses)
+    assert after.leader and after.leader != old_leader
+    assert after.epoch > old_epoch
+
+    # The assignment table: one finished assignment per job, and never two active at once.
+    rows = fetch(
+        database_url,
+        "SELECT job_id, id, state, created_at, ended_at FROM assignments "
+        "WHERE job_id = ANY($1::bigint[]) ORDER BY job_id, created_at, id",
+        job_ids,
+    )
+    by_job: dict[int, list[asyncpg.Record]] = collections.defaultdict(list)
+    for row in rows:
+        by_job[row["job_id"]].append(row)
+    for job_id in job_ids:
+        assignments = by_job[job_id]
+        finished = [a for a in assignments if a["state"] == "finished"]
+        assert len(finished) == 1, f"job {job_id} has assignments {[dict(a) for a in assignments]}"
+        assert all(a["ended_at"] is not None for a in assignments), f"job {job_id} still has an active one"
+        for earlier, later in itertools.pairwise(assignments):
+            assert earlier["ended_at"] <= later["created_at"], (
+                f"job {job_id}: assignments {earlier['id']} and {later['id']} were active together"
+            )
+
+    # The workers' logs: one start per job, on one worker.
+    starts: dict[int, list[tuple[str, int]]] = collections.defaultdict(list)
+    for spec in ready.config.workers:
+        for record in read_agent_log(cluster.state.work_dir(spec.id) / "agent.jsonl"):
+            if record["event"] == "start":
+                assert record["worker_id"] == spec.id
+                starts[record["job_id"]].append((spec.id, record["assignment_id"]))
+    for job_id in job_ids:
+        assert len(starts[job_id]) == 1, f"job {job_id} started {starts[job_id]}"
+        worker_id, assignment_id = starts[job_id][0]
+        assert (worker_id, assignment_id) == (jobs[job_id].worker_id, jobs[job_id].assignment_id)
+
+
+def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
+    """`stockade status --json --control-planes ...` prints the documented keys and nothing else."""
+    _, ready = launch(2, 2)
+    addresses = ",".join(ready.config.control_plane_addresses)
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_CONTROL_PLANES"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "status", "--json", "--control-planes", addresses],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert set(data) == {"leader", "epoch", "control_planes", "workers", "jobs", "unschedulable"}
+    assert data["leader"] in {"cp-1", "cp-2"}
+    assert isinstance(data["epoch"], int) and data["epoch"] >= 1
+    assert [cp["id"] for cp in data["control_planes"]] == ["cp-1", "cp-2"]
+    assert all(set(cp) == {"id", "address", "role"} for cp in data["control_planes"])
+    assert {cp["role"] for cp in data["control_planes"]} == {"leader", "standby"}
+    assert [w["id"] for w in data["workers"]] == ["w-1", "w-2"]
+    for worker in data["workers"]:
+        assert set(worker) == {
+            "id",
+            "state",
+            "cpu_millis",
+            "memory_mb",
+            "cpu_allocated_millis",
+            "memory_allocated_mb",
+            "jobs",
+        }
+        assert worker["state"] == "alive"
+        assert worker["jobs"] == []
+    assert (data["workers"][0]["cpu_millis"], data["workers"][0]["memory_mb"]) == (4000, 8192)
+    assert data["jobs"] == {
+        "pending": 0,
+        "assigned": 0,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
+    assert data["unschedulable"] == []
