@@ -48,6 +48,14 @@ kill-leader:
 kill-worker:
     stockade kill-worker --wait
 
+# Leader-failover torture on a fresh cluster, then the checker (e.g. `just chaos 200 --worker-kills 20`)
+chaos FAILOVERS="200" *ARGS:
+    stockade chaos {{FAILOVERS}} {{ARGS}}
+
+# Check the local cluster's history: no job placed or run twice, every job finished
+check *ARGS:
+    stockade check {{ARGS}}
+
 # The whole suite: lint, then unit, integration and end-to-end tests
 test: lint
     pytest -q

@@ -45,8 +45,11 @@ from runtime.settings import LedgerSettings
 
 T = TypeVar("T")
 
-# Test-only switch for the negative control: with fencing off the epoch check is skipped, so
-# a frozen old leader can commit. Not reachable from the CLI, the settings or the environment.
+# Test-only switch for the negative control (tests/e2e/unfenced_launcher.py flips it in a
+# control-plane process it starts): with fencing off there is no epoch check and no share
+# lock, no idle-in-transaction timeout, and placements claim jobs whatever their state, so a
+# frozen old leader's write commits when it wakes. Not reachable from the CLI, the settings or
+# the environment.
 _FENCING_ENABLED = True
 
 
@@ -78,14 +81,14 @@ class Ledger:
     async def _connection(self) -> PgConnection:
         if self._conn is None or self._conn.is_closed():
             s = self.settings
-            self._conn = await PgConnection.connect(
-                self.database_url,
-                server_settings={
-                    "application_name": f"stockade {self.cp_id} ledger",
-                    "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
-                    "statement_timeout": str(int(s.statement_timeout_s * 1000)),
-                },
-            )
+            server_settings = {
+                "application_name": f"stockade {self.cp_id} ledger",
+                "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
+                "statement_timeout": str(int(s.statement_timeout_s * 1000)),
+            }
+            if not _FENCING_ENABLED:
+                server_settings["idle_in_transaction_session_timeout"] = "0"
+            self._conn = await PgConnection.connect(self.database_url, server_settings=server_settings)
         return self._conn
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -139,7 +142,9 @@ class Ledger:
         conn = await self._connection()
         try:
             async with conn.transaction():
-                seen = int(await conn.fetchval(queries.FENCE_EPOCH))
+                seen = int(
+                    await conn.fetchval(queries.FENCE_EPOCH if _FENCING_ENABLED else queries.CURRENT_EPOCH)
+                )
                 await faults.hit("ledger.after_epoch_check")
                 if seen != epoch and _FENCING_ENABLED:
                     raise Deposed(epoch, seen)
@@ -194,6 +199,7 @@ class Ledger:
             [p.worker_id for p in message.placements],
             [p.incarnation for p in message.placements],
             message.epoch,
+            _FENCING_ENABLED,
         )
         return tuple(
             CommittedAssignment(

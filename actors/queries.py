@@ -58,8 +58,9 @@ SELECT holder, epoch, expires_at > now() AS live,
 # the transaction holding the share lock commits or aborts.
 FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
 
-# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch. Claims only jobs still pending
-# (invariant 3) on workers still alive in that incarnation; returns what was created.
+# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 claim only pending jobs (always true
+# but in the test-only negative control). Claims only jobs still pending (invariant 3) on
+# workers still alive in that incarnation; returns what was created.
 COMMIT_PLACEMENTS = """
 WITH p AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation)
@@ -69,7 +70,7 @@ claimed AS (
        SET state = 'assigned', reason = '', attempts = j.attempts + 1
       FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
                            AND w.state = 'alive'
-     WHERE j.id = p.job_id AND j.state = 'pending'
+     WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING j.id, p.worker_id, p.incarnation, j.cpu_millis, j.memory_mb,
            j.name, j.priority, j.sleep_ms, j.argv
 ),

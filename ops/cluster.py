@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,18 @@ class StateDir:
     def log_path(self, process_id: str) -> Path:
         return self.root / "logs" / f"{process_id}.log"
 
+    @property
+    def events_path(self) -> Path:
+        """The fault record (``events.jsonl``) the checker reads: kills, freezes, partitions."""
+        return self.root / "events.jsonl"
+
+    def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
+        """Append one fault (``kind`` kill, freeze or partition of process ``target``; Unix
+        seconds) to :attr:`events_path`."""
+        line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
+        with self.events_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
     def pid_path(self, process_id: str) -> Path:
         return self.root / "pids" / f"{process_id}.pid"
 
@@ -300,12 +313,16 @@ class LocalCluster:
             server under ``state/pg``.
         cp_args: extra ``stockade cp`` options for every control plane (e.g. timings).
         agent_args: extra ``stockade agent`` options for every worker.
+        launcher: what follows the Python interpreter on each process's command line, before
+            the subcommand. Tests put a wrapper here (it must keep ``ops.cli`` as an argument
+            so running processes are recognised); operators have no reason to change it.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
     database_url: str | None = None
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     agent_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    launcher: tuple[str, ...] = attrs.field(default=("-m", "ops.cli"), converter=_str_tuple)
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -532,7 +549,7 @@ class LocalCluster:
         log_path = self.state.log_path(spec.id)
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", *spec.args],
+                [sys.executable, *self.launcher, *spec.args],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -646,6 +663,8 @@ class LocalCluster:
             pid_path = self.state.pid_path(process_id)
             raise ClusterError(f"{process_id} is not running (no live pid in {pid_path})")
         process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.state.record_fault("kill", process_id, time.time())
         if sig in (signal.SIGKILL, signal.SIGTERM) and process_id in self._children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._children[process_id].wait(timeout=STOP_TIMEOUT_S)

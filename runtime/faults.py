@@ -6,10 +6,12 @@ nothing installed it returns at once. A unit test installs an async hook for a n
 wait on an event to park).
 
 For real processes (chaos tests) the environment variable ``STOCKADE_FAULTS`` names points to
-arm, as ``name=action`` pairs separated by commas. The one action is ``park:PATH``: on reaching
-the point the process writes PATH (so a harness knows it is there) and then waits, checking every
-10 ms, until PATH is removed. A harness SIGSTOPs the parked process, then removes the file and
-SIGCONTs it. ``STOCKADE_FAULTS`` is read only when ``STOCKADE_ENABLE_FAULTS=1`` is also set,
+arm, as ``name=action`` pairs separated by commas. The one action is ``park:DIR``, one-shot
+and armed from outside: a harness creates ``DIR/arm``; the first process to reach the point
+renames it to ``DIR/parked.<pid>`` (atomically, so exactly one process parks) and waits,
+checking every 10 ms, until that file is removed. The harness sees which process parked,
+SIGSTOPs it, later removes the file and SIGCONTs it. Without ``DIR/arm`` the point costs one
+failed rename. ``STOCKADE_FAULTS`` is read only when ``STOCKADE_ENABLE_FAULTS=1`` is also set,
 so no operator setting arms a fault by accident.
 """
 
@@ -27,12 +29,16 @@ Hook = Callable[[], Awaitable[None]]
 _hooks: dict[str, Hook] = {}
 
 
-def _park_hook(path: Path) -> Hook:
+def _park_hook(directory: Path) -> Hook:
     async def park() -> None:
+        parked = directory / f"parked.{os.getpid()}"
+        try:
+            os.rename(directory / "arm", parked)
+        except FileNotFoundError:
+            return
         # Polling a file on purpose: the harness SIGSTOPs this process while it is parked and
         # signals from outside, where no trio.Event can reach.
-        path.write_text(str(os.getpid()))  # noqa: ASYNC240
-        while path.exists():  # noqa: ASYNC110, ASYNC240
+        while parked.exists():  # noqa: ASYNC110, ASYNC240
             await trio.sleep(0.01)
 
     return park
@@ -47,7 +53,7 @@ def _load_env() -> None:
         if kind == "park" and arg:
             _hooks[name.strip()] = _park_hook(Path(arg))
         else:
-            raise ValueError(f"STOCKADE_FAULTS item must be name=park:PATH, got {item!r}")
+            raise ValueError(f"STOCKADE_FAULTS item must be name=park:DIR, got {item!r}")
 
 
 _load_env()

@@ -1,0 +1,390 @@
+"""``stockade chaos``: leader-failover torture on a fresh local cluster, then the checker.
+
+The harness starts a fresh cluster (the database, 3 control planes, 10 workers) in its own
+state folder, keeps submitting sleep jobs at a steady rate, and injects leader failovers,
+alternating:
+
+- kill: SIGKILL the leader, time until a new leader with a higher epoch shows in the status,
+  then start the killed replica again (it returns as a standby);
+- freeze: SIGSTOP the leader for ``freeze_s`` (longer than the lease), time the takeover,
+  SIGCONT it (it steps down on waking; anything it tries to commit is refused). Every
+  ``mid_transaction_every``-th freeze parks the leader inside an open fenced transaction
+  first (fault point ``ledger.after_epoch_check``), so the database's refusal of an old
+  leader's write is provoked, not left to luck.
+
+``worker_kills`` SIGKILLs and restarts workers along the way. Every fault is recorded in
+``events.jsonl``, so the checker ends a killed worker's runs at the kill and does not count
+the deaths it caused as false. When the injections are done the harness stops submitting,
+waits for every job to finish, runs :func:`ops.checker.check`, and returns the results.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import trio
+
+from ops import checker
+from ops.cluster import LocalCluster, StateDir
+from protocol import pb
+from runtime.aio import asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.errors import StockadeError
+
+FAULT_POINT = "ledger.after_epoch_check"
+
+
+@attrs.frozen(kw_only=True)
+class ChaosSettings:
+    """One chaos run. Durations in seconds."""
+
+    failovers: int = 200
+    """Leader failovers to inject, alternating kill and freeze (kill first)."""
+    worker_kills: int = 0
+    """Workers to SIGKILL (and restart) along the way, spread over the run."""
+    control_planes: int = 3
+    workers: int = 10
+    submit_rate_per_s: float = 12.0
+    """Sleep jobs submitted per second during the injections."""
+    job_duration_s: tuple[float, float] = (0.2, 2.0)
+    """Uniform range of the sleep jobs' durations."""
+    freeze_s: float = 3.0
+    """How long a plain freeze lasts (more than the 2 s lease)."""
+    mid_transaction_freeze_s: float = 5.0
+    """How long a freeze inside a fenced transaction lasts (more than lease + idle timeout)."""
+    mid_transaction_every: int = 5
+    """Freezes 2, 2 + this, 2 + 2 * this, ... park inside a fenced transaction (0: never), so
+    even a short run provokes the database's refusal of an old leader's write."""
+    settle_s: float = 0.3
+    """Pause after each failover, before the next."""
+    new_leader_timeout_s: float = 20.0
+    """Give up waiting for a new leader after this long (counts as a failed run)."""
+    finish_timeout_s: float = 300.0
+    """How long to wait, after the injections, for every job to finish."""
+    seed: int = 1
+
+
+@attrs.frozen(kw_only=True)
+class Failover:
+    """One injected failover and the time until a new leader showed in the status."""
+
+    kind: str
+    """kill, freeze or freeze_in_transaction."""
+    leader: str
+    epoch_before: int
+    epoch_after: int
+    seconds: float
+
+
+@attrs.define
+class ChaosResult:
+    """What a run did and what the checker found."""
+
+    failovers: list[Failover] = attrs.field(factory=list)
+    worker_kills: int = 0
+    report: checker.CheckReport | None = None
+    duration_s: float = 0.0
+    errors: list[str] = attrs.field(factory=list)
+
+    def _times(self, *kinds: str) -> list[float]:
+        return [f.seconds for f in self.failovers if f.kind in kinds]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The results, with the stable keys of the table."""
+        kills = self._times("kill")
+        freezes = self._times("freeze", "freeze_in_transaction")
+        report = self.report.as_dict() if self.report is not None else {}
+        return {
+            "failovers": {
+                "killed": len(kills),
+                "frozen": len(freezes),
+                "frozen_in_transaction": len(self._times("freeze_in_transaction")),
+            },
+            "double_placements": report.get("double_placements"),
+            "double_runs": report.get("double_runs"),
+            "jobs_submitted": report.get("jobs_submitted"),
+            "jobs_finished": report.get("jobs_finished"),
+            "false_deaths": report.get("false_deaths"),
+            "stale_writes_rejected": report.get("stale_writes_rejected"),
+            "failover_kill_p50_s": _p50(kills),
+            "failover_kill_max_s": max(kills, default=None),
+            "failover_freeze_p50_s": _p50(freezes),
+            "failover_freeze_max_s": max(freezes, default=None),
+            "worker_kills": self.worker_kills,
+            "duration_s": round(self.duration_s, 1),
+            "unfinished_job_ids": report.get("unfinished_job_ids", []),
+            "details": report.get("details", []) + self.errors,
+            "ok": self.ok,
+        }
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.report.ok and not self.errors
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def fault_environment(fault_dir: Path) -> dict[str, str]:
+    """Environment that arms the one-shot park at the fenced transaction's epoch check."""
+    return {"STOCKADE_ENABLE_FAULTS": "1", "STOCKADE_FAULTS": f"{FAULT_POINT}=park:{fault_dir}"}
+
+
+@attrs.define
+class Harness:
+    """Runs one chaos scenario against a :class:`LocalCluster`."""
+
+    settings: ChaosSettings
+    cluster: LocalCluster
+    progress: Callable[[str], None] = print
+    result: ChaosResult = attrs.field(factory=ChaosResult)
+    _rng: random.Random = attrs.field(init=False)
+    _submitted: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self._rng = random.Random(self.settings.seed)
+
+    @property
+    def state(self) -> StateDir:
+        return self.cluster.state
+
+    @property
+    def fault_dir(self) -> Path:
+        return self.state.root / "faults"
+
+    # ------------------------------------------------------------ the run
+
+    async def run(self) -> ChaosResult:
+        """Start a fresh cluster, inject, wait, check. Always leaves the cluster running for
+        inspection; the caller stops it (``cluster.down()``)."""
+        started = time.monotonic()
+        s = self.settings
+        await trio.to_thread.run_sync(self._fresh_cluster)
+        events = self.state
+        config = self.cluster.config()
+        addresses = config.control_plane_addresses
+        async with asyncio_bridge():
+            client = ControlPlaneClient(addresses, timeout_s=1.0)
+            try:
+                async with trio.open_nursery() as nursery:
+                    stop_submitting = trio.Event()
+                    nursery.start_soon(self._submit, addresses, stop_submitting)
+                    kill_worker_at = self._worker_kill_points()
+                    freezes = 0
+                    for i in range(s.failovers):
+                        if i % 2 == 0:
+                            await self._kill_leader(client, events)
+                        else:
+                            freezes += 1
+                            in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
+                            await self._freeze_leader(client, events, in_transaction=in_tx)
+                        if i in kill_worker_at:
+                            await self._kill_worker(events)
+                        self.progress(self._line(i + 1))
+                        await trio.sleep(s.settle_s)
+                    stop_submitting.set()
+                await self._wait_finished(client)
+            except _Abort as exc:
+                self.result.errors.append(str(exc))
+            finally:
+                client.close()
+            history = await checker.load_history(config.database_url)
+        faults = checker.load_events(events.events_path)
+        runs = checker.load_runs([self.state.work_dir(w.id) for w in config.workers], faults)
+        self.result.report = checker.check(history, runs, faults)
+        self.result.duration_s = time.monotonic() - started
+        return self.result
+
+    def _line(self, done: int) -> str:
+        last = self.result.failovers[-1] if self.result.failovers else None
+        what = f"{last.kind} of {last.leader}: new leader in {last.seconds:.2f} s" if last else ""
+        return f"failover {done}/{self.settings.failovers}  {what}  jobs submitted {self._submitted}"
+
+    def _fresh_cluster(self) -> None:
+        self.cluster.down()
+        if self.state.root.exists():
+            shutil.rmtree(self.state.root)
+        self.state.create()
+        self.fault_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.update(fault_environment(self.fault_dir))
+        self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
+
+    def _worker_kill_points(self) -> set[int]:
+        s = self.settings
+        if s.worker_kills <= 0 or s.failovers <= 0:
+            return set()
+        step = max(1, s.failovers // (s.worker_kills + 1))
+        return {min(s.failovers - 1, step * (k + 1) - 1) for k in range(s.worker_kills)}
+
+    # ------------------------------------------------------------ jobs
+
+    async def _submit(self, addresses: Sequence[str], stop: trio.Event) -> None:
+        s = self.settings
+        client = ControlPlaneClient(addresses, timeout_s=2.0)
+        interval = 1.0 / s.submit_rate_per_s
+        next_at = trio.current_time()
+        try:
+            while not stop.is_set():
+                low, high = s.job_duration_s
+                spec = pb.JobSpec(
+                    name=f"chaos-{self._submitted + 1}",
+                    cpu_millis=self._rng.choice([100, 250, 500, 1000]),
+                    memory_mb=self._rng.choice([64, 128, 256, 512]),
+                    sleep=pb.SleepRuntime(duration_ms=int(1000 * self._rng.uniform(low, high))),
+                )
+                try:
+                    await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+                    self._submitted += 1
+                except StockadeError:
+                    pass  # no replica answered this once (one may be frozen): try the next
+                next_at += interval
+                await trio.sleep_until(max(next_at, trio.current_time()))
+        finally:
+            client.close()
+
+    async def _wait_finished(self, client: ControlPlaneClient) -> None:
+        self.progress("injections done; waiting for every job to finish")
+        with trio.move_on_after(self.settings.finish_timeout_s):
+            while True:
+                try:
+                    status = await client.call("status", pb.StatusRequest())
+                except StockadeError:
+                    await trio.sleep(0.5)
+                    continue
+                counts = {c.state: c.count for c in status.jobs}
+                if not any(counts.get(k, 0) for k in ("pending", "assigned", "running")):
+                    return
+                await trio.sleep(0.5)
+
+    # ------------------------------------------------------------ leaders
+
+    async def _leader(self, client: ControlPlaneClient) -> tuple[str, int]:
+        with trio.move_on_after(self.settings.new_leader_timeout_s):
+            while True:
+                try:
+                    status = await client.call("status", pb.StatusRequest())
+                    if status.leader:
+                        return status.leader, status.epoch
+                except StockadeError:
+                    pass
+                await trio.sleep(0.05)
+        raise _Abort(f"no leader within {self.settings.new_leader_timeout_s:g} s")
+
+    async def _new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
+        addresses = [p.address for p in self.cluster.config().control_planes if p.id != old]
+        probe = ControlPlaneClient(addresses, timeout_s=0.5)
+        try:
+            with trio.move_on_after(self.settings.new_leader_timeout_s):
+                while True:
+                    try:
+                        status = await probe.call("status", pb.StatusRequest())
+                        if status.leader and status.leader != old and status.epoch > epoch:
+                            return status.leader, status.epoch, time.monotonic() - since
+                    except StockadeError:
+                        pass
+                    await trio.sleep(0.02)
+        finally:
+            probe.close()
+        raise _Abort(f"no new leader within {self.settings.new_leader_timeout_s:g} s after {old} failed")
+
+    def _pid(self, process_id: str) -> int:
+        spec = self.cluster.config().process(process_id)
+        process = self.cluster.live_process(spec)
+        if process is None:
+            raise _Abort(f"{process_id} is not running")
+        return process.pid
+
+    async def _kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
+        leader, epoch = await self._leader(client)
+        pid = self._pid(leader)
+        since = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        events.record_fault("kill", leader, time.time())
+        _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+        self.result.failovers.append(
+            Failover(kind="kill", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+        )
+        await trio.to_thread.run_sync(self._restart)
+
+    async def _freeze_leader(
+        self, client: ControlPlaneClient, events: StateDir, *, in_transaction: bool
+    ) -> None:
+        s = self.settings
+        leader, epoch = await self._leader(client)
+        pid = self._pid(leader)
+        parked: Path | None = None
+        if in_transaction:
+            parked = await self._park_leader(pid)
+        since = time.monotonic()
+        frozen_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+            remaining = (s.mid_transaction_freeze_s if in_transaction else s.freeze_s) - (
+                time.monotonic() - since
+            )
+            await trio.sleep(max(0.0, remaining))
+        finally:
+            if parked is not None:
+                parked.unlink(missing_ok=True)
+            os.kill(pid, signal.SIGCONT)
+            events.record_fault("freeze", leader, frozen_at, time.time())
+        kind = "freeze_in_transaction" if in_transaction else "freeze"
+        self.result.failovers.append(
+            Failover(kind=kind, leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+        )
+
+    async def _park_leader(self, pid: int) -> Path:
+        """Arm the one-shot park and wait until the leader ``pid`` sits in it (inside an open
+        fenced transaction, after its epoch check). Returns the file that holds it there."""
+        (self.fault_dir / "arm").touch()
+        parked = self.fault_dir / f"parked.{pid}"
+        with trio.move_on_after(10.0):
+            while not parked.exists():
+                others = [p for p in self.fault_dir.glob("parked.*") if p != parked]
+                if others:  # a deposed replica's late write took it: release it and re-arm
+                    for other in others:
+                        other.unlink(missing_ok=True)
+                    (self.fault_dir / "arm").touch()
+                await trio.sleep(0.005)
+            return parked
+        (self.fault_dir / "arm").unlink(missing_ok=True)
+        raise _Abort("the leader did not reach the fenced-transaction fault point within 10 s")
+
+    def _restart(self) -> None:
+        self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
+
+    async def _kill_worker(self, events: StateDir) -> None:
+        workers = [p.id for p in self.cluster.config().workers]
+        victim = self._rng.choice(workers)
+        pid = self._pid(victim)
+        os.kill(pid, signal.SIGKILL)
+        events.record_fault("kill", victim, time.time())
+        with trio.fail_after(10):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        self.result.worker_kills += 1
+        await trio.to_thread.run_sync(self._restart)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class _Abort(Exception):
+    """The run cannot go on (no leader, a process missing); recorded as an error."""
