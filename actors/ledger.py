@@ -105,16 +105,19 @@ class Ledger:
     async def _handle(self, message: LedgerInbox) -> None:
         match message:
             case CommitPlacements(epoch=epoch, reply=reply):
+                kind = "commit_placements"
                 op: Callable[[PgConnection], Awaitable[Any]] = lambda c: self._commit_placements(c, message)  # noqa: E731
                 what = f"commit {len(message.placements)} placements"
             case DeclareDeadWorkers(epoch=epoch, reply=reply):
+                kind = "declare_dead_workers"
                 op = lambda c: self._declare_dead(c, message)  # noqa: E731
                 what = "declare dead workers"
             case EndAssignments(epoch=epoch, reply=reply):
+                kind = "end_assignments"
                 op = lambda c: self._end_assignments(c, message)  # noqa: E731
                 what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
         try:
-            result = await self.fenced(epoch, what, op)
+            result = await self.fenced(epoch, what, op, kind=kind)
         except (Deposed, DatabaseUnavailable) as exc:
             reply.fail(exc)
         except Exception as exc:
@@ -125,13 +128,17 @@ class Ledger:
         else:
             reply.set(result)
 
-    async def fenced(self, epoch: int, what: str, op: Callable[[PgConnection], Awaitable[T]]) -> T:
+    async def fenced(
+        self, epoch: int, what: str, op: Callable[[PgConnection], Awaitable[T]], *, kind: str = "write"
+    ) -> T:
         """Run ``op`` in one transaction that commits only if ``epoch`` is current.
 
         Args:
             epoch: the epoch the decision was made under.
             what: a short description, for ``stale_writes`` and logs.
             op: the decision's writes, given the connection inside the transaction.
+            kind: names the fault point ``ledger.<kind>.after_epoch_check`` (tests park one
+                kind of decision there; ``ledger.after_epoch_check`` catches every kind).
 
         Raises:
             Deposed: ``epoch`` is not the current one (checked under ``FOR SHARE``), or the
@@ -146,6 +153,7 @@ class Ledger:
                     await conn.fetchval(queries.FENCE_EPOCH if _FENCING_ENABLED else queries.CURRENT_EPOCH)
                 )
                 await faults.hit("ledger.after_epoch_check")
+                await faults.hit(f"ledger.{kind}.after_epoch_check")
                 if seen != epoch and _FENCING_ENABLED:
                     raise Deposed(epoch, seen)
                 result = await op(conn)

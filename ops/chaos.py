@@ -217,7 +217,7 @@ class Harness:
             shutil.rmtree(self.state.root)
         self.state.create()
         self.fault_dir.mkdir(parents=True, exist_ok=True)
-        os.environ.update(fault_environment(self.fault_dir))
+        self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
     def _worker_kill_points(self) -> set[int]:

@@ -316,6 +316,8 @@ class LocalCluster:
         launcher: what follows the Python interpreter on each process's command line, before
             the subcommand. Tests put a wrapper here (it must keep ``ops.cli`` as an argument
             so running processes are recognised); operators have no reason to change it.
+        extra_env: environment added to every process it starts (the chaos harness arms
+            fault points this way).
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -323,6 +325,7 @@ class LocalCluster:
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     agent_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     launcher: tuple[str, ...] = attrs.field(default=("-m", "ops.cli"), converter=_str_tuple)
+    extra_env: dict[str, str] = attrs.field(factory=dict)
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -538,7 +541,7 @@ class LocalCluster:
                 f"port {spec.port} of {spec.id} is in use by another program; stop it, or run "
                 f"`stockade down` and remove {self.state.config_path} to pick new ports"
             )
-        env = dict(os.environ)
+        env = dict(os.environ) | self.extra_env
         env[MARKER_ENV] = str(self.state.root)
         env["PYTHONUNBUFFERED"] = "1"
         if spec.kind == "cp":

@@ -1,0 +1,133 @@
+"""Chaos with real processes: a short failover run, a leader frozen inside its fenced
+transaction (its commit refused), and the negative control (fencing off: the checker must
+find the double placement, which proves the harness can fail)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from ops import checker
+from ops.chaos import ChaosSettings, Harness
+from ops.cluster import LocalCluster
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+
+pytestmark = pytest.mark.e2e
+
+UNFENCED_LAUNCHER = (str(Path(__file__).with_name("unfenced_launcher.py")), "ops.cli")
+
+
+async def test_a_short_chaos_run_places_and_runs_every_job_once(tmp_path: Path, database_url: str) -> None:
+    """Six failovers (kill, freeze, kill, freeze inside a fenced transaction, ...) and a worker
+    kill under a steady job stream: every job finishes, none twice, no false death, and the
+    database refused at least the in-transaction leader's write."""
+    cluster = LocalCluster(tmp_path / "chaos", database_url=database_url)
+    settings = ChaosSettings(failovers=6, worker_kills=1, workers=5, submit_rate_per_s=8.0, seed=3)
+    try:
+        result = await Harness(settings=settings, cluster=cluster, progress=lambda line: None).run()
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    data = result.as_dict()
+    assert data["failovers"] == {"killed": 3, "frozen": 3, "frozen_in_transaction": 1}
+    assert (data["double_placements"], data["double_runs"], data["false_deaths"]) == (0, 0, 0), data[
+        "details"
+    ]
+    assert data["jobs_finished"] == data["jobs_submitted"] > 0
+    assert data["stale_writes_rejected"] >= 1
+    assert data["worker_kills"] == 1 and result.ok
+
+
+async def _freeze_leader_inside_placement(
+    tmp_path: Path, database_url: str, *, fenced: bool
+) -> tuple[checker.CheckReport, list[str]]:
+    """Park the leader right after its placement transaction's epoch check, SIGSTOP it there,
+    let the standby take over and run the job to the end, then SIGCONT the old leader and let
+    it finish its commit. Returns the checker's report and the refused writes."""
+    fault_dir = tmp_path / "faults"
+    fault_dir.mkdir()
+    cluster = LocalCluster(
+        tmp_path / "state",
+        database_url=database_url,
+        extra_env={
+            "STOCKADE_ENABLE_FAULTS": "1",
+            "STOCKADE_FAULTS": f"ledger.commit_placements.after_epoch_check=park:{fault_dir}",
+        },
+        launcher=("-m", "ops.cli") if fenced else UNFENCED_LAUNCHER,
+    )
+    try:
+        await trio.to_thread.run_sync(lambda: cluster.up(control_planes=2, workers=1))
+        config = cluster.config()
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=0.5)
+            try:
+                status = await client.call("status", pb.StatusRequest())
+                leader, epoch = status.leader, status.epoch
+                leader_pid = cluster.pids()[leader]
+                (fault_dir / "arm").touch()
+                spec = pb.JobSpec(
+                    name="once", cpu_millis=500, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=500)
+                )
+                job_id = (await client.call("submit_job", pb.SubmitJobRequest(spec=spec))).job_id
+                parked = fault_dir / f"parked.{leader_pid}"
+                with trio.fail_after(10):
+                    while not parked.exists():  # noqa: ASYNC110 (the leader process writes it)
+                        await trio.sleep(0.01)
+                os.kill(leader_pid, signal.SIGSTOP)
+                frozen_at = time.time()
+                with trio.fail_after(30):
+                    while True:
+                        status = await client.call("status", pb.StatusRequest())
+                        job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+                        if status.epoch > epoch and status.leader and job.state == "succeeded":
+                            break
+                        await trio.sleep(0.1)
+                parked.unlink()
+                os.kill(leader_pid, signal.SIGCONT)
+                cluster.state.record_fault("freeze", leader, frozen_at, time.time())
+                await trio.sleep(3.0)  # the old leader wakes, tries to commit, steps down
+            finally:
+                client.close()
+            history = await checker.load_history(config.database_url)
+            conn = await PgConnection.connect(config.database_url)
+            try:
+                refused = [
+                    r["what"]
+                    for r in await conn.fetch("SELECT what FROM stale_writes WHERE epoch = $1", epoch)
+                ]
+            finally:
+                await conn.close()
+        faults = checker.load_events(cluster.state.events_path)
+        runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers], faults)
+        return checker.check(history, runs, faults), refused
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+
+
+async def test_a_leader_frozen_inside_its_fenced_transaction_cannot_commit(
+    tmp_path: Path, database_url: str
+) -> None:
+    """With fencing on, the frozen leader's session is ended by idle_in_transaction_session_timeout,
+    the standby takes over and runs the job, and the old leader's commit on waking is refused by
+    the database and recorded; the job was placed and run once."""
+    report, refused = await _freeze_leader_inside_placement(tmp_path, database_url, fenced=True)
+    assert any("commit" in what and "session ended" in what for what in refused), refused
+    assert (report.double_placements, report.double_runs, report.false_deaths) == (0, 0, 0), report.details
+    assert report.stale_writes_rejected >= 1
+
+
+async def test_negative_control_without_fencing_the_checker_finds_a_double_placement(
+    tmp_path: Path, database_url: str
+) -> None:
+    """With fencing switched off (test-only launcher), the same freeze lets the old leader commit
+    a placement of the job that already finished: the checker must report it."""
+    report, _ = await _freeze_leader_inside_placement(tmp_path, database_url, fenced=False)
+    assert report.double_placements >= 1, report.details
+    assert any("epoch 1" in line and "job" in line for line in report.details), report.details
+    assert not report.ok
