@@ -34,8 +34,8 @@ class LeaseSettings:
     """How often the leader renews (ttl/4 by default)."""
     step_down_margin_s: float = attrs.field(default=0.4, validator=_positive)
     """The leader stops deciding once its last renewal was sent more than ttl minus this ago."""
-    takeover_poll_s: float = attrs.field(default=0.25, validator=_positive)
-    """How often a standby tries to take an expired lease."""
+    takeover_poll_s: float = attrs.field(default=0.05, validator=_positive)
+    """How often a standby checks whether the lease expired or its holder's session is gone."""
     statement_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Longest a lease query may take before it counts as failed."""
 
