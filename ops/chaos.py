@@ -170,7 +170,7 @@ class Harness:
         inspection; the caller stops it (``cluster.down()``)."""
         started = time.monotonic()
         s = self.settings
-        await trio.to_thread.run_sync(self._fresh_cluster)
+        await trio.to_thread.run_sync(self.fresh_cluster)
         events = self.state
         config = self.cluster.config()
         addresses = config.control_plane_addresses
@@ -184,13 +184,13 @@ class Harness:
                     freezes = 0
                     for i in range(s.failovers):
                         if i % 2 == 0:
-                            await self._kill_leader(client, events)
+                            await self.kill_leader(client, events)
                         else:
                             freezes += 1
                             in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                            await self._freeze_leader(client, events, in_transaction=in_tx)
+                            await self.freeze_leader(client, events, in_transaction=in_tx)
                         if i in kill_worker_at:
-                            await self._kill_worker(events)
+                            await self.kill_worker(events)
                         self.progress(self._line(i + 1))
                         await trio.sleep(s.settle_s)
                     stop_submitting.set()
@@ -211,7 +211,7 @@ class Harness:
         what = f"{last.kind} of {last.leader}: new leader in {last.seconds:.2f} s" if last else ""
         return f"failover {done}/{self.settings.failovers}  {what}  jobs submitted {self._submitted}"
 
-    def _fresh_cluster(self) -> None:
+    def fresh_cluster(self) -> None:
         self.cluster.down()
         if self.state.root.exists():
             shutil.rmtree(self.state.root)
@@ -269,7 +269,7 @@ class Harness:
 
     # ------------------------------------------------------------ leaders
 
-    async def _leader(self, client: ControlPlaneClient) -> tuple[str, int]:
+    async def leader(self, client: ControlPlaneClient) -> tuple[str, int]:
         with trio.move_on_after(self.settings.new_leader_timeout_s):
             while True:
                 try:
@@ -281,7 +281,7 @@ class Harness:
                 await trio.sleep(0.05)
         raise _Abort(f"no leader within {self.settings.new_leader_timeout_s:g} s")
 
-    async def _new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
+    async def new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
         addresses = [p.address for p in self.cluster.config().control_planes if p.id != old]
         probe = ControlPlaneClient(addresses, timeout_s=0.5)
         try:
@@ -305,23 +305,23 @@ class Harness:
             raise _Abort(f"{process_id} is not running")
         return process.pid
 
-    async def _kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
-        leader, epoch = await self._leader(client)
+    async def kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
+        leader, epoch = await self.leader(client)
         pid = self._pid(leader)
         since = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         events.record_fault("kill", leader, time.time())
-        _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
         self.result.failovers.append(
             Failover(kind="kill", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
         )
         await trio.to_thread.run_sync(self._restart)
 
-    async def _freeze_leader(
+    async def freeze_leader(
         self, client: ControlPlaneClient, events: StateDir, *, in_transaction: bool
     ) -> None:
         s = self.settings
-        leader, epoch = await self._leader(client)
+        leader, epoch = await self.leader(client)
         pid = self._pid(leader)
         parked: Path | None = None
         if in_transaction:
@@ -330,7 +330,7 @@ class Harness:
         frozen_at = time.time()
         os.kill(pid, signal.SIGSTOP)
         try:
-            _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+            _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
             remaining = (s.mid_transaction_freeze_s if in_transaction else s.freeze_s) - (
                 time.monotonic() - since
             )
@@ -344,6 +344,59 @@ class Harness:
         self.result.failovers.append(
             Failover(kind=kind, leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
         )
+
+    async def stop_leader(self, client: ControlPlaneClient) -> None:
+        """SIGTERM the leader (a clean stop: it releases its lease), time the takeover,
+        start it again."""
+        leader, epoch = await self.leader(client)
+        pid = self._pid(leader)
+        since = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
+        self.result.failovers.append(
+            Failover(kind="stop", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+        )
+        with trio.fail_after(15):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        await trio.to_thread.run_sync(self._restart)
+
+    async def kill_busiest_worker(self, client: ControlPlaneClient, events: StateDir) -> float:
+        """SIGKILL the live worker with the most CPU allocated and return the seconds until every
+        job it ran was running (or done) on another worker; then start it again.
+
+        Raises:
+            _Abort: no worker has jobs, or its jobs did not move within ``new_leader_timeout_s``
+                plus a minute.
+        """
+        status = await client.call("status", pb.StatusRequest())
+        live = self.cluster.pids()
+        candidates = [w for w in status.workers if w.state == "alive" and w.id in live and w.job_ids]
+        if not candidates:
+            raise _Abort("no live worker has jobs to move")
+        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
+        job_ids = [int(j) for j in victim.job_ids]
+        pid = self._pid(victim.id)
+        since = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        events.record_fault("kill", victim.id, time.time())
+        moved: float | None = None
+        with trio.move_on_after(self.settings.new_leader_timeout_s + 60):
+            while moved is None:
+                jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in job_ids]
+                if all(
+                    j.worker_id != victim.id and j.state in ("running", "succeeded", "failed") for j in jobs
+                ):
+                    moved = time.monotonic() - since
+                await trio.sleep(0.02)
+        if moved is None:
+            raise _Abort(f"the jobs of {victim.id} did not run elsewhere in time")
+        with trio.fail_after(10):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        self.result.worker_kills += 1
+        await trio.to_thread.run_sync(self._restart)
+        return moved
 
     async def _park_leader(self, pid: int) -> Path:
         """Arm the one-shot park and wait until the leader ``pid`` sits in it (inside an open
@@ -365,7 +418,7 @@ class Harness:
     def _restart(self) -> None:
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    async def _kill_worker(self, events: StateDir) -> None:
+    async def kill_worker(self, events: StateDir) -> None:
         workers = [p.id for p in self.cluster.config().workers]
         victim = self._rng.choice(workers)
         pid = self._pid(victim)

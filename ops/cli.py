@@ -880,6 +880,59 @@ def check(
         raise typer.Exit(EXIT_UNAVAILABLE)
 
 
+bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("failover")
+def bench_failover(
+    kills: Annotated[int, typer.Option(help="Leader SIGKILLs to time.")] = 10,
+    freezes: Annotated[int, typer.Option(help="Leader freezes (SIGSTOP past the lease) to time.")] = 10,
+    stops: Annotated[int, typer.Option(help="Clean leader stops (SIGTERM) to time.")] = 10,
+    worker_kills: Annotated[
+        int, typer.Option(help="Worker SIGKILLs to time until their jobs run elsewhere.")
+    ] = 10,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="State folder of the bench cluster (default .stockade/bench-failover)."),
+    ] = None,
+) -> None:
+    """Time to a new leader after kills, freezes and clean stops, and time until a killed
+    worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
+    from ops.bench import FailoverBenchSettings, run_failover_bench
+
+    if min(kills, freezes, stops, worker_kills) < 0:
+        _fail("counts must be >= 0", EXIT_INVALID)
+    cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")))
+    settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
+    try:
+        with _errors():
+            figures = trio.run(run_failover_bench, settings, cluster, lambda line: err_console.print(line))
+    finally:
+        with contextlib.suppress(ClusterError):
+            cluster.down()
+    samples = figures["samples"]
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
+    for column in ("measure", "runs", "p50", "max"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    for label, key, sample in [
+        ("new leader after SIGKILL", "failover_kill", "kill"),
+        ("new leader after SIGSTOP", "failover_freeze", "freeze"),
+        ("new leader after SIGTERM", "failover_stop", "stop"),
+        ("killed worker's jobs running elsewhere", "worker_recovery", "worker_recovery"),
+    ]:
+        table.add_row(
+            label,
+            str(len(samples[sample])),
+            _seconds(figures[f"{key}_p50_s"]),
+            _seconds(figures[f"{key}_max_s"]),
+        )
+    console.print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main() -> None:
     """The console entry point (``stockade``)."""
     app()
