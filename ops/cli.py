@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import attrs
 import rich.box
 import trio
 import typer
@@ -48,6 +49,7 @@ from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NotFound, RemoteError, Unavailable
+from runtime.settings import AgentSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
 
 __all__ = ["app", "main"]
 
@@ -65,6 +67,18 @@ JOB_SLEEP_S = (2.0, 10.0)
 """The sizes and durations ``stockade jobs`` draws from."""
 
 JOB_STATES = validation.JOB_STATES
+
+_LEASE = LeaseSettings()
+_PLACER = PlacerSettings()
+_RECONCILER = ReconcilerSettings()
+
+
+def _agent_default(name: str) -> float:
+    """An AgentSettings field's default (the option defaults come from the settings classes)."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, float)
+    return default
+
 
 app = typer.Typer(
     name="stockade",
@@ -304,12 +318,16 @@ def control_plane(
             envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
         ),
     ] = None,
-    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = 2.0,
-    round_interval_s: Annotated[float, typer.Option(help="Placer round interval, seconds.")] = 0.1,
-    reconcile_interval_s: Annotated[float, typer.Option(help="Reconcile pass interval, seconds.")] = 1.0,
+    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = _LEASE.lease_ttl_s,
+    round_interval_s: Annotated[
+        float, typer.Option(help="Placer round interval, seconds.")
+    ] = _PLACER.round_interval_s,
+    reconcile_interval_s: Annotated[
+        float, typer.Option(help="Reconcile pass interval, seconds.")
+    ] = _RECONCILER.reconcile_interval_s,
     dead_after_s: Annotated[
         float, typer.Option(help="A worker silent this long is declared dead, seconds.")
-    ] = 5.0,
+    ] = _RECONCILER.dead_after_s,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
@@ -353,10 +371,12 @@ def agent(
     work_dir: Annotated[Path, typer.Option(help="Folder for agent.jsonl and the jobs' output.")],
     port: Annotated[int, typer.Option(help="gRPC port of the Worker service (0: a free one).")] = 0,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    heartbeat_interval_s: Annotated[float, typer.Option(help="Time between heartbeats, seconds.")] = 0.5,
+    heartbeat_interval_s: Annotated[
+        float, typer.Option(help="Time between heartbeats, seconds.")
+    ] = _agent_default("heartbeat_interval_s"),
     self_fence_after_s: Annotated[
         float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
-    ] = 3.0,
+    ] = _agent_default("self_fence_after_s"),
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""

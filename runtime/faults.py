@@ -38,7 +38,7 @@ def _park_hook(directory: Path) -> Hook:
             return
         # Polling a file on purpose: the harness SIGSTOPs this process while it is parked and
         # signals from outside, where no trio.Event can reach.
-        while parked.exists():  # noqa: ASYNC110, ASYNC240
+        while parked.exists():  # noqa: ASYNC110
             await trio.sleep(0.01)
 
     return park
