@@ -371,6 +371,9 @@ def agent(
     work_dir: Annotated[Path, typer.Option(help="Folder for agent.jsonl and the jobs' output.")],
     port: Annotated[int, typer.Option(help="gRPC port of the Worker service (0: a free one).")] = 0,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    advertise_address: Annotated[
+        str, typer.Option(help="host:port the leader should call (default: the listen address).")
+    ] = "",
     heartbeat_interval_s: Annotated[
         float, typer.Option(help="Time between heartbeats, seconds.")
     ] = _agent_default("heartbeat_interval_s"),
@@ -385,7 +388,6 @@ def agent(
 
     with _errors():
         settings = AgentSettings(
-            # runtime.settings uses converter=tuple, which mypy types as Iterable[_T_co].
             worker_id=worker_id,
             control_planes=parse_addresses(control_planes),
             cpu_millis=cpu_millis,
@@ -393,6 +395,7 @@ def agent(
             work_dir=str(work_dir.absolute()),
             listen_host=host,
             listen_port=port,
+            advertise_address=advertise_address,
             heartbeat_interval_s=heartbeat_interval_s,
             self_fence_after_s=self_fence_after_s,
         )
@@ -803,6 +806,10 @@ def _seconds(value: float | None) -> str:
 def chaos(
     failovers: Annotated[int, typer.Argument(help="Leader failovers to inject (kill, freeze, ...).")] = 200,
     worker_kills: Annotated[int, typer.Option(help="Workers to SIGKILL and restart along the way.")] = 0,
+    partitions: Annotated[
+        int, typer.Option(help="Times to cut a worker off from every control plane, then heal it.")
+    ] = 0,
+    partition_s: Annotated[float, typer.Option(help="How long each partition lasts, seconds.")] = 4.0,
     workers: Annotated[int, typer.Option(help="Workers in the chaos cluster.")] = 10,
     rate: Annotated[float, typer.Option(help="Sleep jobs submitted per second.")] = 12.0,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
@@ -818,12 +825,22 @@ def chaos(
     not finish."""
     from ops.chaos import ChaosSettings, Harness
 
-    if failovers < 0 or worker_kills < 0 or workers < 1 or rate <= 0:
-        _fail("failovers and --worker-kills must be >= 0, --workers >= 1, --rate > 0", EXIT_INVALID)
+    if failovers < 0 or worker_kills < 0 or partitions < 0 or workers < 1 or rate <= 0 or partition_s <= 0:
+        _fail(
+            "failovers, --worker-kills and --partitions must be >= 0, --workers >= 1, "
+            "--rate and --partition-s > 0",
+            EXIT_INVALID,
+        )
     root = state_dir or (default_state_dir() / "chaos")
     cluster = LocalCluster(StateDir(root))
     settings = ChaosSettings(
-        failovers=failovers, worker_kills=worker_kills, workers=workers, submit_rate_per_s=rate, seed=seed
+        failovers=failovers,
+        worker_kills=worker_kills,
+        partitions=partitions,
+        partition_s=partition_s,
+        workers=workers,
+        submit_rate_per_s=rate,
+        seed=seed,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console.print(line))
     try:
@@ -848,6 +865,11 @@ def chaos(
             None,
         ),
         ("worker_kills", str(data["worker_kills"]), None),
+        (
+            "partitions (rejoined)",
+            f"{data['partitions']} ({data['partitions_rejoined']})",
+            data["partitions_rejoined"] == data["partitions"] if data["partitions"] else None,
+        ),
         ("duration", f"{data['duration_s']} s", None),
     ]
     console.print(_check_table(rows))

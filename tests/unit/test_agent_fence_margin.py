@@ -9,8 +9,15 @@ from runtime.settings import AgentSettings
 
 
 def settings(self_fence_after_s: float, stop_grace_s: float) -> AgentSettings:
-    return AgentSettings(worker_id="w-1", control_planes=("127.0.0.1:1",), cpu_millis=1, memory_mb=1,
-                         work_dir="w", self_fence_after_s=self_fence_after_s, stop_grace_s=stop_grace_s)
+    return AgentSettings(
+        worker_id="w-1",
+        control_planes=("127.0.0.1:1",),
+        cpu_millis=1,
+        memory_mb=1,
+        work_dir="w",
+        self_fence_after_s=self_fence_after_s,
+        stop_grace_s=stop_grace_s,
+    )
 
 
 def test_the_defaults_fit_the_default_dead_after() -> None:
