@@ -249,6 +249,7 @@ RETURNING id
 CANCEL_JOB = """
 UPDATE jobs
    SET cancel_requested = state IN ('assigned', 'running'),
+       reason = CASE WHEN state = 'pending' THEN '' ELSE reason END,
        state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
        finished_at = CASE WHEN state = 'pending' THEN now() ELSE finished_at END
  WHERE id = $1

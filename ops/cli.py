@@ -48,7 +48,7 @@ from ops.cluster import (
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.errors import InvalidArgument, NotFound, RemoteError, Unavailable
+from runtime.errors import InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
 from runtime.settings import AgentSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
 
 __all__ = ["app", "main"]
@@ -489,7 +489,7 @@ def kill_leader(
         async def body(client: ControlPlaneClient) -> pb.StatusReply | None:
             with trio.move_on_after(timeout_s):
                 while True:
-                    with contextlib.suppress(Unavailable):
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
                         reply: pb.StatusReply = await client.call("status", pb.StatusRequest())
                         if reply.leader and reply.epoch > old_epoch:
                             return reply
@@ -536,7 +536,7 @@ def kill_worker(
             with trio.move_on_after(timeout_s):
                 while True:
                     jobs = []
-                    with contextlib.suppress(Unavailable):
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
                         for job_id in job_ids:
                             jobs.append(await client.call("get_job", pb.GetJobRequest(job_id=job_id)))
                     if len(jobs) == len(job_ids) and all(_moved(j, victim.id) for j in jobs):
@@ -553,10 +553,11 @@ def kill_worker(
 
 
 def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
-    """Whether ``job`` left ``dead_worker``: running or ended on another worker, or cancelled."""
-    if job.state == "cancelled":
+    """Whether ``job`` no longer needs ``dead_worker``: running or ended on another worker,
+    ended there before the kill, or cancelled."""
+    if job.state in ("cancelled", "succeeded", "failed"):
         return True
-    return job.worker_id != dead_worker and job.state in ("running", "succeeded", "failed")
+    return job.worker_id != dead_worker and job.state == "running"
 
 
 # ---------------------------------------------------------------------------- client commands
