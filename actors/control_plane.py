@@ -88,6 +88,7 @@ async def run_control_plane(
         listen_port=settings.listen_port,
         pool_size=settings.ingest_pool_size,
         presence_interval_s=settings.presence_interval_s,
+        dead_after_s=settings.reconciler.dead_after_s,
         advertise_address=settings.advertise_address,
     )
     ledger = Ledger(

@@ -65,6 +65,8 @@ class ControlPlaneService:
 
     cp_id: str
     pool: PgPool
+    dead_after_s: float = 5.0
+    """Told to workers at registration, so they fence themselves in time."""
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         spec = request.spec or pb.JobSpec()
@@ -134,7 +136,9 @@ class ControlPlaneService:
         log.get("ingest").info(
             "worker registered", worker_id=request.worker_id, incarnation=incarnation, address=request.address
         )
-        return pb.RegisterWorkerReply(incarnation=incarnation, epoch=epoch)
+        return pb.RegisterWorkerReply(
+            incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
+        )
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         worker_id = validation.check_worker_id(request.worker_id)
@@ -217,6 +221,8 @@ class Ingest:
     listen_port: int
     pool_size: int
     presence_interval_s: float
+    dead_after_s: float = 5.0
+    """The reconciler's dead_after, told to workers at registration."""
     advertise_address: str = ""
     address: str = ""
     """host:port others reach this replica at; set once serving."""
@@ -233,7 +239,10 @@ class Ingest:
             },
         )
         try:
-            service = trio_service(pb.ControlPlaneBase, ControlPlaneService(cp_id=self.cp_id, pool=pool))
+            service = trio_service(
+                pb.ControlPlaneBase,
+                ControlPlaneService(cp_id=self.cp_id, pool=pool, dead_after_s=self.dead_after_s),
+            )
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(serve_grpc, [service], self.listen_host, self.listen_port)
                 self.address = self.advertise_address or f"{self.listen_host}:{port}"

@@ -1,12 +1,21 @@
 """The lease keeper: takeover, renewal, local step-down, clean release.
 
-A standby tries every ``takeover_poll_s`` to take the lease, which succeeds only once the
-lease has expired by database time (:data:`actors.queries.TAKE_OVER_LEASE`), bumping the epoch.
+A standby probes the lease every ``takeover_poll_s`` (50 ms) and takes it over, bumping the
+epoch (:data:`actors.queries.TAKE_OVER_LEASE`), when either
+
+- the lease has expired by database time (a frozen or partitioned leader, a clean release), or
+- the leader's database session is gone: the leader of epoch ``e`` holds the session-level
+  advisory lock ``(LEASE_LOCK_SPACE, e)`` on its lease connection from the takeover statement
+  on, and PostgreSQL releases it the moment that session ends (the process was killed, or its
+  connection dropped), so a standby whose ``pg_try_advisory_lock`` succeeds takes over at once
+  instead of waiting out the lease. A frozen leader still holds its session and its lock.
+
 The leader renews every ``renew_interval_s``; a renewal that finds no row means another
 replica took over (deposed). The leader also steps down on its own once its last successful
 renewal was *sent* more than ``lease_ttl_s - step_down_margin_s`` ago by the local monotonic
 clock: the database set ``expires_at`` from a ``now()`` no earlier than that send, so the
-replica stops deciding before its lease can have expired. That is liveness only: every
+replica stops deciding before its lease can have expired. On stepping down it lets go of its
+advisory lock so a standby need not wait for the expiry. All of this is liveness only: every
 decision is fenced by the epoch in the ledger, whatever this actor believes.
 
 Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers;
@@ -16,7 +25,7 @@ answers :class:`QueryRole`; steps down on :class:`EpochSuperseded`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -32,14 +41,17 @@ from runtime.settings import LeaseSettings
 class LeaseStore(Protocol):
     """The lease row, as the lease keeper needs it. Times are database time."""
 
-    async def take_over(self, holder: str, ttl_s: float) -> int | None:
-        """Take the lease if expired; the new epoch, or None when it is still held."""
+    async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
+        """Take the lease if it expired or its holder's session is gone; the new epoch, or None."""
 
     async def renew(self, holder: str, epoch: int, ttl_s: float) -> bool:
         """Extend our lease; False when ``(holder, epoch)`` no longer holds it."""
 
     async def release(self, holder: str, epoch: int) -> None:
-        """Expire our lease now so a standby takes over at once."""
+        """Expire our lease now and let go of its lock, so a standby takes over at once."""
+
+    async def relinquish(self, epoch: int) -> None:
+        """Let go of the epoch's lock after stepping down (the lease row stays as it is)."""
 
     async def close(self) -> None:
         """Drop the connection."""
@@ -47,15 +59,22 @@ class LeaseStore(Protocol):
 
 @attrs.define
 class PgLeaseStore:
-    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure."""
+    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure.
+
+    The connection is also the leader's proof of life: it holds the advisory lock of the epoch
+    it leads. After a reconnect the leader takes the lock again before renewing; if it cannot
+    (a standby holds it and is taking over), the renewal reports the lease lost.
+    """
 
     database_url: str
     application_name: str
     statement_timeout_s: float
     _conn: PgConnection | None = None
+    _locked_epochs: set[int] = attrs.field(factory=set)
 
     async def _connection(self) -> PgConnection:
         if self._conn is None or self._conn.is_closed():
+            self._locked_epochs.clear()
             self._conn = await PgConnection.connect(
                 self.database_url,
                 server_settings={
@@ -66,23 +85,49 @@ class PgLeaseStore:
             )
         return self._conn
 
-    async def take_over(self, holder: str, ttl_s: float) -> int | None:
+    async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
         conn = await self._connection()
-        epoch = await conn.fetchval(queries.TAKE_OVER_LEASE, holder, ttl_s)
-        return None if epoch is None else int(epoch)
+        probe = await conn.fetchrow(queries.PROBE_LEASE, queries.LEASE_LOCK_SPACE)
+        assert probe is not None
+        seen, orphaned = int(probe["epoch"]), bool(probe["orphaned"])
+        try:
+            if not (probe["expired"] or orphaned):
+                return None
+            row = await conn.fetchrow(queries.TAKE_OVER_LEASE, holder, ttl_s, seen, orphaned)
+        finally:
+            if orphaned:
+                await conn.fetchval(queries.UNLOCK_LEASE_LOCK, queries.LEASE_LOCK_SPACE, seen)
+        if row is None:
+            return None
+        epoch = int(row["epoch"])
+        self._locked_epochs.add(epoch)
+        return epoch
 
     async def renew(self, holder: str, epoch: int, ttl_s: float) -> bool:
         conn = await self._connection()
+        if epoch not in self._locked_epochs:
+            if not await conn.fetchval(queries.TRY_LEASE_LOCK, queries.LEASE_LOCK_SPACE, epoch):
+                # Held by our previous session, not yet gone, or by a standby taking over:
+                # try again shortly; the keeper steps down if it does not clear in time.
+                raise DatabaseUnavailable(f"the lock of epoch {epoch} is held by another session")
+            self._locked_epochs.add(epoch)
         return await conn.fetchval(queries.RENEW_LEASE, holder, epoch, ttl_s) is not None
 
     async def release(self, holder: str, epoch: int) -> None:
         conn = await self._connection()
         await conn.execute(queries.RELEASE_LEASE, holder, epoch)
+        await self.relinquish(epoch)
+
+    async def relinquish(self, epoch: int) -> None:
+        if epoch in self._locked_epochs and self._conn is not None and not self._conn.is_closed():
+            self._locked_epochs.discard(epoch)
+            await self._conn.fetchval(queries.UNLOCK_LEASE_LOCK, queries.LEASE_LOCK_SPACE, epoch)
 
     async def close(self) -> None:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+            self._locked_epochs.clear()
 
 
 @attrs.define
@@ -101,7 +146,9 @@ class LeaseKeeper:
     _seq: int = 0
     _role: RoleChange | None = None
     _leader_wait: trio.CancelScope | None = None
-    _log: object = attrs.field(factory=lambda: log.get("lease"))
+    _relinquish: list[int] = attrs.field(factory=list)
+    """Epochs we stopped leading whose advisory lock we still have to let go of."""
+    _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
     # ------------------------------------------------------------ role changes
 
@@ -113,20 +160,22 @@ class LeaseKeeper:
             except trio.WouldBlock:
                 # The subscriber is restarting or stuck; it asks QueryRole when it starts,
                 # and fencing keeps a stale view harmless.
-                self._log.warning("role change not delivered: subscriber inbox full")  # type: ignore[attr-defined]
+                self._log.warning("role change not delivered: subscriber inbox full")
 
     def _elect(self, epoch: int) -> None:
         self.epoch = epoch
         self._seq += 1
-        self._log.info("elected", epoch=epoch)  # type: ignore[attr-defined]
+        self._log.info("elected", epoch=epoch)
         self._publish(Elected(seq=self._seq, epoch=epoch))
 
     def _depose(self, reason: str) -> None:
         epoch = self.epoch or 0
         self.epoch = None
         self._seq += 1
-        self._log.warning("deposed", epoch=epoch, reason=reason)  # type: ignore[attr-defined]
+        self._log.warning("deposed", epoch=epoch, reason=reason)
         self._publish(Deposed(seq=self._seq, epoch=epoch, reason=reason))
+        if epoch:
+            self._relinquish.append(epoch)
         if self._leader_wait is not None:
             self._leader_wait.cancel()
 
@@ -148,7 +197,7 @@ class LeaseKeeper:
                 if self.epoch is not None:
                     try:
                         await store.release(self.cp_id, self.epoch)
-                        self._log.info("released lease", epoch=self.epoch)  # type: ignore[attr-defined]
+                        self._log.info("released lease", epoch=self.epoch)
                     except DatabaseUnavailable:
                         pass
                 await store.close()
@@ -167,13 +216,20 @@ class LeaseKeeper:
         s = self.settings
         while True:
             if self.epoch is None:
+                while self._relinquish:
+                    with trio.move_on_after(s.statement_timeout_s):
+                        try:
+                            await store.relinquish(self._relinquish[0])
+                        except DatabaseUnavailable:
+                            pass  # a broken connection has let go of it already
+                    self._relinquish.pop(0)
                 sent = trio.current_time()
                 epoch: int | None = None
                 with trio.move_on_after(s.statement_timeout_s):
                     try:
-                        epoch = await store.take_over(self.cp_id, s.lease_ttl_s)
+                        epoch = await store.try_take_over(self.cp_id, s.lease_ttl_s)
                     except DatabaseUnavailable as exc:
-                        self._log.warning("takeover attempt failed", error=str(exc))  # type: ignore[attr-defined]
+                        self._log.warning("takeover attempt failed", error=str(exc))
                 if epoch is not None:
                     self.last_renew_sent = sent
                     self._elect(epoch)
@@ -200,7 +256,7 @@ class LeaseKeeper:
                 try:
                     renewed = await store.renew(self.cp_id, epoch, s.lease_ttl_s)
                 except DatabaseUnavailable as exc:
-                    self._log.warning("renewal failed", error=str(exc))  # type: ignore[attr-defined]
+                    self._log.warning("renewal failed", error=str(exc))
                     await trio.sleep(min(0.05, s.renew_interval_s))
                     continue
             if renewed is None:

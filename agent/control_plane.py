@@ -71,7 +71,11 @@ class GrpcControlPlane:
                 labels=dict(request.labels),
             ),
         )
-        return Registered(incarnation=reply.incarnation, epoch=reply.epoch)
+        return Registered(
+            incarnation=reply.incarnation,
+            epoch=reply.epoch,
+            dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
+        )
 
     async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer:
         """Call Heartbeat.

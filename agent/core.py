@@ -76,6 +76,27 @@ class _Job:
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
+SELF_FENCE_MARGIN_S = 0.5
+"""A worker's jobs must be stopped at least this long before the cluster may declare it dead."""
+
+
+def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
+    """The self-fence deadline to use, in seconds.
+
+    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere.
+    The agent fences ``self_fence_after_s`` after the send time of its last acknowledged
+    heartbeat and then takes up to ``stop_grace_s`` to stop a job (SIGTERM, then SIGKILL); the
+    control planes declare it dead ``dead_after_s`` after the last heartbeat they recorded,
+    which was sent no earlier. So ``self_fence_after_s + stop_grace_s + SELF_FENCE_MARGIN_S``
+    must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
+    below 0.1 s). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
+    """
+    if dead_after_s is None:
+        return settings.self_fence_after_s
+    limit = dead_after_s - settings.stop_grace_s - SELF_FENCE_MARGIN_S
+    return max(0.1, min(settings.self_fence_after_s, limit))
+
+
 class Agent:
     """One worker's agent. Serve its :meth:`assign`/:meth:`cancel` and run :meth:`run`.
 
@@ -102,6 +123,9 @@ class Agent:
         self._jobs: dict[int, _Job] = {}
         self._unacked: list[Outcome] = []
         self._last_acked_send_time: float | None = None
+        self._fence_after_s = settings.self_fence_after_s
+        """The self-fence deadline in force: the setting, or less when the control planes'
+        dead_after leaves too small a margin (see :func:`fence_after_s`)."""
         self._self_fenced = False
         self._live = trio.Event()
         """Set while registered and not fenced; replaced by a fresh one when that ends."""
@@ -389,6 +413,16 @@ class Agent:
             break
         self._admission.registered(reply.incarnation, reply.epoch)
         self._last_acked_send_time = sent_at
+        fence_s = fence_after_s(self.settings, reply.dead_after_s)
+        if fence_s != self._fence_after_s:
+            self._logger.warning(
+                "self_fence_after_s lowered to stop every job before the cluster may move them",
+                self_fence_after_s=self._fence_after_s,
+                stop_grace_s=self.settings.stop_grace_s,
+                dead_after_s=reply.dead_after_s,
+                now_s=fence_s,
+            )
+            self._fence_after_s = fence_s
         self._self_fenced = False
         self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
@@ -471,8 +505,8 @@ class Agent:
 
     async def _fence_watch(self) -> None:
         """Self-fence once no heartbeat sent in the last ``self_fence_after_s`` was answered."""
-        after_s = self.settings.self_fence_after_s
         while True:
+            after_s = self._fence_after_s
             if not self._live.is_set():
                 await self._live.wait()
                 continue
@@ -497,7 +531,7 @@ class Agent:
         self._logger.warning(
             "self-fenced: no heartbeat acknowledged, stopping every job",
             silent_s=round(silent_s, 3),
-            self_fence_after_s=self.settings.self_fence_after_s,
+            self_fence_after_s=self._fence_after_s,
             jobs=len(self._jobs),
         )
         await self._stop_all(StopReason.SELF_FENCE)

@@ -169,10 +169,12 @@ class Registration:
 
 @attrs.frozen(kw_only=True)
 class Registered:
-    """A RegisterWorker reply: this life's incarnation and the current epoch."""
+    """A RegisterWorker reply: this life's incarnation, the current epoch, and the control
+    planes' dead_after in seconds (None when the control plane did not say)."""
 
     incarnation: int
     epoch: int
+    dead_after_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -36,6 +36,7 @@ import trio
 
 from ops import checker
 from ops.cluster import LocalCluster, StateDir
+from ops.netfault import Link, serve_proxy
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
@@ -52,6 +53,11 @@ class ChaosSettings:
     """Leader failovers to inject, alternating kill and freeze (kill first)."""
     worker_kills: int = 0
     """Workers to SIGKILL (and restart) along the way, spread over the run."""
+    partitions: int = 0
+    """Times to cut a worker off from every control plane for ``partition_s``, spread over
+    the run (each worker's traffic then goes through fault-injecting proxies)."""
+    partition_s: float = 4.0
+    """How long a partition lasts: longer than dead_after (2.5 s), so its jobs are moved."""
     control_planes: int = 3
     workers: int = 10
     submit_rate_per_s: float = 12.0
@@ -92,6 +98,10 @@ class ChaosResult:
 
     failovers: list[Failover] = attrs.field(factory=list)
     worker_kills: int = 0
+    partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
+    """(worker, cut at, healed at) in Unix seconds."""
+    partitions_rejoined: int = 0
+    """Partitioned workers that registered again after the heal and then started a job."""
     report: checker.CheckReport | None = None
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
@@ -121,6 +131,8 @@ class ChaosResult:
             "failover_freeze_p50_s": _p50(freezes),
             "failover_freeze_max_s": max(freezes, default=None),
             "worker_kills": self.worker_kills,
+            "partitions": len(self.partitions),
+            "partitions_rejoined": self.partitions_rejoined,
             "duration_s": round(self.duration_s, 1),
             "unfinished_job_ids": report.get("unfinished_job_ids", []),
             "details": report.get("details", []) + self.errors,
@@ -150,6 +162,7 @@ class Harness:
     progress: Callable[[str], None] = print
     result: ChaosResult = attrs.field(factory=ChaosResult)
     _rng: random.Random = attrs.field(init=False)
+    _links: dict[str, Link] = attrs.field(factory=dict)
     _submitted: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -170,48 +183,61 @@ class Harness:
         inspection; the caller stops it (``cluster.down()``)."""
         started = time.monotonic()
         s = self.settings
-        await trio.to_thread.run_sync(self._fresh_cluster)
-        events = self.state
+        async with asyncio_bridge(), trio.open_nursery() as network:
+            if s.partitions > 0:
+                await self._start_proxies(network)
+            await trio.to_thread.run_sync(self.fresh_cluster)
+            await self._inject_and_wait()
+            network.cancel_scope.cancel()
         config = self.cluster.config()
-        addresses = config.control_plane_addresses
         async with asyncio_bridge():
-            client = ControlPlaneClient(addresses, timeout_s=1.0)
-            try:
-                async with trio.open_nursery() as nursery:
-                    stop_submitting = trio.Event()
-                    nursery.start_soon(self._submit, addresses, stop_submitting)
-                    kill_worker_at = self._worker_kill_points()
-                    freezes = 0
-                    for i in range(s.failovers):
-                        if i % 2 == 0:
-                            await self._kill_leader(client, events)
-                        else:
-                            freezes += 1
-                            in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                            await self._freeze_leader(client, events, in_transaction=in_tx)
-                        if i in kill_worker_at:
-                            await self._kill_worker(events)
-                        self.progress(self._line(i + 1))
-                        await trio.sleep(s.settle_s)
-                    stop_submitting.set()
-                await self._wait_finished(client)
-            except _Abort as exc:
-                self.result.errors.append(str(exc))
-            finally:
-                client.close()
             history = await checker.load_history(config.database_url)
-        faults = checker.load_events(events.events_path)
+        faults = checker.load_events(self.state.events_path)
         runs = checker.load_runs([self.state.work_dir(w.id) for w in config.workers], faults)
         self.result.report = checker.check(history, runs, faults)
+        self.result.partitions_rejoined = self._rejoined(config)
         self.result.duration_s = time.monotonic() - started
         return self.result
+
+    async def _inject_and_wait(self) -> None:
+        """Submit jobs while injecting the failovers (and worker kills and partitions), then
+        wait for every job to finish. A run that cannot go on is recorded as an error."""
+        s = self.settings
+        addresses = self.cluster.config().control_plane_addresses
+        client = ControlPlaneClient(addresses, timeout_s=1.0)
+        try:
+            async with trio.open_nursery() as nursery:
+                stop_submitting = trio.Event()
+                nursery.start_soon(self._submit, addresses, stop_submitting)
+                kill_worker_at = self._spread(s.worker_kills)
+                partition_at = self._spread(s.partitions)
+                freezes = 0
+                for i in range(s.failovers):
+                    if i % 2 == 0:
+                        await self.kill_leader(client, self.state)
+                    else:
+                        freezes += 1
+                        in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
+                        await self.freeze_leader(client, self.state, in_transaction=in_tx)
+                    if i in kill_worker_at:
+                        await self.kill_worker(self.state)
+                    if i in partition_at:
+                        nursery.start_soon(self.partition_worker)
+                    self.progress(self._line(i + 1))
+                    await trio.sleep(s.settle_s)
+                stop_submitting.set()
+            await self._wait_finished(client)
+        except _Abort as exc:
+            self.result.errors.append(str(exc))
+        finally:
+            client.close()
 
     def _line(self, done: int) -> str:
         last = self.result.failovers[-1] if self.result.failovers else None
         what = f"{last.kind} of {last.leader}: new leader in {last.seconds:.2f} s" if last else ""
         return f"failover {done}/{self.settings.failovers}  {what}  jobs submitted {self._submitted}"
 
-    def _fresh_cluster(self) -> None:
+    def fresh_cluster(self) -> None:
         self.cluster.down()
         if self.state.root.exists():
             shutil.rmtree(self.state.root)
@@ -220,12 +246,63 @@ class Harness:
         self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    def _worker_kill_points(self) -> set[int]:
-        s = self.settings
-        if s.worker_kills <= 0 or s.failovers <= 0:
+    def _spread(self, count: int) -> set[int]:
+        """``count`` failover indices spread evenly over the run."""
+        failovers = self.settings.failovers
+        if count <= 0 or failovers <= 0:
             return set()
-        step = max(1, s.failovers // (s.worker_kills + 1))
-        return {min(s.failovers - 1, step * (k + 1) - 1) for k in range(s.worker_kills)}
+        step = max(1, failovers // (count + 1))
+        return {min(failovers - 1, step * (k + 1) - 1) for k in range(count)}
+
+    # ------------------------------------------------------------ partitions
+
+    async def _start_proxies(self, nursery: trio.Nursery) -> None:
+        """Route every worker through proxies of its own (see :mod:`ops.netfault`)."""
+        s = self.settings
+        cp_ids = [f"cp-{i}" for i in range(1, s.control_planes + 1)]
+        routes: dict[str, tuple[str, list[str]]] = {}
+
+        def address_of(process_id: str) -> Callable[[], str]:
+            return lambda: self.cluster.config().process(process_id).address
+
+        for index in range(1, s.workers + 1):
+            worker_id = f"w-{index}"
+            link = self._links[worker_id] = Link(name=worker_id)
+            inbound = await nursery.start(serve_proxy, 0, address_of(worker_id), link)
+            outbound = [await nursery.start(serve_proxy, 0, address_of(cp), link) for cp in cp_ids]
+            routes[worker_id] = (f"127.0.0.1:{inbound}", [f"127.0.0.1:{port}" for port in outbound])
+        self.cluster.worker_network = routes.__getitem__
+
+    async def partition_worker(self, worker_id: str | None = None) -> None:
+        """Cut ``worker_id`` (default: a random one not already cut) off from every control
+        plane for ``partition_s``, then heal it."""
+        if worker_id is None:
+            candidates = sorted(w for w, link in self._links.items() if not link.cut)
+            if not candidates:
+                return
+            worker_id = self._rng.choice(candidates)
+        link = self._links[worker_id]
+        cut_at = time.time()
+        link.sever()
+        try:
+            await trio.sleep(self.settings.partition_s)
+        finally:
+            link.heal()
+            healed_at = time.time()
+            self.state.record_fault("partition", worker_id, cut_at, healed_at)
+            self.result.partitions.append((worker_id, cut_at, healed_at))
+
+    def _rejoined(self, config: Any) -> int:
+        """Partitions after which the worker registered again and then started a job."""
+        count = 0
+        for worker_id, _, healed_at in self.result.partitions:
+            records = checker.read_jsonl(self.state.work_dir(worker_id) / "agent.jsonl")
+            registered = [
+                r["time"] for r in records if r.get("event") == "register" and r["time"] >= healed_at
+            ]
+            if registered and any(r.get("event") == "start" and r["time"] >= registered[0] for r in records):
+                count += 1
+        return count
 
     # ------------------------------------------------------------ jobs
 
@@ -269,7 +346,7 @@ class Harness:
 
     # ------------------------------------------------------------ leaders
 
-    async def _leader(self, client: ControlPlaneClient) -> tuple[str, int]:
+    async def leader(self, client: ControlPlaneClient) -> tuple[str, int]:
         with trio.move_on_after(self.settings.new_leader_timeout_s):
             while True:
                 try:
@@ -281,7 +358,7 @@ class Harness:
                 await trio.sleep(0.05)
         raise _Abort(f"no leader within {self.settings.new_leader_timeout_s:g} s")
 
-    async def _new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
+    async def new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
         addresses = [p.address for p in self.cluster.config().control_planes if p.id != old]
         probe = ControlPlaneClient(addresses, timeout_s=0.5)
         try:
@@ -305,23 +382,23 @@ class Harness:
             raise _Abort(f"{process_id} is not running")
         return process.pid
 
-    async def _kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
-        leader, epoch = await self._leader(client)
+    async def kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
+        leader, epoch = await self.leader(client)
         pid = self._pid(leader)
         since = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         events.record_fault("kill", leader, time.time())
-        _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
         self.result.failovers.append(
             Failover(kind="kill", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
         )
         await trio.to_thread.run_sync(self._restart)
 
-    async def _freeze_leader(
+    async def freeze_leader(
         self, client: ControlPlaneClient, events: StateDir, *, in_transaction: bool
     ) -> None:
         s = self.settings
-        leader, epoch = await self._leader(client)
+        leader, epoch = await self.leader(client)
         pid = self._pid(leader)
         parked: Path | None = None
         if in_transaction:
@@ -330,7 +407,7 @@ class Harness:
         frozen_at = time.time()
         os.kill(pid, signal.SIGSTOP)
         try:
-            _, new_epoch, seconds = await self._new_leader(leader, epoch, since)
+            _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
             remaining = (s.mid_transaction_freeze_s if in_transaction else s.freeze_s) - (
                 time.monotonic() - since
             )
@@ -344,6 +421,59 @@ class Harness:
         self.result.failovers.append(
             Failover(kind=kind, leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
         )
+
+    async def stop_leader(self, client: ControlPlaneClient) -> None:
+        """SIGTERM the leader (a clean stop: it releases its lease), time the takeover,
+        start it again."""
+        leader, epoch = await self.leader(client)
+        pid = self._pid(leader)
+        since = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
+        self.result.failovers.append(
+            Failover(kind="stop", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+        )
+        with trio.fail_after(15):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        await trio.to_thread.run_sync(self._restart)
+
+    async def kill_busiest_worker(self, client: ControlPlaneClient, events: StateDir) -> float:
+        """SIGKILL the live worker with the most CPU allocated and return the seconds until every
+        job it ran was running (or done) on another worker; then start it again.
+
+        Raises:
+            _Abort: no worker has jobs, or its jobs did not move within ``new_leader_timeout_s``
+                plus a minute.
+        """
+        status = await client.call("status", pb.StatusRequest())
+        live = self.cluster.pids()
+        candidates = [w for w in status.workers if w.state == "alive" and w.id in live and w.job_ids]
+        if not candidates:
+            raise _Abort("no live worker has jobs to move")
+        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
+        job_ids = [int(j) for j in victim.job_ids]
+        pid = self._pid(victim.id)
+        since = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        events.record_fault("kill", victim.id, time.time())
+        moved: float | None = None
+        with trio.move_on_after(self.settings.new_leader_timeout_s + 60):
+            while moved is None:
+                jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in job_ids]
+                if all(
+                    j.worker_id != victim.id and j.state in ("running", "succeeded", "failed") for j in jobs
+                ):
+                    moved = time.monotonic() - since
+                await trio.sleep(0.02)
+        if moved is None:
+            raise _Abort(f"the jobs of {victim.id} did not run elsewhere in time")
+        with trio.fail_after(10):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        self.result.worker_kills += 1
+        await trio.to_thread.run_sync(self._restart)
+        return moved
 
     async def _park_leader(self, pid: int) -> Path:
         """Arm the one-shot park and wait until the leader ``pid`` sits in it (inside an open
@@ -365,7 +495,7 @@ class Harness:
     def _restart(self) -> None:
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    async def _kill_worker(self, events: StateDir) -> None:
+    async def kill_worker(self, events: StateDir) -> None:
         workers = [p.id for p in self.cluster.config().workers]
         victim = self._rng.choice(workers)
         pid = self._pid(victim)

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import attrs
 import rich.box
 import trio
 import typer
@@ -47,7 +48,8 @@ from ops.cluster import (
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.errors import InvalidArgument, NotFound, RemoteError, Unavailable
+from runtime.errors import InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
+from runtime.settings import AgentSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
 
 __all__ = ["app", "main"]
 
@@ -65,6 +67,18 @@ JOB_SLEEP_S = (2.0, 10.0)
 """The sizes and durations ``stockade jobs`` draws from."""
 
 JOB_STATES = validation.JOB_STATES
+
+_LEASE = LeaseSettings()
+_PLACER = PlacerSettings()
+_RECONCILER = ReconcilerSettings()
+
+
+def _agent_default(name: str) -> float:
+    """An AgentSettings field's default (the option defaults come from the settings classes)."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, float)
+    return default
+
 
 app = typer.Typer(
     name="stockade",
@@ -304,12 +318,16 @@ def control_plane(
             envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
         ),
     ] = None,
-    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = 2.0,
-    round_interval_s: Annotated[float, typer.Option(help="Placer round interval, seconds.")] = 0.1,
-    reconcile_interval_s: Annotated[float, typer.Option(help="Reconcile pass interval, seconds.")] = 1.0,
+    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = _LEASE.lease_ttl_s,
+    round_interval_s: Annotated[
+        float, typer.Option(help="Placer round interval, seconds.")
+    ] = _PLACER.round_interval_s,
+    reconcile_interval_s: Annotated[
+        float, typer.Option(help="Reconcile pass interval, seconds.")
+    ] = _RECONCILER.reconcile_interval_s,
     dead_after_s: Annotated[
         float, typer.Option(help="A worker silent this long is declared dead, seconds.")
-    ] = 5.0,
+    ] = _RECONCILER.dead_after_s,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
@@ -353,10 +371,15 @@ def agent(
     work_dir: Annotated[Path, typer.Option(help="Folder for agent.jsonl and the jobs' output.")],
     port: Annotated[int, typer.Option(help="gRPC port of the Worker service (0: a free one).")] = 0,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    heartbeat_interval_s: Annotated[float, typer.Option(help="Time between heartbeats, seconds.")] = 0.5,
+    advertise_address: Annotated[
+        str, typer.Option(help="host:port the leader should call (default: the listen address).")
+    ] = "",
+    heartbeat_interval_s: Annotated[
+        float, typer.Option(help="Time between heartbeats, seconds.")
+    ] = _agent_default("heartbeat_interval_s"),
     self_fence_after_s: Annotated[
         float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
-    ] = 3.0,
+    ] = _agent_default("self_fence_after_s"),
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
@@ -365,7 +388,6 @@ def agent(
 
     with _errors():
         settings = AgentSettings(
-            # runtime.settings uses converter=tuple, which mypy types as Iterable[_T_co].
             worker_id=worker_id,
             control_planes=parse_addresses(control_planes),
             cpu_millis=cpu_millis,
@@ -373,6 +395,7 @@ def agent(
             work_dir=str(work_dir.absolute()),
             listen_host=host,
             listen_port=port,
+            advertise_address=advertise_address,
             heartbeat_interval_s=heartbeat_interval_s,
             self_fence_after_s=self_fence_after_s,
         )
@@ -466,7 +489,7 @@ def kill_leader(
         async def body(client: ControlPlaneClient) -> pb.StatusReply | None:
             with trio.move_on_after(timeout_s):
                 while True:
-                    with contextlib.suppress(Unavailable):
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
                         reply: pb.StatusReply = await client.call("status", pb.StatusRequest())
                         if reply.leader and reply.epoch > old_epoch:
                             return reply
@@ -513,7 +536,7 @@ def kill_worker(
             with trio.move_on_after(timeout_s):
                 while True:
                     jobs = []
-                    with contextlib.suppress(Unavailable):
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
                         for job_id in job_ids:
                             jobs.append(await client.call("get_job", pb.GetJobRequest(job_id=job_id)))
                     if len(jobs) == len(job_ids) and all(_moved(j, victim.id) for j in jobs):
@@ -530,10 +553,11 @@ def kill_worker(
 
 
 def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
-    """Whether ``job`` left ``dead_worker``: running or ended on another worker, or cancelled."""
-    if job.state == "cancelled":
+    """Whether ``job`` no longer needs ``dead_worker``: running or ended on another worker,
+    ended there before the kill, or cancelled."""
+    if job.state in ("cancelled", "succeeded", "failed"):
         return True
-    return job.worker_id != dead_worker and job.state in ("running", "succeeded", "failed")
+    return job.worker_id != dead_worker and job.state == "running"
 
 
 # ---------------------------------------------------------------------------- client commands
@@ -783,6 +807,10 @@ def _seconds(value: float | None) -> str:
 def chaos(
     failovers: Annotated[int, typer.Argument(help="Leader failovers to inject (kill, freeze, ...).")] = 200,
     worker_kills: Annotated[int, typer.Option(help="Workers to SIGKILL and restart along the way.")] = 0,
+    partitions: Annotated[
+        int, typer.Option(help="Times to cut a worker off from every control plane, then heal it.")
+    ] = 0,
+    partition_s: Annotated[float, typer.Option(help="How long each partition lasts, seconds.")] = 4.0,
     workers: Annotated[int, typer.Option(help="Workers in the chaos cluster.")] = 10,
     rate: Annotated[float, typer.Option(help="Sleep jobs submitted per second.")] = 12.0,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
@@ -798,12 +826,22 @@ def chaos(
     not finish."""
     from ops.chaos import ChaosSettings, Harness
 
-    if failovers < 0 or worker_kills < 0 or workers < 1 or rate <= 0:
-        _fail("failovers and --worker-kills must be >= 0, --workers >= 1, --rate > 0", EXIT_INVALID)
+    if failovers < 0 or worker_kills < 0 or partitions < 0 or workers < 1 or rate <= 0 or partition_s <= 0:
+        _fail(
+            "failovers, --worker-kills and --partitions must be >= 0, --workers >= 1, "
+            "--rate and --partition-s > 0",
+            EXIT_INVALID,
+        )
     root = state_dir or (default_state_dir() / "chaos")
     cluster = LocalCluster(StateDir(root))
     settings = ChaosSettings(
-        failovers=failovers, worker_kills=worker_kills, workers=workers, submit_rate_per_s=rate, seed=seed
+        failovers=failovers,
+        worker_kills=worker_kills,
+        partitions=partitions,
+        partition_s=partition_s,
+        workers=workers,
+        submit_rate_per_s=rate,
+        seed=seed,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console.print(line))
     try:
@@ -828,6 +866,11 @@ def chaos(
             None,
         ),
         ("worker_kills", str(data["worker_kills"]), None),
+        (
+            "partitions (rejoined)",
+            f"{data['partitions']} ({data['partitions_rejoined']})",
+            data["partitions_rejoined"] == data["partitions"] if data["partitions"] else None,
+        ),
         ("duration", f"{data['duration_s']} s", None),
     ]
     console.print(_check_table(rows))
@@ -878,6 +921,59 @@ def check(
             console.print(f"  {line}", markup=False)
     if not report.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("failover")
+def bench_failover(
+    kills: Annotated[int, typer.Option(help="Leader SIGKILLs to time.")] = 10,
+    freezes: Annotated[int, typer.Option(help="Leader freezes (SIGSTOP past the lease) to time.")] = 10,
+    stops: Annotated[int, typer.Option(help="Clean leader stops (SIGTERM) to time.")] = 10,
+    worker_kills: Annotated[
+        int, typer.Option(help="Worker SIGKILLs to time until their jobs run elsewhere.")
+    ] = 10,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="State folder of the bench cluster (default .stockade/bench-failover)."),
+    ] = None,
+) -> None:
+    """Time to a new leader after kills, freezes and clean stops, and time until a killed
+    worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
+    from ops.bench import FailoverBenchSettings, run_failover_bench
+
+    if min(kills, freezes, stops, worker_kills) < 0:
+        _fail("counts must be >= 0", EXIT_INVALID)
+    cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")))
+    settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
+    try:
+        with _errors():
+            figures = trio.run(run_failover_bench, settings, cluster, lambda line: err_console.print(line))
+    finally:
+        with contextlib.suppress(ClusterError):
+            cluster.down()
+    samples = figures["samples"]
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
+    for column in ("measure", "runs", "p50", "max"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    for label, key, sample in [
+        ("new leader after SIGKILL", "failover_kill", "kill"),
+        ("new leader after SIGSTOP", "failover_freeze", "freeze"),
+        ("new leader after SIGTERM", "failover_stop", "stop"),
+        ("killed worker's jobs running elsewhere", "worker_recovery", "worker_recovery"),
+    ]:
+        table.add_row(
+            label,
+            str(len(samples[sample])),
+            _seconds(figures[f"{key}_p50_s"]),
+            _seconds(figures[f"{key}_max_s"]),
+        )
+    console.print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,9 @@ class LocalCluster:
             so running processes are recognised); operators have no reason to change it.
         extra_env: environment added to every process it starts (the chaos harness arms
             fault points this way).
+        worker_network: for a new worker's id, the address it should advertise and the
+            control-plane addresses it should call, instead of the direct ones (the chaos
+            harness routes a worker through fault-injecting proxies this way).
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -326,6 +329,7 @@ class LocalCluster:
     agent_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     launcher: tuple[str, ...] = attrs.field(default=("-m", "ops.cli"), converter=_str_tuple)
     extra_env: dict[str, str] = attrs.field(factory=dict)
+    worker_network: Callable[[str], tuple[str, list[str]]] | None = None
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -528,6 +532,11 @@ class LocalCluster:
                         *self.agent_args,
                     ),
                 )
+                if self.worker_network is not None:
+                    advertise, routed = self.worker_network(worker_id)
+                    args = list(spec.args)
+                    args[args.index("--control-planes") + 1] = ",".join(routed)
+                    spec = attrs.evolve(spec, args=(*args, "--advertise-address", advertise))
             worker_specs.append(spec)
         worker_specs += [p for p in recorded.values() if p.kind == "agent" and p not in worker_specs]
         return ClusterConfig(

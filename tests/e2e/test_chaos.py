@@ -131,3 +131,65 @@ async def test_negative_control_without_fencing_the_checker_finds_a_double_place
     assert report.double_placements >= 1, report.details
     assert any("epoch 1" in line and "job" in line for line in report.details), report.details
     assert not report.ok
+
+
+async def _counts(client: ControlPlaneClient) -> dict[str, int]:
+    status = await client.call("status", pb.StatusRequest())
+    return {c.state: c.count for c in status.jobs}
+
+
+async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A worker cut off from every control plane (its process still running) fences itself
+    before its jobs are placed elsewhere, so no job runs in two places; healed, it registers
+    again and gets work."""
+    cluster = LocalCluster(tmp_path / "partition", database_url=database_url)
+    settings = ChaosSettings(failovers=0, workers=2, partitions=1, partition_s=4.0, seed=5)
+    harness = Harness(settings=settings, cluster=cluster, progress=lambda line: None)
+    try:
+        async with asyncio_bridge(), trio.open_nursery() as network:
+            await harness._start_proxies(network)
+            await trio.to_thread.run_sync(harness.fresh_cluster)
+            client = ControlPlaneClient(cluster.config().control_plane_addresses, timeout_s=1.0)
+            try:
+                long = pb.JobSpec(
+                    name="long", cpu_millis=1000, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=6000)
+                )
+                for _ in range(4):
+                    await client.call("submit_job", pb.SubmitJobRequest(spec=long))
+                with trio.fail_after(10):
+                    while (await _counts(client)).get("running", 0) < 4:  # noqa: ASYNC110 (polling the cluster)
+                        await trio.sleep(0.1)
+                status = await client.call("status", pb.StatusRequest())
+                busiest = max(status.workers, key=lambda w: len(w.job_ids))
+                await harness.partition_worker(busiest.id)
+                with trio.fail_after(10):  # healed: it registers again
+                    while True:
+                        status = await client.call("status", pb.StatusRequest())
+                        again = next(w for w in status.workers if w.id == busiest.id)
+                        if again.state == "alive" and again.incarnation > busiest.incarnation:
+                            break
+                        await trio.sleep(0.1)
+                after = pb.JobSpec(
+                    name="after", cpu_millis=3500, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=300)
+                )
+                for _ in range(4):
+                    await client.call("submit_job", pb.SubmitJobRequest(spec=after))
+                await harness._wait_finished(client)
+            finally:
+                client.close()
+            network.cancel_scope.cancel()
+        config = cluster.config()
+        async with asyncio_bridge():
+            history = await checker.load_history(config.database_url)
+        faults = checker.load_events(cluster.state.events_path)
+        runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers], faults)
+        report = checker.check(history, runs, faults)
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    assert report.ok, report.details  # no job ran in two places, no false death, all finished
+    assert any(d.worker_id == busiest.id for d in history.deaths)
+    moved = [a for a in history.assignments if a.worker_id == busiest.id and a.end_reason == "worker_dead"]
+    assert moved  # its jobs were moved while it was cut off
+    assert harness._rejoined(config) == 1  # registered again after the heal, then ran a job

@@ -39,8 +39,10 @@ async def db(database_url: str) -> AsyncIterator[PgConnection]:
 
 
 async def take_over(conn: PgConnection, holder: str, ttl_s: float = 2.0) -> int | None:
-    epoch = await conn.fetchval(queries.TAKE_OVER_LEASE, holder, ttl_s)
-    return None if epoch is None else int(epoch)
+    """Take the lease if it expired (the expiry path only), as a lease keeper would."""
+    seen = await conn.fetchval("SELECT epoch FROM lease WHERE id = 1")
+    row = await conn.fetchrow(queries.TAKE_OVER_LEASE, holder, ttl_s, seen, False)
+    return None if row is None else int(row["epoch"])
 
 
 def placements(*job_ids: int) -> tuple[Placement, ...]:

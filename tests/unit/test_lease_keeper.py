@@ -29,24 +29,28 @@ SETTINGS = LeaseSettings(
 
 @attrs.define
 class FakeLeaseDb:
-    """One lease row judged by the mock clock; ``frozen`` makes every call hang."""
+    """One lease row judged by the mock clock; ``frozen`` makes every call hang;
+    ``holder_session_alive`` False stands for a holder whose database session ended."""
 
     holder: str | None = None
     epoch: int = 0
     expires_at: float = -math.inf
     frozen: bool = False
+    holder_session_alive: bool = True
     renewals: list[float] = attrs.field(factory=list)
     released: list[int] = attrs.field(factory=list)
+    relinquished: list[int] = attrs.field(factory=list)
 
     async def _maybe_hang(self) -> None:
         if self.frozen:
             await trio.sleep_forever()
 
-    async def take_over(self, holder: str, ttl_s: float) -> int | None:
+    async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
         await self._maybe_hang()
         now = trio.current_time()
-        if self.expires_at < now:
+        if self.expires_at < now or not self.holder_session_alive:
             self.holder, self.epoch, self.expires_at = holder, self.epoch + 1, now + ttl_s
+            self.holder_session_alive = True
             return self.epoch
         return None
 
@@ -62,6 +66,10 @@ class FakeLeaseDb:
         if self.holder == holder and self.epoch == epoch:
             self.expires_at = -math.inf
             self.released.append(epoch)
+
+    async def relinquish(self, epoch: int) -> None:
+        await self._maybe_hang()
+        self.relinquished.append(epoch)
 
     async def close(self) -> None:
         pass
@@ -153,6 +161,28 @@ async def test_steps_down_locally_when_renewals_hang(autojump_clock: trio.testin
         nursery.cancel_scope.cancel()
 
 
+async def test_a_leader_whose_session_ended_is_replaced_without_waiting_for_expiry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A lease held until t=10 by a replica whose database session ended at t=2.9 (killed) is
+    taken at the first poll after that (polls every 0.25 s: t=3.0), not at expiry."""
+    db = FakeLeaseDb(holder="cp-9", epoch=4, expires_at=10.0)
+    h = make_harness(db)
+
+    async def kill_holder() -> None:
+        await trio.sleep(2.9)
+        db.holder_session_alive = False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kill_holder)
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        at, change = await h.next_change()
+        assert change == Elected(seq=2, epoch=5)
+        assert at == pytest.approx(3.0)
+        nursery.cancel_scope.cancel()
+
+
 async def test_deposed_when_renewal_finds_another_holder(autojump_clock: trio.testing.MockClock) -> None:
     """A renewal that finds the lease taken (no row back) deposes the leader at that renewal."""
     db = FakeLeaseDb()
@@ -166,6 +196,8 @@ async def test_deposed_when_renewal_finds_another_holder(autojump_clock: trio.te
         at, change = await h.next_change()
         assert isinstance(change, Deposed) and change.epoch == 1
         assert at == pytest.approx(1.0)
+        await trio.sleep(0.01)
+        assert db.relinquished == [1]  # the deposed leader lets go of its epoch's lock
         nursery.cancel_scope.cancel()
 
 

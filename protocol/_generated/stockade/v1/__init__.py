@@ -397,6 +397,13 @@ class RegisterWorkerReply(betterproto2.Message):
 
     epoch: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
+    dead_after_ms: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    The control planes' dead_after: a worker silent this long is declared dead and its jobs
+    are placed elsewhere. The agent keeps self_fence_after + stop_grace at least 0.5 s below
+    it, so it has stopped its jobs by then.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerReply", RegisterWorkerReply)
 
