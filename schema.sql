@@ -127,3 +127,55 @@ CREATE TABLE IF NOT EXISTS worker_deaths (
     declared_at     timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at timestamptz NOT NULL
 );
+
+-- Allocation per worker, kept exact by the triggers below in the same transaction as every
+-- assignment that becomes or stops being active, so the placer reads 100 rows per round
+-- instead of summing every active assignment. Added with a backfill for older databases.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_name = 'workers' AND column_name = 'cpu_allocated_millis') THEN
+        ALTER TABLE workers ADD COLUMN cpu_allocated_millis bigint NOT NULL DEFAULT 0,
+                            ADD COLUMN memory_allocated_mb bigint NOT NULL DEFAULT 0;
+        UPDATE workers w
+           SET cpu_allocated_millis = a.cpu, memory_allocated_mb = a.mem
+          FROM (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
+                  FROM assignments WHERE state = 'active' GROUP BY worker_id) a
+         WHERE w.id = a.worker_id;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION assignments_allocate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE workers w
+       SET cpu_allocated_millis = w.cpu_allocated_millis + n.cpu,
+           memory_allocated_mb = w.memory_allocated_mb + n.mem
+      FROM (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
+              FROM created WHERE state = 'active' GROUP BY worker_id) n
+     WHERE w.id = n.worker_id;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION assignments_release() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE workers w
+       SET cpu_allocated_millis = w.cpu_allocated_millis - n.cpu,
+           memory_allocated_mb = w.memory_allocated_mb - n.mem
+      FROM (SELECT o.worker_id, sum(o.cpu_millis) AS cpu, sum(o.memory_mb) AS mem
+              FROM before_rows o JOIN after_rows a ON a.id = o.id
+             WHERE o.state = 'active' AND a.state <> 'active' GROUP BY o.worker_id) n
+     WHERE w.id = n.worker_id;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER assignments_allocate AFTER INSERT ON assignments
+    REFERENCING NEW TABLE AS created FOR EACH STATEMENT EXECUTE FUNCTION assignments_allocate();
+CREATE OR REPLACE TRIGGER assignments_release AFTER UPDATE ON assignments
+    REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION assignments_release();
+
+-- The order in which jobs became pending (submitted or requeued), so the placer reads only
+-- what is new since its last round.
+CREATE SEQUENCE IF NOT EXISTS pending_seq;
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS pending_seq bigint;
+CREATE INDEX IF NOT EXISTS jobs_pending_by_seq ON jobs (pending_seq) WHERE state = 'pending';

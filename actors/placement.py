@@ -14,9 +14,11 @@ that merely finds no room now stays pending without one, and never blocks smalle
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 import attrs
+import numpy as np
 
 
 @attrs.frozen(kw_only=True)
@@ -80,11 +82,82 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     )
 
 
+@attrs.define
+class PendingQueue:
+    """Pending jobs in placement order (priority high first, then job id), as numpy arrays,
+    so a round can skip at once every job that cannot fit the largest free room.
+
+    Owned by one placer; :func:`place` builds a throwaway one.
+    """
+
+    ids: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    cpu: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    mem: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    prio: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    reasons: dict[int, str] = attrs.field(factory=dict)
+    """The reason currently stored for a pending job (absent: none)."""
+    version: int = 0
+    """Bumped at every change, so a caller can tell that nothing changed."""
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __contains__(self, job_id: int) -> bool:
+        return bool(np.any(self.ids == job_id))
+
+    def replace(self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None) -> None:
+        """Hold exactly ``jobs`` (any order)."""
+        self._set(list(jobs))
+        self.reasons = {k: v for k, v in (reasons or {}).items() if v}
+
+    def add(self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None) -> int:
+        """Add the jobs not held yet; returns how many were new."""
+        held = set(self.ids.tolist())
+        new = [j for j in jobs if j.job_id not in held]
+        if new:
+            self._set([*self.jobs(), *new])
+            for job in new:
+                reason = (reasons or {}).get(job.job_id)
+                if reason:
+                    self.reasons[job.job_id] = reason
+        return len(new)
+
+    def remove(self, job_ids: Iterable[int]) -> None:
+        """Drop these jobs (placed, or no longer pending)."""
+        gone = np.fromiter(job_ids, dtype=np.int64)
+        if gone.size and self.ids.size:
+            keep = ~np.isin(self.ids, gone)
+            if not keep.all():
+                self.ids, self.cpu, self.mem, self.prio = (
+                    a[keep] for a in (self.ids, self.cpu, self.mem, self.prio)
+                )
+                self.version += 1
+            for job_id in gone.tolist():
+                self.reasons.pop(job_id, None)
+
+    def jobs(self) -> list[PendingJob]:
+        """The jobs, in placement order."""
+        return [
+            PendingJob(job_id=i, cpu_millis=c, memory_mb=m, priority=p)
+            for i, c, m, p in zip(
+                self.ids.tolist(), self.cpu.tolist(), self.mem.tolist(), self.prio.tolist(), strict=True
+            )
+        ]
+
+    def _set(self, jobs: list[PendingJob]) -> None:
+        jobs.sort(key=lambda j: (-j.priority, j.job_id))
+        self.ids = np.array([j.job_id for j in jobs], dtype=np.int64)
+        self.cpu = np.array([j.cpu_millis for j in jobs], dtype=np.int64)
+        self.mem = np.array([j.memory_mb for j in jobs], dtype=np.int64)
+        self.prio = np.array([j.priority for j in jobs], dtype=np.int64)
+        self.version += 1
+
+
 def place(jobs: Sequence[PendingJob], workers: Sequence[WorkerRoom], *, policy: str = "best_fit") -> Plan:
     """Decide where each job goes.
 
     Args:
-        jobs: pending jobs, in any order (sorted here by priority desc, then job_id).
+        jobs: pending jobs, in any order (taken by priority desc, then job_id).
         workers: live workers with their current allocation.
         policy: ``best_fit``, ``first_fit`` or ``worst_fit``.
 
@@ -94,55 +167,120 @@ def place(jobs: Sequence[PendingJob], workers: Sequence[WorkerRoom], *, policy: 
     Raises:
         ValueError: unknown policy.
     """
+    queue = PendingQueue()
+    queue.replace(jobs)
+    return place_queue(queue, workers, policy=policy)
+
+
+def place_queue(
+    queue: PendingQueue,
+    workers: Sequence[WorkerRoom],
+    *,
+    policy: str = "best_fit",
+    max_placements: int | None = None,
+) -> Plan:
+    """:func:`place` on a :class:`PendingQueue`, in its order, placing at most ``max_placements``.
+
+    Cost: one vectorised pass over the queue to keep only jobs that fit the largest free room
+    (in a full cluster, almost none), then one vectorised pass over the workers per candidate.
+
+    Raises:
+        ValueError: unknown policy.
+    """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    ids = sorted(range(len(workers)), key=lambda i: workers[i].worker_id)
-    names = [workers[i].worker_id for i in ids]
-    cap_cpu = [workers[i].cpu_millis for i in ids]
-    cap_mem = [workers[i].memory_mb for i in ids]
-    free_cpu = [workers[i].cpu_millis - workers[i].cpu_allocated_millis for i in ids]
-    free_mem = [workers[i].memory_mb - workers[i].memory_allocated_mb for i in ids]
-    inv_cpu = [1.0 / c for c in cap_cpu]
-    inv_mem = [1.0 / m for m in cap_mem]
-    count = len(ids)
-    max_free_cpu = max(free_cpu, default=0)
-    max_free_mem = max(free_mem, default=0)
+    ordered = sorted(workers, key=lambda w: w.worker_id)
+    names = [w.worker_id for w in ordered]
+    cap_cpu = np.array([w.cpu_millis for w in ordered], dtype=np.int64)
+    cap_mem = np.array([w.memory_mb for w in ordered], dtype=np.int64)
+    free_cpu = cap_cpu - np.array([w.cpu_allocated_millis for w in ordered], dtype=np.int64)
+    free_mem = cap_mem - np.array([w.memory_allocated_mb for w in ordered], dtype=np.int64)
+    inv_cpu = 1.0 / cap_cpu if ordered else np.empty(0)
+    inv_mem = 1.0 / cap_mem if ordered else np.empty(0)
 
+    unschedulable = _unschedulable(queue, ordered, cap_cpu, cap_mem)
     placements: list[tuple[int, str]] = []
-    unschedulable: dict[int, str] = {}
-    for job in sorted(jobs, key=lambda j: (-j.priority, j.job_id)):
-        cpu, mem = job.cpu_millis, job.memory_mb
-        if cpu > max_free_cpu or mem > max_free_mem:
-            reason = unschedulable_reason(job, workers)
-            if reason is not None:
-                unschedulable[job.job_id] = reason
-            continue
-        chosen = -1
-        if policy == "first_fit":
-            for k in range(count):
-                if free_cpu[k] >= cpu and free_mem[k] >= mem:
-                    chosen = k
-                    break
-        else:
-            best_score = 0.0
-            worst = policy == "worst_fit"
-            for k in range(count):
-                left_cpu = free_cpu[k] - cpu
-                left_mem = free_mem[k] - mem
-                if left_cpu < 0 or left_mem < 0:
+    limit = len(queue) if max_placements is None else max_placements
+    if ordered and limit > 0:
+        frontier = _frontier(free_cpu, free_mem)
+        rooms = Counter(zip(free_cpu.tolist(), free_mem.tolist(), strict=True))
+        position = 0
+        while position < len(queue) and len(placements) < limit:
+            # The jobs from here on that fit at least one worker's free room, in queue order:
+            # tested against the Pareto frontier of the free (cpu, memory) pairs, small in a
+            # busy cluster, and tested again only when a placement changes that frontier.
+            window = slice(position, None)
+            fitting = np.zeros(len(queue) - position, dtype=bool)
+            for room_cpu, room_mem in frontier:
+                fitting |= (queue.cpu[window] <= room_cpu) & (queue.mem[window] <= room_mem)
+            changed = False
+            for offset in np.flatnonzero(fitting).tolist():
+                index = position + offset
+                cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
+                fits = (free_cpu >= cpu) & (free_mem >= mem)
+                if not fits.any():
                     continue
-                score = left_cpu * inv_cpu[k] + left_mem * inv_mem[k]
-                if chosen < 0 or (score > best_score if worst else score < best_score):
-                    chosen, best_score = k, score
-        if chosen < 0:
-            reason = unschedulable_reason(job, workers)
-            if reason is not None:
-                unschedulable[job.job_id] = reason
-            continue
-        free_cpu[chosen] -= cpu
-        free_mem[chosen] -= mem
-        placements.append((job.job_id, names[chosen]))
-        if free_cpu[chosen] + cpu == max_free_cpu or free_mem[chosen] + mem == max_free_mem:
-            max_free_cpu = max(free_cpu, default=0)
-            max_free_mem = max(free_mem, default=0)
+                if policy == "first_fit":
+                    chosen = int(np.argmax(fits))
+                else:
+                    score = (free_cpu - cpu) * inv_cpu + (free_mem - mem) * inv_mem
+                    if policy == "worst_fit":
+                        chosen = int(np.argmax(np.where(fits, score, -np.inf)))
+                    else:
+                        chosen = int(np.argmin(np.where(fits, score, np.inf)))
+                was = (int(free_cpu[chosen]), int(free_mem[chosen]))
+                free_cpu[chosen] -= cpu
+                free_mem[chosen] -= mem
+                rooms[was] -= 1
+                rooms[(int(free_cpu[chosen]), int(free_mem[chosen]))] += 1
+                placements.append((int(queue.ids[index]), names[chosen]))
+                if len(placements) >= limit:
+                    break
+                if was in frontier and rooms[was] == 0:  # another worker still offers that room
+                    narrower = _frontier(free_cpu, free_mem)
+                    if narrower != frontier:
+                        frontier = narrower
+                        position, changed = index + 1, True
+                        break
+            if not changed:
+                break
     return Plan(placements=tuple(placements), unschedulable=unschedulable)
+
+
+def _frontier(free_cpu: np.ndarray, free_mem: np.ndarray) -> set[tuple[int, int]]:
+    """The free (cpu, memory) pairs no other worker's pair dominates: a job fits some worker
+    exactly when it fits one of these."""
+    pairs = sorted(
+        {(int(c), int(m)) for c, m in zip(free_cpu.tolist(), free_mem.tolist(), strict=True)}, reverse=True
+    )
+    frontier: set[tuple[int, int]] = set()
+    best_mem = -1
+    for cpu, mem in pairs:  # by cpu descending: keep a pair only if it has more memory than all before
+        if mem > best_mem and cpu >= 0 and mem >= 0:
+            frontier.add((cpu, mem))
+            best_mem = mem
+    return frontier
+
+
+def _unschedulable(
+    queue: PendingQueue, workers: Sequence[WorkerRoom], cap_cpu: np.ndarray, cap_mem: np.ndarray
+) -> dict[int, str]:
+    """Reasons for the queued jobs no live worker could ever hold (vectorised over the queue,
+    looping only over the distinct worker shapes)."""
+    if not len(queue):
+        return {}
+    fits_any = np.zeros(len(queue), dtype=bool)
+    for cpu, mem in {(int(c), int(m)) for c, m in zip(cap_cpu.tolist(), cap_mem.tolist(), strict=True)}:
+        fits_any |= (queue.cpu <= cpu) & (queue.mem <= mem)
+    reasons: dict[int, str] = {}
+    for index in np.flatnonzero(~fits_any).tolist():
+        job = PendingJob(
+            job_id=int(queue.ids[index]),
+            cpu_millis=int(queue.cpu[index]),
+            memory_mb=int(queue.mem[index]),
+            priority=int(queue.prio[index]),
+        )
+        reason = unschedulable_reason(job, workers)
+        if reason is not None:
+            reasons[job.job_id] = reason
+    return reasons

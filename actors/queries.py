@@ -143,7 +143,8 @@ requeued AS (
     UPDATE jobs j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
            finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
-           started_at = NULL
+           started_at = NULL,
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END
       FROM ended
      WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
  RETURNING j.id, j.state
@@ -165,7 +166,9 @@ jobs_ended AS (
     UPDATE jobs j
        SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
            finished_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE now() END,
-           started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END
+           started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
+           pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
+                              ELSE j.pending_seq END
       FROM ended
      WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
 )
@@ -179,23 +182,30 @@ INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $
 
 # ---------------------------------------------------------------- placer (reads)
 
-# $1 worker_fresh_s. Live workers with their allocation from active assignments.
+# $1 worker_fresh_s. Live workers with their allocation (kept by the assignments triggers).
 LIVE_WORKERS = """
-SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb,
-       coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
-       coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb
-  FROM workers w
-  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
- WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
- GROUP BY w.id
+SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, memory_allocated_mb
+  FROM workers
+ WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1)
 """
 
-# $1 limit. Highest priority first, then submission order.
+# $1 limit. Every pending job (the placer's full resync), highest priority first, then
+# submission order; with the sequence number of its becoming pending.
 PENDING_JOBS = """
-SELECT id, cpu_millis, memory_mb, priority, reason
+SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
   FROM jobs WHERE state = 'pending'
  ORDER BY priority DESC, id
  LIMIT $1
+"""
+
+# $1 after this pending_seq, $2 limit. Jobs that became pending since (the placer's
+# incremental read; it re-reads a window below its newest seq, as a transaction holding a
+# smaller seq may commit after a larger one was seen).
+PENDING_SINCE = """
+SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+  FROM jobs WHERE state = 'pending' AND pending_seq > $1
+ ORDER BY pending_seq
+ LIMIT $2
 """
 
 # ---------------------------------------------------------------- reconciler (reads)
@@ -239,8 +249,8 @@ CANCEL_REQUESTED_ASSIGNMENTS = (
 
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv
 SUBMIT_JOB = """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+VALUES ($1, $2, $3, $4, $5, $6, $7, nextval('pending_seq'))
 RETURNING id
 """
 

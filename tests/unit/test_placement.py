@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.placement import PendingJob, Plan, WorkerRoom, place
+from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place, place_queue
 
 workers_st = st.lists(
     st.builds(
@@ -141,3 +141,51 @@ def test_best_fit_keeps_the_big_gap_open() -> None:
     ]
     assert dict(place(jobs, workers).placements) == {1: "b", 2: "a"}
     assert dict(place(jobs, workers, policy="worst_fit").placements) == {1: "a"}
+
+
+def test_the_pending_queue_keeps_placement_order_and_tracks_changes() -> None:
+    """Jobs come out by priority then id, whatever order they were added in; adding a job
+    already held changes nothing; removing bumps the version."""
+    queue = PendingQueue()
+    queue.replace([PendingJob(job_id=5, cpu_millis=1, memory_mb=1)])
+    version = queue.version
+    added = queue.add(
+        [
+            PendingJob(job_id=3, cpu_millis=1, memory_mb=1),
+            PendingJob(job_id=9, cpu_millis=1, memory_mb=1, priority=2),
+            PendingJob(job_id=5, cpu_millis=1, memory_mb=1),
+        ]
+    )
+    assert added == 2 and queue.version > version
+    assert [j.job_id for j in queue.jobs()] == [9, 3, 5]
+    queue.remove([3, 42])
+    assert [j.job_id for j in queue.jobs()] == [9, 5] and 3 not in queue
+
+
+def test_a_split_busy_cluster_places_what_fits_one_worker() -> None:
+    """One worker has CPU left but no memory, the others the reverse: a job that fits each
+    dimension on a different worker is not placed, one that fits a single worker is."""
+    workers = [
+        WorkerRoom(
+            worker_id="a",
+            cpu_millis=4000,
+            memory_mb=4000,
+            cpu_allocated_millis=3000,
+            memory_allocated_mb=3950,
+        ),
+        WorkerRoom(
+            worker_id="b",
+            cpu_millis=4000,
+            memory_mb=4000,
+            cpu_allocated_millis=3900,
+            memory_allocated_mb=3000,
+        ),
+    ]
+    queue = PendingQueue()
+    queue.replace(
+        [
+            PendingJob(job_id=1, cpu_millis=500, memory_mb=500),
+            PendingJob(job_id=2, cpu_millis=50, memory_mb=500),
+        ]
+    )
+    assert dict(place_queue(queue, workers).placements) == {2: "b"}
