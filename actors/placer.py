@@ -1,15 +1,25 @@
 """The placer: every round (100 ms), pending jobs x free capacity -> best fit -> fenced commit -> dispatch.
 
-A round reads the live workers (with their allocation) and the pending jobs, decides with the
-pure :func:`actors.placement.place`, asks the ledger to commit all placements in one fenced
-transaction, and only then hands each worker its batch to the dispatcher (invariant 4: nothing
-is sent before it is committed). A refused commit (Deposed) or a failed one sends nothing;
-a commit whose outcome is unknown (connection lost at COMMIT) sends nothing either, and the
-reconciler re-sends what did commit once it finds it unconfirmed.
+A round reads the live workers (allocation included, kept exact by the database's triggers),
+brings its in-memory pending queue up to date, decides with :func:`actors.placement.place_queue`,
+asks the ledger to commit all placements in one fenced transaction, and only then hands each
+worker its batch to the dispatcher (invariant 4: nothing is sent before it is committed). A
+refused commit (Deposed) or a failed one sends nothing; a commit whose outcome is unknown
+(connection lost at COMMIT) sends nothing either, and the reconciler re-sends what did commit
+once it finds it unconfirmed.
+
+The pending queue is read in full when the replica becomes leader and every
+``resync_interval_s``; in between a round reads only jobs that became pending since
+(``jobs.pending_seq``), and asks again for sequence numbers it skipped, for
+``gap_ttl_s``, since a transaction may commit a smaller number after a larger one was read.
+A job the queue misses is only placed later; the claim in the commit (pending jobs only)
+keeps a stale queue from ever placing a job twice. When neither the queue nor any worker's
+free room changed since a round that found nothing to do, the decision is skipped.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 from typing import Any, Protocol
 
@@ -26,9 +36,9 @@ from actors.messages import (
     Placement,
     WorkerRef,
 )
-from actors.placement import PendingJob, WorkerRoom, place
+from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
 from actors.role import RoleView
-from runtime import faults, log
+from runtime import faults, log, metrics
 from runtime.aio import PgConnection
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
@@ -45,10 +55,11 @@ class LiveWorker:
 
 @attrs.frozen(kw_only=True)
 class WaitingJob:
-    """A pending job and the reason currently stored for it."""
+    """A pending job, the reason currently stored for it, and when it became pending."""
 
     job: PendingJob
     reason: str
+    pending_seq: int = 0
 
 
 class PlacerStore(Protocol):
@@ -59,6 +70,22 @@ class PlacerStore(Protocol):
 
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         """Up to ``limit`` pending jobs, highest priority and oldest first."""
+
+    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
+        """Pending jobs with ``pending_seq`` above ``seq`` or in ``missing``, by seq."""
+
+
+def _waiting(row: Any) -> WaitingJob:
+    return WaitingJob(
+        job=PendingJob(
+            job_id=int(row["id"]),
+            cpu_millis=int(row["cpu_millis"]),
+            memory_mb=int(row["memory_mb"]),
+            priority=int(row["priority"]),
+        ),
+        reason=row["reason"],
+        pending_seq=int(row["pending_seq"] or 0),
+    )
 
 
 @attrs.define
@@ -95,18 +122,11 @@ class PgPlacerStore:
 
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         rows = await (await self._connection()).fetch(queries.PENDING_JOBS, limit)
-        return [
-            WaitingJob(
-                job=PendingJob(
-                    job_id=int(r["id"]),
-                    cpu_millis=int(r["cpu_millis"]),
-                    memory_mb=int(r["memory_mb"]),
-                    priority=int(r["priority"]),
-                ),
-                reason=r["reason"],
-            )
-            for r in rows
-        ]
+        return [_waiting(r) for r in rows]
+
+    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
+        rows = await (await self._connection()).fetch(queries.PENDING_SINCE, seq, limit, missing)
+        return [_waiting(r) for r in rows]
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -116,7 +136,7 @@ class PgPlacerStore:
 
 @attrs.define
 class RoundStats:
-    """Durations of recent rounds that did work, in seconds (trio clock), newest last."""
+    """Recent rounds while jobs were pending (trio clock seconds), newest last."""
 
     durations_s: deque[float] = attrs.field(factory=lambda: deque(maxlen=10_000))
     pending_counts: deque[int] = attrs.field(factory=lambda: deque(maxlen=10_000))
@@ -133,6 +153,16 @@ class Placer:
     ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     stats: RoundStats = attrs.field(factory=RoundStats)
+    queue: PendingQueue = attrs.field(factory=PendingQueue)
+    resync_interval_s: float = 30.0
+    """Read the whole pending queue again this often (and at every election)."""
+    gap_ttl_s: float = 2.0
+    """Ask for a skipped pending_seq this long before leaving it to the next resync."""
+    _synced_epoch: int | None = None
+    _synced_at: float = -math.inf
+    _last_seq: int = 0
+    _gaps: dict[int, float] = attrs.field(factory=dict)
+    _idle_fingerprint: tuple[Any, ...] | None = None
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -154,9 +184,37 @@ class Placer:
                         await self.round(epoch)
                     except Deposed as exc:
                         self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
+                        self._synced_epoch = None
                     except DatabaseUnavailable as exc:
                         self._log.warning("round failed", error=str(exc))
+                        self._synced_epoch = None
                 next_round = max(next_round + interval, trio.current_time())
+
+    async def _refresh_queue(self, epoch: int) -> None:
+        """Bring the pending queue up to date: in full, or what became pending since."""
+        s = self.settings
+        now = trio.current_time()
+        if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
+            waiting = await self.store.pending_jobs(s.max_jobs_per_round)
+            self.queue.replace([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
+            self._last_seq = max((w.pending_seq for w in waiting), default=0)
+            self._gaps.clear()
+            self._synced_epoch, self._synced_at = epoch, now
+            return
+        self._gaps = {seq: at for seq, at in self._gaps.items() if now - at < self.gap_ttl_s}
+        waiting = await self.store.pending_since(self._last_seq, sorted(self._gaps), s.max_jobs_per_round)
+        if not waiting:
+            return
+        self.queue.add([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
+        seen = {w.pending_seq for w in waiting}
+        for seq in seen:
+            self._gaps.pop(seq, None)
+        newest = max(seen)
+        if newest - self._last_seq > 10_000:
+            self._synced_at = -math.inf  # a jump (sequence cache after a crash): resync next round
+        else:
+            self._gaps.update({q: now for q in range(self._last_seq + 1, newest) if q not in seen})
+        self._last_seq = max(self._last_seq, newest)
 
     async def round(self, epoch: int) -> tuple[CommittedAssignment, ...]:
         """One round under ``epoch``: read, decide, commit, dispatch. Returns what committed.
@@ -168,48 +226,94 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self.store.live_workers(s.worker_fresh_s)
-        waiting = await self.store.pending_jobs(s.max_jobs_per_round)
-        if not waiting:
+        await self._refresh_queue(epoch)
+        metrics.PLACER_PENDING_JOBS.set(len(self.queue))
+        if not len(self.queue):
+            metrics.ROUNDS.labels("empty").inc()
+            return ()
+        fingerprint = (
+            self.queue.version,
+            tuple(
+                sorted(
+                    (
+                        w.ref.worker_id,
+                        w.ref.incarnation,
+                        w.room.cpu_millis - w.room.cpu_allocated_millis,
+                        w.room.memory_mb - w.room.memory_allocated_mb,
+                    )
+                    for w in workers
+                )
+            ),
+        )
+        if fingerprint == self._idle_fingerprint:
+            self._observe(started, 0, "unchanged")
             return ()
         by_id = {w.ref.worker_id: w for w in workers}
-        plan = place([w.job for w in waiting], [w.room for w in workers], policy=s.policy)
-        sizes = {w.job.job_id: w.job for w in waiting}
+        plan = place_queue(
+            self.queue, [w.room for w in workers], policy=s.policy, max_placements=s.max_placements_per_round
+        )
+        placed = plan.placements_by_job
+        reasons = [
+            (job_id, r) for job_id, r in plan.unschedulable.items() if self.queue.reasons.get(job_id) != r
+        ]
+        reasons += [
+            (job_id, "")
+            for job_id in self.queue.reasons
+            if job_id not in plan.unschedulable and job_id not in placed
+        ]
+        if not plan.placements and not reasons:
+            self._idle_fingerprint = fingerprint
+            self._observe(started, 0, "nothing")
+            return ()
+        sizes = dict(
+            zip(
+                self.queue.ids.tolist(),
+                zip(self.queue.cpu.tolist(), self.queue.mem.tolist(), strict=True),
+                strict=True,
+            )
+        )
         placements = tuple(
             Placement(
                 job_id=job_id,
                 worker_id=worker_id,
                 incarnation=by_id[worker_id].ref.incarnation,
-                cpu_millis=sizes[job_id].cpu_millis,
-                memory_mb=sizes[job_id].memory_mb,
+                cpu_millis=sizes[job_id][0],
+                memory_mb=sizes[job_id][1],
             )
             for job_id, worker_id in plan.placements
         )
-        placed = plan.placements_by_job
-        reasons = tuple(
-            (w.job.job_id, plan.unschedulable.get(w.job.job_id, ""))
-            for w in waiting
-            if plan.unschedulable.get(w.job.job_id, "") != w.reason and w.job.job_id not in placed
-        )
-        if not placements and not reasons:
-            return ()
         await faults.hit("placer.before_commit")
         reply: Reply[tuple[CommittedAssignment, ...]] = Reply()
         await self.ledger.send(
-            CommitPlacements(epoch=epoch, placements=placements, reasons=reasons, reply=reply)
+            CommitPlacements(epoch=epoch, placements=placements, reasons=tuple(reasons), reply=reply)
         )
         committed = await reply.wait()
+        # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
+        self.queue.remove(placed)
+        for job_id, reason in reasons:
+            if reason:
+                self.queue.reasons[job_id] = reason
+            else:
+                self.queue.reasons.pop(job_id, None)
+        self._idle_fingerprint = None
         batches: dict[str, list[CommittedAssignment]] = defaultdict(list)
         for assignment in committed:
             batches[assignment.worker_id].append(assignment)
         for worker_id, batch in batches.items():
             ref = by_id[worker_id].ref
             await self.dispatcher.send(Dispatch(epoch=epoch, worker=ref, assignments=tuple(batch)))
+        self.stats.placements += len(committed)
+        metrics.PLACEMENTS.inc(len(committed))
+        self._observe(started, len(committed), "placed" if committed else "reasons")
+        return committed
+
+    def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started
         self.stats.durations_s.append(elapsed)
-        self.stats.pending_counts.append(len(waiting))
-        self.stats.placements += len(committed)
-        if committed:
+        self.stats.pending_counts.append(len(self.queue) + placed)
+        metrics.PLACER_ROUND_SECONDS.observe(elapsed)
+        metrics.ROUNDS.labels(outcome).inc()
+        if placed:
             self._log.debug(
-                "round", placed=len(committed), pending=len(waiting), elapsed_ms=round(elapsed * 1000, 2)
+                "round", placed=placed, pending=len(self.queue), elapsed_ms=round(elapsed * 1000, 2)
             )
-        return committed

@@ -198,12 +198,12 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
  LIMIT $1
 """
 
-# $1 after this pending_seq, $2 limit. Jobs that became pending since (the placer's
-# incremental read; it re-reads a window below its newest seq, as a transaction holding a
-# smaller seq may commit after a larger one was seen).
+# $1 after this pending_seq, $2 limit, $3 earlier seqs not seen yet. Jobs that became pending
+# since the placer's last read, plus those holding a seq it skipped (a transaction may commit
+# a smaller seq after a larger one was read).
 PENDING_SINCE = """
 SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
-  FROM jobs WHERE state = 'pending' AND pending_seq > $1
+  FROM jobs WHERE state = 'pending' AND (pending_seq > $1 OR pending_seq = ANY($3::bigint[]))
  ORDER BY pending_seq
  LIMIT $2
 """

@@ -68,8 +68,10 @@ class PlacerSettings:
 
     round_interval_s: float = attrs.field(default=0.1, validator=_positive)
     """Time between round starts."""
-    max_jobs_per_round: int = attrs.field(default=20_000, validator=_positive)
-    """Pending jobs read per round, highest priority and oldest first."""
+    max_jobs_per_round: int = attrs.field(default=200_000, validator=_positive)
+    """Most pending jobs the placer holds (read highest priority and oldest first)."""
+    max_placements_per_round: int = attrs.field(default=2000, validator=_positive)
+    """Most placements one round commits (one fenced transaction)."""
     worker_fresh_s: float = attrs.field(default=1.0, validator=_positive)
     """Place only on workers whose last heartbeat is at most this old (database time)."""
     policy: str = attrs.field(default="best_fit")

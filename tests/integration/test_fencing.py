@@ -12,7 +12,14 @@ import trio
 
 from actors import queries
 from actors.ledger import Ledger
-from actors.messages import CommitPlacements, DeclareDeadWorkers, LeaseInbox, LedgerInbox, Placement
+from actors.messages import (
+    CommitPlacements,
+    DeclareDeadWorkers,
+    EndAssignments,
+    LeaseInbox,
+    LedgerInbox,
+    Placement,
+)
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import Deposed
@@ -230,3 +237,42 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
     assert await db.fetchval("SELECT end_reason FROM assignments WHERE job_id = 1") == "worker_dead"
     assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
     assert await db.fetchval("SELECT epoch FROM worker_deaths") == 1
+
+
+ALLOCATION_MATCHES = """
+SELECT bool_and(w.cpu_allocated_millis = coalesce(a.cpu, 0) AND w.memory_allocated_mb = coalesce(a.mem, 0))
+  FROM workers w
+  LEFT JOIN (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
+               FROM assignments WHERE state = 'active' GROUP BY worker_id) a ON a.worker_id = w.id
+"""
+
+
+async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
+    db: PgConnection, database_url: str
+) -> None:
+    """Committing, finishing (heartbeat), cancelling and losing assignments keep each worker's
+    allocation equal to the sum over its active assignments (the placer reads only that)."""
+    assert await take_over(db, "cp-1") == 1
+    for name in ("c", "d"):
+        await db.execute(queries.SUBMIT_JOB, name, 500, 50, 0, "sleep", 1000, None)
+    async with trio.open_nursery() as nursery:
+        ledger, _ = await run_ledger(nursery, database_url)
+        await commit(ledger, 1, 1, 2, 3, 4)
+        assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 3000
+        assert await db.fetchval(ALLOCATION_MATCHES)
+        await db.execute(
+            queries.RECORD_OUTCOMES, "w-1", [1], ["succeeded"], [0], [None], [None], [None], [None], [""]
+        )
+        reply: Reply[object] = Reply()
+        await ledger.send(
+            EndAssignments(epoch=1, assignment_ids=(2,), requeue=True, reason="unconfirmed", reply=reply)
+        )
+        await reply.wait()
+        assert await db.fetchval(ALLOCATION_MATCHES)
+        await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '1 minute'")
+        dead: Reply[object] = Reply()
+        await ledger.send(DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=dead))
+        await dead.wait()
+        nursery.cancel_scope.cancel()
+    assert await db.fetchval(ALLOCATION_MATCHES)
+    assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 0

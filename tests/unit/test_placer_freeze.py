@@ -45,6 +45,9 @@ class FakeStore:
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         return self.jobs[:limit]
 
+    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
+        return []
+
 
 def store() -> FakeStore:
     ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)

@@ -1,0 +1,53 @@
+"""Prometheus metrics of a control plane (prometheus-client), served on ``--metrics-port``.
+
+The placer's round time is a histogram with fine buckets; quantiles are estimated from it by
+linear interpolation within a bucket, as Prometheus' ``histogram_quantile`` does
+(prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+ROUND_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.006,
+    0.008,
+    0.01,
+    0.0125,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+
+PLACER_ROUND_SECONDS = Histogram(
+    "stockade_placer_round_seconds",
+    "Duration of a placer round while jobs were pending (read, decide, commit, hand to dispatch).",
+    buckets=ROUND_BUCKETS_S,
+)
+PLACER_PENDING_JOBS = Gauge("stockade_placer_pending_jobs", "Pending jobs the placer holds.")
+PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
+ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on 127.0.0.1:``port`` from a background thread."""
+    start_http_server(port, addr="127.0.0.1")

@@ -1,0 +1,122 @@
+"""The placer's pending queue: read in full at election, then only what became pending since;
+a skipped sequence number is asked for again; an unchanged cluster decides nothing."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+import trio.testing
+
+from actors.messages import (
+    CommitPlacements,
+    DispatcherInbox,
+    LeaseInbox,
+    LedgerInbox,
+    RoleChange,
+    WorkerRef,
+)
+from actors.placement import PendingJob, WorkerRoom
+from actors.placer import LiveWorker, Placer, WaitingJob
+from actors.role import RoleView
+from runtime.settings import PlacerSettings
+
+
+def waiting(job_id: int, seq: int, cpu: int = 1000) -> WaitingJob:
+    return WaitingJob(
+        job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=100), reason="", pending_seq=seq
+    )
+
+
+@attrs.define
+class FakeStore:
+    """Jobs visible in the database, by pending_seq; records which reads the placer made."""
+
+    visible: dict[int, WaitingJob] = attrs.field(factory=dict)
+    free_cpu: int = 0
+    reads: list[tuple[str, int, tuple[int, ...]]] = attrs.field(factory=list)
+
+    async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
+        ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+        room = WorkerRoom(
+            worker_id="w-1", cpu_millis=8000, memory_mb=8000, cpu_allocated_millis=8000 - self.free_cpu
+        )
+        return [LiveWorker(ref=ref, room=room)]
+
+    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
+        self.reads.append(("all", 0, ()))
+        return sorted(self.visible.values(), key=lambda w: w.job.job_id)
+
+    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
+        self.reads.append(("since", seq, tuple(missing)))
+        return [w for s, w in sorted(self.visible.items()) if s > seq or s in missing]
+
+
+def make_placer(store: FakeStore) -> tuple[Placer, trio.MemoryReceiveChannel[LedgerInbox]]:
+    lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
+    ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+    dispatch_send, _ = trio.open_memory_channel[DispatcherInbox](64)
+    _, roles_recv = trio.open_memory_channel[RoleChange](8)
+    placer = Placer(
+        settings=PlacerSettings(),
+        store=store,
+        role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
+    )
+    return placer, ledger_recv
+
+
+async def test_reads_everything_once_then_only_what_is_new(autojump_clock: trio.testing.MockClock) -> None:
+    """The first round reads every pending job; the next reads only seqs above the newest seen."""
+    store = FakeStore(visible={1: waiting(1, 1), 2: waiting(2, 2)})
+    placer, _ = make_placer(store)
+    await placer.round(epoch=1)
+    store.visible[3] = waiting(3, 3)
+    await placer.round(epoch=1)
+    assert store.reads == [("all", 0, ()), ("since", 2, ())]
+    assert [j.job_id for j in placer.queue.jobs()] == [1, 2, 3]
+
+
+async def test_a_skipped_sequence_number_is_asked_for_until_it_commits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Seq 5 is read before seq 4 commits: the placer asks for 4 in the next rounds and gets
+    the job when it shows; after gap_ttl_s it stops asking (the resync would catch it)."""
+    store = FakeStore(visible={3: waiting(3, 3)})
+    placer, _ = make_placer(store)
+    await placer.round(epoch=1)
+    store.visible[5] = waiting(5, 5)
+    await placer.round(epoch=1)
+    await placer.round(epoch=1)
+    store.visible[4] = waiting(4, 4)  # the slower transaction commits now
+    await placer.round(epoch=1)
+    assert store.reads[1:] == [("since", 3, ()), ("since", 5, (4,)), ("since", 5, (4,))]
+    assert [j.job_id for j in placer.queue.jobs()] == [3, 4, 5]
+    await placer.round(epoch=1)
+    assert store.reads[-1] == ("since", 5, ())
+
+
+async def test_an_unchanged_full_cluster_decides_nothing_and_commits_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No room and no new job: no commit; room appears: the waiting job is committed."""
+    store = FakeStore(visible={1: waiting(1, 1)}, free_cpu=0)
+    placer, ledger = make_placer(store)
+    for _ in range(3):
+        assert await placer.round(epoch=1) == ()
+    try:
+        ledger.receive_nowait()
+        raise AssertionError("nothing should have been committed")
+    except trio.WouldBlock:
+        pass
+    store.free_cpu = 1000
+
+    async def answer() -> None:
+        commit = await ledger.receive()
+        assert isinstance(commit, CommitPlacements) and [p.job_id for p in commit.placements] == [1]
+        commit.reply.set(())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        await placer.round(epoch=1)
+    assert len(placer.queue) == 0  # the reply was empty (claimed elsewhere): dropped all the same
