@@ -59,6 +59,18 @@ def job_info(row: Any) -> pb.JobInfo:
     return info
 
 
+def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
+    """A JobSpec as the keyword arguments of :func:`actors.validation.check_job`."""
+    return {
+        "name": spec.name,
+        "cpu_millis": spec.cpu_millis,
+        "memory_mb": spec.memory_mb,
+        "priority": spec.priority,
+        "sleep_ms": spec.sleep.duration_ms if spec.sleep is not None else None,
+        "argv": list(spec.command.argv) if spec.command is not None else None,
+    }
+
+
 @attrs.define
 class ControlPlaneService:
     """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`."""
@@ -69,15 +81,7 @@ class ControlPlaneService:
     """Told to workers at registration, so they fence themselves in time."""
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
-        spec = request.spec or pb.JobSpec()
-        job = validation.check_job(
-            name=spec.name,
-            cpu_millis=spec.cpu_millis,
-            memory_mb=spec.memory_mb,
-            priority=spec.priority,
-            sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
-            argv=list(spec.command.argv) if spec.command is not None else None,
-        )
+        job = validation.check_job(**_job_fields(request.spec or pb.JobSpec()))  # type: ignore[arg-type]
         async with self.pool.acquire() as conn:
             job_id = await conn.fetchval(
                 queries.SUBMIT_JOB,
@@ -90,6 +94,21 @@ class ControlPlaneService:
                 None if job.argv is None else list(job.argv),
             )
         return pb.SubmitJobReply(job_id=job_id)
+
+    async def submit_jobs(self, request: pb.SubmitJobsRequest) -> pb.SubmitJobsReply:
+        jobs = validation.check_jobs([_job_fields(spec) for spec in request.specs])
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                queries.SUBMIT_JOBS,
+                [j.name for j in jobs],
+                [j.cpu_millis for j in jobs],
+                [j.memory_mb for j in jobs],
+                [j.priority for j in jobs],
+                [j.runtime for j in jobs],
+                [j.sleep_ms for j in jobs],
+                [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
+            )
+        return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in rows))
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
         validation.check_job_id(request.job_id)

@@ -254,6 +254,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, nextval('pending_seq'))
 RETURNING id
 """
 
+# $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
+# JSON arrays (NULL for sleep jobs). One statement: all jobs or none. Ids come back in order.
+SUBMIT_JOBS = """
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
+       CASE WHEN t.argv IS NULL THEN NULL
+            ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
+       nextval('pending_seq')
+  FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[])
+       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, n)
+ ORDER BY t.n
+RETURNING id
+"""
+
 # $1 job id. Pending: cancelled at once. Assigned or running: the leader cancels it on its
 # worker and ends the assignment (a fenced write).
 CANCEL_JOB = """

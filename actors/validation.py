@@ -111,6 +111,29 @@ def check_job(
     )
 
 
+MAX_BATCH_JOBS = 10_000
+
+
+def check_jobs(specs: Sequence[dict[str, object]]) -> list[JobRequest]:
+    """Check a batch (each item the keyword arguments of :func:`check_job`).
+
+    Raises:
+        InvalidArgument: an empty or too large batch, or a bad job; the field is named with
+            its index, e.g. ``specs[3].cpu_millis``.
+    """
+    if not specs:
+        raise InvalidArgument("specs", [], "must hold at least one job")
+    if len(specs) > MAX_BATCH_JOBS:
+        raise InvalidArgument("specs", f"{len(specs)} jobs", f"must hold at most {MAX_BATCH_JOBS}")
+    checked = []
+    for index, spec in enumerate(specs):
+        try:
+            checked.append(check_job(**spec))  # type: ignore[arg-type]
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
+    return checked
+
+
 def check_worker_id(worker_id: str) -> str:
     """Raises InvalidArgument unless ``worker_id`` is 1-64 of ``[A-Za-z0-9._-]``, starting alnum."""
     _text("worker_id", worker_id, max_chars=64)

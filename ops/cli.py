@@ -279,10 +279,14 @@ def _tail(path: Path, lines: int) -> list[str]:
 
 def _submit(addresses: list[str], specs: list[pb.JobSpec]) -> list[int]:
     async def body(client: ControlPlaneClient) -> list[int]:
-        ids = []
-        for spec in specs:
-            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
-            ids.append(int(reply.job_id))
+        if len(specs) == 1:
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0]))
+            return [int(reply.job_id)]
+        ids: list[int] = []
+        for start in range(0, len(specs), validation.MAX_BATCH_JOBS):
+            batch = specs[start : start + validation.MAX_BATCH_JOBS]
+            replies = await client.call("submit_jobs", pb.SubmitJobsRequest(specs=batch))
+            ids.extend(int(i) for i in replies.job_ids)
         return ids
 
     return rpc.with_client(addresses, body)

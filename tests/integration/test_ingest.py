@@ -131,3 +131,27 @@ async def test_cancelling_a_pending_job_cancels_it_at_once(
     assert reply.state == "cancelled"
     job = await cp.call("get_job", pb.GetJobRequest(job_id=submitted.job_id))
     assert job.state == "cancelled"
+
+
+async def test_a_batch_is_stored_in_order_or_not_at_all(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """SubmitJobs returns ids in the order of the specs (commands included); one bad spec
+    refuses the whole batch, naming its index, and stores nothing."""
+    cp, admin = client
+    specs = [
+        pb.JobSpec(name=f"b{i}", cpu_millis=100 + i, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=i))
+        for i in range(5)
+    ]
+    specs.append(
+        pb.JobSpec(name="cmd", cpu_millis=1, memory_mb=1, command=pb.CommandRuntime(argv=["echo", "a b"]))
+    )
+    reply = await cp.call("submit_jobs", pb.SubmitJobsRequest(specs=specs))
+    assert len(reply.job_ids) == 6 and list(reply.job_ids) == sorted(reply.job_ids)
+    rows = await admin.fetch("SELECT name, cpu_millis, argv FROM jobs ORDER BY id")
+    assert [r["name"] for r in rows] == ["b0", "b1", "b2", "b3", "b4", "cmd"]
+    assert rows[5]["argv"] == ["echo", "a b"]
+    bad = [*specs[:2], pb.JobSpec(name="x", cpu_millis=0, memory_mb=1, sleep=pb.SleepRuntime(duration_ms=1))]
+    with pytest.raises(InvalidArgument, match=r"specs\[2\]\.cpu_millis must be between 1 and 1000000, got 0"):
+        await cp.call("submit_jobs", pb.SubmitJobsRequest(specs=bad))
+    assert await admin.fetchval("SELECT count(*) FROM jobs") == 6

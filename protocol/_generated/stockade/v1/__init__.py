@@ -32,6 +32,8 @@ __all__ = (
     "StatusRequest",
     "SubmitJobReply",
     "SubmitJobRequest",
+    "SubmitJobsReply",
+    "SubmitJobsRequest",
     "WorkerBase",
     "WorkerInfo",
     "WorkerStub",
@@ -502,6 +504,29 @@ default_message_pool.register_message("stockade.v1", "SubmitJobRequest", SubmitJ
 
 
 @dataclass(eq=False, repr=False)
+class SubmitJobsReply(betterproto2.Message):
+    job_ids: "list[int]" = betterproto2.field(1, betterproto2.TYPE_UINT64, repeated=True)
+    """
+    In the order of the request's specs.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "SubmitJobsReply", SubmitJobsReply)
+
+
+@dataclass(eq=False, repr=False)
+class SubmitJobsRequest(betterproto2.Message):
+    """
+    Many jobs in one call (at most 10000), stored all or none.
+    """
+
+    specs: "list[JobSpec]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("stockade.v1", "SubmitJobsRequest", SubmitJobsRequest)
+
+
+@dataclass(eq=False, repr=False)
 class WorkerInfo(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -544,6 +569,24 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             "/stockade.v1.ControlPlane/SubmitJob",
             message,
             SubmitJobReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def submit_jobs(
+        self,
+        message: "SubmitJobsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "SubmitJobsReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/SubmitJobs",
+            message,
+            SubmitJobsReply,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -704,6 +747,10 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def submit_jobs(self, message: "SubmitJobsRequest") -> "SubmitJobsReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def get_job(self, message: "GetJobRequest") -> "JobInfo":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -734,6 +781,14 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         request = await stream.recv_message()
         assert request is not None
         response = await self.submit_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_submit_jobs(
+        self, stream: "grpclib.server.Stream[SubmitJobsRequest, SubmitJobsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.submit_jobs(request)
         await stream.send_message(response)
 
     async def __rpc_get_job(self, stream: "grpclib.server.Stream[GetJobRequest, JobInfo]") -> None:
@@ -785,6 +840,12 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 SubmitJobRequest,
                 SubmitJobReply,
+            ),
+            "/stockade.v1.ControlPlane/SubmitJobs": grpclib.const.Handler(
+                self.__rpc_submit_jobs,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SubmitJobsRequest,
+                SubmitJobsReply,
             ),
             "/stockade.v1.ControlPlane/GetJob": grpclib.const.Handler(
                 self.__rpc_get_job,
