@@ -31,7 +31,7 @@ from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
 from actors.reconciler import PgReconcilerStore, Reconciler
 from actors.role import RoleView
-from runtime import log
+from runtime import log, metrics
 from runtime.aio import asyncio_bridge
 from runtime.errors import DatabaseUnavailable
 from runtime.settings import ControlPlaneSettings
@@ -141,10 +141,13 @@ async def run_control_plane(
         )
 
 
-def main(settings: ControlPlaneSettings, *, json_logs: bool = False) -> None:
-    """Run a replica as a process: logs to stderr, exits cleanly on SIGTERM or SIGINT
-    (releasing the lease if it holds it, so a standby takes over at once)."""
+def main(settings: ControlPlaneSettings, *, json_logs: bool = False, metrics_port: int | None = None) -> None:
+    """Run a replica as a process: logs to stderr, Prometheus metrics on 127.0.0.1:``metrics_port``
+    when given, exits cleanly on SIGTERM or SIGINT (releasing the lease if it holds it, so a
+    standby takes over at once)."""
     log.configure(json=json_logs, cp_id=settings.cp_id)
+    if metrics_port:
+        metrics.serve(metrics_port)
 
     async def _main() -> None:
         async with asyncio_bridge(), trio.open_nursery() as nursery:

@@ -141,6 +141,7 @@ class RoundStats:
     durations_s: deque[float] = attrs.field(factory=lambda: deque(maxlen=10_000))
     pending_counts: deque[int] = attrs.field(factory=lambda: deque(maxlen=10_000))
     placements: int = 0
+    max_s: float = 0.0
 
 
 @attrs.define
@@ -312,6 +313,9 @@ class Placer:
         self.stats.durations_s.append(elapsed)
         self.stats.pending_counts.append(len(self.queue) + placed)
         metrics.PLACER_ROUND_SECONDS.observe(elapsed)
+        if elapsed > self.stats.max_s:
+            self.stats.max_s = elapsed
+            metrics.PLACER_ROUND_MAX_SECONDS.set(elapsed)
         metrics.ROUNDS.labels(outcome).inc()
         if placed:
             self._log.debug(

@@ -332,6 +332,12 @@ def control_plane(
     dead_after_s: Annotated[
         float, typer.Option(help="A worker silent this long is declared dead, seconds.")
     ] = _RECONCILER.dead_after_s,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy: best_fit, first_fit or worst_fit.")
+    ] = _PLACER.policy,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+    ] = 0,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
@@ -356,14 +362,14 @@ def control_plane(
                 lease_ttl_s=lease_ttl_s,
                 renew_interval_s=lease_ttl_s / 4,
                 step_down_margin_s=min(0.4, lease_ttl_s / 5),
-                takeover_poll_s=min(0.25, lease_ttl_s / 8),
+                takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
             ),
-            placer=PlacerSettings(round_interval_s=round_interval_s),
+            placer=PlacerSettings(round_interval_s=round_interval_s, policy=policy),
             reconciler=ReconcilerSettings(
                 reconcile_interval_s=reconcile_interval_s, dead_after_s=dead_after_s
             ),
         )
-    control_plane_main(settings, json_logs=json_logs)
+    control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)
 
 
 @app.command("agent")

@@ -330,6 +330,8 @@ class LocalCluster:
     launcher: tuple[str, ...] = attrs.field(default=("-m", "ops.cli"), converter=_str_tuple)
     extra_env: dict[str, str] = attrs.field(factory=dict)
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
+    metrics: bool = False
+    """Give every new control plane a ``--metrics-port`` (see :func:`metrics_address`)."""
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -497,6 +499,8 @@ class LocalCluster:
                     address=f"{LISTEN_HOST}:{port}",
                     args=("cp", "--id", cp_id, "--host", LISTEN_HOST, "--port", str(port), *self.cp_args),
                 )
+                if self.metrics:
+                    spec = attrs.evolve(spec, args=(*spec.args, "--metrics-port", str(new_port())))
             cp_specs.append(spec)
         extra_cps = [p for p in recorded.values() if p.kind == "cp" and p not in cp_specs]
         cp_specs += extra_cps
@@ -818,6 +822,14 @@ def _tail(path: Path, lines: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"(cannot read {path}: {exc.strerror})"
+
+
+def metrics_address(spec: ProcessSpec) -> str | None:
+    """host:port of a control plane's /metrics, when it was started with ``--metrics-port``."""
+    args = list(spec.args)
+    if "--metrics-port" not in args:
+        return None
+    return f"{LISTEN_HOST}:{args[args.index('--metrics-port') + 1]}"
 
 
 def parse_addresses(text: str) -> list[str]:

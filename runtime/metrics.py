@@ -43,6 +43,9 @@ PLACER_ROUND_SECONDS = Histogram(
     "Duration of a placer round while jobs were pending (read, decide, commit, hand to dispatch).",
     buckets=ROUND_BUCKETS_S,
 )
+PLACER_ROUND_MAX_SECONDS = Gauge(
+    "stockade_placer_round_max_seconds", "Longest placer round since this replica started."
+)
 PLACER_PENDING_JOBS = Gauge("stockade_placer_pending_jobs", "Pending jobs the placer holds.")
 PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
 ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])
