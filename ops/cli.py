@@ -986,6 +986,128 @@ def bench_failover(
         json_path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
+@bench_app.command("pack")
+def bench_pack(
+    jobs: Annotated[int, typer.Option(help="Jobs in the stream.")] = 10_000,
+    workers: Annotated[int, typer.Option(help="Workers (hosted in fleets).")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the job stream.")] = 1,
+    policy: Annotated[
+        str, typer.Option(help="Policies to compare, comma-separated (best_fit first is the baseline).")
+    ] = "best_fit,first_fit,worst_fit",
+    fleet_size: Annotated[int, typer.Option(help="Workers hosted per process.")] = 25,
+    burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
+    burst_jobs: Annotated[int, typer.Option(help="Jobs in the burst.")] = 10_000,
+    scale: Annotated[bool, typer.Option(help="Run the scale curve.")] = True,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-pack).")
+    ] = None,
+) -> None:
+    """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side;
+    then a burst into an empty cluster, and the round time as the queue and the cluster grow."""
+    from ops import benchpack
+    from ops.pg import EmbeddedPostgres, free_port
+
+    policies = tuple(p.strip() for p in policy.split(",") if p.strip())
+    if not policies or any(p not in benchpack.POLICIES for p in policies):
+        _fail(f"policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
+    if jobs < 1 or workers < 1 or fleet_size < 0 or burst_jobs < 1:
+        _fail("--jobs, --workers and --burst-jobs must be >= 1, --fleet-size >= 0", EXIT_INVALID)
+    root = state_dir or (default_state_dir() / "bench-pack")
+    settings = benchpack.PackSettings(
+        jobs=jobs, workers=workers, seed=seed, policies=policies, fleet_size=fleet_size, burst_jobs=burst_jobs
+    )
+    progress = err_console.print
+    results: list[dict[str, Any]] = []
+    burst_result: dict[str, Any] = {}
+    scale_points: list[dict[str, Any]] = []
+    with _errors():
+        for name in policies:
+            results.append(trio.run(benchpack.run_policy, settings, name, root / name, progress))
+        if burst:
+            burst_result = trio.run(benchpack.run_burst, settings, root / "burst", progress)
+        if scale:
+            server = EmbeddedPostgres(data_dir=root / "scale-pg", port=free_port())
+            url = server.start()
+            try:
+                for n_workers in settings.scale_workers:
+                    for pending in settings.scale_pending:
+                        progress(f"scale: {pending} pending, {n_workers} workers")
+                        scale_points.append(
+                            trio.run(
+                                benchpack.run_scale_point, url, pending, n_workers, settings.scale_rounds
+                            )
+                        )
+            finally:
+                server.stop()
+    keys = [
+        "cpu_use_waiting",
+        "memory_use_waiting",
+        "finished_s",
+        "jobs_per_s",
+        "makespan_over_bound",
+        "round_p50_ms",
+        "round_p99_ms",
+        "round_max_ms",
+        "mean_pending_while_waiting",
+        "placements_per_s",
+        "double_placements",
+        "double_runs",
+        "overcommitted_workers",
+    ]
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("measure")
+    for result in results:
+        table.add_column(result["policy"], justify="right")
+    for key in keys:
+        table.add_row(key, *(str(r.get(key)) for r in results))
+    console.print(table)
+    base = results[0]
+    ratios: dict[str, dict[str, float | None]] = {}
+    for other in results[1:]:
+        ratio = {
+            k: (round(base[k] / other[k], 3) if base.get(k) and other.get(k) else None)
+            for k in ("cpu_use_waiting", "memory_use_waiting", "finished_s")
+        }
+        ratios[f"{base['policy']}/{other['policy']}"] = ratio
+        console.print(
+            f"{base['policy']} / {other['policy']}: " + ", ".join(f"{k} x{v}" for k, v in ratio.items())
+        )
+    if burst_result:
+        console.print(
+            f"burst: {burst_result['burst_started']} of {burst_result['burst_jobs']} jobs started in "
+            f"{burst_result['burst_s']} s: burst_placements_per_s {burst_result['burst_placements_per_s']}"
+        )
+    for point in scale_points:
+        console.print(
+            f"scale: {point['pending']:>6} pending x {point['workers']:>4} workers: round p50 "
+            f"{point['round_p50_ms']} ms, p99 {point['round_p99_ms']} ms, max {point['round_max_ms']} ms, "
+            f"first (full read) {point['first_round_ms']} ms"
+        )
+    for line in benchpack.growth(scale_points):
+        console.print(f"scale: {line}")
+    data = {
+        "settings": {"jobs": jobs, "workers": workers, "seed": seed, "fleet_size": fleet_size},
+        "policies": results,
+        "ratios": ratios,
+        "burst": burst_result,
+        "scale": scale_points,
+        "scale_growth": benchpack.growth(scale_points),
+    }
+    out = json_path or Path("bench-pack.json")
+    benchpack.save(out, data)
+    picture = out.with_suffix(".png")
+    benchpack.plot(results, picture)
+    console.print(f"wrote {out} and {picture}")
+    if any(
+        r["double_placements"] or r["double_runs"] or r["overcommitted_workers"] or r["unfinished_job_ids"]
+        for r in results
+    ):
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
 def main() -> None:
     """The console entry point (``stockade``)."""
     app()

@@ -1,0 +1,484 @@
+"""``stockade bench pack``: how well and how fast the placer packs, on this machine.
+
+Three parts, each printing measured numbers (timing goals are never asserted in tests):
+
+1. Packing: for each policy (best fit, first fit, worst fit), a fresh cluster (3 control
+   planes, 100 workers hosted in fleets) gets the same seeded stream of 10,000 sleep jobs, all
+   submitted at the start. Sampled every 0.5 s from the database: allocated / total capacity
+   of CPU and memory, and the pending count. Reported: ``cpu_use_waiting`` and
+   ``memory_use_waiting`` (mean use over the samples taken while some job was pending), time
+   until every job finished and jobs per second, makespan against its lower bound (the larger
+   of total requested cpu x seconds over total CPU, the same for memory, and the longest job),
+   the leader's round time p50 / p99 (from its Prometheus histogram, interpolated within a
+   bucket as ``histogram_quantile`` does) and max, and placements per second.
+2. Burst: 10,000 small jobs submitted at once into an empty cluster with room for all of
+   them; the time from the first submit until every job is started by its worker (its start
+   record in the worker's log): ``burst_placements_per_s``.
+3. Scale curve: the real placer round (reads, decision, fenced commit) against a database
+   holding 1,000 / 10,000 / 100,000 pending jobs and 100 / 1,000 simulated busy workers, with a
+   little room freed before each round so every round places a job or two.
+
+The job stream (``job_stream``): seeded; 70 % small jobs (250-1000 cpu_millis, 256-1024 MiB),
+25 % medium (2000-4000, 2048-8192), 5 % large (6000-8000, 12288-16384); durations log-normal
+with a median of 6 s and sigma 0.6, clipped to 1-30 s. Workers alternate 16000/32768 and
+8000/16384 (cpu_millis/memory_mb).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import shutil
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from actors.ingest import apply_schema
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import PgPlacerStore, Placer
+from actors.role import RoleView
+from ops import checker
+from ops.cluster import LocalCluster, StateDir, metrics_address
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.settings import LedgerSettings, PlacerSettings
+
+WORKER_SHAPES = ((16000, 32768), (8000, 16384))
+POLICIES = ("best_fit", "first_fit", "worst_fit")
+
+
+@attrs.frozen(kw_only=True)
+class JobDraw:
+    """One job of the stream."""
+
+    cpu_millis: int
+    memory_mb: int
+    duration_s: float
+
+
+def job_stream(count: int, seed: int) -> list[JobDraw]:
+    """The seeded job stream described in the module docstring."""
+    rng = random.Random(seed)
+    jobs = []
+    for _ in range(count):
+        kind = rng.random()
+        if kind < 0.70:
+            cpu, mem = rng.choice((250, 500, 750, 1000)), rng.choice((256, 512, 1024))
+        elif kind < 0.95:
+            cpu, mem = rng.choice((2000, 3000, 4000)), rng.choice((2048, 4096, 8192))
+        else:
+            cpu, mem = rng.choice((6000, 8000)), rng.choice((12288, 16384))
+        duration = min(30.0, max(1.0, rng.lognormvariate(math.log(6.0), 0.6)))
+        jobs.append(JobDraw(cpu_millis=cpu, memory_mb=mem, duration_s=round(duration, 3)))
+    return jobs
+
+
+def lower_bound_s(jobs: Sequence[JobDraw], workers: int) -> float:
+    """The makespan no schedule can beat: max(total cpu x s / total cpu, same for memory,
+    longest job)."""
+    shapes = [WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(workers)]
+    total_cpu = sum(s[0] for s in shapes)
+    total_mem = sum(s[1] for s in shapes)
+    cpu_work = sum(j.cpu_millis * j.duration_s for j in jobs)
+    mem_work = sum(j.memory_mb * j.duration_s for j in jobs)
+    return max(cpu_work / total_cpu, mem_work / total_mem, max(j.duration_s for j in jobs))
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile from cumulative (upper bound, count) buckets, interpolating linearly
+    within the bucket, as Prometheus' ``histogram_quantile`` does."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower_bound
+            span = count - lower_count
+            return lower_bound + (upper - lower_bound) * ((rank - lower_count) / span if span else 1.0)
+        lower_bound, lower_count = upper, count
+    return lower_bound
+
+
+def scrape(address: str) -> dict[str, Any]:
+    """The placer's figures from a control plane's /metrics."""
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    buckets = []
+    for match in re.finditer(r'^stockade_placer_round_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M):
+        buckets.append((float(match.group(1)), float(match.group(2))))
+    buckets.sort()
+
+    def value(name: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    return {
+        "round_p50_ms": _ms(histogram_quantile(0.5, buckets)),
+        "round_p99_ms": _ms(histogram_quantile(0.99, buckets)),
+        "round_max_ms": _ms(value("stockade_placer_round_max_seconds")),
+        "rounds": int(buckets[-1][1]) if buckets else 0,
+        "placements": int(value("stockade_placements_total")),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+SAMPLE = """
+SELECT coalesce(sum(cpu_allocated_millis), 0)::float8 / greatest(sum(cpu_millis), 1) AS cpu,
+       coalesce(sum(memory_allocated_mb), 0)::float8 / greatest(sum(memory_mb), 1) AS mem,
+       (SELECT count(*) FROM jobs WHERE state = 'pending') AS pending,
+       (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed')) AS done
+  FROM workers WHERE state = 'alive'
+"""
+
+
+@attrs.frozen(kw_only=True)
+class PackSettings:
+    """One benchmark run."""
+
+    jobs: int = 10_000
+    workers: int = 100
+    seed: int = 1
+    policies: tuple[str, ...] = POLICIES
+    fleet_size: int = 25
+    sample_interval_s: float = 0.5
+    finish_timeout_s: float = 900.0
+    burst_jobs: int = 10_000
+    scale_pending: tuple[int, ...] = (1_000, 10_000, 100_000)
+    scale_workers: tuple[int, ...] = (100, 1_000)
+    scale_rounds: int = 40
+
+
+def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
+    capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
+    return LocalCluster(
+        StateDir(root),
+        cp_args=("--policy", policy, "--dead-after-s", "5"),
+        agent_args=("--heartbeat-interval-s", "1.0"),
+        fleet_size=settings.fleet_size,  # type: ignore[call-arg]
+        worker_capacities=capacities,  # type: ignore[call-arg]
+        metrics=True,
+    )
+
+
+async def _submit(client: ControlPlaneClient, specs: list[pb.JobSpec]) -> None:
+    for start in range(0, len(specs), 5000):
+        await client.call(
+            "submit_jobs", pb.SubmitJobsRequest(specs=specs[start : start + 5000]), timeout_s=60
+        )
+
+
+async def run_policy(
+    settings: PackSettings, policy: str, root: Path, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Run the job stream under ``policy`` on a fresh cluster; returns its figures and samples."""
+    cluster = _cluster(root, settings, policy)
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        await trio.to_thread.run_sync(
+            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
+        )
+        config = cluster.config()
+        stream = job_stream(settings.jobs, settings.seed)
+        specs = [
+            pb.JobSpec(
+                name=f"pack-{i}",
+                cpu_millis=j.cpu_millis,
+                memory_mb=j.memory_mb,
+                sleep=pb.SleepRuntime(duration_ms=int(j.duration_s * 1000)),
+            )
+            for i, j in enumerate(stream)
+        ]
+        samples: list[tuple[float, float, float, int]] = []
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            db = await PgConnection.connect(config.database_url)
+            try:
+                started = time.monotonic()
+                await _submit(client, specs)
+                finished_at: float | None = None
+                with trio.move_on_after(settings.finish_timeout_s):
+                    while True:
+                        row = await db.fetchrow(SAMPLE)
+                        assert row is not None
+                        now = time.monotonic() - started
+                        samples.append((now, float(row["cpu"]), float(row["mem"]), int(row["pending"])))
+                        if int(row["done"]) >= settings.jobs:
+                            finished_at = now
+                            break
+                        if len(samples) % 20 == 0:
+                            progress(
+                                f"{policy}: {now:.0f} s, {row['done']} done, {row['pending']} pending, "
+                                f"cpu {row['cpu']:.0%}, memory {row['mem']:.0%}"
+                            )
+                        await trio.sleep(settings.sample_interval_s)
+                status = await client.call("status", pb.StatusRequest())
+            finally:
+                client.close()
+                await db.close()
+            history = await checker.load_history(config.database_url)
+            db = await PgConnection.connect(config.database_url)
+            try:
+                sizes = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(SIZES)}
+                capacities = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(CAPACITIES)}
+            finally:
+                await db.close()
+        leader = config.process(status.leader) if status.leader else None
+        placer = scrape(metrics_address(leader) or "") if leader is not None else {}
+        runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers])
+        report = checker.check(history, runs)
+        over = overcommitted_workers(runs, sizes, capacities)
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    waiting = [s for s in samples if s[3] > 0]
+    bound = lower_bound_s(stream, settings.workers)
+    placing_s = max((s[0] for s in waiting), default=0.0) or (finished_at or 0.0)
+    return {
+        "policy": policy,
+        "cpu_use_waiting": round(statistics.fmean(s[1] for s in waiting), 4) if waiting else None,
+        "memory_use_waiting": round(statistics.fmean(s[2] for s in waiting), 4) if waiting else None,
+        "finished_s": None if finished_at is None else round(finished_at, 2),
+        "jobs_per_s": None if not finished_at else round(settings.jobs / finished_at, 2),
+        "makespan_lower_bound_s": round(bound, 2),
+        "makespan_over_bound": None if not finished_at else round(finished_at / bound, 3),
+        **placer,
+        "mean_pending_while_waiting": round(statistics.fmean(s[3] for s in waiting)) if waiting else 0,
+        "placements_per_s": round(placer.get("placements", 0) / placing_s, 1) if placing_s else None,
+        "double_placements": report.double_placements,
+        "double_runs": report.double_runs,
+        "overcommitted_workers": over,
+        "jobs_finished": report.jobs_finished,
+        "unfinished_job_ids": list(report.unfinished_job_ids),
+        "samples": [[round(t, 2), round(c, 4), round(m, 4), p] for t, c, m, p in samples],
+    }
+
+
+def overcommitted_workers(
+    runs: Sequence[checker.Run],
+    sizes: dict[int, tuple[int, int]],
+    capacities: dict[str, tuple[int, int]],
+) -> list[str]:
+    """Workers whose jobs running at the same time (from the workers' own start and stop
+    records) ever needed more CPU or memory than the worker has.
+
+    Args:
+        runs: every run, from :func:`ops.checker.load_runs`.
+        sizes: job id -> (cpu_millis, memory_mb).
+        capacities: worker id -> (cpu_millis, memory_mb).
+    """
+    events: dict[str, list[tuple[float, int, int, int]]] = {}
+    for run in runs:
+        cpu, mem = sizes[run.job_id]
+        # At equal times a stop (0) sorts before a start (1): a job ending as another begins
+        # does not overlap it.
+        events.setdefault(run.worker_id, []).append((run.started_at, 1, cpu, mem))
+        events.setdefault(run.worker_id, []).append((run.ended_at, 0, -cpu, -mem))
+    over = []
+    for worker_id, timeline in events.items():
+        cap_cpu, cap_mem = capacities[worker_id]
+        cpu = mem = 0
+        for _, _, d_cpu, d_mem in sorted(timeline):
+            cpu, mem = cpu + d_cpu, mem + d_mem
+            if cpu > cap_cpu or mem > cap_mem:
+                over.append(worker_id)
+                break
+    return sorted(over)
+
+
+SIZES = "SELECT id, cpu_millis, memory_mb FROM jobs"
+CAPACITIES = "SELECT id, cpu_millis, memory_mb FROM workers"
+
+
+async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+    """10,000 small jobs into an empty cluster with room for all: seconds until every one is
+    started by its worker, and placements per second."""
+    cluster = _cluster(root, settings, "best_fit")
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        await trio.to_thread.run_sync(
+            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
+        )
+        config = cluster.config()
+        specs = [
+            pb.JobSpec(
+                name=f"burst-{i}", cpu_millis=100, memory_mb=128, sleep=pb.SleepRuntime(duration_ms=300_000)
+            )
+            for i in range(settings.burst_jobs)
+        ]
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            try:
+                submitted_at = time.time()
+                await _submit(client, specs)
+                started: dict[int, float] = {}
+                with trio.move_on_after(300):
+                    while len(started) < settings.burst_jobs:
+                        await trio.sleep(0.5)
+                        for worker in config.workers:
+                            log_path = cluster.state.work_dir(worker.id) / "agent.jsonl"
+                            if log_path.exists():
+                                for record in checker.read_jsonl(log_path):
+                                    if record.get("event") == "start":
+                                        started.setdefault(int(record["job_id"]), float(record["time"]))
+                        progress(f"burst: {len(started)} of {settings.burst_jobs} started")
+            finally:
+                client.close()
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    if len(started) < settings.burst_jobs:
+        return {
+            "burst_jobs": settings.burst_jobs,
+            "burst_started": len(started),
+            "burst_s": None,
+            "burst_placements_per_s": None,
+        }
+    elapsed = max(started.values()) - submitted_at
+    return {
+        "burst_jobs": settings.burst_jobs,
+        "burst_started": len(started),
+        "burst_s": round(elapsed, 2),
+        "burst_placements_per_s": round(settings.burst_jobs / elapsed, 1),
+    }
+
+
+async def run_scale_point(database_url: str, pending: int, workers: int, rounds: int) -> dict[str, Any]:
+    """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
+    async with asyncio_bridge():
+        await apply_schema(database_url)
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+            await db.execute(
+                "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
+            )
+            await db.execute(
+                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation, cpu_allocated_millis,"
+                " memory_allocated_mb) SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i, 15900, 32000"
+                " FROM generate_series(1, $1) i",
+                workers,
+            )
+            await db.execute(
+                "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
+                " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
+                " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
+                " FROM generate_series(1, $1) i",
+                pending,
+            )
+            await db.execute("ANALYZE")
+            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
+            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
+            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+            ledger = Ledger(
+                cp_id="bench",
+                database_url=database_url,
+                settings=LedgerSettings(),
+                inbox=ledger_recv,
+                lease_inbox=lease_send,
+            )
+            placer = Placer(
+                settings=PlacerSettings(),
+                store=PgPlacerStore(database_url=database_url, application_name="bench"),
+                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+                ledger=ledger_send,
+                dispatcher=dispatch_send,
+            )
+            times: list[float] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ledger.run)
+                first = time.perf_counter()
+                await placer.round(1)  # reads the whole queue once
+                first_ms = (time.perf_counter() - first) * 1000
+                rng = random.Random(pending + workers)
+                for _ in range(rounds):
+                    worker = rng.randint(1, workers)
+                    await db.execute(
+                        "UPDATE workers SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
+                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE id = $1",
+                        f"w-{worker}",
+                    )
+                    t = time.perf_counter()
+                    await placer.round(1)
+                    times.append((time.perf_counter() - t) * 1000)
+                    while True:
+                        try:
+                            dispatch_recv.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                nursery.cancel_scope.cancel()
+            await placer.store.close()  # type: ignore[attr-defined]
+        finally:
+            await db.close()
+    times.sort()
+    return {
+        "pending": pending,
+        "workers": workers,
+        "first_round_ms": round(first_ms, 1),
+        "round_p50_ms": round(statistics.median(times), 2),
+        "round_p99_ms": round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
+        "round_max_ms": round(times[-1], 2),
+        "placed": placer.stats.placements,
+    }
+
+
+def growth(points: Sequence[dict[str, Any]]) -> list[str]:
+    """Sentences on how the round time grows with the pending queue and the worker count."""
+    lines = []
+    by = {(p["pending"], p["workers"]): p["round_p50_ms"] for p in points}
+    pendings = sorted({p["pending"] for p in points})
+    for workers in sorted({p["workers"] for p in points}):
+        row = [by[(n, workers)] for n in pendings if (n, workers) in by]
+        if len(row) >= 2:
+            lines.append(
+                f"{workers} workers: p50 {' -> '.join(f'{v} ms' for v in row)} for "
+                f"{' -> '.join(str(n) for n in pendings)} pending "
+                f"(x{row[-1] / row[0]:.1f} for x{pendings[-1] // pendings[0]} jobs)"
+            )
+    return lines
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
+    """Allocated CPU and memory over time, one panel per policy, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True, squeeze=False)
+    for axis, result in zip(axes[:, 0], results, strict=True):
+        samples = result["samples"]
+        t = [s[0] for s in samples]
+        axis.plot(t, [s[1] for s in samples], label="CPU allocated")
+        axis.plot(t, [s[2] for s in samples], label="memory allocated")
+        axis.set_ylim(0, 1.05)
+        axis.set_ylabel("fraction")
+        axis.set_title(
+            f"{result['policy']}: cpu_use_waiting {result['cpu_use_waiting']}, "
+            f"memory_use_waiting {result['memory_use_waiting']}",
+            fontsize=9,
+        )
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower left", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds since the first submit")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def save(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
