@@ -202,10 +202,12 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
 # since the placer's last read, plus those holding a seq it skipped (a transaction may commit
 # a smaller seq after a larger one was read).
 PENDING_SINCE = """
-SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
-  FROM jobs WHERE state = 'pending' AND (pending_seq > $1 OR pending_seq = ANY($3::bigint[]))
- ORDER BY pending_seq
- LIMIT $2
+(SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+   FROM jobs WHERE state = 'pending' AND pending_seq > $1
+  ORDER BY pending_seq LIMIT $2)
+UNION ALL
+(SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+   FROM jobs WHERE state = 'pending' AND pending_seq = ANY($3::bigint[]) AND pending_seq <= $1)
 """
 
 # ---------------------------------------------------------------- reconciler (reads)
