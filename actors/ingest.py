@@ -164,6 +164,11 @@ class ControlPlaneService:
         finished = list(request.finished)
         running = list(request.running_assignment_ids)
         async with self.pool.acquire() as conn, conn.transaction():
+            if not finished:
+                # Liveness only: losing it in a database crash makes the worker look a little
+                # older, and a lost running-confirmation is re-sent (workers deduplicate), so
+                # skip the WAL flush. Outcomes end assignments and are committed durably.
+                await conn.execute(queries.ASYNC_COMMIT)
             alive = await conn.fetchval(queries.RECORD_HEARTBEAT, worker_id, request.incarnation)
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
             if finished:

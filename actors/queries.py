@@ -315,6 +315,8 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation
 """
 
+ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
+
 # $1 worker id, $2 incarnation. No row: unknown, dead or another incarnation -> reregister.
 RECORD_HEARTBEAT = """
 UPDATE workers SET last_heartbeat_at = now()
