@@ -177,5 +177,11 @@ CREATE OR REPLACE TRIGGER assignments_release AFTER UPDATE ON assignments
 -- The order in which jobs became pending (submitted or requeued), so the placer reads only
 -- what is new since its last round.
 CREATE SEQUENCE IF NOT EXISTS pending_seq;
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS pending_seq bigint;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_name = 'jobs' AND column_name = 'pending_seq') THEN
+        ALTER TABLE jobs ADD COLUMN pending_seq bigint;
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS jobs_pending_by_seq ON jobs (pending_seq) WHERE state = 'pending';

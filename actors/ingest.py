@@ -11,6 +11,7 @@ the leader ended an assignment (worker declared dead, job requeued) changes noth
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -294,18 +295,23 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema.sql"
 
 
 async def apply_schema(database_url: str) -> None:
-    """Apply ``schema.sql`` (idempotent), serialised across replicas by an advisory lock.
+    """Apply ``schema.sql`` (idempotent), serialised across replicas by an advisory lock, and
+    only when the database does not hold this very schema yet (its sha256 is recorded).
 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
         FileNotFoundError: schema.sql is missing next to the packages.
     """
     sql = SCHEMA_PATH.read_text()
+    digest = hashlib.sha256(sql.encode()).hexdigest()
     conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade schema"})
     try:
         await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
         try:
-            await conn.execute(sql)
+            await conn.execute(queries.SCHEMA_VERSION_TABLE)
+            if await conn.fetchval(queries.SCHEMA_VERSION) != digest:
+                await conn.execute(sql)
+                await conn.execute(queries.RECORD_SCHEMA_VERSION, digest)
         finally:
             await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
     finally:
