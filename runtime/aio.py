@@ -71,6 +71,9 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    # What asyncpg says when the server ended the session while the process was frozen: the
+    # connection's protocol state is lost, so it counts as broken.
+    asyncpg.exceptions.InternalClientError,
 )
 
 # The server gave up on one statement (statement_timeout, lock_timeout, a deadlock victim):
