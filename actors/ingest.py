@@ -26,6 +26,16 @@ from runtime import log
 from runtime.aio import PgConnection, PgPool, serve_grpc, trio_service
 from runtime.errors import DatabaseUnavailable, NotFound
 
+SESSION_SETTINGS = {
+    "statement_timeout": "5000",
+    # A replica frozen in the middle of a heartbeat must not keep that worker's row locked:
+    # its session ends after 0.5 s idle in the transaction, and others wait for a lock 0.3 s
+    # at most (the worker then tries the next replica).
+    "idle_in_transaction_session_timeout": "500",
+    "lock_timeout": "300",
+}
+"""Session settings of ingest's connections."""
+
 
 def job_info(row: Any) -> pb.JobInfo:
     """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
@@ -258,10 +268,7 @@ class Ingest:
         pool = await PgPool.create(
             self.database_url,
             size=self.pool_size,
-            server_settings={
-                "application_name": f"stockade {self.cp_id} ingest",
-                "statement_timeout": "5000",
-            },
+            server_settings={"application_name": f"stockade {self.cp_id} ingest", **SESSION_SETTINGS},
         )
         try:
             service = trio_service(

@@ -85,6 +85,8 @@ class Ledger:
                 "application_name": f"stockade {self.cp_id} ledger",
                 "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
                 "statement_timeout": str(int(s.statement_timeout_s * 1000)),
+                # Never sit on the lease's share lock waiting for a row a frozen replica holds.
+                "lock_timeout": "1000",
             }
             if not _FENCING_ENABLED:
                 server_settings["idle_in_transaction_session_timeout"] = "0"

@@ -10,7 +10,8 @@ Assign, in this order, per request and then per assignment:
 1. ``worker_id`` is not mine: refuse all ``wrong_worker``.
 2. fenced (self-fenced, not registered yet, registering, shutting down): refuse all ``fenced``.
 3. ``incarnation`` is not my current one: refuse all ``wrong_incarnation``.
-4. ``epoch`` < newest epoch seen: refuse all ``stale_epoch``; otherwise raise the newest seen.
+4. ``epoch`` < newest epoch seen: refuse all ``stale_epoch``; more than ``EPOCH_LEAD_LIMIT`` above
+   the newest the database confirmed: refuse all ``implausible_epoch``; otherwise raise the newest seen.
 5. per assignment: cancelled id -> ``cancelled``; running or ended in this incarnation ->
    accepted again, not started again (a duplicate); no runtime, zero ``cpu_millis`` or
    ``memory_mb``, or a command with an empty argv -> ``bad_spec``; does not fit the free
@@ -61,6 +62,12 @@ def spec_problem(order: JobOrder) -> str | None:
     return None
 
 
+EPOCH_LEAD_LIMIT = 1000
+"""How far a request's epoch may run ahead of the newest the database confirmed to this
+worker. A real new leader is a few takeovers ahead at most; a larger jump is refused and does
+not raise the newest epoch seen."""
+
+
 @attrs.define(kw_only=True)
 class Admission:
     """The acceptance state of one worker and the rules that read and update it.
@@ -79,6 +86,10 @@ class Admission:
     fenced: bool = True
     """True while the worker must not start anything (set and cleared by the agent)."""
     max_epoch_seen: int = 0
+    confirmed_epoch: int = 0
+    """The newest epoch a control plane's reply read from the database (registration,
+    heartbeats): an Assign or Cancel may run ahead of it (a fresh leader) but only by
+    ``EPOCH_LEAD_LIMIT``, so one bogus request cannot make the worker refuse every leader."""
     running: dict[int, Reservation] = attrs.field(factory=dict)
     """Assignment id -> resources, from acceptance until the job has really ended."""
     ended: set[int] = attrs.field(factory=set)
@@ -100,7 +111,9 @@ class Admission:
     # ------------------------------------------------------------------ state changes
 
     def observe_epoch(self, epoch: int) -> None:
-        """Raise the newest seen epoch to ``epoch`` (a heartbeat or registration reply)."""
+        """Raise the newest seen and confirmed epoch to ``epoch`` (a heartbeat or
+        registration reply, read from the database)."""
+        self.confirmed_epoch = max(self.confirmed_epoch, epoch)
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
 
     def registered(self, incarnation: int, epoch: int) -> None:
@@ -153,7 +166,9 @@ class Admission:
             return RefusalReason.WRONG_INCARNATION
         if epoch < self.max_epoch_seen:
             return RefusalReason.STALE_EPOCH
-        self.observe_epoch(epoch)
+        if epoch > self.confirmed_epoch + EPOCH_LEAD_LIMIT:
+            return RefusalReason.IMPLAUSIBLE_EPOCH
+        self.max_epoch_seen = epoch
         return None
 
     def assign(self, order: AssignOrder) -> AssignDecision:

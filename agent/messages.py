@@ -24,6 +24,8 @@ class RefusalReason(StrEnum):
     """The request was meant for another life of this worker."""
     STALE_EPOCH = "stale_epoch"
     """The request's epoch is lower than the newest the worker has seen."""
+    IMPLAUSIBLE_EPOCH = "implausible_epoch"
+    """The request's epoch is far beyond any the database has confirmed to the worker."""
     CANCELLED = "cancelled"
     """The assignment id was cancelled (or ended by the control plane) on this worker."""
     BAD_SPEC = "bad_spec"

@@ -225,6 +225,12 @@ class Harness:
                         nursery.start_soon(self.partition_worker)
                     self.progress(self._line(i + 1))
                     await trio.sleep(s.settle_s)
+                if s.partitions:
+                    # Keep the jobs coming until every partition healed and its worker had
+                    # time to register again and get work.
+                    while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.1)
+                    await trio.sleep(3.0)
                 stop_submitting.set()
             await self._wait_finished(client)
         except _Abort as exc:

@@ -49,16 +49,21 @@ class Link:
 
 
 async def _pump(source: trio.abc.HalfCloseableStream, sink: trio.abc.HalfCloseableStream, link: Link) -> None:
-    while True:
-        if link.cut:
-            await trio.sleep_forever()  # stalled; the cut's scope is cancelled on heal
-        data = await source.receive_some(65536)
-        if not data:
-            await sink.send_eof()
-            return
-        if link.cut:
-            await trio.sleep_forever()
-        await sink.send_all(data)
+    """Copy ``source`` to ``sink`` while the link is up. A broken or closed connection ends
+    this direction quietly: to the proxy, a peer going away is ordinary traffic."""
+    try:
+        while True:
+            if link.cut:
+                await trio.sleep_forever()  # stalled; the cut's scope is cancelled on heal
+            data = await source.receive_some(65536)
+            if not data:
+                await sink.send_eof()
+                return
+            if link.cut:
+                await trio.sleep_forever()
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return
 
 
 async def _relay(client: trio.abc.HalfCloseableStream, target: Callable[[], str], link: Link) -> None:

@@ -71,6 +71,17 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    # What asyncpg says when the server ended the session while the process was frozen: the
+    # connection's protocol state is lost, so it counts as broken.
+    asyncpg.exceptions.InternalClientError,
+)
+
+# The server gave up on one statement (statement_timeout, lock_timeout, a deadlock victim):
+# the connection is still good, the caller may try again.
+_BUSY_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.QueryCanceledError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.DeadlockDetectedError,
 )
 
 Record = asyncpg.Record
@@ -126,6 +137,8 @@ class PgConnection:
         except _CONNECTION_ERRORS as exc:
             self._raw.terminate()
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
+        except _BUSY_ERRORS as exc:
+            raise DatabaseUnavailable(f"database busy: {exc!r}", retry_after_s=0.05) from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
         """Rows of ``sql``."""

@@ -13,7 +13,7 @@ from actors.ingest import Ingest
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.errors import InvalidArgument, NotFound
+from runtime.errors import InvalidArgument, NoControlPlaneReachable, NotFound
 
 
 @pytest.fixture
@@ -155,3 +155,37 @@ async def test_a_batch_is_stored_in_order_or_not_at_all(
     with pytest.raises(InvalidArgument, match=r"specs\[2\]\.cpu_millis must be between 1 and 1000000, got 0"):
         await cp.call("submit_jobs", pb.SubmitJobsRequest(specs=bad))
     assert await admin.fetchval("SELECT count(*) FROM jobs") == 6
+
+
+async def test_a_replica_frozen_mid_heartbeat_does_not_block_that_worker_for_long(
+    client: tuple[ControlPlaneClient, PgConnection], database_url: str
+) -> None:
+    """A session with ingest's settings that stops inside a heartbeat transaction (its
+    replica frozen) loses its row lock within 0.5 s, so the worker's heartbeats through
+    another replica get through again well inside the self-fence deadline."""
+    from actors import queries
+    from actors.ingest import SESSION_SETTINGS
+
+    cp, _ = client
+    reg = await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000),
+    )
+    frozen = await PgConnection.connect(database_url, server_settings=dict(SESSION_SETTINGS))
+    try:
+        await frozen.execute("BEGIN")
+        await frozen.fetchval(queries.RECORD_HEARTBEAT, "w-1", reg.incarnation)  # holds the row
+        started = trio.current_time()
+        with trio.fail_after(1.5):
+            while True:
+                try:
+                    beat = await cp.call(
+                        "heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=reg.incarnation)
+                    )
+                    break
+                except NoControlPlaneReachable:
+                    await trio.sleep(0.05)  # lock_timeout: the worker would try another replica
+        assert not beat.reregister
+        assert trio.current_time() - started < 1.2
+    finally:
+        frozen.terminate()

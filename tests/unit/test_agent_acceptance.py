@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.acceptance import Admission
+from agent.acceptance import EPOCH_LEAD_LIMIT, Admission
 from agent.messages import (
     AssignOrder,
     CancelOrder,
@@ -283,3 +283,15 @@ def test_abandoned_assignment_is_forgotten() -> None:
     adm.abandon(1)
     assert adm.cpu_used_millis == 0
     assert len(adm.assign(assign(job(1))).to_start) == 1
+
+
+def test_an_implausible_epoch_is_refused_and_poisons_nothing() -> None:
+    """A request claiming an epoch far beyond any the database confirmed (2**64 - 1) is
+    refused and does not raise the newest epoch seen, so the real leader still gets through."""
+    adm = admission(epoch=7)
+    assert reasons(adm.assign(assign(job(1), epoch=2**64 - 1))) == {1: "implausible_epoch"}
+    assert adm.max_epoch_seen == 7
+    assert reasons(adm.assign(assign(job(2), epoch=8))) == {}  # the real next leader
+    assert reasons(adm.assign(assign(job(3), epoch=8 + EPOCH_LEAD_LIMIT))) == {
+        1: "implausible_epoch"
+    }.fromkeys([3], "implausible_epoch")

@@ -23,8 +23,9 @@ def test_the_lower_bound_is_the_largest_of_cpu_memory_and_longest_job() -> None:
     jobs = job_stream(1, seed=1)
     one = jobs[0]
     bound = lower_bound_s(jobs, workers=2)
-    assert bound == pytest.approx(max(one.cpu_millis * one.duration_s / 24000,
-                                      one.memory_mb * one.duration_s / 49152, one.duration_s))
+    assert bound == pytest.approx(
+        max(one.cpu_millis * one.duration_s / 24000, one.memory_mb * one.duration_s / 49152, one.duration_s)
+    )
 
 
 def test_histogram_quantile_interpolates_within_a_bucket() -> None:
