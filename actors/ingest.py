@@ -172,6 +172,7 @@ class ControlPlaneService:
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         worker_id = validation.check_worker_id(request.worker_id)
+        validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
         running = list(request.running_assignment_ids)
         async with self.pool.acquire() as conn, conn.transaction():

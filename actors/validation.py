@@ -7,6 +7,7 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -44,9 +45,13 @@ class JobRequest:
         return "sleep" if self.argv is None else "command"
 
 
-def _text(field: str, value: str, *, max_chars: int, allow_empty: bool = False) -> str:
+def _text(
+    field: str, value: str, *, max_chars: int, allow_empty: bool = False, printable: bool = False
+) -> str:
     if "\x00" in value:
         raise InvalidArgument(field, value, "must not contain NUL bytes")
+    if printable and any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
     if not value and not allow_empty:
         raise InvalidArgument(field, value, "must not be empty")
     if len(value) > max_chars:
@@ -75,7 +80,7 @@ def check_job(
         InvalidArgument: a field is empty, too long, out of range or holds a NUL byte, or the
             job names no runtime (or both).
     """
-    _text("name", name, max_chars=MAX_NAME_CHARS)
+    _text("name", name, max_chars=MAX_NAME_CHARS, printable=True)
     _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
     _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
     _int_between("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
@@ -168,11 +173,18 @@ def check_registration(
         _text(f"labels[{key}]", value, max_chars=MAX_LABEL_CHARS, allow_empty=True)
 
 
+MAX_ID = 2**63 - 1
+"""Ids are PostgreSQL bigints."""
+
+
 def check_job_id(job_id: int) -> int:
-    """Raises InvalidArgument for 0 (ids start at 1)."""
-    if job_id < 1:
-        raise InvalidArgument("job_id", job_id, "must be >= 1")
-    return job_id
+    """Raises InvalidArgument outside 1..MAX_ID (ids start at 1 and are bigints)."""
+    return _int_between("job_id", job_id, 1, MAX_ID)
+
+
+def check_incarnation(incarnation: int) -> int:
+    """Raises InvalidArgument outside 0..MAX_ID."""
+    return _int_between("incarnation", incarnation, 0, MAX_ID)
 
 
 def check_list(state: str, limit: int) -> tuple[str, int]:

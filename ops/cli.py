@@ -257,7 +257,7 @@ def render_status(status: pb.StatusReply) -> Group:
         stuck.add_column("job")
         stuck.add_column("reason")
         for job in status.unschedulable:
-            stuck.add_row(str(job.job_id), job.reason)
+            stuck.add_row(str(job.job_id), Text(job.reason))
         parts.append(stuck)
     return Group(*parts)
 
@@ -639,7 +639,8 @@ def submit(
     spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
     if command:
         spec.command = pb.CommandRuntime(argv=list(command))
-        spec.name = name if name is not None else (os.path.basename(command[0]) or "command")
+        default = (os.path.basename(command[0]) or "command")[: validation.MAX_NAME_CHARS]
+        spec.name = name if name is not None else default
     else:
         assert sleep_s is not None
         if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
@@ -742,7 +743,7 @@ def list_jobs(
         detail = _runtime_text(spec) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
             str(info.job_id),
-            spec.name if spec else "-",
+            Text(spec.name) if spec else "-",
             info.state,
             str(spec.cpu_millis) if spec else "-",
             str(spec.memory_mb) if spec else "-",

@@ -50,6 +50,7 @@ from ops.pg import (
     free_port,
 )
 from protocol import pb
+from runtime.aio import split_address
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError, Unavailable
 
@@ -833,8 +834,15 @@ def metrics_address(spec: ProcessSpec) -> str | None:
 
 
 def parse_addresses(text: str) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped)."""
-    return [item.strip() for item in text.split(",") if item.strip()]
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped).
+
+    Raises:
+        InvalidArgument: an item is not ``host:port``.
+    """
+    addresses = [item.strip() for item in text.split(",") if item.strip()]
+    for address in addresses:
+        split_address(address)
+    return addresses
 
 
 def resolve_addresses(option: str | None, state: StateDir | None = None) -> list[str]:

@@ -290,7 +290,8 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
     Each RPC of the generated ``base`` class is served by the same-named trio method of
-    ``impl``, which takes the request message and returns the reply message. StockadeErrors
+    ``impl``, which takes the request message and returns the reply message; an RPC ``impl``
+    lacks answers UNIMPLEMENTED. StockadeErrors
     become gRPC statuses: InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND,
     Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others -> INTERNAL.
     """
@@ -298,7 +299,9 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     for name, fn in vars(base).items():
         if name.startswith("_") or not inspect.iscoroutinefunction(fn):
             continue
-        trio_fn = getattr(impl, name)
+        trio_fn = getattr(impl, name, None)
+        if trio_fn is None:
+            continue  # not implemented: the generated base answers UNIMPLEMENTED
 
         async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
             try:

@@ -63,3 +63,18 @@ def test_list_checks_state_and_limit() -> None:
         check_list("sleeping", 10)
     with pytest.raises(InvalidArgument, match="limit must be at most 10000"):
         check_list("", 10**6)
+
+
+def test_ids_beyond_a_bigint_and_control_characters_are_refused() -> None:
+    """Ids past 2**63 - 1 cannot exist (they would wrap or overflow); names are one line of text."""
+    from actors.validation import check_incarnation, check_job_id
+
+    with pytest.raises(InvalidArgument, match="job_id must be between 1 and 9223372036854775807"):
+        check_job_id(2**64 + 1)
+    with pytest.raises(InvalidArgument, match="incarnation must be between 0 and"):
+        check_incarnation(2**63)
+    with pytest.raises(InvalidArgument, match="name must not contain control characters"):
+        check_job(**{**GOOD, "name": "two\nlines"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="name must not contain control characters"):
+        check_job(**{**GOOD, "name": "\x1b[31mred"})  # type: ignore[arg-type]
+    assert check_job(**{**GOOD, "name": "[bold red]boom"}).name == "[bold red]boom"  # text, not markup  # type: ignore[arg-type]
