@@ -302,23 +302,39 @@ async def _host(
 async def run_fleet(
     workers: Sequence[AgentSettings],
     *,
+    spread_s: float | None = None,
     task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run every worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Starts the agents one after the other (each binds its port before the next starts), then
-    signals ``task_status.started(agents)``, in the order of ``workers``. On cancellation
-    every agent stops its jobs (shielded) and logs each stop with reason ``shutdown``, as a
-    lone agent does.
+    Starts the agents one after the other, in the order of ``workers`` (each binds its port
+    before the next starts), their starts spread evenly over ``spread_s``, then signals
+    ``task_status.started(agents)``. The spread matters: agents started in the same instant
+    register and heartbeat in lockstep, so every heartbeat interval the control planes would
+    get K calls at once instead of K spread over the interval (lone agents are spread by
+    their processes' start-up times). On cancellation every agent stops its jobs (shielded)
+    and logs each stop with reason ``shutdown``, as a lone agent does.
+
+    Args:
+        workers: one settings object per worker.
+        spread_s: seconds over which the starts are spread; None: the longest
+            ``heartbeat_interval_s`` of the workers; 0: all at once.
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
             stopped, their jobs first.
     """
     logger = log.get("fleet")
+    if spread_s is None:
+        spread_s = max((w.heartbeat_interval_s for w in workers), default=0.0)
+    step_s = spread_s / len(workers) if workers else 0.0
     async with trio.open_nursery() as nursery:
-        agents = [await nursery.start(_host, settings) for settings in workers]
-        logger.info("every worker's agent is serving", workers=len(agents))
+        began = trio.current_time()
+        agents = []
+        for index, settings in enumerate(workers):
+            await trio.sleep_until(began + index * step_s)
+            agents.append(await nursery.start(_host, settings))
+        logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
         task_status.started(agents)
 
 
