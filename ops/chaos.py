@@ -269,7 +269,7 @@ class Harness:
         routes: dict[str, tuple[str, list[str]]] = {}
 
         def address_of(process_id: str) -> Callable[[], str]:
-            return lambda: self.cluster.config().process(process_id).address
+            return lambda: self.cluster.config().address_of(process_id)
 
         for index in range(1, s.workers + 1):
             worker_id = f"w-{index}"

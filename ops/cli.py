@@ -412,6 +412,53 @@ def agent(
     agent_main(settings, json_logs=json_logs)
 
 
+@app.command("fleet")
+def fleet(
+    spec: Annotated[
+        Path,
+        typer.Option(
+            help='JSON list of the workers to host: [{"id": "w-1", "port": 7201, "cpu_millis": 8000, '
+            '"memory_mb": 16384, "work_dir": "...", "advertise_address": ""}, ...].'
+        ),
+    ],
+    control_planes: Annotated[
+        str, typer.Option(help="Control-plane addresses, host:port,... (a worker's own list wins).")
+    ] = "",
+    fleet_id: Annotated[
+        str, typer.Option("--id", help="This process's id, bound to its log lines.")
+    ] = "fleet",
+    host: Annotated[str, typer.Option(help="Address every worker listens on.")] = "127.0.0.1",
+    heartbeat_interval_s: Annotated[
+        float, typer.Option(help="Time between heartbeats, seconds.")
+    ] = _agent_default("heartbeat_interval_s"),
+    self_fence_after_s: Annotated[
+        float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
+    ] = _agent_default("self_fence_after_s"),
+    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+) -> None:
+    """Run many workers' agents in one process until SIGTERM or Ctrl-C.
+
+    Each worker keeps its own id, port, registration, heartbeats, work dir and agent.jsonl.
+    When one worker's agent fails (its port is taken, ...) every worker's jobs are stopped
+    and the command exits 1 naming the worker; a bad spec exits 2.
+    """
+    from agent.fleet import WorkerFailed, fleet_settings, load_fleet_spec
+    from agent.fleet import main as fleet_main
+
+    with _errors():
+        settings = fleet_settings(
+            load_fleet_spec(spec),
+            control_planes=parse_addresses(control_planes),
+            listen_host=host,
+            heartbeat_interval_s=heartbeat_interval_s,
+            self_fence_after_s=self_fence_after_s,
+        )
+    try:
+        fleet_main(settings, fleet_id=fleet_id, json_logs=json_logs)
+    except WorkerFailed as exc:
+        _fail(f"{fleet_id}: {exc}")
+
+
 # ---------------------------------------------------------------------------- the local cluster
 
 
@@ -423,14 +470,29 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
         table.add_column(column, no_wrap=True)
     for spec in result.config.processes:
         capacity = ""
+        note = "started" if spec.id in result.started else "was running"
         if spec.kind == "cp":
             state = "leader" if spec.id == result.status.leader else roles.get(spec.id, "?")
+        elif spec.kind == "fleet":
+            hosted = result.config.workers_in(spec.id)
+            alive = sum(1 for w in hosted if (s := workers.get(w.id)) is not None and s.state == "alive")
+            state = f"{alive}/{len(hosted)} alive"
+            capacity = f"{len(hosted)} workers: {hosted[0].id}..{hosted[-1].id}" if hosted else "no workers"
         else:
             worker = workers.get(spec.id)
             state = worker.state if worker else "?"
             capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
-        note = "started" if spec.id in result.started else "was running"
-        table.add_row(spec.id, str(result.pids.get(spec.id, "-")), spec.address, state, capacity, note)
+        table.add_row(spec.id, str(result.pids.get(spec.id, "-")), spec.address or "-", state, capacity, note)
+    for hosted_worker in result.config.hosted_workers:
+        worker = workers.get(hosted_worker.id)
+        table.add_row(
+            hosted_worker.id,
+            str(result.pids.get(hosted_worker.process_id, "-")),
+            hosted_worker.address,
+            worker.state if worker else "?",
+            f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else "",
+            f"in {hosted_worker.process_id}",
+        )
     console.print(table)
     database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
     if result.database_started:
@@ -444,15 +506,38 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
 def up(
     control_planes: Annotated[int, typer.Option(help="Number of control planes (cp-1..cp-N).")] = 3,
     workers: Annotated[int, typer.Option(help="Number of workers (w-1..w-M).")] = 5,
+    fleet_size: Annotated[
+        int,
+        typer.Option(
+            help="Host new workers this many per process (stockade fleet); 0: one agent process each."
+        ),
+    ] = 0,
+    agent_args: Annotated[
+        str,
+        typer.Option(
+            help="Extra options for new agent or fleet processes, one string, e.g. "
+            "'--heartbeat-interval-s 1'."
+        ),
+    ] = "",
+    cp_args: Annotated[
+        str,
+        typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
+    ] = "",
     timeout_s: Annotated[float, typer.Option(help="How long to wait for the cluster, seconds.")] = 60.0,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
     The state folder is ./.stockade (or $STOCKADE_STATE_DIR). PostgreSQL is DATABASE_URL
     when set, else an embedded server under .stockade/pg. Safe to run again: live processes
-    are left alone, dead ones are started again.
+    are left alone, dead ones are started again. Processes are recorded with their options
+    when first planned: --fleet-size, --agent-args and --cp-args apply to the processes this
+    run adds (`stockade down` and removing .stockade/cluster.json start afresh).
     """
-    cluster = LocalCluster(_state())
+    if fleet_size < 0:
+        _fail(f"fleet_size must be >= 0 (0: one process per worker), got {fleet_size}", EXIT_INVALID)
+    cluster = LocalCluster(
+        _state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
+    )
     with _errors(), console.status("starting the cluster..."):
         result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
     _print_up(result, cluster)
@@ -530,6 +615,12 @@ def kill_worker(
         live = cluster.pids(config)
         candidates = [w for w in status.workers if w.state == "alive" and w.id in live]
         if not candidates:
+            if config.fleets:
+                fleets = ", ".join(f.id for f in config.fleets)
+                _fail(
+                    f"no live worker runs in a process of its own: the workers run in fleets ({fleets}); "
+                    "killing a fleet kills all its workers"
+                )
             _fail("no live worker of this cluster to kill")
         victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
         job_ids = [int(j) for j in victim.job_ids]

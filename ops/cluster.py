@@ -4,15 +4,20 @@
 Everything it knows lives in one state folder (``.stockade/`` in the current directory, or
 ``$STOCKADE_STATE_DIR``)::
 
-    cluster.json    the database URL, and every process's id, kind, address and arguments
+    cluster.json    the database URL, every process's id, kind, address and arguments, and
+                    the workers hosted in fleets (id, address, capacity, fleet)
     pg/             the embedded PostgreSQL server (ops.pg), unless DATABASE_URL is given
     logs/<id>.log   each process's stdout and stderr
     pids/<id>.pid   each process's pid
-    workers/<id>/   each agent's work dir (agent.jsonl, jobs/<job>-<assignment>/std*.log)
+    fleets/<id>.json  each fleet's spec file (the workers it hosts; see agent.fleet)
+    workers/<id>/   each worker's work dir (agent.jsonl, jobs/<job>-<assignment>/std*.log)
 
-Each process is ``python -m ops.cli cp|agent ...`` in its own session, so closing the
-terminal does not stop the cluster. A pid file counts only while it names a live process
-whose command line is that process's (pids are reused). Every process carries the state
+Each process is ``python -m ops.cli cp|agent|fleet ...`` in its own session, so closing the
+terminal does not stop the cluster. Workers run one per ``agent`` process, or, with
+``fleet_size`` K > 0, K per ``fleet`` process (fleet-1, fleet-2, ...): each still has its own
+id, port, registration, heartbeats and work dir, but a fleet lives and dies as one process.
+A pid file counts only while it names a live process whose command line is that process's
+(pids are reused). Every process carries the state
 folder in its environment (``STOCKADE_CLUSTER_DIR``), so ``down`` can find and stop
 stragglers whose pid file was lost, including the agents' job processes.
 
@@ -68,6 +73,7 @@ __all__ = [
     "ProcessSpec",
     "StateDir",
     "UpResult",
+    "WorkerSpec",
     "default_state_dir",
 ]
 
@@ -123,11 +129,11 @@ class ProcessSpec:
     """One process of the cluster, as recorded in cluster.json."""
 
     id: str
-    """``cp-1``..., ``w-1``..."""
+    """``cp-1``..., ``w-1``..., ``fleet-1``..."""
     kind: str
-    """``cp`` or ``agent``: the ops.cli subcommand it runs."""
+    """``cp``, ``agent`` or ``fleet``: the ops.cli subcommand it runs."""
     address: str
-    """host:port of its gRPC service."""
+    """host:port of its gRPC service; empty for a fleet (its workers have one each)."""
     args: tuple[str, ...] = attrs.field(converter=_str_tuple)
     """The arguments after ``python -m ops.cli``."""
 
@@ -148,6 +154,91 @@ def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
 
 
 @attrs.frozen(kw_only=True)
+class WorkerSpec:
+    """One worker of the cluster, whether it runs as an agent process or in a fleet."""
+
+    id: str
+    """``w-1``..."""
+    address: str
+    """host:port its Worker service listens on."""
+    cpu_millis: int
+    """CPU it offers, in millicores."""
+    memory_mb: int
+    """Memory it offers, in MiB."""
+    process_id: str
+    """The process that runs it: its own id for an agent process, else its fleet's id."""
+    advertise_address: str = ""
+    """host:port the leader should call, when not ``address`` (recorded for fleet workers;
+    an agent process has it on its command line)."""
+    control_planes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Control-plane addresses of its own, when not the cluster's (as ``advertise_address``)."""
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    @property
+    def fleet(self) -> str | None:
+        """The id of the fleet that hosts it, or None when it is an agent process of its own."""
+        return None if self.process_id == self.id else self.process_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "address": self.address,
+            "cpu_millis": self.cpu_millis,
+            "memory_mb": self.memory_mb,
+            "process_id": self.process_id,
+            "advertise_address": self.advertise_address,
+            "control_planes": list(self.control_planes),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerSpec:
+        return cls(
+            id=data["id"],
+            address=data["address"],
+            cpu_millis=int(data["cpu_millis"]),
+            memory_mb=int(data["memory_mb"]),
+            process_id=data["process_id"],
+            advertise_address=data.get("advertise_address", ""),
+            control_planes=data.get("control_planes", ()),
+        )
+
+    @classmethod
+    def of_agent(cls, spec: ProcessSpec) -> WorkerSpec:
+        """The worker an ``agent`` process runs, read from its arguments."""
+        return cls(
+            id=spec.id,
+            address=spec.address,
+            cpu_millis=int(_option(spec.args, "--cpu-millis") or 0),
+            memory_mb=int(_option(spec.args, "--memory-mb") or 0),
+            process_id=spec.id,
+        )
+
+
+def _option(args: Sequence[str], name: str) -> str | None:
+    """The value after the last ``name`` in ``args`` (or of ``name=value``), or None."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(name + "="):
+            found = arg.partition("=")[2]
+    return found
+
+
+def _worker_tuple(items: Iterable[WorkerSpec]) -> tuple[WorkerSpec, ...]:
+    return tuple(items)
+
+
+def _worker_order(worker_id: str) -> tuple[int, str]:
+    """``w-10`` after ``w-9``: by number, then by text."""
+    number = worker_id.rpartition("-")[2]
+    return (int(number) if number.isdigit() else 0, worker_id)
+
+
+@attrs.frozen(kw_only=True)
 class ClusterConfig:
     """What cluster.json holds."""
 
@@ -155,28 +246,74 @@ class ClusterConfig:
     embedded_pg_port: int | None
     """Port of the embedded server under ``pg/``; None when the database is DATABASE_URL's."""
     processes: tuple[ProcessSpec, ...] = attrs.field(converter=_spec_tuple)
+    """The operating-system processes: control planes, agents and fleets."""
+    hosted_workers: tuple[WorkerSpec, ...] = attrs.field(default=(), converter=_worker_tuple)
+    """The workers that run in fleets (those in agent processes are in ``processes``)."""
 
     @property
     def control_planes(self) -> list[ProcessSpec]:
         return [p for p in self.processes if p.kind == "cp"]
 
     @property
-    def workers(self) -> list[ProcessSpec]:
-        return [p for p in self.processes if p.kind == "agent"]
+    def workers(self) -> list[WorkerSpec]:
+        """Every worker, one entry per worker id, in agent processes or in fleets, by number."""
+        lone = [WorkerSpec.of_agent(p) for p in self.processes if p.kind == "agent"]
+        return sorted([*lone, *self.hosted_workers], key=lambda w: _worker_order(w.id))
+
+    @property
+    def fleets(self) -> list[ProcessSpec]:
+        """The fleet processes, each hosting several workers (:meth:`workers_in`)."""
+        return [p for p in self.processes if p.kind == "fleet"]
 
     @property
     def control_plane_addresses(self) -> list[str]:
         return [p.address for p in self.control_planes]
 
+    def workers_in(self, process_id: str) -> list[WorkerSpec]:
+        """The workers the process ``process_id`` runs: its own for an agent, a fleet's, or none."""
+        return [w for w in self.workers if w.process_id == process_id]
+
+    def worker(self, worker_id: str) -> WorkerSpec:
+        """The worker ``worker_id``, wherever it runs.
+
+        Raises:
+            ClusterError: no such worker in this cluster.
+        """
+        for worker in self.workers:
+            if worker.id == worker_id:
+                return worker
+        known = ", ".join(w.id for w in self.workers) or "none"
+        raise ClusterError(f"{worker_id} is not a worker of this cluster (it has {known})")
+
+    def address_of(self, process_or_worker_id: str) -> str:
+        """host:port of a control plane or a worker (also one in a fleet).
+
+        Raises:
+            ClusterError: neither a control plane nor a worker of this cluster.
+        """
+        for spec in self.control_planes:
+            if spec.id == process_or_worker_id:
+                return spec.address
+        return self.worker(process_or_worker_id).address
+
     def process(self, process_id: str) -> ProcessSpec:
         """The process named ``process_id``.
 
         Raises:
-            ClusterError: no such process in this cluster.
+            ClusterError: no such process in this cluster; for a worker hosted in a fleet,
+                the message names the fleet (signal the fleet, which stops all its workers).
         """
         for spec in self.processes:
             if spec.id == process_id:
                 return spec
+        for worker in self.hosted_workers:
+            if worker.id == process_id:
+                together = [w.id for w in self.workers_in(worker.process_id)]
+                raise ClusterError(
+                    f"{process_id} runs in {worker.process_id} (with {len(together) - 1} other workers: "
+                    f"{', '.join(together)}); it has no process of its own: kill the fleet, which "
+                    "stops all of them"
+                )
         known = ", ".join(p.id for p in self.processes)
         raise ClusterError(f"{process_id} is not a process of this cluster (it has {known})")
 
@@ -186,6 +323,7 @@ class ClusterConfig:
             "database_url": self.database_url,
             "embedded_pg_port": self.embedded_pg_port,
             "processes": [p.to_json() for p in self.processes],
+            "hosted_workers": [w.to_json() for w in self.hosted_workers],
         }
 
     @classmethod
@@ -194,6 +332,7 @@ class ClusterConfig:
             database_url=data["database_url"],
             embedded_pg_port=data.get("embedded_pg_port"),
             processes=[ProcessSpec.from_json(p) for p in data["processes"]],
+            hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
         )
 
 
@@ -232,8 +371,12 @@ class StateDir:
     def work_dir(self, worker_id: str) -> Path:
         return self.root / "workers" / worker_id
 
+    def fleet_spec_path(self, fleet_id: str) -> Path:
+        """The spec file (``agent.fleet``) listing the workers fleet ``fleet_id`` hosts."""
+        return self.root / "fleets" / f"{fleet_id}.json"
+
     def create(self) -> None:
-        for sub in ("logs", "pids", "workers"):
+        for sub in ("logs", "pids", "workers", "fleets"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
@@ -313,7 +456,14 @@ class LocalCluster:
         database_url: the database to use; None means ``$DATABASE_URL``, else the embedded
             server under ``state/pg``.
         cp_args: extra ``stockade cp`` options for every control plane (e.g. timings).
-        agent_args: extra ``stockade agent`` options for every worker.
+        agent_args: extra ``stockade agent`` options for every worker; with ``fleet_size``
+            they go to every ``stockade fleet`` process instead, which takes the timing
+            options (``--heartbeat-interval-s``, ``--self-fence-after-s``, ``--json-logs``).
+        fleet_size: 0 runs each new worker as an agent process of its own; K > 0 hosts new
+            workers K per fleet process (fleet-1, fleet-2, ...; the last may have fewer).
+            Recorded workers keep how they run: it applies to the workers an ``up`` adds.
+        worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None means
+            :data:`WORKER_CAPACITIES`. Applies to the workers an ``up`` adds.
         launcher: what follows the Python interpreter on each process's command line, before
             the subcommand. Tests put a wrapper here (it must keep ``ops.cli`` as an argument
             so running processes are recognised); operators have no reason to change it.
@@ -328,6 +478,8 @@ class LocalCluster:
     database_url: str | None = None
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     agent_args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    fleet_size: int = 0
+    worker_capacities: tuple[tuple[int, int], ...] | None = None
     launcher: tuple[str, ...] = attrs.field(default=("-m", "ops.cli"), converter=_str_tuple)
     extra_env: dict[str, str] = attrs.field(factory=dict)
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
@@ -403,6 +555,17 @@ class LocalCluster:
             raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
         if workers < 0:
             raise ClusterError(f"workers must be >= 0, got {workers}")
+        if self.fleet_size < 0:
+            raise ClusterError(f"fleet_size must be >= 0 (0: one process per worker), got {self.fleet_size}")
+        if self.worker_capacities is not None:
+            if not self.worker_capacities:
+                raise ClusterError("worker_capacities must name at least one (cpu_millis, memory_mb)")
+            for capacity in self.worker_capacities:
+                if len(capacity) != 2 or not all(isinstance(v, int) and v > 0 for v in capacity):
+                    raise ClusterError(
+                        f"worker_capacities must be (cpu_millis, memory_mb) pairs of integers > 0, "
+                        f"got {capacity!r}"
+                    )
         with self.state.locked():
             return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
 
@@ -424,9 +587,10 @@ class LocalCluster:
             if self.live_process(spec) is None:
                 self._start(spec, config)
                 started.append(spec.id)
+        restarted = [w.id for p in started for w in config.workers_in(p)]
         status = self.wait_ready(
             config,
-            restarted_workers={w: incarnations_before.get(w, 0) for w in started},
+            restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
             timeout_s=timeout_s,
         )
         return UpResult(
@@ -479,7 +643,11 @@ class LocalCluster:
     ) -> ClusterConfig:
         """The recorded processes, plus new ones up to the asked counts, on fresh ports."""
         recorded = {p.id: p for p in previous.processes} if previous is not None else {}
-        used_ports = {p.port for p in recorded.values()} | ({pg_port} if pg_port else set())
+        hosted = {w.id: w for w in previous.hosted_workers} if previous is not None else {}
+        used_ports = {p.port for p in recorded.values() if p.address} | {w.port for w in hosted.values()}
+        if pg_port:
+            used_ports.add(pg_port)
+        capacities = self.worker_capacities or WORKER_CAPACITIES
 
         def new_port() -> int:
             while True:
@@ -508,12 +676,33 @@ class LocalCluster:
         addresses = ",".join(p.address for p in cp_specs)
 
         worker_specs: list[ProcessSpec] = []
+        new_hosted: list[WorkerSpec] = []
+        routed: list[str]
         for i in range(1, workers + 1):
             worker_id = f"w-{i}"
+            if worker_id in hosted:
+                continue
             spec = recorded.get(worker_id)
+            if spec is None and self.fleet_size > 0:
+                cpu_millis, memory_mb = capacities[(i - 1) % len(capacities)]
+                advertise, routed = "", []
+                if self.worker_network is not None:
+                    advertise, routed = self.worker_network(worker_id)
+                new_hosted.append(
+                    WorkerSpec(
+                        id=worker_id,
+                        address=f"{LISTEN_HOST}:{new_port()}",
+                        cpu_millis=cpu_millis,
+                        memory_mb=memory_mb,
+                        process_id="",  # its fleet, assigned below
+                        advertise_address=advertise,
+                        control_planes=routed,
+                    )
+                )
+                continue
             if spec is None:
                 port = new_port()
-                cpu_millis, memory_mb = WORKER_CAPACITIES[(i - 1) % len(WORKER_CAPACITIES)]
+                cpu_millis, memory_mb = capacities[(i - 1) % len(capacities)]
                 spec = ProcessSpec(
                     id=worker_id,
                     kind="agent",
@@ -544,17 +733,63 @@ class LocalCluster:
                     spec = attrs.evolve(spec, args=(*args, "--advertise-address", advertise))
             worker_specs.append(spec)
         worker_specs += [p for p in recorded.values() if p.kind == "agent" and p not in worker_specs]
+
+        # Fleets: the recorded ones as they are (a running fleet is never changed), then new
+        # workers K per new fleet, numbered after the highest recorded one.
+        fleet_specs = [p for p in recorded.values() if p.kind == "fleet"]
+        numbers = [int(n) for p in fleet_specs if (n := p.id.rpartition("-")[2]).isdigit()]
+        next_number = max(numbers, default=0) + 1
+        hosted_specs = list(hosted.values())
+        for start in range(0, len(new_hosted), max(1, self.fleet_size)):
+            fleet_id = f"fleet-{next_number}"
+            next_number += 1
+            members = [
+                attrs.evolve(w, process_id=fleet_id) for w in new_hosted[start : start + self.fleet_size]
+            ]
+            hosted_specs += members
+            fleet_specs.append(
+                ProcessSpec(
+                    id=fleet_id,
+                    kind="fleet",
+                    address="",
+                    args=(
+                        "fleet",
+                        "--id",
+                        fleet_id,
+                        "--spec",
+                        str(self.state.fleet_spec_path(fleet_id)),
+                        "--host",
+                        LISTEN_HOST,
+                        "--control-planes",
+                        addresses,
+                        *self.agent_args,
+                    ),
+                )
+            )
         return ClusterConfig(
-            database_url=database_url, embedded_pg_port=pg_port, processes=[*cp_specs, *worker_specs]
+            database_url=database_url,
+            embedded_pg_port=pg_port,
+            processes=[*cp_specs, *worker_specs, *fleet_specs],
+            hosted_workers=hosted_specs,
         )
 
     def _start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
-        """Start ``spec`` in its own session, output appended to its log, pid file written."""
-        if not _port_free(spec.port):
-            raise ClusterError(
-                f"port {spec.port} of {spec.id} is in use by another program; stop it, or run "
-                f"`stockade down` and remove {self.state.config_path} to pick new ports"
-            )
+        """Start ``spec`` in its own session, output appended to its log, pid file written.
+
+        A fleet's spec file is written first, from cluster.json.
+        """
+        hosted = config.workers_in(spec.id) if spec.kind == "fleet" else []
+        ports = (
+            [(w.port, f"{w.id} (in {spec.id})") for w in hosted]
+            if spec.kind == "fleet"
+            else [(spec.port, spec.id)]
+        )
+        for port, owner in ports:
+            if not _port_free(port):
+                raise ClusterError(
+                    f"port {port} of {owner} is in use by another program; stop it, or run "
+                    f"`stockade down` and remove {self.state.config_path} to pick new ports"
+                )
         env = dict(os.environ) | self.extra_env
         env[MARKER_ENV] = str(self.state.root)
         env["PYTHONUNBUFFERED"] = "1"
@@ -562,7 +797,10 @@ class LocalCluster:
             env["DATABASE_URL"] = config.database_url
         else:
             env.pop("DATABASE_URL", None)
-            self.state.work_dir(spec.id).mkdir(parents=True, exist_ok=True)
+            for worker in hosted or [WorkerSpec.of_agent(spec)]:
+                self.state.work_dir(worker.id).mkdir(parents=True, exist_ok=True)
+        if spec.kind == "fleet":
+            self._write_fleet_spec(spec.id, hosted)
         log_path = self.state.log_path(spec.id)
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
@@ -575,6 +813,27 @@ class LocalCluster:
             )
         self._children[spec.id] = process
         self.state.pid_path(spec.id).write_text(f"{process.pid}\n")
+
+    def _write_fleet_spec(self, fleet_id: str, workers: Sequence[WorkerSpec]) -> None:
+        """Write the spec file ``stockade fleet --spec`` reads (see :mod:`agent.fleet`)."""
+        entries = []
+        for worker in workers:
+            entry: dict[str, Any] = {
+                "id": worker.id,
+                "port": worker.port,
+                "cpu_millis": worker.cpu_millis,
+                "memory_mb": worker.memory_mb,
+                "work_dir": str(self.state.work_dir(worker.id)),
+                "advertise_address": worker.advertise_address,
+            }
+            if worker.control_planes:
+                entry["control_planes"] = list(worker.control_planes)
+            entries.append(entry)
+        path = self.state.fleet_spec_path(fleet_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(entries, indent=2) + "\n")
+        os.replace(tmp, path)
 
     def wait_ready(
         self,
@@ -642,17 +901,17 @@ class LocalCluster:
             logs = ", ".join(str(self.state.log_path(p.id)) for p in config.control_planes)
             missing.append(f"no leader elected (read {logs})")
         by_id = {w.id: w for w in status.workers}
-        for spec in config.workers:
-            worker = by_id.get(spec.id)
-            log_hint = f"(read {self.state.log_path(spec.id)})"
+        for worker_spec in config.workers:
+            worker = by_id.get(worker_spec.id)
+            log_hint = f"(read {self.state.log_path(worker_spec.process_id)})"
             if worker is None:
-                missing.append(f"{spec.id} not registered {log_hint}")
+                missing.append(f"{worker_spec.id} not registered {log_hint}")
             elif (
                 worker.state != "alive"
                 or worker.last_heartbeat_age_s > _FRESH_HEARTBEAT_S
-                or (spec.id in restarted and worker.incarnation == restarted[spec.id])
+                or (worker_spec.id in restarted and worker.incarnation == restarted[worker_spec.id])
             ):
-                missing.append(f"{spec.id} not registered alive yet {log_hint}")
+                missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
         return status, missing
 
     def _check_exited(self, config: ClusterConfig) -> None:
@@ -671,17 +930,27 @@ class LocalCluster:
     def kill(self, process_id: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to the live process ``process_id``; returns its pid.
 
+        A worker hosted in a fleet has no process of its own: name the fleet instead (all its
+        workers die together). Refusing is on purpose, so a caller that means to kill one
+        worker does not take down K at once without saying so.
+
         Raises:
-            ClusterError: no such process, or it is not running.
+            ClusterError: no such process, it is not running, or it is a worker hosted in a
+                fleet (the message names the fleet).
         """
-        spec = self.config().process(process_id)
+        config = self.config()
+        spec = config.process(process_id)
         process = self.live_process(spec)
         if process is None:
             pid_path = self.state.pid_path(process_id)
             raise ClusterError(f"{process_id} is not running (no live pid in {pid_path})")
         process.send_signal(sig)
         if sig == signal.SIGKILL:
-            self.state.record_fault("kill", process_id, time.time())
+            killed_at = time.time()
+            # The checker ends a worker's open runs at the kill of that worker: a fleet's
+            # kill is the kill of every worker it hosts.
+            for target in [process_id, *(w.id for w in config.workers_in(process_id) if w.fleet)]:
+                self.state.record_fault("kill", target, killed_at)
         if sig in (signal.SIGKILL, signal.SIGTERM) and process_id in self._children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._children[process_id].wait(timeout=STOP_TIMEOUT_S)

@@ -28,6 +28,7 @@ import trio
 import trio_asyncio
 from betterproto2.grpclib import ServiceBase, ServiceStub
 
+from runtime import log
 from runtime.errors import (
     DatabaseUnavailable,
     Deposed,
@@ -50,9 +51,26 @@ async def asyncio_bridge() -> AsyncIterator[None]:
     """Open the asyncio loop that asyncpg and grpclib run on, for the body of the block.
 
     Open it once per process, around everything else (``trio_asyncio.open_loop``).
+
+    trio-asyncio's loop raises every error reported to its exception handler into its
+    nursery, which ends the process. One report is routine, not a failure: a future that
+    ended with a connection error nobody retrieved. asyncpg leaves one behind when a call is
+    cancelled (a gRPC handler past its deadline) and its connection is then terminated
+    (see :class:`PgConnection`): the pending reply's future gets ``ConnectionError('unexpected
+    connection_lost() call')`` after its awaiter has gone. Those are logged; every other
+    report still ends the process.
     """
-    async with trio_asyncio.open_loop():
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(_on_asyncio_error)
         yield
+
+
+def _on_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    exception = context.get("exception")
+    if isinstance(exception, _CONNECTION_ERRORS) and "never retrieved" in str(context.get("message", "")):
+        log.get("aio").info("a dropped connection's pending reply was discarded", error=repr(exception))
+        return
+    loop.default_exception_handler(context)
 
 
 async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -129,13 +147,18 @@ class PgConnection:
         return int(self._raw.get_server_pid())
 
     def is_closed(self) -> bool:
-        return bool(self._raw.is_closed())
+        try:
+            return bool(self._raw.is_closed())
+        except asyncpg.exceptions.InterfaceError:
+            # A pooled connection that was terminated has been handed back to its pool
+            # already: its proxy answers nothing any more.
+            return True
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         try:
             return await run_aio(fn, *args)
         except _CONNECTION_ERRORS as exc:
-            self._raw.terminate()
+            self.terminate()
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
         except _BUSY_ERRORS as exc:
             raise DatabaseUnavailable(f"database busy: {exc!r}", retry_after_s=0.05) from exc
@@ -145,7 +168,7 @@ class PgConnection:
         try:
             return await self._call(self._raw.fetch, sql, *args)
         except trio.Cancelled:
-            self._raw.terminate()
+            self.terminate()
             raise
 
     async def fetchrow(self, sql: str, *args: Any) -> Record | None:
@@ -153,7 +176,7 @@ class PgConnection:
         try:
             return await self._call(self._raw.fetchrow, sql, *args)
         except trio.Cancelled:
-            self._raw.terminate()
+            self.terminate()
             raise
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
@@ -161,7 +184,7 @@ class PgConnection:
         try:
             return await self._call(self._raw.fetchval, sql, *args)
         except trio.Cancelled:
-            self._raw.terminate()
+            self.terminate()
             raise
 
     async def execute(self, sql: str, *args: Any) -> str:
@@ -169,7 +192,7 @@ class PgConnection:
         try:
             return await self._call(self._raw.execute, sql, *args)
         except trio.Cancelled:
-            self._raw.terminate()
+            self.terminate()
             raise
 
     @asynccontextmanager
@@ -185,30 +208,31 @@ class PgConnection:
             yield self
         except BaseException:
             with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S) as scope:
-                if not self._raw.is_closed():
+                if not self.is_closed():
                     try:
                         await run_aio(self._raw.execute, "ROLLBACK")
                     except Exception:
-                        self._raw.terminate()
+                        self.terminate()
             if scope.cancelled_caught:
-                self._raw.terminate()
+                self.terminate()
             raise
         await self.execute("COMMIT")
 
     async def close(self) -> None:
         """Close, shielded from cancellation; terminates if a clean close takes too long."""
         with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_DEADLINE_S) as scope:
-            if not self._raw.is_closed():
+            if not self.is_closed():
                 try:
                     await run_aio(self._raw.close)
                 except Exception:
-                    self._raw.terminate()
+                    self.terminate()
         if scope.cancelled_caught:
-            self._raw.terminate()
+            self.terminate()
 
     def terminate(self) -> None:
-        """Drop the connection at once (no goodbye to the server)."""
-        self._raw.terminate()
+        """Drop the connection at once (no goodbye to the server); idempotent."""
+        if not self.is_closed():
+            self._raw.terminate()
 
 
 class PgPool:

@@ -33,6 +33,15 @@ def configure(*, json: bool = False, level: str = "INFO", **context: Any) -> Non
     structlog.contextvars.bind_contextvars(**context)
 
 
+def bind(**context: Any) -> None:
+    """Bind ``context`` to every line the current task logs from now on, and the tasks it starts.
+
+    trio runs each task in a copy of its parent's context, so a binding made in one task
+    (e.g. ``worker_id`` in a fleet's per-worker task) reaches no sibling.
+    """
+    structlog.contextvars.bind_contextvars(**context)
+
+
 def get(name: str) -> Any:
     """A logger that adds ``actor=name`` to every line."""
     return structlog.get_logger().bind(actor=name)

@@ -1,0 +1,386 @@
+"""Fleet mode: many workers' agents in one process (``stockade fleet``).
+
+A fleet is one process with one ``trio.run``, one asyncio bridge and one
+:func:`agent.main.run_agent` task per worker. Each worker keeps everything a lone agent has:
+its own worker id, Worker gRPC endpoint (its own port), registration and incarnation,
+heartbeats, self-fence, work folder and ``agent.jsonl``. Only the process is shared, so a
+SIGKILL of the fleet is the death of all its workers at once.
+
+The workers come from a spec file, a JSON list with one object per worker::
+
+    [{"id": "w-1", "port": 7201, "cpu_millis": 8000, "memory_mb": 16384,
+      "work_dir": "/var/lib/stockade/w-1", "advertise_address": ""}, ...]
+
+``id``, ``port`` (0: a free one), ``cpu_millis``, ``memory_mb`` and ``work_dir`` (relative
+paths are taken from the spec file's folder) are required; ``advertise_address`` (host:port
+the leader should call; default the listen address) and ``control_planes`` (a list of
+host:port that replaces the fleet's ``--control-planes`` for this worker) are optional.
+Unknown keys are refused, so a misspelt one does not pass silently.
+
+One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
+written), the whole fleet stops every job of every worker and exits with an error naming the
+worker. An operator's process manager (or ``stockade up``) then starts the fleet again.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent.core import Agent
+from agent.main import run_agent
+from runtime import log
+from runtime.aio import asyncio_bridge
+from runtime.errors import InvalidArgument, PermanentError
+from runtime.settings import AgentSettings
+
+__all__ = [
+    "FleetSpecError",
+    "FleetWorker",
+    "WorkerFailed",
+    "fleet_settings",
+    "load_fleet_spec",
+    "main",
+    "parse_fleet_spec",
+    "run_fleet",
+]
+
+_REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
+_OPTIONAL = ("advertise_address", "control_planes")
+
+
+class FleetSpecError(InvalidArgument):
+    """A fleet spec that cannot be used; the message names the file, the entry, the field,
+    the value and the rule.
+
+    Args:
+        source: where the spec came from (its path).
+        entry: what is wrong where, e.g. ``"entry 2 (id 'w-3')"``; empty for the whole spec.
+        field: the offending key, e.g. ``"port"``.
+        value: the value found.
+        rule: the rule it broke, e.g. ``"must be an integer in 0..65535"``.
+    """
+
+    def __init__(self, source: str, entry: str, field: str, value: object, rule: str) -> None:
+        super().__init__(field, value, rule)
+        where = f"{source}: {entry}: " if entry else f"{source}: "
+        Exception.__init__(self, where + str(self))
+        self.source = source
+        self.entry = entry
+
+
+class WorkerFailed(PermanentError):
+    """One worker of a fleet failed for good; the fleet stops.
+
+    Args:
+        worker_id: the worker whose agent failed.
+        error: what it failed with (an exception group is flattened into its leaves).
+    """
+
+    def __init__(self, worker_id: str, error: BaseException) -> None:
+        causes = "; ".join(_describe(e) for e in _leaves(error))
+        super().__init__(f"worker {worker_id} failed: {causes}")
+        self.worker_id = worker_id
+
+
+@attrs.frozen(kw_only=True)
+class FleetWorker:
+    """One worker of a fleet, as its spec file gives it."""
+
+    worker_id: str
+    port: int
+    """gRPC port of its Worker service; 0 picks a free one."""
+    cpu_millis: int
+    """CPU it offers, in millicores."""
+    memory_mb: int
+    """Memory it offers, in MiB."""
+    work_dir: str
+    """Absolute folder for its ``agent.jsonl`` and its jobs' output."""
+    advertise_address: str = ""
+    """host:port the leader should call; empty: the listen address."""
+    control_planes: tuple[str, ...] = ()
+    """Its own control-plane addresses; empty: the fleet's."""
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        # asyncio's bind errors already say the address; others get their errno text.
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_fleet_spec(
+    data: Any, *, source: str = "fleet spec", base_dir: Path | None = None
+) -> list[FleetWorker]:
+    """Check a decoded spec (the JSON list) and return its workers, in order.
+
+    Args:
+        data: the decoded JSON.
+        source: how to name the spec in errors (its path).
+        base_dir: the folder relative ``work_dir`` values are taken from (default: the
+            current directory).
+
+    Raises:
+        FleetSpecError: not a non-empty list of objects; a key missing, unknown or of the
+            wrong type or range; two workers with the same id, non-zero port or work folder.
+    """
+    if not isinstance(data, list) or not data:
+        raise FleetSpecError(source, "", "spec", data, "must be a non-empty JSON list of worker objects")
+    base = (base_dir or Path.cwd()).absolute()
+    workers: list[FleetWorker] = []
+    seen_ids: dict[str, int] = {}
+    seen_ports: dict[int, str] = {}
+    seen_dirs: dict[str, str] = {}
+    for index, item in enumerate(data):
+        entry = f"entry {index}"
+        if not isinstance(item, Mapping):
+            raise FleetSpecError(source, entry, "worker", item, "must be a JSON object")
+        if isinstance(item.get("id"), str) and item["id"]:
+            entry = f"entry {index} (id {item['id']!r})"
+        for key in _REQUIRED:
+            if key not in item:
+                raise FleetSpecError(source, entry, key, None, "is required")
+        unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
+        if unknown:
+            known = ", ".join((*_REQUIRED, *_OPTIONAL))
+            raise FleetSpecError(source, entry, unknown[0], item[unknown[0]], f"is not a known key ({known})")
+
+        worker_id = item["id"]
+        if not isinstance(worker_id, str) or not worker_id.strip() or worker_id != worker_id.strip():
+            raise FleetSpecError(source, entry, "id", worker_id, "must be a non-empty string without spaces")
+        if worker_id in seen_ids:
+            raise FleetSpecError(
+                source, entry, "id", worker_id, f"is already used by entry {seen_ids[worker_id]}"
+            )
+        port = item["port"]
+        if not _is_int(port) or not 0 <= port <= 65535:
+            raise FleetSpecError(
+                source, entry, "port", port, "must be an integer in 0..65535 (0: a free one)"
+            )
+        if port and port in seen_ports:
+            raise FleetSpecError(source, entry, "port", port, f"is already used by {seen_ports[port]}")
+        for key in ("cpu_millis", "memory_mb"):
+            if not _is_int(item[key]) or item[key] <= 0:
+                raise FleetSpecError(source, entry, key, item[key], "must be an integer > 0")
+        work_dir = item["work_dir"]
+        if not isinstance(work_dir, str) or not work_dir:
+            raise FleetSpecError(source, entry, "work_dir", work_dir, "must be a non-empty path")
+        resolved = str((base / work_dir).absolute())
+        if resolved in seen_dirs:
+            raise FleetSpecError(
+                source,
+                entry,
+                "work_dir",
+                work_dir,
+                f"is already used by {seen_dirs[resolved]} (one log per worker)",
+            )
+        advertise = item.get("advertise_address", "")
+        if not isinstance(advertise, str):
+            raise FleetSpecError(source, entry, "advertise_address", advertise, "must be a host:port string")
+        if advertise:
+            host, sep, port_text = advertise.rpartition(":")
+            if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise FleetSpecError(
+                    source, entry, "advertise_address", advertise, "must be host:port with a port in 1..65535"
+                )
+        control_planes = item.get("control_planes", [])
+        if not isinstance(control_planes, list) or not all(isinstance(a, str) and a for a in control_planes):
+            raise FleetSpecError(
+                source, entry, "control_planes", control_planes, "must be a list of host:port strings"
+            )
+
+        seen_ids[worker_id] = index
+        if port:
+            seen_ports[port] = worker_id
+        seen_dirs[resolved] = worker_id
+        workers.append(
+            FleetWorker(
+                worker_id=worker_id,
+                port=port,
+                cpu_millis=item["cpu_millis"],
+                memory_mb=item["memory_mb"],
+                work_dir=resolved,
+                advertise_address=advertise,
+                control_planes=tuple(control_planes),
+            )
+        )
+    return workers
+
+
+def load_fleet_spec(path: Path) -> list[FleetWorker]:
+    """Read and check the spec file at ``path`` (see :func:`parse_fleet_spec`).
+
+    Raises:
+        FleetSpecError: the file cannot be read, is not JSON, or breaks a rule.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FleetSpecError(
+            str(path), "", "spec", str(path), f"must be a readable file ({exc.strerror})"
+        ) from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FleetSpecError(str(path), "", "spec", text[:40], f"must be JSON ({exc})") from exc
+    return parse_fleet_spec(data, source=str(path), base_dir=path.absolute().parent)
+
+
+def fleet_settings(
+    workers: Sequence[FleetWorker],
+    *,
+    control_planes: Sequence[str],
+    listen_host: str = "127.0.0.1",
+    **options: Any,
+) -> list[AgentSettings]:
+    """One :class:`AgentSettings` per worker.
+
+    Args:
+        workers: the spec's workers.
+        control_planes: the fleet's control-plane addresses (a worker's own list wins).
+        listen_host: the address every worker listens on.
+        options: further :class:`AgentSettings` fields shared by all, e.g.
+            ``heartbeat_interval_s=1.0``.
+
+    Raises:
+        InvalidArgument: a worker has no control-plane address, or an option is out of range.
+    """
+    settings = []
+    for worker in workers:
+        addresses = worker.control_planes or tuple(control_planes)
+        if not addresses:
+            raise InvalidArgument(
+                "control_planes", "", f"must name at least one host:port (worker {worker.worker_id} has none)"
+            )
+        settings.append(
+            AgentSettings(
+                worker_id=worker.worker_id,
+                control_planes=addresses,
+                cpu_millis=worker.cpu_millis,
+                memory_mb=worker.memory_mb,
+                work_dir=worker.work_dir,
+                listen_host=listen_host,
+                listen_port=worker.port,
+                advertise_address=worker.advertise_address,
+                **options,
+            )
+        )
+    return settings
+
+
+async def _host(
+    settings: AgentSettings, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run one worker's agent with its id bound to every log line of its tasks."""
+    # Each trio task runs in a copy of its parent's context: this binding reaches this
+    # agent's tasks (and the tasks they start) and no other worker's.
+    log.bind(worker_id=settings.worker_id)
+    try:
+        await run_agent(settings, task_status=task_status)
+    except Exception as exc:  # an ExceptionGroup too; Cancelled is a BaseException and passes
+        raise WorkerFailed(settings.worker_id, exc) from exc
+
+
+async def run_fleet(
+    workers: Sequence[AgentSettings],
+    *,
+    spread_s: float | None = None,
+    task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run every worker's agent until cancelled; the asyncio bridge must already be open.
+
+    Starts the agents one after the other, in the order of ``workers`` (each binds its port
+    before the next starts), their starts spread evenly over ``spread_s``, then signals
+    ``task_status.started(agents)``. The spread matters: agents started in the same instant
+    register and heartbeat in lockstep, so every heartbeat interval the control planes would
+    get K calls at once instead of K spread over the interval (lone agents are spread by
+    their processes' start-up times). On cancellation every agent stops its jobs (shielded)
+    and logs each stop with reason ``shutdown``, as a lone agent does.
+
+    Args:
+        workers: one settings object per worker.
+        spread_s: seconds over which the starts are spread; None: the longest
+            ``heartbeat_interval_s`` of the workers; 0: all at once.
+
+    Raises:
+        WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
+            stopped, their jobs first.
+    """
+    logger = log.get("fleet")
+    if spread_s is None:
+        spread_s = max((w.heartbeat_interval_s for w in workers), default=0.0)
+    step_s = spread_s / len(workers) if workers else 0.0
+    async with trio.open_nursery() as nursery:
+        began = trio.current_time()
+        agents = []
+        for index, settings in enumerate(workers):
+            await trio.sleep_until(began + index * step_s)
+            agents.append(await nursery.start(_host, settings))
+        logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
+        task_status.started(agents)
+
+
+async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
+    logger = log.get("fleet")
+    async with asyncio_bridge():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_fleet, workers)
+                async for signum in signals:
+                    logger.info(
+                        "stopping: signal received, stopping every worker's jobs",
+                        signal=signal.Signals(signum).name,
+                    )
+                    nursery.cancel_scope.cancel()
+                    break
+    logger.info("fleet stopped")
+
+
+def main(
+    workers: Sequence[AgentSettings], *, fleet_id: str, json_logs: bool = False, log_level: str = "INFO"
+) -> None:
+    """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
+
+    On the signal every running job of every worker is stopped (and logged) before this
+    returns, so the caller exits with status 0. Must run in the main thread.
+
+    Args:
+        workers: one settings object per worker (:func:`fleet_settings`).
+        fleet_id: this process's id, bound to every log line (``fleet_id``).
+        json_logs: JSON-lines logs on stderr instead of console lines.
+        log_level: the lowest level logged.
+
+    Raises:
+        WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
+            exception group); every other worker's jobs were stopped first.
+    """
+    log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
+    log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
+    try:
+        trio.run(_run_until_signal, workers)
+    except BaseExceptionGroup as group:
+        matched, _ = group.split(WorkerFailed)
+        if matched is None:
+            raise
+        failures = list(_leaves(matched))
+        for failure in failures[1:]:
+            log.get("fleet").error("worker failed", error=str(failure))
+        raise failures[0] from None

@@ -1,0 +1,146 @@
+"""End to end with workers hosted in fleets: 12 workers in 3 `stockade fleet` processes of 4.
+
+Each worker in a fleet must behave like a lone agent: its own port and address, its own
+registration and incarnation, its own agent.jsonl; and `down` must leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from ops import rpc
+from ops.cluster import MARKER_ENV, ClusterError, LocalCluster
+from protocol import pb
+from runtime.client import ControlPlaneClient
+
+pytestmark = pytest.mark.e2e
+
+WORKERS = 12
+FLEET_SIZE = 4
+JOB_COUNT = 30
+JOB_SLEEP_MS = 500
+TERMINAL_STATES = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, database_url: str) -> Iterator[LocalCluster]:
+    """A fleet cluster on the test's database, brought down afterwards also when the test fails."""
+    fleets = LocalCluster(tmp_path / "stockade", database_url=database_url, fleet_size=FLEET_SIZE)
+    try:
+        yield fleets
+    finally:
+        fleets.down()
+
+
+def _submit(addresses: list[str], count: int) -> list[int]:
+    rng = random.Random(12)
+
+    async def body(client: ControlPlaneClient) -> list[int]:
+        ids = []
+        for index in range(count):
+            spec = pb.JobSpec(
+                name=f"fleet-{index}",
+                cpu_millis=rng.choice((500, 1000, 2000)),
+                memory_mb=rng.choice((128, 256, 1024)),
+                sleep=pb.SleepRuntime(duration_ms=JOB_SLEEP_MS),
+            )
+            ids.append(int((await client.call("submit_job", pb.SubmitJobRequest(spec=spec))).job_id))
+        return ids
+
+    return rpc.with_client(addresses, body)
+
+
+def _jobs(addresses: list[str]) -> dict[int, pb.JobInfo]:
+    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000))
+    return {int(job.job_id): job for job in reply.jobs}
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _marked(root: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(MARKER_ENV) == str(root) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> None:
+    """12 workers in 3 fleets of 4 each register on their own port and incarnation, run 30
+    sleep jobs to success with a start and stop line in their own agent.jsonl, and `down`
+    leaves no process behind."""
+    ready = cluster.up(control_planes=2, workers=WORKERS)
+    config = ready.config
+
+    # The layout: 3 fleet processes of 4, each worker still listed on its own.
+    assert [f.id for f in config.fleets] == ["fleet-1", "fleet-2", "fleet-3"]
+    assert [p.kind for p in config.processes] == ["cp", "cp", "fleet", "fleet", "fleet"]
+    assert [w.id for w in config.workers] == [f"w-{i}" for i in range(1, WORKERS + 1)]
+    for index, fleet in enumerate(config.fleets):
+        assert [w.id for w in config.workers_in(fleet.id)] == [
+            f"w-{i}" for i in range(index * FLEET_SIZE + 1, (index + 1) * FLEET_SIZE + 1)
+        ]
+        assert fleet.id in ready.pids
+    assert len({w.address for w in config.workers}) == WORKERS
+    assert len({w.port for w in config.workers}) == WORKERS
+    assert all(cluster.state.fleet_spec_path(f.id).is_file() for f in config.fleets)
+    with pytest.raises(ClusterError, match="w-7 runs in fleet-2"):
+        cluster.kill("w-7")
+
+    # Registration: each worker with its recorded address and an incarnation of its own.
+    registered = {w.id: w for w in ready.status.workers}
+    assert set(registered) == {w.id for w in config.workers}
+    for worker in config.workers:
+        assert registered[worker.id].address == worker.address
+        assert (registered[worker.id].cpu_millis, registered[worker.id].memory_mb) == (
+            worker.cpu_millis,
+            worker.memory_mb,
+        )
+        assert registered[worker.id].state == "alive"
+    incarnations = [int(w.incarnation) for w in registered.values()]
+    assert all(i > 0 for i in incarnations) and len(set(incarnations)) == WORKERS
+
+    addresses = config.control_plane_addresses
+    job_ids = _submit(addresses, JOB_COUNT)
+    deadline = time.monotonic() + 30
+    while True:
+        jobs = _jobs(addresses)
+        if all(jobs[j].state in TERMINAL_STATES for j in job_ids):
+            break
+        assert time.monotonic() < deadline, {j: jobs[j].state for j in job_ids}
+        time.sleep(0.2)
+    assert {j: jobs[j].state for j in job_ids} == dict.fromkeys(job_ids, "succeeded")
+
+    # Each worker's own log: its register line carries its incarnation, and every job it ran
+    # has one start and one stop line there (written by that worker, under that incarnation).
+    ran_on = {j: jobs[j].worker_id for j in job_ids}
+    used = set(ran_on.values())
+    assert len(used) > 1, f"every job ran on {used}"
+    for worker in config.workers:
+        records = _read_log(cluster.state.work_dir(worker.id) / "agent.jsonl")
+        assert {r["worker_id"] for r in records} == {worker.id}
+        incarnation = int(registered[worker.id].incarnation)
+        assert [r["incarnation"] for r in records if r["event"] == "register"] == [incarnation]
+        mine = sorted(j for j, w in ran_on.items() if w == worker.id)
+        starts = sorted(r["job_id"] for r in records if r["event"] == "start")
+        stops = sorted(r["job_id"] for r in records if r["event"] == "stop" and r["reason"] == "succeeded")
+        assert starts == stops == mine, worker.id
+        assert all(r["incarnation"] == incarnation for r in records if r["event"] in ("start", "stop"))
+
+    pids = list(cluster.pids().values())
+    cluster.down()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert _marked(cluster.state.root) == []
