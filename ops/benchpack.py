@@ -160,16 +160,20 @@ class PackSettings:
     scale_pending: tuple[int, ...] = (1_000, 10_000, 100_000)
     scale_workers: tuple[int, ...] = (100, 1_000)
     scale_rounds: int = 40
+    duration_scale: float = 1.0
+    """Multiplies every job's duration (a smoke test runs the same stream faster)."""
 
 
 def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
     return LocalCluster(
         StateDir(root),
+        # 100 workers on 2 cores: heartbeats every second, and the fence and dead_after widened
+        # to match (the defaults assume 0.25 s heartbeats).
         cp_args=("--policy", policy, "--dead-after-s", "5"),
-        agent_args=("--heartbeat-interval-s", "1.0"),
-        fleet_size=settings.fleet_size,  # type: ignore[call-arg]
-        worker_capacities=capacities,  # type: ignore[call-arg]
+        agent_args=("--heartbeat-interval-s", "1.0", "--self-fence-after-s", "3.5"),
+        fleet_size=settings.fleet_size,
+        worker_capacities=capacities,
         metrics=True,
     )
 
@@ -199,7 +203,7 @@ async def run_policy(
                 name=f"pack-{i}",
                 cpu_millis=j.cpu_millis,
                 memory_mb=j.memory_mb,
-                sleep=pb.SleepRuntime(duration_ms=int(j.duration_s * 1000)),
+                sleep=pb.SleepRuntime(duration_ms=int(j.duration_s * 1000 * settings.duration_scale)),
             )
             for i, j in enumerate(stream)
         ]
@@ -245,7 +249,7 @@ async def run_policy(
     finally:
         await trio.to_thread.run_sync(cluster.down)
     waiting = [s for s in samples if s[3] > 0]
-    bound = lower_bound_s(stream, settings.workers)
+    bound = lower_bound_s(stream, settings.workers) * settings.duration_scale
     placing_s = max((s[0] for s in waiting), default=0.0) or (finished_at or 0.0)
     return {
         "policy": policy,

@@ -1,0 +1,26 @@
+"""A small version of `stockade bench pack` (300 jobs, 10 workers in fleets): correctness only,
+no timing goals: every job finishes, none is placed or run twice, no worker is ever
+over-committed according to its own log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ops.benchpack import PackSettings, run_policy
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_the_packing_benchmark_smoke_run_is_correct(tmp_path: Path) -> None:
+    """Best fit on a seeded 300-job stream, durations scaled down to a tenth."""
+    settings = PackSettings(
+        jobs=300, workers=10, fleet_size=5, policies=("best_fit",), duration_scale=0.1, finish_timeout_s=120
+    )
+    result = await run_policy(settings, "best_fit", tmp_path / "pack", lambda line: None)
+    assert result["jobs_finished"] == 300 and result["unfinished_job_ids"] == []
+    assert (result["double_placements"], result["double_runs"]) == (0, 0)
+    assert result["overcommitted_workers"] == []
+    assert result["rounds"] > 0 and result["placements"] == 300
+    assert 0 < result["cpu_use_waiting"] <= 1
