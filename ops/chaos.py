@@ -460,18 +460,27 @@ class Harness:
         victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
         job_ids = [int(j) for j in victim.job_ids]
         pid = self._pid(victim.id)
-        since = time.monotonic()
+        killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
-        events.record_fault("kill", victim.id, time.time())
+        events.record_fault("kill", victim.id, killed_at)
+        # A job runs elsewhere when another worker starts it: its own log's start record says
+        # when (the database learns it only with that worker's next heartbeat).
         moved: float | None = None
         with trio.move_on_after(self.settings.new_leader_timeout_s + 60):
             while moved is None:
                 jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in job_ids]
-                if all(
-                    j.worker_id != victim.id and j.state in ("running", "succeeded", "failed") for j in jobs
-                ):
-                    moved = time.monotonic() - since
-                await trio.sleep(0.02)
+                # Jobs that ended on the victim before the kill need not run anywhere again.
+                to_move = [
+                    j for j in jobs if not (j.worker_id == victim.id and j.state in ("succeeded", "failed"))
+                ]
+                if all(j.worker_id != victim.id and j.state != "pending" for j in to_move):
+                    starts = self._starts_after(
+                        killed_at, {j.job_id for j in to_move}, {j.worker_id for j in to_move}
+                    )
+                    if len(starts) == len(to_move):
+                        moved = max(starts.values(), default=killed_at) - killed_at
+                        break
+                await trio.sleep(0.05)
         if moved is None:
             raise _Abort(f"the jobs of {victim.id} did not run elsewhere in time")
         with trio.fail_after(10):
@@ -480,6 +489,22 @@ class Harness:
         self.result.worker_kills += 1
         await trio.to_thread.run_sync(self._restart)
         return moved
+
+    def _starts_after(self, since: float, job_ids: set[int], worker_ids: set[str]) -> dict[int, float]:
+        """job id -> the first start record time at or after ``since`` on these workers."""
+        starts: dict[int, float] = {}
+        for worker_id in worker_ids:
+            log_path = self.state.work_dir(worker_id) / "agent.jsonl"
+            if not log_path.exists():
+                continue
+            for record in checker.read_jsonl(log_path):
+                if (
+                    record.get("event") == "start"
+                    and record.get("job_id") in job_ids
+                    and record["time"] >= since
+                ):
+                    starts.setdefault(int(record["job_id"]), float(record["time"]))
+        return starts
 
     async def _park_leader(self, pid: int) -> Path:
         """Arm the one-shot park and wait until the leader ``pid`` sits in it (inside an open
