@@ -52,6 +52,14 @@ kill-worker:
 chaos FAILOVERS="200" *ARGS:
     stockade chaos {{FAILOVERS}} {{ARGS}}
 
+# Time to a new leader after kills, freezes and clean stops; a killed worker's jobs running elsewhere
+bench-failover *ARGS:
+    stockade bench failover {{ARGS}}
+
+# Packing benchmark: policies side by side, a burst, a scale curve, a PNG (about 15 minutes)
+bench-pack *ARGS:
+    stockade bench pack {{ARGS}}
+
 # Check the local cluster's history: no job placed or run twice, every job finished
 check *ARGS:
     stockade check {{ARGS}}
