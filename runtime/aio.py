@@ -428,6 +428,18 @@ class GrpcChannel:
             grpclib.exceptions.ProtocolError,
         ) as exc:
             raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
+        except StockadeError:
+            raise
+        except Exception as exc:
+            # grpclib's own races (a connection lost while a stream is opened raises
+            # AttributeError inside it): the peer is unreachable for this call; start afresh.
+            self._reset()
+            raise Unavailable(f"{self.address} failed: {exc!r}") from exc
+
+    def _reset(self) -> None:
+        self._channel.close()
+        host, port = split_address(self.address)
+        self._channel = grpclib.client.Channel(host, port)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
