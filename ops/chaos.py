@@ -101,7 +101,10 @@ class ChaosResult:
     partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(worker, cut at, healed at) in Unix seconds."""
     partitions_rejoined: int = 0
-    """Partitioned workers that registered again after the heal and then started a job."""
+    """Partitions after which the worker registered again (a new incarnation)."""
+    partitions_worked_again: int = 0
+    """Partitions after which the worker also started a job again (under best fit, an idle
+    cluster may leave a rejoined worker without work for a while)."""
     report: checker.CheckReport | None = None
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
@@ -133,6 +136,7 @@ class ChaosResult:
             "worker_kills": self.worker_kills,
             "partitions": len(self.partitions),
             "partitions_rejoined": self.partitions_rejoined,
+            "partitions_worked_again": self.partitions_worked_again,
             "duration_s": round(self.duration_s, 1),
             "unfinished_job_ids": report.get("unfinished_job_ids", []),
             "details": report.get("details", []) + self.errors,
@@ -195,7 +199,7 @@ class Harness:
         faults = checker.load_events(self.state.events_path)
         runs = checker.load_runs([self.state.work_dir(w.id) for w in config.workers], faults)
         self.result.report = checker.check(history, runs, faults)
-        self.result.partitions_rejoined = self._rejoined(config)
+        self.result.partitions_rejoined, self.result.partitions_worked_again = self._rejoined(config)
         self.result.duration_s = time.monotonic() - started
         return self.result
 
@@ -280,13 +284,23 @@ class Harness:
         self.cluster.worker_network = routes.__getitem__
 
     async def partition_worker(self, worker_id: str | None = None) -> None:
-        """Cut ``worker_id`` (default: a random one not already cut) off from every control
-        plane for ``partition_s``, then heal it."""
+        """Cut ``worker_id`` (default: the busiest worker not already cut, so that jobs must
+        move) off from every control plane for ``partition_s``, then heal it."""
         if worker_id is None:
             candidates = sorted(w for w, link in self._links.items() if not link.cut)
             if not candidates:
                 return
             worker_id = self._rng.choice(candidates)
+            client = ControlPlaneClient(self.cluster.config().control_plane_addresses, timeout_s=1.0)
+            try:
+                status = await client.call("status", pb.StatusRequest())
+                busy = [w for w in status.workers if w.id in candidates and w.job_ids]
+                if busy:
+                    worker_id = max(busy, key=lambda w: (len(w.job_ids), w.id)).id
+            except StockadeError:
+                pass  # no replica answered: the random pick stands
+            finally:
+                client.close()
         link = self._links[worker_id]
         cut_at = time.time()
         link.sever()
@@ -298,17 +312,21 @@ class Harness:
             self.state.record_fault("partition", worker_id, cut_at, healed_at)
             self.result.partitions.append((worker_id, cut_at, healed_at))
 
-    def _rejoined(self, config: Any) -> int:
-        """Partitions after which the worker registered again and then started a job."""
+    def _rejoined(self, config: Any) -> tuple[int, int]:
+        """Partitions after which the worker registered again, and after which it also
+        started a job again."""
+        rejoined = 0
         count = 0
         for worker_id, _, healed_at in self.result.partitions:
             records = checker.read_jsonl(self.state.work_dir(worker_id) / "agent.jsonl")
             registered = [
                 r["time"] for r in records if r.get("event") == "register" and r["time"] >= healed_at
             ]
-            if registered and any(r.get("event") == "start" and r["time"] >= registered[0] for r in records):
-                count += 1
-        return count
+            if registered:
+                rejoined += 1
+                if any(r.get("event") == "start" and r["time"] >= registered[0] for r in records):
+                    count += 1
+        return rejoined, count
 
     # ------------------------------------------------------------ jobs
 

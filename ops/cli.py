@@ -969,8 +969,8 @@ def chaos(
         ),
         ("worker_kills", str(data["worker_kills"]), None),
         (
-            "partitions (rejoined)",
-            f"{data['partitions']} ({data['partitions_rejoined']})",
+            "partitions (rejoined, ran jobs again)",
+            f"{data['partitions']} ({data['partitions_rejoined']}, {data['partitions_worked_again']})",
             data["partitions_rejoined"] == data["partitions"] if data["partitions"] else None,
         ),
         ("duration", f"{data['duration_s']} s", None),

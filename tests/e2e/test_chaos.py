@@ -192,4 +192,4 @@ async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
     assert any(d.worker_id == busiest.id for d in history.deaths)
     moved = [a for a in history.assignments if a.worker_id == busiest.id and a.end_reason == "worker_dead"]
     assert moved  # its jobs were moved while it was cut off
-    assert harness._rejoined(config) == 1  # registered again after the heal, then ran a job
+    assert harness._rejoined(config) == (1, 1)  # registered again after the heal, then ran a job
