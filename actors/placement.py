@@ -14,7 +14,6 @@ that merely finds no room now stays pending without one, and never blocks smalle
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -203,23 +202,29 @@ def place_queue(
     limit = len(queue) if max_placements is None else max_placements
     if ordered and limit > 0:
         frontier = _frontier(free_cpu, free_mem)
-        rooms = Counter(zip(free_cpu.tolist(), free_mem.tolist(), strict=True))
         position = 0
         while position < len(queue) and len(placements) < limit:
-            # The jobs from here on that fit at least one worker's free room, in queue order:
-            # tested against the Pareto frontier of the free (cpu, memory) pairs, small in a
-            # busy cluster, and tested again only when a placement changes that frontier.
+            # The jobs from here on that fit at least one worker's free room, in queue order,
+            # tested against the Pareto frontier of the free (cpu, memory) pairs. Rooms only
+            # shrink during a round, so the list stays a superset of what fits: it is filtered
+            # again only after MISSES_BEFORE_REFILTER jobs in a row no longer fit anywhere.
             window = slice(position, None)
             fitting = np.zeros(len(queue) - position, dtype=bool)
             for room_cpu, room_mem in frontier:
                 fitting |= (queue.cpu[window] <= room_cpu) & (queue.mem[window] <= room_mem)
-            changed = False
+            refilter = False
+            misses = 0
             for offset in np.flatnonzero(fitting).tolist():
                 index = position + offset
                 cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
                 fits = (free_cpu >= cpu) & (free_mem >= mem)
                 if not fits.any():
+                    misses += 1
+                    if misses >= MISSES_BEFORE_REFILTER:
+                        position, refilter = index + 1, True
+                        break
                     continue
+                misses = 0
                 if policy == "first_fit":
                     chosen = int(np.argmax(fits))
                 else:
@@ -228,23 +233,19 @@ def place_queue(
                         chosen = int(np.argmax(np.where(fits, score, -np.inf)))
                     else:
                         chosen = int(np.argmin(np.where(fits, score, np.inf)))
-                was = (int(free_cpu[chosen]), int(free_mem[chosen]))
                 free_cpu[chosen] -= cpu
                 free_mem[chosen] -= mem
-                rooms[was] -= 1
-                rooms[(int(free_cpu[chosen]), int(free_mem[chosen]))] += 1
                 placements.append((int(queue.ids[index]), names[chosen]))
                 if len(placements) >= limit:
                     break
-                if was in frontier and rooms[was] == 0:  # another worker still offers that room
-                    narrower = _frontier(free_cpu, free_mem)
-                    if narrower != frontier:
-                        frontier = narrower
-                        position, changed = index + 1, True
-                        break
-            if not changed:
+            if not refilter:
                 break
+            frontier = _frontier(free_cpu, free_mem)
     return Plan(placements=tuple(placements), unschedulable=unschedulable)
+
+
+MISSES_BEFORE_REFILTER = 32
+"""Jobs in a row that no longer fit anywhere before the candidates are filtered again."""
 
 
 def _frontier(free_cpu: np.ndarray, free_mem: np.ndarray) -> set[tuple[int, int]]:

@@ -405,12 +405,16 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
             times: list[float] = []
             async with trio.open_nursery() as nursery:
                 await nursery.start(ledger.run)
+                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
                 first = time.perf_counter()
                 await placer.round(1)  # reads the whole queue once
                 first_ms = (time.perf_counter() - first) * 1000
                 rng = random.Random(pending + workers)
                 for _ in range(rounds):
                     worker = rng.randint(1, workers)
+                    # The simulated workers heartbeat, as live ones would (else they go stale
+                    # and the placer rightly places nothing on them).
+                    await db.execute("UPDATE workers SET last_heartbeat_at = now()")
                     await db.execute(
                         "UPDATE workers SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
                         " memory_allocated_mb = memory_allocated_mb - 2048 WHERE id = $1",

@@ -280,6 +280,8 @@ class Harness:
             link = self._links[worker_id] = Link(name=worker_id)
             inbound = await nursery.start(serve_proxy, 0, address_of(worker_id), link)
             outbound = [await nursery.start(serve_proxy, 0, address_of(cp), link) for cp in cp_ids]
+            shift = index % len(outbound)  # spread the heartbeats over the control planes
+            outbound = outbound[shift:] + outbound[:shift]
             routes[worker_id] = (f"127.0.0.1:{inbound}", [f"127.0.0.1:{port}" for port in outbound])
         self.cluster.worker_network = routes.__getitem__
 

@@ -675,6 +675,12 @@ class LocalCluster:
         cp_specs += extra_cps
         addresses = ",".join(p.address for p in cp_specs)
 
+        def rotated(index: int) -> list[str]:
+            # Each worker heartbeats to the first control plane that answers; rotating the
+            # list spreads the heartbeats instead of sending them all to cp-1.
+            shift = index % len(cp_specs)
+            return [p.address for p in cp_specs[shift:] + cp_specs[:shift]]
+
         worker_specs: list[ProcessSpec] = []
         new_hosted: list[WorkerSpec] = []
         routed: list[str]
@@ -685,7 +691,7 @@ class LocalCluster:
             spec = recorded.get(worker_id)
             if spec is None and self.fleet_size > 0:
                 cpu_millis, memory_mb = capacities[(i - 1) % len(capacities)]
-                advertise, routed = "", []
+                advertise, routed = "", rotated(i)
                 if self.worker_network is not None:
                     advertise, routed = self.worker_network(worker_id)
                 new_hosted.append(
@@ -720,7 +726,7 @@ class LocalCluster:
                         "--memory-mb",
                         str(memory_mb),
                         "--control-planes",
-                        addresses,
+                        ",".join(rotated(i)),
                         "--work-dir",
                         str(self.state.work_dir(worker_id)),
                         *self.agent_args,
