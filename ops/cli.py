@@ -1101,6 +1101,9 @@ def bench_pack(
     then a burst into an empty cluster, and the round time as the queue and the cluster grow."""
     from ops import benchpack
     from ops.pg import EmbeddedPostgres, free_port
+    from runtime import log as runtime_log
+
+    runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if not policies or any(p not in benchpack.POLICIES for p in policies):
