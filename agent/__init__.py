@@ -2,9 +2,14 @@
 
 Entry points are in :mod:`agent.main` (:func:`agent.main.run_agent`, :func:`agent.main.main`).
 Modules: :mod:`agent.messages` (typed messages), :mod:`agent.acceptance` (the pure Assign /
-Cancel rules), :mod:`agent.runtimes` (sleep and command jobs), :mod:`agent.joblog` (the
-``agent.jsonl`` start/stop log), :mod:`agent.core` (the :class:`~agent.core.Agent`:
+Cancel rules), :mod:`agent.runtimes` (sleep and command jobs), :mod:`agent.reaper` (the
+per-job supervisor process of a command job: dies with the agent, kills the job at the fence
+deadline), :mod:`agent.joblog` (the ``agent.jsonl`` start/stop log), :mod:`agent.core`
+(the :class:`~agent.core.Agent`:
 registration, heartbeats, self-fence, jobs), :mod:`agent.control_plane` (register/heartbeat
 behind a protocol), :mod:`agent.service` (the protobuf boundary of the Worker service).
 Imports only :mod:`runtime` and :mod:`protocol`.
+
+Keep this file free of imports: every command job's reaper process imports it on its way to
+:mod:`agent.reaper`, and its start cost is part of every job's.
 """

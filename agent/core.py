@@ -9,26 +9,55 @@ is no module-level state). Its pieces:
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
   outcome; obey the reply (stop ids, re-register);
 - a fence watcher on its own timer (invariant 7 in DESIGN.md): once
-  ``trio.current_time() - last_acked_send_time >= self_fence_after_s`` (the send time of
-  the newest heartbeat, or registration, that got a reply) the agent stops every job at
-  once, refuses Assign with ``fenced``, and keeps heartbeating; the first heartbeat that
-  gets through makes it register again (a new incarnation) and leave the fenced state;
+  ``trio.current_time() >= last_acked_send_time + self_fence_after_s`` (the *fence
+  deadline*; the send time of the newest heartbeat, or registration, that got a reply) the
+  agent stops every job at once, refuses Assign with ``fenced``, and keeps heartbeating; the
+  first heartbeat that gets through makes it register again (a new incarnation) and leave
+  the fenced state;
+- a deadman switch that holds while the agent cannot run (SIGSTOP, a stall, a crash): every
+  time a heartbeat or registration is acknowledged the agent writes the fence deadline, on
+  the ``CLOCK_MONOTONIC`` clock all processes share, to ``<work_dir>/fence_deadline``. Each
+  command job runs under a reaper process (:mod:`agent.reaper`) that SIGKILLs the job once
+  that deadline has passed and records the kill time, and that kills the job when the agent
+  dies. A frozen agent's command jobs thus stop at the deadline, not when it thaws;
 - one task per running job, shielded from cancellation: a job ends only through its stop
-  event, so its ``stop`` line is written after it has really ended, also at shutdown.
+  event (or its reaper), so its ``stop`` line is written after it has really ended, also at
+  shutdown.
+
+The fence deadline is final. An agent that finds it passed (it was frozen or stalled past
+it; its fence watcher may not even have run yet) self-fences *before* it completes or
+reports anything else: every place that starts a job, ends one, sends a heartbeat, handles a
+heartbeat reply or answers a Cancel checks the deadline first. A heartbeat reply that
+arrives after the deadline does not move it: the agent fences and registers again. Stop
+lines then tell when the jobs really stopped, not when the thawed agent noticed:
+
+- a command job its reaper killed at the deadline: the reaper's recorded kill time;
+- a sleep job (no process, no work) still running at the deadline: the deadline itself
+  (its wall-clock equivalent). By the deadman rule it was dead then, whenever the agent
+  noticed; that includes a sleep job whose duration ran out while the agent was frozen past
+  its deadline, which is a fenced job, not a succeeded one. A sleep job whose duration ran
+  out *before* the deadline succeeded then (its stop line carries that time).
 
 Which outcomes go into heartbeats: only those of jobs that ended on their own (succeeded or
 failed). A job stopped because the control plane ended it (Cancel, ``stop_assignment_ids``,
-``reregister``) or because the worker fenced itself or shut down is not reported: its
-assignment is ended by the control plane's own path (the Cancel acknowledgement, the
-reregistration, or the dead-worker declaration), which requeues it where it must be
-requeued. Reporting such a job as ``cancelled`` could end a job for good that should run
-again.
+``reregister``) or because the worker fenced itself (the agent, or a reaper at the fence
+deadline) or shut down is not reported: its assignment is ended by the control plane's own
+path (the Cancel acknowledgement, the reregistration, or the dead-worker declaration), which
+requeues it where it must be requeued. Reporting such a job as ``cancelled`` could end a job
+for good that should run again. A reaper that fenced its job while the agent still counts
+itself live (the agent could not update the deadline file) fences the whole agent: the
+deadman's verdict stands.
 
 All timing uses trio's clock, so ``trio.testing.MockClock`` drives the agent in unit tests.
+The two exceptions convert from it at the edge: the fence-deadline file holds
+``time.monotonic()`` seconds (other processes read it) and stop lines hold wall-clock times;
+both clocks advance with trio's system clock (``CLOCK_MONOTONIC``), also while the process
+is stopped, so the conversion is exact outside tests.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import attrs
@@ -49,8 +78,10 @@ from agent.messages import (
     Refusal,
     RefusalReason,
     Registration,
+    SleepSpec,
     StopReason,
 )
+from agent.reaper import write_fence_deadline
 from agent.runtimes import JobResult, job_dir_for, run_job
 from runtime import log
 from runtime.errors import StockadeError, TemporaryError
@@ -60,6 +91,18 @@ REGISTER_RETRY_S = 0.5
 """Pause between registration attempts while no control plane answers, in seconds."""
 _LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
+FENCE_DEADLINE_FILE = "fence_deadline"
+"""The fence-deadline file in the work folder (see :mod:`agent.reaper`)."""
+
+
+def _monotonic_of(trio_time: float) -> float:
+    """``trio_time`` (trio's clock) as a ``time.monotonic()`` time."""
+    return time.monotonic() + (trio_time - trio.current_time())
+
+
+def _unix_time_of(trio_time: float) -> float:
+    """``trio_time`` (trio's clock) as a wall-clock ``time.time()`` time."""
+    return time.time() + (trio_time - trio.current_time())
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -70,6 +113,8 @@ class _Job:
     epoch: int
     """The epoch of the Assign request that started it."""
     incarnation: int
+    started_at: float = 0.0
+    """trio time at which its runtime was started."""
     stop: trio.Event = attrs.field(factory=trio.Event)
     stop_reason: StopReason | None = None
     """The first reason a stop was asked for; None while nobody asked."""
@@ -114,6 +159,8 @@ class Agent:
         self.work_dir = Path(settings.work_dir).resolve()
         self.jobs_dir = self.work_dir / "jobs"
         self.joblog = JobLog(self.work_dir / "agent.jsonl", worker_id=settings.worker_id)
+        self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
+        """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
         self._cp = control_plane
         self._admission = Admission(
             worker_id=settings.worker_id,
@@ -127,6 +174,9 @@ class Agent:
         """The self-fence deadline in force: the setting, or less when the control planes'
         dead_after leaves too small a margin (see :func:`fence_after_s`)."""
         self._self_fenced = False
+        self._fenced_at: float | None = None
+        """While self-fenced: the trio time the jobs count as stopped at (the fence deadline,
+        or the fence itself when that came first)."""
         self._live = trio.Event()
         """Set while registered and not fenced; replaced by a fresh one when that ends."""
         self._registered_once = trio.Event()
@@ -171,8 +221,10 @@ class Agent:
 
         Synchronous on purpose: the decision and its effect (the ``start`` line, the job
         task) happen with no checkpoint in between, so concurrent requests cannot both
-        start one assignment or both take the last free capacity.
+        start one assignment or both take the last free capacity. A passed fence deadline
+        fences the agent first, so nothing starts after it.
         """
+        self._fence_if_due()
         decision = self._admission.assign(order)
         for refusal in decision.refused:
             if refusal.reason is RefusalReason.NO_ROOM:
@@ -236,6 +288,7 @@ class Agent:
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the cancel rules; stop the running ones and return once they have ended."""
+        self._fence_if_due()
         decision = self._admission.cancel(order)
         jobs = [self._jobs[aid] for aid in decision.to_stop if aid in self._jobs]
         for job in jobs:
@@ -298,12 +351,14 @@ class Agent:
             order = job.order
             assert order.runtime is not None  # Admission refuses a spec without runtime
             job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
+            job.started_at = trio.current_time()
             try:
                 result = await run_job(
                     order.runtime,
                     job_dir=job_dir,
                     stop=job.stop,
                     stop_grace_s=self.settings.stop_grace_s,
+                    fence_deadline_path=self.fence_deadline_path,
                 )
             except BaseException:
                 # A bug in a runtime: it has killed and reaped what it started before
@@ -330,25 +385,42 @@ class Agent:
         self._jobs.pop(job.order.assignment_id, None)
 
     def _job_ended(self, job: _Job, result: JobResult) -> None:
+        try:
+            self._record_end(job, result)
+        finally:
+            # Also on an error (it takes the agent down): nobody may wait forever for the job.
+            self._release(job)
+            job.done.set()
+
+    def _record_end(self, job: _Job, result: JobResult) -> None:
+        """Write the stop line of a job that has ended and keep its outcome for reporting."""
         order = job.order
-        self._release(job)
-        if result.stopped and job.stop_reason is not None:
+        # Thawed past the fence deadline: fence before completing or reporting anything.
+        self._fence_if_due()
+        if result.fenced and self._live.is_set():
+            # Its reaper saw a passed deadline this agent has not reached (the agent could not
+            # update the file in time): the deadman's verdict stands for the whole worker.
+            self._logger.warning(
+                "a reaper fenced its job before the agent fenced", assignment_id=order.assignment_id
+            )
+            self._fence_now()
+        fenced, ended_unix_s = self._fenced_end(job, result)
+        if fenced:
+            reason = StopReason.SELF_FENCE
+        elif result.stopped and job.stop_reason is not None:
             reason = job.stop_reason
         else:
             reason = StopReason(result.state.value)
-        try:
-            self.joblog.write(
-                LogEvent.STOP,
-                incarnation=job.incarnation,
-                epoch=job.epoch,
-                job_id=order.job_id,
-                assignment_id=order.assignment_id,
-                reason=reason.value,
-                exit_code=result.exit_code,
-            )
-        except BaseException:
-            job.done.set()  # nobody may wait forever for it; the error takes the agent down
-            raise
+        self.joblog.write(
+            LogEvent.STOP,
+            incarnation=job.incarnation,
+            epoch=job.epoch,
+            job_id=order.job_id,
+            assignment_id=order.assignment_id,
+            reason=reason.value,
+            exit_code=result.exit_code,
+            time_unix_s=ended_unix_s,
+        )
         self._logger.info(
             "job ended",
             job_id=order.job_id,
@@ -357,7 +429,7 @@ class Agent:
             exit_code=result.exit_code,
             detail=result.detail,
         )
-        if not result.stopped:
+        if not (result.stopped or fenced):
             self._unacked.append(
                 Outcome(
                     assignment_id=order.assignment_id,
@@ -371,7 +443,24 @@ class Agent:
                     detail=result.detail,
                 )
             )
-        job.done.set()
+
+    def _fenced_end(self, job: _Job, result: JobResult) -> tuple[bool, float]:
+        """Whether the fence stopped ``job``, and the wall-clock time it ended at.
+
+        A command job's end is its runtime's (for one its reaper fenced: the kill time). A
+        sleep job still running when the agent fenced itself counts as stopped at the fence
+        deadline (see the module docstring), also when its duration ran out later while the
+        agent could not run.
+        """
+        if result.fenced:
+            return True, result.finished_unix_s
+        runtime = job.order.runtime
+        fenced_at = self._fenced_at
+        if fenced_at is None or not isinstance(runtime, SleepSpec):
+            return False, result.finished_unix_s
+        if result.stopped or job.started_at + runtime.duration_ms / 1000.0 >= fenced_at:
+            return True, max(result.started_unix_s, _unix_time_of(fenced_at))
+        return False, result.finished_unix_s
 
     # ------------------------------------------------------------------ registration
 
@@ -411,8 +500,6 @@ class Agent:
                 await trio.sleep(REGISTER_RETRY_S)
                 continue
             break
-        self._admission.registered(reply.incarnation, reply.epoch)
-        self._last_acked_send_time = sent_at
         fence_s = fence_after_s(self.settings, reply.dead_after_s)
         if fence_s != self._fence_after_s:
             self._logger.warning(
@@ -423,7 +510,11 @@ class Agent:
                 now_s=fence_s,
             )
             self._fence_after_s = fence_s
+        self._publish_deadline(sent_at + fence_s)  # before any job of this life can start
+        self._last_acked_send_time = sent_at
+        self._admission.registered(reply.incarnation, reply.epoch)
         self._self_fenced = False
+        self._fenced_at = None
         self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
             "registered",
@@ -451,6 +542,7 @@ class Agent:
 
     async def _heartbeat_once(self, failures: int) -> bool:
         """Send one heartbeat and obey its reply; False when no control plane answered."""
+        self._fence_if_due()  # a thawed agent reports nothing before it has fenced
         incarnation = self._admission.incarnation
         assert incarnation is not None  # the loop registers first
         report = HeartbeatReport(
@@ -480,7 +572,11 @@ class Agent:
     async def _on_heartbeat_answer(
         self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
     ) -> None:
+        # A reply that comes after the deadline does not move it: fence (and register again).
+        self._fence_if_due()
         if self._last_acked_send_time is None or sent_at > self._last_acked_send_time:
+            if self._live.is_set():
+                self._publish_deadline(sent_at + self._fence_after_s)
             self._last_acked_send_time = sent_at
         self._admission.observe_epoch(answer.epoch)
         # Outcomes are only appended while the heartbeat was in flight, and heartbeats are
@@ -503,24 +599,48 @@ class Agent:
 
     # ------------------------------------------------------------------ self-fence
 
-    async def _fence_watch(self) -> None:
-        """Self-fence once no heartbeat sent in the last ``self_fence_after_s`` was answered."""
-        while True:
-            after_s = self._fence_after_s
-            if not self._live.is_set():
-                await self._live.wait()
-                continue
-            assert self._last_acked_send_time is not None  # set by the registration
-            deadline = self._last_acked_send_time + after_s
-            # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
-            # clock, and a strict test there would spin without time moving on.
-            if trio.current_time() >= deadline:
-                await self._self_fence()
-            else:
-                await trio.sleep_until(deadline)
+    def _deadline(self) -> float | None:
+        """The fence deadline in trio time; None before the first registration."""
+        if self._last_acked_send_time is None:
+            return None
+        return self._last_acked_send_time + self._fence_after_s
 
-    async def _self_fence(self) -> None:
-        silent_s = trio.current_time() - (self._last_acked_send_time or 0.0)
+    def _publish_deadline(self, deadline: float) -> None:
+        """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s.
+
+        Called *before* the agent's own deadline moves, with no checkpoint until it does: an
+        agent frozen in between holds a deadline no later than the reapers' (the file's), and
+        both agree but for the few instructions after the rename.
+
+        A failed write is logged, not raised: the reapers keep the previous deadline and kill
+        their jobs at it, which fences the worker (fail safe, never unsafe).
+        """
+        try:
+            write_fence_deadline(self.fence_deadline_path, _monotonic_of(deadline))
+        except OSError as exc:
+            self._logger.error(
+                "cannot write the fence deadline: command jobs will be killed at the previous one",
+                path=str(self.fence_deadline_path),
+                error=repr(exc),
+            )
+
+    def _fence_if_due(self) -> bool:
+        """Self-fence now if live and the fence deadline has passed; True if it fenced."""
+        deadline = self._deadline()
+        # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
+        # clock, and a strict test there would spin without time moving on.
+        if self._live.is_set() and deadline is not None and trio.current_time() >= deadline:
+            self._fence_now()
+            return True
+        return False
+
+    def _fence_now(self) -> None:
+        """Self-fence at once, with no checkpoint: refuse work, log it, ask every job to stop."""
+        if self._self_fenced:
+            return
+        now = trio.current_time()
+        deadline = self._deadline()
+        self._fenced_at = now if deadline is None else min(now, deadline)
         self._self_fenced = True
         self._leave_live()
         self.joblog.write(
@@ -530,8 +650,23 @@ class Agent:
         )
         self._logger.warning(
             "self-fenced: no heartbeat acknowledged, stopping every job",
-            silent_s=round(silent_s, 3),
+            silent_s=round(now - (self._last_acked_send_time or 0.0), 3),
+            late_s=round(now - self._fenced_at, 3),
             self_fence_after_s=self._fence_after_s,
             jobs=len(self._jobs),
         )
-        await self._stop_all(StopReason.SELF_FENCE)
+        for job in list(self._jobs.values()):
+            self._request_stop(job, StopReason.SELF_FENCE)
+
+    async def _fence_watch(self) -> None:
+        """Self-fence once no heartbeat sent in the last ``self_fence_after_s`` was answered."""
+        while True:
+            if not self._live.is_set():
+                await self._live.wait()
+                continue
+            deadline = self._deadline()
+            assert deadline is not None  # set by the registration
+            if self._fence_if_due():
+                await self._stop_all(StopReason.SELF_FENCE)
+            else:
+                await trio.sleep_until(deadline)

@@ -8,8 +8,13 @@ have null ``job_id`` and ``assignment_id``.
 
 The checker reads these logs to prove that no job ran on two workers at overlapping times,
 so the agent writes a ``start`` line before the job begins and a ``stop`` line after it has
-really ended. Each line is flushed as it is written (not fsynced): a crashed agent's
-children die with it (PR_SET_PDEATHSIG), so a lost tail only hides stops that did happen.
+really ended. A ``stop`` line's ``time`` is when the job ended, which can be earlier than
+when the line is written: for a command job, the time its reaper saw it and everything it
+started gone, or the reaper's kill time when it killed the job at the fence deadline (the
+agent may have been frozen long past it); for a sleep job the agent was fenced past, the
+fence deadline (see :mod:`agent.core`). Each line is flushed as it is written (not
+fsynced): a crashed agent's jobs die with it (their reapers kill them, see
+:mod:`agent.reaper`), so a lost tail only hides stops that did happen.
 """
 
 from __future__ import annotations
@@ -67,8 +72,13 @@ class JobLog:
         assignment_id: int | None = None,
         reason: str | None = None,
         exit_code: int | None = None,
+        time_unix_s: float | None = None,
     ) -> None:
         """Append one line and flush it.
+
+        Args:
+            time_unix_s: the line's ``time`` (wall-clock seconds) when the event happened
+                before now (a stop the agent learns of late); None: now.
 
         Raises:
             RuntimeError: the log is not open.
@@ -82,7 +92,7 @@ class JobLog:
             "job_id": job_id,
             "assignment_id": assignment_id,
             "epoch": epoch,
-            "time": time.time(),
+            "time": time.time() if time_unix_s is None else time_unix_s,
         }
         if event is LogEvent.STOP:
             record["reason"] = reason

@@ -1,25 +1,39 @@
 """Job runtimes: ``sleep`` (hold resources, do nothing) and ``command`` (a child process).
 
 :func:`run_job` runs one job until it ends on its own or until its ``stop`` event is set,
-and returns only once the job has really ended (for a command: its process has exited and
-been reaped). It does not raise for a job that fails; a command that cannot be started is a
-failed result whose ``detail`` names the error.
+and returns only once the job has really ended (for a command: its processes have exited
+and been reaped). It does not raise for a job that fails; a command that cannot be started
+is a failed result whose ``detail`` names the error.
 
 Command jobs:
 
 - run in ``<jobs_dir>/<job_id>-<assignment_id>/`` with stdout and stderr appended to
   ``stdout.log`` and ``stderr.log`` there, stdin from ``/dev/null``;
-- start in a session (and process group) of their own, so a stop can signal the whole
-  group: SIGTERM, then SIGKILL after ``stop_grace_s``. When the main process has exited,
-  whatever is left of its group is SIGKILLed too (the job owns nothing after it ends);
-- set ``PR_SET_PDEATHSIG`` = SIGKILL (Linux ``prctl(2)``), so they die when the agent is
-  SIGKILLed. That signal fires when the *thread* that forked the child ends, not the
-  process, so the child is forked from the calling (trio) thread with ``subprocess.Popen``
-  and not through ``trio.run_process``, which forks from a worker thread that trio's thread
-  cache retires after 10 s idle, which would kill the job;
-- wait for the exit through a pidfd (``os.pidfd_open``), polling ``waitid`` every 50 ms
-  where pidfds are missing. The exit is observed before the child is reaped, so the
-  group sweep cannot hit a recycled process id.
+- run under a per-job supervisor process, the *reaper* (:mod:`agent.reaper`), which the
+  agent starts as the leader of a new session; the reaper starts the job in a process group
+  of its own, in that session. The reaper SIGKILLs the job's group and every descendant when
+  the agent dies (its ``PR_SET_PDEATHSIG``) and when the worker's fence deadline passes (a
+  deadman switch that works while the agent is frozen); see :mod:`agent.reaper`;
+- stop (the ``stop`` event) with SIGTERM to the reaper, which sends SIGTERM to the job's
+  group and SIGKILL after ``stop_grace_s``; should the reaper not have finished
+  :data:`REAPER_SLACK_S` later, the agent asks it to kill at once (SIGUSR1), and another
+  :data:`REAPER_SLACK_S` later SIGKILLs it (its job's main process dies with it). When the
+  main process has exited, the reaper SIGKILLs whatever is left of the job (the job owns
+  nothing after it ends);
+- are reported from the reaper's report file: the exit code (negative ``-N`` when signal N
+  killed the job), the time everything was gone, and, for a job the reaper killed at the
+  fence deadline, the kill time (``JobResult.fenced``, ``finished_unix_s`` = the kill time);
+- the reaper's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, not the
+  process, so it is forked from the calling (trio) thread with ``subprocess.Popen`` and not
+  through ``trio.run_process``, which forks from a worker thread that trio's thread cache
+  retires after 10 s idle, which would kill the job;
+- the agent waits for the reaper's exit through a pidfd (``os.pidfd_open``), polling
+  ``waitid`` every 50 ms where pidfds are missing. The exit is observed before the reaper is
+  reaped, so the sweep of its group cannot hit a recycled process id.
+
+Sleep jobs have no process: the agent decides when they stopped (see :mod:`agent.core`). One
+that ran its full duration ends at its start time plus its duration, also when the agent
+notices later (it was frozen).
 
 Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
 for humans and the checker, not timers.
@@ -28,7 +42,6 @@ for humans and the checker, not timers.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -36,15 +49,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import trio
 
+from agent import reaper
 from agent.messages import CommandSpec, JobState, RuntimeSpec, SleepSpec
 
-_PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL_S = 0.05
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+REAPER_SLACK_S = 1.0
+"""How long past its due time the agent waits for a reaper before it steps in, in seconds."""
+_T = TypeVar("_T")
 
 
 @attrs.frozen(kw_only=True)
@@ -53,15 +69,25 @@ class JobResult:
 
     state: JobState
     stopped: bool
-    """True when the stop event ended the job (it did not end on its own)."""
+    """True when the job did not end on its own: the stop event ended it, or its reaper killed
+    it at the fence deadline (then ``fenced`` is true too)."""
     exit_code: int | None
     """The process's exit status; negative ``-N`` when signal N killed it (``subprocess``
     convention); 0 for a sleep job that ran its full duration; None when there is none."""
     started_unix_s: float
     finished_unix_s: float
+    """When the job had really ended (for a job its reaper fenced: the kill time)."""
     stdout_path: str = ""
     stderr_path: str = ""
     detail: str = ""
+    fenced: bool = False
+    """True when its reaper SIGKILLed the job because the worker's fence deadline had passed."""
+
+
+@attrs.frozen(kw_only=True)
+class _Paths:
+    stdout_path: str
+    stderr_path: str
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
@@ -75,6 +101,7 @@ async def run_job(
     job_dir: Path,
     stop: trio.Event,
     stop_grace_s: float,
+    fence_deadline_path: Path | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -83,24 +110,33 @@ async def run_job(
         job_dir: the job's folder (created for command jobs; must be absolute).
         stop: set it to stop the job early (SIGTERM, then SIGKILL after ``stop_grace_s``).
         stop_grace_s: seconds between SIGTERM and SIGKILL.
+        fence_deadline_path: the worker's fence-deadline file (see :mod:`agent.reaper`); a
+            command's reaper kills it once that deadline has passed. None: no deadman.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end.
 
     Raises:
-        trio.Cancelled: when cancelled, after SIGKILLing a command's process group and
-            waiting for it to exit (shielded).
+        trio.Cancelled: when cancelled, after having a command's reaper SIGKILL the job and
+            waiting for the reaper to exit (shielded).
     """
     match runtime:
         case SleepSpec():
             return await _run_sleep(runtime, stop=stop)
         case CommandSpec():
-            return await _run_command(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)
+            return await _run_command(
+                runtime,
+                job_dir=job_dir,
+                stop=stop,
+                stop_grace_s=stop_grace_s,
+                fence_deadline_path=fence_deadline_path,
+            )
 
 
 async def _run_sleep(spec: SleepSpec, *, stop: trio.Event) -> JobResult:
     started = time.time()
-    with trio.move_on_after(spec.duration_ms / 1000.0):
+    duration_s = spec.duration_ms / 1000.0
+    with trio.move_on_after(duration_s):
         await stop.wait()
         return JobResult(
             state=JobState.CANCELLED,
@@ -115,43 +151,43 @@ async def _run_sleep(spec: SleepSpec, *, stop: trio.Event) -> JobResult:
         stopped=False,
         exit_code=0,
         started_unix_s=started,
-        finished_unix_s=time.time(),
+        finished_unix_s=started + duration_s,  # when it ran out, even if noticed later
     )
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """The ``preexec_fn`` of a command job: die with the agent (PR_SET_PDEATHSIG)."""
-
-    def setup() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent_pid:  # the agent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
-
-
-def _spawn(
-    argv: tuple[str, ...], *, job_dir: Path, stdout_path: Path, stderr_path: Path
+def _spawn_reaper(
+    argv: tuple[str, ...],
+    *,
+    job_dir: Path,
+    stdout_path: Path,
+    stderr_path: Path,
+    stop_grace_s: float,
+    fence_deadline_path: Path | None,
 ) -> subprocess.Popen[bytes]:
-    """Fork and exec ``argv`` from the calling thread (see the module docstring for why).
+    """Start the job's reaper from the calling thread (see the module docstring for why).
 
     Raises:
-        OSError: the folder or the output files cannot be created, or ``argv[0]`` cannot
-            be executed (not found, not executable).
-        subprocess.SubprocessError: the child setup failed.
+        OSError: the folder or the output files cannot be created, or the interpreter cannot
+            be executed.
     """
     job_dir.mkdir(parents=True, exist_ok=True)
+    reaper.clear_files(job_dir)
+    command = reaper.reaper_argv(
+        sys.executable,
+        parent_pid=os.getpid(),
+        stop_grace_s=stop_grace_s,
+        fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+        argv=argv,
+    )
     with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
         return subprocess.Popen(
-            list(argv),
+            command,
             cwd=job_dir,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
             close_fds=True,
             start_new_session=True,
-            preexec_fn=_child_setup(os.getpid()),  # PDEATHSIG: see module docstring
         )
 
 
@@ -159,6 +195,12 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
     """Signal process group ``pgid``; a group that is already gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _signal_process(pid: int, sig: signal.Signals) -> None:
+    """Signal process ``pid`` (an unreaped child of ours, so the id cannot be reused)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _has_exited(pid: int) -> bool:
@@ -195,11 +237,16 @@ def _describe_exit(code: int) -> str:
 
 
 async def _run_command(
-    spec: CommandSpec, *, job_dir: Path, stop: trio.Event, stop_grace_s: float
+    spec: CommandSpec,
+    *,
+    job_dir: Path,
+    stop: trio.Event,
+    stop_grace_s: float,
+    fence_deadline_path: Path | None,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
-    paths = {"stdout_path": str(stdout_path), "stderr_path": str(stderr_path)}
+    paths = _Paths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
     started = time.time()
     if stop.is_set():
         return JobResult(
@@ -209,10 +256,18 @@ async def _run_command(
             started_unix_s=started,
             finished_unix_s=time.time(),
             detail="stopped before it was started",
-            **paths,
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
         )
     try:
-        proc = _spawn(spec.argv, job_dir=job_dir, stdout_path=stdout_path, stderr_path=stderr_path)
+        proc = _spawn_reaper(
+            spec.argv,
+            job_dir=job_dir,
+            stdout_path=stdout_path,
+            stderr_path=stderr_path,
+            stop_grace_s=stop_grace_s,
+            fence_deadline_path=fence_deadline_path,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return JobResult(
             state=JobState.FAILED,
@@ -220,18 +275,23 @@ async def _run_command(
             exit_code=None,
             started_unix_s=started,
             finished_unix_s=time.time(),
-            detail=f"cannot start {spec.argv[0]!r}: {exc}",
-            **paths,
+            detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
         )
-    pid = proc.pid  # also the process group id (start_new_session)
+    pid = proc.pid  # the reaper; also its process group id (start_new_session)
     stopped = False
 
     async def stop_when_asked() -> None:
         nonlocal stopped
         await stop.wait()
         stopped = True
-        _signal_group(pid, signal.SIGTERM)
-        await trio.sleep(stop_grace_s)
+        # The reaper sends SIGTERM to the job's group and SIGKILL after stop_grace_s.
+        _signal_process(pid, signal.SIGTERM)
+        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
+        _signal_process(pid, signal.SIGUSR1)  # not done yet: kill the job now
+        await trio.sleep(REAPER_SLACK_S)
+        # A reaper that does not answer: SIGKILL it; its job's main process dies with it.
         _signal_group(pid, signal.SIGKILL)
 
     try:
@@ -242,16 +302,66 @@ async def _run_command(
     except BaseException:
         # Cancelled (or a bug): the job must not outlive its record. Kill and reap, shielded.
         with trio.CancelScope(shield=True):
-            _signal_group(pid, signal.SIGKILL)
-            await _wait_exited(pid)
+            _signal_process(pid, signal.SIGUSR1)
+            with trio.move_on_after(REAPER_SLACK_S):
+                await _wait_exited(pid)
             _signal_group(pid, signal.SIGKILL)
             proc.wait()
         raise
-    # The main process has exited but is not reaped yet, so its id still names the group:
-    # sweep what is left of the job, then reap.
+    # The reaper has exited but is not reaped yet, so its id still names its group: sweep
+    # anything that joined that group, then reap.
     _signal_group(pid, signal.SIGKILL)
-    code = proc.wait()
-    finished = time.time()
+    reaper_code = proc.wait()
+    return _command_result(
+        reaper.read_report(job_dir), reaper_code, stopped=stopped, started_unix_s=started, paths=paths
+    )
+
+
+def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | None:
+    try:
+        return kind(report[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _command_result(
+    report: dict[str, str], reaper_code: int, *, stopped: bool, started_unix_s: float, paths: _Paths
+) -> JobResult:
+    """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)."""
+    now = time.time()
+    if "error" in report:
+        return JobResult(
+            state=JobState.FAILED,
+            stopped=False,
+            exit_code=None,
+            started_unix_s=started_unix_s,
+            finished_unix_s=_parse(report, "ended_unix_s", float) or now,
+            detail=report["error"],
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
+        )
+    code = _parse(report, "exit_code", int)
+    fenced_at = _parse(report, "fenced_unix_s", float)
+    finished = _parse(report, "ended_unix_s", float) or now
+    if not report:
+        code = reaper_code
+        detail = f"its reaper ended without a report ({_describe_exit(reaper_code)})"
+    elif code is None:
+        detail = "not started: the fence deadline had passed"
+    else:
+        detail = _describe_exit(code)
+    if fenced_at is not None:
+        return JobResult(
+            state=JobState.CANCELLED,
+            stopped=True,
+            fenced=True,
+            exit_code=code,
+            started_unix_s=started_unix_s,
+            finished_unix_s=fenced_at,
+            detail=f"killed by its reaper at the fence deadline: {detail}",
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
+        )
     state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     if stopped:
         state = JobState.CANCELLED
@@ -259,8 +369,9 @@ async def _run_command(
         state=state,
         stopped=stopped,
         exit_code=code,
-        started_unix_s=started,
+        started_unix_s=started_unix_s,
         finished_unix_s=finished,
-        detail=_describe_exit(code),
-        **paths,
+        detail=detail,
+        stdout_path=paths.stdout_path,
+        stderr_path=paths.stderr_path,
     )

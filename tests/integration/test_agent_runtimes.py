@@ -1,4 +1,5 @@
-"""Job runtimes with real child processes: exit codes, output files, stops, and PDEATHSIG."""
+"""Job runtimes with real child processes: exit codes, output files, stops, the reaper that
+kills a job with the agent or at the fence deadline."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import trio
 
 from agent.messages import CommandSpec, JobState, SleepSpec
+from agent.reaper import FENCED_AT_FILE, write_fence_deadline
 from agent.runtimes import run_job
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
@@ -173,3 +176,89 @@ async def _set_later(event: trio.Event, delay_s: float) -> None:
 async def _set_when(event: trio.Event, predicate: Callable[[], bool]) -> None:
     await _wait_for(predicate)
     event.set()
+
+
+async def test_a_grandchild_in_another_session_is_killed_when_the_job_ends(tmp_path: Path) -> None:
+    """The reaper is a child subreaper: a process the job moved to a session of its own, and
+    orphaned, is still killed when the job's main process exits."""
+    pid_file = tmp_path / "escaped.pid"
+    inner = f"echo $$ > {pid_file}; exec sleep 60"
+    argv = ("sh", "-c", f"setsid sh -c '{inner}' & while [ ! -s {pid_file} ]; do sleep 0.01; done")
+    result = await run_job(
+        CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+    )
+    assert result.exit_code == 0
+    escaped = int(pid_file.read_text())
+    await _wait_for(lambda: not _alive(escaped), timeout_s=1.0)
+
+
+def _deadline_in(path: Path, delay_s: float) -> float:
+    """Write a fence deadline ``delay_s`` from now; return it as a wall-clock time."""
+    monotonic_s, wall_s = time.monotonic(), time.time()
+    write_fence_deadline(path, monotonic_s + delay_s)
+    return wall_s + delay_s
+
+
+async def test_the_reaper_kills_the_job_once_the_fence_deadline_passes(tmp_path: Path) -> None:
+    """Past the fence deadline the reaper SIGKILLs the job, grandchildren included, records
+    the kill time, and the result says the job was fenced and ended then."""
+    deadline_file = tmp_path / "fence_deadline"
+    deadline = _deadline_in(deadline_file, 0.5)
+    pid_file = tmp_path / "grandchild.pid"
+    argv = ("sh", "-c", f"sh -c 'echo $$ > {pid_file}; exec sleep 60'; true")
+    with trio.fail_after(5):
+        result = await run_job(
+            CommandSpec(argv=argv),
+            job_dir=tmp_path / "j",
+            stop=trio.Event(),
+            stop_grace_s=5.0,
+            fence_deadline_path=deadline_file,
+        )
+    assert result.fenced and result.stopped and result.state is JobState.CANCELLED
+    assert result.exit_code == -signal.SIGKILL
+    fenced_at = float((tmp_path / "j" / FENCED_AT_FILE).read_text())
+    assert result.finished_unix_s == fenced_at
+    assert deadline - 0.001 <= fenced_at < deadline + 0.1
+    assert not _alive(int(pid_file.read_text()))
+
+
+async def test_a_deadline_that_moves_on_keeps_the_job_running(tmp_path: Path) -> None:
+    """The reaper reads the deadline file anew: a job whose deadline keeps moving runs on."""
+    deadline_file = tmp_path / "fence_deadline"
+    _deadline_in(deadline_file, 0.3)
+    stop = trio.Event()
+
+    async def heartbeat_then_stop() -> None:
+        for _ in range(8):  # 0.8 s, well past the first deadline
+            await trio.sleep(0.1)
+            _deadline_in(deadline_file, 0.3)
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeat_then_stop)
+        result = await run_job(
+            CommandSpec(argv=("sleep", "30")),
+            job_dir=tmp_path / "j",
+            stop=stop,
+            stop_grace_s=1.0,
+            fence_deadline_path=deadline_file,
+        )
+    assert not result.fenced and result.stopped and result.exit_code == -signal.SIGTERM
+
+
+async def test_a_job_is_not_started_past_its_fence_deadline(tmp_path: Path) -> None:
+    """A reaper that finds the deadline passed (or the file unreadable) never starts the job."""
+    marker = tmp_path / "ran"
+    for name, delay_s in (("passed", -1.0), ("missing", None)):
+        deadline_file = tmp_path / f"{name}_deadline"
+        if delay_s is not None:
+            _deadline_in(deadline_file, delay_s)
+        result = await run_job(
+            CommandSpec(argv=("touch", str(marker))),
+            job_dir=tmp_path / name / "j",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            fence_deadline_path=deadline_file,
+        )
+        assert result.fenced and result.exit_code is None and "not started" in result.detail
+    assert not marker.exists()

@@ -8,6 +8,7 @@ whenever every task is blocked.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,9 @@ import pytest
 import trio
 import trio.testing
 
+from agent import core as agent_core
+from agent import joblog as agent_joblog
+from agent import runtimes as agent_runtimes
 from agent.core import REGISTER_RETRY_S, Agent
 from agent.joblog import read_log
 from agent.messages import (
@@ -389,3 +393,86 @@ async def test_job_whose_start_line_cannot_be_written_is_not_started(
             assert assign(agent, sleep_job(1)) == {1: "fenced"}
         assert agent.running_assignment_ids == ()
         assert assign(agent, sleep_job(1)) == {1: "accepted"}
+
+
+WALL_AT_ZERO = 1_700_000_000.0
+
+
+@pytest.fixture
+def clocks_follow_mock_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wall-clock and monotonic times in the agent follow the mock clock, as in production
+    they follow the system clock: ``time.time() == WALL_AT_ZERO + trio.current_time()``."""
+    shim = types.SimpleNamespace(
+        time=lambda: WALL_AT_ZERO + trio.current_time(), monotonic=lambda: trio.current_time()
+    )
+    for module in (agent_core, agent_joblog, agent_runtimes):
+        monkeypatch.setattr(module, "time", shim)
+
+
+def _records(tmp_path: Path, event: str) -> list[dict[str, Any]]:
+    return [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == event]
+
+
+@pytest.mark.parametrize("attempt", range(8))  # trio runs the tasks woken together in random order
+async def test_a_sleep_job_that_ran_out_while_frozen_past_the_deadline_is_fenced_at_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, clocks_follow_mock_time: None, attempt: int
+) -> None:
+    """Thawed past its fence deadline, the agent fences before anything else: a sleep job whose
+    duration ran out during the freeze after the deadline stops at the deadline, unreported."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=FENCE_S + 1.0))
+        await trio.sleep(0.7)  # the heartbeat at 0.5 was answered
+        deadline = cp.answered[-1] + FENCE_S
+        autojump_clock.jump(10.0)  # a freeze: every timer comes due at once
+        await trio.sleep(1.0)  # fences, then registers again
+        assert agent.incarnation == 2
+        assert agent.unacknowledged_outcomes == ()
+    assert [o for _, hb in cp.heartbeats for o in hb.finished] == []
+    (stop,) = _records(tmp_path, "stop")
+    assert stop["assignment_id"] == 1 and stop["reason"] == "self_fence"
+    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=1e-6)
+
+
+async def test_a_sleep_job_that_ran_out_while_frozen_before_the_deadline_succeeded(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, clocks_follow_mock_time: None
+) -> None:
+    """A sleep job whose duration ran out before the fence deadline, during a freeze, succeeded
+    then: its stop line carries its end, and its outcome is reported."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=1.0))
+        await trio.sleep(0.1)
+        autojump_clock.jump(10.0)
+        await trio.sleep(1.0)
+        assert agent.incarnation == 2
+    (start,) = _records(tmp_path, "start")
+    stop = _records(tmp_path, "stop")[0]
+    assert stop["reason"] == "succeeded"
+    assert stop["time"] == pytest.approx(start["time"] + 1.0, abs=1e-6)
+    assert [o.state.value for _, hb in cp.heartbeats for o in hb.finished] == ["succeeded"]
+
+
+@pytest.mark.parametrize("attempt", range(8))  # trio runs the tasks woken together in random order
+async def test_a_heartbeat_answered_after_the_deadline_does_not_move_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, clocks_follow_mock_time: None, attempt: int
+) -> None:
+    """A reply that the thawed agent gets after its fence deadline (for a heartbeat sent before
+    it) does not move the deadline: the jobs count as stopped at the old one."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        t0 = trio.current_time()
+        await trio.sleep_until(t0 + 0.7)  # the heartbeat at 0.5 was answered
+        deadline = cp.answered[-1] + FENCE_S
+        cp.answer_delay_s = 0.2
+        await trio.sleep_until(t0 + 1.1)  # the heartbeat sent at 1.0 waits for its answer
+        autojump_clock.jump(10.0)  # a freeze: the answer and the fence come due at once
+        await trio.sleep(1.0)
+        assert agent.incarnation == 2
+    (stop,) = _records(tmp_path, "stop")
+    assert stop["reason"] == "self_fence"
+    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=1e-6)

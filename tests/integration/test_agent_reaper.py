@@ -1,0 +1,250 @@
+"""The agent as a real process, killed or frozen: its jobs stop anyway, and its log tells when.
+
+Each test runs ``agent.main.main`` in a child process against a scripted control plane, gives
+it one job, then SIGKILLs or SIGSTOPs it. Command jobs write a wall-clock timestamp to a file
+every 50 ms from a grandchild process (a subshell), so the file shows when the job's last
+process stopped. Every process of the test (agent, reaper, job) carries a marker in its
+environment, so psutil can tell whether any of them is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import pytest
+import trio
+
+from agent.joblog import read_log
+from agent.reaper import read_fence_deadline
+from protocol import pb
+from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reapers need Linux")
+
+WORKER = "w-r"
+HEARTBEAT_S = 0.1
+FENCE_S = 1.0
+MARKER = "STOCKADE_REAPER_TEST"
+
+
+@attrs.define
+class RecordingControlPlane:
+    """Answers registrations and heartbeats at once and records them."""
+
+    registrations: list[pb.RegisterWorkerRequest] = attrs.field(factory=list)
+    heartbeats: list[pb.HeartbeatRequest] = attrs.field(factory=list)
+    registered: trio.Event = attrs.field(factory=trio.Event)
+
+    async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
+        self.registrations.append(request)
+        self.registered.set()
+        return pb.RegisterWorkerReply(incarnation=len(self.registrations), epoch=1)
+
+    async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        self.heartbeats.append(request)
+        return pb.HeartbeatReply(epoch=1)
+
+    async def submit_job(self, request: object) -> object:
+        raise NotImplementedError
+
+    get_job = list_jobs = cancel_job = status = submit_job
+
+
+@attrs.frozen
+class AgentProcess:
+    process: trio.Process
+    cp: RecordingControlPlane
+    work_dir: Path
+    marker: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def deadline_unix_s(self) -> float:
+        """The fence deadline in the agent's file, as a wall-clock time."""
+        deadline = read_fence_deadline(self.work_dir / "fence_deadline")
+        assert deadline is not None
+        return deadline - time.monotonic() + time.time()
+
+    def stops(self) -> list[dict[str, Any]]:
+        log = self.work_dir / "agent.jsonl"
+        return [r for r in read_log(log) if r["event"] == "stop"] if log.exists() else []
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Live (not zombie) processes of this test other than the agent itself."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid == self.pid or proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if proc.environ().get(MARKER) == self.marker:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+
+def _agent_script(cp_port: int, work_dir: Path) -> str:
+    return textwrap.dedent(f"""
+        from agent.main import main
+        from runtime.settings import AgentSettings
+        main(AgentSettings(worker_id={WORKER!r}, control_planes=["127.0.0.1:{cp_port}"],
+                           cpu_millis=1000, memory_mb=1000, work_dir={str(work_dir)!r},
+                           heartbeat_interval_s={HEARTBEAT_S}, heartbeat_timeout_s=0.3,
+                           self_fence_after_s={FENCE_S}, stop_grace_s=0.5))
+    """)
+
+
+@asynccontextmanager
+async def running_agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
+    """An agent process registered with a recording control plane; killed (with every
+    process of the test) on the way out."""
+    cp = RecordingControlPlane()
+    marker = uuid.uuid4().hex
+    work_dir = tmp_path / "work"
+    stderr_file = (tmp_path / "agent.stderr").open("wb")
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _agent_script(cp_port, work_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+            env={**os.environ, MARKER: marker},
+        )
+        agent = AgentProcess(process=process, cp=cp, work_dir=work_dir, marker=marker)
+        try:
+            with trio.fail_after(30):
+                await cp.registered.wait()
+            yield agent
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                await process.wait()
+            for leftover in agent.leftovers():
+                leftover.kill()
+            nursery.cancel_scope.cancel()
+            stderr_file.close()
+
+
+async def assign(agent: AgentProcess, spec: pb.JobSpec) -> None:
+    """Send assignment 1 (job 10) with ``spec`` to the agent; it must accept it."""
+    channel = GrpcChannel(agent.cp.registrations[-1].address)
+    try:
+        reply = await channel.call(
+            channel.stub(pb.WorkerStub).assign,
+            pb.AssignRequest(
+                epoch=1,
+                worker_id=WORKER,
+                incarnation=len(agent.cp.registrations),
+                assignments=[pb.Assignment(assignment_id=1, job_id=10, spec=spec)],
+            ),
+            timeout_s=5,
+        )
+    finally:
+        channel.close()
+    assert list(reply.accepted_ids) == [1]
+
+
+def writer_job(path: Path) -> pb.JobSpec:
+    """A command whose grandchild appends the wall-clock time to ``path`` every 50 ms."""
+    loop = f"while :; do date +%s.%N >> {path}; sleep 0.05; done"
+    argv = ["sh", "-c", f"({loop}); echo done"]
+    return pb.JobSpec(cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=argv))
+
+
+def stamps(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return [float(line) for line in path.read_text().split()]
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``predicate`` (files and /proc: nothing to wait on) until it holds."""
+    with trio.fail_after(timeout_s):
+        while True:
+            if predicate():
+                return
+            await trio.sleep(0.02)
+
+
+async def test_sigkilled_agent_takes_grandchildren_down(tmp_path: Path) -> None:
+    """SIGKILL of the agent stops a command job's grandchildren within 0.5 s; nothing is left."""
+    out = tmp_path / "stamps"
+    async with running_agent(tmp_path) as agent:
+        await assign(agent, writer_job(out))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        assert agent.leftovers(), "the reaper and the job should be running"
+        agent.process.kill()
+        killed_at = time.time()
+        await agent.process.wait()
+        await trio.sleep(0.5)
+        assert agent.leftovers() == []
+        last = stamps(out)[-1]
+        await trio.sleep(0.3)
+        assert stamps(out)[-1] == last, "the job still writes after its agent was killed"
+        assert last - killed_at < 0.5
+
+
+async def test_frozen_agent_command_job_stops_at_the_fence_deadline(tmp_path: Path) -> None:
+    """A SIGSTOPped agent's command job stops by the fence deadline + 0.3 s while the agent is
+    still stopped, and the stop line the thawed agent writes carries the kill time."""
+    out = tmp_path / "stamps"
+    async with running_agent(tmp_path) as agent:
+        await assign(agent, writer_job(out))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        assert agent.process.poll() is None
+        last = stamps(out)[-1]
+        assert deadline - FENCE_S < last <= deadline + 0.3
+        assert agent.leftovers() == [], "job processes outlived the fence deadline"
+        await trio.sleep(0.3)
+        assert stamps(out)[-1] == last
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: len(agent.stops()) == 1)
+        (stop,) = agent.stops()
+        assert stop["reason"] == "self_fence"
+        assert stop["exit_code"] == -signal.SIGKILL
+        assert deadline <= stop["time"] <= deadline + 0.3
+        assert stop["time"] >= last
+
+
+async def test_frozen_agent_sleep_job_stops_at_the_fence_deadline(tmp_path: Path) -> None:
+    """A sleep job whose duration runs out while its agent is frozen past the fence deadline
+    is logged as stopped by the fence at the deadline, and never reported as succeeded."""
+    async with running_agent(tmp_path) as agent:
+        sleep = pb.JobSpec(cpu_millis=100, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=1500))
+        await assign(agent, sleep)
+        ends_at = time.time() + 1.5
+        await trio.sleep(0.2)
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        # Frozen past the deadline and past the end of the sleep job's duration, in that order.
+        assert deadline < ends_at
+        await trio.sleep(max(0.0, ends_at + 0.5 - time.time()))
+        heartbeats_before = len(agent.cp.heartbeats)
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: len(agent.cp.registrations) == 2)  # fenced, then registered again
+        await trio.sleep(3 * HEARTBEAT_S)
+        (stop,) = agent.stops()
+        assert stop["reason"] == "self_fence"
+        assert stop["time"] == pytest.approx(deadline, abs=0.01)
+        reported = [o for hb in agent.cp.heartbeats[heartbeats_before:] for o in hb.finished]
+        assert reported == []
+        records = read_log(agent.work_dir / "agent.jsonl")
+        assert [r["event"] for r in records] == ["register", "start", "self_fence", "stop", "register"]
