@@ -168,10 +168,17 @@ def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
     return LocalCluster(
         StateDir(root),
-        # 100 workers on 2 cores: heartbeats every second, and the fence and dead_after widened
-        # to match (the defaults assume 0.25 s heartbeats).
+        # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
+        # control plane answers late), and the fence and dead_after widened to match.
         cp_args=("--policy", policy, "--dead-after-s", "5"),
-        agent_args=("--heartbeat-interval-s", "1.0", "--self-fence-after-s", "3.5"),
+        agent_args=(
+            "--heartbeat-interval-s",
+            "1.0",
+            "--heartbeat-timeout-s",
+            "1.5",
+            "--self-fence-after-s",
+            "3.5",
+        ),
         fleet_size=settings.fleet_size,
         worker_capacities=capacities,
         metrics=True,

@@ -387,6 +387,9 @@ def agent(
     heartbeat_interval_s: Annotated[
         float, typer.Option(help="Time between heartbeats, seconds.")
     ] = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: Annotated[
+        float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
+    ] = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: Annotated[
         float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
     ] = _agent_default("self_fence_after_s"),
@@ -407,6 +410,7 @@ def agent(
             listen_port=port,
             advertise_address=advertise_address,
             heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
         )
     agent_main(settings, json_logs=json_logs)
@@ -431,6 +435,9 @@ def fleet(
     heartbeat_interval_s: Annotated[
         float, typer.Option(help="Time between heartbeats, seconds.")
     ] = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: Annotated[
+        float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
+    ] = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: Annotated[
         float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
     ] = _agent_default("self_fence_after_s"),
@@ -451,6 +458,7 @@ def fleet(
             control_planes=parse_addresses(control_planes),
             listen_host=host,
             heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
         )
     try:
