@@ -372,6 +372,16 @@ def control_plane(
     control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)
 
 
+HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
+HeartbeatTimeoutOption = Annotated[
+    float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
+]
+SelfFenceOption = Annotated[
+    float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
+]
+JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
+
+
 @app.command("agent")
 def agent(
     worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
@@ -384,16 +394,10 @@ def agent(
     advertise_address: Annotated[
         str, typer.Option(help="host:port the leader should call (default: the listen address).")
     ] = "",
-    heartbeat_interval_s: Annotated[
-        float, typer.Option(help="Time between heartbeats, seconds.")
-    ] = _agent_default("heartbeat_interval_s"),
-    heartbeat_timeout_s: Annotated[
-        float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
-    ] = _agent_default("heartbeat_timeout_s"),
-    self_fence_after_s: Annotated[
-        float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
-    ] = _agent_default("self_fence_after_s"),
-    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+    heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
+    self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    json_logs: JsonLogsOption = False,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
     from agent.main import main as agent_main
@@ -432,16 +436,10 @@ def fleet(
         str, typer.Option("--id", help="This process's id, bound to its log lines.")
     ] = "fleet",
     host: Annotated[str, typer.Option(help="Address every worker listens on.")] = "127.0.0.1",
-    heartbeat_interval_s: Annotated[
-        float, typer.Option(help="Time between heartbeats, seconds.")
-    ] = _agent_default("heartbeat_interval_s"),
-    heartbeat_timeout_s: Annotated[
-        float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
-    ] = _agent_default("heartbeat_timeout_s"),
-    self_fence_after_s: Annotated[
-        float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
-    ] = _agent_default("self_fence_after_s"),
-    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+    heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
+    self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    json_logs: JsonLogsOption = False,
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
 
