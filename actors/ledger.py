@@ -39,7 +39,7 @@ from actors.messages import (
     ReconcileResult,
 )
 from runtime import faults, log
-from runtime.aio import PgConnection
+from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.settings import LedgerSettings
 
@@ -75,23 +75,24 @@ class Ledger:
     settings: LedgerSettings
     inbox: trio.MemoryReceiveChannel[LedgerInbox]
     lease_inbox: trio.MemorySendChannel[LeaseInbox]
-    _conn: PgConnection | None = None
+    _db: ReconnectingConnection = attrs.field(init=False)
     _log: Any = attrs.field(factory=lambda: log.get("ledger"))
 
+    def __attrs_post_init__(self) -> None:
+        s = self.settings
+        server_settings = {
+            "application_name": f"stockade {self.cp_id} ledger",
+            "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
+            "statement_timeout": str(int(s.statement_timeout_s * 1000)),
+            # Never sit on the lease's share lock waiting for a row a frozen replica holds.
+            "lock_timeout": "1000",
+        }
+        if not _FENCING_ENABLED:
+            server_settings["idle_in_transaction_session_timeout"] = "0"
+        self._db = ReconnectingConnection(self.database_url, server_settings)
+
     async def _connection(self) -> PgConnection:
-        if self._conn is None or self._conn.is_closed():
-            s = self.settings
-            server_settings = {
-                "application_name": f"stockade {self.cp_id} ledger",
-                "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
-                "statement_timeout": str(int(s.statement_timeout_s * 1000)),
-                # Never sit on the lease's share lock waiting for a row a frozen replica holds.
-                "lock_timeout": "1000",
-            }
-            if not _FENCING_ENABLED:
-                server_settings["idle_in_transaction_session_timeout"] = "0"
-            self._conn = await PgConnection.connect(self.database_url, server_settings=server_settings)
-        return self._conn
+        return await self._db.get()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve fenced-write requests one at a time until cancelled."""
@@ -101,8 +102,7 @@ class Ledger:
             async for message in self.inbox:
                 await self._handle(message)
         finally:
-            if self._conn is not None:
-                await self._conn.close()
+            await self._db.close()
 
     async def _handle(self, message: LedgerInbox) -> None:
         match message:

@@ -39,7 +39,7 @@ from actors.messages import (
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
 from actors.role import RoleView
 from runtime import faults, log, metrics
-from runtime.aio import PgConnection
+from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import PlacerSettings
@@ -94,15 +94,15 @@ class PgPlacerStore:
 
     database_url: str
     application_name: str
-    _conn: PgConnection | None = None
+    _db: ReconnectingConnection = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._db = ReconnectingConnection(
+            self.database_url, {"application_name": self.application_name, "statement_timeout": "5000"}
+        )
 
     async def _connection(self) -> PgConnection:
-        if self._conn is None or self._conn.is_closed():
-            self._conn = await PgConnection.connect(
-                self.database_url,
-                server_settings={"application_name": self.application_name, "statement_timeout": "5000"},
-            )
-        return self._conn
+        return await self._db.get()
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
@@ -129,9 +129,7 @@ class PgPlacerStore:
         return [_waiting(r) for r in rows]
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._db.close()
 
 
 @attrs.define

@@ -42,7 +42,7 @@ from actors.messages import (
 )
 from actors.role import RoleView
 from runtime import log
-from runtime.aio import PgConnection
+from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import ReconcilerSettings
@@ -104,15 +104,15 @@ class PgReconcilerStore:
 
     database_url: str
     application_name: str
-    _conn: PgConnection | None = None
+    _db: ReconnectingConnection = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._db = ReconnectingConnection(
+            self.database_url, {"application_name": self.application_name, "statement_timeout": "5000"}
+        )
 
     async def _connection(self) -> PgConnection:
-        if self._conn is None or self._conn.is_closed():
-            self._conn = await PgConnection.connect(
-                self.database_url,
-                server_settings={"application_name": self.application_name, "statement_timeout": "5000"},
-            )
-        return self._conn
+        return await self._db.get()
 
     async def heartbeat_ages(self) -> list[HeartbeatAge]:
         rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
@@ -129,9 +129,7 @@ class PgReconcilerStore:
         return [_delivery(r) for r in rows]
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._db.close()
 
 
 def _by_worker(deliveries: Sequence[Delivery]) -> dict[WorkerRef, list[Delivery]]:

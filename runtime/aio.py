@@ -235,6 +235,37 @@ class PgConnection:
             self._raw.terminate()
 
 
+class ReconnectingConnection:
+    """One owner's connection: opened on first use, and again on the next use after it broke
+    (a :class:`DatabaseUnavailable` leaves it closed).
+
+    Args:
+        url: the database URL.
+        server_settings: PostgreSQL session settings for every connection it opens.
+    """
+
+    def __init__(self, url: str, server_settings: dict[str, str]) -> None:
+        self._url = url
+        self._server_settings = server_settings
+        self._conn: PgConnection | None = None
+
+    async def get(self) -> PgConnection:
+        """The open connection, connecting first if needed.
+
+        Raises:
+            DatabaseUnavailable: the server could not be reached.
+        """
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await PgConnection.connect(self._url, server_settings=self._server_settings)
+        return self._conn
+
+    async def close(self) -> None:
+        """Close it (shielded, see :meth:`PgConnection.close`); the next :meth:`get` reopens."""
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
 class PgPool:
     """A small asyncpg pool shared by concurrent request handlers (the ingest actor)."""
 
