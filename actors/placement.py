@@ -46,11 +46,13 @@ class Plan:
     """The outcome of one round's decision.
 
     ``placements`` is a tuple of (job_id, worker_id) in decision order; ``unschedulable`` maps
-    job ids that no live worker could ever hold to the reason shown to operators.
+    job ids that no live worker could ever hold to the reason shown to operators; ``sizes`` maps
+    each placed job id to its (cpu_millis, memory_mb).
     """
 
     placements: tuple[tuple[int, str], ...]
     unschedulable: dict[int, str]
+    sizes: dict[int, tuple[int, int]] = attrs.field(factory=dict)
 
     @property
     def placements_by_job(self) -> dict[int, str]:
@@ -199,6 +201,7 @@ def place_queue(
 
     unschedulable = _unschedulable(queue, ordered, cap_cpu, cap_mem)
     placements: list[tuple[int, str]] = []
+    sizes: dict[int, tuple[int, int]] = {}
     limit = len(queue) if max_placements is None else max_placements
     if ordered and limit > 0:
         frontier = _frontier(free_cpu, free_mem)
@@ -235,13 +238,15 @@ def place_queue(
                         chosen = int(np.argmin(np.where(fits, score, np.inf)))
                 free_cpu[chosen] -= cpu
                 free_mem[chosen] -= mem
-                placements.append((int(queue.ids[index]), names[chosen]))
+                job_id = int(queue.ids[index])
+                placements.append((job_id, names[chosen]))
+                sizes[job_id] = (cpu, mem)
                 if len(placements) >= limit:
                     break
             if not refilter:
                 break
             frontier = _frontier(free_cpu, free_mem)
-    return Plan(placements=tuple(placements), unschedulable=unschedulable)
+    return Plan(placements=tuple(placements), unschedulable=unschedulable, sizes=sizes)
 
 
 MISSES_BEFORE_REFILTER = 32

@@ -71,8 +71,11 @@ class PlacerStore(Protocol):
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         """Up to ``limit`` pending jobs, highest priority and oldest first."""
 
-    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
-        """Pending jobs with ``pending_seq`` above ``seq`` or in ``missing``, by seq."""
+    async def read_round(
+        self, fresh_s: float, seq: int, missing: list[int], limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
+        """In one round trip: :meth:`live_workers`, and the pending jobs with ``pending_seq``
+        above ``seq`` or in ``missing`` (up to ``limit`` above ``seq``), by seq."""
 
 
 def _waiting(row: Any) -> WaitingJob:
@@ -85,6 +88,39 @@ def _waiting(row: Any) -> WaitingJob:
         ),
         reason=row["reason"],
         pending_seq=int(row["pending_seq"] or 0),
+    )
+
+
+_WORKER_COLUMNS = (
+    "id",
+    "address",
+    "incarnation",
+    "cpu_millis",
+    "memory_mb",
+    "cpu_allocated_millis",
+    "memory_allocated_mb",
+)
+_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_seq")
+
+
+def _live_worker(
+    worker_id: str,
+    address: str,
+    incarnation: int,
+    cpu: int,
+    memory: int,
+    cpu_allocated: int,
+    memory_allocated: int,
+) -> LiveWorker:
+    return LiveWorker(
+        ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
+        room=WorkerRoom(
+            worker_id=worker_id,
+            cpu_millis=int(cpu),
+            memory_mb=int(memory),
+            cpu_allocated_millis=int(cpu_allocated),
+            memory_allocated_mb=int(memory_allocated),
+        ),
     )
 
 
@@ -107,15 +143,14 @@ class PgPlacerStore:
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
         return [
-            LiveWorker(
-                ref=WorkerRef(worker_id=r["id"], address=r["address"], incarnation=int(r["incarnation"])),
-                room=WorkerRoom(
-                    worker_id=r["id"],
-                    cpu_millis=int(r["cpu_millis"]),
-                    memory_mb=int(r["memory_mb"]),
-                    cpu_allocated_millis=int(r["cpu_allocated_millis"]),
-                    memory_allocated_mb=int(r["memory_allocated_mb"]),
-                ),
+            _live_worker(
+                r["id"],
+                r["address"],
+                r["incarnation"],
+                r["cpu_millis"],
+                r["memory_mb"],
+                r["cpu_allocated_millis"],
+                r["memory_allocated_mb"],
             )
             for r in rows
         ]
@@ -124,9 +159,26 @@ class PgPlacerStore:
         rows = await (await self._connection()).fetch(queries.PENDING_JOBS, limit)
         return [_waiting(r) for r in rows]
 
-    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
-        rows = await (await self._connection()).fetch(queries.PENDING_SINCE, seq, limit, missing)
-        return [_waiting(r) for r in rows]
+    async def read_round(
+        self, fresh_s: float, seq: int, missing: list[int], limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
+        row = await (await self._connection()).fetchrow(queries.ROUND_READ, fresh_s, seq, limit, missing)
+        assert row is not None
+        workers = [
+            _live_worker(*columns)
+            for columns in zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
+        ]
+        waiting = [
+            WaitingJob(
+                job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
+                reason=reason,
+                pending_seq=pending_seq or 0,
+            )
+            for job_id, cpu, mem, priority, reason, pending_seq in zip(
+                *(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True
+            )
+        ]
+        return workers, waiting
 
     async def close(self) -> None:
         await self._db.close()
@@ -189,21 +241,25 @@ class Placer:
                         self._synced_epoch = None
                 next_round = max(next_round + interval, trio.current_time())
 
-    async def _refresh_queue(self, epoch: int) -> None:
-        """Bring the pending queue up to date: in full, or what became pending since."""
+    async def _read(self, epoch: int) -> list[LiveWorker]:
+        """The live workers, with the pending queue brought up to date: in full, or what
+        became pending since (both in one round trip)."""
         s = self.settings
         now = trio.current_time()
         if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
+            workers = await self.store.live_workers(s.worker_fresh_s)
             waiting = await self.store.pending_jobs(s.max_jobs_per_round)
             self.queue.replace([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
             self._last_seq = max((w.pending_seq for w in waiting), default=0)
             self._gaps.clear()
             self._synced_epoch, self._synced_at = epoch, now
-            return
+            return workers
         self._gaps = {seq: at for seq, at in self._gaps.items() if now - at < self.gap_ttl_s}
-        waiting = await self.store.pending_since(self._last_seq, sorted(self._gaps), s.max_jobs_per_round)
+        workers, waiting = await self.store.read_round(
+            s.worker_fresh_s, self._last_seq, sorted(self._gaps), s.max_jobs_per_round
+        )
         if not waiting:
-            return
+            return workers
         self.queue.add([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
         seen = {w.pending_seq for w in waiting}
         for seq in seen:
@@ -214,6 +270,7 @@ class Placer:
         else:
             self._gaps.update({q: now for q in range(self._last_seq + 1, newest) if q not in seen})
         self._last_seq = max(self._last_seq, newest)
+        return workers
 
     async def round(self, epoch: int) -> tuple[CommittedAssignment, ...]:
         """One round under ``epoch``: read, decide, commit, dispatch. Returns what committed.
@@ -224,8 +281,8 @@ class Placer:
         """
         started = trio.current_time()
         s = self.settings
-        workers = await self.store.live_workers(s.worker_fresh_s)
-        await self._refresh_queue(epoch)
+        workers = await self._read(epoch)
+        read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
@@ -244,6 +301,7 @@ class Placer:
                 )
             ),
         )
+        metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
         if fingerprint == self._idle_fingerprint:
             self._observe(started, 0, "unchanged")
             return ()
@@ -264,29 +322,26 @@ class Placer:
             self._idle_fingerprint = fingerprint
             self._observe(started, 0, "nothing")
             return ()
-        sizes = dict(
-            zip(
-                self.queue.ids.tolist(),
-                zip(self.queue.cpu.tolist(), self.queue.mem.tolist(), strict=True),
-                strict=True,
-            )
-        )
         placements = tuple(
             Placement(
                 job_id=job_id,
                 worker_id=worker_id,
                 incarnation=by_id[worker_id].ref.incarnation,
-                cpu_millis=sizes[job_id][0],
-                memory_mb=sizes[job_id][1],
+                cpu_millis=plan.sizes[job_id][0],
+                memory_mb=plan.sizes[job_id][1],
             )
             for job_id, worker_id in plan.placements
         )
+        decided = trio.current_time()
+        metrics.PLACER_PHASE_SECONDS.labels("decide").observe(decided - read_done)
         await faults.hit("placer.before_commit")
         reply: Reply[tuple[CommittedAssignment, ...]] = Reply()
         await self.ledger.send(
             CommitPlacements(epoch=epoch, placements=placements, reasons=tuple(reasons), reply=reply)
         )
         committed = await reply.wait()
+        commit_done = trio.current_time()
+        metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
         self.queue.remove(placed)
         for job_id, reason in reasons:
@@ -299,8 +354,12 @@ class Placer:
         for assignment in committed:
             batches[assignment.worker_id].append(assignment)
         for worker_id, batch in batches.items():
-            ref = by_id[worker_id].ref
-            await self.dispatcher.send(Dispatch(epoch=epoch, worker=ref, assignments=tuple(batch)))
+            dispatch = Dispatch(epoch=epoch, worker=by_id[worker_id].ref, assignments=tuple(batch))
+            try:
+                self.dispatcher.send_nowait(dispatch)  # no checkpoint: the round does not yield here
+            except trio.WouldBlock:
+                await self.dispatcher.send(dispatch)
+        metrics.PLACER_PHASE_SECONDS.labels("dispatch").observe(trio.current_time() - commit_done)
         self.stats.placements += len(committed)
         metrics.PLACEMENTS.inc(len(committed))
         self._observe(started, len(committed), "placed" if committed else "reasons")

@@ -208,16 +208,30 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
  LIMIT $1
 """
 
-# $1 after this pending_seq, $2 limit, $3 earlier seqs not seen yet. Jobs that became pending
-# since the placer's last read, plus those holding a seq it skipped (a transaction may commit
-# a smaller seq after a larger one was read).
-PENDING_SINCE = """
-(SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
-   FROM jobs WHERE state = 'pending' AND pending_seq > $1
-  ORDER BY pending_seq LIMIT $2)
-UNION ALL
-(SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
-   FROM jobs WHERE state = 'pending' AND pending_seq = ANY($3::bigint[]) AND pending_seq <= $1)
+# $1 worker_fresh_s, $2 after this pending_seq, $3 limit, $4 earlier seqs not seen yet. One
+# round's reads in one round trip, as parallel arrays in one row (an array is NULL when it has
+# no rows): LIVE_WORKERS, and the jobs that became pending since the placer's last read plus
+# those holding a seq it skipped (a transaction may commit a smaller seq after a larger one was
+# read).
+ROUND_READ = """
+SELECT w.*, p.*
+  FROM (SELECT array_agg(id) AS w_id, array_agg(address) AS w_address,
+               array_agg(incarnation) AS w_incarnation, array_agg(cpu_millis) AS w_cpu_millis,
+               array_agg(memory_mb) AS w_memory_mb,
+               array_agg(cpu_allocated_millis) AS w_cpu_allocated_millis,
+               array_agg(memory_allocated_mb) AS w_memory_allocated_mb
+          FROM workers
+         WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
+       (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
+               array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
+               array_agg(reason) AS p_reason, array_agg(pending_seq) AS p_pending_seq
+          FROM ((SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+                   FROM jobs WHERE state = 'pending' AND pending_seq > $2
+                  ORDER BY pending_seq LIMIT $3)
+                UNION ALL
+                (SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+                   FROM jobs WHERE state = 'pending' AND pending_seq = ANY($4::bigint[])
+                    AND pending_seq <= $2)) ps) p
 """
 
 # ---------------------------------------------------------------- reconciler (reads)

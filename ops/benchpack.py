@@ -111,22 +111,38 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     return lower_bound
 
 
+def _buckets(text: str, name: str, labels: str = "") -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) pairs of histogram ``name`` in Prometheus text, for the
+    series whose other labels are exactly ``labels`` (e.g. ``,phase="commit"``)."""
+    pattern = rf'^{name}_bucket\{{le="([^"]+)"{re.escape(labels)}\}} (\S+)$'
+    return sorted((float(m.group(1)), float(m.group(2))) for m in re.finditer(pattern, text, re.M))
+
+
+PHASES = ("read", "decide", "commit", "dispatch")
+
+
 def scrape(address: str) -> dict[str, Any]:
-    """The placer's figures from a control plane's /metrics."""
+    """The placer's figures from a control plane's /metrics: round time quantiles and max, the
+    p50 / p99 of each phase of a round, rounds and placements."""
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
-    buckets = []
-    for match in re.finditer(r'^stockade_placer_round_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M):
-        buckets.append((float(match.group(1)), float(match.group(2))))
-    buckets.sort()
+    buckets = _buckets(text, "stockade_placer_round_seconds")
 
     def value(name: str) -> float:
         found = re.search(rf"^{name} (\S+)$", text, re.M)
         return float(found.group(1)) if found else 0.0
 
+    phases = {}
+    for phase in PHASES:
+        series = _buckets(text, "stockade_placer_phase_seconds", f',phase="{phase}"')
+        phases[phase] = {
+            "p50_ms": _ms(histogram_quantile(0.5, series)),
+            "p99_ms": _ms(histogram_quantile(0.99, series)),
+        }
     return {
         "round_p50_ms": _ms(histogram_quantile(0.5, buckets)),
         "round_p99_ms": _ms(histogram_quantile(0.99, buckets)),
         "round_max_ms": _ms(value("stockade_placer_round_max_seconds")),
+        "round_phases": phases,
         "rounds": int(buckets[-1][1]) if buckets else 0,
         "placements": int(value("stockade_placements_total")),
     }

@@ -43,6 +43,13 @@ PLACER_ROUND_SECONDS = Histogram(
     "Duration of a placer round while jobs were pending (read, decide, commit, hand to dispatch).",
     buckets=ROUND_BUCKETS_S,
 )
+PLACER_PHASE_SECONDS = Histogram(
+    "stockade_placer_phase_seconds",
+    "Time of one phase of a placer round while jobs were pending: read (workers and new pending "
+    "jobs), decide, commit (the fenced transaction), dispatch (handing batches over).",
+    ["phase"],
+    buckets=ROUND_BUCKETS_S,
+)
 PLACER_ROUND_MAX_SECONDS = Gauge(
     "stockade_placer_round_max_seconds", "Longest placer round since this replica started."
 )

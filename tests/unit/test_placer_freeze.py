@@ -45,8 +45,10 @@ class FakeStore:
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         return self.jobs[:limit]
 
-    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
-        return []
+    async def read_round(
+        self, fresh_s: float, seq: int, missing: list[int], limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
+        return self.workers, []
 
 
 def store() -> FakeStore:

@@ -46,9 +46,12 @@ class FakeStore:
         self.reads.append(("all", 0, ()))
         return sorted(self.visible.values(), key=lambda w: w.job.job_id)
 
-    async def pending_since(self, seq: int, missing: list[int], limit: int) -> list[WaitingJob]:
+    async def read_round(
+        self, fresh_s: float, seq: int, missing: list[int], limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
         self.reads.append(("since", seq, tuple(missing)))
-        return [w for s, w in sorted(self.visible.items()) if s > seq or s in missing]
+        new = [w for s, w in sorted(self.visible.items()) if s > seq or s in missing]
+        return await self.live_workers(fresh_s), new
 
 
 def make_placer(store: FakeStore) -> tuple[Placer, trio.MemoryReceiveChannel[LedgerInbox]]:
