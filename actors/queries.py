@@ -87,12 +87,28 @@ SELECT holder, epoch, expires_at > now() AS live,
 # the transaction holding the share lock commits or aborts.
 FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
 
-# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 claim only pending jobs (always true
-# but in the test-only negative control). Claims only jobs still pending (invariant 3) on
-# workers still alive in that incarnation; returns what was created.
+# One round's placements as one fenced statement: the fence, the claim, the assignments and
+# the pending reasons commit together in one round trip (the statement is its own transaction).
+# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
+# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending.
+#
+# The share lock on the lease row is taken before any row is written: every written row comes
+# from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
+# FOR SHARE read of a row a takeover changed after this statement's snapshot returns the newest
+# version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
+# later waits for the share lock until this statement commits. Claims only jobs still pending
+# (invariant 3) on workers still alive in that incarnation. Returns one row with ``epoch_seen``
+# and no assignment when nothing was placed, else one row per assignment created.
 COMMIT_PLACEMENTS = """
-WITH p AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation)
+WITH fence AS (
+    SELECT epoch FROM lease WHERE id = 1 FOR SHARE
+),
+allowed AS (
+    SELECT epoch FROM fence WHERE epoch = $4 OR NOT $5::boolean
+),
+p AS (
+    SELECT p.*
+      FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation), allowed
 ),
 claimed AS (
     UPDATE jobs j
@@ -107,16 +123,19 @@ created AS (
     INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
     SELECT id, worker_id, incarnation, cpu_millis, memory_mb, $4 FROM claimed
  RETURNING id, job_id
+),
+reasons AS (
+    -- Only pending jobs carry a reason; never a job this statement places.
+    UPDATE jobs j SET reason = r.reason
+      FROM unnest($6::bigint[], $7::text[]) AS r(id, reason), allowed
+     WHERE j.id = r.id AND j.state = 'pending' AND j.reason IS DISTINCT FROM r.reason
+       AND j.id <> ALL($1::bigint[])
 )
-SELECT created.id AS assignment_id, claimed.*
-  FROM created JOIN claimed ON claimed.id = created.job_id
-"""
-
-# $1 job ids, $2 reasons. Only pending jobs carry a reason.
-SET_PENDING_REASONS = """
-UPDATE jobs j SET reason = r.reason
-  FROM unnest($1::bigint[], $2::text[]) AS r(id, reason)
- WHERE j.id = r.id AND j.state = 'pending' AND j.reason IS DISTINCT FROM r.reason
+SELECT fence.epoch AS epoch_seen, placed.*
+  FROM fence LEFT JOIN (
+           SELECT created.id AS assignment_id, claimed.*
+             FROM created JOIN claimed ON claimed.id = created.job_id
+       ) placed ON true
 """
 
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on

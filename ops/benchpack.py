@@ -18,10 +18,15 @@ Three parts, each printing measured numbers (timing goals are never asserted in 
    holding 1,000 / 10,000 / 100,000 pending jobs and 100 / 1,000 simulated busy workers, with a
    little room freed before each round so every round places a job or two.
 
-The job stream (``job_stream``): seeded; 70 % small jobs (250-1000 cpu_millis, 256-1024 MiB),
-25 % medium (2000-4000, 2048-8192), 5 % large (6000-8000, 12288-16384); durations log-normal
-with a median of 6 s and sigma 0.6, clipped to 1-30 s. Workers alternate 16000/32768 and
-8000/16384 (cpu_millis/memory_mb).
+The job stream (``job_stream``): seeded; 55 % small jobs (250-1000 cpu_millis with 1, 2 or 3
+GiB per core), 20 % CPU-heavy (2000-4000 cpu_millis, 1024-2048 MiB), 20 % memory-heavy
+(500-1000 cpu_millis, 4096-8192 MiB), 5 % large (6000-8000 cpu_millis, 12288-16384 MiB);
+durations log-normal with a median of 6 s and sigma 0.6, clipped to 1-30 s. Workers alternate
+16000/32768 and 8000/16384 (cpu_millis/memory_mb). Weighted by duration the stream asks about
+2.03 MiB per millicore and the workers offer 2.048, so both resources can be nearly full at
+once; a stream asking less memory per core than the workers offer caps memory use at that
+ratio (an earlier stream asked 1.52: memory use could not pass 0.74 with CPU full), and the
+mix of CPU-heavy and memory-heavy shapes makes a worker's leftover room matter.
 """
 
 from __future__ import annotations
@@ -72,11 +77,14 @@ def job_stream(count: int, seed: int) -> list[JobDraw]:
     jobs = []
     for _ in range(count):
         kind = rng.random()
-        if kind < 0.70:
-            cpu, mem = rng.choice((250, 500, 750, 1000)), rng.choice((256, 512, 1024))
-        elif kind < 0.95:
-            cpu, mem = rng.choice((2000, 3000, 4000)), rng.choice((2048, 4096, 8192))
-        else:
+        if kind < 0.55:  # small, 1-3 GiB per core
+            cpu = rng.choice((250, 500, 750, 1000))
+            mem = cpu * rng.choice((1024, 2048, 3072)) // 1000
+        elif kind < 0.75:  # CPU-heavy
+            cpu, mem = rng.choice((2000, 3000, 4000)), rng.choice((1024, 2048))
+        elif kind < 0.95:  # memory-heavy
+            cpu, mem = rng.choice((500, 1000)), rng.choice((4096, 6144, 8192))
+        else:  # large
             cpu, mem = rng.choice((6000, 8000)), rng.choice((12288, 16384))
         duration = min(30.0, max(1.0, rng.lognormvariate(math.log(6.0), 0.6)))
         jobs.append(JobDraw(cpu_millis=cpu, memory_mb=mem, duration_s=round(duration, 3)))

@@ -9,8 +9,9 @@ alternating:
 - freeze: SIGSTOP the leader for ``freeze_s`` (longer than the lease), time the takeover,
   SIGCONT it (it steps down on waking; anything it tries to commit is refused). Every
   ``mid_transaction_every``-th freeze parks the leader inside an open fenced transaction
-  first (fault point ``ledger.after_epoch_check``), so the database's refusal of an old
-  leader's write is provoked, not left to luck.
+  first (fault point ``ledger.after_epoch_check``: the reconciler's dead-worker declaration,
+  which runs every pass; placements are single fenced statements with no such moment), so the
+  database's refusal of an old leader's write is provoked, not left to luck.
 
 ``worker_kills`` SIGKILLs and restarts workers along the way. Every fault is recorded in
 ``events.jsonl``, so the checker ends a killed worker's runs at the kill and does not count

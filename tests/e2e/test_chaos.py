@@ -1,6 +1,7 @@
 """Chaos with real processes: a short failover run, a leader frozen inside its fenced
-transaction (its commit refused), and the negative control (fencing off: the checker must
-find the double placement, which proves the harness can fail)."""
+transaction (its commit refused), a leader frozen just before its placement statement (the
+statement refused), and the negative control (fencing off: the checker must find the double
+placement, which proves the harness can fail)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,18 @@ async def test_a_short_chaos_run_places_and_runs_every_job_once(tmp_path: Path, 
     assert data["worker_kills"] == 1 and result.ok
 
 
-async def _freeze_leader_inside_placement(
-    tmp_path: Path, database_url: str, *, fenced: bool
+PLACEMENT_STATEMENT = "ledger.commit_placements.before_statement"
+DECLARATION_TRANSACTION = "ledger.declare_dead_workers.after_epoch_check"
+
+
+async def _freeze_leader_at(
+    tmp_path: Path, database_url: str, fault_point: str, *, fenced: bool
 ) -> tuple[checker.CheckReport, list[str]]:
-    """Park the leader right after its placement transaction's epoch check, SIGSTOP it there,
-    let the standby take over and run the job to the end, then SIGCONT the old leader and let
-    it finish its commit. Returns the checker's report and the refused writes."""
+    """Park the leader's ledger at ``fault_point`` (just before the placement statement of the
+    job this submits, or inside a dead-worker declaration's transaction after its epoch check,
+    with that placement queued behind it), SIGSTOP it there, let the standby take over and run
+    the job to the end, then SIGCONT the old leader and let it finish what it was doing.
+    Returns the checker's report and the refused writes."""
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
     cluster = LocalCluster(
@@ -57,7 +64,7 @@ async def _freeze_leader_inside_placement(
         database_url=database_url,
         extra_env={
             "STOCKADE_ENABLE_FAULTS": "1",
-            "STOCKADE_FAULTS": f"ledger.commit_placements.after_epoch_check=park:{fault_dir}",
+            "STOCKADE_FAULTS": f"{fault_point}=park:{fault_dir}",
         },
         launcher=("-m", "ops.cli") if fenced else UNFENCED_LAUNCHER,
     )
@@ -115,9 +122,21 @@ async def test_a_leader_frozen_inside_its_fenced_transaction_cannot_commit(
 ) -> None:
     """With fencing on, the frozen leader's session is ended by idle_in_transaction_session_timeout,
     the standby takes over and runs the job, and the old leader's commit on waking is refused by
-    the database and recorded; the job was placed and run once."""
-    report, refused = await _freeze_leader_inside_placement(tmp_path, database_url, fenced=True)
-    assert any("commit" in what and "session ended" in what for what in refused), refused
+    the database and recorded, as is the placement it had queued; the job was placed and run
+    once."""
+    report, refused = await _freeze_leader_at(tmp_path, database_url, DECLARATION_TRANSACTION, fenced=True)
+    assert any("declare dead workers" in what and "session ended" in what for what in refused), refused
+    assert (report.double_placements, report.double_runs, report.false_deaths) == (0, 0, 0), report.details
+    assert report.stale_writes_rejected >= 1
+
+
+async def test_a_leader_frozen_before_its_placement_statement_cannot_place(
+    tmp_path: Path, database_url: str
+) -> None:
+    """With fencing on, the placement statement the old leader sends on waking sees the newer
+    epoch under FOR SHARE, writes nothing, and is recorded; the job was placed and run once."""
+    report, refused = await _freeze_leader_at(tmp_path, database_url, PLACEMENT_STATEMENT, fenced=True)
+    assert "commit 1 placements" in refused, refused
     assert (report.double_placements, report.double_runs, report.false_deaths) == (0, 0, 0), report.details
     assert report.stale_writes_rejected >= 1
 
@@ -127,7 +146,7 @@ async def test_negative_control_without_fencing_the_checker_finds_a_double_place
 ) -> None:
     """With fencing switched off (test-only launcher), the same freeze lets the old leader commit
     a placement of the job that already finished: the checker must report it."""
-    report, _ = await _freeze_leader_inside_placement(tmp_path, database_url, fenced=False)
+    report, _ = await _freeze_leader_at(tmp_path, database_url, PLACEMENT_STATEMENT, fenced=False)
     assert report.double_placements >= 1, report.details
     assert any("epoch 1" in line and "job" in line for line in report.details), report.details
     assert not report.ok

@@ -1,6 +1,7 @@
 """The fence on a real PostgreSQL: stale epochs refused, takeovers wait for open fenced
-transactions, frozen transactions ended by idle_in_transaction_session_timeout, and the
-partial unique index that allows one active assignment per job."""
+transactions and for a placement statement in flight, frozen transactions ended by
+idle_in_transaction_session_timeout, and the partial unique index that allows one active
+assignment per job."""
 
 from __future__ import annotations
 
@@ -58,10 +59,24 @@ def placements(*job_ids: int) -> tuple[Placement, ...]:
     )
 
 
-async def commit(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch: int, *job_ids: int) -> object:
+async def commit(
+    ledger_inbox: trio.MemorySendChannel[LedgerInbox],
+    epoch: int,
+    *job_ids: int,
+    reasons: tuple[tuple[int, str], ...] = (),
+) -> object:
     reply: Reply[object] = Reply()
     await ledger_inbox.send(
-        CommitPlacements(epoch=epoch, placements=placements(*job_ids), reasons=(), reply=reply)
+        CommitPlacements(epoch=epoch, placements=placements(*job_ids), reasons=reasons, reply=reply)
+    )
+    return await reply.wait()
+
+
+async def declare_dead(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch: int) -> object:
+    """Ask the ledger to declare w-1 (incarnation 1) dead after 5 s of silence, under ``epoch``."""
+    reply: Reply[object] = Reply()
+    await ledger_inbox.send(
+        DeclareDeadWorkers(epoch=epoch, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply)
     )
     return await reply.wait()
 
@@ -79,44 +94,49 @@ async def run_ledger(
 
 
 async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, database_url: str) -> None:
-    """Epoch 2 holds the lease; a commit under epoch 1 writes nothing, is recorded in
-    stale_writes, and tells the lease keeper it was superseded."""
+    """Epoch 2 holds the lease; a commit under epoch 1 writes nothing (no placement, no pending
+    reason), is recorded in stale_writes, and tells the lease keeper it was superseded."""
     assert await take_over(db, "cp-1") == 1
     await db.execute("UPDATE lease SET expires_at = '-infinity'")
     assert await take_over(db, "cp-2") == 2
     async with trio.open_nursery() as nursery:
         ledger, lease = await run_ledger(nursery, database_url)
         with pytest.raises(Deposed) as info:
-            await commit(ledger, 1, 1, 2)
+            await commit(ledger, 1, 1, reasons=((2, "unschedulable: test"),))
         assert (info.value.epoch, info.value.epoch_seen) == (1, 2)
         superseded = lease.receive_nowait()
         assert (superseded.epoch, superseded.epoch_seen) == (1, 2)  # type: ignore[union-attr]
         nursery.cancel_scope.cancel()
     assert await db.fetchval("SELECT count(*) FROM assignments") == 0
     assert await db.fetchval("SELECT count(*) FROM jobs WHERE state = 'pending'") == 2
+    assert await db.fetchval("SELECT count(*) FROM jobs WHERE reason <> ''") == 0
     assert await db.fetchval("SELECT epoch_seen FROM stale_writes WHERE holder = 'cp-1'") == 2
 
 
 async def test_the_current_epoch_commits_and_claims_only_pending_jobs(
     db: PgConnection, database_url: str
 ) -> None:
-    """Under the current epoch the placements commit with that epoch; placing a job that is no
-    longer pending creates nothing (invariant 3)."""
+    """Under the current epoch the placements commit with that epoch, with the reasons of the
+    jobs left pending; placing a job that is no longer pending creates nothing (invariant 3)."""
     assert await take_over(db, "cp-1") == 1
     async with trio.open_nursery() as nursery:
         ledger, _ = await run_ledger(nursery, database_url)
-        first = await commit(ledger, 1, 1)
+        first = await commit(ledger, 1, 1, reasons=((2, "unschedulable: test"),))
+        assert await db.fetchval("SELECT reason FROM jobs WHERE id = 2") == "unschedulable: test"
+        nothing = await commit(ledger, 1, reasons=((2, ""),))
         again = await commit(ledger, 1, 1, 2)
         nursery.cancel_scope.cancel()
     assert [a.job_id for a in first] == [1]  # type: ignore[attr-defined]
+    assert nothing == ()
     assert [a.job_id for a in again] == [2]  # type: ignore[attr-defined]
     rows = await db.fetch("SELECT job_id, epoch, state FROM assignments ORDER BY job_id")
     assert [tuple(r) for r in rows] == [(1, 1, "active"), (2, 1, "active")]
 
 
 async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection, database_url: str) -> None:
-    """With a fenced transaction parked after its FOR SHARE check, a takeover of the (expired)
-    lease blocks; it completes, with a new epoch, only after the fenced write committed."""
+    """With a fenced transaction (a dead-worker declaration) parked after its FOR SHARE check,
+    a takeover of the (expired) lease blocks; it completes, with a new epoch, only after the
+    fenced write committed."""
     assert await take_over(db, "cp-1") == 1
     await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
     parked, release = trio.Event(), trio.Event()
@@ -137,34 +157,90 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection,
         async with faults.installed("ledger.after_epoch_check", park), trio.open_nursery() as nursery:
             ledger, _ = await run_ledger(nursery, database_url)
 
+            async def leader_declares() -> None:
+                await declare_dead(ledger, 1)
+                order.append("declaration epoch 1")
+                both_done.release()
+
+            nursery.start_soon(leader_declares)
+            with trio.fail_after(10):
+                await parked.wait()
+            nursery.start_soon(standby_takes_over)
+            await trio.sleep(0.5)
+            assert order == []  # the takeover is waiting on the share lock
+            release.set()
+            with trio.fail_after(10):
+                await both_done.acquire()
+                await both_done.acquire()
+            nursery.cancel_scope.cancel()
+    finally:
+        await standby.close()
+    assert sorted(order) == ["declaration epoch 1", "takeover epoch 2"]  # both went through, in lock order
+
+
+async def test_a_takeover_waits_for_a_placement_statement_in_flight(
+    db: PgConnection, database_url: str
+) -> None:
+    """A placement statement holds the lease's share lock from its fence to its end: with the
+    statement stuck on a job row another session locked, a takeover blocks; once the row is
+    free the statement commits under epoch 1 and only then the takeover gets epoch 2."""
+    assert await take_over(db, "cp-1") == 1
+    await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
+    order: list[str] = []
+    both_done = trio.Semaphore(0)
+    blocker = await PgConnection.connect(database_url)
+    standby = await PgConnection.connect(database_url)
+
+    async def standby_takes_over() -> None:
+        order.append(f"takeover epoch {await take_over(standby, 'cp-2')}")
+        both_done.release()
+
+    async def ledger_waits_on_a_lock() -> bool:
+        waiting = await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'stockade cp-1 ledger' AND wait_event_type = 'Lock'"
+        )
+        return bool(waiting)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            ledger, _ = await run_ledger(nursery, database_url)
+            await blocker.execute("BEGIN")
+            await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
+
             async def leader_commits() -> None:
                 await commit(ledger, 1, 1)
                 order.append("commit epoch 1")
                 both_done.release()
 
             nursery.start_soon(leader_commits)
-            await parked.wait()
+            with trio.fail_after(10):  # the statement waits on the job row (lock_timeout is 1 s)
+                while not await ledger_waits_on_a_lock():  # noqa: ASYNC110 (another session's state)
+                    await trio.sleep(0.01)
             nursery.start_soon(standby_takes_over)
-            await trio.sleep(0.5)
-            assert order == []  # the takeover is waiting on the share lock
-            release.set()
-            await both_done.acquire()
-            await both_done.acquire()
+            await trio.sleep(0.2)
+            assert order == []  # the statement waits on the row, the takeover on the share lock
+            await blocker.execute("ROLLBACK")
+            with trio.fail_after(10):
+                await both_done.acquire()
+                await both_done.acquire()
             nursery.cancel_scope.cancel()
     finally:
         await standby.close()
-    assert sorted(order) == ["commit epoch 1", "takeover epoch 2"]  # both went through, in lock order
+        await blocker.close()
+    assert sorted(order) == ["commit epoch 1", "takeover epoch 2"]
     assert await db.fetchval("SELECT epoch FROM assignments WHERE job_id = 1") == 1
 
 
 async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
     db: PgConnection, database_url: str
 ) -> None:
-    """A leader frozen inside its fenced transaction loses its session after the idle timeout;
-    the standby takes over meanwhile; the leader's commit on waking is refused, counted as a
-    stale write, and nothing it wrote survives."""
+    """A leader frozen inside its fenced transaction (declaring a silent worker dead) loses its
+    session after the idle timeout; the standby takes over meanwhile; the leader's commit on
+    waking is refused, counted as a stale write, and nothing it wrote survives."""
     assert await take_over(db, "cp-1") == 1
     await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
+    await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '1 minute'")
     parked = trio.Event()
     standby_epoch: list[int | None] = []
 
@@ -185,14 +261,14 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
 
             nursery.start_soon(standby_takes_over)
             with pytest.raises(Deposed) as info:
-                await commit(ledger, 1, 1)
+                await declare_dead(ledger, 1)
             nursery.cancel_scope.cancel()
     finally:
         await standby.close()
     assert standby_epoch == [2]
     assert (info.value.epoch, info.value.epoch_seen) == (1, 2)
-    assert await db.fetchval("SELECT count(*) FROM assignments") == 0
-    assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
+    assert await db.fetchval("SELECT state FROM workers WHERE id = 'w-1'") == "alive"
+    assert await db.fetchval("SELECT count(*) FROM worker_deaths") == 0
     assert "session ended" in await db.fetchval("SELECT what FROM stale_writes")
 
 

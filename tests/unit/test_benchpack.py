@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import pytest
 
-from ops.benchpack import histogram_quantile, job_stream, lower_bound_s, overcommitted_workers
+from ops.benchpack import (
+    WORKER_SHAPES,
+    histogram_quantile,
+    job_stream,
+    lower_bound_s,
+    overcommitted_workers,
+)
 from ops.checker import Run
 
 
 def test_the_job_stream_is_seeded_and_mixed() -> None:
-    """The same seed gives the same jobs; the stream holds small, medium and large jobs."""
+    """The same seed gives the same jobs; the stream holds small, CPU-heavy, memory-heavy and
+    large jobs, and asks about as much memory per millicore (weighted by duration) as the
+    workers offer, so both resources can be full at once."""
     jobs = job_stream(2000, seed=7)
     assert jobs == job_stream(2000, seed=7) and jobs != job_stream(2000, seed=8)
-    cpus = {j.cpu_millis for j in jobs}
-    assert {250, 2000, 8000} <= cpus
+    shapes = {(j.cpu_millis, j.memory_mb) for j in jobs}
+    assert {(250, 256), (4000, 1024), (500, 8192), (8000, 16384)} <= shapes
     assert all(1.0 <= j.duration_s <= 30.0 for j in jobs)
+    asked = sum(j.memory_mb * j.duration_s for j in jobs) / sum(j.cpu_millis * j.duration_s for j in jobs)
+    offered = sum(m for _, m in WORKER_SHAPES) / sum(c for c, _ in WORKER_SHAPES)
+    assert asked == pytest.approx(offered, rel=0.05)
 
 
 def test_the_lower_bound_is_the_largest_of_cpu_memory_and_longest_job() -> None:
