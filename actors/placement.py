@@ -1,15 +1,25 @@
 """Placement as a pure function: pending jobs x free capacity -> placements.
 
 Policies:
-- ``best_fit``: the worker with room whose leftover after placing the job is smallest, with
-  CPU and memory each normalised by the worker's capacity and summed (the "best fit"
-  bin-packing heuristic, Johnson 1974, extended to two resources as in Grandl et al.,
-  "Multi-resource packing for cluster schedulers", SIGCOMM 2014). Keeps large gaps open.
+- ``best_fit``: the worker with room whose leftover after placing the job is smallest: a
+  two-resource best fit, the leftover CPU and memory each normalised by the worker's capacity
+  and summed (cf. the norm-based greedy heuristics for vector bin packing in Panigrahy et al.,
+  "Heuristics for Vector Bin Packing", Microsoft Research, 2011). Keeps large gaps open.
 - ``first_fit``: the first worker by id with room.
 - ``worst_fit``: the worker with the largest leftover (spreads load).
 Ties go to the smallest worker id. Jobs are taken by priority (high first), then submission
 order. A job larger than every live worker's whole capacity stays pending with a reason; a job
-that merely finds no room now stays pending without one, and never blocks smaller jobs.
+that merely finds no room now stays pending without one.
+
+Reservations (``max_reservations``, 0 = none): without them a large job can wait for ever,
+since every room a finishing job frees is taken at once by smaller jobs behind it. So the
+first ``max_reservations`` jobs in queue order that fit no free room now, but some worker's
+capacity, each reserve the unreserved worker that lacks the least for them (missing CPU and
+memory, each over the worker's capacity, summed); jobs after them in the queue are not placed
+on a reserved worker, which drains until the job fits. Reservations are worked out again every
+round from the queue and the free rooms alone: nothing is stored, so a new leader needs none
+handed over. This is the node reservation of Hadoop YARN's schedulers (a node that cannot hold
+a container request yet is reserved for it), without its limits per queue.
 """
 
 from __future__ import annotations
@@ -47,12 +57,14 @@ class Plan:
 
     ``placements`` is a tuple of (job_id, worker_id) in decision order; ``unschedulable`` maps
     job ids that no live worker could ever hold to the reason shown to operators; ``sizes`` maps
-    each placed job id to its (cpu_millis, memory_mb).
+    each placed job id to its (cpu_millis, memory_mb); ``reservations`` the workers kept free.
     """
 
     placements: tuple[tuple[int, str], ...]
     unschedulable: dict[int, str]
     sizes: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    reservations: dict[str, int] = attrs.field(factory=dict)
+    """worker_id -> the job id it was kept free for in this round."""
 
     @property
     def placements_by_job(self) -> dict[int, str]:
@@ -154,23 +166,30 @@ class PendingQueue:
         self.version += 1
 
 
-def place(jobs: Sequence[PendingJob], workers: Sequence[WorkerRoom], *, policy: str = "best_fit") -> Plan:
+def place(
+    jobs: Sequence[PendingJob],
+    workers: Sequence[WorkerRoom],
+    *,
+    policy: str = "best_fit",
+    max_reservations: int = 0,
+) -> Plan:
     """Decide where each job goes.
 
     Args:
         jobs: pending jobs, in any order (taken by priority desc, then job_id).
         workers: live workers with their current allocation.
         policy: ``best_fit``, ``first_fit`` or ``worst_fit``.
+        max_reservations: most workers kept free for jobs that fit no free room yet.
 
     Returns:
         The placements (never over-committing a worker) and the unschedulable reasons.
 
     Raises:
-        ValueError: unknown policy.
+        ValueError: unknown policy, or a negative ``max_reservations``.
     """
     queue = PendingQueue()
     queue.replace(jobs)
-    return place_queue(queue, workers, policy=policy)
+    return place_queue(queue, workers, policy=policy, max_reservations=max_reservations)
 
 
 def place_queue(
@@ -179,17 +198,23 @@ def place_queue(
     *,
     policy: str = "best_fit",
     max_placements: int | None = None,
+    max_reservations: int = 0,
 ) -> Plan:
-    """:func:`place` on a :class:`PendingQueue`, in its order, placing at most ``max_placements``.
+    """:func:`place` on a :class:`PendingQueue`, in its order, placing at most
+    ``max_placements`` and reserving at most ``max_reservations`` workers (see the module
+    docstring).
 
-    Cost: one vectorised pass over the queue to keep only jobs that fit the largest free room
-    (in a full cluster, almost none), then one vectorised pass over the workers per candidate.
+    Cost: one vectorised pass over the queue to keep only jobs that fit some free room (tested
+    against the Pareto frontier of the free rooms, a binary search per job; in a full cluster
+    almost none fit), then one vectorised pass over the workers per candidate.
 
     Raises:
-        ValueError: unknown policy.
+        ValueError: unknown policy, or a negative ``max_reservations``.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if max_reservations < 0:
+        raise ValueError(f"max_reservations must be at least 0, got {max_reservations}")
     ordered = sorted(workers, key=lambda w: w.worker_id)
     names = [w.worker_id for w in ordered]
     cap_cpu = np.array([w.cpu_millis for w in ordered], dtype=np.int64)
@@ -199,87 +224,127 @@ def place_queue(
     inv_cpu = 1.0 / cap_cpu if ordered else np.empty(0)
     inv_mem = 1.0 / cap_mem if ordered else np.empty(0)
 
-    unschedulable = _unschedulable(queue, ordered, cap_cpu, cap_mem)
+    holdable = fits_some_room(queue.cpu, queue.mem, cap_cpu, cap_mem)
+    unschedulable = _unschedulable(queue, ordered, holdable)
     placements: list[tuple[int, str]] = []
     sizes: dict[int, tuple[int, int]] = {}
+    reservations: dict[str, int] = {}
+    unreserved = np.ones(len(ordered), dtype=bool)
     limit = len(queue) if max_placements is None else max_placements
-    if ordered and limit > 0:
-        frontier = _frontier(free_cpu, free_mem)
-        position = 0
-        while position < len(queue) and len(placements) < limit:
-            # The jobs from here on that fit at least one worker's free room, in queue order,
-            # tested against the Pareto frontier of the free (cpu, memory) pairs. Rooms only
-            # shrink during a round, so the list stays a superset of what fits: it is filtered
-            # again only after MISSES_BEFORE_REFILTER jobs in a row no longer fit anywhere.
-            window = slice(position, None)
-            fitting = np.zeros(len(queue) - position, dtype=bool)
-            for room_cpu, room_mem in frontier:
-                fitting |= (queue.cpu[window] <= room_cpu) & (queue.mem[window] <= room_mem)
-            refilter = False
-            misses = 0
-            for offset in np.flatnonzero(fitting).tolist():
-                index = position + offset
-                cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
-                fits = (free_cpu >= cpu) & (free_mem >= mem)
-                if not fits.any():
-                    misses += 1
-                    if misses >= MISSES_BEFORE_REFILTER:
-                        position, refilter = index + 1, True
-                        break
-                    continue
-                misses = 0
-                if policy == "first_fit":
-                    chosen = int(np.argmax(fits))
-                else:
-                    score = (free_cpu - cpu) * inv_cpu + (free_mem - mem) * inv_mem
-                    if policy == "worst_fit":
-                        chosen = int(np.argmax(np.where(fits, score, -np.inf)))
-                    else:
-                        chosen = int(np.argmin(np.where(fits, score, np.inf)))
-                free_cpu[chosen] -= cpu
-                free_mem[chosen] -= mem
-                job_id = int(queue.ids[index])
-                placements.append((job_id, names[chosen]))
-                sizes[job_id] = (cpu, mem)
-                if len(placements) >= limit:
+    position = 0
+    while ordered and position < len(queue) and len(placements) < limit:
+        # The jobs from here on that fit at least one unreserved worker's free room, in queue
+        # order, and the first ones that fit none but some worker's capacity (reservation
+        # candidates). Rooms only shrink during a round, so the fitting ones stay a superset of
+        # what fits: they are filtered again only after MISSES_BEFORE_REFILTER jobs in a row no
+        # longer fit anywhere.
+        window = slice(position, None)
+        fitting = fits_some_room(
+            queue.cpu[window], queue.mem[window], free_cpu[unreserved], free_mem[unreserved]
+        )
+        visit = fitting
+        wanted = max_reservations - len(reservations)
+        if wanted > 0:
+            blocked = np.flatnonzero(~fitting & holdable[window])[:wanted]
+            if blocked.size:
+                visit = fitting.copy()
+                visit[blocked] = True
+        refilter = False
+        misses = 0
+        for offset in np.flatnonzero(visit).tolist():
+            index = position + offset
+            cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
+            if not fitting[offset]:
+                if len(reservations) < max_reservations:
+                    reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved)
+                    if reserved is not None:
+                        unreserved[reserved] = False
+                        reservations[names[reserved]] = int(queue.ids[index])
+                continue
+            fits = (free_cpu >= cpu) & (free_mem >= mem) & unreserved
+            if not fits.any():
+                misses += 1
+                if misses >= MISSES_BEFORE_REFILTER:
+                    position, refilter = index + 1, True
                     break
-            if not refilter:
+                continue
+            misses = 0
+            if policy == "first_fit":
+                chosen = int(np.argmax(fits))
+            else:
+                score = (free_cpu - cpu) * inv_cpu + (free_mem - mem) * inv_mem
+                if policy == "worst_fit":
+                    chosen = int(np.argmax(np.where(fits, score, -np.inf)))
+                else:
+                    chosen = int(np.argmin(np.where(fits, score, np.inf)))
+            free_cpu[chosen] -= cpu
+            free_mem[chosen] -= mem
+            job_id = int(queue.ids[index])
+            placements.append((job_id, names[chosen]))
+            sizes[job_id] = (cpu, mem)
+            if len(placements) >= limit:
                 break
-            frontier = _frontier(free_cpu, free_mem)
-    return Plan(placements=tuple(placements), unschedulable=unschedulable, sizes=sizes)
+        if not refilter:
+            break
+    return Plan(
+        placements=tuple(placements), unschedulable=unschedulable, sizes=sizes, reservations=reservations
+    )
 
 
 MISSES_BEFORE_REFILTER = 32
 """Jobs in a row that no longer fit anywhere before the candidates are filtered again."""
 
 
-def _frontier(free_cpu: np.ndarray, free_mem: np.ndarray) -> set[tuple[int, int]]:
-    """The free (cpu, memory) pairs no other worker's pair dominates: a job fits some worker
-    exactly when it fits one of these."""
-    pairs = sorted(
-        {(int(c), int(m)) for c, m in zip(free_cpu.tolist(), free_mem.tolist(), strict=True)}, reverse=True
-    )
-    frontier: set[tuple[int, int]] = set()
-    best_mem = -1
-    for cpu, mem in pairs:  # by cpu descending: keep a pair only if it has more memory than all before
-        if mem > best_mem and cpu >= 0 and mem >= 0:
-            frontier.add((cpu, mem))
-            best_mem = mem
-    return frontier
+def _reserve(
+    cpu: int,
+    mem: int,
+    free_cpu: np.ndarray,
+    free_mem: np.ndarray,
+    cap_cpu: np.ndarray,
+    cap_mem: np.ndarray,
+    unreserved: np.ndarray,
+) -> int | None:
+    """The unreserved worker that could hold a (cpu, mem) job once it drains and lacks the
+    least for it now (missing CPU and memory, each over the worker's capacity, summed; ties to
+    the first), or None."""
+    able = unreserved & (cap_cpu >= cpu) & (cap_mem >= mem)
+    if not able.any():
+        return None
+    lacking = np.maximum(cpu - free_cpu, 0) / cap_cpu + np.maximum(mem - free_mem, 0) / cap_mem
+    return int(np.argmin(np.where(able, lacking, np.inf)))
+
+
+def fits_some_room(
+    cpu: np.ndarray, mem: np.ndarray, room_cpu: np.ndarray, room_mem: np.ndarray
+) -> np.ndarray:
+    """For each (cpu[i], mem[i]), whether some room (room_cpu[k], room_mem[k]) holds it.
+
+    Tested against the Pareto frontier of the rooms (no other room has as much of both):
+    sorted by CPU ascending its memory descends, so among the rooms with CPU >= cpu[i] the
+    first has the most memory: one binary search per job.
+    """
+    if not room_cpu.size or not cpu.size:
+        return np.zeros(cpu.size, dtype=bool)
+    order = np.lexsort((-room_mem, -room_cpu))  # CPU descending, then memory descending
+    by_cpu, by_mem = room_cpu[order], room_mem[order]
+    more_memory_than_before = by_mem > np.maximum.accumulate(np.concatenate(([-1], by_mem[:-1])))
+    keep = more_memory_than_before & (by_cpu >= 0) & (by_mem >= 0)
+    frontier_cpu, frontier_mem = by_cpu[keep][::-1], by_mem[keep][::-1]  # CPU ascending
+    if not frontier_cpu.size:
+        return np.zeros(cpu.size, dtype=bool)
+    first = np.searchsorted(frontier_cpu, cpu, side="left")
+    inside = first < frontier_cpu.size
+    fits = np.zeros(cpu.size, dtype=bool)
+    fits[inside] = frontier_mem[first[inside]] >= mem[inside]
+    return fits
 
 
 def _unschedulable(
-    queue: PendingQueue, workers: Sequence[WorkerRoom], cap_cpu: np.ndarray, cap_mem: np.ndarray
+    queue: PendingQueue, workers: Sequence[WorkerRoom], holdable: np.ndarray
 ) -> dict[int, str]:
-    """Reasons for the queued jobs no live worker could ever hold (vectorised over the queue,
-    looping only over the distinct worker shapes)."""
-    if not len(queue):
-        return {}
-    fits_any = np.zeros(len(queue), dtype=bool)
-    for cpu, mem in {(int(c), int(m)) for c, m in zip(cap_cpu.tolist(), cap_mem.tolist(), strict=True)}:
-        fits_any |= (queue.cpu <= cpu) & (queue.mem <= mem)
+    """Reasons for the queued jobs no live worker could ever hold (``holdable`` false)."""
     reasons: dict[int, str] = {}
-    for index in np.flatnonzero(~fits_any).tolist():
+    for index in np.flatnonzero(~holdable).tolist():
         job = PendingJob(
             job_id=int(queue.ids[index]),
             cpu_millis=int(queue.cpu[index]),

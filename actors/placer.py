@@ -307,8 +307,13 @@ class Placer:
             return ()
         by_id = {w.ref.worker_id: w for w in workers}
         plan = place_queue(
-            self.queue, [w.room for w in workers], policy=s.policy, max_placements=s.max_placements_per_round
+            self.queue,
+            [w.room for w in workers],
+            policy=s.policy,
+            max_placements=s.max_placements_per_round,
+            max_reservations=s.max_reservations,
         )
+        metrics.PLACER_RESERVATIONS.set(len(plan.reservations))
         placed = plan.placements_by_job
         reasons = [
             (job_id, r) for job_id, r in plan.unschedulable.items() if self.queue.reasons.get(job_id) != r

@@ -335,6 +335,12 @@ def control_plane(
     policy: Annotated[
         str, typer.Option(help="Placement policy: best_fit, first_fit or worst_fit.")
     ] = _PLACER.policy,
+    max_reservations: Annotated[
+        int,
+        typer.Option(
+            help="Workers a placer round may keep free for jobs that fit no free room yet (0: none)."
+        ),
+    ] = _PLACER.max_reservations,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
@@ -364,7 +370,9 @@ def control_plane(
                 step_down_margin_s=min(0.4, lease_ttl_s / 5),
                 takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
             ),
-            placer=PlacerSettings(round_interval_s=round_interval_s, policy=policy),
+            placer=PlacerSettings(
+                round_interval_s=round_interval_s, policy=policy, max_reservations=max_reservations
+            ),
             reconciler=ReconcilerSettings(
                 reconcile_interval_s=reconcile_interval_s, dead_after_s=dead_after_s
             ),

@@ -54,6 +54,9 @@ PLACER_ROUND_MAX_SECONDS = Gauge(
     "stockade_placer_round_max_seconds", "Longest placer round since this replica started."
 )
 PLACER_PENDING_JOBS = Gauge("stockade_placer_pending_jobs", "Pending jobs the placer holds.")
+PLACER_RESERVATIONS = Gauge(
+    "stockade_placer_reservations", "Workers the last deciding round kept free for jobs that fit no room yet."
+)
 PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
 ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])
 

@@ -27,6 +27,11 @@ def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> N
         raise InvalidArgument(attribute.name, value, "must be > 0")
 
 
+def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise InvalidArgument(attribute.name, value, "must be >= 0")
+
+
 @attrs.frozen(kw_only=True)
 class LeaseSettings:
     """The lease keeper's timing."""
@@ -76,6 +81,9 @@ class PlacerSettings:
     """Place only on workers whose last heartbeat is at most this old (database time)."""
     policy: str = attrs.field(default="best_fit")
     """best_fit, first_fit or worst_fit."""
+    max_reservations: int = attrs.field(default=4, validator=_non_negative)
+    """Workers a round may keep free for the first jobs that fit no free room yet (0: none; see
+    :mod:`actors.placement`)."""
 
     @policy.validator
     def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place, place_queue
+from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, fits_some_room, place, place_queue
+from runtime.errors import InvalidArgument
+from runtime.settings import PlacerSettings
 
 workers_st = st.lists(
     st.builds(
@@ -189,3 +193,77 @@ def test_a_split_busy_cluster_places_what_fits_one_worker() -> None:
         ]
     )
     assert dict(place_queue(queue, workers).placements) == {2: "b"}
+
+
+rooms_st = st.lists(st.tuples(st.integers(-5, 40), st.integers(-5, 40)), max_size=12)
+sizes_st = st.lists(st.tuples(st.integers(0, 45), st.integers(0, 45)), max_size=30)
+
+
+@given(rooms_st, sizes_st)
+@settings(max_examples=500)
+def test_the_frontier_test_agrees_with_trying_every_room(
+    rooms: list[tuple[int, int]], sizes: list[tuple[int, int]]
+) -> None:
+    """A job fits some room exactly when it fits one of the rooms' Pareto frontier (rooms with
+    nothing left, even negative, included)."""
+    room_cpu = np.array([c for c, _ in rooms], dtype=np.int64)
+    room_mem = np.array([m for _, m in rooms], dtype=np.int64)
+    cpu = np.array([c for c, _ in sizes], dtype=np.int64)
+    mem = np.array([m for _, m in sizes], dtype=np.int64)
+    expected = [any(c <= rc and m <= rm for rc, rm in rooms) for c, m in sizes]
+    assert fits_some_room(cpu, mem, room_cpu, room_mem).tolist() == expected
+
+
+@given(jobs_st, workers_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 4))
+@settings(max_examples=300)
+def test_reservations_never_over_commit_and_keep_reserved_workers_free(
+    jobs: list[PendingJob], workers: list[WorkerRoom], policy: str, max_reservations: int
+) -> None:
+    """With reservations, still no worker is over-committed and no job placed twice; at most
+    max_reservations workers are reserved, each for a job that fits its capacity but was not
+    placed, and a reserved worker takes no job that comes after its job in the queue."""
+    plan = place(jobs, workers, policy=policy, max_reservations=max_reservations)
+    for cpu, mem in replay(jobs, workers, plan).values():
+        assert cpu >= 0 and mem >= 0
+    assert len({job_id for job_id, _ in plan.placements}) == len(plan.placements)
+    assert len(plan.reservations) <= max_reservations
+    order = {j.job_id: n for n, j in enumerate(sorted(jobs, key=lambda j: (-j.priority, j.job_id)))}
+    by_id = {j.job_id: j for j in jobs}
+    capacity = {w.worker_id: (w.cpu_millis, w.memory_mb) for w in workers}
+    placed = dict(plan.placements)
+    for worker_id, job_id in plan.reservations.items():
+        assert job_id not in placed
+        job = by_id[job_id]
+        assert job.cpu_millis <= capacity[worker_id][0] and job.memory_mb <= capacity[worker_id][1]
+        later = [j for j, w in plan.placements if w == worker_id and order[j] > order[job_id]]
+        assert later == []
+
+
+def busy(worker_id: str, free_cpu: int) -> WorkerRoom:
+    return WorkerRoom(
+        worker_id=worker_id, cpu_millis=8000, memory_mb=8192, cpu_allocated_millis=8000 - free_cpu
+    )
+
+
+def test_a_reservation_keeps_the_closest_worker_for_a_large_job() -> None:
+    """A 4000-millicore job fits neither worker now (2000 and 1000 free): it reserves a (which
+    lacks the least), so the small jobs behind it go to b only, and a drains for it; without
+    reservations the small jobs take both rooms and the large job keeps waiting."""
+    workers = [busy("a", 2000), busy("b", 1000)]
+    jobs = [PendingJob(job_id=1, cpu_millis=4000, memory_mb=100)] + [
+        PendingJob(job_id=n, cpu_millis=1000, memory_mb=100) for n in (2, 3, 4)
+    ]
+    plan = place(jobs, workers, max_reservations=1)
+    assert plan.reservations == {"a": 1}
+    assert dict(plan.placements) == {2: "b"}
+    assert dict(place(jobs, workers).placements) == {2: "b", 3: "a", 4: "a"}
+    # Once a has drained enough, the job is placed there and nothing is reserved.
+    drained = place(jobs, [busy("a", 4000), busy("b", 0)], max_reservations=1)
+    assert (dict(drained.placements), drained.reservations) == ({1: "a"}, {})
+
+
+def test_negative_reservations_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_reservations must be at least 0, got -1"):
+        place([], [], max_reservations=-1)
+    with pytest.raises(InvalidArgument, match="max_reservations"):
+        PlacerSettings(max_reservations=-1)
