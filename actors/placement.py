@@ -13,13 +13,16 @@ that merely finds no room now stays pending without one.
 
 Reservations (``max_reservations``, 0 = none): without them a large job can wait for ever,
 since every room a finishing job frees is taken at once by smaller jobs behind it. So the
-first ``max_reservations`` jobs in queue order that fit no free room now, but some worker's
-capacity, each reserve the unreserved worker that lacks the least for them (missing CPU and
+first ``max_reservations`` jobs in queue order that have waited ``reserve_after_s`` or more
+and fit no free room now, but some worker's capacity, each reserve the unreserved worker that
+lacks the least for them (missing CPU and
 memory, each over the worker's capacity, summed); jobs after them in the queue are not placed
 on a reserved worker, which drains until the job fits. Reservations are worked out again every
-round from the queue and the free rooms alone: nothing is stored, so a new leader needs none
-handed over. This is the node reservation of Hadoop YARN's schedulers (a node that cannot hold
-a container request yet is reserved for it), without its limits per queue.
+round from the queue, the free rooms and how long each job has been queued (by the placer
+holding the queue: a new leader counts from its first read, so a job waits at most
+``reserve_after_s`` longer after an election): nothing is handed over. This is the node
+reservation of Hadoop YARN's schedulers (a node that cannot hold a container request yet is
+reserved for it), without its limits per queue.
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ class PendingQueue:
     cpu: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     mem: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     prio: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    since: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
+    """When each job joined this queue, in the owner's clock (seconds); kept across
+    :meth:`replace` for jobs held before."""
     reasons: dict[int, str] = attrs.field(factory=dict)
     """The reason currently stored for a pending job (absent: none)."""
     version: int = 0
@@ -118,17 +124,21 @@ class PendingQueue:
     def __contains__(self, job_id: int) -> bool:
         return bool(np.any(self.ids == job_id))
 
-    def replace(self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None) -> None:
-        """Hold exactly ``jobs`` (any order)."""
-        self._set(list(jobs))
+    def replace(
+        self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None, *, now: float = 0.0
+    ) -> None:
+        """Hold exactly ``jobs`` (any order); those not held before joined at ``now``."""
+        self._set(list(jobs), now)
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
 
-    def add(self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None) -> int:
-        """Add the jobs not held yet; returns how many were new."""
+    def add(
+        self, jobs: Sequence[PendingJob], reasons: dict[int, str] | None = None, *, now: float = 0.0
+    ) -> int:
+        """Add the jobs not held yet (joining at ``now``); returns how many were new."""
         held = set(self.ids.tolist())
         new = [j for j in jobs if j.job_id not in held]
         if new:
-            self._set([*self.jobs(), *new])
+            self._set([*self.jobs(), *new], now)
             for job in new:
                 reason = (reasons or {}).get(job.job_id)
                 if reason:
@@ -141,8 +151,8 @@ class PendingQueue:
         if gone.size and self.ids.size:
             keep = ~np.isin(self.ids, gone)
             if not keep.all():
-                self.ids, self.cpu, self.mem, self.prio = (
-                    a[keep] for a in (self.ids, self.cpu, self.mem, self.prio)
+                self.ids, self.cpu, self.mem, self.prio, self.since = (
+                    a[keep] for a in (self.ids, self.cpu, self.mem, self.prio, self.since)
                 )
                 self.version += 1
             for job_id in gone.tolist():
@@ -157,8 +167,10 @@ class PendingQueue:
             )
         ]
 
-    def _set(self, jobs: list[PendingJob]) -> None:
+    def _set(self, jobs: list[PendingJob], now: float) -> None:
+        joined = dict(zip(self.ids.tolist(), self.since.tolist(), strict=True))
         jobs.sort(key=lambda j: (-j.priority, j.job_id))
+        self.since = np.array([joined.get(j.job_id, now) for j in jobs], dtype=np.float64)
         self.ids = np.array([j.job_id for j in jobs], dtype=np.int64)
         self.cpu = np.array([j.cpu_millis for j in jobs], dtype=np.int64)
         self.mem = np.array([j.memory_mb for j in jobs], dtype=np.int64)
@@ -173,7 +185,7 @@ def place(
     policy: str = "best_fit",
     max_reservations: int = 0,
 ) -> Plan:
-    """Decide where each job goes.
+    """Decide where each job goes (a job may reserve a worker at once: no waiting time).
 
     Args:
         jobs: pending jobs, in any order (taken by priority desc, then job_id).
@@ -199,10 +211,13 @@ def place_queue(
     policy: str = "best_fit",
     max_placements: int | None = None,
     max_reservations: int = 0,
+    reserve_after_s: float = 0.0,
+    now: float = 0.0,
 ) -> Plan:
     """:func:`place` on a :class:`PendingQueue`, in its order, placing at most
-    ``max_placements`` and reserving at most ``max_reservations`` workers (see the module
-    docstring).
+    ``max_placements`` and reserving at most ``max_reservations`` workers, each for a job that
+    has been in the queue for ``reserve_after_s`` or more at ``now`` (the queue's clock; see
+    the module docstring).
 
     Cost: one vectorised pass over the queue to keep only jobs that fit some free room (tested
     against the Pareto frontier of the free rooms, a binary search per job; in a full cluster
@@ -245,7 +260,8 @@ def place_queue(
         visit = fitting
         wanted = max_reservations - len(reservations)
         if wanted > 0:
-            blocked = np.flatnonzero(~fitting & holdable[window])[:wanted]
+            waited = (now - queue.since[window]) >= reserve_after_s
+            blocked = np.flatnonzero(~fitting & holdable[window] & waited)[:wanted]
             if blocked.size:
                 visit = fitting.copy()
                 visit[blocked] = True

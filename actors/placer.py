@@ -249,7 +249,7 @@ class Placer:
         if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
             workers = await self.store.live_workers(s.worker_fresh_s)
             waiting = await self.store.pending_jobs(s.max_jobs_per_round)
-            self.queue.replace([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
+            self.queue.replace([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}, now=now)
             self._last_seq = max((w.pending_seq for w in waiting), default=0)
             self._gaps.clear()
             self._synced_epoch, self._synced_at = epoch, now
@@ -260,7 +260,7 @@ class Placer:
         )
         if not waiting:
             return workers
-        self.queue.add([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting})
+        self.queue.add([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}, now=now)
         seen = {w.pending_seq for w in waiting}
         for seq in seen:
             self._gaps.pop(seq, None)
@@ -312,6 +312,8 @@ class Placer:
             policy=s.policy,
             max_placements=s.max_placements_per_round,
             max_reservations=s.max_reservations,
+            reserve_after_s=s.reserve_after_s,
+            now=read_done,
         )
         metrics.PLACER_RESERVATIONS.set(len(plan.reservations))
         placed = plan.placements_by_job

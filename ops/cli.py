@@ -341,6 +341,9 @@ def control_plane(
             help="Workers a placer round may keep free for jobs that fit no free room yet (0: none)."
         ),
     ] = _PLACER.max_reservations,
+    reserve_after_s: Annotated[
+        float, typer.Option(help="Only a job queued this long may reserve a worker, seconds.")
+    ] = _PLACER.reserve_after_s,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
@@ -371,7 +374,10 @@ def control_plane(
                 takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
             ),
             placer=PlacerSettings(
-                round_interval_s=round_interval_s, policy=policy, max_reservations=max_reservations
+                round_interval_s=round_interval_s,
+                policy=policy,
+                max_reservations=max_reservations,
+                reserve_after_s=reserve_after_s,
             ),
             reconciler=ReconcilerSettings(
                 reconcile_interval_s=reconcile_interval_s, dead_after_s=dead_after_s

@@ -84,6 +84,8 @@ class PlacerSettings:
     max_reservations: int = attrs.field(default=4, validator=_non_negative)
     """Workers a round may keep free for the first jobs that fit no free room yet (0: none; see
     :mod:`actors.placement`)."""
+    reserve_after_s: float = attrs.field(default=10.0, validator=_non_negative)
+    """Only a job queued this long may reserve a worker (seconds)."""
 
     @policy.validator
     def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:

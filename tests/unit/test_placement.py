@@ -267,3 +267,60 @@ def test_negative_reservations_are_refused() -> None:
         place([], [], max_reservations=-1)
     with pytest.raises(InvalidArgument, match="max_reservations"):
         PlacerSettings(max_reservations=-1)
+
+
+def test_only_a_job_queued_long_enough_reserves_and_replace_keeps_its_time() -> None:
+    """The large job joined at t=0: at t=5 (reserve_after_s 10) it reserves nothing and the
+    small jobs take the rooms; at t=10 it reserves a. A resync (replace) at t=8 keeps its t=0,
+    and a job first seen then counts from 8."""
+    workers = [busy("a", 2000), busy("b", 1000)]
+    queue = PendingQueue()
+    queue.replace([PendingJob(job_id=1, cpu_millis=4000, memory_mb=100)], now=0.0)
+    queue.add([PendingJob(job_id=n, cpu_millis=1000, memory_mb=100) for n in (2, 3)], now=5.0)
+    early = place_queue(queue, workers, max_reservations=1, reserve_after_s=10.0, now=5.0)
+    assert (early.reservations, dict(early.placements)) == ({}, {2: "b", 3: "a"})
+    queue.replace([*queue.jobs(), PendingJob(job_id=4, cpu_millis=4000, memory_mb=100)], now=8.0)
+    assert queue.since.tolist() == [0.0, 5.0, 5.0, 8.0]
+    late = place_queue(queue, workers, max_reservations=2, reserve_after_s=10.0, now=10.0)
+    assert (late.reservations, dict(late.placements)) == ({"a": 1}, {2: "b"})
+
+
+def replay_stream(max_reservations: int, seconds: int = 60) -> int | None:
+    """Two 4000-millicore workers kept full by a stream of 1000-millicore jobs (3 a second,
+    each running 3 s, ids in arrival order); a 4000-millicore job arrives at t=1. Replays one
+    round a second and returns when the large job was placed, or None."""
+    running: list[tuple[int, str, int]] = []  # (ends at, worker, cpu)
+    allocated = {"a": 0, "b": 0}
+    queue = PendingQueue()
+    next_id = 1
+    for t in range(seconds):
+        for ends_at, worker, cpu in [r for r in running if r[0] <= t]:
+            running.remove((ends_at, worker, cpu))
+            allocated[worker] -= cpu
+        arriving = [PendingJob(job_id=next_id + n, cpu_millis=1000, memory_mb=1) for n in range(3)]
+        next_id += 3
+        if t == 1:
+            arriving.insert(0, PendingJob(job_id=next_id, cpu_millis=4000, memory_mb=1))
+            large_id, next_id = next_id, next_id + 1
+        queue.add(arriving, now=float(t))
+        rooms = [
+            WorkerRoom(worker_id=w, cpu_millis=4000, memory_mb=4000, cpu_allocated_millis=allocated[w])
+            for w in ("a", "b")
+        ]
+        plan = place_queue(queue, rooms, max_reservations=max_reservations, reserve_after_s=5.0, now=float(t))
+        for job_id, worker in plan.placements:
+            cpu = plan.sizes[job_id][0]
+            allocated[worker] += cpu
+            running.append((t + 3, worker, cpu))
+            if t >= 1 and job_id == large_id:
+                return t
+        queue.remove(job_id for job_id, _ in plan.placements)
+    return None
+
+
+def test_a_worker_sized_job_behind_a_stream_of_small_jobs_starts_only_with_reservations() -> None:
+    """Without reservations the small jobs take every room as it frees and the large job waits
+    for ever; with one, once it has waited 5 s a worker drains for it and it starts."""
+    assert replay_stream(max_reservations=0) is None
+    started = replay_stream(max_reservations=1)
+    assert started is not None and 6 <= started <= 10
