@@ -3,14 +3,21 @@
 Three parts, each printing measured numbers (timing goals are never asserted in tests):
 
 1. Packing: for each policy (best fit, first fit, worst fit), a fresh cluster (3 control
-   planes, 100 workers hosted in fleets) gets the same seeded stream of 10,000 sleep jobs, all
-   submitted at the start. Sampled every 0.5 s from the database: allocated / total capacity
-   of CPU and memory, and the pending count. Reported: ``cpu_use_waiting`` and
+   planes, 100 workers hosted in fleets) gets the same seeded stream of 10,000 sleep jobs in
+   two scenarios, each on a fresh cluster: all submitted at the start ("all at once"), then
+   arriving over time ("arriving"): a Poisson process at ``PackSettings.arrival_rate_per_s``
+   (105 jobs/s, about 91 % of what the 100 workers can run for this stream), its gaps drawn by
+   ``arrival_times`` from a generator of their own, submitted in batches every 0.1 s. All at
+   once, the queue is so long that any free room is refilled by some small job and the
+   policies tie; arriving near capacity, the queue stays short and how well a policy keeps
+   room usable shows. Sampled every 0.5 s from the database: allocated / total capacity of
+   CPU and memory, and the pending count. Reported per scenario: ``cpu_use_waiting`` and
    ``memory_use_waiting`` (mean use over the samples taken while some job was pending), time
-   until every job finished and jobs per second, makespan against its lower bound (the larger
-   of total requested cpu x seconds over total CPU, the same for memory, and the longest job),
-   the leader's round time p50 / p99 (from its Prometheus histogram, interpolated within a
-   bucket as ``histogram_quantile`` does) and max, and placements per second.
+   from the first submit until every job finished and jobs per second, makespan against its
+   lower bound (the largest of total requested cpu x seconds over total CPU, the same for
+   memory, the longest job and, when jobs arrive, the latest arrival plus duration), the
+   leader's round time p50 / p99 (from its Prometheus histogram, interpolated within a bucket
+   as ``histogram_quantile`` does) and max, and placements per second.
 2. Burst: 10,000 small jobs submitted at once into an empty cluster with room for all of
    them; the time from the first submit until every job is started by its worker (its start
    record in the worker's log): ``burst_placements_per_s``.
@@ -31,6 +38,8 @@ mix of CPU-heavy and memory-heavy shapes makes a worker's leftover room matter.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import math
 import random
@@ -39,9 +48,9 @@ import shutil
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -91,15 +100,52 @@ def job_stream(count: int, seed: int) -> list[JobDraw]:
     return jobs
 
 
-def lower_bound_s(jobs: Sequence[JobDraw], workers: int) -> float:
+def arrival_times(count: int, rate_per_s: float, seed: int) -> list[float]:
+    """Seconds after the first submit at which each of ``count`` jobs arrives: a Poisson process.
+
+    Job 0 arrives at 0.0; each later gap is exponential with mean ``1 / rate_per_s``. The gaps
+    come from a ``random.Random`` of their own, seeded with the string ``"arrivals:{seed}"``:
+    deterministic, and independent of :func:`job_stream`'s draws (seeded with the integer
+    ``seed`` itself, it would draw the very uniforms the stream draws).
+
+    Args:
+        count: jobs, >= 0.
+        rate_per_s: mean arrivals per second, > 0.
+        seed: the job stream's seed.
+
+    Returns:
+        ``count`` non-decreasing times in seconds, the first 0.0.
+
+    Raises:
+        ValueError: ``count`` < 0 or ``rate_per_s`` <= 0.
+    """
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
+    rng = random.Random(f"arrivals:{seed}")
+    times = []
+    now_s = 0.0
+    for i in range(count):
+        if i:
+            now_s += rng.expovariate(rate_per_s)
+        times.append(now_s)
+    return times
+
+
+def lower_bound_s(jobs: Sequence[JobDraw], workers: int, arrivals_s: Sequence[float] | None = None) -> float:
     """The makespan no schedule can beat: max(total cpu x s / total cpu, same for memory,
-    longest job)."""
+    longest job, and, given ``arrivals_s`` (seconds, one per job), the latest arrival plus
+    duration)."""
     shapes = [WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(workers)]
     total_cpu = sum(s[0] for s in shapes)
     total_mem = sum(s[1] for s in shapes)
     cpu_work = sum(j.cpu_millis * j.duration_s for j in jobs)
     mem_work = sum(j.memory_mb * j.duration_s for j in jobs)
-    return max(cpu_work / total_cpu, mem_work / total_mem, max(j.duration_s for j in jobs))
+    bound = max(cpu_work / total_cpu, mem_work / total_mem, max(j.duration_s for j in jobs))
+    if arrivals_s is not None:
+        bound = max(bound, max(a + j.duration_s for a, j in zip(arrivals_s, jobs, strict=True)))
+    return bound
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -186,6 +232,15 @@ class PackSettings:
     scale_rounds: int = 40
     duration_scale: float = 1.0
     """Multiplies every job's duration (a smoke test runs the same stream faster)."""
+    arrival_rate_per_s: float = 105.0
+    """Jobs per second of the arriving scenario (0: skip it). The 100 workers can run about
+    115.3 jobs/s of the 10,000-job stream of seed 1: their 1,200,000 cpu_millis over the
+    stream's mean of 10,407 cpu_millis x s per job (memory would allow 115.9: 2,457,600 MiB
+    over 21,210 MiB x s). 105 is about 91 % of that: near capacity the queue stays short, so
+    the room a policy leaves decides what can start (all at once, some small job always
+    fits). Not scaled by ``duration_scale``."""
+    arrival_batch_interval_s: float = 0.1
+    """How often the arriving scenario submits every job whose arrival time has come."""
 
 
 def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
@@ -209,17 +264,74 @@ def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
     )
 
 
-async def _submit(client: ControlPlaneClient, specs: list[pb.JobSpec]) -> None:
+async def _submit(client: ControlPlaneClient, specs: Sequence[pb.JobSpec]) -> None:
     for start in range(0, len(specs), 5000):
         await client.call(
-            "submit_jobs", pb.SubmitJobsRequest(specs=specs[start : start + 5000]), timeout_s=60
+            "submit_jobs", pb.SubmitJobsRequest(specs=list(specs[start : start + 5000])), timeout_s=60
         )
 
 
+T = TypeVar("T")
+
+
+async def submit_arriving(
+    submit: Callable[[Sequence[T]], Awaitable[None]],
+    items: Sequence[T],
+    arrivals_s: Sequence[float],
+    *,
+    started: float,
+    batch_interval_s: float,
+) -> None:
+    """Submit each item once its arrival time has come, in batches, in order.
+
+    Wakes at ``started`` and then every ``batch_interval_s`` (or at the next arrival, if that
+    is later) and passes ``submit`` every item not yet submitted whose arrival has come.
+    Returns once all are submitted.
+
+    Args:
+        submit: awaits the submission of one batch (a non-empty slice of ``items``).
+        items: what to submit, in arrival order.
+        arrivals_s: seconds after ``started`` at which each item arrives, non-decreasing.
+        started: time 0, on trio's clock (``trio.current_time()``).
+        batch_interval_s: seconds between batches, > 0.
+    """
+    sent = 0
+    next_at = started
+    while sent < len(items):
+        await trio.sleep_until(next_at)
+        now = trio.current_time()
+        due = bisect.bisect_right(arrivals_s, now - started, lo=sent)
+        if due > sent:
+            await submit(items[sent:due])
+            sent = due
+        if sent < len(items):
+            next_at = max(now + batch_interval_s, started + arrivals_s[sent])
+
+
 async def run_policy(
-    settings: PackSettings, policy: str, root: Path, progress: Callable[[str], None]
+    settings: PackSettings,
+    policy: str,
+    root: Path,
+    progress: Callable[[str], None],
+    *,
+    arrival_rate_per_s: float | None = None,
 ) -> dict[str, Any]:
-    """Run the job stream under ``policy`` on a fresh cluster; returns its figures and samples."""
+    """Run the job stream under ``policy`` on a fresh cluster; returns its figures and samples.
+
+    Args:
+        settings: the run's settings.
+        policy: one of :data:`POLICIES`.
+        root: the cluster's state folder (emptied first).
+        progress: called with a line now and then.
+        arrival_rate_per_s: None submits every job at the start; a rate (jobs per second, > 0)
+            submits job ``i`` at ``arrival_times(settings.jobs, rate, settings.seed)[i]``
+            seconds after the first submit, while sampling goes on.
+
+    Returns:
+        The figures described in the module docstring, ``arrival_rate_per_s``, the checker's
+        counts and ``samples``: [seconds since the first submit, cpu use, memory use, pending].
+    """
+    label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
     cluster = _cluster(root, settings, policy)
     await trio.to_thread.run_sync(cluster.down)
     shutil.rmtree(root, ignore_errors=True)
@@ -238,29 +350,49 @@ async def run_policy(
             )
             for i, j in enumerate(stream)
         ]
+        arrivals = (
+            None
+            if arrival_rate_per_s is None
+            else arrival_times(settings.jobs, arrival_rate_per_s, settings.seed)
+        )
         samples: list[tuple[float, float, float, int]] = []
         async with asyncio_bridge():
             client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
             db = await PgConnection.connect(config.database_url)
             try:
-                started = time.monotonic()
-                await _submit(client, specs)
                 finished_at: float | None = None
-                with trio.move_on_after(settings.finish_timeout_s):
-                    while True:
-                        row = await db.fetchrow(SAMPLE)
-                        assert row is not None
-                        now = time.monotonic() - started
-                        samples.append((now, float(row["cpu"]), float(row["mem"]), int(row["pending"])))
-                        if int(row["done"]) >= settings.jobs:
-                            finished_at = now
-                            break
-                        if len(samples) % 20 == 0:
-                            progress(
-                                f"{policy}: {now:.0f} s, {row['done']} done, {row['pending']} pending, "
-                                f"cpu {row['cpu']:.0%}, memory {row['mem']:.0%}"
+                async with trio.open_nursery() as nursery:
+                    started = trio.current_time()
+                    if arrivals is None:
+                        await _submit(client, specs)
+                    else:
+                        nursery.start_soon(
+                            functools.partial(
+                                submit_arriving,
+                                functools.partial(_submit, client),
+                                specs,
+                                arrivals,
+                                started=started,
+                                batch_interval_s=settings.arrival_batch_interval_s,
                             )
-                        await trio.sleep(settings.sample_interval_s)
+                        )
+                    with trio.move_on_after(settings.finish_timeout_s):
+                        while True:
+                            row = await db.fetchrow(SAMPLE)
+                            assert row is not None
+                            now = trio.current_time() - started
+                            samples.append((now, float(row["cpu"]), float(row["mem"]), int(row["pending"])))
+                            if int(row["done"]) >= settings.jobs:
+                                finished_at = now
+                                break
+                            if len(samples) % 20 == 0:
+                                progress(
+                                    f"{label}: {now:.0f} s, {row['done']} done, {row['pending']} pending, "
+                                    f"cpu {row['cpu']:.0%}, memory {row['mem']:.0%}"
+                                )
+                            await trio.sleep(settings.sample_interval_s)
+                    # Past the timeout, stop submitting too; jobs_finished then falls short of jobs.
+                    nursery.cancel_scope.cancel()
                 status = await client.call("status", pb.StatusRequest())
             finally:
                 client.close()
@@ -280,10 +412,12 @@ async def run_policy(
     finally:
         await trio.to_thread.run_sync(cluster.down)
     waiting = [s for s in samples if s[3] > 0]
-    bound = lower_bound_s(stream, settings.workers) * settings.duration_scale
+    scaled = [attrs.evolve(j, duration_s=j.duration_s * settings.duration_scale) for j in stream]
+    bound = lower_bound_s(scaled, settings.workers, arrivals)
     placing_s = max((s[0] for s in waiting), default=0.0) or (finished_at or 0.0)
     return {
         "policy": policy,
+        "arrival_rate_per_s": arrival_rate_per_s,
         "cpu_use_waiting": round(statistics.fmean(s[1] for s in waiting), 4) if waiting else None,
         "memory_use_waiting": round(statistics.fmean(s[2] for s in waiting), 4) if waiting else None,
         "finished_s": None if finished_at is None else round(finished_at, 2),
@@ -491,29 +625,43 @@ def growth(points: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
-    """Allocated CPU and memory over time, one panel per policy, as a PNG."""
+def plot(scenarios: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: Path) -> None:
+    """Allocated CPU and memory over time as one PNG: a row per policy, a column per scenario.
+
+    Args:
+        scenarios: (title, results) pairs, e.g. ``("all at once", [...])``; each result as
+            :func:`run_policy` returns it, the same policies in the same order in every
+            scenario.
+        path: the PNG to write.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True, squeeze=False)
-    for axis, result in zip(axes[:, 0], results, strict=True):
-        samples = result["samples"]
-        t = [s[0] for s in samples]
-        axis.plot(t, [s[1] for s in samples], label="CPU allocated")
-        axis.plot(t, [s[2] for s in samples], label="memory allocated")
-        axis.set_ylim(0, 1.05)
-        axis.set_ylabel("fraction")
-        axis.set_title(
-            f"{result['policy']}: cpu_use_waiting {result['cpu_use_waiting']}, "
-            f"memory_use_waiting {result['memory_use_waiting']}",
-            fontsize=9,
-        )
-        axis.grid(alpha=0.3)
-        axis.legend(loc="lower left", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds since the first submit")
+    rows = max(len(results) for _, results in scenarios)
+    figure, axes = plt.subplots(
+        rows, len(scenarios), figsize=(9 * len(scenarios), 2.6 * rows), sharex="col", squeeze=False
+    )
+    for column, (title, results) in enumerate(scenarios):
+        for row, result in enumerate(results):
+            axis = axes[row, column]
+            samples = result["samples"]
+            t = [s[0] for s in samples]
+            axis.plot(t, [s[1] for s in samples], label="CPU allocated")
+            axis.plot(t, [s[2] for s in samples], label="memory allocated")
+            axis.set_ylim(0, 1.05)
+            axis.set_ylabel("fraction")
+            axis.set_title(
+                f"{title}, {result['policy']}: cpu_use_waiting {result['cpu_use_waiting']}, "
+                f"memory_use_waiting {result['memory_use_waiting']}",
+                fontsize=9,
+            )
+            axis.grid(alpha=0.3)
+            axis.legend(loc="lower left", fontsize=8)
+        for row in range(len(results), rows):
+            axes[row, column].set_visible(False)
+        axes[len(results) - 1, column].set_xlabel("seconds since the first submit")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -14,6 +14,7 @@ cluster cannot be reached or the command cannot be carried out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -1110,6 +1111,13 @@ def bench_pack(
     burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
     burst_jobs: Annotated[int, typer.Option(help="Jobs in the burst.")] = 10_000,
     scale: Annotated[bool, typer.Option(help="Run the scale curve.")] = True,
+    arrival_rate: Annotated[
+        float,
+        typer.Option(
+            help="Jobs per second of the arriving scenario (Poisson arrivals of the same stream, "
+            "after the all-at-once one); 0 skips it."
+        ),
+    ] = 105.0,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
     ] = None,
@@ -1117,8 +1125,9 @@ def bench_pack(
         Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-pack).")
     ] = None,
 ) -> None:
-    """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side;
-    then a burst into an empty cluster, and the round time as the queue and the cluster grow."""
+    """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
+    all submitted at once and then arriving over time; then a burst into an empty cluster, and
+    the round time as the queue and the cluster grow."""
     from ops import benchpack
     from ops.pg import EmbeddedPostgres, free_port
     from runtime import log as runtime_log
@@ -1130,17 +1139,41 @@ def bench_pack(
         _fail(f"policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
     if jobs < 1 or workers < 1 or fleet_size < 0 or burst_jobs < 1:
         _fail("--jobs, --workers and --burst-jobs must be >= 1, --fleet-size >= 0", EXIT_INVALID)
+    if not arrival_rate >= 0:
+        _fail(
+            f"--arrival-rate must be >= 0 (0 skips the arriving scenario), got {arrival_rate}", EXIT_INVALID
+        )
     root = state_dir or (default_state_dir() / "bench-pack")
     settings = benchpack.PackSettings(
-        jobs=jobs, workers=workers, seed=seed, policies=policies, fleet_size=fleet_size, burst_jobs=burst_jobs
+        jobs=jobs,
+        workers=workers,
+        seed=seed,
+        policies=policies,
+        fleet_size=fleet_size,
+        burst_jobs=burst_jobs,
+        arrival_rate_per_s=arrival_rate,
     )
     progress = err_console.print
     results: list[dict[str, Any]] = []
+    arriving: list[dict[str, Any]] = []
     burst_result: dict[str, Any] = {}
     scale_points: list[dict[str, Any]] = []
     with _errors():
         for name in policies:
             results.append(trio.run(benchpack.run_policy, settings, name, root / name, progress))
+            if arrival_rate > 0:
+                arriving.append(
+                    trio.run(
+                        functools.partial(
+                            benchpack.run_policy,
+                            settings,
+                            name,
+                            root / f"{name}-arriving",
+                            progress,
+                            arrival_rate_per_s=arrival_rate,
+                        )
+                    )
+                )
         if burst:
             burst_result = trio.run(benchpack.run_burst, settings, root / "burst", progress)
         if scale:
@@ -1157,39 +1190,8 @@ def bench_pack(
                         )
             finally:
                 server.stop()
-    keys = [
-        "cpu_use_waiting",
-        "memory_use_waiting",
-        "finished_s",
-        "jobs_per_s",
-        "makespan_over_bound",
-        "round_p50_ms",
-        "round_p99_ms",
-        "round_max_ms",
-        "mean_pending_while_waiting",
-        "placements_per_s",
-        "double_placements",
-        "double_runs",
-        "overcommitted_workers",
-    ]
-    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("measure")
-    for result in results:
-        table.add_column(result["policy"], justify="right")
-    for key in keys:
-        table.add_row(key, *(str(r.get(key)) for r in results))
-    console.print(table)
-    base = results[0]
-    ratios: dict[str, dict[str, float | None]] = {}
-    for other in results[1:]:
-        ratio = {
-            k: (round(base[k] / other[k], 3) if base.get(k) and other.get(k) else None)
-            for k in ("cpu_use_waiting", "memory_use_waiting", "finished_s")
-        }
-        ratios[f"{base['policy']}/{other['policy']}"] = ratio
-        console.print(
-            f"{base['policy']} / {other['policy']}: " + ", ".join(f"{k} x{v}" for k, v in ratio.items())
-        )
+    ratios = _pack_table("all at once", results)
+    arrival_ratios = _pack_table(f"arriving at {arrival_rate:g} jobs/s", arriving) if arriving else {}
     if burst_result:
         console.print(
             f"burst: {burst_result['burst_started']} of {burst_result['burst_jobs']} jobs started in "
@@ -1204,9 +1206,18 @@ def bench_pack(
     for line in benchpack.growth(scale_points):
         console.print(f"scale: {line}")
     data = {
-        "settings": {"jobs": jobs, "workers": workers, "seed": seed, "fleet_size": fleet_size},
+        "settings": {
+            "jobs": jobs,
+            "workers": workers,
+            "seed": seed,
+            "fleet_size": fleet_size,
+            "arrival_rate_per_s": arrival_rate,
+        },
         "policies": results,
         "ratios": ratios,
+        "arrivals": (
+            {"rate_per_s": arrival_rate, "policies": arriving, "ratios": arrival_ratios} if arriving else None
+        ),
         "burst": burst_result,
         "scale": scale_points,
         "scale_growth": benchpack.growth(scale_points),
@@ -1214,13 +1225,62 @@ def bench_pack(
     out = json_path or Path("bench-pack.json")
     benchpack.save(out, data)
     picture = out.with_suffix(".png")
-    benchpack.plot(results, picture)
+    scenarios = [("all at once", results)]
+    if arriving:
+        scenarios.append((f"arriving at {arrival_rate:g} jobs/s", arriving))
+    benchpack.plot(scenarios, picture)
     console.print(f"wrote {out} and {picture}")
     if any(
-        r["double_placements"] or r["double_runs"] or r["overcommitted_workers"] or r["unfinished_job_ids"]
-        for r in results
+        r["double_placements"]
+        or r["double_runs"]
+        or r["overcommitted_workers"]
+        or r["unfinished_job_ids"]
+        or r["jobs_finished"] < jobs
+        for r in results + arriving
     ):
         raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+_PACK_KEYS = (
+    "cpu_use_waiting",
+    "memory_use_waiting",
+    "finished_s",
+    "jobs_per_s",
+    "makespan_over_bound",
+    "round_p50_ms",
+    "round_p99_ms",
+    "round_max_ms",
+    "mean_pending_while_waiting",
+    "placements_per_s",
+    "double_placements",
+    "double_runs",
+    "overcommitted_workers",
+)
+"""The rows of ``bench pack``'s tables, keys of :func:`ops.benchpack.run_policy`'s result."""
+
+
+def _pack_table(title: str, results: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Print one scenario's policies side by side, then the first policy's ratios to each other
+    one; returns the ratios, keyed ``"best_fit/worst_fit"``."""
+    table = Table(title=title, title_justify="left", box=rich.box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("measure")
+    for result in results:
+        table.add_column(result["policy"], justify="right")
+    for key in _PACK_KEYS:
+        table.add_row(key, *(str(r.get(key)) for r in results))
+    console.print(table)
+    base = results[0]
+    ratios: dict[str, dict[str, float | None]] = {}
+    for other in results[1:]:
+        ratio = {
+            k: (round(base[k] / other[k], 3) if base.get(k) and other.get(k) else None)
+            for k in ("cpu_use_waiting", "memory_use_waiting", "finished_s")
+        }
+        ratios[f"{base['policy']}/{other['policy']}"] = ratio
+        console.print(
+            f"{base['policy']} / {other['policy']}: " + ", ".join(f"{k} x{v}" for k, v in ratio.items())
+        )
+    return ratios
 
 
 def main() -> None:

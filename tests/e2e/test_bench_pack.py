@@ -1,6 +1,6 @@
-"""A small version of `stockade bench pack` (300 jobs, 10 workers in fleets): correctness only,
-no timing goals: every job finishes, none is placed or run twice, no worker is ever
-over-committed according to its own log."""
+"""A small version of `stockade bench pack` (10 workers in fleets), all at once and arriving:
+correctness only, no timing goals: every job finishes, none is placed or run twice, no worker
+is ever over-committed according to its own log."""
 
 from __future__ import annotations
 
@@ -24,3 +24,20 @@ async def test_the_packing_benchmark_smoke_run_is_correct(tmp_path: Path) -> Non
     assert result["overcommitted_workers"] == []
     assert result["rounds"] > 0 and result["placements"] == 300
     assert 0 < result["cpu_use_waiting"] <= 1
+
+
+async def test_the_arriving_scenario_smoke_run_is_correct(tmp_path: Path) -> None:
+    """Worst fit on a seeded 150-job stream arriving at 30 jobs/s (about 28 % of what the 10
+    workers can run at a tenth of the durations): every job is submitted, placed once and
+    finished."""
+    settings = PackSettings(
+        jobs=150, workers=10, fleet_size=5, policies=("worst_fit",), duration_scale=0.1, finish_timeout_s=120
+    )
+    result = await run_policy(
+        settings, "worst_fit", tmp_path / "pack", lambda line: None, arrival_rate_per_s=30.0
+    )
+    assert result["arrival_rate_per_s"] == 30.0
+    assert result["jobs_finished"] == 150 and result["unfinished_job_ids"] == []
+    assert (result["double_placements"], result["double_runs"]) == (0, 0)
+    assert result["overcommitted_workers"] == []
+    assert result["placements"] == 150

@@ -1,16 +1,25 @@
-"""The packing benchmark's arithmetic: the job stream, the makespan bound, histogram
-quantiles, and the over-commit check on workers' logs."""
+"""The packing benchmark's arithmetic: the job stream, the arrival times and their batched
+submission, the makespan bound, histogram quantiles, and the over-commit check on workers'
+logs."""
 
 from __future__ import annotations
 
+import itertools
+import statistics
+from collections.abc import Sequence
+
 import pytest
+import trio
+import trio.testing
 
 from ops.benchpack import (
     WORKER_SHAPES,
+    arrival_times,
     histogram_quantile,
     job_stream,
     lower_bound_s,
     overcommitted_workers,
+    submit_arriving,
 )
 from ops.checker import Run
 
@@ -29,6 +38,44 @@ def test_the_job_stream_is_seeded_and_mixed() -> None:
     assert asked == pytest.approx(offered, rel=0.05)
 
 
+def test_arrival_times_are_a_seeded_poisson_process() -> None:
+    """The same seed gives the same times, another seed others; job 0 arrives at 0, the times
+    never decrease, and over 20,000 gaps the mean gap is 1 / rate within 3 %."""
+    times = arrival_times(20_000, rate_per_s=105.0, seed=1)
+    assert times == arrival_times(20_000, rate_per_s=105.0, seed=1)
+    assert times != arrival_times(20_000, rate_per_s=105.0, seed=2)
+    assert times[0] == 0.0 and len(times) == 20_000
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(gap >= 0 for gap in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / 105.0, rel=0.03)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 105.0, rel=0.05)  # exponential: sd = mean
+
+
+def test_arrival_times_reject_a_rate_that_is_not_positive() -> None:
+    """A rate of 0 or less is refused, naming the value."""
+    with pytest.raises(ValueError, match="rate_per_s must be > 0, got 0"):
+        arrival_times(10, rate_per_s=0, seed=1)
+
+
+async def test_arriving_jobs_are_submitted_in_batches_once_their_time_has_come(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every item goes out once, in order, at the first wake-up at or after its arrival; the
+    wake-ups come a batch interval apart, or at the next arrival when that is later, so items
+    arriving close together share a batch and none waits longer than one interval."""
+    arrivals = [0.0, 0.02, 0.05, 0.31, 0.32, 2.0]
+    batches: list[tuple[float, list[int]]] = []
+    started = trio.current_time()
+
+    async def submit(items: Sequence[int]) -> None:
+        batches.append((trio.current_time() - started, list(items)))
+        await trio.sleep(0.01)
+
+    await submit_arriving(submit, list(range(6)), arrivals, started=started, batch_interval_s=0.1)
+    assert [items for _, items in batches] == [[0], [1, 2], [3], [4], [5]]
+    assert [at for at, _ in batches] == pytest.approx([0.0, 0.1, 0.31, 0.41, 2.0])
+
+
 def test_the_lower_bound_is_the_largest_of_cpu_memory_and_longest_job() -> None:
     """Two 16000-millicore workers alternate with 8000 ones; 24000 total cpu."""
     jobs = job_stream(1, seed=1)
@@ -36,6 +83,14 @@ def test_the_lower_bound_is_the_largest_of_cpu_memory_and_longest_job() -> None:
     bound = lower_bound_s(jobs, workers=2)
     assert bound == pytest.approx(
         max(one.cpu_millis * one.duration_s / 24000, one.memory_mb * one.duration_s / 49152, one.duration_s)
+    )
+
+
+def test_the_lower_bound_counts_the_latest_arrival_plus_its_duration() -> None:
+    """A job arriving late ends no earlier than its arrival plus its duration."""
+    jobs = job_stream(2, seed=1)
+    assert lower_bound_s(jobs, workers=100, arrivals_s=[0.0, 500.0]) == pytest.approx(
+        500.0 + jobs[1].duration_s
     )
 
 
