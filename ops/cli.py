@@ -1268,6 +1268,14 @@ def _pack_table(title: str, results: list[dict[str, Any]]) -> dict[str, dict[str
         table.add_column(result["policy"], justify="right")
     for key in _PACK_KEYS:
         table.add_row(key, *(str(r.get(key)) for r in results))
+    for phase in ("read", "decide", "commit", "dispatch"):
+        table.add_row(
+            f"  {phase} p50 / p99 ms",
+            *(
+                "{p50_ms} / {p99_ms}".format(**r["round_phases"][phase]) if r.get("round_phases") else "None"
+                for r in results
+            ),
+        )
     console.print(table)
     base = results[0]
     ratios: dict[str, dict[str, float | None]] = {}
