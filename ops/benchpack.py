@@ -402,6 +402,7 @@ async def run_policy(
             try:
                 sizes = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(SIZES)}
                 capacities = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(CAPACITIES)}
+                waits = wait_figures([(r["cpu_millis"], r["wait_s"]) for r in await db.fetch(WAITS)])
             finally:
                 await db.close()
         leader = config.process(status.leader) if status.leader else None
@@ -426,6 +427,7 @@ async def run_policy(
         "makespan_over_bound": None if not finished_at else round(finished_at / bound, 3),
         **placer,
         "mean_pending_while_waiting": round(statistics.fmean(s[3] for s in waiting)) if waiting else 0,
+        **waits,
         "placements_per_s": round(placer.get("placements", 0) / placing_s, 1) if placing_s else None,
         "double_placements": report.double_placements,
         "double_runs": report.double_runs,
@@ -469,6 +471,30 @@ def overcommitted_workers(
 
 
 SIZES = "SELECT id, cpu_millis, memory_mb FROM jobs"
+# Per job: its size and the seconds from its submission to its first assignment (database time).
+WAITS = """
+SELECT j.cpu_millis, extract(epoch FROM min(a.created_at) - j.submitted_at)::float8 AS wait_s
+  FROM jobs j JOIN assignments a ON a.job_id = j.id
+ GROUP BY j.id, j.cpu_millis, j.submitted_at
+"""
+LARGE_CPU_MILLIS = 6000
+"""The stream's large jobs ask this much CPU or more (see :func:`job_stream`)."""
+
+
+def wait_figures(waits: Sequence[tuple[int, float]]) -> dict[str, float | None]:
+    """How long jobs waited for their first placement, from (cpu_millis, wait_s) pairs:
+    ``wait_p50_s`` over every job, ``large_wait_p50_s`` and ``large_wait_max_s`` over the jobs
+    of ``LARGE_CPU_MILLIS`` or more (the ones a policy that strands room makes wait longest).
+    None where there are no such jobs."""
+    every = [w for _, w in waits]
+    large = [w for cpu, w in waits if cpu >= LARGE_CPU_MILLIS]
+    return {
+        "wait_p50_s": round(statistics.median(every), 2) if every else None,
+        "large_wait_p50_s": round(statistics.median(large), 2) if large else None,
+        "large_wait_max_s": round(max(large), 2) if large else None,
+    }
+
+
 CAPACITIES = "SELECT id, cpu_millis, memory_mb FROM workers"
 
 

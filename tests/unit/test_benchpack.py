@@ -20,6 +20,7 @@ from ops.benchpack import (
     lower_bound_s,
     overcommitted_workers,
     submit_arriving,
+    wait_figures,
 )
 from ops.checker import Run
 
@@ -113,3 +114,10 @@ def test_overcommit_is_found_from_overlapping_runs_only() -> None:
     caps = {"w-1": (1000, 100)}
     assert overcommitted_workers([run("w-1", 1, 0, 5), run("w-1", 2, 4, 9)], sizes, caps) == ["w-1"]
     assert overcommitted_workers([run("w-1", 1, 0, 5), run("w-1", 2, 5, 9)], sizes, caps) == []
+
+
+def test_wait_figures_split_out_the_large_jobs() -> None:
+    """Median wait over every job; median and max over jobs of 6000 cpu_millis or more."""
+    waits = [(250, 0.1), (1000, 0.3), (6000, 2.0), (8000, 5.0), (500, 0.2)]
+    assert wait_figures(waits) == {"wait_p50_s": 0.3, "large_wait_p50_s": 3.5, "large_wait_max_s": 5.0}
+    assert wait_figures([(250, 1.0)])["large_wait_max_s"] is None
