@@ -93,6 +93,9 @@ class Ledger:
             "statement_timeout": str(int(s.statement_timeout_s * 1000)),
             # Never sit on the lease's share lock waiting for a row a frozen replica holds.
             "lock_timeout": "1000",
+            # Plan each prepared statement once: its plan does not depend on the arrays passed,
+            # and planning the placement statement again every round cost about 0.4 ms.
+            "plan_cache_mode": "force_generic_plan",
         }
         if not _FENCING_ENABLED:
             server_settings["idle_in_transaction_session_timeout"] = "0"

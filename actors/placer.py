@@ -134,7 +134,12 @@ class PgPlacerStore:
 
     def __attrs_post_init__(self) -> None:
         self._db = ReconnectingConnection(
-            self.database_url, {"application_name": self.application_name, "statement_timeout": "5000"}
+            self.database_url,
+            {
+                "application_name": self.application_name,
+                "statement_timeout": "5000",
+                "plan_cache_mode": "force_generic_plan",  # as the ledger's: plan each read once
+            },
         )
 
     async def _connection(self) -> PgConnection:
