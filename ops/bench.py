@@ -68,6 +68,7 @@ async def run_failover_bench(
                 )
                 await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
             for round_ in range(max(settings.kills, settings.freezes, settings.stops, settings.worker_kills)):
+                failovers_before, recoveries_before = len(harness.result.failovers), len(recoveries)
                 if round_ < settings.kills:
                     await harness.kill_leader(client, cluster.state)
                 if round_ < settings.freezes:
@@ -76,11 +77,15 @@ async def run_failover_bench(
                     await harness.stop_leader(client)
                 if round_ < settings.worker_kills:
                     recoveries.append(await harness.kill_busiest_worker(client, cluster.state))
-                last = harness.result.failovers[-3:]
+                this_round = harness.result.failovers[failovers_before:]
                 progress(
                     f"round {round_ + 1}: "
-                    + ", ".join(f"{f.kind} {f.seconds:.2f} s" for f in last)
-                    + (f", worker recovery {recoveries[-1]:.2f} s" if recoveries else "")
+                    + ", ".join(f"{f.kind} {f.seconds:.2f} s" for f in this_round)
+                    + (
+                        f", worker recovery {recoveries[-1]:.2f} s"
+                        if len(recoveries) > recoveries_before
+                        else ""
+                    )
                 )
         finally:
             client.close()

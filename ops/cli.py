@@ -865,7 +865,7 @@ def list_jobs(
             Text(detail),
         )
     console.print(table)
-    console.print(f"{len(reply.jobs)} jobs")
+    console.print(f"{len(reply.jobs)} job{'' if len(reply.jobs) == 1 else 's'}")
 
 
 app.command("jobs-list", hidden=True)(list_jobs)
