@@ -151,16 +151,22 @@ def main(settings: ControlPlaneSettings, *, json_logs: bool = False, metrics_por
         metrics.serve(metrics_port)
 
     async def _main() -> None:
-        async with asyncio_bridge(), trio.open_nursery() as nursery:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Signals are watched from the start, so a replica still waiting for its database
+        # (or stuck starting an actor) stops on SIGTERM too.
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with asyncio_bridge(), trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.get("control_plane").info("stopping", signal=signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
                 await nursery.start(run_control_plane, settings)
                 # What start-up left alive (modules, classes, the actors) is never garbage: keep
                 # it out of the collector's full passes, which then scan only what the replica
                 # allocates while running (docs.python.org/3/library/gc.html#gc.freeze).
                 gc.freeze()
-                async for signum in signals:
-                    log.get("control_plane").info("stopping", signal=signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
 
     trio.run(_main)

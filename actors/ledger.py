@@ -27,7 +27,8 @@ in ``stale_writes`` in a separate transaction and reported to the lease keeper.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -96,6 +97,9 @@ class Ledger:
             # Plan each prepared statement once: its plan does not depend on the arrays passed,
             # and planning the placement statement again every round cost about 0.4 ms.
             "plan_cache_mode": "force_generic_plan",
+            # A statement whose client dropped it (answer deadline, lost connection) is ended
+            # by the server within this long instead of running on to its end.
+            "client_connection_check_interval": "250",
         }
         if not _FENCING_ENABLED:
             server_settings["idle_in_transaction_session_timeout"] = "0"
@@ -163,17 +167,8 @@ class Ledger:
         """
         conn = await self._connection()
         try:
-            async with conn.transaction():
-                seen = int(
-                    await conn.fetchval(queries.FENCE_EPOCH if _FENCING_ENABLED else queries.CURRENT_EPOCH)
-                )
-                await faults.hit("ledger.after_epoch_check")
-                await faults.hit(f"ledger.{kind}.after_epoch_check")
-                if seen != epoch and _FENCING_ENABLED:
-                    raise Deposed(epoch, seen)
-                result = await op(conn)
-                await faults.hit("ledger.before_commit")
-            return result
+            with self._answer_deadline(what):
+                return await self._transaction(conn, epoch, op, kind)
         except Deposed as exc:
             await self._refused(epoch, exc.epoch_seen, what)
             raise
@@ -183,6 +178,35 @@ class Ledger:
                 await self._refused(epoch, seen_after, f"{what} (session ended)")
                 raise Deposed(epoch, seen_after) from None
             raise
+
+    async def _transaction(
+        self, conn: PgConnection, epoch: int, op: Callable[[PgConnection], Awaitable[T]], kind: str
+    ) -> T:
+        async with conn.transaction():
+            seen = int(
+                await conn.fetchval(queries.FENCE_EPOCH if _FENCING_ENABLED else queries.CURRENT_EPOCH)
+            )
+            await faults.hit("ledger.after_epoch_check")
+            await faults.hit(f"ledger.{kind}.after_epoch_check")
+            if seen != epoch and _FENCING_ENABLED:
+                raise Deposed(epoch, seen)
+            result = await op(conn)
+            await faults.hit("ledger.before_commit")
+        return result
+
+    @contextmanager
+    def _answer_deadline(self, what: str) -> Iterator[None]:
+        """Give up on a write unanswered after ``answer_timeout_s``: cancelling it drops the
+        connection (see :class:`runtime.aio.PgConnection`), and the outcome is unknown.
+
+        Raises:
+            DatabaseUnavailable: the deadline passed.
+        """
+        limit_s = self.settings.answer_timeout_s
+        with trio.move_on_after(limit_s) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise DatabaseUnavailable(f"{what}: no answer within {limit_s:g} s, connection dropped")
 
     async def fenced_statement(
         self,
@@ -209,7 +233,8 @@ class Ledger:
         conn = await self._connection()
         await faults.hit(f"ledger.{kind}.before_statement")
         try:
-            seen, result = await op(conn)
+            with self._answer_deadline(what):
+                seen, result = await op(conn)
         except DatabaseUnavailable:
             seen_after = await self._current_epoch()
             if seen_after is not None and seen_after != epoch:

@@ -65,6 +65,9 @@ class LedgerSettings:
     """PostgreSQL ends a session idle inside a transaction this long (a frozen leader's)."""
     statement_timeout_s: float = attrs.field(default=5.0, validator=_positive)
     """Longest one fenced statement may run, including waits for locks."""
+    answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
+    """A fenced write still unanswered after this long (a stalled connection, which no server
+    timeout ends) drops its connection; its outcome is then unknown."""
 
 
 @attrs.frozen(kw_only=True)

@@ -23,7 +23,7 @@ from actors.messages import (
 )
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.errors import Deposed
+from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings
 
@@ -352,3 +352,71 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         nursery.cancel_scope.cancel()
     assert await db.fetchval(ALLOCATION_MATCHES)
     assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 0
+
+
+async def test_a_placement_statement_behind_an_uncommitted_takeover_writes_nothing(
+    db: PgConnection, database_url: str
+) -> None:
+    """A takeover's UPDATE of the lease is in flight (not committed) when the old leader's
+    placement statement reaches its fence: the statement waits for it, then reads the new
+    epoch from the locked row, not from its snapshot, writes nothing and is refused."""
+    assert await take_over(db, "cp-1") == 1
+    standby = await PgConnection.connect(database_url)
+    try:
+        await standby.execute("BEGIN")
+        await standby.execute("UPDATE lease SET epoch = epoch + 1, holder = 'cp-2' WHERE id = 1")
+        async with trio.open_nursery() as nursery:
+            ledger, _ = await run_ledger(nursery, database_url)
+            outcome: list[BaseException] = []
+
+            async def leader_commits() -> None:
+                try:
+                    await commit(ledger, 1, 1)
+                except Deposed as exc:
+                    outcome.append(exc)
+
+            nursery.start_soon(leader_commits)
+            with trio.fail_after(10):  # the statement waits on the lease row
+                while not await db.fetchval(  # noqa: ASYNC110 (another session's state)
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = 'stockade cp-1 ledger' AND wait_event_type = 'Lock'"
+                ):
+                    await trio.sleep(0.01)
+            await standby.execute("COMMIT")
+            with trio.fail_after(10):
+                while not outcome:  # noqa: ASYNC110 (set by the task above)
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        await standby.close()
+    assert [(e.epoch, e.epoch_seen) for e in outcome] == [(1, 2)]  # type: ignore[attr-defined]
+    assert await db.fetchval("SELECT count(*) FROM assignments") == 0
+    assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
+
+
+async def test_an_unanswered_fenced_write_drops_its_connection_and_the_next_one_works(
+    db: PgConnection, database_url: str
+) -> None:
+    """A placement statement stuck (here on a row another session locked) past the answer
+    deadline is given up: the asker gets DatabaseUnavailable, the connection is dropped and
+    the server ends the abandoned statement; the next write uses a new connection and
+    commits."""
+    assert await take_over(db, "cp-1") == 1
+    blocker = await PgConnection.connect(database_url)
+    try:
+        async with trio.open_nursery() as nursery:
+            ledger, _ = await run_ledger(
+                nursery, database_url, LedgerSettings(answer_timeout_s=0.3, statement_timeout_s=30.0)
+            )
+            await blocker.execute("BEGIN")
+            await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
+            with pytest.raises(DatabaseUnavailable, match=r"no answer within 0\.3 s"):
+                await commit(ledger, 1, 1)
+            await trio.sleep(1.0)  # the server notices the dropped client and ends the statement
+            await blocker.execute("ROLLBACK")
+            again = await commit(ledger, 1, 1)
+            nursery.cancel_scope.cancel()
+    finally:
+        await blocker.close()
+    assert [a.job_id for a in again] == [1]  # type: ignore[attr-defined]
+    assert await db.fetchval("SELECT count(*) FROM assignments") == 1
