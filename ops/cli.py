@@ -1137,12 +1137,23 @@ def bench_pack(
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if not policies or any(p not in benchpack.POLICIES for p in policies):
         _fail(f"policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
-    if jobs < 1 or workers < 1 or fleet_size < 0 or burst_jobs < 1:
-        _fail("--jobs, --workers and --burst-jobs must be >= 1, --fleet-size >= 0", EXIT_INVALID)
-    if not arrival_rate >= 0:
+    for option, value, low, high in (
+        ("--jobs", jobs, 1, 1_000_000),
+        ("--workers", workers, 1, 1_000),
+        ("--burst-jobs", burst_jobs, 1, 1_000_000),
+        ("--fleet-size", fleet_size, 0, 1_000),
+    ):
+        if not low <= value <= high:
+            _fail(f"{option} must be between {low} and {high}, got {value}", EXIT_INVALID)
+    if not (arrival_rate == 0 or 1 <= arrival_rate <= 100_000):
         _fail(
-            f"--arrival-rate must be >= 0 (0 skips the arriving scenario), got {arrival_rate}", EXIT_INVALID
+            f"--arrival-rate must be 0 (skip the arriving scenario) or between 1 and 100000 jobs/s, "
+            f"got {arrival_rate}",
+            EXIT_INVALID,
         )
+    out = json_path or Path("bench-pack.json")
+    if not out.parent.resolve().is_dir():
+        _fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
     root = state_dir or (default_state_dir() / "bench-pack")
     settings = benchpack.PackSettings(
         jobs=jobs,
@@ -1222,7 +1233,6 @@ def bench_pack(
         "scale": scale_points,
         "scale_growth": benchpack.growth(scale_points),
     }
-    out = json_path or Path("bench-pack.json")
     benchpack.save(out, data)
     picture = out.with_suffix(".png")
     scenarios = [("all at once", results)]
