@@ -280,6 +280,13 @@ class Ledger:
             [job_id for job_id, _ in message.reasons],
             [reason for _, reason in message.reasons],
         )
+        placed = [row for row in rows if row["assignment_id"] is not None]
+        argvs: dict[int, tuple[str, ...]] = {}
+        commands = [int(row["id"]) for row in placed if row["has_argv"]]
+        if commands:
+            # After the statement, which holds no lock any more: a leader frozen while this
+            # large answer comes in keeps no takeover waiting.
+            argvs = {int(r["id"]): tuple(r["argv"]) for r in await conn.fetch(queries.JOB_ARGVS, commands)}
         committed = tuple(
             CommittedAssignment(
                 assignment_id=int(row["assignment_id"]),
@@ -287,10 +294,9 @@ class Ledger:
                 worker_id=row["worker_id"],
                 incarnation=int(row["incarnation"]),
                 epoch=message.epoch,
-                payload=payload_of(row),
+                payload=attrs.evolve(payload_of({**row, "argv": None}), argv=argvs.get(int(row["id"]))),
             )
-            for row in rows
-            if row["assignment_id"] is not None
+            for row in placed
         )
         return int(rows[0]["epoch_seen"]), committed
 

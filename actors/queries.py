@@ -98,7 +98,9 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
 # version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
 # later waits for the share lock until this statement commits. Claims only jobs still pending
 # (invariant 3) on workers still alive in that incarnation. Returns one row with ``epoch_seen``
-# and no assignment when nothing was placed, else one row per assignment created.
+# and no assignment when nothing was placed, else one row per assignment created: small rows
+# only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
+# never holds the share lock while it waits to hand a large result to a client that froze.
 COMMIT_PLACEMENTS = """
 WITH fence AS (
     SELECT epoch FROM lease WHERE id = 1 FOR SHARE
@@ -117,7 +119,7 @@ claimed AS (
                            AND w.state = 'alive'
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING j.id, p.worker_id, p.incarnation, j.cpu_millis, j.memory_mb,
-           j.name, j.priority, j.sleep_ms, j.argv
+           j.name, j.priority, j.sleep_ms, j.argv IS NOT NULL AS has_argv
 ),
 created AS (
     INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
@@ -137,6 +139,9 @@ SELECT fence.epoch AS epoch_seen, placed.*
              FROM created JOIN claimed ON claimed.id = created.job_id
        ) placed ON true
 """
+
+# $1 job ids. The commands of command jobs, read after their placement committed.
+JOB_ARGVS = "SELECT id, argv FROM jobs WHERE id = ANY($1::bigint[])"
 
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on
 # heartbeats any replica recorded, so a heartbeat that landed after the reconciler's read wins.

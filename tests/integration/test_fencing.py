@@ -420,3 +420,18 @@ async def test_an_unanswered_fenced_write_drops_its_connection_and_the_next_one_
         await blocker.close()
     assert [a.job_id for a in again] == [1]  # type: ignore[attr-defined]
     assert await db.fetchval("SELECT count(*) FROM assignments") == 1
+
+
+async def test_committed_command_jobs_carry_their_argv(db: PgConnection, database_url: str) -> None:
+    """The placement statement returns small rows; a command's argv (read after the commit)
+    still reaches the assignment the worker is sent, and a sleep job has none."""
+    assert await take_over(db, "cp-1") == 1
+    argv = ["python3", "-c", "print('x' * 100)", "y" * 60_000]
+    await db.execute(queries.SUBMIT_JOB, "cmd", 1000, 100, 0, "command", None, argv)
+    async with trio.open_nursery() as nursery:
+        ledger, _ = await run_ledger(nursery, database_url)
+        committed = await commit(ledger, 1, 1, 3)
+        nursery.cancel_scope.cancel()
+    by_job = {a.job_id: a.payload for a in committed}  # type: ignore[attr-defined]
+    assert by_job[3].argv == tuple(argv) and by_job[3].sleep_ms is None and by_job[3].name == "cmd"
+    assert by_job[1].argv is None and by_job[1].sleep_ms == 1000
