@@ -71,6 +71,9 @@ class PlacerStore(Protocol):
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         """Up to ``limit`` pending jobs, highest priority and oldest first."""
 
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        """Those of ``job_ids`` that are not pending any more (cancelled, or placed by another)."""
+
     async def read_round(
         self, fresh_s: float, seq: int, missing: list[int], limit: int
     ) -> tuple[list[LiveWorker], list[WaitingJob]]:
@@ -185,6 +188,10 @@ class PgPlacerStore:
         ]
         return workers, waiting
 
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
+        return [int(r["id"]) for r in rows]
+
     async def close(self) -> None:
         await self._db.close()
 
@@ -219,6 +226,8 @@ class Placer:
     _last_seq: int = 0
     _gaps: dict[int, float] = attrs.field(factory=dict)
     _idle_fingerprint: tuple[Any, ...] | None = None
+    _reserving: list[int] = attrs.field(factory=list)
+    """Jobs that held reservations in the last deciding round."""
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -287,6 +296,10 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self._read(epoch)
+        if self._reserving:
+            # A job keeps a worker free only while it is pending: drop one cancelled since.
+            self.queue.remove(await self.store.no_longer_pending(self._reserving))
+            self._reserving = []
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
         if not len(self.queue):
@@ -321,6 +334,7 @@ class Placer:
             now=read_done,
         )
         metrics.PLACER_RESERVATIONS.set(len(plan.reservations))
+        self._reserving = sorted(plan.reservations.values())
         placed = plan.placements_by_job
         reasons = [
             (job_id, r) for job_id, r in plan.unschedulable.items() if self.queue.reasons.get(job_id) != r

@@ -258,6 +258,9 @@ SELECT w.*, p.*
                     AND pending_seq <= $2)) ps) p
 """
 
+# $1 job ids. Those no longer pending.
+NO_LONGER_PENDING = "SELECT id FROM jobs WHERE id = ANY($1::bigint[]) AND state <> 'pending'"
+
 # ---------------------------------------------------------------- reconciler (reads)
 
 # Alive workers and how long ago (database time) their last heartbeat was recorded.

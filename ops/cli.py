@@ -1132,8 +1132,6 @@ def bench_pack(
     from ops.pg import EmbeddedPostgres, free_port
     from runtime import log as runtime_log
 
-    runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
-
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if not policies or any(p not in benchpack.POLICIES for p in policies):
         _fail(f"policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
@@ -1154,6 +1152,7 @@ def bench_pack(
     out = json_path or Path("bench-pack.json")
     if not out.parent.resolve().is_dir():
         _fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
     root = state_dir or (default_state_dir() / "bench-pack")
     settings = benchpack.PackSettings(
         jobs=jobs,

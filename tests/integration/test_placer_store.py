@@ -42,6 +42,7 @@ async def test_one_round_read_returns_fresh_workers_and_new_or_skipped_pending_j
                 (1, 100, 1, ""),
                 (4, 400, 0, "why"),
             ]
+            assert await store.no_longer_pending([4, 5]) == [5]  # 5 was cancelled
             _, limited = await store.read_round(1.0, 0, [], 2)
             assert [w.pending_seq for w in limited] == [1, 2]
         finally:

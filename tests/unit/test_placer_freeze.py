@@ -45,6 +45,9 @@ class FakeStore:
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         return self.jobs[:limit]
 
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        return []
+
     async def read_round(
         self, fresh_s: float, seq: int, missing: list[int], limit: int
     ) -> tuple[list[LiveWorker], list[WaitingJob]]:

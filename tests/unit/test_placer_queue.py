@@ -34,6 +34,7 @@ class FakeStore:
     visible: dict[int, WaitingJob] = attrs.field(factory=dict)
     free_cpu: int = 0
     reads: list[tuple[str, int, tuple[int, ...]]] = attrs.field(factory=list)
+    gone: set[int] = attrs.field(factory=set)
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
@@ -45,6 +46,10 @@ class FakeStore:
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         self.reads.append(("all", 0, ()))
         return sorted(self.visible.values(), key=lambda w: w.job.job_id)
+
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        self.reads.append(("gone", 0, tuple(job_ids)))
+        return [j for j in job_ids if j in self.gone]
 
     async def read_round(
         self, fresh_s: float, seq: int, missing: list[int], limit: int
@@ -123,3 +128,23 @@ async def test_an_unchanged_full_cluster_decides_nothing_and_commits_nothing(
         nursery.start_soon(answer)
         await placer.round(epoch=1)
     assert len(placer.queue) == 0  # the reply was empty (claimed elsewhere): dropped all the same
+
+
+async def test_a_cancelled_job_gives_up_its_reservation_at_the_next_round(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 4000-millicore job waits on the one worker (2000 free) past reserve_after_s and
+    reserves it when room next changes (while nothing changes a round decides nothing, and
+    nothing could be placed anyway); once it is cancelled, the next round asks, drops it and
+    reserves nothing."""
+    store = FakeStore(visible={1: waiting(1, 1, cpu=4000)}, free_cpu=2000)
+    placer, _ = make_placer(store)
+    await placer.round(epoch=1)
+    await trio.sleep(placer.settings.reserve_after_s)
+    store.free_cpu = 2500
+    await placer.round(epoch=1)
+    assert 1 in placer.queue and placer._reserving == [1]
+    store.gone.add(1)
+    await placer.round(epoch=1)
+    assert ("gone", 0, (1,)) in store.reads
+    assert 1 not in placer.queue and placer._reserving == []
