@@ -173,10 +173,7 @@ class Ledger:
             await self._refused(epoch, exc.epoch_seen, what)
             raise
         except DatabaseUnavailable:
-            seen_after = await self._current_epoch()
-            if seen_after is not None and seen_after != epoch:
-                await self._refused(epoch, seen_after, f"{what} (session ended)")
-                raise Deposed(epoch, seen_after) from None
+            await self._deposed_if_superseded(epoch, what)
             raise
 
     async def _transaction(
@@ -236,15 +233,20 @@ class Ledger:
             with self._answer_deadline(what):
                 seen, result = await op(conn)
         except DatabaseUnavailable:
-            seen_after = await self._current_epoch()
-            if seen_after is not None and seen_after != epoch:
-                await self._refused(epoch, seen_after, f"{what} (session ended)")
-                raise Deposed(epoch, seen_after) from None
+            await self._deposed_if_superseded(epoch, what)
             raise
         if seen != epoch and _FENCING_ENABLED:
             await self._refused(epoch, seen, what)
             raise Deposed(epoch, seen)
         return result
+
+    async def _deposed_if_superseded(self, epoch: int, what: str) -> None:
+        """After a connection loss: if a newer epoch holds the lease, record the write as
+        refused and raise Deposed (from None); else return, leaving the outcome unknown."""
+        seen_after = await self._current_epoch()
+        if seen_after is not None and seen_after != epoch:
+            await self._refused(epoch, seen_after, f"{what} (session ended)")
+            raise Deposed(epoch, seen_after) from None
 
     async def _current_epoch(self) -> int | None:
         try:

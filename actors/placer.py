@@ -44,6 +44,9 @@ from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import PlacerSettings
 
+RESERVING_RECHECK_S = 1.0
+"""How often the placer asks whether the jobs holding reservations are still pending."""
+
 
 @attrs.frozen(kw_only=True)
 class LiveWorker:
@@ -228,6 +231,7 @@ class Placer:
     _idle_fingerprint: tuple[Any, ...] | None = None
     _reserving: list[int] = attrs.field(factory=list)
     """Jobs that held reservations in the last deciding round."""
+    _reserving_checked_at: float = -math.inf
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -296,9 +300,11 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self._read(epoch)
-        if self._reserving:
-            # A job keeps a worker free only while it is pending: drop one cancelled since.
+        if self._reserving and trio.current_time() - self._reserving_checked_at >= RESERVING_RECHECK_S:
+            # A job keeps a worker free only while it is pending: drop one cancelled since
+            # (asked at most once a second, not on every round of a backlog).
             self.queue.remove(await self.store.no_longer_pending(self._reserving))
+            self._reserving_checked_at = trio.current_time()
             self._reserving = []
         read_done = trio.current_time()
         metrics.PLACER_PENDING_JOBS.set(len(self.queue))
