@@ -71,8 +71,16 @@ def execute(url: str, *statements: str) -> None:
     asyncio.run(run())
 
 
-def docker_engine_error() -> str | None:
-    """Why no Docker engine is reachable, or None when one answers a ping."""
+RYUK_IMAGE = "testcontainers/ryuk:0.8.1"
+"""The reaper container testcontainers starts beside every container it runs."""
+
+
+def docker_engine_error(images: tuple[str, ...] = (POSTGRES_IMAGE, RYUK_IMAGE)) -> str | None:
+    """Why testcontainers cannot run here, or None when it can.
+
+    It can when a Docker engine answers a ping and already holds ``images``: the engine may
+    have no registry to pull from, so a missing image is a reason to skip, not a failure.
+    """
     import docker
     import docker.errors
     import requests
@@ -81,10 +89,21 @@ def docker_engine_error() -> str | None:
         client = docker.from_env(timeout=DOCKER_PING_TIMEOUT_S)
         try:
             client.ping()
+            missing = []
+            for image in images:
+                try:
+                    client.images.get(image)
+                except docker.errors.ImageNotFound:
+                    missing.append(image)
         finally:
             client.close()
     except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return f"no Docker engine reachable: {type(exc).__name__}: {exc}"
+    if missing:
+        return (
+            f"the Docker engine holds no image {', '.join(missing)} and images are not pulled "
+            "from a registry here"
+        )
     return None
 
 

@@ -15,7 +15,7 @@ POSTGRES_IMAGE = "postgres:18-alpine"
 def test_postgres_container_takes_the_schema(docker_unavailable_reason: str | None) -> None:
     """A testcontainers PostgreSQL accepts schema.sql twice and serves the lease row."""
     if docker_unavailable_reason is not None:
-        pytest.skip(f"no Docker engine reachable: {docker_unavailable_reason}")
+        pytest.skip(docker_unavailable_reason)
     from testcontainers.community.postgres import PostgresContainer
 
     async def check(url: str) -> int:
