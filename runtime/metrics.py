@@ -1,4 +1,4 @@
-"""Prometheus metrics of a control plane (prometheus-client), served on ``--metrics-port``.
+"""Prometheus metrics of a Stockade process (prometheus-client), served on ``--metrics-port``.
 
 The placer's round time is a histogram with fine buckets; quantiles are estimated from it by
 linear interpolation within a bucket, as Prometheus' ``histogram_quantile`` does
@@ -59,6 +59,15 @@ PLACER_RESERVATIONS = Gauge(
 )
 PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
 ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])
+
+
+LAG_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+EVENT_LOOP_LAG_SECONDS = Histogram(
+    "stockade_event_loop_lag_seconds",
+    "How late a trio loop woke a task due at a given time (runtime.lag), by loop.",
+    ["loop"],
+    buckets=LAG_BUCKETS_S,
+)
 
 
 def serve(port: int) -> None:
