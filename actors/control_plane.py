@@ -11,12 +11,22 @@ Every actor runs under :func:`runtime.supervisor.supervise`; one that keeps cras
 process down (:class:`runtime.errors.ActorGaveUp`), for the operator's process manager to
 restart. Channels belong to this nursery, not to the actors, so a restarted actor finds its
 inbox intact.
+
+Three loops (:mod:`runtime.threads`): the lease keeper and the ingest each run on a trio loop
+and thread of their own, the other actors on the main loop. Lease renewals and heartbeat
+answers then wait for nothing but the database and their own loop, however busy the placer
+is. The lease keeper's messages cross loops: its inbox is fed from the main loop's lease
+channel, its role changes are posted into the placer's and reconciler's channels, and its
+answers to :class:`actors.messages.QueryRole` reach the asker's loop (:class:`runtime.reply.Reply`).
+Each loop measures its lag (:mod:`runtime.lag`); the lease keeper steps down when the main loop
+has stopped running (``max_main_loop_stall_s``).
 """
 
 from __future__ import annotations
 
 import gc
 import signal
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -35,8 +45,10 @@ from actors.role import RoleView
 from runtime import log, metrics
 from runtime.aio import asyncio_bridge
 from runtime.errors import DatabaseUnavailable
+from runtime.lag import LoopLag
 from runtime.settings import ControlPlaneSettings
 from runtime.supervisor import RestartPolicy, supervise
+from runtime.threads import CrossLoopSender, OwnLoop, run_on_own_loop
 
 
 @attrs.define
@@ -46,7 +58,6 @@ class ControlPlaneHandle:
     cp_id: str
     address: str
     placer: Placer
-    lease: LeaseKeeper
 
 
 async def _apply_schema_with_retry(database_url: str) -> None:
@@ -100,13 +111,32 @@ async def run_control_plane(
         lease_inbox=lease_send,
     )
     dispatcher = Dispatcher(settings=settings.dispatch, inbox=dispatch_recv, lease_inbox=lease_send)
-    lease = LeaseKeeper(
-        cp_id=settings.cp_id,
-        settings=settings.lease,
-        open_store=open_pg_store(settings.cp_id, settings.database_url, settings.lease),
-        inbox=lease_recv,
-        subscribers=[placer_roles_send, reconciler_roles_send],
-    )
+    main_lag = LoopLag(loop="main")
+    main_token = trio.lowlevel.current_trio_token()
+    lease_loop = OwnLoop("lease")
+    ingest_loop = OwnLoop("ingest")
+    # Consumed on the lease keeper's loop, fed from the main loop's lease channel by relay_lease.
+    lease_inbox_send, lease_inbox_recv = trio.open_memory_channel[LeaseInbox](1024)
+
+    async def lease_actor(*, task_status: trio.TaskStatus[None]) -> None:
+        lease = LeaseKeeper(
+            cp_id=settings.cp_id,
+            settings=settings.lease,
+            open_store=open_pg_store(settings.cp_id, settings.database_url, settings.lease),
+            inbox=lease_inbox_recv,
+            subscribers=[
+                CrossLoopSender(placer_roles_send, main_token, "placer roles"),
+                CrossLoopSender(reconciler_roles_send, main_token, "reconciler roles"),
+            ],
+            main_loop_silent_s=lambda: time.monotonic() - main_lag.last_wake_monotonic,
+        )
+        await lease.run(task_status=task_status)
+
+    async def relay_lease(*, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
+        async for message in lease_recv:
+            lease_loop.post(_send_or_drop, lease_inbox_send, message)
+
     placer = Placer(
         settings=settings.placer,
         store=PgPlacerStore(
@@ -128,17 +158,27 @@ async def run_control_plane(
     actors: list[tuple[str, Callable[..., Any]]] = [
         ("ledger", ledger.run),
         ("dispatcher", dispatcher.run),
-        ("ingest", ingest.run),
-        ("lease", lease.run),
+        ("ingest", partial(run_on_own_loop, ingest_loop, ingest.run)),
+        ("lease relay", relay_lease),
+        ("lease", partial(run_on_own_loop, lease_loop, lease_actor)),
         ("placer", placer.run),
         ("reconciler", reconciler.run),
     ]
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(main_lag.run)
         for name, run in actors:
             await nursery.start(partial(supervise, name, run, policy=policy))
         log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
-        task_status.started(
-            ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer, lease=lease)
+        task_status.started(ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer))
+
+
+def _send_or_drop(channel: trio.MemorySendChannel[LeaseInbox], message: LeaseInbox) -> None:
+    """Deliver ``message`` on the lease keeper's loop (called there)."""
+    try:
+        channel.send_nowait(message)
+    except trio.WouldBlock:
+        log.get("control_plane").warning(
+            "lease keeper inbox full: message dropped", message=type(message).__name__
         )
 
 

@@ -20,12 +20,19 @@ decision is fenced by the epoch in the ledger, whatever this actor believes.
 
 Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers;
 answers :class:`QueryRole`; steps down on :class:`EpochSuperseded`.
+
+A control plane runs this actor on a loop and thread of its own (:mod:`runtime.threads`), so its
+renewals wait only for the database, never for the placer or anything else of the process. The
+other side of that coin is a leader whose main loop has stopped (a wedged computation) while its
+lease thread renews on: given ``main_loop_silent_s``, the keeper steps down once the main loop
+has not run for ``max_main_loop_stall_s`` (and takes nothing over while it stays so), so a
+replica that cannot decide does not keep the lease from one that can.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import trio
@@ -36,6 +43,15 @@ from runtime import log
 from runtime.aio import PgConnection
 from runtime.errors import DatabaseUnavailable
 from runtime.settings import LeaseSettings
+
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class SendNowait(Protocol[T_contra]):
+    """Where role changes go: a memory channel's send side, or one on another loop
+    (:class:`runtime.threads.CrossLoopSender`). Raises ``trio.WouldBlock`` when full."""
+
+    def send_nowait(self, value: T_contra, /) -> None: ...
 
 
 class LeaseStore(Protocol):
@@ -138,7 +154,9 @@ class LeaseKeeper:
     settings: LeaseSettings
     open_store: Callable[[], Awaitable[LeaseStore]]
     inbox: trio.MemoryReceiveChannel[LeaseInbox]
-    subscribers: Sequence[trio.MemorySendChannel[RoleChange]]
+    subscribers: Sequence[SendNowait[RoleChange]]
+    main_loop_silent_s: Callable[[], float] | None = None
+    """Seconds since the process's main loop last ran (None: not watched)."""
     epoch: int | None = None
     """The epoch we lead under, or None while standby."""
     last_renew_sent: float = 0.0
@@ -212,9 +230,19 @@ class LeaseKeeper:
                     if self.epoch is not None and self.epoch == epoch and seen > epoch:
                         self._depose(f"epoch {seen} seen, ours is {epoch}")
 
+    def _main_loop_stalled(self) -> float | None:
+        """Seconds the main loop has been silent, when longer than allowed; else None."""
+        if self.main_loop_silent_s is None:
+            return None
+        silent_s = self.main_loop_silent_s()
+        return silent_s if silent_s > self.settings.max_main_loop_stall_s else None
+
     async def _keep(self, store: LeaseStore) -> None:
         s = self.settings
         while True:
+            if self.epoch is None and self._main_loop_stalled() is not None:
+                await trio.sleep(s.takeover_poll_s)  # cannot decide: do not take the lease
+                continue
             if self.epoch is None:
                 while self._relinquish:
                     with trio.move_on_after(s.statement_timeout_s):
@@ -249,6 +277,13 @@ class LeaseKeeper:
         self._leader_wait = None
         if self.epoch != epoch:
             return  # deposed while waiting
+        stalled_s = self._main_loop_stalled()
+        if stalled_s is not None:
+            self._depose(
+                f"the main loop has not run for {stalled_s:.1f} s "
+                f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})"
+            )
+            return
         while trio.current_time() < step_down_at:
             sent = trio.current_time()
             renewed: bool | None = None

@@ -4,10 +4,15 @@ The asker creates ``Reply()``, puts it in its request, sends the request and awa
 ``reply.wait()``. The answering actor calls ``reply.set(value)`` or ``reply.fail(exc)``
 exactly once. A test standing in for an actor holds the other end of the channel and
 scripts the answer: late (sleep first), lost (never answer) or failed.
+
+The answering actor may run on another loop in another thread (:mod:`runtime.threads`): an
+answer given from a thread other than the asker's is handed to the asker's loop and delivered
+there.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Generic, TypeVar
 
 import attrs
@@ -27,25 +32,37 @@ class Reply(Generic[T]):
     _event: trio.Event = attrs.field(factory=trio.Event, init=False)
     _value: T | None = attrs.field(default=None, init=False)
     _error: BaseException | None = attrs.field(default=None, init=False)
+    _sent: bool = attrs.field(default=False, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _thread: int = attrs.field(factory=threading.get_ident, init=False)
+    _token: trio.lowlevel.TrioToken | None = attrs.field(factory=lambda: _current_token(), init=False)
 
     @property
     def answered(self) -> bool:
         """True once ``set`` or ``fail`` was called."""
-        return self._event.is_set()
+        return self._sent
 
     def set(self, value: T) -> None:
         """Answer with ``value``. Raises ReplyAlreadySent on a second answer."""
-        if self._event.is_set():
-            raise ReplyAlreadySent("reply already answered")
-        self._value = value
-        self._event.set()
+        self._answer(value, None)
 
     def fail(self, error: BaseException) -> None:
         """Answer with an exception that ``wait`` re-raises in the asker."""
-        if self._event.is_set():
-            raise ReplyAlreadySent("reply already answered")
-        self._error = error
-        self._event.set()
+        self._answer(None, error)
+
+    def _answer(self, value: T | None, error: BaseException | None) -> None:
+        with self._lock:
+            if self._sent:
+                raise ReplyAlreadySent("reply already answered")
+            self._sent = True
+            self._value, self._error = value, error
+        if threading.get_ident() == self._thread or self._token is None:
+            self._event.set()
+        else:
+            try:
+                self._token.run_sync_soon(self._event.set)
+            except trio.RunFinishedError:
+                pass  # the asker's loop has ended: nobody waits
 
     async def wait(self) -> T:
         """Wait for the answer; re-raise the answering actor's error if it failed."""
@@ -53,3 +70,11 @@ class Reply(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+
+def _current_token() -> trio.lowlevel.TrioToken | None:
+    """The running loop's token, or None outside a trio run."""
+    try:
+        return trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None

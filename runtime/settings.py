@@ -46,6 +46,10 @@ class LeaseSettings:
     """How often a standby checks whether the lease expired or its holder's session is gone."""
     statement_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Longest a lease query may take before it counts as failed."""
+    max_main_loop_stall_s: float = attrs.field(default=5.0, validator=_positive)
+    """The leader steps down (and a standby takes nothing over) while the process's main loop,
+    where decisions are made, has not run for this long; the lease keeper itself runs on a
+    loop of its own."""
 
     def __attrs_post_init__(self) -> None:
         if self.renew_interval_s >= self.lease_ttl_s - self.step_down_margin_s:

@@ -240,3 +240,36 @@ async def test_releases_the_lease_when_cancelled(autojump_clock: trio.testing.Mo
         nursery.cancel_scope.cancel()
     assert db.released == [1]
     assert db.expires_at == -math.inf
+
+
+async def test_steps_down_when_the_main_loop_stops_running(autojump_clock: trio.testing.MockClock) -> None:
+    """A leader whose main loop has been silent longer than max_main_loop_stall_s steps down at
+    its next renewal, though the database would renew it; while the loop stays silent it takes
+    nothing over, and it leads again once the loop runs."""
+    settings = attrs.evolve(SETTINGS, max_main_loop_stall_s=3.0)
+    db = FakeLeaseDb()
+    h = make_harness(db, settings)
+    main_loop_last_ran = [0.0]
+    h.keeper.main_loop_silent_s = lambda: trio.current_time() - main_loop_last_ran[0]
+    async with trio.open_nursery() as nursery:
+
+        async def main_loop_runs_until(stop_at: float) -> None:
+            while trio.current_time() < stop_at:
+                main_loop_last_ran[0] = trio.current_time()
+                await trio.sleep(0.1)
+
+        nursery.start_soon(main_loop_runs_until, 1.05)  # last runs at 1.0, then stops
+        await nursery.start(h.keeper.run)
+        await h.next_change()  # the "starting" reset
+        assert (await h.next_change()) == (0.0, Elected(seq=2, epoch=1))
+        at, change = await h.next_change()
+        assert isinstance(change, Deposed) and "main loop has not run" in change.reason
+        # Renewals every 0.5 s; at 4.0 the loop (last ran at 1.0) is 3.0 s silent, at 4.5 3.5 s.
+        assert at == pytest.approx(4.5)
+        assert db.epoch == 1  # nothing taken over since
+        await trio.sleep(5.0)
+        assert db.epoch == 1
+        nursery.start_soon(main_loop_runs_until, math.inf)
+        at, change = await h.next_change()
+        assert isinstance(change, Elected) and change.epoch == 2
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,192 @@
+"""Actors on a trio loop of their own: a thread with its own ``trio.run`` and asyncio bridge.
+
+A control plane runs its lease keeper and its ingest each on a loop of its own, so that no work
+of the main loop (a placer round, a dispatch burst, a long log line) can delay a lease renewal
+or a heartbeat answer: those wait only for the database and for their own loop. Python's GIL is
+still shared, but the interpreter hands it over every ``sys.getswitchinterval()`` (5 ms) to a
+thread that wants it, so CPU-bound code on one loop delays the others by milliseconds, not by
+the length of its computation. Each thread is also scheduled by the kernel on its own, so a
+thread that mostly sleeps gets a CPU soon after it wakes on a machine that other processes
+saturate.
+
+:func:`run_on_own_loop` hosts one actor that way and follows the ``nursery.start`` protocol, so
+the supervisor restarts it like any other actor. Its loop has its own asyncio bridge (asyncpg
+and grpclib work in it as on the main loop) and its own :class:`runtime.lag.LoopLag`.
+
+Messages cross loops only through :meth:`OwnLoop.post` and :class:`CrossLoopSender`, which hand
+a call to the target loop with ``TrioToken.run_sync_soon``: never blocking, in order. A trio
+memory channel belongs to the loop whose tasks use it; a :class:`runtime.reply.Reply` may be
+answered from any loop (it hands the answer to its asker's loop itself).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import attrs
+import trio
+
+from runtime import log
+from runtime.aio import asyncio_bridge
+from runtime.lag import LoopLag
+
+T = TypeVar("T")
+
+
+class CrossLoopSender(Generic[T]):
+    """``send_nowait`` into a memory channel of another loop, from any thread.
+
+    The message is handed to the channel's loop and sent there; a full channel drops it with a
+    warning (the senders using this are role changes and rare requests, whose receivers resync
+    when they restart). Messages posted from one thread arrive in the order they were posted.
+
+    Args:
+        channel: the send side, used by tasks of the loop that ``token`` names.
+        token: that loop's ``trio.lowlevel.current_trio_token()``.
+        name: for the warning.
+    """
+
+    def __init__(self, channel: trio.MemorySendChannel[T], token: trio.lowlevel.TrioToken, name: str) -> None:
+        self._channel = channel
+        self._token = token
+        self._name = name
+
+    def send_nowait(self, message: T) -> None:
+        """Post ``message``; returns at once. A loop that has ended drops it."""
+        try:
+            self._token.run_sync_soon(self._deliver, message)
+        except trio.RunFinishedError:
+            pass
+
+    def _deliver(self, message: T) -> None:
+        try:
+            self._channel.send_nowait(message)
+        except trio.WouldBlock:
+            log.get("threads").warning("cross-loop message dropped: inbox full", inbox=self._name)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+
+@attrs.define(eq=False)
+class OwnLoop:
+    """The handle of one hosted loop: post calls to it while it runs.
+
+    Calls posted while no loop runs (before the first start, or between a crash and the
+    supervisor's restart) are kept and run first thing on the next loop.
+    """
+
+    name: str
+    lag: LoopLag | None = None
+    """The hosted loop's lag monitor, while it runs."""
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _token: trio.lowlevel.TrioToken | None = None
+    _waiting: list[tuple[Callable[..., Any], tuple[Any, ...]]] = attrs.field(factory=list)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the hosted loop soon (synchronously, between its tasks)."""
+        with self._lock:
+            if self._token is None:
+                self._waiting.append((fn, args))
+                return
+            try:
+                self._token.run_sync_soon(fn, *args)
+            except trio.RunFinishedError:
+                self._waiting.append((fn, args))
+
+    def _attach(self, token: trio.lowlevel.TrioToken) -> None:
+        with self._lock:
+            self._token = token
+            waiting, self._waiting = self._waiting, []
+        for fn, args in waiting:
+            fn(*args)
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._token = None
+
+
+async def run_on_own_loop(
+    loop: OwnLoop,
+    actor: Callable[..., Awaitable[Any]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``actor`` (the ``nursery.start`` protocol) on a new thread with a trio loop of its own.
+
+    The thread's loop opens an asyncio bridge, starts a :class:`LoopLag` named ``loop.name``,
+    then ``await nursery.start(actor)``; ``task_status.started()`` follows the actor's. The
+    actor's logging context is this task's (``contextvars`` are copied into the thread).
+
+    Returns when the actor returns. Cancelling this task cancels the hosted loop and waits
+    (shielded) until its actor has finished its own cleanup, so a cancelled control plane
+    leaves no thread behind.
+
+    Raises:
+        Exception: whatever the actor raised (out of the hosted loop's single-error groups).
+    """
+    parent = trio.lowlevel.current_trio_token()
+    started = trio.Event()
+    finished = trio.Event()
+    outcome: list[BaseException | None] = []
+    child: dict[str, Any] = {}
+
+    async def hosted() -> None:
+        lag = LoopLag(loop=loop.name)
+        loop.lag = lag
+        async with asyncio_bridge(), trio.open_nursery() as nursery:
+            child["scope"] = nursery.cancel_scope
+            loop._attach(trio.lowlevel.current_trio_token())
+            nursery.start_soon(lag.run)
+
+            async def actor_then_stop(*, task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    await actor(task_status=task_status)
+                finally:
+                    nursery.cancel_scope.cancel()
+
+            await nursery.start(actor_then_stop)
+            parent.run_sync_soon(started.set)
+
+    def thread_main() -> None:
+        error: BaseException | None = None
+        try:
+            trio.run(hosted)
+        except BaseException as exc:
+            error = exc
+        finally:
+            loop._detach()
+        outcome.append(error)
+        try:
+            parent.run_sync_soon(finished.set)
+        except trio.RunFinishedError:
+            pass
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run, args=(thread_main,), name=f"stockade-{loop.name}", daemon=True
+    )
+    thread.start()
+    try:
+        async with trio.open_nursery() as waiter:
+
+            async def announce() -> None:
+                await started.wait()
+                task_status.started()
+
+            waiter.start_soon(announce)
+            await finished.wait()
+            waiter.cancel_scope.cancel()
+    finally:
+        if not finished.is_set():
+            loop.post(lambda: child["scope"].cancel())
+            with trio.CancelScope(shield=True):
+                await finished.wait()
+        await trio.to_thread.run_sync(thread.join)
+    error = outcome[0] if outcome else None
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]  # the hosted loop's nurseries wrap it
+    if error is not None and not isinstance(error, trio.Cancelled):
+        raise error
