@@ -407,8 +407,9 @@ async def run_policy(
                 await db.close()
         leader = config.process(status.leader) if status.leader else None
         placer = scrape(metrics_address(leader) or "") if leader is not None else {}
-        runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers])
-        report = checker.check(history, runs)
+        worker_dirs = [cluster.state.work_dir(w.id) for w in config.workers]
+        runs = checker.load_runs(worker_dirs)
+        report = checker.check_logs(history, worker_dirs)
         over = overcommitted_workers(runs, sizes, capacities)
     finally:
         await trio.to_thread.run_sync(cluster.down)
@@ -432,6 +433,11 @@ async def run_policy(
         "double_placements": report.double_placements,
         "double_runs": report.double_runs,
         "overcommitted_workers": over,
+        "lease_losses": max(0, report.elections - 1),
+        "worker_deaths": report.worker_deaths,
+        "self_fences": report.self_fences,
+        "extra_assignments": report.extra_assignments,
+        "lost_successes": report.lost_successes,
         "jobs_finished": report.jobs_finished,
         "unfinished_job_ids": list(report.unfinished_job_ids),
         "samples": [[round(t, 2), round(c, 4), round(m, 4), p] for t, c, m, p in samples],

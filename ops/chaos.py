@@ -129,7 +129,12 @@ class ChaosResult:
             "jobs_submitted": report.get("jobs_submitted"),
             "jobs_finished": report.get("jobs_finished"),
             "false_deaths": report.get("false_deaths"),
+            "lost_successes": report.get("lost_successes"),
             "stale_writes_rejected": report.get("stale_writes_rejected"),
+            "elections": report.get("elections"),
+            "worker_deaths": report.get("worker_deaths"),
+            "self_fences": report.get("self_fences"),
+            "extra_assignments": report.get("extra_assignments"),
             "failover_kill_p50_s": _p50(kills),
             "failover_kill_max_s": round(max(kills), 3) if kills else None,
             "failover_freeze_p50_s": _p50(freezes),
@@ -198,8 +203,9 @@ class Harness:
         async with asyncio_bridge():
             history = await checker.load_history(config.database_url)
         faults = checker.load_events(self.state.events_path)
-        runs = checker.load_runs([self.state.work_dir(w.id) for w in config.workers], faults)
-        self.result.report = checker.check(history, runs, faults)
+        self.result.report = checker.check_logs(
+            history, [self.state.work_dir(w.id) for w in config.workers], faults
+        )
         self.result.partitions_rejoined, self.result.partitions_worked_again = self._rejoined(config)
         self.result.duration_s = time.monotonic() - started
         return self.result

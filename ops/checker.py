@@ -18,8 +18,20 @@ What it counts:
   assignments), from the workers' own logs. A run lasts from its start record to its stop
   record, or to the kill of its worker process, or (neither) to the end of time.
 - ``false_deaths``: dead-worker declarations that no fault injected into that worker explains.
+- ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
+  while the database does not record that success for that assignment (the assignment was
+  ended as lost, cancelled, ...) and no kill of that worker within ``REPORT_SLACK_S`` after the
+  run explains why it could not report it: a result thrown away, and usually the job run again.
 - ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
 - ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
+- Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
+  ``elections`` (lease takeovers, the first one included), ``worker_deaths`` (every
+  declaration), ``self_fences`` (``self_fence`` records in the workers' logs) and
+  ``extra_assignments`` (assignments beyond one per job that was placed).
+
+A run is what really started: a ``start`` record whose ``stop`` record says ``"started":
+false`` (the job's reaper found the fence deadline passed, or the command could not be
+executed) is not a run.
 
 :func:`check` is a pure function of those inputs; :func:`load_history`, :func:`load_runs` and
 :func:`load_events` read them.
@@ -41,6 +53,9 @@ from runtime.aio import PgConnection
 # A fault explains a death when it began at most this long before the last heartbeat the
 # database recorded (a kill lands between heartbeats) and before the declaration.
 FAULT_SLACK_S = 2.0
+REPORT_SLACK_S = 3.0
+"""A worker killed within this long after a job of its succeeded may have died before it could
+report the success: that success is not counted as lost."""
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +71,14 @@ class AssignmentRecord:
     created_at: float
     ended_at: float | None
     end_reason: str | None = None
+    outcome: str | None = None
+    """The outcome the worker reported after the assignment had already ended (a late report),
+    if any."""
+
+    @property
+    def success_recorded(self) -> bool:
+        """True when the database holds a success reported for this assignment."""
+        return (self.state == "finished" and self.end_reason == "succeeded") or self.outcome == "succeeded"
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +100,8 @@ class History:
     deaths: tuple[DeathRecord, ...] = ()
     job_states: dict[int, str] = attrs.field(factory=dict)
     stale_writes_rejected: int = 0
+    elections: int = 0
+    """Lease takeovers (rows of ``lease_history``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -89,6 +114,8 @@ class Run:
     assignment_id: int
     started_at: float
     ended_at: float
+    stop_reason: str | None = None
+    """The ``reason`` of its stop record; None when it has none."""
 
 
 @attrs.frozen(kw_only=True)
@@ -114,6 +141,11 @@ class CheckReport:
     jobs_finished: int
     unfinished_job_ids: tuple[int, ...]
     details: tuple[str, ...]
+    lost_successes: int = 0
+    elections: int = 0
+    worker_deaths: int = 0
+    self_fences: int = 0
+    extra_assignments: int = 0
 
     @property
     def ok(self) -> bool:
@@ -121,7 +153,19 @@ class CheckReport:
             self.double_placements == 0
             and self.double_runs == 0
             and self.false_deaths == 0
+            and self.lost_successes == 0
             and not self.unfinished_job_ids
+        )
+
+    @property
+    def undisturbed(self) -> bool:
+        """True when the run had one election, no death, no self-fence and one assignment per job:
+        what a run with no injected fault must show, however loaded the machine."""
+        return (
+            self.elections <= 1
+            and self.worker_deaths == 0
+            and self.self_fences == 0
+            and self.extra_assignments == 0
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -130,10 +174,15 @@ class CheckReport:
             "double_placements": self.double_placements,
             "double_runs": self.double_runs,
             "false_deaths": self.false_deaths,
+            "lost_successes": self.lost_successes,
             "stale_writes_rejected": self.stale_writes_rejected,
             "jobs_submitted": self.jobs_submitted,
             "jobs_finished": self.jobs_finished,
             "unfinished_job_ids": list(self.unfinished_job_ids),
+            "elections": self.elections,
+            "worker_deaths": self.worker_deaths,
+            "self_fences": self.self_fences,
+            "extra_assignments": self.extra_assignments,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -207,14 +256,59 @@ def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) ->
     return found
 
 
-def check(history: History, runs: Sequence[Run], faults: Sequence[FaultEvent] = ()) -> CheckReport:
-    """Judge one run of the cluster. Pure: see the module docstring for what each count means."""
+def lost_successes(
+    runs: Iterable[Run], assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent] = ()
+) -> dict[int, str]:
+    """Jobs with a success on a worker that the database does not record, with why (see the
+    module docstring); a kill of the worker within ``REPORT_SLACK_S`` after the run excuses it."""
+    by_id = {a.assignment_id: a for a in assignments}
+    kills: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.kind == "kill":
+            kills[f.target].append(f.at)
+    found: dict[int, str] = {}
+    for run in runs:
+        if run.stop_reason != "succeeded":
+            continue
+        record = by_id.get(run.assignment_id)
+        if record is not None and record.success_recorded:
+            continue
+        if any(run.ended_at <= k <= run.ended_at + REPORT_SLACK_S for k in kills.get(run.worker_id, ())):
+            continue
+        how = (
+            "unknown to the database" if record is None else f"recorded {record.state} ({record.end_reason})"
+        )
+        found[run.job_id] = (
+            f"job {run.job_id}: succeeded on {run.worker_id} (assignment {run.assignment_id}), "
+            f"but the assignment is {how}"
+        )
+    return found
+
+
+def extra_assignments(assignments: Iterable[AssignmentRecord]) -> int:
+    """Assignments beyond one per job that was placed at all."""
+    records = list(assignments)
+    return len(records) - len({a.job_id for a in records})
+
+
+def check(
+    history: History, runs: Sequence[Run], faults: Sequence[FaultEvent] = (), *, self_fences: int = 0
+) -> CheckReport:
+    """Judge one run of the cluster. Pure: see the module docstring for what each count means.
+
+    Args:
+        history: what the database says happened.
+        runs: the runs from the workers' logs (:func:`load_runs`).
+        faults: what a harness injected.
+        self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
+    """
     placed_twice = double_placements(history.assignments)
     ran_twice = double_runs(runs)
     wrongly_dead = false_deaths(history.deaths, faults)
+    thrown_away = lost_successes(runs, history.assignments, faults)
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
-    details = [*placed_twice.values(), *ran_twice.values(), *wrongly_dead]
+    details = [*placed_twice.values(), *ran_twice.values(), *wrongly_dead, *thrown_away.values()]
     if unfinished:
         shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
         details.append(f"{len(unfinished)} jobs unfinished: {shown}")
@@ -227,6 +321,11 @@ def check(history: History, runs: Sequence[Run], faults: Sequence[FaultEvent] = 
         jobs_finished=sum(1 for s in history.job_states.values() if s in ("succeeded", "failed")),
         unfinished_job_ids=unfinished,
         details=tuple(details),
+        lost_successes=len(thrown_away),
+        elections=history.elections,
+        worker_deaths=len(history.deaths),
+        self_fences=self_fences,
+        extra_assignments=extra_assignments(history.assignments),
     )
 
 
@@ -237,7 +336,8 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
     """Pair start and stop records (one worker's ``agent.jsonl`` or several) into runs.
 
     A start with no stop ends at the first kill of its worker after it started, else never.
-    Two start records of one assignment on one worker count as two runs.
+    Two start records of one assignment on one worker count as two runs. A stop record with
+    ``"started": false`` says its start never became a run: both are dropped.
     """
     kills: dict[str, list[float]] = defaultdict(list)
     for f in faults:
@@ -254,6 +354,8 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
             open_runs[key].append(record)
         elif open_runs[key]:
             start = open_runs[key].pop(0)
+            if record.get("started") is False:
+                continue
             runs.append(
                 Run(
                     worker_id=key[0],
@@ -262,6 +364,7 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
                     assignment_id=key[2],
                     started_at=float(start["time"]),
                     ended_at=float(record["time"]),
+                    stop_reason=record.get("reason"),
                 )
             )
     for (worker_id, incarnation, assignment_id), starts in open_runs.items():
@@ -306,21 +409,40 @@ def load_events(path: Path | None) -> list[FaultEvent]:
     ]
 
 
-def load_runs(worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()) -> list[Run]:
-    """Runs from every ``agent.jsonl`` under ``worker_dirs``."""
+def load_records(worker_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every record of every ``agent.jsonl`` under ``worker_dirs``."""
     records: list[dict[str, Any]] = []
     for directory in worker_dirs:
         log = directory / "agent.jsonl"
         if log.exists():
             records.extend(read_jsonl(log))
-    return runs_from_records(records, faults)
+    return records
+
+
+def load_runs(worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()) -> list[Run]:
+    """Runs from every ``agent.jsonl`` under ``worker_dirs``."""
+    return runs_from_records(load_records(worker_dirs), faults)
+
+
+def count_self_fences(records: Iterable[dict[str, Any]]) -> int:
+    """``self_fence`` records among ``records``."""
+    return sum(1 for r in records if r.get("event") == "self_fence")
+
+
+def check_logs(
+    history: History, worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()
+) -> CheckReport:
+    """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``."""
+    records = load_records(worker_dirs)
+    return check(history, runs_from_records(records, faults), faults, self_fences=count_self_fences(records))
 
 
 ASSIGNMENT_HISTORY = """
 SELECT id, job_id, worker_id, worker_incarnation, epoch, state, end_reason,
+       to_jsonb(a) ->> 'outcome' AS outcome,
        extract(epoch FROM created_at)::float8 AS created_s,
        extract(epoch FROM ended_at)::float8 AS ended_s
-  FROM assignments ORDER BY id
+  FROM assignments a ORDER BY id
 """
 DEATH_HISTORY = """
 SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS declared_s,
@@ -329,6 +451,7 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
 """
 JOB_STATES = "SELECT id, state FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
+ELECTIONS = "SELECT count(*) FROM lease_history"
 
 
 async def load_history(database_url: str) -> History:
@@ -343,6 +466,7 @@ async def load_history(database_url: str) -> History:
         deaths = await conn.fetch(DEATH_HISTORY)
         jobs = await conn.fetch(JOB_STATES)
         stale = int(await conn.fetchval(STALE_WRITES))
+        elections = int(await conn.fetchval(ELECTIONS))
     finally:
         await conn.close()
     return History(
@@ -357,6 +481,7 @@ async def load_history(database_url: str) -> History:
                 created_at=r["created_s"],
                 ended_at=r["ended_s"],
                 end_reason=r["end_reason"],
+                outcome=r["outcome"],
             )
             for r in rows
         ),
@@ -372,4 +497,5 @@ async def load_history(database_url: str) -> History:
         ),
         job_states={r["id"]: r["state"] for r in jobs},
         stale_writes_rejected=stale,
+        elections=elections,
     )

@@ -918,7 +918,14 @@ def _report_rows(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         ("jobs_submitted", str(report["jobs_submitted"]), None),
         ("jobs_finished", str(report["jobs_finished"]), not report["unfinished_job_ids"]),
         ("false_deaths", str(report["false_deaths"]), report["false_deaths"] == 0),
+        ("lost_successes", str(report["lost_successes"]), report["lost_successes"] == 0),
         ("stale_writes_rejected", str(report["stale_writes_rejected"]), None),
+        (
+            "elections / worker_deaths / self_fences",
+            f"{report['elections']} / {report['worker_deaths']} / {report['self_fences']}",
+            None,
+        ),
+        ("extra_assignments", str(report["extra_assignments"]), None),
     ]
 
 
@@ -1034,7 +1041,7 @@ def check(
         history = trio.run(load)
     faults = checker.load_events(state.events_path)
     worker_dirs = [state.work_dir(p.id) for p in config.workers] if config is not None else []
-    report = checker.check(history, checker.load_runs(worker_dirs, faults), faults)
+    report = checker.check_logs(history, worker_dirs, faults)
     data = report.as_dict()
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
@@ -1245,9 +1252,14 @@ def bench_pack(
         or r["overcommitted_workers"]
         or r["unfinished_job_ids"]
         or r["jobs_finished"] < jobs
+        or any(r[k] for k in _DISTURBANCES)
         for r in results + arriving
     ):
         raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+_DISTURBANCES = ("lease_losses", "worker_deaths", "self_fences", "extra_assignments", "lost_successes")
+"""Counts a run with no injected fault must keep at 0, however loaded the machine."""
 
 
 _PACK_KEYS = (
@@ -1267,6 +1279,7 @@ _PACK_KEYS = (
     "double_placements",
     "double_runs",
     "overcommitted_workers",
+    *_DISTURBANCES,
 )
 """The rows of ``bench pack``'s tables, keys of :func:`ops.benchpack.run_policy`'s result."""
 

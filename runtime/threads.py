@@ -180,11 +180,11 @@ async def run_on_own_loop(
             await finished.wait()
             waiter.cancel_scope.cancel()
     finally:
-        if not finished.is_set():
-            loop.post(lambda: child["scope"].cancel())
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            if not finished.is_set():
+                loop.post(lambda: child["scope"].cancel())
                 await finished.wait()
-        await trio.to_thread.run_sync(thread.join)
+            await trio.to_thread.run_sync(thread.join)  # it is ending: finished is its last step
     error = outcome[0] if outcome else None
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]  # the hosted loop's nurseries wrap it

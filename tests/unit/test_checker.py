@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import attrs
+
 from ops.checker import (
     AssignmentRecord,
     DeathRecord,
@@ -19,7 +21,15 @@ from ops.checker import (
 
 
 def assignment(
-    aid: int, job: int, worker: str, epoch: int, state: str, start: float, end: float | None
+    aid: int,
+    job: int,
+    worker: str,
+    epoch: int,
+    state: str,
+    start: float,
+    end: float | None,
+    end_reason: str | None = None,
+    outcome: str | None = None,
 ) -> AssignmentRecord:
     return AssignmentRecord(
         assignment_id=aid,
@@ -30,11 +40,13 @@ def assignment(
         state=state,
         created_at=start,
         ended_at=end,
+        end_reason=end_reason,
+        outcome=outcome,
     )
 
 
 def record(
-    event: str, worker: str, job: int, aid: int, time: float, incarnation: int = 1
+    event: str, worker: str, job: int, aid: int, time: float, incarnation: int = 1, **extra: object
 ) -> dict[str, object]:
     return {
         "event": event,
@@ -44,6 +56,7 @@ def record(
         "assignment_id": aid,
         "epoch": 1,
         "time": time,
+        **extra,
     }
 
 
@@ -75,10 +88,15 @@ def test_a_clean_run_passes() -> None:
         "double_placements": 0,
         "double_runs": 0,
         "false_deaths": 0,
+        "lost_successes": 0,
         "stale_writes_rejected": 1,
         "jobs_submitted": 2,
         "jobs_finished": 2,
         "unfinished_job_ids": [],
+        "elections": 0,
+        "worker_deaths": 1,
+        "self_fences": 0,
+        "extra_assignments": 1,
         "details": [],
         "ok": True,
     }
@@ -156,3 +174,56 @@ def test_logs_with_a_torn_last_line_are_read(tmp_path: Path) -> None:
     (worker / "agent.jsonl").write_text("\n".join(lines))
     runs = load_runs([worker])
     assert [(r.job_id, r.started_at, r.ended_at) for r in runs] == [(1, 0.1, 2.0)]
+
+
+def test_a_start_that_never_became_a_run_is_not_a_run() -> None:
+    """A start whose stop record says ``started: false`` (the reaper found the fence deadline
+    passed) is no run: it cannot overlap the job's run elsewhere."""
+    logs = [
+        record("start", "w-1", 3, 5, 1.0),
+        record("stop", "w-1", 3, 5, 9.0, reason="self_fence", started=False),
+        record("start", "w-2", 3, 6, 8.0),
+        record("stop", "w-2", 3, 6, 10.0, reason="succeeded"),
+    ]
+    runs = runs_from_records(logs)
+    assert [(r.worker_id, r.assignment_id) for r in runs] == [("w-2", 6)]
+    assert check(History(assignments=(), job_states={3: "succeeded"}), runs).double_runs == 0
+
+
+def test_a_success_the_database_does_not_hold_is_lost() -> None:
+    """A job that succeeded on w-1 whose assignment the database ended as lost is a lost
+    success; a late report recorded on the assignment, or a kill of w-1 right after the run
+    (it could not report), is not."""
+    logs = [
+        record("start", "w-1", 4, 7, 1.0),
+        record("stop", "w-1", 4, 7, 2.0, reason="succeeded", exit_code=0),
+        record("start", "w-2", 4, 8, 6.0),
+        record("stop", "w-2", 4, 8, 7.0, reason="succeeded", exit_code=0),
+    ]
+    lost = (
+        assignment(7, 4, "w-1", 1, "lost", 0.5, 5.0, "worker_restarted"),
+        assignment(8, 4, "w-2", 1, "finished", 5.5, 7.0, "succeeded"),
+    )
+    report = check(History(assignments=lost, job_states={4: "succeeded"}), runs_from_records(logs))
+    assert report.lost_successes == 1 and not report.ok
+    assert "job 4: succeeded on w-1 (assignment 7), but the assignment is recorded lost" in report.details[0]
+    reported_late = (attrs.evolve(lost[0], outcome="succeeded"), lost[1])
+    assert check(History(assignments=reported_late), runs_from_records(logs)).lost_successes == 0
+    killed = [FaultEvent(kind="kill", target="w-1", at=3.0, until=3.0)]
+    assert check(History(assignments=lost), runs_from_records(logs, killed), killed).lost_successes == 0
+
+
+def test_disturbances_are_counted() -> None:
+    """Elections, deaths, self-fences and assignments beyond one per job are counted, and a run
+    with any of them beyond the first election is not undisturbed (but may still be ok)."""
+    history = attrs.evolve(CLEAN, elections=2)
+    report = check(history, runs_from_records(CLEAN_LOGS, KILL_W1), KILL_W1, self_fences=3)
+    assert (report.elections, report.worker_deaths, report.self_fences, report.extra_assignments) == (
+        2,
+        1,
+        3,
+        1,
+    )
+    assert report.ok and not report.undisturbed
+    calm = check(History(assignments=(CLEAN.assignments[0],), elections=1), [])
+    assert calm.undisturbed
