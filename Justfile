@@ -60,6 +60,10 @@ bench-failover *ARGS:
 bench-pack *ARGS:
     stockade bench pack {{ARGS}}
 
+# Offered load raised step by step past what the machine can do: goodput per step, a PNG
+bench-overload *ARGS:
+    stockade bench overload {{ARGS}}
+
 # Check the local cluster's history: no job placed or run twice, every job finished
 check *ARGS:
     stockade check {{ARGS}}

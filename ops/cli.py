@@ -1262,6 +1262,71 @@ _DISTURBANCES = ("lease_losses", "worker_deaths", "self_fences", "extra_assignme
 """Counts a run with no injected fault must keep at 0, however loaded the machine."""
 
 
+@bench_app.command("overload")
+def bench_overload(
+    rates: Annotated[
+        str, typer.Option(help="Offered jobs per second, one step each, comma-separated, rising.")
+    ] = "10,25,50,100,200,400",
+    step_s: Annotated[float, typer.Option(help="Seconds each step lasts.")] = 20.0,
+    kind: Annotated[str, typer.Option(help="Jobs: command (runs `true`) or sleep.")] = "command",
+    sleep_ms: Annotated[int, typer.Option(help="Duration of a sleep job, milliseconds.")] = 500,
+    workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="State folder of the cluster (default .stockade/bench-overload).")
+    ] = None,
+) -> None:
+    """Raise the offered load step by step past what this machine can do, then drop it back:
+    goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
+    of goodput against offered load. Exits 1 when a job was placed or run twice or a success
+    was lost."""
+    from ops import benchoverload
+
+    try:
+        offered = tuple(float(r) for r in rates.split(",") if r.strip())
+    except ValueError:
+        _fail(f"--rates must be numbers separated by commas, got {rates!r}", EXIT_INVALID)
+    out = json_path or Path("bench-overload.json")
+    if not out.parent.resolve().is_dir():
+        _fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    with _errors():
+        settings = benchoverload.OverloadSettings(
+            rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
+        )
+        root = state_dir or (default_state_dir() / "bench-overload")
+        result = trio.run(benchoverload.run_overload, settings, root, err_console.print)
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False, title="jobs/s; finish: submit to end, s")
+    columns = {
+        "step": "step",
+        "offered_per_s": "offered",
+        "accepted_per_s": "accepted",
+        "shed_per_s": "shed",
+        "failed_per_s": "failed",
+        "goodput_per_s": "goodput",
+        "finish_p50_s": "finish p50",
+        "finish_p99_s": "p99",
+        "elections": "elections",
+        "worker_deaths": "deaths",
+        "self_fences": "fences",
+    }
+    for key, header in columns.items():
+        table.add_column(header, justify="left" if key == "step" else "right", no_wrap=True)
+    for step in result["steps"]:
+        table.add_row(*(str(step[k]) for k in columns))
+    console.print(table)
+    for line in benchoverload.summary(result):
+        console.print(line)
+    benchoverload.save(out, result)
+    picture = out.with_suffix(".png")
+    benchoverload.plot(result, picture)
+    console.print(f"wrote {out} and {picture}")
+    check = result["check"]
+    if check["double_placements"] or check["double_runs"] or check["lost_successes"]:
+        raise typer.Exit(EXIT_UNAVAILABLE)
+
+
 _PACK_KEYS = (
     "cpu_use_waiting",
     "memory_use_waiting",

@@ -1,0 +1,352 @@
+"""``stockade bench overload``: offered load raised step by step past what the machine can do.
+
+A fresh cluster (3 control planes and ``workers`` workers, each worker a process of its own, as
+``stockade up`` runs them) gets an open-loop stream of short jobs: for each rate of ``rates``
+(jobs per second), for ``step_s`` seconds, a batch of ``rate x batch_interval_s`` jobs every
+``batch_interval_s`` whatever happened to the previous batches (an open loop: the offered load
+does not drop because the cluster is slow, as with many independent users), then the first
+rate once more ("recovery"), then a drain with no new work. Each step reports:
+
+- ``offered_per_s``: jobs the generator tried to submit per second;
+- ``accepted_per_s``: jobs a control plane stored; ``shed_per_s``: jobs every replica answered
+  "busy" to (nothing stored), ``failed_per_s``: jobs whose submission got no answer at all;
+- ``goodput_per_s``: jobs that finished ``succeeded`` per second within the step (by their
+  ``finished_at``, database time), whenever they were submitted;
+- ``pending_at_end``: jobs pending when the step ended; ``finish_p50_s`` / ``finish_p99_s``:
+  seconds from submission to finish of the jobs submitted in the step (null while fewer than
+  half finished);
+- disturbances within the step: ``elections``, ``worker_deaths``, ``self_fences`` (from the
+  workers' logs).
+
+A system that degrades gracefully shows goodput rising with the offered load up to what the
+machine can do and levelling off there (shedding or queueing what it cannot take), the
+disturbances staying 0, and the recovery step's goodput back at the first step's. A
+metastable one shows goodput falling as load grows, and not coming back in the recovery step.
+The PNG (:func:`plot`) draws goodput and accepted load against offered load, and the whole
+run over time.
+
+Jobs: ``kind="command"`` runs ``true`` (each job is a real process start under its reaper, the
+work a machine runs out of first), ``kind="sleep"`` a sleep of ``sleep_ms`` (each job costs
+only the control plane's and agents' bookkeeping); both ask 10 cpu_millis and 16 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ops import checker
+from ops.cluster import LocalCluster, StateDir
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.errors import InvalidArgument, StockadeError
+
+KINDS = ("command", "sleep")
+
+
+@attrs.frozen(kw_only=True)
+class OverloadSettings:
+    """One run of the overload benchmark."""
+
+    rates: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
+    """Offered jobs per second, one step each, in this order; the first is run again last."""
+    step_s: float = 20.0
+    """Seconds each step lasts."""
+    kind: str = "command"
+    """``command`` (``true``) or ``sleep``."""
+    sleep_ms: int = 500
+    """Duration of a sleep job, in milliseconds."""
+    workers: int = 5
+    """Workers, each an agent process of its own."""
+    batch_interval_s: float = 0.1
+    """The generator submits one batch this often."""
+    drain_s: float = 60.0
+    """After the last step, wait at most this long for the accepted jobs to finish."""
+    submit_timeout_s: float = 5.0
+    """Deadline of one submission call to one control plane, in seconds."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.rates or any(not 0 < r <= 100_000 for r in self.rates):
+            raise InvalidArgument("rates", list(self.rates), "must be 1 or more rates in (0, 100000] jobs/s")
+        if not 1 <= self.step_s <= 3600:
+            raise InvalidArgument("step_s", self.step_s, "must be between 1 and 3600 s")
+        if self.kind not in KINDS:
+            raise InvalidArgument("kind", self.kind, f"must be one of {', '.join(KINDS)}")
+        if not 1 <= self.sleep_ms <= 3_600_000:
+            raise InvalidArgument("sleep_ms", self.sleep_ms, "must be between 1 and 3600000")
+        if not 1 <= self.workers <= 100:
+            raise InvalidArgument("workers", self.workers, "must be between 1 and 100")
+
+
+@attrs.define
+class _Step:
+    label: str
+    rate_per_s: float
+    started_unix_s: float = 0.0
+    ended_unix_s: float = 0.0
+    offered: int = 0
+    accepted: int = 0
+    shed: int = 0
+    failed: int = 0
+    job_ids: list[int] = attrs.field(factory=list)
+
+
+def _spec(settings: OverloadSettings, index: int) -> pb.JobSpec:
+    spec = pb.JobSpec(name=f"overload-{index}", cpu_millis=10, memory_mb=16)
+    if settings.kind == "command":
+        spec.command = pb.CommandRuntime(argv=["true"])
+    else:
+        spec.sleep = pb.SleepRuntime(duration_ms=settings.sleep_ms)
+    return spec
+
+
+async def _offer(
+    client: ControlPlaneClient, settings: OverloadSettings, step: _Step, first_index: int
+) -> int:
+    """Run one step of the open-loop generator; returns the next job index."""
+    index = first_index
+    owed = 0.0
+    async with trio.open_nursery() as calls:
+        start = trio.current_time()
+        step.started_unix_s = time.time()
+        next_at = start
+        while next_at < start + settings.step_s:
+            await trio.sleep_until(next_at)
+            owed += step.rate_per_s * settings.batch_interval_s
+            count = int(owed)
+            owed -= count
+            if count:
+                specs = [_spec(settings, i) for i in range(index, index + count)]
+                index += count
+                step.offered += count
+                calls.start_soon(_submit_batch, client, specs, step)
+            next_at += settings.batch_interval_s
+        step.ended_unix_s = time.time()
+    return index
+
+
+async def _submit_batch(client: ControlPlaneClient, specs: list[pb.JobSpec], step: _Step) -> None:
+    """Submit one batch once (no retry: the generator is an open loop)."""
+    try:
+        reply = await client.call("submit_jobs", pb.SubmitJobsRequest(specs=specs))
+    except StockadeError as exc:
+        if "busy" in str(exc):
+            step.shed += len(specs)
+        else:
+            step.failed += len(specs)
+        return
+    step.accepted += len(specs)
+    step.job_ids.extend(int(j) for j in reply.job_ids)
+
+
+STEP_FIGURES = """
+SELECT (SELECT count(*) FROM jobs WHERE state = 'succeeded'
+          AND finished_at >= to_timestamp($1) AND finished_at < to_timestamp($2)) AS succeeded,
+       (SELECT count(*) FROM lease_history
+         WHERE acquired_at >= to_timestamp($1) AND acquired_at < to_timestamp($2)) AS elections,
+       (SELECT count(*) FROM worker_deaths
+         WHERE declared_at >= to_timestamp($1) AND declared_at < to_timestamp($2)) AS deaths
+"""
+PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
+UNFINISHED = "SELECT count(*) FROM jobs WHERE state IN ('pending', 'assigned', 'running')"
+FINISH_TIMES = """
+SELECT extract(epoch FROM finished_at - submitted_at)::float8 AS seconds
+  FROM jobs WHERE id = ANY($1::bigint[]) AND state = 'succeeded'
+"""
+SAMPLE = """
+SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state IN ('assigned', 'running')) AS placed,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded
+  FROM jobs
+"""
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+async def run_overload(
+    settings: OverloadSettings, root: Path, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Run the benchmark on a fresh cluster in ``root``; returns its figures (see the module
+    docstring) with ``steps``, ``samples`` (``[seconds, pending, placed, succeeded]`` every
+    second) and the whole run's checker report.
+
+    Raises:
+        ClusterError: the cluster could not be started.
+    """
+    cluster = LocalCluster(StateDir(root))
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(root, ignore_errors=True)
+    steps = [_Step(label=f"{r:g}/s", rate_per_s=r) for r in settings.rates]
+    steps.append(_Step(label=f"{settings.rates[0]:g}/s again", rate_per_s=settings.rates[0]))
+    samples: list[tuple[float, int, int, int]] = []
+    try:
+        ready = await trio.to_thread.run_sync(
+            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=120)
+        )
+        config = ready.config
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=settings.submit_timeout_s)
+            db = await PgConnection.connect(config.database_url)
+            sampler_db = await PgConnection.connect(config.database_url)
+            run_started = trio.current_time()
+            try:
+                async with trio.open_nursery() as nursery:
+
+                    async def sample() -> None:
+                        while True:
+                            row = await sampler_db.fetchrow(SAMPLE)
+                            assert row is not None
+                            samples.append(
+                                (
+                                    round(trio.current_time() - run_started, 2),
+                                    int(row["pending"]),
+                                    int(row["placed"]),
+                                    int(row["succeeded"]),
+                                )
+                            )
+                            await trio.sleep(1.0)
+
+                    nursery.start_soon(sample)
+                    index = 0
+                    for step in steps:
+                        index = await _offer(client, settings, step, index)
+                        progress(
+                            f"{step.label}: offered {step.offered}, accepted {step.accepted}, "
+                            f"shed {step.shed}, failed {step.failed}"
+                        )
+                    drain_until = trio.current_time() + settings.drain_s
+                    while trio.current_time() < drain_until:
+                        if not int(await db.fetchval(UNFINISHED)):
+                            break
+                        await trio.sleep(1.0)
+                    nursery.cancel_scope.cancel()
+                figures = []
+                for step in steps:
+                    row = await db.fetchrow(STEP_FIGURES, step.started_unix_s, step.ended_unix_s)
+                    assert row is not None
+                    finish = [float(r["seconds"]) for r in await db.fetch(FINISH_TIMES, step.job_ids)]
+                    figures.append((step, row, finish))
+                unfinished = int(await db.fetchval(UNFINISHED))
+                history = await checker.load_history(config.database_url)
+            finally:
+                client.close()
+                await db.close()
+                await sampler_db.close()
+        worker_dirs = [cluster.state.work_dir(w.id) for w in config.workers]
+        records = checker.load_records(worker_dirs)
+        report = checker.check_logs(history, worker_dirs)
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    fences = [float(r["time"]) for r in records if r.get("event") == "self_fence"]
+    results: list[dict[str, Any]] = []
+    for step, row, finish in figures:
+        seconds = max(step.ended_unix_s - step.started_unix_s, 1e-9)
+        results.append(
+            {
+                "step": step.label,
+                "offered_per_s": round(step.offered / seconds, 1),
+                "accepted_per_s": round(step.accepted / seconds, 1),
+                "shed_per_s": round(step.shed / seconds, 1),
+                "failed_per_s": round(step.failed / seconds, 1),
+                "goodput_per_s": round(int(row["succeeded"]) / seconds, 1),
+                "finish_p50_s": _quantile(finish, 0.5) if len(finish) * 2 >= step.accepted else None,
+                "finish_p99_s": _quantile(finish, 0.99) if len(finish) * 2 >= step.accepted else None,
+                "elections": int(row["elections"]),
+                "worker_deaths": int(row["deaths"]),
+                "self_fences": sum(1 for t in fences if step.started_unix_s <= t < step.ended_unix_s),
+            }
+        )
+    goodput = [float(r["goodput_per_s"]) for r in results]
+    peak = max(goodput[:-1])
+    return {
+        "settings": attrs.asdict(settings),
+        "steps": results,
+        "peak_goodput_per_s": peak,
+        "last_step_over_peak": round(goodput[-2] / peak, 3) if peak else None,
+        "recovery_over_first": round(goodput[-1] / goodput[0], 3) if goodput[0] else None,
+        "unfinished_after_drain": unfinished,
+        "check": report.as_dict(),
+        "samples": [list(s) for s in samples],
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Goodput and accepted load against offered load, and the run over time, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = result["steps"]
+    rising = steps[:-1]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    offered = [s["offered_per_s"] for s in rising]
+    left.plot(offered, offered, linestyle=":", color="grey", label="offered (all of it done)")
+    left.plot(offered, [s["accepted_per_s"] for s in rising], marker="s", label="accepted")
+    left.plot(offered, [s["goodput_per_s"] for s in rising], marker="o", linewidth=2, label="goodput")
+    again = steps[-1]
+    left.scatter([again["offered_per_s"]], [again["goodput_per_s"]], marker="*", s=150, color="red", zorder=5)
+    left.annotate("recovery step", (again["offered_per_s"], again["goodput_per_s"]), fontsize=8)
+    left.set_xscale("log")
+    left.set_xlabel("offered load, jobs/s (log)")
+    left.set_ylabel("jobs/s")
+    kind = result["settings"]["kind"]
+    left.set_title(f"goodput against offered load ({kind} jobs)", fontsize=10)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    samples = result["samples"]
+    t = [s[0] for s in samples]
+    done = [s[3] for s in samples]
+    rate = [0.0] + [(done[i] - done[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(done))]
+    right.plot(t, rate, label="succeeded per second")
+    right.set_xlabel("seconds since the first step")
+    right.set_ylabel("jobs/s")
+    twin = right.twinx()
+    twin.plot(t, [s[1] for s in samples], color="tab:orange", label="pending")
+    twin.set_ylabel("pending jobs")
+    right.set_title("over time: completions and queue", fontsize=10)
+    right.grid(alpha=0.3)
+    lines = right.get_legend_handles_labels()
+    twin_lines = twin.get_legend_handles_labels()
+    right.legend(lines[0] + twin_lines[0], lines[1] + twin_lines[1], fontsize=8, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def save(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as JSON."""
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    """Lines that say how the curve behaved."""
+    steps = result["steps"]
+    lines = [
+        f"peak goodput {result['peak_goodput_per_s']} jobs/s; at the highest offered load "
+        f"{steps[-2]['goodput_per_s']} jobs/s (x{result['last_step_over_peak']} of the peak)",
+        f"recovery step: {steps[-1]['goodput_per_s']} jobs/s (x{result['recovery_over_first']} of the "
+        f"first step's {steps[0]['goodput_per_s']})",
+    ]
+    disturbed = {
+        k: sum(s[k] for s in steps)
+        for k in ("elections", "worker_deaths", "self_fences")
+        if any(s[k] for s in steps)
+    }
+    lines.append(
+        "disturbances: " + (", ".join(f"{k} {v}" for k, v in disturbed.items()) if disturbed else "none")
+    )
+    return lines
