@@ -1,0 +1,95 @@
+"""End to end under load: one big batch of tiny jobs on the default cluster (3 control planes, 5
+workers, each a process of its own, default settings).
+
+Best fit sends every job of such a batch to the tightest worker with room, which must pace its
+process starts instead of starving its own heartbeats, and the leader must hand it no more than
+it acknowledges. Each test checks the whole record afterwards: every job succeeded exactly once
+(one assignment, one run, by the workers' logs), no worker was declared dead or fenced itself,
+there was one election, and no success was lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from ops import checker, rpc
+from ops.cluster import LocalCluster
+from protocol import pb
+from runtime.aio import asyncio_bridge
+
+pytestmark = pytest.mark.e2e
+
+BATCH = 400
+DONE_TIMEOUT_S = 180.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, database_url: str) -> Iterator[LocalCluster]:
+    """The default cluster on the test's database, brought down afterwards also when the test fails."""
+    local = LocalCluster(tmp_path / "stockade", database_url=database_url)
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+def _run_batch(cluster: LocalCluster, runtime: Callable[[], dict[str, object]]) -> None:
+    """Submit BATCH jobs of 10 cpu_millis and 16 MiB with ``runtime()`` in one SubmitJobs call,
+    wait until none is unfinished, then check the record (see the module docstring)."""
+    config = cluster.config()
+    addresses = config.control_plane_addresses
+    specs = [
+        pb.JobSpec(name=f"batch-{index}", cpu_millis=10, memory_mb=16, **runtime())  # type: ignore[arg-type]
+        for index in range(BATCH)
+    ]
+    reply = rpc.call(addresses, "submit_jobs", pb.SubmitJobsRequest(specs=specs), timeout_s=10)
+    job_ids = list(reply.job_ids)
+    assert len(job_ids) == BATCH
+    deadline = time.monotonic() + DONE_TIMEOUT_S
+    while True:
+        states = collections.Counter(
+            j.state for j in rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=BATCH)).jobs
+        )
+        if states["succeeded"] + states["failed"] + states["cancelled"] == BATCH:
+            break
+        assert time.monotonic() < deadline, f"not done after {DONE_TIMEOUT_S} s: {dict(states)}"
+        time.sleep(0.5)
+    assert states == {"succeeded": BATCH}
+
+    async def load() -> checker.History:
+        async with asyncio_bridge():
+            return await checker.load_history(config.database_url)
+
+    history = trio.run(load)
+    report = checker.check_logs(history, [cluster.state.work_dir(w.id) for w in config.workers])
+    assert report.ok, report.details
+    assert (report.elections, report.worker_deaths, report.self_fences, report.extra_assignments) == (
+        1,
+        0,
+        0,
+        0,
+    )
+    runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers])
+    succeeded_runs = collections.Counter(r.job_id for r in runs if r.stop_reason == "succeeded")
+    assert set(succeeded_runs) == set(job_ids)
+    assert set(succeeded_runs.values()) == {1}, "a job completed more than once"
+    assert len(runs) == BATCH, "a job started more than once"
+
+
+def test_a_batch_of_400_true_jobs_completes_each_job_once(cluster: LocalCluster) -> None:
+    """400 `true` command jobs of 10 cpu_millis and 16 MiB in one SubmitJobs: every one succeeds
+    exactly once, with no death, no self-fence and no second election."""
+    _run_batch(cluster, lambda: {"command": pb.CommandRuntime(argv=["true"])})
+
+
+def test_a_batch_of_400_one_second_sleep_jobs_completes_each_job_once(cluster: LocalCluster) -> None:
+    """400 one-second sleep jobs of 10 cpu_millis and 16 MiB in one SubmitJobs: every one
+    succeeds exactly once, with no death, no self-fence and no second election."""
+    _run_batch(cluster, lambda: {"sleep": pb.SleepRuntime(duration_ms=1000)})
