@@ -14,6 +14,7 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, NotFound
+from runtime.settings import IngestSettings
 
 
 @pytest.fixture
@@ -25,8 +26,8 @@ async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, P
             database_url=database_url,
             listen_host="127.0.0.1",
             listen_port=0,
-            pool_size=2,
             presence_interval_s=1.0,
+            settings=IngestSettings(pool_size=2, liveness_reserved_connections=1),
         )
         await nursery.start(ingest.run)
         cp = ControlPlaneClient([ingest.address], timeout_s=5.0)
