@@ -185,3 +185,86 @@ BEGIN
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS jobs_pending_by_seq ON jobs (pending_seq) WHERE state = 'pending';
+
+-- One heartbeat in one statement (actors/ingest.py, queries.HEARTBEAT): one round trip
+-- instead of up to seven (BEGIN, SET LOCAL, four statements, COMMIT), and the worker's row
+-- is locked only while the statement runs, never across round trips. The statements, their
+-- order and their conditions are those of the transaction it replaces; each one sees what the
+-- ones before it wrote and takes a fresh snapshot (a VOLATILE function under READ COMMITTED),
+-- as separate statements did. All commit together, with the calling statement.
+-- p_worker_id, p_incarnation: who reports. p_running: the assignment ids it runs.
+-- p_assignment_ids .. p_details: its finished outcomes, as parallel arrays: assignment ids,
+-- states, exit codes (NULL for none), started (unix s, NULL for unknown), finished (unix s),
+-- stdout paths, stderr paths, details.
+-- Returns the current epoch, whether this incarnation is alive (false: re-register), and
+-- which of p_running are not active on this worker (stop them).
+CREATE OR REPLACE FUNCTION record_heartbeat(
+    p_worker_id text, p_incarnation bigint, p_running bigint[],
+    p_assignment_ids bigint[], p_states text[], p_exit_codes int[], p_started_s float8[],
+    p_finished_s float8[], p_stdout_paths text[], p_stderr_paths text[], p_details text[],
+    OUT current_epoch bigint, OUT alive boolean, OUT stop_assignment_ids bigint[]
+) LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_assignment_ids) = 0 THEN
+        -- Liveness only: losing it in a database crash makes the worker look a little older,
+        -- and a lost running-confirmation is re-sent (workers deduplicate), so skip the WAL
+        -- flush. Outcomes end assignments and are committed durably.
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+
+    -- No row: unknown, dead or another incarnation -> re-register.
+    UPDATE workers SET last_heartbeat_at = now()
+     WHERE id = p_worker_id AND incarnation = p_incarnation AND state = 'alive';
+    alive := FOUND;
+
+    SELECT l.epoch INTO current_epoch FROM lease l WHERE l.id = 1;
+
+    IF cardinality(p_assignment_ids) > 0 THEN
+        -- Only succeeded/failed outcomes of still-active assignments end them; anything else
+        -- the worker reports (a stop the control plane ordered) was or will be ended by the
+        -- leader. Recorded whether or not this incarnation is still alive: a result a job
+        -- produced is never lost.
+        WITH o AS (
+            SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s,
+                                 p_finished_s, p_stdout_paths, p_stderr_paths, p_details)
+                   AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+                        stderr_path, detail)
+             WHERE o.state IN ('succeeded', 'failed')
+        ),
+        ended AS (
+            UPDATE assignments a
+               SET state = 'finished', ended_at = now(), end_reason = o.state
+              FROM o
+             WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
+         RETURNING a.id, a.job_id
+        )
+        UPDATE jobs j
+           SET state = o.state, exit_code = o.exit_code,
+               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+               finished_at = coalesce(to_timestamp(o.finished_s), now()),
+               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+          FROM ended JOIN o ON o.assignment_id = ended.id
+         WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running');
+    END IF;
+
+    stop_assignment_ids := '{}';
+    IF alive AND cardinality(p_running) > 0 THEN
+        -- The first heartbeat that lists an assignment confirms it.
+        WITH confirmed AS (
+            UPDATE assignments SET confirmed_at = now()
+             WHERE id = ANY(p_running) AND worker_id = p_worker_id AND state = 'active'
+               AND confirmed_at IS NULL
+         RETURNING job_id
+        )
+        UPDATE jobs j SET state = 'running', started_at = coalesce(j.started_at, now())
+          FROM confirmed WHERE j.id = confirmed.job_id AND j.state = 'assigned';
+
+        -- Those that are not active on this worker: stop them.
+        SELECT coalesce(array_agg(r.id), '{}') INTO stop_assignment_ids
+          FROM unnest(p_running) AS r(id)
+         WHERE NOT EXISTS (
+             SELECT 1 FROM assignments a
+              WHERE a.id = r.id AND a.worker_id = p_worker_id AND a.state = 'active'
+         );
+    END IF;
+END $$;

@@ -98,8 +98,8 @@ async def run_control_plane(
         database_url=settings.database_url,
         listen_host=settings.listen_host,
         listen_port=settings.listen_port,
-        pool_size=settings.ingest_pool_size,
         presence_interval_s=settings.presence_interval_s,
+        settings=settings.ingest,
         dead_after_s=settings.reconciler.dead_after_s,
         advertise_address=settings.advertise_address,
     )

@@ -7,34 +7,61 @@ Every input is checked before anything is written (:mod:`actors.validation`).
 
 Heartbeat outcomes end only assignments that are still active, so a report that arrives after
 the leader ended an assignment (worker declared dead, job requeued) changes nothing.
+
+Under overload (DESIGN.md, "Under overload"), slowness here must not turn into more work:
+
+- Every request passes :meth:`ControlPlaneService.database` before it touches the database.
+  A request whose client's deadline has passed is not started (DEADLINE_EXCEEDED: nobody
+  reads its answer). Heartbeats and registrations take a connection ahead of everything else,
+  from capacity the other RPCs cannot use; other RPCs are refused with RESOURCE_EXHAUSTED
+  ("busy, try another replica") while the ingest loop lags or too many of them wait for a
+  connection (:mod:`actors.admission`). Nothing a refused request asked for was stored.
+- Once started, a request's database work runs to its end even when its client gives up
+  meanwhile (:func:`runtime.aio.finish_despite_cancel`): cancelling it inside asyncpg would
+  terminate the pooled connection, and the replica would open a new one, a new server
+  process, exactly when the machine has no CPU to spare. Its server-side timeouts
+  (:data:`SESSION_SETTINGS`) bound it; the late answer is dropped. A submission whose client
+  gave up may thus still be stored; a busy answer never is.
+- A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
+- The ingest runs its own loop-lag monitor (``loop="ingest"``), and shares nothing with the
+  other actors, so it can be hosted on a trio loop of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from actors import queries, validation
+from actors import admission, queries, validation
 from protocol import pb
-from runtime import log
-from runtime.aio import PgConnection, PgPool, serve_grpc, trio_service
-from runtime.errors import DatabaseUnavailable, NotFound
+from runtime import log, metrics
+from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadline, serve_grpc, trio_service
+from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded, NotFound
+from runtime.lag import LoopLag
+from runtime.settings import IngestSettings
 
 SESSION_SETTINGS = {
     "statement_timeout": "5000",
-    # A replica frozen in the middle of a heartbeat must not keep that worker's row locked:
-    # its session ends after 0.5 s idle in the transaction, and others wait for a lock 0.3 s
-    # at most (the worker then tries the next replica).
+    # A replica frozen in the middle of a transaction (a registration) must not keep that
+    # worker's row locked: its session ends after 0.5 s idle in the transaction, and others
+    # wait for a lock 0.3 s at most (the worker then tries the next replica). A heartbeat is
+    # one statement, so it never leaves a transaction open between round trips.
     "idle_in_transaction_session_timeout": "500",
     "lock_timeout": "300",
 }
 """Session settings of ingest's connections."""
+
+CONNECTION_WAIT_S = 5.0
+"""Longest a request waits for a database connection (within its client's deadline)."""
 
 
 def job_info(row: Any) -> pb.JobInfo:
@@ -84,16 +111,90 @@ def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
 
 @attrs.define
 class ControlPlaneService:
-    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`."""
+    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`.
+
+    Args:
+        cp_id: this replica's id, named in busy answers.
+        pool: the ingest's connections (``settings.pool_size`` of them).
+        settings: capacity and shedding limits.
+        lag: the ingest loop's lag monitor (its :attr:`~runtime.lag.LoopLag.recent_max_s`).
+        dead_after_s: told to workers at registration, so they fence themselves in time.
+    """
 
     cp_id: str
     pool: PgPool
+    settings: IngestSettings = attrs.field(factory=IngestSettings)
+    lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     dead_after_s: float = 5.0
-    """Told to workers at registration, so they fence themselves in time."""
+    gate: admission.ConnectionGate = attrs.field(init=False)
+    """Slots for the pool's connections, some reserved for liveness work (a test may hold them)."""
+    _shed_since_log: dict[str, int] = attrs.field(init=False, factory=dict)
+    _shed_logged_at: float = attrs.field(init=False, default=-math.inf)
+    _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
+
+    def __attrs_post_init__(self) -> None:
+        self.gate = admission.ConnectionGate(
+            size=self.settings.pool_size, reserved=self.settings.liveness_reserved_connections
+        )
+
+    @asynccontextmanager
+    async def database(self, rpc: str) -> AsyncIterator[PgConnection]:
+        """A connection for ``rpc``'s database work, if the request is to be served at all.
+
+        The body runs to its end even if the client gives up meanwhile (bounded by
+        ``settings.answer_timeout_s``), so its connection is never terminated for that.
+
+        Raises:
+            DeadlineExceeded: the client's deadline passed before the work could start.
+            Busy: ``rpc`` is not liveness work and the replica is overloaded
+                (:func:`actors.admission.shed_reason`); nothing was done.
+            DatabaseUnavailable: no connection within :data:`CONNECTION_WAIT_S`, the database
+                failed, or the work outlasted ``settings.answer_timeout_s``.
+        """
+        liveness = rpc in admission.LIVENESS_RPCS
+        deadline = rpc_deadline()
+        self._check_deadline(rpc, deadline)
+        load = admission.Load(
+            lag_s=self.lag.recent_max_s,
+            waiting=self.gate.waiting_other,
+            would_wait=self.gate.would_wait(liveness=liveness),
+        )
+        reason = admission.shed_reason(rpc, load, cp_id=self.cp_id, settings=self.settings)
+        if reason is not None:
+            self._record_shed(rpc, reason)
+            raise Busy(reason)
+        acquired = False
+        with trio.move_on_at(min(deadline, trio.current_time() + CONNECTION_WAIT_S)):
+            await self.gate.acquire(liveness=liveness)
+            acquired = True
+        if not acquired:
+            self._check_deadline(rpc, deadline)
+            raise DatabaseUnavailable(f"no database connection within {CONNECTION_WAIT_S:g} s")
+        try:
+            async with self.pool.acquire() as conn:
+                self._check_deadline(rpc, deadline)
+                with finish_despite_cancel(self.settings.answer_timeout_s):
+                    yield conn
+        finally:
+            self.gate.release(liveness=liveness)
+
+    def _check_deadline(self, rpc: str, deadline: float) -> None:
+        if trio.current_time() >= deadline:
+            metrics.INGEST_EXPIRED_REQUESTS.labels(rpc).inc()
+            raise DeadlineExceeded(f"{rpc}: the client's deadline passed before the request could start")
+
+    def _record_shed(self, rpc: str, reason: str) -> None:
+        metrics.INGEST_SHED_REQUESTS.labels(rpc).inc()
+        self._shed_since_log[rpc] = self._shed_since_log.get(rpc, 0) + 1
+        now = trio.current_time()
+        if now - self._shed_logged_at >= self.settings.shed_log_every_s:
+            self._log.warning("shedding new work", reason=reason, shed=dict(self._shed_since_log))
+            self._shed_logged_at = now
+            self._shed_since_log.clear()
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         job = validation.check_job(**_job_fields(request.spec or pb.JobSpec()))  # type: ignore[arg-type]
-        async with self.pool.acquire() as conn:
+        async with self.database("submit_job") as conn:
             job_id = await conn.fetchval(
                 queries.SUBMIT_JOB,
                 job.name,
@@ -108,7 +209,7 @@ class ControlPlaneService:
 
     async def submit_jobs(self, request: pb.SubmitJobsRequest) -> pb.SubmitJobsReply:
         jobs = validation.check_jobs([_job_fields(spec) for spec in request.specs])
-        async with self.pool.acquire() as conn:
+        async with self.database("submit_jobs") as conn:
             rows = await conn.fetch(
                 queries.SUBMIT_JOBS,
                 [j.name for j in jobs],
@@ -123,7 +224,7 @@ class ControlPlaneService:
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
         validation.check_job_id(request.job_id)
-        async with self.pool.acquire() as conn:
+        async with self.database("get_job") as conn:
             row = await conn.fetchrow(queries.GET_JOB, request.job_id)
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
@@ -131,13 +232,13 @@ class ControlPlaneService:
 
     async def list_jobs(self, request: pb.ListJobsRequest) -> pb.ListJobsReply:
         state, limit = validation.check_list(request.state, request.limit)
-        async with self.pool.acquire() as conn:
+        async with self.database("list_jobs") as conn:
             rows = await conn.fetch(queries.LIST_JOBS, state, limit)
         return pb.ListJobsReply(jobs=[job_info(r) for r in rows])
 
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
         validation.check_job_id(request.job_id)
-        async with self.pool.acquire() as conn:
+        async with self.database("cancel_job") as conn:
             row = await conn.fetchrow(queries.CANCEL_JOB, request.job_id)
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
@@ -153,7 +254,7 @@ class ControlPlaneService:
             memory_mb=request.memory_mb,
             labels=labels,
         )
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.database("register_worker") as conn, conn.transaction():
             incarnation = await conn.fetchval(
                 queries.REGISTER_WORKER,
                 request.worker_id,
@@ -174,38 +275,33 @@ class ControlPlaneService:
         worker_id = validation.check_worker_id(request.worker_id)
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
-        running = list(request.running_assignment_ids)
-        async with self.pool.acquire() as conn, conn.transaction():
-            if not finished:
-                # Liveness only: losing it in a database crash makes the worker look a little
-                # older, and a lost running-confirmation is re-sent (workers deduplicate), so
-                # skip the WAL flush. Outcomes end assignments and are committed durably.
-                await conn.execute(queries.ASYNC_COMMIT)
-            alive = await conn.fetchval(queries.RECORD_HEARTBEAT, worker_id, request.incarnation)
-            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
-            if finished:
-                await conn.execute(
-                    queries.RECORD_OUTCOMES,
-                    worker_id,
-                    [o.assignment_id for o in finished],
-                    [o.state for o in finished],
-                    [o.exit_code if o.has_exit_code else None for o in finished],
-                    [o.started_unix_s or None for o in finished],
-                    [o.finished_unix_s or None for o in finished],
-                    [o.stdout_path or None for o in finished],
-                    [o.stderr_path or None for o in finished],
-                    [o.detail for o in finished],
-                )
-            if alive is None:
-                return pb.HeartbeatReply(epoch=epoch, reregister=True)
-            stop: list[int] = []
-            if running:
-                await conn.execute(queries.CONFIRM_RUNNING, worker_id, running)
-                stop = [r["id"] for r in await conn.fetch(queries.ENDED_AMONG, worker_id, running)]
-        return pb.HeartbeatReply(epoch=epoch, stop_assignment_ids=stop)
+        async with self.database("heartbeat") as conn:
+            # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
+            # confirmations and the assignments to stop, in one round trip and one transaction.
+            # Liveness alone skips the WAL flush there; outcomes are committed durably.
+            row = await conn.fetchrow(
+                queries.HEARTBEAT,
+                worker_id,
+                request.incarnation,
+                list(request.running_assignment_ids),
+                [o.assignment_id for o in finished],
+                [o.state for o in finished],
+                [o.exit_code if o.has_exit_code else None for o in finished],
+                [o.started_unix_s or None for o in finished],
+                [o.finished_unix_s or None for o in finished],
+                [o.stdout_path or None for o in finished],
+                [o.stderr_path or None for o in finished],
+                [o.detail for o in finished],
+            )
+        assert row is not None
+        if not row["alive"]:
+            return pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+        return pb.HeartbeatReply(
+            epoch=row["current_epoch"], stop_assignment_ids=list(row["stop_assignment_ids"])
+        )
 
     async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        async with self.pool.acquire() as conn:
+        async with self.database("status") as conn:
             lease = await conn.fetchrow(queries.READ_LEASE)
             cps = await conn.fetch(queries.STATUS_CONTROL_PLANES)
             workers = await conn.fetch(queries.STATUS_WORKERS)
@@ -247,54 +343,85 @@ class ControlPlaneService:
         )
 
 
+async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> PgPool:
+    """The ingest's connections: ``settings.pool_size`` of them, all opened now and kept open
+    (a replica under load opens none), with :data:`SESSION_SETTINGS`.
+
+    No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
+    ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
+    trip fewer per request.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    return await PgPool.create(
+        database_url,
+        size=settings.pool_size,
+        min_size=settings.pool_size,
+        idle_close_s=0,
+        reset_on_release=False,
+        server_settings={"application_name": f"stockade {cp_id} ingest", **SESSION_SETTINGS},
+    )
+
+
 @attrs.define
 class Ingest:
-    """The actor: serves :class:`ControlPlaneService` and records this replica's presence."""
+    """The actor: serves :class:`ControlPlaneService` and records this replica's presence.
+
+    Self-contained, so it may run on a trio loop of its own: its pool, its lag monitor
+    (``stockade_event_loop_lag_seconds{loop="ingest"}``, which its shedding reads) and its
+    server all start inside :meth:`run`.
+    """
 
     cp_id: str
     database_url: str
     listen_host: str
     listen_port: int
-    pool_size: int
     presence_interval_s: float
+    settings: IngestSettings = attrs.field(factory=IngestSettings)
     dead_after_s: float = 5.0
     """The reconciler's dead_after, told to workers at registration."""
     advertise_address: str = ""
+    lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
+    """The ingest loop's lag monitor, run by :meth:`run` (a test may feed it lags)."""
     address: str = ""
     """host:port others reach this replica at; set once serving."""
+    service: ControlPlaneService | None = None
+    """The handlers; set once serving."""
     _log: Any = attrs.field(factory=lambda: log.get("ingest"))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled."""
-        pool = await PgPool.create(
-            self.database_url,
-            size=self.pool_size,
-            server_settings={"application_name": f"stockade {self.cp_id} ingest", **SESSION_SETTINGS},
-        )
+        pool = await open_pool(self.cp_id, self.database_url, self.settings)
         try:
-            service = trio_service(
-                pb.ControlPlaneBase,
-                ControlPlaneService(cp_id=self.cp_id, pool=pool, dead_after_s=self.dead_after_s),
+            self.service = ControlPlaneService(
+                cp_id=self.cp_id,
+                pool=pool,
+                settings=self.settings,
+                lag=self.lag,
+                dead_after_s=self.dead_after_s,
             )
+            service = trio_service(pb.ControlPlaneBase, self.service)
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.lag.run)
                 port = await nursery.start(serve_grpc, [service], self.listen_host, self.listen_port)
                 self.address = self.advertise_address or f"{self.listen_host}:{port}"
-                await self._record_presence(pool)
-                nursery.start_soon(self._presence, pool)
+                await self._record_presence(self.service)
+                nursery.start_soon(self._presence, self.service)
                 self._log.info("serving", address=self.address)
                 task_status.started()
         finally:
             await pool.close()
 
-    async def _record_presence(self, pool: PgPool) -> None:
-        async with pool.acquire() as conn:
+    async def _record_presence(self, service: ControlPlaneService) -> None:
+        async with service.database("presence") as conn:
             await conn.execute(queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid())
 
-    async def _presence(self, pool: PgPool) -> None:
+    async def _presence(self, service: ControlPlaneService) -> None:
         while True:
             await trio.sleep(self.presence_interval_s)
             try:
-                await self._record_presence(pool)
+                await self._record_presence(service)
             except DatabaseUnavailable as exc:
                 self._log.warning("presence not recorded", error=str(exc))
 

@@ -366,61 +366,18 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation
 """
 
-ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
-
-# $1 worker id, $2 incarnation. No row: unknown, dead or another incarnation -> reregister.
-RECORD_HEARTBEAT = """
-UPDATE workers SET last_heartbeat_at = now()
- WHERE id = $1 AND incarnation = $2 AND state = 'alive'
-RETURNING id
-"""
-
-# $1 worker id, $2 assignment ids, $3 states, $4 exit codes (NULL for none), $5 started
-# (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9 details.
-# Only succeeded/failed outcomes of still-active assignments end them; anything else the
-# worker reports (a stop the control plane ordered) was or will be ended by the leader.
-RECORD_OUTCOMES = """
-WITH o AS (
-    SELECT * FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
-                         $7::text[], $8::text[], $9::text[])
-           AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
-                stderr_path, detail)
-     WHERE o.state IN ('succeeded', 'failed')
-),
-ended AS (
-    UPDATE assignments a
-       SET state = 'finished', ended_at = now(), end_reason = o.state
-      FROM o
-     WHERE a.id = o.assignment_id AND a.worker_id = $1 AND a.state = 'active'
- RETURNING a.id, a.job_id
-)
-UPDATE jobs j
-   SET state = o.state, exit_code = o.exit_code,
-       started_at = coalesce(to_timestamp(o.started_s), j.started_at),
-       finished_at = coalesce(to_timestamp(o.finished_s), now()),
-       stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
-  FROM ended JOIN o ON o.assignment_id = ended.id
- WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
-"""
-
-# $1 worker id, $2 running assignment ids. First heartbeat that lists an assignment confirms it.
-CONFIRM_RUNNING = """
-WITH confirmed AS (
-    UPDATE assignments SET confirmed_at = now()
-     WHERE id = ANY($2::bigint[]) AND worker_id = $1 AND state = 'active'
-       AND confirmed_at IS NULL
- RETURNING job_id
-)
-UPDATE jobs j SET state = 'running', started_at = coalesce(j.started_at, now())
-  FROM confirmed WHERE j.id = confirmed.job_id AND j.state = 'assigned'
-"""
-
-# $1 worker id, $2 running assignment ids. Those that are not active on this worker: stop them.
-ENDED_AMONG = """
-SELECT r.id FROM unnest($2::bigint[]) AS r(id)
- WHERE NOT EXISTS (
-     SELECT 1 FROM assignments a WHERE a.id = r.id AND a.worker_id = $1 AND a.state = 'active'
- )
+# One heartbeat, one statement: the function record_heartbeat in schema.sql records the
+# worker's liveness, its finished outcomes (ending the assignments still active) and its
+# running confirmations, and says which of the running assignments to stop.
+# $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
+# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 started (unix s),
+# $8 finished (unix s), $9 stdout paths, $10 stderr paths, $11 details.
+# Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
+# stop_assignment_ids.
+HEARTBEAT = """
+SELECT current_epoch, alive, stop_assignment_ids
+  FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::float8[],
+                        $8::float8[], $9::text[], $10::text[], $11::text[])
 """
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"

@@ -49,8 +49,8 @@ from ops.cluster import (
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.errors import InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
-from runtime.settings import AgentSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
+from runtime.errors import ClusterBusy, InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
+from runtime.settings import AgentSettings, IngestSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
 
 __all__ = ["app", "main"]
 
@@ -69,6 +69,7 @@ JOB_SLEEP_S = (2.0, 10.0)
 
 JOB_STATES = validation.JOB_STATES
 
+_INGEST = IngestSettings()
 _LEASE = LeaseSettings()
 _PLACER = PlacerSettings()
 _RECONCILER = ReconcilerSettings()
@@ -130,6 +131,13 @@ def _errors() -> Iterator[None]:
         yield
     except (InvalidArgument, NotFound) as exc:
         _fail(str(exc), EXIT_INVALID)
+    except ClusterBusy as exc:
+        _fail(
+            f"the cluster is too busy to take this now: every control plane answered 'busy' "
+            f"for {rpc.DEFAULT_BUSY_RETRY_S:g} s (what they refused was not stored); try again later. "
+            f"Details: {exc}",
+            EXIT_UNAVAILABLE,
+        )
     except (Unavailable, RemoteError, ClusterError, EmbeddedPostgresError) as exc:
         _fail(str(exc), EXIT_UNAVAILABLE)
 
@@ -345,6 +353,23 @@ def control_plane(
     reserve_after_s: Annotated[
         float, typer.Option(help="Only a job queued this long may reserve a worker, seconds.")
     ] = _PLACER.reserve_after_s,
+    ingest_pool_size: Annotated[
+        int, typer.Option(help="Database connections of the ControlPlane service.")
+    ] = _INGEST.pool_size,
+    liveness_reserved_connections: Annotated[
+        int,
+        typer.Option(help="Of those, connections only heartbeats and registrations may use."),
+    ] = _INGEST.liveness_reserved_connections,
+    shed_lag_s: Annotated[
+        float,
+        typer.Option(
+            help="Answer new work 'busy' while the service's event loop lags more than this, seconds."
+        ),
+    ] = _INGEST.shed_lag_s,
+    max_waiting_requests: Annotated[
+        int,
+        typer.Option(help="Answer new work 'busy' when this many requests already wait for the database."),
+    ] = _INGEST.max_waiting_requests,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
@@ -355,6 +380,7 @@ def control_plane(
     from actors.control_plane import main as control_plane_main
     from runtime.settings import (
         ControlPlaneSettings,
+        IngestSettings,
         LeaseSettings,
         PlacerSettings,
         ReconcilerSettings,
@@ -368,6 +394,12 @@ def control_plane(
             database_url=database_url,
             listen_host=host,
             listen_port=port,
+            ingest=IngestSettings(
+                pool_size=ingest_pool_size,
+                liveness_reserved_connections=liveness_reserved_connections,
+                shed_lag_s=shed_lag_s,
+                max_waiting_requests=max_waiting_requests,
+            ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,
                 renew_interval_s=lease_ttl_s / 4,

@@ -17,12 +17,15 @@ from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "call", "status", "with_client"]
+__all__ = ["DEFAULT_BUSY_RETRY_S", "DEFAULT_CALL_TIMEOUT_S", "call", "status", "with_client"]
 
 T = TypeVar("T")
 
 DEFAULT_CALL_TIMEOUT_S = 2.0
 """Deadline of one call to one control plane, in seconds."""
+
+DEFAULT_BUSY_RETRY_S = 30.0
+"""How long a command keeps asking again, backing off, while every control plane answers busy."""
 
 
 @attrs.frozen
@@ -35,6 +38,7 @@ def with_client(
     body: Callable[[ControlPlaneClient], Awaitable[T]],
     *,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    busy_retry_s: float = DEFAULT_BUSY_RETRY_S,
 ) -> T:
     """Run ``await body(client)`` in a fresh trio loop with the asyncio bridge open.
 
@@ -42,19 +46,22 @@ def with_client(
         addresses: ``host:port`` of the control planes, tried in order.
         body: the async function to run; gets a :class:`ControlPlaneClient`.
         timeout_s: deadline of one call to one control plane, in seconds.
+        busy_retry_s: how long one call keeps asking again while every replica is busy, in
+            seconds.
 
     Returns:
         what ``body`` returned.
 
     Raises:
         InvalidArgument: an address is malformed, or a replica refused the input.
+        ClusterBusy: every control plane stayed busy for ``busy_retry_s``.
         NoControlPlaneReachable: no control plane answered.
         Exception: whatever ``body`` raised, unwrapped.
     """
 
     async def main() -> T | _Failed:
         async with asyncio_bridge():
-            client = ControlPlaneClient(addresses, timeout_s=timeout_s)
+            client = ControlPlaneClient(addresses, timeout_s=timeout_s, busy_retry_s=busy_retry_s)
             try:
                 return await body(client)
             except Exception as exc:

@@ -9,14 +9,25 @@ status becomes :class:`InvalidArgument`, :class:`NotFound` or :class:`RemoteErro
 Cancellation: a trio cancel that lands inside an asyncpg call terminates that connection
 (its protocol state is unknown afterwards), so the owner reconnects; close and rollback are
 shielded, with a short deadline of their own.
+
+Served RPCs and their deadlines: grpclib runs each request in an asyncio task and, when the
+client's deadline (``grpc-timeout``) passes or the client resets the stream, cancels that task
+(``grpclib.server.request_handler``: a ``DeadlineWrapper`` timer, or ``Handler.cancel`` on a
+reset). The task awaits the trio handler through ``trio_as_aio``, so the cancel reaches the trio
+handler wherever it is, in the middle of an asyncpg call included, which would then terminate a
+pooled connection. A handler that must not lose its connection that way runs its database work
+under :func:`finish_despite_cancel`; it learns its client's deadline from :func:`rpc_deadline`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
@@ -30,7 +41,9 @@ from betterproto2.grpclib import ServiceBase, ServiceStub
 
 from runtime import log
 from runtime.errors import (
+    Busy,
     DatabaseUnavailable,
+    DeadlineExceeded,
     Deposed,
     InvalidArgument,
     NotFound,
@@ -266,6 +279,10 @@ class ReconnectingConnection:
             self._conn = None
 
 
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """A pool's reset that sends nothing (asyncpg has rolled back any open transaction)."""
+
+
 class PgPool:
     """A small asyncpg pool shared by concurrent request handlers (the ingest actor)."""
 
@@ -273,8 +290,28 @@ class PgPool:
         self._raw = raw
 
     @classmethod
-    async def create(cls, url: str, *, size: int, server_settings: dict[str, str] | None = None) -> PgPool:
-        """Open ``size`` connections to ``url``.
+    async def create(
+        cls,
+        url: str,
+        *,
+        size: int,
+        server_settings: dict[str, str] | None = None,
+        min_size: int = 1,
+        idle_close_s: float = 300.0,
+        reset_on_release: bool = True,
+    ) -> PgPool:
+        """A pool of up to ``size`` connections to ``url``, ``min_size`` of them opened now.
+
+        Args:
+            url: the database URL.
+            size: most connections open at once.
+            server_settings: PostgreSQL session settings of every connection.
+            min_size: connections opened at once and kept open.
+            idle_close_s: a connection unused this long is closed, in seconds (0: never).
+            reset_on_release: send asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``,
+                ``CLOSE ALL``, advisory locks released) when a connection is given back: one
+                more round trip per borrow. False skips it, for owners whose work changes no
+                session state; an open transaction is rolled back either way.
 
         Raises:
             DatabaseUnavailable: the server could not be reached.
@@ -283,10 +320,12 @@ class PgPool:
             raw = await run_aio(
                 asyncpg.create_pool,
                 url,
-                min_size=1,
+                min_size=min_size,
                 max_size=size,
+                max_inactive_connection_lifetime=idle_close_s,
                 server_settings=server_settings or {},
                 timeout=5.0,
+                reset=None if reset_on_release else _keep_session,
             )
         except _CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
@@ -327,6 +366,8 @@ class PgPool:
 # ---------------------------------------------------------------------------- gRPC server
 
 _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
+    (Busy, grpclib.const.Status.RESOURCE_EXHAUSTED),
+    (DeadlineExceeded, grpclib.const.Status.DEADLINE_EXCEEDED),
     (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
     (NotFound, grpclib.const.Status.NOT_FOUND),
     (Deposed, grpclib.const.Status.FAILED_PRECONDITION),
@@ -341,14 +382,98 @@ def _to_grpc_error(exc: StockadeError) -> grpclib.exceptions.GRPCError:
     return grpclib.exceptions.GRPCError(grpclib.const.Status.INTERNAL, str(exc))
 
 
+_STREAM_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "stockade_stream_deadline", default=None
+)
+"""The served request's deadline as ``time.monotonic()`` (asyncio side; None: no grpc-timeout)."""
+
+_RPC_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "stockade_rpc_deadline", default=math.inf
+)
+"""The served request's deadline in trio time (trio side)."""
+
+
+def rpc_deadline() -> float:
+    """The trio time (``trio.current_time()``) at which the client of the RPC being handled
+    stops waiting for its answer; ``math.inf`` when it sent no deadline or outside a handler
+    served by :func:`trio_service`."""
+    return _RPC_DEADLINE.get()
+
+
+@contextmanager
+def finish_despite_cancel(bound_s: float) -> Iterator[None]:
+    """Run the body to its end even when an enclosing scope is cancelled meanwhile (an RPC's
+    deadline passing, its client resetting the stream), for at most ``bound_s`` seconds.
+
+    For database work of a request handler: a cancel landing inside an asyncpg call terminates
+    the connection (:class:`PgConnection`), and a replica that answers late would then
+    reconnect, a new server process each time, on a machine that is already short of CPU. The
+    work's own server-side timeouts (``statement_timeout``, ``lock_timeout``) end it in time;
+    ``bound_s`` is the last resort for a connection that stalled with no server timeout to end
+    it, and only then is the connection dropped. A cancel that arrived meanwhile is delivered
+    at the caller's next checkpoint, so an answer nobody waits for is simply not sent.
+
+    Args:
+        bound_s: the longest the body may run, in seconds.
+
+    Raises:
+        DatabaseUnavailable: the body ran longer than ``bound_s`` (it was cancelled at that
+            point; a connection in the middle of a call was terminated).
+    """
+    try:
+        with trio.CancelScope(shield=True), trio.fail_after(bound_s):
+            yield
+    except trio.TooSlowError as exc:
+        raise DatabaseUnavailable(f"database work took longer than {bound_s:g} s") from exc
+
+
+async def _call_in_trio(
+    fn: Callable[[Any], Awaitable[Any]], message: Any, deadline_monotonic: float | None
+) -> Any:
+    # Converted here, in the trio task, so the hand-over from asyncio counts against the deadline.
+    deadline = math.inf
+    if deadline_monotonic is not None:
+        deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
+    token = _RPC_DEADLINE.set(deadline)
+    try:
+        result = await fn(message)
+    except StockadeError:
+        await trio.lowlevel.checkpoint()
+        raise
+    finally:
+        _RPC_DEADLINE.reset(token)
+    # A client that gave up while the handler finished its work (finish_despite_cancel) gets no
+    # answer: the cancel lands here, and grpclib ends the stream as cancelled instead of
+    # trying to send a reply on a stream that is gone (which it logs as an error).
+    await trio.lowlevel.checkpoint()
+    return result
+
+
+def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """Wrap a generated ``__rpc_*`` stream handler so the request's deadline is known inside."""
+
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        deadline = stream.deadline
+        token = _STREAM_DEADLINE.set(
+            None if deadline is None else time.monotonic() + deadline.time_remaining()
+        )
+        try:
+            await func(stream)
+        finally:
+            _STREAM_DEADLINE.reset(token)
+
+    return handle
+
+
 def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
     Each RPC of the generated ``base`` class is served by the same-named trio method of
     ``impl``, which takes the request message and returns the reply message; an RPC ``impl``
-    lacks answers UNIMPLEMENTED. StockadeErrors
-    become gRPC statuses: InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND,
-    Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others -> INTERNAL.
+    lacks answers UNIMPLEMENTED. Inside it, :func:`rpc_deadline` tells when the client stops
+    waiting. StockadeErrors become gRPC statuses: Busy -> RESOURCE_EXHAUSTED,
+    DeadlineExceeded -> DEADLINE_EXCEEDED, InvalidArgument -> INVALID_ARGUMENT, NotFound ->
+    NOT_FOUND, Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others -> INTERNAL.
     """
     methods: dict[str, Any] = {}
     for name, fn in vars(base).items():
@@ -360,11 +485,21 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
 
         async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
             try:
-                return await trio_asyncio.trio_as_aio(_trio_fn)(message)
+                return await trio_asyncio.trio_as_aio(_call_in_trio)(
+                    _trio_fn, message, _STREAM_DEADLINE.get()
+                )
             except StockadeError as exc:
                 raise _to_grpc_error(exc) from exc
 
         methods[name] = rpc
+
+    def mapping(self: Any) -> dict[str, Any]:
+        handlers = base.__mapping__(self)  # type: ignore[attr-defined]
+        return {
+            path: handler._replace(func=_keeping_deadline(handler.func)) for path, handler in handlers.items()
+        }
+
+    methods["__mapping__"] = mapping
     return type(f"Trio{base.__name__}", (base,), methods)()
 
 
@@ -432,6 +567,8 @@ class GrpcChannel:
         """Call a stub's bound ``method`` with ``request`` and a deadline of ``timeout_s``.
 
         Raises:
+            Busy: the peer answered RESOURCE_EXHAUSTED: it is overloaded and did not start the
+                request (nothing was stored; asking another peer is safe).
             Unavailable: the peer did not answer in time, refused the connection, or
                 answered UNAVAILABLE / DEADLINE_EXCEEDED.
             InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
@@ -445,6 +582,8 @@ class GrpcChannel:
             raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
         except grpclib.exceptions.GRPCError as exc:
             message = exc.message or ""
+            if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
+                raise Busy(f"{self.address}: {message}") from exc
             if exc.status in _RETRYABLE_STATUS:
                 raise Unavailable(f"{self.address}: {exc.status.name}: {message}") from exc
             if exc.status == grpclib.const.Status.INVALID_ARGUMENT:

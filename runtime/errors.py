@@ -5,6 +5,8 @@
 - :class:`Deposed`: this replica's epoch is no longer current; stop deciding.
 - :class:`InvalidArgument` / :class:`NotFound`: the caller's input is wrong (gRPC
   INVALID_ARGUMENT / NOT_FOUND at the boundary).
+- :class:`Busy`: a replica refused new work because it is overloaded (gRPC RESOURCE_EXHAUSTED);
+  nothing was stored, so asking another replica, or the same one later, is safe.
 """
 
 from __future__ import annotations
@@ -41,6 +43,35 @@ class Unavailable(TemporaryError):
 
 class NoControlPlaneReachable(Unavailable):
     """Every control-plane address in the list failed; the message lists why for each."""
+
+
+class Busy(Unavailable):
+    """A control plane is overloaded and refused the request before doing any of it.
+
+    Raised by the ingest when it sheds new work (gRPC RESOURCE_EXHAUSTED on the wire) and by
+    :meth:`runtime.aio.GrpcChannel.call` when a peer answers RESOURCE_EXHAUSTED. A busy answer
+    means the request was not started: nothing was stored, so retrying it (a submission
+    included) elsewhere or later never duplicates it.
+
+    Args:
+        message: who is busy and why, e.g. ``"busy: cp-1 is overloaded (...), try another
+            replica"``.
+        retry_after_s: the suggested delay before asking this replica again, in seconds.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.1) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+
+
+class ClusterBusy(NoControlPlaneReachable):
+    """Every control plane that answered was busy, for as long as the caller was willing to
+    retry (``busy_retry_s``); the message says how long and how each replica answered last.
+    Nothing the busy replicas refused was stored."""
+
+
+class DeadlineExceeded(TemporaryError):
+    """A request's deadline passed before its handler could start its database work: it was
+    not started (gRPC DEADLINE_EXCEEDED on the wire)."""
 
 
 class Deposed(StockadeError):

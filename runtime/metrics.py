@@ -69,6 +69,18 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
     buckets=LAG_BUCKETS_S,
 )
 
+INGEST_SHED_REQUESTS = Counter(
+    "stockade_ingest_shed_requests",
+    "Requests the ingest refused as busy (RESOURCE_EXHAUSTED) without touching the database, "
+    "by rpc (actors.admission).",
+    ["rpc"],
+)
+INGEST_EXPIRED_REQUESTS = Counter(
+    "stockade_ingest_expired_requests",
+    "Requests the ingest did not start because their client's deadline had passed, by rpc.",
+    ["rpc"],
+)
+
 
 def serve(port: int) -> None:
     """Serve /metrics on 127.0.0.1:``port`` from a background thread."""

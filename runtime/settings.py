@@ -123,6 +123,37 @@ class DispatchSettings:
 
 
 @attrs.frozen(kw_only=True)
+class IngestSettings:
+    """The ControlPlane gRPC service's database capacity and how it sheds load (see
+    :mod:`actors.admission`)."""
+
+    pool_size: int = attrs.field(default=8, validator=_positive)
+    """Database connections of the service, all opened at start and kept open."""
+    liveness_reserved_connections: int = attrs.field(default=2, validator=_positive)
+    """Connections only heartbeats, registrations and the replica's presence may use; every
+    other RPC shares the remaining ``pool_size - liveness_reserved_connections``."""
+    shed_lag_s: float = attrs.field(default=0.25, validator=_positive)
+    """Refuse new work (RESOURCE_EXHAUSTED, "busy") while the ingest loop's worst lag over the
+    last second exceeds this, in seconds."""
+    max_waiting_requests: int = attrs.field(default=16, validator=_non_negative)
+    """Refuse new work that would wait for a database connection behind this many others."""
+    answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
+    """Longest a request's database work may run once started, in seconds. It is not
+    cancelled by its client's deadline (its server-side ``statement_timeout`` of 5 s bounds
+    it); past this bound, a stalled connection is dropped."""
+    shed_log_every_s: float = attrs.field(default=5.0, validator=_positive)
+    """At most one log line about refused requests per this many seconds."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.liveness_reserved_connections >= self.pool_size:
+            raise InvalidArgument(
+                "liveness_reserved_connections",
+                self.liveness_reserved_connections,
+                f"must be < pool_size = {self.pool_size} (other RPCs need a connection too)",
+            )
+
+
+@attrs.frozen(kw_only=True)
 class ControlPlaneSettings:
     """Everything one control-plane replica needs."""
 
@@ -135,10 +166,9 @@ class ControlPlaneSettings:
     """gRPC port of the ControlPlane service; 0 picks a free one."""
     advertise_address: str = ""
     """host:port others should use; defaults to listen_host:actual port."""
-    ingest_pool_size: int = attrs.field(default=8, validator=_positive)
-    """Database connections for submissions, registrations, heartbeats and status."""
     presence_interval_s: float = attrs.field(default=1.0, validator=_positive)
     """How often the replica records that it is up (control_planes.seen_at)."""
+    ingest: IngestSettings = attrs.field(factory=IngestSettings)
     lease: LeaseSettings = attrs.field(factory=LeaseSettings)
     ledger: LedgerSettings = attrs.field(factory=LedgerSettings)
     placer: PlacerSettings = attrs.field(factory=PlacerSettings)

@@ -336,8 +336,8 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         await commit(ledger, 1, 1, 2, 3, 4)
         assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 3000
         assert await db.fetchval(ALLOCATION_MATCHES)
-        await db.execute(
-            queries.RECORD_OUTCOMES, "w-1", [1], ["succeeded"], [0], [None], [None], [None], [None], [""]
+        await db.fetchrow(
+            queries.HEARTBEAT, "w-1", 0, [], [1], ["succeeded"], [0], [None], [None], [None], [None], [""]
         )
         reply: Reply[object] = Reply()
         await ledger.send(

@@ -14,6 +14,7 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, NotFound
+from runtime.settings import IngestSettings
 
 
 @pytest.fixture
@@ -25,8 +26,8 @@ async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, P
             database_url=database_url,
             listen_host="127.0.0.1",
             listen_port=0,
-            pool_size=2,
             presence_interval_s=1.0,
+            settings=IngestSettings(pool_size=2, liveness_reserved_connections=1),
         )
         await nursery.start(ingest.run)
         cp = ControlPlaneClient([ingest.address], timeout_s=5.0)
@@ -174,7 +175,7 @@ async def test_a_replica_frozen_mid_heartbeat_does_not_block_that_worker_for_lon
     frozen = await PgConnection.connect(database_url, server_settings=dict(SESSION_SETTINGS))
     try:
         await frozen.execute("BEGIN")
-        await frozen.fetchval(queries.RECORD_HEARTBEAT, "w-1", reg.incarnation)  # holds the row
+        await frozen.fetchrow(queries.HEARTBEAT, "w-1", reg.incarnation, *[[]] * 9)  # holds the row
         started = trio.current_time()
         with trio.fail_after(1.5):
             while True:
@@ -189,3 +190,65 @@ async def test_a_replica_frozen_mid_heartbeat_does_not_block_that_worker_for_lon
         assert trio.current_time() - started < 1.2
     finally:
         frozen.terminate()
+
+
+async def test_one_heartbeat_statement_confirms_records_outcomes_and_names_what_to_stop(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """The first heartbeat listing an assignment confirms it (its job runs); an id not active
+    on the worker is to be stopped; a finished outcome ends its assignment and job, and is
+    recorded even when it comes from an incarnation that has to register again."""
+    cp, admin = client
+    reg = await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=4000),
+    )
+    first = (await cp.call("submit_job", sleep_job())).job_id
+    second = (await cp.call("submit_job", sleep_job())).job_id
+    a1, a2 = [
+        await admin.fetchval(
+            "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)"
+            " VALUES ($1, 'w-1', $2, 500, 256, 0) RETURNING id",
+            job_id,
+            reg.incarnation,
+        )
+        for job_id in (first, second)
+    ]
+    await admin.execute("UPDATE jobs SET state = 'assigned'")
+    beat = await cp.call(
+        "heartbeat",
+        pb.HeartbeatRequest(
+            worker_id="w-1", incarnation=reg.incarnation, running_assignment_ids=[a1, a2, 999]
+        ),
+    )
+    assert (beat.reregister, list(beat.stop_assignment_ids)) == (False, [999])
+    assert await admin.fetchval("SELECT count(*) FROM assignments WHERE confirmed_at IS NOT NULL") == 2
+    assert [r["state"] for r in await admin.fetch("SELECT state FROM jobs ORDER BY id")] == [
+        "running",
+        "running",
+    ]
+    done = pb.JobOutcome(assignment_id=a1, job_id=first, state="succeeded", has_exit_code=True, exit_code=0)
+    beat = await cp.call(
+        "heartbeat",
+        pb.HeartbeatRequest(
+            worker_id="w-1", incarnation=reg.incarnation, running_assignment_ids=[a2], finished=[done]
+        ),
+    )
+    assert (beat.reregister, list(beat.stop_assignment_ids)) == (False, [])
+    assert await admin.fetchval("SELECT state FROM assignments WHERE id = $1", a1) == "finished"
+    assert (
+        await admin.fetchval("SELECT state || ' ' || exit_code FROM jobs WHERE id = $1", first)
+        == "succeeded 0"
+    )
+    await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=4000),
+    )
+    failed = pb.JobOutcome(assignment_id=a2, job_id=second, state="failed", has_exit_code=True, exit_code=3)
+    beat = await cp.call(
+        "heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=reg.incarnation, finished=[failed])
+    )
+    assert beat.reregister
+    assert (
+        await admin.fetchval("SELECT state || ' ' || exit_code FROM jobs WHERE id = $1", second) == "failed 3"
+    )

@@ -1,0 +1,140 @@
+"""How much one heartbeat costs a control plane: handler time and database round trips.
+
+Calls the ingest's Heartbeat handler directly (no gRPC), ``--count`` times for one worker that
+reports ``--running`` running assignments (the steady state of a busy worker), on a database of
+its own, and prints the handler time per heartbeat (mean, p50, p99) and the round trips to
+the database per heartbeat (asyncpg calls, the pool's reset on release included)::
+
+    python -m ops.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
+
+Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
+The handler and the pool are the ingest's own, so running this file from another checkout
+(``PYTHONPATH=that-checkout``) measures that version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import trio
+
+from actors import ingest, queries
+from ops.pg import EmbeddedPostgres, free_port
+from protocol import pb
+from runtime.aio import PgPool, asyncio_bridge
+
+_COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
+
+
+def _count_round_trips() -> list[int]:
+    """Count every call of an asyncpg connection's query methods (one round trip each, once
+    the statement is prepared); returns the one-element counter."""
+    counter = [0]
+    for name in _COUNTED:
+        original = getattr(asyncpg.connection.Connection, name)
+
+        @functools.wraps(original)
+        async def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            counter[0] += 1
+            return await _original(self, *args, **kwargs)
+
+        setattr(asyncpg.connection.Connection, name, counted)
+    return counter
+
+
+async def _open_pool(url: str) -> PgPool:
+    open_pool = getattr(ingest, "open_pool", None)
+    if open_pool is not None:
+        settings = ingest.IngestSettings()  # type: ignore[attr-defined]
+        return await open_pool("cp-m", url, settings)  # type: ignore[no-any-return]
+    # A checkout from before open_pool: the pool as its Ingest.run made it.
+    return await PgPool.create(
+        url, size=8, server_settings={"application_name": "stockade cp-m ingest", **ingest.SESSION_SETTINGS}
+    )
+
+
+async def measure(url: str, count: int, running: int) -> dict[str, float]:
+    """Time ``count`` heartbeats (after 200 unmeasured ones) and count their round trips."""
+    await ingest.apply_schema(url)
+    pool = await _open_pool(url)
+    try:
+        service = ingest.ControlPlaneService(cp_id="cp-m", pool=pool)
+        reg = await service.register_worker(
+            pb.RegisterWorkerRequest(
+                worker_id="w-m", address="127.0.0.1:9", cpu_millis=64000, memory_mb=65536
+            )
+        )
+        assignment_ids: list[int] = []
+        async with pool.acquire() as conn:
+            for index in range(running):
+                job_id = await conn.fetchval(
+                    queries.SUBMIT_JOB, f"j{index}", 100, 10, 0, "sleep", 60_000, None
+                )
+                assignment_ids.append(
+                    await conn.fetchval(
+                        "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis,"
+                        " memory_mb, epoch) VALUES ($1, 'w-m', $2, 100, 10, 0) RETURNING id",
+                        job_id,
+                        reg.incarnation,
+                    )
+                )
+            await conn.execute("UPDATE jobs SET state = 'assigned'")
+        request = pb.HeartbeatRequest(
+            worker_id="w-m", incarnation=reg.incarnation, running_assignment_ids=assignment_ids
+        )
+        for _ in range(200):
+            reply = await service.heartbeat(request)
+        assert not reply.reregister and not reply.stop_assignment_ids, reply
+        counter = _count_round_trips()
+        times_s: list[float] = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await service.heartbeat(request)
+            times_s.append(time.perf_counter() - started)
+        times_s.sort()
+        return {
+            "heartbeats": count,
+            "running": running,
+            "mean_ms": statistics.fmean(times_s) * 1000,
+            "p50_ms": times_s[len(times_s) // 2] * 1000,
+            "p99_ms": times_s[int(len(times_s) * 0.99)] * 1000,
+            "round_trips_per_heartbeat": counter[0] / count,
+        }
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", help="a database to use (its schema is applied)")
+    parser.add_argument("--count", type=int, default=2000, help="heartbeats measured")
+    parser.add_argument("--running", type=int, default=4, help="running assignments each heartbeat lists")
+    args = parser.parse_args()
+
+    async def run(url: str) -> dict[str, float]:
+        async with asyncio_bridge():
+            return await measure(url, args.count, args.running)
+
+    if args.database_url:
+        result = trio.run(run, args.database_url)
+    else:
+        with tempfile.TemporaryDirectory(prefix="stockade-measure-") as folder:
+            server = EmbeddedPostgres(data_dir=Path(folder), port=free_port())
+            try:
+                result = trio.run(run, server.start())
+            finally:
+                server.stop()
+    print(f"heartbeat handler at {ingest.__file__}")
+    for key, value in result.items():
+        print(f"  {key:28} {value:.3f}" if isinstance(value, float) else f"  {key:28} {value}")
+
+
+if __name__ == "__main__":
+    main()
