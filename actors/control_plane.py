@@ -114,7 +114,7 @@ async def run_control_plane(
     main_lag = LoopLag(loop="main")
     main_token = trio.lowlevel.current_trio_token()
     lease_loop = OwnLoop("lease")
-    ingest_loop = OwnLoop("ingest")
+    ingest_loop = OwnLoop("ingest", monitor_lag=False)  # the ingest runs its own: it sheds by it
     # Consumed on the lease keeper's loop, fed from the main loop's lease channel by relay_lease.
     lease_inbox_send, lease_inbox_recv = trio.open_memory_channel[LeaseInbox](1024)
 

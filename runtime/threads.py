@@ -79,8 +79,10 @@ class OwnLoop:
     """
 
     name: str
+    monitor_lag: bool = True
+    """Run a :class:`LoopLag` named ``name`` on the hosted loop (False: the actor runs its own)."""
     lag: LoopLag | None = None
-    """The hosted loop's lag monitor, while it runs."""
+    """The hosted loop's lag monitor, while it runs (with ``monitor_lag``)."""
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
     _token: trio.lowlevel.TrioToken | None = None
     _waiting: list[tuple[Callable[..., Any], tuple[Any, ...]]] = attrs.field(factory=list)
@@ -116,9 +118,10 @@ async def run_on_own_loop(
 ) -> None:
     """Run ``actor`` (the ``nursery.start`` protocol) on a new thread with a trio loop of its own.
 
-    The thread's loop opens an asyncio bridge, starts a :class:`LoopLag` named ``loop.name``,
-    then ``await nursery.start(actor)``; ``task_status.started()`` follows the actor's. The
-    actor's logging context is this task's (``contextvars`` are copied into the thread).
+    The thread's loop opens an asyncio bridge, starts a :class:`LoopLag` named ``loop.name``
+    (unless ``loop.monitor_lag`` is False), then ``await nursery.start(actor)``;
+    ``task_status.started()`` follows the actor's. The actor's logging context is this task's
+    (``contextvars`` are copied into the thread).
 
     Returns when the actor returns. Cancelling this task cancels the hosted loop and waits
     (shielded) until its actor has finished its own cleanup, so a cancelled control plane
@@ -134,12 +137,12 @@ async def run_on_own_loop(
     child: dict[str, Any] = {}
 
     async def hosted() -> None:
-        lag = LoopLag(loop=loop.name)
-        loop.lag = lag
         async with asyncio_bridge(), trio.open_nursery() as nursery:
             child["scope"] = nursery.cancel_scope
             loop._attach(trio.lowlevel.current_trio_token())
-            nursery.start_soon(lag.run)
+            if loop.monitor_lag:
+                loop.lag = LoopLag(loop=loop.name)
+                nursery.start_soon(loop.lag.run)
 
             async def actor_then_stop(*, task_status: trio.TaskStatus[None]) -> None:
                 try:
