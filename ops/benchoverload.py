@@ -47,7 +47,7 @@ from ops.cluster import LocalCluster, StateDir
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.errors import InvalidArgument, StockadeError
+from runtime.errors import ClusterBusy, InvalidArgument, StockadeError
 
 KINDS = ("command", "sleep")
 
@@ -137,11 +137,11 @@ async def _submit_batch(client: ControlPlaneClient, specs: list[pb.JobSpec], ste
     """Submit one batch once (no retry: the generator is an open loop)."""
     try:
         reply = await client.call("submit_jobs", pb.SubmitJobsRequest(specs=specs))
-    except StockadeError as exc:
-        if "busy" in str(exc):
-            step.shed += len(specs)
-        else:
-            step.failed += len(specs)
+    except ClusterBusy:
+        step.shed += len(specs)
+        return
+    except StockadeError:
+        step.failed += len(specs)
         return
     step.accepted += len(specs)
     step.job_ids.extend(int(j) for j in reply.job_ids)
@@ -198,7 +198,10 @@ async def run_overload(
         )
         config = ready.config
         async with asyncio_bridge():
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=settings.submit_timeout_s)
+            # busy_retry_s 0: a batch every replica refuses is shed, not asked again (open loop).
+            client = ControlPlaneClient(
+                config.control_plane_addresses, timeout_s=settings.submit_timeout_s, busy_retry_s=0
+            )
             db = await PgConnection.connect(config.database_url)
             sampler_db = await PgConnection.connect(config.database_url)
             run_started = trio.current_time()
