@@ -145,13 +145,56 @@ BEGIN
     END IF;
 END $$;
 
+-- The send window's counters per worker (the placer's pacing, actors/placement.py), kept exact
+-- by the same triggers, for the worker's current incarnation only:
+--   unconfirmed_assignments = its active assignments no heartbeat has listed yet
+--                             (state 'active' and confirmed_at IS NULL);
+--   confirmed_assignments   = its assignments a heartbeat has listed, as running
+--                             (confirmed_at set) or as finished (state 'finished').
+-- REGISTER_WORKER sets both to 0 with the new incarnation (nothing is addressed to it yet). The
+-- triggers add a row's change only to the worker row whose incarnation is the row's; under READ
+-- COMMITTED an UPDATE that meets a concurrent registration re-reads the row and its incarnation,
+-- so an assignment of the previous incarnation never counts for the new one.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_name = 'workers' AND column_name = 'unconfirmed_assignments') THEN
+        ALTER TABLE workers ADD COLUMN unconfirmed_assignments integer NOT NULL DEFAULT 0,
+                            ADD COLUMN confirmed_assignments integer NOT NULL DEFAULT 0;
+        UPDATE workers w
+           SET unconfirmed_assignments = a.unconfirmed, confirmed_assignments = a.confirmed
+          FROM (SELECT worker_id, worker_incarnation,
+                       count(*) FILTER (WHERE state = 'active' AND confirmed_at IS NULL) AS unconfirmed,
+                       count(*) FILTER (WHERE confirmed_at IS NOT NULL OR state = 'finished') AS confirmed
+                  FROM assignments GROUP BY worker_id, worker_incarnation) a
+         WHERE w.id = a.worker_id AND w.incarnation = a.worker_incarnation;
+    END IF;
+END $$;
+
+-- Both triggers turn the statement's rows into changes per (worker, incarnation), then update
+-- each worker row once: allocation by worker, counters for the row's incarnation only (one
+-- UPDATE ... FROM row per worker: a worker matched by two source rows would be updated once).
 CREATE OR REPLACE FUNCTION assignments_allocate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE workers w
        SET cpu_allocated_millis = w.cpu_allocated_millis + n.cpu,
-           memory_allocated_mb = w.memory_allocated_mb + n.mem
-      FROM (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
-              FROM created WHERE state = 'active' GROUP BY worker_id) n
+           memory_allocated_mb = w.memory_allocated_mb + n.mem,
+           unconfirmed_assignments = w.unconfirmed_assignments
+               + coalesce(n.unconfirmed[array_position(n.incarnations, w.incarnation)], 0),
+           confirmed_assignments = w.confirmed_assignments
+               + coalesce(n.confirmed[array_position(n.incarnations, w.incarnation)], 0)
+      FROM (SELECT worker_id, sum(cpu) AS cpu, sum(mem) AS mem,
+                   array_agg(worker_incarnation) AS incarnations,
+                   array_agg(unconfirmed) AS unconfirmed, array_agg(confirmed) AS confirmed
+              FROM (SELECT worker_id, worker_incarnation,
+                           coalesce(sum(cpu_millis) FILTER (WHERE state = 'active'), 0) AS cpu,
+                           coalesce(sum(memory_mb) FILTER (WHERE state = 'active'), 0) AS mem,
+                           count(*) FILTER (WHERE state = 'active' AND confirmed_at IS NULL)::int
+                               AS unconfirmed,
+                           count(*) FILTER (WHERE confirmed_at IS NOT NULL OR state = 'finished')::int
+                               AS confirmed
+                      FROM created GROUP BY worker_id, worker_incarnation) c
+             GROUP BY worker_id) n
      WHERE w.id = n.worker_id;
     RETURN NULL;
 END $$;
@@ -160,10 +203,32 @@ CREATE OR REPLACE FUNCTION assignments_release() RETURNS trigger LANGUAGE plpgsq
 BEGIN
     UPDATE workers w
        SET cpu_allocated_millis = w.cpu_allocated_millis - n.cpu,
-           memory_allocated_mb = w.memory_allocated_mb - n.mem
-      FROM (SELECT o.worker_id, sum(o.cpu_millis) AS cpu, sum(o.memory_mb) AS mem
-              FROM before_rows o JOIN after_rows a ON a.id = o.id
-             WHERE o.state = 'active' AND a.state <> 'active' GROUP BY o.worker_id) n
+           memory_allocated_mb = w.memory_allocated_mb - n.mem,
+           unconfirmed_assignments = w.unconfirmed_assignments
+               + coalesce(n.unconfirmed[array_position(n.incarnations, w.incarnation)], 0),
+           confirmed_assignments = w.confirmed_assignments
+               + coalesce(n.confirmed[array_position(n.incarnations, w.incarnation)], 0)
+      FROM (SELECT worker_id, sum(cpu) AS cpu, sum(mem) AS mem,
+                   array_agg(worker_incarnation) AS incarnations,
+                   array_agg(unconfirmed) AS unconfirmed, array_agg(confirmed) AS confirmed
+              FROM (SELECT o.worker_id, o.worker_incarnation,
+                           coalesce(sum(o.cpu_millis) FILTER (WHERE o.state = 'active'
+                                                               AND a.state <> 'active'), 0) AS cpu,
+                           coalesce(sum(o.memory_mb) FILTER (WHERE o.state = 'active'
+                                                              AND a.state <> 'active'), 0) AS mem,
+                           (count(*) FILTER (WHERE a.state = 'active' AND a.confirmed_at IS NULL)
+                            - count(*) FILTER (WHERE o.state = 'active' AND o.confirmed_at IS NULL))::int
+                               AS unconfirmed,
+                           (count(*) FILTER (WHERE a.confirmed_at IS NOT NULL OR a.state = 'finished')
+                            - count(*) FILTER (WHERE o.confirmed_at IS NOT NULL OR o.state = 'finished'))::int
+                               AS confirmed
+                      FROM before_rows o JOIN after_rows a ON a.id = o.id
+                     -- only rows whose change moves a total
+                     WHERE (o.state = 'active') <> (a.state = 'active')
+                        OR (o.confirmed_at IS NULL) <> (a.confirmed_at IS NULL)
+                        OR (o.state = 'finished') <> (a.state = 'finished')
+                     GROUP BY o.worker_id, o.worker_incarnation) c
+             GROUP BY worker_id) n
      WHERE w.id = n.worker_id;
     RETURN NULL;
 END $$;
@@ -266,5 +331,22 @@ BEGIN
              SELECT 1 FROM assignments a
               WHERE a.id = r.id AND a.worker_id = p_worker_id AND a.state = 'active'
          );
+    END IF;
+END $$;
+
+-- Requeue backoff (actors/reconciler.py): how often a job was lost with its worker (worker dead
+-- or registered again, or an unconfirmed assignment withdrawn), and the database time before
+-- which it must not be placed again. Written with the requeue, in its fenced transaction, so a
+-- new leader honours it.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_name = 'jobs' AND column_name = 'losses') THEN
+        ALTER TABLE jobs ADD COLUMN losses integer NOT NULL DEFAULT 0,
+                         ADD COLUMN not_before timestamptz;
+        UPDATE jobs j SET losses = a.lost
+          FROM (SELECT job_id, count(*) AS lost FROM assignments
+                 WHERE state = 'lost' OR end_reason = 'unconfirmed' GROUP BY job_id) a
+         WHERE j.id = a.job_id;
     END IF;
 END $$;

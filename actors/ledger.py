@@ -312,7 +312,9 @@ class Ledger:
                 [worker_id for worker_id, _ in message.workers],
                 [incarnation for _, incarnation in message.workers],
             )
-        row = await conn.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, message.epoch)
+        row = await conn.fetchrow(
+            queries.END_ORPHANED_ASSIGNMENTS, message.epoch, list(message.requeue_backoff_caps_s)
+        )
         assert row is not None
         return ReconcileResult(
             dead_worker_ids=tuple(r["id"] for r in dead),
@@ -327,5 +329,6 @@ class Ledger:
             list(message.assignment_ids),
             message.reason,
             message.requeue,
+            list(message.requeue_backoff_caps_s),
         )
         return tuple(int(r["id"]) for r in rows)

@@ -120,12 +120,15 @@ class DeclareDeadWorkers:
     """Under ``epoch``: declare dead the listed (worker_id, incarnation) pairs, each only if it
     is still alive in that incarnation and still has no heartbeat for ``dead_after_s``
     (re-checked by database time in the same transaction); end the active assignments of dead
-    workers and of incarnations no longer current (orphans) as lost, and requeue their jobs.
-    An empty ``workers`` only ends orphans."""
+    workers and of incarnations no longer current (orphans) as lost, and requeue their jobs,
+    each not to be placed again before a random time below its backoff cap (seconds; entry k
+    of ``requeue_backoff_caps_s`` after the job's k-th loss, the last entry after any later
+    one; empty: no backoff). An empty ``workers`` only ends orphans."""
 
     epoch: int
     workers: tuple[tuple[str, int], ...]
     dead_after_s: float
+    requeue_backoff_caps_s: tuple[float, ...]
     reply: Reply[ReconcileResult]
 
 
@@ -133,14 +136,16 @@ class DeclareDeadWorkers:
 class EndAssignments:
     """Under ``epoch``: end active assignments that their worker acknowledged cancelling.
 
-    ``requeue`` True puts the job back to pending (an unconfirmed assignment withdrawn);
-    False marks the job cancelled (the user asked). The reply lists the ids really ended.
+    ``requeue`` True puts the job back to pending (an unconfirmed assignment withdrawn: a loss,
+    with the backoff of :class:`DeclareDeadWorkers`, ``requeue_backoff_caps_s``); False marks
+    the job cancelled (the user asked). The reply lists the ids really ended.
     """
 
     epoch: int
     assignment_ids: tuple[int, ...]
     requeue: bool
     reason: str
+    requeue_backoff_caps_s: tuple[float, ...]
     reply: Reply[tuple[int, ...]]
 
 

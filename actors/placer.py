@@ -15,6 +15,13 @@ The pending queue is read in full when the replica becomes leader and every
 A job the queue misses is only placed later; the claim in the commit (pending jobs only)
 keeps a stale queue from ever placing a job twice. When neither the queue nor any worker's
 free room changed since a round that found nothing to do, the decision is skipped.
+
+Under overload (DESIGN.md): a round places on a worker at most what its send window allows
+(:func:`actors.placement.placement_limit`, from the counters the database keeps in the worker's
+row), so a new, re-registered or stalled worker is not flooded; a requeued job waits out its
+backoff (``jobs.not_before``, read as a wait in seconds by database time and kept in the queue
+in trio time) before it is placed again, and its pending reason says so; and the decision runs
+in slices with a checkpoint between them, so a large round does not hold the event loop.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from actors.messages import (
     Placement,
     WorkerRef,
 )
-from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
+from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place_queue_steps, placement_limit
 from actors.role import RoleView
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
@@ -47,6 +54,9 @@ from runtime.settings import PlacerSettings
 RESERVING_RECHECK_S = 1.0
 """How often the placer asks whether the jobs holding reservations are still pending."""
 
+ROWS_PER_STEP = 2000
+"""Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""
+
 
 @attrs.frozen(kw_only=True)
 class LiveWorker:
@@ -54,15 +64,21 @@ class LiveWorker:
 
     ref: WorkerRef
     room: WorkerRoom
+    unconfirmed: int = 0
+    """Its incarnation's active assignments no heartbeat has listed yet."""
+    confirmed: int = 0
+    """Its incarnation's assignments a heartbeat has listed (running or finished) so far."""
 
 
 @attrs.frozen(kw_only=True)
 class WaitingJob:
-    """A pending job, the reason currently stored for it, and when it became pending."""
+    """A pending job, the reason currently stored for it, when it became pending, and how long
+    it must still wait for its requeue backoff (seconds, by database time at the read)."""
 
     job: PendingJob
     reason: str
     pending_seq: int = 0
+    wait_s: float = 0.0
 
 
 class PlacerStore(Protocol):
@@ -94,6 +110,7 @@ def _waiting(row: Any) -> WaitingJob:
         ),
         reason=row["reason"],
         pending_seq=int(row["pending_seq"] or 0),
+        wait_s=float(row["wait_s"] or 0.0),
     )
 
 
@@ -105,8 +122,10 @@ _WORKER_COLUMNS = (
     "memory_mb",
     "cpu_allocated_millis",
     "memory_allocated_mb",
+    "unconfirmed_assignments",
+    "confirmed_assignments",
 )
-_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_seq")
+_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_seq", "wait_s")
 
 
 def _live_worker(
@@ -117,6 +136,8 @@ def _live_worker(
     memory: int,
     cpu_allocated: int,
     memory_allocated: int,
+    unconfirmed: int,
+    confirmed: int,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -127,6 +148,8 @@ def _live_worker(
             cpu_allocated_millis=int(cpu_allocated),
             memory_allocated_mb=int(memory_allocated),
         ),
+        unconfirmed=int(unconfirmed),
+        confirmed=int(confirmed),
     )
 
 
@@ -162,13 +185,20 @@ class PgPlacerStore:
                 r["memory_mb"],
                 r["cpu_allocated_millis"],
                 r["memory_allocated_mb"],
+                r["unconfirmed_assignments"],
+                r["confirmed_assignments"],
             )
             for r in rows
         ]
 
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         rows = await (await self._connection()).fetch(queries.PENDING_JOBS, limit)
-        return [_waiting(r) for r in rows]
+        waiting: list[WaitingJob] = []
+        for start in range(0, len(rows), ROWS_PER_STEP):
+            if start:
+                await trio.lowlevel.checkpoint()  # a full read of a large queue: let others run
+            waiting += [_waiting(r) for r in rows[start : start + ROWS_PER_STEP]]
+        return waiting
 
     async def read_round(
         self, fresh_s: float, seq: int, missing: list[int], limit: int
@@ -179,16 +209,22 @@ class PgPlacerStore:
             _live_worker(*columns)
             for columns in zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
         ]
-        waiting = [
-            WaitingJob(
-                job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
-                reason=reason,
-                pending_seq=pending_seq or 0,
-            )
-            for job_id, cpu, mem, priority, reason, pending_seq in zip(
-                *(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True
-            )
-        ]
+        rows = list(zip(*(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True))
+        waiting: list[WaitingJob] = []
+        for start in range(0, len(rows), ROWS_PER_STEP):
+            if start:
+                await trio.lowlevel.checkpoint()  # a burst of new jobs: let others run
+            waiting += [
+                WaitingJob(
+                    job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
+                    reason=reason,
+                    pending_seq=pending_seq or 0,
+                    wait_s=wait_s or 0.0,
+                )
+                for job_id, cpu, mem, priority, reason, pending_seq, wait_s in rows[
+                    start : start + ROWS_PER_STEP
+                ]
+            ]
         return workers, waiting
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
@@ -197,6 +233,14 @@ class PgPlacerStore:
 
     async def close(self) -> None:
         await self._db.close()
+
+
+def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
+    """job_id -> trio time before which it must not be placed, for the jobs read with a backoff
+    wait. Counted from now, after the read returned: never earlier than the database's
+    ``not_before``, whose wait was computed when the read began."""
+    now = trio.current_time()
+    return {w.job.job_id: now + w.wait_s for w in waiting if w.wait_s > 0}
 
 
 @attrs.define
@@ -267,7 +311,12 @@ class Placer:
         if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
             workers = await self.store.live_workers(s.worker_fresh_s)
             waiting = await self.store.pending_jobs(s.max_jobs_per_round)
-            self.queue.replace([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}, now=now)
+            self.queue.replace(
+                [w.job for w in waiting],
+                {w.job.job_id: w.reason for w in waiting},
+                now=now,
+                not_before=_not_before(waiting),
+            )
             self._last_seq = max((w.pending_seq for w in waiting), default=0)
             self._gaps.clear()
             self._synced_epoch, self._synced_at = epoch, now
@@ -278,7 +327,12 @@ class Placer:
         )
         if not waiting:
             return workers
-        self.queue.add([w.job for w in waiting], {w.job.job_id: w.reason for w in waiting}, now=now)
+        self.queue.add(
+            [w.job for w in waiting],
+            {w.job.job_id: w.reason for w in waiting},
+            now=now,
+            not_before=_not_before(waiting),
+        )
         seen = {w.pending_seq for w in waiting}
         for seq in seen:
             self._gaps.pop(seq, None)
@@ -311,17 +365,33 @@ class Placer:
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
+        rooms = [
+            attrs.evolve(
+                w.room,
+                placement_limit=placement_limit(
+                    w.confirmed,
+                    w.unconfirmed,
+                    initial_window=s.initial_window,
+                    max_unconfirmed=s.max_unconfirmed_per_worker,
+                ),
+            )
+            for w in workers
+        ]
+        backing_off = self.queue.waiting_for_backoff(read_done)
+        metrics.PLACER_BACKOFF_JOBS.set(len(backing_off))
         fingerprint = (
             self.queue.version,
+            len(backing_off),
             tuple(
                 sorted(
                     (
                         w.ref.worker_id,
                         w.ref.incarnation,
-                        w.room.cpu_millis - w.room.cpu_allocated_millis,
-                        w.room.memory_mb - w.room.memory_allocated_mb,
+                        room.cpu_millis - room.cpu_allocated_millis,
+                        room.memory_mb - room.memory_allocated_mb,
+                        room.placement_limit,
                     )
-                    for w in workers
+                    for w, room in zip(workers, rooms, strict=True)
                 )
             ),
         )
@@ -330,25 +400,19 @@ class Placer:
             self._observe(started, 0, "unchanged")
             return ()
         by_id = {w.ref.worker_id: w for w in workers}
-        plan = place_queue(
-            self.queue,
-            [w.room for w in workers],
-            policy=s.policy,
-            max_placements=s.max_placements_per_round,
-            max_reservations=s.max_reservations,
-            reserve_after_s=s.reserve_after_s,
-            now=read_done,
-        )
+        plan = await self._decide(rooms, now=read_done)
         metrics.PLACER_RESERVATIONS.set(len(plan.reservations))
         self._reserving = sorted(plan.reservations.values())
         placed = plan.placements_by_job
         reasons = [
             (job_id, r) for job_id, r in plan.unschedulable.items() if self.queue.reasons.get(job_id) != r
         ]
+        # A stored reason no longer holds once the job is placed or may be (a job waiting out
+        # its backoff keeps the reason its requeue wrote).
         reasons += [
             (job_id, "")
             for job_id in self.queue.reasons
-            if job_id not in plan.unschedulable and job_id not in placed
+            if job_id not in plan.unschedulable and job_id not in placed and job_id not in backing_off
         ]
         if not plan.placements and not reasons:
             self._idle_fingerprint = fingerprint
@@ -396,6 +460,28 @@ class Placer:
         metrics.PLACEMENTS.inc(len(committed))
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
+
+    async def _decide(self, rooms: list[WorkerRoom], *, now: float) -> Plan:
+        """The round's :class:`Plan`, decided in slices with a checkpoint between them, so a
+        large queue does not hold the event loop (see :func:`actors.placement.place_queue_steps`).
+        The queue is not changed meanwhile: only this task changes it."""
+        s = self.settings
+        steps = place_queue_steps(
+            self.queue,
+            rooms,
+            policy=s.policy,
+            max_placements=s.max_placements_per_round,
+            max_reservations=s.max_reservations,
+            reserve_after_s=s.reserve_after_s,
+            now=now,
+        )
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                plan: Plan = done.value
+                return plan
+            await trio.lowlevel.checkpoint()
 
     def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started

@@ -160,10 +160,28 @@ logged AS (
 SELECT id FROM dead
 """
 
-# $1 epoch. Ends active assignments whose worker is dead or has registered again (a new
-# incarnation: the old one's jobs are stopped), and requeues their jobs (or finishes the
-# cancellation of jobs whose cancel was requested).
-END_ORPHANED_ASSIGNMENTS = """
+# Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the
+# withdrawal of unconfirmed assignments in END_CANCELLED_ASSIGNMENTS): a CTE ``backoff`` with
+# each ended job's not_before, ``now() + random() * cap``, the cap of its loss count taken from
+# the array parameter {caps} (:func:`actors.reconciler.backoff_caps_s`: entry k is the cap after
+# the k-th loss, the last one serves every later loss; an empty array means no backoff). Full
+# jitter ("Exponential Backoff And Jitter", AWS Architecture Blog, 2015), by database time, so a
+# new leader honours it. The job's reason says until when (UTC).
+_REQUEUE_BACKOFF = """backoff AS (
+    SELECT j.id, now() + make_interval(
+               secs => random() * ({caps}::float8[])[least(j.losses + 1, cardinality({caps}::float8[]))]
+           ) AS not_before
+      FROM jobs j JOIN ended ON j.id = ended.job_id
+)"""
+_BACKOFF_REASON = (
+    "'backoff: placed again after ' || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'"
+)
+
+# $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF). Ends active assignments
+# whose worker is dead or has registered again (a new incarnation: the old one's jobs are
+# stopped), and requeues their jobs after a backoff (or finishes the cancellation of jobs whose
+# cancel was requested); either way the job counts one more loss.
+END_ORPHANED_ASSIGNMENTS = f"""
 WITH ended AS (
     UPDATE assignments a
        SET state = 'lost', ended_at = now(), ended_epoch = $1,
@@ -173,37 +191,48 @@ WITH ended AS (
        AND (w.state = 'dead' OR w.incarnation <> a.worker_incarnation)
  RETURNING a.id, a.job_id
 ),
+{_REQUEUE_BACKOFF.format(caps="$2")},
 requeued AS (
     UPDATE jobs j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
            finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
            started_at = NULL,
-           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END
-      FROM ended
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           losses = j.losses + 1,
+           not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
+           reason = CASE WHEN j.cancel_requested OR b.not_before IS NULL THEN j.reason
+                         ELSE {_BACKOFF_REASON} END
+      FROM ended JOIN backoff b ON b.id = ended.job_id
      WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
  RETURNING j.id, j.state
 )
-SELECT (SELECT coalesce(array_agg(id), '{}') FROM ended) AS ended_ids,
-       (SELECT coalesce(array_agg(id), '{}') FROM requeued WHERE state = 'pending') AS requeued_ids
+SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM ended) AS ended_ids,
+       (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids
 """
 
-# $1 epoch, $2 assignment ids, $3 end reason, $4 requeue. Only for assignments whose worker
-# acknowledged the cancel: the job runs nowhere now.
-END_CANCELLED_ASSIGNMENTS = """
+# $1 epoch, $2 assignment ids, $3 end reason, $4 requeue, $5 requeue backoff caps (seconds; see
+# _REQUEUE_BACKOFF). Only for assignments whose worker acknowledged the cancel: the job runs
+# nowhere now. A requeue (an unconfirmed assignment withdrawn) counts as a loss of the job.
+END_CANCELLED_ASSIGNMENTS = f"""
 WITH ended AS (
     UPDATE assignments
        SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = $3
      WHERE id = ANY($2::bigint[]) AND state = 'active'
  RETURNING id, job_id
 ),
+{_REQUEUE_BACKOFF.format(caps="$5")},
 jobs_ended AS (
     UPDATE jobs j
        SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
            finished_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE now() END,
            started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
            pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
-                              ELSE j.pending_seq END
-      FROM ended
+                              ELSE j.pending_seq END,
+           losses = CASE WHEN $4 THEN j.losses + 1 ELSE j.losses END,
+           not_before = CASE WHEN $4 AND NOT j.cancel_requested THEN b.not_before ELSE j.not_before END,
+           reason = CASE WHEN $4 AND NOT j.cancel_requested AND b.not_before IS NOT NULL
+                         THEN {_BACKOFF_REASON} ELSE j.reason END
+      FROM ended JOIN backoff b ON b.id = ended.job_id
      WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
 )
 SELECT id FROM ended
@@ -216,17 +245,22 @@ INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $
 
 # ---------------------------------------------------------------- placer (reads)
 
-# $1 worker_fresh_s. Live workers with their allocation (kept by the assignments triggers).
+# $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
+# by the assignments triggers).
 LIVE_WORKERS = """
-SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, memory_allocated_mb
+SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, memory_allocated_mb,
+       unconfirmed_assignments, confirmed_assignments
   FROM workers
  WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1)
 """
 
+# How long (s, database time) a pending job must still wait for its requeue backoff; NULL: none.
+_WAIT_S = "greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s"
+
 # $1 limit. Every pending job (the placer's full resync), highest priority first, then
-# submission order; with the sequence number of its becoming pending.
-PENDING_JOBS = """
-SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+# submission order; with the sequence number of its becoming pending and its backoff wait.
+PENDING_JOBS = f"""
+SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
   FROM jobs WHERE state = 'pending'
  ORDER BY priority DESC, id
  LIMIT $1
@@ -237,23 +271,26 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
 # no rows): LIVE_WORKERS, and the jobs that became pending since the placer's last read plus
 # those holding a seq it skipped (a transaction may commit a smaller seq after a larger one was
 # read).
-ROUND_READ = """
+ROUND_READ = f"""
 SELECT w.*, p.*
   FROM (SELECT array_agg(id) AS w_id, array_agg(address) AS w_address,
                array_agg(incarnation) AS w_incarnation, array_agg(cpu_millis) AS w_cpu_millis,
                array_agg(memory_mb) AS w_memory_mb,
                array_agg(cpu_allocated_millis) AS w_cpu_allocated_millis,
-               array_agg(memory_allocated_mb) AS w_memory_allocated_mb
+               array_agg(memory_allocated_mb) AS w_memory_allocated_mb,
+               array_agg(unconfirmed_assignments) AS w_unconfirmed_assignments,
+               array_agg(confirmed_assignments) AS w_confirmed_assignments
           FROM workers
          WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
        (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
-               array_agg(reason) AS p_reason, array_agg(pending_seq) AS p_pending_seq
-          FROM ((SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+               array_agg(reason) AS p_reason, array_agg(pending_seq) AS p_pending_seq,
+               array_agg(wait_s) AS p_wait_s
+          FROM ((SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
                    FROM jobs WHERE state = 'pending' AND pending_seq > $2
                   ORDER BY pending_seq LIMIT $3)
                 UNION ALL
-                (SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq
+                (SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
                    FROM jobs WHERE state = 'pending' AND pending_seq = ANY($4::bigint[])
                     AND pending_seq <= $2)) ps) p
 """
@@ -354,7 +391,8 @@ GET_JOB = _JOB_INFO + " WHERE j.id = $1"
 LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
 
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text).
-# Every registration is a new incarnation, alive, with a fresh heartbeat.
+# Every registration is a new incarnation, alive, with a fresh heartbeat, and a send window
+# that starts again (nothing is addressed to the new incarnation yet: see schema.sql).
 REGISTER_WORKER = """
 INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation)
 VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'))
@@ -362,7 +400,8 @@ ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
        incarnation = EXCLUDED.incarnation, state = 'alive',
-       registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL
+       registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
+       unconfirmed_assignments = 0, confirmed_assignments = 0
 RETURNING incarnation
 """
 

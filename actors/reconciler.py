@@ -8,9 +8,18 @@ Each pass, while leader:
    transaction ends assignments addressed to an incarnation that is no longer current (the
    agent restarted or re-registered: its old jobs were stopped). A new leader therefore never
    judges from timers of its own: failovers cause no false deaths.
+
+   Declarations are rate-limited and paused on mass silence (:func:`judge_deaths`), as
+   Kubernetes' node lifecycle controller limits evictions: not declaring a worker dead only
+   delays its jobs (it fences itself), while declaring it moves all its work at once.
+   A requeued job waits a backoff before it is placed again (:func:`backoff_caps_s`): a job
+   lost again and again, as on workers that keep falling over under load, waits longer each
+   time instead of being handed straight back.
 2. Unconfirmed assignments (committed, not yet listed by a heartbeat): re-sent to their worker
-   after ``redispatch_after_s`` (at once on the first pass after an election: the previous
-   leader may have died between commit and send); the worker deduplicates by id. After
+   when their age passes ``redispatch_after_s``, then twice, four times ... that (at once on
+   the first pass after an election: the previous leader may have died between commit and
+   send); the worker deduplicates by id. A worker too busy to confirm is not sent the same
+   batch every pass (:func:`resend_due`). After
    ``cancel_unconfirmed_after_s`` they are cancelled on the worker and, once it acknowledges,
    ended and requeued.
 3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
@@ -20,6 +29,7 @@ A job is placed again only after its active assignment has ended (invariant 6).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -41,7 +51,7 @@ from actors.messages import (
     WorkerRef,
 )
 from actors.role import RoleView
-from runtime import log
+from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
@@ -79,6 +89,153 @@ class ReconcilerStore(Protocol):
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
     """The (worker_id, incarnation) pairs silent for longer than ``dead_after_s`` seconds."""
     return tuple(sorted((a.worker_id, a.incarnation) for a in ages if a.age_s > dead_after_s))
+
+
+def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:
+    """Whether a pass re-sends an unconfirmed assignment ``age_s`` seconds after its commit:
+    when its age passed ``first_after_s * 2**k`` (some k >= 0) since the previous pass,
+    ``interval_s`` earlier. So it is re-sent at 1, 2, 4, 8 ... times ``first_after_s``: a
+    retry that backs off exponentially, with no state per assignment (each assignment's commit
+    time spreads the re-sends of a batch committed over several rounds).
+
+    Args:
+        age_s: seconds since the commit (database time).
+        first_after_s: the first re-send's age.
+        interval_s: the time since the previous pass looked (a late pass still re-sends what
+            passed a threshold meanwhile).
+    """
+    if age_s < first_after_s:
+        return False
+    threshold = first_after_s * 2.0 ** math.floor(math.log2(age_s / first_after_s))
+    return age_s - interval_s < threshold
+
+
+MAX_BACKOFF_CAPS = 64
+"""Most entries :func:`backoff_caps_s` returns (reached only when max_s / base_s > 2**63)."""
+
+
+def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
+    """The requeue backoff's caps, in seconds: entry k-1 bounds the wait after a job's k-th
+    loss, ``min(max_s, base_s * 2 ** (k - 1))``, up to the first entry that reaches ``max_s``,
+    which bounds every later loss too.
+
+    The wait itself is drawn uniformly below the cap by the database when it requeues the job
+    (``random()``, see ``queries._REQUEUE_BACKOFF``): capped exponential backoff with full
+    jitter, ``sleep = random_between(0, min(cap, base * 2 ** attempt))`` in "Exponential
+    Backoff And Jitter" (Marc Brooker, AWS Architecture Blog, 2015), which spreads the jobs of
+    one lost worker out instead of handing them all back at the same moment.
+
+    Args:
+        base_s: the cap after the first loss.
+        max_s: the largest cap.
+
+    Raises:
+        ValueError: ``base_s`` is not > 0, or ``max_s`` is below ``base_s``.
+    """
+    if not base_s > 0:
+        raise ValueError(f"base_s must be > 0, got {base_s}")
+    if not max_s >= base_s:
+        raise ValueError(f"max_s must be >= base_s = {base_s}, got {max_s}")
+    caps: list[float] = []
+    cap = base_s
+    while len(caps) < MAX_BACKOFF_CAPS:
+        if cap >= max_s:
+            caps.append(max_s)
+            break
+        caps.append(cap)
+        cap *= 2
+    return tuple(caps)
+
+
+def backoff_s(losses: int, caps_s: tuple[float, ...], jitter: float) -> float:
+    """The wait (seconds) after a job's ``losses``-th loss for a ``jitter`` drawn in [0, 1), as
+    the requeue statements compute it: ``jitter * caps_s[min(losses, len(caps_s)) - 1]``; 0
+    without caps or losses."""
+    if not caps_s or losses < 1:
+        return 0.0
+    return jitter * caps_s[min(losses, len(caps_s)) - 1]
+
+
+@attrs.frozen
+class TokenBucket:
+    """Tokens for dead-worker declarations at trio time ``at``: one per declaration, refilled
+    at a steady rate up to a burst (the token bucket of Kubernetes' rate limiters,
+    k8s.io/client-go/util/flowcontrol, which the node lifecycle controller uses for
+    ``--node-eviction-rate``)."""
+
+    tokens: float
+    at: float
+
+    def refilled(self, now: float, *, rate_per_s: float, burst: int) -> TokenBucket:
+        """The bucket at ``now`` (trio seconds), ``rate_per_s`` tokens added per second since
+        ``at``, holding at most ``burst``."""
+        elapsed = max(0.0, now - self.at)
+        return TokenBucket(min(float(burst), self.tokens + elapsed * rate_per_s), max(self.at, now))
+
+    def take(self, count: int) -> TokenBucket:
+        """The bucket after ``count`` declarations (never below 0)."""
+        return TokenBucket(max(0.0, self.tokens - count), self.at)
+
+    @property
+    def whole(self) -> int:
+        """Declarations the bucket allows now."""
+        return math.floor(self.tokens + 1e-9)
+
+
+@attrs.frozen(kw_only=True)
+class DeathVerdict:
+    """What one pass does about silent workers."""
+
+    declare: tuple[tuple[str, int], ...]
+    """(worker_id, incarnation) pairs to name dead now, longest silent first."""
+    held: tuple[tuple[str, int], ...]
+    """Silent past dead_after_s, but not named in this pass."""
+    mass_silence: bool
+    """Too many workers are silent at once: none is named."""
+    alive: int
+    """Alive workers (silent ones included)."""
+    bucket: TokenBucket
+    """The bucket refilled to this pass; charge it with the declarations that committed."""
+
+
+def judge_deaths(
+    ages: Sequence[HeartbeatAge], settings: ReconcilerSettings, bucket: TokenBucket, now: float
+) -> DeathVerdict:
+    """Which silent workers to name dead in this pass.
+
+    A worker is silent when its last recorded heartbeat is older than ``dead_after_s``. None is
+    named while more than ``mass_silence_fraction`` of the alive workers, and at least
+    ``mass_silence_min_workers``, are silent at once: the fault is then more likely on the
+    control plane's side (its database, its network, its own load) than on so many workers.
+    Otherwise the longest silent are named, as many as ``bucket`` allows (``death_burst`` at
+    once, ``deaths_per_s`` after). Both rules are those of Kubernetes' node lifecycle
+    controller (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction:
+    ``--node-eviction-rate``; a zone with at least ``--unhealthy-zone-threshold`` of its nodes,
+    and no fewer than 3, not ready evicts at a lower rate or, in a small cluster, not at all;
+    with every node not ready it evicts nothing). Holding a declaration back is always safe: a
+    silent worker fences itself after ``self_fence_after_s``, and the fenced declaration
+    re-checks the silence by database time when it is made.
+
+    Args:
+        ages: every alive worker incarnation and its heartbeat age (seconds, database time).
+        settings: ``dead_after_s``, ``death_burst``, ``deaths_per_s``,
+            ``mass_silence_fraction``, ``mass_silence_min_workers``.
+        bucket: the declarations' tokens as the previous pass left them.
+        now: trio time of this pass (seconds).
+    """
+    silent = sorted(
+        (a for a in ages if a.age_s > settings.dead_after_s),
+        key=lambda a: (-a.age_s, a.worker_id, a.incarnation),
+    )
+    pairs = tuple((a.worker_id, a.incarnation) for a in silent)
+    bucket = bucket.refilled(now, rate_per_s=settings.deaths_per_s, burst=settings.death_burst)
+    mass = len(silent) >= settings.mass_silence_min_workers and len(
+        silent
+    ) > settings.mass_silence_fraction * len(ages)
+    allowed = 0 if mass else min(len(pairs), bucket.whole)
+    return DeathVerdict(
+        declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
+    )
 
 
 def _delivery(row: Any) -> Delivery:
@@ -148,7 +305,19 @@ class Reconciler:
     role: RoleView
     ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
+    log_every_s: float = 5.0
+    """At most one line per this many seconds about held declarations, per reason."""
+    _bucket: TokenBucket | None = None
+    _unconfirmed_read_at: float = -math.inf
+    """When the previous pass read the unconfirmed assignments (trio time)."""
+    _logged_at: dict[str, float] = attrs.field(factory=dict)
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
+
+    @property
+    def requeue_backoff_caps_s(self) -> tuple[float, ...]:
+        """The caps of the requeue backoff (see :func:`backoff_caps_s`), from the settings."""
+        s = self.settings
+        return backoff_caps_s(base_s=s.requeue_backoff_base_s, max_s=s.requeue_backoff_max_s)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run a pass every ``reconcile_interval_s`` while leader, until cancelled."""
@@ -188,12 +357,25 @@ class Reconciler:
             DatabaseUnavailable: a read or write failed.
         """
         s = self.settings
-        candidates = dead_workers(await self.store.heartbeat_ages(), s.dead_after_s)
+        ages = await self.store.heartbeat_ages()
+        now = trio.current_time()
+        if self._bucket is None:
+            self._bucket = TokenBucket(float(s.death_burst), now)
+        verdict = judge_deaths(ages, s, self._bucket, now)
+        self._bucket = verdict.bucket
+        self._report_held(verdict, now)
+        caps = self.requeue_backoff_caps_s
         result: ReconcileResult = await self._ask_ledger(
             lambda reply: DeclareDeadWorkers(
-                epoch=epoch, workers=candidates, dead_after_s=s.dead_after_s, reply=reply
+                epoch=epoch,
+                workers=verdict.declare,
+                dead_after_s=s.dead_after_s,
+                requeue_backoff_caps_s=caps,
+                reply=reply,
             )
         )
+        self._bucket = self._bucket.take(len(result.dead_worker_ids))
+        metrics.WORKER_DEATHS.inc(len(result.dead_worker_ids))
         if result.dead_worker_ids or result.orphaned_assignment_ids:
             self._log.warning(
                 "reconciled",
@@ -203,11 +385,18 @@ class Reconciler:
             )
 
         unconfirmed = await self.store.unconfirmed()
+        read_at = trio.current_time()
+        since_last_read_s = read_at - self._unconfirmed_read_at
+        self._unconfirmed_read_at = read_at
         withdraw = [d for d in unconfirmed if d.age_s >= s.cancel_unconfirmed_after_s]
         resend = [
             d
             for d in unconfirmed
-            if d.age_s < s.cancel_unconfirmed_after_s and (first_pass or d.age_s >= s.redispatch_after_s)
+            if d.age_s < s.cancel_unconfirmed_after_s
+            and (
+                first_pass
+                or resend_due(d.age_s, first_after_s=s.redispatch_after_s, interval_s=since_last_read_s)
+            )
         ]
         for worker, group in _by_worker(resend).items():
             await self.dispatcher.send(
@@ -220,6 +409,38 @@ class Reconciler:
             for worker, group in _by_worker(cancelled).items():
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
         return result
+
+    def _report_held(self, verdict: DeathVerdict, now: float) -> None:
+        """Count the silent workers this pass holds back, and say so in the log at most once
+        every ``log_every_s`` per reason."""
+        metrics.MASS_SILENCE.set(1 if verdict.mass_silence else 0)
+        if not verdict.held:
+            return
+        reason = "mass_silence" if verdict.mass_silence else "rate_limit"
+        metrics.DEATHS_HELD.labels(reason).inc(len(verdict.held))
+        if now - self._logged_at.get(reason, -math.inf) < self.log_every_s:
+            return
+        self._logged_at[reason] = now
+        s = self.settings
+        held = [worker_id for worker_id, _ in verdict.held[:10]]
+        if verdict.mass_silence:
+            self._log.warning(
+                "not declaring workers dead: too many silent at once",
+                silent=len(verdict.held),
+                alive=verdict.alive,
+                mass_silence_fraction=s.mass_silence_fraction,
+                dead_after_s=s.dead_after_s,
+                first_silent=held,
+            )
+        else:
+            self._log.warning(
+                "dead-worker declarations rate-limited",
+                declaring=len(verdict.declare),
+                held=len(verdict.held),
+                death_burst=s.death_burst,
+                deaths_per_s=s.deaths_per_s,
+                first_held=held,
+            )
 
     async def _cancel(
         self, epoch: int, worker: WorkerRef, group: list[Delivery], requeue: bool, reason: str
@@ -234,7 +455,12 @@ class Reconciler:
             return
         ended = await self._ask_ledger(
             lambda reply: EndAssignments(
-                epoch=epoch, assignment_ids=acknowledged, requeue=requeue, reason=reason, reply=reply
+                epoch=epoch,
+                assignment_ids=acknowledged,
+                requeue=requeue,
+                reason=reason,
+                requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
+                reply=reply,
             )
         )
         self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))

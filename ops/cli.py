@@ -370,6 +370,39 @@ def control_plane(
         int,
         typer.Option(help="Answer new work 'busy' when this many requests already wait for the database."),
     ] = _INGEST.max_waiting_requests,
+    initial_window: Annotated[
+        int,
+        typer.Option(
+            help="Unconfirmed assignments a worker may hold before a heartbeat confirmed any; "
+            "one more per confirmed assignment."
+        ),
+    ] = _PLACER.initial_window,
+    max_unconfirmed_per_worker: Annotated[
+        int, typer.Option(help="Most unconfirmed assignments a worker may hold (the window's ceiling).")
+    ] = _PLACER.max_unconfirmed_per_worker,
+    requeue_backoff_base_s: Annotated[
+        float,
+        typer.Option(
+            help="A job lost with its worker waits a random time below this before it is placed "
+            "again, doubling with every further loss, seconds."
+        ),
+    ] = _RECONCILER.requeue_backoff_base_s,
+    requeue_backoff_max_s: Annotated[
+        float, typer.Option(help="Largest bound of the requeue backoff, seconds.")
+    ] = _RECONCILER.requeue_backoff_max_s,
+    death_burst: Annotated[
+        int, typer.Option(help="Most workers declared dead at once.")
+    ] = _RECONCILER.death_burst,
+    deaths_per_s: Annotated[
+        float, typer.Option(help="Dead-worker declarations per second beyond the burst.")
+    ] = _RECONCILER.deaths_per_s,
+    mass_silence_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Declare no worker dead while more than this fraction of the alive workers "
+            "(and at least 3) are silent at once."
+        ),
+    ] = _RECONCILER.mass_silence_fraction,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
@@ -411,9 +444,17 @@ def control_plane(
                 policy=policy,
                 max_reservations=max_reservations,
                 reserve_after_s=reserve_after_s,
+                initial_window=initial_window,
+                max_unconfirmed_per_worker=max_unconfirmed_per_worker,
             ),
             reconciler=ReconcilerSettings(
-                reconcile_interval_s=reconcile_interval_s, dead_after_s=dead_after_s
+                reconcile_interval_s=reconcile_interval_s,
+                dead_after_s=dead_after_s,
+                requeue_backoff_base_s=requeue_backoff_base_s,
+                requeue_backoff_max_s=requeue_backoff_max_s,
+                death_burst=death_burst,
+                deaths_per_s=deaths_per_s,
+                mass_silence_fraction=mass_silence_fraction,
             ),
         )
     control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)

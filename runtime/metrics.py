@@ -57,7 +57,24 @@ PLACER_PENDING_JOBS = Gauge("stockade_placer_pending_jobs", "Pending jobs the pl
 PLACER_RESERVATIONS = Gauge(
     "stockade_placer_reservations", "Workers the last deciding round kept free for jobs that fit no room yet."
 )
+PLACER_BACKOFF_JOBS = Gauge(
+    "stockade_placer_backoff_jobs", "Pending jobs the placer holds that wait out their requeue backoff."
+)
 PLACEMENTS = Counter("stockade_placements", "Assignments committed by this replica's placer.")
+
+WORKER_DEATHS = Counter(
+    "stockade_worker_deaths_declared", "Workers this replica's reconciler declared dead (fenced)."
+)
+DEATHS_HELD = Counter(
+    "stockade_worker_deaths_held",
+    "Silent workers a reconcile pass did not name dead (once per pass), by reason: rate_limit "
+    "(the declarations' token bucket was empty) or mass_silence (too many workers silent at once).",
+    ["reason"],
+)
+MASS_SILENCE = Gauge(
+    "stockade_mass_silence",
+    "1 while the last reconcile pass found too many workers silent at once to declare any dead.",
+)
 ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])
 
 

@@ -32,6 +32,11 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) 
         raise InvalidArgument(attribute.name, value, "must be >= 0")
 
 
+def _fraction(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not 0 < value < 1:
+        raise InvalidArgument(attribute.name, value, "must be > 0 and < 1")
+
+
 @attrs.frozen(kw_only=True)
 class LeaseSettings:
     """The lease keeper's timing."""
@@ -93,11 +98,26 @@ class PlacerSettings:
     :mod:`actors.placement`)."""
     reserve_after_s: float = attrs.field(default=10.0, validator=_non_negative)
     """Only a job queued this long may reserve a worker (seconds)."""
+    initial_window: int = attrs.field(default=8, validator=_positive)
+    """Unconfirmed assignments a worker incarnation may hold before any heartbeat confirmed one
+    (the send window's start; it grows by one per confirmed assignment: see
+    :func:`actors.placement.send_window`)."""
+    max_unconfirmed_per_worker: int = attrs.field(default=64, validator=_positive)
+    """Most unconfirmed assignments a worker may hold however many it confirmed (the send
+    window's ceiling)."""
 
     @policy.validator
     def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:
         if value not in ("best_fit", "first_fit", "worst_fit"):
             raise InvalidArgument("policy", value, "must be best_fit, first_fit or worst_fit")
+
+    def __attrs_post_init__(self) -> None:
+        if self.initial_window > self.max_unconfirmed_per_worker:
+            raise InvalidArgument(
+                "initial_window",
+                self.initial_window,
+                f"must be <= max_unconfirmed_per_worker = {self.max_unconfirmed_per_worker}",
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -109,9 +129,33 @@ class ReconcilerSettings:
     dead_after_s: float = attrs.field(default=2.5, validator=_positive)
     """A worker without a recorded heartbeat for this long (database time) is declared dead."""
     redispatch_after_s: float = attrs.field(default=1.0, validator=_positive)
-    """An assignment no heartbeat has confirmed after this long is sent to its worker again."""
+    """An assignment no heartbeat has confirmed after this long is sent to its worker again
+    (and again at twice, four times ... this age)."""
     cancel_unconfirmed_after_s: float = attrs.field(default=30.0, validator=_positive)
     """An assignment still unconfirmed after this long is cancelled on its worker and requeued."""
+    requeue_backoff_base_s: float = attrs.field(default=0.5, validator=_positive)
+    """A job requeued after its first loss (worker dead or registered again, assignment
+    withdrawn) waits a random time below this before it is placed again; the bound doubles
+    with every further loss (seconds; see :func:`actors.reconciler.backoff_caps_s`)."""
+    requeue_backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
+    """The bound of the requeue backoff never exceeds this (seconds)."""
+    death_burst: int = attrs.field(default=3, validator=_positive)
+    """Most workers declared dead at once (the token bucket's size)."""
+    deaths_per_s: float = attrs.field(default=1.0, validator=_positive)
+    """Dead-worker declarations allowed per second beyond the burst (the bucket's refill rate)."""
+    mass_silence_fraction: float = attrs.field(default=0.5, validator=_fraction)
+    """No worker is declared dead while more than this fraction of the alive workers (and at
+    least ``mass_silence_min_workers``) are silent past dead_after_s at once."""
+    mass_silence_min_workers: int = attrs.field(default=3, validator=_positive)
+    """Fewer silent workers than this never count as mass silence."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.requeue_backoff_max_s < self.requeue_backoff_base_s:
+            raise InvalidArgument(
+                "requeue_backoff_max_s",
+                self.requeue_backoff_max_s,
+                f"must be >= requeue_backoff_base_s = {self.requeue_backoff_base_s:g}",
+            )
 
 
 @attrs.frozen(kw_only=True)

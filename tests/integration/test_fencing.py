@@ -76,7 +76,9 @@ async def declare_dead(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch:
     """Ask the ledger to declare w-1 (incarnation 1) dead after 5 s of silence, under ``epoch``."""
     reply: Reply[object] = Reply()
     await ledger_inbox.send(
-        DeclareDeadWorkers(epoch=epoch, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply)
+        DeclareDeadWorkers(
+            epoch=epoch, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=reply
+        )
     )
     return await reply.wait()
 
@@ -298,7 +300,9 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
         async def declare() -> object:
             reply: Reply[object] = Reply()
             await ledger.send(
-                DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=reply)
+                DeclareDeadWorkers(
+                    epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=reply
+                )
             )
             return await reply.wait()
 
@@ -341,13 +345,24 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         )
         reply: Reply[object] = Reply()
         await ledger.send(
-            EndAssignments(epoch=1, assignment_ids=(2,), requeue=True, reason="unconfirmed", reply=reply)
+            EndAssignments(
+                epoch=1,
+                assignment_ids=(2,),
+                requeue=True,
+                reason="unconfirmed",
+                requeue_backoff_caps_s=(),
+                reply=reply,
+            )
         )
         await reply.wait()
         assert await db.fetchval(ALLOCATION_MATCHES)
         await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '1 minute'")
         dead: Reply[object] = Reply()
-        await ledger.send(DeclareDeadWorkers(epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, reply=dead))
+        await ledger.send(
+            DeclareDeadWorkers(
+                epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=dead
+            )
+        )
         await dead.wait()
         nursery.cancel_scope.cancel()
     assert await db.fetchval(ALLOCATION_MATCHES)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, fits_some_room, place, place_queue
+from actors.placement import (
+    PendingJob,
+    PendingQueue,
+    Plan,
+    WorkerRoom,
+    fits_some_room,
+    place,
+    place_queue,
+    place_queue_steps,
+    placement_limit,
+    send_window,
+)
 from runtime.errors import InvalidArgument
 from runtime.settings import PlacerSettings
 
@@ -324,3 +338,187 @@ def test_a_worker_sized_job_behind_a_stream_of_small_jobs_starts_only_with_reser
     assert replay_stream(max_reservations=0) is None
     started = replay_stream(max_reservations=1)
     assert started is not None and 6 <= started <= 10
+
+
+# ---------------------------------------------------------------- pacing and backoff
+
+
+@given(st.integers(0, 500), st.integers(0, 200), st.integers(1, 32), st.integers(1, 128))
+def test_the_send_window_starts_small_grows_with_confirmations_and_stops_at_its_ceiling(
+    confirmed: int, unconfirmed: int, initial: int, ceiling: int
+) -> None:
+    """window = min(ceiling, initial + confirmed); the limit is what the window leaves after the
+    unconfirmed assignments, never negative, never more with more unconfirmed, never less with
+    more confirmed."""
+    window = send_window(confirmed, initial_window=initial, max_unconfirmed=ceiling)
+    assert window == min(ceiling, initial + confirmed)
+    limit = placement_limit(confirmed, unconfirmed, initial_window=initial, max_unconfirmed=ceiling)
+    assert limit == max(0, window - unconfirmed)
+    assert unconfirmed + limit <= max(window, unconfirmed)
+    more_confirmed = placement_limit(
+        confirmed + 1, unconfirmed, initial_window=initial, max_unconfirmed=ceiling
+    )
+    more_unconfirmed = placement_limit(
+        confirmed, unconfirmed + 1, initial_window=initial, max_unconfirmed=ceiling
+    )
+    assert more_confirmed >= limit >= more_unconfirmed
+
+
+def test_slow_start_doubles_the_window_per_round_trip_while_every_job_is_confirmed() -> None:
+    """A worker that confirms everything it gets receives 8, 16, 32, 64, 64 jobs in successive
+    round trips (initial 8, ceiling 64); one that confirms nothing gets 8 and then nothing."""
+    confirmed, sent = 0, []
+    for _ in range(5):
+        batch = placement_limit(confirmed, 0, initial_window=8, max_unconfirmed=64)
+        sent.append(batch)
+        confirmed += batch
+    assert sent == [8, 16, 32, 64, 64]
+    assert placement_limit(0, 8, initial_window=8, max_unconfirmed=64) == 0
+
+
+limits_st = st.lists(st.one_of(st.none(), st.integers(0, 6)), min_size=8, max_size=8)
+
+
+def with_limits(workers: list[WorkerRoom], limits: list[int | None]) -> list[WorkerRoom]:
+    return [attrs.evolve(w, placement_limit=limit) for w, limit in zip(workers, limits, strict=False)]
+
+
+@given(
+    jobs_st, workers_st, limits_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 3)
+)
+@settings(max_examples=300)
+def test_no_worker_gets_more_than_its_placement_limit(
+    jobs: list[PendingJob],
+    workers: list[WorkerRoom],
+    limits: list[int | None],
+    policy: str,
+    max_reservations: int,
+) -> None:
+    """Whatever the policy and reservations, a worker with a placement limit receives at most
+    that many jobs in the round, and no worker is over-committed."""
+    limited = with_limits(workers, limits)
+    plan = place(jobs, limited, policy=policy, max_reservations=max_reservations)
+    for w in limited:
+        received = sum(1 for _, worker_id in plan.placements if worker_id == w.worker_id)
+        assert w.placement_limit is None or received <= w.placement_limit
+    for cpu, mem in replay(jobs, limited, plan).values():
+        assert cpu >= 0 and mem >= 0
+
+
+@given(jobs_st, workers_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 3))
+@settings(max_examples=300)
+def test_limits_as_large_as_the_queue_change_nothing(
+    jobs: list[PendingJob], workers: list[WorkerRoom], policy: str, max_reservations: int
+) -> None:
+    """With every worker's limit at least the number of jobs, the plan is the plan without
+    limits: placements, reservations and reasons."""
+    large = [attrs.evolve(w, placement_limit=len(jobs) + k) for k, w in enumerate(workers)]
+    assert place(jobs, large, policy=policy, max_reservations=max_reservations) == place(
+        jobs, workers, policy=policy, max_reservations=max_reservations
+    )
+
+
+@given(jobs_st, workers_st, limits_st)
+@settings(max_examples=300)
+def test_best_fit_with_limits_picks_the_tightest_worker_that_may_still_take_a_job(
+    jobs: list[PendingJob], workers: list[WorkerRoom], limits: list[int | None]
+) -> None:
+    """Each job goes, in queue order, to the worker with room and placements left whose
+    normalised leftover is smallest (ties: smallest id); with none, it is skipped."""
+    limited = with_limits(workers, limits)
+    chosen = dict(place(jobs, limited).placements)
+    cap = {w.worker_id: (w.cpu_millis, w.memory_mb) for w in limited}
+    free = {
+        w.worker_id: [w.cpu_millis - w.cpu_allocated_millis, w.memory_mb - w.memory_allocated_mb]
+        for w in limited
+    }
+    left = {w.worker_id: len(jobs) if w.placement_limit is None else w.placement_limit for w in limited}
+    for job in sorted(jobs, key=lambda j: (-j.priority, j.job_id)):
+        fits = [
+            ((free[w][0] - job.cpu_millis) / cap[w][0] + (free[w][1] - job.memory_mb) / cap[w][1], w)
+            for w in sorted(free)
+            if free[w][0] >= job.cpu_millis and free[w][1] >= job.memory_mb and left[w] > 0
+        ]
+        if not fits:
+            assert job.job_id not in chosen
+            continue
+        best_score = min(score for score, _ in fits)
+        expected = min(w for score, w in fits if abs(score - best_score) < 1e-12)
+        assert chosen.get(job.job_id) == expected
+        free[expected][0] -= job.cpu_millis
+        free[expected][1] -= job.memory_mb
+        left[expected] -= 1
+
+
+def test_eighty_tiny_jobs_are_spread_by_the_window_instead_of_landing_on_one_worker() -> None:
+    """The issue's example: 80 tiny jobs, best fit would put all on the tightest worker; with
+    three fresh workers limited to 8 each, the round places 8 on each and leaves 56 pending."""
+    tiny = [PendingJob(job_id=n, cpu_millis=10, memory_mb=10) for n in range(1, 81)]
+    workers = [busy("a", 4000), busy("b", 6000), busy("c", 8000)]
+    assert {w for _, w in place(tiny, workers).placements} == {"a"}
+    plan = place(tiny, [attrs.evolve(w, placement_limit=8) for w in workers])
+    by_worker = Counter(w for _, w in plan.placements)
+    assert by_worker == {"a": 8, "b": 8, "c": 8}
+    assert [j for j, _ in plan.placements] == list(range(1, 25))  # still in queue order
+
+
+not_before_st = st.lists(st.one_of(st.none(), st.floats(-5, 5)), min_size=40, max_size=40)
+
+
+@given(jobs_st, workers_st, not_before_st, st.integers(0, 3))
+@settings(max_examples=300)
+def test_a_job_waiting_out_its_backoff_is_as_if_it_were_not_queued(
+    jobs: list[PendingJob], workers: list[WorkerRoom], not_before: list[float | None], max_reservations: int
+) -> None:
+    """At time 0, jobs whose not_before is later neither get placed nor reserve a worker: the
+    plan's placements and reservations are those of the queue without them."""
+    backoff = {j.job_id: t for j, t in zip(jobs, not_before, strict=False) if t is not None}
+    queue = PendingQueue()
+    queue.replace(jobs, now=-10.0, not_before=backoff)
+    plan = place_queue(queue, workers, max_reservations=max_reservations, reserve_after_s=5.0, now=0.0)
+    waiting = {job_id for job_id, t in backoff.items() if t > 0}
+    assert queue.waiting_for_backoff(0.0) == waiting
+    others = PendingQueue()
+    others.replace([j for j in jobs if j.job_id not in waiting], now=-10.0)
+    expected = place_queue(others, workers, max_reservations=max_reservations, reserve_after_s=5.0, now=0.0)
+    assert (plan.placements, plan.reservations) == (expected.placements, expected.reservations)
+
+
+def test_the_queue_keeps_a_jobs_not_before_until_it_is_removed() -> None:
+    """add keeps the not_before of jobs already held and takes the new jobs'; replace takes
+    only what it is given (the database's word); remove drops it with the job."""
+    queue = PendingQueue()
+    queue.add([PendingJob(job_id=1, cpu_millis=1, memory_mb=1)], not_before={1: 5.0})
+    queue.add([PendingJob(job_id=2, cpu_millis=1, memory_mb=1)], not_before={2: 7.0})
+    assert queue.not_before.tolist() == [5.0, 7.0] and queue.waiting_for_backoff(6.0) == {2}
+    queue.remove([1])
+    assert queue.not_before.tolist() == [7.0]
+    queue.replace(queue.jobs())
+    assert queue.waiting_for_backoff(0.0) == set()
+
+
+@given(jobs_st, workers_st, limits_st, st.integers(1, 5), st.integers(0, 2))
+@settings(max_examples=200)
+def test_deciding_in_slices_gives_the_same_plan_and_yields_as_it_goes(
+    jobs: list[PendingJob],
+    workers: list[WorkerRoom],
+    limits: list[int | None],
+    step: int,
+    max_reservations: int,
+) -> None:
+    """place_queue_steps returns place_queue's plan, having yielded once per step_visits jobs
+    it considered (at least one yield per step_visits placements)."""
+    limited = with_limits(workers, limits)
+    queue = PendingQueue()
+    queue.replace(jobs)
+    steps = place_queue_steps(queue, limited, max_reservations=max_reservations, step_visits=step)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            plan = done.value
+            break
+    assert plan == place_queue(queue, limited, max_reservations=max_reservations)
+    assert yields >= len(plan.placements) // step

@@ -1,5 +1,7 @@
 """The placer's pending queue: read in full at election, then only what became pending since;
-a skipped sequence number is asked for again; an unchanged cluster decides nothing."""
+a skipped sequence number is asked for again; an unchanged cluster decides nothing; a job
+waiting out its requeue backoff is committed only after it; a worker gets no more than its send
+window allows."""
 
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ from actors.role import RoleView
 from runtime.settings import PlacerSettings
 
 
-def waiting(job_id: int, seq: int, cpu: int = 1000) -> WaitingJob:
+def waiting(job_id: int, seq: int, cpu: int = 1000, wait_s: float = 0.0, reason: str = "") -> WaitingJob:
     return WaitingJob(
-        job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=100), reason="", pending_seq=seq
+        job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=100),
+        reason=reason,
+        pending_seq=seq,
+        wait_s=wait_s,
     )
 
 
@@ -35,13 +40,15 @@ class FakeStore:
     free_cpu: int = 0
     reads: list[tuple[str, int, tuple[int, ...]]] = attrs.field(factory=list)
     gone: set[int] = attrs.field(factory=set)
+    unconfirmed: int = 0
+    confirmed: int = 0
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
         room = WorkerRoom(
             worker_id="w-1", cpu_millis=8000, memory_mb=8000, cpu_allocated_millis=8000 - self.free_cpu
         )
-        return [LiveWorker(ref=ref, room=room)]
+        return [LiveWorker(ref=ref, room=room, unconfirmed=self.unconfirmed, confirmed=self.confirmed)]
 
     async def pending_jobs(self, limit: int) -> list[WaitingJob]:
         self.reads.append(("all", 0, ()))
@@ -148,3 +155,55 @@ async def test_a_cancelled_job_gives_up_its_reservation_at_the_next_round(
     await placer.round(epoch=1)
     assert ("gone", 0, (1,)) in store.reads
     assert 1 not in placer.queue and placer._reserving == []
+
+
+async def answer_commits(
+    ledger: trio.MemoryReceiveChannel[LedgerInbox], commits: list[tuple[float, CommitPlacements]]
+) -> None:
+    """Stand in for the ledger: record each commit with its time; commit nothing."""
+    async for message in ledger:
+        assert isinstance(message, CommitPlacements)
+        commits.append((trio.current_time(), message))
+        message.reply.set(())
+
+
+async def test_a_job_in_backoff_is_committed_only_once_its_wait_has_passed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Job 1 was requeued with 1.5 s to wait (read at t=0), job 2 has none: the first round
+    commits job 2 and leaves job 1's backoff reason alone; rounds every 0.1 s commit nothing
+    until the first one at or after t=1.5, which commits job 1."""
+    reason = "backoff: placed again after 12:00:01.500 UTC"
+    store = FakeStore(visible={1: waiting(1, 1, wait_s=1.5, reason=reason), 2: waiting(2, 2)}, free_cpu=8000)
+    placer, ledger = make_placer(store)
+    commits: list[tuple[float, CommitPlacements]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_commits, ledger, commits)
+        for _ in range(20):
+            await placer.round(epoch=1)
+            await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    placed = [(round(t, 6), [p.job_id for p in c.placements]) for t, c in commits if c.placements]
+    assert placed == [(0.0, [2]), (1.5, [1])]
+    assert all(job_id != 1 for _, c in commits for job_id, _ in c.reasons)
+
+
+async def test_a_worker_gets_no_more_than_its_send_window_per_round(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Twenty small jobs, one worker with room for all: with nothing confirmed it gets the
+    initial window (8); holding 8 unconfirmed it gets nothing; once those 8 are confirmed its
+    window is 16 and it gets 16 (the store's counters stand for the database's)."""
+    store = FakeStore(visible={n: waiting(n, n, cpu=100) for n in range(1, 21)}, free_cpu=8000)
+    placer, ledger = make_placer(store)
+    commits: list[tuple[float, CommitPlacements]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_commits, ledger, commits)
+        await placer.round(epoch=1)
+        store.visible = {n: waiting(n, n, cpu=100) for n in range(21, 41)}
+        store.unconfirmed = 8
+        await placer.round(epoch=1)
+        store.unconfirmed, store.confirmed = 0, 8
+        await placer.round(epoch=1)
+        nursery.cancel_scope.cancel()
+    assert [len(c.placements) for _, c in commits] == [8, 16]

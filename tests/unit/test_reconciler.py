@@ -6,6 +6,8 @@ and dispatcher are the test itself, holding the other ends of the reconciler's c
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 import trio
@@ -29,8 +31,20 @@ from actors.messages import (
     RoleChange,
     WorkerRef,
 )
-from actors.reconciler import Delivery, HeartbeatAge, Reconciler, dead_workers
+from actors.reconciler import (
+    Delivery,
+    HeartbeatAge,
+    Reconciler,
+    TokenBucket,
+    backoff_caps_s,
+    backoff_s,
+    dead_workers,
+    judge_deaths,
+    resend_due,
+)
 from actors.role import RoleView
+from runtime import metrics
+from runtime.errors import InvalidArgument
 from runtime.settings import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
@@ -202,3 +216,230 @@ def test_dead_workers_are_exactly_those_silent_longer_than_dead_after(
     beats = [HeartbeatAge(worker_id=w, incarnation=i, age_s=a) for i, (w, a) in enumerate(ages)]
     dead = dead_workers(beats, dead_after_s)
     assert set(dead) == {(b.worker_id, b.incarnation) for b in beats if b.age_s > dead_after_s}
+
+
+# ---------------------------------------------------------------- requeue backoff
+
+
+@given(st.floats(0.001, 10), st.floats(0, 1000), st.integers(1, 200), st.floats(0, 1, exclude_max=True))
+def test_the_requeue_backoff_is_capped_exponential_with_full_jitter(
+    base_s: float, extra_s: float, losses: int, jitter: float
+) -> None:
+    """The cap after the k-th loss is min(max, base * 2**(k-1)); it never shrinks as losses
+    grow; the wait is jitter times the cap, so 0 <= wait < cap <= max."""
+    max_s = base_s + extra_s
+    caps = backoff_caps_s(base_s=base_s, max_s=max_s)
+    cap = caps[min(losses, len(caps)) - 1]
+    assert cap == pytest.approx(min(max_s, base_s * 2.0 ** min(losses - 1, 100)))
+    assert list(caps) == sorted(caps) and caps[-1] == max_s
+    wait = backoff_s(losses, caps, jitter)
+    assert 0 <= wait <= cap <= max_s
+    assert wait < cap or cap == 0
+    assert backoff_s(losses + 1, caps, 1.0) >= backoff_s(losses, caps, 1.0)
+
+
+def test_the_default_backoff_moves_a_single_loss_within_half_a_second() -> None:
+    """With the defaults (0.5 s, 30 s) the caps double from half a second to 30 s; a job lost
+    once waits below 0.5 s, one lost seven times or more up to 30 s; no caps, no wait."""
+    settings = ReconcilerSettings()
+    caps = backoff_caps_s(base_s=settings.requeue_backoff_base_s, max_s=settings.requeue_backoff_max_s)
+    assert caps == (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    assert backoff_s(1, caps, 0.999) < 0.5 and backoff_s(50, caps, 0.5) == 15.0
+    assert backoff_s(3, (), 0.5) == 0.0
+    with pytest.raises(ValueError, match="max_s must be >= base_s = 2, got 1"):
+        backoff_caps_s(base_s=2, max_s=1)
+    with pytest.raises(InvalidArgument, match="requeue_backoff_max_s must be >= requeue_backoff_base_s"):
+        ReconcilerSettings(requeue_backoff_base_s=2.0, requeue_backoff_max_s=1.0)
+
+
+# ---------------------------------------------------------------- the death limiter
+
+LIMITED = ReconcilerSettings(
+    reconcile_interval_s=0.25,
+    dead_after_s=5.0,
+    death_burst=3,
+    deaths_per_s=1.0,
+    mass_silence_fraction=0.5,
+    mass_silence_min_workers=3,
+)
+
+
+@given(st.floats(0, 10), st.floats(0, 100), st.integers(1, 5), st.floats(0.1, 10))
+def test_the_token_bucket_refills_at_its_rate_up_to_its_burst(
+    tokens: float, elapsed_s: float, burst: int, rate_per_s: float
+) -> None:
+    """Refilled after elapsed_s, the bucket holds min(burst, tokens + rate * elapsed); taking
+    never goes below zero; whole counts the declarations it allows."""
+    bucket = TokenBucket(min(tokens, burst), 0.0).refilled(elapsed_s, rate_per_s=rate_per_s, burst=burst)
+    assert bucket.tokens == pytest.approx(min(burst, min(tokens, burst) + elapsed_s * rate_per_s))
+    assert 0 <= bucket.whole <= burst and bucket.at == elapsed_s
+    assert bucket.take(burst + 1).tokens == 0.0
+
+
+ages_st = st.lists(st.floats(0, 20), max_size=12)
+
+
+@given(ages_st, st.floats(0, 3))
+def test_judge_deaths_names_the_longest_silent_within_the_bucket_and_none_on_mass_silence(
+    ages: list[float], tokens: float
+) -> None:
+    """Named and held together are exactly the silent workers; on mass silence (more than half
+    of the alive, and at least 3) none is named; otherwise as many as the bucket allows, the
+    longest silent first."""
+    beats = [HeartbeatAge(worker_id=f"w-{n:02d}", incarnation=1, age_s=a) for n, a in enumerate(ages)]
+    verdict = judge_deaths(beats, LIMITED, TokenBucket(tokens, 0.0), 0.0)
+    silent = [b for b in beats if b.age_s > LIMITED.dead_after_s]
+    assert set(verdict.declare) | set(verdict.held) == {(b.worker_id, 1) for b in silent}
+    assert not set(verdict.declare) & set(verdict.held)
+    mass = len(silent) >= 3 and len(silent) > 0.5 * len(beats)
+    assert verdict.mass_silence == mass and verdict.alive == len(beats)
+    if mass:
+        assert verdict.declare == ()
+    else:
+        assert len(verdict.declare) == min(len(silent), int(tokens + 1e-9))
+        age = {b.worker_id: b.age_s for b in beats}
+        named = [age[w] for w, _ in verdict.declare]
+        assert all(a >= age[w] for a in named for w, _ in verdict.held)
+
+
+async def run_passes(
+    store: FakeStore,
+    settings: ReconcilerSettings,
+    passes: int,
+    silent_at: dict[float, set[str]] | None = None,
+) -> list[tuple[float, tuple[str, ...]]]:
+    """Run the reconciler for ``passes`` passes as leader of epoch 1; the ledger declares every
+    named worker dead (they stop being alive). Returns (time, named worker ids) per pass."""
+    lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](8)
+    ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+    dispatch_send, _ = trio.open_memory_channel[DispatcherInbox](64)
+    _, roles_recv = trio.open_memory_channel[RoleChange](8)
+    reconciler = Reconciler(
+        settings=settings,
+        store=store,
+        role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+        ledger=ledger_send,
+        dispatcher=dispatch_send,
+    )
+    named: list[tuple[float, tuple[str, ...]]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, lease_recv, 1)
+        await nursery.start(reconciler.run)
+        while len(named) < passes:
+            message = await ledger_recv.receive()
+            assert isinstance(message, DeclareDeadWorkers)
+            assert message.requeue_backoff_caps_s == backoff_caps_s(
+                base_s=settings.requeue_backoff_base_s, max_s=settings.requeue_backoff_max_s
+            )
+            ids = tuple(w for w, _ in message.workers)
+            named.append((trio.current_time(), ids))
+            for worker_id in ids:
+                del store.last_heartbeat[worker_id]
+            message.reply.set(
+                ReconcileResult(dead_worker_ids=ids, requeued_job_ids=(), orphaned_assignment_ids=())
+            )
+        nursery.cancel_scope.cancel()
+    return named
+
+
+async def test_declares_at_most_the_buckets_worth_per_pass_longest_silent_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Six of twenty workers went silent at t=-10 (w-0 first, w-5 last); passes every 0.25 s,
+    burst 3, one per second: three are named at t=0, the longest silent first, then one at
+    t=1, t=2 and t=3, and none in the passes between."""
+    store = FakeStore(last_heartbeat={f"w-{n}": 10.0**6 for n in range(6, 20)})
+    store.last_heartbeat.update({f"w-{n}": -10.0 - (6 - n) * 0.1 for n in range(6)})
+
+    async def heartbeats() -> None:
+        while True:
+            for n in range(6, 20):
+                store.last_heartbeat[f"w-{n}"] = trio.current_time()
+            await trio.sleep(0.25)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeats)
+        named = await run_passes(store, LIMITED, passes=14)
+        nursery.cancel_scope.cancel()
+    assert [(t, ids) for t, ids in named if ids] == [
+        (0.0, ("w-0", "w-1", "w-2")),
+        (1.0, ("w-3",)),
+        (2.0, ("w-4",)),
+        (3.0, ("w-5",)),
+    ]
+    assert [t for t, _ in named] == [0.25 * k for k in range(14)]
+
+
+async def test_names_none_while_most_workers_are_silent_and_resumes_when_they_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Twelve of twenty workers are silent (all since t=-10): the passes at 0, 0.25 .. 1.75 s
+    name nobody; at t=1.9 nine of them heartbeat again, leaving 3 of 20 silent: the pass at
+    t=2 names those three at once (the bucket is full)."""
+    store = FakeStore(last_heartbeat={f"w-{n:02d}": -10.0 for n in range(12)})
+
+    async def heartbeats() -> None:
+        while True:
+            now = trio.current_time()
+            for n in range(12, 20):
+                store.last_heartbeat[f"w-{n:02d}"] = now
+            if now >= 1.85:
+                for n in range(3, 12):
+                    store.last_heartbeat[f"w-{n:02d}"] = now
+            await trio.sleep(0.1)
+
+    held_before = metrics.DEATHS_HELD.labels("mass_silence")._value.get()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeats)
+        named = await run_passes(store, LIMITED, passes=12)
+        nursery.cancel_scope.cancel()
+    assert [(t, ids) for t, ids in named if ids] == [(2.0, ("w-00", "w-01", "w-02"))]
+    assert metrics.DEATHS_HELD.labels("mass_silence")._value.get() - held_before == 8 * 12
+
+
+# ---------------------------------------------------------------- re-sending unconfirmed work
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=30), st.floats(0.1, 5))
+def test_an_unconfirmed_assignment_is_resent_once_per_doubling_of_its_age(
+    ages: list[float], first_after_s: float
+) -> None:
+    """Looked at by passes at any increasing ages, an assignment is re-sent by exactly those
+    passes since whose predecessor its age passed first_after_s * 2**k for some k."""
+    ages = sorted(set(ages))
+    previous = -math.inf
+    thresholds = [first_after_s * 2.0**k for k in range(12)]
+    for age in ages:
+        due = resend_due(age, first_after_s=first_after_s, interval_s=age - previous)
+        assert due == any(previous < t <= age for t in thresholds), (previous, age)
+        previous = age
+
+
+async def test_an_unconfirmed_assignment_is_resent_at_one_two_four_and_eight_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Committed at t=0 to a worker that never confirms it, with passes every 0.25 s: sent
+    again by the first pass (a new leader), then at ages 1, 2, 4 and 8 s, not every pass."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={7: (w1, 0.0)})
+    h = make_harness(store)
+    h.reconciler.settings = attrs.evolve(SETTINGS, reconcile_interval_s=0.25)
+    sent: list[float] = []
+
+    async def ledger() -> None:
+        async for message in h.ledger:
+            assert isinstance(message, DeclareDeadWorkers)
+            message.reply.set(
+                ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+            )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        nursery.start_soon(ledger)
+        await nursery.start(h.reconciler.run)
+        with trio.move_on_after(10.0):
+            async for message in h.dispatcher:
+                assert isinstance(message, Dispatch)
+                sent.append(trio.current_time())
+        nursery.cancel_scope.cancel()
+    assert sent == [0.0, 1.0, 2.0, 4.0, 8.0]
