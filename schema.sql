@@ -185,3 +185,11 @@ BEGIN
     END IF;
 END $$;
 CREATE INDEX IF NOT EXISTS jobs_pending_by_seq ON jobs (pending_seq) WHERE state = 'pending';
+
+-- What a worker reported for an assignment that ended on its own: succeeded or failed, and
+-- its exit code. Set with the end of an active assignment, and also on an assignment the
+-- leader had already ended as lost when the report came in late (the worker fenced itself,
+-- or was declared dead, just after its job ended); such an assignment stays lost.
+ALTER TABLE assignments ADD COLUMN IF NOT EXISTS outcome text
+    CHECK (outcome IN ('succeeded', 'failed'));
+ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;

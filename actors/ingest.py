@@ -5,8 +5,13 @@ cancellation requests, worker registrations, heartbeats (liveness, running confi
 finished outcomes) and this replica's presence. Answers job queries and the status view.
 Every input is checked before anything is written (:mod:`actors.validation`).
 
-Heartbeat outcomes end only assignments that are still active, so a report that arrives after
-the leader ended an assignment (worker declared dead, job requeued) changes nothing.
+Outcomes (succeeded, failed) come with heartbeats and with registrations; a registration's
+are recorded for the worker's previous incarnation in the same transaction, before the new
+incarnation exists, so the leader's sweep of that incarnation finds those assignments already
+finished. An outcome ends its assignment when that is still active; one that arrives after the
+leader ended the assignment as lost (worker declared dead or registered again) is still kept
+on that assignment, and ends its job if the job is still pending (not placed again), so a job
+that ran to completion does not run again (see :data:`actors.queries.RECORD_OUTCOMES`).
 """
 
 from __future__ import annotations
@@ -68,6 +73,23 @@ def job_info(row: Any) -> pb.JobInfo:
     elif row["detail"] and not info.reason:
         info.reason = row["detail"]
     return info
+
+
+async def _record_outcomes(conn: PgConnection, worker_id: str, finished: list[pb.JobOutcome]) -> None:
+    """Record a worker's reported outcomes (inside the caller's transaction)."""
+    args = (
+        worker_id,
+        [o.assignment_id for o in finished],
+        [o.state for o in finished],
+        [o.exit_code if o.has_exit_code else None for o in finished],
+        [o.started_unix_s or None for o in finished],
+        [o.finished_unix_s or None for o in finished],
+        [o.stdout_path or None for o in finished],
+        [o.stderr_path or None for o in finished],
+        [o.detail for o in finished],
+    )
+    if await conn.fetchval(queries.RECORD_OUTCOMES, *args):
+        await conn.execute(queries.END_JOBS_OF_LATE_OUTCOMES, *args)
 
 
 def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
@@ -153,7 +175,14 @@ class ControlPlaneService:
             memory_mb=request.memory_mb,
             labels=labels,
         )
+        finished = list(request.finished)
         async with self.pool.acquire() as conn, conn.transaction():
+            if finished:
+                # The worker's row first, as a heartbeat takes it (one lock order), then the
+                # outcomes, for the incarnation that is still current: before the new one
+                # exists, so the sweep of the old one finds these assignments finished.
+                await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
+                await _record_outcomes(conn, request.worker_id, finished)
             incarnation = await conn.fetchval(
                 queries.REGISTER_WORKER,
                 request.worker_id,
@@ -164,7 +193,11 @@ class ControlPlaneService:
             )
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
         log.get("ingest").info(
-            "worker registered", worker_id=request.worker_id, incarnation=incarnation, address=request.address
+            "worker registered",
+            worker_id=request.worker_id,
+            incarnation=incarnation,
+            address=request.address,
+            outcomes=len(finished),
         )
         return pb.RegisterWorkerReply(
             incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
@@ -184,18 +217,7 @@ class ControlPlaneService:
             alive = await conn.fetchval(queries.RECORD_HEARTBEAT, worker_id, request.incarnation)
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
             if finished:
-                await conn.execute(
-                    queries.RECORD_OUTCOMES,
-                    worker_id,
-                    [o.assignment_id for o in finished],
-                    [o.state for o in finished],
-                    [o.exit_code if o.has_exit_code else None for o in finished],
-                    [o.started_unix_s or None for o in finished],
-                    [o.finished_unix_s or None for o in finished],
-                    [o.stdout_path or None for o in finished],
-                    [o.stderr_path or None for o in finished],
-                    [o.detail for o in finished],
-                )
+                await _record_outcomes(conn, worker_id, finished)
             if alive is None:
                 return pb.HeartbeatReply(epoch=epoch, reregister=True)
             stop: list[int] = []

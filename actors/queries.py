@@ -368,6 +368,9 @@ RETURNING incarnation
 
 ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 
+# $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
+LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
+
 # $1 worker id, $2 incarnation. No row: unknown, dead or another incarnation -> reregister.
 RECORD_HEARTBEAT = """
 UPDATE workers SET last_heartbeat_at = now()
@@ -376,9 +379,24 @@ RETURNING id
 """
 
 # $1 worker id, $2 assignment ids, $3 states, $4 exit codes (NULL for none), $5 started
-# (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9 details.
-# Only succeeded/failed outcomes of still-active assignments end them; anything else the
-# worker reports (a stop the control plane ordered) was or will be ended by the leader.
+# (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9 details. Heartbeats and
+# registrations carry them. Only succeeded/failed outcomes count: anything else the worker
+# reports (a stop the control plane ordered, a fence) was or will be ended by the leader.
+#
+# - An outcome of an assignment of this worker that is still active finishes it and ends its
+#   job (assigned or running) with the outcome.
+# - A late outcome, of an assignment the leader already ended as lost (worker_dead,
+#   worker_restarted: the worker was declared dead, or registered again, before the report got
+#   through), is recorded on that assignment (outcome, exit_code; it stays lost), once. Whether
+#   its job ends too is END_JOBS_OF_LATE_OUTCOMES's business, run next in the same
+#   transaction when this returns late_count > 0.
+#
+# The row lock on the assignment orders this against the leader's sweep that ends it
+# (END_ORPHANED_ASSIGNMENTS): whichever comes second waits, then (READ COMMITTED) re-checks its
+# WHERE against the newest row version, and SET and RETURNING are computed on that version. So
+# an outcome racing the sweep either finishes the active assignment first (the sweep then finds
+# it no longer active and does not requeue the job) or lands on the lost branch.
+# Returns one row: how many outcomes were recorded late.
 RECORD_OUTCOMES = """
 WITH o AS (
     SELECT * FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
@@ -387,20 +405,67 @@ WITH o AS (
                 stderr_path, detail)
      WHERE o.state IN ('succeeded', 'failed')
 ),
-ended AS (
+recorded AS (
     UPDATE assignments a
-       SET state = 'finished', ended_at = now(), end_reason = o.state
+       SET state = CASE WHEN a.state = 'active' THEN 'finished' ELSE a.state END,
+           ended_at = CASE WHEN a.state = 'active' THEN now() ELSE a.ended_at END,
+           end_reason = CASE WHEN a.state = 'active' THEN o.state ELSE a.end_reason END,
+           outcome = o.state, exit_code = o.exit_code
       FROM o
-     WHERE a.id = o.assignment_id AND a.worker_id = $1 AND a.state = 'active'
- RETURNING a.id, a.job_id
+     WHERE a.id = o.assignment_id AND a.worker_id = $1
+       AND (a.state = 'active'
+            OR (a.state = 'lost' AND a.end_reason IN ('worker_dead', 'worker_restarted')
+                AND a.outcome IS NULL))
+ RETURNING a.id, a.job_id, a.state = 'finished' AS was_active
+),
+ended AS (
+    UPDATE jobs j
+       SET state = o.state, exit_code = o.exit_code,
+           started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+           finished_at = coalesce(to_timestamp(o.finished_s), now()),
+           stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+      FROM recorded JOIN o ON o.assignment_id = recorded.id
+     WHERE recorded.was_active AND j.id = recorded.job_id AND j.state IN ('assigned', 'running')
+)
+SELECT count(*) FILTER (WHERE NOT was_active) AS late_count FROM recorded
+"""
+
+# The same parameters as RECORD_OUTCOMES, run after it in the same transaction. A job whose
+# lost assignment has just recorded a succeeded/failed outcome of this worker, and that is
+# still pending (requeued, not placed again yet), ends with that outcome: it ran to
+# completion, it must not run again. A job placed again is left to its new assignment (the
+# old assignment alone keeps the outcome).
+#
+# Why a statement of its own: this one's snapshot is taken after RECORD_OUTCOMES ended, so it
+# sees the requeue that came with the assignment's end (one transaction of the leader, which
+# had committed, since RECORD_OUTCOMES saw the assignment lost); in one statement the job's
+# row could still be read as it was before that requeue.
+#
+# Against a concurrent placement claim (COMMIT_PLACEMENTS claims with UPDATE jobs ... WHERE
+# j.state = 'pending'): both statements UPDATE the job's row, so its row lock orders them.
+# Whichever comes second waits until the first commits, then (READ COMMITTED) re-reads the
+# newest version of the row and re-checks its WHERE against it: after a claim the job is
+# 'assigned', so this statement leaves it alone; after this statement it is 'succeeded' or
+# 'failed', so the claim skips it (invariant 3). The job is never both ended here and placed
+# again. A user's CancelJob of the pending job is ordered the same way (it cancels only a
+# pending job). Neither statement can run into the other's lost update: each is one UPDATE
+# whose re-check decides.
+END_JOBS_OF_LATE_OUTCOMES = """
+WITH o AS (
+    SELECT * FROM unnest($2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+                         $7::text[], $8::text[], $9::text[])
+           AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+                stderr_path, detail)
+     WHERE o.state IN ('succeeded', 'failed')
 )
 UPDATE jobs j
-   SET state = o.state, exit_code = o.exit_code,
+   SET state = o.state, exit_code = o.exit_code, reason = '',
        started_at = coalesce(to_timestamp(o.started_s), j.started_at),
        finished_at = coalesce(to_timestamp(o.finished_s), now()),
        stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
-  FROM ended JOIN o ON o.assignment_id = ended.id
- WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running')
+  FROM o JOIN assignments a ON a.id = o.assignment_id
+ WHERE a.worker_id = $1 AND a.state = 'lost' AND a.outcome = o.state
+   AND j.id = a.job_id AND j.state = 'pending'
 """
 
 # $1 worker id, $2 running assignment ids. First heartbeat that lists an assignment confirms it.
