@@ -403,7 +403,11 @@ def control_plane(
 
 HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
 HeartbeatTimeoutOption = Annotated[
-    float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
+    float,
+    typer.Option(
+        help="Send a heartbeat (or registration) to the next control plane too after this long "
+        "without an answer, seconds (the first may still answer until shortly before the fence deadline)."
+    ),
 ]
 SelfFenceOption = Annotated[
     float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
