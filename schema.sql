@@ -285,31 +285,11 @@ BEGIN
     SELECT l.epoch INTO current_epoch FROM lease l WHERE l.id = 1;
 
     IF cardinality(p_assignment_ids) > 0 THEN
-        -- Only succeeded/failed outcomes of still-active assignments end them; anything else
-        -- the worker reports (a stop the control plane ordered) was or will be ended by the
-        -- leader. Recorded whether or not this incarnation is still alive: a result a job
-        -- produced is never lost.
-        WITH o AS (
-            SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s,
-                                 p_finished_s, p_stdout_paths, p_stderr_paths, p_details)
-                   AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
-                        stderr_path, detail)
-             WHERE o.state IN ('succeeded', 'failed')
-        ),
-        ended AS (
-            UPDATE assignments a
-               SET state = 'finished', ended_at = now(), end_reason = o.state
-              FROM o
-             WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
-         RETURNING a.id, a.job_id
-        )
-        UPDATE jobs j
-           SET state = o.state, exit_code = o.exit_code,
-               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
-               finished_at = coalesce(to_timestamp(o.finished_s), now()),
-               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
-          FROM ended JOIN o ON o.assignment_id = ended.id
-         WHERE j.id = ended.job_id AND j.state IN ('assigned', 'running');
+        -- Recorded whether or not this incarnation is still alive: a result a job produced is
+        -- never lost (see record_outcomes).
+        PERFORM record_outcomes(p_worker_id, p_assignment_ids, p_states, p_exit_codes,
+                                p_started_s, p_finished_s, p_stdout_paths, p_stderr_paths,
+                                p_details);
     END IF;
 
     stop_assignment_ids := '{}';
@@ -349,4 +329,104 @@ BEGIN
                  WHERE state = 'lost' OR end_reason = 'unconfirmed' GROUP BY job_id) a
          WHERE j.id = a.job_id;
     END IF;
+END $$;
+
+-- What a worker reported for an assignment that ended on its own: succeeded or failed, and
+-- its exit code. Set with the end of an active assignment, and also on an assignment the
+-- leader had already ended as lost when the report came in late (the worker fenced itself,
+-- or was declared dead, just after its job ended); such an assignment stays lost.
+ALTER TABLE assignments ADD COLUMN IF NOT EXISTS outcome text
+    CHECK (outcome IN ('succeeded', 'failed'));
+ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
+
+-- A worker's reported outcomes, from a heartbeat or a registration (actors/ingest.py), inside
+-- the caller's transaction. p_worker_id: who reports; the arrays, in parallel: assignment ids,
+-- states, exit codes (NULL for none), started (unix s, NULL for unknown), finished (unix s),
+-- stdout paths, stderr paths, details. Only succeeded/failed outcomes count: anything else the
+-- worker reports (a stop the control plane ordered, a fence) was or will be ended by the
+-- leader. Returns how many outcomes were recorded late.
+--
+-- 1. An outcome of an assignment of this worker that is still active finishes it and ends its
+--    job (assigned or running) with the outcome.
+-- 2. A late outcome, of an assignment the leader already ended as lost (worker_dead,
+--    worker_restarted: the worker was declared dead, or registered again, before the report got
+--    through), is recorded on that assignment (outcome, exit_code; it stays lost), once.
+--    The row lock on the assignment orders this against the leader's sweep that ends it
+--    (END_ORPHANED_ASSIGNMENTS): whichever comes second waits, then (READ COMMITTED) re-checks
+--    its WHERE against the newest row version, and SET and RETURNING are computed on that
+--    version. So an outcome racing the sweep either finishes the active assignment first (the
+--    sweep then finds it no longer active and does not requeue the job) or lands on the lost
+--    branch.
+-- 3. Then, in a statement of its own, a job whose lost assignment has just recorded a late
+--    outcome and that is still pending (requeued, not placed again yet) ends with that outcome:
+--    it ran to completion, it must not run again. A job placed again is left to its new
+--    assignment (the old assignment alone keeps the outcome). A statement of its own because
+--    its snapshot is taken after step 2 (a VOLATILE function under READ COMMITTED takes one per
+--    statement), so it sees the requeue that came with the assignment's end (one transaction of
+--    the leader, which had committed, since step 2 saw the assignment lost); in one statement
+--    the job's row could still be read as it was before that requeue.
+--    Against a concurrent placement claim (COMMIT_PLACEMENTS claims with UPDATE jobs ... WHERE
+--    j.state = 'pending'): both UPDATE the job's row, so its row lock orders them. Whichever
+--    comes second waits until the first commits, then re-reads the newest version of the row
+--    and re-checks its WHERE against it: after a claim the job is 'assigned', so step 3 leaves
+--    it alone; after step 3 it is 'succeeded' or 'failed', so the claim skips it (invariant 3).
+--    The job is never both ended here and placed again. A user's CancelJob of the pending job is
+--    ordered the same way (it cancels only a pending job).
+CREATE OR REPLACE FUNCTION record_outcomes(
+    p_worker_id text, p_assignment_ids bigint[], p_states text[], p_exit_codes int[],
+    p_started_s float8[], p_finished_s float8[], p_stdout_paths text[], p_stderr_paths text[],
+    p_details text[]
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    late integer;
+BEGIN
+    WITH o AS (
+        SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s, p_finished_s,
+                             p_stdout_paths, p_stderr_paths, p_details)
+               AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+                    stderr_path, detail)
+         WHERE o.state IN ('succeeded', 'failed')
+    ),
+    recorded AS (
+        UPDATE assignments a
+           SET state = CASE WHEN a.state = 'active' THEN 'finished' ELSE a.state END,
+               ended_at = CASE WHEN a.state = 'active' THEN now() ELSE a.ended_at END,
+               end_reason = CASE WHEN a.state = 'active' THEN o.state ELSE a.end_reason END,
+               outcome = o.state, exit_code = o.exit_code
+          FROM o
+         WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id
+           AND (a.state = 'active'
+                OR (a.state = 'lost' AND a.end_reason IN ('worker_dead', 'worker_restarted')
+                    AND a.outcome IS NULL))
+     RETURNING a.id, a.job_id, a.state = 'finished' AS was_active
+    ),
+    ended AS (
+        UPDATE jobs j
+           SET state = o.state, exit_code = o.exit_code,
+               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+               finished_at = coalesce(to_timestamp(o.finished_s), now()),
+               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+          FROM recorded JOIN o ON o.assignment_id = recorded.id
+         WHERE recorded.was_active AND j.id = recorded.job_id AND j.state IN ('assigned', 'running')
+    )
+    SELECT count(*) FILTER (WHERE NOT was_active) INTO late FROM recorded;
+
+    IF late > 0 THEN
+        WITH o AS (
+            SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s,
+                                 p_finished_s, p_stdout_paths, p_stderr_paths, p_details)
+                   AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+                        stderr_path, detail)
+             WHERE o.state IN ('succeeded', 'failed')
+        )
+        UPDATE jobs j
+           SET state = o.state, exit_code = o.exit_code, reason = '',
+               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+               finished_at = coalesce(to_timestamp(o.finished_s), now()),
+               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+          FROM o JOIN assignments a ON a.id = o.assignment_id
+         WHERE a.worker_id = p_worker_id AND a.state = 'lost' AND a.outcome = o.state
+           AND j.id = a.job_id AND j.state = 'pending';
+    END IF;
+    RETURN late;
 END $$;

@@ -5,8 +5,13 @@ cancellation requests, worker registrations, heartbeats (liveness, running confi
 finished outcomes) and this replica's presence. Answers job queries and the status view.
 Every input is checked before anything is written (:mod:`actors.validation`).
 
-Heartbeat outcomes end only assignments that are still active, so a report that arrives after
-the leader ended an assignment (worker declared dead, job requeued) changes nothing.
+Outcomes (succeeded, failed) come with heartbeats and with registrations; a registration's
+are recorded for the worker's previous incarnation in the same transaction, before the new
+incarnation exists, so the leader's sweep of that incarnation finds those assignments already
+finished. An outcome ends its assignment when that is still active; one that arrives after the
+leader ended the assignment as lost (worker declared dead or registered again) is still kept
+on that assignment, and ends its job if the job is still pending (not placed again), so a job
+that ran to completion does not run again (see :data:`actors.queries.RECORD_OUTCOMES`).
 
 Under overload (DESIGN.md, "Under overload"), slowness here must not turn into more work:
 
@@ -95,6 +100,22 @@ def job_info(row: Any) -> pb.JobInfo:
     elif row["detail"] and not info.reason:
         info.reason = row["detail"]
     return info
+
+
+def _outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
+    """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
+    ids, states, exit codes (None for none), started and finished (unix s, None for unknown),
+    stdout and stderr paths, details."""
+    return (
+        [o.assignment_id for o in finished],
+        [o.state for o in finished],
+        [o.exit_code if o.has_exit_code else None for o in finished],
+        [o.started_unix_s or None for o in finished],
+        [o.finished_unix_s or None for o in finished],
+        [o.stdout_path or None for o in finished],
+        [o.stderr_path or None for o in finished],
+        [o.detail for o in finished],
+    )
 
 
 def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
@@ -254,7 +275,14 @@ class ControlPlaneService:
             memory_mb=request.memory_mb,
             labels=labels,
         )
+        finished = list(request.finished)
         async with self.database("register_worker") as conn, conn.transaction():
+            if finished:
+                # The worker's row first, as a heartbeat takes it (one lock order), then the
+                # outcomes, for the incarnation that is still current: before the new one
+                # exists, so the sweep of the old one finds these assignments finished.
+                await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
+                await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *_outcome_arrays(finished))
             incarnation = await conn.fetchval(
                 queries.REGISTER_WORKER,
                 request.worker_id,
@@ -265,7 +293,11 @@ class ControlPlaneService:
             )
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
         log.get("ingest").info(
-            "worker registered", worker_id=request.worker_id, incarnation=incarnation, address=request.address
+            "worker registered",
+            worker_id=request.worker_id,
+            incarnation=incarnation,
+            address=request.address,
+            outcomes=len(finished),
         )
         return pb.RegisterWorkerReply(
             incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
@@ -284,14 +316,7 @@ class ControlPlaneService:
                 worker_id,
                 request.incarnation,
                 list(request.running_assignment_ids),
-                [o.assignment_id for o in finished],
-                [o.state for o in finished],
-                [o.exit_code if o.has_exit_code else None for o in finished],
-                [o.started_unix_s or None for o in finished],
-                [o.finished_unix_s or None for o in finished],
-                [o.stdout_path or None for o in finished],
-                [o.stderr_path or None for o in finished],
-                [o.detail for o in finished],
+                *_outcome_arrays(finished),
             )
         assert row is not None
         if not row["alive"]:

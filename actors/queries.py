@@ -405,6 +405,20 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation
 """
 
+# $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
+LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
+
+# A worker's finished outcomes (heartbeats carry them through HEARTBEAT; registrations through
+# this): the function record_outcomes in schema.sql, which says what becomes of an outcome that
+# arrives on time and of one that arrives after the leader ended its assignment as lost.
+# $1 worker id, then parallel arrays: $2 assignment ids, $3 states, $4 exit codes (NULL for
+# none), $5 started (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9
+# details. Returns how many were recorded late.
+RECORD_OUTCOMES = """
+SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+                       $7::text[], $8::text[], $9::text[])
+"""
+
 # One heartbeat, one statement: the function record_heartbeat in schema.sql records the
 # worker's liveness, its finished outcomes (ending the assignments still active) and its
 # running confirmations, and says which of the running assignments to stop.

@@ -3,8 +3,10 @@
 The agent talks to the control plane only through :class:`ControlPlane`, so a unit test can
 pass a scripted stand-in (answer, stall, fail) and drive the heartbeat and self-fence logic
 on a mock clock. :class:`GrpcControlPlane` is the production one: a thin wrapper over
-:class:`runtime.client.ControlPlaneClient` (failover across replicas) that converts between
-the agent's messages and protobuf.
+:class:`runtime.client.ControlPlaneClient` that converts between the agent's messages and
+protobuf and makes every call a hedged one (:meth:`ControlPlaneClient.call_hedged`): the
+preferred replica has until the caller's deadline to answer, and the next one is asked too
+once it has been silent for ``hedge_after_s``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from runtime.client import ControlPlaneClient
 class ControlPlane(Protocol):
     """What the agent needs from the control plane.
 
-    Both methods raise :class:`runtime.errors.StockadeError` subclasses on failure
+    Both methods give up ``deadline_s`` seconds after they were called, and raise
+    :class:`runtime.errors.StockadeError` subclasses on failure
     (:class:`runtime.errors.Unavailable` when no replica answered in time); the agent retries.
     """
 
-    async def register(self, request: Registration) -> Registered: ...
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered: ...
 
-    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer: ...
+    async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer: ...
 
 
 def outcome_to_pb(outcome: Outcome) -> pb.JobOutcome:
@@ -48,20 +51,23 @@ class GrpcControlPlane:
     """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
 
     Args:
-        client: the failover client; its ``timeout_s`` bounds each call to each replica.
+        client: the failover client.
+        hedge_after_s: seconds without an answer from one replica before the next one is
+            asked too (the agent's ``heartbeat_timeout_s``).
     """
 
-    def __init__(self, client: ControlPlaneClient) -> None:
+    def __init__(self, client: ControlPlaneClient, *, hedge_after_s: float) -> None:
         self._client = client
+        self._hedge_after_s = hedge_after_s
 
-    async def register(self, request: Registration) -> Registered:
-        """Call RegisterWorker.
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
+        """Call RegisterWorker (hedged), carrying the outcomes not yet acknowledged.
 
         Raises:
-            NoControlPlaneReachable: no replica answered.
+            NoControlPlaneReachable: no replica answered within ``deadline_s``.
             InvalidArgument, NotFound, RemoteError: a replica refused the request.
         """
-        reply = await self._client.call(
+        reply = await self._client.call_hedged(
             "register_worker",
             pb.RegisterWorkerRequest(
                 worker_id=request.worker_id,
@@ -69,7 +75,10 @@ class GrpcControlPlane:
                 cpu_millis=request.cpu_millis,
                 memory_mb=request.memory_mb,
                 labels=dict(request.labels),
+                finished=[outcome_to_pb(o) for o in request.finished],
             ),
+            hedge_after_s=self._hedge_after_s,
+            deadline_s=deadline_s,
         )
         return Registered(
             incarnation=reply.incarnation,
@@ -77,14 +86,14 @@ class GrpcControlPlane:
             dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
         )
 
-    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer:
-        """Call Heartbeat.
+    async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
+        """Call Heartbeat (hedged).
 
         Raises:
-            NoControlPlaneReachable: no replica answered.
+            NoControlPlaneReachable: no replica answered within ``deadline_s``.
             InvalidArgument, NotFound, RemoteError: a replica refused the request.
         """
-        reply = await self._client.call(
+        reply = await self._client.call_hedged(
             "heartbeat",
             pb.HeartbeatRequest(
                 worker_id=request.worker_id,
@@ -93,6 +102,8 @@ class GrpcControlPlane:
                 finished=[outcome_to_pb(o) for o in request.finished],
                 epoch_seen=request.epoch_seen,
             ),
+            hedge_after_s=self._hedge_after_s,
+            deadline_s=deadline_s,
         )
         return HeartbeatAnswer(
             epoch=reply.epoch,

@@ -4,10 +4,24 @@
 is no module-level state). Its pieces:
 
 - the acceptance rules (:class:`agent.acceptance.Admission`), applied to Assign and Cancel
-  requests with no checkpoint between decision and effect;
+  requests with no checkpoint between decision and effect: an accepted job has its capacity
+  reserved, is listed as running in heartbeats and has a task at once, but *starts* later;
+- paced starts (:mod:`agent.starts`): a command job first waits for one of the process's
+  start slots (shared by every agent of a fleet), and only then gets its ``start`` line and
+  its reaper, which is forked on the process's spawner thread, never on the trio thread; the
+  slot is freed when the reaper says the job has exec'd. A job stopped while it waits never
+  starts and gets no line at all. So a large Assign costs the heartbeats nothing: starting
+  80 jobs is 40 pairs of reaper start-ups one after the other, not 80 forks in one go;
 - a heartbeat loop: register (retrying every 0.5 s while no control plane answers), then
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
-  outcome; obey the reply (stop ids, re-register);
+  outcome; obey the reply (stop ids, re-register). Registrations carry the unacknowledged
+  outcomes too, so a job that succeeded just before a fence keeps its result. Both calls are
+  hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`): the preferred control plane
+  may answer until shortly before the fence deadline, and the next one is asked too after
+  ``heartbeat_timeout_s`` of silence. Heartbeats go one at a time: the answer to one sent at
+  *t* moves the deadline to *t* + ``self_fence_after_s``, so a control plane that keeps
+  answering later than about half of that still fences the worker; sending more heartbeats
+  while one is unanswered would only add to the load that makes it slow;
 - a fence watcher on its own timer (invariant 7 in DESIGN.md): once
   ``trio.current_time() >= last_acked_send_time + self_fence_after_s`` (the *fence
   deadline*; the send time of the newest heartbeat, or registration, that got a reply) the
@@ -38,10 +52,11 @@ lines then tell when the jobs really stopped, not when the thawed agent noticed:
   its deadline, which is a fenced job, not a succeeded one. A sleep job whose duration ran
   out *before* the deadline succeeded then (its stop line carries that time).
 
-Which outcomes go into heartbeats: only those of jobs that ended on their own (succeeded or
-failed). A job stopped because the control plane ended it (Cancel, ``stop_assignment_ids``,
-``reregister``) or because the worker fenced itself (the agent, or a reaper at the fence
-deadline) or shut down is not reported: its assignment is ended by the control plane's own
+Which outcomes go into heartbeats (and registrations): only those of jobs that ended on
+their own (succeeded or failed), including a command that could not be started at all. A job
+stopped because the control plane ended it (Cancel, ``stop_assignment_ids``, ``reregister``)
+or because the worker fenced itself (the agent, or a reaper at the fence deadline) or shut
+down is not reported: its assignment is ended by the control plane's own
 path (the Cancel acknowledgement, the reregistration, or the dead-worker declaration), which
 requeues it where it must be requeued. Reporting such a job as ``cancelled`` could end a job
 for good that should run again. A reaper that fenced its job while the agent still counts
@@ -71,19 +86,21 @@ from agent.messages import (
     AssignOrder,
     CancelDecision,
     CancelOrder,
+    CommandSpec,
     HeartbeatAnswer,
     HeartbeatReport,
     JobOrder,
+    JobState,
     Outcome,
-    Refusal,
     RefusalReason,
     Registration,
     SleepSpec,
     StopReason,
 )
 from agent.reaper import write_fence_deadline
-from agent.runtimes import JobResult, job_dir_for, run_job
-from runtime import log
+from agent.runtimes import JobResult, JobRunner, job_dir_for, job_runner
+from agent.starts import StartLimiter, StartTicket
+from runtime import log, metrics
 from runtime.errors import StockadeError, TemporaryError
 from runtime.settings import AgentSettings
 
@@ -93,6 +110,9 @@ _LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
 FENCE_DEADLINE_FILE = "fence_deadline"
 """The fence-deadline file in the work folder (see :mod:`agent.reaper`)."""
+CALL_DEADLINE_MARGIN_S = 0.1
+"""A heartbeat or registration gives up this long before the fence deadline (an answer
+after it would come too late to keep the jobs), in seconds."""
 
 
 def _monotonic_of(trio_time: float) -> float:
@@ -114,11 +134,13 @@ class _Job:
     """The epoch of the Assign request that started it."""
     incarnation: int
     started_at: float = 0.0
-    """trio time at which its runtime was started."""
+    """trio time at which its runtime was started (0 until its start line was written)."""
     stop: trio.Event = attrs.field(factory=trio.Event)
     stop_reason: StopReason | None = None
     """The first reason a stop was asked for; None while nobody asked."""
     done: trio.Event = attrs.field(factory=trio.Event)
+    start_ticket: StartTicket | None = None
+    """A command job's place in the queue for a start slot, then its slot; None for a sleep job."""
 
 
 SELF_FENCE_MARGIN_S = 0.5
@@ -149,9 +171,21 @@ class Agent:
         settings: this worker's settings (capacity, timing, work folder).
         control_plane: how to reach the control plane (:class:`agent.control_plane.GrpcControlPlane`
             in production, a scripted stand-in in tests).
+        start_limiter: the process's start slots (shared by the agents of a fleet); None: a
+            limiter of its own with ``settings.max_concurrent_starts`` slots.
+        runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
+            the calling (trio) thread, for tests. :func:`agent.main.run_agent` passes one
+            bound to the process's spawner thread.
     """
 
-    def __init__(self, settings: AgentSettings, control_plane: ControlPlane) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        control_plane: ControlPlane,
+        *,
+        start_limiter: StartLimiter | None = None,
+        runner: JobRunner | None = None,
+    ) -> None:
         self.settings = settings
         self.worker_id = settings.worker_id
         self.address = ""
@@ -162,6 +196,8 @@ class Agent:
         self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
         """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
         self._cp = control_plane
+        self._start_limiter = start_limiter or StartLimiter(settings.max_concurrent_starts)
+        self._runner = runner or job_runner(None)
         self._admission = Admission(
             worker_id=settings.worker_id,
             cpu_capacity_millis=settings.cpu_millis,
@@ -217,12 +253,14 @@ class Agent:
     # ------------------------------------------------------------------ Worker service
 
     def assign(self, order: AssignOrder) -> AssignDecision:
-        """Apply the acceptance rules to an Assign request and start what they accept.
+        """Apply the acceptance rules to an Assign request and set off what they accept.
 
-        Synchronous on purpose: the decision and its effect (the ``start`` line, the job
-        task) happen with no checkpoint in between, so concurrent requests cannot both
-        start one assignment or both take the last free capacity. A passed fence deadline
-        fences the agent first, so nothing starts after it.
+        Synchronous on purpose: the decision and its effect (the reservation, the job's task)
+        happen with no checkpoint in between, so concurrent requests cannot both accept one
+        assignment or both take the last free capacity. Starting is not: each accepted job's
+        task waits for a start slot (command jobs), writes the ``start`` line and starts the
+        job after this has returned. A passed fence deadline fences the agent first, so
+        nothing is accepted after it.
         """
         self._fence_if_due()
         decision = self._admission.assign(order)
@@ -247,44 +285,18 @@ class Agent:
         return decision
 
     def _start(self, order: AssignOrder, decision: AssignDecision) -> AssignDecision:
-        """Write the start lines and start the jobs of ``decision.to_start``.
-
-        A job whose start line cannot be written is not started (the checker could not see
-        it run): its acceptance is undone and it is refused as ``fenced`` instead.
-        """
+        """Give every job of ``decision.to_start`` its task (it starts the job, see :meth:`_run_job`)."""
         nursery = self._job_nursery
         assert nursery is not None, "accepted while not running: Admission must be fenced"
-        unstarted: list[int] = []
         for job_order in decision.to_start:
-            aid = job_order.assignment_id
             job = _Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
-            try:
-                # The start line is written before the job begins (the checker relies on it).
-                self.joblog.write(
-                    LogEvent.START,
-                    incarnation=job.incarnation,
-                    epoch=job.epoch,
-                    job_id=job_order.job_id,
-                    assignment_id=aid,
-                )
-            except OSError as exc:
-                self._logger.error(
-                    "cannot write the start line: job not started", assignment_id=aid, error=repr(exc)
-                )
-                self._admission.abandon(aid)
-                unstarted.append(aid)
-                continue
-            self._jobs[aid] = job
+            if isinstance(job_order.runtime, CommandSpec):
+                # Queued here, in the order of acceptance, not when the task first runs
+                # (trio runs newly started tasks in no set order).
+                job.start_ticket = self._start_limiter.ticket()
+            self._jobs[job_order.assignment_id] = job
             nursery.start_soon(self._run_job, job)
-        if not unstarted:
-            return decision
-        return attrs.evolve(
-            decision,
-            accepted_ids=tuple(a for a in decision.accepted_ids if a not in unstarted),
-            to_start=tuple(j for j in decision.to_start if j.assignment_id not in unstarted),
-            refused=decision.refused
-            + tuple(Refusal(assignment_id=a, reason=RefusalReason.FENCED) for a in unstarted),
-        )
+        return decision
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the cancel rules; stop the running ones and return once they have ended."""
@@ -345,39 +357,108 @@ class Agent:
             await job.done.wait()
 
     async def _run_job(self, job: _Job) -> None:
-        # Shielded: a job ends only through its stop event, so shutdown too goes through
-        # _stop_all and every job gets its stop line after it has really ended.
+        """Wait for a start slot (command jobs), start the job, and record its end.
+
+        Shielded: a job ends only through its stop event, so shutdown too goes through
+        _stop_all and every job gets its stop line after it has really ended.
+        """
         with trio.CancelScope(shield=True):
-            order = job.order
-            assert order.runtime is not None  # Admission refuses a spec without runtime
-            job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
-            job.started_at = trio.current_time()
+            ticket = job.start_ticket
             try:
-                result = await run_job(
-                    order.runtime,
-                    job_dir=job_dir,
-                    stop=job.stop,
-                    stop_grace_s=self.settings.stop_grace_s,
-                    fence_deadline_path=self.fence_deadline_path,
+                if ticket is not None and not await ticket.wait(job.stop):
+                    self._end_unstarted(job)
+                    return
+                await self._start_and_run(job, ticket)
+            finally:
+                if ticket is not None:
+                    ticket.release()
+
+    def _end_unstarted(self, job: _Job) -> None:
+        """Release a job that was stopped before it started: no line, no outcome."""
+        self._logger.info(
+            "job stopped before it started",
+            job_id=job.order.job_id,
+            assignment_id=job.order.assignment_id,
+            reason=None if job.stop_reason is None else job.stop_reason.value,
+        )
+        self._release(job)
+        job.done.set()
+
+    async def _start_and_run(self, job: _Job, ticket: StartTicket | None) -> None:
+        """Write the start line, run the job until it ends, record its end."""
+        order = job.order
+        assert order.runtime is not None  # Admission refuses a spec without runtime
+        self._fence_if_due()  # a thawed agent starts nothing past its fence deadline
+        if job.stop.is_set():
+            self._end_unstarted(job)
+            return
+        try:
+            # Written just before the job begins, with no checkpoint in between (the checker
+            # relies on it), and never for a job that was stopped first.
+            self.joblog.write(
+                LogEvent.START,
+                incarnation=job.incarnation,
+                epoch=job.epoch,
+                job_id=order.job_id,
+                assignment_id=order.assignment_id,
+            )
+        except OSError as exc:
+            self._fail_unstarted(
+                job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
+            )
+            return
+        job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
+        job.started_at = trio.current_time()
+        try:
+            result = await self._runner(
+                order.runtime,
+                job_dir=job_dir,
+                stop=job.stop,
+                stop_grace_s=self.settings.stop_grace_s,
+                fence_deadline_path=self.fence_deadline_path,
+                job_nice=self.settings.job_nice,
+                on_started=(lambda: None) if ticket is None else ticket.release,
+            )
+        except BaseException:
+            # A bug in a runtime: it has killed and reaped what it started before
+            # raising. Record the end, release the job, and let the error take the
+            # agent down (fail loud).
+            self._release(job)
+            try:
+                self.joblog.write(
+                    LogEvent.STOP,
+                    incarnation=job.incarnation,
+                    epoch=job.epoch,
+                    job_id=order.job_id,
+                    assignment_id=order.assignment_id,
+                    reason=StopReason.FAILED.value,
                 )
-            except BaseException:
-                # A bug in a runtime: it has killed and reaped what it started before
-                # raising. Record the end, release the job, and let the error take the
-                # agent down (fail loud).
-                self._release(job)
-                try:
-                    self.joblog.write(
-                        LogEvent.STOP,
-                        incarnation=job.incarnation,
-                        epoch=job.epoch,
-                        job_id=order.job_id,
-                        assignment_id=order.assignment_id,
-                        reason=StopReason.FAILED.value,
-                    )
-                finally:
-                    job.done.set()
-                raise
-            self._job_ended(job, result)
+            finally:
+                job.done.set()
+            raise
+        self._job_ended(job, result)
+
+    def _fail_unstarted(self, job: _Job, detail: str) -> None:
+        """End a job that cannot be started as failed (it was accepted, so the control plane
+        must hear how it ended): report the outcome, release it; nothing is logged as run."""
+        order = job.order
+        self._logger.error(
+            "job not started", job_id=order.job_id, assignment_id=order.assignment_id, detail=detail
+        )
+        now_unix_s = time.time()
+        self._unacked.append(
+            Outcome(
+                assignment_id=order.assignment_id,
+                job_id=order.job_id,
+                state=JobState.FAILED,
+                exit_code=None,
+                started_unix_s=now_unix_s,
+                finished_unix_s=now_unix_s,
+                detail=detail,
+            )
+        )
+        self._release(job)
+        job.done.set()
 
     def _release(self, job: _Job) -> None:
         """Forget a job that has really ended and free its reservation."""
@@ -420,6 +501,7 @@ class Agent:
             reason=reason.value,
             exit_code=result.exit_code,
             time_unix_s=ended_unix_s,
+            started=result.started,
         )
         self._logger.info(
             "job ended",
@@ -427,6 +509,7 @@ class Agent:
             assignment_id=order.assignment_id,
             reason=reason.value,
             exit_code=result.exit_code,
+            started=result.started,
             detail=result.detail,
         )
         if not (result.stopped or fenced):
@@ -471,12 +554,17 @@ class Agent:
             self._live = trio.Event()
 
     async def _register(self, stop_reason: StopReason) -> None:
-        """Stop every job, then register until a control plane answers (new incarnation)."""
+        """Stop every job, then register until a control plane answers (new incarnation).
+
+        Every registration carries the outcomes no reply has acknowledged yet; those it
+        carried are dropped once it succeeded (outcomes that appear meanwhile stay).
+        """
         self._leave_live()
         await self._stop_all(stop_reason)
         failures = 0
         while True:
             sent_at = trio.current_time()
+            finished = tuple(self._unacked)
             try:
                 reply = await self._cp.register(
                     Registration(
@@ -485,7 +573,9 @@ class Agent:
                         cpu_millis=self.settings.cpu_millis,
                         memory_mb=self.settings.memory_mb,
                         labels=dict(self.settings.labels),
-                    )
+                        finished=finished,
+                    ),
+                    deadline_s=self._call_deadline_s(),
                 )
             except StockadeError as exc:
                 failures += 1
@@ -500,6 +590,9 @@ class Agent:
                 await trio.sleep(REGISTER_RETRY_S)
                 continue
             break
+        # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
+        # wait for it): the first len(finished) entries are exactly those it carried.
+        del self._unacked[: len(finished)]
         fence_s = fence_after_s(self.settings, reply.dead_after_s)
         if fence_s != self._fence_after_s:
             self._logger.warning(
@@ -531,7 +624,10 @@ class Agent:
     async def _heartbeat_loop(self) -> None:
         interval_s = self.settings.heartbeat_interval_s
         await self._register(StopReason.REREGISTER)
-        next_at = trio.current_time() + interval_s
+        # Counted from the registration's send time, as after a heartbeat: a slow answer is
+        # followed at once, not an interval later, while the deadline runs from the send.
+        assert self._last_acked_send_time is not None
+        next_at = max(self._last_acked_send_time + interval_s, trio.current_time())
         failures = 0
         while True:
             await trio.sleep_until(next_at)
@@ -554,7 +650,7 @@ class Agent:
         )
         sent_at = trio.current_time()
         try:
-            answer = await self._cp.heartbeat(report)
+            answer = await self._cp.heartbeat(report, deadline_s=self._call_deadline_s())
         except StockadeError as exc:
             if failures % _LOG_EVERY_FAILURES == 0:
                 self._logger.warning(
@@ -564,6 +660,7 @@ class Agent:
                     fenced=self._self_fenced,
                 )
             return False
+        metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(trio.current_time() - sent_at)
         if failures:
             self._logger.info("heartbeat answered again", failures_in_a_row=failures)
         await self._on_heartbeat_answer(report, answer, sent_at)
@@ -598,6 +695,21 @@ class Agent:
                 self._request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
 
     # ------------------------------------------------------------------ self-fence
+
+    def _call_deadline_s(self) -> float:
+        """How long the next heartbeat or registration may wait for an answer, in seconds.
+
+        While live: until :data:`CALL_DEADLINE_MARGIN_S` before the fence deadline (a slow
+        answer still keeps the jobs; a later one could not). Otherwise (registering, fenced)
+        the self-fence span minus the margin, which bounds the deadline a registration sets.
+        Never less than ``heartbeat_timeout_s``.
+        """
+        deadline = self._deadline()
+        if self._live.is_set() and deadline is not None:
+            left_s = deadline - trio.current_time() - CALL_DEADLINE_MARGIN_S
+        else:
+            left_s = self._fence_after_s - CALL_DEADLINE_MARGIN_S
+        return max(self.settings.heartbeat_timeout_s, left_s)
 
     def _deadline(self) -> float | None:
         """The fence deadline in trio time; None before the first registration."""
@@ -643,6 +755,7 @@ class Agent:
         self._fenced_at = now if deadline is None else min(now, deadline)
         self._self_fenced = True
         self._leave_live()
+        metrics.AGENT_SELF_FENCES.labels(self.worker_id).inc()
         self.joblog.write(
             LogEvent.SELF_FENCE,
             incarnation=self._admission.incarnation,

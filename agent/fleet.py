@@ -4,7 +4,9 @@ A fleet is one process with one ``trio.run``, one asyncio bridge and one
 :func:`agent.main.run_agent` task per worker. Each worker keeps everything a lone agent has:
 its own worker id, Worker gRPC endpoint (its own port), registration and incarnation,
 heartbeats, self-fence, work folder and ``agent.jsonl``. Only the process is shared, so a
-SIGKILL of the fleet is the death of all its workers at once.
+SIGKILL of the fleet is the death of all its workers at once; and with it what belongs to the
+process: the start slots and the spawner thread of command jobs (:mod:`agent.starts`), the
+event-loop lag monitor and the metrics endpoint (``--metrics-port``).
 
 The workers come from a spec file, a JSON list with one object per worker::
 
@@ -35,9 +37,11 @@ import trio
 
 from agent.core import Agent
 from agent.main import run_agent
-from runtime import log
+from agent.starts import Spawner, StartLimiter
+from runtime import log, metrics
 from runtime.aio import asyncio_bridge
 from runtime.errors import InvalidArgument, PermanentError
+from runtime.lag import LoopLag
 from runtime.settings import AgentSettings
 
 __all__ = [
@@ -287,14 +291,18 @@ def fleet_settings(
 
 
 async def _host(
-    settings: AgentSettings, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED
+    settings: AgentSettings,
+    start_limiter: StartLimiter,
+    spawner: Spawner,
+    *,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one worker's agent with its id bound to every log line of its tasks."""
     # Each trio task runs in a copy of its parent's context: this binding reaches this
     # agent's tasks (and the tasks they start) and no other worker's.
     log.bind(worker_id=settings.worker_id)
     try:
-        await run_agent(settings, task_status=task_status)
+        await run_agent(settings, start_limiter=start_limiter, spawner=spawner, task_status=task_status)
     except Exception as exc:  # an ExceptionGroup too; Cancelled is a BaseException and passes
         raise WorkerFailed(settings.worker_id, exc) from exc
 
@@ -315,6 +323,10 @@ async def run_fleet(
     their processes' start-up times). On cancellation every agent stops its jobs (shielded)
     and logs each stop with reason ``shutdown``, as a lone agent does.
 
+    The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
+    their settings; :func:`fleet_settings` gives them all the same) and its one spawner
+    thread, which ends only after every agent has stopped its jobs (see :mod:`agent.starts`).
+
     Args:
         workers: one settings object per worker.
         spread_s: seconds over which the starts are spread; None: the longest
@@ -328,14 +340,16 @@ async def run_fleet(
     if spread_s is None:
         spread_s = max((w.heartbeat_interval_s for w in workers), default=0.0)
     step_s = spread_s / len(workers) if workers else 0.0
-    async with trio.open_nursery() as nursery:
-        began = trio.current_time()
-        agents = []
-        for index, settings in enumerate(workers):
-            await trio.sleep_until(began + index * step_s)
-            agents.append(await nursery.start(_host, settings))
-        logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
-        task_status.started(agents)
+    start_limiter = StartLimiter(min((w.max_concurrent_starts for w in workers), default=1))
+    with Spawner() as spawner:
+        async with trio.open_nursery() as nursery:
+            began = trio.current_time()
+            agents = []
+            for index, settings in enumerate(workers):
+                await trio.sleep_until(began + index * step_s)
+                agents.append(await nursery.start(_host, settings, start_limiter, spawner))
+            logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
+            task_status.started(agents)
 
 
 async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
@@ -343,6 +357,7 @@ async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
     async with asyncio_bridge():
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(LoopLag(loop="agent").run)
                 nursery.start_soon(run_fleet, workers)
                 async for signum in signals:
                     logger.info(
@@ -355,7 +370,12 @@ async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
 
 
 def main(
-    workers: Sequence[AgentSettings], *, fleet_id: str, json_logs: bool = False, log_level: str = "INFO"
+    workers: Sequence[AgentSettings],
+    *,
+    fleet_id: str,
+    json_logs: bool = False,
+    log_level: str = "INFO",
+    metrics_port: int | None = None,
 ) -> None:
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -367,12 +387,16 @@ def main(
         fleet_id: this process's id, bound to every log line (``fleet_id``).
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged.
+        metrics_port: serve the process's Prometheus metrics on 127.0.0.1:``metrics_port``
+            (one endpoint for every worker); None: don't.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
             exception group); every other worker's jobs were stopped first.
     """
     log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
+    if metrics_port:
+        metrics.serve(metrics_port)
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
     try:
         trio.run(_run_until_signal, workers)

@@ -2,13 +2,21 @@
 
 One line per event, keys exactly ``event`` (``start``, ``stop``, ``register``,
 ``self_fence``), ``worker_id``, ``incarnation``, ``job_id``, ``assignment_id``, ``epoch``,
-``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` on stop lines and
-``exit_code`` on stop lines whose exit code is known. ``register`` and ``self_fence`` lines
-have null ``job_id`` and ``assignment_id``.
+``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` and ``started`` on stop lines
+and ``exit_code`` on stop lines whose exit code is known. ``register`` and ``self_fence``
+lines have null ``job_id`` and ``assignment_id``.
+
+``started`` (a boolean) is false when the job never ran although its ``start`` line was
+written: its reaper refused to start it because the fence deadline had already passed
+(reason ``self_fence``), or the command could not be executed (reason ``failed``); such a
+start/stop pair is not a run. It is true for every job that did run.
 
 The checker reads these logs to prove that no job ran on two workers at overlapping times,
-so the agent writes a ``start`` line before the job begins and a ``stop`` line after it has
-really ended. A ``stop`` line's ``time`` is when the job ended, which can be earlier than
+so the agent writes a ``start`` line just before the job begins (for a command job: once it
+has a start slot, just before its reaper is forked, see :mod:`agent.starts`) and a ``stop``
+line after it has really ended. A job that was accepted but stopped (cancel, fence,
+shutdown, a stop from the control plane) while it waited for a start slot never started:
+it gets neither line. A ``stop`` line's ``time`` is when the job ended, which can be earlier than
 when the line is written: for a command job, the time its reaper saw it and everything it
 started gone, or the reaper's kill time when it killed the job at the fence deadline (the
 agent may have been frozen long past it); for a sleep job the agent was fenced past, the
@@ -73,12 +81,14 @@ class JobLog:
         reason: str | None = None,
         exit_code: int | None = None,
         time_unix_s: float | None = None,
+        started: bool = True,
     ) -> None:
         """Append one line and flush it.
 
         Args:
             time_unix_s: the line's ``time`` (wall-clock seconds) when the event happened
                 before now (a stop the agent learns of late); None: now.
+            started: on a stop line, whether the job really ran (see the module docstring).
 
         Raises:
             RuntimeError: the log is not open.
@@ -96,6 +106,7 @@ class JobLog:
         }
         if event is LogEvent.STOP:
             record["reason"] = reason
+            record["started"] = started
             if exit_code is not None:
                 record["exit_code"] = exit_code
         self._file.write(json.dumps(record) + "\n")

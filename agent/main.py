@@ -2,11 +2,15 @@
 
 :func:`run_agent` serves the Worker gRPC service, registers, heartbeats and runs jobs until it
 is cancelled. It keeps all of its state in its own objects, so one process can host many
-agents (the fleet mode runs one ``run_agent`` per worker under one asyncio bridge).
+agents (the fleet mode runs one ``run_agent`` per worker under one asyncio bridge); what
+belongs to the process, its start slots and its spawner thread (:mod:`agent.starts`), is
+passed in. :func:`main` also measures the process's event-loop lag
+(:class:`runtime.lag.LoopLag`, loop ``agent``) and serves its Prometheus metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 
@@ -14,11 +18,14 @@ import trio
 
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
+from agent.runtimes import job_runner
 from agent.service import WorkerService
+from agent.starts import Spawner, StartLimiter
 from protocol import pb
-from runtime import log
+from runtime import log, metrics
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
+from runtime.lag import LoopLag
 from runtime.settings import AgentSettings
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
@@ -42,6 +49,8 @@ async def run_agent(
     settings: AgentSettings,
     *,
     control_plane: ControlPlane | None = None,
+    start_limiter: StartLimiter | None = None,
+    spawner: Spawner | None = None,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one worker's agent until cancelled; the asyncio bridge must already be open.
@@ -55,8 +64,12 @@ async def run_agent(
     Args:
         settings: the worker's settings.
         control_plane: how to reach the control plane; by default a
-            :class:`GrpcControlPlane` over ``settings.control_planes`` with a per-call
-            deadline of ``heartbeat_timeout_s``.
+            :class:`GrpcControlPlane` over ``settings.control_planes`` whose calls are
+            hedged after ``heartbeat_timeout_s``.
+        start_limiter: the process's start slots; None: one of its own
+            (``settings.max_concurrent_starts``).
+        spawner: the process's spawner thread (running); None: one of its own, for as long
+            as this agent runs.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
@@ -64,27 +77,40 @@ async def run_agent(
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(settings.control_planes, timeout_s=settings.heartbeat_timeout_s)
-        control_plane = GrpcControlPlane(client)
-    agent = Agent(settings, control_plane)
+        control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
+    own_spawner = Spawner() if spawner is None else None
     try:
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                serve_grpc,
-                [trio_service(pb.WorkerBase, WorkerService(agent))],
-                settings.listen_host,
-                settings.listen_port,
+        # The spawner thread outlives every job this agent starts: agent.run returns only
+        # once they all have ended (see agent.starts for why that matters).
+        with own_spawner or contextlib.nullcontext():
+            agent = Agent(
+                settings,
+                control_plane,
+                start_limiter=start_limiter,
+                runner=job_runner(spawner or own_spawner),
             )
-            await nursery.start(agent.run, advertised_address(settings, port))
-            log.get("agent").info(
-                "worker service listening",
-                worker_id=settings.worker_id,
-                address=agent.address,
-                work_dir=str(agent.work_dir),
-            )
-            task_status.started(agent)
+            await _serve_agent(agent, settings, task_status=task_status)
     finally:
         if client is not None:
             client.close()
+
+
+async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            serve_grpc,
+            [trio_service(pb.WorkerBase, WorkerService(agent))],
+            settings.listen_host,
+            settings.listen_port,
+        )
+        await nursery.start(agent.run, advertised_address(settings, port))
+        log.get("agent").info(
+            "worker service listening",
+            worker_id=settings.worker_id,
+            address=agent.address,
+            work_dir=str(agent.work_dir),
+        )
+        task_status.started(agent)
 
 
 async def _run_until_signal(settings: AgentSettings) -> None:
@@ -92,6 +118,7 @@ async def _run_until_signal(settings: AgentSettings) -> None:
     async with asyncio_bridge():
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(LoopLag(loop="agent").run)
                 nursery.start_soon(run_agent, settings)
                 async for signum in signals:
                     logger.info(
@@ -102,7 +129,13 @@ async def _run_until_signal(settings: AgentSettings) -> None:
     logger.info("agent stopped")
 
 
-def main(settings: AgentSettings, *, json_logs: bool = False, log_level: str = "INFO") -> None:
+def main(
+    settings: AgentSettings,
+    *,
+    json_logs: bool = False,
+    log_level: str = "INFO",
+    metrics_port: int | None = None,
+) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job is stopped (and logged) before this returns, so the
@@ -112,12 +145,15 @@ def main(settings: AgentSettings, *, json_logs: bool = False, log_level: str = "
         settings: the worker's settings.
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
+        metrics_port: serve Prometheus metrics on 127.0.0.1:``metrics_port``; None: don't.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
             (inside an ExceptionGroup, as trio's nurseries raise them).
     """
     log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
+    if metrics_port:
+        metrics.serve(metrics_port)
     trio.run(_run_until_signal, settings)
 
 

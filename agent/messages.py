@@ -167,6 +167,9 @@ class Registration:
     cpu_millis: int
     memory_mb: int
     labels: dict[str, str] = attrs.field(factory=dict)
+    finished: tuple[Outcome, ...] = ()
+    """Every outcome not yet acknowledged: the control plane records them for the worker's
+    previous incarnation before it starts the new one, so a fence never loses them."""
 
 
 @attrs.frozen(kw_only=True)

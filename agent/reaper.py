@@ -25,6 +25,18 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   then SIGKILL to the group and every descendant after ``stop_grace_s`` (the agent's stop
   semantics, now timed by the reaper, so a freeze of the agent mid-stop does not stretch the
   grace). SIGUSR1 from the agent (or from the kernel when the agent dies): SIGKILL at once.
+- **It tells the agent when the start is over.** The agent passes the write end of a pipe
+  (``STARTED_FD``, close-on-exec in the reaper, so the job never holds it); the reaper writes
+  one byte, :data:`STARTED_BYTE`, once the job has exec'd (the exec-error pipe below read
+  EOF), and closes it. A reaper that does not start the job (the fence deadline had passed,
+  the exec failed, the agent was already gone) writes nothing; its exit closes the pipe. The
+  agent frees the job's start slot when the pipe is readable (the byte or EOF), so the
+  number of command jobs starting at once is bounded by what really is starting, not by a
+  timer (see :mod:`agent.starts`).
+- **It runs the job at a lower CPU priority.** Between fork and exec the job's process adds
+  ``JOB_NICE`` to its nice value (``os.nice``; the kernel caps it at 19; a failure to change
+  it is ignored: the job runs at the reaper's priority), so a busy job does not starve the
+  agent's heartbeats. The reaper itself keeps the agent's priority: it is the deadman switch.
 - **It reports the job's end.** When the job's main process has exited, the reaper SIGKILLs
   whatever is left of its group and of its descendants (as the agent did before: the job owns
   nothing after it ends), waits for them, and writes :data:`REPORT_FILE` (:func:`read_report`)
@@ -56,9 +68,10 @@ core while it waits.
 
 Command line (built by :func:`reaper_argv`)::
 
-    python -I -S -c BOOTSTRAP PARENT_PID STOP_GRACE_S DEADLINE_FILE -- ARGV...
+    python -I -S -c BOOTSTRAP PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD -- ARGV...
 
-``DEADLINE_FILE`` may be empty (no deadman, for runtimes used outside an agent). The working
+``DEADLINE_FILE`` may be empty (no deadman, for runtimes used outside an agent), and so may
+``STARTED_FD`` (nobody waits for the start). The working
 directory is the job's folder; stdin, stdout and stderr are passed on to the job.
 
 This module must stay importable with nothing but the standard library: it runs before and
@@ -85,6 +98,8 @@ FENCED_AT_FILE = "reaper.fenced_at"
 the job because the fence deadline had passed."""
 REPORT_FILE = "reaper.report"
 """In the job's folder: how the job ended, ``key=value`` lines (see :func:`read_report`)."""
+STARTED_BYTE = b"1"
+"""What the reaper writes to ``STARTED_FD`` once the job has exec'd."""
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -110,6 +125,8 @@ def reaper_argv(
     stop_grace_s: float,
     fence_deadline_path: str | None,
     argv: tuple[str, ...],
+    job_nice: int = 0,
+    started_fd: int | None = None,
 ) -> list[str]:
     """The command line that runs ``argv`` under a reaper.
 
@@ -120,6 +137,9 @@ def reaper_argv(
         stop_grace_s: seconds between SIGTERM and SIGKILL of a graceful stop.
         fence_deadline_path: the agent's fence-deadline file, or None for no deadman.
         argv: the job's command.
+        job_nice: added to the job's nice value before it execs (0: unchanged).
+        started_fd: the reaper's file descriptor of the write end of the start pipe (the
+            caller passes it on, e.g. ``pass_fds``), or None for none.
     """
     return [
         python,
@@ -130,6 +150,8 @@ def reaper_argv(
         str(parent_pid),
         repr(float(stop_grace_s)),
         fence_deadline_path or "",
+        str(int(job_nice)),
+        "" if started_fd is None else str(started_fd),
         "--",
         *argv,
     ]
@@ -264,8 +286,8 @@ class _Reaper:
         _kill_children()
         self.killed = True
 
-    def start(self, argv: list[str], libc: object) -> None:
-        """Fork and exec the job in a process group of its own.
+    def start(self, argv: list[str], libc: object, nice: int) -> None:
+        """Fork and exec the job in a process group of its own, ``nice`` lower in priority.
 
         Raises:
             OSError: the command cannot be executed (errno and file name, as ``execvp``).
@@ -287,6 +309,11 @@ class _Reaper:
                     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # type: ignore[attr-defined]
                 if os.getppid() != reaper_pid:
                     os._exit(_EXIT_AGENT_GONE)
+                if nice:
+                    try:
+                        os.nice(nice)
+                    except OSError:
+                        pass  # runs at the reaper's priority rather than not at all
                 # Python ignores these; the job gets the defaults. Handled ones reset on exec.
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                     signal.signal(sig, signal.SIG_DFL)
@@ -388,10 +415,17 @@ def _load_libc() -> object:
 
 def main(args: list[str]) -> int:
     """Run the reaper (see the module docstring); returns its exit status."""
-    if len(args) < 6 or args[4] != "--":
-        print("usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE -- ARGV...", file=sys.stderr)
+    if len(args) < 8 or args[6] != "--":
+        print(
+            "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD -- ARGV...",
+            file=sys.stderr,
+        )
         return _EXIT_USAGE
-    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[5:]
+    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[7:]
+    nice = int(args[4])
+    started_fd = int(args[5]) if args[5] else -1
+    if started_fd >= 0:
+        os.set_inheritable(started_fd, False)  # the job must not hold it (it would look unstarted)
     # Blocked, then taken with sigtimedwait: no handler can run between fork and exec.
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # never inherit SIG_IGN (auto-reaping)
@@ -409,10 +443,16 @@ def main(args: list[str]) -> int:
         _write_file(REPORT_FILE, f"fenced_unix_s={fenced!r}\nended_unix_s={fenced!r}\n")
         return 128 + signal.SIGKILL
     try:
-        reaper.start(argv, libc)
+        reaper.start(argv, libc, nice)
     except OSError as exc:
         _write_file(REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_unix_s={time.time()!r}\n")
         return _EXIT_CANNOT_START
+    if started_fd >= 0:
+        try:
+            os.write(started_fd, STARTED_BYTE)
+            os.close(started_fd)
+        except OSError:
+            pass  # the agent is gone or stopped listening: nothing to tell
     status = reaper.supervise()
     reaper.sweep()
     code = os.waitstatus_to_exitcode(status)

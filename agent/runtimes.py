@@ -24,9 +24,16 @@ Command jobs:
   killed the job), the time everything was gone, and, for a job the reaper killed at the
   fence deadline, the kill time (``JobResult.fenced``, ``finished_unix_s`` = the kill time);
 - the reaper's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, not the
-  process, so it is forked from the calling (trio) thread with ``subprocess.Popen`` and not
-  through ``trio.run_process``, which forks from a worker thread that trio's thread cache
-  retires after 10 s idle, which would kill the job;
+  process. So it is forked with ``subprocess.Popen`` on the process's one dedicated spawner
+  thread (:class:`agent.starts.Spawner`), which lives as long as the process's agents, and
+  never through ``trio.run_process`` or ``trio.to_thread``, which fork from worker threads
+  that trio's thread cache retires after 10 s idle, which would kill the job. The spawner
+  keeps the fork (and the few file operations before it) off the trio thread. Without a
+  spawner (``spawner=None``: tools and tests) the calling thread forks, blocking its loop
+  for the fork;
+- the reaper runs the job at ``job_nice`` lower priority and says, through a pipe, when the
+  job has exec'd (or could not be); ``on_started`` is called then (see
+  :mod:`agent.starts` for the start slots this frees);
 - the agent waits for the reaper's exit through a pidfd (``os.pidfd_open``), polling
   ``waitid`` every 50 ms where pidfds are missing. The exit is observed before the reaper is
   reaped, so the sweep of its group cannot hit a recycled process id.
@@ -48,14 +55,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
 
 from agent import reaper
 from agent.messages import CommandSpec, JobState, RuntimeSpec, SleepSpec
+from agent.starts import Spawner
 
 _POLL_INTERVAL_S = 0.05
 REAPER_SLACK_S = 1.0
@@ -82,6 +91,9 @@ class JobResult:
     detail: str = ""
     fenced: bool = False
     """True when its reaper SIGKILLed the job because the worker's fence deadline had passed."""
+    started: bool = True
+    """False when the job never ran: a command that was not exec'd (stopped before its
+    reaper was started, the reaper or the exec failed, the fence deadline had passed)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +107,10 @@ def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
     return jobs_dir / f"{job_id}-{assignment_id}"
 
 
+def _nothing() -> None:
+    pass
+
+
 async def run_job(
     runtime: RuntimeSpec,
     *,
@@ -102,6 +118,9 @@ async def run_job(
     stop: trio.Event,
     stop_grace_s: float,
     fence_deadline_path: Path | None = None,
+    job_nice: int = 0,
+    spawner: Spawner | None = None,
+    on_started: Callable[[], None] = _nothing,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -112,9 +131,14 @@ async def run_job(
         stop_grace_s: seconds between SIGTERM and SIGKILL.
         fence_deadline_path: the worker's fence-deadline file (see :mod:`agent.reaper`); a
             command's reaper kills it once that deadline has passed. None: no deadman.
+        job_nice: added to a command's nice value (lower CPU priority), 0..19.
+        spawner: the thread that forks a command's reaper; None: the calling thread.
+        on_started: called once, when the start is over: a command has exec'd or could not
+            be started (a sleep job: at once); at the latest just before this returns.
 
     Returns:
-        The result; ``stopped`` tells a stop from a natural end.
+        The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
+        command ran at all.
 
     Raises:
         trio.Cancelled: when cancelled, after having a command's reaper SIGKILL the job and
@@ -122,6 +146,7 @@ async def run_job(
     """
     match runtime:
         case SleepSpec():
+            on_started()
             return await _run_sleep(runtime, stop=stop)
         case CommandSpec():
             return await _run_command(
@@ -130,7 +155,32 @@ async def run_job(
                 stop=stop,
                 stop_grace_s=stop_grace_s,
                 fence_deadline_path=fence_deadline_path,
+                job_nice=job_nice,
+                spawner=spawner,
+                on_started=on_started,
             )
+
+
+class JobRunner(Protocol):
+    """What runs the agent's jobs: :func:`run_job` bound to the process's spawner
+    (:func:`job_runner`), or a scripted stand-in in unit tests."""
+
+    async def __call__(
+        self,
+        runtime: RuntimeSpec,
+        *,
+        job_dir: Path,
+        stop: trio.Event,
+        stop_grace_s: float,
+        fence_deadline_path: Path | None,
+        job_nice: int,
+        on_started: Callable[[], None],
+    ) -> JobResult: ...
+
+
+def job_runner(spawner: Spawner | None) -> JobRunner:
+    """:func:`run_job` with command reapers forked on ``spawner`` (None: the calling thread)."""
+    return partial(run_job, spawner=spawner)
 
 
 async def _run_sleep(spec: SleepSpec, *, stop: trio.Event) -> JobResult:
@@ -163,8 +213,14 @@ def _spawn_reaper(
     stderr_path: Path,
     stop_grace_s: float,
     fence_deadline_path: Path | None,
-) -> subprocess.Popen[bytes]:
-    """Start the job's reaper from the calling thread (see the module docstring for why).
+    job_nice: int,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the job's reaper from the calling thread (see the module docstring for which).
+
+    Returns:
+        The reaper, and the read end of its start pipe (non-blocking; the caller closes it):
+        :data:`agent.reaper.STARTED_BYTE` once the job has exec'd, EOF without it when the
+        reaper ended without starting it.
 
     Raises:
         OSError: the folder or the output files cannot be created, or the interpreter cannot
@@ -172,23 +228,43 @@ def _spawn_reaper(
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     reaper.clear_files(job_dir)
-    command = reaper.reaper_argv(
-        sys.executable,
-        parent_pid=os.getpid(),
-        stop_grace_s=stop_grace_s,
-        fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
-        argv=argv,
-    )
-    with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
-        return subprocess.Popen(
-            command,
-            cwd=job_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            close_fds=True,
-            start_new_session=True,
+    started_r, started_w = os.pipe()  # close-on-exec: only the reaper gets started_w (pass_fds)
+    try:
+        command = reaper.reaper_argv(
+            sys.executable,
+            parent_pid=os.getpid(),
+            stop_grace_s=stop_grace_s,
+            fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+            argv=argv,
+            job_nice=job_nice,
+            started_fd=started_w,
         )
+        with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
+            proc = subprocess.Popen(
+                command,
+                cwd=job_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                close_fds=True,
+                pass_fds=(started_w,),
+                start_new_session=True,
+            )
+    except BaseException:
+        os.close(started_r)
+        raise
+    finally:
+        os.close(started_w)
+    os.set_blocking(started_r, False)
+    return proc, started_r
+
+
+def _read_started(fd: int) -> bytes:
+    """What the start pipe holds now: the start byte, b"" at EOF or when nothing came yet."""
+    try:
+        return os.read(fd, 1)
+    except BlockingIOError:
+        return b""
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -243,12 +319,16 @@ async def _run_command(
     stop: trio.Event,
     stop_grace_s: float,
     fence_deadline_path: Path | None,
+    job_nice: int,
+    spawner: Spawner | None,
+    on_started: Callable[[], None],
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
     paths = _Paths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
     started = time.time()
     if stop.is_set():
+        on_started()
         return JobResult(
             state=JobState.CANCELLED,
             stopped=True,
@@ -258,17 +338,24 @@ async def _run_command(
             detail="stopped before it was started",
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
+            started=False,
         )
+    spawn = partial(
+        _spawn_reaper,
+        spec.argv,
+        job_dir=job_dir,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        stop_grace_s=stop_grace_s,
+        fence_deadline_path=fence_deadline_path,
+        job_nice=job_nice,
+    )
     try:
-        proc = _spawn_reaper(
-            spec.argv,
-            job_dir=job_dir,
-            stdout_path=stdout_path,
-            stderr_path=stderr_path,
-            stop_grace_s=stop_grace_s,
-            fence_deadline_path=fence_deadline_path,
-        )
+        # Shielded inside Spawner.run: the reaper it forks always comes back here, and no
+        # checkpoint follows before the try below that kills it when cancelled.
+        proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except (OSError, subprocess.SubprocessError) as exc:
+        on_started()
         return JobResult(
             state=JobState.FAILED,
             stopped=False,
@@ -278,9 +365,23 @@ async def _run_command(
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
+            started=False,
         )
     pid = proc.pid  # the reaper; also its process group id (start_new_session)
     stopped = False
+    start_signal: bytes | None = None
+    """What the start pipe said (None: not read yet)."""
+
+    def start_is_over(said: bytes) -> None:
+        nonlocal start_signal
+        if start_signal is None:
+            start_signal = said
+            os.close(started_fd)
+            on_started()
+
+    async def watch_start() -> None:
+        await trio.lowlevel.wait_readable(started_fd)
+        start_is_over(_read_started(started_fd))
 
     async def stop_when_asked() -> None:
         nonlocal stopped
@@ -297,6 +398,7 @@ async def _run_command(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop_when_asked)
+            nursery.start_soon(watch_start)
             await _wait_exited(pid)
             nursery.cancel_scope.cancel()
     except BaseException:
@@ -308,12 +410,21 @@ async def _run_command(
             _signal_group(pid, signal.SIGKILL)
             proc.wait()
         raise
+    finally:
+        if start_signal is None:
+            # The reaper has exited (or been killed): the pipe holds whatever it said, and EOF.
+            start_is_over(_read_started(started_fd))
     # The reaper has exited but is not reaped yet, so its id still names its group: sweep
     # anything that joined that group, then reap.
     _signal_group(pid, signal.SIGKILL)
     reaper_code = proc.wait()
     return _command_result(
-        reaper.read_report(job_dir), reaper_code, stopped=stopped, started_unix_s=started, paths=paths
+        reaper.read_report(job_dir),
+        reaper_code,
+        stopped=stopped,
+        exec_reported=start_signal == reaper.STARTED_BYTE,
+        started_unix_s=started,
+        paths=paths,
     )
 
 
@@ -325,9 +436,16 @@ def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | 
 
 
 def _command_result(
-    report: dict[str, str], reaper_code: int, *, stopped: bool, started_unix_s: float, paths: _Paths
+    report: dict[str, str],
+    reaper_code: int,
+    *,
+    stopped: bool,
+    exec_reported: bool,
+    started_unix_s: float,
+    paths: _Paths,
 ) -> JobResult:
-    """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)."""
+    """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
+    and its start pipe (``exec_reported``: the reaper said the job exec'd)."""
     now = time.time()
     if "error" in report:
         return JobResult(
@@ -339,8 +457,10 @@ def _command_result(
             detail=report["error"],
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
+            started=False,
         )
     code = _parse(report, "exit_code", int)
+    ran = exec_reported or code is not None
     fenced_at = _parse(report, "fenced_unix_s", float)
     finished = _parse(report, "ended_unix_s", float) or now
     if not report:
@@ -361,6 +481,7 @@ def _command_result(
             detail=f"killed by its reaper at the fence deadline: {detail}",
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
+            started=ran,
         )
     state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     if stopped:
@@ -374,4 +495,5 @@ def _command_result(
         detail=detail,
         stdout_path=paths.stdout_path,
         stderr_path=paths.stderr_path,
+        started=ran,
     )

@@ -72,8 +72,8 @@ class AssignmentRecord:
     ended_at: float | None
     end_reason: str | None = None
     outcome: str | None = None
-    """The outcome the worker reported after the assignment had already ended (a late report),
-    if any."""
+    """The outcome (succeeded, failed) the worker reported for it, also one reported after the
+    assignment had been ended as lost (a late report); None if none."""
 
     @property
     def success_recorded(self) -> bool:
@@ -438,11 +438,10 @@ def check_logs(
 
 
 ASSIGNMENT_HISTORY = """
-SELECT id, job_id, worker_id, worker_incarnation, epoch, state, end_reason,
-       to_jsonb(a) ->> 'outcome' AS outcome,
+SELECT id, job_id, worker_id, worker_incarnation, epoch, state, end_reason, outcome,
        extract(epoch FROM created_at)::float8 AS created_s,
        extract(epoch FROM ended_at)::float8 AS ended_s
-  FROM assignments a ORDER BY id
+  FROM assignments ORDER BY id
 """
 DEATH_HISTORY = """
 SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS declared_s,

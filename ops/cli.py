@@ -50,7 +50,15 @@ from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import ClusterBusy, InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
-from runtime.settings import AgentSettings, IngestSettings, LeaseSettings, PlacerSettings, ReconcilerSettings
+from runtime.settings import (
+    MAX_JOB_NICE,
+    MIN_JOB_NICE,
+    AgentSettings,
+    IngestSettings,
+    LeaseSettings,
+    PlacerSettings,
+    ReconcilerSettings,
+)
 
 __all__ = ["app", "main"]
 
@@ -79,6 +87,13 @@ def _agent_default(name: str) -> float:
     """An AgentSettings field's default (the option defaults come from the settings classes)."""
     default = getattr(attrs.fields(AgentSettings), name).default
     assert isinstance(default, float)
+    return default
+
+
+def _agent_int_default(name: str) -> int:
+    """An integer AgentSettings field's default."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, int)
     return default
 
 
@@ -462,12 +477,33 @@ def control_plane(
 
 HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
 HeartbeatTimeoutOption = Annotated[
-    float, typer.Option(help="Deadline of one heartbeat to one control plane, seconds.")
+    float,
+    typer.Option(
+        help="Send a heartbeat (or registration) to the next control plane too after this long "
+        "without an answer, seconds (the first may still answer until shortly before the fence deadline)."
+    ),
 ]
 SelfFenceOption = Annotated[
     float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
 ]
 JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
+MaxConcurrentStartsOption = Annotated[
+    int,
+    typer.Option(
+        help="Most command jobs of this process starting at once (from their reaper's fork until the "
+        "job has exec'd); the others wait, holding their capacity."
+    ),
+]
+JobNiceOption = Annotated[
+    int,
+    typer.Option(
+        help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
+        f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority)."
+    ),
+]
+MetricsPortOption = Annotated[
+    int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+]
 
 
 @app.command("agent")
@@ -485,6 +521,9 @@ def agent(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
@@ -504,8 +543,10 @@ def agent(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            max_concurrent_starts=max_concurrent_starts,
+            job_nice=job_nice,
         )
-    agent_main(settings, json_logs=json_logs)
+    agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)
 
 
 @app.command("fleet")
@@ -527,6 +568,9 @@ def fleet(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
@@ -546,9 +590,11 @@ def fleet(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            max_concurrent_starts=max_concurrent_starts,
+            job_nice=job_nice,
         )
     try:
-        fleet_main(settings, fleet_id=fleet_id, json_logs=json_logs)
+        fleet_main(settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None)
     except WorkerFailed as exc:
         _fail(f"{fleet_id}: {exc}")
 

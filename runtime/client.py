@@ -11,6 +11,10 @@ busy replicas and none that answered, the client waits, with capped exponential 
 full jitter (:mod:`runtime.backoff`), and walks the list again, until ``busy_retry_s`` has
 passed; then it raises :class:`runtime.errors.ClusterBusy`. Hammering a saturated cluster with
 immediate retries would only feed its overload.
+
+The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead:
+a slow replica is not abandoned (which turns one call into work on every replica) but given
+until a deadline, while the next replica is asked too once the first has been slow for a while.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ import trio
 from protocol import pb
 from runtime.aio import GrpcChannel, split_address
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import Busy, ClusterBusy, InvalidArgument, NoControlPlaneReachable, Unavailable
+from runtime.errors import (
+    Busy,
+    ClusterBusy,
+    InvalidArgument,
+    NoControlPlaneReachable,
+    StockadeError,
+    Unavailable,
+)
 
 T = TypeVar("T")
 
@@ -125,6 +136,92 @@ class ControlPlaneClient:
                     "refused was stored; last answers: " + "; ".join(failures)
                 )
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
+
+    async def call_hedged(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> Any:
+        """Call ``rpc`` with ``request``, asking the next replica too while the first is slow.
+
+        The preferred replica (the last that answered) gets the request first, with a deadline
+        of ``deadline_s``. Whenever ``hedge_after_s`` has passed without an answer, the same
+        request also goes to the next replica, without cancelling what is in flight; an attempt
+        that fails (a refused connection, UNAVAILABLE) sends it to the next replica at once.
+        Each replica is asked at most once per call. The first answer wins: every other
+        attempt is cancelled, and its replica becomes the preferred one.
+
+        Unlike :meth:`call`, a slow replica is not given up on after ``timeout_s``: a server
+        that got the request usually does the work anyway (a cancelled handler even drops its
+        database connection), so abandoning it and asking the next one turns one call into
+        work on every replica exactly when they are overloaded. This is the hedged request of
+        Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013), with the hedge sent after a
+        fixed delay rather than a latency percentile.
+
+        Args:
+            rpc: the ControlPlane method, snake_case (``"heartbeat"``).
+            request: its request message.
+            hedge_after_s: seconds without an answer before the next replica is asked too.
+            deadline_s: seconds after which the call gives up, every attempt included.
+
+        Raises:
+            NoControlPlaneReachable: every replica failed, or none answered within
+                ``deadline_s``; the message says how each failed.
+            InvalidArgument, NotFound, RemoteError: a replica refused the request itself
+                (the other attempts are cancelled: every replica would say the same).
+        """
+        count = len(self.addresses)
+        order = [(self._preferred + step) % count for step in range(count)]
+        deadline = trio.current_time() + deadline_s
+        failures: list[str] = []
+        in_flight: set[str] = set()
+        answer: list[tuple[int, Any]] = []
+        refusal: list[StockadeError] = []
+        failed_send, failed_recv = trio.open_memory_channel[None](count)
+
+        async def attempt(index: int, cancel_all: trio.CancelScope) -> None:
+            address = self.addresses[index]
+            in_flight.add(address)  # left there when the deadline cancels it
+            try:
+                reply = await self._attempt(
+                    index, rpc, request, timeout_s=max(0.001, deadline - trio.current_time())
+                )
+            except Unavailable as exc:
+                in_flight.discard(address)
+                failures.append(str(exc))
+                failed_send.send_nowait(None)
+                return
+            except StockadeError as exc:
+                in_flight.discard(address)
+                refusal.append(exc)
+                cancel_all.cancel()
+                return
+            in_flight.discard(address)
+            if not answer and not refusal:
+                answer.append((index, reply))
+            cancel_all.cancel()
+
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                for index in order:
+                    nursery.start_soon(attempt, index, nursery.cancel_scope)
+                    with trio.move_on_after(hedge_after_s):
+                        await failed_recv.receive()
+        if answer:
+            self._preferred = answer[0][0]
+            return answer[0][1]
+        if refusal:
+            raise refusal[0]
+        failures.extend(f"{a} did not answer within {deadline_s:g} s" for a in sorted(in_flight))
+        raise NoControlPlaneReachable("no control plane answered: " + "; ".join(failures))
+
+    async def _attempt(self, index: int, rpc: str, request: Any, *, timeout_s: float) -> Any:
+        """One call of ``rpc`` to ``self.addresses[index]`` (what :meth:`call_hedged` runs per
+        replica; tests replace it with scripted replicas).
+
+        Raises:
+            Unavailable: the replica did not answer in ``timeout_s`` or could not be reached.
+            InvalidArgument, NotFound, RemoteError: the replica refused the request.
+        """
+        channel = self._channel(self.addresses[index])
+        method: Callable[..., Awaitable[Any]] = getattr(channel.stub(pb.ControlPlaneStub), rpc)
+        return await channel.call(method, request, timeout_s=timeout_s)
 
     @property
     def last_answered(self) -> str:

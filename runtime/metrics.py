@@ -99,6 +99,24 @@ INGEST_EXPIRED_REQUESTS = Counter(
 )
 
 
+HEARTBEAT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+AGENT_HEARTBEAT_ROUND_TRIP_SECONDS = Histogram(
+    "stockade_agent_heartbeat_round_trip_seconds",
+    "Time from sending a heartbeat to taking its answer (the first replica's to answer), for "
+    "every worker of this process; failed heartbeats are not counted.",
+    buckets=HEARTBEAT_BUCKETS_S,
+)
+AGENT_SELF_FENCES = Counter(
+    "stockade_agent_self_fences",
+    "Self-fences: a worker stopped every job because no heartbeat was acknowledged in time.",
+    ["worker_id"],
+)
+AGENT_JOBS_WAITING_FOR_START_SLOT = Gauge(
+    "stockade_agent_jobs_waiting_for_start_slot",
+    "Accepted command jobs of this process waiting for a start slot (agent.starts).",
+)
+
+
 def serve(port: int) -> None:
     """Serve /metrics on 127.0.0.1:``port`` from a background thread."""
     start_http_server(port, addr="127.0.0.1")

@@ -220,6 +220,11 @@ class ControlPlaneSettings:
     dispatch: DispatchSettings = attrs.field(factory=DispatchSettings)
 
 
+MIN_JOB_NICE = 0
+MAX_JOB_NICE = 19
+"""The range of ``AgentSettings.job_nice`` (19 is the lowest priority Linux knows)."""
+
+
 @attrs.frozen(kw_only=True)
 class AgentSettings:
     """Everything one worker agent needs."""
@@ -243,12 +248,30 @@ class AgentSettings:
     heartbeat_interval_s: float = attrs.field(default=0.25, validator=_positive)
     """Time between heartbeats."""
     heartbeat_timeout_s: float = attrs.field(default=0.5, validator=_positive)
-    """Deadline of one heartbeat call to one control plane."""
+    """How long a heartbeat (or registration) waits for one control plane before it is sent
+    to the next one too, without giving up on the first (a hedged call, see
+    :meth:`runtime.client.ControlPlaneClient.call_hedged`); also the shortest deadline a call
+    gets. The call as a whole may wait until shortly before the fence deadline."""
     self_fence_after_s: float = attrs.field(default=1.5, validator=_positive)
     """Stop every job when no heartbeat sent in the last this-many seconds was acknowledged.
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
     stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
+    max_concurrent_starts: int = attrs.field(default=2, validator=_positive)
+    """Most command jobs *starting* at once in this process (from the fork of a job's reaper
+    until the reaper has exec'd the job, or ended): the rest wait for a start slot, holding
+    their capacity. One limit per process, shared by every worker of a fleet."""
+    job_nice: int = attrs.field(default=10)
+    """How much lower a command job's CPU priority is than the agent's (added to the agent's
+    nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
+    agent's. The job's reaper keeps the agent's priority."""
+
+    @job_nice.validator
+    def _nice(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not MIN_JOB_NICE <= value <= MAX_JOB_NICE:
+            raise InvalidArgument(
+                "job_nice", value, f"must be an integer between {MIN_JOB_NICE} and {MAX_JOB_NICE}"
+            )
 
     @control_planes.validator
     def _cps(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:

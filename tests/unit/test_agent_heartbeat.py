@@ -62,6 +62,8 @@ class ScriptedControlPlane:
     """Send times of the heartbeats that got a reply."""
     next_answer: dict[str, Any] = attrs.field(factory=dict)
     answer_delay_s: float = 0.0
+    register_failures: int = 0
+    """Refuse this many registrations at once (NoControlPlaneReachable) before answering."""
 
     async def _gate(self) -> None:
         if self.mode == "down":
@@ -70,13 +72,16 @@ class ScriptedControlPlane:
         if self.mode == "hang":
             await trio.sleep_forever()
 
-    async def register(self, request: Registration) -> Registered:
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
         self.registrations.append((trio.current_time(), request))
         await self._gate()
+        if self.register_failures:
+            self.register_failures -= 1
+            raise NoControlPlaneReachable("no control plane answered: scripted refusal")
         self.incarnations += 1
         return Registered(incarnation=self.incarnations, epoch=self.epoch)
 
-    async def heartbeat(self, request: HeartbeatReport) -> HeartbeatAnswer:
+    async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
         sent = trio.current_time()
         self.heartbeats.append((sent, request))
         await self._gate()
@@ -278,6 +283,36 @@ async def test_only_the_acknowledged_outcomes_are_dropped(tmp_path: Path, autoju
     assert carried[:2] == [[1], [2]]
 
 
+async def test_registration_carries_the_unacknowledged_outcomes_and_then_drops_them(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A job that ends while a heartbeat is in flight, whose reply asks the worker to register
+    again: every registration attempt carries the outcome until one succeeds; then it is
+    dropped and no later heartbeat carries it."""
+    cp = ScriptedControlPlane(answer_delay_s=0.3, register_failures=0)
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        t0 = trio.current_time()
+        assign(agent, sleep_job(1, duration_s=0.6))
+        # The heartbeat sent at 0.5 carries nothing; job 1 ends at 0.6; the reply at 0.8 says
+        # "register again", and the first two registrations fail.
+        cp.next_answer = {"reregister": True}
+        cp.register_failures = 2
+        await trio.sleep_until(t0 + 0.7)
+        assert [o.assignment_id for o in agent.unacknowledged_outcomes] == [1]
+        await trio.sleep_until(t0 + 2.5)
+        assert agent.incarnation == 2
+        assert agent.unacknowledged_outcomes == ()
+        await trio.sleep_until(t0 + 4.0)
+    carried = [[o.assignment_id for o in r.finished] for _, r in cp.registrations]
+    assert carried == [[], [1], [1], [1]]  # the first registration, two refused, the one answered
+    outcome = cp.registrations[-1][1].finished[0]
+    assert (outcome.job_id, outcome.state.value, outcome.exit_code) == (10, "succeeded", 0)
+    assert [o for _, r in cp.heartbeats for o in r.finished] == []
+    gaps = [b[0] - a[0] for a, b in zip(cp.registrations[1:], cp.registrations[2:], strict=False)]
+    assert gaps == pytest.approx([REGISTER_RETRY_S] * 2)
+
+
 async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(tmp_path: Path, autojump_clock: Any) -> None:
     """A job the control plane ended is stopped, not reported, and refused if re-assigned."""
     cp = ScriptedControlPlane()
@@ -327,6 +362,7 @@ async def test_cancel_stops_a_running_job_before_it_answers(tmp_path: Path, auto
     async with running_agent(tmp_path, cp) as agent:
         await agent.wait_registered()
         assign(agent, sleep_job(1))
+        await trio.sleep(0.1)  # started (a job cancelled before its task ran never starts)
         decision = await agent.cancel(
             CancelOrder(epoch=1, worker_id="w-1", incarnation=1, assignment_ids=(1,))
         )
@@ -380,9 +416,10 @@ async def test_start_and_stop_lines_carry_the_assign_epoch(tmp_path: Path, autoj
 async def test_job_whose_start_line_cannot_be_written_is_not_started(
     tmp_path: Path, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """If the start line cannot be written the job is refused (fenced) and nothing runs."""
+    """If the start line cannot be written when the accepted job is due to start, nothing
+    runs: the job is reported failed, naming the error, and its capacity is freed."""
     cp = ScriptedControlPlane()
-    async with running_agent(tmp_path, cp) as agent:
+    async with running_agent(tmp_path, cp, cpu_millis=1000) as agent:
         await agent.wait_registered()
 
         def disk_full(*args: Any, **kwargs: Any) -> None:
@@ -390,9 +427,14 @@ async def test_job_whose_start_line_cannot_be_written_is_not_started(
 
         with monkeypatch.context() as patch:
             patch.setattr(agent.joblog, "write", disk_full)
-            assert assign(agent, sleep_job(1)) == {1: "fenced"}
+            assert assign(agent, sleep_job(1)) == {1: "accepted"}
+            await trio.sleep(0.1)
         assert agent.running_assignment_ids == ()
-        assert assign(agent, sleep_job(1)) == {1: "accepted"}
+        (outcome,) = agent.unacknowledged_outcomes
+        assert (outcome.assignment_id, outcome.state.value, outcome.exit_code) == (1, "failed", None)
+        assert "cannot write the start line" in outcome.detail and "No space left" in outcome.detail
+        assert assign(agent, sleep_job(2)) == {2: "accepted"}  # the capacity is free again
+    assert [r["event"] for r in read_log(tmp_path / "agent.jsonl") if r["assignment_id"] == 1] == []
 
 
 WALL_AT_ZERO = 1_700_000_000.0
@@ -452,7 +494,11 @@ async def test_a_sleep_job_that_ran_out_while_frozen_before_the_deadline_succeed
     stop = _records(tmp_path, "stop")[0]
     assert stop["reason"] == "succeeded"
     assert stop["time"] == pytest.approx(start["time"] + 1.0, abs=1e-6)
-    assert [o.state.value for _, hb in cp.heartbeats for o in hb.finished] == ["succeeded"]
+    # Reported once: by a heartbeat, or by the registration that follows the fence when the
+    # job's task ran after the heartbeat that got through had been built.
+    reported = [o for _, hb in cp.heartbeats for o in hb.finished]
+    reported += [o for _, registration in cp.registrations for o in registration.finished]
+    assert [o.state.value for o in reported] == ["succeeded"]
 
 
 @pytest.mark.parametrize("attempt", range(8))  # trio runs the tasks woken together in random order

@@ -433,6 +433,15 @@ class RegisterWorkerRequest(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
+    finished: "list[JobOutcome]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Outcomes of jobs that ended on their own and that no heartbeat reply has acknowledged
+    yet (a worker that fenced itself, or was told to register again, still owes them). They
+    are recorded for the worker's previous incarnation, as a heartbeat's are, before the new
+    incarnation exists, so the leader's sweep of the old incarnation's assignments finds
+    them finished.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
 

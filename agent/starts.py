@@ -1,0 +1,237 @@
+"""How command jobs start without holding up the agent: start slots and the spawner thread.
+
+Starting a command job costs the machine a fork and exec of a Python interpreter (the job's
+reaper, :mod:`agent.reaper`) and that interpreter's start-up, before the job itself runs.
+Measured in issue 9: one Assign of 80 ``true`` jobs made the agent call ``subprocess.Popen``
+80 times back to back on its trio thread, which blocked the loop for about 550 ms, and the 80
+Python start-ups then took the CPU for about a second; the agent's heartbeats went
+unacknowledged for 1.5 s and it fenced itself, again and again. Two things keep starts from
+delaying heartbeats:
+
+- :class:`StartLimiter`: at most ``max_concurrent_starts`` command jobs of the process are
+  *starting* at once. A job takes a slot just before its reaper is forked and gives it back
+  when the reaper says the start is over (it exec'd the job, or could not: the start pipe, see
+  :mod:`agent.reaper`) or has ended; the other jobs wait, in the order they asked (trio's
+  parking lots are FIFO), each holding the capacity it was accepted with. The limit is per
+  process, not per worker: the CPU the start-ups take is the machine's, so every agent of a
+  fleet (:mod:`agent.fleet`) shares one limiter.
+- :class:`Spawner`: the fork and exec run on one dedicated, long-lived thread of the process,
+  fed through a queue, and the result (a ``Popen``) is handed back to trio with
+  ``TrioToken.run_sync_soon``, so the loop never waits for a fork. It is one thread, for the
+  whole process, for as long as the process's agents run, and not ``trio.to_thread``: a
+  reaper's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, and trio retires
+  an idle worker thread after 10 s, which would kill every job whose reaper it forked.
+
+Sleep jobs have no process and take no slot.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import attrs
+import trio
+
+from runtime import metrics
+from runtime.errors import InvalidArgument
+
+T = TypeVar("T")
+
+
+@attrs.define(eq=False)
+class StartTicket:
+    """One job's place in the queue for a start slot, then its slot (see :class:`StartLimiter`)."""
+
+    _limiter: StartLimiter
+    _granted: trio.Event = attrs.field(factory=trio.Event)
+    _done: bool = False
+
+    @property
+    def granted(self) -> bool:
+        """True once the job holds a slot (until :meth:`release`)."""
+        return self._granted.is_set() and not self._done
+
+    async def wait(self, stop: trio.Event) -> bool:
+        """Wait until the slot is granted (True) or ``stop`` is set first (False: the place in
+        the queue is given up). A slot granted in the same instant as ``stop`` counts as
+        granted: the caller checks ``stop`` before it starts anything, and releases it.
+        """
+        if not self._granted.is_set() and not stop.is_set():
+            async with trio.open_nursery() as nursery:
+
+                async def give_up_when_stopped() -> None:
+                    await stop.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(give_up_when_stopped)
+                await self._granted.wait()
+                nursery.cancel_scope.cancel()
+        if self._granted.is_set():
+            return True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Give the slot back, or the place in the queue; idempotent."""
+        if not self._done:
+            self._done = True
+            self._limiter._leave(self, granted=self._granted.is_set())
+
+
+@attrs.define(eq=False)
+class StartLimiter:
+    """Bounds how many command jobs of this process are starting at once.
+
+    A job takes a :meth:`ticket` when it is accepted (synchronously, so slots are granted in
+    the order jobs were accepted, across every agent sharing the limiter), waits on it, and
+    releases it when its start is over. Create one per process (inside its ``trio.run``) and
+    pass it to every agent.
+
+    Args:
+        max_concurrent_starts: most jobs starting at once (>= 1).
+
+    Raises:
+        InvalidArgument: ``max_concurrent_starts`` is below 1.
+    """
+
+    max_concurrent_starts: int
+    waiting: int = attrs.field(default=0, init=False)
+    """Tickets waiting for a slot now."""
+    starting: int = attrs.field(default=0, init=False)
+    """Slots held now."""
+    _queue: deque[StartTicket] = attrs.field(factory=deque, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.max_concurrent_starts, bool) or self.max_concurrent_starts < 1:
+            raise InvalidArgument("max_concurrent_starts", self.max_concurrent_starts, "must be >= 1")
+
+    def ticket(self) -> StartTicket:
+        """A place at the end of the queue, taken now (no checkpoint); granted at once if a
+        slot is free."""
+        ticket = StartTicket(self)
+        self._queue.append(ticket)
+        self.waiting += 1
+        metrics.AGENT_JOBS_WAITING_FOR_START_SLOT.inc()
+        self._grant()
+        return ticket
+
+    def _grant(self) -> None:
+        while self.starting < self.max_concurrent_starts and self._queue:
+            ticket = self._queue.popleft()
+            self.waiting -= 1
+            metrics.AGENT_JOBS_WAITING_FOR_START_SLOT.dec()
+            self.starting += 1
+            ticket._granted.set()
+
+    def _leave(self, ticket: StartTicket, *, granted: bool) -> None:
+        if granted:
+            self.starting -= 1
+            self._grant()
+        else:
+            self._queue.remove(ticket)
+            self.waiting -= 1
+            metrics.AGENT_JOBS_WAITING_FOR_START_SLOT.dec()
+
+
+@attrs.frozen
+class _Done(Generic[T]):
+    value: T | None = None
+    error: BaseException | None = None
+
+
+class Spawner:
+    """The one thread of a process that forks job reapers (see the module docstring).
+
+    Use it as a context manager around everything that starts command jobs: the thread starts
+    on entry; on exit it is told to end and joined. Leave the block only once every reaper
+    it forked has ended (every agent using it has stopped its jobs), since a reaper whose
+    forking thread ends kills its job.
+    """
+
+    def __init__(self, *, name: str = "stockade-spawner") -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[
+            tuple[Callable[[], object], Callable[[_Done[object]], None]] | None
+        ] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Spawner:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def thread_id(self) -> int | None:
+        """The spawner thread's ``threading.get_ident()``; None while it is not running."""
+        return None if self._thread is None else self._thread.ident
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        if self._thread is None:
+            # A daemon: a process that exits without closing it must not hang on it (its
+            # reapers then die with the process, as they must).
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Let the thread finish what it was given, end it and join it (idempotent)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, deliver = item
+            try:
+                done: _Done[object] = _Done(value=fn())
+            except BaseException as exc:  # handed to the caller, who re-raises it
+                done = _Done(error=exc)
+            deliver(done)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Call ``fn()`` on the spawner thread and return its result (or raise its error).
+
+        The wait is shielded from cancellation: a fork cannot be called back once begun, and
+        the process it made must reach the caller, who owns it (and kills it when cancelled).
+        The calls run one at a time, in the order given.
+
+        Raises:
+            RuntimeError: the thread is not running.
+            BaseException: whatever ``fn`` raised.
+        """
+        if self._thread is None:
+            raise RuntimeError(f"{self._name} thread is not running")
+        token = trio.lowlevel.current_trio_token()
+        finished = trio.Event()
+        result: list[_Done[object]] = []
+
+        def deliver(done: _Done[object]) -> None:  # on the spawner thread
+            def on_trio_thread() -> None:
+                result.append(done)
+                finished.set()
+
+            try:
+                token.run_sync_soon(on_trio_thread)
+            except trio.RunFinishedError:
+                pass  # the caller's trio run is over: nobody to hand the result to
+
+        self._queue.put((fn, deliver))
+        with trio.CancelScope(shield=True):
+            await finished.wait()
+        (done,) = result
+        if done.error is not None:
+            raise done.error
+        return done.value  # type: ignore[return-value]

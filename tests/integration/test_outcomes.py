@@ -1,0 +1,320 @@
+"""Job outcomes on a real PostgreSQL through real gRPC: carried by registrations before the
+new incarnation exists, and recorded late, after the leader ended the assignment as lost.
+
+The leader's own statements (the placement claim, the orphan sweep) are run directly on an
+admin connection with the lease taken at epoch 1; everything a worker sends goes through an
+ingest actor, as in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import attrs
+import pytest
+import trio
+
+from actors import queries
+from actors.ingest import Ingest
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.settings import IngestSettings
+
+EPOCH = 1
+
+
+@attrs.frozen
+class Cluster:
+    cp: ControlPlaneClient
+    admin: PgConnection
+    database_url: str
+
+    async def register(self, worker_id: str, *finished: pb.JobOutcome) -> int:
+        reply = await self.cp.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(
+                worker_id=worker_id,
+                address="127.0.0.1:9",
+                cpu_millis=4000,
+                memory_mb=4096,
+                finished=list(finished),
+            ),
+        )
+        return int(reply.incarnation)
+
+    async def heartbeat(
+        self, worker_id: str, incarnation: int, *finished: pb.JobOutcome
+    ) -> pb.HeartbeatReply:
+        reply: pb.HeartbeatReply = await self.cp.call(
+            "heartbeat",
+            pb.HeartbeatRequest(worker_id=worker_id, incarnation=incarnation, finished=list(finished)),
+        )
+        return reply
+
+    async def submit(self) -> int:
+        reply = await self.cp.call(
+            "submit_job",
+            pb.SubmitJobRequest(
+                spec=pb.JobSpec(
+                    name="t", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["true"])
+                )
+            ),
+        )
+        return int(reply.job_id)
+
+    async def place(
+        self, job_id: int, worker_id: str, incarnation: int, conn: PgConnection | None = None
+    ) -> int | None:
+        """The placer's claim (COMMIT_PLACEMENTS) of one job; the assignment id, or None."""
+        rows = await (conn or self.admin).fetch(
+            queries.COMMIT_PLACEMENTS, [job_id], [worker_id], [incarnation], EPOCH, True, [], []
+        )
+        return rows[0]["assignment_id"]
+
+    async def sweep(self) -> tuple[list[int], list[int]]:
+        """The leader's orphan sweep: (assignments ended as lost, jobs requeued)."""
+        row = await self.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [])  # no backoff
+        assert row is not None
+        return list(row["ended_ids"]), list(row["requeued_ids"])
+
+    async def assignment(self, assignment_id: int) -> dict[str, object]:
+        row = await self.admin.fetchrow(
+            "SELECT state, end_reason, outcome, exit_code FROM assignments WHERE id = $1", assignment_id
+        )
+        assert row is not None
+        return dict(row)
+
+    async def job(self, job_id: int) -> dict[str, object]:
+        row = await self.admin.fetchrow(
+            "SELECT state, exit_code, reason, detail, stdout_path, stderr_path,"
+            " extract(epoch FROM started_at)::float8 AS started_unix_s,"
+            " extract(epoch FROM finished_at)::float8 AS finished_unix_s FROM jobs WHERE id = $1",
+            job_id,
+        )
+        assert row is not None
+        return dict(row)
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Cluster]:
+    """One ingest actor (no leader), a client of it, and an admin connection holding the lease
+    at epoch 1."""
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        ingest = Ingest(
+            cp_id="cp-1",
+            database_url=database_url,
+            listen_host="127.0.0.1",
+            listen_port=0,
+            presence_interval_s=1.0,
+            settings=IngestSettings(pool_size=2, liveness_reserved_connections=1),
+        )
+        await nursery.start(ingest.run)
+        cp = ControlPlaneClient([ingest.address], timeout_s=10.0)
+        admin = await PgConnection.connect(database_url)
+        await admin.execute(
+            "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'", EPOCH
+        )
+        try:
+            yield Cluster(cp=cp, admin=admin, database_url=database_url)
+        finally:
+            cp.close()
+            await admin.close()
+            nursery.cancel_scope.cancel()
+
+
+def outcome(
+    assignment_id: int,
+    job_id: int,
+    state: str = "succeeded",
+    exit_code: int | None = 0,
+    detail: str = "exit code 0",
+) -> pb.JobOutcome:
+    return pb.JobOutcome(
+        assignment_id=assignment_id,
+        job_id=job_id,
+        state=state,
+        has_exit_code=exit_code is not None,
+        exit_code=exit_code or 0,
+        started_unix_s=1_700_000_000.0,
+        finished_unix_s=1_700_000_001.5,
+        stdout_path=f"/w/jobs/{job_id}-{assignment_id}/stdout.log",
+        stderr_path=f"/w/jobs/{job_id}-{assignment_id}/stderr.log",
+        detail=detail,
+    )
+
+
+async def test_outcomes_in_a_registration_are_recorded_before_the_new_incarnation(cluster: Cluster) -> None:
+    """A worker registering again with the outcome of a job that succeeded before it fenced:
+    that assignment is finished and its job succeeded, so the leader's sweep of the old
+    incarnation finds nothing to requeue for it; a job without an outcome is requeued."""
+    old = await cluster.register("w-1")
+    done, unreported = await cluster.submit(), await cluster.submit()
+    done_aid = await cluster.place(done, "w-1", old)
+    lost_aid = await cluster.place(unreported, "w-1", old)
+    assert done_aid is not None and lost_aid is not None
+    new = await cluster.register("w-1", outcome(done_aid, done))
+    assert new > old
+    assert await cluster.assignment(done_aid) == {
+        "state": "finished",
+        "end_reason": "succeeded",
+        "outcome": "succeeded",
+        "exit_code": 0,
+    }
+    job = await cluster.job(done)
+    assert (job["state"], job["exit_code"], job["detail"]) == ("succeeded", 0, "exit code 0")
+    assert job["finished_unix_s"] == pytest.approx(1_700_000_001.5)
+    assert await cluster.sweep() == ([lost_aid], [unreported])
+    assert (await cluster.job(done))["state"] == "succeeded"
+    assert (await cluster.assignment(lost_aid))["end_reason"] == "worker_restarted"
+
+
+async def test_a_late_outcome_on_a_lost_assignment_ends_its_pending_job(cluster: Cluster) -> None:
+    """The outcome arrives after the sweep ended the assignment as lost and requeued the job:
+    the assignment keeps its lost state and records the outcome, and the still pending job
+    ends with that outcome (state, exit code, times, paths, detail), so it is not placed again."""
+    old = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", old)
+    assert aid is not None
+    new = await cluster.register("w-1")  # no outcome: the job had not ended yet, say
+    assert await cluster.sweep() == ([aid], [job_id])
+    assert (await cluster.job(job_id))["state"] == "pending"
+    await cluster.heartbeat("w-1", new, outcome(aid, job_id, "failed", 3, "exit code 3"))
+    assert await cluster.assignment(aid) == {
+        "state": "lost",
+        "end_reason": "worker_restarted",
+        "outcome": "failed",
+        "exit_code": 3,
+    }
+    assert await cluster.job(job_id) == {
+        "state": "failed",
+        "exit_code": 3,
+        "reason": "",
+        "detail": "exit code 3",
+        "stdout_path": f"/w/jobs/{job_id}-{aid}/stdout.log",
+        "stderr_path": f"/w/jobs/{job_id}-{aid}/stderr.log",
+        "started_unix_s": pytest.approx(1_700_000_000.0),
+        "finished_unix_s": pytest.approx(1_700_000_001.5),
+    }
+    assert await cluster.place(job_id, "w-1", new) is None  # the placer's claim skips it
+
+
+async def test_a_late_outcome_of_a_job_placed_again_changes_only_the_old_assignment(cluster: Cluster) -> None:
+    """The job was requeued and placed on another worker before the late outcome came: the
+    old assignment records the outcome, the job and its new assignment are left alone."""
+    old = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", old)
+    assert aid is not None
+    new = await cluster.register("w-1")
+    await cluster.sweep()
+    other = await cluster.register("w-2")
+    again = await cluster.place(job_id, "w-2", other)
+    assert again is not None
+    await cluster.heartbeat("w-1", new, outcome(aid, job_id))
+    assert (await cluster.assignment(aid))["outcome"] == "succeeded"
+    assert await cluster.assignment(again) == {
+        "state": "active",
+        "end_reason": None,
+        "outcome": None,
+        "exit_code": None,
+    }
+    assert (await cluster.job(job_id))["state"] == "assigned"
+
+
+async def test_outcomes_of_active_assignments_are_recorded_as_before(cluster: Cluster) -> None:
+    """A succeeded outcome finishes its active assignment and job; a cancelled one, one of
+    another worker's assignment, and one repeated after the first was recorded change nothing."""
+    incarnation = await cluster.register("w-1")
+    other = await cluster.register("w-2")
+    ok, stopped, foreign = await cluster.submit(), await cluster.submit(), await cluster.submit()
+    ok_aid = await cluster.place(ok, "w-1", incarnation)
+    stopped_aid = await cluster.place(stopped, "w-1", incarnation)
+    foreign_aid = await cluster.place(foreign, "w-2", other)
+    assert ok_aid and stopped_aid and foreign_aid
+    await cluster.heartbeat(
+        "w-1",
+        incarnation,
+        outcome(ok_aid, ok),
+        outcome(stopped_aid, stopped, "cancelled", None, "stopped"),
+        outcome(foreign_aid, foreign),
+    )
+    assert await cluster.assignment(ok_aid) == {
+        "state": "finished",
+        "end_reason": "succeeded",
+        "outcome": "succeeded",
+        "exit_code": 0,
+    }
+    first = await cluster.job(ok)
+    assert (first["state"], first["exit_code"]) == ("succeeded", 0)
+    for aid in (stopped_aid, foreign_aid):
+        assert await cluster.assignment(aid) == {
+            "state": "active",
+            "end_reason": None,
+            "outcome": None,
+            "exit_code": None,
+        }
+    assert (await cluster.job(stopped))["state"] == "assigned"
+    assert (await cluster.job(foreign))["state"] == "assigned"
+    await cluster.heartbeat("w-1", incarnation, outcome(ok_aid, ok, "failed", 1, "again"))
+    assert await cluster.job(ok) == first
+    assert (await cluster.assignment(ok_aid))["outcome"] == "succeeded"
+
+
+async def _wait_until_blocked(admin: PgConnection, blocked: PgConnection) -> None:
+    """Until ``blocked``'s session waits for a lock (another session's state: poll it)."""
+    query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+    with trio.fail_after(10):
+        while await admin.fetchval(query, blocked.backend_pid) != "Lock":  # noqa: ASYNC110 (another session)
+            await trio.sleep(0.02)
+
+
+def _outcome_args(aid: int) -> tuple[object, ...]:
+    return ("w-1", [aid], ["succeeded"], [0], [None], [None], [None], [None], ["exit code 0"])
+
+
+@pytest.mark.parametrize("claim_first", [True, False])
+async def test_a_late_outcome_and_a_placement_claim_never_both_take_the_job(
+    cluster: Cluster, claim_first: bool
+) -> None:
+    """The placer's claim and the late outcome's end of the pending job race for its row: the
+    one that commits first wins, and the other, having waited for the row lock, re-checks the
+    newest row and leaves the job alone (claimed: the job stays assigned; ended: no claim)."""
+    old = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", old)
+    assert aid is not None
+    new = await cluster.register("w-1")
+    await cluster.sweep()
+    placer = await PgConnection.connect(cluster.database_url)
+    worker = await PgConnection.connect(cluster.database_url)
+    try:
+        first, second = (placer, worker) if claim_first else (worker, placer)
+        await first.execute("BEGIN")
+        claimed: list[int | None] = []
+
+        async def claim() -> None:
+            claimed.append(await cluster.place(job_id, "w-1", new, conn=placer))
+
+        async def report() -> None:
+            assert await worker.fetchval(queries.RECORD_OUTCOMES, *_outcome_args(aid)) == 1
+
+        async with trio.open_nursery() as nursery:
+            if claim_first:
+                await claim()
+                nursery.start_soon(report)
+            else:
+                await report()
+                nursery.start_soon(claim)
+            await _wait_until_blocked(cluster.admin, second)
+            await first.execute("COMMIT")
+    finally:
+        await placer.close()
+        await worker.close()
+    job = await cluster.job(job_id)
+    assert (await cluster.assignment(aid))["outcome"] == "succeeded"
+    if claim_first:
+        assert claimed[0] is not None and job["state"] == "assigned"
+    else:
+        assert claimed == [None] and job["state"] == "succeeded"
