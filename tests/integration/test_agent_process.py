@@ -25,6 +25,8 @@ class RegistrationsOnly:
     def __init__(self) -> None:
         self.registrations: list[pb.RegisterWorkerRequest] = []
         self.registered = trio.Event()
+        self.heartbeated = trio.Event()
+        """Set at the first heartbeat: the agent has taken its registration's answer in."""
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -32,6 +34,7 @@ class RegistrationsOnly:
         return pb.RegisterWorkerReply(incarnation=len(self.registrations), epoch=1)
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        self.heartbeated.set()
         return pb.HeartbeatReply(epoch=1)
 
     async def submit_job(self, request: object) -> object:
@@ -91,7 +94,7 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
         )
         try:
             with trio.fail_after(30):
-                await cp.registered.wait()
+                await cp.heartbeated.wait()  # registered, and the agent has taken the answer in
             channel = GrpcChannel(cp.registrations[0].address)
             try:
                 stub = channel.stub(pb.WorkerStub)

@@ -46,6 +46,7 @@ class RecordingControlPlane:
     registrations: list[pb.RegisterWorkerRequest] = attrs.field(factory=list)
     heartbeats: list[pb.HeartbeatRequest] = attrs.field(factory=list)
     registered: trio.Event = attrs.field(factory=trio.Event)
+    heartbeated: trio.Event = attrs.field(factory=trio.Event)
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -54,6 +55,7 @@ class RecordingControlPlane:
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         self.heartbeats.append(request)
+        self.heartbeated.set()
         return pb.HeartbeatReply(epoch=1)
 
     async def submit_job(self, request: object) -> object:
@@ -127,7 +129,9 @@ async def running_agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
         agent = AgentProcess(process=process, cp=cp, work_dir=work_dir, marker=marker)
         try:
             with trio.fail_after(30):
-                await cp.registered.wait()
+                # The registration has been answered once the agent heartbeats: only then does
+                # it accept work (under load its reply may take a while to be processed).
+                await cp.heartbeated.wait()
             yield agent
         finally:
             if process.poll() is None:
@@ -156,7 +160,7 @@ async def assign(agent: AgentProcess, spec: pb.JobSpec) -> None:
         )
     finally:
         channel.close()
-    assert list(reply.accepted_ids) == [1]
+    assert list(reply.accepted_ids) == [1], (reply.refused, len(agent.cp.registrations))
 
 
 def writer_job(path: Path) -> pb.JobSpec:

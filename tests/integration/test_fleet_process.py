@@ -30,6 +30,9 @@ class RegistrationsOnly:
         self.registrations: list[pb.RegisterWorkerRequest] = []
         self.expected = expected
         self.all_registered = trio.Event()
+        self.heartbeated: set[str] = set()
+        self.all_heartbeated = trio.Event()
+        """Set once every expected worker heartbeats: each has taken its registration's answer in."""
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -42,6 +45,9 @@ class RegistrationsOnly:
         return max(i for i, r in enumerate(self.registrations, start=1) if r.worker_id == worker_id)
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        self.heartbeated.add(request.worker_id)
+        if len(self.heartbeated) >= self.expected:
+            self.all_heartbeated.set()
         return pb.HeartbeatReply(epoch=1)
 
     async def submit_job(self, request: object) -> object:
@@ -97,6 +103,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
             try:
                 with trio.fail_after(30):
                     await cp.all_registered.wait()
+                    await cp.all_heartbeated.wait()
                 addresses = {r.worker_id: r.address for r in cp.registrations}
                 assert set(addresses) == {"w-1", "w-2"}
                 assert len(set(addresses.values())) == 2
