@@ -18,6 +18,12 @@ rate once more ("recovery"), then a drain with no new work. Each step reports:
 - disturbances within the step: ``elections``, ``worker_deaths``, ``self_fences`` (from the
   workers' logs).
 
+And for the whole run: ``peak_goodput_per_s``, ``last_step_over_peak`` (goodput at the highest
+offered load over the peak), ``recovery_over_first``, ``backlog_after_steps`` (jobs unfinished
+when the last step ended), ``drain_s`` (seconds until none was; null if not within
+``drain_s``), ``unfinished_after_drain``, the checker's report of the run (``check``) and the
+``samples``.
+
 A system that degrades gracefully shows goodput rising with the offered load up to what the
 machine can do and levelling off there (shedding or queueing what it cannot take), the
 disturbances staying 0, and the recovery step's goodput back at the first step's. A
@@ -68,7 +74,7 @@ class OverloadSettings:
     """Workers, each an agent process of its own."""
     batch_interval_s: float = 0.1
     """The generator submits one batch this often."""
-    drain_s: float = 60.0
+    drain_s: float = 300.0
     """After the last step, wait at most this long for the accepted jobs to finish."""
     submit_timeout_s: float = 5.0
     """Deadline of one submission call to one control plane, in seconds."""
@@ -230,11 +236,14 @@ async def run_overload(
                             f"{step.label}: offered {step.offered}, accepted {step.accepted}, "
                             f"shed {step.shed}, failed {step.failed}"
                         )
-                    drain_until = trio.current_time() + settings.drain_s
-                    while trio.current_time() < drain_until:
+                    steps_ended = trio.current_time()
+                    backlog = int(await db.fetchval(UNFINISHED))
+                    drained_s: float | None = None
+                    while trio.current_time() < steps_ended + settings.drain_s:
                         if not int(await db.fetchval(UNFINISHED)):
+                            drained_s = trio.current_time() - steps_ended
                             break
-                        await trio.sleep(1.0)
+                        await trio.sleep(0.5)
                     nursery.cancel_scope.cancel()
                 figures = []
                 for step in steps:
@@ -280,6 +289,8 @@ async def run_overload(
         "peak_goodput_per_s": peak,
         "last_step_over_peak": round(goodput[-2] / peak, 3) if peak else None,
         "recovery_over_first": round(goodput[-1] / goodput[0], 3) if goodput[0] else None,
+        "backlog_after_steps": backlog,
+        "drain_s": None if drained_s is None else round(drained_s, 1),
         "unfinished_after_drain": unfinished,
         "check": report.as_dict(),
         "samples": [list(s) for s in samples],
@@ -342,7 +353,14 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"peak goodput {result['peak_goodput_per_s']} jobs/s; at the highest offered load "
         f"{steps[-2]['goodput_per_s']} jobs/s (x{result['last_step_over_peak']} of the peak)",
         f"recovery step: {steps[-1]['goodput_per_s']} jobs/s (x{result['recovery_over_first']} of the "
-        f"first step's {steps[0]['goodput_per_s']})",
+        f"first step's {steps[0]['goodput_per_s']}: it also works off the backlog)",
+        (
+            f"backlog after the steps: {result['backlog_after_steps']} jobs, all finished "
+            f"{result['drain_s']} s later"
+            if result["drain_s"] is not None
+            else f"backlog after the steps: {result['backlog_after_steps']} jobs, "
+            f"{result['unfinished_after_drain']} still unfinished after the drain"
+        ),
     ]
     disturbed = {
         k: sum(s[k] for s in steps)
