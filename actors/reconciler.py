@@ -53,6 +53,7 @@ from actors.messages import (
 from actors.role import RoleView
 from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import ReconcilerSettings
@@ -136,14 +137,12 @@ def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
         raise ValueError(f"base_s must be > 0, got {base_s}")
     if not max_s >= base_s:
         raise ValueError(f"max_s must be >= base_s = {base_s}, got {max_s}")
+    schedule = FullJitterBackoff(base_s=base_s, cap_s=max_s)  # the clients' busy backoff's rule
     caps: list[float] = []
-    cap = base_s
-    while len(caps) < MAX_BACKOFF_CAPS:
-        if cap >= max_s:
-            caps.append(max_s)
+    for attempt in range(MAX_BACKOFF_CAPS):
+        caps.append(schedule.ceiling_s(attempt))
+        if caps[-1] >= max_s:
             break
-        caps.append(cap)
-        cap *= 2
     return tuple(caps)
 
 

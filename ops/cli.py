@@ -347,6 +347,13 @@ def control_plane(
         ),
     ] = None,
     lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = _LEASE.lease_ttl_s,
+    max_main_loop_stall_s: Annotated[
+        float,
+        typer.Option(
+            help="Step down (and take no lease) while the main loop, where decisions are made, "
+            "has not run for this long, seconds."
+        ),
+    ] = _LEASE.max_main_loop_stall_s,
     round_interval_s: Annotated[
         float, typer.Option(help="Placer round interval, seconds.")
     ] = _PLACER.round_interval_s,
@@ -453,6 +460,7 @@ def control_plane(
                 renew_interval_s=lease_ttl_s / 4,
                 step_down_margin_s=min(0.4, lease_ttl_s / 5),
                 takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
+                max_main_loop_stall_s=max_main_loop_stall_s,
             ),
             placer=PlacerSettings(
                 round_interval_s=round_interval_s,
