@@ -98,7 +98,7 @@ class PlacerSettings:
     :mod:`actors.placement`)."""
     reserve_after_s: float = attrs.field(default=10.0, validator=_non_negative)
     """Only a job queued this long may reserve a worker (seconds)."""
-    initial_window: int = attrs.field(default=8, validator=_positive)
+    initial_window: int = attrs.field(default=16, validator=_positive)
     """Unconfirmed assignments a worker incarnation may hold before any heartbeat confirmed one
     (the send window's start; it grows by one per confirmed assignment: see
     :func:`actors.placement.send_window`)."""

@@ -334,25 +334,26 @@ async def test_the_placer_places_a_requeued_job_only_after_its_backoff(
 async def test_a_reregistered_worker_gets_the_initial_window_first_and_more_as_it_confirms(
     db: PgConnection, database_url: str
 ) -> None:
-    """Thirty pending jobs, one worker with room for all: the first round places 8 (the
+    """Sixty pending jobs, one worker with room for all: the first round places 16 (the
     initial window). The worker registers again (it fenced): its first round again places
-    only 8, although 22 jobs wait; once a heartbeat confirms those 8, the next round places 16."""
+    only 16, although 44 jobs wait; once a heartbeat confirms those 16, the next round places
+    32."""
     first_life = await register(db, "w-1")
-    await submit(db, 30)
+    await submit(db, 60)
     async with trio.open_nursery() as nursery:
         ledger = await run_ledger(nursery, database_url)
         placer, _ = make_placer(database_url, ledger)
         placed = await placer.round(1)
-        assert len(placed) == 8 and {a.incarnation for a in placed} == {first_life}
+        assert len(placed) == 16 and {a.incarnation for a in placed} == {first_life}
 
         second_life = await register(db, "w-1")
-        await end_orphans(ledger)  # the old incarnation's 8 are lost and pending again (no backoff)
+        await end_orphans(ledger)  # the old incarnation's 16 are lost and pending again (no backoff)
         placed = await placer.round(1)
-        assert len(placed) == 8 and {a.incarnation for a in placed} == {second_life}
-        assert await counters(db) == (8, 0)
+        assert len(placed) == 16 and {a.incarnation for a in placed} == {second_life}
+        assert await counters(db) == (16, 0)
 
         await confirm(db, second_life, [a.assignment_id for a in placed])
         placed = await placer.round(1)
-        assert len(placed) == 16 and await counters(db) == (16, 8)
+        assert len(placed) == 32 and await counters(db) == (32, 16)
         await placer.store.close()  # type: ignore[attr-defined]
         nursery.cancel_scope.cancel()

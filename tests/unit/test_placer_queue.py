@@ -66,13 +66,15 @@ class FakeStore:
         return await self.live_workers(fresh_s), new
 
 
-def make_placer(store: FakeStore) -> tuple[Placer, trio.MemoryReceiveChannel[LedgerInbox]]:
+def make_placer(
+    store: FakeStore, settings: PlacerSettings | None = None
+) -> tuple[Placer, trio.MemoryReceiveChannel[LedgerInbox]]:
     lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     dispatch_send, _ = trio.open_memory_channel[DispatcherInbox](64)
     _, roles_recv = trio.open_memory_channel[RoleChange](8)
     placer = Placer(
-        settings=PlacerSettings(),
+        settings=settings or PlacerSettings(),
         store=store,
         role=RoleView(changes=roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
@@ -191,11 +193,12 @@ async def test_a_job_in_backoff_is_committed_only_once_its_wait_has_passed(
 async def test_a_worker_gets_no_more_than_its_send_window_per_round(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Twenty small jobs, one worker with room for all: with nothing confirmed it gets the
-    initial window (8); holding 8 unconfirmed it gets nothing; once those 8 are confirmed its
-    window is 16 and it gets 16 (the store's counters stand for the database's)."""
+    """Twenty small jobs, one worker with room for all, an initial window of 8: with nothing
+    confirmed it gets the initial window (8); holding 8 unconfirmed it gets nothing; once those
+    8 are confirmed its window is 16 and it gets 16 (the store's counters stand for the
+    database's)."""
     store = FakeStore(visible={n: waiting(n, n, cpu=100) for n in range(1, 21)}, free_cpu=8000)
-    placer, ledger = make_placer(store)
+    placer, ledger = make_placer(store, PlacerSettings(initial_window=8))
     commits: list[tuple[float, CommitPlacements]] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer_commits, ledger, commits)
