@@ -56,7 +56,7 @@ chaos FAILOVERS="200" *ARGS:
 bench-failover *ARGS:
     stockade bench failover {{ARGS}}
 
-# Packing benchmark: policies side by side (all at once, arriving), a burst, a scale curve, a PNG (about 17 minutes)
+# Packing benchmark: policies side by side (all at once, arriving), a burst, a scale curve, a PNG (about 20 minutes)
 bench-pack *ARGS:
     stockade bench pack {{ARGS}}
 
