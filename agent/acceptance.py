@@ -137,17 +137,6 @@ class Admission:
             self.memory_used_mb -= reservation.memory_mb
             self.ended.add(assignment_id)
 
-    def abandon(self, assignment_id: int) -> None:
-        """Undo the acceptance of an assignment that could not be started at all.
-
-        Its reservation is released and it is forgotten, as if it had been refused: a later
-        Assign of it is judged afresh.
-        """
-        reservation = self.running.pop(assignment_id, None)
-        if reservation is not None:
-            self.cpu_used_millis -= reservation.cpu_millis
-            self.memory_used_mb -= reservation.memory_mb
-
     def ended_by_control_plane(self, assignment_id: int) -> bool:
         """Remember an id a heartbeat reply said is no longer active; True if it is running."""
         self.cancelled.add(assignment_id)

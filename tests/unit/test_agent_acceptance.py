@@ -276,15 +276,6 @@ def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  #
         assert adm.cpu_used_millis == sum(r.cpu_millis for r in adm.running.values())
 
 
-def test_abandoned_assignment_is_forgotten() -> None:
-    """An acceptance undone because the job could not start frees its room and is not a dup."""
-    adm = admission(cpu=1000)
-    adm.assign(assign(job(1)))
-    adm.abandon(1)
-    assert adm.cpu_used_millis == 0
-    assert len(adm.assign(assign(job(1))).to_start) == 1
-
-
 def test_an_implausible_epoch_is_refused_and_poisons_nothing() -> None:
     """A request claiming an epoch far beyond any the database confirmed (2**64 - 1) is
     refused and does not raise the newest epoch seen, so the real leader still gets through."""
