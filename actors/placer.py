@@ -447,7 +447,10 @@ class Placer:
                 self.queue.reasons.pop(job_id, None)
         self._idle_fingerprint = None
         batches: dict[str, list[CommittedAssignment]] = defaultdict(list)
-        for assignment in committed:
+        # In the order they were placed (priority, then submission), which the statement's rows
+        # do not keep: a worker starts a batch's jobs in the order it receives them.
+        rank = {p.job_id: i for i, p in enumerate(placements)}
+        for assignment in sorted(committed, key=lambda a: rank.get(a.job_id, len(rank))):
             batches[assignment.worker_id].append(assignment)
         for worker_id, batch in batches.items():
             dispatch = Dispatch(epoch=epoch, worker=by_id[worker_id].ref, assignments=tuple(batch))

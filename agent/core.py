@@ -133,6 +133,8 @@ class _Job:
     epoch: int
     """The epoch of the Assign request that started it."""
     incarnation: int
+    started: bool = False
+    """True from its start line on: it is (or was) really running."""
     started_at: float = 0.0
     """trio time at which its runtime was started (0 until its start line was written)."""
     stop: trio.Event = attrs.field(factory=trio.Event)
@@ -238,8 +240,16 @@ class Agent:
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
-        """Assignments whose jobs have not ended yet (including those being stopped)."""
-        return tuple(sorted(self._jobs))
+        """Assignments whose jobs have started and not ended yet (including those being
+        stopped): what heartbeats report as running.
+
+        A job still waiting for a start slot is not listed (it holds its capacity here all the
+        same): to the control plane its assignment stays unconfirmed, and the leader hands a
+        worker at most a window of unconfirmed assignments (:mod:`actors.placement`), so what
+        it gives this worker is paced by what the worker really starts. One that waited past
+        the control plane's ``cancel_unconfirmed_after_s`` is cancelled here and placed again.
+        """
+        return tuple(sorted(aid for aid, job in self._jobs.items() if job.started))
 
     @property
     def unacknowledged_outcomes(self) -> tuple[Outcome, ...]:
@@ -408,6 +418,7 @@ class Agent:
             )
             return
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
+        job.started = True
         job.started_at = trio.current_time()
         try:
             result = await self._runner(

@@ -21,7 +21,7 @@ rate once more ("recovery"), then a drain with no new work. Each step reports:
 And for the whole run: ``peak_goodput_per_s``, ``last_step_over_peak`` (goodput at the highest
 offered load over the peak), ``recovery_over_first``, ``backlog_after_steps`` (jobs unfinished
 when the last step ended), ``drain_s`` (seconds until none was; null if not within
-``drain_s``), ``unfinished_after_drain``, the checker's report of the run (``check``) and the
+``drain_limit_s``), ``unfinished_after_drain``, the checker's report of the run (``check``) and the
 ``samples``.
 
 A system that degrades gracefully shows goodput rising with the offered load up to what the
@@ -74,7 +74,7 @@ class OverloadSettings:
     """Workers, each an agent process of its own."""
     batch_interval_s: float = 0.1
     """The generator submits one batch this often."""
-    drain_s: float = 300.0
+    drain_limit_s: float = 300.0
     """After the last step, wait at most this long for the accepted jobs to finish."""
     submit_timeout_s: float = 5.0
     """Deadline of one submission call to one control plane, in seconds."""
@@ -239,7 +239,7 @@ async def run_overload(
                     steps_ended = trio.current_time()
                     backlog = int(await db.fetchval(UNFINISHED))
                     drained_s: float | None = None
-                    while trio.current_time() < steps_ended + settings.drain_s:
+                    while trio.current_time() < steps_ended + settings.drain_limit_s:
                         if not int(await db.fetchval(UNFINISHED)):
                             drained_s = trio.current_time() - steps_ended
                             break
@@ -330,8 +330,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.set_ylabel("jobs/s")
     twin = right.twinx()
     twin.plot(t, [s[1] for s in samples], color="tab:orange", label="pending")
-    twin.set_ylabel("pending jobs")
-    right.set_title("over time: completions and queue", fontsize=10)
+    twin.plot(t, [s[2] for s in samples], color="tab:green", label="placed, not finished")
+    twin.set_ylabel("jobs")
+    right.set_title("over time: completions, queue and jobs on workers", fontsize=10)
     right.grid(alpha=0.3)
     lines = right.get_legend_handles_labels()
     twin_lines = twin.get_legend_handles_labels()

@@ -11,7 +11,10 @@ import trio.testing
 
 from actors.messages import (
     CommitPlacements,
+    CommittedAssignment,
+    Dispatch,
     DispatcherInbox,
+    JobPayload,
     LeaseInbox,
     LedgerInbox,
     RoleChange,
@@ -67,11 +70,13 @@ class FakeStore:
 
 
 def make_placer(
-    store: FakeStore, settings: PlacerSettings | None = None
+    store: FakeStore,
+    settings: PlacerSettings | None = None,
+    dispatch: trio.MemorySendChannel[DispatcherInbox] | None = None,
 ) -> tuple[Placer, trio.MemoryReceiveChannel[LedgerInbox]]:
     lease_send, _ = trio.open_memory_channel[LeaseInbox](8)
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-    dispatch_send, _ = trio.open_memory_channel[DispatcherInbox](64)
+    dispatch_send = dispatch or trio.open_memory_channel[DispatcherInbox](64)[0]
     _, roles_recv = trio.open_memory_channel[RoleChange](8)
     placer = Placer(
         settings=settings or PlacerSettings(),
@@ -210,3 +215,41 @@ async def test_a_worker_gets_no_more_than_its_send_window_per_round(
         await placer.round(epoch=1)
         nursery.cancel_scope.cancel()
     assert [len(c.placements) for _, c in commits] == [8, 16]
+
+
+async def test_a_workers_batch_is_sent_in_placement_order_whatever_order_the_commit_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The placement statement returns its rows in no set order (here: reversed); the batch
+    sent to the worker is in the order the jobs were placed (priority, then submission), which
+    is the order the worker starts them in."""
+    store = FakeStore(visible={n: waiting(n, n, cpu=100) for n in range(1, 11)}, free_cpu=8000)
+    dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](8)
+    placer, ledger = make_placer(store, dispatch=dispatch_send)
+
+    async def commit_in_reverse() -> None:
+        async for message in ledger:
+            assert isinstance(message, CommitPlacements)
+            message.reply.set(
+                tuple(
+                    CommittedAssignment(
+                        assignment_id=100 + p.job_id,
+                        job_id=p.job_id,
+                        worker_id=p.worker_id,
+                        incarnation=p.incarnation,
+                        epoch=1,
+                        payload=JobPayload(
+                            name="", cpu_millis=100, memory_mb=100, priority=0, sleep_ms=1000, argv=None
+                        ),
+                    )
+                    for p in reversed(message.placements)
+                )
+            )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit_in_reverse)
+        await placer.round(epoch=1)
+        nursery.cancel_scope.cancel()
+    sent = dispatch_recv.receive_nowait()
+    assert isinstance(sent, Dispatch)
+    assert [a.job_id for a in sent.assignments] == list(range(1, 11))
