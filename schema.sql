@@ -430,3 +430,9 @@ BEGIN
     END IF;
     RETURN late;
 END $$;
+
+-- Which run of the agent process registered the current incarnation, and the number of that
+-- registration within the run (actors/ingest.py, queries.REGISTER_WORKER): a late or hedged
+-- copy of a registration already applied must not start another incarnation.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS agent_run_id text NOT NULL DEFAULT '';
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS registration_seq bigint NOT NULL DEFAULT 0;

@@ -50,7 +50,7 @@ from actors import admission, queries, validation
 from protocol import pb
 from runtime import log, metrics
 from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadline, serve_grpc, trio_service
-from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded, NotFound
+from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded, InvalidArgument, NotFound
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings
 
@@ -274,6 +274,8 @@ class ControlPlaneService:
             cpu_millis=request.cpu_millis,
             memory_mb=request.memory_mb,
             labels=labels,
+            agent_run_id=request.agent_run_id,
+            registration_seq=request.registration_seq,
         )
         finished = list(request.finished)
         async with self.database("register_worker") as conn, conn.transaction():
@@ -290,10 +292,26 @@ class ControlPlaneService:
                 request.cpu_millis,
                 request.memory_mb,
                 json.dumps(labels),
+                request.agent_run_id,
+                request.registration_seq,
             )
+            again = incarnation is None
+            if again:
+                # A copy of a registration already applied (a hedged or retried one): its
+                # incarnation; or one its agent has since replaced: refused, nothing changed.
+                row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
+                assert row is not None  # the conflict that skipped the update was on this row
+                if row["registration_seq"] != request.registration_seq:
+                    raise InvalidArgument(
+                        "registration_seq",
+                        request.registration_seq,
+                        f"must be above {row['registration_seq']}, the latest registration of agent "
+                        f"run {request.agent_run_id} of worker {request.worker_id}",
+                    )
+                incarnation = row["incarnation"]
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
         log.get("ingest").info(
-            "worker registered",
+            "worker registered" if not again else "registration answered again",
             worker_id=request.worker_id,
             incarnation=incarnation,
             address=request.address,

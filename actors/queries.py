@@ -178,9 +178,16 @@ _BACKOFF_REASON = (
 )
 
 # $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF). Ends active assignments
-# whose worker is dead or has registered again (a new incarnation: the old one's jobs are
-# stopped), and requeues their jobs after a backoff (or finishes the cancellation of jobs whose
-# cancel was requested); either way the job counts one more loss.
+# whose worker is dead or has registered again, and requeues their jobs after a backoff (or
+# finishes the cancellation of jobs whose cancel was requested); either way the job counts one
+# more loss. A registration alone does not end the previous incarnation's assignments: only once
+# the new incarnation has heartbeated (last_heartbeat_at past registered_at, both set by the
+# registration). An agent stops every job before it registers, so the agent that heartbeats
+# under the new incarnation has stopped the old one's; but a registration its agent did not
+# send (a late copy of an older one, or another process claiming the worker id) starts an
+# incarnation no agent heartbeats under, and the agent still running the old incarnation's
+# jobs learns of it only from its next heartbeat's answer (register again), which stops them
+# first. A dead worker's assignments end at once: it fenced itself before dead_after.
 END_ORPHANED_ASSIGNMENTS = f"""
 WITH ended AS (
     UPDATE assignments a
@@ -188,7 +195,8 @@ WITH ended AS (
            end_reason = CASE WHEN w.state = 'dead' THEN 'worker_dead' ELSE 'worker_restarted' END
       FROM workers w
      WHERE a.state = 'active' AND w.id = a.worker_id
-       AND (w.state = 'dead' OR w.incarnation <> a.worker_incarnation)
+       AND (w.state = 'dead'
+            OR (w.incarnation <> a.worker_incarnation AND w.last_heartbeat_at > w.registered_at))
  RETURNING a.id, a.job_id
 ),
 {_REQUEUE_BACKOFF.format(caps="$2")},
@@ -390,20 +398,33 @@ GET_JOB = _JOB_INFO + " WHERE j.id = $1"
 # $1 state ('' for any), $2 limit. Newest first.
 LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
 
-# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text).
-# Every registration is a new incarnation, alive, with a fresh heartbeat, and a send window
-# that starts again (nothing is addressed to the new incarnation yet: see schema.sql).
+# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id ('':
+# none), $7 registration number within that run.
+# A registration is a new incarnation, alive, with a fresh heartbeat, and a send window that
+# starts again (nothing is addressed to the new incarnation yet: see schema.sql), unless it is
+# a copy of one already applied or older than the latest of its agent run (same run id, a
+# number not above the stored one): then the row stays as it is and nothing is returned (see
+# WORKER_REGISTRATION). Late and hedged copies of one registration thus never start another
+# incarnation under an agent that runs jobs under the first. A registration of another run
+# (the agent restarted) is always new.
 REGISTER_WORKER = """
-INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation)
-VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'))
+INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation, agent_run_id,
+                     registration_seq)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
        incarnation = EXCLUDED.incarnation, state = 'alive',
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
-       unconfirmed_assignments = 0, confirmed_assignments = 0
+       unconfirmed_assignments = 0, confirmed_assignments = 0,
+       agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq
+ WHERE EXCLUDED.agent_run_id = '' OR workers.agent_run_id <> EXCLUDED.agent_run_id
+    OR workers.registration_seq < EXCLUDED.registration_seq
 RETURNING incarnation
 """
+
+# $1 worker id. The registration a REGISTER_WORKER that returned nothing met.
+WORKER_REGISTRATION = "SELECT incarnation, agent_run_id, registration_seq FROM workers WHERE id = $1"
 
 # $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
 LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"

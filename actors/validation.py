@@ -151,15 +151,29 @@ def check_worker_id(worker_id: str) -> str:
     return worker_id
 
 
+MAX_AGENT_RUN_ID_CHARS = 64
+
+
 def check_registration(
-    *, worker_id: str, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]
+    *,
+    worker_id: str,
+    address: str,
+    cpu_millis: int,
+    memory_mb: int,
+    labels: Mapping[str, str],
+    agent_run_id: str = "",
+    registration_seq: int = 0,
 ) -> None:
     """Check a worker registration.
 
     Raises:
-        InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels.
+        InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
+            an agent run id longer than 64 characters, or a registration number outside
+            0..MAX_ID (1 or more with a run id).
     """
     check_worker_id(worker_id)
+    _text("agent_run_id", agent_run_id, max_chars=MAX_AGENT_RUN_ID_CHARS, allow_empty=True)
+    _int_between("registration_seq", registration_seq, 1 if agent_run_id else 0, MAX_ID)
     _text("address", address, max_chars=256)
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -75,6 +75,8 @@ class GrpcControlPlane:
                 cpu_millis=request.cpu_millis,
                 memory_mb=request.memory_mb,
                 labels=dict(request.labels),
+                agent_run_id=request.agent_run_id,
+                registration_seq=request.registration_seq,
                 finished=[outcome_to_pb(o) for o in request.finished],
             ),
             hedge_after_s=self._hedge_after_s,

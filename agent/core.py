@@ -73,6 +73,7 @@ is stopped, so the conversion is exact outside tests.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import attrs
@@ -206,6 +207,11 @@ class Agent:
             memory_capacity_mb=settings.memory_mb,
         )
         self._jobs: dict[int, _Job] = {}
+        self._run_id = uuid.uuid4().hex
+        """This agent's run, for the control plane to tell copies of one registration apart
+        from a new one."""
+        self._registrations = 0
+        """Registrations begun in this run (the number of the current one)."""
         self._unacked: list[Outcome] = []
         self._last_acked_send_time: float | None = None
         self._fence_after_s = settings.self_fence_after_s
@@ -572,6 +578,9 @@ class Agent:
         """
         self._leave_live()
         await self._stop_all(stop_reason)
+        # One number for every attempt of this registration: a late copy of an attempt that
+        # timed out here, or of a hedged one, gets the incarnation the first applied created.
+        self._registrations += 1
         failures = 0
         while True:
             sent_at = trio.current_time()
@@ -585,6 +594,8 @@ class Agent:
                         memory_mb=self.settings.memory_mb,
                         labels=dict(self.settings.labels),
                         finished=finished,
+                        agent_run_id=self._run_id,
+                        registration_seq=self._registrations,
                     ),
                     deadline_s=self._call_deadline_s(),
                 )

@@ -170,6 +170,11 @@ class Registration:
     finished: tuple[Outcome, ...] = ()
     """Every outcome not yet acknowledged: the control plane records them for the worker's
     previous incarnation before it starts the new one, so a fence never loses them."""
+    agent_run_id: str = ""
+    """This agent's run (random, fixed for its life); with ``registration_seq`` it makes a
+    copy of a registration (a retry, a hedge) get the incarnation the first one created."""
+    registration_seq: int = 0
+    """The number of this registration in the run: 1, 2, ...; the same for every attempt."""
 
 
 @attrs.frozen(kw_only=True)

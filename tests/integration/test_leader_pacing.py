@@ -70,12 +70,16 @@ async def db(database_url: str) -> AsyncIterator[PgConnection]:
 
 
 async def register(db: PgConnection, worker_id: str, cpu_millis: int = 8000) -> int:
-    """Register (again) as ingest does; returns the new incarnation."""
-    return int(
+    """Register (again) as ingest does, and heartbeat once under the new incarnation as an agent
+    does (only then does the orphan sweep end the previous one's assignments); returns the new
+    incarnation."""
+    incarnation = int(
         await db.fetchval(
-            queries.REGISTER_WORKER, worker_id, f"127.0.0.1:{len(worker_id)}", cpu_millis, 8192, "{}"
+            queries.REGISTER_WORKER, worker_id, f"127.0.0.1:{len(worker_id)}", cpu_millis, 8192, "{}", "", 0
         )
     )
+    await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9)
+    return incarnation
 
 
 async def submit(db: PgConnection, count: int, cpu_millis: int = 100) -> list[int]:

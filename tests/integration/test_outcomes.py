@@ -1,5 +1,7 @@
-"""Job outcomes on a real PostgreSQL through real gRPC: carried by registrations before the
-new incarnation exists, and recorded late, after the leader ended the assignment as lost.
+"""Job outcomes and registrations on a real PostgreSQL through real gRPC: outcomes carried by
+registrations before the new incarnation exists, and recorded late, after the leader ended the
+assignment as lost; copies of a registration that start no second incarnation; an incarnation
+no agent heartbeats under that ends nothing.
 
 The leader's own statements (the placement claim, the orphan sweep) are run directly on an
 admin connection with the lease taken at epoch 1; everything a worker sends goes through an
@@ -19,6 +21,7 @@ from actors.ingest import Ingest
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.errors import InvalidArgument
 from runtime.settings import IngestSettings
 
 EPOCH = 1
@@ -31,6 +34,8 @@ class Cluster:
     database_url: str
 
     async def register(self, worker_id: str, *finished: pb.JobOutcome) -> int:
+        """Register (again) and heartbeat once under the new incarnation, as an agent does:
+        only then does the leader's sweep end the previous incarnation's assignments."""
         reply = await self.cp.call(
             "register_worker",
             pb.RegisterWorkerRequest(
@@ -41,7 +46,26 @@ class Cluster:
                 finished=list(finished),
             ),
         )
+        await self.heartbeat(worker_id, int(reply.incarnation))
         return int(reply.incarnation)
+
+    async def register_as(self, worker_id: str, run_id: str, seq: int) -> int:
+        """One RegisterWorker of agent run ``run_id``, registration ``seq``; no heartbeat."""
+        reply = await self.cp.call(
+            "register_worker",
+            pb.RegisterWorkerRequest(
+                worker_id=worker_id,
+                address="127.0.0.1:9",
+                cpu_millis=4000,
+                memory_mb=4096,
+                agent_run_id=run_id,
+                registration_seq=seq,
+            ),
+        )
+        return int(reply.incarnation)
+
+    async def current_incarnation(self, worker_id: str) -> int:
+        return int(await self.admin.fetchval("SELECT incarnation FROM workers WHERE id = $1", worker_id))
 
     async def heartbeat(
         self, worker_id: str, incarnation: int, *finished: pb.JobOutcome
@@ -318,3 +342,47 @@ async def test_a_late_outcome_and_a_placement_claim_never_both_take_the_job(
         assert claimed[0] is not None and job["state"] == "assigned"
     else:
         assert claimed == [None] and job["state"] == "succeeded"
+
+
+async def test_a_copy_of_an_applied_registration_gets_its_incarnation_and_an_older_one_is_refused(
+    cluster: Cluster,
+) -> None:
+    """A registration sent again with the same agent run and number (a retry, a hedged copy)
+    gets the incarnation the first one created and starts none; one numbered below the latest of
+    its run is refused, naming the field, and changes nothing; a higher number, or another run
+    (the agent restarted), starts a new incarnation; without a run id every one does."""
+    first = await cluster.register_as("w-1", "run-a", 1)
+    assert await cluster.register_as("w-1", "run-a", 1) == first
+    assert await cluster.current_incarnation("w-1") == first
+    second = await cluster.register_as("w-1", "run-a", 2)
+    assert second > first
+    with pytest.raises(InvalidArgument, match="registration_seq must be above 2"):
+        await cluster.register_as("w-1", "run-a", 1)
+    assert await cluster.current_incarnation("w-1") == second
+    restarted = await cluster.register_as("w-1", "run-b", 1)
+    assert restarted > second
+    plain = await cluster.register_as("w-1", "", 0)
+    assert await cluster.register_as("w-1", "", 0) > plain > restarted
+
+
+async def test_an_incarnation_no_agent_heartbeats_under_ends_none_of_the_running_ones_jobs(
+    cluster: Cluster,
+) -> None:
+    """A registration the running agent did not send (a late copy of an old one, or another
+    process claiming its id) starts an incarnation, but the leader's sweep leaves the running
+    incarnation's assignment alone while nobody heartbeats under the new one; the running
+    agent's next heartbeat is told to register again (it stops its jobs first), and once an
+    agent heartbeats under a newer incarnation the sweep ends the old assignment and requeues
+    its job."""
+    running = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", running)
+    assert aid is not None
+    claimed = await cluster.register_as("w-1", "someone-else", 1)
+    assert claimed != running
+    assert await cluster.sweep() == ([], [])
+    assert (await cluster.assignment(aid))["state"] == "active"
+    assert (await cluster.heartbeat("w-1", running)).reregister
+    again = await cluster.register("w-1")  # the running agent, having stopped its job
+    assert again not in (running, claimed)
+    assert await cluster.sweep() == ([aid], [job_id])

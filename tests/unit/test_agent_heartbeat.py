@@ -176,6 +176,24 @@ async def test_registration_is_retried_until_a_control_plane_answers(
     assert agent.incarnation == 1
 
 
+async def test_every_attempt_of_a_registration_carries_one_number_and_the_next_one_the_next(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Two refused attempts and the one answered of the first registration carry the agent's
+    run id and number 1 (so a late copy of a refused attempt gets the same incarnation); the
+    registration after a reply asking to register again carries number 2, same run."""
+    cp = ScriptedControlPlane(register_failures=2)
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        cp.next_answer = {"reregister": True}
+        await trio.sleep(2 * HEARTBEAT_S)
+        assert agent.incarnation == 2
+    sent = [(r.agent_run_id, r.registration_seq) for _, r in cp.registrations]
+    run_id = sent[0][0]
+    assert len(run_id) == 32
+    assert sent == [(run_id, 1), (run_id, 1), (run_id, 1), (run_id, 2)]
+
+
 async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
     tmp_path: Path, autojump_clock: Any
 ) -> None:

@@ -442,6 +442,18 @@ class RegisterWorkerRequest(betterproto2.Message):
     them finished.
     """
 
+    agent_run_id: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    Which run of the agent process sends this (random, fixed for the process's life), and
+    the number of this registration within that run (1, 2, ...; every retry and every hedged
+    copy of one registration carries the same number). A copy of a registration that was
+    already applied gets the incarnation it created, and one older than the latest of its run
+    is refused, so late copies never start another incarnation. Empty: every registration is
+    a new incarnation.
+    """
+
+    registration_seq: "int" = betterproto2.field(8, betterproto2.TYPE_UINT64)
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)
 
