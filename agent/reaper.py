@@ -41,9 +41,12 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   whatever is left of its group and of its descendants (as the agent did before: the job owns
   nothing after it ends), waits for them, and writes :data:`REPORT_FILE` (:func:`read_report`)
   with the exit code (negative ``-N`` when signal N killed it, the ``subprocess`` convention),
-  the wall-clock end time, the fence kill time when it fenced the job, or the error that kept
-  the job from starting (``cannot start 'x': [Errno 2] ...``). Its own exit status mirrors the
-  job's (``128 + N`` for signal N) for humans; the agent reads the report.
+  the wall-clock end time, whether a stop reached the job before it ended (a stop, or the
+  fence deadline, that comes after the job's main process exited on its own changes nothing:
+  the job keeps its own end, and the agent its outcome, also when the agent thawed past its
+  deadline and asked for the stop late), the fence kill time when it fenced the job, or the
+  error that kept the job from starting (``cannot start 'x': [Errno 2] ...``). Its own exit
+  status mirrors the job's (``128 + N`` for signal N) for humans; the agent reads the report.
 
 Every descendant: the job runs in a process group of its own (``setpgid``) inside the
 reaper's session, so a group signal never hits the reaper, and the reaper is a child
@@ -183,7 +186,9 @@ def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
     """The reaper's report in ``job_dir``; empty when there is none (the reaper was killed).
 
     Keys: ``exit_code`` (int; negative ``-N`` for signal N), ``ended_unix_s`` (float, when the
-    job and everything it started were gone), ``fenced_unix_s`` (float, only when the reaper
+    job and everything it started were gone), ``stopped`` (``1`` when a stop, a kill at the
+    fence deadline included, reached the job before its main process exited; ``0`` when it
+    ended on its own, also if a stop came after), ``fenced_unix_s`` (float, only when the reaper
     SIGKILLed the job at the fence deadline; the job was not started when ``exit_code`` is
     missing), ``error`` (the job could not be started). Values are strings.
     """
@@ -265,6 +270,9 @@ class _Reaper:
         self.kill_at: float | None = None
         """Monotonic time of the SIGKILL that ends a graceful stop."""
         self.killed = False
+        self.stopped = False
+        """True once a stop (the agent's, its death's, the fence deadline's) reached the job
+        before its main process had exited."""
         self.fenced_unix_s: float | None = None
 
     def read_deadline(self) -> None:
@@ -285,6 +293,28 @@ class _Reaper:
         _kill_group(self.job_pid, signal.SIGKILL)
         _kill_children()
         self.killed = True
+
+    def job_exited(self) -> bool:
+        """True once the job's main process has exited on its own or otherwise (it is not
+        reaped here: its id stays this process's child until :meth:`reap`)."""
+        try:
+            info = os.waitid(os.P_PID, self.job_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None and info.si_pid == self.job_pid
+
+    def stop_job(self, *, at_once: bool) -> None:
+        """Stop the job (SIGTERM, then SIGKILL after the grace; or SIGKILL ``at_once``) unless
+        its main process has already exited: a stop that comes after the job ended on its own
+        changes nothing, and the job's end stays its own (``stopped`` is not set)."""
+        if self.job_exited():
+            return
+        self.stopped = True
+        if at_once:
+            self.kill()
+        elif self.kill_at is None:
+            _kill_group(self.job_pid, signal.SIGTERM)
+            self.kill_at = time.monotonic() + self.grace_s
 
     def start(self, argv: list[str], libc: object, nice: int) -> None:
         """Fork and exec the job in a process group of its own, ``nice`` lower in priority.
@@ -348,9 +378,10 @@ class _Reaper:
         while True:
             if not self.killed:
                 if self.fence_due():
-                    self.kill()
-                    self.fenced_unix_s = time.time()
-                    _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+                    if not self.job_exited():  # one that ended before its deadline ended so
+                        self.stop_job(at_once=True)
+                        self.fenced_unix_s = time.time()
+                        _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
                 elif self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self.kill()
             status = self.reap()
@@ -366,11 +397,10 @@ class _Reaper:
             info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
             if info is None:
                 continue
-            if info.si_signo == signal.SIGTERM and self.kill_at is None and not self.killed:
-                _kill_group(self.job_pid, signal.SIGTERM)
-                self.kill_at = time.monotonic() + self.grace_s
+            if info.si_signo == signal.SIGTERM and not self.killed:
+                self.stop_job(at_once=False)
             elif info.si_signo == _PARENT_DEATH_SIGNAL:
-                self.kill()
+                self.stop_job(at_once=True)
 
     def reap(self) -> int | None:
         """Reap exited children; once the job's main process has exited, sweep, then reap it.
@@ -456,7 +486,7 @@ def main(args: list[str]) -> int:
     status = reaper.supervise()
     reaper.sweep()
     code = os.waitstatus_to_exitcode(status)
-    lines = [f"exit_code={code}", f"ended_unix_s={time.time()!r}"]
+    lines = [f"exit_code={code}", f"ended_unix_s={time.time()!r}", f"stopped={int(reaper.stopped)}"]
     if reaper.fenced_unix_s is not None:
         lines.append(f"fenced_unix_s={reaper.fenced_unix_s!r}")
     _write_file(REPORT_FILE, "\n".join(lines) + "\n")

@@ -445,7 +445,9 @@ def _command_result(
     paths: _Paths,
 ) -> JobResult:
     """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
-    and its start pipe (``exec_reported``: the reaper said the job exec'd)."""
+    and its start pipe (``exec_reported``: the reaper said the job exec'd). ``stopped`` is
+    whether the agent asked for a stop; the report's own ``stopped`` (whether the stop reached
+    the job before it ended) decides when there is one."""
     now = time.time()
     if "error" in report:
         return JobResult(
@@ -483,6 +485,11 @@ def _command_result(
             stderr_path=paths.stderr_path,
             started=ran,
         )
+    if "stopped" in report:
+        # The reaper knows whether the stop reached the job before it ended: a job that ended
+        # on its own keeps its own end (and its outcome), even if the agent asked for a stop
+        # meanwhile (it thawed past its fence deadline, a cancel crossed the end).
+        stopped = report["stopped"] == "1"
     state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
     if stopped:
         state = JobState.CANCELLED

@@ -252,3 +252,30 @@ async def test_frozen_agent_sleep_job_stops_at_the_fence_deadline(tmp_path: Path
         assert reported == []
         records = read_log(agent.work_dir / "agent.jsonl")
         assert [r["event"] for r in records] == ["register", "start", "self_fence", "stop", "register"]
+
+
+async def test_a_command_job_that_ended_before_the_fence_deadline_keeps_its_success(tmp_path: Path) -> None:
+    """A command job that exits 0 while its agent is frozen, before the fence deadline, is not
+    turned into a fenced stop when the agent thaws past the deadline and fences itself: its
+    stop line says succeeded with its exit code, and its success is reported (with the
+    registration that follows the fence) instead of being thrown away."""
+    async with running_agent(tmp_path) as agent:
+        quick = pb.JobSpec(cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=["sleep", "0.3"]))
+        await assign(agent, quick)
+        await trio.sleep(0.1)  # the job is running; freeze the agent until past its deadline
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        heartbeats_before = len(agent.cp.heartbeats)
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: len(agent.cp.registrations) == 2)  # fenced, then registered again
+        (stop,) = agent.stops()
+        assert stop["reason"] == "succeeded" and stop["exit_code"] == 0 and stop["started"] is True
+        assert stop["time"] < deadline
+        reported = [o for o in agent.cp.registrations[-1].finished] + [
+            o for hb in agent.cp.heartbeats[heartbeats_before:] for o in hb.finished
+        ]
+        assert [(o.assignment_id, o.state, o.exit_code) for o in reported] == [(1, "succeeded", 0)]
+        log = agent.work_dir / "agent.jsonl"
+        await wait_for(lambda: [r["event"] for r in read_log(log)].count("register") == 2)
+        assert [r["event"] for r in read_log(log)] == ["register", "start", "self_fence", "stop", "register"]
