@@ -1412,9 +1412,9 @@ def bench_overload(
     from ops import benchoverload
 
     try:
-        offered = tuple(float(r) for r in rates.split(",") if r.strip())
+        offered = tuple(float(r) for r in rates.split(","))
     except ValueError:
-        _fail(f"--rates must be numbers separated by commas, got {rates!r}", EXIT_INVALID)
+        _fail(f"--rates must be numbers (jobs/s) separated by commas, got {rates!r}", EXIT_INVALID)
     out = json_path or Path("bench-overload.json")
     if not out.parent.resolve().is_dir():
         _fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)

@@ -9,6 +9,7 @@ compares, it does the least work in total for about the same completion time.
 
 from __future__ import annotations
 
+import math
 import random
 
 import attrs
@@ -17,8 +18,8 @@ from runtime.errors import InvalidArgument
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise InvalidArgument(attribute.name, value, "must be > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
 
 
 @attrs.frozen(kw_only=True)

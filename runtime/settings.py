@@ -10,6 +10,7 @@ to recover a dead worker's jobs within 3 s. Every group validates itself at cons
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,13 +24,13 @@ def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise InvalidArgument(attribute.name, value, "must be > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise InvalidArgument(attribute.name, value, "must be >= 0")
+    if not (value >= 0 and math.isfinite(value)):
+        raise InvalidArgument(attribute.name, value, "must be a finite number >= 0")
 
 
 def _fraction(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:

@@ -48,9 +48,11 @@ def test_waits_are_spread_over_the_whole_interval(attempt: int) -> None:
 
 
 def test_backoff_settings_must_be_positive() -> None:
-    """A zero cap names the field and the value."""
-    with pytest.raises(InvalidArgument, match="cap_s must be > 0, got 0"):
+    """A zero or infinite cap names the field, the rule and the value."""
+    with pytest.raises(InvalidArgument, match="cap_s must be a finite number > 0, got 0"):
         FullJitterBackoff(cap_s=0)
+    with pytest.raises(InvalidArgument, match="cap_s must be a finite number > 0, got inf"):
+        FullJitterBackoff(cap_s=float("inf"))
 
 
 class _Stub:

@@ -78,3 +78,14 @@ def test_ids_beyond_a_bigint_and_control_characters_are_refused() -> None:
     with pytest.raises(InvalidArgument, match="name must not contain control characters"):
         check_job(**{**GOOD, "name": "\x1b[31mred"})  # type: ignore[arg-type]
     assert check_job(**{**GOOD, "name": "[bold red]boom"}).name == "[bold red]boom"  # text, not markup  # type: ignore[arg-type]
+
+
+def test_settings_refuse_infinite_durations() -> None:
+    """A duration of inf (say, a requeue backoff that would fail every requeue in SQL) is refused,
+    naming the field, the rule and the value."""
+    from runtime.settings import IngestSettings, ReconcilerSettings
+
+    with pytest.raises(InvalidArgument, match="requeue_backoff_max_s must be a finite number > 0, got inf"):
+        ReconcilerSettings(requeue_backoff_max_s=float("inf"))
+    with pytest.raises(InvalidArgument, match="shed_lag_s must be a finite number > 0, got nan"):
+        IngestSettings(shed_lag_s=float("nan"))
