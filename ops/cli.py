@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -66,6 +67,8 @@ EXIT_UNAVAILABLE = 1
 """Exit status when the cluster cannot be reached or the command cannot be carried out."""
 EXIT_INVALID = 2
 """Exit status for invalid input (a value out of range, an unknown job)."""
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)."""
 
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's stdout and stderr that ``stockade job`` shows."""
@@ -155,6 +158,30 @@ def _errors() -> Iterator[None]:
         )
     except (Unavailable, RemoteError, ClusterError, EmbeddedPostgresError) as exc:
         _fail(str(exc), EXIT_UNAVAILABLE)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """True when ``exc`` is a KeyboardInterrupt, also inside trio's exception groups."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(_interrupted(e) for e in exc.exceptions)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """For commands that start processes of their own (chaos, the benchmarks): SIGTERM stops
+    them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs; either
+    ends with one line and exit status 130 instead of a traceback."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        err_console.print("interrupted: what this command started has been stopped")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _state() -> StateDir:
@@ -1102,7 +1129,7 @@ def chaos(
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console.print(line))
     try:
-        with _errors():
+        with _interruptible(), _errors():
             result = trio.run(harness.run)
     finally:
         if not keep:
@@ -1207,7 +1234,7 @@ def bench_failover(
     cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")))
     settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
     try:
-        with _errors():
+        with _interruptible(), _errors():
             figures = trio.run(run_failover_bench, settings, cluster, lambda line: err_console.print(line))
     finally:
         with contextlib.suppress(ClusterError):
@@ -1302,7 +1329,7 @@ def bench_pack(
     arriving: list[dict[str, Any]] = []
     burst_result: dict[str, Any] = {}
     scale_points: list[dict[str, Any]] = []
-    with _errors():
+    with _interruptible(), _errors():
         for name in policies:
             results.append(trio.run(benchpack.run_policy, settings, name, root / name, progress))
             if arrival_rate > 0:
@@ -1418,7 +1445,7 @@ def bench_overload(
     out = json_path or Path("bench-overload.json")
     if not out.parent.resolve().is_dir():
         _fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
-    with _errors():
+    with _interruptible(), _errors():
         settings = benchoverload.OverloadSettings(
             rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
         )
