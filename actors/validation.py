@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 
 from runtime.errors import InvalidArgument
+
+T = TypeVar("T")
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
@@ -119,12 +122,35 @@ def check_job(
 MAX_BATCH_JOBS = 10_000
 
 
-def check_jobs(specs: Sequence[dict[str, object]]) -> list[JobRequest]:
+def check_jobs(specs: Sequence[Mapping[str, object]]) -> list[JobRequest]:
     """Check a batch (each item the keyword arguments of :func:`check_job`).
 
     Raises:
         InvalidArgument: an empty or too large batch, or a bad job; the field is named with
             its index, e.g. ``specs[3].cpu_millis``.
+    """
+    steps = check_jobs_steps(specs, fields=dict, step_jobs=len(specs) + 1)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            checked: list[JobRequest] = done.value
+            return checked
+
+
+def check_jobs_steps(
+    specs: Sequence[T], *, fields: Callable[[T], Mapping[str, object]], step_jobs: int
+) -> Generator[None, None, list[JobRequest]]:
+    """:func:`check_jobs` in steps: a generator that yields after every ``step_jobs`` jobs it
+    checked and returns the checked jobs, so a large batch need not hold the event loop.
+
+    Args:
+        specs: the batch.
+        fields: turns one item of ``specs`` into the keyword arguments of :func:`check_job`.
+        step_jobs: jobs checked between two yields (at least 1).
+
+    Raises:
+        InvalidArgument: as :func:`check_jobs`.
     """
     if not specs:
         raise InvalidArgument("specs", [], "must hold at least one job")
@@ -133,9 +159,11 @@ def check_jobs(specs: Sequence[dict[str, object]]) -> list[JobRequest]:
     checked = []
     for index, spec in enumerate(specs):
         try:
-            checked.append(check_job(**spec))  # type: ignore[arg-type]
+            checked.append(check_job(**fields(spec)))  # type: ignore[arg-type]
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
+        if (index + 1) % step_jobs == 0:
+            yield
     return checked
 
 
