@@ -152,6 +152,20 @@ def _outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
     )
 
 
+def _outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
+    """A JobOutcome as the keyword arguments of :func:`actors.validation.check_outcome`."""
+    return {
+        "assignment_id": outcome.assignment_id,
+        "job_id": outcome.job_id,
+        "state": outcome.state,
+        "started_unix_s": outcome.started_unix_s,
+        "finished_unix_s": outcome.finished_unix_s,
+        "stdout_path": outcome.stdout_path,
+        "stderr_path": outcome.stderr_path,
+        "detail": outcome.detail,
+    }
+
+
 def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
     """A JobSpec as the keyword arguments of :func:`actors.validation.check_job`."""
     return {
@@ -386,6 +400,7 @@ class ControlPlaneService:
             labels=labels,
         )
         finished = list(request.finished)
+        validation.check_outcomes([_outcome_fields(o) for o in finished])
         async with self.database("register_worker") as conn, conn.transaction():
             if finished:
                 # The worker's row first, as a heartbeat takes it (one lock order), then the
@@ -417,6 +432,7 @@ class ControlPlaneService:
         worker_id = validation.check_worker_id(request.worker_id)
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
+        validation.check_outcomes([_outcome_fields(o) for o in finished])
         async with self.database("heartbeat") as conn:
             # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
             # confirmations and the assignments to stop, in one round trip and one transaction.

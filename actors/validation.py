@@ -6,6 +6,7 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -213,6 +214,64 @@ def check_job_id(job_id: int) -> int:
 def check_incarnation(incarnation: int) -> int:
     """Raises InvalidArgument outside 0..MAX_ID."""
     return _int_between("incarnation", incarnation, 0, MAX_ID)
+
+
+OUTCOME_STATES = ("succeeded", "failed", "cancelled")
+"""The states a worker reports for an ended job (``agent.messages.JobState``)."""
+MAX_OUTCOMES = 10_000
+"""Most outcomes one heartbeat or registration may carry."""
+MAX_PATH_CHARS = 4096
+"""Longest stdout or stderr path an outcome may name (PATH_MAX on Linux)."""
+MAX_DETAIL_CHARS = 4096
+"""Longest detail an outcome may carry."""
+
+
+def check_outcome(
+    field: str,
+    *,
+    assignment_id: int,
+    job_id: int,
+    state: str,
+    started_unix_s: float,
+    finished_unix_s: float,
+    stdout_path: str,
+    stderr_path: str,
+    detail: str,
+) -> None:
+    """Check one reported job outcome; ``field`` names it in errors (``finished[2]``).
+
+    Raises:
+        InvalidArgument: an assignment id outside 1..MAX_ID, a job id outside 0..MAX_ID (0:
+            not given), a state not in :data:`OUTCOME_STATES`, a time that is not a finite
+            number >= 0 (0: unknown), or a path or detail holding a NUL byte or too long; the
+            field is named with its place, e.g. ``finished[2].detail``.
+    """
+    _int_between(f"{field}.assignment_id", assignment_id, 1, MAX_ID)
+    _int_between(f"{field}.job_id", job_id, 0, MAX_ID)
+    if state not in OUTCOME_STATES:
+        raise InvalidArgument(f"{field}.state", state, f"must be one of {', '.join(OUTCOME_STATES)}")
+    for name, value in (("started_unix_s", started_unix_s), ("finished_unix_s", finished_unix_s)):
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidArgument(
+                f"{field}.{name}", value, "must be a finite number of seconds >= 0 (0: unknown)"
+            )
+    _text(f"{field}.stdout_path", stdout_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
+    _text(f"{field}.stderr_path", stderr_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
+    _text(f"{field}.detail", detail, max_chars=MAX_DETAIL_CHARS, allow_empty=True)
+
+
+def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "finished") -> None:
+    """Check the outcomes of a heartbeat or a registration (each item the keyword arguments
+    of :func:`check_outcome` but ``field``).
+
+    Raises:
+        InvalidArgument: more than :data:`MAX_OUTCOMES`, or a bad outcome, named by its index
+            (``finished[2].state``).
+    """
+    if len(outcomes) > MAX_OUTCOMES:
+        raise InvalidArgument(field, f"{len(outcomes)} outcomes", f"must hold at most {MAX_OUTCOMES}")
+    for index, outcome in enumerate(outcomes):
+        check_outcome(f"{field}[{index}]", **outcome)  # type: ignore[arg-type]
 
 
 def check_list(state: str, limit: int) -> tuple[str, int]:
