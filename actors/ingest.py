@@ -15,12 +15,16 @@ that ran to completion does not run again (see :data:`actors.queries.RECORD_OUTC
 
 Under overload (DESIGN.md, "Under overload"), slowness here must not turn into more work:
 
-- Every request passes :meth:`ControlPlaneService.database` before it touches the database.
-  A request whose client's deadline has passed is not started (DEADLINE_EXCEEDED: nobody
-  reads its answer). Heartbeats and registrations take a connection ahead of everything else,
-  from capacity the other RPCs cannot use; other RPCs are refused with RESOURCE_EXHAUSTED
-  ("busy, try another replica") while the ingest loop lags or too many of them wait for a
-  connection (:mod:`actors.admission`). Nothing a refused request asked for was stored.
+- Every request is admitted (:meth:`ControlPlaneService.admitted`) before any of its work is
+  done. A request whose client's deadline has passed is not started (DEADLINE_EXCEEDED:
+  nobody reads its answer). Heartbeats and registrations take a connection ahead of
+  everything else, from capacity the other RPCs cannot use. Other RPCs hold a turn, of
+  ``max_requests_in_progress``, from admission until their reply is encoded: they build and
+  encode their replies themselves, in slices that yield to the loop, and hand gRPC the bytes;
+  SubmitJobs decodes and checks its batch the same way, inside its turn. They are refused with
+  RESOURCE_EXHAUSTED ("busy, try another replica") while the ingest loop lags, when too many
+  of them wait for a turn, or when one has waited ``max_admission_wait_s`` for it
+  (:mod:`actors.admission` argues the rules). Nothing a refused request asked for was stored.
 - Once started, a request's database work runs to its end even when its client gives up
   meanwhile (:func:`runtime.aio.finish_despite_cancel`): cancelling it inside asyncpg would
   terminate the pooled connection, and the replica would open a new one, a new server
@@ -38,18 +42,27 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from actors import admission, queries, validation
-from protocol import pb
+from protocol import pb, wire
+from protocol.wire import Encoded
 from runtime import log, metrics
-from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadline, serve_grpc, trio_service
+from runtime.aio import (
+    PgConnection,
+    PgPool,
+    finish_despite_cancel,
+    rpc_deadline,
+    serve_grpc,
+    takes_encoded_request,
+    trio_service,
+)
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded, InvalidArgument, NotFound
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings
@@ -65,8 +78,29 @@ SESSION_SETTINGS = {
 }
 """Session settings of ingest's connections."""
 
-CONNECTION_WAIT_S = 5.0
-"""Longest a request waits for a database connection (within its client's deadline)."""
+T = TypeVar("T")
+
+
+async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
+    """Run ``steps`` to its end, letting the loop's other tasks run at each of its yields
+    (:mod:`protocol.wire`, :func:`actors.validation.check_jobs_steps`), and pausing as
+    ``share`` says (:class:`actors.admission.LoopShare`; None: no pauses)."""
+    while True:
+        started = trio.current_time()
+        try:
+            next(steps)
+        except StopIteration as done:
+            if share is not None:
+                share.spend(now=trio.current_time(), used_s=trio.current_time() - started)
+            return done.value
+        pause_s = 0.0
+        if share is not None:
+            now = trio.current_time()
+            pause_s = share.spend(now=now, used_s=now - started)
+        if pause_s > 0:
+            await trio.sleep(pause_s)
+        else:
+            await trio.lowlevel.checkpoint()
 
 
 def job_info(row: Any) -> pb.JobInfo:
@@ -118,6 +152,20 @@ def _outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
     )
 
 
+def _outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
+    """A JobOutcome as the keyword arguments of :func:`actors.validation.check_outcome`."""
+    return {
+        "assignment_id": outcome.assignment_id,
+        "job_id": outcome.job_id,
+        "state": outcome.state,
+        "started_unix_s": outcome.started_unix_s,
+        "finished_unix_s": outcome.finished_unix_s,
+        "stdout_path": outcome.stdout_path,
+        "stderr_path": outcome.stderr_path,
+        "detail": outcome.detail,
+    }
+
+
 def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
     """A JobSpec as the keyword arguments of :func:`actors.validation.check_job`."""
     return {
@@ -147,36 +195,43 @@ class ControlPlaneService:
     settings: IngestSettings = attrs.field(factory=IngestSettings)
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     dead_after_s: float = 5.0
-    gate: admission.ConnectionGate = attrs.field(init=False)
-    """Slots for the pool's connections, some reserved for liveness work (a test may hold them)."""
+    gate: admission.AdmissionGate = attrs.field(init=False)
+    """Turns for the requests, some reserved for liveness work (a test may hold them)."""
+    wire_share: admission.LoopShare = attrs.field(init=False)
+    """The loop time the slices of large messages may take."""
     _shed_since_log: dict[str, int] = attrs.field(init=False, factory=dict)
     _shed_logged_at: float = attrs.field(init=False, default=-math.inf)
     _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
 
     def __attrs_post_init__(self) -> None:
-        self.gate = admission.ConnectionGate(
-            size=self.settings.pool_size, reserved=self.settings.liveness_reserved_connections
+        self.gate = admission.AdmissionGate(
+            size=self.settings.pool_size,
+            reserved=self.settings.liveness_reserved_connections,
+            max_other=self.settings.max_requests_in_progress,
         )
+        self.wire_share = admission.LoopShare(share=self.settings.max_wire_work_share)
 
     @asynccontextmanager
-    async def database(self, rpc: str) -> AsyncIterator[PgConnection]:
-        """A connection for ``rpc``'s database work, if the request is to be served at all.
-
-        The body runs to its end even if the client gives up meanwhile (bounded by
-        ``settings.answer_timeout_s``), so its connection is never terminated for that.
+    async def admitted(self, rpc: str) -> AsyncIterator[None]:
+        """Hold a turn for ``rpc``'s work for the body of the block, if the request is to be
+        served at all (:mod:`actors.admission`). Work other than liveness keeps its turn until
+        its reply is encoded: do all of it, reply included, inside the block.
 
         Raises:
             DeadlineExceeded: the client's deadline passed before the work could start.
             Busy: ``rpc`` is not liveness work and the replica is overloaded
-                (:func:`actors.admission.shed_reason`); nothing was done.
-            DatabaseUnavailable: no connection within :data:`CONNECTION_WAIT_S`, the database
-                failed, or the work outlasted ``settings.answer_timeout_s``.
+                (:func:`actors.admission.shed_reason`), or it waited ``max_admission_wait_s``
+                for its turn in vain (:func:`actors.admission.turn_timeout_reason`); nothing
+                was done.
+            DatabaseUnavailable: liveness work got no connection within
+                :data:`actors.admission.CONNECTION_WAIT_S`.
         """
         liveness = rpc in admission.LIVENESS_RPCS
         deadline = rpc_deadline()
         self._check_deadline(rpc, deadline)
         load = admission.Load(
             lag_s=self.lag.recent_max_s,
+            in_progress=self.gate.held_other,
             waiting=self.gate.waiting_other,
             would_wait=self.gate.would_wait(liveness=liveness),
         )
@@ -184,20 +239,65 @@ class ControlPlaneService:
         if reason is not None:
             self._record_shed(rpc, reason)
             raise Busy(reason)
+        arrived = trio.current_time()
+        wait_s = admission.admission_wait_s(
+            now=arrived, deadline=deadline, liveness=liveness, settings=self.settings
+        )
         acquired = False
-        with trio.move_on_at(min(deadline, trio.current_time() + CONNECTION_WAIT_S)):
+        with trio.move_on_after(wait_s):
             await self.gate.acquire(liveness=liveness)
             acquired = True
         if not acquired:
             self._check_deadline(rpc, deadline)
-            raise DatabaseUnavailable(f"no database connection within {CONNECTION_WAIT_S:g} s")
+            if liveness:
+                raise DatabaseUnavailable(f"no database connection within {admission.CONNECTION_WAIT_S:g} s")
+            reason = admission.turn_timeout_reason(
+                rpc,
+                waited_s=trio.current_time() - arrived,
+                in_progress=self.gate.held_other,
+                cp_id=self.cp_id,
+                settings=self.settings,
+            )
+            self._record_shed(rpc, reason)
+            raise Busy(reason)
         try:
-            async with self.pool.acquire() as conn:
-                self._check_deadline(rpc, deadline)
-                with finish_despite_cancel(self.settings.answer_timeout_s):
-                    yield conn
+            yield
         finally:
             self.gate.release(liveness=liveness)
+
+    @asynccontextmanager
+    async def connection(self, rpc: str) -> AsyncIterator[PgConnection]:
+        """A connection for ``rpc``'s database work; use inside :meth:`admitted` (a turn
+        guarantees a free connection).
+
+        The body runs to its end even if the client gives up meanwhile (bounded by
+        ``settings.answer_timeout_s``), so its connection is never terminated for that.
+
+        Raises:
+            DeadlineExceeded: the client's deadline passed before the work could start.
+            DatabaseUnavailable: the database failed, or the work outlasted
+                ``settings.answer_timeout_s``.
+        """
+        async with self.pool.acquire() as conn:
+            self._check_deadline(rpc, rpc_deadline())
+            with finish_despite_cancel(self.settings.answer_timeout_s):
+                yield conn
+
+    @asynccontextmanager
+    async def database(self, rpc: str) -> AsyncIterator[PgConnection]:
+        """:meth:`admitted` and :meth:`connection` together, for work whose reply is small.
+
+        Raises:
+            DeadlineExceeded, Busy, DatabaseUnavailable: as those two.
+        """
+        async with self.admitted(rpc), self.connection(rpc) as conn:
+            yield conn
+
+    async def _encoded(self, reply: wire.M, elements: dict[str, Any] | None = None) -> Encoded[wire.M]:
+        """``reply`` encoded in slices (:func:`protocol.wire.encode_steps`; ``elements``: lists
+        of it built lazily, in the same slices)."""
+        steps = wire.encode_steps(reply, step_messages=self.settings.wire_step_messages, elements=elements)
+        return Encoded(type(reply), await run_in_slices(steps, self.wire_share))
 
     def _check_deadline(self, rpc: str, deadline: float) -> None:
         if trio.current_time() >= deadline:
@@ -228,19 +328,40 @@ class ControlPlaneService:
             )
         return pb.SubmitJobReply(job_id=job_id)
 
-    async def submit_jobs(self, request: pb.SubmitJobsRequest) -> pb.SubmitJobsReply:
-        jobs = validation.check_jobs([_job_fields(spec) for spec in request.specs])
-        async with self.database("submit_jobs") as conn:
-            rows = await conn.fetch(
-                queries.SUBMIT_JOBS,
-                [j.name for j in jobs],
-                [j.cpu_millis for j in jobs],
-                [j.memory_mb for j in jobs],
-                [j.priority for j in jobs],
-                [j.runtime for j in jobs],
-                [j.sleep_ms for j in jobs],
-                [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
+    @takes_encoded_request
+    async def submit_jobs(
+        self, request: pb.SubmitJobsRequest | Encoded[pb.SubmitJobsRequest]
+    ) -> pb.SubmitJobsReply:
+        """Store a batch. Served with its request undecoded: it is decoded and checked in
+        slices, inside the turn, so a refused batch costs no decoding."""
+        async with self.admitted("submit_jobs"):
+            step = self.settings.wire_step_messages
+            batch = request
+            if isinstance(request, Encoded):
+                try:
+                    batch = await run_in_slices(
+                        wire.decode_steps(pb.SubmitJobsRequest, request.data, step_messages=step),
+                        self.wire_share,
+                    )
+                except ValueError as exc:
+                    raise InvalidArgument(
+                        "request", f"{len(request.data)} bytes", f"must be a SubmitJobsRequest ({exc})"
+                    ) from None
+            assert isinstance(batch, pb.SubmitJobsRequest)
+            jobs = await run_in_slices(
+                validation.check_jobs_steps(batch.specs, fields=_job_fields, step_jobs=step), self.wire_share
             )
+            async with self.connection("submit_jobs") as conn:
+                rows = await conn.fetch(
+                    queries.SUBMIT_JOBS,
+                    [j.name for j in jobs],
+                    [j.cpu_millis for j in jobs],
+                    [j.memory_mb for j in jobs],
+                    [j.priority for j in jobs],
+                    [j.runtime for j in jobs],
+                    [j.sleep_ms for j in jobs],
+                    [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
+                )
         return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in rows))
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
@@ -251,11 +372,14 @@ class ControlPlaneService:
             raise NotFound(f"job_id {request.job_id} not found")
         return job_info(row)
 
-    async def list_jobs(self, request: pb.ListJobsRequest) -> pb.ListJobsReply:
+    async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
+        """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
+        the turn."""
         state, limit = validation.check_list(request.state, request.limit)
-        async with self.database("list_jobs") as conn:
-            rows = await conn.fetch(queries.LIST_JOBS, state, limit)
-        return pb.ListJobsReply(jobs=[job_info(r) for r in rows])
+        async with self.admitted("list_jobs"):
+            async with self.connection("list_jobs") as conn:
+                rows = await conn.fetch(queries.LIST_JOBS, state, limit)
+            return await self._encoded(pb.ListJobsReply(), {"jobs": (job_info(r) for r in rows)})
 
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
         validation.check_job_id(request.job_id)
@@ -278,6 +402,7 @@ class ControlPlaneService:
             registration_seq=request.registration_seq,
         )
         finished = list(request.finished)
+        validation.check_outcomes([_outcome_fields(o) for o in finished])
         async with self.database("register_worker") as conn, conn.transaction():
             if finished:
                 # The worker's row first, as a heartbeat takes it (one lock order), then the
@@ -325,6 +450,7 @@ class ControlPlaneService:
         worker_id = validation.check_worker_id(request.worker_id)
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
+        validation.check_outcomes([_outcome_fields(o) for o in finished])
         async with self.database("heartbeat") as conn:
             # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
             # confirmations and the assignments to stop, in one round trip and one transaction.
@@ -343,47 +469,61 @@ class ControlPlaneService:
             epoch=row["current_epoch"], stop_assignment_ids=list(row["stop_assignment_ids"])
         )
 
-    async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        async with self.database("status") as conn:
-            lease = await conn.fetchrow(queries.READ_LEASE)
-            cps = await conn.fetch(queries.STATUS_CONTROL_PLANES)
-            workers = await conn.fetch(queries.STATUS_WORKERS)
-            counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
-            stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
-        assert lease is not None
-        leader = lease["holder"] if lease["live"] and lease["holder"] else ""
-        by_state = {r["state"]: r["count"] for r in counts}
-        return pb.StatusReply(
-            leader=leader,
-            epoch=lease["epoch"],
-            control_planes=[
-                pb.ControlPlaneInfo(
-                    id=r["id"],
-                    address=r["address"],
-                    seen_unix_s=r["seen_unix_s"],
-                    role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
-                )
-                for r in cps
-            ],
-            workers=[
-                pb.WorkerInfo(
-                    id=r["id"],
-                    address=r["address"],
-                    state=r["state"],
-                    cpu_millis=r["cpu_millis"],
-                    memory_mb=r["memory_mb"],
-                    cpu_allocated_millis=r["cpu_allocated_millis"],
-                    memory_allocated_mb=r["memory_allocated_mb"],
-                    job_ids=list(r["job_ids"]),
-                    incarnation=r["incarnation"],
-                    last_heartbeat_age_s=r["heartbeat_age_s"],
-                )
-                for r in workers
-            ],
-            jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
-            unschedulable=[job_info(r) for r in stuck],
-            answered_by=self.cp_id,
-        )
+    async def status(self, request: pb.StatusRequest) -> Encoded[pb.StatusReply]:
+        """The status view; built and encoded in slices inside the turn."""
+        async with self.admitted("status"):
+            async with self.connection("status") as conn:
+                lease = await conn.fetchrow(queries.READ_LEASE)
+                cps = await conn.fetch(queries.STATUS_CONTROL_PLANES)
+                workers = await conn.fetch(queries.STATUS_WORKERS)
+                counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
+                stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
+            return await self._encoded(*_status_reply(self.cp_id, lease, cps, workers, counts, stuck))
+
+
+def _status_reply(
+    cp_id: str, lease: Any, cps: list[Any], workers: list[Any], counts: list[Any], stuck: list[Any]
+) -> tuple[pb.StatusReply, dict[str, Any]]:
+    """The status reply from the rows of its five queries, with its lists of workers and of
+    unschedulable jobs apart, to be built lazily (the ``elements`` of
+    :func:`protocol.wire.encode_steps`)."""
+    assert lease is not None
+    leader = lease["holder"] if lease["live"] and lease["holder"] else ""
+    by_state = {r["state"]: r["count"] for r in counts}
+    reply = pb.StatusReply(
+        leader=leader,
+        epoch=lease["epoch"],
+        control_planes=[
+            pb.ControlPlaneInfo(
+                id=r["id"],
+                address=r["address"],
+                seen_unix_s=r["seen_unix_s"],
+                role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
+            )
+            for r in cps
+        ],
+        jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
+        answered_by=cp_id,
+    )
+    elements = {
+        "workers": (
+            pb.WorkerInfo(
+                id=r["id"],
+                address=r["address"],
+                state=r["state"],
+                cpu_millis=r["cpu_millis"],
+                memory_mb=r["memory_mb"],
+                cpu_allocated_millis=r["cpu_allocated_millis"],
+                memory_allocated_mb=r["memory_allocated_mb"],
+                job_ids=list(r["job_ids"]),
+                incarnation=r["incarnation"],
+                last_heartbeat_age_s=r["heartbeat_age_s"],
+            )
+            for r in workers
+        ),
+        "unschedulable": (job_info(r) for r in stuck),
+    }
+    return reply, elements
 
 
 async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> PgPool:

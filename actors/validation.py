@@ -6,13 +6,17 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 
 from runtime.errors import InvalidArgument
+
+T = TypeVar("T")
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
@@ -119,12 +123,35 @@ def check_job(
 MAX_BATCH_JOBS = 10_000
 
 
-def check_jobs(specs: Sequence[dict[str, object]]) -> list[JobRequest]:
+def check_jobs(specs: Sequence[Mapping[str, object]]) -> list[JobRequest]:
     """Check a batch (each item the keyword arguments of :func:`check_job`).
 
     Raises:
         InvalidArgument: an empty or too large batch, or a bad job; the field is named with
             its index, e.g. ``specs[3].cpu_millis``.
+    """
+    steps = check_jobs_steps(specs, fields=dict, step_jobs=len(specs) + 1)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            checked: list[JobRequest] = done.value
+            return checked
+
+
+def check_jobs_steps(
+    specs: Sequence[T], *, fields: Callable[[T], Mapping[str, object]], step_jobs: int
+) -> Generator[None, None, list[JobRequest]]:
+    """:func:`check_jobs` in steps: a generator that yields after every ``step_jobs`` jobs it
+    checked and returns the checked jobs, so a large batch need not hold the event loop.
+
+    Args:
+        specs: the batch.
+        fields: turns one item of ``specs`` into the keyword arguments of :func:`check_job`.
+        step_jobs: jobs checked between two yields (at least 1).
+
+    Raises:
+        InvalidArgument: as :func:`check_jobs`.
     """
     if not specs:
         raise InvalidArgument("specs", [], "must hold at least one job")
@@ -133,9 +160,11 @@ def check_jobs(specs: Sequence[dict[str, object]]) -> list[JobRequest]:
     checked = []
     for index, spec in enumerate(specs):
         try:
-            checked.append(check_job(**spec))  # type: ignore[arg-type]
+            checked.append(check_job(**fields(spec)))  # type: ignore[arg-type]
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
+        if (index + 1) % step_jobs == 0:
+            yield
     return checked
 
 
@@ -199,6 +228,64 @@ def check_job_id(job_id: int) -> int:
 def check_incarnation(incarnation: int) -> int:
     """Raises InvalidArgument outside 0..MAX_ID."""
     return _int_between("incarnation", incarnation, 0, MAX_ID)
+
+
+OUTCOME_STATES = ("succeeded", "failed", "cancelled")
+"""The states a worker reports for an ended job (``agent.messages.JobState``)."""
+MAX_OUTCOMES = 10_000
+"""Most outcomes one heartbeat or registration may carry."""
+MAX_PATH_CHARS = 4096
+"""Longest stdout or stderr path an outcome may name (PATH_MAX on Linux)."""
+MAX_DETAIL_CHARS = 4096
+"""Longest detail an outcome may carry."""
+
+
+def check_outcome(
+    field: str,
+    *,
+    assignment_id: int,
+    job_id: int,
+    state: str,
+    started_unix_s: float,
+    finished_unix_s: float,
+    stdout_path: str,
+    stderr_path: str,
+    detail: str,
+) -> None:
+    """Check one reported job outcome; ``field`` names it in errors (``finished[2]``).
+
+    Raises:
+        InvalidArgument: an assignment id outside 1..MAX_ID, a job id outside 0..MAX_ID (0:
+            not given), a state not in :data:`OUTCOME_STATES`, a time that is not a finite
+            number >= 0 (0: unknown), or a path or detail holding a NUL byte or too long; the
+            field is named with its place, e.g. ``finished[2].detail``.
+    """
+    _int_between(f"{field}.assignment_id", assignment_id, 1, MAX_ID)
+    _int_between(f"{field}.job_id", job_id, 0, MAX_ID)
+    if state not in OUTCOME_STATES:
+        raise InvalidArgument(f"{field}.state", state, f"must be one of {', '.join(OUTCOME_STATES)}")
+    for name, value in (("started_unix_s", started_unix_s), ("finished_unix_s", finished_unix_s)):
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidArgument(
+                f"{field}.{name}", value, "must be a finite number of seconds >= 0 (0: unknown)"
+            )
+    _text(f"{field}.stdout_path", stdout_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
+    _text(f"{field}.stderr_path", stderr_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
+    _text(f"{field}.detail", detail, max_chars=MAX_DETAIL_CHARS, allow_empty=True)
+
+
+def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "finished") -> None:
+    """Check the outcomes of a heartbeat or a registration (each item the keyword arguments
+    of :func:`check_outcome` but ``field``).
+
+    Raises:
+        InvalidArgument: more than :data:`MAX_OUTCOMES`, or a bad outcome, named by its index
+            (``finished[2].state``).
+    """
+    if len(outcomes) > MAX_OUTCOMES:
+        raise InvalidArgument(field, f"{len(outcomes)} outcomes", f"must hold at most {MAX_OUTCOMES}")
+    for index, outcome in enumerate(outcomes):
+        check_outcome(f"{field}[{index}]", **outcome)  # type: ignore[arg-type]
 
 
 def check_list(state: str, limit: int) -> tuple[str, int]:

@@ -415,10 +415,35 @@ def control_plane(
             help="Answer new work 'busy' while the service's event loop lags more than this, seconds."
         ),
     ] = _INGEST.shed_lag_s,
+    max_requests_in_progress: Annotated[
+        int,
+        typer.Option(
+            help="Requests other than heartbeats and registrations served at once, from admission "
+            "until their reply is encoded; the rest wait their turn."
+        ),
+    ] = _INGEST.max_requests_in_progress,
     max_waiting_requests: Annotated[
         int,
-        typer.Option(help="Answer new work 'busy' when this many requests already wait for the database."),
+        typer.Option(help="Answer new work 'busy' when this many requests already wait for their turn."),
     ] = _INGEST.max_waiting_requests,
+    max_admission_wait_s: Annotated[
+        float,
+        typer.Option(help="Answer new work 'busy' that has waited this long for its turn, seconds."),
+    ] = _INGEST.max_admission_wait_s,
+    max_wire_work_share: Annotated[
+        float,
+        typer.Option(
+            help="Most of the service's event-loop time that encoding and decoding large messages "
+            "may take, a fraction (0.25: a quarter)."
+        ),
+    ] = _INGEST.max_wire_work_share,
+    wire_step_messages: Annotated[
+        int,
+        typer.Option(
+            help="Elements of a large reply encoded (or request decoded) between two yields to the "
+            "service's event loop."
+        ),
+    ] = _INGEST.wire_step_messages,
     initial_window: Annotated[
         int,
         typer.Option(
@@ -480,7 +505,11 @@ def control_plane(
                 pool_size=ingest_pool_size,
                 liveness_reserved_connections=liveness_reserved_connections,
                 shed_lag_s=shed_lag_s,
+                max_requests_in_progress=max_requests_in_progress,
                 max_waiting_requests=max_waiting_requests,
+                max_admission_wait_s=max_admission_wait_s,
+                max_wire_work_share=max_wire_work_share,
+                wire_step_messages=wire_step_messages,
             ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,

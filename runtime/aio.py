@@ -17,6 +17,13 @@ reset). The task awaits the trio handler through ``trio_as_aio``, so the cancel 
 handler wherever it is, in the middle of an asyncpg call included, which would then terminate a
 pooled connection. A handler that must not lose its connection that way runs its database work
 under :func:`finish_despite_cancel`; it learns its client's deadline from :func:`rpc_deadline`.
+
+Encoding on the handler's terms: grpclib decodes a request before the handler runs and encodes
+its reply after it returns, each in one piece on the event loop (70 ms and more for a message
+with a thousand elements). A handler that must do that work itself, in slices and only once it
+has admitted the request, returns a :class:`protocol.wire.Encoded` reply (sent as is, see
+:class:`WireCodec`) and, when marked with :func:`takes_encoded_request`, receives its request
+undecoded.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ import grpclib.server
 import trio
 import trio_asyncio
 from betterproto2.grpclib import ServiceBase, ServiceStub
+from grpclib.encoding.proto import ProtoCodec
 
+from protocol.wire import Encoded
 from runtime import log
 from runtime.errors import (
     Busy,
@@ -465,23 +474,71 @@ def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any],
     return handle
 
 
+class WireCodec(ProtoCodec):
+    """grpclib's protobuf codec, and a reply already in wire form (:class:`protocol.wire.Encoded`
+    of the RPC's reply type) is sent as it is."""
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        """The reply's bytes.
+
+        Raises:
+            TypeError: ``message`` is neither a ``message_type`` nor an ``Encoded`` of one.
+        """
+        if isinstance(message, Encoded):
+            if message.message_type is not message_type:
+                raise TypeError(f"reply must be encoded from {message_type!r}, not {message.message_type!r}")
+            return message.data
+        return super().encode(message, message_type)
+
+
+_ENCODED_REQUEST = "__stockade_takes_encoded_request__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_encoded_request(method: F) -> F:
+    """Mark a handler of :func:`trio_service` that receives its request undecoded, as a
+    :class:`protocol.wire.Encoded` (it decodes it itself, e.g. in slices)."""
+    setattr(method, _ENCODED_REQUEST, True)
+    return method
+
+
+def _undecoded(message_type: type[Any]) -> type[Any]:
+    """A stand-in for ``message_type`` whose ``FromString`` keeps the bytes (what grpclib's
+    codec calls to decode a request)."""
+
+    class Undecoded:
+        @staticmethod
+        def FromString(data: bytes) -> Encoded[Any]:
+            return Encoded(message_type, bytes(data))
+
+    Undecoded.__name__ = f"Undecoded{message_type.__name__}"
+    return Undecoded
+
+
 def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
     Each RPC of the generated ``base`` class is served by the same-named trio method of
     ``impl``, which takes the request message and returns the reply message; an RPC ``impl``
-    lacks answers UNIMPLEMENTED. Inside it, :func:`rpc_deadline` tells when the client stops
-    waiting. StockadeErrors become gRPC statuses: Busy -> RESOURCE_EXHAUSTED,
-    DeadlineExceeded -> DEADLINE_EXCEEDED, InvalidArgument -> INVALID_ARGUMENT, NotFound ->
-    NOT_FOUND, Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others -> INTERNAL.
+    lacks answers UNIMPLEMENTED. A method may return its reply as a
+    :class:`protocol.wire.Encoded` (served by :func:`serve_grpc`'s :class:`WireCodec`), and one
+    marked :func:`takes_encoded_request` gets its request as one. Inside it,
+    :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
+    statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
+    InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, Deposed -> FAILED_PRECONDITION,
+    TemporaryError -> UNAVAILABLE, others -> INTERNAL.
     """
     methods: dict[str, Any] = {}
+    undecoded: set[str] = set()
     for name, fn in vars(base).items():
         if name.startswith("_") or not inspect.iscoroutinefunction(fn):
             continue
         trio_fn = getattr(impl, name, None)
         if trio_fn is None:
             continue  # not implemented: the generated base answers UNIMPLEMENTED
+        if getattr(trio_fn, _ENCODED_REQUEST, False):
+            undecoded.add(name)
 
         async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
             try:
@@ -495,12 +552,21 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
 
     def mapping(self: Any) -> dict[str, Any]:
         handlers = base.__mapping__(self)  # type: ignore[attr-defined]
-        return {
-            path: handler._replace(func=_keeping_deadline(handler.func)) for path, handler in handlers.items()
-        }
+        mapped = {}
+        for path, handler in handlers.items():
+            handler = handler._replace(func=_keeping_deadline(handler.func))
+            if _snake_case(path.rpartition("/")[2]) in undecoded:
+                handler = handler._replace(request_type=_undecoded(handler.request_type))
+            mapped[path] = handler
+        return mapped
 
     methods["__mapping__"] = mapping
     return type(f"Trio{base.__name__}", (base,), methods)()
+
+
+def _snake_case(rpc: str) -> str:
+    """``"SubmitJobs"`` -> ``"submit_jobs"`` (the generated methods' names)."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
 
 
 async def serve_grpc(
@@ -512,10 +578,12 @@ async def serve_grpc(
 ) -> None:
     """Serve ``services`` on ``host:port`` until cancelled; ``task_status.started(actual_port)``.
 
+    Replies in wire form are sent as they are (:class:`WireCodec`).
+
     Raises:
         OSError: the address could not be bound.
     """
-    server = grpclib.server.Server(list(services))  # type: ignore[arg-type]
+    server = grpclib.server.Server(list(services), codec=WireCodec())  # type: ignore[arg-type]
     await run_aio(server.start, host, port)
     try:
         # grpclib keeps its asyncio server private; the port bound for port 0 is only there.

@@ -180,8 +180,23 @@ class IngestSettings:
     shed_lag_s: float = attrs.field(default=0.25, validator=_positive)
     """Refuse new work (RESOURCE_EXHAUSTED, "busy") while the ingest loop's worst lag over the
     last second exceeds this, in seconds."""
+    max_requests_in_progress: int = attrs.field(default=2, validator=_positive)
+    """RPCs other than heartbeats and registrations served at once, each from its admission
+    until its reply is encoded (database work and reply building both); the rest wait their
+    turn. At most ``pool_size - liveness_reserved_connections`` count, whatever this says."""
     max_waiting_requests: int = attrs.field(default=16, validator=_non_negative)
-    """Refuse new work that would wait for a database connection behind this many others."""
+    """Refuse new work that would wait for its turn behind this many others."""
+    max_admission_wait_s: float = attrs.field(default=1.0, validator=_positive)
+    """Refuse new work ("busy") that has waited this long for its turn without getting one, in
+    seconds (a client's own deadline may end the wait earlier)."""
+    max_wire_work_share: float = attrs.field(default=0.25, validator=_positive)
+    """Most of the service's event-loop time that building, encoding, decoding and checking
+    large messages (in slices of ``wire_step_messages``) may take, as a fraction of wall time
+    (0.25: a quarter); past it the slices pause, so heartbeats and the gRPC exchanges get the rest."""
+    wire_step_messages: int = attrs.field(default=32, validator=_positive)
+    """Elements of a large reply (a listing's jobs) encoded, or of a large request (a batch's
+    jobs) decoded and checked, between two yields to the service's event loop: about 2 ms of
+    work at 32 on the 2-core development VM."""
     answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
     """Longest a request's database work may run once started, in seconds. It is not
     cancelled by its client's deadline (its server-side ``statement_timeout`` of 5 s bounds
@@ -190,6 +205,10 @@ class IngestSettings:
     """At most one log line about refused requests per this many seconds."""
 
     def __attrs_post_init__(self) -> None:
+        if self.max_wire_work_share > 1:
+            raise InvalidArgument(
+                "max_wire_work_share", self.max_wire_work_share, "must be a fraction in (0, 1]"
+            )
         if self.liveness_reserved_connections >= self.pool_size:
             raise InvalidArgument(
                 "liveness_reserved_connections",

@@ -252,3 +252,66 @@ async def test_one_heartbeat_statement_confirms_records_outcomes_and_names_what_
     assert (
         await admin.fetchval("SELECT state || ' ' || exit_code FROM jobs WHERE id = $1", second) == "failed 3"
     )
+
+
+def outcome(**fields: object) -> pb.JobOutcome:
+    values: dict[str, object] = dict(
+        assignment_id=1, job_id=1, state="succeeded", finished_unix_s=1.7e9, detail="exit 0"
+    )
+    values.update(fields)
+    return pb.JobOutcome(**values)  # type: ignore[arg-type]
+
+
+BAD_OUTCOMES = [
+    (outcome(detail="a\x00b"), r"finished\[0\]\.detail must not contain NUL bytes"),
+    (outcome(stdout_path="/tmp/o\x00"), r"finished\[0\]\.stdout_path must not contain NUL bytes"),
+    (outcome(stderr_path="/tmp/e\x00"), r"finished\[0\]\.stderr_path must not contain NUL bytes"),
+    (outcome(detail="x" * 4097), r"finished\[0\]\.detail must be at most 4096 characters \(has 4097\)"),
+    (
+        outcome(assignment_id=0),
+        r"finished\[0\]\.assignment_id must be between 1 and 9223372036854775807, got 0",
+    ),
+    (
+        outcome(assignment_id=2**64 - 1),
+        r"finished\[0\]\.assignment_id must be between 1 and 9223372036854775807",
+    ),
+    (outcome(state="exploded"), r"finished\[0\]\.state must be one of succeeded, failed, cancelled"),
+    (outcome(finished_unix_s=float("nan")), r"finished\[0\]\.finished_unix_s must be a finite number"),
+    (outcome(started_unix_s=float("inf")), r"finished\[0\]\.started_unix_s must be a finite number"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_OUTCOMES)
+async def test_a_heartbeat_with_a_bad_outcome_is_refused_naming_the_field_and_records_nothing(
+    client: tuple[ControlPlaneClient, PgConnection], bad: pb.JobOutcome, message: str
+) -> None:
+    """INVALID_ARGUMENT naming the outcome's field, value and limit; the worker's heartbeat
+    time is not touched."""
+    cp, admin = client
+    reg = await cp.call(
+        "register_worker",
+        pb.RegisterWorkerRequest(worker_id="w-1", address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000),
+    )
+    before = await admin.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'")
+    with pytest.raises(InvalidArgument, match=message):
+        await cp.call(
+            "heartbeat",
+            pb.HeartbeatRequest(worker_id="w-1", incarnation=reg.incarnation, finished=[bad]),
+        )
+    assert await admin.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'") == before
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_OUTCOMES[:1] + BAD_OUTCOMES[4:5] + BAD_OUTCOMES[6:8])
+async def test_a_registration_with_a_bad_outcome_is_refused_naming_the_field_and_records_nothing(
+    client: tuple[ControlPlaneClient, PgConnection], bad: pb.JobOutcome, message: str
+) -> None:
+    """INVALID_ARGUMENT naming the outcome's field; the worker is not registered again."""
+    cp, admin = client
+    request = pb.RegisterWorkerRequest(
+        worker_id="w-1", address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000
+    )
+    reg = await cp.call("register_worker", request)
+    request.finished = [bad]
+    with pytest.raises(InvalidArgument, match=message):
+        await cp.call("register_worker", request)
+    assert await admin.fetchval("SELECT incarnation FROM workers WHERE id = 'w-1'") == reg.incarnation

@@ -197,7 +197,9 @@ async def test_new_work_is_refused_as_busy_while_liveness_work_is_answered(datab
             with pytest.raises(Busy) as info:
                 await channel.call(stub.submit_jobs, one_job(), timeout_s=5.0)
             assert "busy: cp-1 is overloaded" in str(info.value)
-            assert "0 requests waiting for the database, limit 0), try another replica" in str(info.value)
+            assert "2 requests in progress, limit 2; 0 waiting, limit 0), try another replica" in str(
+                info.value
+            )
             assert shed_count("submit_jobs") == shed_before + 1
             with pytest.raises(Busy):
                 await channel.call(stub.status, pb.StatusRequest(), timeout_s=5.0)
