@@ -181,18 +181,27 @@ _BACKOFF_REASON = (
     "'backoff: placed again after ' || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'"
 )
 
-# $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF). Ends active assignments
-# whose worker is dead or has registered again (a new incarnation: the old one's jobs are
-# stopped), and requeues their jobs after a backoff (or finishes the cancellation of jobs whose
-# cancel was requested); either way the job counts one more loss.
+# $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF), $3 most assignments to
+# end. Ends active assignments whose worker is dead or has registered again (a new incarnation:
+# the old one's jobs are stopped), the $3 oldest of them, and requeues their jobs after a
+# backoff (or finishes the cancellation of jobs whose cancel was requested); either way the job
+# counts one more loss. ``more`` is true when $3 were found: some may be left for the next
+# batch. The bound keeps the fenced transaction short (see actors/ledger.py). An assignment
+# that a heartbeat ended meanwhile is skipped: the UPDATE re-checks ``state`` on the row's
+# newest version.
 END_ORPHANED_ASSIGNMENTS = f"""
-WITH ended AS (
+WITH orphaned AS (
+    SELECT a.id, CASE WHEN w.state = 'dead' THEN 'worker_dead' ELSE 'worker_restarted' END AS reason
+      FROM assignments a JOIN workers w ON w.id = a.worker_id
+     WHERE a.state = 'active' AND (w.state = 'dead' OR w.incarnation <> a.worker_incarnation)
+     ORDER BY a.id
+     LIMIT $3
+),
+ended AS (
     UPDATE assignments a
-       SET state = 'lost', ended_at = now(), ended_epoch = $1,
-           end_reason = CASE WHEN w.state = 'dead' THEN 'worker_dead' ELSE 'worker_restarted' END
-      FROM workers w
-     WHERE a.state = 'active' AND w.id = a.worker_id
-       AND (w.state = 'dead' OR w.incarnation <> a.worker_incarnation)
+       SET state = 'lost', ended_at = now(), ended_epoch = $1, end_reason = o.reason
+      FROM orphaned o
+     WHERE a.id = o.id AND a.state = 'active'
  RETURNING a.id, a.job_id
 ),
 {_REQUEUE_BACKOFF.format(caps="$2")},
@@ -211,7 +220,8 @@ requeued AS (
  RETURNING j.id, j.state
 )
 SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM ended) AS ended_ids,
-       (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids
+       (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids,
+       (SELECT count(*) FROM orphaned) = $3 AS more
 """
 
 # $1 epoch, $2 assignment ids, $3 end reason, $4 requeue, $5 requeue backoff caps (seconds; see
