@@ -145,6 +145,7 @@ async def run_control_plane(
         role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
         dispatcher=dispatch_send,
+        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
     )
     reconciler = Reconciler(
         settings=settings.reconciler,
@@ -154,6 +155,7 @@ async def run_control_plane(
         role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
         dispatcher=dispatch_send,
+        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
     )
     actors: list[tuple[str, Callable[..., Any]]] = [
         ("ledger", ledger.run),

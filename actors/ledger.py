@@ -23,6 +23,61 @@ statement writes nothing.
 
 A refused write (stale epoch at the check, or a session ended under a newer epoch) is recorded
 in ``stale_writes`` in a separate transaction and reported to the lease keeper.
+
+How long the share lock is held. The leader's own renewal (``queries.RENEW_LEASE``) updates the
+lease row too, so it waits for the share lock exactly like a takeover; it gives up after the
+lease's ``statement_timeout_s`` (1 s), and a leader whose renewals keep failing steps down. A
+fenced write that is merely large must therefore never hold the lock that long, and two bounds
+see to it:
+
+- Size: one fenced write creates or ends at most ``max_rows_per_fenced_write`` assignments
+  (500), pending reasons included; the ledger refuses a larger request with
+  :class:`runtime.errors.InvalidArgument`. Every statement is linear in its rows (see
+  ``queries.COMMIT_PLACEMENTS``), so 500 rows hold the lock 10 to 40 ms on the 2-core VM, idle
+  or beside two CPU burners (``python -m ops.measure_fence``). Before, ending a dead worker's
+  assignments was one transaction, quadratic in them: 2,000 held the lock 0.4 to 0.5 s on the
+  idle VM, and 1,200 in a loaded cluster held it past the renewal's timeout and cost a lease.
+- Time: the session's ``statement_timeout`` and ``lock_timeout`` are the ledger's
+  ``statement_timeout_s`` (0.2 s). A statement past it (a row lock it waits for, a saturated
+  machine) is cancelled by the server, its transaction aborts and the lock is released; the
+  write fails with :class:`runtime.errors.DatabaseBusy`, and its decider tries again with half
+  the rows (:mod:`actors.write_size`), so a slow database still gets writes it can finish. A
+  fenced transaction runs at most two writing statements, so while its client is responsive
+  it holds the lock at most 0.4 s
+  (:attr:`runtime.settings.LedgerSettings.longest_share_lock_hold_s`).
+  :class:`runtime.settings.ControlPlaneSettings` refuses settings in which that exceeds half
+  the renewal's statement timeout or the lease's step-down margin. A client stalled between
+  the statements of its transaction is bounded by ``idle_in_transaction_session_timeout``
+  instead (the freeze above).
+
+A decision larger than one write is made of several. The reconciler ends a dead worker's
+assignments (and those of a re-registered worker's old incarnation) in batches: the
+declaration and the first batch in one fenced transaction, then one fenced transaction per
+batch (:class:`actors.messages.EndOrphanedAssignments`) until a batch finds fewer than it may
+end. That is as safe as ending them all at once:
+
+1. Each batch is a fenced transaction of its own: it commits only under the current epoch,
+   so everything it writes was decided by the current leader (invariant 2). A refused batch
+   raises Deposed and the reconciler stops its pass; it sends no further batch, and a batch
+   that is sent anyway (a stale leader's next pass) writes nothing.
+2. Which assignments a batch ends is decided inside that batch's transaction, from the
+   database, not from a list the reconciler made earlier: the active assignments whose worker
+   is dead or whose incarnation is no longer current. A worker declared dead stays dead (only
+   a registration makes a new, alive incarnation, and that leaves the old incarnation's
+   assignments orphaned all the same: they end as ``worker_restarted`` instead of
+   ``worker_dead``), so the batches end exactly the assignments one transaction would have
+   ended, each once, whoever leads when each runs: a new leader's first pass ends the rest.
+3. Between two batches the placer may commit rounds. It cannot place on the dead worker (a
+   placement requires ``workers.state = 'alive'`` in the incarnation placed on), and it cannot
+   claim a job whose assignment has not ended yet: such a job is still ``assigned`` or
+   ``running``, and a placement claims only pending jobs (invariant 3). A job becomes pending
+   only in the batch that ends its assignment, in the same transaction (invariant 6); placing
+   it again from then on is what one transaction would have allowed too. The dead worker's
+   allocation shrinks batch by batch, which nothing reads while it is dead.
+4. Meanwhile the unended assignments stay active on a dead worker: a worker declared dead
+   fenced itself long before (``self_fence_after_s`` < ``dead_after_s``), so none of those
+   jobs runs; they wait a few transactions longer for their requeue, which the requeue
+   backoff delays anyway.
 """
 
 from __future__ import annotations
@@ -40,6 +95,7 @@ from actors.messages import (
     CommittedAssignment,
     DeclareDeadWorkers,
     EndAssignments,
+    EndOrphanedAssignments,
     EpochSuperseded,
     JobPayload,
     LeaseInbox,
@@ -48,7 +104,7 @@ from actors.messages import (
 )
 from runtime import faults, log
 from runtime.aio import PgConnection, ReconnectingConnection
-from runtime.errors import DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseUnavailable, Deposed, InvalidArgument
 from runtime.settings import LedgerSettings
 
 T = TypeVar("T")
@@ -91,9 +147,10 @@ class Ledger:
         server_settings = {
             "application_name": f"stockade {self.cp_id} ledger",
             "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
+            # The longest a fenced statement holds the lease's share lock (see the module
+            # docstring), waits for a row another session locked included.
             "statement_timeout": str(int(s.statement_timeout_s * 1000)),
-            # Never sit on the lease's share lock waiting for a row a frozen replica holds.
-            "lock_timeout": "1000",
+            "lock_timeout": str(int(s.statement_timeout_s * 1000)),
             # Plan each prepared statement once: its plan does not depend on the arrays passed,
             # and planning the placement statement again every round cost about 0.4 ms.
             "plan_cache_mode": "force_generic_plan",
@@ -118,8 +175,28 @@ class Ledger:
         finally:
             await self._db.close()
 
+    def _too_large(self, message: LedgerInbox) -> InvalidArgument | None:
+        """Why ``message`` asks for more rows than one fenced write may hold, or None."""
+        limit = self.settings.max_rows_per_fenced_write
+        rule = f"must be <= max_rows_per_fenced_write = {limit} (slice the decision into several writes)"
+        match message:
+            case CommitPlacements(placements=placements, reasons=reasons):
+                rows = len(placements) + len(reasons)
+                field = "placements + reasons"
+            case DeclareDeadWorkers(max_ended=rows) | EndOrphanedAssignments(max_ended=rows):
+                field = "max_ended"
+            case EndAssignments(assignment_ids=ids):
+                rows, field = len(ids), "assignment_ids"
+        return InvalidArgument(field, rows, rule) if rows > limit else None
+
     async def _handle(self, message: LedgerInbox) -> None:
         result: Any
+        too_large = self._too_large(message)
+        if too_large is not None:
+            # A decider's bug: answered, not run; the asker fails loudly.
+            self._log.error("fenced write refused: too large", error=str(too_large))
+            message.reply.fail(too_large)
+            return
         try:
             match message:
                 case CommitPlacements(epoch=epoch, reply=reply):
@@ -131,6 +208,11 @@ class Ledger:
                     what = "declare dead workers"
                     result = await self.fenced(
                         epoch, what, lambda c: self._declare_dead(c, message), kind="declare_dead_workers"
+                    )
+                case EndOrphanedAssignments(epoch=epoch, reply=reply):
+                    what = "end orphaned assignments"
+                    result = await self.fenced(
+                        epoch, what, lambda c: self._end_orphans(c, message), kind="end_orphaned_assignments"
                     )
                 case EndAssignments(epoch=epoch, reply=reply):
                     what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
@@ -156,8 +238,9 @@ class Ledger:
             epoch: the epoch the decision was made under.
             what: a short description, for ``stale_writes`` and logs.
             op: the decision's writes, given the connection inside the transaction.
-            kind: names the fault point ``ledger.<kind>.after_epoch_check`` (tests park one
-                kind of decision there; ``ledger.after_epoch_check`` catches every kind).
+            kind: names the fault points ``ledger.<kind>.before_transaction`` and
+                ``ledger.<kind>.after_epoch_check`` (tests park one kind of decision there;
+                ``ledger.after_epoch_check`` catches every kind).
 
         Raises:
             Deposed: ``epoch`` is not the current one (checked under ``FOR SHARE``), or the
@@ -166,6 +249,7 @@ class Ledger:
                 committed (callers treat the outcome as unknown).
         """
         conn = await self._connection()
+        await faults.hit(f"ledger.{kind}.before_transaction")
         try:
             with self._answer_deadline(what):
                 return await self._transaction(conn, epoch, op, kind)
@@ -312,14 +396,24 @@ class Ledger:
                 [worker_id for worker_id, _ in message.workers],
                 [incarnation for _, incarnation in message.workers],
             )
+        orphans = await self._end_orphans(conn, message)
+        return attrs.evolve(orphans, dead_worker_ids=tuple(r["id"] for r in dead))
+
+    async def _end_orphans(
+        self, conn: PgConnection, message: DeclareDeadWorkers | EndOrphanedAssignments
+    ) -> ReconcileResult:
         row = await conn.fetchrow(
-            queries.END_ORPHANED_ASSIGNMENTS, message.epoch, list(message.requeue_backoff_caps_s)
+            queries.END_ORPHANED_ASSIGNMENTS,
+            message.epoch,
+            list(message.requeue_backoff_caps_s),
+            message.max_ended,
         )
         assert row is not None
         return ReconcileResult(
-            dead_worker_ids=tuple(r["id"] for r in dead),
+            dead_worker_ids=(),
             requeued_job_ids=tuple(int(i) for i in row["requeued_ids"]),
             orphaned_assignment_ids=tuple(int(i) for i in row["ended_ids"]),
+            more_orphans=bool(row["more"]),
         )
 
     async def _end_assignments(self, conn: PgConnection, message: EndAssignments) -> tuple[int, ...]:

@@ -95,9 +95,11 @@ class CommittedAssignment:
 class CommitPlacements:
     """Commit ``placements`` under ``epoch``; claim only jobs still pending (invariant 3).
 
-    ``reasons`` sets ``jobs.reason`` for pending jobs (``""`` clears it). The reply holds the
-    assignments actually created (a job cancelled meanwhile is skipped). Fails with
-    :class:`runtime.errors.Deposed` when ``epoch`` is not current.
+    ``reasons`` sets ``jobs.reason`` for pending jobs (``""`` clears it), never for a job
+    placed here. The reply holds the assignments actually created (a job cancelled meanwhile is
+    skipped). Fails with :class:`runtime.errors.Deposed` when ``epoch`` is not current, and with
+    :class:`runtime.errors.InvalidArgument` when placements and reasons together exceed the
+    ledger's ``max_rows_per_fenced_write`` (nothing is written).
     """
 
     epoch: int
@@ -108,27 +110,46 @@ class CommitPlacements:
 
 @attrs.frozen(kw_only=True)
 class ReconcileResult:
-    """What a fenced reconcile transaction changed."""
+    """What a fenced reconcile transaction (or a pass's series of them) changed."""
 
     dead_worker_ids: tuple[str, ...]
     requeued_job_ids: tuple[int, ...]
     orphaned_assignment_ids: tuple[int, ...]
+    more_orphans: bool = False
+    """The batch of endings was full: orphaned assignments may be left for another batch
+    (:class:`EndOrphanedAssignments`)."""
 
 
 @attrs.frozen(kw_only=True)
 class DeclareDeadWorkers:
     """Under ``epoch``: declare dead the listed (worker_id, incarnation) pairs, each only if it
     is still alive in that incarnation and still has no heartbeat for ``dead_after_s``
-    (re-checked by database time in the same transaction); end the active assignments of dead
-    workers and of incarnations no longer current (orphans) as lost, and requeue their jobs,
-    each not to be placed again before a random time below its backoff cap (seconds; entry k
-    of ``requeue_backoff_caps_s`` after the job's k-th loss, the last entry after any later
-    one; empty: no backoff). An empty ``workers`` only ends orphans."""
+    (re-checked by database time in the same transaction); then end the first ``max_ended``
+    active assignments of dead workers and of incarnations no longer current (orphans) as
+    lost, and requeue their jobs, each not to be placed again before a random time below its
+    backoff cap (seconds; entry k of ``requeue_backoff_caps_s`` after the job's k-th loss, the
+    last entry after any later one; empty: no backoff). An empty ``workers`` only ends orphans.
+    The reply's ``more_orphans`` says whether to ask for the rest (:class:`EndOrphanedAssignments`)."""
 
     epoch: int
     workers: tuple[tuple[str, int], ...]
     dead_after_s: float
     requeue_backoff_caps_s: tuple[float, ...]
+    max_ended: int
+    """Most assignments this transaction ends (at most the ledger's max_rows_per_fenced_write)."""
+    reply: Reply[ReconcileResult]
+
+
+@attrs.frozen(kw_only=True)
+class EndOrphanedAssignments:
+    """Under ``epoch``: one more batch of :class:`DeclareDeadWorkers`' endings, in a fenced
+    transaction of its own: end the first ``max_ended`` active assignments of dead workers and
+    of incarnations no longer current as lost, and requeue their jobs with the backoff of
+    ``requeue_backoff_caps_s``. The reply's ``dead_worker_ids`` is empty."""
+
+    epoch: int
+    requeue_backoff_caps_s: tuple[float, ...]
+    max_ended: int
     reply: Reply[ReconcileResult]
 
 
@@ -138,7 +159,8 @@ class EndAssignments:
 
     ``requeue`` True puts the job back to pending (an unconfirmed assignment withdrawn: a loss,
     with the backoff of :class:`DeclareDeadWorkers`, ``requeue_backoff_caps_s``); False marks
-    the job cancelled (the user asked). The reply lists the ids really ended.
+    the job cancelled (the user asked). The reply lists the ids really ended. At most the
+    ledger's ``max_rows_per_fenced_write`` ids (else :class:`runtime.errors.InvalidArgument`).
     """
 
     epoch: int
@@ -149,7 +171,7 @@ class EndAssignments:
     reply: Reply[tuple[int, ...]]
 
 
-LedgerInbox = CommitPlacements | DeclareDeadWorkers | EndAssignments
+LedgerInbox = CommitPlacements | DeclareDeadWorkers | EndOrphanedAssignments | EndAssignments
 
 # ---------------------------------------------------------------- -> dispatcher (worker RPCs)
 

@@ -45,11 +45,12 @@ from actors.messages import (
 )
 from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place_queue_steps, placement_limit
 from actors.role import RoleView
+from actors.write_size import WriteSize
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
-from runtime.errors import DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, Deposed
 from runtime.reply import Reply
-from runtime.settings import PlacerSettings
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, PlacerSettings
 
 RESERVING_RECHECK_S = 1.0
 """How often the placer asks whether the jobs holding reservations are still pending."""
@@ -268,6 +269,11 @@ class Placer:
     """Read the whole pending queue again this often (and at every election)."""
     gap_ttl_s: float = 2.0
     """Ask for a skipped pending_seq this long before leaving it to the next resync."""
+    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
+    """Most placements and pending reasons one round's fenced statement may write (the
+    ledger's ``max_rows_per_fenced_write``): reasons beyond what the placements leave wait for
+    later rounds. While the database is slow, rounds write fewer (:mod:`actors.write_size`)."""
+    _write_size: WriteSize | None = None
     _synced_epoch: int | None = None
     _synced_at: float = -math.inf
     _last_seq: int = 0
@@ -414,6 +420,9 @@ class Placer:
             for job_id in self.queue.reasons
             if job_id not in plan.unschedulable and job_id not in placed and job_id not in backing_off
         ]
+        # One fenced statement: reasons fill what the placements leave of its rows; the rest
+        # are not recorded as stored, so later rounds send them.
+        del reasons[max(0, self.write_size().rows - len(plan.placements)) :]
         if not plan.placements and not reasons:
             self._idle_fingerprint = fingerprint
             self._observe(started, 0, "nothing")
@@ -435,7 +444,12 @@ class Placer:
         await self.ledger.send(
             CommitPlacements(epoch=epoch, placements=placements, reasons=tuple(reasons), reply=reply)
         )
-        committed = await reply.wait()
+        try:
+            committed = await reply.wait()
+        except DatabaseBusy:
+            self._write_size = self.write_size().after_cancel()
+            raise
+        self._write_size = self.write_size().after_success()
         commit_done = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
@@ -464,6 +478,13 @@ class Placer:
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
 
+    def write_size(self) -> WriteSize:
+        """How many rows the next round's fenced statement may carry (see
+        :mod:`actors.write_size`)."""
+        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
+            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
+        return self._write_size
+
     async def _decide(self, rooms: list[WorkerRoom], *, now: float) -> Plan:
         """The round's :class:`Plan`, decided in slices with a checkpoint between them, so a
         large queue does not hold the event loop (see :func:`actors.placement.place_queue_steps`).
@@ -473,7 +494,7 @@ class Placer:
             self.queue,
             rooms,
             policy=s.policy,
-            max_placements=s.max_placements_per_round,
+            max_placements=min(s.max_placements_per_round, self.write_size().rows),
             max_reservations=s.max_reservations,
             reserve_after_s=s.reserve_after_s,
             now=now,

@@ -7,7 +7,12 @@ Each pass, while leader:
    re-checks the rule, ends its active assignments as lost and requeues their jobs. The same
    transaction ends assignments addressed to an incarnation that is no longer current (the
    agent restarted or re-registered: its old jobs were stopped). A new leader therefore never
-   judges from timers of its own: failovers cause no false deaths.
+   judges from timers of its own: failovers cause no false deaths. One transaction ends at most
+   ``max_rows_per_fenced_write`` assignments (fewer while the database is slow:
+   :mod:`actors.write_size`); the pass ends the rest in further fenced transactions
+   (:class:`EndOrphanedAssignments`) until none is left, and stops at the first one that
+   fails (see :mod:`actors.ledger` for why that is as safe as one transaction, and why a large
+   one would cost the leader its lease).
 
    Declarations are rate-limited and paused on mass silence (:func:`judge_deaths`), as
    Kubernetes' node lifecycle controller limits evictions: not declaring a worker dead only
@@ -24,6 +29,8 @@ Each pass, while leader:
    ended and requeued.
 3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
 
+Acknowledged cancellations, too, are ended in fenced writes of that size.
+
 A job is placed again only after its active assignment has ended (invariant 6).
 """
 
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -46,17 +53,19 @@ from actors.messages import (
     Dispatch,
     DispatcherInbox,
     EndAssignments,
+    EndOrphanedAssignments,
     LedgerInbox,
     ReconcileResult,
     WorkerRef,
 )
 from actors.role import RoleView
+from actors.write_size import WriteSize
 from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, Deposed
 from runtime.reply import Reply
-from runtime.settings import ReconcilerSettings
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
 
 
 @attrs.frozen(kw_only=True)
@@ -306,6 +315,9 @@ class Reconciler:
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     log_every_s: float = 5.0
     """At most one line per this many seconds about held declarations, per reason."""
+    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
+    """Most assignments one fenced write may end (the ledger's ``max_rows_per_fenced_write``)."""
+    _write_size: WriteSize | None = None
     _bucket: TokenBucket | None = None
     _unconfirmed_read_at: float = -math.inf
     """When the previous pass read the unconfirmed assignments (trio time)."""
@@ -348,12 +360,35 @@ class Reconciler:
         await self.ledger.send(message_of(reply))
         return await reply.wait()
 
-    async def reconcile(self, epoch: int, *, first_pass: bool = False) -> ReconcileResult:
-        """One pass under ``epoch``. Returns what the fenced dead-worker step changed.
+    def write_size(self) -> WriteSize:
+        """How many rows the next fenced write may carry (see :mod:`actors.write_size`)."""
+        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
+            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
+        return self._write_size
+
+    async def _write(self, message_of: Callable[[Reply[Any]], LedgerInbox]) -> Any:
+        """Ask the ledger for one fenced write, made of at most ``write_size().rows`` rows, and
+        size the next one by how this one went.
 
         Raises:
-            Deposed: the ledger refused a write.
-            DatabaseUnavailable: a read or write failed.
+            Deposed, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
+                cancelled the write; the next one is half as large).
+        """
+        try:
+            result = await self._ask_ledger(message_of)
+        except DatabaseBusy:
+            self._write_size = self.write_size().after_cancel()
+            raise
+        self._write_size = self.write_size().after_success()
+        return result
+
+    async def reconcile(self, epoch: int, *, first_pass: bool = False) -> ReconcileResult:
+        """One pass under ``epoch``. Returns what the fenced dead-worker step changed (all its
+        batches).
+
+        Raises:
+            Deposed: the ledger refused a write; the pass sends none after it.
+            DatabaseUnavailable: a read or write failed; the pass sends none after it.
         """
         s = self.settings
         ages = await self.store.heartbeat_ages()
@@ -363,25 +398,7 @@ class Reconciler:
         verdict = judge_deaths(ages, s, self._bucket, now)
         self._bucket = verdict.bucket
         self._report_held(verdict, now)
-        caps = self.requeue_backoff_caps_s
-        result: ReconcileResult = await self._ask_ledger(
-            lambda reply: DeclareDeadWorkers(
-                epoch=epoch,
-                workers=verdict.declare,
-                dead_after_s=s.dead_after_s,
-                requeue_backoff_caps_s=caps,
-                reply=reply,
-            )
-        )
-        self._bucket = self._bucket.take(len(result.dead_worker_ids))
-        metrics.WORKER_DEATHS.inc(len(result.dead_worker_ids))
-        if result.dead_worker_ids or result.orphaned_assignment_ids:
-            self._log.warning(
-                "reconciled",
-                dead_workers=list(result.dead_worker_ids),
-                requeued_jobs=len(result.requeued_job_ids),
-                ended_assignments=len(result.orphaned_assignment_ids),
-            )
+        result = await self._declare_and_end_orphans(epoch, verdict.declare)
 
         unconfirmed = await self.store.unconfirmed()
         read_at = trio.current_time()
@@ -408,6 +425,62 @@ class Reconciler:
             for worker, group in _by_worker(cancelled).items():
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
         return result
+
+    async def _declare_and_end_orphans(
+        self, epoch: int, declare: tuple[tuple[str, int], ...]
+    ) -> ReconcileResult:
+        """Declare ``declare`` dead and end the first batch of orphaned assignments in one fenced
+        transaction, then one batch per fenced transaction while a batch was full. Returns the
+        whole series' changes.
+
+        Raises:
+            Deposed, DatabaseUnavailable: a batch failed; no later batch is sent (those that
+                committed stay, and the next pass, or the next leader's, ends the rest).
+        """
+        caps = self.requeue_backoff_caps_s
+        first = self.write_size().rows
+        batch: ReconcileResult = await self._write(
+            lambda reply: DeclareDeadWorkers(
+                epoch=epoch,
+                workers=declare,
+                dead_after_s=self.settings.dead_after_s,
+                requeue_backoff_caps_s=caps,
+                max_ended=first,
+                reply=reply,
+            )
+        )
+        dead = batch.dead_worker_ids
+        assert self._bucket is not None
+        self._bucket = self._bucket.take(len(dead))
+        metrics.WORKER_DEATHS.inc(len(dead))
+        requeued, ended = list(batch.requeued_job_ids), list(batch.orphaned_assignment_ids)
+        transactions = 1
+        try:
+            while batch.more_orphans:
+                rows = self.write_size().rows
+                batch = await self._write(
+                    lambda reply: EndOrphanedAssignments(
+                        epoch=epoch,
+                        requeue_backoff_caps_s=caps,
+                        max_ended=rows,  # noqa: B023 (called at once, in this iteration)
+                        reply=reply,
+                    )
+                )
+                transactions += 1
+                requeued += batch.requeued_job_ids
+                ended += batch.orphaned_assignment_ids
+        finally:
+            if dead or ended:
+                self._log.warning(
+                    "reconciled",
+                    dead_workers=list(dead),
+                    requeued_jobs=len(requeued),
+                    ended_assignments=len(ended),
+                    transactions=transactions,
+                )
+        return ReconcileResult(
+            dead_worker_ids=dead, requeued_job_ids=tuple(requeued), orphaned_assignment_ids=tuple(ended)
+        )
 
     def _report_held(self, verdict: DeathVerdict, now: float) -> None:
         """Count the silent workers this pass holds back, and say so in the log at most once
@@ -452,14 +525,19 @@ class Reconciler:
         acknowledged = await reply.wait()
         if not acknowledged:
             return
-        ended = await self._ask_ledger(
-            lambda reply: EndAssignments(
-                epoch=epoch,
-                assignment_ids=acknowledged,
-                requeue=requeue,
-                reason=reason,
-                requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
-                reply=reply,
+        ended: list[int] = []
+        remaining = acknowledged
+        while remaining:
+            rows = self.write_size().rows
+            ids, remaining = remaining[:rows], remaining[rows:]
+            ended += await self._write(
+                lambda reply: EndAssignments(
+                    epoch=epoch,
+                    assignment_ids=ids,  # noqa: B023 (called at once, in this iteration)
+                    requeue=requeue,
+                    reason=reason,
+                    requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
+                    reply=reply,
+                )
             )
-        )
         self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))

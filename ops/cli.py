@@ -486,15 +486,18 @@ def control_plane(
     # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
     from runtime.settings import (
+        MAX_STATEMENTS_PER_FENCED_WRITE,
         ControlPlaneSettings,
         IngestSettings,
         LeaseSettings,
+        LedgerSettings,
         PlacerSettings,
         ReconcilerSettings,
     )
 
     if not database_url:
         _fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
+    step_down_margin_s = min(0.4, lease_ttl_s / 5)
     with _errors():
         settings = ControlPlaneSettings(
             cp_id=cp_id,
@@ -514,9 +517,16 @@ def control_plane(
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,
                 renew_interval_s=lease_ttl_s / 4,
-                step_down_margin_s=min(0.4, lease_ttl_s / 5),
+                step_down_margin_s=step_down_margin_s,
                 takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
                 max_main_loop_stall_s=max_main_loop_stall_s,
+            ),
+            # A shorter lease has a smaller step-down margin, which a fenced write's longest
+            # hold must fit in (see ControlPlaneSettings): its statements get less time.
+            ledger=LedgerSettings(
+                statement_timeout_s=min(
+                    LedgerSettings().statement_timeout_s, step_down_margin_s / MAX_STATEMENTS_PER_FENCED_WRITE
+                )
             ),
             placer=PlacerSettings(
                 round_interval_s=round_interval_s,

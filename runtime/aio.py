@@ -51,6 +51,7 @@ from protocol.wire import Encoded
 from runtime import log
 from runtime.errors import (
     Busy,
+    DatabaseBusy,
     DatabaseUnavailable,
     DeadlineExceeded,
     Deposed,
@@ -183,7 +184,7 @@ class PgConnection:
             self.terminate()
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
         except _BUSY_ERRORS as exc:
-            raise DatabaseUnavailable(f"database busy: {exc!r}", retry_after_s=0.05) from exc
+            raise DatabaseBusy(f"database busy: {exc!r}", retry_after_s=0.05) from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
         """Rows of ``sql``."""

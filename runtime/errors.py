@@ -37,6 +37,12 @@ class DatabaseUnavailable(TemporaryError):
     """The database did not answer or the connection broke."""
 
 
+class DatabaseBusy(DatabaseUnavailable):
+    """The server gave up on one statement (its statement or lock timeout passed, or it was a
+    deadlock's victim) and rolled it back; the connection is still good. A smaller statement,
+    or the same one later, may pass."""
+
+
 class Unavailable(TemporaryError):
     """A remote peer (control plane or worker) did not answer in time."""
 

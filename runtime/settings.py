@@ -5,7 +5,9 @@ reconcile 0.25 s, heartbeat 0.25 s, dead_after 2.5 s, self-fence 1.5 s with a 0.
 grace (so a cut-off worker has stopped its jobs 0.5 s before the cluster may move them). These
 are tighter than DESIGN.md's starting values (reconcile 1 s, heartbeat 0.5 s, dead_after 5 s)
 to recover a dead worker's jobs within 3 s. Every group validates itself at construction and raises
-:class:`runtime.errors.InvalidArgument` naming the field, the value and the limit.
+:class:`runtime.errors.InvalidArgument` naming the field, the value and the limit;
+:class:`ControlPlaneSettings` checks the rules between groups (the fence rule: a fenced write
+never holds the lease's share lock long enough to cost the leader its renewal).
 """
 
 from __future__ import annotations
@@ -67,17 +69,48 @@ class LeaseSettings:
             )
 
 
+DEFAULT_MAX_ROWS_PER_FENCED_WRITE = 500
+"""The default of ``LedgerSettings.max_rows_per_fenced_write`` (see there)."""
+
+MAX_STATEMENTS_PER_FENCED_WRITE = 2
+"""Most writing statements one fenced transaction runs after its fence: a dead-worker
+declaration and one batch of endings (a placement is a single statement that carries its own
+fence). So a fenced write holds the lease's share lock for at most this many times the ledger's
+``statement_timeout_s`` (see :attr:`LedgerSettings.longest_share_lock_hold_s`)."""
+
+
 @attrs.frozen(kw_only=True)
 class LedgerSettings:
-    """The fenced connection's session settings."""
+    """The fenced connection's session settings, and how large a fenced write may be."""
 
     idle_in_transaction_timeout_s: float = attrs.field(default=2.0, validator=_positive)
     """PostgreSQL ends a session idle inside a transaction this long (a frozen leader's)."""
-    statement_timeout_s: float = attrs.field(default=5.0, validator=_positive)
-    """Longest one fenced statement may run, including waits for locks."""
+    statement_timeout_s: float = attrs.field(default=0.2, validator=_positive)
+    """Longest one statement on the fenced connection may run, waits for row locks included
+    (the session's ``statement_timeout`` and ``lock_timeout``), in seconds. The server cancels
+    a fenced statement past it, which aborts its transaction and releases the lease's share
+    lock: the renewal waiting behind it gets through (the write fails and is tried again)."""
     answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
     """A fenced write still unanswered after this long (a stalled connection, which no server
     timeout ends) drops its connection; its outcome is then unknown."""
+    max_rows_per_fenced_write: int = attrs.field(
+        default=DEFAULT_MAX_ROWS_PER_FENCED_WRITE, validator=_positive
+    )
+    """Most assignments one fenced write creates or ends, pending reasons included (a
+    declaration adds its few workers). Deciders slice larger decisions into several writes,
+    each fenced (a dead worker's thousands of assignments end 500 at a time), and write fewer
+    while the server cancels their writes (:mod:`actors.write_size`); the ledger refuses a
+    larger request. Measured on the 2-core VM (``python -m ops.measure_fence``): 500 rows hold
+    the share lock 10 to 40 ms, idle or beside two CPU burners."""
+
+    @property
+    def longest_share_lock_hold_s(self) -> float:
+        """The longest a fenced write can hold the lease's share lock, in seconds, while its
+        client sends each statement promptly: ``MAX_STATEMENTS_PER_FENCED_WRITE`` statements,
+        each cancelled at ``statement_timeout_s`` (the fence itself and the COMMIT take no
+        time worth counting). A client frozen inside the transaction is bounded by
+        ``idle_in_transaction_timeout_s`` instead."""
+        return MAX_STATEMENTS_PER_FENCED_WRITE * self.statement_timeout_s
 
 
 @attrs.frozen(kw_only=True)
@@ -88,8 +121,12 @@ class PlacerSettings:
     """Time between round starts."""
     max_jobs_per_round: int = attrs.field(default=200_000, validator=_positive)
     """Most pending jobs the placer holds (read highest priority and oldest first)."""
-    max_placements_per_round: int = attrs.field(default=2000, validator=_positive)
-    """Most placements one round commits (one fenced transaction)."""
+    max_placements_per_round: int = attrs.field(
+        default=DEFAULT_MAX_ROWS_PER_FENCED_WRITE, validator=_positive
+    )
+    """Most placements one round commits (one fenced statement): at most the ledger's
+    ``max_rows_per_fenced_write``. 2,000 in one statement held the lease's share lock up to
+    166 ms on the loaded 2-core VM, 500 up to 39 ms."""
     worker_fresh_s: float = attrs.field(default=1.0, validator=_positive)
     """Place only on workers whose last heartbeat is at most this old (database time)."""
     policy: str = attrs.field(default="best_fit")
@@ -238,6 +275,47 @@ class ControlPlaneSettings:
     placer: PlacerSettings = attrs.field(factory=PlacerSettings)
     reconciler: ReconcilerSettings = attrs.field(factory=ReconcilerSettings)
     dispatch: DispatchSettings = attrs.field(factory=DispatchSettings)
+
+    def __attrs_post_init__(self) -> None:
+        """The fence rule: a fenced write must never hold the lease's share lock long enough
+        to cost the leader its renewal, which waits for that lock like a takeover does. The
+        longest hold (:attr:`LedgerSettings.longest_share_lock_hold_s`, 2 x the ledger's
+        statement timeout) must leave a renewal sent meanwhile at least half of its own
+        statement timeout, and must fit in the step-down margin, so a write begun just before
+        the leader stops deciding has ended before its lease can expire (a takeover never waits
+        for it). A placer round is one fenced write, so it is bounded by the rows one may hold.
+
+        Raises:
+            InvalidArgument: a setting breaks the rule; the message names both sides.
+        """
+        hold_s = self.ledger.longest_share_lock_hold_s
+        timeout_s = self.ledger.statement_timeout_s
+        if hold_s > self.lease.statement_timeout_s / 2:
+            raise InvalidArgument(
+                "ledger.statement_timeout_s",
+                timeout_s,
+                f"must be <= lease.statement_timeout_s / {2 * MAX_STATEMENTS_PER_FENCED_WRITE} = "
+                f"{self.lease.statement_timeout_s / (2 * MAX_STATEMENTS_PER_FENCED_WRITE):g}: a fenced "
+                f"write holds the lease's share lock up to {MAX_STATEMENTS_PER_FENCED_WRITE} x it, and a "
+                f"renewal waiting for that lock must keep half of lease.statement_timeout_s = "
+                f"{self.lease.statement_timeout_s:g}",
+            )
+        if hold_s > self.lease.step_down_margin_s:
+            raise InvalidArgument(
+                "ledger.statement_timeout_s",
+                timeout_s,
+                f"must be <= lease.step_down_margin_s / {MAX_STATEMENTS_PER_FENCED_WRITE} = "
+                f"{self.lease.step_down_margin_s / MAX_STATEMENTS_PER_FENCED_WRITE:g}: a fenced write "
+                f"holds the lease's share lock up to {MAX_STATEMENTS_PER_FENCED_WRITE} x it, and one "
+                f"begun as the leader steps down must end before its lease expires",
+            )
+        if self.placer.max_placements_per_round > self.ledger.max_rows_per_fenced_write:
+            raise InvalidArgument(
+                "placer.max_placements_per_round",
+                self.placer.max_placements_per_round,
+                f"must be <= ledger.max_rows_per_fenced_write = {self.ledger.max_rows_per_fenced_write} "
+                f"(a round's placements are one fenced write)",
+            )
 
 
 MIN_JOB_NICE = 0

@@ -27,6 +27,8 @@ from runtime.errors import DatabaseUnavailable, Deposed
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings
 
+MAX_ROWS = LedgerSettings().max_rows_per_fenced_write
+
 
 @pytest.fixture
 async def db(database_url: str) -> AsyncIterator[PgConnection]:
@@ -77,7 +79,12 @@ async def declare_dead(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch:
     reply: Reply[object] = Reply()
     await ledger_inbox.send(
         DeclareDeadWorkers(
-            epoch=epoch, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=reply
+            epoch=epoch,
+            workers=(("w-1", 1),),
+            dead_after_s=5.0,
+            requeue_backoff_caps_s=(),
+            max_ended=MAX_ROWS,
+            reply=reply,
         )
     )
     return await reply.wait()
@@ -184,8 +191,9 @@ async def test_a_takeover_waits_for_a_placement_statement_in_flight(
     db: PgConnection, database_url: str
 ) -> None:
     """A placement statement holds the lease's share lock from its fence to its end: with the
-    statement stuck on a job row another session locked, a takeover blocks; once the row is
-    free the statement commits under epoch 1 and only then the takeover gets epoch 2."""
+    statement stuck on a job row another session locked (its statement timeout raised to 5 s
+    here), a takeover blocks; once the row is free the statement commits under epoch 1 and
+    only then the takeover gets epoch 2."""
     assert await take_over(db, "cp-1") == 1
     await db.execute("UPDATE lease SET expires_at = now() - interval '1 second'")
     order: list[str] = []
@@ -206,7 +214,7 @@ async def test_a_takeover_waits_for_a_placement_statement_in_flight(
 
     try:
         async with trio.open_nursery() as nursery:
-            ledger, _ = await run_ledger(nursery, database_url)
+            ledger, _ = await run_ledger(nursery, database_url, LedgerSettings(statement_timeout_s=5.0))
             await blocker.execute("BEGIN")
             await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
 
@@ -216,7 +224,7 @@ async def test_a_takeover_waits_for_a_placement_statement_in_flight(
                 both_done.release()
 
             nursery.start_soon(leader_commits)
-            with trio.fail_after(10):  # the statement waits on the job row (lock_timeout is 1 s)
+            with trio.fail_after(10):  # the statement waits on the job row (lock_timeout is 5 s)
                 while not await ledger_waits_on_a_lock():  # noqa: ASYNC110 (another session's state)
                     await trio.sleep(0.01)
             nursery.start_soon(standby_takes_over)
@@ -301,7 +309,12 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
             reply: Reply[object] = Reply()
             await ledger.send(
                 DeclareDeadWorkers(
-                    epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=reply
+                    epoch=1,
+                    workers=(("w-1", 1),),
+                    dead_after_s=5.0,
+                    requeue_backoff_caps_s=(),
+                    max_ended=MAX_ROWS,
+                    reply=reply,
                 )
             )
             return await reply.wait()
@@ -360,7 +373,12 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         dead: Reply[object] = Reply()
         await ledger.send(
             DeclareDeadWorkers(
-                epoch=1, workers=(("w-1", 1),), dead_after_s=5.0, requeue_backoff_caps_s=(), reply=dead
+                epoch=1,
+                workers=(("w-1", 1),),
+                dead_after_s=5.0,
+                requeue_backoff_caps_s=(),
+                max_ended=MAX_ROWS,
+                reply=dead,
             )
         )
         await dead.wait()
@@ -381,7 +399,8 @@ async def test_a_placement_statement_behind_an_uncommitted_takeover_writes_nothi
         await standby.execute("BEGIN")
         await standby.execute("UPDATE lease SET epoch = epoch + 1, holder = 'cp-2' WHERE id = 1")
         async with trio.open_nursery() as nursery:
-            ledger, _ = await run_ledger(nursery, database_url)
+            # The statement waits for the takeover as long as this test takes to commit it.
+            ledger, _ = await run_ledger(nursery, database_url, LedgerSettings(statement_timeout_s=5.0))
             outcome: list[BaseException] = []
 
             async def leader_commits() -> None:

@@ -127,7 +127,12 @@ async def end_orphans(
     result = await ask(
         ledger,
         lambda reply: DeclareDeadWorkers(
-            epoch=1, workers=workers, dead_after_s=5.0, requeue_backoff_caps_s=caps, reply=reply
+            epoch=1,
+            workers=workers,
+            dead_after_s=5.0,
+            requeue_backoff_caps_s=caps,
+            max_ended=LedgerSettings().max_rows_per_fenced_write,
+            reply=reply,
         ),
     )
     assert isinstance(result, ReconcileResult)

@@ -98,7 +98,7 @@ class Cluster:
 
     async def sweep(self) -> tuple[list[int], list[int]]:
         """The leader's orphan sweep: (assignments ended as lost, jobs requeued)."""
-        row = await self.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [])  # no backoff
+        row = await self.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)  # no backoff
         assert row is not None
         return list(row["ended_ids"]), list(row["requeued_ids"])
 

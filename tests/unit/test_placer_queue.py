@@ -23,6 +23,8 @@ from actors.messages import (
 from actors.placement import PendingJob, WorkerRoom
 from actors.placer import LiveWorker, Placer, WaitingJob
 from actors.role import RoleView
+from actors.write_size import WriteSize
+from runtime.errors import DatabaseBusy
 from runtime.settings import PlacerSettings
 
 
@@ -253,3 +255,39 @@ async def test_a_workers_batch_is_sent_in_placement_order_whatever_order_the_com
     sent = dispatch_recv.receive_nowait()
     assert isinstance(sent, Dispatch)
     assert [a.job_id for a in sent.assignments] == list(range(1, 11))
+
+
+async def test_a_round_the_server_cancelled_is_followed_by_a_smaller_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With at most 8 rows per fenced write and room for all ten pending jobs, the first round
+    commits 8 placements and the server cancels it (DatabaseBusy); the next round commits 4,
+    and the one after 5 (an eighth of the ceiling more)."""
+    store = FakeStore(visible={s: waiting(s, s, cpu=100) for s in range(1, 11)}, free_cpu=8000)
+    placer, ledger = make_placer(store, PlacerSettings(initial_window=64, max_unconfirmed_per_worker=64))
+    placer.max_rows_per_fenced_write = 8
+    sizes: list[int] = []
+
+    async def answer() -> None:
+        first = True
+        async for commit in ledger:
+            assert isinstance(commit, CommitPlacements)
+            sizes.append(len(commit.placements) + len(commit.reasons))
+            if first:
+                commit.reply.fail(DatabaseBusy("database busy: canceling statement due to statement timeout"))
+                first = False
+            else:
+                commit.reply.set(())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        try:
+            await placer.round(epoch=1)
+            raise AssertionError("the first round should have failed")
+        except DatabaseBusy:
+            pass
+        await placer.round(epoch=1)
+        await placer.round(epoch=1)
+        nursery.cancel_scope.cancel()
+    assert sizes == [8, 4, 5]
+    assert placer.write_size() == WriteSize(6, 8)

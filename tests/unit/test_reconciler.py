@@ -23,6 +23,7 @@ from actors.messages import (
     DispatcherInbox,
     Elected,
     EndAssignments,
+    EndOrphanedAssignments,
     JobPayload,
     LeaseInbox,
     LedgerInbox,
@@ -44,7 +45,7 @@ from actors.reconciler import (
 )
 from actors.role import RoleView
 from runtime import metrics
-from runtime.errors import InvalidArgument
+from runtime.errors import DatabaseBusy, Deposed, InvalidArgument
 from runtime.settings import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
@@ -443,3 +444,151 @@ async def test_an_unconfirmed_assignment_is_resent_at_one_two_four_and_eight_sec
                 sent.append(trio.current_time())
         nursery.cancel_scope.cancel()
     assert sent == [0.0, 1.0, 2.0, 4.0, 8.0]
+
+
+# ---------------------------------------------------------------- fenced writes in batches
+
+
+def orphans(*ids: int, more: bool, dead: tuple[str, ...] = ()) -> ReconcileResult:
+    """A batch's answer: ``ids`` ended (their jobs, the same ids, requeued)."""
+    return ReconcileResult(
+        dead_worker_ids=dead, requeued_job_ids=ids, orphaned_assignment_ids=ids, more_orphans=more
+    )
+
+
+async def test_a_pass_ends_orphans_batch_by_batch_until_a_batch_is_short(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """w-2 is silent; with at most 3 rows per fenced write, the pass at t=0 declares it dead with
+    the first 3 endings, then asks for one more batch of 3 while a batch comes back full, each
+    a fenced write of its own under the same epoch, all at t=0; the next pass is at t=1."""
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6, "w-2": -10.0})
+    h = make_harness(store)
+    h.reconciler.max_rows_per_fenced_write = 3
+    answers = [
+        orphans(1, 2, 3, more=True, dead=("w-2",)),
+        orphans(4, 5, 6, more=True),
+        orphans(7, more=False),
+    ]
+    asked: list[tuple[float, str, int, int]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        while len(asked) < 4:
+            message = await h.ledger.receive()
+            assert isinstance(message, DeclareDeadWorkers | EndOrphanedAssignments)
+            asked.append((trio.current_time(), type(message).__name__, message.epoch, message.max_ended))
+            message.reply.set(answers.pop(0) if answers else orphans(more=False))
+        nursery.cancel_scope.cancel()
+    assert asked == [
+        (0.0, "DeclareDeadWorkers", 4, 3),
+        (0.0, "EndOrphanedAssignments", 4, 3),
+        (0.0, "EndOrphanedAssignments", 4, 3),
+        (1.0, "DeclareDeadWorkers", 4, 3),
+    ]
+
+
+async def test_a_pass_whose_batch_is_refused_sends_no_further_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The second batch of endings at t=0 is refused (Deposed): the pass stops there, sending
+    no third batch and not re-sending the unconfirmed assignment either; the next pass, at
+    t=1, starts again with the declaration and, still a first pass under this epoch, re-sends
+    the assignment."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={7: (w1, 0.0)})
+    h = make_harness(store)
+    h.reconciler.max_rows_per_fenced_write = 2
+    asked: list[tuple[float, str]] = []
+    sent: list[float] = []
+
+    async def dispatcher() -> None:
+        async for message in h.dispatcher:
+            assert isinstance(message, Dispatch)
+            sent.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        nursery.start_soon(dispatcher)
+        await nursery.start(h.reconciler.run)
+        for answer in (orphans(1, 2, more=True), orphans(3, 4, more=True), Deposed(4, 5)):
+            message = await h.ledger.receive()
+            assert isinstance(message, DeclareDeadWorkers | EndOrphanedAssignments)
+            asked.append((trio.current_time(), type(message).__name__))
+            if isinstance(answer, Deposed):
+                message.reply.fail(answer)
+            else:
+                message.reply.set(answer)
+        message = await h.ledger.receive()
+        assert isinstance(message, DeclareDeadWorkers)
+        asked.append((trio.current_time(), type(message).__name__))
+        message.reply.set(orphans(more=False))
+        await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert asked == [
+        (0.0, "DeclareDeadWorkers"),
+        (0.0, "EndOrphanedAssignments"),
+        (0.0, "EndOrphanedAssignments"),
+        (1.0, "DeclareDeadWorkers"),
+    ]
+    assert sent == [1.0]
+
+
+async def test_acknowledged_cancellations_end_in_fenced_writes_of_at_most_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Seven assignments unconfirmed for 30 s are cancelled on their worker in one call; with at
+    most 3 rows per fenced write, the acknowledged ones end in writes of 3, 3 and 1."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={i: (w1, -31.0) for i in range(1, 8)})
+    h = make_harness(store)
+    h.reconciler.max_rows_per_fenced_write = 3
+    ended: list[tuple[int, ...]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers)
+        declare.reply.set(orphans(more=False))
+        cancel = await h.dispatcher.receive()
+        assert isinstance(cancel, CancelOnWorker) and cancel.assignment_ids == tuple(range(1, 8))
+        cancel.reply.set(cancel.assignment_ids)
+        while len(ended) < 3:
+            end = await h.ledger.receive()
+            assert isinstance(end, EndAssignments) and end.requeue and trio.current_time() == 0.0
+            ended.append(end.assignment_ids)
+            end.reply.set(end.assignment_ids)
+        nursery.cancel_scope.cancel()
+    assert ended == [(1, 2, 3), (4, 5, 6), (7,)]
+
+
+async def test_a_batch_the_server_cancelled_is_retried_smaller_and_grows_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With at most 8 rows per fenced write, the server cancels the pass's first write at t=0
+    (too slow: DatabaseBusy); the pass at t=1 asks for 4, then 5 and 6 as its batches go
+    through, and the pass at t=2 starts at 7."""
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6})
+    h = make_harness(store)
+    h.reconciler.max_rows_per_fenced_write = 8
+    answers: list[ReconcileResult | DatabaseBusy] = [
+        DatabaseBusy("database busy: canceling statement due to statement timeout"),
+        orphans(1, 2, 3, 4, more=True),
+        orphans(5, 6, 7, 8, 9, more=True),
+        orphans(10, more=False),
+        orphans(more=False),
+    ]
+    asked: list[tuple[float, int]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        for answer in answers:
+            message = await h.ledger.receive()
+            assert isinstance(message, DeclareDeadWorkers | EndOrphanedAssignments)
+            asked.append((trio.current_time(), message.max_ended))
+            if isinstance(answer, DatabaseBusy):
+                message.reply.fail(answer)
+            else:
+                message.reply.set(answer)
+        nursery.cancel_scope.cancel()
+    assert asked == [(0.0, 8), (1.0, 4), (1.0, 5), (1.0, 6), (2.0, 7)]
