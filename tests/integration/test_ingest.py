@@ -8,28 +8,22 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from serving import serve_ingests
 
-from actors.ingest import Ingest
 from protocol import pb
-from runtime.aio import PgConnection, asyncio_bridge
+from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, NotFound
 from runtime.settings import IngestSettings
 
 
 @pytest.fixture
-async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, PgConnection]]:
+async def client(
+    database_url: str,
+) -> AsyncIterator[tuple[ControlPlaneClient, PgConnection]]:
     """A client of one ingest actor (no lease keeper, no leader), and an admin connection."""
-    async with asyncio_bridge(), trio.open_nursery() as nursery:
-        ingest = Ingest(
-            cp_id="cp-1",
-            database_url=database_url,
-            listen_host="127.0.0.1",
-            listen_port=0,
-            presence_interval_s=1.0,
-            settings=IngestSettings(pool_size=2, liveness_reserved_connections=1),
-        )
-        await nursery.start(ingest.run)
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    async with serve_ingests(database_url, "cp-1", settings=settings, presence_interval_s=1.0) as (ingest,):
         cp = ControlPlaneClient([ingest.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
         try:
@@ -37,7 +31,6 @@ async def client(database_url: str) -> AsyncIterator[tuple[ControlPlaneClient, P
         finally:
             cp.close()
             await admin.close()
-            nursery.cancel_scope.cancel()
 
 
 def sleep_job(**fields: object) -> pb.SubmitJobRequest:

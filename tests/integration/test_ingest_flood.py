@@ -12,17 +12,14 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 from prometheus_client import REGISTRY
+from serving import serve_ingests
 
-from actors.ingest import Ingest
 from protocol import pb
-from runtime.aio import GrpcChannel, asyncio_bridge
-from runtime.settings import IngestSettings
+from runtime.aio import GrpcChannel
 
 ROOT = Path(__file__).parents[2]
 JOBS = 1200
@@ -70,23 +67,6 @@ trio.run(main)
 """
 
 
-@asynccontextmanager
-async def ingest_with_defaults(database_url: str) -> AsyncIterator[Ingest]:
-    """One ingest serving on 127.0.0.1 with the default IngestSettings, on the test's loop."""
-    async with asyncio_bridge(), trio.open_nursery() as nursery:
-        ingest = Ingest(
-            cp_id="cp-1",
-            database_url=database_url,
-            listen_host="127.0.0.1",
-            listen_port=0,
-            presence_interval_s=60.0,
-            settings=IngestSettings(),
-        )
-        await nursery.start(ingest.run)
-        yield ingest
-        nursery.cancel_scope.cancel()
-
-
 def shed_count(rpc: str) -> float:
     return REGISTRY.get_sample_value("stockade_ingest_shed_requests_total", {"rpc": rpc}) or 0.0
 
@@ -98,7 +78,7 @@ async def test_heartbeats_are_answered_promptly_while_large_listings_flood_the_i
     loop for 6 s while a worker heartbeats every 0.25 s: every heartbeat is answered within
     0.5 s, listings are answered, and those beyond the ingest's turns get RESOURCE_EXHAUSTED
     naming the replica."""
-    async with ingest_with_defaults(database_url) as ingest:
+    async with serve_ingests(database_url, "cp-1") as (ingest,):
         channel = GrpcChannel(ingest.address)
         try:
             stub = channel.stub(pb.ControlPlaneStub)

@@ -5,14 +5,14 @@ busy (nothing stored), and the client moves on, backs off and gets through."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import pytest
 import trio
 from prometheus_client import REGISTRY
+from serving import serve_ingests
 
 from actors import ingest as ingest_module
 from actors.ingest import ControlPlaneService, Ingest
@@ -28,26 +28,6 @@ from runtime.settings import IngestSettings
 SETTINGS = IngestSettings(pool_size=3, liveness_reserved_connections=1, max_waiting_requests=0)
 
 INGEST_BACKENDS = "SELECT array_agg(pid ORDER BY pid) FROM pg_stat_activity WHERE application_name = $1"
-
-
-@asynccontextmanager
-async def ingests(database_url: str, *cp_ids: str) -> AsyncIterator[list[Ingest]]:
-    """Ingest actors serving on 127.0.0.1, one per id, on one database, with no leader."""
-    async with asyncio_bridge(), trio.open_nursery() as nursery:
-        started = []
-        for cp_id in cp_ids:
-            ingest = Ingest(
-                cp_id=cp_id,
-                database_url=database_url,
-                listen_host="127.0.0.1",
-                listen_port=0,
-                presence_interval_s=60.0,
-                settings=SETTINGS,
-            )
-            await nursery.start(ingest.run)
-            started.append(ingest)
-        yield started
-        nursery.cancel_scope.cancel()
 
 
 def service(ingest: Ingest) -> ControlPlaneService:
@@ -118,7 +98,7 @@ async def test_a_heartbeat_whose_client_gives_up_keeps_its_connection_and_is_rec
     heartbeat is recorded once the lock is free."""
     # Room for a slow machine between the client giving up and the lock being released.
     monkeypatch.setitem(ingest_module.SESSION_SETTINGS, "lock_timeout", "3000")
-    async with ingests(database_url, "cp-1") as (ingest,):
+    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
         try:
@@ -158,7 +138,10 @@ async def test_a_heartbeat_that_gets_no_connection_before_its_deadline_does_no_d
 ) -> None:
     """With every connection taken, a heartbeat waits; when its deadline passes it is dropped
     without touching the database, even after connections free up."""
-    async with ingests(database_url, "cp-1") as (ingest,), trio.open_nursery() as nursery:
+    async with (
+        serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,),
+        trio.open_nursery() as nursery,
+    ):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
         try:
@@ -186,7 +169,10 @@ async def test_new_work_is_refused_as_busy_while_liveness_work_is_answered(datab
     """With the connections for other work all taken and no waiting allowed, SubmitJobs gets
     RESOURCE_EXHAUSTED naming the replica and stores nothing; heartbeats and registrations
     are answered from the reserved connection; the refusal is counted by rpc."""
-    async with ingests(database_url, "cp-1") as (ingest,), trio.open_nursery() as nursery:
+    async with (
+        serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,),
+        trio.open_nursery() as nursery,
+    ):
         channel = GrpcChannel(ingest.address)
         admin = await PgConnection.connect(database_url)
         try:
@@ -222,7 +208,7 @@ async def test_new_work_is_refused_as_busy_while_liveness_work_is_answered(datab
 async def test_new_work_is_refused_while_the_ingest_loop_lags(database_url: str) -> None:
     """A recent event-loop lag above shed_lag_s refuses Status, naming the lag, while a
     heartbeat is still answered."""
-    async with ingests(database_url, "cp-1") as (ingest,):
+    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0, busy_retry_s=0.0)
         try:
             reg = await client.call("register_worker", registration())
@@ -242,7 +228,10 @@ async def test_new_work_is_refused_while_the_ingest_loop_lags(database_url: str)
 
 async def test_the_client_takes_a_busy_replicas_work_to_the_next_one(database_url: str) -> None:
     """cp-1 is busy, cp-2 is not: the submission is stored once, by cp-2, without waiting."""
-    async with ingests(database_url, "cp-1", "cp-2") as (busy, free), trio.open_nursery() as nursery:
+    async with (
+        serve_ingests(database_url, "cp-1", "cp-2", settings=SETTINGS) as (busy, free),
+        trio.open_nursery() as nursery,
+    ):
         held = await hold_other_connections(nursery, busy)
         client = ControlPlaneClient([busy.address, free.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
@@ -261,7 +250,10 @@ async def test_the_client_takes_a_busy_replicas_work_to_the_next_one(database_ur
 async def test_the_client_backs_off_while_every_replica_is_busy_then_gets_through(database_url: str) -> None:
     """Both replicas are busy; the client keeps asking, with pauses, and its submission is
     stored exactly once as soon as cp-2 has room again."""
-    async with ingests(database_url, "cp-1", "cp-2") as (first, second), trio.open_nursery() as nursery:
+    async with (
+        serve_ingests(database_url, "cp-1", "cp-2", settings=SETTINGS) as (first, second),
+        trio.open_nursery() as nursery,
+    ):
         held_first = await hold_other_connections(nursery, first)
         held_second = await hold_other_connections(nursery, second)
         client = ControlPlaneClient(
@@ -302,7 +294,7 @@ def expired_count(rpc: str) -> float:
 async def test_a_request_whose_deadline_has_passed_is_not_started(database_url: str) -> None:
     """A request that reaches its handler after its client's deadline does no database work,
     holds no connection, answers DEADLINE_EXCEEDED and is counted by rpc."""
-    async with ingests(database_url, "cp-1") as (ingest,):
+    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
         admin = await PgConnection.connect(database_url)
         try:
             before = expired_count("submit_jobs")

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 import attrs
 import pytest
 import trio
+from serving import serve_ingests
 
 from actors import queries
-from actors.ingest import Ingest
 from protocol import pb
-from runtime.aio import PgConnection, asyncio_bridge
+from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 from runtime.settings import IngestSettings
@@ -124,16 +124,8 @@ class Cluster:
 async def cluster(database_url: str) -> AsyncIterator[Cluster]:
     """One ingest actor (no leader), a client of it, and an admin connection holding the lease
     at epoch 1."""
-    async with asyncio_bridge(), trio.open_nursery() as nursery:
-        ingest = Ingest(
-            cp_id="cp-1",
-            database_url=database_url,
-            listen_host="127.0.0.1",
-            listen_port=0,
-            presence_interval_s=1.0,
-            settings=IngestSettings(pool_size=2, liveness_reserved_connections=1),
-        )
-        await nursery.start(ingest.run)
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    async with serve_ingests(database_url, "cp-1", settings=settings, presence_interval_s=1.0) as (ingest,):
         cp = ControlPlaneClient([ingest.address], timeout_s=10.0)
         admin = await PgConnection.connect(database_url)
         await admin.execute(
@@ -144,7 +136,6 @@ async def cluster(database_url: str) -> AsyncIterator[Cluster]:
         finally:
             cp.close()
             await admin.close()
-            nursery.cancel_scope.cancel()
 
 
 def outcome(
