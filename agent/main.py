@@ -24,7 +24,7 @@ from agent.starts import Spawner, StartLimiter
 from protocol import pb
 from runtime import log, metrics
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
-from runtime.client import ControlPlaneClient, home_replica
+from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
 from runtime.settings import AgentSettings
 
@@ -76,11 +76,7 @@ async def run_agent(
     """
     client: ControlPlaneClient | None = None
     if control_plane is None:
-        client = ControlPlaneClient(
-            settings.control_planes,
-            timeout_s=settings.heartbeat_timeout_s,
-            first=home_replica(settings.worker_id, len(settings.control_planes)),
-        )
+        client = ControlPlaneClient(settings.control_planes, timeout_s=settings.heartbeat_timeout_s)
         control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
     own_spawner = Spawner() if spawner is None else None
     try:

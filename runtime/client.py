@@ -15,18 +15,11 @@ immediate retries would only feed its overload.
 The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead:
 a slow replica is not abandoned (which turns one call into work on every replica) but given
 until a deadline, while the next replica is asked too once the first has been slow for a while.
-
-Which replica a client asks first until one answers (``first``): the CLI asks the first listed;
-an agent asks its *home replica* (:func:`home_replica`, from its worker id), so that the
-heartbeats of a fleet spread over every control plane instead of all landing on the first
-listed, which is often the leader: any replica records a heartbeat, and the leader's process
-then spends its time on placement rather than on answering every worker.
 """
 
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -47,19 +40,6 @@ from runtime.errors import (
 T = TypeVar("T")
 
 
-def home_replica(key: str, count: int) -> int:
-    """The index, in ``0 .. count - 1``, of the replica a client named ``key`` (a worker id)
-    asks first: CRC-32 of ``key`` (UTF-8) modulo ``count``, stable across processes and
-    restarts (unlike ``hash()``), and spread evenly over many keys.
-
-    Raises:
-        InvalidArgument: ``count`` < 1.
-    """
-    if count < 1:
-        raise InvalidArgument("count", count, "must be >= 1")
-    return zlib.crc32(key.encode()) % count
-
-
 class ControlPlaneClient:
     """Calls the ControlPlane service on the first of ``addresses`` that answers.
 
@@ -70,8 +50,6 @@ class ControlPlaneClient:
             seconds (0: walk the list once).
         busy_backoff: the waits between walks of the list while every replica is busy.
         rng: the source of the backoff's jitter.
-        first: index in ``addresses`` of the replica asked first until one answers (then the
-            one that answered last is); see :func:`home_replica`.
 
     Raises:
         InvalidArgument: an empty list, a malformed address or a negative ``busy_retry_s``.
@@ -85,13 +63,9 @@ class ControlPlaneClient:
         busy_retry_s: float = 30.0,
         busy_backoff: FullJitterBackoff = FullJitterBackoff(),
         rng: random.Random | None = None,
-        first: int = 0,
     ) -> None:
         if not addresses:
             raise InvalidArgument("control_planes", list(addresses), "must name at least one host:port")
-        if not 0 <= first < len(addresses):
-            rule = f"must be an index of addresses (0 to {len(addresses) - 1})"
-            raise InvalidArgument("first", first, rule)
         for address in addresses:
             split_address(address)
         if not busy_retry_s >= 0:
@@ -102,7 +76,7 @@ class ControlPlaneClient:
         self.busy_backoff = busy_backoff
         self._rng = rng or random.Random()
         self._channels: dict[str, GrpcChannel] = {}
-        self._preferred = first
+        self._preferred = 0
 
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)

@@ -24,7 +24,7 @@ from agent import core as agent_core
 from agent.control_plane import GrpcControlPlane
 from agent.core import Agent
 from protocol import pb
-from runtime.client import ControlPlaneClient, home_replica
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, Unavailable
 from runtime.settings import AgentSettings
 
@@ -76,10 +76,8 @@ class Replica:
 class ScriptedClient(ControlPlaneClient):
     """A ControlPlaneClient whose replicas are scripted."""
 
-    def __init__(self, *replicas: Replica, first: int = 0) -> None:
-        super().__init__(
-            [f"10.0.0.{n}:7000" for n in range(1, len(replicas) + 1)], timeout_s=HEDGE_S, first=first
-        )
+    def __init__(self, *replicas: Replica) -> None:
+        super().__init__([f"10.0.0.{n}:7000" for n in range(1, len(replicas) + 1)], timeout_s=HEDGE_S)
         self.replicas = dict(zip(self.addresses, replicas, strict=True))
 
     async def _attempt(self, index: int, rpc: str, request: Any, *, timeout_s: float) -> Any:
@@ -96,37 +94,6 @@ async def hedged(client: ScriptedClient) -> tuple[Any, float]:
 
 
 # ---------------------------------------------------------------------------- the client
-
-
-def test_home_replicas_are_stable_and_spread_a_fleet_over_every_replica() -> None:
-    """The same id always gets the same replica; 100 worker ids spread over 3 replicas with
-    none getting fewer than 25 or more than 40."""
-    homes = [home_replica(f"w-{n}", 3) for n in range(1, 101)]
-    assert homes == [home_replica(f"w-{n}", 3) for n in range(1, 101)]
-    assert all(0 <= home < 3 for home in homes)
-    assert all(25 <= homes.count(replica) <= 40 for replica in range(3)), homes
-    assert home_replica("w-1", 1) == 0
-    with pytest.raises(InvalidArgument, match="count"):
-        home_replica("w-1", 0)
-
-
-def test_a_first_replica_outside_the_list_is_refused_naming_it() -> None:
-    with pytest.raises(InvalidArgument, match=r"first must be an index of addresses \(0 to 2\), got 3"):
-        ControlPlaneClient(["a:1", "b:2", "c:3"], first=3)
-
-
-async def test_the_first_replica_is_asked_first_until_another_answers(autojump_clock: Any) -> None:
-    """A client told to start at replica 3 asks it first; once it stops answering and replica
-    1 answers the hedge, replica 1 is asked first from then on."""
-    one, two, three = Replica("cp-1"), Replica("cp-2"), Replica("cp-3")
-    client = ScriptedClient(one, two, three, first=2)
-    await hedged(client)
-    assert (len(one.calls), len(two.calls), len(three.calls)) == (0, 0, 1)
-    three.refuse = True
-    await hedged(client)
-    assert (len(one.calls), len(two.calls), len(three.calls)) == (1, 0, 2)
-    await hedged(client)
-    assert (len(one.calls), len(two.calls), len(three.calls)) == (2, 0, 2)
 
 
 async def test_a_slow_replica_that_answers_late_still_counts(autojump_clock: Any) -> None:
