@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import attrs
 import trio
 
 from actors import ingest, queries
-from ops.pg import EmbeddedPostgres, free_port
+from ops.pg import database_or_temporary
 from runtime.aio import PgConnection, asyncio_bridge
 
 EPOCH = 1
@@ -241,15 +239,8 @@ def main() -> None:
                 repeat=args.repeat,
             )
 
-    if args.database_url:
-        results = trio.run(run, args.database_url)
-    else:
-        with tempfile.TemporaryDirectory(prefix="stockade-measure-") as folder:
-            server = EmbeddedPostgres(data_dir=Path(folder), port=free_port())
-            try:
-                results = trio.run(run, server.start())
-            finally:
-                server.stop()
+    with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
+        results = trio.run(run, url)
     print(f"{args.repeat} runs each; ms, median and worst")
     print(f"{'write':48} {'txns':>5} {'hold (longest txn)':>19} {'all txns':>15} {'renewal wait':>15}")
     for label, samples in results:

@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import trio
 
 from actors import ingest, queries
-from ops.pg import EmbeddedPostgres, free_port
+from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgPool, asyncio_bridge
 
@@ -122,15 +120,8 @@ def main() -> None:
         async with asyncio_bridge():
             return await measure(url, args.count, args.running)
 
-    if args.database_url:
-        result = trio.run(run, args.database_url)
-    else:
-        with tempfile.TemporaryDirectory(prefix="stockade-measure-") as folder:
-            server = EmbeddedPostgres(data_dir=Path(folder), port=free_port())
-            try:
-                result = trio.run(run, server.start())
-            finally:
-                server.stop()
+    with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
+        result = trio.run(run, url)
     print(f"heartbeat handler at {ingest.__file__}")
     for key, value in result.items():
         print(f"  {key:28} {value:.3f}" if isinstance(value, float) else f"  {key:28} {value}")

@@ -401,6 +401,25 @@ def free_port() -> int:
         return port
 
 
+@contextlib.contextmanager
+def database_or_temporary(database_url: str | None, *, prefix: str = "stockade-") -> Iterator[str]:
+    """``database_url`` if given; otherwise a fresh embedded server (fsync on) in a temporary
+    folder whose name starts with ``prefix``, stopped and removed on leaving. Yields the URL.
+
+    Raises:
+        PostgresStartError: the temporary server could not start.
+    """
+    if database_url:
+        yield database_url
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        server = EmbeddedPostgres(data_dir=Path(folder), port=free_port())
+        try:
+            yield server.start()
+        finally:
+            server.stop()
+
+
 def database_url_from_env() -> str | None:
     """The ``DATABASE_URL`` environment variable, or None when unset or empty."""
     return os.environ.get("DATABASE_URL") or None
