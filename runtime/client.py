@@ -12,9 +12,10 @@ full jitter (:mod:`runtime.backoff`), and walks the list again, until ``busy_ret
 passed; then it raises :class:`runtime.errors.ClusterBusy`. Hammering a saturated cluster with
 immediate retries would only feed its overload.
 
-The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead:
-a slow replica is not abandoned (which turns one call into work on every replica) but given
-until a deadline, while the next replica is asked too once the first has been slow for a while.
+The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead,
+and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica is not
+abandoned (which turns one call into work on every replica) but given until a deadline, while
+the next replica is asked too once the first has been slow for a while.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from protocol import pb
@@ -38,6 +40,24 @@ from runtime.errors import (
 )
 
 T = TypeVar("T")
+
+HEDGED_RPCS = frozenset({"status", "get_job", "list_jobs"})
+"""The reads :meth:`ControlPlaneClient.call` hedges rather than abandons on a slow replica:
+asking a second replica changes nothing in the cluster."""
+
+
+@attrs.define
+class _Walk:
+    """What one walk of the replicas got: an answer, or how each replica failed."""
+
+    reply: Any = None
+    answered: bool = False
+    failures: list[str] = attrs.field(factory=list)
+    busy: bool = False
+
+    def answer(self, reply: Any) -> None:
+        self.reply = reply
+        self.answered = True
 
 
 class ControlPlaneClient:
@@ -87,12 +107,24 @@ class ControlPlaneClient:
     async def call(self, rpc: str, request: Any, *, timeout_s: float | None = None) -> Any:
         """Call ControlPlane method ``rpc`` (snake_case, e.g. ``"submit_job"``) with ``request``.
 
-        Tries each replica in turn, starting with the one that answered last. A replica that
-        is unreachable or answers busy is skipped; when every replica failed and at least one
-        of them was busy, waits (capped exponential backoff, full jitter) and tries them all
-        again, for up to ``busy_retry_s`` in all. A busy replica did not start the request, so
-        a submission retried after busy answers is stored once, not twice. (A replica that did
-        not answer in time may have stored it; that retry is the caller's risk, as before.)
+        Walks the replicas, starting with the one that answered last. A replica that is
+        unreachable or answers busy is skipped at once. How a slow replica is treated depends
+        on the RPC:
+
+        - reads (:data:`HEDGED_RPCS`: status, get_job, list_jobs) are hedged: a replica that
+          has not answered after ``timeout_s`` is not abandoned, the next one is asked too,
+          and the first answer wins; the walk gives up ``timeout_s * (replicas + 1)`` after it
+          began. Abandoning a slow replica would have it finish the work anyway while the
+          next one starts it again: under load every replica did one listing for one
+          command, and the command still failed (see :meth:`call_hedged`).
+        - everything else (submissions, cancels) waits ``timeout_s`` for each replica and
+          then asks the next: a request sent twice could be stored twice.
+
+        When every replica failed and at least one was busy, waits (capped exponential
+        backoff, full jitter) and walks them all again, for up to ``busy_retry_s`` in all. A
+        busy replica did not start the request, so a submission retried after busy answers is
+        stored once, not twice. (A replica that did not answer in time may have stored it;
+        that retry is the caller's risk, as before.)
 
         Raises:
             ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
@@ -102,40 +134,50 @@ class ControlPlaneClient:
             InvalidArgument, NotFound, RemoteError: a replica refused the request itself
                 (not retried elsewhere: every replica would say the same).
         """
+        per_replica_s = timeout_s or self.timeout_s
         started = trio.current_time()
         walks = 0
         while True:
-            failures: list[str] = []
-            busy = False
-            count = len(self.addresses)
-            for step in range(count):
-                index = (self._preferred + step) % count
-                address = self.addresses[index]
-                channel = self._channel(address)
-                method: Callable[..., Awaitable[Any]] = getattr(channel.stub(pb.ControlPlaneStub), rpc)
-                try:
-                    reply = await channel.call(method, request, timeout_s=timeout_s or self.timeout_s)
-                except Busy as exc:
-                    busy = True
-                    failures.append(str(exc))
-                    continue
-                except Unavailable as exc:
-                    failures.append(str(exc))
-                    continue
-                self._preferred = index
-                return reply
+            if rpc in HEDGED_RPCS:
+                walk = await self._hedged_walk(
+                    rpc,
+                    request,
+                    hedge_after_s=per_replica_s,
+                    deadline_s=per_replica_s * (len(self.addresses) + 1),
+                )
+            else:
+                walk = await self._sequential_walk(rpc, request, timeout_s=per_replica_s)
+            if walk.answered:
+                return walk.reply
             walks += 1
-            if not busy:
-                raise NoControlPlaneReachable("no control plane answered: " + "; ".join(failures))
+            if not walk.busy:
+                raise NoControlPlaneReachable("no control plane answered: " + "; ".join(walk.failures))
             elapsed_s = trio.current_time() - started
             left_s = self.busy_retry_s - elapsed_s
             if left_s <= 0:
                 raise ClusterBusy(
                     f"every control plane is busy: asked {walks} time{'s' if walks != 1 else ''} over "
                     f"{elapsed_s:.1f} s (busy_retry_s {self.busy_retry_s:g}); nothing the busy replicas "
-                    "refused was stored; last answers: " + "; ".join(failures)
+                    "refused was stored; last answers: " + "; ".join(walk.failures)
                 )
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
+
+    async def _sequential_walk(self, rpc: str, request: Any, *, timeout_s: float) -> _Walk:
+        """Ask each replica in turn, giving each ``timeout_s``, until one answers."""
+        walk = _Walk()
+        count = len(self.addresses)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            try:
+                reply = await self._attempt(index, rpc, request, timeout_s=timeout_s)
+            except Unavailable as exc:
+                walk.busy = walk.busy or isinstance(exc, Busy)
+                walk.failures.append(str(exc))
+                continue
+            self._preferred = index
+            walk.answer(reply)
+            return walk
+        return walk
 
     async def call_hedged(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> Any:
         """Call ``rpc`` with ``request``, asking the next replica too while the first is slow.
@@ -143,16 +185,16 @@ class ControlPlaneClient:
         The preferred replica (the last that answered) gets the request first, with a deadline
         of ``deadline_s``. Whenever ``hedge_after_s`` has passed without an answer, the same
         request also goes to the next replica, without cancelling what is in flight; an attempt
-        that fails (a refused connection, UNAVAILABLE) sends it to the next replica at once.
-        Each replica is asked at most once per call. The first answer wins: every other
+        that fails (a refused connection, UNAVAILABLE, busy) sends it to the next replica at
+        once. Each replica is asked at most once per call. The first answer wins: every other
         attempt is cancelled, and its replica becomes the preferred one.
 
-        Unlike :meth:`call`, a slow replica is not given up on after ``timeout_s``: a server
-        that got the request usually does the work anyway (a cancelled handler even drops its
-        database connection), so abandoning it and asking the next one turns one call into
-        work on every replica exactly when they are overloaded. This is the hedged request of
-        Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013), with the hedge sent after a
-        fixed delay rather than a latency percentile.
+        Unlike a sequential walk, a slow replica is not given up on after ``timeout_s``: a
+        server that got the request usually does the work anyway (a cancelled handler even
+        drops its database connection), so abandoning it and asking the next one turns one
+        call into work on every replica exactly when they are overloaded. This is the hedged
+        request of Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013), with the hedge
+        sent after a fixed delay rather than a latency percentile.
 
         Args:
             rpc: the ControlPlane method, snake_case (``"heartbeat"``).
@@ -166,12 +208,22 @@ class ControlPlaneClient:
             InvalidArgument, NotFound, RemoteError: a replica refused the request itself
                 (the other attempts are cancelled: every replica would say the same).
         """
+        walk = await self._hedged_walk(rpc, request, hedge_after_s=hedge_after_s, deadline_s=deadline_s)
+        if walk.answered:
+            return walk.reply
+        raise NoControlPlaneReachable("no control plane answered: " + "; ".join(walk.failures))
+
+    async def _hedged_walk(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> _Walk:
+        """One hedged walk of the replicas (see :meth:`call_hedged`).
+
+        Raises:
+            InvalidArgument, NotFound, RemoteError: a replica refused the request itself.
+        """
         count = len(self.addresses)
         order = [(self._preferred + step) % count for step in range(count)]
         deadline = trio.current_time() + deadline_s
-        failures: list[str] = []
+        walk = _Walk()
         in_flight: set[str] = set()
-        answer: list[tuple[int, Any]] = []
         refusal: list[StockadeError] = []
         failed_send, failed_recv = trio.open_memory_channel[None](count)
 
@@ -184,7 +236,8 @@ class ControlPlaneClient:
                 )
             except Unavailable as exc:
                 in_flight.discard(address)
-                failures.append(str(exc))
+                walk.busy = walk.busy or isinstance(exc, Busy)
+                walk.failures.append(str(exc))
                 failed_send.send_nowait(None)
                 return
             except StockadeError as exc:
@@ -193,8 +246,9 @@ class ControlPlaneClient:
                 cancel_all.cancel()
                 return
             in_flight.discard(address)
-            if not answer and not refusal:
-                answer.append((index, reply))
+            if not walk.answered and not refusal:
+                self._preferred = index
+                walk.answer(reply)
             cancel_all.cancel()
 
         with trio.move_on_at(deadline):
@@ -203,13 +257,12 @@ class ControlPlaneClient:
                     nursery.start_soon(attempt, index, nursery.cancel_scope)
                     with trio.move_on_after(hedge_after_s):
                         await failed_recv.receive()
-        if answer:
-            self._preferred = answer[0][0]
-            return answer[0][1]
+        if walk.answered:
+            return walk
         if refusal:
             raise refusal[0]
-        failures.extend(f"{a} did not answer within {deadline_s:g} s" for a in sorted(in_flight))
-        raise NoControlPlaneReachable("no control plane answered: " + "; ".join(failures))
+        walk.failures.extend(f"{a} did not answer within {deadline_s:g} s" for a in sorted(in_flight))
+        return walk
 
     async def _attempt(self, index: int, rpc: str, request: Any, *, timeout_s: float) -> Any:
         """One call of ``rpc`` to ``self.addresses[index]`` (what :meth:`call_hedged` runs per

@@ -143,6 +143,39 @@ async def test_no_hedge_when_the_first_replica_answers_in_time(autojump_clock: A
     assert (len(first.calls), second.calls, third.calls) == (5, [], [])
 
 
+async def test_a_read_from_a_slow_replica_is_hedged_not_abandoned(autojump_clock: Any) -> None:
+    """call() on a read: the first replica answers after 2.5 timeouts; the second, asked after
+    one timeout, answers later still. The first replica's answer is taken, and each replica
+    was asked once (an abandoned listing would have been redone on every replica)."""
+    slow, slower = Replica("a", delay_s=2.5 * HEDGE_S), Replica("b", delay_s=10 * HEDGE_S)
+    client = ScriptedClient(slow, slower)
+    began = trio.current_time()
+    await client.call("list_jobs", pb.ListJobsRequest(limit=400))
+    assert trio.current_time() - began == pytest.approx(2.5 * HEDGE_S)
+    assert [t for t, _, _ in slower.calls] == pytest.approx([HEDGE_S])
+    assert (len(slow.calls), slower.cancelled) == (1, 1)
+
+
+async def test_a_read_gives_up_a_timeout_per_replica_and_one_more_after_it_began(autojump_clock: Any) -> None:
+    """call() on a read where no replica ever answers: NoControlPlaneReachable after
+    timeout_s * (replicas + 1), naming each replica."""
+    client = ScriptedClient(Replica("a", delay_s=math.inf), Replica("b", delay_s=math.inf))
+    began = trio.current_time()
+    with pytest.raises(NoControlPlaneReachable, match=r"10\.0\.0\.1:7000 did not answer.*10\.0\.0\.2:7000"):
+        await client.call("status", pb.StatusRequest())
+    assert trio.current_time() - began == pytest.approx(3 * HEDGE_S)
+
+
+async def test_a_submission_is_never_sent_to_two_replicas_at_once(autojump_clock: Any) -> None:
+    """call() on a submission: the slow first replica is given timeout_s, then abandoned for
+    the next; the two are never asked at the same time."""
+    slow, fast = Replica("a", delay_s=3 * HEDGE_S), Replica("b", delay_s=0.1)
+    client = ScriptedClient(slow, fast)
+    await client.call("submit_job", pb.SubmitJobRequest())
+    assert [t for t, _, _ in fast.calls] == pytest.approx([HEDGE_S])
+    assert slow.answered == [] and client.last_answered == "10.0.0.2:7000"
+
+
 async def test_a_refused_connection_fails_over_at_once(autojump_clock: Any) -> None:
     """A replica that refuses the connection hands the call to the next one at once."""
     down, up = Replica("a", refuse=True), Replica("b")
