@@ -11,8 +11,11 @@ Three parts, each printing measured numbers (timing goals are never asserted in 
    once, the queue is so long that any free room is refilled by some small job and the
    policies tie; arriving near capacity, the queue stays short and how well a policy keeps
    room usable shows. Sampled every 0.5 s from the database: allocated / total capacity of
-   CPU and memory, and the pending count. Reported per scenario: ``cpu_use_waiting`` and
-   ``memory_use_waiting`` (mean use over the samples taken while some job was pending), time
+   CPU and memory, the pending count and how many of those have been pending for a second or
+   more. Reported per scenario: ``cpu_use_waiting`` and ``memory_use_waiting`` (mean use over
+   the samples taken while some job had been pending for a second or more: waiting for room,
+   not for the next round; ``PackSettings.waiting_after_s``), ``cpu_use_pending`` (the same
+   over every sample with any job pending), time
    from the first submit until every job finished and jobs per second, makespan against its
    lower bound (the largest of total requested cpu x seconds over total CPU, the same for
    memory, the longest job and, when jobs arrive, the latest arrival plus duration), the
@@ -206,13 +209,61 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
+# $1: seconds a job must have been pending to count as waiting (PackSettings.waiting_after_s).
 SAMPLE = """
 SELECT coalesce(sum(cpu_allocated_millis), 0)::float8 / greatest(sum(cpu_millis), 1) AS cpu,
        coalesce(sum(memory_allocated_mb), 0)::float8 / greatest(sum(memory_mb), 1) AS mem,
        (SELECT count(*) FROM jobs WHERE state = 'pending') AS pending,
+       (SELECT count(*) FROM jobs
+         WHERE state = 'pending' AND submitted_at < now() - make_interval(secs => $1)) AS waiting,
        (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed')) AS done
   FROM workers WHERE state = 'alive'
 """
+
+
+PROBE_TABLE = "CREATE TABLE IF NOT EXISTS bench_commit_probe (id int PRIMARY KEY, at timestamptz)"
+PROBE_COMMIT = """
+INSERT INTO bench_commit_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
+"""
+
+
+async def probe_commits(
+    database_url: str, probes: list[tuple[float, float]], *, started: float, interval_s: float = 0.2
+) -> None:
+    """Commit one row every ``interval_s`` on a connection of its own, durably (the server's
+    default ``synchronous_commit``), and append (seconds since ``started``, commit latency in
+    seconds) to ``probes``, until cancelled.
+
+    The cluster's liveness rests on the database answering: a lease renewal, a heartbeat with
+    outcomes and every fenced write commit durably. When workers fence themselves at once, a
+    commit that took seconds at the same moment points at the database (its WAL flush, or its
+    processes waiting for a CPU); fast commits rule it out.
+    """
+    db = await PgConnection.connect(database_url)
+    try:
+        await db.execute(PROBE_TABLE)
+        while True:
+            began = trio.current_time()
+            await db.execute(PROBE_COMMIT)
+            probes.append((began - started, trio.current_time() - began))
+            await trio.sleep_until(began + interval_s)
+    finally:
+        await db.close()
+
+
+def probe_figures(probes: Sequence[tuple[float, float]], *, stall_s: float = 1.0) -> dict[str, Any]:
+    """``db_commit_p50_ms``, ``db_commit_p99_ms``, ``db_commit_max_ms`` over ``probes`` ((time
+    s, latency s) pairs from :func:`probe_commits`), and ``db_stalls``: [time s, latency s] of
+    each commit slower than ``stall_s``."""
+    latencies = sorted(latency for _, latency in probes)
+    if not latencies:
+        return {"db_commit_p50_ms": None, "db_commit_p99_ms": None, "db_commit_max_ms": None, "db_stalls": []}
+    return {
+        "db_commit_p50_ms": _ms(latencies[len(latencies) // 2]),
+        "db_commit_p99_ms": _ms(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]),
+        "db_commit_max_ms": _ms(latencies[-1]),
+        "db_stalls": [[round(t, 2), round(latency, 3)] for t, latency in probes if latency > stall_s],
+    }
 
 
 @attrs.frozen(kw_only=True)
@@ -241,6 +292,12 @@ class PackSettings:
     fits). Not scaled by ``duration_scale``."""
     arrival_batch_interval_s: float = 0.1
     """How often the arriving scenario submits every job whose arrival time has come."""
+    waiting_after_s: float = 1.0
+    """A job pending this long (seconds since its submission) is waiting for room:
+    ``cpu_use_waiting`` averages the samples taken while some job was. Ten placement rounds:
+    a job that just arrived waits for the next round, not for room, and counting the samples
+    where only such jobs were pending would measure the arrival process (while an empty
+    cluster fills, every sample has a batch of them) rather than the packing."""
 
 
 def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
@@ -329,7 +386,8 @@ async def run_policy(
 
     Returns:
         The figures described in the module docstring, ``arrival_rate_per_s``, the checker's
-        counts and ``samples``: [seconds since the first submit, cpu use, memory use, pending].
+        counts and ``samples``: [seconds since the first submit, cpu use, memory use, pending,
+        waiting (pending for ``settings.waiting_after_s`` or longer)].
     """
     label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
     cluster = _cluster(root, settings, policy)
@@ -355,7 +413,8 @@ async def run_policy(
             if arrival_rate_per_s is None
             else arrival_times(settings.jobs, arrival_rate_per_s, settings.seed)
         )
-        samples: list[tuple[float, float, float, int]] = []
+        samples: list[tuple[float, float, float, int, int]] = []
+        probes: list[tuple[float, float]] = []
         async with asyncio_bridge():
             client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
             db = await PgConnection.connect(config.database_url)
@@ -363,6 +422,9 @@ async def run_policy(
                 finished_at: float | None = None
                 async with trio.open_nursery() as nursery:
                     started = trio.current_time()
+                    nursery.start_soon(
+                        functools.partial(probe_commits, config.database_url, probes, started=started)
+                    )
                     if arrivals is None:
                         await _submit(client, specs)
                     else:
@@ -378,10 +440,18 @@ async def run_policy(
                         )
                     with trio.move_on_after(settings.finish_timeout_s):
                         while True:
-                            row = await db.fetchrow(SAMPLE)
+                            row = await db.fetchrow(SAMPLE, settings.waiting_after_s)
                             assert row is not None
                             now = trio.current_time() - started
-                            samples.append((now, float(row["cpu"]), float(row["mem"]), int(row["pending"])))
+                            samples.append(
+                                (
+                                    now,
+                                    float(row["cpu"]),
+                                    float(row["mem"]),
+                                    int(row["pending"]),
+                                    int(row["waiting"]),
+                                )
+                            )
                             if int(row["done"]) >= settings.jobs:
                                 finished_at = now
                                 break
@@ -413,7 +483,8 @@ async def run_policy(
         over = overcommitted_workers(runs, sizes, capacities)
     finally:
         await trio.to_thread.run_sync(cluster.down)
-    waiting = [s for s in samples if s[3] > 0]
+    waiting = [s for s in samples if s[4] > 0]
+    pending = [s for s in samples if s[3] > 0]
     scaled = [attrs.evolve(j, duration_s=j.duration_s * settings.duration_scale) for j in stream]
     bound = lower_bound_s(scaled, settings.workers, arrivals)
     placing_s = max((s[0] for s in waiting), default=0.0) or (finished_at or 0.0)
@@ -422,6 +493,7 @@ async def run_policy(
         "arrival_rate_per_s": arrival_rate_per_s,
         "cpu_use_waiting": round(statistics.fmean(s[1] for s in waiting), 4) if waiting else None,
         "memory_use_waiting": round(statistics.fmean(s[2] for s in waiting), 4) if waiting else None,
+        "cpu_use_pending": round(statistics.fmean(s[1] for s in pending), 4) if pending else None,
         "finished_s": None if finished_at is None else round(finished_at, 2),
         "jobs_per_s": None if not finished_at else round(settings.jobs / finished_at, 2),
         "makespan_lower_bound_s": round(bound, 2),
@@ -438,9 +510,10 @@ async def run_policy(
         "self_fences": report.self_fences,
         "extra_assignments": report.extra_assignments,
         "lost_successes": report.lost_successes,
+        **probe_figures(probes),
         "jobs_finished": report.jobs_finished,
         "unfinished_job_ids": list(report.unfinished_job_ids),
-        "samples": [[round(t, 2), round(c, 4), round(m, 4), p] for t, c, m, p in samples],
+        "samples": [[round(t, 2), round(c, 4), round(m, 4), p, w] for t, c, m, p, w in samples],
     }
 
 

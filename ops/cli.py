@@ -1523,6 +1523,7 @@ def bench_overload(
 _PACK_KEYS = (
     "cpu_use_waiting",
     "memory_use_waiting",
+    "cpu_use_pending",
     "finished_s",
     "jobs_per_s",
     "makespan_over_bound",
@@ -1538,6 +1539,9 @@ _PACK_KEYS = (
     "double_runs",
     "overcommitted_workers",
     *_DISTURBANCES,
+    "db_commit_p50_ms",
+    "db_commit_p99_ms",
+    "db_commit_max_ms",
 )
 """The rows of ``bench pack``'s tables, keys of :func:`ops.benchpack.run_policy`'s result."""
 
@@ -1560,6 +1564,10 @@ def _pack_table(title: str, results: list[dict[str, Any]]) -> dict[str, dict[str
             ),
         )
     console.print(table)
+    for result in results:
+        if result.get("db_stalls"):
+            stalls = ", ".join(f"{latency:g} s at {t:g} s" for t, latency in result["db_stalls"])
+            console.print(f"{result['policy']}: database commits slower than 1 s: {stalls}")
     base = results[0]
     ratios: dict[str, dict[str, float | None]] = {}
     for other in results[1:]:

@@ -14,16 +14,24 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_the_packing_benchmark_smoke_run_is_correct(tmp_path: Path) -> None:
-    """Best fit on a seeded 300-job stream, durations scaled down to a tenth."""
+    """Best fit on a seeded 300-job stream, durations scaled down to a tenth (and the time a
+    job must have been pending to count as waiting with them)."""
     settings = PackSettings(
-        jobs=300, workers=10, fleet_size=5, policies=("best_fit",), duration_scale=0.1, finish_timeout_s=120
+        jobs=300,
+        workers=10,
+        fleet_size=5,
+        policies=("best_fit",),
+        duration_scale=0.1,
+        waiting_after_s=0.1,
+        finish_timeout_s=120,
     )
     result = await run_policy(settings, "best_fit", tmp_path / "pack", lambda line: None)
     assert result["jobs_finished"] == 300 and result["unfinished_job_ids"] == []
     assert (result["double_placements"], result["double_runs"]) == (0, 0)
     assert result["overcommitted_workers"] == []
     assert result["rounds"] > 0 and result["placements"] == 300
-    assert 0 < result["cpu_use_waiting"] <= 1
+    assert 0 < result["cpu_use_waiting"] <= 1 and 0 < result["cpu_use_pending"] <= 1
+    assert result["db_commit_p50_ms"] > 0 and result["db_commit_max_ms"] >= result["db_commit_p50_ms"]
 
 
 async def test_the_arriving_scenario_smoke_run_is_correct(tmp_path: Path) -> None:
