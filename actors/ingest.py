@@ -201,6 +201,10 @@ class ControlPlaneService:
     """Turns for the requests, some reserved for liveness work (a test may hold them)."""
     wire_share: admission.LoopShare = attrs.field(init=False)
     """The loop time the slices of large messages may take."""
+    pending_jobs: int = attrs.field(init=False, default=0)
+    """The pending queue's length as last counted, plus what this replica stored since."""
+    pending_counted_at: float = attrs.field(init=False, default=-math.inf)
+    """Trio time of that count."""
     _shed_since_log: dict[str, int] = attrs.field(init=False, factory=dict)
     _shed_logged_at: float = attrs.field(init=False, default=-math.inf)
     _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
@@ -315,19 +319,46 @@ class ControlPlaneService:
             self._shed_logged_at = now
             self._shed_since_log.clear()
 
+    async def _refuse_when_queue_full(self, rpc: str) -> None:
+        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (rule 4 of
+        :mod:`actors.admission`); counts the queue again when the count is older than
+        ``pending_count_max_age_s``. Use inside :meth:`admitted`.
+
+        Raises:
+            Busy: the queue is full; nothing was stored.
+        """
+        if not self.settings.max_pending_jobs:
+            return
+        if trio.current_time() - self.pending_counted_at > self.settings.pending_count_max_age_s:
+            async with self.connection(rpc) as conn:
+                self.pending_jobs = int(await conn.fetchval(queries.COUNT_PENDING))
+            self.pending_counted_at = trio.current_time()
+        reason = admission.queue_full_reason(
+            pending=self.pending_jobs,
+            counted_s_ago=trio.current_time() - self.pending_counted_at,
+            cp_id=self.cp_id,
+            settings=self.settings,
+        )
+        if reason is not None:
+            self._record_shed(rpc, reason)
+            raise Busy(reason)
+
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         job = validation.check_job(**_job_fields(request.spec or pb.JobSpec()))  # type: ignore[arg-type]
-        async with self.database("submit_job") as conn:
-            job_id = await conn.fetchval(
-                queries.SUBMIT_JOB,
-                job.name,
-                job.cpu_millis,
-                job.memory_mb,
-                job.priority,
-                job.runtime,
-                job.sleep_ms,
-                None if job.argv is None else list(job.argv),
-            )
+        async with self.admitted("submit_job"):
+            await self._refuse_when_queue_full("submit_job")
+            async with self.connection("submit_job") as conn:
+                job_id = await conn.fetchval(
+                    queries.SUBMIT_JOB,
+                    job.name,
+                    job.cpu_millis,
+                    job.memory_mb,
+                    job.priority,
+                    job.runtime,
+                    job.sleep_ms,
+                    None if job.argv is None else list(job.argv),
+                )
+            self.pending_jobs += 1
         return pb.SubmitJobReply(job_id=job_id)
 
     @takes_encoded_request
@@ -337,6 +368,7 @@ class ControlPlaneService:
         """Store a batch. Served with its request undecoded: it is decoded and checked in
         slices, inside the turn, so a refused batch costs no decoding."""
         async with self.admitted("submit_jobs"):
+            await self._refuse_when_queue_full("submit_jobs")
             step = self.settings.wire_step_messages
             batch = request
             if isinstance(request, Encoded):
@@ -364,6 +396,7 @@ class ControlPlaneService:
                     [j.sleep_ms for j in jobs],
                     [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
                 )
+            self.pending_jobs += len(rows)
         return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in rows))
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:

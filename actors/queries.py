@@ -502,6 +502,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
  GROUP BY w.id ORDER BY w.id
 """
 
+# The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_seq).
+COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
+
 STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
 
 STATUS_UNSCHEDULABLE = (

@@ -444,6 +444,13 @@ def control_plane(
             "service's event loop."
         ),
     ] = _INGEST.wire_step_messages,
+    max_pending_jobs: Annotated[
+        int,
+        typer.Option(
+            help="Answer submissions 'busy' while this many jobs are pending (0: no limit); "
+            "a batch that arrives under the limit is taken whole."
+        ),
+    ] = _INGEST.max_pending_jobs,
     initial_window: Annotated[
         int,
         typer.Option(
@@ -513,6 +520,7 @@ def control_plane(
                 max_admission_wait_s=max_admission_wait_s,
                 max_wire_work_share=max_wire_work_share,
                 wire_step_messages=wire_step_messages,
+                max_pending_jobs=max_pending_jobs,
             ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,

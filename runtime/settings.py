@@ -240,6 +240,13 @@ class IngestSettings:
     it); past this bound, a stalled connection is dropped."""
     shed_log_every_s: float = attrs.field(default=5.0, validator=_positive)
     """At most one log line about refused requests per this many seconds."""
+    max_pending_jobs: int = attrs.field(default=20_000, validator=_non_negative)
+    """Refuse submissions ("busy") while this many jobs are pending (0: no limit). Soft: a
+    replica counts the queue at most every ``pending_count_max_age_s``, and a batch that
+    arrives while the queue is under the limit is taken whole. Slurm's ``MaxJobCount``
+    (10,000 by default) is the same guard."""
+    pending_count_max_age_s: float = attrs.field(default=0.5, validator=_positive)
+    """How old the pending count a submission is admitted on may be, in seconds."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:

@@ -18,6 +18,7 @@ from actors.admission import (
     AdmissionGate,
     Load,
     LoopShare,
+    queue_full_reason,
     admission_wait_s,
     shed_reason,
     turn_timeout_reason,
@@ -236,6 +237,19 @@ def test_the_turn_timeout_message_names_the_replica_the_rpc_the_wait_and_the_lim
         "busy: cp-1 had no turn for list_jobs within 1.00 s (limit 1 s; 2 requests in progress, "
         "limit 2), try another replica"
     )
+
+
+def test_submissions_are_refused_exactly_while_the_queue_holds_max_pending_jobs() -> None:
+    """Under the limit: no refusal; at or over it: a busy message naming the count, its age,
+    the limit and the replica; with the limit 0: never."""
+    settings = IngestSettings(max_pending_jobs=20_000)
+    assert queue_full_reason(pending=19_999, counted_s_ago=0.1, cp_id="cp-1", settings=settings) is None
+    assert queue_full_reason(pending=20_013, counted_s_ago=0.31, cp_id="cp-1", settings=settings) == (
+        "busy: 20013 jobs pending (counted 0.31 s ago), limit 20000 (max_pending_jobs); nothing was "
+        "stored, try again when the queue is shorter (cp-1)"
+    )
+    unlimited = IngestSettings(max_pending_jobs=0)
+    assert queue_full_reason(pending=10**9, counted_s_ago=0.0, cp_id="cp-1", settings=unlimited) is None
 
 
 def test_the_wire_share_must_be_a_fraction() -> None:
