@@ -18,8 +18,8 @@ from actors.admission import (
     AdmissionGate,
     Load,
     LoopShare,
-    queue_full_reason,
     admission_wait_s,
+    queue_full_reason,
     shed_reason,
     turn_timeout_reason,
 )
