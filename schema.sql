@@ -13,6 +13,13 @@ CREATE TABLE IF NOT EXISTS lease (
     expires_at  timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO lease (id) VALUES (1) ON CONFLICT (id) DO NOTHING;
+-- The epoch is a key: PostgreSQL takes FOR UPDATE on a row whose UPDATE changes a column of
+-- a unique, non-partial index, and FOR NO KEY UPDATE on any other UPDATE ("Explicit Locking",
+-- row-level lock modes). Fenced writes read the epoch FOR KEY SHARE, which conflicts with the
+-- first and not with the second: a takeover (it bumps the epoch) waits for every fenced write
+-- in progress, and they wait for it, while the leader's renewal and release (they change only
+-- expires_at) never wait for its own fenced writes.
+CREATE UNIQUE INDEX IF NOT EXISTS lease_epoch_key ON lease (epoch);
 
 -- Every takeover appends its reign here, in the takeover's transaction.
 CREATE TABLE IF NOT EXISTS lease_history (
@@ -80,7 +87,7 @@ CREATE INDEX IF NOT EXISTS jobs_cancel_requested
     ON jobs (id) WHERE cancel_requested AND state IN ('assigned', 'running');
 
 -- The committed record of a placement. epoch is the leader's epoch at commit
--- (checked under FOR SHARE in the same transaction); ended_epoch likewise for
+-- (checked under FOR KEY SHARE in the same transaction); ended_epoch likewise for
 -- fenced endings (NULL when the worker reported the end itself).
 CREATE TABLE IF NOT EXISTS assignments (
     id                  bigserial PRIMARY KEY,

@@ -4,18 +4,25 @@ Every decision (placements, dead-worker declarations, ended assignments) is a re
 actor carrying the epoch the decider acts under. The reconciler's decisions run as::
 
     BEGIN
-    SELECT epoch FROM lease WHERE id = 1 FOR SHARE   -- same transaction as the writes
+    SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE   -- same transaction as the writes
       epoch != ours -> ROLLBACK, Deposed
     <the decision's writes>
     COMMIT
 
 A placer round's placements, the hot path, run as one statement that is its own transaction:
-the same ``SELECT epoch FROM lease WHERE id = 1 FOR SHARE`` inside it gates every row it
+the same ``SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE`` inside it gates every row it
 writes, and it returns the epoch it saw (``queries.COMMIT_PLACEMENTS``): one round trip instead
 of four, and no moment at which the share lock waits on this process.
 
 The share lock makes a takeover's ``UPDATE lease`` wait until the fenced transaction ends, so
-there is no window between the check and the writes. The session runs with
+there is no window between the check and the writes. It is the weakest share lock, FOR KEY
+SHARE, and the epoch is a key (``schema.sql``, ``lease_epoch_key``): PostgreSQL takes FOR
+UPDATE for an UPDATE that changes a key, which a takeover's epoch bump does, so it conflicts
+with the fence exactly as FOR SHARE would; the leader's own renewal changes only
+``expires_at`` and takes FOR NO KEY UPDATE, which does not conflict, so it never waits for the
+leader's fenced writes. (With FOR SHARE it did: in a packing run on the idle VM a renewal
+waited for the lease row past its 1 s statement timeout while the leader's writes held the
+share lock one after another, and the leader lost its lease.) The session runs with
 ``idle_in_transaction_session_timeout`` (2 s by default): a leader frozen inside a transaction
 loses its session, the takeover proceeds, and the COMMIT it sends on waking fails. A leader
 frozen before it sends a placement statement sends it on waking under its old epoch, and the
@@ -24,11 +31,9 @@ statement writes nothing.
 A refused write (stale epoch at the check, or a session ended under a newer epoch) is recorded
 in ``stale_writes`` in a separate transaction and reported to the lease keeper.
 
-How long the share lock is held. The leader's own renewal (``queries.RENEW_LEASE``) updates the
-lease row too, so it waits for the share lock exactly like a takeover; it gives up after the
-lease's ``statement_timeout_s`` (1 s), and a leader whose renewals keep failing steps down. A
-fenced write that is merely large must therefore never hold the lock that long, and two bounds
-see to it:
+How long the share lock is held. A takeover waits for it, so a fenced write that is merely
+large must not hold it long (a new leader would wait for its predecessor's last writes), and
+two bounds see to it:
 
 - Size: one fenced write creates or ends at most ``max_rows_per_fenced_write`` assignments
   (500), pending reasons included; the ledger refuses a larger request with
@@ -45,8 +50,8 @@ see to it:
   fenced transaction runs at most two writing statements, so while its client is responsive
   it holds the lock at most 0.4 s
   (:attr:`runtime.settings.LedgerSettings.longest_share_lock_hold_s`).
-  :class:`runtime.settings.ControlPlaneSettings` refuses settings in which that exceeds half
-  the renewal's statement timeout or the lease's step-down margin. A client stalled between
+  :class:`runtime.settings.ControlPlaneSettings` refuses settings in which that exceeds the
+  lease's step-down margin. A client stalled between
   the statements of its transaction is bounded by ``idle_in_transaction_session_timeout``
   instead (the freeze above).
 
@@ -243,7 +248,7 @@ class Ledger:
                 ``ledger.after_epoch_check`` catches every kind).
 
         Raises:
-            Deposed: ``epoch`` is not the current one (checked under ``FOR SHARE``), or the
+            Deposed: ``epoch`` is not the current one (checked under ``FOR KEY SHARE``), or the
                 session ended while a newer epoch took over.
             DatabaseUnavailable: the connection failed; the writes may or may not have
                 committed (callers treat the outcome as unknown).
@@ -298,7 +303,7 @@ class Ledger:
         kind: str = "write",
     ) -> T:
         """Run ``op``: one statement that carries the fence itself and returns the epoch it saw
-        under ``FOR SHARE`` with its result; it wrote nothing unless that epoch is ``epoch``.
+        under ``FOR KEY SHARE`` with its result; it wrote nothing unless that epoch is ``epoch``.
 
         Args:
             epoch: the epoch the decision was made under.

@@ -37,7 +37,7 @@ RoleChange = Elected | Deposed
 
 @attrs.frozen(kw_only=True)
 class EpochSuperseded:
-    """Someone saw a newer epoch than ours (the ledger's FOR SHARE check, a worker's reply)."""
+    """Someone saw a newer epoch than ours (the ledger's FOR KEY SHARE check, a worker's reply)."""
 
     epoch: int
     epoch_seen: int

@@ -83,9 +83,10 @@ SELECT holder, epoch, expires_at > now() AS live,
 
 # ---------------------------------------------------------------- ledger (fenced)
 
-# The fence: same transaction as the writes. A takeover's UPDATE of this row waits until
-# the transaction holding the share lock commits or aborts.
-FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
+# The fence: same transaction as the writes. A takeover's UPDATE of this row (it changes the
+# epoch, a key: schema.sql, lease_epoch_key) waits until the transaction holding the key-share
+# lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
+FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 
 # One round's placements as one fenced statement: the fence, the claim, the assignments and
 # the pending reasons commit together in one round trip (the statement is its own transaction).
@@ -94,7 +95,7 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
 #
 # The share lock on the lease row is taken before any row is written: every written row comes
 # from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
-# FOR SHARE read of a row a takeover changed after this statement's snapshot returns the newest
+# FOR KEY SHARE read of a row a takeover changed after this statement's snapshot returns the newest
 # version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
 # later waits for the share lock until this statement commits. Claims only jobs still pending
 # (invariant 3) on workers still alive in that incarnation. Returns one row with ``epoch_seen``
@@ -109,7 +110,7 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR SHARE"
 # hashed ``NOT IN`` (``<> ALL`` compared every reason with every placement).
 COMMIT_PLACEMENTS = """
 WITH fence AS (
-    SELECT epoch FROM lease WHERE id = 1 FOR SHARE
+    SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE
 ),
 allowed AS (
     SELECT epoch FROM fence WHERE epoch = $4 OR NOT $5::boolean

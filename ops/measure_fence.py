@@ -4,7 +4,7 @@ Runs the fenced writes the ledger runs, on a database of its own, while another 
 renews the lease back to back (``RENEW_LEASE``, as the lease keeper does, with its 1 s
 statement timeout), and prints, for each shape of write:
 
-- hold: from sending ``SELECT epoch FROM lease WHERE id = 1 FOR SHARE`` to the COMMIT's answer
+- hold: from sending ``SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE`` to the COMMIT's answer
   (for the placement statement, which carries its own fence, the statement's round trip): an
   upper bound of how long the share lock was held;
 - renewal wait: the longest a renewal sent meanwhile took.

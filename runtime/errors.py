@@ -85,7 +85,7 @@ class Deposed(StockadeError):
 
     Args:
         epoch: the epoch the refused decision carried.
-        epoch_seen: the current epoch as read under ``FOR SHARE`` (or reported by a worker).
+        epoch_seen: the current epoch as read under ``FOR KEY SHARE`` (or reported by a worker).
     """
 
     def __init__(self, epoch: int, epoch_seen: int) -> None:

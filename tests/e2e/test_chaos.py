@@ -134,7 +134,7 @@ async def test_a_leader_frozen_before_its_placement_statement_cannot_place(
     tmp_path: Path, database_url: str
 ) -> None:
     """With fencing on, the placement statement the old leader sends on waking sees the newer
-    epoch under FOR SHARE, writes nothing, and is recorded; the job was placed and run once."""
+    epoch under FOR KEY SHARE, writes nothing, and is recorded; the job was placed and run once."""
     report, refused = await _freeze_leader_at(tmp_path, database_url, PLACEMENT_STATEMENT, fenced=True)
     assert "commit 1 placements" in refused, refused
     assert (report.double_placements, report.double_runs, report.false_deaths) == (0, 0, 0), report.details

@@ -143,7 +143,7 @@ async def test_the_current_epoch_commits_and_claims_only_pending_jobs(
 
 
 async def test_a_takeover_waits_for_an_open_fenced_transaction(db: PgConnection, database_url: str) -> None:
-    """With a fenced transaction (a dead-worker declaration) parked after its FOR SHARE check,
+    """With a fenced transaction (a dead-worker declaration) parked after its FOR KEY SHARE check,
     a takeover of the (expired) lease blocks; it completes, with a new epoch, only after the
     fenced write committed."""
     assert await take_over(db, "cp-1") == 1
@@ -240,6 +240,85 @@ async def test_a_takeover_waits_for_a_placement_statement_in_flight(
         await blocker.close()
     assert sorted(order) == ["commit epoch 1", "takeover epoch 2"]
     assert await db.fetchval("SELECT epoch FROM assignments WHERE job_id = 1") == 1
+
+
+async def test_the_leaders_renewal_and_release_never_wait_for_its_fenced_writes(
+    db: PgConnection, database_url: str
+) -> None:
+    """With a fenced transaction parked after its fence and a placement statement stuck on a
+    job row (both holding the lease's share lock), the leader's renewal and its release go
+    through at once, while a takeover still waits for both writes; the writes then commit
+    under epoch 1 and the takeover gets epoch 2."""
+    assert await take_over(db, "cp-1") == 1
+    parked, release = trio.Event(), trio.Event()
+    order: list[str] = []
+    done = trio.Semaphore(0)
+    leader = await PgConnection.connect(database_url)
+    standby = await PgConnection.connect(database_url)
+    blocker = await PgConnection.connect(database_url)
+
+    async def park() -> None:
+        parked.set()
+        await release.wait()
+
+    async def standby_takes_over() -> None:
+        seen = await standby.fetchval("SELECT epoch FROM lease WHERE id = 1")
+        row = await standby.fetchrow(queries.TAKE_OVER_LEASE, "cp-2", 2.0, seen, True)
+        order.append(f"takeover epoch {None if row is None else row['epoch']}")
+        done.release()
+
+    async def lock_waiters() -> int:
+        return int(
+            await db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND application_name LIKE 'stockade cp-1 ledger%'"
+            )
+        )
+
+    try:
+        async with faults.installed("ledger.declare_dead_workers.after_epoch_check", park):
+            async with trio.open_nursery() as nursery:
+                declarer, _ = await run_ledger(
+                    nursery, database_url, LedgerSettings(idle_in_transaction_timeout_s=30)
+                )
+                placer, _ = await run_ledger(nursery, database_url, LedgerSettings(statement_timeout_s=5.0))
+                await blocker.execute("BEGIN")
+                await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
+
+                async def leader_declares() -> None:
+                    await declare_dead(declarer, 1)
+                    order.append("declaration epoch 1")
+                    done.release()
+
+                async def leader_commits() -> None:
+                    await commit(placer, 1, 1)
+                    order.append("commit epoch 1")
+                    done.release()
+
+                nursery.start_soon(leader_declares)
+                with trio.fail_after(10):
+                    await parked.wait()
+                nursery.start_soon(leader_commits)
+                with trio.fail_after(10):
+                    while not await lock_waiters():  # noqa: ASYNC110 (another session's state)
+                        await trio.sleep(0.01)
+                with trio.fail_after(2):
+                    assert await leader.fetchval(queries.RENEW_LEASE, "cp-1", 1, 2.0) == 1
+                    await leader.execute(queries.RELEASE_LEASE, "cp-1", 1)
+                nursery.start_soon(standby_takes_over)
+                await trio.sleep(0.3)
+                assert order == []  # the takeover waits on the writes' share lock
+                release.set()
+                await blocker.execute("ROLLBACK")
+                with trio.fail_after(10):
+                    for _ in range(3):
+                        await done.acquire()
+                nursery.cancel_scope.cancel()
+    finally:
+        for conn in (leader, standby, blocker):
+            await conn.close()
+    assert sorted(order) == ["commit epoch 1", "declaration epoch 1", "takeover epoch 2"]
+    assert order[-1] == "takeover epoch 2"
 
 
 async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(

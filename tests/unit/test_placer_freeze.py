@@ -1,7 +1,7 @@
 """The placer frozen between deciding and committing, while another epoch takes over.
 
 The ledger's side is scripted by the test: it refuses the late commit as the real ledger's
-``SELECT epoch ... FOR SHARE`` check does (tests/integration/test_fencing.py shows the real
+``SELECT epoch ... FOR KEY SHARE`` check does (tests/integration/test_fencing.py shows the real
 one). Nothing may reach the dispatcher.
 """
 
