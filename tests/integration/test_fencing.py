@@ -276,44 +276,46 @@ async def test_the_leaders_renewal_and_release_never_wait_for_its_fenced_writes(
         )
 
     try:
-        async with faults.installed("ledger.declare_dead_workers.after_epoch_check", park):
-            async with trio.open_nursery() as nursery:
-                declarer, _ = await run_ledger(
-                    nursery, database_url, LedgerSettings(idle_in_transaction_timeout_s=30)
-                )
-                placer, _ = await run_ledger(nursery, database_url, LedgerSettings(statement_timeout_s=5.0))
-                await blocker.execute("BEGIN")
-                await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
+        async with (
+            faults.installed("ledger.declare_dead_workers.after_epoch_check", park),
+            trio.open_nursery() as nursery,
+        ):
+            declarer, _ = await run_ledger(
+                nursery, database_url, LedgerSettings(idle_in_transaction_timeout_s=30)
+            )
+            placer, _ = await run_ledger(nursery, database_url, LedgerSettings(statement_timeout_s=5.0))
+            await blocker.execute("BEGIN")
+            await blocker.execute("SELECT id FROM jobs WHERE id = 1 FOR UPDATE")
 
-                async def leader_declares() -> None:
-                    await declare_dead(declarer, 1)
-                    order.append("declaration epoch 1")
-                    done.release()
+            async def leader_declares() -> None:
+                await declare_dead(declarer, 1)
+                order.append("declaration epoch 1")
+                done.release()
 
-                async def leader_commits() -> None:
-                    await commit(placer, 1, 1)
-                    order.append("commit epoch 1")
-                    done.release()
+            async def leader_commits() -> None:
+                await commit(placer, 1, 1)
+                order.append("commit epoch 1")
+                done.release()
 
-                nursery.start_soon(leader_declares)
-                with trio.fail_after(10):
-                    await parked.wait()
-                nursery.start_soon(leader_commits)
-                with trio.fail_after(10):
-                    while not await lock_waiters():  # noqa: ASYNC110 (another session's state)
-                        await trio.sleep(0.01)
-                with trio.fail_after(2):
-                    assert await leader.fetchval(queries.RENEW_LEASE, "cp-1", 1, 2.0) == 1
-                    await leader.execute(queries.RELEASE_LEASE, "cp-1", 1)
-                nursery.start_soon(standby_takes_over)
-                await trio.sleep(0.3)
-                assert order == []  # the takeover waits on the writes' share lock
-                release.set()
-                await blocker.execute("ROLLBACK")
-                with trio.fail_after(10):
-                    for _ in range(3):
-                        await done.acquire()
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(leader_declares)
+            with trio.fail_after(10):
+                await parked.wait()
+            nursery.start_soon(leader_commits)
+            with trio.fail_after(10):
+                while not await lock_waiters():  # noqa: ASYNC110 (another session's state)
+                    await trio.sleep(0.01)
+            with trio.fail_after(2):
+                assert await leader.fetchval(queries.RENEW_LEASE, "cp-1", 1, 2.0) == 1
+                await leader.execute(queries.RELEASE_LEASE, "cp-1", 1)
+            nursery.start_soon(standby_takes_over)
+            await trio.sleep(0.3)
+            assert order == []  # the takeover waits on the writes' share lock
+            release.set()
+            await blocker.execute("ROLLBACK")
+            with trio.fail_after(10):
+                for _ in range(3):
+                    await done.acquire()
+            nursery.cancel_scope.cancel()
     finally:
         for conn in (leader, standby, blocker):
             await conn.close()
