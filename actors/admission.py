@@ -65,8 +65,7 @@ behind them; shedding by lag reacted only after the heartbeats were already late
    every pass cost two slices for one asyncio callback, and a heartbeat's database reply
    waited behind the callbacks of every refused request before it: 0.2 to 0.5 s in the flood
    test with rules 1 to 3 alone. Paused past their share, the slices leave the loop the time
-   to drain that queue. They pay only for slices that end while other work of the loop is
-   ready (that queue included): on a quiet loop a listing runs at full speed.
+   to drain that queue.
 
 No cap on one listing's size beyond ``validation.MAX_LIST_LIMIT``: sliced, a 10,000-job
 listing costs its own client time and holds one turn longer, not the heartbeats' time.
@@ -90,7 +89,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 
 import attrs
 import trio
@@ -325,36 +323,21 @@ class LoopShare:
     Tokens (seconds of loop time) accrue at ``share`` per second of wall time, up to
     ``burst_s``; a slice spends what it took; a negative balance is paid back by pausing.
 
-    Work-conserving: a slice that ends while no other task of the loop is ready to run
-    (``contended`` says False) is not charged. The cap exists to give other work its turns;
-    when none waits, pausing would only make the request slower (a 400-job listing took 0.5 s
-    on an idle replica at a share of a quarter, 2.5 to 3.7 s while the machine ran a batch,
-    past the CLI's 2 s deadline at every replica). The asyncio side counts as waiting work:
-    trio-asyncio's queue is drained by one trio task that stays ready while callbacks are
-    queued, so a heartbeat's queued callbacks make the slices pay again.
-
     Args:
         share: the fraction of the loop's time the slices may take (0 < share <= 1).
         burst_s: the most time saved up while idle, in seconds.
-        contended: whether another task of the loop is ready to run now; by default trio's
-            ``tasks_runnable`` statistic of the current loop is above 0.
     """
 
     share: float
     burst_s: float = 0.01
     tokens_s: float = 0.0
     updated_at: float = -math.inf
-    contended: Callable[[], bool] = attrs.field(
-        default=lambda: trio.lowlevel.current_statistics().tasks_runnable > 0
-    )
 
-    def spend(self, *, now: float, used_s: float, contended: bool = True) -> float:
-        """Record a slice that took ``used_s`` seconds and ended at trio time ``now``, while
-        other work was (``contended``) or was not ready to run; returns how long to pause
-        before the next slice, in seconds (0: none). An uncontended slice costs nothing."""
+    def spend(self, *, now: float, used_s: float) -> float:
+        """Record a slice that took ``used_s`` seconds and ended at trio time ``now``; returns
+        how long to pause before the next slice, in seconds (0: none)."""
         accrued_s = max(0.0, now - self.updated_at) * self.share
-        charged_s = used_s if contended else 0.0
-        self.tokens_s = min(self.burst_s, self.tokens_s + accrued_s - charged_s)
+        self.tokens_s = min(self.burst_s, self.tokens_s + accrued_s - used_s)
         self.updated_at = now
         return pause_for_share_s(tokens_s=self.tokens_s, share=self.share)
 

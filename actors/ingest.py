@@ -84,21 +84,19 @@ T = TypeVar("T")
 async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
     """Run ``steps`` to its end, letting the loop's other tasks run at each of its yields
     (:mod:`protocol.wire`, :func:`actors.validation.check_jobs_steps`), and pausing as
-    ``share`` says (:class:`actors.admission.LoopShare`, which charges a slice only when other
-    work of the loop is ready to run; None: no pauses)."""
+    ``share`` says (:class:`actors.admission.LoopShare`; None: no pauses)."""
     while True:
         started = trio.current_time()
         try:
             next(steps)
         except StopIteration as done:
             if share is not None:
-                now = trio.current_time()
-                share.spend(now=now, used_s=now - started, contended=share.contended())
+                share.spend(now=trio.current_time(), used_s=trio.current_time() - started)
             return done.value
         pause_s = 0.0
         if share is not None:
             now = trio.current_time()
-            pause_s = share.spend(now=now, used_s=now - started, contended=share.contended())
+            pause_s = share.spend(now=now, used_s=now - started)
         if pause_s > 0:
             await trio.sleep(pause_s)
         else:

@@ -351,43 +351,8 @@ async def test_slices_over_their_share_pause_so_other_tasks_run(
         return "done"
 
     started = trio.current_time()
-    share = LoopShare(share=0.5, burst_s=0.0, contended=lambda: True)
+    share = LoopShare(share=0.5, burst_s=0.0)
     share.spend(now=started, used_s=0.0)
     assert await run_in_slices(steps(), share) == "done"
     # each 10 ms slice at a share of 0.5 is followed by a 10 ms pause: 3 slices, 3 pauses
     assert trio.current_time() - started == pytest.approx(0.06)
-
-    started = trio.current_time()
-    quiet = LoopShare(share=0.5, burst_s=0.0, contended=lambda: False)
-    quiet.spend(now=started, used_s=0.0)
-    assert await run_in_slices(steps(), quiet) == "done"
-    # nothing else wants the loop: no pauses, the slices' own 30 ms
-    assert trio.current_time() - started == pytest.approx(0.03)
-
-
-def test_an_uncontended_slice_costs_nothing_and_a_contended_one_pays_again() -> None:
-    """At a share of 0.25 with nothing saved, a 20 ms slice that ends while no other task is
-    ready pauses for nothing and leaves the balance as it was; the same slice contended pauses
-    for 20 ms / 0.25 less its accrual."""
-    budget = LoopShare(share=0.25, burst_s=0.0)
-    budget.spend(now=0.0, used_s=0.0)
-    assert budget.spend(now=0.02, used_s=0.02, contended=False) == 0.0
-    assert budget.tokens_s == 0.0
-    assert budget.spend(now=0.04, used_s=0.02, contended=True) == pytest.approx((0.02 - 0.005) / 0.25)
-
-
-async def test_the_default_contention_test_sees_other_ready_tasks() -> None:
-    """LoopShare's default ``contended`` is False on a loop where nothing else is ready and
-    True while another task is ready to run."""
-    share = LoopShare(share=0.25)
-    assert not share.contended()
-    stop = trio.Event()
-
-    async def busy() -> None:
-        while not stop.is_set():
-            await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(busy)
-        assert share.contended()
-        stop.set()
