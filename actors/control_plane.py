@@ -42,7 +42,7 @@ from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
 from actors.reconciler import PgReconcilerStore, Reconciler
 from actors.role import RoleView
-from runtime import log, metrics
+from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.errors import DatabaseUnavailable
 from runtime.lag import LoopLag
@@ -184,11 +184,19 @@ def _send_or_drop(channel: trio.MemorySendChannel[LeaseInbox], message: LeaseInb
         )
 
 
-def main(settings: ControlPlaneSettings, *, json_logs: bool = False, metrics_port: int | None = None) -> None:
+def main(
+    settings: ControlPlaneSettings,
+    *,
+    json_logs: bool = False,
+    metrics_port: int | None = None,
+    nice: int = priority.DEFAULT_NICE,
+) -> None:
     """Run a replica as a process: logs to stderr, Prometheus metrics on 127.0.0.1:``metrics_port``
     when given, exits cleanly on SIGTERM or SIGINT (releasing the lease if it holds it, so a
-    standby takes over at once)."""
+    standby takes over at once). Asks for the CPU priority ``nice`` first, before any thread
+    starts (:mod:`runtime.priority`)."""
     log.configure(json=json_logs, cp_id=settings.cp_id)
+    priority.ask_for_priority(nice, log=log.get("control_plane"))
     if metrics_port:
         metrics.serve(metrics_port)
 

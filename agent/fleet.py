@@ -38,7 +38,7 @@ import trio
 from agent.core import Agent
 from agent.main import run_agent
 from agent.starts import Spawner, StartLimiter
-from runtime import log, metrics
+from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.lag import LoopLag
@@ -376,6 +376,7 @@ def main(
     json_logs: bool = False,
     log_level: str = "INFO",
     metrics_port: int | None = None,
+    nice: int = priority.DEFAULT_NICE,
 ) -> None:
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -389,12 +390,14 @@ def main(
         log_level: the lowest level logged.
         metrics_port: serve the process's Prometheus metrics on 127.0.0.1:``metrics_port``
             (one endpoint for every worker); None: don't.
+        nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
             exception group); every other worker's jobs were stopped first.
     """
     log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
+    priority.ask_for_priority(nice, log=log.get("fleet"))
     if metrics_port:
         metrics.serve(metrics_port)
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])

@@ -22,7 +22,7 @@ from agent.runtimes import job_runner
 from agent.service import WorkerService
 from agent.starts import Spawner, StartLimiter
 from protocol import pb
-from runtime import log, metrics
+from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
@@ -135,6 +135,7 @@ def main(
     json_logs: bool = False,
     log_level: str = "INFO",
     metrics_port: int | None = None,
+    nice: int = priority.DEFAULT_NICE,
 ) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -146,12 +147,14 @@ def main(
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
         metrics_port: serve Prometheus metrics on 127.0.0.1:``metrics_port``; None: don't.
+        nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
             (inside an ExceptionGroup, as trio's nurseries raise them).
     """
     log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
+    priority.ask_for_priority(nice, log=log.get("agent"))
     if metrics_port:
         metrics.serve(metrics_port)
     trio.run(_run_until_signal, settings)

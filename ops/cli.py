@@ -51,6 +51,7 @@ from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import ClusterBusy, InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
+from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
     MIN_JOB_NICE,
@@ -362,6 +363,15 @@ def _check_spec(spec: pb.JobSpec) -> None:
 # ---------------------------------------------------------------------------- processes
 
 
+NiceOption = Annotated[
+    int,
+    typer.Option(
+        help="CPU priority (nice, -20..19) this process asks for at start, so other work on the "
+        "machine cannot starve its heartbeats; without CAP_SYS_NICE it keeps its own and says so."
+    ),
+]
+
+
 @app.command("cp")
 def control_plane(
     cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
@@ -488,6 +498,7 @@ def control_plane(
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+    nice: NiceOption = DEFAULT_NICE,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
     # Imported here: the client commands need neither the actors nor the agent.
@@ -554,7 +565,8 @@ def control_plane(
                 mass_silence_fraction=mass_silence_fraction,
             ),
         )
-    control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)
+        check_nice(nice)
+    control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
 HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
@@ -607,6 +619,7 @@ def agent(
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
+    nice: NiceOption = DEFAULT_NICE,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
     from agent.main import main as agent_main
@@ -628,7 +641,9 @@ def agent(
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
-    agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None)
+    with _errors():
+        check_nice(nice)
+    agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
 @app.command("fleet")
@@ -654,6 +669,7 @@ def fleet(
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
+    nice: NiceOption = DEFAULT_NICE,
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
 
@@ -675,8 +691,11 @@ def fleet(
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
+        check_nice(nice)
     try:
-        fleet_main(settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None)
+        fleet_main(
+            settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice
+        )
     except WorkerFailed as exc:
         _fail(f"{fleet_id}: {exc}")
 

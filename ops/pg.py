@@ -44,6 +44,8 @@ from typing import Any
 import attrs
 import psutil
 
+from runtime.priority import DEFAULT_NICE, renice_server
+
 __all__ = [
     "PG_SUPERUSER",
     "POSTGRES_BIN_PATH",
@@ -141,6 +143,12 @@ class EmbeddedPostgres:
 
     port: int = attrs.field()
     """TCP port on 127.0.0.1 (the server never listens on another address)."""
+
+    nice: int = DEFAULT_NICE
+    """CPU priority (nice) given to the server and the processes it forks, once started
+    (:func:`runtime.priority.renice_server`; needs CAP_SYS_NICE, else it keeps its own): every
+    heartbeat with outcomes, lease renewal and fenced write commits through it, and other work
+    on the machine must not starve it."""
 
     fast_unsafe: bool = False
     """Run with ``fsync=off``, ``synchronous_commit=off``, ``full_page_writes=off``.
@@ -260,6 +268,9 @@ class EmbeddedPostgres:
                     self._initdb(run_as, timeout_s=timeout_s)
                 self._pg_ctl_start(run_as, timeout_s=timeout_s)
                 running_port = self._running_port()
+                postmaster = self._postmaster_pid()
+                if postmaster is not None:
+                    renice_server(postmaster, self.nice)
             if running_port != self.port:
                 raise PostgresStartError(
                     f"server on {self.pgdata} runs on port {running_port}, expected {self.port}"
@@ -295,6 +306,13 @@ class EmbeddedPostgres:
                 self.socket_dir.rmdir()
 
     # -- internals -------------------------------------------------------------
+
+    def _postmaster_pid(self) -> int | None:
+        """The pid in postmaster.pid, or None without one."""
+        try:
+            return int((self.pgdata / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _running_port(self) -> int | None:
         """The port in postmaster.pid if the postmaster is alive, else None."""

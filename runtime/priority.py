@@ -1,0 +1,144 @@
+"""CPU priority for the processes that keep the cluster live.
+
+A control plane answers heartbeats and renews its lease; an agent heartbeats and fences itself
+when its answers stop. Both are cheap, but late is as bad as absent: a heartbeat answer later
+than the self-fence time stops a worker's jobs and has them placed again. Other work on the
+same machine (the jobs, other services, a CPU-burning process) must not be able to take the
+CPU they need. Cluster membership daemons solve this the same way: Corosync runs at real-time
+priority by default so that a loaded machine does not miss its token and fail over for
+nothing; Kubernetes reserves CPU for the kubelet and system daemons (``--kube-reserved``,
+``--system-reserved``) so that pods cannot starve them. Stockade asks for a lower nice value
+(``--nice``, -5 by default), which under Linux's CFS gives a process's threads about three
+times the CPU share of a nice-0 thread each (weights 3121 against 1024: the kernel's
+``sched_prio_to_weight`` table), without the risk a real-time busy loop carries.
+
+Lowering a nice value needs ``CAP_SYS_NICE`` (root has it). Without it the process runs at the
+priority it inherited and says so once at start; nothing else changes. On Linux the nice
+value is per thread and inherited by threads created later, so :func:`ask_for_priority` runs
+before a process starts its threads. A command job's reaper adds the agent's ``--job-nice`` to
+the agent's value, so jobs stay below the agent either way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+import psutil
+
+from runtime.errors import InvalidArgument
+
+MIN_NICE = -20
+MAX_NICE = 19
+
+DEFAULT_NICE = -5
+"""The nice value control planes, agents, fleets and the embedded PostgreSQL ask for."""
+
+
+@attrs.frozen
+class Priority:
+    """What :func:`ask_for_priority` did.
+
+    Args:
+        asked: the nice value asked for.
+        now: the nice value in effect afterwards.
+        refused: why the system refused it (empty when it did not).
+    """
+
+    asked: int
+    now: int
+    refused: str = ""
+
+
+def check_nice(nice: int) -> int:
+    """``nice`` if it lies in -20..19.
+
+    Raises:
+        InvalidArgument: it does not; the message names ``nice``, the value and the range.
+    """
+    if not MIN_NICE <= nice <= MAX_NICE:
+        raise InvalidArgument("nice", nice, f"must be between {MIN_NICE} and {MAX_NICE}")
+    return nice
+
+
+def ask_for_priority(nice: int, *, log: Any | None = None) -> Priority:
+    """Set the calling thread's nice value to ``nice`` unless it is already at least that high
+    a priority (a lower or equal value); threads it starts later inherit it.
+
+    Args:
+        nice: the nice value asked for, -20..19 (lower: more CPU).
+        log: a structlog logger; told once (a warning) when the system refuses.
+
+    Returns:
+        what was asked and what is in effect.
+
+    Raises:
+        InvalidArgument: ``nice`` is outside -20..19.
+    """
+    check_nice(nice)
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if current <= nice:
+        return Priority(asked=nice, now=current)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as exc:
+        refused = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if log is not None:
+            log.warning(
+                "CPU priority not raised: runs at its inherited nice value",
+                asked_nice=nice,
+                nice=current,
+                error=refused,
+                hint="needs CAP_SYS_NICE (root has it); see --nice",
+            )
+        return Priority(asked=nice, now=current, refused=refused)
+    return Priority(asked=nice, now=os.getpriority(os.PRIO_PROCESS, 0))
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes ([] when it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def renice_server(pid: int, nice: int, *, log: Any | None = None) -> Priority:
+    """Give a server process that forks a process per connection (PostgreSQL's postmaster) and
+    its current children the nice value ``nice``; children it forks later inherit it.
+
+    Args:
+        pid: the server's pid.
+        nice: the nice value asked for, -20..19.
+        log: a structlog logger; told once (a warning) when the system refuses.
+
+    Returns:
+        what was asked and the server's nice value afterwards.
+
+    Raises:
+        InvalidArgument: ``nice`` is outside -20..19.
+    """
+    check_nice(nice)
+    current = os.getpriority(os.PRIO_PROCESS, pid)
+    if current <= nice:
+        return Priority(asked=nice, now=current)
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+        for child in children_of(pid):
+            try:
+                os.setpriority(os.PRIO_PROCESS, child, nice)
+            except ProcessLookupError:
+                pass
+    except OSError as exc:
+        refused = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if log is not None:
+            log.warning(
+                "database server's CPU priority not raised",
+                asked_nice=nice,
+                nice=current,
+                error=refused,
+                hint="needs CAP_SYS_NICE (root has it)",
+            )
+        return Priority(asked=nice, now=current, refused=refused)
+    return Priority(asked=nice, now=os.getpriority(os.PRIO_PROCESS, pid))
