@@ -251,6 +251,7 @@ class ControlPlaneService:
         with trio.move_on_after(wait_s):
             await self.gate.acquire(liveness=liveness)
             acquired = True
+        metrics.INGEST_STAGE_SECONDS.labels(rpc, "turn").observe(trio.current_time() - arrived)
         if not acquired:
             self._check_deadline(rpc, deadline)
             if liveness:
@@ -275,17 +276,23 @@ class ControlPlaneService:
         guarantees a free connection).
 
         The body runs to its end even if the client gives up meanwhile (bounded by
-        ``settings.answer_timeout_s``), so its connection is never terminated for that.
+        ``settings.answer_timeout_s``), so its connection is never terminated for that. The
+        time from asking for the connection to the block's end is observed as
+        ``stockade_ingest_stage_seconds{stage="database"}`` (the turn's wait as ``"turn"``).
 
         Raises:
             DeadlineExceeded: the client's deadline passed before the work could start.
             DatabaseUnavailable: the database failed, or the work outlasted
                 ``settings.answer_timeout_s``.
         """
-        async with self.pool.acquire() as conn:
-            self._check_deadline(rpc, rpc_deadline())
-            with finish_despite_cancel(self.settings.answer_timeout_s):
-                yield conn
+        began = trio.current_time()
+        try:
+            async with self.pool.acquire() as conn:
+                self._check_deadline(rpc, rpc_deadline())
+                with finish_despite_cancel(self.settings.answer_timeout_s):
+                    yield conn
+        finally:
+            metrics.INGEST_STAGE_SECONDS.labels(rpc, "database").observe(trio.current_time() - began)
 
     @asynccontextmanager
     async def database(self, rpc: str) -> AsyncIterator[PgConnection]:

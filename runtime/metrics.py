@@ -97,6 +97,13 @@ INGEST_EXPIRED_REQUESTS = Counter(
     "Requests the ingest did not start because their client's deadline had passed, by rpc.",
     ["rpc"],
 )
+INGEST_STAGE_SECONDS = Histogram(
+    "stockade_ingest_stage_seconds",
+    "Where a request's time went inside the ingest, by rpc and stage: turn (waiting for its "
+    "admission turn), database (taking a pooled connection and its database work).",
+    ["rpc", "stage"],
+    buckets=LAG_BUCKETS_S,
+)
 
 
 HEARTBEAT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)

@@ -247,6 +247,31 @@ async def test_the_client_takes_a_busy_replicas_work_to_the_next_one(database_ur
             await admin.close()
 
 
+def stage_count(rpc: str, stage: str) -> float:
+    return (
+        REGISTRY.get_sample_value("stockade_ingest_stage_seconds_count", {"rpc": rpc, "stage": stage}) or 0.0
+    )
+
+
+async def test_a_heartbeats_turn_wait_and_database_time_are_observed(database_url: str) -> None:
+    """Each heartbeat adds one observation of its turn's wait and one of its database time,
+    so an operator can tell a heartbeat that waited for a turn from one that waited for the
+    database."""
+    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
+        client = ControlPlaneClient([ingest.address], timeout_s=5.0)
+        try:
+            reg = await client.call("register_worker", registration())
+            before = (stage_count("heartbeat", "turn"), stage_count("heartbeat", "database"))
+            for _ in range(3):
+                await client.call(
+                    "heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=reg.incarnation)
+                )
+            after = (stage_count("heartbeat", "turn"), stage_count("heartbeat", "database"))
+            assert (after[0] - before[0], after[1] - before[1]) == (3.0, 3.0)
+        finally:
+            client.close()
+
+
 async def test_submissions_are_refused_while_the_queue_is_full_and_taken_again_once_it_drains(
     database_url: str,
 ) -> None:
