@@ -76,24 +76,7 @@ def ask_for_priority(nice: int, *, log: Any | None = None) -> Priority:
     Raises:
         InvalidArgument: ``nice`` is outside -20..19.
     """
-    check_nice(nice)
-    current = os.getpriority(os.PRIO_PROCESS, 0)
-    if current <= nice:
-        return Priority(asked=nice, now=current)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except OSError as exc:
-        refused = f"{type(exc).__name__}: {exc.strerror or exc}"
-        if log is not None:
-            log.warning(
-                "CPU priority not raised: runs at its inherited nice value",
-                asked_nice=nice,
-                nice=current,
-                error=refused,
-                hint="needs CAP_SYS_NICE (root has it); see --nice",
-            )
-        return Priority(asked=nice, now=current, refused=refused)
-    return Priority(asked=nice, now=os.getpriority(os.PRIO_PROCESS, 0))
+    return _raise_priority(0, nice, children=False, log=log, what="CPU priority")
 
 
 def children_of(pid: int) -> list[int]:
@@ -119,13 +102,19 @@ def renice_server(pid: int, nice: int, *, log: Any | None = None) -> Priority:
     Raises:
         InvalidArgument: ``nice`` is outside -20..19.
     """
+    return _raise_priority(pid, nice, children=True, log=log, what="database server's CPU priority")
+
+
+def _raise_priority(pid: int, nice: int, *, children: bool, log: Any | None, what: str) -> Priority:
+    """Set ``pid``'s nice value (0: the calling thread) to ``nice``, and its children's too
+    when ``children``, unless it already runs at that priority or higher."""
     check_nice(nice)
     current = os.getpriority(os.PRIO_PROCESS, pid)
     if current <= nice:
         return Priority(asked=nice, now=current)
     try:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
-        for child in children_of(pid):
+        for child in children_of(pid) if children else ():
             try:
                 os.setpriority(os.PRIO_PROCESS, child, nice)
             except ProcessLookupError:
@@ -134,11 +123,11 @@ def renice_server(pid: int, nice: int, *, log: Any | None = None) -> Priority:
         refused = f"{type(exc).__name__}: {exc.strerror or exc}"
         if log is not None:
             log.warning(
-                "database server's CPU priority not raised",
+                f"{what} not raised: runs at its inherited nice value",
                 asked_nice=nice,
                 nice=current,
                 error=refused,
-                hint="needs CAP_SYS_NICE (root has it)",
+                hint="needs CAP_SYS_NICE (root has it); see --nice",
             )
         return Priority(asked=nice, now=current, refused=refused)
     return Priority(asked=nice, now=os.getpriority(os.PRIO_PROCESS, pid))
