@@ -157,4 +157,11 @@ class Dispatcher:
             return
         if any(r.reason == "stale_epoch" for r in reply.refused):
             self._stale(message.epoch, reply.epoch_seen)
+        if reply.finished_ids:
+            # Ended on their own first: their outcome, from a heartbeat, decides their jobs.
+            self._log.info(
+                "cancel came after the jobs ended",
+                worker_id=w.worker_id,
+                assignment_ids=list(reply.finished_ids),
+            )
         message.reply.set(tuple(reply.acknowledged_ids))

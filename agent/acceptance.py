@@ -18,8 +18,12 @@ Assign, in this order, per request and then per assignment:
    capacity -> ``no_room``; else accepted and started (its resources reserved at once).
 
 Cancel applies rules 1, 3 and 4 (a fenced worker still acknowledges cancels: it runs
-nothing), then acknowledges every id: running ones must be stopped first; every id is
-remembered as cancelled, so a later Assign of it is refused.
+nothing), then answers per id from what happened, never from the order alone: an id whose job
+ended on its own in this incarnation (succeeded or failed) is *finished*, not acknowledged (the
+cancel came too late; the outcome decides the job); every other id is acknowledged and
+remembered as cancelled, so a later Assign of it is refused; running ones must be stopped
+first, and one that ends on its own while being stopped is finished after all (the agent
+moves it, :meth:`Admission.settle_cancel`).
 
 Dedup memory (ended and cancelled ids) is kept per incarnation: a new incarnation refuses
 everything addressed to the old one anyway (rule 3).
@@ -94,6 +98,9 @@ class Admission:
     """Assignment id -> resources, from acceptance until the job has really ended."""
     ended: set[int] = attrs.field(factory=set)
     """Assignment ids that ran and ended in this incarnation."""
+    finished: set[int] = attrs.field(factory=set)
+    """The ids of ``ended`` whose job ended on its own (an outcome to report: succeeded or
+    failed), not stopped by the control plane, a fence or a shutdown."""
     cancelled: set[int] = attrs.field(factory=set)
     """Assignment ids cancelled or ended by the control plane in this incarnation."""
     cpu_used_millis: int = attrs.field(default=0, init=False)
@@ -124,18 +131,22 @@ class Admission:
         """
         if incarnation != self.incarnation:
             self.ended.clear()
+            self.finished.clear()
             self.cancelled.clear()
         self.incarnation = incarnation
         self.observe_epoch(epoch)
         self.fenced = False
 
-    def job_ended(self, assignment_id: int) -> None:
-        """Release the reservation of an assignment whose job has really ended."""
+    def job_ended(self, assignment_id: int, *, finished: bool) -> None:
+        """Release the reservation of an assignment whose job has really ended; ``finished``:
+        it ended on its own (its outcome is reported), not stopped."""
         reservation = self.running.pop(assignment_id, None)
         if reservation is not None:
             self.cpu_used_millis -= reservation.cpu_millis
             self.memory_used_mb -= reservation.memory_mb
             self.ended.add(assignment_id)
+            if finished:
+                self.finished.add(assignment_id)
 
     def ended_by_control_plane(self, assignment_id: int) -> bool:
         """Remember an id a heartbeat reply said is no longer active; True if it is running."""
@@ -219,8 +230,9 @@ class Admission:
         """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.
 
         Returns:
-            The acknowledged ids, those of them that run now (the caller stops them before it
-            replies), the refusals and the newest epoch.
+            The acknowledged ids, those of them that run now (the caller stops them, then
+            settles the decision with :meth:`settle_cancel` before it replies), the finished
+            ids, the refusals and the newest epoch.
         """
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=False)
         if reason is not None:
@@ -230,11 +242,26 @@ class Admission:
                 refused=tuple(Refusal(assignment_id=aid, reason=reason) for aid in order.assignment_ids),
                 epoch_seen=self.max_epoch_seen,
             )
-        to_stop = tuple(dict.fromkeys(aid for aid in order.assignment_ids if aid in self.running))
-        self.cancelled.update(order.assignment_ids)
+        ids = tuple(dict.fromkeys(order.assignment_ids))
+        finished = tuple(aid for aid in ids if aid in self.finished)
+        acknowledged = tuple(aid for aid in ids if aid not in self.finished)
+        self.cancelled.update(acknowledged)
         return CancelDecision(
-            acknowledged_ids=tuple(order.assignment_ids),
-            to_stop=to_stop,
+            acknowledged_ids=acknowledged,
+            to_stop=tuple(aid for aid in acknowledged if aid in self.running),
             refused=(),
             epoch_seen=self.max_epoch_seen,
+            finished_ids=finished,
+        )
+
+    def settle_cancel(self, decision: CancelDecision) -> CancelDecision:
+        """``decision`` once its ``to_stop`` jobs have ended: those that ended on their own
+        meanwhile (their outcome is reported) move from acknowledged to finished."""
+        late = {aid for aid in decision.to_stop if aid in self.finished}
+        if not late:
+            return decision
+        return attrs.evolve(
+            decision,
+            acknowledged_ids=tuple(aid for aid in decision.acknowledged_ids if aid not in late),
+            finished_ids=decision.finished_ids + tuple(aid for aid in decision.to_stop if aid in late),
         )

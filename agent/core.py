@@ -144,6 +144,9 @@ class _Job:
     done: trio.Event = attrs.field(factory=trio.Event)
     start_ticket: StartTicket | None = None
     """A command job's place in the queue for a start slot, then its slot; None for a sleep job."""
+    reported: bool = False
+    """True once it ended on its own and its outcome waits to be reported (never for a job
+    stopped by the control plane, a fence or a shutdown)."""
 
 
 SELF_FENCE_MARGIN_S = 0.5
@@ -315,7 +318,12 @@ class Agent:
         return decision
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
-        """Apply the cancel rules; stop the running ones and return once they have ended."""
+        """Apply the cancel rules; stop the running ones and return once they have ended.
+
+        The answer says what happened to each id (:meth:`agent.acceptance.Admission.cancel`):
+        a job that ended on its own, before the cancel or while it was being stopped, is
+        finished, not acknowledged.
+        """
         self._fence_if_due()
         decision = self._admission.cancel(order)
         jobs = [self._jobs[aid] for aid in decision.to_stop if aid in self._jobs]
@@ -323,7 +331,7 @@ class Agent:
             self._request_stop(job, StopReason.CANCELLED)
         for job in jobs:
             await job.done.wait()
-        return decision
+        return self._admission.settle_cancel(decision)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -463,6 +471,7 @@ class Agent:
             "job not started", job_id=order.job_id, assignment_id=order.assignment_id, detail=detail
         )
         now_unix_s = time.time()
+        job.reported = True
         self._unacked.append(
             Outcome(
                 assignment_id=order.assignment_id,
@@ -479,7 +488,7 @@ class Agent:
 
     def _release(self, job: _Job) -> None:
         """Forget a job that has really ended and free its reservation."""
-        self._admission.job_ended(job.order.assignment_id)
+        self._admission.job_ended(job.order.assignment_id, finished=job.reported)
         self._jobs.pop(job.order.assignment_id, None)
 
     def _job_ended(self, job: _Job, result: JobResult) -> None:
@@ -530,6 +539,7 @@ class Agent:
             detail=result.detail,
         )
         if not (result.stopped or fenced):
+            job.reported = True
             self._unacked.append(
                 Outcome(
                     assignment_id=order.assignment_id,

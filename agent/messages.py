@@ -147,11 +147,15 @@ class CancelDecision:
     """The acceptance rules' answer to one :class:`CancelOrder`."""
 
     acknowledged_ids: tuple[int, ...]
-    """Every acknowledged id; the reply may be sent only once those in ``to_stop`` ended."""
+    """Ids that run nowhere now and never ran to their end: stopped by this cancel, or never
+    started (refused forever). The reply may be sent only once those in ``to_stop`` ended."""
     to_stop: tuple[int, ...]
     """The acknowledged ids that are running now: the agent must stop them first."""
     refused: tuple[Refusal, ...]
     epoch_seen: int
+    finished_ids: tuple[int, ...] = ()
+    """Ids whose job ended on its own (succeeded or failed) before the cancel took effect: not
+    acknowledged, since the cancel changed nothing; their outcome travels with heartbeats."""
 
 
 # ---------------------------------------------------------------------------- control plane

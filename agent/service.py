@@ -83,10 +83,12 @@ class WorkerService:
         )
 
     async def cancel(self, request: pb.CancelRequest) -> pb.CancelReply:
-        """Cancel: stop the running ones (waiting until they ended), refuse the rest forever."""
+        """Cancel: stop the running ones (waiting until they ended), refuse the never started
+        ones forever, and name those that had ended on their own as finished."""
         decision = await self._agent.cancel(cancel_order_from_pb(request))
         return pb.CancelReply(
             acknowledged_ids=list(decision.acknowledged_ids),
+            finished_ids=list(decision.finished_ids),
             refused=_refusals_to_pb(decision.refused),
             epoch_seen=decision.epoch_seen,
         )

@@ -50,7 +50,15 @@ from ops.cluster import (
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.errors import ClusterBusy, InvalidArgument, NotFound, RemoteError, StockadeError, Unavailable
+from runtime.errors import (
+    ClusterBusy,
+    InvalidArgument,
+    NotFound,
+    RemoteError,
+    StockadeError,
+    TemporaryError,
+    Unavailable,
+)
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
@@ -1091,16 +1099,59 @@ def list_jobs(
 app.command("jobs-list", hidden=True)(list_jobs)
 
 
+CANCEL_POLL_S = 0.2
+"""How often ``stockade cancel`` asks for the job's state while it waits, in seconds."""
+
+
+def cancel_verdict(job_id: int, job: pb.JobInfo) -> str:
+    """What a cancel came to, from the job's state: cancelled, or ended on its own first (with
+    the exit code when there is one), or still on its way (``cancelling``)."""
+    exit_code = f", exit code {job.exit_code}" if job.has_exit_code else ""
+    if job.state == "cancelled":
+        return f"job {job_id}: cancelled"
+    if job.state in ("succeeded", "failed"):
+        return f"job {job_id}: {job.state} before the cancel took effect{exit_code}"
+    return f"job {job_id}: cancelling (still {job.state})"
+
+
 @app.command("cancel")
 def cancel(
     job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    wait_s: Annotated[
+        float,
+        typer.Option(
+            "--wait-s",
+            min=0,
+            help="Seconds to wait for a placed job to end, to say whether the cancel stopped it "
+            "or it ended on its own first; 0 answers at once (cancelling).",
+        ),
+    ] = 10.0,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Cancel a job: at once while pending, through its worker once placed."""
+    """Cancel a job: at once while pending, through its worker once placed.
+
+    Says what happened: ``cancelled``; or, when the job ended on its own before its worker
+    got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
+    stands; or ``cancelling`` when ``--wait-s`` passed first.
+    """
+
+    async def body(client: ControlPlaneClient) -> str:
+        reply: pb.CancelJobReply = await client.call("cancel_job", pb.CancelJobRequest(job_id=job_id))
+        if reply.state != "cancelling":
+            job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+            return cancel_verdict(job_id, job)
+        with trio.move_on_after(wait_s):
+            while True:
+                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                    job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+                    if job.state in ("cancelled", "succeeded", "failed"):
+                        return cancel_verdict(job_id, job)
+                await trio.sleep(CANCEL_POLL_S)
+        return f"job {job_id}: cancelling"
+
     with _errors():
         validation.check_job_id(job_id)
-        reply = rpc.call(_addresses(control_planes), "cancel_job", pb.CancelJobRequest(job_id=job_id))
-    console.print(f"job {job_id}: {reply.state}")
+        console.print(rpc.with_client(_addresses(control_planes), body))
 
 
 @app.command("status")

@@ -210,3 +210,56 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
         "cancelled": 0,
     }
     assert data["unschedulable"] == []
+
+
+CANCEL_TRIES = 4
+
+
+def test_a_cancel_racing_a_job_that_ends_says_what_happened_and_keeps_it(launch: Launch) -> None:
+    """Issue 10, fault 1, as a user meets it: a 0.3 s sleep job (2,000 cpu_millis, 1,024
+    memory_mb), cancelled with `stockade cancel` as soon as it is placed, four times. Whichever way
+    each race goes, the command, the database and the worker's own log agree: cancelled with
+    a `cancelled` stop line, or succeeded with exit code 0 and a `succeeded` stop line, never a
+    success recorded as cancelled."""
+    cluster, ready = launch(1, 2)
+    addresses = ready.config.control_plane_addresses
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_CONTROL_PLANES"}
+    outcomes = []
+    for attempt in range(CANCEL_TRIES):
+        spec = pb.JobSpec(
+            name=f"race-{attempt}", cpu_millis=2000, memory_mb=1024, sleep=pb.SleepRuntime(duration_ms=300)
+        )
+        job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec)).job_id)
+
+        def placed(job_id: int = job_id) -> bool:
+            info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id))
+            return info.state != "pending"
+
+        wait_for(placed, timeout_s=30, what=f"job {job_id} to be placed")
+        completed = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "cancel", str(job_id), "--control-planes", ",".join(addresses)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+        assert completed.returncode == 0, completed.stderr
+        info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id))
+        stops = [
+            record["reason"]
+            for spec_ in ready.config.workers
+            for record in read_agent_log(cluster.state.work_dir(spec_.id) / "agent.jsonl")
+            if record["event"] == "stop" and record["job_id"] == job_id
+        ]
+        said = completed.stdout.strip()
+        if info.state == "succeeded":
+            assert (info.has_exit_code, info.exit_code) == (True, 0)
+            assert said == f"job {job_id}: succeeded before the cancel took effect, exit code 0"
+            assert stops == ["succeeded"], stops
+        else:
+            assert info.state == "cancelled", info
+            assert said == f"job {job_id}: cancelled"
+            assert stops in ([], ["cancelled"]), stops  # [] when it never started
+        outcomes.append(info.state)
+    assert len(outcomes) == CANCEL_TRIES

@@ -131,7 +131,7 @@ def test_duplicate_of_an_ended_job_is_accepted_not_rerun() -> None:
     """An Assign of an id that already ran and ended is acknowledged and not run again."""
     adm = admission()
     adm.assign(assign(job(1)))
-    adm.job_ended(1)
+    adm.job_ended(1, finished=True)
     decision = adm.assign(assign(job(1)))
     assert decision.accepted_ids == (1,) and decision.to_start == ()
     assert adm.cpu_used_millis == 0
@@ -153,6 +153,32 @@ def test_cancel_of_running_id_asks_to_stop_it_and_refuses_it_later() -> None:
     ack = adm.cancel(cancel(1, 2))
     assert ack.acknowledged_ids == (1, 2) and ack.to_stop == (1,)
     assert reasons(adm.assign(assign(job(1)))) == {1: "cancelled"}
+
+
+def test_a_cancel_after_the_job_ended_on_its_own_names_it_finished_not_acknowledged() -> None:
+    """Issue 10, fault 1: a job that succeeded before its cancel arrived is answered as
+    finished (its outcome decides), only the stopped and never-started ids are acknowledged."""
+    adm = admission()
+    adm.assign(assign(job(1), job(2), job(3)))
+    adm.job_ended(1, finished=True)  # succeeded on its own
+    adm.job_ended(2, finished=False)  # stopped (a heartbeat reply, a fence)
+    decision = adm.cancel(cancel(1, 2, 3, 4))
+    assert decision.finished_ids == (1,)
+    assert decision.acknowledged_ids == (2, 3, 4) and decision.to_stop == (3,)
+    assert 1 not in adm.cancelled
+
+
+def test_a_job_that_ends_on_its_own_while_being_stopped_is_settled_as_finished() -> None:
+    """A running job the cancel asked to stop but that ended on its own first (a process that
+    exited 0 as the signal came) moves from acknowledged to finished."""
+    adm = admission()
+    adm.assign(assign(job(1), job(2)))
+    decision = adm.cancel(cancel(1, 2, 3))
+    assert decision.to_stop == (1, 2)
+    adm.job_ended(1, finished=True)
+    adm.job_ended(2, finished=False)
+    settled = adm.settle_cancel(decision)
+    assert settled.acknowledged_ids == (2, 3) and settled.finished_ids == (1,)
 
 
 def test_fenced_worker_still_acknowledges_cancel() -> None:
@@ -187,7 +213,7 @@ def test_room_returns_when_a_job_ends() -> None:
     adm = admission(cpu=1000)
     adm.assign(assign(job(1)))
     assert reasons(adm.assign(assign(job(2)))) == {2: "no_room"}
-    adm.job_ended(1)
+    adm.job_ended(1, finished=False)
     assert adm.assign(assign(job(2))).accepted_ids == (2,)
 
 
@@ -237,7 +263,7 @@ _ops = st.lists(
             st.integers(0, 6),
             st.integers(1, 2),
         ),
-        st.tuples(st.just("end"), st.integers(1, 6)),
+        st.tuples(st.just("end"), st.integers(1, 6), st.booleans()),
         st.tuples(st.just("fence"), st.booleans()),
     ),
     max_size=40,
@@ -247,10 +273,13 @@ _ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(_ops)
 def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  # type: ignore[type-arg]
-    """Whatever arrives, an id starts at most once, cancelled ids never start, capacity holds."""
+    """Whatever arrives, an id starts at most once, cancelled ids never start, capacity holds,
+    and a cancel never acknowledges an id whose job ended on its own (nor names one finished
+    that did not)."""
     adm = admission(incarnation=1, epoch=0, cpu=3000, memory=3000)
     started: set[int] = set()
     cancelled: set[int] = set()
+    finished: set[int] = set()
     for op in ops:
         kind = op[0]
         if kind == "assign":
@@ -269,8 +298,12 @@ def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  #
             acks = adm.cancel(cancel(*ids, epoch=epoch, incarnation=inc))
             cancelled.update(acks.acknowledged_ids)
             assert set(acks.to_stop) <= set(adm.running)
+            assert not set(acks.acknowledged_ids) & finished
+            assert set(acks.finished_ids) <= finished
         elif kind == "end":
-            adm.job_ended(op[1])
+            if op[1] in adm.running and op[2]:
+                finished.add(op[1])
+            adm.job_ended(op[1], finished=op[2])
         else:
             adm.fenced = op[1]
         assert adm.cpu_used_millis == sum(r.cpu_millis for r in adm.running.values())

@@ -390,6 +390,26 @@ async def test_cancel_stops_a_running_job_before_it_answers(tmp_path: Path, auto
     assert stops(tmp_path) == {1: "cancelled"}
 
 
+async def test_a_cancel_that_comes_after_the_job_succeeded_leaves_the_success(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Issue 10, fault 1: a 0.3 s job that succeeded before its Cancel arrived is answered as
+    finished, not acknowledged, and its success is still reported with its exit code."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=0.3))
+        await trio.sleep(0.4)
+        decision = await agent.cancel(
+            CancelOrder(epoch=1, worker_id="w-1", incarnation=1, assignment_ids=(1,))
+        )
+        assert decision.acknowledged_ids == () and decision.finished_ids == (1,)
+        await trio.sleep(HEARTBEAT_S * 2)
+    assert stops(tmp_path) == {1: "succeeded"}
+    reported = [o for _, hb in cp.heartbeats for o in hb.finished if o.assignment_id == 1]
+    assert reported and reported[0].state.value == "succeeded" and reported[0].exit_code == 0
+
+
 async def test_shutdown_stops_every_job_and_logs_it(tmp_path: Path, autojump_clock: Any) -> None:
     """Cancelling the agent stops its jobs and writes a shutdown stop line for each."""
     cp = ScriptedControlPlane()

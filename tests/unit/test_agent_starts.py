@@ -173,6 +173,9 @@ class ScriptedRunner:
     run_s: float = 100.0
     not_startable: set[int] = attrs.field(factory=set)
     """Assignment ids whose command cannot be executed."""
+    exits_as_stopped: set[int] = attrs.field(factory=set)
+    """Assignment ids whose process exits 0 on its own just as the stop comes (the signal
+    finds it gone): they end succeeded, not stopped."""
     starting: int = 0
     max_starting: int = 0
     spawned: list[tuple[float, int]] = attrs.field(factory=list)
@@ -211,6 +214,14 @@ class ScriptedRunner:
             )
         with trio.move_on_after(self.run_s):
             await stop.wait()
+            if aid in self.exits_as_stopped:
+                return JobResult(
+                    state=JobState.SUCCEEDED,
+                    stopped=False,
+                    exit_code=0,
+                    started_unix_s=began,
+                    finished_unix_s=time.time(),
+                )
             return JobResult(
                 state=JobState.CANCELLED,
                 stopped=True,
@@ -378,3 +389,23 @@ async def test_a_command_that_never_ran_gets_a_stop_line_saying_so(
         1: "failed",
         2: "succeeded",
     }
+
+
+async def test_a_job_that_exits_on_its_own_as_its_cancel_lands_is_finished_not_acknowledged(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Issue 10, fault 1, its narrowest window: the cancel asks to stop a running command that
+    exits 0 by itself at that moment. The answer is decided by how the job ended: finished
+    (its success reported), while the one the cancel really stopped is acknowledged."""
+    cp = ScriptedControlPlane()
+    runner = ScriptedRunner(exits_as_stopped={1})
+    async with agent_with(tmp_path, cp, runner) as agent:
+        assign(agent, command_job(1), command_job(2))
+        await trio.sleep(1.0)  # both started
+        decision = await agent.cancel(
+            CancelOrder(epoch=1, worker_id="w-1", incarnation=1, assignment_ids=(1, 2))
+        )
+        assert decision.finished_ids == (1,) and decision.acknowledged_ids == (2,)
+        await trio.sleep(2 * HEARTBEAT_S)
+    reported = {o.assignment_id: o.state.value for _, hb in cp.heartbeats for o in hb.finished}
+    assert reported == {1: "succeeded"}

@@ -134,12 +134,19 @@ default_message_pool.register_message("stockade.v1", "CancelJobRequest", CancelJ
 class CancelReply(betterproto2.Message):
     acknowledged_ids: "list[int]" = betterproto2.field(1, betterproto2.TYPE_UINT64, repeated=True)
     """
-    Stopped now, or never run and now refused forever.
+    Run nowhere now and never ran to their end: stopped by this cancel, or never
+    started and now refused forever. Only these may be ended as cancelled.
     """
 
     refused: "list[Refusal]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
 
     epoch_seen: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    finished_ids: "list[int]" = betterproto2.field(4, betterproto2.TYPE_UINT64, repeated=True)
+    """
+    Ended on their own (succeeded or failed) before the cancel took effect: the cancel
+    changed nothing, and their outcome comes with the worker's heartbeats.
+    """
 
 
 default_message_pool.register_message("stockade.v1", "CancelReply", CancelReply)
