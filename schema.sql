@@ -137,53 +137,73 @@ CREATE TABLE IF NOT EXISTS worker_deaths (
 
 -- Allocation per worker, kept exact by the triggers below in the same transaction as every
 -- assignment that becomes or stops being active, so the placer reads 100 rows per round
--- instead of summing every active assignment. Added with a backfill for older databases.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-                    WHERE table_name = 'workers' AND column_name = 'cpu_allocated_millis') THEN
-        ALTER TABLE workers ADD COLUMN cpu_allocated_millis bigint NOT NULL DEFAULT 0,
-                            ADD COLUMN memory_allocated_mb bigint NOT NULL DEFAULT 0;
-        UPDATE workers w
-           SET cpu_allocated_millis = a.cpu, memory_allocated_mb = a.mem
-          FROM (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
-                  FROM assignments WHERE state = 'active' GROUP BY worker_id) a
-         WHERE w.id = a.worker_id;
-    END IF;
-END $$;
-
--- The send window's counters per worker (the placer's pacing, actors/placement.py), kept exact
--- by the same triggers, for the worker's current incarnation only:
+-- instead of summing every active assignment; and the send window's counters (the placer's
+-- pacing, actors/placement.py), for the worker's current incarnation only:
 --   unconfirmed_assignments = its active assignments no heartbeat has listed yet
 --                             (state 'active' and confirmed_at IS NULL);
 --   confirmed_assignments   = its assignments a heartbeat has listed, as running
 --                             (confirmed_at set) or as finished (state 'finished').
--- REGISTER_WORKER sets both to 0 with the new incarnation (nothing is addressed to it yet). The
--- triggers add a row's change only to the worker row whose incarnation is the row's; under READ
--- COMMITTED an UPDATE that meets a concurrent registration re-reads the row and its incarnation,
--- so an assignment of the previous incarnation never counts for the new one.
+-- A row of its own per worker, not columns of ``workers``: a placement's statement locks the
+-- allocation row of every worker it places on until it commits, and a heartbeat's liveness
+-- (workers.last_heartbeat_at) must never wait for that. With both in one row, heartbeats
+-- waited for the placements on their worker (lock timeouts, then self-fences) when the
+-- machine was saturated. A worker's row is created with it, and a new incarnation (a
+-- registration) sets both counters to 0 (nothing is addressed to it yet), by the triggers on
+-- ``workers`` below. The assignments triggers add a row's change only to the
+-- allocation row whose incarnation is the row's; under READ COMMITTED an UPDATE that meets a
+-- concurrent registration re-reads the row and its incarnation, so an assignment of the
+-- previous incarnation never counts for the new one. Older databases kept these as columns of
+-- ``workers``: moved here once (recomputed from the assignments), and the columns dropped.
+CREATE TABLE IF NOT EXISTS worker_allocations (
+    worker_id               text    PRIMARY KEY REFERENCES workers (id),
+    incarnation             bigint  NOT NULL,
+    cpu_allocated_millis    bigint  NOT NULL DEFAULT 0,
+    memory_allocated_mb     bigint  NOT NULL DEFAULT 0,
+    unconfirmed_assignments integer NOT NULL DEFAULT 0,
+    confirmed_assignments   integer NOT NULL DEFAULT 0
+);
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-                    WHERE table_name = 'workers' AND column_name = 'unconfirmed_assignments') THEN
-        ALTER TABLE workers ADD COLUMN unconfirmed_assignments integer NOT NULL DEFAULT 0,
-                            ADD COLUMN confirmed_assignments integer NOT NULL DEFAULT 0;
-        UPDATE workers w
-           SET unconfirmed_assignments = a.unconfirmed, confirmed_assignments = a.confirmed
-          FROM (SELECT worker_id, worker_incarnation,
-                       count(*) FILTER (WHERE state = 'active' AND confirmed_at IS NULL) AS unconfirmed,
-                       count(*) FILTER (WHERE confirmed_at IS NOT NULL OR state = 'finished') AS confirmed
-                  FROM assignments GROUP BY worker_id, worker_incarnation) a
-         WHERE w.id = a.worker_id AND w.incarnation = a.worker_incarnation;
+    IF NOT EXISTS (SELECT 1 FROM worker_allocations) AND EXISTS (SELECT 1 FROM workers) THEN
+        INSERT INTO worker_allocations (worker_id, incarnation, cpu_allocated_millis,
+                                        memory_allocated_mb, unconfirmed_assignments,
+                                        confirmed_assignments)
+        SELECT w.id, w.incarnation,
+               coalesce(sum(a.cpu_millis) FILTER (WHERE a.state = 'active'), 0),
+               coalesce(sum(a.memory_mb) FILTER (WHERE a.state = 'active'), 0),
+               count(a.id) FILTER (WHERE a.worker_incarnation = w.incarnation
+                                    AND a.state = 'active' AND a.confirmed_at IS NULL),
+               count(a.id) FILTER (WHERE a.worker_incarnation = w.incarnation
+                                    AND (a.confirmed_at IS NOT NULL OR a.state = 'finished'))
+          FROM workers w LEFT JOIN assignments a ON a.worker_id = w.id
+         GROUP BY w.id, w.incarnation;
     END IF;
+    ALTER TABLE workers DROP COLUMN IF EXISTS cpu_allocated_millis,
+                        DROP COLUMN IF EXISTS memory_allocated_mb,
+                        DROP COLUMN IF EXISTS unconfirmed_assignments,
+                        DROP COLUMN IF EXISTS confirmed_assignments;
 END $$;
 
+CREATE OR REPLACE FUNCTION workers_allocation_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO worker_allocations (worker_id, incarnation) VALUES (NEW.id, NEW.incarnation)
+    ON CONFLICT (worker_id) DO UPDATE
+       SET incarnation = EXCLUDED.incarnation, unconfirmed_assignments = 0, confirmed_assignments = 0
+     WHERE worker_allocations.incarnation IS DISTINCT FROM EXCLUDED.incarnation;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER workers_allocation_insert AFTER INSERT ON workers
+    FOR EACH ROW EXECUTE FUNCTION workers_allocation_row();
+CREATE OR REPLACE TRIGGER workers_allocation_incarnation AFTER UPDATE OF incarnation ON workers
+    FOR EACH ROW WHEN (OLD.incarnation IS DISTINCT FROM NEW.incarnation)
+    EXECUTE FUNCTION workers_allocation_row();
+
 -- Both triggers turn the statement's rows into changes per (worker, incarnation), then update
--- each worker row once: allocation by worker, counters for the row's incarnation only (one
+-- each allocation row once: allocation by worker, counters for the row's incarnation only (one
 -- UPDATE ... FROM row per worker: a worker matched by two source rows would be updated once).
 CREATE OR REPLACE FUNCTION assignments_allocate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE workers w
+    UPDATE worker_allocations w
        SET cpu_allocated_millis = w.cpu_allocated_millis + n.cpu,
            memory_allocated_mb = w.memory_allocated_mb + n.mem,
            unconfirmed_assignments = w.unconfirmed_assignments
@@ -202,13 +222,13 @@ BEGIN
                                AS confirmed
                       FROM created GROUP BY worker_id, worker_incarnation) c
              GROUP BY worker_id) n
-     WHERE w.id = n.worker_id;
+     WHERE w.worker_id = n.worker_id;
     RETURN NULL;
 END $$;
 
 CREATE OR REPLACE FUNCTION assignments_release() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE workers w
+    UPDATE worker_allocations w
        SET cpu_allocated_millis = w.cpu_allocated_millis - n.cpu,
            memory_allocated_mb = w.memory_allocated_mb - n.mem,
            unconfirmed_assignments = w.unconfirmed_assignments
@@ -236,7 +256,7 @@ BEGIN
                         OR (o.state = 'finished') <> (a.state = 'finished')
                      GROUP BY o.worker_id, o.worker_incarnation) c
              GROUP BY worker_id) n
-     WHERE w.id = n.worker_id;
+     WHERE w.worker_id = n.worker_id;
     RETURN NULL;
 END $$;
 

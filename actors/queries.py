@@ -270,12 +270,12 @@ INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $
 # ---------------------------------------------------------------- placer (reads)
 
 # $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
-# by the assignments triggers).
+# by the assignments triggers in worker_allocations).
 LIVE_WORKERS = """
-SELECT id, address, incarnation, cpu_millis, memory_mb, cpu_allocated_millis, memory_allocated_mb,
-       unconfirmed_assignments, confirmed_assignments
-  FROM workers
- WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1)
+SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
+       a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments
+  FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+ WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
 """
 
 # How long (s, database time) a pending job must still wait for its requeue backoff; NULL: none.
@@ -297,15 +297,16 @@ SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
 # read).
 ROUND_READ = f"""
 SELECT w.*, p.*
-  FROM (SELECT array_agg(id) AS w_id, array_agg(address) AS w_address,
-               array_agg(incarnation) AS w_incarnation, array_agg(cpu_millis) AS w_cpu_millis,
-               array_agg(memory_mb) AS w_memory_mb,
-               array_agg(cpu_allocated_millis) AS w_cpu_allocated_millis,
-               array_agg(memory_allocated_mb) AS w_memory_allocated_mb,
-               array_agg(unconfirmed_assignments) AS w_unconfirmed_assignments,
-               array_agg(confirmed_assignments) AS w_confirmed_assignments
-          FROM workers
-         WHERE state = 'alive' AND last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
+  FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
+               array_agg(w.incarnation) AS w_incarnation, array_agg(w.cpu_millis) AS w_cpu_millis,
+               array_agg(w.memory_mb) AS w_memory_mb,
+               array_agg(a.cpu_allocated_millis) AS w_cpu_allocated_millis,
+               array_agg(a.memory_allocated_mb) AS w_memory_allocated_mb,
+               array_agg(a.unconfirmed_assignments) AS w_unconfirmed_assignments,
+               array_agg(a.confirmed_assignments) AS w_confirmed_assignments
+          FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+         WHERE w.state = 'alive'
+           AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
        (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_seq) AS p_pending_seq,
@@ -432,7 +433,6 @@ ON CONFLICT (id) DO UPDATE
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
        incarnation = EXCLUDED.incarnation, state = 'alive',
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
-       unconfirmed_assignments = 0, confirmed_assignments = 0,
        agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq
  WHERE EXCLUDED.agent_run_id = '' OR workers.agent_run_id <> EXCLUDED.agent_run_id
     OR workers.registration_seq < EXCLUDED.registration_seq

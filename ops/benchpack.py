@@ -211,13 +211,13 @@ def _ms(seconds: float | None) -> float | None:
 
 # $1: seconds a job must have been pending to count as waiting (PackSettings.waiting_after_s).
 SAMPLE = """
-SELECT coalesce(sum(cpu_allocated_millis), 0)::float8 / greatest(sum(cpu_millis), 1) AS cpu,
-       coalesce(sum(memory_allocated_mb), 0)::float8 / greatest(sum(memory_mb), 1) AS mem,
+SELECT coalesce(sum(a.cpu_allocated_millis), 0)::float8 / greatest(sum(w.cpu_millis), 1) AS cpu,
+       coalesce(sum(a.memory_allocated_mb), 0)::float8 / greatest(sum(w.memory_mb), 1) AS mem,
        (SELECT count(*) FROM jobs WHERE state = 'pending') AS pending,
        (SELECT count(*) FROM jobs
          WHERE state = 'pending' AND submitted_at < now() - make_interval(secs => $1)) AS waiting,
        (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed')) AS done
-  FROM workers WHERE state = 'alive'
+  FROM workers w JOIN worker_allocations a ON a.worker_id = w.id WHERE w.state = 'alive'
 """
 
 
@@ -641,10 +641,12 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
                 "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
             )
             await db.execute(
-                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation, cpu_allocated_millis,"
-                " memory_allocated_mb) SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i, 15900, 32000"
-                " FROM generate_series(1, $1) i",
+                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+                " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
                 workers,
+            )
+            await db.execute(
+                "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
             )
             await db.execute(
                 "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
@@ -686,8 +688,8 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
                     # and the placer rightly places nothing on them).
                     await db.execute("UPDATE workers SET last_heartbeat_at = now()")
                     await db.execute(
-                        "UPDATE workers SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
-                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE id = $1",
+                        "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
+                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
                         f"w-{worker}",
                     )
                     t = time.perf_counter()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 import trio
+from test_leader_pacing import ALLOCATION_MATCHES
 
 from actors import queries
 from actors.ledger import Ledger
@@ -414,14 +415,6 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
     assert await db.fetchval("SELECT epoch FROM worker_deaths") == 1
 
 
-ALLOCATION_MATCHES = """
-SELECT bool_and(w.cpu_allocated_millis = coalesce(a.cpu, 0) AND w.memory_allocated_mb = coalesce(a.mem, 0))
-  FROM workers w
-  LEFT JOIN (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
-               FROM assignments WHERE state = 'active' GROUP BY worker_id) a ON a.worker_id = w.id
-"""
-
-
 async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
     db: PgConnection, database_url: str
 ) -> None:
@@ -433,7 +426,7 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
     async with trio.open_nursery() as nursery:
         ledger, _ = await run_ledger(nursery, database_url)
         await commit(ledger, 1, 1, 2, 3, 4)
-        assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 3000
+        assert await db.fetchval("SELECT cpu_allocated_millis FROM worker_allocations") == 3000
         assert await db.fetchval(ALLOCATION_MATCHES)
         await db.fetchrow(
             queries.HEARTBEAT, "w-1", 0, [], [1], ["succeeded"], [0], [None], [None], [None], [None], [""]
@@ -466,7 +459,7 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         await dead.wait()
         nursery.cancel_scope.cancel()
     assert await db.fetchval(ALLOCATION_MATCHES)
-    assert await db.fetchval("SELECT cpu_allocated_millis FROM workers") == 0
+    assert await db.fetchval("SELECT cpu_allocated_millis FROM worker_allocations") == 0
 
 
 async def test_a_placement_statement_behind_an_uncommitted_takeover_writes_nothing(

@@ -38,20 +38,20 @@ SCHEMA = Path(__file__).parents[2] / "schema.sql"
 COUNTERS_MATCH = """
 SELECT bool_and(w.unconfirmed_assignments = coalesce(a.unconfirmed, 0)
             AND w.confirmed_assignments = coalesce(a.confirmed, 0))
-  FROM workers w
+  FROM worker_allocations w
   LEFT JOIN (SELECT worker_id, worker_incarnation,
                     count(*) FILTER (WHERE state = 'active' AND confirmed_at IS NULL) AS unconfirmed,
                     count(*) FILTER (WHERE confirmed_at IS NOT NULL OR state = 'finished') AS confirmed
                FROM assignments GROUP BY worker_id, worker_incarnation) a
-    ON a.worker_id = w.id AND a.worker_incarnation = w.incarnation
+    ON a.worker_id = w.worker_id AND a.worker_incarnation = w.incarnation
 """
-"""Every worker row's counters against their definition in schema.sql (current incarnation)."""
+"""Every worker's counters against their definition in schema.sql (current incarnation)."""
 
 ALLOCATION_MATCHES = """
 SELECT bool_and(w.cpu_allocated_millis = coalesce(a.cpu, 0) AND w.memory_allocated_mb = coalesce(a.mem, 0))
-  FROM workers w
+  FROM worker_allocations w
   LEFT JOIN (SELECT worker_id, sum(cpu_millis) AS cpu, sum(memory_mb) AS mem
-               FROM assignments WHERE state = 'active' GROUP BY worker_id) a ON a.worker_id = w.id
+               FROM assignments WHERE state = 'active' GROUP BY worker_id) a ON a.worker_id = w.worker_id
 """
 
 
@@ -90,11 +90,13 @@ async def submit(db: PgConnection, count: int, cpu_millis: int = 100) -> list[in
 
 
 async def counters(db: PgConnection, worker_id: str = "w-1") -> tuple[int, int]:
-    """(unconfirmed, confirmed) as the worker row holds them, after checking every row is exact."""
+    """(unconfirmed, confirmed) as the worker's allocation row holds them, after checking every
+    row is exact."""
     assert await db.fetchval(COUNTERS_MATCH)
     assert await db.fetchval(ALLOCATION_MATCHES)
     row = await db.fetchrow(
-        "SELECT unconfirmed_assignments, confirmed_assignments FROM workers WHERE id = $1", worker_id
+        "SELECT unconfirmed_assignments, confirmed_assignments FROM worker_allocations WHERE worker_id = $1",
+        worker_id,
     )
     assert row is not None
     return int(row[0]), int(row[1])
@@ -231,12 +233,23 @@ async def test_the_schema_backfills_the_counters_and_losses_of_an_older_database
         await confirm(db, incarnation, placed[:1])
         await withdraw(ledger, placed[1:2])
         nursery.cancel_scope.cancel()
+    # As such a database was: the allocation and the counters as columns of workers (stale
+    # here), no worker_allocations, no losses.
     await db.execute(
-        "ALTER TABLE workers DROP COLUMN unconfirmed_assignments, DROP COLUMN confirmed_assignments;"
+        "DROP TABLE worker_allocations CASCADE;"
+        " ALTER TABLE workers ADD COLUMN cpu_allocated_millis bigint NOT NULL DEFAULT 0,"
+        " ADD COLUMN memory_allocated_mb bigint NOT NULL DEFAULT 0,"
+        " ADD COLUMN unconfirmed_assignments integer NOT NULL DEFAULT 0,"
+        " ADD COLUMN confirmed_assignments integer NOT NULL DEFAULT 0;"
         " ALTER TABLE jobs DROP COLUMN losses, DROP COLUMN not_before"
     )
     await db.execute(SCHEMA.read_text())
     assert await counters(db) == (2, 1)
+    columns = await db.fetch(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'workers'"
+        " AND column_name LIKE '%assignments' OR column_name LIKE '%allocated%' AND table_name = 'workers'"
+    )
+    assert columns == []
     assert await db.fetchval("SELECT array_agg(losses ORDER BY id) FROM jobs") == [0, 1, 0, 0]
 
 
