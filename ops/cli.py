@@ -61,7 +61,7 @@ from runtime.settings import (
     PlacerSettings,
     ReconcilerSettings,
 )
-from runtime.text import Tail, cut_line, tail_lines
+from runtime.text import Tail, cut_line, head_bytes, tail_lines
 
 __all__ = ["app", "main"]
 
@@ -976,7 +976,7 @@ def submit(
     spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
     if command:
         spec.command = pb.CommandRuntime(argv=list(command))
-        default = (os.path.basename(command[0]) or "command")[: validation.MAX_NAME_CHARS]
+        default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
         spec.name = name if name is not None else default
     else:
         assert sleep_s is not None

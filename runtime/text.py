@@ -105,6 +105,31 @@ def read_lines(file: IO[bytes], max_bytes: int = RECORD_MAX_BYTES) -> Iterator[b
         yield line.removesuffix(b"\n")
 
 
+def head_bytes(text: str, max_bytes: int) -> str:
+    """The longest start of ``text`` whose UTF-8 has at most ``max_bytes`` bytes (whole
+    characters only)."""
+    return _head(text.encode("utf-8", errors="surrogatepass"), max_bytes).decode("utf-8", errors="replace")
+
+
+def fit_line(text: str, max_bytes: int) -> str:
+    """``text`` cut as :func:`cut_line` does, but to at most ``max_bytes`` bytes of UTF-8 in
+    all, the marker included: for a peer's limit on what it accepts. A lone surrogate (which
+    has no UTF-8 form) becomes ``?``.
+
+    Args:
+        max_bytes: at least :data:`FIT_MIN_BYTES`.
+    """
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    return _cut(data, max_bytes - _MARKER_MAX_BYTES)
+
+
+_MARKER_MAX_BYTES = len(cut_marker(2**64).encode())
+FIT_MIN_BYTES = _MARKER_MAX_BYTES
+"""The least ``max_bytes`` :func:`fit_line` takes: room for its marker."""
+
+
 @attrs.frozen(kw_only=True)
 class Tail:
     """The end of a file, as :func:`tail_lines` read it."""

@@ -23,6 +23,8 @@ from runtime.text import (
     TAIL_MAX_BYTES,
     cut_line,
     cut_marker,
+    fit_line,
+    head_bytes,
     read_lines,
     tail_lines,
 )
@@ -178,3 +180,14 @@ def test_read_lines_returns_lines_up_to_the_limit_and_skips_longer_ones() -> Non
     """A line of exactly the limit is returned, one byte longer is skipped, the rest read on."""
     data = io.BytesIO(b"1234\n12345\nok\nlast")
     assert list(read_lines(data, max_bytes=4)) == [b"1234", b"ok", b"last"]
+
+
+def test_fit_line_keeps_the_marker_within_the_limit_and_head_bytes_whole_characters() -> None:
+    """fit_line cuts to at most its limit in all, marker included, and gives text with a UTF-8
+    form (a lone surrogate becomes ?); head_bytes keeps whole characters within its limit."""
+    for text in ("x" * 100_000, "é" * 50_000, "a\udce9" * 20_000):
+        fitted = fit_line(text, 4096)
+        assert len(fitted.encode()) <= 4096 and "bytes cut" in fitted
+    assert fit_line("short", 4096) == "short"
+    assert head_bytes("aé" * 100, 4) == "aéa"
+    assert head_bytes("abc", 10) == "abc"
