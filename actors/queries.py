@@ -163,6 +163,10 @@ logged AS (
 SELECT id FROM dead
 """
 
+# The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
+# (the column's default covers inserts; see schema.sql and actors/placer.py, PendingMark).
+_THIS_XID = "pg_current_xact_id()::text::bigint"
+
 # Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the
 # withdrawal of unconfirmed assignments in END_CANCELLED_ASSIGNMENTS): a CTE ``backoff`` with
 # each ended job's not_before, ``now() + random() * cap``, the cap of its loss count taken from
@@ -172,10 +176,6 @@ SELECT id FROM dead
 # new leader honours it. The job's reason says until when (UTC). The requeue that follows reads
 # ``backoff`` alone (one row per ended job): joining it with ``ended`` as well, two CTEs, was a
 # nested loop that took 560 of 598 ms when 2,000 assignments ended at once.
-# The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
-# (the column's default covers inserts; see schema.sql and actors/placer.py, PendingMark).
-_THIS_XID = "pg_current_xact_id()::text::bigint"
-
 _REQUEUE_BACKOFF = """backoff AS (
     SELECT j.id, now() + make_interval(
                secs => random() * ({caps}::float8[])[least(j.losses + 1, cardinality({caps}::float8[]))]

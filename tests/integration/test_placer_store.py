@@ -2,7 +2,7 @@
 returns the fresh live workers and the jobs that became pending since the previous read; a job
 whose transaction took a lower pending_seq but committed after a higher one was read is read,
 and placed, by the first round after its commit, whichever read (full or incremental) it
-missed; an aborted transaction's jobs never show."""
+missed, and so is a job requeued that way; an aborted transaction's jobs never show."""
 
 from __future__ import annotations
 
@@ -165,3 +165,36 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
             await slow.close()
             await placer.store.close()  # type: ignore[attr-defined]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_next_read(
+    db: PgConnection, database_url: str
+) -> None:
+    """A requeue (an unconfirmed assignment withdrawn) makes its job pending again in a
+    transaction still open while a later submission commits and is read: the next read after
+    the requeue commits returns the requeued job (a requeue marks the job with its own
+    transaction, as a submission does)."""
+    incarnation = int(
+        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "", 0)
+    )
+    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+    placed, _ = await submit(db, "placed")
+    row = await db.fetchrow(queries.COMMIT_PLACEMENTS, [placed], ["w-1"], [incarnation], 1, True, [], [])
+    assert row is not None and row["assignment_id"] is not None
+    store = PgPlacerStore(database_url=database_url, application_name="test")
+    slow = await PgConnection.connect(database_url)
+    try:
+        waiting, mark = await store.pending_jobs(100)
+        assert waiting == []
+        await slow.execute("BEGIN")
+        withdrawn = [row["assignment_id"]]
+        await slow.fetch(queries.END_CANCELLED_ASSIGNMENTS, 1, withdrawn, "unconfirmed", True, [])
+        later, _ = await submit(db, "later")
+        _, waiting, mark = await store.read_round(1.0, mark, 100)
+        assert [w.job.job_id for w in waiting] == [later]
+        await slow.execute("COMMIT")
+        _, waiting, mark = await store.read_round(1.0, mark, 100)
+        assert [w.job.job_id for w in waiting] == [placed]
+    finally:
+        await slow.close()
+        await store.close()
