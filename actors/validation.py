@@ -349,8 +349,8 @@ LIMITS = (
     Limit("job `sleep.duration_ms`", f"0 to {_n(MAX_SLEEP_MS)} (one week)", ("MAX_SLEEP_MS",)),
     Limit(
         "job `command.argv`",
-        f"1 to {_n(MAX_ARGV_ITEMS)} elements of {_n(MAX_ARGV_BYTES)} bytes (64 KiB) in all, so at "
-        "most that each; the first not empty",
+        f"1 to {_n(MAX_ARGV_ITEMS)} elements, {_n(MAX_ARGV_BYTES)} bytes (64 KiB) in all; the first "
+        "not empty",
         ("MAX_ARGV_ITEMS", "MAX_ARGV_BYTES"),
     ),
     Limit(
