@@ -276,7 +276,24 @@ BEGIN
         ALTER TABLE jobs ADD COLUMN pending_seq bigint;
     END IF;
 END $$;
-CREATE INDEX IF NOT EXISTS jobs_pending_by_seq ON jobs (pending_seq) WHERE state = 'pending';
+-- The transaction that last made a job pending (pg_current_xact_id() as a bigint): the
+-- column's default at insert, set by every requeue (actors/queries.py). Transactions commit
+-- their pending_seq numbers out of order, so the placer's incremental read is keyed by
+-- (pending_xid, pending_seq) and asks again for the transactions a read's snapshot saw in
+-- progress (actors/placer.py, PendingMark). Both columns have defaults, so an insert that
+-- names neither is still read. Added without a default first, so an existing table is not
+-- rewritten; its rows keep NULL, which only the full read returns.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                    WHERE table_name = 'jobs' AND column_name = 'pending_xid') THEN
+        ALTER TABLE jobs ADD COLUMN pending_xid bigint;
+        ALTER TABLE jobs ALTER COLUMN pending_xid SET DEFAULT pg_current_xact_id()::text::bigint;
+        ALTER TABLE jobs ALTER COLUMN pending_seq SET DEFAULT nextval('pending_seq');
+    END IF;
+END $$;
+DROP INDEX IF EXISTS jobs_pending_by_seq;
+CREATE INDEX IF NOT EXISTS jobs_pending_by_xid ON jobs (pending_xid, pending_seq) WHERE state = 'pending';
 
 -- One heartbeat in one statement (actors/ingest.py, queries.HEARTBEAT): one round trip
 -- instead of up to seven (BEGIN, SET LOCAL, four statements, COMMIT), and the worker's row

@@ -8,12 +8,14 @@ refused commit (Deposed) or a failed one sends nothing; a commit whose outcome i
 (connection lost at COMMIT) sends nothing either, and the reconciler re-sends what did commit
 once it finds it unconfirmed.
 
-The pending queue is read in full when the replica becomes leader and every
-``resync_interval_s``; in between a round reads only jobs that became pending since
-(``jobs.pending_seq``), and asks again for sequence numbers it skipped, for
-``gap_ttl_s``, since a transaction may commit a smaller number after a larger one was read.
-A job the queue misses is only placed later; the claim in the commit (pending jobs only)
-keeps a stale queue from ever placing a job twice. When neither the queue nor any worker's
+The pending queue is read in full when the replica becomes leader, after a failed read or
+commit, and every ``resync_interval_s``; in between a round reads only the jobs that became
+pending since its previous read, and no job waits for a resync because transactions commit out
+of order (see :class:`PendingMark`): a job is read by the first round whose read begins after
+the transaction that made it pending committed. The resync only repairs what a read left out
+by design (beyond ``max_jobs_per_round``) and rows written before ``jobs.pending_xid``
+existed. A job the queue misses is only placed later; the claim in the commit (pending jobs
+only) keeps a stale queue from ever placing a job twice. When neither the queue nor any worker's
 free room changed since a round that found nothing to do, the decision is skipped.
 
 Under overload (DESIGN.md): a round places on a worker at most what its send window allows
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -73,13 +76,69 @@ class LiveWorker:
 
 @attrs.frozen(kw_only=True)
 class WaitingJob:
-    """A pending job, the reason currently stored for it, when it became pending, and how long
-    it must still wait for its requeue backoff (seconds, by database time at the read)."""
+    """A pending job, the reason currently stored for it, and how long it must still wait for
+    its requeue backoff (seconds, by database time at the read)."""
 
     job: PendingJob
     reason: str
-    pending_seq: int = 0
     wait_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class PendingMark:
+    """Where the placer's next incremental read of pending jobs begins: every job whose
+    ``(pending_xid, pending_seq)`` is above ``(xid, seq)``, and those at or below it that a
+    transaction in ``in_flight`` made pending.
+
+    Why a sequence number alone cannot be the mark: ``nextval`` hands out numbers when a
+    transaction asks, but transactions commit in any order, so a read may see seq 8 committed
+    while seq 7's transaction is still running (after a database restart, with commits
+    stalled, for seconds). A mark past 8 would skip 7 for good; guessing how long to wait for it
+    is not sound either. Transaction ids and the read's own snapshot are: every row of a
+    pending job carries the id of the transaction that made it pending (``jobs.pending_xid``,
+    ``pg_current_xact_id()``, a top-level id), and a read returns its snapshot
+    (``pg_current_snapshot()``: the statement's own, so the same one its rows were read in).
+    A snapshot sees what every transaction that had committed when it was taken wrote, and
+    nothing of those it lists as in progress (``pg_snapshot_xip``) or that had no id yet
+    (a transaction takes its id at its first write, at or above the snapshot's
+    ``pg_snapshot_xmax``). So a pending row that a read did not see, but a later read may,
+    was written by a transaction either in the read's ``xip`` or with an id at or above its
+    ``xmax``. :meth:`after_read` keeps exactly those: the mark moves to ``(xmax, 0)``, or,
+    when the read filled its limit, to the last row it returned; and ``in_flight`` keeps the
+    read's ``xip`` below the mark. The next read asks for both, so a job made pending by a
+    transaction that committed late is read by the first round after that commit. A
+    transaction of ``in_flight`` that has ended since was seen whole by that read (all its rows
+    or, aborted, none) and leaves the list; ``in_flight`` is never longer than the number of
+    transactions running at once.
+
+    Attributes:
+        xid: the mark's transaction id (``pending_xid``); 0 before any read.
+        seq: the mark's ``pending_seq`` within ``xid``.
+        in_flight: ids of transactions, below ``xid``, still in progress at the last read.
+    """
+
+    xid: int = 0
+    seq: int = 0
+    in_flight: tuple[int, ...] = ()
+
+    def after_read(
+        self,
+        *,
+        last_read: tuple[int, int] | None,
+        snapshot_xmax: int,
+        snapshot_xip: Iterable[int],
+    ) -> PendingMark:
+        """The mark after a read from this one.
+
+        Args:
+            last_read: the last ``(pending_xid, pending_seq)`` read above this mark when that
+                read stopped at its limit (jobs above it were left for the next); None when it
+                returned every job above the mark.
+            snapshot_xmax: the read's ``pg_snapshot_xmax``.
+            snapshot_xip: the read's ``pg_snapshot_xip``.
+        """
+        xid, seq = last_read if last_read is not None else (snapshot_xmax, 0)
+        return PendingMark(xid=xid, seq=seq, in_flight=tuple(sorted(x for x in set(snapshot_xip) if x < xid)))
 
 
 class PlacerStore(Protocol):
@@ -88,31 +147,18 @@ class PlacerStore(Protocol):
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         """Alive workers heard from within ``fresh_s`` seconds (database time)."""
 
-    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
-        """Up to ``limit`` pending jobs, highest priority and oldest first."""
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
+        """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
+        them (what the next :meth:`read_round` starts from)."""
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         """Those of ``job_ids`` that are not pending any more (cancelled, or placed by another)."""
 
     async def read_round(
-        self, fresh_s: float, seq: int, missing: list[int], limit: int
-    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
-        """In one round trip: :meth:`live_workers`, and the pending jobs with ``pending_seq``
-        above ``seq`` or in ``missing`` (up to ``limit`` above ``seq``), by seq."""
-
-
-def _waiting(row: Any) -> WaitingJob:
-    return WaitingJob(
-        job=PendingJob(
-            job_id=int(row["id"]),
-            cpu_millis=int(row["cpu_millis"]),
-            memory_mb=int(row["memory_mb"]),
-            priority=int(row["priority"]),
-        ),
-        reason=row["reason"],
-        pending_seq=int(row["pending_seq"] or 0),
-        wait_s=float(row["wait_s"] or 0.0),
-    )
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        """In one round trip: :meth:`live_workers`, the pending jobs after ``mark`` (up to
+        ``limit`` above it, and all of its transactions in flight), and the mark after them."""
 
 
 _WORKER_COLUMNS = (
@@ -126,7 +172,31 @@ _WORKER_COLUMNS = (
     "unconfirmed_assignments",
     "confirmed_assignments",
 )
-_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_seq", "wait_s")
+_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_xid", "pending_seq", "wait_s")
+
+
+def _job_rows(row: Any) -> list[tuple[Any, ...]]:
+    """The pending jobs of a read's one row of parallel arrays, one tuple per job in
+    :data:`_JOB_COLUMNS` order."""
+    return list(zip(*(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True))
+
+
+async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
+    """:func:`_job_rows` as :class:`WaitingJob`, with a checkpoint every :data:`ROWS_PER_STEP`
+    (a full read of a large queue, or a burst of new jobs: let others run)."""
+    waiting: list[WaitingJob] = []
+    for start in range(0, len(rows), ROWS_PER_STEP):
+        if start:
+            await trio.lowlevel.checkpoint()
+        waiting += [
+            WaitingJob(
+                job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
+                reason=reason,
+                wait_s=wait_s or 0.0,
+            )
+            for job_id, cpu, mem, priority, reason, _, _, wait_s in rows[start : start + ROWS_PER_STEP]
+        ]
+    return waiting
 
 
 def _live_worker(
@@ -192,41 +262,39 @@ class PgPlacerStore:
             for r in rows
         ]
 
-    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
-        rows = await (await self._connection()).fetch(queries.PENDING_JOBS, limit)
-        waiting: list[WaitingJob] = []
-        for start in range(0, len(rows), ROWS_PER_STEP):
-            if start:
-                await trio.lowlevel.checkpoint()  # a full read of a large queue: let others run
-            waiting += [_waiting(r) for r in rows[start : start + ROWS_PER_STEP]]
-        return waiting
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
+        row = await (await self._connection()).fetchrow(queries.PENDING_JOBS, limit)
+        assert row is not None
+        rows = _job_rows(row)
+        return await _waiting(rows), PendingMark().after_read(
+            last_read=None, snapshot_xmax=int(row["snapshot_xmax"]), snapshot_xip=row["snapshot_xip"]
+        )
 
     async def read_round(
-        self, fresh_s: float, seq: int, missing: list[int], limit: int
-    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
-        row = await (await self._connection()).fetchrow(queries.ROUND_READ, fresh_s, seq, limit, missing)
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        row = await (await self._connection()).fetchrow(
+            queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight)
+        )
         assert row is not None
         workers = [
             _live_worker(*columns)
             for columns in zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
         ]
-        rows = list(zip(*(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True))
-        waiting: list[WaitingJob] = []
-        for start in range(0, len(rows), ROWS_PER_STEP):
-            if start:
-                await trio.lowlevel.checkpoint()  # a burst of new jobs: let others run
-            waiting += [
-                WaitingJob(
-                    job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
-                    reason=reason,
-                    pending_seq=pending_seq or 0,
-                    wait_s=wait_s or 0.0,
-                )
-                for job_id, cpu, mem, priority, reason, pending_seq, wait_s in rows[
-                    start : start + ROWS_PER_STEP
-                ]
-            ]
-        return workers, waiting
+        rows = _job_rows(row)
+        # Rows above the mark came from the limited part of the read, the others from the
+        # mark's transactions in flight.
+        above = [
+            (xid, seq or 0)
+            for *_, xid, seq, _ in rows
+            if xid is not None and (xid, seq or 0) > (mark.xid, mark.seq)
+        ]
+        next_mark = mark.after_read(
+            last_read=max(above) if len(above) >= limit else None,
+            snapshot_xmax=int(row["snapshot_xmax"]),
+            snapshot_xip=row["snapshot_xip"],
+        )
+        return workers, await _waiting(rows), next_mark
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
@@ -267,8 +335,6 @@ class Placer:
     queue: PendingQueue = attrs.field(factory=PendingQueue)
     resync_interval_s: float = 30.0
     """Read the whole pending queue again this often (and at every election)."""
-    gap_ttl_s: float = 2.0
-    """Ask for a skipped pending_seq this long before leaving it to the next resync."""
     max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
     """Most placements and pending reasons one round's fenced statement may write (the
     ledger's ``max_rows_per_fenced_write``): reasons beyond what the placements leave wait for
@@ -276,8 +342,7 @@ class Placer:
     _write_size: WriteSize | None = None
     _synced_epoch: int | None = None
     _synced_at: float = -math.inf
-    _last_seq: int = 0
-    _gaps: dict[int, float] = attrs.field(factory=dict)
+    _mark: PendingMark = attrs.field(factory=PendingMark)
     _idle_fingerprint: tuple[Any, ...] | None = None
     _reserving: list[int] = attrs.field(factory=list)
     """Jobs that held reservations in the last deciding round."""
@@ -316,38 +381,25 @@ class Placer:
         now = trio.current_time()
         if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
             workers = await self.store.live_workers(s.worker_fresh_s)
-            waiting = await self.store.pending_jobs(s.max_jobs_per_round)
+            waiting, self._mark = await self.store.pending_jobs(s.max_jobs_per_round)
             self.queue.replace(
                 [w.job for w in waiting],
                 {w.job.job_id: w.reason for w in waiting},
                 now=now,
                 not_before=_not_before(waiting),
             )
-            self._last_seq = max((w.pending_seq for w in waiting), default=0)
-            self._gaps.clear()
             self._synced_epoch, self._synced_at = epoch, now
             return workers
-        self._gaps = {seq: at for seq, at in self._gaps.items() if now - at < self.gap_ttl_s}
-        workers, waiting = await self.store.read_round(
-            s.worker_fresh_s, self._last_seq, sorted(self._gaps), s.max_jobs_per_round
+        workers, waiting, self._mark = await self.store.read_round(
+            s.worker_fresh_s, self._mark, s.max_jobs_per_round
         )
-        if not waiting:
-            return workers
-        self.queue.add(
-            [w.job for w in waiting],
-            {w.job.job_id: w.reason for w in waiting},
-            now=now,
-            not_before=_not_before(waiting),
-        )
-        seen = {w.pending_seq for w in waiting}
-        for seq in seen:
-            self._gaps.pop(seq, None)
-        newest = max(seen)
-        if newest - self._last_seq > 10_000:
-            self._synced_at = -math.inf  # a jump (sequence cache after a crash): resync next round
-        else:
-            self._gaps.update({q: now for q in range(self._last_seq + 1, newest) if q not in seen})
-        self._last_seq = max(self._last_seq, newest)
+        if waiting:
+            self.queue.add(
+                [w.job for w in waiting],
+                {w.job.job_id: w.reason for w in waiting},
+                now=now,
+                not_before=_not_before(waiting),
+            )
         return workers
 
     async def round(self, epoch: int) -> tuple[CommittedAssignment, ...]:

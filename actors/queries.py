@@ -163,6 +163,10 @@ logged AS (
 SELECT id FROM dead
 """
 
+# The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
+# (the column's default covers inserts; see schema.sql and actors/placer.py, PendingMark).
+_THIS_XID = "pg_current_xact_id()::text::bigint"
+
 # Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the
 # withdrawal of unconfirmed assignments in END_CANCELLED_ASSIGNMENTS): a CTE ``backoff`` with
 # each ended job's not_before, ``now() + random() * cap``, the cap of its loss count taken from
@@ -221,6 +225,7 @@ requeued AS (
            finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
            started_at = NULL,
            pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END,
            losses = j.losses + 1,
            not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
            reason = CASE WHEN j.cancel_requested OR b.not_before IS NULL THEN j.reason
@@ -252,6 +257,8 @@ jobs_ended AS (
            started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
            pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
                               ELSE j.pending_seq END,
+           pending_xid = CASE WHEN $4 AND NOT j.cancel_requested THEN {_THIS_XID}
+                              ELSE j.pending_xid END,
            losses = CASE WHEN $4 THEN j.losses + 1 ELSE j.losses END,
            not_before = CASE WHEN $4 AND NOT j.cancel_requested THEN b.not_before ELSE j.not_before END,
            reason = CASE WHEN $4 AND NOT j.cancel_requested AND b.not_before IS NOT NULL
@@ -281,22 +288,39 @@ SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocate
 # How long (s, database time) a pending job must still wait for its requeue backoff; NULL: none.
 _WAIT_S = "greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s"
 
+# The snapshot a statement reads in (pg_current_snapshot() is the statement's own), as the
+# placer's PendingMark needs it: xmax, the first transaction id not yet assigned, and xip, the
+# transactions in progress. xid8 values travel as bigint (they stay below 2^63).
+_SNAPSHOT = """pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
+       ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip"""
+
+_PENDING_COLUMNS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
+               array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
+               array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
+               array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s"""
+
+_PENDING_ROW = f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S}"
+
 # $1 limit. Every pending job (the placer's full resync), highest priority first, then
-# submission order; with the sequence number of its becoming pending and its backoff wait.
+# submission order, with the transaction and the sequence number of its becoming pending and
+# its backoff wait; as parallel arrays in one row (NULL when there are none), with the
+# snapshot the statement read in (_SNAPSHOT).
 PENDING_JOBS = f"""
-SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
-  FROM jobs WHERE state = 'pending'
- ORDER BY priority DESC, id
- LIMIT $1
+SELECT p.*, {_SNAPSHOT}
+  FROM (SELECT {_PENDING_COLUMNS}
+          FROM (SELECT {_PENDING_ROW} FROM jobs WHERE state = 'pending'
+                 ORDER BY priority DESC, id LIMIT $1) ps) p,
+       (SELECT pg_current_snapshot() AS s) snap
 """
 
-# $1 worker_fresh_s, $2 after this pending_seq, $3 limit, $4 earlier seqs not seen yet. One
-# round's reads in one round trip, as parallel arrays in one row (an array is NULL when it has
-# no rows): LIVE_WORKERS, and the jobs that became pending since the placer's last read plus
-# those holding a seq it skipped (a transaction may commit a smaller seq after a larger one was
-# read).
+# $1 worker_fresh_s, $2 $3 the mark (pending_xid, pending_seq), $4 limit, $5 the mark's
+# transactions in flight. One round's reads in one round trip, as parallel arrays in one row
+# (an array is NULL when it has no rows), with the snapshot they were read in: LIVE_WORKERS;
+# the jobs that became pending after the mark, in (pending_xid, pending_seq) order, up to the
+# limit; and those at or below the mark made pending by a transaction that was still in flight
+# at the previous read (see actors/placer.py, PendingMark).
 ROUND_READ = f"""
-SELECT w.*, p.*
+SELECT w.*, p.*, {_SNAPSHOT}
   FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
                array_agg(w.incarnation) AS w_incarnation, array_agg(w.cpu_millis) AS w_cpu_millis,
                array_agg(w.memory_mb) AS w_memory_mb,
@@ -307,17 +331,15 @@ SELECT w.*, p.*
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
-       (SELECT array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
-               array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
-               array_agg(reason) AS p_reason, array_agg(pending_seq) AS p_pending_seq,
-               array_agg(wait_s) AS p_wait_s
-          FROM ((SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
-                   FROM jobs WHERE state = 'pending' AND pending_seq > $2
-                  ORDER BY pending_seq LIMIT $3)
+       (SELECT {_PENDING_COLUMNS}
+          FROM ((SELECT {_PENDING_ROW}
+                   FROM jobs WHERE state = 'pending' AND (pending_xid, pending_seq) > ($2, $3)
+                  ORDER BY pending_xid, pending_seq LIMIT $4)
                 UNION ALL
-                (SELECT id, cpu_millis, memory_mb, priority, reason, pending_seq, {_WAIT_S}
-                   FROM jobs WHERE state = 'pending' AND pending_seq = ANY($4::bigint[])
-                    AND pending_seq <= $2)) ps) p
+                (SELECT {_PENDING_ROW}
+                   FROM jobs WHERE state = 'pending' AND pending_xid = ANY($5::bigint[])
+                    AND (pending_xid, pending_seq) <= ($2, $3))) ps) p,
+       (SELECT pg_current_snapshot() AS s) snap
 """
 
 # $1 job ids. Those no longer pending.
@@ -503,7 +525,7 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
  GROUP BY w.id ORDER BY w.id
 """
 
-# The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_seq).
+# The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_xid).
 COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
 
 STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"

@@ -2,6 +2,11 @@
 
 Each check raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the
 limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written when one fails.
+
+Every size is counted in bytes of UTF-8, the form text takes on the wire and in the database, so
+a limit means the same for any script (a name of 128 bytes is 128 ASCII letters or 42 CJK
+ones). :data:`LIMITS` lists every limit, and the README's table of them is
+:func:`limits_table` (a test compares the two).
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ T = TypeVar("T")
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
-MAX_NAME_CHARS = 128
+MAX_NAME_BYTES = 128
 MAX_PRIORITY = 1_000_000
 MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
 MAX_ARGV_ITEMS = 256
 MAX_ARGV_BYTES = 64 * 1024
 MAX_LABELS = 64
-MAX_LABEL_CHARS = 256
+MAX_LABEL_BYTES = 256
 MAX_LIST_LIMIT = 10_000
-WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_WORKER_ID_BYTES = 64
+MAX_ADDRESS_BYTES = 256
+WORKER_ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_WORKER_ID_BYTES - 1}}}")
 JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
 
 
@@ -49,8 +56,21 @@ class JobRequest:
         return "sleep" if self.argv is None else "command"
 
 
+def utf8_bytes(field: str, value: str) -> int:
+    """The size of ``value`` in UTF-8, the unit of every size limit here.
+
+    Raises:
+        InvalidArgument: ``value`` holds a lone surrogate (text that is not Unicode, such as a
+            file name in another encoding), which has no UTF-8 form.
+    """
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, value, "must be valid Unicode text (it has no UTF-8 form)") from None
+
+
 def _text(
-    field: str, value: str, *, max_chars: int, allow_empty: bool = False, printable: bool = False
+    field: str, value: str, *, max_bytes: int, allow_empty: bool = False, printable: bool = False
 ) -> str:
     if "\x00" in value:
         raise InvalidArgument(field, value, "must not contain NUL bytes")
@@ -58,8 +78,9 @@ def _text(
         raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
     if not value and not allow_empty:
         raise InvalidArgument(field, value, "must not be empty")
-    if len(value) > max_chars:
-        raise InvalidArgument(field, value, f"must be at most {max_chars} characters (has {len(value)})")
+    size = utf8_bytes(field, value)
+    if size > max_bytes:
+        raise InvalidArgument(field, value, f"must be at most {max_bytes} bytes in UTF-8 (has {size})")
     return value
 
 
@@ -84,7 +105,7 @@ def check_job(
         InvalidArgument: a field is empty, too long, out of range or holds a NUL byte, or the
             job names no runtime (or both).
     """
-    _text("name", name, max_chars=MAX_NAME_CHARS, printable=True)
+    _text("name", name, max_bytes=MAX_NAME_BYTES, printable=True)
     _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
     _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
     _int_between("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
@@ -103,11 +124,11 @@ def check_job(
                 "command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items"
             )
         for index, arg in enumerate(argv):
-            _text(f"command.argv[{index}]", arg, max_chars=MAX_ARGV_BYTES, allow_empty=index > 0)
-        total = sum(len(a.encode()) for a in argv)
+            _text(f"command.argv[{index}]", arg, max_bytes=MAX_ARGV_BYTES, allow_empty=index > 0)
+        total = sum(utf8_bytes("command.argv", a) for a in argv)
         if total > MAX_ARGV_BYTES:
             raise InvalidArgument(
-                "command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes"
+                "command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes in UTF-8"
             )
         checked_argv = tuple(argv)
     return JobRequest(
@@ -169,18 +190,20 @@ def check_jobs_steps(
 
 
 def check_worker_id(worker_id: str) -> str:
-    """Raises InvalidArgument unless ``worker_id`` is 1-64 of ``[A-Za-z0-9._-]``, starting alnum."""
-    _text("worker_id", worker_id, max_chars=64)
+    """Raises InvalidArgument unless ``worker_id`` is 1 to :data:`MAX_WORKER_ID_BYTES` of
+    ``[A-Za-z0-9._-]`` (one byte each), starting with a letter or digit."""
+    _text("worker_id", worker_id, max_bytes=MAX_WORKER_ID_BYTES)
     if not WORKER_ID_PATTERN.fullmatch(worker_id):
         raise InvalidArgument(
             "worker_id",
             worker_id,
-            "must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit",
+            f"must be 1-{MAX_WORKER_ID_BYTES} characters of A-Z a-z 0-9 . _ - starting with a letter "
+            "or digit",
         )
     return worker_id
 
 
-MAX_AGENT_RUN_ID_CHARS = 64
+MAX_AGENT_RUN_ID_BYTES = 64
 
 
 def check_registration(
@@ -197,13 +220,13 @@ def check_registration(
 
     Raises:
         InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
-            an agent run id longer than 64 characters, or a registration number outside
+            an agent run id longer than 64 bytes, or a registration number outside
             0..MAX_ID (1 or more with a run id).
     """
     check_worker_id(worker_id)
-    _text("agent_run_id", agent_run_id, max_chars=MAX_AGENT_RUN_ID_CHARS, allow_empty=True)
+    _text("agent_run_id", agent_run_id, max_bytes=MAX_AGENT_RUN_ID_BYTES, allow_empty=True)
     _int_between("registration_seq", registration_seq, 1 if agent_run_id else 0, MAX_ID)
-    _text("address", address, max_chars=256)
+    _text("address", address, max_bytes=MAX_ADDRESS_BYTES)
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
@@ -212,8 +235,8 @@ def check_registration(
     if len(labels) > MAX_LABELS:
         raise InvalidArgument("labels", f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
     for key, value in labels.items():
-        _text("labels key", key, max_chars=MAX_LABEL_CHARS)
-        _text(f"labels[{key}]", value, max_chars=MAX_LABEL_CHARS, allow_empty=True)
+        _text("labels key", key, max_bytes=MAX_LABEL_BYTES)
+        _text(f"labels[{key}]", value, max_bytes=MAX_LABEL_BYTES, allow_empty=True)
 
 
 MAX_ID = 2**63 - 1
@@ -234,10 +257,11 @@ OUTCOME_STATES = ("succeeded", "failed", "cancelled")
 """The states a worker reports for an ended job (``agent.messages.JobState``)."""
 MAX_OUTCOMES = 10_000
 """Most outcomes one heartbeat or registration may carry."""
-MAX_PATH_CHARS = 4096
-"""Longest stdout or stderr path an outcome may name (PATH_MAX on Linux)."""
-MAX_DETAIL_CHARS = 4096
-"""Longest detail an outcome may carry."""
+MAX_PATH_BYTES = 4096
+"""Longest stdout or stderr path an outcome may name (PATH_MAX on Linux, in bytes)."""
+MAX_DETAIL_BYTES = 4096
+"""Longest detail an outcome may carry (the agent cuts its details to fit,
+``agent.messages.MAX_OUTCOME_DETAIL_BYTES``)."""
 
 
 def check_outcome(
@@ -269,9 +293,9 @@ def check_outcome(
             raise InvalidArgument(
                 f"{field}.{name}", value, "must be a finite number of seconds >= 0 (0: unknown)"
             )
-    _text(f"{field}.stdout_path", stdout_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
-    _text(f"{field}.stderr_path", stderr_path, max_chars=MAX_PATH_CHARS, allow_empty=True)
-    _text(f"{field}.detail", detail, max_chars=MAX_DETAIL_CHARS, allow_empty=True)
+    _text(f"{field}.stdout_path", stdout_path, max_bytes=MAX_PATH_BYTES, allow_empty=True)
+    _text(f"{field}.stderr_path", stderr_path, max_bytes=MAX_PATH_BYTES, allow_empty=True)
+    _text(f"{field}.detail", detail, max_bytes=MAX_DETAIL_BYTES, allow_empty=True)
 
 
 def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "finished") -> None:
@@ -299,3 +323,85 @@ def check_list(state: str, limit: int) -> tuple[str, int]:
     if limit > MAX_LIST_LIMIT:
         raise InvalidArgument("limit", limit, f"must be at most {MAX_LIST_LIMIT}")
     return state, limit or 100
+
+
+@attrs.frozen
+class Limit:
+    """One limit on what clients and workers send, as the README's table lists it."""
+
+    fields: str
+    """The fields it applies to, named as in the errors (Markdown)."""
+    rule: str
+    """What is allowed, from the constants it names."""
+    constants: tuple[str, ...]
+    """The names of this module's constants the rule states."""
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+LIMITS = (
+    Limit("job `name`", f"1 to {_n(MAX_NAME_BYTES)} bytes; no control characters", ("MAX_NAME_BYTES",)),
+    Limit("job and worker `cpu_millis`", f"1 to {_n(MAX_CPU_MILLIS)}", ("MAX_CPU_MILLIS",)),
+    Limit("job and worker `memory_mb`", f"1 to {_n(MAX_MEMORY_MB)} (16 TiB)", ("MAX_MEMORY_MB",)),
+    Limit("job `priority`", f"{_n(-MAX_PRIORITY)} to {_n(MAX_PRIORITY)}", ("MAX_PRIORITY",)),
+    Limit("job `sleep.duration_ms`", f"0 to {_n(MAX_SLEEP_MS)} (one week)", ("MAX_SLEEP_MS",)),
+    Limit(
+        "job `command.argv`",
+        f"1 to {_n(MAX_ARGV_ITEMS)} elements, {_n(MAX_ARGV_BYTES)} bytes (64 KiB) in all; the first "
+        "not empty",
+        ("MAX_ARGV_ITEMS", "MAX_ARGV_BYTES"),
+    ),
+    Limit(
+        "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
+        f"1 to {_n(MAX_BATCH_JOBS)} jobs",
+        ("MAX_BATCH_JOBS",),
+    ),
+    Limit(
+        "ListJobs `limit` (`stockade list --limit`)",
+        f"0 to {_n(MAX_LIST_LIMIT)} (0: 100)",
+        ("MAX_LIST_LIMIT",),
+    ),
+    Limit(
+        "ids and numbers: `job_id`, a worker's `incarnation` and `registration_seq`, an outcome's "
+        "`assignment_id`",
+        f"at most {_n(MAX_ID)} (a bigint); job and assignment ids from 1",
+        ("MAX_ID",),
+    ),
+    Limit(
+        "`worker_id`",
+        f"1 to {_n(MAX_WORKER_ID_BYTES)} of `A-Z a-z 0-9 . _ -` (a byte each), starting with a letter "
+        "or digit",
+        ("MAX_WORKER_ID_BYTES",),
+    ),
+    Limit("worker `address`", f"`host:port`, at most {_n(MAX_ADDRESS_BYTES)} bytes", ("MAX_ADDRESS_BYTES",)),
+    Limit(
+        "worker `labels`",
+        f"at most {_n(MAX_LABELS)}; each key 1 to {_n(MAX_LABEL_BYTES)} bytes, each value at most "
+        f"{_n(MAX_LABEL_BYTES)}",
+        ("MAX_LABELS", "MAX_LABEL_BYTES"),
+    ),
+    Limit(
+        "worker `agent_run_id`", f"at most {_n(MAX_AGENT_RUN_ID_BYTES)} bytes", ("MAX_AGENT_RUN_ID_BYTES",)
+    ),
+    Limit(
+        "outcomes (`finished`) of one heartbeat or registration",
+        f"at most {_n(MAX_OUTCOMES)}",
+        ("MAX_OUTCOMES",),
+    ),
+    Limit(
+        "an outcome's `stdout_path` and `stderr_path`",
+        f"at most {_n(MAX_PATH_BYTES)} bytes (PATH_MAX)",
+        ("MAX_PATH_BYTES",),
+    ),
+    Limit("an outcome's `detail`", f"at most {_n(MAX_DETAIL_BYTES)} bytes", ("MAX_DETAIL_BYTES",)),
+)
+"""Every limit of this module, in the order of the README's table (:func:`limits_table`)."""
+
+
+def limits_table() -> str:
+    """:data:`LIMITS` as the README's Markdown table (sizes in UTF-8 bytes)."""
+    rows = ["| input | limit |", "|---|---|"]
+    rows += [f"| {limit.fields} | {limit.rule} |" for limit in LIMITS]
+    return "\n".join(rows) + "\n"

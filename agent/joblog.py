@@ -33,6 +33,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+from runtime.text import read_lines
+
 
 class LogEvent(StrEnum):
     START = "start"
@@ -114,12 +116,17 @@ class JobLog:
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """Every record of a ``agent.jsonl`` file, in order; a torn last line is skipped."""
+    """Every record of a ``agent.jsonl`` file, in order; a torn last line is skipped, and so is
+    a line longer than any record (:func:`runtime.text.read_lines`), without being held.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     records: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as file:
-        for line in file:
+    with path.open("rb") as file:
+        for line in read_lines(file):
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
     return records

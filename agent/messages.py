@@ -12,6 +12,8 @@ from enum import StrEnum
 
 import attrs
 
+from runtime.text import fit_line
+
 
 class RefusalReason(StrEnum):
     """Why the worker refused an assignment or a cancel (``Refusal.reason`` on the wire)."""
@@ -191,6 +193,12 @@ class Registered:
     dead_after_s: float | None = None
 
 
+MAX_OUTCOME_DETAIL_BYTES = 4096
+"""Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a heartbeat or a
+registration carrying a longer one (``actors.validation.MAX_DETAIL_BYTES``; a test keeps them
+equal), and an agent that could not report an outcome would fence itself for good."""
+
+
 @attrs.frozen(kw_only=True)
 class Outcome:
     """How one assignment ended on this worker (``JobOutcome`` on the wire)."""
@@ -205,7 +213,9 @@ class Outcome:
     stdout_path: str = ""
     """Absolute path, empty for runtimes without output files."""
     stderr_path: str = ""
-    detail: str = ""
+    detail: str = attrs.field(default="", converter=lambda d: fit_line(d, MAX_OUTCOME_DETAIL_BYTES))
+    """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES` (it may quote the job's
+    command, of up to 64 KiB)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -49,6 +49,7 @@ from typing import Any
 import attrs
 
 from runtime.aio import PgConnection
+from runtime.text import read_lines
 
 # A fault explains a death when it began at most this long before the last heartbeat the
 # database recorded (a kill lands between heartbeats) and before the declaration.
@@ -385,13 +386,14 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object line of ``path``; a torn last line (a killed writer) is skipped."""
+    """Every JSON object line of ``path``; a torn last line (a killed writer) is skipped, and so
+    is a line longer than any record (:func:`runtime.text.read_lines`), without being held."""
     records = []
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
+    with path.open("rb") as lines:
+        for line in read_lines(lines):
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
     return records
 

@@ -69,6 +69,7 @@ from runtime.settings import (
     PlacerSettings,
     ReconcilerSettings,
 )
+from runtime.text import Tail, cut_line, head_bytes, tail_lines
 
 __all__ = ["app", "main"]
 
@@ -80,7 +81,8 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)."""
 
 OUTPUT_TAIL_LINES = 50
-"""Lines of a job's stdout and stderr that ``stockade job`` shows."""
+"""Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
+last :data:`runtime.text.TAIL_MAX_BYTES`, each cut to :data:`runtime.text.LINE_MAX_BYTES`."""
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
 JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
@@ -332,9 +334,12 @@ def _runtime_text(spec: pb.JobSpec | None) -> str:
     return "-"
 
 
-def _tail(path: Path, lines: int) -> list[str]:
-    with path.open(errors="replace") as handle:
-        return handle.read().splitlines()[-lines:]
+def _tail_extent(tail: Tail) -> str:
+    """What part of a file ``tail`` shows, e.g. ``last 50 lines of the last 64 KiB of 200.0 MiB``."""
+    shown = f"last {len(tail.lines)} line{'' if len(tail.lines) == 1 else 's'}"
+    if tail.whole:
+        return shown
+    return f"{shown} of the last {tail.read_bytes // 1024} KiB of {tail.size_bytes / 2**20:.1f} MiB"
 
 
 def _submit(addresses: list[str], specs: list[pb.JobSpec]) -> list[int]:
@@ -979,7 +984,7 @@ def submit(
     spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
     if command:
         spec.command = pb.CommandRuntime(argv=list(command))
-        default = (os.path.basename(command[0]) or "command")[: validation.MAX_NAME_CHARS]
+        default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
         spec.name = name if name is not None else default
     else:
         assert sleep_s is not None
@@ -1016,7 +1021,7 @@ def job(
         ("job", str(info.job_id)),
         ("name", spec.name if spec else "-"),
         ("state", info.state + (f" ({info.reason})" if info.reason else "")),
-        ("runtime", _runtime_text(spec)),
+        ("runtime", cut_line(_runtime_text(spec))),
         ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
         ("memory_mb", str(spec.memory_mb) if spec else "-"),
         ("priority", str(spec.priority) if spec else "-"),
@@ -1042,12 +1047,16 @@ def job(
         if not path.is_file():
             console.print(f"({label} file {_shown_path(path)} is not on this machine)", style="dim")
             continue
-        lines = _tail(path, OUTPUT_TAIL_LINES)
-        if not lines:
+        try:
+            tail = tail_lines(path, max_lines=OUTPUT_TAIL_LINES)
+        except OSError as exc:
+            console.print(f"({label} file {_shown_path(path)} cannot be read: {exc.strerror})", style="dim")
+            continue
+        if not tail.lines:
             console.print(f"{label}: empty", style="dim")
             continue
-        console.rule(f"{label} (last {len(lines)} lines)", align="left", style="dim")
-        for line in lines:
+        console.rule(f"{label} ({_tail_extent(tail)})", align="left", style="dim")
+        for line in tail.lines:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -1080,7 +1089,7 @@ def list_jobs(
     table.add_column("runtime / reason", ratio=1)
     for info in reply.jobs:
         spec = info.spec
-        detail = _runtime_text(spec) + (f"  ({info.reason})" if info.reason else "")
+        detail = cut_line(_runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
             str(info.job_id),
             Text(spec.name) if spec else "-",

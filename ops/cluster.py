@@ -58,6 +58,7 @@ from protocol import pb
 from runtime.aio import split_address
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError, Unavailable
+from runtime.text import tail_lines
 
 __all__ = [
     "CONTROL_PLANES_ENV",
@@ -1094,8 +1095,9 @@ def _postmaster_port(pg_dir: Path) -> int | None:
 
 
 def _tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a process's log, read in bounded memory (a log may be large)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(tail_lines(path, max_lines=lines).lines)
     except OSError as exc:
         return f"(cannot read {path}: {exc.strerror})"
 

@@ -39,12 +39,13 @@ import tempfile
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import attrs
 import psutil
 
 from runtime.priority import DEFAULT_NICE, renice_server
+from runtime.text import tail_lines, tail_of
 
 __all__ = [
     "PG_SUPERUSER",
@@ -398,7 +399,7 @@ class EmbeddedPostgres:
 
     def _log_tail(self) -> str:
         try:
-            lines = self.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            lines = tail_lines(self.log_path, max_lines=LOG_TAIL_LINES).lines
         except OSError as exc:
             return f"\n(no log at {self.log_path}: {exc.strerror})"
         return f"\n--- last {len(lines)} lines of {self.log_path} ---\n" + "\n".join(lines)
@@ -459,7 +460,7 @@ def _run_pg(program: str, args: Sequence[str], *, run_as: _RunAs, cwd: Path, tim
     argv = [str(POSTGRES_BIN_PATH / program), *args]
     # Keep the caller's PG* variables (PGDATA, PGPORT, PGOPTIONS...) away from the binaries.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    with tempfile.TemporaryFile("w+", errors="replace") as output:
+    with tempfile.TemporaryFile("w+b") as output:
         try:
             completed = subprocess.run(
                 argv,
@@ -473,15 +474,18 @@ def _run_pg(program: str, args: Sequence[str], *, run_as: _RunAs, cwd: Path, tim
                 **run_as.subprocess_kwargs(),
             )
         except subprocess.TimeoutExpired as exc:
-            output.seek(0)
             raise _CommandFailed(
-                f"{program} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{output.read()}"
+                f"{program} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{_output_tail(output)}"
             ) from exc
         if completed.returncode != 0:
-            output.seek(0)
             raise _CommandFailed(
-                f"{program} exited with {completed.returncode}: {shlex.join(argv)}\n{output.read()}"
+                f"{program} exited with {completed.returncode}: {shlex.join(argv)}\n{_output_tail(output)}"
             )
+
+
+def _output_tail(output: IO[bytes]) -> str:
+    """The end of a command's output, read in bounded memory (see :mod:`runtime.text`)."""
+    return "\n".join(tail_of(output, max_lines=LOG_TAIL_LINES).lines)
 
 
 def _whole_seconds(timeout_s: float) -> int:

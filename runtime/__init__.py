@@ -3,6 +3,7 @@
 Supervision (:mod:`runtime.supervisor`), request/reply between actors (:mod:`runtime.reply`),
 the trio-asyncio bridge to asyncpg and grpclib (:mod:`runtime.aio`), the control-plane
 client with failover (:mod:`runtime.client`), settings (:mod:`runtime.settings`), errors
-(:mod:`runtime.errors`), logging (:mod:`runtime.log`) and fault points for tests
-(:mod:`runtime.faults`). Imports only :mod:`protocol`.
+(:mod:`runtime.errors`), logging (:mod:`runtime.log`), fault points for tests
+(:mod:`runtime.faults`), and text of unbounded size read and shown in bounded size
+(:mod:`runtime.text`). Imports only :mod:`protocol`.
 """

@@ -74,7 +74,7 @@ async def test_submissions_registrations_and_heartbeats_need_no_leader(
         ({"cpu_millis": 0}, "cpu_millis must be between 1 and 1000000, got 0"),
         ({"memory_mb": 10**9}, "memory_mb must be between 1 and 16777216, got 1000000000"),
         ({"name": ""}, "name must not be empty"),
-        ({"name": "n" * 500}, "name must be at most 128 characters"),
+        ({"name": "n" * 500}, "name must be at most 128 bytes in UTF-8"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes"),
         ({"sleep": None}, "runtime must be exactly one of sleep or command"),
     ],
@@ -259,7 +259,7 @@ BAD_OUTCOMES = [
     (outcome(detail="a\x00b"), r"finished\[0\]\.detail must not contain NUL bytes"),
     (outcome(stdout_path="/tmp/o\x00"), r"finished\[0\]\.stdout_path must not contain NUL bytes"),
     (outcome(stderr_path="/tmp/e\x00"), r"finished\[0\]\.stderr_path must not contain NUL bytes"),
-    (outcome(detail="x" * 4097), r"finished\[0\]\.detail must be at most 4096 characters \(has 4097\)"),
+    (outcome(detail="x" * 4097), r"finished\[0\]\.detail must be at most 4096 bytes in UTF-8 \(has 4097\)"),
     (
         outcome(assignment_id=0),
         r"finished\[0\]\.assignment_id must be between 1 and 9223372036854775807, got 0",

@@ -27,7 +27,7 @@ from actors.messages import (
     WorkerRef,
 )
 from actors.placement import PendingJob, WorkerRoom
-from actors.placer import LiveWorker, Placer, WaitingJob
+from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
 from actors.role import RoleView
 from runtime import faults
 from runtime.errors import Deposed as DeposedError
@@ -42,16 +42,16 @@ class FakeStore:
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         return self.workers
 
-    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
-        return self.jobs[:limit]
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
+        return self.jobs[:limit], PendingMark()
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         return []
 
     async def read_round(
-        self, fresh_s: float, seq: int, missing: list[int], limit: int
-    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
-        return self.workers, []
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        return self.workers, [], mark
 
 
 def store() -> FakeStore:

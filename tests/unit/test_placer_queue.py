@@ -1,7 +1,7 @@
 """The placer's pending queue: read in full at election, then only what became pending since;
-a skipped sequence number is asked for again; an unchanged cluster decides nothing; a job
-waiting out its requeue backoff is committed only after it; a worker gets no more than its send
-window allows."""
+a job whose transaction commits late is read by the first round after its commit; an unchanged
+cluster decides nothing; a job waiting out its requeue backoff is committed only after it; a
+worker gets no more than its send window allows."""
 
 from __future__ import annotations
 
@@ -21,32 +21,44 @@ from actors.messages import (
     WorkerRef,
 )
 from actors.placement import PendingJob, WorkerRoom
-from actors.placer import LiveWorker, Placer, WaitingJob
+from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime.errors import DatabaseBusy
 from runtime.settings import PlacerSettings
 
 
-def waiting(job_id: int, seq: int, cpu: int = 1000, wait_s: float = 0.0, reason: str = "") -> WaitingJob:
+def waiting(job_id: int, xid: int, cpu: int = 1000, wait_s: float = 0.0, reason: str = "") -> WaitingJob:
+    """A pending job; ``xid`` is the key of the store's dicts (the job's transaction), not kept."""
     return WaitingJob(
         job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=100),
         reason=reason,
-        pending_seq=seq,
         wait_s=wait_s,
     )
 
 
 @attrs.define
 class FakeStore:
-    """Jobs visible in the database, by pending_seq; records which reads the placer made."""
+    """Pending jobs as the database holds them, each made pending by a transaction of its own,
+    keyed by that transaction's id (its one job has pending_seq 1): ``visible`` committed,
+    ``running`` not yet (invisible, and in every read's snapshot as in progress). Records
+    which reads the placer made."""
 
     visible: dict[int, WaitingJob] = attrs.field(factory=dict)
+    running: dict[int, WaitingJob] = attrs.field(factory=dict)
     free_cpu: int = 0
     reads: list[tuple[str, int, tuple[int, ...]]] = attrs.field(factory=list)
     gone: set[int] = attrs.field(factory=set)
     unconfirmed: int = 0
     confirmed: int = 0
+
+    def commit(self, xid: int) -> None:
+        """The running transaction ``xid`` commits: its job becomes visible."""
+        self.visible[xid] = self.running.pop(xid)
+
+    def _after(self, mark: PendingMark, last_read: tuple[int, int] | None) -> PendingMark:
+        xmax = max([*self.visible, *self.running], default=0) + 1
+        return mark.after_read(last_read=last_read, snapshot_xmax=xmax, snapshot_xip=sorted(self.running))
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
@@ -55,20 +67,24 @@ class FakeStore:
         )
         return [LiveWorker(ref=ref, room=room, unconfirmed=self.unconfirmed, confirmed=self.confirmed)]
 
-    async def pending_jobs(self, limit: int) -> list[WaitingJob]:
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         self.reads.append(("all", 0, ()))
-        return sorted(self.visible.values(), key=lambda w: w.job.job_id)
+        jobs = sorted(self.visible.values(), key=lambda w: w.job.job_id)
+        return jobs, self._after(PendingMark(), None)
 
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         self.reads.append(("gone", 0, tuple(job_ids)))
         return [j for j in job_ids if j in self.gone]
 
     async def read_round(
-        self, fresh_s: float, seq: int, missing: list[int], limit: int
-    ) -> tuple[list[LiveWorker], list[WaitingJob]]:
-        self.reads.append(("since", seq, tuple(missing)))
-        new = [w for s, w in sorted(self.visible.items()) if s > seq or s in missing]
-        return await self.live_workers(fresh_s), new
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        self.reads.append(("since", mark.xid, mark.in_flight))
+        above = [x for x in sorted(self.visible) if (x, 1) > (mark.xid, mark.seq)][:limit]
+        late = [x for x in sorted(self.visible) if x in mark.in_flight and (x, 1) <= (mark.xid, mark.seq)]
+        last_read = (above[-1], 1) if len(above) >= limit else None
+        jobs = [self.visible[x] for x in above + late]
+        return await self.live_workers(fresh_s), jobs, self._after(mark, last_read)
 
 
 def make_placer(
@@ -91,33 +107,41 @@ def make_placer(
 
 
 async def test_reads_everything_once_then_only_what_is_new(autojump_clock: trio.testing.MockClock) -> None:
-    """The first round reads every pending job; the next reads only seqs above the newest seen."""
+    """The first round reads every pending job; the next reads only what its transaction
+    committed since (above the mark the first read left: its snapshot's xmax)."""
     store = FakeStore(visible={1: waiting(1, 1), 2: waiting(2, 2)})
     placer, _ = make_placer(store)
     await placer.round(epoch=1)
     store.visible[3] = waiting(3, 3)
     await placer.round(epoch=1)
-    assert store.reads == [("all", 0, ()), ("since", 2, ())]
+    assert store.reads == [("all", 0, ()), ("since", 3, ())]
     assert [j.job_id for j in placer.queue.jobs()] == [1, 2, 3]
 
 
-async def test_a_skipped_sequence_number_is_asked_for_until_it_commits(
+async def test_a_job_whose_transaction_commits_late_is_read_by_the_next_round_however_late(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Seq 5 is read before seq 4 commits: the placer asks for 4 in the next rounds and gets
-    the job when it shows; after gap_ttl_s it stops asking (the resync would catch it)."""
-    store = FakeStore(visible={3: waiting(3, 3)})
+    """Transaction 4 is still running while 3 and then 5 commit and are read; the rounds keep
+    asking for transaction 4's jobs (it was in progress in their snapshots), for 60 s of rounds
+    (past any resync of old), and the first round after it commits reads its job; then it is
+    no longer asked for."""
+    store = FakeStore(visible={3: waiting(3, 3)}, running={4: waiting(4, 4)})
     placer, _ = make_placer(store)
+    placer.resync_interval_s = 3600.0
     await placer.round(epoch=1)
     store.visible[5] = waiting(5, 5)
     await placer.round(epoch=1)
+    for _ in range(600):
+        await trio.sleep(0.1)
+        await placer.round(epoch=1)
+    assert [j.job_id for j in placer.queue.jobs()] == [3, 5]
+    store.commit(4)  # the slower transaction commits now
     await placer.round(epoch=1)
-    store.visible[4] = waiting(4, 4)  # the slower transaction commits now
-    await placer.round(epoch=1)
-    assert store.reads[1:] == [("since", 3, ()), ("since", 5, (4,)), ("since", 5, (4,))]
     assert [j.job_id for j in placer.queue.jobs()] == [3, 4, 5]
     await placer.round(epoch=1)
-    assert store.reads[-1] == ("since", 5, ())
+    reads = [r for r in store.reads if r[0] != "gone"]  # not the reservation's checks
+    assert reads[:3] == [("all", 0, ()), ("since", 5, (4,)), ("since", 6, (4,))]
+    assert reads[-2:] == [("since", 6, (4,)), ("since", 6, ())]
 
 
 async def test_an_unchanged_full_cluster_decides_nothing_and_commits_nothing(

@@ -1,13 +1,32 @@
-"""Bad input is refused with a message naming the field, the value and the limit."""
+"""Bad input is refused with a message naming the field, the value and the limit; every size is
+counted in UTF-8 bytes; the README lists every limit as the constants state it; what the agent
+reports fits the control plane's limits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
+from actors import validation
+from actors.ingest import _outcome_fields
 from actors.validation import check_job, check_list, check_registration, check_worker_id
+from agent.control_plane import outcome_to_pb
+from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
 from runtime.errors import InvalidArgument
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
+OUTCOME = dict(
+    assignment_id=1,
+    job_id=1,
+    state="failed",
+    started_unix_s=1.0,
+    finished_unix_s=2.0,
+    stdout_path="",
+    stderr_path="",
+    detail="",
+)
 
 
 @pytest.mark.parametrize(
@@ -18,7 +37,8 @@ GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, 
         ({"cpu_millis": 10**9}, "cpu_millis must be between 1 and 1000000, got 1000000000"),
         ({"memory_mb": 0}, "memory_mb must be between 1 and 16777216, got 0"),
         ({"name": ""}, "name must not be empty, got ''"),
-        ({"name": "x" * 129}, "name must be at most 128 characters (has 129)"),
+        ({"name": "x" * 129}, "name must be at most 128 bytes in UTF-8 (has 129)"),
+        ({"name": "é" * 65}, "name must be at most 128 bytes in UTF-8 (has 130)"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes, got 'a\\x00b'"),
         ({"sleep_ms": None}, "runtime must be exactly one of sleep or command"),
         ({"argv": ["echo"]}, "runtime must be exactly one of sleep or command"),
@@ -89,3 +109,105 @@ def test_settings_refuse_infinite_durations() -> None:
         ReconcilerSettings(requeue_backoff_max_s=float("inf"))
     with pytest.raises(InvalidArgument, match="shed_lag_s must be a finite number > 0, got nan"):
         IngestSettings(shed_lag_s=float("nan"))
+
+
+def test_an_argv_element_is_limited_in_utf8_bytes_as_the_total_is() -> None:
+    """The issue's input: an element of 40,000 two-byte characters (80,000 bytes, within the
+    per-element limit when it counted characters) is refused as that element, in bytes; the
+    total of 64 KiB is counted in the same unit, and an element that fits exactly passes."""
+    with pytest.raises(InvalidArgument) as info:
+        check_job(**{**GOOD, "sleep_ms": None, "argv": ["echo", "é" * 40_000]})  # type: ignore[arg-type]
+    assert str(info.value).startswith("command.argv[1] must be at most 65536 bytes in UTF-8 (has 80000)")
+    with pytest.raises(InvalidArgument, match=r"command\.argv must total at most 65536 bytes in UTF-8"):
+        check_job(**{**GOOD, "sleep_ms": None, "argv": ["echo", "é" * 32_767]})  # type: ignore[arg-type]
+    job = check_job(**{**GOOD, "sleep_ms": None, "argv": ["ee", "é" * 32_767]})  # type: ignore[arg-type]
+    assert job.argv is not None and sum(len(a.encode()) for a in job.argv) == validation.MAX_ARGV_BYTES
+
+
+@pytest.mark.parametrize(
+    ("check", "field"),
+    [
+        (
+            lambda v: check_registration(
+                worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=1, labels={"k": v}
+            ),
+            "labels[k]",
+        ),
+        (
+            lambda v: check_registration(
+                worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=1, labels={v: ""}
+            ),
+            "labels key",
+        ),
+        (
+            lambda v: check_registration(
+                worker_id="w-1",
+                address="h:1",
+                cpu_millis=1,
+                memory_mb=1,
+                labels={},
+                agent_run_id=v,
+                registration_seq=1,
+            ),
+            "agent_run_id",
+        ),
+        (lambda v: validation.check_outcome("finished[0]", **{**OUTCOME, "detail": v}), "finished[0].detail"),
+        (
+            lambda v: validation.check_outcome("finished[0]", **{**OUTCOME, "stdout_path": v}),
+            "finished[0].stdout_path",
+        ),
+    ],
+)
+def test_every_size_limit_counts_utf8_bytes(check: Callable[[str], object], field: str) -> None:
+    """Each text limit counts UTF-8 bytes: a value of two-byte characters one byte over its
+    limit is refused as that field, in bytes, and one that fits exactly passes."""
+    limit = {
+        "labels[k]": validation.MAX_LABEL_BYTES,
+        "labels key": validation.MAX_LABEL_BYTES,
+        "agent_run_id": validation.MAX_AGENT_RUN_ID_BYTES,
+        "finished[0].detail": validation.MAX_DETAIL_BYTES,
+        "finished[0].stdout_path": validation.MAX_PATH_BYTES,
+    }[field]
+    check("é" * (limit // 2))
+    with pytest.raises(InvalidArgument) as info:
+        check("é" * (limit // 2) + "x")
+    assert str(info.value).startswith(f"{field} must be at most {limit} bytes in UTF-8 (has {limit + 1})")
+
+
+def test_text_without_a_utf8_form_is_refused_naming_the_field() -> None:
+    """A name holding a lone surrogate (a file name in another encoding, as Python reads it) is
+    refused as the name, not with an encoding error."""
+    with pytest.raises(InvalidArgument, match="name must be valid Unicode text"):
+        check_job(**{**GOOD, "name": "caf\udce9"})  # type: ignore[arg-type]
+
+
+def test_the_readme_lists_every_limit_as_the_constants_say() -> None:
+    """The README's table of input limits is :func:`limits_table` verbatim, and every limit
+    constant of actors.validation is stated by a row of it; regenerate the table with
+    ``python -c 'from actors.validation import limits_table; print(limits_table())'``."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    assert validation.limits_table() in readme
+    constants = {name for name in vars(validation) if name.startswith("MAX_")}
+    stated = {name for limit in validation.LIMITS for name in limit.constants}
+    assert stated == constants
+
+
+def test_the_agent_cuts_an_outcomes_detail_to_what_the_control_plane_accepts() -> None:
+    """A command whose argv[0] is 64 KiB cannot start, and its reaper's detail quotes it twice:
+    the outcome the agent sends still passes the control plane's checks (before, every
+    heartbeat and registration carrying it was refused, and the worker fenced itself for good),
+    and keeps the detail's start and end."""
+    program = "x" * validation.MAX_ARGV_BYTES
+    detail = f"cannot start {program!r}: [Errno 36] File name too long: {program!r}"
+    outcome = Outcome(
+        assignment_id=1,
+        job_id=1,
+        state=JobState.FAILED,
+        exit_code=None,
+        started_unix_s=1.0,
+        finished_unix_s=2.0,
+        detail=detail,
+    )
+    validation.check_outcome("finished[0]", **_outcome_fields(outcome_to_pb(outcome)))  # type: ignore[arg-type]
+    assert outcome.detail.startswith("cannot start 'xxx") and outcome.detail.endswith("xxx'")
+    assert MAX_OUTCOME_DETAIL_BYTES == validation.MAX_DETAIL_BYTES
