@@ -53,7 +53,7 @@ import trio
 from actors import admission, queries, validation
 from protocol import pb, wire
 from protocol.wire import Encoded
-from runtime import log, metrics
+from runtime import faults, log, metrics
 from runtime.aio import (
     PgConnection,
     PgPool,
@@ -364,6 +364,7 @@ class ControlPlaneService:
                     None if job.argv is None else list(job.argv),
                 )
             self.pending_jobs += 1
+            await faults.hit("ingest.after_commit")
         return pb.SubmitJobReply(job_id=job_id)
 
     @takes_encoded_request
@@ -402,6 +403,7 @@ class ControlPlaneService:
                     [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
                 )
             self.pending_jobs += len(rows)
+            await faults.hit("ingest.after_commit")
         return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in rows))
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
@@ -425,6 +427,7 @@ class ControlPlaneService:
         validation.check_job_id(request.job_id)
         async with self.database("cancel_job") as conn:
             row = await conn.fetchrow(queries.CANCEL_JOB, request.job_id)
+            await faults.hit("ingest.after_commit")
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
         state = "cancelling" if row["cancel_requested"] else row["state"]
