@@ -181,6 +181,17 @@ def check_worker_id(worker_id: str) -> str:
 
 
 MAX_AGENT_RUN_ID_CHARS = 64
+MAX_IDEMPOTENCY_KEY_CHARS = 128
+
+
+def check_idempotency_key(key: str) -> str:
+    """Check a mutating call's idempotency key (:mod:`actors.idempotency`).
+
+    Raises:
+        InvalidArgument: an empty key (the call could not be told from its retry), one longer
+            than 128 characters, or one with a NUL byte or a control character.
+    """
+    return _text("idempotency_key", key, max_chars=MAX_IDEMPOTENCY_KEY_CHARS, printable=True)
 
 
 def check_registration(
@@ -190,19 +201,20 @@ def check_registration(
     cpu_millis: int,
     memory_mb: int,
     labels: Mapping[str, str],
-    agent_run_id: str = "",
-    registration_seq: int = 0,
+    agent_run_id: str,
+    registration_seq: int,
 ) -> None:
     """Check a worker registration.
 
     Raises:
         InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
-            an agent run id longer than 64 characters, or a registration number outside
-            0..MAX_ID (1 or more with a run id).
+            an agent run id that is empty (with ``registration_seq``, it is the registration's
+            idempotency key) or longer than 64 characters, or a registration number outside
+            1..MAX_ID.
     """
     check_worker_id(worker_id)
-    _text("agent_run_id", agent_run_id, max_chars=MAX_AGENT_RUN_ID_CHARS, allow_empty=True)
-    _int_between("registration_seq", registration_seq, 1 if agent_run_id else 0, MAX_ID)
+    _text("agent_run_id", agent_run_id, max_chars=MAX_AGENT_RUN_ID_CHARS, printable=True)
+    _int_between("registration_seq", registration_seq, 1, MAX_ID)
     _text("address", address, max_chars=256)
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

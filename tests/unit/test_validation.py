@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from actors.validation import check_job, check_list, check_registration, check_worker_id
+from actors.validation import (
+    check_idempotency_key,
+    check_job,
+    check_list,
+    check_registration,
+    check_worker_id,
+)
 from runtime.errors import InvalidArgument
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
@@ -50,10 +56,55 @@ def test_bad_worker_ids_are_refused(worker_id: str) -> None:
 
 def test_registration_checks_address_and_capacity() -> None:
     """A registration without a port or with zero capacity is refused."""
+    run = {"agent_run_id": "run-1", "registration_seq": 1}
     with pytest.raises(InvalidArgument, match="address must be host:port"):
-        check_registration(worker_id="w-1", address="localhost", cpu_millis=1, memory_mb=1, labels={})
+        check_registration(worker_id="w-1", address="localhost", cpu_millis=1, memory_mb=1, labels={}, **run)
     with pytest.raises(InvalidArgument, match="memory_mb must be between 1 and"):
-        check_registration(worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=0, labels={})
+        check_registration(worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=0, labels={}, **run)
+
+
+@pytest.mark.parametrize(
+    ("agent_run_id", "registration_seq", "message"),
+    [
+        ("", 1, "agent_run_id must not be empty, got ''"),
+        ("run-1", 0, "registration_seq must be between 1 and 9223372036854775807, got 0"),
+        ("run\n1", 1, "agent_run_id must not contain control characters"),
+    ],
+)
+def test_a_registration_without_its_idempotency_key_is_refused(
+    agent_run_id: str, registration_seq: int, message: str
+) -> None:
+    """The agent run id and the registration number are the registration's idempotency key:
+    without them a retried registration could not be told from a new one."""
+    with pytest.raises(InvalidArgument) as info:
+        check_registration(
+            worker_id="w-1",
+            address="h:1",
+            cpu_millis=1,
+            memory_mb=1,
+            labels={},
+            agent_run_id=agent_run_id,
+            registration_seq=registration_seq,
+        )
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "idempotency_key must not be empty, got ''"),
+        ("k" * 129, "idempotency_key must be at most 128 characters (has 129)"),
+        ("a\x00b", "idempotency_key must not contain NUL bytes"),
+        ("a\tb", "idempotency_key must not contain control characters"),
+    ],
+)
+def test_bad_idempotency_keys_are_refused(key: str, message: str) -> None:
+    """A mutating call's key is 1 to 128 characters of text on one line."""
+    with pytest.raises(InvalidArgument) as info:
+        check_idempotency_key(key)
+    assert message in str(info.value)
+    uuid = "5f0c6c9e-52b0-4c1e-9d55-0b5a0f6f0a11"
+    assert check_idempotency_key(uuid) == uuid
 
 
 def test_list_checks_state_and_limit() -> None:
