@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import pytest
 import trio
+from click.testing import Result
 from serving import serve_ingests
+from typer.testing import CliRunner
 
 from actors.ingest import Ingest
+from ops.cli import EXIT_INVALID, app
 from protocol import pb
 from runtime import faults
 from runtime.aio import GrpcChannel, PgConnection
@@ -323,3 +326,28 @@ async def test_a_registration_without_a_run_id_is_refused(cluster: Cluster) -> N
     finally:
         channel.close()
     assert await cluster.admin.fetchval("SELECT count(*) FROM workers") == 0
+
+
+async def test_the_cli_run_again_with_its_key_answers_as_the_first_run(cluster: Cluster) -> None:
+    """`stockade submit --idempotency-key K` run twice prints one job id and stores one job;
+    with another request under K it exits 2 naming that job; `stockade cancel` likewise."""
+    addresses = ",".join(r.address for r in cluster.replicas)
+
+    async def stockade(*args: str) -> Result:
+        return await trio.to_thread.run_sync(
+            lambda: CliRunner().invoke(app, [*args, "--control-planes", addresses])
+        )
+
+    job = ["submit", "--cpu-millis", "500", "--memory-mb", "256"]
+    submit = [*job, "--sleep-s", "1", "--idempotency-key", "cli-1"]
+    first, again = await stockade(*submit), await stockade(*submit)
+    assert (first.exit_code, again.exit_code) == (0, 0)
+    assert first.output == again.output == "1\n"
+    assert await job_rows(cluster.admin) == [(1, "sleep")]
+    other = await stockade(*job, "--sleep-s", "2", "--idempotency-key", "cli-1")
+    assert other.exit_code == EXIT_INVALID
+    refusal = "idempotency_key 'cli-1' was first used for submit_job with another request (it created job 1)"
+    assert refusal in other.output
+    cancels = [await stockade("cancel", "1", "--idempotency-key", "cli-2") for _ in range(2)]
+    assert [c.output for c in cancels] == ["job 1: cancelled\n"] * 2
+    assert await job_rows(cluster.admin) == [(1, "sleep")]
