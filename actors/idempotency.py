@@ -24,6 +24,12 @@ A heartbeat needs no key: everything it writes is idempotent by content (livenes
 a running confirmation sets ``confirmed_at`` once, an outcome ends its assignment once and is
 recorded once, both by assignment id; ``record_heartbeat`` in schema.sql).
 
+A new mutating RPC gets all of this by two steps: its request carries a ``string
+idempotency_key`` (the client then fills it in, :func:`runtime.client.with_idempotency_key`),
+and its handler runs its statement, made with :func:`actors.queries.once`, through
+``ControlPlaneService._once`` (and adds a line to :func:`describe`, so a conflict names what it
+did).
+
 Pure functions: the handlers in :mod:`actors.ingest` run them.
 """
 
@@ -35,10 +41,6 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 from actors.validation import JobRequest
-
-MUTATING_RPCS = frozenset({"submit_job", "submit_jobs", "cancel_job"})
-"""The RPCs whose request carries an ``idempotency_key`` that :func:`actors.queries.once`
-stores (RegisterWorker keeps its key in the worker's row)."""
 
 _LISTED_JOBS = 5
 """Job ids a conflict message lists before it says only how many and which range."""

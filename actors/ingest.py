@@ -8,9 +8,8 @@ Every input is checked before anything is written (:mod:`actors.validation`).
 Every mutating call is carried out at most once per idempotency key (:mod:`actors.idempotency`):
 submissions and cancels through :meth:`ControlPlaneService._once`, which stores the key and
 the answer in the statement of the effect (:func:`actors.queries.once`); registrations by
-their agent run id and number, kept in the worker's row. A new mutating RPC gets the same by
-two steps: its request carries ``idempotency_key``, and its statement is made with
-``queries.once`` and run with ``_once``.
+their agent run id and number, kept in the worker's row. A new mutating RPC gets the same in
+two steps (see :mod:`actors.idempotency`).
 
 Outcomes (succeeded, failed) come with heartbeats and with registrations; a registration's
 are recorded for the worker's previous incarnation in the same transaction, before the new
