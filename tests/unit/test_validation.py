@@ -67,7 +67,6 @@ def test_registration_checks_address_and_capacity() -> None:
     ("agent_run_id", "registration_seq", "message"),
     [
         ("", 1, "agent_run_id must not be empty, got ''"),
-        ("run-1", 0, "registration_seq must be between 1 and 9223372036854775807, got 0"),
         ("run\n1", 1, "agent_run_id must not contain control characters"),
     ],
 )
