@@ -480,3 +480,29 @@ END $$;
 -- copy of a registration already applied must not start another incarnation.
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS agent_run_id text NOT NULL DEFAULT '';
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS registration_seq bigint NOT NULL DEFAULT 0;
+
+-- Idempotency keys of the mutating calls (actors/ingest.py, queries.once): SubmitJob, SubmitJobs,
+-- CancelJob. One row per call carried out: its client's key (unique: the primary key), the call,
+-- the sha256 of its checked request (actors/idempotency.py), and its answer (the rows its
+-- effect returned, as JSON). The row is written by the statement that carries out the effect,
+-- so the key and the effect commit together or not at all; a copy of the call finds the row and
+-- gets the answer back without any effect, and a copy that runs at the same moment breaks the
+-- primary key and rolls back whole. A row is kept idempotency_key_retention_s (24 h) after
+-- created_at, then deleted by every replica's sweep (oldest first, a bounded number per
+-- statement; index idempotency_keys_by_age): the table holds at most the calls of that window.
+-- RegisterWorker keeps its key in its workers row instead (agent_run_id, registration_seq,
+-- registration_sha256 below).
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key             text        PRIMARY KEY,
+    rpc             text        NOT NULL,
+    request_sha256  bytea       NOT NULL,
+    answer          jsonb       NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);
+
+-- The sha256 of the registration that created the current incarnation (address, capacity,
+-- labels: actors/idempotency.py), so a copy of that registration (same agent_run_id and
+-- registration_seq) with another body is refused. NULL for rows registered before it existed:
+-- not compared.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS registration_sha256 bytea;

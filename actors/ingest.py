@@ -5,6 +5,12 @@ cancellation requests, worker registrations, heartbeats (liveness, running confi
 finished outcomes) and this replica's presence. Answers job queries and the status view.
 Every input is checked before anything is written (:mod:`actors.validation`).
 
+Every mutating call is carried out at most once per idempotency key (:mod:`actors.idempotency`):
+submissions and cancels through :meth:`ControlPlaneService._once`, which stores the key and
+the answer in the statement of the effect (:func:`actors.queries.once`); registrations by
+their agent run id and number, kept in the worker's row. A new mutating RPC gets the same in
+two steps (see :mod:`actors.idempotency`).
+
 Outcomes (succeeded, failed) come with heartbeats and with registrations; a registration's
 are recorded for the worker's previous incarnation in the same transaction, before the new
 incarnation exists, so the leader's sweep of that incarnation finds those assignments already
@@ -30,7 +36,8 @@ Under overload (DESIGN.md, "Under overload"), slowness here must not turn into m
   terminate the pooled connection, and the replica would open a new one, a new server
   process, exactly when the machine has no CPU to spare. Its server-side timeouts
   (:data:`SESSION_SETTINGS`) bound it; the late answer is dropped. A submission whose client
-  gave up may thus still be stored; a busy answer never is.
+  gave up may thus still be stored, with its idempotency key: the client's retry gets its
+  answer; a busy answer never stores anything.
 - A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
 - The ingest runs its own loop-lag monitor (``loop="ingest"``), and shares nothing with the
   other actors, so it can be hosted on a trio loop of its own.
@@ -50,10 +57,10 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from actors import admission, queries, validation
+from actors import admission, idempotency, queries, validation
 from protocol import pb, wire
 from protocol.wire import Encoded
-from runtime import log, metrics
+from runtime import faults, log, metrics
 from runtime.aio import (
     PgConnection,
     PgPool,
@@ -63,7 +70,16 @@ from runtime.aio import (
     takes_encoded_request,
     trio_service,
 )
-from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded, InvalidArgument, NotFound
+from runtime.errors import (
+    Busy,
+    DatabaseBusy,
+    DatabaseUnavailable,
+    DeadlineExceeded,
+    DuplicateKey,
+    IdempotencyConflict,
+    InvalidArgument,
+    NotFound,
+)
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings
 
@@ -176,6 +192,16 @@ def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
         "sleep_ms": spec.sleep.duration_ms if spec.sleep is not None else None,
         "argv": list(spec.command.argv) if spec.command is not None else None,
     }
+
+
+@attrs.frozen(kw_only=True)
+class Once:
+    """What a mutating call's statement gave (:meth:`ControlPlaneService._once`)."""
+
+    answer: list[dict[str, Any]]
+    """The rows its effect returned, the first time (JSON objects, by column name)."""
+    replayed: bool
+    """True when the call had been carried out already and this is the stored answer."""
 
 
 @attrs.define
@@ -348,12 +374,64 @@ class ControlPlaneService:
             self._record_shed(rpc, reason)
             raise Busy(reason)
 
+    async def _once(
+        self, conn: PgConnection, rpc: str, sql: str, *args: Any, key: str, digest: bytes
+    ) -> Once:
+        """Carry out a mutating call's statement (made by :func:`actors.queries.once`) once per
+        idempotency ``key``: the effect, or, for a copy of a call already carried out, the
+        stored answer and no effect (:mod:`actors.idempotency`).
+
+        Args:
+            conn: the request's connection.
+            rpc: the call, e.g. ``"submit_job"``.
+            sql: its statement; ``args`` its effect's parameters.
+            key: the request's idempotency key (checked).
+            digest: the checked request's sha256 (:func:`actors.idempotency.request_digest`).
+
+        Raises:
+            IdempotencyConflict: ``key`` was first used for another request; nothing was stored.
+            Busy: the database gave up on the statement (another copy of the call, still in
+                progress, held the key past the session's ``lock_timeout``, or the statement
+                timed out); nothing was stored.
+            DatabaseUnavailable: the database failed.
+        """
+        for attempt in (1, 2):
+            try:
+                row = await conn.fetchrow(sql, *args, key, digest)
+            except DuplicateKey as exc:
+                # Another copy stored the key after this statement's snapshot: this one rolled
+                # back whole; run it again, to find the stored answer.
+                if exc.constraint != queries.IDEMPOTENCY_KEY_CONSTRAINT or attempt == 2:
+                    raise
+                continue
+            except DatabaseBusy as exc:
+                raise Busy(
+                    f"busy: {self.cp_id} could not carry out {rpc} now ({exc}); another copy of this "
+                    "call may still be in progress; nothing was stored, try again"
+                ) from exc
+            break
+        assert row is not None
+        answer: list[dict[str, Any]] = json.loads(row["answer"])
+        if row["replayed"]:
+            if row["rpc"] != rpc or bytes(row["request_sha256"]) != digest:
+                raise IdempotencyConflict(
+                    idempotency.conflict_message(key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer)
+                )
+            metrics.INGEST_REPLAYED_REQUESTS.labels(rpc).inc()
+            return Once(answer=answer, replayed=True)
+        await faults.hit("ingest.after_commit")
+        return Once(answer=answer, replayed=False)
+
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         job = validation.check_job(**_job_fields(request.spec or pb.JobSpec()))  # type: ignore[arg-type]
+        key = validation.check_idempotency_key(request.idempotency_key)
+        digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
             await self._refuse_when_queue_full("submit_job")
             async with self.connection("submit_job") as conn:
-                job_id = await conn.fetchval(
+                done = await self._once(
+                    conn,
+                    "submit_job",
                     queries.SUBMIT_JOB,
                     job.name,
                     job.cpu_millis,
@@ -362,9 +440,12 @@ class ControlPlaneService:
                     job.runtime,
                     job.sleep_ms,
                     None if job.argv is None else list(job.argv),
+                    key=key,
+                    digest=digest,
                 )
-            self.pending_jobs += 1
-        return pb.SubmitJobReply(job_id=job_id)
+            if not done.replayed:
+                self.pending_jobs += 1
+        return pb.SubmitJobReply(job_id=int(done.answer[0]["id"]))
 
     @takes_encoded_request
     async def submit_jobs(
@@ -390,8 +471,17 @@ class ControlPlaneService:
             jobs = await run_in_slices(
                 validation.check_jobs_steps(batch.specs, fields=_job_fields, step_jobs=step), self.wire_share
             )
+            key = validation.check_idempotency_key(batch.idempotency_key)
+            digest = await run_in_slices(
+                idempotency.digest_steps(
+                    "submit_jobs", (idempotency.job_item(j) for j in jobs), step_items=step
+                ),
+                self.wire_share,
+            )
             async with self.connection("submit_jobs") as conn:
-                rows = await conn.fetch(
+                done = await self._once(
+                    conn,
+                    "submit_jobs",
                     queries.SUBMIT_JOBS,
                     [j.name for j in jobs],
                     [j.cpu_millis for j in jobs],
@@ -400,9 +490,35 @@ class ControlPlaneService:
                     [j.runtime for j in jobs],
                     [j.sleep_ms for j in jobs],
                     [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
+                    key=key,
+                    digest=digest,
                 )
-            self.pending_jobs += len(rows)
-        return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in rows))
+            if not done.replayed:
+                self.pending_jobs += len(done.answer)
+        return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in done.answer))
+
+    async def sweep_idempotency_keys(self) -> int:
+        """Delete the idempotency keys stored more than ``settings.idempotency_key_retention_s``
+        ago, oldest first, ``settings.idempotency_sweep_rows`` per statement, each statement
+        admitted as any other request (shed first when the replica is busy); returns how many.
+
+        Raises:
+            Busy, DeadlineExceeded: the replica is busy; the rest waits for the next sweep.
+            DatabaseUnavailable: the database failed.
+        """
+        swept = 0
+        while True:
+            async with self.database("sweep_idempotency_keys") as conn:
+                count = int(
+                    await conn.fetchval(
+                        queries.SWEEP_IDEMPOTENCY_KEYS,
+                        self.settings.idempotency_key_retention_s,
+                        self.settings.idempotency_sweep_rows,
+                    )
+                )
+            swept += count
+            if count < self.settings.idempotency_sweep_rows:
+                return swept
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
         validation.check_job_id(request.job_id)
@@ -423,10 +539,15 @@ class ControlPlaneService:
 
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
         validation.check_job_id(request.job_id)
+        key = validation.check_idempotency_key(request.idempotency_key)
+        digest = idempotency.request_digest("cancel_job", [request.job_id])
         async with self.database("cancel_job") as conn:
-            row = await conn.fetchrow(queries.CANCEL_JOB, request.job_id)
-        if row is None:
+            done = await self._once(
+                conn, "cancel_job", queries.CANCEL_JOB, request.job_id, key=key, digest=digest
+            )
+        if not done.answer:
             raise NotFound(f"job_id {request.job_id} not found")
+        row = done.answer[0]
         state = "cancelling" if row["cancel_requested"] else row["state"]
         return pb.CancelJobReply(state=state)
 
@@ -443,6 +564,9 @@ class ControlPlaneService:
         )
         finished = list(request.finished)
         validation.check_outcomes([_outcome_fields(o) for o in finished])
+        digest = idempotency.registration_digest(
+            address=request.address, cpu_millis=request.cpu_millis, memory_mb=request.memory_mb, labels=labels
+        )
         async with self.database("register_worker") as conn, conn.transaction():
             if finished:
                 # The worker's row first, as a heartbeat takes it (one lock order), then the
@@ -459,11 +583,14 @@ class ControlPlaneService:
                 json.dumps(labels),
                 request.agent_run_id,
                 request.registration_seq,
+                digest,
             )
             again = incarnation is None
             if again:
                 # A copy of a registration already applied (a hedged or retried one): its
-                # incarnation; or one its agent has since replaced: refused, nothing changed.
+                # incarnation, if it asks for the same; or one its agent has since replaced, or
+                # one that asks for something else under the same key: refused, and the
+                # transaction rolls back, outcomes included.
                 row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
                 assert row is not None  # the conflict that skipped the update was on this row
                 if row["registration_seq"] != request.registration_seq:
@@ -473,6 +600,17 @@ class ControlPlaneService:
                         f"must be above {row['registration_seq']}, the latest registration of agent "
                         f"run {request.agent_run_id} of worker {request.worker_id}",
                     )
+                stored = row["registration_sha256"]
+                if stored is not None and bytes(stored) != digest:
+                    raise IdempotencyConflict(
+                        idempotency.registration_conflict_message(
+                            worker_id=request.worker_id,
+                            agent_run_id=request.agent_run_id,
+                            registration_seq=request.registration_seq,
+                            incarnation=row["incarnation"],
+                        )
+                    )
+                metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()
                 incarnation = row["incarnation"]
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
         log.get("ingest").info(
@@ -631,6 +769,7 @@ class Ingest:
                 self.address = self.advertise_address or f"{self.listen_host}:{port}"
                 await self._record_presence(self.service)
                 nursery.start_soon(self._presence, self.service)
+                nursery.start_soon(self._sweep, self.service)
                 self._log.info("serving", address=self.address)
                 task_status.started()
         finally:
@@ -647,6 +786,19 @@ class Ingest:
                 await self._record_presence(service)
             except DatabaseUnavailable as exc:
                 self._log.warning("presence not recorded", error=str(exc))
+
+    async def _sweep(self, service: ControlPlaneService) -> None:
+        """Delete expired idempotency keys every ``idempotency_sweep_interval_s``; every replica
+        sweeps (the sweeps skip each other's rows), so the keys' storage stays bounded by the
+        retention window while any replica runs."""
+        while True:
+            await trio.sleep(self.settings.idempotency_sweep_interval_s)
+            try:
+                await service.sweep_idempotency_keys()
+            except (Busy, DeadlineExceeded):
+                pass  # shed as any other request: the next sweep catches up
+            except DatabaseUnavailable as exc:
+                self._log.warning("idempotency keys not swept", error=str(exc))
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema.sql"

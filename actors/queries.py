@@ -1,9 +1,10 @@
 """Every SQL statement the control plane runs, by name.
 
 Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
-ingest (unfenced: submissions, registrations, heartbeats, presence). Reads are used by the
-lease keeper, placer, reconciler and ingest. Durations are passed as float seconds and turned
-into intervals with ``make_interval(secs => $n)``; all times are the database's ``now()``.
+ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, and the sweep of
+expired idempotency keys). Reads are used by the lease keeper, placer, reconciler and ingest.
+Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
+$n)``; all times are the database's ``now()``.
 """
 
 from __future__ import annotations
@@ -384,37 +385,112 @@ CANCEL_REQUESTED_ASSIGNMENTS = (
 
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
-# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv
-SUBMIT_JOB = """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
-VALUES ($1, $2, $3, $4, $5, $6, $7, nextval('pending_seq'))
-RETURNING id
+
+def once(rpc: str, effect: str, *, params: int) -> str:
+    """A mutating call's statement, carried out at most once per idempotency key
+    (:mod:`actors.idempotency`): ``effect`` (a data-modifying statement with ``params``
+    parameters that writes only when the CTE ``fresh`` has a row, and returns the rows that
+    make up the call's answer) wrapped so that one statement, one transaction:
+
+    - reads the key's row (``prior``, in the statement's snapshot);
+    - carries out the effect only when there is none (``fresh``);
+    - stores the key, ``rpc``, the request's digest and the effect's rows as JSON (the answer),
+      when the effect returned any (a call that changed nothing, such as a cancel of an
+      unknown job, stores no key either);
+    - returns one row: ``replayed`` (the key was stored already), ``rpc`` and
+      ``request_sha256`` of the stored call (NULL when not replayed), and ``answer``, the
+      stored answer or the new one.
+
+    Parameters: the effect's ``$1 .. $params``, then the key and the request's sha256. A copy
+    that stored the key after this statement's snapshot was taken makes the key's INSERT wait
+    for it and then break the primary key (``idempotency_keys_pkey``): the statement rolls back
+    whole, effect included, and the caller runs it again to get the stored answer. A copy
+    still in progress makes it wait at most the session's ``lock_timeout``.
+    """
+    if not rpc.isidentifier():
+        raise ValueError(f"rpc must be a method name, got {rpc!r}")
+    key, digest = f"${params + 1}", f"${params + 2}"
+    return f"""
+WITH prior AS (
+    SELECT rpc, request_sha256, answer FROM idempotency_keys WHERE key = {key}::text
+),
+fresh AS (SELECT WHERE NOT EXISTS (SELECT FROM prior)),
+effect AS ({effect}),
+answer AS (SELECT coalesce(jsonb_agg(effect), '[]'::jsonb) AS rows, count(*) AS n FROM effect),
+kept AS (
+    INSERT INTO idempotency_keys (key, rpc, request_sha256, answer)
+    SELECT {key}::text, '{rpc}', {digest}::bytea, answer.rows FROM answer WHERE answer.n > 0
+)
+SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
+       coalesce(prior.answer, answer.rows)::text AS answer
+  FROM answer LEFT JOIN prior ON true
 """
 
+
+# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv; then the
+# idempotency key and the request's sha256 (see once). Answer rows: id.
+SUBMIT_JOB = once(
+    "submit_job",
+    """
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], nextval('pending_seq')
+  FROM fresh
+RETURNING id
+""",
+    params=7,
+)
+
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
-# JSON arrays (NULL for sleep jobs). One statement: all jobs or none. Ids come back in order.
-SUBMIT_JOBS = """
+# JSON arrays (NULL for sleep jobs); then the idempotency key and the request's sha256 (see
+# once). One statement: all jobs or none. Answer rows: id, one per job, drawn in order.
+SUBMIT_JOBS = once(
+    "submit_jobs",
+    """
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
        nextval('pending_seq')
   FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[])
-       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, n)
+       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, n), fresh
  ORDER BY t.n
 RETURNING id
-"""
+""",
+    params=7,
+)
 
-# $1 job id. Pending: cancelled at once. Assigned or running: the leader cancels it on its
-# worker and ends the assignment (a fenced write).
-CANCEL_JOB = """
+# $1 job id; then the idempotency key and the request's sha256 (see once). Pending: cancelled at
+# once. Assigned or running: the leader cancels it on its worker and ends the assignment (a
+# fenced write). Answer rows: id, state, cancel_requested (none: no such job).
+CANCEL_JOB = once(
+    "cancel_job",
+    """
 UPDATE jobs
    SET cancel_requested = state IN ('assigned', 'running'),
        reason = CASE WHEN state = 'pending' THEN '' ELSE reason END,
        state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
        finished_at = CASE WHEN state = 'pending' THEN now() ELSE finished_at END
- WHERE id = $1
-RETURNING state, cancel_requested
+ WHERE id = $1::bigint AND EXISTS (SELECT FROM fresh)
+RETURNING id, state, cancel_requested
+""",
+    params=1,
+)
+
+# The constraint a copy of a mutating call breaks when another copy stored its key first.
+IDEMPOTENCY_KEY_CONSTRAINT = "idempotency_keys_pkey"
+
+# $1 retention_s, $2 most rows. Deletes up to $2 of the oldest keys stored more than $1 seconds
+# ago (index idempotency_keys_by_age), skipping rows another replica's sweep holds; returns how
+# many it deleted.
+SWEEP_IDEMPOTENCY_KEYS = """
+WITH swept AS (
+    DELETE FROM idempotency_keys
+     WHERE key IN (SELECT key FROM idempotency_keys
+                    WHERE created_at < now() - make_interval(secs => $1::float8)
+                    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+ RETURNING 1
+)
+SELECT count(*) FROM swept
 """
 
 _JOB_INFO = """
@@ -437,32 +513,36 @@ GET_JOB = _JOB_INFO + " WHERE j.id = $1"
 # $1 state ('' for any), $2 limit. Newest first.
 LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
 
-# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id ('':
-# none), $7 registration number within that run.
+# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
+# registration number within that run, $8 the registration's sha256 (actors/idempotency.py).
 # A registration is a new incarnation, alive, with a fresh heartbeat, and a send window that
 # starts again (nothing is addressed to the new incarnation yet: see schema.sql), unless it is
 # a copy of one already applied or older than the latest of its agent run (same run id, a
 # number not above the stored one): then the row stays as it is and nothing is returned (see
 # WORKER_REGISTRATION). Late and hedged copies of one registration thus never start another
 # incarnation under an agent that runs jobs under the first. A registration of another run
-# (the agent restarted) is always new.
+# (the agent restarted) is always new. (Worker id, run id, number) is the registration's
+# idempotency key, kept in the worker's row until the next registration replaces it.
 REGISTER_WORKER = """
 INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation, agent_run_id,
-                     registration_seq)
-VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7)
+                     registration_seq, registration_sha256)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
        incarnation = EXCLUDED.incarnation, state = 'alive',
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
-       agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq
- WHERE EXCLUDED.agent_run_id = '' OR workers.agent_run_id <> EXCLUDED.agent_run_id
+       agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq,
+       registration_sha256 = EXCLUDED.registration_sha256
+ WHERE workers.agent_run_id <> EXCLUDED.agent_run_id
     OR workers.registration_seq < EXCLUDED.registration_seq
 RETURNING incarnation
 """
 
 # $1 worker id. The registration a REGISTER_WORKER that returned nothing met.
-WORKER_REGISTRATION = "SELECT incarnation, agent_run_id, registration_seq FROM workers WHERE id = $1"
+WORKER_REGISTRATION = """
+SELECT incarnation, agent_run_id, registration_seq, registration_sha256 FROM workers WHERE id = $1
+"""
 
 # $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
 LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"

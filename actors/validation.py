@@ -204,6 +204,17 @@ def check_worker_id(worker_id: str) -> str:
 
 
 MAX_AGENT_RUN_ID_BYTES = 64
+MAX_IDEMPOTENCY_KEY_BYTES = 128
+
+
+def check_idempotency_key(key: str) -> str:
+    """Check a mutating call's idempotency key (:mod:`actors.idempotency`).
+
+    Raises:
+        InvalidArgument: an empty key (the call could not be told from its retry), one longer
+            than 128 bytes in UTF-8, or one with a NUL byte or a control character.
+    """
+    return _text("idempotency_key", key, max_bytes=MAX_IDEMPOTENCY_KEY_BYTES, printable=True)
 
 
 def check_registration(
@@ -213,19 +224,20 @@ def check_registration(
     cpu_millis: int,
     memory_mb: int,
     labels: Mapping[str, str],
-    agent_run_id: str = "",
-    registration_seq: int = 0,
+    agent_run_id: str,
+    registration_seq: int,
 ) -> None:
     """Check a worker registration.
 
     Raises:
         InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
-            an agent run id longer than 64 bytes, or a registration number outside
-            0..MAX_ID (1 or more with a run id).
+            an agent run id that is empty (with ``registration_seq``, it is the registration's
+            idempotency key) or longer than 64 bytes, or a registration number outside
+            1..MAX_ID.
     """
     check_worker_id(worker_id)
-    _text("agent_run_id", agent_run_id, max_bytes=MAX_AGENT_RUN_ID_BYTES, allow_empty=True)
-    _int_between("registration_seq", registration_seq, 1 if agent_run_id else 0, MAX_ID)
+    _text("agent_run_id", agent_run_id, max_bytes=MAX_AGENT_RUN_ID_BYTES, printable=True)
+    _int_between("registration_seq", registration_seq, 1, MAX_ID)
     _text("address", address, max_bytes=MAX_ADDRESS_BYTES)
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -383,7 +395,14 @@ LIMITS = (
         ("MAX_LABELS", "MAX_LABEL_BYTES"),
     ),
     Limit(
-        "worker `agent_run_id`", f"at most {_n(MAX_AGENT_RUN_ID_BYTES)} bytes", ("MAX_AGENT_RUN_ID_BYTES",)
+        "worker `agent_run_id`",
+        f"1 to {_n(MAX_AGENT_RUN_ID_BYTES)} bytes; no control characters",
+        ("MAX_AGENT_RUN_ID_BYTES",),
+    ),
+    Limit(
+        "`idempotency_key` of a submission or a cancel (`--idempotency-key`)",
+        f"1 to {_n(MAX_IDEMPOTENCY_KEY_BYTES)} bytes; no control characters",
+        ("MAX_IDEMPOTENCY_KEY_BYTES",),
     ),
     Limit(
         "outcomes (`finished`) of one heartbeat or registration",

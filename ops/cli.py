@@ -49,9 +49,10 @@ from ops.cluster import (
 )
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
-from runtime.client import ControlPlaneClient
+from runtime.client import ControlPlaneClient, new_idempotency_key
 from runtime.errors import (
     ClusterBusy,
+    IdempotencyConflict,
     InvalidArgument,
     NotFound,
     RemoteError,
@@ -158,7 +159,7 @@ def _errors() -> Iterator[None]:
     """Turn Stockade's errors into one line on stderr and an exit status; no traceback."""
     try:
         yield
-    except (InvalidArgument, NotFound) as exc:
+    except (InvalidArgument, NotFound, IdempotencyConflict) as exc:
         _fail(str(exc), EXIT_INVALID)
     except ClusterBusy as exc:
         _fail(
@@ -342,19 +343,69 @@ def _tail_extent(tail: Tail) -> str:
     return f"{shown} of the last {tail.read_bytes // 1024} KiB of {tail.size_bytes / 2**20:.1f} MiB"
 
 
-def _submit(addresses: list[str], specs: list[pb.JobSpec]) -> list[int]:
+IdempotencyKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The call's idempotency key (1-128 characters; default: a fresh random UUID). The "
+        "same command run again with the same key is answered with the first run's answer and "
+        "changes nothing, for 24 h; the same key with another request is refused.",
+        show_default=False,
+    ),
+]
+
+
+def _idempotency_key(option: str | None) -> str:
+    """The key a mutating command sends: the one given, checked, or a fresh one.
+
+    Raises:
+        InvalidArgument: the given key is empty, too long or holds a control character.
+    """
+    return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
+
+
+@contextlib.contextmanager
+def _answer_unknown(key: str, what: str) -> Iterator[None]:
+    """When a mutating call ends without an answer, say how to learn what became of it: a
+    replica may have carried it out and failed to answer, and the same key returns that answer
+    instead of carrying it out twice."""
+    try:
+        yield
+    except Unavailable as exc:
+        raise type(exc)(
+            f"{exc}. If a control plane {what} before it failed to answer, the same command with "
+            f"--idempotency-key {key} returns that answer instead of doing it twice"
+        ) from exc
+
+
+def batch_keys(key: str, batches: int) -> list[str]:
+    """The idempotency key of each batch of one submission: ``key`` itself for one batch,
+    ``key/1``, ``key/2``, ... for more (so running the command again sends the same ones).
+
+    Raises:
+        InvalidArgument: a derived key would be longer than the limit.
+    """
+    if batches == 1:
+        return [key]
+    return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
+
+
+def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[int]:
     async def body(client: ControlPlaneClient) -> list[int]:
         if len(specs) == 1:
-            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0]))
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0], idempotency_key=key))
             return [int(reply.job_id)]
         ids: list[int] = []
-        for start in range(0, len(specs), validation.MAX_BATCH_JOBS):
+        starts = range(0, len(specs), validation.MAX_BATCH_JOBS)
+        for start, batch_key in zip(starts, batch_keys(key, len(starts)), strict=True):
             batch = specs[start : start + validation.MAX_BATCH_JOBS]
-            replies = await client.call("submit_jobs", pb.SubmitJobsRequest(specs=batch))
+            replies = await client.call(
+                "submit_jobs", pb.SubmitJobsRequest(specs=batch, idempotency_key=batch_key)
+            )
             ids.extend(int(i) for i in replies.job_ids)
         return ids
 
-    return rpc.with_client(addresses, body)
+    with _answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
+        return rpc.with_client(addresses, body)
 
 
 def _check_spec(spec: pb.JobSpec) -> None:
@@ -474,6 +525,13 @@ def control_plane(
             "a batch that arrives under the limit is taken whole."
         ),
     ] = _INGEST.max_pending_jobs,
+    idempotency_key_retention_s: Annotated[
+        float,
+        typer.Option(
+            help="Keep a mutating call's idempotency key and answer this long after its first use, "
+            "seconds: a retry within it gets the first answer, a copy after it is a new call."
+        ),
+    ] = _INGEST.idempotency_key_retention_s,
     initial_window: Annotated[
         int,
         typer.Option(
@@ -545,6 +603,7 @@ def control_plane(
                 max_wire_work_share=max_wire_work_share,
                 wire_step_messages=wire_step_messages,
                 max_pending_jobs=max_pending_jobs,
+                idempotency_key_retention_s=idempotency_key_retention_s,
             ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,
@@ -922,6 +981,7 @@ def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
 def jobs(
     count: Annotated[int, typer.Argument(help="How many sleep jobs to submit.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the random sizes and durations.")] = 1,
+    idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Submit COUNT sleep jobs of mixed sizes (250-4000 cpu_millis, 128-4096 MiB) and durations (2-10 s)."""
@@ -940,7 +1000,7 @@ def jobs(
             )
         )
     with _errors():
-        ids = _submit(_addresses(control_planes), specs)
+        ids = _submit(_addresses(control_planes), specs, key=_idempotency_key(idempotency_key))
     table = Table(box=rich.box.SIMPLE_HEAD)
     for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
         table.add_column(column, justify="right" if column != "name" else "left")
@@ -976,6 +1036,7 @@ def submit(
         typer.Option(help="Job name [default: the command's basename, or sleep].", show_default=False),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
+    idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
@@ -997,7 +1058,7 @@ def submit(
         spec.name = name if name is not None else "sleep"
     with _errors():
         _check_spec(spec)
-        (job_id,) = _submit(_addresses(control_planes), [spec])
+        (job_id,) = _submit(_addresses(control_planes), [spec], key=_idempotency_key(idempotency_key))
     console.print(job_id)
 
 
@@ -1135,6 +1196,7 @@ def cancel(
             "or it ended on its own first; 0 answers at once (cancelling).",
         ),
     ] = 10.0,
+    idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Cancel a job: at once while pending, through its worker once placed.
@@ -1144,8 +1206,10 @@ def cancel(
     stands; or ``cancelling`` when ``--wait-s`` passed first.
     """
 
-    async def body(client: ControlPlaneClient) -> str:
-        reply: pb.CancelJobReply = await client.call("cancel_job", pb.CancelJobRequest(job_id=job_id))
+    async def body(client: ControlPlaneClient, *, key: str) -> str:
+        reply: pb.CancelJobReply = await client.call(
+            "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
+        )
         if reply.state != "cancelling":
             job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
             return cancel_verdict(job_id, job)
@@ -1160,7 +1224,9 @@ def cancel(
 
     with _errors():
         validation.check_job_id(job_id)
-        console.print(rpc.with_client(_addresses(control_planes), body))
+        key = _idempotency_key(idempotency_key)
+        with _answer_unknown(key, "recorded the cancel"):
+            console.print(rpc.with_client(_addresses(control_planes), functools.partial(body, key=key)))
 
 
 @app.command("status")

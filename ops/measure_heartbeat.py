@@ -23,10 +23,11 @@ from typing import Any
 import asyncpg
 import trio
 
-from actors import ingest, queries
+from actors import ingest
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgPool, asyncio_bridge
+from runtime.client import new_idempotency_key
 
 _COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
 
@@ -66,15 +67,29 @@ async def measure(url: str, count: int, running: int) -> dict[str, float]:
         service = ingest.ControlPlaneService(cp_id="cp-m", pool=pool)
         reg = await service.register_worker(
             pb.RegisterWorkerRequest(
-                worker_id="w-m", address="127.0.0.1:9", cpu_millis=64000, memory_mb=65536
+                worker_id="w-m",
+                address="127.0.0.1:9",
+                cpu_millis=64000,
+                memory_mb=65536,
+                agent_run_id=new_idempotency_key(),
+                registration_seq=1,
             )
         )
         assignment_ids: list[int] = []
         async with pool.acquire() as conn:
             for index in range(running):
-                job_id = await conn.fetchval(
-                    queries.SUBMIT_JOB, f"j{index}", 100, 10, 0, "sleep", 60_000, None
+                submitted = await service.submit_job(
+                    pb.SubmitJobRequest(
+                        spec=pb.JobSpec(
+                            name=f"j{index}",
+                            cpu_millis=100,
+                            memory_mb=10,
+                            sleep=pb.SleepRuntime(duration_ms=60_000),
+                        ),
+                        idempotency_key=new_idempotency_key(),
+                    )
                 )
+                job_id = submitted.job_id
                 assignment_ids.append(
                     await conn.fetchval(
                         "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis,"

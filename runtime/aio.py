@@ -3,8 +3,9 @@
 asyncpg and grpclib are asyncio libraries. Each Stockade process opens one asyncio loop on
 top of trio (:func:`asyncio_bridge`) and every call into those libraries goes through this
 module, the only caller of ``aio_as_trio``. Errors are translated at the boundary: a broken
-connection or an unreachable peer becomes a :class:`runtime.errors.TemporaryError`, a gRPC
-status becomes :class:`InvalidArgument`, :class:`NotFound` or :class:`RemoteError`.
+connection or an unreachable peer becomes a :class:`runtime.errors.TemporaryError`, a broken
+unique index :class:`runtime.errors.DuplicateKey`, a gRPC status :class:`InvalidArgument`,
+:class:`NotFound`, :class:`IdempotencyConflict` or :class:`RemoteError`.
 
 Cancellation: a trio cancel that lands inside an asyncpg call terminates that connection
 (its protocol state is unknown afterwards), so the owner reconnects; close and rollback are
@@ -55,6 +56,8 @@ from runtime.errors import (
     DatabaseUnavailable,
     DeadlineExceeded,
     Deposed,
+    DuplicateKey,
+    IdempotencyConflict,
     InvalidArgument,
     NotFound,
     RemoteError,
@@ -132,8 +135,9 @@ class PgConnection:
     """One asyncpg connection owned by one actor, callable from trio.
 
     Create with :meth:`connect`; every method may raise :class:`DatabaseUnavailable` when the
-    connection breaks (the owner then closes it and connects again). SQL errors other than
-    connection loss propagate as asyncpg's own ``PostgresError`` subclasses.
+    connection breaks (the owner then closes it and connects again), :class:`DatabaseBusy` when
+    the server gave up on the statement, and :class:`DuplicateKey` when it broke a unique index.
+    Other SQL errors propagate as asyncpg's own ``PostgresError`` subclasses.
     """
 
     def __init__(self, raw: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> None:
@@ -185,6 +189,8 @@ class PgConnection:
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
         except _BUSY_ERRORS as exc:
             raise DatabaseBusy(f"database busy: {exc!r}", retry_after_s=0.05) from exc
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            raise DuplicateKey(exc.constraint_name or "", str(exc)) from exc
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
         """Rows of ``sql``."""
@@ -380,6 +386,7 @@ _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
     (DeadlineExceeded, grpclib.const.Status.DEADLINE_EXCEEDED),
     (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
     (NotFound, grpclib.const.Status.NOT_FOUND),
+    (IdempotencyConflict, grpclib.const.Status.ALREADY_EXISTS),
     (Deposed, grpclib.const.Status.FAILED_PRECONDITION),
     (TemporaryError, grpclib.const.Status.UNAVAILABLE),
 ]
@@ -527,8 +534,9 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     marked :func:`takes_encoded_request` gets its request as one. Inside it,
     :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
     statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
-    InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, Deposed -> FAILED_PRECONDITION,
-    TemporaryError -> UNAVAILABLE, others -> INTERNAL.
+    InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
+    ALREADY_EXISTS, Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
+    INTERNAL.
     """
     methods: dict[str, Any] = {}
     undecoded: set[str] = set()
@@ -642,6 +650,8 @@ class GrpcChannel:
                 answered UNAVAILABLE / DEADLINE_EXCEEDED.
             InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
                 (``field`` is ``"request"``; the peer's message is kept whole).
+            IdempotencyConflict: the peer answered ALREADY_EXISTS: the request's idempotency
+                key was first used for another request.
             RemoteError: any other error status.
         """
         try:
@@ -659,6 +669,8 @@ class GrpcChannel:
                 raise _RemoteInvalid(message) from exc
             if exc.status == grpclib.const.Status.NOT_FOUND:
                 raise NotFound(message) from exc
+            if exc.status == grpclib.const.Status.ALREADY_EXISTS:
+                raise IdempotencyConflict(message) from exc
             raise RemoteError(exc.status.name, message) from exc
         except (
             TimeoutError,

@@ -16,11 +16,19 @@ The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedg
 and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica is not
 abandoned (which turns one call into work on every replica) but given until a deadline, while
 the next replica is asked too once the first has been slow for a while.
+
+Mutating calls carry an idempotency key (:func:`with_idempotency_key`): a replica that stored a
+call and then failed to answer cannot be told from one that failed before, so the client asks
+the next one with the same request, and the key makes that copy return the first answer
+instead of carrying the call out again (``actors.idempotency``). The key is drawn once per call
+and sent on every retry and hedged copy of it; a new call gets a new one.
 """
 
 from __future__ import annotations
 
+import copy
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -44,6 +52,35 @@ T = TypeVar("T")
 HEDGED_RPCS = frozenset({"status", "get_job", "list_jobs"})
 """The reads :meth:`ControlPlaneClient.call` hedges rather than abandons on a slow replica:
 asking a second replica changes nothing in the cluster."""
+
+
+def new_idempotency_key() -> str:
+    """A fresh idempotency key: a random UUID (122 random bits), so two clients never draw the
+    same one."""
+    return str(uuid.uuid4())
+
+
+def with_idempotency_key(request: T) -> T:
+    """``request`` with an idempotency key, for every attempt of one call.
+
+    A request that has an ``idempotency_key`` field left empty gets a copy with a fresh key; a
+    ``RegisterWorkerRequest`` whose ``agent_run_id`` (with ``registration_seq``, its key) is
+    empty gets a fresh run id and number 1, as a one-off registration. A key the caller set is
+    kept, so a caller that must survive its own restart (``stockade submit
+    --idempotency-key``) can send the same call again. The caller's object is never changed:
+    reusing it for another call draws another key. Other requests (reads, heartbeats) are
+    returned as they are.
+    """
+    if getattr(request, "idempotency_key", None) == "":
+        keyed = copy.copy(request)
+        keyed.idempotency_key = new_idempotency_key()  # type: ignore[attr-defined]
+        return keyed
+    if isinstance(request, pb.RegisterWorkerRequest) and not request.agent_run_id:
+        keyed_registration = copy.copy(request)
+        keyed_registration.agent_run_id = new_idempotency_key()
+        keyed_registration.registration_seq = request.registration_seq or 1
+        return keyed_registration  # type: ignore[return-value]
+    return request
 
 
 @attrs.define
@@ -118,22 +155,24 @@ class ControlPlaneClient:
           next one starts it again: under load every replica did one listing for one
           command, and the command still failed (see :meth:`call_hedged`).
         - everything else (submissions, cancels) waits ``timeout_s`` for each replica and
-          then asks the next: a request sent twice could be stored twice.
+          then asks the next: there is no point in having two replicas work on one call.
 
         When every replica failed and at least one was busy, waits (capped exponential
         backoff, full jitter) and walks them all again, for up to ``busy_retry_s`` in all. A
-        busy replica did not start the request, so a submission retried after busy answers is
-        stored once, not twice. (A replica that did not answer in time may have stored it;
-        that retry is the caller's risk, as before.)
+        busy replica did not start the request. A mutating request gets its idempotency key
+        here (:func:`with_idempotency_key`), once for the whole call: a replica that stored it
+        and then failed to answer in time is not asked to carry it out again, the next one
+        answers with what the first stored.
 
         Raises:
             ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
                 not answer); the message says how long and how each replica answered last.
             NoControlPlaneReachable: no replica answered and none was busy; the message says
                 how each failed.
-            InvalidArgument, NotFound, RemoteError: a replica refused the request itself
-                (not retried elsewhere: every replica would say the same).
+            InvalidArgument, NotFound, IdempotencyConflict, RemoteError: a replica refused
+                the request itself (not retried elsewhere: every replica would say the same).
         """
+        request = with_idempotency_key(request)
         per_replica_s = timeout_s or self.timeout_s
         started = trio.current_time()
         walks = 0
@@ -202,12 +241,17 @@ class ControlPlaneClient:
             hedge_after_s: seconds without an answer before the next replica is asked too.
             deadline_s: seconds after which the call gives up, every attempt included.
 
+        A mutating request gets its idempotency key here, once for every copy
+        (:func:`with_idempotency_key`).
+
         Raises:
             NoControlPlaneReachable: every replica failed, or none answered within
                 ``deadline_s``; the message says how each failed.
-            InvalidArgument, NotFound, RemoteError: a replica refused the request itself
-                (the other attempts are cancelled: every replica would say the same).
+            InvalidArgument, NotFound, IdempotencyConflict, RemoteError: a replica refused the
+                request itself (the other attempts are cancelled: every replica would say the
+                same).
         """
+        request = with_idempotency_key(request)
         walk = await self._hedged_walk(rpc, request, hedge_after_s=hedge_after_s, deadline_s=deadline_s)
         if walk.answered:
             return walk.reply

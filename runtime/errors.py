@@ -7,6 +7,8 @@
   INVALID_ARGUMENT / NOT_FOUND at the boundary).
 - :class:`Busy`: a replica refused new work because it is overloaded (gRPC RESOURCE_EXHAUSTED);
   nothing was stored, so asking another replica, or the same one later, is safe.
+- :class:`IdempotencyConflict`: the request's idempotency key was first used for another
+  request (gRPC ALREADY_EXISTS); nothing was stored; send a new request with a new key.
 """
 
 from __future__ import annotations
@@ -111,6 +113,34 @@ class InvalidArgument(StockadeError, ValueError):
         self.field = field
         self.value = value
         self.rule = rule
+
+
+class IdempotencyConflict(StockadeError):
+    """The request's idempotency key was first used for a different request; nothing was stored.
+
+    Not retried: every replica holds the same key and would say the same. gRPC ALREADY_EXISTS
+    on the wire: the thing the key names, the first request and what it did, already exists
+    (FAILED_PRECONDITION says the system is in the wrong state, and is :class:`Deposed`'s).
+
+    Args:
+        message: the key, what it was first used for (naming the job or the incarnation it
+            created) and what to do, e.g. ``"idempotency_key 'k-1' was first used for
+            submit_job with another request (it created job 17); nothing was stored; send a new
+            request with a new key"``.
+    """
+
+
+class DuplicateKey(StockadeError):
+    """A statement broke a unique index and was rolled back whole: nothing it wrote is stored.
+
+    Args:
+        constraint: the index's (constraint's) name, e.g. ``"idempotency_keys_pkey"``.
+        message: the database's message.
+    """
+
+    def __init__(self, constraint: str, message: str) -> None:
+        super().__init__(f"duplicate key in {constraint or 'a unique index'}: {message}")
+        self.constraint = constraint
 
 
 class NotFound(StockadeError, LookupError):

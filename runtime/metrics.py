@@ -97,6 +97,12 @@ INGEST_EXPIRED_REQUESTS = Counter(
     "Requests the ingest did not start because their client's deadline had passed, by rpc.",
     ["rpc"],
 )
+INGEST_REPLAYED_REQUESTS = Counter(
+    "stockade_ingest_replayed_requests",
+    "Copies of a mutating call already carried out (same idempotency key, same request) that "
+    "the ingest answered with the first answer and no effect, by rpc (actors.idempotency).",
+    ["rpc"],
+)
 INGEST_STAGE_SECONDS = Histogram(
     "stockade_ingest_stage_seconds",
     "Where a request's time went inside the ingest, by rpc and stage: turn (waiting for its "

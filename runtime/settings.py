@@ -247,6 +247,16 @@ class IngestSettings:
     (10,000 by default) is the same guard."""
     pending_count_max_age_s: float = attrs.field(default=0.5, validator=_positive)
     """How old the pending count a submission is admitted on may be, in seconds."""
+    idempotency_key_retention_s: float = attrs.field(default=86_400.0, validator=_positive)
+    """How long a mutating call's idempotency key and answer are kept after its first use, in
+    seconds (24 h, as Stripe keeps its keys): a copy of the call that arrives within it gets
+    the first answer; one that arrives later is a new call. Keys older than this are deleted
+    within ``idempotency_sweep_interval_s`` (see :mod:`actors.idempotency`)."""
+    idempotency_sweep_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    """How often each replica deletes expired idempotency keys, in seconds."""
+    idempotency_sweep_rows: int = attrs.field(default=5_000, validator=_positive)
+    """Most keys one delete statement of the sweep removes (a pass runs statements until one
+    removes fewer, or the service is busy)."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import pytest
 import trio
+from seeding import insert_job
 
 from actors import queries
 from actors.ledger import Ledger
@@ -354,7 +355,7 @@ async def test_a_fenced_statement_stuck_on_a_row_lock_gives_the_share_lock_up_fo
         "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
         " VALUES ('w-2', '127.0.0.1:1', 8000, 8192, 1)"
     )
-    job_id = await db.fetchval(queries.SUBMIT_JOB, "a", 1000, 100, 0, "sleep", 1000, None)
+    job_id = await insert_job(db, "a", 1000, 100, 0, "sleep", 1000, None)
     blocker = await PgConnection.connect(database_url)
     renewals = await Renewals.open(database_url)
     outcome: list[BaseException] = []

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 import trio
+from seeding import insert_job
 from test_leader_pacing import ALLOCATION_MATCHES
 
 from actors import queries
@@ -24,7 +24,7 @@ from actors.messages import (
 )
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.errors import DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseUnavailable, Deposed, DuplicateKey
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings
 
@@ -42,7 +42,7 @@ async def db(database_url: str) -> AsyncIterator[PgConnection]:
             " VALUES ('w-1', '127.0.0.1:1', 8000, 8192, 1)"
         )
         for name in ("a", "b"):
-            await conn.execute(queries.SUBMIT_JOB, name, 1000, 100, 0, "sleep", 1000, None)
+            await insert_job(conn, name, 1000, 100, 0, "sleep", 1000, None)
         try:
             yield conn
         finally:
@@ -372,8 +372,9 @@ async def test_the_partial_unique_index_refuses_a_second_active_assignment(db: P
         " VALUES (1, 'w-1', 1, 1000, 100, $1)"
     )
     await db.execute(insert, 1)
-    with pytest.raises(asyncpg.UniqueViolationError):
+    with pytest.raises(DuplicateKey) as info:
         await db.execute(insert, 2)
+    assert info.value.constraint == "assignments_one_active_per_job"
     await db.execute("UPDATE assignments SET state = 'finished'")
     await db.execute(insert, 3)  # once the first ended, a new one may be active
 
@@ -422,7 +423,7 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
     allocation equal to the sum over its active assignments (the placer reads only that)."""
     assert await take_over(db, "cp-1") == 1
     for name in ("c", "d"):
-        await db.execute(queries.SUBMIT_JOB, name, 500, 50, 0, "sleep", 1000, None)
+        await insert_job(db, name, 500, 50, 0, "sleep", 1000, None)
     async with trio.open_nursery() as nursery:
         ledger, _ = await run_ledger(nursery, database_url)
         await commit(ledger, 1, 1, 2, 3, 4)
@@ -536,7 +537,7 @@ async def test_committed_command_jobs_carry_their_argv(db: PgConnection, databas
     still reaches the assignment the worker is sent, and a sleep job has none."""
     assert await take_over(db, "cp-1") == 1
     argv = ["python3", "-c", "print('x' * 100)", "y" * 60_000]
-    await db.execute(queries.SUBMIT_JOB, "cmd", 1000, 100, 0, "command", None, argv)
+    await insert_job(db, "cmd", 1000, 100, 0, "command", None, argv)
     async with trio.open_nursery() as nursery:
         ledger, _ = await run_ledger(nursery, database_url)
         committed = await commit(ledger, 1, 1, 3)

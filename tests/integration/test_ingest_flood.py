@@ -20,6 +20,7 @@ from serving import serve_ingests
 
 from protocol import pb
 from runtime.aio import GrpcChannel
+from runtime.client import with_idempotency_key
 
 ROOT = Path(__file__).parents[2]
 JOBS = 1200
@@ -83,13 +84,15 @@ async def test_heartbeats_are_answered_promptly_while_large_listings_flood_the_i
         try:
             stub = channel.stub(pb.ControlPlaneStub)
             spec = pb.JobSpec(name="j", cpu_millis=100, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=10))
-            batch = pb.SubmitJobsRequest(specs=[spec] * JOBS)
+            batch = with_idempotency_key(pb.SubmitJobsRequest(specs=[spec] * JOBS))
             stored = await channel.call(stub.submit_jobs, batch, timeout_s=30.0)
             assert len(stored.job_ids) == JOBS
             reg = await channel.call(
                 stub.register_worker,
-                pb.RegisterWorkerRequest(
-                    worker_id="w-1", address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000
+                with_idempotency_key(
+                    pb.RegisterWorkerRequest(
+                        worker_id="w-1", address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000
+                    )
                 ),
                 timeout_s=5.0,
             )

@@ -20,7 +20,7 @@ from protocol import pb
 from runtime import aio
 from runtime.aio import GrpcChannel, PgConnection, asyncio_bridge, rpc_deadline, serve_grpc, trio_service
 from runtime.backoff import FullJitterBackoff
-from runtime.client import ControlPlaneClient
+from runtime.client import ControlPlaneClient, with_idempotency_key
 from runtime.errors import Busy, ClusterBusy, DeadlineExceeded, Unavailable
 from runtime.settings import IngestSettings
 
@@ -71,14 +71,18 @@ def shed_count(rpc: str) -> float:
 
 
 def one_job() -> pb.SubmitJobsRequest:
-    return pb.SubmitJobsRequest(
-        specs=[pb.JobSpec(name="j", cpu_millis=100, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=10))]
+    """A new submission, with its key (as the client sends it; some tests bypass the client)."""
+    return with_idempotency_key(
+        pb.SubmitJobsRequest(
+            specs=[pb.JobSpec(name="j", cpu_millis=100, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=10))]
+        )
     )
 
 
 def registration(worker_id: str = "w-1") -> pb.RegisterWorkerRequest:
-    return pb.RegisterWorkerRequest(
-        worker_id=worker_id, address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000
+    """A new registration, with its key (agent run id and number)."""
+    return with_idempotency_key(
+        pb.RegisterWorkerRequest(worker_id=worker_id, address="127.0.0.1:9", cpu_millis=1000, memory_mb=1000)
     )
 
 

@@ -77,6 +77,7 @@ class Worker:
     admission: Admission
     unacked: list[pb.JobOutcome] = attrs.field(factory=list)
     cut_off: bool = False
+    registrations: int = 0
 
 
 @attrs.define
@@ -123,8 +124,11 @@ class World:
                 cpu_millis=4000,
                 memory_mb=4096,
                 finished=list(worker.unacked),
+                agent_run_id=f"run-{worker.worker_id}",
+                registration_seq=worker.registrations + 1,
             )
         )
+        worker.registrations += 1
         self._delivered(worker.unacked)
         worker.unacked.clear()
         worker.admission.registered(int(reply.incarnation), int(reply.epoch))
@@ -213,7 +217,9 @@ class World:
                         )
                     )
             case "cancel_request":
-                await self.service.cancel_job(pb.CancelJobRequest(job_id=self.job_id))
+                await self.service.cancel_job(
+                    pb.CancelJobRequest(job_id=self.job_id, idempotency_key=f"cancel-{self.job_id}")
+                )
                 self.cancel_requested = True
             case "leader_cancel":
                 await self.leader_cancel()
@@ -362,7 +368,8 @@ async def _play(db: Database, events: Sequence[str]) -> None:
         pb.SubmitJobRequest(
             spec=pb.JobSpec(
                 name=f"t-{n}", cpu_millis=100, memory_mb=16, sleep=pb.SleepRuntime(duration_ms=300)
-            )
+            ),
+            idempotency_key=f"submit-{n}",
         )
     )
 

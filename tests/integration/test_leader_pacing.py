@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from seeding import insert_job
 
 from actors import queries
+from actors.idempotency import registration_digest
 from actors.ledger import Ledger
 from actors.messages import (
     CommitPlacements,
@@ -30,6 +32,7 @@ from actors.messages import (
 from actors.placer import PgPlacerStore, Placer
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import new_idempotency_key
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings, PlacerSettings
 
@@ -73,9 +76,12 @@ async def register(db: PgConnection, worker_id: str, cpu_millis: int = 8000) -> 
     """Register (again) as ingest does, and heartbeat once under the new incarnation as an agent
     does (only then does the orphan sweep end the previous one's assignments); returns the new
     incarnation."""
+    address = f"127.0.0.1:{len(worker_id)}"
+    digest = registration_digest(address=address, cpu_millis=cpu_millis, memory_mb=8192, labels={})
+    run_id = new_idempotency_key()  # a new agent run each time: always a new incarnation
     incarnation = int(
         await db.fetchval(
-            queries.REGISTER_WORKER, worker_id, f"127.0.0.1:{len(worker_id)}", cpu_millis, 8192, "{}", "", 0
+            queries.REGISTER_WORKER, worker_id, address, cpu_millis, 8192, "{}", run_id, 1, digest
         )
     )
     await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9)
@@ -83,10 +89,7 @@ async def register(db: PgConnection, worker_id: str, cpu_millis: int = 8000) -> 
 
 
 async def submit(db: PgConnection, count: int, cpu_millis: int = 100) -> list[int]:
-    return [
-        int(await db.fetchval(queries.SUBMIT_JOB, f"j{n}", cpu_millis, 10, 0, "sleep", 1000, None))
-        for n in range(count)
-    ]
+    return [await insert_job(db, f"j{n}", cpu_millis, 10, 0, "sleep", 1000, None) for n in range(count)]
 
 
 async def counters(db: PgConnection, worker_id: str = "w-1") -> tuple[int, int]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from seeding import insert_job
 
 from actors import queries
 from actors.ledger import Ledger
@@ -35,9 +36,9 @@ async def db(database_url: str) -> AsyncIterator[PgConnection]:
 
 
 async def submit(conn: PgConnection, name: str) -> tuple[int, int]:
-    """Submit one sleep job as the ingest does, on ``conn`` (in its open transaction, if any);
-    returns its id and pending_seq."""
-    job_id = int(await conn.fetchval(queries.SUBMIT_JOB, name, 100, 10, 0, "sleep", 1000, None))
+    """Store one pending sleep job as a submission does, on ``conn`` (in its open transaction,
+    if any); returns its id and pending_seq."""
+    job_id = await insert_job(conn, name, 100, 10, 0, "sleep", 1000, None)
     seq = int(await conn.fetchval("SELECT pending_seq FROM jobs WHERE id = $1", job_id))
     return job_id, seq
 
@@ -125,7 +126,7 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
     has committed. The job of n+1 is placed in that round; n's commits next, and the next round
     or the one after places it (before, it waited for the resync 30 s later)."""
     incarnation = int(
-        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "", 0)
+        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
     )
     await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
     slow = await PgConnection.connect(database_url)
@@ -175,7 +176,7 @@ async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_ne
     the requeue commits returns the requeued job (a requeue marks the job with its own
     transaction, as a submission does)."""
     incarnation = int(
-        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "", 0)
+        await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
     )
     await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
     placed, _ = await submit(db, "placed")

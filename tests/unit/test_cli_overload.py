@@ -14,7 +14,7 @@ from runtime.errors import ClusterBusy
 def test_a_busy_cluster_is_reported_as_busy_not_as_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     """When every replica stayed busy, the command says so, says nothing was stored, and exits 1."""
 
-    def busy(addresses: list[str], specs: object) -> list[int]:
+    def busy(addresses: list[str], specs: object, **_: object) -> list[int]:
         raise ClusterBusy("every control plane is busy: asked 9 times over 30.0 s (busy_retry_s 30); ...")
 
     monkeypatch.setattr(cli, "_submit", busy)

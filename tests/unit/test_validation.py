@@ -11,7 +11,13 @@ import pytest
 
 from actors import validation
 from actors.ingest import _outcome_fields
-from actors.validation import check_job, check_list, check_registration, check_worker_id
+from actors.validation import (
+    check_idempotency_key,
+    check_job,
+    check_list,
+    check_registration,
+    check_worker_id,
+)
 from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
 from runtime.errors import InvalidArgument
@@ -70,10 +76,54 @@ def test_bad_worker_ids_are_refused(worker_id: str) -> None:
 
 def test_registration_checks_address_and_capacity() -> None:
     """A registration without a port or with zero capacity is refused."""
+    run = {"agent_run_id": "run-1", "registration_seq": 1}
     with pytest.raises(InvalidArgument, match="address must be host:port"):
-        check_registration(worker_id="w-1", address="localhost", cpu_millis=1, memory_mb=1, labels={})
+        check_registration(worker_id="w-1", address="localhost", cpu_millis=1, memory_mb=1, labels={}, **run)
     with pytest.raises(InvalidArgument, match="memory_mb must be between 1 and"):
-        check_registration(worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=0, labels={})
+        check_registration(worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=0, labels={}, **run)
+
+
+@pytest.mark.parametrize(
+    ("agent_run_id", "registration_seq", "message"),
+    [
+        ("", 1, "agent_run_id must not be empty, got ''"),
+        ("run\n1", 1, "agent_run_id must not contain control characters"),
+    ],
+)
+def test_a_registration_without_its_idempotency_key_is_refused(
+    agent_run_id: str, registration_seq: int, message: str
+) -> None:
+    """The agent run id and the registration number are the registration's idempotency key:
+    without them a retried registration could not be told from a new one."""
+    with pytest.raises(InvalidArgument) as info:
+        check_registration(
+            worker_id="w-1",
+            address="h:1",
+            cpu_millis=1,
+            memory_mb=1,
+            labels={},
+            agent_run_id=agent_run_id,
+            registration_seq=registration_seq,
+        )
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "idempotency_key must not be empty, got ''"),
+        ("k" * 129, "idempotency_key must be at most 128 bytes in UTF-8 (has 129)"),
+        ("a\x00b", "idempotency_key must not contain NUL bytes"),
+        ("a\tb", "idempotency_key must not contain control characters"),
+    ],
+)
+def test_bad_idempotency_keys_are_refused(key: str, message: str) -> None:
+    """A mutating call's key is 1 to 128 bytes of text on one line."""
+    with pytest.raises(InvalidArgument) as info:
+        check_idempotency_key(key)
+    assert message in str(info.value)
+    uuid = "5f0c6c9e-52b0-4c1e-9d55-0b5a0f6f0a11"
+    assert check_idempotency_key(uuid) == uuid
 
 
 def test_list_checks_state_and_limit() -> None:
@@ -129,13 +179,25 @@ def test_an_argv_element_is_limited_in_utf8_bytes_as_the_total_is() -> None:
     [
         (
             lambda v: check_registration(
-                worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=1, labels={"k": v}
+                worker_id="w-1",
+                address="h:1",
+                cpu_millis=1,
+                memory_mb=1,
+                labels={"k": v},
+                agent_run_id="run",
+                registration_seq=1,
             ),
             "labels[k]",
         ),
         (
             lambda v: check_registration(
-                worker_id="w-1", address="h:1", cpu_millis=1, memory_mb=1, labels={v: ""}
+                worker_id="w-1",
+                address="h:1",
+                cpu_millis=1,
+                memory_mb=1,
+                labels={v: ""},
+                agent_run_id="run",
+                registration_seq=1,
             ),
             "labels key",
         ),

@@ -1,0 +1,133 @@
+"""Idempotency keys: a retried mutating call is carried out once.
+
+A client cannot tell a replica that failed before it stored a call from one that stored it and
+then failed to answer, so it sends the call again, to the next replica, with the same key
+(:mod:`runtime.client`). The rule, for every mutating RPC:
+
+1. The key is stored with the call's answer in the same statement as the call's effect
+   (:func:`actors.queries.once`), under a unique index: the key and the effect commit together
+   or not at all.
+2. A call whose key is stored is not carried out again: it gets the stored answer, if its
+   request is the one the key was first used for (same RPC, same :func:`request_digest`).
+3. The same key with another request is refused (:class:`runtime.errors.IdempotencyConflict`,
+   gRPC ALREADY_EXISTS), naming what the first request did (:func:`conflict_message`), and
+   nothing is stored.
+4. A key is kept ``idempotency_key_retention_s`` (24 h) after its first use, then deleted; a
+   copy arriving after that is a new call. The client retries one call for well under a
+   minute, so every retry it makes finds its key.
+
+RegisterWorker follows the same rules with the key it already had: the worker id, the agent's
+run id and the registration's number (``agent_run_id``, ``registration_seq``), kept in the
+worker's row, whose digest (:func:`registration_digest`) is compared the same way.
+
+A heartbeat needs no key: everything it writes is idempotent by content (liveness is a time,
+a running confirmation sets ``confirmed_at`` once, an outcome ends its assignment once and is
+recorded once, both by assignment id; ``record_heartbeat`` in schema.sql).
+
+A new mutating RPC gets all of this by two steps: its request carries a ``string
+idempotency_key`` (the client then fills it in, :func:`runtime.client.with_idempotency_key`),
+and its handler runs its statement, made with :func:`actors.queries.once`, through
+``ControlPlaneService._once`` (and adds a line to :func:`describe`, so a conflict names what it
+did).
+
+Pure functions: the handlers in :mod:`actors.ingest` run them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import Any
+
+from actors.validation import JobRequest
+
+_LISTED_JOBS = 5
+"""Job ids a conflict message lists before it says only how many and which range."""
+
+
+def _item(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def digest_steps(rpc: str, items: Iterable[Any], *, step_items: int) -> Generator[None, None, bytes]:
+    """The sha256 of ``rpc`` and ``items`` (JSON-encodable values), as a generator that yields
+    after every ``step_items`` items (for :func:`actors.ingest.run_in_slices`) and returns the
+    32-byte digest.
+
+    Computed from the checked request, not from its wire bytes: two encodings of one request
+    (fields in another order, a default value sent or left out) have the same digest.
+    """
+    hasher = hashlib.sha256(_item(rpc))
+    for index, item in enumerate(items, 1):
+        hasher.update(_item(item))
+        if index % step_items == 0:
+            yield
+    return hasher.digest()
+
+
+def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
+    """:func:`digest_steps` in one piece."""
+    steps = digest_steps(rpc, items, step_items=2**62)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            digest: bytes = done.value
+            return digest
+
+
+def job_item(job: JobRequest) -> list[Any]:
+    """A checked job as it enters a request's digest."""
+    argv = None if job.argv is None else list(job.argv)
+    return [job.name, job.cpu_millis, job.memory_mb, job.priority, job.sleep_ms, argv]
+
+
+def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:
+    """The digest of what a registration asks for. The outcomes it carries are left out: a
+    retried registration may carry more of them, and each is recorded once by its assignment
+    id whichever copy brings it."""
+    return request_digest("register_worker", [address, cpu_millis, memory_mb, sorted(labels.items())])
+
+
+def _job_ids(ids: Sequence[int]) -> str:
+    if len(ids) == 1:
+        return f"job {ids[0]}"
+    if len(ids) <= _LISTED_JOBS:
+        return "jobs " + ", ".join(str(i) for i in ids)
+    return f"{len(ids)} jobs, {ids[0]} to {ids[-1]}"
+
+
+def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
+    """What a stored call did, from its RPC and its stored answer (the rows of its effect):
+    ``"it created job 17"``, ``"it created jobs 17, 18, 19"``, ``"it created 400 jobs, 17 to
+    416"``, ``"it cancelled job 17 (cancelled)"``."""
+    if rpc in ("submit_job", "submit_jobs"):
+        return "it created " + _job_ids(sorted(int(row["id"]) for row in answer))
+    if rpc == "cancel_job" and answer:
+        row = answer[0]
+        state = "cancelling" if row["cancel_requested"] else row["state"]
+        return f"it cancelled job {row['id']} ({state})"
+    return f"its answer was {json.dumps(list(answer))[:200]}"
+
+
+def conflict_message(*, key: str, rpc: str, first_rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
+    """The refusal of a ``rpc`` call whose key was first used for another request: names the
+    key, the first call and what it did (the job it created or cancelled)."""
+    first = f"{first_rpc} with another request" if first_rpc == rpc else f"{first_rpc}, not {rpc}"
+    return (
+        f"idempotency_key {key!r} was first used for {first} ({describe(first_rpc, answer)}); "
+        "nothing was stored; send a new request with a new key"
+    )
+
+
+def registration_conflict_message(
+    *, worker_id: str, agent_run_id: str, registration_seq: int, incarnation: int
+) -> str:
+    """The refusal of a registration whose key (worker, run, number) was first used with another
+    address, capacity or labels; names the incarnation the first created."""
+    return (
+        f"registration_seq {registration_seq} of agent run {agent_run_id!r} of worker {worker_id} was "
+        f"first applied with another address, capacity or labels (it created incarnation "
+        f"{incarnation}); nothing was changed; register with a new registration_seq"
+    )

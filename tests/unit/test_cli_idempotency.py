@@ -1,0 +1,44 @@
+"""The CLI's idempotency keys: checked before anything is sent, and named when a mutating
+command ends without an answer, so running it again with that key cannot do it twice."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app, batch_keys
+from runtime.errors import InvalidArgument
+
+SUBMIT = ["submit", "--cpu-millis", "100", "--memory-mb", "10", "--sleep-s", "1"]
+NOWHERE = ["--control-planes", "127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("command", [[*SUBMIT, *NOWHERE], ["cancel", "3", *NOWHERE], ["jobs", "2", *NOWHERE]])
+def test_a_mutating_command_without_an_answer_names_its_key(command: list[str]) -> None:
+    """No control plane answered: the error names the key to run the command again with."""
+    result = CliRunner().invoke(app, [*command, "--idempotency-key", "key-7"])
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert "the same command with --idempotency-key key-7 returns that answer" in result.output
+
+
+def test_a_drawn_key_is_named_too() -> None:
+    """Without --idempotency-key the command draws a key, and names that one."""
+    result = CliRunner().invoke(app, [*SUBMIT, *NOWHERE])
+    assert result.exit_code == EXIT_UNAVAILABLE
+    key = result.output.split("--idempotency-key ", 1)[1].split()[0]
+    assert len(key) == 36 and key.count("-") == 4
+
+
+def test_a_bad_key_is_refused_before_anything_is_sent() -> None:
+    """An empty key exits 2 naming the field (the control-plane address is never asked)."""
+    result = CliRunner().invoke(app, [*SUBMIT, *NOWHERE, "--idempotency-key", ""])
+    assert result.exit_code == EXIT_INVALID
+    assert "idempotency_key must not be empty" in result.output
+
+
+def test_each_batch_of_one_submission_has_a_key_of_its_own() -> None:
+    """One batch sends the key; more send key/1, key/2, ...; a key too long to extend is refused."""
+    assert batch_keys("k", 1) == ["k"]
+    assert batch_keys("k", 3) == ["k/1", "k/2", "k/3"]
+    with pytest.raises(InvalidArgument, match="idempotency_key must be at most 128 bytes"):
+        batch_keys("k" * 127, 2)
