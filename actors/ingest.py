@@ -382,6 +382,8 @@ class ControlPlaneService:
                         wire.decode_steps(pb.SubmitJobsRequest, request.data, step_messages=step),
                         self.wire_share,
                     )
+                except wire.OutOfRange as exc:
+                    raise InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail) from None
                 except ValueError as exc:
                     raise InvalidArgument(
                         "request", f"{len(request.data)} bytes", f"must be a SubmitJobsRequest ({exc})"

@@ -38,6 +38,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
+import betterproto2
 import grpclib.client
 import grpclib.const
 import grpclib.exceptions
@@ -47,6 +48,7 @@ import trio_asyncio
 from betterproto2.grpclib import ServiceBase, ServiceStub
 from grpclib.encoding.proto import ProtoCodec
 
+from protocol import wire
 from protocol.wire import Encoded
 from runtime import log
 from runtime.errors import (
@@ -476,8 +478,30 @@ def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any],
 
 
 class WireCodec(ProtoCodec):
-    """grpclib's protobuf codec, and a reply already in wire form (:class:`protocol.wire.Encoded`
-    of the RPC's reply type) is sent as it is."""
+    """grpclib's protobuf codec, with two changes: a reply already in wire form
+    (:class:`protocol.wire.Encoded` of the RPC's reply type) is sent as it is, and a request is
+    decoded by :func:`protocol.wire.parse`, so an integer sent outside its field's type is
+    refused (INVALID_ARGUMENT naming the field and the value as sent) instead of truncated."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        """The request (or an :class:`protocol.wire.Encoded` of it, for a handler marked
+        :func:`takes_encoded_request`, which decodes it itself).
+
+        Raises:
+            grpclib.exceptions.GRPCError: INVALID_ARGUMENT: an integer field's value as sent
+                lies outside its type, or ``data`` is not a well-formed request.
+        """
+        if not (isinstance(message_type, type) and issubclass(message_type, betterproto2.Message)):
+            return super().decode(data, message_type)
+        try:
+            return wire.parse(message_type, data)
+        except wire.OutOfRange as exc:
+            error = InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail)
+        except ValueError as exc:
+            error = InvalidArgument(
+                "request", f"{len(data)} bytes", f"must be a {message_type.__name__} ({exc})"
+            )
+        raise _to_grpc_error(error) from None
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         """The reply's bytes.
@@ -693,3 +717,4 @@ class _RemoteInvalid(InvalidArgument):
         self.field = "request"
         self.value = None
         self.rule = message
+        self.detail = ""
