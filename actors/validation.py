@@ -7,13 +7,13 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 from __future__ import annotations
 
 import math
-import re
 import unicodedata
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
 
+from runtime import identifiers
 from runtime.errors import InvalidArgument
 
 T = TypeVar("T")
@@ -25,10 +25,7 @@ MAX_PRIORITY = 1_000_000
 MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
 MAX_ARGV_ITEMS = 256
 MAX_ARGV_BYTES = 64 * 1024
-MAX_LABELS = 64
-MAX_LABEL_CHARS = 256
 MAX_LIST_LIMIT = 10_000
-WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
 
 
@@ -168,21 +165,6 @@ def check_jobs_steps(
     return checked
 
 
-def check_worker_id(worker_id: str) -> str:
-    """Raises InvalidArgument unless ``worker_id`` is 1-64 of ``[A-Za-z0-9._-]``, starting alnum."""
-    _text("worker_id", worker_id, max_chars=64)
-    if not WORKER_ID_PATTERN.fullmatch(worker_id):
-        raise InvalidArgument(
-            "worker_id",
-            worker_id,
-            "must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a letter or digit",
-        )
-    return worker_id
-
-
-MAX_AGENT_RUN_ID_CHARS = 64
-
-
 def check_registration(
     *,
     worker_id: str,
@@ -193,27 +175,23 @@ def check_registration(
     agent_run_id: str = "",
     registration_seq: int = 0,
 ) -> None:
-    """Check a worker registration.
+    """Check a worker registration. The id, the run id, the address and the labels are parsed
+    by :mod:`runtime.identifiers`, as everywhere else they are accepted.
 
     Raises:
-        InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
-            an agent run id longer than 64 characters, or a registration number outside
-            0..MAX_ID (1 or more with a run id).
+        InvalidArgument: bad id (or agent run id, which may be empty), an address that is not
+            ``host:port`` (an IPv4 address, an IPv6 address in brackets or an RFC 1123 host
+            name; a port 1-65535), capacity out of range, bad labels, or a registration number
+            outside 0..MAX_ID (1 or more with a run id).
     """
-    check_worker_id(worker_id)
-    _text("agent_run_id", agent_run_id, max_chars=MAX_AGENT_RUN_ID_CHARS, allow_empty=True)
+    identifiers.check_id(worker_id, field="worker_id")
+    if agent_run_id:
+        identifiers.check_id(agent_run_id, field="agent_run_id")
     _int_between("registration_seq", registration_seq, 1 if agent_run_id else 0, MAX_ID)
-    _text("address", address, max_chars=256)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
+    identifiers.parse_address(address, field="address")
     _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
     _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
-    if len(labels) > MAX_LABELS:
-        raise InvalidArgument("labels", f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
-    for key, value in labels.items():
-        _text("labels key", key, max_chars=MAX_LABEL_CHARS)
-        _text(f"labels[{key}]", value, max_chars=MAX_LABEL_CHARS, allow_empty=True)
+    identifiers.check_labels(labels, field="labels")
 
 
 MAX_ID = 2**63 - 1

@@ -64,6 +64,7 @@ from runtime.errors import (
     TemporaryError,
     Unavailable,
 )
+from runtime.identifiers import parse_address
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -632,25 +633,18 @@ _RETRYABLE_STATUS = {
 }
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` -> ``(host, port)``.
-
-    Raises:
-        InvalidArgument: no port, or a port outside 1..65535.
-    """
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
-    return host, int(port_text)
-
-
 class GrpcChannel:
     """A client connection to one gRPC server, with trio-side calls and error translation."""
 
     def __init__(self, address: str) -> None:
+        """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`).
+
+        Raises:
+            InvalidArgument: ``address`` is not such an address.
+        """
         self.address = address
-        host, port = split_address(address)
-        self._channel = grpclib.client.Channel(host, port)
+        self._host_port = parse_address(address, field="address")
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
 
     def stub(self, stub_cls: type[StubT]) -> StubT:
         """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
@@ -701,8 +695,7 @@ class GrpcChannel:
 
     def _reset(self) -> None:
         self._channel.close()
-        host, port = split_address(self.address)
-        self._channel = grpclib.client.Channel(host, port)
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

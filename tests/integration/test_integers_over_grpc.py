@@ -17,7 +17,7 @@ from serving import serve_ingests
 from wire_fields import RANGES, as_sent, encode, integer_fields, outside
 
 from protocol import pb
-from runtime.aio import PgConnection, run_aio, split_address
+from runtime.aio import PgConnection, run_aio
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 from runtime.settings import IngestSettings
@@ -128,7 +128,8 @@ async def refusal(address: str, route: str, data: bytes) -> grpclib.exceptions.G
     """The error status a replica answers ``data`` sent to ``route`` with."""
 
     async def call() -> grpclib.exceptions.GRPCError:
-        channel = grpclib.client.Channel(*split_address(address), codec=RawRequests())
+        host, port = address.rsplit(":", 1)
+        channel = grpclib.client.Channel(host, int(port), codec=RawRequests())
         try:
             async with channel.request(
                 route, grpclib.const.Cardinality.UNARY_UNARY, bytes, pb.StatusReply, timeout=5.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.validation import check_job, check_list, check_registration, check_worker_id
+from actors.validation import check_job, check_list, check_registration
 from runtime.errors import InvalidArgument
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
@@ -45,7 +45,7 @@ def test_a_good_job_passes() -> None:
 def test_bad_worker_ids_are_refused(worker_id: str) -> None:
     """Worker ids are 1-64 safe characters."""
     with pytest.raises(InvalidArgument, match="worker_id"):
-        check_worker_id(worker_id)
+        check_registration(worker_id=worker_id, address="h:1", cpu_millis=1, memory_mb=1, labels={})
 
 
 def test_registration_checks_address_and_capacity() -> None:
