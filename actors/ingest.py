@@ -60,7 +60,7 @@ import trio
 from actors import admission, idempotency, queries, validation
 from protocol import pb, wire
 from protocol.wire import Encoded
-from runtime import faults, log, metrics
+from runtime import faults, identifiers, log, metrics
 from runtime.aio import (
     PgConnection,
     PgPool,
@@ -463,6 +463,8 @@ class ControlPlaneService:
                         wire.decode_steps(pb.SubmitJobsRequest, request.data, step_messages=step),
                         self.wire_share,
                     )
+                except wire.OutOfRange as exc:
+                    raise InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail) from None
                 except ValueError as exc:
                     raise InvalidArgument(
                         "request", f"{len(request.data)} bytes", f"must be a SubmitJobsRequest ({exc})"
@@ -625,7 +627,7 @@ class ControlPlaneService:
         )
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        worker_id = validation.check_worker_id(request.worker_id)
+        worker_id = identifiers.check_id(request.worker_id, field="worker_id")
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
         validation.check_outcomes([_outcome_fields(o) for o in finished])
@@ -766,7 +768,7 @@ class Ingest:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.lag.run)
                 port = await nursery.start(serve_grpc, [service], self.listen_host, self.listen_port)
-                self.address = self.advertise_address or f"{self.listen_host}:{port}"
+                self.address = self.advertise_address or identifiers.format_address(self.listen_host, port)
                 await self._record_presence(self.service)
                 nursery.start_soon(self._presence, self.service)
                 nursery.start_soon(self._sweep, self.service)

@@ -12,13 +12,13 @@ ones). :data:`LIMITS` lists every limit, and the README's table of them is
 from __future__ import annotations
 
 import math
-import re
 import unicodedata
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
 
+from runtime import identifiers
 from runtime.errors import InvalidArgument
 
 T = TypeVar("T")
@@ -30,12 +30,7 @@ MAX_PRIORITY = 1_000_000
 MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
 MAX_ARGV_ITEMS = 256
 MAX_ARGV_BYTES = 64 * 1024
-MAX_LABELS = 64
-MAX_LABEL_BYTES = 256
 MAX_LIST_LIMIT = 10_000
-MAX_WORKER_ID_BYTES = 64
-MAX_ADDRESS_BYTES = 256
-WORKER_ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_WORKER_ID_BYTES - 1}}}")
 JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
 
 
@@ -189,21 +184,12 @@ def check_jobs_steps(
     return checked
 
 
-def check_worker_id(worker_id: str) -> str:
-    """Raises InvalidArgument unless ``worker_id`` is 1 to :data:`MAX_WORKER_ID_BYTES` of
-    ``[A-Za-z0-9._-]`` (one byte each), starting with a letter or digit."""
-    _text("worker_id", worker_id, max_bytes=MAX_WORKER_ID_BYTES)
-    if not WORKER_ID_PATTERN.fullmatch(worker_id):
-        raise InvalidArgument(
-            "worker_id",
-            worker_id,
-            f"must be 1-{MAX_WORKER_ID_BYTES} characters of A-Z a-z 0-9 . _ - starting with a letter "
-            "or digit",
-        )
-    return worker_id
-
-
-MAX_AGENT_RUN_ID_BYTES = 64
+# Identity fields are parsed by runtime.identifiers (ASCII only: a character is a byte); their
+# limits are named here too, for the table of every limit (LIMITS).
+MAX_ID_BYTES = identifiers.MAX_ID_CHARS
+MAX_HOST_NAME_BYTES = identifiers.MAX_HOST_NAME_CHARS
+MAX_LABELS = identifiers.MAX_LABELS
+MAX_LABEL_NAME_BYTES = identifiers.MAX_LABEL_NAME_CHARS
 MAX_IDEMPOTENCY_KEY_BYTES = 128
 
 
@@ -227,28 +213,24 @@ def check_registration(
     agent_run_id: str,
     registration_seq: int,
 ) -> None:
-    """Check a worker registration.
+    """Check a worker registration. The id, the run id, the address and the labels are parsed
+    by :mod:`runtime.identifiers`, as everywhere else they are accepted.
 
     Raises:
-        InvalidArgument: bad id, address not ``host:port``, capacity out of range, bad labels,
-            an agent run id that is empty (with ``registration_seq``, it is the registration's
-            idempotency key) or longer than 64 bytes, or a registration number outside
-            1..MAX_ID.
+        InvalidArgument: a bad id or agent run id (the run id with ``registration_seq`` is
+            the registration's idempotency key, so it must not be empty), an address that is
+            not ``host:port`` (an IPv4 address, an IPv6 address in brackets or an RFC 1123 host
+            name; a port 1-65535), capacity out of range, bad labels, or a registration number
+            outside 1..MAX_ID.
     """
-    check_worker_id(worker_id)
-    _text("agent_run_id", agent_run_id, max_bytes=MAX_AGENT_RUN_ID_BYTES, printable=True)
+    identifiers.check_id(worker_id, field="worker_id")
+    _text("agent_run_id", agent_run_id, max_bytes=MAX_ID_BYTES, printable=True)
+    identifiers.check_id(agent_run_id, field="agent_run_id")
     _int_between("registration_seq", registration_seq, 1, MAX_ID)
-    _text("address", address, max_bytes=MAX_ADDRESS_BYTES)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
+    identifiers.parse_address(address, field="address")
     _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
     _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
-    if len(labels) > MAX_LABELS:
-        raise InvalidArgument("labels", f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
-    for key, value in labels.items():
-        _text("labels key", key, max_bytes=MAX_LABEL_BYTES)
-        _text(f"labels[{key}]", value, max_bytes=MAX_LABEL_BYTES, allow_empty=True)
+    identifiers.check_labels(labels, field="labels")
 
 
 MAX_ID = 2**63 - 1
@@ -382,22 +364,22 @@ LIMITS = (
         ("MAX_ID",),
     ),
     Limit(
-        "`worker_id`",
-        f"1 to {_n(MAX_WORKER_ID_BYTES)} of `A-Z a-z 0-9 . _ -` (a byte each), starting with a letter "
-        "or digit",
-        ("MAX_WORKER_ID_BYTES",),
+        "`worker_id`, a worker's `agent_run_id`",
+        f"1 to {_n(MAX_ID_BYTES)} of `A-Z a-z 0-9 . _ -`, starting with a letter or digit",
+        ("MAX_ID_BYTES",),
     ),
-    Limit("worker `address`", f"`host:port`, at most {_n(MAX_ADDRESS_BYTES)} bytes", ("MAX_ADDRESS_BYTES",)),
+    Limit(
+        "worker `address`",
+        "`host:port`: an IPv4 address, an IPv6 address in brackets or an RFC 1123 host name (at most "
+        f"{_n(MAX_HOST_NAME_BYTES)} bytes); a port 1 to 65,535 without leading zeros",
+        ("MAX_HOST_NAME_BYTES",),
+    ),
     Limit(
         "worker `labels`",
-        f"at most {_n(MAX_LABELS)}; each key 1 to {_n(MAX_LABEL_BYTES)} bytes, each value at most "
-        f"{_n(MAX_LABEL_BYTES)}",
-        ("MAX_LABELS", "MAX_LABEL_BYTES"),
-    ),
-    Limit(
-        "worker `agent_run_id`",
-        f"1 to {_n(MAX_AGENT_RUN_ID_BYTES)} bytes; no control characters",
-        ("MAX_AGENT_RUN_ID_BYTES",),
+        f"at most {_n(MAX_LABELS)}; keys `[prefix/]name`, values empty or a name: a name is 1 to "
+        f"{_n(MAX_LABEL_NAME_BYTES)} of `A-Z a-z 0-9 - _ .`, starting and ending with a letter or "
+        "digit (Kubernetes' label syntax)",
+        ("MAX_LABELS", "MAX_LABEL_NAME_BYTES"),
     ),
     Limit(
         "`idempotency_key` of a submission or a cancel (`--idempotency-key`)",

@@ -13,8 +13,9 @@ The workers come from a spec file, a JSON list with one object per worker::
     [{"id": "w-1", "port": 7201, "cpu_millis": 8000, "memory_mb": 16384,
       "work_dir": "/var/lib/stockade/w-1", "advertise_address": ""}, ...]
 
-``id``, ``port`` (0: a free one), ``cpu_millis``, ``memory_mb`` and ``work_dir`` (relative
-paths are taken from the spec file's folder) are required; ``advertise_address`` (host:port
+``id`` (an id: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit), ``port`` (0: a
+free one), ``cpu_millis``, ``memory_mb`` and ``work_dir`` (relative paths are taken from the
+spec file's folder) are required; ``advertise_address`` (host:port
 the leader should call; default the listen address) and ``control_planes`` (a list of
 host:port that replaces the fleet's ``--control-planes`` for this worker) are optional.
 Unknown keys are refused, so a misspelt one does not pass silently.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import trio
 from agent.core import Agent
 from agent.main import run_agent
 from agent.starts import Spawner, StartLimiter
-from runtime import log, metrics, priority
+from runtime import identifiers, log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.lag import LoopLag
@@ -168,8 +169,7 @@ def parse_fleet_spec(
             raise FleetSpecError(source, entry, unknown[0], item[unknown[0]], f"is not a known key ({known})")
 
         worker_id = item["id"]
-        if not isinstance(worker_id, str) or not worker_id.strip() or worker_id != worker_id.strip():
-            raise FleetSpecError(source, entry, "id", worker_id, "must be a non-empty string without spaces")
+        _parsed(identifiers.check_id, worker_id, source, entry, "id")
         if worker_id in seen_ids:
             raise FleetSpecError(
                 source, entry, "id", worker_id, f"is already used by entry {seen_ids[worker_id]}"
@@ -197,19 +197,15 @@ def parse_fleet_spec(
                 f"is already used by {seen_dirs[resolved]} (one log per worker)",
             )
         advertise = item.get("advertise_address", "")
-        if not isinstance(advertise, str):
-            raise FleetSpecError(source, entry, "advertise_address", advertise, "must be a host:port string")
-        if advertise:
-            host, sep, port_text = advertise.rpartition(":")
-            if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise FleetSpecError(
-                    source, entry, "advertise_address", advertise, "must be host:port with a port in 1..65535"
-                )
+        if advertise != "":
+            _parsed(identifiers.parse_address, advertise, source, entry, "advertise_address")
         control_planes = item.get("control_planes", [])
-        if not isinstance(control_planes, list) or not all(isinstance(a, str) and a for a in control_planes):
+        if not isinstance(control_planes, list):
             raise FleetSpecError(
                 source, entry, "control_planes", control_planes, "must be a list of host:port strings"
             )
+        for place, address in enumerate(control_planes):
+            _parsed(identifiers.parse_address, address, source, entry, f"control_planes[{place}]")
 
         seen_ids[worker_id] = index
         if port:
@@ -227,6 +223,19 @@ def parse_fleet_spec(
             )
         )
     return workers
+
+
+def _parsed(parser: Callable[..., object], value: Any, source: str, entry: str, field: str) -> None:
+    """``parser(value, field=field)`` (a :mod:`runtime.identifiers` parser), its refusal told
+    as a :class:`FleetSpecError` of ``entry`` of the spec from ``source``.
+
+    Raises:
+        FleetSpecError: ``parser`` refused ``value``.
+    """
+    try:
+        parser(value, field=field)
+    except InvalidArgument as exc:
+        raise FleetSpecError(source, entry, field, value, exc.rule) from None
 
 
 def load_fleet_spec(path: Path) -> list[FleetWorker]:

@@ -22,7 +22,7 @@ from agent.runtimes import job_runner
 from agent.service import WorkerService
 from agent.starts import Spawner, StartLimiter
 from protocol import pb
-from runtime import log, metrics, priority
+from runtime import identifiers, log, metrics, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
@@ -42,7 +42,7 @@ def advertised_address(settings: AgentSettings, port: int) -> str:
     host = settings.listen_host
     if host in _WILDCARD_HOSTS:
         host = socket.gethostname()
-    return f"{host}:{port}"
+    return identifiers.format_address(host, port)
 
 
 async def run_agent(

@@ -49,6 +49,7 @@ from ops.cluster import (
 )
 from ops.pg import EmbeddedPostgresError
 from protocol import pb
+from runtime import identifiers
 from runtime.client import ControlPlaneClient, new_idempotency_key
 from runtime.errors import (
     ClusterBusy,
@@ -753,6 +754,7 @@ def fleet(
     from agent.fleet import main as fleet_main
 
     with _errors():
+        identifiers.check_id(fleet_id, field="fleet_id")
         settings = fleet_settings(
             load_fleet_spec(spec),
             control_planes=parse_addresses(control_planes),

@@ -55,7 +55,7 @@ from ops.pg import (
     free_port,
 )
 from protocol import pb
-from runtime.aio import split_address
+from runtime import identifiers
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError, Unavailable
 from runtime.text import tail_lines
@@ -1111,14 +1111,14 @@ def metrics_address(spec: ProcessSpec) -> str | None:
 
 
 def parse_addresses(text: str) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped).
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped; spaces around an item are
+    the list's, not the item's).
 
     Raises:
-        InvalidArgument: an item is not ``host:port``.
+        InvalidArgument: an item is not ``host:port`` (:func:`runtime.identifiers.parse_address`).
     """
     addresses = [item.strip() for item in text.split(",") if item.strip()]
-    for address in addresses:
-        split_address(address)
+    identifiers.parse_addresses(addresses, field="control_planes")
     return addresses
 
 

@@ -14,6 +14,16 @@ a parser accepts fields in any order, and each occurrence of a repeated message 
 one element, so ``encode(message without the list) + the list's elements, each framed as
 tag, length, bytes`` decodes to the same message as ``bytes(message)``.
 
+Integers are decoded as they were sent, or refused (:func:`parse`). betterproto2 keeps the low
+32 bits of a varint sent for a 32-bit field (``Message._postprocess_single`` masks it), so
+``priority = 2**40`` would arrive as 0 and ``cpu_millis = 2**32 + 500`` as 500, past any check
+made afterwards. :func:`check_integers` reads every varint of a message's integer fields before
+betterproto2 does, driven by the generated classes' field metadata (so a new field is covered
+without a line here), and raises :class:`OutOfRange` naming the field and the value as sent
+when it lies outside the field's declared type. Every decoding of a request goes through
+:func:`parse`: :func:`decode_steps`, :meth:`Encoded.decode` and the servers' codec
+(``runtime.aio.WireCodec``).
+
 :class:`Encoded` carries a message in wire form across the gRPC boundary: a server handler
 returns one to have its already-encoded reply sent as is, and receives one for a request it
 decodes itself (see ``runtime.aio.trio_service``).
@@ -22,7 +32,8 @@ decodes itself (see ``runtime.aio.trio_service``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Generator, Iterable, Mapping
+import functools
+from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -41,8 +52,13 @@ class Encoded(Generic[M]):
     data: bytes
 
     def decode(self) -> M:
-        """The message, decoded in one piece."""
-        return self.message_type.FromString(self.data)
+        """The message, decoded in one piece (:func:`parse`).
+
+        Raises:
+            OutOfRange: an integer field's value as sent lies outside its type.
+            ValueError: ``data`` is not a well-formed encoding.
+        """
+        return parse(self.message_type, self.data)
 
 
 def _message_lists(message_type: type[betterproto2.Message]) -> dict[str, Any]:
@@ -162,12 +178,14 @@ def decode_steps(message_type: type[M], data: bytes, *, step_messages: int) -> G
         step_messages: elements decoded between two yields (at least 1).
 
     Raises:
+        OutOfRange: an integer field's value as sent lies outside its type (see :func:`parse`);
+            an element's field is named with its index, e.g. ``specs[3].cpu_millis``.
         ValueError: ``step_messages`` < 1, or ``data`` is not a well-formed encoding.
     """
     _check_step(step_messages)
     lists = {meta.number: name for name, meta in _message_lists(message_type).items()}
     if not lists:
-        return _parse(message_type, data)
+        return parse(message_type, data)
     element_types: dict[str, Any] = message_type._betterproto.cls_by_field  # type: ignore[arg-type]
     elements: dict[str, list[Any]] = {name: [] for name in lists.values()}
     rest = bytearray()
@@ -182,7 +200,10 @@ def decode_steps(message_type: type[M], data: bytes, *, step_messages: int) -> G
             length, pos = _varint(data, pos)
             if pos + length > len(data):
                 raise ValueError("field runs past the end of the message")
-            elements[name].append(_parse(element_types[name], data[pos : pos + length]))
+            index = len(elements[name])
+            elements[name].append(
+                parse(element_types[name], data[pos : pos + length], field=f"{name}[{index}]")
+            )
             pos += length
             decoded += 1
             if decoded % step_messages == 0:
@@ -190,23 +211,221 @@ def decode_steps(message_type: type[M], data: bytes, *, step_messages: int) -> G
         else:
             pos = _field_end(data, wire_type, pos)
             rest += data[start:pos]
-    message = _parse(message_type, bytes(rest))
+    message = parse(message_type, bytes(rest))
     for name, values in elements.items():
         if values:
             setattr(message, name, values)
     return message
 
 
-def _parse(message_type: type[M], data: bytes) -> M:
-    """``message_type.FromString(data)``.
+def parse(message_type: type[M], data: bytes, *, field: str = "") -> M:
+    """``message_type.FromString(data)``, once :func:`check_integers` has found every integer
+    as sent inside its field's type.
+
+    Args:
+        message_type: the generated message class.
+        data: its wire encoding.
+        field: where the message sits in an enclosing one, for error messages (``specs[3]``);
+            empty for a whole request.
 
     Raises:
+        OutOfRange: an integer field's value as sent lies outside its type.
         ValueError: ``data`` is not a well-formed encoding of ``message_type``.
     """
+    check_integers(message_type, data, field=field)
     try:
         return message_type.FromString(data)
     except Exception as exc:  # betterproto2 raises what its parsing meets: EOFError, struct.error ...
         raise ValueError(f"not a well-formed {message_type.__name__}: {exc!r}") from exc
+
+
+class OutOfRange(ValueError):
+    """An integer field's value, as sent, lies outside what the field's declared type holds.
+
+    The message reads like ``runtime.errors.InvalidArgument``'s: ``spec.priority must be
+    between -2147483648 and 2147483647 (int32), got 1099511627776``.
+
+    Args:
+        field: the field's path in the request, e.g. ``"specs[3].cpu_millis"``.
+        value: the value as sent: the varint read at 64 bits with the field's declared
+            signedness (zigzag for ``sint``), or as it is when it needs more than 64 bits.
+        rule: the range it broke, e.g. ``"must be between 0 and 4294967295 (uint32)"``.
+        detail: another reading of the same bits, e.g. ``"-1 as a signed 64-bit integer"``,
+            for an unsigned field sent a negative number; empty when there is none.
+    """
+
+    def __init__(self, field: str, value: int, rule: str, detail: str = "") -> None:
+        text = f"{field} {rule}, got {value}"
+        super().__init__(f"{text} ({detail})" if detail else text)
+        self.field = field
+        self.value = value
+        self.rule = rule
+        self.detail = detail
+
+
+_UINT64_END = 1 << 64
+
+
+def _as_unsigned(raw: int) -> int:
+    return raw
+
+
+def _as_signed(raw: int) -> int:
+    """Two's complement at 64 bits (how int32 and int64 send a negative number)."""
+    return raw - _UINT64_END if 1 << 63 <= raw < _UINT64_END else raw
+
+
+def _as_zigzag(raw: int) -> int:
+    """Zigzag at 64 bits (how sint32 and sint64 send a number)."""
+    return (raw >> 1) ^ -(raw & 1) if raw < _UINT64_END else raw
+
+
+@attrs.frozen
+class _IntegerType:
+    """The values a declared integer type holds, and how its varint reads."""
+
+    name: str
+    low: int
+    high: int
+    reading: Callable[[int], int]
+
+    def check(self, field: str, raw: int) -> None:
+        value = self.reading(raw)
+        if self.low <= value <= self.high:
+            return
+        detail = ""
+        if raw >= _UINT64_END:
+            detail = "more than 64 bits"
+        elif self.low == 0 and value >= 1 << 63:
+            detail = f"{value - _UINT64_END} as a signed 64-bit integer"
+        raise OutOfRange(field, value, f"must be between {self.low} and {self.high} ({self.name})", detail)
+
+
+MAX_UINT64 = 2**63 - 1
+"""The largest value Stockade takes in a uint64 field: ids, epochs, counts and durations are
+stored as PostgreSQL bigints (``stockade.proto`` says so too)."""
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+_UINT32 = (0, 2**32 - 1)
+_INTEGER_TYPES = {
+    proto_type: _IntegerType(proto_type, low, high, reading)
+    for proto_type, (low, high), reading in (
+        (betterproto2.TYPE_INT32, _INT32, _as_signed),
+        (betterproto2.TYPE_ENUM, _INT32, _as_signed),
+        (betterproto2.TYPE_SFIXED32, _INT32, _as_signed),
+        (betterproto2.TYPE_SINT32, _INT32, _as_zigzag),
+        (betterproto2.TYPE_UINT32, _UINT32, _as_unsigned),
+        (betterproto2.TYPE_FIXED32, _UINT32, _as_unsigned),
+        (betterproto2.TYPE_INT64, _INT64, _as_signed),
+        (betterproto2.TYPE_SFIXED64, _INT64, _as_signed),
+        (betterproto2.TYPE_SINT64, _INT64, _as_zigzag),
+        (betterproto2.TYPE_UINT64, (0, MAX_UINT64), _as_unsigned),
+        (betterproto2.TYPE_FIXED64, (0, MAX_UINT64), _as_unsigned),
+    )
+}
+"""Declared integer type -> the values it holds. A fixed-width encoding (wire types 1 and 5)
+cannot hold more than its type, except a fixed64 above :data:`MAX_UINT64`, which is refused
+too; a varint can hold anything up to 70 bits, so every varint is checked."""
+
+
+@attrs.frozen
+class _Field:
+    name: str
+    repeated: bool
+    integer: _IntegerType | None
+    """Set for an integer field."""
+    message_type: Any
+    """Set for a message field or a map (its entry message, with fields ``key`` and ``value``)."""
+
+
+@functools.cache
+def _fields(message_type: type[betterproto2.Message]) -> dict[int, _Field]:
+    """The integer and message fields of ``message_type`` by field number, from the metadata
+    betterproto2 generated from the ``.proto`` descriptors."""
+    proto = message_type._betterproto  # type: ignore[arg-type]
+    fields = {}
+    for name, meta in proto.meta_by_field_name.items():
+        repeated = bool(meta.repeated) or meta.proto_type == betterproto2.TYPE_MAP
+        if meta.proto_type in _INTEGER_TYPES:
+            fields[meta.number] = _Field(name, repeated, _INTEGER_TYPES[meta.proto_type], None)
+        elif meta.proto_type in (betterproto2.TYPE_MESSAGE, betterproto2.TYPE_MAP):
+            nested = meta.unwrap() if meta.unwrap else proto.cls_by_field[name]
+            fields[meta.number] = _Field(name, repeated, None, nested)
+    return fields
+
+
+def check_integers(message_type: type[betterproto2.Message], data: bytes, *, field: str = "") -> None:
+    """Check every integer in ``data``, a ``message_type`` on the wire (nested messages, map
+    entries and packed lists included), against its field's declared type, before betterproto2
+    keeps only the bits that type holds.
+
+    Ranges: int32, sint32, sfixed32 and enums -2**31..2**31-1; uint32 and fixed32 0..2**32-1;
+    int64, sint64 and sfixed64 -2**63..2**63-1; uint64 and fixed64 0..:data:`MAX_UINT64`.
+
+    Args:
+        message_type: the generated message class.
+        data: its wire encoding.
+        field: where the message sits in an enclosing one (``specs[3]``), prefixed to the
+            field names in errors; empty for a whole request.
+
+    Raises:
+        OutOfRange: the first integer outside its field's type; the field is named by its
+            path (``spec.cpu_millis``, ``assignments[0].spec.memory_mb``,
+            ``running_assignment_ids[2]``).
+        ValueError: ``data`` is not a well-formed encoding.
+    """
+    _check_integers(message_type, data, 0, len(data), f"{field}." if field else "")
+
+
+def _check_integers(message_type: Any, data: bytes, pos: int, end: int, prefix: str) -> None:
+    fields = _fields(message_type)
+    seen: dict[int, int] = {}
+    while pos < end:
+        key, pos = _varint(data, pos)
+        number, wire_type = key >> 3, key & 0x7
+        spec = fields.get(number)
+        if spec is None:
+            pos = _field_end(data, wire_type, pos)
+        elif spec.integer is not None and wire_type == 0:
+            raw, pos = _varint(data, pos)
+            spec.integer.check(_element(prefix, spec, seen, number), raw)
+        elif spec.integer is not None and wire_type == _WIRE_LEN_DELIM:
+            length, pos = _varint(data, pos)
+            packed_end = pos + length
+            if packed_end > end:
+                raise ValueError("field runs past the end of the message")
+            while pos < packed_end:
+                raw, pos = _varint(data, pos)
+                spec.integer.check(_element(prefix, spec, seen, number), raw)
+            if pos != packed_end:
+                raise ValueError("packed list runs past its length")
+        elif spec.integer is not None and wire_type == 1:
+            start, pos = pos, _field_end(data, wire_type, pos)
+            spec.integer.check(
+                _element(prefix, spec, seen, number), int.from_bytes(data[start:pos], "little")
+            )
+        elif spec.message_type is not None and wire_type == _WIRE_LEN_DELIM:
+            length, pos = _varint(data, pos)
+            if pos + length > end:
+                raise ValueError("field runs past the end of the message")
+            path = _element(prefix, spec, seen, number)
+            _check_integers(spec.message_type, data, pos, pos + length, f"{path}.")
+            pos += length
+        else:
+            pos = _field_end(data, wire_type, pos)
+        if pos > end:
+            raise ValueError("field runs past the end of the message")
+
+
+def _element(prefix: str, spec: _Field, seen: dict[int, int], number: int) -> str:
+    """The path of this occurrence of ``spec``: ``prefix`` + its name, with its index when
+    the field is repeated."""
+    if not spec.repeated:
+        return f"{prefix}{spec.name}"
+    index = seen.get(number, 0)
+    seen[number] = index + 1
+    return f"{prefix}{spec.name}[{index}]"
 
 
 def run_steps(steps: Generator[None, None, Any]) -> Any:

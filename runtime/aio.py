@@ -39,6 +39,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
+import betterproto2
 import grpclib.client
 import grpclib.const
 import grpclib.exceptions
@@ -48,6 +49,7 @@ import trio_asyncio
 from betterproto2.grpclib import ServiceBase, ServiceStub
 from grpclib.encoding.proto import ProtoCodec
 
+from protocol import wire
 from protocol.wire import Encoded
 from runtime import log
 from runtime.errors import (
@@ -65,6 +67,7 @@ from runtime.errors import (
     TemporaryError,
     Unavailable,
 )
+from runtime.identifiers import parse_address
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -483,8 +486,30 @@ def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any],
 
 
 class WireCodec(ProtoCodec):
-    """grpclib's protobuf codec, and a reply already in wire form (:class:`protocol.wire.Encoded`
-    of the RPC's reply type) is sent as it is."""
+    """grpclib's protobuf codec, with two changes: a reply already in wire form
+    (:class:`protocol.wire.Encoded` of the RPC's reply type) is sent as it is, and a request is
+    decoded by :func:`protocol.wire.parse`, so an integer sent outside its field's type is
+    refused (INVALID_ARGUMENT naming the field and the value as sent) instead of truncated."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        """The request (or an :class:`protocol.wire.Encoded` of it, for a handler marked
+        :func:`takes_encoded_request`, which decodes it itself).
+
+        Raises:
+            grpclib.exceptions.GRPCError: INVALID_ARGUMENT: an integer field's value as sent
+                lies outside its type, or ``data`` is not a well-formed request.
+        """
+        if not (isinstance(message_type, type) and issubclass(message_type, betterproto2.Message)):
+            return super().decode(data, message_type)
+        try:
+            return wire.parse(message_type, data)
+        except wire.OutOfRange as exc:
+            error = InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail)
+        except ValueError as exc:
+            error = InvalidArgument(
+                "request", f"{len(data)} bytes", f"must be a {message_type.__name__} ({exc})"
+            )
+        raise _to_grpc_error(error) from None
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         """The reply's bytes.
@@ -616,25 +641,18 @@ _RETRYABLE_STATUS = {
 }
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` -> ``(host, port)``.
-
-    Raises:
-        InvalidArgument: no port, or a port outside 1..65535.
-    """
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidArgument("address", address, "must be host:port with a port in 1..65535")
-    return host, int(port_text)
-
-
 class GrpcChannel:
     """A client connection to one gRPC server, with trio-side calls and error translation."""
 
     def __init__(self, address: str) -> None:
+        """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`).
+
+        Raises:
+            InvalidArgument: ``address`` is not such an address.
+        """
         self.address = address
-        host, port = split_address(address)
-        self._channel = grpclib.client.Channel(host, port)
+        self._host_port = parse_address(address, field="address")
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
 
     def stub(self, stub_cls: type[StubT]) -> StubT:
         """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
@@ -689,8 +707,7 @@ class GrpcChannel:
 
     def _reset(self) -> None:
         self._channel.close()
-        host, port = split_address(self.address)
-        self._channel = grpclib.client.Channel(host, port)
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -705,3 +722,4 @@ class _RemoteInvalid(InvalidArgument):
         self.field = "request"
         self.value = None
         self.rule = message
+        self.detail = ""

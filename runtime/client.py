@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from protocol import pb
-from runtime.aio import GrpcChannel, split_address
+from runtime.aio import GrpcChannel
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import (
     Busy,
@@ -46,6 +46,7 @@ from runtime.errors import (
     StockadeError,
     Unavailable,
 )
+from runtime.identifiers import parse_addresses
 
 T = TypeVar("T")
 
@@ -123,8 +124,7 @@ class ControlPlaneClient:
     ) -> None:
         if not addresses:
             raise InvalidArgument("control_planes", list(addresses), "must name at least one host:port")
-        for address in addresses:
-            split_address(address)
+        parse_addresses(addresses, field="control_planes")
         if not busy_retry_s >= 0:
             raise InvalidArgument("busy_retry_s", busy_retry_s, "must be >= 0")
         self.addresses = list(addresses)

@@ -103,16 +103,20 @@ class InvalidArgument(StockadeError, ValueError):
         field: the offending field's name, e.g. ``"cpu_millis"``.
         value: the value received.
         rule: the limit it broke, e.g. ``"must be between 1 and 1000000"``.
+        detail: said after the value, in parentheses, e.g. ``"-1 as a signed 64-bit
+            integer"``; empty for nothing.
     """
 
-    def __init__(self, field: str, value: object, rule: str) -> None:
+    def __init__(self, field: str, value: object, rule: str, *, detail: str = "") -> None:
         shown = repr(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        super().__init__(f"{field} {rule}, got {shown}")
+        text = f"{field} {rule}, got {shown}"
+        super().__init__(f"{text} ({detail})" if detail else text)
         self.field = field
         self.value = value
         self.rule = rule
+        self.detail = detail
 
 
 class IdempotencyConflict(StockadeError):

@@ -18,11 +18,25 @@ from typing import Any
 
 import attrs
 
+from runtime import identifiers
 from runtime.errors import InvalidArgument
 
 
 def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
+
+
+def _id(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    identifiers.check_id(value, field=attribute.name)
+
+
+def _listen_host(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    identifiers.parse_host(value, field=attribute.name)
+
+
+def _advertise_address(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    if value:
+        identifiers.parse_address(value, field=attribute.name)
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -275,15 +289,17 @@ class IngestSettings:
 class ControlPlaneSettings:
     """Everything one control-plane replica needs."""
 
-    cp_id: str
-    """This replica's id, e.g. ``cp-1``."""
+    cp_id: str = attrs.field(validator=_id)
+    """This replica's id, e.g. ``cp-1`` (an id, :func:`runtime.identifiers.check_id`)."""
     database_url: str
     """asyncpg URL of the shared database."""
-    listen_host: str = "127.0.0.1"
+    listen_host: str = attrs.field(default="127.0.0.1", validator=_listen_host)
+    """Host to listen on: an IPv4 or IPv6 address or a host name."""
     listen_port: int = 0
     """gRPC port of the ControlPlane service; 0 picks a free one."""
-    advertise_address: str = ""
-    """host:port others should use; defaults to listen_host:actual port."""
+    advertise_address: str = attrs.field(default="", validator=_advertise_address)
+    """host:port others should use (:func:`runtime.identifiers.parse_address`); defaults to
+    listen_host:actual port."""
     presence_interval_s: float = attrs.field(default=1.0, validator=_positive)
     """How often the replica records that it is up (control_planes.seen_at)."""
     ingest: IngestSettings = attrs.field(factory=IngestSettings)
@@ -334,22 +350,27 @@ MAX_JOB_NICE = 19
 class AgentSettings:
     """Everything one worker agent needs."""
 
-    worker_id: str
-    """Stable id of this worker, e.g. ``w-1``."""
+    worker_id: str = attrs.field(validator=_id)
+    """Stable id of this worker, e.g. ``w-1`` (an id, :func:`runtime.identifiers.check_id`)."""
     control_planes: tuple[str, ...] = attrs.field(converter=_str_tuple)
-    """host:port of every control plane; heartbeats go to the first that answers."""
+    """host:port of every control plane (:func:`runtime.identifiers.parse_address`); heartbeats
+    go to the first that answers."""
     cpu_millis: int = attrs.field(validator=_positive)
     """CPU this worker offers, in millicores (1000 = one core)."""
     memory_mb: int = attrs.field(validator=_positive)
     """Memory this worker offers, in MiB."""
     work_dir: str
     """Folder for the JSON-lines log and the jobs' stdout/stderr files."""
-    listen_host: str = "127.0.0.1"
+    listen_host: str = attrs.field(default="127.0.0.1", validator=_listen_host)
+    """Host to listen on: an IPv4 or IPv6 address or a host name."""
     listen_port: int = 0
     """gRPC port of the Worker service; 0 picks a free one."""
-    advertise_address: str = ""
-    """host:port the leader should call; defaults to listen_host:actual port."""
+    advertise_address: str = attrs.field(default="", validator=_advertise_address)
+    """host:port the leader should call (:func:`runtime.identifiers.parse_address`); defaults
+    to listen_host:actual port."""
     labels: dict[str, str] = attrs.field(factory=dict)
+    """Sent with every registration (:func:`runtime.identifiers.check_labels`: Kubernetes'
+    syntax for keys and values)."""
     heartbeat_interval_s: float = attrs.field(default=0.25, validator=_positive)
     """Time between heartbeats."""
     heartbeat_timeout_s: float = attrs.field(default=0.5, validator=_positive)
@@ -382,3 +403,8 @@ class AgentSettings:
     def _cps(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
         if not value:
             raise InvalidArgument("control_planes", value, "must name at least one host:port")
+        identifiers.parse_addresses(value, field="control_planes")
+
+    @labels.validator
+    def _labels(self, attribute: attrs.Attribute[dict[str, str]], value: dict[str, str]) -> None:
+        identifiers.check_labels(value, field="labels")

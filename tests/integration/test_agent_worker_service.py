@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 
 from agent.core import Agent
@@ -15,6 +16,7 @@ from agent.joblog import read_log
 from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+from runtime.errors import InvalidArgument
 from runtime.settings import AgentSettings
 
 RPC_TIMEOUT_S = 5.0
@@ -205,6 +207,35 @@ async def test_duplicate_assign_is_acknowledged_and_started_once(tmp_path: Path)
         assert h.agent.running_assignment_ids == (3,)
     starts = [r for r in h.log() if r["event"] == "start"]
     assert [r["assignment_id"] for r in starts] == [3]
+
+
+async def test_integers_outside_their_type_are_refused_and_nothing_runs(tmp_path: Path) -> None:
+    """An Assign whose cpu_millis is 2**32 + 500 (read as 500 before) or whose epoch is -1 (read
+    as 2**64 - 1, past every real epoch), and a Cancel of id 2**63: INVALID_ARGUMENT naming the
+    field and the value sent; nothing runs, and the agent's newest epoch is unchanged."""
+    async with cluster(tmp_path) as h:
+        huge = sleep_assignment(8)
+        assert huge.spec is not None
+        huge.spec.cpu_millis = 2**32 + 500
+        with pytest.raises(InvalidArgument) as info:
+            await h.assign(huge)
+        assert str(info.value) == (
+            "assignments[0].spec.cpu_millis must be between 0 and 4294967295 (uint32), got 4294967796"
+        )
+        with pytest.raises(InvalidArgument) as info:
+            await h.assign(sleep_assignment(9), epoch=-1)
+        assert str(info.value) == (
+            "epoch must be between 0 and 9223372036854775807 (uint64), got 18446744073709551615 "
+            "(-1 as a signed 64-bit integer)"
+        )
+        with pytest.raises(InvalidArgument) as info:
+            await h.cancel(2**63)
+        assert str(info.value).startswith(
+            "assignment_ids[0] must be between 0 and 9223372036854775807 (uint64), got 9223372036854775808"
+        )
+        assert h.agent.running_assignment_ids == ()
+        assert list((await h.assign(sleep_assignment(10))).accepted_ids) == [10]
+    assert [r["assignment_id"] for r in h.log() if r["event"] == "start"] == [10]
 
 
 async def test_stale_epoch_is_refused(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ INVALID_ARGUMENT or NOT_FOUND naming the field, and nothing is stored."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
@@ -112,6 +113,34 @@ async def test_bad_registrations_are_refused(client: tuple[ControlPlaneClient, P
             "register_worker",
             pb.RegisterWorkerRequest(worker_id="w-1", address="nowhere", cpu_millis=1, memory_mb=1),
         )
+    assert await admin.fetchval("SELECT count(*) FROM workers") == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "value"),
+    [
+        *(
+            ({"address": address}, "address", address)
+            for address in ("a b:80", "http://h:80", "a:b:80", "h\n:80", " :80", "-:1", "host:0080")
+        ),
+        ({"worker_id": "x 1"}, "worker_id", "x 1"),
+        ({"labels": {"zone\n": "a"}}, "labels key", "zone\n"),
+        ({"labels": {"zone": "a b"}}, "labels[zone]", "a b"),
+        ({"agent_run_id": "r\x1b[2J", "registration_seq": 1}, "agent_run_id", "r\x1b[2J"),
+    ],
+)
+async def test_a_registration_with_a_malformed_identity_stores_no_worker(
+    client: tuple[ControlPlaneClient, PgConnection], changes: dict[str, object], field: str, value: object
+) -> None:
+    """The issue's addresses (and a bad id, label key, label value or run id) in an otherwise good
+    registration: INVALID_ARGUMENT naming the field and the value, and no worker is stored."""
+    cp, admin = client
+    request: dict[str, Any] = dict(worker_id="x-1", address="127.0.0.1:80", cpu_millis=1000, memory_mb=1024)
+    request.update(changes)
+    with pytest.raises(InvalidArgument) as info:
+        await cp.call("register_worker", pb.RegisterWorkerRequest(**request))
+    assert str(info.value).startswith(f"{field} must ")
+    assert str(info.value).endswith(f"got {value!r}")
     assert await admin.fetchval("SELECT count(*) FROM workers") == 0
 
 
@@ -265,8 +294,10 @@ BAD_OUTCOMES = [
         r"finished\[0\]\.assignment_id must be between 1 and 9223372036854775807, got 0",
     ),
     (
+        # Past a bigint: refused as it is decoded (a uint64 holds 0..2**63-1), with the value sent.
         outcome(assignment_id=2**64 - 1),
-        r"finished\[0\]\.assignment_id must be between 1 and 9223372036854775807",
+        r"finished\[0\]\.assignment_id must be between 0 and 9223372036854775807 \(uint64\), "
+        r"got 18446744073709551615",
     ),
     (outcome(state="exploded"), r"finished\[0\]\.state must be one of succeeded, failed, cancelled"),
     (outcome(finished_unix_s=float("nan")), r"finished\[0\]\.finished_unix_s must be a finite number"),

@@ -11,13 +11,7 @@ import pytest
 
 from actors import validation
 from actors.ingest import _outcome_fields
-from actors.validation import (
-    check_idempotency_key,
-    check_job,
-    check_list,
-    check_registration,
-    check_worker_id,
-)
+from actors.validation import check_idempotency_key, check_job, check_list, check_registration
 from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
 from runtime.errors import InvalidArgument
@@ -71,7 +65,15 @@ def test_a_good_job_passes() -> None:
 def test_bad_worker_ids_are_refused(worker_id: str) -> None:
     """Worker ids are 1-64 safe characters."""
     with pytest.raises(InvalidArgument, match="worker_id"):
-        check_worker_id(worker_id)
+        check_registration(
+            worker_id=worker_id,
+            address="h:1",
+            cpu_millis=1,
+            memory_mb=1,
+            labels={},
+            agent_run_id="run",
+            registration_seq=1,
+        )
 
 
 def test_registration_checks_address_and_capacity() -> None:
@@ -177,42 +179,7 @@ def test_an_argv_element_is_limited_in_utf8_bytes_as_the_total_is() -> None:
 @pytest.mark.parametrize(
     ("check", "field"),
     [
-        (
-            lambda v: check_registration(
-                worker_id="w-1",
-                address="h:1",
-                cpu_millis=1,
-                memory_mb=1,
-                labels={"k": v},
-                agent_run_id="run",
-                registration_seq=1,
-            ),
-            "labels[k]",
-        ),
-        (
-            lambda v: check_registration(
-                worker_id="w-1",
-                address="h:1",
-                cpu_millis=1,
-                memory_mb=1,
-                labels={v: ""},
-                agent_run_id="run",
-                registration_seq=1,
-            ),
-            "labels key",
-        ),
-        (
-            lambda v: check_registration(
-                worker_id="w-1",
-                address="h:1",
-                cpu_millis=1,
-                memory_mb=1,
-                labels={},
-                agent_run_id=v,
-                registration_seq=1,
-            ),
-            "agent_run_id",
-        ),
+        (check_idempotency_key, "idempotency_key"),
         (lambda v: validation.check_outcome("finished[0]", **{**OUTCOME, "detail": v}), "finished[0].detail"),
         (
             lambda v: validation.check_outcome("finished[0]", **{**OUTCOME, "stdout_path": v}),
@@ -221,12 +188,11 @@ def test_an_argv_element_is_limited_in_utf8_bytes_as_the_total_is() -> None:
     ],
 )
 def test_every_size_limit_counts_utf8_bytes(check: Callable[[str], object], field: str) -> None:
-    """Each text limit counts UTF-8 bytes: a value of two-byte characters one byte over its
+    """Each text limit counts UTF-8 bytes (identity fields are ASCII only, see
+    tests/unit/test_identifiers.py): a value of two-byte characters one byte over its
     limit is refused as that field, in bytes, and one that fits exactly passes."""
     limit = {
-        "labels[k]": validation.MAX_LABEL_BYTES,
-        "labels key": validation.MAX_LABEL_BYTES,
-        "agent_run_id": validation.MAX_AGENT_RUN_ID_BYTES,
+        "idempotency_key": validation.MAX_IDEMPOTENCY_KEY_BYTES,
         "finished[0].detail": validation.MAX_DETAIL_BYTES,
         "finished[0].stdout_path": validation.MAX_PATH_BYTES,
     }[field]

@@ -1,0 +1,218 @@
+"""Parsers of the identity-like fields: ids, addresses, labels. One parser per kind of field,
+used wherever such a field is accepted: registrations and heartbeats
+(:mod:`actors.validation`), settings (:mod:`runtime.settings`), the fleet spec, the CLI's
+options and the client's address lists. A value is taken whole or refused with
+:class:`runtime.errors.InvalidArgument` naming the field, the value and the rule; nothing is
+trimmed, decoded or guessed at.
+
+- An id (worker, control plane, fleet, agent run): 1 to 64 of ``A-Z a-z 0-9 . _ -``, starting
+  with a letter or a digit. Ids name folders, log lines and metric labels, so they hold no
+  separator, space or control character.
+- An address, ``host:port``. The host is an IPv4 address in dotted decimal
+  (:class:`ipaddress.IPv4Address`: four decimal octets, no leading zeros), an IPv6 address in
+  brackets (:class:`ipaddress.IPv6Address`, without a zone), or a host name as RFC 1123
+  section 2.1 allows it: dot-separated labels of 1 to 63 letters, digits and hyphens, none
+  starting or ending with a hyphen, 253 characters at most, and a last label that is not all
+  digits (RFC 1123: "a valid host name can never have the dotted-decimal form #.#.#.#"). The
+  port is 1 to 65535 in decimal without a sign or leading zeros.
+- A label, as Kubernetes defines them ("Labels and Selectors", syntax and character set): the
+  key is a name of at most 63 characters, ``A-Z a-z 0-9``, with ``- _ .`` inside, optionally
+  after a prefix and a slash, the prefix a lower-case DNS subdomain (dot-separated labels as a
+  host name's) of at most 253 characters; the value is empty or a name like the key's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from runtime.errors import InvalidArgument
+
+MAX_ID_CHARS = 64
+ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID_CHARS - 1}}}")
+ID_RULE = f"must be 1-{MAX_ID_CHARS} characters of A-Z a-z 0-9 . _ - starting with a letter or digit"
+
+MAX_HOST_NAME_CHARS = 253
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_PORT = re.compile(r"[1-9][0-9]{0,4}")
+MAX_PORT = 65535
+
+MAX_LABELS = 64
+MAX_LABEL_NAME_CHARS = 63
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def check_id(value: str, *, field: str) -> str:
+    """``value`` if it is an id (1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit).
+
+    Args:
+        value: the id as given.
+        field: its name in errors, e.g. ``"worker_id"``.
+
+    Raises:
+        InvalidArgument: ``value`` is not a string or breaks the rule.
+    """
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise InvalidArgument(field, value, ID_RULE)
+    return value
+
+
+def is_host_name(text: str) -> bool:
+    """Whether ``text`` is a host name as RFC 1123 section 2.1 allows (see the module docstring)."""
+    return _is_dns_name(text) and not text.rpartition(".")[2].isdigit()
+
+
+def _is_dns_name(text: str) -> bool:
+    """1-253 characters of dot-separated labels of 1-63 letters, digits and inner hyphens."""
+    return 0 < len(text) <= MAX_HOST_NAME_CHARS and all(_HOST_LABEL.fullmatch(x) for x in text.split("."))
+
+
+@attrs.frozen
+class Address:
+    """A parsed ``host:port``: ``host`` without brackets (an IPv6 address is bare here, as
+    sockets and gRPC channels take it), ``port`` 1-65535. ``str()`` writes it back, an IPv6
+    host in brackets."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return format_address(self.host, self.port)
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 ``host`` in brackets (``[::1]:7101``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+HOST_RULE = "an IPv4 address, an IPv6 address or an RFC 1123 host name"
+ADDRESS_HOST_RULE = "an IPv4 address, an IPv6 address in brackets or an RFC 1123 host name"
+
+
+def parse_host(text: str, *, field: str) -> str:
+    """``text`` if it is a host on its own: an IPv4 address, a bare IPv6 address (``::1``) or
+    an RFC 1123 host name (for a listening socket; an address's host is :func:`parse_address`'s).
+
+    Args:
+        text: the host as given.
+        field: its name in errors, e.g. ``"listen_host"``.
+
+    Raises:
+        InvalidArgument: ``text`` is none of the three.
+    """
+    if isinstance(text, str) and (_is_ipv4(text) or _is_ipv6(text) or is_host_name(text)):
+        return text
+    raise InvalidArgument(field, text, f"must be {HOST_RULE}")
+
+
+def parse_address(text: str, *, field: str = "address") -> Address:
+    """``text`` as ``host:port`` (see the module docstring for what a host and a port may be).
+
+    Args:
+        text: the address as given, e.g. ``"127.0.0.1:7101"``, ``"[::1]:7101"``,
+            ``"w-1.example.org:7201"``.
+        field: its name in errors.
+
+    Raises:
+        InvalidArgument: ``text`` is not such an address; the rule names the part at fault.
+    """
+    if not isinstance(text, str):
+        raise InvalidArgument(field, text, "must be a host:port string")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise InvalidArgument(field, text, "must be host:port")
+    if not _PORT.fullmatch(port) or int(port) > MAX_PORT:
+        raise InvalidArgument(
+            field, text, f"must be host:port with a port in 1..{MAX_PORT} written without leading zeros"
+        )
+    if host.startswith("[") and host.endswith("]") and _is_ipv6(host[1:-1]):
+        return Address(host[1:-1], int(port))
+    if _is_ipv4(host) or is_host_name(host):
+        return Address(host, int(port))
+    raise InvalidArgument(field, text, f"must be host:port with a host that is {ADDRESS_HOST_RULE}")
+
+
+def parse_addresses(texts: Sequence[str], *, field: str) -> tuple[Address, ...]:
+    """Every item of ``texts`` as an address; the field is named with the item's index
+    (``control_planes[1]``).
+
+    Raises:
+        InvalidArgument: an item is not an address.
+    """
+    return tuple(parse_address(text, field=f"{field}[{index}]") for index, text in enumerate(texts))
+
+
+def check_label_key(key: str, *, field: str = "labels") -> str:
+    """``key`` if it is a label key: ``[prefix/]name`` (see the module docstring).
+
+    Raises:
+        InvalidArgument: the key breaks the rule; the field is named ``labels key``.
+    """
+    rule = (
+        f"must be a name of 1-{MAX_LABEL_NAME_CHARS} characters of A-Z a-z 0-9 - _ . starting and "
+        f"ending with a letter or digit, optionally after a lower-case DNS subdomain and a slash"
+    )
+    if not isinstance(key, str):
+        raise InvalidArgument(f"{field} key", key, rule)
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (_is_dns_name(prefix) and prefix == prefix.lower()):
+        raise InvalidArgument(f"{field} key", key, rule)
+    if not _LABEL_NAME.fullmatch(name):
+        raise InvalidArgument(f"{field} key", key, rule)
+    return key
+
+
+def check_label_value(value: str, *, field: str) -> str:
+    """``value`` if it is a label value: empty, or a name as a key's (see the module docstring).
+
+    Args:
+        value: the value as given.
+        field: its name in errors, e.g. ``"labels[zone]"``.
+
+    Raises:
+        InvalidArgument: the value breaks the rule.
+    """
+    if not isinstance(value, str) or (value and not _LABEL_NAME.fullmatch(value)):
+        raise InvalidArgument(
+            field,
+            value,
+            f"must be empty or 1-{MAX_LABEL_NAME_CHARS} characters of A-Z a-z 0-9 - _ . starting and "
+            f"ending with a letter or digit",
+        )
+    return value
+
+
+def check_labels(labels: Mapping[str, str], *, field: str = "labels") -> dict[str, str]:
+    """``labels`` as a dict, if it has at most :data:`MAX_LABELS` and every key and value is
+    one (:func:`check_label_key`, :func:`check_label_value`).
+
+    Raises:
+        InvalidArgument: too many labels, or a bad key (``labels key``) or value (``labels[zone]``).
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument(field, f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
+    for key, value in labels.items():
+        check_label_key(key, field=field)
+        check_label_value(value, field=f"{field}[{key}]")
+    return dict(labels)
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_ipv6(text: str) -> bool:
+    if "%" in text:  # a zone (fe80::1%eth0) only means something on the machine that wrote it
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
