@@ -67,7 +67,12 @@ def stockade(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "STOCKADE_CONTROL_PLANES"}
     env[STATE_DIR_ENV] = str(state)
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args], capture_output=True, text=True, timeout=120, env=env, check=False
+        [sys.executable, "-m", "ops.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
 
 
@@ -149,7 +154,9 @@ def test_down_then_up_then_check_passes(cluster: LocalCluster, database_url: str
             (tmp_path / "holds" / f"hold-{worker_id}").unlink()
         up.join()
     assert started, "the second up did not finish"
-    assert {w.id: w.state for w in started[0].status.workers} == {f"w-{i}": "alive" for i in range(1, WORKERS + 1)}
+    assert {w.id: w.state for w in started[0].status.workers} == {
+        f"w-{i}": "alive" for i in range(1, WORKERS + 1)
+    }
 
     checked = stockade(state, "check", "--json")
     report: dict[str, Any] = json.loads(checked.stdout)

@@ -53,7 +53,9 @@ class Cluster:
     async def heartbeat(self, worker_id: str, incarnation: int, *running: int) -> pb.HeartbeatReply:
         reply: pb.HeartbeatReply = await self.cp.call(
             "heartbeat",
-            pb.HeartbeatRequest(worker_id=worker_id, incarnation=incarnation, running_assignment_ids=list(running)),
+            pb.HeartbeatRequest(
+                worker_id=worker_id, incarnation=incarnation, running_assignment_ids=list(running)
+            ),
         )
         return reply
 
@@ -72,7 +74,9 @@ class Cluster:
         reply = await self.cp.call(
             "submit_job",
             pb.SubmitJobRequest(
-                spec=pb.JobSpec(name="t", cpu_millis=100, memory_mb=16, sleep=pb.SleepRuntime(duration_ms=60_000))
+                spec=pb.JobSpec(
+                    name="t", cpu_millis=100, memory_mb=16, sleep=pb.SleepRuntime(duration_ms=60_000)
+                )
             ),
         )
         return int(reply.job_id)
@@ -88,7 +92,8 @@ class Cluster:
 
     async def worker(self, worker_id: str) -> dict[str, Any]:
         row = await self.admin.fetchrow(
-            "SELECT state, incarnation, left_at IS NOT NULL AS has_left_at FROM workers WHERE id = $1", worker_id
+            "SELECT state, incarnation, left_at IS NOT NULL AS has_left_at FROM workers WHERE id = $1",
+            worker_id,
         )
         assert row is not None
         return dict(row)
@@ -152,7 +157,9 @@ async def run_leader_until(cluster: Cluster, query: str) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_a_leave_makes_the_row_left_and_the_leader_requeues_its_jobs_as_stopped(cluster: Cluster) -> None:
+async def test_a_leave_makes_the_row_left_and_the_leader_requeues_its_jobs_as_stopped(
+    cluster: Cluster,
+) -> None:
     """A worker running three jobs leaves, reporting one of them succeeded: that one is
     finished, the row is left (logged once in worker_leaves), and the leader's fenced pass ends
     the other two assignments as stopped (worker_left, under epoch 1) and puts their jobs back
@@ -169,9 +176,17 @@ async def test_a_leave_makes_the_row_left_and_the_leader_requeues_its_jobs_as_st
     assert (await cluster.job(jobs[0]))["state"] == "succeeded"
 
     await run_leader_until(cluster, "SELECT count(*) = 0 FROM assignments WHERE state = 'active'")
-    assert await cluster.assignment(aids[0]) == {"state": "finished", "end_reason": "succeeded", "ended_epoch": None}
+    assert await cluster.assignment(aids[0]) == {
+        "state": "finished",
+        "end_reason": "succeeded",
+        "ended_epoch": None,
+    }
     for aid, job in zip(aids[1:], jobs[1:], strict=True):
-        assert await cluster.assignment(aid) == {"state": "stopped", "end_reason": "worker_left", "ended_epoch": EPOCH}
+        assert await cluster.assignment(aid) == {
+            "state": "stopped",
+            "end_reason": "worker_left",
+            "ended_epoch": EPOCH,
+        }
         assert await cluster.job(job) == {"state": "pending", "losses": 0, "not_before": None, "reason": ""}
     assert await cluster.count("SELECT count(*) FROM worker_deaths") == 0
     assert (await cluster.worker("w-1"))["state"] == "left"

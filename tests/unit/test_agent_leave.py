@@ -54,7 +54,11 @@ class SlowToStop:
             await stop.wait()
             await trio.sleep(STOP_S)
             return JobResult(
-                state=JobState.CANCELLED, stopped=True, exit_code=None, started_unix_s=began, finished_unix_s=0
+                state=JobState.CANCELLED,
+                stopped=True,
+                exit_code=None,
+                started_unix_s=began,
+                finished_unix_s=0,
             )
         return JobResult(
             state=JobState.SUCCEEDED, stopped=False, exit_code=None, started_unix_s=began, finished_unix_s=0
@@ -101,7 +105,9 @@ def log_events(tmp_path: Path) -> list[dict[str, Any]]:
     return read_log(tmp_path / "agent.jsonl")
 
 
-async def test_a_clean_stop_leaves_only_after_every_job_has_ended(tmp_path: Path, autojump_clock: Any) -> None:
+async def test_a_clean_stop_leaves_only_after_every_job_has_ended(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
     """Stopped with two jobs running (each takes 0.4 s to stop), the agent sends its leave at
     exactly 0.4 s, when both have ended and their stop lines are written, and not before."""
     cp = LeaveProbe()
@@ -111,7 +117,7 @@ async def test_a_clean_stop_leaves_only_after_every_job_has_ended(tmp_path: Path
         await trio.sleep(0.2)
         assert agent.running_assignment_ids == (1, 2)
 
-    agent, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, two_jobs)
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, two_jobs)
     assert [t - cancelled_at for t, _ in cp.leaves] == pytest.approx([STOP_S])
     assert cp.running_at_leave == [()]
     assert cp.stops_logged_at_leave == [2]
@@ -167,4 +173,3 @@ async def test_a_leave_that_does_not_get_through_is_logged_as_not_left(
     assert ended_at - cancelled_at == pytest.approx(ended_after_s)
     leave_line = log_events(tmp_path)[-1]
     assert (leave_line["event"], leave_line["left"], leave_line["incarnation"]) == ("leave", False, 1)
-

@@ -314,7 +314,9 @@ async def test_when_both_replicas_answer_the_deadline_moves_once(
         sent_from = trio.current_time()
         await trio.sleep(1.0)
         assert not agent.self_fenced
-        answers = len([t for t in b.answered if t > sent_from]) + len([t for t in a.answered if t > sent_from])
+        answers = len([t for t in b.answered if t > sent_from]) + len(
+            [t for t in a.answered if t > sent_from]
+        )
     first_send = next(t for t, _, _ in a.calls if t > sent_from)
     assert deadlines[0] == pytest.approx(first_send + AGENT_FENCE_S)
     assert b.answered[0] - first_send == pytest.approx(0.6)
