@@ -584,6 +584,13 @@ HeartbeatTimeoutOption = Annotated[
 SelfFenceOption = Annotated[
     float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
 ]
+LeaveTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="At a clean stop, once every job has ended, wait this long for a control plane to record "
+        "that the worker left, seconds (past it the worker is declared dead after dead_after instead)."
+    ),
+]
 JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
 MaxConcurrentStartsOption = Annotated[
     int,
@@ -619,6 +626,7 @@ def agent(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
@@ -642,6 +650,7 @@ def agent(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
@@ -669,6 +678,7 @@ def fleet(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
@@ -692,6 +702,7 @@ def fleet(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
@@ -1248,6 +1259,7 @@ def check(
     fault: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="KIND:ID@TIME[..UNTIL]",
             help="A fault injected by hand, KIND:ID@TIME[..UNTIL]: KIND kill, freeze or partition; ID a "
             "worker, control plane or fleet; TIME and UNTIL Unix seconds or ISO 8601 "
             "(e.g. kill:w-3@1764538392.5). Repeatable; counted with events.jsonl's.",
