@@ -506,3 +506,38 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_
 -- registration_seq) with another body is refused. NULL for rows registered before it existed:
 -- not compared.
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS registration_sha256 bytea;
+
+-- Clean stops (actors/ingest.py, queries.LEAVE_WORKER): an agent that has stopped every job it
+-- ran says it leaves, naming its incarnation and agent run. Its row becomes 'left': the
+-- reconciler never judges it (only 'alive' rows are), the placer never places on it, and the
+-- leader ends its assignments of that incarnation as 'stopped' (end_reason 'worker_left') and
+-- requeues their jobs at once, with no backoff and no loss counted
+-- (queries.END_ORPHANED_ASSIGNMENTS, a fenced write). A registration makes it alive again.
+-- The CHECK constraints are replaced only when they lack the new state, so a database that has
+-- them already is not scanned again.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'workers'::regclass AND conname = 'workers_state_check'
+                      AND pg_get_constraintdef(oid) LIKE '%''left''%') THEN
+        ALTER TABLE workers DROP CONSTRAINT IF EXISTS workers_state_check;
+        ALTER TABLE workers ADD CONSTRAINT workers_state_check
+            CHECK (state IN ('alive', 'dead', 'left'));
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'assignments'::regclass AND conname = 'assignments_state_check'
+                      AND pg_get_constraintdef(oid) LIKE '%''stopped''%') THEN
+        ALTER TABLE assignments DROP CONSTRAINT IF EXISTS assignments_state_check;
+        ALTER TABLE assignments ADD CONSTRAINT assignments_state_check
+            CHECK (state IN ('active', 'finished', 'cancelled', 'lost', 'stopped'));
+    END IF;
+END $$;
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS left_at timestamptz;
+
+-- Clean stops, one row each (the checker counts them), written with the row's change to 'left'.
+CREATE TABLE IF NOT EXISTS worker_leaves (
+    id           bigserial PRIMARY KEY,
+    worker_id    text        NOT NULL,
+    incarnation  bigint      NOT NULL,
+    left_at      timestamptz NOT NULL DEFAULT now()
+);

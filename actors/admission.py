@@ -5,10 +5,11 @@ DESIGN.md, "Under overload": the heartbeat answers are the last things to slow d
 work is shed before liveness work. The ingest (:mod:`actors.ingest`) applies both rules to its
 RPCs, split into two classes:
 
-- liveness (:data:`LIVENESS_RPCS`): Heartbeat and RegisterWorker, and the replica's own
-  presence record. A late heartbeat answer makes a worker fence itself, register again and
-  have its jobs placed again: more work for the same saturated processes. These are never
-  refused here.
+- liveness (:data:`LIVENESS_RPCS`): Heartbeat, RegisterWorker and LeaveWorker, and the
+  replica's own presence record. A late heartbeat answer makes a worker fence itself, register
+  again and have its jobs placed again: more work for the same saturated processes; a refused
+  leave makes a clean stop count as a death, which holds the worker's jobs for ``dead_after``
+  and a backoff. These are never refused here.
 - everything else: SubmitJob(s), CancelJob, GetJob, ListJobs and Status. Status is read-only
   but runs five queries, and an operator's dashboard polling it adds up: it is shed too.
 
@@ -98,7 +99,7 @@ from runtime.settings import IngestSettings
 CONNECTION_WAIT_S = 5.0
 """Longest a liveness request waits for a database connection (within its client's deadline)."""
 
-LIVENESS_RPCS = frozenset({"heartbeat", "register_worker", "presence"})
+LIVENESS_RPCS = frozenset({"heartbeat", "register_worker", "leave_worker", "presence"})
 """The work that is never shed and may use the reserved connections (``presence``: this
 replica's own liveness record, not an RPC)."""
 

@@ -2,7 +2,8 @@
 
 Records what is not a decision, with or without a leader (unfenced writes): submissions,
 cancellation requests, worker registrations, heartbeats (liveness, running confirmations,
-finished outcomes) and this replica's presence. Answers job queries and the status view.
+finished outcomes), clean stops (a worker's row becomes ``left``; the leader requeues its jobs)
+and this replica's presence. Answers job queries and the status view.
 Every input is checked before anything is written (:mod:`actors.validation`).
 
 Every mutating call is carried out at most once per idempotency key (:mod:`actors.idempotency`):
@@ -649,6 +650,44 @@ class ControlPlaneService:
             epoch=row["current_epoch"], stop_assignment_ids=list(row["stop_assignment_ids"])
         )
 
+    async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
+        """Record a clean stop: the worker's outcomes, then its row ``left`` (an unfenced write,
+        like a heartbeat), if the request names the incarnation that is alive now and the
+        agent run that registered it. The leader ends that incarnation's assignments as
+        stopped and requeues their jobs in its next reconcile pass (a fenced write).
+
+        The agent sends it only once it has stopped every job. Anything else (an earlier
+        incarnation, another run, a worker already declared dead or unknown) changes nothing
+        and is answered ``left: false`` with the reason; a copy of a leave already applied
+        is answered ``left: true`` again.
+
+        Raises:
+            InvalidArgument: a field out of range (nothing is stored).
+        """
+        validation.check_leave(
+            worker_id=request.worker_id, incarnation=request.incarnation, agent_run_id=request.agent_run_id
+        )
+        finished = list(request.finished)
+        validation.check_outcomes([_outcome_fields(o) for o in finished])
+        worker_id, incarnation = request.worker_id, request.incarnation
+        async with self.database("leave_worker") as conn, conn.transaction():
+            # The worker's row first, as heartbeats and registrations take it (one lock order),
+            # then the outcomes, recorded whatever the leave's fate (a result is never lost).
+            await conn.fetchval(queries.LOCK_WORKER, worker_id)
+            if finished:
+                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *_outcome_arrays(finished))
+            row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
+            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
+        left, detail = _leave_verdict(worker_id, incarnation, row)
+        log.get("ingest").info(
+            "worker left" if left else "leave changed nothing",
+            worker_id=worker_id,
+            incarnation=incarnation,
+            outcomes=len(finished),
+            detail=detail,
+        )
+        return pb.LeaveWorkerReply(left=left, epoch=epoch, detail=detail)
+
     async def status(self, request: pb.StatusRequest) -> Encoded[pb.StatusReply]:
         """The status view; built and encoded in slices inside the turn."""
         async with self.admitted("status"):
@@ -659,6 +698,26 @@ class ControlPlaneService:
                 counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
                 stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
             return await self._encoded(*_status_reply(self.cp_id, lease, cps, workers, counts, stuck))
+
+
+def _leave_verdict(worker_id: str, incarnation: int, row: Any) -> tuple[bool, str]:
+    """Whether a leave of ``worker_id``'s ``incarnation`` left the row ``left``, and why, from
+    the row of :data:`actors.queries.LEAVE_WORKER` (None: no such worker)."""
+    if row is None:
+        return False, f"worker {worker_id} is unknown"
+    if row["incarnation"] != incarnation:
+        return False, (
+            f"incarnation {incarnation} of worker {worker_id} is not current "
+            f"(incarnation {row['incarnation']} is, {row['state']})"
+        )
+    if not row["same_run"]:
+        # The run id is not shown: it is what tells the registering agent from anyone else.
+        return False, f"agent_run_id is not the run that registered incarnation {incarnation} of {worker_id}"
+    if row["left_now"]:
+        return True, "left"
+    if row["state"] == "left":
+        return True, "left already (a copy of this leave)"
+    return False, f"worker {worker_id} incarnation {incarnation} is {row['state']}"
 
 
 def _status_reply(

@@ -67,11 +67,12 @@ end. That is as safe as ending them all at once:
    that is sent anyway (a stale leader's next pass) writes nothing.
 2. Which assignments a batch ends is decided inside that batch's transaction, from the
    database, not from a list the reconciler made earlier: the active assignments whose worker
-   is dead or whose incarnation is no longer current. A worker declared dead stays dead (only
-   a registration makes a new, alive incarnation, and that leaves the old incarnation's
-   assignments orphaned all the same: they end as ``worker_restarted`` instead of
-   ``worker_dead``), so the batches end exactly the assignments one transaction would have
-   ended, each once, whoever leads when each runs: a new leader's first pass ends the rest.
+   is dead or left, or whose incarnation is no longer current. A worker declared dead (or
+   left) stays so (only a registration makes a new, alive incarnation, and that leaves the old
+   incarnation's assignments orphaned all the same: they end as ``worker_restarted`` instead
+   of ``worker_dead`` or ``worker_left``), so the batches end exactly the assignments one
+   transaction would have ended, each once, whoever leads when each runs: a new leader's first
+   pass ends the rest.
 3. Between two batches the placer may commit rounds. It cannot place on the dead worker (a
    placement requires ``workers.state = 'alive'`` in the incarnation placed on), and it cannot
    claim a job whose assignment has not ended yet: such a job is still ``assigned`` or

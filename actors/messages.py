@@ -128,7 +128,9 @@ class DeclareDeadWorkers:
     active assignments of dead workers and of incarnations no longer current (orphans) as
     lost, and requeue their jobs, each not to be placed again before a random time below its
     backoff cap (seconds; entry k of ``requeue_backoff_caps_s`` after the job's k-th loss, the
-    last entry after any later one; empty: no backoff). An empty ``workers`` only ends orphans.
+    last entry after any later one; empty: no backoff); those of an incarnation that left are
+    orphans too, ended as stopped, their jobs requeued with no backoff and no loss counted. An
+    empty ``workers`` only ends orphans.
     The reply's ``more_orphans`` says whether to ask for the rest (:class:`EndOrphanedAssignments`)."""
 
     epoch: int
@@ -145,7 +147,8 @@ class EndOrphanedAssignments:
     """Under ``epoch``: one more batch of :class:`DeclareDeadWorkers`' endings, in a fenced
     transaction of its own: end the first ``max_ended`` active assignments of dead workers and
     of incarnations no longer current as lost, and requeue their jobs with the backoff of
-    ``requeue_backoff_caps_s``. The reply's ``dead_worker_ids`` is empty."""
+    ``requeue_backoff_caps_s`` (those of an incarnation that left: as stopped, without). The
+    reply's ``dead_worker_ids`` is empty."""
 
     epoch: int
     requeue_backoff_caps_s: tuple[float, ...]

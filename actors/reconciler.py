@@ -6,7 +6,11 @@ Each pass, while leader:
    database time) is older than ``dead_after_s`` is declared dead in a fenced transaction that
    re-checks the rule, ends its active assignments as lost and requeues their jobs. The same
    transaction ends assignments addressed to an incarnation that is no longer current (the
-   agent restarted or re-registered: its old jobs were stopped). A new leader therefore never
+   agent restarted or re-registered: its old jobs were stopped), and those of a worker that
+   left (its agent stopped cleanly, stopped every job, then said so: the row is ``left``, which
+   this step never judges by silence): those end as ``stopped`` and their jobs are placed again
+   at once, with no backoff, in the first pass after the leave instead of ``dead_after_s``
+   later. A new leader therefore never
    judges from timers of its own: failovers cause no false deaths. One transaction ends at most
    ``max_rows_per_fenced_write`` assignments (fewer while the database is slow:
    :mod:`actors.write_size`); the pass ends the rest in further fenced transactions

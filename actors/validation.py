@@ -237,6 +237,20 @@ MAX_ID = 2**63 - 1
 """Ids are PostgreSQL bigints."""
 
 
+def check_leave(*, worker_id: str, incarnation: int, agent_run_id: str) -> None:
+    """Check a worker's leave (a clean stop).
+
+    Raises:
+        InvalidArgument: bad id, an incarnation outside 1..MAX_ID (a leave names the life that
+            stopped, and incarnations start at 1), or an agent run id empty (only an agent that
+            registered with one can leave) or not an id.
+    """
+    identifiers.check_id(worker_id, field="worker_id")
+    _int_between("incarnation", incarnation, 1, MAX_ID)
+    _text("agent_run_id", agent_run_id, max_bytes=MAX_ID_BYTES, printable=True)
+    identifiers.check_id(agent_run_id, field="agent_run_id")
+
+
 def check_job_id(job_id: int) -> int:
     """Raises InvalidArgument outside 1..MAX_ID (ids start at 1 and are bigints)."""
     return _int_between("job_id", job_id, 1, MAX_ID)

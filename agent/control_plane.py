@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.messages import HeartbeatAnswer, HeartbeatReport, Outcome, Registered, Registration
+from agent.messages import (
+    HeartbeatAnswer,
+    HeartbeatReport,
+    Leave,
+    LeaveAnswer,
+    Outcome,
+    Registered,
+    Registration,
+)
 from protocol import pb
 from runtime.client import ControlPlaneClient
 
@@ -21,7 +29,7 @@ from runtime.client import ControlPlaneClient
 class ControlPlane(Protocol):
     """What the agent needs from the control plane.
 
-    Both methods give up ``deadline_s`` seconds after they were called, and raise
+    Every method gives up ``deadline_s`` seconds after they were called, and raise
     :class:`runtime.errors.StockadeError` subclasses on failure
     (:class:`runtime.errors.Unavailable` when no replica answered in time); the agent retries.
     """
@@ -29,6 +37,8 @@ class ControlPlane(Protocol):
     async def register(self, request: Registration, *, deadline_s: float) -> Registered: ...
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer: ...
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer: ...
 
 
 def outcome_to_pb(outcome: Outcome) -> pb.JobOutcome:
@@ -112,3 +122,23 @@ class GrpcControlPlane:
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             reregister=reply.reregister,
         )
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        """Call LeaveWorker (hedged), carrying the outcomes not yet acknowledged.
+
+        Raises:
+            NoControlPlaneReachable: no replica answered within ``deadline_s``.
+            InvalidArgument, NotFound, RemoteError: a replica refused the request.
+        """
+        reply = await self._client.call_hedged(
+            "leave_worker",
+            pb.LeaveWorkerRequest(
+                worker_id=request.worker_id,
+                incarnation=request.incarnation,
+                agent_run_id=request.agent_run_id,
+                finished=[outcome_to_pb(o) for o in request.finished],
+            ),
+            hedge_after_s=self._hedge_after_s,
+            deadline_s=deadline_s,
+        )
+        return LeaveAnswer(left=reply.left, epoch=reply.epoch, detail=reply.detail)

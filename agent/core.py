@@ -36,7 +36,12 @@ is no module-level state). Its pieces:
   dies. A frozen agent's command jobs thus stop at the deadline, not when it thaws;
 - one task per running job, shielded from cancellation: a job ends only through its stop
   event (or its reaper), so its ``stop`` line is written after it has really ended, also at
-  shutdown.
+  shutdown;
+- a leave at a clean stop (SIGTERM, SIGINT): once every job has ended, the agent tells a
+  control plane that its incarnation left (the worker's row becomes ``left``, and the leader
+  requeues its jobs at once instead of declaring it dead after ``dead_after``). A leave that
+  gets no answer within ``leave_timeout_s`` changes nothing: the worker is then declared dead,
+  as a killed one is. A left worker started again registers a new incarnation as usual.
 
 The fence deadline is final. An agent that finds it passed (it was frozen or stalled past
 it; its fence watcher may not even have run yet) self-fences *before* it completes or
@@ -92,6 +97,8 @@ from agent.messages import (
     HeartbeatReport,
     JobOrder,
     JobState,
+    Leave,
+    LeaveAnswer,
     Outcome,
     RefusalReason,
     Registration,
@@ -342,13 +349,16 @@ class Agent:
 
         Signals ``task_status.started(self)`` at once (before the first registration, which
         waits for a control plane). On cancellation stops every job (shielded), writing a
-        ``stop`` line with reason ``shutdown`` for each, then returns by re-raising.
+        ``stop`` line with reason ``shutdown`` for each, then, once all have ended, leaves:
+        tells a control plane that this incarnation stopped cleanly (:meth:`_leave`, at most
+        ``leave_timeout_s``), and returns by re-raising.
 
         Raises:
             OSError: the work folder or the log file cannot be created.
         """
         self.address = address
         self.joblog.open()
+        stopping_since: float | None = None
         try:
             async with trio.open_nursery() as job_nursery:
                 self._job_nursery = job_nursery
@@ -358,12 +368,78 @@ class Agent:
                         nursery.start_soon(self._fence_watch)
                         task_status.started(self)
                 finally:
+                    stopping_since = trio.current_time()
                     self._admission.fenced = True
                     with trio.CancelScope(shield=True):
                         await self._stop_all(StopReason.SHUTDOWN)
+            # Every job's task has returned (the job nursery waited for them): nothing runs.
         finally:
             self._job_nursery = None
-            self.joblog.close()
+            try:
+                if stopping_since is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._leave(stopping_since)
+            finally:
+                self.joblog.close()
+
+    # ------------------------------------------------------------------ leave
+
+    async def _leave(self, stopping_since: float) -> None:
+        """Say that this worker stopped cleanly, once every job has ended; never raises a
+        StockadeError.
+
+        A control plane that records it makes the worker's row ``left``: it is never declared
+        dead, and the leader ends its assignments as stopped and requeues their jobs at once.
+        The request names this incarnation and this agent run (a late or foreign leave changes
+        nothing there) and carries the outcomes no reply has acknowledged. It waits at most
+        ``leave_timeout_s``; a leave that does not get through (or changes nothing) leaves
+        the existing path in charge: the worker is declared dead ``dead_after`` after its last
+        heartbeat, which is safe, since it runs nothing. Either way a ``leave`` line records
+        the clean stop, at ``stopping_since`` (trio time: when heartbeats stopped), for the
+        checker.
+
+        Never called while a job runs: the agent must not be both left and running jobs.
+        """
+        incarnation = self._admission.incarnation
+        if incarnation is None:
+            return  # never registered: no row of this life to leave
+        if self._jobs:
+            # run() calls this only after the job nursery has closed; a bug otherwise.
+            self._logger.error("not leaving: jobs are still running", jobs=sorted(self._jobs))
+            return
+        timeout_s = self.settings.leave_timeout_s
+        request = Leave(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            agent_run_id=self._run_id,
+            finished=tuple(self._unacked),
+        )
+        answer: LeaveAnswer | None = None
+        error = f"no control plane answered within {timeout_s:g} s"
+        with trio.move_on_after(timeout_s):
+            try:
+                answer = await self._cp.leave(request, deadline_s=timeout_s)
+            except StockadeError as exc:
+                error = str(exc)
+        left = answer is not None and answer.left
+        if answer is not None:
+            self._admission.observe_epoch(answer.epoch)
+            del self._unacked[: len(request.finished)]
+        self.joblog.write(
+            LogEvent.LEAVE,
+            incarnation=incarnation,
+            epoch=self.max_epoch_seen,
+            time_unix_s=_unix_time_of(stopping_since),
+            left=left,
+        )
+        if left:
+            self._logger.info("left the cluster", incarnation=incarnation, outcomes=len(request.finished))
+        else:
+            self._logger.warning(
+                "leave not recorded: the control planes will declare this worker dead",
+                incarnation=incarnation,
+                error=error if answer is None else answer.detail,
+            )
 
     # ------------------------------------------------------------------ jobs
 

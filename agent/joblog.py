@@ -1,10 +1,15 @@
 """The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
 
 One line per event, keys exactly ``event`` (``start``, ``stop``, ``register``,
-``self_fence``), ``worker_id``, ``incarnation``, ``job_id``, ``assignment_id``, ``epoch``,
-``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` and ``started`` on stop lines
-and ``exit_code`` on stop lines whose exit code is known. ``register`` and ``self_fence``
-lines have null ``job_id`` and ``assignment_id``.
+``self_fence``, ``leave``), ``worker_id``, ``incarnation``, ``job_id``, ``assignment_id``,
+``epoch``, ``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` and ``started`` on
+stop lines, ``exit_code`` on stop lines whose exit code is known, and ``left`` on leave lines.
+``register``, ``self_fence`` and ``leave`` lines have null ``job_id`` and ``assignment_id``.
+
+A ``leave`` line says the agent stopped cleanly (SIGTERM, SIGINT): its ``time`` is when it
+stopped heartbeating, written once every job has ended and the control planes were told
+(``left`` true: one recorded the worker as left) or could not be (``left`` false: the worker
+will be declared dead, which the checker does not count as a false death).
 
 ``started`` (a boolean) is false when the job never ran although its ``start`` line was
 written: its reaper refused to start it because the fence deadline had already passed
@@ -41,6 +46,7 @@ class LogEvent(StrEnum):
     STOP = "stop"
     REGISTER = "register"
     SELF_FENCE = "self_fence"
+    LEAVE = "leave"
 
 
 class JobLog:
@@ -84,6 +90,7 @@ class JobLog:
         exit_code: int | None = None,
         time_unix_s: float | None = None,
         started: bool = True,
+        left: bool = False,
     ) -> None:
         """Append one line and flush it.
 
@@ -91,6 +98,7 @@ class JobLog:
             time_unix_s: the line's ``time`` (wall-clock seconds) when the event happened
                 before now (a stop the agent learns of late); None: now.
             started: on a stop line, whether the job really ran (see the module docstring).
+            left: on a leave line, whether a control plane recorded the worker as left.
 
         Raises:
             RuntimeError: the log is not open.
@@ -111,6 +119,8 @@ class JobLog:
             record["started"] = started
             if exit_code is not None:
                 record["exit_code"] = exit_code
+        if event is LogEvent.LEAVE:
+            record["left"] = left
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

@@ -237,3 +237,26 @@ class HeartbeatAnswer:
     epoch: int
     stop_assignment_ids: tuple[int, ...] = ()
     reregister: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Leave:
+    """A LeaveWorker request: this worker stopped cleanly, every job of it has ended."""
+
+    worker_id: str
+    incarnation: int
+    """The life that stopped; a leave of any other changes nothing."""
+    agent_run_id: str
+    """The agent run that registered ``incarnation``."""
+    finished: tuple[Outcome, ...] = ()
+    """Every outcome not yet acknowledged, recorded before the worker counts as left."""
+
+
+@attrs.frozen(kw_only=True)
+class LeaveAnswer:
+    """A LeaveWorker reply: whether the worker's row is ``left`` now, the current epoch, and
+    why the leave changed nothing when it did not."""
+
+    left: bool
+    epoch: int
+    detail: str = ""

@@ -7,7 +7,11 @@ Inputs, all read after the fact:
 - each worker's append-only ``agent.jsonl`` (start and stop records, with wall-clock times);
 - the fault record a harness keeps (``events.jsonl``: which process was killed, frozen or cut
   off, and when), so a run on a killed worker ends at the kill, and a worker declared dead
-  while it was being faulted is not a false death.
+  while it was being faulted is not a false death; faults injected by hand can be added to
+  it, or given to ``stockade check --fault`` (:func:`parse_fault`);
+- the clean stops the workers logged (``leave`` lines): a worker stopped cleanly whose leave
+  did not get through is declared dead later, which is what should happen to a worker that
+  is gone, not a false death. (One whose leave got through is ``left``, never declared dead.)
 
 What it counts:
 
@@ -17,7 +21,8 @@ What it counts:
 - ``double_runs``: jobs that ran at overlapping times in two places (two workers, or two
   assignments), from the workers' own logs. A run lasts from its start record to its stop
   record, or to the kill of its worker process, or (neither) to the end of time.
-- ``false_deaths``: dead-worker declarations that no fault injected into that worker explains.
+- ``false_deaths``: dead-worker declarations that neither a fault injected into that worker
+  nor a clean stop of it explains.
 - ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
   while the database does not record that success for that assignment (the assignment was
   ended as lost, cancelled, ...) and no kill of that worker within ``REPORT_SLACK_S`` after the
@@ -27,7 +32,8 @@ What it counts:
 - Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
   ``elections`` (lease takeovers, the first one included), ``worker_deaths`` (every
   declaration), ``self_fences`` (``self_fence`` records in the workers' logs) and
-  ``extra_assignments`` (assignments beyond one per job that was placed).
+  ``extra_assignments`` (assignments beyond one per job that was placed). ``worker_leaves``
+  counts the clean stops the control planes recorded.
 
 A run is what really started: a ``start`` record whose ``stop`` record says ``"started":
 false`` (the job's reaper found the fence deadline passed, or the command could not be
@@ -43,12 +49,14 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from runtime.aio import PgConnection
+from runtime.errors import InvalidArgument
 from runtime.text import read_lines
 
 # A fault explains a death when it began at most this long before the last heartbeat the
@@ -103,6 +111,8 @@ class History:
     stale_writes_rejected: int = 0
     elections: int = 0
     """Lease takeovers (rows of ``lease_history``)."""
+    leaves: int = 0
+    """Clean stops the control planes recorded (rows of ``worker_leaves``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -119,10 +129,18 @@ class Run:
     """The ``reason`` of its stop record; None when it has none."""
 
 
+FAULT_KINDS = ("kill", "freeze", "partition")
+"""What a harness (or an operator, by hand) injects: SIGKILL, SIGSTOP until SIGCONT, a network
+cut until healed."""
+CLEAN_STOP = "stop"
+"""The kind of :class:`FaultEvent` a worker's ``leave`` line stands for (:func:`clean_stops`)."""
+
+
 @attrs.frozen(kw_only=True)
 class FaultEvent:
-    """A fault a harness injected: ``kind`` is kill, freeze or partition; ``target`` a process id
-    such as ``w-3`` or ``cp-1``; ``until`` when a freeze or partition ended (kills: ``at``)."""
+    """A fault a harness injected: ``kind`` is kill, freeze or partition (or ``stop``, a clean
+    stop a worker logged); ``target`` a process id such as ``w-3`` or ``cp-1``; ``at`` and
+    ``until`` Unix seconds, ``until`` when a freeze or partition ended (kills: ``at``)."""
 
     kind: str
     target: str
@@ -147,6 +165,7 @@ class CheckReport:
     worker_deaths: int = 0
     self_fences: int = 0
     extra_assignments: int = 0
+    worker_leaves: int = 0
 
     @property
     def ok(self) -> bool:
@@ -184,6 +203,7 @@ class CheckReport:
             "worker_deaths": self.worker_deaths,
             "self_fences": self.self_fences,
             "extra_assignments": self.extra_assignments,
+            "worker_leaves": self.worker_leaves,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -239,8 +259,9 @@ def double_runs(runs: Iterable[Run]) -> dict[int, str]:
 
 
 def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) -> list[str]:
-    """Declarations no fault explains: the worker was neither killed, frozen nor cut off from
-    ``FAULT_SLACK_S`` before its last recorded heartbeat until it was declared dead."""
+    """Declarations no fault explains: the worker was neither killed, frozen, cut off nor
+    stopped cleanly from ``FAULT_SLACK_S`` before its last recorded heartbeat until it was
+    declared dead."""
     found = []
     for death in deaths:
         explained = any(
@@ -252,7 +273,7 @@ def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) ->
         if not explained:
             found.append(
                 f"worker {death.worker_id} (incarnation {death.incarnation}) declared dead "
-                f"under epoch {death.epoch} with no fault injected into it"
+                f"under epoch {death.epoch} with no fault injected into it and no clean stop logged"
             )
     return found
 
@@ -327,6 +348,7 @@ def check(
         worker_deaths=len(history.deaths),
         self_fences=self_fences,
         extra_assignments=extra_assignments(history.assignments),
+        worker_leaves=history.leaves,
     )
 
 
@@ -398,6 +420,60 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def parse_fault(text: str) -> FaultEvent:
+    """A fault injected by hand, written ``KIND:ID@TIME`` or ``KIND:ID@TIME..UNTIL``.
+
+    ``KIND`` is one of :data:`FAULT_KINDS`, ``ID`` the process or worker it hit (``w-3``,
+    ``cp-1``), ``TIME`` and ``UNTIL`` Unix seconds (``1764538392.5``) or ISO 8601 date-times
+    (``2026-11-30T21:33:12``, local time unless an offset is given). ``UNTIL`` (when a freeze
+    or partition ended) defaults to ``TIME``. Examples: ``kill:w-3@1764538392.5``,
+    ``freeze:w-2@2026-11-30T21:33:12..2026-11-30T21:33:20``.
+
+    Raises:
+        InvalidArgument: the text does not have that shape, the kind is unknown, a time cannot
+            be read, or UNTIL is before TIME.
+    """
+    shape = "must be KIND:ID@TIME or KIND:ID@TIME..UNTIL, e.g. kill:w-3@1764538392.5"
+    head, at_sign, times = text.partition("@")
+    kind, colon, target = head.partition(":")
+    if not at_sign or not colon or not target or not times:
+        raise InvalidArgument("fault", text, shape)
+    if kind not in FAULT_KINDS:
+        raise InvalidArgument("fault kind", kind, f"must be one of {', '.join(FAULT_KINDS)} (in {text!r})")
+    start_text, dots, end_text = times.partition("..")
+    at = _fault_time("fault TIME", start_text, text)
+    until = _fault_time("fault UNTIL", end_text, text) if dots else at
+    if until < at:
+        raise InvalidArgument("fault UNTIL", end_text, f"must not be before TIME {start_text} (in {text!r})")
+    return FaultEvent(kind=kind, target=target, at=at, until=until)
+
+
+def _fault_time(field: str, value: str, text: str) -> float:
+    """Unix seconds from ``value``: a number of seconds, or an ISO 8601 date-time."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise InvalidArgument(
+                field, value, f"must be Unix seconds or an ISO 8601 date-time (in {text!r})"
+            ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidArgument(field, value, f"must be a time after 1970-01-01 (in {text!r})")
+    return seconds
+
+
+def clean_stops(records: Iterable[dict[str, Any]]) -> list[FaultEvent]:
+    """The clean stops among a worker's log records: one ``stop`` event per ``leave`` line,
+    at the time the agent stopped heartbeating (whether or not its leave got through)."""
+    return [
+        FaultEvent(kind=CLEAN_STOP, target=r["worker_id"], at=float(r["time"]), until=float(r["time"]))
+        for r in records
+        if r.get("event") == "leave"
+    ]
+
+
 def load_events(path: Path | None) -> list[FaultEvent]:
     """A harness's ``events.jsonl`` (``{"kind", "target", "at", "until"}`` per line), or none."""
     if path is None or not path.exists():
@@ -434,9 +510,13 @@ def count_self_fences(records: Iterable[dict[str, Any]]) -> int:
 def check_logs(
     history: History, worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()
 ) -> CheckReport:
-    """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``."""
+    """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``,
+    whose clean stops (:func:`clean_stops`) count beside ``faults``."""
     records = load_records(worker_dirs)
-    return check(history, runs_from_records(records, faults), faults, self_fences=count_self_fences(records))
+    explained = [*faults, *clean_stops(records)]
+    return check(
+        history, runs_from_records(records, faults), explained, self_fences=count_self_fences(records)
+    )
 
 
 ASSIGNMENT_HISTORY = """
@@ -453,6 +533,7 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
 JOB_STATES = "SELECT id, state FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
+LEAVES = "SELECT count(*) FROM worker_leaves"
 
 
 async def load_history(database_url: str) -> History:
@@ -468,6 +549,7 @@ async def load_history(database_url: str) -> History:
         jobs = await conn.fetch(JOB_STATES)
         stale = int(await conn.fetchval(STALE_WRITES))
         elections = int(await conn.fetchval(ELECTIONS))
+        leaves = int(await conn.fetchval(LEAVES))
     finally:
         await conn.close()
     return History(
@@ -499,4 +581,5 @@ async def load_history(database_url: str) -> History:
         job_states={r["id"]: r["state"] for r in jobs},
         stale_writes_rejected=stale,
         elections=elections,
+        leaves=leaves,
     )

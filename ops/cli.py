@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import attrs
 import rich.box
@@ -39,6 +39,7 @@ from actors import validation
 from ops import rpc
 from ops.cluster import (
     CONTROL_PLANES_ENV,
+    ClusterConfig,
     ClusterError,
     LocalCluster,
     StateDir,
@@ -72,6 +73,9 @@ from runtime.settings import (
     ReconcilerSettings,
 )
 from runtime.text import Tail, cut_line, head_bytes, tail_lines
+
+if TYPE_CHECKING:
+    from ops.checker import FaultEvent
 
 __all__ = ["app", "main"]
 
@@ -307,7 +311,7 @@ def render_status(status: pb.StatusReply) -> Group:
     for w in status.workers:
         workers.add_row(
             w.id,
-            Text(w.state, style="green" if w.state == "alive" else "red"),
+            Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red")),
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
             _job_ids([int(j) for j in w.job_ids]),
@@ -653,6 +657,13 @@ HeartbeatTimeoutOption = Annotated[
 SelfFenceOption = Annotated[
     float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
 ]
+LeaveTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="At a clean stop, once every job has ended, wait this long for a control plane to record "
+        "that the worker left, seconds (past it the worker is declared dead after dead_after instead)."
+    ),
+]
 JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
 MaxConcurrentStartsOption = Annotated[
     int,
@@ -688,6 +699,7 @@ def agent(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
@@ -711,6 +723,7 @@ def agent(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
@@ -738,6 +751,7 @@ def fleet(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     metrics_port: MetricsPortOption = 0,
@@ -762,6 +776,7 @@ def fleet(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
         )
@@ -1369,6 +1384,15 @@ def check(
         Path | None, typer.Option(help="State folder whose workers' logs and fault record to read.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KIND:ID@TIME[..UNTIL]",
+            help="A fault injected by hand, KIND:ID@TIME[..UNTIL]: KIND kill, freeze or partition; ID a "
+            "worker, control plane or fleet; TIME and UNTIL Unix seconds or ISO 8601 "
+            "(e.g. kill:w-3@1764538392.5). Repeatable; counted with events.jsonl's.",
+        ),
+    ] = None,
 ) -> None:
     """Check a cluster's history: no job placed twice (database), none run twice at once (the
     workers' logs), no false dead-worker declarations, every job finished. Exits 1 otherwise."""
@@ -1378,6 +1402,9 @@ def check(
     state = StateDir(state_dir) if state_dir is not None else _state()
     with _errors():
         config = LocalCluster(state).config() if database_url is None or state.config_path.exists() else None
+        manual = [checker.parse_fault(text) for text in fault or ()]
+        if config is not None:
+            manual = _faults_in_cluster(manual, config)
         url = database_url or (config.database_url if config is not None else None)
         if url is None:
             _fail("no database: pass --database-url or run in a cluster's folder", EXIT_INVALID)
@@ -1387,18 +1414,40 @@ def check(
                 return await checker.load_history(url)
 
         history = trio.run(load)
-    faults = checker.load_events(state.events_path)
+    faults = [*checker.load_events(state.events_path), *manual]
     worker_dirs = [state.work_dir(p.id) for p in config.workers] if config is not None else []
     report = checker.check_logs(history, worker_dirs, faults)
     data = report.as_dict()
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        console.print(_check_table(_report_rows(data)))
+        rows = [*_report_rows(data), ("worker_leaves (clean stops)", str(data["worker_leaves"]), None)]
+        console.print(_check_table(rows))
         for line in data["details"][:20]:
             console.print(f"  {line}", markup=False)
     if not report.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+def _faults_in_cluster(faults: list[FaultEvent], config: ClusterConfig) -> list[FaultEvent]:
+    """``faults`` checked against the cluster's ids, a fault of a fleet process also counted for
+    every worker it hosts (they die with it).
+
+    Raises:
+        InvalidArgument: a fault names an id that is no process or worker of the cluster.
+    """
+    known = {p.id for p in config.processes} | {w.id for w in config.workers}
+    expanded = []
+    for event in faults:
+        if event.target not in known:
+            raise InvalidArgument(
+                "fault ID",
+                event.target,
+                f"must name a process or worker of this cluster ({', '.join(sorted(known))})",
+            )
+        expanded.append(event)
+        expanded += [attrs.evolve(event, target=w.id) for w in config.workers_in(event.target) if w.fleet]
+    return expanded
 
 
 bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)

@@ -966,8 +966,11 @@ class LocalCluster:
     def down(self, *, timeout_s: float = STOP_TIMEOUT_S) -> DownReport:
         """SIGTERM every process, SIGKILL those still alive after ``timeout_s``, stop the database.
 
-        Safe when nothing runs. Afterwards no process carrying this state folder's marker is
-        left (checked with psutil).
+        The workers' processes (agents, fleets) go first, and the control planes only once
+        those have exited: a worker stopped cleanly stops its jobs and then tells a control
+        plane that it left, so the cluster does not count it as dead later. Each group gets
+        ``timeout_s``. Safe when nothing runs. Afterwards no process carrying this state
+        folder's marker is left (checked with psutil).
 
         Raises:
             ClusterError: a process or the database survived every attempt to stop it.
@@ -979,21 +982,25 @@ class LocalCluster:
 
     def _down(self, *, timeout_s: float) -> DownReport:
         config = self.state.load()
-        running: dict[str, psutil.Process] = {}
+        workers: dict[str, psutil.Process] = {}
+        control_planes: dict[str, psutil.Process] = {}
         if config is not None:
             for spec in config.processes:
                 process = self.live_process(spec)
                 if process is not None:
-                    running[spec.id] = process
-        for process in running.values():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.terminate()
-        _, alive = psutil.wait_procs(list(running.values()), timeout=timeout_s)
-        killed = [pid_id for pid_id, p in running.items() if p in alive]
-        for process in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(alive, timeout=5.0)
+                    (control_planes if spec.kind == "cp" else workers)[spec.id] = process
+        running = {**workers, **control_planes}
+        killed: list[str] = []
+        for group in (workers, control_planes):
+            for process in group.values():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.terminate()
+            _, alive = psutil.wait_procs(list(group.values()), timeout=timeout_s)
+            killed += [pid_id for pid_id, p in group.items() if p in alive]
+            for process in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            psutil.wait_procs(alive, timeout=5.0)
         for process_id in running:
             self._reap(process_id)
         stragglers = self._kill_marked()

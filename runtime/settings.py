@@ -383,6 +383,9 @@ class AgentSettings:
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
     stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
+    leave_timeout_s: float = attrs.field(default=1.0, validator=_positive)
+    """How long a clean stop waits for a control plane to record that the worker left, once
+    every job has ended; past it the worker is declared dead after dead_after_s instead."""
     max_concurrent_starts: int = attrs.field(default=2, validator=_positive)
     """Most command jobs *starting* at once in this process (from the fork of a job's reaper
     until the reaper has exec'd the job, or ended): the rest wait for a start slot, holding

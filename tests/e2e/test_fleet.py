@@ -6,6 +6,7 @@ registration and incarnation, its own agent.jsonl; and `down` must leave nothing
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import psutil
 import pytest
 
@@ -65,6 +67,17 @@ def _jobs(addresses: list[str]) -> dict[int, pb.JobInfo]:
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fetch(url: str, query: str) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            return await connection.fetch(query)
+        finally:
+            await connection.close()
+
+    return asyncio.run(run())
 
 
 def _marked(root: Path) -> list[psutil.Process]:
@@ -144,3 +157,6 @@ def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> N
     cluster.down()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert _marked(cluster.state.root) == []
+    # Every worker of every fleet left on the way down: none will be declared dead.
+    states = _fetch(config.database_url, "SELECT id, state FROM workers")
+    assert {r["id"]: r["state"] for r in states} == {w.id: "left" for w in config.workers}

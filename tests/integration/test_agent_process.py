@@ -27,6 +27,9 @@ class RegistrationsOnly:
         self.registered = trio.Event()
         self.heartbeated = trio.Event()
         """Set at the first heartbeat: the agent has taken its registration's answer in."""
+        self.leaves: list[tuple[pb.LeaveWorkerRequest, list[int]]] = []
+        """Every leave, with the watched job processes alive when it came."""
+        self.watched: list[int] = []
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -36,6 +39,11 @@ class RegistrationsOnly:
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         self.heartbeated.set()
         return pb.HeartbeatReply(epoch=1)
+
+    async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
+        """Record the leave, and which of the watched job processes were still alive then."""
+        self.leaves.append((request, [pid for pid in self.watched if _alive(pid)]))
+        return pb.LeaveWorkerReply(left=True, epoch=1)
 
     async def submit_job(self, request: object) -> object:
         raise NotImplementedError
@@ -80,7 +88,8 @@ def _agent_script(cp_port: int, work_dir: Path) -> str:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.Signals) -> None:
-    """On SIGTERM or SIGINT the agent stops its running command, logs it, and exits 0."""
+    """On SIGTERM or SIGINT the agent stops its running command, logs it, tells the control
+    plane it left once the command's process is gone, and exits 0."""
     cp = RegistrationsOnly()
     pid_file = tmp_path / "child.pid"
     stderr_path = tmp_path / "agent.stderr"
@@ -121,6 +130,7 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
             finally:
                 channel.close()
             child = await _child_pid(pid_file)
+            cp.watched.append(child)
             agent.send_signal(signum)
             with trio.fail_after(15):
                 code = await agent.wait()
@@ -135,3 +145,9 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
     records = read_log(tmp_path / "agent.jsonl")
     stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records if r["event"] == "stop"]
     assert stops == [(1, "shutdown", -15)]
+    # Then it left, once its job's process was gone, naming the life and the run that registered.
+    [(leave, alive_then)] = cp.leaves
+    assert alive_then == []
+    assert (leave.worker_id, leave.incarnation) == ("w-p", 1)
+    assert leave.agent_run_id == cp.registrations[0].agent_run_id != ""
+    assert (records[-1]["event"], records[-1]["left"]) == ("leave", True)

@@ -126,6 +126,7 @@ class Leader:
 
     epoch: int
     superseded: list[EpochSuperseded] = attrs.field(factory=list)
+    settings: ReconcilerSettings = attrs.field(factory=lambda: ReconcilerSettings(reconcile_interval_s=0.25))
 
     async def run(self, url: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](64)
@@ -137,7 +138,7 @@ class Leader:
         )
         store = PgReconcilerStore(database_url=url, application_name="stockade test reconciler")
         reconciler = Reconciler(
-            settings=ReconcilerSettings(reconcile_interval_s=0.25),
+            settings=self.settings,
             store=store,
             role=RoleView(changes=roles_recv, lease_inbox=lease_send),
             ledger=ledger_send,

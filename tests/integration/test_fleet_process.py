@@ -33,6 +33,9 @@ class RegistrationsOnly:
         self.heartbeated: set[str] = set()
         self.all_heartbeated = trio.Event()
         """Set once every expected worker heartbeats: each has taken its registration's answer in."""
+        self.leaves: list[tuple[pb.LeaveWorkerRequest, list[int]]] = []
+        """Every leave, with the watched job processes alive when it came."""
+        self.watched: list[int] = []
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -49,6 +52,11 @@ class RegistrationsOnly:
         if len(self.heartbeated) >= self.expected:
             self.all_heartbeated.set()
         return pb.HeartbeatReply(epoch=1)
+
+    async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
+        """Record the leave, and which of the watched job processes were still alive then."""
+        self.leaves.append((request, [pid for pid in self.watched if _alive(pid)]))
+        return pb.LeaveWorkerReply(left=True, epoch=1)
 
     async def submit_job(self, request: object) -> object:
         raise NotImplementedError
@@ -87,7 +95,8 @@ def _spec(tmp_path: Path, ports: list[int]) -> Path:
 
 async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) -> None:
     """Two workers in one fleet register on their own addresses; on SIGTERM each one's running
-    command is stopped and logged in its own agent.jsonl, and the fleet exits 0."""
+    command is stopped and logged in its own agent.jsonl, each worker then leaves, and the
+    fleet exits 0."""
     cp = RegistrationsOnly(expected=2)
     spec = _spec(tmp_path, [0, 0])
     stderr_path = tmp_path / "fleet.stderr"
@@ -142,6 +151,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
                         while not (pid_file.exists() and pid_file.read_text().strip()):  # noqa: ASYNC110
                             await trio.sleep(0.02)
                     child_pids.append(int(pid_file.read_text()))
+                cp.watched += child_pids
                 fleet.send_signal(signal.SIGTERM)
                 with trio.fail_after(15):
                     code = await fleet.wait()
@@ -159,6 +169,12 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
         assert stops == [(aid, "shutdown")]
     logged = stderr_path.read_text()
     assert "worker_id=w-1" in logged and "worker_id=w-2" in logged
+    # Each worker left on its own, naming its own incarnation, once its job's process was gone.
+    assert sorted((r.worker_id, r.incarnation) for r, _ in cp.leaves) == [
+        (w, cp.incarnation(w)) for w in ("w-1", "w-2")
+    ]
+    own_job = dict(zip(["w-1", "w-2"], cp.watched, strict=True))
+    assert not any(own_job[r.worker_id] in alive for r, alive in cp.leaves)
 
 
 def test_a_worker_whose_port_is_taken_fails_the_fleet_naming_it(tmp_path: Path) -> None:

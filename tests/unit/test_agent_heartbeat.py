@@ -30,6 +30,8 @@ from agent.messages import (
     HeartbeatAnswer,
     HeartbeatReport,
     JobOrder,
+    Leave,
+    LeaveAnswer,
     Registered,
     Registration,
     SleepSpec,
@@ -58,6 +60,7 @@ class ScriptedControlPlane:
     incarnations: int = 0
     registrations: list[tuple[float, Registration]] = attrs.field(factory=list)
     heartbeats: list[tuple[float, HeartbeatReport]] = attrs.field(factory=list)
+    leaves: list[tuple[float, Leave]] = attrs.field(factory=list)
     answered: list[float] = attrs.field(factory=list)
     """Send times of the heartbeats that got a reply."""
     next_answer: dict[str, Any] = attrs.field(factory=dict)
@@ -90,6 +93,12 @@ class ScriptedControlPlane:
         self.next_answer = {}
         self.answered.append(sent)
         return answer
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        self.leaves.append((trio.current_time(), request))
+        await self._gate()
+        await trio.sleep(self.answer_delay_s)
+        return LeaveAnswer(left=True, epoch=self.epoch)
 
 
 def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
@@ -216,7 +225,7 @@ async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
         assert assign(agent, sleep_job(3)) == {3: "fenced"}
     assert stops(tmp_path) == {1: "self_fence", 2: "self_fence"}
     events = [r["event"] for r in read_log(tmp_path / "agent.jsonl")]
-    assert events == ["register", "start", "start", "self_fence", "stop", "stop"]
+    assert events == ["register", "start", "start", "self_fence", "stop", "stop", "leave"]
 
 
 async def test_a_hanging_heartbeat_does_not_delay_the_fence(tmp_path: Path, autojump_clock: Any) -> None:

@@ -370,6 +370,7 @@ async def test_a_fence_stops_the_jobs_waiting_for_a_start_slot_before_they_start
         ("self_fence", None),
         ("stop", 1),
         ("stop", 2),
+        ("leave", None),
     ]
 
 

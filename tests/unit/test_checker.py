@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import attrs
+import pytest
 
 from ops.checker import (
     AssignmentRecord,
@@ -15,9 +16,12 @@ from ops.checker import (
     FaultEvent,
     History,
     check,
+    check_logs,
     load_runs,
+    parse_fault,
     runs_from_records,
 )
+from runtime.errors import InvalidArgument
 
 
 def assignment(
@@ -97,6 +101,7 @@ def test_a_clean_run_passes() -> None:
         "worker_deaths": 1,
         "self_fences": 0,
         "extra_assignments": 1,
+        "worker_leaves": 0,
         "details": [],
         "ok": True,
     }
@@ -227,3 +232,60 @@ def test_disturbances_are_counted() -> None:
     assert report.ok and not report.undisturbed
     calm = check(History(assignments=(CLEAN.assignments[0],), elections=1), [])
     assert calm.undisturbed
+
+
+def test_a_death_after_a_logged_clean_stop_is_no_false_death(tmp_path: Path) -> None:
+    """w-1 stopped cleanly at 10.0 (its ``leave`` line; its leave did not get through) and was
+    declared dead at 13.0: that death is explained. w-2, which logged no clean stop, is a
+    false death, and so is w-1's death in a later life, long after the clean stop."""
+    for worker, lines in {
+        "w-1": [record("register", "w-1", 0, 0, 1.0), record("leave", "w-1", 0, 0, 10.0, left=False)],
+        "w-2": [record("register", "w-2", 0, 0, 1.0)],
+    }.items():
+        (tmp_path / worker).mkdir()
+        (tmp_path / worker / "agent.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    deaths = (
+        DeathRecord(worker_id="w-1", incarnation=1, epoch=1, declared_at=13.0, last_heartbeat_at=9.9),
+        DeathRecord(worker_id="w-2", incarnation=2, epoch=1, declared_at=13.0, last_heartbeat_at=9.9),
+        DeathRecord(worker_id="w-1", incarnation=3, epoch=1, declared_at=63.0, last_heartbeat_at=60.0),
+    )
+    report = check_logs(History(assignments=(), deaths=deaths), [tmp_path / "w-1", tmp_path / "w-2"])
+    assert report.false_deaths == 2 and report.worker_deaths == 3
+    assert [d.split(" declared")[0] for d in report.details] == [
+        "worker w-2 (incarnation 2)",
+        "worker w-1 (incarnation 3)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kill:w-3@1764538392.5", FaultEvent(kind="kill", target="w-3", at=1764538392.5, until=1764538392.5)),
+        ("freeze:cp-1@100..104.5", FaultEvent(kind="freeze", target="cp-1", at=100.0, until=104.5)),
+        (
+            "partition:w-2@2026-11-30T21:33:12+00:00..2026-11-30T21:33:16+00:00",
+            FaultEvent(kind="partition", target="w-2", at=1796074392.0, until=1796074396.0),
+        ),
+    ],
+)
+def test_a_fault_given_by_hand_is_read(text: str, expected: FaultEvent) -> None:
+    """KIND:ID@TIME[..UNTIL], times in Unix seconds or ISO 8601; UNTIL defaults to TIME."""
+    assert parse_fault(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("w-3@100", "fault must be KIND:ID@TIME or KIND:ID@TIME..UNTIL"),
+        ("kill:w-3", "fault must be KIND:ID@TIME"),
+        ("sigkill:w-3@100", "fault kind must be one of kill, freeze, partition"),
+        ("kill:w-3@yesterday", "fault TIME must be Unix seconds or an ISO 8601 date-time"),
+        ("freeze:w-3@100..99", "fault UNTIL must not be before TIME 100"),
+        ("kill:w-3@-5", "fault TIME must be a time after 1970-01-01"),
+    ],
+)
+def test_a_malformed_fault_is_refused_naming_the_part_and_the_value(text: str, message: str) -> None:
+    """Each malformed fault names the part that is wrong, the rule and the value given."""
+    with pytest.raises(InvalidArgument, match=message) as raised:
+        parse_fault(text)
+    assert "got " in str(raised.value)

@@ -22,6 +22,8 @@ __all__ = (
     "JobInfo",
     "JobOutcome",
     "JobSpec",
+    "LeaveWorkerReply",
+    "LeaveWorkerRequest",
     "ListJobsReply",
     "ListJobsRequest",
     "Refusal",
@@ -365,6 +367,48 @@ default_message_pool.register_message("stockade.v1", "JobSpec", JobSpec)
 
 
 @dataclass(eq=False, repr=False)
+class LeaveWorkerReply(betterproto2.Message):
+    left: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    True when the row of this incarnation is "left" now (also for a copy of a leave
+    already applied); false when the leave changed nothing (detail says why: another
+    incarnation or agent run is current, or the worker was declared dead).
+    """
+
+    epoch: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    detail: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "LeaveWorkerReply", LeaveWorkerReply)
+
+
+@dataclass(eq=False, repr=False)
+class LeaveWorkerRequest(betterproto2.Message):
+    """
+    A worker stopping cleanly says so, once it has stopped every job it ran: its row becomes
+    "left" (never judged dead), and the leader ends its assignments as stopped and requeues
+    their jobs at once, in a fenced write. It names the incarnation and the agent run that
+    registered it, so a late leave (of an earlier life) or one sent by anyone else changes
+    nothing.
+    """
+
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    incarnation: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    agent_run_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+    finished: "list[JobOutcome]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Outcomes no reply has acknowledged yet, recorded before the row becomes "left".
+    """
+
+
+default_message_pool.register_message("stockade.v1", "LeaveWorkerRequest", LeaveWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
 class ListJobsReply(betterproto2.Message):
     jobs: "list[JobInfo]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
 
@@ -585,7 +629,7 @@ class WorkerInfo(betterproto2.Message):
 
     state: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
-    alive, dead
+    alive, dead, left (stopped cleanly)
     """
 
     cpu_millis: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
@@ -733,6 +777,24 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def leave_worker(
+        self,
+        message: "LeaveWorkerRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "LeaveWorkerReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/LeaveWorker",
+            message,
+            LeaveWorkerReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def status(
         self,
         message: "StatusRequest | None" = None,
@@ -822,6 +884,10 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def leave_worker(self, message: "LeaveWorkerRequest") -> "LeaveWorkerReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def status(self, message: "StatusRequest") -> "StatusReply":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -878,6 +944,14 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.heartbeat(request)
         await stream.send_message(response)
 
+    async def __rpc_leave_worker(
+        self, stream: "grpclib.server.Stream[LeaveWorkerRequest, LeaveWorkerReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.leave_worker(request)
+        await stream.send_message(response)
+
     async def __rpc_status(self, stream: "grpclib.server.Stream[StatusRequest, StatusReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -927,6 +1001,12 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 HeartbeatRequest,
                 HeartbeatReply,
+            ),
+            "/stockade.v1.ControlPlane/LeaveWorker": grpclib.const.Handler(
+                self.__rpc_leave_worker,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                LeaveWorkerRequest,
+                LeaveWorkerReply,
             ),
             "/stockade.v1.ControlPlane/Status": grpclib.const.Handler(
                 self.__rpc_status,

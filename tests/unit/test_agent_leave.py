@@ -1,0 +1,177 @@
+"""A clean stop: the agent stops every job, then says it leaves, on trio's mock clock.
+
+The control plane is the scripted stand-in of ``test_agent_heartbeat``; the jobs run under a
+scripted runner that takes ``STOP_S`` to stop (a command's SIGTERM grace), so the order of
+"every job ended" and "leave sent" is visible in exact mock time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from test_agent_heartbeat import ScriptedControlPlane, agent_settings, assign, sleep_job
+
+from agent.core import Agent
+from agent.joblog import read_log
+from agent.messages import JobState, Leave, LeaveAnswer, RuntimeSpec, SleepSpec
+from agent.runtimes import JobResult
+
+STOP_S = 0.4
+LEAVE_TIMEOUT_S = 0.8
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """Mock time that jumps ahead whenever every task waits."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+@attrs.define
+class SlowToStop:
+    """Runs a sleep job for its duration; asked to stop, it takes ``STOP_S`` to end."""
+
+    async def __call__(
+        self,
+        runtime: RuntimeSpec,
+        *,
+        job_dir: Path,
+        stop: trio.Event,
+        stop_grace_s: float,
+        fence_deadline_path: Path | None,
+        job_nice: int,
+        on_started: Callable[[], None],
+    ) -> JobResult:
+        assert isinstance(runtime, SleepSpec)
+        on_started()
+        began = trio.current_time()
+        with trio.move_on_after(runtime.duration_ms / 1000):
+            await stop.wait()
+            await trio.sleep(STOP_S)
+            return JobResult(
+                state=JobState.CANCELLED,
+                stopped=True,
+                exit_code=None,
+                started_unix_s=began,
+                finished_unix_s=0,
+            )
+        return JobResult(
+            state=JobState.SUCCEEDED, stopped=False, exit_code=None, started_unix_s=began, finished_unix_s=0
+        )
+
+
+@attrs.define
+class LeaveProbe(ScriptedControlPlane):
+    """The scripted control plane, also noting what the agent ran when its leave arrived."""
+
+    agent: Agent | None = None
+    running_at_leave: list[tuple[int, ...]] = attrs.field(factory=list)
+    stops_logged_at_leave: list[int] = attrs.field(factory=list)
+    answer: LeaveAnswer | None = None
+    """What to answer; None: the stand-in's own (left)."""
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        assert self.agent is not None
+        self.running_at_leave.append(self.agent.running_assignment_ids)
+        log = read_log(self.agent.work_dir / "agent.jsonl")
+        self.stops_logged_at_leave.append(sum(1 for r in log if r["event"] == "stop"))
+        answer = await super().leave(request, deadline_s=deadline_s)
+        return self.answer or answer
+
+
+async def run_then_stop(
+    tmp_path: Path, cp: LeaveProbe, body: Callable[[Agent], Any], **overrides: Any
+) -> tuple[Agent, float, float]:
+    """Run an agent, call ``body(agent)`` once it registered, then cancel it (SIGTERM's path).
+    Returns the agent, the trio time it was cancelled at and the time its run returned."""
+    overrides.setdefault("leave_timeout_s", LEAVE_TIMEOUT_S)
+    agent = Agent(agent_settings(tmp_path, **overrides), cp, runner=SlowToStop())
+    cp.agent = agent
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run, "127.0.0.1:9")
+        await agent.wait_registered()
+        await body(agent)
+        cancelled_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+    return agent, cancelled_at, trio.current_time()
+
+
+def log_events(tmp_path: Path) -> list[dict[str, Any]]:
+    return read_log(tmp_path / "agent.jsonl")
+
+
+async def test_a_clean_stop_leaves_only_after_every_job_has_ended(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Stopped with two jobs running (each takes 0.4 s to stop), the agent sends its leave at
+    exactly 0.4 s, when both have ended and their stop lines are written, and not before."""
+    cp = LeaveProbe()
+
+    async def two_jobs(agent: Agent) -> None:
+        assert assign(agent, sleep_job(1), sleep_job(2)) == {1: "accepted", 2: "accepted"}
+        await trio.sleep(0.2)
+        assert agent.running_assignment_ids == (1, 2)
+
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, two_jobs)
+    assert [t - cancelled_at for t, _ in cp.leaves] == pytest.approx([STOP_S])
+    assert cp.running_at_leave == [()]
+    assert cp.stops_logged_at_leave == [2]
+    assert ended_at - cancelled_at == pytest.approx(STOP_S)
+    events = [(r["event"], r["assignment_id"], r.get("reason")) for r in log_events(tmp_path)]
+    # Both stop lines (in no set order: trio runs the two stopping tasks in either), then the leave.
+    assert sorted(events[-3:-1]) == [("stop", 1, "shutdown"), ("stop", 2, "shutdown")]
+    assert events[-1] == ("leave", None, None)
+    assert log_events(tmp_path)[-1]["left"] is True
+
+
+async def test_the_leave_names_the_incarnation_and_run_and_carries_unacknowledged_outcomes(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The leave names the current incarnation (2, after a re-registration) and the run id its
+    registrations carried, and brings the outcome of a job that succeeded after the last
+    heartbeat, which no reply acknowledged yet."""
+    cp = LeaveProbe()
+
+    async def reregister_then_finish_a_job(agent: Agent) -> None:
+        cp.next_answer = {"reregister": True}
+        await trio.sleep(0.6)  # the heartbeat at 0.5 s asks to register again
+        assert agent.incarnation == 2
+        assign(agent, sleep_job(7, duration_s=0.1))
+        await trio.sleep(0.2)  # the job succeeded; the next heartbeat is due later
+        assert [o.assignment_id for o in agent.unacknowledged_outcomes] == [7]
+
+    await run_then_stop(tmp_path, cp, reregister_then_finish_a_job)
+    [(_, leave)] = cp.leaves
+    assert leave.worker_id == "w-1" and leave.incarnation == 2
+    assert leave.agent_run_id == cp.registrations[-1][1].agent_run_id != ""
+    assert [(o.assignment_id, o.state) for o in leave.finished] == [(7, JobState.SUCCEEDED)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "answer", "ended_after_s"),
+    [
+        ("hang", None, LEAVE_TIMEOUT_S),  # nobody answers: given up at the bound
+        ("up", LeaveAnswer(left=False, epoch=1, detail="incarnation 1 is not current"), 0.0),
+    ],
+)
+async def test_a_leave_that_does_not_get_through_is_logged_as_not_left(
+    tmp_path: Path, autojump_clock: Any, mode: str, answer: LeaveAnswer | None, ended_after_s: float
+) -> None:
+    """A leave nobody answers is given up after leave_timeout_s, and one the control plane
+    refuses at once; either way the agent stops, and its leave line says ``left: false``
+    (the worker will be declared dead, which the checker knows to be a clean stop)."""
+    cp = LeaveProbe(answer=answer)
+
+    async def go_silent(agent: Agent) -> None:
+        cp.mode = mode
+
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, go_silent)
+    assert len(cp.leaves) == 1
+    assert ended_at - cancelled_at == pytest.approx(ended_after_s)
+    leave_line = log_events(tmp_path)[-1]
+    assert (leave_line["event"], leave_line["left"], leave_line["incarnation"]) == ("leave", False, 1)
