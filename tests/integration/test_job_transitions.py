@@ -1,4 +1,5 @@
-"""Every interleaving of finish, cancel, worker death, fence and requeue, on the real database.
+"""Every interleaving of finish, cancel, worker death, fence, clean stop and requeue, on the real
+database.
 
 A job's and an assignment's state change only through these transitions (schema.sql and
 actors/queries.py), and each is decided from what happened to the job, never from an
@@ -15,16 +16,19 @@ assigned/running -> succeeded,     heartbeat or registration           the job's
 assigned/running -> cancelled      leader (END_CANCELLED_ASSIGNMENTS)  the worker stopped it or
                                                                        it never started
 assigned/running -> pending        leader (END_CANCELLED_ASSIGNMENTS   withdrawn unconfirmed, or
-                                   with requeue, END_ORPHANED_...)     its worker dead/restarted
-assigned/running -> cancelled      leader (END_ORPHANED_ASSIGNMENTS)   worker dead or restarted
-                                                                       and a cancel requested
+                                   with requeue, END_ORPHANED_...)     its worker dead/restarted/
+                                                                       left (stopped cleanly)
+assigned/running -> cancelled      leader (END_ORPHANED_ASSIGNMENTS)   worker dead, restarted or
+                                                                       left, and a cancel
+                                                                       requested
 pending -> succeeded, failed       heartbeat or registration           a late outcome of its lost
                                    (record_outcomes)                   assignment, not placed again
 =================================  =================================  ==========================
 
 An assignment goes from ``active`` to ``finished`` (an outcome), ``cancelled`` (the worker
-answered a Cancel with the id acknowledged: stopped by it, or never started) or ``lost``
-(worker dead or registered again); a lost one still records an outcome that arrives late.
+answered a Cancel with the id acknowledged: stopped by it, or never started), ``lost`` (worker
+dead or registered again) or ``stopped`` (its worker stopped it and left cleanly: its job is
+requeued at once, no loss counted); a lost one still records an outcome that arrives late.
 
 The worker's side is the agent's own rules (:class:`agent.acceptance.Admission`, which decides
 a Cancel's answer from how each job ended); the control plane's side is the real ingest
@@ -61,7 +65,8 @@ EVENTS = (
     "heartbeat",  # the first worker heartbeats (with the outcomes not yet acknowledged)
     "cut_off",  # the first worker is cut off and fences itself (stops what runs)
     "declare_dead",  # the leader declares the cut-off worker dead
-    "reconnect",  # the cut-off worker registers again (a new incarnation) and heartbeats
+    "leave",  # the first worker stops cleanly: stops what runs, then LeaveWorker with its outcomes
+    "reconnect",  # the cut-off (or left) worker registers again (a new incarnation) and heartbeats
     "sweep",  # the leader ends orphaned assignments and requeues their jobs
     "place_again",  # the placer places the job, if pending, on the second worker
 )
@@ -236,6 +241,23 @@ class World:
                     await self.admin.fetch(
                         queries.DECLARE_DEAD_WORKERS, EPOCH, 0.0, [w1.worker_id], [w1.admission.incarnation]
                     )
+            case "leave":
+                if not w1.cut_off and not w1.admission.fenced:
+                    for aid in list(w1.admission.running):
+                        self.stop(w1, aid)
+                    w1.admission.fenced = True
+                    sent = list(w1.unacked)
+                    await self.service.leave_worker(
+                        pb.LeaveWorkerRequest(
+                            worker_id=w1.worker_id,
+                            incarnation=w1.admission.incarnation or 0,
+                            agent_run_id=f"run-{w1.worker_id}",
+                            finished=sent,
+                        )
+                    )
+                    self._delivered(sent)
+                    del w1.unacked[: len(sent)]
+                    w1.cut_off = True  # gone until it starts again (reconnect)
             case "reconnect":
                 if w1.cut_off:
                     await self.register(w1)
@@ -407,12 +429,12 @@ async def _check(world: World, events: Sequence[str]) -> None:
     if first.state == "succeeded":
         # The success is on its assignment whatever came after, never overwritten by a cancel.
         assert row["outcome"] == "succeeded" and row["exit_code"] == 0, where
-        assert row["state"] in ("finished", "lost"), where
+        assert row["state"] in ("finished", "lost", "stopped"), where
         if not world.placed_again_before_delivery:
             assert (job["state"], job["exit_code"]) == ("succeeded", 0), where
     else:
         assert first.state == "stopped", where
-        assert row["state"] in ("cancelled", "lost") and row["outcome"] is None, where
+        assert row["state"] in ("cancelled", "lost", "stopped") and row["outcome"] is None, where
     if job["state"] == "cancelled":
         assert world.cancel_requested, where
         assert first.state != "succeeded" or world.placed_again_before_delivery, where
@@ -432,7 +454,7 @@ def test_every_order_of_finish_cancel_death_fence_and_requeue_keeps_what_happene
     database: Database, events: list[str]
 ) -> None:
     """Whatever the order: a success is never overwritten (by a cancel that came too late, a
-    fence or a death after it); a job ends cancelled only if a cancel was asked and no run of it
+    fence, a clean stop or a death after it); a job ends cancelled only if a cancel was asked and no run of it
     had succeeded by then; a requested cancel is never lost; never two active assignments."""
     database.play(events)
 
