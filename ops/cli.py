@@ -351,7 +351,7 @@ def _tail_extent(tail: Tail) -> str:
 IdempotencyKeyOption = Annotated[
     str | None,
     typer.Option(
-        help="The call's idempotency key (1-128 characters; default: a fresh random UUID). The "
+        help="The call's idempotency key (1-128 bytes; default: a fresh random UUID). The "
         "same command run again with the same key is answered with the first run's answer and "
         "changes nothing, for 24 h; the same key with another request is refused.",
         show_default=False,
@@ -1068,7 +1068,7 @@ def submit(
         assert sleep_s is not None
         if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
             _fail(
-                f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s:g}",
+                f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s!r}",
                 EXIT_INVALID,
             )
         spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
@@ -1144,13 +1144,17 @@ def list_jobs(
         str | None,
         typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).", show_default=False),
     ] = None,
-    limit: Annotated[int, typer.Option(help="At most this many jobs, newest first.")] = 50,
+    limit: Annotated[
+        int, typer.Option(help="At most this many jobs, newest first (0: 100, as the API counts it).")
+    ] = 50,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """List jobs in a table."""
     with _errors():
-        if limit < 1:
-            raise InvalidArgument("limit", limit, "must be >= 1")
+        if limit < 0:
+            raise InvalidArgument(
+                "limit", limit, f"must be between 0 and {validation.MAX_LIST_LIMIT} (0: 100)"
+            )
         validation.check_list(state or "", limit)
         reply = rpc.call(
             _addresses(control_planes), "list_jobs", pb.ListJobsRequest(state=state or "", limit=limit)
