@@ -403,8 +403,11 @@ ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
 --    branch.
 -- 3. Then, in a statement of its own, a job whose lost assignment has just recorded a late
 --    outcome and that is still pending (requeued, not placed again yet) ends with that outcome:
---    it ran to completion, it must not run again. A job placed again is left to its new
---    assignment (the old assignment alone keeps the outcome). A statement of its own because
+--    it ran to completion, it must not run again. So does a job the sweep ended `cancelled`
+--    with that assignment (a cancel was asked while its worker was cut off, and nothing placed
+--    it again since): the cancel never reached the run, which had ended on its own, and what
+--    happened stands over what was asked. A job placed again is left to its new assignment
+--    (the old assignment alone keeps the outcome). A statement of its own because
 --    its snapshot is taken after step 2 (a VOLATILE function under READ COMMITTED takes one per
 --    statement), so it sees the requeue that came with the assignment's end (one transaction of
 --    the leader, which had committed, since step 2 saw the assignment lost); in one statement
@@ -470,7 +473,12 @@ BEGIN
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
           FROM o JOIN assignments a ON a.id = o.assignment_id
          WHERE a.worker_id = p_worker_id AND a.state = 'lost' AND a.outcome = o.state
-           AND j.id = a.job_id AND j.state = 'pending';
+           AND j.id = a.job_id
+           AND (j.state = 'pending'
+                -- ended cancelled by the sweep of its dead worker (a cancel was asked, but its
+                -- worker never answered it): the run had succeeded or failed, which stands.
+                OR (j.state = 'cancelled'
+                    AND NOT EXISTS (SELECT 1 FROM assignments b WHERE b.job_id = j.id AND b.id > a.id)));
     END IF;
     RETURN late;
 END $$;

@@ -147,13 +147,23 @@ SELECT fence.epoch AS epoch_seen, claimed.*
 # $1 job ids. The commands of command jobs, read after their placement committed.
 JOB_ARGVS = "SELECT id, argv FROM jobs WHERE id = ANY($1::bigint[])"
 
+# Workers judged by their silence: every 'alive' row, and a 'left' row that still has active
+# assignments: of another incarnation, since the leader ends the left one's at once. Only a
+# registration the agent running them did not send (a late copy, another process claiming the
+# worker id) followed by a leave makes such a row; if that agent lives, its next heartbeat
+# (answered "register again") stops them, and if it is gone, nothing else would ever end them:
+# silence judges it, as any worker.
+_JUDGED = """(w.state = 'alive'
+        OR (w.state = 'left'
+            AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))"""
+
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on
 # heartbeats any replica recorded, so a heartbeat that landed after the reconciler's read wins.
-DECLARE_DEAD_WORKERS = """
+DECLARE_DEAD_WORKERS = f"""
 WITH dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
       FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
-     WHERE w.id = c.id AND w.incarnation = c.incarnation AND w.state = 'alive'
+     WHERE w.id = c.id AND w.incarnation = c.incarnation AND {_JUDGED}
        AND w.last_heartbeat_at < now() - make_interval(secs => $2)
  RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),
@@ -362,9 +372,9 @@ NO_LONGER_PENDING = "SELECT id FROM jobs WHERE id = ANY($1::bigint[]) AND state 
 # ---------------------------------------------------------------- reconciler (reads)
 
 # Alive workers and how long ago (database time) their last heartbeat was recorded.
-HEARTBEAT_AGES = """
-SELECT id, incarnation, extract(epoch FROM now() - last_heartbeat_at)::float8 AS age_s
-  FROM workers WHERE state = 'alive'
+HEARTBEAT_AGES = f"""
+SELECT w.id, w.incarnation, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age_s
+  FROM workers w WHERE {_JUDGED}
 """
 
 _ASSIGNMENT_PAYLOAD = """

@@ -26,7 +26,9 @@ What it counts:
 - ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
   while the database does not record that success for that assignment (the assignment was
   ended as lost, cancelled, ...) and no kill of that worker within ``REPORT_SLACK_S`` after the
-  run explains why it could not report it: a result thrown away, and usually the job run again.
+  run explains why it could not report it: a result thrown away, and usually the job run again;
+  and jobs whose success is recorded on their last assignment but which ended in another
+  state (a late report that did not end the job).
 - ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
 - ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
 - Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
@@ -48,7 +50,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -279,11 +281,18 @@ def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) ->
 
 
 def lost_successes(
-    runs: Iterable[Run], assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent] = ()
+    runs: Iterable[Run],
+    assignments: Iterable[AssignmentRecord],
+    faults: Sequence[FaultEvent] = (),
+    job_states: Mapping[int, str] | None = None,
 ) -> dict[int, str]:
     """Jobs with a success on a worker that the database does not record, with why (see the
-    module docstring); a kill of the worker within ``REPORT_SLACK_S`` after the run excuses it."""
-    by_id = {a.assignment_id: a for a in assignments}
+    module docstring); a kill of the worker within ``REPORT_SLACK_S`` after the run excuses it.
+    With ``job_states`` (job id -> state), also a success recorded on a job's last assignment
+    whose job ended otherwise."""
+    records = list(assignments)
+    by_id = {a.assignment_id: a for a in records}
+    last = {a.job_id: a for a in sorted(records, key=lambda a: a.assignment_id)}
     kills: dict[str, list[float]] = defaultdict(list)
     for f in faults:
         if f.kind == "kill":
@@ -303,6 +312,14 @@ def lost_successes(
         found[run.job_id] = (
             f"job {run.job_id}: succeeded on {run.worker_id} (assignment {run.assignment_id}), "
             f"but the assignment is {how}"
+        )
+    for job_id, state in (job_states or {}).items():
+        record = last.get(job_id)
+        if record is None or not record.success_recorded or state == "succeeded" or job_id in found:
+            continue
+        found[job_id] = (
+            f"job {job_id}: its last assignment {record.assignment_id} (on {record.worker_id}) "
+            f"recorded a success, but the job ended {state}"
         )
     return found
 
@@ -327,7 +344,7 @@ def check(
     placed_twice = double_placements(history.assignments)
     ran_twice = double_runs(runs)
     wrongly_dead = false_deaths(history.deaths, faults)
-    thrown_away = lost_successes(runs, history.assignments, faults)
+    thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
     details = [*placed_twice.values(), *ran_twice.values(), *wrongly_dead, *thrown_away.values()]

@@ -337,21 +337,53 @@ class _Field:
     """Set for an integer field."""
     message_type: Any
     """Set for a message field or a map (its entry message, with fields ``key`` and ``value``)."""
+    wire_types: frozenset[int] = frozenset()
+    """The wire types its values may come in (a repeated scalar also packed, as length-delimited)."""
+
+
+_VARINT_KINDS = frozenset(
+    {
+        betterproto2.TYPE_INT32,
+        betterproto2.TYPE_INT64,
+        betterproto2.TYPE_UINT32,
+        betterproto2.TYPE_UINT64,
+        betterproto2.TYPE_SINT32,
+        betterproto2.TYPE_SINT64,
+        betterproto2.TYPE_BOOL,
+        betterproto2.TYPE_ENUM,
+    }
+)
+_FIXED64_KINDS = frozenset({betterproto2.TYPE_FIXED64, betterproto2.TYPE_SFIXED64, betterproto2.TYPE_DOUBLE})
+_FIXED32_KINDS = frozenset({betterproto2.TYPE_FIXED32, betterproto2.TYPE_SFIXED32, betterproto2.TYPE_FLOAT})
+
+
+def _wire_types(proto_type: str, repeated: bool) -> frozenset[int]:
+    """The wire types a field of ``proto_type`` may be encoded in (the protobuf encoding guide:
+    varint 0, 64-bit 1, length-delimited 2, 32-bit 5; repeated scalars may be packed)."""
+    packed = {_WIRE_LEN_DELIM} if repeated else set()
+    if proto_type in _VARINT_KINDS:
+        return frozenset({0, *packed})
+    if proto_type in _FIXED64_KINDS:
+        return frozenset({1, *packed})
+    if proto_type in _FIXED32_KINDS:
+        return frozenset({5, *packed})
+    return frozenset({_WIRE_LEN_DELIM})  # string, bytes, message, map
 
 
 @functools.cache
 def _fields(message_type: type[betterproto2.Message]) -> dict[int, _Field]:
-    """The integer and message fields of ``message_type`` by field number, from the metadata
-    betterproto2 generated from the ``.proto`` descriptors."""
+    """Every field of ``message_type`` by field number, with the wire types it may come in and,
+    for integer and message fields, what to check inside, from the metadata betterproto2
+    generated from the ``.proto`` descriptors."""
     proto = message_type._betterproto  # type: ignore[arg-type]
     fields = {}
     for name, meta in proto.meta_by_field_name.items():
         repeated = bool(meta.repeated) or meta.proto_type == betterproto2.TYPE_MAP
-        if meta.proto_type in _INTEGER_TYPES:
-            fields[meta.number] = _Field(name, repeated, _INTEGER_TYPES[meta.proto_type], None)
-        elif meta.proto_type in (betterproto2.TYPE_MESSAGE, betterproto2.TYPE_MAP):
+        wire_types = _wire_types(meta.proto_type, repeated and meta.proto_type != betterproto2.TYPE_MAP)
+        integer, nested = _INTEGER_TYPES.get(meta.proto_type), None
+        if meta.proto_type in (betterproto2.TYPE_MESSAGE, betterproto2.TYPE_MAP):
             nested = meta.unwrap() if meta.unwrap else proto.cls_by_field[name]
-            fields[meta.number] = _Field(name, repeated, None, nested)
+        fields[meta.number] = _Field(name, repeated, integer, nested, wire_types)
     return fields
 
 
@@ -373,7 +405,9 @@ def check_integers(message_type: type[betterproto2.Message], data: bytes, *, fie
         OutOfRange: the first integer outside its field's type; the field is named by its
             path (``spec.cpu_millis``, ``assignments[0].spec.memory_mb``,
             ``running_assignment_ids[2]``).
-        ValueError: ``data`` is not a well-formed encoding.
+        ValueError: ``data`` is not a well-formed encoding, or a known field came in a wire
+            type its declared type never takes (a packed list for a single integer, a varint
+            for a string), which betterproto2 would turn into a value of the wrong Python type.
     """
     _check_integers(message_type, data, 0, len(data), f"{field}." if field else "")
 
@@ -385,6 +419,11 @@ def _check_integers(message_type: Any, data: bytes, pos: int, end: int, prefix: 
         key, pos = _varint(data, pos)
         number, wire_type = key >> 3, key & 0x7
         spec = fields.get(number)
+        if spec is not None and wire_type not in spec.wire_types:
+            raise ValueError(
+                f"field {prefix}{spec.name} came as wire type {wire_type}, which its declared type "
+                f"never takes (expected {' or '.join(map(str, sorted(spec.wire_types)))})"
+            )
         if spec is None:
             pos = _field_end(data, wire_type, pos)
         elif spec.integer is not None and wire_type == 0:

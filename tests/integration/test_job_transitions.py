@@ -47,7 +47,7 @@ from contextlib import contextmanager
 import attrs
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from actors import queries
@@ -445,11 +445,13 @@ async def _check(world: World, events: Sequence[str]) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(events=st.lists(st.sampled_from(EVENTS), max_size=12))
+@example(events=["cancel_request", "finish", "leader_cancel", "heartbeat"])
+@example(events=["finish", "cut_off", "cancel_request", "declare_dead", "sweep", "reconnect"])
 def test_every_order_of_finish_cancel_death_fence_and_requeue_keeps_what_happened(
     database: Database, events: list[str]
 ) -> None:
@@ -473,3 +475,14 @@ def database(database_url: str) -> Iterator[Database]:
     """A fresh database, served on a loop of its own (:func:`database_loop`)."""
     with database_loop(database_url) as db:
         yield db
+
+
+def test_a_cancel_asked_while_the_worker_is_cut_off_after_its_job_succeeded_leaves_it_succeeded(
+    database: Database,
+) -> None:
+    """The job succeeded, then its worker was frozen before a heartbeat carried the success; a
+    cancel was asked meanwhile and the worker declared dead, so the leader's sweep ended the job
+    cancelled. When the worker came back its registration carried the success: the job ends
+    succeeded with exit code 0 (before, it stayed cancelled, the success kept on the lost
+    assignment alone)."""
+    database.play(["finish", "cut_off", "cancel_request", "declare_dead", "sweep", "reconnect"])

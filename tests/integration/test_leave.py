@@ -34,8 +34,11 @@ class Cluster:
     admin: PgConnection
     database_url: str
 
-    async def register(self, worker_id: str, run_id: str = RUN, seq: int = 1) -> int:
-        """Register as agent run ``run_id`` (registration ``seq``), then heartbeat once."""
+    async def register(
+        self, worker_id: str, run_id: str = RUN, seq: int = 1, *, heartbeat: bool = True
+    ) -> int:
+        """Register as agent run ``run_id`` (registration ``seq``), then heartbeat once (unless
+        ``heartbeat`` is false)."""
         reply = await self.cp.call(
             "register_worker",
             pb.RegisterWorkerRequest(
@@ -47,7 +50,8 @@ class Cluster:
                 registration_seq=seq,
             ),
         )
-        await self.heartbeat(worker_id, int(reply.incarnation))
+        if heartbeat:
+            await self.heartbeat(worker_id, int(reply.incarnation))
         return int(reply.incarnation)
 
     async def heartbeat(self, worker_id: str, incarnation: int, *running: int) -> pb.HeartbeatReply:
@@ -258,3 +262,37 @@ async def test_an_invalid_leave_is_refused_naming_the_field_and_stores_nothing(
         await cluster.leave("w-1", incarnation, run_id, succeeded(aid, job))
     assert (await cluster.worker("w-1"))["state"] == "alive"
     assert (await cluster.assignment(aid))["state"] == "active"
+
+
+async def test_a_left_row_still_holding_another_incarnations_job_is_judged_by_silence(
+    cluster: Cluster,
+) -> None:
+    """The agent running a job is gone (SIGKILLed); then a registration it did not send (another
+    run claiming the worker id) and that run's leave make the row left in a new incarnation.
+    The old incarnation's assignment is still active, and no agent will ever stop or report
+    it: the row is judged by its silence like a live one, declared dead after dead_after_s, and
+    the job placed again (before, it stayed running for ever, as a left row was never judged)."""
+    old = await cluster.register("w-1", RUN, 1)
+    job = await cluster.submit()
+    aid = await cluster.place(job, "w-1", old)
+    await cluster.heartbeat("w-1", old, aid)
+    forged = await cluster.register("w-1", "another-run", 1, heartbeat=False)
+    assert (await cluster.leave("w-1", forged, "another-run")).left
+    deaths = ReconcilerSettings(reconcile_interval_s=0.25, dead_after_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(Leader(epoch=EPOCH, settings=deaths).run, cluster.database_url)
+
+        async def ended() -> bool:
+            return bool(
+                await cluster.admin.fetchval(f"SELECT state <> 'active' FROM assignments WHERE id = {aid}")
+            )
+
+        await until(ended)
+        nursery.cancel_scope.cancel()
+    assert await cluster.assignment(aid) == {
+        "state": "lost",
+        "end_reason": "worker_dead",
+        "ended_epoch": EPOCH,
+    }
+    assert (await cluster.job(job))["state"] == "pending"
+    assert (await cluster.worker("w-1"))["state"] == "dead"

@@ -218,6 +218,26 @@ def test_a_success_the_database_does_not_hold_is_lost() -> None:
     assert check(History(assignments=lost), runs_from_records(logs, killed), killed).lost_successes == 0
 
 
+def test_a_success_recorded_late_on_the_last_assignment_of_a_job_that_ended_otherwise_is_lost() -> None:
+    """The job succeeded on w-1, whose worker was then declared dead while a cancel was asked:
+    the late report sits on the lost assignment, but the job ended cancelled. That success was
+    thrown away, even though the assignment holds it; a job placed again after it is not."""
+    logs = [
+        record("start", "w-1", 4, 7, 1.0),
+        record("stop", "w-1", 4, 7, 2.0, reason="succeeded", exit_code=0),
+    ]
+    late = (assignment(7, 4, "w-1", 1, "lost", 0.5, 5.0, "worker_dead", outcome="succeeded"),)
+    report = check(History(assignments=late, job_states={4: "cancelled"}), runs_from_records(logs))
+    assert report.lost_successes == 1 and not report.ok
+    assert report.details[0].startswith("job 4: its last assignment 7 (on w-1) recorded a success")
+    assert check(History(assignments=late, job_states={4: "succeeded"}), runs_from_records(logs)).ok
+    again = (*late, assignment(9, 4, "w-2", 1, "cancelled", 6.0, 7.0, "cancelled"))
+    assert (
+        check(History(assignments=again, job_states={4: "cancelled"}), runs_from_records(logs)).lost_successes
+        == 0
+    )
+
+
 def test_disturbances_are_counted() -> None:
     """Elections, deaths, self-fences and assignments beyond one per job are counted, and a run
     with any of them beyond the first election is not undisturbed (but may still be ok)."""

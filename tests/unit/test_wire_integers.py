@@ -140,3 +140,37 @@ def test_the_issues_submissions_are_refused_with_the_value_sent(spec: pb.JobSpec
     """What a betterproto2 client sends for these values is refused with the number it was given."""
     data = bytes(pb.SubmitJobRequest(spec=spec))
     assert refusal(decode_as_served, pb.SubmitJobRequest, data) == message
+
+
+def malformed(decode: Callable[[type[Any], bytes], Any], request: type[Any], data: bytes) -> str:
+    """The message of the error ``decode`` refused a malformed ``data`` with (a ValueError, or
+    INVALID_ARGUMENT from the server's codec); never a decoded message of the wrong shape."""
+    try:
+        decoded = decode(request, data)
+    except ValueError as exc:
+        return str(exc)
+    except grpclib.exceptions.GRPCError as exc:
+        assert exc.status == grpclib.const.Status.INVALID_ARGUMENT
+        return exc.message or ""
+    raise AssertionError(f"decoded as {decoded!r}")
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize(
+    "field", [f for f in integer_fields() if not f.steps[-1].repeated], ids=lambda f: f"{f.request}.{f.path}"
+)
+def test_a_single_integer_sent_as_a_packed_list_is_refused(field: IntegerField, decoder: str) -> None:
+    """A non-repeated integer field sent length-delimited (a packed list, ``cpu_millis=[500]``)
+    is malformed: refused naming the field, where betterproto2 would have made the field a list
+    and the handler would have failed with an internal error."""
+    request = getattr(pb, field.request)
+    message = malformed(DECODERS[decoder], request, encode(field, 500, packed_after=1))
+    assert f"field {field.path} came as wire type 2" in message
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_string_sent_as_a_varint_is_refused(decoder: str) -> None:
+    """SubmitJob's ``spec.name`` (field 1 of JobSpec, field 1 of the request) sent as a varint."""
+    data = bytes([0x0A, 0x02, 0x08, 0x05])  # spec: {name (1) as varint 5}
+    message = malformed(DECODERS[decoder], pb.SubmitJobRequest, data)
+    assert "field spec.name came as wire type 0" in message
