@@ -382,3 +382,29 @@ async def test_a_reregistered_worker_gets_the_initial_window_first_and_more_as_i
         assert len(placed) == 32 and await counters(db) == (32, 16)
         await placer.store.close()  # type: ignore[attr-defined]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_heartbeat_does_not_wait_for_a_placement_on_its_worker(
+    db: PgConnection, database_url: str
+) -> None:
+    """A placement statement keeps the allocation row of every worker it places on locked until
+    it commits; that worker's heartbeat (liveness, and the statement's other reads) goes
+    through meanwhile. With the allocation in the workers row, the heartbeat waited for the
+    placement's commit, and PostgreSQL cancelled it at the ingest's lock timeout."""
+    incarnation = await register(db, "w-1")
+    [job] = await submit(db, 1)
+    placing = await PgConnection.connect(database_url)
+    heartbeat = await PgConnection.connect(database_url)
+    try:
+        await placing.execute("BEGIN")
+        rows = await placing.fetch(queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], 1, True, [], [])
+        assert rows[0]["assignment_id"] is not None  # placed, not committed: its locks are held
+        await heartbeat.execute("SET lock_timeout = '300ms'")
+        before = await db.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'")
+        row = await heartbeat.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+        assert row is not None and row["alive"]
+        assert await db.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'") > before
+        await placing.execute("COMMIT")
+    finally:
+        await placing.close()
+        await heartbeat.close()
