@@ -72,6 +72,10 @@ check *ARGS:
 test: lint
     pytest -q
 
+# The edit loop: lint, then unit and integration tests (no end-to-end tests)
+test-fast: lint
+    pytest -q tests/unit tests/integration
+
 # ruff, mypy, the import-layer contract, and the generated protocol code being current
 lint:
     ruff check .

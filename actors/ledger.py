@@ -5,7 +5,7 @@ actor carrying the epoch the decider acts under. The reconciler's decisions run 
 
     BEGIN
     SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE   -- same transaction as the writes
-      epoch != ours -> ROLLBACK, Deposed
+      epoch != ours -> ROLLBACK, StaleEpoch
     <the decision's writes>
     COMMIT
 
@@ -63,7 +63,7 @@ end. That is as safe as ending them all at once:
 
 1. Each batch is a fenced transaction of its own: it commits only under the current epoch,
    so everything it writes was decided by the current leader (invariant 2). A refused batch
-   raises Deposed and the reconciler stops its pass; it sends no further batch, and a batch
+   raises StaleEpoch and the reconciler stops its pass; it sends no further batch, and a batch
    that is sent anyway (a stale leader's next pass) writes nothing.
 2. Which assignments a batch ends is decided inside that batch's transaction, from the
    database, not from a list the reconciler made earlier: the active assignments whose worker
@@ -110,7 +110,7 @@ from actors.messages import (
 )
 from runtime import faults, log
 from runtime.aio import PgConnection, ReconnectingConnection
-from runtime.errors import DatabaseUnavailable, Deposed, InvalidArgument
+from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.settings import LedgerSettings
 
 T = TypeVar("T")
@@ -225,7 +225,7 @@ class Ledger:
                     result = await self.fenced(
                         epoch, what, lambda c: self._end_assignments(c, message), kind="end_assignments"
                     )
-        except (Deposed, DatabaseUnavailable) as exc:
+        except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
         except Exception as exc:
             # Any other failure (a deadlock abort, a constraint) is answered too, so the asker
@@ -249,7 +249,7 @@ class Ledger:
                 ``ledger.after_epoch_check`` catches every kind).
 
         Raises:
-            Deposed: ``epoch`` is not the current one (checked under ``FOR KEY SHARE``), or the
+            StaleEpoch: ``epoch`` is not the current one (checked under ``FOR KEY SHARE``), or the
                 session ended while a newer epoch took over.
             DatabaseUnavailable: the connection failed; the writes may or may not have
                 committed (callers treat the outcome as unknown).
@@ -259,7 +259,7 @@ class Ledger:
         try:
             with self._answer_deadline(what):
                 return await self._transaction(conn, epoch, op, kind)
-        except Deposed as exc:
+        except StaleEpoch as exc:
             await self._refused(epoch, exc.epoch_seen, what)
             raise
         except DatabaseUnavailable:
@@ -276,7 +276,7 @@ class Ledger:
             await faults.hit("ledger.after_epoch_check")
             await faults.hit(f"ledger.{kind}.after_epoch_check")
             if seen != epoch and _FENCING_ENABLED:
-                raise Deposed(epoch, seen)
+                raise StaleEpoch(epoch, seen)
             result = await op(conn)
             await faults.hit("ledger.before_commit")
         return result
@@ -313,7 +313,7 @@ class Ledger:
             kind: names the fault point ``ledger.<kind>.before_statement``.
 
         Raises:
-            Deposed: the statement saw a newer epoch and wrote nothing.
+            StaleEpoch: the statement saw a newer epoch and wrote nothing.
             DatabaseUnavailable: the connection failed; the statement may or may not have
                 committed (callers treat the outcome as unknown).
         """
@@ -327,16 +327,16 @@ class Ledger:
             raise
         if seen != epoch and _FENCING_ENABLED:
             await self._refused(epoch, seen, what)
-            raise Deposed(epoch, seen)
+            raise StaleEpoch(epoch, seen)
         return result
 
     async def _deposed_if_superseded(self, epoch: int, what: str) -> None:
         """After a connection loss: if a newer epoch holds the lease, record the write as
-        refused and raise Deposed (from None); else return, leaving the outcome unknown."""
+        refused and raise StaleEpoch (from None); else return, leaving the outcome unknown."""
         seen_after = await self._current_epoch()
         if seen_after is not None and seen_after != epoch:
             await self._refused(epoch, seen_after, f"{what} (session ended)")
-            raise Deposed(epoch, seen_after) from None
+            raise StaleEpoch(epoch, seen_after) from None
 
     async def _current_epoch(self) -> int | None:
         try:

@@ -4,7 +4,7 @@ A round reads the live workers (allocation included, kept exact by the database'
 brings its in-memory pending queue up to date, decides with :func:`actors.placement.place_queue`,
 asks the ledger to commit all placements in one fenced transaction, and only then hands each
 worker its batch to the dispatcher (invariant 4: nothing is sent before it is committed). A
-refused commit (Deposed) or a failed one sends nothing; a commit whose outcome is unknown
+refused commit (StaleEpoch) or a failed one sends nothing; a commit whose outcome is unknown
 (connection lost at COMMIT) sends nothing either, and the reconciler re-sends what did commit
 once it finds it unconfirmed.
 
@@ -51,7 +51,7 @@ from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
 from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, PlacerSettings
 
@@ -366,7 +366,7 @@ class Placer:
                 if epoch is not None:
                     try:
                         await self.round(epoch)
-                    except Deposed as exc:
+                    except StaleEpoch as exc:
                         self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
                         self._synced_epoch = None
                     except DatabaseUnavailable as exc:
@@ -406,7 +406,7 @@ class Placer:
         """One round under ``epoch``: read, decide, commit, dispatch. Returns what committed.
 
         Raises:
-            Deposed: the ledger refused the commit; nothing was sent.
+            StaleEpoch: the ledger refused the commit; nothing was sent.
             DatabaseUnavailable: reading or committing failed; nothing was sent.
         """
         started = trio.current_time()

@@ -1,4 +1,4 @@
-"""The reconciler: the leader's repair pass, every ``reconcile_interval_s`` (1 s).
+"""The reconciler: the leader's repair pass, every ``reconcile_interval_s`` (0.25 s).
 
 Each pass, while leader:
 
@@ -67,7 +67,7 @@ from actors.write_size import WriteSize
 from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, Deposed
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
 from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
 
@@ -353,7 +353,7 @@ class Reconciler:
                     try:
                         await self.reconcile(epoch, first_pass=epoch != last_epoch)
                         last_epoch = epoch
-                    except Deposed as exc:
+                    except StaleEpoch as exc:
                         self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
                     except DatabaseUnavailable as exc:
                         self._log.warning("pass failed", error=str(exc))
@@ -375,7 +375,7 @@ class Reconciler:
         size the next one by how this one went.
 
         Raises:
-            Deposed, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
+            StaleEpoch, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
                 cancelled the write; the next one is half as large).
         """
         try:
@@ -391,7 +391,7 @@ class Reconciler:
         batches).
 
         Raises:
-            Deposed: the ledger refused a write; the pass sends none after it.
+            StaleEpoch: the ledger refused a write; the pass sends none after it.
             DatabaseUnavailable: a read or write failed; the pass sends none after it.
         """
         s = self.settings
@@ -438,7 +438,7 @@ class Reconciler:
         whole series' changes.
 
         Raises:
-            Deposed, DatabaseUnavailable: a batch failed; no later batch is sent (those that
+            StaleEpoch, DatabaseUnavailable: a batch failed; no later batch is sent (those that
                 committed stay, and the next pass, or the next leader's, ends the rest).
         """
         caps = self.requeue_backoff_caps_s

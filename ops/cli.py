@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import json
 import os
 import random
@@ -126,6 +127,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"stockade {importlib.metadata.version('stockade')}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the installed version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Stockade: a cluster scheduler whose leaders can crash and freeze without placing or
+    running a job twice."""
+
 
 _PIPED_WIDTH = 120
 """Columns of output written to a pipe or file (rich would assume 80) unless $COLUMNS says."""

@@ -57,12 +57,12 @@ from runtime.errors import (
     DatabaseBusy,
     DatabaseUnavailable,
     DeadlineExceeded,
-    Deposed,
     DuplicateKey,
     IdempotencyConflict,
     InvalidArgument,
     NotFound,
     RemoteError,
+    StaleEpoch,
     StockadeError,
     TemporaryError,
     Unavailable,
@@ -390,7 +390,7 @@ _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
     (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
     (NotFound, grpclib.const.Status.NOT_FOUND),
     (IdempotencyConflict, grpclib.const.Status.ALREADY_EXISTS),
-    (Deposed, grpclib.const.Status.FAILED_PRECONDITION),
+    (StaleEpoch, grpclib.const.Status.FAILED_PRECONDITION),
     (TemporaryError, grpclib.const.Status.UNAVAILABLE),
 ]
 
@@ -560,7 +560,7 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
     statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
     InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
-    ALREADY_EXISTS, Deposed -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
+    ALREADY_EXISTS, StaleEpoch -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
     INTERNAL.
     """
     methods: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 - :class:`TemporaryError`: try again after ``retry_after_s`` (the supervisor restarts the actor).
 - :class:`PermanentError`: retrying will not help.
-- :class:`Deposed`: this replica's epoch is no longer current; stop deciding.
+- :class:`StaleEpoch`: this replica's epoch is no longer current; stop deciding.
 - :class:`InvalidArgument` / :class:`NotFound`: the caller's input is wrong (gRPC
   INVALID_ARGUMENT / NOT_FOUND at the boundary).
 - :class:`Busy`: a replica refused new work because it is overloaded (gRPC RESOURCE_EXHAUSTED);
@@ -82,7 +82,7 @@ class DeadlineExceeded(TemporaryError):
     not started (gRPC DEADLINE_EXCEEDED on the wire)."""
 
 
-class Deposed(StockadeError):
+class StaleEpoch(StockadeError):
     """The epoch this replica acts under is no longer the current one.
 
     Args:
@@ -124,7 +124,7 @@ class IdempotencyConflict(StockadeError):
 
     Not retried: every replica holds the same key and would say the same. gRPC ALREADY_EXISTS
     on the wire: the thing the key names, the first request and what it did, already exists
-    (FAILED_PRECONDITION says the system is in the wrong state, and is :class:`Deposed`'s).
+    (FAILED_PRECONDITION says the system is in the wrong state, and is :class:`StaleEpoch`'s).
 
     Args:
         message: the key, what it was first used for (naming the job or the incarnation it

@@ -24,7 +24,7 @@ from actors.messages import (
 )
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.errors import DatabaseUnavailable, Deposed, DuplicateKey
+from runtime.errors import DatabaseUnavailable, DuplicateKey, StaleEpoch
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings
 
@@ -111,7 +111,7 @@ async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, da
     assert await take_over(db, "cp-2") == 2
     async with trio.open_nursery() as nursery:
         ledger, lease = await run_ledger(nursery, database_url)
-        with pytest.raises(Deposed) as info:
+        with pytest.raises(StaleEpoch) as info:
             await commit(ledger, 1, 1, reasons=((2, "unschedulable: test"),))
         assert (info.value.epoch, info.value.epoch_seen) == (1, 2)
         superseded = lease.receive_nowait()
@@ -353,7 +353,7 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
                 standby_epoch.append(await take_over(standby, "cp-2"))
 
             nursery.start_soon(standby_takes_over)
-            with pytest.raises(Deposed) as info:
+            with pytest.raises(StaleEpoch) as info:
                 await declare_dead(ledger, 1)
             nursery.cancel_scope.cancel()
     finally:
@@ -482,7 +482,7 @@ async def test_a_placement_statement_behind_an_uncommitted_takeover_writes_nothi
             async def leader_commits() -> None:
                 try:
                     await commit(ledger, 1, 1)
-                except Deposed as exc:
+                except StaleEpoch as exc:
                     outcome.append(exc)
 
             nursery.start_soon(leader_commits)

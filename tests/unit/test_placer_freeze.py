@@ -30,7 +30,7 @@ from actors.placement import PendingJob, WorkerRoom
 from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
 from actors.role import RoleView
 from runtime import faults
-from runtime.errors import Deposed as DeposedError
+from runtime.errors import StaleEpoch
 from runtime.settings import PlacerSettings
 
 
@@ -113,7 +113,7 @@ async def test_frozen_placer_commit_is_refused_and_nothing_is_sent(
         assert isinstance(commit, CommitPlacements)
         assert trio.current_time() == pytest.approx(5.0)
         assert commit.epoch == 1 and [p.job_id for p in commit.placements] == [1, 2]
-        commit.reply.fail(DeposedError(epoch=1, epoch_seen=2))
+        commit.reply.fail(StaleEpoch(epoch=1, epoch_seen=2))
         await h.roles.send(Deposed(seq=2, epoch=1, reason="lease taken by another replica"))
         await trio.sleep(3.0)
         with pytest.raises(trio.WouldBlock):

@@ -45,7 +45,7 @@ from actors.reconciler import (
 )
 from actors.role import RoleView
 from runtime import metrics
-from runtime.errors import DatabaseBusy, Deposed, InvalidArgument
+from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
 from runtime.settings import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
@@ -491,7 +491,7 @@ async def test_a_pass_ends_orphans_batch_by_batch_until_a_batch_is_short(
 async def test_a_pass_whose_batch_is_refused_sends_no_further_batch(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The second batch of endings at t=0 is refused (Deposed): the pass stops there, sending
+    """The second batch of endings at t=0 is refused (StaleEpoch): the pass stops there, sending
     no third batch and not re-sending the unconfirmed assignment either; the next pass, at
     t=1, starts again with the declaration and, still a first pass under this epoch, re-sends
     the assignment."""
@@ -511,11 +511,11 @@ async def test_a_pass_whose_batch_is_refused_sends_no_further_batch(
         nursery.start_soon(answer_role, h.lease, 4)
         nursery.start_soon(dispatcher)
         await nursery.start(h.reconciler.run)
-        for answer in (orphans(1, 2, more=True), orphans(3, 4, more=True), Deposed(4, 5)):
+        for answer in (orphans(1, 2, more=True), orphans(3, 4, more=True), StaleEpoch(4, 5)):
             message = await h.ledger.receive()
             assert isinstance(message, DeclareDeadWorkers | EndOrphanedAssignments)
             asked.append((trio.current_time(), type(message).__name__))
-            if isinstance(answer, Deposed):
+            if isinstance(answer, StaleEpoch):
                 message.reply.fail(answer)
             else:
                 message.reply.set(answer)
