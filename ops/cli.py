@@ -86,6 +86,9 @@ EXIT_INVALID = 2
 """Exit status for invalid input (a value out of range, an unknown job)."""
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)."""
+EXIT_TOO_LATE = 3
+"""Exit status of ``stockade cancel`` when the job had ended on its own before the cancel
+took effect (its end stands)."""
 
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
@@ -1245,30 +1248,36 @@ def cancel(
 
     Says what happened: ``cancelled``; or, when the job ended on its own before its worker
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
-    stands; or ``cancelling`` when ``--wait-s`` passed first.
+    stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
 
-    async def body(client: ControlPlaneClient, *, key: str) -> str:
+    async def body(client: ControlPlaneClient, *, key: str) -> pb.JobInfo | None:
         reply: pb.CancelJobReply = await client.call(
             "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
         )
         if reply.state != "cancelling":
             job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
-            return cancel_verdict(job_id, job)
+            return job
         with trio.move_on_after(wait_s):
             while True:
                 with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
                     job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
                     if job.state in ("cancelled", "succeeded", "failed"):
-                        return cancel_verdict(job_id, job)
+                        return job
                 await trio.sleep(CANCEL_POLL_S)
-        return f"job {job_id}: cancelling"
+        return None
 
     with _errors():
         validation.check_job_id(job_id)
         key = _idempotency_key(idempotency_key)
         with _answer_unknown(key, "recorded the cancel"):
-            console.print(rpc.with_client(_addresses(control_planes), functools.partial(body, key=key)))
+            job = rpc.with_client(_addresses(control_planes), functools.partial(body, key=key))
+    if job is None:
+        console.print(f"job {job_id}: cancelling")
+        return
+    console.print(cancel_verdict(job_id, job))
+    if job.state in ("succeeded", "failed"):
+        raise typer.Exit(EXIT_TOO_LATE)
 
 
 @app.command("status")
