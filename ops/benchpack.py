@@ -46,7 +46,6 @@ import functools
 import json
 import math
 import random
-import re
 import shutil
 import statistics
 import time
@@ -57,6 +56,8 @@ from typing import Any, TypeVar
 
 import attrs
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from actors.ingest import apply_schema
 from actors.ledger import Ledger
@@ -168,29 +169,32 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     return lower_bound
 
 
-def _buckets(text: str, name: str, labels: str = "") -> list[tuple[float, float]]:
-    """Cumulative (upper bound, count) pairs of histogram ``name`` in Prometheus text, for the
-    series whose other labels are exactly ``labels`` (e.g. ``,phase="commit"``)."""
-    pattern = rf'^{name}_bucket\{{le="([^"]+)"{re.escape(labels)}\}} (\S+)$'
-    return sorted((float(m.group(1)), float(m.group(2))) for m in re.finditer(pattern, text, re.M))
+def _buckets(samples: Sequence[Sample], name: str, **labels: str) -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) pairs of histogram ``name``, for the series whose labels
+    other than ``le`` are exactly ``labels`` (e.g. ``phase="commit"``)."""
+    return sorted(
+        (float(s.labels["le"]), s.value)
+        for s in samples
+        if s.name == f"{name}_bucket" and {k: v for k, v in s.labels.items() if k != "le"} == labels
+    )
 
 
 PHASES = ("read", "decide", "commit", "dispatch")
 
 
-def scrape(address: str) -> dict[str, Any]:
-    """The placer's figures from a control plane's /metrics: round time quantiles and max, the
-    p50 / p99 of each phase of a round, rounds and placements."""
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
-    buckets = _buckets(text, "stockade_placer_round_seconds")
+def placer_figures(text: str) -> dict[str, Any]:
+    """The placer's figures from a control plane's /metrics text (Prometheus' text format, read
+    with ``prometheus_client``'s parser): round time quantiles and max, the p50 / p99 of each
+    phase of a round, rounds and placements."""
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    buckets = _buckets(samples, "stockade_placer_round_seconds")
 
     def value(name: str) -> float:
-        found = re.search(rf"^{name} (\S+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
+        return next((s.value for s in samples if s.name == name and not s.labels), 0.0)
 
     phases = {}
     for phase in PHASES:
-        series = _buckets(text, "stockade_placer_phase_seconds", f',phase="{phase}"')
+        series = _buckets(samples, "stockade_placer_phase_seconds", phase=phase)
         phases[phase] = {
             "p50_ms": _ms(histogram_quantile(0.5, series)),
             "p99_ms": _ms(histogram_quantile(0.99, series)),
@@ -203,6 +207,11 @@ def scrape(address: str) -> dict[str, Any]:
         "rounds": int(buckets[-1][1]) if buckets else 0,
         "placements": int(value("stockade_placements_total")),
     }
+
+
+def scrape(address: str) -> dict[str, Any]:
+    """:func:`placer_figures` of the control plane whose /metrics is at ``address`` (host:port)."""
+    return placer_figures(urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode())
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 import trio
 import trio.testing
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ops.benchpack import (
     WORKER_SHAPES,
@@ -19,6 +20,7 @@ from ops.benchpack import (
     job_stream,
     lower_bound_s,
     overcommitted_workers,
+    placer_figures,
     submit_arriving,
     wait_figures,
 )
@@ -121,3 +123,26 @@ def test_wait_figures_split_out_the_large_jobs() -> None:
     waits = [(250, 0.1), (1000, 0.3), (6000, 2.0), (8000, 5.0), (500, 0.2)]
     assert wait_figures(waits) == {"wait_p50_s": 0.3, "large_wait_p50_s": 3.5, "large_wait_max_s": 5.0}
     assert wait_figures([(250, 1.0)])["large_wait_max_s"] is None
+
+
+def test_the_placers_figures_are_read_from_real_metrics_text() -> None:
+    """The exposition prometheus_client writes for the placer's metrics, read back: rounds,
+    placements, the longest round and each phase's quantiles (a phase's series apart from the
+    others')."""
+    registry = CollectorRegistry()
+    rounds = Histogram("stockade_placer_round_seconds", "", buckets=(0.001, 0.01, 0.1), registry=registry)
+    phases = Histogram(
+        "stockade_placer_phase_seconds", "", ["phase"], buckets=(0.001, 0.01, 0.1), registry=registry
+    )
+    Gauge("stockade_placer_round_max_seconds", "", registry=registry).set(0.05)
+    Counter("stockade_placements", "", registry=registry).inc(7)
+    for seconds in (0.0005, 0.005, 0.005, 0.05):
+        rounds.observe(seconds)
+    phases.labels("commit").observe(0.05)
+    phases.labels("read").observe(0.0005)
+    figures = placer_figures(generate_latest(registry).decode())
+    assert (figures["rounds"], figures["placements"], figures["round_max_ms"]) == (4, 7, 50.0)
+    assert figures["round_p50_ms"] == pytest.approx(5.5)
+    assert figures["round_phases"]["commit"]["p50_ms"] == pytest.approx(55.0)
+    assert figures["round_phases"]["read"]["p50_ms"] == pytest.approx(0.5)
+    assert figures["round_phases"]["decide"] == {"p50_ms": None, "p99_ms": None}
