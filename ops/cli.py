@@ -1251,7 +1251,7 @@ def cancel(
     stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
 
-    async def body(client: ControlPlaneClient, *, key: str) -> pb.JobInfo | None:
+    async def body(client: ControlPlaneClient) -> pb.JobInfo | None:
         reply: pb.CancelJobReply = await client.call(
             "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
         )
@@ -1271,7 +1271,7 @@ def cancel(
         validation.check_job_id(job_id)
         key = _idempotency_key(idempotency_key)
         with _answer_unknown(key, "recorded the cancel"):
-            job = rpc.with_client(_addresses(control_planes), functools.partial(body, key=key))
+            job = rpc.with_client(_addresses(control_planes), body)
     if job is None:
         console.print(f"job {job_id}: cancelling")
         return

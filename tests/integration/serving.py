@@ -1,4 +1,5 @@
-"""Ingest actors serving the ControlPlane service for real, for the integration tests."""
+"""Ingest actors serving the ControlPlane service for real, and the leader's side a test holds
+by hand (the lease at a given epoch, an admin connection), for the integration tests."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from contextlib import asynccontextmanager
 import trio
 
 from actors.ingest import Ingest
-from runtime.aio import asyncio_bridge
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
 from runtime.settings import IngestSettings
+
+HOLD_LEASE = "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'"
+"""cp-1 holds the lease at epoch $1 for an hour: the test plays the leader under that epoch."""
 
 
 @asynccontextmanager
@@ -37,3 +42,25 @@ async def serve_ingests(
             started.append(ingest)
         yield started
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def ingest_and_leader(
+    database_url: str, *, epoch: int = 1, presence_interval_s: float = 60.0
+) -> AsyncIterator[tuple[ControlPlaneClient, PgConnection]]:
+    """One ingest actor on a small pool (2 connections, 1 reserved for liveness), a client of
+    it, and an admin connection holding the lease at ``epoch`` (:data:`HOLD_LEASE`), for tests
+    that send what workers send through the real service and run the leader's statements by
+    hand; all closed on leaving."""
+    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
+    async with serve_ingests(
+        database_url, "cp-1", settings=settings, presence_interval_s=presence_interval_s
+    ) as (ingest,):
+        cp = ControlPlaneClient([ingest.address], timeout_s=10.0)
+        admin = await PgConnection.connect(database_url)
+        try:
+            await admin.execute(HOLD_LEASE, epoch)
+            yield cp, admin
+        finally:
+            cp.close()
+            await admin.close()

@@ -49,6 +49,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from serving import HOLD_LEASE
 
 from actors import queries
 from actors.ingest import SESSION_SETTINGS, ControlPlaneService
@@ -333,10 +334,7 @@ def database_loop(database_url: str) -> Iterator[Database]:
             pool = await PgPool.create(database_url, size=2, server_settings=SESSION_SETTINGS)
             admin = await PgConnection.connect(database_url)
             try:
-                await admin.execute(
-                    "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'",
-                    EPOCH,
-                )
+                await admin.execute(HOLD_LEASE, EPOCH)
                 send, receive = trio.open_memory_channel[
                     tuple[Sequence[str], queue.Queue[BaseException | None]]
                 ](0)

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from serving import serve_ingests
+from serving import ingest_and_leader
 from test_fenced_write_size import Leader, until
 
 from actors import queries
@@ -21,7 +21,7 @@ from protocol import pb
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
-from runtime.settings import IngestSettings, ReconcilerSettings
+from runtime.settings import ReconcilerSettings
 
 EPOCH = 1
 RUN = "run-a"
@@ -123,18 +123,8 @@ class Cluster:
 @pytest.fixture
 async def cluster(database_url: str) -> AsyncIterator[Cluster]:
     """One ingest actor, a client of it, and an admin connection holding the lease at epoch 1."""
-    settings = IngestSettings(pool_size=2, liveness_reserved_connections=1)
-    async with serve_ingests(database_url, "cp-1", settings=settings) as (ingest,):
-        cp = ControlPlaneClient([ingest.address], timeout_s=10.0)
-        admin = await PgConnection.connect(database_url)
-        await admin.execute(
-            "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'", EPOCH
-        )
-        try:
-            yield Cluster(cp=cp, admin=admin, database_url=database_url)
-        finally:
-            cp.close()
-            await admin.close()
+    async with ingest_and_leader(database_url, epoch=EPOCH) as (cp, admin):
+        yield Cluster(cp=cp, admin=admin, database_url=database_url)
 
 
 def succeeded(assignment_id: int, job_id: int) -> pb.JobOutcome:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 from seeding import insert_job
+from serving import HOLD_LEASE
 
 from actors import queries
 from actors.ledger import Ledger
@@ -26,9 +27,7 @@ async def db(database_url: str) -> AsyncIterator[PgConnection]:
     """An admin connection (bridge open) to a fresh database whose lease cp-1 holds at epoch 1."""
     async with asyncio_bridge():
         conn = await PgConnection.connect(database_url)
-        await conn.execute(
-            "UPDATE lease SET holder = 'cp-1', epoch = 1, expires_at = now() + interval '1 hour'"
-        )
+        await conn.execute(HOLD_LEASE, 1)
         try:
             yield conn
         finally:
