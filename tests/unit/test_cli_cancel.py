@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.cli import cancel_verdict
+from ops.cli.jobs import cancel_verdict
 from protocol import pb
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app, batch_keys
+from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
+from ops.cli.jobs import batch_keys
 from runtime.errors import InvalidArgument
 
 SUBMIT = ["submit", "--cpu-millis", "100", "--memory-mb", "10", "--sleep-s", "1"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ops import cli
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
+from ops.cli import jobs as cli_jobs
 from runtime.errors import ClusterBusy
 
 
@@ -17,7 +17,7 @@ def test_a_busy_cluster_is_reported_as_busy_not_as_unreachable(monkeypatch: pyte
     def busy(addresses: list[str], specs: object, **_: object) -> list[int]:
         raise ClusterBusy("every control plane is busy: asked 9 times over 30.0 s (busy_retry_s 30); ...")
 
-    monkeypatch.setattr(cli, "_submit", busy)
+    monkeypatch.setattr(cli_jobs, "_submit", busy)
     result = CliRunner().invoke(
         app,
         [

@@ -1,0 +1,411 @@
+"""Client commands, through the failover client: ``jobs``, ``submit``, ``job``, ``list``,
+``cancel``, ``status``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import rich.box
+import trio
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from actors import validation
+from ops import rpc
+from ops.cli.app import app
+from ops.cli.common import (
+    EXIT_INVALID,
+    EXIT_TOO_LATE,
+    ControlPlanesOption,
+    console,
+    control_plane_addresses,
+    errors,
+    fail,
+    shown_path,
+)
+from ops.cli.render import local_time, render_status, runtime_text, status_json, tail_extent
+from protocol import pb
+from runtime.client import ControlPlaneClient, new_idempotency_key
+from runtime.errors import InvalidArgument, TemporaryError, Unavailable
+from runtime.text import cut_line, head_bytes, tail_lines
+
+OUTPUT_TAIL_LINES = 50
+"""Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
+last :data:`runtime.text.TAIL_MAX_BYTES`, each cut to :data:`runtime.text.LINE_MAX_BYTES`."""
+
+JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
+JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
+JOB_SLEEP_S = (2.0, 10.0)
+"""The sizes and durations ``stockade jobs`` draws from."""
+
+JOB_STATES = validation.JOB_STATES
+
+IdempotencyKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The call's idempotency key (1-128 bytes; default: a fresh random UUID). The "
+        "same command run again with the same key is answered with the first run's answer and "
+        "changes nothing, for 24 h; the same key with another request is refused.",
+        show_default=False,
+    ),
+]
+
+
+def idempotency_key_of(option: str | None) -> str:
+    """The key a mutating command sends: the one given, checked, or a fresh one.
+
+    Raises:
+        InvalidArgument: the given key is empty, too long or holds a control character.
+    """
+    return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
+
+
+@contextlib.contextmanager
+def _answer_unknown(key: str, what: str) -> Iterator[None]:
+    """When a mutating call ends without an answer, say how to learn what became of it: a
+    replica may have carried it out and failed to answer, and the same key returns that answer
+    instead of carrying it out twice."""
+    try:
+        yield
+    except Unavailable as exc:
+        raise type(exc)(
+            f"{exc}. If a control plane {what} before it failed to answer, the same command with "
+            f"--idempotency-key {key} returns that answer instead of doing it twice"
+        ) from exc
+
+
+def batch_keys(key: str, batches: int) -> list[str]:
+    """The idempotency key of each batch of one submission: ``key`` itself for one batch,
+    ``key/1``, ``key/2``, ... for more (so running the command again sends the same ones).
+
+    Raises:
+        InvalidArgument: a derived key would be longer than the limit.
+    """
+    if batches == 1:
+        return [key]
+    return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
+
+
+def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[int]:
+    async def body(client: ControlPlaneClient) -> list[int]:
+        if len(specs) == 1:
+            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0], idempotency_key=key))
+            return [int(reply.job_id)]
+        ids: list[int] = []
+        starts = range(0, len(specs), validation.MAX_BATCH_JOBS)
+        for start, batch_key in zip(starts, batch_keys(key, len(starts)), strict=True):
+            batch = specs[start : start + validation.MAX_BATCH_JOBS]
+            replies = await client.call(
+                "submit_jobs", pb.SubmitJobsRequest(specs=batch, idempotency_key=batch_key)
+            )
+            ids.extend(int(i) for i in replies.job_ids)
+        return ids
+
+    with _answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
+        return rpc.with_client(addresses, body)
+
+
+def _check_spec(spec: pb.JobSpec) -> None:
+    """The control plane's own checks, run here first: out-of-range numbers do not fit the wire.
+
+    Raises:
+        InvalidArgument: the same message the control plane would give.
+    """
+    validation.check_job(
+        name=spec.name,
+        cpu_millis=spec.cpu_millis,
+        memory_mb=spec.memory_mb,
+        priority=spec.priority,
+        sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
+        argv=list(spec.command.argv) if spec.command is not None else None,
+    )
+
+
+@app.command("jobs")
+def jobs(
+    count: Annotated[int, typer.Argument(help="How many sleep jobs to submit.")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the random sizes and durations.")] = 1,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Submit COUNT sleep jobs of mixed sizes (250-4000 cpu_millis, 128-4096 MiB) and durations (2-10 s)."""
+    if count < 1:
+        fail(f"count must be >= 1, got {count}", EXIT_INVALID)
+    rng = random.Random(seed)
+    specs = []
+    for index in range(1, count + 1):
+        sleep_s = round(rng.uniform(*JOB_SLEEP_S), 1)
+        specs.append(
+            pb.JobSpec(
+                name=f"sleep-{index}",
+                cpu_millis=rng.choice(JOB_CPU_MILLIS),
+                memory_mb=rng.choice(JOB_MEMORY_MB),
+                sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
+            )
+        )
+    with errors():
+        ids = _submit(control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key))
+    table = Table(box=rich.box.SIMPLE_HEAD)
+    for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
+        table.add_column(column, justify="right" if column != "name" else "left")
+    for job_id, spec in zip(ids, specs, strict=True):
+        assert spec.sleep is not None
+        table.add_row(
+            str(job_id),
+            spec.name,
+            str(spec.cpu_millis),
+            str(spec.memory_mb),
+            f"{spec.sleep.duration_ms / 1000:g} s",
+        )
+    console().print(table)
+    console().print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
+
+
+@app.command(
+    "submit",
+    context_settings={"allow_interspersed_args": False},
+)
+def submit(
+    cpu_millis: Annotated[int, typer.Option(help="CPU the job needs, millicores (1000 = one core).")],
+    memory_mb: Annotated[int, typer.Option(help="Memory the job needs, MiB.")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The command to run on a worker (after --).", show_default=False),
+    ] = None,
+    sleep_s: Annotated[
+        float | None, typer.Option(help="Submit a sleep job holding its resources this long, seconds.")
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Job name [default: the command's basename, or sleep].", show_default=False),
+    ] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
+    if (sleep_s is None) == (not command):
+        fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
+    spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
+    if command:
+        spec.command = pb.CommandRuntime(argv=list(command))
+        default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
+        spec.name = name if name is not None else default
+    else:
+        assert sleep_s is not None
+        if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
+            fail(
+                f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s!r}",
+                EXIT_INVALID,
+            )
+        spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
+        spec.name = name if name is not None else "sleep"
+    with errors():
+        _check_spec(spec)
+        (job_id,) = _submit(
+            control_plane_addresses(control_planes), [spec], key=idempotency_key_of(idempotency_key)
+        )
+    console().print(job_id)
+
+
+@app.command("job")
+def job(
+    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Show one job: state, worker, assignment, times, and its stdout/stderr when on this machine."""
+    with errors():
+        validation.check_job_id(job_id)
+        info: pb.JobInfo = rpc.call(
+            control_plane_addresses(control_planes), "get_job", pb.GetJobRequest(job_id=job_id)
+        )
+    spec = info.spec
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    duration = "-"
+    if info.started_unix_s and info.finished_unix_s:
+        duration = f"{info.finished_unix_s - info.started_unix_s:.2f} s"
+    rows = [
+        ("job", str(info.job_id)),
+        ("name", spec.name if spec else "-"),
+        ("state", info.state + (f" ({info.reason})" if info.reason else "")),
+        ("runtime", cut_line(runtime_text(spec))),
+        ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
+        ("memory_mb", str(spec.memory_mb) if spec else "-"),
+        ("priority", str(spec.priority) if spec else "-"),
+        ("worker", info.worker_id or "-"),
+        ("assignment", str(info.assignment_id or "-")),
+        ("epoch", str(info.epoch or "-")),
+        ("attempts", str(info.attempts)),
+        ("exit code", str(info.exit_code) if info.has_exit_code else "-"),
+        ("submitted", local_time(info.submitted_unix_s)),
+        ("started", local_time(info.started_unix_s)),
+        ("finished", local_time(info.finished_unix_s)),
+        ("duration", duration),
+        ("stdout", shown_path(Path(info.stdout_path)) if info.stdout_path else "-"),
+        ("stderr", shown_path(Path(info.stderr_path)) if info.stderr_path else "-"),
+    ]
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    console().print(table)
+    for label, path_text in (("stdout", info.stdout_path), ("stderr", info.stderr_path)):
+        if not path_text:
+            continue
+        path = Path(path_text)
+        if not path.is_file():
+            console().print(f"({label} file {shown_path(path)} is not on this machine)", style="dim")
+            continue
+        try:
+            tail = tail_lines(path, max_lines=OUTPUT_TAIL_LINES)
+        except OSError as exc:
+            console().print(f"({label} file {shown_path(path)} cannot be read: {exc.strerror})", style="dim")
+            continue
+        if not tail.lines:
+            console().print(f"{label}: empty", style="dim")
+            continue
+        console().rule(f"{label} ({tail_extent(tail)})", align="left", style="dim")
+        for line in tail.lines:
+            console().print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("list")
+def list_jobs(
+    state: Annotated[
+        str | None,
+        typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).", show_default=False),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(help="At most this many jobs, newest first (0: 100, as the API counts it).")
+    ] = 50,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """List jobs in a table."""
+    with errors():
+        if limit < 0:
+            raise InvalidArgument(
+                "limit", limit, f"must be between 0 and {validation.MAX_LIST_LIMIT} (0: 100)"
+            )
+        validation.check_list(state or "", limit)
+        reply = rpc.call(
+            control_plane_addresses(control_planes),
+            "list_jobs",
+            pb.ListJobsRequest(state=state or "", limit=limit),
+        )
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("job", justify="right", no_wrap=True)
+    table.add_column("name", no_wrap=True, max_width=20)
+    table.add_column("state", no_wrap=True)
+    table.add_column("cpu", justify="right", no_wrap=True)
+    table.add_column("MiB", justify="right", no_wrap=True)
+    table.add_column("worker", no_wrap=True)
+    table.add_column("tries", justify="right", no_wrap=True)
+    table.add_column("exit", justify="right", no_wrap=True)
+    table.add_column("runtime / reason", ratio=1)
+    for info in reply.jobs:
+        spec = info.spec
+        detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
+        table.add_row(
+            str(info.job_id),
+            Text(spec.name) if spec else "-",
+            info.state,
+            str(spec.cpu_millis) if spec else "-",
+            str(spec.memory_mb) if spec else "-",
+            info.worker_id or "-",
+            str(info.attempts),
+            str(info.exit_code) if info.has_exit_code else "-",
+            Text(detail),
+        )
+    console().print(table)
+    console().print(f"{len(reply.jobs)} job{'' if len(reply.jobs) == 1 else 's'}")
+
+
+app.command("jobs-list", hidden=True)(list_jobs)
+
+
+CANCEL_POLL_S = 0.2
+"""How often ``stockade cancel`` asks for the job's state while it waits, in seconds."""
+
+
+def cancel_verdict(job_id: int, job: pb.JobInfo) -> str:
+    """What a cancel came to, from the job's state: cancelled, or ended on its own first (with
+    the exit code when there is one), or still on its way (``cancelling``)."""
+    exit_code = f", exit code {job.exit_code}" if job.has_exit_code else ""
+    if job.state == "cancelled":
+        return f"job {job_id}: cancelled"
+    if job.state in ("succeeded", "failed"):
+        return f"job {job_id}: {job.state} before the cancel took effect{exit_code}"
+    return f"job {job_id}: cancelling (still {job.state})"
+
+
+@app.command("cancel")
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    wait_s: Annotated[
+        float,
+        typer.Option(
+            "--wait-s",
+            min=0,
+            help="Seconds to wait for a placed job to end, to say whether the cancel stopped it "
+            "or it ended on its own first; 0 answers at once (cancelling).",
+        ),
+    ] = 10.0,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Cancel a job: at once while pending, through its worker once placed.
+
+    Says what happened: ``cancelled``; or, when the job ended on its own before its worker
+    got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
+    stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
+    """
+
+    async def body(client: ControlPlaneClient) -> pb.JobInfo | None:
+        reply: pb.CancelJobReply = await client.call(
+            "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
+        )
+        if reply.state != "cancelling":
+            job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+            return job
+        with trio.move_on_after(wait_s):
+            while True:
+                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                    job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+                    if job.state in ("cancelled", "succeeded", "failed"):
+                        return job
+                await trio.sleep(CANCEL_POLL_S)
+        return None
+
+    with errors():
+        validation.check_job_id(job_id)
+        key = idempotency_key_of(idempotency_key)
+        with _answer_unknown(key, "recorded the cancel"):
+            job = rpc.with_client(control_plane_addresses(control_planes), body)
+    if job is None:
+        console().print(f"job {job_id}: cancelling")
+        return
+    console().print(cancel_verdict(job_id, job))
+    if job.state in ("succeeded", "failed"):
+        raise typer.Exit(EXIT_TOO_LATE)
+
+
+@app.command("status")
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON with stable keys.")] = False,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Show the leader and its epoch, the control planes, the workers with their load, the jobs."""
+    with errors():
+        reply = rpc.status(control_plane_addresses(control_planes))
+    if as_json:
+        sys.stdout.write(json.dumps(status_json(reply), indent=2) + "\n")
+        return
+    console().print(render_status(reply))

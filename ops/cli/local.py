@@ -1,0 +1,230 @@
+"""Commands of the local cluster under ``.stockade/``: ``up``, ``down``, ``kill-leader``,
+``kill-worker``."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import time
+from typing import Annotated
+
+import rich.box
+import trio
+import typer
+from rich.table import Table
+
+from ops import rpc
+from ops.cli.app import app
+from ops.cli.common import (
+    EXIT_INVALID,
+    ControlPlanesOption,
+    console,
+    control_plane_addresses,
+    errors,
+    fail,
+    local_state,
+    shown_path,
+)
+from ops.cluster import LocalCluster, UpResult
+from protocol import pb
+from runtime.client import ControlPlaneClient
+from runtime.errors import StockadeError
+
+
+def _print_up(result: UpResult, cluster: LocalCluster) -> None:
+    roles = {cp.id: cp.role for cp in result.status.control_planes}
+    workers = {w.id: w for w in result.status.workers}
+    table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left", padding=(0, 1))
+    for column in ("id", "pid", "address", "state", "capacity", ""):
+        table.add_column(column, no_wrap=True)
+    for spec in result.config.processes:
+        capacity = ""
+        note = "started" if spec.id in result.started else "was running"
+        if spec.kind == "cp":
+            state = "leader" if spec.id == result.status.leader else roles.get(spec.id, "?")
+        elif spec.kind == "fleet":
+            hosted = result.config.workers_in(spec.id)
+            alive = sum(1 for w in hosted if (s := workers.get(w.id)) is not None and s.state == "alive")
+            state = f"{alive}/{len(hosted)} alive"
+            capacity = f"{len(hosted)} workers: {hosted[0].id}..{hosted[-1].id}" if hosted else "no workers"
+        else:
+            worker = workers.get(spec.id)
+            state = worker.state if worker else "?"
+            capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
+        table.add_row(spec.id, str(result.pids.get(spec.id, "-")), spec.address or "-", state, capacity, note)
+    for hosted_worker in result.config.hosted_workers:
+        worker = workers.get(hosted_worker.id)
+        table.add_row(
+            hosted_worker.id,
+            str(result.pids.get(hosted_worker.process_id, "-")),
+            hosted_worker.address,
+            worker.state if worker else "?",
+            f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else "",
+            f"in {hosted_worker.process_id}",
+        )
+    console().print(table)
+    database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
+    if result.database_started:
+        database += " (started)"
+    console().print(f"database  {database}: {result.config.database_url}")
+    console().print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
+    console().print(f"logs      {shown_path(cluster.state.root / 'logs')}/<id>.log")
+
+
+@app.command("up")
+def up(
+    control_planes: Annotated[int, typer.Option(help="Number of control planes (cp-1..cp-N).")] = 3,
+    workers: Annotated[int, typer.Option(help="Number of workers (w-1..w-M).")] = 5,
+    fleet_size: Annotated[
+        int,
+        typer.Option(
+            help="Host new workers this many per process (stockade fleet); 0: one agent process each."
+        ),
+    ] = 0,
+    agent_args: Annotated[
+        str,
+        typer.Option(
+            help="Extra options for new agent or fleet processes, one string, e.g. "
+            "'--heartbeat-interval-s 1'."
+        ),
+    ] = "",
+    cp_args: Annotated[
+        str,
+        typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
+    ] = "",
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for the cluster, seconds.")] = 60.0,
+) -> None:
+    """Start the local cluster in the background and wait for a leader and every worker.
+
+    The state folder is ./.stockade (or $STOCKADE_STATE_DIR). PostgreSQL is DATABASE_URL
+    when set, else an embedded server under .stockade/pg. Safe to run again: live processes
+    are left alone, dead ones are started again. Processes are recorded with their options
+    when first planned: --fleet-size, --agent-args and --cp-args apply to the processes this
+    run adds (`stockade down` and removing .stockade/cluster.json start afresh).
+    """
+    if fleet_size < 0:
+        fail(f"fleet_size must be >= 0 (0: one process per worker), got {fleet_size}", EXIT_INVALID)
+    cluster = LocalCluster(
+        local_state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
+    )
+    with errors(), console().status("starting the cluster..."):
+        result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+    _print_up(result, cluster)
+
+
+@app.command("down")
+def down() -> None:
+    """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded database."""
+    cluster = LocalCluster(local_state())
+    with errors():
+        report = cluster.down()
+    if report.terminated:
+        console().print("stopped " + " ".join(report.terminated))
+    if report.killed:
+        console().print("killed (no exit 10 s after SIGTERM) " + " ".join(report.killed))
+    if report.stragglers:
+        console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
+    if report.database_stopped:
+        console().print("stopped embedded PostgreSQL")
+    if not (report.terminated or report.killed or report.stragglers or report.database_stopped):
+        console().print("nothing was running")
+
+
+@app.command("kill-leader")
+def kill_leader(
+    control_planes: ControlPlanesOption = None,
+    wait: Annotated[bool, typer.Option(help="Wait for a new leader and print how long it took.")] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 30.0,
+) -> None:
+    """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
+    cluster = LocalCluster(local_state())
+    with errors():
+        addresses = control_plane_addresses(control_planes)
+        status = rpc.status(addresses)
+        if not status.leader:
+            fail(f"there is no leader right now (last epoch {status.epoch})")
+        pid = cluster.kill(status.leader)
+        killed_at = time.monotonic()
+        console().print(f"killed leader {status.leader} (pid {pid}) at epoch {status.epoch}")
+        if not wait:
+            return
+        old_epoch = int(status.epoch)
+
+        async def body(client: ControlPlaneClient) -> pb.StatusReply | None:
+            with trio.move_on_after(timeout_s):
+                while True:
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
+                        reply: pb.StatusReply = await client.call("status", pb.StatusRequest())
+                        if reply.leader and reply.epoch > old_epoch:
+                            return reply
+                    await trio.sleep(0.05)
+            return None
+
+        new = rpc.with_client(addresses, body, timeout_s=0.5)
+        elapsed_s = time.monotonic() - killed_at
+        if new is None:
+            fail(f"no new leader {timeout_s:g} s after the kill")
+        console().print(f"new leader {new.leader} at epoch {new.epoch}, {elapsed_s:.2f} s after the kill")
+
+
+@app.command("kill-worker")
+def kill_worker(
+    control_planes: ControlPlanesOption = None,
+    wait: Annotated[
+        bool, typer.Option(help="Wait until its jobs run on other workers and print how long it took.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 60.0,
+) -> None:
+    """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
+    cluster = LocalCluster(local_state())
+    with errors():
+        addresses = control_plane_addresses(control_planes)
+        status = rpc.status(addresses)
+        config = cluster.config()
+        live = cluster.pids(config)
+        candidates = [w for w in status.workers if w.state == "alive" and w.id in live]
+        if not candidates:
+            if config.fleets:
+                fleets = ", ".join(f.id for f in config.fleets)
+                fail(
+                    f"no live worker runs in a process of its own: the workers run in fleets ({fleets}); "
+                    "killing a fleet kills all its workers"
+                )
+            fail("no live worker of this cluster to kill")
+        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
+        job_ids = [int(j) for j in victim.job_ids]
+        pid = cluster.kill(victim.id)
+        killed_at = time.monotonic()
+        console().print(
+            f"killed worker {victim.id} (pid {pid}) with {victim.cpu_allocated_millis} cpu_millis "
+            f"allocated; its jobs: {' '.join(map(str, job_ids)) or 'none'}"
+        )
+        if not wait or not job_ids:
+            return
+
+        async def body(client: ControlPlaneClient) -> list[pb.JobInfo] | None:
+            with trio.move_on_after(timeout_s):
+                while True:
+                    jobs = []
+                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
+                        for job_id in job_ids:
+                            jobs.append(await client.call("get_job", pb.GetJobRequest(job_id=job_id)))
+                    if len(jobs) == len(job_ids) and all(_moved(j, victim.id) for j in jobs):
+                        return jobs
+                    await trio.sleep(0.1)
+            return None
+
+        moved = rpc.with_client(addresses, body, timeout_s=1.0)
+        elapsed_s = time.monotonic() - killed_at
+        if moved is None:
+            fail(f"the jobs of {victim.id} were not running elsewhere {timeout_s:g} s after the kill")
+        where = ", ".join(f"{j.job_id} on {j.worker_id or '-'} ({j.state})" for j in moved)
+        console().print(f"its jobs run elsewhere {elapsed_s:.2f} s after the kill: {where}")
+
+
+def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
+    """Whether ``job`` no longer needs ``dead_worker``: running or ended on another worker,
+    ended there before the kill, or cancelled."""
+    if job.state in ("cancelled", "succeeded", "failed"):
+        return True
+    return job.worker_id != dead_worker and job.state == "running"

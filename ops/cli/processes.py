@@ -1,0 +1,401 @@
+"""Process commands, run in the foreground until SIGTERM or Ctrl-C: ``cp`` (one control-plane
+replica), ``agent`` (one worker) and ``fleet`` (many workers in one process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import attrs
+import typer
+
+from ops.cli.app import app
+from ops.cli.common import EXIT_INVALID, errors, fail
+from ops.cluster import parse_addresses
+from runtime import identifiers
+from runtime.priority import DEFAULT_NICE, check_nice
+from runtime.settings import (
+    MAX_JOB_NICE,
+    MIN_JOB_NICE,
+    AgentSettings,
+    IngestSettings,
+    LeaseSettings,
+    PlacerSettings,
+    ReconcilerSettings,
+)
+
+_INGEST = IngestSettings()
+_LEASE = LeaseSettings()
+_PLACER = PlacerSettings()
+_RECONCILER = ReconcilerSettings()
+
+
+def _agent_default(name: str) -> float:
+    """An AgentSettings field's default (the option defaults come from the settings classes)."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, float)
+    return default
+
+
+def _agent_int_default(name: str) -> int:
+    """An integer AgentSettings field's default."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, int)
+    return default
+
+
+NiceOption = Annotated[
+    int,
+    typer.Option(
+        help="CPU priority (nice, -20..19) this process asks for at start, so other work on the "
+        "machine cannot starve its heartbeats; without CAP_SYS_NICE it keeps its own and says so."
+    ),
+]
+
+
+@app.command("cp")
+def control_plane(
+    cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
+    port: Annotated[int, typer.Option(help="gRPC port of the ControlPlane service (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
+        ),
+    ] = None,
+    lease_ttl_s: Annotated[float, typer.Option(help="Lease time to live, seconds.")] = _LEASE.lease_ttl_s,
+    max_main_loop_stall_s: Annotated[
+        float,
+        typer.Option(
+            help="Step down (and take no lease) while the main loop, where decisions are made, "
+            "has not run for this long, seconds."
+        ),
+    ] = _LEASE.max_main_loop_stall_s,
+    round_interval_s: Annotated[
+        float, typer.Option(help="Placer round interval, seconds.")
+    ] = _PLACER.round_interval_s,
+    reconcile_interval_s: Annotated[
+        float, typer.Option(help="Reconcile pass interval, seconds.")
+    ] = _RECONCILER.reconcile_interval_s,
+    dead_after_s: Annotated[
+        float, typer.Option(help="A worker silent this long is declared dead, seconds.")
+    ] = _RECONCILER.dead_after_s,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy: best_fit, first_fit or worst_fit.")
+    ] = _PLACER.policy,
+    max_reservations: Annotated[
+        int,
+        typer.Option(
+            help="Workers a placer round may keep free for jobs that fit no free room yet (0: none)."
+        ),
+    ] = _PLACER.max_reservations,
+    reserve_after_s: Annotated[
+        float, typer.Option(help="Only a job queued this long may reserve a worker, seconds.")
+    ] = _PLACER.reserve_after_s,
+    ingest_pool_size: Annotated[
+        int, typer.Option(help="Database connections of the ControlPlane service.")
+    ] = _INGEST.pool_size,
+    liveness_reserved_connections: Annotated[
+        int,
+        typer.Option(help="Of those, connections only heartbeats and registrations may use."),
+    ] = _INGEST.liveness_reserved_connections,
+    shed_lag_s: Annotated[
+        float,
+        typer.Option(
+            help="Answer new work 'busy' while the service's event loop lags more than this, seconds."
+        ),
+    ] = _INGEST.shed_lag_s,
+    max_requests_in_progress: Annotated[
+        int,
+        typer.Option(
+            help="Requests other than heartbeats and registrations served at once, from admission "
+            "until their reply is encoded; the rest wait their turn."
+        ),
+    ] = _INGEST.max_requests_in_progress,
+    max_waiting_requests: Annotated[
+        int,
+        typer.Option(help="Answer new work 'busy' when this many requests already wait for their turn."),
+    ] = _INGEST.max_waiting_requests,
+    max_admission_wait_s: Annotated[
+        float,
+        typer.Option(help="Answer new work 'busy' that has waited this long for its turn, seconds."),
+    ] = _INGEST.max_admission_wait_s,
+    max_wire_work_share: Annotated[
+        float,
+        typer.Option(
+            help="Most of the service's event-loop time that encoding and decoding large messages "
+            "may take, a fraction (0.25: a quarter)."
+        ),
+    ] = _INGEST.max_wire_work_share,
+    wire_step_messages: Annotated[
+        int,
+        typer.Option(
+            help="Elements of a large reply encoded (or request decoded) between two yields to the "
+            "service's event loop."
+        ),
+    ] = _INGEST.wire_step_messages,
+    max_pending_jobs: Annotated[
+        int,
+        typer.Option(
+            help="Answer submissions 'busy' while this many jobs are pending (0: no limit); "
+            "a batch that arrives under the limit is taken whole."
+        ),
+    ] = _INGEST.max_pending_jobs,
+    idempotency_key_retention_s: Annotated[
+        float,
+        typer.Option(
+            help="Keep a mutating call's idempotency key and answer this long after its first use, "
+            "seconds: a retry within it gets the first answer, a copy after it is a new call."
+        ),
+    ] = _INGEST.idempotency_key_retention_s,
+    initial_window: Annotated[
+        int,
+        typer.Option(
+            help="Unconfirmed assignments a worker may hold before a heartbeat confirmed any; "
+            "one more per confirmed assignment."
+        ),
+    ] = _PLACER.initial_window,
+    max_unconfirmed_per_worker: Annotated[
+        int, typer.Option(help="Most unconfirmed assignments a worker may hold (the window's ceiling).")
+    ] = _PLACER.max_unconfirmed_per_worker,
+    requeue_backoff_base_s: Annotated[
+        float,
+        typer.Option(
+            help="A job lost with its worker waits a random time below this before it is placed "
+            "again, doubling with every further loss, seconds."
+        ),
+    ] = _RECONCILER.requeue_backoff_base_s,
+    requeue_backoff_max_s: Annotated[
+        float, typer.Option(help="Largest bound of the requeue backoff, seconds.")
+    ] = _RECONCILER.requeue_backoff_max_s,
+    death_burst: Annotated[
+        int, typer.Option(help="Most workers declared dead at once.")
+    ] = _RECONCILER.death_burst,
+    deaths_per_s: Annotated[
+        float, typer.Option(help="Dead-worker declarations per second beyond the burst.")
+    ] = _RECONCILER.deaths_per_s,
+    mass_silence_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Declare no worker dead while more than this fraction of the alive workers "
+            "(and at least 3) are silent at once."
+        ),
+    ] = _RECONCILER.mass_silence_fraction,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+    ] = 0,
+    json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
+    nice: NiceOption = DEFAULT_NICE,
+) -> None:
+    """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
+    # Imported here: the client commands need neither the actors nor the agent.
+    from actors.control_plane import main as control_plane_main
+    from runtime.settings import (
+        MAX_STATEMENTS_PER_FENCED_WRITE,
+        ControlPlaneSettings,
+        IngestSettings,
+        LeaseSettings,
+        LedgerSettings,
+        PlacerSettings,
+        ReconcilerSettings,
+    )
+
+    if not database_url:
+        fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
+    step_down_margin_s = min(0.4, lease_ttl_s / 5)
+    with errors():
+        settings = ControlPlaneSettings(
+            cp_id=cp_id,
+            database_url=database_url,
+            listen_host=host,
+            listen_port=port,
+            ingest=IngestSettings(
+                pool_size=ingest_pool_size,
+                liveness_reserved_connections=liveness_reserved_connections,
+                shed_lag_s=shed_lag_s,
+                max_requests_in_progress=max_requests_in_progress,
+                max_waiting_requests=max_waiting_requests,
+                max_admission_wait_s=max_admission_wait_s,
+                max_wire_work_share=max_wire_work_share,
+                wire_step_messages=wire_step_messages,
+                max_pending_jobs=max_pending_jobs,
+                idempotency_key_retention_s=idempotency_key_retention_s,
+            ),
+            lease=LeaseSettings(
+                lease_ttl_s=lease_ttl_s,
+                renew_interval_s=lease_ttl_s / 4,
+                step_down_margin_s=step_down_margin_s,
+                takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
+                max_main_loop_stall_s=max_main_loop_stall_s,
+            ),
+            # A shorter lease has a smaller step-down margin, which a fenced write's longest
+            # hold must fit in (see ControlPlaneSettings): its statements get less time.
+            ledger=LedgerSettings(
+                statement_timeout_s=min(
+                    LedgerSettings().statement_timeout_s, step_down_margin_s / MAX_STATEMENTS_PER_FENCED_WRITE
+                )
+            ),
+            placer=PlacerSettings(
+                round_interval_s=round_interval_s,
+                policy=policy,
+                max_reservations=max_reservations,
+                reserve_after_s=reserve_after_s,
+                initial_window=initial_window,
+                max_unconfirmed_per_worker=max_unconfirmed_per_worker,
+            ),
+            reconciler=ReconcilerSettings(
+                reconcile_interval_s=reconcile_interval_s,
+                dead_after_s=dead_after_s,
+                requeue_backoff_base_s=requeue_backoff_base_s,
+                requeue_backoff_max_s=requeue_backoff_max_s,
+                death_burst=death_burst,
+                deaths_per_s=deaths_per_s,
+                mass_silence_fraction=mass_silence_fraction,
+            ),
+        )
+        check_nice(nice)
+    control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
+
+
+HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
+HeartbeatTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="Send a heartbeat (or registration) to the next control plane too after this long "
+        "without an answer, seconds (the first may still answer until shortly before the fence deadline)."
+    ),
+]
+SelfFenceOption = Annotated[
+    float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
+]
+LeaveTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="At a clean stop, once every job has ended, wait this long for a control plane to record "
+        "that the worker left, seconds (past it the worker is declared dead after dead_after instead)."
+    ),
+]
+JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
+MaxConcurrentStartsOption = Annotated[
+    int,
+    typer.Option(
+        help="Most command jobs of this process starting at once (from their reaper's fork until the "
+        "job has exec'd); the others wait, holding their capacity."
+    ),
+]
+JobNiceOption = Annotated[
+    int,
+    typer.Option(
+        help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
+        f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority)."
+    ),
+]
+MetricsPortOption = Annotated[
+    int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+]
+
+
+@app.command("agent")
+def agent(
+    worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
+    cpu_millis: Annotated[int, typer.Option(help="CPU offered, millicores (1000 = one core).")],
+    memory_mb: Annotated[int, typer.Option(help="Memory offered, MiB.")],
+    control_planes: Annotated[str, typer.Option(help="Control-plane addresses, host:port,...")],
+    work_dir: Annotated[Path, typer.Option(help="Folder for agent.jsonl and the jobs' output.")],
+    port: Annotated[int, typer.Option(help="gRPC port of the Worker service (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    advertise_address: Annotated[
+        str, typer.Option(help="host:port the leader should call (default: the listen address).")
+    ] = "",
+    heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
+    self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
+    max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    metrics_port: MetricsPortOption = 0,
+    json_logs: JsonLogsOption = False,
+    nice: NiceOption = DEFAULT_NICE,
+) -> None:
+    """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
+    from agent.main import main as agent_main
+    from runtime.settings import AgentSettings
+
+    with errors():
+        settings = AgentSettings(
+            worker_id=worker_id,
+            control_planes=parse_addresses(control_planes),
+            cpu_millis=cpu_millis,
+            memory_mb=memory_mb,
+            work_dir=str(work_dir.absolute()),
+            listen_host=host,
+            listen_port=port,
+            advertise_address=advertise_address,
+            heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
+            max_concurrent_starts=max_concurrent_starts,
+            job_nice=job_nice,
+        )
+    with errors():
+        check_nice(nice)
+    agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
+
+
+@app.command("fleet")
+def fleet(
+    spec: Annotated[
+        Path,
+        typer.Option(
+            help='JSON list of the workers to host: [{"id": "w-1", "port": 7201, "cpu_millis": 8000, '
+            '"memory_mb": 16384, "work_dir": "...", "advertise_address": ""}, ...].'
+        ),
+    ],
+    control_planes: Annotated[
+        str, typer.Option(help="Control-plane addresses, host:port,... (a worker's own list wins).")
+    ] = "",
+    fleet_id: Annotated[
+        str, typer.Option("--id", help="This process's id, bound to its log lines.")
+    ] = "fleet",
+    host: Annotated[str, typer.Option(help="Address every worker listens on.")] = "127.0.0.1",
+    heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
+    self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
+    max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    metrics_port: MetricsPortOption = 0,
+    json_logs: JsonLogsOption = False,
+    nice: NiceOption = DEFAULT_NICE,
+) -> None:
+    """Run many workers' agents in one process until SIGTERM or Ctrl-C.
+
+    Each worker keeps its own id, port, registration, heartbeats, work dir and agent.jsonl.
+    When one worker's agent fails (its port is taken, ...) every worker's jobs are stopped
+    and the command exits 1 naming the worker; a bad spec exits 2.
+    """
+    from agent.fleet import WorkerFailed, fleet_settings, load_fleet_spec
+    from agent.fleet import main as fleet_main
+
+    with errors():
+        identifiers.check_id(fleet_id, field="fleet_id")
+        settings = fleet_settings(
+            load_fleet_spec(spec),
+            control_planes=parse_addresses(control_planes),
+            listen_host=host,
+            heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            self_fence_after_s=self_fence_after_s,
+            leave_timeout_s=leave_timeout_s,
+            max_concurrent_starts=max_concurrent_starts,
+            job_nice=job_nice,
+        )
+        check_nice(nice)
+    try:
+        fleet_main(
+            settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice
+        )
+    except WorkerFailed as exc:
+        fail(f"{fleet_id}: {exc}")
