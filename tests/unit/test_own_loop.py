@@ -81,8 +81,9 @@ async def test_messages_cross_loops_in_order_and_replies_come_back() -> None:
 
 
 async def test_the_hosted_loop_is_not_held_up_by_a_busy_main_loop() -> None:
-    """While the main loop computes for 0.5 s without a checkpoint, the hosted loop keeps
-    waking on time (its lag stays far below the computation's length)."""
+    """While the main loop computes for 1 s without a checkpoint, the hosted loop keeps waking
+    (its lag stays at most half the computation's length: held by the main loop, it would
+    reach the whole second; the margin is for a loaded machine's scheduling)."""
     loop = OwnLoop("test")
     ticks: list[float] = []
 
@@ -96,9 +97,9 @@ async def test_the_hosted_loop_is_not_held_up_by_a_busy_main_loop() -> None:
         await nursery.start(run_on_own_loop, loop, actor)
         await trio.sleep(0.1)
         before = len(ticks)
-        deadline = trio.current_time() + 0.5
+        deadline = trio.current_time() + 1.0
         while trio.current_time() < deadline:  # no checkpoint: the main loop is held
             sum(range(10_000))
         assert len(ticks) - before >= 5
-        assert loop.lag is not None and loop.lag.recent_max_s < 0.25
+        assert loop.lag is not None and loop.lag.recent_max_s < 0.5
         nursery.cancel_scope.cancel()
