@@ -5,8 +5,8 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 
 Every size is counted in bytes of UTF-8, the form text takes on the wire and in the database, so
 a limit means the same for any script (a name of 128 bytes is 128 ASCII letters or 42 CJK
-ones). :data:`LIMITS` lists every limit, and the README's table of them is
-:func:`limits_table` (a test compares the two).
+ones). :data:`LIMITS` lists every limit, and the table of them in
+``docs/limits.md`` is :func:`limits_table` (a test compares the two).
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def check_list(state: str, limit: int) -> tuple[str, int]:
 
 @attrs.frozen
 class Limit:
-    """One limit on what clients and workers send, as the README's table lists it."""
+    """One limit on what clients and workers send, as the table in ``docs/limits.md`` lists it."""
 
     fields: str
     """The fields it applies to, named as in the errors (Markdown)."""
@@ -412,11 +412,11 @@ LIMITS = (
     ),
     Limit("an outcome's `detail`", f"at most {_n(MAX_DETAIL_BYTES)} bytes", ("MAX_DETAIL_BYTES",)),
 )
-"""Every limit of this module, in the order of the README's table (:func:`limits_table`)."""
+"""Every limit of this module, in the order of ``docs/limits.md``'s table (:func:`limits_table`)."""
 
 
 def limits_table() -> str:
-    """:data:`LIMITS` as the README's Markdown table (sizes in UTF-8 bytes)."""
+    """:data:`LIMITS` as the Markdown table of ``docs/limits.md`` (sizes in UTF-8 bytes)."""
     rows = ["| input | limit |", "|---|---|"]
     rows += [f"| {limit.fields} | {limit.rule} |" for limit in LIMITS]
     return "\n".join(rows) + "\n"

@@ -78,7 +78,7 @@ def _run_batch(cluster: LocalCluster, runtime: Callable[[], dict[str, object]]) 
     # A self-fence may stop a job and have it placed again (an extra assignment and an extra
     # start, never a second success); the target for this batch is exactly-once
     # completion and no death. Zero self-fences is the packing benchmark's target, where the
-    # remaining ones are tracked (README, "just bench-pack").
+    # remaining ones are tracked (docs/benchmarks.md, "just bench-pack").
     assert len(runs) - BATCH <= report.extra_assignments, "a job started again without being placed again"
 
 

@@ -1,13 +1,14 @@
 """End to end with workers hosted in fleets: 12 workers in 3 `stockade fleet` processes of 4.
 
 Each worker in a fleet must behave like a lone agent: its own port and address, its own
-registration and incarnation, its own agent.jsonl; and `down` must leave nothing behind.
+registrations and incarnations, its own agent.jsonl; and `down` must leave nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import asyncpg
 import psutil
 import pytest
 
-from ops import rpc
+from ops import checker, rpc
 from ops.cluster import MARKER_ENV, ClusterError, LocalCluster
 from protocol import pb
 from runtime.client import ControlPlaneClient
@@ -92,9 +93,9 @@ def _marked(root: Path) -> list[psutil.Process]:
 
 
 def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> None:
-    """12 workers in 3 fleets of 4 each register on their own port and incarnation, run 30
-    sleep jobs to success with a start and stop line in their own agent.jsonl, and `down`
-    leaves no process behind."""
+    """12 workers in 3 fleets of 4 each register on their own port and incarnations, run 30
+    sleep jobs to success, each exactly once and logged in the agent.jsonl of the worker that
+    ran it, and `down` leaves no process behind."""
     ready = cluster.up(control_planes=2, workers=WORKERS)
     config = ready.config
 
@@ -137,21 +138,41 @@ def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> N
         time.sleep(0.2)
     assert {j: jobs[j].state for j in job_ids} == dict.fromkeys(job_ids, "succeeded")
 
-    # Each worker's own log: its register line carries its incarnation, and every job it ran
-    # has one start and one stop line there (written by that worker, under that incarnation).
+    # Each worker's own log: its register lines carry incarnations of its own, and each start
+    # line is the worker's, under the incarnation it had registered last. A worker that fenced
+    # itself under load (its heartbeats answered late) registers again and may have its jobs
+    # placed again, so neither one registration per worker nor one start per job is promised:
+    # what is, is that every job succeeded exactly once, on the worker the database names, no
+    # assignment ran twice and no job ran in two places at once.
     ran_on = {j: jobs[j].worker_id for j in job_ids}
     used = set(ran_on.values())
     assert len(used) > 1, f"every job ran on {used}"
+    registrations: dict[str, list[int]] = {}
     for worker in config.workers:
         records = _read_log(cluster.state.work_dir(worker.id) / "agent.jsonl")
         assert {r["worker_id"] for r in records} == {worker.id}
-        incarnation = int(registered[worker.id].incarnation)
-        assert [r["incarnation"] for r in records if r["event"] == "register"] == [incarnation]
-        mine = sorted(j for j, w in ran_on.items() if w == worker.id)
-        starts = sorted(r["job_id"] for r in records if r["event"] == "start")
-        stops = sorted(r["job_id"] for r in records if r["event"] == "stop" and r["reason"] == "succeeded")
-        assert starts == stops == mine, worker.id
-        assert all(r["incarnation"] == incarnation for r in records if r["event"] in ("start", "stop"))
+        mine: list[int] = []
+        for record in records:
+            if record["event"] == "register":
+                mine.append(record["incarnation"])
+            elif record["event"] == "start":
+                assert mine and record["incarnation"] == mine[-1], (worker.id, record)
+            elif record["event"] == "stop":
+                assert record["incarnation"] in mine, (worker.id, record)
+        assert mine == sorted(set(mine)), f"{worker.id} registered an incarnation twice: {mine}"
+        assert int(registered[worker.id].incarnation) in mine, worker.id
+        registrations[worker.id] = mine
+    every_incarnation = [i for mine in registrations.values() for i in mine]
+    assert len(every_incarnation) == len(set(every_incarnation)), registrations
+    runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers])
+    assert all(run.ended_at < math.inf for run in runs), "a job started with no stop line"
+    assert len({run.assignment_id for run in runs}) == len(runs), "an assignment ran twice"
+    assert checker.double_runs(runs) == {}
+    succeeded_on: dict[int, list[str]] = {}
+    for run in runs:
+        if run.stop_reason == "succeeded":
+            succeeded_on.setdefault(run.job_id, []).append(run.worker_id)
+    assert succeeded_on == {j: [ran_on[j]] for j in job_ids}
 
     pids = list(cluster.pids().values())
     cluster.down()

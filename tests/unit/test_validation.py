@@ -1,5 +1,5 @@
 """Bad input is refused with a message naming the field, the value and the limit; every size is
-counted in UTF-8 bytes; the README lists every limit as the constants state it; what the agent
+counted in UTF-8 bytes; docs/limits.md lists every limit as the constants state it; what the agent
 reports fits the control plane's limits."""
 
 from __future__ import annotations
@@ -209,12 +209,12 @@ def test_text_without_a_utf8_form_is_refused_naming_the_field() -> None:
         check_job(**{**GOOD, "name": "caf\udce9"})  # type: ignore[arg-type]
 
 
-def test_the_readme_lists_every_limit_as_the_constants_say() -> None:
-    """The README's table of input limits is :func:`limits_table` verbatim, and every limit
+def test_the_limits_page_lists_every_limit_as_the_constants_say() -> None:
+    """The table of input limits in docs/limits.md is :func:`limits_table` verbatim, and every limit
     constant of actors.validation is stated by a row of it; regenerate the table with
     ``python -c 'from actors.validation import limits_table; print(limits_table())'``."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    assert validation.limits_table() in readme
+    page = (Path(__file__).parents[2] / "docs" / "limits.md").read_text(encoding="utf-8")
+    assert validation.limits_table() in page
     constants = {name for name in vars(validation) if name.startswith("MAX_")}
     stated = {name for limit in validation.LIMITS for name in limit.constants}
     assert stated == constants
