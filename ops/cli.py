@@ -63,6 +63,7 @@ from runtime.errors import (
     TemporaryError,
     Unavailable,
 )
+from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
@@ -74,6 +75,7 @@ from runtime.settings import (
     ReconcilerSettings,
 )
 from runtime.text import Tail, cut_line, head_bytes, tail_lines
+from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
 if TYPE_CHECKING:
     from ops.checker import FaultEvent
@@ -355,13 +357,7 @@ def render_status(status: pb.StatusReply) -> Group:
 
 
 def _runtime_text(spec: pb.JobSpec | None) -> str:
-    if spec is None:
-        return "-"
-    if spec.command is not None:
-        return "command: " + shlex.join(spec.command.argv)
-    if spec.sleep is not None:
-        return f"sleep {spec.sleep.duration_ms / 1000:g} s"
-    return "-"
+    return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
 
 
 def _tail_extent(tail: Tail) -> str:
@@ -435,22 +431,6 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
 
     with _answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
         return rpc.with_client(addresses, body)
-
-
-def _check_spec(spec: pb.JobSpec) -> None:
-    """The control plane's own checks, run here first: out-of-range numbers do not fit the wire.
-
-    Raises:
-        InvalidArgument: the same message the control plane would give.
-    """
-    validation.check_job(
-        name=spec.name,
-        cpu_millis=spec.cpu_millis,
-        memory_mb=spec.memory_mb,
-        priority=spec.priority,
-        sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
-        argv=list(spec.command.argv) if spec.command is not None else None,
-    )
 
 
 # ---------------------------------------------------------------------------- processes
@@ -1033,26 +1013,30 @@ def jobs(
     for index in range(1, count + 1):
         sleep_s = round(rng.uniform(*JOB_SLEEP_S), 1)
         specs.append(
-            pb.JobSpec(
+            JobSpec(
                 name=f"sleep-{index}",
                 cpu_millis=rng.choice(JOB_CPU_MILLIS),
                 memory_mb=rng.choice(JOB_MEMORY_MB),
-                sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
+                runtime=SleepRuntime(duration_ms=int(sleep_s * 1000)),
             )
         )
     with _errors():
-        ids = _submit(_addresses(control_planes), specs, key=_idempotency_key(idempotency_key))
+        ids = _submit(
+            _addresses(control_planes),
+            [job_spec_to_pb(spec) for spec in specs],
+            key=_idempotency_key(idempotency_key),
+        )
     table = Table(box=rich.box.SIMPLE_HEAD)
     for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
         table.add_column(column, justify="right" if column != "name" else "left")
     for job_id, spec in zip(ids, specs, strict=True):
-        assert spec.sleep is not None
+        assert isinstance(spec.runtime, SleepRuntime)
         table.add_row(
             str(job_id),
             spec.name,
             str(spec.cpu_millis),
             str(spec.memory_mb),
-            f"{spec.sleep.duration_ms / 1000:g} s",
+            f"{spec.runtime.duration_ms / 1000:g} s",
         )
     console.print(table)
     console.print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
@@ -1083,11 +1067,10 @@ def submit(
     """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
     if (sleep_s is None) == (not command):
         _fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
-    spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
+    runtime: JobRuntime
     if command:
-        spec.command = pb.CommandRuntime(argv=list(command))
+        runtime = CommandRuntime(argv=command)
         default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
-        spec.name = name if name is not None else default
     else:
         assert sleep_s is not None
         if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
@@ -1095,11 +1078,20 @@ def submit(
                 f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s!r}",
                 EXIT_INVALID,
             )
-        spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
-        spec.name = name if name is not None else "sleep"
+        runtime = SleepRuntime(duration_ms=round(sleep_s * 1000))
+        default = "sleep"
+    spec = JobSpec(
+        name=name if name is not None else default,
+        cpu_millis=cpu_millis,
+        memory_mb=memory_mb,
+        priority=priority,
+        runtime=runtime,
+    )
     with _errors():
-        _check_spec(spec)
-        (job_id,) = _submit(_addresses(control_planes), [spec], key=_idempotency_key(idempotency_key))
+        spec.check()  # the control plane's checks, here first: out-of-range numbers do not fit the wire
+        (job_id,) = _submit(
+            _addresses(control_planes), [job_spec_to_pb(spec)], key=_idempotency_key(idempotency_key)
+        )
     console.print(job_id)
 
 
