@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from runtime.jobs import CommandRuntime, JobSpec, SleepRuntime
+from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 
 # ---------------------------------------------------------------- a job's spec in ``jobs``
 
@@ -30,12 +30,19 @@ def job_spec_of(row: Mapping[str, Any]) -> JobSpec:
 
     ``runtime`` is ``'sleep'`` (``sleep_ms``: the duration) or ``'command'`` (``argv``); the
     column that does not belong to the runtime is NULL and not read.
+
+    Raises:
+        ValueError: ``runtime`` names no known runtime.
     """
     name, cpu_millis, memory_mb, priority = row["name"], row["cpu_millis"], row["memory_mb"], row["priority"]
-    if row["runtime"] == CommandRuntime.kind:
-        runtime: CommandRuntime | SleepRuntime = CommandRuntime(argv=row["argv"] or ())
-    else:
-        runtime = SleepRuntime(duration_ms=int(row["sleep_ms"] or 0))
+    runtime: JobRuntime
+    match row["runtime"]:
+        case SleepRuntime.kind:
+            runtime = SleepRuntime(duration_ms=int(row["sleep_ms"] or 0))
+        case CommandRuntime.kind:
+            runtime = CommandRuntime(argv=row["argv"] or ())
+        case other:  # schema.sql's CHECK on jobs.runtime admits no other
+            raise ValueError(f"jobs.runtime {other!r} is not a runtime this control plane knows")
     return JobSpec(
         name=name,
         cpu_millis=int(cpu_millis),
