@@ -27,17 +27,14 @@ from runtime import log
 from runtime.aio import GrpcChannel
 from runtime.errors import StockadeError
 from runtime.settings import DispatchSettings
+from runtime.wire_jobs import job_spec_to_pb
 
 
 def assignment_message(a: CommittedAssignment) -> pb.Assignment:
     """The wire form of a committed assignment."""
-    p = a.payload
-    spec = pb.JobSpec(name=p.name, cpu_millis=p.cpu_millis, memory_mb=p.memory_mb, priority=p.priority)
-    if p.argv is not None:
-        spec.command = pb.CommandRuntime(argv=list(p.argv))
-    else:
-        spec.sleep = pb.SleepRuntime(duration_ms=p.sleep_ms or 0)
-    return pb.Assignment(assignment_id=a.assignment_id, job_id=a.job_id, spec=spec, committed_epoch=a.epoch)
+    return pb.Assignment(
+        assignment_id=a.assignment_id, job_id=a.job_id, spec=job_spec_to_pb(a.spec), committed_epoch=a.epoch
+    )
 
 
 class WorkerCalls(Protocol):

@@ -40,7 +40,8 @@ import json
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any
 
-from actors.validation import JobRequest
+from actors import queries
+from runtime.jobs import JobSpec
 
 _LISTED_JOBS = 5
 """Job ids a conflict message lists before it says only how many and which range."""
@@ -77,10 +78,17 @@ def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
             return digest
 
 
-def job_item(job: JobRequest) -> list[Any]:
-    """A checked job as it enters a request's digest."""
-    argv = None if job.argv is None else list(job.argv)
-    return [job.name, job.cpu_millis, job.memory_mb, job.priority, job.sleep_ms, argv]
+def job_item(job: JobSpec) -> list[Any]:
+    """A checked job as it enters a request's digest: the columns it is stored in
+    (:func:`actors.queries.job_columns`) but the runtime's name, ``[name, cpu_millis,
+    memory_mb, priority, sleep_ms, argv]``, as digests were first computed (keys stored then
+    must keep matching their retries).
+
+    Raises:
+        ValueError: ``job`` has no runtime (it was not checked).
+    """
+    c = queries.job_columns(job)
+    return [c.name, c.cpu_millis, c.memory_mb, c.priority, c.sleep_ms, c.argv]
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

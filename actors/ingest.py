@@ -83,6 +83,7 @@ from runtime.errors import (
 )
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings
+from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
 SESSION_SETTINGS = {
     "statement_timeout": "5000",
@@ -122,16 +123,9 @@ async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopSh
 
 def job_info(row: Any) -> pb.JobInfo:
     """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
-    spec = pb.JobSpec(
-        name=row["name"], cpu_millis=row["cpu_millis"], memory_mb=row["memory_mb"], priority=row["priority"]
-    )
-    if row["runtime"] == "command":
-        spec.command = pb.CommandRuntime(argv=list(row["argv"] or []))
-    else:
-        spec.sleep = pb.SleepRuntime(duration_ms=row["sleep_ms"] or 0)
     info = pb.JobInfo(
         job_id=row["id"],
-        spec=spec,
+        spec=job_spec_to_pb(queries.job_spec_of(row)),
         state=row["state"],
         reason=row["reason"],
         worker_id=row["worker_id"] or "",
@@ -180,18 +174,6 @@ def _outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
         "stdout_path": outcome.stdout_path,
         "stderr_path": outcome.stderr_path,
         "detail": outcome.detail,
-    }
-
-
-def _job_fields(spec: pb.JobSpec) -> dict[str, object]:
-    """A JobSpec as the keyword arguments of :func:`actors.validation.check_job`."""
-    return {
-        "name": spec.name,
-        "cpu_millis": spec.cpu_millis,
-        "memory_mb": spec.memory_mb,
-        "priority": spec.priority,
-        "sleep_ms": spec.sleep.duration_ms if spec.sleep is not None else None,
-        "argv": list(spec.command.argv) if spec.command is not None else None,
     }
 
 
@@ -424,7 +406,7 @@ class ControlPlaneService:
         return Once(answer=answer, replayed=False)
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
-        job = validation.check_job(**_job_fields(request.spec or pb.JobSpec()))  # type: ignore[arg-type]
+        job = job_spec_from_pb(request.spec).check()
         key = validation.check_idempotency_key(request.idempotency_key)
         digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
@@ -434,13 +416,7 @@ class ControlPlaneService:
                     conn,
                     "submit_job",
                     queries.SUBMIT_JOB,
-                    job.name,
-                    job.cpu_millis,
-                    job.memory_mb,
-                    job.priority,
-                    job.runtime,
-                    job.sleep_ms,
-                    None if job.argv is None else list(job.argv),
+                    *attrs.astuple(queries.job_columns(job)),
                     key=key,
                     digest=digest,
                 )
@@ -472,7 +448,8 @@ class ControlPlaneService:
                     ) from None
             assert isinstance(batch, pb.SubmitJobsRequest)
             jobs = await run_in_slices(
-                validation.check_jobs_steps(batch.specs, fields=_job_fields, step_jobs=step), self.wire_share
+                validation.check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step),
+                self.wire_share,
             )
             key = validation.check_idempotency_key(batch.idempotency_key)
             digest = await run_in_slices(
@@ -486,13 +463,7 @@ class ControlPlaneService:
                     conn,
                     "submit_jobs",
                     queries.SUBMIT_JOBS,
-                    [j.name for j in jobs],
-                    [j.cpu_millis for j in jobs],
-                    [j.memory_mb for j in jobs],
-                    [j.priority for j in jobs],
-                    [j.runtime for j in jobs],
-                    [j.sleep_ms for j in jobs],
-                    [None if j.argv is None else json.dumps(list(j.argv)) for j in jobs],
+                    *queries.job_column_arrays(jobs),
                     key=key,
                     digest=digest,
                 )

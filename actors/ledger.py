@@ -103,7 +103,6 @@ from actors.messages import (
     EndAssignments,
     EndOrphanedAssignments,
     EpochSuperseded,
-    JobPayload,
     LeaseInbox,
     LedgerInbox,
     ReconcileResult,
@@ -121,19 +120,6 @@ T = TypeVar("T")
 # frozen old leader's write commits when it wakes. Not reachable from the CLI, the settings or
 # the environment.
 _FENCING_ENABLED = True
-
-
-def payload_of(row: Any) -> JobPayload:
-    """A :class:`JobPayload` from a row with name, cpu_millis, memory_mb, priority, sleep_ms, argv."""
-    argv = row["argv"]
-    return JobPayload(
-        name=row["name"],
-        cpu_millis=int(row["cpu_millis"]),
-        memory_mb=int(row["memory_mb"]),
-        priority=int(row["priority"]),
-        sleep_ms=None if row["sleep_ms"] is None else int(row["sleep_ms"]),
-        argv=None if argv is None else tuple(argv),
-    )
 
 
 @attrs.define
@@ -373,12 +359,12 @@ class Ledger:
             [reason for _, reason in message.reasons],
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
-        argvs: dict[int, tuple[str, ...]] = {}
+        argvs: dict[int, list[str]] = {}
         commands = [int(row["id"]) for row in placed if row["has_argv"]]
         if commands:
             # After the statement, which holds no lock any more: a leader frozen while this
             # large answer comes in keeps no takeover waiting.
-            argvs = {int(r["id"]): tuple(r["argv"]) for r in await conn.fetch(queries.JOB_ARGVS, commands)}
+            argvs = {int(r["id"]): r["argv"] for r in await conn.fetch(queries.JOB_ARGVS, commands)}
         committed = tuple(
             CommittedAssignment(
                 assignment_id=int(row["assignment_id"]),
@@ -386,7 +372,7 @@ class Ledger:
                 worker_id=row["worker_id"],
                 incarnation=int(row["incarnation"]),
                 epoch=message.epoch,
-                payload=attrs.evolve(payload_of({**row, "argv": None}), argv=argvs.get(int(row["id"]))),
+                spec=queries.job_spec_of({**row, "argv": argvs.get(int(row["id"]))}),
             )
             for row in placed
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import attrs
 
+from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
 # ---------------------------------------------------------------- lease keeper -> everyone
@@ -67,18 +68,6 @@ class Placement:
 
 
 @attrs.frozen(kw_only=True)
-class JobPayload:
-    """What a worker needs to run a job (a plain copy of the job's spec)."""
-
-    name: str
-    cpu_millis: int
-    memory_mb: int
-    priority: int
-    sleep_ms: int | None
-    argv: tuple[str, ...] | None
-
-
-@attrs.frozen(kw_only=True)
 class CommittedAssignment:
     """A placement the ledger committed under ``epoch``: the assignment, where it goes, and
     what the worker needs to run it."""
@@ -88,7 +77,8 @@ class CommittedAssignment:
     worker_id: str
     incarnation: int
     epoch: int
-    payload: JobPayload
+    spec: JobSpec
+    """The job's spec, as stored at submission."""
 
 
 @attrs.frozen(kw_only=True)

@@ -49,7 +49,6 @@ import attrs
 import trio
 
 from actors import queries
-from actors.ledger import payload_of
 from actors.messages import (
     CancelOnWorker,
     CommittedAssignment,
@@ -258,7 +257,7 @@ def _delivery(row: Any) -> Delivery:
             worker_id=row["worker_id"],
             incarnation=int(row["incarnation"]),
             epoch=int(row["epoch"]),
-            payload=payload_of(row),
+            spec=queries.job_spec_of(row),
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

@@ -5,165 +5,74 @@ limit (``cpu_millis must be between 1 and 1000000, got 0``); nothing is written 
 
 Every size is counted in bytes of UTF-8, the form text takes on the wire and in the database, so
 a limit means the same for any script (a name of 128 bytes is 128 ASCII letters or 42 CJK
-ones). :data:`LIMITS` lists every limit, and the table of them in
-``docs/limits.md`` is :func:`limits_table` (a test compares the two).
+ones). :data:`LIMITS` lists every limit, and the table of them in ``docs/limits.md`` is
+:func:`limits_table` (a test compares the two).
+
+A job's spec has its rules with it (:meth:`runtime.jobs.JobSpec.check`, whose limits are
+re-exported here for the table); this module checks batches of them and everything else.
 """
 
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
 
 from runtime import identifiers
+from runtime.checks import check_int_between as _int_between
+from runtime.checks import check_text as _text
 from runtime.errors import InvalidArgument
+from runtime.jobs import (
+    MAX_ARGV_BYTES,
+    MAX_ARGV_ITEMS,
+    MAX_CPU_MILLIS,
+    MAX_MEMORY_MB,
+    MAX_NAME_BYTES,
+    MAX_PRIORITY,
+    MAX_SLEEP_MS,
+    JobSpec,
+)
 
 T = TypeVar("T")
 
-MAX_CPU_MILLIS = 1_000_000  # 1000 cores
-MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
-MAX_NAME_BYTES = 128
-MAX_PRIORITY = 1_000_000
-MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
-MAX_ARGV_ITEMS = 256
-MAX_ARGV_BYTES = 64 * 1024
+# The job limits above are runtime.jobs' (JobSpec.check applies them); they are named here too,
+# for the table of every limit (LIMITS).
 MAX_LIST_LIMIT = 10_000
 JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
-
-
-@attrs.frozen(kw_only=True)
-class JobRequest:
-    """A checked job submission. Exactly one of ``sleep_ms`` and ``argv`` is set."""
-
-    name: str
-    cpu_millis: int
-    memory_mb: int
-    priority: int
-    sleep_ms: int | None
-    argv: tuple[str, ...] | None
-
-    @property
-    def runtime(self) -> str:
-        """``sleep`` or ``command``."""
-        return "sleep" if self.argv is None else "command"
-
-
-def utf8_bytes(field: str, value: str) -> int:
-    """The size of ``value`` in UTF-8, the unit of every size limit here.
-
-    Raises:
-        InvalidArgument: ``value`` holds a lone surrogate (text that is not Unicode, such as a
-            file name in another encoding), which has no UTF-8 form.
-    """
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidArgument(field, value, "must be valid Unicode text (it has no UTF-8 form)") from None
-
-
-def _text(
-    field: str, value: str, *, max_bytes: int, allow_empty: bool = False, printable: bool = False
-) -> str:
-    if "\x00" in value:
-        raise InvalidArgument(field, value, "must not contain NUL bytes")
-    if printable and any(unicodedata.category(c) == "Cc" for c in value):
-        raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
-    if not value and not allow_empty:
-        raise InvalidArgument(field, value, "must not be empty")
-    size = utf8_bytes(field, value)
-    if size > max_bytes:
-        raise InvalidArgument(field, value, f"must be at most {max_bytes} bytes in UTF-8 (has {size})")
-    return value
-
-
-def _int_between(field: str, value: int, low: int, high: int) -> int:
-    if not low <= value <= high:
-        raise InvalidArgument(field, value, f"must be between {low} and {high}")
-    return value
-
-
-def check_job(
-    *,
-    name: str,
-    cpu_millis: int,
-    memory_mb: int,
-    priority: int,
-    sleep_ms: int | None,
-    argv: Sequence[str] | None,
-) -> JobRequest:
-    """Check a submission.
-
-    Raises:
-        InvalidArgument: a field is empty, too long, out of range or holds a NUL byte, or the
-            job names no runtime (or both).
-    """
-    _text("name", name, max_bytes=MAX_NAME_BYTES, printable=True)
-    _int_between("cpu_millis", cpu_millis, 1, MAX_CPU_MILLIS)
-    _int_between("memory_mb", memory_mb, 1, MAX_MEMORY_MB)
-    _int_between("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
-    if (sleep_ms is None) == (argv is None):
-        raise InvalidArgument(
-            "runtime", None if sleep_ms is None else "both", "must be exactly one of sleep or command"
-        )
-    if sleep_ms is not None:
-        _int_between("sleep.duration_ms", sleep_ms, 0, MAX_SLEEP_MS)
-    checked_argv: tuple[str, ...] | None = None
-    if argv is not None:
-        if not argv:
-            raise InvalidArgument("command.argv", list(argv), "must name a program")
-        if len(argv) > MAX_ARGV_ITEMS:
-            raise InvalidArgument(
-                "command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items"
-            )
-        for index, arg in enumerate(argv):
-            _text(f"command.argv[{index}]", arg, max_bytes=MAX_ARGV_BYTES, allow_empty=index > 0)
-        total = sum(utf8_bytes("command.argv", a) for a in argv)
-        if total > MAX_ARGV_BYTES:
-            raise InvalidArgument(
-                "command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes in UTF-8"
-            )
-        checked_argv = tuple(argv)
-    return JobRequest(
-        name=name,
-        cpu_millis=cpu_millis,
-        memory_mb=memory_mb,
-        priority=priority,
-        sleep_ms=sleep_ms,
-        argv=checked_argv,
-    )
 
 
 MAX_BATCH_JOBS = 10_000
 
 
-def check_jobs(specs: Sequence[Mapping[str, object]]) -> list[JobRequest]:
-    """Check a batch (each item the keyword arguments of :func:`check_job`).
+def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """Check a batch of specs (:meth:`runtime.jobs.JobSpec.check` each).
 
     Raises:
         InvalidArgument: an empty or too large batch, or a bad job; the field is named with
             its index, e.g. ``specs[3].cpu_millis``.
     """
-    steps = check_jobs_steps(specs, fields=dict, step_jobs=len(specs) + 1)
+    steps = check_jobs_steps(specs, spec_of=lambda spec: spec, step_jobs=len(specs) + 1)
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            checked: list[JobRequest] = done.value
+            checked: list[JobSpec] = done.value
             return checked
 
 
 def check_jobs_steps(
-    specs: Sequence[T], *, fields: Callable[[T], Mapping[str, object]], step_jobs: int
-) -> Generator[None, None, list[JobRequest]]:
+    specs: Sequence[T], *, spec_of: Callable[[T], JobSpec], step_jobs: int
+) -> Generator[None, None, list[JobSpec]]:
     """:func:`check_jobs` in steps: a generator that yields after every ``step_jobs`` jobs it
     checked and returns the checked jobs, so a large batch need not hold the event loop.
 
     Args:
         specs: the batch.
-        fields: turns one item of ``specs`` into the keyword arguments of :func:`check_job`.
+        spec_of: turns one item of ``specs`` into a :class:`runtime.jobs.JobSpec` (such as
+            :func:`runtime.wire_jobs.job_spec_from_pb`); an InvalidArgument it raises is
+            named with the item's index as a check's is.
         step_jobs: jobs checked between two yields (at least 1).
 
     Raises:
@@ -176,7 +85,7 @@ def check_jobs_steps(
     checked = []
     for index, spec in enumerate(specs):
         try:
-            checked.append(check_job(**fields(spec)))  # type: ignore[arg-type]
+            checked.append(spec_of(spec).check())
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
         if (index + 1) % step_jobs == 0:

@@ -38,11 +38,11 @@ from agent.messages import (
     AssignOrder,
     CancelDecision,
     CancelOrder,
-    CommandSpec,
     JobOrder,
     Refusal,
     RefusalReason,
 )
+from agent.runtimes import cannot_run
 
 
 @attrs.frozen(kw_only=True)
@@ -55,15 +55,14 @@ class Reservation:
 
 def spec_problem(order: JobOrder) -> str | None:
     """Why ``order`` cannot be run at all, or None when its spec is sound."""
-    if order.runtime is None:
+    spec = order.spec
+    if spec.runtime is None:
         return "no runtime"
-    if order.cpu_millis <= 0:
-        return f"cpu_millis must be > 0, got {order.cpu_millis}"
-    if order.memory_mb <= 0:
-        return f"memory_mb must be > 0, got {order.memory_mb}"
-    if isinstance(order.runtime, CommandSpec) and not order.runtime.argv:
-        return "command argv must not be empty"
-    return None
+    if spec.cpu_millis <= 0:
+        return f"cpu_millis must be > 0, got {spec.cpu_millis}"
+    if spec.memory_mb <= 0:
+        return f"memory_mb must be > 0, got {spec.memory_mb}"
+    return cannot_run(spec.runtime)
 
 
 EPOCH_LEAD_LIMIT = 1000
@@ -197,10 +196,10 @@ class Admission:
                 accepted.append(job.assignment_id)
                 if job.assignment_id not in self.running and job.assignment_id not in self.ended:
                     self.running[job.assignment_id] = Reservation(
-                        cpu_millis=job.cpu_millis, memory_mb=job.memory_mb
+                        cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
                     )
-                    self.cpu_used_millis += job.cpu_millis
-                    self.memory_used_mb += job.memory_mb
+                    self.cpu_used_millis += job.spec.cpu_millis
+                    self.memory_used_mb += job.spec.memory_mb
                     to_start.append(job)
             else:
                 refused.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
@@ -220,8 +219,8 @@ class Admission:
         if spec_problem(job) is not None:
             return RefusalReason.BAD_SPEC
         if (
-            self.cpu_used_millis + job.cpu_millis > self.cpu_capacity_millis
-            or self.memory_used_mb + job.memory_mb > self.memory_capacity_mb
+            self.cpu_used_millis + job.spec.cpu_millis > self.cpu_capacity_millis
+            or self.memory_used_mb + job.spec.memory_mb > self.memory_capacity_mb
         ):
             return RefusalReason.NO_ROOM
         return None

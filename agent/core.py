@@ -92,7 +92,6 @@ from agent.messages import (
     AssignOrder,
     CancelDecision,
     CancelOrder,
-    CommandSpec,
     HeartbeatAnswer,
     HeartbeatReport,
     JobOrder,
@@ -102,11 +101,10 @@ from agent.messages import (
     Outcome,
     RefusalReason,
     Registration,
-    SleepSpec,
     StopReason,
 )
 from agent.reaper import write_fence_deadline
-from agent.runtimes import JobResult, JobRunner, job_dir_for, job_runner
+from agent.runtimes import JobResult, JobRunner, forks, job_dir_for, job_runner, timed_by_agent_s
 from agent.starts import StartLimiter, StartTicket
 from runtime import log, metrics
 from runtime.errors import StockadeError, TemporaryError
@@ -316,7 +314,7 @@ class Agent:
         assert nursery is not None, "accepted while not running: Admission must be fenced"
         for job_order in decision.to_start:
             job = _Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
-            if isinstance(job_order.runtime, CommandSpec):
+            if job_order.spec.runtime is not None and forks(job_order.spec.runtime):
                 # Queued here, in the order of acceptance, not when the task first runs
                 # (trio runs newly started tasks in no set order).
                 job.start_ticket = self._start_limiter.ticket()
@@ -487,7 +485,8 @@ class Agent:
     async def _start_and_run(self, job: _Job, ticket: StartTicket | None) -> None:
         """Write the start line, run the job until it ends, record its end."""
         order = job.order
-        assert order.runtime is not None  # Admission refuses a spec without runtime
+        runtime = order.spec.runtime
+        assert runtime is not None  # Admission refuses a spec without runtime
         self._fence_if_due()  # a thawed agent starts nothing past its fence deadline
         if job.stop.is_set():
             self._end_unstarted(job)
@@ -512,7 +511,7 @@ class Agent:
         job.started_at = trio.current_time()
         try:
             result = await self._runner(
-                order.runtime,
+                runtime,
                 job_dir=job_dir,
                 stop=job.stop,
                 stop_grace_s=self.settings.stop_grace_s,
@@ -640,11 +639,12 @@ class Agent:
         """
         if result.fenced:
             return True, result.finished_unix_s
-        runtime = job.order.runtime
+        runtime = job.order.spec.runtime
+        duration_s = None if runtime is None else timed_by_agent_s(runtime)
         fenced_at = self._fenced_at
-        if fenced_at is None or not isinstance(runtime, SleepSpec):
+        if fenced_at is None or duration_s is None:
             return False, result.finished_unix_s
-        if result.stopped or job.started_at + runtime.duration_ms / 1000.0 >= fenced_at:
+        if result.stopped or job.started_at + duration_s >= fenced_at:
             return True, max(result.started_unix_s, _unix_time_of(fenced_at))
         return False, result.finished_unix_s
 

@@ -3,7 +3,8 @@
 Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`);
 everything inside the agent, including the pure acceptance rules, speaks these frozen attrs
 classes. Units are in the field names (``cpu_millis``, ``memory_mb``, ``duration_ms``,
-``*_unix_s`` for wall-clock seconds).
+``*_unix_s`` for wall-clock seconds). A job's spec is the one every layer speaks,
+:class:`runtime.jobs.JobSpec`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import StrEnum
 
 import attrs
 
+from runtime.jobs import JobSpec
 from runtime.text import fit_line
 
 
@@ -63,41 +65,20 @@ class StopReason(StrEnum):
     """The agent was cancelled (SIGTERM, SIGINT, or its nursery ended)."""
 
 
-# ---------------------------------------------------------------------------- job specs
-
-
-@attrs.frozen(kw_only=True)
-class SleepSpec:
-    """A job that holds its resources for ``duration_ms`` milliseconds and does no work."""
-
-    duration_ms: int
-
-
-@attrs.frozen(kw_only=True)
-class CommandSpec:
-    """A job that runs ``argv`` as a child process (``argv[0]`` looked up on PATH)."""
-
-    argv: tuple[str, ...]
-
-
-RuntimeSpec = SleepSpec | CommandSpec
+# ---------------------------------------------------------------------------- job orders
 
 
 @attrs.frozen(kw_only=True)
 class JobOrder:
-    """One assignment as the leader sent it."""
+    """One assignment as the leader sent it: the job's spec and where the assignment stands."""
 
     assignment_id: int
     job_id: int
-    cpu_millis: int
-    """CPU the job reserves, in millicores."""
-    memory_mb: int
-    """Memory the job reserves, in MiB."""
-    runtime: RuntimeSpec | None
-    """None when the spec named no runtime (refused as ``bad_spec``)."""
+    spec: JobSpec
+    """What to run and what it reserves (``cpu_millis``, ``memory_mb``); its runtime is None
+    when the spec as sent named none (refused as ``bad_spec``)."""
     committed_epoch: int = 0
     """The epoch whose leader committed the assignment (informational)."""
-    name: str = ""
 
 
 # ---------------------------------------------------------------------------- Worker service

@@ -63,8 +63,9 @@ import attrs
 import trio
 
 from agent import reaper
-from agent.messages import CommandSpec, JobState, RuntimeSpec, SleepSpec
+from agent.messages import JobState
 from agent.starts import Spawner
+from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
 
 _POLL_INTERVAL_S = 0.05
 REAPER_SLACK_S = 1.0
@@ -111,8 +112,30 @@ def _nothing() -> None:
     pass
 
 
+def cannot_run(runtime: JobRuntime) -> str | None:
+    """Why ``runtime`` could not be run at all (a command with no program), or None."""
+    match runtime:
+        case CommandRuntime(argv=()):
+            return "command argv must not be empty"
+        case SleepRuntime() | CommandRuntime():
+            return None
+
+
+def forks(runtime: JobRuntime) -> bool:
+    """Whether starting ``runtime`` forks processes (a command's reaper), so it takes one of the
+    paced start slots (:mod:`agent.starts`)."""
+    return isinstance(runtime, CommandRuntime)
+
+
+def timed_by_agent_s(runtime: JobRuntime) -> float | None:
+    """How long a job the agent itself times runs, in seconds (a sleep: it has no process, so
+    the agent decides when it stopped; see :mod:`agent.core`); None for a runtime whose end
+    its process reports."""
+    return runtime.duration_ms / 1000.0 if isinstance(runtime, SleepRuntime) else None
+
+
 async def run_job(
-    runtime: RuntimeSpec,
+    runtime: JobRuntime,
     *,
     job_dir: Path,
     stop: trio.Event,
@@ -145,10 +168,10 @@ async def run_job(
             waiting for the reaper to exit (shielded).
     """
     match runtime:
-        case SleepSpec():
+        case SleepRuntime():
             on_started()
             return await _run_sleep(runtime, stop=stop)
-        case CommandSpec():
+        case CommandRuntime():
             return await _run_command(
                 runtime,
                 job_dir=job_dir,
@@ -167,7 +190,7 @@ class JobRunner(Protocol):
 
     async def __call__(
         self,
-        runtime: RuntimeSpec,
+        runtime: JobRuntime,
         *,
         job_dir: Path,
         stop: trio.Event,
@@ -183,7 +206,7 @@ def job_runner(spawner: Spawner | None) -> JobRunner:
     return partial(run_job, spawner=spawner)
 
 
-async def _run_sleep(spec: SleepSpec, *, stop: trio.Event) -> JobResult:
+async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event) -> JobResult:
     started = time.time()
     duration_s = spec.duration_ms / 1000.0
     with trio.move_on_after(duration_s):
@@ -313,7 +336,7 @@ def _describe_exit(code: int) -> str:
 
 
 async def _run_command(
-    spec: CommandSpec,
+    spec: CommandRuntime,
     *,
     job_dir: Path,
     stop: trio.Event,

@@ -11,31 +11,21 @@ from agent.core import Agent
 from agent.messages import (
     AssignOrder,
     CancelOrder,
-    CommandSpec,
     JobOrder,
     Refusal,
-    RuntimeSpec,
-    SleepSpec,
 )
 from protocol import pb
+from runtime.wire_jobs import job_spec_from_pb
 
 
 def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
-    """An ``Assignment`` message as a :class:`JobOrder` (runtime None when the spec has none)."""
-    spec = assignment.spec or pb.JobSpec()
-    runtime: RuntimeSpec | None = None
-    if spec.sleep is not None:
-        runtime = SleepSpec(duration_ms=spec.sleep.duration_ms)
-    elif spec.command is not None:
-        runtime = CommandSpec(argv=tuple(spec.command.argv))
+    """An ``Assignment`` message as a :class:`JobOrder`; its spec's runtime is None when the
+    spec names none, or both (no control plane sends that): refused as ``bad_spec``."""
     return JobOrder(
         assignment_id=assignment.assignment_id,
         job_id=assignment.job_id,
-        cpu_millis=spec.cpu_millis,
-        memory_mb=spec.memory_mb,
-        runtime=runtime,
+        spec=job_spec_from_pb(assignment.spec, strict=False),
         committed_epoch=assignment.committed_epoch,
-        name=spec.name,
     )
 
 

@@ -54,6 +54,8 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import ClusterBusy, InvalidArgument, StockadeError
+from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.wire_jobs import job_spec_to_pb
 
 KINDS = ("command", "sleep")
 
@@ -106,12 +108,12 @@ class _Step:
 
 
 def _spec(settings: OverloadSettings, index: int) -> pb.JobSpec:
-    spec = pb.JobSpec(name=f"overload-{index}", cpu_millis=10, memory_mb=16)
-    if settings.kind == "command":
-        spec.command = pb.CommandRuntime(argv=["true"])
-    else:
-        spec.sleep = pb.SleepRuntime(duration_ms=settings.sleep_ms)
-    return spec
+    runtime: JobRuntime = (
+        CommandRuntime(argv=("true",))
+        if settings.kind == "command"
+        else SleepRuntime(duration_ms=settings.sleep_ms)
+    )
+    return job_spec_to_pb(JobSpec(name=f"overload-{index}", cpu_millis=10, memory_mb=16, runtime=runtime))
 
 
 async def _offer(

@@ -4,6 +4,8 @@ Supervision (:mod:`runtime.supervisor`), request/reply between actors (:mod:`run
 the trio-asyncio bridge to asyncpg and grpclib (:mod:`runtime.aio`), the control-plane
 client with failover (:mod:`runtime.client`), settings (:mod:`runtime.settings`), errors
 (:mod:`runtime.errors`), logging (:mod:`runtime.log`), fault points for tests
-(:mod:`runtime.faults`), and text of unbounded size read and shown in bounded size
-(:mod:`runtime.text`). Imports only :mod:`protocol`.
+(:mod:`runtime.faults`), text of unbounded size read and shown in bounded size
+(:mod:`runtime.text`), and the one job spec every layer speaks (:mod:`runtime.jobs`, its
+protobuf form :mod:`runtime.wire_jobs`, the input checks it is built from
+:mod:`runtime.checks`). Imports only :mod:`protocol`.
 """

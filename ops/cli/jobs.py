@@ -35,7 +35,9 @@ from ops.cli.render import local_time, render_status, runtime_text, status_json,
 from protocol import pb
 from runtime.client import ControlPlaneClient, new_idempotency_key
 from runtime.errors import InvalidArgument, TemporaryError, Unavailable
+from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.text import cut_line, head_bytes, tail_lines
+from runtime.wire_jobs import job_spec_to_pb
 
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
@@ -113,22 +115,6 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
         return rpc.with_client(addresses, body)
 
 
-def _check_spec(spec: pb.JobSpec) -> None:
-    """The control plane's own checks, run here first: out-of-range numbers do not fit the wire.
-
-    Raises:
-        InvalidArgument: the same message the control plane would give.
-    """
-    validation.check_job(
-        name=spec.name,
-        cpu_millis=spec.cpu_millis,
-        memory_mb=spec.memory_mb,
-        priority=spec.priority,
-        sleep_ms=spec.sleep.duration_ms if spec.sleep is not None else None,
-        argv=list(spec.command.argv) if spec.command is not None else None,
-    )
-
-
 @app.command("jobs")
 def jobs(
     count: Annotated[int, typer.Argument(help="How many sleep jobs to submit.")] = 12,
@@ -144,26 +130,30 @@ def jobs(
     for index in range(1, count + 1):
         sleep_s = round(rng.uniform(*JOB_SLEEP_S), 1)
         specs.append(
-            pb.JobSpec(
+            JobSpec(
                 name=f"sleep-{index}",
                 cpu_millis=rng.choice(JOB_CPU_MILLIS),
                 memory_mb=rng.choice(JOB_MEMORY_MB),
-                sleep=pb.SleepRuntime(duration_ms=int(sleep_s * 1000)),
+                runtime=SleepRuntime(duration_ms=int(sleep_s * 1000)),
             )
         )
     with errors():
-        ids = _submit(control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key))
+        ids = _submit(
+            control_plane_addresses(control_planes),
+            [job_spec_to_pb(spec) for spec in specs],
+            key=idempotency_key_of(idempotency_key),
+        )
     table = Table(box=rich.box.SIMPLE_HEAD)
     for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
         table.add_column(column, justify="right" if column != "name" else "left")
     for job_id, spec in zip(ids, specs, strict=True):
-        assert spec.sleep is not None
+        assert isinstance(spec.runtime, SleepRuntime)
         table.add_row(
             str(job_id),
             spec.name,
             str(spec.cpu_millis),
             str(spec.memory_mb),
-            f"{spec.sleep.duration_ms / 1000:g} s",
+            f"{spec.runtime.duration_ms / 1000:g} s",
         )
     console().print(table)
     console().print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
@@ -194,11 +184,10 @@ def submit(
     """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
     if (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
-    spec = pb.JobSpec(cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
+    runtime: JobRuntime
     if command:
-        spec.command = pb.CommandRuntime(argv=list(command))
+        runtime = CommandRuntime(argv=command)
         default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
-        spec.name = name if name is not None else default
     else:
         assert sleep_s is not None
         if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
@@ -206,12 +195,21 @@ def submit(
                 f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s!r}",
                 EXIT_INVALID,
             )
-        spec.sleep = pb.SleepRuntime(duration_ms=round(sleep_s * 1000))
-        spec.name = name if name is not None else "sleep"
+        runtime = SleepRuntime(duration_ms=round(sleep_s * 1000))
+        default = "sleep"
+    spec = JobSpec(
+        name=name if name is not None else default,
+        cpu_millis=cpu_millis,
+        memory_mb=memory_mb,
+        priority=priority,
+        runtime=runtime,
+    )
     with errors():
-        _check_spec(spec)
+        spec.check()  # the control plane's checks, here first: out-of-range numbers do not fit the wire
         (job_id,) = _submit(
-            control_plane_addresses(control_planes), [spec], key=idempotency_key_of(idempotency_key)
+            control_plane_addresses(control_planes),
+            [job_spec_to_pb(spec)],
+            key=idempotency_key_of(idempotency_key),
         )
     console().print(job_id)
 

@@ -6,7 +6,6 @@ Imported only by the commands that render (it loads rich and the protocol).
 
 from __future__ import annotations
 
-import shlex
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from rich.text import Text
 from actors.validation import JOB_STATES
 from protocol import pb
 from runtime.text import Tail
+from runtime.wire_jobs import job_spec_from_pb
 
 
 def local_time(unix_s: float) -> str:
@@ -134,13 +134,8 @@ def render_status(status: pb.StatusReply) -> Group:
 
 
 def runtime_text(spec: pb.JobSpec | None) -> str:
-    if spec is None:
-        return "-"
-    if spec.command is not None:
-        return "command: " + shlex.join(spec.command.argv)
-    if spec.sleep is not None:
-        return f"sleep {spec.sleep.duration_ms / 1000:g} s"
-    return "-"
+    """A job's runtime in one line (``sleep 2.5 s``, ``command: echo 'a b'``), ``-`` if none."""
+    return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
 
 
 def tail_extent(tail: Tail) -> str:

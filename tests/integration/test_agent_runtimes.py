@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent.messages import CommandSpec, JobState, SleepSpec
+from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
 from agent.runtimes import run_job
+from runtime.jobs import CommandRuntime, SleepRuntime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -46,7 +47,7 @@ def _read(path: str | Path) -> str:
 async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
     """A command's exit code is recorded and its stdout/stderr land in the job folder."""
     result = await run_job(
-        CommandSpec(argv=("sh", "-c", "echo hi; echo oops >&2; exit 3")),
+        CommandRuntime(argv=("sh", "-c", "echo hi; echo oops >&2; exit 3")),
         job_dir=tmp_path / "7-70",
         stop=trio.Event(),
         stop_grace_s=1.0,
@@ -61,7 +62,7 @@ async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
 async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
     """The command's working directory is its job folder; exit 0 is success."""
     result = await run_job(
-        CommandSpec(argv=("pwd",)), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+        CommandRuntime(argv=("pwd",)), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
     )
     assert result.state is JobState.SUCCEEDED and result.exit_code == 0
     assert _read(result.stdout_path).strip() == str(tmp_path / "j")
@@ -70,7 +71,7 @@ async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
 async def test_missing_command_fails_with_a_detail(tmp_path: Path) -> None:
     """A command that cannot be started is a failed result naming the error, no exit code."""
     result = await run_job(
-        CommandSpec(argv=("no-such-command-xyz",)),
+        CommandRuntime(argv=("no-such-command-xyz",)),
         job_dir=tmp_path / "j",
         stop=trio.Event(),
         stop_grace_s=1.0,
@@ -86,7 +87,7 @@ async def test_stop_sends_sigterm(tmp_path: Path) -> None:
         nursery.start_soon(_set_later, stop, 0.2)
         with trio.fail_after(5):
             result = await run_job(
-                CommandSpec(argv=("sleep", "30")), job_dir=tmp_path / "j", stop=stop, stop_grace_s=5.0
+                CommandRuntime(argv=("sleep", "30")), job_dir=tmp_path / "j", stop=stop, stop_grace_s=5.0
             )
     assert result.stopped and result.state is JobState.CANCELLED
     assert result.exit_code == -signal.SIGTERM
@@ -100,7 +101,7 @@ async def test_stop_sigkills_after_the_grace(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_set_when, stop, ready.exists)
         started = trio.current_time()
-        result = await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=stop, stop_grace_s=0.3)
+        result = await run_job(CommandRuntime(argv=argv), job_dir=tmp_path / "j", stop=stop, stop_grace_s=0.3)
     assert result.exit_code == -signal.SIGKILL
     assert trio.current_time() - started >= 0.3
 
@@ -110,7 +111,7 @@ async def test_leftover_group_members_are_killed_when_the_job_ends(tmp_path: Pat
     pid_file = tmp_path / "bg.pid"
     argv = ("sh", "-c", f"sleep 60 & echo $! > {pid_file}")
     result = await run_job(
-        CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+        CommandRuntime(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
     )
     assert result.exit_code == 0
     background = int(pid_file.read_text())
@@ -122,17 +123,17 @@ async def test_cancelled_runtime_kills_its_process(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     argv = ("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60")
     with trio.move_on_after(1.0):
-        await run_job(CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0)
+        await run_job(CommandRuntime(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0)
     assert not _alive(int(pid_file.read_text()))
 
 
 async def test_sleep_job_succeeds_or_stops(tmp_path: Path) -> None:
     """A sleep job succeeds after its duration, or ends at once when stopped."""
-    done = await run_job(SleepSpec(duration_ms=10), job_dir=tmp_path, stop=trio.Event(), stop_grace_s=1.0)
+    done = await run_job(SleepRuntime(duration_ms=10), job_dir=tmp_path, stop=trio.Event(), stop_grace_s=1.0)
     assert done.state is JobState.SUCCEEDED and done.exit_code == 0
     stop = trio.Event()
     stop.set()
-    stopped = await run_job(SleepSpec(duration_ms=60_000), job_dir=tmp_path, stop=stop, stop_grace_s=1.0)
+    stopped = await run_job(SleepRuntime(duration_ms=60_000), job_dir=tmp_path, stop=stop, stop_grace_s=1.0)
     assert stopped.stopped and stopped.state is JobState.CANCELLED
 
 
@@ -142,10 +143,10 @@ async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import trio
         from pathlib import Path
-        from agent.messages import CommandSpec
+        from runtime.jobs import CommandRuntime
         from agent.runtimes import run_job
         argv = ("sh", "-c", "echo $$ > {pid_file}; exec sleep 60")
-        trio.run(lambda: run_job(CommandSpec(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
+        trio.run(lambda: run_job(CommandRuntime(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
                                  stop=trio.Event(), stop_grace_s=1.0))
     """)
     agent = await trio.lowlevel.open_process([sys.executable, "-c", script])
@@ -185,7 +186,7 @@ async def test_a_grandchild_in_another_session_is_killed_when_the_job_ends(tmp_p
     inner = f"echo $$ > {pid_file}; exec sleep 60"
     argv = ("sh", "-c", f"setsid sh -c '{inner}' & while [ ! -s {pid_file} ]; do sleep 0.01; done")
     result = await run_job(
-        CommandSpec(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
+        CommandRuntime(argv=argv), job_dir=tmp_path / "j", stop=trio.Event(), stop_grace_s=1.0
     )
     assert result.exit_code == 0
     escaped = int(pid_file.read_text())
@@ -208,7 +209,7 @@ async def test_the_reaper_kills_the_job_once_the_fence_deadline_passes(tmp_path:
     argv = ("sh", "-c", f"sh -c 'echo $$ > {pid_file}; exec sleep 60'; true")
     with trio.fail_after(5):
         result = await run_job(
-            CommandSpec(argv=argv),
+            CommandRuntime(argv=argv),
             job_dir=tmp_path / "j",
             stop=trio.Event(),
             stop_grace_s=5.0,
@@ -237,7 +238,7 @@ async def test_a_deadline_that_moves_on_keeps_the_job_running(tmp_path: Path) ->
     async with trio.open_nursery() as nursery:
         nursery.start_soon(heartbeat_then_stop)
         result = await run_job(
-            CommandSpec(argv=("sleep", "30")),
+            CommandRuntime(argv=("sleep", "30")),
             job_dir=tmp_path / "j",
             stop=stop,
             stop_grace_s=1.0,
@@ -254,7 +255,7 @@ async def test_a_job_is_not_started_past_its_fence_deadline(tmp_path: Path) -> N
         if delay_s is not None:
             _deadline_in(deadline_file, delay_s)
         result = await run_job(
-            CommandSpec(argv=("touch", str(marker))),
+            CommandRuntime(argv=("touch", str(marker))),
             job_dir=tmp_path / name / "j",
             stop=trio.Event(),
             stop_grace_s=1.0,

@@ -25,6 +25,7 @@ from actors.messages import (
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DatabaseUnavailable, DuplicateKey, StaleEpoch
+from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings
 
@@ -542,6 +543,6 @@ async def test_committed_command_jobs_carry_their_argv(db: PgConnection, databas
         ledger, _ = await run_ledger(nursery, database_url)
         committed = await commit(ledger, 1, 1, 3)
         nursery.cancel_scope.cancel()
-    by_job = {a.job_id: a.payload for a in committed}  # type: ignore[attr-defined]
-    assert by_job[3].argv == tuple(argv) and by_job[3].sleep_ms is None and by_job[3].name == "cmd"
-    assert by_job[1].argv is None and by_job[1].sleep_ms == 1000
+    by_job = {a.job_id: a.spec for a in committed}  # type: ignore[attr-defined]
+    assert by_job[3].runtime == CommandRuntime(argv=argv) and by_job[3].name == "cmd"
+    assert by_job[1].runtime == SleepRuntime(duration_ms=1000)

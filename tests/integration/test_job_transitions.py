@@ -54,9 +54,10 @@ from serving import HOLD_LEASE
 from actors import queries
 from actors.ingest import SESSION_SETTINGS, ControlPlaneService
 from agent.acceptance import Admission
-from agent.messages import AssignOrder, CancelOrder, JobOrder, SleepSpec
+from agent.messages import AssignOrder, CancelOrder, JobOrder
 from protocol import pb
 from runtime.aio import PgConnection, PgPool, asyncio_bridge
+from runtime.jobs import JobSpec, SleepRuntime
 
 EPOCH = 1
 EVENTS = (
@@ -190,9 +191,9 @@ class World:
                 JobOrder(
                     assignment_id=aid,
                     job_id=self.job_id,
-                    cpu_millis=100,
-                    memory_mb=16,
-                    runtime=SleepSpec(duration_ms=300),
+                    spec=JobSpec(
+                        name="", cpu_millis=100, memory_mb=16, runtime=SleepRuntime(duration_ms=300)
+                    ),
                 ),
             ),
         )

@@ -9,10 +9,9 @@ from agent.acceptance import EPOCH_LEAD_LIMIT, Admission
 from agent.messages import (
     AssignOrder,
     CancelOrder,
-    CommandSpec,
     JobOrder,
-    SleepSpec,
 )
+from runtime.jobs import CommandRuntime, JobSpec, SleepRuntime
 
 WORKER = "w-1"
 
@@ -27,8 +26,9 @@ def admission(
 
 
 def job(aid: int, *, cpu: int = 1000, memory: int = 1024, runtime: object = "sleep") -> JobOrder:
-    spec = SleepSpec(duration_ms=1000) if runtime == "sleep" else runtime
-    return JobOrder(assignment_id=aid, job_id=aid * 10, cpu_millis=cpu, memory_mb=memory, runtime=spec)  # type: ignore[arg-type]
+    chosen = SleepRuntime(duration_ms=1000) if runtime == "sleep" else runtime
+    spec = JobSpec(name="j", cpu_millis=cpu, memory_mb=memory, runtime=chosen)  # type: ignore[arg-type]
+    return JobOrder(assignment_id=aid, job_id=aid * 10, spec=spec)
 
 
 def assign(*jobs: JobOrder, epoch: int = 3, incarnation: int = 7, worker_id: str = WORKER) -> AssignOrder:
@@ -224,8 +224,8 @@ def test_bad_spec_is_refused() -> None:
             job(1, runtime=None),
             job(2, cpu=0),
             job(3, memory=0),
-            job(4, runtime=CommandSpec(argv=())),
-            job(5, runtime=CommandSpec(argv=("true",))),
+            job(4, runtime=CommandRuntime(argv=())),
+            job(5, runtime=CommandRuntime(argv=("true",))),
         )
     )
     assert reasons(decision) == {1: "bad_spec", 2: "bad_spec", 3: "bad_spec", 4: "bad_spec"}

@@ -34,9 +34,9 @@ from agent.messages import (
     LeaveAnswer,
     Registered,
     Registration,
-    SleepSpec,
 )
 from runtime.errors import NoControlPlaneReachable
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import AgentSettings
 
 HEARTBEAT_S = 0.5
@@ -130,9 +130,9 @@ def sleep_job(aid: int, duration_s: float = 1000.0) -> JobOrder:
     return JobOrder(
         assignment_id=aid,
         job_id=aid * 10,
-        cpu_millis=1000,
-        memory_mb=100,
-        runtime=SleepSpec(duration_ms=int(duration_s * 1000)),
+        spec=JobSpec(
+            name="", cpu_millis=1000, memory_mb=100, runtime=SleepRuntime(duration_ms=int(duration_s * 1000))
+        ),
     )
 
 

@@ -19,8 +19,9 @@ from test_agent_heartbeat import ScriptedControlPlane, agent_settings, assign, s
 
 from agent.core import Agent
 from agent.joblog import read_log
-from agent.messages import JobState, Leave, LeaveAnswer, RuntimeSpec, SleepSpec
+from agent.messages import JobState, Leave, LeaveAnswer
 from agent.runtimes import JobResult
+from runtime.jobs import JobRuntime, SleepRuntime
 
 STOP_S = 0.4
 LEAVE_TIMEOUT_S = 0.8
@@ -38,7 +39,7 @@ class SlowToStop:
 
     async def __call__(
         self,
-        runtime: RuntimeSpec,
+        runtime: JobRuntime,
         *,
         job_dir: Path,
         stop: trio.Event,
@@ -47,7 +48,7 @@ class SlowToStop:
         job_nice: int,
         on_started: Callable[[], None],
     ) -> JobResult:
-        assert isinstance(runtime, SleepSpec)
+        assert isinstance(runtime, SleepRuntime)
         on_started()
         began = trio.current_time()
         with trio.move_on_after(runtime.duration_ms / 1000):

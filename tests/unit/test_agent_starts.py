@@ -22,11 +22,12 @@ from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settin
 
 from agent.core import Agent
 from agent.joblog import read_log
-from agent.messages import AssignOrder, CancelOrder, CommandSpec, JobOrder, JobState, RuntimeSpec, SleepSpec
+from agent.messages import AssignOrder, CancelOrder, JobOrder, JobState
 from agent.runtimes import JobResult, run_job
 from agent.starts import Spawner, StartLimiter, StartTicket
 from runtime import metrics
 from runtime.errors import InvalidArgument
+from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.settings import AgentSettings
 
 
@@ -183,7 +184,7 @@ class ScriptedRunner:
 
     async def __call__(
         self,
-        runtime: RuntimeSpec,
+        runtime: JobRuntime,
         *,
         job_dir: Path,
         stop: trio.Event,
@@ -192,7 +193,7 @@ class ScriptedRunner:
         job_nice: int,
         on_started: Callable[[], None],
     ) -> JobResult:
-        if isinstance(runtime, SleepSpec):
+        if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)
         aid = int(job_dir.name.split("-")[1])
         began = time.time()
@@ -255,9 +256,9 @@ def command_job(aid: int, cpu_millis: int = 10, memory_mb: int = 16) -> JobOrder
     return JobOrder(
         assignment_id=aid,
         job_id=aid * 10,
-        cpu_millis=cpu_millis,
-        memory_mb=memory_mb,
-        runtime=CommandSpec(argv=("true",)),
+        spec=JobSpec(
+            name="", cpu_millis=cpu_millis, memory_mb=memory_mb, runtime=CommandRuntime(argv=("true",))
+        ),
     )
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from actors import idempotency, queries
 from actors.ingest import ControlPlaneService
-from actors.validation import check_job
 from runtime.errors import Busy, DatabaseBusy, DuplicateKey, IdempotencyConflict
+from runtime.jobs import CommandRuntime, JobSpec, SleepRuntime
 
 
 @attrs.define
@@ -95,8 +95,10 @@ async def test_a_key_stored_for_another_request_is_refused_naming_its_job() -> N
 def test_a_request_digest_does_not_depend_on_the_slices_and_covers_every_field() -> None:
     """The digest of a batch is the same however it is sliced, and changes with any field of
     any job (the name, the resources, the priority, the runtime)."""
-    base = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
-    jobs = [check_job(**base) for _ in range(5)]  # type: ignore[arg-type]
+    base = JobSpec(
+        name="j", cpu_millis=500, memory_mb=256, priority=0, runtime=SleepRuntime(duration_ms=1000)
+    )
+    jobs = [base.check() for _ in range(5)]
     items = [idempotency.job_item(j) for j in jobs]
     whole = idempotency.request_digest("submit_jobs", items)
     for step in (1, 2, 5):
@@ -115,10 +117,10 @@ def test_a_request_digest_does_not_depend_on_the_slices_and_covers_every_field()
         {"cpu_millis": 501},
         {"memory_mb": 257},
         {"priority": 1},
-        {"sleep_ms": 1001},
-        {"sleep_ms": None, "argv": ["true"]},
+        {"runtime": SleepRuntime(duration_ms=1001)},
+        {"runtime": CommandRuntime(argv=["true"])},
     ]
     for change in changes:
-        changed = [*items[:4], idempotency.job_item(check_job(**{**base, **change}))]  # type: ignore[arg-type]
+        changed = [*items[:4], idempotency.job_item(attrs.evolve(base, **change).check())]  # type: ignore[arg-type]
         assert idempotency.request_digest("submit_jobs", changed) != whole
     assert idempotency.request_digest("submit_job", items) != whole

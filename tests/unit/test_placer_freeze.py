@@ -19,7 +19,6 @@ from actors.messages import (
     Dispatch,
     DispatcherInbox,
     Elected,
-    JobPayload,
     LeaseInbox,
     LedgerInbox,
     QueryRole,
@@ -31,6 +30,7 @@ from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
 from actors.role import RoleView
 from runtime import faults
 from runtime.errors import StaleEpoch
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import PlacerSettings
 
 
@@ -129,7 +129,7 @@ async def test_committed_placements_are_dispatched_after_the_commit(
 ) -> None:
     """Without a freeze the commit's assignments reach the dispatcher, only after the reply."""
     h = make_harness()
-    payload = JobPayload(name="j", cpu_millis=1000, memory_mb=100, priority=0, sleep_ms=10, argv=None)
+    spec = JobSpec(name="j", cpu_millis=1000, memory_mb=100, runtime=SleepRuntime(duration_ms=10))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(elect, h, 1)
         await nursery.start(h.placer.run)
@@ -146,7 +146,7 @@ async def test_committed_placements_are_dispatched_after_the_commit(
                     worker_id=p.worker_id,
                     incarnation=1,
                     epoch=1,
-                    payload=payload,
+                    spec=spec,
                 )
                 for p in commit.placements
             )

@@ -14,7 +14,6 @@ from actors.messages import (
     CommittedAssignment,
     Dispatch,
     DispatcherInbox,
-    JobPayload,
     LeaseInbox,
     LedgerInbox,
     RoleChange,
@@ -25,6 +24,7 @@ from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime.errors import DatabaseBusy
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import PlacerSettings
 
 
@@ -264,8 +264,8 @@ async def test_a_workers_batch_is_sent_in_placement_order_whatever_order_the_com
                         worker_id=p.worker_id,
                         incarnation=p.incarnation,
                         epoch=1,
-                        payload=JobPayload(
-                            name="", cpu_millis=100, memory_mb=100, priority=0, sleep_ms=1000, argv=None
+                        spec=JobSpec(
+                            name="", cpu_millis=100, memory_mb=100, runtime=SleepRuntime(duration_ms=1000)
                         ),
                     )
                     for p in reversed(message.placements)

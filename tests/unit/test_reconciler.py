@@ -24,7 +24,6 @@ from actors.messages import (
     Elected,
     EndAssignments,
     EndOrphanedAssignments,
-    JobPayload,
     LeaseInbox,
     LedgerInbox,
     QueryRole,
@@ -46,12 +45,13 @@ from actors.reconciler import (
 from actors.role import RoleView
 from runtime import metrics
 from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
     reconcile_interval_s=1.0, dead_after_s=5.0, redispatch_after_s=1.0, cancel_unconfirmed_after_s=30.0
 )
-PAYLOAD = JobPayload(name="j", cpu_millis=100, memory_mb=10, priority=0, sleep_ms=1000, argv=None)
+SPEC = JobSpec(name="j", cpu_millis=100, memory_mb=10, runtime=SleepRuntime(duration_ms=1000))
 
 
 @attrs.define
@@ -77,7 +77,7 @@ class FakeStore:
                     worker_id=ref.worker_id,
                     incarnation=ref.incarnation,
                     epoch=1,
-                    payload=PAYLOAD,
+                    spec=SPEC,
                 ),
                 worker=ref,
                 age_s=now - at,

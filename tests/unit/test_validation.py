@@ -11,12 +11,31 @@ import pytest
 
 from actors import validation
 from actors.ingest import _outcome_fields
-from actors.validation import check_idempotency_key, check_job, check_list, check_registration
+from actors.validation import check_idempotency_key, check_list, check_registration
 from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
+from protocol import pb
 from runtime.errors import InvalidArgument
+from runtime.jobs import CommandRuntime, JobSpec, SleepRuntime
+from runtime.wire_jobs import job_spec_from_pb
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
+
+
+def check_job(
+    *, name: str, cpu_millis: int, memory_mb: int, priority: int, sleep_ms: int | None, argv: list[str] | None
+) -> JobSpec:
+    """A submission checked as the control plane checks it: its spec as sent (the sleep
+    runtime when ``sleep_ms`` is given, the command runtime when ``argv`` is, or both), read
+    off the wire, then :meth:`JobSpec.check`."""
+    message = pb.JobSpec(name=name, cpu_millis=cpu_millis, memory_mb=memory_mb, priority=priority)
+    if sleep_ms is not None:
+        message.sleep = pb.SleepRuntime(duration_ms=sleep_ms)
+    if argv is not None:
+        message.command = pb.CommandRuntime(argv=argv)
+    return job_spec_from_pb(message).check()
+
+
 OUTCOME = dict(
     assignment_id=1,
     job_id=1,
@@ -56,9 +75,9 @@ def test_bad_jobs_are_refused_with_field_value_and_limit(changes: dict[str, obje
 
 def test_a_good_job_passes() -> None:
     """A valid sleep job and a valid command job are accepted as given."""
-    assert check_job(**GOOD).runtime == "sleep"  # type: ignore[arg-type]
+    assert check_job(**GOOD).runtime == SleepRuntime(duration_ms=1000)  # type: ignore[arg-type]
     job = check_job(**{**GOOD, "sleep_ms": None, "argv": ["echo", ""]})  # type: ignore[arg-type]
-    assert job.argv == ("echo", "") and job.runtime == "command"
+    assert job.runtime == CommandRuntime(argv=("echo", ""))
 
 
 @pytest.mark.parametrize("worker_id", ["", "-w", "w 1", "w/1", "x" * 65, "w\x00"])
@@ -173,7 +192,8 @@ def test_an_argv_element_is_limited_in_utf8_bytes_as_the_total_is() -> None:
     with pytest.raises(InvalidArgument, match=r"command\.argv must total at most 65536 bytes in UTF-8"):
         check_job(**{**GOOD, "sleep_ms": None, "argv": ["echo", "é" * 32_767]})  # type: ignore[arg-type]
     job = check_job(**{**GOOD, "sleep_ms": None, "argv": ["ee", "é" * 32_767]})  # type: ignore[arg-type]
-    assert job.argv is not None and sum(len(a.encode()) for a in job.argv) == validation.MAX_ARGV_BYTES
+    assert isinstance(job.runtime, CommandRuntime)
+    assert sum(len(a.encode()) for a in job.runtime.argv) == validation.MAX_ARGV_BYTES
 
 
 @pytest.mark.parametrize(

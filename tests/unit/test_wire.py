@@ -11,6 +11,7 @@ from actors import validation
 from protocol import pb
 from protocol.wire import Encoded, decode_steps, encode_steps, run_steps
 from runtime.aio import WireCodec
+from runtime.jobs import JobSpec, SleepRuntime
 
 texts = st.text(max_size=12)
 job_infos = st.builds(
@@ -120,22 +121,20 @@ def test_the_server_codec_sends_an_encoded_reply_as_it_is_and_checks_its_type() 
 
 @given(
     specs=st.lists(
-        st.fixed_dictionaries(
-            {
-                "name": st.sampled_from(["j", "", "x\x00"]),
-                "cpu_millis": st.integers(-1, 2000),
-                "memory_mb": st.integers(1, 10),
-                "priority": st.just(0),
-                "sleep_ms": st.just(10),
-                "argv": st.none(),
-            }
+        st.builds(
+            JobSpec,
+            name=st.sampled_from(["j", "", "x\x00"]),
+            cpu_millis=st.integers(-1, 2000),
+            memory_mb=st.integers(1, 10),
+            priority=st.just(0),
+            runtime=st.just(SleepRuntime(duration_ms=10)),
         ),
         max_size=20,
     ),
     step=st.integers(1, 8),
 )
 def test_checking_a_batch_in_steps_gives_what_checking_it_at_once_gives(
-    specs: list[dict[str, object]], step: int
+    specs: list[JobSpec], step: int
 ) -> None:
     """check_jobs_steps returns the same jobs, or raises the same error, as check_jobs."""
     try:
@@ -143,7 +142,7 @@ def test_checking_a_batch_in_steps_gives_what_checking_it_at_once_gives(
     except validation.InvalidArgument as exc:
         expected = str(exc)
     try:
-        got: object = run_steps(validation.check_jobs_steps(specs, fields=dict, step_jobs=step))
+        got: object = run_steps(validation.check_jobs_steps(specs, spec_of=lambda s: s, step_jobs=step))
     except validation.InvalidArgument as exc:
         got = str(exc)
     assert got == expected

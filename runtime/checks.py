@@ -1,0 +1,69 @@
+"""The small checks every input rule is built from: text and integer ranges.
+
+Each raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the rule
+(``cpu_millis must be between 1 and 1000000, got 0``). Sizes are bytes of UTF-8, the form text
+takes on the wire and in the database, so a limit means the same for any script (a name of 128
+bytes is 128 ASCII letters or 42 CJK ones).
+
+Used by :mod:`runtime.jobs` (a job's spec) and :mod:`actors.validation` (everything else the
+control plane receives).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from runtime.errors import InvalidArgument
+
+
+def utf8_bytes(field: str, value: str) -> int:
+    """The size of ``value`` in UTF-8, the unit of every size limit here.
+
+    Raises:
+        InvalidArgument: ``value`` holds a lone surrogate (text that is not Unicode, such as a
+            file name in another encoding), which has no UTF-8 form.
+    """
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, value, "must be valid Unicode text (it has no UTF-8 form)") from None
+
+
+def check_text(
+    field: str, value: str, *, max_bytes: int, allow_empty: bool = False, printable: bool = False
+) -> str:
+    """``value``, once it is found to hold no NUL byte, at most ``max_bytes`` bytes of UTF-8, and
+    something (unless ``allow_empty``).
+
+    Args:
+        field: named in the error.
+        value: the text.
+        max_bytes: the most UTF-8 bytes it may take.
+        allow_empty: accept ``""``.
+        printable: refuse control characters too (newlines, escapes): for text shown on one
+            line, such as a job's name.
+
+    Raises:
+        InvalidArgument: the first rule ``value`` breaks, in the order above.
+    """
+    if "\x00" in value:
+        raise InvalidArgument(field, value, "must not contain NUL bytes")
+    if printable and any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
+    if not value and not allow_empty:
+        raise InvalidArgument(field, value, "must not be empty")
+    size = utf8_bytes(field, value)
+    if size > max_bytes:
+        raise InvalidArgument(field, value, f"must be at most {max_bytes} bytes in UTF-8 (has {size})")
+    return value
+
+
+def check_int_between(field: str, value: int, low: int, high: int) -> int:
+    """``value``, once it is found between ``low`` and ``high`` (both included).
+
+    Raises:
+        InvalidArgument: ``value`` is outside ``low..high``.
+    """
+    if not low <= value <= high:
+        raise InvalidArgument(field, value, f"must be between {low} and {high}")
+    return value

@@ -1,0 +1,144 @@
+"""One job spec (runtime.jobs) crosses every boundary unchanged: the wire (runtime.wire_jobs),
+the database's columns (actors.queries), the request digest (actors.idempotency), and reads
+the same to people whichever way it came."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors import idempotency, queries
+from agent.runtimes import cannot_run, forks, timed_by_agent_s
+from protocol import pb
+from protocol.wire import parse
+from runtime.errors import InvalidArgument
+from runtime.jobs import MAX_SLEEP_MS, CommandRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
+
+texts = st.text(max_size=20)
+runtimes: st.SearchStrategy[JobRuntime] = st.one_of(
+    st.builds(SleepRuntime, duration_ms=st.integers(0, MAX_SLEEP_MS)),
+    st.builds(CommandRuntime, argv=st.lists(texts, max_size=5).map(tuple)),
+)
+specs = st.builds(
+    JobSpec,
+    name=texts,
+    cpu_millis=st.integers(0, 2**32 - 1),
+    memory_mb=st.integers(0, 2**32 - 1),
+    priority=st.integers(-(2**31), 2**31 - 1),
+    runtime=runtimes,
+)
+
+
+@given(spec=specs)
+def test_a_spec_comes_back_from_the_wire_as_it_was_sent(spec: JobSpec) -> None:
+    """JobSpec -> pb.JobSpec -> bytes -> pb.JobSpec -> JobSpec gives the spec it started from."""
+    data = bytes(job_spec_to_pb(spec))
+    assert job_spec_from_pb(parse(pb.JobSpec, data)) == spec
+
+
+@given(spec=specs)
+def test_a_message_with_one_runtime_comes_back_as_it_was_read(spec: JobSpec) -> None:
+    """pb.JobSpec -> JobSpec -> pb.JobSpec gives the same message, in the same bytes."""
+    message = job_spec_to_pb(spec)
+    again = job_spec_to_pb(job_spec_from_pb(message))
+    assert again == message and bytes(again) == bytes(message)
+
+
+def test_the_wire_form_is_the_oneof_as_before() -> None:
+    """A sleep is the oneof's ``sleep``, a command its ``command``: the bytes a client of the
+    old hand-written conversions sent."""
+    sleep = JobSpec(name="s", cpu_millis=500, memory_mb=256, priority=-3, runtime=SleepRuntime(duration_ms=0))
+    assert bytes(job_spec_to_pb(sleep)) == bytes(
+        pb.JobSpec(name="s", cpu_millis=500, memory_mb=256, priority=-3, sleep=pb.SleepRuntime(duration_ms=0))
+    )
+    command = JobSpec(name="c", cpu_millis=1, memory_mb=1, runtime=CommandRuntime(argv=["echo", ""]))
+    assert job_spec_to_pb(command) == pb.JobSpec(
+        name="c", cpu_millis=1, memory_mb=1, command=pb.CommandRuntime(argv=["echo", ""])
+    )
+
+
+def test_a_message_without_a_runtime_gives_a_spec_without_one_which_check_refuses() -> None:
+    """No runtime set (or no spec at all) reads as runtime None; the check names the field."""
+    assert job_spec_from_pb(None) == JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
+    spec = job_spec_from_pb(pb.JobSpec(name="j", cpu_millis=1, memory_mb=1))
+    assert spec.runtime is None
+    with pytest.raises(InvalidArgument, match=r"^runtime must be exactly one of sleep or command, got None$"):
+        spec.check()
+
+
+def test_a_message_with_both_runtimes_is_refused_or_read_as_none() -> None:
+    """betterproto2 decodes a message setting both members of the oneof: the control plane
+    refuses it naming the field; an agent (strict=False) reads it as naming no runtime."""
+    both = pb.JobSpec(name="j", cpu_millis=1, memory_mb=1, sleep=pb.SleepRuntime(duration_ms=1))
+    both.command = pb.CommandRuntime(argv=["true"])
+    decoded = parse(pb.JobSpec, bytes(both))
+    with pytest.raises(
+        InvalidArgument, match=r"^runtime must be exactly one of sleep or command, got 'both'$"
+    ):
+        job_spec_from_pb(decoded)
+    assert job_spec_from_pb(decoded, strict=False).runtime is None
+
+
+@given(spec=specs)
+def test_a_spec_comes_back_from_its_columns_as_it_was_stored(spec: JobSpec) -> None:
+    """The columns a spec is stored in, read back as a row, give the spec."""
+    columns = queries.job_columns(spec)
+    row = {
+        "name": columns.name,
+        "cpu_millis": columns.cpu_millis,
+        "memory_mb": columns.memory_mb,
+        "priority": columns.priority,
+        "runtime": columns.runtime,
+        "sleep_ms": columns.sleep_ms,
+        "argv": columns.argv,
+    }
+    assert queries.job_spec_of(row) == spec
+
+
+def test_the_columns_of_each_runtime() -> None:
+    """A sleep fills ``sleep_ms`` only, a command ``argv`` only; the batch form sends argv as
+    JSON text; a spec without a runtime cannot be stored."""
+    sleep = JobSpec(name="s", cpu_millis=1, memory_mb=2, priority=3, runtime=SleepRuntime(duration_ms=4))
+    command = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=CommandRuntime(argv=("a", "b c")))
+    assert queries.job_columns(sleep) == queries.JobColumns("s", 1, 2, 3, "sleep", 4, None)
+    assert queries.job_columns(command) == queries.JobColumns("c", 5, 6, 0, "command", None, ["a", "b c"])
+    assert queries.job_column_arrays([sleep, command]) == (
+        ["s", "c"],
+        [1, 5],
+        [2, 6],
+        [3, 0],
+        ["sleep", "command"],
+        [4, None],
+        [None, '["a", "b c"]'],
+    )
+    with pytest.raises(ValueError, match="has no runtime"):
+        queries.job_columns(JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None))
+
+
+def test_a_jobs_digest_item_is_the_one_keys_were_stored_with() -> None:
+    """The digest item of a job is ``[name, cpu_millis, memory_mb, priority, sleep_ms, argv]``,
+    as before the spec had one shape: a key stored by an older replica still matches its retry."""
+    sleep = JobSpec(name="s", cpu_millis=1, memory_mb=2, priority=3, runtime=SleepRuntime(duration_ms=4))
+    command = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=CommandRuntime(argv=("a",)))
+    assert idempotency.job_item(sleep) == ["s", 1, 2, 3, 4, None]
+    assert idempotency.job_item(command) == ["c", 5, 6, 0, None, ["a"]]
+
+
+def test_a_spec_reads_the_same_to_people() -> None:
+    """describe(): the duration in seconds for a sleep, the command as a shell reads it, - for none."""
+    assert SleepRuntime(duration_ms=2500).describe() == "sleep 2.5 s"
+    assert CommandRuntime(argv=("echo", "a b")).describe() == "command: echo 'a b'"
+    assert JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None).describe() == "-"
+
+
+def test_the_agent_knows_each_runtime() -> None:
+    """A command without a program cannot run and forks a reaper when it does; a sleep is timed
+    by the agent itself."""
+    assert cannot_run(CommandRuntime(argv=())) == "command argv must not be empty"
+    assert cannot_run(CommandRuntime(argv=("true",))) is None
+    assert cannot_run(SleepRuntime(duration_ms=0)) is None
+    assert forks(CommandRuntime(argv=("true",))) and not forks(SleepRuntime(duration_ms=1))
+    assert timed_by_agent_s(SleepRuntime(duration_ms=1500)) == 1.5
+    assert timed_by_agent_s(CommandRuntime(argv=("true",))) is None
