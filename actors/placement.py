@@ -42,6 +42,8 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from runtime.settings import PLACEMENT_POLICIES
+
 
 @attrs.frozen(kw_only=True)
 class PendingJob:
@@ -122,7 +124,8 @@ class Plan:
         return dict(self.placements)
 
 
-POLICIES = ("best_fit", "first_fit", "worst_fit")
+POLICIES = PLACEMENT_POLICIES
+"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.PLACEMENT_POLICIES`)."""
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:

@@ -68,8 +68,14 @@ from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
+from runtime.loops import Periodic
 from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
+from runtime.settings import (
+    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
+    DEFAULT_READ_STATEMENT_TIMEOUT_S,
+    ReconcilerSettings,
+    session_ms,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -99,6 +105,9 @@ class ReconcilerStore(Protocol):
 
     async def cancel_requested(self) -> list[Delivery]: ...
 
+    async def close(self) -> None:
+        """Close the store's connection (a later read opens another)."""
+
 
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
     """The (worker_id, incarnation) pairs silent for longer than ``dead_after_s`` seconds."""
@@ -122,6 +131,70 @@ def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool
         return False
     threshold = first_after_s * 2.0 ** math.floor(math.log2(age_s / first_after_s))
     return age_s - interval_s < threshold
+
+
+Groups = tuple[tuple[WorkerRef, tuple[Delivery, ...]], ...]
+"""Deliveries grouped by the worker they go to: one entry per worker, in the order of each
+worker's first delivery, the deliveries in their given order."""
+
+
+def by_worker(deliveries: Iterable[Delivery]) -> Groups:
+    """``deliveries`` grouped per worker (see :data:`Groups`)."""
+    groups: dict[WorkerRef, list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        groups[d.worker].append(d)
+    return tuple((worker, tuple(group)) for worker, group in groups.items())
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryPlan:
+    """What one pass does with the unconfirmed assignments (:func:`plan_deliveries`)."""
+
+    resend: Groups
+    """Sent to their worker again (one batch per worker)."""
+    withdraw: Groups
+    """Cancelled on their worker, then ended and requeued once it acknowledges."""
+
+    def dispatches(self, epoch: int) -> tuple[Dispatch, ...]:
+        """The re-sends as one :class:`Dispatch` per worker."""
+        return tuple(
+            Dispatch(epoch=epoch, worker=worker, assignments=tuple(d.assignment for d in group))
+            for worker, group in self.resend
+        )
+
+
+def plan_deliveries(
+    unconfirmed: Iterable[Delivery],
+    settings: ReconcilerSettings,
+    *,
+    first_pass: bool,
+    since_last_read_s: float,
+) -> DeliveryPlan:
+    """Which unconfirmed assignments a pass re-sends and which it withdraws: a pure function.
+
+    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` or more is withdrawn; a
+    younger one is re-sent on the first pass of a leader's reign (the previous leader may have
+    died between commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ...
+    times ``redispatch_after_s``); the rest are left alone. No assignment is both.
+
+    Args:
+        unconfirmed: the active assignments no heartbeat has confirmed, with their ages
+            (seconds since the commit, database time).
+        settings: ``redispatch_after_s`` and ``cancel_unconfirmed_after_s``.
+        first_pass: whether this is the first pass under the current epoch.
+        since_last_read_s: seconds since the previous pass read the unconfirmed assignments
+            (trio time; ``inf`` before any).
+    """
+    withdraw: list[Delivery] = []
+    resend: list[Delivery] = []
+    for d in unconfirmed:
+        if d.age_s >= settings.cancel_unconfirmed_after_s:
+            withdraw.append(d)
+        elif first_pass or resend_due(
+            d.age_s, first_after_s=settings.redispatch_after_s, interval_s=since_last_read_s
+        ):
+            resend.append(d)
+    return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
 
 
 MAX_BACKOFF_CAPS = 64
@@ -273,11 +346,18 @@ class PgReconcilerStore:
 
     database_url: str
     application_name: str
+    statement_timeout_s: float = DEFAULT_READ_STATEMENT_TIMEOUT_S
+    """Longest one read may run (the session's ``statement_timeout``), in seconds: the
+    reconciler settings' ``read_statement_timeout_s``."""
     _db: ReconnectingConnection = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._db = ReconnectingConnection(
-            self.database_url, {"application_name": self.application_name, "statement_timeout": "5000"}
+            self.database_url,
+            {
+                "application_name": self.application_name,
+                "statement_timeout": session_ms(self.statement_timeout_s),
+            },
         )
 
     async def _connection(self) -> PgConnection:
@@ -301,13 +381,6 @@ class PgReconcilerStore:
         await self._db.close()
 
 
-def _by_worker(deliveries: Sequence[Delivery]) -> dict[WorkerRef, list[Delivery]]:
-    groups: dict[WorkerRef, list[Delivery]] = defaultdict(list)
-    for d in deliveries:
-        groups[d.worker].append(d)
-    return groups
-
-
 @attrs.define
 class Reconciler:
     """The actor."""
@@ -317,8 +390,6 @@ class Reconciler:
     role: RoleView
     ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
-    log_every_s: float = 5.0
-    """At most one line per this many seconds about held declarations, per reason."""
     max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
     """Most assignments one fenced write may end (the ledger's ``max_rows_per_fenced_write``)."""
     _write_size: WriteSize | None = None
@@ -340,14 +411,13 @@ class Reconciler:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.role.follow)
             task_status.started()
-            interval = self.settings.reconcile_interval_s
+            passes = Periodic(self.settings.reconcile_interval_s)
             last_epoch: int | None = None
-            next_pass = trio.current_time()
             while True:
                 if self.role.epoch is None:
                     await self.role.elected.wait()
-                    next_pass = trio.current_time()
-                await trio.sleep_until(next_pass)
+                    passes.restart()
+                await passes.tick()
                 epoch = self.role.epoch
                 if epoch is not None:
                     try:
@@ -357,7 +427,6 @@ class Reconciler:
                         self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
                     except DatabaseUnavailable as exc:
                         self._log.warning("pass failed", error=str(exc))
-                next_pass = max(next_pass + interval, trio.current_time())
 
     async def _ask_ledger(self, message_of: Any) -> Any:
         reply: Reply[Any] = Reply()
@@ -408,25 +477,14 @@ class Reconciler:
         read_at = trio.current_time()
         since_last_read_s = read_at - self._unconfirmed_read_at
         self._unconfirmed_read_at = read_at
-        withdraw = [d for d in unconfirmed if d.age_s >= s.cancel_unconfirmed_after_s]
-        resend = [
-            d
-            for d in unconfirmed
-            if d.age_s < s.cancel_unconfirmed_after_s
-            and (
-                first_pass
-                or resend_due(d.age_s, first_after_s=s.redispatch_after_s, interval_s=since_last_read_s)
-            )
-        ]
-        for worker, group in _by_worker(resend).items():
-            await self.dispatcher.send(
-                Dispatch(epoch=epoch, worker=worker, assignments=tuple(d.assignment for d in group))
-            )
+        plan = plan_deliveries(unconfirmed, s, first_pass=first_pass, since_last_read_s=since_last_read_s)
+        for dispatch in plan.dispatches(epoch):
+            await self.dispatcher.send(dispatch)
         cancelled = await self.store.cancel_requested()
         async with trio.open_nursery() as nursery:
-            for worker, group in _by_worker(withdraw).items():
+            for worker, group in plan.withdraw:
                 nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
-            for worker, group in _by_worker(cancelled).items():
+            for worker, group in by_worker(cancelled):
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
         return result
 
@@ -488,13 +546,13 @@ class Reconciler:
 
     def _report_held(self, verdict: DeathVerdict, now: float) -> None:
         """Count the silent workers this pass holds back, and say so in the log at most once
-        every ``log_every_s`` per reason."""
+        every ``held_log_every_s`` per reason."""
         metrics.MASS_SILENCE.set(1 if verdict.mass_silence else 0)
         if not verdict.held:
             return
         reason = "mass_silence" if verdict.mass_silence else "rate_limit"
         metrics.DEATHS_HELD.labels(reason).inc(len(verdict.held))
-        if now - self._logged_at.get(reason, -math.inf) < self.log_every_s:
+        if now - self._logged_at.get(reason, -math.inf) < self.settings.held_log_every_s:
             return
         self._logged_at[reason] = now
         s = self.settings
@@ -519,7 +577,7 @@ class Reconciler:
             )
 
     async def _cancel(
-        self, epoch: int, worker: WorkerRef, group: list[Delivery], requeue: bool, reason: str
+        self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str
     ) -> None:
         ids = tuple(d.assignment.assignment_id for d in group)
         reply: Reply[tuple[int, ...]] = Reply()

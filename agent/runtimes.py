@@ -65,9 +65,10 @@ import trio
 from agent import reaper
 from agent.messages import CommandSpec, JobState, RuntimeSpec, SleepSpec
 from agent.starts import Spawner
+from runtime.settings import JOB_PROCESSES
 
-_POLL_INTERVAL_S = 0.05
-REAPER_SLACK_S = 1.0
+_POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
+REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
 """How long past its due time the agent waits for a reaper before it steps in, in seconds."""
 _T = TypeVar("_T")
 

@@ -67,6 +67,7 @@ from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
     MIN_JOB_NICE,
+    PLACEMENT_POLICIES,
     AgentSettings,
     IngestSettings,
     LeaseSettings,
@@ -494,7 +495,7 @@ def control_plane(
         float, typer.Option(help="A worker silent this long is declared dead, seconds.")
     ] = _RECONCILER.dead_after_s,
     policy: Annotated[
-        str, typer.Option(help="Placement policy: best_fit, first_fit or worst_fit.")
+        str, typer.Option(help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}.")
     ] = _PLACER.policy,
     max_reservations: Annotated[
         int,
@@ -1544,7 +1545,7 @@ def bench_pack(
     seed: Annotated[int, typer.Option(help="Seed of the job stream.")] = 1,
     policy: Annotated[
         str, typer.Option(help="Policies to compare, comma-separated (best_fit first is the baseline).")
-    ] = "best_fit,first_fit,worst_fit",
+    ] = ",".join(PLACEMENT_POLICIES),
     fleet_size: Annotated[int, typer.Option(help="Workers hosted per process.")] = 25,
     burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
     burst_jobs: Annotated[int, typer.Option(help="Jobs in the burst.")] = 10_000,
