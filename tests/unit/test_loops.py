@@ -4,6 +4,7 @@ jitter, and a process main that a signal stops cleanly; all to exact mock-clock 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -132,7 +133,7 @@ async def test_retry_draws_each_wait_below_its_ceiling(autojump_clock: trio.test
         backoff=FullJitterBackoff(base_s=0.2, cap_s=5.0),
         rng=random.Random(7),
     )
-    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps == pytest.approx(expected)
 
 
