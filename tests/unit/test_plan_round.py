@@ -86,9 +86,7 @@ placer_settings = st.builds(
 )
 
 
-def plan_of(
-    queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
-) -> RoundPlan:
+def plan_of(queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int) -> RoundPlan:
     return plan_round(queue, workers, s, max_rows=max_rows, now=NOW)
 
 
