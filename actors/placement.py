@@ -42,6 +42,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from runtime.loops import finish
 from runtime.settings import PLACEMENT_POLICIES
 
 
@@ -292,7 +293,7 @@ def place(
     jobs: Sequence[PendingJob],
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_reservations: int = 0,
 ) -> Plan:
     """Decide where each job goes (a job may reserve a worker at once: no waiting time).
@@ -318,7 +319,7 @@ def place_queue(
     queue: PendingQueue,
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_placements: int | None = None,
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,
@@ -346,12 +347,7 @@ def place_queue(
         reserve_after_s=reserve_after_s,
         now=now,
     )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            plan: Plan = done.value
-            return plan
+    return finish(steps)
 
 
 STEP_VISITS = 256
@@ -363,7 +359,7 @@ def place_queue_steps(
     queue: PendingQueue,
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_placements: int | None = None,
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,

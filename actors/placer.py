@@ -50,15 +50,13 @@ from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place_q
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import faults, log, metrics
-from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio import ReadStore
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
-from runtime.loops import Periodic
+from runtime.loops import finish, finish_in_slices
 from runtime.reply import Reply
 from runtime.settings import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
-    DEFAULT_READ_STATEMENT_TIMEOUT_S,
     PlacerSettings,
-    session_ms,
 )
 
 ROWS_PER_STEP = 2000
@@ -231,28 +229,13 @@ def _live_worker(
 
 
 @attrs.define
-class PgPlacerStore:
-    """:class:`PlacerStore` on a read connection of its own."""
+class PgPlacerStore(ReadStore):
+    """:class:`PlacerStore` on a read connection of its own (``statement_timeout_s``: the
+    placer settings' ``read_statement_timeout_s``)."""
 
-    database_url: str
-    application_name: str
-    statement_timeout_s: float = DEFAULT_READ_STATEMENT_TIMEOUT_S
-    """Longest one read may run (the session's ``statement_timeout``), in seconds: the
-    placer settings' ``read_statement_timeout_s``."""
-    _db: ReconnectingConnection = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._db = ReconnectingConnection(
-            self.database_url,
-            {
-                "application_name": self.application_name,
-                "statement_timeout": session_ms(self.statement_timeout_s),
-                "plan_cache_mode": "force_generic_plan",  # as the ledger's: plan each read once
-            },
-        )
-
-    async def _connection(self) -> PgConnection:
-        return await self._db.get()
+    def server_settings(self) -> dict[str, str]:
+        # As the ledger's: plan each read once.
+        return {**super().server_settings(), "plan_cache_mode": "force_generic_plan"}
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
@@ -308,9 +291,6 @@ class PgPlacerStore:
     async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
         rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
         return [int(r["id"]) for r in rows]
-
-    async def close(self) -> None:
-        await self._db.close()
 
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
@@ -493,12 +473,7 @@ def plan_round(
     steps = plan_round_steps(
         queue, workers, settings, max_rows=max_rows, now=now, idle_fingerprint=idle_fingerprint
     )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: RoundPlan = done.value
-            return result
+    return finish(steps)
 
 
 @attrs.define
@@ -538,26 +513,20 @@ class Placer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run rounds every ``round_interval_s`` while leader, until cancelled."""
-        await self.role.query()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.role.follow)
-            task_status.started()
-            rounds = Periodic(self.settings.round_interval_s)
-            while True:
-                if self.role.epoch is None:
-                    await self.role.elected.wait()
-                    rounds.restart()
-                await rounds.tick()
-                epoch = self.role.epoch
-                if epoch is not None:
-                    try:
-                        await self.round(epoch)
-                    except StaleEpoch as exc:
-                        self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
-                        self._synced_epoch = None
-                    except DatabaseUnavailable as exc:
-                        self._log.warning("round failed", error=str(exc))
-                        self._synced_epoch = None
+        await self.role.every_interval_while_leader(
+            self.settings.round_interval_s, self._logged_round, task_status=task_status
+        )
+
+    async def _logged_round(self, epoch: int) -> None:
+        """:meth:`round`, its refusal or failure logged (the queue is read in full next)."""
+        try:
+            await self.round(epoch)
+        except StaleEpoch as exc:
+            self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
+            self._synced_epoch = None
+        except DatabaseUnavailable as exc:
+            self._log.warning("round failed", error=str(exc))
+            self._synced_epoch = None
 
     async def _read(self, epoch: int) -> list[LiveWorker]:
         """The live workers, with the pending queue brought up to date: in full, or what
@@ -674,13 +643,7 @@ class Placer:
             now=now,
             idle_fingerprint=self._idle_fingerprint,
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                plan: RoundPlan = done.value
-                return plan
-            await trio.lowlevel.checkpoint()
+        return await finish_in_slices(steps)
 
     def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started

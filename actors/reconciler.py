@@ -65,16 +65,13 @@ from actors.messages import (
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import log, metrics
-from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio import ReadStore
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
-from runtime.loops import Periodic
 from runtime.reply import Reply
 from runtime.settings import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
-    DEFAULT_READ_STATEMENT_TIMEOUT_S,
     ReconcilerSettings,
-    session_ms,
 )
 
 
@@ -341,27 +338,9 @@ def _delivery(row: Any) -> Delivery:
 
 
 @attrs.define
-class PgReconcilerStore:
-    """:class:`ReconcilerStore` on a read connection of its own."""
-
-    database_url: str
-    application_name: str
-    statement_timeout_s: float = DEFAULT_READ_STATEMENT_TIMEOUT_S
-    """Longest one read may run (the session's ``statement_timeout``), in seconds: the
-    reconciler settings' ``read_statement_timeout_s``."""
-    _db: ReconnectingConnection = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._db = ReconnectingConnection(
-            self.database_url,
-            {
-                "application_name": self.application_name,
-                "statement_timeout": session_ms(self.statement_timeout_s),
-            },
-        )
-
-    async def _connection(self) -> PgConnection:
-        return await self._db.get()
+class PgReconcilerStore(ReadStore):
+    """:class:`ReconcilerStore` on a read connection of its own (``statement_timeout_s``: the
+    reconciler settings' ``read_statement_timeout_s``)."""
 
     async def heartbeat_ages(self) -> list[HeartbeatAge]:
         rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
@@ -376,9 +355,6 @@ class PgReconcilerStore:
     async def cancel_requested(self) -> list[Delivery]:
         rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
         return [_delivery(r) for r in rows]
-
-    async def close(self) -> None:
-        await self._db.close()
 
 
 @attrs.define
@@ -407,26 +383,21 @@ class Reconciler:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run a pass every ``reconcile_interval_s`` while leader, until cancelled."""
-        await self.role.query()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.role.follow)
-            task_status.started()
-            passes = Periodic(self.settings.reconcile_interval_s)
-            last_epoch: int | None = None
-            while True:
-                if self.role.epoch is None:
-                    await self.role.elected.wait()
-                    passes.restart()
-                await passes.tick()
-                epoch = self.role.epoch
-                if epoch is not None:
-                    try:
-                        await self.reconcile(epoch, first_pass=epoch != last_epoch)
-                        last_epoch = epoch
-                    except StaleEpoch as exc:
-                        self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
-                    except DatabaseUnavailable as exc:
-                        self._log.warning("pass failed", error=str(exc))
+        last_epoch: int | None = None
+
+        async def logged_pass(epoch: int) -> None:
+            nonlocal last_epoch
+            try:
+                await self.reconcile(epoch, first_pass=epoch != last_epoch)
+                last_epoch = epoch
+            except StaleEpoch as exc:
+                self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
+            except DatabaseUnavailable as exc:
+                self._log.warning("pass failed", error=str(exc))
+
+        await self.role.every_interval_while_leader(
+            self.settings.reconcile_interval_s, logged_pass, task_status=task_status
+        )
 
     async def _ask_ledger(self, message_of: Any) -> Any:
         reply: Reply[Any] = Reply()

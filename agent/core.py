@@ -487,13 +487,7 @@ class Agent:
         try:
             # Written just before the job begins, with no checkpoint in between (the checker
             # relies on it), and never for a job that was stopped first.
-            self.joblog.write(
-                LogEvent.START,
-                incarnation=job.incarnation,
-                epoch=job.epoch,
-                job_id=order.job_id,
-                assignment_id=order.assignment_id,
-            )
+            self._write_job_line(LogEvent.START, job)
         except OSError as exc:
             self._fail_unstarted(
                 job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
@@ -518,12 +512,9 @@ class Agent:
             # agent down (fail loud).
             self._release(job)
             try:
-                self.joblog.write(
+                self._write_job_line(
                     LogEvent.STOP,
-                    incarnation=job.incarnation,
-                    epoch=job.epoch,
-                    job_id=order.job_id,
-                    assignment_id=order.assignment_id,
+                    job,
                     reason=StopReason.FAILED.value,
                 )
             finally:
@@ -586,12 +577,9 @@ class Agent:
             reason = job.stop_reason
         else:
             reason = StopReason(result.state.value)
-        self.joblog.write(
+        self._write_job_line(
             LogEvent.STOP,
-            incarnation=job.incarnation,
-            epoch=job.epoch,
-            job_id=order.job_id,
-            assignment_id=order.assignment_id,
+            job,
             reason=reason.value,
             exit_code=result.exit_code,
             time_unix_s=ended_unix_s,
@@ -718,6 +706,34 @@ class Agent:
         )
         self._live.set()
         self._registered_once.set()
+
+    def _write_job_line(
+        self,
+        event: LogEvent,
+        job: _Job,
+        *,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        time_unix_s: float | None = None,
+        started: bool = True,
+    ) -> None:
+        """Append ``event`` for ``job`` to the job log: its incarnation, the epoch of the Assign
+        that started it, its job and assignment ids, and the given fields.
+
+        Raises:
+            OSError: the line could not be written.
+        """
+        self.joblog.write(
+            event,
+            incarnation=job.incarnation,
+            epoch=job.epoch,
+            job_id=job.order.job_id,
+            assignment_id=job.order.assignment_id,
+            reason=reason,
+            exit_code=exit_code,
+            time_unix_s=time_unix_s,
+            started=started,
+        )
 
     # ------------------------------------------------------------------ heartbeats
 

@@ -9,13 +9,17 @@ process main that stops on a signal. Written once here, on trio's clock, so
   exponential backoff and full jitter (:class:`runtime.backoff.FullJitterBackoff`).
 - :func:`run_until_signal`: run a process's work until SIGTERM or SIGINT, then cancel it
   cleanly (its ``finally`` blocks and shielded clean-up run before it returns).
+
+And the two ways to finish a computation written in slices (a generator that yields between
+slices and returns its result, such as :func:`actors.placement.place_queue_steps`):
+:func:`finish` at once, :func:`finish_in_slices` letting other tasks run between slices.
 """
 
 from __future__ import annotations
 
 import random
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -154,3 +158,24 @@ async def run_until_signal(
             await main()
             nursery.cancel_scope.cancel()
     return stopped_by
+
+
+def finish(steps: Generator[None, None, T]) -> T:
+    """Run the sliced computation ``steps`` to its end at once; returns its result."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def finish_in_slices(steps: Generator[None, None, T]) -> T:
+    """Run the sliced computation ``steps`` to its end with a checkpoint between its slices,
+    so that a long one does not hold the event loop; returns its result. Whatever it reads
+    must not change meanwhile (the caller's snapshot)."""
+    try:
+        while True:
+            next(steps)
+            await trio.lowlevel.checkpoint()
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]

@@ -2,9 +2,10 @@
 
 Defaults: lease 2 s (renewed every 0.5 s, standbys probe every 50 ms), placer round 100 ms,
 reconcile 0.25 s, heartbeat 0.25 s, dead_after 2.5 s, self-fence 1.5 s with a 0.5 s stop
-grace (so a cut-off worker has stopped its jobs 0.5 s before the cluster may move them). These
-are tighter than DESIGN.md's starting values (reconcile 1 s, heartbeat 0.5 s, dead_after 5 s)
-to recover a dead worker's jobs within 3 s. Every group validates itself at construction and raises
+grace (so a cut-off worker has stopped its jobs 0.5 s before the cluster may move them), to
+recover a dead worker's jobs within 3 s (DESIGN.md's "Defaults today"; the README's settings
+table lists the current values). Every timing knob and session setting of the actors and the
+agent is a field here, with its unit in its name. Every group validates itself at construction and raises
 :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit;
 :class:`ControlPlaneSettings` checks the rules between groups (the fence rule: a fenced write
 never holds the lease's share lock long enough to cost the leader its renewal).

@@ -1,6 +1,7 @@
 """The loops every process writes, written once (:mod:`runtime.loops`): a periodic loop at a
 fixed rate that skips what an overrun missed, a retry with capped exponential backoff and full
-jitter, and a process main that a signal stops cleanly; all to exact mock-clock times."""
+jitter, and a process main that a signal stops cleanly; all to exact mock-clock times. And the
+two ways to finish a computation written in slices."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import itertools
 import os
 import random
 import signal
+from collections.abc import Generator
 
 import pytest
 import trio
@@ -15,7 +17,7 @@ import trio.testing
 
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable, InvalidArgument
-from runtime.loops import Periodic, retry, run_until_signal
+from runtime.loops import Periodic, finish, finish_in_slices, retry, run_until_signal
 
 
 class Ceiling(random.Random):
@@ -189,3 +191,36 @@ async def test_a_main_that_returns_ends_the_run_without_a_signal(
     assert await run_until_signal(main, logger=logger) is None
     assert trio.current_time() - t0 == 2.0
     assert logger.lines == []
+
+
+def sliced(slices: int, log: list[str]) -> Generator[None, None, str]:
+    """A computation of ``slices`` slices that records each one and returns "done"."""
+    for index in range(slices):
+        log.append(f"slice {index}")
+        if index < slices - 1:
+            yield
+    return "done"
+
+
+def test_finish_runs_a_sliced_computation_to_its_result_at_once() -> None:
+    """Every slice runs, in order, and the computation's result is returned."""
+    log: list[str] = []
+    assert finish(sliced(3, log)) == "done"
+    assert log == ["slice 0", "slice 1", "slice 2"]
+
+
+async def test_finish_in_slices_lets_other_tasks_run_between_slices(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A task started beside it runs between the first and the second slice; no time passes."""
+    t0 = trio.current_time()
+    log: list[str] = []
+
+    async def other() -> None:
+        log.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        assert await finish_in_slices(sliced(3, log)) == "done"
+    assert log == ["slice 0", "other", "slice 1", "slice 2"]
+    assert trio.current_time() == t0
