@@ -212,7 +212,8 @@ def test_finish_runs_a_sliced_computation_to_its_result_at_once() -> None:
 async def test_finish_in_slices_lets_other_tasks_run_between_slices(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A task started beside it runs between the first and the second slice; no time passes."""
+    """A task started beside it runs after the first slice and before the last (at the first
+    checkpoint, before or after the second slice as trio's scheduler picks); no time passes."""
     t0 = trio.current_time()
     log: list[str] = []
 
@@ -222,5 +223,6 @@ async def test_finish_in_slices_lets_other_tasks_run_between_slices(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(other)
         assert await finish_in_slices(sliced(3, log)) == "done"
-    assert log == ["slice 0", "other", "slice 1", "slice 2"]
+    assert [line for line in log if line != "other"] == ["slice 0", "slice 1", "slice 2"]
+    assert log.index("other") in (1, 2)
     assert trio.current_time() == t0
