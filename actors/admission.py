@@ -94,10 +94,7 @@ from collections import deque
 import attrs
 import trio
 
-from runtime.settings import IngestSettings
-
-CONNECTION_WAIT_S = 5.0
-"""Longest a liveness request waits for a database connection (within its client's deadline)."""
+from runtime.settings import DEFAULT_WIRE_WORK_BURST_S, IngestSettings
 
 LIVENESS_RPCS = frozenset({"heartbeat", "register_worker", "leave_worker", "presence"})
 """The work that is never shed and may use the reserved connections (``presence``: this
@@ -153,10 +150,10 @@ def shed_reason(rpc: str, load: Load, *, cp_id: str, settings: IngestSettings) -
 def admission_wait_s(*, now: float, deadline: float, liveness: bool, settings: IngestSettings) -> float:
     """How long a request arriving at trio time ``now`` may wait for its turn, in seconds.
 
-    Liveness work waits up to :data:`CONNECTION_WAIT_S`, other work up to
+    Liveness work waits up to ``settings.liveness_connection_wait_s``, other work up to
     ``settings.max_admission_wait_s``; neither past its client's ``deadline`` (trio time).
     """
-    limit_s = CONNECTION_WAIT_S if liveness else settings.max_admission_wait_s
+    limit_s = settings.liveness_connection_wait_s if liveness else settings.max_admission_wait_s
     return max(0.0, min(limit_s, deadline - now))
 
 
@@ -330,7 +327,7 @@ class LoopShare:
     """
 
     share: float
-    burst_s: float = 0.01
+    burst_s: float = DEFAULT_WIRE_WORK_BURST_S
     tokens_s: float = 0.0
     updated_at: float = -math.inf
 

@@ -25,7 +25,6 @@ has stopped running (``max_main_loop_stall_s``).
 from __future__ import annotations
 
 import gc
-import signal
 import time
 from collections.abc import Callable
 from functools import partial
@@ -44,8 +43,10 @@ from actors.reconciler import PgReconcilerStore, Reconciler
 from actors.role import RoleView
 from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge
+from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable
 from runtime.lag import LoopLag
+from runtime.loops import retry, run_until_signal
 from runtime.settings import ControlPlaneSettings
 from runtime.supervisor import RestartPolicy, supervise
 from runtime.threads import CrossLoopSender, OwnLoop, run_on_own_loop
@@ -60,17 +61,18 @@ class ControlPlaneHandle:
     placer: Placer
 
 
-async def _apply_schema_with_retry(database_url: str) -> None:
+async def _apply_schema_with_retry(settings: ControlPlaneSettings) -> None:
+    """Apply the schema, again and again while the database cannot be reached (capped
+    exponential backoff with full jitter: ``schema_retry_base_s`` up to ``schema_retry_max_s``)."""
     logger = log.get("control_plane")
-    delay_s = 0.2
-    while True:
-        try:
-            await apply_schema(database_url)
-            return
-        except DatabaseUnavailable as exc:
-            logger.warning("database not reachable, retrying", error=str(exc), retry_in_s=delay_s)
-            await trio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 5.0)
+    await retry(
+        partial(apply_schema, settings.database_url),
+        retry_on=DatabaseUnavailable,
+        backoff=FullJitterBackoff(base_s=settings.schema_retry_base_s, cap_s=settings.schema_retry_max_s),
+        on_retry=lambda exc, wait_s: logger.warning(
+            "database not reachable, retrying", error=str(exc), retry_in_s=round(wait_s, 3)
+        ),
+    )
 
 
 async def run_control_plane(
@@ -86,7 +88,7 @@ async def run_control_plane(
     Raises:
         ActorGaveUp: an actor crashed more often than ``policy`` allows.
     """
-    await _apply_schema_with_retry(settings.database_url)
+    await _apply_schema_with_retry(settings)
     lease_send, lease_recv = trio.open_memory_channel[LeaseInbox](64)
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](16)
     dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](1024)
@@ -140,7 +142,9 @@ async def run_control_plane(
     placer = Placer(
         settings=settings.placer,
         store=PgPlacerStore(
-            database_url=settings.database_url, application_name=f"stockade {settings.cp_id} placer"
+            database_url=settings.database_url,
+            application_name=f"stockade {settings.cp_id} placer",
+            statement_timeout_s=settings.placer.read_statement_timeout_s,
         ),
         role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
@@ -150,7 +154,9 @@ async def run_control_plane(
     reconciler = Reconciler(
         settings=settings.reconciler,
         store=PgReconcilerStore(
-            database_url=settings.database_url, application_name=f"stockade {settings.cp_id} reconciler"
+            database_url=settings.database_url,
+            application_name=f"stockade {settings.cp_id} reconciler",
+            statement_timeout_s=settings.reconciler.read_statement_timeout_s,
         ),
         role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,
@@ -166,12 +172,20 @@ async def run_control_plane(
         ("placer", placer.run),
         ("reconciler", reconciler.run),
     ]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(main_lag.run)
-        for name, run in actors:
-            await nursery.start(partial(supervise, name, run, policy=policy))
-        log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
-        task_status.started(ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(main_lag.run)
+            for name, run in actors:
+                await nursery.start(partial(supervise, name, run, policy=policy))
+            log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
+            task_status.started(
+                ControlPlaneHandle(cp_id=settings.cp_id, address=ingest.address, placer=placer)
+            )
+    finally:
+        # The stores outlive their actors' restarts; they close once, with the replica.
+        with trio.CancelScope(shield=True):
+            await placer.store.close()
+            await reconciler.store.close()
 
 
 def _send_or_drop(channel: trio.MemorySendChannel[LeaseInbox], message: LeaseInbox) -> None:
@@ -200,23 +214,17 @@ def main(
     if metrics_port:
         metrics.serve(metrics_port)
 
+    async def serve() -> None:
+        async with asyncio_bridge(), trio.open_nursery() as nursery:
+            await nursery.start(run_control_plane, settings)
+            # What start-up left alive (modules, classes, the actors) is never garbage: keep
+            # it out of the collector's full passes, which then scan only what the replica
+            # allocates while running (docs.python.org/3/library/gc.html#gc.freeze).
+            gc.freeze()
+
     async def _main() -> None:
         # Signals are watched from the start, so a replica still waiting for its database
         # (or stuck starting an actor) stops on SIGTERM too.
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with asyncio_bridge(), trio.open_nursery() as nursery:
-
-                async def stop_on_signal() -> None:
-                    async for signum in signals:
-                        log.get("control_plane").info("stopping", signal=signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(stop_on_signal)
-                await nursery.start(run_control_plane, settings)
-                # What start-up left alive (modules, classes, the actors) is never garbage: keep
-                # it out of the collector's full passes, which then scan only what the replica
-                # allocates while running (docs.python.org/3/library/gc.html#gc.freeze).
-                gc.freeze()
+        await run_until_signal(serve, logger=log.get("control_plane"))
 
     trio.run(_main)

@@ -82,19 +82,28 @@ from runtime.errors import (
     NotFound,
 )
 from runtime.lag import LoopLag
-from runtime.settings import IngestSettings
+from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings, session_ms
 from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
-SESSION_SETTINGS = {
-    "statement_timeout": "5000",
-    # A replica frozen in the middle of a transaction (a registration) must not keep that
-    # worker's row locked: its session ends after 0.5 s idle in the transaction, and others
-    # wait for a lock 0.3 s at most (the worker then tries the next replica). A heartbeat is
-    # one statement, so it never leaves a transaction open between round trips.
-    "idle_in_transaction_session_timeout": "500",
-    "lock_timeout": "300",
-}
-"""Session settings of ingest's connections."""
+
+def session_settings(settings: IngestSettings) -> dict[str, str]:
+    """Session settings of ingest's connections.
+
+    A replica frozen in the middle of a transaction (a registration) must not keep that
+    worker's row locked: its session ends after ``idle_in_transaction_timeout_s`` idle in the
+    transaction, and others wait for a lock ``lock_timeout_s`` at most (the worker then tries
+    the next replica). A heartbeat is one statement, so it never leaves a transaction open
+    between round trips.
+    """
+    return {
+        "statement_timeout": session_ms(settings.statement_timeout_s),
+        "idle_in_transaction_session_timeout": session_ms(settings.idle_in_transaction_timeout_s),
+        "lock_timeout": session_ms(settings.lock_timeout_s),
+    }
+
+
+SESSION_SETTINGS = session_settings(IngestSettings())
+"""Session settings of ingest's connections with the default :class:`IngestSettings`."""
 
 T = TypeVar("T")
 
@@ -203,7 +212,7 @@ class ControlPlaneService:
     pool: PgPool
     settings: IngestSettings = attrs.field(factory=IngestSettings)
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
-    dead_after_s: float = 5.0
+    dead_after_s: float = DEFAULT_DEAD_AFTER_S
     gate: admission.AdmissionGate = attrs.field(init=False)
     """Turns for the requests, some reserved for liveness work (a test may hold them)."""
     wire_share: admission.LoopShare = attrs.field(init=False)
@@ -222,7 +231,9 @@ class ControlPlaneService:
             reserved=self.settings.liveness_reserved_connections,
             max_other=self.settings.max_requests_in_progress,
         )
-        self.wire_share = admission.LoopShare(share=self.settings.max_wire_work_share)
+        self.wire_share = admission.LoopShare(
+            share=self.settings.max_wire_work_share, burst_s=self.settings.wire_work_burst_s
+        )
 
     @asynccontextmanager
     async def admitted(self, rpc: str) -> AsyncIterator[None]:
@@ -237,7 +248,7 @@ class ControlPlaneService:
                 for its turn in vain (:func:`actors.admission.turn_timeout_reason`); nothing
                 was done.
             DatabaseUnavailable: liveness work got no connection within
-                :data:`actors.admission.CONNECTION_WAIT_S`.
+                ``settings.liveness_connection_wait_s``.
         """
         liveness = rpc in admission.LIVENESS_RPCS
         deadline = rpc_deadline()
@@ -264,7 +275,9 @@ class ControlPlaneService:
         if not acquired:
             self._check_deadline(rpc, deadline)
             if liveness:
-                raise DatabaseUnavailable(f"no database connection within {admission.CONNECTION_WAIT_S:g} s")
+                raise DatabaseUnavailable(
+                    f"no database connection within {self.settings.liveness_connection_wait_s:g} s"
+                )
             reason = admission.turn_timeout_reason(
                 rpc,
                 waited_s=trio.current_time() - arrived,
@@ -738,7 +751,7 @@ def _status_reply(
 
 async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> PgPool:
     """The ingest's connections: ``settings.pool_size`` of them, all opened now and kept open
-    (a replica under load opens none), with :data:`SESSION_SETTINGS`.
+    (a replica under load opens none), with :func:`session_settings`.
 
     No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
     ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
@@ -753,7 +766,7 @@ async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> 
         min_size=settings.pool_size,
         idle_close_s=0,
         reset_on_release=False,
-        server_settings={"application_name": f"stockade {cp_id} ingest", **SESSION_SETTINGS},
+        server_settings={"application_name": f"stockade {cp_id} ingest", **session_settings(settings)},
     )
 
 
@@ -772,7 +785,7 @@ class Ingest:
     listen_port: int
     presence_interval_s: float
     settings: IngestSettings = attrs.field(factory=IngestSettings)
-    dead_after_s: float = 5.0
+    dead_after_s: float = DEFAULT_DEAD_AFTER_S
     """The reconciler's dead_after, told to workers at registration."""
     advertise_address: str = ""
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))

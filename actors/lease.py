@@ -42,7 +42,7 @@ from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, Query
 from runtime import log
 from runtime.aio import PgConnection
 from runtime.errors import DatabaseUnavailable
-from runtime.settings import LeaseSettings
+from runtime.settings import LeaseSettings, session_ms
 
 T_contra = TypeVar("T_contra", contravariant=True)
 
@@ -95,7 +95,7 @@ class PgLeaseStore:
                 self.database_url,
                 server_settings={
                     "application_name": self.application_name,
-                    "statement_timeout": str(int(self.statement_timeout_s * 1000)),
+                    "statement_timeout": session_ms(self.statement_timeout_s),
                 },
                 connect_timeout_s=self.statement_timeout_s,
             )
@@ -292,7 +292,7 @@ class LeaseKeeper:
                     renewed = await store.renew(self.cp_id, epoch, s.lease_ttl_s)
                 except DatabaseUnavailable as exc:
                     self._log.warning("renewal failed", error=str(exc))
-                    await trio.sleep(min(0.05, s.renew_interval_s))
+                    await trio.sleep(min(s.renew_retry_s, s.renew_interval_s))
                     continue
             if renewed is None:
                 break

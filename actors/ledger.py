@@ -110,7 +110,7 @@ from actors.messages import (
 from runtime import faults, log
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
-from runtime.settings import LedgerSettings
+from runtime.settings import LedgerSettings, session_ms
 
 T = TypeVar("T")
 
@@ -138,17 +138,17 @@ class Ledger:
         s = self.settings
         server_settings = {
             "application_name": f"stockade {self.cp_id} ledger",
-            "idle_in_transaction_session_timeout": str(int(s.idle_in_transaction_timeout_s * 1000)),
+            "idle_in_transaction_session_timeout": session_ms(s.idle_in_transaction_timeout_s),
             # The longest a fenced statement holds the lease's share lock (see the module
             # docstring), waits for a row another session locked included.
-            "statement_timeout": str(int(s.statement_timeout_s * 1000)),
-            "lock_timeout": str(int(s.statement_timeout_s * 1000)),
+            "statement_timeout": session_ms(s.statement_timeout_s),
+            "lock_timeout": session_ms(s.statement_timeout_s),
             # Plan each prepared statement once: its plan does not depend on the arrays passed,
             # and planning the placement statement again every round cost about 0.4 ms.
             "plan_cache_mode": "force_generic_plan",
             # A statement whose client dropped it (answer deadline, lost connection) is ended
             # by the server within this long instead of running on to its end.
-            "client_connection_check_interval": "250",
+            "client_connection_check_interval": session_ms(s.client_check_interval_s),
         }
         if not _FENCING_ENABLED:
             server_settings["idle_in_transaction_session_timeout"] = "0"

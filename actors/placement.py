@@ -42,6 +42,9 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from runtime.loops import finish
+from runtime.settings import PLACEMENT_POLICIES
+
 
 @attrs.frozen(kw_only=True)
 class PendingJob:
@@ -122,7 +125,8 @@ class Plan:
         return dict(self.placements)
 
 
-POLICIES = ("best_fit", "first_fit", "worst_fit")
+POLICIES = PLACEMENT_POLICIES
+"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.PLACEMENT_POLICIES`)."""
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:
@@ -289,7 +293,7 @@ def place(
     jobs: Sequence[PendingJob],
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_reservations: int = 0,
 ) -> Plan:
     """Decide where each job goes (a job may reserve a worker at once: no waiting time).
@@ -315,7 +319,7 @@ def place_queue(
     queue: PendingQueue,
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_placements: int | None = None,
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,
@@ -343,12 +347,7 @@ def place_queue(
         reserve_after_s=reserve_after_s,
         now=now,
     )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            plan: Plan = done.value
-            return plan
+    return finish(steps)
 
 
 STEP_VISITS = 256
@@ -360,7 +359,7 @@ def place_queue_steps(
     queue: PendingQueue,
     workers: Sequence[WorkerRoom],
     *,
-    policy: str = "best_fit",
+    policy: str = PLACEMENT_POLICIES[0],
     max_placements: int | None = None,
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 import attrs
 import trio
@@ -50,13 +50,14 @@ from actors.placement import PendingJob, PendingQueue, Plan, WorkerRoom, place_q
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import faults, log, metrics
-from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio import ReadStore
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
+from runtime.loops import finish, finish_in_slices
 from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, PlacerSettings
-
-RESERVING_RECHECK_S = 1.0
-"""How often the placer asks whether the jobs holding reservations are still pending."""
+from runtime.settings import (
+    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
+    PlacerSettings,
+)
 
 ROWS_PER_STEP = 2000
 """Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""
@@ -160,6 +161,9 @@ class PlacerStore(Protocol):
         """In one round trip: :meth:`live_workers`, the pending jobs after ``mark`` (up to
         ``limit`` above it, and all of its transactions in flight), and the mark after them."""
 
+    async def close(self) -> None:
+        """Close the store's connection (a later read opens another)."""
+
 
 _WORKER_COLUMNS = (
     "id",
@@ -225,25 +229,13 @@ def _live_worker(
 
 
 @attrs.define
-class PgPlacerStore:
-    """:class:`PlacerStore` on a read connection of its own."""
+class PgPlacerStore(ReadStore):
+    """:class:`PlacerStore` on a read connection of its own (``statement_timeout_s``: the
+    placer settings' ``read_statement_timeout_s``)."""
 
-    database_url: str
-    application_name: str
-    _db: ReconnectingConnection = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._db = ReconnectingConnection(
-            self.database_url,
-            {
-                "application_name": self.application_name,
-                "statement_timeout": "5000",
-                "plan_cache_mode": "force_generic_plan",  # as the ledger's: plan each read once
-            },
-        )
-
-    async def _connection(self) -> PgConnection:
-        return await self._db.get()
+    def server_settings(self) -> dict[str, str]:
+        # As the ledger's: plan each read once.
+        return {**super().server_settings(), "plan_cache_mode": "force_generic_plan"}
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
         rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
@@ -300,9 +292,6 @@ class PgPlacerStore:
         rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
         return [int(r["id"]) for r in rows]
 
-    async def close(self) -> None:
-        await self._db.close()
-
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
     """job_id -> trio time before which it must not be placed, for the jobs read with a backoff
@@ -310,6 +299,181 @@ def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
     ``not_before``, whose wait was computed when the read began."""
     now = trio.current_time()
     return {w.job.job_id: now + w.wait_s for w in waiting if w.wait_s > 0}
+
+
+RoundOutcome = Literal["unchanged", "nothing", "commit"]
+"""What a round's plan says: ``unchanged`` (neither the queue nor any worker's room changed
+since a round that found nothing to do: nothing decided), ``nothing`` (decided; nothing to
+write), ``commit`` (placements or pending reasons to commit, then dispatch)."""
+
+
+@attrs.frozen(kw_only=True)
+class RoundPlan:
+    """What one round commits and dispatches, as :func:`plan_round` decides it.
+
+    Attributes:
+        outcome: see :data:`RoundOutcome`.
+        fingerprint: the round's queue version, jobs backing off and free rooms; a round that
+            finds nothing to do keeps it, and the next round with the same one decides nothing.
+        backing_off: the queued jobs whose requeue backoff has not passed.
+        placements: what to commit, in decision order (priority, then submission).
+        reasons: (job_id, pending reason) pairs to store with the placements; an empty reason
+            clears a stored one. No more than the rows the placements leave of the write.
+        reservations: the job ids holding a reservation in this round, ascending (empty when
+            the outcome is ``unchanged``: nothing was decided).
+        workers: worker_id -> where to send, for every live worker of the round.
+    """
+
+    outcome: RoundOutcome
+    fingerprint: tuple[Any, ...]
+    backing_off: frozenset[int]
+    placements: tuple[Placement, ...] = ()
+    reasons: tuple[tuple[int, str], ...] = ()
+    reservations: tuple[int, ...] = ()
+    workers: Mapping[str, WorkerRef] = attrs.field(factory=dict)
+
+    @property
+    def placed_job_ids(self) -> tuple[int, ...]:
+        """The jobs the plan places; none of them is pending once the commit succeeded."""
+        return tuple(p.job_id for p in self.placements)
+
+    def dispatches(self, epoch: int, committed: Iterable[CommittedAssignment]) -> tuple[Dispatch, ...]:
+        """One :class:`Dispatch` per worker for what committed (invariant 4: only that), its
+        assignments in the order they were placed (priority, then submission), which the
+        statement's rows do not keep: a worker starts a batch's jobs in the order it receives
+        them. Workers in the order of their first assignment."""
+        rank = {p.job_id: i for i, p in enumerate(self.placements)}
+        batches: dict[str, list[CommittedAssignment]] = defaultdict(list)
+        for assignment in sorted(committed, key=lambda a: rank.get(a.job_id, len(rank))):
+            batches[assignment.worker_id].append(assignment)
+        return tuple(
+            Dispatch(epoch=epoch, worker=self.workers[worker_id], assignments=tuple(batch))
+            for worker_id, batch in batches.items()
+        )
+
+
+def plan_round_steps(
+    queue: PendingQueue,
+    workers: Sequence[LiveWorker],
+    settings: PlacerSettings,
+    *,
+    max_rows: int,
+    now: float,
+    idle_fingerprint: tuple[Any, ...] | None = None,
+) -> Generator[None, None, RoundPlan]:
+    """:func:`plan_round` in slices: yields between slices of the decision
+    (:func:`actors.placement.place_queue_steps`) and returns the same plan. Neither the queue
+    nor the workers may change meanwhile; neither is changed."""
+    rooms = [
+        attrs.evolve(
+            w.room,
+            placement_limit=placement_limit(
+                w.confirmed,
+                w.unconfirmed,
+                initial_window=settings.initial_window,
+                max_unconfirmed=settings.max_unconfirmed_per_worker,
+            ),
+        )
+        for w in workers
+    ]
+    backing_off = frozenset(queue.waiting_for_backoff(now))
+    fingerprint = (
+        queue.version,
+        len(backing_off),
+        tuple(
+            sorted(
+                (
+                    w.ref.worker_id,
+                    w.ref.incarnation,
+                    room.cpu_millis - room.cpu_allocated_millis,
+                    room.memory_mb - room.memory_allocated_mb,
+                    room.placement_limit,
+                )
+                for w, room in zip(workers, rooms, strict=True)
+            )
+        ),
+    )
+    if fingerprint == idle_fingerprint:
+        return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
+    by_id = {w.ref.worker_id: w.ref for w in workers}
+    plan: Plan = yield from place_queue_steps(
+        queue,
+        rooms,
+        policy=settings.policy,
+        max_placements=min(settings.max_placements_per_round, max_rows),
+        max_reservations=settings.max_reservations,
+        reserve_after_s=settings.reserve_after_s,
+        now=now,
+    )
+    placed = plan.placements_by_job
+    reasons = [(job_id, r) for job_id, r in plan.unschedulable.items() if queue.reasons.get(job_id) != r]
+    # A stored reason no longer holds once the job is placed or may be (a job waiting out its
+    # backoff keeps the reason its requeue wrote).
+    reasons += [
+        (job_id, "")
+        for job_id in queue.reasons
+        if job_id not in plan.unschedulable and job_id not in placed and job_id not in backing_off
+    ]
+    # One fenced statement: reasons fill what the placements leave of its rows; the rest are
+    # not recorded as stored, so later rounds send them.
+    del reasons[max(0, max_rows - len(plan.placements)) :]
+    placements = tuple(
+        Placement(
+            job_id=job_id,
+            worker_id=worker_id,
+            incarnation=by_id[worker_id].incarnation,
+            cpu_millis=plan.sizes[job_id][0],
+            memory_mb=plan.sizes[job_id][1],
+        )
+        for job_id, worker_id in plan.placements
+    )
+    return RoundPlan(
+        outcome="commit" if placements or reasons else "nothing",
+        fingerprint=fingerprint,
+        backing_off=backing_off,
+        placements=placements,
+        reasons=tuple(reasons),
+        reservations=tuple(sorted(plan.reservations.values())),
+        workers=by_id,
+    )
+
+
+def plan_round(
+    queue: PendingQueue,
+    workers: Sequence[LiveWorker],
+    settings: PlacerSettings,
+    *,
+    max_rows: int,
+    now: float,
+    idle_fingerprint: tuple[Any, ...] | None = None,
+) -> RoundPlan:
+    """What one round commits and dispatches: a pure function of the round's inputs.
+
+    Each worker's send window bounds what it is given (:func:`actors.placement.placement_limit`
+    from its confirmed and unconfirmed assignments); jobs waiting out their requeue backoff at
+    ``now`` are neither placed nor reserve a worker; the placements are decided by
+    :func:`actors.placement.place_queue_steps` (never over a worker's free room, never a job
+    twice); the pending reasons that changed fill what the placements leave of ``max_rows``.
+
+    Args:
+        queue: the pending jobs (not changed).
+        workers: the live workers, with their allocation and send-window counters.
+        settings: the policy, the bounds per round and per worker, the reservations.
+        max_rows: most rows the round's fenced statement may carry (placements and reasons).
+        now: the queue's clock at the read (seconds): backoffs and reservation waits end by it.
+        idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
+            queue has not changed since; a round with the same one decides nothing.
+
+    Returns:
+        The :class:`RoundPlan`.
+
+    Raises:
+        ValueError: the settings name an unknown policy.
+    """
+    steps = plan_round_steps(
+        queue, workers, settings, max_rows=max_rows, now=now, idle_fingerprint=idle_fingerprint
+    )
+    return finish(steps)
 
 
 @attrs.define
@@ -333,8 +497,6 @@ class Placer:
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     stats: RoundStats = attrs.field(factory=RoundStats)
     queue: PendingQueue = attrs.field(factory=PendingQueue)
-    resync_interval_s: float = 30.0
-    """Read the whole pending queue again this often (and at every election)."""
     max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
     """Most placements and pending reasons one round's fenced statement may write (the
     ledger's ``max_rows_per_fenced_write``): reasons beyond what the placements leave wait for
@@ -351,35 +513,27 @@ class Placer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run rounds every ``round_interval_s`` while leader, until cancelled."""
-        await self.role.query()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.role.follow)
-            task_status.started()
-            interval = self.settings.round_interval_s
-            next_round = trio.current_time()
-            while True:
-                if self.role.epoch is None:
-                    await self.role.elected.wait()
-                    next_round = trio.current_time()
-                await trio.sleep_until(next_round)
-                epoch = self.role.epoch
-                if epoch is not None:
-                    try:
-                        await self.round(epoch)
-                    except StaleEpoch as exc:
-                        self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
-                        self._synced_epoch = None
-                    except DatabaseUnavailable as exc:
-                        self._log.warning("round failed", error=str(exc))
-                        self._synced_epoch = None
-                next_round = max(next_round + interval, trio.current_time())
+        await self.role.every_interval_while_leader(
+            self.settings.round_interval_s, self._logged_round, task_status=task_status
+        )
+
+    async def _logged_round(self, epoch: int) -> None:
+        """:meth:`round`, its refusal or failure logged (the queue is read in full next)."""
+        try:
+            await self.round(epoch)
+        except StaleEpoch as exc:
+            self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
+            self._synced_epoch = None
+        except DatabaseUnavailable as exc:
+            self._log.warning("round failed", error=str(exc))
+            self._synced_epoch = None
 
     async def _read(self, epoch: int) -> list[LiveWorker]:
         """The live workers, with the pending queue brought up to date: in full, or what
         became pending since (both in one round trip)."""
         s = self.settings
         now = trio.current_time()
-        if self._synced_epoch != epoch or now - self._synced_at >= self.resync_interval_s:
+        if self._synced_epoch != epoch or now - self._synced_at >= s.resync_interval_s:
             workers = await self.store.live_workers(s.worker_fresh_s)
             waiting, self._mark = await self.store.pending_jobs(s.max_jobs_per_round)
             self.queue.replace(
@@ -403,7 +557,8 @@ class Placer:
         return workers
 
     async def round(self, epoch: int) -> tuple[CommittedAssignment, ...]:
-        """One round under ``epoch``: read, decide, commit, dispatch. Returns what committed.
+        """One round under ``epoch``: read, decide (:func:`plan_round`), commit, dispatch.
+        Returns what committed.
 
         Raises:
             StaleEpoch: the ledger refused the commit; nothing was sent.
@@ -412,9 +567,9 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self._read(epoch)
-        if self._reserving and trio.current_time() - self._reserving_checked_at >= RESERVING_RECHECK_S:
+        if self._reserving and trio.current_time() - self._reserving_checked_at >= s.reserving_recheck_s:
             # A job keeps a worker free only while it is pending: drop one cancelled since
-            # (asked at most once a second, not on every round of a backlog).
+            # (asked at most once every reserving_recheck_s, not on every round of a backlog).
             self.queue.remove(await self.store.no_longer_pending(self._reserving))
             self._reserving_checked_at = trio.current_time()
             self._reserving = []
@@ -423,78 +578,24 @@ class Placer:
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
-        rooms = [
-            attrs.evolve(
-                w.room,
-                placement_limit=placement_limit(
-                    w.confirmed,
-                    w.unconfirmed,
-                    initial_window=s.initial_window,
-                    max_unconfirmed=s.max_unconfirmed_per_worker,
-                ),
-            )
-            for w in workers
-        ]
-        backing_off = self.queue.waiting_for_backoff(read_done)
-        metrics.PLACER_BACKOFF_JOBS.set(len(backing_off))
-        fingerprint = (
-            self.queue.version,
-            len(backing_off),
-            tuple(
-                sorted(
-                    (
-                        w.ref.worker_id,
-                        w.ref.incarnation,
-                        room.cpu_millis - room.cpu_allocated_millis,
-                        room.memory_mb - room.memory_allocated_mb,
-                        room.placement_limit,
-                    )
-                    for w, room in zip(workers, rooms, strict=True)
-                )
-            ),
-        )
+        plan = await self._plan(workers, now=read_done)
+        metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))
         metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
-        if fingerprint == self._idle_fingerprint:
+        if plan.outcome == "unchanged":
             self._observe(started, 0, "unchanged")
             return ()
-        by_id = {w.ref.worker_id: w for w in workers}
-        plan = await self._decide(rooms, now=read_done)
         metrics.PLACER_RESERVATIONS.set(len(plan.reservations))
-        self._reserving = sorted(plan.reservations.values())
-        placed = plan.placements_by_job
-        reasons = [
-            (job_id, r) for job_id, r in plan.unschedulable.items() if self.queue.reasons.get(job_id) != r
-        ]
-        # A stored reason no longer holds once the job is placed or may be (a job waiting out
-        # its backoff keeps the reason its requeue wrote).
-        reasons += [
-            (job_id, "")
-            for job_id in self.queue.reasons
-            if job_id not in plan.unschedulable and job_id not in placed and job_id not in backing_off
-        ]
-        # One fenced statement: reasons fill what the placements leave of its rows; the rest
-        # are not recorded as stored, so later rounds send them.
-        del reasons[max(0, self.write_size().rows - len(plan.placements)) :]
-        if not plan.placements and not reasons:
-            self._idle_fingerprint = fingerprint
+        self._reserving = list(plan.reservations)
+        if plan.outcome == "nothing":
+            self._idle_fingerprint = plan.fingerprint
             self._observe(started, 0, "nothing")
             return ()
-        placements = tuple(
-            Placement(
-                job_id=job_id,
-                worker_id=worker_id,
-                incarnation=by_id[worker_id].ref.incarnation,
-                cpu_millis=plan.sizes[job_id][0],
-                memory_mb=plan.sizes[job_id][1],
-            )
-            for job_id, worker_id in plan.placements
-        )
         decided = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("decide").observe(decided - read_done)
         await faults.hit("placer.before_commit")
         reply: Reply[tuple[CommittedAssignment, ...]] = Reply()
         await self.ledger.send(
-            CommitPlacements(epoch=epoch, placements=placements, reasons=tuple(reasons), reply=reply)
+            CommitPlacements(epoch=epoch, placements=plan.placements, reasons=plan.reasons, reply=reply)
         )
         try:
             committed = await reply.wait()
@@ -505,21 +606,14 @@ class Placer:
         commit_done = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
-        self.queue.remove(placed)
-        for job_id, reason in reasons:
+        self.queue.remove(plan.placed_job_ids)
+        for job_id, reason in plan.reasons:
             if reason:
                 self.queue.reasons[job_id] = reason
             else:
                 self.queue.reasons.pop(job_id, None)
         self._idle_fingerprint = None
-        batches: dict[str, list[CommittedAssignment]] = defaultdict(list)
-        # In the order they were placed (priority, then submission), which the statement's rows
-        # do not keep: a worker starts a batch's jobs in the order it receives them.
-        rank = {p.job_id: i for i, p in enumerate(placements)}
-        for assignment in sorted(committed, key=lambda a: rank.get(a.job_id, len(rank))):
-            batches[assignment.worker_id].append(assignment)
-        for worker_id, batch in batches.items():
-            dispatch = Dispatch(epoch=epoch, worker=by_id[worker_id].ref, assignments=tuple(batch))
+        for dispatch in plan.dispatches(epoch, committed):
             try:
                 self.dispatcher.send_nowait(dispatch)  # no checkpoint: the round does not yield here
             except trio.WouldBlock:
@@ -537,27 +631,19 @@ class Placer:
             self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
         return self._write_size
 
-    async def _decide(self, rooms: list[WorkerRoom], *, now: float) -> Plan:
-        """The round's :class:`Plan`, decided in slices with a checkpoint between them, so a
-        large queue does not hold the event loop (see :func:`actors.placement.place_queue_steps`).
-        The queue is not changed meanwhile: only this task changes it."""
-        s = self.settings
-        steps = place_queue_steps(
+    async def _plan(self, workers: list[LiveWorker], *, now: float) -> RoundPlan:
+        """The round's :class:`RoundPlan`, decided in slices with a checkpoint between them, so
+        a large queue does not hold the event loop (see :func:`plan_round_steps`). The queue is
+        not changed meanwhile: only this task changes it."""
+        steps = plan_round_steps(
             self.queue,
-            rooms,
-            policy=s.policy,
-            max_placements=min(s.max_placements_per_round, self.write_size().rows),
-            max_reservations=s.max_reservations,
-            reserve_after_s=s.reserve_after_s,
+            workers,
+            self.settings,
+            max_rows=self.write_size().rows,
             now=now,
+            idle_fingerprint=self._idle_fingerprint,
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                plan: Plan = done.value
-                return plan
-            await trio.lowlevel.checkpoint()
+        return await finish_in_slices(steps)
 
     def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started

@@ -64,11 +64,14 @@ from actors.messages import (
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import log, metrics
-from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio import ReadStore
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
+from runtime.settings import (
+    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
+    ReconcilerSettings,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +101,9 @@ class ReconcilerStore(Protocol):
 
     async def cancel_requested(self) -> list[Delivery]: ...
 
+    async def close(self) -> None:
+        """Close the store's connection (a later read opens another)."""
+
 
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
     """The (worker_id, incarnation) pairs silent for longer than ``dead_after_s`` seconds."""
@@ -121,6 +127,70 @@ def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool
         return False
     threshold = first_after_s * 2.0 ** math.floor(math.log2(age_s / first_after_s))
     return age_s - interval_s < threshold
+
+
+Groups = tuple[tuple[WorkerRef, tuple[Delivery, ...]], ...]
+"""Deliveries grouped by the worker they go to: one entry per worker, in the order of each
+worker's first delivery, the deliveries in their given order."""
+
+
+def by_worker(deliveries: Iterable[Delivery]) -> Groups:
+    """``deliveries`` grouped per worker (see :data:`Groups`)."""
+    groups: dict[WorkerRef, list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        groups[d.worker].append(d)
+    return tuple((worker, tuple(group)) for worker, group in groups.items())
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryPlan:
+    """What one pass does with the unconfirmed assignments (:func:`plan_deliveries`)."""
+
+    resend: Groups
+    """Sent to their worker again (one batch per worker)."""
+    withdraw: Groups
+    """Cancelled on their worker, then ended and requeued once it acknowledges."""
+
+    def dispatches(self, epoch: int) -> tuple[Dispatch, ...]:
+        """The re-sends as one :class:`Dispatch` per worker."""
+        return tuple(
+            Dispatch(epoch=epoch, worker=worker, assignments=tuple(d.assignment for d in group))
+            for worker, group in self.resend
+        )
+
+
+def plan_deliveries(
+    unconfirmed: Iterable[Delivery],
+    settings: ReconcilerSettings,
+    *,
+    first_pass: bool,
+    since_last_read_s: float,
+) -> DeliveryPlan:
+    """Which unconfirmed assignments a pass re-sends and which it withdraws: a pure function.
+
+    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` or more is withdrawn; a
+    younger one is re-sent on the first pass of a leader's reign (the previous leader may have
+    died between commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ...
+    times ``redispatch_after_s``); the rest are left alone. No assignment is both.
+
+    Args:
+        unconfirmed: the active assignments no heartbeat has confirmed, with their ages
+            (seconds since the commit, database time).
+        settings: ``redispatch_after_s`` and ``cancel_unconfirmed_after_s``.
+        first_pass: whether this is the first pass under the current epoch.
+        since_last_read_s: seconds since the previous pass read the unconfirmed assignments
+            (trio time; ``inf`` before any).
+    """
+    withdraw: list[Delivery] = []
+    resend: list[Delivery] = []
+    for d in unconfirmed:
+        if d.age_s >= settings.cancel_unconfirmed_after_s:
+            withdraw.append(d)
+        elif first_pass or resend_due(
+            d.age_s, first_after_s=settings.redispatch_after_s, interval_s=since_last_read_s
+        ):
+            resend.append(d)
+    return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
 
 
 MAX_BACKOFF_CAPS = 64
@@ -267,20 +337,9 @@ def _delivery(row: Any) -> Delivery:
 
 
 @attrs.define
-class PgReconcilerStore:
-    """:class:`ReconcilerStore` on a read connection of its own."""
-
-    database_url: str
-    application_name: str
-    _db: ReconnectingConnection = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._db = ReconnectingConnection(
-            self.database_url, {"application_name": self.application_name, "statement_timeout": "5000"}
-        )
-
-    async def _connection(self) -> PgConnection:
-        return await self._db.get()
+class PgReconcilerStore(ReadStore):
+    """:class:`ReconcilerStore` on a read connection of its own (``statement_timeout_s``: the
+    reconciler settings' ``read_statement_timeout_s``)."""
 
     async def heartbeat_ages(self) -> list[HeartbeatAge]:
         rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
@@ -296,16 +355,6 @@ class PgReconcilerStore:
         rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
         return [_delivery(r) for r in rows]
 
-    async def close(self) -> None:
-        await self._db.close()
-
-
-def _by_worker(deliveries: Sequence[Delivery]) -> dict[WorkerRef, list[Delivery]]:
-    groups: dict[WorkerRef, list[Delivery]] = defaultdict(list)
-    for d in deliveries:
-        groups[d.worker].append(d)
-    return groups
-
 
 @attrs.define
 class Reconciler:
@@ -316,8 +365,6 @@ class Reconciler:
     role: RoleView
     ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
-    log_every_s: float = 5.0
-    """At most one line per this many seconds about held declarations, per reason."""
     max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
     """Most assignments one fenced write may end (the ledger's ``max_rows_per_fenced_write``)."""
     _write_size: WriteSize | None = None
@@ -335,28 +382,21 @@ class Reconciler:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run a pass every ``reconcile_interval_s`` while leader, until cancelled."""
-        await self.role.query()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.role.follow)
-            task_status.started()
-            interval = self.settings.reconcile_interval_s
-            last_epoch: int | None = None
-            next_pass = trio.current_time()
-            while True:
-                if self.role.epoch is None:
-                    await self.role.elected.wait()
-                    next_pass = trio.current_time()
-                await trio.sleep_until(next_pass)
-                epoch = self.role.epoch
-                if epoch is not None:
-                    try:
-                        await self.reconcile(epoch, first_pass=epoch != last_epoch)
-                        last_epoch = epoch
-                    except StaleEpoch as exc:
-                        self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
-                    except DatabaseUnavailable as exc:
-                        self._log.warning("pass failed", error=str(exc))
-                next_pass = max(next_pass + interval, trio.current_time())
+        last_epoch: int | None = None
+
+        async def logged_pass(epoch: int) -> None:
+            nonlocal last_epoch
+            try:
+                await self.reconcile(epoch, first_pass=epoch != last_epoch)
+                last_epoch = epoch
+            except StaleEpoch as exc:
+                self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
+            except DatabaseUnavailable as exc:
+                self._log.warning("pass failed", error=str(exc))
+
+        await self.role.every_interval_while_leader(
+            self.settings.reconcile_interval_s, logged_pass, task_status=task_status
+        )
 
     async def _ask_ledger(self, message_of: Any) -> Any:
         reply: Reply[Any] = Reply()
@@ -407,25 +447,14 @@ class Reconciler:
         read_at = trio.current_time()
         since_last_read_s = read_at - self._unconfirmed_read_at
         self._unconfirmed_read_at = read_at
-        withdraw = [d for d in unconfirmed if d.age_s >= s.cancel_unconfirmed_after_s]
-        resend = [
-            d
-            for d in unconfirmed
-            if d.age_s < s.cancel_unconfirmed_after_s
-            and (
-                first_pass
-                or resend_due(d.age_s, first_after_s=s.redispatch_after_s, interval_s=since_last_read_s)
-            )
-        ]
-        for worker, group in _by_worker(resend).items():
-            await self.dispatcher.send(
-                Dispatch(epoch=epoch, worker=worker, assignments=tuple(d.assignment for d in group))
-            )
+        plan = plan_deliveries(unconfirmed, s, first_pass=first_pass, since_last_read_s=since_last_read_s)
+        for dispatch in plan.dispatches(epoch):
+            await self.dispatcher.send(dispatch)
         cancelled = await self.store.cancel_requested()
         async with trio.open_nursery() as nursery:
-            for worker, group in _by_worker(withdraw).items():
+            for worker, group in plan.withdraw:
                 nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
-            for worker, group in _by_worker(cancelled).items():
+            for worker, group in by_worker(cancelled):
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
         return result
 
@@ -487,13 +516,13 @@ class Reconciler:
 
     def _report_held(self, verdict: DeathVerdict, now: float) -> None:
         """Count the silent workers this pass holds back, and say so in the log at most once
-        every ``log_every_s`` per reason."""
+        every ``held_log_every_s`` per reason."""
         metrics.MASS_SILENCE.set(1 if verdict.mass_silence else 0)
         if not verdict.held:
             return
         reason = "mass_silence" if verdict.mass_silence else "rate_limit"
         metrics.DEATHS_HELD.labels(reason).inc(len(verdict.held))
-        if now - self._logged_at.get(reason, -math.inf) < self.log_every_s:
+        if now - self._logged_at.get(reason, -math.inf) < self.settings.held_log_every_s:
             return
         self._logged_at[reason] = now
         s = self.settings
@@ -518,7 +547,7 @@ class Reconciler:
             )
 
     async def _cancel(
-        self, epoch: int, worker: WorkerRef, group: list[Delivery], requeue: bool, reason: str
+        self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str
     ) -> None:
         ids = tuple(d.assignment.assignment_id for d in group)
         reply: Reply[tuple[int, ...]] = Reply()

@@ -8,10 +8,13 @@ was down). The view is advisory: the ledger's fence decides what commits.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import attrs
 import trio
 
 from actors.messages import Deposed, Elected, LeaseInbox, QueryRole, RoleChange
+from runtime.loops import Periodic
 from runtime.reply import Reply
 
 
@@ -51,3 +54,29 @@ class RoleView:
         """Apply role changes as they arrive, forever."""
         async for change in self.changes:
             self.apply(change)
+
+    async def every_interval_while_leader(
+        self,
+        interval_s: float,
+        step: Callable[[int], Awaitable[object]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """A deciding actor's loop: ask for the role, follow its changes, signal
+        ``task_status.started()``, then call ``step(epoch)`` every ``interval_s`` seconds (at a
+        fixed rate, :class:`runtime.loops.Periodic`) while leader, the first at once after each
+        election; until cancelled. ``step`` handles its own errors; one it raises ends the loop.
+        """
+        await self.query()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.follow)
+            task_status.started()
+            ticks = Periodic(interval_s)
+            while True:
+                if self.epoch is None:
+                    await self.elected.wait()
+                    ticks.restart()
+                await ticks.tick()
+                epoch = self.epoch
+                if epoch is not None:
+                    await step(epoch)

@@ -12,7 +12,7 @@ is no module-level state). Its pieces:
   slot is freed when the reaper says the job has exec'd. A job stopped while it waits never
   starts and gets no line at all. So a large Assign costs the heartbeats nothing: starting
   80 jobs is 40 pairs of reaper start-ups one after the other, not 80 forks in one go;
-- a heartbeat loop: register (retrying every 0.5 s while no control plane answers), then
+- a heartbeat loop: register (retrying every ``register_retry_s`` while no control plane answers), then
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
   outcome; obey the reply (stop ids, re-register). Registrations carry the unacknowledged
   outcomes too, so a job that succeeded just before a fence keeps its result. Both calls are
@@ -108,17 +108,13 @@ from agent.runtimes import JobResult, JobRunner, forks, job_dir_for, job_runner,
 from agent.starts import StartLimiter, StartTicket
 from runtime import log, metrics
 from runtime.errors import StockadeError, TemporaryError
+from runtime.loops import Periodic
 from runtime.settings import AgentSettings
 
-REGISTER_RETRY_S = 0.5
-"""Pause between registration attempts while no control plane answers, in seconds."""
 _LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
 FENCE_DEADLINE_FILE = "fence_deadline"
 """The fence-deadline file in the work folder (see :mod:`agent.reaper`)."""
-CALL_DEADLINE_MARGIN_S = 0.1
-"""A heartbeat or registration gives up this long before the fence deadline (an answer
-after it would come too late to keep the jobs), in seconds."""
 
 
 def _monotonic_of(trio_time: float) -> float:
@@ -154,10 +150,6 @@ class _Job:
     stopped by the control plane, a fence or a shutdown)."""
 
 
-SELF_FENCE_MARGIN_S = 0.5
-"""A worker's jobs must be stopped at least this long before the cluster may declare it dead."""
-
-
 def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
     """The self-fence deadline to use, in seconds.
 
@@ -165,14 +157,14 @@ def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
     The agent fences ``self_fence_after_s`` after the send time of its last acknowledged
     heartbeat and then takes up to ``stop_grace_s`` to stop a job (SIGTERM, then SIGKILL); the
     control planes declare it dead ``dead_after_s`` after the last heartbeat they recorded,
-    which was sent no earlier. So ``self_fence_after_s + stop_grace_s + SELF_FENCE_MARGIN_S``
+    which was sent no earlier. So ``self_fence_after_s + stop_grace_s + self_fence_margin_s``
     must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
-    below 0.1 s). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
+    below ``min_self_fence_s``). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
     """
     if dead_after_s is None:
         return settings.self_fence_after_s
-    limit = dead_after_s - settings.stop_grace_s - SELF_FENCE_MARGIN_S
-    return max(0.1, min(settings.self_fence_after_s, limit))
+    limit = dead_after_s - settings.stop_grace_s - settings.self_fence_margin_s
+    return max(settings.min_self_fence_s, min(settings.self_fence_after_s, limit))
 
 
 class Agent:
@@ -494,13 +486,7 @@ class Agent:
         try:
             # Written just before the job begins, with no checkpoint in between (the checker
             # relies on it), and never for a job that was stopped first.
-            self.joblog.write(
-                LogEvent.START,
-                incarnation=job.incarnation,
-                epoch=job.epoch,
-                job_id=order.job_id,
-                assignment_id=order.assignment_id,
-            )
+            self._write_job_line(LogEvent.START, job)
         except OSError as exc:
             self._fail_unstarted(
                 job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
@@ -525,12 +511,9 @@ class Agent:
             # agent down (fail loud).
             self._release(job)
             try:
-                self.joblog.write(
+                self._write_job_line(
                     LogEvent.STOP,
-                    incarnation=job.incarnation,
-                    epoch=job.epoch,
-                    job_id=order.job_id,
-                    assignment_id=order.assignment_id,
+                    job,
                     reason=StopReason.FAILED.value,
                 )
             finally:
@@ -593,12 +576,9 @@ class Agent:
             reason = job.stop_reason
         else:
             reason = StopReason(result.state.value)
-        self.joblog.write(
+        self._write_job_line(
             LogEvent.STOP,
-            incarnation=job.incarnation,
-            epoch=job.epoch,
-            job_id=order.job_id,
-            assignment_id=order.assignment_id,
+            job,
             reason=reason.value,
             exit_code=result.exit_code,
             time_unix_s=ended_unix_s,
@@ -693,9 +673,9 @@ class Agent:
                         "registration failed, retrying",
                         error=str(exc),
                         attempts=failures,
-                        retry_in_s=REGISTER_RETRY_S,
+                        retry_in_s=self.settings.register_retry_s,
                     )
-                await trio.sleep(REGISTER_RETRY_S)
+                await trio.sleep(self.settings.register_retry_s)
                 continue
             break
         # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
@@ -727,6 +707,34 @@ class Agent:
         self._live.set()
         self._registered_once.set()
 
+    def _write_job_line(
+        self,
+        event: LogEvent,
+        job: _Job,
+        *,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        time_unix_s: float | None = None,
+        started: bool = True,
+    ) -> None:
+        """Append ``event`` for ``job`` to the job log: its incarnation, the epoch of the Assign
+        that started it, its job and assignment ids, and the given fields.
+
+        Raises:
+            OSError: the line could not be written.
+        """
+        self.joblog.write(
+            event,
+            incarnation=job.incarnation,
+            epoch=job.epoch,
+            job_id=job.order.job_id,
+            assignment_id=job.order.assignment_id,
+            reason=reason,
+            exit_code=exit_code,
+            time_unix_s=time_unix_s,
+            started=started,
+        )
+
     # ------------------------------------------------------------------ heartbeats
 
     async def _heartbeat_loop(self) -> None:
@@ -735,14 +743,13 @@ class Agent:
         # Counted from the registration's send time, as after a heartbeat: a slow answer is
         # followed at once, not an interval later, while the deadline runs from the send.
         assert self._last_acked_send_time is not None
-        next_at = max(self._last_acked_send_time + interval_s, trio.current_time())
+        # A heartbeat that took longer than the interval is followed at once, not by a burst.
+        beats = Periodic(interval_s, last_at=self._last_acked_send_time)
         failures = 0
         while True:
-            await trio.sleep_until(next_at)
+            await beats.tick()
             ok = await self._heartbeat_once(failures)
             failures = 0 if ok else failures + 1
-            # A heartbeat that took longer than the interval is followed at once, not by a burst.
-            next_at = max(next_at + interval_s, trio.current_time())
 
     async def _heartbeat_once(self, failures: int) -> bool:
         """Send one heartbeat and obey its reply; False when no control plane answered."""
@@ -807,16 +814,16 @@ class Agent:
     def _call_deadline_s(self) -> float:
         """How long the next heartbeat or registration may wait for an answer, in seconds.
 
-        While live: until :data:`CALL_DEADLINE_MARGIN_S` before the fence deadline (a slow
+        While live: until ``call_deadline_margin_s`` before the fence deadline (a slow
         answer still keeps the jobs; a later one could not). Otherwise (registering, fenced)
         the self-fence span minus the margin, which bounds the deadline a registration sets.
         Never less than ``heartbeat_timeout_s``.
         """
         deadline = self._deadline()
         if self._live.is_set() and deadline is not None:
-            left_s = deadline - trio.current_time() - CALL_DEADLINE_MARGIN_S
+            left_s = deadline - trio.current_time() - self.settings.call_deadline_margin_s
         else:
-            left_s = self._fence_after_s - CALL_DEADLINE_MARGIN_S
+            left_s = self._fence_after_s - self.settings.call_deadline_margin_s
         return max(self.settings.heartbeat_timeout_s, left_s)
 
     def _deadline(self) -> float | None:

@@ -28,8 +28,8 @@ worker. An operator's process manager (or ``stockade up``) then starts the fleet
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,10 @@ import attrs
 import trio
 
 from agent.core import Agent
-from agent.main import run_agent
+from agent.main import run_agent, serve_until_signal
 from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, priority
-from runtime.aio import asyncio_bridge
 from runtime.errors import InvalidArgument, PermanentError
-from runtime.lag import LoopLag
 from runtime.settings import AgentSettings
 
 __all__ = [
@@ -363,18 +361,11 @@ async def run_fleet(
 
 async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
     logger = log.get("fleet")
-    async with asyncio_bridge():
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(LoopLag(loop="agent").run)
-                nursery.start_soon(run_fleet, workers)
-                async for signum in signals:
-                    logger.info(
-                        "stopping: signal received, stopping every worker's jobs",
-                        signal=signal.Signals(signum).name,
-                    )
-                    nursery.cancel_scope.cancel()
-                    break
+    await serve_until_signal(
+        partial(run_fleet, workers),
+        logger=logger,
+        message="stopping: signal received, stopping every worker's jobs",
+    )
     logger.info("fleet stopped")
 
 

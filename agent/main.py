@@ -11,8 +11,10 @@ passed in. :func:`main` also measures the process's event-loop lag
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
 
 import trio
 
@@ -26,6 +28,7 @@ from runtime import identifiers, log, metrics, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
+from runtime.loops import run_until_signal
 from runtime.settings import AgentSettings
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
@@ -113,19 +116,24 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         task_status.started(agent)
 
 
+async def serve_until_signal(work: Callable[[], Awaitable[object]], *, logger: Any, message: str) -> None:
+    """Run ``work`` beside the process's loop-lag probe (loop ``agent``), under the asyncio
+    bridge, until SIGTERM or SIGINT (:func:`runtime.loops.run_until_signal`, which logs
+    ``message``); the agent and the fleet processes both run so."""
+
+    async def serve() -> None:
+        async with asyncio_bridge(), trio.open_nursery() as nursery:
+            nursery.start_soon(LoopLag(loop="agent").run)
+            nursery.start_soon(work)
+
+    await run_until_signal(serve, logger=logger, message=message)
+
+
 async def _run_until_signal(settings: AgentSettings) -> None:
     logger = log.get("agent")
-    async with asyncio_bridge():
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(LoopLag(loop="agent").run)
-                nursery.start_soon(run_agent, settings)
-                async for signum in signals:
-                    logger.info(
-                        "stopping: signal received, stopping every job", signal=signal.Signals(signum).name
-                    )
-                    nursery.cancel_scope.cancel()
-                    break
+    await serve_until_signal(
+        partial(run_agent, settings), logger=logger, message="stopping: signal received, stopping every job"
+    )
     logger.info("agent stopped")
 
 

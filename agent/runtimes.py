@@ -66,9 +66,10 @@ from agent import reaper
 from agent.messages import JobState
 from agent.starts import Spawner
 from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
+from runtime.settings import JOB_PROCESSES
 
-_POLL_INTERVAL_S = 0.05
-REAPER_SLACK_S = 1.0
+_POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
+REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
 """How long past its due time the agent waits for a reaper before it steps in, in seconds."""
 _T = TypeVar("_T")
 

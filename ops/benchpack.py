@@ -69,10 +69,11 @@ from ops.cluster import LocalCluster, StateDir, metrics_address
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings import PLACEMENT_POLICIES, LedgerSettings, PlacerSettings
 
 WORKER_SHAPES = ((16000, 32768), (8000, 16384))
-POLICIES = ("best_fit", "first_fit", "worst_fit")
+POLICIES = PLACEMENT_POLICIES
+"""The policies a pack benchmark compares by default (every one :mod:`actors.placement` knows)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -39,6 +39,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import asyncpg
+import attrs
 import betterproto2
 import grpclib.client
 import grpclib.const
@@ -68,6 +69,7 @@ from runtime.errors import (
     Unavailable,
 )
 from runtime.identifiers import parse_address
+from runtime.settings import DEFAULT_READ_STATEMENT_TIMEOUT_S, session_ms
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -300,6 +302,41 @@ class ReconnectingConnection:
 
 async def _keep_session(connection: asyncpg.Connection) -> None:
     """A pool's reset that sends nothing (asyncpg has rolled back any open transaction)."""
+
+
+@attrs.define
+class ReadStore:
+    """A decider's reads on a connection of its own, opened on first use and again after a
+    failure, each read bounded by ``statement_timeout_s``: the base of the actors' database
+    stores (subclasses add their queries, and may add session settings).
+
+    Args:
+        database_url: the database URL.
+        application_name: the connection's name in ``pg_stat_activity``.
+        statement_timeout_s: longest one read may run (the session's ``statement_timeout``).
+    """
+
+    database_url: str
+    application_name: str
+    statement_timeout_s: float = DEFAULT_READ_STATEMENT_TIMEOUT_S
+    _db: ReconnectingConnection = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._db = ReconnectingConnection(self.database_url, self.server_settings())
+
+    def server_settings(self) -> dict[str, str]:
+        """The PostgreSQL session settings of the store's connection."""
+        return {
+            "application_name": self.application_name,
+            "statement_timeout": session_ms(self.statement_timeout_s),
+        }
+
+    async def _connection(self) -> PgConnection:
+        return await self._db.get()
+
+    async def close(self) -> None:
+        """Close the connection (shielded); a later read opens another."""
+        await self._db.close()
 
 
 class PgPool:

@@ -2,9 +2,10 @@
 
 Defaults: lease 2 s (renewed every 0.5 s, standbys probe every 50 ms), placer round 100 ms,
 reconcile 0.25 s, heartbeat 0.25 s, dead_after 2.5 s, self-fence 1.5 s with a 0.5 s stop
-grace (so a cut-off worker has stopped its jobs 0.5 s before the cluster may move them). These
-are tighter than DESIGN.md's starting values (reconcile 1 s, heartbeat 0.5 s, dead_after 5 s)
-to recover a dead worker's jobs within 3 s. Every group validates itself at construction and raises
+grace (so a cut-off worker has stopped its jobs 0.5 s before the cluster may move them), to
+recover a dead worker's jobs within 3 s (DESIGN.md's "Defaults today"; the README's settings
+table lists the current values). Every timing knob and session setting of the actors and the
+agent is a field here, with its unit in its name. Every group validates itself at construction and raises
 :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit;
 :class:`ControlPlaneSettings` checks the rules between groups (the fence rule: a fenced write
 never holds the lease's share lock long enough to cost the leader its renewal).
@@ -54,6 +55,27 @@ def _fraction(instance: Any, attribute: attrs.Attribute[Any], value: float) -> N
         raise InvalidArgument(attribute.name, value, "must be > 0 and < 1")
 
 
+def session_ms(seconds: float) -> str:
+    """A duration as a PostgreSQL session setting's value: whole milliseconds, as text
+    (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``)."""
+    return str(int(seconds * 1000))
+
+
+PLACEMENT_POLICIES = ("best_fit", "first_fit", "worst_fit")
+"""The placement policies :func:`actors.placement.place` knows, the default first (the one
+list: settings, the placer and the tools take it from here)."""
+
+DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
+"""The default of the deciders' ``read_statement_timeout_s`` (placer, reconciler)."""
+
+DEFAULT_WIRE_WORK_BURST_S = 0.01
+"""The default of ``IngestSettings.wire_work_burst_s`` (see there)."""
+
+DEFAULT_DEAD_AFTER_S = 2.5
+"""The default of ``ReconcilerSettings.dead_after_s`` (see there), which the ingest tells
+workers at registration."""
+
+
 @attrs.frozen(kw_only=True)
 class LeaseSettings:
     """The lease keeper's timing."""
@@ -68,6 +90,9 @@ class LeaseSettings:
     """How often a standby checks whether the lease expired or its holder's session is gone."""
     statement_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """Longest a lease query may take before it counts as failed."""
+    renew_retry_s: float = attrs.field(default=0.05, validator=_positive)
+    """Wait after a renewal that failed (database unreachable) before the next try, in seconds;
+    never longer than ``renew_interval_s``."""
     max_main_loop_stall_s: float = attrs.field(default=5.0, validator=_positive)
     """The leader steps down (and a standby takes nothing over) while the process's main loop,
     where decisions are made, has not run for this long; the lease keeper itself runs on a
@@ -107,6 +132,11 @@ class LedgerSettings:
     answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
     """A fenced write still unanswered after this long (a stalled connection, which no server
     timeout ends) drops its connection; its outcome is then unknown."""
+    client_check_interval_s: float = attrs.field(default=0.25, validator=_positive)
+    """How often the server checks that the fenced connection's client is still there while a
+    statement runs (the session's ``client_connection_check_interval``), in seconds: a
+    statement whose client dropped it (answer deadline, lost connection) ends within this
+    long instead of running on to its end."""
     max_rows_per_fenced_write: int = attrs.field(
         default=DEFAULT_MAX_ROWS_PER_FENCED_WRITE, validator=_positive
     )
@@ -143,8 +173,8 @@ class PlacerSettings:
     166 ms on the loaded 2-core VM, 500 up to 39 ms."""
     worker_fresh_s: float = attrs.field(default=1.0, validator=_positive)
     """Place only on workers whose last heartbeat is at most this old (database time)."""
-    policy: str = attrs.field(default="best_fit")
-    """best_fit, first_fit or worst_fit."""
+    policy: str = attrs.field(default=PLACEMENT_POLICIES[0])
+    """One of :data:`PLACEMENT_POLICIES`: best_fit, first_fit or worst_fit."""
     max_reservations: int = attrs.field(default=4, validator=_non_negative)
     """Workers a round may keep free for the first jobs that fit no free room yet (0: none; see
     :mod:`actors.placement`)."""
@@ -158,10 +188,23 @@ class PlacerSettings:
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""
 
+    resync_interval_s: float = attrs.field(default=30.0, validator=_positive)
+    """Read the whole pending queue again this often (and at every election), in seconds."""
+    reserving_recheck_s: float = attrs.field(default=1.0, validator=_positive)
+    """How often the placer asks whether the jobs holding reservations are still pending, in
+    seconds (not on every round of a backlog)."""
+    read_statement_timeout_s: float = attrs.field(
+        default=DEFAULT_READ_STATEMENT_TIMEOUT_S, validator=_positive
+    )
+    """Longest one of the placer's reads may run (its connection's ``statement_timeout``), in
+    seconds."""
+
     @policy.validator
     def _policy(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if value not in ("best_fit", "first_fit", "worst_fit"):
-            raise InvalidArgument("policy", value, "must be best_fit, first_fit or worst_fit")
+        if value not in PLACEMENT_POLICIES:
+            raise InvalidArgument(
+                "policy", value, f"must be {', '.join(PLACEMENT_POLICIES[:-1])} or {PLACEMENT_POLICIES[-1]}"
+            )
 
     def __attrs_post_init__(self) -> None:
         if self.initial_window > self.max_unconfirmed_per_worker:
@@ -178,7 +221,7 @@ class ReconcilerSettings:
 
     reconcile_interval_s: float = attrs.field(default=0.25, validator=_positive)
     """Time between passes."""
-    dead_after_s: float = attrs.field(default=2.5, validator=_positive)
+    dead_after_s: float = attrs.field(default=DEFAULT_DEAD_AFTER_S, validator=_positive)
     """A worker without a recorded heartbeat for this long (database time) is declared dead."""
     redispatch_after_s: float = attrs.field(default=1.0, validator=_positive)
     """An assignment no heartbeat has confirmed after this long is sent to its worker again
@@ -200,6 +243,13 @@ class ReconcilerSettings:
     least ``mass_silence_min_workers``) are silent past dead_after_s at once."""
     mass_silence_min_workers: int = attrs.field(default=3, validator=_positive)
     """Fewer silent workers than this never count as mass silence."""
+    held_log_every_s: float = attrs.field(default=5.0, validator=_positive)
+    """At most one log line per this many seconds about held declarations, per reason."""
+    read_statement_timeout_s: float = attrs.field(
+        default=DEFAULT_READ_STATEMENT_TIMEOUT_S, validator=_positive
+    )
+    """Longest one of the reconciler's reads may run (its connection's ``statement_timeout``),
+    in seconds."""
 
     def __attrs_post_init__(self) -> None:
         if self.requeue_backoff_max_s < self.requeue_backoff_base_s:
@@ -244,14 +294,29 @@ class IngestSettings:
     """Most of the service's event-loop time that building, encoding, decoding and checking
     large messages (in slices of ``wire_step_messages``) may take, as a fraction of wall time
     (0.25: a quarter); past it the slices pause, so heartbeats and the gRPC exchanges get the rest."""
+    wire_work_burst_s: float = attrs.field(default=DEFAULT_WIRE_WORK_BURST_S, validator=_non_negative)
+    """The most loop time those slices may save up while idle and then spend at once, in
+    seconds (:class:`actors.admission.LoopShare`)."""
     wire_step_messages: int = attrs.field(default=32, validator=_positive)
     """Elements of a large reply (a listing's jobs) encoded, or of a large request (a batch's
     jobs) decoded and checked, between two yields to the service's event loop: about 2 ms of
     work at 32 on the 2-core development VM."""
+    statement_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """Longest one statement of the service may run (its connections' ``statement_timeout``),
+    in seconds."""
+    idle_in_transaction_timeout_s: float = attrs.field(default=0.5, validator=_positive)
+    """PostgreSQL ends a service session idle inside a transaction this long (a replica frozen
+    in the middle of a registration), so it does not keep a worker's row locked, in seconds."""
+    lock_timeout_s: float = attrs.field(default=0.3, validator=_positive)
+    """Longest a statement of the service waits for a row lock (the worker then tries the next
+    replica), in seconds."""
+    liveness_connection_wait_s: float = attrs.field(default=5.0, validator=_positive)
+    """Longest liveness work (heartbeats, registrations, presence) waits for a connection, in
+    seconds (other work waits at most ``max_admission_wait_s``)."""
     answer_timeout_s: float = attrs.field(default=6.0, validator=_positive)
     """Longest a request's database work may run once started, in seconds. It is not
-    cancelled by its client's deadline (its server-side ``statement_timeout`` of 5 s bounds
-    it); past this bound, a stalled connection is dropped."""
+    cancelled by its client's deadline (its server-side ``statement_timeout_s`` bounds it);
+    past this bound, a stalled connection is dropped."""
     shed_log_every_s: float = attrs.field(default=5.0, validator=_positive)
     """At most one log line about refused requests per this many seconds."""
     max_pending_jobs: int = attrs.field(default=20_000, validator=_non_negative)
@@ -302,6 +367,12 @@ class ControlPlaneSettings:
     listen_host:actual port."""
     presence_interval_s: float = attrs.field(default=1.0, validator=_positive)
     """How often the replica records that it is up (control_planes.seen_at)."""
+    schema_retry_base_s: float = attrs.field(default=0.2, validator=_positive)
+    """While the database cannot be reached at start-up, the schema is applied again after a
+    random wait below this, then below twice, four times ... this (seconds; capped
+    exponential backoff with full jitter, :func:`runtime.loops.retry`)."""
+    schema_retry_max_s: float = attrs.field(default=5.0, validator=_positive)
+    """The largest bound of that wait, in seconds."""
     ingest: IngestSettings = attrs.field(factory=IngestSettings)
     lease: LeaseSettings = attrs.field(factory=LeaseSettings)
     ledger: LedgerSettings = attrs.field(factory=LedgerSettings)
@@ -339,6 +410,23 @@ class ControlPlaneSettings:
                 f"must be <= ledger.max_rows_per_fenced_write = {self.ledger.max_rows_per_fenced_write} "
                 f"(a round's placements are one fenced write)",
             )
+
+
+@attrs.frozen(kw_only=True)
+class JobProcessSettings:
+    """How the agent watches a command job's processes (:mod:`agent.runtimes`). The same for
+    every worker of a process; the reaper itself (:mod:`agent.reaper`, a program of its own
+    that imports nothing of ours to start fast) keeps its poll times next to its code."""
+
+    exit_poll_s: float = attrs.field(default=0.05, validator=_positive)
+    """How often the agent looks whether a job's reaper has exited, while waiting for it, in
+    seconds."""
+    reaper_slack_s: float = attrs.field(default=1.0, validator=_positive)
+    """How long past its due time the agent waits for a reaper before it steps in, in seconds."""
+
+
+JOB_PROCESSES = JobProcessSettings()
+"""The :class:`JobProcessSettings` the agent uses."""
 
 
 MIN_JOB_NICE = 0
@@ -383,6 +471,17 @@ class AgentSettings:
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
     stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
+    self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)
+    """A worker's jobs must be stopped at least this long before the cluster may declare it
+    dead: the self-fence deadline is lowered to ``dead_after_s - stop_grace_s`` minus this
+    when the control planes' ``dead_after_s`` asks for it (:func:`agent.core.fence_after_s`)."""
+    min_self_fence_s: float = attrs.field(default=0.1, validator=_positive)
+    """The self-fence deadline is never lowered below this, in seconds."""
+    call_deadline_margin_s: float = attrs.field(default=0.1, validator=_non_negative)
+    """A heartbeat or registration gives up this long before the fence deadline (an answer
+    after it would come too late to keep the jobs), in seconds."""
+    register_retry_s: float = attrs.field(default=0.5, validator=_positive)
+    """Pause between registration attempts while no control plane answers, in seconds."""
     leave_timeout_s: float = attrs.field(default=1.0, validator=_positive)
     """How long a clean stop waits for a control plane to record that the worker left, once
     every job has ended; past it the worker is declared dead after dead_after_s instead."""

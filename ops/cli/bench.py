@@ -25,6 +25,7 @@ from ops.cli.common import (
 )
 from ops.cli.render import seconds_text
 from ops.cluster import ClusterError, LocalCluster, StateDir, default_state_dir
+from runtime.settings import PLACEMENT_POLICIES
 
 
 @bench_app.command("failover")
@@ -83,7 +84,7 @@ def bench_pack(
     seed: Annotated[int, typer.Option(help="Seed of the job stream.")] = 1,
     policy: Annotated[
         str, typer.Option(help="Policies to compare, comma-separated (best_fit first is the baseline).")
-    ] = "best_fit,first_fit,worst_fit",
+    ] = ",".join(PLACEMENT_POLICIES),
     fleet_size: Annotated[int, typer.Option(help="Workers hosted per process.")] = 25,
     burst: Annotated[bool, typer.Option(help="Run the burst scenario.")] = True,
     burst_jobs: Annotated[int, typer.Option(help="Jobs in the burst.")] = 10_000,

@@ -17,6 +17,7 @@ from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
     MIN_JOB_NICE,
+    PLACEMENT_POLICIES,
     AgentSettings,
     IngestSettings,
     LeaseSettings,
@@ -82,7 +83,7 @@ def control_plane(
         float, typer.Option(help="A worker silent this long is declared dead, seconds.")
     ] = _RECONCILER.dead_after_s,
     policy: Annotated[
-        str, typer.Option(help="Placement policy: best_fit, first_fit or worst_fit.")
+        str, typer.Option(help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}.")
     ] = _PLACER.policy,
     max_reservations: Annotated[
         int,

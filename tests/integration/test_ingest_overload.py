@@ -14,7 +14,6 @@ import trio
 from prometheus_client import REGISTRY
 from serving import serve_ingests
 
-from actors import ingest as ingest_module
 from actors.ingest import ControlPlaneService, Ingest
 from protocol import pb
 from runtime import aio
@@ -95,14 +94,14 @@ async def wait_until(predicate: Callable[[], Any], timeout_s: float = 2.0) -> No
 
 
 async def test_a_heartbeat_whose_client_gives_up_keeps_its_connection_and_is_recorded(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
+    database_url: str,
 ) -> None:
     """The client's deadline passes while the heartbeat's statement waits for a row lock: the
     statement is not cancelled, so the pool keeps the same server processes, and the
     heartbeat is recorded once the lock is free."""
     # Room for a slow machine between the client giving up and the lock being released.
-    monkeypatch.setitem(ingest_module.SESSION_SETTINGS, "lock_timeout", "3000")
-    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
+    settings = attrs.evolve(SETTINGS, lock_timeout_s=3.0)
+    async with serve_ingests(database_url, "cp-1", settings=settings) as (ingest,):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0)
         admin = await PgConnection.connect(database_url)
         try:

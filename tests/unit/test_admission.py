@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.admission import (
-    CONNECTION_WAIT_S,
     LIVENESS_RPCS,
     AdmissionGate,
     Load,
@@ -221,12 +220,12 @@ def test_other_work_in_progress_never_exceeds_its_limit_and_liveness_keeps_its_r
 def test_a_request_waits_for_its_turn_at_most_its_limit_and_never_past_its_deadline(
     now: float, left_s: float, liveness: bool, max_wait_s: float
 ) -> None:
-    """Other work waits at most max_admission_wait_s, liveness work CONNECTION_WAIT_S, and
+    """Other work waits at most max_admission_wait_s, liveness work liveness_connection_wait_s, and
     neither beyond its client's deadline."""
     settings = IngestSettings(max_admission_wait_s=max_wait_s)
     wait_s = admission_wait_s(now=now, deadline=now + left_s, liveness=liveness, settings=settings)
     assert 0.0 <= wait_s <= max(0.0, left_s) + 1e-9
-    assert wait_s <= (CONNECTION_WAIT_S if liveness else max_wait_s)
+    assert wait_s <= (settings.liveness_connection_wait_s if liveness else max_wait_s)
 
 
 def test_the_turn_timeout_message_names_the_replica_the_rpc_the_wait_and_the_limits() -> None:

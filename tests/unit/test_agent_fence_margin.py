@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core import SELF_FENCE_MARGIN_S, fence_after_s
+from agent.core import fence_after_s
 from runtime.settings import AgentSettings
 
 
@@ -27,7 +27,9 @@ def test_the_defaults_fit_the_default_dead_after() -> None:
 
 def test_a_fence_too_late_for_dead_after_is_lowered_to_fit() -> None:
     """Fencing at 3 s with a 1 s stop could outlast a 2.5 s dead_after: it fences at 1 s."""
-    assert fence_after_s(settings(3.0, 1.0), 2.5) == pytest.approx(2.5 - 1.0 - SELF_FENCE_MARGIN_S)
+    assert fence_after_s(settings(3.0, 1.0), 2.5) == pytest.approx(
+        2.5 - 1.0 - settings(3.0, 1.0).self_fence_margin_s
+    )
 
 
 def test_unknown_dead_after_keeps_the_setting_and_the_floor_holds() -> None:

@@ -22,7 +22,7 @@ import trio.testing
 from agent import core as agent_core
 from agent import joblog as agent_joblog
 from agent import runtimes as agent_runtimes
-from agent.core import REGISTER_RETRY_S, Agent
+from agent.core import Agent
 from agent.joblog import read_log
 from agent.messages import (
     AssignOrder,
@@ -180,7 +180,7 @@ async def test_registration_is_retried_until_a_control_plane_answers(
         cp.mode = "up"
         await agent.wait_registered()
     gaps = [b[0] - a[0] for a, b in zip(cp.registrations, cp.registrations[1:], strict=False)]
-    assert gaps == pytest.approx([TIMEOUT_S + REGISTER_RETRY_S] * len(gaps))
+    assert gaps == pytest.approx([TIMEOUT_S + agent.settings.register_retry_s] * len(gaps))
     assert cp.registrations[0][1].address == "127.0.0.1:9"
     assert agent.incarnation == 1
 
@@ -337,7 +337,7 @@ async def test_registration_carries_the_unacknowledged_outcomes_and_then_drops_t
     assert (outcome.job_id, outcome.state.value, outcome.exit_code) == (10, "succeeded", 0)
     assert [o for _, r in cp.heartbeats for o in r.finished] == []
     gaps = [b[0] - a[0] for a, b in zip(cp.registrations[1:], cp.registrations[2:], strict=False)]
-    assert gaps == pytest.approx([REGISTER_RETRY_S] * 2)
+    assert gaps == pytest.approx([agent.settings.register_retry_s] * 2)
 
 
 async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(tmp_path: Path, autojump_clock: Any) -> None:

@@ -53,6 +53,9 @@ class FakeStore:
     ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
         return self.workers, [], mark
 
+    async def close(self) -> None:
+        pass
+
 
 def store() -> FakeStore:
     ref = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)

@@ -86,6 +86,9 @@ class FakeStore:
         jobs = [self.visible[x] for x in above + late]
         return await self.live_workers(fresh_s), jobs, self._after(mark, last_read)
 
+    async def close(self) -> None:
+        pass
+
 
 def make_placer(
     store: FakeStore,
@@ -127,7 +130,7 @@ async def test_a_job_whose_transaction_commits_late_is_read_by_the_next_round_ho
     no longer asked for."""
     store = FakeStore(visible={3: waiting(3, 3)}, running={4: waiting(4, 4)})
     placer, _ = make_placer(store)
-    placer.resync_interval_s = 3600.0
+    placer.settings = attrs.evolve(placer.settings, resync_interval_s=3600.0)
     await placer.round(epoch=1)
     store.visible[5] = waiting(5, 5)
     await placer.round(epoch=1)

@@ -88,6 +88,9 @@ class FakeStore:
     async def cancel_requested(self) -> list[Delivery]:
         return []
 
+    async def close(self) -> None:
+        pass
+
 
 @attrs.define
 class Harness:
