@@ -10,11 +10,12 @@ import math
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from actors.messages import CommittedAssignment, JobPayload, WorkerRef
+from actors.messages import CommittedAssignment, WorkerRef
 from actors.reconciler import Delivery, plan_deliveries, resend_due
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import ReconcilerSettings
 
-PAYLOAD = JobPayload(name="j", cpu_millis=1, memory_mb=1, priority=0, sleep_ms=1, argv=None)
+PAYLOAD = JobSpec(name="j", cpu_millis=1, memory_mb=1, priority=0, runtime=SleepRuntime(duration_ms=1))
 WORKERS = [WorkerRef(worker_id=f"w-{i}", address=f"127.0.0.1:{i + 1}", incarnation=1) for i in range(4)]
 
 
@@ -26,7 +27,7 @@ def delivery(assignment_id: int, worker: WorkerRef, age_s: float) -> Delivery:
             worker_id=worker.worker_id,
             incarnation=worker.incarnation,
             epoch=1,
-            payload=PAYLOAD,
+            spec=PAYLOAD,
         ),
         worker=worker,
         age_s=age_s,

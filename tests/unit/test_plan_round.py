@@ -11,9 +11,10 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.messages import CommittedAssignment, JobPayload, WorkerRef
+from actors.messages import CommittedAssignment, WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, placement_limit
 from actors.placer import LiveWorker, RoundPlan, plan_round
+from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import PLACEMENT_POLICIES, PlacerSettings
 
 NOW = 100.0
@@ -189,7 +190,7 @@ def test_a_round_after_one_that_found_nothing_to_do_decides_nothing_while_nothin
 def committed_of(plan: RoundPlan, skip: frozenset[int]) -> tuple[CommittedAssignment, ...]:
     """What the ledger answers for ``plan``, in reverse order, without the jobs in ``skip``
     (cancelled or claimed meanwhile)."""
-    payload = JobPayload(name="j", cpu_millis=1, memory_mb=1, priority=0, sleep_ms=1, argv=None)
+    payload = JobSpec(name="j", cpu_millis=1, memory_mb=1, priority=0, runtime=SleepRuntime(duration_ms=1))
     return tuple(
         CommittedAssignment(
             assignment_id=1000 + i,
@@ -197,7 +198,7 @@ def committed_of(plan: RoundPlan, skip: frozenset[int]) -> tuple[CommittedAssign
             worker_id=p.worker_id,
             incarnation=p.incarnation,
             epoch=7,
-            payload=payload,
+            spec=payload,
         )
         for i, p in reversed(list(enumerate(plan.placements)))
         if p.job_id not in skip
