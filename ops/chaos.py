@@ -34,10 +34,12 @@ from typing import Any
 import attrs
 import psutil
 import trio
+from rich.console import Group
 
 from ops import checker
 from ops.cluster import LocalCluster, StateDir
 from ops.netfault import Link, serve_proxy
+from ops.tables import VerdictRow, seconds_text, verdict_table
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
@@ -113,28 +115,48 @@ class ChaosResult:
     def _times(self, *kinds: str) -> list[float]:
         return [f.seconds for f in self.failovers if f.kind in kinds]
 
-    def as_dict(self) -> dict[str, Any]:
-        """The results, with the stable keys of the table."""
-        kills = self._times("kill")
-        freezes = self._times("freeze", "freeze_in_transaction")
-        report = self.report.as_dict() if self.report is not None else {}
+    @property
+    def kill_times(self) -> list[float]:
+        """Seconds to a new leader after each SIGKILL."""
+        return self._times("kill")
+
+    @property
+    def freeze_times(self) -> list[float]:
+        """Seconds to a new leader after each freeze (in a transaction or not)."""
+        return self._times("freeze", "freeze_in_transaction")
+
+    @property
+    def details(self) -> list[str]:
+        """The checker's details, then what stopped the run early."""
+        return [*(self.report.details if self.report is not None else ()), *self.errors]
+
+    def to_json(self) -> dict[str, Any]:
+        """The results, with the stable keys of the table (``stockade chaos --json``)."""
+        kills, freezes = self.kill_times, self.freeze_times
+        report = self.report
+        counts = {
+            key: getattr(report, key) if report is not None else None
+            for key in (
+                "double_placements",
+                "double_runs",
+                "jobs_submitted",
+                "jobs_finished",
+                "false_deaths",
+                "lost_successes",
+                "stale_writes_rejected",
+                "elections",
+                "worker_deaths",
+                "self_fences",
+                "extra_assignments",
+            )
+        }
         return {
             "failovers": {
                 "killed": len(kills),
                 "frozen": len(freezes),
                 "frozen_in_transaction": len(self._times("freeze_in_transaction")),
             },
-            "double_placements": report.get("double_placements"),
-            "double_runs": report.get("double_runs"),
-            "jobs_submitted": report.get("jobs_submitted"),
-            "jobs_finished": report.get("jobs_finished"),
-            "false_deaths": report.get("false_deaths"),
-            "lost_successes": report.get("lost_successes"),
-            "stale_writes_rejected": report.get("stale_writes_rejected"),
-            "elections": report.get("elections"),
-            "worker_deaths": report.get("worker_deaths"),
-            "self_fences": report.get("self_fences"),
-            "extra_assignments": report.get("extra_assignments"),
+            **counts,
             "failover_kill_p50_s": _p50(kills),
             "failover_kill_max_s": round(max(kills), 3) if kills else None,
             "failover_freeze_p50_s": _p50(freezes),
@@ -144,14 +166,43 @@ class ChaosResult:
             "partitions_rejoined": self.partitions_rejoined,
             "partitions_worked_again": self.partitions_worked_again,
             "duration_s": round(self.duration_s, 1),
-            "unfinished_job_ids": report.get("unfinished_job_ids", []),
-            "details": report.get("details", []) + self.errors,
+            "unfinished_job_ids": list(report.unfinished_job_ids) if report is not None else [],
+            "details": self.details,
             "ok": self.ok,
         }
 
     @property
     def ok(self) -> bool:
         return self.report is not None and self.report.ok and not self.errors
+
+
+def chaos_table(result: ChaosResult) -> Group:
+    """The run for the terminal: the failovers, the checker's verdicts, the failover times,
+    worker kills and partitions, then the first 20 details."""
+    kills, freezes = result.kill_times, result.freeze_times
+    partitions = len(result.partitions)
+    rows: list[VerdictRow] = [
+        ("failovers (killed, frozen)", f"{len(kills)}, {len(freezes)}", None),
+        *(checker.report_rows(result.report) if result.report is not None else []),
+        (
+            "failover_kill_p50_s / max",
+            f"{seconds_text(_p50(kills))} / {seconds_text(max(kills, default=None))}",
+            None,
+        ),
+        (
+            "failover_freeze_p50_s / max",
+            f"{seconds_text(_p50(freezes))} / {seconds_text(max(freezes, default=None))}",
+            None,
+        ),
+        ("worker_kills", str(result.worker_kills), None),
+        (
+            "partitions (rejoined, ran jobs again)",
+            f"{partitions} ({result.partitions_rejoined}, {result.partitions_worked_again})",
+            result.partitions_rejoined == partitions if partitions else None,
+        ),
+        ("duration", f"{round(result.duration_s, 1)} s", None),
+    ]
+    return Group(verdict_table(rows), *checker.details_lines(result.details))
 
 
 def _p50(values: Sequence[float]) -> float | None:
