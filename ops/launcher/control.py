@@ -3,6 +3,8 @@
 :class:`LocalCluster` carries out what :func:`ops.launcher.plan.plan` decides (start the
 missing processes, stop the surplus ones), waits for readiness (:mod:`ops.launcher.ready`),
 and stops everything on ``down``. The folder and its records are :mod:`ops.launcher.state`.
+(A little past 500 lines: the class is the one owner of the processes it started, and up,
+kill and down share that record, so it stays whole.)
 """
 
 from __future__ import annotations
