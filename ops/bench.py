@@ -9,14 +9,18 @@ worker's SIGKILL until every job it ran is running on another worker.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attr
 import attrs
+import rich.box
 import trio
+from rich.table import Table
 
 from ops.chaos import ChaosSettings, Harness
 from ops.cluster import LocalCluster
+from ops.tables import seconds_text
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
@@ -35,7 +39,80 @@ class FailoverBenchSettings:
     """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs to move."""
 
 
-def _summary(values: list[float]) -> tuple[float | None, float | None]:
+@attrs.frozen(kw_only=True)
+class FailoverSamples:
+    """Every measured time, in seconds, in the order measured."""
+
+    kill: tuple[float, ...] = ()
+    """To a new leader after a SIGKILL of the leader."""
+    freeze: tuple[float, ...] = ()
+    """To a new leader after a SIGSTOP of the leader (longer than the lease)."""
+    stop: tuple[float, ...] = ()
+    """To a new leader after a SIGTERM of the leader."""
+    worker_recovery: tuple[float, ...] = ()
+    """From a worker's SIGKILL until every job it ran runs elsewhere."""
+
+
+@attrs.frozen(kw_only=True)
+class FailoverFigures:
+    """The p50 and max of each kind of sample, in seconds (None: none measured), and the samples."""
+
+    failover_kill_p50_s: float | None
+    failover_kill_max_s: float | None
+    failover_freeze_p50_s: float | None
+    failover_freeze_max_s: float | None
+    failover_stop_p50_s: float | None
+    failover_stop_max_s: float | None
+    worker_recovery_p50_s: float | None
+    worker_recovery_max_s: float | None
+    samples: FailoverSamples
+
+    @classmethod
+    def of(cls, samples: FailoverSamples) -> FailoverFigures:
+        """The figures of ``samples`` (which are kept rounded to the millisecond)."""
+        figures: dict[str, float | None] = {}
+        for kind in ("kill", "freeze", "stop"):
+            figures[f"failover_{kind}_p50_s"], figures[f"failover_{kind}_max_s"] = _summary(
+                getattr(samples, kind)
+            )
+        figures["worker_recovery_p50_s"], figures["worker_recovery_max_s"] = _summary(samples.worker_recovery)
+        rounded = FailoverSamples(
+            **{k: tuple(round(v, 3) for v in vs) for k, vs in attrs.asdict(samples).items()}
+        )
+        return cls(**figures, samples=rounded)
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures with their stable keys (``stockade bench failover --json``)."""
+        return attr.asdict(self, retain_collection_types=False)
+
+
+def failover_table(figures: FailoverFigures) -> Table:
+    """The figures for the terminal: runs, p50 and max of each measure."""
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
+    for column in ("measure", "runs", "p50", "max"):
+        table.add_column(column, justify="left" if column == "measure" else "right")
+    samples = figures.samples
+    for label, p50, top, runs in [
+        ("new leader after SIGKILL", figures.failover_kill_p50_s, figures.failover_kill_max_s, samples.kill),
+        (
+            "new leader after SIGSTOP",
+            figures.failover_freeze_p50_s,
+            figures.failover_freeze_max_s,
+            samples.freeze,
+        ),
+        ("new leader after SIGTERM", figures.failover_stop_p50_s, figures.failover_stop_max_s, samples.stop),
+        (
+            "killed worker's jobs running elsewhere",
+            figures.worker_recovery_p50_s,
+            figures.worker_recovery_max_s,
+            samples.worker_recovery,
+        ),
+    ]:
+        table.add_row(label, str(len(runs)), seconds_text(p50), seconds_text(top))
+    return table
+
+
+def _summary(values: Sequence[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
     return round(statistics.median(values), 3), round(max(values), 3)
@@ -43,11 +120,8 @@ def _summary(values: list[float]) -> tuple[float | None, float | None]:
 
 async def run_failover_bench(
     settings: FailoverBenchSettings, cluster: LocalCluster, progress: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """Run the faults one after the other and return the figures (seconds) with stable keys:
-    ``failover_kill_p50_s``, ``failover_kill_max_s``, ``failover_freeze_p50_s``,
-    ``failover_freeze_max_s``, ``failover_stop_p50_s``, ``failover_stop_max_s``,
-    ``worker_recovery_p50_s``, ``worker_recovery_max_s``, and the raw samples."""
+) -> FailoverFigures:
+    """Run the faults one after the other and return the figures (seconds) and the samples."""
     harness = Harness(
         settings=ChaosSettings(failovers=0, workers=settings.workers, mid_transaction_every=0),
         cluster=cluster,
@@ -92,12 +166,11 @@ async def run_failover_bench(
     times: dict[str, list[float]] = {"kill": [], "freeze": [], "stop": []}
     for failover in harness.result.failovers:
         times[failover.kind].append(failover.seconds)
-    figures: dict[str, Any] = {}
-    for kind, values in times.items():
-        figures[f"failover_{kind}_p50_s"], figures[f"failover_{kind}_max_s"] = _summary(values)
-    figures["worker_recovery_p50_s"], figures["worker_recovery_max_s"] = _summary(recoveries)
-    figures["samples"] = {
-        **{k: [round(v, 3) for v in vs] for k, vs in times.items()},
-        "worker_recovery": [round(v, 3) for v in recoveries],
-    }
-    return figures
+    return FailoverFigures.of(
+        FailoverSamples(
+            kill=tuple(times["kill"]),
+            freeze=tuple(times["freeze"]),
+            stop=tuple(times["stop"]),
+            worker_recovery=tuple(recoveries),
+        )
+    )

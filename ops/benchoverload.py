@@ -45,8 +45,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attr
 import attrs
+import rich.box
 import trio
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
 from ops import checker
 from ops.cluster import LocalCluster, StateDir
@@ -105,6 +110,53 @@ class _Step:
     shed: int = 0
     failed: int = 0
     job_ids: list[int] = attrs.field(factory=list)
+
+
+@attrs.frozen(kw_only=True)
+class StepResult:
+    """One step's figures (jobs per second over the step's own length; see the module docstring)."""
+
+    step: str
+    offered_per_s: float
+    accepted_per_s: float
+    shed_per_s: float
+    failed_per_s: float
+    goodput_per_s: float
+    finish_p50_s: float | None
+    finish_p99_s: float | None
+    elections: int
+    worker_deaths: int
+    self_fences: int
+
+
+@attrs.frozen(kw_only=True)
+class OverloadResult:
+    """The whole run (see the module docstring for each figure)."""
+
+    settings: OverloadSettings
+    steps: tuple[StepResult, ...]
+    peak_goodput_per_s: float
+    last_step_over_peak: float | None
+    recovery_over_first: float | None
+    backlog_after_steps: int
+    drain_s: float | None
+    unfinished_after_drain: int
+    check: checker.CheckReport
+    samples: tuple[tuple[float, int, int, int], ...]
+    """[seconds, pending, placed, succeeded] every second."""
+
+    @property
+    def ok(self) -> bool:
+        """False when a job was placed or run twice or a success was lost."""
+        return not (self.check.double_placements or self.check.double_runs or self.check.lost_successes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result with the stable keys of ``bench-overload.json`` (README)."""
+        data = attr.asdict(
+            self, filter=lambda field, _value: field.name != "check", retain_collection_types=False
+        )
+        samples = data.pop("samples")
+        return {**data, "check": self.check.to_json(), "samples": samples}
 
 
 def _spec(settings: OverloadSettings, index: int) -> pb.JobSpec:
@@ -186,7 +238,7 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 
 async def run_overload(
     settings: OverloadSettings, root: Path, progress: Callable[[str], None]
-) -> dict[str, Any]:
+) -> OverloadResult:
     """Run the benchmark on a fresh cluster in ``root``; returns its figures (see the module
     docstring) with ``steps``, ``samples`` (``[seconds, pending, placed, succeeded]`` every
     second) and the whole run's checker report.
@@ -265,65 +317,66 @@ async def run_overload(
     finally:
         await trio.to_thread.run_sync(cluster.down)
     fences = [float(r["time"]) for r in records if r.get("event") == "self_fence"]
-    results: list[dict[str, Any]] = []
+    results: list[StepResult] = []
     for step, row, finish in figures:
         seconds = max(step.ended_unix_s - step.started_unix_s, 1e-9)
+        half_finished = len(finish) * 2 >= step.accepted
         results.append(
-            {
-                "step": step.label,
-                "offered_per_s": round(step.offered / seconds, 1),
-                "accepted_per_s": round(step.accepted / seconds, 1),
-                "shed_per_s": round(step.shed / seconds, 1),
-                "failed_per_s": round(step.failed / seconds, 1),
-                "goodput_per_s": round(int(row["succeeded"]) / seconds, 1),
-                "finish_p50_s": _quantile(finish, 0.5) if len(finish) * 2 >= step.accepted else None,
-                "finish_p99_s": _quantile(finish, 0.99) if len(finish) * 2 >= step.accepted else None,
-                "elections": int(row["elections"]),
-                "worker_deaths": int(row["deaths"]),
-                "self_fences": sum(1 for t in fences if step.started_unix_s <= t < step.ended_unix_s),
-            }
+            StepResult(
+                step=step.label,
+                offered_per_s=round(step.offered / seconds, 1),
+                accepted_per_s=round(step.accepted / seconds, 1),
+                shed_per_s=round(step.shed / seconds, 1),
+                failed_per_s=round(step.failed / seconds, 1),
+                goodput_per_s=round(int(row["succeeded"]) / seconds, 1),
+                finish_p50_s=_quantile(finish, 0.5) if half_finished else None,
+                finish_p99_s=_quantile(finish, 0.99) if half_finished else None,
+                elections=int(row["elections"]),
+                worker_deaths=int(row["deaths"]),
+                self_fences=sum(1 for t in fences if step.started_unix_s <= t < step.ended_unix_s),
+            )
         )
-    goodput = [float(r["goodput_per_s"]) for r in results]
+    goodput = [r.goodput_per_s for r in results]
     peak = max(goodput[:-1])
-    return {
-        "settings": attrs.asdict(settings),
-        "steps": results,
-        "peak_goodput_per_s": peak,
-        "last_step_over_peak": round(goodput[-2] / peak, 3) if peak else None,
-        "recovery_over_first": round(goodput[-1] / goodput[0], 3) if goodput[0] else None,
-        "backlog_after_steps": backlog,
-        "drain_s": None if drained_s is None else round(drained_s, 1),
-        "unfinished_after_drain": unfinished,
-        "check": report.as_dict(),
-        "samples": [list(s) for s in samples],
-    }
+    return OverloadResult(
+        settings=settings,
+        steps=tuple(results),
+        peak_goodput_per_s=peak,
+        last_step_over_peak=round(goodput[-2] / peak, 3) if peak else None,
+        recovery_over_first=round(goodput[-1] / goodput[0], 3) if goodput[0] else None,
+        backlog_after_steps=backlog,
+        drain_s=None if drained_s is None else round(drained_s, 1),
+        unfinished_after_drain=unfinished,
+        check=report,
+        samples=tuple(samples),
+    )
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: OverloadResult, path: Path) -> None:
     """Goodput and accepted load against offered load, and the run over time, as one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = result["steps"]
+    steps = result.steps
     rising = steps[:-1]
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-    offered = [s["offered_per_s"] for s in rising]
+    offered = [s.offered_per_s for s in rising]
     left.plot(offered, offered, linestyle=":", color="grey", label="offered (all of it done)")
-    left.plot(offered, [s["accepted_per_s"] for s in rising], marker="s", label="accepted")
-    left.plot(offered, [s["goodput_per_s"] for s in rising], marker="o", linewidth=2, label="goodput")
+    left.plot(offered, [s.accepted_per_s for s in rising], marker="s", label="accepted")
+    left.plot(offered, [s.goodput_per_s for s in rising], marker="o", linewidth=2, label="goodput")
     again = steps[-1]
-    left.scatter([again["offered_per_s"]], [again["goodput_per_s"]], marker="*", s=150, color="red", zorder=5)
-    left.annotate("recovery step", (again["offered_per_s"], again["goodput_per_s"]), fontsize=8)
+    left.scatter([again.offered_per_s], [again.goodput_per_s], marker="*", s=150, color="red", zorder=5)
+    left.annotate("recovery step", (again.offered_per_s, again.goodput_per_s), fontsize=8)
     left.set_xscale("log")
     left.set_xlabel("offered load, jobs/s (log)")
     left.set_ylabel("jobs/s")
-    kind = result["settings"]["kind"]
+    kind = result.settings.kind
     left.set_title(f"goodput against offered load ({kind} jobs)", fontsize=10)
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    samples = result["samples"]
+    samples = result.samples
     t = [s[0] for s in samples]
     done = [s[3] for s in samples]
     rate = [0.0] + [(done[i] - done[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(done))]
@@ -344,31 +397,57 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def save(path: Path, result: dict[str, Any]) -> None:
-    """Write ``result`` as JSON."""
-    path.write_text(json.dumps(result, indent=2) + "\n")
+def save(path: Path, result: OverloadResult) -> None:
+    """Write ``result`` as JSON (:meth:`OverloadResult.to_json`)."""
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
 
 
-def summary(result: dict[str, Any]) -> list[str]:
+STEP_COLUMNS = {
+    "step": "step",
+    "offered_per_s": "offered",
+    "accepted_per_s": "accepted",
+    "shed_per_s": "shed",
+    "failed_per_s": "failed",
+    "goodput_per_s": "goodput",
+    "finish_p50_s": "finish p50",
+    "finish_p99_s": "p99",
+    "elections": "elections",
+    "worker_deaths": "deaths",
+    "self_fences": "fences",
+}
+"""The table's columns: a :class:`StepResult` field -> its header."""
+
+
+def render(result: OverloadResult) -> Group:
+    """The run for the terminal: a row per step, then how the curve behaved (:func:`summary`)."""
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False, title="jobs/s; finish: submit to end, s")
+    for key, header in STEP_COLUMNS.items():
+        table.add_column(header, justify="left" if key == "step" else "right", no_wrap=True)
+    for step in result.steps:
+        table.add_row(*(str(getattr(step, k)) for k in STEP_COLUMNS))
+    return Group(table, *(Text(line) for line in summary(result)))
+
+
+def summary(result: OverloadResult) -> list[str]:
     """Lines that say how the curve behaved."""
-    steps = result["steps"]
+    steps = result.steps
     lines = [
-        f"peak goodput {result['peak_goodput_per_s']} jobs/s; at the highest offered load "
-        f"{steps[-2]['goodput_per_s']} jobs/s (x{result['last_step_over_peak']} of the peak)",
-        f"recovery step: {steps[-1]['goodput_per_s']} jobs/s (x{result['recovery_over_first']} of the "
-        f"first step's {steps[0]['goodput_per_s']}: it also works off the backlog)",
+        f"peak goodput {result.peak_goodput_per_s} jobs/s; at the highest offered load "
+        f"{steps[-2].goodput_per_s} jobs/s (x{result.last_step_over_peak} of the peak)",
+        f"recovery step: {steps[-1].goodput_per_s} jobs/s (x{result.recovery_over_first} of the "
+        f"first step's {steps[0].goodput_per_s}: it also works off the backlog)",
         (
-            f"backlog after the steps: {result['backlog_after_steps']} jobs, all finished "
-            f"{result['drain_s']} s later"
-            if result["drain_s"] is not None
-            else f"backlog after the steps: {result['backlog_after_steps']} jobs, "
-            f"{result['unfinished_after_drain']} still unfinished after the drain"
+            f"backlog after the steps: {result.backlog_after_steps} jobs, all finished "
+            f"{result.drain_s} s later"
+            if result.drain_s is not None
+            else f"backlog after the steps: {result.backlog_after_steps} jobs, "
+            f"{result.unfinished_after_drain} still unfinished after the drain"
         ),
     ]
     disturbed = {
-        k: sum(s[k] for s in steps)
+        k: sum(getattr(s, k) for s in steps)
         for k in ("elections", "worker_deaths", "self_fences")
-        if any(s[k] for s in steps)
+        if any(getattr(s, k) for s in steps)
     }
     lines.append(
         "disturbances: " + (", ".join(f"{k} {v}" for k, v in disturbed.items()) if disturbed else "none")

@@ -16,7 +16,8 @@ alternating:
 ``worker_kills`` SIGKILLs and restarts workers along the way. Every fault is recorded in
 ``events.jsonl``, so the checker ends a killed worker's runs at the kill and does not count
 the deaths it caused as false. When the injections are done the harness stops submitting,
-waits for every job to finish, runs :func:`ops.checker.check`, and returns the results.
+waits for every job to finish, runs :func:`ops.checker.check`, and returns the results
+(:mod:`ops.chaosresult`: the settings, the result, its JSON and table).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +36,7 @@ import psutil
 import trio
 
 from ops import checker
+from ops.chaosresult import ChaosResult, ChaosSettings, Failover, chaos_table
 from ops.cluster import LocalCluster, StateDir
 from ops.netfault import Link, serve_proxy
 from protocol import pb
@@ -43,119 +44,17 @@ from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
 
+__all__ = [
+    "FAULT_POINT",
+    "ChaosResult",
+    "ChaosSettings",
+    "Failover",
+    "Harness",
+    "chaos_table",
+    "fault_environment",
+]
+
 FAULT_POINT = "ledger.after_epoch_check"
-
-
-@attrs.frozen(kw_only=True)
-class ChaosSettings:
-    """One chaos run. Durations in seconds."""
-
-    failovers: int = 200
-    """Leader failovers to inject, alternating kill and freeze (kill first)."""
-    worker_kills: int = 0
-    """Workers to SIGKILL (and restart) along the way, spread over the run."""
-    partitions: int = 0
-    """Times to cut a worker off from every control plane for ``partition_s``, spread over
-    the run (each worker's traffic then goes through fault-injecting proxies)."""
-    partition_s: float = 4.0
-    """How long a partition lasts: longer than dead_after (2.5 s), so its jobs are moved."""
-    control_planes: int = 3
-    workers: int = 10
-    submit_rate_per_s: float = 12.0
-    """Sleep jobs submitted per second during the injections."""
-    job_duration_s: tuple[float, float] = (0.2, 2.0)
-    """Uniform range of the sleep jobs' durations."""
-    freeze_s: float = 3.0
-    """How long a plain freeze lasts (more than the 2 s lease)."""
-    mid_transaction_freeze_s: float = 5.0
-    """How long a freeze inside a fenced transaction lasts (more than lease + idle timeout)."""
-    mid_transaction_every: int = 5
-    """Freezes 2, 2 + this, 2 + 2 * this, ... park inside a fenced transaction (0: never), so
-    even a short run provokes the database's refusal of an old leader's write."""
-    settle_s: float = 0.3
-    """Pause after each failover, before the next."""
-    new_leader_timeout_s: float = 20.0
-    """Give up waiting for a new leader after this long (counts as a failed run)."""
-    finish_timeout_s: float = 300.0
-    """How long to wait, after the injections, for every job to finish."""
-    seed: int = 1
-
-
-@attrs.frozen(kw_only=True)
-class Failover:
-    """One injected failover and the time until a new leader showed in the status."""
-
-    kind: str
-    """kill, freeze or freeze_in_transaction."""
-    leader: str
-    epoch_before: int
-    epoch_after: int
-    seconds: float
-
-
-@attrs.define
-class ChaosResult:
-    """What a run did and what the checker found."""
-
-    failovers: list[Failover] = attrs.field(factory=list)
-    worker_kills: int = 0
-    partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
-    """(worker, cut at, healed at) in Unix seconds."""
-    partitions_rejoined: int = 0
-    """Partitions after which the worker registered again (a new incarnation)."""
-    partitions_worked_again: int = 0
-    """Partitions after which the worker also started a job again (under best fit, an idle
-    cluster may leave a rejoined worker without work for a while)."""
-    report: checker.CheckReport | None = None
-    duration_s: float = 0.0
-    errors: list[str] = attrs.field(factory=list)
-
-    def _times(self, *kinds: str) -> list[float]:
-        return [f.seconds for f in self.failovers if f.kind in kinds]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The results, with the stable keys of the table."""
-        kills = self._times("kill")
-        freezes = self._times("freeze", "freeze_in_transaction")
-        report = self.report.as_dict() if self.report is not None else {}
-        return {
-            "failovers": {
-                "killed": len(kills),
-                "frozen": len(freezes),
-                "frozen_in_transaction": len(self._times("freeze_in_transaction")),
-            },
-            "double_placements": report.get("double_placements"),
-            "double_runs": report.get("double_runs"),
-            "jobs_submitted": report.get("jobs_submitted"),
-            "jobs_finished": report.get("jobs_finished"),
-            "false_deaths": report.get("false_deaths"),
-            "lost_successes": report.get("lost_successes"),
-            "stale_writes_rejected": report.get("stale_writes_rejected"),
-            "elections": report.get("elections"),
-            "worker_deaths": report.get("worker_deaths"),
-            "self_fences": report.get("self_fences"),
-            "extra_assignments": report.get("extra_assignments"),
-            "failover_kill_p50_s": _p50(kills),
-            "failover_kill_max_s": round(max(kills), 3) if kills else None,
-            "failover_freeze_p50_s": _p50(freezes),
-            "failover_freeze_max_s": round(max(freezes), 3) if freezes else None,
-            "worker_kills": self.worker_kills,
-            "partitions": len(self.partitions),
-            "partitions_rejoined": self.partitions_rejoined,
-            "partitions_worked_again": self.partitions_worked_again,
-            "duration_s": round(self.duration_s, 1),
-            "unfinished_job_ids": report.get("unfinished_job_ids", []),
-            "details": report.get("details", []) + self.errors,
-            "ok": self.ok,
-        }
-
-    @property
-    def ok(self) -> bool:
-        return self.report is not None and self.report.ok and not self.errors
-
-
-def _p50(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None
 
 
 def fault_environment(fault_dir: Path) -> dict[str, str]:

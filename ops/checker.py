@@ -42,7 +42,9 @@ false`` (the job's reaper found the fence deadline passed, or the command could 
 executed) is not a run.
 
 :func:`check` is a pure function of those inputs; :func:`load_history`, :func:`load_runs` and
-:func:`load_events` read them.
+:func:`load_events` read them; :meth:`CheckReport.to_json` and :func:`check_table` show the
+verdict. (Past 500 lines on purpose: each count sits next to the records it reads, so the
+argument that nothing ran twice reads in one place.)
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from rich.console import Group
+from rich.text import Text
 
+from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
 from runtime.text import read_lines
@@ -190,8 +195,8 @@ class CheckReport:
             and self.extra_assignments == 0
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        """The stable JSON keys."""
+    def to_json(self) -> dict[str, Any]:
+        """The report with the stable JSON keys of ``stockade check --json``."""
         return {
             "double_placements": self.double_placements,
             "double_runs": self.double_runs,
@@ -209,6 +214,36 @@ class CheckReport:
             "details": list(self.details),
             "ok": self.ok,
         }
+
+
+def report_rows(report: CheckReport) -> list[VerdictRow]:
+    """The rows :func:`check_table` shows (also the checker's part of ``stockade chaos``'s table)."""
+    return [
+        ("double_placements (database)", str(report.double_placements), report.double_placements == 0),
+        ("double_runs (workers' logs)", str(report.double_runs), report.double_runs == 0),
+        ("jobs_submitted", str(report.jobs_submitted), None),
+        ("jobs_finished", str(report.jobs_finished), not report.unfinished_job_ids),
+        ("false_deaths", str(report.false_deaths), report.false_deaths == 0),
+        ("lost_successes", str(report.lost_successes), report.lost_successes == 0),
+        ("stale_writes_rejected", str(report.stale_writes_rejected), None),
+        (
+            "elections / worker_deaths / self_fences",
+            f"{report.elections} / {report.worker_deaths} / {report.self_fences}",
+            None,
+        ),
+        ("extra_assignments", str(report.extra_assignments), None),
+    ]
+
+
+def check_table(report: CheckReport) -> Group:
+    """The report for the terminal: a verdict per count, then the first 20 details."""
+    rows = [*report_rows(report), ("worker_leaves (clean stops)", str(report.worker_leaves), None)]
+    return Group(verdict_table(rows), *details_lines(report.details))
+
+
+def details_lines(details: Sequence[str], limit: int = 20) -> list[Text]:
+    """The first ``limit`` details, indented, as plain text (no markup)."""
+    return [Text(f"  {line}") for line in details[:limit]]
 
 
 def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:

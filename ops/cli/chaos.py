@@ -7,13 +7,11 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import attrs
-import rich.box
 import trio
 import typer
-from rich.table import Table
 
 from ops.cli.app import app
 from ops.cli.common import (
@@ -26,7 +24,6 @@ from ops.cli.common import (
     interruptible,
     local_state,
 )
-from ops.cli.render import seconds_text
 from ops.cluster import ClusterConfig, ClusterError, LocalCluster, StateDir, default_state_dir
 from runtime.errors import InvalidArgument
 
@@ -34,45 +31,22 @@ if TYPE_CHECKING:
     from ops.checker import FaultEvent
 
 
-def _check_table(rows: list[tuple[str, str, bool | None]]) -> Table:
-    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("result")
-    table.add_column("value", justify="right")
-    table.add_column("")
-    for name, value, good in rows:
-        verdict = "" if good is None else ("ok" if good else "FAIL")
-        table.add_row(name, value, verdict)
-    return table
-
-
-def _report_rows(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    return [
-        ("double_placements (database)", str(report["double_placements"]), report["double_placements"] == 0),
-        ("double_runs (workers' logs)", str(report["double_runs"]), report["double_runs"] == 0),
-        ("jobs_submitted", str(report["jobs_submitted"]), None),
-        ("jobs_finished", str(report["jobs_finished"]), not report["unfinished_job_ids"]),
-        ("false_deaths", str(report["false_deaths"]), report["false_deaths"] == 0),
-        ("lost_successes", str(report["lost_successes"]), report["lost_successes"] == 0),
-        ("stale_writes_rejected", str(report["stale_writes_rejected"]), None),
-        (
-            "elections / worker_deaths / self_fences",
-            f"{report['elections']} / {report['worker_deaths']} / {report['self_fences']}",
-            None,
-        ),
-        ("extra_assignments", str(report["extra_assignments"]), None),
-    ]
-
-
 @app.command("chaos")
 def chaos(
-    failovers: Annotated[int, typer.Argument(help="Leader failovers to inject (kill, freeze, ...).")] = 200,
-    worker_kills: Annotated[int, typer.Option(help="Workers to SIGKILL and restart along the way.")] = 0,
-    partitions: Annotated[
-        int, typer.Option(help="Times to cut a worker off from every control plane, then heal it.")
+    failovers: Annotated[
+        int, typer.Argument(min=0, help="Leader failovers to inject (kill, freeze, ...).")
+    ] = 200,
+    worker_kills: Annotated[
+        int, typer.Option(min=0, help="Workers to SIGKILL and restart along the way.")
     ] = 0,
-    partition_s: Annotated[float, typer.Option(help="How long each partition lasts, seconds.")] = 4.0,
-    workers: Annotated[int, typer.Option(help="Workers in the chaos cluster.")] = 10,
-    rate: Annotated[float, typer.Option(help="Sleep jobs submitted per second.")] = 12.0,
+    partitions: Annotated[
+        int, typer.Option(min=0, help="Times to cut a worker off from every control plane, then heal it.")
+    ] = 0,
+    partition_s: Annotated[
+        float, typer.Option(min=0.01, help="How long each partition lasts, seconds.")
+    ] = 4.0,
+    workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
+    rate: Annotated[float, typer.Option(min=0.01, help="Sleep jobs submitted per second.")] = 12.0,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")] = None,
     state_dir: Annotated[
@@ -84,14 +58,8 @@ def chaos(
     some frozen inside a fenced transaction) under a steady job stream, wait for every job, and
     check that none was placed or run twice. Exits 1 when a safety count is not 0 or a job did
     not finish."""
-    from ops.chaos import ChaosSettings, Harness
+    from ops.chaos import ChaosSettings, Harness, chaos_table
 
-    if failovers < 0 or worker_kills < 0 or partitions < 0 or workers < 1 or rate <= 0 or partition_s <= 0:
-        fail(
-            "failovers, --worker-kills and --partitions must be >= 0, --workers >= 1, "
-            "--rate and --partition-s > 0",
-            EXIT_INVALID,
-        )
     root = state_dir or (default_state_dir() / "chaos")
     cluster = LocalCluster(StateDir(root))
     settings = ChaosSettings(
@@ -111,33 +79,9 @@ def chaos(
         if not keep:
             with contextlib.suppress(ClusterError):
                 cluster.down()
-    data = result.as_dict()
-    rows: list[tuple[str, str, bool | None]] = [
-        ("failovers (killed, frozen)", f"{data['failovers']['killed']}, {data['failovers']['frozen']}", None),
-        *_report_rows({**data, "unfinished_job_ids": data["unfinished_job_ids"]}),
-        (
-            "failover_kill_p50_s / max",
-            f"{seconds_text(data['failover_kill_p50_s'])} / {seconds_text(data['failover_kill_max_s'])}",
-            None,
-        ),
-        (
-            "failover_freeze_p50_s / max",
-            f"{seconds_text(data['failover_freeze_p50_s'])} / {seconds_text(data['failover_freeze_max_s'])}",
-            None,
-        ),
-        ("worker_kills", str(data["worker_kills"]), None),
-        (
-            "partitions (rejoined, ran jobs again)",
-            f"{data['partitions']} ({data['partitions_rejoined']}, {data['partitions_worked_again']})",
-            data["partitions_rejoined"] == data["partitions"] if data["partitions"] else None,
-        ),
-        ("duration", f"{data['duration_s']} s", None),
-    ]
-    console().print(_check_table(rows))
-    for line in data["details"][:20]:
-        console().print(f"  {line}", markup=False)
+    console().print(chaos_table(result))
     if json_path is not None:
-        json_path.write_text(json.dumps(data, indent=2) + "\n")
+        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
 
@@ -184,14 +128,10 @@ def check(
     faults = [*checker.load_events(state.events_path), *manual]
     worker_dirs = [state.work_dir(p.id) for p in config.workers] if config is not None else []
     report = checker.check_logs(history, worker_dirs, faults)
-    data = report.as_dict()
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        rows = [*_report_rows(data), ("worker_leaves (clean stops)", str(data["worker_leaves"]), None)]
-        console().print(_check_table(rows))
-        for line in data["details"][:20]:
-            console().print(f"  {line}", markup=False)
+        console().print(checker.check_table(report))
     if not report.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
 

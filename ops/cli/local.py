@@ -16,7 +16,6 @@ from rich.table import Table
 from ops import rpc
 from ops.cli.app import app
 from ops.cli.common import (
-    EXIT_INVALID,
     ControlPlanesOption,
     console,
     control_plane_addresses,
@@ -34,8 +33,9 @@ from runtime.errors import StockadeError
 def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     roles = {cp.id: cp.role for cp in result.status.control_planes}
     workers = {w.id: w for w in result.status.workers}
+    metrics = result.config.metrics_addresses()
     table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left", padding=(0, 1))
-    for column in ("id", "pid", "address", "state", "capacity", ""):
+    for column in ("id", "pid", "address", "metrics", "state", "capacity", ""):
         table.add_column(column, no_wrap=True)
     for spec in result.config.processes:
         capacity = ""
@@ -51,18 +51,30 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
             worker = workers.get(spec.id)
             state = worker.state if worker else "?"
             capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
-        table.add_row(spec.id, str(result.pids.get(spec.id, "-")), spec.address or "-", state, capacity, note)
+        table.add_row(
+            spec.id,
+            str(result.pids.get(spec.id, "-")),
+            spec.address or "-",
+            metrics.get(spec.id, "-"),
+            state,
+            capacity,
+            note,
+        )
     for hosted_worker in result.config.hosted_workers:
         worker = workers.get(hosted_worker.id)
         table.add_row(
             hosted_worker.id,
             str(result.pids.get(hosted_worker.process_id, "-")),
             hosted_worker.address,
+            "-",
             worker.state if worker else "?",
             f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else "",
             f"in {hosted_worker.process_id}",
         )
     console().print(table)
+    if result.removed:
+        stopped = f" (stopped {' '.join(result.stopped)})" if result.stopped else ""
+        console().print(f"removed   {' '.join(result.removed)}{stopped}")
     database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
     if result.database_started:
         database += " (started)"
@@ -73,12 +85,24 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
 
 @app.command("up")
 def up(
-    control_planes: Annotated[int, typer.Option(help="Number of control planes (cp-1..cp-N).")] = 3,
-    workers: Annotated[int, typer.Option(help="Number of workers (w-1..w-M).")] = 5,
+    control_planes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            show_default=False,
+            help="Number of control planes (cp-1..cp-N). [default: as recorded, else 3]",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0, show_default=False, help="Number of workers (w-1..w-M). [default: as recorded, else 5]"
+        ),
+    ] = None,
     fleet_size: Annotated[
         int,
         typer.Option(
-            help="Host new workers this many per process (stockade fleet); 0: one agent process each."
+            min=0, help="Host new workers this many per process (stockade fleet); 0: one agent process each."
         ),
     ] = 0,
     agent_args: Annotated[
@@ -101,9 +125,13 @@ def up(
     are left alone, dead ones are started again. Processes are recorded with their options
     when first planned: --fleet-size, --agent-args and --cp-args apply to the processes this
     run adds (`stockade down` and removing .stockade/cluster.json start afresh).
+
+    Other counts change the running cluster: added control planes and workers are started;
+    surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
+    dropped from cluster.json. Workers hosted in a fleet stop only with their whole fleet: a
+    count that would split one is refused (exit 1), naming the counts that would not. Every
+    process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column).
     """
-    if fleet_size < 0:
-        fail(f"fleet_size must be >= 0 (0: one process per worker), got {fleet_size}", EXIT_INVALID)
     cluster = LocalCluster(
         local_state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
     )

@@ -26,12 +26,18 @@ async def test_the_packing_benchmark_smoke_run_is_correct(tmp_path: Path) -> Non
         finish_timeout_s=120,
     )
     result = await run_policy(settings, "best_fit", tmp_path / "pack", lambda line: None)
-    assert result["jobs_finished"] == 300 and result["unfinished_job_ids"] == []
-    assert (result["double_placements"], result["double_runs"]) == (0, 0)
-    assert result["overcommitted_workers"] == []
-    assert result["rounds"] > 0 and result["placements"] == 300
-    assert 0 < result["cpu_use_waiting"] <= 1 and 0 < result["cpu_use_pending"] <= 1
-    assert result["db_commit_p50_ms"] > 0 and result["db_commit_max_ms"] >= result["db_commit_p50_ms"]
+    assert result.jobs_finished == 300 and result.unfinished_job_ids == ()
+    assert (result.double_placements, result.double_runs) == (0, 0)
+    assert result.overcommitted_workers == ()
+    assert result.rounds > 0 and result.placements == 300
+    assert result.cpu_use_waiting is not None and 0 < result.cpu_use_waiting <= 1
+    assert result.cpu_use_pending is not None and 0 < result.cpu_use_pending <= 1
+    probes = result.probes
+    assert probes.db_commit_p50_ms is not None and probes.db_commit_max_ms is not None
+    assert probes.db_commit_p50_ms > 0 and probes.db_commit_max_ms >= probes.db_commit_p50_ms
+    assert not result.failed(300)
+    flat = result.to_json()
+    assert flat["placements"] == 300 and flat["db_commit_p50_ms"] == probes.db_commit_p50_ms
 
 
 async def test_the_arriving_scenario_smoke_run_is_correct(tmp_path: Path) -> None:
@@ -44,8 +50,8 @@ async def test_the_arriving_scenario_smoke_run_is_correct(tmp_path: Path) -> Non
     result = await run_policy(
         settings, "worst_fit", tmp_path / "pack", lambda line: None, arrival_rate_per_s=30.0
     )
-    assert result["arrival_rate_per_s"] == 30.0
-    assert result["jobs_finished"] == 150 and result["unfinished_job_ids"] == []
-    assert (result["double_placements"], result["double_runs"]) == (0, 0)
-    assert result["overcommitted_workers"] == []
-    assert result["placements"] == 150
+    assert result.arrival_rate_per_s == 30.0
+    assert result.jobs_finished == 150 and result.unfinished_job_ids == ()
+    assert (result.double_placements, result.double_runs) == (0, 0)
+    assert result.overcommitted_workers == ()
+    assert result.placements == 150

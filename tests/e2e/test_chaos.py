@@ -35,7 +35,7 @@ async def test_a_short_chaos_run_places_and_runs_every_job_once(tmp_path: Path, 
         result = await Harness(settings=settings, cluster=cluster, progress=lambda line: None).run()
     finally:
         await trio.to_thread.run_sync(cluster.down)
-    data = result.as_dict()
+    data = result.to_json()
     assert data["failovers"] == {"killed": 3, "frozen": 3, "frozen_in_transaction": 1}
     assert (data["double_placements"], data["double_runs"], data["false_deaths"]) == (0, 0, 0), data[
         "details"

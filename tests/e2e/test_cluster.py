@@ -15,6 +15,7 @@ import random
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,31 @@ def test_a_cancel_racing_a_job_that_ends_says_what_happened_and_keeps_it(launch:
             assert stops in ([], ["cancelled"]), stops  # [] when it never started
         outcomes.append(info.state)
     assert len(outcomes) == CANCEL_TRIES
+
+
+def test_up_with_other_counts_resizes_the_running_cluster(launch: Launch) -> None:
+    """`up` asked for fewer workers and control planes stops the surplus ones cleanly (the
+    workers leave, they are not declared dead) and drops them from cluster.json; asked for
+    more, it starts only the new ones; asked for nothing, it keeps the size. Every process
+    serves its Prometheus metrics at the address cluster.json records."""
+    cluster, _ = launch(3, 3)
+    metrics = cluster.metrics_addresses()
+    assert list(metrics) == ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3"]
+    for address in metrics.values():
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as page:
+            assert b"# TYPE" in page.read()
+
+    smaller = cluster.up(control_planes=2, workers=1)
+    assert smaller.stopped == ("w-2", "w-3", "cp-3") and smaller.started == ()
+    assert [p.id for p in cluster.config().processes] == ["cp-1", "cp-2", "w-1"]
+    states = {w.id: w.state for w in smaller.status.workers}
+    assert states == {"w-1": "alive", "w-2": "left", "w-3": "left"}
+    for gone in ("w-2", "w-3", "cp-3"):
+        assert gone not in cluster.pids()
+
+    again = cluster.up()
+    assert again.started == () and again.stopped == () and len(again.config.workers) == 1
+
+    bigger = cluster.up(workers=2)
+    assert bigger.started == ("w-2",)
+    assert {w.id: w.state for w in bigger.status.workers}["w-2"] == "alive"

@@ -9,6 +9,6 @@ from ops.benchpack import run_scale_point
 
 async def test_a_small_scale_point_runs_the_real_placer_rounds(database_url: str) -> None:
     point = await run_scale_point(database_url, pending=200, workers=10, rounds=3)
-    assert (point["pending"], point["workers"]) == (200, 10)
-    assert point["placed"] > 0  # the freed room of the simulated workers was used
-    assert 0 < point["round_p50_ms"] <= point["round_max_ms"]
+    assert (point.pending, point.workers) == (200, 10)
+    assert point.placed > 0  # the freed room of the simulated workers was used
+    assert 0 < point.round_p50_ms <= point.round_max_ms

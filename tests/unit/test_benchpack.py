@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from ops.benchpack import (
     WORKER_SHAPES,
+    PhaseFigures,
+    WaitFigures,
     arrival_times,
     histogram_quantile,
     job_stream,
@@ -121,8 +123,8 @@ def test_overcommit_is_found_from_overlapping_runs_only() -> None:
 def test_wait_figures_split_out_the_large_jobs() -> None:
     """Median wait over every job; median and max over jobs of 6000 cpu_millis or more."""
     waits = [(250, 0.1), (1000, 0.3), (6000, 2.0), (8000, 5.0), (500, 0.2)]
-    assert wait_figures(waits) == {"wait_p50_s": 0.3, "large_wait_p50_s": 3.5, "large_wait_max_s": 5.0}
-    assert wait_figures([(250, 1.0)])["large_wait_max_s"] is None
+    assert wait_figures(waits) == WaitFigures(wait_p50_s=0.3, large_wait_p50_s=3.5, large_wait_max_s=5.0)
+    assert wait_figures([(250, 1.0)]).large_wait_max_s is None
 
 
 def test_the_placers_figures_are_read_from_real_metrics_text() -> None:
@@ -141,8 +143,8 @@ def test_the_placers_figures_are_read_from_real_metrics_text() -> None:
     phases.labels("commit").observe(0.05)
     phases.labels("read").observe(0.0005)
     figures = placer_figures(generate_latest(registry).decode())
-    assert (figures["rounds"], figures["placements"], figures["round_max_ms"]) == (4, 7, 50.0)
-    assert figures["round_p50_ms"] == pytest.approx(5.5)
-    assert figures["round_phases"]["commit"]["p50_ms"] == pytest.approx(55.0)
-    assert figures["round_phases"]["read"]["p50_ms"] == pytest.approx(0.5)
-    assert figures["round_phases"]["decide"] == {"p50_ms": None, "p99_ms": None}
+    assert (figures.rounds, figures.placements, figures.round_max_ms) == (4, 7, 50.0)
+    assert figures.round_p50_ms == pytest.approx(5.5)
+    assert figures.round_phases["commit"].p50_ms == pytest.approx(55.0)
+    assert figures.round_phases["read"].p50_ms == pytest.approx(0.5)
+    assert figures.round_phases["decide"] == PhaseFigures(p50_ms=None, p99_ms=None)

@@ -15,8 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, cluster, pg
+from ops import checker, cli, pg
 from ops.cli import jobs as cli_jobs
+from ops.launcher import procs
 from protocol import pb
 from runtime.text import (
     EARLIER_MARKER,
@@ -100,7 +101,7 @@ def _pg_output_tail(path: Path) -> str:
 @pytest.mark.parametrize(
     "show",
     [
-        pytest.param(lambda p: cluster._tail(huge_line_file(p, after=b"last line\n"), 20), id="launcher log"),
+        pytest.param(lambda p: procs.tail(huge_line_file(p, after=b"last line\n"), 20), id="launcher log"),
         pytest.param(_pg_log_tail, id="postgres log"),
         pytest.param(_pg_output_tail, id="postgres command output"),
         pytest.param(

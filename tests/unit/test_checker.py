@@ -88,7 +88,7 @@ def test_a_clean_run_passes() -> None:
     """A job requeued after its worker was killed and declared dead is neither a double
     placement nor a double run, and the death is no false death."""
     report = check(CLEAN, runs_from_records(CLEAN_LOGS, KILL_W1), KILL_W1)
-    assert report.as_dict() | {"details": []} == {
+    assert report.to_json() | {"details": []} == {
         "double_placements": 0,
         "double_runs": 0,
         "false_deaths": 0,

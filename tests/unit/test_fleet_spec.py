@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from agent.fleet import FleetSpecError, fleet_settings, load_fleet_spec, parse_fleet_spec
-from ops.cluster import ClusterConfig, ClusterError, LocalCluster
+from ops.cluster import ClusterConfig, ClusterError, StateDir
+from ops.launcher.plan import LaunchOptions, plan
 from runtime.errors import InvalidArgument
 
 
@@ -129,10 +131,29 @@ def test_a_worker_without_control_planes_is_refused() -> None:
 def test_the_launcher_groups_new_workers_k_per_fleet(tmp_path: Path) -> None:
     """10 workers with fleet_size 4 make fleet-1 (w-1..w-4), fleet-2 (w-5..w-8), fleet-3 (w-9, w-10),
     each worker with its own port and the capacities cycled; cluster.json keeps them."""
-    cluster = LocalCluster(
-        tmp_path, fleet_size=4, worker_capacities=((1000, 2048), (3000, 4096)), agent_args=["--json-logs"]
+    state = StateDir(tmp_path)
+    options = LaunchOptions(
+        fleet_size=4,
+        worker_capacities=((1000, 2048), (3000, 4096)),
+        agent_args=["--json-logs"],
+        metrics=False,
     )
-    config = cluster._plan(None, "postgresql://db/x", None, 2, 10)
+    ports = itertools.count(7000)
+
+    def plan_for(previous: ClusterConfig | None, workers: int) -> ClusterConfig:
+        return plan(
+            previous,
+            state=state,
+            database_url="postgresql://db/x",
+            pg_port=None,
+            control_planes=2,
+            workers=workers,
+            running=(),
+            options=options,
+            free_port=ports.__next__,
+        ).config
+
+    config = plan_for(None, 10)
     assert [p.id for p in config.processes] == ["cp-1", "cp-2", "fleet-1", "fleet-2", "fleet-3"]
     assert [len(config.workers_in(f.id)) for f in config.fleets] == [4, 4, 2]
     assert [w.process_id for w in config.workers][-3:] == ["fleet-2", "fleet-3", "fleet-3"]
@@ -148,13 +169,13 @@ def test_the_launcher_groups_new_workers_k_per_fleet(tmp_path: Path) -> None:
         "--id",
         "fleet-1",
         "--spec",
-        str(cluster.state.fleet_spec_path("fleet-1")),
+        str(state.fleet_spec_path("fleet-1")),
     )
     assert fleet.args[-1] == "--json-logs"
     assert ClusterConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
 
     # A later up with more workers leaves the recorded fleets alone and adds fleet-4.
-    grown = cluster._plan(config, "postgresql://db/x", None, 2, 13)
+    grown = plan_for(config, 13)
     assert [f.id for f in grown.fleets] == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     assert grown.fleets[:3] == config.fleets
     assert [w.id for w in grown.workers_in("fleet-4")] == ["w-11", "w-12", "w-13"]

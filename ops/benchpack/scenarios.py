@@ -1,0 +1,475 @@
+"""The scenarios of ``stockade bench pack``, each on a cluster or a database of its own: the
+stream under one policy (all at once or arriving), the burst, the scale curve's points, and
+:func:`run_pack`, which runs them all as the command asks. See :mod:`ops.benchpack`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from actors.ingest import apply_schema
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import PgPlacerStore, Placer
+from actors.role import RoleView
+from ops import checker
+from ops.benchpack.figures import (
+    PlacerFigures,
+    overcommitted_workers,
+    probe_figures,
+    scrape,
+    wait_figures,
+)
+from ops.benchpack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
+from ops.benchpack.stream import (
+    WORKER_SHAPES,
+    PackSettings,
+    arrival_times,
+    job_stream,
+    lower_bound_s,
+    submit_arriving,
+)
+from ops.cluster import LocalCluster, StateDir, metrics_address
+from ops.pg import EmbeddedPostgres, free_port
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.settings import LedgerSettings, PlacerSettings
+
+
+def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
+    capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
+    return LocalCluster(
+        StateDir(root),
+        # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
+        # control plane answers late), and the fence and dead_after widened to match.
+        cp_args=("--policy", policy, "--dead-after-s", "5"),
+        agent_args=(
+            "--heartbeat-interval-s",
+            "1.0",
+            "--heartbeat-timeout-s",
+            "1.5",
+            "--self-fence-after-s",
+            "3.5",
+        ),
+        fleet_size=settings.fleet_size,
+        worker_capacities=capacities,
+        metrics=True,
+    )
+
+
+async def _submit(client: ControlPlaneClient, specs: Sequence[pb.JobSpec]) -> None:
+    for start in range(0, len(specs), 5000):
+        await client.call(
+            "submit_jobs", pb.SubmitJobsRequest(specs=list(specs[start : start + 5000])), timeout_s=60
+        )
+
+
+# $1: seconds a job must have been pending to count as waiting (PackSettings.waiting_after_s).
+SAMPLE = """
+SELECT coalesce(sum(a.cpu_allocated_millis), 0)::float8 / greatest(sum(w.cpu_millis), 1) AS cpu,
+       coalesce(sum(a.memory_allocated_mb), 0)::float8 / greatest(sum(w.memory_mb), 1) AS mem,
+       (SELECT count(*) FROM jobs WHERE state = 'pending') AS pending,
+       (SELECT count(*) FROM jobs
+         WHERE state = 'pending' AND submitted_at < now() - make_interval(secs => $1)) AS waiting,
+       (SELECT count(*) FROM jobs WHERE state IN ('succeeded', 'failed')) AS done
+  FROM workers w JOIN worker_allocations a ON a.worker_id = w.id WHERE w.state = 'alive'
+"""
+
+
+PROBE_TABLE = "CREATE TABLE IF NOT EXISTS bench_commit_probe (id int PRIMARY KEY, at timestamptz)"
+PROBE_COMMIT = """
+INSERT INTO bench_commit_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
+"""
+
+
+async def probe_commits(
+    database_url: str, probes: list[tuple[float, float]], *, started: float, interval_s: float = 0.2
+) -> None:
+    """Commit one row every ``interval_s`` on a connection of its own, durably (the server's
+    default ``synchronous_commit``), and append (seconds since ``started``, commit latency in
+    seconds) to ``probes``, until cancelled.
+
+    The cluster's liveness rests on the database answering: a lease renewal, a heartbeat with
+    outcomes and every fenced write commit durably. When workers fence themselves at once, a
+    commit that took seconds at the same moment points at the database (its WAL flush, or its
+    processes waiting for a CPU); fast commits rule it out.
+    """
+    db = await PgConnection.connect(database_url)
+    try:
+        await db.execute(PROBE_TABLE)
+        while True:
+            began = trio.current_time()
+            await db.execute(PROBE_COMMIT)
+            probes.append((began - started, trio.current_time() - began))
+            await trio.sleep_until(began + interval_s)
+    finally:
+        await db.close()
+
+
+async def run_policy(
+    settings: PackSettings,
+    policy: str,
+    root: Path,
+    progress: Callable[[str], None],
+    *,
+    arrival_rate_per_s: float | None = None,
+) -> PolicyResult:
+    """Run the job stream under ``policy`` on a fresh cluster; returns its figures and samples.
+
+    Args:
+        settings: the run's settings.
+        policy: one of :data:`POLICIES`.
+        root: the cluster's state folder (emptied first).
+        progress: called with a line now and then.
+        arrival_rate_per_s: None submits every job at the start; a rate (jobs per second, > 0)
+            submits job ``i`` at ``arrival_times(settings.jobs, rate, settings.seed)[i]``
+            seconds after the first submit, while sampling goes on.
+
+    Returns:
+        The figures described in :mod:`ops.benchpack`, the checker's counts and the samples:
+        [seconds since the first submit, cpu use, memory use, pending, waiting (pending for
+        ``settings.waiting_after_s`` or longer)].
+    """
+    label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
+    cluster = _cluster(root, settings, policy)
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        await trio.to_thread.run_sync(
+            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
+        )
+        config = cluster.config()
+        stream = job_stream(settings.jobs, settings.seed)
+        specs = [
+            pb.JobSpec(
+                name=f"pack-{i}",
+                cpu_millis=j.cpu_millis,
+                memory_mb=j.memory_mb,
+                sleep=pb.SleepRuntime(duration_ms=int(j.duration_s * 1000 * settings.duration_scale)),
+            )
+            for i, j in enumerate(stream)
+        ]
+        arrivals = (
+            None
+            if arrival_rate_per_s is None
+            else arrival_times(settings.jobs, arrival_rate_per_s, settings.seed)
+        )
+        samples: list[tuple[float, float, float, int, int]] = []
+        probes: list[tuple[float, float]] = []
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            db = await PgConnection.connect(config.database_url)
+            try:
+                finished_at: float | None = None
+                async with trio.open_nursery() as nursery:
+                    started = trio.current_time()
+                    nursery.start_soon(
+                        functools.partial(probe_commits, config.database_url, probes, started=started)
+                    )
+                    if arrivals is None:
+                        await _submit(client, specs)
+                    else:
+                        nursery.start_soon(
+                            functools.partial(
+                                submit_arriving,
+                                functools.partial(_submit, client),
+                                specs,
+                                arrivals,
+                                started=started,
+                                batch_interval_s=settings.arrival_batch_interval_s,
+                            )
+                        )
+                    with trio.move_on_after(settings.finish_timeout_s):
+                        while True:
+                            row = await db.fetchrow(SAMPLE, settings.waiting_after_s)
+                            assert row is not None
+                            now = trio.current_time() - started
+                            samples.append(
+                                (
+                                    now,
+                                    float(row["cpu"]),
+                                    float(row["mem"]),
+                                    int(row["pending"]),
+                                    int(row["waiting"]),
+                                )
+                            )
+                            if int(row["done"]) >= settings.jobs:
+                                finished_at = now
+                                break
+                            if len(samples) % 20 == 0:
+                                progress(
+                                    f"{label}: {now:.0f} s, {row['done']} done, {row['pending']} pending, "
+                                    f"cpu {row['cpu']:.0%}, memory {row['mem']:.0%}"
+                                )
+                            await trio.sleep(settings.sample_interval_s)
+                    # Past the timeout, stop submitting too; jobs_finished then falls short of jobs.
+                    nursery.cancel_scope.cancel()
+                status = await client.call("status", pb.StatusRequest())
+            finally:
+                client.close()
+                await db.close()
+            history = await checker.load_history(config.database_url)
+            db = await PgConnection.connect(config.database_url)
+            try:
+                sizes = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(SIZES)}
+                capacities = {r["id"]: (r["cpu_millis"], r["memory_mb"]) for r in await db.fetch(CAPACITIES)}
+                waits = wait_figures([(r["cpu_millis"], r["wait_s"]) for r in await db.fetch(WAITS)])
+            finally:
+                await db.close()
+        leader = config.process(status.leader) if status.leader else None
+        placer = scrape(metrics_address(leader) or "") if leader is not None else PlacerFigures()
+        worker_dirs = [cluster.state.work_dir(w.id) for w in config.workers]
+        runs = checker.load_runs(worker_dirs)
+        report = checker.check_logs(history, worker_dirs)
+        over = overcommitted_workers(runs, sizes, capacities)
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    waiting = [s for s in samples if s[4] > 0]
+    pending = [s for s in samples if s[3] > 0]
+    scaled = [attrs.evolve(j, duration_s=j.duration_s * settings.duration_scale) for j in stream]
+    bound = lower_bound_s(scaled, settings.workers, arrivals)
+    placing_s = max((s[0] for s in waiting), default=0.0) or (finished_at or 0.0)
+    return PolicyResult(
+        policy=policy,
+        arrival_rate_per_s=arrival_rate_per_s,
+        cpu_use_waiting=round(statistics.fmean(s[1] for s in waiting), 4) if waiting else None,
+        memory_use_waiting=round(statistics.fmean(s[2] for s in waiting), 4) if waiting else None,
+        cpu_use_pending=round(statistics.fmean(s[1] for s in pending), 4) if pending else None,
+        finished_s=None if finished_at is None else round(finished_at, 2),
+        jobs_per_s=None if not finished_at else round(settings.jobs / finished_at, 2),
+        makespan_lower_bound_s=round(bound, 2),
+        makespan_over_bound=None if not finished_at else round(finished_at / bound, 3),
+        placer=placer,
+        mean_pending_while_waiting=round(statistics.fmean(s[3] for s in waiting)) if waiting else 0,
+        waits=waits,
+        placements_per_s=round(placer.placements / placing_s, 1) if placing_s else None,
+        double_placements=report.double_placements,
+        double_runs=report.double_runs,
+        overcommitted_workers=tuple(over),
+        lease_losses=max(0, report.elections - 1),
+        worker_deaths=report.worker_deaths,
+        self_fences=report.self_fences,
+        extra_assignments=report.extra_assignments,
+        lost_successes=report.lost_successes,
+        probes=probe_figures(probes),
+        jobs_finished=report.jobs_finished,
+        unfinished_job_ids=tuple(report.unfinished_job_ids),
+        samples=tuple((round(t, 2), round(c, 4), round(m, 4), p, w) for t, c, m, p, w in samples),
+    )
+
+
+SIZES = "SELECT id, cpu_millis, memory_mb FROM jobs"
+# Per job: its size and the seconds from its submission to its first assignment (database time).
+WAITS = """
+SELECT j.cpu_millis, extract(epoch FROM min(a.created_at) - j.submitted_at)::float8 AS wait_s
+  FROM jobs j JOIN assignments a ON a.job_id = j.id
+ GROUP BY j.id, j.cpu_millis, j.submitted_at
+"""
+
+
+CAPACITIES = "SELECT id, cpu_millis, memory_mb FROM workers"
+
+
+async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str], None]) -> BurstResult:
+    """10,000 small jobs into an empty cluster with room for all: seconds until every one is
+    started by its worker, and placements per second."""
+    cluster = _cluster(root, settings, "best_fit")
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        await trio.to_thread.run_sync(
+            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
+        )
+        config = cluster.config()
+        specs = [
+            pb.JobSpec(
+                name=f"burst-{i}", cpu_millis=100, memory_mb=128, sleep=pb.SleepRuntime(duration_ms=300_000)
+            )
+            for i in range(settings.burst_jobs)
+        ]
+        async with asyncio_bridge():
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            try:
+                submitted_at = time.time()
+                await _submit(client, specs)
+                started: dict[int, float] = {}
+                with trio.move_on_after(300):
+                    while len(started) < settings.burst_jobs:
+                        await trio.sleep(0.5)
+                        for worker in config.workers:
+                            log_path = cluster.state.work_dir(worker.id) / "agent.jsonl"
+                            if log_path.exists():
+                                for record in checker.read_jsonl(log_path):
+                                    if record.get("event") == "start":
+                                        started.setdefault(int(record["job_id"]), float(record["time"]))
+                        progress(f"burst: {len(started)} of {settings.burst_jobs} started")
+            finally:
+                client.close()
+    finally:
+        await trio.to_thread.run_sync(cluster.down)
+    if len(started) < settings.burst_jobs:
+        return BurstResult(
+            burst_jobs=settings.burst_jobs,
+            burst_started=len(started),
+            burst_s=None,
+            burst_placements_per_s=None,
+        )
+    elapsed = max(started.values()) - submitted_at
+    return BurstResult(
+        burst_jobs=settings.burst_jobs,
+        burst_started=len(started),
+        burst_s=round(elapsed, 2),
+        burst_placements_per_s=round(settings.burst_jobs / elapsed, 1),
+    )
+
+
+async def run_scale_point(database_url: str, pending: int, workers: int, rounds: int) -> ScalePoint:
+    """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
+    async with asyncio_bridge():
+        await apply_schema(database_url)
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+            await db.execute(
+                "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
+            )
+            await db.execute(
+                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+                " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
+                workers,
+            )
+            await db.execute(
+                "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
+            )
+            await db.execute(
+                "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
+                " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
+                " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
+                " FROM generate_series(1, $1) i",
+                pending,
+            )
+            await db.execute("ANALYZE")
+            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
+            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
+            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+            ledger = Ledger(
+                cp_id="bench",
+                database_url=database_url,
+                settings=LedgerSettings(),
+                inbox=ledger_recv,
+                lease_inbox=lease_send,
+            )
+            placer = Placer(
+                settings=PlacerSettings(),
+                store=PgPlacerStore(database_url=database_url, application_name="bench"),
+                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+                ledger=ledger_send,
+                dispatcher=dispatch_send,
+            )
+            times: list[float] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ledger.run)
+                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
+                first = time.perf_counter()
+                await placer.round(1)  # reads the whole queue once
+                first_ms = (time.perf_counter() - first) * 1000
+                rng = random.Random(pending + workers)
+                for _ in range(rounds):
+                    worker = rng.randint(1, workers)
+                    # The simulated workers heartbeat, as live ones would (else they go stale
+                    # and the placer rightly places nothing on them).
+                    await db.execute("UPDATE workers SET last_heartbeat_at = now()")
+                    await db.execute(
+                        "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
+                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
+                        f"w-{worker}",
+                    )
+                    t = time.perf_counter()
+                    await placer.round(1)
+                    times.append((time.perf_counter() - t) * 1000)
+                    while True:
+                        try:
+                            dispatch_recv.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                nursery.cancel_scope.cancel()
+            await placer.store.close()  # type: ignore[attr-defined]
+        finally:
+            await db.close()
+    times.sort()
+    return ScalePoint(
+        pending=pending,
+        workers=workers,
+        first_round_ms=round(first_ms, 1),
+        round_p50_ms=round(statistics.median(times), 2),
+        round_p99_ms=round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
+        round_max_ms=round(times[-1], 2),
+        placed=placer.stats.placements,
+    )
+
+
+def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]) -> PackReport:
+    """Run every scenario ``settings`` asks for, one after the other, each in a folder of
+    ``root``: every policy all at once (and arriving, unless ``arrival_rate_per_s`` is 0),
+    then the burst and the scale curve (on an embedded PostgreSQL of its own).
+
+    Args:
+        settings: the run's settings.
+        root: the parent of the scenarios' state folders.
+        progress: called with a line now and then.
+
+    Raises:
+        ClusterError: a cluster could not be started.
+        EmbeddedPostgresError: the scale curve's database could not be started.
+    """
+    all_at_once: list[PolicyResult] = []
+    arriving: list[PolicyResult] = []
+    for name in settings.policies:
+        all_at_once.append(trio.run(run_policy, settings, name, root / name, progress))
+        if settings.arrival_rate_per_s > 0:
+            arriving.append(
+                trio.run(
+                    functools.partial(
+                        run_policy,
+                        settings,
+                        name,
+                        root / f"{name}-arriving",
+                        progress,
+                        arrival_rate_per_s=settings.arrival_rate_per_s,
+                    )
+                )
+            )
+    burst = trio.run(run_burst, settings, root / "burst", progress) if settings.burst else None
+    scale: list[ScalePoint] = []
+    if settings.scale:
+        server = EmbeddedPostgres(data_dir=root / "scale-pg", port=free_port())
+        url = server.start()
+        try:
+            for n_workers in settings.scale_workers:
+                for pending in settings.scale_pending:
+                    progress(f"scale: {pending} pending, {n_workers} workers")
+                    scale.append(trio.run(run_scale_point, url, pending, n_workers, settings.scale_rounds))
+        finally:
+            server.stop()
+    return PackReport(
+        settings=settings,
+        all_at_once=Scenario(title="all at once", policies=tuple(all_at_once)),
+        arriving=(
+            Scenario(title=f"arriving at {settings.arrival_rate_per_s:g} jobs/s", policies=tuple(arriving))
+            if settings.arrival_rate_per_s > 0
+            else None
+        ),
+        burst=burst,
+        scale=tuple(scale),
+    )

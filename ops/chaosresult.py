@@ -1,0 +1,177 @@
+"""What ``stockade chaos`` is asked to do and what it found: :class:`ChaosSettings`,
+:class:`ChaosResult` (its JSON, :meth:`ChaosResult.to_json`) and its table
+(:func:`chaos_table`). The harness that fills it in is :mod:`ops.chaos`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from rich.console import Group
+
+from ops import checker
+from ops.tables import VerdictRow, seconds_text, verdict_table
+
+
+@attrs.frozen(kw_only=True)
+class ChaosSettings:
+    """One chaos run. Durations in seconds."""
+
+    failovers: int = 200
+    """Leader failovers to inject, alternating kill and freeze (kill first)."""
+    worker_kills: int = 0
+    """Workers to SIGKILL (and restart) along the way, spread over the run."""
+    partitions: int = 0
+    """Times to cut a worker off from every control plane for ``partition_s``, spread over
+    the run (each worker's traffic then goes through fault-injecting proxies)."""
+    partition_s: float = 4.0
+    """How long a partition lasts: longer than dead_after (2.5 s), so its jobs are moved."""
+    control_planes: int = 3
+    workers: int = 10
+    submit_rate_per_s: float = 12.0
+    """Sleep jobs submitted per second during the injections."""
+    job_duration_s: tuple[float, float] = (0.2, 2.0)
+    """Uniform range of the sleep jobs' durations."""
+    freeze_s: float = 3.0
+    """How long a plain freeze lasts (more than the 2 s lease)."""
+    mid_transaction_freeze_s: float = 5.0
+    """How long a freeze inside a fenced transaction lasts (more than lease + idle timeout)."""
+    mid_transaction_every: int = 5
+    """Freezes 2, 2 + this, 2 + 2 * this, ... park inside a fenced transaction (0: never), so
+    even a short run provokes the database's refusal of an old leader's write."""
+    settle_s: float = 0.3
+    """Pause after each failover, before the next."""
+    new_leader_timeout_s: float = 20.0
+    """Give up waiting for a new leader after this long (counts as a failed run)."""
+    finish_timeout_s: float = 300.0
+    """How long to wait, after the injections, for every job to finish."""
+    seed: int = 1
+
+
+@attrs.frozen(kw_only=True)
+class Failover:
+    """One injected failover and the time until a new leader showed in the status."""
+
+    kind: str
+    """kill, freeze or freeze_in_transaction."""
+    leader: str
+    epoch_before: int
+    epoch_after: int
+    seconds: float
+
+
+@attrs.define
+class ChaosResult:
+    """What a run did and what the checker found."""
+
+    failovers: list[Failover] = attrs.field(factory=list)
+    worker_kills: int = 0
+    partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
+    """(worker, cut at, healed at) in Unix seconds."""
+    partitions_rejoined: int = 0
+    """Partitions after which the worker registered again (a new incarnation)."""
+    partitions_worked_again: int = 0
+    """Partitions after which the worker also started a job again (under best fit, an idle
+    cluster may leave a rejoined worker without work for a while)."""
+    report: checker.CheckReport | None = None
+    duration_s: float = 0.0
+    errors: list[str] = attrs.field(factory=list)
+
+    def _times(self, *kinds: str) -> list[float]:
+        return [f.seconds for f in self.failovers if f.kind in kinds]
+
+    @property
+    def kill_times(self) -> list[float]:
+        """Seconds to a new leader after each SIGKILL."""
+        return self._times("kill")
+
+    @property
+    def freeze_times(self) -> list[float]:
+        """Seconds to a new leader after each freeze (in a transaction or not)."""
+        return self._times("freeze", "freeze_in_transaction")
+
+    @property
+    def details(self) -> list[str]:
+        """The checker's details, then what stopped the run early."""
+        return [*(self.report.details if self.report is not None else ()), *self.errors]
+
+    def to_json(self) -> dict[str, Any]:
+        """The results, with the stable keys of the table (``stockade chaos --json``)."""
+        kills, freezes = self.kill_times, self.freeze_times
+        report = self.report
+        counts = {
+            key: getattr(report, key) if report is not None else None
+            for key in (
+                "double_placements",
+                "double_runs",
+                "jobs_submitted",
+                "jobs_finished",
+                "false_deaths",
+                "lost_successes",
+                "stale_writes_rejected",
+                "elections",
+                "worker_deaths",
+                "self_fences",
+                "extra_assignments",
+            )
+        }
+        return {
+            "failovers": {
+                "killed": len(kills),
+                "frozen": len(freezes),
+                "frozen_in_transaction": len(self._times("freeze_in_transaction")),
+            },
+            **counts,
+            "failover_kill_p50_s": _p50(kills),
+            "failover_kill_max_s": round(max(kills), 3) if kills else None,
+            "failover_freeze_p50_s": _p50(freezes),
+            "failover_freeze_max_s": round(max(freezes), 3) if freezes else None,
+            "worker_kills": self.worker_kills,
+            "partitions": len(self.partitions),
+            "partitions_rejoined": self.partitions_rejoined,
+            "partitions_worked_again": self.partitions_worked_again,
+            "duration_s": round(self.duration_s, 1),
+            "unfinished_job_ids": list(report.unfinished_job_ids) if report is not None else [],
+            "details": self.details,
+            "ok": self.ok,
+        }
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.report.ok and not self.errors
+
+
+def chaos_table(result: ChaosResult) -> Group:
+    """The run for the terminal: the failovers, the checker's verdicts, the failover times,
+    worker kills and partitions, then the first 20 details."""
+    kills, freezes = result.kill_times, result.freeze_times
+    partitions = len(result.partitions)
+    rows: list[VerdictRow] = [
+        ("failovers (killed, frozen)", f"{len(kills)}, {len(freezes)}", None),
+        *(checker.report_rows(result.report) if result.report is not None else []),
+        (
+            "failover_kill_p50_s / max",
+            f"{seconds_text(_p50(kills))} / {seconds_text(max(kills, default=None))}",
+            None,
+        ),
+        (
+            "failover_freeze_p50_s / max",
+            f"{seconds_text(_p50(freezes))} / {seconds_text(max(freezes, default=None))}",
+            None,
+        ),
+        ("worker_kills", str(result.worker_kills), None),
+        (
+            "partitions (rejoined, ran jobs again)",
+            f"{partitions} ({result.partitions_rejoined}, {result.partitions_worked_again})",
+            result.partitions_rejoined == partitions if partitions else None,
+        ),
+        ("duration", f"{round(result.duration_s, 1)} s", None),
+    ]
+    return Group(verdict_table(rows), *checker.details_lines(result.details))
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None

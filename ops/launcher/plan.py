@@ -1,0 +1,406 @@
+"""What ``up`` starts and stops: a pure function of the record, the asked counts and what runs.
+
+:func:`plan` takes the recorded cluster (or None), the control planes and workers asked for
+(None: as recorded), the ids of the processes running now and a source of free ports, and
+returns the cluster.json to write, the processes to start and those to stop. It starts,
+signals and binds nothing, so it is tested without processes (ports come from the caller).
+
+The rules, in the order :func:`plan` applies them:
+
+1. The cluster has control planes ``cp-1..cp-N`` and workers ``w-1..w-M``; a recorded one
+   keeps its ports and arguments, a new one gets fresh ports (and, with ``metrics``, a
+   ``--metrics-port`` of its own).
+2. Recorded ones beyond N or M are surplus: their processes are stopped (SIGTERM: a worker
+   leaves the cluster cleanly, a control plane hands its lease on) and dropped from the
+   record. A fleet stops as one process, so a count that would keep some of a fleet's workers
+   and stop the others is refused, naming the counts that would not split it.
+3. New workers run as agent processes of their own, or K per new fleet (``fleet_size``);
+   recorded fleets are never regrouped.
+4. When the set of control planes changes, the recorded workers' control-plane lists are
+   rewritten for their next start (a running worker keeps the list it started with and
+   reaches the surviving control planes; a worker routed elsewhere, e.g. through the chaos
+   harness's proxies, is left alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+import attrs
+
+from ops.launcher.state import (
+    LISTEN_HOST,
+    WORKER_CAPACITIES,
+    ClusterConfig,
+    ClusterError,
+    ProcessSpec,
+    StateDir,
+    WorkerSpec,
+    option_value,
+    str_tuple,
+    worker_order,
+)
+
+__all__ = ["DEFAULT_CONTROL_PLANES", "DEFAULT_WORKERS", "LaunchOptions", "Plan", "check_counts", "plan"]
+
+DEFAULT_CONTROL_PLANES = 3
+"""Control planes of a new cluster when none are asked for."""
+DEFAULT_WORKERS = 5
+"""Workers of a new cluster when none are asked for."""
+
+
+@attrs.frozen(kw_only=True)
+class LaunchOptions:
+    """How new processes are made (recorded ones keep theirs); see :class:`ops.launcher.LocalCluster`."""
+
+    cp_args: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
+    agent_args: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
+    fleet_size: int = 0
+    worker_capacities: tuple[tuple[int, int], ...] | None = None
+    metrics: bool = True
+    worker_network: Callable[[str], tuple[str, list[str]]] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """What ``up`` does to the processes and the record."""
+
+    config: ClusterConfig
+    """The cluster.json to write."""
+    start: tuple[str, ...]
+    """Ids of the processes of ``config`` that do not run now, in ``config``'s order."""
+    stop: tuple[ProcessSpec, ...]
+    """Running processes the asked counts leave out, to stop with SIGTERM: workers' processes
+    first, then control planes."""
+    removed: tuple[str, ...]
+    """Ids dropped from the record: control planes, workers (also those in fleets) and fleets,
+    running or not."""
+
+
+def plan(
+    previous: ClusterConfig | None,
+    *,
+    state: StateDir,
+    database_url: str,
+    pg_port: int | None,
+    control_planes: int | None,
+    workers: int | None,
+    running: Collection[str],
+    options: LaunchOptions,
+    free_port: Callable[[], int],
+) -> Plan:
+    """The plan that brings the recorded cluster to the asked counts (see the module docstring).
+
+    Args:
+        previous: the recorded cluster, or None for a new one.
+        state: the state folder (for the paths new processes are given).
+        database_url: the database the control planes use.
+        pg_port: the embedded server's port (kept off the ports handed out), or None.
+        control_planes: control planes wanted (>= 1); None keeps the recorded count
+            (:data:`DEFAULT_CONTROL_PLANES` for a new cluster).
+        workers: workers wanted (>= 0); None keeps the recorded count
+            (:data:`DEFAULT_WORKERS` for a new cluster).
+        running: ids of the recorded processes that run now.
+        options: how new processes are made.
+        free_port: returns a port that is free now; called once per port a new process needs.
+
+    Raises:
+        ClusterError: a count is out of range, or the asked worker count would split a fleet
+            (the message names the counts that would not).
+    """
+    control_planes, workers = check_counts(previous, control_planes=control_planes, workers=workers)
+    recorded = list(previous.processes) if previous is not None else []
+
+    used_ports = {_port(a) for p in recorded for a in (p.address, p.metrics_address) if a}
+    used_ports |= {w.port for w in (previous.hosted_workers if previous is not None else ())}
+    if pg_port:
+        used_ports.add(pg_port)
+
+    def new_port() -> int:
+        while True:
+            port = free_port()
+            if port not in used_ports:
+                used_ports.add(port)
+                return port
+
+    kept, stop, removed = _surplus(previous, control_planes, workers, running)
+    cps = _control_planes(kept, control_planes, options, new_port)
+    if previous is not None and [p.address for p in cps] != previous.control_plane_addresses:
+        kept = _retarget(kept, previous.control_plane_addresses, cps)
+    config = _add_workers(kept, cps, workers, options, state, new_port)
+    config = attrs.evolve(config, database_url=database_url, embedded_pg_port=pg_port)
+    return Plan(
+        config=config,
+        start=tuple(p.id for p in config.processes if p.id not in running),
+        stop=stop,
+        removed=removed,
+    )
+
+
+def check_counts(
+    previous: ClusterConfig | None, *, control_planes: int | None, workers: int | None
+) -> tuple[int, int]:
+    """The counts :func:`plan` will bring the cluster to, (control planes, workers), with None
+    read as the recorded count (or the default for a new cluster).
+
+    Raises:
+        ClusterError: a count is out of range, or the worker count would keep some workers of
+            a fleet and stop others (the message names the counts that would not).
+    """
+    if control_planes is None:
+        control_planes = len(previous.control_planes) if previous is not None else DEFAULT_CONTROL_PLANES
+    if workers is None:
+        workers = len(previous.workers) if previous is not None else DEFAULT_WORKERS
+    if control_planes < 1:
+        raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
+    if workers < 0:
+        raise ClusterError(f"workers must be >= 0, got {workers}")
+    if previous is not None:
+        surplus = {w.id for w in previous.workers if _number(w.id) > workers}
+        for fleet in previous.fleets:
+            hosted = [w.id for w in previous.workers_in(fleet.id)]
+            dropped = [w for w in hosted if w in surplus]
+            if dropped and len(dropped) < len(hosted):
+                raise ClusterError(_split_fleet_message(previous, workers, fleet.id, hosted, dropped))
+    return control_planes, workers
+
+
+def _port(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _number(process_or_worker_id: str) -> int:
+    return worker_order(process_or_worker_id)[0]
+
+
+def _surplus(
+    previous: ClusterConfig | None, control_planes: int, workers: int, running: Collection[str]
+) -> tuple[ClusterConfig, tuple[ProcessSpec, ...], tuple[str, ...]]:
+    """The record without what the counts (checked by :func:`check_counts`) leave out, the
+    running processes to stop, the ids removed."""
+    if previous is None:
+        return ClusterConfig(database_url="", embedded_pg_port=None, processes=()), (), ()
+    surplus_workers = {w.id for w in previous.workers if _number(w.id) > workers}
+    gone: list[ProcessSpec] = []
+    for spec in previous.processes:
+        if spec.kind == "cp":
+            surplus = _number(spec.id) > control_planes
+        elif spec.kind == "agent":
+            surplus = spec.id in surplus_workers
+        else:
+            surplus = bool(hosted := previous.workers_in(spec.id)) and all(
+                w.id in surplus_workers for w in hosted
+            )
+        if surplus:
+            gone.append(spec)
+    gone_ids = {p.id for p in gone}
+    kept = attrs.evolve(
+        previous,
+        processes=[p for p in previous.processes if p.id not in gone_ids],
+        hosted_workers=[w for w in previous.hosted_workers if w.id not in surplus_workers],
+    )
+    stop = [p for p in gone if p.kind != "cp" and p.id in running]
+    stop += [p for p in gone if p.kind == "cp" and p.id in running]
+    removed = [p.id for p in gone] + sorted(
+        (w for w in surplus_workers if w not in gone_ids), key=worker_order
+    )
+    return kept, tuple(stop), tuple(removed)
+
+
+def _split_fleet_message(
+    config: ClusterConfig, workers: int, fleet_id: str, hosted: Sequence[str], dropped: Sequence[str]
+) -> str:
+    """Why ``workers`` cannot be had, and the nearest counts below and above that can."""
+    spans = [
+        (min(_number(w.id) for w in members), max(_number(w.id) for w in members))
+        for f in config.fleets
+        if (members := config.workers_in(f.id))
+    ]
+
+    def splits(count: int) -> tuple[int, int] | None:
+        return next(((low, high) for low, high in spans if low <= count < high), None)
+
+    lower = workers
+    while (span := splits(lower)) is not None:
+        lower = span[0] - 1
+    upper = workers
+    while (span := splits(upper)) is not None:
+        upper = span[1]
+    kept = [w for w in hosted if w not in dropped]
+    return (
+        f"cannot stop {', '.join(dropped)} alone: {'it runs' if len(dropped) == 1 else 'they run'} in "
+        f"{fleet_id} with {', '.join(kept)}, and "
+        f"a fleet's workers stop together (one process); ask for --workers {lower} (stops "
+        f"{fleet_id} and its {len(hosted)} workers) or --workers {upper}"
+    )
+
+
+def _control_planes(
+    kept: ClusterConfig, count: int, options: LaunchOptions, new_port: Callable[[], int]
+) -> list[ProcessSpec]:
+    """cp-1..cp-``count``: the recorded ones as they are, new ones on fresh ports."""
+    recorded = {p.id: p for p in kept.control_planes}
+    specs = []
+    for i in range(1, count + 1):
+        cp_id = f"cp-{i}"
+        spec = recorded.get(cp_id)
+        if spec is None:
+            port = new_port()
+            spec = ProcessSpec(
+                id=cp_id,
+                kind="cp",
+                address=f"{LISTEN_HOST}:{port}",
+                args=("cp", "--id", cp_id, "--host", LISTEN_HOST, "--port", str(port), *options.cp_args),
+            )
+            spec = _with_metrics(spec, options, new_port)
+        specs.append(spec)
+    return specs
+
+
+def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
+    """``spec`` serving Prometheus metrics on a port of its own, when ``options.metrics``."""
+    if not options.metrics:
+        return spec
+    port = new_port()
+    return attrs.evolve(
+        spec, args=(*spec.args, "--metrics-port", str(port)), metrics_address=f"{LISTEN_HOST}:{port}"
+    )
+
+
+def _rotated(cps: Sequence[ProcessSpec], index: int) -> list[str]:
+    """The control-plane addresses as worker ``w-index`` is given them.
+
+    Each worker heartbeats to the first control plane that answers; rotating the list spreads
+    the heartbeats instead of sending them all to cp-1.
+    """
+    shift = index % len(cps)
+    return [p.address for p in [*cps[shift:], *cps[:shift]]]
+
+
+def _retarget(kept: ClusterConfig, old: Sequence[str], cps: Sequence[ProcessSpec]) -> ClusterConfig:
+    """The recorded workers with their control-plane lists made from ``cps``, for those whose
+    list named only the old control planes (``old``)."""
+    old_set = set(old)
+    addresses = ",".join(p.address for p in cps)
+
+    def ours(listed: Sequence[str]) -> bool:
+        return bool(listed) and set(listed) <= old_set
+
+    processes = []
+    for spec in kept.processes:
+        listed = (option_value(spec.args, "--control-planes") or "").split(",")
+        if spec.kind == "agent" and ours(listed):
+            spec = attrs.evolve(
+                spec,
+                args=_set_option(spec.args, "--control-planes", ",".join(_rotated(cps, _number(spec.id)))),
+            )
+        elif spec.kind == "fleet" and ours(listed):
+            spec = attrs.evolve(spec, args=_set_option(spec.args, "--control-planes", addresses))
+        processes.append(spec)
+    hosted = [
+        attrs.evolve(w, control_planes=_rotated(cps, _number(w.id))) if ours(w.control_planes) else w
+        for w in kept.hosted_workers
+    ]
+    return attrs.evolve(kept, processes=processes, hosted_workers=hosted)
+
+
+def _set_option(args: Sequence[str], name: str, value: str) -> tuple[str, ...]:
+    """``args`` with the value after ``name`` replaced (the option is there)."""
+    out = list(args)
+    out[out.index(name) + 1] = value
+    return tuple(out)
+
+
+def _add_workers(
+    kept: ClusterConfig,
+    cps: list[ProcessSpec],
+    workers: int,
+    options: LaunchOptions,
+    state: StateDir,
+    new_port: Callable[[], int],
+) -> ClusterConfig:
+    """``kept`` with control planes ``cps`` and new workers up to w-``workers``: agents of their
+    own, or K per new fleet (numbered after the highest recorded one)."""
+    capacities = options.worker_capacities or WORKER_CAPACITIES
+    recorded = {p.id: p for p in kept.processes if p.kind == "agent"}
+    hosted_ids = {w.id for w in kept.hosted_workers}
+    agent_specs: list[ProcessSpec] = []
+    new_hosted: list[WorkerSpec] = []
+    for i in range(1, workers + 1):
+        worker_id = f"w-{i}"
+        if worker_id in hosted_ids:
+            continue
+        spec = recorded.get(worker_id)
+        if spec is not None:
+            agent_specs.append(spec)
+            continue
+        cpu_millis, memory_mb = capacities[(i - 1) % len(capacities)]
+        advertise, routed = "", _rotated(cps, i)
+        if options.worker_network is not None:
+            advertise, routed = options.worker_network(worker_id)
+        if options.fleet_size > 0:
+            new_hosted.append(
+                WorkerSpec(
+                    id=worker_id,
+                    address=f"{LISTEN_HOST}:{new_port()}",
+                    cpu_millis=cpu_millis,
+                    memory_mb=memory_mb,
+                    process_id="",  # its fleet, assigned below
+                    advertise_address=advertise,
+                    control_planes=routed,
+                )
+            )
+            continue
+        port = new_port()
+        args: tuple[str, ...] = (
+            "agent",
+            "--id",
+            worker_id,
+            "--host",
+            LISTEN_HOST,
+            "--port",
+            str(port),
+            "--cpu-millis",
+            str(cpu_millis),
+            "--memory-mb",
+            str(memory_mb),
+            "--control-planes",
+            ",".join(routed),
+            "--work-dir",
+            str(state.work_dir(worker_id)),
+            *options.agent_args,
+        )
+        if options.worker_network is not None:
+            args = (*args, "--advertise-address", advertise)
+        spec = ProcessSpec(id=worker_id, kind="agent", address=f"{LISTEN_HOST}:{port}", args=args)
+        agent_specs.append(_with_metrics(spec, options, new_port))
+
+    fleet_specs = list(kept.fleets)
+    numbers = [n for p in fleet_specs if (n := _number(p.id))]
+    next_number = max(numbers, default=0) + 1
+    hosted_specs = list(kept.hosted_workers)
+    size = max(1, options.fleet_size)
+    addresses = ",".join(p.address for p in cps)
+    for start in range(0, len(new_hosted), size):
+        fleet_id = f"fleet-{next_number}"
+        next_number += 1
+        hosted_specs += [attrs.evolve(w, process_id=fleet_id) for w in new_hosted[start : start + size]]
+        fleet = ProcessSpec(
+            id=fleet_id,
+            kind="fleet",
+            address="",
+            args=(
+                "fleet",
+                "--id",
+                fleet_id,
+                "--spec",
+                str(state.fleet_spec_path(fleet_id)),
+                "--host",
+                LISTEN_HOST,
+                "--control-planes",
+                addresses,
+                *options.agent_args,
+            ),
+        )
+        fleet_specs.append(_with_metrics(fleet, options, new_port))
+    return attrs.evolve(kept, processes=[*cps, *agent_specs, *fleet_specs], hosted_workers=hosted_specs)

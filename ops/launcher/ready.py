@@ -1,0 +1,100 @@
+"""Waiting for a started cluster: every control plane answers, one leads, every worker is alive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import trio
+
+from ops import rpc
+from ops.launcher.state import ClusterConfig, ClusterError, StateDir
+from protocol import pb
+from runtime.client import ControlPlaneClient
+from runtime.errors import Unavailable
+
+POLL_INTERVAL_S = 0.2
+"""How often readiness is asked again, in seconds."""
+FRESH_HEARTBEAT_S = 2.0
+"""A worker counts as alive only with a heartbeat younger than this, in seconds."""
+
+
+def wait_ready(
+    state: StateDir,
+    config: ClusterConfig,
+    *,
+    restarted: Mapping[str, int],
+    timeout_s: float,
+    check_exited: Callable[[], None],
+) -> pb.StatusReply:
+    """Poll until every control plane answers, one leads, and every worker is alive.
+
+    A worker counts once the status shows it alive with a fresh heartbeat, and, for a worker
+    in ``restarted`` (id -> incarnation before the restart), under a new incarnation.
+
+    Args:
+        state: the state folder (its logs are named in the error).
+        config: the cluster to wait for.
+        restarted: id -> incarnation before the restart, of the workers just started again.
+        timeout_s: how long to wait, in seconds.
+        check_exited: called before each poll; raises ClusterError when a process exited.
+
+    Raises:
+        ClusterError: a process exited, or ``timeout_s`` passed; names what is missing and
+            the log files to read.
+    """
+
+    async def poll(_client: ControlPlaneClient) -> tuple[pb.StatusReply | None, list[str]]:
+        deadline = trio.current_time() + timeout_s
+        while True:
+            check_exited()
+            status, missing = await readiness(state, config, restarted)
+            if not missing:
+                return status, []
+            if trio.current_time() >= deadline:
+                return status, missing
+            await trio.sleep(POLL_INTERVAL_S)
+
+    status, missing = rpc.with_client(config.control_plane_addresses, poll)
+    if missing or status is None:
+        raise ClusterError(
+            f"cluster not ready after {timeout_s:g} s: "
+            + "; ".join(missing or ["no control plane answered"])
+            + " (the processes keep running: `stockade down` stops them)"
+        )
+    return status
+
+
+async def readiness(
+    state: StateDir, config: ClusterConfig, restarted: Mapping[str, int]
+) -> tuple[pb.StatusReply | None, list[str]]:
+    """A status (the first control plane's that answered, or None) and what is not ready yet."""
+    missing: list[str] = []
+    status: pb.StatusReply | None = None
+    for spec in config.control_planes:
+        client = ControlPlaneClient([spec.address], timeout_s=1.0)
+        try:
+            reply = await client.call("status", pb.StatusRequest())
+        except Unavailable:
+            missing.append(f"{spec.id} does not answer at {spec.address} (read {state.log_path(spec.id)})")
+            continue
+        finally:
+            client.close()
+        status = status or reply
+    if status is None:
+        return None, missing
+    if not status.leader:
+        logs = ", ".join(str(state.log_path(p.id)) for p in config.control_planes)
+        missing.append(f"no leader elected (read {logs})")
+    by_id = {w.id: w for w in status.workers}
+    for worker_spec in config.workers:
+        worker = by_id.get(worker_spec.id)
+        log_hint = f"(read {state.log_path(worker_spec.process_id)})"
+        if worker is None:
+            missing.append(f"{worker_spec.id} not registered {log_hint}")
+        elif (
+            worker.state != "alive"
+            or worker.last_heartbeat_age_s > FRESH_HEARTBEAT_S
+            or (worker_spec.id in restarted and worker.incarnation == restarted[worker_spec.id])
+        ):
+            missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
+    return status, missing

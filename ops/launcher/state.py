@@ -1,0 +1,400 @@
+"""The local cluster's state folder and what ``cluster.json`` records.
+
+Pure data and files: no processes are started or signalled here (:mod:`ops.launcher.control`
+does that), and the imports stay light (no trio, psutil or protocol), so a command that only
+reads the record (``stockade status`` printing the metrics addresses, say) pays for none of
+them. See :mod:`ops.cluster` for the folder's layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from runtime.errors import StockadeError
+
+__all__ = [
+    "LISTEN_HOST",
+    "MARKER_ENV",
+    "STATE_DIR_ENV",
+    "WORKER_CAPACITIES",
+    "ClusterConfig",
+    "ClusterError",
+    "ProcessSpec",
+    "StateDir",
+    "WorkerSpec",
+    "iter_worker_logs",
+    "metrics_address",
+]
+
+STATE_DIR_ENV = "STOCKADE_STATE_DIR"
+"""Environment variable that overrides the state folder (default ``./.stockade``)."""
+
+MARKER_ENV = "STOCKADE_CLUSTER_DIR"
+"""Set in every process the launcher starts, to the absolute state folder."""
+
+LISTEN_HOST = "127.0.0.1"
+"""Every process of the local cluster listens here."""
+
+WORKER_CAPACITIES: tuple[tuple[int, int], ...] = (
+    (4000, 8192),
+    (8000, 16384),
+    (8000, 16384),
+    (12000, 24576),
+    (16000, 32768),
+)
+"""(cpu_millis, memory_mb) of w-1, w-2, ...; cycles for more workers."""
+
+CONFIG_VERSION = 1
+
+
+class ClusterError(StockadeError):
+    """The local cluster could not be started, found or stopped; the message says what to do."""
+
+
+def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
+@attrs.frozen(kw_only=True)
+class ProcessSpec:
+    """One process of the cluster, as recorded in cluster.json."""
+
+    id: str
+    """``cp-1``..., ``w-1``..., ``fleet-1``..."""
+    kind: str
+    """``cp``, ``agent`` or ``fleet``: the ops.cli subcommand it runs."""
+    address: str
+    """host:port of its gRPC service; empty for a fleet (its workers have one each)."""
+    args: tuple[str, ...] = attrs.field(converter=str_tuple)
+    """The arguments after ``python -m ops.cli``."""
+    metrics_address: str = ""
+    """host:port of its Prometheus /metrics (its ``--metrics-port``); empty when it serves none."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "address": self.address,
+            "args": list(self.args),
+            "metrics_address": self.metrics_address,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessSpec:
+        return cls(
+            id=data["id"],
+            kind=data["kind"],
+            address=data["address"],
+            args=data["args"],
+            metrics_address=data.get("metrics_address", ""),
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+
+def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
+    return tuple(items)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerSpec:
+    """One worker of the cluster, whether it runs as an agent process or in a fleet."""
+
+    id: str
+    """``w-1``..."""
+    address: str
+    """host:port its Worker service listens on."""
+    cpu_millis: int
+    """CPU it offers, in millicores."""
+    memory_mb: int
+    """Memory it offers, in MiB."""
+    process_id: str
+    """The process that runs it: its own id for an agent process, else its fleet's id."""
+    advertise_address: str = ""
+    """host:port the leader should call, when not ``address`` (recorded for fleet workers;
+    an agent process has it on its command line)."""
+    control_planes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
+    """Control-plane addresses of its own, when not the cluster's (as ``advertise_address``)."""
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    @property
+    def fleet(self) -> str | None:
+        """The id of the fleet that hosts it, or None when it is an agent process of its own."""
+        return None if self.process_id == self.id else self.process_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "address": self.address,
+            "cpu_millis": self.cpu_millis,
+            "memory_mb": self.memory_mb,
+            "process_id": self.process_id,
+            "advertise_address": self.advertise_address,
+            "control_planes": list(self.control_planes),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerSpec:
+        return cls(
+            id=data["id"],
+            address=data["address"],
+            cpu_millis=int(data["cpu_millis"]),
+            memory_mb=int(data["memory_mb"]),
+            process_id=data["process_id"],
+            advertise_address=data.get("advertise_address", ""),
+            control_planes=data.get("control_planes", ()),
+        )
+
+    @classmethod
+    def of_agent(cls, spec: ProcessSpec) -> WorkerSpec:
+        """The worker an ``agent`` process runs, read from its arguments."""
+        return cls(
+            id=spec.id,
+            address=spec.address,
+            cpu_millis=int(option_value(spec.args, "--cpu-millis") or 0),
+            memory_mb=int(option_value(spec.args, "--memory-mb") or 0),
+            process_id=spec.id,
+        )
+
+
+def option_value(args: Sequence[str], name: str) -> str | None:
+    """The value after the last ``name`` in ``args`` (or of ``name=value``), or None."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(name + "="):
+            found = arg.partition("=")[2]
+    return found
+
+
+def _worker_tuple(items: Iterable[WorkerSpec]) -> tuple[WorkerSpec, ...]:
+    return tuple(items)
+
+
+def worker_order(worker_id: str) -> tuple[int, str]:
+    """``w-10`` after ``w-9``: by number, then by text."""
+    number = worker_id.rpartition("-")[2]
+    return (int(number) if number.isdigit() else 0, worker_id)
+
+
+@attrs.frozen(kw_only=True)
+class ClusterConfig:
+    """What cluster.json holds."""
+
+    database_url: str
+    embedded_pg_port: int | None
+    """Port of the embedded server under ``pg/``; None when the database is DATABASE_URL's."""
+    processes: tuple[ProcessSpec, ...] = attrs.field(converter=_spec_tuple)
+    """The operating-system processes: control planes, agents and fleets."""
+    hosted_workers: tuple[WorkerSpec, ...] = attrs.field(default=(), converter=_worker_tuple)
+    """The workers that run in fleets (those in agent processes are in ``processes``)."""
+
+    @property
+    def control_planes(self) -> list[ProcessSpec]:
+        return [p for p in self.processes if p.kind == "cp"]
+
+    @property
+    def workers(self) -> list[WorkerSpec]:
+        """Every worker, one entry per worker id, in agent processes or in fleets, by number."""
+        lone = [WorkerSpec.of_agent(p) for p in self.processes if p.kind == "agent"]
+        return sorted([*lone, *self.hosted_workers], key=lambda w: worker_order(w.id))
+
+    @property
+    def fleets(self) -> list[ProcessSpec]:
+        """The fleet processes, each hosting several workers (:meth:`workers_in`)."""
+        return [p for p in self.processes if p.kind == "fleet"]
+
+    @property
+    def control_plane_addresses(self) -> list[str]:
+        return [p.address for p in self.control_planes]
+
+    def metrics_addresses(self) -> dict[str, str]:
+        """Process id -> host:port of its Prometheus /metrics, for every process that serves
+        them (control planes, agents and fleets started by ``up``), in cluster.json's order."""
+        found = {}
+        for spec in self.processes:
+            address = metrics_address(spec)
+            if address is not None:
+                found[spec.id] = address
+        return found
+
+    def workers_in(self, process_id: str) -> list[WorkerSpec]:
+        """The workers the process ``process_id`` runs: its own for an agent, a fleet's, or none."""
+        return [w for w in self.workers if w.process_id == process_id]
+
+    def worker(self, worker_id: str) -> WorkerSpec:
+        """The worker ``worker_id``, wherever it runs.
+
+        Raises:
+            ClusterError: no such worker in this cluster.
+        """
+        for worker in self.workers:
+            if worker.id == worker_id:
+                return worker
+        known = ", ".join(w.id for w in self.workers) or "none"
+        raise ClusterError(f"{worker_id} is not a worker of this cluster (it has {known})")
+
+    def address_of(self, process_or_worker_id: str) -> str:
+        """host:port of a control plane or a worker (also one in a fleet).
+
+        Raises:
+            ClusterError: neither a control plane nor a worker of this cluster.
+        """
+        for spec in self.control_planes:
+            if spec.id == process_or_worker_id:
+                return spec.address
+        return self.worker(process_or_worker_id).address
+
+    def process(self, process_id: str) -> ProcessSpec:
+        """The process named ``process_id``.
+
+        Raises:
+            ClusterError: no such process in this cluster; for a worker hosted in a fleet,
+                the message names the fleet (signal the fleet, which stops all its workers).
+        """
+        for spec in self.processes:
+            if spec.id == process_id:
+                return spec
+        for worker in self.hosted_workers:
+            if worker.id == process_id:
+                together = [w.id for w in self.workers_in(worker.process_id)]
+                raise ClusterError(
+                    f"{process_id} runs in {worker.process_id} (with {len(together) - 1} other workers: "
+                    f"{', '.join(together)}); it has no process of its own: kill the fleet, which "
+                    "stops all of them"
+                )
+        known = ", ".join(p.id for p in self.processes)
+        raise ClusterError(f"{process_id} is not a process of this cluster (it has {known})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": CONFIG_VERSION,
+            "database_url": self.database_url,
+            "embedded_pg_port": self.embedded_pg_port,
+            "processes": [p.to_json() for p in self.processes],
+            "hosted_workers": [w.to_json() for w in self.hosted_workers],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterConfig:
+        return cls(
+            database_url=data["database_url"],
+            embedded_pg_port=data.get("embedded_pg_port"),
+            processes=[ProcessSpec.from_json(p) for p in data["processes"]],
+            hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
+        )
+
+
+@attrs.frozen
+class StateDir:
+    """The paths inside one state folder."""
+
+    root: Path = attrs.field(converter=lambda p: Path(p).absolute())
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.root / "pg"
+
+    def log_path(self, process_id: str) -> Path:
+        return self.root / "logs" / f"{process_id}.log"
+
+    @property
+    def events_path(self) -> Path:
+        """The fault record (``events.jsonl``) the checker reads: kills, freezes, partitions."""
+        return self.root / "events.jsonl"
+
+    def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
+        """Append one fault (``kind`` kill, freeze or partition of process ``target``; Unix
+        seconds) to :attr:`events_path`."""
+        line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
+        with self.events_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
+    def pid_path(self, process_id: str) -> Path:
+        return self.root / "pids" / f"{process_id}.pid"
+
+    def work_dir(self, worker_id: str) -> Path:
+        return self.root / "workers" / worker_id
+
+    def fleet_spec_path(self, fleet_id: str) -> Path:
+        """The spec file (``agent.fleet``) listing the workers fleet ``fleet_id`` hosts."""
+        return self.root / "fleets" / f"{fleet_id}.json"
+
+    def create(self) -> None:
+        for sub in ("logs", "pids", "workers", "fleets"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive flock on ``.lock``, so two ``up``/``down`` never interleave."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".lock").open("a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+    def load(self) -> ClusterConfig | None:
+        """The recorded cluster, or None when there is none.
+
+        Raises:
+            ClusterError: cluster.json exists but cannot be read.
+        """
+        try:
+            text = self.config_path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ClusterError(f"cannot read {self.config_path}: {exc.strerror}") from exc
+        try:
+            return ClusterConfig.from_json(json.loads(text))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClusterError(
+                f"{self.config_path} is not a Stockade cluster file ({exc}); remove it and run up again"
+            ) from exc
+
+    def save(self, config: ClusterConfig) -> None:
+        """Write cluster.json atomically, readable by this user only (the URL may hold a password)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_name(self.config_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(config.to_json(), out, indent=2)
+            out.write("\n")
+        os.replace(tmp, self.config_path)
+
+
+def metrics_address(spec: ProcessSpec) -> str | None:
+    """host:port of a process's Prometheus /metrics, or None when it serves none.
+
+    Recorded in cluster.json (``metrics_address``); a record written before that field
+    existed is read from the ``--metrics-port`` on the process's command line.
+    """
+    if spec.metrics_address:
+        return spec.metrics_address
+    port = option_value(spec.args, "--metrics-port")
+    return f"{LISTEN_HOST}:{port}" if port and port != "0" else None
+
+
+def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Path]:
+    """worker id -> path of its agent.jsonl (whether or not it exists yet)."""
+    return {w: state.work_dir(w) / "agent.jsonl" for w in worker_ids}

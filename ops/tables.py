@@ -1,0 +1,34 @@
+"""Terminal tables shared by the renderers of results (chaos, check, the benchmarks).
+
+Each result class has one renderer next to it (:func:`ops.checker.check_table`,
+:func:`ops.chaos.chaos_table`, :func:`ops.bench.failover_table`,
+:func:`ops.benchpack.report.render`, :func:`ops.benchoverload.render`); they build their
+tables from the helpers here, so the terminal shows every result the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import rich.box
+from rich.table import Table
+
+VerdictRow = tuple[str, str, bool | None]
+"""(name, value, good): good None when the row is a figure, not a verdict."""
+
+
+def seconds_text(value: float | None) -> str:
+    """``value`` seconds as ``1.23 s``, or ``-`` when there is none."""
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def verdict_table(rows: Sequence[VerdictRow]) -> Table:
+    """A result / value / verdict table; the verdict reads ``ok`` or ``FAIL`` where one applies."""
+    table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("result")
+    table.add_column("value", justify="right")
+    table.add_column("")
+    for name, value, good in rows:
+        verdict = "" if good is None else ("ok" if good else "FAIL")
+        table.add_row(name, value, verdict)
+    return table

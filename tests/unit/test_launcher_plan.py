@@ -1,0 +1,195 @@
+"""What ``stockade up`` starts and stops, planned without processes: the asked counts against
+the recorded cluster and what runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Collection
+from pathlib import Path
+
+import pytest
+
+from ops.cluster import ClusterConfig, ClusterError, ProcessSpec, StateDir, metrics_address
+from ops.launcher.plan import LaunchOptions, Plan, plan
+from ops.launcher.state import option_value
+
+URL = "postgresql://db/x"
+
+
+class Planner:
+    """Plans against one state folder with ports handed out 7000, 7001, ..."""
+
+    def __init__(self, root: Path, **options: object) -> None:
+        self.state = StateDir(root)
+        self.options = LaunchOptions(**options)  # type: ignore[arg-type]
+        self.ports = itertools.count(7000)
+
+    def __call__(
+        self,
+        previous: ClusterConfig | None,
+        *,
+        control_planes: int | None = None,
+        workers: int | None = None,
+        running: Collection[str] = (),
+    ) -> Plan:
+        return plan(
+            previous,
+            state=self.state,
+            database_url=URL,
+            pg_port=None,
+            control_planes=control_planes,
+            workers=workers,
+            running=running,
+            options=self.options,
+            free_port=self.ports.__next__,
+        )
+
+
+def ids(config: ClusterConfig) -> list[str]:
+    return [p.id for p in config.processes]
+
+
+def all_running(config: ClusterConfig) -> set[str]:
+    return {p.id for p in config.processes}
+
+
+def test_a_new_cluster_has_three_control_planes_and_five_workers_each_with_metrics(tmp_path: Path) -> None:
+    """With no counts asked, a new cluster gets cp-1..cp-3 and w-1..w-5, all to start, and every
+    process serves metrics on a port of its own, recorded in cluster.json."""
+    result = Planner(tmp_path)(None)
+    assert ids(result.config) == ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3", "w-4", "w-5"]
+    assert result.start == tuple(ids(result.config)) and result.stop == () and result.removed == ()
+    metrics = result.config.metrics_addresses()
+    assert list(metrics) == ids(result.config)
+    for spec in result.config.processes:
+        assert metrics[spec.id] == f"127.0.0.1:{option_value(spec.args, '--metrics-port')}"
+    ports = [p.port for p in result.config.processes] + [int(a.rpartition(":")[2]) for a in metrics.values()]
+    assert len(set(ports)) == len(ports) == 16
+    assert ClusterConfig.from_json(json.loads(json.dumps(result.config.to_json()))) == result.config
+
+
+def test_up_again_without_counts_changes_nothing(tmp_path: Path) -> None:
+    """A running cluster asked for nothing keeps its record, starts nothing and stops nothing."""
+    planner = Planner(tmp_path)
+    config = planner(None, workers=6).config
+    again = planner(config, running=all_running(config))
+    assert again.config == config
+    assert (again.start, again.stop, again.removed) == ((), (), ())
+
+
+def test_a_dead_process_is_started_again_as_recorded(tmp_path: Path) -> None:
+    """A recorded process that does not run is started again with its recorded ports."""
+    planner = Planner(tmp_path)
+    config = planner(None).config
+    again = planner(config, running=all_running(config) - {"cp-2", "w-4"})
+    assert again.config == config and again.start == ("cp-2", "w-4")
+
+
+def test_fewer_workers_stop_the_surplus_agents_and_drop_them(tmp_path: Path) -> None:
+    """``--workers 2`` on five agents stops the running w-3..w-5 and drops them from the record;
+    a surplus worker that is not running is dropped without a stop."""
+    planner = Planner(tmp_path)
+    config = planner(None).config
+    smaller = planner(config, workers=2, running=all_running(config) - {"w-4"})
+    assert ids(smaller.config) == ["cp-1", "cp-2", "cp-3", "w-1", "w-2"]
+    assert [p.id for p in smaller.stop] == ["w-3", "w-5"]
+    assert smaller.removed == ("w-3", "w-4", "w-5")
+    assert smaller.start == ()
+    assert smaller.config.processes[:5] == config.processes[:5]
+
+
+def test_more_workers_add_only_the_new_ones(tmp_path: Path) -> None:
+    """``--workers 7`` on five adds w-6 and w-7 on fresh ports; the recorded ones are unchanged."""
+    planner = Planner(tmp_path)
+    config = planner(None).config
+    bigger = planner(config, workers=7, running=all_running(config))
+    assert bigger.start == ("w-6", "w-7")
+    assert bigger.config.processes[:8] == config.processes
+    assert len({p.port for p in bigger.config.processes}) == 10
+
+
+def test_a_whole_fleet_beyond_the_count_is_stopped_as_one(tmp_path: Path) -> None:
+    """10 workers in fleets of 5 asked for 5: fleet-2 stops with all its workers."""
+    planner = Planner(tmp_path, fleet_size=5)
+    config = planner(None, workers=10).config
+    smaller = planner(config, workers=5, running=all_running(config))
+    assert ids(smaller.config) == ["cp-1", "cp-2", "cp-3", "fleet-1"]
+    assert [w.id for w in smaller.config.workers] == ["w-1", "w-2", "w-3", "w-4", "w-5"]
+    assert [p.id for p in smaller.stop] == ["fleet-2"]
+    assert smaller.removed == ("fleet-2", "w-6", "w-7", "w-8", "w-9", "w-10")
+
+
+def test_a_count_that_splits_a_fleet_is_refused_naming_the_counts_that_do_not(tmp_path: Path) -> None:
+    """Workers of a fleet cannot be stopped one by one: ``--workers 7`` with fleets of 5 is
+    refused, pointing at 5 and 10."""
+    planner = Planner(tmp_path, fleet_size=5)
+    config = planner(None, workers=10).config
+    with pytest.raises(ClusterError) as info:
+        planner(config, workers=7, running=all_running(config))
+    message = str(info.value)
+    assert "cannot stop w-8, w-9, w-10 alone: they run in fleet-2 with w-6, w-7" in message
+    assert "--workers 5 (stops fleet-2 and its 5 workers) or --workers 10" in message
+
+
+def test_fewer_control_planes_stop_the_surplus_after_the_workers_and_retarget_the_workers(
+    tmp_path: Path,
+) -> None:
+    """``--control-planes 1`` with ``--workers 1`` stops w-2.. first, then cp-2 and cp-3, and the
+    remaining worker's recorded control-plane list names cp-1 only (for its next start)."""
+    planner = Planner(tmp_path)
+    config = planner(None, workers=2).config
+    smaller = planner(config, control_planes=1, workers=1, running=all_running(config))
+    assert [p.id for p in smaller.stop] == ["w-2", "cp-2", "cp-3"]
+    cp_1 = smaller.config.control_planes[0]
+    assert ids(smaller.config) == ["cp-1", "w-1"] and cp_1 == config.control_planes[0]
+    worker = smaller.config.processes[1]
+    assert option_value(worker.args, "--control-planes") == cp_1.address
+
+
+def test_more_control_planes_are_added_and_named_to_the_workers(tmp_path: Path) -> None:
+    """``--control-planes 4`` adds cp-4 (with metrics) and every recorded worker's and fleet's
+    control-plane list then names all four."""
+    planner = Planner(tmp_path, fleet_size=2)
+    config = planner(None, workers=3).config
+    bigger = planner(config, control_planes=4, running=all_running(config))
+    assert bigger.start == ("cp-4",)
+    addresses = set(bigger.config.control_plane_addresses)
+    assert len(addresses) == 4 and "cp-4" in bigger.config.metrics_addresses()
+    for fleet in bigger.config.fleets:
+        assert set((option_value(fleet.args, "--control-planes") or "").split(",")) == addresses
+    assert all(set(w.control_planes) == addresses for w in bigger.config.hosted_workers)
+
+
+def test_workers_routed_elsewhere_keep_their_control_planes(tmp_path: Path) -> None:
+    """A worker given its own route (the chaos harness's proxies) is not retargeted."""
+    planner = Planner(tmp_path, worker_network=lambda w: ("127.0.0.1:9000", ["127.0.0.1:9001"]))
+    config = planner(None, workers=1).config
+    smaller = planner(config, control_planes=2, running=all_running(config))
+    worker = smaller.config.processes[-1]
+    assert option_value(worker.args, "--control-planes") == "127.0.0.1:9001"
+    assert option_value(worker.args, "--advertise-address") == "127.0.0.1:9000"
+
+
+def test_metrics_can_be_left_off(tmp_path: Path) -> None:
+    """With ``metrics=False`` no process gets a ``--metrics-port``."""
+    config = Planner(tmp_path, metrics=False)(None).config
+    assert config.metrics_addresses() == {}
+    assert not any("--metrics-port" in p.args for p in config.processes)
+
+
+def test_an_older_record_without_metrics_addresses_is_read_from_the_arguments() -> None:
+    """A cluster.json written before ``metrics_address`` existed still names the port given on
+    the command line."""
+    spec = ProcessSpec.from_json(
+        {"id": "cp-1", "kind": "cp", "address": "127.0.0.1:1", "args": ["cp", "--metrics-port", "9100"]}
+    )
+    assert metrics_address(spec) == "127.0.0.1:9100"
+    assert metrics_address(ProcessSpec(id="w-1", kind="agent", address="127.0.0.1:2", args=())) is None
+
+
+@pytest.mark.parametrize(("control_planes", "workers"), [(0, 5), (3, -1)])
+def test_counts_out_of_range_are_refused(tmp_path: Path, control_planes: int, workers: int) -> None:
+    """At least one control plane and no negative worker count."""
+    with pytest.raises(ClusterError, match="must be >= "):
+        Planner(tmp_path)(None, control_planes=control_planes, workers=workers)
