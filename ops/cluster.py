@@ -47,6 +47,14 @@ import psutil
 import trio
 
 from ops import rpc
+from ops.config import (
+    CONTROL_PLANES_ENV,
+    STATE_DIR_ENV,
+    ClusterError,
+    default_state_dir,
+    parse_addresses,
+    resolve_addresses,
+)
 from ops.pg import (
     EmbeddedPostgres,
     EmbeddedPostgresError,
@@ -55,7 +63,6 @@ from ops.pg import (
     free_port,
 )
 from protocol import pb
-from runtime import identifiers
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError, Unavailable
 from runtime.text import tail_lines
@@ -76,13 +83,9 @@ __all__ = [
     "UpResult",
     "WorkerSpec",
     "default_state_dir",
+    "parse_addresses",
+    "resolve_addresses",
 ]
-
-STATE_DIR_ENV = "STOCKADE_STATE_DIR"
-"""Environment variable that overrides the state folder (default ``./.stockade``)."""
-
-CONTROL_PLANES_ENV = "STOCKADE_CONTROL_PLANES"
-"""Environment variable with comma-separated control-plane addresses for client commands."""
 
 MARKER_ENV = "STOCKADE_CLUSTER_DIR"
 """Set in every process the launcher starts, to the absolute state folder."""
@@ -110,15 +113,6 @@ _FRESH_HEARTBEAT_S = 2.0
 _LOG_TAIL_LINES = 20
 _CONFIG_VERSION = 1
 _PORT_ATTEMPTS = 3
-
-
-class ClusterError(StockadeError):
-    """The local cluster could not be started, found or stopped; the message says what to do."""
-
-
-def default_state_dir() -> Path:
-    """``$STOCKADE_STATE_DIR``, else ``.stockade`` in the current directory (absolute)."""
-    return Path(os.environ.get(STATE_DIR_ENV) or ".stockade").absolute()
 
 
 def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
@@ -1115,41 +1109,6 @@ def metrics_address(spec: ProcessSpec) -> str | None:
     if "--metrics-port" not in args:
         return None
     return f"{LISTEN_HOST}:{args[args.index('--metrics-port') + 1]}"
-
-
-def parse_addresses(text: str) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped; spaces around an item are
-    the list's, not the item's).
-
-    Raises:
-        InvalidArgument: an item is not ``host:port`` (:func:`runtime.identifiers.parse_address`).
-    """
-    addresses = [item.strip() for item in text.split(",") if item.strip()]
-    identifiers.parse_addresses(addresses, field="control_planes")
-    return addresses
-
-
-def resolve_addresses(option: str | None, state: StateDir | None = None) -> list[str]:
-    """Control-plane addresses for a client command.
-
-    The ``--control-planes`` option, else ``$STOCKADE_CONTROL_PLANES``, else cluster.json.
-
-    Raises:
-        ClusterError: none of the three names any address.
-    """
-    for text in (option, os.environ.get(CONTROL_PLANES_ENV)):
-        if text:
-            addresses = parse_addresses(text)
-            if addresses:
-                return addresses
-    state = state or StateDir(default_state_dir())
-    config = state.load()
-    if config is None or not config.control_planes:
-        raise ClusterError(
-            f"no control-plane addresses: pass --control-planes host:port,..., set "
-            f"{CONTROL_PLANES_ENV}, or run `stockade up` (no cluster recorded in {state.root})"
-        )
-    return config.control_plane_addresses
 
 
 def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Path]:

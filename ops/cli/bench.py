@@ -8,10 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-import rich.box
-import trio
 import typer
-from rich.table import Table
 
 from ops.cli.app import bench_app
 from ops.cli.common import (
@@ -23,8 +20,7 @@ from ops.cli.common import (
     fail,
     interruptible,
 )
-from ops.cli.render import seconds_text
-from ops.cluster import ClusterError, LocalCluster, StateDir, default_state_dir
+from ops.config import default_state_dir
 
 
 @bench_app.command("failover")
@@ -43,7 +39,13 @@ def bench_failover(
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
+    import rich.box
+    import trio
+    from rich.table import Table
+
     from ops.bench import FailoverBenchSettings, run_failover_bench
+    from ops.cli.render import seconds_text
+    from ops.cluster import ClusterError, LocalCluster, StateDir
 
     if min(kills, freezes, stops, worker_kills) < 0:
         fail("counts must be >= 0", EXIT_INVALID)
@@ -105,6 +107,8 @@ def bench_pack(
     """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
     the round time as the queue and the cluster grow."""
+    import trio
+
     from ops import benchpack
     from ops.pg import EmbeddedPostgres, free_port
     from runtime import log as runtime_log
@@ -252,6 +256,10 @@ def bench_overload(
     goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
     of goodput against offered load. Exits 1 when a job was placed or run twice or a success
     was lost."""
+    import rich.box
+    import trio
+    from rich.table import Table
+
     from ops import benchoverload
 
     try:
@@ -326,6 +334,9 @@ _PACK_KEYS = (
 def _pack_table(title: str, results: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Print one scenario's policies side by side, then the first policy's ratios to each other
     one; returns the ratios, keyed ``"best_fit/worst_fit"``."""
+    import rich.box
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", box=rich.box.SIMPLE_HEAD, show_edge=False)
     table.add_column("measure")
     for result in results:

@@ -9,11 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import attrs
-import rich.box
-import trio
 import typer
-from rich.table import Table
 
 from ops.cli.app import app
 from ops.cli.common import (
@@ -26,15 +22,20 @@ from ops.cli.common import (
     interruptible,
     local_state,
 )
-from ops.cli.render import seconds_text
-from ops.cluster import ClusterConfig, ClusterError, LocalCluster, StateDir, default_state_dir
+from ops.config import ClusterError, default_state_dir
 from runtime.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from ops.checker import FaultEvent
+    from ops.cluster import ClusterConfig
 
 
 def _check_table(rows: list[tuple[str, str, bool | None]]) -> Table:
+    import rich.box
+    from rich.table import Table
+
     table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
     table.add_column("result")
     table.add_column("value", justify="right")
@@ -84,7 +85,11 @@ def chaos(
     some frozen inside a fenced transaction) under a steady job stream, wait for every job, and
     check that none was placed or run twice. Exits 1 when a safety count is not 0 or a job did
     not finish."""
+    import trio
+
     from ops.chaos import ChaosSettings, Harness
+    from ops.cli.render import seconds_text
+    from ops.cluster import LocalCluster, StateDir
 
     if failovers < 0 or worker_kills < 0 or partitions < 0 or workers < 1 or rate <= 0 or partition_s <= 0:
         fail(
@@ -163,7 +168,10 @@ def check(
 ) -> None:
     """Check a cluster's history: no job placed twice (database), none run twice at once (the
     workers' logs), no false dead-worker declarations, every job finished. Exits 1 otherwise."""
+    import trio
+
     from ops import checker
+    from ops.cluster import LocalCluster, StateDir
     from runtime.aio import asyncio_bridge
 
     state = StateDir(state_dir) if state_dir is not None else local_state()
@@ -203,6 +211,8 @@ def _faults_in_cluster(faults: list[FaultEvent], config: ClusterConfig) -> list[
     Raises:
         InvalidArgument: a fault names an id that is no process or worker of the cluster.
     """
+    import attrs
+
     known = {p.id for p in config.processes} | {w.id for w in config.workers}
     expanded = []
     for event in faults:
