@@ -216,7 +216,8 @@ def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list
 
 def _without_local_table(text: str) -> str:
     """``text`` without the ``[local]`` table: its header line and every line up to the next
-    table header (or the end), so the rest of the file is kept as written."""
+    table header (or the end), so the rest of the file is kept as written (ending in one
+    newline, or empty)."""
     kept: list[str] = []
     inside = False
     for line in text.splitlines(keepends=True):
@@ -230,7 +231,8 @@ def _without_local_table(text: str) -> str:
             kept.append(line)
     while kept and not kept[-1].strip():
         kept.pop()
-    return "".join(kept)
+    text = "".join(kept)
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def _write_config(path: Path, text: str, *, records: Path | None) -> None:
@@ -279,7 +281,7 @@ def record_local_cluster(state_dir: Path) -> Path:
             "# Written by `stockade up`; `stockade down` there removes it.\n"
             f"state_dir = {json.dumps(str(state_dir.absolute()))}\n"
         )
-        _write_config(path, f"{kept}\n\n{table}" if kept else table, records=state_dir.absolute())
+        _write_config(path, f"{kept}\n{table}" if kept else table, records=state_dir.absolute())
     except OSError as exc:
         raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
     return path
@@ -299,7 +301,7 @@ def forget_local_cluster(state_dir: Path) -> Path | None:
         return None
     try:
         kept = _without_local_table(path.read_text())
-        _write_config(path, kept + "\n" if kept else "", records=None)
+        _write_config(path, kept, records=None)
     except OSError as exc:
         raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
     return path

@@ -107,26 +107,32 @@ def _sole_error(exc: BaseException) -> BaseException:
 
 
 def _with_notes(message: str, exc: BaseException) -> str:
-    """``message`` followed by the notes added to ``exc`` on its way up (``add_note``)."""
-    return " ".join([message, *getattr(exc, "__notes__", ())])
+    """``message`` followed by the notes added to ``exc`` on its way up (``add_note``), as
+    sentences of one line."""
+    notes = getattr(exc, "__notes__", ())
+    return ". ".join([message.rstrip("."), *notes]) if notes else message
 
 
 def unreachable_message(exc: NoControlPlaneReachable) -> str:
     """One line for "no control plane answered": where it asked, and what to do.
 
-    When every address refused the connection nothing listens there (the cluster is down), and
-    the line says how to start it; otherwise it says how each address failed.
+    When every address refused the connection, nothing listens there (the cluster is down) and
+    nothing was sent: the line says so and how to start it. Otherwise it says how each address
+    failed, followed by the notes added on the way up (a mutating command's key to run it
+    again with: a replica may have carried it out and failed to answer).
     """
     asked = ", ".join(exc.addresses) or "the given addresses"
     if exc.failures and all(isinstance(f, ConnectionRefused) for f in exc.failures):
         return (
-            f"no control plane answered at {asked} (connection refused: nothing listens there); "
-            "start the local cluster with `stockade up`, or name running control planes with "
-            f"--control-planes or ${CONTROL_PLANES_ENV}"
+            f"no control plane answered at {asked}: connection refused, nothing listens there "
+            "(nothing was sent); start the local cluster with `stockade up`, or name running "
+            f"control planes with --control-planes or ${CONTROL_PLANES_ENV}"
         )
     if exc.failures:
-        return f"no control plane answered at {asked}: " + "; ".join(str(f) for f in exc.failures)
-    return str(exc)
+        told = f"no control plane answered at {asked}: " + "; ".join(str(f) for f in exc.failures)
+    else:
+        told = str(exc)
+    return _with_notes(told, exc)
 
 
 def database_message(exc: DatabaseUnavailable) -> str:
@@ -167,7 +173,7 @@ def errors() -> Iterator[None]:
                 EXIT_UNAVAILABLE,
             )
         if isinstance(exc, NoControlPlaneReachable):
-            fail(_with_notes(unreachable_message(exc), exc), EXIT_UNAVAILABLE)
+            fail(unreachable_message(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, DatabaseUnavailable):
             fail(database_message(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
