@@ -192,8 +192,16 @@ def interrupted(exc: BaseException) -> bool:
 def interruptible() -> Iterator[None]:
     """For commands that start processes of their own (chaos, the benchmarks): SIGTERM stops
     them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs; either
-    ends with one line and exit status 130 instead of a traceback."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    ends with one line and exit status 130 instead of a traceback.
+
+    SIGTERM is turned into SIGINT, which trio delivers as KeyboardInterrupt where it is safe.
+    A shell starts a background job (``stockade chaos &`` in a script) with SIGINT ignored;
+    SIGINT then gets Python's handler back for the block, or SIGTERM would stop nothing.
+    """
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
     try:
         yield
     except BaseException as exc:
@@ -202,7 +210,8 @@ def interruptible() -> Iterator[None]:
         err_console().print("interrupted: what this command started has been stopped")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def local_state() -> StateDir:

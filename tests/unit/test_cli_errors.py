@@ -176,9 +176,12 @@ _CHAOS_THAT_WAITS = textwrap.dedent(
 )
 
 
-def interrupt(script: str, tmp_path: Path, signum: signal.Signals) -> subprocess.CompletedProcess[str]:
+def interrupt(
+    script: str, tmp_path: Path, signum: signal.Signals, *, sigint_ignored: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run ``script`` (which touches the file named by $READY_FILE once it waits), send it
-    ``signum``, and return how it ended."""
+    ``signum``, and return how it ended; ``sigint_ignored`` starts it with SIGINT ignored, as
+    a shell starts a background job."""
     ready = tmp_path / "ready"
     env = {
         **os.environ,
@@ -193,6 +196,7 @@ def interrupt(script: str, tmp_path: Path, signum: signal.Signals) -> subprocess
         text=True,
         env=env,
         cwd=tmp_path,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
     deadline = time.monotonic() + 30
     while not ready.exists():
@@ -218,5 +222,13 @@ def test_a_signal_during_a_command_that_runs_processes_ends_with_one_line(
     """Ctrl-C or SIGTERM inside trio (chaos, the benchmarks): ``interruptible`` turns either
     into one line and exit 130, after the command's own clean-up ran."""
     done = interrupt(_CHAOS_THAT_WAITS, tmp_path, signum)
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    assert lines(done.stderr) == ["interrupted: what this command started has been stopped"]
+
+
+def test_sigterm_stops_a_command_started_in_the_background(tmp_path: Path) -> None:
+    """Started with SIGINT ignored (``stockade chaos &`` in a script), SIGTERM still ends the
+    command with its clean-up, one line and exit 130."""
+    done = interrupt(_CHAOS_THAT_WAITS, tmp_path, signal.SIGTERM, sigint_ignored=True)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert lines(done.stderr) == ["interrupted: what this command started has been stopped"]
