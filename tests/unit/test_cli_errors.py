@@ -198,13 +198,18 @@ def interrupt(
         cwd=tmp_path,
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the command never started waiting"
-        time.sleep(0.02)
-    process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the command never started waiting"
+            time.sleep(0.02)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:  # the test failed before it ended: leave nothing behind
+            process.kill()
+            process.communicate()
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
