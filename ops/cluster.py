@@ -33,24 +33,26 @@ This module is the public face: the code lives in :mod:`ops.launcher` (state, pl
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+from ops.config import (
+    CONTROL_PLANES_ENV,
+    STATE_DIR_ENV,
+    ClusterError,
+    default_state_dir,
+    parse_addresses,
+    resolve_addresses,
+)
 from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, LocalCluster, UpResult
 from ops.launcher.state import (
     LISTEN_HOST,
     MARKER_ENV,
-    STATE_DIR_ENV,
     WORKER_CAPACITIES,
     ClusterConfig,
-    ClusterError,
     ProcessSpec,
     StateDir,
     WorkerSpec,
     iter_worker_logs,
     metrics_address,
 )
-from runtime import identifiers
 
 __all__ = [
     "CONTROL_PLANES_ENV",
@@ -74,46 +76,3 @@ __all__ = [
     "parse_addresses",
     "resolve_addresses",
 ]
-
-CONTROL_PLANES_ENV = "STOCKADE_CONTROL_PLANES"
-"""Environment variable with comma-separated control-plane addresses for client commands."""
-
-
-def default_state_dir() -> Path:
-    """``$STOCKADE_STATE_DIR``, else ``.stockade`` in the current directory (absolute)."""
-    return Path(os.environ.get(STATE_DIR_ENV) or ".stockade").absolute()
-
-
-def parse_addresses(text: str) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped; spaces around an item are
-    the list's, not the item's).
-
-    Raises:
-        InvalidArgument: an item is not ``host:port`` (:func:`runtime.identifiers.parse_address`).
-    """
-    addresses = [item.strip() for item in text.split(",") if item.strip()]
-    identifiers.parse_addresses(addresses, field="control_planes")
-    return addresses
-
-
-def resolve_addresses(option: str | None, state: StateDir | None = None) -> list[str]:
-    """Control-plane addresses for a client command.
-
-    The ``--control-planes`` option, else ``$STOCKADE_CONTROL_PLANES``, else cluster.json.
-
-    Raises:
-        ClusterError: none of the three names any address.
-    """
-    for text in (option, os.environ.get(CONTROL_PLANES_ENV)):
-        if text:
-            addresses = parse_addresses(text)
-            if addresses:
-                return addresses
-    state = state or StateDir(default_state_dir())
-    config = state.load()
-    if config is None or not config.control_planes:
-        raise ClusterError(
-            f"no control-plane addresses: pass --control-planes host:port,..., set "
-            f"{CONTROL_PLANES_ENV}, or run `stockade up` (no cluster recorded in {state.root})"
-        )
-    return config.control_plane_addresses

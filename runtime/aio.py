@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import asyncpg
 import attrs
 import betterproto2
 import grpclib.client
@@ -52,9 +52,9 @@ from grpclib.encoding.proto import ProtoCodec
 
 from protocol import wire
 from protocol.wire import Encoded
-from runtime import log
 from runtime.errors import (
     Busy,
+    ConnectionRefused,
     DatabaseBusy,
     DatabaseUnavailable,
     DeadlineExceeded,
@@ -70,6 +70,11 @@ from runtime.errors import (
 )
 from runtime.identifiers import parse_address
 from runtime.settings import DEFAULT_READ_STATEMENT_TIMEOUT_S, session_ms
+
+if TYPE_CHECKING:
+    import asyncpg
+    import asyncpg.pool
+    from asyncpg import Record
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -98,7 +103,9 @@ async def asyncio_bridge() -> AsyncIterator[None]:
 
 def _on_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     exception = context.get("exception")
-    if isinstance(exception, _CONNECTION_ERRORS) and "never retrieved" in str(context.get("message", "")):
+    if isinstance(exception, _connection_errors()) and "never retrieved" in str(context.get("message", "")):
+        from runtime import log  # structlog: loaded only by processes that log
+
         log.get("aio").info("a dropped connection's pending reply was discarded", error=repr(exception))
         return
     loop.default_exception_handler(context)
@@ -111,29 +118,41 @@ async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) ->
 
 # ---------------------------------------------------------------------------- PostgreSQL
 
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.InterfaceError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
-    # What asyncpg says when the server ended the session while the process was frozen: the
-    # connection's protocol state is lost, so it counts as broken.
-    asyncpg.exceptions.InternalClientError,
-)
+# asyncpg is imported when first needed, not with this module: a client (``stockade status``)
+# uses the bridge and gRPC only, and should not pay for loading the database driver.
 
-# The server gave up on one statement (statement_timeout, lock_timeout, a deadlock victim):
-# the connection is still good, the caller may try again.
-_BUSY_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.QueryCanceledError,
-    asyncpg.exceptions.LockNotAvailableError,
-    asyncpg.exceptions.DeadlockDetectedError,
-)
 
-Record = asyncpg.Record
+@functools.cache
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean a connection is broken (the owner reconnects)."""
+    import asyncpg
+
+    return (
+        OSError,
+        asyncio.TimeoutError,
+        asyncpg.exceptions.ConnectionDoesNotExistError,
+        asyncpg.exceptions.InterfaceError,
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.CannotConnectNowError,
+        asyncpg.exceptions.AdminShutdownError,
+        asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+        # What asyncpg says when the server ended the session while the process was frozen:
+        # the connection's protocol state is lost, so it counts as broken.
+        asyncpg.exceptions.InternalClientError,
+    )
+
+
+@functools.cache
+def _busy_errors() -> tuple[type[BaseException], ...]:
+    """The server gave up on one statement (statement_timeout, lock_timeout, a deadlock
+    victim): the connection is still good, the caller may try again."""
+    import asyncpg
+
+    return (
+        asyncpg.exceptions.QueryCanceledError,
+        asyncpg.exceptions.LockNotAvailableError,
+        asyncpg.exceptions.DeadlockDetectedError,
+    )
 
 
 class PgConnection:
@@ -161,6 +180,8 @@ class PgConnection:
         Raises:
             DatabaseUnavailable: the server could not be reached in ``connect_timeout_s``.
         """
+        import asyncpg
+
         try:
             raw = await run_aio(
                 asyncpg.connect,
@@ -169,7 +190,7 @@ class PgConnection:
                 timeout=connect_timeout_s,
                 statement_cache_size=256,
             )
-        except _CONNECTION_ERRORS as exc:
+        except _connection_errors() as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
         return cls(raw)
 
@@ -179,6 +200,8 @@ class PgConnection:
         return int(self._raw.get_server_pid())
 
     def is_closed(self) -> bool:
+        import asyncpg
+
         try:
             return bool(self._raw.is_closed())
         except asyncpg.exceptions.InterfaceError:
@@ -187,12 +210,14 @@ class PgConnection:
             return True
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        import asyncpg
+
         try:
             return await run_aio(fn, *args)
-        except _CONNECTION_ERRORS as exc:
+        except _connection_errors() as exc:
             self.terminate()
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
-        except _BUSY_ERRORS as exc:
+        except _busy_errors() as exc:
             raise DatabaseBusy(f"database busy: {exc!r}", retry_after_s=0.05) from exc
         except asyncpg.exceptions.UniqueViolationError as exc:
             raise DuplicateKey(exc.constraint_name or "", str(exc)) from exc
@@ -372,6 +397,8 @@ class PgPool:
         Raises:
             DatabaseUnavailable: the server could not be reached.
         """
+        import asyncpg
+
         try:
             raw = await run_aio(
                 asyncpg.create_pool,
@@ -383,7 +410,7 @@ class PgPool:
                 timeout=5.0,
                 reset=None if reset_on_release else _keep_session,
             )
-        except _CONNECTION_ERRORS as exc:
+        except _connection_errors() as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
         assert raw is not None
         return cls(raw)
@@ -397,7 +424,7 @@ class PgPool:
         """
         try:
             raw = await run_aio(self._raw.acquire, timeout=5.0)
-        except _CONNECTION_ERRORS as exc:
+        except _connection_errors() as exc:
             raise DatabaseUnavailable(f"no database connection: {exc!r}") from exc
         try:
             yield PgConnection(raw)
@@ -701,8 +728,9 @@ class GrpcChannel:
         Raises:
             Busy: the peer answered RESOURCE_EXHAUSTED: it is overloaded and did not start the
                 request (nothing was stored; asking another peer is safe).
-            Unavailable: the peer did not answer in time, refused the connection, or
-                answered UNAVAILABLE / DEADLINE_EXCEEDED.
+            ConnectionRefused: the peer refused the connection (nothing listens there).
+            Unavailable: the peer did not answer in time, could not be reached, or answered
+                UNAVAILABLE / DEADLINE_EXCEEDED.
             InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
                 (``field`` is ``"request"``; the peer's message is kept whole).
             IdempotencyConflict: the peer answered ALREADY_EXISTS: the request's idempotency
@@ -727,6 +755,8 @@ class GrpcChannel:
             if exc.status == grpclib.const.Status.ALREADY_EXISTS:
                 raise IdempotencyConflict(message) from exc
             raise RemoteError(exc.status.name, message) from exc
+        except ConnectionRefusedError as exc:
+            raise ConnectionRefused(f"{self.address} refused the connection") from exc
         except (
             TimeoutError,
             OSError,

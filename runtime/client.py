@@ -90,7 +90,7 @@ class _Walk:
 
     reply: Any = None
     answered: bool = False
-    failures: list[str] = attrs.field(factory=list)
+    failures: list[Unavailable] = attrs.field(factory=list)
     busy: bool = False
 
     def answer(self, reply: Any) -> None:
@@ -190,14 +190,16 @@ class ControlPlaneClient:
                 return walk.reply
             walks += 1
             if not walk.busy:
-                raise NoControlPlaneReachable("no control plane answered: " + "; ".join(walk.failures))
+                raise self._unreachable(walk)
             elapsed_s = trio.current_time() - started
             left_s = self.busy_retry_s - elapsed_s
             if left_s <= 0:
                 raise ClusterBusy(
                     f"every control plane is busy: asked {walks} time{'s' if walks != 1 else ''} over "
                     f"{elapsed_s:.1f} s (busy_retry_s {self.busy_retry_s:g}); nothing the busy replicas "
-                    "refused was stored; last answers: " + "; ".join(walk.failures)
+                    "refused was stored; last answers: " + "; ".join(map(str, walk.failures)),
+                    addresses=self.addresses,
+                    failures=walk.failures,
                 )
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
 
@@ -211,7 +213,7 @@ class ControlPlaneClient:
                 reply = await self._attempt(index, rpc, request, timeout_s=timeout_s)
             except Unavailable as exc:
                 walk.busy = walk.busy or isinstance(exc, Busy)
-                walk.failures.append(str(exc))
+                walk.failures.append(exc)
                 continue
             self._preferred = index
             walk.answer(reply)
@@ -255,7 +257,7 @@ class ControlPlaneClient:
         walk = await self._hedged_walk(rpc, request, hedge_after_s=hedge_after_s, deadline_s=deadline_s)
         if walk.answered:
             return walk.reply
-        raise NoControlPlaneReachable("no control plane answered: " + "; ".join(walk.failures))
+        raise self._unreachable(walk)
 
     async def _hedged_walk(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> _Walk:
         """One hedged walk of the replicas (see :meth:`call_hedged`).
@@ -281,7 +283,7 @@ class ControlPlaneClient:
             except Unavailable as exc:
                 in_flight.discard(address)
                 walk.busy = walk.busy or isinstance(exc, Busy)
-                walk.failures.append(str(exc))
+                walk.failures.append(exc)
                 failed_send.send_nowait(None)
                 return
             except StockadeError as exc:
@@ -305,8 +307,18 @@ class ControlPlaneClient:
             return walk
         if refusal:
             raise refusal[0]
-        walk.failures.extend(f"{a} did not answer within {deadline_s:g} s" for a in sorted(in_flight))
+        walk.failures.extend(
+            Unavailable(f"{a} did not answer within {deadline_s:g} s") for a in sorted(in_flight)
+        )
         return walk
+
+    def _unreachable(self, walk: _Walk) -> NoControlPlaneReachable:
+        """The error of a walk that no replica answered, saying how each failed."""
+        return NoControlPlaneReachable(
+            "no control plane answered: " + "; ".join(map(str, walk.failures)),
+            addresses=self.addresses,
+            failures=walk.failures,
+        )
 
     async def _attempt(self, index: int, rpc: str, request: Any, *, timeout_s: float) -> Any:
         """One call of ``rpc`` to ``self.addresses[index]`` (what :meth:`call_hedged` runs per

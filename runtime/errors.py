@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class StockadeError(Exception):
     """Base class of every error Stockade raises on purpose."""
@@ -49,8 +51,34 @@ class Unavailable(TemporaryError):
     """A remote peer (control plane or worker) did not answer in time."""
 
 
+class ConnectionRefused(Unavailable):
+    """A peer refused the connection: nothing listens at its address (its process is not
+    running). The request was not sent."""
+
+
 class NoControlPlaneReachable(Unavailable):
-    """Every control-plane address in the list failed; the message lists why for each."""
+    """Every control-plane address in the list failed; the message lists why for each.
+
+    Args:
+        message: what failed, e.g. ``"no control plane answered: 127.0.0.1:7101 refused the
+            connection; ..."``.
+        addresses: the addresses asked, in the caller's order (empty when not known).
+        failures: how each asked replica failed, in the order they failed (empty when not
+            known); every one a :class:`ConnectionRefused` means the cluster is not running.
+        retry_after_s: the suggested delay before trying again, in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        addresses: Sequence[str] = (),
+        failures: Sequence[Unavailable] = (),
+        retry_after_s: float = 0.5,
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.addresses = tuple(addresses)
+        self.failures = tuple(failures)
 
 
 class Busy(Unavailable):

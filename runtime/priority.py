@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 import attrs
-import psutil
 
 from runtime.errors import InvalidArgument
 
@@ -81,6 +80,8 @@ def ask_for_priority(nice: int, *, log: Any | None = None) -> Priority:
 
 def children_of(pid: int) -> list[int]:
     """The pids of ``pid``'s child processes ([] when it is gone)."""
+    import psutil  # here: the CLI imports this module to register --nice, and needs no psutil
+
     try:
         return [child.pid for child in psutil.Process(pid).children()]
     except psutil.NoSuchProcess:

@@ -179,3 +179,13 @@ def database_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
         yield with_database(pg_admin_url, name)
     finally:
         execute(pg_admin_url, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+@pytest.fixture(autouse=True)
+def _own_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test has a user config file of its own (none yet), so ``stockade up`` in a test
+    never writes the developer's ``~/.config/stockade/config.toml`` and a client command never
+    finds the developer's cluster there (:mod:`ops.config`)."""
+    from ops.config import CONFIG_ENV
+
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path_factory.mktemp("user-config") / "config.toml"))

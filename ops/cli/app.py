@@ -3,13 +3,16 @@ decorate their commands onto."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from typing import Annotated
 
 import typer
 
+from ops.cli import params
+
 __all__ = ["app", "bench_app"]
+
+params.install()
 
 app = typer.Typer(
     name="stockade",
@@ -24,6 +27,8 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
+        import importlib.metadata  # tens of milliseconds: only when asked
+
         sys.stdout.write(f"stockade {importlib.metadata.version('stockade')}\n")
         raise typer.Exit()
 

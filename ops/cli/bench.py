@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import trio
 import typer
 
 from ops.cli.app import bench_app
@@ -20,7 +19,7 @@ from ops.cli.common import (
     fail,
     interruptible,
 )
-from ops.cluster import ClusterError, LocalCluster, StateDir, default_state_dir
+from ops.config import ClusterError, default_state_dir
 from runtime.settings import PLACEMENT_POLICIES
 
 
@@ -42,7 +41,10 @@ def bench_failover(
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
+    import trio
+
     from ops.bench import FailoverBenchSettings, failover_table, run_failover_bench
+    from ops.cluster import LocalCluster, StateDir
 
     cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")))
     settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
@@ -88,6 +90,7 @@ def bench_pack(
     """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
     the round time as the queue and the cluster grow."""
+
     from ops import benchpack
     from runtime import log as runtime_log
 
@@ -149,6 +152,8 @@ def bench_overload(
     goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
     of goodput against offered load. Exits 1 when a job was placed or run twice or a success
     was lost."""
+    import trio
+
     from ops import benchoverload
 
     try:

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import attrs
-import trio
 import typer
 
 from ops.cli.app import app
@@ -24,11 +22,12 @@ from ops.cli.common import (
     interruptible,
     local_state,
 )
-from ops.cluster import ClusterConfig, ClusterError, LocalCluster, StateDir, default_state_dir
+from ops.config import ClusterError, default_state_dir
 from runtime.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from ops.checker import FaultEvent
+    from ops.cluster import ClusterConfig
 
 
 @app.command("chaos")
@@ -58,7 +57,10 @@ def chaos(
     some frozen inside a fenced transaction) under a steady job stream, wait for every job, and
     check that none was placed or run twice. Exits 1 when a safety count is not 0 or a job did
     not finish."""
+    import trio
+
     from ops.chaos import ChaosSettings, Harness, chaos_table
+    from ops.cluster import LocalCluster, StateDir
 
     root = state_dir or (default_state_dir() / "chaos")
     cluster = LocalCluster(StateDir(root))
@@ -107,7 +109,10 @@ def check(
 ) -> None:
     """Check a cluster's history: no job placed twice (database), none run twice at once (the
     workers' logs), no false dead-worker declarations, every job finished. Exits 1 otherwise."""
+    import trio
+
     from ops import checker
+    from ops.cluster import LocalCluster, StateDir
     from runtime.aio import asyncio_bridge
 
     state = StateDir(state_dir) if state_dir is not None else local_state()
@@ -143,6 +148,8 @@ def _faults_in_cluster(faults: list[FaultEvent], config: ClusterConfig) -> list[
     Raises:
         InvalidArgument: a fault names an id that is no process or worker of the cluster.
     """
+    import attrs
+
     known = {p.id for p in config.processes} | {w.id for w in config.workers}
     expanded = []
     for event in faults:

@@ -1,8 +1,8 @@
 """What every command group shares: exit statuses, the consoles, the one-line error handling,
 Ctrl-C handling, and where the local cluster and the control planes are.
 
-Imports here stay light (no trio, no protocol, no server side): every ``stockade`` call,
-``--help`` included, imports this module.
+Imports here stay light (no rich, trio, protocol or server side until a command asks for
+them): every ``stockade`` call, ``--help`` included, imports this module.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from ops.cluster import CONTROL_PLANES_ENV
+from ops.config import CONTROL_PLANES_ENV, ClusterError, default_state_dir, resolve_addresses
 from runtime.errors import (
     ClusterBusy,
+    ConnectionRefused,
+    DatabaseUnavailable,
     IdempotencyConflict,
     InvalidArgument,
+    NoControlPlaneReachable,
     NotFound,
     RemoteError,
     Unavailable,
@@ -72,8 +75,8 @@ ControlPlanesOption = Annotated[
     str | None,
     typer.Option(
         "--control-planes",
-        help=f"Control-plane addresses, host:port,... (default: ${CONTROL_PLANES_ENV}, "
-        "else .stockade/cluster.json).",
+        help=f"Control-plane addresses, host:port,... (default: ${CONTROL_PLANES_ENV}, else "
+        ".stockade/cluster.json, else the user config ~/.config/stockade/config.toml).",
         show_default=False,
     ),
 ]
@@ -83,85 +86,150 @@ ControlPlanesOption = Annotated[
 
 
 def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
+    """Print ``error: message`` as one line on stderr and exit with ``code``."""
     err_console().print(f"error: {message}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def _operational(exc: Exception) -> bool:
-    """Whether ``exc`` is an expected failure of the launcher or the embedded database (their
-    modules are looked up only when loaded: an error of a module never imported cannot occur)."""
-    kinds = [
-        getattr(sys.modules.get(module), name, None)
-        for module, name in (("ops.cluster", "ClusterError"), ("ops.pg", "EmbeddedPostgresError"))
-    ]
-    return any(isinstance(kind, type) and isinstance(exc, kind) for kind in kinds)
+def _operational(exc: BaseException) -> bool:
+    """Whether ``exc`` is an expected failure of the embedded database's control (its module is
+    looked up only when loaded: an error of a module never imported cannot occur)."""
+    kind = getattr(sys.modules.get("ops.pg"), "EmbeddedPostgresError", None)
+    return isinstance(kind, type) and isinstance(exc, kind)
+
+
+def _sole_error(exc: BaseException) -> BaseException:
+    """The one error inside ``exc`` when it is an exception group (nested or not) around a
+    single error, as trio's nurseries raise them; else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _with_notes(message: str, exc: BaseException) -> str:
+    """``message`` followed by the notes added to ``exc`` on its way up (``add_note``), as
+    sentences of one line."""
+    notes = getattr(exc, "__notes__", ())
+    return ". ".join([message.rstrip("."), *notes]) if notes else message
+
+
+def unreachable_message(exc: NoControlPlaneReachable) -> str:
+    """One line for "no control plane answered": where it asked, and what to do.
+
+    When every address refused the connection, nothing listens there (the cluster is down) and
+    nothing was sent: the line says so and how to start it. Otherwise it says how each address
+    failed, followed by the notes added on the way up (a mutating command's key to run it
+    again with: a replica may have carried it out and failed to answer).
+    """
+    asked = ", ".join(exc.addresses) or "the given addresses"
+    if exc.failures and all(isinstance(f, ConnectionRefused) for f in exc.failures):
+        return (
+            f"no control plane answered at {asked}: connection refused, nothing listens there "
+            "(nothing was sent); start the local cluster with `stockade up`, or name running "
+            f"control planes with --control-planes or ${CONTROL_PLANES_ENV}"
+        )
+    if exc.failures:
+        told = f"no control plane answered at {asked}: " + "; ".join(str(f) for f in exc.failures)
+    else:
+        told = str(exc)
+    return _with_notes(told, exc)
+
+
+def database_message(exc: DatabaseUnavailable) -> str:
+    """One line for "the database does not answer", and what to do."""
+    cause = exc.__cause__
+    detail = (
+        f"connection refused: {cause.strerror}"
+        if isinstance(cause, ConnectionRefusedError) and cause.strerror
+        else str(exc)
+    )
+    return (
+        f"the database does not answer ({detail}); if it is the local cluster's, start it with "
+        "`stockade up`; else check the URL (--database-url, $DATABASE_URL) and that the server runs"
+    )
 
 
 @contextlib.contextmanager
 def errors() -> Iterator[None]:
-    """Turn Stockade's errors into one line on stderr and an exit status; no traceback."""
+    """Turn Stockade's errors into one line on stderr and an exit status; no traceback.
+
+    Exit status 2 for invalid input (:data:`EXIT_INVALID`), 1 for the rest
+    (:data:`EXIT_UNAVAILABLE`). An error inside trio's exception groups (a nursery around a
+    single failure) is found and reported the same way; anything unexpected propagates.
+    """
     try:
         yield
-    except (InvalidArgument, NotFound, IdempotencyConflict) as exc:
-        fail(str(exc), EXIT_INVALID)
-    except ClusterBusy as exc:
-        from ops.rpc import DEFAULT_BUSY_RETRY_S
+    except Exception as raised:
+        exc = _sole_error(raised)
+        if isinstance(exc, InvalidArgument | NotFound | IdempotencyConflict):
+            fail(_with_notes(str(exc), exc), EXIT_INVALID)
+        if isinstance(exc, ClusterBusy):
+            from ops.rpc import DEFAULT_BUSY_RETRY_S
 
-        fail(
-            f"the cluster is too busy to take this now: every control plane answered 'busy' "
-            f"for {DEFAULT_BUSY_RETRY_S:g} s (what they refused was not stored); try again later. "
-            f"Details: {exc}",
-            EXIT_UNAVAILABLE,
-        )
-    except (Unavailable, RemoteError) as exc:
-        fail(str(exc), EXIT_UNAVAILABLE)
-    except Exception as exc:
-        if not _operational(exc):
-            raise
-        fail(str(exc), EXIT_UNAVAILABLE)
+            fail(
+                f"the cluster is too busy to take this now: every control plane answered 'busy' "
+                f"for {DEFAULT_BUSY_RETRY_S:g} s (what they refused was not stored); try again later. "
+                f"Details: {exc}",
+                EXIT_UNAVAILABLE,
+            )
+        if isinstance(exc, NoControlPlaneReachable):
+            fail(unreachable_message(exc), EXIT_UNAVAILABLE)
+        if isinstance(exc, DatabaseUnavailable):
+            fail(database_message(exc), EXIT_UNAVAILABLE)
+        if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
+            fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)
+        raise
 
 
-def _interrupted(exc: BaseException) -> bool:
+def interrupted(exc: BaseException) -> bool:
     """True when ``exc`` is a KeyboardInterrupt, also inside trio's exception groups."""
     if isinstance(exc, KeyboardInterrupt):
         return True
-    return isinstance(exc, BaseExceptionGroup) and any(_interrupted(e) for e in exc.exceptions)
+    return isinstance(exc, BaseExceptionGroup) and any(interrupted(e) for e in exc.exceptions)
 
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """For commands that start processes of their own (chaos, the benchmarks): SIGTERM stops
     them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs; either
-    ends with one line and exit status 130 instead of a traceback."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
+    ends with one line and exit status 130 instead of a traceback.
+
+    SIGTERM is turned into SIGINT, which trio delivers as KeyboardInterrupt where it is safe.
+    A shell starts a background job (``stockade chaos &`` in a script) with SIGINT ignored;
+    SIGINT then gets Python's handler back for the block, or SIGTERM would stop nothing.
+    """
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
     try:
         yield
     except BaseException as exc:
-        if not _interrupted(exc):
+        if not interrupted(exc):
             raise
         err_console().print("interrupted: what this command started has been stopped")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def local_state() -> StateDir:
     """The local cluster's state folder (``./.stockade`` or ``$STOCKADE_STATE_DIR``)."""
-    from ops.cluster import StateDir, default_state_dir
+    from ops.cluster import StateDir
 
     return StateDir(default_state_dir())
 
 
 def control_plane_addresses(option: str | None) -> list[str]:
     """The control planes a client command calls: ``option``, else the environment, else the
-    local cluster's ``cluster.json``.
+    local cluster's ``cluster.json``, else the user config (:mod:`ops.config`).
 
     Raises:
         ClusterError: none is given anywhere.
+        InvalidArgument: an address is not ``host:port``.
     """
-    from ops.cluster import resolve_addresses
-
-    return resolve_addresses(option, local_state())
+    return resolve_addresses(option)
 
 
 def shown_path(path: Path) -> str:

@@ -1,5 +1,10 @@
 """Client commands, through the failover client: ``jobs``, ``submit``, ``job``, ``list``,
-``cancel``, ``status``."""
+``cancel``, ``status``.
+
+Only light modules are imported at the top (every ``stockade`` call registers these
+commands); rich, trio, the protocol, the client and the input checks (:mod:`actors.validation`,
+the control plane's own rules) are imported by the command that runs.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,10 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import rich.box
-import trio
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from actors import validation
-from ops import rpc
 from ops.cli.app import app
 from ops.cli.common import (
     EXIT_INVALID,
@@ -31,13 +30,11 @@ from ops.cli.common import (
     fail,
     shown_path,
 )
-from ops.cli.render import local_time, render_status, runtime_text, status_json, tail_extent
-from protocol import pb
-from runtime.client import ControlPlaneClient, new_idempotency_key
-from runtime.errors import InvalidArgument, TemporaryError, Unavailable
-from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
-from runtime.text import cut_line, head_bytes, tail_lines
-from runtime.wire_jobs import job_spec_to_pb
+from runtime.errors import Unavailable
+
+if TYPE_CHECKING:
+    from protocol import pb
+    from runtime.client import ControlPlaneClient
 
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
@@ -48,7 +45,12 @@ JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
 JOB_SLEEP_S = (2.0, 10.0)
 """The sizes and durations ``stockade jobs`` draws from."""
 
-JOB_STATES = validation.JOB_STATES
+JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
+MAX_LIST_LIMIT = 10_000
+MAX_SLEEP_S = 7 * 24 * 3600
+"""The control plane's job states and limits (:mod:`actors.validation`), as the options' help
+and bounds state them; written out here so ``--help`` need not import the control plane's
+checks (a unit test keeps them equal)."""
 
 IdempotencyKeyOption = Annotated[
     str | None,
@@ -67,6 +69,9 @@ def idempotency_key_of(option: str | None) -> str:
     Raises:
         InvalidArgument: the given key is empty, too long or holds a control character.
     """
+    from actors import validation
+    from runtime.client import new_idempotency_key
+
     return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
 
 
@@ -78,10 +83,11 @@ def _answer_unknown(key: str, what: str) -> Iterator[None]:
     try:
         yield
     except Unavailable as exc:
-        raise type(exc)(
-            f"{exc}. If a control plane {what} before it failed to answer, the same command with "
-            f"--idempotency-key {key} returns that answer instead of doing it twice"
-        ) from exc
+        exc.add_note(
+            f"If a control plane {what} before it failed to answer, the same command with "
+            f"--idempotency-key {key} returns that answer instead of doing it twice."
+        )
+        raise
 
 
 def batch_keys(key: str, batches: int) -> list[str]:
@@ -91,12 +97,18 @@ def batch_keys(key: str, batches: int) -> list[str]:
     Raises:
         InvalidArgument: a derived key would be longer than the limit.
     """
+    from actors import validation
+
     if batches == 1:
         return [key]
     return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
 
 
 def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[int]:
+    from actors import validation
+    from ops import rpc
+    from protocol import pb
+
     async def body(client: ControlPlaneClient) -> list[int]:
         if len(specs) == 1:
             reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0], idempotency_key=key))
@@ -117,14 +129,18 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
 
 @app.command("jobs")
 def jobs(
-    count: Annotated[int, typer.Argument(help="How many sleep jobs to submit.")] = 12,
+    count: Annotated[int, typer.Argument(min=1, help="How many sleep jobs to submit.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the random sizes and durations.")] = 1,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Submit COUNT sleep jobs of mixed sizes (250-4000 cpu_millis, 128-4096 MiB) and durations (2-10 s)."""
-    if count < 1:
-        fail(f"count must be >= 1, got {count}", EXIT_INVALID)
+    import rich.box
+    from rich.table import Table
+
+    from runtime.jobs import JobSpec, SleepRuntime
+    from runtime.wire_jobs import job_spec_to_pb
+
     rng = random.Random(seed)
     specs = []
     for index in range(1, count + 1):
@@ -171,7 +187,12 @@ def submit(
         typer.Argument(help="The command to run on a worker (after --).", show_default=False),
     ] = None,
     sleep_s: Annotated[
-        float | None, typer.Option(help="Submit a sleep job holding its resources this long, seconds.")
+        float | None,
+        typer.Option(
+            min=0,
+            max=MAX_SLEEP_S,
+            help="Submit a sleep job holding its resources this long, seconds (at most a week).",
+        ),
     ] = None,
     name: Annotated[
         str | None,
@@ -184,17 +205,16 @@ def submit(
     """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
     if (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
+    from runtime.jobs import MAX_NAME_BYTES, CommandRuntime, JobRuntime, JobSpec, SleepRuntime
+    from runtime.text import head_bytes
+    from runtime.wire_jobs import job_spec_to_pb
+
     runtime: JobRuntime
     if command:
         runtime = CommandRuntime(argv=command)
-        default = head_bytes(os.path.basename(command[0]) or "command", validation.MAX_NAME_BYTES)
+        default = head_bytes(os.path.basename(command[0]) or "command", MAX_NAME_BYTES)
     else:
         assert sleep_s is not None
-        if not 0 <= sleep_s <= validation.MAX_SLEEP_MS / 1000:
-            fail(
-                f"sleep_s must be between 0 and {validation.MAX_SLEEP_MS // 1000}, got {sleep_s!r}",
-                EXIT_INVALID,
-            )
         runtime = SleepRuntime(duration_ms=round(sleep_s * 1000))
         default = "sleep"
     spec = JobSpec(
@@ -214,17 +234,47 @@ def submit(
     console().print(job_id)
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
+
+
 @app.command("job")
 def job(
     job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Show one job: state, worker, assignment, times, and its stdout/stderr when on this machine."""
+    """Show one job: state, worker, assignment, times, and its stdout/stderr when on this machine.
+
+    --json prints one object: job_id, name, state, reason, runtime, cpu_millis, memory_mb,
+    priority, worker_id, assignment_id, epoch, attempts, exit_code, submitted_unix_s,
+    started_unix_s, finished_unix_s, stdout_path, stderr_path (null where there is none; the
+    shape is ops.cli.render.job_json's). It holds no output: read the paths.
+    """
+    from actors import validation
+    from ops import rpc
+    from protocol import pb
+
     with errors():
         validation.check_job_id(job_id)
         info: pb.JobInfo = rpc.call(
             control_plane_addresses(control_planes), "get_job", pb.GetJobRequest(job_id=job_id)
         )
+    if as_json:
+        from ops.cli.render import job_json
+
+        sys.stdout.write(json.dumps(job_json(info), indent=2) + "\n")
+        return
+    _print_job(info)
+
+
+def _print_job(info: pb.JobInfo) -> None:
+    """``stockade job``'s view: the job's fields, then the end of its stdout and stderr."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ops.cli.render import local_time, runtime_text, tail_extent
+    from runtime.text import cut_line, tail_lines
+
     spec = info.spec
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
@@ -282,22 +332,48 @@ def list_jobs(
         typer.Option(help=f"Only jobs in this state ({', '.join(JOB_STATES)}).", show_default=False),
     ] = None,
     limit: Annotated[
-        int, typer.Option(help="At most this many jobs, newest first (0: 100, as the API counts it).")
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_LIST_LIMIT,
+            help="At most this many jobs, newest first (0: 100, as the API counts it).",
+        ),
     ] = 50,
+    as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """List jobs in a table."""
+    """List jobs in a table, newest first.
+
+    --json prints {"jobs": [...]}, each job the object `stockade job --json` prints.
+    """
+    from actors import validation
+    from ops import rpc
+    from protocol import pb
+
     with errors():
-        if limit < 0:
-            raise InvalidArgument(
-                "limit", limit, f"must be between 0 and {validation.MAX_LIST_LIMIT} (0: 100)"
-            )
         validation.check_list(state or "", limit)
-        reply = rpc.call(
+        reply: pb.ListJobsReply = rpc.call(
             control_plane_addresses(control_planes),
             "list_jobs",
             pb.ListJobsRequest(state=state or "", limit=limit),
         )
+    if as_json:
+        from ops.cli.render import list_json
+
+        sys.stdout.write(json.dumps(list_json(reply), indent=2) + "\n")
+        return
+    _print_jobs(reply)
+
+
+def _print_jobs(reply: pb.ListJobsReply) -> None:
+    """``stockade list``'s table, one job a row, and how many there are."""
+    import rich.box
+    from rich.table import Table
+    from rich.text import Text
+
+    from ops.cli.render import runtime_text
+    from runtime.text import cut_line
+
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("name", no_wrap=True, max_width=20)
@@ -366,6 +442,13 @@ def cancel(
     stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
 
+    import trio
+
+    from actors import validation
+    from ops import rpc
+    from protocol import pb
+    from runtime.errors import TemporaryError
+
     async def body(client: ControlPlaneClient) -> pb.JobInfo | None:
         reply: pb.CancelJobReply = await client.call(
             "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
@@ -397,12 +480,20 @@ def cancel(
 
 @app.command("status")
 def status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON with stable keys.")] = False,
+    as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Show the leader and its epoch, the control planes, the workers with their load, the jobs."""
+    """Show the leader and its epoch, the control planes, the workers with their load, the jobs.
+
+    --json prints one object: leader, epoch, control_planes, workers, jobs (counts by state),
+    unschedulable (the shape is ops.cli.render.status_json's).
+    """
+    from ops import rpc
+
     with errors():
         reply = rpc.status(control_plane_addresses(control_planes))
+    from ops.cli.render import render_status, status_json
+
     if as_json:
         sys.stdout.write(json.dumps(status_json(reply), indent=2) + "\n")
         return

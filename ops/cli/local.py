@@ -1,36 +1,46 @@
 """Commands of the local cluster under ``.stockade/``: ``up``, ``down``, ``kill-leader``,
-``kill-worker``."""
+``kill-worker``.
+
+``up`` records the cluster in the user config (:mod:`ops.config`) so client commands find it
+from any folder; ``down`` removes that record. The launcher (:mod:`ops.cluster`), rich, trio
+and the protocol are imported by the command that runs.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import rich.box
-import trio
 import typer
-from rich.table import Table
 
-from ops import rpc
 from ops.cli.app import app
 from ops.cli.common import (
+    EXIT_INTERRUPTED,
     ControlPlanesOption,
     console,
     control_plane_addresses,
+    err_console,
     errors,
     fail,
+    interrupted,
     local_state,
     shown_path,
 )
-from ops.cluster import LocalCluster, UpResult
-from protocol import pb
-from runtime.client import ControlPlaneClient
-from runtime.errors import StockadeError
+from ops.config import STATE_DIR_ENV, ClusterError, forget_local_cluster, record_local_cluster
+
+if TYPE_CHECKING:
+    from ops.cluster import LocalCluster, UpResult
+    from protocol import pb
+    from runtime.client import ControlPlaneClient
 
 
 def _print_up(result: UpResult, cluster: LocalCluster) -> None:
+    import rich.box
+    from rich.table import Table
+
     roles = {cp.id: cp.role for cp in result.status.control_planes}
     workers = {w.id: w for w in result.status.workers}
     metrics = result.config.metrics_addresses()
@@ -116,7 +126,9 @@ def up(
         str,
         typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
     ] = "",
-    timeout_s: Annotated[float, typer.Option(help="How long to wait for the cluster, seconds.")] = 60.0,
+    timeout_s: Annotated[
+        float, typer.Option(min=0, help="How long to wait for the cluster, seconds.")
+    ] = 60.0,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
@@ -131,18 +143,80 @@ def up(
     dropped from cluster.json. Workers hosted in a fleet stop only with their whole fleet: a
     count that would split one is refused (exit 1), naming the counts that would not. Every
     process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column).
+
+    The cluster is also recorded in the user config (~/.config/stockade/config.toml, or
+    $STOCKADE_CONFIG), so client commands find it from any folder until `stockade down`.
+    Ctrl-C stops the waiting, not the processes already started: it says which run and how
+    to stop them.
     """
+    from ops.cluster import LocalCluster
+
     cluster = LocalCluster(
         local_state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
     )
-    with errors(), console().status("starting the cluster..."):
-        result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+    try:
+        with errors(), console().status("starting the cluster..."):
+            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
+        err_console().print(f"interrupted: {_left_running(cluster)}", markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     _print_up(result, cluster)
+    _record(cluster)
+
+
+def _down_command(cluster: LocalCluster) -> str:
+    """The command that stops ``cluster``, as typed in the current folder."""
+    if os.environ.get(STATE_DIR_ENV):
+        return f"{STATE_DIR_ENV}={shlex.quote(str(cluster.state.root))} stockade down"
+    return "stockade down"
+
+
+def _left_running(cluster: LocalCluster) -> str:
+    """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
+    database) that run, and how to stop them; or that nothing runs."""
+    from ops.pg import EmbeddedPostgres
+
+    with contextlib.suppress(ClusterError):
+        config = cluster.state.load()
+        running = sorted(cluster.pids(config)) if config is not None else []
+        database = False
+        if config is not None and config.embedded_pg_port:
+            server = EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=config.embedded_pg_port)
+            database = server.is_running()
+        what = " ".join(running)
+        if database:
+            what = f"{what} and the embedded PostgreSQL" if what else "the embedded PostgreSQL"
+        if what:
+            return (
+                f"{what} of {shown_path(cluster.state.root)} still run in the background (the cluster "
+                f"may not be ready); `{_down_command(cluster)}` stops them, `stockade up` again "
+                "waits for them"
+            )
+    return f"nothing of {shown_path(cluster.state.root)} runs"
+
+
+def _record(cluster: LocalCluster) -> None:
+    """Record the cluster in the user config; a config that cannot be written is said, not fatal."""
+    try:
+        path = record_local_cluster(cluster.state.root)
+    except ClusterError as exc:
+        err_console().print(
+            f"note: client commands outside this folder will not find this cluster: {exc}",
+            markup=False,
+            soft_wrap=True,
+        )
+        return
+    console().print(f"config    {path} names it: client commands find it from any folder")
 
 
 @app.command("down")
 def down() -> None:
-    """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded database."""
+    """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded
+    database, and remove the cluster from the user config when `up` recorded it there."""
+    from ops.cluster import LocalCluster
+
     cluster = LocalCluster(local_state())
     with errors():
         report = cluster.down()
@@ -156,6 +230,13 @@ def down() -> None:
         console().print("stopped embedded PostgreSQL")
     if not (report.terminated or report.killed or report.stragglers or report.database_stopped):
         console().print("nothing was running")
+    try:
+        forgotten = forget_local_cluster(cluster.state.root)
+    except ClusterError as exc:
+        err_console().print(f"note: {exc}", markup=False, soft_wrap=True)
+        return
+    if forgotten is not None:
+        console().print(f"removed it from {forgotten}")
 
 
 @app.command("kill-leader")
@@ -165,6 +246,13 @@ def kill_leader(
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 30.0,
 ) -> None:
     """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
+    import trio
+
+    from ops import rpc
+    from ops.cluster import LocalCluster
+    from protocol import pb
+    from runtime.errors import StockadeError
+
     cluster = LocalCluster(local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)
@@ -204,6 +292,13 @@ def kill_worker(
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 60.0,
 ) -> None:
     """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
+    import trio
+
+    from ops import rpc
+    from ops.cluster import LocalCluster
+    from protocol import pb
+    from runtime.errors import StockadeError
+
     cluster = LocalCluster(local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)

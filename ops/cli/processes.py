@@ -11,7 +11,7 @@ import typer
 
 from ops.cli.app import app
 from ops.cli.common import EXIT_INVALID, errors, fail
-from ops.cluster import parse_addresses
+from ops.config import parse_addresses
 from runtime import identifiers
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (

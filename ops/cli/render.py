@@ -1,23 +1,24 @@
-"""How client commands show what the control planes answer: the status view and its JSON,
-a job's runtime in one line, times and the extent of an output tail.
+"""How client commands show what the control planes answer: the status view, a job's runtime
+in one line, times, the extent of an output tail, and the JSON of ``status``, ``job`` and
+``list`` (each built from the same reply the table is).
 
-Imported only by the commands that render (it loads rich and the protocol).
+Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
+does not pay for it.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rich.box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from actors.validation import JOB_STATES
-from protocol import pb
-from runtime.text import Tail
-from runtime.wire_jobs import job_spec_from_pb
+if TYPE_CHECKING:
+    from protocol import pb
+    from runtime.text import Tail
 
 
 def local_time(unix_s: float) -> str:
@@ -45,10 +46,9 @@ def _job_ids(ids: list[int], limit: int = 10) -> str:
 
 
 def _counts(status: pb.StatusReply) -> dict[str, int]:
-    counts = dict.fromkeys(JOB_STATES, 0)
-    for item in status.jobs:
-        counts[item.state] = int(item.count)
-    return counts
+    """Jobs per state, every state in the order the control plane sends them (all of them,
+    pending first, zeros included)."""
+    return {item.state: int(item.count) for item in status.jobs}
 
 
 def status_json(status: pb.StatusReply) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def render_status(status: pb.StatusReply) -> Group:
     parts.append(workers)
 
     counts = _counts(status)
-    parts.append(Text("jobs  " + "  ".join(f"{state} {counts[state]}" for state in JOB_STATES)))
+    parts.append(Text("jobs  " + "  ".join(f"{state} {count}" for state, count in counts.items())))
     if status.unschedulable:
         stuck = Table(box=rich.box.SIMPLE_HEAD, title="unschedulable", title_justify="left")
         stuck.add_column("job")
@@ -135,6 +135,8 @@ def render_status(status: pb.StatusReply) -> Group:
 
 def runtime_text(spec: pb.JobSpec | None) -> str:
     """A job's runtime in one line (``sleep 2.5 s``, ``command: echo 'a b'``), ``-`` if none."""
+    from runtime.wire_jobs import job_spec_from_pb
+
     return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
 
 
@@ -149,3 +151,61 @@ def tail_extent(tail: Tail) -> str:
 def seconds_text(value: float | None) -> str:
     """``value`` seconds as ``1.23 s``, or ``-`` when there is none."""
     return "-" if value is None else f"{value:.2f} s"
+
+
+def _unix_s_or_none(value: float) -> float | None:
+    return float(value) if value else None
+
+
+def runtime_json(spec: pb.JobSpec | None) -> dict[str, Any] | None:
+    """A job's runtime as JSON: ``{"kind": "command", "argv": [...]}``,
+    ``{"kind": "sleep", "duration_s": 2.5}``, or null when it has none."""
+    if spec is not None and spec.command is not None:
+        return {"kind": "command", "argv": list(spec.command.argv)}
+    if spec is not None and spec.sleep is not None:
+        return {"kind": "sleep", "duration_s": spec.sleep.duration_ms / 1000}
+    return None
+
+
+def job_json(info: pb.JobInfo) -> dict[str, Any]:
+    """The stable JSON shape of one job, as ``stockade job --json`` prints it and ``stockade
+    list --json`` lists it.
+
+    Keys: ``job_id``, ``name``, ``state`` (pending, assigned, running, succeeded, failed,
+    cancelled), ``reason`` (why it is in that state, or null), ``runtime``
+    (:func:`runtime_json`), ``cpu_millis``, ``memory_mb``, ``priority``, ``worker_id``,
+    ``assignment_id`` and ``epoch`` (of its latest assignment, or null before any),
+    ``attempts``, ``exit_code`` (or null), ``submitted_unix_s``, ``started_unix_s`` and
+    ``finished_unix_s`` (Unix seconds, or null), ``stdout_path`` and ``stderr_path`` (on the
+    worker's machine, or null). ``name``, ``cpu_millis``, ``memory_mb`` and ``priority`` are
+    null only for a reply without its spec.
+    """
+    spec = info.spec
+    return {
+        "job_id": int(info.job_id),
+        "name": spec.name if spec is not None else None,
+        "state": info.state,
+        "reason": info.reason or None,
+        "runtime": runtime_json(spec),
+        "cpu_millis": int(spec.cpu_millis) if spec is not None else None,
+        "memory_mb": int(spec.memory_mb) if spec is not None else None,
+        "priority": int(spec.priority) if spec is not None else None,
+        "worker_id": info.worker_id or None,
+        "assignment_id": int(info.assignment_id) or None,
+        "epoch": int(info.epoch) or None,
+        "attempts": int(info.attempts),
+        "exit_code": int(info.exit_code) if info.has_exit_code else None,
+        "submitted_unix_s": _unix_s_or_none(info.submitted_unix_s),
+        "started_unix_s": _unix_s_or_none(info.started_unix_s),
+        "finished_unix_s": _unix_s_or_none(info.finished_unix_s),
+        "stdout_path": info.stdout_path or None,
+        "stderr_path": info.stderr_path or None,
+    }
+
+
+def list_json(reply: pb.ListJobsReply) -> dict[str, Any]:
+    """The stable JSON shape of ``stockade list --json``.
+
+    Keys: ``jobs``, newest first, each as :func:`job_json` gives it.
+    """
+    return {"jobs": [job_json(info) for info in reply.jobs]}

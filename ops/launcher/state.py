@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from runtime.errors import StockadeError
+from ops.config import STATE_DIR_ENV, ClusterError
 
 __all__ = [
     "LISTEN_HOST",
@@ -33,9 +33,6 @@ __all__ = [
     "iter_worker_logs",
     "metrics_address",
 ]
-
-STATE_DIR_ENV = "STOCKADE_STATE_DIR"
-"""Environment variable that overrides the state folder (default ``./.stockade``)."""
 
 MARKER_ENV = "STOCKADE_CLUSTER_DIR"
 """Set in every process the launcher starts, to the absolute state folder."""
@@ -53,10 +50,6 @@ WORKER_CAPACITIES: tuple[tuple[int, int], ...] = (
 """(cpu_millis, memory_mb) of w-1, w-2, ...; cycles for more workers."""
 
 CONFIG_VERSION = 1
-
-
-class ClusterError(StockadeError):
-    """The local cluster could not be started, found or stopped; the message says what to do."""
 
 
 def str_tuple(items: Iterable[str]) -> tuple[str, ...]:

@@ -15,8 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, pg
-from ops.cli import jobs as cli_jobs
+from ops import checker, cli, pg, rpc
 from ops.launcher import procs
 from protocol import pb
 from runtime.text import (
@@ -68,7 +67,7 @@ def job_with_huge_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         spec=pb.JobSpec(name="yes", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["yes"])),
         stdout_path=str(stdout),
     )
-    monkeypatch.setattr(cli_jobs.rpc, "call", lambda *args, **kwargs: info)
+    monkeypatch.setattr(rpc, "call", lambda *args, **kwargs: info)
     yield stdout
 
 

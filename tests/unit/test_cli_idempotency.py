@@ -8,26 +8,51 @@ from typer.testing import CliRunner
 
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
 from ops.cli.jobs import batch_keys
-from runtime.errors import InvalidArgument
+from runtime.client import ControlPlaneClient
+from runtime.errors import InvalidArgument, Unavailable
 
 SUBMIT = ["submit", "--cpu-millis", "100", "--memory-mb", "10", "--sleep-s", "1"]
 NOWHERE = ["--control-planes", "127.0.0.1:1"]
 
 
+@pytest.fixture
+def silent_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every control plane takes the connection and never answers: the call's outcome is unknown."""
+
+    async def silent(
+        self: ControlPlaneClient, index: int, rpc: str, request: object, *, timeout_s: float
+    ) -> None:
+        raise Unavailable(f"{self.addresses[index]} did not answer within {timeout_s:g} s")
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", silent)
+
+
 @pytest.mark.parametrize("command", [[*SUBMIT, *NOWHERE], ["cancel", "3", *NOWHERE], ["jobs", "2", *NOWHERE]])
-def test_a_mutating_command_without_an_answer_names_its_key(command: list[str]) -> None:
+def test_a_mutating_command_without_an_answer_names_its_key(
+    command: list[str], silent_replicas: None
+) -> None:
     """No control plane answered: the error names the key to run the command again with."""
     result = CliRunner().invoke(app, [*command, "--idempotency-key", "key-7"])
     assert result.exit_code == EXIT_UNAVAILABLE
+    assert "127.0.0.1:1 did not answer within" in result.output
     assert "the same command with --idempotency-key key-7 returns that answer" in result.output
 
 
-def test_a_drawn_key_is_named_too() -> None:
+def test_a_drawn_key_is_named_too(silent_replicas: None) -> None:
     """Without --idempotency-key the command draws a key, and names that one."""
     result = CliRunner().invoke(app, [*SUBMIT, *NOWHERE])
     assert result.exit_code == EXIT_UNAVAILABLE
     key = result.output.split("--idempotency-key ", 1)[1].split()[0]
     assert len(key) == 36 and key.count("-") == 4
+
+
+def test_a_command_every_replica_refused_names_no_key() -> None:
+    """Every connection was refused: nothing was sent, so there is no answer to recover and
+    no key to name."""
+    result = CliRunner().invoke(app, [*SUBMIT, *NOWHERE, "--idempotency-key", "key-7"])
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert "nothing was sent" in result.output
+    assert "key-7" not in result.output
 
 
 def test_a_bad_key_is_refused_before_anything_is_sent() -> None:

@@ -1,0 +1,174 @@
+"""Plain option values without pydantic: a start-up saving for every ``stockade`` call.
+
+Typer 0.29 turns each option's text into its value through a pydantic ``TypeAdapter``,
+built when the option is first processed, default values included. Loading pydantic and
+building the adapters costs 70 to 120 ms, more than everything else ``stockade status``
+does before it calls the cluster. Nearly every option here is a ``bool``, a ``str``, an ``int``
+or a ``float`` (with ``min``/``max`` bounds at most) or a list of ``str``: for those,
+:func:`install` gives Typer a coercion written here, which gives the same values and the same
+messages (``Input should be greater than or equal to 0``, named by Typer: ``Invalid value for
+'--limit': ...``); every other option (paths, choices, custom parsers, clamping) keeps Typer's
+own. A unit test compares the two on valid, malformed and out-of-range input.
+
+This reaches into Typer's internals (``typer.core.build_runtime_param`` and
+``typer._coercion.RuntimeParam``, present since Typer moved to pydantic). :func:`install`
+checks that they are there and leaves Typer alone when they are not: an older or newer Typer
+is only slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["install", "installed"]
+
+_BOOL_MESSAGE = "Input should be a valid boolean, unable to interpret input"
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+"""The words pydantic reads as booleans (any case)."""
+_INT_MESSAGE = "Input should be a valid integer, unable to parse string as an integer"
+_FLOAT_MESSAGE = "Input should be a valid number, unable to parse string as a number"
+_STR_LIST = list[str]
+
+
+def _text(value: Any) -> str:
+    """What Typer makes of a value for a ``str`` option (bytes decoded as the command line is)."""
+    if isinstance(value, bytes):
+        return value.decode(sys.getfilesystemencoding(), "surrogateescape")
+    return str(value)
+
+
+def _boolean(value: Any) -> bool:
+    """A ``bool`` option's value: a flag's own, or a word such as ``yes`` or ``0`` from an
+    environment variable (empty: false)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    word = _text(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE or not word:
+        return False
+    raise ValueError(_BOOL_MESSAGE)
+
+
+def _integer(value: Any) -> int:
+    """An ``int`` option's value: a whole number, also written with a ``.0`` (as pydantic
+    takes it), in ASCII digits."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError("Input should be a valid integer, got a number with a fractional part")
+    text = _text(value).strip()
+    whole, point, zeros = text.partition(".")
+    if point and zeros and not zeros.strip("0"):
+        text = whole
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise ValueError(_INT_MESSAGE) from None
+
+
+def _number(value: Any) -> float:
+    """A ``float`` option's value (``inf`` and ``nan`` included, as pydantic takes them)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    text = _text(value).strip()
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return float(text)
+    except ValueError:
+        raise ValueError(_FLOAT_MESSAGE) from None
+
+
+def _bounded(convert: Callable[[Any], Any], low: Any, high: Any) -> Callable[[Any], Any]:
+    """``convert``, then the bounds checked as pydantic checks them: the upper one first, and
+    written as "not <=" so that NaN is refused."""
+
+    def checked(value: Any) -> Any:
+        number = convert(value)
+        if high is not None and not number <= high:
+            raise ValueError(f"Input should be less than or equal to {high}")
+        if low is not None and not number >= low:
+            raise ValueError(f"Input should be greater than or equal to {low}")
+        return number
+
+    return checked
+
+
+def plain_converter(annotation: Any, parameter_info: Any) -> Callable[[Any], Any] | None:
+    """The conversion of an option of ``annotation`` with Typer's ``parameter_info`` when it is
+    a plain one (see the module docstring), else None (Typer's own is used)."""
+    if getattr(parameter_info, "parser", None) is not None or getattr(parameter_info, "clamp", False):
+        return None
+    low, high = getattr(parameter_info, "min", None), getattr(parameter_info, "max", None)
+    if annotation is str and low is None and high is None:
+        return _text
+    if annotation is bool and low is None and high is None:
+        return _boolean
+    if annotation is int:
+        return _bounded(_integer, low, high)
+    if annotation is float:
+        return _bounded(_number, low, high)
+    if annotation == _STR_LIST and low is None and high is None:
+        return lambda values: [_text(v) for v in values]
+    return None
+
+
+_installed = False
+
+
+def installed() -> bool:
+    """Whether :func:`install` found Typer's internals and replaced the plain coercions."""
+    return _installed
+
+
+def install() -> None:
+    """Have Typer convert plain options with :func:`plain_converter` (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    try:
+        import dataclasses
+
+        from typer import core
+        from typer._click.exceptions import BadParameter
+        from typer._coercion import RuntimeParam
+    except ImportError:
+        return
+    typer_build = getattr(core, "build_runtime_param", None)
+    if typer_build is None or not dataclasses.is_dataclass(RuntimeParam):
+        return
+
+    @dataclasses.dataclass(frozen=True)
+    class PlainRuntimeParam(RuntimeParam):  # type: ignore[misc, valid-type]
+        """Typer's coercion contract, for one plain option."""
+
+        convert: Callable[[Any], Any] = dataclasses.field(default=_text)
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            try:
+                return self.convert(value)
+            except ValueError as exc:
+                raise BadParameter(str(exc), ctx=ctx, param=param) from None
+
+    def build_runtime_param(descriptor: Any) -> Any:
+        convert = plain_converter(descriptor.annotation, descriptor.parameter_info)
+        if convert is None or descriptor.file_annotation is not None:
+            return typer_build(descriptor)
+        return PlainRuntimeParam(
+            parameter_info=descriptor.parameter_info, annotation=descriptor.annotation, convert=convert
+        )
+
+    core.build_runtime_param = build_runtime_param
+    _installed = True

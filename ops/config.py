@@ -1,0 +1,307 @@
+"""Where a client finds the cluster: the control-plane addresses and the local state folder.
+
+Every ``stockade`` call imports this module, ``--help`` included, so it imports only the
+standard library and :mod:`runtime.errors` (no trio, no protocol, no launcher).
+
+A client command calls the control planes named by the first of these that names any:
+
+1. the ``--control-planes host:port,...`` option;
+2. ``$STOCKADE_CONTROL_PLANES`` (the same form);
+3. the local cluster's ``cluster.json`` in ``./.stockade``, or in ``$STOCKADE_STATE_DIR`` when
+   that is set (then it is the only state folder looked in: a folder named on purpose is not
+   looked past);
+4. the user config, ``$STOCKADE_CONFIG``, else ``$XDG_CONFIG_HOME/stockade/config.toml``, else
+   ``~/.config/stockade/config.toml``: its ``control_planes`` (a list of ``host:port``, or one
+   comma-separated string), else the cluster that ``stockade up`` recorded there last (the
+   ``[local]`` table, whose ``state_dir`` names the cluster's state folder; ``stockade down``
+   removes the table when it stops that cluster)::
+
+       control_planes = ["cp-a.example:7100", "cp-b.example:7100"]
+
+       [local]
+       state_dir = "/home/me/src/stockade/.stockade"
+
+The config file is read with :mod:`tomllib`. ``up`` and ``down`` rewrite only the ``[local]``
+table's lines: the rest of the file, comments included, is kept as written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import StockadeError
+
+__all__ = [
+    "CONFIG_ENV",
+    "CONTROL_PLANES_ENV",
+    "LOCAL_TABLE",
+    "STATE_DIR_ENV",
+    "ClusterError",
+    "cluster_json_addresses",
+    "default_state_dir",
+    "forget_local_cluster",
+    "parse_addresses",
+    "record_local_cluster",
+    "recorded_state_dir",
+    "resolve_addresses",
+    "user_config_path",
+]
+
+STATE_DIR_ENV = "STOCKADE_STATE_DIR"
+"""Environment variable that overrides the state folder (default ``./.stockade``)."""
+
+CONTROL_PLANES_ENV = "STOCKADE_CONTROL_PLANES"
+"""Environment variable with comma-separated control-plane addresses for client commands."""
+
+CONFIG_ENV = "STOCKADE_CONFIG"
+"""Environment variable naming the user config file (default under the user's config folder)."""
+
+LOCAL_TABLE = "local"
+"""The user config's table where ``stockade up`` records the cluster it started."""
+
+CLUSTER_FILE = "cluster.json"
+"""The file of a state folder that records its cluster (written by :mod:`ops.cluster`)."""
+
+
+class ClusterError(StockadeError):
+    """The local cluster could not be started, found or stopped; the message says what to do."""
+
+
+def default_state_dir() -> Path:
+    """``$STOCKADE_STATE_DIR``, else ``.stockade`` in the current directory (absolute)."""
+    return Path(os.environ.get(STATE_DIR_ENV) or ".stockade").absolute()
+
+
+def user_config_path() -> Path:
+    """``$STOCKADE_CONFIG``, else ``$XDG_CONFIG_HOME/stockade/config.toml``, else
+    ``~/.config/stockade/config.toml`` (the XDG Base Directory Specification's default)."""
+    named = os.environ.get(CONFIG_ENV)
+    if named:
+        return Path(named).expanduser().absolute()
+    base = os.environ.get("XDG_CONFIG_HOME")
+    # The specification: a relative $XDG_CONFIG_HOME is invalid and must be ignored.
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".config"
+    return root / "stockade" / "config.toml"
+
+
+def parse_addresses(text: str) -> list[str]:
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped; spaces around an item are
+    the list's, not the item's).
+
+    Raises:
+        InvalidArgument: an item is not ``host:port`` (:func:`runtime.identifiers.parse_address`).
+    """
+    from runtime import identifiers  # attrs and ipaddress: only for commands that take addresses
+
+    addresses = [item.strip() for item in text.split(",") if item.strip()]
+    identifiers.parse_addresses(addresses, field="control_planes")
+    return addresses
+
+
+def cluster_json_addresses(state_dir: Path) -> list[str] | None:
+    """The control-plane addresses recorded in ``state_dir/cluster.json``, or None when it
+    records no cluster (read here without :mod:`ops.cluster`, which a client does not need).
+
+    Raises:
+        ClusterError: cluster.json exists but cannot be read.
+    """
+    path = state_dir / CLUSTER_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ClusterError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        processes = json.loads(text)["processes"]
+        addresses = [str(p["address"]) for p in processes if p["kind"] == "cp"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClusterError(
+            f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
+        ) from exc
+    return addresses or None
+
+
+def _load_user_config(path: Path) -> dict[str, Any]:
+    """The user config's contents; empty when there is no file.
+
+    Raises:
+        ClusterError: the file cannot be read or is not TOML.
+    """
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ClusterError(f"cannot read the config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterError(f"the config file {path} is not valid TOML ({exc}); fix or remove it") from exc
+
+
+def _config_addresses(path: Path, config: dict[str, Any]) -> list[str] | None:
+    """The user config's own ``control_planes``, or None when it names none.
+
+    Raises:
+        ClusterError: ``control_planes`` is neither a string nor a list of strings.
+        InvalidArgument: an item is not ``host:port``.
+    """
+    value = config.get("control_planes")
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise ClusterError(f'control_planes in {path} must be a list of "host:port" strings, got {value!r}')
+    return parse_addresses(value) or None
+
+
+def recorded_state_dir(config: dict[str, Any]) -> Path | None:
+    """The state folder of the cluster ``stockade up`` recorded in a user config, or None."""
+    table = config.get(LOCAL_TABLE)
+    state_dir = table.get("state_dir") if isinstance(table, dict) else None
+    return Path(state_dir) if isinstance(state_dir, str) and state_dir else None
+
+
+def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list[str]:
+    """Control-plane addresses for a client command, from the first source that names any
+    (see the module docstring for the order).
+
+    Args:
+        option: the ``--control-planes`` option's value, or None.
+        state_dir: the local state folder; None means :func:`default_state_dir`.
+
+    Raises:
+        ClusterError: no source names any address, or cluster.json or the config file cannot
+            be read.
+        InvalidArgument: an address is not ``host:port``.
+    """
+    for text in (option, os.environ.get(CONTROL_PLANES_ENV)):
+        given = parse_addresses(text) if text else None
+        if given:
+            return given
+    named = state_dir is not None or bool(os.environ.get(STATE_DIR_ENV))
+    state_dir = state_dir or default_state_dir()
+    recorded_here = cluster_json_addresses(state_dir)
+    if recorded_here:
+        return recorded_here
+    config_path = user_config_path()
+    if not named:
+        config = _load_user_config(config_path)
+        configured = _config_addresses(config_path, config)
+        if configured:
+            return configured
+        recorded = recorded_state_dir(config)
+        if recorded is not None:
+            recorded_there = cluster_json_addresses(recorded)
+            if recorded_there:
+                return recorded_there
+            raise ClusterError(
+                f"{config_path} names the local cluster in {recorded}, which records none: run "
+                f"`stockade up` there, or remove the [{LOCAL_TABLE}] table from {config_path}"
+            )
+    raise ClusterError(
+        f"no control-plane addresses: pass --control-planes host:port,..., set {CONTROL_PLANES_ENV}, "
+        f'run `stockade up`, or name them in {config_path} (control_planes = ["host:port", ...]); '
+        f"no cluster is recorded in {state_dir}"
+    )
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def _without_local_table(text: str) -> str:
+    """``text`` without the ``[local]`` table: its header line and every line up to the next
+    table header (or the end), so the rest of the file is kept as written (ending in one
+    newline, or empty)."""
+    kept: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            header = stripped.split("#", 1)[0].strip()
+            inside = header == f"[{LOCAL_TABLE}]"
+            if inside:
+                continue
+        if not inside:
+            kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    text = "".join(kept)
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _write_config(path: Path, text: str, *, records: Path | None) -> None:
+    """Replace the config file with ``text`` at once (a reader never sees half of it), after
+    checking that ``text`` is TOML whose ``[local]`` table names ``records`` (None: no table).
+
+    Raises:
+        ClusterError: ``text`` fails that check (the file held something this line-wise editor
+            does not follow; it is left as it was).
+        OSError: the file cannot be written.
+    """
+    try:
+        problem = "" if recorded_state_dir(tomllib.loads(text)) == records else "[local] elsewhere"
+    except tomllib.TOMLDecodeError as exc:
+        problem = str(exc)
+    if problem:
+        raise ClusterError(
+            f"{path} could not be updated without changing what else it says ({problem}); "
+            f"edit its [{LOCAL_TABLE}] table by hand"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def record_local_cluster(state_dir: Path) -> Path:
+    """Record ``state_dir`` as the local cluster in the user config (its ``[local]`` table), so
+    client commands find it from any folder; what else the file holds is kept.
+
+    Returns:
+        the config file's path.
+
+    Raises:
+        ClusterError: the config file cannot be read, is not TOML, or cannot be written.
+    """
+    path = user_config_path()
+    config = _load_user_config(path)
+    if recorded_state_dir(config) == state_dir.absolute():
+        return path
+    try:
+        text = path.read_text() if path.exists() else ""
+        kept = _without_local_table(text)
+        table = (
+            f"[{LOCAL_TABLE}]\n"
+            "# Written by `stockade up`; `stockade down` there removes it.\n"
+            f"state_dir = {json.dumps(str(state_dir.absolute()))}\n"
+        )
+        _write_config(path, f"{kept}\n{table}" if kept else table, records=state_dir.absolute())
+    except OSError as exc:
+        raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
+    return path
+
+
+def forget_local_cluster(state_dir: Path) -> Path | None:
+    """Remove the user config's ``[local]`` table when it names ``state_dir``.
+
+    Returns:
+        the config file's path when the table was removed, else None.
+
+    Raises:
+        ClusterError: the config file cannot be read, is not TOML, or cannot be written.
+    """
+    path = user_config_path()
+    if recorded_state_dir(_load_user_config(path)) != state_dir.absolute():
+        return None
+    try:
+        kept = _without_local_table(path.read_text())
+        _write_config(path, kept, records=None)
+    except OSError as exc:
+        raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
+    return path

@@ -1,0 +1,195 @@
+"""Client commands find the cluster from any folder (:mod:`ops.config`): --control-planes, then
+$STOCKADE_CONTROL_PLANES, then the state folder's cluster.json, then the user config, where
+``stockade up`` records the cluster it started and ``stockade down`` removes it."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ops import cluster as cluster_module
+from ops import config, rpc
+from ops.cli import app
+from ops.cluster import ClusterConfig, DownReport, ProcessSpec, StateDir
+from ops.config import ClusterError, forget_local_cluster, record_local_cluster, resolve_addresses
+from protocol import pb
+from runtime.errors import InvalidArgument
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A clean environment: HOME and the working folder under tmp_path, no Stockade variable."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("STOCKADE_CONFIG", "XDG_CONFIG_HOME", "STOCKADE_CONTROL_PLANES", "STOCKADE_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    return home
+
+
+def recorded_cluster(root: Path, *ports: int) -> StateDir:
+    """A state folder whose cluster.json records control planes on ``ports``."""
+    state = StateDir(root)
+    state.save(
+        ClusterConfig(
+            database_url="postgresql://nowhere/db",
+            embedded_pg_port=None,
+            processes=[
+                ProcessSpec(id=f"cp-{n}", kind="cp", address=f"127.0.0.1:{port}", args=("cp",))
+                for n, port in enumerate(ports, start=1)
+            ],
+        )
+    )
+    return state
+
+
+def test_the_user_config_is_under_the_users_config_folder(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """~/.config/stockade/config.toml; $XDG_CONFIG_HOME when absolute (a relative one is
+    ignored, as the XDG specification says); $STOCKADE_CONFIG over both."""
+    assert config.user_config_path() == home / ".config" / "stockade" / "config.toml"
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relative/dir")
+    assert config.user_config_path() == home / ".config" / "stockade" / "config.toml"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg"))
+    assert config.user_config_path() == home / "xdg" / "stockade" / "config.toml"
+    monkeypatch.setenv("STOCKADE_CONFIG", str(home / "mine.toml"))
+    assert config.user_config_path() == home / "mine.toml"
+
+
+def test_each_source_wins_over_the_ones_after_it(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Option, then environment, then ./.stockade/cluster.json, then the config's
+    control_planes, then the cluster recorded in its [local] table."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    recorded = recorded_cluster(tmp_path / "up-here", 7401)
+    path.write_text(
+        f'control_planes = ["10.0.0.1:7100", "10.0.0.2:7100"]\n\n[local]\nstate_dir = "{recorded.root}"\n'
+    )
+    recorded_cluster(Path(".stockade"), 7301)
+    monkeypatch.setenv("STOCKADE_CONTROL_PLANES", "127.0.0.1:7201")
+
+    assert resolve_addresses("127.0.0.1:7101") == ["127.0.0.1:7101"]
+    assert resolve_addresses(None) == ["127.0.0.1:7201"]
+    monkeypatch.delenv("STOCKADE_CONTROL_PLANES")
+    assert resolve_addresses(None) == ["127.0.0.1:7301"]
+    (Path(".stockade") / "cluster.json").unlink()
+    assert resolve_addresses(None) == ["10.0.0.1:7100", "10.0.0.2:7100"]
+    path.write_text(f'[local]\nstate_dir = "{recorded.root}"\n')
+    assert resolve_addresses(None) == ["127.0.0.1:7401"]
+
+
+def test_a_named_state_folder_is_not_looked_past(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$STOCKADE_STATE_DIR names one cluster: when it records none, that is the answer, not
+    the user config's cluster."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('control_planes = "10.0.0.1:7100"\n')
+    monkeypatch.setenv("STOCKADE_STATE_DIR", str(tmp_path / "empty"))
+    with pytest.raises(ClusterError, match="no control-plane addresses"):
+        resolve_addresses(None)
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        ("control_planes = [", ClusterError, "is not valid TOML"),
+        ("control_planes = 7100", ClusterError, 'must be a list of "host:port" strings, got 7100'),
+        ('control_planes = ["nowhere"]', InvalidArgument, r"control_planes\[0\]"),
+        (
+            '[local]\nstate_dir = "/no/such/folder"\n',
+            ClusterError,
+            "which records none: run `stockade up` there",
+        ),
+    ],
+)
+def test_a_config_that_cannot_be_used_is_said_so(
+    home: Path, text: str, error: type[Exception], message: str
+) -> None:
+    """A broken or stale config file is named with what is wrong and what to do."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(error, match=message):
+        resolve_addresses(None)
+
+
+def test_recording_keeps_the_rest_of_the_file_and_forgetting_only_its_own_cluster(
+    home: Path, tmp_path: Path
+) -> None:
+    """up writes a [local] table and keeps the person's lines and comments; up of another
+    cluster replaces it; down of a cluster the table does not name leaves it; down of its own
+    removes it, and the rest stays."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    mine = '# my clusters\ncontrol_planes = ["10.0.0.1:7100"]  # production\n\n[other]\nkey = 1\n'
+    path.write_text(mine)
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    assert record_local_cluster(first) == path
+    assert tomllib.loads(path.read_text())["local"] == {"state_dir": str(first)}
+    assert path.read_text().startswith(mine.rstrip("\n"))
+    record_local_cluster(second)
+    assert path.read_text().count("[local]") == 1
+    assert config.recorded_state_dir(tomllib.loads(path.read_text())) == second
+
+    assert forget_local_cluster(first) is None
+    assert forget_local_cluster(second) == path
+    assert path.read_text() == mine
+    assert forget_local_cluster(second) is None
+
+
+def test_recording_into_a_file_it_cannot_follow_leaves_it_alone(home: Path, tmp_path: Path) -> None:
+    """A config that already sets local.state_dir as a dotted key: the file is not changed,
+    and the error says to edit it by hand."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('local.state_dir = "/somewhere"\n')
+    with pytest.raises(ClusterError, match="edit its \\[local\\] table by hand"):
+        record_local_cluster(tmp_path / "new")
+    assert path.read_text() == 'local.state_dir = "/somewhere"\n'
+
+
+def test_a_client_command_from_another_folder_calls_the_recorded_cluster(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After `up` recorded a cluster, `stockade status` run elsewhere calls its control planes."""
+    state = recorded_cluster(tmp_path / "project" / ".stockade", 7501, 7502)
+    record_local_cluster(state.root)
+    called: list[list[str]] = []
+
+    def status(addresses: list[str], **_: Any) -> pb.StatusReply:
+        called.append(list(addresses))
+        return pb.StatusReply(leader="cp-1", epoch=3, answered_by="cp-1")
+
+    monkeypatch.setattr(rpc, "status", status)
+    result = CliRunner().invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    assert called == [["127.0.0.1:7501", "127.0.0.1:7502"]]
+
+
+def test_down_removes_the_record_of_its_cluster(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stockade down` in the recorded cluster's folder stops it and removes the [local] table."""
+    project = tmp_path / "project"
+    state = recorded_cluster(project / ".stockade", 7601)
+    record_local_cluster(state.root)
+    monkeypatch.chdir(project)
+    report = DownReport(terminated=("cp-1",), killed=(), stragglers=(), database_stopped=False)
+    monkeypatch.setattr(cluster_module.LocalCluster, "down", lambda self, **_: report)
+    result = CliRunner().invoke(app, ["down"])
+    assert result.exit_code == 0, result.output
+    assert "stopped cp-1" in result.output and f"removed it from {config.user_config_path()}" in result.output
+    assert "local" not in tomllib.loads(config.user_config_path().read_text())

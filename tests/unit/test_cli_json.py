@@ -1,0 +1,142 @@
+"""``stockade job --json`` and ``stockade list --json`` print the reply with stable keys, built
+from the same reply objects as the tables."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ops import rpc
+from ops.cli import app
+from protocol import pb
+
+JOB_KEYS = [
+    "job_id",
+    "name",
+    "state",
+    "reason",
+    "runtime",
+    "cpu_millis",
+    "memory_mb",
+    "priority",
+    "worker_id",
+    "assignment_id",
+    "epoch",
+    "attempts",
+    "exit_code",
+    "submitted_unix_s",
+    "started_unix_s",
+    "finished_unix_s",
+    "stdout_path",
+    "stderr_path",
+]
+"""The keys of one job, in order (documented in ``ops.cli.render.job_json``)."""
+
+FINISHED = pb.JobInfo(
+    job_id=7,
+    spec=pb.JobSpec(
+        name="hello", cpu_millis=250, memory_mb=64, priority=3, command=pb.CommandRuntime(argv=["echo", "hi"])
+    ),
+    state="succeeded",
+    worker_id="w-2",
+    assignment_id=11,
+    epoch=4,
+    has_exit_code=True,
+    exit_code=0,
+    submitted_unix_s=1_700_000_000.5,
+    started_unix_s=1_700_000_001.0,
+    finished_unix_s=1_700_000_002.25,
+    stdout_path="/work/w-2/jobs/7-11/stdout.log",
+    stderr_path="/work/w-2/jobs/7-11/stderr.log",
+    attempts=1,
+)
+PENDING = pb.JobInfo(
+    job_id=8,
+    spec=pb.JobSpec(name="nap", cpu_millis=64000, memory_mb=128, sleep=pb.SleepRuntime(duration_ms=2500)),
+    state="pending",
+    reason="unschedulable: needs 64000 cpu_millis, largest worker has 16000",
+    submitted_unix_s=1_700_000_003.0,
+)
+
+
+@pytest.fixture
+def answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The control plane answers get_job with FINISHED and list_jobs with both jobs; the calls
+    made are recorded."""
+    calls: list[tuple[str, Any]] = []
+
+    def call(addresses: list[str], name: str, request: Any, **_: object) -> Any:
+        calls.append((name, request))
+        return FINISHED if name == "get_job" else pb.ListJobsReply(jobs=[PENDING, FINISHED])
+
+    monkeypatch.setattr(rpc, "call", call)
+    return calls
+
+
+def run_json(*args: str) -> Any:
+    result = CliRunner().invoke(app, [*args, "--json", "--control-planes", "127.0.0.1:1"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_job_json_has_every_key_with_units_in_the_names(answers: list[tuple[str, Any]]) -> None:
+    """A finished command job: every documented key, in order, with the reply's values."""
+    data = run_json("job", "7")
+    assert list(data) == JOB_KEYS
+    assert data == {
+        "job_id": 7,
+        "name": "hello",
+        "state": "succeeded",
+        "reason": None,
+        "runtime": {"kind": "command", "argv": ["echo", "hi"]},
+        "cpu_millis": 250,
+        "memory_mb": 64,
+        "priority": 3,
+        "worker_id": "w-2",
+        "assignment_id": 11,
+        "epoch": 4,
+        "attempts": 1,
+        "exit_code": 0,
+        "submitted_unix_s": 1_700_000_000.5,
+        "started_unix_s": 1_700_000_001.0,
+        "finished_unix_s": 1_700_000_002.25,
+        "stdout_path": "/work/w-2/jobs/7-11/stdout.log",
+        "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
+    }
+    assert answers == [("get_job", pb.GetJobRequest(job_id=7))]
+
+
+def test_list_json_lists_each_job_as_job_json_does(answers: list[tuple[str, Any]]) -> None:
+    """``{"jobs": [...]}`` in the reply's order; what a job has not got yet is null, an exit
+    code of 0 stays 0."""
+    data = run_json("list", "--state", "pending", "--limit", "5")
+    assert list(data) == ["jobs"]
+    pending, finished = data["jobs"]
+    assert [list(job) for job in data["jobs"]] == [JOB_KEYS, JOB_KEYS]
+    assert pending["runtime"] == {"kind": "sleep", "duration_s": 2.5}
+    assert pending["reason"].startswith("unschedulable: needs 64000 cpu_millis")
+    assert {
+        k: pending[k] for k in ("worker_id", "assignment_id", "epoch", "exit_code", "started_unix_s")
+    } == dict.fromkeys(("worker_id", "assignment_id", "epoch", "exit_code", "started_unix_s"))
+    assert finished["exit_code"] == 0
+    assert answers == [("list_jobs", pb.ListJobsRequest(state="pending", limit=5))]
+
+
+def test_json_output_is_the_document_alone(answers: list[tuple[str, Any]]) -> None:
+    """--json prints only the JSON document (a script can parse the whole output)."""
+    result = CliRunner().invoke(app, ["list", "--json", "--control-planes", "127.0.0.1:1"])
+    assert result.output.startswith("{") and result.output.endswith("}\n")
+
+
+def test_the_states_and_limits_in_the_help_are_the_control_planes() -> None:
+    """The job states and limits ``stockade --help`` states without importing the control
+    plane's checks are the ones those checks apply."""
+    from actors import validation
+    from ops.cli import jobs
+
+    assert jobs.JOB_STATES == validation.JOB_STATES
+    assert jobs.MAX_LIST_LIMIT == validation.MAX_LIST_LIMIT
+    assert jobs.MAX_SLEEP_S * 1000 == validation.MAX_SLEEP_MS

@@ -1,0 +1,97 @@
+"""Plain options are read without pydantic, to the same values and with the same messages as
+Typer's own pydantic-based reading (:mod:`ops.cli.params`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from typer._adapters import try_build_adapter
+from typer.models import OptionInfo
+from typer.testing import CliRunner
+
+from ops.cli import EXIT_INVALID, app
+from ops.cli.params import plain_converter
+
+CASES: list[tuple[Any, dict[str, Any], list[Any]]] = [
+    (bool, {}, [True, False, "yes", "No", "1", "0", "", " on ", "T", "maybe", 1, 0, 2]),
+    (str, {}, ["a", "", b"bytes", 3]),
+    (
+        int,
+        {},
+        ["3", " 3 ", "3.0", "3.00", "-3.0", "3.", "3.5", "3.0_0", ".0", "x", "", "1_000", "1__0", "-4"],
+    ),
+    (int, {}, ["+5", "0x10", "1e3", "\u0661\u0662", "\uff13", 3, 3.0, 3.5]),
+    (int, {"min": 0, "max": 10}, ["-1", "0", "10", "11", "x"]),
+    (int, {"min": 1}, ["0", "1", "99999999999"]),
+    (float, {}, ["1.5", " 2 ", "1e3", "1_0", "1__0", "nan", "-inf", "infinity", "x", "\u0661", 5]),
+    (float, {"min": 0, "max": 604800}, ["-1", "0", "604800", "604800.5", "nan", "inf", "-inf"]),
+    (list[str], {}, [("a", "b"), ["x"], ()]),
+]
+
+
+def outcome(read: Any, value: Any) -> tuple[str, Any]:
+    try:
+        result = read(value)
+    except (ValueError, ValidationError) as exc:
+        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        return ("refused", message)
+    return ("nan", None) if isinstance(result, float) and math.isnan(result) else ("read", result)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "bounds", "value"),
+    [(annotation, bounds, value) for annotation, bounds, values in CASES for value in values],
+)
+def test_plain_reading_matches_typers(annotation: Any, bounds: dict[str, Any], value: Any) -> None:
+    """Each value is read to what Typer reads it to, or refused with Typer's message."""
+    info = OptionInfo(**bounds)
+    convert = plain_converter(annotation, info)
+    assert convert is not None
+    typer_reading = outcome(try_build_adapter(annotation, info).validate_python, value)
+    assert outcome(convert, value) == typer_reading
+
+
+@pytest.mark.parametrize(
+    ("annotation", "option"),
+    [(float, OptionInfo(min=0, clamp=True)), (int, OptionInfo(parser=int)), (str, OptionInfo(min=1))],
+)
+def test_other_options_keep_typers_reading(annotation: Any, option: OptionInfo) -> None:
+    """Clamped numbers, custom parsers and anything unusual are left to Typer."""
+    assert plain_converter(annotation, option) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["list", "--limit", "20000"],
+            "Invalid value for '--limit': Input should be less than or equal to 10000",
+        ),
+        (
+            ["list", "--limit", "-1"],
+            "Invalid value for '--limit': Input should be greater than or equal to 0",
+        ),
+        (["jobs", "0"], "Invalid value for 'count': Input should be greater than or equal to 1"),
+        (
+            ["up", "--fleet-size", "-1"],
+            "Invalid value for '--fleet-size': Input should be greater than or equal to 0",
+        ),
+        (["up", "--workers", "many"], "Invalid value for '--workers': Input should be a valid integer"),
+        (
+            ["submit", "--cpu-millis", "1", "--memory-mb", "1", "--sleep-s", "-1"],
+            "Invalid value for '--sleep-s': Input should be greater than or equal to 0",
+        ),
+        (
+            ["submit", "--cpu-millis", "1", "--memory-mb", "1", "--sleep-s", "604801"],
+            "Invalid value for '--sleep-s': Input should be less than or equal to 604800",
+        ),
+    ],
+)
+def test_an_option_out_of_its_range_is_refused_naming_it_and_the_range(args: list[str], message: str) -> None:
+    """Typer's bounds: exit 2, the message names the option and the bound, nothing is sent."""
+    result = CliRunner().invoke(app, [*args, "--control-planes", "127.0.0.1:1"] if args[0] != "up" else args)
+    assert result.exit_code == EXIT_INVALID
+    assert message in " ".join(result.output.split())

@@ -1,0 +1,95 @@
+"""``stockade`` starts fast: what a call imports is what it needs, checked in a fresh process.
+
+Every call imports every command module (Typer needs each command's options), so a heavy
+import at the top of one of them, or in a module they share, slows down every call. The
+budget (0.3 s for ``--help`` and ``status`` on an idle machine) is kept by keeping those
+imports out; timing a subprocess here would only measure the machine's load, so these tests
+check the imports themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.cli import params
+
+ROOT = Path(__file__).parents[2]
+
+_WRAPPER = """
+import json, sys
+sys.argv = ["stockade", *sys.argv[1:]]
+try:
+    from ops.cli import main
+    main()
+except SystemExit as exit:
+    code = exit.code
+else:
+    code = 0
+sys.stdout.flush()
+sys.stderr.write("\\nMODULES " + json.dumps({"code": code, "modules": sorted(sys.modules)}) + "\\n")
+"""
+"""Runs the CLI as ``stockade ARGS`` does, then reports every module loaded and the exit code."""
+
+SERVER_SIDE = ("actors", "agent", "asyncpg", "ops.cluster", "ops.pg", "ops.chaos", "ops.checker")
+"""The control plane, the agent, the database driver, the launcher and the harnesses."""
+
+NEVER = (*SERVER_SIDE, "numpy", "matplotlib", "pydantic", "structlog", "psutil", "ops.bench")
+"""What no client call needs (the benchmarks', plotting's, logging's and Typer's heavy parts)."""
+
+CLIENT = ("trio", "trio_asyncio", "grpclib", "betterproto2", "protocol", "rich", "ops.rpc", "runtime.client")
+"""What a call that talks to the cluster needs, and ``--help`` and ``--version`` do not."""
+
+
+def loaded(*args: str) -> tuple[int, list[str]]:
+    """The exit code of ``stockade ARGS`` run in a fresh interpreter, and the modules it loaded."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    env.pop("STOCKADE_CONTROL_PLANES", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    report = done.stderr.rpartition("MODULES ")[2]
+    assert report, done.stderr
+    data = json.loads(report)
+    return data["code"], data["modules"]
+
+
+def under(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    """The modules that are one of ``prefixes`` or inside one of them."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["status", "--help"], ["up", "--help"]])
+def test_help_and_version_load_neither_the_client_nor_the_server(args: list[str]) -> None:
+    """``--help`` and ``--version`` load Typer and the command modules, nothing that talks to
+    a cluster or runs one."""
+    code, modules = loaded(*args)
+    assert code == 0
+    assert under(modules, NEVER) == []
+    assert under(modules, CLIENT) == []
+
+
+def test_a_client_command_loads_the_client_and_nothing_of_the_server() -> None:
+    """``stockade status`` against an address where nothing listens: the client loads (trio,
+    the protocol, the failover client), the server side and pydantic do not."""
+    code, modules = loaded("status", "--control-planes", "127.0.0.1:1")
+    assert code == 1
+    assert under(modules, NEVER) == []
+    assert {"trio", "protocol", "runtime.client"} <= set(modules)
+
+
+def test_typer_reads_plain_options_without_pydantic() -> None:
+    """This Typer's internals are where :mod:`ops.cli.params` expects them, so plain options
+    are read without pydantic (a Typer release that moves them is noticed here)."""
+    assert params.installed()
