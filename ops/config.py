@@ -44,6 +44,7 @@ __all__ = [
     "cluster_json_addresses",
     "default_state_dir",
     "forget_local_cluster",
+    "local_state_dirs",
     "parse_addresses",
     "record_local_cluster",
     "recorded_state_dir",
@@ -165,6 +166,20 @@ def recorded_state_dir(config: dict[str, Any]) -> Path | None:
     table = config.get(LOCAL_TABLE)
     state_dir = table.get("state_dir") if isinstance(table, dict) else None
     return Path(state_dir) if isinstance(state_dir, str) and state_dir else None
+
+
+def local_state_dirs() -> list[Path]:
+    """The state folders a local cluster may be recorded in: ``./.stockade`` (or
+    ``$STOCKADE_STATE_DIR``), then the one the user config's ``[local]`` table names (a config
+    that cannot be read names none)."""
+    folders = [default_state_dir()]
+    try:
+        recorded = recorded_state_dir(_load_user_config(user_config_path()))
+    except ClusterError:
+        recorded = None
+    if recorded is not None and recorded not in folders:
+        folders.append(recorded)
+    return folders
 
 
 def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list[str]:

@@ -28,6 +28,7 @@ from runtime.errors import (
     NoControlPlaneReachable,
     NotFound,
     RemoteError,
+    StockadeError,
     Unavailable,
 )
 
@@ -238,3 +239,24 @@ def shown_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def local_metrics(addresses: list[str]) -> dict[str, str]:
+    """Where the local cluster whose control planes are ``addresses`` serves Prometheus
+    metrics: process or worker id -> ``host:port`` (a worker hosted in a fleet: its fleet's).
+    Empty when ``addresses`` are not a local cluster's, or it records none.
+    """
+    from ops.config import local_state_dirs
+    from ops.launcher.state import StateDir
+
+    for folder in local_state_dirs():
+        with contextlib.suppress(StockadeError, OSError, ValueError):
+            config = StateDir(folder).load()
+            if config is None or set(config.control_plane_addresses) != set(addresses):
+                continue
+            found = config.metrics_addresses()
+            for worker in config.workers:
+                if worker.process_id in found:
+                    found.setdefault(worker.id, found[worker.process_id])
+            return found
+    return {}

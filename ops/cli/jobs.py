@@ -28,6 +28,7 @@ from ops.cli.common import (
     control_plane_addresses,
     errors,
     fail,
+    local_metrics,
     shown_path,
 )
 from runtime.errors import Unavailable
@@ -486,15 +487,18 @@ def status(
     """Show the leader and its epoch, the control planes, the workers with their load, the jobs.
 
     --json prints one object: leader, epoch, control_planes, workers, jobs (counts by state),
-    unschedulable (the shape is ops.cli.render.status_json's).
+    unschedulable, metrics (the shape is ops.cli.render.status_json's). For a local cluster
+    (one `stockade up` started) it also shows where each process serves Prometheus metrics.
     """
     from ops import rpc
 
     with errors():
-        reply = rpc.status(control_plane_addresses(control_planes))
+        addresses = control_plane_addresses(control_planes)
+        reply = rpc.status(addresses)
     from ops.cli.render import render_status, status_json
 
+    metrics = local_metrics(addresses)
     if as_json:
-        sys.stdout.write(json.dumps(status_json(reply), indent=2) + "\n")
+        sys.stdout.write(json.dumps(status_json(reply, metrics), indent=2) + "\n")
         return
-    console().print(render_status(reply))
+    console().print(render_status(reply, metrics))

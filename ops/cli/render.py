@@ -51,13 +51,14 @@ def _counts(status: pb.StatusReply) -> dict[str, int]:
     return {item.state: int(item.count) for item in status.jobs}
 
 
-def status_json(status: pb.StatusReply) -> dict[str, Any]:
+def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -> dict[str, Any]:
     """The stable JSON shape of ``stockade status --json``.
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
-    memory_allocated_mb, jobs}), ``jobs`` (counts keyed by state) and ``unschedulable``
-    ({job_id, reason}).
+    memory_allocated_mb, jobs}), ``jobs`` (counts keyed by state), ``unschedulable``
+    ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
+    ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
     """
     return {
         "leader": status.leader or None,
@@ -79,11 +80,14 @@ def status_json(status: pb.StatusReply) -> dict[str, Any]:
         ],
         "jobs": _counts(status),
         "unschedulable": [{"job_id": int(j.job_id), "reason": j.reason} for j in status.unschedulable],
+        "metrics": dict(metrics or {}),
     }
 
 
-def render_status(status: pb.StatusReply) -> Group:
-    """The status view: leader, control planes, workers with bars, job counts, unschedulable."""
+def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None) -> Group:
+    """The status view: leader, control planes, workers with bars, job counts, unschedulable;
+    with ``metrics`` (id -> ``host:port``, see :func:`status_json`) a metrics column too."""
+    metrics = metrics or {}
     parts: list[Any] = []
     if status.leader:
         parts.append(
@@ -101,15 +105,20 @@ def render_status(status: pb.StatusReply) -> Group:
         )
 
     cps = Table(box=rich.box.SIMPLE_HEAD, title="control planes", title_justify="left")
-    for column in ("id", "address", "role"):
+    for column in ("id", "address", "role", *(("metrics",) if metrics else ())):
         cps.add_column(column)
     role_style = {"leader": "bold green", "standby": "", "down": "red"}
     for cp in status.control_planes:
-        cps.add_row(cp.id, cp.address, Text(cp.role, style=role_style.get(cp.role, "")))
+        cps.add_row(
+            cp.id,
+            cp.address,
+            Text(cp.role, style=role_style.get(cp.role, "")),
+            *((metrics.get(cp.id, "-"),) if metrics else ()),
+        )
     parts.append(cps)
 
     workers = Table(box=rich.box.SIMPLE_HEAD, title="workers", title_justify="left")
-    for column in ("id", "state", "cpu (millis)", "memory (MiB)", "jobs"):
+    for column in ("id", "state", "cpu (millis)", "memory (MiB)", "jobs", *(("metrics",) if metrics else ())):
         workers.add_column(column)
     for w in status.workers:
         workers.add_row(
@@ -118,6 +127,7 @@ def render_status(status: pb.StatusReply) -> Group:
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
             _job_ids([int(j) for j in w.job_ids]),
+            *((metrics.get(w.id, "-"),) if metrics else ()),
         )
     parts.append(workers)
 

@@ -4,6 +4,7 @@ $STOCKADE_CONTROL_PLANES, then the state folder's cluster.json, then the user co
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from ops import cluster as cluster_module
 from ops import config, rpc
 from ops.cli import app
-from ops.cluster import ClusterConfig, DownReport, ProcessSpec, StateDir
+from ops.cluster import ClusterConfig, DownReport, ProcessSpec, StateDir, WorkerSpec
 from ops.config import ClusterError, forget_local_cluster, record_local_cluster, resolve_addresses
 from protocol import pb
 from runtime.errors import InvalidArgument
@@ -193,3 +194,50 @@ def test_down_removes_the_record_of_its_cluster(
     assert result.exit_code == 0, result.output
     assert "stopped cp-1" in result.output and f"removed it from {config.user_config_path()}" in result.output
     assert "local" not in tomllib.loads(config.user_config_path().read_text())
+
+
+def test_status_shows_where_the_local_clusters_processes_serve_metrics(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status --json` of the recorded local cluster maps each process, and each worker hosted in
+    a fleet, to its metrics address; for addresses given by hand (another cluster) it maps none."""
+    state = StateDir(tmp_path / "project" / ".stockade")
+    state.save(
+        ClusterConfig(
+            database_url="postgresql://nowhere/db",
+            embedded_pg_port=None,
+            processes=[
+                ProcessSpec(
+                    id="cp-1",
+                    kind="cp",
+                    address="127.0.0.1:7501",
+                    args=("cp", "--id", "cp-1", "--metrics-port", "9101"),
+                ),
+                ProcessSpec(
+                    id="fleet-1",
+                    kind="fleet",
+                    address="",
+                    args=("fleet", "--id", "fleet-1", "--metrics-port", "9102"),
+                ),
+            ],
+            hosted_workers=[
+                WorkerSpec(
+                    id="w-1", address="127.0.0.1:7601", cpu_millis=1000, memory_mb=1024, process_id="fleet-1"
+                )
+            ],
+        )
+    )
+    record_local_cluster(state.root)
+    monkeypatch.setattr(rpc, "status", lambda addresses, **_: pb.StatusReply(leader="cp-1", epoch=1))
+
+    result = CliRunner().invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["metrics"] == {
+        "cp-1": "127.0.0.1:9101",
+        "fleet-1": "127.0.0.1:9102",
+        "w-1": "127.0.0.1:9102",
+    }
+
+    result = CliRunner().invoke(app, ["status", "--json", "--control-planes", "127.0.0.1:7999"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["metrics"] == {}
