@@ -36,7 +36,11 @@ class FailoverBenchSettings:
     worker_kills: int = 10
     workers: int = 5
     long_jobs: int = 24
-    """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs to move."""
+    """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs
+    to move. After each worker kill they are cancelled and replaced by fresh ones, so every kill
+    times jobs lost for the first time: a job lost again waits a requeue backoff that doubles
+    with each loss (:attr:`runtime.settings.ReconcilerSettings.requeue_backoff_base_s`), which
+    would otherwise make later rounds time the backoff, not the recovery."""
 
 
 @attrs.frozen(kw_only=True)
@@ -118,6 +122,46 @@ def _summary(values: Sequence[float]) -> tuple[float | None, float | None]:
     return round(statistics.median(values), 3), round(max(values), 3)
 
 
+LONG_JOB_START_TIMEOUT_S = 60.0
+"""How long the benchmark waits for its long jobs to run, in seconds."""
+
+
+async def _start_long_jobs(client: ControlPlaneClient, count: int, *, first_index: int) -> list[int]:
+    """Submit ``count`` long sleep jobs and return their ids once every one runs.
+
+    Raises:
+        trio.TooSlowError: they did not all run within :data:`LONG_JOB_START_TIMEOUT_S`.
+    """
+    ids = []
+    for index in range(first_index, first_index + count):
+        spec = pb.JobSpec(
+            name=f"bench-long-{index}",
+            cpu_millis=500,
+            memory_mb=256,
+            sleep=pb.SleepRuntime(duration_ms=600_000),
+        )
+        reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+        ids.append(int(reply.job_id))
+    with trio.fail_after(LONG_JOB_START_TIMEOUT_S):
+        while True:
+            jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in ids]
+            if all(j.state == "running" for j in jobs):
+                return ids
+            await trio.sleep(0.1)
+
+
+async def _cancel_jobs(client: ControlPlaneClient, ids: Sequence[int]) -> None:
+    """Cancel ``ids`` and wait until none holds a worker any more (so their room is free)."""
+    for job_id in ids:
+        await client.call("cancel_job", pb.CancelJobRequest(job_id=job_id))
+    with trio.fail_after(LONG_JOB_START_TIMEOUT_S):
+        while True:
+            jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in ids]
+            if all(j.state in ("cancelled", "succeeded", "failed") for j in jobs):
+                return
+            await trio.sleep(0.1)
+
+
 async def run_failover_bench(
     settings: FailoverBenchSettings, cluster: LocalCluster, progress: Callable[[str], None] = print
 ) -> FailoverFigures:
@@ -133,14 +177,7 @@ async def run_failover_bench(
     async with asyncio_bridge():
         client = ControlPlaneClient(addresses, timeout_s=1.0)
         try:
-            for index in range(settings.long_jobs):
-                spec = pb.JobSpec(
-                    name=f"bench-long-{index}",
-                    cpu_millis=500,
-                    memory_mb=256,
-                    sleep=pb.SleepRuntime(duration_ms=600_000),
-                )
-                await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+            long_ids = await _start_long_jobs(client, settings.long_jobs, first_index=0)
             for round_ in range(max(settings.kills, settings.freezes, settings.stops, settings.worker_kills)):
                 failovers_before, recoveries_before = len(harness.result.failovers), len(recoveries)
                 if round_ < settings.kills:
@@ -151,16 +188,16 @@ async def run_failover_bench(
                     await harness.stop_leader(client)
                 if round_ < settings.worker_kills:
                     recoveries.append(await harness.kill_busiest_worker(client, cluster.state))
+                    if round_ + 1 < settings.worker_kills:
+                        await _cancel_jobs(client, long_ids)
+                        long_ids = await _start_long_jobs(
+                            client, settings.long_jobs, first_index=(round_ + 1) * settings.long_jobs
+                        )
                 this_round = harness.result.failovers[failovers_before:]
-                progress(
-                    f"round {round_ + 1}: "
-                    + ", ".join(f"{f.kind} {f.seconds:.2f} s" for f in this_round)
-                    + (
-                        f", worker recovery {recoveries[-1]:.2f} s"
-                        if len(recoveries) > recoveries_before
-                        else ""
-                    )
-                )
+                parts = [f"{f.kind} {f.seconds:.2f} s" for f in this_round]
+                if len(recoveries) > recoveries_before:
+                    parts.append(f"worker recovery {recoveries[-1]:.2f} s")
+                progress(f"round {round_ + 1}: " + ", ".join(parts))
         finally:
             client.close()
     times: dict[str, list[float]] = {"kill": [], "freeze": [], "stop": []}
