@@ -182,7 +182,8 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
     )
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
-    assert set(data) == {"leader", "epoch", "control_planes", "workers", "jobs", "unschedulable"}
+    assert set(data) == {"leader", "epoch", "control_planes", "workers", "jobs", "unschedulable", "metrics"}
+    assert isinstance(data["metrics"], dict)
     assert data["leader"] in {"cp-1", "cp-2"}
     assert isinstance(data["epoch"], int) and data["epoch"] >= 1
     assert [cp["id"] for cp in data["control_planes"]] == ["cp-1", "cp-2"]
