@@ -474,7 +474,7 @@ class AgentSettings:
     self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)
     """A worker's jobs must be stopped at least this long before the cluster may declare it
     dead: the self-fence deadline is lowered to ``dead_after_s - stop_grace_s`` minus this
-    when the control planes' ``dead_after_s`` asks for it (:func:`agent.core.fence_after_s`)."""
+    when the control planes' ``dead_after_s`` asks for it (:func:`agent.fence.fence_after_s`)."""
     min_self_fence_s: float = attrs.field(default=0.1, validator=_positive)
     """The self-fence deadline is never lowered below this, in seconds."""
     call_deadline_margin_s: float = attrs.field(default=0.1, validator=_non_negative)
