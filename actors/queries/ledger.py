@@ -96,7 +96,7 @@ SELECT id FROM dead
 """
 
 # The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
-# (the column's default covers inserts; see schema.sql and actors/placer.py, PendingMark).
+# (the column's default covers inserts; see schema.sql and actors/placer_store.py, PendingMark).
 _THIS_XID = "pg_current_xact_id()::text::bigint"
 
 # Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the

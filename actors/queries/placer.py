@@ -44,7 +44,7 @@ SELECT p.*, {_SNAPSHOT}
 # (an array is NULL when it has no rows), with the snapshot they were read in: LIVE_WORKERS;
 # the jobs that became pending after the mark, in (pending_xid, pending_seq) order, up to the
 # limit; and those at or below the mark made pending by a transaction that was still in flight
-# at the previous read (see actors/placer.py, PendingMark).
+# at the previous read (see actors/placer_store.py, PendingMark).
 ROUND_READ = f"""
 SELECT w.*, p.*, {_SNAPSHOT}
   FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
