@@ -44,6 +44,10 @@ notices later (it was frozen).
 
 Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
 for humans and the checker, not timers.
+
+Why one module of about 530 lines: :func:`run_job` and its :class:`JobResult` serve both
+runtimes, and the command runtime's start, stop escalation and report reading are one protocol
+with :mod:`agent.reaper`, read best in one place.
 """
 
 from __future__ import annotations

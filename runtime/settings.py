@@ -9,6 +9,10 @@ agent is a field here, with its unit in its name. Every group validates itself a
 :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit;
 :class:`ControlPlaneSettings` checks the rules between groups (the fence rule: a fenced write
 never holds the lease's share lock long enough to cost the leader its renewal).
+
+Why one module of about 510 lines: it is the one list of every knob, which the README's
+settings table, the CLI's options and :class:`ControlPlaneSettings`'s rules between groups
+all read as one.
 """
 
 from __future__ import annotations
