@@ -38,8 +38,10 @@ from actors.ingest import Ingest, apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import PgPlacerStore, Placer
-from actors.reconciler import PgReconcilerStore, Reconciler
+from actors.placer import Placer
+from actors.placer_store import PgPlacerStore
+from actors.reconciler import Reconciler
+from actors.reconciler_store import PgReconcilerStore
 from actors.role import RoleView
 from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge

@@ -53,7 +53,7 @@ def _item(value: Any) -> bytes:
 
 def digest_steps(rpc: str, items: Iterable[Any], *, step_items: int) -> Generator[None, None, bytes]:
     """The sha256 of ``rpc`` and ``items`` (JSON-encodable values), as a generator that yields
-    after every ``step_items`` items (for :func:`actors.ingest.run_in_slices`) and returns the
+    after every ``step_items`` items (for :func:`actors.ingest_gate.run_in_slices`) and returns the
     32-byte digest.
 
     Computed from the checked request, not from its wire bytes: two encodings of one request

@@ -22,7 +22,7 @@ that ran to completion does not run again (see :data:`actors.queries.RECORD_OUTC
 
 Under overload (DESIGN.md, "Under overload"), slowness here must not turn into more work:
 
-- Every request is admitted (:meth:`ControlPlaneService.admitted`) before any of its work is
+- Every request is admitted (:meth:`actors.ingest_gate.AdmittedService.admitted`) before any of its work is
   done. A request whose client's deadline has passed is not started (DEADLINE_EXCEEDED:
   nobody reads its answer). Heartbeats and registrations take a connection ahead of
   everything else, from capacity the other RPCs cannot use. Other RPCs hold a turn, of
@@ -36,41 +36,37 @@ Under overload (DESIGN.md, "Under overload"), slowness here must not turn into m
   meanwhile (:func:`runtime.aio.finish_despite_cancel`): cancelling it inside asyncpg would
   terminate the pooled connection, and the replica would open a new one, a new server
   process, exactly when the machine has no CPU to spare. Its server-side timeouts
-  (:data:`SESSION_SETTINGS`) bound it; the late answer is dropped. A submission whose client
-  gave up may thus still be stored, with its idempotency key: the client's retry gets its
-  answer; a busy answer never stores anything.
+  (:data:`actors.ingest_gate.SESSION_SETTINGS`) bound it; the late answer is dropped. A
+  submission whose client gave up may thus still be stored, with its idempotency key: the
+  client's retry gets its answer; a busy answer never stores anything.
 - A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
 - The ingest runs its own loop-lag monitor (``loop="ingest"``), and shares nothing with the
   other actors, so it can be hosted on a trio loop of its own.
+
+Modules: this one holds the handlers, the actor and every statement ingest runs that writes
+(DESIGN.md: unfenced writes live here and nowhere else), which is why it stays a little over
+500 lines; :mod:`actors.ingest_gate` holds the admission plumbing the handlers are built on,
+and :mod:`actors.ingest_replies` the pure row and reply shapes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-from collections.abc import AsyncIterator, Generator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import trio
 
-from actors import admission, idempotency, queries, validation
+from actors import idempotency, queries, validation
+from actors.ingest_gate import SESSION_SETTINGS, AdmittedService, open_pool, run_in_slices
+from actors.ingest_replies import check_outcomes, job_info, leave_verdict, outcome_arrays, status_reply
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
-from runtime.aio import (
-    PgConnection,
-    PgPool,
-    finish_despite_cancel,
-    rpc_deadline,
-    serve_grpc,
-    takes_encoded_request,
-    trio_service,
-)
+from runtime.aio import PgConnection, serve_grpc, takes_encoded_request, trio_service
 from runtime.errors import (
     Busy,
     DatabaseBusy,
@@ -82,108 +78,10 @@ from runtime.errors import (
     NotFound,
 )
 from runtime.lag import LoopLag
-from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings, session_ms
-from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
+from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings
+from runtime.wire_jobs import job_spec_from_pb
 
-
-def session_settings(settings: IngestSettings) -> dict[str, str]:
-    """Session settings of ingest's connections.
-
-    A replica frozen in the middle of a transaction (a registration) must not keep that
-    worker's row locked: its session ends after ``idle_in_transaction_timeout_s`` idle in the
-    transaction, and others wait for a lock ``lock_timeout_s`` at most (the worker then tries
-    the next replica). A heartbeat is one statement, so it never leaves a transaction open
-    between round trips.
-    """
-    return {
-        "statement_timeout": session_ms(settings.statement_timeout_s),
-        "idle_in_transaction_session_timeout": session_ms(settings.idle_in_transaction_timeout_s),
-        "lock_timeout": session_ms(settings.lock_timeout_s),
-    }
-
-
-SESSION_SETTINGS = session_settings(IngestSettings())
-"""Session settings of ingest's connections with the default :class:`IngestSettings`."""
-
-T = TypeVar("T")
-
-
-async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
-    """Run ``steps`` to its end, letting the loop's other tasks run at each of its yields
-    (:mod:`protocol.wire`, :func:`actors.validation.check_jobs_steps`), and pausing as
-    ``share`` says (:class:`actors.admission.LoopShare`; None: no pauses)."""
-    while True:
-        started = trio.current_time()
-        try:
-            next(steps)
-        except StopIteration as done:
-            if share is not None:
-                share.spend(now=trio.current_time(), used_s=trio.current_time() - started)
-            return done.value
-        pause_s = 0.0
-        if share is not None:
-            now = trio.current_time()
-            pause_s = share.spend(now=now, used_s=now - started)
-        if pause_s > 0:
-            await trio.sleep(pause_s)
-        else:
-            await trio.lowlevel.checkpoint()
-
-
-def job_info(row: Any) -> pb.JobInfo:
-    """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
-    info = pb.JobInfo(
-        job_id=row["id"],
-        spec=job_spec_to_pb(queries.job_spec_of(row)),
-        state=row["state"],
-        reason=row["reason"],
-        worker_id=row["worker_id"] or "",
-        assignment_id=row["assignment_id"] or 0,
-        epoch=row["epoch"] or 0,
-        has_exit_code=row["exit_code"] is not None,
-        exit_code=row["exit_code"] or 0,
-        submitted_unix_s=row["submitted_unix_s"] or 0.0,
-        started_unix_s=row["started_unix_s"] or 0.0,
-        finished_unix_s=row["finished_unix_s"] or 0.0,
-        stdout_path=row["stdout_path"] or "",
-        stderr_path=row["stderr_path"] or "",
-        attempts=row["attempts"],
-    )
-    if row["cancel_requested"] and row["state"] in ("assigned", "running"):
-        info.reason = "cancelling"
-    elif row["detail"] and not info.reason:
-        info.reason = row["detail"]
-    return info
-
-
-def _outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
-    """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
-    ids, states, exit codes (None for none), started and finished (unix s, None for unknown),
-    stdout and stderr paths, details."""
-    return (
-        [o.assignment_id for o in finished],
-        [o.state for o in finished],
-        [o.exit_code if o.has_exit_code else None for o in finished],
-        [o.started_unix_s or None for o in finished],
-        [o.finished_unix_s or None for o in finished],
-        [o.stdout_path or None for o in finished],
-        [o.stderr_path or None for o in finished],
-        [o.detail for o in finished],
-    )
-
-
-def _outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
-    """A JobOutcome as the keyword arguments of :func:`actors.validation.check_outcome`."""
-    return {
-        "assignment_id": outcome.assignment_id,
-        "job_id": outcome.job_id,
-        "state": outcome.state,
-        "started_unix_s": outcome.started_unix_s,
-        "finished_unix_s": outcome.finished_unix_s,
-        "stdout_path": outcome.stdout_path,
-        "stderr_path": outcome.stderr_path,
-        "detail": outcome.detail,
-    }
+__all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest", "apply_schema"]
 
 
 @attrs.frozen(kw_only=True)
@@ -197,8 +95,9 @@ class Once:
 
 
 @attrs.define
-class ControlPlaneService:
-    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`.
+class ControlPlaneService(AdmittedService):
+    """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`;
+    admission as :class:`actors.ingest_gate.AdmittedService` says.
 
     Args:
         cp_id: this replica's id, named in busy answers.
@@ -208,167 +107,7 @@ class ControlPlaneService:
         dead_after_s: told to workers at registration, so they fence themselves in time.
     """
 
-    cp_id: str
-    pool: PgPool
-    settings: IngestSettings = attrs.field(factory=IngestSettings)
-    lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     dead_after_s: float = DEFAULT_DEAD_AFTER_S
-    gate: admission.AdmissionGate = attrs.field(init=False)
-    """Turns for the requests, some reserved for liveness work (a test may hold them)."""
-    wire_share: admission.LoopShare = attrs.field(init=False)
-    """The loop time the slices of large messages may take."""
-    pending_jobs: int = attrs.field(init=False, default=0)
-    """The pending queue's length as last counted, plus what this replica stored since."""
-    pending_counted_at: float = attrs.field(init=False, default=-math.inf)
-    """Trio time of that count."""
-    _shed_since_log: dict[str, int] = attrs.field(init=False, factory=dict)
-    _shed_logged_at: float = attrs.field(init=False, default=-math.inf)
-    _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
-
-    def __attrs_post_init__(self) -> None:
-        self.gate = admission.AdmissionGate(
-            size=self.settings.pool_size,
-            reserved=self.settings.liveness_reserved_connections,
-            max_other=self.settings.max_requests_in_progress,
-        )
-        self.wire_share = admission.LoopShare(
-            share=self.settings.max_wire_work_share, burst_s=self.settings.wire_work_burst_s
-        )
-
-    @asynccontextmanager
-    async def admitted(self, rpc: str) -> AsyncIterator[None]:
-        """Hold a turn for ``rpc``'s work for the body of the block, if the request is to be
-        served at all (:mod:`actors.admission`). Work other than liveness keeps its turn until
-        its reply is encoded: do all of it, reply included, inside the block.
-
-        Raises:
-            DeadlineExceeded: the client's deadline passed before the work could start.
-            Busy: ``rpc`` is not liveness work and the replica is overloaded
-                (:func:`actors.admission.shed_reason`), or it waited ``max_admission_wait_s``
-                for its turn in vain (:func:`actors.admission.turn_timeout_reason`); nothing
-                was done.
-            DatabaseUnavailable: liveness work got no connection within
-                ``settings.liveness_connection_wait_s``.
-        """
-        liveness = rpc in admission.LIVENESS_RPCS
-        deadline = rpc_deadline()
-        self._check_deadline(rpc, deadline)
-        load = admission.Load(
-            lag_s=self.lag.recent_max_s,
-            in_progress=self.gate.held_other,
-            waiting=self.gate.waiting_other,
-            would_wait=self.gate.would_wait(liveness=liveness),
-        )
-        reason = admission.shed_reason(rpc, load, cp_id=self.cp_id, settings=self.settings)
-        if reason is not None:
-            self._record_shed(rpc, reason)
-            raise Busy(reason)
-        arrived = trio.current_time()
-        wait_s = admission.admission_wait_s(
-            now=arrived, deadline=deadline, liveness=liveness, settings=self.settings
-        )
-        acquired = False
-        with trio.move_on_after(wait_s):
-            await self.gate.acquire(liveness=liveness)
-            acquired = True
-        metrics.INGEST_STAGE_SECONDS.labels(rpc, "turn").observe(trio.current_time() - arrived)
-        if not acquired:
-            self._check_deadline(rpc, deadline)
-            if liveness:
-                raise DatabaseUnavailable(
-                    f"no database connection within {self.settings.liveness_connection_wait_s:g} s"
-                )
-            reason = admission.turn_timeout_reason(
-                rpc,
-                waited_s=trio.current_time() - arrived,
-                in_progress=self.gate.held_other,
-                cp_id=self.cp_id,
-                settings=self.settings,
-            )
-            self._record_shed(rpc, reason)
-            raise Busy(reason)
-        try:
-            yield
-        finally:
-            self.gate.release(liveness=liveness)
-
-    @asynccontextmanager
-    async def connection(self, rpc: str) -> AsyncIterator[PgConnection]:
-        """A connection for ``rpc``'s database work; use inside :meth:`admitted` (a turn
-        guarantees a free connection).
-
-        The body runs to its end even if the client gives up meanwhile (bounded by
-        ``settings.answer_timeout_s``), so its connection is never terminated for that. The
-        time from asking for the connection to the block's end is observed as
-        ``stockade_ingest_stage_seconds{stage="database"}`` (the turn's wait as ``"turn"``).
-
-        Raises:
-            DeadlineExceeded: the client's deadline passed before the work could start.
-            DatabaseUnavailable: the database failed, or the work outlasted
-                ``settings.answer_timeout_s``.
-        """
-        began = trio.current_time()
-        try:
-            async with self.pool.acquire() as conn:
-                self._check_deadline(rpc, rpc_deadline())
-                with finish_despite_cancel(self.settings.answer_timeout_s):
-                    yield conn
-        finally:
-            metrics.INGEST_STAGE_SECONDS.labels(rpc, "database").observe(trio.current_time() - began)
-
-    @asynccontextmanager
-    async def database(self, rpc: str) -> AsyncIterator[PgConnection]:
-        """:meth:`admitted` and :meth:`connection` together, for work whose reply is small.
-
-        Raises:
-            DeadlineExceeded, Busy, DatabaseUnavailable: as those two.
-        """
-        async with self.admitted(rpc), self.connection(rpc) as conn:
-            yield conn
-
-    async def _encoded(self, reply: wire.M, elements: dict[str, Any] | None = None) -> Encoded[wire.M]:
-        """``reply`` encoded in slices (:func:`protocol.wire.encode_steps`; ``elements``: lists
-        of it built lazily, in the same slices)."""
-        steps = wire.encode_steps(reply, step_messages=self.settings.wire_step_messages, elements=elements)
-        return Encoded(type(reply), await run_in_slices(steps, self.wire_share))
-
-    def _check_deadline(self, rpc: str, deadline: float) -> None:
-        if trio.current_time() >= deadline:
-            metrics.INGEST_EXPIRED_REQUESTS.labels(rpc).inc()
-            raise DeadlineExceeded(f"{rpc}: the client's deadline passed before the request could start")
-
-    def _record_shed(self, rpc: str, reason: str) -> None:
-        metrics.INGEST_SHED_REQUESTS.labels(rpc).inc()
-        self._shed_since_log[rpc] = self._shed_since_log.get(rpc, 0) + 1
-        now = trio.current_time()
-        if now - self._shed_logged_at >= self.settings.shed_log_every_s:
-            self._log.warning("shedding new work", reason=reason, shed=dict(self._shed_since_log))
-            self._shed_logged_at = now
-            self._shed_since_log.clear()
-
-    async def _refuse_when_queue_full(self, rpc: str) -> None:
-        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (rule 4 of
-        :mod:`actors.admission`); counts the queue again when the count is older than
-        ``pending_count_max_age_s``. Use inside :meth:`admitted`.
-
-        Raises:
-            Busy: the queue is full; nothing was stored.
-        """
-        if not self.settings.max_pending_jobs:
-            return
-        if trio.current_time() - self.pending_counted_at > self.settings.pending_count_max_age_s:
-            async with self.connection(rpc) as conn:
-                self.pending_jobs = int(await conn.fetchval(queries.COUNT_PENDING))
-            self.pending_counted_at = trio.current_time()
-        reason = admission.queue_full_reason(
-            pending=self.pending_jobs,
-            counted_s_ago=trio.current_time() - self.pending_counted_at,
-            cp_id=self.cp_id,
-            settings=self.settings,
-        )
-        if reason is not None:
-            self._record_shed(rpc, reason)
-            raise Busy(reason)
 
     async def _once(
         self, conn: PgConnection, rpc: str, sql: str, *args: Any, key: str, digest: bytes
@@ -550,7 +289,7 @@ class ControlPlaneService:
             registration_seq=request.registration_seq,
         )
         finished = list(request.finished)
-        validation.check_outcomes([_outcome_fields(o) for o in finished])
+        check_outcomes(finished)
         digest = idempotency.registration_digest(
             address=request.address, cpu_millis=request.cpu_millis, memory_mb=request.memory_mb, labels=labels
         )
@@ -560,7 +299,7 @@ class ControlPlaneService:
                 # outcomes, for the incarnation that is still current: before the new one
                 # exists, so the sweep of the old one finds these assignments finished.
                 await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
-                await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *_outcome_arrays(finished))
+                await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
             incarnation = await conn.fetchval(
                 queries.REGISTER_WORKER,
                 request.worker_id,
@@ -615,7 +354,7 @@ class ControlPlaneService:
         worker_id = identifiers.check_id(request.worker_id, field="worker_id")
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
-        validation.check_outcomes([_outcome_fields(o) for o in finished])
+        check_outcomes(finished)
         async with self.database("heartbeat") as conn:
             # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
             # confirmations and the assignments to stop, in one round trip and one transaction.
@@ -625,7 +364,7 @@ class ControlPlaneService:
                 worker_id,
                 request.incarnation,
                 list(request.running_assignment_ids),
-                *_outcome_arrays(finished),
+                *outcome_arrays(finished),
             )
         assert row is not None
         if not row["alive"]:
@@ -652,17 +391,17 @@ class ControlPlaneService:
             worker_id=request.worker_id, incarnation=request.incarnation, agent_run_id=request.agent_run_id
         )
         finished = list(request.finished)
-        validation.check_outcomes([_outcome_fields(o) for o in finished])
+        check_outcomes(finished)
         worker_id, incarnation = request.worker_id, request.incarnation
         async with self.database("leave_worker") as conn, conn.transaction():
             # The worker's row first, as heartbeats and registrations take it (one lock order),
             # then the outcomes, recorded whatever the leave's fate (a result is never lost).
             await conn.fetchval(queries.LOCK_WORKER, worker_id)
             if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *_outcome_arrays(finished))
+                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
             row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
             epoch = await conn.fetchval(queries.CURRENT_EPOCH)
-        left, detail = _leave_verdict(worker_id, incarnation, row)
+        left, detail = leave_verdict(worker_id, incarnation, row)
         log.get("ingest").info(
             "worker left" if left else "leave changed nothing",
             worker_id=worker_id,
@@ -681,93 +420,7 @@ class ControlPlaneService:
                 workers = await conn.fetch(queries.STATUS_WORKERS)
                 counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
                 stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
-            return await self._encoded(*_status_reply(self.cp_id, lease, cps, workers, counts, stuck))
-
-
-def _leave_verdict(worker_id: str, incarnation: int, row: Any) -> tuple[bool, str]:
-    """Whether a leave of ``worker_id``'s ``incarnation`` left the row ``left``, and why, from
-    the row of :data:`actors.queries.LEAVE_WORKER` (None: no such worker)."""
-    if row is None:
-        return False, f"worker {worker_id} is unknown"
-    if row["incarnation"] != incarnation:
-        return False, (
-            f"incarnation {incarnation} of worker {worker_id} is not current "
-            f"(incarnation {row['incarnation']} is, {row['state']})"
-        )
-    if not row["same_run"]:
-        # The run id is not shown: it is what tells the registering agent from anyone else.
-        return False, f"agent_run_id is not the run that registered incarnation {incarnation} of {worker_id}"
-    if row["left_now"]:
-        return True, "left"
-    if row["state"] == "left":
-        return True, "left already (a copy of this leave)"
-    return False, f"worker {worker_id} incarnation {incarnation} is {row['state']}"
-
-
-def _status_reply(
-    cp_id: str, lease: Any, cps: list[Any], workers: list[Any], counts: list[Any], stuck: list[Any]
-) -> tuple[pb.StatusReply, dict[str, Any]]:
-    """The status reply from the rows of its five queries, with its lists of workers and of
-    unschedulable jobs apart, to be built lazily (the ``elements`` of
-    :func:`protocol.wire.encode_steps`)."""
-    assert lease is not None
-    leader = lease["holder"] if lease["live"] and lease["holder"] else ""
-    by_state = {r["state"]: r["count"] for r in counts}
-    reply = pb.StatusReply(
-        leader=leader,
-        epoch=lease["epoch"],
-        control_planes=[
-            pb.ControlPlaneInfo(
-                id=r["id"],
-                address=r["address"],
-                seen_unix_s=r["seen_unix_s"],
-                role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
-            )
-            for r in cps
-        ],
-        jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
-        answered_by=cp_id,
-    )
-    elements = {
-        "workers": (
-            pb.WorkerInfo(
-                id=r["id"],
-                address=r["address"],
-                state=r["state"],
-                cpu_millis=r["cpu_millis"],
-                memory_mb=r["memory_mb"],
-                cpu_allocated_millis=r["cpu_allocated_millis"],
-                memory_allocated_mb=r["memory_allocated_mb"],
-                job_ids=list(r["job_ids"]),
-                incarnation=r["incarnation"],
-                last_heartbeat_age_s=r["heartbeat_age_s"],
-            )
-            for r in workers
-        ),
-        "unschedulable": (job_info(r) for r in stuck),
-    }
-    return reply, elements
-
-
-async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> PgPool:
-    """The ingest's connections: ``settings.pool_size`` of them, all opened now and kept open
-    (a replica under load opens none), with :func:`session_settings`.
-
-    No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
-    ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
-    trip fewer per request.
-
-    Raises:
-        DatabaseUnavailable: the database cannot be reached.
-    """
-    return await PgPool.create(
-        database_url,
-        size=settings.pool_size,
-        min_size=settings.pool_size,
-        idle_close_s=0,
-        reset_on_release=False,
-        server_settings={"application_name": f"stockade {cp_id} ingest", **session_settings(settings)},
-    )
+            return await self._encoded(*status_reply(self.cp_id, lease, cps, workers, counts, stuck))
 
 
 @attrs.define

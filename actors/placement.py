@@ -32,6 +32,10 @@ reserves a worker.
 
 A round's decision can be taken in slices (:func:`place_queue_steps`) so that the placer
 yields to the event loop between them; the outcome is the same as in one go.
+
+Why one module of about 540 lines: the policies, the reservations and the pacing are one
+algorithm over the same numpy columns of the :class:`PendingQueue`, and its reasoning and
+sources are kept next to the code that carries them out.
 """
 
 from __future__ import annotations

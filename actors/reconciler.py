@@ -43,15 +43,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
 
-from actors import queries
 from actors.messages import (
     CancelOnWorker,
-    CommittedAssignment,
     DeclareDeadWorkers,
     Dispatch,
     DispatcherInbox,
@@ -61,10 +59,10 @@ from actors.messages import (
     ReconcileResult,
     WorkerRef,
 )
+from actors.reconciler_store import Delivery, HeartbeatAge, ReconcilerStore
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import log, metrics
-from runtime.aio import ReadStore
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
@@ -72,37 +70,6 @@ from runtime.settings import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
     ReconcilerSettings,
 )
-
-
-@attrs.frozen(kw_only=True)
-class HeartbeatAge:
-    """An alive worker incarnation and the age of its last recorded heartbeat (database time)."""
-
-    worker_id: str
-    incarnation: int
-    age_s: float
-
-
-@attrs.frozen(kw_only=True)
-class Delivery:
-    """An active assignment, where it goes, and how long ago it was committed."""
-
-    assignment: CommittedAssignment
-    worker: WorkerRef
-    age_s: float
-
-
-class ReconcilerStore(Protocol):
-    """What a pass reads."""
-
-    async def heartbeat_ages(self) -> list[HeartbeatAge]: ...
-
-    async def unconfirmed(self) -> list[Delivery]: ...
-
-    async def cancel_requested(self) -> list[Delivery]: ...
-
-    async def close(self) -> None:
-        """Close the store's connection (a later read opens another)."""
 
 
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
@@ -203,7 +170,7 @@ def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
     which bounds every later loss too.
 
     The wait itself is drawn uniformly below the cap by the database when it requeues the job
-    (``random()``, see ``queries._REQUEUE_BACKOFF``): capped exponential backoff with full
+    (``random()``, see ``actors.queries.ledger._REQUEUE_BACKOFF``): capped exponential backoff with full
     jitter, ``sleep = random_between(0, min(cap, base * 2 ** attempt))`` in "Exponential
     Backoff And Jitter" (Marc Brooker, AWS Architecture Blog, 2015), which spreads the jobs of
     one lost worker out instead of handing them all back at the same moment.
@@ -317,43 +284,6 @@ def judge_deaths(
     return DeathVerdict(
         declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
     )
-
-
-def _delivery(row: Any) -> Delivery:
-    return Delivery(
-        assignment=CommittedAssignment(
-            assignment_id=int(row["assignment_id"]),
-            job_id=int(row["job_id"]),
-            worker_id=row["worker_id"],
-            incarnation=int(row["incarnation"]),
-            epoch=int(row["epoch"]),
-            spec=queries.job_spec_of(row),
-        ),
-        worker=WorkerRef(
-            worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])
-        ),
-        age_s=float(row["age_s"]),
-    )
-
-
-@attrs.define
-class PgReconcilerStore(ReadStore):
-    """:class:`ReconcilerStore` on a read connection of its own (``statement_timeout_s``: the
-    reconciler settings' ``read_statement_timeout_s``)."""
-
-    async def heartbeat_ages(self) -> list[HeartbeatAge]:
-        rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
-        return [
-            HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
-            for r in rows
-        ]
-
-    async def unconfirmed(self) -> list[Delivery]:
-        return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]
-
-    async def cancel_requested(self) -> list[Delivery]:
-        rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
-        return [_delivery(r) for r in rows]
 
 
 @attrs.define

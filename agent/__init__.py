@@ -6,7 +6,8 @@ Cancel rules), :mod:`agent.runtimes` (sleep and command jobs), :mod:`agent.reape
 per-job supervisor process of a command job: dies with the agent, kills the job at the fence
 deadline), :mod:`agent.joblog` (the ``agent.jsonl`` start/stop log), :mod:`agent.core`
 (the :class:`~agent.core.Agent`:
-registration, heartbeats, self-fence, jobs), :mod:`agent.control_plane` (register/heartbeat
+registration, heartbeats, self-fence, leave), :mod:`agent.fence` (its fence deadline),
+:mod:`agent.running` (its jobs' tasks, start and stop lines), :mod:`agent.control_plane` (register/heartbeat
 behind a protocol), :mod:`agent.service` (the protobuf boundary of the Worker service).
 Imports only :mod:`runtime` and :mod:`protocol`.
 

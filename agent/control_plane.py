@@ -11,7 +11,7 @@ once it has been silent for ``hedge_after_s``.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.messages import (
     HeartbeatAnswer,
@@ -70,14 +70,21 @@ class GrpcControlPlane:
         self._client = client
         self._hedge_after_s = hedge_after_s
 
-    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
-        """Call RegisterWorker (hedged), carrying the outcomes not yet acknowledged.
+    async def _call(self, rpc: str, request: Any, deadline_s: float) -> Any:
+        """Call ``rpc`` hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`) and
+        return its reply.
 
         Raises:
             NoControlPlaneReachable: no replica answered within ``deadline_s``.
             InvalidArgument, NotFound, RemoteError: a replica refused the request.
         """
-        reply = await self._client.call_hedged(
+        return await self._client.call_hedged(
+            rpc, request, hedge_after_s=self._hedge_after_s, deadline_s=deadline_s
+        )
+
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
+        """Call RegisterWorker, carrying the outcomes not yet acknowledged; raises as :meth:`_call`."""
+        reply = await self._call(
             "register_worker",
             pb.RegisterWorkerRequest(
                 worker_id=request.worker_id,
@@ -89,8 +96,7 @@ class GrpcControlPlane:
                 registration_seq=request.registration_seq,
                 finished=[outcome_to_pb(o) for o in request.finished],
             ),
-            hedge_after_s=self._hedge_after_s,
-            deadline_s=deadline_s,
+            deadline_s,
         )
         return Registered(
             incarnation=reply.incarnation,
@@ -99,13 +105,8 @@ class GrpcControlPlane:
         )
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
-        """Call Heartbeat (hedged).
-
-        Raises:
-            NoControlPlaneReachable: no replica answered within ``deadline_s``.
-            InvalidArgument, NotFound, RemoteError: a replica refused the request.
-        """
-        reply = await self._client.call_hedged(
+        """Call Heartbeat; raises as :meth:`_call`."""
+        reply = await self._call(
             "heartbeat",
             pb.HeartbeatRequest(
                 worker_id=request.worker_id,
@@ -114,8 +115,7 @@ class GrpcControlPlane:
                 finished=[outcome_to_pb(o) for o in request.finished],
                 epoch_seen=request.epoch_seen,
             ),
-            hedge_after_s=self._hedge_after_s,
-            deadline_s=deadline_s,
+            deadline_s,
         )
         return HeartbeatAnswer(
             epoch=reply.epoch,
@@ -124,13 +124,8 @@ class GrpcControlPlane:
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
-        """Call LeaveWorker (hedged), carrying the outcomes not yet acknowledged.
-
-        Raises:
-            NoControlPlaneReachable: no replica answered within ``deadline_s``.
-            InvalidArgument, NotFound, RemoteError: a replica refused the request.
-        """
-        reply = await self._client.call_hedged(
+        """Call LeaveWorker, carrying the outcomes not yet acknowledged; raises as :meth:`_call`."""
+        reply = await self._call(
             "leave_worker",
             pb.LeaveWorkerRequest(
                 worker_id=request.worker_id,
@@ -138,7 +133,6 @@ class GrpcControlPlane:
                 agent_run_id=request.agent_run_id,
                 finished=[outcome_to_pb(o) for o in request.finished],
             ),
-            hedge_after_s=self._hedge_after_s,
-            deadline_s=deadline_s,
+            deadline_s,
         )
         return LeaveAnswer(left=reply.left, epoch=reply.epoch, detail=reply.detail)

@@ -79,6 +79,11 @@ directory is the job's folder; stdin, stdout and stderr are passed on to the job
 
 This module must stay importable with nothing but the standard library: it runs before and
 outside the rest of the package (``agent/__init__.py`` is only a docstring).
+
+Why one module of about 500 lines: every command job's reaper process imports it on its way
+to :func:`run`, and it imports only the standard library and nothing else of ours, so that its
+start cost, part of every job's, stays small; the agent-side helpers that share its files live
+here too, so the file formats have one home.
 """
 
 from __future__ import annotations

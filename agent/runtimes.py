@@ -44,6 +44,10 @@ notices later (it was frozen).
 
 Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
 for humans and the checker, not timers.
+
+Why one module of about 540 lines: :func:`run_job` and its :class:`JobResult` serve both
+runtimes, and the command runtime's start, stop escalation and report reading are one protocol
+with :mod:`agent.reaper`, read best in one place.
 """
 
 from __future__ import annotations
@@ -102,6 +106,24 @@ class JobResult:
 class _Paths:
     stdout_path: str
     stderr_path: str
+
+
+def _never_ran(
+    paths: _Paths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
+) -> JobResult:
+    """The result of a command job that never ran: stopped before its reaper was started
+    (``stopped``: cancelled), or its reaper or its exec failed (failed)."""
+    return JobResult(
+        state=JobState.CANCELLED if stopped else JobState.FAILED,
+        stopped=stopped,
+        exit_code=None,
+        started_unix_s=started_unix_s,
+        finished_unix_s=finished_unix_s,
+        detail=detail,
+        stdout_path=paths.stdout_path,
+        stderr_path=paths.stderr_path,
+        started=False,
+    )
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
@@ -353,16 +375,12 @@ async def _run_command(
     started = time.time()
     if stop.is_set():
         on_started()
-        return JobResult(
-            state=JobState.CANCELLED,
+        return _never_ran(
+            paths,
             stopped=True,
-            exit_code=None,
             started_unix_s=started,
             finished_unix_s=time.time(),
             detail="stopped before it was started",
-            stdout_path=paths.stdout_path,
-            stderr_path=paths.stderr_path,
-            started=False,
         )
     spawn = partial(
         _spawn_reaper,
@@ -380,16 +398,12 @@ async def _run_command(
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
-        return JobResult(
-            state=JobState.FAILED,
+        return _never_ran(
+            paths,
             stopped=False,
-            exit_code=None,
             started_unix_s=started,
             finished_unix_s=time.time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
-            stdout_path=paths.stdout_path,
-            stderr_path=paths.stderr_path,
-            started=False,
         )
     pid = proc.pid  # the reaper; also its process group id (start_new_session)
     stopped = False
@@ -474,16 +488,12 @@ def _command_result(
     the job before it ended) decides when there is one."""
     now = time.time()
     if "error" in report:
-        return JobResult(
-            state=JobState.FAILED,
+        return _never_ran(
+            paths,
             stopped=False,
-            exit_code=None,
             started_unix_s=started_unix_s,
             finished_unix_s=_parse(report, "ended_unix_s", float) or now,
             detail=report["error"],
-            stdout_path=paths.stdout_path,
-            stderr_path=paths.stderr_path,
-            started=False,
         )
     code = _parse(report, "exit_code", int)
     ran = exec_reported or code is not None

@@ -9,6 +9,10 @@ agent is a field here, with its unit in its name. Every group validates itself a
 :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit;
 :class:`ControlPlaneSettings` checks the rules between groups (the fence rule: a fenced write
 never holds the lease's share lock long enough to cost the leader its renewal).
+
+Why one module of about 510 lines: it is the one list of every knob, which the README's
+settings table, the CLI's options and :class:`ControlPlaneSettings`'s rules between groups
+all read as one.
 """
 
 from __future__ import annotations
@@ -474,7 +478,7 @@ class AgentSettings:
     self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)
     """A worker's jobs must be stopped at least this long before the cluster may declare it
     dead: the self-fence deadline is lowered to ``dead_after_s - stop_grace_s`` minus this
-    when the control planes' ``dead_after_s`` asks for it (:func:`agent.core.fence_after_s`)."""
+    when the control planes' ``dead_after_s`` asks for it (:func:`agent.fence.fence_after_s`)."""
     min_self_fence_s: float = attrs.field(default=0.1, validator=_positive)
     """The self-fence deadline is never lowered below this, in seconds."""
     call_deadline_margin_s: float = attrs.field(default=0.1, validator=_non_negative)

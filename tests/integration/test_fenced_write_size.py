@@ -29,7 +29,8 @@ from actors.messages import (
     QueryRole,
     RoleChange,
 )
-from actors.reconciler import PgReconcilerStore, Reconciler
+from actors.reconciler import Reconciler
+from actors.reconciler_store import PgReconcilerStore
 from actors.role import RoleView
 from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge

@@ -30,7 +30,8 @@ from actors.messages import (
     ReconcileResult,
     RoleChange,
 )
-from actors.placer import PgPlacerStore, Placer
+from actors.placer import Placer
+from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key

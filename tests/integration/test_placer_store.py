@@ -16,7 +16,8 @@ from serving import HOLD_LEASE
 from actors import queries
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import PgPlacerStore, Placer
+from actors.placer import Placer
+from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.settings import LedgerSettings, PlacerSettings

@@ -341,7 +341,7 @@ async def test_slices_over_their_share_pause_so_other_tasks_run(
 ) -> None:
     """run_in_slices yields at every step; with a share, a step that used its budget pauses
     for the time the share asks (mock clock: the steps take the time a test gives them)."""
-    from actors.ingest import run_in_slices
+    from actors.ingest_gate import run_in_slices
 
     def steps() -> Generator[None, None, str]:
         for _ in range(3):

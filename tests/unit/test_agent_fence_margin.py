@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core import fence_after_s
+from agent.fence import fence_after_s
 from runtime.settings import AgentSettings
 
 

@@ -19,8 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from agent import core as agent_core
+from agent import fence as agent_fence
 from agent import joblog as agent_joblog
+from agent import running as agent_running
 from agent import runtimes as agent_runtimes
 from agent.core import Agent
 from agent.joblog import read_log
@@ -494,7 +495,7 @@ def clocks_follow_mock_time(monkeypatch: pytest.MonkeyPatch) -> None:
     shim = types.SimpleNamespace(
         time=lambda: WALL_AT_ZERO + trio.current_time(), monotonic=lambda: trio.current_time()
     )
-    for module in (agent_core, agent_joblog, agent_runtimes):
+    for module in (agent_fence, agent_running, agent_joblog, agent_runtimes):
         monkeypatch.setattr(module, "time", shim)
 
 

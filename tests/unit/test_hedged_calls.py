@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from agent import core as agent_core
+from agent import fence as agent_fence
 from agent.control_plane import GrpcControlPlane
 from agent.core import Agent
 from protocol import pb
@@ -233,10 +233,10 @@ def deadlines(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every fence deadline the agent publishes (``time.monotonic()`` follows the mock clock)."""
     written: list[float] = []
     monkeypatch.setattr(
-        agent_core, "write_fence_deadline", lambda path, monotonic_s: written.append(monotonic_s)
+        agent_fence, "write_fence_deadline", lambda path, monotonic_s: written.append(monotonic_s)
     )
     shim = types.SimpleNamespace(time=lambda: 1e9 + trio.current_time(), monotonic=trio.current_time)
-    monkeypatch.setattr(agent_core, "time", shim)
+    monkeypatch.setattr(agent_fence, "time", shim)
     return written
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors import validation
-from actors.ingest import _outcome_fields
+from actors.ingest_replies import outcome_fields
 from actors.validation import check_idempotency_key, check_list, check_registration
 from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
@@ -256,6 +256,6 @@ def test_the_agent_cuts_an_outcomes_detail_to_what_the_control_plane_accepts() -
         finished_unix_s=2.0,
         detail=detail,
     )
-    validation.check_outcome("finished[0]", **_outcome_fields(outcome_to_pb(outcome)))  # type: ignore[arg-type]
+    validation.check_outcome("finished[0]", **outcome_fields(outcome_to_pb(outcome)))  # type: ignore[arg-type]
     assert outcome.detail.startswith("cannot start 'xxx") and outcome.detail.endswith("xxx'")
     assert MAX_OUTCOME_DETAIL_BYTES == validation.MAX_DETAIL_BYTES

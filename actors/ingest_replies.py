@@ -1,0 +1,143 @@
+"""Ingest's replies and reported outcomes: rows as protobuf, protobuf as checked fields.
+
+Pure functions of the rows the ingest's queries return (:mod:`actors.queries`) and of the
+requests it gets; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors import queries, validation
+from protocol import pb
+from runtime.wire_jobs import job_spec_to_pb
+
+
+def job_info(row: Any) -> pb.JobInfo:
+    """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
+    info = pb.JobInfo(
+        job_id=row["id"],
+        spec=job_spec_to_pb(queries.job_spec_of(row)),
+        state=row["state"],
+        reason=row["reason"],
+        worker_id=row["worker_id"] or "",
+        assignment_id=row["assignment_id"] or 0,
+        epoch=row["epoch"] or 0,
+        has_exit_code=row["exit_code"] is not None,
+        exit_code=row["exit_code"] or 0,
+        submitted_unix_s=row["submitted_unix_s"] or 0.0,
+        started_unix_s=row["started_unix_s"] or 0.0,
+        finished_unix_s=row["finished_unix_s"] or 0.0,
+        stdout_path=row["stdout_path"] or "",
+        stderr_path=row["stderr_path"] or "",
+        attempts=row["attempts"],
+    )
+    if row["cancel_requested"] and row["state"] in ("assigned", "running"):
+        info.reason = "cancelling"
+    elif row["detail"] and not info.reason:
+        info.reason = row["detail"]
+    return info
+
+
+def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
+    """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
+    ids, states, exit codes (None for none), started and finished (unix s, None for unknown),
+    stdout and stderr paths, details."""
+    return (
+        [o.assignment_id for o in finished],
+        [o.state for o in finished],
+        [o.exit_code if o.has_exit_code else None for o in finished],
+        [o.started_unix_s or None for o in finished],
+        [o.finished_unix_s or None for o in finished],
+        [o.stdout_path or None for o in finished],
+        [o.stderr_path or None for o in finished],
+        [o.detail for o in finished],
+    )
+
+
+def outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
+    """A JobOutcome as the keyword arguments of :func:`actors.validation.check_outcome`."""
+    return {
+        "assignment_id": outcome.assignment_id,
+        "job_id": outcome.job_id,
+        "state": outcome.state,
+        "started_unix_s": outcome.started_unix_s,
+        "finished_unix_s": outcome.finished_unix_s,
+        "stdout_path": outcome.stdout_path,
+        "stderr_path": outcome.stderr_path,
+        "detail": outcome.detail,
+    }
+
+
+def check_outcomes(finished: list[pb.JobOutcome]) -> None:
+    """Check reported outcomes (:func:`actors.validation.check_outcomes`).
+
+    Raises:
+        InvalidArgument: an outcome's field out of range.
+    """
+    validation.check_outcomes([outcome_fields(o) for o in finished])
+
+
+def leave_verdict(worker_id: str, incarnation: int, row: Any) -> tuple[bool, str]:
+    """Whether a leave of ``worker_id``'s ``incarnation`` left the row ``left``, and why, from
+    the row of :data:`actors.queries.LEAVE_WORKER` (None: no such worker)."""
+    if row is None:
+        return False, f"worker {worker_id} is unknown"
+    if row["incarnation"] != incarnation:
+        return False, (
+            f"incarnation {incarnation} of worker {worker_id} is not current "
+            f"(incarnation {row['incarnation']} is, {row['state']})"
+        )
+    if not row["same_run"]:
+        # The run id is not shown: it is what tells the registering agent from anyone else.
+        return False, f"agent_run_id is not the run that registered incarnation {incarnation} of {worker_id}"
+    if row["left_now"]:
+        return True, "left"
+    if row["state"] == "left":
+        return True, "left already (a copy of this leave)"
+    return False, f"worker {worker_id} incarnation {incarnation} is {row['state']}"
+
+
+def status_reply(
+    cp_id: str, lease: Any, cps: list[Any], workers: list[Any], counts: list[Any], stuck: list[Any]
+) -> tuple[pb.StatusReply, dict[str, Any]]:
+    """The status reply from the rows of its five queries, with its lists of workers and of
+    unschedulable jobs apart, to be built lazily (the ``elements`` of
+    :func:`protocol.wire.encode_steps`)."""
+    assert lease is not None
+    leader = lease["holder"] if lease["live"] and lease["holder"] else ""
+    by_state = {r["state"]: r["count"] for r in counts}
+    reply = pb.StatusReply(
+        leader=leader,
+        epoch=lease["epoch"],
+        control_planes=[
+            pb.ControlPlaneInfo(
+                id=r["id"],
+                address=r["address"],
+                seen_unix_s=r["seen_unix_s"],
+                role="leader" if r["id"] == leader else ("standby" if r["up"] else "down"),
+            )
+            for r in cps
+        ],
+        jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
+        answered_by=cp_id,
+    )
+    elements = {
+        "workers": (
+            pb.WorkerInfo(
+                id=r["id"],
+                address=r["address"],
+                state=r["state"],
+                cpu_millis=r["cpu_millis"],
+                memory_mb=r["memory_mb"],
+                cpu_allocated_millis=r["cpu_allocated_millis"],
+                memory_allocated_mb=r["memory_allocated_mb"],
+                job_ids=list(r["job_ids"]),
+                incarnation=r["incarnation"],
+                last_heartbeat_age_s=r["heartbeat_age_s"],
+            )
+            for r in workers
+        ),
+        "unschedulable": (job_info(r) for r in stuck),
+    }
+    return reply, elements

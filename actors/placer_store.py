@@ -1,0 +1,240 @@
+"""What a placer round reads, and the store that reads it (:mod:`actors.placer`).
+
+:class:`PlacerStore` is what a round needs; :class:`PgPlacerStore` reads it on a connection of
+its own with the placer's statements (:mod:`actors.queries.placer`), and a unit test passes a
+stand-in. :class:`PendingMark` argues how a round reads only the jobs that became pending
+since its previous read without missing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from actors import queries
+from actors.messages import WorkerRef
+from actors.placement import PendingJob, WorkerRoom
+from runtime.aio import ReadStore
+
+ROWS_PER_STEP = 2000
+"""Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""
+
+
+@attrs.frozen(kw_only=True)
+class LiveWorker:
+    """A live worker as the placer reads it."""
+
+    ref: WorkerRef
+    room: WorkerRoom
+    unconfirmed: int = 0
+    """Its incarnation's active assignments no heartbeat has listed yet."""
+    confirmed: int = 0
+    """Its incarnation's assignments a heartbeat has listed (running or finished) so far."""
+
+
+@attrs.frozen(kw_only=True)
+class WaitingJob:
+    """A pending job, the reason currently stored for it, and how long it must still wait for
+    its requeue backoff (seconds, by database time at the read)."""
+
+    job: PendingJob
+    reason: str
+    wait_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class PendingMark:
+    """Where the placer's next incremental read of pending jobs begins: every job whose
+    ``(pending_xid, pending_seq)`` is above ``(xid, seq)``, and those at or below it that a
+    transaction in ``in_flight`` made pending.
+
+    Why a sequence number alone cannot be the mark: ``nextval`` hands out numbers when a
+    transaction asks, but transactions commit in any order, so a read may see seq 8 committed
+    while seq 7's transaction is still running (after a database restart, with commits
+    stalled, for seconds). A mark past 8 would skip 7 for good; guessing how long to wait for it
+    is not sound either. Transaction ids and the read's own snapshot are: every row of a
+    pending job carries the id of the transaction that made it pending (``jobs.pending_xid``,
+    ``pg_current_xact_id()``, a top-level id), and a read returns its snapshot
+    (``pg_current_snapshot()``: the statement's own, so the same one its rows were read in).
+    A snapshot sees what every transaction that had committed when it was taken wrote, and
+    nothing of those it lists as in progress (``pg_snapshot_xip``) or that had no id yet
+    (a transaction takes its id at its first write, at or above the snapshot's
+    ``pg_snapshot_xmax``). So a pending row that a read did not see, but a later read may,
+    was written by a transaction either in the read's ``xip`` or with an id at or above its
+    ``xmax``. :meth:`after_read` keeps exactly those: the mark moves to ``(xmax, 0)``, or,
+    when the read filled its limit, to the last row it returned; and ``in_flight`` keeps the
+    read's ``xip`` below the mark. The next read asks for both, so a job made pending by a
+    transaction that committed late is read by the first round after that commit. A
+    transaction of ``in_flight`` that has ended since was seen whole by that read (all its rows
+    or, aborted, none) and leaves the list; ``in_flight`` is never longer than the number of
+    transactions running at once.
+
+    Attributes:
+        xid: the mark's transaction id (``pending_xid``); 0 before any read.
+        seq: the mark's ``pending_seq`` within ``xid``.
+        in_flight: ids of transactions, below ``xid``, still in progress at the last read.
+    """
+
+    xid: int = 0
+    seq: int = 0
+    in_flight: tuple[int, ...] = ()
+
+    def after_read(
+        self,
+        *,
+        last_read: tuple[int, int] | None,
+        snapshot_xmax: int,
+        snapshot_xip: Iterable[int],
+    ) -> PendingMark:
+        """The mark after a read from this one.
+
+        Args:
+            last_read: the last ``(pending_xid, pending_seq)`` read above this mark when that
+                read stopped at its limit (jobs above it were left for the next); None when it
+                returned every job above the mark.
+            snapshot_xmax: the read's ``pg_snapshot_xmax``.
+            snapshot_xip: the read's ``pg_snapshot_xip``.
+        """
+        xid, seq = last_read if last_read is not None else (snapshot_xmax, 0)
+        return PendingMark(xid=xid, seq=seq, in_flight=tuple(sorted(x for x in set(snapshot_xip) if x < xid)))
+
+
+class PlacerStore(Protocol):
+    """What a round reads."""
+
+    async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
+        """Alive workers heard from within ``fresh_s`` seconds (database time)."""
+
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
+        """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
+        them (what the next :meth:`read_round` starts from)."""
+
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        """Those of ``job_ids`` that are not pending any more (cancelled, or placed by another)."""
+
+    async def read_round(
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        """In one round trip: :meth:`live_workers`, the pending jobs after ``mark`` (up to
+        ``limit`` above it, and all of its transactions in flight), and the mark after them."""
+
+    async def close(self) -> None:
+        """Close the store's connection (a later read opens another)."""
+
+
+_WORKER_COLUMNS = (
+    "id",
+    "address",
+    "incarnation",
+    "cpu_millis",
+    "memory_mb",
+    "cpu_allocated_millis",
+    "memory_allocated_mb",
+    "unconfirmed_assignments",
+    "confirmed_assignments",
+)
+_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_xid", "pending_seq", "wait_s")
+
+
+def _job_rows(row: Any) -> list[tuple[Any, ...]]:
+    """The pending jobs of a read's one row of parallel arrays, one tuple per job in
+    :data:`_JOB_COLUMNS` order."""
+    return list(zip(*(row[f"p_{c}"] or () for c in _JOB_COLUMNS), strict=True))
+
+
+async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
+    """:func:`_job_rows` as :class:`WaitingJob`, with a checkpoint every :data:`ROWS_PER_STEP`
+    (a full read of a large queue, or a burst of new jobs: let others run)."""
+    waiting: list[WaitingJob] = []
+    for start in range(0, len(rows), ROWS_PER_STEP):
+        if start:
+            await trio.lowlevel.checkpoint()
+        waiting += [
+            WaitingJob(
+                job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
+                reason=reason,
+                wait_s=wait_s or 0.0,
+            )
+            for job_id, cpu, mem, priority, reason, _, _, wait_s in rows[start : start + ROWS_PER_STEP]
+        ]
+    return waiting
+
+
+def _live_worker(
+    worker_id: str,
+    address: str,
+    incarnation: int,
+    cpu: int,
+    memory: int,
+    cpu_allocated: int,
+    memory_allocated: int,
+    unconfirmed: int,
+    confirmed: int,
+) -> LiveWorker:
+    return LiveWorker(
+        ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
+        room=WorkerRoom(
+            worker_id=worker_id,
+            cpu_millis=int(cpu),
+            memory_mb=int(memory),
+            cpu_allocated_millis=int(cpu_allocated),
+            memory_allocated_mb=int(memory_allocated),
+        ),
+        unconfirmed=int(unconfirmed),
+        confirmed=int(confirmed),
+    )
+
+
+@attrs.define
+class PgPlacerStore(ReadStore):
+    """:class:`PlacerStore` on a read connection of its own (``statement_timeout_s``: the
+    placer settings' ``read_statement_timeout_s``)."""
+
+    def server_settings(self) -> dict[str, str]:
+        # As the ledger's: plan each read once.
+        return {**super().server_settings(), "plan_cache_mode": "force_generic_plan"}
+
+    async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
+        rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
+        return [_live_worker(*(r[c] for c in _WORKER_COLUMNS)) for r in rows]
+
+    async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
+        row = await (await self._connection()).fetchrow(queries.PENDING_JOBS, limit)
+        assert row is not None
+        rows = _job_rows(row)
+        return await _waiting(rows), PendingMark().after_read(
+            last_read=None, snapshot_xmax=int(row["snapshot_xmax"]), snapshot_xip=row["snapshot_xip"]
+        )
+
+    async def read_round(
+        self, fresh_s: float, mark: PendingMark, limit: int
+    ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
+        row = await (await self._connection()).fetchrow(
+            queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight)
+        )
+        assert row is not None
+        workers = [
+            _live_worker(*columns)
+            for columns in zip(*(row[f"w_{c}"] or () for c in _WORKER_COLUMNS), strict=True)
+        ]
+        rows = _job_rows(row)
+        # Rows above the mark came from the limited part of the read, the others from the
+        # mark's transactions in flight.
+        above = [
+            (xid, seq or 0)
+            for *_, xid, seq, _ in rows
+            if xid is not None and (xid, seq or 0) > (mark.xid, mark.seq)
+        ]
+        next_mark = mark.after_read(
+            last_read=max(above) if len(above) >= limit else None,
+            snapshot_xmax=int(row["snapshot_xmax"]),
+            snapshot_xip=row["snapshot_xip"],
+        )
+        return workers, await _waiting(rows), next_mark
+
+    async def no_longer_pending(self, job_ids: list[int]) -> list[int]:
+        rows = await (await self._connection()).fetch(queries.NO_LONGER_PENDING, job_ids)
+        return [int(r["id"]) for r in rows]

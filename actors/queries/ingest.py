@@ -1,0 +1,281 @@
+"""Ingest's statements (:mod:`actors.ingest`): the schema's application, the unfenced writes
+(submissions, cancels, registrations, heartbeats, leaves, presence, the idempotency sweep),
+and the reads behind job queries and the status view.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- schema
+
+SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
+APPLY_SCHEMA_LOCK = "SELECT pg_advisory_lock($1)"
+APPLY_SCHEMA_UNLOCK = "SELECT pg_advisory_unlock($1)"
+# Which schema.sql the database holds (its sha256), so an unchanged schema is not applied
+# again: some statements take strong locks even when they change nothing.
+SCHEMA_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_version (id int PRIMARY KEY CHECK (id = 1), sha256 text)"
+)
+SCHEMA_VERSION = "SELECT sha256 FROM schema_version WHERE id = 1"
+RECORD_SCHEMA_VERSION = """
+INSERT INTO schema_version (id, sha256) VALUES (1, $1)
+ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256
+"""
+
+# ---------------------------------------------------------------- ingest (unfenced writes)
+
+
+def once(rpc: str, effect: str, *, params: int) -> str:
+    """A mutating call's statement, carried out at most once per idempotency key
+    (:mod:`actors.idempotency`): ``effect`` (a data-modifying statement with ``params``
+    parameters that writes only when the CTE ``fresh`` has a row, and returns the rows that
+    make up the call's answer) wrapped so that one statement, one transaction:
+
+    - reads the key's row (``prior``, in the statement's snapshot);
+    - carries out the effect only when there is none (``fresh``);
+    - stores the key, ``rpc``, the request's digest and the effect's rows as JSON (the answer),
+      when the effect returned any (a call that changed nothing, such as a cancel of an
+      unknown job, stores no key either);
+    - returns one row: ``replayed`` (the key was stored already), ``rpc`` and
+      ``request_sha256`` of the stored call (NULL when not replayed), and ``answer``, the
+      stored answer or the new one.
+
+    Parameters: the effect's ``$1 .. $params``, then the key and the request's sha256. A copy
+    that stored the key after this statement's snapshot was taken makes the key's INSERT wait
+    for it and then break the primary key (``idempotency_keys_pkey``): the statement rolls back
+    whole, effect included, and the caller runs it again to get the stored answer. A copy
+    still in progress makes it wait at most the session's ``lock_timeout``.
+    """
+    if not rpc.isidentifier():
+        raise ValueError(f"rpc must be a method name, got {rpc!r}")
+    key, digest = f"${params + 1}", f"${params + 2}"
+    return f"""
+WITH prior AS (
+    SELECT rpc, request_sha256, answer FROM idempotency_keys WHERE key = {key}::text
+),
+fresh AS (SELECT WHERE NOT EXISTS (SELECT FROM prior)),
+effect AS ({effect}),
+answer AS (SELECT coalesce(jsonb_agg(effect), '[]'::jsonb) AS rows, count(*) AS n FROM effect),
+kept AS (
+    INSERT INTO idempotency_keys (key, rpc, request_sha256, answer)
+    SELECT {key}::text, '{rpc}', {digest}::bytea, answer.rows FROM answer WHERE answer.n > 0
+)
+SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
+       coalesce(prior.answer, answer.rows)::text AS answer
+  FROM answer LEFT JOIN prior ON true
+"""
+
+
+# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv; then the
+# idempotency key and the request's sha256 (see once). Answer rows: id.
+SUBMIT_JOB = once(
+    "submit_job",
+    """
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], nextval('pending_seq')
+  FROM fresh
+RETURNING id
+""",
+    params=7,
+)
+
+# $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
+# JSON arrays (NULL for sleep jobs); then the idempotency key and the request's sha256 (see
+# once). One statement: all jobs or none. Answer rows: id, one per job, drawn in order.
+SUBMIT_JOBS = once(
+    "submit_jobs",
+    """
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
+       CASE WHEN t.argv IS NULL THEN NULL
+            ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
+       nextval('pending_seq')
+  FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[])
+       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, n), fresh
+ ORDER BY t.n
+RETURNING id
+""",
+    params=7,
+)
+
+# $1 job id; then the idempotency key and the request's sha256 (see once). Pending: cancelled at
+# once. Assigned or running: the leader cancels it on its worker and ends the assignment (a
+# fenced write). Answer rows: id, state, cancel_requested (none: no such job).
+CANCEL_JOB = once(
+    "cancel_job",
+    """
+UPDATE jobs
+   SET cancel_requested = state IN ('assigned', 'running'),
+       reason = CASE WHEN state = 'pending' THEN '' ELSE reason END,
+       state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
+       finished_at = CASE WHEN state = 'pending' THEN now() ELSE finished_at END
+ WHERE id = $1::bigint AND EXISTS (SELECT FROM fresh)
+RETURNING id, state, cancel_requested
+""",
+    params=1,
+)
+
+# The constraint a copy of a mutating call breaks when another copy stored its key first.
+IDEMPOTENCY_KEY_CONSTRAINT = "idempotency_keys_pkey"
+
+# $1 retention_s, $2 most rows. Deletes up to $2 of the oldest keys stored more than $1 seconds
+# ago (index idempotency_keys_by_age), skipping rows another replica's sweep holds; returns how
+# many it deleted.
+SWEEP_IDEMPOTENCY_KEYS = """
+WITH swept AS (
+    DELETE FROM idempotency_keys
+     WHERE key IN (SELECT key FROM idempotency_keys
+                    WHERE created_at < now() - make_interval(secs => $1::float8)
+                    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+ RETURNING 1
+)
+SELECT count(*) FROM swept
+"""
+
+_JOB_INFO = """
+SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
+       j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
+       extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
+       extract(epoch FROM j.started_at)::float8 AS started_unix_s,
+       extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
+       j.stdout_path, j.stderr_path, j.detail,
+       a.id AS assignment_id, a.worker_id, a.epoch
+  FROM jobs j
+  LEFT JOIN LATERAL (
+      SELECT id, worker_id, epoch FROM assignments
+       WHERE job_id = j.id ORDER BY id DESC LIMIT 1
+  ) a ON true
+"""
+
+GET_JOB = _JOB_INFO + " WHERE j.id = $1"
+
+# $1 state ('' for any), $2 limit. Newest first.
+LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
+
+# $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
+# registration number within that run, $8 the registration's sha256 (actors/idempotency.py).
+# A registration is a new incarnation, alive, with a fresh heartbeat, and a send window that
+# starts again (nothing is addressed to the new incarnation yet: see schema.sql), unless it is
+# a copy of one already applied or older than the latest of its agent run (same run id, a
+# number not above the stored one): then the row stays as it is and nothing is returned (see
+# WORKER_REGISTRATION). Late and hedged copies of one registration thus never start another
+# incarnation under an agent that runs jobs under the first. A registration of another run
+# (the agent restarted) is always new. (Worker id, run id, number) is the registration's
+# idempotency key, kept in the worker's row until the next registration replaces it.
+REGISTER_WORKER = """
+INSERT INTO workers (id, address, cpu_millis, memory_mb, labels, incarnation, agent_run_id,
+                     registration_seq, registration_sha256)
+VALUES ($1, $2, $3, $4, $5::jsonb, nextval('worker_incarnation_seq'), $6, $7, $8)
+ON CONFLICT (id) DO UPDATE
+   SET address = EXCLUDED.address, cpu_millis = EXCLUDED.cpu_millis,
+       memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
+       incarnation = EXCLUDED.incarnation, state = 'alive',
+       registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
+       left_at = NULL,
+       agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq,
+       registration_sha256 = EXCLUDED.registration_sha256
+ WHERE workers.agent_run_id <> EXCLUDED.agent_run_id
+    OR workers.registration_seq < EXCLUDED.registration_seq
+RETURNING incarnation
+"""
+
+# $1 worker id. The registration a REGISTER_WORKER that returned nothing met.
+WORKER_REGISTRATION = """
+SELECT incarnation, agent_run_id, registration_seq, registration_sha256 FROM workers WHERE id = $1
+"""
+
+# $1 worker id, $2 incarnation, $3 agent run id. A clean stop (actors/ingest.py, leave_worker),
+# after LOCK_WORKER in the same transaction: the row becomes 'left' if it is alive in that
+# incarnation, registered by that agent run, and the stop is logged in worker_leaves. Returns
+# the row as it was (no row: unknown worker) and whether this statement made it left. A late
+# leave (an earlier incarnation's) or one from anyone but the agent that registered the
+# incarnation changes nothing. The leader's next reconcile pass ends the incarnation's
+# assignments (END_ORPHANED_ASSIGNMENTS).
+LEAVE_WORKER = """
+WITH current AS (
+    SELECT id, state, incarnation, agent_run_id FROM workers WHERE id = $1
+),
+left_now AS (
+    UPDATE workers w SET state = 'left', left_at = now()
+      FROM current c
+     WHERE w.id = c.id AND c.state = 'alive' AND c.incarnation = $2 AND c.agent_run_id = $3
+ RETURNING w.id, w.incarnation
+),
+logged AS (
+    INSERT INTO worker_leaves (worker_id, incarnation) SELECT id, incarnation FROM left_now
+)
+SELECT c.state, c.incarnation, c.agent_run_id = $3 AS same_run, EXISTS (SELECT 1 FROM left_now) AS left_now
+  FROM current c
+"""
+
+# $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
+LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
+
+# A worker's finished outcomes (heartbeats carry them through HEARTBEAT; registrations through
+# this): the function record_outcomes in schema.sql, which says what becomes of an outcome that
+# arrives on time and of one that arrives after the leader ended its assignment as lost.
+# $1 worker id, then parallel arrays: $2 assignment ids, $3 states, $4 exit codes (NULL for
+# none), $5 started (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9
+# details. Returns how many were recorded late.
+RECORD_OUTCOMES = """
+SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+                       $7::text[], $8::text[], $9::text[])
+"""
+
+# One heartbeat, one statement: the function record_heartbeat in schema.sql records the
+# worker's liveness, its finished outcomes (ending the assignments still active) and its
+# running confirmations, and says which of the running assignments to stop.
+# $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
+# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 started (unix s),
+# $8 finished (unix s), $9 stdout paths, $10 stderr paths, $11 details.
+# Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
+# stop_assignment_ids.
+HEARTBEAT = """
+SELECT current_epoch, alive, stop_assignment_ids
+  FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::float8[],
+                        $8::float8[], $9::text[], $10::text[], $11::text[])
+"""
+
+CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
+
+# $1 id, $2 address, $3 pid
+RECORD_PRESENCE = """
+INSERT INTO control_planes (id, address, pid, started_at, seen_at)
+VALUES ($1, $2, $3, now(), now())
+ON CONFLICT (id) DO UPDATE
+   SET address = EXCLUDED.address, seen_at = now(),
+       started_at = CASE WHEN control_planes.pid IS DISTINCT FROM EXCLUDED.pid
+                         THEN now() ELSE control_planes.started_at END,
+       pid = EXCLUDED.pid
+"""
+
+# ---------------------------------------------------------------- status (reads)
+
+STATUS_CONTROL_PLANES = """
+SELECT id, address, extract(epoch FROM seen_at)::float8 AS seen_unix_s,
+       seen_at > now() - interval '3 seconds' AS up
+  FROM control_planes ORDER BY id
+"""
+
+STATUS_WORKERS = """
+SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
+       extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
+       coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
+       coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
+       coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
+           AS job_ids
+  FROM workers w
+  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
+ GROUP BY w.id ORDER BY w.id
+"""
+
+# The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_xid).
+COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
+
+STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
+
+STATUS_UNSCHEDULABLE = (
+    _JOB_INFO
+    + """
+ WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
+"""
+)

@@ -1,0 +1,220 @@
+"""The fenced writes the ledger runs (:mod:`actors.ledger`): the fence, placements, dead
+workers, the ends of assignments and the requeues that follow.
+"""
+
+from __future__ import annotations
+
+# The fence: same transaction as the writes. A takeover's UPDATE of this row (it changes the
+# epoch, a key: schema.sql, lease_epoch_key) waits until the transaction holding the key-share
+# lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
+FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
+
+# One round's placements as one fenced statement: the fence, the claim, the assignments and
+# the pending reasons commit together in one round trip (the statement is its own transaction).
+# $1 job ids, $2 worker ids, $3 incarnations, $4 epoch, $5 fenced (always true but in the
+# test-only negative control), $6 job ids and $7 reasons to store on jobs left pending.
+#
+# The share lock on the lease row is taken before any row is written: every written row comes
+# from ``p`` or ``r``, which read ``allowed``, which reads ``fence``. Under READ COMMITTED a
+# FOR KEY SHARE read of a row a takeover changed after this statement's snapshot returns the newest
+# version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
+# later waits for the share lock until this statement commits. Claims only jobs still pending
+# (invariant 3) on workers still alive in that incarnation. Returns one row with ``epoch_seen``
+# and no assignment when nothing was placed, else one row per assignment created: small rows
+# only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
+# never holds the share lock while it waits to hand a large result to a client that froze.
+#
+# Linear in the placements, as every fenced write must be (it holds the share lock throughout):
+# ``claimed`` draws each assignment's id itself, so the result needs no join of ``created`` with
+# ``claimed``. A CTE has no index and, planned generically, such a join is a nested loop: with
+# 2,000 placements it took 350 of the statement's 384 ms. The reasons skip placed jobs with a
+# hashed ``NOT IN`` (``<> ALL`` compared every reason with every placement).
+COMMIT_PLACEMENTS = """
+WITH fence AS (
+    SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE
+),
+allowed AS (
+    SELECT epoch FROM fence WHERE epoch = $4 OR NOT $5::boolean
+),
+p AS (
+    SELECT p.*
+      FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation), allowed
+),
+claimed AS (
+    UPDATE jobs j
+       SET state = 'assigned', reason = '', attempts = j.attempts + 1
+      FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
+                           AND w.state = 'alive'
+     WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
+ RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
+           j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
+           j.argv IS NOT NULL AS has_argv
+),
+created AS (
+    INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
+    SELECT assignment_id, id, worker_id, incarnation, cpu_millis, memory_mb, $4 FROM claimed
+),
+reasons AS (
+    -- Only pending jobs carry a reason; never a job this statement places.
+    UPDATE jobs j SET reason = r.reason
+      FROM unnest($6::bigint[], $7::text[]) AS r(id, reason), allowed
+     WHERE j.id = r.id AND j.state = 'pending' AND j.reason IS DISTINCT FROM r.reason
+       AND j.id NOT IN (SELECT unnest($1::bigint[]))
+)
+SELECT fence.epoch AS epoch_seen, claimed.*
+  FROM fence LEFT JOIN claimed ON true
+"""
+
+# $1 job ids. The commands of command jobs, read after their placement committed.
+JOB_ARGVS = "SELECT id, argv FROM jobs WHERE id = ANY($1::bigint[])"
+
+# Workers judged by their silence: every 'alive' row, and a 'left' row that still has active
+# assignments: of another incarnation, since the leader ends the left one's at once. Only a
+# registration the agent running them did not send (a late copy, another process claiming the
+# worker id) followed by a leave makes such a row; if that agent lives, its next heartbeat
+# (answered "register again") stops them, and if it is gone, nothing else would ever end them:
+# silence judges it, as any worker.
+JUDGED_WORKERS = """(w.state = 'alive'
+        OR (w.state = 'left'
+            AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))"""
+
+# $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on
+# heartbeats any replica recorded, so a heartbeat that landed after the reconciler's read wins.
+DECLARE_DEAD_WORKERS = f"""
+WITH dead AS (
+    UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
+      FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
+     WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
+       AND w.last_heartbeat_at < now() - make_interval(secs => $2)
+ RETURNING w.id, w.incarnation, w.last_heartbeat_at
+),
+logged AS (
+    INSERT INTO worker_deaths (worker_id, incarnation, epoch, last_heartbeat_at)
+    SELECT id, incarnation, $1, last_heartbeat_at FROM dead
+)
+SELECT id FROM dead
+"""
+
+# The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
+# (the column's default covers inserts; see schema.sql and actors/placer_store.py, PendingMark).
+_THIS_XID = "pg_current_xact_id()::text::bigint"
+
+# Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the
+# withdrawal of unconfirmed assignments in END_CANCELLED_ASSIGNMENTS): a CTE ``backoff`` with
+# each ended job's not_before, ``now() + random() * cap``, the cap of its loss count taken from
+# the array parameter {caps} (:func:`actors.reconciler.backoff_caps_s`: entry k is the cap after
+# the k-th loss, the last one serves every later loss; an empty array means no backoff). Full
+# jitter ("Exponential Backoff And Jitter", AWS Architecture Blog, 2015), by database time, so a
+# new leader honours it. The job's reason says until when (UTC). {clean}, an expression over
+# ``ended``, marks the jobs whose assignment ended because their worker stopped cleanly: not a
+# loss, so no backoff (``not_before`` NULL, ``clean`` true). The requeue that follows reads
+# ``backoff`` alone (one row per ended job): joining it with ``ended`` as well, two CTEs, was a
+# nested loop that took 560 of 598 ms when 2,000 assignments ended at once.
+_REQUEUE_BACKOFF = """backoff AS (
+    SELECT j.id, {clean} AS clean,
+           CASE WHEN {clean} THEN NULL ELSE now() + make_interval(
+               secs => random() * ({caps}::float8[])[least(j.losses + 1, cardinality({caps}::float8[]))]
+           ) END AS not_before
+      FROM jobs j JOIN ended ON j.id = ended.job_id
+)"""
+_BACKOFF_REASON = (
+    "'backoff: placed again after ' || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'"
+)
+
+# $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF), $3 most assignments to
+# end. Ends active assignments whose worker is dead, has left or has registered again, the $3
+# oldest of them, and requeues their jobs (or finishes the cancellation of jobs whose cancel
+# was requested). Those of a dead or re-registered worker end as lost, and the job counts one
+# more loss and waits a backoff; those of the incarnation that left (its agent stopped every job
+# before it said so: queries.LEAVE_WORKER) end as stopped ('worker_left'), and the job is placed
+# again at once, not counted as lost. ``more`` is true when $3 were
+# found: some may be left for the next batch. The bound keeps the fenced transaction short (see
+# actors/ledger.py). An assignment that a heartbeat ended meanwhile is skipped: the UPDATE
+# re-checks ``state`` on the row's newest version.
+# A registration alone does not end the previous incarnation's assignments: only once the new
+# incarnation has heartbeated (last_heartbeat_at past registered_at, both set by the
+# registration). An agent stops every job before it registers, so the agent that heartbeats
+# under the new incarnation has stopped the old one's; but a registration its agent did not
+# send (a late copy of an older one, or another process claiming the worker id) starts an
+# incarnation no agent heartbeats under, and the agent still running the old incarnation's
+# jobs learns of it only from its next heartbeat's answer (register again), which stops them
+# first. A dead worker's assignments end at once: it fenced itself before dead_after. So do
+# those of the incarnation that left, which stopped them before it left; a left row's older
+# incarnations' assignments follow the rule of a registration (the leave does not move
+# last_heartbeat_at).
+END_ORPHANED_ASSIGNMENTS = f"""
+WITH orphaned AS (
+    SELECT a.id, CASE WHEN w.state = 'dead' THEN 'worker_dead'
+                      WHEN w.state = 'left' AND w.incarnation = a.worker_incarnation THEN 'worker_left'
+                      ELSE 'worker_restarted' END AS reason
+      FROM assignments a JOIN workers w ON w.id = a.worker_id
+     WHERE a.state = 'active'
+       AND (w.state = 'dead'
+            OR (w.state = 'left' AND w.incarnation = a.worker_incarnation)
+            OR (w.incarnation <> a.worker_incarnation AND w.last_heartbeat_at > w.registered_at))
+     ORDER BY a.id
+     LIMIT $3
+),
+ended AS (
+    UPDATE assignments a
+       SET state = CASE WHEN o.reason = 'worker_left' THEN 'stopped' ELSE 'lost' END,
+           ended_at = now(), ended_epoch = $1, end_reason = o.reason
+      FROM orphaned o
+     WHERE a.id = o.id AND a.state = 'active'
+ RETURNING a.id, a.job_id, a.end_reason
+),
+{_REQUEUE_BACKOFF.format(caps="$2", clean="ended.end_reason = 'worker_left'")},
+requeued AS (
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+           started_at = NULL,
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END,
+           losses = CASE WHEN b.clean THEN j.losses ELSE j.losses + 1 END,
+           not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
+           reason = CASE WHEN j.cancel_requested OR b.not_before IS NULL THEN j.reason
+                         ELSE {_BACKOFF_REASON} END
+      FROM backoff b
+     WHERE j.id = b.id AND j.state IN ('assigned', 'running')
+ RETURNING j.id, j.state
+)
+SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM ended) AS ended_ids,
+       (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids,
+       (SELECT count(*) FROM orphaned) = $3 AS more
+"""
+
+# $1 epoch, $2 assignment ids, $3 end reason, $4 requeue, $5 requeue backoff caps (seconds; see
+# _REQUEUE_BACKOFF). Only for assignments whose worker acknowledged the cancel: the job runs
+# nowhere now. A requeue (an unconfirmed assignment withdrawn) counts as a loss of the job.
+END_CANCELLED_ASSIGNMENTS = f"""
+WITH ended AS (
+    UPDATE assignments
+       SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = $3
+     WHERE id = ANY($2::bigint[]) AND state = 'active'
+ RETURNING id, job_id
+),
+{_REQUEUE_BACKOFF.format(caps="$5", clean="false")},
+jobs_ended AS (
+    UPDATE jobs j
+       SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
+           finished_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE now() END,
+           started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
+           pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
+                              ELSE j.pending_seq END,
+           pending_xid = CASE WHEN $4 AND NOT j.cancel_requested THEN {_THIS_XID}
+                              ELSE j.pending_xid END,
+           losses = CASE WHEN $4 THEN j.losses + 1 ELSE j.losses END,
+           not_before = CASE WHEN $4 AND NOT j.cancel_requested THEN b.not_before ELSE j.not_before END,
+           reason = CASE WHEN $4 AND NOT j.cancel_requested AND b.not_before IS NOT NULL
+                         THEN {_BACKOFF_REASON} ELSE j.reason END
+      FROM backoff b
+     WHERE j.id = b.id AND j.state IN ('assigned', 'running')
+)
+SELECT id FROM ended
+"""
+
+# $1 holder, $2 epoch, $3 epoch_seen, $4 what. Written after a refused fenced write.
+RECORD_STALE_WRITE = """
+INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $4)
+"""

@@ -1,0 +1,72 @@
+"""The placer's reads (:mod:`actors.placer`): live workers, pending jobs, one round's reads."""
+
+from __future__ import annotations
+
+# $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
+# by the assignments triggers in worker_allocations).
+LIVE_WORKERS = """
+SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
+       a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments
+  FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+ WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
+"""
+
+# How long (s, database time) a pending job must still wait for its requeue backoff; NULL: none.
+_WAIT_S = "greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s"
+
+# The snapshot a statement reads in (pg_current_snapshot() is the statement's own), as the
+# placer's PendingMark needs it: xmax, the first transaction id not yet assigned, and xip, the
+# transactions in progress. xid8 values travel as bigint (they stay below 2^63).
+_SNAPSHOT = """pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
+       ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(snap.s) x) AS snapshot_xip"""
+
+_PENDING_COLUMNS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
+               array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
+               array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
+               array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s"""
+
+_PENDING_ROW = f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S}"
+
+# $1 limit. Every pending job (the placer's full resync), highest priority first, then
+# submission order, with the transaction and the sequence number of its becoming pending and
+# its backoff wait; as parallel arrays in one row (NULL when there are none), with the
+# snapshot the statement read in (_SNAPSHOT).
+PENDING_JOBS = f"""
+SELECT p.*, {_SNAPSHOT}
+  FROM (SELECT {_PENDING_COLUMNS}
+          FROM (SELECT {_PENDING_ROW} FROM jobs WHERE state = 'pending'
+                 ORDER BY priority DESC, id LIMIT $1) ps) p,
+       (SELECT pg_current_snapshot() AS s) snap
+"""
+
+# $1 worker_fresh_s, $2 $3 the mark (pending_xid, pending_seq), $4 limit, $5 the mark's
+# transactions in flight. One round's reads in one round trip, as parallel arrays in one row
+# (an array is NULL when it has no rows), with the snapshot they were read in: LIVE_WORKERS;
+# the jobs that became pending after the mark, in (pending_xid, pending_seq) order, up to the
+# limit; and those at or below the mark made pending by a transaction that was still in flight
+# at the previous read (see actors/placer_store.py, PendingMark).
+ROUND_READ = f"""
+SELECT w.*, p.*, {_SNAPSHOT}
+  FROM (SELECT array_agg(w.id) AS w_id, array_agg(w.address) AS w_address,
+               array_agg(w.incarnation) AS w_incarnation, array_agg(w.cpu_millis) AS w_cpu_millis,
+               array_agg(w.memory_mb) AS w_memory_mb,
+               array_agg(a.cpu_allocated_millis) AS w_cpu_allocated_millis,
+               array_agg(a.memory_allocated_mb) AS w_memory_allocated_mb,
+               array_agg(a.unconfirmed_assignments) AS w_unconfirmed_assignments,
+               array_agg(a.confirmed_assignments) AS w_confirmed_assignments
+          FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+         WHERE w.state = 'alive'
+           AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
+       (SELECT {_PENDING_COLUMNS}
+          FROM ((SELECT {_PENDING_ROW}
+                   FROM jobs WHERE state = 'pending' AND (pending_xid, pending_seq) > ($2, $3)
+                  ORDER BY pending_xid, pending_seq LIMIT $4)
+                UNION ALL
+                (SELECT {_PENDING_ROW}
+                   FROM jobs WHERE state = 'pending' AND pending_xid = ANY($5::bigint[])
+                    AND (pending_xid, pending_seq) <= ($2, $3))) ps) p,
+       (SELECT pg_current_snapshot() AS s) snap
+"""
+
+# $1 job ids. Those no longer pending.
+NO_LONGER_PENDING = "SELECT id FROM jobs WHERE id = ANY($1::bigint[]) AND state <> 'pending'"

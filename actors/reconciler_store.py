@@ -1,0 +1,84 @@
+"""What a reconcile pass reads, and the store that reads it (:mod:`actors.reconciler`).
+
+:class:`ReconcilerStore` is what a pass needs; :class:`PgReconcilerStore` reads it on a
+connection of its own with the reconciler's statements (:mod:`actors.queries.reconciler`),
+and a unit test passes a stand-in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+from actors import queries
+from actors.messages import CommittedAssignment, WorkerRef
+from runtime.aio import ReadStore
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatAge:
+    """An alive worker incarnation and the age of its last recorded heartbeat (database time)."""
+
+    worker_id: str
+    incarnation: int
+    age_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """An active assignment, where it goes, and how long ago it was committed."""
+
+    assignment: CommittedAssignment
+    worker: WorkerRef
+    age_s: float
+
+
+class ReconcilerStore(Protocol):
+    """What a pass reads."""
+
+    async def heartbeat_ages(self) -> list[HeartbeatAge]: ...
+
+    async def unconfirmed(self) -> list[Delivery]: ...
+
+    async def cancel_requested(self) -> list[Delivery]: ...
+
+    async def close(self) -> None:
+        """Close the store's connection (a later read opens another)."""
+
+
+def _delivery(row: Any) -> Delivery:
+    return Delivery(
+        assignment=CommittedAssignment(
+            assignment_id=int(row["assignment_id"]),
+            job_id=int(row["job_id"]),
+            worker_id=row["worker_id"],
+            incarnation=int(row["incarnation"]),
+            epoch=int(row["epoch"]),
+            spec=queries.job_spec_of(row),
+        ),
+        worker=WorkerRef(
+            worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])
+        ),
+        age_s=float(row["age_s"]),
+    )
+
+
+@attrs.define
+class PgReconcilerStore(ReadStore):
+    """:class:`ReconcilerStore` on a read connection of its own (``statement_timeout_s``: the
+    reconciler settings' ``read_statement_timeout_s``)."""
+
+    async def heartbeat_ages(self) -> list[HeartbeatAge]:
+        rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
+        return [
+            HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
+            for r in rows
+        ]
+
+    async def unconfirmed(self) -> list[Delivery]:
+        return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]
+
+    async def cancel_requested(self) -> list[Delivery]:
+        rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
+        return [_delivery(r) for r in rows]

@@ -1,0 +1,147 @@
+"""The agent's fence deadline: when it is, how it moves, and how the reapers learn it.
+
+The rules are in :mod:`agent.core` (invariant 7 in DESIGN.md): the deadline is the send time
+of the newest acknowledged heartbeat (or registration) plus the self-fence span in force,
+and it is published to ``<work_dir>/fence_deadline`` for the reapers (:mod:`agent.reaper`)
+before the agent's own copy moves. :class:`FenceClock` holds that state for one agent; what
+fencing does to the jobs stays with the agent.
+
+All timing uses trio's clock; the two conversions at the edge (:func:`monotonic_of` for the
+deadline file, :func:`unix_time_of` for stop lines) are exact outside tests, since both
+clocks advance with trio's system clock (``CLOCK_MONOTONIC``), also while the process is
+stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent.reaper import write_fence_deadline
+from runtime.settings import AgentSettings
+
+FENCE_DEADLINE_FILE = "fence_deadline"
+"""The fence-deadline file in the work folder (see :mod:`agent.reaper`)."""
+
+
+def monotonic_of(trio_time: float) -> float:
+    """``trio_time`` (trio's clock) as a ``time.monotonic()`` time."""
+    return time.monotonic() + (trio_time - trio.current_time())
+
+
+def unix_time_of(trio_time: float) -> float:
+    """``trio_time`` (trio's clock) as a wall-clock ``time.time()`` time."""
+    return time.time() + (trio_time - trio.current_time())
+
+
+def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
+    """The self-fence deadline to use, in seconds.
+
+    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere.
+    The agent fences ``self_fence_after_s`` after the send time of its last acknowledged
+    heartbeat and then takes up to ``stop_grace_s`` to stop a job (SIGTERM, then SIGKILL); the
+    control planes declare it dead ``dead_after_s`` after the last heartbeat they recorded,
+    which was sent no earlier. So ``self_fence_after_s + stop_grace_s + self_fence_margin_s``
+    must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
+    below ``min_self_fence_s``). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
+    """
+    if dead_after_s is None:
+        return settings.self_fence_after_s
+    limit = dead_after_s - settings.stop_grace_s - settings.self_fence_margin_s
+    return max(settings.min_self_fence_s, min(settings.self_fence_after_s, limit))
+
+
+@attrs.define(eq=False, kw_only=True)
+class FenceClock:
+    """One agent's fence state: live or not, the deadline, and its publication.
+
+    Args:
+        settings: the agent's settings (self-fence span, call margins).
+        path: the fence-deadline file the reapers read.
+        logger: the agent's logger (a failed publication is logged there).
+    """
+
+    settings: AgentSettings
+    path: Path
+    logger: Any
+    fence_after_s: float = attrs.field()
+    """The self-fence span in force: the setting, or less when the control planes'
+    dead_after leaves too small a margin (see :func:`fence_after_s`)."""
+    last_acked_send_time: float | None = None
+    """trio time the newest acknowledged heartbeat or registration was sent; None before the
+    first registration."""
+    self_fenced: bool = False
+    """True from a self-fence until the next registration."""
+    fenced_at: float | None = None
+    """While self-fenced: the trio time the jobs count as stopped at (the fence deadline,
+    or the fence itself when that came first)."""
+    live: trio.Event = attrs.field(factory=trio.Event)
+    """Set while registered and not fenced; replaced by a fresh one when that ends."""
+
+    @fence_after_s.default
+    def _setting(self) -> float:
+        return self.settings.self_fence_after_s
+
+    def deadline(self) -> float | None:
+        """The fence deadline in trio time; None before the first registration."""
+        if self.last_acked_send_time is None:
+            return None
+        return self.last_acked_send_time + self.fence_after_s
+
+    def due(self) -> bool:
+        """True when live and the fence deadline has passed."""
+        deadline = self.deadline()
+        # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
+        # clock, and a strict test there would spin without time moving on.
+        return self.live.is_set() and deadline is not None and trio.current_time() >= deadline
+
+    def leave_live(self) -> None:
+        """No longer live: the fence watcher parks until the next registration."""
+        if self.live.is_set():
+            self.live = trio.Event()
+
+    def call_deadline_s(self) -> float:
+        """How long the next heartbeat or registration may wait for an answer, in seconds.
+
+        While live: until ``call_deadline_margin_s`` before the fence deadline (a slow
+        answer still keeps the jobs; a later one could not). Otherwise (registering, fenced)
+        the self-fence span minus the margin, which bounds the deadline a registration sets.
+        Never less than ``heartbeat_timeout_s``.
+        """
+        deadline = self.deadline()
+        if self.live.is_set() and deadline is not None:
+            left_s = deadline - trio.current_time() - self.settings.call_deadline_margin_s
+        else:
+            left_s = self.fence_after_s - self.settings.call_deadline_margin_s
+        return max(self.settings.heartbeat_timeout_s, left_s)
+
+    def publish(self, deadline: float) -> None:
+        """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s.
+
+        Called *before* the agent's own deadline moves, with no checkpoint until it does: an
+        agent frozen in between holds a deadline no later than the reapers' (the file's), and
+        both agree but for the few instructions after the rename.
+
+        A failed write is logged, not raised: the reapers keep the previous deadline and kill
+        their jobs at it, which fences the worker (fail safe, never unsafe).
+        """
+        try:
+            write_fence_deadline(self.path, monotonic_of(deadline))
+        except OSError as exc:
+            self.logger.error(
+                "cannot write the fence deadline: command jobs will be killed at the previous one",
+                path=str(self.path),
+                error=repr(exc),
+            )
+
+    def acknowledged(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` was answered: move the deadline (published first,
+        while live) unless a later send was answered already."""
+        if self.last_acked_send_time is None or sent_at > self.last_acked_send_time:
+            if self.live.is_set():
+                self.publish(sent_at + self.fence_after_s)
+            self.last_acked_send_time = sent_at

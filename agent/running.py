@@ -1,0 +1,348 @@
+"""The agent's jobs from acceptance until they have really ended: one shielded task each.
+
+:class:`RunningJobs` gives every accepted job its task (a command job first waits for a start
+slot, :mod:`agent.starts`), writes its ``start`` line just before it begins and its ``stop``
+line once it has really ended, keeps the outcome of a job that ended on its own for the
+heartbeats, and frees the job's reservation. Which outcomes are reported, and when a job
+counts as stopped by the fence, is argued in :mod:`agent.core`; the fence state itself is
+the agent's :class:`agent.fence.FenceClock`, read here, and fencing is the agent's
+(``fence_if_due``, ``fence_now``), since it also changes what the agent accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent.acceptance import Admission
+from agent.fence import FenceClock, unix_time_of
+from agent.joblog import JobLog, LogEvent
+from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
+from agent.runtimes import JobResult, JobRunner, forks, job_dir_for, timed_by_agent_s
+from agent.starts import StartLimiter, StartTicket
+from runtime.settings import AgentSettings
+
+
+@attrs.define(eq=False, kw_only=True)
+class Job:
+    """One accepted assignment from acceptance until it has really ended."""
+
+    order: JobOrder
+    epoch: int
+    """The epoch of the Assign request that started it."""
+    incarnation: int
+    started: bool = False
+    """True from its start line on: it is (or was) really running."""
+    started_at: float = 0.0
+    """trio time at which its runtime was started (0 until its start line was written)."""
+    stop: trio.Event = attrs.field(factory=trio.Event)
+    stop_reason: StopReason | None = None
+    """The first reason a stop was asked for; None while nobody asked."""
+    done: trio.Event = attrs.field(factory=trio.Event)
+    start_ticket: StartTicket | None = None
+    """A command job's place in the queue for a start slot, then its slot; None for a sleep job."""
+    reported: bool = False
+    """True once it ended on its own and its outcome waits to be reported (never for a job
+    stopped by the control plane, a fence or a shutdown)."""
+
+
+@attrs.define(eq=False, kw_only=True)
+class RunningJobs:
+    """The jobs of one agent, by assignment id.
+
+    Args:
+        settings: the agent's settings (stop grace, nice level).
+        joblog: where start and stop lines go.
+        jobs_dir: the folder under which each job gets its own.
+        runner: what runs a job (:func:`agent.runtimes.job_runner`, or a stand-in in tests).
+        start_limiter: the process's start slots.
+        admission: the acceptance rules, told when a job has ended.
+        fence: the agent's fence state (live, fenced at, deadline file).
+        outcomes: the agent's list of outcomes not yet acknowledged; appended to.
+        fence_if_due: the agent's check of a passed fence deadline (it fences when so).
+        fence_now: the agent's self-fence.
+        logger: the agent's logger.
+    """
+
+    settings: AgentSettings
+    joblog: JobLog
+    jobs_dir: Path
+    runner: JobRunner
+    start_limiter: StartLimiter
+    admission: Admission
+    fence: FenceClock
+    outcomes: list[Outcome]
+    fence_if_due: Callable[[], bool]
+    fence_now: Callable[[], None]
+    logger: Any
+    nursery: trio.Nursery | None = None
+    """Where the jobs' tasks run; set while the agent runs."""
+    _jobs: dict[int, Job] = attrs.field(factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def ids(self) -> list[int]:
+        """Every job's assignment id, sorted."""
+        return sorted(self._jobs)
+
+    def get(self, assignment_id: int) -> Job | None:
+        """The job of ``assignment_id``; None when there is none (any more)."""
+        return self._jobs.get(assignment_id)
+
+    @property
+    def running_assignment_ids(self) -> tuple[int, ...]:
+        """Assignments whose jobs have started and not ended yet (see
+        :attr:`agent.core.Agent.running_assignment_ids`)."""
+        return tuple(sorted(aid for aid, job in self._jobs.items() if job.started))
+
+    def start(self, order: AssignOrder, to_start: tuple[JobOrder, ...]) -> None:
+        """Give every job of ``to_start`` its task (it starts the job, see :meth:`_run_job`)."""
+        nursery = self.nursery
+        assert nursery is not None, "accepted while not running: Admission must be fenced"
+        for job_order in to_start:
+            job = Job(order=job_order, epoch=order.epoch, incarnation=order.incarnation)
+            if job_order.spec.runtime is not None and forks(job_order.spec.runtime):
+                # Queued here, in the order of acceptance, not when the task first runs
+                # (trio runs newly started tasks in no set order).
+                job.start_ticket = self.start_limiter.ticket()
+            self._jobs[job_order.assignment_id] = job
+            nursery.start_soon(self._run_job, job)
+
+    def request_stop(self, job: Job, reason: StopReason) -> None:
+        """Ask ``job`` to stop; the first reason asked for is the one recorded."""
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        job.stop.set()
+
+    def request_stop_all(self, reason: StopReason) -> None:
+        """Ask every job to stop, with no checkpoint."""
+        for job in list(self._jobs.values()):
+            self.request_stop(job, reason)
+
+    async def stop(self, assignment_ids: list[int] | None, reason: StopReason) -> None:
+        """Ask the jobs of ``assignment_ids`` (None: every job) to stop at once, then wait
+        until all have ended."""
+        if assignment_ids is None:
+            jobs = list(self._jobs.values())
+        else:
+            jobs = [self._jobs[aid] for aid in assignment_ids if aid in self._jobs]
+        for job in jobs:
+            self.request_stop(job, reason)
+        for job in jobs:
+            await job.done.wait()
+
+    async def _run_job(self, job: Job) -> None:
+        """Wait for a start slot (command jobs), start the job, and record its end.
+
+        Shielded: a job ends only through its stop event, so shutdown too goes through
+        :meth:`stop` and every job gets its stop line after it has really ended.
+        """
+        with trio.CancelScope(shield=True):
+            ticket = job.start_ticket
+            try:
+                if ticket is not None and not await ticket.wait(job.stop):
+                    self._end_unstarted(job)
+                    return
+                await self._start_and_run(job, ticket)
+            finally:
+                if ticket is not None:
+                    ticket.release()
+
+    def _end_unstarted(self, job: Job) -> None:
+        """Release a job that was stopped before it started: no line, no outcome."""
+        self.logger.info(
+            "job stopped before it started",
+            job_id=job.order.job_id,
+            assignment_id=job.order.assignment_id,
+            reason=None if job.stop_reason is None else job.stop_reason.value,
+        )
+        self._release(job)
+        job.done.set()
+
+    async def _start_and_run(self, job: Job, ticket: StartTicket | None) -> None:
+        """Write the start line, run the job until it ends, record its end."""
+        order = job.order
+        runtime = order.spec.runtime
+        assert runtime is not None  # Admission refuses a spec without runtime
+        self.fence_if_due()  # a thawed agent starts nothing past its fence deadline
+        if job.stop.is_set():
+            self._end_unstarted(job)
+            return
+        try:
+            # Written just before the job begins, with no checkpoint in between (the checker
+            # relies on it), and never for a job that was stopped first.
+            self._write_job_line(LogEvent.START, job)
+        except OSError as exc:
+            self._fail_unstarted(
+                job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
+            )
+            return
+        job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
+        job.started = True
+        job.started_at = trio.current_time()
+        try:
+            result = await self.runner(
+                runtime,
+                job_dir=job_dir,
+                stop=job.stop,
+                stop_grace_s=self.settings.stop_grace_s,
+                fence_deadline_path=self.fence.path,
+                job_nice=self.settings.job_nice,
+                on_started=(lambda: None) if ticket is None else ticket.release,
+            )
+        except BaseException:
+            # A bug in a runtime: it has killed and reaped what it started before
+            # raising. Record the end, release the job, and let the error take the
+            # agent down (fail loud).
+            self._release(job)
+            try:
+                self._write_job_line(
+                    LogEvent.STOP,
+                    job,
+                    reason=StopReason.FAILED.value,
+                )
+            finally:
+                job.done.set()
+            raise
+        self._job_ended(job, result)
+
+    def _fail_unstarted(self, job: Job, detail: str) -> None:
+        """End a job that cannot be started as failed (it was accepted, so the control plane
+        must hear how it ended): report the outcome, release it; nothing is logged as run."""
+        order = job.order
+        self.logger.error(
+            "job not started", job_id=order.job_id, assignment_id=order.assignment_id, detail=detail
+        )
+        now_unix_s = time.time()
+        job.reported = True
+        self.outcomes.append(
+            Outcome(
+                assignment_id=order.assignment_id,
+                job_id=order.job_id,
+                state=JobState.FAILED,
+                exit_code=None,
+                started_unix_s=now_unix_s,
+                finished_unix_s=now_unix_s,
+                detail=detail,
+            )
+        )
+        self._release(job)
+        job.done.set()
+
+    def _release(self, job: Job) -> None:
+        """Forget a job that has really ended and free its reservation."""
+        self.admission.job_ended(job.order.assignment_id, finished=job.reported)
+        self._jobs.pop(job.order.assignment_id, None)
+
+    def _job_ended(self, job: Job, result: JobResult) -> None:
+        try:
+            self._record_end(job, result)
+        finally:
+            # Also on an error (it takes the agent down): nobody may wait forever for the job.
+            self._release(job)
+            job.done.set()
+
+    def _record_end(self, job: Job, result: JobResult) -> None:
+        """Write the stop line of a job that has ended and keep its outcome for reporting."""
+        order = job.order
+        # Thawed past the fence deadline: fence before completing or reporting anything.
+        self.fence_if_due()
+        if result.fenced and self.fence.live.is_set():
+            # Its reaper saw a passed deadline this agent has not reached (the agent could not
+            # update the file in time): the deadman's verdict stands for the whole worker.
+            self.logger.warning(
+                "a reaper fenced its job before the agent fenced", assignment_id=order.assignment_id
+            )
+            self.fence_now()
+        fenced, ended_unix_s = self._fenced_end(job, result)
+        if fenced:
+            reason = StopReason.SELF_FENCE
+        elif result.stopped and job.stop_reason is not None:
+            reason = job.stop_reason
+        else:
+            reason = StopReason(result.state.value)
+        self._write_job_line(
+            LogEvent.STOP,
+            job,
+            reason=reason.value,
+            exit_code=result.exit_code,
+            time_unix_s=ended_unix_s,
+            started=result.started,
+        )
+        self.logger.info(
+            "job ended",
+            job_id=order.job_id,
+            assignment_id=order.assignment_id,
+            reason=reason.value,
+            exit_code=result.exit_code,
+            started=result.started,
+            detail=result.detail,
+        )
+        if not (result.stopped or fenced):
+            job.reported = True
+            self.outcomes.append(
+                Outcome(
+                    assignment_id=order.assignment_id,
+                    job_id=order.job_id,
+                    state=result.state,
+                    exit_code=result.exit_code,
+                    started_unix_s=result.started_unix_s,
+                    finished_unix_s=result.finished_unix_s,
+                    stdout_path=result.stdout_path,
+                    stderr_path=result.stderr_path,
+                    detail=result.detail,
+                )
+            )
+
+    def _fenced_end(self, job: Job, result: JobResult) -> tuple[bool, float]:
+        """Whether the fence stopped ``job``, and the wall-clock time it ended at.
+
+        A command job's end is its runtime's (for one its reaper fenced: the kill time). A
+        sleep job still running when the agent fenced itself counts as stopped at the fence
+        deadline (see :mod:`agent.core`), also when its duration ran out later while the
+        agent could not run.
+        """
+        if result.fenced:
+            return True, result.finished_unix_s
+        runtime = job.order.spec.runtime
+        duration_s = None if runtime is None else timed_by_agent_s(runtime)
+        fenced_at = self.fence.fenced_at
+        if fenced_at is None or duration_s is None:
+            return False, result.finished_unix_s
+        if result.stopped or job.started_at + duration_s >= fenced_at:
+            return True, max(result.started_unix_s, unix_time_of(fenced_at))
+        return False, result.finished_unix_s
+
+    def _write_job_line(
+        self,
+        event: LogEvent,
+        job: Job,
+        *,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        time_unix_s: float | None = None,
+        started: bool = True,
+    ) -> None:
+        """Append ``event`` for ``job`` to the job log: its incarnation, the epoch of the Assign
+        that started it, its job and assignment ids, and the given fields.
+
+        Raises:
+            OSError: the line could not be written.
+        """
+        self.joblog.write(
+            event,
+            incarnation=job.incarnation,
+            epoch=job.epoch,
+            job_id=job.order.job_id,
+            assignment_id=job.order.assignment_id,
+            reason=reason,
+            exit_code=exit_code,
+            time_unix_s=time_unix_s,
+            started=started,
+        )
