@@ -67,6 +67,14 @@ def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
     )
 
 
+async def _start_afresh(cluster: LocalCluster, workers: int) -> None:
+    """Start ``cluster`` anew (whatever ran in its state folder stopped and removed) and wait
+    until it is ready."""
+    await trio.to_thread.run_sync(cluster.down)
+    shutil.rmtree(cluster.state.root, ignore_errors=True)
+    await trio.to_thread.run_sync(lambda: cluster.up(control_planes=3, workers=workers, timeout_s=180))
+
+
 async def _submit(client: ControlPlaneClient, specs: Sequence[pb.JobSpec]) -> None:
     for start in range(0, len(specs), 5000):
         await client.call(
@@ -142,12 +150,8 @@ async def run_policy(
     """
     label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
     cluster = _cluster(root, settings, policy)
-    await trio.to_thread.run_sync(cluster.down)
-    shutil.rmtree(root, ignore_errors=True)
     try:
-        await trio.to_thread.run_sync(
-            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
-        )
+        await _start_afresh(cluster, settings.workers)
         config = cluster.config()
         stream = job_stream(settings.jobs, settings.seed)
         specs = [
@@ -284,12 +288,8 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
     """10,000 small jobs into an empty cluster with room for all: seconds until every one is
     started by its worker, and placements per second."""
     cluster = _cluster(root, settings, "best_fit")
-    await trio.to_thread.run_sync(cluster.down)
-    shutil.rmtree(root, ignore_errors=True)
     try:
-        await trio.to_thread.run_sync(
-            lambda: cluster.up(control_planes=3, workers=settings.workers, timeout_s=180)
-        )
+        await _start_afresh(cluster, settings.workers)
         config = cluster.config()
         specs = [
             pb.JobSpec(
