@@ -3,9 +3,9 @@
 asyncpg and grpclib are asyncio libraries. Each Stockade process opens one asyncio loop on
 top of trio (:func:`asyncio_bridge`) and every call into those libraries goes through this
 package, whose :mod:`runtime.aio.bridge` is the only caller of ``aio_as_trio`` (and of
-``trio_as_aio``). Errors are translated at the boundary: a broken
-connection or an unreachable peer becomes a :class:`runtime.errors.TemporaryError`, a broken
-unique index :class:`runtime.errors.DuplicateKey`, a gRPC status :class:`InvalidArgument`,
+``trio_as_aio``). Errors are translated at the boundary: a broken connection or an unreachable
+peer becomes a :class:`runtime.errors.TemporaryError`, a broken unique index
+:class:`runtime.errors.DuplicateKey`, a gRPC status :class:`InvalidArgument`,
 :class:`NotFound`, :class:`IdempotencyConflict` or :class:`RemoteError`.
 
 Cancellation: a trio cancel that lands inside an asyncpg call terminates that connection
