@@ -16,7 +16,8 @@ Layout of ``EmbeddedPostgres.data_dir``::
 PostgreSQL refuses to run as root. When this process is root, the server runs
 as the system user ``stockade-pg`` (created on first use), which owns
 ``data_dir``; the directories above ``data_dir`` and the wheel's install tree
-are made traversable by other users so that it can reach them.
+are made traversable by other users so that it can reach them. The
+operating-system plumbing for that lives in :mod:`ops.pg_user`.
 
 The server trusts every connection (``initdb --auth=trust``) and listens on
 127.0.0.1 only: it is a development and test tool, not a production database.
@@ -26,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import importlib.util
 import os
-import pwd
 import shlex
 import socket
 import stat
@@ -39,11 +38,19 @@ import tempfile
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import attrs
 import psutil
 
+from ops.pg_user import (
+    RunAs,
+    UserNotCreated,
+    chown,
+    ensure_install_readable,
+    ensure_traversable,
+    resolve_user,
+)
 from runtime.priority import DEFAULT_NICE, renice_server
 from runtime.text import tail_lines, tail_of
 
@@ -108,26 +115,6 @@ class PostgresStartError(EmbeddedPostgresError):
 
 class PostgresStopError(EmbeddedPostgresError):
     """The server is still running after ``pg_ctl stop`` gave up."""
-
-
-@attrs.frozen(kw_only=True)
-class _RunAs:
-    """Who the PostgreSQL binaries run as."""
-
-    uid: int
-    gid: int
-    name: str
-
-    @property
-    def is_other_user(self) -> bool:
-        """True when the binaries run as a user other than this process."""
-        return self.uid != os.geteuid()
-
-    def subprocess_kwargs(self) -> dict[str, Any]:
-        """Extra :func:`subprocess.run` arguments that switch to this user."""
-        if not self.is_other_user:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
 
 @attrs.frozen(kw_only=True)
@@ -336,7 +323,7 @@ class EmbeddedPostgres:
             # Alive but the port line is not written yet: report the one we ask for.
             return self.port
 
-    def _prepare_dirs(self, run_as: _RunAs) -> None:
+    def _prepare_dirs(self, run_as: RunAs) -> None:
         """Create data_dir and the socket dir, owned by the server's user.
 
         Raises:
@@ -345,11 +332,11 @@ class EmbeddedPostgres:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if run_as.is_other_user:
-            _ensure_traversable(self.data_dir.absolute().parent)
-            _ensure_install_readable()
-            _chown(self.data_dir, run_as)
+            ensure_traversable(self.data_dir.absolute().parent)
+            ensure_install_readable(POSTGRES_BIN_PATH.parent)
+            chown(self.data_dir, run_as)
             if self.log_path.exists():
-                _chown(self.log_path, run_as)
+                chown(self.log_path, run_as)
         self.data_dir.chmod(0o700)
         socket_dir = self.socket_dir
         socket_dir.mkdir(mode=0o700, exist_ok=True)
@@ -357,7 +344,7 @@ class EmbeddedPostgres:
         if not stat.S_ISDIR(info.st_mode):
             raise PostgresStartError(f"socket directory {socket_dir} is not a directory")
         if run_as.is_other_user:
-            _chown(socket_dir, run_as)
+            chown(socket_dir, run_as)
         elif info.st_uid != run_as.uid:
             raise PostgresStartError(
                 f"socket directory {socket_dir} belongs to uid {info.st_uid}, expected {run_as.uid}"
@@ -373,7 +360,7 @@ class EmbeddedPostgres:
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
-    def _initdb(self, run_as: _RunAs, *, timeout_s: float) -> None:
+    def _initdb(self, run_as: RunAs, *, timeout_s: float) -> None:
         args = ["-D", str(self.pgdata), "--auth=trust", "-U", PG_SUPERUSER, "-E", "utf8"]
         args += ["--locale=C", "--no-instructions"]
         if self.fast_unsafe:
@@ -383,7 +370,7 @@ class EmbeddedPostgres:
         except _CommandFailed as exc:
             raise PostgresStartError(str(exc)) from exc
 
-    def _pg_ctl_start(self, run_as: _RunAs, *, timeout_s: float) -> None:
+    def _pg_ctl_start(self, run_as: RunAs, *, timeout_s: float) -> None:
         options: list[str] = []
         for name, value in self.server_settings().items():
             options += ["-c", f"{name}={value}"]
@@ -448,7 +435,7 @@ class _CommandFailed(Exception):
     """A PostgreSQL binary exited non-zero or timed out; the message says which."""
 
 
-def _run_pg(program: str, args: Sequence[str], *, run_as: _RunAs, cwd: Path, timeout_s: float) -> None:
+def _run_pg(program: str, args: Sequence[str], *, run_as: RunAs, cwd: Path, timeout_s: float) -> None:
     """Run one binary from the wheel as ``run_as``.
 
     Output goes to a temporary file rather than a pipe: ``pg_ctl start`` leaves
@@ -493,71 +480,13 @@ def _whole_seconds(timeout_s: float) -> int:
     return max(1, int(-(-timeout_s // 1)))
 
 
-def _run_as() -> _RunAs:
-    """The user the binaries run as: ``stockade-pg`` when we are root, else us."""
-    if os.geteuid() != 0:
-        entry = pwd.getpwuid(os.geteuid())
-        return _RunAs(uid=entry.pw_uid, gid=os.getegid(), name=entry.pw_name)
+def _run_as() -> RunAs:
+    """The user the binaries run as: :data:`RUN_AS_USER` when we are root, else us.
+
+    Raises:
+        PostgresStartError: we are root and :data:`RUN_AS_USER` could not be created.
+    """
     try:
-        entry = pwd.getpwnam(RUN_AS_USER)
-    except KeyError:
-        try:
-            subprocess.run(
-                ["useradd", "-r", "-M", "-s", "/usr/sbin/nologin", RUN_AS_USER],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            raise PostgresStartError(
-                f"PostgreSQL refuses to run as root and user {RUN_AS_USER!r} could not be created: {detail}"
-            ) from exc
-        entry = pwd.getpwnam(RUN_AS_USER)
-    return _RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
-
-
-def _chown(path: Path, run_as: _RunAs) -> None:
-    info = path.lstat()
-    if (info.st_uid, info.st_gid) != (run_as.uid, run_as.gid):
-        os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
-
-
-def _add_mode(path: Path, bits: int) -> None:
-    """chmod ``path`` to add ``bits``, only if some are missing."""
-    mode = path.stat().st_mode
-    if mode & bits != bits:
-        path.chmod(stat.S_IMODE(mode) | bits)
-
-
-def _ensure_traversable(directory: Path) -> None:
-    """Add g+x,o+x to ``directory`` and each of its parents, up to /.
-
-    Only the search bit is added: other users may pass through, not list.
-    """
-    for path in (directory, *directory.parents):
-        _add_mode(path, stat.S_IXGRP | stat.S_IXOTH)
-
-
-@functools.cache
-def _ensure_install_readable() -> None:
-    """Let other users run the wheel's binaries and read its libraries and data.
-
-    The wheel is normally installed world-readable; this only repairs an
-    install (or a venv path) that is not, such as one under a 0700 directory.
-    """
-    install_root = POSTGRES_BIN_PATH.parent
-    _ensure_traversable(install_root)
-    read_dir = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
-    for name in ("bin", "lib", "share"):
-        top = install_root / name
-        if not top.is_dir() or stat.S_IMODE(top.stat().st_mode) & read_dir == read_dir:
-            continue
-        for dirpath, _dirnames, filenames in os.walk(top):
-            _add_mode(Path(dirpath), read_dir)
-            for filename in filenames:
-                file_path = Path(dirpath, filename)
-                if file_path.is_symlink():
-                    continue
-                executable = file_path.stat().st_mode & stat.S_IXUSR
-                _add_mode(file_path, read_dir if executable else stat.S_IRGRP | stat.S_IROTH)
+        return resolve_user(RUN_AS_USER)
+    except UserNotCreated as exc:
+        raise PostgresStartError(f"PostgreSQL refuses to run as root and {exc}") from exc

@@ -1,7 +1,11 @@
 """The fence on a real PostgreSQL: stale epochs refused, takeovers wait for open fenced
 transactions and for a placement statement in flight, frozen transactions ended by
 idle_in_transaction_session_timeout, and the partial unique index that allows one active
-assignment per job."""
+assignment per job.
+
+It is one file because it is the one specification of the fence (DESIGN's invariants 1 to 3,
+argued in :mod:`actors.ledger`) against a real server: every test runs on the same seeded
+database and ledger, and states one behaviour."""
 
 from __future__ import annotations
 

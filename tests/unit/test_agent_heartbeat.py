@@ -3,6 +3,10 @@
 The agent reaches the control plane through a scripted stand-in, so every timing is exact:
 pytest-trio's ``autojump_clock`` fixture (a ``MockClock(autojump_threshold=0)``) jumps time
 whenever every task is blocked.
+
+It is one file because it is the one specification of the agent's side of its conversation
+with the control plane (:class:`agent.core.Agent`): every test drives the same scripted stand-in
+and states one behaviour.
 """
 
 from __future__ import annotations

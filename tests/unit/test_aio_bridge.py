@@ -1,14 +1,18 @@
-"""The asyncio bridge survives the connection errors asyncpg leaves behind, and no others."""
+"""The asyncio bridge survives the connection errors asyncpg leaves behind, and no others; it is
+the one place where trio and asyncio code call each other."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from pathlib import Path
 
 import pytest
 import trio
 
 from runtime.aio import asyncio_bridge
+
+ROOT = Path(__file__).parents[2]
 
 
 def _drop_failed_future(error: BaseException) -> None:
@@ -33,3 +37,16 @@ async def test_any_other_unretrieved_error_still_ends_the_loop() -> None:
         async with asyncio_bridge():
             _drop_failed_future(RuntimeError("a real bug"))
             await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("crossing", ["aio_as_trio(", "trio_as_aio("])
+def test_only_the_bridge_crosses_between_trio_and_asyncio(crossing: str) -> None:
+    """``runtime/aio/bridge.py`` is the one module that calls ``trio_asyncio``'s crossings; every
+    other module goes through its ``run_aio`` and ``run_trio``."""
+    callers = [
+        str(path.relative_to(ROOT))
+        for package in ("actors", "agent", "ops", "protocol", "runtime")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if crossing in path.read_text()
+    ]
+    assert callers == ["runtime/aio/bridge.py"]

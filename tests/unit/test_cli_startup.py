@@ -36,8 +36,20 @@ sys.stderr.write("\\nMODULES " + json.dumps({"code": code, "modules": sorted(sys
 """
 """Runs the CLI as ``stockade ARGS`` does, then reports every module loaded and the exit code."""
 
-SERVER_SIDE = ("actors", "agent", "asyncpg", "ops.cluster", "ops.pg", "ops.chaos", "ops.checker")
-"""The control plane, the agent, the database driver, the launcher and the harnesses."""
+SERVER_SIDE = (
+    "actors",
+    "agent",
+    "asyncpg",
+    "runtime.aio.pg",
+    "runtime.aio.grpc_server",
+    "ops.cluster",
+    "ops.pg",
+    "ops.pg_user",
+    "ops.chaos",
+    "ops.checker",
+)
+"""The control plane, the agent, the database driver and the bridge's database and server
+sides, the launcher and the harnesses."""
 
 NEVER = (*SERVER_SIDE, "numpy", "matplotlib", "pydantic", "structlog", "psutil", "ops.bench")
 """What no client call needs (the benchmarks', plotting's, logging's and Typer's heavy parts)."""

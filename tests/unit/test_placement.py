@@ -1,4 +1,8 @@
-"""Placement as a pure function, checked with hypothesis."""
+"""Placement as a pure function, checked with hypothesis.
+
+It is one file because it is the one specification of :mod:`actors.placement`: best fit,
+reservations and pacing are one decision, share the strategies below, and each test states one
+behaviour."""
 
 from __future__ import annotations
 

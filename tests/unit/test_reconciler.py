@@ -2,6 +2,10 @@
 
 The store reports heartbeat ages as the database would (ages from the mock clock); the ledger
 and dispatcher are the test itself, holding the other ends of the reconciler's channels.
+
+It is one file because it is the one specification of one actor, :mod:`actors.reconciler`: its
+sections (dead workers, requeue backoff, the death limiter, re-sending unconfirmed work, fenced
+writes in batches) share the store and harness above, and each test states one behaviour.
 """
 
 from __future__ import annotations

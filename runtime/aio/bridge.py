@@ -1,0 +1,89 @@
+"""The bridge itself: the asyncio loop on top of trio, and the two crossings between them.
+
+:func:`asyncio_bridge` opens the loop once per process. :func:`run_aio` awaits asyncio code
+from trio and is the only caller of ``trio_asyncio.aio_as_trio``; :func:`run_trio` awaits trio
+code from asyncio (a served RPC's handler) and is the only caller of ``trio_as_aio``. The rest
+of :mod:`runtime.aio` crosses through these two. :func:`connection_errors` says which errors
+mean a broken database connection, for the loop's exception handler here and for
+:mod:`runtime.aio.pg`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio_asyncio
+
+T = TypeVar("T")
+
+CLEANUP_DEADLINE_S = 2.0
+"""How long a shielded close, release, rollback or server shutdown may take, in seconds,
+before the connection is dropped (or the server left to close on its own)."""
+
+
+@asynccontextmanager
+async def asyncio_bridge() -> AsyncIterator[None]:
+    """Open the asyncio loop that asyncpg and grpclib run on, for the body of the block.
+
+    Open it once per process, around everything else (``trio_asyncio.open_loop``).
+
+    trio-asyncio's loop raises every error reported to its exception handler into its
+    nursery, which ends the process. One report is routine, not a failure: a future that
+    ended with a connection error nobody retrieved. asyncpg leaves one behind when a call is
+    cancelled (a gRPC handler past its deadline) and its connection is then terminated (see
+    :class:`runtime.aio.pg.PgConnection`): the pending reply's future gets
+    ``ConnectionError('unexpected connection_lost() call')`` after its awaiter has gone. Those
+    are logged; every other report still ends the process.
+    """
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(_on_asyncio_error)
+        yield
+
+
+def _on_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    exception = context.get("exception")
+    if isinstance(exception, connection_errors()) and "never retrieved" in str(context.get("message", "")):
+        from runtime import log  # structlog: loaded only by processes that log
+
+        log.get("aio").info("a dropped connection's pending reply was discarded", error=repr(exception))
+        return
+    loop.default_exception_handler(context)
+
+
+async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Await the asyncio coroutine function ``fn(*args, **kwargs)`` from trio."""
+    return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+async def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await the trio coroutine function ``fn(*args)`` from asyncio code (the task grpclib runs
+    a request in). A cancel of that asyncio task reaches ``fn`` as a trio cancel."""
+    return await trio_asyncio.trio_as_aio(fn)(*args)  # type: ignore[no-any-return]
+
+
+# asyncpg is imported when first needed, not with this module: a client (``stockade status``)
+# uses the bridge and gRPC only, and should not pay for loading the database driver.
+
+
+@functools.cache
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean a connection is broken (the owner reconnects)."""
+    import asyncpg
+
+    return (
+        OSError,
+        asyncio.TimeoutError,
+        asyncpg.exceptions.ConnectionDoesNotExistError,
+        asyncpg.exceptions.InterfaceError,
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.CannotConnectNowError,
+        asyncpg.exceptions.AdminShutdownError,
+        asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+        # What asyncpg says when the server ended the session while the process was frozen:
+        # the connection's protocol state is lost, so it counts as broken.
+        asyncpg.exceptions.InternalClientError,
+    )

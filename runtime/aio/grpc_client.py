@@ -1,0 +1,124 @@
+"""The gRPC client side: :class:`GrpcChannel`, calls to one peer from trio with their errors
+translated (a gRPC status or an unreachable peer becomes a :class:`runtime.errors.StockadeError`
+that says what the caller can do)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpclib.client
+import grpclib.const
+import grpclib.exceptions
+import trio
+from betterproto2.grpclib import ServiceStub
+
+from runtime.aio.bridge import run_aio
+from runtime.errors import (
+    Busy,
+    ConnectionRefused,
+    IdempotencyConflict,
+    InvalidArgument,
+    NotFound,
+    RemoteError,
+    StockadeError,
+    Unavailable,
+)
+from runtime.identifiers import parse_address
+
+T = TypeVar("T")
+StubT = TypeVar("StubT", bound=ServiceStub)
+
+
+_RETRYABLE_STATUS = {
+    grpclib.const.Status.UNAVAILABLE,
+    grpclib.const.Status.DEADLINE_EXCEEDED,
+    grpclib.const.Status.CANCELLED,
+}
+
+
+class GrpcChannel:
+    """A client connection to one gRPC server, with trio-side calls and error translation."""
+
+    def __init__(self, address: str) -> None:
+        """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`).
+
+        Raises:
+            InvalidArgument: ``address`` is not such an address.
+        """
+        self.address = address
+        self._host_port = parse_address(address, field="address")
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
+
+    def stub(self, stub_cls: type[StubT]) -> StubT:
+        """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
+        return stub_cls(self._channel)
+
+    async def call(self, method: Callable[..., Awaitable[T]], request: Any, *, timeout_s: float) -> T:
+        """Call a stub's bound ``method`` with ``request`` and a deadline of ``timeout_s``.
+
+        Raises:
+            Busy: the peer answered RESOURCE_EXHAUSTED: it is overloaded and did not start the
+                request (nothing was stored; asking another peer is safe).
+            ConnectionRefused: the peer refused the connection (nothing listens there).
+            Unavailable: the peer did not answer in time, could not be reached, or answered
+                UNAVAILABLE / DEADLINE_EXCEEDED.
+            InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
+                (``field`` is ``"request"``; the peer's message is kept whole).
+            IdempotencyConflict: the peer answered ALREADY_EXISTS: the request's idempotency
+                key was first used for another request.
+            RemoteError: any other error status.
+        """
+        try:
+            with trio.fail_after(timeout_s + 0.5):
+                return await run_aio(method, request, timeout=timeout_s)
+        except trio.TooSlowError as exc:
+            raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
+        except grpclib.exceptions.GRPCError as exc:
+            message = exc.message or ""
+            if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
+                raise Busy(f"{self.address}: {message}") from exc
+            if exc.status in _RETRYABLE_STATUS:
+                raise Unavailable(f"{self.address}: {exc.status.name}: {message}") from exc
+            if exc.status == grpclib.const.Status.INVALID_ARGUMENT:
+                raise _RemoteInvalid(message) from exc
+            if exc.status == grpclib.const.Status.NOT_FOUND:
+                raise NotFound(message) from exc
+            if exc.status == grpclib.const.Status.ALREADY_EXISTS:
+                raise IdempotencyConflict(message) from exc
+            raise RemoteError(exc.status.name, message) from exc
+        except ConnectionRefusedError as exc:
+            raise ConnectionRefused(f"{self.address} refused the connection") from exc
+        except (
+            TimeoutError,
+            OSError,
+            grpclib.exceptions.StreamTerminatedError,
+            grpclib.exceptions.ProtocolError,
+        ) as exc:
+            raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
+        except StockadeError:
+            raise
+        except Exception as exc:
+            # grpclib's own races (a connection lost while a stream is opened raises
+            # AttributeError inside it): the peer is unreachable for this call; start afresh.
+            self._reset()
+            raise Unavailable(f"{self.address} failed: {exc!r}") from exc
+
+    def _reset(self) -> None:
+        self._channel.close()
+        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._channel.close()
+
+
+class _RemoteInvalid(InvalidArgument):
+    """INVALID_ARGUMENT from a peer: keeps the peer's message as the whole text."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.field = "request"
+        self.value = None
+        self.rule = message
+        self.detail = ""

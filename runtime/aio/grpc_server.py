@@ -1,0 +1,289 @@
+"""The gRPC server side: trio handlers served by grpclib.
+
+:func:`serve_grpc` serves services built by :func:`trio_service`, which runs each RPC's trio
+handler through :func:`runtime.aio.bridge.run_trio` and turns the StockadeErrors it raises into
+gRPC statuses. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
+:func:`finish_despite_cancel` keeps database work from being cancelled half way.
+:class:`WireCodec` sends replies already in wire form as they are, and hands a handler marked
+:func:`takes_encoded_request` its request undecoded. Why each exists is in
+:mod:`runtime.aio`'s docstring.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import betterproto2
+import grpclib.const
+import grpclib.exceptions
+import grpclib.server
+import trio
+from betterproto2.grpclib import ServiceBase
+from grpclib.encoding.proto import ProtoCodec
+
+from protocol import wire
+from protocol.wire import Encoded
+from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio, run_trio
+from runtime.errors import (
+    Busy,
+    DatabaseUnavailable,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    InvalidArgument,
+    NotFound,
+    StaleEpoch,
+    StockadeError,
+    TemporaryError,
+)
+
+_STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
+    (Busy, grpclib.const.Status.RESOURCE_EXHAUSTED),
+    (DeadlineExceeded, grpclib.const.Status.DEADLINE_EXCEEDED),
+    (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
+    (NotFound, grpclib.const.Status.NOT_FOUND),
+    (IdempotencyConflict, grpclib.const.Status.ALREADY_EXISTS),
+    (StaleEpoch, grpclib.const.Status.FAILED_PRECONDITION),
+    (TemporaryError, grpclib.const.Status.UNAVAILABLE),
+]
+
+
+def _to_grpc_error(exc: StockadeError) -> grpclib.exceptions.GRPCError:
+    for cls, status in _STATUS_OF:
+        if isinstance(exc, cls):
+            return grpclib.exceptions.GRPCError(status, str(exc))
+    return grpclib.exceptions.GRPCError(grpclib.const.Status.INTERNAL, str(exc))
+
+
+_STREAM_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "stockade_stream_deadline", default=None
+)
+"""The served request's deadline as ``time.monotonic()`` (asyncio side; None: no grpc-timeout)."""
+
+_RPC_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "stockade_rpc_deadline", default=math.inf
+)
+"""The served request's deadline in trio time (trio side)."""
+
+
+def rpc_deadline() -> float:
+    """The trio time (``trio.current_time()``) at which the client of the RPC being handled
+    stops waiting for its answer; ``math.inf`` when it sent no deadline or outside a handler
+    served by :func:`trio_service`."""
+    return _RPC_DEADLINE.get()
+
+
+@contextmanager
+def finish_despite_cancel(bound_s: float) -> Iterator[None]:
+    """Run the body to its end even when an enclosing scope is cancelled meanwhile (an RPC's
+    deadline passing, its client resetting the stream), for at most ``bound_s`` seconds.
+
+    For database work of a request handler: a cancel landing inside an asyncpg call terminates
+    the connection (:class:`runtime.aio.pg.PgConnection`), and a replica that answers late
+    would then reconnect, a new server process each time, on a machine that is already short of
+    CPU. The work's own server-side timeouts (``statement_timeout``, ``lock_timeout``) end it in
+    time; ``bound_s`` is the last resort for a connection that stalled with no server timeout to
+    end it, and only then is the connection dropped. A cancel that arrived meanwhile is
+    delivered at the caller's next checkpoint, so an answer nobody waits for is simply not
+    sent.
+
+    Args:
+        bound_s: the longest the body may run, in seconds.
+
+    Raises:
+        DatabaseUnavailable: the body ran longer than ``bound_s`` (it was cancelled at that
+            point; a connection in the middle of a call was terminated).
+    """
+    try:
+        with trio.CancelScope(shield=True), trio.fail_after(bound_s):
+            yield
+    except trio.TooSlowError as exc:
+        raise DatabaseUnavailable(f"database work took longer than {bound_s:g} s") from exc
+
+
+async def _call_in_trio(
+    fn: Callable[[Any], Awaitable[Any]], message: Any, deadline_monotonic: float | None
+) -> Any:
+    # Converted here, in the trio task, so the hand-over from asyncio counts against the deadline.
+    deadline = math.inf
+    if deadline_monotonic is not None:
+        deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
+    token = _RPC_DEADLINE.set(deadline)
+    try:
+        result = await fn(message)
+    except StockadeError:
+        await trio.lowlevel.checkpoint()
+        raise
+    finally:
+        _RPC_DEADLINE.reset(token)
+    # A client that gave up while the handler finished its work (finish_despite_cancel) gets no
+    # answer: the cancel lands here, and grpclib ends the stream as cancelled instead of
+    # trying to send a reply on a stream that is gone (which it logs as an error).
+    await trio.lowlevel.checkpoint()
+    return result
+
+
+def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """Wrap a generated ``__rpc_*`` stream handler so the request's deadline is known inside."""
+
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        deadline = stream.deadline
+        token = _STREAM_DEADLINE.set(
+            None if deadline is None else time.monotonic() + deadline.time_remaining()
+        )
+        try:
+            await func(stream)
+        finally:
+            _STREAM_DEADLINE.reset(token)
+
+    return handle
+
+
+class WireCodec(ProtoCodec):
+    """grpclib's protobuf codec, with two changes: a reply already in wire form
+    (:class:`protocol.wire.Encoded` of the RPC's reply type) is sent as it is, and a request is
+    decoded by :func:`protocol.wire.parse`, so an integer sent outside its field's type is
+    refused (INVALID_ARGUMENT naming the field and the value as sent) instead of truncated."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        """The request (or an :class:`protocol.wire.Encoded` of it, for a handler marked
+        :func:`takes_encoded_request`, which decodes it itself).
+
+        Raises:
+            grpclib.exceptions.GRPCError: INVALID_ARGUMENT: an integer field's value as sent
+                lies outside its type, or ``data`` is not a well-formed request.
+        """
+        if not (isinstance(message_type, type) and issubclass(message_type, betterproto2.Message)):
+            return super().decode(data, message_type)
+        try:
+            return wire.parse(message_type, data)
+        except wire.OutOfRange as exc:
+            error = InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail)
+        except ValueError as exc:
+            error = InvalidArgument(
+                "request", f"{len(data)} bytes", f"must be a {message_type.__name__} ({exc})"
+            )
+        raise _to_grpc_error(error) from None
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        """The reply's bytes.
+
+        Raises:
+            TypeError: ``message`` is neither a ``message_type`` nor an ``Encoded`` of one.
+        """
+        if isinstance(message, Encoded):
+            if message.message_type is not message_type:
+                raise TypeError(f"reply must be encoded from {message_type!r}, not {message.message_type!r}")
+            return message.data
+        return super().encode(message, message_type)
+
+
+_ENCODED_REQUEST = "__stockade_takes_encoded_request__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_encoded_request(method: F) -> F:
+    """Mark a handler of :func:`trio_service` that receives its request undecoded, as a
+    :class:`protocol.wire.Encoded` (it decodes it itself, e.g. in slices)."""
+    setattr(method, _ENCODED_REQUEST, True)
+    return method
+
+
+def _undecoded(message_type: type[Any]) -> type[Any]:
+    """A stand-in for ``message_type`` whose ``FromString`` keeps the bytes (what grpclib's
+    codec calls to decode a request)."""
+
+    class Undecoded:
+        @staticmethod
+        def FromString(data: bytes) -> Encoded[Any]:
+            return Encoded(message_type, bytes(data))
+
+    Undecoded.__name__ = f"Undecoded{message_type.__name__}"
+    return Undecoded
+
+
+def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
+    """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
+
+    Each RPC of the generated ``base`` class is served by the same-named trio method of
+    ``impl``, which takes the request message and returns the reply message; an RPC ``impl``
+    lacks answers UNIMPLEMENTED. A method may return its reply as a
+    :class:`protocol.wire.Encoded` (served by :func:`serve_grpc`'s :class:`WireCodec`), and one
+    marked :func:`takes_encoded_request` gets its request as one. Inside it,
+    :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
+    statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
+    InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
+    ALREADY_EXISTS, StaleEpoch -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
+    INTERNAL.
+    """
+    methods: dict[str, Any] = {}
+    undecoded: set[str] = set()
+    for name, fn in vars(base).items():
+        if name.startswith("_") or not inspect.iscoroutinefunction(fn):
+            continue
+        trio_fn = getattr(impl, name, None)
+        if trio_fn is None:
+            continue  # not implemented: the generated base answers UNIMPLEMENTED
+        if getattr(trio_fn, _ENCODED_REQUEST, False):
+            undecoded.add(name)
+
+        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
+            try:
+                return await run_trio(_call_in_trio, _trio_fn, message, _STREAM_DEADLINE.get())
+            except StockadeError as exc:
+                raise _to_grpc_error(exc) from exc
+
+        methods[name] = rpc
+
+    def mapping(self: Any) -> dict[str, Any]:
+        handlers = base.__mapping__(self)  # type: ignore[attr-defined]
+        mapped = {}
+        for path, handler in handlers.items():
+            handler = handler._replace(func=_keeping_deadline(handler.func))
+            if _snake_case(path.rpartition("/")[2]) in undecoded:
+                handler = handler._replace(request_type=_undecoded(handler.request_type))
+            mapped[path] = handler
+        return mapped
+
+    methods["__mapping__"] = mapping
+    return type(f"Trio{base.__name__}", (base,), methods)()
+
+
+def _snake_case(rpc: str) -> str:
+    """``"SubmitJobs"`` -> ``"submit_jobs"`` (the generated methods' names)."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
+
+
+async def serve_grpc(
+    services: Sequence[ServiceBase],
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``services`` on ``host:port`` until cancelled; ``task_status.started(actual_port)``.
+
+    Replies in wire form are sent as they are (:class:`WireCodec`).
+
+    Raises:
+        OSError: the address could not be bound.
+    """
+    server = grpclib.server.Server(list(services), codec=WireCodec())  # type: ignore[arg-type]
+    await run_aio(server.start, host, port)
+    try:
+        # grpclib keeps its asyncio server private; the port bound for port 0 is only there.
+        asyncio_server: Any = server._server
+        sockets = asyncio_server.sockets if asyncio_server is not None else []
+        actual_port = sockets[0].getsockname()[1] if sockets else port
+        task_status.started(actual_port)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_DEADLINE_S):
+            server.close()
+            await run_aio(server.wait_closed)
