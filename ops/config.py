@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,8 @@ def _load_user_config(path: Path) -> dict[str, Any]:
     Raises:
         ClusterError: the file cannot be read or is not TOML.
     """
+    import tomllib  # here, not at the top: most calls find their cluster without the config
+
     try:
         with path.open("rb") as file:
             return tomllib.load(file)
@@ -168,18 +170,18 @@ def recorded_state_dir(config: dict[str, Any]) -> Path | None:
     return Path(state_dir) if isinstance(state_dir, str) and state_dir else None
 
 
-def local_state_dirs() -> list[Path]:
+def local_state_dirs() -> Iterator[Path]:
     """The state folders a local cluster may be recorded in: ``./.stockade`` (or
     ``$STOCKADE_STATE_DIR``), then the one the user config's ``[local]`` table names (a config
-    that cannot be read names none)."""
-    folders = [default_state_dir()]
+    that cannot be read names none). The config is read only when the first does not do."""
+    first = default_state_dir()
+    yield first
     try:
         recorded = recorded_state_dir(_load_user_config(user_config_path()))
     except ClusterError:
-        recorded = None
-    if recorded is not None and recorded not in folders:
-        folders.append(recorded)
-    return folders
+        return
+    if recorded is not None and recorded != first:
+        yield recorded
 
 
 def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list[str]:
@@ -260,6 +262,8 @@ def _write_config(path: Path, text: str, *, records: Path | None) -> None:
         OSError: the file cannot be written.
     """
     try:
+        import tomllib
+
         problem = "" if recorded_state_dir(tomllib.loads(text)) == records else "[local] elsewhere"
     except tomllib.TOMLDecodeError as exc:
         problem = str(exc)

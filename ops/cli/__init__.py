@@ -8,11 +8,14 @@ One module per command group, each of which only parses options and renders answ
 share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
 are read.
 
-Start-up: every call imports every command module (Typer needs each command's options), so
-those import only light modules at the top; what a command needs (rich, trio, the protocol,
-the client, the launcher, the server side) it imports when it runs. ``stockade --help`` and
-``stockade status`` start in well under 0.3 s on an idle machine; a unit test
-(``tests/unit/test_cli_startup.py``) fails when a light call loads a heavy module.
+Start-up: a call imports only the command group it names (:data:`COMMANDS`; ``--help``, an
+unknown command or none: every group), and command modules import only light modules at the
+top; what a command needs (rich, trio, the protocol, the client, the launcher, the server side)
+it imports when it runs. A client command also runs with the cyclic garbage collector paused,
+which makes importing the client's modules about a tenth faster (their many class and function
+objects would otherwise set off collections that find nothing to free; the process lives for
+one call). A unit test (``tests/unit/test_cli_startup.py``) fails when a light call loads a
+heavy module; ``docs/development.md`` has the measured times.
 
 Client commands find the control planes in ``--control-planes host:port,...``, else in
 ``$STOCKADE_CONTROL_PLANES``, else in ``.stockade/cluster.json`` (or ``$STOCKADE_STATE_DIR``'s),
@@ -25,20 +28,65 @@ is left running. No expected condition shows a traceback.
 
 from __future__ import annotations
 
-import importlib
+import gc
 
-from ops.cli.app import app
-from ops.cli.common import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_TOO_LATE, EXIT_UNAVAILABLE
+_GC_WAS_ENABLED = gc.isenabled()
+gc.disable()  # while this package's own imports run (Typer's among them); see main()
+
+import importlib  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from ops.cli.common import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_TOO_LATE, EXIT_UNAVAILABLE  # noqa: E402
+
+if _GC_WAS_ENABLED:
+    gc.enable()
+
+if TYPE_CHECKING:
+    import typer
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_TOO_LATE", "EXIT_UNAVAILABLE", "app", "main"]
 
-COMMAND_GROUPS = ("local", "jobs", "chaos", "processes", "bench")
-"""The modules that register commands on :data:`app`, in the order ``--help`` lists them."""
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "local": ("up", "down", "kill-leader", "kill-worker"),
+    "jobs": ("jobs", "submit", "job", "list", "jobs-list", "cancel", "status"),
+    "chaos": ("chaos", "check"),
+    "processes": ("cp", "agent", "fleet"),
+    "bench": ("bench",),
+}
+"""Each module that registers commands on the app, with the commands it registers, in the
+order ``--help`` lists them (a unit test keeps this equal to what the modules register)."""
 
-for _group in COMMAND_GROUPS:
-    importlib.import_module(f"ops.cli.{_group}")
+CLIENT_GROUPS = ("jobs",)
+"""The groups whose commands are one short call: they run with the garbage collector paused."""
+
+
+def load_commands(args: Sequence[str] | None = None) -> typer.Typer:
+    """Register the command group that ``args`` (the command line after the program) names and
+    return the app; every group when ``args`` is None or names no known command first.
+
+    Returns:
+        The ``stockade`` Typer app.
+    """
+    from ops.cli.base import app
+
+    groups = [group for group, names in COMMANDS.items() if args and args[0] in names]
+    for group in groups or COMMANDS:
+        importlib.import_module(f"ops.cli.{group}")
+    return app
 
 
 def main() -> None:
     """The console entry point (``stockade``)."""
-    app()
+    args = sys.argv[1:]
+    if args and any(args[0] in COMMANDS[group] for group in CLIENT_GROUPS):
+        gc.disable()
+    load_commands(args)()
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``ops.cli.app``: the app with every command registered (for tests and other callers)."""
+    if name == "app":
+        return load_commands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

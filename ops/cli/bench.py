@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ops.cli.app import bench_app
+from ops.cli.base import bench_app
 from ops.cli.common import (
     EXIT_INVALID,
     EXIT_UNAVAILABLE,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ops.cli.app import app
+from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
     EXIT_UNAVAILABLE,

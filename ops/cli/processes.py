@@ -9,7 +9,7 @@ from typing import Annotated
 import attrs
 import typer
 
-from ops.cli.app import app
+from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.config import parse_addresses
 from runtime import identifiers

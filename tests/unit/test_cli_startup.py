@@ -1,9 +1,9 @@
 """``stockade`` starts fast: what a call imports is what it needs, checked in a fresh process.
 
-Every call imports every command module (Typer needs each command's options), so a heavy
-import at the top of one of them, or in a module they share, slows down every call. The
-budget (0.3 s for ``--help`` and ``status`` on an idle machine) is kept by keeping those
-imports out; timing a subprocess here would only measure the machine's load, so these tests
+A call imports the command group it names (``--help``: every group; Typer needs each
+command's options), so a heavy import at the top of a command module, or in a module they
+share, slows down every call. The budget (0.3 s for ``--help`` and ``status`` on an idle
+machine) is kept by keeping those imports out; timing a subprocess here would only measure the machine's load, so these tests
 check the imports themselves.
 """
 
@@ -105,3 +105,22 @@ def test_typer_reads_plain_options_without_pydantic() -> None:
     """This Typer's internals are where :mod:`ops.cli.params` expects them, so plain options
     are read without pydantic (a Typer release that moves them is noticed here)."""
     assert params.installed()
+
+
+def test_the_command_map_names_what_each_group_registers() -> None:
+    """ops.cli.COMMANDS lists, per module, exactly the commands it registers, so that a call
+    which loads only its own group finds its command."""
+    import ops.cli
+    from ops.cli.base import app
+
+    ops.cli.load_commands()
+    registered: dict[str, list[str]] = {}
+    for command in app.registered_commands:
+        assert command.callback is not None
+        group = command.callback.__module__.removeprefix("ops.cli.")
+        registered.setdefault(group, []).append(command.name or command.callback.__name__)
+    for typer_group in app.registered_groups:
+        registered.setdefault("bench", []).append(typer_group.name or "")
+    assert {group: sorted(names) for group, names in registered.items()} == {
+        group: sorted(names) for group, names in ops.cli.COMMANDS.items()
+    }
