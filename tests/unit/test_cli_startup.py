@@ -3,8 +3,8 @@
 A call imports the command group it names (``--help``: every group; Typer needs each
 command's options), so a heavy import at the top of a command module, or in a module they
 share, slows down every call. The budget (0.3 s for ``--help`` and ``status`` on an idle
-machine) is kept by keeping those imports out; timing a subprocess here would only measure the machine's load, so these tests
-check the imports themselves.
+machine) is kept by keeping those imports out; timing a subprocess here would only measure
+the machine's load, so these tests check the imports themselves.
 """
 
 from __future__ import annotations
