@@ -111,7 +111,8 @@ def plan(
     control_planes, workers = check_counts(previous, control_planes=control_planes, workers=workers)
     recorded = list(previous.processes) if previous is not None else []
 
-    used_ports = {_port(a) for p in recorded for a in (p.address, p.metrics_address) if a}
+    retired = list(previous.retired_control_planes) if previous is not None else []
+    used_ports = {_port(a) for p in [*recorded, *retired] for a in (p.address, p.metrics_address) if a}
     used_ports |= {w.port for w in (previous.hosted_workers if previous is not None else ())}
     if pg_port:
         used_ports.add(pg_port)
@@ -125,6 +126,10 @@ def plan(
 
     kept, stop, removed = _surplus(previous, control_planes, workers, running)
     cps = _control_planes(kept, control_planes, options, new_port)
+    back = {p.id for p in cps}
+    kept = attrs.evolve(
+        kept, retired_control_planes=[p for p in kept.retired_control_planes if p.id not in back]
+    )
     if previous is not None and [p.address for p in cps] != previous.control_plane_addresses:
         kept = _retarget(kept, previous.control_plane_addresses, cps)
     config = _add_workers(kept, cps, workers, options, state, new_port)
@@ -194,10 +199,13 @@ def _surplus(
         if surplus:
             gone.append(spec)
     gone_ids = {p.id for p in gone}
+    retired = {p.id: p for p in previous.retired_control_planes}
+    retired.update((p.id, p) for p in gone if p.kind == "cp")
     kept = attrs.evolve(
         previous,
         processes=[p for p in previous.processes if p.id not in gone_ids],
         hosted_workers=[w for w in previous.hosted_workers if w.id not in surplus_workers],
+        retired_control_planes=sorted(retired.values(), key=lambda p: _number(p.id)),
     )
     stop = [p for p in gone if p.kind != "cp" and p.id in running]
     stop += [p for p in gone if p.kind == "cp" and p.id in running]
@@ -238,12 +246,14 @@ def _split_fleet_message(
 def _control_planes(
     kept: ClusterConfig, count: int, options: LaunchOptions, new_port: Callable[[], int]
 ) -> list[ProcessSpec]:
-    """cp-1..cp-``count``: the recorded ones as they are, new ones on fresh ports."""
+    """cp-1..cp-``count``: the recorded ones as they are, a retired one back on its own ports,
+    new ones on fresh ports."""
     recorded = {p.id: p for p in kept.control_planes}
+    retired = {p.id: p for p in kept.retired_control_planes}
     specs = []
     for i in range(1, count + 1):
         cp_id = f"cp-{i}"
-        spec = recorded.get(cp_id)
+        spec = recorded.get(cp_id) or retired.get(cp_id)
         if spec is None:
             port = new_port()
             spec = ProcessSpec(

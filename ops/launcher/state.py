@@ -195,6 +195,10 @@ class ClusterConfig:
     """The operating-system processes: control planes, agents and fleets."""
     hosted_workers: tuple[WorkerSpec, ...] = attrs.field(default=(), converter=_worker_tuple)
     """The workers that run in fleets (those in agent processes are in ``processes``)."""
+    retired_control_planes: tuple[ProcessSpec, ...] = attrs.field(default=(), converter=_spec_tuple)
+    """Control planes an ``up`` with fewer of them stopped: their ports stay theirs, so one that
+    comes back listens where running workers still look for it (a worker keeps the list it
+    started with)."""
 
     @property
     def control_planes(self) -> list[ProcessSpec]:
@@ -280,6 +284,7 @@ class ClusterConfig:
             "embedded_pg_port": self.embedded_pg_port,
             "processes": [p.to_json() for p in self.processes],
             "hosted_workers": [w.to_json() for w in self.hosted_workers],
+            "retired_control_planes": [p.to_json() for p in self.retired_control_planes],
         }
 
     @classmethod
@@ -289,6 +294,7 @@ class ClusterConfig:
             embedded_pg_port=data.get("embedded_pg_port"),
             processes=[ProcessSpec.from_json(p) for p in data["processes"]],
             hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
+            retired_control_planes=[ProcessSpec.from_json(p) for p in data.get("retired_control_planes", [])],
         )
 
 

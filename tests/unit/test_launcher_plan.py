@@ -161,6 +161,24 @@ def test_more_control_planes_are_added_and_named_to_the_workers(tmp_path: Path) 
     assert all(set(w.control_planes) == addresses for w in bigger.config.hosted_workers)
 
 
+def test_a_control_plane_that_comes_back_listens_where_it_did(tmp_path: Path) -> None:
+    """After ``--control-planes 1``, ``--control-planes 3`` brings cp-2 and cp-3 back on their
+    own ports (a running worker still has them in the list it started with), and a stopped
+    control plane's ports are never handed to another process meanwhile."""
+    planner = Planner(tmp_path)
+    config = planner(None, workers=2).config
+    smaller = planner(config, control_planes=1, running=all_running(config)).config
+    assert [p.id for p in smaller.retired_control_planes] == ["cp-2", "cp-3"]
+    grown = planner(smaller, workers=6, running=all_running(smaller)).config
+    retired_ports = {a for p in smaller.retired_control_planes for a in (p.address, p.metrics_address)}
+    assert not retired_ports & {a for p in grown.processes for a in (p.address, p.metrics_address)}
+    back = planner(grown, control_planes=3, running=all_running(grown))
+    assert back.start == ("cp-2", "cp-3")
+    assert back.config.control_planes == config.control_planes
+    assert back.config.retired_control_planes == ()
+    assert ClusterConfig.from_json(json.loads(json.dumps(smaller.to_json()))) == smaller
+
+
 def test_workers_routed_elsewhere_keep_their_control_planes(tmp_path: Path) -> None:
     """A worker given its own route (the chaos harness's proxies) is not retargeted."""
     planner = Planner(tmp_path, worker_network=lambda w: ("127.0.0.1:9000", ["127.0.0.1:9001"]))
