@@ -99,6 +99,7 @@ def up(
         int | None,
         typer.Option(
             min=1,
+            max=9,
             show_default=False,
             help="Number of control planes (cp-1..cp-N). [default: as recorded, else 3]",
         ),
@@ -106,7 +107,10 @@ def up(
     workers: Annotated[
         int | None,
         typer.Option(
-            min=0, show_default=False, help="Number of workers (w-1..w-M). [default: as recorded, else 5]"
+            min=0,
+            max=1000,
+            show_default=False,
+            help="Number of workers (w-1..w-M). [default: as recorded, else 5]",
         ),
     ] = None,
     fleet_size: Annotated[

@@ -142,6 +142,13 @@ def plan(
     )
 
 
+MAX_CONTROL_PLANES = 9
+"""Most control planes of a local cluster (each is a process holding database connections)."""
+MAX_WORKERS = 1000
+"""Most workers of a local cluster: each takes one or two of this machine's ports, and the
+packing benchmark's 100 (up to its limit of 1,000) are the most it is meant for."""
+
+
 def check_counts(
     previous: ClusterConfig | None, *, control_planes: int | None, workers: int | None
 ) -> tuple[int, int]:
@@ -156,10 +163,10 @@ def check_counts(
         control_planes = len(previous.control_planes) if previous is not None else DEFAULT_CONTROL_PLANES
     if workers is None:
         workers = len(previous.workers) if previous is not None else DEFAULT_WORKERS
-    if control_planes < 1:
-        raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
-    if workers < 0:
-        raise ClusterError(f"workers must be >= 0, got {workers}")
+    if not 1 <= control_planes <= MAX_CONTROL_PLANES:
+        raise ClusterError(f"control_planes must be between 1 and {MAX_CONTROL_PLANES}, got {control_planes}")
+    if not 0 <= workers <= MAX_WORKERS:
+        raise ClusterError(f"workers must be between 0 and {MAX_WORKERS}, got {workers}")
     if previous is not None:
         surplus = {w.id for w in previous.workers if _number(w.id) > workers}
         for fleet in previous.fleets:

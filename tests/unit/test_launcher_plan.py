@@ -211,3 +211,18 @@ def test_counts_out_of_range_are_refused(tmp_path: Path, control_planes: int, wo
     """At least one control plane and no negative worker count."""
     with pytest.raises(ClusterError, match="must be >= "):
         Planner(tmp_path)(None, control_planes=control_planes, workers=workers)
+
+
+def test_the_up_commands_bounds_are_the_plans() -> None:
+    """`stockade up` refuses the counts the plan refuses (its options repeat the limits so that
+    `--help` need not import the launcher)."""
+    import typing
+
+    from ops.cli.local import up
+    from ops.launcher.plan import MAX_CONTROL_PLANES, MAX_WORKERS
+
+    hints = typing.get_type_hints(up, include_extras=True)
+    (cps,) = hints["control_planes"].__metadata__
+    (workers,) = hints["workers"].__metadata__
+    assert (cps.min, cps.max) == (1, MAX_CONTROL_PLANES)
+    assert (workers.min, workers.max) == (0, MAX_WORKERS)
