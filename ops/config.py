@@ -117,6 +117,10 @@ def cluster_json_addresses(state_dir: Path) -> list[str] | None:
         return None
     except OSError as exc:
         raise ClusterError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ClusterError(
+            f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
+        ) from exc
     try:
         processes = json.loads(text)["processes"]
         addresses = [str(p["address"]) for p in processes if p["kind"] == "cp"]
@@ -142,7 +146,7 @@ def _load_user_config(path: Path) -> dict[str, Any]:
         return {}
     except OSError as exc:
         raise ClusterError(f"cannot read the config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ClusterError(f"the config file {path} is not valid TOML ({exc}); fix or remove it") from exc
 
 

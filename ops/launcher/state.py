@@ -360,13 +360,12 @@ class StateDir:
         """
         try:
             text = self.config_path.read_text()
+            return ClusterConfig.from_json(json.loads(text))
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise ClusterError(f"cannot read {self.config_path}: {exc.strerror}") from exc
-        try:
-            return ClusterConfig.from_json(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise ClusterError(
                 f"{self.config_path} is not a Stockade cluster file ({exc}); remove it and run up again"
             ) from exc

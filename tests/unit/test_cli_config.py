@@ -241,3 +241,22 @@ def test_status_shows_where_the_local_clusters_processes_serve_metrics(
     result = CliRunner().invoke(app, ["status", "--json", "--control-planes", "127.0.0.1:7999"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["metrics"] == {}
+
+
+def test_files_that_are_not_utf8_are_said_so_in_one_line(home: Path, tmp_path: Path) -> None:
+    """A user config or a cluster.json holding bytes that are not UTF-8 is refused as not valid,
+    naming the file, instead of ending in a traceback."""
+    path = config.user_config_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\xff\xfe garbage\n")
+    with pytest.raises(ClusterError, match="is not valid TOML"):
+        resolve_addresses(None)
+
+    path.unlink()
+    state = tmp_path / "elsewhere" / ".stockade"
+    state.mkdir(parents=True)
+    (state / "cluster.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ClusterError, match="is not a Stockade cluster file"):
+        resolve_addresses(None)
+    with pytest.raises(ClusterError, match="is not a Stockade cluster file"):
+        StateDir(state).load()
