@@ -45,6 +45,8 @@ JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
 JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
 JOB_SLEEP_S = (2.0, 10.0)
 """The sizes and durations ``stockade jobs`` draws from."""
+MAX_JOBS_COUNT = 100_000
+"""Most jobs one ``stockade jobs`` submits (in batches of 10,000)."""
 
 JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
 MAX_LIST_LIMIT = 10_000
@@ -130,7 +132,9 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
 
 @app.command("jobs")
 def jobs(
-    count: Annotated[int, typer.Argument(min=1, help="How many sleep jobs to submit.")] = 12,
+    count: Annotated[
+        int, typer.Argument(min=1, max=MAX_JOBS_COUNT, help="How many sleep jobs to submit.")
+    ] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the random sizes and durations.")] = 1,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
@@ -142,6 +146,8 @@ def jobs(
     from runtime.jobs import JobSpec, SleepRuntime
     from runtime.wire_jobs import job_spec_to_pb
 
+    with errors():
+        addresses = control_plane_addresses(control_planes)
     rng = random.Random(seed)
     specs = []
     for index in range(1, count + 1):
@@ -156,7 +162,7 @@ def jobs(
         )
     with errors():
         ids = _submit(
-            control_plane_addresses(control_planes),
+            addresses,
             [job_spec_to_pb(spec) for spec in specs],
             key=idempotency_key_of(idempotency_key),
         )
