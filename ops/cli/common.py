@@ -12,7 +12,7 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -190,10 +190,11 @@ def interrupted(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """For commands that start processes of their own (chaos, the benchmarks): SIGTERM stops
-    them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs; either
-    ends with one line and exit status 130 instead of a traceback.
+def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
+    """For commands that start processes of their own (up, chaos, the benchmarks): SIGTERM
+    stops them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs;
+    either ends with one line (``interrupted: `` and ``message()``, by default that what the
+    command started has been stopped) and exit status 130 instead of a traceback.
 
     SIGTERM is turned into SIGINT, which trio delivers as KeyboardInterrupt where it is safe.
     A shell starts a background job (``stockade chaos &`` in a script) with SIGINT ignored;
@@ -208,7 +209,8 @@ def interruptible() -> Iterator[None]:
     except BaseException as exc:
         if not interrupted(exc):
             raise
-        err_console().print("interrupted: what this command started has been stopped")
+        said = message() if message is not None else "what this command started has been stopped"
+        err_console().print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous_term)

@@ -18,14 +18,13 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import (
-    EXIT_INTERRUPTED,
     ControlPlanesOption,
     console,
     control_plane_addresses,
     err_console,
     errors,
     fail,
-    interrupted,
+    interruptible,
     local_state,
     shown_path,
 )
@@ -158,14 +157,12 @@ def up(
     cluster = LocalCluster(
         local_state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
     )
-    try:
-        with errors(), console().status("starting the cluster..."):
-            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
-    except BaseException as exc:
-        if not interrupted(exc):
-            raise
-        err_console().print(f"interrupted: {_left_running(cluster)}", markup=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    with (
+        interruptible(lambda: _left_running(cluster)),
+        errors(),
+        console().status("starting the cluster..."),
+    ):
+        result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
     _print_up(result, cluster)
     _record(cluster)
 
@@ -185,10 +182,10 @@ def _left_running(cluster: LocalCluster) -> str:
     with contextlib.suppress(ClusterError):
         config = cluster.state.load()
         running = sorted(cluster.pids(config)) if config is not None else []
-        database = False
-        if config is not None and config.embedded_pg_port:
-            server = EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=config.embedded_pg_port)
-            database = server.is_running()
+        # The embedded server starts before cluster.json is first written: look at its data
+        # folder, whatever the record says (the port only names it; is_running reads the pid).
+        port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
+        database = EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running()
         what = " ".join(running)
         if database:
             what = f"{what} and the embedded PostgreSQL" if what else "the embedded PostgreSQL"
