@@ -171,10 +171,13 @@ async def run_failover_bench(
         cluster=cluster,
         progress=progress,
     )
-    await trio.to_thread.run_sync(harness.fresh_cluster)
-    addresses = cluster.config().control_plane_addresses
     recoveries: list[float] = []
+    # The bridge opens first: a Ctrl-C while the cluster starts (in a thread trio must wait
+    # for) is then raised where the bridge can close, not in the middle of its opening, where
+    # it left trio-asyncio waiting for ever.
     async with asyncio_bridge():
+        await trio.to_thread.run_sync(harness.fresh_cluster)
+        addresses = cluster.config().control_plane_addresses
         client = ControlPlaneClient(addresses, timeout_s=1.0)
         try:
             long_ids = await _start_long_jobs(client, settings.long_jobs, first_index=0)
