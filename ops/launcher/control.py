@@ -258,11 +258,14 @@ class LocalCluster:
             options=options,
             free_port=free_port,
         )
+        config = the_plan.config
+        # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
+        # record without them (the next up does not start them again; down still finds them by
+        # the state folder in their environment).
+        self.state.save(config)
         self._stop(the_plan.stop)
         for removed in the_plan.removed:
             self.state.pid_path(removed).unlink(missing_ok=True)
-        config = the_plan.config
-        self.state.save(config)
 
         incarnations_before: dict[str, int] = {}
         if live_before:
