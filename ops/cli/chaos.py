@@ -20,7 +20,7 @@ from ops.cli.common import (
     errors,
     fail,
     interruptible,
-    local_state,
+    recorded_local_state,
 )
 from ops.config import ClusterError, default_state_dir
 from runtime.errors import InvalidArgument
@@ -115,7 +115,7 @@ def check(
     from ops.cluster import LocalCluster, StateDir
     from runtime.aio import asyncio_bridge
 
-    state = StateDir(state_dir) if state_dir is not None else local_state()
+    state = StateDir(state_dir) if state_dir is not None else recorded_local_state()
     with errors():
         config = LocalCluster(state).config() if database_url is None or state.config_path.exists() else None
         manual = [checker.parse_fault(text) for text in fault or ()]

@@ -224,6 +224,20 @@ def local_state() -> StateDir:
     return StateDir(default_state_dir())
 
 
+def recorded_local_state() -> StateDir:
+    """The state folder of the local cluster client commands would call: ``./.stockade`` (or
+    ``$STOCKADE_STATE_DIR``) when it records a cluster, else the one the user config names
+    (``stockade up`` recorded it there), else ``./.stockade``. For commands that act on that
+    cluster's processes or files from any folder (``kill-leader``, ``kill-worker``, ``check``)."""
+    from ops.cluster import StateDir
+    from ops.config import local_state_dirs
+
+    for folder in local_state_dirs():
+        if StateDir(folder).config_path.exists():
+            return StateDir(folder)
+    return StateDir(default_state_dir())
+
+
 def control_plane_addresses(option: str | None) -> list[str]:
     """The control planes a client command calls: ``option``, else the environment, else the
     local cluster's ``cluster.json``, else the user config (:mod:`ops.config`).

@@ -26,6 +26,7 @@ from ops.cli.common import (
     fail,
     interruptible,
     local_state,
+    recorded_local_state,
     shown_path,
 )
 from ops.config import STATE_DIR_ENV, ClusterError, forget_local_cluster, record_local_cluster
@@ -254,7 +255,7 @@ def kill_leader(
     from protocol import pb
     from runtime.errors import StockadeError
 
-    cluster = LocalCluster(local_state())
+    cluster = LocalCluster(recorded_local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)
         status = rpc.status(addresses)
@@ -300,7 +301,7 @@ def kill_worker(
     from protocol import pb
     from runtime.errors import StockadeError
 
-    cluster = LocalCluster(local_state())
+    cluster = LocalCluster(recorded_local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)
         status = rpc.status(addresses)

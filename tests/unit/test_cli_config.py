@@ -260,3 +260,15 @@ def test_files_that_are_not_utf8_are_said_so_in_one_line(home: Path, tmp_path: P
         resolve_addresses(None)
     with pytest.raises(ClusterError, match="is not a Stockade cluster file"):
         StateDir(state).load()
+
+
+def test_commands_on_the_local_clusters_files_find_it_from_another_folder(home: Path, tmp_path: Path) -> None:
+    """kill-leader, kill-worker and check act on the cluster `up` recorded in the user config when
+    the current folder records none, and on the current folder's when it does."""
+    from ops.cli.common import recorded_local_state
+
+    state = recorded_cluster(tmp_path / "project" / ".stockade", 7501)
+    record_local_cluster(state.root)
+    assert recorded_local_state().root == state.root
+    here = recorded_cluster(Path(".stockade").absolute(), 7601)
+    assert recorded_local_state().root == here.root
