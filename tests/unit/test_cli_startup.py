@@ -22,17 +22,24 @@ from ops.cli import params
 ROOT = Path(__file__).parents[2]
 
 _WRAPPER = """
-import json, sys
+import json, os, sys
 sys.argv = ["stockade", *sys.argv[1:]]
+real_exit = os._exit
+
+def report(code):
+    sys.stdout.flush()
+    sys.stderr.write("\\nMODULES " + json.dumps({"code": code, "modules": sorted(sys.modules)}) + "\\n")
+    sys.stderr.flush()
+    real_exit(0)
+
+os._exit = report  # a client command ends with os._exit: report first
 try:
     from ops.cli import main
     main()
 except SystemExit as exit:
-    code = exit.code
+    report(exit.code)
 else:
-    code = 0
-sys.stdout.flush()
-sys.stderr.write("\\nMODULES " + json.dumps({"code": code, "modules": sorted(sys.modules)}) + "\\n")
+    report(0)
 """
 """Runs the CLI as ``stockade ARGS`` does, then reports every module loaded and the exit code."""
 
