@@ -3,8 +3,9 @@
 One module per command group, each of which only parses options and renders answers:
 :mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``), :mod:`ops.cli.local` (``up``,
 ``down``, ``kill-leader``, ``kill-worker``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
-``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.chaos` (``chaos``, ``check``) and
-:mod:`ops.cli.bench` (``bench failover|pack|overload``); :mod:`ops.cli.common` holds what they
+``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
+:mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
+init|issue|show``); :mod:`ops.cli.common` holds what they
 share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
 are read.
 
@@ -55,6 +56,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "chaos": ("chaos", "check"),
     "processes": ("cp", "agent", "fleet"),
     "bench": ("bench",),
+    "certs": ("certs",),
 }
 """Each module that registers commands on the app, with the commands it registers, in the
 order ``--help`` lists them (a unit test keeps this equal to what the modules register)."""

@@ -1,0 +1,524 @@
+"""The cluster's certificate authority and the certificates it issues (nothing uses them yet:
+the mTLS wiring of the control planes, the agents and the CLI comes next).
+
+One folder holds everything (by default the state folder's ``certs/``)::
+
+    certs/
+      ca.crt  ca.key            the cluster CA: self-signed, EC P-256, ECDSA with SHA-256
+      cp-1.crt  cp-1.key        one pair per identity, named by its id
+      w-7.crt  w-7.key
+      operator.crt  operator.key
+
+Keys are PKCS #8 PEM, unencrypted, created with mode 0600 (``os.open`` with that mode and
+``O_EXCL``: never readable by others, not even for a moment, and never written over);
+certificates are PEM with mode 0644. The folder is created with mode 0700.
+
+Identity: each issued certificate carries exactly one URI SAN ``spiffe://stockade/<role>/<id>``
+(the SPIFFE ID form, https://spiffe.io/docs/latest/spiffe-about/spiffe-concepts/#spiffe-id),
+which :func:`identity_of` reads back; that URI is the authority. The subject repeats it for
+people reading it (``CN=<id>, OU=<role>, O=stockade``). Roles (:data:`ROLES`):
+
+- ``control-plane``: a replica; serves and calls, so both server and client auth; SANs DNS
+  ``localhost``, IP ``127.0.0.1`` and any given hosts.
+- ``worker``: an agent; serves the Worker service and calls the control planes; same SANs.
+- ``operator``, ``viewer``: CLI clients (client auth only, no hosts); what each may do is for
+  the mTLS step to decide.
+
+The curve is P-256 because TLS 1.3 (RFC 8446 section 9.1: ``secp256r1`` is mandatory to
+implement) and every OpenSSL that Python's :mod:`ssl` links support it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from runtime.errors import InvalidArgument, PermanentError, StockadeError
+from runtime.identifiers import check_id, is_host_name
+
+__all__ = [
+    "CLIENT_ROLES",
+    "ROLES",
+    "SERVER_ROLES",
+    "CertDir",
+    "CertIdentity",
+    "CertInfo",
+    "CertSettings",
+    "CertificateAuthorityMissing",
+    "CertificateExists",
+    "IssuedCert",
+    "KeyFileExposed",
+    "NotAStockadeCertificate",
+    "check_key_private",
+    "check_role",
+    "describe",
+    "identity_of",
+    "init_cluster",
+    "issue",
+    "parse_host",
+]
+
+SERVER_ROLES = ("control-plane", "worker")
+"""Roles whose certificates name hosts and serve TLS (they also call others as clients)."""
+CLIENT_ROLES = ("operator", "viewer")
+"""Roles of CLI clients: client auth only."""
+ROLES = (*SERVER_ROLES, *CLIENT_ROLES)
+
+TRUST_DOMAIN = "stockade"
+URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
+"""Every issued certificate's identity is ``URI_PREFIX + role + "/" + id``."""
+
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+"""What every server certificate names besides the hosts it is given."""
+
+INIT_IDENTITIES: tuple[tuple[str, str], ...] = (
+    *(("control-plane", f"cp-{n}") for n in range(1, 4)),
+    *(("worker", f"w-{n}") for n in range(1, 6)),
+    ("operator", "operator"),
+    ("viewer", "viewer"),
+)
+"""What :func:`init_cluster` issues besides the CA: the local cluster's replicas and workers
+(``stockade up`` names them so) and one client of each kind."""
+
+CLOCK_SKEW = datetime.timedelta(minutes=5)
+"""Certificates are valid from this long before they are made, for peers whose clocks lag."""
+
+KEY_MODE = 0o600
+CERT_MODE = 0o644
+DIR_MODE = 0o700
+
+
+class CertificateExists(StockadeError):
+    """A file that would be written already exists; nothing was written (remove it first to
+    replace it)."""
+
+
+class CertificateAuthorityMissing(StockadeError):
+    """The folder has no CA to sign with; run ``stockade certs init`` first."""
+
+
+class KeyFileExposed(PermanentError):
+    """A private key file is readable or writable by its group or by others; the message names
+    the file and its mode. ``chmod 600 FILE`` mends it (and the key should be replaced if
+    anyone else could have read it)."""
+
+
+class NotAStockadeCertificate(StockadeError):
+    """The file or certificate is not PEM, or carries no Stockade identity URI."""
+
+
+@attrs.frozen(kw_only=True)
+class CertSettings:
+    """How long what :func:`init_cluster` and :func:`issue` make stays valid."""
+
+    ca_valid_days: int = attrs.field(default=3650, validator=attrs.validators.gt(0))
+    """Validity of the cluster CA, in days (ten years: replacing it means re-issuing all)."""
+    cert_valid_days: int = attrs.field(default=365, validator=attrs.validators.gt(0))
+    """Validity of an issued certificate, in days."""
+
+
+@attrs.frozen(kw_only=True)
+class CertIdentity:
+    """Who a certificate says its holder is."""
+
+    role: str
+    """One of :data:`ROLES`."""
+    id: str
+    """The holder's id (``cp-1``, ``w-7``, ``operator``)."""
+
+    @property
+    def uri(self) -> str:
+        """``spiffe://stockade/<role>/<id>``."""
+        return f"{URI_PREFIX}{self.role}/{self.id}"
+
+
+@attrs.frozen(kw_only=True)
+class IssuedCert:
+    """A certificate and key written by :func:`issue` (or the CA by :func:`init_cluster`)."""
+
+    identity: CertIdentity | None
+    """Whom it names; None for the CA."""
+    cert_path: Path
+    key_path: Path
+    not_valid_after: datetime.datetime
+    """End of validity, UTC."""
+
+
+@attrs.frozen(kw_only=True)
+class CertInfo:
+    """What :func:`describe` reads from a certificate."""
+
+    subject: str
+    """RFC 4514 form, e.g. ``CN=w-7,OU=worker,O=stockade``."""
+    issuer: str
+    identity: CertIdentity | None
+    """None when it carries no Stockade identity (the CA, a foreign certificate)."""
+    is_ca: bool
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+    uris: tuple[str, ...]
+    not_valid_before: datetime.datetime
+    not_valid_after: datetime.datetime
+    """Validity bounds, UTC."""
+    sha256_fingerprint: str
+    """Hex, colon-separated."""
+
+
+@attrs.frozen
+class CertDir:
+    """Where a cluster's certificates live; only computes paths."""
+
+    path: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.path / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.path / "ca.key"
+
+    def cert(self, id: str) -> Path:
+        """``<dir>/<id>.crt``."""
+        return self.path / f"{id}.crt"
+
+    def key(self, id: str) -> Path:
+        """``<dir>/<id>.key``."""
+        return self.path / f"{id}.key"
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def check_role(role: str) -> str:
+    """``role`` if it is one of :data:`ROLES`.
+
+    Raises:
+        InvalidArgument: it is not.
+    """
+    if role not in ROLES:
+        raise InvalidArgument("role", role, f"must be one of {', '.join(ROLES)}")
+    return role
+
+
+def parse_host(host: str) -> x509.GeneralName:
+    """A host as a SAN entry: an IP address (v4 or v6) or an RFC 1123 host name.
+
+    Raises:
+        InvalidArgument: ``host`` is neither.
+    """
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if not is_host_name(host):
+        raise InvalidArgument("host", host, "must be an IP address or an RFC 1123 host name")
+    return x509.DNSName(host)
+
+
+def check_key_private(path: Path) -> None:
+    """Refuse a private key file that its group or others may read or write.
+
+    Args:
+        path: the key file.
+
+    Raises:
+        KeyFileExposed: the mode has any group or other bit (``mode & 0o077``).
+        FileNotFoundError: there is no such file.
+    """
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise KeyFileExposed(
+            f"private key {path} has mode {mode:04o}: it must not be readable or writable by "
+            f"group or others (chmod 600 {path}, and replace the key if others could read it)"
+        )
+
+
+# ---------------------------------------------------------------------------- making
+
+
+def init_cluster(cert_dir: Path, settings: CertSettings | None = None) -> list[IssuedCert]:
+    """Create the cluster CA in ``cert_dir`` and issue :data:`INIT_IDENTITIES` with it.
+
+    Args:
+        cert_dir: the folder (created with mode 0700 if missing).
+        settings: validity periods (defaults: :class:`CertSettings`).
+
+    Returns:
+        The CA first, then each issued certificate in :data:`INIT_IDENTITIES` order.
+
+    Raises:
+        CertificateExists: the CA or any file to be written already exists; nothing written.
+    """
+    settings = settings or CertSettings()
+    where = CertDir(cert_dir)
+    targets = [where.ca_cert, where.ca_key]
+    for _, id in INIT_IDENTITIES:
+        targets += [where.cert(id), where.key(id)]
+    _refuse_existing(targets, "refusing to overwrite; remove the folder's files to start again")
+    cert_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN),
+            x509.NameAttribute(NameOID.COMMON_NAME, "stockade cluster CA"),
+        ]
+    )
+    ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + datetime.timedelta(days=settings.ca_valid_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(where.ca_key, ca_key)
+    _write_cert(where.ca_cert, ca_cert)
+    done = [
+        IssuedCert(
+            identity=None,
+            cert_path=where.ca_cert,
+            key_path=where.ca_key,
+            not_valid_after=ca_cert.not_valid_after_utc,
+        )
+    ]
+    for role, id in INIT_IDENTITIES:
+        done.append(issue(cert_dir, role=role, id=id, settings=settings))
+    return done
+
+
+def issue(
+    cert_dir: Path,
+    *,
+    role: str,
+    id: str,
+    hosts: Sequence[str] = (),
+    settings: CertSettings | None = None,
+) -> IssuedCert:
+    """Issue a certificate and a new key for ``role``/``id``, signed by the folder's CA.
+
+    Args:
+        cert_dir: the folder holding ``ca.crt`` and ``ca.key``; ``<id>.crt`` and ``<id>.key``
+            are written there.
+        role: one of :data:`ROLES`.
+        id: the holder's id (:func:`runtime.identifiers.check_id`).
+        hosts: IP addresses or host names the holder serves on, besides :data:`DEFAULT_HOSTS`;
+            server roles only.
+        settings: validity periods (defaults: :class:`CertSettings`).
+
+    Raises:
+        InvalidArgument: unknown role, bad id, bad host, or hosts given to a client role.
+        CertificateAuthorityMissing: no CA in ``cert_dir``.
+        KeyFileExposed: the CA key is readable by group or others.
+        CertificateExists: ``<id>.crt`` or ``<id>.key`` exists. Nothing is written on any error.
+    """
+    settings = settings or CertSettings()
+    check_role(role)
+    check_id(id, field="id")
+    if hosts and role in CLIENT_ROLES:
+        raise InvalidArgument("host", list(hosts), f"is only for {' and '.join(SERVER_ROLES)} certificates")
+    wanted = [*DEFAULT_HOSTS, *hosts] if role in SERVER_ROLES else []
+    names: list[x509.GeneralName] = []
+    for host in wanted:
+        entry = parse_host(host)
+        if entry not in names:
+            names.append(entry)
+    where = CertDir(cert_dir)
+    if not (where.ca_cert.exists() and where.ca_key.exists()):
+        raise CertificateAuthorityMissing(
+            f"no cluster CA in {cert_dir} (ca.crt and ca.key); create one with `stockade certs init`"
+        )
+    _refuse_existing([where.cert(id), where.key(id)], "refusing to overwrite; remove both to re-issue")
+    check_key_private(where.ca_key)
+    ca_cert = x509.load_pem_x509_certificate(where.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(where.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise NotAStockadeCertificate(f"{where.ca_key} is not an EC private key")
+    identity = CertIdentity(role=role, id=id)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if role in SERVER_ROLES:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN),
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                    x509.NameAttribute(NameOID.COMMON_NAME, id),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(
+            min(now + datetime.timedelta(days=settings.cert_valid_days), ca_cert.not_valid_after_utc)
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri), *names]),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(where.key(id), key)
+    _write_cert(where.cert(id), cert)
+    return IssuedCert(
+        identity=identity,
+        cert_path=where.cert(id),
+        key_path=where.key(id),
+        not_valid_after=cert.not_valid_after_utc,
+    )
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def identity_of(cert: x509.Certificate) -> CertIdentity:
+    """The role and id a certificate names in its ``spiffe://stockade/<role>/<id>`` URI SAN.
+
+    The mTLS step calls this on a peer's verified certificate to learn who it is.
+
+    Raises:
+        NotAStockadeCertificate: no such URI, more than one, or one whose role or id breaks
+            the rules.
+    """
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = [
+            u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(URI_PREFIX)
+        ]
+    except x509.ExtensionNotFound:
+        uris = []
+    if len(uris) != 1:
+        raise NotAStockadeCertificate(
+            f"a Stockade certificate names exactly one {URI_PREFIX}<role>/<id> URI, this one has {len(uris)}"
+        )
+    role, _, id = uris[0].removeprefix(URI_PREFIX).partition("/")
+    try:
+        check_role(role)
+        check_id(id, field="id")
+    except InvalidArgument as exc:
+        raise NotAStockadeCertificate(f"{uris[0]}: {exc}") from exc
+    return CertIdentity(role=role, id=id)
+
+
+def describe(path: Path) -> CertInfo:
+    """What the PEM certificate at ``path`` says.
+
+    Raises:
+        NotAStockadeCertificate: the file is not a PEM certificate.
+        OSError: it cannot be read.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except ValueError as exc:
+        raise NotAStockadeCertificate(f"{path} is not a PEM certificate") from exc
+    try:
+        identity: CertIdentity | None = identity_of(cert)
+    except NotAStockadeCertificate:
+        identity = None
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = tuple(san.get_values_for_type(x509.DNSName))
+        ips = tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+        uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
+    except x509.ExtensionNotFound:
+        dns, ips, uris = (), (), ()
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    digest = cert.fingerprint(hashes.SHA256()).hex(":").upper()
+    return CertInfo(
+        subject=cert.subject.rfc4514_string(),
+        issuer=cert.issuer.rfc4514_string(),
+        identity=identity,
+        is_ca=is_ca,
+        dns_names=dns,
+        ip_addresses=ips,
+        uris=uris,
+        not_valid_before=cert.not_valid_before_utc,
+        not_valid_after=cert.not_valid_after_utc,
+        sha256_fingerprint=digest,
+    )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _now() -> datetime.datetime:
+    # Wall-clock time is right here: certificates are judged by the peers' wall clocks.
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _refuse_existing(paths: Sequence[Path], what_to_do: str) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise CertificateExists(
+            f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; {what_to_do}"
+        )
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file created with ``mode`` (``O_EXCL``: never over a file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write_new(path, pem, KEY_MODE)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    # A umask such as 077 would leave a certificate unreadable to the services that need it;
+    # it is public, so it gets exactly 0644 (keys are never widened this way).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, CERT_MODE)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(file.fileno(), CERT_MODE)
+        file.write(cert.public_bytes(serialization.Encoding.PEM))

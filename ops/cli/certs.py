@@ -1,0 +1,119 @@
+"""``stockade certs``: the cluster CA and its certificates (``init``, ``issue``, ``show``).
+
+:mod:`ops.certs` does the work; cryptography is imported only when one of these commands runs
+(every ``--help`` registers them). Invalid input, an existing CA on ``init``, a missing CA on
+``issue`` and a file that would be overwritten are one line and exit 2 with nothing written; a
+CA key that others can read is one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ops.cli.base import app
+from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, fail, shown_path
+from ops.config import default_state_dir
+from runtime.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from ops.certs import IssuedCert
+
+certs_app = typer.Typer(
+    help="The cluster CA and the certificates it issues (not used by the processes yet).",
+    no_args_is_help=True,
+)
+app.add_typer(certs_app, name="certs")
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option("--dir", help="Folder of the CA and certificates (default: the state folder's certs/)."),
+]
+
+
+def _cert_dir(option: Path | None) -> Path:
+    return option if option is not None else default_state_dir() / "certs"
+
+
+def _issued_line(done: IssuedCert) -> str:
+    who = "cluster CA" if done.identity is None else f"{done.identity.role} {done.identity.id}"
+    return (
+        f"{who}: {shown_path(done.cert_path)}, key {shown_path(done.key_path)} "
+        f"(valid until {done.not_valid_after:%Y-%m-%d %H:%M} UTC)"
+    )
+
+
+@certs_app.command("init")
+def certs_init(directory: DirOption = None) -> None:
+    """Create the cluster CA and certificates for cp-1..cp-3, w-1..w-5 and an operator and a
+    viewer client. Refuses when the folder already has a CA."""
+    from ops.certs import CertificateExists, init_cluster
+
+    cert_dir = _cert_dir(directory)
+    try:
+        issued = init_cluster(cert_dir)
+    except CertificateExists as exc:
+        fail(str(exc), EXIT_INVALID)
+    for done in issued:
+        sys.stdout.write(_issued_line(done) + "\n")
+
+
+@certs_app.command("issue")
+def certs_issue(
+    role: Annotated[str, typer.Option(help="control-plane, worker, operator or viewer.")],
+    id: Annotated[str, typer.Option("--id", help="The holder's id, e.g. w-7.")],
+    host: Annotated[
+        list[str] | None,
+        typer.Option("--host", help="An IP address or host name it serves on (repeatable; servers only)."),
+    ] = None,
+    directory: DirOption = None,
+) -> None:
+    """Issue a certificate and key for one control plane, worker or client, signed by the CA."""
+    from ops.certs import (
+        CertificateAuthorityMissing,
+        CertificateExists,
+        KeyFileExposed,
+        NotAStockadeCertificate,
+        issue,
+    )
+
+    try:
+        done = issue(_cert_dir(directory), role=role, id=id, hosts=host or ())
+    except (InvalidArgument, CertificateAuthorityMissing, CertificateExists) as exc:
+        fail(str(exc), EXIT_INVALID)
+    except (KeyFileExposed, NotAStockadeCertificate) as exc:
+        fail(str(exc), EXIT_UNAVAILABLE)
+    sys.stdout.write(_issued_line(done) + "\n")
+
+
+@certs_app.command("show")
+def certs_show(
+    file: Annotated[Path, typer.Argument(help="A PEM certificate.", show_default=False)],
+) -> None:
+    """Print a certificate's subject, role, id, SANs and validity."""
+    from ops.certs import NotAStockadeCertificate, describe
+
+    try:
+        info = describe(file)
+    except NotAStockadeCertificate as exc:
+        fail(str(exc), EXIT_INVALID)
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror or exc}", EXIT_INVALID)
+    role = info.identity.role if info.identity else ("- (a CA)" if info.is_ca else "- (none)")
+    rows = [
+        ("subject", info.subject),
+        ("issuer", info.issuer),
+        ("role", role),
+        ("id", info.identity.id if info.identity else "-"),
+        ("uris", ", ".join(info.uris) or "-"),
+        ("dns names", ", ".join(info.dns_names) or "-"),
+        ("ip addresses", ", ".join(info.ip_addresses) or "-"),
+        ("valid from", f"{info.not_valid_before:%Y-%m-%d %H:%M:%S} UTC"),
+        ("valid until", f"{info.not_valid_after:%Y-%m-%d %H:%M:%S} UTC"),
+        ("sha256", info.sha256_fingerprint),
+    ]
+    for name, value in rows:
+        sys.stdout.write(f"{name + ':':<14}{value}\n")
