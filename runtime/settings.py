@@ -498,6 +498,18 @@ class AgentSettings:
     nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
     agent's. The job's reaper keeps the agent's priority."""
 
+    job_user: str = attrs.field(default="stockade-job")
+    """The system user command jobs run as when the agent runs as root (created as a system
+    account without home or login shell on first use); never ``root`` or uid 0. Ignored when
+    the agent is not root: jobs then run as the agent's user."""
+
+    @job_user.validator
+    def _job_user(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not isinstance(value, str) or not value or value.strip() != value or "/" in value or ":" in value:
+            raise InvalidArgument("job_user", value, "must be a user name")
+        if value == "root" or value.lstrip("0") == "" or value.isdigit():
+            raise InvalidArgument("job_user", value, "must name a user other than root (uid 0)")
+
     @job_nice.validator
     def _nice(self, attribute: attrs.Attribute[int], value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_JOB_NICE <= value <= MAX_JOB_NICE:
