@@ -18,6 +18,7 @@ all read as one.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -438,6 +439,10 @@ MAX_JOB_NICE = 19
 """The range of ``AgentSettings.job_nice`` (19 is the lowest priority Linux knows)."""
 
 
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+"""A system user name ``useradd`` takes (and that cannot pass for one of its options)."""
+
+
 @attrs.frozen(kw_only=True)
 class AgentSettings:
     """Everything one worker agent needs."""
@@ -505,10 +510,14 @@ class AgentSettings:
 
     @job_user.validator
     def _job_user(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if not isinstance(value, str) or not value or value.strip() != value or "/" in value or ":" in value:
-            raise InvalidArgument("job_user", value, "must be a user name")
-        if value == "root" or value.lstrip("0") == "" or value.isdigit():
+        if value == "root" or (isinstance(value, str) and value.isdigit()):
             raise InvalidArgument("job_user", value, "must name a user other than root (uid 0)")
+        if not isinstance(value, str) or not _USER_NAME.fullmatch(value):
+            raise InvalidArgument(
+                "job_user",
+                value,
+                "must be a user name: 1 to 32 of A-Z a-z 0-9 _ . -, not starting with - or .",
+            )
 
     @job_nice.validator
     def _nice(self, attribute: attrs.Attribute[int], value: int) -> None:

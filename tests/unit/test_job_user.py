@@ -23,7 +23,7 @@ def test_job_user_root_is_refused(tmp_path: Path, value: str) -> None:
         agent_settings(tmp_path, job_user=value)
 
 
-@pytest.mark.parametrize("value", ["", " nobody", "a/b", "a:b"])
+@pytest.mark.parametrize("value", ["", " nobody", "a/b", "a:b", "-D", ".x", "a" * 33])
 def test_job_user_must_be_a_user_name(tmp_path: Path, value: str) -> None:
     """An empty or malformed job_user is refused, naming the field."""
     with pytest.raises(InvalidArgument, match="job_user must be a user name"):
