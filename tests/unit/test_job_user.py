@@ -8,6 +8,7 @@ import pytest
 from test_agent_heartbeat import agent_settings
 
 from agent import reaper
+from runtime import os_users
 from runtime.errors import InvalidArgument
 
 
@@ -51,3 +52,28 @@ def test_reaper_argv_needs_both_uid_and_gid() -> None:
         reaper.reaper_argv(
             "python", parent_pid=1, stop_grace_s=1.0, fence_deadline_path=None, argv=("id",), run_as_uid=5
         )
+
+
+def test_a_job_user_that_cannot_be_created_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root, a job user that neither exists nor can be created raises UserNotCreated (the
+    agent refuses to start), never a fallback to root."""
+
+    def missing(name: str) -> object:
+        raise KeyError(name)
+
+    def no_useradd(*args: object, **kwargs: object) -> object:
+        raise FileNotFoundError(2, "No such file or directory", "useradd")
+
+    monkeypatch.setattr(os_users.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os_users.pwd, "getpwnam", missing)
+    monkeypatch.setattr(os_users.subprocess, "run", no_useradd)
+    with pytest.raises(os_users.UserNotCreated, match="'stockade-job' could not be created"):
+        os_users.resolve_unprivileged_user("stockade-job")
+
+
+def test_a_job_user_with_uid_0_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root, a job user whose uid is 0 (another name for root) is refused."""
+    monkeypatch.setattr(os_users.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os_users.pwd, "getpwnam", lambda name: os_users.pwd.getpwuid(0))
+    with pytest.raises(os_users.UserNotCreated, match="never run as root"):
+        os_users.resolve_unprivileged_user("toor")
