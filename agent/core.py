@@ -111,6 +111,7 @@ from agent.starts import StartLimiter
 from runtime import log, metrics
 from runtime.errors import StockadeError, TemporaryError
 from runtime.loops import Periodic
+from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
 
 _LOG_EVERY_FAILURES = 20
@@ -129,6 +130,8 @@ class Agent:
         runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
             the calling (trio) thread, for tests. :func:`agent.main.run_agent` passes one
             bound to the process's spawner thread.
+        run_as: who command jobs run as; None: this process's user, for tests.
+            :func:`agent.main.run_agent` passes ``settings.job_user`` resolved.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class Agent:
         *,
         start_limiter: StartLimiter | None = None,
         runner: JobRunner | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = settings.worker_id
@@ -173,6 +177,7 @@ class Agent:
             outcomes=self._unacked,
             fence_if_due=self._fence_if_due,
             fence_now=self._fence_now,
+            run_as=run_as,
             logger=self._logger,
         )
         self._registered_once = trio.Event()

@@ -29,6 +29,7 @@ from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
+from runtime.os_users import resolve_unprivileged_user
 from runtime.settings import AgentSettings
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
@@ -74,9 +75,15 @@ async def run_agent(
         spawner: the process's spawner thread (running); None: one of its own, for as long
             as this agent runs.
 
+    Command jobs run as ``settings.job_user`` when this process is root (the user is created
+    on first use), else as this process's user (:func:`runtime.os_users.resolve_user`).
+
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
+        runtime.os_users.UserNotCreated: this process is root and the job user could not be
+            created (or is root itself); nothing was started.
     """
+    run_as = resolve_unprivileged_user(settings.job_user)
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(settings.control_planes, timeout_s=settings.heartbeat_timeout_s)
@@ -91,6 +98,7 @@ async def run_agent(
                 control_plane,
                 start_limiter=start_limiter,
                 runner=job_runner(spawner or own_spawner),
+                run_as=run_as,
             )
             await _serve_agent(agent, settings, task_status=task_status)
     finally:

@@ -48,8 +48,8 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   error that kept the job from starting (``cannot start 'x': [Errno 2] ...``). Its own exit
   status mirrors the job's (``128 + N`` for signal N) for humans; the agent reads the report.
 
-Every descendant: the job runs in a process group of its own (``setpgid``) inside the
-reaper's session, so a group signal never hits the reaper, and the reaper is a child
+Every descendant: the job runs in a session and process group of its own (``setsid``), so a
+group signal never hits the reaper, and the reaper is a child
 subreaper (``PR_SET_CHILD_SUBREAPER``): orphaned descendants are re-parented to it, not to
 pid 1, even those that left the job's process group or session. After SIGKILLing the group
 it kills its own children round by round, each round's victims handing their orphans to it,
@@ -71,11 +71,21 @@ core while it waits.
 
 Command line (built by :func:`reaper_argv`)::
 
-    python -I -S -c BOOTSTRAP PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD -- ARGV...
+    python -I -S -c BOOTSTRAP PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD \
+        RUN_AS_UID RUN_AS_GID JOB_CWD -- ARGV...
 
 ``DEADLINE_FILE`` may be empty (no deadman, for runtimes used outside an agent), and so may
-``STARTED_FD`` (nobody waits for the start). The working
-directory is the job's folder; stdin, stdout and stderr are passed on to the job.
+``STARTED_FD`` (nobody waits for the start), ``RUN_AS_UID`` and ``RUN_AS_GID`` (both or
+neither: the job runs as the reaper's user) and ``JOB_CWD`` (the job runs in the reaper's
+working directory). The reaper's working directory is the job's folder; stdin, stdout and
+stderr (opened by the agent, so a job that runs as another user writes them through the
+descriptors it inherits) and the environment (the agent passes a clean one) are passed on to
+the job.
+
+**It runs the job as another user.** With ``RUN_AS_UID``/``RUN_AS_GID`` the job's process
+enters ``JOB_CWD``, then drops its supplementary groups, its group and its user, in that order,
+just before the exec (:meth:`_Reaper.start`); the reaper itself stays the agent's user, so it
+can still signal the job and write its report, and the job cannot signal it.
 
 This module must stay importable with nothing but the standard library: it runs before and
 outside the rest of the package (``agent/__init__.py`` is only a docstring).
@@ -135,6 +145,9 @@ def reaper_argv(
     argv: tuple[str, ...],
     job_nice: int = 0,
     started_fd: int | None = None,
+    run_as_uid: int | None = None,
+    run_as_gid: int | None = None,
+    job_cwd: str = "",
 ) -> list[str]:
     """The command line that runs ``argv`` under a reaper.
 
@@ -148,7 +161,14 @@ def reaper_argv(
         job_nice: added to the job's nice value before it execs (0: unchanged).
         started_fd: the reaper's file descriptor of the write end of the start pipe (the
             caller passes it on, e.g. ``pass_fds``), or None for none.
+        run_as_uid: the user the job runs as (the reaper drops to it, and to ``run_as_gid``
+            with no supplementary groups, just before the exec), or None: the reaper's.
+        run_as_gid: the job's group; given exactly when ``run_as_uid`` is.
+        job_cwd: the job's working directory, entered before the privilege drop (relative
+            to the reaper's, the job's folder); empty: the reaper's.
     """
+    if (run_as_uid is None) != (run_as_gid is None):
+        raise ValueError("run_as_uid and run_as_gid go together")
     return [
         python,
         "-I",  # no PYTHON* variables, no user site, no current folder on sys.path
@@ -160,6 +180,9 @@ def reaper_argv(
         fence_deadline_path or "",
         str(int(job_nice)),
         "" if started_fd is None else str(started_fd),
+        "" if run_as_uid is None else str(run_as_uid),
+        "" if run_as_gid is None else str(run_as_gid),
+        job_cwd,
         "--",
         *argv,
     ]
@@ -321,8 +344,25 @@ class _Reaper:
             _kill_group(self.job_pid, signal.SIGTERM)
             self.kill_at = time.monotonic() + self.grace_s
 
-    def start(self, argv: list[str], libc: object, nice: int) -> None:
-        """Fork and exec the job in a process group of its own, ``nice`` lower in priority.
+    def start(
+        self,
+        argv: list[str],
+        libc: object,
+        nice: int,
+        *,
+        run_as: tuple[int, int] | None = None,
+        cwd: str = "",
+        env: dict[bytes, bytes] | None = None,
+    ) -> None:
+        """Fork and exec the job in a session and process group of its own, ``nice`` lower in
+        priority, in ``cwd`` (empty: the reaper's), as ``run_as`` (uid, gid; None: the reaper's
+        user).
+
+        The privilege drop happens in the child, after ``chdir`` and before the exec, in the
+        order that cannot be undone halfway: ``setgroups([])``, ``setgid``, ``setuid``. The
+        parent-death signal is set after it (a change of credentials clears it). Any failure
+        there keeps the job from starting (it never runs as the reaper's user instead). The
+        job gets ``env`` (None: this process's environment).
 
         Raises:
             OSError: the command cannot be executed (errno and file name, as ``execvp``).
@@ -339,7 +379,15 @@ class _Reaper:
         if pid == 0:  # the job; nothing here may return
             try:
                 os.close(errors_r)
-                os.setpgid(0, 0)
+                os.setsid()  # a session (and process group) of its own
+                if cwd:
+                    os.chdir(cwd)
+                if run_as is not None:
+                    os.setgroups([])
+                    os.setgid(run_as[1])
+                    os.setuid(run_as[0])
+                    if os.getuid() != run_as[0] or os.geteuid() != run_as[0] or os.getegid() != run_as[1]:
+                        os._exit(_EXIT_CANNOT_START)
                 if libc is not None:
                     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # type: ignore[attr-defined]
                 if os.getppid() != reaper_pid:
@@ -356,7 +404,10 @@ class _Reaper:
                 exec_error: OSError | None = None
                 for path in candidates:
                     try:
-                        os.execv(path, argv)
+                        if env is None:
+                            os.execv(path, argv)
+                        else:
+                            os.execve(path, argv, env)
                     except OSError as exc:  # as execvp: the first error other than "not here"
                         if exec_error is None or exec_error.errno in (errno.ENOENT, errno.ENOTDIR):
                             exec_error = exc
@@ -366,10 +417,8 @@ class _Reaper:
             finally:
                 os._exit(_EXIT_CANNOT_START)
         os.close(errors_w)
-        try:
-            os.setpgid(pid, pid)  # also here: no race with a signal sent before the child ran
-        except OSError:
-            pass  # the child already exec'd (EACCES) or already set it
+        # No setpgid here (it would race the child's setsid): nothing signals the job's group
+        # before the exec-error pipe below has read EOF, when the child has run setsid.
         with os.fdopen(errors_r, "rb") as errors:
             failure = errors.read()
         if failure:
@@ -439,6 +488,27 @@ class _Reaper:
             signal.sigtimedwait((signal.SIGCHLD,), _SWEEP_WAIT_S)
 
 
+def _initial_environ() -> dict[bytes, bytes] | None:
+    """The environment this process was started with, as the agent passed it, or None where
+    ``/proc`` cannot say (the job then gets :data:`os.environ`).
+
+    Not :data:`os.environ`: the interpreter adds ``LC_CTYPE=C.UTF-8`` to it when it starts
+    with no locale (PEP 538), which a clean environment has not; ``/proc/self/environ`` keeps
+    the environment as it was at the exec.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            raw = file.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key] = value
+    return env
+
+
 def _load_libc() -> object:
     """libc for ``prctl``, or None where there is none (not Linux)."""
     if not sys.platform.startswith("linux"):
@@ -450,15 +520,18 @@ def _load_libc() -> object:
 
 def main(args: list[str]) -> int:
     """Run the reaper (see the module docstring); returns its exit status."""
-    if len(args) < 8 or args[6] != "--":
+    if len(args) < 11 or args[9] != "--" or bool(args[6]) != bool(args[7]):
         print(
-            "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD -- ARGV...",
+            "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD"
+            " RUN_AS_UID RUN_AS_GID JOB_CWD -- ARGV...",
             file=sys.stderr,
         )
         return _EXIT_USAGE
-    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[7:]
+    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[10:]
     nice = int(args[4])
     started_fd = int(args[5]) if args[5] else -1
+    run_as = (int(args[6]), int(args[7])) if args[6] else None
+    job_cwd = args[8]
     if started_fd >= 0:
         os.set_inheritable(started_fd, False)  # the job must not hold it (it would look unstarted)
     # Blocked, then taken with sigtimedwait: no handler can run between fork and exec.
@@ -478,7 +551,7 @@ def main(args: list[str]) -> int:
         _write_file(REPORT_FILE, f"fenced_unix_s={fenced!r}\nended_unix_s={fenced!r}\n")
         return 128 + signal.SIGKILL
     try:
-        reaper.start(argv, libc, nice)
+        reaper.start(argv, libc, nice, run_as=run_as, cwd=job_cwd, env=_initial_environ())
     except OSError as exc:
         _write_file(REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_unix_s={time.time()!r}\n")
         return _EXIT_CANNOT_START

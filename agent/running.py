@@ -25,6 +25,7 @@ from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
 from agent.runtimes import JobResult, JobRunner, forks, job_dir_for, timed_by_agent_s
 from agent.starts import StartLimiter, StartTicket
+from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
 
 
@@ -67,6 +68,7 @@ class RunningJobs:
         fence_if_due: the agent's check of a passed fence deadline (it fences when so).
         fence_now: the agent's self-fence.
         logger: the agent's logger.
+        run_as: who command jobs run as; None: the agent's user.
     """
 
     settings: AgentSettings
@@ -80,6 +82,8 @@ class RunningJobs:
     fence_if_due: Callable[[], bool]
     fence_now: Callable[[], None]
     logger: Any
+    run_as: RunAs | None = None
+    """Who command jobs run as (the agent's resolved ``job_user``); None: the agent's user."""
     nursery: trio.Nursery | None = None
     """Where the jobs' tasks run; set while the agent runs."""
     _jobs: dict[int, Job] = attrs.field(factory=dict)
@@ -194,6 +198,11 @@ class RunningJobs:
                 stop_grace_s=self.settings.stop_grace_s,
                 fence_deadline_path=self.fence.path,
                 job_nice=self.settings.job_nice,
+                run_as=self.run_as,
+                job_env={
+                    "STOCKADE_JOB_ID": str(order.job_id),
+                    "STOCKADE_ASSIGNMENT_ID": str(order.assignment_id),
+                },
                 on_started=(lambda: None) if ticket is None else ticket.release,
             )
         except BaseException:

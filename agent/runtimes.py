@@ -9,9 +9,18 @@ Command jobs:
 
 - run in ``<jobs_dir>/<job_id>-<assignment_id>/`` with stdout and stderr appended to
   ``stdout.log`` and ``stderr.log`` there, stdin from ``/dev/null``;
+- run as ``run_as`` when that is another user (the agent's ``job_user`` when the agent is
+  root): then in ``work/`` inside the job folder, owned by that user, while the job folder,
+  its logs (opened by the agent and inherited as descriptors) and the reaper's files stay
+  the agent's, so the job can neither forge its report nor point a file of the agent's
+  elsewhere. The reaper drops the privileges in the job's process just before the exec
+  (:meth:`agent.reaper._Reaper.start`);
+- get a clean environment: ``job_env`` (the agent's ``STOCKADE_JOB_ID`` and
+  ``STOCKADE_ASSIGNMENT_ID``), ``PATH`` = :data:`JOB_PATH` and ``HOME`` = their working
+  directory, nothing else;
 - run under a per-job supervisor process, the *reaper* (:mod:`agent.reaper`), which the
-  agent starts as the leader of a new session; the reaper starts the job in a process group
-  of its own, in that session. The reaper SIGKILLs the job's group and every descendant when
+  agent starts as the leader of a new session; the reaper starts the job in a session and
+  process group of its own. The reaper SIGKILLs the job's group and every descendant when
   the agent dies (its ``PR_SET_PDEATHSIG``) and when the worker's fence deadline passes (a
   deadman switch that works while the agent is frozen); see :mod:`agent.reaper`;
 - stop (the ``stop`` event) with SIGTERM to the reaper, which sends SIGTERM to the job's
@@ -58,7 +67,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -70,12 +79,19 @@ from agent import reaper
 from agent.messages import JobState
 from agent.starts import Spawner
 from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
+from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.settings import JOB_PROCESSES
 
 _POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
 REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
 """How long past its due time the agent waits for a reaper before it steps in, in seconds."""
 _T = TypeVar("_T")
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""The ``PATH`` of every command job (and of its reaper, which searches it for the program)."""
+WORK_SUBDIR = "work"
+"""The working directory and ``HOME`` of a job that runs as another user: this folder inside
+its job folder, owned by that user (the job folder itself, with the reaper's files and the
+output logs, stays the agent's)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -167,6 +183,8 @@ async def run_job(
     job_nice: int = 0,
     spawner: Spawner | None = None,
     on_started: Callable[[], None] = _nothing,
+    run_as: RunAs | None = None,
+    job_env: Mapping[str, str] | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -181,6 +199,10 @@ async def run_job(
         spawner: the thread that forks a command's reaper; None: the calling thread.
         on_started: called once, when the start is over: a command has exec'd or could not
             be started (a sleep job: at once); at the latest just before this returns.
+        run_as: the user a command runs as; None, or this process's own user: as this process,
+            in ``job_dir``. Another user: in ``job_dir/work`` (its ``HOME``, owned by it).
+        job_env: variables a command gets besides ``PATH`` (:data:`JOB_PATH`) and ``HOME``
+            (its working directory); nothing else of this process's environment is passed on.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -204,6 +226,8 @@ async def run_job(
                 job_nice=job_nice,
                 spawner=spawner,
                 on_started=on_started,
+                run_as=run_as,
+                job_env=job_env or {},
             )
 
 
@@ -221,6 +245,8 @@ class JobRunner(Protocol):
         fence_deadline_path: Path | None,
         job_nice: int,
         on_started: Callable[[], None],
+        run_as: RunAs | None,
+        job_env: Mapping[str, str],
     ) -> JobResult: ...
 
 
@@ -260,6 +286,8 @@ def _spawn_reaper(
     stop_grace_s: float,
     fence_deadline_path: Path | None,
     job_nice: int,
+    run_as: RunAs | None,
+    job_env: Mapping[str, str],
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the job's reaper from the calling thread (see the module docstring for which).
 
@@ -274,6 +302,15 @@ def _spawn_reaper(
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     reaper.clear_files(job_dir)
+    switch = run_as is not None and run_as.is_other_user
+    home = job_dir
+    if switch:
+        assert run_as is not None
+        home = job_dir / WORK_SUBDIR
+        home.mkdir(mode=0o700, exist_ok=True)
+        chown(home, run_as)
+        ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
+    env = {**job_env, "PATH": JOB_PATH, "HOME": str(home)}
     started_r, started_w = os.pipe()  # close-on-exec: only the reaper gets started_w (pass_fds)
     try:
         command = reaper.reaper_argv(
@@ -284,6 +321,9 @@ def _spawn_reaper(
             argv=argv,
             job_nice=job_nice,
             started_fd=started_w,
+            run_as_uid=run_as.uid if switch and run_as else None,
+            run_as_gid=run_as.gid if switch and run_as else None,
+            job_cwd=WORK_SUBDIR if switch else "",
         )
         with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
             proc = subprocess.Popen(
@@ -292,6 +332,7 @@ def _spawn_reaper(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
+                env=env,
                 close_fds=True,
                 pass_fds=(started_w,),
                 start_new_session=True,
@@ -368,6 +409,8 @@ async def _run_command(
     job_nice: int,
     spawner: Spawner | None,
     on_started: Callable[[], None],
+    run_as: RunAs | None,
+    job_env: Mapping[str, str],
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
@@ -391,6 +434,8 @@ async def _run_command(
         stop_grace_s=stop_grace_s,
         fence_deadline_path=fence_deadline_path,
         job_nice=job_nice,
+        run_as=run_as,
+        job_env=job_env,
     )
     try:
         # Shielded inside Spawner.run: the reaper it forks always comes back here, and no

@@ -12,88 +12,20 @@ from __future__ import annotations
 
 import functools
 import os
-import pwd
 import stat
-import subprocess
 from pathlib import Path
-from typing import Any
 
-import attrs
+from runtime.os_users import RunAs, UserNotCreated, chown, ensure_traversable, resolve_user
+from runtime.os_users import add_mode as _add_mode
 
-
-@attrs.frozen(kw_only=True)
-class RunAs:
-    """Who the PostgreSQL binaries run as."""
-
-    uid: int
-    gid: int
-    name: str
-
-    @property
-    def is_other_user(self) -> bool:
-        """True when the binaries run as a user other than this process."""
-        return self.uid != os.geteuid()
-
-    def subprocess_kwargs(self) -> dict[str, Any]:
-        """Extra :func:`subprocess.run` arguments that switch to this user."""
-        if not self.is_other_user:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
-
-
-class UserNotCreated(Exception):
-    """This process is root and the system user the binaries should run as neither exists nor
-    could be created (``useradd`` failed or is missing); the message says why."""
-
-
-def resolve_user(user: str) -> RunAs:
-    """The user the binaries run as: the system user ``user`` when we are root (created as a
-    system account without home or login shell if missing), else us.
-
-    Raises:
-        UserNotCreated: we are root and ``user`` could not be created.
-    """
-    if os.geteuid() != 0:
-        entry = pwd.getpwuid(os.geteuid())
-        return RunAs(uid=entry.pw_uid, gid=os.getegid(), name=entry.pw_name)
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        try:
-            subprocess.run(
-                ["useradd", "-r", "-M", "-s", "/usr/sbin/nologin", user],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            raise UserNotCreated(f"user {user!r} could not be created: {detail}") from exc
-        entry = pwd.getpwnam(user)
-    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
-
-
-def chown(path: Path, run_as: RunAs) -> None:
-    """Give ``path`` (not what a symlink points to) to ``run_as``, if it is not its already."""
-    info = path.lstat()
-    if (info.st_uid, info.st_gid) != (run_as.uid, run_as.gid):
-        os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
-
-
-def _add_mode(path: Path, bits: int) -> None:
-    """chmod ``path`` to add ``bits``, only if some are missing."""
-    mode = path.stat().st_mode
-    if mode & bits != bits:
-        path.chmod(stat.S_IMODE(mode) | bits)
-
-
-def ensure_traversable(directory: Path) -> None:
-    """Add g+x,o+x to ``directory`` and each of its parents, up to /.
-
-    Only the search bit is added: other users may pass through, not list.
-    """
-    for path in (directory, *directory.parents):
-        _add_mode(path, stat.S_IXGRP | stat.S_IXOTH)
+__all__ = [
+    "RunAs",
+    "UserNotCreated",
+    "chown",
+    "ensure_install_readable",
+    "ensure_traversable",
+    "resolve_user",
+]
 
 
 @functools.cache

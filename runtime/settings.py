@@ -18,6 +18,7 @@ all read as one.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -438,6 +439,10 @@ MAX_JOB_NICE = 19
 """The range of ``AgentSettings.job_nice`` (19 is the lowest priority Linux knows)."""
 
 
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+"""A system user name ``useradd`` takes (and that cannot pass for one of its options)."""
+
+
 @attrs.frozen(kw_only=True)
 class AgentSettings:
     """Everything one worker agent needs."""
@@ -497,6 +502,22 @@ class AgentSettings:
     """How much lower a command job's CPU priority is than the agent's (added to the agent's
     nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
     agent's. The job's reaper keeps the agent's priority."""
+
+    job_user: str = attrs.field(default="stockade-job")
+    """The system user command jobs run as when the agent runs as root (created as a system
+    account without home or login shell on first use); never ``root`` or uid 0. Ignored when
+    the agent is not root: jobs then run as the agent's user."""
+
+    @job_user.validator
+    def _job_user(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value == "root" or (isinstance(value, str) and value.isdigit()):
+            raise InvalidArgument("job_user", value, "must name a user other than root (uid 0)")
+        if not isinstance(value, str) or not _USER_NAME.fullmatch(value):
+            raise InvalidArgument(
+                "job_user",
+                value,
+                "must be a user name: 1 to 32 of A-Z a-z 0-9 _ . -, not starting with - or .",
+            )
 
     @job_nice.validator
     def _nice(self, attribute: attrs.Attribute[int], value: int) -> None:

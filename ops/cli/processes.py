@@ -38,6 +38,13 @@ def _agent_default(name: str) -> float:
     return default
 
 
+def _agent_str_default(name: str) -> str:
+    """A string AgentSettings field's default."""
+    default = getattr(attrs.fields(AgentSettings), name).default
+    assert isinstance(default, str)
+    return default
+
+
 def _agent_int_default(name: str) -> int:
     """An integer AgentSettings field's default."""
     default = getattr(attrs.fields(AgentSettings), name).default
@@ -292,6 +299,13 @@ JobNiceOption = Annotated[
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority)."
     ),
 ]
+JobUserOption = Annotated[
+    str,
+    typer.Option(
+        help="When the agent runs as root, run command jobs as this system user (created on first "
+        "use; never root). Ignored when the agent is not root: jobs run as its user."
+    ),
+]
 MetricsPortOption = Annotated[
     int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
 ]
@@ -315,12 +329,14 @@ def agent(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_user: JobUserOption = _agent_str_default("job_user"),
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
     from agent.main import main as agent_main
+    from runtime.os_users import resolve_unprivileged_user
     from runtime.settings import AgentSettings
 
     with errors():
@@ -339,9 +355,11 @@ def agent(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_user=job_user,
         )
     with errors():
         check_nice(nice)
+        resolve_unprivileged_user(settings.job_user)  # refuse to start without the job user
     agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
@@ -367,6 +385,7 @@ def fleet(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_user: JobUserOption = _agent_str_default("job_user"),
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
@@ -379,6 +398,7 @@ def fleet(
     """
     from agent.fleet import WorkerFailed, fleet_settings, load_fleet_spec
     from agent.fleet import main as fleet_main
+    from runtime.os_users import resolve_unprivileged_user
 
     with errors():
         identifiers.check_id(fleet_id, field="fleet_id")
@@ -392,8 +412,10 @@ def fleet(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_user=job_user,
         )
         check_nice(nice)
+        resolve_unprivileged_user(job_user)  # refuse to start without the job user
     try:
         fleet_main(
             settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice

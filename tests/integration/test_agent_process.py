@@ -11,6 +11,7 @@ from typing import IO
 
 import pytest
 import trio
+from jobfiles import job_writable
 
 from agent.joblog import read_log
 from protocol import pb
@@ -91,7 +92,7 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
     """On SIGTERM or SIGINT the agent stops its running command, logs it, tells the control
     plane it left once the command's process is gone, and exits 0."""
     cp = RegistrationsOnly()
-    pid_file = tmp_path / "child.pid"
+    pid_file = job_writable(tmp_path) / "child.pid"
     stderr_path = tmp_path / "agent.stderr"
     stderr_file = _open_for_writing(stderr_path)
     async with asyncio_bridge(), trio.open_nursery() as nursery:

@@ -3,8 +3,10 @@
 Each test runs ``agent.main.main`` in a child process against a scripted control plane, gives
 it one job, then SIGKILLs or SIGSTOPs it. Command jobs write a wall-clock timestamp to a file
 every 50 ms from a grandchild process (a subshell), so the file shows when the job's last
-process stopped. Every process of the test (agent, reaper, job) carries a marker in its
-environment, so psutil can tell whether any of them is left.
+process stopped. Every reaper and job process works in a folder under the agent's work folder
+(jobs get a clean environment, so the agent alone carries the test's marker), so psutil can tell
+whether any of them is left. When the tests run as root the jobs run as the agent's job user, so
+what they write goes to a folder every user may write (:func:`job_writable`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import attrs
 import psutil
 import pytest
 import trio
+from jobfiles import job_writable
 
 from agent.joblog import read_log
 from agent.reaper import read_fence_deadline
@@ -86,13 +89,15 @@ class AgentProcess:
         return [r for r in read_log(log) if r["event"] == "stop"] if log.exists() else []
 
     def leftovers(self) -> list[psutil.Process]:
-        """Live (not zombie) processes of this test other than the agent itself."""
+        """Live (not zombie) processes of this test other than the agent itself: those marked
+        in their environment, and those working under the agent's work folder (reapers, jobs)."""
         found = []
+        inside = f"{self.work_dir}{os.sep}"
         for proc in psutil.process_iter():
             try:
                 if proc.pid == self.pid or proc.status() == psutil.STATUS_ZOMBIE:
                     continue
-                if proc.environ().get(MARKER) == self.marker:
+                if proc.environ().get(MARKER) == self.marker or proc.cwd().startswith(inside):
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -187,7 +192,7 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> No
 
 async def test_sigkilled_agent_takes_grandchildren_down(tmp_path: Path) -> None:
     """SIGKILL of the agent stops a command job's grandchildren within 0.5 s; nothing is left."""
-    out = tmp_path / "stamps"
+    out = job_writable(tmp_path) / "stamps"
     async with running_agent(tmp_path) as agent:
         await assign(agent, writer_job(out))
         await wait_for(lambda: len(stamps(out)) >= 5)
@@ -206,7 +211,7 @@ async def test_sigkilled_agent_takes_grandchildren_down(tmp_path: Path) -> None:
 async def test_frozen_agent_command_job_stops_at_the_fence_deadline(tmp_path: Path) -> None:
     """A SIGSTOPped agent's command job stops by the fence deadline + 0.3 s while the agent is
     still stopped, and the stop line the thawed agent writes carries the kill time."""
-    out = tmp_path / "stamps"
+    out = job_writable(tmp_path) / "stamps"
     async with running_agent(tmp_path) as agent:
         await assign(agent, writer_job(out))
         await wait_for(lambda: len(stamps(out)) >= 5)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -18,6 +19,8 @@ from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
 from agent.runtimes import run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
+from runtime.os_users import RunAs, resolve_unprivileged_user
+from runtime.settings import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -263,3 +266,81 @@ async def test_a_job_is_not_started_past_its_fence_deadline(tmp_path: Path) -> N
         )
         assert result.fenced and result.exit_code is None and "not started" in result.detail
     assert not marker.exists()
+
+
+def _job_user() -> RunAs:
+    """The agent's default job user (created on first use when the tests run as root)."""
+    return resolve_unprivileged_user(attrs.fields(AgentSettings).job_user.default)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+async def test_a_root_agents_command_runs_as_the_job_user_with_a_clean_environment(tmp_path: Path) -> None:
+    """Run as root with a job user, a command runs as that (non-root) user in its own session
+    and process group, in a folder of its own that is its HOME, with only PATH, HOME and the
+    job's variables in its environment; its stdout and stderr are captured."""
+    run_as = _job_user()
+    script = "id -u; id -G; ps -o sid= -o pgid= -p $$; echo $$; pwd; echo out > here; env; echo err >&2"
+    result = await run_job(
+        CommandRuntime(argv=("sh", "-c", script)),
+        job_dir=tmp_path / "5-50",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+        run_as=run_as,
+        job_env={"STOCKADE_JOB_ID": "5", "STOCKADE_ASSIGNMENT_ID": "50"},
+    )
+    assert result.state is JobState.SUCCEEDED, (result, _read(result.stderr_path))
+    uid, groups, session, pid, cwd, *env_lines = _read(result.stdout_path).splitlines()
+    assert int(uid) == run_as.uid != 0
+    assert groups.split() == [str(run_as.gid)]
+    assert session.split() == [pid, pid]  # session and group leader
+    home = tmp_path / "5-50" / "work"
+    assert cwd == str(home) and (home / "here").stat().st_uid == run_as.uid
+    env = dict(line.split("=", 1) for line in env_lines)
+    env.pop("PWD", None)  # sh's own
+    env.pop("SHLVL", None)
+    assert env == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "STOCKADE_JOB_ID": "5",
+        "STOCKADE_ASSIGNMENT_ID": "50",
+    }
+    assert _read(result.stderr_path) == "err\n"
+    # The job folder (logs, the reaper's report) stays the agent's: the job cannot touch it.
+    assert (tmp_path / "5-50").stat().st_uid == os.geteuid()
+    assert os.stat(result.stdout_path).st_uid == os.geteuid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+async def test_a_job_user_job_cannot_write_its_reapers_files(tmp_path: Path) -> None:
+    """A command running as the job user cannot create files in its job folder, so it cannot
+    forge its reaper's report."""
+    result = await run_job(
+        CommandRuntime(argv=("sh", "-c", "echo exit_code=0 > ../reaper.report")),
+        job_dir=tmp_path / "6-60",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+        run_as=_job_user(),
+    )
+    assert result.state is JobState.FAILED and result.exit_code != 0
+    assert "Permission denied" in _read(result.stderr_path)
+
+
+async def test_a_command_as_the_agents_own_user_gets_a_clean_environment(tmp_path: Path) -> None:
+    """Without another user, a command runs as this process in its job folder, and still sees
+    only PATH, HOME (its job folder) and the job's variables, not this process's environment."""
+    os.environ["STOCKADE_LEAK_TEST"] = "leak"
+    try:
+        result = await run_job(
+            CommandRuntime(argv=("sh", "-c", "id -u; env")),
+            job_dir=tmp_path / "7-70",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            job_env={"STOCKADE_JOB_ID": "7", "STOCKADE_ASSIGNMENT_ID": "70"},
+        )
+    finally:
+        del os.environ["STOCKADE_LEAK_TEST"]
+    uid, *env_lines = _read(result.stdout_path).splitlines()
+    assert int(uid) == os.geteuid()
+    env = dict(line.split("=", 1) for line in env_lines)
+    assert set(env) - {"PWD", "SHLVL"} == {"PATH", "HOME", "STOCKADE_JOB_ID", "STOCKADE_ASSIGNMENT_ID"}
+    assert env["HOME"] == str(tmp_path / "7-70")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from jobfiles import job_writable
 
 from agent.joblog import read_log
 from protocol import pb
@@ -118,7 +119,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
                 assert len(set(addresses.values())) == 2
                 child_pids = []
                 for aid, worker_id in enumerate(sorted(addresses), start=1):
-                    pid_file = tmp_path / f"{worker_id}.pid"
+                    pid_file = job_writable(tmp_path) / f"{worker_id}.pid"
                     channel = GrpcChannel(addresses[worker_id])
                     try:
                         reply = await channel.call(

@@ -7,7 +7,7 @@ scripted runner that takes ``STOP_S`` to stop (a command's SIGTERM grace), so th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from agent.joblog import read_log
 from agent.messages import JobState, Leave, LeaveAnswer
 from agent.runtimes import JobResult
 from runtime.jobs import JobRuntime, SleepRuntime
+from runtime.os_users import RunAs
 
 STOP_S = 0.4
 LEAVE_TIMEOUT_S = 0.8
@@ -47,6 +48,8 @@ class SlowToStop:
         fence_deadline_path: Path | None,
         job_nice: int,
         on_started: Callable[[], None],
+        run_as: RunAs | None = None,
+        job_env: Mapping[str, str] | None = None,
     ) -> JobResult:
         assert isinstance(runtime, SleepRuntime)
         on_started()
