@@ -221,6 +221,14 @@ class RunningJobs:
             raise
         self._job_ended(job, result)
 
+    def _report(self, job: Job, **outcome: Any) -> None:
+        """Queue ``job``'s outcome (the :class:`Outcome` fields other than its ids) for the
+        next heartbeat, and mark the job reported."""
+        job.reported = True
+        self.outcomes.append(
+            Outcome(assignment_id=job.order.assignment_id, job_id=job.order.job_id, **outcome)
+        )
+
     def _fail_unstarted(self, job: Job, detail: str) -> None:
         """End a job that cannot be started as failed (it was accepted, so the control plane
         must hear how it ended): report the outcome, release it; nothing is logged as run."""
@@ -229,17 +237,13 @@ class RunningJobs:
             "job not started", job_id=order.job_id, assignment_id=order.assignment_id, detail=detail
         )
         now_unix_s = time.time()
-        job.reported = True
-        self.outcomes.append(
-            Outcome(
-                assignment_id=order.assignment_id,
-                job_id=order.job_id,
-                state=JobState.FAILED,
-                exit_code=None,
-                started_unix_s=now_unix_s,
-                finished_unix_s=now_unix_s,
-                detail=detail,
-            )
+        self._report(
+            job,
+            state=JobState.FAILED,
+            exit_code=None,
+            started_unix_s=now_unix_s,
+            finished_unix_s=now_unix_s,
+            detail=detail,
         )
         self._release(job)
         job.done.set()
@@ -294,19 +298,15 @@ class RunningJobs:
             detail=result.detail,
         )
         if not (result.stopped or fenced):
-            job.reported = True
-            self.outcomes.append(
-                Outcome(
-                    assignment_id=order.assignment_id,
-                    job_id=order.job_id,
-                    state=result.state,
-                    exit_code=result.exit_code,
-                    started_unix_s=result.started_unix_s,
-                    finished_unix_s=result.finished_unix_s,
-                    stdout_path=result.stdout_path,
-                    stderr_path=result.stderr_path,
-                    detail=result.detail,
-                )
+            self._report(
+                job,
+                state=result.state,
+                exit_code=result.exit_code,
+                started_unix_s=result.started_unix_s,
+                finished_unix_s=result.finished_unix_s,
+                stdout_path=result.stdout_path,
+                stderr_path=result.stderr_path,
+                detail=result.detail,
             )
 
     def _fenced_end(self, job: Job, result: JobResult) -> tuple[bool, float]:
