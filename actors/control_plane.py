@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.dispatcher import Dispatcher
+from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.ingest import Ingest, apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
 from actors.ledger import Ledger
@@ -52,6 +52,7 @@ from runtime.loops import retry, run_until_signal
 from runtime.settings import ControlPlaneSettings
 from runtime.supervisor import RestartPolicy, supervise
 from runtime.threads import CrossLoopSender, OwnLoop, run_on_own_loop
+from runtime.tls import ClientTls, server_context
 
 
 @attrs.define
@@ -106,6 +107,7 @@ async def run_control_plane(
         settings=settings.ingest,
         dead_after_s=settings.reconciler.dead_after_s,
         advertise_address=settings.advertise_address,
+        tls=None if settings.tls is None else server_context(settings.tls),
     )
     ledger = Ledger(
         cp_id=settings.cp_id,
@@ -114,7 +116,12 @@ async def run_control_plane(
         inbox=ledger_recv,
         lease_inbox=lease_send,
     )
-    dispatcher = Dispatcher(settings=settings.dispatch, inbox=dispatch_recv, lease_inbox=lease_send)
+    dispatcher = Dispatcher(
+        settings=settings.dispatch,
+        inbox=dispatch_recv,
+        lease_inbox=lease_send,
+        calls=GrpcWorkerCalls(tls=None if settings.tls is None else ClientTls(settings.tls)),
+    )
     main_lag = LoopLag(loop="main")
     main_token = trio.lowlevel.current_trio_token()
     lease_loop = OwnLoop("lease")

@@ -27,6 +27,7 @@ from runtime import log
 from runtime.aio import GrpcChannel
 from runtime.errors import StockadeError
 from runtime.settings import DispatchSettings
+from runtime.tls import WORKER, ClientTls, Expected
 from runtime.wire_jobs import job_spec_to_pb
 
 
@@ -38,7 +39,8 @@ def assignment_message(a: CommittedAssignment) -> pb.Assignment:
 
 
 class WorkerCalls(Protocol):
-    """The two Worker RPCs, by address (a test can script them)."""
+    """The two Worker RPCs, by address (a test can script them); the request names the worker
+    (``worker_id``) the call is meant for."""
 
     async def assign(self, address: str, request: pb.AssignRequest, timeout_s: float) -> pb.AssignReply: ...
 
@@ -47,22 +49,31 @@ class WorkerCalls(Protocol):
 
 @attrs.define
 class GrpcWorkerCalls:
-    """:class:`WorkerCalls` over real gRPC, one cached channel per address."""
+    """:class:`WorkerCalls` over real gRPC, one cached channel per worker and address.
 
-    _channels: dict[str, GrpcChannel] = attrs.field(factory=dict)
+    With ``tls`` every call is mutual TLS with this replica's certificate, and a channel
+    accepts only the certificate of the worker the request names (``worker`` role, its id):
+    an assignment never reaches a process that holds another worker's certificate, whatever
+    address that worker registered.
+    """
 
-    def _channel(self, address: str) -> GrpcChannel:
-        channel = self._channels.get(address)
+    tls: ClientTls | None = None
+    _channels: dict[tuple[str, str], GrpcChannel] = attrs.field(factory=dict)
+
+    def _channel(self, address: str, worker_id: str) -> GrpcChannel:
+        key = (address, worker_id)
+        channel = self._channels.get(key)
         if channel is None:
-            channel = self._channels[address] = GrpcChannel(address)
+            context = None if self.tls is None else self.tls.context(Expected(WORKER, worker_id))
+            channel = self._channels[key] = GrpcChannel(address, tls=context)
         return channel
 
     async def assign(self, address: str, request: pb.AssignRequest, timeout_s: float) -> pb.AssignReply:
-        channel = self._channel(address)
+        channel = self._channel(address, request.worker_id)
         return await channel.call(channel.stub(pb.WorkerStub).assign, request, timeout_s=timeout_s)
 
     async def cancel(self, address: str, request: pb.CancelRequest, timeout_s: float) -> pb.CancelReply:
-        channel = self._channel(address)
+        channel = self._channel(address, request.worker_id)
         return await channel.call(channel.stub(pb.WorkerStub).cancel, request, timeout_s=timeout_s)
 
     def close(self) -> None:

@@ -54,6 +54,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import ssl
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
 from runtime.aio import PgConnection, serve_grpc, takes_encoded_request, trio_service
+from runtime.aio.grpc_server import require_worker
 from runtime.errors import (
     Busy,
     DatabaseBusy,
@@ -79,6 +82,7 @@ from runtime.errors import (
 )
 from runtime.lag import LoopLag
 from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings
+from runtime.tls import OPERATOR, VIEWER, WORKER
 from runtime.wire_jobs import job_spec_from_pb
 
 __all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest", "apply_schema"]
@@ -278,6 +282,7 @@ class ControlPlaneService(AdmittedService):
         return pb.CancelJobReply(state=state)
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
+        require_worker("register_worker", request.worker_id)
         labels = dict(request.labels)
         validation.check_registration(
             worker_id=request.worker_id,
@@ -352,6 +357,7 @@ class ControlPlaneService(AdmittedService):
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         worker_id = identifiers.check_id(request.worker_id, field="worker_id")
+        require_worker("heartbeat", worker_id)
         validation.check_incarnation(request.incarnation)
         finished = list(request.finished)
         check_outcomes(finished)
@@ -387,6 +393,7 @@ class ControlPlaneService(AdmittedService):
         Raises:
             InvalidArgument: a field out of range (nothing is stored).
         """
+        require_worker("leave_worker", request.worker_id)
         validation.check_leave(
             worker_id=request.worker_id, incarnation=request.incarnation, agent_run_id=request.agent_run_id
         )
@@ -423,6 +430,22 @@ class ControlPlaneService(AdmittedService):
             return await self._encoded(*status_reply(self.cp_id, lease, cps, workers, counts, stuck))
 
 
+CONTROL_PLANE_ACCESS = {
+    "submit_job": (OPERATOR,),
+    "submit_jobs": (OPERATOR,),
+    "cancel_job": (OPERATOR,),
+    "get_job": (OPERATOR, VIEWER),
+    "list_jobs": (OPERATOR, VIEWER),
+    "status": (OPERATOR, VIEWER),
+    "register_worker": (WORKER,),
+    "heartbeat": (WORKER,),
+    "leave_worker": (WORKER,),
+}
+"""Who may call each ControlPlane RPC over mutual TLS (:func:`runtime.aio.trio_service`):
+operators change jobs, viewers and operators read, workers speak only for
+themselves (the handlers check that a worker's certificate names the ``worker_id`` it sends)."""
+
+
 @attrs.define
 class Ingest:
     """The actor: serves :class:`ControlPlaneService` and records this replica's presence.
@@ -441,6 +464,9 @@ class Ingest:
     dead_after_s: float = DEFAULT_DEAD_AFTER_S
     """The reconciler's dead_after, told to workers at registration."""
     advertise_address: str = ""
+    tls: ssl.SSLContext | None = None
+    """Serve over mutual TLS with this server context (:func:`runtime.tls.server_context`),
+    checking :data:`CONTROL_PLANE_ACCESS`; None: plaintext, no checks."""
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     """The ingest loop's lag monitor, run by :meth:`run` (a test may feed it lags)."""
     address: str = ""
@@ -460,10 +486,12 @@ class Ingest:
                 lag=self.lag,
                 dead_after_s=self.dead_after_s,
             )
-            service = trio_service(pb.ControlPlaneBase, self.service)
+            service = trio_service(pb.ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.lag.run)
-                port = await nursery.start(serve_grpc, [service], self.listen_host, self.listen_port)
+                port = await nursery.start(
+                    partial(serve_grpc, [service], self.listen_host, self.listen_port, tls=self.tls)
+                )
                 self.address = self.advertise_address or identifiers.format_address(self.listen_host, port)
                 await self._record_presence(self.service)
                 nursery.start_soon(self._presence, self.service)

@@ -42,6 +42,7 @@ from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, priority
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
+from runtime.tls import TlsFiles
 
 __all__ = [
     "FleetSpecError",
@@ -260,6 +261,7 @@ def fleet_settings(
     *,
     control_planes: Sequence[str],
     listen_host: str = "127.0.0.1",
+    cert_dir: Path | None = None,
     **options: Any,
 ) -> list[AgentSettings]:
     """One :class:`AgentSettings` per worker.
@@ -268,6 +270,8 @@ def fleet_settings(
         workers: the spec's workers.
         control_planes: the fleet's control-plane addresses (a worker's own list wins).
         listen_host: the address every worker listens on.
+        cert_dir: the folder of ``ca.crt`` and each worker's ``<id>.crt`` and ``<id>.key``
+            (mutual TLS, :class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
         options: further :class:`AgentSettings` fields shared by all, e.g.
             ``heartbeat_interval_s=1.0``.
 
@@ -291,6 +295,7 @@ def fleet_settings(
                 listen_host=listen_host,
                 listen_port=worker.port,
                 advertise_address=worker.advertise_address,
+                tls=None if cert_dir is None else TlsFiles.in_dir(cert_dir, worker.worker_id),
                 **options,
             )
         )

@@ -31,8 +31,13 @@ from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
 from runtime.os_users import resolve_unprivileged_user
 from runtime.settings import AgentSettings
+from runtime.tls import CONTROL_PLANE, server_context
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+
+WORKER_ACCESS = {"assign": (CONTROL_PLANE,), "cancel": (CONTROL_PLANE,)}
+"""Who may call each Worker RPC over mutual TLS: only control planes (the request's epoch and
+incarnation are then checked as before, :mod:`agent.acceptance`)."""
 
 
 def advertised_address(settings: AgentSettings, port: int) -> str:
@@ -86,7 +91,9 @@ async def run_agent(
     run_as = resolve_unprivileged_user(settings.job_user)
     client: ControlPlaneClient | None = None
     if control_plane is None:
-        client = ControlPlaneClient(settings.control_planes, timeout_s=settings.heartbeat_timeout_s)
+        client = ControlPlaneClient(
+            settings.control_planes, timeout_s=settings.heartbeat_timeout_s, tls=settings.tls
+        )
         control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
     own_spawner = Spawner() if spawner is None else None
     try:
@@ -109,10 +116,13 @@ async def run_agent(
 async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
-            serve_grpc,
-            [trio_service(pb.WorkerBase, WorkerService(agent))],
-            settings.listen_host,
-            settings.listen_port,
+            partial(
+                serve_grpc,
+                [trio_service(pb.WorkerBase, WorkerService(agent), access=WORKER_ACCESS)],
+                settings.listen_host,
+                settings.listen_port,
+                tls=None if settings.tls is None else server_context(settings.tls),
+            )
         )
         await nursery.start(agent.run, advertised_address(settings, port))
         log.get("agent").info(

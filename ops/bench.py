@@ -178,7 +178,7 @@ async def run_failover_bench(
     async with asyncio_bridge():
         await trio.to_thread.run_sync(harness.fresh_cluster)
         addresses = cluster.config().control_plane_addresses
-        client = ControlPlaneClient(addresses, timeout_s=1.0)
+        client = ControlPlaneClient(addresses, timeout_s=1.0, tls=cluster.config().client_tls)
         try:
             long_ids = await _start_long_jobs(client, settings.long_jobs, first_index=0)
             for round_ in range(max(settings.kills, settings.freezes, settings.stops, settings.worker_kills)):

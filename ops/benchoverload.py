@@ -260,7 +260,10 @@ async def run_overload(
         async with asyncio_bridge():
             # busy_retry_s 0: a batch every replica refuses is shed, not asked again (open loop).
             client = ControlPlaneClient(
-                config.control_plane_addresses, timeout_s=settings.submit_timeout_s, busy_retry_s=0
+                config.control_plane_addresses,
+                timeout_s=settings.submit_timeout_s,
+                busy_retry_s=0,
+                tls=config.client_tls,
             )
             db = await PgConnection.connect(config.database_url)
             sampler_db = await PgConnection.connect(config.database_url)

@@ -1,5 +1,5 @@
-"""The cluster's certificate authority and the certificates it issues (nothing uses them yet:
-the mTLS wiring of the control planes, the agents and the CLI comes next).
+"""The cluster's certificate authority and the certificates it issues, which the control
+planes, the agents and the CLI use for mutual TLS (:mod:`runtime.tls`).
 
 One folder holds everything (by default the state folder's ``certs/``)::
 
@@ -21,8 +21,8 @@ people reading it (``CN=<id>, OU=<role>, O=stockade``). Roles (:data:`ROLES`):
 - ``control-plane``: a replica; serves and calls, so both server and client auth; SANs DNS
   ``localhost``, IP ``127.0.0.1`` and any given hosts.
 - ``worker``: an agent; serves the Worker service and calls the control planes; same SANs.
-- ``operator``, ``viewer``: CLI clients (client auth only, no hosts); what each may do is for
-  the mTLS step to decide.
+- ``operator``, ``viewer``: CLI clients (client auth only, no hosts): an operator may submit
+  and cancel jobs and read everything, a viewer only read (``actors.ingest.CONTROL_PLANE_ACCESS``).
 
 The curve is P-256 because TLS 1.3 (RFC 8446 section 9.1: ``secp256r1`` is mandatory to
 implement) and every OpenSSL that Python's :mod:`ssl` links support it.
@@ -42,8 +42,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from runtime.errors import InvalidArgument, PermanentError, StockadeError
+from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
+from runtime.tls import TRUST_DOMAIN, URI_PREFIX, KeyFileExposed, check_key_private
 
 __all__ = [
     "CLIENT_ROLES",
@@ -61,6 +62,7 @@ __all__ = [
     "check_key_private",
     "check_role",
     "describe",
+    "ensure_issued",
     "identity_of",
     "init_cluster",
     "issue",
@@ -72,10 +74,6 @@ SERVER_ROLES = ("control-plane", "worker")
 CLIENT_ROLES = ("operator", "viewer")
 """Roles of CLI clients: client auth only."""
 ROLES = (*SERVER_ROLES, *CLIENT_ROLES)
-
-TRUST_DOMAIN = "stockade"
-URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
-"""Every issued certificate's identity is ``URI_PREFIX + role + "/" + id``."""
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 """What every server certificate names besides the hosts it is given."""
@@ -104,12 +102,6 @@ class CertificateExists(StockadeError):
 
 class CertificateAuthorityMissing(StockadeError):
     """The folder has no CA to sign with; run ``stockade certs init`` first."""
-
-
-class KeyFileExposed(PermanentError):
-    """A private key file is readable or writable by its group or by others; the message names
-    the file and its mode. ``chmod 600 FILE`` mends it (and the key should be replaced if
-    anyone else could have read it)."""
 
 
 class NotAStockadeCertificate(StockadeError):
@@ -225,24 +217,6 @@ def parse_host(host: str) -> x509.GeneralName:
     return x509.DNSName(host)
 
 
-def check_key_private(path: Path) -> None:
-    """Refuse a private key file that its group or others may read or write.
-
-    Args:
-        path: the key file.
-
-    Raises:
-        KeyFileExposed: the mode has any group or other bit (``mode & 0o077``).
-        FileNotFoundError: there is no such file.
-    """
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise KeyFileExposed(
-            f"private key {path} has mode {mode:04o}: it must not be readable or writable by "
-            f"group or others (chmod 600 {path}, and replace the key if others could read it)"
-        )
-
-
 # ---------------------------------------------------------------------------- making
 
 
@@ -265,6 +239,44 @@ def init_cluster(cert_dir: Path, settings: CertSettings | None = None) -> list[I
     for _, id in INIT_IDENTITIES:
         targets += [where.cert(id), where.key(id)]
     _refuse_existing(targets, "refusing to overwrite; remove the folder's files to start again")
+    done = [_create_ca(cert_dir, settings)]
+    for role, id in INIT_IDENTITIES:
+        done.append(issue(cert_dir, role=role, id=id, settings=settings))
+    return done
+
+
+def ensure_issued(
+    cert_dir: Path, identities: Sequence[tuple[str, str]], settings: CertSettings | None = None
+) -> list[IssuedCert]:
+    """Make sure ``cert_dir`` has a CA and a certificate and key for each ``(role, id)`` of
+    ``identities``: create the CA if the folder has none, issue what is missing, keep what is
+    there (``stockade up`` calls this on every start, so a new cluster needs no extra step).
+
+    Returns:
+        What was created now (the CA first, if it was), in ``identities`` order.
+
+    Raises:
+        InvalidArgument: a role or id breaks the rules.
+        CertificateExists: only one of an identity's ``.crt`` and ``.key`` exists (remove it
+            to re-issue both); nothing more was written.
+        KeyFileExposed: the CA key is readable by others.
+    """
+    settings = settings or CertSettings()
+    where = CertDir(cert_dir)
+    done = []
+    if not (where.ca_cert.exists() or where.ca_key.exists()):
+        done.append(_create_ca(cert_dir, settings))
+    for role, id in identities:
+        if where.cert(id).exists() and where.key(id).exists():
+            continue
+        done.append(issue(cert_dir, role=role, id=id, settings=settings))
+    return done
+
+
+def _create_ca(cert_dir: Path, settings: CertSettings) -> IssuedCert:
+    """Write a new CA's ``ca.crt`` and ``ca.key`` (the folder made with mode 0700)."""
+    where = CertDir(cert_dir)
+    _refuse_existing([where.ca_cert, where.ca_key], "refusing to overwrite the cluster CA")
     cert_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
@@ -291,17 +303,12 @@ def init_cluster(cert_dir: Path, settings: CertSettings | None = None) -> list[I
     )
     _write_key(where.ca_key, ca_key)
     _write_cert(where.ca_cert, ca_cert)
-    done = [
-        IssuedCert(
-            identity=None,
-            cert_path=where.ca_cert,
-            key_path=where.ca_key,
-            not_valid_after=ca_cert.not_valid_after_utc,
-        )
-    ]
-    for role, id in INIT_IDENTITIES:
-        done.append(issue(cert_dir, role=role, id=id, settings=settings))
-    return done
+    return IssuedCert(
+        identity=None,
+        cert_path=where.ca_cert,
+        key_path=where.ca_key,
+        not_valid_after=ca_cert.not_valid_after_utc,
+    )
 
 
 def issue(
@@ -404,7 +411,8 @@ def issue(
 def identity_of(cert: x509.Certificate) -> CertIdentity:
     """The role and id a certificate names in its ``spiffe://stockade/<role>/<id>`` URI SAN.
 
-    The mTLS step calls this on a peer's verified certificate to learn who it is.
+    (Servers read a peer's identity from its verified certificate with
+    :func:`runtime.tls.identity_of_peercert`, which applies the same rule.)
 
     Raises:
         NotAStockadeCertificate: no such URI, more than one, or one whose role or id breaks

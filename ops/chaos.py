@@ -114,7 +114,7 @@ class Harness:
         wait for every job to finish. A run that cannot go on is recorded as an error."""
         s = self.settings
         addresses = self.cluster.config().control_plane_addresses
-        client = ControlPlaneClient(addresses, timeout_s=1.0)
+        client = ControlPlaneClient(addresses, timeout_s=1.0, tls=self.cluster.config().client_tls)
         try:
             async with trio.open_nursery() as nursery:
                 stop_submitting = trio.Event()
@@ -199,7 +199,8 @@ class Harness:
             if not candidates:
                 return
             worker_id = self._rng.choice(candidates)
-            client = ControlPlaneClient(self.cluster.config().control_plane_addresses, timeout_s=1.0)
+            config = self.cluster.config()
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
             try:
                 status = await client.call("status", pb.StatusRequest())
                 busy = [w for w in status.workers if w.id in candidates and w.job_ids]
@@ -240,7 +241,7 @@ class Harness:
 
     async def _submit(self, addresses: Sequence[str], stop: trio.Event) -> None:
         s = self.settings
-        client = ControlPlaneClient(addresses, timeout_s=2.0)
+        client = ControlPlaneClient(addresses, timeout_s=2.0, tls=self.cluster.config().client_tls)
         interval = 1.0 / s.submit_rate_per_s
         next_at = trio.current_time()
         try:
@@ -292,7 +293,7 @@ class Harness:
 
     async def new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
         addresses = [p.address for p in self.cluster.config().control_planes if p.id != old]
-        probe = ControlPlaneClient(addresses, timeout_s=0.5)
+        probe = ControlPlaneClient(addresses, timeout_s=0.5, tls=self.cluster.config().client_tls)
         try:
             with trio.move_on_after(self.settings.new_leader_timeout_s):
                 while True:

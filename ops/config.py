@@ -21,6 +21,23 @@ A client command calls the control planes named by the first of these that names
        [local]
        state_dir = "/home/me/src/stockade/.stockade"
 
+A client command presents the client certificate (mutual TLS, :mod:`runtime.tls`) named by
+the first of these that names one (:func:`resolve_client_tls`):
+
+1. ``$STOCKADE_INSECURE=1``: none, plaintext (a cluster run with ``--insecure``);
+   ``$STOCKADE_CERTS_DIR``: that folder's ``ca.crt`` and ``<identity>.crt``/``.key``;
+2. the local cluster's ``cluster.json`` (the state folder above): the folder ``stockade up``
+   made its certificates in, or plaintext when it runs with ``--insecure``;
+3. the user config's ``certs_dir`` (or ``insecure = true``);
+4. the state folder's ``certs/``.
+
+The identity is ``$STOCKADE_IDENTITY``, else the config's ``identity``, else ``operator``
+(``viewer`` for a read-only client)::
+
+    control_planes = ["cp-a.example:7100", "cp-b.example:7100"]
+    certs_dir = "/home/me/.config/stockade/certs"
+    identity = "viewer"
+
 The config file is read with :mod:`tomllib`. ``up`` and ``down`` rewrite only the ``[local]``
 table's lines: the rest of the file, comments included, is kept as written.
 """
@@ -36,8 +53,11 @@ from typing import Any
 from runtime.errors import StockadeError
 
 __all__ = [
+    "CERTS_DIR_ENV",
     "CONFIG_ENV",
     "CONTROL_PLANES_ENV",
+    "IDENTITY_ENV",
+    "INSECURE_ENV",
     "LOCAL_TABLE",
     "STATE_DIR_ENV",
     "ClusterError",
@@ -49,6 +69,7 @@ __all__ = [
     "record_local_cluster",
     "recorded_state_dir",
     "resolve_addresses",
+    "resolve_client_tls",
     "user_config_path",
 ]
 
@@ -57,6 +78,18 @@ STATE_DIR_ENV = "STOCKADE_STATE_DIR"
 
 CONTROL_PLANES_ENV = "STOCKADE_CONTROL_PLANES"
 """Environment variable with comma-separated control-plane addresses for client commands."""
+
+CERTS_DIR_ENV = "STOCKADE_CERTS_DIR"
+"""Environment variable naming the folder of the client's certificates (``ca.crt``,
+``<identity>.crt``, ``<identity>.key``)."""
+
+IDENTITY_ENV = "STOCKADE_IDENTITY"
+"""Environment variable naming the client certificate to present (default ``operator``)."""
+
+INSECURE_ENV = "STOCKADE_INSECURE"
+"""Environment variable: ``1`` makes client commands speak plaintext (``--insecure`` clusters)."""
+
+DEFAULT_CLIENT_IDENTITY = "operator"
 
 CONFIG_ENV = "STOCKADE_CONFIG"
 """Environment variable naming the user config file (default under the user's config folder)."""
@@ -230,6 +263,63 @@ def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list
         f'run `stockade up`, or name them in {config_path} (control_planes = ["host:port", ...]); '
         f"no cluster is recorded in {state_dir}"
     )
+
+
+def cluster_json_cert_dir(state_dir: Path) -> tuple[bool, Path | None]:
+    """Whether ``state_dir/cluster.json`` records a cluster (False also when it cannot be read:
+    the address lookup reports that), and the certificate folder it records: None when that
+    cluster runs with ``--insecure`` (or was made before clusters had certificates)."""
+    try:
+        data = json.loads((state_dir / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return False, None
+    if not isinstance(data, dict):
+        return False, None
+    value = data.get("cert_dir")
+    return True, Path(value) if isinstance(value, str) and value else None
+
+
+def resolve_client_tls(state_dir: Path | None = None) -> Any:
+    """The client's mutual-TLS files (a :class:`runtime.tls.TlsFiles`), or None for plaintext,
+    from the first source that says (see the module docstring for the order). The files are
+    not read here: a missing one is reported when the first call is made.
+
+    Args:
+        state_dir: the local state folder; None means :func:`default_state_dir`.
+
+    Raises:
+        ClusterError: the config file cannot be read, or its ``certs_dir``/``identity`` is not
+            a string.
+    """
+    from runtime.tls import TlsFiles
+
+    if os.environ.get(INSECURE_ENV, "").strip().lower() in {"1", "true", "yes"}:
+        return None
+    named = state_dir is not None or bool(os.environ.get(STATE_DIR_ENV))
+    state_dir = state_dir or default_state_dir()
+    config_path = user_config_path()
+    config = {} if named else _load_user_config(config_path)
+    identity = os.environ.get(IDENTITY_ENV) or config.get("identity") or DEFAULT_CLIENT_IDENTITY
+    if not isinstance(identity, str):
+        raise ClusterError(f"identity in {config_path} must be a string, got {identity!r}")
+    if os.environ.get(CERTS_DIR_ENV):
+        return TlsFiles.in_dir(Path(os.environ[CERTS_DIR_ENV]), identity)
+    found, recorded = cluster_json_cert_dir(state_dir)
+    if found:
+        return None if recorded is None else TlsFiles.in_dir(recorded, identity)
+    if config.get("insecure") is True:
+        return None
+    certs_dir = config.get("certs_dir")
+    if certs_dir is not None:
+        if not isinstance(certs_dir, str):
+            raise ClusterError(f"certs_dir in {config_path} must be a string, got {certs_dir!r}")
+        return TlsFiles.in_dir(Path(certs_dir).expanduser(), identity)
+    elsewhere = recorded_state_dir(config)
+    if elsewhere is not None:
+        found, recorded = cluster_json_cert_dir(elsewhere)
+        if found:
+            return None if recorded is None else TlsFiles.in_dir(recorded, identity)
+    return TlsFiles.in_dir(state_dir / "certs", identity)
 
 
 # ---------------------------------------------------------------------------- writing

@@ -16,6 +16,7 @@ import trio
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.tls import TlsFiles
 
 __all__ = ["DEFAULT_BUSY_RETRY_S", "DEFAULT_CALL_TIMEOUT_S", "call", "status", "with_client"]
 
@@ -39,6 +40,7 @@ def with_client(
     *,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     busy_retry_s: float = DEFAULT_BUSY_RETRY_S,
+    tls: TlsFiles | None = None,
 ) -> T:
     """Run ``await body(client)`` in a fresh trio loop with the asyncio bridge open.
 
@@ -48,6 +50,7 @@ def with_client(
         timeout_s: deadline of one call to one control plane, in seconds.
         busy_retry_s: how long one call keeps asking again while every replica is busy, in
             seconds.
+        tls: the client certificate to present (mutual TLS); None: plaintext.
 
     Returns:
         what ``body`` returned.
@@ -56,12 +59,20 @@ def with_client(
         InvalidArgument: an address is malformed, or a replica refused the input.
         ClusterBusy: every control plane stayed busy for ``busy_retry_s``.
         NoControlPlaneReachable: no control plane answered.
+        PermissionDenied: the certificate's role may not make a call ``body`` made.
+        runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a file of ``tls`` is
+            missing or its key is readable by others.
         Exception: whatever ``body`` raised, unwrapped.
     """
 
     async def main() -> T | _Failed:
         async with asyncio_bridge():
-            client = ControlPlaneClient(addresses, timeout_s=timeout_s, busy_retry_s=busy_retry_s)
+            try:
+                client = ControlPlaneClient(
+                    addresses, timeout_s=timeout_s, busy_retry_s=busy_retry_s, tls=tls
+                )
+            except Exception as exc:
+                return _Failed(exc)
             try:
                 return await body(client)
             except Exception as exc:
@@ -77,7 +88,12 @@ def with_client(
 
 
 def call(
-    addresses: Sequence[str], rpc: str, request: Any, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    addresses: Sequence[str],
+    rpc: str,
+    request: Any,
+    *,
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    tls: TlsFiles | None = None,
 ) -> Any:
     """One ControlPlane call (``rpc`` in snake_case, e.g. ``"status"``) on the first replica that answers.
 
@@ -88,10 +104,12 @@ def call(
     async def body(client: ControlPlaneClient) -> Any:
         return await client.call(rpc, request)
 
-    return with_client(addresses, body, timeout_s=timeout_s)
+    return with_client(addresses, body, timeout_s=timeout_s, tls=tls)
 
 
-def status(addresses: Sequence[str], *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> pb.StatusReply:
+def status(
+    addresses: Sequence[str], *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, tls: TlsFiles | None = None
+) -> pb.StatusReply:
     """The Status view from the first replica that answers."""
-    reply: pb.StatusReply = call(addresses, "status", pb.StatusRequest(), timeout_s=timeout_s)
+    reply: pb.StatusReply = call(addresses, "status", pb.StatusRequest(), timeout_s=timeout_s, tls=tls)
     return reply

@@ -47,6 +47,7 @@ from runtime.errors import (
     Unavailable,
 )
 from runtime.identifiers import parse_addresses
+from runtime.tls import ANY_CONTROL_PLANE, ClientTls, TlsFiles
 
 T = TypeVar("T")
 
@@ -108,9 +109,14 @@ class ControlPlaneClient:
             seconds (0: walk the list once).
         busy_backoff: the waits between walks of the list while every replica is busy.
         rng: the source of the backoff's jitter.
+        tls: this client's mutual-TLS files (every call then presents its certificate and
+            accepts only servers with a ``control-plane`` certificate from the same CA);
+            None: plaintext, for a cluster run with ``--insecure``.
 
     Raises:
         InvalidArgument: an empty list, a malformed address or a negative ``busy_retry_s``.
+        runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a file of ``tls`` is
+            missing, not PEM, or its key is readable by others.
     """
 
     def __init__(
@@ -121,6 +127,7 @@ class ControlPlaneClient:
         busy_retry_s: float = 30.0,
         busy_backoff: FullJitterBackoff = FullJitterBackoff(),
         rng: random.Random | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         if not addresses:
             raise InvalidArgument("control_planes", list(addresses), "must name at least one host:port")
@@ -134,11 +141,12 @@ class ControlPlaneClient:
         self._rng = rng or random.Random()
         self._channels: dict[str, GrpcChannel] = {}
         self._preferred = 0
+        self._tls_context = None if tls is None else ClientTls(tls).context(ANY_CONTROL_PLANE)
 
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = GrpcChannel(address)
+            channel = self._channels[address] = GrpcChannel(address, tls=self._tls_context)
         return channel
 
     async def call(self, rpc: str, request: Any, *, timeout_s: float | None = None) -> Any:

@@ -179,6 +179,20 @@ class NotFound(StockadeError, LookupError):
     """The named object (job, worker) does not exist."""
 
 
+class PermissionDenied(PermanentError):
+    """The caller's identity may not do this (gRPC PERMISSION_DENIED); nothing was done.
+
+    Not retried: every replica applies the same rule. The message names the caller's identity,
+    what it asked for and which role (or worker id) it would need.
+    """
+
+
+class HandshakeRefused(Unavailable):
+    """The TLS handshake with a peer failed (a certificate refused by either side, or one side
+    not speaking TLS); the message says which. Retried like any unreachable peer, since another
+    replica may accept it, and reported as it is when none does."""
+
+
 class RemoteError(StockadeError):
     """A peer answered with an error status that is not one of ours to retry.
 

@@ -129,6 +129,15 @@ AGENT_JOBS_WAITING_FOR_START_SLOT = Gauge(
     "Accepted command jobs of this process waiting for a start slot (agent.starts).",
 )
 
+AUTH_REFUSALS = Counter(
+    "stockade_auth_refusals",
+    'Calls and connections this process refused for their identity, by rpc ("-" for a TLS '
+    "handshake) and reason: tls_handshake (no client certificate, another CA, expired...), "
+    "no_identity (a CA-signed certificate without a Stockade identity), role (the caller's "
+    "role may not call this rpc), id (a worker acting for another worker's id).",
+    ["rpc", "reason"],
+)
+
 
 def serve(port: int) -> None:
     """Serve /metrics on 127.0.0.1:``port`` from a background thread."""

@@ -26,6 +26,7 @@ import attrs
 
 from runtime import identifiers
 from runtime.errors import InvalidArgument
+from runtime.tls import TlsFiles
 
 
 def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
@@ -384,6 +385,10 @@ class ControlPlaneSettings:
     placer: PlacerSettings = attrs.field(factory=PlacerSettings)
     reconciler: ReconcilerSettings = attrs.field(factory=ReconcilerSettings)
     dispatch: DispatchSettings = attrs.field(factory=DispatchSettings)
+    tls: TlsFiles | None = None
+    """This replica's mutual-TLS files (the CA, its ``control-plane`` certificate and key):
+    it serves the ControlPlane service over mutual TLS and calls workers with that
+    certificate. None: plaintext and no identity checks (``--insecure``, for development)."""
 
     def __attrs_post_init__(self) -> None:
         """The fence rule: a fenced write begun just before the leader stops deciding must have
@@ -507,6 +512,12 @@ class AgentSettings:
     """The system user command jobs run as when the agent runs as root (created as a system
     account without home or login shell on first use); never ``root`` or uid 0. Ignored when
     the agent is not root: jobs then run as the agent's user."""
+
+    tls: TlsFiles | None = None
+    """This worker's mutual-TLS files (the CA, its ``worker`` certificate for its id, and the
+    key): it serves the Worker service over mutual TLS, accepting only control-plane
+    certificates, and calls the control planes with that certificate. None: plaintext and no
+    identity checks (``--insecure``, for development)."""
 
     @job_user.validator
     def _job_user(self, attribute: attrs.Attribute[str], value: str) -> None:

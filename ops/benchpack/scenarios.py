@@ -171,7 +171,7 @@ async def run_policy(
         samples: list[tuple[float, float, float, int, int]] = []
         probes: list[tuple[float, float]] = []
         async with asyncio_bridge():
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0, tls=config.client_tls)
             db = await PgConnection.connect(config.database_url)
             try:
                 finished_at: float | None = None
@@ -298,7 +298,7 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
             for i in range(settings.burst_jobs)
         ]
         async with asyncio_bridge():
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0)
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=5.0, tls=config.client_tls)
             try:
                 submitted_at = time.time()
                 await _submit(client, specs)

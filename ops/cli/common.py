@@ -14,11 +14,17 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from ops.config import CONTROL_PLANES_ENV, ClusterError, default_state_dir, resolve_addresses
+from ops.config import (
+    CONTROL_PLANES_ENV,
+    ClusterError,
+    default_state_dir,
+    resolve_addresses,
+    resolve_client_tls,
+)
 from runtime.errors import (
     ClusterBusy,
     ConnectionRefused,
@@ -27,6 +33,8 @@ from runtime.errors import (
     InvalidArgument,
     NoControlPlaneReachable,
     NotFound,
+    PermanentError,
+    PermissionDenied,
     RemoteError,
     StockadeError,
     Unavailable,
@@ -177,6 +185,14 @@ def errors() -> Iterator[None]:
             fail(unreachable_message(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, DatabaseUnavailable):
             fail(database_message(exc), EXIT_UNAVAILABLE)
+        if isinstance(exc, PermissionDenied):
+            fail(
+                f"{exc} (this client presents the certificate {_identity_hint()}; "
+                "set STOCKADE_IDENTITY or the config's identity to use another)",
+                EXIT_UNAVAILABLE,
+            )
+        if isinstance(exc, PermanentError) and type(exc).__module__ == "runtime.tls":
+            fail(str(exc), EXIT_UNAVAILABLE)  # a certificate or key file missing or exposed
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
             fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)
         raise
@@ -236,6 +252,35 @@ def recorded_local_state() -> StateDir:
         if StateDir(folder).config_path.exists():
             return StateDir(folder)
     return StateDir(default_state_dir())
+
+
+def _identity_hint() -> str:
+    try:
+        tls = resolve_client_tls()
+    except ClusterError:
+        return "of an unreadable config"
+    return "of no one (plaintext)" if tls is None else str(tls.cert_path)
+
+
+def warn_insecure(what: str) -> None:
+    """Say on stderr, at start, that ``what`` runs without TLS (``--insecure``)."""
+    err_console().print(
+        f"WARNING: {what} runs with --insecure: plaintext gRPC, no certificates and no identity "
+        "checks; anyone who can reach its ports can submit jobs, pose as a worker or send "
+        "assignments. For development only.",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def client_tls() -> Any:
+    """The client certificate files a client command presents (a
+    :class:`runtime.tls.TlsFiles`), or None for plaintext (:func:`ops.config.resolve_client_tls`).
+
+    Raises:
+        ClusterError: the user config cannot be read or names them wrongly.
+    """
+    return resolve_client_tls()
 
 
 def control_plane_addresses(option: str | None) -> list[str]:

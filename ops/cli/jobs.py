@@ -24,6 +24,7 @@ from ops.cli.common import (
     EXIT_INVALID,
     EXIT_TOO_LATE,
     ControlPlanesOption,
+    client_tls,
     console,
     control_plane_addresses,
     errors,
@@ -127,7 +128,7 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
         return ids
 
     with _answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
-        return rpc.with_client(addresses, body)
+        return rpc.with_client(addresses, body, tls=client_tls())
 
 
 @app.command("jobs")
@@ -264,7 +265,10 @@ def job(
     with errors():
         validation.check_job_id(job_id)
         info: pb.JobInfo = rpc.call(
-            control_plane_addresses(control_planes), "get_job", pb.GetJobRequest(job_id=job_id)
+            control_plane_addresses(control_planes),
+            "get_job",
+            pb.GetJobRequest(job_id=job_id),
+            tls=client_tls(),
         )
     if as_json:
         from ops.cli.render import job_json
@@ -363,6 +367,7 @@ def list_jobs(
             control_plane_addresses(control_planes),
             "list_jobs",
             pb.ListJobsRequest(state=state or "", limit=limit),
+            tls=client_tls(),
         )
     if as_json:
         from ops.cli.render import list_json
@@ -476,7 +481,7 @@ def cancel(
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
         with _answer_unknown(key, "recorded the cancel"):
-            job = rpc.with_client(control_plane_addresses(control_planes), body)
+            job = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
     if job is None:
         console().print(f"job {job_id}: cancelling")
         return
@@ -500,7 +505,7 @@ def status(
 
     with errors():
         addresses = control_plane_addresses(control_planes)
-        reply = rpc.status(addresses)
+        reply = rpc.status(addresses, tls=client_tls())
     from ops.cli.render import render_status, status_json
 
     metrics = local_metrics(addresses)

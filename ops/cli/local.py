@@ -19,6 +19,7 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import (
     ControlPlanesOption,
+    client_tls,
     console,
     control_plane_addresses,
     err_console,
@@ -28,6 +29,7 @@ from ops.cli.common import (
     local_state,
     recorded_local_state,
     shown_path,
+    warn_insecure,
 )
 from ops.config import STATE_DIR_ENV, ClusterError, forget_local_cluster, record_local_cluster
 
@@ -133,8 +135,20 @@ def up(
     timeout_s: Annotated[
         float, typer.Option(min=0, help="How long to wait for the cluster, seconds.")
     ] = 60.0,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Run every process without TLS or identities, for development only (anyone who "
+            "reaches a port may submit jobs or pose as a worker).",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
+
+    Every connection is mutual TLS: the first start makes a cluster CA and certificates for
+    every control plane and worker and for the operator and viewer clients under
+    .stockade/certs, and client commands present the operator's (see `stockade certs`).
 
     The state folder is ./.stockade (or $STOCKADE_STATE_DIR). PostgreSQL is DATABASE_URL
     when set, else an embedded server under .stockade/pg. Safe to run again: live processes
@@ -155,8 +169,14 @@ def up(
     """
     from ops.cluster import LocalCluster
 
+    if insecure:
+        warn_insecure("the cluster")
     cluster = LocalCluster(
-        local_state(), fleet_size=fleet_size, agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args)
+        local_state(),
+        fleet_size=fleet_size,
+        agent_args=shlex.split(agent_args),
+        cp_args=shlex.split(cp_args),
+        insecure=insecure,
     )
     with (
         interruptible(lambda: _left_running(cluster)),
@@ -258,7 +278,7 @@ def kill_leader(
     cluster = LocalCluster(recorded_local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)
-        status = rpc.status(addresses)
+        status = rpc.status(addresses, tls=client_tls())
         if not status.leader:
             fail(f"there is no leader right now (last epoch {status.epoch})")
         pid = cluster.kill(status.leader)
@@ -278,7 +298,7 @@ def kill_leader(
                     await trio.sleep(0.05)
             return None
 
-        new = rpc.with_client(addresses, body, timeout_s=0.5)
+        new = rpc.with_client(addresses, body, timeout_s=0.5, tls=client_tls())
         elapsed_s = time.monotonic() - killed_at
         if new is None:
             fail(f"no new leader {timeout_s:g} s after the kill")
@@ -304,7 +324,7 @@ def kill_worker(
     cluster = LocalCluster(recorded_local_state())
     with errors():
         addresses = control_plane_addresses(control_planes)
-        status = rpc.status(addresses)
+        status = rpc.status(addresses, tls=client_tls())
         config = cluster.config()
         live = cluster.pids(config)
         candidates = [w for w in status.workers if w.state == "alive" and w.id in live]
@@ -339,7 +359,7 @@ def kill_worker(
                     await trio.sleep(0.1)
             return None
 
-        moved = rpc.with_client(addresses, body, timeout_s=1.0)
+        moved = rpc.with_client(addresses, body, timeout_s=1.0, tls=client_tls())
         elapsed_s = time.monotonic() - killed_at
         if moved is None:
             fail(f"the jobs of {victim.id} were not running elsewhere {timeout_s:g} s after the kill")

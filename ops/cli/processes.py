@@ -11,7 +11,7 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
-from ops.config import parse_addresses
+from ops.config import default_state_dir, parse_addresses
 from runtime import identifiers
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
@@ -50,6 +50,48 @@ def _agent_int_default(name: str) -> int:
     default = getattr(attrs.fields(AgentSettings), name).default
     assert isinstance(default, int)
     return default
+
+
+CertsDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--certs-dir",
+        show_default=False,
+        help="Folder with the cluster CA's ca.crt and this process's <id>.crt and <id>.key "
+        "(stockade certs issue). [default: the state folder's certs/]",
+    ),
+]
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Serve and call without TLS or identity checks, for development only (anyone who "
+        "reaches the port may call it).",
+    ),
+]
+
+
+def _cert_folder(certs_dir: Path | None, insecure: bool) -> Path | None:
+    """The certificate folder a process uses; None with --insecure."""
+    return None if insecure else (certs_dir or default_state_dir() / "certs").absolute()
+
+
+def _check_tls_files(folder: Path | None, ids: list[str], what: str) -> None:
+    """Warn about --insecure (``folder`` None), or check ``folder``'s files for every id in
+    ``ids``, so a missing or exposed one stops the start before anything runs.
+
+    Raises:
+        typer.Exit: a file is missing or its key is readable by others (one line, exit 1).
+    """
+    from ops.cli.common import warn_insecure
+    from runtime.tls import TlsFiles
+
+    if folder is None:
+        warn_insecure(what)
+        return
+    with errors():
+        for id in ids:
+            TlsFiles.in_dir(folder, id).check()
 
 
 NiceOption = Annotated[
@@ -195,8 +237,14 @@ def control_plane(
     ] = 0,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
     nice: NiceOption = DEFAULT_NICE,
+    certs_dir: CertsDirOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C."""
+    """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
+
+    It serves mutual TLS with <certs-dir>/<id>.crt (a control-plane certificate) and requires
+    a client certificate from the same CA: workers, operators and viewers, each allowed what
+    its role may do."""
     # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
     from runtime.settings import (
@@ -208,9 +256,11 @@ def control_plane(
         PlacerSettings,
         ReconcilerSettings,
     )
+    from runtime.tls import TlsFiles
 
     if not database_url:
         fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
+    folder = _cert_folder(certs_dir, insecure)
     step_down_margin_s = min(0.4, lease_ttl_s / 5)
     with errors():
         settings = ControlPlaneSettings(
@@ -218,6 +268,7 @@ def control_plane(
             database_url=database_url,
             listen_host=host,
             listen_port=port,
+            tls=None if folder is None else TlsFiles.in_dir(folder, cp_id),
             ingest=IngestSettings(
                 pool_size=ingest_pool_size,
                 liveness_reserved_connections=liveness_reserved_connections,
@@ -263,6 +314,7 @@ def control_plane(
             ),
         )
         check_nice(nice)
+    _check_tls_files(folder, [cp_id], f"control plane {cp_id}")
     control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
@@ -333,11 +385,20 @@ def agent(
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
+    certs_dir: CertsDirOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Run one worker agent in the foreground until SIGTERM or Ctrl-C."""
+    """Run one worker agent in the foreground until SIGTERM or Ctrl-C.
+
+    It serves the Worker service over mutual TLS with <certs-dir>/<id>.crt (a worker
+    certificate for this id), answers only control-plane certificates from the same CA, and
+    calls the control planes with its own certificate."""
     from agent.main import main as agent_main
     from runtime.os_users import resolve_unprivileged_user
     from runtime.settings import AgentSettings
+    from runtime.tls import TlsFiles
+
+    folder = _cert_folder(certs_dir, insecure)
 
     with errors():
         settings = AgentSettings(
@@ -356,10 +417,12 @@ def agent(
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
             job_user=job_user,
+            tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
         )
     with errors():
         check_nice(nice)
         resolve_unprivileged_user(settings.job_user)  # refuse to start without the job user
+    _check_tls_files(folder, [worker_id], f"worker {worker_id}")
     agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
@@ -389,8 +452,12 @@ def fleet(
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
+    certs_dir: CertsDirOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
+
+    Each worker uses its own certificate, <certs-dir>/<id>.crt, as a lone agent does.
 
     Each worker keeps its own id, port, registration, heartbeats, work dir and agent.jsonl.
     When one worker's agent fails (its port is taken, ...) every worker's jobs are stopped
@@ -402,10 +469,14 @@ def fleet(
 
     with errors():
         identifiers.check_id(fleet_id, field="fleet_id")
+        workers = load_fleet_spec(spec)
+    folder = _cert_folder(certs_dir, insecure)
+    with errors():
         settings = fleet_settings(
-            load_fleet_spec(spec),
+            workers,
             control_planes=parse_addresses(control_planes),
             listen_host=host,
+            cert_dir=folder,
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
@@ -416,6 +487,7 @@ def fleet(
         )
         check_nice(nice)
         resolve_unprivileged_user(job_user)  # refuse to start without the job user
+    _check_tls_files(folder, [w.worker_id for w in workers], f"fleet {fleet_id}")
     try:
         fleet_main(
             settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice

@@ -33,6 +33,7 @@ from ops.launcher.state import (
     StateDir,
     WorkerSpec,
     str_tuple,
+    with_tls_args,
 )
 from ops.pg import (
     EmbeddedPostgres,
@@ -115,6 +116,10 @@ class LocalCluster:
             harness routes a worker through fault-injecting proxies this way).
         metrics: give every new control plane, agent and fleet a ``--metrics-port`` of its
             own, recorded in cluster.json (:meth:`metrics_addresses`).
+        insecure: run every process with ``--insecure`` (plaintext gRPC, no identities);
+            otherwise ``up`` makes the cluster CA and a certificate for every control plane,
+            worker and the operator and viewer clients under the state folder's ``certs/``
+            (those already there are kept) and every process uses mutual TLS.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -127,6 +132,7 @@ class LocalCluster:
     extra_env: dict[str, str] = attrs.field(factory=dict)
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
     metrics: bool = True
+    insecure: bool = False
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -236,9 +242,19 @@ class LocalCluster:
         self.state.create()
         previous = self.state.load()
         live_before = self.pids(previous) if previous is not None else {}
+        cert_dir = None if self.insecure else str(self.state.cert_dir)
+        tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
+        if previous is not None and previous.cert_dir != cert_dir:
+            if live_before:
+                running = "with --insecure" if previous.cert_dir is None else "with TLS"
+                raise ClusterError(
+                    f"the cluster of {self.state.root} runs {running}; run `stockade down` first "
+                    "to change that"
+                )
+            previous = with_tls_args(previous, cert_dir, tls_args)
         options = LaunchOptions(
-            cp_args=self.cp_args,
-            agent_args=self.agent_args,
+            cp_args=(*self.cp_args, *tls_args),
+            agent_args=(*self.agent_args, *tls_args),
             fleet_size=self.fleet_size,
             worker_capacities=self.worker_capacities,
             metrics=self.metrics,
@@ -258,7 +274,9 @@ class LocalCluster:
             options=options,
             free_port=free_port,
         )
-        config = the_plan.config
+        config = attrs.evolve(the_plan.config, cert_dir=cert_dir)
+        if cert_dir is not None:
+            self._issue_certificates(config)
         # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
         # record without them (the next up does not start them again; down still finds them by
         # the state folder in their environment).
@@ -270,7 +288,7 @@ class LocalCluster:
         incarnations_before: dict[str, int] = {}
         if live_before:
             with contextlib.suppress(StockadeError):
-                before = rpc.status(config.control_plane_addresses, timeout_s=1.0)
+                before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
                 incarnations_before = {w.id: w.incarnation for w in before.workers}
         started = []
         for spec in config.processes:
@@ -292,6 +310,26 @@ class LocalCluster:
             stopped=tuple(p.id for p in the_plan.stop),
             removed=the_plan.removed,
         )
+
+    def _issue_certificates(self, config: ClusterConfig) -> None:
+        """Make the cluster CA and the certificates of ``config``'s processes and clients that
+        are missing (:func:`ops.certs.ensure_issued`).
+
+        Raises:
+            ClusterError: a certificate could not be made (the message says which and why).
+        """
+        from ops.certs import ensure_issued
+
+        identities = [
+            *(("control-plane", spec.id) for spec in config.control_planes),
+            *(("worker", worker.id) for worker in config.workers),
+            ("operator", "operator"),
+            ("viewer", "viewer"),
+        ]
+        try:
+            ensure_issued(self.state.cert_dir, identities)
+        except StockadeError as exc:
+            raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 
     def _stop(self, specs: Sequence[ProcessSpec], timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM the running processes of ``specs``, the workers' processes first and then the

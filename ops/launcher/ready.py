@@ -54,7 +54,7 @@ def wait_ready(
                 return status, missing
             await trio.sleep(POLL_INTERVAL_S)
 
-    status, missing = rpc.with_client(config.control_plane_addresses, poll)
+    status, missing = rpc.with_client(config.control_plane_addresses, poll, tls=config.client_tls)
     if missing or status is None:
         raise ClusterError(
             f"cluster not ready after {timeout_s:g} s: "
@@ -71,7 +71,7 @@ async def readiness(
     missing: list[str] = []
     status: pb.StatusReply | None = None
     for spec in config.control_planes:
-        client = ControlPlaneClient([spec.address], timeout_s=1.0)
+        client = ControlPlaneClient([spec.address], timeout_s=1.0, tls=config.client_tls)
         try:
             reply = await client.call("status", pb.StatusRequest())
         except Unavailable:

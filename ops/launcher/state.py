@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ops.config import STATE_DIR_ENV, ClusterError
+from runtime.tls import TlsFiles
 
 __all__ = [
     "LISTEN_HOST",
@@ -199,6 +200,14 @@ class ClusterConfig:
     """Control planes an ``up`` with fewer of them stopped: their ports stay theirs, so one that
     comes back listens where running workers still look for it (a worker keeps the list it
     started with)."""
+    cert_dir: str | None = None
+    """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
+    cluster runs with ``--insecure`` (a record from before certificates reads so too)."""
+
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """The operator's client certificate files for calling this cluster (None: plaintext)."""
+        return None if self.cert_dir is None else TlsFiles.in_dir(Path(self.cert_dir), "operator")
 
     @property
     def control_planes(self) -> list[ProcessSpec]:
@@ -285,6 +294,7 @@ class ClusterConfig:
             "processes": [p.to_json() for p in self.processes],
             "hosted_workers": [w.to_json() for w in self.hosted_workers],
             "retired_control_planes": [p.to_json() for p in self.retired_control_planes],
+            "cert_dir": self.cert_dir,
         }
 
     @classmethod
@@ -295,6 +305,7 @@ class ClusterConfig:
             processes=[ProcessSpec.from_json(p) for p in data["processes"]],
             hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
             retired_control_planes=[ProcessSpec.from_json(p) for p in data.get("retired_control_planes", [])],
+            cert_dir=data.get("cert_dir"),
         )
 
 
@@ -307,6 +318,11 @@ class StateDir:
     @property
     def config_path(self) -> Path:
         return self.root / "cluster.json"
+
+    @property
+    def cert_dir(self) -> Path:
+        """Where ``up`` keeps the cluster CA and the certificates it issues."""
+        return self.root / "certs"
 
     @property
     def pg_dir(self) -> Path:
@@ -379,6 +395,37 @@ class StateDir:
             json.dump(config.to_json(), out, indent=2)
             out.write("\n")
         os.replace(tmp, self.config_path)
+
+
+TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
+"""The process options that choose plaintext or mutual TLS, with how many values each takes."""
+
+
+def with_tls_args(config: ClusterConfig, cert_dir: str | None, tls_args: Sequence[str]) -> ClusterConfig:
+    """``config`` with every recorded process's TLS options replaced by ``tls_args`` and
+    ``cert_dir`` recorded (for an ``up`` that changes the mode of a stopped cluster)."""
+
+    def replaced(args: Sequence[str]) -> tuple[str, ...]:
+        kept: list[str] = []
+        skip = 0
+        for arg in args:
+            if skip:
+                skip -= 1
+            elif arg in TLS_OPTIONS:
+                skip = TLS_OPTIONS[arg]
+            else:
+                kept.append(arg)
+        return (*kept, *tls_args)
+
+    def fix(specs: Sequence[ProcessSpec]) -> list[ProcessSpec]:
+        return [attrs.evolve(spec, args=replaced(spec.args)) for spec in specs]
+
+    return attrs.evolve(
+        config,
+        processes=fix(config.processes),
+        retired_control_planes=fix(config.retired_control_planes),
+        cert_dir=cert_dir,
+    )
 
 
 def metrics_address(spec: ProcessSpec) -> str | None:

@@ -4,6 +4,7 @@ that says what the caller can do)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,14 +18,17 @@ from runtime.aio.bridge import run_aio
 from runtime.errors import (
     Busy,
     ConnectionRefused,
+    HandshakeRefused,
     IdempotencyConflict,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     RemoteError,
     StockadeError,
     Unavailable,
 )
 from runtime.identifiers import parse_address
+from runtime.tls import describe_tls_error
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -40,15 +44,21 @@ _RETRYABLE_STATUS = {
 class GrpcChannel:
     """A client connection to one gRPC server, with trio-side calls and error translation."""
 
-    def __init__(self, address: str) -> None:
-        """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`).
+    def __init__(self, address: str, *, tls: ssl.SSLContext | None = None) -> None:
+        """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`),
+        over mutual TLS with ``tls`` (a client context from :meth:`runtime.tls.ClientTls.context`,
+        which also says whose certificate the server must present), or plaintext when None.
 
         Raises:
             InvalidArgument: ``address`` is not such an address.
         """
         self.address = address
         self._host_port = parse_address(address, field="address")
-        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
+        self._tls = tls
+        self._channel = self._new_channel()
+
+    def _new_channel(self) -> grpclib.client.Channel:
+        return grpclib.client.Channel(self._host_port.host, self._host_port.port, ssl=self._tls)
 
     def stub(self, stub_cls: type[StubT]) -> StubT:
         """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""
@@ -67,6 +77,10 @@ class GrpcChannel:
                 (``field`` is ``"request"``; the peer's message is kept whole).
             IdempotencyConflict: the peer answered ALREADY_EXISTS: the request's idempotency
                 key was first used for another request.
+            PermissionDenied: the peer answered PERMISSION_DENIED or UNAUTHENTICATED: this
+                client's certificate may not make this call.
+            HandshakeRefused: the TLS handshake failed (either side refused the other's
+                certificate, or one side does not speak TLS); the message says which.
             RemoteError: any other error status.
         """
         try:
@@ -86,16 +100,23 @@ class GrpcChannel:
                 raise NotFound(message) from exc
             if exc.status == grpclib.const.Status.ALREADY_EXISTS:
                 raise IdempotencyConflict(message) from exc
+            if exc.status in (grpclib.const.Status.PERMISSION_DENIED, grpclib.const.Status.UNAUTHENTICATED):
+                raise PermissionDenied(f"{self.address}: {message}") from exc
             raise RemoteError(exc.status.name, message) from exc
         except ConnectionRefusedError as exc:
             raise ConnectionRefused(f"{self.address} refused the connection") from exc
+        except ssl.SSLError as exc:
+            raise HandshakeRefused(f"{self.address}: {describe_tls_error(exc)}") from exc
         except (
             TimeoutError,
             OSError,
             grpclib.exceptions.StreamTerminatedError,
             grpclib.exceptions.ProtocolError,
         ) as exc:
-            raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
+            reason = describe_tls_error(exc)
+            if reason is not None:
+                raise HandshakeRefused(f"{self.address}: {reason}") from exc
+            raise Unavailable(f"{self.address} unreachable: {exc!r}{self._hint()}") from exc
         except StockadeError:
             raise
         except Exception as exc:
@@ -104,9 +125,15 @@ class GrpcChannel:
             self._reset()
             raise Unavailable(f"{self.address} failed: {exc!r}") from exc
 
+    def _hint(self) -> str:
+        """What a lost connection may mean on this kind of channel."""
+        if self._tls is None:
+            return " (if the server uses TLS, this client needs its certificates instead of --insecure)"
+        return " (the server may have refused this client's certificate: expired, or from another CA)"
+
     def _reset(self) -> None:
         self._channel.close()
-        self._channel = grpclib.client.Channel(self._host_port.host, self._host_port.port)
+        self._channel = self._new_channel()
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextvars
 import inspect
 import math
+import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import attrs
 import betterproto2
 import grpclib.const
 import grpclib.exceptions
@@ -29,6 +31,7 @@ from grpclib.encoding.proto import ProtoCodec
 
 from protocol import wire
 from protocol.wire import Encoded
+from runtime import log
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio, run_trio
 from runtime.errors import (
     Busy,
@@ -37,16 +40,20 @@ from runtime.errors import (
     IdempotencyConflict,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     StaleEpoch,
     StockadeError,
     TemporaryError,
 )
+from runtime.metrics import AUTH_REFUSALS
+from runtime.tls import TLS_HANDSHAKE_TIMEOUT_S, WORKER, Identity, identity_of_peercert
 
 _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
     (Busy, grpclib.const.Status.RESOURCE_EXHAUSTED),
     (DeadlineExceeded, grpclib.const.Status.DEADLINE_EXCEEDED),
     (InvalidArgument, grpclib.const.Status.INVALID_ARGUMENT),
     (NotFound, grpclib.const.Status.NOT_FOUND),
+    (PermissionDenied, grpclib.const.Status.PERMISSION_DENIED),
     (IdempotencyConflict, grpclib.const.Status.ALREADY_EXISTS),
     (StaleEpoch, grpclib.const.Status.FAILED_PRECONDITION),
     (TemporaryError, grpclib.const.Status.UNAVAILABLE),
@@ -69,6 +76,92 @@ _RPC_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
     "stockade_rpc_deadline", default=math.inf
 )
 """The served request's deadline in trio time (trio side)."""
+
+
+@attrs.frozen
+class Caller:
+    """Who called the RPC being served: ``address`` (``host:port`` as seen by the server),
+    ``secure`` (the connection is mutual TLS) and the ``identity`` its verified client
+    certificate carries (None on a plaintext connection, or a certificate without one)."""
+
+    address: str
+    secure: bool = False
+    identity: Identity | None = None
+
+    def __str__(self) -> str:
+        who = str(self.identity) if self.identity else ("no identity" if self.secure else "plaintext")
+        return f"{who} at {self.address}"
+
+
+_NOBODY = Caller(address="-")
+
+_STREAM_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar(
+    "stockade_stream_caller", default=_NOBODY
+)
+"""The served request's caller (asyncio side)."""
+
+_RPC_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("stockade_rpc_caller", default=_NOBODY)
+"""The served request's caller (trio side)."""
+
+
+def rpc_caller() -> Caller:
+    """The caller of the RPC being handled (a placeholder with address ``"-"`` outside a
+    handler served by :func:`trio_service`)."""
+    return _RPC_CALLER.get()
+
+
+def _caller_of(stream: grpclib.server.Stream[Any, Any]) -> Caller:
+    peer = stream.peer
+    addr = peer.addr()
+    address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
+    # A TLS server here always requires a verified client certificate, so a connection without
+    # one is plaintext.
+    cert = peer.cert()
+    if cert is None:
+        return Caller(address=address)
+    return Caller(address=address, secure=True, identity=identity_of_peercert(cert))
+
+
+def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) -> PermissionDenied:
+    """Log a refused call with its caller, count it (``stockade_auth_refusals_total`` by
+    ``rpc`` and ``reason``) and return the :class:`runtime.errors.PermissionDenied` to raise.
+
+    Args:
+        rpc: the RPC's name, e.g. ``"heartbeat"``.
+        reason: ``no_identity``, ``role`` or ``id`` (the metric's label).
+        message: what was refused and what would be needed.
+        caller: default the caller of the RPC being handled.
+    """
+    caller = caller or rpc_caller()
+    AUTH_REFUSALS.labels(rpc=rpc, reason=reason).inc()
+    log.get("auth").warning(
+        "refused a call", rpc=rpc, reason=reason, peer=str(caller.identity or "-"), address=caller.address
+    )
+    return PermissionDenied(f"permission denied: {message}")
+
+
+def require_worker(rpc: str, worker_id: str) -> None:
+    """Refuse, on a mutual-TLS connection, a caller that is not the worker ``worker_id``
+    (its certificate's role must be ``worker`` and its id ``worker_id``); a plaintext
+    connection (a server run with ``--insecure``) is not checked.
+
+    Raises:
+        PermissionDenied: the caller is another worker or has another role (logged and counted).
+    """
+    caller = rpc_caller()
+    if not caller.secure:
+        return
+    identity = caller.identity
+    if identity is None or identity.role != WORKER:
+        raise refuse(
+            rpc, "role", f"{rpc} needs the worker certificate of {worker_id!r}; the caller is {caller}"
+        )
+    if identity.id != worker_id:
+        raise refuse(
+            rpc,
+            "id",
+            f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
+        )
 
 
 def rpc_deadline() -> float:
@@ -107,13 +200,14 @@ def finish_despite_cancel(bound_s: float) -> Iterator[None]:
 
 
 async def _call_in_trio(
-    fn: Callable[[Any], Awaitable[Any]], message: Any, deadline_monotonic: float | None
+    fn: Callable[[Any], Awaitable[Any]], message: Any, deadline_monotonic: float | None, caller: Caller
 ) -> Any:
     # Converted here, in the trio task, so the hand-over from asyncio counts against the deadline.
     deadline = math.inf
     if deadline_monotonic is not None:
         deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
     token = _RPC_DEADLINE.set(deadline)
+    caller_token = _RPC_CALLER.set(caller)
     try:
         result = await fn(message)
     except StockadeError:
@@ -121,6 +215,7 @@ async def _call_in_trio(
         raise
     finally:
         _RPC_DEADLINE.reset(token)
+        _RPC_CALLER.reset(caller_token)
     # A client that gave up while the handler finished its work (finish_despite_cancel) gets no
     # answer: the cancel lands here, and grpclib ends the stream as cancelled instead of
     # trying to send a reply on a stream that is gone (which it logs as an error).
@@ -136,10 +231,12 @@ def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any],
         token = _STREAM_DEADLINE.set(
             None if deadline is None else time.monotonic() + deadline.time_remaining()
         )
+        caller_token = _STREAM_CALLER.set(_caller_of(stream))
         try:
             await func(stream)
         finally:
             _STREAM_DEADLINE.reset(token)
+            _STREAM_CALLER.reset(caller_token)
 
     return handle
 
@@ -208,7 +305,24 @@ def _undecoded(message_type: type[Any]) -> type[Any]:
     return Undecoded
 
 
-def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
+Access = Mapping[str, Collection[str]]
+"""RPC name (snake case, ``"submit_jobs"``) -> the roles that may call it."""
+
+
+def _check_access(rpc: str, access: Access | None, caller: Caller) -> None:
+    if access is None or not caller.secure:
+        return
+    if caller.identity is None:
+        raise refuse(
+            rpc, "no_identity", f"{rpc}: the client certificate carries no Stockade identity", caller
+        )
+    allowed = access.get(rpc, ())
+    if caller.identity.role not in allowed:
+        needs = " or ".join(sorted(allowed)) or "a role no certificate has"
+        raise refuse(rpc, "role", f"{rpc} needs {needs}; the caller is {caller}", caller)
+
+
+def trio_service(base: type[ServiceBase], impl: object, *, access: Access | None = None) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
     Each RPC of the generated ``base`` class is served by the same-named trio method of
@@ -221,6 +335,11 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
     InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
     ALREADY_EXISTS, StaleEpoch -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
     INTERNAL.
+
+    ``access`` (None: no check) names, for each RPC, the roles whose certificates may call it
+    on a mutual-TLS connection; an RPC it does not name is refused to everyone. A refusal is
+    PERMISSION_DENIED, logged and counted (:func:`refuse`). A plaintext connection (a server
+    run with ``--insecure``) is not checked.
     """
     methods: dict[str, Any] = {}
     undecoded: set[str] = set()
@@ -233,9 +352,11 @@ def trio_service(base: type[ServiceBase], impl: object) -> ServiceBase:
         if getattr(trio_fn, _ENCODED_REQUEST, False):
             undecoded.add(name)
 
-        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
+        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn, _name: str = name) -> Any:
+            caller = _STREAM_CALLER.get()
             try:
-                return await run_trio(_call_in_trio, _trio_fn, message, _STREAM_DEADLINE.get())
+                _check_access(_name, access, caller)
+                return await run_trio(_call_in_trio, _trio_fn, message, _STREAM_DEADLINE.get(), caller)
             except StockadeError as exc:
                 raise _to_grpc_error(exc) from exc
 
@@ -260,22 +381,46 @@ def _snake_case(rpc: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
 
 
+class _Server(grpclib.server.Server):
+    """grpclib's server with a TLS handshake timeout (its ``start`` passes none to asyncio,
+    whose default is 60 s)."""
+
+    async def start_tls(
+        self, host: str, port: int, context: ssl.SSLContext | None, handshake_timeout_s: float
+    ) -> None:
+        if self._server is not None:
+            raise RuntimeError("Server is already started")
+        self._server = await self._loop.create_server(
+            self._protocol_factory,
+            host,
+            port,
+            ssl=context,
+            ssl_handshake_timeout=handshake_timeout_s if context is not None else None,
+        )
+        self._server_closed_fut = self._loop.create_future()
+
+
 async def serve_grpc(
     services: Sequence[ServiceBase],
     host: str,
     port: int,
     *,
+    tls: ssl.SSLContext | None = None,
+    handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``services`` on ``host:port`` until cancelled; ``task_status.started(actual_port)``.
 
-    Replies in wire form are sent as they are (:class:`WireCodec`).
+    Replies in wire form are sent as they are (:class:`WireCodec`). With ``tls`` (a server
+    context, :func:`runtime.tls.server_context`) every connection is mutual TLS, and one whose
+    handshake has not finished after ``handshake_timeout_s`` seconds is dropped; None serves
+    plaintext.
 
     Raises:
         OSError: the address could not be bound.
     """
-    server = grpclib.server.Server(list(services), codec=WireCodec())  # type: ignore[arg-type]
-    await run_aio(server.start, host, port)
+    server = _Server(list(services), codec=WireCodec())  # type: ignore[arg-type]
+    await run_aio(server.start_tls, host, port, tls, handshake_timeout_s)
     try:
         # grpclib keeps its asyncio server private; the port bound for port 0 is only there.
         asyncio_server: Any = server._server

@@ -18,11 +18,18 @@ from ops import cluster as cluster_module
 from ops import rpc
 from ops.cli import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, app
 from ops.cluster import ClusterConfig, ProcessSpec, StateDir
+from ops.config import INSECURE_ENV
 from runtime.errors import ConnectionRefused, NoControlPlaneReachable, Unavailable
 
 ROOT = Path(__file__).parents[2]
 NOWHERE = "127.0.0.1:1,127.0.0.1:2"
 """Two addresses where nothing listens: connecting is refused at once."""
+
+
+@pytest.fixture(autouse=True)
+def _plaintext_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These commands call addresses where nothing, or a plaintext fake, listens."""
+    monkeypatch.setenv(INSECURE_ENV, "1")
 
 
 def lines(output: str) -> list[str]:

@@ -8,11 +8,18 @@ from typer.testing import CliRunner
 
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
 from ops.cli.jobs import batch_keys
+from ops.config import INSECURE_ENV
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, Unavailable
 
 SUBMIT = ["submit", "--cpu-millis", "100", "--memory-mb", "10", "--sleep-s", "1"]
 NOWHERE = ["--control-planes", "127.0.0.1:1"]
+
+
+@pytest.fixture(autouse=True)
+def _plaintext_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These commands call addresses where nothing, or a plaintext fake, listens."""
+    monkeypatch.setenv(INSECURE_ENV, "1")
 
 
 @pytest.fixture

@@ -1,0 +1,331 @@
+"""Mutual TLS between Stockade's processes: SSL contexts built from the cluster CA's files, and
+the identities its certificates carry.
+
+Identity: every certificate the cluster CA issues (``stockade certs``, :mod:`ops.certs`)
+carries exactly one URI subject alternative name ``spiffe://stockade/<role>/<id>`` (the SPIFFE
+ID form, https://spiffe.io/docs/latest/spiffe-about/spiffe-concepts/#spiffe-id), read back by
+:func:`identity_of_peercert`. Roles (:data:`ROLES`): ``control-plane``, ``worker``,
+``operator``, ``viewer``.
+
+Servers (a control plane's ControlPlane service, an agent's Worker service) require a client
+certificate signed by the CA (``CERT_REQUIRED``) and decide per RPC what the caller's role may
+do (:mod:`runtime.aio.grpc_server`). Clients verify the server's chain against the CA and then,
+instead of a host name, the identity the server must have: ``control-plane`` for any
+control-plane address, ``worker`` with the worker's id for the worker an assignment goes to
+(:class:`Expected`). Nomad checks a role name (``server.<region>.nomad``) instead of the host
+for the same reason: a certificate then works on whatever host or address its holder runs, and
+no certificate of another role or id can pose as the server a client meant to reach.
+
+TLS 1.3 only: both ends are Stockade's, and every OpenSSL that Python 3.11 links has it. Keys
+must not be readable by group or others (:func:`check_key_private`), as ssh and PostgreSQL
+insist for theirs.
+
+Every refused handshake is logged and counted (``stockade_auth_refusals_total`` with
+``reason="tls_handshake"``); the peer has no verified identity at that point, so the log line
+gives OpenSSL's reason (``certificate has expired``, ``unknown ca``, ``peer did not return a
+certificate``...).
+"""
+
+from __future__ import annotations
+
+import ssl
+import stat
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from runtime.errors import PermanentError
+
+__all__ = [
+    "ANY_CONTROL_PLANE",
+    "CONTROL_PLANE",
+    "OPERATOR",
+    "ROLES",
+    "TLS_HANDSHAKE_TIMEOUT_S",
+    "TRUST_DOMAIN",
+    "URI_PREFIX",
+    "VIEWER",
+    "WORKER",
+    "ClientTls",
+    "Expected",
+    "Identity",
+    "KeyFileExposed",
+    "PeerIdentityMismatch",
+    "TlsFiles",
+    "TlsFilesInvalid",
+    "check_key_private",
+    "describe_tls_error",
+    "identity_of_peercert",
+    "parse_identity_uri",
+    "server_context",
+]
+
+CONTROL_PLANE = "control-plane"
+WORKER = "worker"
+OPERATOR = "operator"
+VIEWER = "viewer"
+ROLES = (CONTROL_PLANE, WORKER, OPERATOR, VIEWER)
+
+TRUST_DOMAIN = "stockade"
+URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
+"""Every issued certificate's identity is ``URI_PREFIX + role + "/" + id``."""
+
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
+"""A server drops a connection whose TLS handshake has not finished after this long, seconds
+(asyncio's own default is 60 s: a client that connects and sends nothing would hold a socket
+and a file descriptor that long)."""
+
+
+class KeyFileExposed(PermanentError):
+    """A private key file is readable by group or others; the message names the file and how
+    to fix it."""
+
+
+class TlsFilesInvalid(PermanentError):
+    """A CA, certificate or key file is missing or unreadable as PEM; the message names it."""
+
+
+class PeerIdentityMismatch(ssl.SSLCertVerificationError):
+    """The peer's certificate is valid but names another role or id than the one expected."""
+
+
+@attrs.frozen
+class Identity:
+    """Who holds a certificate: ``role`` (one of :data:`ROLES`) and ``id`` (``cp-1``, ``w-7``,
+    ``operator``)."""
+
+    role: str
+    id: str
+
+    @property
+    def uri(self) -> str:
+        """``spiffe://stockade/<role>/<id>``."""
+        return f"{URI_PREFIX}{self.role}/{self.id}"
+
+    def __str__(self) -> str:
+        return f"{self.role}/{self.id}"
+
+
+def parse_identity_uri(uri: str) -> Identity | None:
+    """The identity a ``spiffe://stockade/<role>/<id>`` URI names, or None when it names none
+    (another trust domain, an unknown role, an empty id or extra path segments)."""
+    if not uri.startswith(URI_PREFIX):
+        return None
+    role, _, id = uri[len(URI_PREFIX) :].partition("/")
+    if role not in ROLES or not id or "/" in id:
+        return None
+    return Identity(role=role, id=id)
+
+
+def identity_of_peercert(peercert: dict[str, Any] | None) -> Identity | None:
+    """The identity in a verified peer certificate as :meth:`ssl.SSLObject.getpeercert` gives
+    it (``{"subjectAltName": (("URI", "spiffe://..."), ...), ...}``); None when there is no
+    certificate or it carries not exactly one Stockade identity."""
+    if not peercert:
+        return None
+    found = [
+        identity
+        for kind, value in peercert.get("subjectAltName", ())
+        if kind == "URI" and (identity := parse_identity_uri(value)) is not None
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def check_key_private(path: Path) -> None:
+    """Refuse a private key file that its group or others may read or write.
+
+    Raises:
+        KeyFileExposed: the mode has any group or other bit (``mode & 0o077``).
+        TlsFilesInvalid: there is no such file, or it cannot be examined.
+    """
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        raise TlsFilesInvalid(f"cannot read key file {path}: {exc.strerror or exc}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileExposed(
+            f"private key {path} has mode {mode:04o}: it must not be readable or writable by "
+            f"group or others (chmod 600 {path}, and replace the key if others could read it)"
+        )
+
+
+@attrs.frozen
+class TlsFiles:
+    """The three files one process's mutual TLS needs, as PEM paths: the cluster CA's
+    certificate, this process's certificate and its private key."""
+
+    ca_path: Path
+    cert_path: Path
+    key_path: Path
+
+    @classmethod
+    def in_dir(cls, cert_dir: Path, id: str) -> TlsFiles:
+        """``ca.crt``, ``<id>.crt`` and ``<id>.key`` in ``cert_dir`` (the layout ``stockade
+        certs`` writes)."""
+        return cls(
+            ca_path=cert_dir / "ca.crt", cert_path=cert_dir / f"{id}.crt", key_path=cert_dir / f"{id}.key"
+        )
+
+    def check(self) -> None:
+        """Raise unless all three exist and the key is private.
+
+        Raises:
+            TlsFilesInvalid: a file is missing (the message says how to issue it).
+            KeyFileExposed: the key file is readable by others.
+        """
+        for path in (self.ca_path, self.cert_path, self.key_path):
+            if not path.is_file():
+                raise TlsFilesInvalid(
+                    f"{path} does not exist: issue it with `stockade certs issue` (or `stockade "
+                    "certs init` for a new cluster CA), copy it there, or run with --insecure"
+                )
+        check_key_private(self.key_path)
+
+    def _load_into(self, context: ssl.SSLContext) -> None:
+        self.check()
+        try:
+            context.load_verify_locations(cafile=str(self.ca_path))
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsFilesInvalid(f"{self.ca_path} is not a PEM CA certificate: {exc}") from exc
+        try:
+            context.load_cert_chain(str(self.cert_path), str(self.key_path))
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsFilesInvalid(
+                f"{self.cert_path} and {self.key_path} are not a PEM certificate and its key: {exc}"
+            ) from exc
+
+
+def _base_context(purpose: int) -> ssl.SSLContext:
+    context = ssl.SSLContext(purpose)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])  # gRPC runs over HTTP/2
+    return context
+
+
+class _ServerSSLObject(ssl.SSLObject):
+    """Counts and logs every handshake the server refuses."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            _count_handshake_refusal(exc)
+            raise
+
+
+def server_context(files: TlsFiles) -> ssl.SSLContext:
+    """A server context: presents ``files``' certificate and requires a client certificate
+    signed by the CA (TLS 1.3, ALPN ``h2``).
+
+    Raises:
+        TlsFilesInvalid, KeyFileExposed: see :meth:`TlsFiles.check`.
+    """
+    context = _base_context(ssl.PROTOCOL_TLS_SERVER)
+    files._load_into(context)
+    context.sslobject_class = _ServerSSLObject
+    return context
+
+
+@attrs.frozen
+class Expected:
+    """The identity a client requires of the server it reaches: ``role``, and ``id`` unless
+    any holder of the role will do (None)."""
+
+    role: str
+    id: str | None = None
+
+    def admits(self, identity: Identity | None) -> bool:
+        """Whether ``identity`` is one this expectation accepts."""
+        return identity is not None and identity.role == self.role and self.id in (None, identity.id)
+
+    def __str__(self) -> str:
+        return self.role if self.id is None else f"{self.role}/{self.id}"
+
+
+ANY_CONTROL_PLANE = Expected(CONTROL_PLANE)
+
+
+def _verifying_object_class(expected: Expected) -> type[ssl.SSLObject]:
+    class VerifyingSSLObject(ssl.SSLObject):
+        """Checks, once the chain is verified, that the server is who the client meant."""
+
+        def do_handshake(self) -> None:
+            super().do_handshake()
+            found = identity_of_peercert(self.getpeercert())
+            if not expected.admits(found):
+                raise PeerIdentityMismatch(
+                    f"the server's certificate is for {found or 'no Stockade identity'}, not for {expected}"
+                )
+
+    return VerifyingSSLObject
+
+
+@attrs.define
+class ClientTls:
+    """A client's mutual TLS: its files and one context per identity it expects of a server
+    (contexts are built on first use and kept).
+
+    Raises (on :meth:`context`):
+        TlsFilesInvalid, KeyFileExposed: see :meth:`TlsFiles.check`.
+    """
+
+    files: TlsFiles
+    _contexts: dict[Expected, ssl.SSLContext] = attrs.field(factory=dict, init=False, repr=False)
+
+    @property
+    def identity_name(self) -> str:
+        """The client certificate's file name without ``.crt`` (its holder's id by the
+        layout of ``stockade certs``)."""
+        return self.files.cert_path.stem
+
+    def context(self, expected: Expected = ANY_CONTROL_PLANE) -> ssl.SSLContext:
+        """A client context that presents this client's certificate and accepts only a server
+        whose certificate the CA signed for ``expected``."""
+        context = self._contexts.get(expected)
+        if context is None:
+            context = _base_context(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False  # the identity is checked instead (module docstring)
+            self.files._load_into(context)
+            context.sslobject_class = _verifying_object_class(expected)
+            self._contexts[expected] = context
+        return context
+
+
+def describe_tls_error(exc: BaseException) -> str | None:
+    """A one-line reason for a TLS failure somewhere in ``exc``'s causes (None if none is)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return (
+                str(seen)
+                if isinstance(seen, PeerIdentityMismatch)
+                else (f"the server's certificate was refused: {seen.verify_message or seen.reason}")
+            )
+        if isinstance(seen, ssl.SSLError):
+            return _ssl_reason(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    reason = (exc.reason or exc.strerror or str(exc)).lower().replace("_", " ")
+    if "alert" in reason:
+        return f"the server refused this client's certificate ({reason})"
+    if "wrong version number" in reason or "record layer" in reason or "packet length" in reason:
+        return "the server does not speak TLS (is it running with --insecure?)"
+    return f"TLS failed: {reason}"
+
+
+def _count_handshake_refusal(exc: ssl.SSLError) -> None:
+    # Imported here: the metrics and log modules are not needed by a client.
+    from runtime import log
+    from runtime.metrics import AUTH_REFUSALS
+
+    reason = exc.verify_message if isinstance(exc, ssl.SSLCertVerificationError) else None
+    reason = reason or (exc.reason or str(exc)).lower().replace("_", " ")
+    AUTH_REFUSALS.labels(rpc="-", reason="tls_handshake").inc()
+    log.get("tls").warning("refused a TLS handshake", reason=reason)
