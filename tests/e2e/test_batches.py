@@ -49,13 +49,18 @@ def _run_batch(cluster: LocalCluster, runtime: Callable[[], dict[str, object]]) 
         pb.JobSpec(name=f"batch-{index}", cpu_millis=10, memory_mb=16, **runtime())  # type: ignore[arg-type]
         for index in range(BATCH)
     ]
-    reply = rpc.call(addresses, "submit_jobs", pb.SubmitJobsRequest(specs=specs), timeout_s=10)
+    reply = rpc.call(
+        addresses, "submit_jobs", pb.SubmitJobsRequest(specs=specs), timeout_s=10, tls=config.client_tls
+    )
     job_ids = list(reply.job_ids)
     assert len(job_ids) == BATCH
     deadline = time.monotonic() + DONE_TIMEOUT_S
     while True:
         states = collections.Counter(
-            j.state for j in rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=BATCH)).jobs
+            j.state
+            for j in rpc.call(
+                addresses, "list_jobs", pb.ListJobsRequest(limit=BATCH), tls=config.client_tls
+            ).jobs
         )
         if states["succeeded"] + states["failed"] + states["cancelled"] == BATCH:
             break

@@ -72,7 +72,7 @@ async def _freeze_leader_at(
         await trio.to_thread.run_sync(lambda: cluster.up(control_planes=2, workers=1))
         config = cluster.config()
         async with asyncio_bridge():
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=0.5)
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=0.5, tls=config.client_tls)
             try:
                 status = await client.call("status", pb.StatusRequest())
                 leader, epoch = status.leader, status.epoch
@@ -170,7 +170,9 @@ async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
         async with asyncio_bridge(), trio.open_nursery() as network:
             await harness._start_proxies(network)
             await trio.to_thread.run_sync(harness.fresh_cluster)
-            client = ControlPlaneClient(cluster.config().control_plane_addresses, timeout_s=1.0)
+            client = ControlPlaneClient(
+                cluster.config().control_plane_addresses, timeout_s=1.0, tls=cluster.config().client_tls
+            )
             try:
                 long = pb.JobSpec(
                     name="long", cpu_millis=1000, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=6000)

@@ -29,6 +29,7 @@ from ops import rpc
 from ops.cluster import STATE_DIR_ENV, LocalCluster, UpResult
 from protocol import pb
 from runtime.settings import ReconcilerSettings
+from runtime.tls import TlsFiles
 
 pytestmark = pytest.mark.e2e
 
@@ -96,10 +97,10 @@ def wait_for(database_url: str, sql: str, *args: Any, timeout_s: float = 60.0) -
         time.sleep(0.1)
 
 
-def wait_until_done(addresses: list[str], job_ids: list[int]) -> None:
+def wait_until_done(addresses: list[str], job_ids: list[int], tls: TlsFiles | None) -> None:
     deadline = time.monotonic() + JOBS_DONE_TIMEOUT_S
     while True:
-        reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000))
+        reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000), tls=tls)
         states = {int(j.job_id): j.state for j in reply.jobs}
         if all(states.get(j) in TERMINAL_STATES for j in job_ids):
             return
@@ -117,7 +118,7 @@ def test_down_then_up_then_check_passes(cluster: LocalCluster, database_url: str
     assert submitted.returncode == 0, submitted.stderr
     job_ids = [int(word) for word in submitted.stdout.rsplit(":", 1)[1].split()]
     assert len(job_ids) == 12
-    wait_until_done(ready.config.control_plane_addresses, job_ids)
+    wait_until_done(ready.config.control_plane_addresses, job_ids, ready.config.client_tls)
 
     cluster.down()
     assert query(database_url, "SELECT array_agg(DISTINCT state) FROM workers") == ["left"]

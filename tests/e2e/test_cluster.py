@@ -27,6 +27,7 @@ from ops import rpc
 from ops.cluster import LocalCluster, UpResult
 from protocol import pb
 from runtime.client import ControlPlaneClient
+from runtime.tls import TlsFiles
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +55,9 @@ def launch(tmp_path: Path, database_url: str) -> Iterator[Launch]:
             cluster.down()
 
 
-def submit_sleep_jobs(addresses: list[str], durations_s: list[float], rng: random.Random) -> list[int]:
+def submit_sleep_jobs(
+    addresses: list[str], durations_s: list[float], rng: random.Random, tls: TlsFiles | None
+) -> list[int]:
     async def body(client: ControlPlaneClient) -> list[int]:
         ids = []
         for index, duration_s in enumerate(durations_s):
@@ -68,11 +71,11 @@ def submit_sleep_jobs(addresses: list[str], durations_s: list[float], rng: rando
             ids.append(int(reply.job_id))
         return ids
 
-    return rpc.with_client(addresses, body)
+    return rpc.with_client(addresses, body, tls=tls)
 
 
-def list_jobs(addresses: list[str]) -> dict[int, pb.JobInfo]:
-    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000))
+def list_jobs(addresses: list[str], tls: TlsFiles | None) -> dict[int, pb.JobInfo]:
+    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000), tls=tls)
     return {int(job.job_id): job for job in reply.jobs}
 
 
@@ -105,32 +108,33 @@ def test_thirty_jobs_run_exactly_once_across_a_leader_kill(launch: Launch, datab
     """30 sleep jobs all succeed exactly once, on one worker each, when the leader is SIGKILLed midway."""
     cluster, ready = launch(3, 3)
     addresses = ready.config.control_plane_addresses
+    tls = ready.config.client_tls
     old_leader, old_epoch = ready.status.leader, int(ready.status.epoch)
     rng = random.Random(30)
     durations_s = [round(rng.uniform(1.0, 3.0), 1) for _ in range(JOB_COUNT)]
 
-    job_ids = submit_sleep_jobs(addresses, durations_s[: JOB_COUNT // 2], rng)
+    job_ids = submit_sleep_jobs(addresses, durations_s[: JOB_COUNT // 2], rng, tls)
 
     def some_jobs_started() -> bool:
-        jobs = list_jobs(addresses)
+        jobs = list_jobs(addresses, tls)
         return sum(j.state in ("running", "succeeded") for j in jobs.values()) >= 5
 
     wait_for(some_jobs_started, timeout_s=30, what="5 jobs to start")
     cluster.kill(old_leader)
     # Submissions are recorded by any replica, also while no one leads.
-    job_ids += submit_sleep_jobs(addresses, durations_s[JOB_COUNT // 2 :], rng)
+    job_ids += submit_sleep_jobs(addresses, durations_s[JOB_COUNT // 2 :], rng, tls)
     assert len(set(job_ids)) == JOB_COUNT
 
     def all_done() -> bool:
-        jobs = list_jobs(addresses)
+        jobs = list_jobs(addresses, tls)
         return all(jobs[j].state in TERMINAL_STATES for j in job_ids)
 
     wait_for(all_done, timeout_s=JOBS_DONE_TIMEOUT_S, what=f"all {JOB_COUNT} jobs to finish")
 
-    jobs = list_jobs(addresses)
+    jobs = list_jobs(addresses, tls)
     assert {j: jobs[j].state for j in job_ids} == dict.fromkeys(job_ids, "succeeded")
 
-    after = rpc.status(addresses)
+    after = rpc.status(addresses, tls=tls)
     assert after.leader and after.leader != old_leader
     assert after.epoch > old_epoch
 
@@ -172,6 +176,7 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
     _, ready = launch(2, 2)
     addresses = ",".join(ready.config.control_plane_addresses)
     env = {k: v for k, v in os.environ.items() if k != "STOCKADE_CONTROL_PLANES"}
+    env["STOCKADE_CERTS_DIR"] = str(ready.config.cert_dir)  # the cluster's operator certificate
     completed = subprocess.run(
         [sys.executable, "-m", "ops.cli", "status", "--json", "--control-planes", addresses],
         capture_output=True,
@@ -226,16 +231,18 @@ def test_a_cancel_racing_a_job_that_ends_says_what_happened_and_keeps_it(launch:
     cancelled."""
     cluster, ready = launch(1, 2)
     addresses = ready.config.control_plane_addresses
+    tls = ready.config.client_tls
     env = {k: v for k, v in os.environ.items() if k != "STOCKADE_CONTROL_PLANES"}
+    env["STOCKADE_CERTS_DIR"] = str(ready.config.cert_dir)  # the cluster's operator certificate
     outcomes = []
     for attempt in range(CANCEL_TRIES):
         spec = pb.JobSpec(
             name=f"race-{attempt}", cpu_millis=2000, memory_mb=1024, sleep=pb.SleepRuntime(duration_ms=300)
         )
-        job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec)).job_id)
+        job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=tls).job_id)
 
         def placed(job_id: int = job_id) -> bool:
-            info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id))
+            info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id), tls=tls)
             return info.state != "pending"
 
         wait_for(placed, timeout_s=30, what=f"job {job_id} to be placed")
@@ -247,7 +254,7 @@ def test_a_cancel_racing_a_job_that_ends_says_what_happened_and_keeps_it(launch:
             env=env,
             check=False,
         )
-        info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id))
+        info = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id), tls=tls)
         assert completed.returncode == (3 if info.state == "succeeded" else 0), completed.stderr
         stops = [
             record["reason"]

@@ -23,6 +23,7 @@ from ops import checker, rpc
 from ops.cluster import MARKER_ENV, ClusterError, LocalCluster
 from protocol import pb
 from runtime.client import ControlPlaneClient
+from runtime.tls import TlsFiles
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ def cluster(tmp_path: Path, database_url: str) -> Iterator[LocalCluster]:
         fleets.down()
 
 
-def _submit(addresses: list[str], count: int) -> list[int]:
+def _submit(addresses: list[str], count: int, tls: TlsFiles | None) -> list[int]:
     rng = random.Random(12)
 
     async def body(client: ControlPlaneClient) -> list[int]:
@@ -58,11 +59,11 @@ def _submit(addresses: list[str], count: int) -> list[int]:
             ids.append(int((await client.call("submit_job", pb.SubmitJobRequest(spec=spec))).job_id))
         return ids
 
-    return rpc.with_client(addresses, body)
+    return rpc.with_client(addresses, body, tls=tls)
 
 
-def _jobs(addresses: list[str]) -> dict[int, pb.JobInfo]:
-    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000))
+def _jobs(addresses: list[str], tls: TlsFiles | None) -> dict[int, pb.JobInfo]:
+    reply = rpc.call(addresses, "list_jobs", pb.ListJobsRequest(limit=1000), tls=tls)
     return {int(job.job_id): job for job in reply.jobs}
 
 
@@ -128,10 +129,10 @@ def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> N
     assert all(i > 0 for i in incarnations) and len(set(incarnations)) == WORKERS
 
     addresses = config.control_plane_addresses
-    job_ids = _submit(addresses, JOB_COUNT)
+    job_ids = _submit(addresses, JOB_COUNT, config.client_tls)
     deadline = time.monotonic() + 30
     while True:
-        jobs = _jobs(addresses)
+        jobs = _jobs(addresses, config.client_tls)
         if all(jobs[j].state in TERMINAL_STATES for j in job_ids):
             break
         assert time.monotonic() < deadline, {j: jobs[j].state for j in job_ids}

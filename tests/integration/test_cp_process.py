@@ -13,7 +13,7 @@ from ops.pg import free_port
 def test_sigterm_stops_a_replica_still_waiting_for_its_database() -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"  # nothing listens there
     process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "cp", "--id", "cp-x", "--database-url", url],
+        [sys.executable, "-m", "ops.cli", "cp", "--id", "cp-x", "--database-url", url, "--insecure"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

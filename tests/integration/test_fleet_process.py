@@ -68,7 +68,7 @@ class RegistrationsOnly:
 def _fleet_command(spec: Path, control_planes: str) -> list[str]:
     return [
         *(sys.executable, "-m", "ops.cli", "fleet", "--id", "fleet-t", "--spec", str(spec)),
-        *("--control-planes", control_planes, "--heartbeat-interval-s", "0.1"),
+        *("--control-planes", control_planes, "--heartbeat-interval-s", "0.1", "--insecure"),
     ]
 
 

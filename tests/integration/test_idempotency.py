@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from actors.ingest import Ingest
 from ops.cli import EXIT_INVALID, app
+from ops.config import INSECURE_ENV
 from protocol import pb
 from runtime import faults
 from runtime.aio import GrpcChannel, PgConnection
@@ -328,9 +329,12 @@ async def test_a_registration_without_a_run_id_is_refused(cluster: Cluster) -> N
     assert await cluster.admin.fetchval("SELECT count(*) FROM workers") == 0
 
 
-async def test_the_cli_run_again_with_its_key_answers_as_the_first_run(cluster: Cluster) -> None:
+async def test_the_cli_run_again_with_its_key_answers_as_the_first_run(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`stockade submit --idempotency-key K` run twice prints one job id and stores one job;
     with another request under K it exits 2 naming that job; `stockade cancel` likewise."""
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the replicas here serve plaintext
     addresses = ",".join(r.address for r in cluster.replicas)
 
     async def stockade(*args: str) -> Result:

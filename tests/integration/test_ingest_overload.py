@@ -369,7 +369,9 @@ async def test_a_request_whose_deadline_has_passed_is_not_started(database_url: 
             with pytest.raises(DeadlineExceeded, match="submit_jobs: the client's deadline passed"):
                 # What trio_service runs for a request handed over 10 ms after its deadline.
                 late = time.monotonic() - 0.01
-                await grpc_server._call_in_trio(service(ingest).submit_jobs, one_job(), late)
+                await grpc_server._call_in_trio(
+                    service(ingest).submit_jobs, one_job(), late, grpc_server.Caller(address="-")
+                )
             assert expired_count("submit_jobs") == before + 1
             assert service(ingest).gate.held == 0
             assert await admin.fetchval("SELECT count(*) FROM jobs") == 0
