@@ -69,8 +69,9 @@ __all__ = [
     "parse_host",
 ]
 
-SERVER_ROLES = ("control-plane", "worker")
-"""Roles whose certificates name hosts and serve TLS (they also call others as clients)."""
+SERVER_ROLES = ("control-plane", "worker", "database")
+"""Roles whose certificates name hosts and serve TLS (they also call others as clients).
+``database`` is the embedded PostgreSQL's (:class:`ops.pg.PgTls`)."""
 CLIENT_ROLES = ("operator", "viewer")
 """Roles of CLI clients: client auth only."""
 ROLES = (*SERVER_ROLES, *CLIENT_ROLES)
@@ -83,6 +84,7 @@ INIT_IDENTITIES: tuple[tuple[str, str], ...] = (
     *(("worker", f"w-{n}") for n in range(1, 6)),
     ("operator", "operator"),
     ("viewer", "viewer"),
+    ("database", "database"),
 )
 """What :func:`init_cluster` issues besides the CA: the local cluster's replicas and workers
 (``stockade up`` names them so) and one client of each kind."""

