@@ -64,6 +64,7 @@ def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
         fleet_size=settings.fleet_size,
         worker_capacities=capacities,
         metrics=True,
+        insecure=settings.insecure,
     )
 
 

@@ -172,6 +172,8 @@ class PackSettings:
     over 21,210 MiB x s). 105 is about 91 % of that: near capacity the queue stays short, so
     the room a policy leaves decides what can start (all at once, some small job always
     fits). Not scaled by ``duration_scale``."""
+    insecure: bool = False
+    """Run the clusters with ``--insecure`` (plaintext gRPC) instead of mutual TLS."""
     arrival_batch_interval_s: float = 0.1
     """How often the arriving scenario submits every job whose arrival time has come."""
     waiting_after_s: float = 1.0

@@ -38,6 +38,12 @@ def bench_failover(
         Path | None,
         typer.Option(help="State folder of the bench cluster (default .stockade/bench-failover)."),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
+        ),
+    ] = False,
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
@@ -46,7 +52,7 @@ def bench_failover(
     from ops.bench import FailoverBenchSettings, failover_table, run_failover_bench
     from ops.cluster import LocalCluster, StateDir
 
-    cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")))
+    cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")), insecure=insecure)
     settings = FailoverBenchSettings(kills=kills, freezes=freezes, stops=stops, worker_kills=worker_kills)
     try:
         with interruptible(), errors():
@@ -86,6 +92,12 @@ def bench_pack(
     state_dir: Annotated[
         Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-pack).")
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
+        ),
+    ] = False,
 ) -> None:
     """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
@@ -118,6 +130,7 @@ def bench_pack(
         burst_jobs=burst_jobs,
         scale=scale,
         arrival_rate_per_s=arrival_rate,
+        insecure=insecure,
     )
     with interruptible(), errors():
         report = benchpack.run_pack(

@@ -52,6 +52,9 @@ def chaos(
         Path | None, typer.Option(help="State folder of the chaos cluster (default .stockade/chaos).")
     ] = None,
     keep: Annotated[bool, typer.Option(help="Leave the chaos cluster running afterwards.")] = False,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Run the chaos cluster without TLS (development only).")
+    ] = False,
 ) -> None:
     """Start a fresh cluster, inject leader failovers (alternating SIGKILL and SIGSTOP/SIGCONT,
     some frozen inside a fenced transaction) under a steady job stream, wait for every job, and
@@ -63,7 +66,7 @@ def chaos(
     from ops.cluster import LocalCluster, StateDir
 
     root = state_dir or (default_state_dir() / "chaos")
-    cluster = LocalCluster(StateDir(root))
+    cluster = LocalCluster(StateDir(root), insecure=insecure)
     settings = ChaosSettings(
         failovers=failovers,
         worker_kills=worker_kills,
