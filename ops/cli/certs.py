@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ops.certs import IssuedCert
 
 certs_app = typer.Typer(
-    help="The cluster CA and the certificates it issues (not used by the processes yet).",
+    help="The cluster CA and the certificates it issues (mutual TLS between every process).",
     no_args_is_help=True,
 )
 app.add_typer(certs_app, name="certs")
