@@ -89,6 +89,10 @@ class TlsFilesInvalid(PermanentError):
 class PeerIdentityMismatch(ssl.SSLCertVerificationError):
     """The peer's certificate is valid but names another role or id than the one expected."""
 
+    def __str__(self) -> str:
+        # ssl.SSLError shows an error made with one argument as a tuple, ``('message',)``.
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
 
 @attrs.frozen
 class Identity:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from ssl import SSLContext
 
 import trio
 
@@ -23,10 +24,12 @@ async def serve_ingests(
     *cp_ids: str,
     settings: IngestSettings | None = None,
     presence_interval_s: float = 60.0,
+    tls: SSLContext | None = None,
 ) -> AsyncIterator[list[Ingest]]:
     """One ingest actor per id on ``database_url``, each serving on 127.0.0.1 (a free port),
     with no lease keeper and no leader, on the caller's loop; all stopped on leaving.
-    ``settings`` defaults to ``IngestSettings()``."""
+    ``settings`` defaults to ``IngestSettings()``; ``tls`` (a server context,
+    :func:`runtime.tls.server_context`) serves mutual TLS, None plaintext."""
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         started = []
         for cp_id in cp_ids:
@@ -37,6 +40,7 @@ async def serve_ingests(
                 listen_port=0,
                 presence_interval_s=presence_interval_s,
                 settings=IngestSettings() if settings is None else settings,
+                tls=tls,
             )
             await nursery.start(ingest.run)
             started.append(ingest)
