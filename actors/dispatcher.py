@@ -64,8 +64,8 @@ class GrpcWorkerCalls:
         key = (address, worker_id)
         channel = self._channels.get(key)
         if channel is None:
-            context = None if self.tls is None else self.tls.context(Expected(WORKER, worker_id))
-            channel = self._channels[key] = GrpcChannel(address, tls=context)
+            target = None if self.tls is None else self.tls.target(Expected(WORKER, worker_id))
+            channel = self._channels[key] = GrpcChannel(address, tls=target)
         return channel
 
     async def assign(self, address: str, request: pb.AssignRequest, timeout_s: float) -> pb.AssignReply:

@@ -141,12 +141,12 @@ class ControlPlaneClient:
         self._rng = rng or random.Random()
         self._channels: dict[str, GrpcChannel] = {}
         self._preferred = 0
-        self._tls_context = None if tls is None else ClientTls(tls).context(ANY_CONTROL_PLANE)
+        self._tls_target = None if tls is None else ClientTls(tls).target(ANY_CONTROL_PLANE)
 
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = GrpcChannel(address, tls=self._tls_context)
+            channel = self._channels[address] = GrpcChannel(address, tls=self._tls_target)
         return channel
 
     async def call(self, rpc: str, request: Any, *, timeout_s: float | None = None) -> Any:

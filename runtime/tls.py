@@ -28,6 +28,7 @@ certificate``...).
 
 from __future__ import annotations
 
+import hashlib
 import ssl
 import stat
 from pathlib import Path
@@ -54,8 +55,10 @@ __all__ = [
     "PeerIdentityMismatch",
     "TlsFiles",
     "TlsFilesInvalid",
+    "TlsTarget",
     "check_key_private",
     "describe_tls_error",
+    "expected_server_name",
     "identity_of_peercert",
     "parse_identity_uri",
     "server_context",
@@ -253,32 +256,44 @@ class Expected:
 ANY_CONTROL_PLANE = Expected(CONTROL_PLANE)
 
 
-def _verifying_object_class(expected: Expected) -> type[ssl.SSLObject]:
-    class VerifyingSSLObject(ssl.SSLObject):
-        """Checks, once the chain is verified, that the server is who the client meant."""
+def expected_server_name(expected: Expected) -> str:
+    """The name a client sends (TLS SNI, ``server_hostname``) to say whom it expects:
+    ``<role>.stockade`` for any holder of the role, ``<role>-<32 hex digits>.stockade`` for one
+    id (the first 128 bits of the SHA-256 of the id: an id may be longer than a DNS label's 63
+    characters or hold characters a host name may not)."""
+    if expected.id is None:
+        return f"{expected.role}.{TRUST_DOMAIN}"
+    digest = hashlib.sha256(expected.id.encode()).hexdigest()[:32]
+    return f"{expected.role}-{digest}.{TRUST_DOMAIN}"
 
-        def do_handshake(self) -> None:
-            super().do_handshake()
-            found = identity_of_peercert(self.getpeercert())
-            if not expected.admits(found):
-                raise PeerIdentityMismatch(
-                    f"the server's certificate is for {found or 'no Stockade identity'}, not for {expected}"
-                )
 
-    return VerifyingSSLObject
+@attrs.frozen
+class TlsTarget:
+    """How to reach one server over mutual TLS: the client's context (shared by every server
+    it calls) and the server name that tells that context's handshake whom to accept."""
+
+    context: ssl.SSLContext
+    server_name: str
+    expected: Expected
 
 
 @attrs.define
 class ClientTls:
-    """A client's mutual TLS: its files and one context per identity it expects of a server
-    (contexts are built on first use and kept).
+    """A client's mutual TLS: its files, loaded once into one context, and the identity it
+    expects of each server it calls (:meth:`target`).
 
-    Raises (on :meth:`context`):
+    Every connection made with the context checks, once the chain is verified, that the
+    server's certificate names the identity its ``server_hostname`` stands for
+    (:func:`expected_server_name`); so one context (its certificate and key parsed once) serves
+    calls to any number of workers, each accepting only its own worker.
+
+    Raises (on :meth:`target`):
         TlsFilesInvalid, KeyFileExposed: see :meth:`TlsFiles.check`.
     """
 
     files: TlsFiles
-    _contexts: dict[Expected, ssl.SSLContext] = attrs.field(factory=dict, init=False, repr=False)
+    _context: ssl.SSLContext | None = attrs.field(default=None, init=False, repr=False)
+    _expected_by_name: dict[str, Expected] = attrs.field(factory=dict, init=False, repr=False)
 
     @property
     def identity_name(self) -> str:
@@ -286,17 +301,41 @@ class ClientTls:
         layout of ``stockade certs``)."""
         return self.files.cert_path.stem
 
-    def context(self, expected: Expected = ANY_CONTROL_PLANE) -> ssl.SSLContext:
-        """A client context that presents this client's certificate and accepts only a server
-        whose certificate the CA signed for ``expected``."""
-        context = self._contexts.get(expected)
-        if context is None:
+    def target(self, expected: Expected = ANY_CONTROL_PLANE) -> TlsTarget:
+        """What a channel needs to reach a server that must hold a certificate for
+        ``expected``: this client's context and the server name standing for ``expected``."""
+        name = expected_server_name(expected)
+        self._expected_by_name[name] = expected
+        return TlsTarget(context=self.context(), server_name=name, expected=expected)
+
+    def context(self) -> ssl.SSLContext:
+        """The client context (built on first use): presents this client's certificate, and
+        accepts a server only when the CA signed it and it names the identity the
+        connection's server name stands for."""
+        if self._context is None:
             context = _base_context(ssl.PROTOCOL_TLS_CLIENT)
             context.check_hostname = False  # the identity is checked instead (module docstring)
             self.files._load_into(context)
-            context.sslobject_class = _verifying_object_class(expected)
-            self._contexts[expected] = context
-        return context
+            context.sslobject_class = _verifying_object_class(self._expected_by_name)
+            self._context = context
+        return self._context
+
+
+def _verifying_object_class(expected_by_name: dict[str, Expected]) -> type[ssl.SSLObject]:
+    class VerifyingSSLObject(ssl.SSLObject):
+        """Checks, once the chain is verified, that the server is who the client meant."""
+
+        def do_handshake(self) -> None:
+            super().do_handshake()
+            expected = expected_by_name.get(self.server_hostname or "")
+            found = identity_of_peercert(self.getpeercert())
+            if expected is None or not expected.admits(found):
+                raise PeerIdentityMismatch(
+                    f"the server's certificate is for {found or 'no Stockade identity'}, "
+                    f"not for {expected or 'an identity this client expects'}"
+                )
+
+    return VerifyingSSLObject
 
 
 def describe_tls_error(exc: BaseException) -> str | None:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpclib.client
+import grpclib.config
 import grpclib.const
 import grpclib.exceptions
 import trio
@@ -28,7 +29,7 @@ from runtime.errors import (
     Unavailable,
 )
 from runtime.identifiers import parse_address
-from runtime.tls import describe_tls_error
+from runtime.tls import TlsTarget, describe_tls_error
 
 T = TypeVar("T")
 StubT = TypeVar("StubT", bound=ServiceStub)
@@ -44,10 +45,10 @@ _RETRYABLE_STATUS = {
 class GrpcChannel:
     """A client connection to one gRPC server, with trio-side calls and error translation."""
 
-    def __init__(self, address: str, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, address: str, *, tls: TlsTarget | None = None) -> None:
         """Connect lazily to ``address``, ``host:port`` (:func:`runtime.identifiers.parse_address`),
-        over mutual TLS with ``tls`` (a client context from :meth:`runtime.tls.ClientTls.context`,
-        which also says whose certificate the server must present), or plaintext when None.
+        over mutual TLS with ``tls`` (from :meth:`runtime.tls.ClientTls.target`, which also says
+        whose certificate the server must present), or plaintext when None.
 
         Raises:
             InvalidArgument: ``address`` is not such an address.
@@ -58,7 +59,14 @@ class GrpcChannel:
         self._channel = self._new_channel()
 
     def _new_channel(self) -> grpclib.client.Channel:
-        return grpclib.client.Channel(self._host_port.host, self._host_port.port, ssl=self._tls)
+        if self._tls is None:
+            return grpclib.client.Channel(self._host_port.host, self._host_port.port)
+        return grpclib.client.Channel(
+            self._host_port.host,
+            self._host_port.port,
+            ssl=self._tls.context,
+            config=grpclib.config.Configuration(ssl_target_name_override=self._tls.server_name),
+        )
 
     def stub(self, stub_cls: type[StubT]) -> StubT:
         """A generated stub (``pb.WorkerStub``, ``pb.ControlPlaneStub``) bound to this channel."""

@@ -42,7 +42,7 @@ from runtime.client import with_idempotency_key
 from runtime.errors import HandshakeRefused, PermissionDenied, Unavailable
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings import AgentSettings, IngestSettings
-from runtime.tls import WORKER, ClientTls, Expected, TlsFiles, server_context
+from runtime.tls import ANY_CONTROL_PLANE, WORKER, ClientTls, Expected, TlsFiles, TlsTarget, server_context
 
 CALL_TIMEOUT_S = 5.0
 HANG_GUARD_S = 10.0
@@ -70,10 +70,11 @@ def other_certs(tmp_path: Path) -> Path:
     return folder
 
 
-def client_tls(certs: Path, id: str, expected: Expected | None = None) -> ssl.SSLContext:
-    """The client context of ``id``'s certificate in ``certs``."""
+def client_tls(certs: Path, id: str, expected: Expected | None = None) -> TlsTarget:
+    """How ``id``'s certificate in ``certs`` reaches a server that must be ``expected`` (any
+    control plane when None)."""
     tls = ClientTls(TlsFiles.in_dir(certs, id))
-    return tls.context() if expected is None else tls.context(expected)
+    return tls.target() if expected is None else tls.target(expected)
 
 
 def refusals(rpc: str = "-", reason: str = "tls_handshake") -> float:
@@ -93,7 +94,7 @@ def registration(worker_id: str) -> pb.RegisterWorkerRequest:
     )
 
 
-async def call_cp(address: str, tls: ssl.SSLContext | None, rpc: str, request: Any) -> Any:
+async def call_cp(address: str, tls: TlsTarget | None, rpc: str, request: Any) -> Any:
     """One ControlPlane call on a channel of its own, closed after."""
     channel = GrpcChannel(address, tls=tls)
     try:
@@ -166,7 +167,12 @@ async def test_a_client_without_a_certificate_is_refused_and_nothing_is_stored(
     async with control_plane(database_url, certs) as address:
         before = refusals()
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable) as raised:
-            await call_cp(address, no_cert, "submit_job", sleep_job())
+            await call_cp(
+                address,
+                TlsTarget(no_cert, "control-plane.stockade", ANY_CONTROL_PLANE),
+                "submit_job",
+                sleep_job(),
+            )
         assert await fetch(database_url, COUNT_JOBS) == [0]
     assert "refused this client's certificate" in str(raised.value)
     assert refusals() == before + 1
@@ -184,7 +190,7 @@ async def test_a_certificate_from_another_ca_is_refused_and_nothing_is_stored(
             cert_path=other_certs / "operator.crt",
             key_path=other_certs / "operator.key",
         )
-    ).context()
+    ).target()
     async with control_plane(database_url, certs) as address:
         before = refusals()
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable):
@@ -331,7 +337,7 @@ def assign_request(worker_id: str = "w-1") -> pb.AssignRequest:
     return pb.AssignRequest(epoch=1, worker_id=worker_id, incarnation=1, assignments=[sleep])
 
 
-async def assign(address: str, tls: ssl.SSLContext) -> pb.AssignReply:
+async def assign(address: str, tls: TlsTarget) -> pb.AssignReply:
     channel = GrpcChannel(address, tls=tls)
     try:
         reply: pb.AssignReply = await channel.call(
@@ -427,8 +433,8 @@ async def test_a_tls_client_is_told_the_server_does_not_speak_tls(certs: Path) -
 def client_hello(certs: Path) -> bytes:
     """The first flight of a real client handshake (its ClientHello record)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = client_tls(certs, "operator")
-    obj = tls.wrap_bio(incoming, outgoing, server_side=False)
+    target = client_tls(certs, "operator")
+    obj = target.context.wrap_bio(incoming, outgoing, server_side=False, server_hostname=target.server_name)
     with pytest.raises(ssl.SSLWantReadError):
         obj.do_handshake()
     return outgoing.read()

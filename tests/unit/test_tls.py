@@ -250,12 +250,18 @@ def test_contexts_require_tls_1_3_and_a_verified_peer(certs: Path) -> None:
     assert client.check_hostname is False
 
 
-def test_a_client_keeps_one_context_per_expectation(certs: Path) -> None:
-    """The same expectation gives the same context; another gives another."""
+def test_a_client_loads_one_context_and_names_each_expectation(certs: Path) -> None:
+    """Every target shares the client's one context; each expectation has its own server
+    name, an id of any length or characters included."""
     tls = ClientTls(TlsFiles.in_dir(certs, "cp-1"))
-    w1 = tls.context(Expected("worker", "w-1"))
-    assert tls.context(Expected("worker", "w-1")) is w1
-    assert tls.context(Expected("worker", "w-2")) is not w1
+    w1 = tls.target(Expected("worker", "w-1"))
+    w2 = tls.target(Expected("worker", "w-2"))
+    long_id = tls.target(Expected("worker", "W_" + "x" * 62))
+    assert w1.context is w2.context is long_id.context is tls.context()
+    assert len({w1.server_name, w2.server_name, long_id.server_name}) == 3
+    assert tls.target().server_name == "control-plane.stockade"
+    for target in (w1, long_id):
+        assert all(0 < len(label) <= 63 for label in target.server_name.split("."))
 
 
 # ---------------------------------------------------------------------------- reasons
