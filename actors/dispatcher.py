@@ -17,6 +17,7 @@ import trio
 from actors.messages import (
     CancelOnWorker,
     CommittedAssignment,
+    Connect,
     Dispatch,
     DispatcherInbox,
     EpochSuperseded,
@@ -76,6 +77,16 @@ class GrpcWorkerCalls:
         channel = self._channel(address, request.worker_id)
         return await channel.call(channel.stub(pb.WorkerStub).cancel, request, timeout_s=timeout_s)
 
+    async def connect(self, address: str, worker_id: str, timeout_s: float) -> None:
+        """Open the connection to ``worker_id`` at ``address`` now (TLS handshake included),
+        so its first call does not wait for it.
+
+        Raises:
+            StockadeError: it could not be opened within ``timeout_s`` (see
+                :meth:`runtime.aio.GrpcChannel.connect`).
+        """
+        await self._channel(address, worker_id).connect(timeout_s=timeout_s)
+
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
@@ -113,6 +124,8 @@ class Dispatcher:
                     await self._assign(message)
                 case CancelOnWorker():
                     await self._cancel(message)
+                case Connect():
+                    await self._connect(message)
         finally:
             slots.release()
 
@@ -122,6 +135,17 @@ class Dispatcher:
                 self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
             except trio.WouldBlock:
                 pass
+
+    async def _connect(self, message: Connect) -> None:
+        """Open the connections ``message`` names, one after the other (a background task
+        that takes one call slot); a worker that cannot be reached is left for its dispatch."""
+        if not isinstance(self.calls, GrpcWorkerCalls):
+            return
+        for worker in message.workers:
+            try:
+                await self.calls.connect(worker.address, worker.worker_id, self.settings.rpc_timeout_s)
+            except StockadeError as exc:
+                self._log.debug("connect ahead failed", worker_id=worker.worker_id, error=str(exc))
 
     async def _assign(self, message: Dispatch) -> None:
         w = message.worker

@@ -197,4 +197,12 @@ class CancelOnWorker:
     reply: Reply[tuple[int, ...]]
 
 
-DispatcherInbox = Dispatch | CancelOnWorker
+@attrs.frozen(kw_only=True)
+class Connect:
+    """Open connections to these workers ahead of their first dispatch (best effort: nothing
+    is sent on them, and a worker that cannot be reached now is tried at its dispatch)."""
+
+    workers: tuple[WorkerRef, ...]
+
+
+DispatcherInbox = Dispatch | CancelOnWorker | Connect

@@ -39,6 +39,7 @@ import trio
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
+    Connect,
     Dispatch,
     DispatcherInbox,
     LedgerInbox,
@@ -271,6 +272,9 @@ class Placer:
     _write_size: WriteSize | None = None
     _synced_epoch: int | None = None
     _synced_at: float = -math.inf
+    _connect_epoch: int | None = None
+    _connected: set[tuple[str, str]] = attrs.field(factory=set)
+    """(worker_id, address) the dispatcher was told to connect to under ``_connect_epoch``."""
     _mark: PendingMark = attrs.field(factory=PendingMark)
     _idle_fingerprint: tuple[Any, ...] | None = None
     _reserving: list[int] = attrs.field(factory=list)
@@ -334,6 +338,7 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self._read(epoch)
+        self._connect_ahead(epoch, workers)
         if self._reserving and trio.current_time() - self._reserving_checked_at >= s.reserving_recheck_s:
             # A job keeps a worker free only while it is pending: drop one cancelled since
             # (asked at most once every reserving_recheck_s, not on every round of a backlog).
@@ -390,6 +395,22 @@ class Placer:
         metrics.PLACEMENTS.inc(len(committed))
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
+
+    def _connect_ahead(self, epoch: int, workers: Sequence[LiveWorker]) -> None:
+        """Have the dispatcher open connections to live workers it has not been told of under
+        ``epoch``, so a new leader's first assignments (and a fresh cluster's) do not wait for
+        a hundred connection set-ups (TLS handshakes) on this loop. Best effort: when the
+        dispatcher's inbox is full, the workers are told of in a later round."""
+        if epoch != self._connect_epoch:
+            self._connect_epoch, self._connected = epoch, set()
+        new = tuple(w.ref for w in workers if (w.ref.worker_id, w.ref.address) not in self._connected)
+        if not new:
+            return
+        try:
+            self.dispatcher.send_nowait(Connect(workers=new))
+        except trio.WouldBlock:
+            return
+        self._connected.update((ref.worker_id, ref.address) for ref in new)
 
     def write_size(self) -> WriteSize:
         """How many rows the next round's fenced statement may carry (see

@@ -133,6 +133,23 @@ class GrpcChannel:
             self._reset()
             raise Unavailable(f"{self.address} failed: {exc!r}") from exc
 
+    async def connect(self, *, timeout_s: float) -> None:
+        """Open the connection now (with its TLS handshake) rather than at the first call.
+
+        Raises:
+            HandshakeRefused: the TLS handshake failed.
+            Unavailable: the peer could not be reached within ``timeout_s``.
+        """
+        try:
+            with trio.fail_after(timeout_s):
+                await run_aio(self._channel.__connect__)
+        except trio.TooSlowError as exc:
+            raise Unavailable(f"{self.address} did not accept a connection within {timeout_s:g} s") from exc
+        except ssl.SSLError as exc:
+            raise HandshakeRefused(f"{self.address}: {describe_tls_error(exc)}") from exc
+        except OSError as exc:
+            raise Unavailable(f"{self.address} unreachable: {exc!r}") from exc
+
     def _hint(self) -> str:
         """What a lost connection may mean on this kind of channel."""
         if self._tls is None:

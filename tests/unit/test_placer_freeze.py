@@ -15,6 +15,7 @@ import trio.testing
 from actors.messages import (
     CommitPlacements,
     CommittedAssignment,
+    Connect,
     Deposed,
     Dispatch,
     DispatcherInbox,
@@ -97,6 +98,49 @@ async def elect(h: Harness, epoch: int) -> None:
     message.reply.set(Elected(seq=1, epoch=epoch))
 
 
+def assignments_sent(channel: trio.MemoryReceiveChannel[DispatcherInbox]) -> list[DispatcherInbox]:
+    """What reached the dispatcher so far, but for the connections opened ahead (which carry
+    no assignment)."""
+    sent = []
+    while True:
+        try:
+            message = channel.receive_nowait()
+        except trio.WouldBlock:
+            return sent
+        if not isinstance(message, Connect):
+            sent.append(message)
+
+
+async def test_the_leader_connects_to_each_live_worker_ahead_once_per_epoch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Before any assignment, the dispatcher is told to open connections to the live workers:
+    once for each worker under one epoch, again under the next."""
+    h = make_harness()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(elect, h, 1)
+        await nursery.start(h.placer.run)
+        first = await h.dispatcher.receive()
+        assert isinstance(first, Connect)
+        assert [w.worker_id for w in first.workers] == [w.ref.worker_id for w in h.placer.store.workers]
+        await trio.sleep(1.0)  # ten more rounds
+        assert not any(isinstance(m, Connect) for m in drain(h.dispatcher))
+        nursery.cancel_scope.cancel()
+    h.placer._connect_ahead(2, h.placer.store.workers)
+    again = h.dispatcher.receive_nowait()
+    assert isinstance(again, Connect) and again.workers == first.workers
+
+
+def drain(channel: trio.MemoryReceiveChannel[DispatcherInbox]) -> list[DispatcherInbox]:
+    """Everything the channel holds now."""
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
 async def test_frozen_placer_commit_is_refused_and_nothing_is_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -119,8 +163,7 @@ async def test_frozen_placer_commit_is_refused_and_nothing_is_sent(
         commit.reply.fail(StaleEpoch(epoch=1, epoch_seen=2))
         await h.roles.send(Deposed(seq=2, epoch=1, reason="lease taken by another replica"))
         await trio.sleep(3.0)
-        with pytest.raises(trio.WouldBlock):
-            h.dispatcher.receive_nowait()
+        assert assignments_sent(h.dispatcher) == []
         with pytest.raises(trio.WouldBlock):
             h.ledger.receive_nowait()  # deposed: no further rounds
         nursery.cancel_scope.cancel()
@@ -139,8 +182,7 @@ async def test_committed_placements_are_dispatched_after_the_commit(
         commit = await h.ledger.receive()
         assert isinstance(commit, CommitPlacements)
         await trio.sleep(1.0)
-        with pytest.raises(trio.WouldBlock):
-            h.dispatcher.receive_nowait()
+        assert assignments_sent(h.dispatcher) == []
         commit.reply.set(
             tuple(
                 CommittedAssignment(
@@ -155,6 +197,8 @@ async def test_committed_placements_are_dispatched_after_the_commit(
             )
         )
         sent = await h.dispatcher.receive()
+        while isinstance(sent, Connect):  # connections opened ahead carry no assignment
+            sent = await h.dispatcher.receive()
         assert isinstance(sent, Dispatch)
         assert sent.epoch == 1 and [a.assignment_id for a in sent.assignments] == [11, 12]
         nursery.cancel_scope.cancel()
