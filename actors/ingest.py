@@ -68,8 +68,7 @@ from actors.ingest_replies import check_outcomes, job_info, leave_verdict, outco
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
-from runtime.aio import PgConnection, serve_grpc, takes_encoded_request, trio_service
-from runtime.aio.grpc_server import require_worker
+from runtime.aio import PgConnection, require_worker, serve_grpc, takes_encoded_request, trio_service
 from runtime.errors import (
     Busy,
     DatabaseBusy,

@@ -36,7 +36,8 @@ client that only calls a gRPC server loads neither the database side nor the ser
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`.
 - :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
-  :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`.
+  :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`, and who
+  called (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`).
 - :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel`.
 
 A test that replaces a name patches it in the module that holds it (``runtime.aio.pg``...):
@@ -52,8 +53,12 @@ if TYPE_CHECKING:
     from runtime.aio.bridge import asyncio_bridge, run_aio, run_trio
     from runtime.aio.grpc_client import GrpcChannel
     from runtime.aio.grpc_server import (
+        Caller,
         WireCodec,
         finish_despite_cancel,
+        refuse,
+        require_worker,
+        rpc_caller,
         rpc_deadline,
         serve_grpc,
         takes_encoded_request,
@@ -65,8 +70,12 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
     "bridge": ("asyncio_bridge", "run_aio", "run_trio"),
     "pg": ("PgConnection", "PgPool", "ReadStore", "ReconnectingConnection"),
     "grpc_server": (
+        "Caller",
         "WireCodec",
         "finish_despite_cancel",
+        "refuse",
+        "require_worker",
+        "rpc_caller",
         "rpc_deadline",
         "serve_grpc",
         "takes_encoded_request",
@@ -79,6 +88,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
 _MODULE_OF = {name: module for module, names in _NAMES_OF.items() for name in names}
 
 __all__ = [
+    "Caller",
     "GrpcChannel",
     "PgConnection",
     "PgPool",
@@ -87,6 +97,9 @@ __all__ = [
     "WireCodec",
     "asyncio_bridge",
     "finish_despite_cancel",
+    "refuse",
+    "require_worker",
+    "rpc_caller",
     "rpc_deadline",
     "run_aio",
     "run_trio",
