@@ -12,6 +12,7 @@ import contextlib
 import os
 import shlex
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -93,6 +94,11 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     console().print(f"database  {database}: {result.config.database_url}")
     console().print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
     console().print(f"logs      {shown_path(cluster.state.root / 'logs')}/<id>.log")
+    if result.config.cert_dir is None:
+        console().print("tls       off (--insecure): plaintext, no identities")
+    else:
+        certs = shown_path(Path(result.config.cert_dir))
+        console().print(f"tls       mutual TLS with {certs}/; client commands present {certs}/operator.crt")
 
 
 @app.command("up")
