@@ -38,6 +38,7 @@ from pathlib import Path
 
 import attrs
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -62,6 +63,7 @@ __all__ = [
     "check_key_private",
     "check_role",
     "describe",
+    "diagnose_client_cert",
     "ensure_issued",
     "identity_of",
     "init_cluster",
@@ -438,6 +440,36 @@ def identity_of(cert: x509.Certificate) -> CertIdentity:
     except InvalidArgument as exc:
         raise NotAStockadeCertificate(f"{uris[0]}: {exc}") from exc
     return CertIdentity(role=role, id=id)
+
+
+_SHOWN_TIME = "%Y-%m-%d %H:%M"
+
+
+def diagnose_client_cert(ca_path: Path, cert_path: Path) -> str | None:
+    """Why a server would refuse the client certificate at ``cert_path``, as far as the client
+    can tell: it has expired or is not valid yet, or the CA at ``ca_path`` did not sign it.
+    None when it looks valid (or cannot be read: the TLS layer reports that itself).
+
+    A TLS 1.3 server checks a client's certificate after the client considers the handshake
+    done (RFC 8446 section 4.4.2.4), so the client sees only a lost connection; this names
+    the likely reason.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    now = _now()
+    starts, ends = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if ends < now:
+        return f"the client certificate {cert_path} expired on {ends:{_SHOWN_TIME}} UTC"
+    if starts > now:
+        return f"the client certificate {cert_path} is valid only from {starts:{_SHOWN_TIME}} UTC"
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"the client certificate {cert_path} was not issued by the CA in {ca_path}"
+    return None
 
 
 def describe(path: Path) -> CertInfo:

@@ -141,7 +141,24 @@ def unreachable_message(exc: NoControlPlaneReachable) -> str:
         told = f"no control plane answered at {asked}: " + "; ".join(str(f) for f in exc.failures)
     else:
         told = str(exc)
+    reason = _client_cert_problem()
+    if reason is not None:
+        told = f"{told}. Likely why: {reason}"
     return _with_notes(told, exc)
+
+
+def _client_cert_problem() -> str | None:
+    """What is wrong with this client's certificate, if anything (it may be why the servers
+    closed the connections; :func:`ops.certs.diagnose_client_cert`)."""
+    try:
+        tls = resolve_client_tls()
+    except ClusterError:
+        return None
+    if tls is None:
+        return None
+    from ops.certs import diagnose_client_cert
+
+    return diagnose_client_cert(tls.ca_path, tls.cert_path)
 
 
 def database_message(exc: DatabaseUnavailable) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import re
@@ -15,6 +16,7 @@ from cryptography.x509 import DNSName, IPAddress
 from cryptography.x509.verification import PolicyBuilder, Store
 from typer.testing import CliRunner
 
+from ops import certs as certs_module
 from ops.certs import (
     CertDir,
     CertIdentity,
@@ -25,12 +27,14 @@ from ops.certs import (
     NotAStockadeCertificate,
     check_key_private,
     describe,
+    diagnose_client_cert,
     identity_of,
     init_cluster,
     issue,
 )
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
-from runtime.errors import InvalidArgument
+from ops.cli.common import unreachable_message
+from runtime.errors import InvalidArgument, NoControlPlaneReachable, Unavailable
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +331,58 @@ def test_cli_show_a_file_that_is_not_a_certificate(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["certs", "show", str(path)])
         assert result.exit_code == EXIT_INVALID
         assert len(lines(result.output)) == 1 and str(path) in result.output
+
+
+def test_a_client_certificate_that_looks_valid_has_no_diagnosis(cluster: CertDir) -> None:
+    """The operator's certificate, issued by the folder's CA and current, is not blamed."""
+    assert diagnose_client_cert(cluster.ca_cert, cluster.cert("operator")) is None
+
+
+def test_an_expired_or_foreign_client_certificate_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate past its end, one not valid yet, and one another CA issued are each named
+    with the reason a server refuses it."""
+    folder, other = tmp_path / "c", tmp_path / "other"
+    init_cluster(folder)
+    init_cluster(other)
+    real_now = certs_module._now()
+    monkeypatch.setattr(certs_module, "_now", lambda: real_now - datetime.timedelta(days=400))
+    issue(folder, role="operator", id="old")
+    monkeypatch.setattr(certs_module, "_now", lambda: real_now + datetime.timedelta(days=2))
+    issue(folder, role="operator", id="future")
+    monkeypatch.setattr(certs_module, "_now", lambda: real_now)
+    expired = diagnose_client_cert(folder / "ca.crt", folder / "old.crt")
+    assert expired is not None and re.search(r"old\.crt expired on \d{4}-\d\d-\d\d", expired)
+    future = diagnose_client_cert(folder / "ca.crt", folder / "future.crt")
+    assert future is not None and "future.crt is valid only from" in future
+    foreign = diagnose_client_cert(folder / "ca.crt", other / "operator.crt")
+    assert (
+        foreign
+        == f"the client certificate {other / 'operator.crt'} was not issued by the CA in {folder / 'ca.crt'}"
+    )
+
+
+def test_an_unreachable_cluster_names_an_expired_client_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When no control plane answers and the client's certificate has expired (a TLS 1.3 server
+    refuses it after the client's side of the handshake, so the client sees only lost
+    connections), the one line says so."""
+    folder = tmp_path / "c"
+    init_cluster(folder)
+    (folder / "operator.crt").unlink()
+    (folder / "operator.key").unlink()
+    real_now = certs_module._now()
+    monkeypatch.setattr(certs_module, "_now", lambda: real_now - datetime.timedelta(days=400))
+    issue(folder, role="operator", id="operator")
+    monkeypatch.setattr(certs_module, "_now", lambda: real_now)
+    monkeypatch.setenv("STOCKADE_CERTS_DIR", str(folder))
+    message = unreachable_message(
+        NoControlPlaneReachable(
+            "no control plane answered",
+            addresses=["127.0.0.1:9"],
+            failures=[Unavailable("127.0.0.1:9 unreachable: connection lost")],
+        )
+    )
+    assert "Likely why: the client certificate" in message and "operator.crt expired on" in message
