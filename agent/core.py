@@ -109,7 +109,7 @@ from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
 from agent.starts import StartLimiter
 from runtime import log, metrics
-from runtime.errors import StockadeError, TemporaryError
+from runtime.errors import PermissionDenied, StockadeError, TemporaryError
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
@@ -404,6 +404,14 @@ class Agent:
                     ),
                     deadline_s=self._fence.call_deadline_s(),
                 )
+            except PermissionDenied as exc:
+                # Every replica applies the same rule: retrying cannot help (the certificate
+                # names another worker). Stop, saying so, instead of retrying for ever.
+                self._logger.error("registration refused", error=str(exc))
+                raise PermissionDenied(
+                    f"worker {self.worker_id} cannot register: {exc}; start the agent with the "
+                    "--id its certificate names, or issue a certificate for this id"
+                ) from exc
             except StockadeError as exc:
                 failures += 1
                 if failures % _LOG_EVERY_FAILURES == 1:

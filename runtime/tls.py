@@ -185,7 +185,8 @@ class TlsFiles:
             if not path.is_file():
                 raise TlsFilesInvalid(
                     f"{path} does not exist: issue it with `stockade certs issue` (or `stockade "
-                    "certs init` for a new cluster CA), copy it there, or run with --insecure"
+                    "certs init` for a new cluster CA) and copy it there; a cluster run without "
+                    "TLS needs none (--insecure for a process, STOCKADE_INSECURE=1 for a client)"
                 )
         check_key_private(self.key_path)
 

@@ -76,13 +76,16 @@ def _cert_folder(certs_dir: Path | None, insecure: bool) -> Path | None:
     return None if insecure else (certs_dir or default_state_dir() / "certs").absolute()
 
 
-def _check_tls_files(folder: Path | None, ids: list[str], what: str) -> None:
+def _check_tls_files(folder: Path | None, role: str, ids: list[str], what: str) -> None:
     """Warn about --insecure (``folder`` None), or check ``folder``'s files for every id in
-    ``ids``, so a missing or exposed one stops the start before anything runs.
+    ``ids``: present, the key private, and the certificate issued to ``role`` with that id; so
+    a wrong one stops the start before anything runs.
 
     Raises:
-        typer.Exit: a file is missing or its key is readable by others (one line, exit 1).
+        typer.Exit: a file is missing, its key is readable by others, or the certificate names
+            someone else (one line, exit 1).
     """
+    from ops.certs import NotAStockadeCertificate, describe
     from ops.cli.common import warn_insecure
     from runtime.tls import TlsFiles
 
@@ -91,7 +94,19 @@ def _check_tls_files(folder: Path | None, ids: list[str], what: str) -> None:
         return
     with errors():
         for id in ids:
-            TlsFiles.in_dir(folder, id).check()
+            files = TlsFiles.in_dir(folder, id)
+            files.check()
+            try:
+                holder = describe(files.cert_path).identity
+            except NotAStockadeCertificate as exc:
+                fail(f"{files.cert_path}: {exc}")
+            if holder is None or (holder.role, holder.id) != (role, id):
+                named = f"{holder.role} {holder.id}" if holder else "no Stockade identity"
+                fail(
+                    f"{files.cert_path} is the certificate of {named}, not of {role} {id}: a "
+                    f"certificate is bound to one id (issue one with `stockade certs issue --role "
+                    f"{role} --id {id}`)"
+                )
 
 
 NiceOption = Annotated[
@@ -314,7 +329,7 @@ def control_plane(
             ),
         )
         check_nice(nice)
-    _check_tls_files(folder, [cp_id], f"control plane {cp_id}")
+    _check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
     control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
@@ -422,8 +437,9 @@ def agent(
     with errors():
         check_nice(nice)
         resolve_unprivileged_user(settings.job_user)  # refuse to start without the job user
-    _check_tls_files(folder, [worker_id], f"worker {worker_id}")
-    agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
+    _check_tls_files(folder, "worker", [worker_id], f"worker {worker_id}")
+    with errors():  # a registration refused for the certificate's id ends the agent in one line
+        agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
 @app.command("fleet")
@@ -487,7 +503,7 @@ def fleet(
         )
         check_nice(nice)
         resolve_unprivileged_user(job_user)  # refuse to start without the job user
-    _check_tls_files(folder, [w.worker_id for w in workers], f"fleet {fleet_id}")
+    _check_tls_files(folder, "worker", [w.worker_id for w in workers], f"fleet {fleet_id}")
     try:
         fleet_main(
             settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice

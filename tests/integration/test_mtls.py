@@ -557,3 +557,33 @@ def test_a_client_command_with_an_exposed_key_fails_naming_it(
     result = CliRunner().invoke(app, ["status", "--control-planes", "127.0.0.1:1"])
     assert (result.exit_code, lines(result.output)) == (1, [message])
     assert os.stat(certs / "operator.key").st_mode & 0o777 == 0o644  # reported, not changed
+
+
+@pytest.mark.usefixtures("cli_env")
+def test_an_agent_given_another_workers_certificate_does_not_start(certs: Path, tmp_path: Path) -> None:
+    """``stockade agent --id w-10`` with w-9's certificate copied under w-10's name exits 1 with
+    one line saying whose certificate it is, and creates no work folder."""
+    issue_dir = tmp_path / "copied"
+    issue_dir.mkdir(mode=0o700)
+    for name in ("ca.crt",):
+        (issue_dir / name).write_bytes((certs / name).read_bytes())
+    (issue_dir / "w-10.crt").write_bytes((certs / "w-1.crt").read_bytes())
+    key = issue_dir / "w-10.key"
+    key.write_bytes((certs / "w-1.key").read_bytes())
+    key.chmod(0o600)
+    work_dir = tmp_path / "work"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("agent", "--id", "w-10", "--cpu-millis", "1000", "--memory-mb", "512"),
+            *("--control-planes", "127.0.0.1:1", "--work-dir", str(work_dir), "--certs-dir", str(issue_dir)),
+        ],
+    )
+    assert (result.exit_code, lines(result.output)) == (
+        1,
+        [
+            f"error: {issue_dir / 'w-10.crt'} is the certificate of worker w-1, not of worker w-10: a "
+            "certificate is bound to one id (issue one with `stockade certs issue --role worker --id w-10`)"
+        ],
+    )
+    assert not work_dir.exists()

@@ -40,7 +40,7 @@ from agent.messages import (
     Registered,
     Registration,
 )
-from runtime.errors import NoControlPlaneReachable
+from runtime.errors import NoControlPlaneReachable, PermissionDenied
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import AgentSettings
 
@@ -188,6 +188,40 @@ async def test_registration_is_retried_until_a_control_plane_answers(
     assert gaps == pytest.approx([TIMEOUT_S + agent.settings.register_retry_s] * len(gaps))
     assert cp.registrations[0][1].address == "127.0.0.1:9"
     assert agent.incarnation == 1
+
+
+@attrs.define
+class RefusingControlPlane(ScriptedControlPlane):
+    """Refuses every registration as the worker's certificate names another id."""
+
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
+        self.registrations.append((trio.current_time(), request))
+        raise PermissionDenied("permission denied: worker/w-9 may register_worker only as worker_id 'w-9'")
+
+
+async def test_a_registration_refused_for_the_certificates_id_stops_the_agent(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A refusal every replica would repeat is not retried: the agent stops after one try,
+    saying why and what to do."""
+    cp = RefusingControlPlane()
+    agent = Agent(agent_settings(tmp_path), cp)
+    with pytest.raises(BaseExceptionGroup) as raised:  # the agent's nurseries wrap it
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run, "127.0.0.1:9")
+            await trio.sleep(10.0)
+    (refusal,) = _leaves(raised.value)
+    assert isinstance(refusal, PermissionDenied)
+    assert len(cp.registrations) == 1
+    assert str(refusal).startswith("worker w-1 cannot register: permission denied: worker/w-9")
+    assert "start the agent with the --id its certificate names" in str(refusal)
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 async def test_every_attempt_of_a_registration_carries_one_number_and_the_next_one_the_next(

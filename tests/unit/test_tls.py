@@ -190,7 +190,8 @@ def test_a_missing_file_is_refused_naming_it_and_how_to_issue_it(certs: Path, mi
         ).check()
     assert str(raised.value) == (
         f"{gone} does not exist: issue it with `stockade certs issue` (or `stockade certs init` "
-        "for a new cluster CA), copy it there, or run with --insecure"
+        "for a new cluster CA) and copy it there; a cluster run without TLS needs none "
+        "(--insecure for a process, STOCKADE_INSECURE=1 for a client)"
     )
 
 
