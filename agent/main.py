@@ -35,6 +35,11 @@ from runtime.tls import CONTROL_PLANE, server_context
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
+MAX_ASSIGN_BYTES = 256 * 1024 * 1024
+"""The largest Assign or Cancel the Worker service takes, in bytes: above the control plane's
+16 MiB, since one Assign carries a round's assignments for the worker with their specs (argv
+up to 64 KiB each), and only control planes, which the role check admits first, may send it."""
+
 WORKER_ACCESS = {"assign": (CONTROL_PLANE,), "cancel": (CONTROL_PLANE,)}
 """Who may call each Worker RPC over mutual TLS: only control planes (the request's epoch and
 incarnation are then checked as before, :mod:`agent.acceptance`)."""
@@ -118,7 +123,14 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         port = await nursery.start(
             partial(
                 serve_grpc,
-                [trio_service(pb.WorkerBase, WorkerService(agent), access=WORKER_ACCESS)],
+                [
+                    trio_service(
+                        pb.WorkerBase,
+                        WorkerService(agent),
+                        access=WORKER_ACCESS,
+                        max_request_bytes=MAX_ASSIGN_BYTES,
+                    )
+                ],
                 settings.listen_host,
                 settings.listen_port,
                 tls=None if settings.tls is None else server_context(settings.tls),

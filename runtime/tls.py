@@ -128,15 +128,12 @@ def parse_identity_uri(uri: str) -> Identity | None:
 def identity_of_peercert(peercert: dict[str, Any] | None) -> Identity | None:
     """The identity in a verified peer certificate as :meth:`ssl.SSLObject.getpeercert` gives
     it (``{"subjectAltName": (("URI", "spiffe://..."), ...), ...}``); None when there is no
-    certificate or it carries not exactly one Stockade identity."""
+    certificate, or it carries not exactly one URI, or that URI is no Stockade identity (a
+    certificate also naming another trust domain's identity names none here)."""
     if not peercert:
         return None
-    found = [
-        identity
-        for kind, value in peercert.get("subjectAltName", ())
-        if kind == "URI" and (identity := parse_identity_uri(value)) is not None
-    ]
-    return found[0] if len(found) == 1 else None
+    uris = [value for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"]
+    return parse_identity_uri(uris[0]) if len(uris) == 1 else None
 
 
 def check_key_private(path: Path) -> None:
@@ -181,7 +178,14 @@ class TlsFiles:
             TlsFilesInvalid: a file is missing (the message says how to issue it).
             KeyFileExposed: the key file is readable by others.
         """
-        for path in (self.ca_path, self.cert_path, self.key_path):
+        if not self.ca_path.is_file():
+            raise TlsFilesInvalid(
+                f"{self.ca_path} does not exist: copy the cluster CA's certificate (ca.crt) there "
+                "from the machine that holds the CA (a new CA would not be trusted by the "
+                "cluster); a cluster run without TLS needs none (--insecure for a process, "
+                "STOCKADE_INSECURE=1 for a client)"
+            )
+        for path in (self.cert_path, self.key_path):
             if not path.is_file():
                 raise TlsFilesInvalid(
                     f"{path} does not exist: issue it with `stockade certs issue` (or `stockade "

@@ -154,7 +154,10 @@ class GrpcChannel:
         """What a lost connection may mean on this kind of channel."""
         if self._tls is None:
             return " (if the server uses TLS, this client needs its certificates instead of --insecure)"
-        return " (the server may have refused this client's certificate: expired, or from another CA)"
+        return (
+            " (the server closed the connection: it may have refused this client's certificate, "
+            "expired or from another CA, or a request too large for it)"
+        )
 
     def _reset(self) -> None:
         self._channel.close()

@@ -223,15 +223,32 @@ async def _call_in_trio(
     return result
 
 
-def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-    """Wrap a generated ``__rpc_*`` stream handler so the request's deadline is known inside."""
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+"""The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB;
+10,000 sleep jobs in one SubmitJobs take about 0.5 MiB). A larger one is refused from its
+length prefix, before its body is read."""
+
+
+def _guarded(
+    func: Callable[[Any], Awaitable[None]], rpc: str, access: Access | None, max_request_bytes: int
+) -> Callable[[Any], Awaitable[None]]:
+    """Wrap a generated ``__rpc_*`` stream handler: refuse a caller whose role may not call
+    ``rpc`` and a request longer than ``max_request_bytes`` before the request's body is read
+    (so no certificate, however low its role, makes a server buffer and decode a huge request),
+    and make the request's deadline and caller known inside."""
 
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        caller = _caller_of(stream)
+        try:
+            _check_access(rpc, access, caller)
+        except PermissionDenied as exc:
+            raise _to_grpc_error(exc) from None
+        _limit_request_size(stream, rpc, max_request_bytes)
         deadline = stream.deadline
         token = _STREAM_DEADLINE.set(
             None if deadline is None else time.monotonic() + deadline.time_remaining()
         )
-        caller_token = _STREAM_CALLER.set(_caller_of(stream))
+        caller_token = _STREAM_CALLER.set(caller)
         try:
             await func(stream)
         finally:
@@ -239,6 +256,31 @@ def _keeping_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any],
             _STREAM_CALLER.reset(caller_token)
 
     return handle
+
+
+def _limit_request_size(stream: grpclib.server.Stream[Any, Any], rpc: str, max_request_bytes: int) -> None:
+    """Make ``stream`` refuse a message longer than ``max_request_bytes`` (INVALID_ARGUMENT)
+    once its 5-byte length prefix is read, before its body is.
+
+    grpclib reads a message as ``recv_data(5)`` (the prefix) then ``recv_data(length)``
+    (``grpclib.stream.recv_message``) and has no limit of its own: the second read is checked
+    here, on the stream's HTTP/2 side (``stream._stream``, grpclib 0.4)."""
+    inner = stream._stream
+    read = inner.recv_data
+
+    async def recv_data(size: int) -> bytes:
+        if size > max_request_bytes:
+            error = InvalidArgument(
+                "request",
+                f"{size} bytes",
+                f"must be at most {max_request_bytes} bytes; send less per call (fewer jobs in a batch)",
+                detail=rpc,
+            )
+            raise _to_grpc_error(error)
+        data: bytes = await read(size)
+        return data
+
+    inner.recv_data = recv_data  # type: ignore[method-assign]
 
 
 class WireCodec(ProtoCodec):
@@ -322,7 +364,13 @@ def _check_access(rpc: str, access: Access | None, caller: Caller) -> None:
         raise refuse(rpc, "role", f"{rpc} needs {needs}; the caller is {caller}", caller)
 
 
-def trio_service(base: type[ServiceBase], impl: object, *, access: Access | None = None) -> ServiceBase:
+def trio_service(
+    base: type[ServiceBase],
+    impl: object,
+    *,
+    access: Access | None = None,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
     Each RPC of the generated ``base`` class is served by the same-named trio method of
@@ -338,8 +386,10 @@ def trio_service(base: type[ServiceBase], impl: object, *, access: Access | None
 
     ``access`` (None: no check) names, for each RPC, the roles whose certificates may call it
     on a mutual-TLS connection; an RPC it does not name is refused to everyone. A refusal is
-    PERMISSION_DENIED, logged and counted (:func:`refuse`). A plaintext connection (a server
-    run with ``--insecure``) is not checked.
+    PERMISSION_DENIED, logged and counted (:func:`refuse`), and comes before the request's body
+    is read. A plaintext connection (a server run with ``--insecure``) is not checked. A
+    request longer than ``max_request_bytes`` is refused (INVALID_ARGUMENT) from its length,
+    before its body is read.
     """
     methods: dict[str, Any] = {}
     undecoded: set[str] = set()
@@ -352,10 +402,9 @@ def trio_service(base: type[ServiceBase], impl: object, *, access: Access | None
         if getattr(trio_fn, _ENCODED_REQUEST, False):
             undecoded.add(name)
 
-        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn, _name: str = name) -> Any:
+        async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
             caller = _STREAM_CALLER.get()
             try:
-                _check_access(_name, access, caller)
                 return await run_trio(_call_in_trio, _trio_fn, message, _STREAM_DEADLINE.get(), caller)
             except StockadeError as exc:
                 raise _to_grpc_error(exc) from exc
@@ -366,8 +415,9 @@ def trio_service(base: type[ServiceBase], impl: object, *, access: Access | None
         handlers = base.__mapping__(self)  # type: ignore[attr-defined]
         mapped = {}
         for path, handler in handlers.items():
-            handler = handler._replace(func=_keeping_deadline(handler.func))
-            if _snake_case(path.rpartition("/")[2]) in undecoded:
+            name = _snake_case(path.rpartition("/")[2])
+            handler = handler._replace(func=_guarded(handler.func, name, access, max_request_bytes))
+            if name in undecoded:
                 handler = handler._replace(request_type=_undecoded(handler.request_type))
             mapped[path] = handler
         return mapped

@@ -38,8 +38,9 @@ from ops.cli import app
 from ops.config import CERTS_DIR_ENV, CONFIG_ENV, IDENTITY_ENV, INSECURE_ENV, STATE_DIR_ENV
 from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection, asyncio_bridge, serve_grpc, trio_service
+from runtime.aio.grpc_server import MAX_REQUEST_BYTES
 from runtime.client import with_idempotency_key
-from runtime.errors import HandshakeRefused, PermissionDenied, Unavailable
+from runtime.errors import HandshakeRefused, InvalidArgument, PermissionDenied, Unavailable
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings import AgentSettings, IngestSettings
 from runtime.tls import ANY_CONTROL_PLANE, WORKER, ClientTls, Expected, TlsFiles, TlsTarget, server_context
@@ -129,16 +130,26 @@ class StatusOnly:
     async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
         return pb.StatusReply(leader="cp-1")
 
+    async def list_jobs(self, request: pb.ListJobsRequest) -> pb.ListJobsReply:
+        return pb.ListJobsReply()
+
 
 @asynccontextmanager
 async def status_server(
-    tls: ssl.SSLContext | None, *, handshake_timeout_s: float = 5.0
+    tls: ssl.SSLContext | None,
+    *,
+    handshake_timeout_s: float = 5.0,
+    access: dict[str, tuple[str, ...]] | None = None,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
 ) -> AsyncIterator[int]:
     """:class:`StatusOnly` served on 127.0.0.1 with ``tls`` (None: plaintext); yields the port."""
     async with asyncio_bridge(), trio.open_nursery() as nursery:
+        service = trio_service(
+            pb.ControlPlaneBase, StatusOnly(), access=access, max_request_bytes=max_request_bytes
+        )
         serve = partial(
             serve_grpc,
-            [trio_service(pb.ControlPlaneBase, StatusOnly())],
+            [service],
             "127.0.0.1",
             0,
             tls=tls,
@@ -587,3 +598,44 @@ def test_an_agent_given_another_workers_certificate_does_not_start(certs: Path, 
         ],
     )
     assert not work_dir.exists()
+
+
+# ---------------------------------------------------------------------------- large requests
+
+
+async def test_a_request_longer_than_the_limit_is_refused_before_its_body_is_read(certs: Path) -> None:
+    """A request longer than the service's limit is refused as INVALID_ARGUMENT naming its size
+    and the limit; the server answers the next call as before."""
+    tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
+    async with status_server(tls, max_request_bytes=1000) as port:
+        address = f"127.0.0.1:{port}"
+        operator = client_tls(certs, "operator")
+        with pytest.raises(InvalidArgument) as raised:
+            await call_cp(address, operator, "list_jobs", pb.ListJobsRequest(state="x" * 5000))
+        assert "must be at most 1000 bytes; send less per call" in str(raised.value)
+        assert "5003 bytes" in str(raised.value)
+        reply = await call_cp(address, operator, "status", pb.StatusRequest())
+        assert reply.leader == "cp-1"
+
+
+async def test_a_caller_without_the_role_is_refused_before_its_request_is_read(certs: Path) -> None:
+    """A viewer sending 24 MiB to an RPC it may not call is refused by its role, not after the
+    server took in the whole request: the server keeps answering others meanwhile and after."""
+    tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
+    access = {"status": ("operator", "viewer"), "list_jobs": ("operator",)}
+    huge = pb.ListJobsRequest(state="x" * (24 * 1024 * 1024))
+    async with status_server(tls, access=access) as port:
+        address = f"127.0.0.1:{port}"
+        before = refusals("list_jobs", "role")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refused_huge, address, client_tls(certs, "viewer"), huge)
+            reply = await call_cp(address, client_tls(certs, "viewer"), "status", pb.StatusRequest())
+        assert refusals("list_jobs", "role") == before + 1
+        assert reply.leader == "cp-1"
+        reply = await call_cp(address, client_tls(certs, "operator"), "status", pb.StatusRequest())
+        assert reply.leader == "cp-1"
+
+
+async def refused_huge(address: str, tls: TlsTarget, request: pb.ListJobsRequest) -> None:
+    with pytest.raises((PermissionDenied, Unavailable)):
+        await call_cp(address, tls, "list_jobs", request)

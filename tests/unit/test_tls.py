@@ -75,17 +75,19 @@ def test_a_uri_that_is_not_a_stockade_identity_names_nobody(uri: str) -> None:
 
 
 def test_a_peer_certificate_yields_its_one_stockade_identity() -> None:
-    """Of a verified peer certificate's subject alternative names, the one Stockade URI is the
-    identity; DNS names, IP addresses and foreign URIs are ignored."""
+    """Of a verified peer certificate's subject alternative names, the one URI is the identity
+    (DNS names and IP addresses are ignored); a second URI, even of another trust domain,
+    leaves the certificate with none."""
     peercert = {
         "subjectAltName": (
             ("URI", "spiffe://stockade/worker/w-3"),
             ("DNS", "localhost"),
             ("IP Address", "127.0.0.1"),
-            ("URI", "spiffe://elsewhere/worker/w-4"),
         )
     }
     assert identity_of_peercert(peercert) == Identity(role="worker", id="w-3")
+    also_foreign = {"subjectAltName": (*peercert["subjectAltName"], ("URI", "spiffe://elsewhere/admin/x"))}
+    assert identity_of_peercert(also_foreign) is None
 
 
 @pytest.mark.parametrize(
@@ -188,9 +190,18 @@ def test_a_missing_file_is_refused_naming_it_and_how_to_issue_it(certs: Path, mi
         TlsFiles(
             **{**{k: getattr(files, k) for k in ("ca_path", "cert_path", "key_path")}, missing: gone}
         ).check()
+    if missing == "ca_path":
+        how = (
+            "copy the cluster CA's certificate (ca.crt) there from the machine that holds the CA "
+            "(a new CA would not be trusted by the cluster)"
+        )
+    else:
+        how = (
+            "issue it with `stockade certs issue` (or `stockade certs init` for a new cluster CA) "
+            "and copy it there"
+        )
     assert str(raised.value) == (
-        f"{gone} does not exist: issue it with `stockade certs issue` (or `stockade certs init` "
-        "for a new cluster CA) and copy it there; a cluster run without TLS needs none "
+        f"{gone} does not exist: {how}; a cluster run without TLS needs none "
         "(--insecure for a process, STOCKADE_INSECURE=1 for a client)"
     )
 
