@@ -41,6 +41,11 @@ class DatabaseUnavailable(TemporaryError):
     """The database did not answer or the connection broke."""
 
 
+class DatabaseRefused(PermanentError):
+    """The database server refused this client for good: a wrong password, an unknown role or
+    database, or a URL asyncpg cannot use. Retrying cannot help; the message says which."""
+
+
 class DatabaseBusy(DatabaseUnavailable):
     """The server gave up on one statement (its statement or lock timeout passed, or it was a
     deadlock's victim) and rolled it back; the connection is still good. A smaller statement,

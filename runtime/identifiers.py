@@ -135,6 +135,55 @@ def parse_address(text: str, *, field: str = "address") -> Address:
     raise InvalidArgument(field, text, f"must be host:port with a host that is {ADDRESS_HOST_RULE}")
 
 
+DATABASE_URL_SCHEMES = ("postgresql", "postgres")
+
+
+def check_database_url(url: str, *, field: str = "database_url") -> str:
+    """``url`` if asyncpg can take it as a database URL: ``postgresql://`` (or ``postgres://``),
+    then optionally ``user[:password]@``, then hosts: none (the defaults), one, or several
+    separated by commas for a multi-host URL (``host1:5432,host2:5432``), each with an optional
+    port in 1..65535; a database and query options may follow. Errors show the URL with its
+    password replaced by ``***``.
+
+    Raises:
+        InvalidArgument: it is not such a URL; the rule names the part at fault.
+    """
+    if not isinstance(url, str):
+        raise InvalidArgument(field, url, "must be a postgresql:// URL string")
+    shown = _without_password(url)
+    example = "postgresql://user@host:5432/database"
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in DATABASE_URL_SCHEMES:
+        raise InvalidArgument(field, shown, f"must be a postgresql:// URL, e.g. {example}")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0]
+    hosts = netloc.rpartition("@")[2]
+    for item in hosts.split(",") if hosts else []:
+        host, port = item, ""
+        if item.startswith("["):
+            end = item.find("]")
+            host, port = item[1 : end if end > 0 else len(item)], item[end + 1 :].removeprefix(":")
+            if end < 0 or not _is_ipv6(host):
+                raise InvalidArgument(field, shown, f"must name hosts that are {HOST_RULE} ({item!r} is not)")
+        elif ":" in item:
+            host, _, port = item.rpartition(":")
+        if not (_is_ipv4(host) or _is_ipv6(host) or is_host_name(host)):
+            raise InvalidArgument(field, shown, f"must name hosts that are {HOST_RULE} ({host!r} is not)")
+        if port and (not _PORT.fullmatch(port) or int(port) > MAX_PORT):
+            raise InvalidArgument(field, shown, f"must give ports in 1..{MAX_PORT} ({port!r} is not)")
+    return url
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part, if any, replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{hosts}{slash}{tail}"
+
+
 def parse_addresses(texts: Sequence[str], *, field: str) -> tuple[Address, ...]:
     """Every item of ``texts`` as an address; the field is named with the item's index
     (``control_planes[1]``).

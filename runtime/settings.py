@@ -362,8 +362,8 @@ class ControlPlaneSettings:
 
     cp_id: str = attrs.field(validator=_id)
     """This replica's id, e.g. ``cp-1`` (an id, :func:`runtime.identifiers.check_id`)."""
-    database_url: str
-    """asyncpg URL of the shared database."""
+    database_url: str = attrs.field(validator=lambda _i, _a, value: identifiers.check_database_url(value))
+    """asyncpg URL of the shared database (:func:`runtime.identifiers.check_database_url`)."""
     listen_host: str = attrs.field(default="127.0.0.1", validator=_listen_host)
     """Host to listen on: an IPv4 or IPv6 address or a host name."""
     listen_port: int = 0

@@ -28,6 +28,7 @@ from ops.config import (
 from runtime.errors import (
     ClusterBusy,
     ConnectionRefused,
+    DatabaseRefused,
     DatabaseUnavailable,
     IdempotencyConflict,
     InvalidArgument,
@@ -208,6 +209,8 @@ def errors() -> Iterator[None]:
                 "set STOCKADE_IDENTITY or the config's identity to use another)",
                 EXIT_UNAVAILABLE,
             )
+        if isinstance(exc, DatabaseRefused):
+            fail(str(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, PermanentError) and type(exc).__module__ == "runtime.tls":
             fail(str(exc), EXIT_UNAVAILABLE)  # a certificate or key file missing or exposed
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):

@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, connection_errors, run_aio
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, DuplicateKey
+from runtime.errors import DatabaseBusy, DatabaseRefused, DatabaseUnavailable, DuplicateKey
 from runtime.settings import DEFAULT_READ_STATEMENT_TIMEOUT_S, session_ms
 
 if TYPE_CHECKING:
@@ -35,6 +35,23 @@ T = TypeVar("T")
 
 
 @functools.cache
+def refused_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the server refused this client for good (class 28 SQLSTATEs:
+    password, role; 3D000: no such database; a URL asyncpg cannot use)."""
+    import asyncpg
+
+    return (
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+        asyncpg.exceptions.InvalidCatalogNameError,
+        asyncpg.exceptions.ClientConfigurationError,
+    )
+
+
+def refused_message(exc: BaseException) -> str:
+    """One line for a refusal of :func:`refused_errors`."""
+    return f"the database refused this client ({type(exc).__name__}): {exc}; retrying cannot help"
+
+
 def _busy_errors() -> tuple[type[BaseException], ...]:
     """The server gave up on one statement (statement_timeout, lock_timeout, a deadlock
     victim): the connection is still good, the caller may try again."""
@@ -71,6 +88,7 @@ class PgConnection:
 
         Raises:
             DatabaseUnavailable: the server could not be reached in ``connect_timeout_s``.
+            DatabaseRefused: it refused this client for good (password, role, database, URL).
         """
         import asyncpg
 
@@ -82,6 +100,8 @@ class PgConnection:
                 timeout=connect_timeout_s,
                 statement_cache_size=256,
             )
+        except refused_errors() as exc:
+            raise DatabaseRefused(refused_message(exc)) from exc
         except connection_errors() as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
         return cls(raw)
@@ -109,6 +129,11 @@ class PgConnection:
         except connection_errors() as exc:
             self.terminate()
             raise DatabaseUnavailable(f"database connection lost: {exc!r}") from exc
+        except asyncpg.exceptions.ReadOnlySQLTransactionError as exc:
+            # SQLSTATE 25006: this server is a standby now (an old primary after a failover):
+            # drop the connection, so the next one finds the writable server.
+            self.terminate()
+            raise DatabaseUnavailable(f"the database is read-only (a standby?): {exc}") from exc
         except _busy_errors() as exc:
             raise DatabaseBusy(f"database busy: {exc!r}", retry_after_s=0.05) from exc
         except asyncpg.exceptions.UniqueViolationError as exc:
@@ -302,6 +327,8 @@ class PgPool:
                 timeout=5.0,
                 reset=None if reset_on_release else _keep_session,
             )
+        except refused_errors() as exc:
+            raise DatabaseRefused(refused_message(exc)) from exc
         except connection_errors() as exc:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc!r}") from exc
         assert raw is not None
