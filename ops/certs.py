@@ -45,7 +45,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
-from runtime.tls import TRUST_DOMAIN, URI_PREFIX, KeyFileExposed, check_key_private
+from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, KeyFileExposed, check_key_private
 
 __all__ = [
     "CLIENT_ROLES",
@@ -122,19 +122,9 @@ class CertSettings:
     """Validity of an issued certificate, in days."""
 
 
-@attrs.frozen(kw_only=True)
-class CertIdentity:
-    """Who a certificate says its holder is."""
-
-    role: str
-    """One of :data:`ROLES`."""
-    id: str
-    """The holder's id (``cp-1``, ``w-7``, ``operator``)."""
-
-    @property
-    def uri(self) -> str:
-        """``spiffe://stockade/<role>/<id>``."""
-        return f"{URI_PREFIX}{self.role}/{self.id}"
+CertIdentity = Identity
+"""Who a certificate says its holder is: :class:`runtime.tls.Identity` (``role``, ``id``,
+``uri``); here ``role`` may also be ``database``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -419,19 +409,19 @@ def identity_of(cert: x509.Certificate) -> CertIdentity:
     :func:`runtime.tls.identity_of_peercert`, which applies the same rule.)
 
     Raises:
-        NotAStockadeCertificate: no such URI, more than one, or one whose role or id breaks
-            the rules.
+        NotAStockadeCertificate: not exactly one URI (another trust domain's counts: a server
+            would name no identity either), or one that is not ``spiffe://stockade/...``, or
+            whose role or id breaks the rules.
     """
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = [
-            u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(URI_PREFIX)
-        ]
+        uris = list(san.get_values_for_type(x509.UniformResourceIdentifier))
     except x509.ExtensionNotFound:
         uris = []
-    if len(uris) != 1:
+    if len(uris) != 1 or not uris[0].startswith(URI_PREFIX):
         raise NotAStockadeCertificate(
-            f"a Stockade certificate names exactly one {URI_PREFIX}<role>/<id> URI, this one has {len(uris)}"
+            f"a Stockade certificate names exactly one URI, {URI_PREFIX}<role>/<id>; this one has "
+            f"{len(uris)}: {', '.join(uris) or 'none'}"
         )
     role, _, id = uris[0].removeprefix(URI_PREFIX).partition("/")
     try:

@@ -184,6 +184,11 @@ class NotFound(StockadeError, LookupError):
     """The named object (job, worker) does not exist."""
 
 
+class LocalFileError(PermanentError):
+    """A file this process needs (a certificate, a key) is missing, unreadable or readable by
+    others; the message names it and what to do."""
+
+
 class PermissionDenied(PermanentError):
     """The caller's identity may not do this (gRPC PERMISSION_DENIED); nothing was done.
 

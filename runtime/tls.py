@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from runtime.errors import PermanentError
+from runtime.errors import LocalFileError
 
 __all__ = [
     "ANY_CONTROL_PLANE",
@@ -80,12 +80,12 @@ TLS_HANDSHAKE_TIMEOUT_S = 5.0
 and a file descriptor that long)."""
 
 
-class KeyFileExposed(PermanentError):
+class KeyFileExposed(LocalFileError):
     """A private key file is readable by group or others; the message names the file and how
     to fix it."""
 
 
-class TlsFilesInvalid(PermanentError):
+class TlsFilesInvalid(LocalFileError):
     """A CA, certificate or key file is missing or unreadable as PEM; the message names it."""
 
 
@@ -279,7 +279,6 @@ class TlsTarget:
 
     context: ssl.SSLContext
     server_name: str
-    expected: Expected
 
 
 @attrs.define
@@ -311,7 +310,7 @@ class ClientTls:
         ``expected``: this client's context and the server name standing for ``expected``."""
         name = expected_server_name(expected)
         self._expected_by_name[name] = expected
-        return TlsTarget(context=self.context(), server_name=name, expected=expected)
+        return TlsTarget(context=self.context(), server_name=name)
 
     def context(self) -> ssl.SSLContext:
         """The client context (built on first use): presents this client's certificate, and

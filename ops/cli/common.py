@@ -32,9 +32,9 @@ from runtime.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
     InvalidArgument,
+    LocalFileError,
     NoControlPlaneReachable,
     NotFound,
-    PermanentError,
     PermissionDenied,
     RemoteError,
     StockadeError,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ops.cluster import StateDir
+    from runtime.tls import TlsFiles
 
 
 EXIT_UNAVAILABLE = 1
@@ -151,11 +152,8 @@ def unreachable_message(exc: NoControlPlaneReachable) -> str:
 def _client_cert_problem() -> str | None:
     """What is wrong with this client's certificate, if anything (it may be why the servers
     closed the connections; :func:`ops.certs.diagnose_client_cert`)."""
-    try:
-        tls = resolve_client_tls()
-    except ClusterError:
-        return None
-    if tls is None:
+    tls = _client_files()
+    if tls is None or isinstance(tls, ClusterError):
         return None
     from ops.certs import diagnose_client_cert
 
@@ -209,10 +207,8 @@ def errors() -> Iterator[None]:
                 "set STOCKADE_IDENTITY or the config's identity to use another)",
                 EXIT_UNAVAILABLE,
             )
-        if isinstance(exc, DatabaseRefused):
+        if isinstance(exc, DatabaseRefused | LocalFileError):
             fail(str(exc), EXIT_UNAVAILABLE)
-        if isinstance(exc, PermanentError) and type(exc).__module__ == "runtime.tls":
-            fail(str(exc), EXIT_UNAVAILABLE)  # a certificate or key file missing or exposed
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
             fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)
         raise
@@ -275,11 +271,20 @@ def recorded_local_state() -> StateDir:
 
 
 def _identity_hint() -> str:
-    try:
-        tls = resolve_client_tls()
-    except ClusterError:
+    tls = _client_files()
+    if isinstance(tls, ClusterError):
         return "of an unreadable config"
     return "of no one (plaintext)" if tls is None else str(tls.cert_path)
+
+
+def _client_files() -> TlsFiles | ClusterError | None:
+    """The client's certificate files for an error message: None for plaintext, or the error
+    that kept them from being found."""
+    try:
+        files: TlsFiles | None = resolve_client_tls()
+    except ClusterError as exc:
+        return exc
+    return files
 
 
 def warn_insecure(what: str) -> None:

@@ -43,7 +43,16 @@ from runtime.client import with_idempotency_key
 from runtime.errors import HandshakeRefused, InvalidArgument, PermissionDenied, Unavailable
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings import AgentSettings, IngestSettings
-from runtime.tls import ANY_CONTROL_PLANE, WORKER, ClientTls, Expected, TlsFiles, TlsTarget, server_context
+from runtime.tls import (
+    ANY_CONTROL_PLANE,
+    WORKER,
+    ClientTls,
+    Expected,
+    TlsFiles,
+    TlsTarget,
+    expected_server_name,
+    server_context,
+)
 
 CALL_TIMEOUT_S = 5.0
 HANG_GUARD_S = 10.0
@@ -180,7 +189,7 @@ async def test_a_client_without_a_certificate_is_refused_and_nothing_is_stored(
         with structlog.testing.capture_logs() as logs, pytest.raises(Unavailable) as raised:
             await call_cp(
                 address,
-                TlsTarget(no_cert, "control-plane.stockade", ANY_CONTROL_PLANE),
+                TlsTarget(no_cert, expected_server_name(ANY_CONTROL_PLANE)),
                 "submit_job",
                 sleep_job(),
             )
