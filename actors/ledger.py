@@ -387,6 +387,7 @@ class Ledger:
                 message.dead_after_s,
                 [worker_id for worker_id, _ in message.workers],
                 [incarnation for _, incarnation in message.workers],
+                message.silence_floor_unix_s,
             )
         orphans = await self._end_orphans(conn, message)
         return attrs.evolve(orphans, dead_worker_ids=tuple(r["id"] for r in dead))

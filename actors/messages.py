@@ -130,6 +130,9 @@ class DeclareDeadWorkers:
     max_ended: int
     """Most assignments this transaction ends (at most the ledger's max_rows_per_fenced_write)."""
     reply: Reply[ReconcileResult]
+    silence_floor_unix_s: float | None = None
+    """Silence counts only from this database time on (unix seconds; see
+    :class:`actors.reconciler.SilenceFloor`); None: from the last heartbeat, or the server's start."""
 
 
 @attrs.frozen(kw_only=True)

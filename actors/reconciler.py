@@ -3,7 +3,9 @@
 Each pass, while leader:
 
 1. Dead workers: every alive worker whose last recorded heartbeat (by any replica, judged by
-   database time) is older than ``dead_after_s`` is declared dead in a fenced transaction that
+   database time, and counted only from the database server's start and from the leader's
+   :class:`SilenceFloor` on: its takeover, its reconnection, the end of a mass silence) is
+   older than ``dead_after_s`` is declared dead in a fenced transaction that
    re-checks the rule, ends its active assignments as lost and requeues their jobs. The same
    transaction ends assignments addressed to an incarnation that is no longer current (the
    agent restarted or re-registered: its old jobs were stopped), and those of a worker that
@@ -253,8 +255,11 @@ def judge_deaths(
 
     A worker is silent when its last recorded heartbeat is older than ``dead_after_s``. None is
     named while more than ``mass_silence_fraction`` of the alive workers, and at least
-    ``mass_silence_min_workers``, are silent at once: the fault is then more likely on the
-    control plane's side (its database, its network, its own load) than on so many workers.
+    ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` (half of
+    ``dead_after_s`` by default) at once: the fault is then more likely on the control plane's
+    side (its database, its network, its own load) than on so many workers. Counting from the
+    shorter span sees workers cut off together as one event, before the first of them would be
+    named (their last heartbeats are up to a heartbeat interval apart).
     Otherwise the longest silent are named, as many as ``bucket`` allows (``death_burst`` at
     once, ``deaths_per_s`` after). Both rules are those of Kubernetes' node lifecycle
     controller (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction:
@@ -277,13 +282,65 @@ def judge_deaths(
     )
     pairs = tuple((a.worker_id, a.incarnation) for a in silent)
     bucket = bucket.refilled(now, rate_per_s=settings.deaths_per_s, burst=settings.death_burst)
-    mass = len(silent) >= settings.mass_silence_min_workers and len(
-        silent
-    ) > settings.mass_silence_fraction * len(ages)
+    suspects = sum(1 for a in ages if a.age_s > settings.suspect_s)
+    mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
+        ages
+    )
     allowed = 0 if mass else min(len(pairs), bucket.whole)
     return DeathVerdict(
         declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
     )
+
+
+@attrs.define
+class SilenceFloor:
+    """From when (database time) the leader counts workers' silence: the rule that keeps an
+    outage from being taken for the death of every worker (DESIGN.md, "Outages").
+
+    A worker's silence counts from the latest of its last recorded heartbeat, the database
+    server's start (in the reads' SQL), and this floor, which moves to the database's ``now()``:
+
+    - on the first pass of an epoch (a takeover: the new leader did not watch the time before,
+      which may have been an outage, as after a database failover);
+    - on the first pass after the leader's reads were interrupted for more than
+      ``contact_gap_s`` (its database was unreachable, or it was stalled);
+    - when a mass silence ends (Kubernetes' node lifecycle controller, too, gives every node of
+      a zone a fresh grace when the zone leaves full disruption).
+
+    Moving the floor only ever delays a declaration, which is safe (the silent worker paused
+    or stopped its jobs long before): the fence of invariant 7 does not depend on it.
+    """
+
+    floor_unix_s: float | None = None
+    contact_at: float = -math.inf
+    """trio time of the last successful read."""
+    epoch: int | None = None
+    mass_silence: bool = False
+
+    def read(self, epoch: int, now_unix_s: float, now: float, gap_s: float) -> bool:
+        """Account for a successful read at database time ``now_unix_s`` and trio time ``now``
+        under ``epoch``; True when the floor moved."""
+        moved = epoch != self.epoch or now - self.contact_at > gap_s
+        if moved:
+            self.floor_unix_s = now_unix_s
+            self.epoch = epoch
+        self.contact_at = now
+        return moved
+
+    def mass_silence_seen(self, mass: bool, now_unix_s: float) -> bool:
+        """Account for a pass's verdict; True (and the floor moved) when a mass silence ended."""
+        ended = self.mass_silence and not mass
+        self.mass_silence = mass
+        if ended:
+            self.floor_unix_s = now_unix_s
+        return ended
+
+    def floored(self, ages: Iterable[HeartbeatAge], now_unix_s: float) -> list[HeartbeatAge]:
+        """``ages`` counted from the floor at the latest."""
+        if self.floor_unix_s is None:
+            return list(ages)
+        most_s = max(0.0, now_unix_s - self.floor_unix_s)
+        return [a if a.age_s <= most_s else attrs.evolve(a, age_s=most_s) for a in ages]
 
 
 @attrs.define
@@ -301,6 +358,7 @@ class Reconciler:
     _bucket: TokenBucket | None = None
     _unconfirmed_read_at: float = -math.inf
     """When the previous pass read the unconfirmed assignments (trio time)."""
+    _silence: SilenceFloor = attrs.field(factory=SilenceFloor)
     _logged_at: dict[str, float] = attrs.field(factory=dict)
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
@@ -364,11 +422,19 @@ class Reconciler:
             DatabaseUnavailable: a read or write failed; the pass sends none after it.
         """
         s = self.settings
-        ages = await self.store.heartbeat_ages()
+        reading = await self.store.heartbeat_ages()
         now = trio.current_time()
+        if self._silence.read(epoch, reading.now_unix_s, now, s.contact_gap_s) and not first_pass:
+            self._log.warning(
+                "silence counts anew: the leader's reads were interrupted", gap_s=s.contact_gap_s
+            )
+        ages = self._silence.floored(reading.ages, reading.now_unix_s)
         if self._bucket is None:
             self._bucket = TokenBucket(float(s.death_burst), now)
         verdict = judge_deaths(ages, s, self._bucket, now)
+        if self._silence.mass_silence_seen(verdict.mass_silence, reading.now_unix_s):
+            self._log.warning("mass silence ended: silence counts anew", alive=verdict.alive)
+            verdict = attrs.evolve(verdict, declare=(), held=verdict.declare + verdict.held)
         self._bucket = verdict.bucket
         self._report_held(verdict, now)
         result = await self._declare_and_end_orphans(epoch, verdict.declare)
@@ -409,6 +475,7 @@ class Reconciler:
                 requeue_backoff_caps_s=caps,
                 max_ended=first,
                 reply=reply,
+                silence_floor_unix_s=self._silence.floor_unix_s,
             )
         )
         dead = batch.dead_worker_ids

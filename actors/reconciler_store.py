@@ -26,6 +26,16 @@ class HeartbeatAge:
 
 
 @attrs.frozen(kw_only=True)
+class SilenceReading:
+    """One read of the workers' silence: the database's time and every judged worker's age."""
+
+    now_unix_s: float
+    """The database's ``now()``, unix seconds."""
+    ages: list[HeartbeatAge]
+    """Each age counts from the last recorded heartbeat or, when later, the server's start."""
+
+
+@attrs.frozen(kw_only=True)
 class Delivery:
     """An active assignment, where it goes, and how long ago it was committed."""
 
@@ -37,7 +47,7 @@ class Delivery:
 class ReconcilerStore(Protocol):
     """What a pass reads."""
 
-    async def heartbeat_ages(self) -> list[HeartbeatAge]: ...
+    async def heartbeat_ages(self) -> SilenceReading: ...
 
     async def unconfirmed(self) -> list[Delivery]: ...
 
@@ -69,12 +79,16 @@ class PgReconcilerStore(ReadStore):
     """:class:`ReconcilerStore` on a read connection of its own (``statement_timeout_s``: the
     reconciler settings' ``read_statement_timeout_s``)."""
 
-    async def heartbeat_ages(self) -> list[HeartbeatAge]:
+    async def heartbeat_ages(self) -> SilenceReading:
         rows = await (await self._connection()).fetch(queries.HEARTBEAT_AGES)
-        return [
-            HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
-            for r in rows
-        ]
+        return SilenceReading(
+            now_unix_s=float(rows[0]["now_unix_s"]),
+            ages=[
+                HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
+                for r in rows
+                if r["id"] is not None
+            ],
+        )
 
     async def unconfirmed(self) -> list[Delivery]:
         return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]

@@ -442,7 +442,9 @@ class Agent:
         self._fence.last_acked_send_time = sent_at
         self._admission.registered(reply.incarnation, reply.epoch)
         self._fence.self_fenced = False
+        self._fence.paused = False
         self._fence.fenced_at = None
+        self._fence.pauses.clear()  # every job of the previous life has ended
         self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
             "registered",
@@ -503,8 +505,11 @@ class Agent:
     async def _on_heartbeat_answer(
         self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
     ) -> None:
-        # A reply that comes after the deadline does not move it: fence (and register again).
+        # A reply that comes after the deadline does not move it: pause (or fence) first.
         self._fence_if_due()
+        if self._fence.paused:
+            await self._on_answer_while_paused(report, answer, sent_at)
+            return
         self._fence.acknowledged(sent_at)
         self._admission.observe_epoch(answer.epoch)
         # Outcomes are only appended while the heartbeat was in flight, and heartbeats are
@@ -525,23 +530,129 @@ class Agent:
                 self._logger.info("control plane ended a running assignment", assignment_id=aid)
                 self._jobs.request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
 
-    # ------------------------------------------------------------------ self-fence
+    # ------------------------------------------------------------------ pause and self-fence
 
     def _fence_if_due(self) -> bool:
-        """Self-fence now if live and the fence deadline has passed; True if it fenced."""
-        if self._fence.due():
+        """Pause every job now if live and the fence deadline has passed; kill them (self-fence)
+        if the kill deadline has passed too. True if it paused or fenced now."""
+        if self._fence.kill_due():
             self._fence_now()
+            return True
+        if self._fence.due():
+            self._pause_now()
             return True
         return False
 
-    def _fence_now(self) -> None:
-        """Self-fence at once, with no checkpoint: refuse work, log it, ask every job to stop."""
+    def _pause_now(self) -> None:
+        """Pause every job at once, with no checkpoint: refuse work, log it, hold the jobs.
+
+        Command jobs are held by their reapers, which read the same deadline from the
+        fence-deadline file (SIGSTOP); sleep jobs stop counting their duration. They count as
+        paused from the fence deadline (or from now, when that came first). With no outage
+        grace (``db_outage_grace_s`` not above the fence span) this is a self-fence.
+        """
         fence = self._fence
-        if fence.self_fenced:
+        if fence.paused or fence.self_fenced:
+            return
+        if fence.outage_grace_s() <= fence.fence_after_s:
+            self._fence_now()
             return
         now = trio.current_time()
         deadline = fence.deadline()
         fence.fenced_at = now if deadline is None else min(now, deadline)
+        fence.paused = True
+        fence.pause_began(fence.fenced_at)
+        self._leave_live()
+        metrics.AGENT_PAUSES.labels(self.worker_id).inc()
+        self.joblog.write(
+            LogEvent.PAUSE,
+            incarnation=self._admission.incarnation,
+            epoch=self.max_epoch_seen,
+            time_unix_s=unix_time_of(fence.fenced_at),
+        )
+        kill_at = fence.kill_deadline()
+        self._logger.warning(
+            "paused every job: no heartbeat acknowledged",
+            silent_s=round(now - (fence.last_acked_send_time or 0.0), 3),
+            late_s=round(now - fence.fenced_at, 3),
+            self_fence_after_s=fence.fence_after_s,
+            killed_in_s=None if kill_at is None else round(kill_at - now, 3),
+            jobs=len(self._jobs),
+        )
+        fence.signal_change()
+
+    def _resume(self, sent_at: float) -> None:
+        """Resume the paused jobs, with no checkpoint: a heartbeat sent at ``sent_at`` was
+        acknowledged by the database, fresh enough that its deadline has not passed, and every
+        job it did not list as stopped still has its assignment active on this incarnation.
+        The new deadline is published first (the reapers SIGCONT their jobs when they see it)."""
+        fence = self._fence
+        now = trio.current_time()
+        paused_from = fence.fenced_at
+        fence.acknowledged(sent_at, resuming=True)
+        fence.paused = False
+        fence.fenced_at = None
+        fence.pause_ended(now)
+        self._admission.fenced = False
+        fence.live.set()
+        self.joblog.write(
+            LogEvent.RESUME,
+            incarnation=self._admission.incarnation,
+            epoch=self.max_epoch_seen,
+        )
+        self._logger.warning(
+            "resumed every job: a heartbeat was acknowledged",
+            paused_s=None if paused_from is None else round(now - paused_from, 3),
+            jobs=len(self._jobs),
+        )
+        fence.signal_change()
+
+    async def _on_answer_while_paused(
+        self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
+    ) -> None:
+        """Obey a heartbeat reply while the jobs are paused (the argument is in DESIGN.md,
+        "Outages"): register again if asked (every job is killed first); else kill the jobs
+        whose assignments the reply lists as ended and wait until they are gone; then resume
+        the others if the heartbeat's own deadline has not passed, else stay paused (the next
+        heartbeat tries again)."""
+        self._admission.observe_epoch(answer.epoch)
+        del self._unacked[: len(report.finished)]
+        if answer.reregister:
+            self._logger.warning(
+                "control plane asked to register again while paused", incarnation=report.incarnation
+            )
+            await self._register(StopReason.REREGISTER)
+            return
+        ended = list(answer.stop_assignment_ids)
+        for aid in ended:
+            self._admission.ended_by_control_plane(aid)
+        if ended:
+            self._logger.info("control plane ended paused assignments", assignment_ids=ended)
+            await self._jobs.stop(ended, StopReason.STOPPED_BY_CONTROL_PLANE)
+        self._fence_if_due()
+        if not self._fence.paused:
+            return  # killed meanwhile (the kill deadline passed)
+        if trio.current_time() >= sent_at + self._fence.fence_after_s:
+            self._logger.info(
+                "heartbeat answered too late to resume on",
+                sent_s_ago=round(trio.current_time() - sent_at, 3),
+            )
+            return
+        self._resume(sent_at)
+
+    def _fence_now(self) -> None:
+        """Self-fence at once, with no checkpoint: refuse work, log it, ask every job to stop
+        (paused ones are killed at once). The jobs count as stopped when they paused, or at
+        the fence deadline."""
+        fence = self._fence
+        if fence.self_fenced:
+            return
+        now = trio.current_time()
+        if not fence.paused:
+            deadline = fence.deadline()
+            fence.fenced_at = now if deadline is None else min(now, deadline)
+            fence.pause_began(fence.fenced_at)
+        fence.paused = False
         fence.self_fenced = True
         self._leave_live()
         metrics.AGENT_SELF_FENCES.labels(self.worker_id).inc()
@@ -553,21 +664,35 @@ class Agent:
         self._logger.warning(
             "self-fenced: no heartbeat acknowledged, stopping every job",
             silent_s=round(now - (fence.last_acked_send_time or 0.0), 3),
-            late_s=round(now - fence.fenced_at, 3),
+            late_s=round(now - (fence.fenced_at or now), 3),
             self_fence_after_s=fence.fence_after_s,
+            db_outage_grace_s=self.settings.db_outage_grace_s,
             jobs=len(self._jobs),
         )
         self._jobs.request_stop_all(StopReason.SELF_FENCE)
+        fence.signal_change()
 
     async def _fence_watch(self) -> None:
-        """Self-fence once no heartbeat sent in the last ``self_fence_after_s`` was answered."""
+        """Pause every job once no heartbeat sent in the last ``self_fence_after_s`` was
+        answered; kill them once none sent in the last ``db_outage_grace_s`` was."""
+        fence = self._fence
         while True:
-            if not self._fence.live.is_set():
-                await self._fence.live.wait()
+            if fence.paused:
+                kill_at = fence.kill_deadline()
+                assert kill_at is not None
+                if self._fence_if_due():
+                    await self._jobs.stop(None, StopReason.SELF_FENCE)
+                    continue
+                with trio.move_on_at(kill_at):
+                    await fence.changed.wait()
                 continue
-            deadline = self._fence.deadline()
+            if not fence.live.is_set():
+                await fence.live.wait()
+                continue
+            deadline = fence.deadline()
             assert deadline is not None  # set by the registration
             if self._fence_if_due():
-                await self._jobs.stop(None, StopReason.SELF_FENCE)
+                if fence.self_fenced:
+                    await self._jobs.stop(None, StopReason.SELF_FENCE)
             else:
                 await trio.sleep_until(deadline)

@@ -24,6 +24,9 @@ import trio
 from agent.reaper import write_fence_deadline
 from runtime.settings import AgentSettings
 
+MAX_PAUSES = 64
+"""Pauses a :class:`FenceClock` remembers (for sleep jobs' durations)."""
+
 FENCE_DEADLINE_FILE = "fence_deadline"
 """The fence-deadline file in the work folder (see :mod:`agent.reaper`)."""
 
@@ -75,12 +78,22 @@ class FenceClock:
     """trio time the newest acknowledged heartbeat or registration was sent; None before the
     first registration."""
     self_fenced: bool = False
-    """True from a self-fence until the next registration."""
+    """True from a self-fence (every job stopped) until the next registration."""
     fenced_at: float | None = None
-    """While self-fenced: the trio time the jobs count as stopped at (the fence deadline,
-    or the fence itself when that came first)."""
+    """While paused or self-fenced: the trio time the jobs count as stopped at (the fence
+    deadline, or the pause itself when that came first)."""
+    paused: bool = False
+    """True from the fence deadline until a fresh acknowledged heartbeat resumes the jobs, or
+    the kill deadline fences the worker."""
     live: trio.Event = attrs.field(factory=trio.Event)
-    """Set while registered and not fenced; replaced by a fresh one when that ends."""
+    """Set while registered and neither paused nor fenced; replaced by a fresh one when that
+    ends."""
+    pauses: list[list[float | None]] = attrs.field(factory=list)
+    """This life's pauses, oldest first, each ``[from, until]`` in trio time (``until`` None
+    while it lasts): what sleep jobs do not count (the newest :data:`MAX_PAUSES` are kept)."""
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    """Set (and replaced by a fresh one) whenever the jobs pause, resume or are fenced: what
+    the agent's own timers (sleep jobs) wait on."""
 
     @fence_after_s.default
     def _setting(self) -> float:
@@ -92,12 +105,72 @@ class FenceClock:
             return None
         return self.last_acked_send_time + self.fence_after_s
 
+    def outage_grace_s(self) -> float:
+        """How long after the send time of the last acknowledged heartbeat paused jobs are
+        killed, in seconds: ``db_outage_grace_s``, never less than the fence span (0: killed
+        at the fence deadline, no pause)."""
+        return max(self.settings.db_outage_grace_s, self.fence_after_s)
+
+    def kill_deadline(self) -> float | None:
+        """The trio time paused jobs are killed at; None before the first registration."""
+        if self.last_acked_send_time is None:
+            return None
+        return self.last_acked_send_time + self.outage_grace_s()
+
     def due(self) -> bool:
         """True when live and the fence deadline has passed."""
         deadline = self.deadline()
         # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
         # clock, and a strict test there would spin without time moving on.
         return self.live.is_set() and deadline is not None and trio.current_time() >= deadline
+
+    def kill_due(self) -> bool:
+        """True when paused, or live with the fence deadline passed, and the kill deadline has
+        passed too."""
+        kill_at = self.kill_deadline()
+        return (self.paused or self.live.is_set()) and kill_at is not None and trio.current_time() >= kill_at
+
+    def paused_since(self) -> float | None:
+        """The trio time the jobs count as paused from: while paused, :attr:`fenced_at`;
+        while live with the fence deadline passed (the agent has not noticed yet: it was
+        frozen), that deadline; otherwise None."""
+        if self.paused or self.self_fenced:
+            return self.fenced_at
+        deadline = self.deadline()
+        if self.live.is_set() and deadline is not None and trio.current_time() >= deadline:
+            return deadline
+        return None
+
+    def paused_s_between(self, start: float, end: float) -> float:
+        """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, one
+        that lasts counted up to now, and, while live with the fence deadline passed (not
+        noticed yet), the time since that deadline."""
+        now = trio.current_time()
+        total = 0.0
+        spans: list[tuple[float, float]] = [
+            (float(a), now if b is None else float(b)) for a, b in self.pauses if a is not None
+        ]
+        deadline = self.deadline()
+        if self.live.is_set() and deadline is not None and deadline <= now:
+            spans.append((deadline, now))
+        for a, b in spans:
+            total += max(0.0, min(b, end) - max(a, start))
+        return total
+
+    def pause_began(self, at: float) -> None:
+        """Record a pause from trio time ``at``."""
+        self.pauses.append([at, None])
+        del self.pauses[:-MAX_PAUSES]
+
+    def pause_ended(self, at: float) -> None:
+        """Record the end of the current pause at trio time ``at``."""
+        if self.pauses and self.pauses[-1][1] is None:
+            self.pauses[-1][1] = at
+
+    def signal_change(self) -> None:
+        """Wake whoever waits on :attr:`changed`, and arm a fresh one."""
+        changed, self.changed = self.changed, trio.Event()
+        changed.set()
 
     def leave_live(self) -> None:
         """No longer live: the fence watcher parks until the next registration."""
@@ -120,7 +193,8 @@ class FenceClock:
         return max(self.settings.heartbeat_timeout_s, left_s)
 
     def publish(self, deadline: float) -> None:
-        """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s.
+        """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s,
+        with the kill deadline that goes with it (``db_outage_grace_s - fence_after_s`` later).
 
         Called *before* the agent's own deadline moves, with no checkpoint until it does: an
         agent frozen in between holds a deadline no later than the reapers' (the file's), and
@@ -130,7 +204,8 @@ class FenceClock:
         their jobs at it, which fences the worker (fail safe, never unsafe).
         """
         try:
-            write_fence_deadline(self.path, monotonic_of(deadline))
+            grace_s = self.outage_grace_s() - self.fence_after_s
+            write_fence_deadline(self.path, monotonic_of(deadline), monotonic_of(deadline + grace_s))
         except OSError as exc:
             self.logger.error(
                 "cannot write the fence deadline: command jobs will be killed at the previous one",
@@ -138,10 +213,14 @@ class FenceClock:
                 error=repr(exc),
             )
 
-    def acknowledged(self, sent_at: float) -> None:
+    def acknowledged(self, sent_at: float, *, resuming: bool = False) -> None:
         """A heartbeat sent at ``sent_at`` was answered: move the deadline (published first,
-        while live) unless a later send was answered already."""
+        while live, or when ``resuming`` paused jobs) unless a later send was answered
+        already. While paused (not ``resuming``) nothing moves: the reapers' kill deadline
+        and the agent's stay the same."""
+        if self.paused and not resuming:
+            return
         if self.last_acked_send_time is None or sent_at > self.last_acked_send_time:
-            if self.live.is_set():
+            if self.live.is_set() or resuming:
                 self.publish(sent_at + self.fence_after_s)
             self.last_acked_send_time = sent_at

@@ -46,6 +46,8 @@ class LogEvent(StrEnum):
     STOP = "stop"
     REGISTER = "register"
     SELF_FENCE = "self_fence"
+    PAUSE = "pause"
+    RESUME = "resume"
     LEAVE = "leave"
 
 

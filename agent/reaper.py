@@ -10,17 +10,24 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   gone, and exits. (``PR_SET_PDEATHSIG`` on the job alone kills only the job's main process;
   its children would live on, re-parented to pid 1.)
 - **It is a deadman switch.** The agent keeps a per-worker fence-deadline file
-  (``<work_dir>/fence_deadline``, :func:`write_fence_deadline`, replaced atomically): a
-  ``time.monotonic()`` time (``CLOCK_MONOTONIC``, which every process on the machine shares
-  and which runs on while a process is stopped) equal to the send time of the last
-  acknowledged heartbeat (or registration) plus ``self_fence_after_s``. The reaper reads it
-  every :data:`POLL_S` seconds and exactly at the deadline; once the deadline has passed it
-  SIGKILLs the job at once (the cluster is about to place it elsewhere) and writes the kill
-  time (wall clock, ``time.time()``) to :data:`FENCED_AT_FILE` in the job's folder. So a
-  frozen (SIGSTOPped, stalled) agent cannot leave its command jobs running: they stop at the
-  deadline whether or not the agent runs. A file that cannot be read keeps the value last
-  read; one that cannot be read when the reaper starts counts as a passed deadline (fail
-  safe): the job is not started.
+  (``<work_dir>/fence_deadline``, :func:`write_fence_deadline`, replaced atomically) with two
+  ``time.monotonic()`` times (``CLOCK_MONOTONIC``, which every process on the machine shares
+  and which runs on while a process is stopped): the *pause* deadline, the send time of the
+  last acknowledged heartbeat (or registration) plus ``self_fence_after_s``, and the *kill*
+  deadline, that send time plus ``db_outage_grace_s``. The reaper reads it every
+  :data:`POLL_S` seconds and exactly at the deadline it waits for. Once the pause deadline has
+  passed it SIGSTOPs the job's process group (and its own other children) and writes the
+  pause time (wall clock, ``time.time()``) to :data:`FENCED_AT_FILE` in the job's folder; once
+  the kill deadline has passed it SIGKILLs the job, whose stop time stays the pause time (it
+  did no work after it). When the agent moves the deadlines on while the job is paused (a
+  heartbeat the database acknowledged said the job's assignment is still active) it removes
+  that file and SIGCONTs the job, unless a stop from the agent is pending: the agent signals
+  the stops of ended assignments before it moves the deadline, and such a job is killed,
+  never resumed. With both deadlines equal (``db_outage_grace_s`` = 0) the job is killed at
+  the first, as before pausing existed. So a frozen (SIGSTOPped, stalled) agent cannot leave
+  its command jobs running: they stop at the deadline whether or not the agent runs. A file
+  that cannot be read keeps the values last read; one that cannot be read when the reaper
+  starts counts as a passed deadline (fail safe): the job is not started.
 - **It forwards a graceful stop.** SIGTERM to the reaper: SIGTERM to the job's process group,
   then SIGKILL to the group and every descendant after ``stop_grace_s`` (the agent's stop
   semantics, now timed by the reaper, so a freeze of the agent mid-stop does not stretch the
@@ -188,26 +195,37 @@ def reaper_argv(
     ]
 
 
-def write_fence_deadline(path: str | os.PathLike[str], monotonic_s: float) -> None:
-    """Atomically replace the fence-deadline file with ``monotonic_s`` (``time.monotonic()`` s).
+def write_fence_deadline(
+    path: str | os.PathLike[str], pause_at_s: float, kill_at_s: float | None = None
+) -> None:
+    """Atomically replace the fence-deadline file: jobs pause at ``pause_at_s`` and are killed
+    at ``kill_at_s`` (both ``time.monotonic()`` seconds; None or not later than ``pause_at_s``:
+    killed at ``pause_at_s``, with no pause).
 
     Raises:
         OSError: the file cannot be written.
     """
     path = os.fspath(path)
     tmp = f"{path}.tmp"
+    kill_at_s = pause_at_s if kill_at_s is None else max(kill_at_s, pause_at_s)
     with open(tmp, "w", encoding="ascii") as file:
-        file.write(f"{monotonic_s!r}\n")
+        file.write(f"{pause_at_s!r} {kill_at_s!r}\n")
     os.replace(tmp, path)
 
 
-def read_fence_deadline(path: str | os.PathLike[str]) -> float | None:
-    """The deadline in the file (``time.monotonic()`` seconds), or None when it is unreadable."""
+def read_fence_deadline(path: str | os.PathLike[str]) -> tuple[float, float] | None:
+    """The (pause at, kill at) deadlines in the file (``time.monotonic()`` seconds), or None
+    when it is unreadable. A file with one number kills at it (no pause)."""
     try:
         with open(path, encoding="ascii") as file:
-            return float(file.read())
+            values = [float(v) for v in file.read().split()]
     except (OSError, ValueError):
         return None
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) == 2:
+        return values[0], max(values)
+    return None
 
 
 def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
@@ -280,6 +298,16 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _signal_children(sig: int) -> None:
+    """Send ``sig`` to every child of this process (the job's main process and the orphans
+    re-parented here)."""
+    for pid in _children():
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _kill_children() -> None:
     # Safe from pid reuse: a child stays ours (at worst a zombie) until this process reaps it.
     for pid in _children():
@@ -293,7 +321,10 @@ class _Reaper:
     def __init__(self, *, grace_s: float, deadline_path: str) -> None:
         self.grace_s = grace_s
         self.deadline_path = deadline_path
-        self.deadline: float | None = None
+        self.pause_at: float | None = None
+        """Monotonic time the job pauses at (the fence deadline); None: no deadman."""
+        self.fence_kill_at: float | None = None
+        """Monotonic time a paused job is killed at (the end of the outage grace)."""
         self.job_pid = 0
         self.kill_at: float | None = None
         """Monotonic time of the SIGKILL that ends a graceful stop."""
@@ -301,20 +332,28 @@ class _Reaper:
         self.stopped = False
         """True once a stop (the agent's, its death's, the fence deadline's) reached the job
         before its main process had exited."""
+        self.paused = False
+        """True while the job is held with SIGSTOP because the fence deadline passed."""
         self.fenced_unix_s: float | None = None
+        """While paused, and once killed at the fence: when the job stopped doing work
+        (the pause, or the kill when there was none), wall clock."""
 
     def read_deadline(self) -> None:
         if self.deadline_path:
             value = read_fence_deadline(self.deadline_path)
             if value is not None:
-                self.deadline = value
-            elif self.deadline is None:
-                self.deadline = float("-inf")  # unreadable from the start: fail safe
+                self.pause_at, self.fence_kill_at = value
+            elif self.pause_at is None:
+                self.pause_at = self.fence_kill_at = float("-inf")  # unreadable from the start: fail safe
 
     def fence_due(self) -> bool:
-        """True once the fence deadline has passed; reads the file anew (some 15 µs)."""
+        """True once the pause deadline has passed; reads the file anew (some 15 µs)."""
         self.read_deadline()
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.pause_at is not None and time.monotonic() >= self.pause_at
+
+    def kill_due(self) -> bool:
+        """True once the kill deadline has passed (as last read)."""
+        return self.fence_kill_at is not None and time.monotonic() >= self.fence_kill_at
 
     def kill(self) -> None:
         """SIGKILL the job's group and every descendant now (the job has not been reaped)."""
@@ -332,17 +371,64 @@ class _Reaper:
         return info is not None and info.si_pid == self.job_pid
 
     def stop_job(self, *, at_once: bool) -> None:
-        """Stop the job (SIGTERM, then SIGKILL after the grace; or SIGKILL ``at_once``) unless
+        """Stop the job (SIGTERM, then SIGKILL after the grace; or SIGKILL ``at_once``, and
+        always at once while it is paused: a graceful stop would let it run again) unless
         its main process has already exited: a stop that comes after the job ended on its own
         changes nothing, and the job's end stays its own (``stopped`` is not set)."""
         if self.job_exited():
             return
         self.stopped = True
-        if at_once:
+        if at_once or self.paused:
             self.kill()
         elif self.kill_at is None:
             _kill_group(self.job_pid, signal.SIGTERM)
             self.kill_at = time.monotonic() + self.grace_s
+
+    def pause(self) -> None:
+        """Hold the job (SIGSTOP to its group and to this process's other children) and
+        record when, in :data:`FENCED_AT_FILE`: a job killed later, while still paused, did
+        no work after this."""
+        _kill_group(self.job_pid, signal.SIGSTOP)
+        _signal_children(signal.SIGSTOP)
+        self.paused = True
+        self.fenced_unix_s = time.time()
+        _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+
+    def resume(self) -> None:
+        """Let a paused job run again (the agent moved the deadline on, after a heartbeat the
+        database acknowledged). A stop the agent asked for before it moved the deadline is
+        still pending here (it signals before it writes): it wins, and the job never runs
+        again."""
+        pending = signal.sigpending()
+        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
+            self.stop_job(at_once=True)
+            return
+        try:
+            os.unlink(FENCED_AT_FILE)
+        except FileNotFoundError:
+            pass
+        self.paused = False
+        self.fenced_unix_s = None
+        _signal_children(signal.SIGCONT)
+        _kill_group(self.job_pid, signal.SIGCONT)
+
+    def watch_fence(self) -> None:
+        """Apply the fence deadlines (re-read from the file): pause at the first, kill at the
+        second, resume when the agent moved them on."""
+        due = self.fence_due()
+        if self.paused:
+            if self.kill_due():
+                self.stopped = True
+                self.kill()
+            elif not due:
+                self.resume()
+        elif due and not self.job_exited():  # one that ended before its deadline ended so
+            if self.kill_due():
+                self.stop_job(at_once=True)
+                self.fenced_unix_s = time.time()
+                _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+            else:
+                self.pause()
 
     def start(
         self,
@@ -431,12 +517,8 @@ class _Reaper:
         """Run until the job's main process has exited; return its wait status."""
         while True:
             if not self.killed:
-                if self.fence_due():
-                    if not self.job_exited():  # one that ended before its deadline ended so
-                        self.stop_job(at_once=True)
-                        self.fenced_unix_s = time.time()
-                        _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
-                elif self.kill_at is not None and time.monotonic() >= self.kill_at:
+                self.watch_fence()
+                if not self.killed and self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self.kill()
             status = self.reap()
             if status is not None:
@@ -444,8 +526,10 @@ class _Reaper:
             timeout = POLL_S
             now = time.monotonic()
             if not self.killed:
-                if self.deadline is not None:
-                    timeout = min(timeout, self.deadline - now)
+                if self.pause_at is not None and not self.paused:
+                    timeout = min(timeout, self.pause_at - now)
+                if self.fence_kill_at is not None and self.paused:
+                    timeout = min(timeout, self.fence_kill_at - now)
                 if self.kill_at is not None:
                     timeout = min(timeout, self.kill_at - now)
             info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))

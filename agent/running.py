@@ -20,10 +20,10 @@ import attrs
 import trio
 
 from agent.acceptance import Admission
-from agent.fence import FenceClock, unix_time_of
+from agent.fence import FenceClock
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
-from agent.runtimes import JobResult, JobRunner, forks, job_dir_for, timed_by_agent_s
+from agent.runtimes import JobResult, JobRunner, either, forks, job_dir_for
 from agent.starts import StartLimiter, StartTicket
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
@@ -175,6 +175,11 @@ class RunningJobs:
         runtime = order.spec.runtime
         assert runtime is not None  # Admission refuses a spec without runtime
         self.fence_if_due()  # a thawed agent starts nothing past its fence deadline
+        while self.fence.paused and not job.stop.is_set():
+            # Not started while paused: its assignment stays unconfirmed, and it starts once a
+            # heartbeat the database acknowledged has resumed the worker.
+            await either(job.stop, self.fence.changed)
+            self.fence_if_due()
         if job.stop.is_set():
             self._end_unstarted(job)
             return
@@ -204,6 +209,7 @@ class RunningJobs:
                     "STOCKADE_ASSIGNMENT_ID": str(order.assignment_id),
                 },
                 on_started=(lambda: None) if ticket is None else ticket.release,
+                pause=self.fence,
             )
         except BaseException:
             # A bug in a runtime: it has killed and reaped what it started before
@@ -312,21 +318,14 @@ class RunningJobs:
     def _fenced_end(self, job: Job, result: JobResult) -> tuple[bool, float]:
         """Whether the fence stopped ``job``, and the wall-clock time it ended at.
 
-        A command job's end is its runtime's (for one its reaper fenced: the kill time). A
-        sleep job still running when the agent fenced itself counts as stopped at the fence
-        deadline (see :mod:`agent.core`), also when its duration ran out later while the
-        agent could not run.
+        The end is its runtime's: a command job its reaper held or killed at the fence ended
+        when it was paused (or killed, without a pause); a sleep job stopped while paused ended
+        when the pause began, and one whose duration ran out while the agent was frozen past
+        its deadline had not run that long (its pause counts from the deadline, see
+        :mod:`agent.runtimes`). Fenced: the reaper's fence, or the agent's self-fence.
         """
-        if result.fenced:
-            return True, result.finished_unix_s
-        runtime = job.order.spec.runtime
-        duration_s = None if runtime is None else timed_by_agent_s(runtime)
-        fenced_at = self.fence.fenced_at
-        if fenced_at is None or duration_s is None:
-            return False, result.finished_unix_s
-        if result.stopped or job.started_at + duration_s >= fenced_at:
-            return True, max(result.started_unix_s, unix_time_of(fenced_at))
-        return False, result.finished_unix_s
+        fenced = result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
+        return fenced, result.finished_unix_s
 
     def _write_job_line(
         self,

@@ -48,8 +48,9 @@ Command jobs:
   reaped, so the sweep of its group cannot hit a recycled process id.
 
 Sleep jobs have no process: the agent decides when they stopped (see :mod:`agent.core`). One
-that ran its full duration ends at its start time plus its duration, also when the agent
-notices later (it was frozen).
+ends once it has *run* its full duration, the worker's pauses not counted (:class:`PauseView`),
+also when the agent notices later (it was frozen); stopped while paused, it ended when the
+pause began.
 
 Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
 for humans and the checker, not timers.
@@ -185,6 +186,7 @@ async def run_job(
     on_started: Callable[[], None] = _nothing,
     run_as: RunAs | None = None,
     job_env: Mapping[str, str] | None = None,
+    pause: PauseView | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -203,6 +205,8 @@ async def run_job(
             in ``job_dir``. Another user: in ``job_dir/work`` (its ``HOME``, owned by it).
         job_env: variables a command gets besides ``PATH`` (:data:`JOB_PATH`) and ``HOME``
             (its working directory); nothing else of this process's environment is passed on.
+        pause: the worker's pauses, which a sleep job's duration does not count (a command
+            is paused by its reaper); None: never paused.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -215,7 +219,7 @@ async def run_job(
     match runtime:
         case SleepRuntime():
             on_started()
-            return await _run_sleep(runtime, stop=stop)
+            return await _run_sleep(runtime, stop=stop, pause=pause)
         case CommandRuntime():
             return await _run_command(
                 runtime,
@@ -247,6 +251,7 @@ class JobRunner(Protocol):
         on_started: Callable[[], None],
         run_as: RunAs | None,
         job_env: Mapping[str, str],
+        pause: PauseView | None = None,
     ) -> JobResult: ...
 
 
@@ -255,26 +260,85 @@ def job_runner(spawner: Spawner | None) -> JobRunner:
     return partial(run_job, spawner=spawner)
 
 
-async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event) -> JobResult:
+class PauseView(Protocol):
+    """What a sleep job needs to know of its worker's pauses (:class:`agent.fence.FenceClock`):
+    paused time does not count against its duration."""
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set when the jobs pause, resume or are fenced (a fresh one is armed after)."""
+
+    def paused_since(self) -> float | None:
+        """trio time the jobs count as paused from, while they are; None while they run."""
+
+    def paused_s_between(self, start: float, end: float) -> float:
+        """Seconds of pause between trio times ``start`` and ``end``."""
+
+
+def _unix_of(trio_time: float) -> float:
+    return time.time() + (trio_time - trio.current_time())
+
+
+async def either(first: trio.Event, second: trio.Event) -> None:
+    """Return once ``first`` or ``second`` is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait, first)
+        nursery.start_soon(wait, second)
+
+
+def sleep_end(began: float, duration_s: float, pause: PauseView) -> float:
+    """The trio time a sleep job begun at ``began`` has run ``duration_s`` seconds by, its
+    pauses so far not counted (the end is later by the pauses that fall before it, which this
+    adds until none is left to add)."""
+    end = began + duration_s
+    for _ in range(64):
+        later = began + duration_s + pause.paused_s_between(began, end)
+        if later <= end:
+            break
+        end = later
+    return end
+
+
+async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView | None = None) -> JobResult:
+    """Hold the job's resources for its duration, its pauses not counted: it ends at the first
+    time it has *run* that long (also when the agent notices later: it was frozen), or when
+    ``stop`` is set; stopped while paused, it ended when the pause began (it did no work
+    after)."""
     started = time.time()
+    began = trio.current_time()
     duration_s = spec.duration_ms / 1000.0
-    with trio.move_on_after(duration_s):
-        await stop.wait()
-        return JobResult(
-            state=JobState.CANCELLED,
-            stopped=True,
-            exit_code=None,
-            started_unix_s=started,
-            finished_unix_s=time.time(),
-            detail="stopped before its duration ran out",
-        )
-    return JobResult(
-        state=JobState.SUCCEEDED,
-        stopped=False,
-        exit_code=0,
-        started_unix_s=started,
-        finished_unix_s=started + duration_s,  # when it ran out, even if noticed later
-    )
+    end = began + duration_s
+    while True:
+        with trio.move_on_at(end):
+            await stop.wait()
+        now = trio.current_time()
+        if pause is not None:
+            end = sleep_end(began, duration_s, pause)
+        if end <= now:
+            return JobResult(
+                state=JobState.SUCCEEDED,
+                stopped=False,
+                exit_code=0,
+                started_unix_s=started,
+                finished_unix_s=started + (end - began),  # when it ran out, even if noticed later
+            )
+        held_from = None if pause is None else pause.paused_since()
+        if stop.is_set():
+            return JobResult(
+                state=JobState.CANCELLED,
+                stopped=True,
+                exit_code=None,
+                started_unix_s=started,
+                finished_unix_s=_unix_of(now if held_from is None else max(began, held_from)),
+                detail="stopped before its duration ran out",
+            )
+        if pause is not None and held_from is not None:
+            await either(stop, pause.changed)  # resumed, fenced, or stopped
 
 
 def _spawn_reaper(

@@ -13,9 +13,15 @@ alternating:
   which runs every pass; placements are single fenced statements with no such moment), so the
   database's refusal of an old leader's write is provoked, not left to luck.
 
-``worker_kills`` SIGKILLs and restarts workers along the way. Every fault is recorded in
-``events.jsonl``, so the checker ends a killed worker's runs at the kill and does not count
-the deaths it caused as false. When the injections are done the harness stops submitting,
+``worker_kills`` SIGKILLs and restarts workers along the way; ``partitions`` cuts one worker
+off from every control plane; ``mass_partitions`` cuts every worker off at once (the leader must
+hold its declarations, and the paused jobs resume: DESIGN.md, "Outages"); ``db_restarts``
+stops the database (fast shutdown and SIGKILL, alternating) for a random 2-12 s and starts it
+again, with nothing running killed. Every fault is recorded in ``events.jsonl``, so the checker
+ends a killed worker's runs at the kill and does not count the deaths it caused as false, and
+counts runs the cluster ended during an outage (``jobs_killed_by_outage``). The harness keeps
+every job id a submission was acknowledged with, and the checker looks for each in the
+database (``acknowledged_submissions_lost``). When the injections are done the harness stops submitting,
 waits for every job to finish, runs :func:`ops.checker.check`, and returns the results
 (:mod:`ops.chaosresult`: the settings, the result, its JSON and table).
 """
@@ -73,6 +79,8 @@ class Harness:
     _rng: random.Random = attrs.field(init=False)
     _links: dict[str, Link] = attrs.field(factory=dict)
     _submitted: int = 0
+    _acknowledged: list[int] = attrs.field(factory=list)
+    """Job ids the control planes acknowledged submissions with."""
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.settings.seed)
@@ -93,7 +101,7 @@ class Harness:
         started = time.monotonic()
         s = self.settings
         async with asyncio_bridge(), trio.open_nursery() as network:
-            if s.partitions > 0:
+            if s.partitions > 0 or s.mass_partitions > 0:
                 await self._start_proxies(network)
             await trio.to_thread.run_sync(self.fresh_cluster)
             await self._inject_and_wait()
@@ -103,8 +111,12 @@ class Harness:
             history = await checker.load_history(config.database_url)
         faults = checker.load_events(self.state.events_path)
         self.result.report = checker.check_logs(
-            history, [self.state.work_dir(w.id) for w in config.workers], faults
+            history,
+            [self.state.work_dir(w.id) for w in config.workers],
+            faults,
+            acknowledged_job_ids=self._acknowledged,
         )
+        self.result.placement_recoveries_s = checker.placement_recoveries_s(history.assignments, faults)
         self.result.partitions_rejoined, self.result.partitions_worked_again = self._rejoined(config)
         self.result.duration_s = time.monotonic() - started
         return self.result
@@ -121,6 +133,8 @@ class Harness:
                 nursery.start_soon(self._submit, addresses, stop_submitting)
                 kill_worker_at = self._spread(s.worker_kills)
                 partition_at = self._spread(s.partitions)
+                mass_partition_at = self._spread(s.mass_partitions, offset=1)
+                db_restart_at = self._spread(s.db_restarts, offset=2)
                 freezes = 0
                 for i in range(s.failovers):
                     if i % 2 == 0:
@@ -133,9 +147,15 @@ class Harness:
                         await self.kill_worker(self.state)
                     if i in partition_at:
                         nursery.start_soon(self.partition_worker)
+                    if i in mass_partition_at:
+                        await self.partition_every_worker()
+                    if i in db_restart_at:
+                        await self.restart_database(
+                            client, how=("fast", "kill")[len(self.result.db_outages) % 2]
+                        )
                     self.progress(self._line(i + 1))
                     await trio.sleep(s.settle_s)
-                if s.partitions:
+                if s.partitions or s.mass_partitions:
                     # Keep the jobs coming until every partition healed and its worker had
                     # time to register again and get work.
                     while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
@@ -162,13 +182,14 @@ class Harness:
         self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    def _spread(self, count: int) -> set[int]:
-        """``count`` failover indices spread evenly over the run."""
+    def _spread(self, count: int, offset: int = 0) -> set[int]:
+        """``count`` failover indices spread evenly over the run (shifted by ``offset``, so
+        that faults of different kinds do not all follow the same failover)."""
         failovers = self.settings.failovers
         if count <= 0 or failovers <= 0:
             return set()
         step = max(1, failovers // (count + 1))
-        return {min(failovers - 1, step * (k + 1) - 1) for k in range(count)}
+        return {min(failovers - 1, step * (k + 1) - 1 + offset) for k in range(count)}
 
     # ------------------------------------------------------------ partitions
 
@@ -221,6 +242,44 @@ class Harness:
             self.state.record_fault("partition", worker_id, cut_at, healed_at)
             self.result.partitions.append((worker_id, cut_at, healed_at))
 
+    async def partition_every_worker(self) -> None:
+        """Cut every worker off from every control plane for ``mass_partition_s``, then heal
+        them all (one fault of the whole cluster, target ``workers``)."""
+        cut_at = time.time()
+        for link in self._links.values():
+            link.sever()
+        try:
+            await trio.sleep(self.settings.mass_partition_s)
+        finally:
+            for link in self._links.values():
+                link.heal()
+            healed_at = time.time()
+            self.state.record_fault("mass_partition", "workers", cut_at, healed_at)
+            self.result.mass_partitions.append((cut_at, healed_at))
+
+    async def restart_database(self, client: ControlPlaneClient, *, how: str) -> None:
+        """Stop the embedded database (``fast``: a fast shutdown; ``kill``: SIGKILL of the
+        server), keep it down for a random time in ``db_down_s``, start it again, and wait for
+        a leader. A fault of the whole cluster, target ``database``."""
+        config = self.cluster.config()
+        if config.embedded_pg_port is None:
+            raise _Abort("--db-restarts needs the embedded database (DATABASE_URL is set)")
+        server = self.cluster.embedded_database(config.embedded_pg_port)
+        down_s = self._rng.uniform(*self.settings.db_down_s)
+        down_at = time.time()
+        if how == "kill":
+            await trio.to_thread.run_sync(server.kill)
+        else:
+            await trio.to_thread.run_sync(server.stop)
+        await trio.sleep(max(0.0, down_at + down_s - time.time()))
+        try:
+            await trio.to_thread.run_sync(server.start)
+        finally:
+            up_at = time.time()
+            self.state.record_fault("db_outage", "database", down_at, up_at)
+            self.result.db_outages.append((how, down_at, up_at))
+        await self.leader(client)
+
     def _rejoined(self, config: Any) -> tuple[int, int]:
         """Partitions after which the worker registered again, and after which it also
         started a job again."""
@@ -254,8 +313,9 @@ class Harness:
                     sleep=pb.SleepRuntime(duration_ms=int(1000 * self._rng.uniform(low, high))),
                 )
                 try:
-                    await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
+                    reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
                     self._submitted += 1
+                    self._acknowledged.append(int(reply.job_id))
                 except StockadeError:
                     pass  # no replica answered this once (one may be frozen): try the next
                 next_at += interval

@@ -29,6 +29,15 @@ class ChaosSettings:
     the run (each worker's traffic then goes through fault-injecting proxies)."""
     partition_s: float = 4.0
     """How long a partition lasts: longer than dead_after (2.5 s), so its jobs are moved."""
+    mass_partitions: int = 0
+    """Times to cut every worker off from every control plane at once for
+    ``mass_partition_s``, spread over the run: the leader must hold its declarations (mass
+    silence) and the paused jobs resume when contact returns."""
+    mass_partition_s: float = 10.0
+    db_restarts: int = 0
+    """Times to stop the database (fast shutdown and SIGKILL, alternating), keep it down for a
+    random time in ``db_down_s`` and start it again, spread over the run."""
+    db_down_s: tuple[float, float] = (2.0, 12.0)
     control_planes: int = 3
     workers: int = 10
     submit_rate_per_s: float = 12.0
@@ -76,6 +85,13 @@ class ChaosResult:
     partitions_worked_again: int = 0
     """Partitions after which the worker also started a job again (under best fit, an idle
     cluster may leave a rejoined worker without work for a while)."""
+    mass_partitions: list[tuple[float, float]] = attrs.field(factory=list)
+    """(cut at, healed at) of each cut of every worker, Unix seconds."""
+    db_outages: list[tuple[str, float, float]] = attrs.field(factory=list)
+    """(how it went down, down at, up again at) of each database restart, Unix seconds."""
+    placement_recoveries_s: list[float] = attrs.field(factory=list)
+    """Per database outage: seconds from the database being up again to the first placement
+    committed after it."""
     report: checker.CheckReport | None = None
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
@@ -116,8 +132,11 @@ class ChaosResult:
                 "worker_deaths",
                 "self_fences",
                 "extra_assignments",
+                "jobs_killed_by_outage",
+                "acknowledged_submissions_lost",
             )
         }
+        recoveries = self.placement_recoveries_s
         return {
             "failovers": {
                 "killed": len(kills),
@@ -133,6 +152,10 @@ class ChaosResult:
             "partitions": len(self.partitions),
             "partitions_rejoined": self.partitions_rejoined,
             "partitions_worked_again": self.partitions_worked_again,
+            "mass_partitions": len(self.mass_partitions),
+            "db_restarts": len(self.db_outages),
+            "db_back_to_placement_p50_s": _p50(recoveries),
+            "db_back_to_placement_max_s": round(max(recoveries), 3) if recoveries else None,
             "duration_s": round(self.duration_s, 1),
             "unfinished_job_ids": list(report.unfinished_job_ids) if report is not None else [],
             "details": self.details,
@@ -170,6 +193,19 @@ def chaos_table(result: ChaosResult) -> Group:
         ),
         ("duration", f"{round(result.duration_s, 1)} s", None),
     ]
+    if result.mass_partitions:
+        rows.insert(-1, ("mass_partitions (every worker cut off)", str(len(result.mass_partitions)), None))
+    if result.db_outages:
+        recoveries = result.placement_recoveries_s
+        rows.insert(-1, ("db_restarts", str(len(result.db_outages)), None))
+        rows.insert(
+            -1,
+            (
+                "db back to first placement p50 / max",
+                f"{seconds_text(_p50(recoveries))} / {seconds_text(max(recoveries, default=None))}",
+                None,
+            ),
+        )
     return Group(verdict_table(rows), *checker.details_lines(result.details))
 
 

@@ -29,6 +29,12 @@ What it counts:
   run explains why it could not report it: a result thrown away, and usually the job run again;
   and jobs whose success is recorded on their last assignment but which ended in another
   state (a late report that did not end the job).
+- ``jobs_killed_by_outage``: runs the cluster stopped (self-fence, register again, told to
+  stop) during a database outage or a cut-off of every worker (faults ``db_outage`` and
+  ``mass_partition``), or shortly after, on a worker no fault of its own explains: running
+  work an outage should have paused, not ended.
+- ``acknowledged_submissions_lost``: job ids a client was given that the database does not
+  have (a harness passes the ids it was given).
 - ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
 - ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
 - Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
@@ -136,9 +142,18 @@ class Run:
     """The ``reason`` of its stop record; None when it has none."""
 
 
-FAULT_KINDS = ("kill", "freeze", "partition")
+FAULT_KINDS = ("kill", "freeze", "partition", "db_outage", "mass_partition")
 """What a harness (or an operator, by hand) injects: SIGKILL, SIGSTOP until SIGCONT, a network
-cut until healed."""
+cut until healed; and faults of the whole cluster, whose target names no worker (so they
+explain no death): the database down until started again (``database``), every worker cut off
+from every control plane at once (``workers``)."""
+OUTAGE_KINDS = ("db_outage", "mass_partition")
+"""Faults a cluster must ride out without killing running work."""
+OUTAGE_SLACK_S = 15.0
+"""A run stopped by its worker's fence up to this long after an outage ended counts as killed
+by it (the worker registers again, or is told to stop, in the seconds after contact returns)."""
+FENCE_REASONS = ("self_fence", "reregister", "stopped_by_control_plane")
+"""Stop reasons of runs the cluster (not their job, not a user) ended."""
 CLEAN_STOP = "stop"
 """The kind of :class:`FaultEvent` a worker's ``leave`` line stands for (:func:`clean_stops`)."""
 
@@ -173,6 +188,12 @@ class CheckReport:
     self_fences: int = 0
     extra_assignments: int = 0
     worker_leaves: int = 0
+    jobs_killed_by_outage: int = 0
+    """Runs the cluster stopped (self-fence, register again, told to stop) during a database
+    outage or a cut-off of every worker, or within ``OUTAGE_SLACK_S`` after it, on a worker
+    no fault of its own explains."""
+    acknowledged_submissions_lost: int = 0
+    """Job ids a client was given that the database does not have."""
 
     @property
     def ok(self) -> bool:
@@ -181,6 +202,8 @@ class CheckReport:
             and self.double_runs == 0
             and self.false_deaths == 0
             and self.lost_successes == 0
+            and self.jobs_killed_by_outage == 0
+            and self.acknowledged_submissions_lost == 0
             and not self.unfinished_job_ids
         )
 
@@ -211,6 +234,8 @@ class CheckReport:
             "self_fences": self.self_fences,
             "extra_assignments": self.extra_assignments,
             "worker_leaves": self.worker_leaves,
+            "jobs_killed_by_outage": self.jobs_killed_by_outage,
+            "acknowledged_submissions_lost": self.acknowledged_submissions_lost,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -225,6 +250,12 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
         ("jobs_finished", str(report.jobs_finished), not report.unfinished_job_ids),
         ("false_deaths", str(report.false_deaths), report.false_deaths == 0),
         ("lost_successes", str(report.lost_successes), report.lost_successes == 0),
+        ("jobs_killed_by_outage", str(report.jobs_killed_by_outage), report.jobs_killed_by_outage == 0),
+        (
+            "acknowledged_submissions_lost",
+            str(report.acknowledged_submissions_lost),
+            report.acknowledged_submissions_lost == 0,
+        ),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
             "elections / worker_deaths / self_fences",
@@ -315,6 +346,48 @@ def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) ->
     return found
 
 
+def killed_by_outage(runs: Iterable[Run], faults: Sequence[FaultEvent]) -> list[str]:
+    """Runs the cluster stopped (:data:`FENCE_REASONS`) during an outage of the whole cluster
+    (:data:`OUTAGE_KINDS`) or up to ``OUTAGE_SLACK_S`` after it, on a worker that no fault of
+    its own (kill, freeze, partition) touched from ``FAULT_SLACK_S`` before the run ended
+    until it ended."""
+    outages = [f for f in faults if f.kind in OUTAGE_KINDS]
+    found = []
+    for run in runs:
+        if run.stop_reason not in FENCE_REASONS or math.isinf(run.ended_at):
+            continue
+        during = [f for f in outages if f.at <= run.ended_at <= f.until + OUTAGE_SLACK_S]
+        if not during:
+            continue
+        own = any(
+            f.target == run.worker_id and f.at <= run.ended_at and f.until >= run.ended_at - FAULT_SLACK_S
+            for f in faults
+        )
+        if not own:
+            found.append(
+                f"job {run.job_id} (assignment {run.assignment_id}) on {run.worker_id} stopped "
+                f"({run.stop_reason}) by the {during[0].kind} "
+                f"from {during[0].at:.3f} to {during[0].until:.3f}"
+            )
+    return found
+
+
+def placement_recoveries_s(
+    assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent]
+) -> list[float]:
+    """Per database outage (``db_outage`` fault), seconds from its end to the first assignment
+    committed after it; outages followed by none are left out."""
+    created = sorted(a.created_at for a in assignments)
+    found = []
+    for fault in faults:
+        if fault.kind != "db_outage":
+            continue
+        after = next((t for t in created if t >= fault.until), None)
+        if after is not None:
+            found.append(after - fault.until)
+    return found
+
+
 def lost_successes(
     runs: Iterable[Run],
     assignments: Iterable[AssignmentRecord],
@@ -366,7 +439,12 @@ def extra_assignments(assignments: Iterable[AssignmentRecord]) -> int:
 
 
 def check(
-    history: History, runs: Sequence[Run], faults: Sequence[FaultEvent] = (), *, self_fences: int = 0
+    history: History,
+    runs: Sequence[Run],
+    faults: Sequence[FaultEvent] = (),
+    *,
+    self_fences: int = 0,
+    acknowledged_job_ids: Iterable[int] = (),
 ) -> CheckReport:
     """Judge one run of the cluster. Pure: see the module docstring for what each count means.
 
@@ -375,14 +453,24 @@ def check(
         runs: the runs from the workers' logs (:func:`load_runs`).
         faults: what a harness injected.
         self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
+        acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
     """
     placed_twice = double_placements(history.assignments)
     ran_twice = double_runs(runs)
     wrongly_dead = false_deaths(history.deaths, faults)
     thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
+    outage_kills = killed_by_outage(runs, faults)
+    lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
-    details = [*placed_twice.values(), *ran_twice.values(), *wrongly_dead, *thrown_away.values()]
+    details = [
+        *placed_twice.values(),
+        *ran_twice.values(),
+        *wrongly_dead,
+        *thrown_away.values(),
+        *outage_kills,
+        *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
+    ]
     if unfinished:
         shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
         details.append(f"{len(unfinished)} jobs unfinished: {shown}")
@@ -401,6 +489,8 @@ def check(
         self_fences=self_fences,
         extra_assignments=extra_assignments(history.assignments),
         worker_leaves=history.leaves,
+        jobs_killed_by_outage=len(outage_kills),
+        acknowledged_submissions_lost=len(lost_ids),
     )
 
 
@@ -560,14 +650,22 @@ def count_self_fences(records: Iterable[dict[str, Any]]) -> int:
 
 
 def check_logs(
-    history: History, worker_dirs: Iterable[Path], faults: Sequence[FaultEvent] = ()
+    history: History,
+    worker_dirs: Iterable[Path],
+    faults: Sequence[FaultEvent] = (),
+    *,
+    acknowledged_job_ids: Iterable[int] = (),
 ) -> CheckReport:
     """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``,
     whose clean stops (:func:`clean_stops`) count beside ``faults``."""
     records = load_records(worker_dirs)
     explained = [*faults, *clean_stops(records)]
     return check(
-        history, runs_from_records(records, faults), explained, self_fences=count_self_fences(records)
+        history,
+        runs_from_records(records, faults),
+        explained,
+        self_fences=count_self_fences(records),
+        acknowledged_job_ids=acknowledged_job_ids,
     )
 
 

@@ -435,6 +435,29 @@ class EmbeddedPostgres:
             with contextlib.suppress(OSError):
                 self.socket_dir.rmdir()
 
+    def kill(self, *, timeout_s: float = 10.0) -> None:
+        """Crash the server: SIGKILL its postmaster and every process it started at once, as
+        when its host dies, and wait until they are gone (a later :meth:`start` runs crash
+        recovery). Does nothing if the server is not running.
+
+        Raises:
+            PostgresStopError: a process of the server is still alive after ``timeout_s``.
+        """
+        pid = self._postmaster_pid()
+        if pid is None or not self.is_running():
+            return
+        try:
+            postmaster = psutil.Process(pid)
+            processes = [postmaster, *postmaster.children(recursive=True)]
+        except psutil.Error:
+            return
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+        if alive:
+            raise PostgresStopError(f"processes {[p.pid for p in alive]} of the server outlived SIGKILL")
+
     # -- internals -------------------------------------------------------------
 
     def _postmaster_pid(self) -> int | None:

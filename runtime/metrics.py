@@ -124,6 +124,11 @@ AGENT_SELF_FENCES = Counter(
     "Self-fences: a worker stopped every job because no heartbeat was acknowledged in time.",
     ["worker_id"],
 )
+AGENT_PAUSES = Counter(
+    "stockade_agent_pauses",
+    "Pauses: a worker held every job because no heartbeat was acknowledged in time.",
+    ["worker_id"],
+)
 AGENT_JOBS_WAITING_FOR_START_SLOT = Gauge(
     "stockade_agent_jobs_waiting_for_start_slot",
     "Accepted command jobs of this process waiting for a start slot (agent.starts).",

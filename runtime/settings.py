@@ -77,6 +77,10 @@ DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
 DEFAULT_WIRE_WORK_BURST_S = 0.01
 """The default of ``IngestSettings.wire_work_burst_s`` (see there)."""
 
+DEFAULT_DB_OUTAGE_GRACE_S = 45.0
+"""The default of ``AgentSettings.db_outage_grace_s``: longer than a Patroni failover (its
+leader key's ttl is at least 20 s, and a promotion takes 20-30 s), so a failover kills no job."""
+
 DEFAULT_DEAD_AFTER_S = 2.5
 """The default of ``ReconcilerSettings.dead_after_s`` (see there), which the ingest tells
 workers at registration."""
@@ -246,9 +250,18 @@ class ReconcilerSettings:
     """Dead-worker declarations allowed per second beyond the burst (the bucket's refill rate)."""
     mass_silence_fraction: float = attrs.field(default=0.5, validator=_fraction)
     """No worker is declared dead while more than this fraction of the alive workers (and at
-    least ``mass_silence_min_workers``) are silent past dead_after_s at once."""
+    least ``mass_silence_min_workers``) are silent past ``suspect_after_s`` at once; when that
+    ends, silence counts anew from then (DESIGN.md, "Outages")."""
     mass_silence_min_workers: int = attrs.field(default=3, validator=_positive)
     """Fewer silent workers than this never count as mass silence."""
+    suspect_after_s: float | None = attrs.field(default=None)
+    """A worker silent this long counts toward mass silence (seconds; None: half of
+    ``dead_after_s``). Shorter than ``dead_after_s``, so that workers cut off together are
+    seen together before the first of them would be declared dead."""
+    contact_gap_s: float = attrs.field(default=1.0, validator=_positive)
+    """When the leader's reads of the workers' silence were interrupted for longer than this
+    (its database was unreachable, or it was stalled), silence counts anew from the first read
+    after (seconds; DESIGN.md, "Outages")."""
     held_log_every_s: float = attrs.field(default=5.0, validator=_positive)
     """At most one log line per this many seconds about held declarations, per reason."""
     read_statement_timeout_s: float = attrs.field(
@@ -257,7 +270,18 @@ class ReconcilerSettings:
     """Longest one of the reconciler's reads may run (its connection's ``statement_timeout``),
     in seconds."""
 
+    @property
+    def suspect_s(self) -> float:
+        """``suspect_after_s``, or half of ``dead_after_s`` when it is None."""
+        return self.dead_after_s / 2 if self.suspect_after_s is None else self.suspect_after_s
+
     def __attrs_post_init__(self) -> None:
+        if self.suspect_after_s is not None and not 0 < self.suspect_after_s <= self.dead_after_s:
+            raise InvalidArgument(
+                "suspect_after_s",
+                self.suspect_after_s,
+                f"must be > 0 and <= dead_after_s = {self.dead_after_s:g}",
+            )
         if self.requeue_backoff_max_s < self.requeue_backoff_base_s:
             raise InvalidArgument(
                 "requeue_backoff_max_s",
@@ -481,8 +505,14 @@ class AgentSettings:
     :meth:`runtime.client.ControlPlaneClient.call_hedged`); also the shortest deadline a call
     gets. The call as a whole may wait until shortly before the fence deadline."""
     self_fence_after_s: float = attrs.field(default=1.5, validator=_positive)
-    """Stop every job when no heartbeat sent in the last this-many seconds was acknowledged.
+    """Pause every job when no heartbeat sent in the last this-many seconds was acknowledged.
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
+    db_outage_grace_s: float = attrs.field(default=DEFAULT_DB_OUTAGE_GRACE_S, validator=_non_negative)
+    """Paused jobs are killed once no heartbeat sent in the last this-many seconds was
+    acknowledged (the longest database outage, or cut-off, running work survives); until then
+    a heartbeat the database acknowledges resumes those whose assignment is still active
+    (DESIGN.md, "Outages"). 0, or anything up to ``self_fence_after_s``: no pause, jobs are
+    killed at the fence deadline."""
     stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
     self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)

@@ -78,14 +78,17 @@ JUDGED_WORKERS = """(w.state = 'alive'
         OR (w.state = 'left'
             AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))"""
 
-# $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations. Re-judged by database time on
-# heartbeats any replica recorded, so a heartbeat that landed after the reconciler's read wins.
+# $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations, $5 the leader's silence floor
+# (unix seconds, database time; NULL for none). Re-judged by database time on heartbeats any
+# replica recorded, so a heartbeat that landed after the reconciler's read wins; silence counts
+# only from the server's start and from the floor on (DESIGN.md, "Outages").
 DECLARE_DEAD_WORKERS = f"""
 WITH dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
       FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
      WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
-       AND w.last_heartbeat_at < now() - make_interval(secs => $2)
+       AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8))
+           < now() - make_interval(secs => $2)
  RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),
 logged AS (

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from actors.queries.ledger import JUDGED_WORKERS
 
-# Alive workers and how long ago (database time) their last heartbeat was recorded.
+# The database's time, and every judged worker with the time (database time) since its last
+# recorded heartbeat or, when later, since the server started (pg_postmaster_start_time(): a
+# restart is an outage, and no worker could heartbeat through it); one row with a NULL id when
+# there is no worker.
 HEARTBEAT_AGES = f"""
-SELECT w.id, w.incarnation, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age_s
-  FROM workers w WHERE {JUDGED_WORKERS}
+SELECT n.now_unix_s, w.id, w.incarnation,
+       extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time()))::float8
+           AS age_s
+  FROM (SELECT now() AS now, extract(epoch FROM now())::float8 AS now_unix_s) n
+  LEFT JOIN workers w ON {JUDGED_WORKERS}
 """
 
 _ASSIGNMENT_PAYLOAD = """

@@ -44,6 +44,22 @@ def chaos(
     partition_s: Annotated[
         float, typer.Option(min=0.01, help="How long each partition lasts, seconds.")
     ] = 4.0,
+    mass_partitions: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Times to cut every worker off from every control plane at once, then heal them."
+        ),
+    ] = 0,
+    mass_partition_s: Annotated[
+        float, typer.Option(min=0.01, help="How long each cut of every worker lasts, seconds.")
+    ] = 10.0,
+    db_restarts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.",
+        ),
+    ] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
     rate: Annotated[float, typer.Option(min=0.01, help="Sleep jobs submitted per second.")] = 12.0,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
@@ -57,9 +73,10 @@ def chaos(
     ] = False,
 ) -> None:
     """Start a fresh cluster, inject leader failovers (alternating SIGKILL and SIGSTOP/SIGCONT,
-    some frozen inside a fenced transaction) under a steady job stream, wait for every job, and
-    check that none was placed or run twice. Exits 1 when a safety count is not 0 or a job did
-    not finish."""
+    some frozen inside a fenced transaction), and the worker kills, partitions, cut-offs of every
+    worker and database restarts asked for, under a steady job stream; wait for every job, and
+    check that none was placed or run twice and that no outage killed running work. Exits 1
+    when a safety count is not 0 or a job did not finish."""
     import trio
 
     from ops.chaos import ChaosSettings, Harness, chaos_table
@@ -72,6 +89,9 @@ def chaos(
         worker_kills=worker_kills,
         partitions=partitions,
         partition_s=partition_s,
+        mass_partitions=mass_partitions,
+        mass_partition_s=mass_partition_s,
+        db_restarts=db_restarts,
         workers=workers,
         submit_rate_per_s=rate,
         seed=seed,

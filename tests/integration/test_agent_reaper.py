@@ -50,6 +50,8 @@ class RecordingControlPlane:
     heartbeats: list[pb.HeartbeatRequest] = attrs.field(factory=list)
     registered: trio.Event = attrs.field(factory=trio.Event)
     heartbeated: trio.Event = attrs.field(factory=trio.Event)
+    ended: set[int] = attrs.field(factory=set)
+    """Assignments every heartbeat reply lists as ended (to stop)."""
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
@@ -59,7 +61,8 @@ class RecordingControlPlane:
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         self.heartbeats.append(request)
         self.heartbeated.set()
-        return pb.HeartbeatReply(epoch=1)
+        stop = sorted(set(request.running_assignment_ids) & self.ended)
+        return pb.HeartbeatReply(epoch=1, stop_assignment_ids=stop)
 
     async def submit_job(self, request: object) -> object:
         raise NotImplementedError
@@ -80,9 +83,9 @@ class AgentProcess:
 
     def deadline_unix_s(self) -> float:
         """The fence deadline in the agent's file, as a wall-clock time."""
-        deadline = read_fence_deadline(self.work_dir / "fence_deadline")
-        assert deadline is not None
-        return deadline - time.monotonic() + time.time()
+        deadlines = read_fence_deadline(self.work_dir / "fence_deadline")
+        assert deadlines is not None
+        return deadlines[0] - time.monotonic() + time.time()
 
     def stops(self) -> list[dict[str, Any]]:
         log = self.work_dir / "agent.jsonl"
@@ -104,21 +107,24 @@ class AgentProcess:
         return found
 
 
-def _agent_script(cp_port: int, work_dir: Path) -> str:
+def _agent_script(cp_port: int, work_dir: Path, db_outage_grace_s: float) -> str:
     return textwrap.dedent(f"""
         from agent.main import main
         from runtime.settings import AgentSettings
         main(AgentSettings(worker_id={WORKER!r}, control_planes=["127.0.0.1:{cp_port}"],
                            cpu_millis=1000, memory_mb=1000, work_dir={str(work_dir)!r},
                            heartbeat_interval_s={HEARTBEAT_S}, heartbeat_timeout_s=0.3,
-                           self_fence_after_s={FENCE_S}, stop_grace_s=0.5))
+                           self_fence_after_s={FENCE_S}, stop_grace_s=0.5,
+                           db_outage_grace_s={db_outage_grace_s!r}))
     """)
 
 
 @asynccontextmanager
-async def running_agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
+async def running_agent(tmp_path: Path, db_outage_grace_s: float = 0.0) -> AsyncIterator[AgentProcess]:
     """An agent process registered with a recording control plane; killed (with every
-    process of the test) on the way out."""
+    process of the test) on the way out. ``db_outage_grace_s`` 0 (the default here): jobs are
+    killed at the fence deadline; longer: they pause there and are killed that long after
+    the last acknowledged heartbeat."""
     cp = RecordingControlPlane()
     marker = uuid.uuid4().hex
     work_dir = tmp_path / "work"
@@ -126,7 +132,7 @@ async def running_agent(tmp_path: Path) -> AsyncIterator[AgentProcess]:
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", _agent_script(cp_port, work_dir)],
+            [sys.executable, "-c", _agent_script(cp_port, work_dir, db_outage_grace_s)],
             stdout=subprocess.DEVNULL,
             stderr=stderr_file,
             env={**os.environ, MARKER: marker},
@@ -284,3 +290,93 @@ async def test_a_command_job_that_ended_before_the_fence_deadline_keeps_its_succ
         log = agent.work_dir / "agent.jsonl"
         await wait_for(lambda: [r["event"] for r in read_log(log)].count("register") == 2)
         assert [r["event"] for r in read_log(log)] == ["register", "start", "self_fence", "stop", "register"]
+
+
+# ---------------------------------------------------------------- pause through an outage
+
+
+def is_stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_a_frozen_agents_command_job_is_paused_at_the_deadline_and_resumed_after(
+    tmp_path: Path,
+) -> None:
+    """With an outage grace, a SIGSTOPped agent's command job is held (SIGSTOP, every process
+    of it) from the fence deadline on, not killed; once the agent thaws and a heartbeat is
+    acknowledged with the assignment still active, it runs on, and nothing ended it."""
+    out = job_writable(tmp_path) / "stamps"
+    async with running_agent(tmp_path, db_outage_grace_s=30.0) as agent:
+        await assign(agent, writer_job(out))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        last = stamps(out)[-1]
+        assert deadline - FENCE_S < last <= deadline + 0.3
+        held = agent.leftovers()
+        assert held, "the paused job's processes are gone"
+        assert any(is_stopped(p) for p in held)
+        await trio.sleep(0.3)
+        assert stamps(out)[-1] == last, "the paused job still writes"
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: stamps(out)[-1] > last + 0.2)
+        assert agent.stops() == []
+        events = [r["event"] for r in read_log(agent.work_dir / "agent.jsonl")]
+        assert events == ["register", "start", "pause", "resume"]
+        assert len(agent.cp.registrations) == 1
+
+
+async def test_a_paused_job_whose_assignment_ended_meanwhile_is_killed_never_resumed(
+    tmp_path: Path,
+) -> None:
+    """A paused job whose assignment the first acknowledged heartbeat lists as ended is killed
+    while still held: it never writes again, and its stop line carries the time it paused."""
+    out = job_writable(tmp_path) / "stamps"
+    async with running_agent(tmp_path, db_outage_grace_s=30.0) as agent:
+        await assign(agent, writer_job(out))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        last = stamps(out)[-1]
+        agent.cp.ended.add(1)  # the leader ended it while the worker was cut off
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: len(agent.stops()) == 1)
+        await trio.sleep(0.5)
+        assert stamps(out)[-1] == last, "a job whose assignment ended ran again"
+        assert agent.leftovers() == []
+        (stop,) = agent.stops()
+        assert deadline - 0.05 <= stop["time"] <= deadline + 0.3
+        events = [r["event"] for r in read_log(agent.work_dir / "agent.jsonl")]
+        assert events == ["register", "start", "pause", "stop", "resume"]
+
+
+async def test_a_job_paused_longer_than_the_outage_grace_is_killed_by_its_reaper(
+    tmp_path: Path,
+) -> None:
+    """An agent frozen past the outage grace: its reaper kills the paused job at the kill
+    deadline, while the agent is still frozen; the thawed agent logs the stop at the pause
+    time and registers again (a new incarnation)."""
+    out = job_writable(tmp_path) / "stamps"
+    grace_s = 2.5
+    async with running_agent(tmp_path, db_outage_grace_s=grace_s) as agent:
+        await assign(agent, writer_job(out))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        kill_at = deadline - FENCE_S + grace_s
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        assert agent.leftovers(), "killed at the pause deadline"
+        await trio.sleep(max(0.0, kill_at + 0.5 - time.time()))
+        assert agent.leftovers() == [], "the paused job outlived the outage grace"
+        last = stamps(out)[-1]
+        assert last <= deadline + 0.3
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: len(agent.cp.registrations) == 2)
+        (stop,) = agent.stops()
+        assert stop["reason"] == "self_fence"
+        assert deadline - 0.05 <= stop["time"] <= deadline + 0.3

@@ -117,6 +117,9 @@ def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
         "heartbeat_timeout_s": TIMEOUT_S,
         "self_fence_after_s": FENCE_S,
         "stop_grace_s": 1.0,
+        # These tests pin the self-fence that kills at the fence deadline (no outage grace);
+        # pausing through an outage is tested in test_agent_pause.py.
+        "db_outage_grace_s": 0.0,
     }
     values.update(overrides)
     return AgentSettings(**values)

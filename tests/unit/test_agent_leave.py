@@ -50,6 +50,7 @@ class SlowToStop:
         on_started: Callable[[], None],
         run_as: RunAs | None = None,
         job_env: Mapping[str, str] | None = None,
+        pause: Any = None,
     ) -> JobResult:
         assert isinstance(runtime, SleepRuntime)
         on_started()

@@ -195,6 +195,7 @@ class ScriptedRunner:
         on_started: Callable[[], None],
         run_as: RunAs | None = None,
         job_env: Mapping[str, str] | None = None,
+        pause: Any = None,
     ) -> JobResult:
         if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)

@@ -233,7 +233,9 @@ def deadlines(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every fence deadline the agent publishes (``time.monotonic()`` follows the mock clock)."""
     written: list[float] = []
     monkeypatch.setattr(
-        agent_fence, "write_fence_deadline", lambda path, monotonic_s: written.append(monotonic_s)
+        agent_fence,
+        "write_fence_deadline",
+        lambda path, monotonic_s, kill_at_s=None: written.append(monotonic_s),
     )
     shim = types.SimpleNamespace(time=lambda: 1e9 + trio.current_time(), monotonic=trio.current_time)
     monkeypatch.setattr(agent_fence, "time", shim)

@@ -39,6 +39,7 @@ from actors.reconciler import (
     Delivery,
     HeartbeatAge,
     Reconciler,
+    SilenceFloor,
     TokenBucket,
     backoff_caps_s,
     backoff_s,
@@ -46,6 +47,7 @@ from actors.reconciler import (
     judge_deaths,
     resend_due,
 )
+from actors.reconciler_store import SilenceReading
 from actors.role import RoleView
 from runtime import metrics
 from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
@@ -65,11 +67,15 @@ class FakeStore:
     last_heartbeat: dict[str, float] = attrs.field(factory=dict)
     unconfirmed_at: dict[int, tuple[WorkerRef, float]] = attrs.field(factory=dict)
 
-    async def heartbeat_ages(self) -> list[HeartbeatAge]:
+    async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
-        return [
-            HeartbeatAge(worker_id=w, incarnation=1, age_s=now - t) for w, t in self.last_heartbeat.items()
-        ]
+        return SilenceReading(
+            now_unix_s=now,
+            ages=[
+                HeartbeatAge(worker_id=w, incarnation=1, age_s=now - t)
+                for w, t in self.last_heartbeat.items()
+            ],
+        )
 
     async def unconfirmed(self) -> list[Delivery]:
         now = trio.current_time()
@@ -292,14 +298,15 @@ def test_judge_deaths_names_the_longest_silent_within_the_bucket_and_none_on_mas
     ages: list[float], tokens: float
 ) -> None:
     """Named and held together are exactly the silent workers; on mass silence (more than half
-    of the alive, and at least 3) none is named; otherwise as many as the bucket allows, the
-    longest silent first."""
+    of the alive, and at least 3, silent past suspect_after_s) none is named; otherwise as many
+    as the bucket allows, the longest silent first."""
     beats = [HeartbeatAge(worker_id=f"w-{n:02d}", incarnation=1, age_s=a) for n, a in enumerate(ages)]
     verdict = judge_deaths(beats, LIMITED, TokenBucket(tokens, 0.0), 0.0)
     silent = [b for b in beats if b.age_s > LIMITED.dead_after_s]
     assert set(verdict.declare) | set(verdict.held) == {(b.worker_id, 1) for b in silent}
     assert not set(verdict.declare) & set(verdict.held)
-    mass = len(silent) >= 3 and len(silent) > 0.5 * len(beats)
+    suspects = [b for b in beats if b.age_s > LIMITED.suspect_s]
+    mass = len(suspects) >= 3 and len(suspects) > 0.5 * len(beats)
     assert verdict.mass_silence == mass and verdict.alive == len(beats)
     if mass:
         assert verdict.declare == ()
@@ -353,11 +360,12 @@ async def run_passes(
 async def test_declares_at_most_the_buckets_worth_per_pass_longest_silent_first(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Six of twenty workers went silent at t=-10 (w-0 first, w-5 last); passes every 0.25 s,
-    burst 3, one per second: three are named at t=0, the longest silent first, then one at
-    t=1, t=2 and t=3, and none in the passes between."""
+    """Six of twenty workers went silent after the takeover at t=0 (w-0 at 0.5, each next one
+    0.1 s later); passes every 0.25 s, burst 3, one per second: the three past dead_after_s at
+    t=5.75 are named then, then one at t=6.75, 7.75 and 8.75, the longest silent first, and
+    none in the passes between."""
     store = FakeStore(last_heartbeat={f"w-{n}": 10.0**6 for n in range(6, 20)})
-    store.last_heartbeat.update({f"w-{n}": -10.0 - (6 - n) * 0.1 for n in range(6)})
+    store.last_heartbeat.update({f"w-{n}": 0.5 + n * 0.1 for n in range(6)})
 
     async def heartbeats() -> None:
         while True:
@@ -367,42 +375,63 @@ async def test_declares_at_most_the_buckets_worth_per_pass_longest_silent_first(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(heartbeats)
-        named = await run_passes(store, LIMITED, passes=14)
+        named = await run_passes(store, LIMITED, passes=36)
         nursery.cancel_scope.cancel()
     assert [(t, ids) for t, ids in named if ids] == [
-        (0.0, ("w-0", "w-1", "w-2")),
-        (1.0, ("w-3",)),
-        (2.0, ("w-4",)),
-        (3.0, ("w-5",)),
+        (5.75, ("w-0", "w-1", "w-2")),
+        (6.75, ("w-3",)),
+        (7.75, ("w-4",)),
+        (8.75, ("w-5",)),
     ]
-    assert [t for t, _ in named] == [0.25 * k for k in range(14)]
+    assert [t for t, _ in named] == [0.25 * k for k in range(36)]
 
 
-async def test_names_none_while_most_workers_are_silent_and_resumes_when_they_answer(
+async def test_names_none_while_most_workers_are_silent_and_counts_anew_when_they_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Twelve of twenty workers are silent (all since t=-10): the passes at 0, 0.25 .. 1.75 s
-    name nobody; at t=1.9 nine of them heartbeat again, leaving 3 of 20 silent: the pass at
-    t=2 names those three at once (the bucket is full)."""
-    store = FakeStore(last_heartbeat={f"w-{n:02d}": -10.0 for n in range(12)})
+    """Twelve of twenty workers fall silent at t=1 (a fault on the control planes' side): past
+    t=6 each is silent for longer than dead_after_s, but none is named; at t=8 nine heartbeat
+    again, leaving 3 of 20 silent: the mass silence has ended, and their silence counts anew
+    from then, so they are named dead_after_s later (at the first pass past t=13), all three at
+    once (the bucket is full)."""
+    store = FakeStore()
 
     async def heartbeats() -> None:
         while True:
             now = trio.current_time()
-            for n in range(12, 20):
-                store.last_heartbeat[f"w-{n:02d}"] = now
-            if now >= 1.85:
-                for n in range(3, 12):
+            for n in range(20):
+                if n >= 12 or now < 1.0 or (now >= 7.95 and n >= 3):
                     store.last_heartbeat[f"w-{n:02d}"] = now
             await trio.sleep(0.1)
 
     held_before = metrics.DEATHS_HELD.labels("mass_silence")._value.get()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(heartbeats)
-        named = await run_passes(store, LIMITED, passes=12)
+        await trio.sleep(0.01)
+        named = await run_passes(store, LIMITED, passes=60)
         nursery.cancel_scope.cancel()
-    assert [(t, ids) for t, ids in named if ids] == [(2.0, ("w-00", "w-01", "w-02"))]
-    assert metrics.DEATHS_HELD.labels("mass_silence")._value.get() - held_before == 8 * 12
+    assert [(t, ids) for t, ids in named if ids] == [(13.26, ("w-00", "w-01", "w-02"))]
+    held = metrics.DEATHS_HELD.labels("mass_silence")._value.get() - held_before
+    assert held == 12 * 8  # the passes at 6.26 .. 8.01, each holding the twelve
+
+
+def test_silence_counts_from_the_floor_after_a_takeover_a_gap_or_a_mass_silence() -> None:
+    """The floor moves to the database's time on a new epoch, after a read gap longer than
+    contact_gap_s, and when a mass silence ends; ages are capped at the time since it."""
+    floor = SilenceFloor()
+    assert floor.read(epoch=1, now_unix_s=100.0, now=0.0, gap_s=1.0)
+    assert not floor.read(epoch=1, now_unix_s=100.5, now=0.5, gap_s=1.0)
+    assert floor.read(epoch=1, now_unix_s=110.0, now=10.0, gap_s=1.0)  # 9.5 s without a read
+    assert floor.floor_unix_s == 110.0
+    assert floor.read(epoch=2, now_unix_s=110.2, now=10.2, gap_s=1.0)
+    ages = [
+        HeartbeatAge(worker_id="a", incarnation=1, age_s=30.0),
+        HeartbeatAge(worker_id="b", incarnation=1, age_s=0.1),
+    ]
+    assert [a.age_s for a in floor.floored(ages, 112.2)] == pytest.approx([2.0, 0.1])
+    assert not floor.mass_silence_seen(True, 113.0)
+    assert floor.mass_silence_seen(False, 115.0)
+    assert floor.floor_unix_s == 115.0
 
 
 # ---------------------------------------------------------------- re-sending unconfirmed work

@@ -1,0 +1,199 @@
+"""Pausing through an outage (DESIGN.md, "Outages"), on trio's mock clock.
+
+With an outage grace (``db_outage_grace_s`` above the fence span) a worker whose heartbeats go
+unacknowledged pauses its jobs at the fence deadline instead of stopping them; a heartbeat
+that gets through in time resumes those whose assignments are still active and kills the
+others; past the grace every paused job is killed and the worker registers again. Sleep jobs
+stand for any job here (the reapers' side is in tests/integration/test_agent_reaper.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from test_agent_heartbeat import (
+    FENCE_S,
+    HEARTBEAT_S,
+    ScriptedControlPlane,
+    assign,
+    clocks_follow_mock_time,
+    running_agent,
+    sleep_job,
+    stops,
+)
+
+from agent.joblog import read_log
+from agent.runtimes import sleep_end
+
+GRACE_S = 20.0
+
+__all__ = ["clocks_follow_mock_time"]  # a fixture, used by name
+
+
+def events(tmp_path: Path) -> list[str]:
+    return [r["event"] for r in read_log(tmp_path / "agent.jsonl")]
+
+
+def stop_lines(tmp_path: Path) -> dict[int, dict[str, Any]]:
+    return {r["assignment_id"]: r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "stop"}
+
+
+async def test_an_outage_shorter_than_the_grace_pauses_and_resumes_every_job(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Heartbeats fail for 8 s (past the 3 s fence, within the 20 s grace): the jobs pause at
+    the fence deadline, Assign is refused meanwhile, and the first heartbeat answered after
+    the outage resumes them in the same incarnation; nothing is stopped."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assert assign(agent, sleep_job(1), sleep_job(2)) == {1: "accepted", 2: "accepted"}
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        t_down = trio.current_time()
+        await trio.sleep(FENCE_S + 0.5)
+        assert not agent.self_fenced
+        assert assign(agent, sleep_job(3)) == {3: "fenced"}
+        await trio.sleep(8.0 - (trio.current_time() - t_down))
+        cp.mode = "up"
+        await trio.sleep(2 * HEARTBEAT_S + 1.5)
+        assert agent.running_assignment_ids == (1, 2)
+        assert assign(agent, sleep_job(4)) == {4: "accepted"}
+        assert agent.incarnation == 1
+    assert events(tmp_path)[:5] == ["register", "start", "start", "pause", "resume"]
+    assert len(cp.registrations) == 1
+
+
+async def test_paused_time_does_not_count_against_a_sleep_jobs_duration(
+    tmp_path: Path, autojump_clock: Any, clocks_follow_mock_time: None
+) -> None:
+    """A 10 s sleep job paused for about 6 s ends about 6 s later than it would have, and
+    succeeds."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=10.0))
+        await trio.sleep(0.01)
+        started = trio.current_time()
+        await trio.sleep(1.0)
+        cp.mode = "down"
+        await trio.sleep(9.0)
+        cp.mode = "up"
+        await trio.sleep(15.0)
+    (line,) = stop_lines(tmp_path).values()
+    assert line["reason"] == "succeeded"
+    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    resume_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "resume")
+    start_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "start")
+    paused_s = resume_line["time"] - pause_line["time"]
+    assert 4.0 < paused_s < 9.0
+    assert line["time"] - start_line["time"] == pytest.approx(10.0 + paused_s, abs=0.05)
+    del started
+
+
+async def test_a_paused_job_whose_assignment_ended_is_stopped_and_the_rest_resume(
+    tmp_path: Path, autojump_clock: Any, clocks_follow_mock_time: None
+) -> None:
+    """The first heartbeat answered after the outage lists assignment 1 as ended: job 1 is
+    stopped (its stop line carries the pause time), job 2 resumes."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1), sleep_job(2))
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(6.0)
+        cp.next_answer = {"stop_assignment_ids": (1,)}
+        cp.mode = "up"
+        await trio.sleep(2.0)
+        assert agent.running_assignment_ids == (2,)
+    lines = stop_lines(tmp_path)
+    assert lines[1]["reason"] == "stopped_by_control_plane"
+    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    assert lines[1]["time"] == pytest.approx(pause_line["time"], abs=0.01)
+    assert events(tmp_path).index("stop") < events(tmp_path).index("resume")
+
+
+async def test_paused_jobs_are_killed_at_the_grace_and_the_worker_registers_again(
+    tmp_path: Path, autojump_clock: Any, clocks_follow_mock_time: None
+) -> None:
+    """An outage longer than the grace: every paused job is stopped as self-fenced at the
+    grace (its stop line at the pause time), and the worker registers a new incarnation once
+    a control plane answers."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(GRACE_S + 1.0)
+        assert agent.self_fenced
+        assert agent.running_assignment_ids == ()
+        cp.mode = "up"
+        await trio.sleep(3.0)
+        assert agent.incarnation == 2
+    assert stops(tmp_path) == {1: "self_fence"}
+    assert events(tmp_path)[:5] == ["register", "start", "pause", "self_fence", "stop"]
+    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    assert stop_lines(tmp_path)[1]["time"] == pytest.approx(pause_line["time"], abs=0.01)
+
+
+async def test_a_reply_that_comes_after_its_own_deadline_does_not_resume(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """While paused, a heartbeat answered later than the fence span after it was sent is not
+    enough: the jobs stay paused until a fresh one is answered."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(5.0)
+        cp.mode = "up"
+        cp.answer_delay_s = FENCE_S + 0.5  # every answer now comes too late
+        await trio.sleep(10.0)
+        assert "resume" not in events(tmp_path)
+        cp.answer_delay_s = 0.0
+        await trio.sleep(FENCE_S + 2.0)
+        assert "resume" in events(tmp_path)
+        assert agent.running_assignment_ids == (1,)
+
+
+async def test_the_registration_after_a_reregister_reply_stops_paused_jobs_first(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The control plane declared the worker dead during the outage (reply ``reregister``):
+    the paused jobs are stopped, never resumed, before the worker registers again."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1))
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(6.0)
+        cp.next_answer = {"reregister": True}
+        cp.mode = "up"
+        await trio.sleep(3.0)
+        assert agent.incarnation == 2
+    assert stops(tmp_path) == {1: "reregister"}
+    assert "resume" not in events(tmp_path)
+
+
+def test_sleep_end_adds_the_pauses_that_fall_before_it() -> None:
+    """A 10 s sleep begun at 0 with pauses [2, 5) and [11, 12): it has run 10 s at 14."""
+
+    class Pauses:
+        spans = [(2.0, 5.0), (11.0, 12.0)]
+        changed = trio.Event()
+
+        def paused_since(self) -> float | None:
+            return None
+
+        def paused_s_between(self, start: float, end: float) -> float:
+            return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans)
+
+    assert sleep_end(0.0, 10.0, Pauses()) == pytest.approx(14.0)
