@@ -343,7 +343,15 @@ HeartbeatTimeoutOption = Annotated[
     ),
 ]
 SelfFenceOption = Annotated[
-    float, typer.Option(help="Stop every job after this long without an acknowledged heartbeat, seconds.")
+    float, typer.Option(help="Pause every job after this long without an acknowledged heartbeat, seconds.")
+]
+DbOutageGraceOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        help="Kill paused jobs after this long without an acknowledged heartbeat, seconds: the longest "
+        "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
+    ),
 ]
 LeaveTimeoutOption = Annotated[
     float,
@@ -394,6 +402,7 @@ def agent(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -429,6 +438,7 @@ def agent(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            db_outage_grace_s=db_outage_grace_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
@@ -462,6 +472,7 @@ def fleet(
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
+    db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -497,6 +508,7 @@ def fleet(
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
+            db_outage_grace_s=db_outage_grace_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
