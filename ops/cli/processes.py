@@ -244,9 +244,25 @@ def control_plane(
         float,
         typer.Option(
             help="Declare no worker dead while more than this fraction of the alive workers "
-            "(and at least 3) are silent at once."
+            "(and at least 3) are silent for --suspect-after-s at once."
         ),
     ] = _RECONCILER.mass_silence_fraction,
+    suspect_after_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="A worker silent this long counts toward a mass silence, seconds (default: half of "
+            "--dead-after-s).",
+        ),
+    ] = None,
+    contact_gap_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="After the leader's reads of the workers' silence were interrupted this long (its "
+            "database was unreachable), silence counts anew, seconds.",
+        ),
+    ] = _RECONCILER.contact_gap_s,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
     ] = 0,
@@ -326,6 +342,8 @@ def control_plane(
                 death_burst=death_burst,
                 deaths_per_s=deaths_per_s,
                 mass_silence_fraction=mass_silence_fraction,
+                suspect_after_s=suspect_after_s,
+                contact_gap_s=contact_gap_s,
             ),
         )
         check_nice(nice)
