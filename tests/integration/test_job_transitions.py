@@ -241,7 +241,12 @@ class World:
             case "declare_dead":
                 if w1.cut_off:  # invariant 7: a worker is declared dead only after it fenced
                     await self.admin.fetch(
-                        queries.DECLARE_DEAD_WORKERS, EPOCH, 0.0, [w1.worker_id], [w1.admission.incarnation]
+                        queries.DECLARE_DEAD_WORKERS,
+                        EPOCH,
+                        0.0,
+                        [w1.worker_id],
+                        [w1.admission.incarnation],
+                        None,
                     )
             case "leave":
                 if not w1.cut_off and not w1.admission.fenced:
