@@ -19,6 +19,7 @@ from ops.checker import (
     check_logs,
     load_runs,
     parse_fault,
+    placement_recoveries_s,
     runs_from_records,
 )
 from runtime.errors import InvalidArgument
@@ -102,6 +103,8 @@ def test_a_clean_run_passes() -> None:
         "self_fences": 0,
         "extra_assignments": 1,
         "worker_leaves": 0,
+        "jobs_killed_by_outage": 0,
+        "acknowledged_submissions_lost": 0,
         "details": [],
         "ok": True,
     }
@@ -309,3 +312,50 @@ def test_a_malformed_fault_is_refused_naming_the_part_and_the_value(text: str, m
     with pytest.raises(InvalidArgument, match=message) as raised:
         parse_fault(text)
     assert "got " in str(raised.value)
+
+
+# ---------------------------------------------------------------- outages
+
+OUTAGE = FaultEvent(kind="db_outage", target="database", at=20.0, until=28.0)
+
+
+def test_a_run_the_cluster_stopped_during_an_outage_was_killed_by_it() -> None:
+    """A run stopped by its worker's fence during a database outage (or shortly after) counts;
+    one on a worker cut off on its own at the time, one that succeeded, and one stopped long
+    after do not."""
+    runs = runs_from_records(
+        [
+            record("start", "w-1", 1, 1, 10.0),
+            record("stop", "w-1", 1, 1, 21.5, reason="self_fence"),
+            record("start", "w-2", 2, 2, 10.0),
+            record("stop", "w-2", 2, 2, 29.0, reason="reregister"),
+            record("start", "w-3", 3, 3, 10.0),
+            record("stop", "w-3", 3, 3, 22.0, reason="succeeded"),
+            record("start", "w-1", 4, 4, 50.0),
+            record("stop", "w-1", 4, 4, 60.0, reason="self_fence"),
+        ]
+    )
+    partition_w2 = FaultEvent(kind="partition", target="w-2", at=21.0, until=35.0)
+    history = History(assignments=(), job_states={1: "running", 2: "running", 3: "succeeded", 4: "running"})
+    alone = check(history, runs, [OUTAGE])
+    assert alone.jobs_killed_by_outage == 2 and not alone.ok
+    assert check(history, runs, [OUTAGE, partition_w2]).jobs_killed_by_outage == 1
+
+
+def test_an_acknowledged_submission_the_database_lacks_is_lost() -> None:
+    """Job ids a client was given must all be in the database."""
+    history = History(assignments=(), job_states={1: "succeeded", 2: "succeeded"})
+    report = check(history, [], [], acknowledged_job_ids=[1, 2, 3])
+    assert report.acknowledged_submissions_lost == 1 and not report.ok
+    assert any("job 3" in line for line in report.details)
+
+
+def test_time_from_the_database_back_to_the_first_placement_after_it() -> None:
+    """Per outage, the first assignment committed at or after the database was up again."""
+    assignments = [
+        assignment(1, 1, "w-1", 1, "finished", 5.0, 9.0),
+        assignment(2, 2, "w-1", 2, "finished", 29.5, 31.0),
+        assignment(3, 3, "w-2", 2, "finished", 30.0, 33.0),
+    ]
+    later = FaultEvent(kind="db_outage", target="database", at=40.0, until=45.0)
+    assert placement_recoveries_s(assignments, [OUTAGE, later]) == [1.5]
