@@ -25,15 +25,24 @@ is no module-level state). Its pieces:
 - a fence watcher on its own timer (invariant 7 in DESIGN.md): once
   ``trio.current_time() >= last_acked_send_time + self_fence_after_s`` (the *fence
   deadline*; the send time of the newest heartbeat, or registration, that got a reply) the
-  agent stops every job at once, refuses Assign with ``fenced``, and keeps heartbeating; the
-  first heartbeat that gets through makes it register again (a new incarnation) and leave
-  the fenced state;
+  agent *pauses* every job at once (command jobs are held by their reapers, sleep jobs stop
+  counting their duration), refuses Assign with ``fenced``, and keeps heartbeating in the same
+  incarnation. The first reply to a heartbeat that is still fresh (its own deadline is ahead)
+  resumes the jobs whose assignments it did not list as ended, after killing those it listed;
+  a reply that says "register again" kills them all. Once
+  ``last_acked_send_time + db_outage_grace_s`` has passed too (the *kill deadline*) every
+  paused job is killed and the agent self-fences: the first heartbeat that gets through then
+  makes it register again (a new incarnation). The argument that this never runs a job in two
+  places is in docs/design.md, "Outages". With ``db_outage_grace_s`` 0 the agent kills at the
+  fence deadline (no pause);
 - a deadman switch that holds while the agent cannot run (SIGSTOP, a stall, a crash): every
-  time a heartbeat or registration is acknowledged the agent writes the fence deadline, on
-  the ``CLOCK_MONOTONIC`` clock all processes share, to ``<work_dir>/fence_deadline``. Each
-  command job runs under a reaper process (:mod:`agent.reaper`) that SIGKILLs the job once
-  that deadline has passed and records the kill time, and that kills the job when the agent
-  dies. A frozen agent's command jobs thus stop at the deadline, not when it thaws;
+  time a heartbeat or registration is acknowledged the agent writes the fence and kill
+  deadlines, on the ``CLOCK_MONOTONIC`` clock all processes share, to
+  ``<work_dir>/fence_deadline``. Each command job runs under a reaper process
+  (:mod:`agent.reaper`) that SIGSTOPs the job once the fence deadline has passed and records
+  the time, SIGKILLs it at the kill deadline, resumes it when the deadlines move on, and kills
+  the job when the agent dies. A frozen agent's command jobs thus pause at the deadline, not
+  when it thaws;
 - one task per running job (:mod:`agent.running`), shielded from cancellation: a job ends
   only through its stop event (or its reaper), so its ``stop`` line is written after it has
   really ended, also at shutdown;
@@ -44,18 +53,19 @@ is no module-level state). Its pieces:
   as a killed one is. A left worker started again registers a new incarnation as usual.
 
 The fence deadline is final. An agent that finds it passed (it was frozen or stalled past
-it; its fence watcher may not even have run yet) self-fences *before* it completes or
-reports anything else: every place that starts a job, ends one, sends a heartbeat, handles a
-heartbeat reply or answers a Cancel checks the deadline first. A heartbeat reply that
-arrives after the deadline does not move it: the agent fences and registers again. Stop
-lines then tell when the jobs really stopped, not when the thawed agent noticed:
+it; its fence watcher may not even have run yet) pauses (or, past the kill deadline,
+self-fences) *before* it completes or reports anything else: every place that starts a job,
+ends one, sends a heartbeat, handles a heartbeat reply or answers a Cancel checks the deadline
+first. A heartbeat reply that arrives after the deadline does not move it: the agent pauses,
+and only a later, fresh reply resumes. Stop lines then tell when the jobs really stopped
+doing work, not when the thawed agent noticed:
 
-- a command job its reaper killed at the deadline: the reaper's recorded kill time;
-- a sleep job (no process, no work) still running at the deadline: the deadline itself
-  (its wall-clock equivalent). By the deadman rule it was dead then, whenever the agent
-  noticed; that includes a sleep job whose duration ran out while the agent was frozen past
-  its deadline, which is a fenced job, not a succeeded one. A sleep job whose duration ran
-  out *before* the deadline succeeded then (its stop line carries that time).
+- a command job its reaper paused, then killed: the reaper's recorded pause time;
+- a sleep job: its duration counts only while it is not paused, and the pause counts from
+  the deadline itself, whenever the agent noticed; so one whose duration ran out while the
+  agent was frozen past its deadline has not run out yet (it is paused), and one stopped while
+  paused ended when the pause began. A sleep job whose duration ran out *before* the
+  deadline succeeded then (its stop line carries that time).
 
 Which outcomes go into heartbeats (and registrations): only those of jobs that ended on
 their own (succeeded or failed), including a command that could not be started at all. A job
