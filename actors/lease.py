@@ -40,7 +40,8 @@ import trio
 from actors import queries
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
 from runtime import log
-from runtime.aio import PgConnection
+from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio.pg import CALL_MARGIN_S
 from runtime.errors import DatabaseUnavailable
 from runtime.settings import LeaseSettings, session_ms
 
@@ -75,7 +76,8 @@ class LeaseStore(Protocol):
 
 @attrs.define
 class PgLeaseStore:
-    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure.
+    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure
+    (with backoff, and logging the outage once per change: :class:`runtime.aio.ReconnectingConnection`).
 
     The connection is also the leader's proof of life: it holds the advisory lock of the epoch
     it leads. After a reconnect the leader takes the lock again before renewing; if it cannot
@@ -85,21 +87,28 @@ class PgLeaseStore:
     database_url: str
     application_name: str
     statement_timeout_s: float
+    _db: ReconnectingConnection = attrs.field(init=False)
     _conn: PgConnection | None = None
     _locked_epochs: set[int] = attrs.field(factory=set)
 
+    def __attrs_post_init__(self) -> None:
+        self._db = ReconnectingConnection(
+            self.database_url,
+            {
+                "application_name": self.application_name,
+                "statement_timeout": session_ms(self.statement_timeout_s),
+            },
+            owner="lease",
+            connect_timeout_s=self.statement_timeout_s,
+            call_timeout_s=self.statement_timeout_s + CALL_MARGIN_S,
+        )
+
     async def _connection(self) -> PgConnection:
-        if self._conn is None or self._conn.is_closed():
-            self._locked_epochs.clear()
-            self._conn = await PgConnection.connect(
-                self.database_url,
-                server_settings={
-                    "application_name": self.application_name,
-                    "statement_timeout": session_ms(self.statement_timeout_s),
-                },
-                connect_timeout_s=self.statement_timeout_s,
-            )
-        return self._conn
+        conn = await self._db.get()
+        if conn is not self._conn:
+            self._locked_epochs.clear()  # a new session holds no lock
+            self._conn = conn
+        return conn
 
     async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
         conn = await self._connection()
@@ -140,10 +149,9 @@ class PgLeaseStore:
             await self._conn.fetchval(queries.UNLOCK_LEASE_LOCK, queries.LEASE_LOCK_SPACE, epoch)
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-            self._locked_epochs.clear()
+        await self._db.close()
+        self._conn = None
+        self._locked_epochs.clear()
 
 
 @attrs.define
@@ -166,6 +174,8 @@ class LeaseKeeper:
     _leader_wait: trio.CancelScope | None = None
     _relinquish: list[int] = attrs.field(factory=list)
     """Epochs we stopped leading whose advisory lock we still have to let go of."""
+    _takeover_failing: bool = False
+    """Whether the last takeover probe failed (its failure was logged)."""
     _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
     # ------------------------------------------------------------ role changes
@@ -256,8 +266,13 @@ class LeaseKeeper:
                 with trio.move_on_after(s.statement_timeout_s):
                     try:
                         epoch = await store.try_take_over(self.cp_id, s.lease_ttl_s)
+                        self._takeover_failing = False
                     except DatabaseUnavailable as exc:
-                        self._log.warning("takeover attempt failed", error=str(exc))
+                        # Once per run of failures: an outage fails every probe (50 ms apart),
+                        # and the store's connection logs its outage itself.
+                        if not self._takeover_failing:
+                            self._log.warning("takeover attempt failed", error=str(exc))
+                        self._takeover_failing = True
                 if epoch is not None:
                     self.last_renew_sent = sent
                     self._elect(epoch)
@@ -284,6 +299,7 @@ class LeaseKeeper:
                 f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})"
             )
             return
+        failures = 0
         while trio.current_time() < step_down_at:
             sent = trio.current_time()
             renewed: bool | None = None
@@ -291,7 +307,9 @@ class LeaseKeeper:
                 try:
                     renewed = await store.renew(self.cp_id, epoch, s.lease_ttl_s)
                 except DatabaseUnavailable as exc:
-                    self._log.warning("renewal failed", error=str(exc))
+                    failures += 1
+                    if failures == 1:  # the retries until step-down say nothing new
+                        self._log.warning("renewal failed", error=str(exc))
                     await trio.sleep(min(s.renew_retry_s, s.renew_interval_s))
                     continue
             if renewed is None:
