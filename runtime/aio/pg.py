@@ -403,7 +403,12 @@ class PgConnection:
             async with self.transaction():
                 return await body(self)
         except stale_statement_errors() as exc:
-            log.get("pg").info("transaction run again after a schema change", what=what, error=str(exc))
+            log.get("pg").info(
+                "transaction run again after a schema change",
+                what=what,
+                error=f"{type(exc).__name__}: {exc}",
+                sqlstate=getattr(exc, "sqlstate", None),
+            )
             metrics.DATABASE_TRANSACTION_RETRIES.labels(what).inc()
             if not self.is_closed():
                 await run_aio(self._raw.reload_schema_state)
