@@ -42,7 +42,7 @@ from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, Query
 from runtime import log
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.aio.pg import CALL_MARGIN_S
-from runtime.errors import DatabaseUnavailable
+from runtime.errors import DatabaseBusy, DatabaseUnavailable
 from runtime.settings import LeaseSettings, session_ms
 
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -175,7 +175,7 @@ class LeaseKeeper:
     _relinquish: list[int] = attrs.field(factory=list)
     """Epochs we stopped leading whose advisory lock we still have to let go of."""
     _takeover_failing: bool = False
-    """Whether the last takeover probe failed (its failure was logged)."""
+    """Whether the last takeover probe failed."""
     _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
     # ------------------------------------------------------------ role changes
@@ -268,9 +268,9 @@ class LeaseKeeper:
                         epoch = await store.try_take_over(self.cp_id, s.lease_ttl_s)
                         self._takeover_failing = False
                     except DatabaseUnavailable as exc:
-                        # Once per run of failures: an outage fails every probe (50 ms apart),
-                        # and the store's connection logs its outage itself.
-                        if not self._takeover_failing:
+                        # A lost database is logged by the store's connection, once per change
+                        # (runtime.outage); a busy one here, once per run of failed probes.
+                        if isinstance(exc, DatabaseBusy) and not self._takeover_failing:
                             self._log.warning("takeover attempt failed", error=str(exc))
                         self._takeover_failing = True
                 if epoch is not None:

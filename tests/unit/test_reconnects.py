@@ -217,3 +217,67 @@ def test_a_multi_host_url_asks_for_a_writable_server_unless_it_says_otherwise(
 ) -> None:
     monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
     assert pg.connect_options(url) == options
+
+
+# ------------------------------------------------------------------ a pool
+
+
+class FakeRawConnection:
+    async def fetchval(self, sql: str, *args: Any) -> int:
+        return 1
+
+
+class FakeRawPool:
+    """asyncpg's pool as PgPool uses it: ``acquire`` refused while ``refusing``."""
+
+    def __init__(self) -> None:
+        self.refusing = True
+        self.acquires = 0
+
+    async def acquire(self, timeout: float) -> FakeRawConnection:  # noqa: ASYNC109 (asyncpg's signature)
+        self.acquires += 1
+        if self.refusing:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return FakeRawConnection()
+
+    async def release(self, raw: FakeRawConnection) -> None:
+        pass
+
+
+async def test_a_pool_fails_fast_until_its_next_connect_is_due(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the database is unreachable, a borrow before the next connect is due fails at
+    once without trying; one after it tries; the first answered call ends the outage. One
+    warning and one info in all."""
+
+    async def run_aio(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await fn(*args, **kwargs)  # the fakes are trio-safe coroutines
+
+    monkeypatch.setattr(pg, "run_aio", run_aio)
+    raw = FakeRawPool()
+
+    async def borrow() -> int:
+        async with pool.acquire() as conn:
+            return int(await conn.fetchval("SELECT 1"))
+
+    with structlog.testing.capture_logs() as logs:
+        pool = pg.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
+        pool.schedule = ReconnectSchedule(rng=Ceiling())
+        with pytest.raises(DatabaseUnavailable, match="no database connection"):
+            await borrow()
+        with pytest.raises(DatabaseUnavailable, match=r"\(1 failed attempts\); next connect in 0.05 s"):
+            await borrow()
+        assert raw.acquires == 1
+        await trio.sleep(0.05)
+        with pytest.raises(DatabaseUnavailable, match="no database connection"):
+            await borrow()
+        assert raw.acquires == 2
+        raw.refusing = False
+        with pytest.raises(DatabaseUnavailable, match=r"next connect in 0.10 s"):
+            await borrow()
+        await trio.sleep(0.1)
+        assert await borrow() == 1
+        assert await borrow() == 1
+    assert events(logs) == [("warning", "database unreachable"), ("info", "database reachable again")]
+    assert logs[1]["attempts"] == 2
