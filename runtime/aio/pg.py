@@ -498,6 +498,13 @@ class ReconnectingConnection:
             self.schedule.failed(trio.current_time())
             self.outage.failed(exc)
             raise
+        except trio.Cancelled:
+            # The caller's own deadline ended the connect first (the lease keeper bounds each
+            # probe by its statement timeout): a failed attempt all the same, or a frozen
+            # server would be retried without backoff and its outage never logged.
+            self.schedule.failed(trio.current_time())
+            self.outage.failed("no answer to the connect within its caller's deadline")
+            raise
         self.schedule.succeeded()
         self.outage.succeeded()
         return self._conn

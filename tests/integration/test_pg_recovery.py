@@ -268,3 +268,89 @@ async def test_a_fenced_write_that_meets_a_changed_schema_runs_again_from_its_fe
             await ledger._db.close()
         finally:
             await admin.close()
+
+
+def query_row(url: str, sql: str) -> Any:
+    """The first row of ``sql``, on a short-lived connection of its own (a sync test's)."""
+    import asyncio
+
+    import asyncpg
+
+    async def run() -> Any:
+        conn = await asyncpg.connect(url, timeout=5.0)
+        try:
+            return await conn.fetchrow(sql)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def wait_for_leader(url: str, timeout_s: float) -> int:
+    """The epoch cp-1 leads under, once it holds a live lease (within ``timeout_s``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = query_row(url, "SELECT holder, epoch, expires_at > now() AS live FROM lease WHERE id = 1")
+        if row is not None and row["holder"] == "cp-1" and row["live"]:
+            return int(row["epoch"])
+        time.sleep(0.1)
+    raise AssertionError(f"cp-1 did not lead within {timeout_s:g} s")
+
+
+def test_a_control_plane_rides_out_a_frozen_database(database_url: str) -> None:
+    """Every server process of the control plane's database, and the postmaster, stopped for
+    6 s (no reset: calls and connects just go unanswered): the replica steps down, logs the
+    outage in a few lines, and leads again within a few seconds of the database's return,
+    under a new epoch; it never exits, and stops cleanly on SIGTERM."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "cp", "--id", "cp-1", "--insecure", "--database-url", database_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        epoch = wait_for_leader(database_url, 30.0)
+        database = urllib.parse.urlsplit(database_url).path.lstrip("/")
+        backends = [
+            int(pid)
+            for pid in query_row(
+                database_url,
+                f"SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = '{database}'"
+                " AND pid <> pg_backend_pid()",
+            )[0]
+        ]
+        postmaster = parent_pid(backends[0])
+        stopped: list[int] = []
+        try:
+            for pid in [postmaster, *backends]:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            time.sleep(6.0)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        back_at = time.monotonic()
+        assert wait_for_leader(database_url, 15.0) > epoch
+        recovered_s = time.monotonic() - back_at
+        assert process.poll() is None, "the control plane exited during the outage"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=15)
+        assert process.returncode == 0, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "Traceback" not in stderr
+    unreachable = [line for line in stderr.splitlines() if "database unreachable" in line]
+    assert 1 <= len(unreachable) <= 6, stderr  # one per connection owner at most
+    assert "database reachable again" in stderr
+    assert recovered_s < 10.0, stderr
