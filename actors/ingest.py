@@ -40,6 +40,11 @@ Under overload (DESIGN.md, "Under overload"), slowness here must not turn into m
   submission whose client gave up may thus still be stored, with its idempotency key: the
   client's retry gets its answer; a busy answer never stores anything.
 - A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
+- Registrations and clean stops are transaction functions
+  (:meth:`runtime.aio.PgConnection.run_in_transaction`), run again from their start when a
+  schema change invalidated a cached statement. The pool waits for an unreachable database at
+  start and backs off from it later, logging the outage once per change
+  (:func:`actors.ingest_gate.open_pool`).
 - The ingest runs its own loop-lag monitor (``loop="ingest"``), and shares nothing with the
   other actors, so it can be hosted on a trio loop of its own.
 

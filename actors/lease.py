@@ -18,6 +18,12 @@ replica stops deciding before its lease can have expired. On stepping down it le
 advisory lock so a standby need not wait for the expiry. All of this is liveness only: every
 decision is fenced by the epoch in the ledger, whatever this actor believes.
 
+The store's connection reconnects after a failure, waiting between failed connects (50 ms
+growing to 2 s, jittered) and logging the database's outage once per change
+(:class:`runtime.aio.ReconnectingConnection`); each probe and renewal is bounded by the
+statement timeout, a connect included. The keeper itself adds one line per run of failed
+renewals and none per failed probe of a lost database.
+
 Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers;
 answers :class:`QueryRole`; steps down on :class:`EpochSuperseded`.
 
