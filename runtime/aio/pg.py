@@ -13,9 +13,11 @@ Nothing waits on a dead server for long:
 
 - Every connect is bounded (``connect_timeout_s``, asyncpg's ``timeout``), and so is every
   call (``call_timeout_s``, a trio deadline): a call unanswered by then terminates its
-  connection and raises :class:`DatabaseUnavailable`. The owners set it a margin
-  (:data:`CALL_MARGIN_S`) above their session's ``statement_timeout``, so the server's own
-  timeout (a :class:`DatabaseBusy`, connection kept) comes first while the server lives. The
+  connection and raises :class:`DatabaseUnavailable`. The read stores and the lease keeper
+  set it a margin (:data:`CALL_MARGIN_S`) above their session's ``statement_timeout``, so the
+  server's own timeout (a :class:`DatabaseBusy`, connection kept) comes first while the
+  server lives; the ledger and the ingest, whose work is bounded as a whole by their
+  ``answer_timeout_s`` already, bound each call by that too. The
   deadline is trio's, not asyncpg's ``command_timeout``: on its timeout asyncpg asks the server
   to cancel the statement over a new connection, one more connect to a server that answers
   nothing.
@@ -68,7 +70,8 @@ T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 """Longest a connect may take (TCP, TLS, authentication, session settings), in seconds."""
 DEFAULT_CALL_TIMEOUT_S = 10.0
-"""Longest a call may go unanswered when its owner sets no bound of its own, in seconds."""
+"""Longest a call of a :class:`ReconnectingConnection` or a :class:`PgPool` may go unanswered
+when its owner sets no bound of its own, in seconds."""
 CALL_MARGIN_S = 2.0
 """How much longer than its session's ``statement_timeout`` an owner lets a call go unanswered
 before taking the connection for dead, in seconds: room for the server's cancel, a slow commit
@@ -205,7 +208,10 @@ class PgConnection:
 
     Args:
         raw: the asyncpg connection (or a pool's proxy of one).
-        call_timeout_s: longest one call may go unanswered, in seconds (None: no bound).
+        call_timeout_s: longest one call may go unanswered, in seconds. None: no bound, for
+            operator tools whose statements may run long (the checker, the benchmarks);
+            every control-plane owner passes one (:class:`ReconnectingConnection`,
+            :class:`PgPool`, the schema's connection).
         on_outcome: told how each call ended (see :data:`Outcome`); None: nobody.
     """
 
@@ -213,7 +219,7 @@ class PgConnection:
         self,
         raw: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
         *,
-        call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+        call_timeout_s: float | None = None,
         on_outcome: Outcome | None = None,
     ) -> None:
         self._raw: Any = raw
@@ -227,7 +233,7 @@ class PgConnection:
         *,
         server_settings: dict[str, str] | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+        call_timeout_s: float | None = None,
         on_outcome: Outcome | None = None,
     ) -> PgConnection:
         """Connect to ``url``; ``server_settings`` are PostgreSQL session settings. The
