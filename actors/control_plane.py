@@ -49,6 +49,7 @@ from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable
 from runtime.lag import LoopLag
 from runtime.loops import retry, run_until_signal
+from runtime.outage import OutageLog
 from runtime.settings import ControlPlaneSettings
 from runtime.supervisor import RestartPolicy, supervise
 from runtime.threads import CrossLoopSender, OwnLoop, run_on_own_loop
@@ -66,15 +67,20 @@ class ControlPlaneHandle:
 
 async def _apply_schema_with_retry(settings: ControlPlaneSettings) -> None:
     """Apply the schema, again and again while the database cannot be reached (capped
-    exponential backoff with full jitter: ``schema_retry_base_s`` up to ``schema_retry_max_s``)."""
-    logger = log.get("control_plane")
+    exponential backoff with full jitter: ``schema_retry_base_s`` up to ``schema_retry_max_s``),
+    logging ``database unreachable`` once, then a reminder every 10 s
+    (:class:`runtime.outage.OutageLog`), and ``database reachable again`` when it answers."""
+    outage = OutageLog(log.get("control_plane"), settings.database_url)
+
+    async def attempt() -> None:
+        await apply_schema(settings.database_url)
+        outage.succeeded()
+
     await retry(
-        partial(apply_schema, settings.database_url),
+        attempt,
         retry_on=DatabaseUnavailable,
         backoff=FullJitterBackoff(base_s=settings.schema_retry_base_s, cap_s=settings.schema_retry_max_s),
-        on_retry=lambda exc, wait_s: logger.warning(
-            "database not reachable, retrying", error=str(exc), retry_in_s=round(wait_s, 3)
-        ),
+        on_retry=lambda exc, wait_s: outage.failed(exc),
     )
 
 

@@ -40,6 +40,11 @@ Under overload (DESIGN.md, "Under overload"), slowness here must not turn into m
   submission whose client gave up may thus still be stored, with its idempotency key: the
   client's retry gets its answer; a busy answer never stores anything.
 - A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
+- Registrations and clean stops are transaction functions
+  (:meth:`runtime.aio.PgConnection.run_in_transaction`), run again from their start when a
+  schema change invalidated a cached statement. The pool waits for an unreachable database at
+  start and backs off from it later, logging the outage once per change
+  (:func:`actors.ingest_gate.open_pool`).
 - The ingest runs its own loop-lag monitor (``loop="ingest"``), and shares nothing with the
   other actors, so it can be hosted on a trio loop of its own.
 
@@ -297,7 +302,8 @@ class ControlPlaneService(AdmittedService):
         digest = idempotency.registration_digest(
             address=request.address, cpu_millis=request.cpu_millis, memory_mb=request.memory_mb, labels=labels
         )
-        async with self.database("register_worker") as conn, conn.transaction():
+
+        async def register(conn: PgConnection) -> tuple[int, bool, int]:
             if finished:
                 # The worker's row first, as a heartbeat takes it (one lock order), then the
                 # outcomes, for the incarnation that is still current: before the new one
@@ -340,9 +346,13 @@ class ControlPlaneService(AdmittedService):
                             incarnation=row["incarnation"],
                         )
                     )
-                metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()
                 incarnation = row["incarnation"]
-            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
+            return incarnation, again, await conn.fetchval(queries.CURRENT_EPOCH)
+
+        async with self.database("register_worker") as conn:
+            incarnation, again, epoch = await conn.run_in_transaction(register, what="register_worker")
+        if again:
+            metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()
         log.get("ingest").info(
             "worker registered" if not again else "registration answered again",
             worker_id=request.worker_id,
@@ -399,14 +409,18 @@ class ControlPlaneService(AdmittedService):
         finished = list(request.finished)
         check_outcomes(finished)
         worker_id, incarnation = request.worker_id, request.incarnation
-        async with self.database("leave_worker") as conn, conn.transaction():
+
+        async def leave(conn: PgConnection) -> tuple[Any, int]:
             # The worker's row first, as heartbeats and registrations take it (one lock order),
             # then the outcomes, recorded whatever the leave's fate (a result is never lost).
             await conn.fetchval(queries.LOCK_WORKER, worker_id)
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
             row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
-            epoch = await conn.fetchval(queries.CURRENT_EPOCH)
+            return row, await conn.fetchval(queries.CURRENT_EPOCH)
+
+        async with self.database("leave_worker") as conn:
+            row, epoch = await conn.run_in_transaction(leave, what="leave_worker")
         left, detail = leave_verdict(worker_id, incarnation, row)
         log.get("ingest").info(
             "worker left" if left else "leave changed nothing",
@@ -505,12 +519,17 @@ class Ingest:
             await conn.execute(queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid())
 
     async def _presence(self, service: ControlPlaneService) -> None:
+        failing = False
         while True:
             await trio.sleep(self.presence_interval_s)
             try:
                 await self._record_presence(service)
+                failing = False
             except DatabaseUnavailable as exc:
-                self._log.warning("presence not recorded", error=str(exc))
+                # Once per run of failures: the pool logs the database's outage itself.
+                if not failing:
+                    self._log.warning("presence not recorded", error=str(exc))
+                failing = True
 
     async def _sweep(self, service: ControlPlaneService) -> None:
         """Delete expired idempotency keys every ``idempotency_sweep_interval_s``; every replica
@@ -527,6 +546,9 @@ class Ingest:
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema.sql"
+SCHEMA_CALL_TIMEOUT_S = 60.0
+"""Longest one statement of the schema's application may go unanswered, in seconds: the whole
+schema is one statement, and a replica may wait here for another applying it."""
 
 
 async def apply_schema(database_url: str) -> None:
@@ -539,7 +561,11 @@ async def apply_schema(database_url: str) -> None:
     """
     sql = SCHEMA_PATH.read_text()
     digest = hashlib.sha256(sql.encode()).hexdigest()
-    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade schema"})
+    conn = await PgConnection.connect(
+        database_url,
+        server_settings={"application_name": "stockade schema"},
+        call_timeout_s=SCHEMA_CALL_TIMEOUT_S,
+    )
     try:
         await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
         try:

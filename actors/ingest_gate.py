@@ -22,6 +22,7 @@ from protocol import wire
 from protocol.wire import Encoded
 from runtime import log, metrics
 from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadline
+from runtime.aio.pg import open_pool_when_reachable
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings, session_ms
@@ -77,18 +78,22 @@ async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> 
 
     No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
     ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
-    trip fewer per request.
+    trip fewer per request. While the database cannot be reached it waits, trying again with
+    backoff and logging the outage once per change (:func:`runtime.aio.pg.open_pool_when_reachable`);
+    each call on a pooled connection goes unanswered for ``settings.answer_timeout_s`` at most.
 
     Raises:
-        DatabaseUnavailable: the database cannot be reached.
+        DatabaseRefused: the database refused this client for good.
     """
-    return await PgPool.create(
+    return await open_pool_when_reachable(
         database_url,
+        owner="ingest",
         size=settings.pool_size,
         min_size=settings.pool_size,
         idle_close_s=0,
         reset_on_release=False,
         server_settings={"application_name": f"stockade {cp_id} ingest", **session_settings(settings)},
+        call_timeout_s=settings.answer_timeout_s,
     )
 
 

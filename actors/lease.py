@@ -18,6 +18,12 @@ replica stops deciding before its lease can have expired. On stepping down it le
 advisory lock so a standby need not wait for the expiry. All of this is liveness only: every
 decision is fenced by the epoch in the ledger, whatever this actor believes.
 
+The store's connection reconnects after a failure, waiting between failed connects (50 ms
+growing to 2 s, jittered) and logging the database's outage once per change
+(:class:`runtime.aio.ReconnectingConnection`); each probe and renewal is bounded by the
+statement timeout, a connect included. The keeper itself adds one line per run of failed
+renewals and none per failed probe of a lost database.
+
 Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers;
 answers :class:`QueryRole`; steps down on :class:`EpochSuperseded`.
 
@@ -40,8 +46,9 @@ import trio
 from actors import queries
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
 from runtime import log
-from runtime.aio import PgConnection
-from runtime.errors import DatabaseUnavailable
+from runtime.aio import PgConnection, ReconnectingConnection
+from runtime.aio.pg import CALL_MARGIN_S
+from runtime.errors import DatabaseBusy, DatabaseUnavailable
 from runtime.settings import LeaseSettings, session_ms
 
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -75,7 +82,8 @@ class LeaseStore(Protocol):
 
 @attrs.define
 class PgLeaseStore:
-    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure.
+    """:class:`LeaseStore` on its own PostgreSQL connection, reconnecting after a failure
+    (with backoff, and logging the outage once per change: :class:`runtime.aio.ReconnectingConnection`).
 
     The connection is also the leader's proof of life: it holds the advisory lock of the epoch
     it leads. After a reconnect the leader takes the lock again before renewing; if it cannot
@@ -85,21 +93,28 @@ class PgLeaseStore:
     database_url: str
     application_name: str
     statement_timeout_s: float
+    _db: ReconnectingConnection = attrs.field(init=False)
     _conn: PgConnection | None = None
     _locked_epochs: set[int] = attrs.field(factory=set)
 
+    def __attrs_post_init__(self) -> None:
+        self._db = ReconnectingConnection(
+            self.database_url,
+            {
+                "application_name": self.application_name,
+                "statement_timeout": session_ms(self.statement_timeout_s),
+            },
+            owner="lease",
+            connect_timeout_s=self.statement_timeout_s,
+            call_timeout_s=self.statement_timeout_s + CALL_MARGIN_S,
+        )
+
     async def _connection(self) -> PgConnection:
-        if self._conn is None or self._conn.is_closed():
-            self._locked_epochs.clear()
-            self._conn = await PgConnection.connect(
-                self.database_url,
-                server_settings={
-                    "application_name": self.application_name,
-                    "statement_timeout": session_ms(self.statement_timeout_s),
-                },
-                connect_timeout_s=self.statement_timeout_s,
-            )
-        return self._conn
+        conn = await self._db.get()
+        if conn is not self._conn:
+            self._locked_epochs.clear()  # a new session holds no lock
+            self._conn = conn
+        return conn
 
     async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
         conn = await self._connection()
@@ -140,10 +155,9 @@ class PgLeaseStore:
             await self._conn.fetchval(queries.UNLOCK_LEASE_LOCK, queries.LEASE_LOCK_SPACE, epoch)
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-            self._locked_epochs.clear()
+        await self._db.close()
+        self._conn = None
+        self._locked_epochs.clear()
 
 
 @attrs.define
@@ -166,6 +180,8 @@ class LeaseKeeper:
     _leader_wait: trio.CancelScope | None = None
     _relinquish: list[int] = attrs.field(factory=list)
     """Epochs we stopped leading whose advisory lock we still have to let go of."""
+    _takeover_failing: bool = False
+    """Whether the last takeover probe failed."""
     _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
     # ------------------------------------------------------------ role changes
@@ -256,8 +272,13 @@ class LeaseKeeper:
                 with trio.move_on_after(s.statement_timeout_s):
                     try:
                         epoch = await store.try_take_over(self.cp_id, s.lease_ttl_s)
+                        self._takeover_failing = False
                     except DatabaseUnavailable as exc:
-                        self._log.warning("takeover attempt failed", error=str(exc))
+                        # A lost database is logged by the store's connection, once per change
+                        # (runtime.outage); a busy one here, once per run of failed probes.
+                        if isinstance(exc, DatabaseBusy) and not self._takeover_failing:
+                            self._log.warning("takeover attempt failed", error=str(exc))
+                        self._takeover_failing = True
                 if epoch is not None:
                     self.last_renew_sent = sent
                     self._elect(epoch)
@@ -284,6 +305,7 @@ class LeaseKeeper:
                 f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})"
             )
             return
+        failures = 0
         while trio.current_time() < step_down_at:
             sent = trio.current_time()
             renewed: bool | None = None
@@ -291,7 +313,9 @@ class LeaseKeeper:
                 try:
                     renewed = await store.renew(self.cp_id, epoch, s.lease_ttl_s)
                 except DatabaseUnavailable as exc:
-                    self._log.warning("renewal failed", error=str(exc))
+                    failures += 1
+                    if failures == 1:  # the retries until step-down say nothing new
+                        self._log.warning("renewal failed", error=str(exc))
                     await trio.sleep(min(s.renew_retry_s, s.renew_interval_s))
                     continue
             if renewed is None:

@@ -31,6 +31,14 @@ statement writes nothing.
 A refused write (stale epoch at the check, or a session ended under a newer epoch) is recorded
 in ``stale_writes`` in a separate transaction and reported to the lease keeper.
 
+A schema change while the ledger runs (a new column, applied by a newer replica) invalidates
+the statements its connection has prepared: PostgreSQL answers "cached plan must not change
+result type" and aborts the transaction. The fenced transaction then runs once more from
+``BEGIN``, fence included (:meth:`runtime.aio.PgConnection.run_in_transaction`); its writes
+are never retried one by one, since the fence and the writes before the failed one were
+rolled back with it. The connection reconnects after a failure with backoff and logs the
+database's outage once per change (:class:`runtime.aio.ReconnectingConnection`).
+
 How long the share lock is held. A takeover waits for it, so a fenced write that is merely
 large must not hold it long (a new leader would wait for its predecessor's last writes), and
 two bounds see to it:
@@ -152,14 +160,23 @@ class Ledger:
         }
         if not _FENCING_ENABLED:
             server_settings["idle_in_transaction_session_timeout"] = "0"
-        self._db = ReconnectingConnection(self.database_url, server_settings)
+        self._db = ReconnectingConnection(
+            self.database_url,
+            server_settings,
+            owner="ledger",
+            # A fenced write is bounded as a whole by answer_timeout_s (_answer_deadline); the
+            # same bound on each call covers the rest (the epoch read after a lost connection,
+            # the record of a refused write) without cutting a slow COMMIT shorter than before.
+            call_timeout_s=s.answer_timeout_s,
+        )
 
     async def _connection(self) -> PgConnection:
         return await self._db.get()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve fenced-write requests one at a time until cancelled."""
-        await self._connection()
+        """Serve fenced-write requests one at a time until cancelled; starts once connected
+        (waiting with backoff while the database is unreachable)."""
+        await self._db.wait_connected()
         task_status.started()
         try:
             async for message in self.inbox:
@@ -255,7 +272,7 @@ class Ledger:
     async def _transaction(
         self, conn: PgConnection, epoch: int, op: Callable[[PgConnection], Awaitable[T]], kind: str
     ) -> T:
-        async with conn.transaction():
+        async def body(conn: PgConnection) -> T:
             seen = int(
                 await conn.fetchval(queries.FENCE_EPOCH if _FENCING_ENABLED else queries.CURRENT_EPOCH)
             )
@@ -265,7 +282,10 @@ class Ledger:
                 raise StaleEpoch(epoch, seen)
             result = await op(conn)
             await faults.hit("ledger.before_commit")
-        return result
+            return result
+
+        # Run again whole, fence included, when a schema change invalidated a cached statement.
+        return await conn.run_in_transaction(body, what=f"ledger.{kind}")
 
     @contextmanager
     def _answer_deadline(self, what: str) -> Iterator[None]:

@@ -150,7 +150,7 @@ def check_database_url(url: str, *, field: str = "database_url") -> str:
     """
     if not isinstance(url, str):
         raise InvalidArgument(field, url, "must be a postgresql:// URL string")
-    shown = _without_password(url)
+    shown = url_without_password(url)
     example = "postgresql://user@host:5432/database"
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in DATABASE_URL_SCHEMES:
@@ -173,7 +173,7 @@ def check_database_url(url: str, *, field: str = "database_url") -> str:
     return url
 
 
-def _without_password(url: str) -> str:
+def url_without_password(url: str) -> str:
     """``url`` with the password of its user part, if any, replaced by ``***``."""
     scheme, sep, rest = url.partition("://")
     netloc, slash, tail = rest.partition("/")

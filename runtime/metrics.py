@@ -147,3 +147,11 @@ AUTH_REFUSALS = Counter(
 def serve(port: int) -> None:
     """Serve /metrics on 127.0.0.1:``port`` from a background thread."""
     start_http_server(port, addr="127.0.0.1")
+
+
+DATABASE_TRANSACTION_RETRIES = Counter(
+    "stockade_database_transaction_retries",
+    "Transactions run again from their start after a schema change invalidated a cached "
+    "statement (asyncpg InvalidCachedStatementError, OutdatedSchemaCacheError), by what ran.",
+    ["what"],
+)

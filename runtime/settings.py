@@ -397,12 +397,14 @@ class ControlPlaneSettings:
     listen_host:actual port."""
     presence_interval_s: float = attrs.field(default=1.0, validator=_positive)
     """How often the replica records that it is up (control_planes.seen_at)."""
-    schema_retry_base_s: float = attrs.field(default=0.2, validator=_positive)
+    schema_retry_base_s: float = attrs.field(default=0.05, validator=_positive)
     """While the database cannot be reached at start-up, the schema is applied again after a
     random wait below this, then below twice, four times ... this (seconds; capped
-    exponential backoff with full jitter, :func:`runtime.loops.retry`)."""
-    schema_retry_max_s: float = attrs.field(default=5.0, validator=_positive)
-    """The largest bound of that wait, in seconds."""
+    exponential backoff with full jitter, :func:`runtime.loops.retry`), as every connection
+    owner reconnects (:data:`runtime.backoff.RECONNECT_BACKOFF`)."""
+    schema_retry_max_s: float = attrs.field(default=2.0, validator=_positive)
+    """The largest bound of that wait, in seconds: small, so a replica starts within about
+    2 s of its database coming up."""
     ingest: IngestSettings = attrs.field(factory=IngestSettings)
     lease: LeaseSettings = attrs.field(factory=LeaseSettings)
     ledger: LedgerSettings = attrs.field(factory=LedgerSettings)

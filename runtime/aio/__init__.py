@@ -34,7 +34,8 @@ client that only calls a gRPC server loads neither the database side nor the ser
 - :mod:`runtime.aio.bridge`: the loop (:func:`asyncio_bridge`) and the crossings, :func:`run_aio`
   (trio -> asyncio) and :func:`run_trio` (asyncio -> trio).
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
-  :class:`ReadStore`, :class:`PgPool`.
+  :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
+  with backoff and one log line per outage change (see that module).
 - :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
   :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`, and who
   called (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`).

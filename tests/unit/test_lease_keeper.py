@@ -10,11 +10,13 @@ import math
 
 import attrs
 import pytest
+import structlog
 import trio
 import trio.testing
 
 from actors.lease import LeaseKeeper
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
+from runtime.errors import DatabaseBusy, DatabaseUnavailable
 from runtime.reply import Reply
 from runtime.settings import LeaseSettings
 
@@ -36,6 +38,8 @@ class FakeLeaseDb:
     epoch: int = 0
     expires_at: float = -math.inf
     frozen: bool = False
+    error: Exception | None = None
+    """Raised by every call while set (a lost or busy database)."""
     holder_session_alive: bool = True
     renewals: list[float] = attrs.field(factory=list)
     released: list[int] = attrs.field(factory=list)
@@ -44,6 +48,8 @@ class FakeLeaseDb:
     async def _maybe_hang(self) -> None:
         if self.frozen:
             await trio.sleep_forever()
+        if self.error is not None:
+            raise self.error
 
     async def try_take_over(self, holder: str, ttl_s: float) -> int | None:
         await self._maybe_hang()
@@ -273,3 +279,48 @@ async def test_steps_down_when_the_main_loop_stops_running(autojump_clock: trio.
         at, change = await h.next_change()
         assert isinstance(change, Elected) and change.epoch == 2
         nursery.cancel_scope.cancel()
+
+
+def lease_warnings(logs: list[dict[str, object]]) -> list[object]:
+    return [entry["event"] for entry in logs if entry["log_level"] == "warning"]
+
+
+async def test_a_lost_database_adds_no_line_per_takeover_probe(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A standby whose database is gone for 5 s (20 probes) logs nothing itself (its store's
+    connection logs the outage once); then, after a probe that worked, a busy one for 5 s logs
+    one line for the whole run."""
+    h = make_harness(FakeLeaseDb(holder="cp-9", epoch=4, expires_at=100.0))
+    with structlog.testing.capture_logs() as logs:
+        h.keeper._log = structlog.get_logger().bind(actor="lease")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(h.keeper.run)
+            h.db.error = DatabaseUnavailable("database connection lost")
+            await trio.sleep(5.0)
+            h.db.error = None  # the lease is live: probes answer None
+            await trio.sleep(1.0)
+            h.db.error = DatabaseBusy("database busy: statement timeout")
+            await trio.sleep(5.0)
+            nursery.cancel_scope.cancel()
+    assert lease_warnings(logs) == ["takeover attempt failed"]
+
+
+async def test_failed_renewals_are_logged_once_before_stepping_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A leader whose renewals fail until its step-down logs 'renewal failed' once, then
+    'deposed'."""
+    h = make_harness(FakeLeaseDb())
+    with structlog.testing.capture_logs() as logs:
+        h.keeper._log = structlog.get_logger().bind(actor="lease")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(h.keeper.run)
+            await h.next_change()
+            await h.next_change()  # elected at 0
+            h.db.error = DatabaseUnavailable("database connection lost")
+            at, change = await h.next_change()
+            assert isinstance(change, Deposed)
+            assert at == pytest.approx(SETTINGS.lease_ttl_s - SETTINGS.step_down_margin_s)
+            nursery.cancel_scope.cancel()
+    assert lease_warnings(logs) == ["renewal failed", "deposed"]
