@@ -271,6 +271,8 @@ class Placer:
     later rounds. While the database is slow, rounds write fewer (:mod:`actors.write_size`)."""
     _write_size: WriteSize | None = None
     _synced_epoch: int | None = None
+    _failed_rounds: int = 0
+    """Rounds failed in a row (the database unreachable); logged at the first and the end."""
     _synced_at: float = -math.inf
     _connect_epoch: int | None = None
     _connected: set[tuple[str, str]] = attrs.field(factory=set)
@@ -292,11 +294,17 @@ class Placer:
         """:meth:`round`, its refusal or failure logged (the queue is read in full next)."""
         try:
             await self.round(epoch)
+            if self._failed_rounds:
+                self._log.info("rounds succeed again", failed_rounds=self._failed_rounds)
+                self._failed_rounds = 0
         except StaleEpoch as exc:
             self._log.info("round refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
             self._synced_epoch = None
         except DatabaseUnavailable as exc:
-            self._log.warning("round failed", error=str(exc))
+            # Once per streak of failures, not once per round (the database is away).
+            if not self._failed_rounds:
+                self._log.warning("round failed", error=str(exc))
+            self._failed_rounds += 1
             self._synced_epoch = None
 
     async def _read(self, epoch: int) -> list[LiveWorker]:

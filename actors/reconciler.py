@@ -372,15 +372,23 @@ class Reconciler:
         """Run a pass every ``reconcile_interval_s`` while leader, until cancelled."""
         last_epoch: int | None = None
 
+        failed_passes = 0
+
         async def logged_pass(epoch: int) -> None:
-            nonlocal last_epoch
+            nonlocal last_epoch, failed_passes
             try:
                 await self.reconcile(epoch, first_pass=epoch != last_epoch)
                 last_epoch = epoch
+                if failed_passes:
+                    self._log.info("passes succeed again", failed_passes=failed_passes)
+                    failed_passes = 0
             except StaleEpoch as exc:
                 self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
             except DatabaseUnavailable as exc:
-                self._log.warning("pass failed", error=str(exc))
+                # Once per streak of failures, not once per pass (the database is away).
+                if not failed_passes:
+                    self._log.warning("pass failed", error=str(exc))
+                failed_passes += 1
 
         await self.role.every_interval_while_leader(
             self.settings.reconcile_interval_s, logged_pass, task_status=task_status
