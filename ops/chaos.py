@@ -281,18 +281,21 @@ class Harness:
         await self.leader(client)
 
     def _rejoined(self, config: Any) -> tuple[int, int]:
-        """Partitions after which the worker registered again, and after which it also
-        started a job again."""
+        """Partitions after which the worker came back (registered again, or, when it was not
+        declared dead meanwhile, resumed its paused jobs in the same incarnation), and after
+        which it also started a job again."""
         rejoined = 0
         count = 0
         for worker_id, _, healed_at in self.result.partitions:
             records = checker.read_jsonl(self.state.work_dir(worker_id) / "agent.jsonl")
-            registered = [
-                r["time"] for r in records if r.get("event") == "register" and r["time"] >= healed_at
+            back = [
+                r["time"]
+                for r in records
+                if r.get("event") in ("register", "resume") and r["time"] >= healed_at
             ]
-            if registered:
+            if back:
                 rejoined += 1
-                if any(r.get("event") == "start" and r["time"] >= registered[0] for r in records):
+                if any(r.get("event") == "start" and r["time"] >= back[0] for r in records):
                     count += 1
         return rejoined, count
 

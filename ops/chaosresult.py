@@ -81,7 +81,8 @@ class ChaosResult:
     partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(worker, cut at, healed at) in Unix seconds."""
     partitions_rejoined: int = 0
-    """Partitions after which the worker registered again (a new incarnation)."""
+    """Partitions after which the worker came back: registered again (a new incarnation), or
+    resumed its paused jobs (it was not declared dead meanwhile: a mass silence held it)."""
     partitions_worked_again: int = 0
     """Partitions after which the worker also started a job again (under best fit, an idle
     cluster may leave a rejoined worker without work for a while)."""
