@@ -65,7 +65,13 @@ async def _write_until_refused(url: str, *, killed: asyncio.Event, count_before_
                 await connection.execute(
                     "INSERT INTO ha_rows (id) VALUES ($1)", next_id, timeout=WRITE_TIMEOUT_S
                 )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except (
+                OSError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+                TimeoutError,
+            ):
                 return acknowledged
             acknowledged.append(next_id)
             next_id += 1
