@@ -11,10 +11,11 @@ Each failover: a writer inserts one row per committed transaction through the mu
 without pause; the primary's Patroni and PostgreSQL are SIGKILLed together; then it prints
 seconds from the kill to (1) the other member being primary and accepting read-write
 connections, (2) the killed member being the sync standby again after its restart (started as
-soon as (1) holds), (3) the writer's first acknowledged commit after the kill; and checks
+soon as (1) holds), (3) the writer's first commit acknowledged by the new primary; and checks
 that every row whose commit was acknowledged is on the new primary. With
-``synchronous_mode_strict`` (the default) (3) follows (2): the new primary acknowledges no
-commit before a standby has it.
+``synchronous_mode_strict`` (the default) (3) waits for the restarted member to stream again:
+the new primary acknowledges no commit before a standby has it (Patroni records that member
+as the sync standby, (2), a few seconds later).
 """
 
 from __future__ import annotations
@@ -96,13 +97,14 @@ def _failover(ha: HaPostgres, number: int) -> None:
     rejoined_s = ha.restart_member(killed.name, timeout_s=120)
     rejoined_after_s = time.monotonic() - killed.at_monotonic_s
     deadline = time.monotonic() + 60
-    while (
-        not any(at > killed.at_monotonic_s for _, at in writer.acknowledged) and time.monotonic() < deadline
-    ):
+    # Only the new primary can acknowledge a write after the promotion (an answer the old one
+    # sent just before the kill may be read a few milliseconds after it).
+    promoted_at = killed.at_monotonic_s + promoted.after_s
+    while not any(at > promoted_at for _, at in writer.acknowledged) and time.monotonic() < deadline:
         time.sleep(0.05)
     writer.stopping.set()
     writer.join()
-    first_write = min((at for _, at in writer.acknowledged if at > killed.at_monotonic_s), default=None)
+    first_write = min((at for _, at in writer.acknowledged if at > promoted_at), default=None)
     rows = {r["id"] for r in asyncio.run(_execute(url, "SELECT id FROM ha_measure"))}
     lost = [i for i, _ in writer.acknowledged if i not in rows]
     write_text = "none in 60 s" if first_write is None else f"{first_write - killed.at_monotonic_s:.2f} s"
