@@ -22,6 +22,8 @@ Layout of the state folder (the launcher uses ``<state_dir>/hadb``)::
 
     hadb.json           ports, member names and settings, written at the first start
     pgpass              the ``postgres`` role's password for clients (libpq format, 0600, ours)
+    secrets.json        the passwords Patroni is configured with (0600, ours): ``postgres``,
+                        ``replicator``, and its REST API's for requests that change the cluster
     etcd-N/             etcd's data dir; etcd-N.log, etcd-N.pid beside it
     pg-N/patroni.yml    Patroni's configuration (0600, the server's user: it holds the passwords)
     pg-N/data/          PGDATA
@@ -602,6 +604,7 @@ class HaPostgres:
                 {
                     "superuser": secrets.token_urlsafe(PASSWORD_BYTES),
                     "replication": secrets.token_urlsafe(PASSWORD_BYTES),
+                    "rest_api": secrets.token_urlsafe(PASSWORD_BYTES),
                 }
             ).encode(),
         )
@@ -662,7 +665,7 @@ class HaPostgres:
     def _start_etcd(self, etcd: _EtcdPorts) -> None:
         self._spawn(etcd.name, self._etcd_argv(etcd), run_as=None, cwd=self.root)
 
-    def _patroni_config(self, pg: _PgPorts, run_as: RunAs) -> dict[str, Any]:
+    def _patroni_config(self, pg: _PgPorts) -> dict[str, Any]:
         passwords = self._passwords()
         settings = self.settings
         hba = [
@@ -677,6 +680,9 @@ class HaPostgres:
             "restapi": {
                 "listen": f"{LISTEN_HOST}:{pg.rest_port}",
                 "connect_address": f"{LISTEN_HOST}:{pg.rest_port}",
+                # GET (health, /cluster) stays open; what changes the cluster (POST /failover,
+                # /restart, PATCH /config...) needs this password.
+                "authentication": {"username": "patroni", "password": passwords["rest_api"]},
             },
             "etcd3": {"hosts": [f"{LISTEN_HOST}:{e.client_port}" for e in self._etcd], "protocol": "http"},
             "bootstrap": {
@@ -757,7 +763,7 @@ class HaPostgres:
             # JSON is YAML: no YAML writer needed. Rewritten at every start (the ports stay).
             new = config.with_name("patroni.yml.new")
             new.unlink(missing_ok=True)
-            _write_new_secret(new, json.dumps(self._patroni_config(pg, run_as), indent=2).encode(), run_as)
+            _write_new_secret(new, json.dumps(self._patroni_config(pg), indent=2).encode(), run_as)
             new.replace(config)
         except OSError as exc:
             raise HaStartError(f"cannot prepare {member_dir}: {exc}") from exc
