@@ -56,7 +56,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -73,9 +72,9 @@ from typing import Any
 import attrs
 import psutil
 
+from ops.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
 from ops.pg import (
     LISTEN_HOST,
-    PASSWORD_BYTES,
     PG_SUPERUSER,
     POSTGRES_BIN_PATH,
     RUN_AS_USER,
@@ -95,6 +94,7 @@ from runtime.text import tail_lines
 
 __all__ = [
     "ETCD_MEMBERS",
+    "INSTALL_HINT",
     "PG_MEMBERS",
     "HaDatabaseError",
     "HaPostgres",
@@ -113,9 +113,6 @@ ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
 
 PG_MEMBERS = ("pg-1", "pg-2")
 """The Patroni members, each with its own PostgreSQL data dir."""
-
-REPLICATION_USER = "replicator"
-"""The role the standby streams WAL as."""
 
 _STOP_TIMEOUT_S = 30.0
 """Default seconds for one process to exit after SIGTERM before it gets SIGKILL."""
@@ -160,60 +157,6 @@ class HaTimeout(HaDatabaseError):
 
 class _NotRunning(TemporaryError):
     """No Patroni REST API answered."""
-
-
-@attrs.frozen(kw_only=True)
-class HaSettings:
-    """Patroni's timings and replication mode (its ``bootstrap.dcs`` section).
-
-    Patroni's rule: ``ttl >= 20``, ``loop_wait >= 1``, ``retry_timeout >= 3``, and
-    ``loop_wait + 2 * retry_timeout <= ttl`` (``patroni/config.py``,
-    ``Config._validate_and_adjust_timeouts``); Patroni silently lowers values that break it,
-    this class refuses them instead. The defaults are the smallest useful values: ``ttl`` at
-    Patroni's minimum, a 2 s loop, and a retry budget that leaves ``ttl`` room for two retries.
-    """
-
-    ttl_s: int = 20
-    """Seconds the leader key lives in etcd without renewal; a dead primary is replaced about
-    this long after it died."""
-    loop_wait_s: int = 2
-    """Seconds between two passes of each Patroni's HA loop."""
-    retry_timeout_s: int = 5
-    """Seconds Patroni retries etcd and PostgreSQL operations before it demotes itself."""
-    synchronous_mode_strict: bool = True
-    """True: a commit is acknowledged only once the standby has it, even when there is no
-    standby (writes wait until one is back). False: a primary left alone goes on alone, and
-    what it acknowledges then lives on one server only. Either way Patroni promotes only the
-    synchronous standby, so no failover loses an acknowledged commit; strict mode also keeps
-    every acknowledged commit on two data dirs, at the price of writes stalling until the
-    failed member rejoins."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.ttl_s < 20:
-            raise ValueError(f"ttl_s must be >= 20 (Patroni's minimum), got {self.ttl_s}")
-        if self.loop_wait_s < 1:
-            raise ValueError(f"loop_wait_s must be >= 1, got {self.loop_wait_s}")
-        if self.retry_timeout_s < 3:
-            raise ValueError(f"retry_timeout_s must be >= 3, got {self.retry_timeout_s}")
-        if self.loop_wait_s + 2 * self.retry_timeout_s > self.ttl_s:
-            raise ValueError(
-                f"loop_wait_s + 2 * retry_timeout_s must be <= ttl_s ({self.ttl_s}), got "
-                f"{self.loop_wait_s} + 2 * {self.retry_timeout_s}"
-            )
-
-
-@attrs.frozen(kw_only=True)
-class _EtcdPorts:
-    name: str
-    client_port: int
-    peer_port: int
-
-
-@attrs.frozen(kw_only=True)
-class _PgPorts:
-    name: str
-    pg_port: int
-    rest_port: int
 
 
 @attrs.frozen(kw_only=True)
@@ -296,8 +239,8 @@ class HaPostgres:
     root: Path = attrs.field(converter=lambda p: Path(p).absolute())
     settings: HaSettings = attrs.field(factory=HaSettings)
     bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
-    _etcd: tuple[_EtcdPorts, ...] = attrs.field(default=(), init=False)
-    _pg: tuple[_PgPorts, ...] = attrs.field(default=(), init=False)
+    _etcd: tuple[EtcdMember, ...] = attrs.field(default=(), init=False)
+    _pg: tuple[PgMember, ...] = attrs.field(default=(), init=False)
 
     def __attrs_post_init__(self) -> None:
         self._load()
@@ -584,34 +527,28 @@ class HaPostgres:
             return
         except (OSError, ValueError) as exc:
             raise HaDatabaseError(f"cannot read {self.layout_path}: {exc}") from exc
-        self._etcd = tuple(_EtcdPorts(**e) for e in layout["etcd"])
-        self._pg = tuple(_PgPorts(**m) for m in layout["pg"])
+        self._etcd = tuple(EtcdMember(**e) for e in layout["etcd"])
+        self._pg = tuple(PgMember(**m) for m in layout["pg"])
         self.settings = HaSettings(**layout["settings"])
 
     def _create_layout(self) -> None:
         ports = _free_ports(len(ETCD_MEMBERS) * 2 + len(PG_MEMBERS) * 2)
         self._etcd = tuple(
-            _EtcdPorts(name=name, client_port=ports.pop(), peer_port=ports.pop()) for name in ETCD_MEMBERS
+            EtcdMember(name=name, client_port=ports.pop(), peer_port=ports.pop()) for name in ETCD_MEMBERS
         )
         self._pg = tuple(
-            _PgPorts(name=name, pg_port=ports.pop(), rest_port=ports.pop()) for name in PG_MEMBERS
+            PgMember(name=name, pg_port=ports.pop(), rest_port=ports.pop()) for name in PG_MEMBERS
         )
         secrets_path = self.root / "secrets.json"
         secrets_path.unlink(missing_ok=True)
         _write_new_secret(
             secrets_path,
-            json.dumps(
-                {
-                    "superuser": secrets.token_urlsafe(PASSWORD_BYTES),
-                    "replication": secrets.token_urlsafe(PASSWORD_BYTES),
-                    "rest_api": secrets.token_urlsafe(PASSWORD_BYTES),
-                }
-            ).encode(),
+            json.dumps(attrs.asdict(HaPasswords.new())).encode(),
         )
         passwords = self._passwords()
         self.password_file.unlink(missing_ok=True)
         _write_new_secret(
-            self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords['superuser']}\n".encode()
+            self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords.superuser}\n".encode()
         )
         layout = {
             "etcd": [attrs.asdict(e) for e in self._etcd],
@@ -622,15 +559,14 @@ class HaPostgres:
         new.write_text(json.dumps(layout, indent=2) + "\n")
         new.replace(self.layout_path)
 
-    def _passwords(self) -> dict[str, str]:
+    def _passwords(self) -> HaPasswords:
         path = self.root / "secrets.json"
         try:
-            passwords: dict[str, str] = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+            return HaPasswords(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
             raise HaStartError(f"cannot read the passwords in {path}: {exc}") from exc
-        return passwords
 
-    def _pg_ports(self, name: str) -> _PgPorts:
+    def _pg_ports(self, name: str) -> PgMember:
         for member in self._pg:
             if member.name == name:
                 return member
@@ -638,108 +574,31 @@ class HaPostgres:
 
     # -- processes ------------------------------------------------------------
 
-    def _etcd_argv(self, etcd: _EtcdPorts) -> list[str]:
+    def _start_etcd(self, etcd: EtcdMember) -> None:
         binary = _etcd_binary()
-        assert binary is not None
-        peers = ",".join(f"{e.name}=http://{LISTEN_HOST}:{e.peer_port}" for e in self._etcd)
-        client = f"http://{LISTEN_HOST}:{etcd.client_port}"
-        peer = f"http://{LISTEN_HOST}:{etcd.peer_port}"
-        return [
+        assert binary is not None  # start() checked missing_tools()
+        argv = etcd_argv(
             binary,
-            "--name", etcd.name,
-            "--data-dir", str(self.root / etcd.name),
-            "--listen-client-urls", client,
-            "--advertise-client-urls", client,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", peers,
-            "--initial-cluster-token", f"stockade-hadb-{_digest(self.root)[:8]}",
-            "--initial-cluster-state", "new",
-            # Short heartbeats: a local cluster on loopback; elections within a second.
-            "--heartbeat-interval", "100",
-            "--election-timeout", "1000",
-            "--enable-v2=false",
-            "--log-level", "warn",
-        ]  # fmt: skip
+            etcd,
+            members=self._etcd,
+            data_dir=self.root / etcd.name,
+            cluster_token=f"stockade-hadb-{_digest(self.root)[:8]}",
+        )
+        self._spawn(etcd.name, argv, run_as=None, cwd=self.root)
 
-    def _start_etcd(self, etcd: _EtcdPorts) -> None:
-        self._spawn(etcd.name, self._etcd_argv(etcd), run_as=None, cwd=self.root)
+    def _patroni_config(self, pg: PgMember) -> dict[str, Any]:
+        return patroni_config(
+            pg,
+            etcd=self._etcd,
+            settings=self.settings,
+            passwords=self._passwords(),
+            data_dir=self._pgdata(pg.name),
+            bin_dir=self.bin_path,
+            pgpass=self._member_dir(pg.name) / "patroni-pgpass",
+            socket_dir=self._socket_dir(pg.name),
+        )
 
-    def _patroni_config(self, pg: _PgPorts) -> dict[str, Any]:
-        passwords = self._passwords()
-        settings = self.settings
-        hba = [
-            "local all all trust",
-            f"host all all {LISTEN_HOST}/32 scram-sha-256",
-            f"host replication {REPLICATION_USER} {LISTEN_HOST}/32 scram-sha-256",
-        ]
-        return {
-            "scope": "stockade",
-            "name": pg.name,
-            "log": {"level": "WARNING"},
-            "restapi": {
-                "listen": f"{LISTEN_HOST}:{pg.rest_port}",
-                "connect_address": f"{LISTEN_HOST}:{pg.rest_port}",
-                # GET (health, /cluster) stays open; what changes the cluster (POST /failover,
-                # /restart, PATCH /config...) needs this password.
-                "authentication": {"username": "patroni", "password": passwords["rest_api"]},
-            },
-            "etcd3": {"hosts": [f"{LISTEN_HOST}:{e.client_port}" for e in self._etcd], "protocol": "http"},
-            "bootstrap": {
-                "dcs": {
-                    "ttl": settings.ttl_s,
-                    "loop_wait": settings.loop_wait_s,
-                    "retry_timeout": settings.retry_timeout_s,
-                    "synchronous_mode": True,
-                    "synchronous_mode_strict": settings.synchronous_mode_strict,
-                    "postgresql": {
-                        "use_pg_rewind": True,
-                        "use_slots": True,
-                        "parameters": {
-                            "wal_level": "replica",
-                            "wal_log_hints": "on",
-                            "hot_standby": "on",
-                            "max_wal_senders": 10,
-                            "max_replication_slots": 10,
-                            "max_connections": 300,
-                            "synchronous_commit": "on",
-                            "password_encryption": "scram-sha-256",
-                        },
-                    },
-                },
-                "initdb": [
-                    {"encoding": "UTF8"},
-                    {"locale": "C"},
-                    {"auth-host": "scram-sha-256"},
-                    {"auth-local": "trust"},
-                    "data-checksums",
-                ],
-            },
-            "postgresql": {
-                "listen": f"{LISTEN_HOST}:{pg.pg_port}",
-                "connect_address": f"{LISTEN_HOST}:{pg.pg_port}",
-                "data_dir": str(self._pgdata(pg.name)),
-                "bin_dir": str(self.bin_path),
-                "pgpass": str(self._member_dir(pg.name) / "patroni-pgpass"),
-                "use_unix_socket": True,
-                "use_unix_socket_repl": False,
-                "authentication": {
-                    "superuser": {"username": PG_SUPERUSER, "password": passwords["superuser"]},
-                    "replication": {"username": REPLICATION_USER, "password": passwords["replication"]},
-                    "rewind": {"username": PG_SUPERUSER, "password": passwords["superuser"]},
-                },
-                "parameters": {
-                    "unix_socket_directories": str(self._socket_dir(pg.name)),
-                    "unix_socket_permissions": "0700",
-                    "fsync": "on",
-                    "log_min_messages": "warning",
-                },
-                "pg_hba": hba,
-            },
-            "tags": {"nofailover": False, "noloadbalance": False, "clonefrom": False, "nosync": False},
-        }
-
-    def _start_patroni(self, pg: _PgPorts, run_as: RunAs) -> None:
+    def _start_patroni(self, pg: PgMember, run_as: RunAs) -> None:
         member_dir = self._member_dir(pg.name)
         try:
             member_dir.mkdir(exist_ok=True)
@@ -881,7 +740,7 @@ class HaPostgres:
                 errors.append(f"{member.name}: {exc}")
         raise _NotRunning("; ".join(errors) or "no members")
 
-    def _rest_status(self, member: _PgPorts, path: str) -> int | None:
+    def _rest_status(self, member: PgMember, path: str) -> int | None:
         """The HTTP status of ``GET path`` on ``member``'s REST API, or None without an answer."""
         url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
         try:
@@ -893,7 +752,7 @@ class HaPostgres:
         except OSError:
             return None
 
-    def _accepts_read_write(self, member: _PgPorts) -> bool:
+    def _accepts_read_write(self, member: PgMember) -> bool:
         """Whether ``member``'s server accepts a client that wants a read-write session."""
         conninfo = (
             f"host={LISTEN_HOST} port={member.pg_port} dbname=postgres user={PG_SUPERUSER} "

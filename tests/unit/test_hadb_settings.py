@@ -1,10 +1,12 @@
-"""The HA PostgreSQL pair's settings, URL and refusals (ops/hadb.py), without starting it."""
+"""The HA PostgreSQL pair (ops/hadb.py, ops/hadb_config.py) without starting it: its settings, URL,
+refusals, and what Patroni and etcd are started with."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 from ops import hadb
 from ops.cli import EXIT_INVALID, app
 from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
+from ops.hadb_config import EtcdMember, HaPasswords, PgMember, etcd_argv, patroni_config
 
 
 def test_the_default_timings_keep_patronis_rule() -> None:
@@ -87,3 +90,53 @@ def test_up_ha_db_without_patroni_is_one_line_and_exit_2(
     assert len(lines) == 1
     assert lines[0].startswith("error: --ha-db needs patroni: install etcd with")
     assert not (tmp_path / "state").exists()
+
+
+def _config(settings: HaSettings) -> dict[str, Any]:
+    etcd = [EtcdMember(name=f"etcd-{i}", client_port=2000 + i, peer_port=3000 + i) for i in (1, 2, 3)]
+    return patroni_config(
+        PgMember(name="pg-1", pg_port=5433, rest_port=8009),
+        etcd=etcd,
+        settings=settings,
+        passwords=HaPasswords(superuser="su", replication="repl", rest_api="rest"),
+        data_dir=Path("/d"),
+        bin_dir=Path("/b"),
+        pgpass=Path("/p"),
+        socket_dir=Path("/s"),
+    )
+
+
+def test_patroni_runs_synchronous_strict_replication_with_the_settings_timings() -> None:
+    """bootstrap.dcs carries the timings, synchronous_mode, strict mode, and pg_rewind with what it
+    needs (wal_log_hints, data checksums)."""
+    config = _config(HaSettings(ttl_s=30, loop_wait_s=3, retry_timeout_s=6))
+    dcs = config["bootstrap"]["dcs"]
+    assert (dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"]) == (30, 3, 6)
+    assert dcs["synchronous_mode"] is True
+    assert dcs["synchronous_mode_strict"] is True
+    assert dcs["postgresql"]["use_pg_rewind"] is True
+    assert dcs["postgresql"]["parameters"]["wal_log_hints"] == "on"
+    assert "data-checksums" in config["bootstrap"]["initdb"]
+    assert (
+        _config(HaSettings(synchronous_mode_strict=False))["bootstrap"]["dcs"]["synchronous_mode_strict"]
+        is False
+    )
+
+
+def test_every_tcp_connection_needs_a_scram_password() -> None:
+    """pg_hba asks SCRAM-SHA-256 of every TCP line; only the unix socket is trusted."""
+    hba = _config(HaSettings())["postgresql"]["pg_hba"]
+    assert [line for line in hba if "trust" in line] == ["local all all trust"]
+    assert all(line.endswith("scram-sha-256") for line in hba if line.startswith("host"))
+
+
+def test_etcd_listens_on_loopback_only_and_its_command_line_holds_no_password() -> None:
+    """Every URL on etcd's command line is 127.0.0.1's; the passwords never appear there."""
+    members = [EtcdMember(name=f"etcd-{i}", client_port=2000 + i, peer_port=3000 + i) for i in (1, 2, 3)]
+    argv = etcd_argv("etcd", members[0], members=members, data_dir=Path("/e"), cluster_token="t")
+    urls = [a for a in argv if "://" in a]
+    assert urls and all(
+        u.startswith("http://127.0.0.1:") for url in urls for u in url.split(",") if "=" not in u
+    )
+    assert "--initial-cluster" in argv
+    assert repr(HaPasswords.new()) == "HaPasswords(***)"
