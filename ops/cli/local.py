@@ -246,9 +246,10 @@ def _down_command(cluster: LocalCluster) -> str:
 def _left_running(cluster: LocalCluster) -> str:
     """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
     database) that run, and how to stop them; or that nothing runs."""
+    from ops.hadb import HaDatabaseError
     from ops.pg import EmbeddedPostgres
 
-    with contextlib.suppress(ClusterError):
+    with contextlib.suppress(ClusterError, HaDatabaseError):
         config = cluster.state.load()
         running = sorted(cluster.pids(config)) if config is not None else []
         # The embedded server starts before cluster.json is first written: look at its data
