@@ -346,3 +346,18 @@ def local_metrics(addresses: list[str]) -> dict[str, str]:
                     found.setdefault(worker.id, found[worker.process_id])
             return found
     return {}
+
+
+def local_ha_db_dir(addresses: list[str]) -> Path | None:
+    """The HA PostgreSQL folder (``hadb/``) of the local cluster whose control planes are
+    ``addresses``, when it runs with ``--ha-db``; else None."""
+    from ops.config import local_state_dirs
+    from ops.launcher.state import StateDir
+
+    for folder in local_state_dirs():
+        with contextlib.suppress(StockadeError, OSError, ValueError):
+            state = StateDir(folder)
+            config = state.load()
+            if config is not None and set(config.control_plane_addresses) == set(addresses):
+                return state.hadb_dir if config.ha_db else None
+    return None

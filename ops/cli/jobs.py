@@ -29,6 +29,7 @@ from ops.cli.common import (
     control_plane_addresses,
     errors,
     fail,
+    local_ha_db_dir,
     local_metrics,
     shown_path,
 )
@@ -513,3 +514,20 @@ def status(
         sys.stdout.write(json.dumps(status_json(reply, metrics), indent=2) + "\n")
         return
     console().print(render_status(reply, metrics))
+    hadb_dir = local_ha_db_dir(addresses)
+    if hadb_dir is not None:
+        console().print(_ha_db_line(hadb_dir), soft_wrap=True)
+
+
+def _ha_db_line(hadb_dir: Path) -> str:
+    """One line on the local cluster's HA PostgreSQL: each member's role, state and port."""
+    from ops.hadb import HaDatabaseError, HaPostgres
+
+    try:
+        members = HaPostgres(hadb_dir).members()
+    except HaDatabaseError as exc:
+        return f"database  HA PostgreSQL: no member answers ({exc})"
+    names = {"leader": "primary", "sync_standby": "sync standby"}
+    return "database  HA PostgreSQL: " + ", ".join(
+        f"{m.name} {names.get(m.role, m.role)} {m.state} on 127.0.0.1:{m.port}" for m in members
+    )

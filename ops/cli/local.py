@@ -19,6 +19,7 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import (
+    EXIT_INVALID,
     ControlPlanesOption,
     client_tls,
     console,
@@ -88,7 +89,12 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     if result.removed:
         stopped = f" (stopped {' '.join(result.stopped)})" if result.stopped else ""
         console().print(f"removed   {' '.join(result.removed)}{stopped}")
-    database = "embedded PostgreSQL" if result.config.embedded_pg_port else "DATABASE_URL"
+    if result.config.ha_db:
+        database = f"HA PostgreSQL (Patroni + etcd, {_ha_roles(cluster)})"
+    elif result.config.embedded_pg_port:
+        database = "embedded PostgreSQL"
+    else:
+        database = "DATABASE_URL"
     if result.database_started:
         database += " (started)"
     console().print(f"database  {database}: {result.config.database_url}")
@@ -99,6 +105,18 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     else:
         certs = shown_path(Path(result.config.cert_dir))
         console().print(f"tls       mutual TLS with {certs}/; client commands present {certs}/operator.crt")
+
+
+def _ha_roles(cluster: LocalCluster) -> str:
+    """The HA pair's members and roles in a few words, e.g. ``pg-1 primary, pg-2 sync standby``."""
+    from ops.hadb import HaDatabaseError
+
+    try:
+        members = cluster.ha_database().members()
+    except HaDatabaseError as exc:
+        return f"members unknown: {exc}"
+    names = {"leader": "primary", "sync_standby": "sync standby"}
+    return ", ".join(f"{m.name} {names.get(m.role, m.role)}" for m in members)
 
 
 @app.command("up")
@@ -149,6 +167,15 @@ def up(
             "reaches a port may submit jobs or pose as a worker).",
         ),
     ] = False,
+    ha_db: Annotated[
+        bool,
+        typer.Option(
+            "--ha-db",
+            help="Run the database as a PostgreSQL failover pair (two servers managed by Patroni, "
+            "three etcd members) under .stockade/hadb instead of one embedded server; needs etcd "
+            "and `pip install -e '.[ha]'` (see docs/ha-database.md).",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
@@ -157,10 +184,12 @@ def up(
     .stockade/certs, and client commands present the operator's (see `stockade certs`).
 
     The state folder is ./.stockade (or $STOCKADE_STATE_DIR). PostgreSQL is DATABASE_URL
-    when set, else an embedded server under .stockade/pg. Safe to run again: live processes
-    are left alone, dead ones are started again. Processes are recorded with their options
-    when first planned: --fleet-size, --agent-args and --cp-args apply to the processes this
-    run adds (`stockade down` and removing .stockade/cluster.json start afresh).
+    when set, else an embedded server under .stockade/pg; with --ha-db, a primary and a
+    synchronous standby under .stockade/hadb that Patroni fails over, reached through one
+    multi-host URL (a running cluster does not switch: `stockade down` first). Safe to run
+    again: live processes are left alone, dead ones are started again. Processes are recorded
+    with their options when first planned: --fleet-size, --agent-args and --cp-args apply to
+    the processes this run adds (`stockade down` and removing .stockade/cluster.json start afresh).
 
     Other counts change the running cluster: added control planes and workers are started;
     surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
@@ -175,6 +204,18 @@ def up(
     """
     from ops.cluster import LocalCluster
 
+    if ha_db:
+        from ops.hadb import INSTALL_HINT, missing_tools
+
+        missing = missing_tools()
+        if missing:
+            fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
+        if os.environ.get("DATABASE_URL"):
+            fail(
+                "--ha-db starts its own database, and DATABASE_URL is set; unset it, or drop --ha-db "
+                "to use that database",
+                EXIT_INVALID,
+            )
     if insecure:
         warn_insecure("the cluster")
     cluster = LocalCluster(
@@ -183,6 +224,7 @@ def up(
         agent_args=shlex.split(agent_args),
         cp_args=shlex.split(cp_args),
         insecure=insecure,
+        ha_db=ha_db,
     )
     with (
         interruptible(lambda: _left_running(cluster)),
@@ -204,9 +246,10 @@ def _down_command(cluster: LocalCluster) -> str:
 def _left_running(cluster: LocalCluster) -> str:
     """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
     database) that run, and how to stop them; or that nothing runs."""
+    from ops.hadb import HaDatabaseError
     from ops.pg import EmbeddedPostgres
 
-    with contextlib.suppress(ClusterError):
+    with contextlib.suppress(ClusterError, HaDatabaseError):
         config = cluster.state.load()
         running = sorted(cluster.pids(config)) if config is not None else []
         # The embedded server starts before cluster.json is first written: look at its data
@@ -216,6 +259,8 @@ def _left_running(cluster: LocalCluster) -> str:
         what = " ".join(running)
         if database:
             what = f"{what} and the embedded PostgreSQL" if what else "the embedded PostgreSQL"
+        if cluster.ha_database().is_running():
+            what = f"{what} and the HA PostgreSQL" if what else "the HA PostgreSQL"
         if what:
             return (
                 f"{what} of {shown_path(cluster.state.root)} still run in the background (the cluster "
@@ -256,7 +301,15 @@ def down() -> None:
         console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
     if report.database_stopped:
         console().print("stopped embedded PostgreSQL")
-    if not (report.terminated or report.killed or report.stragglers or report.database_stopped):
+    if report.ha_db_stopped:
+        console().print("stopped HA PostgreSQL " + " ".join(report.ha_db_stopped))
+    if not (
+        report.terminated
+        or report.killed
+        or report.stragglers
+        or report.database_stopped
+        or report.ha_db_stopped
+    ):
         console().print("nothing was running")
     try:
         forgotten = forget_local_cluster(cluster.state.root)

