@@ -28,6 +28,7 @@ waits for every job to finish, runs :func:`ops.checker.check`, and returns the r
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -44,6 +45,7 @@ import trio
 from ops import checker
 from ops.chaosresult import ChaosResult, ChaosSettings, Failover, chaos_table
 from ops.cluster import LocalCluster, StateDir
+from ops.hadb import HaDatabaseError
 from ops.netfault import Link, serve_proxy
 from protocol import pb
 from runtime.aio import asyncio_bridge
@@ -117,6 +119,9 @@ class Harness:
             acknowledged_job_ids=self._acknowledged,
         )
         self.result.placement_recoveries_s = checker.placement_recoveries_s(history.assignments, faults)
+        self.result.failover_placements_s = checker.placement_recoveries_s(
+            history.assignments, faults, kind="db_failover"
+        )
         self.result.partitions_rejoined, self.result.partitions_worked_again = self._rejoined(config)
         self.result.duration_s = time.monotonic() - started
         return self.result
@@ -135,6 +140,7 @@ class Harness:
                 partition_at = self._spread(s.partitions)
                 mass_partition_at = self._spread(s.mass_partitions, offset=1)
                 db_restart_at = self._spread(s.db_restarts, offset=2)
+                db_failover_at = self._spread(s.db_failovers, offset=2)
                 freezes = 0
                 for i in range(s.failovers):
                     if i % 2 == 0:
@@ -153,6 +159,8 @@ class Harness:
                         await self.restart_database(
                             client, how=("fast", "kill")[len(self.result.db_outages) % 2]
                         )
+                    if i in db_failover_at:
+                        await self.fail_over_database(client)
                     self.progress(self._line(i + 1))
                     await trio.sleep(s.settle_s)
                 if s.partitions or s.mass_partitions:
@@ -279,6 +287,34 @@ class Harness:
             self.state.record_fault("db_outage", "database", down_at, up_at)
             self.result.db_outages.append((how, down_at, up_at))
         await self.leader(client)
+
+    async def fail_over_database(self, client: ControlPlaneClient) -> None:
+        """SIGKILL the HA database's primary (its Patroni and PostgreSQL: the host dies), wait
+        for Patroni to promote the standby, then start the old primary again (it rejoins as the
+        standby) and wait for a leader. A fault of the whole cluster (``db_failover``, target
+        ``database``) from the kill to the promotion."""
+        if not self.settings.ha_db:
+            raise _Abort("--db-failovers needs --ha-db")
+        ha = self.cluster.ha_database()
+        killed_at = time.time()
+        killed = await trio.to_thread.run_sync(ha.kill_primary)
+        try:
+            promoted = await trio.to_thread.run_sync(
+                functools.partial(ha.wait_for_new_primary, killed, timeout_s=120.0)
+            )
+        except HaDatabaseError as exc:
+            raise _Abort(f"database failover: {exc}") from exc
+        promoted_at = killed_at + promoted.after_s
+        self.state.record_fault("db_failover", "database", killed_at, promoted_at)
+        self.result.db_failovers.append((killed.name, killed_at, promoted_at))
+        self.progress(
+            f"database failover: {killed.name} killed, {promoted.name} primary in {promoted.after_s:.1f} s"
+        )
+        await self.leader(client)
+        try:
+            await trio.to_thread.run_sync(functools.partial(ha.restart_member, killed.name, timeout_s=180.0))
+        except HaDatabaseError as exc:
+            raise _Abort(f"database failover: {killed.name} did not rejoin: {exc}") from exc
 
     def _rejoined(self, config: Any) -> tuple[int, int]:
         """Partitions after which the worker came back (registered again, or, when it was not

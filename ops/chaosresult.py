@@ -38,6 +38,12 @@ class ChaosSettings:
     """Times to stop the database (fast shutdown and SIGKILL, alternating), keep it down for a
     random time in ``db_down_s`` and start it again, spread over the run."""
     db_down_s: tuple[float, float] = (2.0, 12.0)
+    db_failovers: int = 0
+    """With ``ha_db``: times to SIGKILL the database's primary (its Patroni and PostgreSQL: the
+    host dies), wait for Patroni to promote the standby, and start the old primary again as
+    the new standby, spread over the run."""
+    ha_db: bool = False
+    """Run the chaos cluster on the HA PostgreSQL pair (``stockade up --ha-db``)."""
     control_planes: int = 3
     workers: int = 10
     submit_rate_per_s: float = 12.0
@@ -93,6 +99,22 @@ class ChaosResult:
     placement_recoveries_s: list[float] = attrs.field(factory=list)
     """Per database outage: seconds from the database being up again to the first placement
     committed after it."""
+    db_failovers: list[tuple[str, float, float]] = attrs.field(factory=list)
+    """(the primary killed, killed at, standby promoted at) of each database failover, Unix s."""
+    failover_placements_s: list[float] = attrs.field(factory=list)
+    """Per database failover: seconds from the promotion to the first placement after it."""
+
+    @property
+    def promotions_s(self) -> list[float]:
+        """Per database failover: seconds from the kill of the primary to the promotion."""
+        return [promoted - killed for _, killed, promoted in self.db_failovers]
+
+    @property
+    def failover_outages_s(self) -> list[float]:
+        """Per database failover followed by a placement: seconds from the kill of the primary
+        to the first placement (the whole outage, as the cluster saw it)."""
+        return [p + r for p, r in zip(self.promotions_s, self.failover_placements_s, strict=False)]
+
     report: checker.CheckReport | None = None
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
@@ -157,6 +179,12 @@ class ChaosResult:
             "db_restarts": len(self.db_outages),
             "db_back_to_placement_p50_s": _p50(recoveries),
             "db_back_to_placement_max_s": round(max(recoveries), 3) if recoveries else None,
+            "db_failovers": len(self.db_failovers),
+            "db_promotion_p50_s": _p50(self.promotions_s),
+            "db_promotion_to_placement_p50_s": _p50(self.failover_placements_s),
+            "db_promotion_to_placement_max_s": _max(self.failover_placements_s),
+            "db_kill_to_placement_p50_s": _p50(self.failover_outages_s),
+            "db_kill_to_placement_max_s": _max(self.failover_outages_s),
             "duration_s": round(self.duration_s, 1),
             "unfinished_job_ids": list(report.unfinished_job_ids) if report is not None else [],
             "details": self.details,
@@ -207,7 +235,24 @@ def chaos_table(result: ChaosResult) -> Group:
                 None,
             ),
         )
+    if result.db_failovers:
+        promotions, placements, outages = (
+            result.promotions_s,
+            result.failover_placements_s,
+            result.failover_outages_s,
+        )
+        for label, values in (
+            ("db failovers: kill to promotion p50 / max", promotions),
+            ("db failovers: promotion to placement p50 / max", placements),
+            ("db failovers: kill to placement p50 / max", outages),
+        ):
+            rows.insert(-1, (label, f"{seconds_text(_p50(values))} / {seconds_text(_max(values))}", None))
+        rows.insert(-1, ("db_failovers", str(len(result.db_failovers)), None))
     return Group(verdict_table(rows), *checker.details_lines(result.details))
+
+
+def _max(values: Sequence[float]) -> float | None:
+    return round(max(values), 3) if values else None
 
 
 def _p50(values: Sequence[float]) -> float | None:

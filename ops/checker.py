@@ -142,12 +142,13 @@ class Run:
     """The ``reason`` of its stop record; None when it has none."""
 
 
-FAULT_KINDS = ("kill", "freeze", "partition", "db_outage", "mass_partition")
+FAULT_KINDS = ("kill", "freeze", "partition", "db_outage", "db_failover", "mass_partition")
 """What a harness (or an operator, by hand) injects: SIGKILL, SIGSTOP until SIGCONT, a network
 cut until healed; and faults of the whole cluster, whose target names no worker (so they
-explain no death): the database down until started again (``database``), every worker cut off
-from every control plane at once (``workers``)."""
-OUTAGE_KINDS = ("db_outage", "mass_partition")
+explain no death): the database down until started again (``db_outage``) or from the kill of
+its primary until the standby's promotion (``db_failover``; target ``database``), every worker
+cut off from every control plane at once (``mass_partition``, target ``workers``)."""
+OUTAGE_KINDS = ("db_outage", "db_failover", "mass_partition")
 """Faults a cluster must ride out without killing running work."""
 OUTAGE_SLACK_S = 15.0
 """A run stopped by its worker's fence up to this long after an outage ended counts as killed
@@ -373,14 +374,15 @@ def killed_by_outage(runs: Iterable[Run], faults: Sequence[FaultEvent]) -> list[
 
 
 def placement_recoveries_s(
-    assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent]
+    assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent], kind: str = "db_outage"
 ) -> list[float]:
-    """Per database outage (``db_outage`` fault), seconds from its end to the first assignment
-    committed after it; outages followed by none are left out."""
+    """Per database outage (a fault of ``kind``: ``db_outage``, or ``db_failover``, which ends
+    at the promotion), seconds from its end to the first assignment committed after it;
+    outages followed by none are left out."""
     created = sorted(a.created_at for a in assignments)
     found = []
     for fault in faults:
-        if fault.kind != "db_outage":
+        if fault.kind != kind:
             continue
         after = next((t for t in created if t >= fault.until), None)
         if after is not None:

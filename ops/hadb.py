@@ -41,8 +41,8 @@ Failover drill, from any process (the chaos command's API)::
     promoted = ha.wait_for_new_primary(killed, timeout_s=60)   # the standby is the primary
     ha.restart_member(killed.name)             # the old primary rejoins as the sync standby
 
-With ``synchronous_mode_strict`` (the default) the new primary acknowledges no commit until a
-standby streams from it again: writes wait from the kill until the restarted member is back.
+With ``synchronous_mode_strict`` (off by default) the new primary acknowledges no commit until
+a standby streams from it again: writes wait from the kill until the restarted member is back.
 
 Timing (Patroni's rule, ``patroni/config.py`` ``_validate_and_adjust_timeouts`` and the
 ``bootstrap.dcs`` validator): ``ttl >= 20``, ``loop_wait >= 1``, ``retry_timeout >= 3`` and

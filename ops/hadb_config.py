@@ -62,13 +62,15 @@ class HaSettings:
     """Seconds between two passes of each Patroni's HA loop."""
     retry_timeout_s: int = 5
     """Seconds Patroni retries etcd and PostgreSQL operations before it demotes itself."""
-    synchronous_mode_strict: bool = True
+    synchronous_mode_strict: bool = False
     """True: a commit is acknowledged only once the standby has it, even when there is no
-    standby (writes wait until one is back). False: a primary left alone goes on alone, and
-    what it acknowledges then lives on one server only. Either way Patroni promotes only the
-    synchronous standby, so no failover loses an acknowledged commit; strict mode also keeps
-    every acknowledged commit on two data dirs, at the price of writes stalling until the
-    failed member rejoins."""
+    standby (writes wait until one is back). False (the default): a primary left alone goes on
+    alone, and what it acknowledges then lives on one server only until the standby is back.
+    Either way Patroni promotes only the synchronous standby, so no failover loses an
+    acknowledged commit; strict mode also keeps every acknowledged commit on two data dirs
+    (it survives the loss of the lone primary's disk), at the price of writes stalling from a
+    failover until the failed member rejoins. Stockade's default favours placing again at the
+    promotion (docs/ha-database.md)."""
 
     def __attrs_post_init__(self) -> None:
         if self.ttl_s < 20:

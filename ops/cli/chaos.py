@@ -60,6 +60,20 @@ def chaos(
             help="Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.",
         ),
     ] = 0,
+    ha_db: Annotated[
+        bool,
+        typer.Option(
+            "--ha-db", help="Run the chaos cluster on a PostgreSQL failover pair (as `stockade up --ha-db`)."
+        ),
+    ] = False,
+    db_failovers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="With --ha-db: times to SIGKILL the database's primary, let Patroni promote the standby, "
+            "and start the old primary again as the standby.",
+        ),
+    ] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
     rate: Annotated[float, typer.Option(min=0.01, help="Sleep jobs submitted per second.")] = 12.0,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
@@ -82,8 +96,21 @@ def chaos(
     from ops.chaos import ChaosSettings, Harness, chaos_table
     from ops.cluster import LocalCluster, StateDir
 
+    if db_failovers and not ha_db:
+        fail(
+            "--db-failovers needs --ha-db (the embedded database has no standby to fail over to)",
+            EXIT_INVALID,
+        )
+    if db_restarts and ha_db:
+        fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
+    if ha_db:
+        from ops.hadb import INSTALL_HINT, missing_tools
+
+        missing = missing_tools()
+        if missing:
+            fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
     root = state_dir or (default_state_dir() / "chaos")
-    cluster = LocalCluster(StateDir(root), insecure=insecure)
+    cluster = LocalCluster(StateDir(root), insecure=insecure, ha_db=ha_db)
     settings = ChaosSettings(
         failovers=failovers,
         worker_kills=worker_kills,
@@ -92,6 +119,8 @@ def chaos(
         mass_partitions=mass_partitions,
         mass_partition_s=mass_partition_s,
         db_restarts=db_restarts,
+        db_failovers=db_failovers,
+        ha_db=ha_db,
         workers=workers,
         submit_rate_per_s=rate,
         seed=seed,

@@ -176,6 +176,15 @@ def up(
             "and `pip install -e '.[ha]'` (see docs/ha-database.md).",
         ),
     ] = False,
+    ha_db_strict: Annotated[
+        bool,
+        typer.Option(
+            "--ha-db-strict",
+            help="With --ha-db, create the pair in Patroni's strict synchronous mode: no commit is "
+            "acknowledged while the primary is alone, so writes stall after a failover until the "
+            "failed server rejoins (default: the primary goes on alone).",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
@@ -225,6 +234,7 @@ def up(
         cp_args=shlex.split(cp_args),
         insecure=insecure,
         ha_db=ha_db,
+        ha_db_strict=ha_db_strict,
     )
     with (
         interruptible(lambda: _left_running(cluster)),

@@ -24,7 +24,7 @@ import attrs
 import psutil
 
 from ops import rpc
-from ops.hadb import HaDatabaseError, HaPostgres, HaUnavailable
+from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
 from ops.launcher import procs, ready
 from ops.launcher.plan import LaunchOptions, check_counts, plan
 from ops.launcher.state import (
@@ -138,6 +138,10 @@ class LocalCluster:
         ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.hadb.HaPostgres`)
             under ``state/hadb`` instead of the single embedded server; the control planes get
             its multi-host URL. A running cluster does not switch: ``down`` first.
+        ha_db_strict: with ``ha_db``, a pair created by this call runs Patroni's
+            ``synchronous_mode_strict`` (:class:`ops.hadb.HaSettings`): no commit is acknowledged
+            while the primary is alone, so writes stall from a failover until the failed member
+            rejoins.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -154,6 +158,7 @@ class LocalCluster:
     database_tls: PgTls | None = None
     database_bin_path: Path | None = None
     ha_db: bool = False
+    ha_db_strict: bool = False
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -428,8 +433,9 @@ class LocalCluster:
             raise ClusterError(f"HA PostgreSQL did not start: {exc}") from exc
 
     def ha_database(self) -> HaPostgres:
-        """The HA PostgreSQL pair under ``state/hadb`` (whether or not it was ever started)."""
-        return HaPostgres(self.state.hadb_dir)
+        """The HA PostgreSQL pair under ``state/hadb`` (whether or not it was ever started);
+        one created now is strict (:attr:`ha_db_strict`) or not, one that exists keeps its mode."""
+        return HaPostgres(self.state.hadb_dir, settings=HaSettings(synchronous_mode_strict=self.ha_db_strict))
 
     def embedded_database(self, port: int) -> EmbeddedPostgres:
         """The embedded server under ``state/pg`` on ``port``, fsync on, with

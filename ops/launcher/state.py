@@ -347,8 +347,9 @@ class StateDir:
         return self.root / "events.jsonl"
 
     def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
-        """Append one fault (``kind`` kill, freeze or partition of process ``target``; Unix
-        seconds) to :attr:`events_path`."""
+        """Append one fault (``kind`` one of :data:`ops.checker.FAULT_KINDS`: kill, freeze or
+        partition of process ``target``, or an outage of the whole cluster; Unix seconds) to
+        :attr:`events_path`."""
         line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
         with self.events_path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")

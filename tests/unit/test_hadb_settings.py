@@ -22,7 +22,7 @@ def test_the_default_timings_keep_patronis_rule() -> None:
     settings = HaSettings()
     assert (settings.ttl_s, settings.loop_wait_s, settings.retry_timeout_s) == (20, 2, 5)
     assert settings.loop_wait_s + 2 * settings.retry_timeout_s <= settings.ttl_s
-    assert settings.synchronous_mode_strict
+    assert not settings.synchronous_mode_strict
 
 
 @pytest.mark.parametrize(
@@ -109,7 +109,7 @@ def _config(settings: HaSettings) -> dict[str, Any]:
 def test_patroni_runs_synchronous_strict_replication_with_the_settings_timings() -> None:
     """bootstrap.dcs carries the timings, synchronous_mode, strict mode, and pg_rewind with what it
     needs (wal_log_hints, data checksums)."""
-    config = _config(HaSettings(ttl_s=30, loop_wait_s=3, retry_timeout_s=6))
+    config = _config(HaSettings(ttl_s=30, loop_wait_s=3, retry_timeout_s=6, synchronous_mode_strict=True))
     dcs = config["bootstrap"]["dcs"]
     assert (dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"]) == (30, 3, 6)
     assert dcs["synchronous_mode"] is True
