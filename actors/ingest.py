@@ -574,6 +574,9 @@ async def apply_schema(database_url: str) -> None:
                 await conn.execute(sql)
                 await conn.execute(queries.RECORD_SCHEMA_VERSION, digest)
         finally:
-            await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
+            # A connection dropped by the error (a read-only server, a lost link) holds no lock
+            # any more; unlocking it would only hide that error behind "connection is closed".
+            if not conn.is_closed():
+                await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
     finally:
         await conn.close()
