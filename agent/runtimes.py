@@ -63,6 +63,7 @@ with :mod:`agent.reaper`, read best in one place.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -275,6 +276,10 @@ class PauseView(Protocol):
         """Seconds of pause between trio times ``start`` and ``end``."""
 
 
+MAX_PAUSES_COUNTED = 64
+"""At most this many pauses are remembered (:data:`agent.fence.MAX_PAUSES`)."""
+
+
 def _unix_of(trio_time: float) -> float:
     return time.time() + (trio_time - trio.current_time())
 
@@ -291,17 +296,22 @@ async def either(first: trio.Event, second: trio.Event) -> None:
         nursery.start_soon(wait, second)
 
 
-def sleep_end(began: float, duration_s: float, pause: PauseView) -> float:
-    """The trio time a sleep job begun at ``began`` has run ``duration_s`` seconds by, its
-    pauses so far not counted (the end is later by the pauses that fall before it, which this
-    adds until none is left to add)."""
+def sleep_end(began: float, duration_s: float, pause: PauseView, now: float) -> float:
+    """The trio time a sleep job begun at ``began`` has run ``duration_s`` seconds by, as known
+    at ``now``: its pauses do not count. Not run that long yet: ``now`` plus what is left, or
+    ``inf`` while it is paused (it ends only after it resumes). Run that long: the time it was
+    reached, found by adding the pauses that fell before it until none is left to add.
+    """
+    ran_s = (now - began) - pause.paused_s_between(began, now)
+    if ran_s < duration_s:
+        return math.inf if pause.paused_since() is not None else now + (duration_s - ran_s)
     end = began + duration_s
-    for _ in range(64):
+    for _ in range(2 * MAX_PAUSES_COUNTED):
         later = began + duration_s + pause.paused_s_between(began, end)
         if later <= end:
             break
         end = later
-    return end
+    return min(end, now)
 
 
 async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView | None = None) -> JobResult:
@@ -314,11 +324,9 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
     duration_s = spec.duration_ms / 1000.0
     end = began + duration_s
     while True:
-        with trio.move_on_at(end):
-            await stop.wait()
         now = trio.current_time()
         if pause is not None:
-            end = sleep_end(began, duration_s, pause)
+            end = sleep_end(began, duration_s, pause, now)
         if end <= now:
             return JobResult(
                 state=JobState.SUCCEEDED,
@@ -339,6 +347,10 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
             )
         if pause is not None and held_from is not None:
             await either(stop, pause.changed)  # resumed, fenced, or stopped
+            continue
+        # A pause that begins meanwhile only makes it end later: the next turn finds it out.
+        with trio.move_on_at(end):
+            await stop.wait()
 
 
 def _spawn_reaper(

@@ -9,6 +9,7 @@ stand for any job here (the reapers' side is in tests/integration/test_agent_rea
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -196,4 +197,44 @@ def test_sleep_end_adds_the_pauses_that_fall_before_it() -> None:
         def paused_s_between(self, start: float, end: float) -> float:
             return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans)
 
-    assert sleep_end(0.0, 10.0, Pauses()) == pytest.approx(14.0)
+    assert sleep_end(0.0, 10.0, Pauses(), now=20.0) == pytest.approx(14.0)
+    assert sleep_end(0.0, 10.0, Pauses(), now=9.0) == pytest.approx(13.0)  # 5 s run, 5 s to go
+
+
+def test_a_sleep_job_paused_before_its_end_does_not_end_while_paused() -> None:
+    """Begun at 0 for 10 s, paused since 9.9 and still paused at 100: not run out (inf), however
+    long the pause."""
+
+    class Paused:
+        changed = trio.Event()
+
+        def paused_since(self) -> float | None:
+            return 9.9
+
+        def paused_s_between(self, start: float, end: float) -> float:
+            return max(0.0, min(end, 100.0) - max(9.9, start))
+
+    assert sleep_end(0.0, 10.0, Paused(), now=100.0) == math.inf
+
+
+async def test_a_job_paused_just_before_its_end_is_stopped_by_a_reregister_not_succeeded(
+    tmp_path: Path, autojump_clock: Any, clocks_follow_mock_time: None
+) -> None:
+    """A sleep job with 0.05 s left when the worker pauses, and the reply "register again" 6 s
+    later: it had not run its duration, so it is stopped (reason reregister) at the pause, not
+    reported succeeded (the cluster may already run it elsewhere)."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        registered_at = trio.current_time()
+        cp.mode = "down"
+        # The fence deadline is FENCE_S after the registration was sent: 0.05 s before its end.
+        assign(agent, sleep_job(1, duration_s=FENCE_S + 0.05 - (trio.current_time() - registered_at)))
+        await trio.sleep(8.0)
+        cp.next_answer = {"reregister": True}
+        cp.mode = "up"
+        await trio.sleep(3.0)
+        assert agent.incarnation == 2
+    del registered_at
+    assert stops(tmp_path) == {1: "reregister"}
+    assert not [o for _, r in cp.heartbeats for o in r.finished]
