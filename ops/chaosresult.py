@@ -154,6 +154,7 @@ class ChaosResult:
                 "elections",
                 "worker_deaths",
                 "self_fences",
+                "pauses",
                 "extra_assignments",
                 "jobs_killed_by_outage",
                 "acknowledged_submissions_lost",

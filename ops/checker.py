@@ -39,7 +39,9 @@ What it counts:
 - ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
 - Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
   ``elections`` (lease takeovers, the first one included), ``worker_deaths`` (every
-  declaration), ``self_fences`` (``self_fence`` records in the workers' logs) and
+  declaration), ``pauses`` (``pause`` records: a worker held its jobs, which an outage that
+  ends in time costs nothing), ``self_fences`` (``self_fence`` records: a worker killed its
+  jobs, after ``db_outage_grace_s`` of silence or with no grace) and
   ``extra_assignments`` (assignments beyond one per job that was placed). ``worker_leaves``
   counts the clean stops the control planes recorded.
 
@@ -189,6 +191,8 @@ class CheckReport:
     self_fences: int = 0
     extra_assignments: int = 0
     worker_leaves: int = 0
+    pauses: int = 0
+    """``pause`` records in the workers' logs (each resumed or followed by a self-fence)."""
     jobs_killed_by_outage: int = 0
     """Runs the cluster stopped (self-fence, register again, told to stop) during a database
     outage or a cut-off of every worker, or within ``OUTAGE_SLACK_S`` after it, on a worker
@@ -233,6 +237,7 @@ class CheckReport:
             "elections": self.elections,
             "worker_deaths": self.worker_deaths,
             "self_fences": self.self_fences,
+            "pauses": self.pauses,
             "extra_assignments": self.extra_assignments,
             "worker_leaves": self.worker_leaves,
             "jobs_killed_by_outage": self.jobs_killed_by_outage,
@@ -259,8 +264,8 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
         ),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
-            "elections / worker_deaths / self_fences",
-            f"{report.elections} / {report.worker_deaths} / {report.self_fences}",
+            "elections / worker_deaths / pauses / self_fences",
+            f"{report.elections} / {report.worker_deaths} / {report.pauses} / {report.self_fences}",
             None,
         ),
         ("extra_assignments", str(report.extra_assignments), None),
@@ -446,6 +451,7 @@ def check(
     faults: Sequence[FaultEvent] = (),
     *,
     self_fences: int = 0,
+    pauses: int = 0,
     acknowledged_job_ids: Iterable[int] = (),
 ) -> CheckReport:
     """Judge one run of the cluster. Pure: see the module docstring for what each count means.
@@ -455,6 +461,7 @@ def check(
         runs: the runs from the workers' logs (:func:`load_runs`).
         faults: what a harness injected.
         self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
+        pauses: ``pause`` records in the workers' logs.
         acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
     """
     placed_twice = double_placements(history.assignments)
@@ -489,6 +496,7 @@ def check(
         elections=history.elections,
         worker_deaths=len(history.deaths),
         self_fences=self_fences,
+        pauses=pauses,
         extra_assignments=extra_assignments(history.assignments),
         worker_leaves=history.leaves,
         jobs_killed_by_outage=len(outage_kills),
@@ -667,6 +675,7 @@ def check_logs(
         runs_from_records(records, faults),
         explained,
         self_fences=count_self_fences(records),
+        pauses=sum(1 for r in records if r.get("event") == "pause"),
         acknowledged_job_ids=acknowledged_job_ids,
     )
 

@@ -101,6 +101,7 @@ def test_a_clean_run_passes() -> None:
         "elections": 0,
         "worker_deaths": 1,
         "self_fences": 0,
+        "pauses": 0,
         "extra_assignments": 1,
         "worker_leaves": 0,
         "jobs_killed_by_outage": 0,
