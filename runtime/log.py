@@ -31,6 +31,23 @@ def configure(*, json: bool = False, level: str = "INFO", **context: Any) -> Non
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**context)
+    quiet_pool_floor_retries()
+
+
+class _DropPoolFloorRetries(logging.Filter):
+    """Drops asyncpg's ``Failed to restore the pool connection floor; retrying`` warning (with
+    its traceback), logged once per attempt while the database is away: the pool's owner logs
+    the outage itself, once per change (:mod:`runtime.outage`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to restore the pool connection floor")
+
+
+def quiet_pool_floor_retries() -> None:
+    """Install :class:`_DropPoolFloorRetries` on asyncpg's pool logger (idempotent)."""
+    pool_logger = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _DropPoolFloorRetries) for f in pool_logger.filters):
+        pool_logger.addFilter(_DropPoolFloorRetries())
 
 
 def bind(**context: Any) -> None:

@@ -5,6 +5,7 @@ writable server."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -281,3 +282,16 @@ async def test_a_pool_fails_fast_until_its_next_connect_is_due(
         assert await borrow() == 1
     assert events(logs) == [("warning", "database unreachable"), ("info", "database reachable again")]
     assert logs[1]["attempts"] == 2
+
+
+def test_asyncpgs_pool_floor_retries_are_not_logged_once_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool's own retry warning (a traceback per attempt while the database is away) is
+    dropped once logging is configured; other asyncpg warnings are kept."""
+    log.quiet_pool_floor_retries()
+    pool_logger = logging.getLogger("asyncpg.pool")
+    with caplog.at_level(logging.WARNING, logger="asyncpg.pool"):
+        pool_logger.warning("Failed to restore the pool connection floor; retrying", exc_info=False)
+        pool_logger.warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
