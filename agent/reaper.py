@@ -16,7 +16,8 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   last acknowledged heartbeat (or registration) plus ``self_fence_after_s``, and the *kill*
   deadline, that send time plus ``db_outage_grace_s``. The reaper reads it every
   :data:`POLL_S` seconds and exactly at the deadline it waits for. Once the pause deadline has
-  passed it SIGSTOPs the job's process group (and its own other children) and writes the
+  passed it SIGSTOPs every process of the job's tree, whatever process group or session each
+  moved to (:func:`_descendants`; one the job had stopped itself stays so), and writes the
   pause time (wall clock, ``time.time()``) to :data:`FENCED_AT_FILE` in the job's folder; once
   the kill deadline has passed it SIGKILLs the job, whose stop time stays the pause time (it
   did no work after it). When the agent moves the deadlines on while the job is paused (a
@@ -134,6 +135,10 @@ _EXIT_CANNOT_START = 127
 _EXIT_AGENT_GONE = 125
 _EXIT_USAGE = 2
 _SWEEP_WAIT_S = 0.01
+_PAUSE_ROUNDS = 200
+"""Most rounds of SIGSTOPs a pause sends before it settles for what it has stopped."""
+_PAUSE_ROUND_S = 0.001
+"""Wait between two rounds of a pause, in seconds."""
 _BOOTSTRAP = "import sys; sys.path.append({root!r}); from agent.reaper import run; run()"
 """Imports this module from its (cached) bytecode rather than compiling it as a script;
 ``agent/__init__.py`` is a docstring. The package folder goes last: the standard library
@@ -291,21 +296,69 @@ def _children() -> list[int]:
     return found
 
 
+def _descendants() -> list[int]:
+    """Every descendant of this process, parents before their children: the job's whole tree,
+    whatever process group or session its members moved to (this process is a subreaper, so
+    orphans stay in its tree). Read from ``/proc/<pid>/task/<tid>/children``, or by scanning
+    every process where the kernel lacks that file. A process that exits meanwhile is left out,
+    and one created meanwhile may be: callers repeat until the tree is stable."""
+    me = os.getpid()
+    if not os.path.exists(f"/proc/{me}/task/{me}/children"):
+        return _descendants_by_scan(me)
+    found: list[int] = []
+    frontier = [me]
+    while frontier:
+        pid = frontier.pop(0)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as file:
+                    kids = [int(p) for p in file.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            frontier.extend(kids)
+    return found
+
+
+def _descendants_by_scan(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        kids = parents.get(frontier.pop(0), [])
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T`` stopped, ``Z`` zombie ...), or
+    None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            return file.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _signal_children(sig: int) -> None:
-    """Send ``sig`` to every child of this process (the job's main process and the orphans
-    re-parented here)."""
-    for pid in _children():
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _kill_children() -> None:
@@ -334,6 +387,8 @@ class _Reaper:
         before its main process had exited."""
         self.paused = False
         """True while the job is held with SIGSTOP because the fence deadline passed."""
+        self.stopped_pids: list[int] = []
+        """The processes this pause stopped (and a resume continues)."""
         self.fenced_unix_s: float | None = None
         """While paused, and once killed at the fence: when the job stopped doing work
         (the pause, or the kill when there was none), wall clock."""
@@ -385,11 +440,31 @@ class _Reaper:
             self.kill_at = time.monotonic() + self.grace_s
 
     def pause(self) -> None:
-        """Hold the job (SIGSTOP to its group and to this process's other children) and
-        record when, in :data:`FENCED_AT_FILE`: a job killed later, while still paused, did
-        no work after this."""
-        _kill_group(self.job_pid, signal.SIGSTOP)
-        _signal_children(signal.SIGSTOP)
+        """Hold the job: SIGSTOP to every process of its tree (:func:`_descendants`, whatever
+        group or session each is in), round after round until none of them runs (a process
+        may fork before its stop takes effect; a stopped one cannot), and record when, in
+        :data:`FENCED_AT_FILE`: a job killed later, while still paused, did no work after
+        this. A process the job had stopped itself is left as it is, and not resumed later."""
+        for _ in range(_PAUSE_ROUNDS):
+            running = False
+            for pid in _descendants():
+                state = _state(pid)
+                if state is None or state in "ZX":
+                    continue
+                if pid not in self.stopped_pids:
+                    if state in "Tt":
+                        continue  # stopped by the job itself
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                    except (ProcessLookupError, PermissionError):
+                        continue
+                    self.stopped_pids.append(pid)
+                    running = True
+                elif state not in "Tt":
+                    running = True  # its stop has not taken effect yet
+            if not running:
+                break
+            time.sleep(_PAUSE_ROUND_S)
         self.paused = True
         self.fenced_unix_s = time.time()
         _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
@@ -409,8 +484,12 @@ class _Reaper:
             pass
         self.paused = False
         self.fenced_unix_s = None
-        _signal_children(signal.SIGCONT)
-        _kill_group(self.job_pid, signal.SIGCONT)
+        for pid in self.stopped_pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.stopped_pids = []
 
     def watch_fence(self) -> None:
         """Apply the fence deadlines (re-read from the file): pause at the first, kill at the

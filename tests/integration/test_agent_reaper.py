@@ -380,3 +380,33 @@ async def test_a_job_paused_longer_than_the_outage_grace_is_killed_by_its_reaper
         (stop,) = agent.stops()
         assert stop["reason"] == "self_fence"
         assert deadline - 0.05 <= stop["time"] <= deadline + 0.3
+
+
+async def test_a_pause_holds_processes_in_other_sessions_and_leaves_self_stopped_ones_stopped(
+    tmp_path: Path,
+) -> None:
+    """A job whose writer moved to a session of its own (``setsid``, its parent alive) is held
+    as a whole at the fence deadline: neither writer writes while the agent is frozen past it.
+    On resume both write again, and a process the job had stopped itself stays stopped."""
+    folder = job_writable(tmp_path)
+    own, other, stopped_pid = folder / "own", folder / "other", folder / "stopped.pid"
+    loop = "while :; do date +%s.%N >> {}; sleep 0.05; done"
+    script = (
+        f"setsid sh -c '{loop.format(other)}' & "
+        f"sleep 1000 & P=$!; kill -STOP $P; echo $P > {stopped_pid}; "
+        f"{loop.format(own)}"
+    )
+    spec = pb.JobSpec(cpu_millis=100, memory_mb=10, command=pb.CommandRuntime(argv=["sh", "-c", script]))
+    async with running_agent(tmp_path, db_outage_grace_s=30.0) as agent:
+        await assign(agent, spec)
+        await wait_for(lambda: len(stamps(own)) >= 5 and len(stamps(other)) >= 5 and stopped_pid.exists())
+        agent.process.send_signal(signal.SIGSTOP)
+        deadline = agent.deadline_unix_s()
+        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        last = {path: stamps(path)[-1] for path in (own, other)}
+        assert all(stamp <= deadline + 0.3 for stamp in last.values()), (deadline, last)
+        await trio.sleep(0.5)
+        assert {path: stamps(path)[-1] for path in (own, other)} == last, "a process of the job ran on"
+        agent.process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: all(stamps(path)[-1] > last[path] + 0.2 for path in (own, other)))
+        assert psutil.Process(int(stopped_pid.read_text())).status() == psutil.STATUS_STOPPED
