@@ -249,7 +249,12 @@ class DeathVerdict:
 
 
 def judge_deaths(
-    ages: Sequence[HeartbeatAge], settings: ReconcilerSettings, bucket: TokenBucket, now: float
+    ages: Sequence[HeartbeatAge],
+    settings: ReconcilerSettings,
+    bucket: TokenBucket,
+    now: float,
+    *,
+    hold_on_mass_silence: bool = True,
 ) -> DeathVerdict:
     """Which silent workers to name dead in this pass.
 
@@ -275,6 +280,8 @@ def judge_deaths(
             ``mass_silence_fraction``, ``mass_silence_min_workers``.
         bucket: the declarations' tokens as the previous pass left them.
         now: trio time of this pass (seconds).
+        hold_on_mass_silence: False once a mass silence has lasted ``mass_silence_max_s``:
+            it is still reported, but no longer holds the declarations.
     """
     silent = sorted(
         (a for a in ages if a.age_s > settings.dead_after_s),
@@ -286,7 +293,7 @@ def judge_deaths(
     mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
         ages
     )
-    allowed = 0 if mass else min(len(pairs), bucket.whole)
+    allowed = 0 if mass and hold_on_mass_silence else min(len(pairs), bucket.whole)
     return DeathVerdict(
         declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
     )
@@ -316,6 +323,18 @@ class SilenceFloor:
     """trio time of the last successful read."""
     epoch: int | None = None
     mass_silence: bool = False
+    mass_since: float | None = None
+    """trio time the current mass silence began; None while there is none."""
+
+    def mass_silence_for_s(self, mass: bool, now: float) -> float:
+        """How long the mass silence seen at trio time ``now`` has lasted (0 when ``mass`` is
+        false, or when it begins now)."""
+        if not mass:
+            self.mass_since = None
+            return 0.0
+        if self.mass_since is None:
+            self.mass_since = now
+        return now - self.mass_since
 
     def read(self, epoch: int, now_unix_s: float, now: float, gap_s: float) -> bool:
         """Account for a successful read at database time ``now_unix_s`` and trio time ``now``
@@ -440,6 +459,16 @@ class Reconciler:
         if self._bucket is None:
             self._bucket = TokenBucket(float(s.death_burst), now)
         verdict = judge_deaths(ages, s, self._bucket, now)
+        if self._silence.mass_silence_for_s(verdict.mass_silence, now) > s.mass_silence_max_s:
+            # Held long enough: the cut-off workers' agents have killed their paused jobs by
+            # now, and dead ones never answer. Declare again, at the rate limit's pace.
+            verdict = judge_deaths(ages, s, self._bucket, now, hold_on_mass_silence=False)
+            if verdict.declare:
+                self._log.warning(
+                    "mass silence held too long: declaring silent workers dead again",
+                    mass_silence_max_s=s.mass_silence_max_s,
+                    declaring=[worker_id for worker_id, _ in verdict.declare],
+                )
         if self._silence.mass_silence_seen(verdict.mass_silence, reading.now_unix_s):
             self._log.warning("mass silence ended: silence counts anew", alive=verdict.alive)
             verdict = attrs.evolve(verdict, declare=(), held=verdict.declare + verdict.held)

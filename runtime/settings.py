@@ -254,6 +254,12 @@ class ReconcilerSettings:
     ends, silence counts anew from then (DESIGN.md, "Outages")."""
     mass_silence_min_workers: int = attrs.field(default=3, validator=_positive)
     """Fewer silent workers than this never count as mass silence."""
+    mass_silence_max_s: float = attrs.field(default=60.0, validator=_positive)
+    """A mass silence holds declarations for at most this long (seconds); past it the silent
+    workers are declared dead again, as the rate limit allows. Longer than the agents'
+    ``db_outage_grace_s`` (45 s): by then a cut-off worker has killed its paused jobs, so
+    holding on would only leave them unplaced (workers that really died stay silent for
+    ever)."""
     suspect_after_s: float | None = attrs.field(default=None)
     """A worker silent this long counts toward mass silence (seconds; None: half of
     ``dead_after_s``). Shorter than ``dead_after_s``, so that workers cut off together are

@@ -247,6 +247,14 @@ def control_plane(
             "(and at least 3) are silent for --suspect-after-s at once."
         ),
     ] = _RECONCILER.mass_silence_fraction,
+    mass_silence_max_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="A mass silence holds declarations for at most this long, seconds; keep it above the "
+            "agents' --db-outage-grace-s.",
+        ),
+    ] = _RECONCILER.mass_silence_max_s,
     suspect_after_s: Annotated[
         float | None,
         typer.Option(
@@ -343,6 +351,7 @@ def control_plane(
                 deaths_per_s=deaths_per_s,
                 mass_silence_fraction=mass_silence_fraction,
                 suspect_after_s=suspect_after_s,
+                mass_silence_max_s=mass_silence_max_s,
                 contact_gap_s=contact_gap_s,
             ),
         )

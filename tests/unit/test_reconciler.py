@@ -628,3 +628,30 @@ async def test_a_batch_the_server_cancelled_is_retried_smaller_and_grows_back(
                 message.reply.set(answer)
         nursery.cancel_scope.cancel()
     assert asked == [(0.0, 8), (1.0, 4), (1.0, 5), (1.0, 6), (2.0, 7)]
+
+
+async def test_a_mass_silence_holds_declarations_only_for_mass_silence_max_s(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Three of five workers die at t=1 and never answer again: the mass silence holds their
+    declarations, but only for mass_silence_max_s (20 s here) from when it began (t=3.5, half of
+    dead_after_s after the last heartbeats); then they are named, at the rate limit's pace."""
+    store = FakeStore()
+    settings = attrs.evolve(LIMITED, mass_silence_max_s=20.0)
+
+    async def heartbeats() -> None:
+        while True:
+            now = trio.current_time()
+            for n in range(5):
+                if n >= 3 or now < 1.0:
+                    store.last_heartbeat[f"w-{n}"] = now
+            await trio.sleep(0.1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heartbeats)
+        await trio.sleep(0.01)
+        named = await run_passes(store, settings, passes=110)
+        nursery.cancel_scope.cancel()
+    declared = [(t, ids) for t, ids in named if ids]
+    assert declared and declared[0][0] > 3.5 + 20.0 > declared[0][0] - 0.5
+    assert sorted(w for _, ids in declared for w in ids) == ["w-0", "w-1", "w-2"]
