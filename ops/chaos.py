@@ -142,8 +142,10 @@ class Harness:
                 db_restart_at = self._spread(s.db_restarts, offset=2)
                 db_failover_at = self._spread(s.db_failovers, offset=2)
                 freezes = 0
-                for i in range(s.failovers):
-                    if i % 2 == 0:
+                for i in range(self._steps()):
+                    if i >= s.failovers:
+                        await trio.sleep(1.0)  # a step with no failover: faults only
+                    elif i % 2 == 0:
                         await self.kill_leader(client, self.state)
                     else:
                         freezes += 1
@@ -179,7 +181,7 @@ class Harness:
     def _line(self, done: int) -> str:
         last = self.result.failovers[-1] if self.result.failovers else None
         what = f"{last.kind} of {last.leader}: new leader in {last.seconds:.2f} s" if last else ""
-        return f"failover {done}/{self.settings.failovers}  {what}  jobs submitted {self._submitted}"
+        return f"step {done}/{self._steps()}  {what}  jobs submitted {self._submitted}"
 
     def fresh_cluster(self) -> None:
         self.cluster.down()
@@ -190,14 +192,21 @@ class Harness:
         self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
+    def _steps(self) -> int:
+        """Steps of the run: one per failover, and at least two per fault of any kind (a run
+        of fewer failovers than faults injects them in steps of their own)."""
+        s = self.settings
+        faults = max(s.worker_kills, s.partitions, s.mass_partitions, s.db_restarts, s.db_failovers)
+        return max(s.failovers, 2 * faults + 3 if faults else 0)
+
     def _spread(self, count: int, offset: int = 0) -> set[int]:
-        """``count`` failover indices spread evenly over the run (shifted by ``offset``, so
-        that faults of different kinds do not all follow the same failover)."""
-        failovers = self.settings.failovers
-        if count <= 0 or failovers <= 0:
+        """``count`` distinct step indices spread evenly over the run (shifted by ``offset``,
+        so that faults of different kinds do not all follow the same step)."""
+        steps = self._steps()
+        if count <= 0 or steps <= 0:
             return set()
-        step = max(1, failovers // (count + 1))
-        return {min(failovers - 1, step * (k + 1) - 1 + offset) for k in range(count)}
+        step = max(1, steps // (count + 1))
+        return {min(steps - 1, step * (k + 1) - 1 + offset) for k in range(count)}
 
     # ------------------------------------------------------------ partitions
 
@@ -224,8 +233,12 @@ class Harness:
         """Cut ``worker_id`` (default: the busiest worker not already cut, so that jobs must
         move) off from every control plane for ``partition_s``, then heal it."""
         if worker_id is None:
+            with trio.move_on_after(self.settings.mass_partition_s + 5.0):
+                while all(link.cut for link in self._links.values()):  # noqa: ASYNC110
+                    await trio.sleep(0.1)  # every worker is cut off (a mass partition): wait
             candidates = sorted(w for w, link in self._links.items() if not link.cut)
             if not candidates:
+                self.result.errors.append("a partition found no worker to cut off")
                 return
             worker_id = self._rng.choice(candidates)
             config = self.cluster.config()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -101,6 +102,8 @@ def chaos(
             "--db-failovers needs --ha-db (the embedded database has no standby to fail over to)",
             EXIT_INVALID,
         )
+    if db_restarts and os.environ.get("DATABASE_URL"):
+        fail("--db-restarts restarts the embedded database, and DATABASE_URL is set; unset it", EXIT_INVALID)
     if db_restarts and ha_db:
         fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
     if ha_db:

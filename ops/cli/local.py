@@ -213,6 +213,8 @@ def up(
     """
     from ops.cluster import LocalCluster
 
+    if ha_db_strict and not ha_db:
+        fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
     if ha_db:
         from ops.hadb import INSTALL_HINT, missing_tools
 
