@@ -281,19 +281,7 @@ def _children() -> list[int]:
         with open(f"/proc/{me}/task/{me}/children", encoding="ascii") as file:
             return [int(p) for p in file.read().split()]
     except OSError:  # a kernel without CONFIG_PROC_CHILDREN: scan every process
-        pass
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
-                fields = file.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == me:
-            found.append(int(entry))
-    return found
+        return _children_by_parent().get(me, [])
 
 
 def _descendants() -> list[int]:
@@ -324,7 +312,9 @@ def _descendants() -> list[int]:
     return found
 
 
-def _descendants_by_scan(root: int) -> list[int]:
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from scanning ``/proc/*/stat`` (for kernels without
+    ``/proc/<pid>/task/<tid>/children``)."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -335,6 +325,11 @@ def _descendants_by_scan(root: int) -> list[int]:
         except (OSError, IndexError):
             continue
         parents.setdefault(int(fields[1]), []).append(int(entry))
+    return parents
+
+
+def _descendants_by_scan(root: int) -> list[int]:
+    parents = _children_by_parent()
     found: list[int] = []
     frontier = [root]
     while frontier:
