@@ -24,7 +24,7 @@ import trio
 from agent.reaper import write_fence_deadline
 from runtime.settings import AgentSettings
 
-MAX_PAUSES = 64  # agent.runtimes.MAX_PAUSES_COUNTED
+MAX_PAUSES = 64
 """Pauses a :class:`FenceClock` remembers (for sleep jobs' durations)."""
 
 FENCE_DEADLINE_FILE = "fence_deadline"

@@ -78,6 +78,7 @@ import attrs
 import trio
 
 from agent import reaper
+from agent.fence import MAX_PAUSES, unix_time_of
 from agent.messages import JobState
 from agent.starts import Spawner
 from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
@@ -276,14 +277,6 @@ class PauseView(Protocol):
         """Seconds of pause between trio times ``start`` and ``end``."""
 
 
-MAX_PAUSES_COUNTED = 64
-"""At most this many pauses are remembered (:data:`agent.fence.MAX_PAUSES`)."""
-
-
-def _unix_of(trio_time: float) -> float:
-    return time.time() + (trio_time - trio.current_time())
-
-
 async def either(first: trio.Event, second: trio.Event) -> None:
     """Return once ``first`` or ``second`` is set."""
     async with trio.open_nursery() as nursery:
@@ -306,7 +299,7 @@ def sleep_end(began: float, duration_s: float, pause: PauseView, now: float) -> 
     if ran_s < duration_s:
         return math.inf if pause.paused_since() is not None else now + (duration_s - ran_s)
     end = began + duration_s
-    for _ in range(2 * MAX_PAUSES_COUNTED):
+    for _ in range(2 * MAX_PAUSES):
         later = began + duration_s + pause.paused_s_between(began, end)
         if later <= end:
             break
@@ -342,7 +335,7 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
                 stopped=True,
                 exit_code=None,
                 started_unix_s=started,
-                finished_unix_s=_unix_of(now if held_from is None else max(began, held_from)),
+                finished_unix_s=unix_time_of(now if held_from is None else max(began, held_from)),
                 detail="stopped before its duration ran out",
             )
         if pause is not None and held_from is not None:
