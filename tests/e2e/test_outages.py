@@ -55,6 +55,21 @@ async def _wait_running(client: ControlPlaneClient, count: int) -> None:
             await trio.sleep(0.1)
 
 
+async def _proxied_cluster_running(
+    harness: Harness, network: trio.Nursery, jobs: int, seconds: float
+) -> ControlPlaneClient:
+    """A fresh cluster whose workers talk through the harness's fault proxies, running ``jobs``
+    sleep jobs of ``seconds``; returns a client of it (the caller closes it)."""
+    await harness._start_proxies(network)
+    await trio.to_thread.run_sync(harness.fresh_cluster)
+    config = harness.cluster.config()
+    client = ControlPlaneClient(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
+    for _ in range(jobs):
+        await client.call("submit_job", pb.SubmitJobRequest(spec=long_job(seconds)))
+    await _wait_running(client, jobs)
+    return client
+
+
 def _report(harness: Harness, cluster: LocalCluster, history: checker.History) -> checker.CheckReport:
     config = cluster.config()
     faults = checker.load_events(cluster.state.events_path)
@@ -131,14 +146,9 @@ async def test_a_worker_cut_off_and_a_leader_frozen_during_a_database_outage_run
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: None)
     try:
         async with asyncio_bridge(), trio.open_nursery() as network:
-            await harness._start_proxies(network)
-            await trio.to_thread.run_sync(harness.fresh_cluster)
+            client = await _proxied_cluster_running(harness, network, 9, 20.0)
             config = cluster.config()
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
             try:
-                for _ in range(9):
-                    await client.call("submit_job", pb.SubmitJobRequest(spec=long_job(20.0)))
-                await _wait_running(client, 9)
                 leader, _ = await harness.leader(client)
                 leader_pid = cluster.pids()[leader]
                 async with trio.open_nursery() as faults:
@@ -189,14 +199,9 @@ async def test_every_worker_cut_off_loses_no_job_and_one_cut_off_alone_is_declar
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: None)
     try:
         async with asyncio_bridge(), trio.open_nursery() as network:
-            await harness._start_proxies(network)
-            await trio.to_thread.run_sync(harness.fresh_cluster)
+            client = await _proxied_cluster_running(harness, network, 8, 16.0)
             config = cluster.config()
-            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
             try:
-                for _ in range(8):
-                    await client.call("submit_job", pb.SubmitJobRequest(spec=long_job(16.0)))
-                await _wait_running(client, 8)
                 await harness.partition_every_worker()
                 with trio.fail_after(10):
                     while (await _counts(client)).get("running", 0) < 8:  # noqa: ASYNC110 (polling)
