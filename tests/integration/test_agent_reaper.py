@@ -295,6 +295,17 @@ async def test_a_command_job_that_ended_before_the_fence_deadline_keeps_its_succ
 # ---------------------------------------------------------------- pause through an outage
 
 
+async def writer_frozen_past_its_deadline(agent: AgentProcess, out: Path) -> float:
+    """Give the agent a writer job (into ``out``), SIGSTOP the agent once the job writes, and
+    wait until half a second past its fence deadline; returns the deadline (wall clock)."""
+    await assign(agent, writer_job(out))
+    await wait_for(lambda: len(stamps(out)) >= 5)
+    agent.process.send_signal(signal.SIGSTOP)
+    deadline = agent.deadline_unix_s()
+    await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+    return deadline
+
+
 def is_stopped(proc: psutil.Process) -> bool:
     try:
         return proc.status() == psutil.STATUS_STOPPED
@@ -310,11 +321,7 @@ async def test_a_frozen_agents_command_job_is_paused_at_the_deadline_and_resumed
     acknowledged with the assignment still active, it runs on, and nothing ended it."""
     out = job_writable(tmp_path) / "stamps"
     async with running_agent(tmp_path, db_outage_grace_s=30.0) as agent:
-        await assign(agent, writer_job(out))
-        await wait_for(lambda: len(stamps(out)) >= 5)
-        agent.process.send_signal(signal.SIGSTOP)
-        deadline = agent.deadline_unix_s()
-        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        deadline = await writer_frozen_past_its_deadline(agent, out)
         last = stamps(out)[-1]
         assert deadline - FENCE_S < last <= deadline + 0.3
         held = agent.leftovers()
@@ -337,11 +344,7 @@ async def test_a_paused_job_whose_assignment_ended_meanwhile_is_killed_never_res
     while still held: it never writes again, and its stop line carries the time it paused."""
     out = job_writable(tmp_path) / "stamps"
     async with running_agent(tmp_path, db_outage_grace_s=30.0) as agent:
-        await assign(agent, writer_job(out))
-        await wait_for(lambda: len(stamps(out)) >= 5)
-        agent.process.send_signal(signal.SIGSTOP)
-        deadline = agent.deadline_unix_s()
-        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
+        deadline = await writer_frozen_past_its_deadline(agent, out)
         last = stamps(out)[-1]
         agent.cp.ended.add(1)  # the leader ended it while the worker was cut off
         agent.process.send_signal(signal.SIGCONT)
@@ -364,12 +367,8 @@ async def test_a_job_paused_longer_than_the_outage_grace_is_killed_by_its_reaper
     out = job_writable(tmp_path) / "stamps"
     grace_s = 2.5
     async with running_agent(tmp_path, db_outage_grace_s=grace_s) as agent:
-        await assign(agent, writer_job(out))
-        await wait_for(lambda: len(stamps(out)) >= 5)
-        agent.process.send_signal(signal.SIGSTOP)
-        deadline = agent.deadline_unix_s()
+        deadline = await writer_frozen_past_its_deadline(agent, out)
         kill_at = deadline - FENCE_S + grace_s
-        await trio.sleep(max(0.0, deadline + 0.5 - time.time()))
         assert agent.leftovers(), "killed at the pause deadline"
         await trio.sleep(max(0.0, kill_at + 0.5 - time.time()))
         assert agent.leftovers() == [], "the paused job outlived the outage grace"
