@@ -76,6 +76,16 @@ def _report(harness: Harness, cluster: LocalCluster, history: checker.History) -
     return checker.check_logs(history, [cluster.state.work_dir(w.id) for w in config.workers], faults)
 
 
+def _all_back_since(cluster: LocalCluster, since: float) -> bool:
+    """Whether every worker logged a ``resume`` (or a registration) at or after ``since``."""
+    for worker in cluster.config().workers:
+        log = cluster.state.work_dir(worker.id) / "agent.jsonl"
+        records = read_log(log) if log.exists() else []
+        if not any(r["event"] in ("resume", "register") and r["time"] >= since for r in records):
+            return False
+    return True
+
+
 def _events(cluster: LocalCluster) -> list[str]:
     found = []
     for worker in cluster.config().workers:
@@ -205,6 +215,10 @@ async def test_every_worker_cut_off_loses_no_job_and_one_cut_off_alone_is_declar
                 await harness.partition_every_worker()
                 with trio.fail_after(10):
                     while (await _counts(client)).get("running", 0) < 8:  # noqa: ASYNC110 (polling)
+                        await trio.sleep(0.1)
+                _, healed_at = harness.result.mass_partitions[0]
+                with trio.fail_after(20):  # every worker has resumed before one is cut off alone
+                    while not _all_back_since(cluster, healed_at):  # noqa: ASYNC110 (polling logs)
                         await trio.sleep(0.1)
                 deaths_after_mass = len(await _deaths(config.database_url))
                 status = await client.call("status", pb.StatusRequest())
