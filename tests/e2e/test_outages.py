@@ -163,9 +163,11 @@ async def test_a_worker_cut_off_and_a_leader_frozen_during_a_database_outage_run
                 leader_pid = cluster.pids()[leader]
                 async with trio.open_nursery() as faults:
                     faults.start_soon(functools.partial(harness.restart_database, client, how="fast"))
-                    await trio.sleep(1.0)
+                    # Cut off before its workers pause (1.25 s at the earliest), so the checker
+                    # sees the worker's own fault, not the outage, in its runs' ends.
+                    await trio.sleep(0.2)
                     faults.start_soon(harness.partition_worker, "w-1")
-                    await trio.sleep(0.5)
+                    await trio.sleep(1.3)
                     frozen_at = time.time()
                     os.kill(leader_pid, signal.SIGSTOP)
                     with trio.fail_after(30):
