@@ -60,6 +60,7 @@ import hashlib
 import json
 import os
 import ssl
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -545,7 +546,18 @@ class Ingest:
                 self._log.warning("idempotency keys not swept", error=str(exc))
 
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema.sql"
+SCHEMA_PATH = next(
+    (
+        path
+        for path in (
+            Path(__file__).resolve().parents[1] / "schema.sql",  # a source tree, or an editable install
+            Path(sys.prefix) / "share" / "stockade" / "schema.sql",  # a wheel's (data-files)
+        )
+        if path.is_file()
+    ),
+    Path(__file__).resolve().parents[1] / "schema.sql",
+)
+"""schema.sql: next to the packages in a source tree, else where a wheel installs it."""
 SCHEMA_CALL_TIMEOUT_S = 60.0
 """Longest one statement of the schema's application may go unanswered, in seconds: the whole
 schema is one statement, and a replica may wait here for another applying it."""

@@ -199,7 +199,14 @@ class EmbeddedPostgres:
     """Directory that holds ``data/`` (PGDATA), ``postgres.log`` and ``sock/``."""
 
     port: int = attrs.field()
-    """TCP port on 127.0.0.1 (the server never listens on another address)."""
+    """TCP port (on 127.0.0.1, and on :attr:`listen_host` when that is another address)."""
+
+    listen_host: str = LISTEN_HOST
+    """The address clients reach the server at: 127.0.0.1 (the default) keeps it on this
+    machine. Another address (a container's on a private Docker network: ``stockade database
+    serve``) is listened on too, password connections are accepted from the networks of the
+    server's own addresses (``samenet`` in pg_hba.conf), the password file's line matches any
+    host, and :meth:`url` names that address."""
 
     nice: int = DEFAULT_NICE
     """CPU priority (nice) given to the server and the processes it forks, once started
@@ -286,7 +293,7 @@ class EmbeddedPostgres:
         if self.tls is not None:
             query |= {"sslmode": "verify-full", "sslrootcert": str(self.tls.ca_file.absolute())}
         encoded = urllib.parse.urlencode(query, safe="/", quote_via=urllib.parse.quote)
-        return f"postgresql://{PG_SUPERUSER}@{LISTEN_HOST}:{self.port}/{path}?{encoded}"
+        return f"postgresql://{PG_SUPERUSER}@{self.listen_host}:{self.port}/{path}?{encoded}"
 
     def server_settings(self) -> dict[str, str]:
         """The settings passed on the server command line at every start.
@@ -295,7 +302,9 @@ class EmbeddedPostgres:
             setting name -> value, as ``postgres -c name=value`` takes them.
         """
         settings = {
-            "listen_addresses": LISTEN_HOST,
+            "listen_addresses": LISTEN_HOST
+            if self.listen_host == LISTEN_HOST
+            else f"{LISTEN_HOST},{self.listen_host}",
             "port": str(self.port),
             "unix_socket_directories": str(self.socket_dir),
             "unix_socket_permissions": "0700",
@@ -379,6 +388,8 @@ class EmbeddedPostgres:
                 self._initdb(run_as, verifier=verifier, timeout_s=timeout_s)
                 password_is_new = False
             hba_changed = self._require_password_on_tcp()
+            if self.listen_host != LISTEN_HOST:
+                hba_changed = self._allow_same_networks() or hba_changed
             if self.tls is not None:
                 self._install_tls(run_as)
             if running_port is None:
@@ -556,7 +567,7 @@ class EmbeddedPostgres:
         except OSError as exc:
             raise PostgresStartError(f"cannot create the password file {path}: {exc}") from exc
         with os.fdopen(fd, "w") as file:
-            file.write(f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{password}\n")
+            file.write(f"{self._password_host}:*:*:{PG_SUPERUSER}:{password}\n")
             file.flush()
             os.fsync(file.fileno())
         return password, True
@@ -575,10 +586,12 @@ class EmbeddedPostgres:
                 f"password file {path} has mode {mode:04o}: it must be 0600 (clients ignore it "
                 f"otherwise); chmod 600 {path}, or remove it to have a new password made"
             )
-        prefix = f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:"
+        prefix = f"{self._password_host}:*:*:{PG_SUPERUSER}:"
         for line in text.splitlines():
-            if line.startswith(prefix) and len(line) > len(prefix):
-                return line[len(prefix) :]
+            for host in (LISTEN_HOST, "*"):  # a file made for either kind of server serves both
+                line_prefix = f"{host}:*:*:{PG_SUPERUSER}:"
+                if line.startswith(line_prefix) and len(line) > len(line_prefix):
+                    return line[len(line_prefix) :]
         raise PostgresStartError(
             f"password file {path} has no {prefix}<password> line; remove it to have a new password made"
         )
@@ -624,6 +637,33 @@ class EmbeddedPostgres:
             new.replace(hba)
         except OSError as exc:
             raise PostgresStartError(f"cannot require passwords in {hba}: {exc}") from exc
+        return True
+
+    @property
+    def _password_host(self) -> str:
+        """The host field of the password file's line: 127.0.0.1, or any host (``*``) for a
+        server reached at another address."""
+        return LISTEN_HOST if self.listen_host == LISTEN_HOST else "*"
+
+    def _allow_same_networks(self) -> bool:
+        """Add ``host all all samenet scram-sha-256`` to pg_hba.conf unless it is there: password
+        connections from the networks of the server's own addresses. Whether it was added.
+
+        Raises:
+            PostgresStartError: pg_hba.conf cannot be read or written.
+        """
+        hba = self.pgdata / "pg_hba.conf"
+        line = "host    all    all    samenet    scram-sha-256\n"
+        try:
+            text = hba.read_text()
+            if line in text:
+                return False
+            with hba.open("a") as file:
+                file.write(("" if text.endswith("\n") else "\n") + line)
+        except OSError as exc:
+            raise PostgresStartError(
+                f"cannot allow connections from this server's networks in {hba}: {exc}"
+            ) from exc
         return True
 
     def _set_password(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:

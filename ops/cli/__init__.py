@@ -1,11 +1,11 @@
 """The ``stockade`` command: run a control plane or an agent, drive the local cluster, use it.
 
 One module per command group, each of which only parses options and renders answers:
-:mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``), :mod:`ops.cli.local` (``up``,
+:mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
 ``down``, ``kill-leader``, ``kill-worker``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
 ``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
 :mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
-init|issue|show``); :mod:`ops.cli.common` holds what they
+init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
 share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
 are read.
 
@@ -54,9 +54,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "local": ("up", "down", "kill-leader", "kill-worker"),
     "jobs": ("jobs", "submit", "job", "list", "jobs-list", "cancel", "status"),
     "chaos": ("chaos", "check"),
-    "processes": ("cp", "agent", "fleet"),
+    "processes": ("cp", "agent", "fleet", "database"),
     "bench": ("bench",),
     "certs": ("certs",),
+    "image": ("image",),
 }
 """Each module that registers commands on the app, with the commands it registers, in the
 order ``--help`` lists them (a unit test keeps this equal to what the modules register)."""
