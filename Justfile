@@ -28,6 +28,14 @@ demo:
 up:
     stockade up
 
+# Build the image stockade:<version> offline (debootstrap base, wheels built here, no network in the build)
+image:
+    stockade image build
+
+# Start the cluster in containers (database, cp-1..cp-3, w-1..w-5) on a private Docker network
+up-docker *ARGS:
+    stockade up --docker {{ARGS}}
+
 # Stop every process of the local cluster, the embedded database included
 down:
     stockade down

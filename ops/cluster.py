@@ -28,7 +28,12 @@ the cluster: it adds control planes and workers, or stops the surplus ones clean
 them from cluster.json (:mod:`ops.launcher.plan`). Every process it adds serves Prometheus
 metrics on a port of its own, recorded in cluster.json (:meth:`ClusterConfig.metrics_addresses`).
 
-This module is the public face: the code lives in :mod:`ops.launcher` (state, plan, control).
+With ``up --docker`` the same folder and record describe a cluster in containers
+(:class:`ops.launcher.docker.DockerCluster`): the database, control planes and workers each in a
+container on a private Docker network; :func:`cluster_at` gives the right one for a folder.
+
+This module is the public face: the code lives in :mod:`ops.launcher` (state, plan, control,
+docker).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ops.config import (
     resolve_addresses,
 )
 from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, LocalCluster, UpResult
+from ops.launcher.docker import DockerCluster
 from ops.launcher.state import (
     LISTEN_HOST,
     MARKER_ENV,
@@ -64,15 +70,30 @@ __all__ = [
     "WORKER_CAPACITIES",
     "ClusterConfig",
     "ClusterError",
+    "DockerCluster",
     "DownReport",
     "LocalCluster",
     "ProcessSpec",
     "StateDir",
     "UpResult",
     "WorkerSpec",
+    "cluster_at",
     "default_state_dir",
     "iter_worker_logs",
     "metrics_address",
     "parse_addresses",
     "resolve_addresses",
 ]
+
+
+def cluster_at(state: StateDir) -> LocalCluster | DockerCluster:
+    """The launcher of the cluster recorded in ``state``: a :class:`DockerCluster` when it runs
+    in containers, else (also when nothing is recorded) a :class:`LocalCluster`.
+
+    Raises:
+        ClusterError: cluster.json cannot be read.
+    """
+    config = state.load()
+    if config is not None and config.docker is not None:
+        return DockerCluster(state)
+    return LocalCluster(state)

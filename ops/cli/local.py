@@ -36,14 +36,16 @@ from ops.cli.common import (
 from ops.config import STATE_DIR_ENV, ClusterError, forget_local_cluster, record_local_cluster
 
 if TYPE_CHECKING:
-    from ops.cluster import LocalCluster, UpResult
+    from ops.cluster import DockerCluster, LocalCluster, UpResult
     from protocol import pb
     from runtime.client import ControlPlaneClient
 
 
-def _print_up(result: UpResult, cluster: LocalCluster) -> None:
+def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
     import rich.box
     from rich.table import Table
+
+    from ops.cluster import LocalCluster
 
     roles = {cp.id: cp.role for cp in result.status.control_planes}
     workers = {w.id: w for w in result.status.workers}
@@ -89,7 +91,12 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
     if result.removed:
         stopped = f" (stopped {' '.join(result.stopped)})" if result.stopped else ""
         console().print(f"removed   {' '.join(result.removed)}{stopped}")
-    if result.config.ha_db:
+    if result.config.docker is not None:
+        database = (
+            f"PostgreSQL in a container on {result.config.docker.network} ({result.config.docker.subnet})"
+        )
+    elif result.config.ha_db:
+        assert isinstance(cluster, LocalCluster)
         database = f"HA PostgreSQL (Patroni + etcd, {_ha_roles(cluster)})"
     elif result.config.embedded_pg_port:
         database = "embedded PostgreSQL"
@@ -97,9 +104,15 @@ def _print_up(result: UpResult, cluster: LocalCluster) -> None:
         database = "DATABASE_URL"
     if result.database_started:
         database += " (started)"
+
     console().print(f"database  {database}: {result.config.database_url}")
     console().print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
     console().print(f"logs      {shown_path(cluster.state.root / 'logs')}/<id>.log")
+    if result.config.docker is not None:
+        console().print(
+            f"docker    image {result.config.docker.image}; containers {result.config.docker.prefix}-<id>, "
+            f"network {result.config.docker.network}"
+        )
     if result.config.cert_dir is None:
         console().print("tls       off (--insecure): plaintext, no identities")
     else:
@@ -185,6 +198,15 @@ def up(
             "failed server rejoins (default: the primary goes on alone).",
         ),
     ] = False,
+    docker: Annotated[
+        bool,
+        typer.Option(
+            "--docker",
+            help="Run the database, the control planes and the workers each in a container of the "
+            "image stockade:<version> (build it with `stockade image build`) on a private Docker "
+            "network; see docs/containers.md.",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
@@ -211,8 +233,12 @@ def up(
     Ctrl-C stops the waiting, not the processes already started: it says which run and how
     to stop them.
     """
-    from ops.cluster import LocalCluster
+    from ops.cluster import DockerCluster, LocalCluster
 
+    if docker:
+        for given, name in ((ha_db, "--ha-db"), (fleet_size, "--fleet-size")):
+            if given:
+                fail(f"{name} is not available with --docker: drop one of them", EXIT_INVALID)
     if ha_db_strict and not ha_db:
         fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
     if ha_db:
@@ -229,15 +255,21 @@ def up(
             )
     if insecure:
         warn_insecure("the cluster")
-    cluster = LocalCluster(
-        local_state(),
-        fleet_size=fleet_size,
-        agent_args=shlex.split(agent_args),
-        cp_args=shlex.split(cp_args),
-        insecure=insecure,
-        ha_db=ha_db,
-        ha_db_strict=ha_db_strict,
-    )
+    cluster: LocalCluster | DockerCluster
+    if docker:
+        cluster = DockerCluster(
+            local_state(), agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args), insecure=insecure
+        )
+    else:
+        cluster = LocalCluster(
+            local_state(),
+            fleet_size=fleet_size,
+            agent_args=shlex.split(agent_args),
+            cp_args=shlex.split(cp_args),
+            insecure=insecure,
+            ha_db=ha_db,
+            ha_db_strict=ha_db_strict,
+        )
     with (
         interruptible(lambda: _left_running(cluster)),
         errors(),
@@ -248,19 +280,29 @@ def up(
     _record(cluster)
 
 
-def _down_command(cluster: LocalCluster) -> str:
+def _down_command(cluster: LocalCluster | DockerCluster) -> str:
     """The command that stops ``cluster``, as typed in the current folder."""
     if os.environ.get(STATE_DIR_ENV):
         return f"{STATE_DIR_ENV}={shlex.quote(str(cluster.state.root))} stockade down"
     return "stockade down"
 
 
-def _left_running(cluster: LocalCluster) -> str:
+def _left_running(cluster: LocalCluster | DockerCluster) -> str:
     """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
     database) that run, and how to stop them; or that nothing runs."""
+    from ops.cluster import LocalCluster
     from ops.hadb import HaDatabaseError
     from ops.pg import EmbeddedPostgres
 
+    if not isinstance(cluster, LocalCluster):
+        with contextlib.suppress(ClusterError):
+            running = sorted(cluster.pids())
+            if running:
+                return (
+                    f"the containers of {' '.join(running)} still run (the cluster may not be ready); "
+                    f"`{_down_command(cluster)}` removes them, `stockade up --docker` again waits for them"
+                )
+        return f"no container of {shown_path(cluster.state.root)} runs"
     with contextlib.suppress(ClusterError, HaDatabaseError):
         config = cluster.state.load()
         running = sorted(cluster.pids(config)) if config is not None else []
@@ -282,7 +324,7 @@ def _left_running(cluster: LocalCluster) -> str:
     return f"nothing of {shown_path(cluster.state.root)} runs"
 
 
-def _record(cluster: LocalCluster) -> None:
+def _record(cluster: LocalCluster | DockerCluster) -> None:
     """Record the cluster in the user config; a config that cannot be written is said, not fatal."""
     try:
         path = record_local_cluster(cluster.state.root)
@@ -300,10 +342,11 @@ def _record(cluster: LocalCluster) -> None:
 def down() -> None:
     """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded
     database, and remove the cluster from the user config when `up` recorded it there."""
-    from ops.cluster import LocalCluster
+    from ops.cluster import LocalCluster, cluster_at
 
-    cluster = LocalCluster(local_state())
     with errors():
+        cluster = cluster_at(local_state())
+        docker_mode = not isinstance(cluster, LocalCluster)
         report = cluster.down()
     if report.terminated:
         console().print("stopped " + " ".join(report.terminated))
@@ -312,7 +355,7 @@ def down() -> None:
     if report.stragglers:
         console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
     if report.database_stopped:
-        console().print("stopped embedded PostgreSQL")
+        console().print("stopped the database container" if docker_mode else "stopped embedded PostgreSQL")
     if report.ha_db_stopped:
         console().print("stopped HA PostgreSQL " + " ".join(report.ha_db_stopped))
     if not (
@@ -342,12 +385,12 @@ def kill_leader(
     import trio
 
     from ops import rpc
-    from ops.cluster import LocalCluster
+    from ops.cluster import cluster_at
     from protocol import pb
     from runtime.errors import StockadeError
 
-    cluster = LocalCluster(recorded_local_state())
     with errors():
+        cluster = cluster_at(recorded_local_state())
         addresses = control_plane_addresses(control_planes)
         status = rpc.status(addresses, tls=client_tls())
         if not status.leader:
@@ -388,12 +431,12 @@ def kill_worker(
     import trio
 
     from ops import rpc
-    from ops.cluster import LocalCluster
+    from ops.cluster import cluster_at
     from protocol import pb
     from runtime.errors import StockadeError
 
-    cluster = LocalCluster(recorded_local_state())
     with errors():
+        cluster = cluster_at(recorded_local_state())
         addresses = control_plane_addresses(control_planes)
         status = rpc.status(addresses, tls=client_tls())
         config = cluster.config()

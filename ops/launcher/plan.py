@@ -59,6 +59,9 @@ class LaunchOptions:
     worker_capacities: tuple[tuple[int, int], ...] | None = None
     metrics: bool = True
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
+    host_of: Callable[[str], str] = lambda _process_id: LISTEN_HOST
+    """The address a new process listens on, by its id: 127.0.0.1 for processes on this
+    machine, the container's own address for a cluster in containers."""
 
 
 @attrs.frozen(kw_only=True)
@@ -263,11 +266,12 @@ def _control_planes(
         spec = recorded.get(cp_id) or retired.get(cp_id)
         if spec is None:
             port = new_port()
+            host = options.host_of(cp_id)
             spec = ProcessSpec(
                 id=cp_id,
                 kind="cp",
-                address=f"{LISTEN_HOST}:{port}",
-                args=("cp", "--id", cp_id, "--host", LISTEN_HOST, "--port", str(port), *options.cp_args),
+                address=f"{host}:{port}",
+                args=("cp", "--id", cp_id, "--host", host, "--port", str(port), *options.cp_args),
             )
             spec = _with_metrics(spec, options, new_port)
         specs.append(spec)
@@ -369,12 +373,13 @@ def _add_workers(
             )
             continue
         port = new_port()
+        host = options.host_of(worker_id)
         args: tuple[str, ...] = (
             "agent",
             "--id",
             worker_id,
             "--host",
-            LISTEN_HOST,
+            host,
             "--port",
             str(port),
             "--cpu-millis",
@@ -389,7 +394,7 @@ def _add_workers(
         )
         if options.worker_network is not None:
             args = (*args, "--advertise-address", advertise)
-        spec = ProcessSpec(id=worker_id, kind="agent", address=f"{LISTEN_HOST}:{port}", args=args)
+        spec = ProcessSpec(id=worker_id, kind="agent", address=f"{host}:{port}", args=args)
         agent_specs.append(_with_metrics(spec, options, new_port))
 
     fleet_specs = list(kept.fleets)

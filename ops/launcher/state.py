@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import ipaddress
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +30,7 @@ __all__ = [
     "WORKER_CAPACITIES",
     "ClusterConfig",
     "ClusterError",
+    "DockerSpec",
     "ProcessSpec",
     "StateDir",
     "WorkerSpec",
@@ -94,6 +97,65 @@ class ProcessSpec:
     @property
     def port(self) -> int:
         return int(self.address.rpartition(":")[2])
+
+
+DOCKER_MAX_CONTROL_PLANES = 9
+DOCKER_MAX_WORKERS = 200
+"""Most workers of a cluster in containers: its /24 network holds the database, the control
+planes and the workers, each at an address of its own."""
+
+
+@attrs.frozen(kw_only=True)
+class DockerSpec:
+    """Where a cluster in containers (``stockade up --docker``) lives: its private network and
+    image. Every process runs in a container of its own at a fixed address of the network's
+    /24 subnet: the database at host 2, ``cp-N`` at host 10+N, ``w-N`` at host 20+N; the
+    machine running the CLI reaches those addresses through the network's bridge, so nothing
+    is published on the machine's own interfaces."""
+
+    network: str
+    """The Docker network's name."""
+    subnet: str
+    """Its IPv4 subnet, a /24 (``172.29.N.0/24``)."""
+    image: str
+    """The image every container runs (``stockade:<version>``)."""
+    prefix: str
+    """Container names are ``<prefix>-<process id>``."""
+
+    def address_of(self, process_id: str) -> str:
+        """The container address of ``pg`` (the database), ``cp-N`` or ``w-N``.
+
+        Raises:
+            ClusterError: another id, or a number beyond what the subnet holds.
+        """
+        kind, _, number = process_id.rpartition("-")
+        if process_id == "pg":
+            host = 2
+        elif kind == "cp" and number.isdigit() and 1 <= int(number) <= DOCKER_MAX_CONTROL_PLANES:
+            host = 10 + int(number)
+        elif kind == "w" and number.isdigit() and 1 <= int(number) <= DOCKER_MAX_WORKERS:
+            host = 20 + int(number)
+        else:
+            raise ClusterError(
+                f"{process_id} has no address in a cluster in containers (it holds pg, "
+                f"cp-1..cp-{DOCKER_MAX_CONTROL_PLANES} and w-1..w-{DOCKER_MAX_WORKERS})"
+            )
+        return str(ipaddress.ip_network(self.subnet)[host])
+
+    def container_name(self, process_id: str) -> str:
+        return f"{self.prefix}-{process_id}"
+
+    @staticmethod
+    def prefix_for(state_root: Path) -> str:
+        """``stockade-<8 hex digits of the state folder's path>``: one cluster per folder."""
+        return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"network": self.network, "subnet": self.subnet, "image": self.image, "prefix": self.prefix}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DockerSpec:
+        return cls(network=data["network"], subnet=data["subnet"], image=data["image"], prefix=data["prefix"])
 
 
 def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
@@ -206,6 +268,9 @@ class ClusterConfig:
     ha_db: bool = False
     """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.hadb`):
     ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
+    docker: DockerSpec | None = None
+    """The cluster runs in containers (``up --docker``, :mod:`ops.launcher.docker`): the
+    database too, whose files are under ``pg/``; ``embedded_pg_port`` is None."""
 
     @property
     def client_tls(self) -> TlsFiles | None:
@@ -299,6 +364,7 @@ class ClusterConfig:
             "retired_control_planes": [p.to_json() for p in self.retired_control_planes],
             "cert_dir": self.cert_dir,
             "ha_db": self.ha_db,
+            **({"docker": self.docker.to_json()} if self.docker is not None else {}),
         }
 
     @classmethod
@@ -311,6 +377,7 @@ class ClusterConfig:
             retired_control_planes=[ProcessSpec.from_json(p) for p in data.get("retired_control_planes", [])],
             cert_dir=data.get("cert_dir"),
             ha_db=bool(data.get("ha_db", False)),
+            docker=DockerSpec.from_json(data["docker"]) if data.get("docker") else None,
         )
 
 

@@ -1,0 +1,595 @@
+"""The local cluster in containers: ``stockade up --docker``.
+
+:class:`DockerCluster` runs the database, the control planes and the workers of one state
+folder each in a container of its own, all of the image ``stockade:<version>``
+(:mod:`ops.image`), on a private Docker network made for the cluster, through the docker SDK.
+It keeps the record (``cluster.json``, with its ``docker`` part, :class:`DockerSpec`) and the
+state folder's layout of :class:`ops.launcher.LocalCluster`, so ``status``, ``jobs``,
+``submit``, ``check`` and the rest work on it unchanged:
+
+- **Addresses.** The network has a /24 subnet of ``172.29.0.0/16`` picked for the folder (the
+  next free one when the engine already uses it); every container has a fixed address in it
+  (:meth:`DockerSpec.address_of`) and listens there. The machine reaches them through the
+  network's bridge, so no port is published on its own interfaces. Certificates name those
+  addresses (IP SANs), and one issued before without them is issued again.
+- **Files.** A container sees only what it needs of the state folder, at the same path as on
+  the machine: the database its ``pg/`` (read-write); a control plane the CA certificate, its
+  own certificate and key, and the database's password file (read-only); a worker the same
+  certificates and its own work folder (read-write); every container the ``logs/`` folder,
+  where its process appends its output as a process of the local cluster does.
+- **Labels.** Every container and the network carry :data:`CLUSTER_LABEL` (the state folder's
+  absolute path) and containers :data:`PROCESS_LABEL` (``pg``, ``cp-N``, ``w-N``); ``down``
+  removes what carries this folder's label, and nothing else.
+- **Processes.** ``docker-init`` is each container's process 1 (``init=True``): it forwards
+  signals and reaps orphans (an agent's job reapers outlive nothing but still must be reaped).
+  ``kill`` is ``docker kill`` (the whole container dies); a clean stop is ``docker stop``
+  (SIGTERM, SIGKILL after :data:`STOP_TIMEOUT_S`), workers first, so they leave cleanly.
+
+Faults for the chaos harness: :meth:`pause` and :meth:`unpause` (the cgroup freezer stops the
+whole container, its jobs included), :meth:`disconnect` and :meth:`connect` (a real network
+cut: the container leaves the network and comes back at its own address), :meth:`restart`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ipaddress
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import psutil
+
+from ops.launcher import procs, ready
+from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
+from ops.launcher.plan import LaunchOptions, check_counts, plan
+from ops.launcher.state import (
+    DOCKER_MAX_WORKERS,
+    ClusterConfig,
+    ClusterError,
+    DockerSpec,
+    ProcessSpec,
+    StateDir,
+    with_tls_args,
+)
+from ops.pg import EmbeddedPostgres
+
+if TYPE_CHECKING:
+    import docker
+    import docker.models.containers
+
+__all__ = ["CLUSTER_LABEL", "PROCESS_LABEL", "DockerCluster"]
+
+CLUSTER_LABEL = "org.stockade.cluster"
+"""Label on the network and every container of a cluster: its state folder's absolute path."""
+PROCESS_LABEL = "org.stockade.process"
+"""Label on each container: the process it runs (``pg``, ``cp-N``, ``w-N``)."""
+
+SUBNET_POOL = ipaddress.ip_network("172.29.0.0/16")
+"""Where the clusters' /24 networks are taken from."""
+
+PG_PORT = 5432
+FIRST_PORT = 7001
+"""Ports of the processes in their containers: cp-1 gets 7001, and so on (each container has
+its own address, so the numbers only have to differ within one record)."""
+
+DATABASE_READY_TIMEOUT_S = 60.0
+_LOG_TAIL_LINES = 20
+
+
+@attrs.define
+class DockerCluster:
+    """Starts, finds and stops the containers of one state folder's cluster.
+
+    Args:
+        state: the state folder.
+        insecure: run without TLS (development only), as :class:`ops.launcher.LocalCluster`.
+        cp_args: extra ``stockade cp`` options for every control plane.
+        agent_args: extra ``stockade agent`` options for every worker.
+        worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None: the
+            defaults of the local cluster.
+        image: the image to run; None: ``stockade:<version>`` of this installation.
+    """
+
+    state: StateDir
+    insecure: bool = False
+    cp_args: Sequence[str] = ()
+    agent_args: Sequence[str] = ()
+    worker_capacities: tuple[tuple[int, int], ...] | None = None
+    image: str | None = None
+    _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
+
+    # -- the engine ----------------------------------------------------------------------
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The docker SDK client (made on first use).
+
+        Raises:
+            ClusterError: no engine answers.
+        """
+        if self._client is None:
+            import docker
+
+            try:
+                client = docker.from_env(timeout=120)
+                client.ping()
+            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
+                raise ClusterError(
+                    f"no Docker engine answers ({type(exc).__name__}: {exc}); start one, or set DOCKER_HOST"
+                ) from exc
+            self._client = client
+        return self._client
+
+    def config(self) -> ClusterConfig:
+        """The recorded cluster.
+
+        Raises:
+            ClusterError: nothing is recorded, or the record is not of a cluster in containers.
+        """
+        config = self.state.load()
+        if config is None:
+            raise ClusterError(f"no cluster recorded in {self.state.config_path}; run `stockade up --docker`")
+        if config.docker is None:
+            raise ClusterError(f"the cluster of {self.state.root} runs as processes, not in containers")
+        return config
+
+    def _containers(self, **labels: str) -> list[docker.models.containers.Container]:
+        """This folder's containers (running or not) with ``labels`` as well."""
+        filters = [f"{CLUSTER_LABEL}={self.state.root}", *(f"{k}={v}" for k, v in labels.items())]
+        return list(self.client.containers.list(all=True, filters={"label": filters}))
+
+    def _container(self, process_id: str) -> docker.models.containers.Container | None:
+        found = self._containers(**{PROCESS_LABEL: process_id})
+        return found[0] if found else None
+
+    def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
+        """Process id (``pg``, ``cp-N``, ``w-N``) -> the machine's pid of its container's
+        process 1, for every running container of this folder."""
+        found = {}
+        for container in self._containers():
+            state = container.attrs.get("State", {})
+            if state.get("Running") and state.get("Pid"):
+                found[container.labels[PROCESS_LABEL]] = int(state["Pid"])
+        return found
+
+    def live_process(self, spec: ProcessSpec) -> psutil.Process | None:
+        """The machine's process 1 of ``spec``'s container while it runs (and is not paused)."""
+        pid = self.pids().get(spec.id)
+        if pid is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(pid)
+        return None
+
+    def metrics_addresses(self) -> dict[str, str]:
+        """None in containers: their processes serve no metrics yet."""
+        return {}
+
+    # -- up ------------------------------------------------------------------------------
+
+    def up(
+        self,
+        *,
+        control_planes: int | None = None,
+        workers: int | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+    ) -> UpResult:
+        """Bring the cluster in containers to the asked size and wait until a control plane
+        leads and every worker is alive; containers that run are left alone, exited ones are
+        made again.
+
+        Args:
+            control_planes: cp-1..cp-N (1..9); None keeps the recorded count (3 for a new one).
+            workers: w-1..w-M (0..200); None keeps the recorded count (5 for a new one).
+            timeout_s: how long to wait for readiness, seconds.
+
+        Raises:
+            ClusterError: no engine, no image (run ``stockade image build``), the folder runs a
+                cluster of processes, a count out of range, a container that exited, or the
+                cluster not ready in time (the message names the log to read).
+        """
+        if workers is not None and workers > DOCKER_MAX_WORKERS:
+            raise ClusterError(f"workers must be <= {DOCKER_MAX_WORKERS} in containers, got {workers}")
+        with self.state.locked():
+            return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+
+    def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
+        self.state.create()
+        previous = self.state.load()
+        if previous is not None and previous.docker is None:
+            raise ClusterError(
+                f"{self.state.root} holds a cluster of processes; run `stockade down` there first, or "
+                "use another state folder (STOCKADE_STATE_DIR) for the cluster in containers"
+            )
+        image = self._image()
+        live_before = self.pids(previous) if previous is not None else {}
+        spec = previous.docker if previous is not None and previous.docker is not None else None
+        network = self._network(spec)
+        spec = DockerSpec(
+            network=network.name,
+            subnet=network.attrs["IPAM"]["Config"][0]["Subnet"],
+            image=image,
+            prefix=DockerSpec.prefix_for(self.state.root),
+        )
+        cert_dir = None if self.insecure else str(self.state.cert_dir)
+        tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
+        if previous is not None and previous.cert_dir != cert_dir:
+            if live_before:
+                running = "with --insecure" if previous.cert_dir is None else "with TLS"
+                raise ClusterError(
+                    f"the cluster of {self.state.root} runs {running}; run `stockade down` first to "
+                    "change that"
+                )
+            previous = with_tls_args(previous, cert_dir, tls_args)
+        check_counts(previous, control_planes=control_planes, workers=workers)
+        database_started = self._start_database(spec)
+        database_url = EmbeddedPostgres(
+            data_dir=self.state.pg_dir, port=PG_PORT, listen_host=spec.address_of("pg")
+        ).url()
+        ports = iter(range(FIRST_PORT, FIRST_PORT + 10_000))
+        the_plan = plan(
+            previous,
+            state=self.state,
+            database_url=database_url,
+            pg_port=None,
+            control_planes=control_planes,
+            workers=workers,
+            running=live_before,
+            options=LaunchOptions(
+                cp_args=(*self.cp_args, *tls_args),
+                agent_args=(*self.agent_args, *tls_args),
+                worker_capacities=self.worker_capacities,
+                metrics=False,
+                host_of=spec.address_of,
+            ),
+            free_port=lambda: next(ports),
+        )
+        config = attrs.evolve(the_plan.config, cert_dir=cert_dir, docker=spec)
+        if cert_dir is not None:
+            self._issue_certificates(config)
+        self.state.save(config)
+        self._stop([p.id for p in the_plan.stop])
+        self._remove([p for p in the_plan.removed])
+        started = []
+        for process in config.processes:
+            if process.id not in live_before:
+                self._start(process, config)
+                started.append(process.id)
+        status = ready.wait_ready(
+            self.state,
+            config,
+            restarted={},
+            timeout_s=timeout_s,
+            check_exited=lambda: self._check_exited(config),
+        )
+        return UpResult(
+            config=config,
+            started=tuple(started),
+            database_started=database_started,
+            status=status,
+            pids=self.pids(config),
+            stopped=tuple(p.id for p in the_plan.stop),
+            removed=the_plan.removed,
+        )
+
+    def _image(self) -> str:
+        """The image to run, checked to be in the engine.
+
+        Raises:
+            ClusterError: the engine does not hold it (images are built here, never pulled).
+        """
+        import docker.errors
+
+        from ops.image import image_tag
+
+        tag = self.image or image_tag()
+        try:
+            self.client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            raise ClusterError(
+                f"the Docker engine has no image {tag}: build it with `stockade image build` "
+                "(or `just image`)"
+            ) from None
+        return tag
+
+    def _network(self, recorded: DockerSpec | None) -> Any:
+        """This folder's network: the one it has, else a new one on a free /24.
+
+        Raises:
+            ClusterError: no free /24 is left in :data:`SUBNET_POOL`.
+        """
+        import docker.errors
+
+        existing = self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"})
+        if existing:
+            network = existing[0]
+            network.reload()
+            return network
+        name = recorded.network if recorded is not None else DockerSpec.prefix_for(self.state.root)
+        taken = _subnets_in_use(self.client)
+        candidates: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(
+            SUBNET_POOL.subnets(new_prefix=24)
+        )
+        start = int(DockerSpec.prefix_for(self.state.root)[-8:], 16) % len(candidates)
+        if recorded is not None:
+            candidates.insert(0, ipaddress.ip_network(recorded.subnet))
+            start = 0
+        for subnet in [*candidates[start:], *candidates[:start]]:
+            if any(subnet.overlaps(other) for other in taken):
+                continue
+            import docker.types
+
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
+            try:
+                return self.client.networks.create(
+                    name, driver="bridge", ipam=ipam, labels={CLUSTER_LABEL: str(self.state.root)}
+                )
+            except docker.errors.APIError as exc:
+                if "overlap" in str(exc).lower():
+                    continue
+                raise ClusterError(f"cannot create the Docker network {name}: {exc}") from exc
+        raise ClusterError(f"no free /24 subnet left in {SUBNET_POOL} for the cluster's Docker network")
+
+    def _issue_certificates(self, config: ClusterConfig) -> None:
+        """Certificates for every control plane and worker naming its container address (one
+        issued before without it is issued again), and the operator and viewer clients'.
+
+        Raises:
+            ClusterError: a certificate could not be made.
+        """
+        from ops.certs import CertDir, describe, ensure_issued, issue
+        from runtime.errors import StockadeError
+
+        assert config.docker is not None
+        cert_dir = self.state.cert_dir
+        try:
+            ensure_issued(cert_dir, [("operator", "operator"), ("viewer", "viewer")])
+            where = CertDir(cert_dir)
+            for role, process_id in [
+                *(("control-plane", p.id) for p in config.control_planes),
+                *(("worker", w.id) for w in config.workers),
+            ]:
+                address = config.docker.address_of(process_id)
+                if where.cert(process_id).exists() and where.key(process_id).exists():
+                    if address in describe(where.cert(process_id)).ip_addresses:
+                        continue
+                    where.cert(process_id).unlink()
+                    where.key(process_id).unlink()
+                issue(cert_dir, role=role, id=process_id, hosts=[address])
+        except StockadeError as exc:
+            raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
+
+    def _start_database(self, spec: DockerSpec) -> bool:
+        """Start the database container unless it runs, and wait until it takes connections;
+        whether it was started now.
+
+        Raises:
+            ClusterError: it exited or did not answer within :data:`DATABASE_READY_TIMEOUT_S`.
+        """
+        address = spec.address_of("pg")
+        self.state.pg_dir.mkdir(parents=True, exist_ok=True)
+        existing = self._container("pg")
+        started = existing is None or existing.status != "running"
+        if started:
+            command = ["database", "--data-dir", str(self.state.pg_dir), "--port", str(PG_PORT)]
+            command += ["--listen-host", address]
+            self._run_container(spec, "pg", command, binds={self.state.pg_dir: "rw"})
+        server = EmbeddedPostgres(data_dir=self.state.pg_dir, port=PG_PORT, listen_host=address)
+        deadline = time.monotonic() + DATABASE_READY_TIMEOUT_S
+        while True:
+            if server.password_file.exists() and _accepts(address, PG_PORT):
+                return started
+            container = self._container("pg")
+            if container is None or container.status == "exited":
+                raise ClusterError(
+                    f"the database container exited; last lines of {self.state.log_path('pg')}:\n"
+                    + procs.tail(self.state.log_path("pg"), _LOG_TAIL_LINES)
+                )
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the database at {address}:{PG_PORT} took no connection in "
+                    f"{DATABASE_READY_TIMEOUT_S:g} s "
+                    f"(read {self.state.log_path('pg')})"
+                )
+            time.sleep(0.2)
+
+    def _start(self, process: ProcessSpec, config: ClusterConfig) -> None:
+        """Make and start the container of a control plane or an agent."""
+        assert config.docker is not None
+        binds: dict[Path, str] = {}
+        if config.cert_dir is not None:
+            cert_dir = Path(config.cert_dir)
+            for name in ("ca.crt", f"{process.id}.crt", f"{process.id}.key"):
+                binds[cert_dir / name] = "ro"
+        environment = {}
+        if process.kind == "cp":
+            binds[self.state.pg_dir / "pgpass"] = "ro"
+            environment["DATABASE_URL"] = config.database_url
+        else:
+            work_dir = self.state.work_dir(process.id)
+            work_dir.mkdir(parents=True, exist_ok=True)
+            binds[work_dir] = "rw"
+        self._run_container(
+            config.docker, process.id, list(process.args), binds=binds, environment=environment
+        )
+
+    def _run_container(
+        self,
+        spec: DockerSpec,
+        process_id: str,
+        command: list[str],
+        *,
+        binds: dict[Path, str],
+        environment: dict[str, str] | None = None,
+    ) -> None:
+        """(Re)make the container of ``process_id`` running ``stockade COMMAND`` at its
+        address, its output appended to its log, and start it."""
+        old = self._container(process_id)
+        if old is not None:
+            old.remove(force=True)
+        log_path = self.state.log_path(process_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        mounts = {**{str(path): {"bind": str(path), "mode": mode} for path, mode in binds.items()}}
+        mounts[str(log_path.parent)] = {"bind": str(log_path.parent), "mode": "rw"}
+        api = self.client.api
+        host_config = api.create_host_config(binds=mounts, init=True)
+        endpoint = api.create_endpoint_config(ipv4_address=spec.address_of(process_id), aliases=[process_id])
+        created = api.create_container(
+            spec.image,
+            # The process's output goes to its log file as on the machine (sh's $0 is the path).
+            command=["/bin/sh", "-c", 'exec "$@" >>"$0" 2>&1', str(log_path), "stockade", *command],
+            name=spec.container_name(process_id),
+            hostname=process_id,
+            labels={CLUSTER_LABEL: str(self.state.root), PROCESS_LABEL: process_id},
+            environment=environment or {},
+            host_config=host_config,
+            networking_config=api.create_networking_config({spec.network: endpoint}),
+        )
+        api.start(created["Id"])
+
+    def _check_exited(self, config: ClusterConfig) -> None:
+        for process in config.processes:
+            container = self._container(process.id)
+            if container is None or container.status == "exited":
+                log_path = self.state.log_path(process.id)
+                code = container.attrs["State"].get("ExitCode") if container is not None else "?"
+                raise ClusterError(
+                    f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
+                    + procs.tail(log_path, _LOG_TAIL_LINES)
+                )
+
+    # -- faults --------------------------------------------------------------------------
+
+    def kill(self, process_id: str, sig: int = signal.SIGKILL) -> int:
+        """``docker kill --signal SIG`` the container of ``process_id``; returns the machine's
+        pid of its process 1. SIGKILL ends the whole container and is recorded as a kill.
+
+        Raises:
+            ClusterError: no such container, or it does not run.
+        """
+        container = self._running(process_id)
+        pid = int(container.attrs["State"]["Pid"])
+        container.kill(signal=int(sig))
+        if sig == signal.SIGKILL:
+            self.state.record_fault("kill", process_id, time.time())
+            with contextlib.suppress(Exception):
+                container.wait(timeout=STOP_TIMEOUT_S)
+        return pid
+
+    def pause(self, process_id: str) -> None:
+        """Freeze every process of the container (the cgroup freezer: ``docker pause``)."""
+        self._running(process_id).pause()
+
+    def unpause(self, process_id: str) -> None:
+        container = self._container(process_id)
+        if container is not None and container.status == "paused":
+            container.unpause()
+
+    def disconnect(self, process_id: str) -> None:
+        """Cut the container off the cluster's network (``docker network disconnect``)."""
+        config = self.config()
+        assert config.docker is not None
+        self.client.networks.get(config.docker.network).disconnect(self._running(process_id), force=True)
+
+    def connect(self, process_id: str) -> None:
+        """Put the container back on the network, at its own address."""
+        config = self.config()
+        assert config.docker is not None
+        container = self._container(process_id)
+        if container is None:
+            raise ClusterError(f"{process_id} has no container")
+        self.client.networks.get(config.docker.network).connect(
+            container, ipv4_address=config.docker.address_of(process_id), aliases=[process_id]
+        )
+
+    def restart(self, process_id: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """``docker restart``: SIGTERM, SIGKILL after ``timeout_s``, then start again."""
+        container = self._container(process_id)
+        if container is None:
+            raise ClusterError(f"{process_id} has no container")
+        container.restart(timeout=int(timeout_s))
+
+    def _running(self, process_id: str) -> docker.models.containers.Container:
+        container = self._container(process_id)
+        if container is None or container.status not in ("running", "paused"):
+            raise ClusterError(f"{process_id} is not running (no running container of it)")
+        return container
+
+    # -- down ----------------------------------------------------------------------------
+
+    def down(self, *, timeout_s: float = STOP_TIMEOUT_S) -> DownReport:
+        """Stop every container of this folder (the workers first, then the control planes,
+        then the database: ``docker stop``, SIGKILL after ``timeout_s``), remove them and the
+        network. Safe when nothing runs.
+
+        Raises:
+            ClusterError: no engine answers.
+        """
+        if not self.state.root.is_dir():
+            return DownReport(terminated=(), killed=(), stragglers=(), database_stopped=False)
+        with self.state.locked():
+            containers = self._containers()
+            for container in containers:
+                if container.status == "paused":
+                    container.unpause()
+            groups: dict[str, list[Any]] = {"w": [], "cp": [], "pg": []}
+            for container in containers:
+                kind = container.labels.get(PROCESS_LABEL, "").rpartition("-")[0] or "pg"
+                groups.get(kind, groups["w"]).append(container)
+            terminated: list[str] = []
+            database_stopped = False
+            for kind in ("w", "cp", "pg"):
+                running = [c for c in groups[kind] if c.status == "running"]
+                _in_parallel(lambda c: c.stop(timeout=int(timeout_s)), running)
+                names = [c.labels[PROCESS_LABEL] for c in running]
+                if kind == "pg":
+                    database_stopped = bool(names)
+                else:
+                    terminated += names
+            _in_parallel(lambda c: c.remove(force=True), containers)
+            for network in self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"}):
+                network.remove()
+        return DownReport(
+            terminated=tuple(terminated), killed=(), stragglers=(), database_stopped=database_stopped
+        )
+
+    def _stop(self, process_ids: Iterable[str]) -> None:
+        containers = [c for p in process_ids if (c := self._container(p)) is not None]
+        _in_parallel(lambda c: c.stop(timeout=int(STOP_TIMEOUT_S)), containers)
+
+    def _remove(self, process_ids: Iterable[str]) -> None:
+        containers = [c for p in process_ids if (c := self._container(p)) is not None]
+        _in_parallel(lambda c: c.remove(force=True), containers)
+
+
+def _in_parallel(action: Callable[[Any], object], items: Sequence[Any]) -> None:
+    """``action`` on each item from a few threads (each docker call waits for the engine)."""
+    if not items:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        for future in [pool.submit(action, item) for item in items]:
+            future.result()
+
+
+def _subnets_in_use(client: docker.DockerClient) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    taken = []
+    for network in client.networks.list():
+        for pool in (network.attrs.get("IPAM") or {}).get("Config") or []:
+            with contextlib.suppress(KeyError, ValueError):
+                taken.append(ipaddress.ip_network(pool["Subnet"]))
+    return taken
+
+
+def _accepts(host: str, port: int) -> bool:
+    """Whether ``host:port`` takes a TCP connection now."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
