@@ -44,7 +44,7 @@ import trio
 
 from ops import checker
 from ops.chaosresult import ChaosResult, ChaosSettings, Failover, chaos_table
-from ops.cluster import LocalCluster, StateDir
+from ops.cluster import DockerCluster, LocalCluster, StateDir
 from ops.hadb import HaDatabaseError
 from ops.netfault import Link, serve_proxy
 from protocol import pb
@@ -72,14 +72,23 @@ def fault_environment(fault_dir: Path) -> dict[str, str]:
 
 @attrs.define
 class Harness:
-    """Runs one chaos scenario against a :class:`LocalCluster`."""
+    """Runs one chaos scenario against a :class:`LocalCluster`, or a :class:`DockerCluster`
+    (``--docker``): there a freeze is ``docker pause`` of the leader's container (the cgroup
+    freezer stops all of it), a partition takes the worker's container off the cluster's
+    network (``docker network disconnect``, then ``connect`` at its own address), a database
+    restart stops (``docker stop``: a fast shutdown) or kills (``docker kill``) the database's
+    container and starts it again, and a kill SIGKILLs the container's process 1, which ends
+    the whole container (as ``docker kill``). Each control plane's container parks at the
+    fault point through a folder of its own (``faults/<cp-id>/``): process ids inside
+    containers are not unique."""
 
     settings: ChaosSettings
-    cluster: LocalCluster
+    cluster: LocalCluster | DockerCluster
     progress: Callable[[str], None] = print
     result: ChaosResult = attrs.field(factory=ChaosResult)
     _rng: random.Random = attrs.field(init=False)
     _links: dict[str, Link] = attrs.field(factory=dict)
+    """Each worker's proxies (a cluster of processes); the workers, for one in containers."""
     _submitted: int = 0
     _acknowledged: list[int] = attrs.field(factory=list)
     """Job ids the control planes acknowledged submissions with."""
@@ -95,6 +104,15 @@ class Harness:
     def fault_dir(self) -> Path:
         return self.state.root / "faults"
 
+    @property
+    def docker(self) -> DockerCluster | None:
+        return self.cluster if isinstance(self.cluster, DockerCluster) else None
+
+    def park_dir(self, process_id: str) -> Path:
+        """Where ``process_id`` parks at the fault point: the one folder for processes, one per
+        control plane for containers."""
+        return self.fault_dir / process_id if self.docker is not None else self.fault_dir
+
     # ------------------------------------------------------------ the run
 
     async def run(self) -> ChaosResult:
@@ -103,7 +121,9 @@ class Harness:
         started = time.monotonic()
         s = self.settings
         async with asyncio_bridge(), trio.open_nursery() as network:
-            if s.partitions > 0 or s.mass_partitions > 0:
+            if self.docker is not None:
+                self._links = {f"w-{i}": Link(name=f"w-{i}") for i in range(1, s.workers + 1)}
+            elif s.partitions > 0 or s.mass_partitions > 0:
                 await self._start_proxies(network)
             await trio.to_thread.run_sync(self.fresh_cluster)
             await self._inject_and_wait()
@@ -189,7 +209,15 @@ class Harness:
             shutil.rmtree(self.state.root)
         self.state.create()
         self.fault_dir.mkdir(parents=True, exist_ok=True)
-        self.cluster.extra_env.update(fault_environment(self.fault_dir))
+        if isinstance(self.cluster, DockerCluster):
+            self.cluster.extra_env = lambda process_id: (
+                fault_environment(self.park_dir(process_id)) if process_id.startswith("cp-") else {}
+            )
+            self.cluster.extra_binds = lambda process_id: (
+                [self.park_dir(process_id)] if process_id.startswith("cp-") else []
+            )
+        else:
+            self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
     def _steps(self) -> int:
@@ -227,6 +255,7 @@ class Harness:
             shift = index % len(outbound)  # spread the heartbeats over the control planes
             outbound = outbound[shift:] + outbound[:shift]
             routes[worker_id] = (f"127.0.0.1:{inbound}", [f"127.0.0.1:{port}" for port in outbound])
+        assert isinstance(self.cluster, LocalCluster)
         self.cluster.worker_network = routes.__getitem__
 
     async def partition_worker(self, worker_id: str | None = None) -> None:
@@ -252,13 +281,12 @@ class Harness:
                 pass  # no replica answered: the random pick stands
             finally:
                 client.close()
-        link = self._links[worker_id]
         cut_at = time.time()
-        link.sever()
+        await self._sever(worker_id)
         try:
             await trio.sleep(self.settings.partition_s)
         finally:
-            link.heal()
+            await self._heal(worker_id)
             healed_at = time.time()
             self.state.record_fault("partition", worker_id, cut_at, healed_at)
             self.result.partitions.append((worker_id, cut_at, healed_at))
@@ -267,47 +295,72 @@ class Harness:
         """Cut every worker off from every control plane for ``mass_partition_s``, then heal
         them all (one fault of the whole cluster, target ``workers``)."""
         cut_at = time.time()
-        for link in self._links.values():
-            link.sever()
+        for worker_id in self._links:
+            await self._sever(worker_id)
         try:
             await trio.sleep(self.settings.mass_partition_s)
         finally:
-            for link in self._links.values():
-                link.heal()
+            for worker_id in self._links:
+                await self._heal(worker_id)
             healed_at = time.time()
             self.state.record_fault("mass_partition", "workers", cut_at, healed_at)
             self.result.mass_partitions.append((cut_at, healed_at))
+
+    async def _sever(self, worker_id: str) -> None:
+        """Cut ``worker_id`` off: its proxies drop every connection, or its container leaves the
+        network. The link records the cut either way."""
+        link = self._links[worker_id]
+        if self.docker is not None and not link.cut:  # cuts overlap (one worker's, everyone's)
+            link.sever()
+            await trio.to_thread.run_sync(self.docker.disconnect, worker_id)
+        link.sever()
+
+    async def _heal(self, worker_id: str) -> None:
+        link = self._links[worker_id]
+        if self.docker is not None and link.cut:
+            link.heal()
+            await trio.to_thread.run_sync(self.docker.connect, worker_id)
+        link.heal()
 
     async def restart_database(self, client: ControlPlaneClient, *, how: str) -> None:
         """Stop the embedded database (``fast``: a fast shutdown; ``kill``: SIGKILL of the
         server), keep it down for a random time in ``db_down_s``, start it again, and wait for
         a leader. A fault of the whole cluster, target ``database``."""
-        config = self.cluster.config()
-        if config.embedded_pg_port is None:
-            raise _Abort("--db-restarts needs the embedded database (DATABASE_URL is set)")
-        server = self.cluster.embedded_database(config.embedded_pg_port)
+        stop, start = self._database_controls(how)
         down_s = self._rng.uniform(*self.settings.db_down_s)
         down_at = time.time()
-        if how == "kill":
-            await trio.to_thread.run_sync(server.kill)
-        else:
-            await trio.to_thread.run_sync(server.stop)
+        await trio.to_thread.run_sync(stop)
         await trio.sleep(max(0.0, down_at + down_s - time.time()))
         try:
-            await trio.to_thread.run_sync(server.start)
+            await trio.to_thread.run_sync(start)
         finally:
             up_at = time.time()
             self.state.record_fault("db_outage", "database", down_at, up_at)
             self.result.db_outages.append((how, down_at, up_at))
         await self.leader(client)
 
+    def _database_controls(self, how: str) -> tuple[Callable[[], object], Callable[[], object]]:
+        """How to stop the database (``fast`` or ``kill``) and start it again."""
+        if isinstance(self.cluster, DockerCluster):
+            docker = self.cluster
+            if how == "kill":
+                return functools.partial(docker.kill, "pg"), functools.partial(docker.start_container, "pg")
+            return functools.partial(docker.stop_container, "pg"), functools.partial(
+                docker.start_container, "pg"
+            )
+        config = self.cluster.config()
+        if config.embedded_pg_port is None:
+            raise _Abort("--db-restarts needs the embedded database (DATABASE_URL is set)")
+        server = self.cluster.embedded_database(config.embedded_pg_port)
+        return (server.kill if how == "kill" else server.stop), server.start
+
     async def fail_over_database(self, client: ControlPlaneClient) -> None:
         """SIGKILL the HA database's primary (its Patroni and PostgreSQL: the host dies), wait
         for Patroni to promote the standby, then start the old primary again (it rejoins as the
         standby) and wait for a leader. A fault of the whole cluster (``db_failover``, target
         ``database``) from the kill to the promotion."""
-        if not self.settings.ha_db:
-            raise _Abort("--db-failovers needs --ha-db")
+        if not self.settings.ha_db or isinstance(self.cluster, DockerCluster):
+            raise _Abort("--db-failovers needs --ha-db (and processes, not containers)")
         ha = self.cluster.ha_database()
         killed_at = time.time()
         killed = await trio.to_thread.run_sync(ha.kill_primary)
@@ -447,10 +500,10 @@ class Harness:
         pid = self._pid(leader)
         parked: Path | None = None
         if in_transaction:
-            parked = await self._park_leader(pid)
+            parked = await self._park_leader(leader, pid)
         since = time.monotonic()
         frozen_at = time.time()
-        os.kill(pid, signal.SIGSTOP)
+        await self._freeze(leader, pid)
         try:
             _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
             remaining = (s.mid_transaction_freeze_s if in_transaction else s.freeze_s) - (
@@ -460,12 +513,25 @@ class Harness:
         finally:
             if parked is not None:
                 parked.unlink(missing_ok=True)
-            os.kill(pid, signal.SIGCONT)
+            await self._thaw(leader, pid)
             events.record_fault("freeze", leader, frozen_at, time.time())
         kind = "freeze_in_transaction" if in_transaction else "freeze"
         self.result.failovers.append(
             Failover(kind=kind, leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
         )
+
+    async def _freeze(self, process_id: str, pid: int) -> None:
+        """SIGSTOP the process, or ``docker pause`` its container."""
+        if self.docker is not None:
+            await trio.to_thread.run_sync(self.docker.pause, process_id)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+
+    async def _thaw(self, process_id: str, pid: int) -> None:
+        if self.docker is not None:
+            await trio.to_thread.run_sync(self.docker.unpause, process_id)
+        else:
+            os.kill(pid, signal.SIGCONT)
 
     async def stop_leader(self, client: ControlPlaneClient) -> None:
         """SIGTERM the leader (a clean stop: it releases its lease), time the takeover,
@@ -545,21 +611,27 @@ class Harness:
                     starts.setdefault(int(record["job_id"]), float(record["time"]))
         return starts
 
-    async def _park_leader(self, pid: int) -> Path:
-        """Arm the one-shot park and wait until the leader ``pid`` sits in it (inside an open
-        fenced transaction, after its epoch check). Returns the file that holds it there."""
-        (self.fault_dir / "arm").touch()
-        parked = self.fault_dir / f"parked.{pid}"
+    async def _park_leader(self, leader: str, pid: int) -> Path:
+        """Arm the one-shot park and wait until the leader (``pid``, or the only process of its
+        container's park folder) sits in it (inside an open fenced transaction, after its epoch
+        check). Returns the file that holds it there."""
+        folder = self.park_dir(leader)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "arm").touch()
         with trio.move_on_after(10.0):
-            while not parked.exists():
-                others = [p for p in self.fault_dir.glob("parked.*") if p != parked]
-                if others:  # a deposed replica's late write took it: release it and re-arm
-                    for other in others:
+            while True:
+                found = list(folder.glob("parked.*"))
+                if self.docker is not None and found:
+                    return found[0]
+                parked = folder / f"parked.{pid}"
+                if parked in found:
+                    return parked
+                if found:  # a deposed replica's late write took it: release it and re-arm
+                    for other in found:
                         other.unlink(missing_ok=True)
-                    (self.fault_dir / "arm").touch()
+                    (folder / "arm").touch()
                 await trio.sleep(0.005)
-            return parked
-        (self.fault_dir / "arm").unlink(missing_ok=True)
+        (folder / "arm").unlink(missing_ok=True)
         raise _Abort("the leader did not reach the fenced-transaction fault point within 10 s")
 
     def _restart(self) -> None:

@@ -44,6 +44,9 @@ class ChaosSettings:
     the new standby, spread over the run."""
     ha_db: bool = False
     """Run the chaos cluster on the HA PostgreSQL pair (``stockade up --ha-db``)."""
+    docker: bool = False
+    """Run the chaos cluster in containers (``stockade up --docker``): freezes are ``docker
+    pause``, partitions network disconnections, database restarts container restarts."""
     control_planes: int = 3
     workers: int = 10
     submit_rate_per_s: float = 12.0

@@ -86,6 +86,14 @@ def chaos(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Run the chaos cluster without TLS (development only).")
     ] = False,
+    docker: Annotated[
+        bool,
+        typer.Option(
+            "--docker",
+            help="Run the chaos cluster in containers (as `stockade up --docker`): freezes are docker "
+            "pause, partitions take a worker off the network, database restarts are container restarts.",
+        ),
+    ] = False,
 ) -> None:
     """Start a fresh cluster, inject leader failovers (alternating SIGKILL and SIGSTOP/SIGCONT,
     some frozen inside a fenced transaction), and the worker kills, partitions, cut-offs of every
@@ -95,14 +103,16 @@ def chaos(
     import trio
 
     from ops.chaos import ChaosSettings, Harness, chaos_table
-    from ops.cluster import LocalCluster, StateDir
+    from ops.cluster import DockerCluster, LocalCluster, StateDir
 
+    if docker and ha_db:
+        fail("--ha-db is not available with --docker: drop one of them", EXIT_INVALID)
     if db_failovers and not ha_db:
         fail(
             "--db-failovers needs --ha-db (the embedded database has no standby to fail over to)",
             EXIT_INVALID,
         )
-    if db_restarts and os.environ.get("DATABASE_URL"):
+    if db_restarts and os.environ.get("DATABASE_URL") and not docker:
         fail("--db-restarts restarts the embedded database, and DATABASE_URL is set; unset it", EXIT_INVALID)
     if db_restarts and ha_db:
         fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
@@ -113,7 +123,11 @@ def chaos(
         if missing:
             fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
     root = state_dir or (default_state_dir() / "chaos")
-    cluster = LocalCluster(StateDir(root), insecure=insecure, ha_db=ha_db)
+    cluster: LocalCluster | DockerCluster
+    if docker:
+        cluster = DockerCluster(StateDir(root), insecure=insecure)
+    else:
+        cluster = LocalCluster(StateDir(root), insecure=insecure, ha_db=ha_db)
     settings = ChaosSettings(
         failovers=failovers,
         worker_kills=worker_kills,
@@ -124,6 +138,7 @@ def chaos(
         db_restarts=db_restarts,
         db_failovers=db_failovers,
         ha_db=ha_db,
+        docker=docker,
         workers=workers,
         submit_rate_per_s=rate,
         seed=seed,

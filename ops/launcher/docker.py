@@ -27,7 +27,8 @@ state folder's layout of :class:`ops.launcher.LocalCluster`, so ``status``, ``jo
 
 Faults for the chaos harness: :meth:`pause` and :meth:`unpause` (the cgroup freezer stops the
 whole container, its jobs included), :meth:`disconnect` and :meth:`connect` (a real network
-cut: the container leaves the network and comes back at its own address), :meth:`restart`.
+cut: the container leaves the network and comes back at its own address),
+:meth:`stop_container` and :meth:`start_container` (a database restart).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import psutil
 
+from ops import rpc
 from ops.launcher import procs, ready
 from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
 from ops.launcher.plan import LaunchOptions, check_counts, plan
@@ -58,6 +60,7 @@ from ops.launcher.state import (
     with_tls_args,
 )
 from ops.pg import EmbeddedPostgres
+from runtime.errors import StockadeError
 
 if TYPE_CHECKING:
     import docker
@@ -94,6 +97,10 @@ class DockerCluster:
         worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None: the
             defaults of the local cluster.
         image: the image to run; None: ``stockade:<version>`` of this installation.
+        extra_env: process id -> environment added to its container (the chaos harness arms
+            its fault points with it); None: nothing added.
+        extra_binds: process id -> folders of the state folder its container also gets
+            read-write, at the same path (created when missing).
     """
 
     state: StateDir
@@ -102,6 +109,8 @@ class DockerCluster:
     agent_args: Sequence[str] = ()
     worker_capacities: tuple[tuple[int, int], ...] | None = None
     image: str | None = None
+    extra_env: Callable[[str], dict[str, str]] | None = None
+    extra_binds: Callable[[str], Sequence[Path]] | None = None
     _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
 
     # -- the engine ----------------------------------------------------------------------
@@ -256,6 +265,11 @@ class DockerCluster:
         self.state.save(config)
         self._stop([p.id for p in the_plan.stop])
         self._remove([p for p in the_plan.removed])
+        incarnations_before: dict[str, int] = {}
+        if live_before:
+            with contextlib.suppress(StockadeError):
+                before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
+                incarnations_before = {w.id: w.incarnation for w in before.workers}
         started = []
         for process in config.processes:
             if process.id not in live_before:
@@ -264,7 +278,7 @@ class DockerCluster:
         status = ready.wait_ready(
             self.state,
             config,
-            restarted={},
+            restarted={p: incarnations_before.get(p, 0) for p in started if p.startswith("w-")},
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
         )
@@ -415,6 +429,11 @@ class DockerCluster:
             work_dir = self.state.work_dir(process.id)
             work_dir.mkdir(parents=True, exist_ok=True)
             binds[work_dir] = "rw"
+        if self.extra_env is not None:
+            environment |= self.extra_env(process.id)
+        for folder in self.extra_binds(process.id) if self.extra_binds is not None else ():
+            folder.mkdir(parents=True, exist_ok=True)
+            binds[folder] = "rw"
         self._run_container(
             config.docker, process.id, list(process.args), binds=binds, environment=environment
         )
@@ -492,28 +511,57 @@ class DockerCluster:
             container.unpause()
 
     def disconnect(self, process_id: str) -> None:
-        """Cut the container off the cluster's network (``docker network disconnect``)."""
+        """Cut the container off the cluster's network (``docker network disconnect``); one
+        already off it, or not running, stays as it is."""
+        import docker.errors
+
         config = self.config()
         assert config.docker is not None
-        self.client.networks.get(config.docker.network).disconnect(self._running(process_id), force=True)
+        container = self._container(process_id)
+        if container is None:
+            return
+        try:
+            self.client.networks.get(config.docker.network).disconnect(container, force=True)
+        except docker.errors.APIError as exc:
+            if "not connected" not in str(exc):
+                raise ClusterError(f"cannot cut {process_id} off the network: {exc}") from exc
 
     def connect(self, process_id: str) -> None:
-        """Put the container back on the network, at its own address."""
+        """Put the container back on the network, at its own address; one on it already (made
+        again meanwhile, say) stays as it is.
+
+        Raises:
+            ClusterError: it has no container, or the engine refused.
+        """
+        import docker.errors
+
         config = self.config()
         assert config.docker is not None
         container = self._container(process_id)
         if container is None:
             raise ClusterError(f"{process_id} has no container")
-        self.client.networks.get(config.docker.network).connect(
-            container, ipv4_address=config.docker.address_of(process_id), aliases=[process_id]
-        )
+        try:
+            self.client.networks.get(config.docker.network).connect(
+                container, ipv4_address=config.docker.address_of(process_id), aliases=[process_id]
+            )
+        except docker.errors.APIError as exc:
+            if "already exists" not in str(exc):
+                raise ClusterError(f"cannot put {process_id} back on the network: {exc}") from exc
 
-    def restart(self, process_id: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """``docker restart``: SIGTERM, SIGKILL after ``timeout_s``, then start again."""
+    def stop_container(self, process_id: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """``docker stop``: SIGTERM, SIGKILL after ``timeout_s``; the container stays, stopped."""
+        self._running(process_id).stop(timeout=int(timeout_s))
+
+    def start_container(self, process_id: str) -> None:
+        """``docker start`` of a stopped container, as it was made (same command and address).
+
+        Raises:
+            ClusterError: it has no container.
+        """
         container = self._container(process_id)
         if container is None:
             raise ClusterError(f"{process_id} has no container")
-        container.restart(timeout=int(timeout_s))
+        container.start()
 
     def _running(self, process_id: str) -> docker.models.containers.Container:
         container = self._container(process_id)
