@@ -220,14 +220,14 @@ def main(
     metrics_port: int | None = None,
     nice: int = priority.DEFAULT_NICE,
 ) -> None:
-    """Run a replica as a process: logs to stderr, Prometheus metrics on 127.0.0.1:``metrics_port``
-    when given, exits cleanly on SIGTERM or SIGINT (releasing the lease if it holds it, so a
+    """Run a replica as a process: logs to stderr, Prometheus metrics on its listen host's
+    ``metrics_port`` when given, exits cleanly on SIGTERM or SIGINT (releasing the lease if it holds it, so a
     standby takes over at once). Asks for the CPU priority ``nice`` first, before any thread
     starts (:mod:`runtime.priority`)."""
     log.configure(json=json_logs, cp_id=settings.cp_id)
     priority.ask_for_priority(nice, log=log.get("control_plane"))
     if metrics_port:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, settings.listen_host)
 
     async def serve() -> None:
         async with asyncio_bridge(), trio.open_nursery() as nursery:

@@ -393,8 +393,8 @@ def main(
         fleet_id: this process's id, bound to every log line (``fleet_id``).
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged.
-        metrics_port: serve the process's Prometheus metrics on 127.0.0.1:``metrics_port``
-            (one endpoint for every worker); None: don't.
+        metrics_port: serve the process's Prometheus metrics on the workers' listen host's
+            ``metrics_port`` (one endpoint for every worker); None: don't.
         nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
 
     Raises:
@@ -404,7 +404,7 @@ def main(
     log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
     priority.ask_for_priority(nice, log=log.get("fleet"))
     if metrics_port:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, workers[0].listen_host if workers else "127.0.0.1")
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
     try:
         trio.run(_run_until_signal, workers)

@@ -184,7 +184,7 @@ def main(
         settings: the worker's settings.
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
-        metrics_port: serve Prometheus metrics on 127.0.0.1:``metrics_port``; None: don't.
+        metrics_port: serve Prometheus metrics on the listen host's ``metrics_port``; None: don't.
         nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
 
     Raises:
@@ -194,7 +194,7 @@ def main(
     log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
     priority.ask_for_priority(nice, log=log.get("agent"))
     if metrics_port:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, settings.listen_host)
     trio.run(_run_until_signal, settings)
 
 

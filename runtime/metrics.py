@@ -144,9 +144,10 @@ AUTH_REFUSALS = Counter(
 )
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on 127.0.0.1:``port`` from a background thread."""
-    start_http_server(port, addr="127.0.0.1")
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Serve /metrics on ``host``:``port`` from a background thread (``host``: the process's
+    own listen address, 127.0.0.1 on a machine, the container's address in a container)."""
+    start_http_server(port, addr=host)
 
 
 DATABASE_TRANSACTION_RETRIES = Counter(

@@ -57,6 +57,9 @@ class PolicyResult:
     jobs_finished: int
     unfinished_job_ids: tuple[int, ...]
     samples: tuple[Sample, ...]
+    agent_memory_mb: tuple[float, float, float] | None = None
+    """Workers in containers: the memory each agent's container used at the end of the run
+    (the cgroup's usage less its page cache), MiB: (min, median, max); None otherwise."""
 
     @property
     def rounds(self) -> int:
@@ -247,6 +250,13 @@ def _scenario(scenario: Scenario) -> list[RenderableType]:
         )
     out: list[RenderableType] = [table]
     for result in results:
+        if result.agent_memory_mb is not None:
+            low, median, high = result.agent_memory_mb
+            out.append(
+                Text(
+                    f"{result.policy}: memory per agent container {median:g} MiB (min {low:g}, max {high:g})"
+                )
+            )
         if result.probes.db_stalls:
             stalls = ", ".join(f"{latency:g} s at {t:g} s" for t, latency in result.probes.db_stalls)
             out.append(Text(f"{result.policy}: database commits slower than 1 s: {stalls}"))

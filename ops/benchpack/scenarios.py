@@ -38,7 +38,7 @@ from ops.benchpack.stream import (
     lower_bound_s,
     submit_arriving,
 )
-from ops.cluster import LocalCluster, StateDir, metrics_address
+from ops.cluster import DockerCluster, LocalCluster, StateDir, metrics_address
 from ops.pg import EmbeddedPostgres, free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
@@ -46,21 +46,33 @@ from runtime.client import ControlPlaneClient
 from runtime.settings import LedgerSettings, PlacerSettings
 
 
-def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
+def _cluster(
+    root: Path, settings: PackSettings, policy: str, *, docker: bool = False
+) -> LocalCluster | DockerCluster:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
+    # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
+    # control plane answers late), and the fence and dead_after widened to match.
+    cp_args = ("--policy", policy, "--dead-after-s", "5")
+    agent_args = (
+        "--heartbeat-interval-s",
+        "1.0",
+        "--heartbeat-timeout-s",
+        "1.5",
+        "--self-fence-after-s",
+        "3.5",
+    )
+    if docker:
+        return DockerCluster(
+            StateDir(root),
+            cp_args=cp_args,
+            agent_args=agent_args,
+            worker_capacities=capacities,
+            insecure=settings.insecure,
+        )
     return LocalCluster(
         StateDir(root),
-        # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
-        # control plane answers late), and the fence and dead_after widened to match.
-        cp_args=("--policy", policy, "--dead-after-s", "5"),
-        agent_args=(
-            "--heartbeat-interval-s",
-            "1.0",
-            "--heartbeat-timeout-s",
-            "1.5",
-            "--self-fence-after-s",
-            "3.5",
-        ),
+        cp_args=cp_args,
+        agent_args=agent_args,
         fleet_size=settings.fleet_size,
         worker_capacities=capacities,
         metrics=True,
@@ -68,7 +80,7 @@ def _cluster(root: Path, settings: PackSettings, policy: str) -> LocalCluster:
     )
 
 
-async def _start_afresh(cluster: LocalCluster, workers: int) -> None:
+async def _start_afresh(cluster: LocalCluster | DockerCluster, workers: int) -> None:
     """Start ``cluster`` anew (whatever ran in its state folder stopped and removed) and wait
     until it is ready."""
     await trio.to_thread.run_sync(cluster.down)
@@ -132,6 +144,7 @@ async def run_policy(
     progress: Callable[[str], None],
     *,
     arrival_rate_per_s: float | None = None,
+    docker: bool = False,
 ) -> PolicyResult:
     """Run the job stream under ``policy`` on a fresh cluster; returns its figures and samples.
 
@@ -143,6 +156,8 @@ async def run_policy(
         arrival_rate_per_s: None submits every job at the start; a rate (jobs per second, > 0)
             submits job ``i`` at ``arrival_times(settings.jobs, rate, settings.seed)[i]``
             seconds after the first submit, while sampling goes on.
+        docker: run each worker in a container of its own (``stockade up --docker``) instead
+            of hosting them in fleets; the result then has ``agent_memory_mb``.
 
     Returns:
         The figures described in :mod:`ops.benchpack`, the checker's counts and the samples:
@@ -150,7 +165,8 @@ async def run_policy(
         ``settings.waiting_after_s`` or longer)].
     """
     label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
-    cluster = _cluster(root, settings, policy)
+    cluster = _cluster(root, settings, policy, docker=docker)
+    agent_memory_mb: tuple[float, float, float] | None = None
     try:
         await _start_afresh(cluster, settings.workers)
         config = cluster.config()
@@ -237,6 +253,8 @@ async def run_policy(
         runs = checker.load_runs(worker_dirs)
         report = checker.check_logs(history, worker_dirs)
         over = overcommitted_workers(runs, sizes, capacities)
+        if isinstance(cluster, DockerCluster):
+            agent_memory_mb = await trio.to_thread.run_sync(cluster.agent_memory_mb)
     finally:
         await trio.to_thread.run_sync(cluster.down)
     waiting = [s for s in samples if s[4] > 0]
@@ -270,6 +288,7 @@ async def run_policy(
         jobs_finished=report.jobs_finished,
         unfinished_job_ids=tuple(report.unfinished_job_ids),
         samples=tuple((round(t, 2), round(c, 4), round(m, 4), p, w) for t, c, m, p, w in samples),
+        agent_memory_mb=agent_memory_mb,
     )
 
 
@@ -436,6 +455,24 @@ def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]
     """
     all_at_once: list[PolicyResult] = []
     arriving: list[PolicyResult] = []
+    if settings.docker:
+        name = settings.policies[0]
+        for docker, where in ((False, "fleets"), (True, "containers")):
+            result = trio.run(
+                functools.partial(
+                    run_policy, settings, name, root / f"{name}-{where}", progress, docker=docker
+                )
+            )
+            all_at_once.append(attrs.evolve(result, policy=f"{name} in {where}"))
+        return PackReport(
+            settings=settings,
+            all_at_once=Scenario(
+                title="all at once: workers in fleets, and in containers", policies=tuple(all_at_once)
+            ),
+            arriving=None,
+            burst=None,
+            scale=(),
+        )
     for name in settings.policies:
         all_at_once.append(trio.run(run_policy, settings, name, root / name, progress))
         if settings.arrival_rate_per_s > 0:

@@ -174,6 +174,10 @@ class PackSettings:
     fits). Not scaled by ``duration_scale``."""
     insecure: bool = False
     """Run the clusters with ``--insecure`` (plaintext gRPC) instead of mutual TLS."""
+    docker: bool = False
+    """Run the stream all at once under the first policy twice, side by side: the workers
+    hosted in fleets (``fleet_size``), and each worker in a container of its own (``stockade
+    up --docker``); no other scenario runs."""
     arrival_batch_interval_s: float = 0.1
     """How often the arriving scenario submits every job whose arrival time has come."""
     waiting_after_s: float = 1.0

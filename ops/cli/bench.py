@@ -98,6 +98,14 @@ def bench_pack(
             "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
         ),
     ] = False,
+    docker: Annotated[
+        bool,
+        typer.Option(
+            "--docker",
+            help="Run the stream under the first policy twice, side by side: workers in fleets, and each "
+            "worker in a container of its own (needs the image: `stockade image build`); nothing else.",
+        ),
+    ] = False,
 ) -> None:
     """Pack a seeded stream of sleep jobs onto a fresh cluster under each policy, side by side,
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
@@ -131,6 +139,7 @@ def bench_pack(
         scale=scale,
         arrival_rate_per_s=arrival_rate,
         insecure=insecure,
+        docker=docker,
     )
     with interruptible(), errors():
         report = benchpack.run_pack(

@@ -273,7 +273,7 @@ def control_plane(
         ),
     ] = _RECONCILER.contact_gap_s,
     metrics_port: Annotated[
-        int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+        int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
     ] = 0,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
     nice: NiceOption = DEFAULT_NICE,
@@ -411,7 +411,7 @@ JobUserOption = Annotated[
     ),
 ]
 MetricsPortOption = Annotated[
-    int, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).")
+    int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
 ]
 
 

@@ -176,10 +176,6 @@ class DockerCluster:
             return psutil.Process(pid)
         return None
 
-    def metrics_addresses(self) -> dict[str, str]:
-        """None in containers: their processes serve no metrics yet."""
-        return {}
-
     # -- up ------------------------------------------------------------------------------
 
     def up(
@@ -254,7 +250,7 @@ class DockerCluster:
                 cp_args=(*self.cp_args, *tls_args),
                 agent_args=(*self.agent_args, *tls_args),
                 worker_capacities=self.worker_capacities,
-                metrics=False,
+                metrics=True,
                 host_of=spec.address_of,
             ),
             free_port=lambda: next(ports),
@@ -482,6 +478,27 @@ class DockerCluster:
                     f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
                     + procs.tail(log_path, _LOG_TAIL_LINES)
                 )
+
+    def agent_memory_mb(self) -> tuple[float, float, float] | None:
+        """The memory the workers' containers use now, MiB, as (min, median, max); None when
+        none runs. Usage less page cache, from the engine's stats (cgroup v1 ``cache``,
+        cgroup v2 ``inactive_file``), as ``docker stats`` shows it."""
+        import statistics
+
+        def used_mb(container: Any) -> float | None:
+            stats = container.stats(stream=False).get("memory_stats") or {}
+            if "usage" not in stats:
+                return None
+            inner = stats.get("stats") or {}
+            cache = inner.get("cache", inner.get("inactive_file", 0))
+            return float(stats["usage"] - cache) / 2**20
+
+        workers = [c for c in self._containers() if c.labels.get(PROCESS_LABEL, "").startswith("w-")]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            found = [m for m in pool.map(used_mb, workers) if m is not None]
+        if not found:
+            return None
+        return round(min(found), 1), round(statistics.median(found), 1), round(max(found), 1)
 
     # -- faults --------------------------------------------------------------------------
 

@@ -284,7 +284,9 @@ def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[
         return spec
     port = new_port()
     return attrs.evolve(
-        spec, args=(*spec.args, "--metrics-port", str(port)), metrics_address=f"{LISTEN_HOST}:{port}"
+        spec,
+        args=(*spec.args, "--metrics-port", str(port)),
+        metrics_address=f"{options.host_of(spec.id)}:{port}",
     )
 
 
