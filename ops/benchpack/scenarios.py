@@ -51,15 +51,17 @@ def _cluster(
 ) -> LocalCluster | DockerCluster:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
     # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
-    # control plane answers late), and the fence and dead_after widened to match.
-    cp_args = ("--policy", policy, "--dead-after-s", "5")
+    # control plane answers late), and the fence and dead_after widened to match; all four
+    # scale with settings.heartbeat_interval_s.
+    interval_s = settings.heartbeat_interval_s
+    cp_args = ("--policy", policy, "--dead-after-s", f"{5 * interval_s:g}")
     agent_args = (
         "--heartbeat-interval-s",
-        "1.0",
+        f"{interval_s:g}",
         "--heartbeat-timeout-s",
-        "1.5",
+        f"{1.5 * interval_s:g}",
         "--self-fence-after-s",
-        "3.5",
+        f"{3.5 * interval_s:g}",
     )
     if docker:
         return DockerCluster(

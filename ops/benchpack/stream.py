@@ -174,6 +174,9 @@ class PackSettings:
     fits). Not scaled by ``duration_scale``."""
     insecure: bool = False
     """Run the clusters with ``--insecure`` (plaintext gRPC) instead of mutual TLS."""
+    heartbeat_interval_s: float = 1.0
+    """The workers' heartbeat interval; the heartbeat deadline is 1.5 times it, the self-fence
+    3.5 times and the control planes' dead_after 5 times (1 s: 1.5 s, 3.5 s and 5 s)."""
     docker: bool = False
     """Run the stream all at once under the first policy twice, side by side: the workers
     hosted in fleets (``fleet_size``), and each worker in a container of its own (``stockade

@@ -98,6 +98,15 @@ def bench_pack(
             "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
         ),
     ] = False,
+    heartbeat_interval_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=10.0,
+            help="Workers' heartbeat interval, seconds; their deadline is 1.5x, their self-fence 3.5x and "
+            "the control planes' dead-after 5x.",
+        ),
+    ] = 1.0,
     docker: Annotated[
         bool,
         typer.Option(
@@ -140,6 +149,7 @@ def bench_pack(
         arrival_rate_per_s=arrival_rate,
         insecure=insecure,
         docker=docker,
+        heartbeat_interval_s=heartbeat_interval_s,
     )
     with interruptible(), errors():
         report = benchpack.run_pack(

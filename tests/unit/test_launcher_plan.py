@@ -226,3 +226,54 @@ def test_the_up_commands_bounds_are_the_plans() -> None:
     (workers,) = hints["workers"].__metadata__
     assert (cps.min, cps.max) == (1, MAX_CONTROL_PLANES)
     assert (workers.min, workers.max) == (0, MAX_WORKERS)
+
+
+def test_a_cluster_in_containers_listens_on_each_containers_own_address(tmp_path: Path) -> None:
+    """With ``host_of`` (a cluster in containers), every process listens, serves its metrics and
+    is reached at its container's address, workers are given those of the control planes, and
+    the record keeps the network so it reads back the same."""
+    from ops.launcher.state import DockerSpec
+
+    spec = DockerSpec(network="n", subnet="172.29.7.0/24", image="stockade:0", prefix="stockade-x")
+    result = Planner(tmp_path, host_of=spec.address_of)(None, control_planes=2, workers=2)
+    config = result.config
+    assert [p.address.rpartition(":")[0] for p in config.processes] == [
+        "172.29.7.11",
+        "172.29.7.12",
+        "172.29.7.21",
+        "172.29.7.22",
+    ]
+    for process in config.processes:
+        host = process.address.rpartition(":")[0]
+        assert option_value(process.args, "--host") == host
+        assert process.metrics_address.startswith(f"{host}:")
+    cp_1, cp_2 = config.control_plane_addresses
+    assert option_value(config.processes[2].args, "--control-planes") == f"{cp_2},{cp_1}"
+    recorded = ClusterConfig.from_json(json.loads(json.dumps(attrs_evolve(config, docker=spec).to_json())))
+    assert recorded.docker == spec
+
+
+def test_container_addresses_are_fixed_by_id_and_bounded_by_the_subnet() -> None:
+    """The database is host 2, cp-N host 10+N and w-N host 20+N of the /24; an id beyond what
+    the subnet holds, or of another kind, is refused naming the ids it holds."""
+    from ops.launcher.state import DockerSpec
+
+    spec = DockerSpec(network="n", subnet="172.29.7.0/24", image="stockade:0", prefix="stockade-x")
+    assert [spec.address_of(i) for i in ("pg", "cp-1", "cp-9", "w-1", "w-200")] == [
+        "172.29.7.2",
+        "172.29.7.11",
+        "172.29.7.19",
+        "172.29.7.21",
+        "172.29.7.220",
+    ]
+    for bad in ("cp-10", "w-0", "w-201", "fleet-1", "db"):
+        with pytest.raises(ClusterError, match=r"pg, cp-1\.\.cp-9 and w-1\.\.w-200"):
+            spec.address_of(bad)
+    assert DockerSpec.prefix_for(Path("/a")) != DockerSpec.prefix_for(Path("/b"))
+    assert spec.container_name("w-3") == "stockade-x-w-3"
+
+
+def attrs_evolve(config: ClusterConfig, **changes: object) -> ClusterConfig:
+    import attrs
+
+    return attrs.evolve(config, **changes)  # type: ignore[arg-type]
