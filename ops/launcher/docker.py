@@ -82,6 +82,8 @@ FIRST_PORT = 7001
 its own address, so the numbers only have to differ within one record)."""
 
 DATABASE_READY_TIMEOUT_S = 60.0
+PAUSE_ATTEMPTS = 10
+PAUSE_RETRY_S = 0.1
 _LOG_TAIL_LINES = 20
 
 
@@ -518,9 +520,27 @@ class DockerCluster:
                 container.wait(timeout=STOP_TIMEOUT_S)
         return pid
 
-    def pause(self, process_id: str) -> None:
-        """Freeze every process of the container (the cgroup freezer: ``docker pause``)."""
-        self._running(process_id).pause()
+    def pause(self, process_id: str, *, attempts: int = PAUSE_ATTEMPTS) -> None:
+        """Freeze every process of the container (the cgroup freezer: ``docker pause``).
+
+        The freezer can fail for a moment ("unable to freeze": a process of the container was
+        between states it cannot be frozen in, such as a fork or an exit); runc gives up and
+        the engine answers 500. Tried ``attempts`` times, :data:`PAUSE_RETRY_S` apart.
+
+        Raises:
+            ClusterError: the container does not run, or every attempt failed.
+        """
+        import docker.errors
+
+        container = self._running(process_id)
+        for attempt in range(1, attempts + 1):
+            try:
+                container.pause()
+                return
+            except docker.errors.APIError as exc:
+                if attempt == attempts or "freeze" not in str(exc):
+                    raise ClusterError(f"cannot pause {process_id} ({attempt} attempts): {exc}") from exc
+                time.sleep(PAUSE_RETRY_S)
 
     def unpause(self, process_id: str) -> None:
         container = self._container(process_id)
