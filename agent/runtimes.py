@@ -1,4 +1,5 @@
-"""Job runtimes: ``sleep`` (hold resources, do nothing) and ``command`` (a child process).
+"""Job runtimes: ``sleep`` (hold resources, do nothing), ``command`` (a child process) and
+``container`` (a Docker container, :mod:`agent.container`).
 
 :func:`run_job` runs one job until it ends on its own or until its ``stop`` event is set,
 and returns only once the job has really ended (for a command: its processes have exited
@@ -47,6 +48,12 @@ Command jobs:
   ``waitid`` every 50 ms where pidfds are missing. The exit is observed before the reaper is
   reaped, so the sweep of its group cannot hit a recycled process id.
 
+Container jobs run the same way under a supervisor process of their own
+(:mod:`agent.container_supervisor`) that speaks the reaper's protocol (start pipe, fence-deadline
+file, signals, report file) and does Docker calls where the reaper sends signals; the agent
+side is :func:`agent.container.run_container`, which shares :func:`popen_supervisor` and
+:func:`wait_supervisor` with command jobs.
+
 Sleep jobs have no process: the agent decides when they stopped (see :mod:`agent.core`). One
 ends once it has *run* its full duration, the worker's pauses not counted (:class:`PauseView`),
 also when the agent notices later (it was frozen); stopped while paused, it ended when the
@@ -81,7 +88,7 @@ from agent import reaper
 from agent.fence import MAX_PAUSES, unix_time_of
 from agent.messages import JobState
 from agent.starts import Spawner
-from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
+from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.settings import JOB_PROCESSES
 
@@ -122,13 +129,13 @@ class JobResult:
 
 
 @attrs.frozen(kw_only=True)
-class _Paths:
+class OutputPaths:
     stdout_path: str
     stderr_path: str
 
 
-def _never_ran(
-    paths: _Paths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
+def never_ran(
+    paths: OutputPaths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
 ) -> JobResult:
     """The result of a command job that never ran: stopped before its reaper was started
     (``stopped``: cancelled), or its reaper or its exec failed (failed)."""
@@ -145,6 +152,20 @@ def _never_ran(
     )
 
 
+@attrs.frozen(kw_only=True)
+class ContainerJob:
+    """What a container job needs besides its runtime: whose it is (the container's name and
+    labels) and its limits (the container's hard limits)."""
+
+    worker_id: str
+    job_id: int
+    assignment_id: int
+    cpu_millis: int
+    """CPU, in millicores: the container's ``nano_cpus`` (times 1,000,000)."""
+    memory_mb: int
+    """Memory, in MiB: the container's memory limit, swap included (none)."""
+
+
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
     """The folder of one assignment's files: ``<jobs_dir>/<job_id>-<assignment_id>``."""
     return jobs_dir / f"{job_id}-{assignment_id}"
@@ -159,14 +180,16 @@ def cannot_run(runtime: JobRuntime) -> str | None:
     match runtime:
         case CommandRuntime(argv=()):
             return "command argv must not be empty"
-        case SleepRuntime() | CommandRuntime():
+        case ContainerRuntime(image=""):
+            return "container image must not be empty"
+        case SleepRuntime() | CommandRuntime() | ContainerRuntime():
             return None
 
 
 def forks(runtime: JobRuntime) -> bool:
-    """Whether starting ``runtime`` forks processes (a command's reaper), so it takes one of the
-    paced start slots (:mod:`agent.starts`)."""
-    return isinstance(runtime, CommandRuntime)
+    """Whether starting ``runtime`` forks processes (a command's reaper, a container's
+    supervisor), so it takes one of the paced start slots (:mod:`agent.starts`)."""
+    return isinstance(runtime, CommandRuntime | ContainerRuntime)
 
 
 def timed_by_agent_s(runtime: JobRuntime) -> float | None:
@@ -189,6 +212,7 @@ async def run_job(
     run_as: RunAs | None = None,
     job_env: Mapping[str, str] | None = None,
     pause: PauseView | None = None,
+    container: ContainerJob | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -209,6 +233,8 @@ async def run_job(
             (its working directory); nothing else of this process's environment is passed on.
         pause: the worker's pauses, which a sleep job's duration does not count (a command
             is paused by its reaper); None: never paused.
+        container: a container job's names and limits (required for one; a container job
+            without it fails at once).
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -235,6 +261,21 @@ async def run_job(
                 run_as=run_as,
                 job_env=job_env or {},
             )
+        case ContainerRuntime():
+            # Imported here: it loads the Docker SDK only where a container job runs.
+            from agent.container import run_container
+
+            return await run_container(
+                runtime,
+                job=container,
+                job_dir=job_dir,
+                stop=stop,
+                stop_grace_s=stop_grace_s,
+                fence_deadline_path=fence_deadline_path,
+                spawner=spawner,
+                on_started=on_started,
+                job_env=job_env or {},
+            )
 
 
 class JobRunner(Protocol):
@@ -254,6 +295,7 @@ class JobRunner(Protocol):
         run_as: RunAs | None,
         job_env: Mapping[str, str],
         pause: PauseView | None = None,
+        container: ContainerJob | None = None,
     ) -> JobResult: ...
 
 
@@ -380,23 +422,52 @@ def _spawn_reaper(
         chown(home, run_as)
         ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
     env = {**job_env, "PATH": JOB_PATH, "HOME": str(home)}
-    started_r, started_w = os.pipe()  # close-on-exec: only the reaper gets started_w (pass_fds)
+    command = partial(
+        reaper.reaper_argv,
+        sys.executable,
+        parent_pid=os.getpid(),
+        stop_grace_s=stop_grace_s,
+        fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+        argv=argv,
+        job_nice=job_nice,
+        run_as_uid=run_as.uid if switch and run_as else None,
+        run_as_gid=run_as.gid if switch and run_as else None,
+        job_cwd=WORK_SUBDIR if switch else "",
+    )
+    return popen_supervisor(
+        lambda started_fd: command(started_fd=started_fd),
+        job_dir=job_dir,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        env=env,
+    )
+
+
+def popen_supervisor(
+    command: Callable[[int], list[str]],
+    *,
+    job_dir: Path,
+    stdout_path: Path,
+    stderr_path: Path,
+    env: Mapping[str, str],
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a job's supervisor process (a reaper, or a container's supervisor) from the
+    calling thread: ``command(started_fd)`` in ``job_dir``, the leader of a new session, its
+    stdout and stderr appended to the job's files, with ``env`` only, holding the write end of
+    the start pipe as ``started_fd``.
+
+    Returns:
+        The process, and the read end of its start pipe (non-blocking; the caller closes it).
+
+    Raises:
+        OSError: the output files cannot be opened, or the interpreter cannot be executed.
+    """
+    started_r, started_w = os.pipe()  # close-on-exec: only the supervisor gets started_w (pass_fds)
     try:
-        command = reaper.reaper_argv(
-            sys.executable,
-            parent_pid=os.getpid(),
-            stop_grace_s=stop_grace_s,
-            fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
-            argv=argv,
-            job_nice=job_nice,
-            started_fd=started_w,
-            run_as_uid=run_as.uid if switch and run_as else None,
-            run_as_gid=run_as.gid if switch and run_as else None,
-            job_cwd=WORK_SUBDIR if switch else "",
-        )
+        argv = command(started_w)
         with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
             proc = subprocess.Popen(
-                command,
+                argv,
                 cwd=job_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -483,11 +554,11 @@ async def _run_command(
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
-    paths = _Paths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
+    paths = OutputPaths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
     started = time.time()
     if stop.is_set():
         on_started()
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=True,
             started_unix_s=started,
@@ -512,14 +583,48 @@ async def _run_command(
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=False,
             started_unix_s=started,
             finished_unix_s=time.time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
         )
-    pid = proc.pid  # the reaper; also its process group id (start_new_session)
+    stopped, exec_reported, reaper_code = await wait_supervisor(
+        proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+    )
+    return command_result(
+        reaper.read_report(job_dir),
+        reaper_code,
+        stopped=stopped,
+        exec_reported=exec_reported,
+        started_unix_s=started,
+        paths=paths,
+    )
+
+
+async def wait_supervisor(
+    proc: subprocess.Popen[bytes],
+    started_fd: int,
+    *,
+    stop: trio.Event,
+    stop_grace_s: float,
+    on_started: Callable[[], None],
+) -> tuple[bool, bool, int]:
+    """Wait until a job's supervisor (a reaper, or a container's supervisor) has exited, passing
+    on a stop (SIGTERM; SIGUSR1 when it is not done :data:`REAPER_SLACK_S` after the grace;
+    SIGKILL of its group another :data:`REAPER_SLACK_S` later) and calling ``on_started`` once
+    its start pipe ``started_fd`` said the start is over (it closes it); then reap it.
+
+    Returns:
+        Whether the stop was asked for, whether the start pipe said the job started, and the
+        supervisor's exit status.
+
+    Raises:
+        trio.Cancelled: after having the supervisor kill the job and waiting for its exit
+            (shielded).
+    """
+    pid = proc.pid  # the supervisor; also its process group id (start_new_session)
     stopped = False
     start_signal: bytes | None = None
     """What the start pipe said (None: not read yet)."""
@@ -569,15 +674,7 @@ async def _run_command(
     # The reaper has exited but is not reaped yet, so its id still names its group: sweep
     # anything that joined that group, then reap.
     _signal_group(pid, signal.SIGKILL)
-    reaper_code = proc.wait()
-    return _command_result(
-        reaper.read_report(job_dir),
-        reaper_code,
-        stopped=stopped,
-        exec_reported=start_signal == reaper.STARTED_BYTE,
-        started_unix_s=started,
-        paths=paths,
-    )
+    return stopped, start_signal == reaper.STARTED_BYTE, proc.wait()
 
 
 def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | None:
@@ -587,14 +684,14 @@ def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | 
         return None
 
 
-def _command_result(
+def command_result(
     report: dict[str, str],
     reaper_code: int,
     *,
     stopped: bool,
     exec_reported: bool,
     started_unix_s: float,
-    paths: _Paths,
+    paths: OutputPaths,
 ) -> JobResult:
     """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
     and its start pipe (``exec_reported``: the reaper said the job exec'd). ``stopped`` is
@@ -602,7 +699,7 @@ def _command_result(
     the job before it ended) decides when there is one."""
     now = time.time()
     if "error" in report:
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=False,
             started_unix_s=started_unix_s,

@@ -77,7 +77,7 @@ async def test_submissions_registrations_and_heartbeats_need_no_leader(
         ({"name": ""}, "name must not be empty"),
         ({"name": "n" * 500}, "name must be at most 128 bytes in UTF-8"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes"),
-        ({"sleep": None}, "runtime must be exactly one of sleep or command"),
+        ({"sleep": None}, "runtime must be exactly one of sleep, command or container"),
     ],
 )
 async def test_bad_submissions_are_refused_and_nothing_is_stored(

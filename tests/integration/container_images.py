@@ -1,0 +1,96 @@
+"""The image container-job tests run: a small one built here, without network, on the engine.
+
+Nothing can be pulled on these machines, so the image is built ``FROM`` one the engine already
+holds (:data:`BASE_IMAGES`, the first found; ``STOCKADE_TEST_BASE_IMAGE`` names another) with
+``network_mode="none"``, and removed after the session. The base must have ``python3`` (the
+tests' jobs are small Python programs). Point :data:`BASE_IMAGES` at the project's own image
+once it is built locally.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+
+BASE_IMAGES = ("stockade-base-test:1",)
+"""Images a job image may be built from, in order of preference."""
+TEST_LABEL = "stockade.test"
+"""The label on every image and container the tests make (value: the session's id)."""
+
+
+def engine_error(timeout_s: float = 2.0) -> str | None:
+    """Why no container test can run here (no engine answers a ping), or None."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout_s)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no Docker engine reachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def build_job_image(session: str) -> tuple[str | None, str]:
+    """Build the tests' job image; returns (its tag, "") or (None, why it cannot be built)."""
+    import docker
+    import docker.errors
+
+    client = docker.from_env(timeout=60)
+    try:
+        wanted = os.environ.get("STOCKADE_TEST_BASE_IMAGE")
+        bases = (wanted,) if wanted else BASE_IMAGES
+        base = None
+        for name in bases:
+            try:
+                client.images.get(name)
+            except docker.errors.ImageNotFound:
+                continue
+            base = name
+            break
+        if base is None:
+            return None, (
+                f"the Docker engine holds none of {', '.join(bases)} to build the job image from, "
+                "and nothing can be pulled here (set STOCKADE_TEST_BASE_IMAGE to an image with python3)"
+            )
+        tag = f"stockade-job-test:{session}"
+        dockerfile = (
+            f"FROM {base}\n"
+            f'LABEL {TEST_LABEL}="{session}"\n'
+            "CMD [\"python3\", \"-c\", \"print('the image command')\"]\n"
+        )
+        client.images.build(
+            fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True, pull=False
+        )
+        return tag, ""
+    finally:
+        client.close()
+
+
+def remove_image(tag: str) -> None:
+    import docker
+
+    client = docker.from_env(timeout=60)
+    try:
+        client.images.remove(tag, force=True)
+    finally:
+        client.close()
+
+
+def remove_containers(worker_id: str) -> None:
+    """Remove every container of the tests' worker ``worker_id`` (by its label)."""
+    import docker
+
+    client = docker.from_env(timeout=30)
+    try:
+        for container in client.containers.list(all=True, filters={"label": f"stockade.worker_id={worker_id}"}):
+            container.remove(force=True)
+    finally:
+        client.close()
+
+
+def new_session() -> str:
+    return uuid.uuid4().hex[:12]
