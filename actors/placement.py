@@ -169,8 +169,6 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
         return None
     largest_cpu = max(w.cpu_millis for w in workers)
     largest_mem = max(w.memory_mb for w in workers)
-    if job.cpu_millis > largest_cpu:
-        return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest worker has {largest_cpu}"
     which = "container worker" if job.needs_container else "worker"
     if job.cpu_millis > largest_cpu:
         return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest {which} has {largest_cpu}"

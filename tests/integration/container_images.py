@@ -60,7 +60,7 @@ def build_job_image(session: str) -> tuple[str | None, str]:
         dockerfile = (
             f"FROM {base}\n"
             f'LABEL {TEST_LABEL}="{session}"\n'
-            "CMD [\"python3\", \"-c\", \"print('the image command')\"]\n"
+            'CMD ["python3", "-c", "print(\'the image command\')"]\n'
         )
         client.images.build(
             fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="none", rm=True, pull=False
@@ -86,7 +86,8 @@ def remove_containers(worker_id: str) -> None:
 
     client = docker.from_env(timeout=30)
     try:
-        for container in client.containers.list(all=True, filters={"label": f"stockade.worker_id={worker_id}"}):
+        labelled = {"label": f"stockade.worker_id={worker_id}"}
+        for container in client.containers.list(all=True, filters=labelled):
             container.remove(force=True)
     finally:
         client.close()
@@ -94,3 +95,84 @@ def remove_containers(worker_id: str) -> None:
 
 def new_session() -> str:
     return uuid.uuid4().hex[:12]
+
+
+class EngineProxy:
+    """A Unix socket that passes every connection on to the engine's (``/var/run/docker.sock``)
+    until :meth:`cut`, which closes them all and refuses new ones: an engine that disappears,
+    for the processes pointed at it (``DOCKER_HOST=unix://<path>``), without touching the
+    engine itself."""
+
+    def __init__(self, path: str, engine: str = "/var/run/docker.sock") -> None:
+        import socket
+        import threading
+
+        self.path = path
+        self.engine = engine
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(64)
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                upstream.connect(self.engine)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: object, sink: object) -> None:
+        import socket
+
+        assert isinstance(source, socket.socket) and isinstance(sink, socket.socket)
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        """Close every connection and the listening socket: the engine is gone from here on."""
+        import socket
+
+        with self._lock:
+            self._cut = True
+            sockets, self._sockets = self._sockets, []
+        self._listener.close()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()

@@ -51,9 +51,16 @@ def _state(name: str) -> dict[str, Any] | None:
 
 
 async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll ``predicate`` (an engine or file check: nothing to wait on) until it holds."""
     with trio.fail_after(timeout_s):
-        while not predicate():
+        while True:
+            if predicate():
+                return
             await trio.sleep(0.05)
+
+
+def _read(path: str | Path) -> str:
+    return Path(path).read_text()
 
 
 async def _run(
@@ -84,8 +91,8 @@ async def test_a_container_job_succeeds_and_its_output_lands_in_the_job_folder(
     program = "import os, sys; print('hi', os.environ['STOCKADE_JOB_ID']); print('oops', file=sys.stderr)"
     result = await _run(job_image, ("python3", "-c", program), job, tmp_path)
     assert result.state is JobState.SUCCEEDED and result.exit_code == 0, result
-    assert Path(result.stdout_path).read_text() == f"hi {job.job_id}\n"
-    assert Path(result.stderr_path).read_text() == "oops\n"
+    assert _read(result.stdout_path) == f"hi {job.job_id}\n"
+    assert _read(result.stderr_path) == "oops\n"
     assert _state(container_name(job)) is None
 
 
@@ -95,12 +102,15 @@ async def test_a_container_without_argv_runs_its_image_command(
     """No argv: the image's own command runs."""
     result = await _run(job_image, (), _job(container_worker), tmp_path)
     assert result.state is JobState.SUCCEEDED
-    assert Path(result.stdout_path).read_text() == "the image command\n"
+    assert _read(result.stdout_path) == "the image command\n"
 
 
-async def test_a_non_zero_exit_code_fails_the_job(job_image: str, container_worker: str, tmp_path: Path) -> None:
+async def test_a_non_zero_exit_code_fails_the_job(
+    job_image: str, container_worker: str, tmp_path: Path
+) -> None:
     """The container's exit code is the job's; not 0 is failed."""
-    result = await _run(job_image, ("python3", "-c", "raise SystemExit(3)"), _job(container_worker), tmp_path)
+    argv = ("python3", "-c", "raise SystemExit(3)")
+    result = await _run(job_image, argv, _job(container_worker), tmp_path)
     assert result.state is JobState.FAILED and result.exit_code == 3
     assert result.detail == "exit code 3"
 
@@ -175,7 +185,8 @@ async def test_the_fence_deadline_pauses_the_container_and_a_new_deadline_resume
     results: list[JobResult] = []
 
     async def run() -> None:
-        results.append(await _run(job_image, ("python3", "-c", program), job, tmp_path, fence_deadline_path=deadline))
+        argv = ("python3", "-c", program)
+        results.append(await _run(job_image, argv, job, tmp_path, fence_deadline_path=deadline))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
@@ -191,7 +202,7 @@ async def test_the_fence_deadline_pauses_the_container_and_a_new_deadline_resume
         assert not (job_dir / FENCED_AT_FILE).exists()
     (result,) = results
     assert result.state is JobState.SUCCEEDED, result
-    assert Path(result.stdout_path).read_text().split() == [str(i) for i in range(40)]
+    assert _read(result.stdout_path).split() == [str(i) for i in range(40)]
 
 
 async def test_the_kill_deadline_kills_a_paused_container(
@@ -254,3 +265,32 @@ def test_a_worker_without_an_engine_is_labelled_container_none(monkeypatch: pyte
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     value, why = engine_label({}, timeout_s=0.5)
     assert value == "none" and "no Docker engine answered" in why
+
+
+async def test_an_engine_that_disappears_ends_the_job_with_no_container_engine(
+    job_image: str, container_worker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine stops answering while the container runs: the supervisor kills the
+    container's init itself and the job fails with no_container_engine, not left running."""
+    from container_images import EngineProxy
+
+    proxy = EngineProxy(str(tmp_path / "engine.sock"))
+    monkeypatch.setenv("DOCKER_HOST", proxy.url)
+    job = _job(container_worker)
+    results: list[JobResult] = []
+
+    async def run() -> None:
+        results.append(await _run(job_image, ("sleep", "60"), job, tmp_path))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await _wait_for(lambda: (_state(container_name(job)) or {}).get("Running") is True)
+        began = time.monotonic()
+        proxy.cut()
+    monkeypatch.undo()  # the engine itself, for the checks and the cleanup
+    (result,) = results
+    assert time.monotonic() - began < 15
+    assert result.state is JobState.FAILED and result.exit_code is None
+    assert result.detail.startswith("no_container_engine: "), result.detail
+    state = _state(container_name(job))
+    assert state is None or state["Running"] is False  # the engine still lists it: not running
