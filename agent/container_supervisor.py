@@ -35,8 +35,8 @@ apart) into this process's stdout and stderr, the job's files. Its end is watche
 blocked in ``docker wait``, and the engine by one that pings it every :data:`PING_EVERY_S`
 seconds: :data:`PINGS_LOST` failed pings in a row, or a failed call, mean the engine is gone.
 Then the container cannot be stopped through it, so this process SIGKILLs the container's
-init process itself (its host pid, checked against the container's cgroup first), which takes
-every process of the container's pid namespace with it, and reports ``no_container_engine``.
+processes itself (those whose cgroup names the container's id, its init first: its pid
+namespace dies with it), and reports ``no_container_engine``.
 A fence action that fails the same way kills the same way: a container whose pause cannot be
 made sure of is killed, never left running.
 
@@ -192,18 +192,26 @@ class _Supervisor:
         self.ended.set()
 
     def kill_by_pid(self) -> None:
-        """SIGKILL the container's init process by its host pid, once the pid is found still to
-        be the container's (its cgroup names the container id), so a reused pid is never hit."""
-        if not self.pid or self.container is None:
+        """SIGKILL the container's processes without the engine: every process whose cgroup
+        names the container's id (its init first, when known), so a process of anything else is
+        never hit; the container's pid namespace dies with its init."""
+        if self.container is None:
             return
-        try:
-            with open(f"/proc/{self.pid}/cgroup", encoding="ascii", errors="replace") as file:
-                if self.container.id not in file.read():
-                    return
-            os.kill(self.pid, signal.SIGKILL)
-        except (OSError, ValueError):
+        victims = _processes_in_cgroup(self.container.id, first=self.pid)
+        if not victims:
+            _say("cannot kill the container without its engine: none of its processes was found")
             return
-        self.killed = True
+        killed = []
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError as exc:
+                _say(f"cannot kill the container's process {pid} without its engine: {exc}")
+                continue
+            killed.append(pid)
+        if killed:
+            _say(f"the engine is gone: killed the container's processes {killed}")
+            self.killed = True
 
     def call(self, what: str, *args: Any, **kwargs: Any) -> bool:
         """Call the container's method ``what``; True when it was done. A container that is not
@@ -216,7 +224,7 @@ class _Supervisor:
             if _engine_gone(exc):
                 self.lose_engine(f"the engine did not answer docker {what}: {exc}")
                 return False
-            print(f"container supervisor: docker {what} failed: {exc}", file=sys.stderr, flush=True)
+            _say(f"docker {what} failed: {exc}")
             return False
         return True
 
@@ -294,10 +302,12 @@ class _Supervisor:
         import docker
 
         failures = 0
-        pinger = docker.DockerClient(**self.client_args(PING_TIMEOUT_S))
+        pinger: Any = None
         try:
             while not self.ended.wait(PING_EVERY_S):
                 try:
+                    if pinger is None:
+                        pinger = docker.DockerClient(**self.client_args(PING_TIMEOUT_S))
                     pinger.ping()
                     failures = 0
                 except Exception as exc:
@@ -305,7 +315,8 @@ class _Supervisor:
                     if failures >= PINGS_LOST:
                         self.lose_engine(f"{failures} pings failed, the last: {exc}")
         finally:
-            pinger.close()
+            if pinger is not None:
+                pinger.close()
 
     def follow_log(self, stream: str, fd: int) -> None:
         """Thread: copy the container's ``stream`` (stdout or stderr) to ``fd`` as it comes."""
@@ -316,7 +327,7 @@ class _Supervisor:
                 os.write(fd, chunk)
         except Exception as exc:
             if self.engine_lost is None and not self.ended.is_set():
-                print(f"container supervisor: cannot follow its {stream}: {exc}", file=sys.stderr, flush=True)
+                _say(f"cannot follow its {stream}: {exc}")
 
     # ------------------------------------------------------------------ the run
 
@@ -469,6 +480,28 @@ class _Supervisor:
             if "[FATAL tini" in line and "exec " in line:
                 return line.split("]", 1)[-1].strip()
         return None
+
+
+def _processes_in_cgroup(container_id: str, *, first: int = 0) -> list[int]:
+    """The processes whose cgroup (``/proc/<pid>/cgroup``) names ``container_id``, ``first``
+    (the container's init, when known) before the others."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup", encoding="ascii", errors="replace") as file:
+                if container_id in file.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return sorted(found, key=lambda pid: (pid != first, pid))
+
+
+def _say(text: str) -> None:
+    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the
+    supervisor's (what the operator needs to know of an engine that failed the job)."""
+    print(f"[stockade container supervisor] {text}", file=sys.stderr, flush=True)
 
 
 def _explain(exc: BaseException) -> str:

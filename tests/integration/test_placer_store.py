@@ -212,9 +212,11 @@ async def test_the_reads_say_which_jobs_are_container_jobs_and_which_workers_run
         await db.execute(
             "INSERT INTO workers"
             " (id, address, cpu_millis, memory_mb, incarnation, last_heartbeat_at, state, labels)"
-            " VALUES ('w-docker', '127.0.0.1:1', 4000, 8192, 1, now(), 'alive', '{\"container\": \"docker\"}'),"
-            "        ('w-none', '127.0.0.1:2', 4000, 8192, 2, now(), 'alive', '{\"container\": \"none\"}'),"
-            "        ('w-plain', '127.0.0.1:3', 4000, 8192, 3, now(), 'alive', '{}')"
+            " VALUES ('w-docker', '127.0.0.1:1', 4000, 8192, 1, now(), 'alive', $1::jsonb),"
+            "        ('w-none', '127.0.0.1:2', 4000, 8192, 2, now(), 'alive', $2::jsonb),"
+            "        ('w-plain', '127.0.0.1:3', 4000, 8192, 3, now(), 'alive', '{}')",
+            '{"container": "docker"}',
+            '{"container": "none"}',
         )
         plain = await insert_job(db, "plain", 100, 10, 0, "command", None, ["true"])
         boxed = int(
