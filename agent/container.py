@@ -16,8 +16,8 @@
   start slots, stop escalation, fence deadlines and report. The container is named
   ``stockade-<worker_id>-<job_id>-<assignment_id>`` and labelled ``stockade.job_id``,
   ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
-  (``nano_cpus`` = ``cpu_millis`` x 1,000,000; memory = ``memory_mb`` MiB, swap the same, so
-  none), with an init process (``--init``) that passes signals on and reaps. It gets the job's
+  (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
+  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and reaps. It gets the job's
   variables (``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``, ``STOCKADE_WORKER_ID``) and
   nothing of the agent's environment. Its stdout and stderr land in the job folder's
   ``stdout.log`` and ``stderr.log``. A supervisor that did not remove its container (it was

@@ -347,12 +347,17 @@ class _Supervisor:
             self.client.ping()
         except Exception as exc:
             return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine does not answer: {exc}"
+        nano_cpus = int(spec["nano_cpus"])
+        with contextlib.suppress(Exception):
+            # The engine refuses more CPUs than its host has (a worker may offer more than the
+            # machine holds): the container then gets them all.
+            nano_cpus = min(nano_cpus, int(self.client.info()["NCPU"]) * 1_000_000_000)
         options = {
             "command": list(spec["argv"]) or None,
             "name": spec["name"],
             "labels": dict(spec["labels"]),
             "environment": dict(spec["env"]),
-            "nano_cpus": int(spec["nano_cpus"]),
+            "nano_cpus": nano_cpus,
             "mem_limit": int(spec["mem_bytes"]),
             "memswap_limit": int(spec["mem_bytes"]),  # equal: no swap
             "init": True,
