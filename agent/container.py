@@ -12,16 +12,17 @@
   ran has been, or will be, placed elsewhere.
 - :func:`run_container`: one container job, under its supervisor process
   (:mod:`agent.container_supervisor`), started and waited for as a command job's reaper is
-  (:func:`agent.runtimes.popen_supervisor`, :func:`agent.runtimes.wait_supervisor`): the same
-  start slots, stop escalation, fence deadlines and report. The container is named
+  (:func:`agent.supervised.popen_supervisor`, :func:`agent.supervised.wait_supervisor`): the
+  same start slots, stop escalation, fence deadlines and report. The container is named
   ``stockade-<worker_id>-<job_id>-<assignment_id>`` and labelled ``stockade.job_id``,
   ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
   (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
-  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and reaps. It gets the job's
-  variables (``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``, ``STOCKADE_WORKER_ID``) and
-  nothing of the agent's environment. Its stdout and stderr land in the job folder's
-  ``stdout.log`` and ``stderr.log``. A supervisor that did not remove its container (it was
-  killed, or the engine was gone) leaves that to this side, which removes it by name.
+  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
+  reaps. It gets the job's variables (``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``,
+  ``STOCKADE_WORKER_ID``) and nothing of the agent's environment. Its stdout and stderr land in
+  the job folder's ``stdout.log`` and ``stderr.log``. A supervisor that did not remove its
+  container (it was killed, or the engine was gone) leaves that to this side, which removes it
+  by name.
 
 How a container job ends (the outcome's ``detail`` starts with the reason, where there is one:
 :class:`agent.container_supervisor.Reason`):
@@ -58,16 +59,9 @@ import trio
 
 from agent import container_supervisor, reaper
 from agent.messages import JobState
-from agent.runtimes import (
-    ContainerJob,
-    JobResult,
-    OutputPaths,
-    command_result,
-    never_ran,
-    popen_supervisor,
-    wait_supervisor,
-)
+from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran
 from agent.starts import Spawner
+from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
 from runtime.settings import AgentSettings
 
