@@ -18,11 +18,13 @@
   ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
   (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
   MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
-  reaps. It gets the job's variables (``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``,
-  ``STOCKADE_WORKER_ID``) and nothing of the agent's environment. Its stdout and stderr land in
-  the job folder's ``stdout.log`` and ``stderr.log``. A supervisor that did not remove its
-  container (it was killed, or the engine was gone) leaves that to this side, which removes it
-  by name.
+  reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
+  the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
+  ``--security-opt no-new-privileges``). It gets the job's variables (``STOCKADE_JOB_ID``,
+  ``STOCKADE_ASSIGNMENT_ID``, ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
+  Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
+  that did not remove its container (it was killed, or the engine was gone) leaves that to this
+  side, which removes it by name.
 
 How a container job ends (the outcome's ``detail`` starts with the reason, where there is one:
 :class:`agent.container_supervisor.Reason`):
@@ -162,6 +164,7 @@ def supervisor_argv(
         "env": {**job_env, "STOCKADE_WORKER_ID": job.worker_id},
         "nano_cpus": job.cpu_millis * 1_000_000,
         "mem_bytes": job.memory_mb * 2**20,
+        "user": job.user,
     }
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]

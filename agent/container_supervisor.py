@@ -48,9 +48,10 @@ Command line (built by :func:`agent.container.supervisor_argv`)::
     python -I -c BOOTSTRAP SPEC_JSON
 
 ``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
-``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus`` and
-``mem_bytes``. The engine is the one ``DOCKER_HOST`` (and the other ``DOCKER_*`` variables of
-its environment, which the agent passes on) names, or the default socket.
+``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
+``mem_bytes`` and ``user`` (``uid:gid``; empty: the image's user). The engine is the one
+``DOCKER_HOST`` (and the other ``DOCKER_*`` variables of its environment, which the agent passes
+on) names, or the default socket.
 """
 
 from __future__ import annotations
@@ -361,6 +362,9 @@ class _Supervisor:
             "mem_limit": int(spec["mem_bytes"]),
             "memswap_limit": int(spec["mem_bytes"]),  # equal: no swap
             "init": True,
+            "user": str(spec.get("user") or "") or None,  # None: the image's user
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
             "stdin_open": False,
             "detach": True,
         }

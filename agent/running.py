@@ -206,6 +206,7 @@ class RunningJobs:
                     assignment_id=order.assignment_id,
                     cpu_millis=order.spec.cpu_millis,
                     memory_mb=order.spec.memory_mb,
+                    user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
                 )
             }
             if isinstance(runtime, ContainerRuntime)

@@ -161,6 +161,8 @@ class ContainerJob:
     """CPU, in millicores: the container's ``nano_cpus`` (times 1,000,000)."""
     memory_mb: int
     """Memory, in MiB: the container's memory limit, swap included (none)."""
+    user: str = ""
+    """``uid:gid`` the container's processes run as (the agent's job user); empty: the image's."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:

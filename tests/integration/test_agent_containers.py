@@ -24,10 +24,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="container jobs 
 _ids = iter(range(1, 10**6))
 
 
-def _job(worker_id: str, *, memory_mb: int = 256, cpu_millis: int = 500) -> ContainerJob:
+def _job(worker_id: str, *, memory_mb: int = 256, cpu_millis: int = 500, user: str = "") -> ContainerJob:
     n = next(_ids)
     return ContainerJob(
-        worker_id=worker_id, job_id=n, assignment_id=1000 + n, cpu_millis=cpu_millis, memory_mb=memory_mb
+        worker_id=worker_id,
+        job_id=n,
+        assignment_id=1000 + n,
+        cpu_millis=cpu_millis,
+        memory_mb=memory_mb,
+        user=user,
     )
 
 
@@ -94,6 +99,21 @@ async def test_a_container_job_succeeds_and_its_output_lands_in_the_job_folder(
     assert _read(result.stdout_path) == f"hi {job.job_id}\n"
     assert _read(result.stderr_path) == "oops\n"
     assert _state(container_name(job)) is None
+
+
+async def test_a_container_runs_as_the_job_user_without_capabilities(
+    job_image: str, container_worker: str, tmp_path: Path
+) -> None:
+    """The container's processes run as the agent's job user (uid:gid) with no capabilities."""
+    program = (
+        "import os\n"
+        "print(os.getuid(), os.getgid())\n"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0])"
+    )
+    job = _job(container_worker, user="4242:4343")
+    result = await _run(job_image, ("python3", "-c", program), job, tmp_path)
+    assert result.state is JobState.SUCCEEDED, result
+    assert _read(result.stdout_path).split() == ["4242", "4343", "0000000000000000"]
 
 
 async def test_a_container_without_argv_runs_its_image_command(
@@ -193,7 +213,7 @@ async def test_the_fence_deadline_pauses_the_container_and_a_new_deadline_resume
         await _wait_for(lambda: (_state(container_name(job)) or {}).get("Running") is True)
         write_fence_deadline(deadline, time.monotonic() - 1, time.monotonic() + 600)
         await _wait_for(lambda: (_state(container_name(job)) or {}).get("Paused") is True)
-        assert (job_dir / FENCED_AT_FILE).exists()
+        await _wait_for((job_dir / FENCED_AT_FILE).exists)  # written once the pause is made
         await trio.sleep(0.5)  # output written before the pause may still be on its way
         held = (job_dir / "stdout.log").read_text()
         await trio.sleep(1.0)

@@ -10,7 +10,7 @@ from agent.messages import JobState
 from agent.runtimes import ContainerJob, OutputPaths, forks
 from runtime.jobs import ContainerRuntime
 
-JOB = ContainerJob(worker_id="w-1", job_id=7, assignment_id=70, cpu_millis=1500, memory_mb=64)
+JOB = ContainerJob(worker_id="w-1", job_id=7, assignment_id=70, cpu_millis=1500, memory_mb=64, user="999:998")
 PATHS = OutputPaths(stdout_path="/j/stdout.log", stderr_path="/j/stderr.log")
 
 
@@ -26,7 +26,7 @@ def _result(
 def test_the_supervisor_gets_the_jobs_names_limits_and_variables() -> None:
     """The container is named and labelled after its worker, job and assignment; its CPU limit
     is cpu_millis x 1,000,000 nano CPUs, its memory and swap memory_mb MiB; it gets the job's
-    variables and the worker's id, nothing else."""
+    variables and the worker's id, nothing else; it runs as the job user."""
     argv = supervisor_argv(
         ContainerRuntime(image="app:1", argv=("python3", "-V")),
         JOB,
@@ -56,6 +56,7 @@ def test_the_supervisor_gets_the_jobs_names_limits_and_variables() -> None:
         2.5,
     )
     assert spec["deadline_path"] == ""
+    assert spec["user"] == "999:998"
 
 
 def test_a_container_job_takes_a_start_slot() -> None:
