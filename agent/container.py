@@ -267,8 +267,9 @@ async def run_container(
         proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
     )
     report = reaper.read_report(job_dir)
-    if report.get("removed") != "1" and exec_reported:
-        # Its supervisor was killed, or lost the engine: do not leave the container behind.
+    if report.get("removed") != "1" and "error" not in report:
+        # Its supervisor was killed (maybe between create and start), or lost the engine: do
+        # not leave the container behind. (A report's error: no container is left.)
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_remove_by_name, container_name(job))
     return container_result(
