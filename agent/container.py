@@ -288,7 +288,9 @@ def container_result(
 ) -> JobResult:
     """A container job's result from its supervisor's report: a command job's
     (:func:`agent.runtimes.command_result`), with the report's ``reason`` first in the detail
-    and the job failed (when it was not stopped) whatever its exit code."""
+    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
+    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
+    added to its detail."""
     result = command_result(
         report,
         supervisor_code,
@@ -298,8 +300,12 @@ def container_result(
         paths=paths,
     )
     reason = report.get("reason")
-    if not reason or result.fenced:
+    if not reason:
         return result
+    if result.fenced:
+        # Paused (or killed) at the fence deadline before the reason came: it stays a fence stop.
+        why = f"{reason}: {report.get('reason_detail') or ''}".rstrip(": ")
+        return attrs.evolve(result, detail=f"killed by its supervisor at the fence deadline; then {why}")
     detail = f"{reason}: {report.get('reason_detail') or result.detail}"
     if result.exit_code is not None:
         detail += f" (exit code {result.exit_code})"

@@ -185,14 +185,14 @@ class _Supervisor:
     # ------------------------------------------------------------------ engine calls
 
     def lose_engine(self, why: str) -> None:
-        """The engine is gone: SIGKILL the container's init ourselves (its pid namespace dies
-        with it), and end."""
+        """The engine is gone: SIGKILL the container's processes ourselves
+        (:meth:`kill_without_engine`), and end."""
         if self.engine_lost is None:
             self.engine_lost = why
-        self.kill_by_pid()
+        self.kill_without_engine()
         self.ended.set()
 
-    def kill_by_pid(self) -> None:
+    def kill_without_engine(self) -> None:
         """SIGKILL the container's processes without the engine: every process whose cgroup
         names the container's id (its init first, when known), so a process of anything else is
         never hit; the container's pid namespace dies with its init."""
@@ -211,6 +211,8 @@ class _Supervisor:
                 continue
             killed.append(pid)
         if killed:
+            # A paused container's processes are frozen: SIGKILL takes effect once they thaw.
+            _thaw(victims[0])
             _say(f"the engine is gone: killed the container's processes {killed}")
             self.killed = True
 
@@ -255,7 +257,7 @@ class _Supervisor:
             # fence forbids. Kill it (the engine, or its pid) rather than hope.
             self.stopped = True
             self.kill()
-            self.kill_by_pid()
+            self.kill_without_engine()
         self.fenced_unix_s = time.time()
         _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
 
@@ -505,6 +507,27 @@ def _processes_in_cgroup(container_id: str, *, first: int = 0) -> list[int]:
         except OSError:
             continue
     return sorted(found, key=lambda pid: (pid != first, pid))
+
+
+def _thaw(pid: int) -> None:
+    """Thaw the freezer cgroup of process ``pid`` (where ``docker pause`` froze it), so the
+    SIGKILLs sent to its frozen processes take effect; best effort (cgroup v1 ``freezer``, v2
+    ``cgroup.freeze``)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            target, value = f"/sys/fs/cgroup/freezer{path}/freezer.state", "THAWED"
+        elif controllers == "":
+            target, value = f"/sys/fs/cgroup{path}/cgroup.freeze", "0"
+        else:
+            continue
+        with contextlib.suppress(OSError), open(target, "w", encoding="ascii") as file:
+            file.write(value)
 
 
 def _say(text: str) -> None:

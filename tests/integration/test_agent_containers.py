@@ -317,3 +317,35 @@ async def test_an_engine_that_disappears_ends_the_job_with_no_container_engine(
     # sees it exit, and it is not running.
     await _wait_for(lambda: (_state(container_name(job)) or {}).get("Running") is not True)
     assert "killed the container's processes" in _read(result.stderr_path)
+
+
+async def test_an_engine_that_disappears_while_the_container_is_paused_still_ends_it(
+    job_image: str, container_worker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused at the fence deadline, then the engine goes: the supervisor kills the frozen
+    processes and thaws them so the kill takes effect; the job stays a fence stop (paused
+    first), its detail naming no_container_engine."""
+    from container_images import EngineProxy
+
+    proxy = EngineProxy(str(tmp_path / "engine.sock"))
+    monkeypatch.setenv("DOCKER_HOST", proxy.url)
+    deadline = tmp_path / "fence_deadline"
+    write_fence_deadline(deadline, time.monotonic() + 600, time.monotonic() + 1200)
+    job = _job(container_worker)
+    results: list[JobResult] = []
+
+    async def run() -> None:
+        results.append(await _run(job_image, ("sleep", "60"), job, tmp_path, fence_deadline_path=deadline))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await _wait_for(lambda: (_state(container_name(job)) or {}).get("Running") is True)
+        write_fence_deadline(deadline, time.monotonic() - 1, time.monotonic() + 600)
+        await _wait_for(lambda: (_state(container_name(job)) or {}).get("Paused") is True)
+        proxy.cut()
+    monkeypatch.undo()
+    (result,) = results
+    assert result.fenced and result.state is JobState.CANCELLED
+    assert "no_container_engine: " in result.detail, result.detail
+    await _wait_for(lambda: (_state(container_name(job)) or {}).get("Running") is not True)
+    assert "killed the container's processes" in _read(result.stderr_path)

@@ -103,7 +103,12 @@ def test_a_container_that_never_started_says_why() -> None:
 
 
 def test_a_fence_kill_stays_a_fence_kill() -> None:
-    """A container killed at the fence deadline is fenced, whatever reason the report adds."""
+    """A container killed at the fence deadline is fenced, whatever reason the report adds
+    (the detail names it)."""
     report = {"exit_code": "137", "ended_unix_s": "3.0", "stopped": "1", "fenced_unix_s": "2.0"}
     result = container_result(report, 137, stopped=False, exec_reported=True, started_unix_s=1.0, paths=PATHS)
     assert result.fenced and result.state is JobState.CANCELLED and result.finished_unix_s == 2.0
+    gone = {**report, "reason": "no_container_engine", "reason_detail": "gone"}
+    result = container_result(gone, 1, stopped=False, exec_reported=True, started_unix_s=1.0, paths=PATHS)
+    assert result.fenced and result.state is JobState.CANCELLED
+    assert result.detail == "killed by its supervisor at the fence deadline; then no_container_engine: gone"
