@@ -70,11 +70,13 @@ from agent import reaper
 
 PING_EVERY_S = 1.0
 """How often the engine is pinged while the container runs, in seconds."""
-PINGS_LOST = 2
-"""Failed pings in a row after which the engine counts as gone."""
-API_TIMEOUT_S = 5.0
+PINGS_LOST = 3
+"""Failed pings in a row after which the engine counts as gone: a slow engine (a loaded
+machine) must not get its containers killed, so a ping has :data:`PING_TIMEOUT_S` and the
+engine three chances; one whose socket is gone fails each at once (about 3 s in all)."""
+API_TIMEOUT_S = 10.0
 """Timeout of one engine call (a ping: :data:`PING_TIMEOUT_S`), in seconds."""
-PING_TIMEOUT_S = 2.0
+PING_TIMEOUT_S = 5.0
 LOG_DRAIN_S = 2.0
 """How long the log threads may take to write the container's last output after its end."""
 _HANDLED = (signal.SIGTERM, signal.SIGUSR1)
