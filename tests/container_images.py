@@ -1,10 +1,11 @@
 """The image container-job tests run: a small one built here, without network, on the engine.
 
 Nothing can be pulled on these machines, so the image is built ``FROM`` one the engine already
-holds (:data:`BASE_IMAGES`, the first found; ``STOCKADE_TEST_BASE_IMAGE`` names another) with
+holds (:data:`BASE_IMAGES`, the first found: the project's own ``stockade:<version>`` when
+``stockade image build`` made it; ``STOCKADE_TEST_BASE_IMAGE`` names another) with
 ``network_mode="none"``, and removed after the session. The base must have ``python3`` (the
-tests' jobs are small Python programs). Point :data:`BASE_IMAGES` at the project's own image
-once it is built locally.
+tests' jobs are small Python programs); the job image sets its own command and no entry point
+is expected.
 """
 
 from __future__ import annotations
@@ -13,8 +14,20 @@ import io
 import os
 import uuid
 
-BASE_IMAGES = ("stockade-base-test:1",)
-"""Images a job image may be built from, in order of preference."""
+
+def _project_image() -> str:
+    """The project's own image, ``stockade:<version>`` (``stockade image build``)."""
+    import importlib.metadata
+
+    try:
+        return f"stockade:{importlib.metadata.version('stockade')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "stockade:latest"
+
+
+BASE_IMAGES = (_project_image(), "stockade-base-test:1")
+"""Images a job image may be built from, in order of preference: the project's own, then a
+small Debian one with python3."""
 TEST_LABEL = "stockade.test"
 """The label on every image and container the tests make (value: the session's id)."""
 
