@@ -252,14 +252,24 @@ class _Supervisor:
             self.kill_at = time.monotonic() + self.grace_s
 
     def pause(self) -> None:
-        if self.call("pause"):
-            self.paused = True
-        elif not self.has_ended():
-            # Not paused and not known to have ended: the container may be running, which the
-            # fence forbids. Kill it (the engine, or its pid) rather than hope.
+        """Pause the container (``docker pause``) and record when. One that has just ended is
+        left to end on its own (its end stands, as a command job's that ended first); one whose
+        pause fails otherwise may be running, which the fence forbids: it is killed (through
+        the engine, and without it), never left running."""
+        try:
+            self.container.pause()
+        except Exception as exc:
+            if _not_running(exc):
+                return  # it ended: the waiter reports its end
+            if _engine_gone(exc):
+                self.lose_engine(f"the engine did not answer docker pause: {exc}")
+            else:
+                _say(f"docker pause failed, killing the container instead: {exc}")
+                self.kill()
+                self.kill_without_engine()
             self.stopped = True
-            self.kill()
-            self.kill_without_engine()
+        else:
+            self.paused = True
         self.fenced_unix_s = time.time()
         _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
 
