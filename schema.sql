@@ -63,9 +63,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     cpu_millis        integer     NOT NULL CHECK (cpu_millis > 0),
     memory_mb         integer     NOT NULL CHECK (memory_mb > 0),
     priority          integer     NOT NULL DEFAULT 0,
-    runtime           text        NOT NULL CHECK (runtime IN ('sleep', 'command')),
+    runtime           text        NOT NULL CHECK (runtime IN ('sleep', 'command', 'container')),
     sleep_ms          bigint,
     argv              text[],
+    image             text,
     state             text        NOT NULL DEFAULT 'pending'
                       CHECK (state IN ('pending', 'assigned', 'running',
                                        'succeeded', 'failed', 'cancelled')),
@@ -81,6 +82,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     stderr_path       text,
     detail            text        NOT NULL DEFAULT ''
 );
+-- Container jobs (runtime 'container'): the image in ``image``, the command in ``argv`` as a
+-- command job's (empty: the image's own). Older databases lack both the column and the
+-- runtime in the CHECK: added once.
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS image text;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'jobs'::regclass AND conname = 'jobs_runtime_check'
+                      AND pg_get_constraintdef(oid) LIKE '%container%') THEN
+        ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_runtime_check;
+        ALTER TABLE jobs ADD CONSTRAINT jobs_runtime_check
+            CHECK (runtime IN ('sleep', 'command', 'container'));
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS jobs_pending_order
     ON jobs (priority DESC, id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS jobs_cancel_requested

@@ -82,13 +82,17 @@ def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in
     (:func:`actors.queries.job_columns`) but the runtime's name, ``[name, cpu_millis,
     memory_mb, priority, sleep_ms, argv]``, as digests were first computed (keys stored then
-    must keep matching their retries).
+    must keep matching their retries); a container job adds ``["container", image]``, so it
+    never digests as the command job with the same argv.
 
     Raises:
         ValueError: ``job`` has no runtime (it was not checked).
     """
     c = queries.job_columns(job)
-    return [c.name, c.cpu_millis, c.memory_mb, c.priority, c.sleep_ms, c.argv]
+    item: list[Any] = [c.name, c.cpu_millis, c.memory_mb, c.priority, c.sleep_ms, c.argv]
+    if c.image is not None:
+        item.append([c.runtime, c.image])
+    return item
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

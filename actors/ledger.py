@@ -379,12 +379,15 @@ class Ledger:
             [reason for _, reason in message.reasons],
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
-        argvs: dict[int, list[str]] = {}
+        argvs: dict[int, dict[str, Any]] = {}
         commands = [int(row["id"]) for row in placed if row["has_argv"]]
         if commands:
             # After the statement, which holds no lock any more: a leader frozen while this
             # large answer comes in keeps no takeover waiting.
-            argvs = {int(r["id"]): r["argv"] for r in await conn.fetch(queries.JOB_ARGVS, commands)}
+            argvs = {
+                int(r["id"]): {"argv": r["argv"], "image": r["image"]}
+                for r in await conn.fetch(queries.JOB_ARGVS, commands)
+            }
         committed = tuple(
             CommittedAssignment(
                 assignment_id=int(row["assignment_id"]),
@@ -392,7 +395,7 @@ class Ledger:
                 worker_id=row["worker_id"],
                 incarnation=int(row["incarnation"]),
                 epoch=message.epoch,
-                spec=queries.job_spec_of({**row, "argv": argvs.get(int(row["id"]))}),
+                spec=queries.job_spec_of({**row, **argvs.get(int(row["id"]), {"argv": None, "image": None})}),
             )
             for row in placed
         )

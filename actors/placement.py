@@ -30,12 +30,18 @@ placer sets it from the worker's send window (:func:`send_window`, :func:`placem
 A job whose requeue backoff has not passed (``PendingQueue.not_before``) is neither placed nor
 reserves a worker.
 
+Containers: a container job (``PendingJob.needs_container``) goes only to a worker whose agent
+found a Docker engine when it started (``WorkerRoom.runs_containers``, its label
+``container=docker``); every rule above holds among those workers alone (best fit, reservations,
+the unschedulable reason, which says so when no live worker runs containers). Other jobs go
+anywhere.
+
 A round's decision can be taken in slices (:func:`place_queue_steps`) so that the placer
 yields to the event loop between them; the outcome is the same as in one go.
 
-Why one module of about 540 lines: the policies, the reservations and the pacing are one
-algorithm over the same numpy columns of the :class:`PendingQueue`, and its reasoning and
-sources are kept next to the code that carries them out.
+Why one module of about 630 lines: the policies, the reservations, the pacing and the
+container rule are one algorithm over the same numpy columns of the :class:`PendingQueue`, and
+its reasoning and sources are kept next to the code that carries them out.
 """
 
 from __future__ import annotations
@@ -58,6 +64,14 @@ class PendingJob:
     cpu_millis: int
     memory_mb: int
     priority: int = 0
+    needs_container: bool = False
+    """True for a container job: only a worker that runs containers may take it."""
+
+
+CONTAINER_LABEL = "container"
+"""The worker label that says whether it runs container jobs (``docker``: yes)."""
+CONTAINER_ENGINE = "docker"
+"""The value of :data:`CONTAINER_LABEL` on a worker whose agent found a Docker engine."""
 
 
 @attrs.frozen(kw_only=True)
@@ -71,6 +85,8 @@ class WorkerRoom:
     memory_allocated_mb: int = 0
     placement_limit: int | None = None
     """Most jobs one round may place on this worker (None: no limit)."""
+    runs_containers: bool = False
+    """True when it is labelled ``container=docker`` (it may take container jobs)."""
 
 
 def send_window(confirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
@@ -136,20 +152,30 @@ POLICIES = PLACEMENT_POLICIES
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:
     """Why ``job`` can never be placed on these workers, or None if some worker could hold it.
 
-    Example: ``"unschedulable: needs 64000 cpu_millis, largest worker has 16000"``.
+    Example: ``"unschedulable: needs 64000 cpu_millis, largest worker has 16000"``. A container
+    job is judged against the workers that run containers only (``"unschedulable: container
+    job, no live worker runs containers (label container=docker)"`` when there is none).
     """
     if not workers:
         return "unschedulable: no live workers"
+    if job.needs_container:
+        workers = [w for w in workers if w.runs_containers]
+        if not workers:
+            return (
+                "unschedulable: container job, no live worker runs containers "
+                f"(label {CONTAINER_LABEL}={CONTAINER_ENGINE})"
+            )
     if any(job.cpu_millis <= w.cpu_millis and job.memory_mb <= w.memory_mb for w in workers):
         return None
     largest_cpu = max(w.cpu_millis for w in workers)
     largest_mem = max(w.memory_mb for w in workers)
+    which = "container worker" if job.needs_container else "worker"
     if job.cpu_millis > largest_cpu:
-        return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest worker has {largest_cpu}"
+        return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest {which} has {largest_cpu}"
     if job.memory_mb > largest_mem:
-        return f"unschedulable: needs {job.memory_mb} memory_mb, largest worker has {largest_mem}"
+        return f"unschedulable: needs {job.memory_mb} memory_mb, largest {which} has {largest_mem}"
     return (
-        f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, no worker has both"
+        f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, no {which} has both"
     )
 
 
@@ -165,6 +191,8 @@ class PendingQueue:
     cpu: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     mem: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     prio: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    container: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=bool))
+    """Whether each job is a container job (``PendingJob.needs_container``)."""
     since: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
     """When each job joined this queue, in the owner's clock (seconds); kept across
     :meth:`replace` for jobs held before."""
@@ -192,14 +220,14 @@ class PendingQueue:
     ) -> None:
         """Hold exactly ``jobs`` (any order); those not held before joined at ``now``. A job
         in ``not_before`` may not be placed before that time; any other may be at once."""
-        ids, cpu, mem, prio = _columns(jobs)
+        ids, cpu, mem, prio, container = _columns(jobs)
         since = np.full(ids.size, now, dtype=np.float64)
         if self.ids.size and ids.size:
             by_id = np.argsort(self.ids)
             at = np.minimum(np.searchsorted(self.ids, ids, sorter=by_id), self.ids.size - 1)
             held = self.ids[by_id[at]] == ids
             since[held] = self.since[by_id[at[held]]]
-        self._store(ids, cpu, mem, prio, since, _times(ids, not_before))
+        self._store(ids, cpu, mem, prio, container, since, _times(ids, not_before))
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
 
     def add(
@@ -213,19 +241,20 @@ class PendingQueue:
         """Add the jobs not held yet (joining at ``now``, not placed before their time in
         ``not_before``); returns how many were new. Vectorised: a round that reads a few new
         jobs into a large queue costs no Python work per queued job."""
-        ids, cpu, mem, prio = _columns(jobs)
+        ids, cpu, mem, prio, container = _columns(jobs)
         _, first = np.unique(ids, return_index=True)
         new = np.zeros(ids.size, dtype=bool)
         new[first] = True
         new &= ~np.isin(ids, self.ids)
         if not new.any():
             return 0
-        ids, cpu, mem, prio = ids[new], cpu[new], mem[new], prio[new]
+        ids, cpu, mem, prio, container = ids[new], cpu[new], mem[new], prio[new], container[new]
         self._store(
             np.concatenate((self.ids, ids)),
             np.concatenate((self.cpu, cpu)),
             np.concatenate((self.mem, mem)),
             np.concatenate((self.prio, prio)),
+            np.concatenate((self.container, container)),
             np.concatenate((self.since, np.full(ids.size, now, dtype=np.float64))),
             np.concatenate((self.not_before, _times(ids, not_before))),
         )
@@ -241,8 +270,17 @@ class PendingQueue:
         if gone.size and self.ids.size:
             keep = ~np.isin(self.ids, gone)
             if not keep.all():
-                self.ids, self.cpu, self.mem, self.prio, self.since, self.not_before = (
-                    a[keep] for a in (self.ids, self.cpu, self.mem, self.prio, self.since, self.not_before)
+                self.ids, self.cpu, self.mem, self.prio, self.container, self.since, self.not_before = (
+                    a[keep]
+                    for a in (
+                        self.ids,
+                        self.cpu,
+                        self.mem,
+                        self.prio,
+                        self.container,
+                        self.since,
+                        self.not_before,
+                    )
                 )
                 self.version += 1
             for job_id in gone.tolist():
@@ -251,9 +289,14 @@ class PendingQueue:
     def jobs(self) -> list[PendingJob]:
         """The jobs, in placement order."""
         return [
-            PendingJob(job_id=i, cpu_millis=c, memory_mb=m, priority=p)
-            for i, c, m, p in zip(
-                self.ids.tolist(), self.cpu.tolist(), self.mem.tolist(), self.prio.tolist(), strict=True
+            PendingJob(job_id=i, cpu_millis=c, memory_mb=m, priority=p, needs_container=k)
+            for i, c, m, p, k in zip(
+                self.ids.tolist(),
+                self.cpu.tolist(),
+                self.mem.tolist(),
+                self.prio.tolist(),
+                self.container.tolist(),
+                strict=True,
             )
         ]
 
@@ -267,23 +310,33 @@ class PendingQueue:
         cpu: np.ndarray,
         mem: np.ndarray,
         prio: np.ndarray,
+        container: np.ndarray,
         since: np.ndarray,
         not_before: np.ndarray,
     ) -> None:
         """Hold these columns, put in placement order (priority high first, then job id)."""
         order = np.lexsort((ids, -prio))
-        self.ids, self.cpu, self.mem, self.prio, self.since, self.not_before = (
-            a[order] for a in (ids, cpu, mem, prio, since, not_before)
+        self.ids, self.cpu, self.mem, self.prio, self.container, self.since, self.not_before = (
+            a[order] for a in (ids, cpu, mem, prio, container, since, not_before)
         )
         self.version += 1
 
 
-def _columns(jobs: Sequence[PendingJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, cpu_millis, memory_mb, priority) of ``jobs`` as int64 arrays, in the given order."""
+def _columns(
+    jobs: Sequence[PendingJob],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, cpu_millis, memory_mb, priority) of ``jobs`` as int64 arrays and whether each is
+    a container job (bool), in the given order."""
     table = np.array(
-        [(j.job_id, j.cpu_millis, j.memory_mb, j.priority) for j in jobs], dtype=np.int64
-    ).reshape(-1, 4)
-    return table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), table[:, 3].copy()
+        [(j.job_id, j.cpu_millis, j.memory_mb, j.priority, j.needs_container) for j in jobs], dtype=np.int64
+    ).reshape(-1, 5)
+    return (
+        table[:, 0].copy(),
+        table[:, 1].copy(),
+        table[:, 2].copy(),
+        table[:, 3].copy(),
+        table[:, 4].astype(bool),
+    )
 
 
 def _times(ids: np.ndarray, times: Mapping[int, float] | None) -> np.ndarray:
@@ -390,6 +443,7 @@ def place_queue_steps(
     cap_mem = np.array([w.memory_mb for w in ordered], dtype=np.int64)
     free_cpu = cap_cpu - np.array([w.cpu_allocated_millis for w in ordered], dtype=np.int64)
     free_mem = cap_mem - np.array([w.memory_allocated_mb for w in ordered], dtype=np.int64)
+    runs_containers = np.array([w.runs_containers for w in ordered], dtype=bool)
     inv_cpu = 1.0 / cap_cpu if ordered else np.empty(0)
     inv_mem = 1.0 / cap_mem if ordered else np.empty(0)
     # Placements each worker may still take this round; a limit as large as the queue is none.
@@ -399,7 +453,7 @@ def place_queue_steps(
     )
     eligible = queue.not_before <= now  # requeue backoff passed (or none)
 
-    holdable = fits_some_room(queue.cpu, queue.mem, cap_cpu, cap_mem)
+    holdable = _fits(queue.container, queue.cpu, queue.mem, cap_cpu, cap_mem, runs_containers)
     unschedulable: dict[int, str] = {}
     for count, index in enumerate(np.flatnonzero(~holdable).tolist(), start=1):
         job = PendingJob(
@@ -407,6 +461,7 @@ def place_queue_steps(
             cpu_millis=int(queue.cpu[index]),
             memory_mb=int(queue.mem[index]),
             priority=int(queue.prio[index]),
+            needs_container=bool(queue.container[index]),
         )
         reason = unschedulable_reason(job, ordered)
         if reason is not None:
@@ -429,8 +484,15 @@ def place_queue_steps(
         # MISSES_BEFORE_REFILTER jobs in a row no longer fit anywhere.
         window = slice(position, None)
         is_open = unreserved & (left > 0)
-        fitting = eligible[window] & fits_some_room(
-            queue.cpu[window], queue.mem[window], free_cpu[is_open], free_mem[is_open]
+        containers = queue.container[window]
+        fitting = eligible[window] & _fits(
+            containers,
+            queue.cpu[window],
+            queue.mem[window],
+            free_cpu,
+            free_mem,
+            runs_containers & is_open,
+            among=is_open,
         )
         visit = fitting
         wanted = max_reservations - len(reservations)
@@ -438,8 +500,14 @@ def place_queue_steps(
             room_fit = (
                 fitting
                 if bool(np.array_equal(is_open, unreserved))
-                else fits_some_room(
-                    queue.cpu[window], queue.mem[window], free_cpu[unreserved], free_mem[unreserved]
+                else _fits(
+                    containers,
+                    queue.cpu[window],
+                    queue.mem[window],
+                    free_cpu,
+                    free_mem,
+                    runs_containers & unreserved,
+                    among=unreserved,
                 )
             )
             waited = (now - queue.since[window]) >= reserve_after_s
@@ -455,14 +523,15 @@ def place_queue_steps(
                 yield
             index = position + offset
             cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
+            allowed = runs_containers if queue.container[index] else True
             if not fitting[offset]:
                 if len(reservations) < max_reservations:
-                    reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved)
+                    reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved & allowed)
                     if reserved is not None:
                         unreserved[reserved] = False
                         reservations[names[reserved]] = int(queue.ids[index])
                 continue
-            fits = (free_cpu >= cpu) & (free_mem >= mem) & unreserved & (left > 0)
+            fits = (free_cpu >= cpu) & (free_mem >= mem) & unreserved & (left > 0) & allowed
             if not fits.any():
                 misses += 1
                 if misses >= MISSES_BEFORE_REFILTER:
@@ -514,6 +583,28 @@ def _reserve(
         return None
     lacking = np.maximum(cpu - free_cpu, 0) / cap_cpu + np.maximum(mem - free_mem, 0) / cap_mem
     return int(np.argmin(np.where(able, lacking, np.inf)))
+
+
+def _fits(
+    container: np.ndarray,
+    cpu: np.ndarray,
+    mem: np.ndarray,
+    room_cpu: np.ndarray,
+    room_mem: np.ndarray,
+    container_rooms: np.ndarray,
+    *,
+    among: np.ndarray | None = None,
+) -> np.ndarray:
+    """:func:`fits_some_room` per job, over every room of ``among`` (None: all) for a job that
+    is not a container job, and over the rooms of ``container_rooms`` for one that is
+    (``container[i]``): two frontier tests, so the cost stays one binary search per job."""
+    rooms = np.ones(room_cpu.size, dtype=bool) if among is None else among
+    fits = fits_some_room(cpu, mem, room_cpu[rooms], room_mem[rooms])
+    if container.any():
+        fits[container] = fits_some_room(
+            cpu[container], mem[container], room_cpu[container_rooms], room_mem[container_rooms]
+        )
+    return fits
 
 
 def fits_some_room(

@@ -135,8 +135,19 @@ _WORKER_COLUMNS = (
     "memory_allocated_mb",
     "unconfirmed_assignments",
     "confirmed_assignments",
+    "runs_containers",
 )
-_JOB_COLUMNS = ("id", "cpu_millis", "memory_mb", "priority", "reason", "pending_xid", "pending_seq", "wait_s")
+_JOB_COLUMNS = (
+    "id",
+    "cpu_millis",
+    "memory_mb",
+    "priority",
+    "reason",
+    "pending_xid",
+    "pending_seq",
+    "wait_s",
+    "container",
+)
 
 
 def _job_rows(row: Any) -> list[tuple[Any, ...]]:
@@ -154,11 +165,19 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
             await trio.lowlevel.checkpoint()
         waiting += [
             WaitingJob(
-                job=PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=mem, priority=priority),
+                job=PendingJob(
+                    job_id=job_id,
+                    cpu_millis=cpu,
+                    memory_mb=mem,
+                    priority=priority,
+                    needs_container=bool(container),
+                ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
             )
-            for job_id, cpu, mem, priority, reason, _, _, wait_s in rows[start : start + ROWS_PER_STEP]
+            for job_id, cpu, mem, priority, reason, _, _, wait_s, container in rows[
+                start : start + ROWS_PER_STEP
+            ]
         ]
     return waiting
 
@@ -173,6 +192,7 @@ def _live_worker(
     memory_allocated: int,
     unconfirmed: int,
     confirmed: int,
+    runs_containers: bool = False,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -182,6 +202,7 @@ def _live_worker(
             memory_mb=int(memory),
             cpu_allocated_millis=int(cpu_allocated),
             memory_allocated_mb=int(memory_allocated),
+            runs_containers=bool(runs_containers),
         ),
         unconfirmed=int(unconfirmed),
         confirmed=int(confirmed),
@@ -225,7 +246,7 @@ class PgPlacerStore(ReadStore):
         # mark's transactions in flight.
         above = [
             (xid, seq or 0)
-            for *_, xid, seq, _ in rows
+            for *_, xid, seq, _, _ in rows
             if xid is not None and (xid, seq or 0) > (mark.xid, mark.seq)
         ]
         next_mark = mark.after_read(

@@ -28,6 +28,7 @@ from runtime.jobs import (
     MAX_ARGV_BYTES,
     MAX_ARGV_ITEMS,
     MAX_CPU_MILLIS,
+    MAX_IMAGE_BYTES,
     MAX_MEMORY_MB,
     MAX_NAME_BYTES,
     MAX_PRIORITY,
@@ -269,6 +270,17 @@ LIMITS = (
         f"1 to {_n(MAX_ARGV_ITEMS)} elements, {_n(MAX_ARGV_BYTES)} bytes (64 KiB) in all; the first "
         "not empty",
         ("MAX_ARGV_ITEMS", "MAX_ARGV_BYTES"),
+    ),
+    Limit(
+        "job `container.image`",
+        f"1 to {_n(MAX_IMAGE_BYTES)} bytes; a Docker image reference `repository[:tag][@digest]` "
+        "(lowercase path components); no whitespace, shell metacharacters or paths",
+        ("MAX_IMAGE_BYTES",),
+    ),
+    Limit(
+        "job `container.argv`",
+        "as `command.argv`, but may be empty (the image's own command)",
+        (),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
 from agent.runtimes import job_runner
@@ -87,6 +88,9 @@ async def run_agent(
 
     Command jobs run as ``settings.job_user`` when this process is root (the user is created
     on first use), else as this process's user (:func:`runtime.os_users.resolve_user`).
+    Before anything else it pings the Docker engine and removes the containers an earlier life
+    of this worker left (:func:`agent.container.container_settings`): the worker registers
+    with the label ``container=docker`` when the engine answered, else ``container=none``.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
@@ -94,6 +98,8 @@ async def run_agent(
             created (or is root itself); nothing was started.
     """
     run_as = resolve_unprivileged_user(settings.job_user)
+    # The label container=docker|none, and no container of an earlier life left running.
+    settings = await container_settings(settings, log.get("agent").bind(worker_id=settings.worker_id))
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(

@@ -23,8 +23,9 @@ from agent.acceptance import Admission
 from agent.fence import FenceClock
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
-from agent.runtimes import JobResult, JobRunner, either, forks, job_dir_for
+from agent.runtimes import ContainerJob, JobResult, JobRunner, either, forks, job_dir_for
 from agent.starts import StartLimiter, StartTicket
+from runtime.jobs import ContainerRuntime
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
 
@@ -195,6 +196,22 @@ class RunningJobs:
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
+        # Only a container job is given its names and limits (runners of other jobs, tests'
+        # stand-ins among them, need not know the argument).
+        container = (
+            {
+                "container": ContainerJob(
+                    worker_id=self.settings.worker_id,
+                    job_id=order.job_id,
+                    assignment_id=order.assignment_id,
+                    cpu_millis=order.spec.cpu_millis,
+                    memory_mb=order.spec.memory_mb,
+                    user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
+                )
+            }
+            if isinstance(runtime, ContainerRuntime)
+            else {}
+        )
         try:
             result = await self.runner(
                 runtime,
@@ -210,6 +227,7 @@ class RunningJobs:
                 },
                 on_started=(lambda: None) if ticket is None else ticket.release,
                 pause=self.fence,
+                **container,
             )
         except BaseException:
             # A bug in a runtime: it has killed and reaped what it started before

@@ -1,4 +1,5 @@
-"""Job runtimes: ``sleep`` (hold resources, do nothing) and ``command`` (a child process).
+"""Job runtimes: ``sleep`` (hold resources, do nothing), ``command`` (a child process) and
+``container`` (a Docker container, :mod:`agent.container`).
 
 :func:`run_job` runs one job until it ends on its own or until its ``stop`` event is set,
 and returns only once the job has really ended (for a command: its processes have exited
@@ -43,9 +44,15 @@ Command jobs:
 - the reaper runs the job at ``job_nice`` lower priority and says, through a pipe, when the
   job has exec'd (or could not be); ``on_started`` is called then (see
   :mod:`agent.starts` for the start slots this frees);
-- the agent waits for the reaper's exit through a pidfd (``os.pidfd_open``), polling
-  ``waitid`` every 50 ms where pidfds are missing. The exit is observed before the reaper is
-  reaped, so the sweep of its group cannot hit a recycled process id.
+- the agent waits for the reaper's exit as for any job supervisor (:mod:`agent.supervised`:
+  a pidfd, the exit observed before the reaper is reaped).
+
+Container jobs run the same way under a supervisor process of their own
+(:mod:`agent.container_supervisor`) that speaks the reaper's protocol (start pipe, fence-deadline
+file, signals, report file) and does Docker calls where the reaper sends signals; the agent
+side is :func:`agent.container.run_container`, which shares
+:func:`agent.supervised.popen_supervisor` and :func:`agent.supervised.wait_supervisor` with
+command jobs.
 
 Sleep jobs have no process: the agent decides when they stopped (see :mod:`agent.core`). One
 ends once it has *run* its full duration, the worker's pauses not counted (:class:`PauseView`),
@@ -55,14 +62,14 @@ pause began.
 Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
 for humans and the checker, not timers.
 
-Why one module of about 540 lines: :func:`run_job` and its :class:`JobResult` serve both
-runtimes, and the command runtime's start, stop escalation and report reading are one protocol
-with :mod:`agent.reaper`, read best in one place.
+Why one module of about 590 lines: :func:`run_job` and its :class:`JobResult` serve every
+runtime, and the command runtime's start and report reading are one protocol with
+:mod:`agent.reaper`, read best in one place (the supervisor plumbing it shares with container
+jobs is :mod:`agent.supervised`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -81,13 +88,10 @@ from agent import reaper
 from agent.fence import MAX_PAUSES, unix_time_of
 from agent.messages import JobState
 from agent.starts import Spawner
-from runtime.jobs import CommandRuntime, JobRuntime, SleepRuntime
+from agent.supervised import popen_supervisor, wait_supervisor
+from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
-from runtime.settings import JOB_PROCESSES
 
-_POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
-REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
-"""How long past its due time the agent waits for a reaper before it steps in, in seconds."""
 _T = TypeVar("_T")
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The ``PATH`` of every command job (and of its reaper, which searches it for the program)."""
@@ -122,13 +126,13 @@ class JobResult:
 
 
 @attrs.frozen(kw_only=True)
-class _Paths:
+class OutputPaths:
     stdout_path: str
     stderr_path: str
 
 
-def _never_ran(
-    paths: _Paths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
+def never_ran(
+    paths: OutputPaths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
 ) -> JobResult:
     """The result of a command job that never ran: stopped before its reaper was started
     (``stopped``: cancelled), or its reaper or its exec failed (failed)."""
@@ -145,6 +149,22 @@ def _never_ran(
     )
 
 
+@attrs.frozen(kw_only=True)
+class ContainerJob:
+    """What a container job needs besides its runtime: whose it is (the container's name and
+    labels) and its limits (the container's hard limits)."""
+
+    worker_id: str
+    job_id: int
+    assignment_id: int
+    cpu_millis: int
+    """CPU, in millicores: the container's ``nano_cpus`` (times 1,000,000)."""
+    memory_mb: int
+    """Memory, in MiB: the container's memory limit, swap included (none)."""
+    user: str = ""
+    """``uid:gid`` the container's processes run as (the agent's job user); empty: the image's."""
+
+
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
     """The folder of one assignment's files: ``<jobs_dir>/<job_id>-<assignment_id>``."""
     return jobs_dir / f"{job_id}-{assignment_id}"
@@ -159,14 +179,16 @@ def cannot_run(runtime: JobRuntime) -> str | None:
     match runtime:
         case CommandRuntime(argv=()):
             return "command argv must not be empty"
-        case SleepRuntime() | CommandRuntime():
+        case ContainerRuntime(image=""):
+            return "container image must not be empty"
+        case SleepRuntime() | CommandRuntime() | ContainerRuntime():
             return None
 
 
 def forks(runtime: JobRuntime) -> bool:
-    """Whether starting ``runtime`` forks processes (a command's reaper), so it takes one of the
-    paced start slots (:mod:`agent.starts`)."""
-    return isinstance(runtime, CommandRuntime)
+    """Whether starting ``runtime`` forks processes (a command's reaper, a container's
+    supervisor), so it takes one of the paced start slots (:mod:`agent.starts`)."""
+    return isinstance(runtime, CommandRuntime | ContainerRuntime)
 
 
 def timed_by_agent_s(runtime: JobRuntime) -> float | None:
@@ -189,6 +211,7 @@ async def run_job(
     run_as: RunAs | None = None,
     job_env: Mapping[str, str] | None = None,
     pause: PauseView | None = None,
+    container: ContainerJob | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -209,6 +232,8 @@ async def run_job(
             (its working directory); nothing else of this process's environment is passed on.
         pause: the worker's pauses, which a sleep job's duration does not count (a command
             is paused by its reaper); None: never paused.
+        container: a container job's names and limits (required for one; a container job
+            without it fails at once).
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -235,6 +260,21 @@ async def run_job(
                 run_as=run_as,
                 job_env=job_env or {},
             )
+        case ContainerRuntime():
+            # Imported here: it loads the Docker SDK only where a container job runs.
+            from agent.container import run_container
+
+            return await run_container(
+                runtime,
+                job=container,
+                job_dir=job_dir,
+                stop=stop,
+                stop_grace_s=stop_grace_s,
+                fence_deadline_path=fence_deadline_path,
+                spawner=spawner,
+                on_started=on_started,
+                job_env=job_env or {},
+            )
 
 
 class JobRunner(Protocol):
@@ -254,6 +294,7 @@ class JobRunner(Protocol):
         run_as: RunAs | None,
         job_env: Mapping[str, str],
         pause: PauseView | None = None,
+        container: ContainerJob | None = None,
     ) -> JobResult: ...
 
 
@@ -380,83 +421,25 @@ def _spawn_reaper(
         chown(home, run_as)
         ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
     env = {**job_env, "PATH": JOB_PATH, "HOME": str(home)}
-    started_r, started_w = os.pipe()  # close-on-exec: only the reaper gets started_w (pass_fds)
-    try:
-        command = reaper.reaper_argv(
-            sys.executable,
-            parent_pid=os.getpid(),
-            stop_grace_s=stop_grace_s,
-            fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
-            argv=argv,
-            job_nice=job_nice,
-            started_fd=started_w,
-            run_as_uid=run_as.uid if switch and run_as else None,
-            run_as_gid=run_as.gid if switch and run_as else None,
-            job_cwd=WORK_SUBDIR if switch else "",
-        )
-        with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
-            proc = subprocess.Popen(
-                command,
-                cwd=job_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-                close_fds=True,
-                pass_fds=(started_w,),
-                start_new_session=True,
-            )
-    except BaseException:
-        os.close(started_r)
-        raise
-    finally:
-        os.close(started_w)
-    os.set_blocking(started_r, False)
-    return proc, started_r
-
-
-def _read_started(fd: int) -> bytes:
-    """What the start pipe holds now: the start byte, b"" at EOF or when nothing came yet."""
-    try:
-        return os.read(fd, 1)
-    except BlockingIOError:
-        return b""
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    """Signal process group ``pgid``; a group that is already gone is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _signal_process(pid: int, sig: signal.Signals) -> None:
-    """Signal process ``pid`` (an unreaped child of ours, so the id cannot be reused)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _has_exited(pid: int) -> bool:
-    """True once ``pid`` has exited; does not reap it (``WNOWAIT``)."""
-    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    return info is not None and info.si_pid == pid
-
-
-async def _wait_exited(pid: int) -> None:
-    """Wait until child ``pid`` has exited, leaving it unreaped (a zombie pinning its id)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    if pidfd is None:
-        while True:
-            if _has_exited(pid):
-                return
-            await trio.sleep(_POLL_INTERVAL_S)
-    try:
-        await trio.lowlevel.wait_readable(pidfd)
-    finally:
-        trio.lowlevel.notify_closing(pidfd)
-        os.close(pidfd)
+    command = partial(
+        reaper.reaper_argv,
+        sys.executable,
+        parent_pid=os.getpid(),
+        stop_grace_s=stop_grace_s,
+        fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+        argv=argv,
+        job_nice=job_nice,
+        run_as_uid=run_as.uid if switch and run_as else None,
+        run_as_gid=run_as.gid if switch and run_as else None,
+        job_cwd=WORK_SUBDIR if switch else "",
+    )
+    return popen_supervisor(
+        lambda started_fd: command(started_fd=started_fd),
+        job_dir=job_dir,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        env=env,
+    )
 
 
 def _describe_exit(code: int) -> str:
@@ -483,11 +466,11 @@ async def _run_command(
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
-    paths = _Paths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
+    paths = OutputPaths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
     started = time.time()
     if stop.is_set():
         on_started()
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=True,
             started_unix_s=started,
@@ -512,69 +495,21 @@ async def _run_command(
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=False,
             started_unix_s=started,
             finished_unix_s=time.time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
         )
-    pid = proc.pid  # the reaper; also its process group id (start_new_session)
-    stopped = False
-    start_signal: bytes | None = None
-    """What the start pipe said (None: not read yet)."""
-
-    def start_is_over(said: bytes) -> None:
-        nonlocal start_signal
-        if start_signal is None:
-            start_signal = said
-            os.close(started_fd)
-            on_started()
-
-    async def watch_start() -> None:
-        await trio.lowlevel.wait_readable(started_fd)
-        start_is_over(_read_started(started_fd))
-
-    async def stop_when_asked() -> None:
-        nonlocal stopped
-        await stop.wait()
-        stopped = True
-        # The reaper sends SIGTERM to the job's group and SIGKILL after stop_grace_s.
-        _signal_process(pid, signal.SIGTERM)
-        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
-        _signal_process(pid, signal.SIGUSR1)  # not done yet: kill the job now
-        await trio.sleep(REAPER_SLACK_S)
-        # A reaper that does not answer: SIGKILL it; its job's main process dies with it.
-        _signal_group(pid, signal.SIGKILL)
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_asked)
-            nursery.start_soon(watch_start)
-            await _wait_exited(pid)
-            nursery.cancel_scope.cancel()
-    except BaseException:
-        # Cancelled (or a bug): the job must not outlive its record. Kill and reap, shielded.
-        with trio.CancelScope(shield=True):
-            _signal_process(pid, signal.SIGUSR1)
-            with trio.move_on_after(REAPER_SLACK_S):
-                await _wait_exited(pid)
-            _signal_group(pid, signal.SIGKILL)
-            proc.wait()
-        raise
-    finally:
-        if start_signal is None:
-            # The reaper has exited (or been killed): the pipe holds whatever it said, and EOF.
-            start_is_over(_read_started(started_fd))
-    # The reaper has exited but is not reaped yet, so its id still names its group: sweep
-    # anything that joined that group, then reap.
-    _signal_group(pid, signal.SIGKILL)
-    reaper_code = proc.wait()
-    return _command_result(
+    stopped, exec_reported, reaper_code = await wait_supervisor(
+        proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+    )
+    return command_result(
         reaper.read_report(job_dir),
         reaper_code,
         stopped=stopped,
-        exec_reported=start_signal == reaper.STARTED_BYTE,
+        exec_reported=exec_reported,
         started_unix_s=started,
         paths=paths,
     )
@@ -587,14 +522,14 @@ def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | 
         return None
 
 
-def _command_result(
+def command_result(
     report: dict[str, str],
     reaper_code: int,
     *,
     stopped: bool,
     exec_reported: bool,
     started_unix_s: float,
-    paths: _Paths,
+    paths: OutputPaths,
 ) -> JobResult:
     """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
     and its start pipe (``exec_reported``: the reaper said the job exec'd). ``stopped`` is
@@ -602,7 +537,7 @@ def _command_result(
     the job before it ended) decides when there is one."""
     now = time.time()
     if "error" in report:
-        return _never_ran(
+        return never_ran(
             paths,
             stopped=False,
             started_unix_s=started_unix_s,

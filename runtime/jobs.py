@@ -5,7 +5,9 @@ one core; ``memory_mb``: MiB), its priority and its runtime, one of :data:`JobRu
 
 - :class:`SleepRuntime`: hold the resources for ``duration_ms`` milliseconds, do no work
   (benchmarks, chaos);
-- :class:`CommandRuntime`: run ``argv`` as a child process (``agent/runtimes.py``).
+- :class:`CommandRuntime`: run ``argv`` as a child process (``agent/runtimes.py``);
+- :class:`ContainerRuntime`: run ``argv`` in a Docker container of ``image``, on a worker whose
+  engine answered when its agent started (``agent/container.py``).
 
 Each runtime knows its own rules (:meth:`SleepRuntime.check`), how it reads to a person
 (:meth:`SleepRuntime.describe`) and its name (``kind``, also the database's ``jobs.runtime``).
@@ -19,6 +21,7 @@ with every other limit for the README. Sizes are counted in bytes of UTF-8
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from typing import ClassVar
@@ -35,8 +38,11 @@ MAX_PRIORITY = 1_000_000
 MAX_SLEEP_MS = 7 * 24 * 3600 * 1000  # one week
 MAX_ARGV_ITEMS = 256
 MAX_ARGV_BYTES = 64 * 1024
+MAX_IMAGE_BYTES = 255
+"""Longest image reference: Docker's longest repository name (``NameTotalLengthMax`` of the
+distribution project's ``reference`` package), also the bound for a whole reference here."""
 
-RUNTIME_RULE = "must be exactly one of sleep or command"
+RUNTIME_RULE = "must be exactly one of sleep, command or container"
 """The rule a spec without a runtime (or, on the wire, with two) breaks (field ``runtime``)."""
 
 
@@ -78,27 +84,97 @@ class CommandRuntime:
     def check(self) -> None:
         """Raises InvalidArgument (``command.argv`` or ``command.argv[i]``): no program, too many
         items, an item holding a NUL byte or too long, or too many bytes in all."""
-        argv = self.argv
-        if not argv:
-            raise InvalidArgument("command.argv", list(argv), "must name a program")
-        if len(argv) > MAX_ARGV_ITEMS:
-            raise InvalidArgument(
-                "command.argv", f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items"
-            )
-        for index, arg in enumerate(argv):
-            check_text(f"command.argv[{index}]", arg, max_bytes=MAX_ARGV_BYTES, allow_empty=index > 0)
-        total = sum(utf8_bytes("command.argv", a) for a in argv)
-        if total > MAX_ARGV_BYTES:
-            raise InvalidArgument(
-                "command.argv", f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes in UTF-8"
-            )
+        _check_argv("command.argv", self.argv, allow_empty=False)
 
     def describe(self) -> str:
         """One line for people, the command as a shell would read it: ``command: echo 'a b'``."""
         return "command: " + shlex.join(self.argv)
 
 
-JobRuntime = SleepRuntime | CommandRuntime
+def _check_argv(field: str, argv: tuple[str, ...], *, allow_empty: bool) -> None:
+    """The argv rules of :meth:`CommandRuntime.check`, for ``field`` (empty allowed when
+    ``allow_empty``: a container with no argv runs its image's own command)."""
+    if not argv:
+        if allow_empty:
+            return
+        raise InvalidArgument(field, list(argv), "must name a program")
+    if len(argv) > MAX_ARGV_ITEMS:
+        raise InvalidArgument(field, f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items")
+    for index, arg in enumerate(argv):
+        check_text(f"{field}[{index}]", arg, max_bytes=MAX_ARGV_BYTES, allow_empty=index > 0)
+    total = sum(utf8_bytes(field, a) for a in argv)
+    if total > MAX_ARGV_BYTES:
+        raise InvalidArgument(field, f"{total} bytes", f"must total at most {MAX_ARGV_BYTES} bytes in UTF-8")
+
+
+# Docker's reference grammar (the distribution project's ``reference/regexp.go``):
+#   reference := name [":" tag] ["@" digest]
+#   name      := [domain "/"] path-component ["/" path-component]*
+#   domain    := domain-component ["." domain-component]* [":" port]
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII
+)
+IMAGE_RULE = (
+    "must be a Docker image reference, repository[:tag][@digest] with lowercase path components "
+    "(such as registry.example:5000/team/app:1.2)"
+)
+
+
+def check_image(field: str, image: str) -> str:
+    """``image``, once it is found to be a Docker image reference (``repository[:tag][@digest]``,
+    the grammar of Docker's ``reference`` package) of at most :data:`MAX_IMAGE_BYTES` bytes.
+
+    Nothing else gets through to a worker's engine: no whitespace, NUL or shell metacharacters,
+    no path (``/etc/passwd``, ``./x``, ``a/../b``), no uppercase path component.
+
+    Raises:
+        InvalidArgument: naming ``field``, the rule broken and the value.
+    """
+    check_text(field, image, max_bytes=MAX_IMAGE_BYTES)
+    if any(c.isspace() for c in image):
+        raise InvalidArgument(field, image, "must not contain whitespace")
+    bad = sorted({c for c in image if c in "$`;&|<>()[]{}*?!~'\"\\#%^=,"})
+    if bad:
+        raise InvalidArgument(field, image, f"must not contain shell metacharacters ({''.join(bad)})")
+    if image.startswith(("/", "./")) or ".." in image or "/./" in image or image == ".":
+        raise InvalidArgument(field, image, "must be an image reference, not a path")
+    if _REFERENCE.fullmatch(image) is None:
+        raise InvalidArgument(field, image, IMAGE_RULE)
+    return image
+
+
+@attrs.frozen(kw_only=True)
+class ContainerRuntime:
+    """Run ``argv`` in a Docker container of ``image`` (only on workers labelled
+    ``container=docker``; the image must already be on the worker: nothing is pulled)."""
+
+    kind: ClassVar[str] = "container"
+    """The runtime's name (``jobs.runtime`` in the database)."""
+
+    image: str
+    """The image reference, ``repository[:tag][@digest]`` (:func:`check_image`)."""
+    argv: tuple[str, ...] = attrs.field(default=(), converter=_argv)
+    """The command and its arguments, as a command job's (same limits); empty: the image's own
+    entry point and command."""
+
+    def check(self) -> None:
+        """Raises InvalidArgument (``container.image``, ``container.argv`` or
+        ``container.argv[i]``): an image that is no Docker reference, or argv past a command's
+        limits."""
+        check_image("container.image", self.image)
+        _check_argv("container.argv", self.argv, allow_empty=True)
+
+    def describe(self) -> str:
+        """One line for people: ``container python:3.12 -- python3 -c 'print(1)'``."""
+        return f"container {self.image}" + (" -- " + shlex.join(self.argv) if self.argv else "")
+
+
+JobRuntime = SleepRuntime | CommandRuntime | ContainerRuntime
 """What a job runs: every runtime there is."""
 
 
@@ -129,7 +205,7 @@ class JobSpec:
             InvalidArgument: the first field that is empty, too long, out of range or holds a
                 NUL byte (or a control character, in the name), or no runtime; the field is
                 named as on the wire (``name``, ``sleep.duration_ms``, ``command.argv[2]``,
-                ``runtime``).
+                ``container.image``, ``runtime``).
         """
         check_text("name", self.name, max_bytes=MAX_NAME_BYTES, printable=True)
         check_int_between("cpu_millis", self.cpu_millis, 1, MAX_CPU_MILLIS)

@@ -16,6 +16,9 @@ copy of it, dropped afterwards.
 The fixtures are synchronous and talk to PostgreSQL through ``asyncio.run``
 with asyncpg: pytest sets up sync fixtures outside the trio loop that
 pytest-trio runs async tests in, so no event loop is running there.
+
+Container jobs' tests get their image here too (``job_image``, built by
+``tests/container_images.py``), and skip, saying why, where no Docker engine answers.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
+import container_images
 import pytest
 
 from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
@@ -189,3 +193,35 @@ def _own_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     from ops.config import CONFIG_ENV
 
     monkeypatch.setenv(CONFIG_ENV, str(tmp_path_factory.mktemp("user-config") / "config.toml"))
+
+
+@pytest.fixture(scope="session")
+def container_session() -> str:
+    """This test session's id, in the names and labels of what the container tests make."""
+    return container_images.new_session()
+
+
+@pytest.fixture(scope="session")
+def job_image(container_session: str) -> Iterator[str]:
+    """The tag of a small image for container jobs, built for the session without network and
+    removed after it; skips, saying why, where no engine answers or no base image is there."""
+    reason = container_images.engine_error()
+    if reason is not None:
+        pytest.skip(reason)
+    tag, why = container_images.build_job_image(container_session)
+    if tag is None:
+        pytest.skip(why)
+    try:
+        yield tag
+    finally:
+        container_images.remove_image(tag)
+
+
+@pytest.fixture
+def container_worker(container_session: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A worker id of this test alone; every container labelled with it is removed after."""
+    worker_id = f"crt-{container_session}-{abs(hash(request.node.nodeid)) % 10**8}"
+    try:
+        yield worker_id
+    finally:
+        container_images.remove_containers(worker_id)

@@ -65,36 +65,39 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 """
 
 
-# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv; then the
-# idempotency key and the request's sha256 (see once). Answer rows: id.
+# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image;
+# then the idempotency key and the request's sha256 (see once). Answer rows: id.
 SUBMIT_JOB = once(
     "submit_job",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
-SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], nextval('pending_seq')
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image, pending_seq)
+SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
+       nextval('pending_seq')
   FROM fresh
 RETURNING id
 """,
-    params=7,
+    params=8,
 )
 
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
-# JSON arrays (NULL for sleep jobs); then the idempotency key and the request's sha256 (see
-# once). One statement: all jobs or none. Answer rows: id, one per job, drawn in order.
+# JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs); then the
+# idempotency key and the request's sha256 (see once). One statement: all jobs or none. Answer
+# rows: id, one per job, drawn in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, pending_seq)
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image, pending_seq)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
-       nextval('pending_seq')
-  FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[])
-       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, n), fresh
+       t.image, nextval('pending_seq')
+  FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
+              $8::text[])
+       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, n), fresh
  ORDER BY t.n
 RETURNING id
 """,
-    params=7,
+    params=8,
 )
 
 # $1 job id; then the idempotency key and the request's sha256 (see once). Pending: cancelled at
@@ -132,7 +135,7 @@ SELECT count(*) FROM swept
 """
 
 _JOB_INFO = """
-SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
+SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv, j.image,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM j.started_at)::float8 AS started_unix_s,

@@ -65,8 +65,9 @@ SELECT fence.epoch AS epoch_seen, claimed.*
   FROM fence LEFT JOIN claimed ON true
 """
 
-# $1 job ids. The commands of command jobs, read after their placement committed.
-JOB_ARGVS = "SELECT id, argv FROM jobs WHERE id = ANY($1::bigint[])"
+# $1 job ids. The commands of command and container jobs (and a container's image), read after
+# their placement committed.
+JOB_ARGVS = "SELECT id, argv, image FROM jobs WHERE id = ANY($1::bigint[])"
 
 # Workers judged by their silence: every 'alive' row, and a 'left' row that still has active
 # assignments: of another incarnation, since the leader ends the left one's at once. Only a

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 # $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
-# by the assignments triggers in worker_allocations).
+# by the assignments triggers in worker_allocations), and whether each runs container jobs (its
+# label container=docker, actors/placement.py).
 LIVE_WORKERS = """
 SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
-       a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments
+       a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
+       coalesce(w.labels->>'container' = 'docker', false) AS runs_containers
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
 """
@@ -23,9 +25,13 @@ _SNAPSHOT = """pg_snapshot_xmax(snap.s)::text::bigint AS snapshot_xmax,
 _PENDING_COLUMNS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_millis,
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
-               array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s"""
+               array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
+               array_agg(container) AS p_container"""
 
-_PENDING_ROW = f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S}"
+_PENDING_ROW = (
+    f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S},"
+    " runtime = 'container' AS container"
+)
 
 # $1 limit. Every pending job (the placer's full resync), highest priority first, then
 # submission order, with the transaction and the sequence number of its becoming pending and
@@ -53,7 +59,8 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(a.cpu_allocated_millis) AS w_cpu_allocated_millis,
                array_agg(a.memory_allocated_mb) AS w_memory_allocated_mb,
                array_agg(a.unconfirmed_assignments) AS w_unconfirmed_assignments,
-               array_agg(a.confirmed_assignments) AS w_confirmed_assignments
+               array_agg(a.confirmed_assignments) AS w_confirmed_assignments,
+               array_agg(coalesce(w.labels->>'container' = 'docker', false)) AS w_runs_containers
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,

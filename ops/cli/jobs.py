@@ -203,23 +203,49 @@ def submit(
             help="Submit a sleep job holding its resources this long, seconds (at most a week).",
         ),
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the command in a Docker container of this image (already on the workers: "
+            "nothing is pulled); without a command, the image's own. Only workers labelled "
+            "container=docker take it.",
+            show_default=False,
+        ),
+    ] = None,
     name: Annotated[
         str | None,
-        typer.Option(help="Job name [default: the command's basename, or sleep].", show_default=False),
+        typer.Option(
+            help="Job name [default: the command's basename, the image's name, or sleep].",
+            show_default=False,
+        ),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Submit one job, a command (stockade submit ... -- CMD ARGS...) or a sleep (--sleep-s); print its id."""
-    if (sleep_s is None) == (not command):
-        fail("give exactly one of --sleep-s SECONDS or -- CMD ARGS...", EXIT_INVALID)
-    from runtime.jobs import MAX_NAME_BYTES, CommandRuntime, JobRuntime, JobSpec, SleepRuntime
+    """Submit one job, a command (stockade submit ... -- CMD ARGS...), a container (--image IMAGE
+    [-- CMD ARGS...]) or a sleep (--sleep-s); print its id."""
+    if image is not None and sleep_s is not None:
+        fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
+    if image is None and (sleep_s is None) == (not command):
+        fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
+    from runtime.jobs import (
+        MAX_NAME_BYTES,
+        CommandRuntime,
+        ContainerRuntime,
+        JobRuntime,
+        JobSpec,
+        SleepRuntime,
+    )
     from runtime.text import head_bytes
     from runtime.wire_jobs import job_spec_to_pb
 
     runtime: JobRuntime
-    if command:
+    if image is not None:
+        runtime = ContainerRuntime(image=image, argv=command or ())
+        repository = image.partition("@")[0].rsplit("/", 1)[-1].partition(":")[0]
+        default = head_bytes(repository or "container", MAX_NAME_BYTES)
+    elif command:
         runtime = CommandRuntime(argv=command)
         default = head_bytes(os.path.basename(command[0]) or "command", MAX_NAME_BYTES)
     else:

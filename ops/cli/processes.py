@@ -440,6 +440,14 @@ def agent(
     nice: NiceOption = DEFAULT_NICE,
     certs_dir: CertsDirOption = None,
     insecure: InsecureOption = False,
+    no_containers: Annotated[
+        bool,
+        typer.Option(
+            "--no-containers",
+            help="Run no container jobs here: register container=none without asking the Docker "
+            "engine (by default container=docker when the engine answers a ping at start).",
+        ),
+    ] = False,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C.
 
@@ -472,6 +480,7 @@ def agent(
             job_nice=job_nice,
             job_user=job_user,
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
+            labels={"container": "none"} if no_containers else {},
         )
     with errors():
         check_nice(nice)

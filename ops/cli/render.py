@@ -144,7 +144,8 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
 
 
 def runtime_text(spec: pb.JobSpec | None) -> str:
-    """A job's runtime in one line (``sleep 2.5 s``, ``command: echo 'a b'``), ``-`` if none."""
+    """A job's runtime in one line (``sleep 2.5 s``, ``command: echo 'a b'``, ``container app:1 --
+    echo hi``), ``-`` if none."""
     from runtime.wire_jobs import job_spec_from_pb
 
     return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
@@ -169,9 +170,12 @@ def _unix_s_or_none(value: float) -> float | None:
 
 def runtime_json(spec: pb.JobSpec | None) -> dict[str, Any] | None:
     """A job's runtime as JSON: ``{"kind": "command", "argv": [...]}``,
-    ``{"kind": "sleep", "duration_s": 2.5}``, or null when it has none."""
+    ``{"kind": "container", "image": "app:1", "argv": [...]}``, ``{"kind": "sleep",
+    "duration_s": 2.5}``, or null when it has none."""
     if spec is not None and spec.command is not None:
         return {"kind": "command", "argv": list(spec.command.argv)}
+    if spec is not None and spec.container is not None:
+        return {"kind": "container", "image": spec.container.image, "argv": list(spec.container.argv)}
     if spec is not None and spec.sleep is not None:
         return {"kind": "sleep", "duration_s": spec.sleep.duration_ms / 1000}
     return None

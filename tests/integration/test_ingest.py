@@ -77,7 +77,7 @@ async def test_submissions_registrations_and_heartbeats_need_no_leader(
         ({"name": ""}, "name must not be empty"),
         ({"name": "n" * 500}, "name must be at most 128 bytes in UTF-8"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes"),
-        ({"sleep": None}, "runtime must be exactly one of sleep or command"),
+        ({"sleep": None}, "runtime must be exactly one of sleep, command or container"),
     ],
 )
 async def test_bad_submissions_are_refused_and_nothing_is_stored(
@@ -88,6 +88,43 @@ async def test_bad_submissions_are_refused_and_nothing_is_stored(
     with pytest.raises(InvalidArgument) as info:
         await cp.call("submit_job", sleep_job(**request_fields))
     assert message in str(info.value)
+    assert await admin.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_a_container_job_is_stored_with_its_image_and_read_back_as_submitted(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """A container job (single or in a batch) is stored with runtime 'container', its image and
+    its argv (empty: the image's own command), and reads back as it was sent."""
+    cp, admin = client
+    container = pb.ContainerRuntime(image="registry.example:5000/app:1.2", argv=["python3", "-c", "1"])
+    one = await cp.call(
+        "submit_job",
+        pb.SubmitJobRequest(spec=pb.JobSpec(name="c", cpu_millis=500, memory_mb=64, container=container)),
+    )
+    job = await cp.call("get_job", pb.GetJobRequest(job_id=one.job_id))
+    assert job.spec.container == container and job.spec.command is None and job.spec.sleep is None
+    bare = pb.JobSpec(name="b", cpu_millis=1, memory_mb=1, container=pb.ContainerRuntime(image="app"))
+    many = await cp.call("submit_jobs", pb.SubmitJobsRequest(specs=[bare, bare]))
+    rows = await admin.fetch("SELECT runtime, image, argv FROM jobs ORDER BY id")
+    assert [tuple(r) for r in rows] == [
+        ("container", "registry.example:5000/app:1.2", ["python3", "-c", "1"]),
+        ("container", "app", []),
+        ("container", "app", []),
+    ]
+    again = await cp.call("get_job", pb.GetJobRequest(job_id=many.job_ids[0]))
+    assert again.spec.container == pb.ContainerRuntime(image="app")
+
+
+async def test_a_bad_image_is_refused_and_nothing_is_stored(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """An image that is a path or shell syntax is refused naming container.image."""
+    cp, admin = client
+    for image in ("/etc/passwd", "app;id"):
+        spec = pb.JobSpec(name="c", cpu_millis=1, memory_mb=1, container=pb.ContainerRuntime(image=image))
+        with pytest.raises(InvalidArgument, match=r"^container\.image "):
+            await cp.call("submit_job", pb.SubmitJobRequest(spec=spec))
     assert await admin.fetchval("SELECT count(*) FROM jobs") == 0
 
 

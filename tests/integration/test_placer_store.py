@@ -199,3 +199,43 @@ async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_ne
     finally:
         await slow.close()
         await store.close()
+
+
+async def test_the_reads_say_which_jobs_are_container_jobs_and_which_workers_run_them(
+    db: PgConnection, database_url: str
+) -> None:
+    """A container job reads as needing a container, and only a worker labelled
+    container=docker as running them (no label, or container=none: not)."""
+    store = PgPlacerStore(database_url=database_url, application_name="test")
+    try:
+        _, mark = await store.pending_jobs(100)
+        await db.execute(
+            "INSERT INTO workers"
+            " (id, address, cpu_millis, memory_mb, incarnation, last_heartbeat_at, state, labels)"
+            " VALUES ('w-docker', '127.0.0.1:1', 4000, 8192, 1, now(), 'alive', $1::jsonb),"
+            "        ('w-none', '127.0.0.1:2', 4000, 8192, 2, now(), 'alive', $2::jsonb),"
+            "        ('w-plain', '127.0.0.1:3', 4000, 8192, 3, now(), 'alive', '{}')",
+            '{"container": "docker"}',
+            '{"container": "none"}',
+        )
+        plain = await insert_job(db, "plain", 100, 10, 0, "command", None, ["true"])
+        boxed = int(
+            await db.fetchval(
+                "INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, argv, image, pending_seq)"
+                " VALUES ('boxed', 100, 10, 0, 'container', '{}', 'app:1', nextval('pending_seq'))"
+                " RETURNING id"
+            )
+        )
+        workers, waiting, _ = await store.read_round(1.0, mark, 100)
+        assert sorted((w.ref.worker_id, w.room.runs_containers) for w in workers) == [
+            ("w-docker", True),
+            ("w-none", False),
+            ("w-plain", False),
+        ]
+        assert [(w.job.job_id, w.job.needs_container) for w in waiting] == [(plain, False), (boxed, True)]
+        full, _ = await store.pending_jobs(100)
+        assert [(w.job.job_id, w.job.needs_container) for w in full] == [(plain, False), (boxed, True)]
+        live = await store.live_workers(1.0)
+        assert sorted(w.ref.worker_id for w in live if w.room.runs_containers) == ["w-docker"]
+    finally:
+        await store.close()

@@ -140,3 +140,12 @@ def test_the_states_and_limits_in_the_help_are_the_control_planes() -> None:
     assert jobs.JOB_STATES == validation.JOB_STATES
     assert jobs.MAX_LIST_LIMIT == validation.MAX_LIST_LIMIT
     assert jobs.MAX_SLEEP_S * 1000 == validation.MAX_SLEEP_MS
+
+
+def test_a_container_runtime_is_its_image_and_argv() -> None:
+    """A container job's runtime reads ``{"kind": "container", "image": ..., "argv": [...]}``."""
+    from ops.cli.render import runtime_json, runtime_text
+
+    spec = pb.JobSpec(container=pb.ContainerRuntime(image="app:1", argv=["echo", "a b"]))
+    assert runtime_json(spec) == {"kind": "container", "image": "app:1", "argv": ["echo", "a b"]}
+    assert runtime_text(spec) == "container app:1 -- echo 'a b'"

@@ -13,13 +13,14 @@ from agent.runtimes import cannot_run, forks, timed_by_agent_s
 from protocol import pb
 from protocol.wire import parse
 from runtime.errors import InvalidArgument
-from runtime.jobs import MAX_SLEEP_MS, CommandRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.jobs import MAX_SLEEP_MS, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
 texts = st.text(max_size=20)
 runtimes: st.SearchStrategy[JobRuntime] = st.one_of(
     st.builds(SleepRuntime, duration_ms=st.integers(0, MAX_SLEEP_MS)),
     st.builds(CommandRuntime, argv=st.lists(texts, max_size=5).map(tuple)),
+    st.builds(ContainerRuntime, image=texts, argv=st.lists(texts, max_size=5).map(tuple)),
 )
 specs = st.builds(
     JobSpec,
@@ -64,7 +65,9 @@ def test_a_message_without_a_runtime_gives_a_spec_without_one_which_check_refuse
     assert job_spec_from_pb(None) == JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
     spec = job_spec_from_pb(pb.JobSpec(name="j", cpu_millis=1, memory_mb=1))
     assert spec.runtime is None
-    with pytest.raises(InvalidArgument, match=r"^runtime must be exactly one of sleep or command, got None$"):
+    with pytest.raises(
+        InvalidArgument, match=r"^runtime must be exactly one of sleep, command or container, got None$"
+    ):
         spec.check()
 
 
@@ -75,7 +78,7 @@ def test_a_message_with_both_runtimes_is_refused_or_read_as_none() -> None:
     both.command = pb.CommandRuntime(argv=["true"])
     decoded = parse(pb.JobSpec, bytes(both))
     with pytest.raises(
-        InvalidArgument, match=r"^runtime must be exactly one of sleep or command, got 'both'$"
+        InvalidArgument, match=r"^runtime must be exactly one of sleep, command or container, got 'both'$"
     ):
         job_spec_from_pb(decoded)
     assert job_spec_from_pb(decoded, strict=False).runtime is None
@@ -93,25 +96,29 @@ def test_a_spec_comes_back_from_its_columns_as_it_was_stored(spec: JobSpec) -> N
         "runtime": columns.runtime,
         "sleep_ms": columns.sleep_ms,
         "argv": columns.argv,
+        "image": columns.image,
     }
     assert queries.job_spec_of(row) == spec
 
 
 def test_the_columns_of_each_runtime() -> None:
-    """A sleep fills ``sleep_ms`` only, a command ``argv`` only; the batch form sends argv as
-    JSON text; a spec without a runtime cannot be stored."""
+    """A sleep fills ``sleep_ms`` only, a command ``argv`` only, a container ``argv`` and
+    ``image``; the batch form sends argv as JSON text; a spec without a runtime cannot be stored."""
     sleep = JobSpec(name="s", cpu_millis=1, memory_mb=2, priority=3, runtime=SleepRuntime(duration_ms=4))
     command = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=CommandRuntime(argv=("a", "b c")))
+    container = JobSpec(name="k", cpu_millis=7, memory_mb=8, runtime=ContainerRuntime(image="app:1", argv=()))
     assert queries.job_columns(sleep) == queries.JobColumns("s", 1, 2, 3, "sleep", 4, None)
     assert queries.job_columns(command) == queries.JobColumns("c", 5, 6, 0, "command", None, ["a", "b c"])
-    assert queries.job_column_arrays([sleep, command]) == (
-        ["s", "c"],
-        [1, 5],
-        [2, 6],
-        [3, 0],
-        ["sleep", "command"],
-        [4, None],
-        [None, '["a", "b c"]'],
+    assert queries.job_columns(container) == queries.JobColumns("k", 7, 8, 0, "container", None, [], "app:1")
+    assert queries.job_column_arrays([sleep, command, container]) == (
+        ["s", "c", "k"],
+        [1, 5, 7],
+        [2, 6, 8],
+        [3, 0, 0],
+        ["sleep", "command", "container"],
+        [4, None, None],
+        [None, '["a", "b c"]', "[]"],
+        [None, None, "app:1"],
     )
     with pytest.raises(ValueError, match="has no runtime"):
         queries.job_columns(JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None))
@@ -124,12 +131,16 @@ def test_a_jobs_digest_item_is_the_one_keys_were_stored_with() -> None:
     command = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=CommandRuntime(argv=("a",)))
     assert idempotency.job_item(sleep) == ["s", 1, 2, 3, 4, None]
     assert idempotency.job_item(command) == ["c", 5, 6, 0, None, ["a"]]
+    container = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=ContainerRuntime(image="i", argv=("a",)))
+    assert idempotency.job_item(container) == ["c", 5, 6, 0, None, ["a"], ["container", "i"]]
 
 
 def test_a_spec_reads_the_same_to_people() -> None:
     """describe(): the duration in seconds for a sleep, the command as a shell reads it, - for none."""
     assert SleepRuntime(duration_ms=2500).describe() == "sleep 2.5 s"
     assert CommandRuntime(argv=("echo", "a b")).describe() == "command: echo 'a b'"
+    assert ContainerRuntime(image="app:1", argv=("echo", "a b")).describe() == "container app:1 -- echo 'a b'"
+    assert ContainerRuntime(image="app:1").describe() == "container app:1"
     assert JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None).describe() == "-"
 
 

@@ -16,7 +16,7 @@ from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
 from protocol import pb
 from runtime.errors import InvalidArgument
-from runtime.jobs import CommandRuntime, JobSpec, SleepRuntime
+from runtime.jobs import MAX_IMAGE_BYTES, CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
 from runtime.wire_jobs import job_spec_from_pb
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
@@ -59,8 +59,8 @@ OUTCOME = dict(
         ({"name": "x" * 129}, "name must be at most 128 bytes in UTF-8 (has 129)"),
         ({"name": "é" * 65}, "name must be at most 128 bytes in UTF-8 (has 130)"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes, got 'a\\x00b'"),
-        ({"sleep_ms": None}, "runtime must be exactly one of sleep or command"),
-        ({"argv": ["echo"]}, "runtime must be exactly one of sleep or command"),
+        ({"sleep_ms": None}, "runtime must be exactly one of sleep, command or container"),
+        ({"argv": ["echo"]}, "runtime must be exactly one of sleep, command or container"),
         ({"sleep_ms": None, "argv": []}, "command.argv must name a program"),
         ({"sleep_ms": None, "argv": ["ec\x00ho"]}, "command.argv[0] must not contain NUL bytes"),
         ({"sleep_ms": 10**12}, "sleep.duration_ms must be between 0 and 604800000"),
@@ -78,6 +78,75 @@ def test_a_good_job_passes() -> None:
     assert check_job(**GOOD).runtime == SleepRuntime(duration_ms=1000)  # type: ignore[arg-type]
     job = check_job(**{**GOOD, "sleep_ms": None, "argv": ["echo", ""]})  # type: ignore[arg-type]
     assert job.runtime == CommandRuntime(argv=("echo", ""))
+
+
+def _container_job(image: str, argv: list[str] | None = None) -> JobSpec:
+    """A container submission checked as the control plane checks it (off the wire)."""
+    message = pb.JobSpec(name="c", cpu_millis=500, memory_mb=256)
+    message.container = pb.ContainerRuntime(image=image, argv=argv or [])
+    return job_spec_from_pb(message).check()
+
+
+@pytest.mark.parametrize(
+    ("image", "rule"),
+    [
+        ("", "must not be empty"),
+        ("app;rm -rf /", "must not contain whitespace"),
+        ("app;true", "must not contain shell metacharacters (;)"),
+        ("app$(id)", "must not contain shell metacharacters ($()"),
+        ("app`id`", "must not contain shell metacharacters (`)"),
+        ("app|x", "must not contain shell metacharacters (|)"),
+        ("app\tx", "must not contain whitespace"),
+        ("app\x00", "must not contain NUL bytes"),
+        ("/etc/passwd", "must be an image reference, not a path"),
+        ("./app", "must be an image reference, not a path"),
+        ("../app", "must be an image reference, not a path"),
+        ("team/../app", "must be an image reference, not a path"),
+        ("Ubuntu:22.04", "must be a Docker image reference"),
+        ("team/App", "must be a Docker image reference"),
+        ("app:", "must be a Docker image reference"),
+        ("app@sha256:abc", "must be a Docker image reference"),
+        ("-app", "must be a Docker image reference"),
+        ("a" * (MAX_IMAGE_BYTES + 1), f"must be at most {MAX_IMAGE_BYTES} bytes in UTF-8"),
+    ],
+)
+def test_bad_image_names_are_refused_naming_field_value_and_rule(image: str, rule: str) -> None:
+    """An image that is no Docker reference, or could be read as more than one (a path, shell
+    syntax), is refused as ``container.image`` with its value and the rule it broke."""
+    with pytest.raises(InvalidArgument) as info:
+        _container_job(image)
+    message = str(info.value)
+    assert message.startswith(f"container.image {rule}"), message
+    assert message.endswith(f"got {image!r}"[:60]) or "..." in message
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "app",
+        "app:1.2",
+        "stockade-base-test:1",
+        "team/app_x:latest",
+        "registry.example:5000/team/app:1.2",
+        "Registry.Example/app",
+        "app@sha256:" + "a" * 64,
+        "app:1@sha256:" + "0" * 64,
+        "a" * MAX_IMAGE_BYTES,
+    ],
+)
+def test_good_image_references_pass(image: str) -> None:
+    """Docker's reference grammar: repository[:tag][@digest], a registry host (any case) first."""
+    assert _container_job(image).runtime == ContainerRuntime(image=image)
+
+
+def test_a_containers_argv_has_a_commands_limits_but_may_be_empty() -> None:
+    """No argv is the image's own command; otherwise argv is checked as a command's, named
+    ``container.argv``."""
+    assert _container_job("app", []).runtime == ContainerRuntime(image="app", argv=())
+    with pytest.raises(InvalidArgument, match=r"^container.argv\[0\] must not be empty"):
+        _container_job("app", ["", "x"])
+    with pytest.raises(InvalidArgument, match=r"^container.argv must have at most 256 items"):
+        _container_job("app", ["x"] * 257)
 
 
 @pytest.mark.parametrize("worker_id", ["", "-w", "w 1", "w/1", "x" * 65, "w\x00"])

@@ -12,6 +12,7 @@ __all__ = (
     "CancelReply",
     "CancelRequest",
     "CommandRuntime",
+    "ContainerRuntime",
     "ControlPlaneBase",
     "ControlPlaneInfo",
     "ControlPlaneStub",
@@ -182,6 +183,28 @@ default_message_pool.register_message("stockade.v1", "CommandRuntime", CommandRu
 
 
 @dataclass(eq=False, repr=False)
+class ContainerRuntime(betterproto2.Message):
+    """
+    Runs on workers labelled container=docker (their Docker engine answered when the agent
+    started), with the job's cpu_millis and memory_mb as the container's hard limits (no swap).
+    The image must already be on the worker: nothing is pulled.
+    """
+
+    image: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    A Docker image reference, repository[:tag][@digest] (at most 255 bytes).
+    """
+
+    argv: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
+    """
+    The command run in the container; empty: the image's own.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "ContainerRuntime", ContainerRuntime)
+
+
+@dataclass(eq=False, repr=False)
 class ControlPlaneInfo(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -329,6 +352,11 @@ class JobOutcome(betterproto2.Message):
     stderr_path: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
 
     detail: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
+    """
+    How it ended, for people: "exit code 1", or a reason, a colon and words, where the
+    runtime knows why: oom_killed, image_not_found, command_not_found, no_container_engine,
+    container_error (container jobs).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "JobOutcome", JobOutcome)
@@ -360,6 +388,10 @@ class JobSpec(betterproto2.Message):
 
     command: "CommandRuntime | None" = betterproto2.field(
         11, betterproto2.TYPE_MESSAGE, optional=True, group="runtime"
+    )
+
+    container: "ContainerRuntime | None" = betterproto2.field(
+        12, betterproto2.TYPE_MESSAGE, optional=True, group="runtime"
     )
 
 

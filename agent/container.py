@@ -1,0 +1,347 @@
+"""Container jobs on the agent's side: whether this worker runs them, its leftovers, and a run.
+
+- :func:`engine_label`: at start the agent pings the Docker engine (the Docker SDK, with
+  ``DOCKER_HOST`` and the other ``DOCKER_*`` variables, a :data:`PING_TIMEOUT_S` timeout) and
+  registers the worker label ``container=docker`` when it answers, else ``container=none``
+  with a log line saying why. The placer gives container jobs only to workers labelled
+  ``container=docker`` (:mod:`actors.placement`). An operator's own ``container=none`` is kept
+  (no ping: containers are off on that worker).
+- :func:`remove_leftovers`: containers labelled with this worker's id (``stockade.worker_id``)
+  that an earlier life of the agent left (it was killed, or the engine lost track of its
+  supervisors) are removed, by force, and logged, before the agent registers: whatever they
+  ran has been, or will be, placed elsewhere.
+- :func:`run_container`: one container job, under its supervisor process
+  (:mod:`agent.container_supervisor`), started and waited for as a command job's reaper is
+  (:func:`agent.supervised.popen_supervisor`, :func:`agent.supervised.wait_supervisor`): the
+  same start slots, stop escalation, fence deadlines and report. The container is named
+  ``stockade-<worker_id>-<job_id>-<assignment_id>`` and labelled ``stockade.job_id``,
+  ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
+  (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
+  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
+  reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
+  the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
+  ``--security-opt no-new-privileges``). It gets the job's variables (``STOCKADE_JOB_ID``,
+  ``STOCKADE_ASSIGNMENT_ID``, ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
+  Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
+  that did not remove its container (it was killed, or the engine was gone) leaves that to this
+  side, which removes it by name.
+
+How a container job ends (the outcome's ``detail`` starts with the reason, where there is one:
+:class:`agent.container_supervisor.Reason`):
+
+==========================================  ==========  ====================================
+what happened                               state       detail
+==========================================  ==========  ====================================
+exit code 0                                 succeeded   ``exit code 0``
+another exit code                           failed      ``exit code 3``
+the kernel's OOM killer (``OOMKilled``)     failed      ``oom_killed: ...``
+image not on the worker                     failed      ``image_not_found: ...`` (at once)
+command not in the image                    failed      ``command_not_found: ...``
+engine unreachable, at start or later       failed      ``no_container_engine: ...``
+engine refused it otherwise                 failed      ``container_error: ...``
+==========================================  ==========  ====================================
+
+A stop (cancel, fence, shutdown) is a stop as for a command job: not reported as an outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent import container_supervisor, reaper
+from agent.messages import JobState
+from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran
+from agent.starts import Spawner
+from agent.supervised import popen_supervisor, wait_supervisor
+from runtime.jobs import ContainerRuntime
+from runtime.settings import AgentSettings
+
+PING_TIMEOUT_S = 2.0
+"""How long the agent waits for the engine's answer to its ping at start, in seconds."""
+LABEL_PREFIX = "stockade."
+"""The prefix of the labels each job's container carries (``stockade.job_id`` ...)."""
+WORKER_LABEL = f"{LABEL_PREFIX}worker_id"
+_ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONFIG")
+"""The agent's variables its containers' supervisors get: which engine, and how to reach it."""
+
+
+def _client(timeout_s: float) -> Any:
+    """A Docker SDK client of the engine the environment names (``DOCKER_HOST``, ...).
+
+    Raises:
+        docker.errors.DockerException: no client can be made (a malformed ``DOCKER_HOST``).
+    """
+    import docker
+
+    return docker.from_env(timeout=timeout_s)
+
+
+def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S) -> tuple[str, str]:
+    """The value of the worker's ``container`` label, and why when it is not ``docker``.
+
+    Blocking (an engine call): run it in a thread. ``docker`` when the engine answers a ping
+    within ``timeout_s`` seconds; ``none`` when it does not (the reason names the error), or
+    when ``labels`` already say ``container=none`` (the operator's choice, kept).
+    """
+    if labels.get("container") == "none":
+        return "none", "the worker's labels say container=none"
+    try:
+        client = _client(timeout_s)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure means: no engine to run containers with
+        return "none", f"no Docker engine answered a ping within {timeout_s:g} s: {exc}"
+    return "docker", ""
+
+
+def remove_leftovers(worker_id: str, *, timeout_s: float = 10.0) -> list[str]:
+    """Remove (force) every container labelled ``stockade.worker_id=<worker_id>``: those an
+    earlier life of this worker's agent left. Blocking: run it in a thread.
+
+    Returns:
+        The names of the containers removed.
+
+    Raises:
+        docker.errors.DockerException, requests.RequestException: the engine did not answer.
+    """
+    client = _client(timeout_s)
+    removed: list[str] = []
+    try:
+        for container in client.containers.list(all=True, filters={"label": f"{WORKER_LABEL}={worker_id}"}):
+            container.remove(force=True)
+            removed.append(container.name)
+    finally:
+        client.close()
+    return removed
+
+
+def container_name(job: ContainerJob) -> str:
+    """``stockade-<worker_id>-<job_id>-<assignment_id>`` (Docker's name rules admit worker ids)."""
+    return f"stockade-{job.worker_id}-{job.job_id}-{job.assignment_id}"
+
+
+def container_labels(job: ContainerJob) -> dict[str, str]:
+    """The labels a job's container carries: its job, assignment and worker."""
+    return {
+        f"{LABEL_PREFIX}job_id": str(job.job_id),
+        f"{LABEL_PREFIX}assignment_id": str(job.assignment_id),
+        WORKER_LABEL: job.worker_id,
+    }
+
+
+def supervisor_argv(
+    runtime: ContainerRuntime,
+    job: ContainerJob,
+    *,
+    started_fd: int,
+    stop_grace_s: float,
+    fence_deadline_path: Path | None,
+    job_env: Mapping[str, str],
+) -> list[str]:
+    """The command line of a container job's supervisor (:mod:`agent.container_supervisor`)."""
+    spec = {
+        "parent_pid": os.getpid(),
+        "stop_grace_s": float(stop_grace_s),
+        "deadline_path": "" if fence_deadline_path is None else str(fence_deadline_path),
+        "started_fd": started_fd,
+        "image": runtime.image,
+        "argv": list(runtime.argv),
+        "name": container_name(job),
+        "labels": container_labels(job),
+        "env": {**job_env, "STOCKADE_WORKER_ID": job.worker_id},
+        "nano_cpus": job.cpu_millis * 1_000_000,
+        "mem_bytes": job.memory_mb * 2**20,
+        "user": job.user,
+    }
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]
+
+
+def _spawn(
+    runtime: ContainerRuntime,
+    job: ContainerJob,
+    *,
+    job_dir: Path,
+    paths: OutputPaths,
+    stop_grace_s: float,
+    fence_deadline_path: Path | None,
+    job_env: Mapping[str, str],
+) -> Any:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    reaper.clear_files(job_dir)
+    env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
+    env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return popen_supervisor(
+        lambda started_fd: supervisor_argv(
+            runtime,
+            job,
+            started_fd=started_fd,
+            stop_grace_s=stop_grace_s,
+            fence_deadline_path=fence_deadline_path,
+            job_env=job_env,
+        ),
+        job_dir=job_dir,
+        stdout_path=Path(paths.stdout_path),
+        stderr_path=Path(paths.stderr_path),
+        env=env,
+    )
+
+
+def _remove_by_name(name: str) -> None:
+    """Remove container ``name`` (force) if it is there; an engine that does not answer is let
+    be (the next start of the agent removes it)."""
+    with contextlib.suppress(Exception):
+        client = _client(container_supervisor.API_TIMEOUT_S)
+        try:
+            client.containers.get(name).remove(force=True)
+        finally:
+            client.close()
+
+
+async def run_container(
+    runtime: ContainerRuntime,
+    *,
+    job: ContainerJob | None,
+    job_dir: Path,
+    stop: trio.Event,
+    stop_grace_s: float,
+    fence_deadline_path: Path | None,
+    spawner: Spawner | None,
+    on_started: Callable[[], None],
+    job_env: Mapping[str, str],
+) -> JobResult:
+    """Run one container job until it ends or ``stop`` is set (see :func:`agent.runtimes.run_job`
+    for the arguments and the result); return once its container has ended and is removed.
+
+    Raises:
+        trio.Cancelled: after its supervisor killed the container (shielded).
+    """
+    paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
+    started = time.time()
+    if job is None or stop.is_set():
+        on_started()
+        return never_ran(
+            paths,
+            stopped=job is not None,
+            started_unix_s=started,
+            finished_unix_s=time.time(),
+            detail="stopped before it was started"
+            if job is not None
+            else "a container job without its limits",
+        )
+    spawn = partial(
+        _spawn,
+        runtime,
+        job,
+        job_dir=job_dir,
+        paths=paths,
+        stop_grace_s=stop_grace_s,
+        fence_deadline_path=fence_deadline_path,
+        job_env=job_env,
+    )
+    try:
+        proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
+    except OSError as exc:
+        on_started()
+        return never_ran(
+            paths,
+            stopped=False,
+            started_unix_s=started,
+            finished_unix_s=time.time(),
+            detail=f"cannot start the supervisor of container {container_name(job)}: {exc}",
+        )
+    stopped, exec_reported, code = await wait_supervisor(
+        proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+    )
+    report = reaper.read_report(job_dir)
+    if report.get("removed") != "1" and "error" not in report:
+        # Its supervisor was killed (maybe between create and start), or lost the engine: do
+        # not leave the container behind. (A report's error: no container is left.)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(_remove_by_name, container_name(job))
+    return container_result(
+        report, code, stopped=stopped, exec_reported=exec_reported, started_unix_s=started, paths=paths
+    )
+
+
+def container_result(
+    report: dict[str, str],
+    supervisor_code: int,
+    *,
+    stopped: bool,
+    exec_reported: bool,
+    started_unix_s: float,
+    paths: OutputPaths,
+) -> JobResult:
+    """A container job's result from its supervisor's report: a command job's
+    (:func:`agent.runtimes.command_result`), with the report's ``reason`` first in the detail
+    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
+    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
+    added to its detail."""
+    result = command_result(
+        report,
+        supervisor_code,
+        stopped=stopped,
+        exec_reported=exec_reported,
+        started_unix_s=started_unix_s,
+        paths=paths,
+    )
+    reason = report.get("reason")
+    if not reason:
+        return result
+    if result.fenced:
+        # Paused (or killed) at the fence deadline before the reason came: it stays a fence stop.
+        why = f"{reason}: {report.get('reason_detail') or ''}".rstrip(": ")
+        return attrs.evolve(result, detail=f"killed by its supervisor at the fence deadline; then {why}")
+    detail = f"{reason}: {report.get('reason_detail') or result.detail}"
+    if result.exit_code is not None:
+        detail += f" (exit code {result.exit_code})"
+    state = JobState.CANCELLED if result.stopped else JobState.FAILED
+    return JobResult(
+        state=state,
+        stopped=result.stopped,
+        exit_code=result.exit_code,
+        started_unix_s=result.started_unix_s,
+        finished_unix_s=result.finished_unix_s,
+        stdout_path=result.stdout_path,
+        stderr_path=result.stderr_path,
+        detail=detail,
+        fenced=result.fenced,
+        started=True,
+    )
+
+
+async def container_settings(settings: AgentSettings, logger: Any) -> AgentSettings:
+    """``settings`` with the worker's ``container`` label (:func:`engine_label`), once the
+    containers an earlier life of this worker left are removed (:func:`remove_leftovers`);
+    both logged. The engine calls run in a thread."""
+    value, why = await trio.to_thread.run_sync(engine_label, settings.labels)
+    if value == "docker":
+        try:
+            removed = await trio.to_thread.run_sync(remove_leftovers, settings.worker_id)
+        except Exception as exc:
+            logger.warning("cannot remove containers left by an earlier life of this worker", error=str(exc))
+        else:
+            if removed:
+                logger.warning(
+                    "removed containers left by an earlier life of this worker",
+                    count=len(removed),
+                    containers=removed,
+                )
+        logger.info("container jobs enabled: the Docker engine answered", label="container=docker")
+    else:
+        logger.warning("container jobs disabled", label="container=none", reason=why)
+    return attrs.evolve(settings, labels={**settings.labels, "container": value})

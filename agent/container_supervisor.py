@@ -1,0 +1,619 @@
+"""The per-job supervisor process of a container job: the reaper's protocol, with Docker calls.
+
+A container job's processes are not the agent's children: the Docker engine starts them. So the
+agent cannot pause or kill them with signals, and the reaper (:mod:`agent.reaper`) cannot hold
+them in its tree. This process takes the reaper's place for a container job and keeps its
+protocol, so the agent runs both the same way (:func:`agent.container.run_container`):
+
+- **the same start.** The agent forks it on its spawner thread (:mod:`agent.starts`) as the
+  leader of a new session, with its stdout and stderr on the job folder's ``stdout.log`` and
+  ``stderr.log`` and its working directory the job folder; it writes
+  :data:`agent.reaper.STARTED_BYTE` on the start pipe once the container has started, and
+  nothing when it could not start it;
+- **the same deadman switch.** It reads the worker's fence-deadline file
+  (:func:`agent.reaper.read_fence_deadline`) every :data:`agent.reaper.POLL_S` seconds and at the
+  deadline it waits for: once the pause deadline has passed it ``docker pause``\\ s the container
+  (the cgroup freezer) and writes the pause time to :data:`agent.reaper.FENCED_AT_FILE`; once the
+  kill deadline has passed it ``docker kill``\\ s it; when the agent moves the deadlines on it
+  ``docker unpause``\\ s it, unless a stop from the agent is pending (then it kills). A frozen
+  agent thus cannot leave its container jobs running, as with command jobs. A deadline already
+  passed when it starts: the container is not created;
+- **the same stops.** SIGTERM: ``docker kill --signal SIGTERM`` (the container's init,
+  ``docker run --init``, passes it to the job), then SIGKILL after ``stop_grace_s``, timed here,
+  not by a blocking ``docker stop``, so the fence is still watched meanwhile. SIGUSR1 (from the
+  agent, or from the kernel when the agent dies: ``PR_SET_PDEATHSIG``): kill at once;
+- **the same report** (:data:`agent.reaper.REPORT_FILE`, read by
+  :func:`agent.reaper.read_report`): ``exit_code`` (the container's, Docker's convention: 137
+  for SIGKILL), ``ended_unix_s``, ``stopped``, ``fenced_unix_s``, or ``error`` when the
+  container never ran. Two keys more: ``reason`` (:class:`Reason`) with ``reason_detail``,
+  why the container ended when its exit code does not say it (the kernel's OOM killer, a
+  command missing from the image, the engine gone), and ``removed=1`` once the container is
+  removed (the agent removes it by name otherwise).
+
+Output: two threads follow the container's log (``docker logs --follow``, stdout and stderr
+apart) into this process's stdout and stderr, the job's files. Its end is watched by a thread
+blocked in ``docker wait``, and the engine by one that pings it every :data:`PING_EVERY_S`
+seconds: :data:`PINGS_LOST` failed pings in a row, or a failed call, mean the engine is gone.
+Then the container cannot be stopped through it, so this process SIGKILLs the container's
+processes itself (those whose cgroup names the container's id, its init first: its pid
+namespace dies with it), and reports ``no_container_engine``.
+A fence action that fails the same way kills the same way: a container whose pause cannot be
+made sure of is killed, never left running.
+
+Start cost: the Docker SDK's import, some 150 ms, and the engine's create and start calls,
+before the job runs; it holds its start slot meanwhile (:mod:`agent.starts`).
+
+Command line (built by :func:`agent.container.supervisor_argv`)::
+
+    python -I -c BOOTSTRAP SPEC_JSON
+
+``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
+``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
+``mem_bytes`` and ``user`` (``uid:gid``; empty: the image's user). The engine is the one
+``DOCKER_HOST`` (and the other ``DOCKER_*`` variables of its environment, which the agent passes
+on) names, or the default socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from agent import reaper
+
+PING_EVERY_S = 1.0
+"""How often the engine is pinged while the container runs, in seconds."""
+PINGS_LOST = 3
+"""Failed pings in a row after which the engine counts as gone: a slow engine (a loaded
+machine) must not get its containers killed, so a ping has :data:`PING_TIMEOUT_S` and the
+engine three chances; one whose socket is gone fails each at once (about 3 s in all)."""
+API_TIMEOUT_S = 10.0
+"""Timeout of one engine call (a ping: :data:`PING_TIMEOUT_S`), in seconds."""
+PING_TIMEOUT_S = 5.0
+LOG_DRAIN_S = 2.0
+"""How long the log threads may take to write the container's last output after its end."""
+_HANDLED = (signal.SIGTERM, signal.SIGUSR1)
+_PARENT_DEATH_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+_EXIT_CANNOT_START = 127
+_EXIT_AGENT_GONE = 125
+_BOOTSTRAP = "import sys; sys.path.append({root!r}); from agent.container_supervisor import run; run()"
+
+
+class Reason(enum.Enum):
+    """Why a container job ended, where its exit code does not say it: the first word of its
+    outcome's ``detail`` (``oom_killed: ...``), which ``stockade job`` shows."""
+
+    OOM_KILLED = "oom_killed"
+    """The kernel's OOM killer killed it: it used more than its ``memory_mb`` (no swap)."""
+    IMAGE_NOT_FOUND = "image_not_found"
+    """Its image is not on the worker (nothing is pulled)."""
+    COMMAND_NOT_FOUND = "command_not_found"
+    """Its command is not in the image, or cannot be executed there."""
+    NO_CONTAINER_ENGINE = "no_container_engine"
+    """The worker's Docker engine did not answer, when it was to start or while it ran."""
+    CONTAINER_ERROR = "container_error"
+    """The engine refused to create or start it for another reason (the words say which)."""
+
+
+def bootstrap(package_root: str) -> str:
+    """The ``-c`` program that imports this module from ``package_root`` and runs it."""
+    return _BOOTSTRAP.format(root=package_root)
+
+
+def _write_file(name: str, text: str) -> None:
+    tmp = f"{name}.tmp"
+    with open(tmp, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(tmp, name)
+
+
+def _report(**values: object) -> None:
+    """Write the report (``key=value`` lines, :func:`agent.reaper.read_report`); a value of
+    None is left out, newlines in one become spaces."""
+    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in values.items() if v is not None]
+    _write_file(reaper.REPORT_FILE, "\n".join(lines) + "\n")
+
+
+def _engine_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the engine did not answer (no connection, a timeout), as opposed to
+    an answer that refused the call."""
+    import docker.errors
+    import requests.exceptions
+
+    if isinstance(exc, docker.errors.APIError):
+        return False
+    return isinstance(exc, requests.exceptions.RequestException | docker.errors.DockerException | OSError)
+
+
+def _not_running(exc: BaseException) -> bool:
+    """Whether ``exc`` is the engine saying the container is not running (any more) or gone."""
+    import docker.errors
+
+    return isinstance(exc, docker.errors.NotFound) or (
+        isinstance(exc, docker.errors.APIError) and exc.status_code == 409
+    )
+
+
+class _Supervisor:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.grace_s = float(spec["stop_grace_s"])
+        self.deadline_path = str(spec.get("deadline_path") or "")
+        self.pause_at: float | None = None
+        self.fence_kill_at: float | None = None
+        self.kill_at: float | None = None
+        """Monotonic time of the SIGKILL that ends a graceful stop."""
+        self.killed = False
+        self.stopped = False
+        """True once a stop (the agent's, its death's, the fence's) reached the running container."""
+        self.paused = False
+        self.fenced_unix_s: float | None = None
+        self.engine_lost: str | None = None
+        """Why the engine counts as gone (None while it answers)."""
+        self.exit_status: int | None = None
+        """The container's exit code once ``docker wait`` returned it."""
+        self.ended = threading.Event()
+        """Set when the container has ended or the engine is gone."""
+        self.client: Any = None
+        self.container: Any = None
+        self.pid = 0
+        """The host pid of the container's init process (0: unknown)."""
+
+    # ------------------------------------------------------------------ the deadline
+
+    def read_deadline(self) -> None:
+        if self.deadline_path:
+            value = reaper.read_fence_deadline(self.deadline_path)
+            if value is not None:
+                self.pause_at, self.fence_kill_at = value
+            elif self.pause_at is None:
+                self.pause_at = self.fence_kill_at = float("-inf")  # unreadable from the start
+
+    def fence_due(self) -> bool:
+        self.read_deadline()
+        return self.pause_at is not None and time.monotonic() >= self.pause_at
+
+    def kill_due(self) -> bool:
+        return self.fence_kill_at is not None and time.monotonic() >= self.fence_kill_at
+
+    # ------------------------------------------------------------------ engine calls
+
+    def lose_engine(self, why: str) -> None:
+        """The engine is gone: SIGKILL the container's processes ourselves
+        (:meth:`kill_without_engine`), and end."""
+        if self.engine_lost is None:
+            self.engine_lost = why
+        self.kill_without_engine()
+        self.ended.set()
+
+    def kill_without_engine(self) -> None:
+        """SIGKILL the container's processes without the engine: every process whose cgroup
+        names the container's id (its init first, when known), so a process of anything else is
+        never hit; the container's pid namespace dies with its init."""
+        if self.container is None:
+            return
+        victims = _processes_in_cgroup(self.container.id, first=self.pid)
+        if not victims:
+            _say("cannot kill the container without its engine: none of its processes was found")
+            return
+        killed = []
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError as exc:
+                _say(f"cannot kill the container's process {pid} without its engine: {exc}")
+                continue
+            killed.append(pid)
+        if killed:
+            # A paused container's processes are frozen: SIGKILL takes effect once they thaw.
+            _thaw(victims[0])
+            _say(f"the engine is gone: killed the container's processes {killed}")
+            self.killed = True
+
+    def call(self, what: str, *args: Any, **kwargs: Any) -> bool:
+        """Call the container's method ``what``; True when it was done. A container that is not
+        running any more is fine (False); an engine that does not answer is lost."""
+        try:
+            getattr(self.container, what)(*args, **kwargs)
+        except Exception as exc:
+            if _not_running(exc):
+                return False
+            if _engine_gone(exc):
+                self.lose_engine(f"the engine did not answer docker {what}: {exc}")
+                return False
+            _say(f"docker {what} failed: {exc}")
+            return False
+        return True
+
+    def kill(self) -> None:
+        self.call("kill")
+        self.killed = True
+
+    def has_ended(self) -> bool:
+        return self.ended.is_set()
+
+    def stop(self, *, at_once: bool) -> None:
+        """The reaper's :meth:`agent.reaper._Reaper.stop_job`, with Docker calls."""
+        if self.has_ended():
+            return
+        self.stopped = True
+        if at_once or self.paused:
+            self.kill()
+        elif self.kill_at is None:
+            self.call("kill", signal="SIGTERM")
+            self.kill_at = time.monotonic() + self.grace_s
+
+    def pause(self) -> None:
+        """Pause the container (``docker pause``) and record when. One that has just ended is
+        left to end on its own (its end stands, as a command job's that ended first); one whose
+        pause fails otherwise may be running, which the fence forbids: it is killed (through
+        the engine, and without it), never left running."""
+        try:
+            self.container.pause()
+        except Exception as exc:
+            if _not_running(exc):
+                return  # it ended: the waiter reports its end
+            if _engine_gone(exc):
+                self.lose_engine(f"the engine did not answer docker pause: {exc}")
+            else:
+                _say(f"docker pause failed, killing the container instead: {exc}")
+                self.kill()
+                self.kill_without_engine()
+            self.stopped = True
+        else:
+            self.paused = True
+        self.fenced_unix_s = time.time()
+        _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+
+    def resume(self) -> None:
+        pending = signal.sigpending()
+        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
+            self.stop(at_once=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(reaper.FENCED_AT_FILE)
+        self.paused = False
+        self.fenced_unix_s = None
+        self.call("unpause")
+
+    def watch_fence(self) -> None:
+        """The reaper's :meth:`agent.reaper._Reaper.watch_fence`."""
+        due = self.fence_due()
+        if self.paused:
+            if self.kill_due():
+                self.stopped = True
+                self.kill()
+            elif not due:
+                self.resume()
+        elif due and not self.has_ended():
+            if self.kill_due():
+                self.stop(at_once=True)
+                self.fenced_unix_s = time.time()
+                _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+            else:
+                self.pause()
+
+    # ------------------------------------------------------------------ threads
+
+    def wait_for_end(self) -> None:
+        """Thread: block in ``docker wait`` until the container ends (or the engine goes)."""
+        try:
+            self.exit_status = int(self.container.wait()["StatusCode"])
+        except Exception as exc:
+            if not self.ended.is_set():
+                self.lose_engine(f"docker wait failed: {exc}")
+        self.ended.set()
+
+    def watch_engine(self) -> None:
+        """Thread: ping the engine until the container ended; lose it after failed pings."""
+        import docker
+
+        failures = 0
+        pinger: Any = None
+        try:
+            while not self.ended.wait(PING_EVERY_S):
+                try:
+                    if pinger is None:
+                        pinger = docker.DockerClient(**self.client_args(PING_TIMEOUT_S))
+                    pinger.ping()
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    if failures >= PINGS_LOST:
+                        self.lose_engine(f"{failures} pings failed, the last: {exc}")
+        finally:
+            if pinger is not None:
+                pinger.close()
+
+    def follow_log(self, stream: str, fd: int) -> None:
+        """Thread: copy the container's ``stream`` (stdout or stderr) to ``fd`` as it comes."""
+        try:
+            for chunk in self.container.logs(
+                stdout=stream == "stdout", stderr=stream == "stderr", stream=True, follow=True
+            ):
+                os.write(fd, chunk)
+        except Exception as exc:
+            if self.engine_lost is None and not self.ended.is_set():
+                _say(f"cannot follow its {stream}: {exc}")
+
+    # ------------------------------------------------------------------ the run
+
+    def client_args(self, timeout_s: float) -> dict[str, Any]:
+        from docker.utils import kwargs_from_env
+
+        return {**kwargs_from_env(), "timeout": timeout_s}
+
+    def create(self) -> str | None:
+        """Create and start the container; None once it runs, else the report's ``error``."""
+        import docker
+        import docker.errors
+
+        spec = self.spec
+        try:
+            self.client = docker.DockerClient(**self.client_args(API_TIMEOUT_S))
+            self.client.ping()
+        except Exception as exc:
+            return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine does not answer: {exc}"
+        nano_cpus = int(spec["nano_cpus"])
+        with contextlib.suppress(Exception):
+            # The engine refuses more CPUs than its host has (a worker may offer more than the
+            # machine holds): the container then gets them all.
+            nano_cpus = min(nano_cpus, int(self.client.info()["NCPU"]) * 1_000_000_000)
+        options = {
+            "command": list(spec["argv"]) or None,
+            "name": spec["name"],
+            "labels": dict(spec["labels"]),
+            "environment": dict(spec["env"]),
+            "nano_cpus": nano_cpus,
+            "mem_limit": int(spec["mem_bytes"]),
+            "memswap_limit": int(spec["mem_bytes"]),  # equal: no swap
+            "init": True,
+            "user": str(spec.get("user") or "") or None,  # None: the image's user
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "stdin_open": False,
+            "detach": True,
+        }
+        try:
+            try:
+                self.container = self.client.containers.create(spec["image"], **options)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: a container of this name is left over
+                    raise
+                self.client.containers.get(spec["name"]).remove(force=True)
+                self.container = self.client.containers.create(spec["image"], **options)
+        except docker.errors.ImageNotFound:
+            return (
+                f"{Reason.IMAGE_NOT_FOUND.value}: image {spec['image']!r} is not on this worker "
+                "(nothing is pulled: load or build it there)"
+            )
+        except Exception as exc:
+            if _engine_gone(exc):
+                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
+            return f"{Reason.CONTAINER_ERROR.value}: cannot create the container: {_explain(exc)}"
+        try:
+            self.container.start()
+        except Exception as exc:
+            text = _explain(exc)
+            with contextlib.suppress(Exception):
+                self.container.remove(force=True)
+            if "executable file not found" in text or "no such file or directory" in text:
+                return f"{Reason.COMMAND_NOT_FOUND.value}: {text}"
+            if _engine_gone(exc):
+                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
+            return f"{Reason.CONTAINER_ERROR.value}: cannot start the container: {text}"
+        with contextlib.suppress(Exception):
+            self.container.reload()
+            self.pid = int(self.container.attrs["State"]["Pid"] or 0)
+        return None
+
+    def supervise(self) -> None:
+        """Run until the container has ended (or the engine is gone)."""
+        threads = [
+            threading.Thread(target=self.wait_for_end, daemon=True),
+            threading.Thread(target=self.watch_engine, daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        while not self.has_ended():
+            if not self.killed:
+                self.watch_fence()
+                if not self.killed and self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    self.kill()
+            if self.has_ended():
+                break
+            timeout = reaper.POLL_S
+            now = time.monotonic()
+            if not self.killed:
+                if self.pause_at is not None and not self.paused:
+                    timeout = min(timeout, self.pause_at - now)
+                if self.fence_kill_at is not None and self.paused:
+                    timeout = min(timeout, self.fence_kill_at - now)
+                if self.kill_at is not None:
+                    timeout = min(timeout, self.kill_at - now)
+            info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
+            if info is None:
+                continue
+            if info.si_signo == signal.SIGTERM and not self.killed:
+                self.stop(at_once=False)
+            elif info.si_signo == _PARENT_DEATH_SIGNAL:
+                self.stop(at_once=True)
+
+    def finish(self, log_threads: list[threading.Thread]) -> dict[str, object]:
+        """The report's fields once the container ended: its state, then remove it."""
+        end = time.time()
+        code = self.exit_status
+        reason: Reason | None = None
+        detail: str | None = None
+        if self.engine_lost is not None:
+            reason, detail = Reason.NO_CONTAINER_ENGINE, f"the Docker engine is gone: {self.engine_lost}"
+            code = None
+        else:
+            try:
+                self.container.reload()
+                state = self.container.attrs["State"]
+                code = int(state.get("ExitCode", code if code is not None else -1))
+                if state.get("OOMKilled"):
+                    mib = int(self.spec["mem_bytes"]) // 2**20
+                    reason = Reason.OOM_KILLED
+                    detail = f"the kernel killed it: it used more than its memory_mb of {mib} (no swap)"
+            except Exception as exc:
+                if _engine_gone(exc):
+                    reason, detail = Reason.NO_CONTAINER_ENGINE, f"the Docker engine is gone: {exc}"
+        for thread in log_threads:
+            thread.join(LOG_DRAIN_S)
+        if reason is None and code in (126, 127):
+            missing = self.init_error()
+            if missing:
+                reason, detail = Reason.COMMAND_NOT_FOUND, missing
+        removed = None
+        if self.engine_lost is None:
+            try:
+                self.container.remove(force=True)
+                removed = 1
+            except Exception as exc:
+                if _not_running(exc):
+                    removed = 1
+        return {
+            "exit_code": code,
+            "ended_unix_s": repr(end),
+            "stopped": int(self.stopped),
+            "fenced_unix_s": None if self.fenced_unix_s is None else repr(self.fenced_unix_s),
+            "reason": None if reason is None else reason.value,
+            "reason_detail": detail,
+            "removed": removed,
+        }
+
+    def init_error(self) -> str | None:
+        """The message of the container's init (``docker run --init``: tini) when it could not
+        exec the command (``exec foo failed: No such file or directory``), else None."""
+        try:
+            tail = self.container.logs(stdout=False, stderr=True, tail=5).decode("utf-8", "replace")
+        except Exception:
+            return None
+        for line in tail.splitlines():
+            if "[FATAL tini" in line and "exec " in line:
+                return line.split("]", 1)[-1].strip()
+        return None
+
+
+def _processes_in_cgroup(container_id: str, *, first: int = 0) -> list[int]:
+    """The processes whose cgroup (``/proc/<pid>/cgroup``) names ``container_id``, ``first``
+    (the container's init, when known) before the others."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup", encoding="ascii", errors="replace") as file:
+                if container_id in file.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return sorted(found, key=lambda pid: (pid != first, pid))
+
+
+def _thaw(pid: int) -> None:
+    """Thaw the freezer cgroup of process ``pid`` (where ``docker pause`` froze it), so the
+    SIGKILLs sent to its frozen processes take effect; best effort (cgroup v1 ``freezer``, v2
+    ``cgroup.freeze``)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            target, value = f"/sys/fs/cgroup/freezer{path}/freezer.state", "THAWED"
+        elif controllers == "":
+            target, value = f"/sys/fs/cgroup{path}/cgroup.freeze", "0"
+        else:
+            continue
+        with contextlib.suppress(OSError), open(target, "w", encoding="ascii") as file:
+            file.write(value)
+
+
+def _say(text: str) -> None:
+    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the
+    supervisor's (what the operator needs to know of an engine that failed the job)."""
+    print(f"[stockade container supervisor] {text}", file=sys.stderr, flush=True)
+
+
+def _explain(exc: BaseException) -> str:
+    """The engine's own words for a refused call, else the exception's."""
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc)
+
+
+def _load_libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def main(args: list[str]) -> int:
+    """Run the supervisor (see the module docstring); returns its exit status."""
+    if len(args) != 2:
+        print("usage: container_supervisor.py SPEC_JSON", file=sys.stderr)
+        return 2
+    spec = json.loads(args[1])
+    started_fd = int(spec.get("started_fd", -1))
+    if started_fd >= 0:
+        os.set_inheritable(started_fd, False)
+    # Blocked in every thread (threads inherit the mask), taken with sigtimedwait.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    libc = _load_libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, _PARENT_DEATH_SIGNAL, 0, 0, 0)
+    if os.getppid() != int(spec["parent_pid"]):
+        return _EXIT_AGENT_GONE
+    supervisor = _Supervisor(spec)
+    supervisor.read_deadline()
+    if supervisor.fence_due():
+        fenced = time.time()
+        _write_file(reaper.FENCED_AT_FILE, f"{fenced!r}\n")
+        _report(fenced_unix_s=repr(fenced), ended_unix_s=repr(fenced))
+        return 128 + signal.SIGKILL
+    error = supervisor.create()
+    if error is not None:
+        _report(error=error, ended_unix_s=repr(time.time()))
+        return _EXIT_CANNOT_START
+    if started_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(started_fd, reaper.STARTED_BYTE)
+            os.close(started_fd)
+    log_threads = [
+        threading.Thread(target=supervisor.follow_log, args=("stdout", 1), daemon=True),
+        threading.Thread(target=supervisor.follow_log, args=("stderr", 2), daemon=True),
+    ]
+    for thread in log_threads:
+        thread.start()
+    supervisor.supervise()
+    fields = supervisor.finish(log_threads)
+    _report(**fields)
+    code = fields["exit_code"]
+    return code if isinstance(code, int) and 0 <= code < 256 else 1
+
+
+def run() -> None:
+    """The process entry point: :func:`main` on ``sys.argv``, then exit at once (the daemon
+    threads may still hold a connection to an engine that does not answer)."""
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,193 @@
+"""A job's supervisor process, from the agent's side: started, told to stop, waited for.
+
+Command jobs run under a reaper (:mod:`agent.reaper`) and container jobs under a container
+supervisor (:mod:`agent.container_supervisor`); the agent treats both alike:
+:func:`popen_supervisor` starts one (on the process's spawner thread, see :mod:`agent.starts`)
+with the write end of its start pipe, and :func:`wait_supervisor` waits for its exit while
+passing a stop on (SIGTERM; SIGUSR1 once it is late; SIGKILL of its group last), calls
+``on_started`` when the start pipe says the start is over, and reaps it. Its report file is read
+by the runtime (:func:`agent.reaper.read_report`).
+
+The agent waits for a supervisor's exit through a pidfd (``os.pidfd_open``), polling ``waitid``
+every 50 ms where pidfds are missing. The exit is observed before the supervisor is reaped, so
+the sweep of its group cannot hit a recycled process id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import trio
+
+from agent import reaper
+from runtime.settings import JOB_PROCESSES
+
+_POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
+REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s
+"""How long past its due time the agent waits for a supervisor before it steps in, in seconds."""
+
+
+def popen_supervisor(
+    command: Callable[[int], list[str]],
+    *,
+    job_dir: Path,
+    stdout_path: Path,
+    stderr_path: Path,
+    env: Mapping[str, str],
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a job's supervisor process (a reaper, or a container's supervisor) from the
+    calling thread: ``command(started_fd)`` in ``job_dir``, the leader of a new session, its
+    stdout and stderr appended to the job's files, with ``env`` only, holding the write end of
+    the start pipe as ``started_fd``.
+
+    Returns:
+        The process, and the read end of its start pipe (non-blocking; the caller closes it).
+
+    Raises:
+        OSError: the output files cannot be opened, or the interpreter cannot be executed.
+    """
+    started_r, started_w = os.pipe()  # close-on-exec: only the supervisor gets started_w (pass_fds)
+    try:
+        argv = command(started_w)
+        with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
+            proc = subprocess.Popen(
+                argv,
+                cwd=job_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                close_fds=True,
+                pass_fds=(started_w,),
+                start_new_session=True,
+            )
+    except BaseException:
+        os.close(started_r)
+        raise
+    finally:
+        os.close(started_w)
+    os.set_blocking(started_r, False)
+    return proc, started_r
+
+
+def _read_started(fd: int) -> bytes:
+    """What the start pipe holds now: the start byte, b"" at EOF or when nothing came yet."""
+    try:
+        return os.read(fd, 1)
+    except BlockingIOError:
+        return b""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal process group ``pgid``; a group that is already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_process(pid: int, sig: signal.Signals) -> None:
+    """Signal process ``pid`` (an unreaped child of ours, so the id cannot be reused)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _has_exited(pid: int) -> bool:
+    """True once ``pid`` has exited; does not reap it (``WNOWAIT``)."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return info is not None and info.si_pid == pid
+
+
+async def _wait_exited(pid: int) -> None:
+    """Wait until child ``pid`` has exited, leaving it unreaped (a zombie pinning its id)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is None:
+        while True:
+            if _has_exited(pid):
+                return
+            await trio.sleep(_POLL_INTERVAL_S)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        trio.lowlevel.notify_closing(pidfd)
+        os.close(pidfd)
+
+
+async def wait_supervisor(
+    proc: subprocess.Popen[bytes],
+    started_fd: int,
+    *,
+    stop: trio.Event,
+    stop_grace_s: float,
+    on_started: Callable[[], None],
+) -> tuple[bool, bool, int]:
+    """Wait until a job's supervisor (a reaper, or a container's supervisor) has exited, passing
+    on a stop (SIGTERM; SIGUSR1 when it is not done :data:`REAPER_SLACK_S` after the grace;
+    SIGKILL of its group another :data:`REAPER_SLACK_S` later) and calling ``on_started`` once
+    its start pipe ``started_fd`` said the start is over (it closes it); then reap it.
+
+    Returns:
+        Whether the stop was asked for, whether the start pipe said the job started, and the
+        supervisor's exit status.
+
+    Raises:
+        trio.Cancelled: after having the supervisor kill the job and waiting for its exit
+            (shielded).
+    """
+    pid = proc.pid  # the supervisor; also its process group id (start_new_session)
+    stopped = False
+    start_signal: bytes | None = None
+    """What the start pipe said (None: not read yet)."""
+
+    def start_is_over(said: bytes) -> None:
+        nonlocal start_signal
+        if start_signal is None:
+            start_signal = said
+            os.close(started_fd)
+            on_started()
+
+    async def watch_start() -> None:
+        await trio.lowlevel.wait_readable(started_fd)
+        start_is_over(_read_started(started_fd))
+
+    async def stop_when_asked() -> None:
+        nonlocal stopped
+        await stop.wait()
+        stopped = True
+        # The reaper sends SIGTERM to the job's group and SIGKILL after stop_grace_s.
+        _signal_process(pid, signal.SIGTERM)
+        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
+        _signal_process(pid, signal.SIGUSR1)  # not done yet: kill the job now
+        await trio.sleep(REAPER_SLACK_S)
+        # A reaper that does not answer: SIGKILL it; its job's main process dies with it.
+        _signal_group(pid, signal.SIGKILL)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_asked)
+            nursery.start_soon(watch_start)
+            await _wait_exited(pid)
+            nursery.cancel_scope.cancel()
+    except BaseException:
+        # Cancelled (or a bug): the job must not outlive its record. Kill and reap, shielded.
+        with trio.CancelScope(shield=True):
+            _signal_process(pid, signal.SIGUSR1)
+            with trio.move_on_after(REAPER_SLACK_S):
+                await _wait_exited(pid)
+            _signal_group(pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    finally:
+        if start_signal is None:
+            # The reaper has exited (or been killed): the pipe holds whatever it said, and EOF.
+            start_is_over(_read_started(started_fd))
+    # The reaper has exited but is not reaped yet, so its id still names its group: sweep
+    # anything that joined that group, then reap.
+    _signal_group(pid, signal.SIGKILL)
+    return stopped, start_signal == reaper.STARTED_BYTE, proc.wait()
