@@ -44,7 +44,7 @@ import trio
 
 from ops import checker
 from ops.chaosresult import ChaosResult, ChaosSettings, Failover, chaos_table
-from ops.cluster import DockerCluster, LocalCluster, StateDir
+from ops.cluster import ClusterError, DockerCluster, LocalCluster, StateDir
 from ops.hadb import HaDatabaseError
 from ops.netfault import Link, serve_proxy
 from protocol import pb
@@ -523,7 +523,10 @@ class Harness:
     async def _freeze(self, process_id: str, pid: int) -> None:
         """SIGSTOP the process, or ``docker pause`` its container."""
         if self.docker is not None:
-            await trio.to_thread.run_sync(self.docker.pause, process_id)
+            try:
+                await trio.to_thread.run_sync(self.docker.pause, process_id)
+            except ClusterError as exc:
+                raise _Abort(str(exc)) from exc
         else:
             os.kill(pid, signal.SIGSTOP)
 
