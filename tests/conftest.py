@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -54,6 +54,10 @@ _DATABASE_CHOICES = ("embedded", "container")
 
 _database_used: list[str] = []
 """What the session's database is, for the summary line (set by ``pg_admin_url``)."""
+
+_server_pids: list[Callable[[int], int]] = []
+"""How to find a server process of the session's database on this machine (see
+``server_pid``), set by ``pg_admin_url`` when the server is not a process of this machine's."""
 
 
 def quote_ident(name: str) -> str:
@@ -185,7 +189,6 @@ def pg_admin_url() -> Iterator[str]:
 
 def _container_admin_url(tag: str, image_done: str, folder: Path) -> Iterator[str]:
     import docker
-
     from pgcontainer import DatabaseContainer, remove_leftovers
 
     client = docker.from_env(timeout=30)
@@ -203,9 +206,26 @@ def _container_admin_url(tag: str, image_done: str, folder: Path) -> Iterator[st
             f"{container.address}:5432 on network {container.network_name}, up in "
             f"{time.monotonic() - began:.1f} s{swept})"
         )
+        _server_pids.append(container.host_pid)
         yield url
     finally:
+        _server_pids.clear()
         container.stop()
+
+
+@pytest.fixture(scope="session")
+def server_pid(pg_admin_url: str) -> Callable[[int], int]:
+    """Maps a pid the session's PostgreSQL reports (``pg_backend_pid()``, ``pg_stat_activity``)
+    to the pid of that process on this machine, for tests that signal server processes: the
+    same pid for the embedded server, the host's pid of a process in the database container.
+    Skips the test when the server is elsewhere (``DATABASE_URL`` on another machine)."""
+    if _server_pids:
+        return _server_pids[0]
+    if database_url_from_env() is not None:
+        host = urllib.parse.urlsplit(pg_admin_url).hostname
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            pytest.skip(f"the server's processes are not on this machine (DATABASE_URL names {host})")
+    return lambda pid: pid
 
 
 def _embedded_admin_url(data_dir: Path) -> Iterator[str]:

@@ -162,6 +162,27 @@ class DatabaseContainer:
         _wait_for_connection(url)
         return url
 
+    def host_pid(self, pid: int) -> int:
+        """The pid on this machine of the server process that PostgreSQL calls ``pid`` (a
+        backend's ``pg_backend_pid()``, a pid of ``pg_stat_activity``: pids of the container's
+        own namespace), for a test that signals it.
+
+        Raises:
+            ProcessLookupError: no process of the container has that pid.
+        """
+        assert self._container is not None
+        top = self._container.get_wrapped_container().top(ps_args="-o pid")
+        for row in top["Processes"] or ():
+            local = int(row[0])
+            try:
+                with open(f"/proc/{local}/status") as status:
+                    for line in status:
+                        if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
+                            return local
+            except FileNotFoundError:
+                continue
+        raise ProcessLookupError(f"no process of container {self.short_id} has the pid {pid} in it")
+
     def stop(self) -> None:
         """Remove the container and its network (whatever of them was made)."""
         import docker.errors

@@ -52,7 +52,9 @@ def test_container_takes_the_schema_twice(container: tuple[DatabaseContainer, st
     assert asyncio.run(check()) == 0
 
 
-def test_container_runs_without_fsync_and_asks_for_a_password(container: tuple[DatabaseContainer, str]) -> None:
+def test_container_runs_without_fsync_and_asks_for_a_password(
+    container: tuple[DatabaseContainer, str],
+) -> None:
     """The server runs with fsync off (--fast-unsafe) and refuses a connection without the password."""
     _database, url = container
 
