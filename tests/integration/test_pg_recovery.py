@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,13 +35,13 @@ def frozen(pid: int) -> Iterator[None]:
 
 
 def parent_pid(pid: int) -> int:
-    """The parent of process ``pid`` (a backend's parent is the postmaster)."""
+    """The parent of process ``pid`` of this machine (a backend's parent is the postmaster)."""
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
 async def test_a_call_to_a_frozen_server_returns_within_its_bound_and_the_next_one_reconnects(
-    database_url: str,
+    database_url: str, server_pid: Callable[[int], int]
 ) -> None:
     """With the session's server process stopped, a call raises DatabaseUnavailable after its
     1 s bound and drops the connection; once the process runs again, the next call works on a
@@ -50,7 +50,7 @@ async def test_a_call_to_a_frozen_server_returns_within_its_bound_and_the_next_o
         db = ReconnectingConnection(database_url, {}, owner="test", call_timeout_s=1.0)
         conn = await db.get()
         pid = conn.backend_pid
-        with frozen(pid):
+        with frozen(server_pid(pid)):
             started = trio.current_time()
             with pytest.raises(DatabaseUnavailable, match=r"did not answer within call_timeout_s = 1 s"):
                 await conn.fetchval("SELECT 1")
@@ -62,12 +62,14 @@ async def test_a_call_to_a_frozen_server_returns_within_its_bound_and_the_next_o
         await db.close()
 
 
-async def test_a_connect_to_a_frozen_postmaster_returns_within_its_bound(database_url: str) -> None:
+async def test_a_connect_to_a_frozen_postmaster_returns_within_its_bound(
+    database_url: str, server_pid: Callable[[int], int]
+) -> None:
     """With the postmaster stopped (the TCP connect is accepted by the kernel, nothing answers),
     a connect raises DatabaseUnavailable after its 1 s bound; once it runs again, it connects."""
     async with asyncio_bridge():
         probe = await PgConnection.connect(database_url)
-        postmaster = parent_pid(probe.backend_pid)
+        postmaster = parent_pid(server_pid(probe.backend_pid))
         await probe.close()
         db = ReconnectingConnection(database_url, {}, owner="test", connect_timeout_s=1.0)
         with frozen(postmaster):
@@ -299,7 +301,9 @@ def wait_for_leader(url: str, timeout_s: float) -> int:
     raise AssertionError(f"cp-1 did not lead within {timeout_s:g} s")
 
 
-def test_a_control_plane_rides_out_a_frozen_database(database_url: str) -> None:
+def test_a_control_plane_rides_out_a_frozen_database(
+    database_url: str, server_pid: Callable[[int], int]
+) -> None:
     """Every server process of the control plane's database, and the postmaster, stopped for
     6 s (no reset: calls and connects just go unanswered): the replica steps down, logs the
     outage in a few lines, and leads again within a few seconds of the database's return,
@@ -321,7 +325,7 @@ def test_a_control_plane_rides_out_a_frozen_database(database_url: str) -> None:
         epoch = wait_for_leader(database_url, 30.0)
         database = urllib.parse.urlsplit(database_url).path.lstrip("/")
         backends = [
-            int(pid)
+            server_pid(int(pid))
             for pid in query_row(
                 database_url,
                 f"SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = '{database}'"
