@@ -250,7 +250,10 @@ class DockerCluster:
             running=live_before,
             options=LaunchOptions(
                 cp_args=(*self.cp_args, *tls_args),
-                agent_args=(*self.agent_args, *tls_args),
+                # No container jobs from an agent in a container: its job containers would be
+                # siblings on the engine, which nothing stops when the agent's container is
+                # killed (its supervisors die with it), so a requeued job could run twice.
+                agent_args=(*self.agent_args, "--no-containers", *tls_args),
                 worker_capacities=self.worker_capacities,
                 metrics=True,
                 host_of=spec.address_of,
