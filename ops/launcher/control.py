@@ -35,7 +35,7 @@ from ops.launcher.state import (
     StateDir,
     WorkerSpec,
     str_tuple,
-    with_tls_args,
+    tls_mode,
 )
 from ops.pg import (
     POSTGRES_BIN_PATH,
@@ -269,15 +269,7 @@ class LocalCluster:
         previous = self.state.load()
         live_before = self.pids(previous) if previous is not None else {}
         cert_dir = None if self.insecure else str(self.state.cert_dir)
-        tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
-        if previous is not None and previous.cert_dir != cert_dir:
-            if live_before:
-                running = "with --insecure" if previous.cert_dir is None else "with TLS"
-                raise ClusterError(
-                    f"the cluster of {self.state.root} runs {running}; run `stockade down` first "
-                    "to change that"
-                )
-            previous = with_tls_args(previous, cert_dir, tls_args)
+        previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)
         if previous is not None and previous.ha_db != self.ha_db and live_before:
             running = "with --ha-db" if previous.ha_db else "without --ha-db"
             raise ClusterError(

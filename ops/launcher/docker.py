@@ -57,7 +57,7 @@ from ops.launcher.state import (
     DockerSpec,
     ProcessSpec,
     StateDir,
-    with_tls_args,
+    tls_mode,
 )
 from ops.pg import EmbeddedPostgres
 from runtime.errors import StockadeError
@@ -225,15 +225,7 @@ class DockerCluster:
             prefix=DockerSpec.prefix_for(self.state.root),
         )
         cert_dir = None if self.insecure else str(self.state.cert_dir)
-        tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
-        if previous is not None and previous.cert_dir != cert_dir:
-            if live_before:
-                running = "with --insecure" if previous.cert_dir is None else "with TLS"
-                raise ClusterError(
-                    f"the cluster of {self.state.root} runs {running}; run `stockade down` first to "
-                    "change that"
-                )
-            previous = with_tls_args(previous, cert_dir, tls_args)
+        previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)
         check_counts(previous, control_planes=control_planes, workers=workers)
         database_started = self._start_database(spec)
         database_url = EmbeddedPostgres(

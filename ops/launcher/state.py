@@ -479,6 +479,28 @@ TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
 """The process options that choose plaintext or mutual TLS, with how many values each takes."""
 
 
+def tls_mode(
+    previous: ClusterConfig | None, cert_dir: str | None, *, running: bool, root: Path
+) -> tuple[ClusterConfig | None, tuple[str, ...]]:
+    """The record to plan from and the TLS options of new processes, for a cluster asked to run
+    with the certificates of ``cert_dir`` (None: ``--insecure``).
+
+    Returns:
+        ``previous`` (its processes' TLS options rewritten when the mode changes), and
+        ``("--certs-dir", cert_dir)`` or ``("--insecure",)``.
+
+    Raises:
+        ClusterError: the mode changes while processes of the record run.
+    """
+    tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
+    if previous is not None and previous.cert_dir != cert_dir:
+        if running:
+            mode = "with --insecure" if previous.cert_dir is None else "with TLS"
+            raise ClusterError(f"the cluster of {root} runs {mode}; run `stockade down` first to change that")
+        previous = with_tls_args(previous, cert_dir, tls_args)
+    return previous, tls_args
+
+
 def with_tls_args(config: ClusterConfig, cert_dir: str | None, tls_args: Sequence[str]) -> ClusterConfig:
     """``config`` with every recorded process's TLS options replaced by ``tls_args`` and
     ``cert_dir`` recorded (for an ``up`` that changes the mode of a stopped cluster)."""
