@@ -358,12 +358,18 @@ def down() -> None:
         console().print("stopped the database container" if docker_mode else "stopped embedded PostgreSQL")
     if report.ha_db_stopped:
         console().print("stopped HA PostgreSQL " + " ".join(report.ha_db_stopped))
+    if report.removed:
+        containers = [r for r in report.removed if not r.startswith("network ")]
+        networks = [r for r in report.removed if r.startswith("network ")]
+        what = [f"the containers of {' '.join(containers)}"] if containers else []
+        console().print("removed " + " and the ".join(what + networks))
     if not (
         report.terminated
         or report.killed
         or report.stragglers
         or report.database_stopped
         or report.ha_db_stopped
+        or report.removed
     ):
         console().print("nothing was running")
     try:

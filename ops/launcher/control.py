@@ -95,6 +95,9 @@ class DownReport:
     ha_db_stopped: tuple[str, ...] = ()
     """Members of the HA PostgreSQL pair (``pg-1``, ``etcd-1``...) that were running and were
     stopped."""
+    removed: tuple[str, ...] = ()
+    """A cluster in containers: every container removed (running or not, by process id) and
+    then its network (by name)."""
 
 
 @attrs.define

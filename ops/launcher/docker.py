@@ -633,10 +633,16 @@ class DockerCluster:
                 else:
                     terminated += names
             _in_parallel(lambda c: c.remove(force=True), containers)
+            removed = [c.labels.get(PROCESS_LABEL, c.name) for c in containers]
             for network in self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"}):
                 network.remove()
+                removed.append(f"network {network.name}")
         return DownReport(
-            terminated=tuple(terminated), killed=(), stragglers=(), database_stopped=database_stopped
+            terminated=tuple(terminated),
+            killed=(),
+            stragglers=(),
+            database_stopped=database_stopped,
+            removed=tuple(removed),
         )
 
     def _stop(self, process_ids: Iterable[str]) -> None:
