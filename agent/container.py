@@ -61,7 +61,7 @@ import trio
 
 from agent import container_supervisor, reaper
 from agent.messages import JobState
-from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran
+from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran, owner_of
 from agent.starts import Spawner
 from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
@@ -72,6 +72,11 @@ PING_TIMEOUT_S = 2.0
 LABEL_PREFIX = "stockade."
 """The prefix of the labels each job's container carries (``stockade.job_id`` ...)."""
 WORKER_LABEL = f"{LABEL_PREFIX}worker_id"
+OWNER_LABEL = f"{LABEL_PREFIX}owner"
+"""Label naming the agent a container job belongs to: :func:`owner_of` its work folder. Two
+clusters on one engine may both have a ``w-1``; only the work folder tells their agents apart
+(:func:`agent.runtimes.owner_of`)."""
+
 _ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONFIG")
 """The agent's variables its containers' supervisors get: which engine, and how to reach it."""
 
@@ -107,9 +112,10 @@ def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S
     return "docker", ""
 
 
-def remove_leftovers(worker_id: str, *, timeout_s: float = 10.0) -> list[str]:
-    """Remove (force) every container labelled ``stockade.worker_id=<worker_id>``: those an
-    earlier life of this worker's agent left. Blocking: run it in a thread.
+def remove_leftovers(worker_id: str, owner: str, *, timeout_s: float = 10.0) -> list[str]:
+    """Remove (force) every container labelled ``stockade.worker_id=<worker_id>`` and
+    ``stockade.owner=<owner>`` (:func:`owner_of` the work folder): those an earlier life of this
+    worker's agent left, and no other cluster's. Blocking: run it in a thread.
 
     Returns:
         The names of the containers removed.
@@ -120,7 +126,8 @@ def remove_leftovers(worker_id: str, *, timeout_s: float = 10.0) -> list[str]:
     client = _client(timeout_s)
     removed: list[str] = []
     try:
-        for container in client.containers.list(all=True, filters={"label": f"{WORKER_LABEL}={worker_id}"}):
+        labels = [f"{WORKER_LABEL}={worker_id}", f"{OWNER_LABEL}={owner}"]
+        for container in client.containers.list(all=True, filters={"label": labels}):
             container.remove(force=True)
             removed.append(container.name)
     finally:
@@ -129,8 +136,9 @@ def remove_leftovers(worker_id: str, *, timeout_s: float = 10.0) -> list[str]:
 
 
 def container_name(job: ContainerJob) -> str:
-    """``stockade-<worker_id>-<job_id>-<assignment_id>`` (Docker's name rules admit worker ids)."""
-    return f"stockade-{job.worker_id}-{job.job_id}-{job.assignment_id}"
+    """``stockade-<worker_id>-<owner>-<job_id>-<assignment_id>`` (Docker's name rules admit
+    worker ids; the owner keeps two clusters' ``w-1`` apart)."""
+    return f"stockade-{job.worker_id}-{job.owner}-{job.job_id}-{job.assignment_id}"
 
 
 def container_labels(job: ContainerJob) -> dict[str, str]:
@@ -139,6 +147,7 @@ def container_labels(job: ContainerJob) -> dict[str, str]:
         f"{LABEL_PREFIX}job_id": str(job.job_id),
         f"{LABEL_PREFIX}assignment_id": str(job.assignment_id),
         WORKER_LABEL: job.worker_id,
+        OWNER_LABEL: job.owner,
     }
 
 
@@ -331,7 +340,9 @@ async def container_settings(settings: AgentSettings, logger: Any) -> AgentSetti
     value, why = await trio.to_thread.run_sync(engine_label, settings.labels)
     if value == "docker":
         try:
-            removed = await trio.to_thread.run_sync(remove_leftovers, settings.worker_id)
+            removed = await trio.to_thread.run_sync(
+                remove_leftovers, settings.worker_id, owner_of(settings.work_dir)
+            )
         except Exception as exc:
             logger.warning("cannot remove containers left by an earlier life of this worker", error=str(exc))
         else:

@@ -23,7 +23,7 @@ from agent.acceptance import Admission
 from agent.fence import FenceClock
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
-from agent.runtimes import ContainerJob, JobResult, JobRunner, either, forks, job_dir_for
+from agent.runtimes import ContainerJob, JobResult, JobRunner, either, forks, job_dir_for, owner_of
 from agent.starts import StartLimiter, StartTicket
 from runtime.jobs import ContainerRuntime
 from runtime.os_users import RunAs
@@ -207,6 +207,7 @@ class RunningJobs:
                     cpu_millis=order.spec.cpu_millis,
                     memory_mb=order.spec.memory_mb,
                     user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
+                    owner=owner_of(self.settings.work_dir),
                 )
             }
             if isinstance(runtime, ContainerRuntime)

@@ -70,6 +70,7 @@ jobs is :mod:`agent.supervised`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import signal
@@ -149,6 +150,12 @@ def never_ran(
     )
 
 
+def owner_of(work_dir: str) -> str:
+    """12 hex digits of the sha256 of the absolute work folder: one worker of one cluster (a
+    container job's owner, :class:`ContainerJob`)."""
+    return hashlib.sha256(os.path.abspath(work_dir).encode()).hexdigest()[:12]
+
+
 @attrs.frozen(kw_only=True)
 class ContainerJob:
     """What a container job needs besides its runtime: whose it is (the container's name and
@@ -163,6 +170,9 @@ class ContainerJob:
     """Memory, in MiB: the container's memory limit, swap included (none)."""
     user: str = ""
     """``uid:gid`` the container's processes run as (the agent's job user); empty: the image's."""
+    owner: str = ""
+    """The agent's :func:`agent.container.owner_of` (its work folder's): in the container's name
+    and labels, so the agents of two clusters on one engine never take each other's."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:

@@ -80,6 +80,10 @@ FAULT_SLACK_S = 2.0
 REPORT_SLACK_S = 3.0
 """A worker killed within this long after a job of its succeeded may have died before it could
 report the success: that success is not counted as lost."""
+KILL_TAKES_S = 0.5
+"""A kill is recorded when the signal is sent; the worker's last records may follow it by this
+much: in a container, SIGKILL of its process 1 ends the agent only as the kernel tears down the
+container's processes, and a stop record written meanwhile still could not be reported."""
 
 
 @attrs.frozen(kw_only=True)
@@ -419,7 +423,8 @@ def lost_successes(
         record = by_id.get(run.assignment_id)
         if record is not None and record.success_recorded:
             continue
-        if any(run.ended_at <= k <= run.ended_at + REPORT_SLACK_S for k in kills.get(run.worker_id, ())):
+        window = (run.ended_at - KILL_TAKES_S, run.ended_at + REPORT_SLACK_S)
+        if any(window[0] <= k <= window[1] for k in kills.get(run.worker_id, ())):
             continue
         how = (
             "unknown to the database" if record is None else f"recorded {record.state} ({record.end_reason})"

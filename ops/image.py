@@ -211,6 +211,15 @@ def build_image(
             or the build failed (the message carries the tail of the failing step's output).
     """
     recipe = recipe or ImageRecipe()
+    try:
+        return _build(recipe, client, progress)
+    except OSError as exc:
+        raise ImageError(f"cannot build the image: {exc}") from exc
+
+
+def _build(
+    recipe: ImageRecipe, client: docker.DockerClient | None, progress: Callable[[str], None]
+) -> BuildReport:
     root = project_root()
     started = time.monotonic()
     steps: list[tuple[str, float]] = []

@@ -42,6 +42,11 @@ MAX_IMAGE_BYTES = 255
 """Longest image reference: Docker's longest repository name (``NameTotalLengthMax`` of the
 distribution project's ``reference`` package), also the bound for a whole reference here."""
 
+MIN_CONTAINER_CPU_MILLIS = 10
+"""Least CPU of a container job, in millicores: runc refuses a smaller CPU quota (a CFS quota
+under 1 ms of the 100 ms period: "failed to write 100 to cpu.cfs_quota_us")."""
+MIN_CONTAINER_MEMORY_MB = 6
+"""Least memory of a container job: the engine refuses a limit under 6 MiB."""
 RUNTIME_RULE = "must be exactly one of sleep, command or container"
 """The rule a spec without a runtime (or, on the wire, with two) breaks (field ``runtime``)."""
 
@@ -214,6 +219,17 @@ class JobSpec:
         if self.runtime is None:
             raise InvalidArgument("runtime", None, RUNTIME_RULE)
         self.runtime.check()
+        if isinstance(self.runtime, ContainerRuntime):
+            # Docker's own floors: a CPU quota under 10 ms per 100 ms period (runc writes
+            # cpu.cfs_quota_us >= 1000) and a memory limit under 6 MiB are refused by the engine.
+            for field, value, low in (
+                ("cpu_millis", self.cpu_millis, MIN_CONTAINER_CPU_MILLIS),
+                ("memory_mb", self.memory_mb, MIN_CONTAINER_MEMORY_MB),
+            ):
+                if value < low:
+                    raise InvalidArgument(
+                        field, value, f"must be at least {low} for a container job (the engine's floor)"
+                    )
         return self
 
     def describe(self) -> str:

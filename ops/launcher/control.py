@@ -270,6 +270,14 @@ class LocalCluster:
     def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
         self.state.create()
         previous = self.state.load()
+        if previous is not None and previous.docker is not None:
+            # Its database's files in pg/ are the container's (another server must never open
+            # them, even after `down`), and its addresses are the containers'.
+            raise ClusterError(
+                f"{self.state.root} holds a cluster in containers (`stockade up --docker`): run it with "
+                "--docker, or `stockade down` and use another state folder (STOCKADE_STATE_DIR), or "
+                f"remove {self.state.root} to start afresh there"
+            )
         live_before = self.pids(previous) if previous is not None else {}
         cert_dir = None if self.insecure else str(self.state.cert_dir)
         previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)

@@ -210,13 +210,16 @@ class DockerCluster:
         self.state.create()
         previous = self.state.load()
         if previous is not None and previous.docker is None:
+            # Its database's files in pg/ belong to this machine's server (the container's must
+            # never open them), and its addresses are 127.0.0.1's.
             raise ClusterError(
-                f"{self.state.root} holds a cluster of processes; run `stockade down` there first, or "
-                "use another state folder (STOCKADE_STATE_DIR) for the cluster in containers"
+                f"{self.state.root} holds a cluster of processes: run it without --docker, or "
+                "`stockade down` and use another state folder (STOCKADE_STATE_DIR) for the cluster in "
+                f"containers, or remove {self.state.root} to start afresh there"
             )
-        image = self._image()
         live_before = self.pids(previous) if previous is not None else {}
         spec = previous.docker if previous is not None and previous.docker is not None else None
+        image = self._image(spec.image if spec is not None and live_before else None)
         network = self._network(spec)
         spec = DockerSpec(
             network=network.name,
@@ -285,25 +288,42 @@ class DockerCluster:
             removed=the_plan.removed,
         )
 
-    def _image(self) -> str:
-        """The image to run, checked to be in the engine.
+    def _image(self, running: str | None) -> str:
+        """The id of the image to run: ``running`` (the recorded image of a cluster that runs,
+        so that containers made again run the same build), else the image :attr:`image` or
+        ``stockade:<version>`` names now. Run from a source tree, the default tag must have been
+        built from that tree's sources (another checkout's build may carry the tag).
 
         Raises:
-            ClusterError: the engine does not hold it (images are built here, never pulled).
+            ClusterError: the engine does not hold it (images are built here, never pulled), or
+                it was built from other sources.
         """
         import docker.errors
 
-        from ops.image import image_tag
+        from ops.image import SOURCE_LABEL, ImageError, ImageRecipe, image_tag, project_root, source_digest
 
+        if running is not None:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                return str(self.client.images.get(running).id)
         tag = self.image or image_tag()
         try:
-            self.client.images.get(tag)
+            image = self.client.images.get(tag)
         except docker.errors.ImageNotFound:
             raise ClusterError(
                 f"the Docker engine has no image {tag}: build it with `stockade image build` "
                 "(or `just image`)"
             ) from None
-        return tag
+        if self.image is None:
+            try:
+                digest = source_digest(project_root(), ImageRecipe())
+            except ImageError:
+                digest = None  # installed from a wheel: nothing to compare with
+            if digest is not None and image.labels.get(SOURCE_LABEL) != digest:
+                raise ClusterError(
+                    f"{tag} was built from other sources than {project_root()}'s (another checkout, or "
+                    "before a change): build it again with `stockade image build` (or `just image`)"
+                )
+        return str(image.id)
 
     def _network(self, recorded: DockerSpec | None) -> Any:
         """This folder's network: the one it has, else a new one on a free /24.

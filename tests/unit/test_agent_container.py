@@ -10,7 +10,15 @@ from agent.messages import JobState
 from agent.runtimes import ContainerJob, OutputPaths, forks
 from runtime.jobs import ContainerRuntime
 
-JOB = ContainerJob(worker_id="w-1", job_id=7, assignment_id=70, cpu_millis=1500, memory_mb=64, user="999:998")
+JOB = ContainerJob(
+    worker_id="w-1",
+    job_id=7,
+    assignment_id=70,
+    cpu_millis=1500,
+    memory_mb=64,
+    user="999:998",
+    owner="0123456789ab",
+)
 PATHS = OutputPaths(stdout_path="/j/stdout.log", stderr_path="/j/stderr.log")
 
 
@@ -37,7 +45,7 @@ def test_the_supervisor_gets_the_jobs_names_limits_and_variables() -> None:
     )
     assert argv[1:3] == ["-I", "-c"]
     spec = json.loads(argv[-1])
-    assert spec["name"] == container_name(JOB) == "stockade-w-1-7-70"
+    assert spec["name"] == container_name(JOB) == "stockade-w-1-0123456789ab-7-70"
     assert (
         spec["labels"]
         == container_labels(JOB)
@@ -45,6 +53,7 @@ def test_the_supervisor_gets_the_jobs_names_limits_and_variables() -> None:
             "stockade.job_id": "7",
             "stockade.assignment_id": "70",
             "stockade.worker_id": "w-1",
+            "stockade.owner": "0123456789ab",
         }
     )
     assert (spec["nano_cpus"], spec["mem_bytes"]) == (1_500_000_000, 64 * 2**20)

@@ -61,7 +61,7 @@ def test_submit_image_without_a_command_runs_the_images_own(sent: list[pb.JobSpe
     """--image alone: an empty argv (the image's own command)."""
     result = CliRunner().invoke(
         app,
-        ["submit", "--cpu-millis", "1", "--memory-mb", "1", "--image", "app", "--control-planes", NOWHERE],
+        ["submit", "--cpu-millis", "10", "--memory-mb", "6", "--image", "app", "--control-planes", NOWHERE],
     )
     assert result.exit_code == 0, result.output
     assert sent[0].container == pb.ContainerRuntime(image="app", argv=[])

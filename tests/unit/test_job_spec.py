@@ -153,3 +153,19 @@ def test_the_agent_knows_each_runtime() -> None:
     assert forks(CommandRuntime(argv=("true",))) and not forks(SleepRuntime(duration_ms=1))
     assert timed_by_agent_s(SleepRuntime(duration_ms=1500)) == 1.5
     assert timed_by_agent_s(CommandRuntime(argv=("true",))) is None
+
+
+@pytest.mark.parametrize(("cpu_millis", "memory_mb", "field"), [(9, 64, "cpu_millis"), (100, 5, "memory_mb")])
+def test_a_container_job_below_the_engines_floor_is_refused_naming_the_field(
+    cpu_millis: int, memory_mb: int, field: str
+) -> None:
+    """The engine refuses a CPU quota under 10 millicores and a memory limit under 6 MiB, so a
+    container job asking less is refused at submit, naming the field and the floor (a sleep
+    or command job may ask 1)."""
+    from runtime.jobs import ContainerRuntime
+
+    spec = JobSpec(
+        name="x", cpu_millis=cpu_millis, memory_mb=memory_mb, runtime=ContainerRuntime(image="a:1")
+    )
+    with pytest.raises(InvalidArgument, match=rf"^{field} must be at least \d+ for a container job"):
+        spec.check()
