@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -249,23 +250,31 @@ async def test_the_kill_deadline_kills_a_paused_container(
 
 
 def test_leftover_containers_of_this_worker_are_removed(job_image: str, container_worker: str) -> None:
-    """At start the containers labelled with this worker's id are removed (force), others kept."""
+    """At start the containers labelled with this worker's id and owner are removed (force);
+    another worker's, and the same worker id's of another cluster (another owner), are kept."""
     client = _docker()
     try:
-        job = _job(container_worker)
+        job = attrs.evolve(_job(container_worker), owner="mine")
         left = client.containers.run(
             job_image, ["sleep", "60"], name=container_name(job), labels=container_labels(job), detach=True
         )
-        other = _job(container_worker + "-other")
-        kept = client.containers.create(
-            job_image, ["true"], name=container_name(other), labels=container_labels(other)
-        )
+        others = [
+            attrs.evolve(_job(container_worker + "-other"), owner="mine"),
+            attrs.evolve(_job(container_worker), owner="theirs"),
+        ]
+        kept = [
+            client.containers.create(
+                job_image, ["true"], name=container_name(other), labels=container_labels(other)
+            )
+            for other in others
+        ]
         try:
-            assert remove_leftovers(container_worker) == [container_name(job)]
+            assert remove_leftovers(container_worker, "mine") == [container_name(job)]
             assert _state(left.name) is None
-            assert _state(kept.name) is not None
+            assert all(_state(container.name) is not None for container in kept)
         finally:
-            kept.remove(force=True)
+            for container in kept:
+                container.remove(force=True)
     finally:
         client.close()
 

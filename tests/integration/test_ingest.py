@@ -104,7 +104,7 @@ async def test_a_container_job_is_stored_with_its_image_and_read_back_as_submitt
     )
     job = await cp.call("get_job", pb.GetJobRequest(job_id=one.job_id))
     assert job.spec.container == container and job.spec.command is None and job.spec.sleep is None
-    bare = pb.JobSpec(name="b", cpu_millis=1, memory_mb=1, container=pb.ContainerRuntime(image="app"))
+    bare = pb.JobSpec(name="b", cpu_millis=10, memory_mb=6, container=pb.ContainerRuntime(image="app"))
     many = await cp.call("submit_jobs", pb.SubmitJobsRequest(specs=[bare, bare]))
     rows = await admin.fetch("SELECT runtime, image, argv FROM jobs ORDER BY id")
     assert [tuple(r) for r in rows] == [
