@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from ops import rpc
-from ops.launcher.state import ClusterConfig, ClusterError, StateDir
+from ops.launcher.state import ClusterConfig, ClusterError, StateDir, option_value
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import Unavailable
@@ -15,7 +15,24 @@ from runtime.errors import Unavailable
 POLL_INTERVAL_S = 0.2
 """How often readiness is asked again, in seconds."""
 FRESH_HEARTBEAT_S = 2.0
-"""A worker counts as alive only with a heartbeat younger than this, in seconds."""
+"""A worker counts as alive only with a heartbeat younger than this, in seconds, or than two of
+its heartbeat intervals where the cluster's workers beat less often (:func:`fresh_heartbeat_s`)."""
+
+
+def fresh_heartbeat_s(config: ClusterConfig) -> float:
+    """How young a worker's last heartbeat must be for readiness, in seconds.
+
+    ``FRESH_HEARTBEAT_S``, or twice the longest ``--heartbeat-interval-s`` among the cluster's
+    agent and fleet processes when that is longer (a worker beating every 3 s is never seen
+    with a heartbeat younger than 2 s for long).
+    """
+    intervals = [
+        float(value)
+        for spec in config.processes
+        if spec.kind in ("agent", "fleet")
+        and (value := option_value(spec.args, "--heartbeat-interval-s")) is not None
+    ]
+    return max([FRESH_HEARTBEAT_S, *(2 * interval for interval in intervals)])
 
 
 def wait_ready(
@@ -86,6 +103,7 @@ async def readiness(
         logs = ", ".join(str(state.log_path(p.id)) for p in config.control_planes)
         missing.append(f"no leader elected (read {logs})")
     by_id = {w.id: w for w in status.workers}
+    fresh_s = fresh_heartbeat_s(config)
     for worker_spec in config.workers:
         worker = by_id.get(worker_spec.id)
         log_hint = f"(read {state.log_path(worker_spec.process_id)})"
@@ -93,7 +111,7 @@ async def readiness(
             missing.append(f"{worker_spec.id} not registered {log_hint}")
         elif (
             worker.state != "alive"
-            or worker.last_heartbeat_age_s > FRESH_HEARTBEAT_S
+            or worker.last_heartbeat_age_s > fresh_s
             or (worker_spec.id in restarted and worker.incarnation == restarted[worker_spec.id])
         ):
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")

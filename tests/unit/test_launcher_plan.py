@@ -12,6 +12,7 @@ import pytest
 
 from ops.cluster import ClusterConfig, ClusterError, ProcessSpec, StateDir, metrics_address
 from ops.launcher.plan import LaunchOptions, Plan, plan
+from ops.launcher.ready import FRESH_HEARTBEAT_S, fresh_heartbeat_s
 from ops.launcher.state import option_value
 
 URL = "postgresql://db/x"
@@ -277,3 +278,21 @@ def attrs_evolve(config: ClusterConfig, **changes: object) -> ClusterConfig:
     import attrs
 
     return attrs.evolve(config, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "fresh_s"),
+    [
+        ({}, FRESH_HEARTBEAT_S),
+        ({"agent_args": ("--heartbeat-interval-s", "0.5")}, FRESH_HEARTBEAT_S),
+        ({"agent_args": ("--heartbeat-interval-s", "3")}, 6.0),
+        ({"agent_args": ("--heartbeat-interval-s=5",), "fleet_size": 5}, 10.0),
+    ],
+)
+def test_readiness_waits_for_a_heartbeat_as_young_as_two_of_the_workers_intervals(
+    tmp_path: Path, options: dict[str, object], fresh_s: float
+) -> None:
+    """A cluster whose workers beat every 3 s is ready with heartbeats up to 6 s old (in agent
+    processes and in fleets alike), never stricter than FRESH_HEARTBEAT_S."""
+    result = Planner(tmp_path, **options)(None)
+    assert fresh_heartbeat_s(result.config) == fresh_s
