@@ -81,10 +81,29 @@ FIRST_PORT = 7001
 """Ports of the processes in their containers: cp-1 gets 7001, and so on (each container has
 its own address, so the numbers only have to differ within one record)."""
 
+DATABASE_CPU_SHARES = 4096
+CONTROL_PLANE_CPU_SHARES = 3072
+WORKER_CPU_SHARES = 40
+"""CPU weights of the containers (``docker run --cpu-shares``; the engine's default is 1024).
+The kernel shares a busy machine's CPU between cgroups first, then between the processes in
+each: with equal weights, 100 agent containers would get 100 shares of the CPU to the database's
+one and each control plane's one, and a control plane starved in the middle of a transaction
+loses its session (``idle_in_transaction_session_timeout``) again and again. These weights
+keep the processes' proportions of the cluster on the machine: the workers together weigh about
+what 4 fleet processes do (4 x 1024), a control plane what a process at nice -5 does (its
+``--nice``, which has no effect across cgroups), the database more than each control plane."""
 DATABASE_READY_TIMEOUT_S = 60.0
 PAUSE_ATTEMPTS = 10
 PAUSE_RETRY_S = 0.1
 _LOG_TAIL_LINES = 20
+
+
+def cpu_shares_of(process_id: str) -> int:
+    """The CPU weight of the container of ``pg``, ``cp-N`` or ``w-N`` (see
+    :data:`WORKER_CPU_SHARES`)."""
+    if process_id == "pg":
+        return DATABASE_CPU_SHARES
+    return CONTROL_PLANE_CPU_SHARES if process_id.startswith("cp-") else WORKER_CPU_SHARES
 
 
 @attrs.define
@@ -470,7 +489,7 @@ class DockerCluster:
         mounts = {**{str(path): {"bind": str(path), "mode": mode} for path, mode in binds.items()}}
         mounts[str(log_path.parent)] = {"bind": str(log_path.parent), "mode": "rw"}
         api = self.client.api
-        host_config = api.create_host_config(binds=mounts, init=True)
+        host_config = api.create_host_config(binds=mounts, init=True, cpu_shares=cpu_shares_of(process_id))
         endpoint = api.create_endpoint_config(ipv4_address=spec.address_of(process_id), aliases=[process_id])
         created = api.create_container(
             spec.image,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ops.cluster import ClusterConfig, ClusterError, ProcessSpec, StateDir, metrics_address
+from ops.launcher.docker import cpu_shares_of
 from ops.launcher.plan import LaunchOptions, Plan, plan
 from ops.launcher.ready import FRESH_HEARTBEAT_S, fresh_heartbeat_s
 from ops.launcher.state import option_value
@@ -296,3 +297,11 @@ def test_readiness_waits_for_a_heartbeat_as_young_as_two_of_the_workers_interval
     processes and in fleets alike), never stricter than FRESH_HEARTBEAT_S."""
     result = Planner(tmp_path, **options)(None)
     assert fresh_heartbeat_s(result.config) == fresh_s
+
+
+def test_containers_weigh_the_database_and_control_planes_above_the_workers() -> None:
+    """Under contention the kernel shares CPU between containers first: the database and each
+    control plane outweigh a worker's container, and 100 workers' containers together weigh no
+    more than 4 fleet processes at the engine's default weight (1024 each)."""
+    assert cpu_shares_of("pg") > cpu_shares_of("cp-1") == cpu_shares_of("cp-9") > cpu_shares_of("w-1")
+    assert 100 * cpu_shares_of("w-100") <= 4 * 1024 < cpu_shares_of("pg") + 3 * cpu_shares_of("cp-1")
