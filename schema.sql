@@ -390,6 +390,41 @@ BEGIN
     END IF;
 END $$;
 
+-- The job lifecycle (runtime/jobs.py, JobSpec): retries, timeouts, constraints, environment,
+-- working directory, dependencies and arrays. max_attempts: most runs; retry_backoff_ms: the
+-- base of the retry delay (exponential, full jitter, capped: retry_delay_s below); count_lost:
+-- a run lost with its worker spends an attempt; timeout_ms: longest run (NULL: none);
+-- constraints: [{key, op, values}] on the workers' labels (runtime/constraints.py); env:
+-- {name: value}; workdir: '' for the job's own folder; after_ids: jobs that must succeed first;
+-- array_id, array_index, array_max_running: a task of an array (array_id: the array's id).
+-- failures: the attempts spent (failed runs, and lost ones when count_lost).
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS max_attempts integer NOT NULL DEFAULT 1,
+                 ADD COLUMN IF NOT EXISTS retry_backoff_ms bigint NOT NULL DEFAULT 1000,
+                 ADD COLUMN IF NOT EXISTS count_lost boolean NOT NULL DEFAULT false,
+                 ADD COLUMN IF NOT EXISTS timeout_ms bigint,
+                 ADD COLUMN IF NOT EXISTS constraints jsonb NOT NULL DEFAULT '[]',
+                 ADD COLUMN IF NOT EXISTS env jsonb NOT NULL DEFAULT '{}',
+                 ADD COLUMN IF NOT EXISTS workdir text NOT NULL DEFAULT '',
+                 ADD COLUMN IF NOT EXISTS after_ids bigint[] NOT NULL DEFAULT '{}',
+                 ADD COLUMN IF NOT EXISTS array_id bigint,
+                 ADD COLUMN IF NOT EXISTS array_index integer,
+                 ADD COLUMN IF NOT EXISTS array_max_running integer,
+                 ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0;
+-- An assignment's end as the worker told it ("exit code 1", "timeout: ..."), and whether the
+-- run spent one of its job's attempts.
+ALTER TABLE assignments ADD COLUMN IF NOT EXISTS detail text,
+                        ADD COLUMN IF NOT EXISTS counted boolean NOT NULL DEFAULT false;
+
+-- The delay before a job's next run after `failures` spent attempts, in seconds: exponential
+-- backoff with full jitter ("Exponential Backoff And Jitter", M. Brooker, AWS Architecture
+-- Blog, 2015): uniform in [0, min(cap, base * 2^(failures - 1))], the cap being
+-- runtime/jobs.py's MAX_RETRY_BACKOFF_S (600 s). Drawn by the database (random()), so it is
+-- written with the requeue and a new leader honours it (jobs.not_before).
+CREATE OR REPLACE FUNCTION retry_delay_s(p_backoff_ms bigint, p_failures integer)
+RETURNS float8 LANGUAGE sql VOLATILE AS $$
+    SELECT random() * least(600.0, (p_backoff_ms / 1000.0) * power(2.0, greatest(p_failures, 1) - 1))
+$$;
+
 -- What a worker reported for an assignment that ended on its own: succeeded or failed, and
 -- its exit code. Set with the end of an active assignment, and also on an assignment the
 -- leader had already ended as lost when the report came in late (the worker fenced itself,
@@ -442,6 +477,15 @@ CREATE OR REPLACE FUNCTION record_outcomes(
 DECLARE
     late integer;
 BEGIN
+    -- Retries (the job lifecycle): a failed run of an active assignment spends one of its job's
+    -- max_attempts (counted on the assignment); while attempts are left, and no cancel was
+    -- asked, the job becomes pending again instead of failed, not placed before now() plus
+    -- retry_delay_s (exponential backoff, full jitter), its reason saying which attempt failed.
+    -- This is the outcome's consequence, not a leader's judgement: it commits with the end of
+    -- the assignment (invariant 6 holds: the run has ended), the same on every replica, and
+    -- the placement that follows is fenced as any. The conditions read the job's row as the
+    -- UPDATE finds it (READ COMMITTED re-reads the newest version), so a cancel that commits
+    -- first is seen.
     WITH o AS (
         SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s, p_finished_s,
                              p_stdout_paths, p_stderr_paths, p_details)
@@ -453,8 +497,13 @@ BEGIN
         UPDATE assignments a
            SET state = CASE WHEN a.state = 'active' THEN 'finished' ELSE a.state END,
                ended_at = CASE WHEN a.state = 'active' THEN now() ELSE a.ended_at END,
-               end_reason = CASE WHEN a.state = 'active' THEN o.state ELSE a.end_reason END,
-               outcome = o.state, exit_code = o.exit_code
+               end_reason = CASE WHEN a.state <> 'active' THEN a.end_reason
+                                 WHEN o.state = 'failed'
+                                      AND split_part(o.detail, ':', 1) IN ('timeout', 'oom_killed')
+                                 THEN split_part(o.detail, ':', 1)
+                                 ELSE o.state END,
+               outcome = o.state, exit_code = o.exit_code, detail = o.detail,
+               counted = a.counted OR (o.state = 'failed' AND a.state = 'active')
           FROM o
          WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id
            AND (a.state = 'active'
@@ -464,16 +513,42 @@ BEGIN
     ),
     ended AS (
         UPDATE jobs j
-           SET state = o.state, exit_code = o.exit_code,
+           SET state = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                 AND j.failures + 1 < j.max_attempts THEN 'pending'
+                            ELSE o.state END,
+               failures = j.failures + CASE WHEN o.state = 'failed' THEN 1 ELSE 0 END,
+               exit_code = o.exit_code,
                started_at = coalesce(to_timestamp(o.started_s), j.started_at),
-               finished_at = coalesce(to_timestamp(o.finished_s), now()),
-               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
+               finished_at = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                       AND j.failures + 1 < j.max_attempts THEN NULL
+                                  ELSE coalesce(to_timestamp(o.finished_s), now()) END,
+               stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail,
+               pending_seq = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                       AND j.failures + 1 < j.max_attempts
+                                  THEN nextval('pending_seq') ELSE j.pending_seq END,
+               pending_xid = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                       AND j.failures + 1 < j.max_attempts
+                                  THEN pg_current_xact_id()::text::bigint ELSE j.pending_xid END,
+               not_before = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                      AND j.failures + 1 < j.max_attempts
+                                 THEN now() + make_interval(
+                                          secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
+                                 ELSE j.not_before END,
+               reason = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
+                                  AND j.failures + 1 < j.max_attempts
+                             THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
+                                  || ' failed (' || left(o.detail, 200) || ')'
+                             ELSE '' END
           FROM recorded JOIN o ON o.assignment_id = recorded.id
          WHERE recorded.was_active AND j.id = recorded.job_id AND j.state IN ('assigned', 'running')
     )
     SELECT count(*) FILTER (WHERE NOT was_active) INTO late FROM recorded;
 
     IF late > 0 THEN
+        -- A late outcome ends the job (step 3 above), but a late failure of a job with
+        -- attempts left only spends one (none when count_lost: the loss spent it already),
+        -- and the job stays pending, placed again as its requeue said. A job that count_lost
+        -- made failed when this loss spent its last attempt takes the run's true outcome.
         WITH o AS (
             SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s,
                                  p_finished_s, p_stdout_paths, p_stderr_paths, p_details)
@@ -482,17 +557,28 @@ BEGIN
              WHERE o.state IN ('succeeded', 'failed')
         )
         UPDATE jobs j
-           SET state = o.state, exit_code = o.exit_code, reason = '',
+           SET state = CASE WHEN o.state = 'failed' AND j.state = 'pending'
+                                 AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                            THEN 'pending' ELSE o.state END,
+               failures = j.failures + CASE WHEN o.state = 'failed' AND NOT j.count_lost THEN 1 ELSE 0 END,
+               exit_code = o.exit_code,
+               reason = CASE WHEN o.state = 'failed' AND j.state = 'pending'
+                                  AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                             THEN j.reason ELSE '' END,
                started_at = coalesce(to_timestamp(o.started_s), j.started_at),
-               finished_at = coalesce(to_timestamp(o.finished_s), now()),
+               finished_at = CASE WHEN o.state = 'failed' AND j.state = 'pending'
+                                       AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                                  THEN j.finished_at
+                                  ELSE coalesce(to_timestamp(o.finished_s), now()) END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
           FROM o JOIN assignments a ON a.id = o.assignment_id
          WHERE a.worker_id = p_worker_id AND a.state = 'lost' AND a.outcome = o.state
            AND j.id = a.job_id
            AND (j.state = 'pending'
                 -- ended cancelled by the sweep of its dead worker (a cancel was asked, but its
-                -- worker never answered it): the run had succeeded or failed, which stands.
-                OR (j.state = 'cancelled'
+                -- worker never answered it), or failed by that sweep because the loss spent the
+                -- last attempt (count_lost): the run had succeeded or failed, which stands.
+                OR (j.state IN ('cancelled', 'failed')
                     AND NOT EXISTS (SELECT 1 FROM assignments b WHERE b.job_id = j.id AND b.id > a.id)));
     END IF;
     RETURN late;

@@ -35,7 +35,12 @@ from runtime.wire_jobs import job_spec_to_pb
 def assignment_message(a: CommittedAssignment) -> pb.Assignment:
     """The wire form of a committed assignment."""
     return pb.Assignment(
-        assignment_id=a.assignment_id, job_id=a.job_id, spec=job_spec_to_pb(a.spec), committed_epoch=a.epoch
+        assignment_id=a.assignment_id,
+        job_id=a.job_id,
+        spec=job_spec_to_pb(a.spec),
+        committed_epoch=a.epoch,
+        has_array_index=a.array_index is not None,
+        array_index=a.array_index or 0,
     )
 
 

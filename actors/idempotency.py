@@ -83,7 +83,9 @@ def job_item(job: JobSpec) -> list[Any]:
     (:func:`actors.queries.job_columns`) but the runtime's name, ``[name, cpu_millis,
     memory_mb, priority, sleep_ms, argv]``, as digests were first computed (keys stored then
     must keep matching their retries); a container job adds ``["container", image]``, so it
-    never digests as the command job with the same argv.
+    never digests as the command job with the same argv; a job with lifecycle fields
+    (attempts, timeout, constraints, ...) adds ``["lifecycle", [[field, value], ...]]`` with
+    those that differ from their defaults.
 
     Raises:
         ValueError: ``job`` has no runtime (it was not checked).
@@ -92,7 +94,29 @@ def job_item(job: JobSpec) -> list[Any]:
     item: list[Any] = [c.name, c.cpu_millis, c.memory_mb, c.priority, c.sleep_ms, c.argv]
     if c.image is not None:
         item.append([c.runtime, c.image])
+    defaults = queries.JobColumns("", 1, 1, 0, "", None, None)
+    lifecycle = [
+        [name, getattr(c, name)] for name in _LIFECYCLE_FIELDS if getattr(c, name) != getattr(defaults, name)
+    ]
+    if job.array is not None:
+        lifecycle.append(["array", [job.array.first_index, job.array.last_index, job.array.max_running]])
+    if lifecycle:
+        item.append(["lifecycle", lifecycle])
     return item
+
+
+_LIFECYCLE_FIELDS = (
+    "max_attempts",
+    "retry_backoff_ms",
+    "count_lost",
+    "timeout_ms",
+    "constraints",
+    "env",
+    "workdir",
+    "after_ids",
+)
+"""The columns after a spec's runtime; each enters a digest only when it is not its default,
+so a spec that uses none of them digests as it did before they existed."""
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

@@ -70,7 +70,14 @@ import trio
 
 from actors import idempotency, queries, validation
 from actors.ingest_gate import SESSION_SETTINGS, AdmittedService, open_pool, run_in_slices
-from actors.ingest_replies import check_outcomes, job_info, leave_verdict, outcome_arrays, status_reply
+from actors.ingest_replies import (
+    attempt_info,
+    check_outcomes,
+    job_info,
+    leave_verdict,
+    outcome_arrays,
+    status_reply,
+)
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
@@ -259,9 +266,12 @@ class ControlPlaneService(AdmittedService):
         validation.check_job_id(request.job_id)
         async with self.database("get_job") as conn:
             row = await conn.fetchrow(queries.GET_JOB, request.job_id)
+            attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
-        return job_info(row)
+        info = job_info(row)
+        info.attempt_history = [attempt_info(a) for a in attempts]
+        return info
 
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
         """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside

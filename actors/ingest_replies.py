@@ -31,12 +31,33 @@ def job_info(row: Any) -> pb.JobInfo:
         stdout_path=row["stdout_path"] or "",
         stderr_path=row["stderr_path"] or "",
         attempts=row["attempts"],
+        failures=row["failures"],
+        not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
+        array_id=row["array_id"] or 0,
+        array_index=row["array_index"] or 0,
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
         info.reason = "cancelling"
     elif row["detail"] and not info.reason:
         info.reason = row["detail"]
     return info
+
+
+def attempt_info(row: Any) -> pb.Attempt:
+    """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS`."""
+    return pb.Attempt(
+        assignment_id=row["id"],
+        worker_id=row["worker_id"],
+        epoch=row["epoch"],
+        state=row["state"],
+        end_reason=row["end_reason"],
+        has_exit_code=row["exit_code"] is not None,
+        exit_code=row["exit_code"] or 0,
+        created_unix_s=row["created_unix_s"] or 0.0,
+        ended_unix_s=row["ended_unix_s"] or 0.0,
+        detail=row["detail"],
+        counted=row["counted"],
+    )
 
 
 def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:

@@ -380,14 +380,11 @@ class Ledger:
         )
         placed = [row for row in rows if row["assignment_id"] is not None]
         argvs: dict[int, dict[str, Any]] = {}
-        commands = [int(row["id"]) for row in placed if row["has_argv"]]
+        commands = [int(row["id"]) for row in placed if row["has_payload"]]
         if commands:
             # After the statement, which holds no lock any more: a leader frozen while this
             # large answer comes in keeps no takeover waiting.
-            argvs = {
-                int(r["id"]): {"argv": r["argv"], "image": r["image"]}
-                for r in await conn.fetch(queries.JOB_ARGVS, commands)
-            }
+            argvs = {int(r["id"]): dict(r) for r in await conn.fetch(queries.JOB_ARGVS, commands)}
         committed = tuple(
             CommittedAssignment(
                 assignment_id=int(row["assignment_id"]),
@@ -396,6 +393,7 @@ class Ledger:
                 incarnation=int(row["incarnation"]),
                 epoch=message.epoch,
                 spec=queries.job_spec_of({**row, **argvs.get(int(row["id"]), {"argv": None, "image": None})}),
+                array_index=argvs.get(int(row["id"]), {}).get("array_index"),
             )
             for row in placed
         )

@@ -79,6 +79,8 @@ class CommittedAssignment:
     epoch: int
     spec: JobSpec
     """The job's spec, as stored at submission."""
+    array_index: int | None = None
+    """A task of an array: its index (the worker sets ``STOCKADE_ARRAY_INDEX``); None: not a task."""
 
 
 @attrs.frozen(kw_only=True)

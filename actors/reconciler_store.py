@@ -66,6 +66,7 @@ def _delivery(row: Any) -> Delivery:
             incarnation=int(row["incarnation"]),
             epoch=int(row["epoch"]),
             spec=queries.job_spec_of(row),
+            array_index=row["array_index"],
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

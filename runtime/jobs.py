@@ -21,14 +21,16 @@ with every other limit for the README. Sizes are counted in bytes of UTF-8
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 import attrs
 
 from runtime.checks import check_int_between, check_text, utf8_bytes
+from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
@@ -48,6 +50,30 @@ under 1 ms of the 100 ms period: "failed to write 100 to cpu.cfs_quota_us")."""
 MIN_CONTAINER_MEMORY_MB = 6
 """Least memory of a container job: the engine refuses a limit under 6 MiB."""
 RUNTIME_RULE = "must be exactly one of sleep, command or container"
+MAX_ATTEMPTS = 100
+"""Most runs of one job (``max_attempts``)."""
+DEFAULT_RETRY_BACKOFF_S = 1.0
+"""The retry backoff's base when the spec names none, in seconds."""
+MAX_RETRY_BACKOFF_S = 600.0
+"""Largest retry backoff base, and the cap of every retry delay, in seconds (ten minutes)."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""Longest ``timeout_s``: one week."""
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_BYTES = 256
+MAX_ENV_BYTES = 64 * 1024
+"""Most bytes of UTF-8 of a job's environment, names and values together."""
+RESERVED_ENV_PREFIX = "STOCKADE_"
+"""Environment names the worker sets itself (``STOCKADE_ARRAY_INDEX``, ``STOCKADE_JOB_ID``)."""
+MAX_WORKDIR_BYTES = 4096
+"""Longest ``workdir``, PATH_MAX."""
+MAX_AFTER = 100
+"""Most jobs one job may wait for (``after``)."""
+MAX_ARRAY_TASKS = 10_000
+"""Most tasks of one array (as many as one batch submission)."""
+MAX_ARRAY_INDEX = 1_000_000
+"""Largest task index of an array."""
+MAX_ID = 2**63 - 1
+"""Largest job id (a bigint)."""
 """The rule a spec without a runtime (or, on the wire, with two) breaks (field ``runtime``)."""
 
 
@@ -184,6 +210,121 @@ JobRuntime = SleepRuntime | CommandRuntime | ContainerRuntime
 
 
 @attrs.frozen(kw_only=True)
+class ArrayRange:
+    """An array submission: one task per index ``first_index..last_index`` (both included),
+    each a job of the same spec with ``STOCKADE_ARRAY_INDEX`` in its environment, at most
+    ``max_running`` of them assigned or running at once (0: no limit). Slurm's ``--array``
+    (``sbatch --array=1-100%10``) is the model."""
+
+    first_index: int
+    last_index: int
+    max_running: int = 0
+
+    @property
+    def tasks(self) -> int:
+        """How many tasks."""
+        return self.last_index - self.first_index + 1
+
+    def check(self) -> ArrayRange:
+        """This range, once it is found within the limits.
+
+        Raises:
+            InvalidArgument: an index outside 0..:data:`MAX_ARRAY_INDEX`, ``last_index`` below
+                ``first_index``, more than :data:`MAX_ARRAY_TASKS` tasks, or ``max_running``
+                outside 0..:data:`MAX_ARRAY_TASKS`.
+        """
+        if self.last_index < self.first_index:
+            raise InvalidArgument(
+                "array", self.describe(), "must end at or after its first index (first-last, e.g. 1-100)"
+            )
+        if self.tasks > MAX_ARRAY_TASKS:
+            raise InvalidArgument(
+                "array", self.describe(), f"must have at most {MAX_ARRAY_TASKS} tasks (has {self.tasks})"
+            )
+        check_int_between("array.first_index", self.first_index, 0, MAX_ARRAY_INDEX)
+        check_int_between("array.last_index", self.last_index, 0, MAX_ARRAY_INDEX)
+        check_int_between("array.max_running", self.max_running, 0, MAX_ARRAY_TASKS)
+        return self
+
+    def describe(self) -> str:
+        """The text form: ``1-100`` or ``1-100%10``."""
+        text = f"{self.first_index}-{self.last_index}"
+        return f"{text}%{self.max_running}" if self.max_running else text
+
+
+ARRAY_SYNTAX = "must be FIRST-LAST[%MAX_RUNNING] or INDEX (e.g. 1-100%10)"
+
+
+def parse_array(text: str, *, field: str = "array") -> ArrayRange:
+    """An :class:`ArrayRange` from ``1-100``, ``1-100%10`` or ``7`` (one task), checked.
+
+    Raises:
+        InvalidArgument: ``text`` is not of that form, or the range breaks a limit.
+    """
+    found = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?(?:%\s*(\d{1,9})\s*)?", text)
+    if found is None:
+        raise InvalidArgument(field, text, ARRAY_SYNTAX)
+    first = int(found[1])
+    last = int(found[2]) if found[2] is not None else first
+    return ArrayRange(first_index=first, last_index=last, max_running=int(found[3] or 0)).check()
+
+
+def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), str(v)) for k, v in items))
+
+
+def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
+    return tuple(value)
+
+
+def _ids(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
+    """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
+    more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, or starts
+    with :data:`RESERVED_ENV_PREFIX`, a name given twice, a value holding a NUL, or more than
+    :data:`MAX_ENV_BYTES` bytes in all."""
+    pairs = list(env)
+    if len(pairs) > MAX_ENV_VARS:
+        raise InvalidArgument(field, f"{len(pairs)} names", f"must have at most {MAX_ENV_VARS} names")
+    seen: set[str] = set()
+    total = 0
+    for name, value in pairs:
+        check_text(f"{field} name", name, max_bytes=MAX_ENV_NAME_BYTES)
+        if "=" in name:
+            raise InvalidArgument(f"{field} name", name, "must not contain '=' (write NAME=VALUE)")
+        if name.startswith(RESERVED_ENV_PREFIX):
+            raise InvalidArgument(
+                f"{field} name", name, f"must not start with {RESERVED_ENV_PREFIX} (the worker sets those)"
+            )
+        if name in seen:
+            raise InvalidArgument(f"{field} name", name, "must be given once")
+        seen.add(name)
+        check_text(f"{field}[{name}]", value, max_bytes=MAX_ENV_BYTES, allow_empty=True)
+        total += utf8_bytes(field, name) + utf8_bytes(field, value) + 2
+    if total > MAX_ENV_BYTES:
+        raise InvalidArgument(field, f"{total} bytes", f"must total at most {MAX_ENV_BYTES} bytes in UTF-8")
+
+
+def check_seconds(field: str, value: float, *, low: float, high: float, low_open: bool = False) -> float:
+    """``value`` (seconds), once it is found a finite number within ``low..high`` (above
+    ``low`` when ``low_open``).
+
+    Raises:
+        InvalidArgument: NaN, an infinity, or outside the range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(field, value, "must be a finite number of seconds")
+    if value > high or value < low or (low_open and value == low):
+        bound = f"above {low:g}" if low_open else f"at least {low:g}"
+        raise InvalidArgument(field, value, f"must be {bound} and at most {high:g} seconds")
+    return float(value)
+
+
+@attrs.frozen(kw_only=True)
 class JobSpec:
     """A job as submitted: what it runs and what it reserves while it runs.
 
@@ -202,6 +343,27 @@ class JobSpec:
     """Higher runs first; ties by submission order. -:data:`MAX_PRIORITY` to :data:`MAX_PRIORITY`."""
     runtime: JobRuntime | None
     """What it runs; None when the spec named no runtime (refused by :meth:`check`)."""
+    max_attempts: int = 1
+    """Most runs, 1 to :data:`MAX_ATTEMPTS`: a failed run (non-zero exit, OOM kill, timeout;
+    a run lost with its worker only when ``count_lost``) is retried until they are spent."""
+    retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
+    """The base of the delay before a retry, 0 to :data:`MAX_RETRY_BACKOFF_S` seconds: the
+    delay before the n-th retry is drawn uniformly from 0 to ``min(MAX_RETRY_BACKOFF_S,
+    retry_backoff_s * 2**(n-1))`` (exponential backoff with full jitter)."""
+    count_lost: bool = False
+    """Whether a run lost with its worker spends an attempt (by default it does not)."""
+    timeout_s: float | None = None
+    """Longest run, above 0 and at most :data:`MAX_TIMEOUT_S` seconds; None: no limit."""
+    constraints: tuple[Constraint, ...] = attrs.field(default=(), converter=_constraints)
+    """Rules on the worker's labels (:mod:`runtime.constraints`), all of which must hold."""
+    env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_env)
+    """Environment variables as (name, value) pairs sorted by name (a mapping is taken too)."""
+    workdir: str = ""
+    """The working directory, an absolute path on the worker; empty: the job's own folder."""
+    after: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+    """Jobs that must all have succeeded before this one becomes pending."""
+    array: ArrayRange | None = None
+    """Submit as an array of tasks (:class:`ArrayRange`); None: one job."""
 
     def check(self) -> JobSpec:
         """This spec, once it is found within every limit (fields in the order above).
@@ -219,6 +381,7 @@ class JobSpec:
         if self.runtime is None:
             raise InvalidArgument("runtime", None, RUNTIME_RULE)
         self.runtime.check()
+        self._check_lifecycle()
         if isinstance(self.runtime, ContainerRuntime):
             # Docker's own floors: a CPU quota under 10 ms per 100 ms period (runc writes
             # cpu.cfs_quota_us >= 1000) and a memory limit under 6 MiB are refused by the engine.
@@ -231,6 +394,29 @@ class JobSpec:
                         field, value, f"must be at least {low} for a container job (the engine's floor)"
                     )
         return self
+
+    def _check_lifecycle(self) -> None:
+        """The rules of the fields after ``runtime``, in their order."""
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidArgument("max_attempts", self.max_attempts, "must be an integer")
+        check_int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS)
+        check_seconds("retry_backoff_s", self.retry_backoff_s, low=0.0, high=MAX_RETRY_BACKOFF_S)
+        if self.timeout_s is not None:
+            check_seconds("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
+        check_constraints(self.constraints)
+        check_env(self.env)
+        if self.workdir:
+            check_text("workdir", self.workdir, max_bytes=MAX_WORKDIR_BYTES, printable=True)
+            if not self.workdir.startswith("/"):
+                raise InvalidArgument("workdir", self.workdir, "must be an absolute path (start with /)")
+        if len(self.after) > MAX_AFTER:
+            raise InvalidArgument("after", f"{len(self.after)} jobs", f"must name at most {MAX_AFTER} jobs")
+        for index, job_id in enumerate(self.after):
+            check_int_between(f"after[{index}]", job_id, 1, MAX_ID)
+        if len(set(self.after)) != len(self.after):
+            raise InvalidArgument("after", list(self.after), "must name each job once")
+        if self.array is not None:
+            self.array.check()
 
     def describe(self) -> str:
         """The runtime in one line for people (:meth:`SleepRuntime.describe`); ``-`` for none."""

@@ -12,15 +12,52 @@ the CLI. Nothing is checked here but the oneof; the rules are :meth:`JobSpec.che
 from __future__ import annotations
 
 from protocol import pb
+from runtime.constraints import Constraint
 from runtime.errors import InvalidArgument
-from runtime.jobs import RUNTIME_RULE, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.jobs import (
+    DEFAULT_RETRY_BACKOFF_S,
+    RUNTIME_RULE,
+    ArrayRange,
+    CommandRuntime,
+    ContainerRuntime,
+    JobRuntime,
+    JobSpec,
+    SleepRuntime,
+)
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds on the wire (a value the spec refuses is sent as it is
+    rounded, so the control plane refuses it in turn)."""
+    return max(0, round(seconds * 1000)) if seconds == seconds else 0
 
 
 def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     """``spec`` as a ``JobSpec`` message (no runtime set when ``spec.runtime`` is None)."""
     message = pb.JobSpec(
-        name=spec.name, cpu_millis=spec.cpu_millis, memory_mb=spec.memory_mb, priority=spec.priority
+        name=spec.name,
+        cpu_millis=spec.cpu_millis,
+        memory_mb=spec.memory_mb,
+        priority=spec.priority,
+        # Defaults are left unset, so a spec that uses none of the lifecycle fields has the
+        # wire form it had before they existed.
+        max_attempts=0 if spec.max_attempts == 1 else spec.max_attempts,
+        retry_backoff_ms=None
+        if spec.retry_backoff_s == DEFAULT_RETRY_BACKOFF_S
+        else _ms(spec.retry_backoff_s),
+        count_lost=spec.count_lost,
+        timeout_ms=0 if spec.timeout_s is None else _ms(spec.timeout_s),
+        constraints=[pb.Constraint(key=c.key, op=c.op, values=list(c.values)) for c in spec.constraints],
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        after=list(spec.after),
     )
+    if spec.array is not None:
+        message.array = pb.JobArray(
+            first_index=spec.array.first_index,
+            last_index=spec.array.last_index,
+            max_running=spec.array.max_running,
+        )
     match spec.runtime:
         case SleepRuntime(duration_ms=duration_ms):
             message.sleep = pb.SleepRuntime(duration_ms=duration_ms)
@@ -61,10 +98,28 @@ def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobS
         runtime = CommandRuntime(argv=message.command.argv)
     elif message.container is not None:
         runtime = ContainerRuntime(image=message.container.image, argv=message.container.argv)
+    backoff_ms = message.retry_backoff_ms
     return JobSpec(
         name=message.name,
         cpu_millis=message.cpu_millis,
         memory_mb=message.memory_mb,
         priority=message.priority,
         runtime=runtime,
+        max_attempts=message.max_attempts or 1,
+        retry_backoff_s=DEFAULT_RETRY_BACKOFF_S if backoff_ms is None else backoff_ms / 1000,
+        count_lost=message.count_lost,
+        timeout_s=message.timeout_ms / 1000 if message.timeout_ms else None,
+        constraints=tuple(
+            Constraint(key=c.key, op=c.op, values=tuple(c.values)) for c in message.constraints
+        ),
+        env=dict(message.env),
+        workdir=message.workdir,
+        after=tuple(message.after),
+        array=None
+        if message.array is None
+        else ArrayRange(
+            first_index=message.array.first_index,
+            last_index=message.array.last_index,
+            max_running=message.array.max_running,
+        ),
     )

@@ -5,6 +5,8 @@ and the reads behind job queries and the status view.
 
 from __future__ import annotations
 
+from actors.queries.jobs import lifecycle_columns
+
 # ---------------------------------------------------------------- schema
 
 SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
@@ -65,39 +67,53 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 """
 
 
-# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image;
-# then the idempotency key and the request's sha256 (see once). Answer rows: id.
+# $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
+# $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
+# $14 env (JSON), $15 workdir, $16 after_ids; then the idempotency key and the request's sha256
+# (see once). Answer rows: id.
 SUBMIT_JOB = once(
     "submit_job",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image, pending_seq)
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
+                  max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
+                  after_ids, pending_seq)
 SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
-       nextval('pending_seq')
+       $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
+       $16::bigint[], nextval('pending_seq')
   FROM fresh
 RETURNING id
 """,
-    params=8,
+    params=16,
 )
 
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
-# JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs); then the
-# idempotency key and the request's sha256 (see once). One statement: all jobs or none. Answer
-# rows: id, one per job, drawn in order.
+# JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
+# $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
+# $15 workdir, $16 after_ids (JSON arrays); then the idempotency key and the request's sha256
+# (see once). One statement: all jobs or none. Answer rows: id, one per job, drawn in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image, pending_seq)
+INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
+                  max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
+                  after_ids, pending_seq)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
-       t.image, nextval('pending_seq')
+       t.image, t.max_attempts, t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints::jsonb,
+       t.env::jsonb, t.workdir,
+       ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint),
+       nextval('pending_seq')
   FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
-              $8::text[])
-       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, n), fresh
+              $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
+              $14::text[], $15::text[], $16::text[])
+       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
+                            backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
+                            after_ids, n), fresh
  ORDER BY t.n
 RETURNING id
 """,
-    params=8,
+    params=16,
 )
 
 # $1 job id; then the idempotency key and the request's sha256 (see once). Pending: cancelled at
@@ -134,8 +150,10 @@ WITH swept AS (
 SELECT count(*) FROM swept
 """
 
-_JOB_INFO = """
+_JOB_INFO = f"""
 SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv, j.image,
+       {lifecycle_columns("j")}, j.failures, j.array_id, j.array_index,
+       extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
        extract(epoch FROM j.started_at)::float8 AS started_unix_s,
@@ -150,6 +168,15 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
 """
 
 GET_JOB = _JOB_INFO + " WHERE j.id = $1"
+
+# $1 job id. Its runs (assignments), oldest first.
+JOB_ATTEMPTS = """
+SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit_code,
+       extract(epoch FROM created_at)::float8 AS created_unix_s,
+       extract(epoch FROM ended_at)::float8 AS ended_unix_s,
+       coalesce(detail, '') AS detail, counted
+  FROM assignments WHERE job_id = $1 ORDER BY id
+"""
 
 # $1 state ('' for any), $2 limit. Newest first.
 LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"

@@ -12,7 +12,57 @@ from typing import Any
 
 import attrs
 
-from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+from runtime.constraints import Constraint
+from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+
+LIFECYCLE_COLUMNS = (
+    "max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints::text AS constraints, "
+    "env::text AS env, workdir, after_ids, array_max_running"
+)
+"""The columns of a spec after its runtime, as :func:`job_spec_of` reads them (prefix each
+with a table alias where the query needs one: :func:`lifecycle_columns`)."""
+
+
+def lifecycle_columns(alias: str) -> str:
+    """:data:`LIFECYCLE_COLUMNS` read from the table aliased ``alias``."""
+    return (
+        f"{alias}.max_attempts, {alias}.retry_backoff_ms, {alias}.count_lost, {alias}.timeout_ms, "
+        f"{alias}.constraints::text AS constraints, {alias}.env::text AS env, {alias}.workdir, "
+        f"{alias}.after_ids, {alias}.array_max_running"
+    )
+
+
+def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's fields after its runtime from a row; a column the row lacks keeps the spec's
+    default (a dispatch reads only what a worker needs)."""
+    fields: dict[str, Any] = {}
+    keys = set(row.keys())
+    if "max_attempts" in keys and row["max_attempts"] is not None:
+        fields["max_attempts"] = int(row["max_attempts"])
+    if "retry_backoff_ms" in keys and row["retry_backoff_ms"] is not None:
+        fields["retry_backoff_s"] = int(row["retry_backoff_ms"]) / 1000
+    if "count_lost" in keys and row["count_lost"] is not None:
+        fields["count_lost"] = bool(row["count_lost"])
+    if "timeout_ms" in keys and row["timeout_ms"] is not None:
+        fields["timeout_s"] = int(row["timeout_ms"]) / 1000
+    if "constraints" in keys and row["constraints"]:
+        fields["constraints"] = tuple(
+            Constraint(key=c["key"], op=c["op"], values=tuple(c.get("values", ())))
+            for c in json.loads(row["constraints"])
+        )
+    if "env" in keys and row["env"]:
+        fields["env"] = json.loads(row["env"])
+    if "workdir" in keys and row["workdir"]:
+        fields["workdir"] = row["workdir"]
+    if "after_ids" in keys and row["after_ids"]:
+        fields["after"] = tuple(int(i) for i in row["after_ids"])
+    if "array_max_running" in keys and row.get("array_first") is not None:
+        fields["array"] = ArrayRange(
+            first_index=int(row["array_first"]),
+            last_index=int(row["array_last"]),
+            max_running=int(row["array_max_running"] or 0),
+        )
+    return fields
 
 
 def job_spec_of(row: Mapping[str, Any]) -> JobSpec:
@@ -45,6 +95,7 @@ def job_spec_of(row: Mapping[str, Any]) -> JobSpec:
         memory_mb=int(memory_mb),
         priority=int(priority),
         runtime=runtime,
+        **_lifecycle(row),
     )
 
 
@@ -64,6 +115,17 @@ class JobColumns:
     """A command's or a container's argv; None for a sleep."""
     image: str | None = None
     """A container's image; None for another runtime."""
+    max_attempts: int = 1
+    retry_backoff_ms: int = 1000
+    count_lost: bool = False
+    timeout_ms: int | None = None
+    """None: no timeout."""
+    constraints: str = "[]"
+    """JSON: a list of {key, op, values}."""
+    env: str = "{}"
+    """JSON: an object of name -> value."""
+    workdir: str = ""
+    after_ids: list[int] = attrs.field(factory=list)
 
 
 def job_columns(spec: JobSpec) -> JobColumns:
@@ -85,13 +147,31 @@ def job_columns(spec: JobSpec) -> JobColumns:
         case None:
             raise ValueError(f"job {spec.name!r} has no runtime: check it before storing it")
     return JobColumns(
-        spec.name, spec.cpu_millis, spec.memory_mb, spec.priority, spec.runtime.kind, sleep_ms, argv, image
+        spec.name,
+        spec.cpu_millis,
+        spec.memory_mb,
+        spec.priority,
+        spec.runtime.kind,
+        sleep_ms,
+        argv,
+        image,
+        max_attempts=spec.max_attempts,
+        retry_backoff_ms=round(spec.retry_backoff_s * 1000),
+        count_lost=spec.count_lost,
+        timeout_ms=None if spec.timeout_s is None else round(spec.timeout_s * 1000),
+        constraints=json.dumps(
+            [{"key": c.key, "op": c.op, "values": list(c.values)} for c in spec.constraints]
+        ),
+        env=json.dumps(dict(spec.env)),
+        workdir=spec.workdir,
+        after_ids=list(spec.after),
     )
 
 
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
-    """The columns of many specs as parameters $1-$8 of :data:`SUBMIT_JOBS`: one array per
-    column, argv as JSON text (a ``text[]`` cannot hold arrays of different lengths).
+    """The columns of many specs as parameters $1-$17 of :data:`SUBMIT_JOBS`: one array per
+    column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
+    lengths).
 
     Raises:
         ValueError: a spec has no runtime.
@@ -106,4 +186,12 @@ def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
         [c.sleep_ms for c in columns],
         [None if c.argv is None else json.dumps(c.argv) for c in columns],
         [c.image for c in columns],
+        [c.max_attempts for c in columns],
+        [c.retry_backoff_ms for c in columns],
+        [c.count_lost for c in columns],
+        [c.timeout_ms for c in columns],
+        [c.constraints for c in columns],
+        [c.env for c in columns],
+        [c.workdir for c in columns],
+        [json.dumps(c.after_ids) for c in columns],
     )

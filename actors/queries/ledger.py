@@ -48,7 +48,8 @@ claimed AS (
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
-           j.argv IS NOT NULL AS has_argv
+           (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{}'::jsonb OR j.workdir <> ''
+            OR j.array_index IS NOT NULL) AS has_payload
 ),
 created AS (
     INSERT INTO assignments (id, job_id, worker_id, worker_incarnation, cpu_millis, memory_mb, epoch)
@@ -65,9 +66,13 @@ SELECT fence.epoch AS epoch_seen, claimed.*
   FROM fence LEFT JOIN claimed ON true
 """
 
-# $1 job ids. The commands of command and container jobs (and a container's image), read after
-# their placement committed.
-JOB_ARGVS = "SELECT id, argv, image FROM jobs WHERE id = ANY($1::bigint[])"
+# $1 job ids. What a worker needs of a job beyond its size and runtime kind: the commands of
+# command and container jobs (and a container's image), the timeout, the environment, the
+# working directory and the array task's index; read after their placement committed.
+JOB_ARGVS = """
+SELECT id, argv, image, timeout_ms, env::text AS env, workdir, array_index
+  FROM jobs WHERE id = ANY($1::bigint[])
+"""
 
 # Workers judged by their silence: every 'alive' row, and a 'left' row that still has active
 # assignments: of another incarnation, since the leader ends the left one's at once. Only a
@@ -115,12 +120,16 @@ _THIS_XID = "pg_current_xact_id()::text::bigint"
 # ``backoff`` alone (one row per ended job): joining it with ``ended`` as well, two CTEs, was a
 # nested loop that took 560 of 598 ms when 2,000 assignments ended at once.
 _REQUEUE_BACKOFF = """backoff AS (
-    SELECT j.id, {clean} AS clean,
+    SELECT j.id, {clean} AS clean, ended.end_reason,
            CASE WHEN {clean} THEN NULL ELSE now() + make_interval(
                secs => random() * ({caps}::float8[])[least(j.losses + 1, cardinality({caps}::float8[]))]
            ) END AS not_before
       FROM jobs j JOIN ended ON j.id = ended.job_id
 )"""
+# A requeue's job (``j``, with its ``backoff`` row ``b``) whose loss spends its last attempt: it
+# asked that losses count (``count_lost``), and this one was not a clean stop.
+_LOSS_SPENDS_LAST = "(j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)"
+
 _BACKOFF_REASON = (
     "'backoff: placed again after ' || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'"
 )
@@ -162,7 +171,9 @@ WITH orphaned AS (
 ended AS (
     UPDATE assignments a
        SET state = CASE WHEN o.reason = 'worker_left' THEN 'stopped' ELSE 'lost' END,
-           ended_at = now(), ended_epoch = $1, end_reason = o.reason
+           ended_at = now(), ended_epoch = $1, end_reason = o.reason,
+           counted = o.reason <> 'worker_left'
+                     AND (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
       FROM orphaned o
      WHERE a.id = o.id AND a.state = 'active'
  RETURNING a.id, a.job_id, a.end_reason
@@ -170,14 +181,22 @@ ended AS (
 {_REQUEUE_BACKOFF.format(caps="$2", clean="ended.end_reason = 'worker_left'")},
 requeued AS (
     UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN {_LOSS_SPENDS_LAST} THEN 'failed'
+                        ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested OR {_LOSS_SPENDS_LAST} THEN now() ELSE NULL END,
            started_at = NULL,
            pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
            pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END,
            losses = CASE WHEN b.clean THEN j.losses ELSE j.losses + 1 END,
+           failures = CASE WHEN j.count_lost AND NOT b.clean THEN j.failures + 1 ELSE j.failures END,
+           detail = CASE WHEN NOT j.cancel_requested AND {_LOSS_SPENDS_LAST}
+                         THEN b.end_reason || ': the run was lost with its worker, the last of '
+                              || j.max_attempts || ' attempts (count_lost)'
+                         ELSE j.detail END,
            not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
-           reason = CASE WHEN j.cancel_requested OR b.not_before IS NULL THEN j.reason
+           reason = CASE WHEN j.cancel_requested OR {_LOSS_SPENDS_LAST} THEN ''
+                         WHEN b.not_before IS NULL THEN j.reason
                          ELSE {_BACKOFF_REASON} END
       FROM backoff b
      WHERE j.id = b.id AND j.state IN ('assigned', 'running')
@@ -196,7 +215,7 @@ WITH ended AS (
     UPDATE assignments
        SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = $3
      WHERE id = ANY($2::bigint[]) AND state = 'active'
- RETURNING id, job_id
+ RETURNING id, job_id, end_reason
 ),
 {_REQUEUE_BACKOFF.format(caps="$5", clean="false")},
 jobs_ended AS (

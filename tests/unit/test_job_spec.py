@@ -119,6 +119,14 @@ def test_the_columns_of_each_runtime() -> None:
         [4, None, None],
         [None, '["a", "b c"]', "[]"],
         [None, None, "app:1"],
+        [1, 1, 1],
+        [1000, 1000, 1000],
+        [False, False, False],
+        [None, None, None],
+        ["[]", "[]", "[]"],
+        ["{}", "{}", "{}"],
+        ["", "", ""],
+        ["[]", "[]", "[]"],
     )
     with pytest.raises(ValueError, match="has no runtime"):
         queries.job_columns(JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None))

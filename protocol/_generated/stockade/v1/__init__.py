@@ -7,11 +7,13 @@ __all__ = (
     "AssignReply",
     "AssignRequest",
     "Assignment",
+    "Attempt",
     "CancelJobReply",
     "CancelJobRequest",
     "CancelReply",
     "CancelRequest",
     "CommandRuntime",
+    "Constraint",
     "ContainerRuntime",
     "ControlPlaneBase",
     "ControlPlaneInfo",
@@ -19,6 +21,7 @@ __all__ = (
     "GetJobRequest",
     "HeartbeatReply",
     "HeartbeatRequest",
+    "JobArray",
     "JobCount",
     "JobInfo",
     "JobOutcome",
@@ -77,6 +80,13 @@ class Assignment(betterproto2.Message):
     The epoch whose leader committed this assignment.
     """
 
+    has_array_index: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    A task of an array: its index, set as STOCKADE_ARRAY_INDEX (has_array_index false: none).
+    """
+
+    array_index: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+
 
 default_message_pool.register_message("stockade.v1", "Assignment", Assignment)
 
@@ -111,6 +121,53 @@ class AssignRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "AssignRequest", AssignRequest)
+
+
+@dataclass(eq=False, repr=False)
+class Attempt(betterproto2.Message):
+    """
+    One run of a job: an assignment, from its placement to its end.
+    """
+
+    assignment_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    worker_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    epoch: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    The epoch whose leader placed it.
+    """
+
+    state: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    active, finished, cancelled, lost, stopped
+    """
+
+    end_reason: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    Why it ended: succeeded, failed, worker_dead, timeout, cancelled, drained, ...
+    """
+
+    has_exit_code: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+
+    exit_code: "int" = betterproto2.field(7, betterproto2.TYPE_SINT32)
+
+    created_unix_s: "float" = betterproto2.field(8, betterproto2.TYPE_DOUBLE)
+
+    ended_unix_s: "float" = betterproto2.field(9, betterproto2.TYPE_DOUBLE)
+
+    detail: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
+    """
+    What the worker said of its end ("exit code 1", "oom_killed: ...").
+    """
+
+    counted: "bool" = betterproto2.field(11, betterproto2.TYPE_BOOL)
+    """
+    Whether it spent one of max_attempts.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "Attempt", Attempt)
 
 
 @dataclass(eq=False, repr=False)
@@ -180,6 +237,31 @@ class CommandRuntime(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "CommandRuntime", CommandRuntime)
+
+
+@dataclass(eq=False, repr=False)
+class Constraint(betterproto2.Message):
+    """
+    A rule a worker's labels must satisfy for the job to be placed on it (runtime/constraints.py).
+    """
+
+    key: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The label's key, [prefix/]name (Kubernetes' label syntax).
+    """
+
+    op: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    "=", "!=", "exists" or "in".
+    """
+
+    values: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    One value for = and !=, one or more for in, none for exists.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "Constraint", Constraint)
 
 
 @dataclass(eq=False, repr=False)
@@ -277,6 +359,26 @@ default_message_pool.register_message("stockade.v1", "HeartbeatRequest", Heartbe
 
 
 @dataclass(eq=False, repr=False)
+class JobArray(betterproto2.Message):
+    """
+    One submission of many tasks of the same spec: task indexes first..last (both included),
+    each a job of its own with STOCKADE_ARRAY_INDEX in its environment.
+    """
+
+    first_index: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+
+    last_index: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    max_running: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    Most tasks of the array assigned or running at once; 0: no limit.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "JobArray", JobArray)
+
+
+@dataclass(eq=False, repr=False)
 class JobCount(betterproto2.Message):
     state: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -323,6 +425,36 @@ class JobInfo(betterproto2.Message):
     stderr_path: "str" = betterproto2.field(14, betterproto2.TYPE_STRING)
 
     attempts: "int" = betterproto2.field(15, betterproto2.TYPE_UINT32)
+    """
+    How many times it was placed.
+    """
+
+    attempt_history: "list[Attempt]" = betterproto2.field(16, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Every run so far (assignment), oldest first.
+    """
+
+    failures: "int" = betterproto2.field(17, betterproto2.TYPE_UINT32)
+    """
+    Runs spent on max_attempts: failures, and losses when count_lost.
+    """
+
+    not_before_unix_s: "float" = betterproto2.field(18, betterproto2.TYPE_DOUBLE)
+    """
+    A pending job waiting for its retry backoff: not placed before this time (0: none).
+    """
+
+    array_id: "int" = betterproto2.field(19, betterproto2.TYPE_UINT64)
+    """
+    A task of an array: the array's id and this task's index (array_id 0: not a task).
+    """
+
+    array_index: "int" = betterproto2.field(20, betterproto2.TYPE_UINT32)
+
+    array_counts: "list[JobCount]" = betterproto2.field(21, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Of an array (asked by its id): how many of its tasks are in each state.
+    """
 
 
 default_message_pool.register_message("stockade.v1", "JobInfo", JobInfo)
@@ -393,6 +525,60 @@ class JobSpec(betterproto2.Message):
     container: "ContainerRuntime | None" = betterproto2.field(
         12, betterproto2.TYPE_MESSAGE, optional=True, group="runtime"
     )
+
+    max_attempts: "int" = betterproto2.field(20, betterproto2.TYPE_UINT32)
+    """
+    Runs at most this many times (0 reads as 1): a run that fails (non-zero exit, OOM kill,
+    timeout) or, with count_lost, is lost with its worker, is placed again after its backoff
+    until the attempts are spent; then the job is failed with the last reason.
+    """
+
+    retry_backoff_ms: "int | None" = betterproto2.field(21, betterproto2.TYPE_UINT64, optional=True)
+    """
+    The base of the exponential backoff with full jitter before a retry (unset: 1000).
+    """
+
+    count_lost: "bool" = betterproto2.field(22, betterproto2.TYPE_BOOL)
+    """
+    Count a run lost with its worker (dead, cut off, restarted) as a spent attempt.
+    """
+
+    timeout_ms: "int" = betterproto2.field(23, betterproto2.TYPE_UINT64)
+    """
+    Killed (its whole process tree or container) when it has run this long, then failed with
+    reason timeout; 0: no limit.
+    """
+
+    constraints: "list[Constraint]" = betterproto2.field(24, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Every constraint must hold for a worker to be eligible.
+    """
+
+    env: "dict[str, str]" = betterproto2.field(
+        25,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+    """
+    Set in the job's environment (command and container jobs). Names without "=" or NUL,
+    not starting with STOCKADE_ (the worker's own).
+    """
+
+    workdir: "str" = betterproto2.field(26, betterproto2.TYPE_STRING)
+    """
+    The working directory, an absolute path that must exist on the worker; empty: the job's
+    own folder under the agent's work directory.
+    """
+
+    after: "list[int]" = betterproto2.field(27, betterproto2.TYPE_UINT64, repeated=True)
+    """
+    Job ids that must all have succeeded before this job becomes pending.
+    """
+
+    array: "JobArray | None" = betterproto2.field(28, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    Submit an array of tasks of this spec (SubmitJob only).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "JobSpec", JobSpec)
