@@ -160,6 +160,7 @@ def reaper_argv(
     run_as_uid: int | None = None,
     run_as_gid: int | None = None,
     job_cwd: str = "",
+    timeout_s: float | None = None,
 ) -> list[str]:
     """The command line that runs ``argv`` under a reaper.
 
@@ -177,7 +178,12 @@ def reaper_argv(
             with no supplementary groups, just before the exec), or None: the reaper's.
         run_as_gid: the job's group; given exactly when ``run_as_uid`` is.
         job_cwd: the job's working directory, entered before the privilege drop (relative
-            to the reaper's, the job's folder); empty: the reaper's.
+            to the reaper's, the job's folder, or absolute: a job's ``workdir``, which must be a
+            directory, else the job is not started and the report's error says
+            ``workdir_not_found``); empty: the reaper's.
+        timeout_s: the job's ``timeout_s``: once it has run this long (wall time from its
+            start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
+            after the grace) and reports ``timed_out=1``; None: no limit.
     """
     if (run_as_uid is None) != (run_as_gid is None):
         raise ValueError("run_as_uid and run_as_gid go together")
@@ -195,6 +201,7 @@ def reaper_argv(
         "" if run_as_uid is None else str(run_as_uid),
         "" if run_as_gid is None else str(run_as_gid),
         job_cwd,
+        "" if timeout_s is None else repr(float(timeout_s)),
         "--",
         *argv,
     ]
@@ -241,7 +248,8 @@ def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
     fence deadline included, reached the job before its main process exited; ``0`` when it
     ended on its own, also if a stop came after), ``fenced_unix_s`` (float, only when the reaper
     SIGKILLed the job at the fence deadline; the job was not started when ``exit_code`` is
-    missing), ``error`` (the job could not be started). Values are strings.
+    missing), ``timed_out_after_s`` (float, only when the reaper stopped the job because its
+    ``timeout_s`` ran out), ``error`` (the job could not be started). Values are strings.
     """
     report: dict[str, str] = {}
     try:
@@ -377,6 +385,10 @@ class _Reaper:
         self.kill_at: float | None = None
         """Monotonic time of the SIGKILL that ends a graceful stop."""
         self.killed = False
+        self.timeout_at: float | None = None
+        """Monotonic time the job's ``timeout_s`` runs out (None: no limit)."""
+        self.timed_out = False
+        """True once this reaper stopped the job because its timeout ran out."""
         self.stopped = False
         """True once a stop (the agent's, its death's, the fence deadline's) reached the job
         before its main process had exited."""
@@ -592,6 +604,15 @@ class _Reaper:
         while True:
             if not self.killed:
                 self.watch_fence()
+                if (
+                    self.timeout_at is not None
+                    and not self.timed_out
+                    and not self.stopped
+                    and time.monotonic() >= self.timeout_at
+                    and not self.job_exited()
+                ):
+                    self.timed_out = True
+                    self.stop_job(at_once=False)
                 if not self.killed and self.kill_at is not None and time.monotonic() >= self.kill_at:
                     self.kill()
             status = self.reap()
@@ -606,6 +627,8 @@ class _Reaper:
                     timeout = min(timeout, self.fence_kill_at - now)
                 if self.kill_at is not None:
                     timeout = min(timeout, self.kill_at - now)
+                if self.timeout_at is not None and not self.timed_out:
+                    timeout = min(timeout, self.timeout_at - now)
             info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
             if info is None:
                 continue
@@ -678,14 +701,15 @@ def _load_libc() -> object:
 
 def main(args: list[str]) -> int:
     """Run the reaper (see the module docstring); returns its exit status."""
-    if len(args) < 11 or args[9] != "--" or bool(args[6]) != bool(args[7]):
+    if len(args) < 12 or args[10] != "--" or bool(args[6]) != bool(args[7]):
         print(
             "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD"
-            " RUN_AS_UID RUN_AS_GID JOB_CWD -- ARGV...",
+            " RUN_AS_UID RUN_AS_GID JOB_CWD TIMEOUT_S -- ARGV...",
             file=sys.stderr,
         )
         return _EXIT_USAGE
-    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[10:]
+    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[11:]
+    timeout_s = float(args[9]) if args[9] else None
     nice = int(args[4])
     started_fd = int(args[5]) if args[5] else -1
     run_as = (int(args[6]), int(args[7])) if args[6] else None
@@ -708,8 +732,17 @@ def main(args: list[str]) -> int:
         _write_file(FENCED_AT_FILE, f"{fenced!r}\n")
         _write_file(REPORT_FILE, f"fenced_unix_s={fenced!r}\nended_unix_s={fenced!r}\n")
         return 128 + signal.SIGKILL
+    if os.path.isabs(job_cwd) and not os.path.isdir(job_cwd):
+        _write_file(
+            REPORT_FILE,
+            f"error=workdir_not_found: {job_cwd!r} is not a directory on this worker\n"
+            f"ended_unix_s={time.time()!r}\n",
+        )
+        return _EXIT_CANNOT_START
     try:
         reaper.start(argv, libc, nice, run_as=run_as, cwd=job_cwd, env=_initial_environ())
+        if timeout_s is not None:
+            reaper.timeout_at = time.monotonic() + timeout_s
     except OSError as exc:
         _write_file(REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_unix_s={time.time()!r}\n")
         return _EXIT_CANNOT_START
@@ -723,6 +756,8 @@ def main(args: list[str]) -> int:
     reaper.sweep()
     code = os.waitstatus_to_exitcode(status)
     lines = [f"exit_code={code}", f"ended_unix_s={time.time()!r}", f"stopped={int(reaper.stopped)}"]
+    if reaper.timed_out:
+        lines.append(f"timed_out_after_s={timeout_s!r}")
     if reaper.fenced_unix_s is not None:
         lines.append(f"fenced_unix_s={reaper.fenced_unix_s!r}")
     _write_file(REPORT_FILE, "\n".join(lines) + "\n")

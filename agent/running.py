@@ -23,7 +23,16 @@ from agent.acceptance import Admission
 from agent.fence import FenceClock
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
-from agent.runtimes import ContainerJob, JobResult, JobRunner, either, forks, job_dir_for, owner_of
+from agent.runtimes import (
+    ContainerJob,
+    JobResult,
+    JobRunner,
+    RunOptions,
+    either,
+    forks,
+    job_dir_for,
+    owner_of,
+)
 from agent.starts import StartLimiter, StartTicket
 from runtime.jobs import ContainerRuntime
 from runtime.os_users import RunAs
@@ -198,7 +207,7 @@ class RunningJobs:
         job.started_at = trio.current_time()
         # Only a container job is given its names and limits (runners of other jobs, tests'
         # stand-ins among them, need not know the argument).
-        container = (
+        container: dict[str, Any] = (
             {
                 "container": ContainerJob(
                     worker_id=self.settings.worker_id,
@@ -213,6 +222,11 @@ class RunningJobs:
             if isinstance(runtime, ContainerRuntime)
             else {}
         )
+        options = RunOptions(timeout_s=order.spec.timeout_s, workdir=order.spec.workdir)
+        if not options.default:
+            # Given only when the spec asks for a timeout or a working directory (runners of
+            # other jobs, tests' stand-ins among them, need not know the argument).
+            container["run_options"] = options
         try:
             result = await self.runner(
                 runtime,
@@ -223,6 +237,7 @@ class RunningJobs:
                 job_nice=self.settings.job_nice,
                 run_as=self.run_as,
                 job_env={
+                    **dict(order.spec.env),
                     "STOCKADE_JOB_ID": str(order.job_id),
                     "STOCKADE_ASSIGNMENT_ID": str(order.assignment_id),
                 },

@@ -77,7 +77,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -124,6 +124,31 @@ class JobResult:
     started: bool = True
     """False when the job never ran: a command that was not exec'd (stopped before its
     reaper was started, the reaper or the exec failed, the fence deadline had passed)."""
+
+
+@attrs.frozen(kw_only=True)
+class RunOptions:
+    """What a job's spec asks of its run beyond the runtime (``runtime.jobs.JobSpec``)."""
+
+    timeout_s: float | None = None
+    """Stop the job once it has run this long (wall time from its start) and end it failed
+    with detail ``timeout: ...``; None: no limit. A command's reaper enforces it (also while
+    the agent is frozen); a sleep's and a container's the agent."""
+    workdir: str = ""
+    """A command's working directory, an absolute path that must exist on the worker (else
+    the job fails, ``workdir_not_found: ...``); empty: the job's folder (or its ``work/``
+    when it runs as another user). A container's is the image's own."""
+
+    @property
+    def default(self) -> bool:
+        """True when it asks for nothing."""
+        return self.timeout_s is None and not self.workdir
+
+
+def timeout_detail(timeout_s: float) -> str:
+    """The detail of a job stopped at its timeout; its prefix ``timeout`` is the reason the
+    control plane records (schema.sql, record_outcomes)."""
+    return f"timeout: ran past its timeout_s of {timeout_s:g} s and was stopped"
 
 
 @attrs.frozen(kw_only=True)
@@ -222,6 +247,7 @@ async def run_job(
     job_env: Mapping[str, str] | None = None,
     pause: PauseView | None = None,
     container: ContainerJob | None = None,
+    run_options: RunOptions | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -244,6 +270,8 @@ async def run_job(
             is paused by its reaper); None: never paused.
         container: a container job's names and limits (required for one; a container job
             without it fails at once).
+        run_options: the spec's timeout and working directory (:class:`RunOptions`); None:
+            neither.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -253,10 +281,13 @@ async def run_job(
         trio.Cancelled: when cancelled, after having a command's reaper SIGKILL the job and
             waiting for the reaper to exit (shielded).
     """
+    options = run_options or RunOptions()
     match runtime:
         case SleepRuntime():
             on_started()
-            return await _run_sleep(runtime, stop=stop, pause=pause)
+            return await _timed(
+                lambda inner: _run_sleep(runtime, stop=inner, pause=pause), stop, options.timeout_s
+            )
         case CommandRuntime():
             return await _run_command(
                 runtime,
@@ -269,22 +300,56 @@ async def run_job(
                 on_started=on_started,
                 run_as=run_as,
                 job_env=job_env or {},
+                options=options,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
             from agent.container import run_container
 
-            return await run_container(
-                runtime,
-                job=container,
-                job_dir=job_dir,
-                stop=stop,
-                stop_grace_s=stop_grace_s,
-                fence_deadline_path=fence_deadline_path,
-                spawner=spawner,
-                on_started=on_started,
-                job_env=job_env or {},
+            return await _timed(
+                lambda inner: run_container(
+                    runtime,
+                    job=container,
+                    job_dir=job_dir,
+                    stop=inner,
+                    stop_grace_s=stop_grace_s,
+                    fence_deadline_path=fence_deadline_path,
+                    spawner=spawner,
+                    on_started=on_started,
+                    job_env=job_env or {},
+                ),
+                stop,
+                options.timeout_s,
             )
+
+
+async def _timed(
+    run: Callable[[trio.Event], Awaitable[JobResult]], stop: trio.Event, timeout_s: float | None
+) -> JobResult:
+    """``run(inner_stop)``, where ``inner_stop`` is set by ``stop`` or once ``timeout_s`` has
+    passed (the agent's clock); a run the timeout stopped ends failed, with
+    :func:`timeout_detail`, not stopped (it is the job's own end, reported as an outcome)."""
+    if timeout_s is None:
+        return await run(stop)
+    inner = trio.Event()
+    timed_out = False
+
+    async def watch() -> None:
+        nonlocal timed_out
+        with trio.move_on_after(timeout_s):
+            await stop.wait()
+            inner.set()
+            return
+        timed_out = not stop.is_set()
+        inner.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        result = await run(inner)
+        nursery.cancel_scope.cancel()
+    if timed_out and result.stopped and not result.fenced:
+        return attrs.evolve(result, state=JobState.FAILED, stopped=False, detail=timeout_detail(timeout_s))
+    return result
 
 
 class JobRunner(Protocol):
@@ -305,6 +370,7 @@ class JobRunner(Protocol):
         job_env: Mapping[str, str],
         pause: PauseView | None = None,
         container: ContainerJob | None = None,
+        run_options: RunOptions | None = None,
     ) -> JobResult: ...
 
 
@@ -408,6 +474,7 @@ def _spawn_reaper(
     job_nice: int,
     run_as: RunAs | None,
     job_env: Mapping[str, str],
+    options: RunOptions,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the job's reaper from the calling thread (see the module docstring for which).
 
@@ -441,7 +508,8 @@ def _spawn_reaper(
         job_nice=job_nice,
         run_as_uid=run_as.uid if switch and run_as else None,
         run_as_gid=run_as.gid if switch and run_as else None,
-        job_cwd=WORK_SUBDIR if switch else "",
+        job_cwd=options.workdir or (WORK_SUBDIR if switch else ""),
+        timeout_s=options.timeout_s,
     )
     return popen_supervisor(
         lambda started_fd: command(started_fd=started_fd),
@@ -473,6 +541,7 @@ async def _run_command(
     on_started: Callable[[], None],
     run_as: RunAs | None,
     job_env: Mapping[str, str],
+    options: RunOptions,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
@@ -498,6 +567,7 @@ async def _run_command(
         job_nice=job_nice,
         run_as=run_as,
         job_env=job_env,
+        options=options,
     )
     try:
         # Shielded inside Spawner.run: the reaper it forks always comes back here, and no
@@ -584,6 +654,10 @@ def command_result(
         # meanwhile (it thawed past its fence deadline, a cancel crossed the end).
         stopped = report["stopped"] == "1"
     state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+    timed_out_after_s = _parse(report, "timed_out_after_s", float)
+    if timed_out_after_s is not None:
+        # Its reaper stopped it at its timeout: the job's own end, a failure.
+        stopped, state, detail = False, JobState.FAILED, f"{timeout_detail(timed_out_after_s)} ({detail})"
     if stopped:
         state = JobState.CANCELLED
     return JobResult(
