@@ -36,6 +36,13 @@ found a Docker engine when it started (``WorkerRoom.runs_containers``, its label
 the unschedulable reason, which says so when no live worker runs containers). Other jobs go
 anywhere.
 
+Constraints: a job with constraints (``PendingJob.constraints``, :mod:`runtime.constraints`)
+goes only to a worker whose labels satisfy all of them, with every rule above holding among
+those workers alone, as for containers. Jobs with the same constraints share one group
+(``PendingQueue.groups``), so a round computes each group's eligible workers once and tests
+fit once per group. The unschedulable reason names the constraint no live worker satisfies
+(``unschedulable: no live worker has gpu=a100``).
+
 A round's decision can be taken in slices (:func:`place_queue_steps`) so that the placer
 yields to the event loop between them; the outcome is the same as in one go.
 
@@ -52,6 +59,7 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from runtime.constraints import Constraint, satisfied
 from runtime.loops import finish
 from runtime.settings import PLACEMENT_POLICIES
 
@@ -66,6 +74,8 @@ class PendingJob:
     priority: int = 0
     needs_container: bool = False
     """True for a container job: only a worker that runs containers may take it."""
+    constraints: tuple[Constraint, ...] = ()
+    """Rules on the worker's labels, all of which must hold (:mod:`runtime.constraints`)."""
 
 
 CONTAINER_LABEL = "container"
@@ -87,6 +97,8 @@ class WorkerRoom:
     """Most jobs one round may place on this worker (None: no limit)."""
     runs_containers: bool = False
     """True when it is labelled ``container=docker`` (it may take container jobs)."""
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+    """Its labels, which a job's constraints are judged by."""
 
 
 def send_window(confirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
@@ -158,6 +170,14 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     """
     if not workers:
         return "unschedulable: no live workers"
+    if job.constraints:
+        for constraint in job.constraints:
+            if not any(constraint.matches(w.labels) for w in workers):
+                return f"unschedulable: no live worker has {constraint.describe()}"
+        workers = [w for w in workers if satisfied(job.constraints, w.labels)]
+        if not workers:
+            together = ", ".join(c.describe() for c in job.constraints)
+            return f"unschedulable: no live worker satisfies {together} together"
     if job.needs_container:
         workers = [w for w in workers if w.runs_containers]
         if not workers:
@@ -170,6 +190,8 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     largest_cpu = max(w.cpu_millis for w in workers)
     largest_mem = max(w.memory_mb for w in workers)
     which = "container worker" if job.needs_container else "worker"
+    if job.constraints:
+        which = f"eligible {which}"
     if job.cpu_millis > largest_cpu:
         return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest {which} has {largest_cpu}"
     if job.memory_mb > largest_mem:
@@ -193,6 +215,12 @@ class PendingQueue:
     prio: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
     container: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=bool))
     """Whether each job is a container job (``PendingJob.needs_container``)."""
+    group: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    """Each job's constraint group: an index into :attr:`groups`."""
+    groups: list[tuple[Constraint, ...]] = attrs.field(factory=lambda: [()])
+    """The distinct constraints of the jobs ever held; group 0 is none. Only grows (a few
+    entries: jobs of one kind share their constraints)."""
+    _group_of: dict[tuple[Constraint, ...], int] = attrs.field(factory=lambda: {(): 0})
     since: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
     """When each job joined this queue, in the owner's clock (seconds); kept across
     :meth:`replace` for jobs held before."""
@@ -221,13 +249,14 @@ class PendingQueue:
         """Hold exactly ``jobs`` (any order); those not held before joined at ``now``. A job
         in ``not_before`` may not be placed before that time; any other may be at once."""
         ids, cpu, mem, prio, container = _columns(jobs)
+        group = self._groups_of(jobs)
         since = np.full(ids.size, now, dtype=np.float64)
         if self.ids.size and ids.size:
             by_id = np.argsort(self.ids)
             at = np.minimum(np.searchsorted(self.ids, ids, sorter=by_id), self.ids.size - 1)
             held = self.ids[by_id[at]] == ids
             since[held] = self.since[by_id[at[held]]]
-        self._store(ids, cpu, mem, prio, container, since, _times(ids, not_before))
+        self._store(ids, cpu, mem, prio, container, group, since, _times(ids, not_before))
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
 
     def add(
@@ -242,6 +271,7 @@ class PendingQueue:
         ``not_before``); returns how many were new. Vectorised: a round that reads a few new
         jobs into a large queue costs no Python work per queued job."""
         ids, cpu, mem, prio, container = _columns(jobs)
+        group = self._groups_of(jobs)
         _, first = np.unique(ids, return_index=True)
         new = np.zeros(ids.size, dtype=bool)
         new[first] = True
@@ -249,12 +279,14 @@ class PendingQueue:
         if not new.any():
             return 0
         ids, cpu, mem, prio, container = ids[new], cpu[new], mem[new], prio[new], container[new]
+        group = group[new]
         self._store(
             np.concatenate((self.ids, ids)),
             np.concatenate((self.cpu, cpu)),
             np.concatenate((self.mem, mem)),
             np.concatenate((self.prio, prio)),
             np.concatenate((self.container, container)),
+            np.concatenate((self.group, group)),
             np.concatenate((self.since, np.full(ids.size, now, dtype=np.float64))),
             np.concatenate((self.not_before, _times(ids, not_before))),
         )
@@ -270,7 +302,16 @@ class PendingQueue:
         if gone.size and self.ids.size:
             keep = ~np.isin(self.ids, gone)
             if not keep.all():
-                self.ids, self.cpu, self.mem, self.prio, self.container, self.since, self.not_before = (
+                (
+                    self.ids,
+                    self.cpu,
+                    self.mem,
+                    self.prio,
+                    self.container,
+                    self.group,
+                    self.since,
+                    self.not_before,
+                ) = (
                     a[keep]
                     for a in (
                         self.ids,
@@ -278,6 +319,7 @@ class PendingQueue:
                         self.mem,
                         self.prio,
                         self.container,
+                        self.group,
                         self.since,
                         self.not_before,
                     )
@@ -289,16 +331,32 @@ class PendingQueue:
     def jobs(self) -> list[PendingJob]:
         """The jobs, in placement order."""
         return [
-            PendingJob(job_id=i, cpu_millis=c, memory_mb=m, priority=p, needs_container=k)
-            for i, c, m, p, k in zip(
+            PendingJob(
+                job_id=i, cpu_millis=c, memory_mb=m, priority=p, needs_container=k, constraints=self.groups[g]
+            )
+            for i, c, m, p, k, g in zip(
                 self.ids.tolist(),
                 self.cpu.tolist(),
                 self.mem.tolist(),
                 self.prio.tolist(),
                 self.container.tolist(),
+                self.group.tolist(),
                 strict=True,
             )
         ]
+
+    def _groups_of(self, jobs: Sequence[PendingJob]) -> np.ndarray:
+        """Each job's constraint group (new constraints get a new group), as an int64 array."""
+        if not any(j.constraints for j in jobs):
+            return np.zeros(len(jobs), dtype=np.int64)
+        found = []
+        for job in jobs:
+            index = self._group_of.get(job.constraints)
+            if index is None:
+                index = self._group_of[job.constraints] = len(self.groups)
+                self.groups.append(job.constraints)
+            found.append(index)
+        return np.array(found, dtype=np.int64)
 
     def waiting_for_backoff(self, now: float) -> set[int]:
         """The jobs whose requeue backoff has not passed at ``now``."""
@@ -311,13 +369,14 @@ class PendingQueue:
         mem: np.ndarray,
         prio: np.ndarray,
         container: np.ndarray,
+        group: np.ndarray,
         since: np.ndarray,
         not_before: np.ndarray,
     ) -> None:
         """Hold these columns, put in placement order (priority high first, then job id)."""
         order = np.lexsort((ids, -prio))
-        self.ids, self.cpu, self.mem, self.prio, self.container, self.since, self.not_before = (
-            a[order] for a in (ids, cpu, mem, prio, container, since, not_before)
+        (self.ids, self.cpu, self.mem, self.prio, self.container, self.group, self.since, self.not_before) = (
+            a[order] for a in (ids, cpu, mem, prio, container, group, since, not_before)
         )
         self.version += 1
 
@@ -452,8 +511,16 @@ def place_queue_steps(
         dtype=np.int64,
     )
     eligible = queue.not_before <= now  # requeue backoff passed (or none)
+    everyone = np.ones(len(ordered), dtype=bool)
+    # Each constraint group's eligible workers (group 0, no constraints: all of them).
+    group_rooms = [
+        np.array([satisfied(group, w.labels) for w in ordered], dtype=bool) if group else everyone
+        for group in queue.groups
+    ]
 
-    holdable = _fits(queue.container, queue.cpu, queue.mem, cap_cpu, cap_mem, runs_containers)
+    holdable = _fits(
+        queue.container, queue.group, queue.cpu, queue.mem, cap_cpu, cap_mem, runs_containers, group_rooms
+    )
     unschedulable: dict[int, str] = {}
     for count, index in enumerate(np.flatnonzero(~holdable).tolist(), start=1):
         job = PendingJob(
@@ -462,6 +529,7 @@ def place_queue_steps(
             memory_mb=int(queue.mem[index]),
             priority=int(queue.prio[index]),
             needs_container=bool(queue.container[index]),
+            constraints=queue.groups[int(queue.group[index])],
         )
         reason = unschedulable_reason(job, ordered)
         if reason is not None:
@@ -485,13 +553,16 @@ def place_queue_steps(
         window = slice(position, None)
         is_open = unreserved & (left > 0)
         containers = queue.container[window]
+        groups = queue.group[window]
         fitting = eligible[window] & _fits(
             containers,
+            groups,
             queue.cpu[window],
             queue.mem[window],
             free_cpu,
             free_mem,
-            runs_containers & is_open,
+            runs_containers,
+            group_rooms,
             among=is_open,
         )
         visit = fitting
@@ -502,11 +573,13 @@ def place_queue_steps(
                 if bool(np.array_equal(is_open, unreserved))
                 else _fits(
                     containers,
+                    groups,
                     queue.cpu[window],
                     queue.mem[window],
                     free_cpu,
                     free_mem,
-                    runs_containers & unreserved,
+                    runs_containers,
+                    group_rooms,
                     among=unreserved,
                 )
             )
@@ -523,7 +596,9 @@ def place_queue_steps(
                 yield
             index = position + offset
             cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
-            allowed = runs_containers if queue.container[index] else True
+            allowed = group_rooms[int(queue.group[index])]
+            if queue.container[index]:
+                allowed = allowed & runs_containers
             if not fitting[offset]:
                 if len(reservations) < max_reservations:
                     reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved & allowed)
@@ -587,23 +662,32 @@ def _reserve(
 
 def _fits(
     container: np.ndarray,
+    group: np.ndarray,
     cpu: np.ndarray,
     mem: np.ndarray,
     room_cpu: np.ndarray,
     room_mem: np.ndarray,
-    container_rooms: np.ndarray,
+    runs_containers: np.ndarray,
+    group_rooms: Sequence[np.ndarray],
     *,
     among: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`fits_some_room` per job, over every room of ``among`` (None: all) for a job that
-    is not a container job, and over the rooms of ``container_rooms`` for one that is
-    (``container[i]``): two frontier tests, so the cost stays one binary search per job."""
+    """:func:`fits_some_room` per job, over the rooms of ``among`` (None: all) that the job may
+    use: those of its constraint group (``group_rooms[group[i]]``) and, for a container job
+    (``container[i]``), those of ``runs_containers``. One frontier test per kind of job
+    present (no constraints and no container: one test), so the cost stays one binary search
+    per job."""
     rooms = np.ones(room_cpu.size, dtype=bool) if among is None else among
-    fits = fits_some_room(cpu, mem, room_cpu[rooms], room_mem[rooms])
-    if container.any():
-        fits[container] = fits_some_room(
-            cpu[container], mem[container], room_cpu[container_rooms], room_mem[container_rooms]
-        )
+    if not container.any() and not group.any():
+        return fits_some_room(cpu, mem, room_cpu[rooms], room_mem[rooms])
+    fits = np.zeros(cpu.size, dtype=bool)
+    kinds = np.unique(np.stack((container.astype(np.int64), group)), axis=1)
+    for is_container, index in kinds.T.tolist():
+        jobs = (container == bool(is_container)) & (group == index)
+        allowed = rooms & group_rooms[index]
+        if is_container:
+            allowed = allowed & runs_containers
+        fits[jobs] = fits_some_room(cpu[jobs], mem[jobs], room_cpu[allowed], room_mem[allowed])
     return fits
 
 

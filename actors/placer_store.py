@@ -8,6 +8,8 @@ since its previous read without missing one.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -18,6 +20,7 @@ from actors import queries
 from actors.messages import WorkerRef
 from actors.placement import PendingJob, WorkerRoom
 from runtime.aio import ReadStore
+from runtime.constraints import Constraint
 
 ROWS_PER_STEP = 2000
 """Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""
@@ -136,6 +139,7 @@ _WORKER_COLUMNS = (
     "unconfirmed_assignments",
     "confirmed_assignments",
     "runs_containers",
+    "labels",
 )
 _JOB_COLUMNS = (
     "id",
@@ -147,6 +151,7 @@ _JOB_COLUMNS = (
     "pending_seq",
     "wait_s",
     "container",
+    "constraints",
 )
 
 
@@ -171,15 +176,27 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                     memory_mb=mem,
                     priority=priority,
                     needs_container=bool(container),
+                    constraints=_constraints(constraints),
                 ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
             )
-            for job_id, cpu, mem, priority, reason, _, _, wait_s, container in rows[
+            for job_id, cpu, mem, priority, reason, _, _, wait_s, container, constraints in rows[
                 start : start + ROWS_PER_STEP
             ]
         ]
     return waiting
+
+
+@functools.lru_cache(maxsize=1024)
+def _constraints(text: str | None) -> tuple[Constraint, ...]:
+    """A job's constraints from their JSON column (None: none); cached, as jobs of one kind
+    share them."""
+    if not text:
+        return ()
+    return tuple(
+        Constraint(key=c["key"], op=c["op"], values=tuple(c.get("values", ()))) for c in json.loads(text)
+    )
 
 
 def _live_worker(
@@ -193,6 +210,7 @@ def _live_worker(
     unconfirmed: int,
     confirmed: int,
     runs_containers: bool = False,
+    labels: str | None = None,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -203,6 +221,7 @@ def _live_worker(
             cpu_allocated_millis=int(cpu_allocated),
             memory_allocated_mb=int(memory_allocated),
             runs_containers=bool(runs_containers),
+            labels=json.loads(labels) if labels else {},
         ),
         unconfirmed=int(unconfirmed),
         confirmed=int(confirmed),
@@ -244,10 +263,11 @@ class PgPlacerStore(ReadStore):
         rows = _job_rows(row)
         # Rows above the mark came from the limited part of the read, the others from the
         # mark's transactions in flight.
+        at_xid, at_seq = _JOB_COLUMNS.index("pending_xid"), _JOB_COLUMNS.index("pending_seq")
         above = [
-            (xid, seq or 0)
-            for *_, xid, seq, _, _ in rows
-            if xid is not None and (xid, seq or 0) > (mark.xid, mark.seq)
+            (r[at_xid], r[at_seq] or 0)
+            for r in rows
+            if r[at_xid] is not None and (r[at_xid], r[at_seq] or 0) > (mark.xid, mark.seq)
         ]
         next_mark = mark.after_read(
             last_read=max(above) if len(above) >= limit else None,

@@ -130,7 +130,8 @@ def parse_constraint(text: str, *, field: str = "constraint") -> Constraint:
     stripped = text.strip()
     found = _IN.fullmatch(stripped)
     if found is not None:
-        values = tuple(v.strip() for v in found["values"].split(","))
+        inside = found["values"].strip()
+        values = tuple(v.strip() for v in inside.split(",")) if inside else ()
         constraint = Constraint(key=found["key"], op="in", values=values)
     elif "!=" in stripped:
         key, _, value = stripped.partition("!=")

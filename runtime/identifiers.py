@@ -265,3 +265,33 @@ def _is_ipv6(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def parse_labels(
+    items: Sequence[str], *, field: str = "--label", reserved: Sequence[str] = ("container",)
+) -> dict[str, str]:
+    """Labels from ``key=value`` items (a command line's repeated ``--label``), each checked
+    (:func:`check_label_key`, :func:`check_label_value`).
+
+    Args:
+        items: the items as given.
+        field: their name in errors.
+        reserved: keys the agent sets itself, refused here.
+
+    Raises:
+        InvalidArgument: an item without ``=``, a bad key or value, a key given twice or
+            reserved, or more than :data:`MAX_LABELS`.
+    """
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidArgument(field, item, "must be key=value")
+        check_label_key(key, field=f"{field} key")
+        check_label_value(value, field=f"{field} {key}")
+        if key in reserved:
+            raise InvalidArgument(f"{field} key", key, "is set by the agent itself")
+        if key in labels:
+            raise InvalidArgument(f"{field} key", key, "must be given once")
+        labels[key] = value
+    return check_labels(labels, field=field)

@@ -8,7 +8,7 @@ from __future__ import annotations
 LIVE_WORKERS = """
 SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
        a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
-       coalesce(w.labels->>'container' = 'docker', false) AS runs_containers
+       coalesce(w.labels->>'container' = 'docker', false) AS runs_containers, w.labels::text AS labels
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
 """
@@ -26,11 +26,12 @@ _PENDING_COLUMNS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_mill
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
-               array_agg(container) AS p_container"""
+               array_agg(container) AS p_container, array_agg(constraints) AS p_constraints"""
 
 _PENDING_ROW = (
     f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S},"
-    " runtime = 'container' AS container"
+    " runtime = 'container' AS container,"
+    " CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints"
 )
 
 # $1 limit. Every pending job (the placer's full resync), highest priority first, then
@@ -60,7 +61,8 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(a.memory_allocated_mb) AS w_memory_allocated_mb,
                array_agg(a.unconfirmed_assignments) AS w_unconfirmed_assignments,
                array_agg(a.confirmed_assignments) AS w_confirmed_assignments,
-               array_agg(coalesce(w.labels->>'container' = 'docker', false)) AS w_runs_containers
+               array_agg(coalesce(w.labels->>'container' = 'docker', false)) AS w_runs_containers,
+               array_agg(w.labels::text) AS w_labels
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,

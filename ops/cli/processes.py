@@ -14,6 +14,7 @@ from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.config import default_state_dir, parse_addresses
 from runtime import identifiers
+from runtime.identifiers import parse_labels
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
@@ -448,6 +449,14 @@ def agent(
             "engine (by default container=docker when the engine answers a ping at start).",
         ),
     ] = False,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="A label key=value for constraints to match (repeatable), e.g. --label gpu=a100. "
+            "The agent sets container=docker|none itself.",
+        ),
+    ] = None,
 ) -> None:
     """Run one worker agent in the foreground until SIGTERM or Ctrl-C.
 
@@ -480,7 +489,7 @@ def agent(
             job_nice=job_nice,
             job_user=job_user,
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
-            labels={"container": "none"} if no_containers else {},
+            labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
         )
     with errors():
         check_nice(nice)

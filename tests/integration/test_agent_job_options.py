@@ -18,6 +18,11 @@ from runtime.jobs import CommandRuntime, SleepRuntime
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
 
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -104,7 +109,7 @@ async def test_a_command_runs_in_its_workdir(tmp_path: Path) -> None:
         run_options=RunOptions(workdir=str(workdir)),
     )
     assert result.state is JobState.SUCCEEDED
-    assert Path(result.stdout_path).read_text().strip() == str(workdir)
+    assert _read(result.stdout_path).strip() == str(workdir)
 
 
 async def test_a_missing_workdir_fails_the_job_naming_it(tmp_path: Path) -> None:
@@ -132,4 +137,4 @@ async def test_env_reaches_the_command(tmp_path: Path) -> None:
         stop_grace_s=1.0,
         job_env={"GREETING": "hello world"},
     )
-    assert Path(result.stdout_path).read_text() == "hello world"
+    assert _read(result.stdout_path) == "hello world"

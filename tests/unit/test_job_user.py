@@ -32,7 +32,8 @@ def test_job_user_must_be_a_user_name(tmp_path: Path, value: str) -> None:
 
 
 def test_reaper_argv_carries_the_user_and_the_working_folder() -> None:
-    """The reaper's command line names the job's uid, gid and working folder before ``--``."""
+    """The reaper's command line names the job's uid, gid, working folder and timeout before
+    ``--``."""
     argv = reaper.reaper_argv(
         "python",
         parent_pid=1,
@@ -42,8 +43,9 @@ def test_reaper_argv_carries_the_user_and_the_working_folder() -> None:
         run_as_uid=995,
         run_as_gid=994,
         job_cwd="work",
+        timeout_s=2.5,
     )
-    assert argv[-5:] == ["995", "994", "work", "--", "id"]
+    assert argv[-6:] == ["995", "994", "work", "2.5", "--", "id"]
 
 
 def test_reaper_argv_needs_both_uid_and_gid() -> None:
