@@ -43,7 +43,7 @@ import psutil
 import trio
 
 from ops import checker
-from ops.chaosresult import ChaosResult, ChaosSettings, Failover, chaos_table
+from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings, Failover, chaos_table
 from ops.cluster import ClusterError, DockerCluster, LocalCluster, StateDir
 from ops.hadb import HaDatabaseError
 from ops.netfault import Link, serve_proxy
@@ -91,6 +91,8 @@ class Harness:
     """Each worker's proxies (a cluster of processes); the workers, for one in containers."""
     _submitted: int = 0
     _acknowledged: list[int] = attrs.field(factory=list)
+    _expected: dict[int, str] = attrs.field(factory=dict)
+    """Job id -> the final state it must reach (jobs made to fail: failed; others: succeeded)."""
     """Job ids the control planes acknowledged submissions with."""
 
     def __attrs_post_init__(self) -> None:
@@ -137,6 +139,7 @@ class Harness:
             [self.state.work_dir(w.id) for w in config.workers],
             faults,
             acknowledged_job_ids=self._acknowledged,
+            expected_final_states=self._expected,
         )
         self.result.placement_recoveries_s = checker.placement_recoveries_s(history.assignments, faults)
         self.result.failover_placements_s = checker.placement_recoveries_s(
@@ -411,16 +414,25 @@ class Harness:
         try:
             while not stop.is_set():
                 low, high = s.job_duration_s
+                duration_s = self._rng.uniform(low, high)
+                fails = self._rng.random() < s.failing_share
                 spec = pb.JobSpec(
                     name=f"chaos-{self._submitted + 1}",
                     cpu_millis=self._rng.choice([100, 250, 500, 1000]),
                     memory_mb=self._rng.choice([64, 128, 256, 512]),
-                    sleep=pb.SleepRuntime(duration_ms=int(1000 * self._rng.uniform(low, high))),
                 )
+                if fails:
+                    # A job made to fail: retried once, it must end failed, both runs spent.
+                    spec.command = pb.CommandRuntime(argv=["sh", "-c", f"sleep {duration_s:.2f}; exit 3"])
+                    spec.max_attempts = FAILING_MAX_ATTEMPTS
+                    spec.retry_backoff_ms = 200
+                else:
+                    spec.sleep = pb.SleepRuntime(duration_ms=int(1000 * duration_s))
                 try:
                     reply = await client.call("submit_job", pb.SubmitJobRequest(spec=spec))
                     self._submitted += 1
                     self._acknowledged.append(int(reply.job_id))
+                    self._expected[int(reply.job_id)] = "failed" if fails else "succeeded"
                 except StockadeError:
                     pass  # no replica answered this once (one may be frozen): try the next
                 next_at += interval

@@ -16,6 +16,10 @@ from ops import checker
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
 
+FAILING_MAX_ATTEMPTS = 2
+"""Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
+
+
 @attrs.frozen(kw_only=True)
 class ChaosSettings:
     """One chaos run. Durations in seconds."""
@@ -53,6 +57,10 @@ class ChaosSettings:
     """Sleep jobs submitted per second during the injections."""
     job_duration_s: tuple[float, float] = (0.2, 2.0)
     """Uniform range of the sleep jobs' durations."""
+    failing_share: float = 0.1
+    """Share of the jobs (0 to 1) made to fail: a command that runs for a duration of the same
+    range and exits 3, with ``max_attempts`` :data:`FAILING_MAX_ATTEMPTS`, so it is retried and
+    must end failed, its attempts spent, while every other job must end succeeded."""
     freeze_s: float = 3.0
     """How long a plain freeze lasts (more than the 2 s lease)."""
     mid_transaction_freeze_s: float = 5.0

@@ -132,6 +132,9 @@ class History:
     """Lease takeovers (rows of ``lease_history``)."""
     leaves: int = 0
     """Clean stops the control planes recorded (rows of ``worker_leaves``)."""
+    job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
+    ``jobs.max_attempts``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -203,6 +206,9 @@ class CheckReport:
     no fault of its own explains."""
     acknowledged_submissions_lost: int = 0
     """Job ids a client was given that the database does not have."""
+    wrong_final_states: int = 0
+    """Jobs whose final state contradicts their runs or their retry budget
+    (:func:`wrong_final_states`), or the state their submitter expected."""
 
     @property
     def ok(self) -> bool:
@@ -213,6 +219,7 @@ class CheckReport:
             and self.lost_successes == 0
             and self.jobs_killed_by_outage == 0
             and self.acknowledged_submissions_lost == 0
+            and self.wrong_final_states == 0
             and not self.unfinished_job_ids
         )
 
@@ -246,6 +253,7 @@ class CheckReport:
             "worker_leaves": self.worker_leaves,
             "jobs_killed_by_outage": self.jobs_killed_by_outage,
             "acknowledged_submissions_lost": self.acknowledged_submissions_lost,
+            "wrong_final_states": self.wrong_final_states,
             "details": list(self.details),
             "ok": self.ok,
         }
@@ -266,6 +274,7 @@ def report_rows(report: CheckReport) -> list[VerdictRow]:
             str(report.acknowledged_submissions_lost),
             report.acknowledged_submissions_lost == 0,
         ),
+        ("wrong_final_states", str(report.wrong_final_states), report.wrong_final_states == 0),
         ("stale_writes_rejected", str(report.stale_writes_rejected), None),
         (
             "elections / worker_deaths / pauses / self_fences",
@@ -310,11 +319,47 @@ def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]
                         f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
                         f"{second.worker_id}) were active at the same time"
                     )
-                elif first.state == "finished":
+                elif first.state == "finished" and first.end_reason not in FAILED_END_REASONS:
+                    # A run that failed may be retried; one that succeeded never runs again.
                     found[job_id] = (
                         f"job {job_id}: placed again as assignment {second.assignment_id} "
                         f"(epoch {second.epoch}) after assignment {first.assignment_id} finished"
                     )
+    return found
+
+
+FAILED_END_REASONS = ("failed", "timeout", "oom_killed")
+"""End reasons of a finished assignment whose run failed: its job may be placed again (a retry)."""
+
+
+def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
+    """Jobs whose final state contradicts their runs, their retry budget or ``expected``
+    (job id -> the final state its submitter knows it must reach), with why: more failed runs
+    than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with no run whose
+    success the database holds; another final state than expected."""
+    failed_runs: dict[int, int] = defaultdict(int)
+    succeeded: set[int] = set()
+    for a in history.assignments:
+        if a.state == "finished" and a.end_reason in FAILED_END_REASONS:
+            failed_runs[a.job_id] += 1
+        if a.success_recorded:
+            succeeded.add(a.job_id)
+    found: dict[int, str] = {}
+    for job_id, state in history.job_states.items():
+        spent: int | None
+        most: int | None
+        spent, most = history.job_attempts.get(job_id, (None, None))
+        if most is not None and failed_runs[job_id] > most:
+            found[job_id] = (
+                f"job {job_id}: {failed_runs[job_id]} failed runs, more than its max_attempts {most}"
+            )
+        elif state == "failed" and spent is not None and most is not None and spent < most:
+            found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
+        elif state == "succeeded" and job_id not in succeeded:
+            found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
+        elif expected and job_id in expected and state in ("succeeded", "failed", "cancelled"):
+            if state != expected[job_id]:
+                found[job_id] = f"job {job_id}: ended {state}, expected {expected[job_id]}"
     return found
 
 
@@ -458,6 +503,7 @@ def check(
     self_fences: int = 0,
     pauses: int = 0,
     acknowledged_job_ids: Iterable[int] = (),
+    expected_final_states: Mapping[int, str] | None = None,
 ) -> CheckReport:
     """Judge one run of the cluster. Pure: see the module docstring for what each count means.
 
@@ -468,12 +514,15 @@ def check(
         self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
         pauses: ``pause`` records in the workers' logs.
         acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
+        expected_final_states: job id -> the final state it must reach (a harness that
+            submitted jobs made to fail or succeed knows).
     """
     placed_twice = double_placements(history.assignments)
     ran_twice = double_runs(runs)
     wrongly_dead = false_deaths(history.deaths, faults)
     thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
     outage_kills = killed_by_outage(runs, faults)
+    wrong_states = wrong_final_states(history, expected_final_states)
     lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
     finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
     unfinished = tuple(sorted(set(history.job_states) - finished))
@@ -483,6 +532,7 @@ def check(
         *wrongly_dead,
         *thrown_away.values(),
         *outage_kills,
+        *wrong_states.values(),
         *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
     ]
     if unfinished:
@@ -506,6 +556,7 @@ def check(
         worker_leaves=history.leaves,
         jobs_killed_by_outage=len(outage_kills),
         acknowledged_submissions_lost=len(lost_ids),
+        wrong_final_states=len(wrong_states),
     )
 
 
@@ -670,6 +721,7 @@ def check_logs(
     faults: Sequence[FaultEvent] = (),
     *,
     acknowledged_job_ids: Iterable[int] = (),
+    expected_final_states: Mapping[int, str] | None = None,
 ) -> CheckReport:
     """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``,
     whose clean stops (:func:`clean_stops`) count beside ``faults``."""
@@ -682,6 +734,7 @@ def check_logs(
         self_fences=count_self_fences(records),
         pauses=sum(1 for r in records if r.get("event") == "pause"),
         acknowledged_job_ids=acknowledged_job_ids,
+        expected_final_states=expected_final_states,
     )
 
 
@@ -696,7 +749,7 @@ SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS
        extract(epoch FROM last_heartbeat_at)::float8 AS heartbeat_s
   FROM worker_deaths ORDER BY id
 """
-JOB_STATES = "SELECT id, state FROM jobs"
+JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
@@ -745,6 +798,7 @@ async def load_history(database_url: str) -> History:
             for r in deaths
         ),
         job_states={r["id"]: r["state"] for r in jobs},
+        job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
         stale_writes_rejected=stale,
         elections=elections,
         leaves=leaves,

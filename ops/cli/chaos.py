@@ -76,7 +76,16 @@ def chaos(
         ),
     ] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
-    rate: Annotated[float, typer.Option(min=0.01, help="Sleep jobs submitted per second.")] = 12.0,
+    rate: Annotated[float, typer.Option(min=0.01, help="Jobs submitted per second.")] = 12.0,
+    failing_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Share of the jobs made to fail (a command exiting 3, max_attempts 2): each must be "
+            "retried once and end failed, every other job succeeded.",
+        ),
+    ] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the job stream and the worker kills.")] = 1,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")] = None,
     state_dir: Annotated[
@@ -141,6 +150,7 @@ def chaos(
         docker=docker,
         workers=workers,
         submit_rate_per_s=rate,
+        failing_share=failing_share,
         seed=seed,
     )
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: err_console().print(line))

@@ -45,7 +45,8 @@ def assignment(
         state=state,
         created_at=start,
         ended_at=end,
-        end_reason=end_reason,
+        # A finished assignment ended as its run did; these runs succeeded unless told.
+        end_reason=end_reason if end_reason is not None or state != "finished" else "succeeded",
         outcome=outcome,
     )
 
@@ -106,6 +107,7 @@ def test_a_clean_run_passes() -> None:
         "worker_leaves": 0,
         "jobs_killed_by_outage": 0,
         "acknowledged_submissions_lost": 0,
+        "wrong_final_states": 0,
         "details": [],
         "ok": True,
     }
@@ -360,3 +362,40 @@ def test_time_from_the_database_back_to_the_first_placement_after_it() -> None:
     ]
     later = FaultEvent(kind="db_outage", target="database", at=40.0, until=45.0)
     assert placement_recoveries_s(assignments, [OUTAGE, later]) == [1.5]
+
+
+def test_a_retry_after_a_failed_run_is_no_double_placement() -> None:
+    """A job placed again after a run that failed (a retry) is no double placement, and ends
+    failed once its attempts are spent."""
+    history = History(
+        assignments=(
+            assignment(1, 7, "w-1", 1, "finished", 0.0, 1.0, end_reason="failed"),
+            assignment(2, 7, "w-2", 1, "finished", 2.0, 3.0, end_reason="timeout"),
+        ),
+        job_states={7: "failed"},
+        job_attempts={7: (2, 2)},
+    )
+    report = check(history, [], expected_final_states={7: "failed"})
+    assert report.double_placements == 0 and report.wrong_final_states == 0 and report.ok
+
+
+def test_wrong_final_states_are_caught() -> None:
+    """More failed runs than max_attempts, a failure with attempts left, a success no run
+    reported, and a final state other than the one expected are each caught."""
+    history = History(
+        assignments=(
+            assignment(1, 1, "w-1", 1, "finished", 0.0, 1.0, end_reason="failed"),
+            assignment(2, 1, "w-1", 1, "finished", 2.0, 3.0, end_reason="failed"),
+            assignment(3, 2, "w-1", 1, "finished", 0.0, 1.0, end_reason="failed"),
+            assignment(4, 3, "w-1", 1, "lost", 0.0, 1.0, end_reason="worker_dead"),
+            assignment(5, 4, "w-1", 1, "finished", 0.0, 1.0),
+        ),
+        job_states={1: "failed", 2: "failed", 3: "succeeded", 4: "succeeded"},
+        job_attempts={1: (2, 1), 2: (1, 3), 3: (0, 1), 4: (0, 1)},
+    )
+    report = check(history, [], expected_final_states={4: "failed"})
+    assert report.wrong_final_states == 4 and not report.ok
+    assert "job 1: 2 failed runs, more than its max_attempts 1" in report.details
+    assert "job 2: failed with attempts left (1 of 3 spent)" in report.details
+    assert "job 3: succeeded, but no run of it reported a success" in report.details
+    assert "job 4: ended succeeded, expected failed" in report.details
