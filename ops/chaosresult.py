@@ -15,7 +15,6 @@ from rich.console import Group
 from ops import checker
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
-
 FAILING_MAX_ATTEMPTS = 2
 """Runs of a job a chaos run makes to fail (:attr:`ChaosSettings.failing_share`): one retry."""
 
