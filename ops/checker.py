@@ -357,9 +357,13 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
             found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
         elif state == "succeeded" and job_id not in succeeded:
             found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
-        elif expected and job_id in expected and state in ("succeeded", "failed", "cancelled"):
-            if state != expected[job_id]:
-                found[job_id] = f"job {job_id}: ended {state}, expected {expected[job_id]}"
+        elif (
+            expected
+            and job_id in expected
+            and state in ("succeeded", "failed", "cancelled")
+            and state != expected[job_id]
+        ):
+            found[job_id] = f"job {job_id}: ended {state}, expected {expected[job_id]}"
     return found
 
 
