@@ -431,6 +431,11 @@ class Ledger:
         )
 
     async def _end_assignments(self, conn: PgConnection, message: EndAssignments) -> tuple[int, ...]:
+        if message.timed_out:
+            rows = await conn.fetch(
+                queries.END_TIMED_OUT_ASSIGNMENTS, message.epoch, list(message.assignment_ids)
+            )
+            return tuple(int(r["id"]) for r in rows)
         rows = await conn.fetch(
             queries.END_CANCELLED_ASSIGNMENTS,
             message.epoch,

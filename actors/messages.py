@@ -167,6 +167,10 @@ class EndAssignments:
     reason: str
     requeue_backoff_caps_s: tuple[float, ...]
     reply: Reply[tuple[int, ...]]
+    timed_out: bool = False
+    """The leader stopped these runs because their job outlived its ``timeout_s`` by the margin
+    (the worker did not): each spends an attempt, and its job is retried after its backoff or,
+    with none left, ends failed with reason timeout (``requeue`` is ignored)."""
 
 
 LedgerInbox = CommitPlacements | DeclareDeadWorkers | EndOrphanedAssignments | EndAssignments

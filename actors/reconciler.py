@@ -162,6 +162,12 @@ def plan_deliveries(
     return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
 
 
+TIMEOUT_MARGIN_S = 30.0
+"""How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before
+the leader stops it: the worker's reaper stops it at the timeout and reports within a heartbeat,
+so the leader acts only for a worker that did not (an agent without timeouts, a reaper that
+failed); the margin covers the stop's grace and a slow report."""
+
 MAX_BACKOFF_CAPS = 64
 """Most entries :func:`backoff_caps_s` returns (reached only when max_s / base_s > 2**63)."""
 
@@ -484,11 +490,21 @@ class Reconciler:
         for dispatch in plan.dispatches(epoch):
             await self.dispatcher.send(dispatch)
         cancelled = await self.store.cancel_requested()
+        # The leader's backing of timeouts: a run its worker let outlive its timeout_s by the
+        # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
+        overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
         async with trio.open_nursery() as nursery:
             for worker, group in plan.withdraw:
                 nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
             for worker, group in by_worker(cancelled):
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
+            for worker, group in by_worker(overdue):
+                self._log.warning(
+                    "stopping runs past their timeout",
+                    worker_id=worker.worker_id,
+                    assignment_ids=[d.assignment.assignment_id for d in group],
+                )
+                nursery.start_soon(self._cancel, epoch, worker, group, False, "timeout")
         return result
 
     async def _declare_and_end_orphans(
@@ -604,6 +620,7 @@ class Reconciler:
                     reason=reason,
                     requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
                     reply=reply,
+                    timed_out=reason == "timeout",
                 )
             )
         self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))

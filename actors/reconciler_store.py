@@ -53,6 +53,10 @@ class ReconcilerStore(Protocol):
 
     async def cancel_requested(self) -> list[Delivery]: ...
 
+    async def overdue(self, margin_s: float) -> list[Delivery]:
+        """Active assignments whose job ran past its timeout by ``margin_s`` (or a tenth of it)."""
+        ...
+
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
 
@@ -96,4 +100,8 @@ class PgReconcilerStore(ReadStore):
 
     async def cancel_requested(self) -> list[Delivery]:
         rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
+        return [_delivery(r) for r in rows]
+
+    async def overdue(self, margin_s: float) -> list[Delivery]:
+        rows = await (await self._connection()).fetch(queries.OVERDUE_ASSIGNMENTS, margin_s)
         return [_delivery(r) for r in rows]

@@ -69,6 +69,7 @@ from actors.queries.ledger import (
     DECLARE_DEAD_WORKERS,
     END_CANCELLED_ASSIGNMENTS,
     END_ORPHANED_ASSIGNMENTS,
+    END_TIMED_OUT_ASSIGNMENTS,
     FENCE_EPOCH,
     JOB_ARGVS,
     JUDGED_WORKERS,
@@ -83,6 +84,7 @@ from actors.queries.placer import (
 from actors.queries.reconciler import (
     CANCEL_REQUESTED_ASSIGNMENTS,
     HEARTBEAT_AGES,
+    OVERDUE_ASSIGNMENTS,
     UNCONFIRMED_ASSIGNMENTS,
 )
 
@@ -97,6 +99,7 @@ __all__ = [
     "DECLARE_DEAD_WORKERS",
     "END_CANCELLED_ASSIGNMENTS",
     "END_ORPHANED_ASSIGNMENTS",
+    "END_TIMED_OUT_ASSIGNMENTS",
     "FENCE_EPOCH",
     "GET_JOB",
     "HEARTBEAT",
@@ -111,6 +114,7 @@ __all__ = [
     "LIVE_WORKERS",
     "LOCK_WORKER",
     "NO_LONGER_PENDING",
+    "OVERDUE_ASSIGNMENTS",
     "PENDING_JOBS",
     "PROBE_LEASE",
     "READ_LEASE",

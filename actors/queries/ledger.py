@@ -207,6 +207,49 @@ SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM ended) AS ended_ids,
        (SELECT count(*) FROM orphaned) = $3 AS more
 """
 
+# $1 epoch, $2 assignment ids. The leader's backing of timeouts (actors/reconciler.py): ends
+# active assignments whose worker acknowledged a stop the leader sent because the job outlived its
+# timeout_s by the margin (their worker did not stop it: an agent of an older version, a reaper
+# that failed). As a run that timed out on its worker: the assignment ends (state 'cancelled',
+# end_reason 'timeout', counted), the job spends an attempt and is placed again after its
+# retry delay, or, with none left (or a cancel asked meanwhile), ends failed (cancelled).
+END_TIMED_OUT_ASSIGNMENTS = f"""
+WITH ended AS (
+    UPDATE assignments
+       SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = 'timeout',
+           counted = true, detail = 'timeout: the leader stopped it, past its timeout_s'
+     WHERE id = ANY($2::bigint[]) AND state = 'active'
+ RETURNING id, job_id
+),
+jobs_ended AS (
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN j.failures + 1 < j.max_attempts THEN 'pending' ELSE 'failed' END,
+           failures = j.failures + 1,
+           finished_at = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                              THEN NULL ELSE now() END,
+           started_at = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                             THEN NULL ELSE j.started_at END,
+           pending_seq = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                              THEN nextval('pending_seq') ELSE j.pending_seq END,
+           pending_xid = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                              THEN {_THIS_XID} ELSE j.pending_xid END,
+           not_before = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                             THEN now() + make_interval(
+                                      secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
+                             ELSE j.not_before END,
+           detail = 'timeout: the leader stopped it, past its timeout_s of '
+                    || (j.timeout_ms / 1000.0)::float8 || ' s',
+           reason = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+                         THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
+                              || ' failed (timeout)'
+                         ELSE '' END
+      FROM ended e
+     WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
+)
+SELECT id FROM ended
+"""
+
 # $1 epoch, $2 assignment ids, $3 end reason, $4 requeue, $5 requeue backoff caps (seconds; see
 # _REQUEUE_BACKOFF). Only for assignments whose worker acknowledged the cancel: the job runs
 # nowhere now. A requeue (an unconfirmed assignment withdrawn) counts as a loss of the job.

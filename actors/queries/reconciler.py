@@ -38,6 +38,21 @@ UNCONFIRMED_ASSIGNMENTS = (
 """
 )
 
+# $1 margin (s). Active assignments, on live workers of the right incarnation, whose job has run
+# past its timeout_s by the margin, or by a tenth of the timeout when that is longer, counted from
+# the first heartbeat that listed it (or its commit, if none did); not those a cancel is asked of
+# (cancelled already). The leader stops them (actors/reconciler.py).
+OVERDUE_ASSIGNMENTS = (
+    _ASSIGNMENT_PAYLOAD
+    + """
+ WHERE a.state = 'active' AND j.timeout_ms IS NOT NULL AND NOT j.cancel_requested
+   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND now() - coalesce(a.confirmed_at, a.created_at)
+       > make_interval(secs => j.timeout_ms / 1000.0 + greatest($1::float8, j.timeout_ms / 10000.0))
+ ORDER BY a.id
+"""
+)
+
 # Active assignments of jobs a user asked to cancel.
 CANCEL_REQUESTED_ASSIGNMENTS = (
     _ASSIGNMENT_PAYLOAD

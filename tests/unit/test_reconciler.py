@@ -98,6 +98,9 @@ class FakeStore:
     async def cancel_requested(self) -> list[Delivery]:
         return []
 
+    async def overdue(self, margin_s: float) -> list[Delivery]:
+        return []
+
     async def close(self) -> None:
         pass
 
