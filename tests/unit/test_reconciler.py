@@ -36,6 +36,7 @@ from actors.messages import (
     WorkerRef,
 )
 from actors.reconciler import (
+    TIMEOUT_MARGIN_S,
     Delivery,
     HeartbeatAge,
     Reconciler,
@@ -66,6 +67,9 @@ class FakeStore:
 
     last_heartbeat: dict[str, float] = attrs.field(factory=dict)
     unconfirmed_at: dict[int, tuple[WorkerRef, float]] = attrs.field(factory=dict)
+    overdue_ids: dict[int, WorkerRef] = attrs.field(factory=dict)
+    """Assignments past their job's timeout by the margin (their confirmed runs)."""
+    margins_s: list[float] = attrs.field(factory=list)
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -99,7 +103,17 @@ class FakeStore:
         return []
 
     async def overdue(self, margin_s: float) -> list[Delivery]:
-        return []
+        self.margins_s.append(margin_s)
+        return [
+            Delivery(
+                assignment=CommittedAssignment(
+                    assignment_id=aid, job_id=aid, worker_id=ref.worker_id, incarnation=1, epoch=1, spec=SPEC
+                ),
+                worker=ref,
+                age_s=100.0,
+            )
+            for aid, ref in self.overdue_ids.items()
+        ]
 
     async def close(self) -> None:
         pass
@@ -220,6 +234,33 @@ async def test_withdraws_long_unconfirmed_assignments_only_after_the_worker_ackn
         assert end.assignment_ids == (7,) and end.requeue and end.epoch == 2
         end.reply.set((7,))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_run_past_its_timeout_is_stopped_and_ended_as_timed_out_once_acknowledged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An overdue run (its job outlived timeout_s by the margin) is cancelled on its worker;
+    only the acknowledged id is ended, by a fenced EndAssignments marked timed out."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 0.0}, overdue_ids={5: w1, 6: w1})
+    h = make_harness(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers)
+        declare.reply.set(
+            ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+        )
+        cancel = await h.dispatcher.receive()
+        assert isinstance(cancel, CancelOnWorker) and cancel.assignment_ids == (5, 6)
+        cancel.reply.set((5,))  # 6 had ended on its own: its outcome comes with a heartbeat
+        end = await h.ledger.receive()
+        assert isinstance(end, EndAssignments)
+        assert end.assignment_ids == (5,) and end.timed_out and not end.requeue and end.reason == "timeout"
+        end.reply.set((5,))
+        nursery.cancel_scope.cancel()
+    assert store.margins_s[0] == TIMEOUT_MARGIN_S
 
 
 @given(
