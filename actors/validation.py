@@ -24,15 +24,26 @@ from runtime import identifiers
 from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
 from runtime.errors import InvalidArgument
+from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
 from runtime.jobs import (
+    MAX_AFTER,
     MAX_ARGV_BYTES,
     MAX_ARGV_ITEMS,
+    MAX_ARRAY_INDEX,
+    MAX_ARRAY_TASKS,
+    MAX_ATTEMPTS,
     MAX_CPU_MILLIS,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME_BYTES,
+    MAX_ENV_VARS,
     MAX_IMAGE_BYTES,
     MAX_MEMORY_MB,
     MAX_NAME_BYTES,
     MAX_PRIORITY,
+    MAX_RETRY_BACKOFF_S,
     MAX_SLEEP_MS,
+    MAX_TIMEOUT_S,
+    MAX_WORKDIR_BYTES,
     JobSpec,
 )
 
@@ -281,6 +292,40 @@ LIMITS = (
         "job `container.argv`",
         "as `command.argv`, but may be empty (the image's own command)",
         (),
+    ),
+    Limit("job `max_attempts` (`--max-attempts`)", f"1 to {_n(MAX_ATTEMPTS)}", ("MAX_ATTEMPTS",)),
+    Limit(
+        "job `retry_backoff_s` (`--retry-backoff-s`)",
+        f"0 to {MAX_RETRY_BACKOFF_S:g} seconds, a finite number; also the cap of every retry delay",
+        ("MAX_RETRY_BACKOFF_S",),
+    ),
+    Limit(
+        "job `timeout_s` (`--timeout-s`)",
+        f"above 0 and at most {_n(int(MAX_TIMEOUT_S))} seconds (one week); none by default",
+        ("MAX_TIMEOUT_S",),
+    ),
+    Limit(
+        "job `constraints` (`--constraint`)",
+        f"at most {_n(MAX_CONSTRAINTS)}; each `key=value`, `key!=value`, `key` or `key in (a,b)` (at "
+        f"most {_n(MAX_IN_VALUES)} values), keys and values as worker labels'",
+        ("MAX_CONSTRAINTS", "MAX_IN_VALUES"),
+    ),
+    Limit(
+        "job `env` (`--env`)",
+        f"at most {_n(MAX_ENV_VARS)} names of 1 to {_n(MAX_ENV_NAME_BYTES)} bytes, without `=` or NUL "
+        f"and not starting with `STOCKADE_`; values without NUL; {_n(MAX_ENV_BYTES)} bytes (64 KiB) in all",
+        ("MAX_ENV_VARS", "MAX_ENV_NAME_BYTES", "MAX_ENV_BYTES"),
+    ),
+    Limit(
+        "job `workdir` (`--workdir`)",
+        f"empty, or an absolute path of at most {_n(MAX_WORKDIR_BYTES)} bytes; no control characters",
+        ("MAX_WORKDIR_BYTES",),
+    ),
+    Limit("job `after` (`--after`)", f"at most {_n(MAX_AFTER)} job ids, each once", ("MAX_AFTER",)),
+    Limit(
+        "job `array` (`--array FIRST-LAST[%MAX_RUNNING]`)",
+        f"indexes 0 to {_n(MAX_ARRAY_INDEX)}, LAST not below FIRST, at most {_n(MAX_ARRAY_TASKS)} tasks",
+        ("MAX_ARRAY_INDEX", "MAX_ARRAY_TASKS"),
     ),
     Limit(
         "`specs` of one SubmitJobs request (`stockade jobs` splits larger batches)",
