@@ -23,8 +23,8 @@ import attrs
 from runtime import identifiers
 from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
-from runtime.errors import InvalidArgument
 from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
+from runtime.errors import InvalidArgument
 from runtime.jobs import (
     MAX_AFTER,
     MAX_ARGV_BYTES,
