@@ -174,6 +174,7 @@ def supervisor_argv(
         "nano_cpus": job.cpu_millis * 1_000_000,
         "mem_bytes": job.memory_mb * 2**20,
         "user": job.user,
+        "workdir": job.workdir,
     }
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]

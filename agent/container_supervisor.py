@@ -377,6 +377,7 @@ class _Supervisor:
             "memswap_limit": int(spec["mem_bytes"]),  # equal: no swap
             "init": True,
             "user": str(spec.get("user") or "") or None,  # None: the image's user
+            "working_dir": str(spec.get("workdir") or "") or None,  # None: the image's
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "stdin_open": False,

@@ -217,6 +217,7 @@ class RunningJobs:
                     memory_mb=order.spec.memory_mb,
                     user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
                     owner=owner_of(self.settings.work_dir),
+                    workdir=order.spec.workdir,
                 )
             }
             if isinstance(runtime, ContainerRuntime)

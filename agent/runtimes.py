@@ -137,7 +137,7 @@ class RunOptions:
     workdir: str = ""
     """A command's working directory, an absolute path that must exist on the worker (else
     the job fails, ``workdir_not_found: ...``); empty: the job's folder (or its ``work/``
-    when it runs as another user). A container's is the image's own."""
+    when it runs as another user). A container job's is :attr:`ContainerJob.workdir`."""
 
     @property
     def default(self) -> bool:
@@ -198,6 +198,9 @@ class ContainerJob:
     owner: str = ""
     """The agent's :func:`agent.container.owner_of` (its work folder's): in the container's name
     and labels, so the agents of two clusters on one engine never take each other's."""
+    workdir: str = ""
+    """The job's ``workdir``: the working directory inside the container (Docker creates it
+    when the image lacks it); empty: the image's own."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:

@@ -17,7 +17,7 @@ import trio
 from agent.container import container_labels, container_name, engine_label, remove_leftovers
 from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
-from agent.runtimes import ContainerJob, JobResult, run_job
+from agent.runtimes import ContainerJob, JobResult, RunOptions, run_job
 from runtime.jobs import ContainerRuntime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="container jobs need Linux")
@@ -77,6 +77,7 @@ async def _run(
     *,
     stop: trio.Event | None = None,
     fence_deadline_path: Path | None = None,
+    run_options: RunOptions | None = None,
 ) -> JobResult:
     return await run_job(
         ContainerRuntime(image=image, argv=argv),
@@ -86,7 +87,25 @@ async def _run(
         fence_deadline_path=fence_deadline_path,
         job_env={"STOCKADE_JOB_ID": str(job.job_id), "STOCKADE_ASSIGNMENT_ID": str(job.assignment_id)},
         container=job,
+        run_options=run_options,
     )
+
+
+async def test_a_container_runs_in_its_workdir_and_ends_failed_at_its_timeout(
+    job_image: str, container_worker: str, tmp_path: Path
+) -> None:
+    """A container job's workdir is its working directory inside the container; one running
+    past its timeout_s is stopped by the agent and ends failed, reason timeout, removed."""
+    job = attrs.evolve(_job(container_worker), workdir="/tmp/here")
+    result = await _run(job_image, ("python3", "-c", "import os; print(os.getcwd())"), job, tmp_path)
+    assert result.state is JobState.SUCCEEDED, result
+    assert _read(result.stdout_path) == "/tmp/here\n"
+    job = _job(container_worker)
+    argv = ("python3", "-c", "import time; time.sleep(60)")
+    result = await _run(job_image, argv, job, tmp_path, run_options=RunOptions(timeout_s=1.0))
+    assert result.state is JobState.FAILED and not result.stopped, result
+    assert result.detail.startswith("timeout:")
+    assert _state(container_name(job)) is None
 
 
 async def test_a_container_job_succeeds_and_its_output_lands_in_the_job_folder(
