@@ -650,3 +650,29 @@ CREATE TABLE IF NOT EXISTS worker_leaves (
     incarnation  bigint      NOT NULL,
     left_at      timestamptz NOT NULL DEFAULT now()
 );
+
+-- Dependencies and arrays (the job lifecycle; actors/dependencies.py decides, the leader's
+-- reconcile pass writes it: queries.SETTLE_WAITING_JOBS, a fenced write). A job submitted
+-- with dependencies (after_ids) that have not all succeeded, or an array's task beyond its
+-- limit (array_max_running), is 'waiting' until the leader makes it pending, or cancels it when
+-- a dependency failed or was cancelled. The CHECK is replaced only when it lacks the state.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'jobs'::regclass AND conname = 'jobs_state_check'
+                      AND pg_get_constraintdef(oid) LIKE '%''waiting''%') THEN
+        ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_state_check;
+        ALTER TABLE jobs ADD CONSTRAINT jobs_state_check
+            CHECK (state IN ('waiting', 'pending', 'assigned', 'running',
+                             'succeeded', 'failed', 'cancelled'));
+    END IF;
+    -- A job depends only on jobs older than itself: a submission may name only jobs that
+    -- exist already (queries.SUBMIT_JOB), whose ids were drawn before its own, so the
+    -- dependencies never form a cycle. Checked here too.
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conrelid = 'jobs'::regclass AND conname = 'jobs_after_older_check') THEN
+        ALTER TABLE jobs ADD CONSTRAINT jobs_after_older_check CHECK (id > ALL (after_ids));
+    END IF;
+END $$;
+CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
+CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;

@@ -41,6 +41,7 @@ def assignment_message(a: CommittedAssignment) -> pb.Assignment:
         committed_epoch=a.epoch,
         has_array_index=a.array_index is not None,
         array_index=a.array_index or 0,
+        array_id=a.array_id or 0,
     )
 
 

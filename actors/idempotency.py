@@ -137,12 +137,17 @@ def _job_ids(ids: Sequence[int]) -> str:
 def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     """What a stored call did, from its RPC and its stored answer (the rows of its effect):
     ``"it created job 17"``, ``"it created jobs 17, 18, 19"``, ``"it created 400 jobs, 17 to
-    416"``, ``"it cancelled job 17 (cancelled)"``."""
+    416"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``,
+    ``"it cancelled 40 tasks of array 17 (cancelling)"``."""
+    if rpc == "submit_job" and answer and int(answer[0].get("tasks", 1)) > 1:
+        return f"it created array {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc in ("submit_job", "submit_jobs"):
         return "it created " + _job_ids(sorted(int(row["id"]) for row in answer))
     if rpc == "cancel_job" and answer:
         row = answer[0]
         state = "cancelling" if row["cancel_requested"] else row["state"]
+        if row.get("tasks"):
+            return f"it cancelled {row['tasks']} tasks of array {row['id']} ({state})"
         return f"it cancelled job {row['id']} ({state})"
     return f"its answer was {json.dumps(list(answer))[:200]}"
 

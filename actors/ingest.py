@@ -68,9 +68,10 @@ from typing import Any
 import attrs
 import trio
 
-from actors import idempotency, queries, validation
+from actors import dependencies, idempotency, queries, validation
 from actors.ingest_gate import SESSION_SETTINGS, AdmittedService, open_pool, run_in_slices
 from actors.ingest_replies import (
+    array_counts,
     attempt_info,
     check_outcomes,
     job_info,
@@ -188,9 +189,24 @@ class ControlPlaneService(AdmittedService):
                     key=key,
                     digest=digest,
                 )
+                if not done.answer:
+                    # Nothing stored: a dependency does not exist (see queries.SUBMIT_JOB).
+                    raise await self._missing_dependencies(conn, "after", job.after)
             if not done.replayed:
-                self.pending_jobs += 1
+                # An array counts as its tasks against the queue's limit.
+                self.pending_jobs += int(done.answer[0].get("tasks", 1))
         return pb.SubmitJobReply(job_id=int(done.answer[0]["id"]))
+
+    async def _missing_dependencies(
+        self, conn: PgConnection, field: str, after: tuple[int, ...]
+    ) -> InvalidArgument:
+        """The error of a submission that stored nothing because of ``after``: it names the
+        jobs that do not exist (read after the submitting statement, which checked them in its
+        own snapshot)."""
+        missing = [int(i) for i in await conn.fetchval(queries.MISSING_JOBS, list(after))]
+        return InvalidArgument(
+            field, list(after), dependencies.MISSING_RULE, detail=dependencies.missing_detail(missing)
+        )
 
     @takes_encoded_request
     async def submit_jobs(
@@ -235,6 +251,12 @@ class ControlPlaneService(AdmittedService):
                     key=key,
                     digest=digest,
                 )
+                if not done.answer:
+                    # Nothing stored: a job names a dependency that does not exist.
+                    named = sorted({i for j in jobs for i in j.after})
+                    missing = {int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named)}
+                    index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
+                    raise await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
             if not done.replayed:
                 self.pending_jobs += len(done.answer)
         return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in done.answer))
@@ -267,10 +289,16 @@ class ControlPlaneService(AdmittedService):
         async with self.database("get_job") as conn:
             row = await conn.fetchrow(queries.GET_JOB, request.job_id)
             attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
+            counts = (
+                []
+                if row is None or row["array_id"] is None
+                else await conn.fetch(queries.ARRAY_COUNTS, row["array_id"])
+            )
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
         info = job_info(row)
         info.attempt_history = [attempt_info(a) for a in attempts]
+        info.array_counts = array_counts(counts)
         return info
 
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
@@ -285,16 +313,25 @@ class ControlPlaneService(AdmittedService):
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
         validation.check_job_id(request.job_id)
         key = validation.check_idempotency_key(request.idempotency_key)
-        digest = idempotency.request_digest("cancel_job", [request.job_id])
+        # A cancel of one task only is another request than the array's cancel; a plain
+        # cancel digests as it always did.
+        item: list[Any] = [request.job_id, "only_this_task"] if request.only_this_task else [request.job_id]
+        digest = idempotency.request_digest("cancel_job", item)
         async with self.database("cancel_job") as conn:
             done = await self._once(
-                conn, "cancel_job", queries.CANCEL_JOB, request.job_id, key=key, digest=digest
+                conn,
+                "cancel_job",
+                queries.CANCEL_JOB,
+                request.job_id,
+                request.only_this_task,
+                key=key,
+                digest=digest,
             )
         if not done.answer:
             raise NotFound(f"job_id {request.job_id} not found")
         row = done.answer[0]
         state = "cancelling" if row["cancel_requested"] else row["state"]
-        return pb.CancelJobReply(state=state)
+        return pb.CancelJobReply(state=state, tasks=int(row.get("tasks") or 0))
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         require_worker("register_worker", request.worker_id)

@@ -43,6 +43,13 @@ def job_info(row: Any) -> pb.JobInfo:
     return info
 
 
+def array_counts(rows: list[Any]) -> list[pb.JobCount]:
+    """An array's tasks per state (rows of :data:`actors.queries.ARRAY_COUNTS`), in the order of
+    :data:`actors.validation.JOB_STATES`, states with no task left out."""
+    by_state = {r["state"]: int(r["count"]) for r in rows}
+    return [pb.JobCount(state=s, count=by_state[s]) for s in validation.JOB_STATES if s in by_state]
+
+
 def attempt_info(row: Any) -> pb.Attempt:
     """An ``Attempt`` from a row of :data:`actors.queries.JOB_ATTEMPTS`."""
     return pb.Attempt(

@@ -114,6 +114,8 @@ from actors.messages import (
     LeaseInbox,
     LedgerInbox,
     ReconcileResult,
+    SettledJobs,
+    SettleWaitingJobs,
 )
 from runtime import faults, log
 from runtime.aio import PgConnection, ReconnectingConnection
@@ -196,6 +198,8 @@ class Ledger:
                 field = "max_ended"
             case EndAssignments(assignment_ids=ids):
                 rows, field = len(ids), "assignment_ids"
+            case SettleWaitingJobs(release=release, cancel=cancel):
+                rows, field = len(release) + len(cancel), "release + cancel"
         return InvalidArgument(field, rows, rule) if rows > limit else None
 
     async def _handle(self, message: LedgerInbox) -> None:
@@ -227,6 +231,11 @@ class Ledger:
                     what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
                     result = await self.fenced(
                         epoch, what, lambda c: self._end_assignments(c, message), kind="end_assignments"
+                    )
+                case SettleWaitingJobs(epoch=epoch, reply=reply):
+                    what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
+                    result = await self.fenced(
+                        epoch, what, lambda c: self._settle_waiting(c, message), kind="settle_waiting_jobs"
                     )
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
@@ -394,6 +403,7 @@ class Ledger:
                 epoch=message.epoch,
                 spec=queries.job_spec_of({**row, **argvs.get(int(row["id"]), {"argv": None, "image": None})}),
                 array_index=argvs.get(int(row["id"]), {}).get("array_index"),
+                array_id=argvs.get(int(row["id"]), {}).get("array_id"),
             )
             for row in placed
         )
@@ -445,3 +455,16 @@ class Ledger:
             list(message.requeue_backoff_caps_s),
         )
         return tuple(int(r["id"]) for r in rows)
+
+    async def _settle_waiting(self, conn: PgConnection, message: SettleWaitingJobs) -> SettledJobs:
+        row = await conn.fetchrow(
+            queries.SETTLE_WAITING_JOBS,
+            list(message.release),
+            [job_id for job_id, _ in message.cancel],
+            [dependency for _, dependency in message.cancel],
+        )
+        assert row is not None
+        return SettledJobs(
+            released_job_ids=tuple(int(i) for i in row["released_ids"]),
+            cancelled_job_ids=tuple(int(i) for i in row["cancelled_ids"]),
+        )

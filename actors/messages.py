@@ -81,6 +81,8 @@ class CommittedAssignment:
     """The job's spec, as stored at submission."""
     array_index: int | None = None
     """A task of an array: its index (the worker sets ``STOCKADE_ARRAY_INDEX``); None: not a task."""
+    array_id: int | None = None
+    """A task of an array: the array's id (the worker sets ``STOCKADE_ARRAY_ID``); None: not a task."""
 
 
 @attrs.frozen(kw_only=True)
@@ -173,7 +175,33 @@ class EndAssignments:
     with none left, ends failed with reason timeout (``requeue`` is ignored)."""
 
 
-LedgerInbox = CommitPlacements | DeclareDeadWorkers | EndOrphanedAssignments | EndAssignments
+@attrs.frozen(kw_only=True)
+class SettledJobs:
+    """What a :class:`SettleWaitingJobs` changed."""
+
+    released_job_ids: tuple[int, ...]
+    """Made pending."""
+    cancelled_job_ids: tuple[int, ...]
+    """Cancelled: a dependency failed or was cancelled."""
+
+
+@attrs.frozen(kw_only=True)
+class SettleWaitingJobs:
+    """Under ``epoch``: settle waiting jobs (:mod:`actors.dependencies`): make ``release``
+    pending and cancel each job of ``cancel`` (job id, its dependency that failed or was
+    cancelled) as ``dependency_failed: job N``, each only if its rule still holds when the
+    transaction finds it. At most the ledger's ``max_rows_per_fenced_write`` jobs in all (else
+    :class:`runtime.errors.InvalidArgument`)."""
+
+    epoch: int
+    release: tuple[int, ...]
+    cancel: tuple[tuple[int, int], ...]
+    reply: Reply[SettledJobs]
+
+
+LedgerInbox = (
+    CommitPlacements | DeclareDeadWorkers | EndOrphanedAssignments | EndAssignments | SettleWaitingJobs
+)
 
 # ---------------------------------------------------------------- -> dispatcher (worker RPCs)
 

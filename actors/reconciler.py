@@ -34,6 +34,13 @@ Each pass, while leader:
    ``cancel_unconfirmed_after_s`` they are cancelled on the worker and, once it acknowledges,
    ended and requeued.
 3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
+4. Waiting jobs (:mod:`actors.dependencies`): made pending once their dependencies succeeded
+   (an array's tasks within its limit), cancelled when one failed or was cancelled; read on the
+   reconciler's connection, decided by :func:`actors.dependencies.plan_waiting`, written in
+   fenced writes of at most ``write_size().rows`` jobs (:class:`SettleWaitingJobs`), which
+   re-check each rule; again while a write cancelled jobs (their dependants follow), at most
+   :data:`actors.dependencies.CASCADE_STEPS` writes per pass. No write when there is nothing
+   to settle.
 
 Acknowledged cancellations, too, are ended in fenced writes of that size.
 
@@ -50,6 +57,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.dependencies import CASCADE_STEPS, plan_waiting
 from actors.messages import (
     CancelOnWorker,
     DeclareDeadWorkers,
@@ -59,6 +67,8 @@ from actors.messages import (
     EndOrphanedAssignments,
     LedgerInbox,
     ReconcileResult,
+    SettledJobs,
+    SettleWaitingJobs,
     WorkerRef,
 )
 from actors.reconciler_store import Delivery, HeartbeatAge, ReconcilerStore
@@ -505,7 +515,39 @@ class Reconciler:
                     assignment_ids=[d.assignment.assignment_id for d in group],
                 )
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "timeout")
+        await self.settle_waiting(epoch)
         return result
+
+    async def settle_waiting(self, epoch: int) -> SettledJobs:
+        """Settle the waiting jobs that can be settled now (step 4 of the module): one fenced
+        write per batch read, again while a write cancelled jobs or was full, at most
+        :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
+
+        Raises:
+            StaleEpoch, DatabaseUnavailable: a read or write failed; no later write is sent.
+        """
+        released: list[int] = []
+        cancelled: list[int] = []
+        for _ in range(CASCADE_STEPS):
+            rows = self.write_size().rows
+            plan = plan_waiting(await self.store.waiting_jobs(rows), most=rows)
+            if not plan:
+                break
+            settled: SettledJobs = await self._write(
+                lambda reply: SettleWaitingJobs(
+                    epoch=epoch,
+                    release=plan.release,  # noqa: B023 (called at once, in this iteration)
+                    cancel=plan.cancel,  # noqa: B023
+                    reply=reply,
+                )
+            )
+            released += settled.released_job_ids
+            cancelled += settled.cancelled_job_ids
+            if not settled.cancelled_job_ids and plan.rows < rows:
+                break
+        if released or cancelled:
+            self._log.info("settled waiting jobs", released=len(released), cancelled=len(cancelled))
+        return SettledJobs(released_job_ids=tuple(released), cancelled_job_ids=tuple(cancelled))
 
     async def _declare_and_end_orphans(
         self, epoch: int, declare: tuple[tuple[str, int], ...]

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import attrs
 
 from actors import queries
+from actors.dependencies import WaitingJob
 from actors.messages import CommittedAssignment, WorkerRef
 from runtime.aio import ReadStore
 
@@ -55,6 +56,9 @@ class ReconcilerStore(Protocol):
 
     async def overdue(self, margin_s: float) -> list[Delivery]:
         """Active assignments whose job ran past its timeout by ``margin_s`` (or a tenth of it)."""
+
+    async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
+        """At most ``limit`` waiting jobs the leader can settle now (``queries.WAITING_JOBS``)."""
         ...
 
     async def close(self) -> None:
@@ -71,11 +75,24 @@ def _delivery(row: Any) -> Delivery:
             epoch=int(row["epoch"]),
             spec=queries.job_spec_of(row),
             array_index=row["array_index"],
+            array_id=row["array_id"],
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])
         ),
         age_s=float(row["age_s"]),
+    )
+
+
+def waiting_job(row: Any) -> WaitingJob:
+    """A :class:`WaitingJob` from a row of :data:`actors.queries.WAITING_JOBS`."""
+    return WaitingJob(
+        job_id=int(row["id"]),
+        after=tuple(zip((int(i) for i in row["after_ids"]), row["after_states"], strict=True)),
+        array_id=None if row["array_id"] is None else int(row["array_id"]),
+        array_index=int(row["array_index"]),
+        array_max_running=int(row["array_max_running"]),
+        array_active=int(row["array_active"]),
     )
 
 
@@ -105,3 +122,7 @@ class PgReconcilerStore(ReadStore):
     async def overdue(self, margin_s: float) -> list[Delivery]:
         rows = await (await self._connection()).fetch(queries.OVERDUE_ASSIGNMENTS, margin_s)
         return [_delivery(r) for r in rows]
+
+    async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
+        rows = await (await self._connection()).fetch(queries.WAITING_JOBS, limit)
+        return [waiting_job(r) for r in rows]

@@ -52,18 +52,20 @@ T = TypeVar("T")
 # The job limits above are runtime.jobs' (JobSpec.check applies them); they are named here too,
 # for the table of every limit (LIMITS).
 MAX_LIST_LIMIT = 10_000
-JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
+JOB_STATES = ("waiting", "pending", "assigned", "running", "succeeded", "failed", "cancelled")
 
 
 MAX_BATCH_JOBS = 10_000
+BATCH_ARRAY_RULE = "must be unset in a batch (submit an array with SubmitJob, one per call)"
 
 
 def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
     """Check a batch of specs (:meth:`runtime.jobs.JobSpec.check` each).
 
     Raises:
-        InvalidArgument: an empty or too large batch, or a bad job; the field is named with
-            its index, e.g. ``specs[3].cpu_millis``.
+        InvalidArgument: an empty or too large batch, or a bad job (an array among them: a
+            batch holds single jobs); the field is named with its index, e.g.
+            ``specs[3].cpu_millis``.
     """
     steps = check_jobs_steps(specs, spec_of=lambda spec: spec, step_jobs=len(specs) + 1)
     while True:
@@ -97,9 +99,12 @@ def check_jobs_steps(
     checked = []
     for index, spec in enumerate(specs):
         try:
-            checked.append(spec_of(spec).check())
+            job = spec_of(spec).check()
         except InvalidArgument as exc:
             raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
+        if job.array is not None:
+            raise InvalidArgument(f"specs[{index}].array", job.array.describe(), BATCH_ARRAY_RULE)
+        checked.append(job)
         if (index + 1) % step_jobs == 0:
             yield
     return checked

@@ -20,8 +20,9 @@
   MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
   reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
   the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
-  ``--security-opt no-new-privileges``). It gets the job's variables (``STOCKADE_JOB_ID``,
-  ``STOCKADE_ASSIGNMENT_ID``, ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
+  ``--security-opt no-new-privileges``). It gets the job's variables (:mod:`agent.job_env`:
+  ``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``, a task's ``STOCKADE_ARRAY_ID`` and
+  ``STOCKADE_ARRAY_INDEX``, and ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
   Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
   that did not remove its container (it was killed, or the engine was gone) leaves that to this
   side, which removes it by name.
@@ -60,6 +61,7 @@ import attrs
 import trio
 
 from agent import container_supervisor, reaper
+from agent.job_env import WORKER_ID
 from agent.messages import JobState
 from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran, owner_of
 from agent.starts import Spawner
@@ -170,7 +172,7 @@ def supervisor_argv(
         "argv": list(runtime.argv),
         "name": container_name(job),
         "labels": container_labels(job),
-        "env": {**job_env, "STOCKADE_WORKER_ID": job.worker_id},
+        "env": {**job_env, WORKER_ID: job.worker_id},
         "nano_cpus": job.cpu_millis * 1_000_000,
         "mem_bytes": job.memory_mb * 2**20,
         "user": job.user,

@@ -79,6 +79,11 @@ class JobOrder:
     when the spec as sent named none (refused as ``bad_spec``)."""
     committed_epoch: int = 0
     """The epoch whose leader committed the assignment (informational)."""
+    array_index: int | None = None
+    """A task of an array: its index; None: not a task."""
+    array_id: int | None = None
+    """A task of an array: the array's id; None: not a task (or a control plane that did not
+    send it)."""
 
 
 # ---------------------------------------------------------------------------- Worker service

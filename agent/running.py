@@ -21,6 +21,7 @@ import trio
 
 from agent.acceptance import Admission
 from agent.fence import FenceClock
+from agent.job_env import job_environment
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
 from agent.runtimes import (
@@ -237,11 +238,7 @@ class RunningJobs:
                 fence_deadline_path=self.fence.path,
                 job_nice=self.settings.job_nice,
                 run_as=self.run_as,
-                job_env={
-                    **dict(order.spec.env),
-                    "STOCKADE_JOB_ID": str(order.job_id),
-                    "STOCKADE_ASSIGNMENT_ID": str(order.assignment_id),
-                },
+                job_env={**dict(order.spec.env), **job_environment(order)},
                 on_started=(lambda: None) if ticket is None else ticket.release,
                 pause=self.fence,
                 **container,

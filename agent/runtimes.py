@@ -17,7 +17,8 @@ Command jobs:
   elsewhere. The reaper drops the privileges in the job's process just before the exec
   (:meth:`agent.reaper._Reaper.start`);
 - get a clean environment: ``job_env`` (the agent's ``STOCKADE_JOB_ID`` and
-  ``STOCKADE_ASSIGNMENT_ID``), ``PATH`` = :data:`JOB_PATH` and ``HOME`` = their working
+  ``STOCKADE_ASSIGNMENT_ID``, and a task's ``STOCKADE_ARRAY_ID`` and ``STOCKADE_ARRAY_INDEX``:
+  :mod:`agent.job_env`), ``PATH`` = :data:`JOB_PATH` and ``HOME`` = their working
   directory, nothing else;
 - run under a per-job supervisor process, the *reaper* (:mod:`agent.reaper`), which the
   agent starts as the leader of a new session; the reaper starts the job in a session and

@@ -26,6 +26,8 @@ def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
         job_id=assignment.job_id,
         spec=job_spec_from_pb(assignment.spec, strict=False),
         committed_epoch=assignment.committed_epoch,
+        array_index=assignment.array_index if assignment.has_array_index else None,
+        array_id=assignment.array_id or None if assignment.has_array_index else None,
     )
 
 

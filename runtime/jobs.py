@@ -213,7 +213,8 @@ JobRuntime = SleepRuntime | CommandRuntime | ContainerRuntime
 class ArrayRange:
     """An array submission: one task per index ``first_index..last_index`` (both included),
     each a job of the same spec with ``STOCKADE_ARRAY_INDEX`` in its environment, at most
-    ``max_running`` of them assigned or running at once (0: no limit). Slurm's ``--array``
+    ``max_running`` of them pending, assigned or running at once (0: no limit; the others wait:
+    :mod:`actors.dependencies` says when they are released). Slurm's ``--array``
     (``sbatch --array=1-100%10``) is the model."""
 
     first_index: int

@@ -21,6 +21,7 @@ from __future__ import annotations
 from actors.queries.ingest import (
     APPLY_SCHEMA_LOCK,
     APPLY_SCHEMA_UNLOCK,
+    ARRAY_COUNTS,
     CANCEL_JOB,
     COUNT_PENDING,
     CURRENT_EPOCH,
@@ -31,6 +32,7 @@ from actors.queries.ingest import (
     LEAVE_WORKER,
     LIST_JOBS,
     LOCK_WORKER,
+    MISSING_JOBS,
     RECORD_OUTCOMES,
     RECORD_PRESENCE,
     RECORD_SCHEMA_VERSION,
@@ -74,6 +76,7 @@ from actors.queries.ledger import (
     JOB_ARGVS,
     JUDGED_WORKERS,
     RECORD_STALE_WRITE,
+    SETTLE_WAITING_JOBS,
 )
 from actors.queries.placer import (
     LIVE_WORKERS,
@@ -86,11 +89,13 @@ from actors.queries.reconciler import (
     HEARTBEAT_AGES,
     OVERDUE_ASSIGNMENTS,
     UNCONFIRMED_ASSIGNMENTS,
+    WAITING_JOBS,
 )
 
 __all__ = [
     "APPLY_SCHEMA_LOCK",
     "APPLY_SCHEMA_UNLOCK",
+    "ARRAY_COUNTS",
     "CANCEL_JOB",
     "CANCEL_REQUESTED_ASSIGNMENTS",
     "COMMIT_PLACEMENTS",
@@ -113,6 +118,7 @@ __all__ = [
     "LIST_JOBS",
     "LIVE_WORKERS",
     "LOCK_WORKER",
+    "MISSING_JOBS",
     "NO_LONGER_PENDING",
     "OVERDUE_ASSIGNMENTS",
     "PENDING_JOBS",
@@ -129,6 +135,7 @@ __all__ = [
     "SCHEMA_LOCK_KEY",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_TABLE",
+    "SETTLE_WAITING_JOBS",
     "STATUS_CONTROL_PLANES",
     "STATUS_JOB_COUNTS",
     "STATUS_UNSCHEDULABLE",
@@ -140,6 +147,7 @@ __all__ = [
     "TRY_LEASE_LOCK",
     "UNCONFIRMED_ASSIGNMENTS",
     "UNLOCK_LEASE_LOCK",
+    "WAITING_JOBS",
     "WORKER_REGISTRATION",
     "JobColumns",
     "job_column_arrays",

@@ -26,7 +26,7 @@ ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
 
-def once(rpc: str, effect: str, *, params: int) -> str:
+def once(rpc: str, effect: str, *, params: int, steps: str = "") -> str:
     """A mutating call's statement, carried out at most once per idempotency key
     (:mod:`actors.idempotency`): ``effect`` (a data-modifying statement with ``params``
     parameters that writes only when the CTE ``fresh`` has a row, and returns the rows that
@@ -40,6 +40,10 @@ def once(rpc: str, effect: str, *, params: int) -> str:
     - returns one row: ``replayed`` (the key was stored already), ``rpc`` and
       ``request_sha256`` of the stored call (NULL when not replayed), and ``answer``, the
       stored answer or the new one.
+
+    ``steps``: CTEs (``name AS (...),`` each, a trailing comma included) put between ``fresh``
+    and ``effect``, for an effect made of several steps (a data-modifying CTE must be at the
+    top level); a step that writes must write only when ``fresh`` has a row, as the effect.
 
     Parameters: the effect's ``$1 .. $params``, then the key and the request's sha256. A copy
     that stored the key after this statement's snapshot was taken makes the key's INSERT wait
@@ -55,6 +59,7 @@ WITH prior AS (
     SELECT rpc, request_sha256, answer FROM idempotency_keys WHERE key = {key}::text
 ),
 fresh AS (SELECT WHERE NOT EXISTS (SELECT FROM prior)),
+{steps}
 effect AS ({effect}),
 answer AS (SELECT coalesce(jsonb_agg(effect), '[]'::jsonb) AS rows, count(*) AS n FROM effect),
 kept AS (
@@ -67,70 +72,158 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 """
 
 
+# A submission's dependencies (parameter {after}, bigint[]), read in the statement's snapshot:
+# whether every one exists (a job may name only jobs that exist already, so its dependencies are
+# older than itself and never form a cycle: actors/dependencies.py), and those not succeeded yet.
+def _dependencies(after: str) -> str:
+    return f"""(SELECT count(*) FROM jobs d WHERE d.id = ANY({after})) = cardinality({after}) AS all_exist,
+       coalesce((SELECT array_agg(d.id ORDER BY d.id) FROM jobs d
+                  WHERE d.id = ANY({after}) AND d.state <> 'succeeded'), '{{}}') AS unfinished"""
+
+
+# A new job's state and reason (actors/dependencies.py, initial_states): waiting while a
+# dependency has not succeeded (reason 'waiting for job N, M'), or while it is a task of an array
+# beyond the array's limit ({k}: its position from 1, {limit}: the limit, 0 for none); else
+# pending.
+def _initial_state(unfinished: str, k: str, limit: str) -> str:
+    return f"""CASE WHEN cardinality({unfinished}) > 0 OR ({limit} > 0 AND {k} > {limit})
+            THEN 'waiting' ELSE 'pending' END,
+       CASE WHEN cardinality({unfinished}) > 0
+            THEN 'waiting for job ' || array_to_string({unfinished}, ', ')
+            WHEN {limit} > 0 AND {k} > {limit} THEN 'array limit: ' || {limit} || ' running'
+            ELSE '' END"""
+
+
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
-# $14 env (JSON), $15 workdir, $16 after_ids; then the idempotency key and the request's sha256
-# (see once). Answer rows: id.
+# $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
+# last index, $19 its limit (0: none); then the idempotency key and the request's sha256 (see
+# once). One job, or one row per task of an array: the first task's id is drawn first and is the
+# array's id (array_id of every task). Stores nothing when a dependency does not exist (its
+# answer is then empty and no key is kept: the caller names the missing ids). Answer: one row,
+# id (the job's, or the array's) and tasks (how many rows).
 SUBMIT_JOB = once(
     "submit_job",
     """
-INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
-                  max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                  after_ids, pending_seq)
-SELECT $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
-       $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
-       $16::bigint[], nextval('pending_seq')
-  FROM fresh
-RETURNING id
+SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
-    params=16,
+    params=19,
+    steps=f"""deps AS (
+    SELECT {_dependencies("$16::bigint[]")}
+),
+first AS (
+    SELECT nextval('jobs_id_seq') AS id FROM fresh, deps WHERE deps.all_exist
+),
+tasks AS (
+    SELECT i, row_number() OVER (ORDER BY i) AS k
+      FROM generate_series(coalesce($17::int, 0), coalesce($18::int, 0)) AS i
+),
+inserted AS (
+    INSERT INTO jobs (id, name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
+                      max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env,
+                      workdir, after_ids, array_id, array_index, array_max_running, state, reason,
+                      pending_seq)
+    SELECT CASE WHEN t.k = 1 THEN f.id ELSE nextval('jobs_id_seq') END,
+           $1::text, $2::int, $3::int, $4::int, $5::text, $6::bigint, $7::text[], $8::text,
+           $9::int, $10::bigint, $11::boolean, $12::bigint, $13::jsonb, $14::jsonb, $15::text,
+           $16::bigint[],
+           CASE WHEN $17::int IS NULL THEN NULL ELSE f.id END,
+           CASE WHEN $17::int IS NULL THEN NULL ELSE t.i END,
+           CASE WHEN $17::int IS NULL THEN NULL ELSE $19::int END,
+           {_initial_state("deps.unfinished", "t.k", "coalesce($19::int, 0)")},
+           nextval('pending_seq')
+      FROM first f, deps, tasks t
+     ORDER BY t.k
+ RETURNING id
+),""",
 )
 
 # $1 names, $2 cpu_millis, $3 memory_mb, $4 priorities, $5 runtimes, $6 sleep_ms, $7 argv as
 # JSON arrays (NULL for sleep jobs), $8 images (NULL but for container jobs), $9 max_attempts,
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
 # $15 workdir, $16 after_ids (JSON arrays); then the idempotency key and the request's sha256
-# (see once). One statement: all jobs or none. Answer rows: id, one per job, drawn in order.
+# (see once). One statement: all jobs or none; none when a job names a dependency that does not
+# exist (already: a job of the batch cannot name another). Answer rows: id, one per job, drawn
+# in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
-    """
+    f"""
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                   max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                  after_ids, pending_seq)
+                  after_ids, state, reason, pending_seq)
 SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
        CASE WHEN t.argv IS NULL THEN NULL
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
        t.image, t.max_attempts, t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints::jsonb,
-       t.env::jsonb, t.workdir,
-       ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint),
+       t.env::jsonb, t.workdir, t.after,
+       {_initial_state("d.unfinished", "1", "0")},
        nextval('pending_seq')
-  FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
-              $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
-              $14::text[], $15::text[], $16::text[])
-       WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
-                            backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
-                            after_ids, n), fresh
+  FROM batch t JOIN deps d ON d.n = t.n, fresh
+ WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)
  ORDER BY t.n
 RETURNING id
 """,
     params=16,
+    steps=f"""batch AS (
+    SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
+      FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
+                  $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
+                  $14::text[], $15::text[], $16::text[])
+           WITH ORDINALITY AS t(name, cpu, mem, prio, runtime, sleep_ms, argv, image, max_attempts,
+                                backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
+                                after_ids, n)
+),
+deps AS (
+    SELECT b.n, {_dependencies("b.after")} FROM batch b
+),""",
 )
 
-# $1 job id; then the idempotency key and the request's sha256 (see once). Pending: cancelled at
-# once. Assigned or running: the leader cancels it on its worker and ends the assignment (a
-# fenced write). Answer rows: id, state, cancel_requested (none: no such job).
+# $1 job ids. Those that do not exist, by id (a submission naming them stored nothing).
+MISSING_JOBS = """
+SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest($1::bigint[]) AS i
+ WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = i)
+"""
+
+# $1 job id, $2 only this job (not the array it is the id of); then the idempotency key and the
+# request's sha256 (see once). The job, or, when $1 is an array's id and $2 is false, every task
+# of the array that has not ended (an array's id is its first task's). Pending or waiting:
+# cancelled at once. Assigned or running: the leader cancels it on its worker and ends the
+# assignment (a fenced write). A job that has ended is left as it is, but answered (a job of its
+# own; an array's id when every task has ended). Answer: one row (none: no such job): id, state
+# (cancelled when any was cancelled at once, else the first's), cancel_requested (any), tasks
+# (how many the call cancelled or is cancelling, 0 for a job).
 CANCEL_JOB = once(
     "cancel_job",
     """
-UPDATE jobs
-   SET cancel_requested = state IN ('assigned', 'running'),
-       reason = CASE WHEN state = 'pending' THEN '' ELSE reason END,
-       state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
-       finished_at = CASE WHEN state = 'pending' THEN now() ELSE finished_at END
- WHERE id = $1::bigint AND EXISTS (SELECT FROM fresh)
-RETURNING id, state, cancel_requested
+SELECT $1::bigint AS id,
+       CASE WHEN bool_or(was_open AND state = 'cancelled') THEN 'cancelled'
+            ELSE (array_agg(state ORDER BY id))[1] END AS state,
+       bool_or(cancel_requested) AS cancel_requested,
+       CASE WHEN bool_or(array_id = $1::bigint) AND NOT $2::boolean
+            THEN count(*) FILTER (WHERE was_open) ELSE 0 END AS tasks
+  FROM cancelled
+HAVING count(*) > 0
 """,
-    params=1,
+    params=2,
+    steps="""targets AS (
+    SELECT id, state AS was FROM jobs
+     WHERE EXISTS (SELECT FROM fresh)
+       AND (id = $1::bigint
+            OR (NOT $2::boolean AND array_id = $1::bigint
+                AND state IN ('waiting', 'pending', 'assigned', 'running')))
+       FOR UPDATE
+),
+cancelled AS (
+    UPDATE jobs j
+       SET cancel_requested = j.state IN ('assigned', 'running'),
+           reason = CASE WHEN j.state IN ('pending', 'waiting') THEN '' ELSE j.reason END,
+           state = CASE WHEN j.state IN ('pending', 'waiting') THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
+      FROM targets t
+     WHERE j.id = t.id
+ RETURNING j.id, j.array_id, j.state, j.cancel_requested,
+           t.was IN ('waiting', 'pending', 'assigned', 'running') AS was_open
+),""",
 )
 
 # The constraint a copy of a mutating call breaks when another copy stored its key first.
@@ -168,6 +261,11 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
 """
 
 GET_JOB = _JOB_INFO + " WHERE j.id = $1"
+
+# $1 array id. How many of the array's tasks are in each state.
+ARRAY_COUNTS = """
+SELECT state, count(*)::bigint AS count FROM jobs WHERE array_id = $1 GROUP BY state
+"""
 
 # $1 job id. Its runs (assignments), oldest first.
 JOB_ATTEMPTS = """
@@ -299,7 +397,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
 """
 
 # The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_xid).
-COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
+# The queue the ingest's limit counts (max_pending_jobs): pending jobs and waiting ones (each
+# task of an array counts).
+COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state IN ('pending', 'waiting')"
 
 STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
 

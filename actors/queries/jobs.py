@@ -126,6 +126,11 @@ class JobColumns:
     """JSON: an object of name -> value."""
     workdir: str = ""
     after_ids: list[int] = attrs.field(factory=list)
+    array_first: int | None = None
+    """An array's first task index; None: one job (parameters $17-$19 of :data:`SUBMIT_JOB`)."""
+    array_last: int | None = None
+    array_max_running: int = 0
+    """An array's limit on tasks pending, assigned or running at once; 0: none."""
 
 
 def job_columns(spec: JobSpec) -> JobColumns:
@@ -165,13 +170,16 @@ def job_columns(spec: JobSpec) -> JobColumns:
         env=json.dumps(dict(spec.env)),
         workdir=spec.workdir,
         after_ids=list(spec.after),
+        array_first=None if spec.array is None else spec.array.first_index,
+        array_last=None if spec.array is None else spec.array.last_index,
+        array_max_running=0 if spec.array is None else spec.array.max_running,
     )
 
 
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
-    """The columns of many specs as parameters $1-$17 of :data:`SUBMIT_JOBS`: one array per
+    """The columns of many specs as parameters $1-$16 of :data:`SUBMIT_JOBS`: one array per
     column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
-    lengths).
+    lengths). A batch holds no array (:func:`actors.validation.check_jobs`).
 
     Raises:
         ValueError: a spec has no runtime.

@@ -70,7 +70,7 @@ SELECT fence.epoch AS epoch_seen, claimed.*
 # command and container jobs (and a container's image), the timeout, the environment, the
 # working directory and the array task's index; read after their placement committed.
 JOB_ARGVS = """
-SELECT id, argv, image, timeout_ms, env::text AS env, workdir, array_index
+SELECT id, argv, image, timeout_ms, env::text AS env, workdir, array_index, array_id
   FROM jobs WHERE id = ANY($1::bigint[])
 """
 
@@ -283,4 +283,50 @@ SELECT id FROM ended
 # $1 holder, $2 epoch, $3 epoch_seen, $4 what. Written after a refused fenced write.
 RECORD_STALE_WRITE = """
 INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $4)
+"""
+
+# $1 job ids to make pending, $2 job ids to cancel, $3 the failed dependency of each of $2.
+# Waiting jobs settled by the leader (actors/dependencies.py), each rule re-checked on the rows
+# as this transaction finds them (a waiting job cancelled by its user meanwhile is left alone:
+# the UPDATE re-checks its state on the newest row version): a job is made pending only if
+# every dependency succeeded and, for a task of an array with a limit, the array's tasks
+# pending, assigned or running, with those released before it here, stay within the limit; a
+# job is cancelled only if the dependency named failed or was cancelled. A released job gets a
+# new pending_seq and this transaction's id, as every requeue, so the placer's incremental read
+# sees it. Returns one row: the ids released and the ids cancelled.
+SETTLE_WAITING_JOBS = f"""
+WITH ready AS (
+    SELECT j.id, j.array_id, coalesce(j.array_max_running, 0) AS limit_,
+           row_number() OVER (PARTITION BY j.array_id ORDER BY j.array_index, j.id) AS k
+      FROM jobs j
+     WHERE j.id = ANY($1::bigint[]) AND j.state = 'waiting'
+       AND NOT EXISTS (SELECT 1 FROM jobs d WHERE d.id = ANY(j.after_ids) AND d.state <> 'succeeded')
+),
+room AS (
+    SELECT r.id
+      FROM ready r
+     WHERE r.limit_ = 0 OR r.array_id IS NULL
+        OR r.k + (SELECT count(*) FROM jobs t
+                   WHERE t.array_id = r.array_id AND t.state IN ('pending', 'assigned', 'running'))
+           <= r.limit_
+),
+released AS (
+    UPDATE jobs j
+       SET state = 'pending', reason = '', pending_seq = nextval('pending_seq'),
+           pending_xid = {_THIS_XID}
+      FROM room
+     WHERE j.id = room.id AND j.state = 'waiting'
+ RETURNING j.id
+),
+cancelled AS (
+    UPDATE jobs j
+       SET state = 'cancelled', finished_at = now(),
+           reason = 'dependency_failed: job ' || c.dep, detail = 'dependency_failed: job ' || c.dep
+      FROM unnest($2::bigint[], $3::bigint[]) AS c(id, dep)
+     WHERE j.id = c.id AND j.state = 'waiting' AND c.dep = ANY(j.after_ids)
+       AND EXISTS (SELECT 1 FROM jobs d WHERE d.id = c.dep AND d.state IN ('failed', 'cancelled'))
+ RETURNING j.id
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM released) AS released_ids,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM cancelled) AS cancelled_ids
 """

@@ -21,7 +21,7 @@ SELECT n.now_unix_s, w.id, w.incarnation,
 _ASSIGNMENT_PAYLOAD = """
 SELECT a.id AS assignment_id, a.job_id, a.worker_id, a.worker_incarnation AS incarnation,
        a.epoch, w.address, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv,
-       j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index,
+       j.image, j.timeout_ms, j.env::text AS env, j.workdir, j.array_index, j.array_id,
        extract(epoch FROM now() - a.created_at)::float8 AS age_s
   FROM assignments a
   JOIN workers w ON w.id = a.worker_id
@@ -62,3 +62,45 @@ CANCEL_REQUESTED_ASSIGNMENTS = (
  ORDER BY a.id
 """
 )
+
+# $1 most rows. The waiting jobs the leader can settle now (actors/dependencies.py): those with
+# a dependency that failed or was cancelled, and those whose dependencies all succeeded (none
+# counts as all) unless they are tasks of an array whose limit is reached; of an array's ready
+# tasks only as many as its limit leaves room for, lowest index first. Each with its
+# dependencies' ids and states, and its array's tasks pending, assigned or running. Reads every
+# waiting job's dependencies (index jobs_waiting, then one primary-key probe per dependency):
+# on a read connection of the reconciler's, outside any fenced write.
+WAITING_JOBS = """
+WITH w AS (
+    SELECT j.id, j.array_id, coalesce(j.array_index, 0) AS array_index,
+           coalesce(j.array_max_running, 0) AS array_max_running,
+           coalesce(d.ids, '{}') AS after_ids, coalesce(d.states, '{}') AS after_states
+      FROM jobs j
+      LEFT JOIN LATERAL (
+          SELECT array_agg(d.id ORDER BY d.id) AS ids, array_agg(d.state ORDER BY d.id) AS states
+            FROM jobs d WHERE d.id = ANY(j.after_ids)
+      ) d ON cardinality(j.after_ids) > 0
+     WHERE j.state = 'waiting'
+),
+active AS (
+    SELECT t.array_id, count(*) AS n
+      FROM jobs t
+     WHERE t.array_id IN (SELECT array_id FROM w WHERE array_max_running > 0)
+       AND t.state IN ('pending', 'assigned', 'running')
+     GROUP BY t.array_id
+),
+decidable AS (
+    SELECT w.*, coalesce(a.n, 0) AS array_active,
+           'failed' = ANY(w.after_states) OR 'cancelled' = ANY(w.after_states) AS doomed,
+           row_number() OVER (PARTITION BY w.array_id, w.after_states <@ ARRAY['succeeded']
+                              ORDER BY w.array_index, w.id) AS k
+      FROM w LEFT JOIN active a ON a.array_id = w.array_id
+)
+SELECT id, array_id, array_index, array_max_running, after_ids, after_states, array_active
+  FROM decidable
+ WHERE doomed
+    OR (after_states <@ ARRAY['succeeded']
+        AND (array_max_running = 0 OR array_id IS NULL OR k <= array_max_running - array_active))
+ ORDER BY id
+ LIMIT $1
+"""

@@ -50,7 +50,7 @@ JOB_SLEEP_S = (2.0, 10.0)
 MAX_JOBS_COUNT = 100_000
 """Most jobs one ``stockade jobs`` submits (in batches of 10,000)."""
 
-JOB_STATES = ("pending", "assigned", "running", "succeeded", "failed", "cancelled")
+JOB_STATES = ("waiting", "pending", "assigned", "running", "succeeded", "failed", "cancelled")
 MAX_LIST_LIMIT = 10_000
 MAX_SLEEP_S = 7 * 24 * 3600
 """The control plane's job states and limits (:mod:`actors.validation`), as the options' help
@@ -459,9 +459,24 @@ def cancel_verdict(job_id: int, job: pb.JobInfo) -> str:
     return f"job {job_id}: cancelling (still {job.state})"
 
 
+OPEN_STATES = ("waiting", "pending", "assigned", "running")
+"""The states of a job that has not ended."""
+
+
+def array_cancel_verdict(array_id: int, tasks: int, job: pb.JobInfo | None) -> str:
+    """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
+    cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
+    yet (None: not read)."""
+    counts = {} if job is None else {c.state: c.count for c in job.array_counts}
+    still = sum(counts.get(state, 0) for state in OPEN_STATES)
+    if job is not None and not still:
+        return f"array {array_id}: {tasks} tasks cancelled"
+    return f"array {array_id}: cancelling {tasks} tasks" + (f" ({still} not ended yet)" if still else "")
+
+
 @app.command("cancel")
 def cancel(
-    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    job_id: Annotated[int, typer.Argument(help="The job's id, or an array's (every task of it).")],
     wait_s: Annotated[
         float,
         typer.Option(
@@ -471,10 +486,19 @@ def cancel(
             "or it ended on its own first; 0 answers at once (cancelling).",
         ),
     ] = 10.0,
+    task_only: Annotated[
+        bool,
+        typer.Option(
+            "--task-only",
+            help="ID is the first task of an array (its id is the array's): cancel that task "
+            "alone, not the whole array.",
+        ),
+    ] = False,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Cancel a job: at once while pending, through its worker once placed.
+    """Cancel a job: at once while pending or waiting, through its worker once placed. The id
+    of an array cancels every task of it that has not ended (another task's id: that task).
 
     Says what happened: ``cancelled``; or, when the job ended on its own before its worker
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
@@ -488,10 +512,20 @@ def cancel(
     from protocol import pb
     from runtime.errors import TemporaryError
 
+    array_tasks = 0
+
+    def ended(job: pb.JobInfo) -> bool:
+        if array_tasks:
+            return not any(c.count for c in job.array_counts if c.state in OPEN_STATES)
+        return job.state in ("cancelled", "succeeded", "failed")
+
     async def body(client: ControlPlaneClient) -> pb.JobInfo | None:
+        nonlocal array_tasks
         reply: pb.CancelJobReply = await client.call(
-            "cancel_job", pb.CancelJobRequest(job_id=job_id, idempotency_key=key)
+            "cancel_job",
+            pb.CancelJobRequest(job_id=job_id, idempotency_key=key, only_this_task=task_only),
         )
+        array_tasks = reply.tasks
         if reply.state != "cancelling":
             job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
             return job
@@ -499,7 +533,7 @@ def cancel(
             while True:
                 with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
                     job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
-                    if job.state in ("cancelled", "succeeded", "failed"):
+                    if ended(job):
                         return job
                 await trio.sleep(CANCEL_POLL_S)
         return None
@@ -509,6 +543,9 @@ def cancel(
         key = idempotency_key_of(idempotency_key)
         with _answer_unknown(key, "recorded the cancel"):
             job = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
+    if array_tasks:
+        console().print(array_cancel_verdict(job_id, array_tasks, job))
+        return
     if job is None:
         console().print(f"job {job_id}: cancelling")
         return

@@ -19,6 +19,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.dependencies import WaitingJob
 from actors.messages import (
     CancelOnWorker,
     CommittedAssignment,
@@ -70,6 +71,7 @@ class FakeStore:
     overdue_ids: dict[int, WorkerRef] = attrs.field(factory=dict)
     """Assignments past their job's timeout by the margin (their confirmed runs)."""
     margins_s: list[float] = attrs.field(factory=list)
+    waiting: list[WaitingJob] = attrs.field(factory=list)
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -114,6 +116,9 @@ class FakeStore:
             )
             for aid, ref in self.overdue_ids.items()
         ]
+
+    async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
+        return self.waiting[:limit]
 
     async def close(self) -> None:
         pass
@@ -699,3 +704,51 @@ async def test_a_mass_silence_holds_declarations_only_for_mass_silence_max_s(
     declared = [(t, ids) for t, ids in named if ids]
     assert declared and declared[0][0] > 3.5 + 20.0 > declared[0][0] - 0.5
     assert sorted(w for _, ids in declared for w in ids) == ["w-0", "w-1", "w-2"]
+
+
+async def test_a_pass_settles_waiting_jobs_in_a_fenced_write_and_again_after_cancellations(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Waiting jobs that can be settled are released and cancelled by SettleWaitingJobs under
+    the pass's epoch; after a write that cancelled jobs the pass reads again (their dependants
+    follow in the same pass) and stops when nothing is left to settle."""
+    from actors.messages import SettledJobs, SettleWaitingJobs
+
+    store = FakeStore(waiting=[WaitingJob(job_id=5), WaitingJob(job_id=6, after=((1, "failed"),))])
+    h = make_harness(store)
+    seen: list[SettleWaitingJobs] = []
+    async with trio.open_nursery() as nursery:
+
+        async def ledger() -> None:
+            async for message in h.ledger:
+                if isinstance(message, SettleWaitingJobs):
+                    seen.append(message)
+                    store.waiting = (
+                        [WaitingJob(job_id=7, after=((6, "cancelled"),))] if len(seen) == 1 else []
+                    )
+                    message.reply.set(
+                        SettledJobs(
+                            released_job_ids=message.release,
+                            cancelled_job_ids=tuple(j for j, _ in message.cancel),
+                        )
+                    )
+                else:
+                    assert isinstance(message, DeclareDeadWorkers)
+                    message.reply.set(
+                        ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+                    )
+
+        nursery.start_soon(ledger)
+        settled = await h.reconciler.settle_waiting(4)
+        nursery.cancel_scope.cancel()
+    assert [(m.epoch, m.release, m.cancel) for m in seen] == [(4, (5,), ((6, 1),)), (4, (), ((7, 6),))]
+    assert settled == SettledJobs(released_job_ids=(5,), cancelled_job_ids=(6, 7))
+
+
+async def test_a_pass_with_nothing_to_settle_writes_nothing() -> None:
+    """No waiting job can be settled: no fenced write is asked for."""
+    h = make_harness(FakeStore(waiting=[WaitingJob(job_id=5, after=((1, "running"),))]))
+    settled = await h.reconciler.settle_waiting(4)
+    assert settled.released_job_ids == settled.cancelled_job_ids == ()
+    with pytest.raises(trio.WouldBlock):
+        h.ledger.receive_nowait()

@@ -87,6 +87,11 @@ class Assignment(betterproto2.Message):
 
     array_index: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
 
+    array_id: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    A task of an array: the array's id, set as STOCKADE_ARRAY_ID (0: not a task).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "Assignment", Assignment)
 
@@ -175,7 +180,14 @@ class CancelJobReply(betterproto2.Message):
     state: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
     The job's state after the request: "cancelled" when it was still pending,
-    "cancelling" when the leader will stop it on its worker.
+    "cancelling" when the leader will stop it on its worker. Of an array: "cancelling" when
+    any of its tasks is stopped on its worker, else "cancelled" when any task was cancelled,
+    else the state its tasks had ended in.
+    """
+
+    tasks: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    Of an array: how many of its tasks the request cancelled or is cancelling (0 for a job).
     """
 
 
@@ -185,8 +197,17 @@ default_message_pool.register_message("stockade.v1", "CancelJobReply", CancelJob
 @dataclass(eq=False, repr=False)
 class CancelJobRequest(betterproto2.Message):
     job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+    """
+    A job, or an array by its id (the id of its first task): every task that has not ended.
+    """
 
     idempotency_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    only_this_task: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    Cancel only the job job_id, even when it is the first task of an array (its id is the
+    array's id); the array's other tasks are left alone.
+    """
 
 
 default_message_pool.register_message("stockade.v1", "CancelJobRequest", CancelJobRequest)
@@ -453,7 +474,7 @@ class JobInfo(betterproto2.Message):
 
     array_counts: "list[JobCount]" = betterproto2.field(21, betterproto2.TYPE_MESSAGE, repeated=True)
     """
-    Of an array (asked by its id): how many of its tasks are in each state.
+    Of a task of an array: how many of the array's tasks are in each state.
     """
 
 

@@ -1,0 +1,32 @@
+"""The variables the agent sets in every job's environment, named in this one place.
+
+A command job gets them with ``PATH`` and ``HOME`` (:mod:`agent.runtimes`), a container job
+with :data:`WORKER_ID` (:mod:`agent.container`); nothing else of the agent's environment. A
+job's own variables may not start with ``STOCKADE_`` (``runtime.jobs.RESERVED_ENV_PREFIX``), so
+none of these can be overridden.
+"""
+
+from __future__ import annotations
+
+from agent.messages import JobOrder
+
+JOB_ID = "STOCKADE_JOB_ID"
+"""The job's id (a task of an array: the task's own id)."""
+ASSIGNMENT_ID = "STOCKADE_ASSIGNMENT_ID"
+"""The assignment's id: this run of the job."""
+ARRAY_ID = "STOCKADE_ARRAY_ID"
+"""A task of an array: the array's id (its first task's id). Unset for other jobs."""
+ARRAY_INDEX = "STOCKADE_ARRAY_INDEX"
+"""A task of an array: its index (``--array 1-100``: 1 to 100). Unset for other jobs."""
+WORKER_ID = "STOCKADE_WORKER_ID"
+"""The worker's id (container jobs)."""
+
+
+def job_environment(order: JobOrder) -> dict[str, str]:
+    """The variables of ``order``'s job: :data:`JOB_ID` and :data:`ASSIGNMENT_ID`, and for a
+    task of an array :data:`ARRAY_ID` and :data:`ARRAY_INDEX`."""
+    env = {JOB_ID: str(order.job_id), ASSIGNMENT_ID: str(order.assignment_id)}
+    if order.array_index is not None:
+        env[ARRAY_INDEX] = str(order.array_index)
+        env[ARRAY_ID] = str(order.array_id or order.job_id)
+    return env
