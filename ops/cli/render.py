@@ -194,7 +194,7 @@ def attempts_table(attempts: list[pb.Attempt]) -> Table:
         table.add_column(
             column, no_wrap=True, justify="right" if column in ("#", "epoch", "exit") else "left"
         )
-    table.add_column("detail", ratio=1)
+    table.add_column("detail", ratio=1, min_width=16)
     for number, attempt in enumerate(attempts, start=1):
         table.add_row(
             str(number),
@@ -202,7 +202,7 @@ def attempts_table(attempts: list[pb.Attempt]) -> Table:
             attempt.worker_id or "-",
             str(attempt.epoch),
             local_time(attempt.created_unix_s),
-            local_time(attempt.ended_unix_s),
+            local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
             attempt.end_reason or attempt.state,
             str(attempt.exit_code) if attempt.has_exit_code else "-",
             "yes" if attempt.counted else "no",
