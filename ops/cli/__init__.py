@@ -52,7 +52,7 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_TOO_LATE", "EXIT_UNAVAILABL
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "local": ("up", "down", "kill-leader", "kill-worker"),
-    "jobs": ("jobs", "submit", "job", "list", "jobs-list", "cancel", "status"),
+    "jobs": ("jobs", "submit", "run", "job", "list", "jobs-list", "cancel", "status"),
     "chaos": ("chaos", "check"),
     "processes": ("cp", "agent", "fleet", "database"),
     "bench": ("bench",),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import sys
 from collections.abc import Iterator
@@ -220,6 +219,87 @@ def submit(
         ),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
+    max_attempts: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="Run the job at most N times (1-100) [default: 1]: a run that exits non-zero, is "
+            "OOM-killed or times out is placed again after its backoff until they are spent.",
+            show_default=False,
+        ),
+    ] = None,
+    retry_backoff_s: Annotated[
+        str | None,
+        typer.Option(
+            metavar="S",
+            help="The retry backoff's base, seconds (0-600) [default: 1]: the n-th retry waits a "
+            "random time below S * 2^(n-1), capped at 600 s.",
+            show_default=False,
+        ),
+    ] = None,
+    count_lost: Annotated[
+        bool,
+        typer.Option(
+            "--count-lost",
+            help="A run lost with its worker (dead, cut off) spends an attempt too.",
+        ),
+    ] = False,
+    timeout_s: Annotated[
+        str | None,
+        typer.Option(
+            metavar="S",
+            help="Kill the job (its whole process tree or container) after S seconds of running "
+            "and fail it with reason timeout (above 0, at most a week) [default: no limit].",
+            show_default=False,
+        ),
+    ] = None,
+    constraint: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--constraint",
+            metavar="EXPR",
+            help="Run only on workers whose labels satisfy EXPR: key=value, key!=value, key "
+            "(exists) or 'key in (a,b)'; repeatable, all must hold.",
+            show_default=False,
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME=VALUE",
+            help="Set NAME in the job's environment (split at the first =); repeatable. Names "
+            "must not hold = or NUL nor start with STOCKADE_.",
+            show_default=False,
+        ),
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="The job's working directory, an absolute path that must exist on the worker "
+            "[default: the job's own folder on the worker, <agent work dir>/jobs/<job>-<assignment>].",
+            show_default=False,
+        ),
+    ] = None,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--after",
+            metavar="ID[,ID...]",
+            help="Start only once these jobs have all succeeded (cancelled if one fails); repeatable.",
+            show_default=False,
+        ),
+    ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FIRST-LAST[%N]",
+            help="Submit an array of tasks, one per index (STOCKADE_ARRAY_INDEX in their "
+            "environment; at most 10000), at most N running at once (e.g. 1-100%10).",
+            show_default=False,
+        ),
+    ] = None,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
 ) -> None:
@@ -229,44 +309,96 @@ def submit(
         fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
     if image is None and (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from runtime.jobs import (
-        MAX_NAME_BYTES,
-        CommandRuntime,
-        ContainerRuntime,
-        JobRuntime,
-        JobSpec,
-        SleepRuntime,
-    )
-    from runtime.text import head_bytes
+    from ops import jobfile
     from runtime.wire_jobs import job_spec_to_pb
 
-    runtime: JobRuntime
-    if image is not None:
-        runtime = ContainerRuntime(image=image, argv=command or ())
-        repository = image.partition("@")[0].rsplit("/", 1)[-1].partition(":")[0]
-        default = head_bytes(repository or "container", MAX_NAME_BYTES)
-    elif command:
-        runtime = CommandRuntime(argv=command)
-        default = head_bytes(os.path.basename(command[0]) or "command", MAX_NAME_BYTES)
-    else:
-        assert sleep_s is not None
-        runtime = SleepRuntime(duration_ms=round(sleep_s * 1000))
-        default = "sleep"
-    spec = JobSpec(
-        name=name if name is not None else default,
-        cpu_millis=cpu_millis,
-        memory_mb=memory_mb,
-        priority=priority,
-        runtime=runtime,
-    )
     with errors():
-        spec.check()  # the control plane's checks, here first: out-of-range numbers do not fit the wire
+        # The control plane's checks, here first: out-of-range numbers do not fit the wire.
+        spec = jobfile.spec_of_options(
+            {
+                "name": name,
+                "cpu_millis": cpu_millis,
+                "memory_mb": memory_mb,
+                "priority": priority,
+                "sleep_s": sleep_s,
+                "command": tuple(command) if command else None,
+                "image": image,
+                "max_attempts": max_attempts,
+                "retry_backoff_s": retry_backoff_s,
+                "count_lost": count_lost,
+                "timeout_s": timeout_s,
+                "constraints": constraint or [],
+                "env": env or [],
+                "workdir": workdir,
+                "after": after or [],
+                "array": array,
+            }
+        )
         (job_id,) = _submit(
             control_plane_addresses(control_planes),
             [job_spec_to_pb(spec)],
             key=idempotency_key_of(idempotency_key),
         )
     console().print(job_id)
+
+
+@app.command("run")
+def run(
+    path: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE",
+            help="A job file: .toml, .yaml, .yml or .json (- reads standard input as YAML or JSON).",
+            show_default=False,
+        ),
+    ],
+    text_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            metavar="toml|yaml",
+            help="Read FILE as TOML or YAML (JSON is YAML) whatever its name.",
+            show_default=False,
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Check the file and print its jobs; submit nothing."),
+    ] = False,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Submit the jobs of a job file, all or none; print their ids, one a line (--check: the
+    jobs as JSON, nothing submitted).
+
+    A job is a table of fields named as submit's options (max_attempts for --max-attempts;
+    constraints and env are lists and tables): name, cpu_millis and memory_mb (required),
+    priority, one runtime (sleep_s, command as a list, or image with an optional command),
+    max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir, after,
+    array. A file holds one job (its fields at the top level) or several ([[job]] tables in
+    TOML, a list under job: or at the top level in YAML), at most 10000 and 1 MiB; a status
+    table (what `stockade job ID --json` reports) is ignored, so that output can be run again.
+    Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
+    """
+    from ops import jobfile
+
+    if text_format is not None and text_format not in ("toml", "yaml"):
+        fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
+    with errors():
+        specs = jobfile.read_job_file(path, text_format=text_format)
+    if check:
+        sys.stdout.write(json.dumps([jobfile.fields_of(spec) for spec in specs], indent=2) + "\n")
+        return
+    from runtime.wire_jobs import job_spec_to_pb
+
+    with errors():
+        ids = _submit(
+            control_plane_addresses(control_planes),
+            [job_spec_to_pb(spec) for spec in specs],
+            key=idempotency_key_of(idempotency_key),
+        )
+    for job_id in ids:
+        console().print(job_id)
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
@@ -278,12 +410,16 @@ def job(
     as_json: JsonOption = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
-    """Show one job: state, worker, assignment, times, and its stdout/stderr when on this machine.
+    """Show one job: state, worker, assignment, times, its attempts and lifecycle settings, and
+    its stdout/stderr when on this machine.
 
-    --json prints one object: job_id, name, state, reason, runtime, cpu_millis, memory_mb,
-    priority, worker_id, assignment_id, epoch, attempts, exit_code, submitted_unix_s,
-    started_unix_s, finished_unix_s, stdout_path, stderr_path (null where there is none; the
-    shape is ops.cli.render.job_json's). It holds no output: read the paths.
+    --json prints the job as a job file (its fields: name, cpu_millis, memory_mb, priority, the
+    runtime, max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir,
+    after, array), plus a status object that `stockade run` ignores: job_id, state, reason,
+    worker_id, assignment_id, epoch, attempts, failures, exit_code, the times (Unix s),
+    array_id, array_index, array_counts, attempt_history, stdout_path, stderr_path (null where
+    there is none; the shape is ops.cli.render.job_json's). So `stockade job 7 --json >
+    j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
     from actors import validation
     from ops import rpc
@@ -306,11 +442,11 @@ def job(
 
 
 def _print_job(info: pb.JobInfo) -> None:
-    """``stockade job``'s view: the job's fields, then the end of its stdout and stderr."""
+    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and stderr."""
     from rich.table import Table
     from rich.text import Text
 
-    from ops.cli.render import local_time, runtime_text, tail_extent
+    from ops.cli.render import attempts_table, lifecycle_rows, local_time, runtime_text, tail_extent
     from runtime.text import cut_line, tail_lines
 
     spec = info.spec
@@ -331,7 +467,7 @@ def _print_job(info: pb.JobInfo) -> None:
         ("worker", info.worker_id or "-"),
         ("assignment", str(info.assignment_id or "-")),
         ("epoch", str(info.epoch or "-")),
-        ("attempts", str(info.attempts)),
+        *lifecycle_rows(info),
         ("exit code", str(info.exit_code) if info.has_exit_code else "-"),
         ("submitted", local_time(info.submitted_unix_s)),
         ("started", local_time(info.started_unix_s)),
@@ -343,6 +479,8 @@ def _print_job(info: pb.JobInfo) -> None:
     for key, value in rows:
         table.add_row(key, Text(value))
     console().print(table)
+    if info.attempt_history:
+        console().print(attempts_table(info.attempt_history))
     for label, path_text in (("stdout", info.stdout_path), ("stderr", info.stderr_path)):
         if not path_text:
             continue

@@ -151,6 +151,66 @@ def runtime_text(spec: pb.JobSpec | None) -> str:
     return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
 
 
+def lifecycle_rows(info: pb.JobInfo, *, now_unix_s: float | None = None) -> list[tuple[str, str]]:
+    """``stockade job``'s rows of a job's lifecycle: attempts spent of its most, the retry
+    wait (``retrying after 14:02:07 (in 3 s)``), backoff, timeout, constraints, the names of
+    its environment (not the values: they may be secrets), working directory, the jobs it
+    waits for, its array."""
+    import time
+
+    from runtime.wire_jobs import job_spec_from_pb
+
+    spec = job_spec_from_pb(info.spec, strict=False)
+    runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
+    lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
+    rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
+    if info.not_before_unix_s and info.state in ("pending", "waiting"):
+        now = time.time() if now_unix_s is None else now_unix_s
+        clock = datetime.fromtimestamp(info.not_before_unix_s).astimezone().strftime("%H:%M:%S")
+        rows.append(("retry", f"retrying after {clock} (in {max(0.0, info.not_before_unix_s - now):.0f} s)"))
+    if spec.max_attempts > 1:
+        rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
+    rows += [
+        ("timeout", "-" if spec.timeout_s is None else f"{spec.timeout_s:g} s"),
+        ("constraints", ", ".join(c.describe() for c in spec.constraints) or "-"),
+        ("env", ", ".join(name for name, _ in spec.env) or "-"),
+        ("workdir", spec.workdir or "- (the job's own folder on its worker)"),
+        ("after", ", ".join(map(str, spec.after)) or "-"),
+    ]
+    if info.array_id:
+        rows.append(("array", f"task {info.array_index} of array {info.array_id}"))
+    elif spec.array is not None:
+        rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks)"))
+    if info.array_counts:
+        rows.append(("tasks", "  ".join(f"{c.state} {c.count}" for c in info.array_counts)))
+    return rows
+
+
+def attempts_table(attempts: list[pb.Attempt]) -> Table:
+    """A job's runs, oldest first: assignment, worker, epoch, start and end, how it ended, exit
+    code, whether it spent an attempt, and the worker's detail."""
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1), title="attempts", title_justify="left")
+    for column in ("#", "assignment", "worker", "epoch", "started", "ended", "end", "exit", "counted"):
+        table.add_column(
+            column, no_wrap=True, justify="right" if column in ("#", "epoch", "exit") else "left"
+        )
+    table.add_column("detail", ratio=1, min_width=16)
+    for number, attempt in enumerate(attempts, start=1):
+        table.add_row(
+            str(number),
+            str(attempt.assignment_id),
+            attempt.worker_id or "-",
+            str(attempt.epoch),
+            local_time(attempt.created_unix_s),
+            local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
+            attempt.end_reason or attempt.state,
+            str(attempt.exit_code) if attempt.has_exit_code else "-",
+            "yes" if attempt.counted else "no",
+            Text(attempt.detail or "-"),
+        )
+    return table
+
+
 def tail_extent(tail: Tail) -> str:
     """What part of a file ``tail`` shows, e.g. ``last 50 lines of the last 64 KiB of 200.0 MiB``."""
     shown = f"last {len(tail.lines)} line{'' if len(tail.lines) == 1 else 's'}"
@@ -181,40 +241,78 @@ def runtime_json(spec: pb.JobSpec | None) -> dict[str, Any] | None:
     return None
 
 
-def job_json(info: pb.JobInfo) -> dict[str, Any]:
-    """The stable JSON shape of one job, as ``stockade job --json`` prints it and ``stockade
-    list --json`` lists it.
+def attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
+    """One run of a job as JSON: ``assignment_id``, ``worker_id``, ``epoch``, ``state`` (active,
+    finished, cancelled, lost, stopped), ``end_reason`` (or null while active), ``exit_code``
+    (or null), ``created_unix_s``, ``ended_unix_s`` (or null), ``detail`` (or null) and
+    ``counted`` (whether it spent one of the job's attempts)."""
+    return {
+        "assignment_id": int(attempt.assignment_id),
+        "worker_id": attempt.worker_id or None,
+        "epoch": int(attempt.epoch),
+        "state": attempt.state,
+        "end_reason": attempt.end_reason or None,
+        "exit_code": int(attempt.exit_code) if attempt.has_exit_code else None,
+        "created_unix_s": _unix_s_or_none(attempt.created_unix_s),
+        "ended_unix_s": _unix_s_or_none(attempt.ended_unix_s),
+        "detail": attempt.detail or None,
+        "counted": bool(attempt.counted),
+    }
 
-    Keys: ``job_id``, ``name``, ``state`` (pending, assigned, running, succeeded, failed,
-    cancelled), ``reason`` (why it is in that state, or null), ``runtime``
-    (:func:`runtime_json`), ``cpu_millis``, ``memory_mb``, ``priority``, ``worker_id``,
+
+def job_status_json(info: pb.JobInfo) -> dict[str, Any]:
+    """What the cluster reports of a job, apart from its spec: the ``status`` of :func:`job_json`.
+
+    Keys: ``job_id``, ``state`` (waiting, pending, assigned, running, succeeded, failed,
+    cancelled), ``reason`` (why it is in that state, or null), ``worker_id``,
     ``assignment_id`` and ``epoch`` (of its latest assignment, or null before any),
-    ``attempts``, ``exit_code`` (or null), ``submitted_unix_s``, ``started_unix_s`` and
-    ``finished_unix_s`` (Unix seconds, or null), ``stdout_path`` and ``stderr_path`` (on the
-    worker's machine, or null). ``name``, ``cpu_millis``, ``memory_mb`` and ``priority`` are
-    null only for a reply without its spec.
+    ``attempts`` (times placed), ``failures`` (attempts spent), ``exit_code`` (or null),
+    ``submitted_unix_s``, ``started_unix_s``, ``finished_unix_s`` and ``not_before_unix_s``
+    (a retry's earliest start; Unix seconds, or null), ``array_id`` and ``array_index`` (of an
+    array's task, else null), ``array_counts`` (of an array: tasks by state), ``attempt_history``
+    (each run, oldest first, as :func:`attempt_json` gives it), ``stdout_path`` and
+    ``stderr_path`` (on the worker's machine, or null).
     """
-    spec = info.spec
     return {
         "job_id": int(info.job_id),
-        "name": spec.name if spec is not None else None,
         "state": info.state,
         "reason": info.reason or None,
-        "runtime": runtime_json(spec),
-        "cpu_millis": int(spec.cpu_millis) if spec is not None else None,
-        "memory_mb": int(spec.memory_mb) if spec is not None else None,
-        "priority": int(spec.priority) if spec is not None else None,
         "worker_id": info.worker_id or None,
         "assignment_id": int(info.assignment_id) or None,
         "epoch": int(info.epoch) or None,
         "attempts": int(info.attempts),
+        "failures": int(info.failures),
         "exit_code": int(info.exit_code) if info.has_exit_code else None,
         "submitted_unix_s": _unix_s_or_none(info.submitted_unix_s),
         "started_unix_s": _unix_s_or_none(info.started_unix_s),
         "finished_unix_s": _unix_s_or_none(info.finished_unix_s),
+        "not_before_unix_s": _unix_s_or_none(info.not_before_unix_s),
+        "array_id": int(info.array_id) or None,
+        "array_index": int(info.array_index) if info.array_id else None,
+        "array_counts": {c.state: int(c.count) for c in info.array_counts},
+        "attempt_history": [attempt_json(a) for a in info.attempt_history],
         "stdout_path": info.stdout_path or None,
         "stderr_path": info.stderr_path or None,
     }
+
+
+def job_json(info: pb.JobInfo) -> dict[str, Any]:
+    """The stable JSON shape of one job, as ``stockade job --json`` prints it and ``stockade
+    list --json`` lists it: a job file (:mod:`ops.jobfile`), so ``stockade run`` submits it
+    again as it is.
+
+    Keys: the job's fields, every one given (``name``, ``cpu_millis``, ``memory_mb``,
+    ``priority``, the runtime: ``sleep_s``, or ``command``, or ``image`` and ``command``; then
+    ``max_attempts``, ``retry_backoff_s``, ``count_lost``, ``timeout_s``, ``constraints``,
+    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfile.fields_of`),
+    then ``status``, what the cluster reports (:func:`job_status_json`), which a job file
+    may hold and ``stockade run`` ignores. A reply without its spec has ``status`` alone.
+    """
+    from ops.jobfile import fields_of
+    from runtime.wire_jobs import job_spec_from_pb
+
+    fields = {} if info.spec is None else fields_of(job_spec_from_pb(info.spec, strict=False))
+    return {**fields, "status": job_status_json(info)}
 
 
 def list_json(reply: pb.ListJobsReply) -> dict[str, Any]:

@@ -13,27 +13,45 @@ from ops import rpc
 from ops.cli import app
 from protocol import pb
 
-JOB_KEYS = [
-    "job_id",
+FIELD_KEYS = [
     "name",
-    "state",
-    "reason",
-    "runtime",
     "cpu_millis",
     "memory_mb",
     "priority",
+    "command",
+    "max_attempts",
+    "retry_backoff_s",
+    "count_lost",
+    "timeout_s",
+    "constraints",
+    "env",
+    "workdir",
+    "after",
+    "array",
+]
+"""The fields of a command job, in order, as a job file holds them (``ops.jobfile.fields_of``)."""
+STATUS_KEYS = [
+    "job_id",
+    "state",
+    "reason",
     "worker_id",
     "assignment_id",
     "epoch",
     "attempts",
+    "failures",
     "exit_code",
     "submitted_unix_s",
     "started_unix_s",
     "finished_unix_s",
+    "not_before_unix_s",
+    "array_id",
+    "array_index",
+    "array_counts",
+    "attempt_history",
     "stdout_path",
     "stderr_path",
 ]
-"""The keys of one job, in order (documented in ``ops.cli.render.job_json``)."""
+"""The keys of a job's ``status``, in order (documented in ``ops.cli.render.job_status_json``)."""
 
 FINISHED = pb.JobInfo(
     job_id=7,
@@ -82,27 +100,46 @@ def run_json(*args: str) -> Any:
     return json.loads(result.output)
 
 
-def test_job_json_has_every_key_with_units_in_the_names(answers: list[tuple[str, Any]]) -> None:
-    """A finished command job: every documented key, in order, with the reply's values."""
+def test_job_json_is_a_job_file_with_a_status(answers: list[tuple[str, Any]]) -> None:
+    """A finished command job: its fields as a job file holds them, every one given, then what
+    the cluster reports under ``status``, every documented key in order with the reply's values."""
     data = run_json("job", "7")
-    assert list(data) == JOB_KEYS
-    assert data == {
-        "job_id": 7,
+    assert list(data) == [*FIELD_KEYS, "status"]
+    assert {k: data[k] for k in FIELD_KEYS} == {
         "name": "hello",
-        "state": "succeeded",
-        "reason": None,
-        "runtime": {"kind": "command", "argv": ["echo", "hi"]},
         "cpu_millis": 250,
         "memory_mb": 64,
         "priority": 3,
+        "command": ["echo", "hi"],
+        "max_attempts": 1,
+        "retry_backoff_s": 1.0,
+        "count_lost": False,
+        "timeout_s": None,
+        "constraints": [],
+        "env": {},
+        "workdir": None,
+        "after": [],
+        "array": None,
+    }
+    assert list(data["status"]) == STATUS_KEYS
+    assert data["status"] == {
+        "job_id": 7,
+        "state": "succeeded",
+        "reason": None,
         "worker_id": "w-2",
         "assignment_id": 11,
         "epoch": 4,
         "attempts": 1,
+        "failures": 0,
         "exit_code": 0,
         "submitted_unix_s": 1_700_000_000.5,
         "started_unix_s": 1_700_000_001.0,
         "finished_unix_s": 1_700_000_002.25,
+        "not_before_unix_s": None,
+        "array_id": None,
+        "array_index": None,
+        "array_counts": {},
+        "attempt_history": [],
         "stdout_path": "/work/w-2/jobs/7-11/stdout.log",
         "stderr_path": "/work/w-2/jobs/7-11/stderr.log",
     }
@@ -115,13 +152,14 @@ def test_list_json_lists_each_job_as_job_json_does(answers: list[tuple[str, Any]
     data = run_json("list", "--state", "pending", "--limit", "5")
     assert list(data) == ["jobs"]
     pending, finished = data["jobs"]
-    assert [list(job) for job in data["jobs"]] == [JOB_KEYS, JOB_KEYS]
-    assert pending["runtime"] == {"kind": "sleep", "duration_s": 2.5}
-    assert pending["reason"].startswith("unschedulable: needs 64000 cpu_millis")
+    assert [list(job["status"]) for job in data["jobs"]] == [STATUS_KEYS, STATUS_KEYS]
+    assert pending["sleep_s"] == 2.5 and "command" not in pending
+    status = pending["status"]
+    assert status["reason"].startswith("unschedulable: needs 64000 cpu_millis")
     assert {
-        k: pending[k] for k in ("worker_id", "assignment_id", "epoch", "exit_code", "started_unix_s")
+        k: status[k] for k in ("worker_id", "assignment_id", "epoch", "exit_code", "started_unix_s")
     } == dict.fromkeys(("worker_id", "assignment_id", "epoch", "exit_code", "started_unix_s"))
-    assert finished["exit_code"] == 0
+    assert finished["status"]["exit_code"] == 0
     assert answers == [("list_jobs", pb.ListJobsRequest(state="pending", limit=5))]
 
 

@@ -70,9 +70,9 @@ def test_submit_image_without_a_command_runs_the_images_own(sent: list[pb.JobSpe
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--image", "../etc", "--", "true"], "container.image must be an image reference, not a path"),
-        (["--image", "App:1"], "container.image must be a Docker image reference"),
-        (["--image", "app;id"], "container.image must not contain shell metacharacters (;)"),
+        (["--image", "../etc", "--", "true"], "--image must be an image reference, not a path"),
+        (["--image", "App:1"], "--image must be a Docker image reference"),
+        (["--image", "app;id"], "--image must not contain shell metacharacters (;)"),
         (
             ["--image", "app", "--sleep-s", "1"],
             "give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both",

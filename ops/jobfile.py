@@ -1,0 +1,821 @@
+"""Jobs as a person writes them: ``stockade run FILE``, ``stockade submit``'s options, and the
+shape ``stockade job ID --json`` prints, so a job can be exported and submitted again.
+
+A job is a table of fields (:data:`FIELDS`), the same names as ``stockade submit``'s options
+with ``_`` for ``-`` (``max_attempts`` is ``--max-attempts``; ``constraints`` and ``env``
+are the repeated ``--constraint`` and ``--env``)::
+
+    name = "train"                      # default: the command's basename, the image's, or sleep
+    cpu_millis = 500                    # required
+    memory_mb = 256                     # required
+    priority = 0
+    command = ["python3", "train.py"]   # the runtime: command, image (+ command), or sleep_s
+    max_attempts = 3
+    retry_backoff_s = 2.0
+    count_lost = false
+    timeout_s = 3600
+    constraints = ["gpu=a100", "zone in (a,b)"]
+    env = { MODE = "fast" }
+    workdir = "/srv/data"
+    after = [12, 15]
+    array = "1-100%10"
+
+A file holds one job (its fields at the top level) or several, each a table in the list
+``job`` (TOML ``[[job]]`` tables; YAML ``job:`` with a list, or a list at the top level).
+A ``status`` table is ignored: it is what ``stockade job ID --json`` reports of a job (its
+state, attempts, times), kept apart from the fields so that its output is a job file.
+
+A file is TOML (``.toml``, read by the standard library's :mod:`tomllib`), or YAML or JSON
+(``.yaml``, ``.yml``, ``.json``, read by PyYAML, whose nodes carry their line). Every value
+goes through the rules of :meth:`runtime.jobs.JobSpec.check`, and an error names the file,
+the line and the field as the spec's errors do: ``jobs.toml:7: max_attempts must be between
+1 and 100, got 0``. A file is refused whole, before anything is sent, when it is larger than
+:data:`MAX_JOB_FILE_BYTES`, is not UTF-8, nests deeper than :data:`MAX_NESTING`, names a
+field that does not exist, or holds more than :data:`MAX_FILE_JOBS` jobs.
+
+This module is plain Python (no typer, no rich): the CLI (``ops/cli/jobs.py``) calls it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from runtime.constraints import Constraint, parse_constraint
+from runtime.errors import InvalidArgument
+from runtime.jobs import (
+    MAX_NAME_BYTES,
+    MAX_SLEEP_MS,
+    CommandRuntime,
+    ContainerRuntime,
+    JobRuntime,
+    JobSpec,
+    SleepRuntime,
+    check_seconds,
+    parse_array,
+)
+from runtime.text import head_bytes
+
+MAX_JOB_FILE_BYTES = 1024 * 1024
+"""Largest job file, in bytes (1 MiB): 10,000 jobs of 100 bytes each. A larger file is refused
+by its size, before any of it is parsed."""
+MAX_NESTING = 16
+"""Deepest nesting of tables and lists in a job file (a job's deepest field, ``job[i].env``,
+is 3 levels)."""
+MAX_FILE_JOBS = 10_000
+"""Most jobs of one file: one SubmitJobs call (``actors.validation.MAX_BATCH_JOBS``), so
+that the file is stored all or none."""
+JOBS_KEY = "job"
+"""The list of jobs in a file of several."""
+STATUS_KEY = "status"
+"""The read-only part of an exported job, which a job file may hold and which is ignored."""
+FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "yaml"}
+"""A file's format by its suffix (JSON is read as YAML, of which it is a subset)."""
+
+FIELDS: dict[str, str] = {
+    "name": "text, for people (default: the command's basename, the image's name, or sleep)",
+    "cpu_millis": "integer, required: CPU in millicores (1000 = one core)",
+    "memory_mb": "integer, required: memory in MiB",
+    "priority": "integer: higher runs first",
+    "sleep_s": "seconds: a sleep job holding its resources this long",
+    "command": "list of text: the program and its arguments (in the image, with image)",
+    "image": "text: run in a Docker container of this image",
+    "max_attempts": "integer 1-100: most runs of the job",
+    "retry_backoff_s": "seconds 0-600: the base of the backoff before a retry",
+    "count_lost": "true or false: a run lost with its worker spends an attempt",
+    "timeout_s": "seconds, above 0 and at most a week: the longest run",
+    "constraints": 'list of text: rules on worker labels, "key=value", "key!=value", "key", "key in (a,b)"',
+    "env": "table of text: environment variables",
+    "workdir": "text: the working directory, an absolute path on the worker",
+    "after": "list of job ids: run once all of them have succeeded",
+    "array": 'text: "FIRST-LAST[%MAX_RUNNING]", an array of tasks',
+}
+"""Every field of a job, with what it holds (``stockade run --help`` lists them)."""
+
+OPTIONS = {
+    "max_attempts": "--max-attempts",
+    "retry_backoff_s": "--retry-backoff-s",
+    "count_lost": "--count-lost",
+    "timeout_s": "--timeout-s",
+    "constraints": "--constraint",
+    "env": "--env",
+    "workdir": "--workdir",
+    "after": "--after",
+    "array": "--array",
+}
+"""``stockade submit``'s option of each lifecycle field, as its errors name it (the older
+fields' errors keep the spec's names: ``cpu_millis must be ...``; ``--image`` and
+``--sleep-s`` are named as options too)."""
+_OPTION_NAMES = {**OPTIONS, "image": "--image", "sleep_s": "--sleep-s"}
+
+_WIRE_NAMES = {
+    "sleep.duration_ms": "sleep_s",
+    "command.argv": "command",
+    "container.argv": "command",
+    "container.image": "image",
+}
+"""The spec's field names (:meth:`JobSpec.check`'s, the wire's) that a file spells otherwise."""
+
+Path_ = tuple[str | int, ...]
+"""Where a value sits in one job: ``()`` the job, ``("env",)`` a field, ``("env", "HOME")`` or
+``("constraints", 2)`` a part of one."""
+
+
+class JobFileError(InvalidArgument):
+    """A job file that cannot be submitted; nothing was sent. The message starts with the file
+    and, where known, the line: ``jobs.toml:7: max_attempts must be between 1 and 100, got 0``.
+
+    Args:
+        where: the file as shown, with ``:LINE`` when known.
+        message: what is wrong.
+        field: the field at fault (``file`` for the file as a whole).
+        value: the value at fault.
+    """
+
+    def __init__(self, where: str, message: str, *, field: str = "file", value: object = None) -> None:
+        super().__init__(field, value, message)
+        self.args = (f"{where}: {message}",)
+
+
+# ---------------------------------------------------------------------------- fields to a spec
+
+
+def default_name(runtime: JobRuntime) -> str:
+    """A job's name when none is given: the command's basename, the image's repository name,
+    or ``sleep``."""
+    match runtime:
+        case ContainerRuntime(image=image):
+            repository = image.partition("@")[0].rsplit("/", 1)[-1].partition(":")[0]
+            return head_bytes(repository or "container", MAX_NAME_BYTES)
+        case CommandRuntime(argv=argv):
+            return head_bytes(os.path.basename(argv[0]) if argv else "command", MAX_NAME_BYTES) or "command"
+        case _:
+            return "sleep"
+
+
+def runtime_of(fields: Mapping[str, Any]) -> JobRuntime:
+    """The runtime the fields ``sleep_s``, ``command`` and ``image`` name.
+
+    Raises:
+        InvalidArgument: none of them or both kinds (field ``runtime``), or ``sleep_s`` out of
+            range.
+    """
+    given = sorted(k for k in ("sleep_s", "command", "image") if fields.get(k) is not None)
+    if given not in (["sleep_s"], ["command"], ["image"], ["command", "image"]):
+        raise InvalidArgument(
+            "runtime", given, "must be one of sleep_s, command, or image (with an optional command)"
+        )
+    if "image" in given:
+        return ContainerRuntime(image=fields["image"], argv=fields.get("command") or ())
+    if "command" in given:
+        return CommandRuntime(argv=fields["command"])
+    seconds = check_seconds("sleep_s", fields["sleep_s"], low=0.0, high=MAX_SLEEP_MS / 1000)
+    return SleepRuntime(duration_ms=round(seconds * 1000))
+
+
+def spec_of(fields: Mapping[str, Any]) -> JobSpec:
+    """A checked :class:`JobSpec` from typed field values (see :data:`FIELDS`; absent or None:
+    the default).
+
+    Raises:
+        InvalidArgument: the first rule broken, the field named as a file names it
+            (``max_attempts``, ``constraints[2]``, ``env[HOME]``, ``command[0]``, ``image``).
+    """
+    for required in ("cpu_millis", "memory_mb"):
+        if fields.get(required) is None:
+            raise InvalidArgument(required, None, "must be given")
+    runtime = runtime_of(fields)
+    optional = {
+        k: fields[k]
+        for k in (
+            "priority",
+            "max_attempts",
+            "retry_backoff_s",
+            "count_lost",
+            "timeout_s",
+            "constraints",
+            "env",
+            "workdir",
+            "after",
+            "array",
+        )
+        if fields.get(k) is not None
+    }
+    spec = JobSpec(
+        name=fields["name"] if fields.get("name") is not None else default_name(runtime),
+        cpu_millis=fields["cpu_millis"],
+        memory_mb=fields["memory_mb"],
+        runtime=runtime,
+        **optional,
+    )
+    try:
+        return spec.check()
+    except InvalidArgument as exc:
+        raise renamed(exc, file_field) from None
+
+
+def file_field(field: str) -> str:
+    """A spec's field name (``container.image``, ``command.argv[2]``) as a file names it
+    (``image``, ``command[2]``)."""
+    for wire, name in _WIRE_NAMES.items():
+        if field == wire or field.startswith((wire + "[", wire + ".")):
+            return name + field[len(wire) :]
+    return field
+
+
+def option_field(field: str) -> str:
+    """A file's field name as ``stockade submit`` names its option (``--max-attempts``,
+    ``--constraint[1]``), for the lifecycle fields; others unchanged."""
+    head = re.match(r"[a-z_]+", field)
+    if head is not None and head[0] in _OPTION_NAMES:
+        return _OPTION_NAMES[head[0]] + field[head.end() :]
+    return field
+
+
+def renamed(exc: InvalidArgument, rename: Callable[[str], str]) -> InvalidArgument:
+    """``exc`` with its field renamed (the same value, rule and detail)."""
+    return InvalidArgument(rename(exc.field), exc.value, exc.rule, detail=exc.detail)
+
+
+# ---------------------------------------------------------------------------- values from options
+
+
+def int_option(option: str, text: str | None) -> int | None:
+    """An integer option's value, None when not given.
+
+    Raises:
+        InvalidArgument: not a whole number (named by ``option``, with the text).
+    """
+    if text is None:
+        return None
+    if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", text) is None:
+        raise InvalidArgument(option, text, "must be a whole number")
+    return int(text)
+
+
+def seconds_option(option: str, text: str | None) -> float | None:
+    """A seconds option's value, None when not given (NaN and infinities are read, and then
+    refused by the spec's rules, naming the option).
+
+    Raises:
+        InvalidArgument: not a number.
+    """
+    if text is None:
+        return None
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return float(text)
+    except ValueError:
+        raise InvalidArgument(option, text, "must be a number of seconds") from None
+
+
+def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
+    """``--env NAME=VALUE`` values as pairs, each split at its first ``=``.
+
+    Raises:
+        InvalidArgument: an item without ``=``.
+    """
+    pairs = []
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise InvalidArgument(option, item, "must be NAME=VALUE")
+        pairs.append((name, value))
+    return pairs
+
+
+def ids_option(option: str, items: Iterable[str]) -> list[int]:
+    """``--after ID[,ID...]`` values (repeatable) as job ids, in order.
+
+    Raises:
+        InvalidArgument: an item that is not a comma-separated list of whole numbers.
+    """
+    ids = []
+    for item in items:
+        for part in item.split(","):
+            if re.fullmatch(r"\s*[0-9]{1,30}\s*", part) is None:
+                raise InvalidArgument(option, item, "must be job ids separated by commas (e.g. 12,15)")
+            ids.append(int(part))
+    return ids
+
+
+def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
+    """:func:`spec_of` for ``stockade submit``, from its options: the older ones as typer read
+    them, the lifecycle ones (:data:`OPTIONS`) as text, read here so that every error names the
+    option and the text given (``--max-attempts must be between 1 and 100, got 0``; typer's own
+    errors do not say the value).
+
+    Raises:
+        InvalidArgument: the first rule broken.
+    """
+    try:
+        fields = dict(options)
+        fields["max_attempts"] = int_option("max_attempts", options.get("max_attempts"))
+        fields["retry_backoff_s"] = seconds_option("retry_backoff_s", options.get("retry_backoff_s"))
+        fields["timeout_s"] = seconds_option("timeout_s", options.get("timeout_s"))
+        fields["constraints"] = tuple(
+            parse_constraint(text, field="--constraint") for text in options.get("constraints") or ()
+        )
+        fields["env"] = env_option("env", options.get("env") or ())
+        fields["after"] = ids_option("after", options.get("after") or ())
+        array = options.get("array")
+        fields["array"] = None if array is None else parse_array(array, field="array")
+        return spec_of(fields)
+    except InvalidArgument as exc:
+        raise renamed(exc, option_field) from None
+
+
+# ---------------------------------------------------------------------------- values from a file
+
+
+def _whole(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, value, "must be a whole number")
+    return value
+
+
+def _number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(field, value, "must be a number of seconds")
+    return float(value)
+
+
+def _text(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(field, value, "must be text (in quotes)")
+    return value
+
+
+def _flag(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(field, value, "must be true or false")
+    return value
+
+
+def _texts(field: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument(field, value, 'must be a list of text, e.g. ["python3", "-c", "print(1)"]')
+    return tuple(_text(f"{field}[{index}]", item) for index, item in enumerate(value))
+
+
+def _constraints(field: str, value: Any) -> tuple[Constraint, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument(field, value, 'must be a list of constraints, e.g. ["gpu=a100"]')
+    return tuple(
+        parse_constraint(_text(f"{field}[{index}]", item), field=f"{field}[{index}]")
+        for index, item in enumerate(value)
+    )
+
+
+def _env(field: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(field, value, 'must be a table of NAME = "value"')
+    return tuple((name, _text(f"{field}[{name}]", item)) for name, item in value.items())
+
+
+def _ids(field: str, value: Any) -> tuple[int, ...]:
+    items = value if isinstance(value, list) else [value]
+    return tuple(_whole(f"{field}[{index}]", item) for index, item in enumerate(items))
+
+
+def _array(field: str, value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return parse_array(_text(field, value), field=field)
+
+
+_READERS: dict[str, Callable[[str, Any], Any]] = {
+    "name": _text,
+    "cpu_millis": _whole,
+    "memory_mb": _whole,
+    "priority": _whole,
+    "sleep_s": _number,
+    "command": _texts,
+    "image": _text,
+    "max_attempts": _whole,
+    "retry_backoff_s": _number,
+    "count_lost": _flag,
+    "timeout_s": _number,
+    "constraints": _constraints,
+    "env": _env,
+    "workdir": _text,
+    "after": _ids,
+    "array": _array,
+}
+"""How each field's value in a file is read (its type; the rules are the spec's)."""
+assert _READERS.keys() == FIELDS.keys()
+
+
+def unknown_fields_message(names: Iterable[str], known: Iterable[str]) -> str:
+    """``unknown field 'max_attempt' (did you mean 'max_attempts'?)`` for each name, and where
+    the fields are listed."""
+    known = list(known)
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        parts.append(repr(name) + (f" (did you mean {close[0]!r}?)" if close else ""))
+    noun = "field" if len(parts) == 1 else "fields"
+    return f"unknown {noun} {', '.join(parts)}; a job's fields: {', '.join(FIELDS)}"
+
+
+# ---------------------------------------------------------------------------- the file
+
+
+class _Lines:
+    """Where each value of a file's jobs is: ``line(job, path)``, the most precise one known."""
+
+    def __init__(self) -> None:
+        self.of: dict[tuple[int, Path_], int] = {}
+
+    def set(self, job: int, path: Path_, line: int) -> None:
+        self.of.setdefault((job, path), line)
+
+    def line(self, job: int, path: Path_) -> int | None:
+        for length in range(len(path), -1, -1):
+            found = self.of.get((job, path[:length]))
+            if found is not None:
+                return found
+        return None
+
+
+def _error_path(exc: InvalidArgument) -> Path_:
+    """Where in a job the error of a field points: ``constraints[2].key`` -> ``("constraints",
+    2)``; ``env name`` (of value N) -> ``("env", N)``; ``runtime`` -> ``()``."""
+    found = re.match(r"(?P<head>[a-z_]+)(?:\[(?P<sub>[^\]]*)\])?(?P<rest>.*)", exc.field)
+    if found is None or found["head"] not in (*FIELDS, "runtime"):
+        return ()
+    sub = found["sub"]
+    if sub is not None:
+        return (found["head"], int(sub) if sub.isdigit() else sub)
+    if found["head"] == "runtime" and isinstance(exc.value, list) and exc.value:
+        return (str(exc.value[0]),)
+    if found["rest"] == " name" and isinstance(exc.value, str):
+        return (found["head"], exc.value)
+    return (found["head"],)
+
+
+def read_job_file(path: Path | str, *, text_format: str | None = None) -> list[JobSpec]:
+    """The jobs of a job file, each checked (see the module docstring for the shape).
+
+    Args:
+        path: the file; ``-`` reads standard input.
+        text_format: ``toml`` or ``yaml`` (JSON is YAML); None: by the file's suffix.
+
+    Raises:
+        JobFileError: the file cannot be read, is too large, is not UTF-8, does not parse,
+            nests too deep, names an unknown field, has no job or too many, or a job breaks a
+            rule; the message names the file and line.
+    """
+    shown = str(path)
+    fmt = text_format or FORMATS.get(Path(shown).suffix.lower()) or ("yaml" if shown == "-" else None)
+    if fmt not in ("toml", "yaml"):
+        raise JobFileError(
+            shown, f"a job file must end in {', '.join(FORMATS)} (or give --format toml|yaml)", value=shown
+        )
+    data = _read_bytes(shown)
+    text = _decode(shown, data)
+    jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text)
+    return _specs(shown, jobs, lines)
+
+
+def _read_bytes(shown: str) -> bytes:
+    """The file's bytes, refused by its size before it is read when it is a regular file, and
+    after :data:`MAX_JOB_FILE_BYTES` + 1 bytes otherwise (a pipe)."""
+    import sys
+
+    try:
+        if shown == "-":
+            data = sys.stdin.buffer.read(MAX_JOB_FILE_BYTES + 1)
+        else:
+            with open(shown, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > MAX_JOB_FILE_BYTES:
+                    raise JobFileError(shown, _too_large(size), value=size)
+                data = file.read(MAX_JOB_FILE_BYTES + 1)
+    except OSError as exc:
+        raise JobFileError(shown, f"cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(shown, _too_large(len(data)), value=len(data))
+    return data
+
+
+def _too_large(size: int) -> str:
+    shown = f"{size} bytes" if size <= MAX_JOB_FILE_BYTES + 1 else f"{size / 2**20:.1f} MiB"
+    return f"a job file must be at most {MAX_JOB_FILE_BYTES} bytes (1 MiB), this one has {shown}"
+
+
+def _decode(shown: str, data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise JobFileError(
+            f"{shown}:{line}",
+            f"a job file must be UTF-8 text; byte {exc.start} (0x{data[exc.start]:02x}) is not UTF-8",
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _jobs_of(shown: str, document: Any, line_of: Callable[[Path_], int | None]) -> tuple[list[Any], Path_]:
+    """The job tables of a parsed document, and where the first one is: ``()`` for a single
+    job at the top level, ``(i,)`` for a list at the top level, ``("job", i)`` in a ``job``
+    list (the path of job ``i`` is then the same with ``i``)."""
+
+    def where(path: Path_ = ()) -> str:
+        line = line_of(path)
+        return shown if line is None else f"{shown}:{line}"
+
+    base: Path_
+    if isinstance(document, list):
+        tables, base = document, (0,)
+    elif isinstance(document, dict) and JOBS_KEY in document:
+        extra = sorted(set(document) - {JOBS_KEY})
+        if extra:
+            raise JobFileError(
+                where((extra[0],)),
+                f"a file with a {JOBS_KEY!r} list holds nothing else at the top level; got {extra}"
+                f" (write each job's fields in its {JOBS_KEY!r} table)",
+            )
+        tables, base = document[JOBS_KEY], (JOBS_KEY, 0)
+        if isinstance(tables, dict):
+            tables, base = [tables], (JOBS_KEY,)
+        if not isinstance(tables, list):
+            raise JobFileError(where((JOBS_KEY,)), f"{JOBS_KEY!r} must be a list of jobs (tables)")
+    elif isinstance(document, dict):
+        tables, base = [document], ()
+    else:
+        raise JobFileError(where(), "a job file must hold a job (a table of fields) or a list of jobs")
+    if not tables:
+        raise JobFileError(where(), "a job file must hold at least one job")
+    if len(tables) > MAX_FILE_JOBS:
+        raise JobFileError(
+            where(), f"a job file must hold at most {MAX_FILE_JOBS} jobs, this one has {len(tables)}"
+        )
+    return tables, base
+
+
+def _specs(shown: str, jobs: list[Any], lines: _Lines) -> list[JobSpec]:
+    specs = []
+    for index, table in enumerate(jobs):
+
+        def where(path: Path_ = (), index: int = index) -> str:
+            line = lines.line(index, path)
+            return shown if line is None else f"{shown}:{line}"
+
+        label = f"job {index + 1} of {len(jobs)}: " if len(jobs) > 1 else ""
+        if not isinstance(table, dict):
+            raise JobFileError(where(), f"{label}a job must be a table of fields, got {table!r}"[:200])
+        unknown = [k for k in table if k not in FIELDS and k != STATUS_KEY]
+        if unknown:
+            raise JobFileError(where((str(unknown[0]),)), unknown_fields_message(unknown, FIELDS))
+        fields: dict[str, Any] = {}
+        try:
+            for name, value in table.items():
+                if name != STATUS_KEY and value is not None:
+                    fields[name] = _READERS[name](name, value)
+            spec = spec_of(fields)
+        except InvalidArgument as exc:
+            raise JobFileError(where(_error_path(exc)), str(exc), field=exc.field, value=exc.value) from None
+        specs.append(spec)
+    arrays = [i for i, s in enumerate(specs) if s.array is not None]
+    if arrays and len(specs) > 1:
+        raise JobFileError(
+            where_of(shown, lines, arrays[0], ("array",)),
+            "an array job must be the only job of its file (an array is submitted on its own)",
+            field="array",
+        )
+    return specs
+
+
+def where_of(shown: str, lines: _Lines, job: int, path: Path_) -> str:
+    """``shown:LINE`` for a value of a job, or ``shown`` when its line is not known."""
+    line = lines.line(job, path)
+    return shown if line is None else f"{shown}:{line}"
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and tables nest in ``value`` (a scalar: 0), without recursion."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
+# ---------------------------------------------------------------------------- TOML
+
+_TOML_HEADER = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\"' -]+?)\s*\]\]?\s*(?:#.*)?$")
+_TOML_KEY = re.compile(r"\s*(?:\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_-]+))\s*(?:\.|=)")
+
+
+def _parse_toml(shown: str, text: str) -> tuple[list[Any], _Lines]:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        raise JobFileError(f"{shown}:{found[1]}" if found else shown, f"not TOML: {message}") from None
+    except RecursionError:
+        raise JobFileError(shown, f"a job file must nest at most {MAX_NESTING} levels deep") from None
+    if _depth(document) > MAX_NESTING:
+        raise JobFileError(shown, f"a job file must nest at most {MAX_NESTING} levels deep")
+    lines = _toml_lines(text)
+    tables, _ = _jobs_of(shown, document, lambda path: lines.line(0, path))
+    return tables, lines
+
+
+def _toml_lines(text: str) -> _Lines:
+    """Where each job's fields are in a TOML text, found by reading its lines: a job's
+    ``[[job]]`` header, then each ``key =`` (and ``[job.env]``'s keys) until the next header.
+    A hint for messages: a key inside a multi-line string may be taken for one."""
+    lines = _Lines()
+    job = 0
+    seen_jobs = 0
+    section: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _TOML_HEADER.match(line)
+        if header is not None:
+            names = tuple(part.strip().strip("\"'") for part in header[2].split("."))
+            if header[1] == "[[" and names == (JOBS_KEY,):
+                job = seen_jobs
+                seen_jobs += 1
+                lines.set(job, (), number)
+                section = ()
+            else:
+                section = names[1:] if names[:1] == (JOBS_KEY,) else names
+                if section:
+                    lines.set(job, (section[0],), number)
+            continue
+        key = _TOML_KEY.match(line)
+        if key is None:
+            continue
+        name = key[1] if key[1] is not None else key[2] if key[2] is not None else key[3]
+        path: Path_ = (*section[:1], name) if section else (name,)
+        lines.set(job, path, number)
+    lines.set(0, (), 1)  # a single job at the top level begins with the file
+    return lines
+
+
+# ---------------------------------------------------------------------------- YAML
+
+
+def _yaml_loader() -> type:
+    """PyYAML's safe loader (its C one when there is one), reading JSON's and YAML 1.2's
+    exponent floats (``1e3``) as numbers too (YAML 1.1 reads them as text)."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return Loader
+
+
+def _parse_yaml(shown: str, text: str) -> tuple[list[Any], _Lines]:
+    import yaml
+
+    loader_class = _yaml_loader()
+    try:
+        _check_yaml_events(shown, yaml.parse(text, Loader=loader_class))
+        loader = loader_class(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                raise JobFileError(shown, "a job file must hold at least one job")
+            document, marks = _yaml_value(loader, root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{shown}:{mark.line + 1}" if mark is not None else shown
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        if "nesting depth" in problem:  # libyaml's own limit, met before the events are seen
+            raise JobFileError(where, f"a job file must nest at most {MAX_NESTING} levels deep") from None
+        raise JobFileError(where, f"not YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise JobFileError(shown, f"not YAML: {exc}") from None
+    tables, base = _jobs_of(shown, document, lambda path: marks.get(path, marks.get(())))
+    lines = _Lines()
+    for index in range(len(tables)):
+        prefix = (*base[:-1], index) if base and isinstance(base[-1], int) else base
+        for path, line in marks.items():
+            if path[: len(prefix)] == prefix:
+                lines.set(index, path[len(prefix) :], line)
+    return tables, lines
+
+
+def _check_yaml_events(shown: str, events: Iterable[Any]) -> None:
+    """Refuse, from the parser's events (no recursion, nothing built), a file that nests
+    deeper than :data:`MAX_NESTING`, holds an alias or several documents."""
+    import yaml
+
+    depth = 0
+    documents = 0
+    for event in events:
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        where = shown if line is None else f"{shown}:{line}"
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise JobFileError(where, f"a job file must nest at most {MAX_NESTING} levels deep")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            raise JobFileError(where, "a job file must not use aliases (*name): write the value out")
+        elif isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > 1:
+                raise JobFileError(where, "a job file must hold one YAML document")
+
+
+def _yaml_value(loader: Any, root: Any) -> tuple[Any, dict[Path_, int]]:
+    """The Python value of a composed YAML node tree, with the line of every table key and
+    list item by its path (tables' keys must be text and given once). Recursion is bounded
+    by :data:`MAX_NESTING` (checked on the events first)."""
+    import yaml
+
+    marks: dict[Path_, int] = {(): root.start_mark.line + 1}
+
+    def value(node: Any, path: Path_) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            table: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = loader.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if not isinstance(key, str):
+                    raise yaml.MarkedYAMLError(
+                        problem=f"a field's name must be text, got {key!r}", problem_mark=key_node.start_mark
+                    )
+                if key in table:
+                    raise yaml.MarkedYAMLError(
+                        problem=f"field {key!r} is given twice", problem_mark=key_node.start_mark
+                    )
+                marks.setdefault((*path, key), line)
+                table[key] = value(value_node, (*path, key))
+            return table
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for index, item in enumerate(node.value):
+                marks.setdefault((*path, index), item.start_mark.line + 1)
+                items.append(value(item, (*path, index)))
+            return items
+        return loader.construct_object(node, deep=True)
+
+    return value(root, ()), marks
+
+
+# ---------------------------------------------------------------------------- a spec to a file
+
+
+def fields_of(spec: JobSpec) -> dict[str, Any]:
+    """A spec as the fields of a job file (JSON-ready), every field given: reading them back
+    (:func:`spec_of`) gives the same spec."""
+    fields: dict[str, Any] = {
+        "name": spec.name,
+        "cpu_millis": spec.cpu_millis,
+        "memory_mb": spec.memory_mb,
+        "priority": spec.priority,
+    }
+    match spec.runtime:
+        case SleepRuntime(duration_ms=duration_ms):
+            fields["sleep_s"] = duration_ms / 1000
+        case CommandRuntime(argv=argv):
+            fields["command"] = list(argv)
+        case ContainerRuntime(image=image, argv=argv):
+            fields["image"] = image
+            fields["command"] = list(argv) if argv else None
+        case None:
+            pass
+    fields.update(
+        {
+            "max_attempts": spec.max_attempts,
+            "retry_backoff_s": spec.retry_backoff_s,
+            "count_lost": spec.count_lost,
+            "timeout_s": spec.timeout_s,
+            "constraints": [c.describe() for c in spec.constraints],
+            "env": dict(spec.env),
+            "workdir": spec.workdir or None,
+            "after": list(spec.after),
+            "array": spec.array.describe() if spec.array is not None else None,
+        }
+    )
+    return fields

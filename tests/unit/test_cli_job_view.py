@@ -1,0 +1,89 @@
+"""`stockade job ID`'s human view of the lifecycle: attempts spent of the most, each run, the
+retry wait, timeout, constraints, environment names (not values), workdir, after, arrays."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ops import rpc
+from ops.cli import app
+from ops.cli.render import lifecycle_rows
+from protocol import pb
+from runtime.constraints import parse_constraint
+from runtime.jobs import CommandRuntime, JobSpec
+from runtime.wire_jobs import job_spec_to_pb
+
+SPEC = JobSpec(
+    name="train",
+    cpu_millis=500,
+    memory_mb=256,
+    runtime=CommandRuntime(argv=("false",)),
+    max_attempts=3,
+    retry_backoff_s=2.0,
+    timeout_s=90.0,
+    constraints=(parse_constraint("gpu=a100"),),
+    env={"TOKEN": "s3cret", "MODE": "fast"},
+    workdir="/srv/data",
+    after=(4, 5),
+)
+RETRYING = pb.JobInfo(
+    job_id=9,
+    spec=job_spec_to_pb(SPEC),
+    state="pending",
+    attempts=1,
+    failures=1,
+    not_before_unix_s=1_700_000_010.0,
+    array_id=8,
+    array_index=3,
+    attempt_history=[
+        pb.Attempt(
+            assignment_id=21,
+            worker_id="w-3",
+            epoch=2,
+            state="finished",
+            end_reason="failed",
+            has_exit_code=True,
+            exit_code=1,
+            created_unix_s=1_700_000_000.0,
+            ended_unix_s=1_700_000_001.0,
+            detail="exit code 1",
+            counted=True,
+        )
+    ],
+)
+
+
+def test_the_lifecycle_rows_say_what_the_job_was_given_and_spent() -> None:
+    """Attempts spent of the most, the retry's wait, and each setting; env names only."""
+    rows = dict(lifecycle_rows(RETRYING, now_unix_s=1_700_000_004.0))
+    assert rows["attempts"] == "1 of 3 spent, 1 run (runs lost with a worker not counted)"
+    assert rows["retry"].startswith("retrying after ") and rows["retry"].endswith("(in 6 s)")
+    assert rows["timeout"] == "90 s"
+    assert rows["constraints"] == "gpu=a100"
+    assert rows["env"] == "MODE, TOKEN"
+    assert (rows["workdir"], rows["after"], rows["array"]) == ("/srv/data", "4, 5", "task 3 of array 8")
+
+
+def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view lists each run (worker, epoch, end, exit code, detail, counted) and never prints
+    an environment value."""
+    monkeypatch.setattr(rpc, "call", lambda *a, **k: RETRYING)
+    result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "attempts" in result.output and "retrying after" in result.output
+    run = next(line for line in result.output.splitlines() if " w-3 " in line)
+    assert run.split()[:4] == ["1", "21", "w-3", "2"]
+    assert "failed" in run and "exit code 1" in run and "yes" in run
+    assert "s3cret" not in result.output
+
+
+def test_an_array_shows_its_tasks_by_state() -> None:
+    """An array (asked by its id) shows its counts."""
+    info = pb.JobInfo(
+        job_id=8,
+        spec=job_spec_to_pb(SPEC),
+        state="running",
+        array_counts=[pb.JobCount(state="running", count=10), pb.JobCount(state="pending", count=90)],
+    )
+    assert dict(lifecycle_rows(info))["tasks"] == "running 10  pending 90"
