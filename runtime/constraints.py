@@ -1,7 +1,7 @@
 """Placement constraints: which workers a job may run on, judged by the workers' labels.
 
 A job carries constraints (``--constraint`` on the CLI, ``constraints`` in a job file); a
-worker carries labels (``stockade worker --label key=value``; the agent adds
+worker carries labels (``stockade agent --label key=value``; the agent adds
 ``container=docker`` or ``container=none`` itself). A worker is eligible for a job when its
 labels satisfy every constraint of the job. Four operators, as Kubernetes' set-based label
 selectors ("Labels and Selectors") and Nomad's ``constraint`` blocks spell them:
