@@ -113,13 +113,15 @@ def _job_ids(ids: Sequence[int]) -> str:
 def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     """What a stored call did, from its RPC and its stored answer (the rows of its effect):
     ``"it created job 17"``, ``"it created jobs 17, 18, 19"``, ``"it created 400 jobs, 17 to
-    416"``, ``"it cancelled job 17 (cancelled)"``."""
+    416"``, ``"it cancelled job 17 (cancelled)"``, ``"it drained worker w-2"``."""
     if rpc in ("submit_job", "submit_jobs"):
         return "it created " + _job_ids(sorted(int(row["id"]) for row in answer))
     if rpc == "cancel_job" and answer:
         row = answer[0]
         state = "cancelling" if row["cancel_requested"] else row["state"]
         return f"it cancelled job {row['id']} ({state})"
+    if rpc in ("cordon_worker", "uncordon_worker", "drain_worker") and answer:
+        return f"it {rpc.removesuffix('_worker')}ed worker {answer[0]['id']}"
     return f"its answer was {json.dumps(list(answer))[:200]}"
 
 

@@ -33,6 +33,9 @@ class LiveWorker:
     """Its incarnation's active assignments no heartbeat has listed yet."""
     confirmed: int = 0
     """Its incarnation's assignments a heartbeat has listed (running or finished) so far."""
+    cordoned: bool = False
+    """Cordoned or draining (``workers.cordoned_at``): never placed on; read only so that an
+    unschedulable reason can say which workers it did not count."""
 
 
 @attrs.frozen(kw_only=True)
@@ -106,7 +109,8 @@ class PlacerStore(Protocol):
     """What a round reads."""
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
-        """Alive workers heard from within ``fresh_s`` seconds (database time)."""
+        """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned ones
+        included and marked (:attr:`LiveWorker.cordoned`: the placer never places on them)."""
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
@@ -136,6 +140,7 @@ _WORKER_COLUMNS = (
     "unconfirmed_assignments",
     "confirmed_assignments",
     "runs_containers",
+    "cordoned",
 )
 _JOB_COLUMNS = (
     "id",
@@ -193,6 +198,7 @@ def _live_worker(
     unconfirmed: int,
     confirmed: int,
     runs_containers: bool = False,
+    cordoned: bool = False,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -206,6 +212,7 @@ def _live_worker(
         ),
         unconfirmed=int(unconfirmed),
         confirmed=int(confirmed),
+        cordoned=bool(cordoned),
     )
 
 

@@ -34,6 +34,12 @@ Each pass, while leader:
    ``cancel_unconfirmed_after_s`` they are cancelled on the worker and, once it acknowledges,
    ended and requeued.
 3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
+4. Drains whose deadline has passed (``stockade drain --deadline-s``): the jobs still active on
+   the worker are cancelled on it and, once it acknowledges, ended as stopped (``drained``) and
+   placed again at once, with no loss counted and no backoff, as a clean leave's are: the
+   operator took the worker away, the job did nothing wrong (:class:`EndDrainedAssignments`).
+   Those the worker does not acknowledge are asked again every pass until it does, or until it
+   is declared dead (then they end as any dead worker's).
 
 Acknowledged cancellations, too, are ended in fenced writes of that size.
 
@@ -56,6 +62,7 @@ from actors.messages import (
     Dispatch,
     DispatcherInbox,
     EndAssignments,
+    EndDrainedAssignments,
     EndOrphanedAssignments,
     LedgerInbox,
     ReconcileResult,
@@ -362,6 +369,36 @@ class SilenceFloor:
         return [a if a.age_s <= most_s else attrs.evolve(a, age_s=most_s) for a in ages]
 
 
+DRAINED = "drained"
+"""The end reason of an assignment a drain's deadline stopped."""
+
+
+def ending_message(
+    epoch: int,
+    assignment_ids: tuple[int, ...],
+    *,
+    requeue: bool,
+    reason: str,
+    requeue_backoff_caps_s: tuple[float, ...],
+    reply: Reply[tuple[int, ...]],
+) -> EndAssignments | EndDrainedAssignments:
+    """The fenced write that ends ``assignment_ids``, which their worker acknowledged
+    cancelling, for ``reason``: a drain's (:data:`DRAINED`) requeues without a loss or a
+    backoff (:class:`EndDrainedAssignments`); any other ends them as cancelled and, with
+    ``requeue``, counts a loss and waits the backoff of ``requeue_backoff_caps_s``
+    (:class:`EndAssignments`)."""
+    if reason == DRAINED:
+        return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
+    return EndAssignments(
+        epoch=epoch,
+        assignment_ids=assignment_ids,
+        requeue=requeue,
+        reason=reason,
+        requeue_backoff_caps_s=requeue_backoff_caps_s,
+        reply=reply,
+    )
+
+
 @attrs.define
 class Reconciler:
     """The actor."""
@@ -484,11 +521,14 @@ class Reconciler:
         for dispatch in plan.dispatches(epoch):
             await self.dispatcher.send(dispatch)
         cancelled = await self.store.cancel_requested()
+        drained = await self.store.drain_due()
         async with trio.open_nursery() as nursery:
             for worker, group in plan.withdraw:
                 nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
             for worker, group in by_worker(cancelled):
                 nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
+            for worker, group in by_worker(drained):
+                nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
         return result
 
     async def _declare_and_end_orphans(
@@ -597,9 +637,9 @@ class Reconciler:
             rows = self.write_size().rows
             ids, remaining = remaining[:rows], remaining[rows:]
             ended += await self._write(
-                lambda reply: EndAssignments(
-                    epoch=epoch,
-                    assignment_ids=ids,  # noqa: B023 (called at once, in this iteration)
+                lambda reply: ending_message(
+                    epoch,
+                    ids,  # noqa: B023 (called at once, in this iteration)
                     requeue=requeue,
                     reason=reason,
                     requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),

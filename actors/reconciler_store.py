@@ -53,6 +53,10 @@ class ReconcilerStore(Protocol):
 
     async def cancel_requested(self) -> list[Delivery]: ...
 
+    async def drain_due(self) -> list[Delivery]:
+        """Active assignments of workers whose drain deadline has passed (not those whose
+        cancel a user asked: :meth:`cancel_requested` has them)."""
+
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
 
@@ -95,4 +99,8 @@ class PgReconcilerStore(ReadStore):
 
     async def cancel_requested(self) -> list[Delivery]:
         rows = await (await self._connection()).fetch(queries.CANCEL_REQUESTED_ASSIGNMENTS)
+        return [_delivery(r) for r in rows]
+
+    async def drain_due(self) -> list[Delivery]:
+        rows = await (await self._connection()).fetch(queries.DRAIN_DUE_ASSIGNMENTS)
         return [_delivery(r) for r in rows]

@@ -1,8 +1,9 @@
 """Every SQL statement the control plane runs, by name, one module per owner.
 
 Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
-ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, and the sweep of
-expired idempotency keys). Reads are used by the lease keeper, placer, reconciler and ingest.
+ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, cordons and
+drains, and the sweep of expired idempotency keys). Reads are used by the lease keeper,
+placer, reconciler and ingest.
 Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
 $n)``; all times are the database's ``now()``.
 
@@ -22,8 +23,10 @@ from actors.queries.ingest import (
     APPLY_SCHEMA_LOCK,
     APPLY_SCHEMA_UNLOCK,
     CANCEL_JOB,
+    CORDON_WORKER,
     COUNT_PENDING,
     CURRENT_EPOCH,
+    DRAIN_WORKER,
     GET_JOB,
     HEARTBEAT,
     IDEMPOTENCY_KEY_CONSTRAINT,
@@ -44,6 +47,7 @@ from actors.queries.ingest import (
     SUBMIT_JOB,
     SUBMIT_JOBS,
     SWEEP_IDEMPOTENCY_KEYS,
+    UNCORDON_WORKER,
     WORKER_REGISTRATION,
     once,
 )
@@ -67,6 +71,7 @@ from actors.queries.ledger import (
     COMMIT_PLACEMENTS,
     DECLARE_DEAD_WORKERS,
     END_CANCELLED_ASSIGNMENTS,
+    END_DRAINED_ASSIGNMENTS,
     END_ORPHANED_ASSIGNMENTS,
     FENCE_EPOCH,
     JOB_ARGVS,
@@ -81,6 +86,7 @@ from actors.queries.placer import (
 )
 from actors.queries.reconciler import (
     CANCEL_REQUESTED_ASSIGNMENTS,
+    DRAIN_DUE_ASSIGNMENTS,
     HEARTBEAT_AGES,
     UNCONFIRMED_ASSIGNMENTS,
 )
@@ -91,10 +97,14 @@ __all__ = [
     "CANCEL_JOB",
     "CANCEL_REQUESTED_ASSIGNMENTS",
     "COMMIT_PLACEMENTS",
+    "CORDON_WORKER",
     "COUNT_PENDING",
     "CURRENT_EPOCH",
     "DECLARE_DEAD_WORKERS",
+    "DRAIN_DUE_ASSIGNMENTS",
+    "DRAIN_WORKER",
     "END_CANCELLED_ASSIGNMENTS",
+    "END_DRAINED_ASSIGNMENTS",
     "END_ORPHANED_ASSIGNMENTS",
     "FENCE_EPOCH",
     "GET_JOB",
@@ -133,6 +143,7 @@ __all__ = [
     "TAKE_OVER_LEASE",
     "TRY_LEASE_LOCK",
     "UNCONFIRMED_ASSIGNMENTS",
+    "UNCORDON_WORKER",
     "UNLOCK_LEASE_LOCK",
     "WORKER_REGISTRATION",
     "JobColumns",
