@@ -676,3 +676,20 @@ BEGIN
 END $$;
 CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs (id) WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+
+-- Drain and cordon (issue 15; actors/ingest.py: cordon_worker, uncordon_worker, drain_worker,
+-- unfenced requests any replica records; the leader acts on them). All three columns belong to
+-- the worker id, not to an incarnation: a registration (the agent restarted) leaves them as
+-- they are, so a cordon or a drain survives the agent's restart; only an uncordon clears them.
+--   cordoned_at        set: no new placement on the worker (the placer's reads and its claim,
+--                      queries.COMMIT_PLACEMENTS, skip it); a drain sets it too.
+--   drain_requested_at set: a drain was asked; the worker is 'draining' while it has active
+--                      assignments and 'drained' once it has none (status).
+--   drain_deadline_at  set: from then on (database time) the leader stops the worker's active
+--                      assignments and requeues their jobs at once, with no loss counted and no
+--                      backoff (end_reason 'drained', state 'stopped', as a clean leave's
+--                      'worker_left'), once the worker acknowledged the stop: a fenced write
+--                      (queries.END_DRAINED_ASSIGNMENTS). NULL: the drain waits for the jobs.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS cordoned_at timestamptz;
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_requested_at timestamptz;
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_deadline_at timestamptz;

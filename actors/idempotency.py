@@ -138,7 +138,7 @@ def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
     """What a stored call did, from its RPC and its stored answer (the rows of its effect):
     ``"it created job 17"``, ``"it created jobs 17, 18, 19"``, ``"it created 400 jobs, 17 to
     416"``, ``"it created array 17 (100 tasks)"``, ``"it cancelled job 17 (cancelled)"``,
-    ``"it cancelled 40 tasks of array 17 (cancelling)"``."""
+    ``"it cancelled 40 tasks of array 17 (cancelling)"``, ``"it drained worker w-2"``."""
     if rpc == "submit_job" and answer and int(answer[0].get("tasks", 1)) > 1:
         return f"it created array {answer[0]['id']} ({answer[0]['tasks']} tasks)"
     if rpc in ("submit_job", "submit_jobs"):
@@ -149,6 +149,8 @@ def describe(rpc: str, answer: Sequence[Mapping[str, Any]]) -> str:
         if row.get("tasks"):
             return f"it cancelled {row['tasks']} tasks of array {row['id']} ({state})"
         return f"it cancelled job {row['id']} ({state})"
+    if rpc in ("cordon_worker", "uncordon_worker", "drain_worker") and answer:
+        return f"it {rpc.removesuffix('_worker')}ed worker {answer[0]['id']}"
     return f"its answer was {json.dumps(list(answer))[:200]}"
 
 

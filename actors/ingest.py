@@ -2,8 +2,9 @@
 
 Records what is not a decision, with or without a leader (unfenced writes): submissions,
 cancellation requests, worker registrations, heartbeats (liveness, running confirmations,
-finished outcomes), clean stops (a worker's row becomes ``left``; the leader requeues its jobs)
-and this replica's presence. Answers job queries and the status view.
+finished outcomes), clean stops (a worker's row becomes ``left``; the leader requeues its jobs),
+cordons and drains (the placer skips a cordoned worker; the leader stops and requeues what a
+drain's deadline leaves) and this replica's presence. Answers job queries and the status view.
 Every input is checked before anything is written (:mod:`actors.validation`).
 
 Every mutating call is carried out at most once per idempotency key (:mod:`actors.idempotency`):
@@ -78,6 +79,7 @@ from actors.ingest_replies import (
     leave_verdict,
     outcome_arrays,
     status_reply,
+    worker_schedule_reply,
 )
 from protocol import pb, wire
 from protocol.wire import Encoded
@@ -479,6 +481,67 @@ class ControlPlaneService(AdmittedService):
         )
         return pb.LeaveWorkerReply(left=left, epoch=epoch, detail=detail)
 
+    async def _worker_schedule(
+        self, rpc: str, sql: str, worker_id: str, *args: Any, key: str, items: list[Any]
+    ) -> pb.WorkerScheduleReply:
+        """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``
+        (an unfenced request: the placer and the reconciler act on it while leader).
+
+        Raises:
+            NotFound: no worker has that id; nothing was stored.
+            IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
+        """
+        digest = idempotency.request_digest(rpc, items)
+        async with self.database(rpc) as conn:
+            done = await self._once(conn, rpc, sql, worker_id, *args, key=key, digest=digest)
+        if not done.answer:
+            raise NotFound(f"worker_id {worker_id!r} not found: no worker ever registered with that id")
+        reply = worker_schedule_reply(done.answer[0])
+        if not done.replayed:
+            log.get("ingest").info(
+                rpc.replace("_", " "),
+                worker_id=worker_id,
+                cordoned=reply.cordoned,
+                draining=reply.draining or reply.drained,
+                drain_deadline_unix_s=reply.drain_deadline_unix_s or None,
+                active_jobs=len(reply.job_ids),
+            )
+        return reply
+
+    async def cordon_worker(self, request: pb.CordonWorkerRequest) -> pb.WorkerScheduleReply:
+        """Cordon a worker: no new placement on it; its running jobs go on."""
+        worker_id = validation.check_worker_id(request.worker_id)
+        key = validation.check_idempotency_key(request.idempotency_key)
+        return await self._worker_schedule(
+            "cordon_worker", queries.CORDON_WORKER, worker_id, key=key, items=[worker_id]
+        )
+
+    async def uncordon_worker(self, request: pb.UncordonWorkerRequest) -> pb.WorkerScheduleReply:
+        """End a worker's cordon and any drain of it: it takes placements again."""
+        worker_id = validation.check_worker_id(request.worker_id)
+        key = validation.check_idempotency_key(request.idempotency_key)
+        return await self._worker_schedule(
+            "uncordon_worker", queries.UNCORDON_WORKER, worker_id, key=key, items=[worker_id]
+        )
+
+    async def drain_worker(self, request: pb.DrainWorkerRequest) -> pb.WorkerScheduleReply:
+        """Drain a worker: cordon it, and with a deadline have the leader stop and requeue
+        what still runs there once it has passed (see ``schema.sql``, drain and cordon)."""
+        worker_id = validation.check_worker_id(request.worker_id)
+        deadline_ms = None
+        if request.has_deadline:
+            deadline_ms = validation.check_drain_deadline_ms(request.deadline_ms)
+        key = validation.check_idempotency_key(request.idempotency_key)
+        deadline_s = None if deadline_ms is None else deadline_ms / 1000
+        return await self._worker_schedule(
+            "drain_worker",
+            queries.DRAIN_WORKER,
+            worker_id,
+            deadline_s,
+            key=key,
+            items=[worker_id, deadline_ms],
+        )
+
     async def status(self, request: pb.StatusRequest) -> Encoded[pb.StatusReply]:
         """The status view; built and encoded in slices inside the turn."""
         async with self.admitted("status"):
@@ -501,9 +564,12 @@ CONTROL_PLANE_ACCESS = {
     "register_worker": (WORKER,),
     "heartbeat": (WORKER,),
     "leave_worker": (WORKER,),
+    "cordon_worker": (OPERATOR,),
+    "uncordon_worker": (OPERATOR,),
+    "drain_worker": (OPERATOR,),
 }
 """Who may call each ControlPlane RPC over mutual TLS (:func:`runtime.aio.trio_service`):
-operators change jobs, viewers and operators read, workers speak only for
+operators change jobs and take workers out of service, viewers and operators read, workers speak only for
 themselves (the handlers check that a worker's certificate names the ``worker_id`` it sends)."""
 
 

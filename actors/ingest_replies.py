@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from actors import queries, validation
 from protocol import pb
 from runtime.wire_jobs import job_spec_to_pb
@@ -126,6 +128,71 @@ def leave_verdict(worker_id: str, incarnation: int, row: Any) -> tuple[bool, str
     return False, f"worker {worker_id} incarnation {incarnation} is {row['state']}"
 
 
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A worker's schedule as status and the drain and cordon calls show it."""
+
+    cordoned: bool
+    """No new placement on it (a drain cordons too)."""
+    draining: bool
+    """A drain was asked and jobs are still active on it."""
+    drained: bool
+    """A drain was asked and no job is active on it: its agent can be stopped, nothing lost."""
+
+
+def schedule_of(*, cordoned: bool, drain_requested: bool, active_jobs: int) -> Schedule:
+    """A worker's :class:`Schedule` from its row (``cordoned_at``, ``drain_requested_at`` set)
+    and how many assignments are active on it (any incarnation: a previous life's that the
+    leader has not ended yet still count, so drained means no job of it runs anywhere)."""
+    return Schedule(
+        cordoned=cordoned,
+        draining=drain_requested and active_jobs > 0,
+        drained=drain_requested and active_jobs == 0,
+    )
+
+
+def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
+    """A ``WorkerScheduleReply`` from an answer row of :data:`actors.queries.CORDON_WORKER`,
+    ``UNCORDON_WORKER`` or ``DRAIN_WORKER`` (a JSON object: the stored answer)."""
+    job_ids = [int(j) for j in row["job_ids"]]
+    schedule = schedule_of(
+        cordoned=bool(row["cordoned"]), drain_requested=bool(row["drain_requested"]), active_jobs=len(job_ids)
+    )
+    return pb.WorkerScheduleReply(
+        worker_id=row["id"],
+        cordoned=schedule.cordoned,
+        draining=schedule.draining,
+        drained=schedule.drained,
+        drain_deadline_unix_s=row["drain_deadline_unix_s"] or 0.0,
+        job_ids=job_ids,
+    )
+
+
+def _worker_info(r: Any) -> pb.WorkerInfo:
+    """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
+    schedule = schedule_of(
+        cordoned=bool(r["cordoned"]),
+        drain_requested=bool(r["drain_requested"]),
+        active_jobs=len(r["job_ids"]),
+    )
+    return pb.WorkerInfo(
+        id=r["id"],
+        address=r["address"],
+        state=r["state"],
+        cpu_millis=r["cpu_millis"],
+        memory_mb=r["memory_mb"],
+        cpu_allocated_millis=r["cpu_allocated_millis"],
+        memory_allocated_mb=r["memory_allocated_mb"],
+        job_ids=list(r["job_ids"]),
+        incarnation=r["incarnation"],
+        last_heartbeat_age_s=r["heartbeat_age_s"],
+        cordoned=schedule.cordoned,
+        draining=schedule.draining,
+        drained=schedule.drained,
+        drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
+    )
+
+
 def status_reply(
     cp_id: str, lease: Any, cps: list[Any], workers: list[Any], counts: list[Any], stuck: list[Any]
 ) -> tuple[pb.StatusReply, dict[str, Any]]:
@@ -151,21 +218,7 @@ def status_reply(
         answered_by=cp_id,
     )
     elements = {
-        "workers": (
-            pb.WorkerInfo(
-                id=r["id"],
-                address=r["address"],
-                state=r["state"],
-                cpu_millis=r["cpu_millis"],
-                memory_mb=r["memory_mb"],
-                cpu_allocated_millis=r["cpu_allocated_millis"],
-                memory_allocated_mb=r["memory_allocated_mb"],
-                job_ids=list(r["job_ids"]),
-                incarnation=r["incarnation"],
-                last_heartbeat_age_s=r["heartbeat_age_s"],
-            )
-            for r in workers
-        ),
+        "workers": (_worker_info(r) for r in workers),
         "unschedulable": (job_info(r) for r in stuck),
     }
     return reply, elements

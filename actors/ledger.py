@@ -1,7 +1,7 @@
 """The ledger: the one connection that runs fenced writes, and owns the epoch share lock.
 
-Every decision (placements, dead-worker declarations, ended assignments) is a request to this
-actor carrying the epoch the decider acts under. The reconciler's decisions run as::
+Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues) is a
+request to this actor carrying the epoch the decider acts under. The reconciler's decisions run as::
 
     BEGIN
     SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE   -- same transaction as the writes
@@ -109,6 +109,7 @@ from actors.messages import (
     CommittedAssignment,
     DeclareDeadWorkers,
     EndAssignments,
+    EndDrainedAssignments,
     EndOrphanedAssignments,
     EpochSuperseded,
     LeaseInbox,
@@ -196,7 +197,7 @@ class Ledger:
                 field = "placements + reasons"
             case DeclareDeadWorkers(max_ended=rows) | EndOrphanedAssignments(max_ended=rows):
                 field = "max_ended"
-            case EndAssignments(assignment_ids=ids):
+            case EndAssignments(assignment_ids=ids) | EndDrainedAssignments(assignment_ids=ids):
                 rows, field = len(ids), "assignment_ids"
             case SettleWaitingJobs(release=release, cancel=cancel):
                 rows, field = len(release) + len(cancel), "release + cancel"
@@ -236,6 +237,11 @@ class Ledger:
                     what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
                     result = await self.fenced(
                         epoch, what, lambda c: self._settle_waiting(c, message), kind="settle_waiting_jobs"
+                    )
+                case EndDrainedAssignments(epoch=epoch, reply=reply):
+                    what = f"end {len(message.assignment_ids)} assignments (drained)"
+                    result = await self.fenced(
+                        epoch, what, lambda c: self._end_drained(c, message), kind="end_drained_assignments"
                     )
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
@@ -468,3 +474,7 @@ class Ledger:
             released_job_ids=tuple(int(i) for i in row["released_ids"]),
             cancelled_job_ids=tuple(int(i) for i in row["cancelled_ids"]),
         )
+
+    async def _end_drained(self, conn: PgConnection, message: EndDrainedAssignments) -> tuple[int, ...]:
+        rows = await conn.fetch(queries.END_DRAINED_ASSIGNMENTS, message.epoch, list(message.assignment_ids))
+        return tuple(int(r["id"]) for r in rows)

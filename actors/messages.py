@@ -199,8 +199,26 @@ class SettleWaitingJobs:
     reply: Reply[SettledJobs]
 
 
+@attrs.frozen(kw_only=True)
+class EndDrainedAssignments:
+    """Under ``epoch``: end active assignments that a drain's deadline stopped, once their
+    worker acknowledged the stop (invariant 6), as stopped (``drained``), and put their jobs
+    back to pending at once: no loss counted, no backoff (a job whose cancel was asked ends
+    cancelled). The reply lists the ids really ended. At most the ledger's
+    ``max_rows_per_fenced_write`` ids (else :class:`runtime.errors.InvalidArgument`)."""
+
+    epoch: int
+    assignment_ids: tuple[int, ...]
+    reply: Reply[tuple[int, ...]]
+
+
 LedgerInbox = (
-    CommitPlacements | DeclareDeadWorkers | EndOrphanedAssignments | EndAssignments | SettleWaitingJobs
+    CommitPlacements
+    | DeclareDeadWorkers
+    | EndOrphanedAssignments
+    | EndAssignments
+    | SettleWaitingJobs
+    | EndDrainedAssignments
 )
 
 # ---------------------------------------------------------------- -> dispatcher (worker RPCs)

@@ -120,6 +120,24 @@ class RoundPlan:
         )
 
 
+MAX_CORDONED_NAMED = 3
+"""Cordoned workers an unschedulable reason names before it says how many more."""
+
+
+def not_counting_cordoned(reason: str, cordoned: Sequence[str]) -> str:
+    """An unschedulable ``reason``, judged on the workers that take placements, saying which
+    live workers it left out because they are cordoned or draining (``cordoned``, their ids):
+    ``"unschedulable: no live workers (not counting cordoned w-1, w-2)"``; ``reason`` itself
+    when none is. Without it, a job that only a cordoned worker could hold would read as too
+    large for the cluster, or a cluster whose every worker is cordoned as having none."""
+    if not cordoned:
+        return reason
+    named = ", ".join(cordoned[:MAX_CORDONED_NAMED])
+    if len(cordoned) > MAX_CORDONED_NAMED:
+        named += f" and {len(cordoned) - MAX_CORDONED_NAMED} more"
+    return f"{reason} (not counting cordoned {named})"
+
+
 def plan_round_steps(
     queue: PendingQueue,
     workers: Sequence[LiveWorker],
@@ -132,6 +150,10 @@ def plan_round_steps(
     """:func:`plan_round` in slices: yields between slices of the decision
     (:func:`actors.placement.place_queue_steps`) and returns the same plan. Neither the queue
     nor the workers may change meanwhile; neither is changed."""
+    # A cordoned (or draining) worker takes no placement: it is not a room at all, so it is
+    # neither placed on nor reserved; the reasons name it (not_counting_cordoned).
+    cordoned = tuple(sorted(w.ref.worker_id for w in workers if w.cordoned))
+    workers = [w for w in workers if not w.cordoned]
     rooms = [
         attrs.evolve(
             w.room,
@@ -160,6 +182,7 @@ def plan_round_steps(
                 for w, room in zip(workers, rooms, strict=True)
             )
         ),
+        cordoned,
     )
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
@@ -174,7 +197,8 @@ def plan_round_steps(
         now=now,
     )
     placed = plan.placements_by_job
-    reasons = [(job_id, r) for job_id, r in plan.unschedulable.items() if queue.reasons.get(job_id) != r]
+    unschedulable = {job_id: not_counting_cordoned(r, cordoned) for job_id, r in plan.unschedulable.items()}
+    reasons = [(job_id, r) for job_id, r in unschedulable.items() if queue.reasons.get(job_id) != r]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
     # backoff keeps the reason its requeue wrote).
     reasons += [
@@ -217,8 +241,10 @@ def plan_round(
 ) -> RoundPlan:
     """What one round commits and dispatches: a pure function of the round's inputs.
 
-    Each worker's send window bounds what it is given (:func:`actors.placement.placement_limit`
-    from its confirmed and unconfirmed assignments); jobs waiting out their requeue backoff at
+    A cordoned or draining worker is given nothing (its unschedulable reasons name it:
+    :func:`not_counting_cordoned`). Each worker's send window bounds what it is given
+    (:func:`actors.placement.placement_limit` from its confirmed and unconfirmed assignments);
+    jobs waiting out their requeue backoff at
     ``now`` are neither placed nor reserve a worker; the placements are decided by
     :func:`actors.placement.place_queue_steps` (never over a worker's free room, never a job
     twice); the pending reasons that changed fill what the placements leave of ``max_rows``.

@@ -36,6 +36,9 @@ class LiveWorker:
     """Its incarnation's active assignments no heartbeat has listed yet."""
     confirmed: int = 0
     """Its incarnation's assignments a heartbeat has listed (running or finished) so far."""
+    cordoned: bool = False
+    """Cordoned or draining (``workers.cordoned_at``): never placed on; read only so that an
+    unschedulable reason can say which workers it did not count."""
 
 
 @attrs.frozen(kw_only=True)
@@ -109,7 +112,8 @@ class PlacerStore(Protocol):
     """What a round reads."""
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
-        """Alive workers heard from within ``fresh_s`` seconds (database time)."""
+        """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned ones
+        included and marked (:attr:`LiveWorker.cordoned`: the placer never places on them)."""
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
@@ -140,6 +144,7 @@ _WORKER_COLUMNS = (
     "confirmed_assignments",
     "runs_containers",
     "labels",
+    "cordoned",
 )
 _JOB_COLUMNS = (
     "id",
@@ -211,6 +216,7 @@ def _live_worker(
     confirmed: int,
     runs_containers: bool = False,
     labels: str | None = None,
+    cordoned: bool = False,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -225,6 +231,7 @@ def _live_worker(
         ),
         unconfirmed=int(unconfirmed),
         confirmed=int(confirmed),
+        cordoned=bool(cordoned),
     )
 
 

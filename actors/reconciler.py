@@ -41,6 +41,12 @@ Each pass, while leader:
    re-check each rule; again while a write cancelled jobs (their dependants follow), at most
    :data:`actors.dependencies.CASCADE_STEPS` writes per pass. No write when there is nothing
    to settle.
+5. Drains whose deadline has passed (``stockade drain --deadline-s``): the jobs still active on
+   the worker are cancelled on it and, once it acknowledges, ended as stopped (``drained``) and
+   placed again at once, with no loss counted and no backoff, as a clean leave's are: the
+   operator took the worker away, the job did nothing wrong (:class:`EndDrainedAssignments`).
+   Those the worker does not acknowledge are asked again every pass until it does, or until it
+   is declared dead (then they end as any dead worker's).
 
 Acknowledged cancellations, too, are ended in fenced writes of that size.
 
@@ -64,6 +70,7 @@ from actors.messages import (
     Dispatch,
     DispatcherInbox,
     EndAssignments,
+    EndDrainedAssignments,
     EndOrphanedAssignments,
     LedgerInbox,
     ReconcileResult,
@@ -171,6 +178,9 @@ def plan_deliveries(
             resend.append(d)
     return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
 
+
+TIMED_OUT = "timeout"
+"""The reason of the leader's stops of runs past their timeout (and their assignments' end)."""
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before
@@ -378,6 +388,38 @@ class SilenceFloor:
         return [a if a.age_s <= most_s else attrs.evolve(a, age_s=most_s) for a in ages]
 
 
+DRAINED = "drained"
+"""The end reason of an assignment a drain's deadline stopped."""
+
+
+def ending_message(
+    epoch: int,
+    assignment_ids: tuple[int, ...],
+    *,
+    requeue: bool,
+    reason: str,
+    requeue_backoff_caps_s: tuple[float, ...],
+    reply: Reply[tuple[int, ...]],
+) -> EndAssignments | EndDrainedAssignments:
+    """The fenced write that ends ``assignment_ids``, which their worker acknowledged
+    cancelling, for ``reason``: a drain's (:data:`DRAINED`) requeues without a loss or a
+    backoff (:class:`EndDrainedAssignments`); any other ends them as cancelled and, with
+    ``requeue``, counts a loss and waits the backoff of ``requeue_backoff_caps_s``
+    (:class:`EndAssignments`); a timeout's (:data:`TIMED_OUT`) spends an attempt and retries or
+    fails the job (:class:`EndAssignments` with ``timed_out``)."""
+    if reason == DRAINED:
+        return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
+    return EndAssignments(
+        epoch=epoch,
+        assignment_ids=assignment_ids,
+        requeue=requeue,
+        reason=reason,
+        requeue_backoff_caps_s=requeue_backoff_caps_s,
+        reply=reply,
+        timed_out=reason == TIMED_OUT,
+    )
+
+
 @attrs.define
 class Reconciler:
     """The actor."""
@@ -503,6 +545,7 @@ class Reconciler:
         # The leader's backing of timeouts: a run its worker let outlive its timeout_s by the
         # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
         overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
+        drained = await self.store.drain_due()
         async with trio.open_nursery() as nursery:
             for worker, group in plan.withdraw:
                 nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
@@ -514,7 +557,9 @@ class Reconciler:
                     worker_id=worker.worker_id,
                     assignment_ids=[d.assignment.assignment_id for d in group],
                 )
-                nursery.start_soon(self._cancel, epoch, worker, group, False, "timeout")
+                nursery.start_soon(self._cancel, epoch, worker, group, False, TIMED_OUT)
+            for worker, group in by_worker(drained):
+                nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
         await self.settle_waiting(epoch)
         return result
 
@@ -655,14 +700,13 @@ class Reconciler:
             rows = self.write_size().rows
             ids, remaining = remaining[:rows], remaining[rows:]
             ended += await self._write(
-                lambda reply: EndAssignments(
-                    epoch=epoch,
-                    assignment_ids=ids,  # noqa: B023 (called at once, in this iteration)
+                lambda reply: ending_message(
+                    epoch,
+                    ids,  # noqa: B023 (called at once, in this iteration)
                     requeue=requeue,
                     reason=reason,
                     requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
                     reply=reply,
-                    timed_out=reason == "timeout",
                 )
             )
         self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))

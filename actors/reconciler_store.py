@@ -61,6 +61,10 @@ class ReconcilerStore(Protocol):
         """At most ``limit`` waiting jobs the leader can settle now (``queries.WAITING_JOBS``)."""
         ...
 
+    async def drain_due(self) -> list[Delivery]:
+        """Active assignments of workers whose drain deadline has passed (not those whose
+        cancel a user asked: :meth:`cancel_requested` has them)."""
+
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
 
@@ -126,3 +130,7 @@ class PgReconcilerStore(ReadStore):
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         rows = await (await self._connection()).fetch(queries.WAITING_JOBS, limit)
         return [waiting_job(r) for r in rows]
+
+    async def drain_due(self) -> list[Delivery]:
+        rows = await (await self._connection()).fetch(queries.DRAIN_DUE_ASSIGNMENTS)
+        return [_delivery(r) for r in rows]

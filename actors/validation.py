@@ -187,6 +187,42 @@ def check_incarnation(incarnation: int) -> int:
     return _int_between("incarnation", incarnation, 0, MAX_ID)
 
 
+MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
+"""The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
+MAX_DRAIN_DEADLINE_MS = MAX_DRAIN_DEADLINE_S * 1000
+
+
+def check_worker_id(worker_id: str) -> str:
+    """A worker id named by an operator (cordon, uncordon, drain).
+
+    Raises:
+        InvalidArgument: not an id (:func:`runtime.identifiers.check_id`).
+    """
+    return identifiers.check_id(worker_id, field="worker_id")
+
+
+def check_drain_deadline_s(deadline_s: float) -> float:
+    """A drain's deadline as an operator gives it (``stockade drain --deadline-s``), in seconds.
+
+    Raises:
+        InvalidArgument: NaN, negative, or over :data:`MAX_DRAIN_DEADLINE_S` (one week).
+    """
+    if not 0 <= deadline_s <= MAX_DRAIN_DEADLINE_S:  # NaN compares false: refused too
+        raise InvalidArgument(
+            "deadline_s", deadline_s, f"must be between 0 and {MAX_DRAIN_DEADLINE_S} seconds (one week)"
+        )
+    return deadline_s
+
+
+def check_drain_deadline_ms(deadline_ms: int) -> int:
+    """A drain's deadline as DrainWorker carries it, in milliseconds.
+
+    Raises:
+        InvalidArgument: over :data:`MAX_DRAIN_DEADLINE_MS` (one week).
+    """
+    return _int_between("deadline_ms", deadline_ms, 0, MAX_DRAIN_DEADLINE_MS)
+
+
 OUTCOME_STATES = ("succeeded", "failed", "cancelled")
 """The states a worker reports for an ended job (``agent.messages.JobState``)."""
 MAX_OUTCOMES = 10_000
@@ -382,6 +418,11 @@ LIMITS = (
         ("MAX_PATH_BYTES",),
     ),
     Limit("an outcome's `detail`", f"at most {_n(MAX_DETAIL_BYTES)} bytes", ("MAX_DETAIL_BYTES",)),
+    Limit(
+        "a drain's deadline: DrainWorker `deadline_ms`, `stockade drain --deadline-s`",
+        f"0 to {_n(MAX_DRAIN_DEADLINE_MS)} ms, 0 to {_n(MAX_DRAIN_DEADLINE_S)} s (one week); not NaN",
+        ("MAX_DRAIN_DEADLINE_MS", "MAX_DRAIN_DEADLINE_S"),
+    ),
 )
 """Every limit of this module, in the order of ``docs/limits.md``'s table (:func:`limits_table`)."""
 

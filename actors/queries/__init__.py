@@ -1,8 +1,9 @@
 """Every SQL statement the control plane runs, by name, one module per owner.
 
 Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
-ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, and the sweep of
-expired idempotency keys). Reads are used by the lease keeper, placer, reconciler and ingest.
+ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, cordons and
+drains, and the sweep of expired idempotency keys). Reads are used by the lease keeper,
+placer, reconciler and ingest.
 Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
 $n)``; all times are the database's ``now()``.
 
@@ -23,8 +24,10 @@ from actors.queries.ingest import (
     APPLY_SCHEMA_UNLOCK,
     ARRAY_COUNTS,
     CANCEL_JOB,
+    CORDON_WORKER,
     COUNT_PENDING,
     CURRENT_EPOCH,
+    DRAIN_WORKER,
     GET_JOB,
     HEARTBEAT,
     IDEMPOTENCY_KEY_CONSTRAINT,
@@ -47,6 +50,7 @@ from actors.queries.ingest import (
     SUBMIT_JOB,
     SUBMIT_JOBS,
     SWEEP_IDEMPOTENCY_KEYS,
+    UNCORDON_WORKER,
     WORKER_REGISTRATION,
     once,
 )
@@ -70,6 +74,7 @@ from actors.queries.ledger import (
     COMMIT_PLACEMENTS,
     DECLARE_DEAD_WORKERS,
     END_CANCELLED_ASSIGNMENTS,
+    END_DRAINED_ASSIGNMENTS,
     END_ORPHANED_ASSIGNMENTS,
     END_TIMED_OUT_ASSIGNMENTS,
     FENCE_EPOCH,
@@ -86,6 +91,7 @@ from actors.queries.placer import (
 )
 from actors.queries.reconciler import (
     CANCEL_REQUESTED_ASSIGNMENTS,
+    DRAIN_DUE_ASSIGNMENTS,
     HEARTBEAT_AGES,
     OVERDUE_ASSIGNMENTS,
     UNCONFIRMED_ASSIGNMENTS,
@@ -99,10 +105,14 @@ __all__ = [
     "CANCEL_JOB",
     "CANCEL_REQUESTED_ASSIGNMENTS",
     "COMMIT_PLACEMENTS",
+    "CORDON_WORKER",
     "COUNT_PENDING",
     "CURRENT_EPOCH",
     "DECLARE_DEAD_WORKERS",
+    "DRAIN_DUE_ASSIGNMENTS",
+    "DRAIN_WORKER",
     "END_CANCELLED_ASSIGNMENTS",
+    "END_DRAINED_ASSIGNMENTS",
     "END_ORPHANED_ASSIGNMENTS",
     "END_TIMED_OUT_ASSIGNMENTS",
     "FENCE_EPOCH",
@@ -146,6 +156,7 @@ __all__ = [
     "TAKE_OVER_LEASE",
     "TRY_LEASE_LOCK",
     "UNCONFIRMED_ASSIGNMENTS",
+    "UNCORDON_WORKER",
     "UNLOCK_LEASE_LOCK",
     "WAITING_JOBS",
     "WORKER_REGISTRATION",

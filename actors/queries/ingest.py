@@ -376,6 +376,58 @@ ON CONFLICT (id) DO UPDATE
        pid = EXCLUDED.pid
 """
 
+# ---------------------------------------------------------------- drain and cordon (unfenced)
+
+# What a cordon, uncordon or drain answers (the rows stored as its idempotent answer): the
+# worker's schedule columns after the request, and the jobs active on it then.
+_WORKER_SCHEDULE = """
+RETURNING id, cordoned_at IS NOT NULL AS cordoned, drain_requested_at IS NOT NULL AS drain_requested,
+          extract(epoch FROM drain_deadline_at)::float8 AS drain_deadline_unix_s,
+          (SELECT coalesce(array_agg(a.job_id ORDER BY a.job_id), '{}') FROM assignments a
+            WHERE a.worker_id = workers.id AND a.state = 'active') AS job_ids
+"""
+
+# $1 worker id; then the idempotency key and the request's sha256 (see once). No new placement
+# on the worker from now on (schema.sql, workers.cordoned_at); a cordon already there is kept
+# with its time. Answer rows: _WORKER_SCHEDULE (none: no such worker).
+CORDON_WORKER = once(
+    "cordon_worker",
+    """
+UPDATE workers SET cordoned_at = coalesce(cordoned_at, now())
+ WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+"""
+    + _WORKER_SCHEDULE,
+    params=1,
+)
+
+# $1 worker id; then the key and the sha256. Ends the cordon and any drain (jobs a drain already
+# stopped stay requeued). Answer rows: _WORKER_SCHEDULE (none: no such worker).
+UNCORDON_WORKER = once(
+    "uncordon_worker",
+    """
+UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline_at = NULL
+ WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+"""
+    + _WORKER_SCHEDULE,
+    params=1,
+)
+
+# $1 worker id, $2 deadline (seconds from now, database time; NULL: none); then the key and the
+# sha256. Cordons the worker and asks for its drain; a new drain replaces the deadline of one
+# in progress. Answer rows: _WORKER_SCHEDULE (none: no such worker).
+DRAIN_WORKER = once(
+    "drain_worker",
+    """
+UPDATE workers
+   SET cordoned_at = coalesce(cordoned_at, now()),
+       drain_requested_at = coalesce(drain_requested_at, now()),
+       drain_deadline_at = now() + make_interval(secs => $2::float8)
+ WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
+"""
+    + _WORKER_SCHEDULE,
+    params=2,
+)
+
 # ---------------------------------------------------------------- status (reads)
 
 STATUS_CONTROL_PLANES = """
@@ -387,6 +439,8 @@ SELECT id, address, extract(epoch FROM seen_at)::float8 AS seen_unix_s,
 STATUS_WORKERS = """
 SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
+       w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
+       extract(epoch FROM w.drain_deadline_at)::float8 AS drain_deadline_unix_s,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')

@@ -19,7 +19,8 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # FOR KEY SHARE read of a row a takeover changed after this statement's snapshot returns the newest
 # version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
 # later waits for the share lock until this statement commits. Claims only jobs still pending
-# (invariant 3) on workers still alive in that incarnation. Returns one row with ``epoch_seen``
+# (invariant 3) on workers still alive in that incarnation and not cordoned (drain and cordon:
+# a cordon recorded after the round's read). Returns one row with ``epoch_seen``
 # and no assignment when nothing was placed, else one row per assignment created: small rows
 # only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
 # never holds the share lock while it waits to hand a large result to a client that froze.
@@ -44,7 +45,7 @@ claimed AS (
     UPDATE jobs j
        SET state = 'assigned', reason = '', attempts = j.attempts + 1
       FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
-                           AND w.state = 'alive'
+                           AND w.state = 'alive' AND w.cordoned_at IS NULL
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
@@ -276,6 +277,32 @@ jobs_ended AS (
                          THEN {_BACKOFF_REASON} ELSE j.reason END
       FROM backoff b
      WHERE j.id = b.id AND j.state IN ('assigned', 'running')
+)
+SELECT id FROM ended
+"""
+
+# $1 epoch, $2 assignment ids. The end of a drain's deadline (actors/reconciler.py): only for
+# assignments whose worker acknowledged the stop, so the job runs nowhere now (invariant 6).
+# They end as stopped ('drained'), as a clean leave's do ('worker_left' in
+# END_ORPHANED_ASSIGNMENTS), and their jobs are pending again at once: no loss counted, no
+# backoff (losses and not_before untouched), the reason kept; a job whose cancel was asked
+# meanwhile ends cancelled instead.
+END_DRAINED_ASSIGNMENTS = f"""
+WITH ended AS (
+    UPDATE assignments
+       SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'drained'
+     WHERE id = ANY($2::bigint[]) AND state = 'active'
+ RETURNING id, job_id
+),
+requeued AS (
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+           started_at = CASE WHEN j.cancel_requested THEN j.started_at ELSE NULL END,
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END
+      FROM ended e
+     WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )
 SELECT id FROM ended
 """

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 # $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
-# by the assignments triggers in worker_allocations), and whether each runs container jobs (its
-# label container=docker, actors/placement.py).
+# by the assignments triggers in worker_allocations), whether each runs container jobs (its
+# label container=docker, actors/placement.py), and whether it is cordoned (read so that an
+# unschedulable reason can name the cordoned workers it did not count; never placed on).
 LIVE_WORKERS = """
 SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
        a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
-       coalesce(w.labels->>'container' = 'docker', false) AS runs_containers, w.labels::text AS labels
+       coalesce(w.labels->>'container' = 'docker', false) AS runs_containers, w.labels::text AS labels,
+       w.cordoned_at IS NOT NULL AS cordoned
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
 """
@@ -62,7 +64,8 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(a.unconfirmed_assignments) AS w_unconfirmed_assignments,
                array_agg(a.confirmed_assignments) AS w_confirmed_assignments,
                array_agg(coalesce(w.labels->>'container' = 'docker', false)) AS w_runs_containers,
-               array_agg(w.labels::text) AS w_labels
+               array_agg(w.labels::text) AS w_labels,
+               array_agg(w.cordoned_at IS NOT NULL) AS w_cordoned
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,

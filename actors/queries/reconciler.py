@@ -1,5 +1,5 @@
 """The reconciler's reads (:mod:`actors.reconciler`): heartbeat ages, unconfirmed and
-cancel-requested assignments.
+cancel-requested assignments, and those of drains whose deadline has passed.
 """
 
 from __future__ import annotations
@@ -104,3 +104,17 @@ SELECT id, array_id, array_index, array_max_running, after_ids, after_states, ar
  ORDER BY id
  LIMIT $1
 """
+
+# Active assignments on live workers of the right incarnation whose drain deadline has passed
+# (database time; schema.sql, workers.drain_deadline_at): stopped on their worker, then ended
+# and requeued (queries.END_DRAINED_ASSIGNMENTS). Jobs a user asked to cancel are left to
+# CANCEL_REQUESTED_ASSIGNMENTS.
+DRAIN_DUE_ASSIGNMENTS = (
+    _ASSIGNMENT_PAYLOAD
+    + """
+ WHERE a.state = 'active' AND NOT j.cancel_requested
+   AND w.state = 'alive' AND w.incarnation = a.worker_incarnation
+   AND w.drain_deadline_at <= now()
+ ORDER BY a.id
+"""
+)

@@ -56,7 +56,10 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
-    memory_allocated_mb, jobs}), ``jobs`` (counts keyed by state), ``unschedulable``
+    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s}: cordoned,
+    no new placements, a drain cordons too; draining, a drain asked and jobs left on it;
+    drained, a drain asked and no job left; the drain's deadline in Unix seconds, or null for
+    none), ``jobs`` (counts keyed by state), ``unschedulable``
     ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
     ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
     """
@@ -75,6 +78,10 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
                 "cpu_allocated_millis": int(w.cpu_allocated_millis),
                 "memory_allocated_mb": int(w.memory_allocated_mb),
                 "jobs": [int(j) for j in w.job_ids],
+                "cordoned": bool(w.cordoned),
+                "draining": bool(w.draining),
+                "drained": bool(w.drained),
+                "drain_deadline_unix_s": _unix_s_or_none(w.drain_deadline_unix_s),
             }
             for w in status.workers
         ],
@@ -82,6 +89,19 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
         "unschedulable": [{"job_id": int(j.job_id), "reason": j.reason} for j in status.unschedulable],
         "metrics": dict(metrics or {}),
     }
+
+
+def worker_schedule(worker: pb.WorkerInfo) -> str:
+    """A worker's drain or cordon in a word, for the status table's state column: ``drained``,
+    ``draining`` (with ``until HH:MM:SS`` when it has a deadline), ``cordoned``, or ``""``."""
+    if worker.drained:
+        return "drained"
+    if worker.draining:
+        if worker.drain_deadline_unix_s:
+            until = datetime.fromtimestamp(worker.drain_deadline_unix_s).astimezone().strftime("%H:%M:%S")
+            return f"draining until {until}"
+        return "draining"
+    return "cordoned" if worker.cordoned else ""
 
 
 def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None) -> Group:
@@ -121,9 +141,13 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
     for column in ("id", "state", "cpu (millis)", "memory (MiB)", "jobs", *(("metrics",) if metrics else ())):
         workers.add_column(column)
     for w in status.workers:
+        state = Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red"))
+        schedule = worker_schedule(w)
+        if schedule:
+            state.append(f", {schedule}", style="yellow")
         workers.add_row(
             w.id,
-            Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red")),
+            state,
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
             _job_ids([int(j) for j in w.job_ids]),

@@ -204,8 +204,14 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "cpu_allocated_millis",
             "memory_allocated_mb",
             "jobs",
+            "cordoned",
+            "draining",
+            "drained",
+            "drain_deadline_unix_s",
         }
         assert worker["state"] == "alive"
+        assert (worker["cordoned"], worker["draining"], worker["drained"]) == (False, False, False)
+        assert worker["drain_deadline_unix_s"] is None
         assert worker["jobs"] == []
     assert (data["workers"][0]["cpu_millis"], data["workers"][0]["memory_mb"]) == (4000, 8192)
     assert data["jobs"] == {

@@ -28,6 +28,7 @@ from actors.messages import (
     DispatcherInbox,
     Elected,
     EndAssignments,
+    EndDrainedAssignments,
     EndOrphanedAssignments,
     LeaseInbox,
     LedgerInbox,
@@ -46,6 +47,7 @@ from actors.reconciler import (
     backoff_caps_s,
     backoff_s,
     dead_workers,
+    ending_message,
     judge_deaths,
     resend_due,
 )
@@ -54,6 +56,7 @@ from actors.role import RoleView
 from runtime import metrics
 from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
 from runtime.jobs import JobSpec, SleepRuntime
+from runtime.reply import Reply
 from runtime.settings import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
@@ -72,6 +75,8 @@ class FakeStore:
     """Assignments past their job's timeout by the margin (their confirmed runs)."""
     margins_s: list[float] = attrs.field(factory=list)
     waiting: list[WaitingJob] = attrs.field(factory=list)
+    drain_due_on: dict[int, WorkerRef] = attrs.field(factory=dict)
+    """Assignments whose worker's drain deadline has passed, and that worker."""
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -119,6 +124,23 @@ class FakeStore:
 
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         return self.waiting[:limit]
+
+    async def drain_due(self) -> list[Delivery]:
+        return [
+            Delivery(
+                assignment=CommittedAssignment(
+                    assignment_id=aid,
+                    job_id=aid,
+                    worker_id=ref.worker_id,
+                    incarnation=ref.incarnation,
+                    epoch=1,
+                    spec=SPEC,
+                ),
+                worker=ref,
+                age_s=60.0,
+            )
+            for aid, ref in self.drain_due_on.items()
+        ]
 
     async def close(self) -> None:
         pass
@@ -752,3 +774,77 @@ async def test_a_pass_with_nothing_to_settle_writes_nothing() -> None:
     assert settled.released_job_ids == settled.cancelled_job_ids == ()
     with pytest.raises(trio.WouldBlock):
         h.ledger.receive_nowait()
+
+
+# ---------------------------------------------------------------- drains
+
+
+async def test_a_drains_deadline_stops_its_jobs_and_requeues_only_what_the_worker_acknowledged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two assignments of a worker whose drain deadline has passed are cancelled on it; only
+    the one it acknowledged is ended, by a fenced EndDrainedAssignments under the pass's epoch
+    (a requeue with no loss and no backoff), never by EndAssignments (which counts a loss)."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 0.0}, drain_due_on={7: w1, 8: w1})
+    h = make_harness(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers)
+        declare.reply.set(
+            ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+        )
+        cancel = await h.dispatcher.receive()
+        assert isinstance(cancel, CancelOnWorker)
+        assert (cancel.worker, cancel.assignment_ids, cancel.epoch) == (w1, (7, 8), 4)
+        cancel.reply.set((7,))
+        end = await h.ledger.receive()
+        assert isinstance(end, EndDrainedAssignments)
+        assert (end.assignment_ids, end.epoch) == ((7,), 4)
+        end.reply.set((7,))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_whose_worker_acknowledges_nothing_ends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker that does not answer the drain's stop (the dispatcher answers no id) has none
+    of its assignments ended: the next pass asks again (invariant 6)."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 0.0}, drain_due_on={7: w1})
+    h = make_harness(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        for second in range(2):
+            declare = await h.ledger.receive()
+            assert isinstance(declare, DeclareDeadWorkers)
+            assert trio.current_time() == float(second)
+            declare.reply.set(
+                ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+            )
+            cancel = await h.dispatcher.receive()
+            assert isinstance(cancel, CancelOnWorker) and cancel.assignment_ids == (7,)
+            cancel.reply.set(())
+        nursery.cancel_scope.cancel()
+
+
+def test_only_a_drains_ending_requeues_without_a_loss() -> None:
+    """The ending of acknowledged cancels is EndDrainedAssignments for a drain, and
+    EndAssignments (a loss with the backoff's caps when it requeues) for anything else."""
+    reply: Reply[tuple[int, ...]] = Reply()
+    drained = ending_message(
+        2, (5,), requeue=True, reason="drained", requeue_backoff_caps_s=(1.0,), reply=reply
+    )
+    assert drained == EndDrainedAssignments(epoch=2, assignment_ids=(5,), reply=reply)
+    withdrawn = ending_message(
+        2, (5,), requeue=True, reason="unconfirmed", requeue_backoff_caps_s=(1.0,), reply=reply
+    )
+    assert isinstance(withdrawn, EndAssignments)
+    assert (withdrawn.requeue, withdrawn.reason, withdrawn.requeue_backoff_caps_s) == (
+        True,
+        "unconfirmed",
+        (1.0,),
+    )

@@ -18,6 +18,8 @@ __all__ = (
     "ControlPlaneBase",
     "ControlPlaneInfo",
     "ControlPlaneStub",
+    "CordonWorkerRequest",
+    "DrainWorkerRequest",
     "GetJobRequest",
     "HeartbeatReply",
     "HeartbeatRequest",
@@ -40,8 +42,10 @@ __all__ = (
     "SubmitJobRequest",
     "SubmitJobsReply",
     "SubmitJobsRequest",
+    "UncordonWorkerRequest",
     "WorkerBase",
     "WorkerInfo",
+    "WorkerScheduleReply",
     "WorkerStub",
 )
 
@@ -322,6 +326,48 @@ class ControlPlaneInfo(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "ControlPlaneInfo", ControlPlaneInfo)
+
+
+@dataclass(eq=False, repr=False)
+class CordonWorkerRequest(betterproto2.Message):
+    """
+    ---------------------------------------------------------------- drain and cordon
+
+    Take a worker out of service. A cordoned worker gets no new placement (its running jobs go
+    on); a drain cordons it, then waits for its jobs to end and, at the deadline, has the leader
+    stop the rest and place them elsewhere, without counting a loss or a backoff against them
+    (a fenced decision, made only once the worker acknowledged the stop or was declared dead).
+    The cordon belongs to the worker id: it survives the agent's restart and re-registration,
+    until UncordonWorker, which also ends a drain (what it stopped stays placed elsewhere).
+    Each request carries an idempotency key (see "Idempotency keys" above). An unknown
+    worker_id is NOT_FOUND, and nothing is stored.
+    """
+
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    idempotency_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "CordonWorkerRequest", CordonWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class DrainWorkerRequest(betterproto2.Message):
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    has_deadline: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    With has_deadline, the jobs still active deadline_ms after the request are stopped and
+    placed elsewhere (0: at once; at most one week, 604800000). Without: none is stopped.
+    A new drain of a draining worker replaces its deadline.
+    """
+
+    deadline_ms: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    idempotency_key: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "DrainWorkerRequest", DrainWorkerRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -861,6 +907,16 @@ default_message_pool.register_message("stockade.v1", "SubmitJobsRequest", Submit
 
 
 @dataclass(eq=False, repr=False)
+class UncordonWorkerRequest(betterproto2.Message):
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    idempotency_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("stockade.v1", "UncordonWorkerRequest", UncordonWorkerRequest)
+
+
+@dataclass(eq=False, repr=False)
 class WorkerInfo(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -885,8 +941,50 @@ class WorkerInfo(betterproto2.Message):
 
     last_heartbeat_age_s: "float" = betterproto2.field(10, betterproto2.TYPE_DOUBLE)
 
+    cordoned: "bool" = betterproto2.field(11, betterproto2.TYPE_BOOL)
+    """
+    Drain and cordon (CordonWorker, DrainWorker, UncordonWorker). cordoned: nothing new is
+    placed on it (a drain cordons too). draining: a drain was asked and jobs are still active
+    on it; drained: a drain was asked and none is (its agent can be stopped, nothing lost).
+    """
+
+    draining: "bool" = betterproto2.field(12, betterproto2.TYPE_BOOL)
+
+    drained: "bool" = betterproto2.field(13, betterproto2.TYPE_BOOL)
+
+    drain_deadline_unix_s: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
+    """
+    When a draining worker's remaining jobs are stopped and placed elsewhere (unix seconds,
+    database time); 0: no deadline (the drain waits for them to end on their own).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "WorkerInfo", WorkerInfo)
+
+
+@dataclass(eq=False, repr=False)
+class WorkerScheduleReply(betterproto2.Message):
+    """
+    A worker's schedule after a cordon, uncordon or drain request (as in WorkerInfo).
+    """
+
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    cordoned: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+
+    draining: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+
+    drained: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+    drain_deadline_unix_s: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
+
+    job_ids: "list[int]" = betterproto2.field(6, betterproto2.TYPE_UINT64, repeated=True)
+    """
+    The jobs active on it when the request was recorded.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "WorkerScheduleReply", WorkerScheduleReply)
 
 
 class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
@@ -1055,6 +1153,60 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def cordon_worker(
+        self,
+        message: "CordonWorkerRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "WorkerScheduleReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/CordonWorker",
+            message,
+            WorkerScheduleReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def uncordon_worker(
+        self,
+        message: "UncordonWorkerRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "WorkerScheduleReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/UncordonWorker",
+            message,
+            WorkerScheduleReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def drain_worker(
+        self,
+        message: "DrainWorkerRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "WorkerScheduleReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/DrainWorker",
+            message,
+            WorkerScheduleReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerStub(betterproto2_grpclib.ServiceStub):
     async def assign(
@@ -1131,6 +1283,18 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def cordon_worker(self, message: "CordonWorkerRequest") -> "WorkerScheduleReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def uncordon_worker(self, message: "UncordonWorkerRequest") -> "WorkerScheduleReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def drain_worker(self, message: "DrainWorkerRequest") -> "WorkerScheduleReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_submit_job(
         self, stream: "grpclib.server.Stream[SubmitJobRequest, SubmitJobReply]"
     ) -> None:
@@ -1197,6 +1361,30 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         response = await self.status(request)
         await stream.send_message(response)
 
+    async def __rpc_cordon_worker(
+        self, stream: "grpclib.server.Stream[CordonWorkerRequest, WorkerScheduleReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cordon_worker(request)
+        await stream.send_message(response)
+
+    async def __rpc_uncordon_worker(
+        self, stream: "grpclib.server.Stream[UncordonWorkerRequest, WorkerScheduleReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.uncordon_worker(request)
+        await stream.send_message(response)
+
+    async def __rpc_drain_worker(
+        self, stream: "grpclib.server.Stream[DrainWorkerRequest, WorkerScheduleReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.drain_worker(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/stockade.v1.ControlPlane/SubmitJob": grpclib.const.Handler(
@@ -1252,6 +1440,24 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 StatusRequest,
                 StatusReply,
+            ),
+            "/stockade.v1.ControlPlane/CordonWorker": grpclib.const.Handler(
+                self.__rpc_cordon_worker,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CordonWorkerRequest,
+                WorkerScheduleReply,
+            ),
+            "/stockade.v1.ControlPlane/UncordonWorker": grpclib.const.Handler(
+                self.__rpc_uncordon_worker,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                UncordonWorkerRequest,
+                WorkerScheduleReply,
+            ),
+            "/stockade.v1.ControlPlane/DrainWorker": grpclib.const.Handler(
+                self.__rpc_drain_worker,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DrainWorkerRequest,
+                WorkerScheduleReply,
             ),
         }
 

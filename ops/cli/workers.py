@@ -1,0 +1,232 @@
+"""Taking workers out of service, through the failover client: ``cordon``, ``uncordon``, ``drain``.
+
+A cordoned worker gets no new placement; its running jobs go on. A drain cordons it and waits
+for its jobs to end; with ``--deadline-s`` the leader stops those still running at the deadline
+and places them elsewhere, without counting a loss or a backoff against them. A drained worker
+(no job left) can be stopped, nothing lost. The cordon belongs to the worker id: it outlasts the
+agent's restart, until ``stockade uncordon``, which also ends a drain.
+
+Only light modules are imported at the top (every ``stockade`` call registers these commands);
+trio, the protocol, the client and the input checks are imported by the command that runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ops.cli.base import app
+from ops.cli.common import (
+    EXIT_INTERRUPTED,
+    ControlPlanesOption,
+    client_tls,
+    console,
+    control_plane_addresses,
+    err_console,
+    errors,
+    interrupted,
+)
+from ops.cli.jobs import IdempotencyKeyOption, _answer_unknown, idempotency_key_of
+
+if TYPE_CHECKING:
+    from protocol import pb
+    from runtime.client import ControlPlaneClient
+
+DRAIN_POLL_S = 0.5
+"""How often ``stockade drain`` asks for the worker's state while it waits, in seconds."""
+
+WorkerIdArgument = Annotated[str, typer.Argument(help="The worker's id, as `stockade status` lists it.")]
+
+
+def _jobs_text(job_ids: list[int], limit: int = 10) -> str:
+    shown = " ".join(str(j) for j in job_ids[:limit])
+    if len(job_ids) > limit:
+        shown += f" +{len(job_ids) - limit} more"
+    return f"{len(job_ids)} job{'' if len(job_ids) == 1 else 's'} ({shown})"
+
+
+def schedule_line(
+    worker_id: str,
+    *,
+    cordoned: bool,
+    draining: bool,
+    drained: bool,
+    drain_deadline_unix_s: float,
+    job_ids: list[int],
+) -> str:
+    """One line on a worker's schedule, as the three commands print it: ``w-2: drained, no job
+    left; its agent can be stopped``, ``w-2: draining, 2 jobs (12 13) left; stopped and placed
+    elsewhere at 2026-12-01 12:00:00``, ``w-2: cordoned, no new placements; 1 job (12) still
+    runs there``, ``w-2: not cordoned, takes placements``."""
+    if drained:
+        return f"{worker_id}: drained, no job left; its agent can be stopped"
+    if draining:
+        if drain_deadline_unix_s:
+            at = datetime.fromtimestamp(drain_deadline_unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+            then = f"stopped and placed elsewhere at {at}"
+        else:
+            then = "no deadline: waiting for them to end"
+        return f"{worker_id}: draining, {_jobs_text(job_ids)} left; {then}"
+    if cordoned:
+        running = f"{_jobs_text(job_ids)} still there" if job_ids else "no job there"
+        return f"{worker_id}: cordoned, no new placements; {running}"
+    return f"{worker_id}: not cordoned, takes placements"
+
+
+def _reply_line(reply: pb.WorkerScheduleReply) -> str:
+    return schedule_line(
+        reply.worker_id,
+        cordoned=reply.cordoned,
+        draining=reply.draining,
+        drained=reply.drained,
+        drain_deadline_unix_s=reply.drain_deadline_unix_s,
+        job_ids=[int(j) for j in reply.job_ids],
+    )
+
+
+def _worker_call(
+    rpc: str, make_request: Callable[..., Any], worker_id: str, key: str | None, control_planes: str | None
+) -> None:
+    """``cordon`` and ``uncordon``: one call, one line."""
+    from actors import validation
+    from ops import rpc as rpc_module
+
+    with errors():
+        validation.check_worker_id(worker_id)
+        checked_key = idempotency_key_of(key)
+        with _answer_unknown(checked_key, f"recorded the {rpc.removesuffix('_worker')}"):
+            reply = rpc_module.call(
+                control_plane_addresses(control_planes),
+                rpc,
+                make_request(worker_id=worker_id, idempotency_key=checked_key),
+                tls=client_tls(),
+            )
+    console().print(_reply_line(reply), markup=False, soft_wrap=True)
+
+
+@app.command("cordon")
+def cordon(
+    worker_id: WorkerIdArgument,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Cordon a worker: nothing new is placed on it; its running jobs go on.
+
+    The cordon belongs to the worker id: it outlasts the agent's restart and re-registration,
+    until `stockade uncordon`. An unknown worker id exits 2.
+    """
+    from protocol import pb
+
+    _worker_call("cordon_worker", pb.CordonWorkerRequest, worker_id, idempotency_key, control_planes)
+
+
+@app.command("uncordon")
+def uncordon(
+    worker_id: WorkerIdArgument,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Uncordon a worker: it takes placements again; a drain of it ends (what the drain stopped
+    stays placed elsewhere)."""
+    from protocol import pb
+
+    _worker_call("uncordon_worker", pb.UncordonWorkerRequest, worker_id, idempotency_key, control_planes)
+
+
+@app.command("drain")
+def drain(
+    worker_id: WorkerIdArgument,
+    deadline_s: Annotated[
+        float | None,
+        typer.Option(
+            "--deadline-s",
+            help="Seconds after which the jobs still running on the worker are stopped and placed "
+            "elsewhere, with no attempt spent (0: at once; at most 604800, one week). Default: "
+            "no deadline, wait for them to end on their own.",
+            show_default=False,
+        ),
+    ] = None,
+    wait_s: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-s",
+            min=0,
+            help="Seconds to wait for the worker to be drained before answering (0: answer at "
+            "once). Default: until it is drained. The drain goes on either way.",
+            show_default=False,
+        ),
+    ] = None,
+    idempotency_key: IdempotencyKeyOption = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Drain a worker: cordon it, then wait for its jobs to end; at --deadline-s stop the rest
+    and place them elsewhere (no attempt spent). Once drained, its agent can be stopped with
+    nothing lost.
+
+    Prints `W: drained` once no job is left on it, or `W: draining, ...` when --wait-s passed
+    first (exit 0 either way; `stockade status` shows it). Ctrl-C stops the waiting, not the
+    drain (exit 130); `stockade uncordon W` ends it. An unknown worker id or a deadline that is
+    negative, NaN or over a week exits 2, and nothing is stored.
+    """
+    import trio
+
+    from actors import validation
+    from ops import rpc
+    from protocol import pb
+    from runtime.errors import TemporaryError
+
+    async def body(client: ControlPlaneClient) -> str:
+        request = pb.DrainWorkerRequest(
+            worker_id=worker_id,
+            has_deadline=deadline_ms is not None,
+            deadline_ms=deadline_ms or 0,
+            idempotency_key=key,
+        )
+        reply: pb.WorkerScheduleReply = await client.call("drain_worker", request)
+        line = _reply_line(reply)
+        if reply.drained or wait_s == 0:
+            return line
+        console().print(line, markup=False, soft_wrap=True)
+        with trio.move_on_after(float("inf") if wait_s is None else wait_s):
+            while True:
+                await trio.sleep(DRAIN_POLL_S)
+                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                    status: pb.StatusReply = await client.call("status", pb.StatusRequest())
+                    info = next((w for w in status.workers if w.id == worker_id), None)
+                    if info is not None:
+                        line = schedule_line(
+                            worker_id,
+                            cordoned=info.cordoned,
+                            draining=info.draining,
+                            drained=info.drained,
+                            drain_deadline_unix_s=info.drain_deadline_unix_s,
+                            job_ids=[int(j) for j in info.job_ids],
+                        )
+                        if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
+                            return line
+        return line
+
+    with errors():
+        validation.check_worker_id(worker_id)
+        deadline_ms = None
+        if deadline_s is not None:
+            deadline_ms = round(validation.check_drain_deadline_s(deadline_s) * 1000)
+        key = idempotency_key_of(idempotency_key)
+        try:
+            with _answer_unknown(key, "recorded the drain"):
+                line = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
+        except BaseException as exc:
+            if not interrupted(exc):
+                raise
+            err_console().print(
+                f"interrupted: stopped waiting; the drain of {worker_id} goes on (`stockade status` "
+                f"shows it, `stockade uncordon {worker_id}` ends it)",
+                markup=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+    console().print(line, markup=False, soft_wrap=True)
