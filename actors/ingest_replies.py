@@ -6,6 +6,7 @@ requests it gets; no I/O.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -190,6 +191,7 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
         draining=schedule.draining,
         drained=schedule.drained,
         drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
+        labels=json.loads(r["labels"]) if r["labels"] else {},
     )
 
 

@@ -441,6 +441,7 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
        w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
        extract(epoch FROM w.drain_deadline_at)::float8 AS drain_deadline_unix_s,
+       w.labels::text AS labels,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')

@@ -56,10 +56,10 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
-    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s}: cordoned,
+    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s, labels}: cordoned,
     no new placements, a drain cordons too; draining, a drain asked and jobs left on it;
     drained, a drain asked and no job left; the drain's deadline in Unix seconds, or null for
-    none), ``jobs`` (counts keyed by state), ``unschedulable``
+    none; labels, key -> value), ``jobs`` (counts keyed by state), ``unschedulable``
     ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
     ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
     """
@@ -82,6 +82,7 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
                 "draining": bool(w.draining),
                 "drained": bool(w.drained),
                 "drain_deadline_unix_s": _unix_s_or_none(w.drain_deadline_unix_s),
+                "labels": dict(sorted(w.labels.items())),
             }
             for w in status.workers
         ],
@@ -138,7 +139,15 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
     parts.append(cps)
 
     workers = Table(box=rich.box.SIMPLE_HEAD, title="workers", title_justify="left")
-    for column in ("id", "state", "cpu (millis)", "memory (MiB)", "jobs", *(("metrics",) if metrics else ())):
+    for column in (
+        "id",
+        "state",
+        "cpu (millis)",
+        "memory (MiB)",
+        "labels",
+        "jobs",
+        *(("metrics",) if metrics else ()),
+    ):
         workers.add_column(column)
     for w in status.workers:
         state = Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red"))
@@ -150,6 +159,7 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
             state,
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
+            Text(",".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
             _job_ids([int(j) for j in w.job_ids]),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )

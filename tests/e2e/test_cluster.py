@@ -208,6 +208,7 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "draining",
             "drained",
             "drain_deadline_unix_s",
+            "labels",
         }
         assert worker["state"] == "alive"
         assert (worker["cordoned"], worker["draining"], worker["drained"]) == (False, False, False)
@@ -215,6 +216,7 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
         assert worker["jobs"] == []
     assert (data["workers"][0]["cpu_millis"], data["workers"][0]["memory_mb"]) == (4000, 8192)
     assert data["jobs"] == {
+        "waiting": 0,
         "pending": 0,
         "assigned": 0,
         "running": 0,

@@ -958,6 +958,16 @@ class WorkerInfo(betterproto2.Message):
     database time); 0: no deadline (the drain waits for them to end on their own).
     """
 
+    labels: "dict[str, str]" = betterproto2.field(
+        15,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+    """
+    Its labels (stockade agent --label, and container=docker|none), which jobs' constraints
+    are judged by.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "WorkerInfo", WorkerInfo)
 
