@@ -512,11 +512,13 @@ def place_queue_steps(
     )
     eligible = queue.not_before <= now  # requeue backoff passed (or none)
     everyone = np.ones(len(ordered), dtype=bool)
-    # Each constraint group's eligible workers (group 0, no constraints: all of them).
-    group_rooms = [
-        np.array([satisfied(group, w.labels) for w in ordered], dtype=bool) if group else everyone
-        for group in queue.groups
-    ]
+    # Each constraint group's eligible workers (group 0, no constraints: all of them), worked
+    # out for the groups of the jobs queued now only (the queue's groups only grow).
+    group_rooms = [everyone] * len(queue.groups)
+    for index in np.unique(queue.group).tolist():
+        if index:
+            group = queue.groups[index]
+            group_rooms[index] = np.array([satisfied(group, w.labels) for w in ordered], dtype=bool)
 
     holdable = _fits(
         queue.container, queue.group, queue.cpu, queue.mem, cap_cpu, cap_mem, runs_containers, group_rooms

@@ -145,3 +145,52 @@ def test_a_constrained_job_reserves_only_an_eligible_worker() -> None:
     ]
     plan = place([_gpu_job(cpu=500)], workers, max_reservations=1)
     assert plan.reservations == {"w-2": 1}
+
+
+_LABELS = st.dictionaries(st.sampled_from(["gpu", "zone"]), st.sampled_from(["a", "b"]), max_size=2)
+_CONSTRAINTS = st.lists(
+    st.sampled_from(["gpu=a", "gpu!=a", "zone", "zone in (a,b)", "zone=b"]), max_size=2, unique=True
+)
+
+
+@given(
+    workers=st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 4000), _LABELS), min_size=1, max_size=6),
+    jobs=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000), _CONSTRAINTS), max_size=20),
+    reservations=st.integers(0, 2),
+)
+def test_every_placement_satisfies_its_jobs_constraints_and_overcommits_nothing(
+    workers: list[tuple[int, int, dict[str, str]]],
+    jobs: list[tuple[int, int, list[str]]],
+    reservations: int,
+) -> None:
+    """For any workers, labels and constrained jobs: each job goes to a worker whose labels
+    satisfy all its constraints, no worker gets more than its room, and a job with a reason
+    is one no live worker could ever hold."""
+    rooms = [
+        WorkerRoom(worker_id=f"w-{i}", cpu_millis=c, memory_mb=m, labels=labels)
+        for i, (c, m, labels) in enumerate(workers)
+    ]
+    pending = [
+        PendingJob(
+            job_id=i + 1, cpu_millis=c, memory_mb=m, constraints=tuple(parse_constraint(t) for t in texts)
+        )
+        for i, (c, m, texts) in enumerate(jobs)
+    ]
+    plan = place(pending, rooms, max_reservations=reservations)
+    by_id = {w.worker_id: w for w in rooms}
+    used: dict[str, list[int]] = {w.worker_id: [0, 0] for w in rooms}
+    for job_id, worker_id in plan.placements:
+        job, worker = pending[job_id - 1], by_id[worker_id]
+        assert satisfied(job.constraints, worker.labels)
+        used[worker_id][0] += job.cpu_millis
+        used[worker_id][1] += job.memory_mb
+    for worker_id, (cpu, mem) in used.items():
+        assert cpu <= by_id[worker_id].cpu_millis and mem <= by_id[worker_id].memory_mb
+    for job_id in plan.unschedulable:
+        job = pending[job_id - 1]
+        assert not any(
+            satisfied(job.constraints, w.labels)
+            and job.cpu_millis <= w.cpu_millis
+            and job.memory_mb <= w.memory_mb
+            for w in rooms
+        )
