@@ -80,7 +80,7 @@ def idempotency_key_of(option: str | None) -> str:
 
 
 @contextlib.contextmanager
-def _answer_unknown(key: str, what: str) -> Iterator[None]:
+def answer_unknown(key: str, what: str) -> Iterator[None]:
     """When a mutating call ends without an answer, say how to learn what became of it: a
     replica may have carried it out and failed to answer, and the same key returns that answer
     instead of carrying it out twice."""
@@ -127,7 +127,7 @@ def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[
             ids.extend(int(i) for i in replies.job_ids)
         return ids
 
-    with _answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
+    with answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
         return rpc.with_client(addresses, body, tls=client_tls())
 
 
@@ -679,7 +679,7 @@ def cancel(
     with errors():
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
-        with _answer_unknown(key, "recorded the cancel"):
+        with answer_unknown(key, "recorded the cancel"):
             job = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
     if array_tasks:
         console().print(array_cancel_verdict(job_id, array_tasks, job))

@@ -30,7 +30,7 @@ from ops.cli.common import (
     errors,
     interrupted,
 )
-from ops.cli.jobs import IdempotencyKeyOption, _answer_unknown, idempotency_key_of
+from ops.cli.jobs import IdempotencyKeyOption, answer_unknown, idempotency_key_of
 
 if TYPE_CHECKING:
     from protocol import pb
@@ -98,7 +98,7 @@ def _worker_call(
     with errors():
         validation.check_worker_id(worker_id)
         checked_key = idempotency_key_of(key)
-        with _answer_unknown(checked_key, f"recorded the {rpc.removesuffix('_worker')}"):
+        with answer_unknown(checked_key, f"recorded the {rpc.removesuffix('_worker')}"):
             reply = rpc_module.call(
                 control_plane_addresses(control_planes),
                 rpc,
@@ -217,7 +217,7 @@ def drain(
             deadline_ms = round(validation.check_drain_deadline_s(deadline_s) * 1000)
         key = idempotency_key_of(idempotency_key)
         try:
-            with _answer_unknown(key, "recorded the drain"):
+            with answer_unknown(key, "recorded the drain"):
                 line = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
         except BaseException as exc:
             if not interrupted(exc):
