@@ -141,6 +141,7 @@ class Harness:
             acknowledged_job_ids=self._acknowledged,
             expected_final_states=self._expected,
         )
+        self.result.jobs_made_to_fail = sum(1 for state in self._expected.values() if state == "failed")
         self.result.placement_recoveries_s = checker.placement_recoveries_s(history.assignments, faults)
         self.result.failover_placements_s = checker.placement_recoveries_s(
             history.assignments, faults, kind="db_failover"

@@ -126,6 +126,8 @@ class ChaosResult:
         return [p + r for p, r in zip(self.promotions_s, self.failover_placements_s, strict=False)]
 
     report: checker.CheckReport | None = None
+    jobs_made_to_fail: int = 0
+    """Jobs submitted to fail (:attr:`ChaosSettings.failing_share`): each must end failed."""
     duration_s: float = 0.0
     errors: list[str] = attrs.field(factory=list)
 
@@ -168,6 +170,7 @@ class ChaosResult:
                 "extra_assignments",
                 "jobs_killed_by_outage",
                 "acknowledged_submissions_lost",
+                "wrong_final_states",
             )
         }
         recoveries = self.placement_recoveries_s
@@ -182,6 +185,7 @@ class ChaosResult:
             "failover_kill_max_s": round(max(kills), 3) if kills else None,
             "failover_freeze_p50_s": _p50(freezes),
             "failover_freeze_max_s": round(max(freezes), 3) if freezes else None,
+            "jobs_made_to_fail": self.jobs_made_to_fail,
             "worker_kills": self.worker_kills,
             "partitions": len(self.partitions),
             "partitions_rejoined": self.partitions_rejoined,
@@ -225,6 +229,7 @@ def chaos_table(result: ChaosResult) -> Group:
             f"{seconds_text(_p50(freezes))} / {seconds_text(max(freezes, default=None))}",
             None,
         ),
+        ("jobs_made_to_fail (retried once, must end failed)", str(result.jobs_made_to_fail), None),
         ("worker_kills", str(result.worker_kills), None),
         (
             "partitions (rejoined, ran jobs again)",
