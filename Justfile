@@ -44,9 +44,9 @@ down:
 jobs N="12":
     stockade jobs {{N}}
 
-# Show the leader, the control planes, the workers' load and the job counts
-status:
-    stockade status
+# Show the leader, the control planes, the workers' load and the job counts (`just status --json` for scripts)
+status *ARGS:
+    stockade status {{ARGS}}
 
 # SIGKILL the leader and time the takeover
 kill-leader:

@@ -497,9 +497,10 @@ BEGIN
         UPDATE assignments a
            SET state = CASE WHEN a.state = 'active' THEN 'finished' ELSE a.state END,
                ended_at = CASE WHEN a.state = 'active' THEN now() ELSE a.ended_at END,
+               -- A failure whose detail starts with a reason (``timeout: ...``,
+               -- ``oom_killed: ...``, ``workdir_not_found: ...``) ends for that reason.
                end_reason = CASE WHEN a.state <> 'active' THEN a.end_reason
-                                 WHEN o.state = 'failed'
-                                      AND split_part(o.detail, ':', 1) IN ('timeout', 'oom_killed')
+                                 WHEN o.state = 'failed' AND o.detail ~ '^[a-z_]+:'
                                  THEN split_part(o.detail, ':', 1)
                                  ELSE o.state END,
                outcome = o.state, exit_code = o.exit_code, detail = o.detail,

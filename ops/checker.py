@@ -319,7 +319,7 @@ def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]
                         f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
                         f"{second.worker_id}) were active at the same time"
                     )
-                elif first.state == "finished" and first.end_reason not in FAILED_END_REASONS:
+                elif first.state == "finished" and not _failed_run(first):
                     # A run that failed may be retried; one that succeeded never runs again.
                     found[job_id] = (
                         f"job {job_id}: placed again as assignment {second.assignment_id} "
@@ -328,8 +328,10 @@ def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]
     return found
 
 
-FAILED_END_REASONS = ("failed", "timeout", "oom_killed")
-"""End reasons of a finished assignment whose run failed: its job may be placed again (a retry)."""
+def _failed_run(a: AssignmentRecord) -> bool:
+    """Whether ``a`` finished with a failed run (its end reason is ``failed`` or the reason of
+    the failure, ``timeout``, ``oom_killed``, ...): its job may be placed again (a retry)."""
+    return a.state == "finished" and a.end_reason is not None and a.end_reason != "succeeded"
 
 
 def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
@@ -340,7 +342,7 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
     failed_runs: dict[int, int] = defaultdict(int)
     succeeded: set[int] = set()
     for a in history.assignments:
-        if a.state == "finished" and a.end_reason in FAILED_END_REASONS:
+        if _failed_run(a):
             failed_runs[a.job_id] += 1
         if a.success_recorded:
             succeeded.add(a.job_id)

@@ -168,7 +168,9 @@ def runtime_of(fields: Mapping[str, Any]) -> JobRuntime:
     given = sorted(k for k in ("sleep_s", "command", "image") if fields.get(k) is not None)
     if given not in (["sleep_s"], ["command"], ["image"], ["command", "image"]):
         raise InvalidArgument(
-            "runtime", given, "must be one of sleep_s, command, or image (with an optional command)"
+            "runtime",
+            " and ".join(given) if given else "none",
+            "must be one of sleep_s, command, or image (with an optional command)",
         )
     if "image" in given:
         return ContainerRuntime(image=fields["image"], argv=fields.get("command") or ())
@@ -453,8 +455,8 @@ def _error_path(exc: InvalidArgument) -> Path_:
     sub = found["sub"]
     if sub is not None:
         return (found["head"], int(sub) if sub.isdigit() else sub)
-    if found["head"] == "runtime" and isinstance(exc.value, list) and exc.value:
-        return (str(exc.value[0]),)
+    if found["head"] == "runtime" and isinstance(exc.value, str) and exc.value != "none":
+        return (exc.value.split(" and ")[0],)  # the first runtime field given: its line
     if found["rest"] == " name" and isinstance(exc.value, str):
         return (found["head"], exc.value)
     return (found["head"],)

@@ -267,6 +267,8 @@ def parse_array(text: str, *, field: str = "array") -> ArrayRange:
         raise InvalidArgument(field, text, ARRAY_SYNTAX)
     first = int(found[1])
     last = int(found[2]) if found[2] is not None else first
+    if found[3] is not None and int(found[3]) == 0:
+        raise InvalidArgument(field, text, "must have %MAX_RUNNING of at least 1 (leave %N out for no limit)")
     return ArrayRange(first_index=first, last_index=last, max_running=int(found[3] or 0)).check()
 
 

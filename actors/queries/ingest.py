@@ -252,12 +252,18 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        extract(epoch FROM j.started_at)::float8 AS started_unix_s,
        extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
        j.stdout_path, j.stderr_path, j.detail,
-       a.id AS assignment_id, a.worker_id, a.epoch
+       a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last
   FROM jobs j
   LEFT JOIN LATERAL (
       SELECT id, worker_id, epoch FROM assignments
        WHERE job_id = j.id ORDER BY id DESC LIMIT 1
   ) a ON true
+  -- An array's id (its first task) reads as the array's spec: its range, so that the job's
+  -- spec submitted again is the array again (index jobs_by_array); other tasks as one job.
+  LEFT JOIN LATERAL (
+      SELECT min(t.array_index) AS array_first, max(t.array_index) AS array_last
+        FROM jobs t WHERE t.array_id = j.id
+  ) r ON j.array_id = j.id
 """
 
 GET_JOB = _JOB_INFO + " WHERE j.id = $1"

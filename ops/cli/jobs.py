@@ -566,7 +566,8 @@ def _print_jobs(reply: pb.ListJobsReply) -> None:
         detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
             str(info.job_id),
-            Text(spec.name) if spec else "-",
+            # A task of an array shows its index: name[3] (its siblings share the name).
+            Text(spec.name + (f"[{info.array_index}]" if info.array_id else "")) if spec else "-",
             info.state,
             str(spec.cpu_millis) if spec else "-",
             str(spec.memory_mb) if spec else "-",

@@ -148,7 +148,8 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
         "jobs",
         *(("metrics",) if metrics else ()),
     ):
-        workers.add_column(column)
+        # Labels wrap at their commas rather than being cut (a narrow terminal).
+        workers.add_column(column, overflow="fold" if column == "labels" else "ellipsis")
     for w in status.workers:
         state = Text(w.state, style={"alive": "green", "left": "yellow"}.get(w.state, "red"))
         schedule = worker_schedule(w)
@@ -159,7 +160,7 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
             state,
             _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
             _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
-            Text(",".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
+            Text(", ".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
             _job_ids([int(j) for j in w.job_ids]),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
@@ -198,10 +199,11 @@ def lifecycle_rows(info: pb.JobInfo, *, now_unix_s: float | None = None) -> list
     runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
     lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
     rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
-    if info.not_before_unix_s and info.state in ("pending", "waiting"):
-        now = time.time() if now_unix_s is None else now_unix_s
+    now = time.time() if now_unix_s is None else now_unix_s
+    if info.not_before_unix_s > now and info.state in ("pending", "waiting"):
+        # Only while the wait lasts: once it has passed the job waits for room like any other.
         clock = datetime.fromtimestamp(info.not_before_unix_s).astimezone().strftime("%H:%M:%S")
-        rows.append(("retry", f"retrying after {clock} (in {max(0.0, info.not_before_unix_s - now):.0f} s)"))
+        rows.append(("retry", f"retrying after {clock} (in {info.not_before_unix_s - now:.0f} s)"))
     if spec.max_attempts > 1:
         rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
     rows += [

@@ -3,6 +3,8 @@ retry wait, timeout, constraints, environment names (not values), workdir, after
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from typer.testing import CliRunner
 
@@ -68,7 +70,9 @@ def test_the_lifecycle_rows_say_what_the_job_was_given_and_spent() -> None:
 def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """The view lists each run (worker, epoch, end, exit code, detail, counted) and never prints
     an environment value."""
-    monkeypatch.setattr(rpc, "call", lambda *a, **k: RETRYING)
+    waiting = pb.JobInfo.parse(bytes(RETRYING))
+    waiting.not_before_unix_s = time.time() + 60  # the retry's wait has not passed
+    monkeypatch.setattr(rpc, "call", lambda *a, **k: waiting)
     result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "attempts" in result.output and "retrying after" in result.output
@@ -76,6 +80,11 @@ def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch
     assert run.split()[:4] == ["1", "21", "w-3", "2"]
     assert "failed" in run and "exit code 1" in run and "yes" in run
     assert "s3cret" not in result.output
+
+
+def test_a_retry_wait_that_has_passed_is_not_shown() -> None:
+    """Once its retry wait has passed, a pending job shows no retry row (it waits for room)."""
+    assert "retry" not in dict(lifecycle_rows(RETRYING, now_unix_s=1_700_000_011.0))
 
 
 def test_an_array_shows_its_tasks_by_state() -> None:
