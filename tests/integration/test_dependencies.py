@@ -286,6 +286,22 @@ async def test_cancel_by_array_id_cancels_every_task_that_has_not_ended(cluster:
     assert [r["state"] for r in rows] == ["cancelled", "pending", "pending"]
 
 
+async def test_an_arrays_id_reads_as_the_array_and_its_other_tasks_as_one_job(cluster: Cluster) -> None:
+    """GetJob of an array's id gives the array's spec (its range and limit), so the job's spec
+    submitted again is the array again; another task's spec is one job's."""
+    array = pb.JobArray(first_index=3, last_index=6, max_running=2)
+    array_id = await cluster.submit(array=array)
+    head = await cluster.cp.call("get_job", pb.GetJobRequest(job_id=array_id))
+    assert head.spec.array == array and (head.array_id, head.array_index) == (array_id, 3)
+    task = await cluster.cp.call("get_job", pb.GetJobRequest(job_id=array_id + 1))
+    assert task.spec.array is None and (task.array_id, task.array_index) == (array_id, 4)
+    again = await cluster.cp.call("submit_job", pb.SubmitJobRequest(spec=head.spec))
+    rows = await cluster.admin.fetch(
+        "SELECT array_index FROM jobs WHERE array_id = $1 ORDER BY array_index", int(again.job_id)
+    )
+    assert [r["array_index"] for r in rows] == [3, 4, 5, 6]
+
+
 async def test_a_settling_write_under_a_stale_epoch_changes_nothing(
     cluster: Cluster, database_url: str
 ) -> None:
