@@ -476,6 +476,8 @@ CREATE OR REPLACE FUNCTION record_outcomes(
 ) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     late integer;
+    late_ids bigint[];
+    revived bigint[];
 BEGIN
     -- Retries (the job lifecycle): a failed run of an active assignment spends one of its job's
     -- max_attempts (counted on the assignment); while attempts are left, and no cancel was
@@ -543,7 +545,9 @@ BEGIN
           FROM recorded JOIN o ON o.assignment_id = recorded.id
          WHERE recorded.was_active AND j.id = recorded.job_id AND j.state IN ('assigned', 'running')
     )
-    SELECT count(*) FILTER (WHERE NOT was_active) INTO late FROM recorded;
+    SELECT count(*) FILTER (WHERE NOT was_active),
+           coalesce(array_agg(id) FILTER (WHERE NOT was_active), '{}')
+      INTO late, late_ids FROM recorded;
 
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with
@@ -557,6 +561,7 @@ BEGIN
                         stderr_path, detail)
              WHERE o.state IN ('succeeded', 'failed')
         )
+        , flipped AS (
         UPDATE jobs j
            SET state = CASE WHEN o.state = 'failed' AND j.state = 'pending'
                                  AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
@@ -573,14 +578,47 @@ BEGIN
                                   ELSE coalesce(to_timestamp(o.finished_s), now()) END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
           FROM o JOIN assignments a ON a.id = o.assignment_id
-         WHERE a.worker_id = p_worker_id AND a.state = 'lost' AND a.outcome = o.state
+         WHERE a.id = ANY(late_ids) AND a.worker_id = p_worker_id AND a.state = 'lost'
+           AND a.outcome = o.state
            AND j.id = a.job_id
            AND (j.state = 'pending'
                 -- ended cancelled by the sweep of its dead worker (a cancel was asked, but its
                 -- worker never answered it), or failed by that sweep because the loss spent the
                 -- last attempt (count_lost): the run had succeeded or failed, which stands.
                 OR (j.state IN ('cancelled', 'failed')
-                    AND NOT EXISTS (SELECT 1 FROM assignments b WHERE b.job_id = j.id AND b.id > a.id)));
+                    AND NOT EXISTS (SELECT 1 FROM assignments b WHERE b.job_id = j.id AND b.id > a.id)))
+     RETURNING j.id, j.state
+        )
+        SELECT coalesce(array_agg(id) FILTER (WHERE state = 'succeeded'), '{}') INTO revived FROM flipped;
+
+        -- A late failure of a job already placed again (assigned, running) spends an attempt too
+        -- (none when count_lost: the loss spent it). Its run now goes on; should it fail with the
+        -- attempts spent, the job fails: a late report can thus add at most the one run that had
+        -- started before it arrived.
+        UPDATE jobs j SET failures = j.failures + 1
+          FROM assignments a
+         WHERE a.id = ANY(late_ids) AND a.outcome = 'failed' AND j.id = a.job_id
+           AND j.state IN ('assigned', 'running') AND NOT j.count_lost;
+
+        -- A job the loss of its worker had ended (failed, count_lost) or cancelled, whose run
+        -- now turns out to have succeeded, no longer fails its dependants: those cancelled
+        -- with dependency_failed naming it, and theirs in turn, wait again (the leader's next
+        -- reconcile pass settles them). Rare (a late success after such an end): a scan of
+        -- the cancelled jobs per level is fine.
+        IF cardinality(revived) > 0 THEN
+            WITH RECURSIVE chain(id) AS (
+                SELECT d.id FROM jobs d
+                 WHERE d.state = 'cancelled'
+                   AND d.detail IN (SELECT 'dependency_failed: job ' || r FROM unnest(revived) r)
+                UNION
+                SELECT d.id FROM jobs d JOIN chain c ON d.detail = 'dependency_failed: job ' || c.id
+                 WHERE d.state = 'cancelled'
+            )
+            UPDATE jobs j
+               SET state = 'waiting', finished_at = NULL, detail = '',
+                   reason = 'waiting for job ' || array_to_string(j.after_ids, ', ')
+              FROM chain WHERE j.id = chain.id;
+        END IF;
     END IF;
     RETURN late;
 END $$;

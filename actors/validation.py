@@ -44,6 +44,7 @@ from runtime.jobs import (
     MAX_SLEEP_MS,
     MAX_TIMEOUT_S,
     MAX_WORKDIR_BYTES,
+    MIN_TIMEOUT_S,
     JobSpec,
 )
 
@@ -342,7 +343,7 @@ LIMITS = (
     ),
     Limit(
         "job `timeout_s` (`--timeout-s`)",
-        f"above 0 and at most {_n(int(MAX_TIMEOUT_S))} seconds (one week); none by default",
+        f"{MIN_TIMEOUT_S:g} to {_n(int(MAX_TIMEOUT_S))} seconds (one week); none by default",
         ("MAX_TIMEOUT_S",),
     ),
     Limit(

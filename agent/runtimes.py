@@ -16,10 +16,10 @@ Command jobs:
   the agent's, so the job can neither forge its report nor point a file of the agent's
   elsewhere. The reaper drops the privileges in the job's process just before the exec
   (:meth:`agent.reaper._Reaper.start`);
-- get a clean environment: ``job_env`` (the agent's ``STOCKADE_JOB_ID`` and
-  ``STOCKADE_ASSIGNMENT_ID``, and a task's ``STOCKADE_ARRAY_ID`` and ``STOCKADE_ARRAY_INDEX``:
-  :mod:`agent.job_env`), ``PATH`` = :data:`JOB_PATH` and ``HOME`` = their working
-  directory, nothing else;
+- get a clean environment: ``job_env`` (the spec's ``env``; the agent's ``STOCKADE_JOB_ID``
+  and ``STOCKADE_ASSIGNMENT_ID``, and a task's ``STOCKADE_ARRAY_ID`` and
+  ``STOCKADE_ARRAY_INDEX``: :mod:`agent.job_env`), ``PATH`` = :data:`JOB_PATH` and ``HOME`` =
+  their working directory unless the spec's ``env`` sets them, nothing else;
 - run under a per-job supervisor process, the *reaper* (:mod:`agent.reaper`), which the
   agent starts as the leader of a new session; the reaper starts the job in a session and
   process group of its own. The reaper SIGKILLs the job's group and every descendant when
@@ -501,7 +501,8 @@ def _spawn_reaper(
         home.mkdir(mode=0o700, exist_ok=True)
         chown(home, run_as)
         ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
-    env = {**job_env, "PATH": JOB_PATH, "HOME": str(home)}
+    # The job's own PATH or HOME (its spec's env) wins over the defaults.
+    env = {"PATH": JOB_PATH, "HOME": str(home), **job_env}
     command = partial(
         reaper.reaper_argv,
         sys.executable,

@@ -132,6 +132,8 @@ class History:
     """Lease takeovers (rows of ``lease_history``)."""
     leaves: int = 0
     """Clean stops the control planes recorded (rows of ``worker_leaves``)."""
+    dependency_cancels: dict[int, int] = attrs.field(factory=dict)
+    """Job id -> the dependency its cancel names (``dependency_failed: job N``)."""
     job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
     ``jobs.max_attempts``."""
@@ -335,10 +337,11 @@ def _failed_run(a: AssignmentRecord) -> bool:
 
 
 def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
-    """Jobs whose final state contradicts their runs, their retry budget or ``expected``
-    (job id -> the final state its submitter knows it must reach), with why: more failed runs
-    than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with no run whose
-    success the database holds; another final state than expected."""
+    """Jobs whose final state contradicts their runs, their retry budget, their dependencies
+    or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
+    more failed runs than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with
+    no run whose success the database holds; cancelled as ``dependency_failed`` naming a job
+    that did not fail; another final state than expected."""
     failed_runs: dict[int, int] = defaultdict(int)
     succeeded: set[int] = set()
     for a in history.assignments:
@@ -359,6 +362,14 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
             found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
         elif state == "succeeded" and job_id not in succeeded:
             found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
+        elif state == "cancelled" and history.job_states.get(
+            history.dependency_cancels.get(job_id, -1), "failed"
+        ) not in ("failed", "cancelled"):
+            dependency = history.dependency_cancels[job_id]
+            found[job_id] = (
+                f"job {job_id}: cancelled as dependency_failed: job {dependency}, which ended "
+                f"{history.job_states[dependency]}"
+            )
         elif (
             expected
             and job_id in expected
@@ -759,6 +770,10 @@ JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
+DEPENDENCY_CANCELS = """
+SELECT id, split_part(detail, ' ', 3)::bigint AS dependency FROM jobs
+ WHERE state = 'cancelled' AND detail ~ '^dependency_failed: job [0-9]+$'
+"""
 
 
 async def load_history(database_url: str) -> History:
@@ -775,6 +790,7 @@ async def load_history(database_url: str) -> History:
         stale = int(await conn.fetchval(STALE_WRITES))
         elections = int(await conn.fetchval(ELECTIONS))
         leaves = int(await conn.fetchval(LEAVES))
+        dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
     finally:
         await conn.close()
     return History(
@@ -805,6 +821,7 @@ async def load_history(database_url: str) -> History:
         ),
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
+        dependency_cancels={r["id"]: r["dependency"] for r in dependency_cancels},
         stale_writes_rejected=stale,
         elections=elections,
         leaves=leaves,

@@ -88,7 +88,7 @@ FIELDS: dict[str, str] = {
     "max_attempts": "integer 1-100: most runs of the job",
     "retry_backoff_s": "seconds 0-600: the base of the backoff before a retry",
     "count_lost": "true or false: a run lost with its worker spends an attempt",
-    "timeout_s": "seconds, above 0 and at most a week: the longest run",
+    "timeout_s": "seconds, 0.001 to a week: the longest run",
     "constraints": 'list of text: rules on worker labels, "key=value", "key!=value", "key", "key in (a,b)"',
     "env": "table of text: environment variables",
     "workdir": "text: the working directory, an absolute path on the worker",

@@ -58,6 +58,8 @@ MAX_RETRY_BACKOFF_S = 600.0
 """Largest retry backoff base, and the cap of every retry delay, in seconds (ten minutes)."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest ``timeout_s``: one week."""
+MIN_TIMEOUT_S = 0.001
+"""Shortest ``timeout_s``: one millisecond, the unit it is stored and sent in."""
 MAX_ENV_VARS = 256
 MAX_ENV_NAME_BYTES = 256
 MAX_ENV_BYTES = 64 * 1024
@@ -356,7 +358,7 @@ class JobSpec:
     count_lost: bool = False
     """Whether a run lost with its worker spends an attempt (by default it does not)."""
     timeout_s: float | None = None
-    """Longest run, above 0 and at most :data:`MAX_TIMEOUT_S` seconds; None: no limit."""
+    """Longest run, :data:`MIN_TIMEOUT_S` to :data:`MAX_TIMEOUT_S` seconds; None: no limit."""
     constraints: tuple[Constraint, ...] = attrs.field(default=(), converter=_constraints)
     """Rules on the worker's labels (:mod:`runtime.constraints`), all of which must hold."""
     env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_env)
@@ -405,7 +407,7 @@ class JobSpec:
         check_int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS)
         check_seconds("retry_backoff_s", self.retry_backoff_s, low=0.0, high=MAX_RETRY_BACKOFF_S)
         if self.timeout_s is not None:
-            check_seconds("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S, low_open=True)
+            check_seconds("timeout_s", self.timeout_s, low=MIN_TIMEOUT_S, high=MAX_TIMEOUT_S)
         check_constraints(self.constraints)
         check_env(self.env)
         if self.workdir:

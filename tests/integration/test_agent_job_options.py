@@ -138,3 +138,15 @@ async def test_env_reaches_the_command(tmp_path: Path) -> None:
         job_env={"GREETING": "hello world"},
     )
     assert _read(result.stdout_path) == "hello world"
+
+
+async def test_the_jobs_env_may_set_path_and_home(tmp_path: Path) -> None:
+    """A job's own PATH and HOME win over the agent's defaults."""
+    result = await run_job(
+        CommandRuntime(argv=("/bin/sh", "-c", 'printf "%s %s" "$PATH" "$HOME"')),
+        job_dir=tmp_path / "j",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+        job_env={"PATH": "/opt/x:/usr/bin:/bin", "HOME": "/srv/home"},
+    )
+    assert _read(result.stdout_path) == "/opt/x:/usr/bin:/bin /srv/home"

@@ -201,3 +201,54 @@ async def test_the_leader_stops_a_run_past_its_timeout_and_retries_or_fails_it(c
         "timeout",
         True,
     )
+
+
+async def test_a_late_failure_of_a_job_placed_again_spends_an_attempt_once(cluster: Cluster) -> None:
+    """The failure of a run lost with its worker arrives after the job was placed again: it
+    spends an attempt (once, however often the worker sends it), so the run now going on is
+    the job's last when it had one attempt left."""
+    old = await cluster.register()
+    job_id = await cluster.submit(max_attempts=2, retry_backoff_s=0)
+    lost = await cluster.place(job_id, "w-1", old)
+    new = await cluster.register()
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    again = await cluster.place(job_id, "w-1", new)
+    for _ in range(2):  # the worker sends it again until a reply acknowledges it
+        await cluster.heartbeat("w-1", new, failed(lost, job_id))
+    job = await cluster.job(job_id)
+    assert (job["state"], job["failures"]) == ("assigned", 1)
+    await cluster.heartbeat("w-1", new, failed(again, job_id))
+    job = await cluster.job(job_id)
+    assert (job["state"], job["failures"]) == ("failed", 2)
+
+
+async def test_a_late_success_revives_the_dependants_its_loss_had_cancelled(cluster: Cluster) -> None:
+    """A count_lost job failed by its worker's loss, its dependant (and that one's) cancelled
+    as dependency_failed; the run's success then arrives: the job succeeded, and both
+    dependants wait again."""
+    old = await cluster.register()
+    parent = await cluster.submit(max_attempts=1, count_lost=True)
+    aid = await cluster.place(parent, "w-1", old)
+    child = await cluster.submit(after=(parent,))
+    grandchild = await cluster.submit(after=(child,))
+    new = await cluster.register()
+    await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, EPOCH, [], 500)
+    await cluster.admin.execute(
+        "UPDATE jobs SET state = 'cancelled', detail = 'dependency_failed: job ' || $2, "
+        "reason = 'dependency_failed: job ' || $2 WHERE id = $1",
+        child,
+        str(parent),
+    )
+    await cluster.admin.execute(
+        "UPDATE jobs SET state = 'cancelled', detail = 'dependency_failed: job ' || $2 WHERE id = $1",
+        grandchild,
+        str(child),
+    )
+    success = pb.JobOutcome(
+        assignment_id=aid, job_id=parent, state="succeeded", has_exit_code=True, finished_unix_s=1.0
+    )
+    await cluster.heartbeat("w-1", new, success)
+    assert (await cluster.job(parent))["state"] == "succeeded"
+    for job_id, waits_for in ((child, parent), (grandchild, child)):
+        job = await cluster.job(job_id)
+        assert (job["state"], job["reason"], job["detail"]) == ("waiting", f"waiting for job {waits_for}", "")

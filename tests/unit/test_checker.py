@@ -399,3 +399,16 @@ def test_wrong_final_states_are_caught() -> None:
     assert "job 2: failed with attempts left (1 of 3 spent)" in report.details
     assert "job 3: succeeded, but no run of it reported a success" in report.details
     assert "job 4: ended succeeded, expected failed" in report.details
+
+
+def test_a_dependant_cancelled_for_a_dependency_that_succeeded_is_caught() -> None:
+    """A job cancelled as dependency_failed naming a job that ended succeeded is a wrong
+    final state; naming one that failed is not."""
+    history = History(
+        assignments=(assignment(1, 1, "w-1", 1, "finished", 0.0, 1.0),),
+        job_states={1: "succeeded", 2: "cancelled", 3: "failed", 4: "cancelled"},
+        dependency_cancels={2: 1, 4: 3},
+    )
+    report = check(history, [])
+    assert report.wrong_final_states == 1
+    assert "job 2: cancelled as dependency_failed: job 1, which ended succeeded" in report.details

@@ -79,8 +79,11 @@ def test_every_lifecycle_option_reaches_the_spec(sent: list[pb.JobSpec]) -> None
         ),
         (["--retry-backoff-s", "nan"], "--retry-backoff-s must be a finite number of seconds, got nan"),
         (["--retry-backoff-s", "soon"], "--retry-backoff-s must be a number of seconds, got 'soon'"),
-        (["--timeout-s", "0"], "--timeout-s must be above 0 and at most 604800 seconds, got 0.0"),
-        (["--timeout-s", "604801"], "--timeout-s must be above 0 and at most 604800 seconds, got 604801.0"),
+        (["--timeout-s", "0"], "--timeout-s must be at least 0.001 and at most 604800 seconds, got 0.0"),
+        (
+            ["--timeout-s", "604801"],
+            "--timeout-s must be at least 0.001 and at most 604800 seconds, got 604801.0",
+        ),
         (["--constraint", "=a100"], "--constraint must be key=value, key!=value, key"),
         (["--constraint", "gpu\x00=a"], "--constraint must not contain NUL bytes"),
         (

@@ -140,8 +140,8 @@ TOML_BAD = [
     ("max_attempts = 2.0", "max_attempts must be a whole number, got 2.0"),
     ("retry_backoff_s = -1", "retry_backoff_s must be at least 0 and at most 600 seconds, got -1.0"),
     ("retry_backoff_s = nan", "retry_backoff_s must be a finite number of seconds, got nan"),
-    ("timeout_s = 0", "timeout_s must be above 0 and at most 604800 seconds, got 0.0"),
-    ("timeout_s = 604801", "timeout_s must be above 0 and at most 604800 seconds, got 604801.0"),
+    ("timeout_s = 0", "timeout_s must be at least 0.001 and at most 604800 seconds, got 0.0"),
+    ("timeout_s = 604801", "timeout_s must be at least 0.001 and at most 604800 seconds, got 604801.0"),
     ('constraints = ["=a100"]', "constraints[0] must be key=value"),
     ('constraints = ["gpu\\u0000=a"]', "constraints[0] must not contain NUL bytes"),
     ('constraints = ["gpu ~ a100"]', "constraints[0] must be key=value, key!=value, key (the label exists)"),
@@ -339,7 +339,8 @@ def test_run_refuses_a_bad_file_and_sends_nothing(tmp_path: Path, calls: list[li
     result = CliRunner().invoke(app, ["run", str(path), "--control-planes", NOWHERE])
     assert result.exit_code == 2
     assert (
-        result.output == f"error: {path}:9: timeout_s must be above 0 and at most 604800 seconds, got 0.0\n"
+        result.output
+        == f"error: {path}:9: timeout_s must be at least 0.001 and at most 604800 seconds, got 0.0\n"
     )
     assert calls == []
 

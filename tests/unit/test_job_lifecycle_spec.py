@@ -28,8 +28,11 @@ def _spec(**fields: Any) -> JobSpec:
         ({"max_attempts": 10**9}, "max_attempts must be between 1 and 100, got 1000000000"),
         ({"retry_backoff_s": -1.0}, "retry_backoff_s must be at least 0 and at most 600 seconds, got -1.0"),
         ({"retry_backoff_s": math.nan}, "retry_backoff_s must be a finite number of seconds, got nan"),
-        ({"timeout_s": 0.0}, "timeout_s must be above 0 and at most 604800 seconds, got 0.0"),
-        ({"timeout_s": 604_801.0}, "timeout_s must be above 0 and at most 604800 seconds, got 604801.0"),
+        ({"timeout_s": 0.0}, "timeout_s must be at least 0.001 and at most 604800 seconds, got 0.0"),
+        (
+            {"timeout_s": 604_801.0},
+            "timeout_s must be at least 0.001 and at most 604800 seconds, got 604801.0",
+        ),
         ({"env": {"A=B": "1"}}, "env name must not contain '=' (write NAME=VALUE), got 'A=B'"),
         ({"env": {"A\x00": "1"}}, "env name must not contain NUL bytes"),
         ({"env": {"STOCKADE_ARRAY_INDEX": "1"}}, "must not start with STOCKADE_"),
