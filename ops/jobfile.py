@@ -482,7 +482,8 @@ def read_job_file(path: Path | str, *, text_format: str | None = None) -> list[J
         )
     data = _read_bytes(shown)
     text = _decode(shown, data)
-    jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text)
+    kind = "JSON" if Path(shown).suffix.lower() == ".json" else "YAML"
+    jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text, kind)
     return _specs(shown, jobs, lines)
 
 
@@ -692,7 +693,8 @@ def _yaml_loader() -> type:
     return Loader
 
 
-def _parse_yaml(shown: str, text: str) -> tuple[list[Any], _Lines]:
+def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], _Lines]:
+    """Parse YAML, or JSON (a subset of YAML: ``kind`` names it in errors)."""
     import yaml
 
     loader_class = _yaml_loader()
@@ -712,9 +714,9 @@ def _parse_yaml(shown: str, text: str) -> tuple[list[Any], _Lines]:
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         if "nesting depth" in problem:  # libyaml's own limit, met before the events are seen
             raise JobFileError(where, f"a job file must nest at most {MAX_NESTING} levels deep") from None
-        raise JobFileError(where, f"not YAML: {problem}") from None
+        raise JobFileError(where, f"not {kind}: {problem}") from None
     except yaml.YAMLError as exc:
-        raise JobFileError(shown, f"not YAML: {exc}") from None
+        raise JobFileError(shown, f"not {kind}: {exc}") from None
     tables, base = _jobs_of(shown, document, lambda path: marks.get(path, marks.get(())))
     lines = _Lines()
     for index in range(len(tables)):
