@@ -425,6 +425,15 @@ RETURNS float8 LANGUAGE sql VOLATILE AS $$
     SELECT random() * least(600.0, (p_backoff_ms / 1000.0) * power(2.0, greatest(p_failures, 1) - 1))
 $$;
 
+-- Whether a job is placed again after a run that spends one more of its attempts: attempts
+-- are left after it (p_failures spent before, p_spent now) and no cancel was asked. The one
+-- rule of every retry (record_outcomes; queries.END_TIMED_OUT_ASSIGNMENTS).
+CREATE OR REPLACE FUNCTION retries(
+    p_cancel_requested boolean, p_failures integer, p_spent integer, p_max_attempts integer
+) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT NOT p_cancel_requested AND p_failures + p_spent < p_max_attempts
+$$;
+
 -- What a worker reported for an assignment that ended on its own: succeeded or failed, and
 -- its exit code. Set with the end of an active assignment, and also on an assignment the
 -- leader had already ended as lost when the report came in late (the worker fenced itself,
@@ -516,29 +525,31 @@ BEGIN
     ),
     ended AS (
         UPDATE jobs j
-           SET state = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                 AND j.failures + 1 < j.max_attempts THEN 'pending'
+           SET state = CASE WHEN o.state = 'failed'
+                                 AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
+                            THEN 'pending'
                             ELSE o.state END,
                failures = j.failures + CASE WHEN o.state = 'failed' THEN 1 ELSE 0 END,
                exit_code = o.exit_code,
                started_at = coalesce(to_timestamp(o.started_s), j.started_at),
-               finished_at = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                       AND j.failures + 1 < j.max_attempts THEN NULL
+               finished_at = CASE WHEN o.state = 'failed'
+                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
+                                  THEN NULL
                                   ELSE coalesce(to_timestamp(o.finished_s), now()) END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail,
-               pending_seq = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                       AND j.failures + 1 < j.max_attempts
+               pending_seq = CASE WHEN o.state = 'failed'
+                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                                   THEN nextval('pending_seq') ELSE j.pending_seq END,
-               pending_xid = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                       AND j.failures + 1 < j.max_attempts
+               pending_xid = CASE WHEN o.state = 'failed'
+                                       AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                                   THEN pg_current_xact_id()::text::bigint ELSE j.pending_xid END,
-               not_before = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                      AND j.failures + 1 < j.max_attempts
+               not_before = CASE WHEN o.state = 'failed'
+                                      AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                                  THEN now() + make_interval(
                                           secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
                                  ELSE j.not_before END,
-               reason = CASE WHEN o.state = 'failed' AND NOT j.cancel_requested
-                                  AND j.failures + 1 < j.max_attempts
+               reason = CASE WHEN o.state = 'failed'
+                                  AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                              THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
                                   || ' failed (' || left(o.detail, 200) || ')'
                              ELSE '' END
@@ -564,16 +575,16 @@ BEGIN
         , flipped AS (
         UPDATE jobs j
            SET state = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                 AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                                 AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                             THEN 'pending' ELSE o.state END,
                failures = j.failures + CASE WHEN o.state = 'failed' AND NOT j.count_lost THEN 1 ELSE 0 END,
                exit_code = o.exit_code,
                reason = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                  AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                                  AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                              THEN j.reason ELSE '' END,
                started_at = coalesce(to_timestamp(o.started_s), j.started_at),
                finished_at = CASE WHEN o.state = 'failed' AND j.state = 'pending'
-                                       AND j.failures + (CASE WHEN j.count_lost THEN 0 ELSE 1 END) < j.max_attempts
+                                       AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                                   THEN j.finished_at
                                   ELSE coalesce(to_timestamp(o.finished_s), now()) END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail

@@ -225,23 +225,24 @@ WITH ended AS (
 jobs_ended AS (
     UPDATE jobs j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN j.failures + 1 < j.max_attempts THEN 'pending' ELSE 'failed' END,
+                        WHEN retries(false, j.failures, 1, j.max_attempts) THEN 'pending'
+                        ELSE 'failed' END,
            failures = j.failures + 1,
-           finished_at = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           finished_at = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                               THEN NULL ELSE now() END,
-           started_at = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           started_at = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                              THEN NULL ELSE j.started_at END,
-           pending_seq = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           pending_seq = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                               THEN nextval('pending_seq') ELSE j.pending_seq END,
-           pending_xid = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           pending_xid = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                               THEN {_THIS_XID} ELSE j.pending_xid END,
-           not_before = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           not_before = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                              THEN now() + make_interval(
                                       secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
                              ELSE j.not_before END,
            detail = 'timeout: the leader stopped it, past its timeout_s of '
                     || (j.timeout_ms / 1000.0)::float8 || ' s',
-           reason = CASE WHEN NOT j.cancel_requested AND j.failures + 1 < j.max_attempts
+           reason = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                          THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
                               || ' failed (timeout)'
                          ELSE '' END

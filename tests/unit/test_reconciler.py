@@ -65,6 +65,23 @@ SETTINGS = ReconcilerSettings(
 SPEC = JobSpec(name="j", cpu_millis=100, memory_mb=10, runtime=SleepRuntime(duration_ms=1000))
 
 
+def _delivery(assignment_id: int, worker: WorkerRef, age_s: float) -> Delivery:
+    """An active assignment of job ``assignment_id`` (same number) on ``worker``, committed
+    ``age_s`` ago under epoch 1."""
+    return Delivery(
+        assignment=CommittedAssignment(
+            assignment_id=assignment_id,
+            job_id=assignment_id,
+            worker_id=worker.worker_id,
+            incarnation=worker.incarnation,
+            epoch=1,
+            spec=SPEC,
+        ),
+        worker=worker,
+        age_s=age_s,
+    )
+
+
 @attrs.define
 class FakeStore:
     """Heartbeats recorded at mock-clock times; unconfirmed assignments with commit times."""
@@ -90,57 +107,20 @@ class FakeStore:
 
     async def unconfirmed(self) -> list[Delivery]:
         now = trio.current_time()
-        return [
-            Delivery(
-                assignment=CommittedAssignment(
-                    assignment_id=aid,
-                    job_id=aid,
-                    worker_id=ref.worker_id,
-                    incarnation=ref.incarnation,
-                    epoch=1,
-                    spec=SPEC,
-                ),
-                worker=ref,
-                age_s=now - at,
-            )
-            for aid, (ref, at) in self.unconfirmed_at.items()
-        ]
+        return [_delivery(aid, ref, now - at) for aid, (ref, at) in self.unconfirmed_at.items()]
 
     async def cancel_requested(self) -> list[Delivery]:
         return []
 
     async def overdue(self, margin_s: float) -> list[Delivery]:
         self.margins_s.append(margin_s)
-        return [
-            Delivery(
-                assignment=CommittedAssignment(
-                    assignment_id=aid, job_id=aid, worker_id=ref.worker_id, incarnation=1, epoch=1, spec=SPEC
-                ),
-                worker=ref,
-                age_s=100.0,
-            )
-            for aid, ref in self.overdue_ids.items()
-        ]
+        return [_delivery(aid, ref, 100.0) for aid, ref in self.overdue_ids.items()]
 
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         return self.waiting[:limit]
 
     async def drain_due(self) -> list[Delivery]:
-        return [
-            Delivery(
-                assignment=CommittedAssignment(
-                    assignment_id=aid,
-                    job_id=aid,
-                    worker_id=ref.worker_id,
-                    incarnation=ref.incarnation,
-                    epoch=1,
-                    spec=SPEC,
-                ),
-                worker=ref,
-                age_s=60.0,
-            )
-            for aid, ref in self.drain_due_on.items()
-        ]
+        return [_delivery(aid, ref, 60.0) for aid, ref in self.drain_due_on.items()]
 
     async def close(self) -> None:
         pass
