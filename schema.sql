@@ -445,9 +445,10 @@ ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
 -- A worker's reported outcomes, from a heartbeat or a registration (actors/ingest.py), inside
 -- the caller's transaction. p_worker_id: who reports; the arrays, in parallel: assignment ids,
 -- states, exit codes (NULL for none), started (unix s, NULL for unknown), finished (unix s),
--- stdout paths, stderr paths, details. Only succeeded/failed outcomes count: anything else the
--- worker reports (a stop the control plane ordered, a fence) was or will be ended by the
--- leader. Returns how many outcomes were recorded late.
+-- stdout paths, stderr paths, details. Only succeeded/failed outcomes end a run, and
+-- not_started ones an assignment that never ran (below): anything else the worker reports (a
+-- stop the control plane ordered, a fence) was or will be ended by the leader. Returns how
+-- many outcomes were recorded late.
 --
 -- 1. An outcome of an assignment of this worker that is still active finishes it and ends its
 --    job (assigned or running) with the outcome.
@@ -559,6 +560,39 @@ BEGIN
     SELECT count(*) FILTER (WHERE NOT was_active),
            coalesce(array_agg(id) FILTER (WHERE NOT was_active), '{}')
       INTO late, late_ids FROM recorded;
+
+    -- Not started (agent/messages.py, JobState.NOT_STARTED): the worker accepted the
+    -- assignment, never started it, and ended it on its own (its reaper found the fence
+    -- deadline passed), while its incarnation lives on. Nothing ran, so the assignment ends
+    -- 'stopped' (end_reason 'not_started') and the job is placed again at once, with no attempt
+    -- spent, no loss counted and no backoff (as after a clean leave); a job whose cancel was
+    -- asked ends cancelled. Safe unfenced for the reason a retry is (docs/design.md): the run
+    -- has ended, by the word of the only worker it was addressed to, so invariant 6 holds, and
+    -- the placement that follows is fenced as any. Only an active assignment of this worker
+    -- is ended: a report that comes after the leader ended it (worker declared dead, or
+    -- registered again) changes nothing, the leader's requeue stands.
+    WITH o AS (
+        SELECT o.assignment_id, o.detail
+          FROM unnest(p_assignment_ids, p_states, p_details) AS o(assignment_id, state, detail)
+         WHERE o.state = 'not_started'
+    ),
+    stopped AS (
+        UPDATE assignments a
+           SET state = 'stopped', ended_at = now(), end_reason = 'not_started', detail = o.detail
+          FROM o
+         WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
+     RETURNING a.job_id
+    )
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+           started_at = NULL,
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
+                              ELSE pg_current_xact_id()::text::bigint END,
+           reason = ''
+      FROM stopped
+     WHERE j.id = stopped.job_id AND j.state IN ('assigned', 'running');
 
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with

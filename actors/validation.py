@@ -224,7 +224,7 @@ def check_drain_deadline_ms(deadline_ms: int) -> int:
     return _int_between("deadline_ms", deadline_ms, 0, MAX_DRAIN_DEADLINE_MS)
 
 
-OUTCOME_STATES = ("succeeded", "failed", "cancelled")
+OUTCOME_STATES = ("succeeded", "failed", "cancelled", "not_started")
 """The states a worker reports for an ended job (``agent.messages.JobState``)."""
 MAX_OUTCOMES = 10_000
 """Most outcomes one heartbeat or registration may carry."""

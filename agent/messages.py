@@ -44,6 +44,11 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    NOT_STARTED = "not_started"
+    """Accepted, never started, and ended by this worker on its own (its reaper found the fence
+    deadline passed and could not hold the start): reported so the control plane ends the
+    assignment and places the job again, since this incarnation lives on and nothing else
+    would end it (schema.sql, record_outcomes)."""
 
 
 class StopReason(StrEnum):

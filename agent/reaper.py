@@ -28,7 +28,12 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   the first, as before pausing existed. So a frozen (SIGSTOPped, stalled) agent cannot leave
   its command jobs running: they stop at the deadline whether or not the agent runs. A file
   that cannot be read keeps the values last read; one that cannot be read when the reaper
-  starts counts as a passed deadline (fail safe): the job is not started.
+  starts counts as a passed deadline (fail safe): the job is not started. A reaper that
+  starts after the pause deadline but before the kill deadline (the agent forked it just
+  before it paused) holds the start as it would hold a running job (:meth:`_Reaper.hold_start`):
+  it starts the job once the agent moves the deadlines on, unless a stop came first, and
+  refuses it at the kill deadline; refusing at once would end, on a worker whose pause
+  resumes, an assignment the control plane still counts as running.
 - **It forwards a graceful stop.** SIGTERM to the reaper: SIGTERM to the job's process group,
   then SIGKILL to the group and every descendant after ``stop_grace_s`` (the agent's stop
   semantics, now timed by the reaper, so a freeze of the agent mid-stop does not stretch the
@@ -246,10 +251,12 @@ def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
     Keys: ``exit_code`` (int; negative ``-N`` for signal N), ``ended_unix_s`` (float, when the
     job and everything it started were gone), ``stopped`` (``1`` when a stop, a kill at the
     fence deadline included, reached the job before its main process exited; ``0`` when it
-    ended on its own, also if a stop came after), ``fenced_unix_s`` (float, only when the reaper
-    SIGKILLed the job at the fence deadline; the job was not started when ``exit_code`` is
-    missing), ``timed_out_after_s`` (float, only when the reaper stopped the job because its
-    ``timeout_s`` ran out), ``error`` (the job could not be started). Values are strings.
+    ended on its own, also if a stop came after; without ``exit_code``: a stop came while its
+    start was held at the fence deadline, and the job never started), ``fenced_unix_s``
+    (float, only when the reaper SIGKILLed the job at the fence deadline; the job was not
+    started when ``exit_code`` is missing), ``timed_out_after_s`` (float, only when the reaper
+    stopped the job because its ``timeout_s`` ran out), ``error`` (the job could not be
+    started). Values are strings.
     """
     report: dict[str, str] = {}
     try:
@@ -516,6 +523,26 @@ class _Reaper:
             else:
                 self.pause()
 
+    def hold_start(self) -> str:
+        """Before the job has started, wait while the pause deadline has passed (the agent's
+        jobs are paused, this one is held before its start), as :meth:`watch_fence` holds a
+        started one. Returns ``"start"`` once the agent moved the deadlines on and asked for no
+        stop (a stop it signalled before it moved them is still pending here and wins),
+        ``"fenced"`` at the kill deadline (also at once when the file could not be read: both
+        deadlines count as passed), ``"stopped"`` when a stop (SIGTERM) or the agent's death
+        (SIGUSR1) came first."""
+        while self.fence_due():
+            if self.kill_due() or self.fence_kill_at is None:
+                return "fenced"
+            timeout = min(POLL_S, self.fence_kill_at - time.monotonic())
+            info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
+            if info is not None and info.si_signo in (signal.SIGTERM, _PARENT_DEATH_SIGNAL):
+                return "stopped"
+        pending = signal.sigpending()
+        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
+            return "stopped"
+        return "start"
+
     def start(
         self,
         argv: list[str],
@@ -727,11 +754,15 @@ def main(args: list[str]) -> int:
         return _EXIT_AGENT_GONE  # the agent died before PR_SET_PDEATHSIG took effect
     reaper = _Reaper(grace_s=grace_s, deadline_path=deadline_path)
     reaper.read_deadline()
-    if reaper.fence_due():
+    held = reaper.hold_start() if reaper.fence_due() else "start"
+    if held == "fenced":
         fenced = time.time()
         _write_file(FENCED_AT_FILE, f"{fenced!r}\n")
         _write_file(REPORT_FILE, f"fenced_unix_s={fenced!r}\nended_unix_s={fenced!r}\n")
         return 128 + signal.SIGKILL
+    if held == "stopped":
+        _write_file(REPORT_FILE, f"stopped=1\nended_unix_s={time.time()!r}\n")
+        return 128 + signal.SIGTERM
     if os.path.isabs(job_cwd) and not os.path.isdir(job_cwd):
         _write_file(
             REPORT_FILE,

@@ -335,7 +335,21 @@ class RunningJobs:
             started=result.started,
             detail=result.detail,
         )
-        if not (result.stopped or fenced):
+        if fenced and not result.started and job.stop_reason is None:
+            # The fence ended it before it started, on its own (its reaper found the deadline
+            # passed: an unreadable deadline file, a start past the kill deadline), and nobody
+            # asked for the stop. Said, so that the control plane ends the assignment: should
+            # this incarnation live on (a pause that resumes), nothing else would, and the job
+            # would stay running for ever. Carried by a registration too, like any outcome.
+            self._report(
+                job,
+                state=JobState.NOT_STARTED,
+                exit_code=None,
+                started_unix_s=result.started_unix_s,
+                finished_unix_s=result.finished_unix_s,
+                detail=result.detail,
+            )
+        elif not (result.stopped or fenced):
             self._report(
                 job,
                 state=result.state,

@@ -636,6 +636,8 @@ def command_result(
     if not report:
         code = reaper_code
         detail = f"its reaper ended without a report ({_describe_exit(reaper_code)})"
+    elif code is None and fenced_at is None:
+        detail = "stopped before it was started (its start was held at the fence deadline)"
     elif code is None:
         detail = "not started: the fence deadline had passed"
     else:

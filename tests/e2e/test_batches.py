@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 import trio
+import trio_asyncio
 
 from ops import checker, rpc
 from ops.cluster import LocalCluster
@@ -64,7 +66,10 @@ def _run_batch(cluster: LocalCluster, runtime: Callable[[], dict[str, object]]) 
         )
         if states["succeeded"] + states["failed"] + states["cancelled"] == BATCH:
             break
-        assert time.monotonic() < deadline, f"not done after {DONE_TIMEOUT_S} s: {dict(states)}"
+        if time.monotonic() >= deadline:
+            pytest.fail(
+                f"not done after {DONE_TIMEOUT_S} s: {dict(states)}\n" + _unfinished_story(cluster, job_ids)
+            )
         time.sleep(0.5)
     assert states == {"succeeded": BATCH}
 
@@ -85,6 +90,61 @@ def _run_batch(cluster: LocalCluster, runtime: Callable[[], dict[str, object]]) 
     # completion and no death. Zero self-fences is the packing benchmark's target, where the
     # remaining ones are tracked (docs/benchmarks.md, "just bench-pack").
     assert len(runs) - BATCH <= report.extra_assignments, "a job started again without being placed again"
+
+
+def _unfinished_story(cluster: LocalCluster, job_ids: list[int]) -> str:
+    """What the database, the workers' logs and the job folders say of the jobs of
+    ``job_ids`` that have not ended: a failure's message, so a rare hang can be told apart
+    (never started, started and not reaped, reaped and not reported, reported and not
+    recorded)."""
+    config = cluster.config()
+
+    async def rows() -> list[asyncpg.Record]:
+        connection = await asyncpg.connect(config.database_url)
+        try:
+            return list(
+                await connection.fetch(
+                    "SELECT j.id, j.state, j.reason, j.detail, a.id AS assignment_id, a.worker_id,"
+                    " a.worker_incarnation, a.state AS a_state, a.created_at, a.confirmed_at, a.ended_at,"
+                    " w.last_heartbeat_at, w.incarnation AS w_incarnation, now() AS now"
+                    " FROM jobs j LEFT JOIN assignments a ON a.job_id = j.id"
+                    " LEFT JOIN workers w ON w.id = a.worker_id"
+                    " WHERE j.id = ANY($1::bigint[])"
+                    " AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id, a.id",
+                    job_ids,
+                )
+            )
+        finally:
+            await connection.close()
+
+    async def load() -> list[asyncpg.Record]:
+        async with asyncio_bridge():
+            return await trio_asyncio.aio_as_trio(rows)()
+
+    lines: list[str] = []
+    for row in trio.run(load):
+        lines.append(f"database: {dict(row)}")
+        if row["assignment_id"] is None:
+            continue
+        worker_id, assignment_id = row["worker_id"], row["assignment_id"]
+        work_dir = cluster.state.work_dir(worker_id)
+        marker = f'"assignment_id": {assignment_id},'
+        journal = work_dir / "agent.jsonl"
+        if journal.exists():
+            journal_lines = journal.read_text().splitlines()
+            lines += [f"  {journal.name}: {line}" for line in journal_lines if marker in line]
+        log = cluster.state.log_path(worker_id)
+        if log.exists():
+            needle = f"assignment_id={assignment_id} "
+            lines += [f"  log: {line}" for line in log.read_text().splitlines() if needle in line]
+        job_dir = work_dir / "jobs" / f"{row['id']}-{assignment_id}"
+        if job_dir.is_dir():
+            for path in sorted(job_dir.iterdir()):
+                text = path.read_text(errors="replace")[:500] if path.is_file() else "(folder)"
+                lines.append(f"  {path.name}: {text!r}")
+        else:
+            lines.append(f"  no job folder {job_dir}")
+    return "\n".join(lines)
 
 
 def test_a_batch_of_400_true_jobs_completes_each_job_once(cluster: LocalCluster) -> None:

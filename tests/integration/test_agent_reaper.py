@@ -11,6 +11,7 @@ what they write goes to a folder every user may write (:func:`job_writable`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -150,7 +151,10 @@ async def running_agent(tmp_path: Path, db_outage_grace_s: float = 0.0) -> Async
                 process.kill()
                 await process.wait()
             for leftover in agent.leftovers():
-                leftover.kill()
+                # A leftover may end between the listing and the kill (a reaper that sees its
+                # agent gone exits on its own).
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    leftover.kill()
             nursery.cancel_scope.cancel()
             stderr_file.close()
 

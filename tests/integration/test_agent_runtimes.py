@@ -268,6 +268,86 @@ async def test_a_job_is_not_started_past_its_fence_deadline(tmp_path: Path) -> N
     assert not marker.exists()
 
 
+def _paused_deadline(path: Path, kill_in_s: float) -> None:
+    """Write a fence-deadline file whose pause deadline has passed and whose kill deadline is
+    ``kill_in_s`` from now: the worker's jobs are paused."""
+    now = time.monotonic()
+    write_fence_deadline(path, now - 0.1, now + kill_in_s)
+
+
+async def test_a_start_during_a_pause_is_held_and_made_once_the_deadline_moves_on(tmp_path: Path) -> None:
+    """A reaper that starts while its worker's jobs are paused holds the start, and starts the
+    job once the agent moves the deadlines on: the job runs and succeeds, not fenced."""
+    deadline_file = tmp_path / "fence_deadline"
+    _paused_deadline(deadline_file, kill_in_s=30.0)
+    marker = tmp_path / "ran"
+
+    async def resume_later() -> None:
+        await trio.sleep(0.4)
+        assert not marker.exists(), "started while paused"
+        _deadline_in(deadline_file, 30.0)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(resume_later)
+            result = await run_job(
+                CommandRuntime(argv=("touch", str(marker))),
+                job_dir=tmp_path / "j",
+                stop=trio.Event(),
+                stop_grace_s=1.0,
+                fence_deadline_path=deadline_file,
+            )
+    assert result.state is JobState.SUCCEEDED and not result.fenced and result.started
+    assert marker.exists()
+
+
+async def test_a_start_held_during_a_pause_ends_unstarted_on_a_stop(tmp_path: Path) -> None:
+    """A stop that comes while the start is held ends the job unstarted (a stop, not a
+    fence), also when the agent moves the deadline on just after signalling it."""
+    deadline_file = tmp_path / "fence_deadline"
+    _paused_deadline(deadline_file, kill_in_s=30.0)
+    marker = tmp_path / "ran"
+    stop = trio.Event()
+
+    async def stop_later() -> None:
+        await trio.sleep(0.4)
+        stop.set()
+        _deadline_in(deadline_file, 30.0)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_later)
+            result = await run_job(
+                CommandRuntime(argv=("touch", str(marker))),
+                job_dir=tmp_path / "j",
+                stop=stop,
+                stop_grace_s=1.0,
+                fence_deadline_path=deadline_file,
+            )
+    assert result.stopped and not result.fenced and not result.started
+    assert result.state is JobState.CANCELLED and result.exit_code is None
+    assert "stopped before it was started" in result.detail
+    assert not marker.exists()
+
+
+async def test_a_start_held_during_a_pause_is_refused_at_the_kill_deadline(tmp_path: Path) -> None:
+    """A start held through the whole outage grace is refused at the kill deadline: fenced,
+    never started."""
+    deadline_file = tmp_path / "fence_deadline"
+    _paused_deadline(deadline_file, kill_in_s=0.4)
+    marker = tmp_path / "ran"
+    with trio.fail_after(10):
+        result = await run_job(
+            CommandRuntime(argv=("touch", str(marker))),
+            job_dir=tmp_path / "j",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            fence_deadline_path=deadline_file,
+        )
+    assert result.fenced and not result.started and "not started" in result.detail
+    assert not marker.exists()
+
+
 def _job_user() -> RunAs:
     """The agent's default job user (created on first use when the tests run as root)."""
     return resolve_unprivileged_user(attrs.fields(AgentSettings).job_user.default)

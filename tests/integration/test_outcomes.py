@@ -366,3 +366,59 @@ async def test_an_incarnation_no_agent_heartbeats_under_ends_none_of_the_running
     again = await cluster.register("w-1")  # the running agent, having stopped its job
     assert again not in (running, claimed)
     assert await cluster.sweep() == ([aid], [job_id])
+
+
+async def test_a_not_started_report_ends_the_assignment_and_places_the_job_again_at_once(
+    cluster: Cluster,
+) -> None:
+    """A worker whose incarnation lives on reports an accepted assignment it never started
+    (``not_started``): the assignment ends stopped (``not_started``), the job is pending again
+    with no attempt spent, no loss and no backoff, and can be placed again on the same worker;
+    a copy of the report, or one for an assignment the leader already ended, changes nothing;
+    a job whose cancel was asked ends cancelled."""
+    incarnation = await cluster.register("w-1")
+    job_id, cancelled = await cluster.submit(), await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", incarnation)
+    cancelled_aid = await cluster.place(cancelled, "w-1", incarnation)
+    assert aid is not None and cancelled_aid is not None
+    await cluster.admin.execute("UPDATE jobs SET cancel_requested = true WHERE id = $1", cancelled)
+    detail = "killed by its reaper at the fence deadline: not started: the fence deadline had passed"
+    reports = [
+        outcome(a, j, "not_started", None, detail) for a, j in ((aid, job_id), (cancelled_aid, cancelled))
+    ]
+    await cluster.heartbeat("w-1", incarnation, *reports)
+    assert await cluster.assignment(aid) == {
+        "state": "stopped",
+        "end_reason": "not_started",
+        "outcome": None,
+        "exit_code": None,
+    }
+    row = await cluster.admin.fetchrow(
+        "SELECT state, failures, losses, not_before, reason, started_at FROM jobs WHERE id = $1", job_id
+    )
+    assert row is not None
+    assert dict(row) == {
+        "state": "pending",
+        "failures": 0,
+        "losses": 0,
+        "not_before": None,
+        "reason": "",
+        "started_at": None,
+    }
+    assert (await cluster.job(cancelled))["state"] == "cancelled"
+    allocated = await cluster.admin.fetchval(
+        "SELECT cpu_allocated_millis FROM worker_allocations WHERE worker_id = 'w-1'"
+    )
+    assert allocated == 0
+    await cluster.heartbeat("w-1", incarnation, *reports)  # a copy
+    assert (await cluster.job(job_id))["state"] == "pending"
+    again = await cluster.place(job_id, "w-1", incarnation)
+    assert again is not None and again != aid
+    await cluster.heartbeat("w-1", incarnation, reports[0])  # late: of the ended assignment
+    assert await cluster.assignment(again) == {
+        "state": "active",
+        "end_reason": None,
+        "outcome": None,
+        "exit_code": None,
+    }
+    assert (await cluster.job(job_id))["state"] == "assigned"

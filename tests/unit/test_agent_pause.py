@@ -13,12 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from test_agent_heartbeat import (
     FENCE_S,
     HEARTBEAT_S,
     ScriptedControlPlane,
+    agent_settings,
     assign,
     clocks_follow_mock_time,
     running_agent,
@@ -26,8 +28,11 @@ from test_agent_heartbeat import (
     stops,
 )
 
+from agent.core import Agent
 from agent.joblog import read_log
-from agent.runtimes import sleep_end
+from agent.messages import JobState
+from agent.runtimes import JobResult, sleep_end
+from runtime.jobs import JobRuntime
 
 GRACE_S = 20.0
 
@@ -182,6 +187,55 @@ async def test_the_registration_after_a_reregister_reply_stops_paused_jobs_first
         assert agent.incarnation == 2
     assert stops(tmp_path) == {1: "reregister"}
     assert "resume" not in events(tmp_path)
+
+
+@attrs.define
+class RefusedAtTheFence:
+    """A runner whose every job's reaper finds the jobs paused when it comes to start it and
+    gives up (as one does that cannot read the deadline file): fenced, never started."""
+
+    async def __call__(self, runtime: JobRuntime, *, pause: Any = None, **_: Any) -> JobResult:
+        while pause.paused_since() is None:
+            await pause.changed.wait()
+        return JobResult(
+            state=JobState.CANCELLED,
+            stopped=True,
+            fenced=True,
+            exit_code=None,
+            started_unix_s=0.0,
+            finished_unix_s=0.0,
+            detail="killed by its reaper at the fence deadline: not started: the fence deadline had passed",
+            started=False,
+        )
+
+
+async def test_a_job_its_reaper_refused_during_a_pause_is_reported_not_started(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A job that ends unstarted at the fence during a pause that then resumes (the same
+    incarnation lives on) is reported ``not_started`` until a reply acknowledges it, so the
+    control plane ends its assignment: nothing else would."""
+    cp = ScriptedControlPlane()
+    agent = Agent(agent_settings(tmp_path, db_outage_grace_s=GRACE_S), cp, runner=RefusedAtTheFence())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.run, "127.0.0.1:9")
+        await agent.wait_registered()
+        assert assign(agent, sleep_job(1)) == {1: "accepted"}
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(FENCE_S + 2.0)
+        cp.mode = "up"
+        await trio.sleep(2 * HEARTBEAT_S + 1.5)
+        assert agent.incarnation == 1 and agent.running_assignment_ids == ()
+        nursery.cancel_scope.cancel()
+    assert stops(tmp_path) == {1: "self_fence"}
+    reported = [(t, o) for t, hb in cp.heartbeats for o in hb.finished]
+    assert {o.assignment_id for _, o in reported} == {1}
+    assert {o.state for _, o in reported} == {JobState.NOT_STARTED}
+    assert "not started" in reported[0][1].detail
+    # Carried until acknowledged, then no more.
+    assert cp.heartbeats[-1][1].finished == ()
+    assert len(cp.registrations) == 1
 
 
 def test_sleep_end_adds_the_pauses_that_fall_before_it() -> None:

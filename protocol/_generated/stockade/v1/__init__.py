@@ -535,7 +535,8 @@ class JobOutcome(betterproto2.Message):
 
     state: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
-    succeeded, failed, cancelled
+    succeeded, failed, cancelled, or not_started: accepted, never started, ended by the
+    worker on its own (its reaper found the fence deadline passed); the job is placed again.
     """
 
     has_exit_code: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
