@@ -32,6 +32,9 @@ __all__ = (
     "LeaveWorkerRequest",
     "ListJobsReply",
     "ListJobsRequest",
+    "LogChunk",
+    "ReadJobLogsRequest",
+    "ReadLogsRequest",
     "Refusal",
     "RegisterWorkerReply",
     "RegisterWorkerRequest",
@@ -49,6 +52,7 @@ __all__ = (
     "WorkerStub",
 )
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -716,6 +720,89 @@ default_message_pool.register_message("stockade.v1", "ListJobsRequest", ListJobs
 
 
 @dataclass(eq=False, repr=False)
+class LogChunk(betterproto2.Message):
+    data: "bytes" = betterproto2.field(1, betterproto2.TYPE_BYTES)
+    """
+    Bytes of the output, in order, as the job wrote them (not split at line ends).
+    """
+
+    dropped_bytes: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    The worker dropped this many bytes before data (the oldest part of an output over its
+    cap, or what the worker no longer keeps): shown to people as a notice.
+    """
+
+    job_ended: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    Set on the last chunk of a stream that ended because the job has ended.
+    """
+
+    worker_id: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+    assignment_id: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+
+
+default_message_pool.register_message("stockade.v1", "LogChunk", LogChunk)
+
+
+@dataclass(eq=False, repr=False)
+class ReadJobLogsRequest(betterproto2.Message):
+    """
+    A job's output, read from the worker that ran (or runs) it (stockade logs). Any control
+    plane answers: it looks up the job's newest assignment that started, and relays the
+    worker's Worker.ReadLogs stream. The stream ends when the output has been sent (or, with
+    follow, when the job has ended and everything it wrote has been sent).
+    """
+
+    job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    stream: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    "stdout" (the default when empty) or "stderr".
+    """
+
+    follow: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    Keep the stream open and send what the job writes until it ends.
+    """
+
+    has_tail: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    With has_tail, begin with the last tail_lines lines (0: none, only what comes next);
+    without, from the start of what the worker keeps.
+    """
+
+    tail_lines: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+
+
+default_message_pool.register_message("stockade.v1", "ReadJobLogsRequest", ReadJobLogsRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ReadLogsRequest(betterproto2.Message):
+    """
+    A control plane asks a worker for one assignment's output (ControlPlane.ReadJobLogs).
+    """
+
+    worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    job_id: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    assignment_id: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    stream: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+    follow: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+
+    has_tail: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+
+    tail_lines: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+
+
+default_message_pool.register_message("stockade.v1", "ReadLogsRequest", ReadLogsRequest)
+
+
+@dataclass(eq=False, repr=False)
 class Refusal(betterproto2.Message):
     assignment_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
@@ -999,6 +1086,25 @@ default_message_pool.register_message("stockade.v1", "WorkerScheduleReply", Work
 
 
 class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
+    async def read_job_logs(
+        self,
+        message: "ReadJobLogsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[LogChunk]":
+
+        async for response in self._unary_stream(
+            "/stockade.v1.ControlPlane/ReadJobLogs",
+            message,
+            LogChunk,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
     async def submit_job(
         self,
         message: "SubmitJobRequest",
@@ -1256,8 +1362,32 @@ class WorkerStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def read_logs(
+        self,
+        message: "ReadLogsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[LogChunk]":
+
+        async for response in self._unary_stream(
+            "/stockade.v1.Worker/ReadLogs",
+            message,
+            LogChunk,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
 
 class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
+    async def read_job_logs(self, message: "ReadJobLogsRequest") -> "AsyncIterator[LogChunk]":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield LogChunk()
+
     async def submit_job(self, message: "SubmitJobRequest") -> "SubmitJobReply":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -1305,6 +1435,17 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
     async def drain_worker(self, message: "DrainWorkerRequest") -> "WorkerScheduleReply":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def __rpc_read_job_logs(
+        self, stream: "grpclib.server.Stream[ReadJobLogsRequest, LogChunk]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.read_job_logs,
+            stream,
+            request,
+        )
 
     async def __rpc_submit_job(
         self, stream: "grpclib.server.Stream[SubmitJobRequest, SubmitJobReply]"
@@ -1398,6 +1539,12 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
+            "/stockade.v1.ControlPlane/ReadJobLogs": grpclib.const.Handler(
+                self.__rpc_read_job_logs,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ReadJobLogsRequest,
+                LogChunk,
+            ),
             "/stockade.v1.ControlPlane/SubmitJob": grpclib.const.Handler(
                 self.__rpc_submit_job,
                 grpclib.const.Cardinality.UNARY_UNARY,
@@ -1482,6 +1629,11 @@ class WorkerBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def read_logs(self, message: "ReadLogsRequest") -> "AsyncIterator[LogChunk]":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield LogChunk()
+
     async def __rpc_assign(self, stream: "grpclib.server.Stream[AssignRequest, AssignReply]") -> None:
         request = await stream.recv_message()
         assert request is not None
@@ -1493,6 +1645,15 @@ class WorkerBase(betterproto2_grpclib.ServiceBase):
         assert request is not None
         response = await self.cancel(request)
         await stream.send_message(response)
+
+    async def __rpc_read_logs(self, stream: "grpclib.server.Stream[ReadLogsRequest, LogChunk]") -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.read_logs,
+            stream,
+            request,
+        )
 
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
@@ -1507,5 +1668,11 @@ class WorkerBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 CancelRequest,
                 CancelReply,
+            ),
+            "/stockade.v1.Worker/ReadLogs": grpclib.const.Handler(
+                self.__rpc_read_logs,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ReadLogsRequest,
+                LogChunk,
             ),
         }
