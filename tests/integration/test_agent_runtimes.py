@@ -8,7 +8,7 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -17,7 +17,7 @@ import trio
 
 from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
-from agent.runtimes import run_job
+from agent.runtimes import JobResult, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
 from runtime.settings import AgentSettings
@@ -147,7 +147,7 @@ async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
         import trio
         from pathlib import Path
         from runtime.jobs import CommandRuntime
-        from agent.runtimes import run_job
+        from agent.runtimes import JobResult, run_job
         argv = ("sh", "-c", "echo $$ > {pid_file}; exec sleep 60")
         trio.run(lambda: run_job(CommandRuntime(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
                                  stop=trio.Event(), stop_grace_s=1.0))
@@ -275,48 +275,19 @@ def _paused_deadline(path: Path, kill_in_s: float) -> None:
     write_fence_deadline(path, now - 0.1, now + kill_in_s)
 
 
-async def test_a_start_during_a_pause_is_held_and_made_once_the_deadline_moves_on(tmp_path: Path) -> None:
-    """A reaper that starts while its worker's jobs are paused holds the start, and starts the
-    job once the agent moves the deadlines on: the job runs and succeeds, not fenced."""
+async def _touch_while_paused(
+    tmp_path: Path, kill_in_s: float, meanwhile: Callable[[Path, trio.Event], Awaitable[None]]
+) -> tuple[JobResult, bool]:
+    """Run a job that touches a marker file, its reaper started while the worker's jobs are
+    paused (the kill deadline ``kill_in_s`` away), with ``meanwhile(deadline_file, stop)``
+    beside it. Returns the result and whether the marker exists (whether the job ran)."""
     deadline_file = tmp_path / "fence_deadline"
-    _paused_deadline(deadline_file, kill_in_s=30.0)
-    marker = tmp_path / "ran"
-
-    async def resume_later() -> None:
-        await trio.sleep(0.4)
-        assert not marker.exists(), "started while paused"
-        _deadline_in(deadline_file, 30.0)
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(resume_later)
-            result = await run_job(
-                CommandRuntime(argv=("touch", str(marker))),
-                job_dir=tmp_path / "j",
-                stop=trio.Event(),
-                stop_grace_s=1.0,
-                fence_deadline_path=deadline_file,
-            )
-    assert result.state is JobState.SUCCEEDED and not result.fenced and result.started
-    assert marker.exists()
-
-
-async def test_a_start_held_during_a_pause_ends_unstarted_on_a_stop(tmp_path: Path) -> None:
-    """A stop that comes while the start is held ends the job unstarted (a stop, not a
-    fence), also when the agent moves the deadline on just after signalling it."""
-    deadline_file = tmp_path / "fence_deadline"
-    _paused_deadline(deadline_file, kill_in_s=30.0)
+    _paused_deadline(deadline_file, kill_in_s=kill_in_s)
     marker = tmp_path / "ran"
     stop = trio.Event()
-
-    async def stop_later() -> None:
-        await trio.sleep(0.4)
-        stop.set()
-        _deadline_in(deadline_file, 30.0)
-
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_later)
+            nursery.start_soon(meanwhile, deadline_file, stop)
             result = await run_job(
                 CommandRuntime(argv=("touch", str(marker))),
                 job_dir=tmp_path / "j",
@@ -324,28 +295,50 @@ async def test_a_start_held_during_a_pause_ends_unstarted_on_a_stop(tmp_path: Pa
                 stop_grace_s=1.0,
                 fence_deadline_path=deadline_file,
             )
+            nursery.cancel_scope.cancel()
+    return result, marker.exists()
+
+
+async def test_a_start_during_a_pause_is_held_and_made_once_the_deadline_moves_on(tmp_path: Path) -> None:
+    """A reaper that starts while its worker's jobs are paused holds the start, and starts the
+    job once the agent moves the deadlines on: the job runs and succeeds, not fenced."""
+
+    async def resume_later(deadline_file: Path, stop: trio.Event) -> None:
+        await trio.sleep(0.4)
+        assert not (tmp_path / "ran").exists(), "started while paused"
+        _deadline_in(deadline_file, 30.0)
+
+    result, ran = await _touch_while_paused(tmp_path, 30.0, resume_later)
+    assert result.state is JobState.SUCCEEDED and not result.fenced and result.started
+    assert ran
+
+
+async def test_a_start_held_during_a_pause_ends_unstarted_on_a_stop(tmp_path: Path) -> None:
+    """A stop that comes while the start is held ends the job unstarted (a stop, not a
+    fence), also when the agent moves the deadline on just after signalling it."""
+
+    async def stop_later(deadline_file: Path, stop: trio.Event) -> None:
+        await trio.sleep(0.4)
+        stop.set()
+        _deadline_in(deadline_file, 30.0)
+
+    result, ran = await _touch_while_paused(tmp_path, 30.0, stop_later)
     assert result.stopped and not result.fenced and not result.started
     assert result.state is JobState.CANCELLED and result.exit_code is None
     assert "stopped before it was started" in result.detail
-    assert not marker.exists()
+    assert not ran
 
 
 async def test_a_start_held_during_a_pause_is_refused_at_the_kill_deadline(tmp_path: Path) -> None:
     """A start held through the whole outage grace is refused at the kill deadline: fenced,
     never started."""
-    deadline_file = tmp_path / "fence_deadline"
-    _paused_deadline(deadline_file, kill_in_s=0.4)
-    marker = tmp_path / "ran"
-    with trio.fail_after(10):
-        result = await run_job(
-            CommandRuntime(argv=("touch", str(marker))),
-            job_dir=tmp_path / "j",
-            stop=trio.Event(),
-            stop_grace_s=1.0,
-            fence_deadline_path=deadline_file,
-        )
+
+    async def nothing(deadline_file: Path, stop: trio.Event) -> None:
+        await trio.sleep_forever()
+
+    result, ran = await _touch_while_paused(tmp_path, 0.4, nothing)
     assert result.fenced and not result.started and "not started" in result.detail
-    assert not marker.exists()
+    assert not ran
 
 
 def _job_user() -> RunAs:
