@@ -150,6 +150,12 @@ def serve(port: int, host: str = "127.0.0.1") -> None:
     start_http_server(port, addr=host)
 
 
+DATABASE_CONNECTIONS_LOST = Counter(
+    "stockade_database_connections_lost",
+    "Pooled database connections dropped after a call on them failed (reset, unanswered within "
+    "the call timeout, a session the server ended, a standby), by the pool's owner.",
+    ["owner"],
+)
 DATABASE_TRANSACTION_RETRIES = Counter(
     "stockade_database_transaction_retries",
     "Transactions run again from their start after a schema change invalidated a cached "

@@ -587,7 +587,9 @@ class PgPool:
     database is unreachable, an acquire within the wait a failed one asked for
     (:class:`runtime.backoff.ReconnectSchedule`) fails at once instead of trying to connect,
     so a flood of requests does not become a flood of connects; the reachability is logged
-    once per change (:class:`runtime.outage.OutageLog`, on the ``owner``'s logger).
+    once per change (:class:`runtime.outage.OutageLog`, on the ``owner``'s logger). Only a
+    failed connect starts that wait: a call that loses its connection drops that one
+    connection (``stockade_database_connections_lost``), and the next borrow opens another.
     """
 
     def __init__(
@@ -600,6 +602,7 @@ class PgPool:
         acquire_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
         self._raw = raw
+        self._owner = owner
         self._call_timeout_s = call_timeout_s
         self._acquire_timeout_s = acquire_timeout_s
         self.schedule = ReconnectSchedule()
@@ -665,12 +668,27 @@ class PgPool:
         )
 
     def _outcome(self, error: BaseException | None) -> None:
+        """A connect (an acquire that opened a connection) or a call ended: ``error`` None, it
+        was answered."""
         if error is None:
             self.schedule.succeeded()
             self.outage.succeeded()
         else:
             self.schedule.failed(trio.current_time())
             self.outage.failed(error)
+
+    def _call_outcome(self, error: BaseException | None) -> None:
+        """A call on a borrowed connection ended. An answer ends an outage; a lost connection
+        (reset, unanswered within its call timeout, a session the server ended, a standby)
+        is dropped by :class:`PgConnection` and counts against that connection only: the
+        next borrow opens another, and a failed connect then starts the outage's wait. Making
+        every borrow wait for one broken connection would fail the heartbeats of a healthy
+        server (asyncpg leaves a connection whose session the server ended, e.g. by
+        ``idle_in_transaction_session_timeout``, unusable: "cannot switch to state ...")."""
+        if error is None:
+            self._outcome(None)
+        else:
+            metrics.DATABASE_CONNECTIONS_LOST.labels(self._owner).inc()
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[PgConnection]:
@@ -693,7 +711,7 @@ class PgPool:
             self._outcome(exc)
             raise DatabaseUnavailable(f"no database connection: {exc!r}") from exc
         try:
-            yield PgConnection(raw, call_timeout_s=self._call_timeout_s, on_outcome=self._outcome)
+            yield PgConnection(raw, call_timeout_s=self._call_timeout_s, on_outcome=self._call_outcome)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_DEADLINE_S):
                 try:

@@ -284,6 +284,55 @@ async def test_a_pool_fails_fast_until_its_next_connect_is_due(
     assert logs[1]["attempts"] == 2
 
 
+class BreakingRawConnection(FakeRawConnection):
+    """A pooled connection whose session the server ended: every call fails as asyncpg's does."""
+
+    def __init__(self) -> None:
+        self.terminated = False
+
+    async def fetchval(self, sql: str, *args: Any) -> int:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    def is_closed(self) -> bool:
+        return self.terminated
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+
+async def test_one_lost_pooled_connection_does_not_make_the_next_borrow_wait(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that loses its connection fails (DatabaseUnavailable) and drops that connection,
+    but the very next borrow is tried and answered at once: one broken session is not an
+    outage of a server that answers. Nothing is logged as unreachable."""
+
+    async def run_aio(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await fn(*args, **kwargs)
+
+    monkeypatch.setattr(pg, "run_aio", run_aio)
+    raw = FakeRawPool()
+    raw.refusing = False
+    broken = BreakingRawConnection()
+    handed = [broken]
+
+    async def acquire(timeout: float) -> FakeRawConnection:  # noqa: ASYNC109 (asyncpg's signature)
+        raw.acquires += 1
+        return handed.pop() if handed else FakeRawConnection()
+
+    raw.acquire = acquire  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        pool = pg.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
+        with pytest.raises(DatabaseUnavailable, match="database connection lost"):
+            async with pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        assert broken.terminated
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+    assert raw.acquires == 2
+    assert ("warning", "database unreachable") not in events(logs)
+
+
 def test_asyncpgs_pool_floor_retries_are_not_logged_once_per_attempt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
