@@ -36,10 +36,11 @@ client that only calls a gRPC server loads neither the database side nor the ser
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
   with backoff and one log line per outage change (see that module).
-- :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
+- :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service` (unary RPCs and
+  server streams, :data:`Send`), :class:`WireCodec`,
   :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`, and who
   called (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`).
-- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel`.
+- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel` (unary calls and server streams).
 
 A test that replaces a name patches it in the module that holds it (``runtime.aio.pg``...):
 that is where the code looks it up.
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from runtime.aio.grpc_client import GrpcChannel
     from runtime.aio.grpc_server import (
         Caller,
+        Send,
         WireCodec,
         finish_despite_cancel,
         refuse,
@@ -72,6 +74,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
     "pg": ("PgConnection", "PgPool", "ReadStore", "ReconnectingConnection"),
     "grpc_server": (
         "Caller",
+        "Send",
         "WireCodec",
         "finish_despite_cancel",
         "refuse",
@@ -95,6 +98,7 @@ __all__ = [
     "PgPool",
     "ReadStore",
     "ReconnectingConnection",
+    "Send",
     "WireCodec",
     "asyncio_bridge",
     "finish_despite_cancel",
