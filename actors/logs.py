@@ -34,6 +34,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors import validation
 from protocol import pb
 from runtime import metrics
 from runtime.aio import GrpcChannel, Send, rpc_deadline
@@ -42,8 +43,6 @@ from runtime.settings import IngestSettings
 from runtime.tls import WORKER, ClientTls, Expected
 
 STREAMS = ("stdout", "stderr")
-MAX_TAIL_LINES = 100_000
-"""The most lines a ReadJobLogs tail may ask for (a worker's limit: ``agent.logs.MAX_TAIL_LINES``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -61,16 +60,16 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
 
     Raises:
         InvalidArgument: a job id out of range, an unknown stream, or a tail of more than
-            :data:`MAX_TAIL_LINES` lines.
+            :data:`actors.validation.MAX_TAIL_LINES` lines.
     """
-    from actors import validation
-
     validation.check_job_id(request.job_id)
     stream = request.stream or "stdout"
     if stream not in STREAMS:
         raise InvalidArgument("stream", request.stream, "must be stdout or stderr")
-    if request.has_tail and not 0 <= request.tail_lines <= MAX_TAIL_LINES:
-        raise InvalidArgument("tail_lines", request.tail_lines, f"must be between 0 and {MAX_TAIL_LINES:,}")
+    if request.has_tail and not 0 <= request.tail_lines <= validation.MAX_TAIL_LINES:
+        raise InvalidArgument(
+            "tail_lines", request.tail_lines, f"must be between 0 and {validation.MAX_TAIL_LINES:,}"
+        )
     return pb.ReadJobLogsRequest(
         job_id=request.job_id,
         stream=stream,

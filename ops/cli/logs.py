@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from runtime.text import Tail
 
 MAX_TAIL_LINES = 100_000
-"""The most lines ``--tail`` takes (the control plane's limit, ``actors.logs.MAX_TAIL_LINES``,
+"""The most lines ``--tail`` takes (the control plane's limit, ``actors.validation.MAX_TAIL_LINES``,
 written out here so ``--help`` need not import it; a unit test keeps them equal)."""
 OPEN_S = 10.0
 """How long a replica may take to send a stream's first chunk (it looks the job up and

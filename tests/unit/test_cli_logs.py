@@ -11,7 +11,7 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from actors import logs as cp_logs
+from actors import validation
 from agent import logs as agent_logs
 from ops import rpc
 from ops.cli import app
@@ -188,4 +188,4 @@ def test_a_cluster_that_does_not_answer_is_said_so(monkeypatch: pytest.MonkeyPat
 
 def test_the_tail_limit_is_the_control_planes_and_the_workers() -> None:
     """--tail's bound, written out in the CLI, is the control plane's and the worker's."""
-    assert cli_logs.MAX_TAIL_LINES == cp_logs.MAX_TAIL_LINES == agent_logs.MAX_TAIL_LINES
+    assert cli_logs.MAX_TAIL_LINES == validation.MAX_TAIL_LINES == agent_logs.MAX_TAIL_LINES
