@@ -12,7 +12,7 @@ error: where the worker dropped bytes (the oldest part of an output over its cap
 output (or, following, the job's end) has been shown; 2 for an unknown job or a sleep job (it
 writes no output); 1 for a job that has not started (without ``--follow``), whose worker no
 longer keeps its output, or whose worker is dead, left or unreachable (the message names it and
-its address); 130 after Ctrl-C, which ends a follow and leaves the job running.
+its address); 130 after Ctrl-C, which ends a follow and leaves the job as it was.
 
 Only light modules are imported at the top (every ``stockade`` call registers this command);
 trio, the protocol and the client are imported when it runs.
@@ -202,7 +202,8 @@ def logs(
     async def body(client: ControlPlaneClient) -> None:
         await _show(client, job_id, stream, follow=follow, tail=tail)
 
-    with interruptible(lambda: f"stopped following job {job_id}'s {stream}; the job runs on"), errors():
+    stopped = f"stopped following job {job_id}'s {stream}; the job itself is left as it was"
+    with interruptible(lambda: stopped), errors():
         try:
             rpc.with_client(addresses, body, tls=client_tls())
         except NoControlPlaneReachable as exc:

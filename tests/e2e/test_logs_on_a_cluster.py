@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,8 +23,21 @@ from protocol import pb
 pytestmark = pytest.mark.e2e
 
 WORKER_HOST = "127.0.0.2"
-STEPS = "import time\nfor n in range(1, 5):\n    print(f'step {n}', flush=True)\n    time.sleep(0.7)\n"
-"""Prints four lines, 0.7 s apart."""
+
+
+def gated_steps(gate: Path) -> str:
+    """A job that prints two lines, waits (at most a minute) until ``gate`` exists, then prints
+    two more: it is surely running when its first lines are read."""
+    return (
+        "import os, time\n"
+        "print('step 1', flush=True)\n"
+        "print('step 2', flush=True)\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('step 3', flush=True)\n"
+        "print('step 4', flush=True)\n"
+    )
 
 
 @pytest.fixture
@@ -90,24 +104,31 @@ class Client:
 def test_logs_follow_streams_a_running_jobs_output_from_a_worker_on_another_address(
     cluster: tuple[LocalCluster, UpResult],
 ) -> None:
-    """Followed from submission: `stockade logs --follow` waits for the job to start, prints
-    its first line while it still runs, every line in order, and exits 0 when it ends; then
-    `stockade job` shows those lines, read from w-1 at 127.0.0.2 as well."""
+    """Followed from submission: `stockade logs --follow` prints the job's first lines while it
+    runs (it waits, holding its end, until they were read), then the rest as it comes, and
+    exits 0 when the job ends; then `stockade job` shows those lines, read from w-1 at
+    127.0.0.2 as well."""
     _, ready = cluster
     client = Client(ready)
     (worker,) = rpc.status(client.addresses, tls=client.tls).workers
     assert worker.address.startswith(f"{WORKER_HOST}:")
-    job_id = client.submit(STEPS)
+    # In /tmp itself, which the job's user (not the test's, when the agent runs as root) can look in.
+    gate = Path("/tmp") / f"stockade-logs-gate-{uuid.uuid4().hex}"
+    job_id = client.submit(gated_steps(gate))
     follower = client.follow(job_id)
     try:
-        assert follower.stdout is not None
-        first = follower.stdout.readline()
-        state_at_first_line = client.job(job_id).state
-        rest, errors = follower.communicate(timeout=60)
+        assert follower.stdout is not None and follower.stderr is not None
+        lines = [follower.stdout.readline(), follower.stdout.readline()]
+        state_at_second_line = client.job(job_id).state
+        gate.touch()
+        lines += [follower.stdout.readline(), follower.stdout.readline(), follower.stdout.read()]
+        follower.wait(60)
+        errors = follower.stderr.read()
     finally:
         follower.kill()
-    assert (first, state_at_first_line) == ("step 1\n", "running")
-    assert first + rest == "step 1\nstep 2\nstep 3\nstep 4\n"
+        gate.unlink(missing_ok=True)
+    assert state_at_second_line == "running", errors
+    assert "".join(lines) == "step 1\nstep 2\nstep 3\nstep 4\n", errors
     assert follower.returncode == 0, errors
     wait_for(lambda: client.job(job_id).state == "succeeded", timeout_s=30, what=f"job {job_id} to succeed")
     shown = client.stockade("job", str(job_id))
