@@ -218,6 +218,13 @@ def control_plane(
             "seconds: a retry within it gets the first answer, a copy after it is a new call."
         ),
     ] = _INGEST.idempotency_key_retention_s,
+    max_log_streams: Annotated[
+        int,
+        typer.Option(
+            help="Job output streams (stockade logs) this replica relays at once; one more is "
+            "answered 'busy' (another replica takes it)."
+        ),
+    ] = _INGEST.max_log_streams,
     initial_window: Annotated[
         int,
         typer.Option(
@@ -323,6 +330,7 @@ def control_plane(
                 wire_step_messages=wire_step_messages,
                 max_pending_jobs=max_pending_jobs,
                 idempotency_key_retention_s=idempotency_key_retention_s,
+                max_log_streams=max_log_streams,
             ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,

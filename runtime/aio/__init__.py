@@ -20,6 +20,15 @@ handler wherever it is, in the middle of an asyncpg call included, which would t
 pooled connection. A handler that must not lose its connection that way runs its database work
 under :func:`finish_despite_cancel`; it learns its client's deadline from :func:`rpc_deadline`.
 
+Server streams (``rpc X(Req) returns (stream Reply)``): the handler is trio code (an async
+generator, or a coroutine given a send function), and each message it sends crosses back to
+the asyncio task of its stream (``run_aio`` of grpclib's ``send_message``), which returns once
+HTTP/2 flow control lets the message go: a client that reads slowly or not at all holds the
+handler back, never its memory. The same cancel as above reaches the handler when the client
+resets the stream or its deadline passes. On the client side, :meth:`GrpcChannel.stream`
+reads one message per crossing, with no task of its own between reads, and resets the stream
+when its block is left early, which cancels the server's handler.
+
 Encoding on the handler's terms: grpclib decodes a request before the handler runs and encodes
 its reply after it returns, each in one piece on the event loop (70 ms and more for a message
 with a thousand elements). A handler that must do that work itself, in slices and only once it
