@@ -441,6 +441,7 @@ class OutputKeeper:
                 self._sizes[path] = size
             else:
                 self._sizes.pop(path, None)  # its job has ended: that was its last check
+                self._warned.discard(path)
         return grew, new_files
 
     def _check_paths(self, paths: list[Path]) -> dict[Path, tuple[int, Trim | None]]:

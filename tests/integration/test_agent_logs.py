@@ -196,6 +196,17 @@ async def test_a_large_output_comes_whole_in_bounded_chunks(tmp_path: Path) -> N
     assert max(len(c.data) for c in chunks) <= 64 * 1024
 
 
+async def test_a_tail_bounded_in_bytes_sends_no_more_of_a_huge_line(tmp_path: Path) -> None:
+    """A job that wrote one 20 MB line: a tail of 50 lines bounded to 65,537 bytes sends
+    exactly the last 65,537 bytes, the line's end."""
+    async with worker(tmp_path) as w:
+        await w.run(8, "import sys; sys.stdout.write('x' * 20_000_000 + 'end of the line\\n')")
+        await w.ended(8)
+        data = data_of(await w.read(8, has_tail=True, tail_lines=50, tail_max_bytes=65_537))
+    assert len(data) == 65_537
+    assert data.endswith(b"xxend of the line\n") and set(data[:-16]) == {ord("x")}
+
+
 def readers() -> float:
     return REGISTRY.get_sample_value("stockade_agent_log_readers", {"worker_id": "w-1"}) or 0.0
 
