@@ -114,6 +114,7 @@ async def run_control_plane(
         dead_after_s=settings.reconciler.dead_after_s,
         advertise_address=settings.advertise_address,
         tls=None if settings.tls is None else server_context(settings.tls),
+        worker_tls=None if settings.tls is None else ClientTls(settings.tls),
     )
     ledger = Ledger(
         cp_id=settings.cp_id,

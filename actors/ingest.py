@@ -81,10 +81,11 @@ from actors.ingest_replies import (
     status_reply,
     worker_schedule_reply,
 )
+from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
-from runtime.aio import PgConnection, require_worker, serve_grpc, takes_encoded_request, trio_service
+from runtime.aio import PgConnection, Send, require_worker, serve_grpc, takes_encoded_request, trio_service
 from runtime.errors import (
     Busy,
     DatabaseBusy,
@@ -97,7 +98,7 @@ from runtime.errors import (
 )
 from runtime.lag import LoopLag
 from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings
-from runtime.tls import OPERATOR, VIEWER, WORKER
+from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
 from runtime.wire_jobs import job_spec_from_pb
 
 __all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest", "apply_schema"]
@@ -127,6 +128,32 @@ class ControlPlaneService(AdmittedService):
     """
 
     dead_after_s: float = DEFAULT_DEAD_AFTER_S
+    logs: LogRelay | None = None
+    """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.logs is None:
+            self.logs = LogRelay(cp_id=self.cp_id, settings=self.settings)
+
+    async def read_job_logs(self, request: pb.ReadJobLogsRequest, send: Send) -> None:
+        """Stream a job's output from the worker that keeps it (:mod:`actors.logs`): the job
+        is looked up (admitted as any read), then its worker's chunks are relayed as they come,
+        holding no database connection.
+
+        Raises:
+            NotFound: no such job. InvalidArgument: a bad request, or a sleep job.
+            FailedPrecondition: the job has not started, or its worker no longer keeps its output.
+            Unavailable: its worker is dead, left or unreachable (named, with its address).
+            Busy: this replica relays ``max_log_streams`` streams already.
+        """
+        checked = check_read_job_logs(request)
+        assert self.logs is not None
+        self.logs.admit()
+        async with self.database("read_job_logs") as conn:
+            row = await conn.fetchrow(queries.LOG_SOURCE, checked.job_id)
+        source = log_source(checked.job_id, row)
+        await self.logs.relay(source, checked, send)
 
     async def _once(
         self, conn: PgConnection, rpc: str, sql: str, *args: Any, key: str, digest: bytes
@@ -555,6 +582,7 @@ class ControlPlaneService(AdmittedService):
 
 
 CONTROL_PLANE_ACCESS = {
+    "read_job_logs": (OPERATOR, VIEWER),
     "submit_job": (OPERATOR,),
     "submit_jobs": (OPERATOR,),
     "cancel_job": (OPERATOR,),
@@ -594,6 +622,9 @@ class Ingest:
     tls: ssl.SSLContext | None = None
     """Serve over mutual TLS with this server context (:func:`runtime.tls.server_context`),
     checking :data:`CONTROL_PLANE_ACCESS`; None: plaintext, no checks."""
+    worker_tls: ClientTls | None = None
+    """This replica's client certificate, for reading job output from workers (ReadJobLogs);
+    None: plaintext."""
     lag: LoopLag = attrs.field(factory=lambda: LoopLag(loop="ingest"))
     """The ingest loop's lag monitor, run by :meth:`run` (a test may feed it lags)."""
     address: str = ""
@@ -612,6 +643,7 @@ class Ingest:
                 settings=self.settings,
                 lag=self.lag,
                 dead_after_s=self.dead_after_s,
+                logs=LogRelay(cp_id=self.cp_id, settings=self.settings, tls=self.worker_tls),
             )
             service = trio_service(pb.ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
             async with trio.open_nursery() as nursery:
@@ -626,6 +658,8 @@ class Ingest:
                 self._log.info("serving", address=self.address)
                 task_status.started()
         finally:
+            if self.service is not None and self.service.logs is not None:
+                self.service.logs.close()
             await pool.close()
 
     async def _record_presence(self, service: ControlPlaneService) -> None:

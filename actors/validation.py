@@ -188,6 +188,10 @@ def check_incarnation(incarnation: int) -> int:
     return _int_between("incarnation", incarnation, 0, MAX_ID)
 
 
+MAX_TAIL_LINES = 100_000
+"""The most lines a ReadJobLogs tail may ask for (``stockade logs --tail``); a worker's reading
+of them is bounded by the output it keeps (``max_output_mb``) all the same."""
+
 MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
 """The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
 MAX_DRAIN_DEADLINE_MS = MAX_DRAIN_DEADLINE_S * 1000
@@ -419,6 +423,11 @@ LIMITS = (
         ("MAX_PATH_BYTES",),
     ),
     Limit("an outcome's `detail`", f"at most {_n(MAX_DETAIL_BYTES)} bytes", ("MAX_DETAIL_BYTES",)),
+    Limit(
+        "ReadJobLogs `tail_lines` (`stockade logs --tail`)",
+        f"0 to {_n(MAX_TAIL_LINES)}; `stream` is `stdout` (or empty) or `stderr`",
+        ("MAX_TAIL_LINES",),
+    ),
     Limit(
         "a drain's deadline: DrainWorker `deadline_ms`, `stockade drain --deadline-s`",
         f"0 to {_n(MAX_DRAIN_DEADLINE_MS)} ms, 0 to {_n(MAX_DRAIN_DEADLINE_S)} s (one week); not NaN",

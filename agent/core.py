@@ -222,6 +222,18 @@ class Agent:
         """
         return self._jobs.running_assignment_ids
 
+    def active_jobs(self) -> list[tuple[int, int]]:
+        """``(job_id, assignment_id)`` of every job accepted here that has not ended yet
+        (waiting for a start slot, running, or being stopped): whose folders are in use."""
+        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
+        return [(job.order.job_id, job.order.assignment_id) for job in jobs if job is not None]
+
+    def job_done(self, assignment_id: int) -> trio.Event | None:
+        """The event set once the job of ``assignment_id`` has really ended (every process of
+        it gone); None when this agent holds no such job (it ended, or never was accepted)."""
+        job = self._jobs.get(assignment_id)
+        return None if job is None else job.done
+
     @property
     def unacknowledged_outcomes(self) -> tuple[Outcome, ...]:
         """Outcomes waiting for a heartbeat reply."""

@@ -21,6 +21,8 @@ import trio
 from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
+from agent.logs import LogReader
+from agent.output import OutputFiles, OutputKeeper
 from agent.runtimes import job_runner
 from agent.service import WorkerService
 from agent.starts import Spawner, StartLimiter
@@ -41,9 +43,10 @@ MAX_ASSIGN_BYTES = 256 * 1024 * 1024
 16 MiB, since one Assign carries a round's assignments for the worker with their specs (argv
 up to 64 KiB each), and only control planes, which the role check admits first, may send it."""
 
-WORKER_ACCESS = {"assign": (CONTROL_PLANE,), "cancel": (CONTROL_PLANE,)}
+WORKER_ACCESS = {"assign": (CONTROL_PLANE,), "cancel": (CONTROL_PLANE,), "read_logs": (CONTROL_PLANE,)}
 """Who may call each Worker RPC over mutual TLS: only control planes (the request's epoch and
-incarnation are then checked as before, :mod:`agent.acceptance`)."""
+incarnation are then checked as before, :mod:`agent.acceptance`). Users read a job's output
+through a control plane (ControlPlane.ReadJobLogs), which checks their role and relays it."""
 
 
 def advertised_address(settings: AgentSettings, port: int) -> str:
@@ -125,6 +128,22 @@ async def run_agent(
 
 
 async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:
+    files = OutputFiles()
+    logs = LogReader(
+        worker_id=settings.worker_id,
+        jobs_dir=agent.jobs_dir,
+        settings=settings.output,
+        files=files,
+        job_done=agent.job_done,
+    )
+    keeper = OutputKeeper(
+        jobs_dir=agent.jobs_dir,
+        settings=settings.output,
+        active=agent.active_jobs,
+        files=files,
+        logger=log.get("agent").bind(worker_id=settings.worker_id),
+        worker_id=settings.worker_id,
+    )
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
             partial(
@@ -132,7 +151,7 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
                 [
                     trio_service(
                         pb.WorkerBase,
-                        WorkerService(agent),
+                        WorkerService(agent, logs),
                         access=WORKER_ACCESS,
                         max_request_bytes=MAX_ASSIGN_BYTES,
                     )
@@ -143,6 +162,9 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
             )
         )
         await nursery.start(agent.run, advertised_address(settings, port))
+        # Caps the running jobs' output and deletes old job folders (agent.output); it stops
+        # with the agent, whose jobs have all ended by then.
+        nursery.start_soon(keeper.run)
         log.get("agent").info(
             "worker service listening",
             worker_id=settings.worker_id,

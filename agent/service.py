@@ -7,7 +7,10 @@ acceptance rules, and converts the decision back.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from agent.core import Agent
+from agent.logs import LogQuery, LogReader, check_stream, check_tail_lines
 from agent.messages import (
     AssignOrder,
     CancelOrder,
@@ -15,6 +18,8 @@ from agent.messages import (
     Refusal,
 )
 from protocol import pb
+from runtime import identifiers
+from runtime.errors import InvalidArgument
 from runtime.wire_jobs import job_spec_from_pb
 
 
@@ -51,6 +56,29 @@ def cancel_order_from_pb(request: pb.CancelRequest) -> CancelOrder:
     )
 
 
+def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
+    """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`.
+
+    Raises:
+        InvalidArgument: it names another worker, no job or assignment, an unknown stream or
+            too many tail lines.
+    """
+    identifiers.check_id(request.worker_id, field="worker_id")
+    if request.worker_id != worker_id:
+        raise InvalidArgument("worker_id", request.worker_id, f"must be this worker's id, {worker_id!r}")
+    for field, value in (("job_id", request.job_id), ("assignment_id", request.assignment_id)):
+        if value < 1:
+            raise InvalidArgument(field, value, "must be at least 1")
+    return LogQuery(
+        job_id=request.job_id,
+        assignment_id=request.assignment_id,
+        stream=check_stream(request.stream),
+        follow=request.follow,
+        tail_lines=check_tail_lines(request.tail_lines) if request.has_tail else None,
+        tail_max_bytes=request.tail_max_bytes if request.has_tail else 0,
+    )
+
+
 def _refusals_to_pb(refused: tuple[Refusal, ...]) -> list[pb.Refusal]:
     return [pb.Refusal(assignment_id=r.assignment_id, reason=r.reason.value) for r in refused]
 
@@ -60,10 +88,12 @@ class WorkerService:
 
     Args:
         agent: the agent whose rules and jobs answer.
+        logs: what reads its jobs' output (ReadLogs); None: ReadLogs finds nothing.
     """
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, logs: LogReader | None = None) -> None:
         self._agent = agent
+        self._logs = logs
 
     async def assign(self, request: pb.AssignRequest) -> pb.AssignReply:
         """Assign: start what the acceptance rules accept; answer accepted and refused ids."""
@@ -84,3 +114,18 @@ class WorkerService:
             refused=_refusals_to_pb(decision.refused),
             epoch_seen=decision.epoch_seen,
         )
+
+    async def read_logs(self, request: pb.ReadLogsRequest) -> AsyncIterator[pb.LogChunk]:
+        """ReadLogs: one assignment's stdout or stderr, in chunks (:class:`agent.logs.LogReader`);
+        every chunk names this worker and the assignment."""
+        query = log_query_from_pb(request, self._agent.worker_id)
+        if self._logs is None:
+            raise InvalidArgument("assignment_id", query.assignment_id, "names no output this worker serves")
+        async for piece in self._logs.read(query):
+            yield pb.LogChunk(
+                data=piece.data,
+                dropped_bytes=piece.dropped_bytes,
+                job_ended=piece.job_ended,
+                worker_id=self._agent.worker_id,
+                assignment_id=query.assignment_id,
+            )

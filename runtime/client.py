@@ -29,7 +29,8 @@ from __future__ import annotations
 import copy
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -340,6 +341,67 @@ class ControlPlaneClient:
         method: Callable[..., Awaitable[Any]] = getattr(channel.stub(pb.ControlPlaneStub), rpc)
         return await channel.call(method, request, timeout_s=timeout_s)
 
+    @asynccontextmanager
+    async def stream(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        first_message_s: float | None = None,
+        idle_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """A server-streaming ControlPlane call (``rpc`` in snake_case, e.g.
+        ``"read_job_logs"``) on the first replica that opens it; the block reads its messages.
+
+        Walks the replicas once, starting with the one that answered last, until one sends the
+        stream's first message (or ends it at once): a replica that cannot be reached, is
+        busy, or answers UNAVAILABLE (something it needs, such as the worker it would relay
+        from, is out of its reach) is left for the next. Once a replica's stream is open it
+        is read to its end: a failure after that is raised as it is (a stream that broke
+        half way cannot be taken up by another replica where it stopped).
+
+        Args:
+            rpc: the ControlPlane method.
+            request: its request.
+            first_message_s: the longest wait for each replica's first message, in seconds
+                (default: this client's ``timeout_s``).
+            idle_s: the longest wait for each later message, in seconds; None: no limit.
+            timeout_s: the deadline of the whole stream, in seconds; None: none.
+
+        Raises:
+            NoControlPlaneReachable: no replica opened the stream; the message says how each
+                failed (its ``failures``: a :class:`runtime.errors.PeerUnavailable` for each
+                replica that answered UNAVAILABLE).
+            InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: a
+                replica refused the request (every replica would say the same).
+            Unavailable: the open stream broke or fell silent for ``idle_s``.
+        """
+        failures: list[Unavailable] = []
+        count = len(self.addresses)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            channel = self._channel(self.addresses[index])
+            async with channel.stream(
+                pb.ControlPlaneBase,
+                rpc,
+                request,
+                first_message_s=first_message_s or self.timeout_s,
+                idle_s=idle_s,
+                timeout_s=timeout_s,
+            ) as messages:
+                try:
+                    first = [await anext(messages)]
+                except StopAsyncIteration:
+                    first = []
+                except Unavailable as exc:
+                    failures.append(exc)
+                    continue
+                self._preferred = index
+                yield _After(first, messages)
+                return
+        raise self._unreachable(_Walk(failures=failures))
+
     @property
     def last_answered(self) -> str:
         """The address that answered last (or the first one, before any call)."""
@@ -350,3 +412,20 @@ class ControlPlaneClient:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
+
+
+class _After:
+    """The messages of ``first``, then those of ``rest`` (an async iterator)."""
+
+    def __init__(self, first: list[Any], rest: AsyncIterator[Any]) -> None:
+        self._first = first
+        self._rest = rest
+
+    def __aiter__(self) -> _After:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._first:
+            await trio.lowlevel.checkpoint()
+            return self._first.pop(0)
+        return await anext(self._rest)

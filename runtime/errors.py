@@ -9,6 +9,11 @@
   nothing was stored, so asking another replica, or the same one later, is safe.
 - :class:`IdempotencyConflict`: the request's idempotency key was first used for another
   request (gRPC ALREADY_EXISTS); nothing was stored; send a new request with a new key.
+- :class:`FailedPrecondition`: the request is sound but what it names is not in the state it
+  needs (a job's output asked before the job started; gRPC FAILED_PRECONDITION); the same
+  request may succeed once that state changes.
+- :class:`PeerUnavailable`: a peer answered that something it needs (a worker, the database)
+  is out of its reach now (gRPC UNAVAILABLE from the peer itself); another peer may reach it.
 """
 
 from __future__ import annotations
@@ -54,6 +59,21 @@ class DatabaseBusy(DatabaseUnavailable):
 
 class Unavailable(TemporaryError):
     """A remote peer (control plane or worker) did not answer in time."""
+
+
+class PeerUnavailable(Unavailable):
+    """A peer answered UNAVAILABLE: it is up and handled the request, but something it needs
+    (a worker it relays from, the database) is out of its reach now. Another peer may reach
+    it; the message names the peer, and ``detail`` holds the peer's own words.
+
+    Args:
+        message: the peer's address and what it said.
+        detail: what the peer said, e.g. ``"worker w-2 at 127.0.0.2:7302 is unreachable: ..."``.
+    """
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class ConnectionRefused(Unavailable):
@@ -164,6 +184,14 @@ class IdempotencyConflict(StockadeError):
             created) and what to do, e.g. ``"idempotency_key 'k-1' was first used for
             submit_job with another request (it created job 17); nothing was stored; send a new
             request with a new key"``.
+    """
+
+
+class FailedPrecondition(StockadeError):
+    """The request is sound and names something that exists, but that is not in the state the
+    request needs: the output of a job that has not started yet, or that its worker no longer
+    keeps (gRPC FAILED_PRECONDITION on the wire). Nothing was done; the same request may succeed
+    once the state has changed. The message says what state it found and what it needs.
     """
 
 

@@ -133,6 +133,20 @@ AGENT_JOBS_WAITING_FOR_START_SLOT = Gauge(
     "stockade_agent_jobs_waiting_for_start_slot",
     "Accepted command jobs of this process waiting for a start slot (agent.starts).",
 )
+AGENT_OUTPUT_DROPPED_BYTES = Counter(
+    "stockade_agent_output_dropped_bytes",
+    "Bytes of jobs' output a worker dropped from the head of files over max_output_mb (agent.output).",
+    ["worker_id"],
+)
+AGENT_LOG_READERS = Gauge(
+    "stockade_agent_log_readers",
+    "Worker.ReadLogs streams a worker is serving now (agent.logs).",
+    ["worker_id"],
+)
+CP_LOG_STREAMS = Gauge(
+    "stockade_cp_log_streams",
+    "ReadJobLogs streams this control plane is relaying now (actors.logs).",
+)
 
 AUTH_REFUSALS = Counter(
     "stockade_auth_refusals",

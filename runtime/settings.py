@@ -372,6 +372,18 @@ class IngestSettings:
     idempotency_sweep_rows: int = attrs.field(default=5_000, validator=_positive)
     """Most keys one delete statement of the sweep removes (a pass runs statements until one
     removes fewer, or the service is busy)."""
+    max_log_streams: int = attrs.field(default=64, validator=_positive)
+    """Job output streams (ReadJobLogs) one replica relays at once; one more is refused
+    ("busy", another replica may take it). Each holds no database connection once it is
+    open, only its two gRPC streams."""
+    log_open_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """The longest a replica waits for the first chunk of a job's output from its worker, the
+    connection and its TLS handshake included, in seconds; past it the worker counts as
+    unreachable (UNAVAILABLE naming it)."""
+    log_idle_timeout_s: float = attrs.field(default=20.0, validator=_positive)
+    """A relayed output stream whose worker has sent nothing this long, not even a keep-alive
+    (a following worker sends one every ``keepalive_s``, 5 s), is ended as unreachable, in
+    seconds: the worker froze or its host went away."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:
@@ -480,6 +492,63 @@ _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A system user name ``useradd`` takes (and that cannot pass for one of its options)."""
 
 
+MAX_OUTPUT_MB = 1_048_576
+"""The largest ``max_output_mb`` (1 TiB)."""
+DEFAULT_OUTPUT_RETENTION_S = 86_400.0
+"""The default of ``OutputSettings.output_retention_s``: a day."""
+
+
+@attrs.frozen(kw_only=True)
+class OutputSettings:
+    """How a worker keeps its jobs' output files (``stdout.log``, ``stderr.log`` in each job's
+    folder) and serves them (Worker.ReadLogs); see :mod:`agent.output` and :mod:`agent.logs`."""
+
+    max_output_mb: int = attrs.field(default=100)
+    """Most MiB of each job's stdout, and of its stderr, the worker keeps on disk: past it the
+    oldest part is dropped (from the head of the file, at block multiples), down to seven
+    eighths of it, and readers are told how many bytes were dropped."""
+    output_retention_s: float = attrs.field(default=DEFAULT_OUTPUT_RETENTION_S, validator=_positive)
+    """A job's folder (its output, the reaper's files, a command's working directory) is deleted
+    this long after the job ended, in seconds (a day); never while it runs."""
+    check_interval_s: float = attrs.field(default=0.25, validator=_positive)
+    """The longest time between two checks of a running job's output sizes, in seconds; a job
+    that writes fast is checked more often, down to ``min_check_interval_s``."""
+    min_check_interval_s: float = attrs.field(default=0.02, validator=_positive)
+    """The shortest time between two checks of the output sizes, in seconds: how late the cap
+    can be enforced on a job that writes as fast as it can (it bounds by how much a file can
+    pass the cap)."""
+    sweep_interval_s: float = attrs.field(default=60.0, validator=_positive)
+    """Time between two sweeps of the jobs' folders for those past ``output_retention_s``."""
+    max_sweep_deletions: int = attrs.field(default=100, validator=_positive)
+    """Most job folders one sweep deletes (the rest wait for the next), so a sweep after a long
+    stop stays short."""
+    follow_poll_s: float = attrs.field(default=0.25, validator=_positive)
+    """How often a followed output is looked at for new bytes, in seconds."""
+    keepalive_s: float = attrs.field(default=5.0, validator=_positive)
+    """A followed stream with nothing new sends an empty chunk after this long, in seconds, so
+    its reader can tell a quiet job from a dead worker."""
+    read_chunk_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
+    """Most bytes read from a file at once (off the agent's event loop) and sent in one chunk."""
+
+    @max_output_mb.validator
+    def _max_output_mb(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_MB:
+            raise InvalidArgument("max_output_mb", value, f"must be an integer between 1 and {MAX_OUTPUT_MB}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_check_interval_s > self.check_interval_s:
+            raise InvalidArgument(
+                "min_check_interval_s",
+                self.min_check_interval_s,
+                f"must be at most check_interval_s = {self.check_interval_s:g}",
+            )
+
+    @property
+    def max_output_bytes(self) -> int:
+        """``max_output_mb`` in bytes."""
+        return self.max_output_mb * 1024 * 1024
+
+
 @attrs.frozen(kw_only=True)
 class AgentSettings:
     """Everything one worker agent needs."""
@@ -550,6 +619,9 @@ class AgentSettings:
     """The system user command jobs run as when the agent runs as root (created as a system
     account without home or login shell on first use); never ``root`` or uid 0. Ignored when
     the agent is not root: jobs then run as the agent's user."""
+
+    output: OutputSettings = attrs.field(factory=OutputSettings)
+    """How the jobs' output files are capped, kept and served."""
 
     tls: TlsFiles | None = None
     """This worker's mutual-TLS files (the CA, its ``worker`` certificate for its id, and the

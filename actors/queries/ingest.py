@@ -282,6 +282,25 @@ SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit
   FROM assignments WHERE job_id = $1 ORDER BY id
 """
 
+# $1 job id. What ReadJobLogs reads (actors/logs.py): the job's runtime, state and reason;
+# its newest run that started (a heartbeat listed it as running, or its worker reported its
+# outcome) with that worker's address and state (alive, dead, left); and the worker of its active
+# run when that has not started yet. No row: no such job. Index assignments_by_job.
+LOG_SOURCE = """
+SELECT j.runtime, j.state, j.reason,
+       a.id AS assignment_id, a.worker_id, w.address, w.state AS worker_state,
+       (SELECT p.worker_id FROM assignments p
+         WHERE p.job_id = j.id AND p.state = 'active') AS pending_worker_id
+  FROM jobs j
+  LEFT JOIN LATERAL (
+      SELECT id, worker_id FROM assignments
+       WHERE job_id = j.id AND (confirmed_at IS NOT NULL OR outcome IS NOT NULL)
+       ORDER BY id DESC LIMIT 1
+  ) a ON true
+  LEFT JOIN workers w ON w.id = a.worker_id
+ WHERE j.id = $1
+"""
+
 # $1 state ('' for any), $2 limit. Newest first.
 LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
 

@@ -3,8 +3,8 @@
 One module per command group, each of which only parses options and renders answers:
 :mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
 ``down``, ``kill-leader``, ``kill-worker``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
-``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.workers` (``cordon``, ``uncordon``,
-``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
+``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
+:mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
 :mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
 init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
 share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
@@ -54,6 +54,7 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_TOO_LATE", "EXIT_UNAVAILABL
 COMMANDS: dict[str, tuple[str, ...]] = {
     "local": ("up", "down", "kill-leader", "kill-worker"),
     "jobs": ("jobs", "submit", "run", "job", "list", "jobs-list", "cancel", "status"),
+    "logs": ("logs",),
     "workers": ("cordon", "uncordon", "drain"),
     "chaos": ("chaos", "check"),
     "processes": ("cp", "agent", "fleet", "database"),
@@ -64,7 +65,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 """Each module that registers commands on the app, with the commands it registers, in the
 order ``--help`` lists them (a unit test keeps this equal to what the modules register)."""
 
-CLIENT_GROUPS = ("jobs", "workers")
+CLIENT_GROUPS = ("jobs", "logs", "workers")
 """The groups whose commands are one short call: they run with the garbage collector paused."""
 
 

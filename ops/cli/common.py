@@ -30,6 +30,7 @@ from runtime.errors import (
     ConnectionRefused,
     DatabaseRefused,
     DatabaseUnavailable,
+    FailedPrecondition,
     IdempotencyConflict,
     InvalidArgument,
     LocalFileError,
@@ -179,7 +180,8 @@ def errors() -> Iterator[None]:
     """Turn Stockade's errors into one line on stderr and an exit status; no traceback.
 
     Exit status 2 for invalid input (:data:`EXIT_INVALID`), 1 for the rest
-    (:data:`EXIT_UNAVAILABLE`). An error inside trio's exception groups (a nursery around a
+    (:data:`EXIT_UNAVAILABLE`: among them what cannot be done in the state found, such as the
+    output of a job that has not started). An error inside trio's exception groups (a nursery around a
     single failure) is found and reported the same way; anything unexpected propagates.
     """
     try:
@@ -207,7 +209,7 @@ def errors() -> Iterator[None]:
                 "set STOCKADE_IDENTITY or the config's identity to use another)",
                 EXIT_UNAVAILABLE,
             )
-        if isinstance(exc, DatabaseRefused | LocalFileError):
+        if isinstance(exc, DatabaseRefused | LocalFileError | FailedPrecondition):
             fail(str(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
             fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)

@@ -35,12 +35,9 @@ from ops.cli.common import (
 from runtime.errors import Unavailable
 
 if TYPE_CHECKING:
+    from ops.cli.logs import OutputTail
     from protocol import pb
     from runtime.client import ControlPlaneClient
-
-OUTPUT_TAIL_LINES = 50
-"""Lines of a job's stdout and stderr that ``stockade job`` shows: the last ones of the file's
-last :data:`runtime.text.TAIL_MAX_BYTES`, each cut to :data:`runtime.text.LINE_MAX_BYTES`."""
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
 JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
@@ -419,7 +416,7 @@ def job(
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Show one job: state, worker, assignment, times, its attempts and lifecycle settings, and
-    its stdout/stderr when on this machine.
+    the last lines of its stdout and stderr (read from its worker, from any host).
 
     --json prints the job as a job file (its fields: name, cpu_millis, memory_mb, priority, the
     runtime, max_attempts, retry_backoff_s, count_lost, timeout_s, constraints, env, workdir,
@@ -435,27 +432,30 @@ def job(
 
     with errors():
         validation.check_job_id(job_id)
-        info: pb.JobInfo = rpc.call(
-            control_plane_addresses(control_planes),
-            "get_job",
-            pb.GetJobRequest(job_id=job_id),
-            tls=client_tls(),
-        )
+        addresses = control_plane_addresses(control_planes)
+        info: pb.JobInfo = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id), tls=client_tls())
     if as_json:
         from ops.cli.render import job_json
 
         sys.stdout.write(json.dumps(job_json(info), indent=2) + "\n")
         return
-    _print_job(info)
+    tails = []
+    if info.started_unix_s and info.spec is not None and info.spec.sleep is None:
+        from ops.cli.logs import output_tails
+
+        with errors():
+            tails = output_tails(addresses, job_id, client_tls())
+    _print_job(info, tails)
 
 
-def _print_job(info: pb.JobInfo) -> None:
-    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and stderr."""
+def _print_job(info: pb.JobInfo, tails: list[OutputTail]) -> None:
+    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and
+    stderr (``tails``, read through a control plane from the worker that keeps them)."""
     from rich.table import Table
     from rich.text import Text
 
-    from ops.cli.render import attempts_table, lifecycle_rows, local_time, runtime_text, tail_extent
-    from runtime.text import cut_line, tail_lines
+    from ops.cli.render import attempts_table, lifecycle_rows, local_time, runtime_text
+    from runtime.text import cut_line
 
     spec = info.spec
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -489,23 +489,29 @@ def _print_job(info: pb.JobInfo) -> None:
     console().print(table)
     if info.attempt_history:
         console().print(attempts_table(info.attempt_history))
-    for label, path_text in (("stdout", info.stdout_path), ("stderr", info.stderr_path)):
-        if not path_text:
+    for output in tails:
+        label = output.stream
+        if output.tail is None:
+            console().print(Text(f"({label} cannot be read now: {output.error})", style="dim"))
             continue
-        path = Path(path_text)
-        if not path.is_file():
-            console().print(f"({label} file {shown_path(path)} is not on this machine)", style="dim")
-            continue
-        try:
-            tail = tail_lines(path, max_lines=OUTPUT_TAIL_LINES)
-        except OSError as exc:
-            console().print(f"({label} file {shown_path(path)} cannot be read: {exc.strerror})", style="dim")
-            continue
-        if not tail.lines:
+        if output.dropped_bytes:
+            console().print(
+                Text(
+                    f"({label}: worker {output.worker_id} no longer keeps its first "
+                    f"{output.dropped_bytes:,} bytes: over its max_output_mb)",
+                    style="dim",
+                )
+            )
+        if not output.tail.lines:
             console().print(f"{label}: empty", style="dim")
             continue
-        console().rule(f"{label} ({tail_extent(tail)})", align="left", style="dim")
-        for line in tail.lines:
+        lines = len(output.tail.lines)
+        console().rule(
+            f"{label} (last {lines} line{'' if lines == 1 else 's'}, from {output.worker_id})",
+            align="left",
+            style="dim",
+        )
+        for line in output.tail.lines:
             console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 

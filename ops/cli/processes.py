@@ -18,11 +18,13 @@ from runtime.identifiers import parse_labels
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     MAX_JOB_NICE,
+    MAX_OUTPUT_MB,
     MIN_JOB_NICE,
     PLACEMENT_POLICIES,
     AgentSettings,
     IngestSettings,
     LeaseSettings,
+    OutputSettings,
     PlacerSettings,
     ReconcilerSettings,
 )
@@ -216,6 +218,13 @@ def control_plane(
             "seconds: a retry within it gets the first answer, a copy after it is a new call."
         ),
     ] = _INGEST.idempotency_key_retention_s,
+    max_log_streams: Annotated[
+        int,
+        typer.Option(
+            help="Job output streams (stockade logs) this replica relays at once; one more is "
+            "answered 'busy' (another replica takes it)."
+        ),
+    ] = _INGEST.max_log_streams,
     initial_window: Annotated[
         int,
         typer.Option(
@@ -321,6 +330,7 @@ def control_plane(
                 wire_step_messages=wire_step_messages,
                 max_pending_jobs=max_pending_jobs,
                 idempotency_key_retention_s=idempotency_key_retention_s,
+                max_log_streams=max_log_streams,
             ),
             lease=LeaseSettings(
                 lease_ttl_s=lease_ttl_s,
@@ -414,6 +424,34 @@ JobUserOption = Annotated[
 MetricsPortOption = Annotated[
     int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
 ]
+MaxOutputMbOption = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=MAX_OUTPUT_MB,
+        help="Keep at most this many MiB of each job's stdout, and of its stderr: past it the oldest "
+        "part is dropped (stockade logs says how much).",
+    ),
+]
+OutputRetentionOption = Annotated[
+    float,
+    typer.Option(
+        help="Delete a job's folder (its output, its working files) this long after it ended, seconds "
+        "(never while it runs)."
+    ),
+]
+
+
+def _output_settings(max_output_mb: int, output_retention_s: float) -> OutputSettings:
+    """The agent's output settings from its options.
+
+    Raises:
+        InvalidArgument: a value out of range, naming its option's field.
+    """
+    return OutputSettings(max_output_mb=max_output_mb, output_retention_s=output_retention_s)
+
+
+_OUTPUT_DEFAULTS = OutputSettings()
 
 
 @app.command("agent")
@@ -436,6 +474,8 @@ def agent(
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     job_user: JobUserOption = _agent_str_default("job_user"),
+    max_output_mb: MaxOutputMbOption = _OUTPUT_DEFAULTS.max_output_mb,
+    output_retention_s: OutputRetentionOption = _OUTPUT_DEFAULTS.output_retention_s,
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
@@ -488,6 +528,7 @@ def agent(
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
             job_user=job_user,
+            output=_output_settings(max_output_mb, output_retention_s),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
             labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
         )
@@ -523,6 +564,8 @@ def fleet(
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     job_user: JobUserOption = _agent_str_default("job_user"),
+    max_output_mb: MaxOutputMbOption = _OUTPUT_DEFAULTS.max_output_mb,
+    output_retention_s: OutputRetentionOption = _OUTPUT_DEFAULTS.output_retention_s,
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
@@ -559,6 +602,7 @@ def fleet(
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
             job_user=job_user,
+            output=_output_settings(max_output_mb, output_retention_s),
         )
         check_nice(nice)
         resolve_unprivileged_user(job_user)  # refuse to start without the job user

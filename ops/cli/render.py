@@ -1,5 +1,5 @@
 """How client commands show what the control planes answer: the status view, a job's runtime
-in one line, times, the extent of an output tail, and the JSON of ``status``, ``job`` and
+in one line, times, and the JSON of ``status``, ``job`` and
 ``list`` (each built from the same reply the table is).
 
 Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
@@ -18,7 +18,6 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from protocol import pb
-    from runtime.text import Tail
 
 
 def local_time(unix_s: float) -> str:
@@ -245,14 +244,6 @@ def attempts_table(attempts: list[pb.Attempt]) -> Table:
             Text(attempt.detail or "-"),
         )
     return table
-
-
-def tail_extent(tail: Tail) -> str:
-    """What part of a file ``tail`` shows, e.g. ``last 50 lines of the last 64 KiB of 200.0 MiB``."""
-    shown = f"last {len(tail.lines)} line{'' if len(tail.lines) == 1 else 's'}"
-    if tail.whole:
-        return shown
-    return f"{shown} of the last {tail.read_bytes // 1024} KiB of {tail.size_bytes / 2**20:.1f} MiB"
 
 
 def seconds_text(value: float | None) -> str:

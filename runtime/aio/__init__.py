@@ -20,6 +20,15 @@ handler wherever it is, in the middle of an asyncpg call included, which would t
 pooled connection. A handler that must not lose its connection that way runs its database work
 under :func:`finish_despite_cancel`; it learns its client's deadline from :func:`rpc_deadline`.
 
+Server streams (``rpc X(Req) returns (stream Reply)``): the handler is trio code (an async
+generator, or a coroutine given a send function), and each message it sends crosses back to
+the asyncio task of its stream (``run_aio`` of grpclib's ``send_message``), which returns once
+HTTP/2 flow control lets the message go: a client that reads slowly or not at all holds the
+handler back, never its memory. The same cancel as above reaches the handler when the client
+resets the stream or its deadline passes. On the client side, :meth:`GrpcChannel.stream`
+reads one message per crossing, with no task of its own between reads, and resets the stream
+when its block is left early, which cancels the server's handler.
+
 Encoding on the handler's terms: grpclib decodes a request before the handler runs and encodes
 its reply after it returns, each in one piece on the event loop (70 ms and more for a message
 with a thousand elements). A handler that must do that work itself, in slices and only once it
@@ -36,10 +45,11 @@ client that only calls a gRPC server loads neither the database side nor the ser
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
   with backoff and one log line per outage change (see that module).
-- :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
+- :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service` (unary RPCs and
+  server streams, :data:`Send`), :class:`WireCodec`,
   :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`, and who
   called (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`).
-- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel`.
+- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel` (unary calls and server streams).
 
 A test that replaces a name patches it in the module that holds it (``runtime.aio.pg``...):
 that is where the code looks it up.
@@ -55,6 +65,7 @@ if TYPE_CHECKING:
     from runtime.aio.grpc_client import GrpcChannel
     from runtime.aio.grpc_server import (
         Caller,
+        Send,
         WireCodec,
         finish_despite_cancel,
         refuse,
@@ -72,6 +83,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
     "pg": ("PgConnection", "PgPool", "ReadStore", "ReconnectingConnection"),
     "grpc_server": (
         "Caller",
+        "Send",
         "WireCodec",
         "finish_despite_cancel",
         "refuse",
@@ -95,6 +107,7 @@ __all__ = [
     "PgPool",
     "ReadStore",
     "ReconnectingConnection",
+    "Send",
     "WireCodec",
     "asyncio_bridge",
     "finish_despite_cancel",

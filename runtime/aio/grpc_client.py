@@ -1,11 +1,17 @@
 """The gRPC client side: :class:`GrpcChannel`, calls to one peer from trio with their errors
 translated (a gRPC status or an unreachable peer becomes a :class:`runtime.errors.StockadeError`
-that says what the caller can do)."""
+that says what the caller can do): unary calls (:meth:`GrpcChannel.call`) and server streams
+(:meth:`GrpcChannel.stream`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import math
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import grpclib.client
@@ -13,16 +19,18 @@ import grpclib.config
 import grpclib.const
 import grpclib.exceptions
 import trio
-from betterproto2.grpclib import ServiceStub
+from betterproto2.grpclib import ServiceBase, ServiceStub
 
-from runtime.aio.bridge import run_aio
+from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio
 from runtime.errors import (
     Busy,
     ConnectionRefused,
+    FailedPrecondition,
     HandshakeRefused,
     IdempotencyConflict,
     InvalidArgument,
     NotFound,
+    PeerUnavailable,
     PermissionDenied,
     RemoteError,
     StockadeError,
@@ -40,6 +48,10 @@ _RETRYABLE_STATUS = {
     grpclib.const.Status.DEADLINE_EXCEEDED,
     grpclib.const.Status.CANCELLED,
 }
+
+
+_BROKEN = (TimeoutError, OSError, grpclib.exceptions.StreamTerminatedError, grpclib.exceptions.ProtocolError)
+"""Errors of a connection that could not be made or broke."""
 
 
 class GrpcChannel:
@@ -79,10 +91,13 @@ class GrpcChannel:
             Busy: the peer answered RESOURCE_EXHAUSTED: it is overloaded and did not start the
                 request (nothing was stored; asking another peer is safe).
             ConnectionRefused: the peer refused the connection (nothing listens there).
+            PeerUnavailable: the peer answered UNAVAILABLE: something it needs is out of its
+                reach (``detail``: its words).
             Unavailable: the peer did not answer in time, could not be reached, or answered
-                UNAVAILABLE / DEADLINE_EXCEEDED.
+                DEADLINE_EXCEEDED / CANCELLED.
             InvalidArgument, NotFound: the peer answered INVALID_ARGUMENT / NOT_FOUND
                 (``field`` is ``"request"``; the peer's message is kept whole).
+            FailedPrecondition: the peer answered FAILED_PRECONDITION (its message kept whole).
             IdempotencyConflict: the peer answered ALREADY_EXISTS: the request's idempotency
                 key was first used for another request.
             PermissionDenied: the peer answered PERMISSION_DENIED or UNAUTHENTICATED: this
@@ -96,42 +111,101 @@ class GrpcChannel:
                 return await run_aio(method, request, timeout=timeout_s)
         except trio.TooSlowError as exc:
             raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
-        except grpclib.exceptions.GRPCError as exc:
-            message = exc.message or ""
-            if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
-                raise Busy(f"{self.address}: {message}") from exc
-            if exc.status in _RETRYABLE_STATUS:
-                raise Unavailable(f"{self.address}: {exc.status.name}: {message}") from exc
-            if exc.status == grpclib.const.Status.INVALID_ARGUMENT:
-                raise _RemoteInvalid(message) from exc
-            if exc.status == grpclib.const.Status.NOT_FOUND:
-                raise NotFound(message) from exc
-            if exc.status == grpclib.const.Status.ALREADY_EXISTS:
-                raise IdempotencyConflict(message) from exc
-            if exc.status in (grpclib.const.Status.PERMISSION_DENIED, grpclib.const.Status.UNAUTHENTICATED):
-                raise PermissionDenied(f"{self.address}: {message}") from exc
-            raise RemoteError(exc.status.name, message) from exc
-        except ConnectionRefusedError as exc:
-            raise ConnectionRefused(f"{self.address} refused the connection") from exc
-        except ssl.SSLError as exc:
-            raise HandshakeRefused(f"{self.address}: {describe_tls_error(exc)}") from exc
-        except (
-            TimeoutError,
-            OSError,
-            grpclib.exceptions.StreamTerminatedError,
-            grpclib.exceptions.ProtocolError,
-        ) as exc:
-            reason = describe_tls_error(exc)
-            if reason is not None:
-                raise HandshakeRefused(f"{self.address}: {reason}") from exc
-            raise Unavailable(f"{self.address} unreachable: {exc!r}{self._hint()}") from exc
         except StockadeError:
             raise
         except Exception as exc:
-            # grpclib's own races (a connection lost while a stream is opened raises
-            # AttributeError inside it): the peer is unreachable for this call; start afresh.
-            self._reset()
-            raise Unavailable(f"{self.address} failed: {exc!r}") from exc
+            raise self._translated(exc) from exc
+
+    def _translated(self, exc: Exception) -> StockadeError:
+        """The StockadeError that says what a failed call's ``exc`` means (see :meth:`call`)."""
+        if isinstance(exc, grpclib.exceptions.GRPCError):
+            message = exc.message or ""
+            if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
+                return Busy(f"{self.address}: {message}")
+            if exc.status == grpclib.const.Status.UNAVAILABLE:
+                return PeerUnavailable(f"{self.address}: UNAVAILABLE: {message}", detail=message)
+            if exc.status in _RETRYABLE_STATUS:
+                return Unavailable(f"{self.address}: {exc.status.name}: {message}")
+            if exc.status == grpclib.const.Status.INVALID_ARGUMENT:
+                return _RemoteInvalid(message)
+            if exc.status == grpclib.const.Status.NOT_FOUND:
+                return NotFound(message)
+            if exc.status == grpclib.const.Status.FAILED_PRECONDITION:
+                return FailedPrecondition(message)
+            if exc.status == grpclib.const.Status.ALREADY_EXISTS:
+                return IdempotencyConflict(message)
+            if exc.status in (grpclib.const.Status.PERMISSION_DENIED, grpclib.const.Status.UNAUTHENTICATED):
+                return PermissionDenied(f"{self.address}: {message}")
+            return RemoteError(exc.status.name, message)
+        if isinstance(exc, TimeoutError) and exc.args == ("Deadline exceeded",):
+            # grpclib's own deadline (grpclib.utils.DeadlineWrapper) ended the call.
+            return Unavailable(f"{self.address}: DEADLINE_EXCEEDED: the call's deadline passed")
+        if isinstance(exc, ConnectionRefusedError):
+            return ConnectionRefused(f"{self.address} refused the connection")
+        if isinstance(exc, ssl.SSLError):
+            return HandshakeRefused(f"{self.address}: {describe_tls_error(exc)}")
+        if isinstance(exc, _BROKEN):
+            reason = describe_tls_error(exc)
+            if reason is not None:
+                return HandshakeRefused(f"{self.address}: {reason}")
+            return Unavailable(f"{self.address} unreachable: {exc!r}{self._hint()}")
+        # grpclib's own races (a connection lost while a stream is opened raises
+        # AttributeError inside it): the peer is unreachable for this call; start afresh.
+        self._reset()
+        return Unavailable(f"{self.address} failed: {exc!r}")
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        service: type[ServiceBase],
+        rpc: str,
+        request: Any,
+        *,
+        first_message_s: float,
+        idle_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """A server-streaming call of ``service``'s ``rpc`` (snake_case, e.g. ``"read_logs"`` of
+        ``pb.WorkerBase``) with ``request``, whose messages the block reads.
+
+        ``async with channel.stream(pb.WorkerBase, "read_logs", request, first_message_s=5)
+        as messages: async for message in messages: ...``. The call is made when the first
+        message is asked for; each message is read when the block asks for it, and the
+        server's sends wait meanwhile (HTTP/2 flow control), so a slow reader costs memory on
+        neither side. Leaving the block, however it is left (a cancel included), resets the
+        stream if it has not ended: the server's handler is cancelled.
+
+        No task runs beside the block (each read crosses to asyncio and back), so an error
+        the block raises comes out as itself, not in an exception group.
+
+        Args:
+            service: the generated service base class (its routes and message types).
+            rpc: the method, snake_case.
+            request: its request message.
+            first_message_s: the longest wait for the first message (or the stream's end), the
+                connection included, in seconds.
+            idle_s: the longest wait for each later message, in seconds; None: no limit (a
+                server that sends keep-alive messages while idle lets a client tell a quiet
+                stream from a dead peer).
+            timeout_s: the deadline of the whole call (sent as ``grpc-timeout``), in seconds;
+                None: none.
+
+        Raises (from the iteration, translated as :meth:`call` says):
+            Unavailable: the peer could not be reached, sent nothing in time, or the stream
+                broke; PeerUnavailable, Busy, NotFound, InvalidArgument, FailedPrecondition,
+                PermissionDenied, HandshakeRefused, RemoteError: the peer's status.
+            ValueError: ``service`` has no method ``rpc`` (at once).
+        """
+        path, request_type, reply_type = _route(service, rpc)
+        call = self._channel.request(
+            path, grpclib.const.Cardinality.UNARY_STREAM, request_type, reply_type, timeout=timeout_s
+        )
+        messages = _Messages(self, call, request, first_message_s=first_message_s, idle_s=idle_s)
+        try:
+            yield messages
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_DEADLINE_S):
+                await messages.close()
 
     async def connect(self, *, timeout_s: float) -> None:
         """Open the connection now (with its TLS handshake) rather than at the first call.
@@ -177,3 +251,90 @@ class _RemoteInvalid(InvalidArgument):
         self.value = None
         self.rule = message
         self.detail = ""
+
+
+@functools.cache
+def _route(service: type[ServiceBase], rpc: str) -> tuple[str, type[Any], type[Any]]:
+    """The path, request type and reply type of ``service``'s method ``rpc`` (snake_case), from
+    the generated base's handler table.
+
+    Raises:
+        ValueError: ``service`` has no such method.
+    """
+    mapping: dict[str, Any] = service().__mapping__()  # type: ignore[abstract, attr-defined]
+    for path, handler in mapping.items():
+        name = path.rpartition("/")[2]
+        if "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_") == rpc:
+            return path, handler.request_type, handler.reply_type
+    raise ValueError(f"{service.__name__} has no method {rpc!r}")
+
+
+class _Messages:
+    """The messages of one server stream (:meth:`GrpcChannel.stream`), as an async iterator.
+
+    Every step is one crossing to asyncio (:func:`runtime.aio.bridge.run_aio`): grpclib's
+    stream needs no task of its own between them (its deadline timer cancels whichever task
+    is reading when it fires)."""
+
+    def __init__(
+        self,
+        channel: GrpcChannel,
+        call: grpclib.client.Stream[Any, Any],
+        request: Any,
+        *,
+        first_message_s: float,
+        idle_s: float | None,
+    ) -> None:
+        self._channel = channel
+        self._call = call
+        self._request = request
+        self._first_message_s = first_message_s
+        self._idle_s = idle_s
+        self._entered = False
+        self._ended = False
+        self._received = 0
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def _open(self) -> None:
+        await run_aio(self._call.__aenter__)
+        self._entered = True
+        await run_aio(self._call.send_message, self._request, end=True)
+
+    async def __anext__(self) -> Any:
+        if self._ended:
+            raise StopAsyncIteration
+        wait_s = self._first_message_s if self._received == 0 else self._idle_s
+        try:
+            with trio.fail_after(math.inf if wait_s is None else wait_s):
+                if not self._entered:
+                    await self._open()
+                message = await run_aio(self._call.recv_message)
+                if message is None:
+                    # The stream has ended: its trailers carry the status (an error raises here).
+                    await run_aio(self._call.recv_trailing_metadata)
+        except trio.TooSlowError:
+            what = "its first message" if self._received == 0 else "anything more"
+            raise Unavailable(f"{self._channel.address} did not send {what} within {wait_s:g} s") from None
+        except StockadeError:
+            raise
+        except Exception as exc:
+            self._ended = True
+            raise self._channel._translated(exc) from exc
+        if message is None:
+            self._ended = True
+            raise StopAsyncIteration
+        self._received += 1
+        return message
+
+    async def close(self) -> None:
+        """End the call: done if the stream ended, else reset (the server is told to stop)."""
+        if not self._entered:
+            return
+        self._entered = False
+        unfinished = None if self._ended else asyncio.CancelledError()
+        with contextlib.suppress(Exception):  # the call is over either way; its error was reported
+            await run_aio(
+                self._call.__aexit__, None if unfinished is None else type(unfinished), unfinished, None
+            )

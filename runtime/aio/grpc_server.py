@@ -2,7 +2,9 @@
 
 :func:`serve_grpc` serves services built by :func:`trio_service`, which runs each RPC's trio
 handler through :func:`runtime.aio.bridge.run_trio` and turns the StockadeErrors it raises into
-gRPC statuses. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
+gRPC statuses. A server-streaming RPC's handler is a trio async generator, or a coroutine
+given a ``send`` function (:data:`Send`), whose messages go out one by one under HTTP/2 flow
+control. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
 :func:`finish_despite_cancel` keeps database work from being cancelled half way.
 :class:`WireCodec` sends replies already in wire form as they are, and hands a handler marked
 :func:`takes_encoded_request` its request undecoded. Why each exists is in
@@ -17,7 +19,7 @@ import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -37,6 +39,7 @@ from runtime.errors import (
     Busy,
     DatabaseUnavailable,
     DeadlineExceeded,
+    FailedPrecondition,
     IdempotencyConflict,
     InvalidArgument,
     NotFound,
@@ -55,6 +58,7 @@ _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
     (NotFound, grpclib.const.Status.NOT_FOUND),
     (PermissionDenied, grpclib.const.Status.PERMISSION_DENIED),
     (IdempotencyConflict, grpclib.const.Status.ALREADY_EXISTS),
+    (FailedPrecondition, grpclib.const.Status.FAILED_PRECONDITION),
     (StaleEpoch, grpclib.const.Status.FAILED_PRECONDITION),
     (TemporaryError, grpclib.const.Status.UNAVAILABLE),
 ]
@@ -223,6 +227,66 @@ async def _call_in_trio(
     return result
 
 
+Send = Callable[[Any], Awaitable[None]]
+"""What a server-streaming handler given a send function calls with each message (trio side);
+it returns once grpclib has taken the message (HTTP/2 flow control: a client that reads
+slowly makes it wait)."""
+
+
+async def _stream_in_trio(
+    fn: Callable[..., Any], message: Any, send: Send, deadline_monotonic: float | None, caller: Caller
+) -> None:
+    """Serve one server stream in trio: iterate ``fn(message)`` (an async generator) and send
+    each message, or await ``fn(message, send)``."""
+    deadline = math.inf
+    if deadline_monotonic is not None:
+        deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
+    token = _RPC_DEADLINE.set(deadline)
+    caller_token = _RPC_CALLER.set(caller)
+    try:
+        if inspect.isasyncgenfunction(fn):
+            # Closed here, in this task, whatever ends the stream (a cancel included): the
+            # generator's own clean-up (closing a file it reads) runs at once, not when it is
+            # collected.
+            async with aclosing(fn(message)) as replies:
+                async for reply in replies:
+                    await send(reply)
+        else:
+            await fn(message, send)
+    except StockadeError:
+        await trio.lowlevel.checkpoint()
+        raise
+    finally:
+        _RPC_DEADLINE.reset(token)
+        _RPC_CALLER.reset(caller_token)
+    await trio.lowlevel.checkpoint()
+
+
+def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[None]]:
+    """A grpclib stream handler (asyncio side) for a server-streaming RPC served by
+    ``trio_fn``: it reads the one request, then runs the trio side (:func:`_stream_in_trio`),
+    whose every message crosses back to be sent on this stream.
+
+    Cancellation goes both ways: a client that resets the stream, or whose deadline passes,
+    has grpclib cancel this task, which cancels the trio handler wherever it waits (reading a
+    file, a worker's stream it relays); a handler that returns or raises ends the stream (a
+    StockadeError as its status)."""
+
+    async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
+        request = await stream.recv_message()
+        caller = _STREAM_CALLER.get()
+
+        async def send(reply: Any) -> None:
+            await run_aio(stream.send_message, reply)
+
+        try:
+            await run_trio(_stream_in_trio, trio_fn, request, send, _STREAM_DEADLINE.get(), caller)
+        except StockadeError as exc:
+            raise _to_grpc_error(exc) from exc
+
+    return handle
+
+
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 """The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB;
 10,000 sleep jobs in one SubmitJobs take about 0.5 MiB). A larger one is refused from its
@@ -381,8 +445,18 @@ def trio_service(
     :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
     statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
     InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
-    ALREADY_EXISTS, StaleEpoch -> FAILED_PRECONDITION, TemporaryError -> UNAVAILABLE, others ->
-    INTERNAL.
+    ALREADY_EXISTS, FailedPrecondition and StaleEpoch -> FAILED_PRECONDITION, TemporaryError ->
+    UNAVAILABLE, others -> INTERNAL.
+
+    A server-streaming RPC (``rpc X(Req) returns (stream Reply)``) is served by a method that is
+    either a trio async generator, ``async def x(self, request) -> AsyncIterator[Reply]``,
+    each yielded message sent in turn, or a coroutine given a send function,
+    ``async def x(self, request, send: Send) -> None``, for a handler that must hold a nursery
+    or a cancel scope across its messages (a generator must not yield inside one). Either ends
+    the stream by returning; a StockadeError it raises, even after some messages, becomes the
+    stream's status. It is cancelled when its client resets the stream or its deadline passes
+    (:func:`rpc_deadline`), and each send waits while the client does not read (HTTP/2 flow
+    control), so a slow or vanished client holds up the handler's reading, never its memory.
 
     ``access`` (None: no check) names, for each RPC, the roles whose certificates may call it
     on a mutual-TLS connection; an RPC it does not name is refused to everyone. A refusal is
@@ -393,12 +467,18 @@ def trio_service(
     """
     methods: dict[str, Any] = {}
     undecoded: set[str] = set()
+    streams: dict[str, Any] = {}
     for name, fn in vars(base).items():
-        if name.startswith("_") or not inspect.iscoroutinefunction(fn):
+        if name.startswith("_"):
             continue
         trio_fn = getattr(impl, name, None)
         if trio_fn is None:
             continue  # not implemented: the generated base answers UNIMPLEMENTED
+        if inspect.isasyncgenfunction(fn):
+            streams[name] = trio_fn  # the generated server-streaming stub is an async generator
+            continue
+        if not inspect.iscoroutinefunction(fn):
+            continue
         if getattr(trio_fn, _ENCODED_REQUEST, False):
             undecoded.add(name)
 
@@ -416,7 +496,8 @@ def trio_service(
         mapped = {}
         for path, handler in handlers.items():
             name = _snake_case(path.rpartition("/")[2])
-            handler = handler._replace(func=_guarded(handler.func, name, access, max_request_bytes))
+            func = _stream_handler(streams[name]) if name in streams else handler.func
+            handler = handler._replace(func=_guarded(func, name, access, max_request_bytes))
             if name in undecoded:
                 handler = handler._replace(request_type=_undecoded(handler.request_type))
             mapped[path] = handler

@@ -3,7 +3,7 @@ by hand (the lease at a given epoch, an admin connection), for the integration t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from ssl import SSLContext
 
@@ -13,6 +13,7 @@ from actors.ingest import Ingest
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.settings import IngestSettings
+from runtime.tls import ClientTls
 
 HOLD_LEASE = "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'"
 """cp-1 holds the lease at epoch $1 for an hour: the test plays the leader under that epoch."""
@@ -25,11 +26,14 @@ async def serve_ingests(
     settings: IngestSettings | None = None,
     presence_interval_s: float = 60.0,
     tls: SSLContext | None = None,
+    worker_tls: Callable[[str], ClientTls] | None = None,
 ) -> AsyncIterator[list[Ingest]]:
     """One ingest actor per id on ``database_url``, each serving on 127.0.0.1 (a free port),
     with no lease keeper and no leader, on the caller's loop; all stopped on leaving.
     ``settings`` defaults to ``IngestSettings()``; ``tls`` (a server context,
-    :func:`runtime.tls.server_context`) serves mutual TLS, None plaintext."""
+    :func:`runtime.tls.server_context`) serves mutual TLS, None plaintext; ``worker_tls`` gives
+    each replica's client certificate for reading job output from workers (by its id; None:
+    plaintext)."""
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         started = []
         for cp_id in cp_ids:
@@ -41,6 +45,7 @@ async def serve_ingests(
                 presence_interval_s=presence_interval_s,
                 settings=IngestSettings() if settings is None else settings,
                 tls=tls,
+                worker_tls=None if worker_tls is None else worker_tls(cp_id),
             )
             await nursery.start(ingest.run)
             started.append(ingest)

@@ -1,17 +1,19 @@
 """Text of unbounded size is shown in bounded size: every place that shows the end of a file
-(``stockade job``'s output, a process's log when the launcher names why it exited, the embedded
-PostgreSQL's log and its commands' output) reads only the file's last bytes, cuts long lines
-with a marker, and holds memory that does not grow with the file; files of records skip a line
-longer than any record without holding it."""
+(``stockade job``'s output, as its worker sends it, a process's log when the launcher names why
+it exited, the embedded PostgreSQL's log and its commands' output) reads only the file's last
+bytes, cuts long lines with a marker, and holds memory that does not grow with the file; files
+of records skip a line longer than any record without holding it."""
 
 from __future__ import annotations
 
 import io
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+import trio
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
@@ -57,30 +59,64 @@ def peak_bytes(action: Callable[[], object]) -> tuple[object, int]:
     return result, peak
 
 
+class TailingWorker:
+    """A control plane's ReadJobLogs as the job's worker answers a tail: the last
+    ``tail_max_bytes`` bytes of ``path`` at most (the worker's bound), read from the end, in
+    chunks of 64 KiB."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.asked: list[pb.ReadJobLogsRequest] = []
+
+    @asynccontextmanager
+    async def stream(
+        self, rpc_name: str, request: pb.ReadJobLogsRequest, **options: object
+    ) -> AsyncIterator[object]:
+        self.asked.append(request)
+        with self.path.open("rb") as file:
+            size = file.seek(0, io.SEEK_END)
+            file.seek(max(0, size - request.tail_max_bytes))
+            data = file.read()
+
+        async def chunks() -> AsyncIterator[pb.LogChunk]:
+            for at in range(0, max(len(data), 1), 65536):
+                yield pb.LogChunk(data=data[at : at + 65536], worker_id="w-1", job_ended=True)
+
+        yield chunks()
+
+
 @pytest.fixture
-def job_with_huge_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """``stockade job 1`` answers with a job whose stdout is one line of 200 MB."""
+def job_with_huge_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TailingWorker]:
+    """``stockade job 1`` answers with a job whose stdout is one line of 200 MB, its tails read
+    from it as its worker would send them."""
     stdout = huge_line_file(tmp_path / "stdout.log")
     info = pb.JobInfo(
         job_id=1,
         state="succeeded",
         spec=pb.JobSpec(name="yes", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["yes"])),
+        started_unix_s=1.0,
         stdout_path=str(stdout),
     )
+    worker = TailingWorker(stdout)
     monkeypatch.setattr(rpc, "call", lambda *args, **kwargs: info)
-    yield stdout
+    monkeypatch.setattr(rpc, "with_client", lambda addresses, body, **kwargs: trio.run(body, worker))
+    yield worker
 
 
-def test_stockade_job_shows_the_end_of_a_200_mb_line_in_bounded_memory(job_with_huge_output: Path) -> None:
-    """A job that wrote one 200 MB line: ``stockade job`` prints that line's end, marked as
-    beginning earlier, in a few KiB of output and memory that does not grow with the file."""
+def test_stockade_job_shows_the_end_of_a_200_mb_line_in_bounded_memory(
+    job_with_huge_output: TailingWorker,
+) -> None:
+    """A job that wrote one 200 MB line: ``stockade job`` asks its worker for no more than the
+    last 64 KiB (and one byte) of each output and prints that line's end, marked as beginning
+    earlier, in a few KiB of output and memory that does not grow with the file."""
     result, peak = peak_bytes(
         lambda: CliRunner().invoke(cli.app, ["job", "1", "--control-planes", "127.0.0.1:1"])
     )
     output = result.output  # type: ignore[attr-defined]
     assert result.exit_code == 0, output  # type: ignore[attr-defined]
+    assert {r.tail_max_bytes for r in job_with_huge_output.asked} == {TAIL_MAX_BYTES + 1}
     assert EARLIER_MARKER.strip() in output and "end of the line" in output
-    assert "last 1 line of the last 64 KiB of 200.0 MiB" in output
+    assert "stdout (last 1 line, from w-1)" in output
     assert len(output.encode()) < 4 * LINE_MAX_BYTES
     assert peak < PEAK_LIMIT_BYTES
 

@@ -101,7 +101,15 @@ def under(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["--version"], ["status", "--help"], ["up", "--help"], ["certs", "--help"]]
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["status", "--help"],
+        ["logs", "--help"],
+        ["up", "--help"],
+        ["certs", "--help"],
+    ],
 )
 def test_help_and_version_load_neither_the_client_nor_the_server(args: list[str]) -> None:
     """``--help`` and ``--version`` load Typer and the command modules, nothing that talks to
@@ -119,6 +127,15 @@ def test_a_client_command_loads_the_client_and_nothing_of_the_server() -> None:
     assert code == 1
     assert under(modules, NEVER) == []
     assert {"trio", "protocol", "runtime.client"} <= set(modules)
+
+
+def test_logs_loads_the_client_and_nothing_of_the_server() -> None:
+    """``stockade logs 1`` against an address where nothing listens: the client and its
+    streams load, the server side (the bridge's server half included) does not."""
+    code, modules = loaded("logs", "1", "--control-planes", "127.0.0.1:1")
+    assert code == 1
+    assert under(modules, NEVER) == []
+    assert {"trio", "protocol", "runtime.client", "runtime.aio.grpc_client"} <= set(modules)
 
 
 def test_typer_reads_plain_options_without_pydantic() -> None:

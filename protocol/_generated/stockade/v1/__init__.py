@@ -721,20 +721,30 @@ default_message_pool.register_message("stockade.v1", "ListJobsRequest", ListJobs
 
 @dataclass(eq=False, repr=False)
 class LogChunk(betterproto2.Message):
+    """
+    A piece of a job's output. The first chunk of a stream comes at once, its data possibly
+    empty (the stream is open). While following a job that writes nothing, a chunk with no data
+    and no flag comes every few seconds (a keep-alive: the worker and the control plane are
+    there).
+    """
+
     data: "bytes" = betterproto2.field(1, betterproto2.TYPE_BYTES)
     """
-    Bytes of the output, in order, as the job wrote them (not split at line ends).
+    Bytes of the output, in order, as the job wrote them (not split at line ends; at most
+    64 KiB).
     """
 
     dropped_bytes: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
     """
     The worker dropped this many bytes before data (the oldest part of an output over its
-    cap, or what the worker no longer keeps): shown to people as a notice.
+    cap, max_output_mb; or, asked for more tail lines than it keeps, what came before what it
+    keeps): shown to people as a notice.
     """
 
     job_ended: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
     """
-    Set on the last chunk of a stream that ended because the job has ended.
+    Set on the last chunk when the job had ended by then and everything it wrote has been
+    sent (with follow, that is why the stream ends).
     """
 
     worker_id: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
@@ -749,9 +759,14 @@ default_message_pool.register_message("stockade.v1", "LogChunk", LogChunk)
 class ReadJobLogsRequest(betterproto2.Message):
     """
     A job's output, read from the worker that ran (or runs) it (stockade logs). Any control
-    plane answers: it looks up the job's newest assignment that started, and relays the
-    worker's Worker.ReadLogs stream. The stream ends when the output has been sent (or, with
-    follow, when the job has ended and everything it wrote has been sent).
+    plane answers, with or without being the leader: it looks up the job's newest assignment
+    that started (a heartbeat listed it as running, or its worker reported its outcome), and
+    relays that worker's Worker.ReadLogs stream (actors/logs.py). The stream ends when the
+    output has been sent (or, with follow, when the job has ended and everything it wrote has
+    been sent). Statuses: NOT_FOUND, no such job; INVALID_ARGUMENT, a bad field or a sleep job
+    (which writes no output); FAILED_PRECONDITION, no run of the job has started yet (or its
+    worker no longer keeps the output: deleted output_retention_s after the job ended);
+    UNAVAILABLE, its worker is dead, left or unreachable (the message names it and its address).
     """
 
     job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
@@ -768,11 +783,17 @@ class ReadJobLogsRequest(betterproto2.Message):
 
     has_tail: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
     """
-    With has_tail, begin with the last tail_lines lines (0: none, only what comes next);
-    without, from the start of what the worker keeps.
+    With has_tail, begin with the last tail_lines lines (0: none, only what comes next; at
+    most 100000); without, from the start of what the worker keeps.
     """
 
     tail_lines: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+
+    tail_max_bytes: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+    """
+    With has_tail, begin no earlier than this many bytes before the end, even if that cuts the
+    first of the tail's lines (0: no limit): bounds a tail of very long lines.
+    """
 
 
 default_message_pool.register_message("stockade.v1", "ReadJobLogsRequest", ReadJobLogsRequest)
@@ -781,22 +802,33 @@ default_message_pool.register_message("stockade.v1", "ReadJobLogsRequest", ReadJ
 @dataclass(eq=False, repr=False)
 class ReadLogsRequest(betterproto2.Message):
     """
-    A control plane asks a worker for one assignment's output (ControlPlane.ReadJobLogs).
+    A control plane asks a worker for one assignment's output (ControlPlane.ReadJobLogs), read
+    from <work_dir>/jobs/<job_id>-<assignment_id>/stdout.log or stderr.log (agent/logs.py). Only
+    control planes may call it. NOT_FOUND: the worker keeps no folder of that assignment (and
+    does not run it).
     """
 
     worker_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The worker meant (refused with INVALID_ARGUMENT by any other).
+    """
 
     job_id: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
     assignment_id: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
 
     stream: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    The fields below as in ReadJobLogsRequest.
+    """
 
     follow: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
 
     has_tail: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
 
     tail_lines: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+
+    tail_max_bytes: "int" = betterproto2.field(8, betterproto2.TYPE_UINT64)
 
 
 default_message_pool.register_message("stockade.v1", "ReadLogsRequest", ReadLogsRequest)

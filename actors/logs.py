@@ -1,0 +1,226 @@
+"""ControlPlane.ReadJobLogs: a job's output, relayed from the worker that keeps it.
+
+A job's output lives on its worker only (``<work_dir>/jobs/<job>-<assignment>/``,
+:mod:`agent.output`). Any replica answers a ReadJobLogs, with or without being the leader (a
+read, no decision): the ingest looks the job up (:data:`actors.queries.LOG_SOURCE`), picks
+its source with :func:`log_source` (the newest assignment that started: one a heartbeat
+listed as running, or whose outcome its worker reported), calls that worker's
+Worker.ReadLogs with the replica's own client certificate (the worker admits control planes
+only, and the channel admits only the certificate of the worker it names, as the dispatcher's
+does), and passes every chunk on as it comes (:class:`LogRelay`). The client's own reads pace
+it: a chunk is read from the worker only once the previous one was taken by the client (HTTP/2
+flow control on both legs), and a client that goes away cancels the relay, which resets the
+worker's stream and stops its reader.
+
+What the caller is told, and why:
+
+- a job that does not exist: NOT_FOUND (``stockade logs`` exits 2);
+- a sleep job, which writes no output: INVALID_ARGUMENT (exit 2);
+- a job none of whose runs has started (waiting, pending, assigned; or ended before it ran):
+  FAILED_PRECONDITION saying its state (exit 1: it may start later; ``--follow`` waits);
+- its worker dead, left or unreachable (the connection refused, no first chunk within
+  ``log_open_timeout_s``, nothing for ``log_idle_timeout_s`` in the middle): UNAVAILABLE
+  naming the worker and its address (exit 1). The client asks the other replicas too, which
+  may reach the worker where this one cannot;
+- its worker keeps no folder of that run any more (deleted ``output_retention_s`` after the
+  job ended): FAILED_PRECONDITION in the worker's words (exit 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import trio
+
+from actors import validation
+from protocol import pb
+from runtime import metrics
+from runtime.aio import GrpcChannel, Send, rpc_deadline
+from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from runtime.settings import IngestSettings
+from runtime.tls import WORKER, ClientTls, Expected
+
+STREAMS = ("stdout", "stderr")
+
+
+@attrs.frozen(kw_only=True)
+class LogSource:
+    """Where a job's output is read: one run (assignment) and the worker that ran it."""
+
+    job_id: int
+    assignment_id: int
+    worker_id: str
+    address: str
+
+
+def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest:
+    """``request`` with its stream named (``""`` reads as ``"stdout"``).
+
+    Raises:
+        InvalidArgument: a job id out of range, an unknown stream, or a tail of more than
+            :data:`actors.validation.MAX_TAIL_LINES` lines.
+    """
+    validation.check_job_id(request.job_id)
+    stream = request.stream or "stdout"
+    if stream not in STREAMS:
+        raise InvalidArgument("stream", request.stream, "must be stdout or stderr")
+    if request.has_tail and not 0 <= request.tail_lines <= validation.MAX_TAIL_LINES:
+        raise InvalidArgument(
+            "tail_lines", request.tail_lines, f"must be between 0 and {validation.MAX_TAIL_LINES:,}"
+        )
+    return pb.ReadJobLogsRequest(
+        job_id=request.job_id,
+        stream=stream,
+        follow=request.follow,
+        has_tail=request.has_tail,
+        tail_lines=request.tail_lines,
+        tail_max_bytes=request.tail_max_bytes,
+    )
+
+
+def log_source(job_id: int, row: Any) -> LogSource:
+    """The run whose output a ReadJobLogs of ``job_id`` reads, from the job's row of
+    :data:`actors.queries.LOG_SOURCE` (None: no such job).
+
+    Raises:
+        NotFound: no job has that id.
+        InvalidArgument: it is a sleep job (which writes no output).
+        FailedPrecondition: none of its runs has started; the message says its state.
+        Unavailable: the run's worker was declared dead or left the cluster; the message
+            names it and its address.
+    """
+    if row is None:
+        raise NotFound(f"job_id {job_id} not found")
+    if row["runtime"] == "sleep":
+        raise InvalidArgument(
+            "job_id", job_id, "must name a command or container job", detail="a sleep job writes no output"
+        )
+    if row["assignment_id"] is None:
+        state, reason = row["state"], row["reason"] or ""
+        said = f"{state} ({reason})" if reason else state
+        if state in ("succeeded", "failed", "cancelled"):
+            raise FailedPrecondition(
+                f"job {job_id} never started on a worker: it ended {said}; it has no output"
+            )
+        if state == "assigned" and row["pending_worker_id"]:
+            said = f"assigned to {row['pending_worker_id']}, which has not reported it running"
+        raise FailedPrecondition(
+            f"job {job_id} has not started yet: it is {said}; its output can be read once it runs "
+            "(stockade logs --follow waits for it)"
+        )
+    source = LogSource(
+        job_id=job_id,
+        assignment_id=int(row["assignment_id"]),
+        worker_id=row["worker_id"],
+        address=row["address"],
+    )
+    if row["worker_state"] == "dead":
+        raise Unavailable(
+            f"worker {source.worker_id} at {source.address} was declared dead: the output of job {job_id} "
+            f"(assignment {source.assignment_id}) is kept on that worker only"
+        )
+    if row["worker_state"] == "left":
+        raise Unavailable(
+            f"worker {source.worker_id} at {source.address} left the cluster (its agent stopped): the "
+            f"output of job {job_id} (assignment {source.assignment_id}) is kept on that worker only"
+        )
+    return source
+
+
+@attrs.define
+class LogRelay:
+    """Relays a worker's ReadLogs stream to a ReadJobLogs caller (module docstring).
+
+    Args:
+        cp_id: this replica, named in busy answers.
+        settings: the timeouts and how many streams at once.
+        tls: this replica's client certificate for calling workers; None: plaintext.
+    """
+
+    cp_id: str
+    settings: IngestSettings
+    tls: ClientTls | None = None
+    streams: int = 0
+    """Streams being relayed now."""
+    _channels: dict[tuple[str, str], GrpcChannel] = attrs.field(factory=dict)
+
+    def _channel(self, source: LogSource) -> GrpcChannel:
+        key = (source.address, source.worker_id)
+        channel = self._channels.get(key)
+        if channel is None:
+            target = None if self.tls is None else self.tls.target(Expected(WORKER, source.worker_id))
+            channel = self._channels[key] = GrpcChannel(source.address, tls=target)
+        return channel
+
+    def admit(self) -> None:
+        """Refuse a stream beyond ``max_log_streams``.
+
+        Raises:
+            Busy: this replica relays that many already.
+        """
+        if self.streams >= self.settings.max_log_streams:
+            raise Busy(
+                f"busy: {self.cp_id} relays {self.streams} output streams already "
+                f"(max_log_streams {self.settings.max_log_streams}), try another replica"
+            )
+
+    async def relay(self, source: LogSource, request: pb.ReadJobLogsRequest, send: Send) -> None:
+        """Send every chunk of ``source``'s output that ``request`` asks for, as the worker sends it.
+
+        Raises:
+            Unavailable: the worker could not be reached, sent nothing in time, or its stream
+                broke (the message names it and its address).
+            FailedPrecondition: the worker keeps no output of that run any more.
+            Busy: ``max_log_streams`` streams are relayed already, or the worker serves too many.
+        """
+        self.admit()
+        worker_request = pb.ReadLogsRequest(
+            worker_id=source.worker_id,
+            job_id=source.job_id,
+            assignment_id=source.assignment_id,
+            stream=request.stream,
+            follow=request.follow,
+            has_tail=request.has_tail,
+            tail_lines=request.tail_lines,
+            tail_max_bytes=request.tail_max_bytes,
+        )
+        deadline = rpc_deadline()
+        timeout_s = None if math.isinf(deadline) else max(0.001, deadline - trio.current_time())
+        self.streams += 1
+        metrics.CP_LOG_STREAMS.inc()
+        worker = f"worker {source.worker_id} at {source.address}"
+        try:
+            async with self._channel(source).stream(
+                pb.WorkerBase,
+                "read_logs",
+                worker_request,
+                first_message_s=self.settings.log_open_timeout_s,
+                idle_s=self.settings.log_idle_timeout_s,
+                timeout_s=timeout_s,
+            ) as chunks:
+                async for chunk in chunks:
+                    await send(chunk)
+        except NotFound as exc:
+            raise FailedPrecondition(str(exc)) from exc
+        except Busy as exc:
+            raise Busy(f"{worker}: {exc}") from exc
+        except PermissionDenied as exc:
+            # The worker refused this replica's certificate: a fault of the cluster's, not the
+            # caller's; another replica may be let in.
+            raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{worker} is unreachable ({exc}): the output of job {source.job_id} (assignment "
+                f"{source.assignment_id}) is kept on that worker only"
+            ) from exc
+        finally:
+            self.streams -= 1
+            metrics.CP_LOG_STREAMS.dec()
+
+    def close(self) -> None:
+        """Close the connections to workers."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()

@@ -1,0 +1,275 @@
+"""Worker.ReadLogs: one assignment's stdout or stderr, read from its job folder and sent in chunks.
+
+:class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`s (the
+Worker service turns them into ``LogChunk`` messages, :mod:`agent.service`):
+
+- From the start of what the worker keeps, or with ``tail_lines`` from the start of the last
+  N lines (:func:`tail_start`: lines end at ``\\n``; a last line without one counts, as
+  ``tail -n`` counts them; with ``tail_max_bytes``, no earlier than that many bytes before the
+  end), then the rest in order, each read at most ``read_chunk_bytes`` (64 KiB) at a time.
+- Bytes the worker no longer keeps (the head of a file over ``max_output_mb``, a hole
+  punched by :mod:`agent.output`; or what a reader left behind got dropped while it lagged)
+  are skipped, and the next piece says how many (``dropped_bytes``). Asked for more lines than
+  the kept part holds, the stream begins where it begins, saying how much came before.
+- With ``follow``, it keeps sending what the job writes: the file is looked at every
+  ``follow_poll_s`` (and at once when the job ends); once the job has ended and everything
+  it wrote has been sent, the last piece says ``job_ended``. While there is nothing new it
+  sends an empty piece every ``keepalive_s``, so that its reader can tell a quiet job from a
+  dead worker. Without ``follow`` the stream ends when what the file holds has been sent
+  (its last piece says ``job_ended`` when the job had ended by then).
+- The first piece goes out at once (its data may be empty), so a caller knows the stream is
+  open; a job whose file does not exist yet (it waits for a start slot, or is a sleep job,
+  which writes none) gets an empty first piece, then, with ``follow``, whatever comes.
+
+Reads never hold the agent's event loop: each one, and each seek, is a call on a worker
+thread (at most ``READ_THREADS`` of them for every reader of the agent), holding the file's
+lock (:class:`agent.output.OutputFiles`) so that a trim does not land in the middle of it.
+A reader is stopped wherever it waits when its caller goes away (the RPC is cancelled), and
+closes its file. It works the same for a job that has ended, as long as its folder is kept
+(``output_retention_s``); without the folder it is :class:`runtime.errors.NotFound`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent.output import OUTPUT_FILES, OutputFiles, data_start
+from agent.runtimes import job_dir_for
+from runtime import metrics
+from runtime.errors import Busy, InvalidArgument, NotFound
+from runtime.settings import OutputSettings
+
+READ_THREADS = 4
+"""Worker threads one agent's readers read on at once (each read is short; more readers wait)."""
+MAX_TAIL_LINES = 100_000
+"""The most lines a tail may ask for."""
+
+
+def check_stream(stream: str) -> str:
+    """The output stream a request names: ``"stdout"`` (also for ``""``) or ``"stderr"``.
+
+    Raises:
+        InvalidArgument: any other name.
+    """
+    if stream in ("", "stdout"):
+        return "stdout"
+    if stream == "stderr":
+        return "stderr"
+    raise InvalidArgument("stream", stream, "must be stdout or stderr")
+
+
+def check_tail_lines(tail_lines: int) -> int:
+    """Raises InvalidArgument outside 0..:data:`MAX_TAIL_LINES`."""
+    if not 0 <= tail_lines <= MAX_TAIL_LINES:
+        raise InvalidArgument("tail_lines", tail_lines, f"must be between 0 and {MAX_TAIL_LINES:,}")
+    return tail_lines
+
+
+@attrs.frozen(kw_only=True)
+class LogQuery:
+    """What one ReadLogs asks for."""
+
+    job_id: int
+    assignment_id: int
+    stream: str
+    """``"stdout"`` or ``"stderr"``."""
+    follow: bool = False
+    tail_lines: int | None = None
+    """Begin with the last this-many lines; None: from the start of what is kept."""
+    tail_max_bytes: int = 0
+    """With ``tail_lines``, begin no earlier than this many bytes before the end (0: no limit)."""
+
+
+@attrs.frozen(kw_only=True)
+class Piece:
+    """One chunk of output, as sent."""
+
+    data: bytes = b""
+    dropped_bytes: int = 0
+    """Bytes the worker no longer keeps, between the previous piece's end and ``data``."""
+    job_ended: bool = False
+
+
+def tail_start(
+    read_at: Callable[[int, int], bytes], kept_from: int, size: int, lines: int, block: int
+) -> int | None:
+    """The offset where the last ``lines`` lines of a file begin, or None when its kept part
+    ``[kept_from, size)`` holds fewer (or exactly that many, beginning at ``kept_from`` with no
+    way to tell whether an earlier line was dropped: None too when ``kept_from`` is above 0).
+
+    Lines end at ``\\n``; a file's last line counts with or without one (``tail -n``). Reads
+    backwards ``block`` bytes at a time with ``read_at(offset, length)``, so it reads only as
+    much as the lines take.
+
+    Args:
+        read_at: the bytes of the file at ``offset``, ``length`` of them.
+        kept_from: where the kept part begins.
+        size: the file's length.
+        lines: how many lines (>= 0; 0: the end of the file).
+        block: bytes per read (> 0).
+    """
+    if lines == 0:
+        return size
+    end = size
+    if end > kept_from and read_at(end - 1, 1) == b"\n":
+        end -= 1  # the last line's own newline
+    found = 0
+    pos = end
+    while pos > kept_from:
+        start = max(kept_from, pos - block)
+        data = read_at(start, pos - start)
+        index = len(data)
+        while (index := data.rfind(b"\n", 0, index)) >= 0:
+            found += 1
+            if found == lines:
+                return start + index + 1
+        pos = start
+    return kept_from if kept_from == 0 else None
+
+
+def _open(path: Path) -> int | None:
+    """(worker thread) The file open for reading; None when it does not exist (yet)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+
+
+def _read(fd: int, path: Path, offset: int, max_bytes: int, files: OutputFiles) -> tuple[bytes, int, int]:
+    """(worker thread) Up to ``max_bytes`` of the output from ``offset`` on (offsets count every
+    byte the job wrote, truncated ones included), skipping what is no longer kept; returns the
+    data, how many bytes were skipped before it, and the offset after it."""
+    with files.lock(path):
+        removed = files.removed_bytes(path)
+        physical = offset - removed
+        dropped = 0
+        if physical < 0:  # truncated (no hole punching) past it
+            dropped, physical = -physical, 0
+        start = data_start(fd, physical)
+        dropped += start - physical
+        data = os.pread(fd, max_bytes, start)
+        return data, dropped, removed + start + len(data)
+
+
+def _tail(fd: int, path: Path, lines: int, max_bytes: int, block: int, files: OutputFiles) -> int:
+    """(worker thread) The offset of the last ``lines`` lines (0, the start, when fewer are
+    kept), but no earlier than ``max_bytes`` before the end (0: no limit)."""
+    with files.lock(path):
+        removed = files.removed_bytes(path)
+        kept_from, size = data_start(fd, 0), os.fstat(fd).st_size
+        start = tail_start(lambda at, length: os.pread(fd, length, at), kept_from, size, lines, block)
+        if max_bytes and size - max_bytes > (kept_from if start is None else start):
+            return removed + size - max_bytes
+        return 0 if start is None else removed + start
+
+
+@attrs.define
+class _Opened:
+    """A reader's file descriptor (None until the file exists)."""
+
+    fd: int | None
+
+
+@attrs.define
+class LogReader:
+    """Serves ReadLogs for one agent (module docstring).
+
+    Args:
+        worker_id: this worker (named in errors).
+        jobs_dir: the agent's jobs folder.
+        settings: chunk size, intervals, how many readers at once.
+        files: the state shared with the keeper (:class:`agent.output.OutputFiles`).
+        job_done: the agent's :meth:`agent.core.Agent.job_done`.
+    """
+
+    worker_id: str
+    jobs_dir: Path
+    settings: OutputSettings
+    files: OutputFiles
+    job_done: Callable[[int], trio.Event | None]
+    max_readers: int = 64
+    """Streams served at once; one more is refused (Busy)."""
+    readers: int = 0
+    """Streams being served now."""
+    _threads: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(READ_THREADS))
+
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
+
+    async def read(self, query: LogQuery) -> AsyncIterator[Piece]:
+        """The pieces of ``query``'s output, as the module docstring says.
+
+        Raises:
+            NotFound: the worker keeps no folder of that assignment (and does not run it).
+            Busy: ``max_readers`` streams are served already.
+            OSError: the file cannot be read.
+        """
+        if self.readers >= self.max_readers:
+            raise Busy(f"busy: worker {self.worker_id} serves {self.readers} output streams already")
+        folder = job_dir_for(self.jobs_dir, query.job_id, query.assignment_id)
+        path = folder / OUTPUT_FILES[query.stream]
+        done = self.job_done(query.assignment_id)
+        fd = await self._on_thread(_open, path)
+        if fd is None and done is None and not await self._on_thread(folder.is_dir):
+            raise NotFound(
+                f"worker {self.worker_id} keeps no output of job {query.job_id} (assignment "
+                f"{query.assignment_id}): its folder {folder} is not there (deleted "
+                f"{self.settings.output_retention_s:g} s after the job ended, output_retention_s, or "
+                "the job never started on this worker)"
+            )
+        opened = _Opened(fd)
+        self.readers += 1
+        metrics.AGENT_LOG_READERS.labels(self.worker_id).inc()
+        try:
+            async for piece in self._pieces(query, path, opened, done):
+                yield piece
+        finally:
+            self.readers -= 1
+            metrics.AGENT_LOG_READERS.labels(self.worker_id).dec()
+            if opened.fd is not None:
+                os.close(opened.fd)
+
+    async def _pieces(
+        self, query: LogQuery, path: Path, opened: _Opened, done: trio.Event | None
+    ) -> AsyncIterator[Piece]:
+        chunk = self.settings.read_chunk_bytes
+        offset = 0
+        if opened.fd is not None and query.tail_lines is not None:
+            offset = await self._on_thread(
+                _tail, opened.fd, path, query.tail_lines, query.tail_max_bytes, chunk, self.files
+            )
+        first = True
+        last_sent = trio.current_time()
+        while True:
+            # Whether the job had ended is read before the file: a job that had, wrote all it
+            # ever will before this read, so a short read drains it.
+            ended = done is None or done.is_set()
+            data, dropped = b"", 0
+            if opened.fd is not None:
+                data, dropped, offset = await self._on_thread(
+                    _read, opened.fd, path, offset, chunk, self.files
+                )
+            if len(data) == chunk:
+                yield Piece(data=data, dropped_bytes=dropped)
+                first, last_sent = False, trio.current_time()
+                continue
+            if ended:
+                yield Piece(data=data, dropped_bytes=dropped, job_ended=True)
+                return
+            if not query.follow:
+                yield Piece(data=data, dropped_bytes=dropped)
+                return
+            if data or dropped or first or trio.current_time() - last_sent >= self.settings.keepalive_s:
+                yield Piece(data=data, dropped_bytes=dropped)
+                first, last_sent = False, trio.current_time()
+            assert done is not None
+            with trio.move_on_after(self.settings.follow_poll_s):
+                await done.wait()
+            if opened.fd is None:
+                opened.fd = await self._on_thread(_open, path)

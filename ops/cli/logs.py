@@ -1,0 +1,271 @@
+"""``stockade logs``: a job's output, from any host, through the control planes.
+
+A job's stdout and stderr are kept on the worker that ran it (``max_output_mb`` of each, for
+``output_retention_s`` after it ended). Any control plane relays them (ControlPlane.ReadJobLogs,
+:mod:`actors.logs`), so this works wherever the cluster answers, not only on the worker's
+machine; ``stockade job ID`` shows their last lines the same way (:func:`output_tails`).
+
+The bytes go to standard output as they come, unchanged (not split at lines, not decoded), so
+``stockade logs 7 > out.bin`` is the job's output as the worker keeps it. Notices go to standard
+error: where the worker dropped bytes (the oldest part of an output over its cap), and, with
+``--follow`` on a job that has not started, that it waits for it. Exit statuses: 0 once the
+output (or, following, the job's end) has been shown; 2 for an unknown job or a sleep job (it
+writes no output); 1 for a job that has not started (without ``--follow``), whose worker no
+longer keeps its output, or whose worker is dead, left or unreachable (the message names it and
+its address); 130 after Ctrl-C, which ends a follow and leaves the job as it was.
+
+Only light modules are imported at the top (every ``stockade`` call registers this command);
+trio, the protocol and the client are imported when it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import attrs
+import typer
+
+from ops.cli.base import app
+from ops.cli.common import (
+    ControlPlanesOption,
+    client_tls,
+    control_plane_addresses,
+    err_console,
+    errors,
+    fail,
+    interruptible,
+)
+
+if TYPE_CHECKING:
+    from protocol import pb
+    from runtime.client import ControlPlaneClient
+    from runtime.errors import NoControlPlaneReachable
+    from runtime.text import Tail
+
+MAX_TAIL_LINES = 100_000
+"""The most lines ``--tail`` takes (the control plane's limit, ``actors.validation.MAX_TAIL_LINES``,
+written out here so ``--help`` need not import it; a unit test keeps them equal)."""
+OPEN_S = 10.0
+"""How long a replica may take to send a stream's first chunk (it looks the job up and
+reaches its worker within its own 5 s), in seconds."""
+IDLE_S = 30.0
+"""The longest silence of an open stream, in seconds: a replica sends a keep-alive every 5 s
+while following, and ends the stream itself after 20 s without word from the worker."""
+START_POLL_S = 1.0
+"""How often ``--follow`` asks again for a job that has not started, in seconds."""
+WAITING_STATES = ("waiting", "pending", "assigned", "running")
+"""States of a job that may still start (``running``: started, not yet listed by a heartbeat)."""
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB ({count:,} bytes)"
+
+
+def dropped_notice(job_id: int, stream: str, chunk: pb.LogChunk) -> str:
+    """The notice for bytes a worker no longer keeps before ``chunk``'s data."""
+    return (
+        f"[stockade logs: {_mib(chunk.dropped_bytes)} of job {job_id}'s {stream} not kept by worker "
+        f"{chunk.worker_id or '?'} here: the oldest part of an output over the worker's max_output_mb "
+        "is dropped]"
+    )
+
+
+def unreachable_worker(exc: NoControlPlaneReachable) -> str | None:
+    """What to say when every replica answered that the job's worker is out of reach (they
+    name it and its address): their own words, once; None when some replica did not answer."""
+    from runtime.errors import PeerUnavailable
+
+    if not exc.failures or not all(isinstance(f, PeerUnavailable) for f in exc.failures):
+        return None
+    said = list(dict.fromkeys(f.detail for f in exc.failures if isinstance(f, PeerUnavailable)))
+    asked = len(exc.failures)
+    return "; ".join(said) + f" (asked {asked} control plane{'s' if asked != 1 else ''})"
+
+
+class _Stdout:
+    """Standard output as bytes, flushed after every chunk; a reader that went away (``| head``)
+    ends the command quietly."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # Python flushes stdout again at exit: point it at nothing, so that says nothing.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+
+def _open(client: ControlPlaneClient, request: pb.ReadJobLogsRequest) -> Any:
+    """The ReadJobLogs stream of ``request`` on the first replica that opens it."""
+    return client.stream("read_job_logs", request, first_message_s=OPEN_S, idle_s=IDLE_S)
+
+
+def read_request(job_id: int, stream: str, *, follow: bool, tail: int | None, tail_max_bytes: int = 0) -> Any:
+    from protocol import pb
+
+    return pb.ReadJobLogsRequest(
+        job_id=job_id,
+        stream=stream,
+        follow=follow,
+        has_tail=tail is not None,
+        tail_lines=tail or 0,
+        tail_max_bytes=tail_max_bytes,
+    )
+
+
+async def _show(
+    client: ControlPlaneClient, job_id: int, stream: str, *, follow: bool, tail: int | None
+) -> None:
+    """Print the output as it comes; with ``follow``, wait for a job that has not started."""
+    import trio
+
+    from protocol import pb
+    from runtime.errors import FailedPrecondition
+
+    out = _Stdout()
+    request = read_request(job_id, stream, follow=follow, tail=tail)
+    said_waiting = False
+    while True:
+        try:
+            async with _open(client, request) as chunks:
+                async for chunk in chunks:
+                    if chunk.dropped_bytes:
+                        sys.stdout.flush()
+                        notice = dropped_notice(job_id, stream, chunk)
+                        err_console().print(notice, markup=False, soft_wrap=True)
+                    out.write(chunk.data)
+                    if out.closed:
+                        return
+            return
+        except FailedPrecondition:
+            if not follow:
+                raise
+            job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+            if job.state not in WAITING_STATES:
+                raise
+            if not said_waiting:
+                why = f" ({job.reason})" if job.reason else ""
+                err_console().print(
+                    f"[stockade logs: job {job_id} has not started yet: {job.state}{why}; waiting for it]",
+                    markup=False,
+                    soft_wrap=True,
+                )
+                said_waiting = True
+            await trio.sleep(START_POLL_S)
+
+
+@app.command("logs")
+def logs(
+    job_id: Annotated[int, typer.Argument(min=1, help="The job's id.")],
+    stderr: Annotated[bool, typer.Option("--stderr", help="Its stderr instead of its stdout.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing what it writes until it ends (waiting for it to start); Ctrl-C stops "
+            "following, the job runs on.",
+        ),
+    ] = False,
+    tail: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=MAX_TAIL_LINES,
+            metavar="N",
+            help="Begin with its last N lines (0: only what comes next) [default: all the worker keeps].",
+            show_default=False,
+        ),
+    ] = None,
+    control_planes: ControlPlanesOption = None,
+) -> None:
+    """Print a job's stdout (or --stderr) as its worker keeps it, from any host: its newest run
+    that started, through any control plane."""
+    from ops import rpc
+    from runtime.errors import NoControlPlaneReachable
+
+    stream = "stderr" if stderr else "stdout"
+    with errors():
+        addresses = control_plane_addresses(control_planes)
+
+    async def body(client: ControlPlaneClient) -> None:
+        await _show(client, job_id, stream, follow=follow, tail=tail)
+
+    stopped = f"stopped following job {job_id}'s {stream}; the job itself is left as it was"
+    with interruptible(lambda: stopped), errors():
+        try:
+            rpc.with_client(addresses, body, tls=client_tls())
+        except NoControlPlaneReachable as exc:
+            said = unreachable_worker(exc)
+            if said is None:
+                raise
+            fail(said)
+
+
+# ---------------------------------------------------------------------------- stockade job
+
+
+OUTPUT_TAIL_LINES = 50
+"""Lines of a job's stdout and stderr that ``stockade job`` shows."""
+
+
+@attrs.frozen(kw_only=True)
+class OutputTail:
+    """The end of one output stream of a job, as ``stockade job`` shows it."""
+
+    stream: str
+    tail: Tail | None = None
+    """Its last lines (None: it could not be read)."""
+    worker_id: str = ""
+    dropped_bytes: int = 0
+    error: str = ""
+    """Why it could not be read."""
+
+
+def output_tails(addresses: list[str], job_id: int, tls: Any) -> list[OutputTail]:
+    """The last :data:`OUTPUT_TAIL_LINES` lines of the job's stdout and stderr, read from its
+    worker through a control plane; at most :data:`runtime.text.TAIL_MAX_BYTES` of each, the
+    lines cut to :data:`runtime.text.LINE_MAX_BYTES` (a line that began earlier is marked so),
+    whatever the output's size. A stream that cannot be read says why instead."""
+    from ops import rpc
+    from runtime.errors import NoControlPlaneReachable, StockadeError
+    from runtime.text import TAIL_MAX_BYTES, tail_of
+
+    async def read(client: ControlPlaneClient, stream: str) -> OutputTail:
+        # One byte more than is shown: whether it is a newline tells if the first line is whole.
+        request = read_request(
+            job_id, stream, follow=False, tail=OUTPUT_TAIL_LINES, tail_max_bytes=TAIL_MAX_BYTES + 1
+        )
+        data = bytearray()
+        worker_id, dropped = "", 0
+        try:
+            async with _open(client, request) as chunks:
+                async for chunk in chunks:
+                    data += chunk.data
+                    worker_id = worker_id or chunk.worker_id
+                    dropped += chunk.dropped_bytes
+        except NoControlPlaneReachable as exc:
+            return OutputTail(stream=stream, error=unreachable_worker(exc) or str(exc))
+        except StockadeError as exc:
+            return OutputTail(stream=stream, error=str(exc))
+        tail = tail_of(io.BytesIO(bytes(data)), max_lines=OUTPUT_TAIL_LINES, max_bytes=TAIL_MAX_BYTES)
+        return OutputTail(stream=stream, tail=tail, worker_id=worker_id, dropped_bytes=dropped)
+
+    async def body(client: ControlPlaneClient) -> list[OutputTail]:
+        return [await read(client, stream) for stream in ("stdout", "stderr")]
+
+    try:
+        return rpc.with_client(addresses, body, tls=tls)
+    except StockadeError as exc:
+        return [OutputTail(stream=s, error=str(exc)) for s in ("stdout", "stderr")]

@@ -1,0 +1,191 @@
+"""`stockade logs`: the bytes as they come on stdout, notices on stderr, waiting for a job that
+has not started when following, and what each refusal exits with; the limits it states."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from actors import validation
+from agent import logs as agent_logs
+from ops import rpc
+from ops.cli import app
+from ops.cli import logs as cli_logs
+from protocol import pb
+from runtime.errors import (
+    ConnectionRefused,
+    FailedPrecondition,
+    InvalidArgument,
+    NoControlPlaneReachable,
+    NotFound,
+    PeerUnavailable,
+    StockadeError,
+)
+
+WHERE = ["--control-planes", "127.0.0.1:1"]
+
+
+class ScriptedClient:
+    """Answers ReadJobLogs with scripted streams (a list of chunks, or an error to raise), one
+    per call, and GetJob with a job in ``state``."""
+
+    def __init__(self, *streams: list[pb.LogChunk] | StockadeError, state: str = "pending") -> None:
+        self.streams = list(streams)
+        self.state = state
+        self.requests: list[pb.ReadJobLogsRequest] = []
+
+    @asynccontextmanager
+    async def stream(self, rpc_name: str, request: Any, **options: Any) -> AsyncIterator[AsyncIterator[Any]]:
+        assert rpc_name == "read_job_logs"
+        self.requests.append(request)
+        scripted = self.streams.pop(0)
+        if isinstance(scripted, StockadeError):
+            raise scripted
+
+        async def chunks() -> AsyncIterator[pb.LogChunk]:
+            for chunk in scripted:
+                await trio.lowlevel.checkpoint()
+                yield chunk
+
+        yield chunks()
+
+    async def call(self, rpc_name: str, request: Any) -> Any:
+        assert rpc_name == "get_job"
+        return pb.JobInfo(job_id=request.job_id, state=self.state)
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, client: ScriptedClient) -> None:
+    def with_client(addresses: list[str], body: Callable[[Any], Any], **options: Any) -> Any:
+        return trio.run(body, client)
+
+    monkeypatch.setattr(rpc, "with_client", with_client)
+    monkeypatch.setattr(cli_logs, "START_POLL_S", 0.0)
+
+
+def refusing(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    def with_client(*args: Any, **options: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(rpc, "with_client", with_client)
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["logs", *args, *WHERE])
+
+
+def test_the_output_is_written_as_it_came_and_a_drop_is_told_on_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chunks are written to stdout byte for byte (not split at lines); a chunk after dropped
+    bytes comes with a notice on stderr saying how much and by which worker."""
+    client = ScriptedClient(
+        [
+            pb.LogChunk(data=b"", worker_id="w-2"),
+            pb.LogChunk(data=b"abc", dropped_bytes=2 * 2**20, worker_id="w-2"),
+            pb.LogChunk(data=b"\xffdef\n", job_ended=True, worker_id="w-2"),
+        ]
+    )
+    scripted(monkeypatch, client)
+    result = invoke("7", "--tail", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"abc\xffdef\n"
+    assert "2.0 MiB (2,097,152 bytes) of job 7's stdout not kept by worker w-2" in result.stderr
+    request = client.requests[0]
+    assert (request.job_id, request.stream, request.has_tail, request.tail_lines, request.follow) == (
+        7,
+        "stdout",
+        True,
+        3,
+        False,
+    )
+
+
+def test_stderr_and_follow_are_asked_for() -> None:
+    """--stderr and --follow go into the request; no --tail reads from the start."""
+    request = cli_logs.read_request(7, "stderr", follow=True, tail=None)
+    assert (request.stream, request.follow, request.has_tail) == ("stderr", True, False)
+
+
+def test_following_a_job_that_has_not_started_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--follow on a pending job says once that it waits, asks again, and streams once it runs."""
+    client = ScriptedClient(
+        FailedPrecondition("job 7 has not started yet: it is pending"),
+        FailedPrecondition("job 7 has not started yet: it is pending"),
+        [pb.LogChunk(data=b"hello\n", job_ended=True, worker_id="w-1")],
+    )
+    scripted(monkeypatch, client)
+    result = invoke("7", "--follow")
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"hello\n"
+    assert result.stderr.count("has not started yet: pending; waiting for it") == 1
+    assert len(client.requests) == 3
+
+
+def test_without_follow_a_job_that_has_not_started_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --follow, a job that has not started: its state in one line, exit status 1."""
+    scripted(monkeypatch, ScriptedClient(FailedPrecondition("job 7 has not started yet: it is pending")))
+    result = invoke("7")
+    assert result.exit_code == 1
+    assert "error: job 7 has not started yet: it is pending" in result.stderr
+
+
+def test_following_a_job_that_ended_unstarted_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--follow on a job that ended without ever starting exits 1 at once."""
+    said = "job 7 never started on a worker: it ended cancelled; it has no output"
+    scripted(monkeypatch, ScriptedClient(FailedPrecondition(said), state="cancelled"))
+    result = invoke("7", "--follow")
+    assert result.exit_code == 1
+    assert said in result.stderr
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFound("job_id 7 not found"),
+        InvalidArgument(
+            "job_id", 7, "must name a command or container job", detail="a sleep job writes no output"
+        ),
+    ],
+)
+def test_an_unknown_job_or_a_sleep_job_exits_2(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """An unknown job, or a sleep job: the reason in one line, exit status 2."""
+    refusing(monkeypatch, error)
+    result = invoke("7")
+    assert result.exit_code == 2
+    assert f"error: {error}" in result.stderr
+
+
+def test_a_worker_out_of_reach_is_named_once_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every replica answered that the worker is out of reach: their words once (not "no
+    control plane answered"), exit status 1."""
+    said = "worker w-2 at 127.0.0.2:7302 is unreachable (refused): the output of job 7 is kept there only"
+    failures = [PeerUnavailable(f"127.0.0.1:{p}: UNAVAILABLE: {said}", detail=said) for p in (1, 2)]
+    refusing(
+        monkeypatch, NoControlPlaneReachable("no control plane answered", addresses=[], failures=failures)
+    )
+    result = invoke("7")
+    assert result.exit_code == 1
+    assert f"error: {said} (asked 2 control planes)" in result.stderr
+    assert "no control plane answered" not in result.stderr
+
+
+def test_a_cluster_that_does_not_answer_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas that could not be reached at all: the usual message, exit status 1."""
+    failures = [ConnectionRefused("127.0.0.1:1 refused the connection")]
+    refusing(
+        monkeypatch,
+        NoControlPlaneReachable("no control plane answered", addresses=["127.0.0.1:1"], failures=failures),
+    )
+    result = invoke("7")
+    assert result.exit_code == 1
+    assert "no control plane answered at 127.0.0.1:1: connection refused" in result.stderr
+
+
+def test_the_tail_limit_is_the_control_planes_and_the_workers() -> None:
+    """--tail's bound, written out in the CLI, is the control plane's and the worker's."""
+    assert cli_logs.MAX_TAIL_LINES == validation.MAX_TAIL_LINES == agent_logs.MAX_TAIL_LINES
