@@ -166,6 +166,8 @@ def reaper_argv(
     run_as_gid: int | None = None,
     job_cwd: str = "",
     timeout_s: float | None = None,
+    cgroup_procs: tuple[str, ...] = (),
+    address_space_bytes: int | None = None,
 ) -> list[str]:
     """The command line that runs ``argv`` under a reaper.
 
@@ -189,9 +191,24 @@ def reaper_argv(
         timeout_s: the job's ``timeout_s``: once it has run this long (wall time from its
             start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
             after the grace) and reports ``timed_out=1``; None: no limit.
+        cgroup_procs: the ``cgroup.procs`` files of the job's cgroups (made by the agent,
+            :mod:`agent.cgroups`): the job's process writes itself into each between fork and
+            exec, before the privilege drop; one that cannot be joined keeps the job from
+            starting (the report's error says ``resources_error``). Empty: none.
+        address_space_bytes: the job's ``RLIMIT_AS`` (soft and hard, at most the reaper's
+            hard limit), set in the same place; None: unchanged.
+
+    Raises:
+        ValueError: ``run_as_uid`` without ``run_as_gid`` (or the other way round), or a
+            cgroup path with a newline.
     """
     if (run_as_uid is None) != (run_as_gid is None):
         raise ValueError("run_as_uid and run_as_gid go together")
+    if any("\n" in path for path in cgroup_procs):
+        raise ValueError(f"a cgroup path cannot hold a newline: {cgroup_procs!r}")
+    confine = [f"cgroup={path}" for path in cgroup_procs]
+    if address_space_bytes is not None:
+        confine.append(f"as={int(address_space_bytes)}")
     return [
         python,
         "-I",  # no PYTHON* variables, no user site, no current folder on sys.path
@@ -207,6 +224,7 @@ def reaper_argv(
         "" if run_as_gid is None else str(run_as_gid),
         job_cwd,
         "" if timeout_s is None else repr(float(timeout_s)),
+        "\n".join(confine),
         "--",
         *argv,
     ]
@@ -552,10 +570,18 @@ class _Reaper:
         run_as: tuple[int, int] | None = None,
         cwd: str = "",
         env: dict[bytes, bytes] | None = None,
+        cgroups: tuple[str, ...] = (),
+        address_space: tuple[int, int, int] | None = None,
     ) -> None:
         """Fork and exec the job in a session and process group of its own, ``nice`` lower in
         priority, in ``cwd`` (empty: the reaper's), as ``run_as`` (uid, gid; None: the reaper's
-        user).
+        user), in the cgroups whose ``cgroup.procs`` files ``cgroups`` lists, with the rlimit
+        ``address_space`` (resource, soft, hard; None: none).
+
+        The job's process joins its cgroups first of all, before it runs anything of its own
+        and while it still has the reaper's rights (the job user may not write there), and
+        sets the rlimit; a failure there keeps the job from starting (it never runs
+        unconfined). The reaper stays where it is, outside the job's cgroups.
 
         The privilege drop happens in the child, after ``chdir`` and before the exec, in the
         order that cannot be undone halfway: ``setgroups([])``, ``setgid``, ``setuid``. The
@@ -564,6 +590,7 @@ class _Reaper:
         job gets ``env`` (None: this process's environment).
 
         Raises:
+            CannotConfine: a cgroup could not be joined, or the rlimit set.
             OSError: the command cannot be executed (errno and file name, as ``execvp``).
         """
         reaper_pid = os.getpid()
@@ -573,11 +600,33 @@ class _Reaper:
             candidates = [argv[0]]
         else:
             candidates = [os.path.join(folder, argv[0]) for folder in os.get_exec_path()]
+        setrlimit = None
+        if address_space is not None:
+            import resource  # here: only a reaper that sets an rlimit pays for the import
+
+            setrlimit = resource.setrlimit
         errors_r, errors_w = os.pipe()  # both close-on-exec: EOF means exec succeeded
         pid = os.fork()
         if pid == 0:  # the job; nothing here may return
             try:
                 os.close(errors_r)
+                for index, procs in enumerate(cgroups):
+                    try:
+                        fd = os.open(procs, os.O_WRONLY)
+                        try:
+                            os.write(fd, b"0")  # 0: the writing process
+                        finally:
+                            os.close(fd)
+                    except OSError as exc:
+                        os.write(errors_w, f"C{index}:{exc.errno or 0}".encode())
+                        os._exit(_EXIT_CANNOT_START)
+                if address_space is not None:
+                    try:
+                        assert setrlimit is not None
+                        setrlimit(address_space[0], address_space[1:])
+                    except (OSError, ValueError) as exc:
+                        os.write(errors_w, f"R:{getattr(exc, 'errno', 0) or 0}".encode())
+                        os._exit(_EXIT_CANNOT_START)
                 os.setsid()  # a session (and process group) of its own
                 if cwd:
                     os.chdir(cwd)
@@ -622,6 +671,11 @@ class _Reaper:
             failure = errors.read()
         if failure:
             os.waitpid(pid, 0)
+            if failure[:1] in (b"C", b"R"):
+                where, _, number = failure[1:].decode().partition(":")
+                code = int(number)
+                what = "RLIMIT_AS" if failure[:1] == b"R" else cgroups[int(where)]
+                raise CannotConfine(code, os.strerror(code), what)
             code = int(failure)
             raise OSError(code, os.strerror(code), argv[0])
         self.job_pid = pid
@@ -696,6 +750,35 @@ class _Reaper:
             signal.sigtimedwait((signal.SIGCHLD,), _SWEEP_WAIT_S)
 
 
+class CannotConfine(OSError):
+    """The job's process could not join one of its cgroups (``filename``: its ``cgroup.procs``)
+    or set its rlimit (``filename``: ``RLIMIT_AS``)."""
+
+
+def _address_space(value: int) -> tuple[int, int, int]:
+    """(resource, soft, hard) for ``RLIMIT_AS`` = ``value`` bytes, at most this process's hard
+    limit (which only root may raise)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    return resource.RLIMIT_AS, limit, limit
+
+
+def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None]:
+    """The cgroup.procs files and the address-space limit of a ``CONFINE`` field
+    (:func:`reaper_argv`)."""
+    cgroups: list[str] = []
+    address_space: int | None = None
+    for line in field.split("\n") if field else ():
+        key, _, value = line.partition("=")
+        if key == "cgroup":
+            cgroups.append(value)
+        elif key == "as":
+            address_space = int(value)
+    return tuple(cgroups), address_space
+
+
 def _initial_environ() -> dict[bytes, bytes] | None:
     """The environment this process was started with, as the agent passed it, or None where
     ``/proc`` cannot say (the job then gets :data:`os.environ`).
@@ -728,14 +811,15 @@ def _load_libc() -> object:
 
 def main(args: list[str]) -> int:
     """Run the reaper (see the module docstring); returns its exit status."""
-    if len(args) < 12 or args[10] != "--" or bool(args[6]) != bool(args[7]):
+    if len(args) < 13 or args[11] != "--" or bool(args[6]) != bool(args[7]):
         print(
             "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD"
-            " RUN_AS_UID RUN_AS_GID JOB_CWD TIMEOUT_S -- ARGV...",
+            " RUN_AS_UID RUN_AS_GID JOB_CWD TIMEOUT_S CONFINE -- ARGV...",
             file=sys.stderr,
         )
         return _EXIT_USAGE
-    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[11:]
+    parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[12:]
+    cgroups, address_space = _parse_confine(args[10])
     timeout_s = float(args[9]) if args[9] else None
     nice = int(args[4])
     started_fd = int(args[5]) if args[5] else -1
@@ -771,9 +855,25 @@ def main(args: list[str]) -> int:
         )
         return _EXIT_CANNOT_START
     try:
-        reaper.start(argv, libc, nice, run_as=run_as, cwd=job_cwd, env=_initial_environ())
+        reaper.start(
+            argv,
+            libc,
+            nice,
+            run_as=run_as,
+            cwd=job_cwd,
+            env=_initial_environ(),
+            cgroups=cgroups,
+            address_space=None if address_space is None else _address_space(address_space),
+        )
         if timeout_s is not None:
             reaper.timeout_at = time.monotonic() + timeout_s
+    except CannotConfine as exc:
+        _write_file(
+            REPORT_FILE,
+            f"error=resources_error: cannot confine {argv[0]!r} to its limits: {exc.filename}: "
+            f"[Errno {exc.errno}] {exc.strerror}\nended_unix_s={time.time()!r}\n",
+        )
+        return _EXIT_CANNOT_START
     except OSError as exc:
         _write_file(REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_unix_s={time.time()!r}\n")
         return _EXIT_CANNOT_START
