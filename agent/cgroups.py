@@ -250,6 +250,16 @@ def _read(path: Path) -> str:
         return file.read()
 
 
+def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
+    """Make the cgroup ``folder`` (the kernel fills it with its interface files; a test's fake
+    tree replaces this to do the same)."""
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+
+
 def _write(path: Path, text: str) -> None:
     """Write one value to a cgroup file (the kernel takes it in one write, or refuses)."""
     with open(path, "w", encoding="ascii") as file:
@@ -382,7 +392,7 @@ class Cgroup2Resources:
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
         folder = self.worker_dir / name
         _remove_now([folder], LEFTOVER_WAIT_S)  # a name is never reused; a leftover would be stale
-        os.mkdir(folder)
+        _mkdir(folder)
         try:
             _write(folder / "cpu.max", f"{cpu_quota_us(limits.cpu_millis)} {CPU_PERIOD_US}")
             _write(folder / "cpu.weight", str(job_cpu_weight(limits.cpu_millis)))
@@ -445,13 +455,13 @@ def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_ma
                     f"(e.g. {others[0]}): run the agent in a cgroup of its own (systemd: Delegate=yes)"
                 )
             leaf = base / AGENT_LEAF
-            leaf.mkdir(exist_ok=True)
+            _mkdir(leaf, exist_ok=True)
             _write(leaf / "cgroup.procs", str(pid))
         _write(base / "cgroup.subtree_control", _ENABLE)
-        jobs.mkdir(exist_ok=True)
+        _mkdir(jobs, exist_ok=True)
         _write(jobs / "cpu.weight", str(jobs_cpu_weight(job_nice)))
         _write(jobs / "cgroup.subtree_control", _ENABLE)
-        worker.mkdir(exist_ok=True)
+        _mkdir(worker, exist_ok=True)
         _write(worker / "cgroup.subtree_control", _ENABLE)
     except OSError as exc:
         raise ResourcesUnavailable(f"cannot set up job cgroups under {base}: {exc}") from exc
@@ -523,7 +533,7 @@ class Cgroup1Resources:
         made: list[Path] = []
         try:
             for folder in _distinct(folders):
-                os.mkdir(folder)
+                _mkdir(folder)
                 made.append(folder)
             cpu, memory = folders["cpu"], folders["memory"]
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
@@ -573,7 +583,7 @@ def open_cgroup1(
     workers = {c: folder / f"stockade-{worker_key}" for c, folder in own.items()}
     try:
         for folder in _distinct(workers):
-            folder.mkdir(exist_ok=True)
+            _mkdir(folder, exist_ok=True)
         _write(workers["cpu"] / "cpu.shares", str(jobs_cpu_shares(job_nice)))
     except OSError as exc:
         raise ResourcesUnavailable(f"cannot set up job cgroups: {exc}") from exc

@@ -50,7 +50,7 @@ import attrs
 import trio
 
 from runtime import log
-from runtime.errors import PermanentError
+from runtime.errors import ResourcesUnavailable
 from runtime.settings import AUTO
 
 RESOURCES_LABEL = "resources"
@@ -75,12 +75,6 @@ class Mode(enum.StrEnum):
     CGROUP2 = "cgroup2"
     CGROUP1 = "cgroup1"
     RLIMIT = "rlimit"
-
-
-class ResourcesUnavailable(PermanentError):
-    """A mode cannot be used on this machine (no such hierarchy, missing controllers, no
-    rights); the message says why. For ``auto`` the agent takes the next mode; for a mode asked
-    for by name it refuses to start."""
 
 
 @attrs.frozen(kw_only=True)
