@@ -355,7 +355,7 @@ class Cgroup2Job:
 
     @property
     def confinement(self) -> Confinement:
-        return Confinement(cgroup_procs=(str(self.folder / "cgroup.procs"),))
+        return Confinement(cgroup_procs=(str(self.folder / "cgroup.procs"),), clone_into=str(self.folder))
 
     def usage(self) -> JobUsage:
         try:

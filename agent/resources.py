@@ -145,6 +145,10 @@ class Confinement:
     """The ``cgroup.procs`` files it writes itself into (one per v1 hierarchy; one in v2)."""
     address_space_bytes: int | None = None
     """``RLIMIT_AS`` (soft and hard), or None: unchanged."""
+    clone_into: str | None = None
+    """cgroup v2: the job's cgroup folder, for its process to be born in (``clone3`` with
+    ``CLONE_INTO_CGROUP``, sparing the migration's wait); where the kernel cannot, it joins
+    :attr:`cgroup_procs` after the fork. None: fork, then join."""
 
 
 @attrs.frozen(kw_only=True)

@@ -533,6 +533,7 @@ def _spawn_reaper(
         timeout_s=options.timeout_s,
         cgroup_procs=confinement.cgroup_procs,
         address_space_bytes=confinement.address_space_bytes,
+        clone_into=confinement.clone_into,
     )
     return popen_supervisor(
         lambda started_fd: command(started_fd=started_fd),

@@ -21,7 +21,7 @@ import attrs
 import pytest
 import trio
 
-from agent.cgroups import select_resources
+from agent.cgroups import locate, select_resources
 from agent.messages import JobState
 from agent.resources import Confinement, JobLimits, JobResources, JobUsage, Mode
 from agent.runtimes import JobResult, run_job
@@ -221,6 +221,27 @@ class _BrokenResources:
         pass
 
 
+@attrs.frozen
+class _FixedResources:
+    """Resources that give every job ``confinement`` (and remove nothing)."""
+
+    confinement: Confinement
+    mode: Mode = Mode.CGROUP2
+    where: str = ""
+
+    def confine(self, name: str, limits: JobLimits) -> _Confined:
+        return _Confined(name=name, confinement=self.confinement)
+
+    def find(self, name: str) -> None:
+        return None
+
+    def remove_leftovers(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 async def test_a_job_that_cannot_join_its_cgroup_never_runs(tmp_path: Path) -> None:
     """Its process fails to write itself into the cgroup: the command is not exec'd, and the job
     fails unstarted with a resources_error naming the file."""
@@ -252,3 +273,45 @@ async def test_rlimit_mode_gives_each_process_the_jobs_memory_as_its_address_spa
     result = await _run(("python3", "-c", "x = b'x' * (128 * 2**20)"), tmp_path / "2-2", forced)
     assert (result.state, result.exit_code) == (JobState.FAILED, 1)
     assert "MemoryError" in _read(result.stderr_path)
+
+
+@pytest.fixture
+def unified_cgroup() -> Iterator[Path]:
+    """A fresh cgroup in this machine's unified hierarchy (controllers or not), removed after."""
+    located = locate(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+    if located.v2 is None:
+        pytest.skip(f"no cgroup v2 here: {located.v2_why}")
+    folder = located.v2 / f"stockade-test-{uuid.uuid4().hex[:12]}"
+    try:
+        folder.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup v2 here: {exc}")
+    try:
+        yield folder
+    finally:
+        folder.rmdir()
+
+
+def _v2_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("0::"))
+
+
+@pytest.mark.parametrize("born_inside", [True, False])
+async def test_a_v2_jobs_process_is_born_in_its_cgroup_or_joins_it_after_the_fork(
+    tmp_path: Path, unified_cgroup: Path, born_inside: bool
+) -> None:
+    """With clone_into the job's process starts in its v2 cgroup (clone3, CLONE_INTO_CGROUP);
+    where that cannot be done (here: a folder that is no cgroup), it joins the cgroup after the
+    fork. Either way the job runs there and its reaper does not. (Real on this machine's
+    unified hierarchy, which has no controllers here: the placement is tested, not limits.)"""
+    confinement = Confinement(
+        cgroup_procs=(str(unified_cgroup / "cgroup.procs"),),
+        clone_into=str(unified_cgroup if born_inside else tmp_path),
+    )
+    resources = _FixedResources(confinement=confinement)
+    script = "cat /proc/self/cgroup; echo ---; cat /proc/$PPID/cgroup"
+    result = await _run(("sh", "-c", script), tmp_path / "1-1", resources)  # type: ignore[arg-type]
+    assert result.state is JobState.SUCCEEDED, result.detail
+    job, reaper_lines = _read(result.stdout_path).split("---\n")
+    assert _v2_line(job).endswith(f"/{unified_cgroup.name}")
+    assert not _v2_line(reaper_lines).endswith(f"/{unified_cgroup.name}")

@@ -361,6 +361,7 @@ def test_cgroup2_writes_a_jobs_quota_limits_and_pids_into_its_own_cgroup(
     }
     assert (written["memory.oom.group"], written["pids.max"]) == ("1", "64")
     assert confined.confinement.cgroup_procs == (str(job / "cgroup.procs"),)
+    assert confined.confinement.clone_into == str(job)  # born there, where the kernel can
     assert confined.confinement.address_space_bytes is None
 
 
@@ -549,10 +550,11 @@ def test_the_reaper_gets_the_cgroups_and_the_rlimit_in_one_field_it_reads_back()
         argv=("true",),
         cgroup_procs=("/a b/cgroup.procs", "/c:d/cgroup.procs"),
         address_space_bytes=123,
+        clone_into="/a b",
     )
     field = argv[argv.index("--") - 1]
-    assert reaper._parse_confine(field) == (("/a b/cgroup.procs", "/c:d/cgroup.procs"), 123)
-    assert reaper._parse_confine("") == ((), None)
+    assert reaper._parse_confine(field) == (("/a b/cgroup.procs", "/c:d/cgroup.procs"), 123, "/a b")
+    assert reaper._parse_confine("") == ((), None, None)
 
 
 def test_a_cgroup_path_with_a_newline_is_refused() -> None:
