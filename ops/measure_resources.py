@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -116,16 +115,16 @@ async def _main(args: argparse.Namespace) -> None:
     for reason in skipped:
         print(f"  not taken: {reason}")
     limits = JobLimits(cpu_millis=args.cpu_millis, memory_mb=256)
-    burners: list[subprocess.Popen[bytes]] = []
+    burners: list[trio.Process] = []
     try:
         with tempfile.TemporaryDirectory(prefix="stockade-measure-") as folder:
             root = Path(folder)
             if resources.mode.value != "rlimit":
-                burners = [subprocess.Popen(BURNER) for _ in range(args.burners)]
+                burners = [await trio.lowlevel.open_process(BURNER) for _ in range(args.burners)]
                 cores, throttled = await _spin(resources, root, limits, args.spin_s)
                 for burner in burners:
                     burner.kill()
-                    burner.wait()
+                    await burner.wait()
                 burners = []
                 print(
                     f"cpu: a {args.cpu_millis}-millicore job spinning on 4 processes got {cores:.3f} cores "
@@ -140,7 +139,6 @@ async def _main(args: argparse.Namespace) -> None:
     finally:
         for burner in burners:
             burner.kill()
-            burner.wait()
         resources.remove_leftovers()
         resources.close()
 
