@@ -141,7 +141,12 @@ def _agent(work_dir: Path, *extra: str, worker_id: str = "w-c") -> list[str]:
 
 
 async def _assign(
-    cp: Recorder, worker_id: str, assignment_id: int, argv: list[str], memory_mb: int = 64
+    cp: Recorder,
+    worker_id: str,
+    assignment_id: int,
+    argv: list[str],
+    memory_mb: int = 64,
+    cpu_millis: int = 500,
 ) -> None:
     incarnation, registration = cp.registration(worker_id)
     channel = GrpcChannel(registration.address)
@@ -157,7 +162,7 @@ async def _assign(
                         assignment_id=assignment_id,
                         job_id=100 + assignment_id,
                         spec=pb.JobSpec(
-                            cpu_millis=500, memory_mb=memory_mb, command=pb.CommandRuntime(argv=argv)
+                            cpu_millis=cpu_millis, memory_mb=memory_mb, command=pb.CommandRuntime(argv=argv)
                         ),
                     )
                 ],
@@ -222,11 +227,35 @@ async def test_a_fork_bomb_is_stopped_by_the_pids_limit_while_the_agent_keeps_he
         outcome = agent.cp.outcomes("w-c")[1]
     assert outcome.state == "succeeded", outcome.detail
     assert int(_read(outcome.stdout_path)) < 64
-    times = [t for t, b in agent.cp.beats if t >= began]
+    _assert_heartbeats_on_time(agent, work_dir, since=began)
+    assert f"job resources: {cgroups_here.value}" in agent.stderr.read_text()
+
+
+def _assert_heartbeats_on_time(agent: Running, work_dir: Path, *, since: float) -> None:
+    """Every heartbeat since ``since`` came within half the fence span of the one before, and
+    the worker never paused."""
+    times = [t for t, _ in agent.cp.beats if t >= since]
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) < FENCE_S / 2, f"longest gap between heartbeats {max(gaps):.2f} s"
     assert not [r for r in read_log(work_dir / "agent.jsonl") if r["event"] in ("pause", "self_fence")]
-    assert f"job resources: {cgroups_here.value}" in agent.stderr.read_text()
+
+
+async def test_jobs_spinning_on_every_core_leave_the_agents_heartbeats_on_time(
+    tmp_path: Path, cgroups_here: Mode
+) -> None:
+    """Two jobs of 1000 millicores, each spinning on four processes for 3 s (more than the
+    machine's cores), run at a lower CPU weight than the agent: its heartbeats keep coming on
+    time and the worker never pauses."""
+    work_dir = tmp_path / "work"
+    spin = "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 3"
+    async with running(tmp_path, _agent(work_dir)) as agent:
+        await agent.cp.wait(lambda: _heartbeating(agent.cp, "w-c"))
+        began = time.monotonic()
+        for aid in (1, 2):
+            await _assign(agent.cp, "w-c", aid, ["sh", "-c", spin], cpu_millis=1000)
+        await agent.cp.wait(lambda: {1, 2} <= set(agent.cp.outcomes("w-c")))
+    assert [agent.cp.outcomes("w-c")[aid].state for aid in (1, 2)] == ["succeeded", "succeeded"]
+    _assert_heartbeats_on_time(agent, work_dir, since=began)
 
 
 async def test_a_job_over_its_memory_ends_failed_oom_killed_in_the_agents_outcome(
