@@ -383,16 +383,37 @@ class Cgroup2Resources:
 
     worker_dir: Path
     pids_max: int
+    jobs_weight: int
+    """``cpu.weight`` of the jobs' group (``stockade-jobs``)."""
     mode: Mode = Mode.CGROUP2
 
     @property
     def where(self) -> str:
         return str(self.worker_dir)
 
+    def prepare(self) -> None:
+        """Make the jobs' group and the worker's folder, handing the controllers down; nothing
+        changes where they are there already. At start, and again should they have been
+        removed meanwhile (an empty folder of an agent that was killed looks like litter).
+
+        Raises:
+            OSError: they cannot be made or written.
+        """
+        jobs = self.worker_dir.parent
+        _mkdir(jobs, exist_ok=True)
+        _write(jobs / "cpu.weight", str(self.jobs_weight))
+        _write(jobs / "cgroup.subtree_control", _ENABLE)
+        _mkdir(self.worker_dir, exist_ok=True)
+        _write(self.worker_dir / "cgroup.subtree_control", _ENABLE)
+
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
         folder = self.worker_dir / name
         _remove_now([folder], LEFTOVER_WAIT_S)  # a name is never reused; a leftover would be stale
-        _mkdir(folder)
+        try:
+            _mkdir(folder)
+        except FileNotFoundError:
+            self.prepare()
+            _mkdir(folder)
         try:
             _write(folder / "cpu.max", f"{cpu_quota_us(limits.cpu_millis)} {CPU_PERIOD_US}")
             _write(folder / "cpu.weight", str(job_cpu_weight(limits.cpu_millis)))
@@ -444,8 +465,9 @@ def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_ma
             f"{' '.join(missing)} (they are on cgroup v1 hierarchies, or not delegated to it: "
             "systemd's Delegate=yes)"
         )
-    jobs = base / JOBS_GROUP
-    worker = jobs / worker_key
+    resources = Cgroup2Resources(
+        worker_dir=base / JOBS_GROUP / worker_key, pids_max=pids_max, jobs_weight=jobs_cpu_weight(job_nice)
+    )
     try:
         if base == own and (base / "cgroup.type").exists():
             others = [p for p in _pids(base) if p != pid]
@@ -458,14 +480,10 @@ def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_ma
             _mkdir(leaf, exist_ok=True)
             _write(leaf / "cgroup.procs", str(pid))
         _write(base / "cgroup.subtree_control", _ENABLE)
-        _mkdir(jobs, exist_ok=True)
-        _write(jobs / "cpu.weight", str(jobs_cpu_weight(job_nice)))
-        _write(jobs / "cgroup.subtree_control", _ENABLE)
-        _mkdir(worker, exist_ok=True)
-        _write(worker / "cgroup.subtree_control", _ENABLE)
+        resources.prepare()
     except OSError as exc:
         raise ResourcesUnavailable(f"cannot set up job cgroups under {base}: {exc}") from exc
-    return Cgroup2Resources(worker_dir=worker, pids_max=pids_max)
+    return resources
 
 
 # ---------------------------------------------------------------------------- cgroup v1
@@ -521,11 +539,24 @@ class Cgroup1Resources:
     worker_dirs: Mapping[str, Path]
     """The worker's folder in the hierarchy of each controller."""
     pids_max: int
+    jobs_shares: int
+    """``cpu.shares`` of the worker's folder in the ``cpu`` hierarchy."""
     mode: Mode = Mode.CGROUP1
 
     @property
     def where(self) -> str:
         return " ".join(str(p) for p in _distinct(self.worker_dirs))
+
+    def prepare(self) -> None:
+        """Make the worker's folder in every hierarchy; nothing changes where they are there
+        already. At start, and again should they have been removed meanwhile.
+
+        Raises:
+            OSError: they cannot be made or written.
+        """
+        for folder in _distinct(self.worker_dirs):
+            _mkdir(folder, exist_ok=True)
+        _write(self.worker_dirs["cpu"] / "cpu.shares", str(self.jobs_shares))
 
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
         folders = {c: w / name for c, w in self.worker_dirs.items()}
@@ -533,7 +564,11 @@ class Cgroup1Resources:
         made: list[Path] = []
         try:
             for folder in _distinct(folders):
-                _mkdir(folder)
+                try:
+                    _mkdir(folder)
+                except FileNotFoundError:
+                    self.prepare()
+                    _mkdir(folder)
                 made.append(folder)
             cpu, memory = folders["cpu"], folders["memory"]
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
@@ -580,14 +615,16 @@ def open_cgroup1(
     missing = [c for c in CONTROLLERS if c not in own]
     if missing:
         raise ResourcesUnavailable(f"no cgroup v1 hierarchy of {', '.join(missing)} is mounted")
-    workers = {c: folder / f"stockade-{worker_key}" for c, folder in own.items()}
+    resources = Cgroup1Resources(
+        worker_dirs={c: folder / f"stockade-{worker_key}" for c, folder in own.items()},
+        pids_max=pids_max,
+        jobs_shares=jobs_cpu_shares(job_nice),
+    )
     try:
-        for folder in _distinct(workers):
-            _mkdir(folder, exist_ok=True)
-        _write(workers["cpu"] / "cpu.shares", str(jobs_cpu_shares(job_nice)))
+        resources.prepare()
     except OSError as exc:
         raise ResourcesUnavailable(f"cannot set up job cgroups: {exc}") from exc
-    return Cgroup1Resources(worker_dirs=workers, pids_max=pids_max)
+    return resources
 
 
 # ---------------------------------------------------------------------------- selection

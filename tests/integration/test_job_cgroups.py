@@ -315,3 +315,13 @@ async def test_a_v2_jobs_process_is_born_in_its_cgroup_or_joins_it_after_the_for
     job, reaper_lines = _read(result.stdout_path).split("---\n")
     assert _v2_line(job).endswith(f"/{unified_cgroup.name}")
     assert not _v2_line(reaper_lines).endswith(f"/{unified_cgroup.name}")
+
+
+async def test_a_worker_folder_removed_meanwhile_is_made_again_for_the_next_job(
+    tmp_path: Path, resources: JobResources
+) -> None:
+    """Someone removed the worker's (empty) cgroup folders while its agent ran: its next job
+    gets them back, and its limits."""
+    resources.close()
+    result = await _run(("python3", "-c", "x = b'x' * (128 * 2**20)"), tmp_path / "1-1", resources)
+    assert result.detail.startswith("oom_killed:")
