@@ -23,7 +23,8 @@ itself, so the agent moves itself into a leaf and puts its jobs beside it::
 ``D`` must hold no other process than the agent (a systemd unit with ``Delegate=yes`` gives
 it one; a shell's cgroup does not), and the agent needs write access to it (root, or a
 delegated subtree). An agent that finds itself in ``stockade-agent`` already (the second
-worker of a fleet, or a process manager that put it back) takes the parent as ``D``. When
+worker of a fleet, or systemd's ``DelegateSubgroup=stockade-agent``, which starts it there)
+takes the parent as ``D``. When
 ``D`` is the root cgroup (no ``cgroup.type``, exempt from the rule) the agent stays there.
 
 Layout, cgroup v1 (no such rule). In each of the hierarchies ``cpu``, ``memory``, ``pids``
@@ -44,6 +45,15 @@ What the kernel reports: a job's OOM kills from ``memory.events`` (v2, ``oom_kil
 ``memory.oom_control`` (v1, ``oom_kill``, kernels from 4.13), its CPU time from ``cpu.stat``
 (``usage_usec``, v2) or ``cpuacct.usage`` (v1, nanoseconds), the periods its quota throttled
 it from ``cpu.stat`` (``nr_throttled``, both).
+
+What is exercised for real where: the development machine has cgroup v1 hierarchies for the
+controllers and a cgroup2 mount without any (``/sys/fs/cgroup/unified``), so the v1 layout
+runs on the kernel there, while the v2 layout is tested against a fake tree (what is written
+where) and only its placement of a job's process (``clone3`` into a cgroup, the migration
+after a fork) on that controller-less cgroup2.
+
+Why one module of about 700 lines: the two layouts share their file helpers and their rules
+for leftovers, and the detection that chooses between them reads best beside them.
 """
 
 from __future__ import annotations
@@ -452,8 +462,8 @@ def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_ma
             be written; the message says which and where.
     """
     base = own
-    if own.name == AGENT_LEAF and (own.parent / JOBS_GROUP).is_dir():
-        base = own.parent  # in our leaf already: a fleet's next worker, or put back there
+    if own.name == AGENT_LEAF:
+        base = own.parent  # in our leaf already: a fleet's next worker, or put there at start
     try:
         offered = _read(base / "cgroup.controllers").split()
     except OSError as exc:

@@ -405,8 +405,9 @@ def test_cgroup2_is_not_used_where_the_agents_cgroup_holds_other_processes(
 def test_cgroup2_in_its_leaf_already_takes_the_parent_and_moves_nothing(
     tmp_path: Path, v2_kernel: FakeKernel
 ) -> None:
-    """A fleet's next worker (the process is in stockade-agent already) sets up its own
-    folder beside the first's under the same stockade-jobs."""
+    """A fleet's next worker (the process is in stockade-agent already, as systemd's
+    DelegateSubgroup would start it) sets up its own folder beside the first's under the same
+    stockade-jobs, and moves nothing."""
     first, _ = select(AUTO, v2_host(tmp_path))
     d = tmp_path / "cg" / "system.slice" / "stockade.service"
     (tmp_path / "cgroup").write_text(f"0::/system.slice/stockade.service/{AGENT_LEAF}\n")
@@ -420,6 +421,21 @@ def test_cgroup2_in_its_leaf_already_takes_the_parent_and_moves_nothing(
     )
     assert isinstance(first, Cgroup2Resources) and isinstance(second, Cgroup2Resources)
     assert (first.worker_dir, second.worker_dir) == (d / JOBS_GROUP / "w-1-abc", d / JOBS_GROUP / "w-2-abc")
+    assert not (d / AGENT_LEAF / AGENT_LEAF).exists()
+
+
+def test_cgroup2_started_in_its_leaf_by_the_process_manager_takes_the_parent(
+    tmp_path: Path, v2_kernel: FakeKernel
+) -> None:
+    """systemd's DelegateSubgroup=stockade-agent starts the agent in the leaf: the unit's cgroup
+    is D, and the jobs go beside the leaf, not inside it."""
+    host = v2_host(tmp_path, own=f"/system.slice/stockade.service/{AGENT_LEAF}")
+    d = tmp_path / "cg" / "system.slice" / "stockade.service"
+    FakeKernel(dict(V2_FILES)).mkdir(d, exist_ok=True)
+    resources, _ = select("cgroup2", host)
+    assert isinstance(resources, Cgroup2Resources)
+    assert resources.worker_dir == d / JOBS_GROUP / "w-1-abc"
+    assert (d / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert not (d / AGENT_LEAF / AGENT_LEAF).exists()
 
 
