@@ -474,7 +474,7 @@ def agent(
         typer.Option(
             "--label",
             help="A label key=value for constraints to match (repeatable), e.g. --label gpu=a100. "
-            "The agent sets container=docker|none itself.",
+            "The agent sets container=docker|none and resources=cgroup2|cgroup1|rlimit itself.",
         ),
     ] = None,
 ) -> None:
