@@ -15,7 +15,7 @@ itself, so the agent moves itself into a leaf and puts its jobs beside it::
 
     D/                        cgroup.subtree_control: +cpu +memory +pids
       stockade-agent/         the agent's process (its threads, its reapers): weight 100
-      stockade-jobs/          cpu.weight of one task at job_nice (nice 10: 11)
+      stockade-jobs/          cpu.weight of one task at job_nice per CPU (nice 10: 11 each)
         <worker>-<owner>/     one worker's jobs (a fleet has one per worker)
           <job>-<assignment>/ cpu.max, cpu.weight, memory.max, memory.swap.max 0,
                               memory.oom.group 1, pids.max
@@ -31,7 +31,8 @@ Layout, cgroup v1 (no such rule). In each of the hierarchies ``cpu``, ``memory``
 (and ``cpuacct``, for the CPU accounting, where it is a hierarchy of its own) under the agent's
 cgroup ``A``::
 
-    A/stockade-<worker>-<owner>/         cpu.shares of one task at job_nice (nice 10: 110)
+    A/stockade-<worker>-<owner>/         cpu.shares of one task at job_nice per CPU (nice 10:
+                                         110 each)
       <job>-<assignment>/                cpu.cfs_period_us, cpu.cfs_quota_us, cpu.shares,
                                          memory.limit_in_bytes, memory.memsw.limit_in_bytes,
                                          pids.max
@@ -111,6 +112,8 @@ class Host:
     self_cgroup: Path = Path("/proc/self/cgroup")
     pid: int = attrs.field(factory=os.getpid)
     """The process to move into the agent's leaf (cgroup v2): this one."""
+    cpus: int = attrs.field(factory=lambda: len(os.sched_getaffinity(0)))
+    """The CPUs its jobs may run on (the jobs' group weighs one job-nice task per CPU)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -452,7 +455,9 @@ class Cgroup2Resources:
 _ENABLE = "+cpu +memory +pids"
 
 
-def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int) -> Cgroup2Resources:
+def open_cgroup2(
+    own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
+) -> Cgroup2Resources:
     """Set up the v2 layout (module docstring) from the agent's cgroup folder ``own``: move
     process ``pid`` into the leaf unless it is there already (or ``own`` is the root), hand the
     controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
@@ -476,7 +481,9 @@ def open_cgroup2(own: Path, *, pid: int, worker_key: str, job_nice: int, pids_ma
             "systemd's Delegate=yes)"
         )
     resources = Cgroup2Resources(
-        worker_dir=base / JOBS_GROUP / worker_key, pids_max=pids_max, jobs_weight=jobs_cpu_weight(job_nice)
+        worker_dir=base / JOBS_GROUP / worker_key,
+        pids_max=pids_max,
+        jobs_weight=jobs_cpu_weight(job_nice, cpus),
     )
     try:
         if base == own and (base / "cgroup.type").exists():
@@ -612,11 +619,11 @@ class Cgroup1Resources:
 
 
 def open_cgroup1(
-    own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int
+    own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup1Resources:
     """Set up the v1 layout (module docstring) under the agent's cgroup folder of each
     controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
-    in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice``.
+    in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
 
     Raises:
         ResourcesUnavailable: a hierarchy is missing or cannot be written; the message says
@@ -628,7 +635,7 @@ def open_cgroup1(
     resources = Cgroup1Resources(
         worker_dirs={c: folder / f"stockade-{worker_key}" for c, folder in own.items()},
         pids_max=pids_max,
-        jobs_shares=jobs_cpu_shares(job_nice),
+        jobs_shares=jobs_cpu_shares(job_nice, cpus),
     )
     try:
         resources.prepare()
@@ -680,6 +687,7 @@ def select_resources(
                             worker_key=worker_key,
                             job_nice=job_nice,
                             pids_max=pids_max,
+                            cpus=host.cpus,
                         ),
                         skipped,
                     )
@@ -687,7 +695,13 @@ def select_resources(
                     if located.v1_why:
                         raise ResourcesUnavailable(located.v1_why)
                     return (
-                        open_cgroup1(located.v1, worker_key=worker_key, job_nice=job_nice, pids_max=pids_max),
+                        open_cgroup1(
+                            located.v1,
+                            worker_key=worker_key,
+                            job_nice=job_nice,
+                            pids_max=pids_max,
+                            cpus=host.cpus,
+                        ),
                         skipped,
                     )
                 case Mode.RLIMIT:

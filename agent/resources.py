@@ -99,19 +99,21 @@ def memory_limit_bytes(memory_mb: int) -> int:
     return memory_mb * 2**20
 
 
-def jobs_cpu_shares(job_nice: int) -> int:
+def jobs_cpu_shares(job_nice: int, cpus: int = 1) -> int:
     """``cpu.shares`` (cgroup v1) of the group that holds a worker's jobs: what one task at
-    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`), so that all the jobs together weigh what one
-    such task would beside the agent's threads (nice 0 = 1024). At least 2 (the kernel's
-    minimum)."""
-    return max(2, NICE_TO_WEIGHT[min(max(job_nice, 0), len(NICE_TO_WEIGHT) - 1)])
+    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`; nice 0 = 1024) per CPU of ``cpus``, 2..262144
+    (the kernel's range). A group's shares are spread over the CPUs its tasks run on, so on
+    each CPU the jobs together weigh about one such task beside the agent's threads (and
+    whatever else shares the agent's cgroup), however many processes they have."""
+    weight = NICE_TO_WEIGHT[min(max(job_nice, 0), len(NICE_TO_WEIGHT) - 1)]
+    return min(262_144, max(2, weight * max(1, cpus)))
 
 
-def jobs_cpu_weight(job_nice: int) -> int:
+def jobs_cpu_weight(job_nice: int, cpus: int = 1) -> int:
     """``cpu.weight`` (cgroup v2) of the group that holds the agent's jobs, beside the agent's
     own cgroup (weight 100): :func:`jobs_cpu_shares` on the v2 scale (1024 -> 100, rounded to
     the closest, as the kernel converts ``cpu.weight.nice``), 1..10000."""
-    return min(10_000, max(1, round(jobs_cpu_shares(job_nice) * CGROUP2_DEFAULT_WEIGHT / 1024)))
+    return min(10_000, max(1, round(jobs_cpu_shares(job_nice, cpus) * CGROUP2_DEFAULT_WEIGHT / 1024)))
 
 
 def job_cpu_shares(cpu_millis: int) -> int:

@@ -133,7 +133,7 @@ def v2_host(tmp_path: Path, *, own: str = "/system.slice/stockade.service", proc
     folder.mkdir(parents=True)
     FakeKernel(dict(V2_FILES)).mkdir(folder, exist_ok=True)
     (folder / "cgroup.procs").write_text(procs)
-    return Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID)
+    return Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID, cpus=1)
 
 
 def v1_host(tmp_path: Path, *, with_v2: bool = False) -> Host:
@@ -151,7 +151,7 @@ def v1_host(tmp_path: Path, *, with_v2: bool = False) -> Host:
     (tmp_path / "cgroup").write_text("3:pids:/agent\n2:memory:/agent\n1:cpu,cpuacct:/agent\n0::/\n")
     for hierarchy in ("cpu,cpuacct", "memory", "pids"):
         (tmp_path / "v1" / hierarchy / "agent").mkdir(parents=True)
-    return Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID)
+    return Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID, cpus=1)
 
 
 def select(choice: str, host: Host, *, pids_max: int = 4096) -> tuple[object, list[str]]:
@@ -176,13 +176,17 @@ def test_the_memory_limit_is_memory_mb_mebibytes() -> None:
     assert memory_limit_bytes(64) == 67_108_864
 
 
-@pytest.mark.parametrize(("job_nice", "shares", "weight"), [(0, 1024, 100), (10, 110, 11), (19, 15, 1)])
-def test_the_jobs_weigh_what_one_task_at_the_job_nice_value_weighs(
-    job_nice: int, shares: int, weight: int
+@pytest.mark.parametrize(
+    ("job_nice", "cpus", "shares", "weight"),
+    [(0, 1, 1024, 100), (10, 1, 110, 11), (19, 1, 15, 1), (10, 4, 440, 43), (0, 512, 262_144, 10_000)],
+)
+def test_the_jobs_weigh_what_one_task_at_the_job_nice_value_weighs_per_cpu(
+    job_nice: int, cpus: int, shares: int, weight: int
 ) -> None:
-    """The worker's jobs together weigh one task at job_nice (the kernel's table: nice 10 = 110
-    of 1024), on the v1 scale (cpu.shares) and the v2 scale (cpu.weight, 100 = nice 0)."""
-    assert (jobs_cpu_shares(job_nice), jobs_cpu_weight(job_nice)) == (shares, weight)
+    """The worker's jobs together weigh one task at job_nice per CPU (the kernel's table: nice
+    10 = 110 of 1024), on the v1 scale (cpu.shares) and the v2 scale (cpu.weight, 100 = nice
+    0), within the kernel's ranges."""
+    assert (jobs_cpu_shares(job_nice, cpus), jobs_cpu_weight(job_nice, cpus)) == (shares, weight)
 
 
 def test_a_jobs_weight_among_its_workers_jobs_follows_its_cpu_millis_within_the_kernels_range() -> None:
@@ -290,7 +294,7 @@ def test_auto_falls_back_to_rlimits_without_cgroups_and_says_why_for_each(tmp_pa
     (tmp_path / "mountinfo").write_text("23 1 0:21 / /proc rw - proc proc rw\n")
     (tmp_path / "cgroup").write_text("")
     resources, skipped = select(
-        AUTO, Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID)
+        AUTO, Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID, cpus=1)
     )
     assert isinstance(resources, RlimitResources)
     assert skipped == [
@@ -417,7 +421,7 @@ def test_cgroup2_in_its_leaf_already_takes_the_parent_and_moves_nothing(
         worker_key="w-2-abc",
         job_nice=10,
         pids_max=4096,
-        host=Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID),
+        host=Host(mountinfo=tmp_path / "mountinfo", self_cgroup=tmp_path / "cgroup", pid=PID, cpus=1),
     )
     assert isinstance(first, Cgroup2Resources) and isinstance(second, Cgroup2Resources)
     assert (first.worker_dir, second.worker_dir) == (d / JOBS_GROUP / "w-1-abc", d / JOBS_GROUP / "w-2-abc")
