@@ -10,11 +10,14 @@ Takes the mode an agent of this machine would get (``--mode``, default ``auto``;
    measurer's priority, for that long);
 2. runs ``--starts`` (200) ``true`` jobs through :func:`agent.runtimes.run_job` (reapers forked
    on the calling thread), alternately confined and not, and prints the medians end to end,
-   and those of making and removing a job's cgroup alone.
+   and those of making and removing a job's cgroup alone;
+3. with ``--v2-placement``, where the unified hierarchy exists (with controllers or without),
+   the same for jobs placed in a scratch cgroup there, born in it (``clone3``) and moved into
+   it after the fork: what the placement alone costs, no limits written.
 
 ::
 
-    python -m ops.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200]
+    python -m ops.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200] [--v2-placement]
 
 It must run where an agent would (root, for the cgroup modes on most machines). Nothing is
 left behind: the worker's cgroups are removed at the end, and the burners killed.
@@ -29,10 +32,11 @@ import time
 import uuid
 from pathlib import Path
 
+import attrs
 import trio
 
-from agent.cgroups import select_resources
-from agent.resources import JobLimits, JobResources
+from agent.cgroups import Located, locate, select_resources
+from agent.resources import Confinement, JobLimits, JobResources, JobUsage
 from agent.runtimes import run_job
 from runtime.jobs import CommandRuntime
 
@@ -103,6 +107,66 @@ async def _starts(
     return times
 
 
+@attrs.frozen
+class _Placed:
+    name: str
+    confinement: Confinement
+
+    def usage(self) -> JobUsage:
+        return JobUsage()
+
+    def remove(self) -> bool:
+        return True
+
+
+@attrs.frozen
+class _Placement:
+    """Resources that only place every job in one cgroup v2 (no limits, nothing removed)."""
+
+    folder: Path
+    born_inside: bool
+
+    def confine(self, name: str, limits: JobLimits) -> _Placed:
+        procs = (str(self.folder / "cgroup.procs"),)
+        clone_into = str(self.folder) if self.born_inside else None
+        return _Placed(name=name, confinement=Confinement(cgroup_procs=procs, clone_into=clone_into))
+
+
+def _located_here() -> Located:
+    return locate(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+
+
+async def _v2_placement(root: Path, count: int) -> str:
+    located = _located_here()
+    if located.v2 is None:
+        return f"v2 placement: no cgroup2 here ({located.v2_why})"
+    folder = located.v2 / f"stockade-measure-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    try:
+        times: dict[str, list[float]] = {"born": [], "moved": [], "none": []}
+        limits = JobLimits(cpu_millis=500, memory_mb=256)
+        for index in range(count):
+            kind = ("born", "moved", "none")[index % 3]
+            resources = None if kind == "none" else _Placement(folder=folder, born_inside=kind == "born")
+            began = time.perf_counter()
+            await run_job(
+                CommandRuntime(argv=("true",)),
+                job_dir=root / f"v2-{index}",
+                stop=trio.Event(),
+                stop_grace_s=0.5,
+                resources=resources,  # type: ignore[arg-type]
+                limits=limits,
+            )
+            times[kind].append(time.perf_counter() - began)
+    finally:
+        folder.rmdir()
+    return (
+        f"v2 placement ({folder.parent}): a true job end to end, median of {count // 3} each: "
+        f"{_ms(times['born'])} born in its cgroup, {_ms(times['moved'])} moved there, "
+        f"{_ms(times['none'])} neither"
+    )
+
+
 def _ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.2f} ms"
 
@@ -136,6 +200,8 @@ async def _main(args: argparse.Namespace) -> None:
                 f"{_ms(times['confined'])} confined, {_ms(times['unconfined'])} not; "
                 f"making a job's cgroup {_ms(times['confine'])}, removing it {_ms(times['release'])}"
             )
+            if args.v2_placement:
+                print(await _v2_placement(root, args.starts))
     finally:
         for burner in burners:
             burner.kill()
@@ -151,6 +217,7 @@ def main() -> None:
     parser.add_argument("--burners", type=int, default=0)
     parser.add_argument("--starts", type=int, default=200)
     parser.add_argument("--job-nice", type=int, default=10)
+    parser.add_argument("--v2-placement", action="store_true")
     trio.run(_main, parser.parse_args())
 
 
