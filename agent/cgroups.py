@@ -24,8 +24,8 @@ itself, so the agent moves itself into a leaf and puts its jobs beside it::
 it one; a shell's cgroup does not), and the agent needs write access to it (root, or a
 delegated subtree). An agent that finds itself in ``stockade-agent`` already (the second
 worker of a fleet, or systemd's ``DelegateSubgroup=stockade-agent``, which starts it there)
-takes the parent as ``D``. When
-``D`` is the root cgroup (no ``cgroup.type``, exempt from the rule) the agent stays there.
+takes the parent as ``D``. When ``D`` is the root cgroup (no ``cgroup.type``, exempt from the
+rule) the agent stays there.
 
 Layout, cgroup v1 (no such rule). In each of the hierarchies ``cpu``, ``memory``, ``pids``
 (and ``cpuacct``, for the CPU accounting, where it is a hierarchy of its own) under the agent's
@@ -104,6 +104,12 @@ LEFTOVER_WAIT_S = 2.0
 """How long the agent waits, at start, for the processes of a leftover job cgroup to die."""
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system says; else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 @attrs.frozen(kw_only=True)
 class Host:
     """Where this process's view of its cgroups comes from (tests give a fake tree's)."""
@@ -112,7 +118,7 @@ class Host:
     self_cgroup: Path = Path("/proc/self/cgroup")
     pid: int = attrs.field(factory=os.getpid)
     """The process to move into the agent's leaf (cgroup v2): this one."""
-    cpus: int = attrs.field(factory=lambda: len(os.sched_getaffinity(0)))
+    cpus: int = attrs.field(factory=_usable_cpus)
     """The CPUs its jobs may run on (the jobs' group weighs one job-nice task per CPU)."""
 
 
