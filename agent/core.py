@@ -115,6 +115,7 @@ from agent.messages import (
     Registration,
     StopReason,
 )
+from agent.resources import JobResources
 from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
 from agent.starts import StartLimiter
@@ -142,6 +143,8 @@ class Agent:
             bound to the process's spawner thread.
         run_as: who command jobs run as; None: this process's user, for tests.
             :func:`agent.main.run_agent` passes ``settings.job_user`` resolved.
+        resources: how command jobs' limits are enforced (:mod:`agent.resources`); None: they
+            are not, for tests. :func:`agent.main.run_agent` passes the mode found at start.
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class Agent:
         start_limiter: StartLimiter | None = None,
         runner: JobRunner | None = None,
         run_as: RunAs | None = None,
+        resources: JobResources | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = settings.worker_id
@@ -188,6 +192,7 @@ class Agent:
             fence_if_due=self._fence_if_due,
             fence_now=self._fence_now,
             run_as=run_as,
+            resources=resources,
             logger=self._logger,
         )
         self._registered_once = trio.Event()

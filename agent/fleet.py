@@ -6,7 +6,9 @@ its own worker id, Worker gRPC endpoint (its own port), registration and incarna
 heartbeats, self-fence, work folder and ``agent.jsonl``. Only the process is shared, so a
 SIGKILL of the fleet is the death of all its workers at once; and with it what belongs to the
 process: the start slots and the spawner thread of command jobs (:mod:`agent.starts`), the
-event-loop lag monitor and the metrics endpoint (``--metrics-port``).
+event-loop lag monitor and the metrics endpoint (``--metrics-port``), and, in cgroup v2, the
+agent's leaf cgroup (each worker's jobs still get cgroups under a folder of its own,
+:mod:`agent.cgroups`).
 
 The workers come from a spec file, a JSON list with one object per worker::
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from agent.cgroups import resource_settings
 from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
@@ -94,15 +95,24 @@ async def run_agent(
     Before anything else it pings the Docker engine and removes the containers an earlier life
     of this worker left (:func:`agent.container.container_settings`): the worker registers
     with the label ``container=docker`` when the engine answered, else ``container=none``.
+    Then it chooses how command jobs' resources are enforced (``settings.job_resources``,
+    :func:`agent.cgroups.resource_settings`), removes the job cgroups an earlier life left, and
+    registers the label ``resources=cgroup2|cgroup1|rlimit``; the worker's cgroup folder is
+    removed when it stops.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
         runtime.os_users.UserNotCreated: this process is root and the job user could not be
             created (or is root itself); nothing was started.
+        agent.resources.ResourcesUnavailable: ``settings.job_resources`` names a mode this
+            machine cannot do; nothing was started.
     """
     run_as = resolve_unprivileged_user(settings.job_user)
     # The label container=docker|none, and no container of an earlier life left running.
-    settings = await container_settings(settings, log.get("agent").bind(worker_id=settings.worker_id))
+    logger = log.get("agent").bind(worker_id=settings.worker_id)
+    settings = await container_settings(settings, logger)
+    # The label resources=cgroup2|cgroup1|rlimit, and no job cgroup of an earlier life left.
+    settings, resources = await resource_settings(settings, logger)
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(
@@ -120,9 +130,11 @@ async def run_agent(
                 start_limiter=start_limiter,
                 runner=job_runner(spawner or own_spawner),
                 run_as=run_as,
+                resources=resources,
             )
             await _serve_agent(agent, settings, task_status=task_status)
     finally:
+        resources.close()  # every job has ended (and its cgroup is gone): the worker's folder
         if client is not None:
             client.close()
 

@@ -24,6 +24,7 @@ from agent.fence import FenceClock
 from agent.job_env import job_environment
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
+from agent.resources import JobLimits, JobResources
 from agent.runtimes import (
     ContainerJob,
     JobResult,
@@ -35,7 +36,7 @@ from agent.runtimes import (
     owner_of,
 )
 from agent.starts import StartLimiter, StartTicket
-from runtime.jobs import ContainerRuntime
+from runtime.jobs import CommandRuntime, ContainerRuntime
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
 
@@ -80,6 +81,7 @@ class RunningJobs:
         fence_now: the agent's self-fence.
         logger: the agent's logger.
         run_as: who command jobs run as; None: the agent's user.
+        resources: how command jobs' limits are enforced; None: they are not (tests).
     """
 
     settings: AgentSettings
@@ -95,6 +97,9 @@ class RunningJobs:
     logger: Any
     run_as: RunAs | None = None
     """Who command jobs run as (the agent's resolved ``job_user``); None: the agent's user."""
+    resources: JobResources | None = None
+    """How command jobs' ``cpu_millis`` and ``memory_mb`` are enforced (:mod:`agent.resources`);
+    None: not at all."""
     nursery: trio.Nursery | None = None
     """Where the jobs' tasks run; set while the agent runs."""
     _jobs: dict[int, Job] = attrs.field(factory=dict)
@@ -229,6 +234,10 @@ class RunningJobs:
             # Given only when the spec asks for a timeout or a working directory (runners of
             # other jobs, tests' stand-ins among them, need not know the argument).
             container["run_options"] = options
+        if self.resources is not None and isinstance(runtime, CommandRuntime):
+            # Likewise only to a command job of an agent that enforces resources.
+            container["resources"] = self.resources
+            container["limits"] = JobLimits(cpu_millis=order.spec.cpu_millis, memory_mb=order.spec.memory_mb)
         try:
             result = await self.runner(
                 runtime,

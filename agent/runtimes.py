@@ -45,6 +45,11 @@ Command jobs:
 - the reaper runs the job at ``job_nice`` lower priority and says, through a pipe, when the
   job has exec'd (or could not be); ``on_started`` is called then (see
   :mod:`agent.starts` for the start slots this frees);
+- are held to their ``cpu_millis`` and ``memory_mb`` when the agent passes its ``resources``
+  (:mod:`agent.resources`): the job's cgroup is made before its reaper is forked (a failure
+  ends the job unstarted, ``resources_error: ...``), the job's process joins it before its
+  exec, and once the reaper has exited the cgroup's OOM kills are read (a job they hit ends
+  failed, ``oom_killed: ...``, unless it was stopped) and it is removed;
 - the agent waits for the reaper's exit as for any job supervisor (:mod:`agent.supervised`:
   a pidfd, the exit observed before the reaper is reaped).
 
@@ -89,6 +94,7 @@ import trio
 from agent import reaper
 from agent.fence import MAX_PAUSES, unix_time_of
 from agent.messages import JobState
+from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, oom_detail, release
 from agent.starts import Spawner
 from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
@@ -252,6 +258,8 @@ async def run_job(
     pause: PauseView | None = None,
     container: ContainerJob | None = None,
     run_options: RunOptions | None = None,
+    resources: JobResources | None = None,
+    limits: JobLimits | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -276,6 +284,9 @@ async def run_job(
             without it fails at once).
         run_options: the spec's timeout and working directory (:class:`RunOptions`); None:
             neither.
+        resources: how the worker enforces a command's limits (:mod:`agent.resources`);
+            None, or no ``limits``: not at all (tools and tests).
+        limits: the command's ``cpu_millis`` and ``memory_mb``.
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -305,6 +316,8 @@ async def run_job(
                 run_as=run_as,
                 job_env=job_env or {},
                 options=options,
+                resources=None if limits is None else resources,
+                limits=limits,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
@@ -375,6 +388,8 @@ class JobRunner(Protocol):
         pause: PauseView | None = None,
         container: ContainerJob | None = None,
         run_options: RunOptions | None = None,
+        resources: JobResources | None = None,
+        limits: JobLimits | None = None,
     ) -> JobResult: ...
 
 
@@ -479,6 +494,7 @@ def _spawn_reaper(
     run_as: RunAs | None,
     job_env: Mapping[str, str],
     options: RunOptions,
+    confinement: Confinement,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the job's reaper from the calling thread (see the module docstring for which).
 
@@ -515,6 +531,9 @@ def _spawn_reaper(
         run_as_gid=run_as.gid if switch and run_as else None,
         job_cwd=options.workdir or (WORK_SUBDIR if switch else ""),
         timeout_s=options.timeout_s,
+        cgroup_procs=confinement.cgroup_procs,
+        address_space_bytes=confinement.address_space_bytes,
+        clone_into=confinement.clone_into,
     )
     return popen_supervisor(
         lambda started_fd: command(started_fd=started_fd),
@@ -547,6 +566,8 @@ async def _run_command(
     run_as: RunAs | None,
     job_env: Mapping[str, str],
     options: RunOptions,
+    resources: JobResources | None,
+    limits: JobLimits | None,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
@@ -561,7 +582,7 @@ async def _run_command(
             finished_unix_s=time.time(),
             detail="stopped before it was started",
         )
-    spawn = partial(
+    spawn_reaper = partial(
         _spawn_reaper,
         spec.argv,
         job_dir=job_dir,
@@ -574,10 +595,33 @@ async def _run_command(
         job_env=job_env,
         options=options,
     )
+
+    def spawn() -> tuple[subprocess.Popen[bytes], int, ConfinedJob | None]:
+        confined = None
+        if resources is not None and limits is not None:
+            try:
+                confined = resources.confine(job_dir.name, limits)
+            except OSError as exc:
+                raise _CannotConfine(f"resources_error: cannot make the job's cgroup: {exc}") from exc
+        try:
+            proc, started_fd = spawn_reaper(
+                confinement=Confinement() if confined is None else confined.confinement
+            )
+        except BaseException:
+            if confined is not None:
+                confined.remove()
+            raise
+        return proc, started_fd, confined
+
     try:
         # Shielded inside Spawner.run: the reaper it forks always comes back here, and no
         # checkpoint follows before the try below that kills it when cancelled.
-        proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
+        proc, started_fd, confined = spawn() if spawner is None else await spawner.run(spawn)
+    except _CannotConfine as exc:
+        on_started()
+        return never_ran(
+            paths, stopped=False, started_unix_s=started, finished_unix_s=time.time(), detail=str(exc)
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
         return never_ran(
@@ -587,10 +631,14 @@ async def _run_command(
             finished_unix_s=time.time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
         )
-    stopped, exec_reported, reaper_code = await wait_supervisor(
-        proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
-    )
-    return command_result(
+    try:
+        stopped, exec_reported, reaper_code = await wait_supervisor(
+            proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
+        )
+    finally:
+        # Also when cancelled: the cgroup goes with the job (its leftovers are killed first).
+        oom_kills = 0 if confined is None else (await release(confined)).oom_kills
+    result = command_result(
         reaper.read_report(job_dir),
         reaper_code,
         stopped=stopped,
@@ -598,6 +646,27 @@ async def _run_command(
         started_unix_s=started,
         paths=paths,
     )
+    return oom_killed(result, oom_kills, limits)
+
+
+class _CannotConfine(Exception):
+    """The job's cgroup could not be made; the message is the job's detail."""
+
+
+def oom_killed(result: JobResult, oom_kills: int, limits: JobLimits | None) -> JobResult:
+    """``result`` as failed with :func:`agent.resources.oom_detail` when the kernel's OOM killer
+    hit the job in its cgroup (``oom_kills`` > 0) and the job ended on its own (a stop, a
+    fence or its timeout keeps its own end), whatever its exit code, as for a container."""
+    if (
+        not oom_kills
+        or limits is None
+        or result.stopped
+        or result.fenced
+        or not result.started
+        or result.detail.startswith("timeout:")
+    ):
+        return result
+    return attrs.evolve(result, state=JobState.FAILED, detail=oom_detail(limits.memory_mb, result.detail))
 
 
 def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | None:

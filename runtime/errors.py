@@ -217,6 +217,13 @@ class LocalFileError(PermanentError):
     others; the message names it and what to do."""
 
 
+class ResourcesUnavailable(PermanentError):
+    """This machine cannot enforce command jobs' resources the way asked (a cgroup hierarchy is
+    missing, lacks a controller, or cannot be written); the message says which and where. For
+    ``job_resources = auto`` the agent takes the next way; for one asked for by name it
+    refuses to start (:mod:`agent.cgroups`)."""
+
+
 class PermissionDenied(PermanentError):
     """The caller's identity may not do this (gRPC PERMISSION_DENIED); nothing was done.
 

@@ -487,6 +487,17 @@ MIN_JOB_NICE = 0
 MAX_JOB_NICE = 19
 """The range of ``AgentSettings.job_nice`` (19 is the lowest priority Linux knows)."""
 
+MIN_JOB_PIDS = 1
+MAX_JOB_PIDS = 4_194_304
+"""The range of ``AgentSettings.job_pids_max``: up to ``PID_MAX_LIMIT`` of 64-bit Linux (4 Mi)."""
+DEFAULT_JOB_PIDS_MAX = 4096
+"""The default of ``AgentSettings.job_pids_max``."""
+AUTO = "auto"
+"""``AgentSettings.job_resources``: the best way the machine offers (cgroup2, else cgroup1, else
+rlimit)."""
+JOB_RESOURCES_CHOICES = (AUTO, "cgroup2", "cgroup1", "rlimit")
+"""The values of ``AgentSettings.job_resources`` (:class:`agent.resources.Mode`, and ``auto``)."""
+
 
 _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A system user name ``useradd`` takes (and that cannot pass for one of its options)."""
@@ -615,6 +626,15 @@ class AgentSettings:
     nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
     agent's. The job's reaper keeps the agent's priority."""
 
+    job_pids_max: int = attrs.field(default=DEFAULT_JOB_PIDS_MAX)
+    """The most processes (and threads) one command job may have at once, enforced by its
+    cgroup (``pids.max``); a fork past it fails (``EAGAIN``). Not enforced in ``rlimit`` mode."""
+    job_resources: str = attrs.field(default=AUTO)
+    """How command jobs' ``cpu_millis`` and ``memory_mb`` are enforced (:mod:`agent.resources`):
+    ``auto`` (cgroup2 where the unified hierarchy offers the cpu, memory and pids controllers,
+    else cgroup1, else rlimit), or one of ``cgroup2``, ``cgroup1``, ``rlimit`` (the agent
+    refuses to start when the machine cannot do it). Registered as the label ``resources``."""
+
     job_user: str = attrs.field(default="stockade-job")
     """The system user command jobs run as when the agent runs as root (created as a system
     account without home or login shell on first use); never ``root`` or uid 0. Ignored when
@@ -645,6 +665,20 @@ class AgentSettings:
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_JOB_NICE <= value <= MAX_JOB_NICE:
             raise InvalidArgument(
                 "job_nice", value, f"must be an integer between {MIN_JOB_NICE} and {MAX_JOB_NICE}"
+            )
+
+    @job_pids_max.validator
+    def _pids(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not MIN_JOB_PIDS <= value <= MAX_JOB_PIDS:
+            raise InvalidArgument(
+                "job_pids_max", value, f"must be an integer between {MIN_JOB_PIDS} and {MAX_JOB_PIDS}"
+            )
+
+    @job_resources.validator
+    def _resources(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in JOB_RESOURCES_CHOICES:
+            raise InvalidArgument(
+                "job_resources", value, f"must be one of {', '.join(JOB_RESOURCES_CHOICES)}"
             )
 
     @control_planes.validator

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import asyncpg
 import container_images
+import job_cgroups
 import pytest
 
 from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
@@ -279,6 +280,15 @@ def database_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
         yield with_database(pg_admin_url, name)
     finally:
         execute(pg_admin_url, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_job_cgroups_left() -> Iterator[None]:
+    """The job cgroups agents made during the session, removed at its end where empty (those
+    of agents the tests SIGKILLed; :mod:`job_cgroups`)."""
+    before = job_cgroups.worker_folders()
+    yield
+    job_cgroups.remove_empty(job_cgroups.worker_folders() - before)
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,7 @@ from runtime.errors import (
     NotFound,
     PermissionDenied,
     RemoteError,
+    ResourcesUnavailable,
     StockadeError,
     Unavailable,
 )
@@ -209,7 +210,7 @@ def errors() -> Iterator[None]:
                 "set STOCKADE_IDENTITY or the config's identity to use another)",
                 EXIT_UNAVAILABLE,
             )
-        if isinstance(exc, DatabaseRefused | LocalFileError | FailedPrecondition):
+        if isinstance(exc, DatabaseRefused | LocalFileError | FailedPrecondition | ResourcesUnavailable):
             fail(str(exc), EXIT_UNAVAILABLE)
         if isinstance(exc, Unavailable | RemoteError | ClusterError) or _operational(exc):
             fail(_with_notes(str(exc), exc), EXIT_UNAVAILABLE)

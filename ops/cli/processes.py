@@ -17,9 +17,12 @@ from runtime import identifiers
 from runtime.identifiers import parse_labels
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
+    JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
+    MAX_JOB_PIDS,
     MAX_OUTPUT_MB,
     MIN_JOB_NICE,
+    MIN_JOB_PIDS,
     PLACEMENT_POLICIES,
     AgentSettings,
     IngestSettings,
@@ -414,6 +417,21 @@ JobNiceOption = Annotated[
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority)."
     ),
 ]
+JobPidsMaxOption = Annotated[
+    int,
+    typer.Option(
+        help=f"Most processes (and threads) one command job may have at once ({MIN_JOB_PIDS}.."
+        f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode)."
+    ),
+]
+JobResourcesOption = Annotated[
+    str,
+    typer.Option(
+        help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
+        "auto takes cgroup2, else cgroup1, else rlimit (RLIMIT_AS only); a mode named must work "
+        "here or the agent does not start. Registered as the label resources=<mode>."
+    ),
+]
 JobUserOption = Annotated[
     str,
     typer.Option(
@@ -473,6 +491,8 @@ def agent(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
+    job_resources: JobResourcesOption = _agent_str_default("job_resources"),
     job_user: JobUserOption = _agent_str_default("job_user"),
     max_output_mb: MaxOutputMbOption = _OUTPUT_DEFAULTS.max_output_mb,
     output_retention_s: OutputRetentionOption = _OUTPUT_DEFAULTS.output_retention_s,
@@ -494,7 +514,7 @@ def agent(
         typer.Option(
             "--label",
             help="A label key=value for constraints to match (repeatable), e.g. --label gpu=a100. "
-            "The agent sets container=docker|none itself.",
+            "The agent sets container=docker|none and resources=cgroup2|cgroup1|rlimit itself.",
         ),
     ] = None,
 ) -> None:
@@ -527,6 +547,8 @@ def agent(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_pids_max=job_pids_max,
+            job_resources=job_resources,
             job_user=job_user,
             output=_output_settings(max_output_mb, output_retention_s),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
@@ -563,6 +585,8 @@ def fleet(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
+    job_resources: JobResourcesOption = _agent_str_default("job_resources"),
     job_user: JobUserOption = _agent_str_default("job_user"),
     max_output_mb: MaxOutputMbOption = _OUTPUT_DEFAULTS.max_output_mb,
     output_retention_s: OutputRetentionOption = _OUTPUT_DEFAULTS.output_retention_s,
@@ -601,6 +625,8 @@ def fleet(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_pids_max=job_pids_max,
+            job_resources=job_resources,
             job_user=job_user,
             output=_output_settings(max_output_mb, output_retention_s),
         )

@@ -157,8 +157,12 @@ async def test_agent_registers_with_its_address_and_capacity(tmp_path: Path) -> 
             2000,
             2048,
         )
-        # The agent adds whether it runs container jobs (its engine answered a ping, or not).
-        assert registration.labels in ({"zone": "test", "container": c} for c in ("docker", "none"))
+        # The agent adds whether it runs container jobs (its engine answered a ping, or not),
+        # and how it enforces command jobs' resources.
+        labels = dict(registration.labels)
+        assert labels.pop("container") in ("docker", "none")
+        assert labels.pop("resources") in ("cgroup2", "cgroup1", "rlimit")
+        assert labels == {"zone": "test"}
         assert h.cp.heartbeats[-1].incarnation == 1
 
 

@@ -45,7 +45,7 @@ def test_reaper_argv_carries_the_user_and_the_working_folder() -> None:
         job_cwd="work",
         timeout_s=2.5,
     )
-    assert argv[-6:] == ["995", "994", "work", "2.5", "--", "id"]
+    assert argv[-7:] == ["995", "994", "work", "2.5", "", "--", "id"]  # "": nothing to confine
 
 
 def test_reaper_argv_needs_both_uid_and_gid() -> None:

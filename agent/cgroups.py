@@ -1,0 +1,771 @@
+"""Command jobs in cgroups (v2 and v1): finding the hierarchies, a worker's subtree, a job's cgroup.
+
+:func:`select_resources` picks, at agent start, how a worker enforces its command jobs'
+resources (:mod:`agent.resources` has the modes and the numbers): with ``auto``, cgroup v2
+where the agent's cgroup in the unified hierarchy offers the ``cpu``, ``memory`` and ``pids``
+controllers and can be set up, else cgroup v1 where the three have v1 hierarchies the agent
+can write to, else rlimits. It finds the hierarchies from ``/proc/self/mountinfo`` (wherever
+they are mounted, whatever part of the hierarchy a mount shows) and the agent's place in each
+from ``/proc/self/cgroup``; :func:`locate` is that part, pure.
+
+Layout, cgroup v2. Let ``D`` be the agent's cgroup when it starts. The kernel's
+no-internal-processes rule (``Documentation/admin-guide/cgroup-v2.rst``, "No Internal Process
+Constraint") forbids a cgroup that hands controllers to its children to hold processes
+itself, so the agent moves itself into a leaf and puts its jobs beside it::
+
+    D/                        cgroup.subtree_control: +cpu +memory +pids
+      stockade-agent/         the agent's process (its threads, its reapers): weight 100
+      stockade-jobs/          cpu.weight of one task at job_nice per CPU (nice 10: 11 each)
+        <worker>-<owner>/     one worker's jobs (a fleet has one per worker)
+          <job>-<assignment>/ cpu.max, cpu.weight, memory.max, memory.swap.max 0,
+                              memory.oom.group 1, pids.max
+
+``D`` must hold no other process than the agent (a systemd unit with ``Delegate=yes`` gives
+it one; a shell's cgroup does not), and the agent needs write access to it (root, or a
+delegated subtree). An agent that finds itself in ``stockade-agent`` already (the second
+worker of a fleet, or systemd's ``DelegateSubgroup=stockade-agent``, which starts it there)
+takes the parent as ``D``. When ``D`` is the root cgroup (no ``cgroup.type``, exempt from the
+rule) the agent stays there.
+
+Layout, cgroup v1 (no such rule). In each of the hierarchies ``cpu``, ``memory``, ``pids``
+(and ``cpuacct``, for the CPU accounting, where it is a hierarchy of its own) under the agent's
+cgroup ``A``::
+
+    A/stockade-<worker>-<owner>/         cpu.shares of one task at job_nice per CPU (nice 10:
+                                         110 each)
+      <job>-<assignment>/                cpu.cfs_period_us, cpu.cfs_quota_us, cpu.shares,
+                                         memory.limit_in_bytes, memory.memsw.limit_in_bytes,
+                                         pids.max
+
+``<owner>`` is :func:`agent.runtimes.owner_of` the worker's work folder, as for containers:
+two clusters on one machine may both have a ``w-1``. The worker's subtree holds only what its
+agent made, so at start every job cgroup in it is a leftover of an earlier life: whatever
+still runs there is SIGKILLed and the cgroup removed (:meth:`remove_leftovers`).
+
+What the kernel reports: a job's OOM kills from ``memory.events`` (v2, ``oom_kill``) or
+``memory.oom_control`` (v1, ``oom_kill``, kernels from 4.13), its CPU time from ``cpu.stat``
+(``usage_usec``, v2) or ``cpuacct.usage`` (v1, nanoseconds), the periods its quota throttled
+it from ``cpu.stat`` (``nr_throttled``, both).
+
+What is exercised for real where: the development machine has cgroup v1 hierarchies for the
+controllers and a cgroup2 mount without any (``/sys/fs/cgroup/unified``), so the v1 layout
+runs on the kernel there, while the v2 layout is tested against a fake tree (what is written
+where) and only its placement of a job's process (``clone3`` into a cgroup, the migration
+after a fork) on that controller-less cgroup2.
+
+Why one module of about 700 lines: the two layouts share their file helpers and their rules
+for leftovers, and the detection that chooses between them reads best beside them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent.resources import (
+    CPU_PERIOD_US,
+    RESOURCES_LABEL,
+    ConfinedJob,
+    Confinement,
+    JobLimits,
+    JobResources,
+    JobUsage,
+    Mode,
+    ResourcesUnavailable,
+    RlimitResources,
+    cpu_quota_us,
+    job_cpu_shares,
+    job_cpu_weight,
+    jobs_cpu_shares,
+    jobs_cpu_weight,
+    memory_limit_bytes,
+)
+from agent.runtimes import owner_of
+from runtime.settings import AUTO, AgentSettings
+
+AGENT_LEAF = "stockade-agent"
+"""cgroup v2: the leaf the agent moves its process into (see the module docstring)."""
+JOBS_GROUP = "stockade-jobs"
+"""cgroup v2: the agent's jobs' cgroup, beside its leaf."""
+CONTROLLERS = ("cpu", "memory", "pids")
+"""The controllers a cgroup mode needs."""
+ACCOUNTING = "cpuacct"
+"""cgroup v1: the controller of CPU time accounting (optional: without it, no ``cpu_s``)."""
+LEFTOVER_WAIT_S = 2.0
+"""How long the agent waits, at start, for the processes of a leftover job cgroup to die."""
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system says; else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+@attrs.frozen(kw_only=True)
+class Host:
+    """Where this process's view of its cgroups comes from (tests give a fake tree's)."""
+
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    self_cgroup: Path = Path("/proc/self/cgroup")
+    pid: int = attrs.field(factory=os.getpid)
+    """The process to move into the agent's leaf (cgroup v2): this one."""
+    cpus: int = attrs.field(factory=_usable_cpus)
+    """The CPUs its jobs may run on (the jobs' group weighs one job-nice task per CPU)."""
+
+
+@attrs.frozen(kw_only=True)
+class Mount:
+    """One cgroup file system mount (a line of ``/proc/self/mountinfo``)."""
+
+    mount_point: Path
+    root: str
+    """The cgroup the mount shows at its mount point (``/`` unless a container's namespace or a
+    bind mount shows a part of the hierarchy)."""
+    version: int
+    """2 for ``cgroup2``, 1 for ``cgroup``."""
+    controllers: frozenset[str]
+    """cgroup v1: the controllers of the hierarchy (its super options); v2: empty."""
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The cgroup mounts of a ``/proc/<pid>/mountinfo`` text, in order (the format is
+    ``proc(5)``'s: ``id parent major:minor root mount-point options [optional...] - fstype
+    source super-options``); other file systems and malformed lines are left out."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        try:
+            dash = fields.index("-")
+        except ValueError:
+            continue
+        if dash < 5 or len(fields) < dash + 3:
+            continue
+        fstype = fields[dash + 1]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        options = set(fields[dash + 3].split(",")) if len(fields) > dash + 3 else set()
+        mounts.append(
+            Mount(
+                mount_point=Path(_unescape(fields[4])),
+                root=_unescape(fields[3]),
+                version=2 if fstype == "cgroup2" else 1,
+                controllers=frozenset() if fstype == "cgroup2" else frozenset(options - {"rw", "ro"}),
+            )
+        )
+    return mounts
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """The cgroup of each controller in a ``/proc/<pid>/cgroup`` text (``hierarchy:controllers:
+    path`` lines): ``{"memory": "/a/b", ...}``; the unified hierarchy's (``0::/path``) under the
+    key ``""``; named v1 hierarchies (``name=systemd``) under their name."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            found.setdefault(name, path)
+    return found
+
+
+def parse_keyed(text: str) -> dict[str, int]:
+    """The integer values of a flat keyed cgroup file (``key value`` lines: ``memory.events``,
+    ``memory.oom_control``, ``cpu.stat``); lines that are not that are left out."""
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                values[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return values
+
+
+def visible_dir(mount: Mount, cgroup: str) -> Path | None:
+    """The folder of ``cgroup`` (a path from ``/proc/self/cgroup``) under ``mount``, or None
+    when the mount does not show it."""
+    root = mount.root.rstrip("/")
+    if cgroup != root and not cgroup.startswith(root + "/"):
+        return None
+    rest = cgroup[len(root) :].strip("/")
+    return mount.mount_point / rest if rest else mount.mount_point
+
+
+@attrs.frozen(kw_only=True)
+class Located:
+    """Where this process's cgroups are, per version, or why there are none."""
+
+    v2: Path | None
+    """The agent's cgroup in the unified hierarchy."""
+    v2_why: str
+    v1: Mapping[str, Path]
+    """cgroup v1: the agent's cgroup folder in the hierarchy of each controller found (of
+    :data:`CONTROLLERS` and :data:`ACCOUNTING`)."""
+    v1_why: str
+
+
+def locate(mountinfo: str, proc_cgroup: str) -> Located:
+    """Where this process's cgroups are, from its ``mountinfo`` and ``/proc/self/cgroup``
+    texts. Pure; whether they can be used is for :func:`open_cgroup2` and
+    :func:`open_cgroup1` to find out."""
+    mounts = parse_mountinfo(mountinfo)
+    cgroups = parse_proc_cgroup(proc_cgroup)
+    v2: Path | None = None
+    v2_why = "no cgroup2 file system is mounted"
+    for mount in (m for m in mounts if m.version == 2):
+        if "" not in cgroups:
+            v2_why = "this process has no cgroup in the unified hierarchy (/proc/self/cgroup)"
+            break
+        v2 = visible_dir(mount, cgroups[""])
+        if v2 is not None:
+            v2_why = ""
+            break
+        v2_why = f"this process's cgroup {cgroups['']} is not under the cgroup2 mount {mount.mount_point}"
+    v1: dict[str, Path] = {}
+    for controller in (*CONTROLLERS, ACCOUNTING):
+        for mount in (m for m in mounts if m.version == 1 and controller in m.controllers):
+            if controller in cgroups:
+                folder = visible_dir(mount, cgroups[controller])
+                if folder is not None:
+                    v1[controller] = folder
+                    break
+    missing = [c for c in CONTROLLERS if c not in v1]
+    v1_why = f"no cgroup v1 hierarchy of {', '.join(missing)} is mounted" if missing else ""
+    return Located(v2=v2, v2_why=v2_why, v1=v1, v1_why=v1_why)
+
+
+# ---------------------------------------------------------------------------- file helpers
+
+
+def _read(path: Path) -> str:
+    with open(path, encoding="ascii") as file:
+        return file.read()
+
+
+def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
+    """Make the cgroup ``folder`` (the kernel fills it with its interface files; a test's fake
+    tree replaces this to do the same)."""
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+
+
+def _write(path: Path, text: str) -> None:
+    """Write one value to a cgroup file (the kernel takes it in one write, or refuses)."""
+    with open(path, "w", encoding="ascii") as file:
+        file.write(text)
+
+
+def _write_if_present(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` when the kernel offers that file; True if written."""
+    if not path.exists():
+        return False
+    _write(path, text)
+    return True
+
+
+def _pids(folder: Path) -> list[int]:
+    """The processes in the cgroup ``folder`` (none when it is gone)."""
+    try:
+        return [int(p) for p in _read(folder / "cgroup.procs").split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_members(folder: Path) -> None:
+    """SIGKILL every process in the cgroup ``folder``: at once with ``cgroup.kill`` (v2, Linux
+    5.14), else one by one (a process forking meanwhile is caught by the next call)."""
+    try:
+        if _write_if_present(folder / "cgroup.kill", "1"):
+            return
+    except OSError:
+        pass
+    for pid in _pids(folder):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _remove_dir(folder: Path) -> bool:
+    """rmdir the cgroup ``folder``; True once it is gone. One that still holds processes has
+    them SIGKILLed and is left for now (False).
+
+    Raises:
+        OSError: the folder cannot be removed for another reason.
+    """
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        _kill_members(folder)
+        return False
+    return True
+
+
+def _remove_now(folders: list[Path], wait_s: float) -> list[Path]:
+    """Remove every cgroup of ``folders`` (killing what runs there), waiting up to ``wait_s``
+    for their processes to die; return those removed."""
+    removed: list[Path] = []
+    left = list(folders)
+    deadline = time.monotonic() + wait_s
+    while left:
+        for folder in list(left):
+            try:
+                if _remove_dir(folder):
+                    removed.append(folder)
+                    left.remove(folder)
+            except OSError:
+                left.remove(folder)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    return removed
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------------------- cgroup v2
+
+
+@attrs.frozen(kw_only=True)
+class Cgroup2Job:
+    """One job's cgroup in the unified hierarchy."""
+
+    name: str
+    folder: Path
+
+    @property
+    def confinement(self) -> Confinement:
+        return Confinement(cgroup_procs=(str(self.folder / "cgroup.procs"),), clone_into=str(self.folder))
+
+    def usage(self) -> JobUsage:
+        try:
+            cpu = parse_keyed(_read(self.folder / "cpu.stat"))
+        except OSError:
+            cpu = {}
+        try:
+            memory = parse_keyed(_read(self.folder / "memory.events"))
+        except OSError:
+            memory = {}
+        usec = cpu.get("usage_usec")
+        return JobUsage(
+            cpu_s=None if usec is None else usec / 1e6,
+            throttled_periods=cpu.get("nr_throttled"),
+            oom_kills=memory.get("oom_kill", 0),
+        )
+
+    def remove(self) -> bool:
+        return _remove_dir(self.folder)
+
+
+@attrs.frozen(kw_only=True)
+class Cgroup2Resources:
+    """One worker's jobs in cgroup v2, under ``worker_dir`` (see the module docstring)."""
+
+    worker_dir: Path
+    pids_max: int
+    jobs_weight: int
+    """``cpu.weight`` of the jobs' group (``stockade-jobs``)."""
+    mode: Mode = Mode.CGROUP2
+
+    @property
+    def where(self) -> str:
+        return str(self.worker_dir)
+
+    def prepare(self) -> None:
+        """Make the jobs' group and the worker's folder, handing the controllers down; nothing
+        changes where they are there already. At start, and again should they have been
+        removed meanwhile (an empty folder of an agent that was killed looks like litter).
+
+        Raises:
+            OSError: they cannot be made or written.
+        """
+        jobs = self.worker_dir.parent
+        _mkdir(jobs, exist_ok=True)
+        _write(jobs / "cpu.weight", str(self.jobs_weight))
+        _write(jobs / "cgroup.subtree_control", _ENABLE)
+        _mkdir(self.worker_dir, exist_ok=True)
+        _write(self.worker_dir / "cgroup.subtree_control", _ENABLE)
+
+    def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
+        folder = self.worker_dir / name
+        _remove_now([folder], LEFTOVER_WAIT_S)  # a name is never reused; a leftover would be stale
+        try:
+            _mkdir(folder)
+        except FileNotFoundError:
+            self.prepare()
+            _mkdir(folder)
+        try:
+            _write(folder / "cpu.max", f"{cpu_quota_us(limits.cpu_millis)} {CPU_PERIOD_US}")
+            _write(folder / "cpu.weight", str(job_cpu_weight(limits.cpu_millis)))
+            _write(folder / "memory.max", str(memory_limit_bytes(limits.memory_mb)))
+            # Not every kernel has them: swap accounting can be off (no swap limit then, and
+            # the job may swap), and memory.oom.group came in 4.19.
+            _write_if_present(folder / "memory.swap.max", "0")
+            _write_if_present(folder / "memory.oom.group", "1")
+            _write(folder / "pids.max", str(self.pids_max))
+        except BaseException:
+            _remove_now([folder], 0.0)
+            raise
+        return Cgroup2Job(name=name, folder=folder)
+
+    def find(self, name: str) -> ConfinedJob | None:
+        folder = self.worker_dir / name
+        return Cgroup2Job(name=name, folder=folder) if folder.is_dir() else None
+
+    def remove_leftovers(self) -> list[str]:
+        return [str(p) for p in _remove_now(_subdirs(self.worker_dir), LEFTOVER_WAIT_S)]
+
+    def close(self) -> None:
+        _remove_now([self.worker_dir], 0.0)
+
+
+_ENABLE = "+cpu +memory +pids"
+
+
+def open_cgroup2(
+    own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
+) -> Cgroup2Resources:
+    """Set up the v2 layout (module docstring) from the agent's cgroup folder ``own``: move
+    process ``pid`` into the leaf unless it is there already (or ``own`` is the root), hand the
+    controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
+
+    Raises:
+        ResourcesUnavailable: the cgroup lacks a controller, holds other processes, or cannot
+            be written; the message says which and where.
+    """
+    base = own
+    if own.name == AGENT_LEAF:
+        base = own.parent  # in our leaf already: a fleet's next worker, or put there at start
+    try:
+        offered = _read(base / "cgroup.controllers").split()
+    except OSError as exc:
+        raise ResourcesUnavailable(f"cannot read {base / 'cgroup.controllers'}: {exc}") from exc
+    missing = [c for c in CONTROLLERS if c not in offered]
+    if missing:
+        raise ResourcesUnavailable(
+            f"the cgroup {base} offers the controllers {' '.join(offered) or '(none)'}, not "
+            f"{' '.join(missing)} (they are on cgroup v1 hierarchies, or not delegated to it: "
+            "systemd's Delegate=yes)"
+        )
+    resources = Cgroup2Resources(
+        worker_dir=base / JOBS_GROUP / worker_key,
+        pids_max=pids_max,
+        jobs_weight=jobs_cpu_weight(job_nice, cpus),
+    )
+    try:
+        if base == own and (base / "cgroup.type").exists():
+            others = [p for p in _pids(base) if p != pid]
+            if others:
+                raise ResourcesUnavailable(
+                    f"the cgroup {base} holds {len(others)} other processes besides the agent "
+                    f"(e.g. {others[0]}): run the agent in a cgroup of its own (systemd: Delegate=yes)"
+                )
+            leaf = base / AGENT_LEAF
+            _mkdir(leaf, exist_ok=True)
+            _write(leaf / "cgroup.procs", str(pid))
+        _write(base / "cgroup.subtree_control", _ENABLE)
+        resources.prepare()
+    except OSError as exc:
+        raise ResourcesUnavailable(f"cannot set up job cgroups under {base}: {exc}") from exc
+    return resources
+
+
+# ---------------------------------------------------------------------------- cgroup v1
+
+
+@attrs.frozen(kw_only=True)
+class Cgroup1Job:
+    """One job's cgroups in the v1 hierarchies (one folder per hierarchy)."""
+
+    name: str
+    folders: Mapping[str, Path]
+    """The job's folder in the hierarchy of each controller (comounted ones share one)."""
+
+    @property
+    def confinement(self) -> Confinement:
+        return Confinement(cgroup_procs=tuple(str(f / "cgroup.procs") for f in _distinct(self.folders)))
+
+    def usage(self) -> JobUsage:
+        def keyed(controller: str, file: str) -> dict[str, int]:
+            try:
+                return parse_keyed(_read(self.folders[controller] / file))
+            except (OSError, KeyError):
+                return {}
+
+        cpu_s = None
+        if ACCOUNTING in self.folders:
+            try:
+                cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
+            except (OSError, ValueError):
+                cpu_s = None
+        return JobUsage(
+            cpu_s=cpu_s,
+            throttled_periods=keyed("cpu", "cpu.stat").get("nr_throttled"),
+            oom_kills=keyed("memory", "memory.oom_control").get("oom_kill", 0),
+        )
+
+    def remove(self) -> bool:
+        gone = True
+        for folder in _distinct(self.folders):
+            gone = _remove_dir(folder) and gone
+        return gone
+
+
+def _distinct(folders: Mapping[str, Path]) -> list[Path]:
+    """The folders of ``folders``, each once, in order (comounted controllers share one)."""
+    return list(dict.fromkeys(folders.values()))
+
+
+@attrs.frozen(kw_only=True)
+class Cgroup1Resources:
+    """One worker's jobs in cgroup v1, under ``worker_dirs`` (see the module docstring)."""
+
+    worker_dirs: Mapping[str, Path]
+    """The worker's folder in the hierarchy of each controller."""
+    pids_max: int
+    jobs_shares: int
+    """``cpu.shares`` of the worker's folder in the ``cpu`` hierarchy."""
+    mode: Mode = Mode.CGROUP1
+
+    @property
+    def where(self) -> str:
+        return " ".join(str(p) for p in _distinct(self.worker_dirs))
+
+    def prepare(self) -> None:
+        """Make the worker's folder in every hierarchy; nothing changes where they are there
+        already. At start, and again should they have been removed meanwhile.
+
+        Raises:
+            OSError: they cannot be made or written.
+        """
+        for folder in _distinct(self.worker_dirs):
+            _mkdir(folder, exist_ok=True)
+        _write(self.worker_dirs["cpu"] / "cpu.shares", str(self.jobs_shares))
+
+    def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
+        folders = {c: w / name for c, w in self.worker_dirs.items()}
+        _remove_now(_distinct(folders), LEFTOVER_WAIT_S)  # a name is never reused: stale
+        made: list[Path] = []
+        try:
+            for folder in _distinct(folders):
+                try:
+                    _mkdir(folder)
+                except FileNotFoundError:
+                    self.prepare()
+                    _mkdir(folder)
+                made.append(folder)
+            cpu, memory = folders["cpu"], folders["memory"]
+            _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(cpu / "cpu.cfs_quota_us", str(cpu_quota_us(limits.cpu_millis)))
+            _write(cpu / "cpu.shares", str(job_cpu_shares(limits.cpu_millis)))
+            limit = str(memory_limit_bytes(limits.memory_mb))
+            _write(memory / "memory.limit_in_bytes", limit)  # first: memsw may not go below it
+            if not _write_if_present(memory / "memory.memsw.limit_in_bytes", limit):
+                # Without swap accounting the job's swap cannot be limited; this asks the
+                # kernel not to swap its pages out at all (a hint, not a limit).
+                try:
+                    _write_if_present(memory / "memory.swappiness", "0")
+                except OSError:
+                    pass
+            _write(folders["pids"] / "pids.max", str(self.pids_max))
+        except BaseException:
+            _remove_now(made, 0.0)
+            raise
+        return Cgroup1Job(name=name, folders=folders)
+
+    def find(self, name: str) -> ConfinedJob | None:
+        folders = {c: w / name for c, w in self.worker_dirs.items()}
+        return Cgroup1Job(name=name, folders=folders) if folders["memory"].is_dir() else None
+
+    def remove_leftovers(self) -> list[str]:
+        found = [sub for worker in _distinct(self.worker_dirs) for sub in _subdirs(worker)]
+        return [str(p) for p in _remove_now(found, LEFTOVER_WAIT_S)]
+
+    def close(self) -> None:
+        _remove_now(_distinct(self.worker_dirs), 0.0)
+
+
+def open_cgroup1(
+    own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
+) -> Cgroup1Resources:
+    """Set up the v1 layout (module docstring) under the agent's cgroup folder of each
+    controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
+    in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
+
+    Raises:
+        ResourcesUnavailable: a hierarchy is missing or cannot be written; the message says
+            which and where.
+    """
+    missing = [c for c in CONTROLLERS if c not in own]
+    if missing:
+        raise ResourcesUnavailable(f"no cgroup v1 hierarchy of {', '.join(missing)} is mounted")
+    resources = Cgroup1Resources(
+        worker_dirs={c: folder / f"stockade-{worker_key}" for c, folder in own.items()},
+        pids_max=pids_max,
+        jobs_shares=jobs_cpu_shares(job_nice, cpus),
+    )
+    try:
+        resources.prepare()
+    except OSError as exc:
+        raise ResourcesUnavailable(f"cannot set up job cgroups: {exc}") from exc
+    return resources
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+def select_resources(
+    choice: str,
+    *,
+    worker_key: str,
+    job_nice: int,
+    pids_max: int,
+    host: Host | None = None,
+) -> tuple[JobResources, list[str]]:
+    """The worker's :class:`agent.resources.JobResources` for the ``job_resources`` setting
+    ``choice``: ``auto`` takes the first of cgroup2, cgroup1, rlimit that can be set up here;
+    a mode named is that one or an error. Blocking (file system calls): run it in a thread.
+
+    Returns:
+        The resources, and why each better mode was not taken (``auto``: ``"cgroup2: ..."``).
+
+    Raises:
+        ResourcesUnavailable: ``choice`` names a mode that cannot be used here.
+    """
+    host = host or Host()
+    try:
+        located = locate(_read(host.mountinfo), _read(host.self_cgroup))
+    except OSError as exc:
+        located = Located(
+            v2=None, v2_why=f"cannot read {exc.filename}", v1={}, v1_why=f"cannot read {exc.filename}"
+        )
+    order = list(Mode) if choice == AUTO else [Mode(choice)]
+    skipped: list[str] = []
+    for mode in order:
+        try:
+            match mode:
+                case Mode.CGROUP2:
+                    if located.v2 is None:
+                        raise ResourcesUnavailable(located.v2_why)
+                    return (
+                        open_cgroup2(
+                            located.v2,
+                            pid=host.pid,
+                            worker_key=worker_key,
+                            job_nice=job_nice,
+                            pids_max=pids_max,
+                            cpus=host.cpus,
+                        ),
+                        skipped,
+                    )
+                case Mode.CGROUP1:
+                    if located.v1_why:
+                        raise ResourcesUnavailable(located.v1_why)
+                    return (
+                        open_cgroup1(
+                            located.v1,
+                            worker_key=worker_key,
+                            job_nice=job_nice,
+                            pids_max=pids_max,
+                            cpus=host.cpus,
+                        ),
+                        skipped,
+                    )
+                case Mode.RLIMIT:
+                    return RlimitResources(), skipped
+        except ResourcesUnavailable as exc:
+            if choice != AUTO:
+                raise ResourcesUnavailable(f"job_resources {choice} cannot be used here: {exc}") from exc
+            skipped.append(f"{mode.value}: {exc}")
+    raise AssertionError("rlimit is always available")  # pragma: no cover
+
+
+def worker_key(settings: AgentSettings) -> str:
+    """``<worker_id>-<owner>``: the name of one worker's cgroups (see the module docstring)."""
+    return f"{settings.worker_id}-{owner_of(settings.work_dir)}"
+
+
+async def resource_settings(
+    settings: AgentSettings, logger: Any, *, host: Host | None = None
+) -> tuple[AgentSettings, JobResources]:
+    """The worker's job resources (:func:`select_resources`), once the job cgroups an earlier
+    life of this worker left are removed, with ``settings`` given the label ``resources=<mode>``;
+    the mode, where, and why a better one was not taken are logged. The file system calls run
+    in a thread.
+
+    Raises:
+        ResourcesUnavailable: ``settings.job_resources`` names a mode that cannot be used here.
+    """
+    resources, skipped = await trio.to_thread.run_sync(
+        partial(
+            select_resources,
+            settings.job_resources,
+            worker_key=worker_key(settings),
+            job_nice=settings.job_nice,
+            pids_max=settings.job_pids_max,
+            host=host,
+        )
+    )
+    removed = await trio.to_thread.run_sync(resources.remove_leftovers)
+    if removed:
+        logger.warning(
+            "removed job cgroups left by an earlier life of this worker", count=len(removed), cgroups=removed
+        )
+    label = f"{RESOURCES_LABEL}={resources.mode.value}"
+    if resources.mode is Mode.RLIMIT:
+        logger.warning(
+            "job resources: rlimit only, no cgroups: memory_mb is each process's address space "
+            "(RLIMIT_AS); cpu_millis and the pids limit are not enforced",
+            label=label,
+            not_taken=skipped,
+        )
+    else:
+        logger.info(
+            f"job resources: {resources.mode.value}: cpu_millis a hard quota, memory_mb a hard limit "
+            f"without swap, at most {settings.job_pids_max} processes per job",
+            label=label,
+            where=resources.where,
+            not_taken=skipped,
+        )
+    return attrs.evolve(
+        settings, labels={**settings.labels, RESOURCES_LABEL: resources.mode.value}
+    ), resources

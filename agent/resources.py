@@ -1,0 +1,301 @@
+"""Enforced resources for command jobs: what a job's limits are, and how they are applied.
+
+A command job asks for ``cpu_millis`` and ``memory_mb``; the agent makes the kernel hold it
+to them. How depends on what the machine offers, chosen once when the agent starts
+(:func:`agent.cgroups.select_resources`) and registered as the worker label
+``resources=<mode>``:
+
+=========  ====================================================================================
+mode       what is enforced
+=========  ====================================================================================
+cgroup2    the job runs in a cgroup of its own (unified hierarchy): CPU as a hard quota
+           (``cpu.max``), memory as a hard limit with no swap (``memory.max``,
+           ``memory.swap.max`` 0; an OOM kill takes the whole job, ``memory.oom.group``), a
+           pids limit (``pids.max``); the jobs' cgroups weigh less than the agent's
+           (``cpu.weight``)
+cgroup1    the same on the v1 hierarchies ``cpu``, ``memory``, ``pids`` (and ``cpuacct`` for
+           the accounting): ``cpu.cfs_quota_us``, ``memory.limit_in_bytes`` and
+           ``memory.memsw.limit_in_bytes`` (no swap, where swap accounting is on),
+           ``pids.max``, ``cpu.shares``
+rlimit     no cgroups (none mounted, or no rights): each process of the job gets
+           ``RLIMIT_AS`` = its ``memory_mb`` (address space, per process: a program that
+           reserves more than it touches fails sooner, and a job of N processes may use N
+           times its memory); its CPU and process count are not enforced, only its nice value
+=========  ====================================================================================
+
+In every mode the job also runs ``job_nice`` lower in priority (:mod:`agent.reaper`).
+
+The arithmetic (:func:`cpu_quota_us`, :func:`memory_limit_bytes`, :func:`jobs_cpu_shares`,
+:func:`jobs_cpu_weight`, :func:`job_cpu_shares`, :func:`job_cpu_weight`) is here, so that
+both cgroup versions apply the same numbers. A job the kernel's OOM killer hit in its own
+cgroup ends failed with the detail :func:`oom_detail` (``oom_killed: ...``, the end reason
+``oom_killed``, as a container's; ``record_outcomes`` in ``schema.sql`` takes the reason from
+the detail).
+
+Who does what: the agent creates a job's cgroup before it starts the job's reaper
+(:meth:`JobResources.confine`, on the spawner thread) and removes it once the reaper has
+exited (:func:`release`, which first reads how the job ended: its OOM kills); the job's
+process writes itself into the cgroup between fork and exec, before its privilege drop, and
+applies the rlimits (:meth:`agent.reaper._Reaper.start`), so nothing of the job runs
+unconfined, and the reaper stays outside (it is the deadman switch: it must not be OOM-killed
+or throttled with the job).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+import attrs
+import trio
+
+from runtime import log
+from runtime.errors import ResourcesUnavailable
+from runtime.settings import AUTO
+
+RESOURCES_LABEL = "resources"
+"""The worker label that says how its command jobs' resources are enforced (a :class:`Mode`)."""
+
+CPU_PERIOD_US = 100_000
+"""The CFS bandwidth period of every job, in microseconds (100 ms, the kernel's default)."""
+MIN_CPU_QUOTA_US = 1_000
+"""The smallest CFS quota the kernel takes, in microseconds (``min_cfs_quota_period``, 1 ms,
+in ``kernel/sched/core.c``): a job under 10 millicores gets 10."""
+
+NICE_TO_WEIGHT = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+"""The CFS weight of a task at nice 0..19 (``sched_prio_to_weight`` in ``kernel/sched/core.c``;
+nice 0 = 1024, each step about 1.25 times less)."""
+CGROUP2_DEFAULT_WEIGHT = 100
+"""``cpu.weight`` of a cgroup nobody set (cgroup v2), the equivalent of 1024 (nice 0)."""
+
+
+class Mode(enum.StrEnum):
+    """How a worker enforces its command jobs' resources (the worker label ``resources``)."""
+
+    CGROUP2 = "cgroup2"
+    CGROUP1 = "cgroup1"
+    RLIMIT = "rlimit"
+
+
+@attrs.frozen(kw_only=True)
+class JobLimits:
+    """What one command job asked for."""
+
+    cpu_millis: int
+    """CPU, in millicores (1000 = one core)."""
+    memory_mb: int
+    """Memory, in MiB."""
+
+
+def cpu_quota_us(cpu_millis: int) -> int:
+    """The CFS quota per :data:`CPU_PERIOD_US` of a job of ``cpu_millis``, in microseconds:
+    ``cpu_millis * 100`` (1000 millicores = the whole period = one core), at least
+    :data:`MIN_CPU_QUOTA_US`."""
+    return max(MIN_CPU_QUOTA_US, cpu_millis * CPU_PERIOD_US // 1000)
+
+
+def memory_limit_bytes(memory_mb: int) -> int:
+    """A job's memory limit in bytes: ``memory_mb`` MiB."""
+    return memory_mb * 2**20
+
+
+def jobs_cpu_shares(job_nice: int, cpus: int = 1) -> int:
+    """``cpu.shares`` (cgroup v1) of the group that holds a worker's jobs: what one task at
+    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`; nice 0 = 1024) per CPU of ``cpus``, 2..262144
+    (the kernel's range). A group's shares are spread over the CPUs its tasks run on, so on
+    each CPU the jobs together weigh about one such task beside the agent's threads (and
+    whatever else shares the agent's cgroup), however many processes they have."""
+    weight = NICE_TO_WEIGHT[min(max(job_nice, 0), len(NICE_TO_WEIGHT) - 1)]
+    return min(262_144, max(2, weight * max(1, cpus)))
+
+
+def jobs_cpu_weight(job_nice: int, cpus: int = 1) -> int:
+    """``cpu.weight`` (cgroup v2) of the group that holds the agent's jobs, beside the agent's
+    own cgroup (weight 100): :func:`jobs_cpu_shares` on the v2 scale (1024 -> 100, rounded to
+    the closest, as the kernel converts ``cpu.weight.nice``), 1..10000."""
+    return min(10_000, max(1, round(jobs_cpu_shares(job_nice, cpus) * CGROUP2_DEFAULT_WEIGHT / 1024)))
+
+
+def job_cpu_shares(cpu_millis: int) -> int:
+    """``cpu.shares`` (cgroup v1) of one job among the worker's others: 1024 per core asked
+    for (Kubernetes' rule for requests), at least 2 and at most 262144 (the kernel's range)."""
+    return min(262_144, max(2, cpu_millis * 1024 // 1000))
+
+
+def job_cpu_weight(cpu_millis: int) -> int:
+    """``cpu.weight`` (cgroup v2) of one job among the worker's others: 100 (the default) per
+    core asked for, 1..10000."""
+    return min(10_000, max(1, cpu_millis * CGROUP2_DEFAULT_WEIGHT // 1000))
+
+
+def oom_detail(memory_mb: int, exit_detail: str) -> str:
+    """The detail of a job the kernel's OOM killer hit in its cgroup; its prefix ``oom_killed``
+    is the reason the control plane records (``record_outcomes`` in ``schema.sql``), as for a
+    container (:mod:`agent.container_supervisor`)."""
+    return (
+        f"oom_killed: the kernel killed it: it used more than its memory_mb of {memory_mb} "
+        f"(no swap) ({exit_detail})"
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Confinement:
+    """What a job's own process applies to itself between fork and exec (see
+    :func:`agent.reaper.reaper_argv`)."""
+
+    cgroup_procs: tuple[str, ...] = ()
+    """The ``cgroup.procs`` files it writes itself into (one per v1 hierarchy; one in v2)."""
+    address_space_bytes: int | None = None
+    """``RLIMIT_AS`` (soft and hard), or None: unchanged."""
+    clone_into: str | None = None
+    """cgroup v2: the job's cgroup folder, for its process to be born in (``clone3`` with
+    ``CLONE_INTO_CGROUP``, sparing the migration's wait); where the kernel cannot, it joins
+    :attr:`cgroup_procs` after the fork. None: fork, then join."""
+
+
+@attrs.frozen(kw_only=True)
+class JobUsage:
+    """What a job's cgroup counted (None where the mode or the kernel does not count it)."""
+
+    cpu_s: float | None = None
+    """CPU time used, in seconds."""
+    throttled_periods: int | None = None
+    """CFS periods in which the quota held the job back."""
+    oom_kills: int = 0
+    """Processes of the job the kernel's OOM killer killed."""
+
+
+class ConfinedJob(Protocol):
+    """One job's confinement, from before its start until removed."""
+
+    @property
+    def confinement(self) -> Confinement:
+        """What the job's process applies to itself."""
+
+    @property
+    def name(self) -> str:
+        """The job's name among its worker's (``<job_id>-<assignment_id>``)."""
+
+    def usage(self) -> JobUsage:
+        """What its cgroup counted so far (zeros and Nones without one)."""
+
+    def remove(self) -> bool:
+        """Remove its cgroup; True once it is gone. One that still holds processes (its
+        reaper was killed, and its job's descendants live on) has them SIGKILLed and stays
+        for now: call again a little later."""
+
+
+class JobResources(Protocol):
+    """One worker's way of enforcing its command jobs' resources, chosen at agent start."""
+
+    @property
+    def mode(self) -> Mode:
+        """Which mode (the worker label ``resources``)."""
+
+    @property
+    def where(self) -> str:
+        """Where its jobs' cgroups are (empty without cgroups), for the log line."""
+
+    def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
+        """Make a job's confinement (its cgroup, with the limits written) before it starts.
+
+        Raises:
+            OSError: the cgroup cannot be created or its limits written.
+        """
+
+    def find(self, name: str) -> ConfinedJob | None:
+        """The confinement of a running job ``name``, or None (for measurements and tests)."""
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove the job cgroups an earlier life of this worker left (killing what still
+        runs in them); return their paths."""
+
+    def close(self) -> None:
+        """Remove what the worker's jobs shared (once every job has ended); errors are ignored."""
+
+
+@attrs.frozen(kw_only=True)
+class _Unconfined:
+    """A job under rlimits only: nothing to count, nothing to remove."""
+
+    name: str
+    confinement: Confinement
+
+    def usage(self) -> JobUsage:
+        return JobUsage()
+
+    def remove(self) -> bool:
+        return True
+
+
+@attrs.frozen(kw_only=True)
+class RlimitResources:
+    """The fallback without cgroups: ``RLIMIT_AS`` = the job's memory for each of its
+    processes; CPU and processes are not enforced (see the module docstring)."""
+
+    mode: Mode = Mode.RLIMIT
+    where: str = ""
+
+    def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
+        return _Unconfined(
+            name=name, confinement=Confinement(address_space_bytes=memory_limit_bytes(limits.memory_mb))
+        )
+
+    def find(self, name: str) -> ConfinedJob | None:
+        return None
+
+    def remove_leftovers(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+RELEASE_RETRIES_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""The waits between attempts to remove a job's cgroup that still holds processes (each
+attempt SIGKILLs them), in seconds: about 2 s in all."""
+
+
+async def release(job: ConfinedJob) -> JobUsage:
+    """Read what ``job``'s cgroup counted, then remove it, once its reaper has exited; return
+    the usage. Shielded from cancellation (a cgroup is never left behind by a cancelled run).
+    One that cannot be removed after :data:`RELEASE_RETRIES_S` is logged and left: the next
+    start of the agent removes it (:meth:`JobResources.remove_leftovers`)."""
+    with trio.CancelScope(shield=True):
+        usage = job.usage()
+        for wait_s in RELEASE_RETRIES_S:
+            try:
+                if job.remove():
+                    break
+            except OSError as exc:
+                log.get("agent").warning("cannot remove a job's cgroup", job=job.name, error=str(exc))
+                break
+            await trio.sleep(wait_s)
+        else:
+            log.get("agent").warning(
+                "a job's cgroup still holds processes: left for the next start", job=job.name
+            )
+    return usage
+
+
+__all__ = [
+    "AUTO",
+    "CPU_PERIOD_US",
+    "RESOURCES_LABEL",
+    "ConfinedJob",
+    "Confinement",
+    "JobLimits",
+    "JobResources",
+    "JobUsage",
+    "Mode",
+    "ResourcesUnavailable",
+    "RlimitResources",
+    "cpu_quota_us",
+    "job_cpu_shares",
+    "job_cpu_weight",
+    "jobs_cpu_shares",
+    "jobs_cpu_weight",
+    "memory_limit_bytes",
+    "oom_detail",
+    "release",
+]

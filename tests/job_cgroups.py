@@ -1,0 +1,44 @@
+"""The job cgroups this machine's agents made, for the suite to clear up after itself.
+
+An agent that is SIGKILLed leaves its worker's cgroup folders behind (empty: its reapers kill
+their jobs as it dies), and so may the jobs' own folders; the next start of that worker on the
+same work folder removes them, but every test's work folder is new. :func:`made_during` gives
+those of the session, and :func:`remove_empty` removes them, deepest first, where nothing runs
+in them any more (rmdir refuses a cgroup that holds processes or children).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.cgroups import AGENT_LEAF, JOBS_GROUP, locate
+
+
+def worker_folders() -> set[Path]:
+    """Every worker folder of job cgroups under this process's cgroups (v1: ``stockade-*``
+    in each hierarchy; v2: the folders under ``stockade-jobs``)."""
+    try:
+        located = locate(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+    except OSError:
+        return set()
+    found: set[Path] = set()
+    for folder in set(located.v1.values()):
+        found.update(p for p in folder.glob("stockade-*") if p.is_dir())
+    if located.v2 is not None:
+        base = located.v2.parent if located.v2.name == AGENT_LEAF else located.v2
+        found.update(p for p in (base / JOBS_GROUP).glob("*") if p.is_dir())
+    return found
+
+
+def remove_empty(folders: set[Path]) -> None:
+    """rmdir each of ``folders`` and the job folders in it, where nothing runs any more."""
+    for folder in folders:
+        for job in (p for p in folder.iterdir() if p.is_dir()):
+            try:
+                job.rmdir()
+            except OSError:
+                pass
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
