@@ -27,16 +27,17 @@ and sent on every retry and hedged copy of it; a new call gets a new one.
 from __future__ import annotations
 
 import copy
+import math
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from protocol import pb
-from runtime.aio import GrpcChannel
+from runtime.aio import GrpcChannel, GrpcStream
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import (
     Busy,
@@ -97,6 +98,64 @@ class _Walk:
     def answer(self, reply: Any) -> None:
         self.reply = reply
         self.answered = True
+
+
+class ReplicaStream:
+    """The messages of one server stream from the replica that started answering
+    (:meth:`ControlPlaneClient.open_stream`): its first message, then the rest as they come. An
+    async iterator; close it (:meth:`aclose`, or ``async with``) when it is left early.
+
+    A failure after the first message is raised as the channel raises it
+    (:meth:`runtime.aio.GrpcChannel.call`: Unavailable when the replica went away), with a note
+    saying how many messages had come."""
+
+    def __init__(self, address: str, stream: GrpcStream[Any], first: Any) -> None:
+        self.address = address
+        """The replica's ``host:port``."""
+        self._stream = stream
+        self._first = first
+        self.received = 0
+        """Messages handed out so far."""
+
+    async def next(self) -> Any:
+        """The next message, or None once the replica has ended the stream.
+
+        Raises:
+            Unavailable, RemoteError, ...: the stream failed (see the class).
+        """
+        if self._first is not None:
+            item, self._first = self._first, None
+        else:
+            try:
+                item = await self._stream.next()
+            except StockadeError as exc:
+                exc.add_note(
+                    f"the stream from {self.address} broke after {self.received} "
+                    f"message{'' if self.received == 1 else 's'}"
+                )
+                raise
+        if item is not None:
+            self.received += 1
+        return item
+
+    def __aiter__(self) -> ReplicaStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self.next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        """End the call if it is still open (idempotent)."""
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> ReplicaStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class ControlPlaneClient:
@@ -182,18 +241,30 @@ class ControlPlaneClient:
         """
         request = with_idempotency_key(request)
         per_replica_s = timeout_s or self.timeout_s
-        started = trio.current_time()
-        walks = 0
-        while True:
+
+        async def walk_once() -> _Walk:
             if rpc in HEDGED_RPCS:
-                walk = await self._hedged_walk(
+                return await self._hedged_walk(
                     rpc,
                     request,
                     hedge_after_s=per_replica_s,
                     deadline_s=per_replica_s * (len(self.addresses) + 1),
                 )
-            else:
-                walk = await self._sequential_walk(rpc, request, timeout_s=per_replica_s)
+            return await self._sequential_walk(rpc, request, timeout_s=per_replica_s)
+
+        return await self._walk_while_busy(walk_once)
+
+    async def _walk_while_busy(self, walk_once: Callable[[], Awaitable[_Walk]]) -> Any:
+        """What ``walk_once()`` got, walking the replicas again, after a backoff, while a walk
+        met busy replicas and no answer, for up to ``busy_retry_s`` (see :meth:`call`).
+
+        Raises:
+            ClusterBusy, NoControlPlaneReachable: as :meth:`call`.
+        """
+        started = trio.current_time()
+        walks = 0
+        while True:
+            walk = await walk_once()
             if walk.answered:
                 return walk.reply
             walks += 1
@@ -210,6 +281,80 @@ class ControlPlaneClient:
                     failures=walk.failures,
                 )
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
+
+    async def open_stream(
+        self, rpc: str, request: Any, *, first_message_timeout_s: float | None
+    ) -> ReplicaStream:
+        """Call the server-streaming ControlPlane method ``rpc`` (``"read_job_logs"``) with
+        ``request`` on the first replica that starts answering, and return its stream.
+
+        Walks the replicas in turn, starting with the one that answered last, as a submission
+        does (a stream is never asked of two replicas at once): a replica counts as answering
+        once it has sent its first message, or ended the stream. One that is unreachable,
+        answers busy or UNAVAILABLE, or sends nothing within ``first_message_timeout_s``, is
+        passed over; when every one failed and one was busy, the walk is made again after a
+        backoff, for up to ``busy_retry_s``, as :meth:`call` does. Once a replica has sent a
+        message the stream is its own: a failure after that is raised from the stream, not
+        retried elsewhere (what was already read would be sent again).
+
+        Args:
+            rpc: the method, snake_case.
+            request: its request message.
+            first_message_timeout_s: seconds a replica has to send its first message; None: no
+                limit (a stream that may stay quiet for long, such as a followed output).
+
+        Raises:
+            ClusterBusy, NoControlPlaneReachable: as :meth:`call`.
+            InvalidArgument, NotFound, PermissionDenied, RemoteError: a replica refused the
+                request itself.
+        """
+
+        async def walk_once() -> _Walk:
+            walk = _Walk()
+            count = len(self.addresses)
+            for step in range(count):
+                index = (self._preferred + step) % count
+                try:
+                    stream = await self._open_stream_attempt(
+                        index, rpc, request, first_message_timeout_s=first_message_timeout_s
+                    )
+                except Unavailable as exc:
+                    walk.busy = walk.busy or isinstance(exc, Busy)
+                    walk.failures.append(exc)
+                    continue
+                self._preferred = index
+                walk.answer(stream)
+                return walk
+            return walk
+
+        stream: ReplicaStream = await self._walk_while_busy(walk_once)
+        return stream
+
+    async def _open_stream_attempt(
+        self, index: int, rpc: str, request: Any, *, first_message_timeout_s: float | None
+    ) -> ReplicaStream:
+        """Open ``rpc``'s stream on ``self.addresses[index]`` and wait for its first message
+        (what :meth:`open_stream` runs per replica; tests replace it with scripted replicas).
+
+        Raises:
+            Unavailable: the replica could not be reached, or sent nothing in time.
+            InvalidArgument, NotFound, PermissionDenied, RemoteError: the replica refused the
+                request.
+        """
+        address = self.addresses[index]
+        channel = self._channel(address)
+        method: Callable[..., AsyncIterator[Any]] = getattr(channel.stub(pb.ControlPlaneStub), rpc)
+        stream = channel.open_stream(method, request, timeout_s=None)
+        try:
+            with trio.fail_after(math.inf if first_message_timeout_s is None else first_message_timeout_s):
+                first = await stream.next()
+        except trio.TooSlowError as exc:
+            await stream.aclose()
+            raise Unavailable(f"{address} sent nothing within {first_message_timeout_s:g} s") from exc
+        except BaseException:
+            await stream.aclose()
+            raise
+        return ReplicaStream(address, stream, first)
 
     async def _sequential_walk(self, rpc: str, request: Any, *, timeout_s: float) -> _Walk:
         """Ask each replica in turn, giving each ``timeout_s``, until one answers."""

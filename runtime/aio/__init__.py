@@ -33,13 +33,17 @@ client that only calls a gRPC server loads neither the database side nor the ser
 
 - :mod:`runtime.aio.bridge`: the loop (:func:`asyncio_bridge`) and the crossings, :func:`run_aio`
   (trio -> asyncio) and :func:`run_trio` (asyncio -> trio).
+- :mod:`runtime.aio.guest`: the other way round, trio as a guest of an asyncio program's own
+  loop (:func:`open_guest`, :class:`TrioGuest`), where :func:`run_aio` runs asyncio code on that
+  loop; for the asyncio face of the client.
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
   with backoff and one log line per outage change (see that module).
 - :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
   :func:`takes_encoded_request`, :func:`rpc_deadline`, :func:`finish_despite_cancel`, and who
   called (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`).
-- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel`.
+- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel`, and :class:`GrpcStream` for the
+  messages of a server-streaming call.
 
 A test that replaces a name patches it in the module that holds it (``runtime.aio.pg``...):
 that is where the code looks it up.
@@ -51,8 +55,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.aio.bridge import asyncio_bridge, run_aio, run_trio
-    from runtime.aio.grpc_client import GrpcChannel
+    from runtime.aio.bridge import asyncio_bridge, asyncio_bridge_open, run_aio, run_trio
+    from runtime.aio.grpc_client import GrpcChannel, GrpcStream
     from runtime.aio.grpc_server import (
         Caller,
         WireCodec,
@@ -65,10 +69,11 @@ if TYPE_CHECKING:
         takes_encoded_request,
         trio_service,
     )
+    from runtime.aio.guest import TrioGuest, open_guest
     from runtime.aio.pg import PgConnection, PgPool, ReadStore, ReconnectingConnection
 
 _NAMES_OF: dict[str, tuple[str, ...]] = {
-    "bridge": ("asyncio_bridge", "run_aio", "run_trio"),
+    "bridge": ("asyncio_bridge", "asyncio_bridge_open", "run_aio", "run_trio"),
     "pg": ("PgConnection", "PgPool", "ReadStore", "ReconnectingConnection"),
     "grpc_server": (
         "Caller",
@@ -82,7 +87,8 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
         "takes_encoded_request",
         "trio_service",
     ),
-    "grpc_client": ("GrpcChannel",),
+    "grpc_client": ("GrpcChannel", "GrpcStream"),
+    "guest": ("TrioGuest", "open_guest"),
 }
 """Module of this package -> the public names it holds."""
 
@@ -91,13 +97,17 @@ _MODULE_OF = {name: module for module, names in _NAMES_OF.items() for name in na
 __all__ = [
     "Caller",
     "GrpcChannel",
+    "GrpcStream",
     "PgConnection",
     "PgPool",
     "ReadStore",
     "ReconnectingConnection",
+    "TrioGuest",
     "WireCodec",
     "asyncio_bridge",
+    "asyncio_bridge_open",
     "finish_despite_cancel",
+    "open_guest",
     "refuse",
     "require_worker",
     "rpc_caller",

@@ -1,12 +1,14 @@
 """The gRPC client side: :class:`GrpcChannel`, calls to one peer from trio with their errors
 translated (a gRPC status or an unreachable peer becomes a :class:`runtime.errors.StockadeError`
-that says what the caller can do)."""
+that says what the caller can do), unary (:meth:`GrpcChannel.call`) or server-streaming
+(:meth:`GrpcChannel.open_stream`, read as a :class:`GrpcStream`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import grpclib.client
 import grpclib.config
@@ -15,7 +17,7 @@ import grpclib.exceptions
 import trio
 from betterproto2.grpclib import ServiceStub
 
-from runtime.aio.bridge import run_aio
+from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio
 from runtime.errors import (
     Busy,
     ConnectionRefused,
@@ -91,11 +93,34 @@ class GrpcChannel:
                 certificate, or one side does not speak TLS); the message says which.
             RemoteError: any other error status.
         """
+        with self._translated():
+            try:
+                with trio.fail_after(timeout_s + 0.5):
+                    return await run_aio(method, request, timeout=timeout_s)
+            except trio.TooSlowError as exc:
+                raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
+
+    def open_stream(
+        self, method: Callable[..., AsyncIterator[T]], request: Any, *, timeout_s: float | None
+    ) -> GrpcStream[T]:
+        """Call a stub's bound server-streaming ``method`` (``read_job_logs``) with ``request``;
+        the messages come from the stream returned, as the peer sends them.
+
+        Args:
+            method: the stub's method (it returns an asyncio async iterator).
+            request: its request message.
+            timeout_s: the deadline of the whole stream, in seconds (the peer ends it with
+                DEADLINE_EXCEEDED then); None: none (the caller bounds the wait itself).
+
+        Nothing is sent before the first :meth:`GrpcStream.next`.
+        """
+        return GrpcStream(self, method(request, timeout=timeout_s))
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """gRPC's and the network's errors, raised in the block, as the errors of :meth:`call`."""
         try:
-            with trio.fail_after(timeout_s + 0.5):
-                return await run_aio(method, request, timeout=timeout_s)
-        except trio.TooSlowError as exc:
-            raise Unavailable(f"{self.address} did not answer within {timeout_s:g} s") from exc
+            yield
         except grpclib.exceptions.GRPCError as exc:
             message = exc.message or ""
             if exc.status == grpclib.const.Status.RESOURCE_EXHAUSTED:
@@ -166,6 +191,83 @@ class GrpcChannel:
     def close(self) -> None:
         """Close the connection (idempotent)."""
         self._channel.close()
+
+
+_END: Any = object()
+"""What :func:`_next_or_end` returns at the end of a stream (StopAsyncIteration does not cross
+from an asyncio task to trio as itself)."""
+
+
+async def _next_or_end(iterator: AsyncIterator[T]) -> T:
+    """The next item of the asyncio async iterator ``iterator``, or :data:`_END` at its end."""
+    try:
+        return await anext(iterator)
+    except StopAsyncIteration:
+        return _END  # type: ignore[no-any-return]
+
+
+class GrpcStream(Generic[T]):
+    """The messages of one server-streaming call to one peer (:meth:`GrpcChannel.open_stream`),
+    read from trio, with the errors of :meth:`GrpcChannel.call`. An async iterator; close it
+    (:meth:`aclose`, or ``async with``) when it is left before its end, to end the call."""
+
+    def __init__(self, channel: GrpcChannel, iterator: AsyncIterator[T]) -> None:
+        self._channel = channel
+        self._iterator = iterator
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        """The peer's ``host:port``."""
+        return self._channel.address
+
+    async def next(self) -> T | None:
+        """The next message, or None once the peer has ended the stream.
+
+        Raises:
+            the errors of :meth:`GrpcChannel.call` (but for the deadline, which is the
+            caller's), when the call fails before or while streaming.
+        """
+        if self._closed:
+            return None
+        with self._channel._translated():
+            item = await run_aio(_next_or_end, self._iterator)
+        if item is _END:
+            self._closed = True
+            return None
+        return item
+
+    def __aiter__(self) -> GrpcStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        item = await self.next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        """End the call if it is still open (idempotent; shielded, within
+        :data:`runtime.aio.bridge.CLEANUP_DEADLINE_S`)."""
+        if self._closed:
+            return
+        self._closed = True
+        aclose = getattr(self._iterator, "aclose", None)
+        if aclose is None:
+            return
+        # A call that failed has nothing left to end: its error was raised already.
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(CLEANUP_DEADLINE_S),
+            contextlib.suppress(Exception),
+        ):
+            await run_aio(aclose)
+
+    async def __aenter__(self) -> GrpcStream[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _RemoteInvalid(InvalidArgument):

@@ -1,0 +1,205 @@
+"""Trio as a guest of an asyncio program's own event loop, for code written for trio (the
+client) that an asyncio program calls.
+
+Trio's guest mode (``trio.lowlevel.start_guest_run``, "Using guest mode to run Trio on top of
+other event loops" in trio's documentation) runs a trio run on top of a running asyncio loop:
+trio's tasks take their steps in the loop's callbacks, on the loop's thread, and only trio's
+wait for I/O sits in a thread of its own. Inside such a run, :func:`runtime.aio.run_aio` runs
+asyncio code (grpclib) on the program's loop itself, with :func:`run_on_host`: there is no
+trio-asyncio loop, no second event loop and no thread per call, and ``trio_asyncio`` is never
+imported (importing it replaces asyncio's event loop policy for the whole process).
+
+- :func:`open_guest`: an asyncio async context manager that starts the guest run (or joins the
+  one already running on this loop: trio allows one run per thread) and gives a
+  :class:`TrioGuest`; the run ends when the last user leaves.
+- :meth:`TrioGuest.run`: await a trio function from asyncio. A cancel of the awaiting asyncio
+  task cancels the trio call; an error it raises comes out as itself.
+- :func:`run_on_host`: await an asyncio coroutine function from a trio task of the guest run.
+  A trio cancel cancels the asyncio task and waits for it to finish.
+
+The crossings hand results over with ``call_soon_threadsafe`` and ``TrioToken.run_sync_soon``,
+the two calls each side documents as safe from anywhere; neither side runs the other's code
+outside its own context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+T = TypeVar("T")
+
+_HOST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop | None] = trio.lowlevel.RunVar(
+    "stockade_host_loop", default=None
+)
+"""The asyncio loop this trio run is a guest of (None: not a guest run)."""
+
+
+def host_loop() -> asyncio.AbstractEventLoop | None:
+    """The asyncio loop the current trio run is a guest of, or None when it is not a guest run
+    (call it from trio)."""
+    return _HOST_LOOP.get()
+
+
+async def run_on_host(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
+) -> T:
+    """Await ``fn(*args, **kwargs)`` as an asyncio task of ``loop`` from a trio task of the guest
+    run on ``loop``, and return what it returned (or raise what it raised).
+
+    A trio cancel cancels the task and waits, shielded, until it has finished (its clean-up
+    included), then propagates.
+    """
+
+    async def call() -> T:
+        return await fn(*args, **kwargs)
+
+    token = trio.lowlevel.current_trio_token()
+    finished = trio.Event()
+    task = loop.create_task(call())
+    # The task's end is told to trio through its token: the callback runs on the loop, outside
+    # trio's own steps, where only run_sync_soon may touch trio.
+    task.add_done_callback(lambda _: token.run_sync_soon(finished.set))
+    try:
+        await finished.wait()
+    except BaseException:
+        task.cancel()
+        with trio.CancelScope(shield=True):
+            await finished.wait()
+        raise
+    return task.result()
+
+
+@attrs.define(eq=False)
+class TrioGuest:
+    """A trio guest run on an asyncio loop, in which asyncio code awaits trio functions
+    (:meth:`run`). Made by :func:`open_guest`."""
+
+    loop: asyncio.AbstractEventLoop
+    _token: trio.lowlevel.TrioToken
+    _nursery: trio.Nursery
+    _finished: asyncio.Future[Any]
+    users: int = 0
+    """How many :func:`open_guest` blocks use it now."""
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Await the trio function ``fn(*args)`` in the guest run, from asyncio (the loop's own
+        thread), and return what it returned.
+
+        Raises:
+            asyncio.CancelledError: the awaiting task was cancelled (the trio call is
+                cancelled too), or the guest run ended first.
+            Exception: whatever ``fn`` raised, as itself.
+        """
+        result: asyncio.Future[T] = self.loop.create_future()
+        scope = trio.CancelScope()
+
+        def settle(set_outcome: Callable[[], object]) -> None:
+            if not result.done():
+                set_outcome()
+
+        async def call() -> None:
+            try:
+                with scope:
+                    value = await fn(*args)
+                    self.loop.call_soon_threadsafe(settle, functools.partial(result.set_result, value))
+                    return
+                self.loop.call_soon_threadsafe(settle, result.cancel)
+            except Exception as exc:
+                # Bound now: the name ``exc`` is gone once the handler ends.
+                self.loop.call_soon_threadsafe(settle, functools.partial(result.set_exception, exc))
+            except BaseException:
+                # The guest run is ending (its nursery was cancelled): the caller gets a cancel.
+                self.loop.call_soon_threadsafe(settle, result.cancel)
+                raise
+
+        self._token.run_sync_soon(self._nursery.start_soon, call)
+        try:
+            return await result
+        except asyncio.CancelledError:
+            self._token.run_sync_soon(scope.cancel)
+            raise
+
+    async def _close(self) -> None:
+        """End the guest run (every trio call still in it is cancelled) and wait for its end.
+
+        Raises:
+            BaseException: what the guest run's main task raised, if anything.
+        """
+        self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
+        ended = await asyncio.shield(self._finished)
+        ended.unwrap()
+
+
+_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[TrioGuest]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The guest run of each loop (trio allows one run per thread), while one is in use."""
+
+
+@asynccontextmanager
+async def open_guest() -> AsyncIterator[TrioGuest]:
+    """The trio guest run of the running asyncio loop, started on entering the first block and
+    ended on leaving the last one (every trio call still in it is then cancelled).
+
+    Raises:
+        RuntimeError: the thread already runs trio otherwise (a trio program should use the
+            trio face instead).
+    """
+    loop = asyncio.get_running_loop()
+    starting = _GUESTS.get(loop)
+    if starting is None:
+        starting = _GUESTS[loop] = loop.create_future()
+        try:
+            starting.set_result(await _start(loop))
+        except BaseException as exc:
+            del _GUESTS[loop]
+            starting.set_exception(exc) if isinstance(exc, Exception) else starting.cancel()
+            raise
+    guest = await asyncio.shield(starting)
+    guest.users += 1
+    try:
+        yield guest
+    finally:
+        guest.users -= 1
+        if guest.users == 0 and _GUESTS.get(loop) is starting:
+            del _GUESTS[loop]
+            await guest._close()
+
+
+async def _start(loop: asyncio.AbstractEventLoop) -> TrioGuest:
+    """Start a trio guest run on ``loop`` and return it once its nursery is open."""
+    ready: asyncio.Future[tuple[trio.lowlevel.TrioToken, trio.Nursery]] = loop.create_future()
+    finished: asyncio.Future[Any] = loop.create_future()
+
+    async def main() -> None:
+        _HOST_LOOP.set(loop)
+        async with trio.open_nursery() as nursery:
+            token = trio.lowlevel.current_trio_token()
+            loop.call_soon_threadsafe(ready.set_result, (token, nursery))
+            await trio.sleep_forever()
+
+    def done(outcome: Any) -> None:
+        def settle() -> None:
+            finished.set_result(outcome)
+            if not ready.done():
+                ready.set_exception(RuntimeError(f"the trio guest run ended before it started: {outcome!r}"))
+
+        loop.call_soon_threadsafe(settle)
+
+    trio.lowlevel.start_guest_run(
+        main,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        done_callback=done,
+        # asyncio's own signal handling uses signal.set_wakeup_fd (asyncio.run installs it).
+        host_uses_signal_set_wakeup_fd=True,
+    )
+    token, nursery = await ready
+    return TrioGuest(loop=loop, token=token, nursery=nursery, finished=finished)
