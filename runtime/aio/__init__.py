@@ -34,7 +34,7 @@ client that only calls a gRPC server loads neither the database side nor the ser
 - :mod:`runtime.aio.bridge`: the loop (:func:`asyncio_bridge`) and the crossings, :func:`run_aio`
   (trio -> asyncio) and :func:`run_trio` (asyncio -> trio).
 - :mod:`runtime.aio.guest`: the other way round, trio as a guest of an asyncio program's own
-  loop (:func:`open_guest`, :class:`TrioGuest`), where :func:`run_aio` runs asyncio code on that
+  loop (:func:`open_portal`, :class:`TrioPortal`), where :func:`run_aio` runs asyncio code on that
   loop; for the asyncio face of the client.
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         takes_encoded_request,
         trio_service,
     )
-    from runtime.aio.guest import TrioGuest, open_guest
+    from runtime.aio.guest import TrioPortal, open_portal
     from runtime.aio.pg import PgConnection, PgPool, ReadStore, ReconnectingConnection
 
 _NAMES_OF: dict[str, tuple[str, ...]] = {
@@ -88,7 +88,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
         "trio_service",
     ),
     "grpc_client": ("GrpcChannel", "GrpcStream"),
-    "guest": ("TrioGuest", "open_guest"),
+    "guest": ("TrioPortal", "open_portal"),
 }
 """Module of this package -> the public names it holds."""
 
@@ -102,12 +102,12 @@ __all__ = [
     "PgPool",
     "ReadStore",
     "ReconnectingConnection",
-    "TrioGuest",
+    "TrioPortal",
     "WireCodec",
     "asyncio_bridge",
     "asyncio_bridge_open",
     "finish_despite_cancel",
-    "open_guest",
+    "open_portal",
     "refuse",
     "require_worker",
     "rpc_caller",

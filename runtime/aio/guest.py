@@ -9,15 +9,20 @@ asyncio code (grpclib) on the program's loop itself, with :func:`run_on_host`: t
 trio-asyncio loop, no second event loop and no thread per call, and ``trio_asyncio`` is never
 imported (importing it replaces asyncio's event loop policy for the whole process).
 
-- :func:`open_guest`: an asyncio async context manager that starts the guest run (or joins the
+- :func:`open_portal`: an asyncio async context manager that starts the guest run (or joins the
   one already running on this loop: trio allows one run per thread) and gives a
-  :class:`TrioGuest`; the run ends when the last user leaves.
-- :meth:`TrioGuest.run`: await a trio function from asyncio. A cancel of the awaiting asyncio
+  :class:`TrioPortal`; the run ends when the last user leaves.
+- :meth:`TrioPortal.run`: await a trio function from asyncio. A cancel of the awaiting asyncio
   task cancels the trio call; an error it raises comes out as itself.
 - :func:`run_on_host`: await an asyncio coroutine function from a trio task of the guest run.
   A trio cancel cancels the asyncio task and waits for it to finish.
 
-The crossings hand results over with ``call_soon_threadsafe`` and ``TrioToken.run_sync_soon``,
+An asyncio loop may itself be trio-asyncio's (once ``trio_asyncio`` is imported, ``asyncio.run``
+makes one of its loops, which runs inside a trio run): trio is running already then, and
+:func:`open_portal` crosses with that loop's own :func:`runtime.aio.run_trio` instead of
+starting a guest run.
+
+The crossings of a guest run hand results over with ``call_soon_threadsafe`` and ``TrioToken.run_sync_soon``,
 the two calls each side documents as safe from anywhere; neither side runs the other's code
 outside its own context.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -77,10 +83,45 @@ async def run_on_host(
     return task.result()
 
 
+def _declare_running(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` the running loop of asyncio code called from this trio task (and the tasks
+    it starts). Without trio-asyncio nothing needs doing: asyncio finds the loop that runs.
+    Imported, trio-asyncio answers ``asyncio.get_running_loop()`` (and ``get_event_loop()``)
+    inside a trio task from its ``current_loop`` context variable, None here, so asyncio code
+    that asks from a task of the guest run (grpclib's ``Channel()``) would find no loop."""
+    trio_asyncio = sys.modules.get("trio_asyncio")
+    if trio_asyncio is not None:
+        trio_asyncio.current_loop.set(loop)
+
+
+class TrioPortal:
+    """Where asyncio code awaits trio functions (:meth:`run`): a trio guest run on its loop,
+    or the trio run its trio-asyncio loop runs in. Made by :func:`open_portal`."""
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Await the trio function ``fn(*args)`` from asyncio (the loop's own thread), and
+        return what it returned.
+
+        Raises:
+            asyncio.CancelledError: the awaiting task was cancelled (the trio call is
+                cancelled too), or the portal closed first.
+            Exception: whatever ``fn`` raised, as itself.
+        """
+        raise NotImplementedError
+
+
+class _TrioAsyncioLoop(TrioPortal):
+    """The portal of a trio-asyncio loop: its own crossing (:func:`runtime.aio.run_trio`)."""
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        from runtime.aio.bridge import run_trio
+
+        return await run_trio(fn, *args)
+
+
 @attrs.define(eq=False)
-class TrioGuest:
-    """A trio guest run on an asyncio loop, in which asyncio code awaits trio functions
-    (:meth:`run`). Made by :func:`open_guest`."""
+class _GuestRun(TrioPortal):
+    """A trio guest run on an asyncio loop (see the module docstring)."""
 
     loop: asyncio.AbstractEventLoop
     _token: trio.lowlevel.TrioToken
@@ -90,14 +131,6 @@ class TrioGuest:
     """How many :func:`open_guest` blocks use it now."""
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await the trio function ``fn(*args)`` in the guest run, from asyncio (the loop's own
-        thread), and return what it returned.
-
-        Raises:
-            asyncio.CancelledError: the awaiting task was cancelled (the trio call is
-                cancelled too), or the guest run ended first.
-            Exception: whatever ``fn`` raised, as itself.
-        """
         result: asyncio.Future[T] = self.loop.create_future()
         scope = trio.CancelScope()
 
@@ -106,6 +139,7 @@ class TrioGuest:
                 set_outcome()
 
         async def call() -> None:
+            _declare_running(self.loop)
             try:
                 with scope:
                     value = await fn(*args)
@@ -138,22 +172,27 @@ class TrioGuest:
         ended.unwrap()
 
 
-_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[TrioGuest]] = (
+_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[_GuestRun]] = (
     weakref.WeakKeyDictionary()
 )
 """The guest run of each loop (trio allows one run per thread), while one is in use."""
 
 
 @asynccontextmanager
-async def open_guest() -> AsyncIterator[TrioGuest]:
-    """The trio guest run of the running asyncio loop, started on entering the first block and
-    ended on leaving the last one (every trio call still in it is then cancelled).
+async def open_portal() -> AsyncIterator[TrioPortal]:
+    """The portal of the running asyncio loop: a trio guest run on it, started on entering the
+    first block and ended on leaving the last one (every trio call still in it is then
+    cancelled); on a trio-asyncio loop, that loop's own crossing.
 
     Raises:
         RuntimeError: the thread already runs trio otherwise (a trio program should use the
             trio face instead).
     """
     loop = asyncio.get_running_loop()
+    trio_asyncio = sys.modules.get("trio_asyncio")
+    if trio_asyncio is not None and isinstance(loop, trio_asyncio.BaseTrioEventLoop):
+        yield _TrioAsyncioLoop()
+        return
     starting = _GUESTS.get(loop)
     if starting is None:
         starting = _GUESTS[loop] = loop.create_future()
@@ -174,13 +213,14 @@ async def open_guest() -> AsyncIterator[TrioGuest]:
             await guest._close()
 
 
-async def _start(loop: asyncio.AbstractEventLoop) -> TrioGuest:
+async def _start(loop: asyncio.AbstractEventLoop) -> _GuestRun:
     """Start a trio guest run on ``loop`` and return it once its nursery is open."""
     ready: asyncio.Future[tuple[trio.lowlevel.TrioToken, trio.Nursery]] = loop.create_future()
     finished: asyncio.Future[Any] = loop.create_future()
 
     async def main() -> None:
         _HOST_LOOP.set(loop)
+        _declare_running(loop)
         async with trio.open_nursery() as nursery:
             token = trio.lowlevel.current_trio_token()
             loop.call_soon_threadsafe(ready.set_result, (token, nursery))
@@ -202,4 +242,4 @@ async def _start(loop: asyncio.AbstractEventLoop) -> TrioGuest:
         host_uses_signal_set_wakeup_fd=True,
     )
     token, nursery = await ready
-    return TrioGuest(loop=loop, token=token, nursery=nursery, finished=finished)
+    return _GuestRun(loop=loop, token=token, nursery=nursery, finished=finished)
