@@ -192,7 +192,7 @@ def errors() -> Iterator[None]:
         if isinstance(exc, InvalidArgument | NotFound | IdempotencyConflict):
             fail(_with_notes(str(exc), exc), EXIT_INVALID)
         if isinstance(exc, ClusterBusy):
-            from ops.rpc import DEFAULT_BUSY_RETRY_S
+            from ops.client.settings import DEFAULT_BUSY_RETRY_S
 
             fail(
                 f"the cluster is too busy to take this now: every control plane answered 'busy' "

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import trio
+
 from runtime.aio import guest
 
 T = TypeVar("T")
@@ -51,18 +53,34 @@ async def asyncio_bridge() -> AsyncIterator[None]:
 
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_on_asyncio_error)
-        yield
+        _BRIDGE_LOOPS.set(_BRIDGE_LOOPS.get() | {loop})
+        try:
+            yield
+        finally:
+            _BRIDGE_LOOPS.set(_BRIDGE_LOOPS.get() - {loop})
+
+
+_BRIDGE_LOOPS: trio.lowlevel.RunVar[frozenset[asyncio.AbstractEventLoop]] = trio.lowlevel.RunVar(
+    "stockade_bridge_loops", default=frozenset()
+)
+"""The loops :func:`asyncio_bridge` opened in this trio run and that are still open."""
 
 
 def asyncio_bridge_open() -> bool:
     """Whether the calling trio task can cross to asyncio already: inside
-    :func:`asyncio_bridge` (a trio-asyncio loop of this task's context), or in a trio run that
-    is a guest of an asyncio loop (:mod:`runtime.aio.guest`). Code that may be called either
-    way (the client) opens the bridge itself only when this is False."""
+    :func:`asyncio_bridge` of this trio run (its loop in this task's context), or in a trio run
+    that is a guest of an asyncio loop (:mod:`runtime.aio.guest`). Code that may be called
+    either way (the client) opens the bridge itself only when this is False.
+
+    The loop must be this run's: a thread started with ``trio.to_thread`` inherits its caller's
+    context variables, trio-asyncio's ``current_loop`` included, and a ``trio.run`` in that
+    thread must not use the other run's loop (trio fails with an internal error)."""
     if guest.host_loop() is not None:
         return True
     trio_asyncio = sys.modules.get("trio_asyncio")
-    return trio_asyncio is not None and trio_asyncio.current_loop.get() is not None
+    if trio_asyncio is None:
+        return False
+    return trio_asyncio.current_loop.get() in _BRIDGE_LOOPS.get()
 
 
 def _on_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

@@ -15,9 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, pg, rpc
+from ops import checker, cli, pg
+from ops.config import INSECURE_ENV
 from ops.launcher import procs
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.text import (
     EARLIER_MARKER,
     LINE_MAX_BYTES,
@@ -67,7 +69,12 @@ def job_with_huge_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         spec=pb.JobSpec(name="yes", cpu_millis=100, memory_mb=16, command=pb.CommandRuntime(argv=["yes"])),
         stdout_path=str(stdout),
     )
-    monkeypatch.setattr(rpc, "call", lambda *args, **kwargs: info)
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
     yield stdout
 
 

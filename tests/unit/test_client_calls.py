@@ -477,3 +477,19 @@ async def test_calls_return_typed_results() -> None:
     drain = replica.requests[-1][1]
     assert (drain.has_deadline, drain.deadline_ms) == (True, 1500)
     assert replica.requests[2][1] == pb.ListJobsRequest(state="running", limit=2)
+
+
+async def test_a_stream_every_replica_is_too_busy_to_start_is_asked_again_after_a_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Both replicas answer busy to the first walk: after a backoff the stream is asked again
+    and read from the first replica that starts it."""
+    chunk = pb.LogChunk(data=b"out")
+    first = Replica({"read_job_logs": [Busy("busy: cp-1"), chunk, None]})
+    second = Replica({"read_job_logs": [Busy("busy: cp-2")]})
+    client = client_of(first, second)
+    got = [c.data async for c in client.logs(9)]
+    assert got == [b"out"]
+    assert [rpc for rpc, _ in first.requests] == ["read_job_logs", "read_job_logs"]
+    assert len(second.requests) == 1
+    assert 0 < trio.current_time() <= 0.1  # the first backoff's ceiling

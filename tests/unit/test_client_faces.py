@@ -29,6 +29,7 @@ from ops.client import (
     job_spec,
 )
 from protocol import pb
+from runtime.aio import asyncio_bridge
 
 T = TypeVar("T")
 ROOT = Path(__file__).parents[2]
@@ -175,6 +176,26 @@ def test_an_asyncio_timeout_cancels_the_call(
     assert run_asyncio(main()).state == "running"
 
 
+def test_two_asyncio_clients_share_the_loop_and_close_apart(
+    replica: tuple[ScriptedControlPlane, ClientSettings], run_asyncio: Callable[[Any], Any]
+) -> None:
+    """Two clients open at once on one loop (trio allows one run per thread: they share it) both
+    answer, and the second still answers once the first is closed."""
+    service, settings = replica
+    service.answers["get_job"] = pb.JobInfo(job_id=7, state="running")
+
+    async def main() -> list[str]:
+        first_block, second_block = AsyncioClient.open(settings), AsyncioClient.open(settings)
+        first, second = await first_block.__aenter__(), await second_block.__aenter__()
+        states = [job.state for job in await asyncio.gather(first.get(7), second.get(7))]
+        await first_block.__aexit__(None, None, None)
+        states.append((await second.get(7)).state)
+        await second_block.__aexit__(None, None, None)
+        return states
+
+    assert run_asyncio(main()) == ["running"] * 3
+
+
 async def test_an_error_in_the_block_comes_out_as_itself(
     replica: tuple[ScriptedControlPlane, ClientSettings],
 ) -> None:
@@ -184,6 +205,24 @@ async def test_an_error_in_the_block_comes_out_as_itself(
     with pytest.raises(KeyError):
         async with Client.open(settings):
             raise KeyError("mine")
+
+
+async def test_a_client_in_a_thread_of_a_trio_program_opens_a_loop_of_its_own(
+    replica: tuple[ScriptedControlPlane, ClientSettings],
+) -> None:
+    """A trio.run in a thread (which inherits its caller's context, trio-asyncio's loop
+    included) opens its own loop rather than calling through the other run's."""
+    _, settings = replica
+
+    def in_thread() -> str:
+        async def main() -> str:
+            async with Client.open(settings) as client:
+                return (await client.get(7)).state
+
+        return trio.run(main)
+
+    async with asyncio_bridge():
+        assert await trio.to_thread.run_sync(in_thread) == "running"
 
 
 async def test_every_control_plane_down_is_one_error_naming_the_addresses() -> None:
