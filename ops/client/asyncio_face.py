@@ -6,7 +6,7 @@ trio's guest mode): grpclib runs on that loop as it would in any asyncio program
 opens a second loop or a thread per call, and the program's event loop policy is left alone
 (``trio_asyncio`` is never imported). On a loop of trio-asyncio's (a program that imported it
 before ``asyncio.run``), which runs inside trio already, they cross with that loop's own
-``trio_as_aio``. Arguments, results and errors are those of :class:`Client`; a cancel of the
+``trio_as_future``. Arguments, results and errors are those of :class:`Client`; a cancel of the
 awaiting task (``asyncio.timeout``, ``task.cancel()``) cancels the call.
 """
 

@@ -104,6 +104,14 @@ async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) ->
     return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)  # type: ignore[no-any-return]
 
 
+async def run_trio_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await the trio coroutine function ``fn(*args)`` from asyncio code running on ``loop``, a
+    trio-asyncio loop (``trio_asyncio.BaseTrioEventLoop``: one ``asyncio.run`` makes once
+    trio_asyncio is imported), named rather than looked up, since a loop not opened with
+    ``open_loop`` is no task's ``current_loop``. A cancel of the awaiting task cancels ``fn``."""
+    return await loop.trio_as_future(fn, *args)  # type: ignore[attr-defined, no-any-return]
+
+
 async def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Await the trio coroutine function ``fn(*args)`` from asyncio code (the task grpclib runs
     a request in). A cancel of that asyncio task reaches ``fn`` as a trio cancel."""

@@ -19,12 +19,12 @@ imported (importing it replaces asyncio's event loop policy for the whole proces
 
 An asyncio loop may itself be trio-asyncio's (once ``trio_asyncio`` is imported, ``asyncio.run``
 makes one of its loops, which runs inside a trio run): trio is running already then, and
-:func:`open_portal` crosses with that loop's own :func:`runtime.aio.run_trio` instead of
-starting a guest run.
+:func:`open_portal` crosses with that loop's own ``trio_as_future``
+(:func:`runtime.aio.bridge.run_trio_on`) instead of starting a guest run.
 
-The crossings of a guest run hand results over with ``call_soon_threadsafe`` and ``TrioToken.run_sync_soon``,
-the two calls each side documents as safe from anywhere; neither side runs the other's code
-outside its own context.
+The crossings of a guest run hand results over with ``call_soon_threadsafe`` and
+``TrioToken.run_sync_soon``, the two calls each side documents as safe from anywhere; neither
+side runs the other's code outside its own context.
 """
 
 from __future__ import annotations
@@ -110,13 +110,23 @@ class TrioPortal:
         raise NotImplementedError
 
 
+@attrs.define(eq=False)
 class _TrioAsyncioLoop(TrioPortal):
-    """The portal of a trio-asyncio loop: its own crossing (:func:`runtime.aio.run_trio`)."""
+    """The portal of a trio-asyncio loop: its own crossing
+    (:func:`runtime.aio.bridge.run_trio_on`)."""
+
+    loop: asyncio.AbstractEventLoop
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        from runtime.aio.bridge import run_trio
+        from runtime.aio.bridge import run_trio_on
 
-        return await run_trio(fn, *args)
+        async def call() -> T:
+            # The trio task the loop runs it in has no current_loop (the loop was not opened
+            # with open_loop): name it, for the asyncio code fn calls (run_aio).
+            _declare_running(self.loop)
+            return await fn(*args)
+
+        return await run_trio_on(self.loop, call)
 
 
 @attrs.define(eq=False)
@@ -128,7 +138,7 @@ class _GuestRun(TrioPortal):
     _nursery: trio.Nursery
     _finished: asyncio.Future[Any]
     users: int = 0
-    """How many :func:`open_guest` blocks use it now."""
+    """How many :func:`open_portal` blocks use it now."""
 
     async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         result: asyncio.Future[T] = self.loop.create_future()
@@ -172,9 +182,17 @@ class _GuestRun(TrioPortal):
         ended.unwrap()
 
 
-_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[_GuestRun]] = (
-    weakref.WeakKeyDictionary()
-)
+@attrs.define(eq=False)
+class _Slot:
+    """A loop's guest run: starting or started, and, once its last user leaves, ending."""
+
+    started: asyncio.Future[_GuestRun]
+    """Done once the run has started (or failed to)."""
+    ended: asyncio.Future[None] | None = None
+    """Set once its last user is ending it; done once it has ended."""
+
+
+_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slot] = weakref.WeakKeyDictionary()
 """The guest run of each loop (trio allows one run per thread), while one is in use."""
 
 
@@ -182,7 +200,8 @@ _GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[_Gu
 async def open_portal() -> AsyncIterator[TrioPortal]:
     """The portal of the running asyncio loop: a trio guest run on it, started on entering the
     first block and ended on leaving the last one (every trio call still in it is then
-    cancelled); on a trio-asyncio loop, that loop's own crossing.
+    cancelled; a block entered meanwhile waits for that end and starts another); on a
+    trio-asyncio loop, that loop's own crossing.
 
     Raises:
         RuntimeError: the thread already runs trio otherwise (a trio program should use the
@@ -191,26 +210,44 @@ async def open_portal() -> AsyncIterator[TrioPortal]:
     loop = asyncio.get_running_loop()
     trio_asyncio = sys.modules.get("trio_asyncio")
     if trio_asyncio is not None and isinstance(loop, trio_asyncio.BaseTrioEventLoop):
-        yield _TrioAsyncioLoop()
+        yield _TrioAsyncioLoop(loop)
         return
-    starting = _GUESTS.get(loop)
-    if starting is None:
-        starting = _GUESTS[loop] = loop.create_future()
-        try:
-            starting.set_result(await _start(loop))
-        except BaseException as exc:
-            del _GUESTS[loop]
-            starting.set_exception(exc) if isinstance(exc, Exception) else starting.cancel()
-            raise
-    guest = await asyncio.shield(starting)
+    while True:
+        slot = _GUESTS.get(loop)
+        if slot is None:
+            slot = _GUESTS[loop] = _Slot(started=loop.create_future())
+            try:
+                slot.started.set_result(await _start(loop))
+            except BaseException as exc:
+                del _GUESTS[loop]
+                if isinstance(exc, Exception):
+                    slot.started.set_exception(exc)
+                else:
+                    slot.started.cancel()
+                raise
+        if slot.ended is None:
+            break
+        await asyncio.shield(slot.ended)  # a run that is ending: wait, then start another
+    guest = await asyncio.shield(slot.started)
     guest.users += 1
     try:
         yield guest
     finally:
         guest.users -= 1
-        if guest.users == 0 and _GUESTS.get(loop) is starting:
-            del _GUESTS[loop]
-            await guest._close()
+        if guest.users == 0:
+            ended = slot.ended = loop.create_future()
+            try:
+                await guest._close()
+            finally:
+                del _GUESTS[loop]
+                ended.set_result(None)
+
+
+def _end_once_started(ready: asyncio.Future[tuple[trio.lowlevel.TrioToken, trio.Nursery]]) -> None:
+    """End a guest run whose starter was cancelled, as soon as it has started."""
+    if not ready.cancelled() and ready.exception() is None:
+        token, nursery = ready.result()
+        token.run_sync_soon(nursery.cancel_scope.cancel)
 
 
 async def _start(loop: asyncio.AbstractEventLoop) -> _GuestRun:
@@ -241,5 +278,9 @@ async def _start(loop: asyncio.AbstractEventLoop) -> _GuestRun:
         # asyncio's own signal handling uses signal.set_wakeup_fd (asyncio.run installs it).
         host_uses_signal_set_wakeup_fd=True,
     )
-    token, nursery = await ready
+    try:
+        token, nursery = await asyncio.shield(ready)
+    except asyncio.CancelledError:
+        ready.add_done_callback(_end_once_started)
+        raise
     return _GuestRun(loop=loop, token=token, nursery=nursery, finished=finished)

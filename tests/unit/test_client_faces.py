@@ -102,13 +102,22 @@ async def test_the_trio_face_submits_waits_and_reads_the_output(
     assert service.sent("read_job_logs")[0] == pb.ReadJobLogsRequest(job_id=7, stream="stdout", follow=True)
 
 
-LOOPS = {
+def trio_asyncio_loop() -> asyncio.AbstractEventLoop:
+    """The loop ``asyncio.run`` makes once ``trio_asyncio`` is imported: one of its own, which
+    runs inside a trio run."""
+    import trio_asyncio
+
+    loop = asyncio.new_event_loop()
+    assert isinstance(loop, trio_asyncio.BaseTrioEventLoop)
+    return loop
+
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.SelectorEventLoop,
-    "trio-asyncio": asyncio.new_event_loop,
+    "trio-asyncio": trio_asyncio_loop,
 }
 """The loops an asyncio program may run on: asyncio's own (the client is then a trio guest run
-on it), or trio-asyncio's, which ``asyncio.new_event_loop`` makes once ``trio_asyncio`` is
-imported, as it is in this process (the client then crosses with that loop's own crossing)."""
+on it), or trio-asyncio's (the client then crosses with that loop's own crossing)."""
 
 
 @pytest.fixture(params=sorted(LOOPS))
@@ -194,6 +203,27 @@ def test_two_asyncio_clients_share_the_loop_and_close_apart(
         return states
 
     assert run_asyncio(main()) == ["running"] * 3
+
+
+def test_a_client_opened_while_the_last_one_closes_gets_a_fresh_run(
+    replica: tuple[ScriptedControlPlane, ClientSettings], run_asyncio: Callable[[Any], Any]
+) -> None:
+    """A client opened while the loop's last one is closing (its guest run ending) waits for that
+    end and answers from a run of its own."""
+    service, settings = replica
+    service.answers["get_job"] = pb.JobInfo(job_id=7, state="running")
+
+    async def main() -> str:
+        first_block = AsyncioClient.open(settings)
+        await first_block.__aenter__()
+        closing = asyncio.ensure_future(first_block.__aexit__(None, None, None))
+        await asyncio.sleep(0)  # the close has begun: it waits for the guest run's end
+        async with AsyncioClient.open(settings) as again:
+            state = (await again.get(7)).state
+        await closing
+        return state
+
+    assert run_asyncio(main()) == "running"
 
 
 async def test_an_error_in_the_block_comes_out_as_itself(
