@@ -279,13 +279,15 @@ def cluster_json_cert_dir(state_dir: Path) -> tuple[bool, Path | None]:
     return True, Path(value) if isinstance(value, str) and value else None
 
 
-def resolve_client_tls(state_dir: Path | None = None) -> Any:
+def resolve_client_tls(state_dir: Path | None = None, *, identity: str | None = None) -> Any:
     """The client's mutual-TLS files (a :class:`runtime.tls.TlsFiles`), or None for plaintext,
     from the first source that says (see the module docstring for the order). The files are
     not read here: a missing one is reported when the first call is made.
 
     Args:
         state_dir: the local state folder; None means :func:`default_state_dir`.
+        identity: the certificate to present (``operator``, ``viewer``); None: the one the
+            module docstring says (``$STOCKADE_IDENTITY``, the config's, else ``operator``).
 
     Raises:
         ClusterError: the config file cannot be read, or its ``certs_dir``/``identity`` is not
@@ -299,7 +301,7 @@ def resolve_client_tls(state_dir: Path | None = None) -> Any:
     state_dir = state_dir or default_state_dir()
     config_path = user_config_path()
     config = {} if named else _load_user_config(config_path)
-    identity = os.environ.get(IDENTITY_ENV) or config.get("identity") or DEFAULT_CLIENT_IDENTITY
+    identity = identity or os.environ.get(IDENTITY_ENV) or config.get("identity") or DEFAULT_CLIENT_IDENTITY
     if not isinstance(identity, str):
         raise ClusterError(f"identity in {config_path} must be a string, got {identity!r}")
     if os.environ.get(CERTS_DIR_ENV):

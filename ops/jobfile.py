@@ -414,6 +414,29 @@ _READERS: dict[str, Callable[[str, Any], Any]] = {
 assert _READERS.keys() == FIELDS.keys()
 
 
+def spec_of_table(table: Mapping[str, Any]) -> JobSpec:
+    """A checked :class:`JobSpec` from one job's table of fields, with the values a file's
+    parser gives (text, numbers, lists, tables; None or absent: the default), read and checked
+    as a job of a file is, so the errors are a file's without its name and line
+    (``max_attempts must be between 1 and 100, got 0``). ``status`` is ignored.
+
+    Raises:
+        InvalidArgument: an unknown field (with a suggestion), a value of the wrong type, or
+            the first rule broken (:func:`spec_of`).
+    """
+    unknown = [str(k) for k in table if k not in FIELDS and k != STATUS_KEY]
+    if unknown:
+        error = InvalidArgument(unknown[0], table[unknown[0]], "is not a field of a job")
+        error.args = (unknown_fields_message(unknown, FIELDS),)
+        raise error
+    fields = {
+        name: _READERS[name](name, value)
+        for name, value in table.items()
+        if name != STATUS_KEY and value is not None
+    }
+    return spec_of(fields)
+
+
 def unknown_fields_message(names: Iterable[str], known: Iterable[str]) -> str:
     """``unknown field 'max_attempt' (did you mean 'max_attempts'?)`` for each name, and where
     the fields are listed."""
@@ -577,12 +600,8 @@ def _specs(shown: str, jobs: list[Any], lines: _Lines) -> list[JobSpec]:
         unknown = [k for k in table if k not in FIELDS and k != STATUS_KEY]
         if unknown:
             raise JobFileError(where((str(unknown[0]),)), unknown_fields_message(unknown, FIELDS))
-        fields: dict[str, Any] = {}
         try:
-            for name, value in table.items():
-                if name != STATUS_KEY and value is not None:
-                    fields[name] = _READERS[name](name, value)
-            spec = spec_of(fields)
+            spec = spec_of_table(table)
         except InvalidArgument as exc:
             raise JobFileError(where(_error_path(exc)), str(exc), field=exc.field, value=exc.value) from None
         specs.append(spec)

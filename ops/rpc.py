@@ -1,4 +1,6 @@
-"""Synchronous entry to the control-plane client, for the CLI, the launcher and the tests.
+"""Synchronous entry to the control-plane client, for the launcher and the tests (the CLI's
+client commands use the Python client, :mod:`ops.client`, through
+:func:`ops.cli.common.with_client`).
 
 Each call to :func:`with_client` is one ``trio.run`` with the asyncio bridge open around
 the body, so a plain function (a typer command, a pytest test) can talk to the cluster. An

@@ -17,6 +17,11 @@ and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica
 abandoned (which turns one call into work on every replica) but given until a deadline, while
 the next replica is asked too once the first has been slow for a while.
 
+Server streams (:meth:`ControlPlaneClient.stream`, ReadJobLogs) walk the list the same way, one
+replica at a time, until one sends the stream's first message, and walk it again after a
+backoff while replicas answer busy; once a message has come the stream is that replica's, and
+a failure is not retried elsewhere (what was read would come twice).
+
 Mutating calls carry an idempotency key (:func:`with_idempotency_key`): a replica that stored a
 call and then failed to answer cannot be told from one that failed before, so the client asks
 the next one with the same request, and the key makes that copy return the first answer
@@ -26,6 +31,7 @@ and sent on every retry and hedged copy of it; a new call gets a new one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import uuid
@@ -183,18 +189,32 @@ class ControlPlaneClient:
         """
         request = with_idempotency_key(request)
         per_replica_s = timeout_s or self.timeout_s
-        started = trio.current_time()
-        walks = 0
-        while True:
+
+        async def walk_once() -> _Walk:
             if rpc in HEDGED_RPCS:
-                walk = await self._hedged_walk(
+                return await self._hedged_walk(
                     rpc,
                     request,
                     hedge_after_s=per_replica_s,
                     deadline_s=per_replica_s * (len(self.addresses) + 1),
                 )
-            else:
-                walk = await self._sequential_walk(rpc, request, timeout_s=per_replica_s)
+            return await self._sequential_walk(
+                lambda index: self._attempt(index, rpc, request, timeout_s=per_replica_s)
+            )
+
+        return await self._walk_while_busy(walk_once)
+
+    async def _walk_while_busy(self, walk_once: Callable[[], Awaitable[_Walk]]) -> Any:
+        """What ``walk_once()`` got, walking the replicas again, after a backoff, while a walk
+        met busy replicas and no answer, for up to ``busy_retry_s`` (see :meth:`call`).
+
+        Raises:
+            ClusterBusy, NoControlPlaneReachable: as :meth:`call`.
+        """
+        started = trio.current_time()
+        walks = 0
+        while True:
+            walk = await walk_once()
             if walk.answered:
                 return walk.reply
             walks += 1
@@ -212,14 +232,17 @@ class ControlPlaneClient:
                 )
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
 
-    async def _sequential_walk(self, rpc: str, request: Any, *, timeout_s: float) -> _Walk:
-        """Ask each replica in turn, giving each ``timeout_s``, until one answers."""
+    async def _sequential_walk(self, attempt: Callable[[int], Awaitable[Any]]) -> _Walk:
+        """Ask each replica in turn, starting with the one that answered last, until one
+        answers: ``await attempt(index)`` for ``self.addresses[index]``, where
+        :class:`runtime.errors.Unavailable` passes on to the next replica and any other error
+        is the answer of them all."""
         walk = _Walk()
         count = len(self.addresses)
         for step in range(count):
             index = (self._preferred + step) % count
             try:
-                reply = await self._attempt(index, rpc, request, timeout_s=timeout_s)
+                reply = await attempt(index)
             except Unavailable as exc:
                 walk.busy = walk.busy or isinstance(exc, Busy)
                 walk.failures.append(exc)
@@ -347,60 +370,99 @@ class ControlPlaneClient:
         rpc: str,
         request: Any,
         *,
-        first_message_s: float | None = None,
+        first_message_s: float | None,
         idle_s: float | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """A server-streaming ControlPlane call (``rpc`` in snake_case, e.g.
         ``"read_job_logs"``) on the first replica that opens it; the block reads its messages.
 
-        Walks the replicas once, starting with the one that answered last, until one sends the
-        stream's first message (or ends it at once): a replica that cannot be reached, is
-        busy, or answers UNAVAILABLE (something it needs, such as the worker it would relay
-        from, is out of its reach) is left for the next. Once a replica's stream is open it
-        is read to its end: a failure after that is raised as it is (a stream that broke
-        half way cannot be taken up by another replica where it stopped).
+        ``async with client.stream("read_job_logs", request, first_message_s=10) as chunks:
+        async for chunk in chunks: ...``. Walks the replicas in turn, starting with the one
+        that answered last (a stream is never asked of two replicas at once), until one sends
+        the stream's first message (or ends it at once): a replica that cannot be reached, is
+        busy, sends nothing within ``first_message_s``, or answers UNAVAILABLE (something it
+        needs, such as the worker it would relay from, is out of its reach) is left for the
+        next. When a whole walk failed and some replica was busy, the walk is made again after
+        a backoff, for up to ``busy_retry_s``, as :meth:`call` does. Once a replica has sent a
+        message the stream is its own and is read to its end: a failure after that is raised
+        from the iteration as it is, with a note saying how many messages had come (a stream
+        that broke half way cannot be taken up by another replica where it stopped: what was
+        read would come again). Leaving the block, however it is left, ends the call (the
+        replica's handler is cancelled).
 
         Args:
             rpc: the ControlPlane method.
             request: its request.
-            first_message_s: the longest wait for each replica's first message, in seconds
-                (default: this client's ``timeout_s``).
+            first_message_s: the longest wait for each replica's first message, the connection
+                included, in seconds; None: no limit.
             idle_s: the longest wait for each later message, in seconds; None: no limit.
             timeout_s: the deadline of the whole stream, in seconds; None: none.
 
         Raises:
-            NoControlPlaneReachable: no replica opened the stream; the message says how each
-                failed (its ``failures``: a :class:`runtime.errors.PeerUnavailable` for each
-                replica that answered UNAVAILABLE).
+            NoControlPlaneReachable: no replica opened the stream and none was busy; the
+                message says how each failed (its ``failures``: a
+                :class:`runtime.errors.PeerUnavailable` for each replica that answered
+                UNAVAILABLE).
+            ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
+                not open the stream).
             InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: a
                 replica refused the request (every replica would say the same).
-            Unavailable: the open stream broke or fell silent for ``idle_s``.
+            Unavailable: (from the iteration) the open stream broke or fell silent for
+                ``idle_s``.
         """
-        failures: list[Unavailable] = []
-        count = len(self.addresses)
-        for step in range(count):
-            index = (self._preferred + step) % count
-            channel = self._channel(self.addresses[index])
-            async with channel.stream(
-                pb.ControlPlaneBase,
-                rpc,
-                request,
-                first_message_s=first_message_s or self.timeout_s,
-                idle_s=idle_s,
-                timeout_s=timeout_s,
-            ) as messages:
-                try:
-                    first = [await anext(messages)]
-                except StopAsyncIteration:
-                    first = []
-                except Unavailable as exc:
-                    failures.append(exc)
-                    continue
-                self._preferred = index
-                yield _After(first, messages)
-                return
-        raise self._unreachable(_Walk(failures=failures))
+        async with contextlib.AsyncExitStack() as opened:
+
+            def attempt(index: int) -> Awaitable[AsyncIterator[Any]]:
+                return opened.enter_async_context(
+                    self._stream_attempt(
+                        index,
+                        rpc,
+                        request,
+                        first_message_s=first_message_s,
+                        idle_s=idle_s,
+                        timeout_s=timeout_s,
+                    )
+                )
+
+            messages: AsyncIterator[Any] = await self._walk_while_busy(lambda: self._sequential_walk(attempt))
+            yield messages
+
+    @asynccontextmanager
+    async def _stream_attempt(
+        self,
+        index: int,
+        rpc: str,
+        request: Any,
+        *,
+        first_message_s: float | None,
+        idle_s: float | None,
+        timeout_s: float | None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """``rpc``'s stream on ``self.addresses[index]``, entered once its first message has
+        come; the block reads every message, that first one included (what :meth:`stream`
+        runs per replica; tests replace it with scripted replicas).
+
+        Raises (on entering):
+            Unavailable: the replica could not be reached, was busy, sent nothing within
+                ``first_message_s``, or answered UNAVAILABLE.
+            InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: the
+                replica refused the request.
+        """
+        address = self.addresses[index]
+        async with self._channel(address).stream(
+            pb.ControlPlaneBase,
+            rpc,
+            request,
+            first_message_s=first_message_s,
+            idle_s=idle_s,
+            timeout_s=timeout_s,
+        ) as messages:
+            try:
+                first = [await anext(messages)]
+            except StopAsyncIteration:
+                first = []
+            yield _Opened(address, first, messages)
 
     @property
     def last_answered(self) -> str:
@@ -414,18 +476,32 @@ class ControlPlaneClient:
         self._channels.clear()
 
 
-class _After:
-    """The messages of ``first``, then those of ``rest`` (an async iterator)."""
+class _Opened:
+    """The messages of a replica's stream that has opened (:meth:`ControlPlaneClient.stream`):
+    those of ``first``, then those of ``rest``, an async iterator; a failure of ``rest`` is
+    raised with a note naming the replica and how many messages had come."""
 
-    def __init__(self, first: list[Any], rest: AsyncIterator[Any]) -> None:
+    def __init__(self, address: str, first: list[Any], rest: AsyncIterator[Any]) -> None:
+        self._address = address
         self._first = first
         self._rest = rest
+        self._received = 0
 
-    def __aiter__(self) -> _After:
+    def __aiter__(self) -> _Opened:
         return self
 
     async def __anext__(self) -> Any:
         if self._first:
             await trio.lowlevel.checkpoint()
-            return self._first.pop(0)
-        return await anext(self._rest)
+            message = self._first.pop(0)
+        else:
+            try:
+                message = await anext(self._rest)
+            except StockadeError as exc:
+                exc.add_note(
+                    f"the stream from {self._address} broke after {self._received} "
+                    f"message{'' if self._received == 1 else 's'}"
+                )
+                raise
+        self._received += 1
+        return message

@@ -12,9 +12,9 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -46,8 +46,11 @@ from runtime.errors import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ops.client import Client
     from ops.cluster import StateDir
     from runtime.tls import TlsFiles
+
+T = TypeVar("T")
 
 
 EXIT_UNAVAILABLE = 1
@@ -192,7 +195,7 @@ def errors() -> Iterator[None]:
         if isinstance(exc, InvalidArgument | NotFound | IdempotencyConflict):
             fail(_with_notes(str(exc), exc), EXIT_INVALID)
         if isinstance(exc, ClusterBusy):
-            from ops.rpc import DEFAULT_BUSY_RETRY_S
+            from ops.client.settings import DEFAULT_BUSY_RETRY_S
 
             fail(
                 f"the cluster is too busy to take this now: every control plane answered 'busy' "
@@ -320,6 +323,29 @@ def control_plane_addresses(option: str | None) -> list[str]:
         InvalidArgument: an address is not ``host:port``.
     """
     return resolve_addresses(option)
+
+
+def with_client(addresses: list[str], body: Callable[[Client], Awaitable[T]]) -> T:
+    """Run ``await body(client)`` in a fresh trio run, ``client`` an :class:`ops.client.Client`
+    of the control planes at ``addresses`` presenting this command's certificate
+    (:func:`client_tls`), for a client command.
+
+    Raises:
+        ClusterError: the user config cannot be read.
+        InvalidArgument: an address is malformed.
+        Exception: what ``body`` raised (the client's errors), as itself.
+    """
+    import trio
+
+    from ops.client import Client, ClientSettings
+
+    settings = ClientSettings(control_planes=addresses, tls=client_tls())
+
+    async def main() -> T:
+        async with Client.open(settings) as client:
+            return await body(client)
+
+    return trio.run(main)
 
 
 def shown_path(path: Path) -> str:

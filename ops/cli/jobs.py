@@ -1,5 +1,5 @@
-"""Client commands, through the failover client: ``jobs``, ``submit``, ``job``, ``list``,
-``cancel``, ``status``.
+"""Client commands, through the Python client (:mod:`ops.client`): ``jobs``, ``submit``,
+``run``, ``job``, ``list``, ``cancel``, ``status``.
 
 Only light modules are imported at the top (every ``stockade`` call registers these
 commands); rich, trio, the protocol, the client and the input checks (:mod:`actors.validation`,
@@ -23,7 +23,6 @@ from ops.cli.common import (
     EXIT_INVALID,
     EXIT_TOO_LATE,
     ControlPlanesOption,
-    client_tls,
     console,
     control_plane_addresses,
     errors,
@@ -31,13 +30,14 @@ from ops.cli.common import (
     local_ha_db_dir,
     local_metrics,
     shown_path,
+    with_client,
 )
 from runtime.errors import Unavailable
 
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
-    from protocol import pb
-    from runtime.client import ControlPlaneClient
+    from ops.client import Client, Job
+    from runtime.jobs import JobSpec
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
 JOB_MEMORY_MB = (128, 256, 512, 1024, 4096)
@@ -105,35 +105,23 @@ def batch_keys(key: str, batches: int) -> list[str]:
     return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
 
 
-def _submit(addresses: list[str], specs: list[pb.JobSpec], *, key: str) -> list[int]:
+def _submit(addresses: list[str], specs: list[JobSpec], *, key: str) -> list[int]:
+    """Submit ``specs``: one job with SubmitJob, more in batches of 10,000 with SubmitJobs, each
+    batch all or none, under ``key`` (:func:`batch_keys` for more than one batch)."""
     from actors import validation
-    from ops import rpc
-    from protocol import pb
 
-    async def body(client: ControlPlaneClient) -> list[int]:
+    async def body(client: Client) -> list[int]:
         if len(specs) == 1:
-            reply = await client.call("submit_job", pb.SubmitJobRequest(spec=specs[0], idempotency_key=key))
-            return [int(reply.job_id)]
+            return [await client.submit(specs[0], idempotency_key=key)]
         ids: list[int] = []
         starts = range(0, len(specs), validation.MAX_BATCH_JOBS)
         for start, batch_key in zip(starts, batch_keys(key, len(starts)), strict=True):
             batch = specs[start : start + validation.MAX_BATCH_JOBS]
-            replies = await client.call(
-                "submit_jobs", pb.SubmitJobsRequest(specs=batch, idempotency_key=batch_key)
-            )
-            ids.extend(int(i) for i in replies.job_ids)
+            ids.extend(await client.submit_many(batch, idempotency_key=batch_key))
         return ids
 
-    # A batch takes longer to decode, check and store (about 0.2 ms a job on a loaded 2-core
-    # machine): its deadline grows with it, or a full batch of 10,000 jobs times out.
-    timeout_s = rpc.DEFAULT_CALL_TIMEOUT_S + SUBMIT_S_PER_JOB * min(len(specs), validation.MAX_BATCH_JOBS)
     with answer_unknown(key, "stored the jobs" if len(specs) > 1 else "stored the job"):
-        return rpc.with_client(addresses, body, timeout_s=timeout_s, tls=client_tls())
-
-
-SUBMIT_S_PER_JOB = 0.001
-"""Added to a submission's deadline per job of its largest batch, in seconds: 10 s more for a
-batch of 10,000."""
+        return with_client(addresses, body)
 
 
 @app.command("jobs")
@@ -150,7 +138,6 @@ def jobs(
     from rich.table import Table
 
     from runtime.jobs import JobSpec, SleepRuntime
-    from runtime.wire_jobs import job_spec_to_pb
 
     with errors():
         addresses = control_plane_addresses(control_planes)
@@ -167,11 +154,7 @@ def jobs(
             )
         )
     with errors():
-        ids = _submit(
-            addresses,
-            [job_spec_to_pb(spec) for spec in specs],
-            key=idempotency_key_of(idempotency_key),
-        )
+        ids = _submit(addresses, specs, key=idempotency_key_of(idempotency_key))
     table = Table(box=rich.box.SIMPLE_HEAD)
     for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
         table.add_column(column, justify="right" if column != "name" else "left")
@@ -315,7 +298,6 @@ def submit(
     if image is None and (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
     from ops import jobfile
-    from runtime.wire_jobs import job_spec_to_pb
 
     with errors():
         # The control plane's checks, here first: out-of-range numbers do not fit the wire.
@@ -340,9 +322,7 @@ def submit(
             }
         )
         (job_id,) = _submit(
-            control_plane_addresses(control_planes),
-            [job_spec_to_pb(spec)],
-            key=idempotency_key_of(idempotency_key),
+            control_plane_addresses(control_planes), [spec], key=idempotency_key_of(idempotency_key)
         )
     console().print(job_id)
 
@@ -394,14 +374,8 @@ def run(
     if check:
         sys.stdout.write(json.dumps([jobfile.fields_of(spec) for spec in specs], indent=2) + "\n")
         return
-    from runtime.wire_jobs import job_spec_to_pb
-
     with errors():
-        ids = _submit(
-            control_plane_addresses(control_planes),
-            [job_spec_to_pb(spec) for spec in specs],
-            key=idempotency_key_of(idempotency_key),
-        )
+        ids = _submit(control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key))
     for job_id in ids:
         console().print(job_id)
 
@@ -427,28 +401,33 @@ def job(
     j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
     from actors import validation
-    from ops import rpc
-    from protocol import pb
+
+    async def body(client: Client) -> tuple[Job, list[OutputTail]]:
+        from ops.cli.logs import output_tails
+        from runtime.jobs import SleepRuntime
+
+        info = await client.get(job_id)
+        if (
+            as_json
+            or not info.started_unix_s
+            or info.spec is None
+            or isinstance(info.spec.runtime, SleepRuntime)
+        ):
+            return info, []  # a job that never started, or a sleep, has no output
+        return info, await output_tails(client, job_id)
 
     with errors():
         validation.check_job_id(job_id)
-        addresses = control_plane_addresses(control_planes)
-        info: pb.JobInfo = rpc.call(addresses, "get_job", pb.GetJobRequest(job_id=job_id), tls=client_tls())
+        info, tails = with_client(control_plane_addresses(control_planes), body)
     if as_json:
         from ops.cli.render import job_json
 
         sys.stdout.write(json.dumps(job_json(info), indent=2) + "\n")
         return
-    tails = []
-    if info.started_unix_s and info.spec is not None and info.spec.sleep is None:
-        from ops.cli.logs import output_tails
-
-        with errors():
-            tails = output_tails(addresses, job_id, client_tls())
     _print_job(info, tails)
 
 
-def _print_job(info: pb.JobInfo, tails: list[OutputTail]) -> None:
+def _print_job(info: Job, tails: list[OutputTail]) -> None:
     """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and
     stderr (``tails``, read through a control plane from the worker that keeps them)."""
     from rich.table import Table
@@ -476,7 +455,7 @@ def _print_job(info: pb.JobInfo, tails: list[OutputTail]) -> None:
         ("assignment", str(info.assignment_id or "-")),
         ("epoch", str(info.epoch or "-")),
         *lifecycle_rows(info),
-        ("exit code", str(info.exit_code) if info.has_exit_code else "-"),
+        ("exit code", str(info.exit_code) if info.exit_code is not None else "-"),
         ("submitted", local_time(info.submitted_unix_s)),
         ("started", local_time(info.started_unix_s)),
         ("finished", local_time(info.finished_unix_s)),
@@ -537,26 +516,21 @@ def list_jobs(
     --json prints {"jobs": [...]}, each job the object `stockade job --json` prints.
     """
     from actors import validation
-    from ops import rpc
-    from protocol import pb
 
     with errors():
         validation.check_list(state or "", limit)
-        reply: pb.ListJobsReply = rpc.call(
-            control_plane_addresses(control_planes),
-            "list_jobs",
-            pb.ListJobsRequest(state=state or "", limit=limit),
-            tls=client_tls(),
+        jobs = with_client(
+            control_plane_addresses(control_planes), lambda client: client.list(state=state, limit=limit)
         )
     if as_json:
         from ops.cli.render import list_json
 
-        sys.stdout.write(json.dumps(list_json(reply), indent=2) + "\n")
+        sys.stdout.write(json.dumps(list_json(jobs), indent=2) + "\n")
         return
-    _print_jobs(reply)
+    _print_jobs(jobs)
 
 
-def _print_jobs(reply: pb.ListJobsReply) -> None:
+def _print_jobs(jobs: tuple[Job, ...]) -> None:
     """``stockade list``'s table, one job a row, and how many there are."""
     import rich.box
     from rich.table import Table
@@ -575,7 +549,7 @@ def _print_jobs(reply: pb.ListJobsReply) -> None:
     table.add_column("tries", justify="right", no_wrap=True)
     table.add_column("exit", justify="right", no_wrap=True)
     table.add_column("runtime / reason", ratio=1)
-    for info in reply.jobs:
+    for info in jobs:
         spec = info.spec
         detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
@@ -587,11 +561,11 @@ def _print_jobs(reply: pb.ListJobsReply) -> None:
             str(spec.memory_mb) if spec else "-",
             info.worker_id or "-",
             str(info.attempts),
-            str(info.exit_code) if info.has_exit_code else "-",
+            str(info.exit_code) if info.exit_code is not None else "-",
             Text(detail),
         )
     console().print(table)
-    console().print(f"{len(reply.jobs)} job{'' if len(reply.jobs) == 1 else 's'}")
+    console().print(f"{len(jobs)} job{'' if len(jobs) == 1 else 's'}")
 
 
 app.command("jobs-list", hidden=True)(list_jobs)
@@ -601,10 +575,10 @@ CANCEL_POLL_S = 0.2
 """How often ``stockade cancel`` asks for the job's state while it waits, in seconds."""
 
 
-def cancel_verdict(job_id: int, job: pb.JobInfo) -> str:
+def cancel_verdict(job_id: int, job: Job) -> str:
     """What a cancel came to, from the job's state: cancelled, or ended on its own first (with
     the exit code when there is one), or still on its way (``cancelling``)."""
-    exit_code = f", exit code {job.exit_code}" if job.has_exit_code else ""
+    exit_code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
     if job.state == "cancelled":
         return f"job {job_id}: cancelled"
     if job.state in ("succeeded", "failed"):
@@ -616,11 +590,11 @@ OPEN_STATES = ("waiting", "pending", "assigned", "running")
 """The states of a job that has not ended."""
 
 
-def array_cancel_verdict(array_id: int, tasks: int, job: pb.JobInfo | None) -> str:
+def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
     """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
     cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
     yet (None: not read)."""
-    counts = {} if job is None else {c.state: c.count for c in job.array_counts}
+    counts = {} if job is None else dict(job.array_counts)
     still = sum(counts.get(state, 0) for state in OPEN_STATES)
     if job is not None and not still:
         return f"array {array_id}: {tasks} tasks cancelled"
@@ -661,31 +635,25 @@ def cancel(
     import trio
 
     from actors import validation
-    from ops import rpc
-    from protocol import pb
     from runtime.errors import TemporaryError
 
     array_tasks = 0
 
-    def ended(job: pb.JobInfo) -> bool:
+    def ended(job: Job) -> bool:
         if array_tasks:
-            return not any(c.count for c in job.array_counts if c.state in OPEN_STATES)
-        return job.state in ("cancelled", "succeeded", "failed")
+            return not any(count for state, count in job.array_counts if state in OPEN_STATES)
+        return job.ended
 
-    async def body(client: ControlPlaneClient) -> pb.JobInfo | None:
+    async def body(client: Client) -> Job | None:
         nonlocal array_tasks
-        reply: pb.CancelJobReply = await client.call(
-            "cancel_job",
-            pb.CancelJobRequest(job_id=job_id, idempotency_key=key, only_this_task=task_only),
-        )
-        array_tasks = reply.tasks
-        if reply.state != "cancelling":
-            job: pb.JobInfo = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
-            return job
+        outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
+        array_tasks = outcome.tasks
+        if outcome.state != "cancelling":
+            return await client.get(job_id)
         with trio.move_on_after(wait_s):
             while True:
                 with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
+                    job = await client.get(job_id)
                     if ended(job):
                         return job
                 await trio.sleep(CANCEL_POLL_S)
@@ -695,7 +663,7 @@ def cancel(
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
         with answer_unknown(key, "recorded the cancel"):
-            job = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
+            job = with_client(control_plane_addresses(control_planes), body)
     if array_tasks:
         console().print(array_cancel_verdict(job_id, array_tasks, job))
         return
@@ -718,11 +686,9 @@ def status(
     unschedulable, metrics (the shape is ops.cli.render.status_json's). For a local cluster
     (one `stockade up` started) it also shows where each process serves Prometheus metrics.
     """
-    from ops import rpc
-
     with errors():
         addresses = control_plane_addresses(control_planes)
-        reply = rpc.status(addresses, tls=client_tls())
+        reply = with_client(addresses, lambda client: client.status())
     from ops.cli.render import render_status, status_json
 
     metrics = local_metrics(addresses)

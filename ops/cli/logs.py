@@ -14,8 +14,10 @@ writes no output); 1 for a job that has not started (without ``--follow``), whos
 longer keeps its output, or whose worker is dead, left or unreachable (the message names it and
 its address); 130 after Ctrl-C, which ends a follow and leaves the job as it was.
 
-Only light modules are imported at the top (every ``stockade`` call registers this command);
-trio, the protocol and the client are imported when it runs.
+Both read the output through the Python client (:meth:`ops.client.Client.logs`), which opens
+the stream on the first control plane that sends its first chunk. Only light modules are
+imported at the top (every ``stockade`` call registers this command); trio, the protocol and
+the client are imported when it runs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import attrs
 import typer
@@ -31,40 +33,31 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import (
     ControlPlanesOption,
-    client_tls,
     control_plane_addresses,
     err_console,
     errors,
     fail,
     interruptible,
+    with_client,
 )
 
 if TYPE_CHECKING:
-    from protocol import pb
-    from runtime.client import ControlPlaneClient
+    from ops.client import Client, LogChunk
     from runtime.errors import NoControlPlaneReachable
     from runtime.text import Tail
 
 MAX_TAIL_LINES = 100_000
 """The most lines ``--tail`` takes (the control plane's limit, ``actors.validation.MAX_TAIL_LINES``,
 written out here so ``--help`` need not import it; a unit test keeps them equal)."""
-OPEN_S = 10.0
-"""How long a replica may take to send a stream's first chunk (it looks the job up and
-reaches its worker within its own 5 s), in seconds."""
-IDLE_S = 30.0
-"""The longest silence of an open stream, in seconds: a replica sends a keep-alive every 5 s
-while following, and ends the stream itself after 20 s without word from the worker."""
 START_POLL_S = 1.0
 """How often ``--follow`` asks again for a job that has not started, in seconds."""
-WAITING_STATES = ("waiting", "pending", "assigned", "running")
-"""States of a job that may still start (``running``: started, not yet listed by a heartbeat)."""
 
 
 def _mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB ({count:,} bytes)"
 
 
-def dropped_notice(job_id: int, stream: str, chunk: pb.LogChunk) -> str:
+def dropped_notice(job_id: int, stream: str, chunk: LogChunk) -> str:
     """The notice for bytes a worker no longer keeps before ``chunk``'s data."""
     return (
         f"[stockade logs: {_mib(chunk.dropped_bytes)} of job {job_id}'s {stream} not kept by worker "
@@ -106,39 +99,18 @@ class _Stdout:
             os.close(devnull)
 
 
-def _open(client: ControlPlaneClient, request: pb.ReadJobLogsRequest) -> Any:
-    """The ReadJobLogs stream of ``request`` on the first replica that opens it."""
-    return client.stream("read_job_logs", request, first_message_s=OPEN_S, idle_s=IDLE_S)
-
-
-def read_request(job_id: int, stream: str, *, follow: bool, tail: int | None, tail_max_bytes: int = 0) -> Any:
-    from protocol import pb
-
-    return pb.ReadJobLogsRequest(
-        job_id=job_id,
-        stream=stream,
-        follow=follow,
-        has_tail=tail is not None,
-        tail_lines=tail or 0,
-        tail_max_bytes=tail_max_bytes,
-    )
-
-
-async def _show(
-    client: ControlPlaneClient, job_id: int, stream: str, *, follow: bool, tail: int | None
-) -> None:
-    """Print the output as it comes; with ``follow``, wait for a job that has not started."""
+async def _show(client: Client, job_id: int, stream: str, *, follow: bool, tail: int | None) -> None:
+    """Print the output as it comes; with ``follow``, wait for a job that has not started
+    (one that has not ended: ``running`` is started, not yet listed by a heartbeat)."""
     import trio
 
-    from protocol import pb
     from runtime.errors import FailedPrecondition
 
     out = _Stdout()
-    request = read_request(job_id, stream, follow=follow, tail=tail)
     said_waiting = False
     while True:
         try:
-            async with _open(client, request) as chunks:
+            async with client.logs(job_id, stream=stream, follow=follow, tail_lines=tail) as chunks:
                 async for chunk in chunks:
                     if chunk.dropped_bytes:
                         sys.stdout.flush()
@@ -151,8 +123,8 @@ async def _show(
         except FailedPrecondition:
             if not follow:
                 raise
-            job = await client.call("get_job", pb.GetJobRequest(job_id=job_id))
-            if job.state not in WAITING_STATES:
+            job = await client.get(job_id)
+            if job.ended:
                 raise
             if not said_waiting:
                 why = f" ({job.reason})" if job.reason else ""
@@ -192,20 +164,19 @@ def logs(
 ) -> None:
     """Print a job's stdout (or --stderr) as its worker keeps it, from any host: its newest run
     that started, through any control plane."""
-    from ops import rpc
     from runtime.errors import NoControlPlaneReachable
 
     stream = "stderr" if stderr else "stdout"
     with errors():
         addresses = control_plane_addresses(control_planes)
 
-    async def body(client: ControlPlaneClient) -> None:
+    async def body(client: Client) -> None:
         await _show(client, job_id, stream, follow=follow, tail=tail)
 
     stopped = f"stopped following job {job_id}'s {stream}; the job itself is left as it was"
     with interruptible(lambda: stopped), errors():
         try:
-            rpc.with_client(addresses, body, tls=client_tls())
+            with_client(addresses, body)
         except NoControlPlaneReachable as exc:
             said = unreachable_worker(exc)
             if said is None:
@@ -233,27 +204,25 @@ class OutputTail:
     """Why it could not be read."""
 
 
-def output_tails(addresses: list[str], job_id: int, tls: Any) -> list[OutputTail]:
+async def output_tails(client: Client, job_id: int) -> list[OutputTail]:
     """The last :data:`OUTPUT_TAIL_LINES` lines of the job's stdout and stderr, read from its
     worker through a control plane; at most :data:`runtime.text.TAIL_MAX_BYTES` of each, the
     lines cut to :data:`runtime.text.LINE_MAX_BYTES` (a line that began earlier is marked so),
     whatever the output's size. A stream that cannot be read says why instead."""
-    from ops import rpc
     from runtime.errors import NoControlPlaneReachable, StockadeError
     from runtime.text import TAIL_MAX_BYTES, tail_of
 
-    async def read(client: ControlPlaneClient, stream: str) -> OutputTail:
-        # One byte more than is shown: whether it is a newline tells if the first line is whole.
-        request = read_request(
-            job_id, stream, follow=False, tail=OUTPUT_TAIL_LINES, tail_max_bytes=TAIL_MAX_BYTES + 1
-        )
+    async def read(stream: str) -> OutputTail:
         data = bytearray()
         worker_id, dropped = "", 0
         try:
-            async with _open(client, request) as chunks:
+            # One byte more than is shown: whether it is a newline tells if the first line is whole.
+            async with client.logs(
+                job_id, stream=stream, tail_lines=OUTPUT_TAIL_LINES, tail_max_bytes=TAIL_MAX_BYTES + 1
+            ) as chunks:
                 async for chunk in chunks:
                     data += chunk.data
-                    worker_id = worker_id or chunk.worker_id
+                    worker_id = worker_id or chunk.worker_id or ""
                     dropped += chunk.dropped_bytes
         except NoControlPlaneReachable as exc:
             return OutputTail(stream=stream, error=unreachable_worker(exc) or str(exc))
@@ -262,10 +231,4 @@ def output_tails(addresses: list[str], job_id: int, tls: Any) -> list[OutputTail
         tail = tail_of(io.BytesIO(bytes(data)), max_lines=OUTPUT_TAIL_LINES, max_bytes=TAIL_MAX_BYTES)
         return OutputTail(stream=stream, tail=tail, worker_id=worker_id, dropped_bytes=dropped)
 
-    async def body(client: ControlPlaneClient) -> list[OutputTail]:
-        return [await read(client, stream) for stream in ("stdout", "stderr")]
-
-    try:
-        return rpc.with_client(addresses, body, tls=tls)
-    except StockadeError as exc:
-        return [OutputTail(stream=s, error=str(exc)) for s in ("stdout", "stderr")]
+    return [await read(stream) for stream in ("stdout", "stderr")]

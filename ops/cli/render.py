@@ -1,6 +1,7 @@
 """How client commands show what the control planes answer: the status view, a job's runtime
-in one line, times, and the JSON of ``status``, ``job`` and
-``list`` (each built from the same reply the table is).
+in one line, times, and the JSON of ``status``, ``job`` and ``list`` (each built from the same
+result the table is). They read the client's typed results (:mod:`ops.client.results`), never
+protobuf messages.
 
 Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
 does not pay for it.
@@ -17,10 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from protocol import pb
+    from collections.abc import Sequence
+
+    from ops.client.results import Attempt, ClusterStatus, Job, Worker
+    from runtime.jobs import JobSpec
 
 
-def local_time(unix_s: float) -> str:
+def local_time(unix_s: float | None) -> str:
+    """``unix_s`` as local time, ``2026-12-01 12:00:00``; ``-`` for none."""
     if not unix_s:
         return "-"
     return datetime.fromtimestamp(unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S")
@@ -44,13 +49,13 @@ def _job_ids(ids: list[int], limit: int = 10) -> str:
     return shown or "-"
 
 
-def _counts(status: pb.StatusReply) -> dict[str, int]:
+def _counts(status: ClusterStatus) -> dict[str, int]:
     """Jobs per state, every state in the order the control plane sends them (all of them,
     pending first, zeros included)."""
-    return {item.state: int(item.count) for item in status.jobs}
+    return dict(status.job_counts)
 
 
-def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -> dict[str, Any]:
+def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) -> dict[str, Any]:
     """The stable JSON shape of ``stockade status --json``.
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
@@ -63,8 +68,8 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
     ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
     """
     return {
-        "leader": status.leader or None,
-        "epoch": int(status.epoch),
+        "leader": status.leader,
+        "epoch": status.epoch,
         "control_planes": [
             {"id": cp.id, "address": cp.address, "role": cp.role} for cp in status.control_planes
         ],
@@ -72,26 +77,26 @@ def status_json(status: pb.StatusReply, metrics: dict[str, str] | None = None) -
             {
                 "id": w.id,
                 "state": w.state,
-                "cpu_millis": int(w.cpu_millis),
-                "memory_mb": int(w.memory_mb),
-                "cpu_allocated_millis": int(w.cpu_allocated_millis),
-                "memory_allocated_mb": int(w.memory_allocated_mb),
-                "jobs": [int(j) for j in w.job_ids],
-                "cordoned": bool(w.cordoned),
-                "draining": bool(w.draining),
-                "drained": bool(w.drained),
-                "drain_deadline_unix_s": _unix_s_or_none(w.drain_deadline_unix_s),
-                "labels": dict(sorted(w.labels.items())),
+                "cpu_millis": w.cpu_millis,
+                "memory_mb": w.memory_mb,
+                "cpu_allocated_millis": w.cpu_allocated_millis,
+                "memory_allocated_mb": w.memory_allocated_mb,
+                "jobs": list(w.job_ids),
+                "cordoned": w.cordoned,
+                "draining": w.draining,
+                "drained": w.drained,
+                "drain_deadline_unix_s": w.drain_deadline_unix_s,
+                "labels": dict(w.labels),
             }
             for w in status.workers
         ],
         "jobs": _counts(status),
-        "unschedulable": [{"job_id": int(j.job_id), "reason": j.reason} for j in status.unschedulable],
+        "unschedulable": [{"job_id": j.job_id, "reason": j.reason or ""} for j in status.unschedulable],
         "metrics": dict(metrics or {}),
     }
 
 
-def worker_schedule(worker: pb.WorkerInfo) -> str:
+def worker_schedule(worker: Worker) -> str:
     """A worker's drain or cordon in a word, for the status table's state column: ``drained``,
     ``draining`` (with ``until HH:MM:SS`` when it has a deadline), ``cordoned``, or ``""``."""
     if worker.drained:
@@ -104,7 +109,7 @@ def worker_schedule(worker: pb.WorkerInfo) -> str:
     return "cordoned" if worker.cordoned else ""
 
 
-def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None) -> Group:
+def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) -> Group:
     """The status view: leader, control planes, workers with bars, job counts, unschedulable;
     with ``metrics`` (id -> ``host:port``, see :func:`status_json`) a metrics column too."""
     metrics = metrics or {}
@@ -157,10 +162,10 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
         workers.add_row(
             w.id,
             state,
-            _bar(int(w.cpu_allocated_millis), int(w.cpu_millis), ""),
-            _bar(int(w.memory_allocated_mb), int(w.memory_mb), ""),
-            Text(", ".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
-            _job_ids([int(j) for j in w.job_ids]),
+            _bar(w.cpu_allocated_millis, w.cpu_millis, ""),
+            _bar(w.memory_allocated_mb, w.memory_mb, ""),
+            Text(", ".join(f"{k}={v}" for k, v in w.labels) or "-"),
+            _job_ids(list(w.job_ids)),
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
     parts.append(workers)
@@ -172,37 +177,36 @@ def render_status(status: pb.StatusReply, metrics: dict[str, str] | None = None)
         stuck.add_column("job")
         stuck.add_column("reason")
         for job in status.unschedulable:
-            stuck.add_row(str(job.job_id), Text(job.reason))
+            stuck.add_row(str(job.job_id), Text(job.reason or ""))
         parts.append(stuck)
     return Group(*parts)
 
 
-def runtime_text(spec: pb.JobSpec | None) -> str:
+def runtime_text(spec: JobSpec | None) -> str:
     """A job's runtime in one line (``sleep 2.5 s``, ``command: echo 'a b'``, ``container app:1 --
     echo hi``), ``-`` if none."""
-    from runtime.wire_jobs import job_spec_from_pb
-
-    return "-" if spec is None else job_spec_from_pb(spec, strict=False).describe()
+    return "-" if spec is None else spec.describe()
 
 
-def lifecycle_rows(info: pb.JobInfo, *, now_unix_s: float | None = None) -> list[tuple[str, str]]:
+def lifecycle_rows(info: Job, *, now_unix_s: float | None = None) -> list[tuple[str, str]]:
     """``stockade job``'s rows of a job's lifecycle: attempts spent of its most, the retry
     wait (``retrying after 14:02:07 (in 3 s)``), backoff, timeout, constraints, the names of
     its environment (not the values: they may be secrets), working directory, the jobs it
     waits for, its array."""
     import time
 
-    from runtime.wire_jobs import job_spec_from_pb
+    from runtime.jobs import JobSpec
 
-    spec = job_spec_from_pb(info.spec, strict=False)
+    spec = info.spec or JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
     runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
     lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
     rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
     now = time.time() if now_unix_s is None else now_unix_s
-    if info.not_before_unix_s > now and info.state in ("pending", "waiting"):
+    not_before = info.not_before_unix_s or 0.0
+    if not_before > now and info.state in ("pending", "waiting"):
         # Only while the wait lasts: once it has passed the job waits for room like any other.
-        clock = datetime.fromtimestamp(info.not_before_unix_s).astimezone().strftime("%H:%M:%S")
-        rows.append(("retry", f"retrying after {clock} (in {info.not_before_unix_s - now:.0f} s)"))
+        clock = datetime.fromtimestamp(not_before).astimezone().strftime("%H:%M:%S")
+        rows.append(("retry", f"retrying after {clock} (in {not_before - now:.0f} s)"))
     if spec.max_attempts > 1:
         rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
     rows += [
@@ -217,11 +221,11 @@ def lifecycle_rows(info: pb.JobInfo, *, now_unix_s: float | None = None) -> list
     elif spec.array is not None:
         rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks)"))
     if info.array_counts:
-        rows.append(("tasks", "  ".join(f"{c.state} {c.count}" for c in info.array_counts)))
+        rows.append(("tasks", "  ".join(f"{state} {count}" for state, count in info.array_counts)))
     return rows
 
 
-def attempts_table(attempts: list[pb.Attempt]) -> Table:
+def attempts_table(attempts: Sequence[Attempt]) -> Table:
     """A job's runs, oldest first: assignment, worker, epoch, start and end, how it ended, exit
     code, whether it spent an attempt, and the worker's detail."""
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1), title="attempts", title_justify="left")
@@ -239,7 +243,7 @@ def attempts_table(attempts: list[pb.Attempt]) -> Table:
             local_time(attempt.created_unix_s),
             local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
             attempt.end_reason or attempt.state,
-            str(attempt.exit_code) if attempt.has_exit_code else "-",
+            str(attempt.exit_code) if attempt.exit_code is not None else "-",
             "yes" if attempt.counted else "no",
             Text(attempt.detail or "-"),
         )
@@ -251,43 +255,43 @@ def seconds_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
-def _unix_s_or_none(value: float) -> float | None:
-    return float(value) if value else None
-
-
-def runtime_json(spec: pb.JobSpec | None) -> dict[str, Any] | None:
+def runtime_json(spec: JobSpec | None) -> dict[str, Any] | None:
     """A job's runtime as JSON: ``{"kind": "command", "argv": [...]}``,
     ``{"kind": "container", "image": "app:1", "argv": [...]}``, ``{"kind": "sleep",
     "duration_s": 2.5}``, or null when it has none."""
-    if spec is not None and spec.command is not None:
-        return {"kind": "command", "argv": list(spec.command.argv)}
-    if spec is not None and spec.container is not None:
-        return {"kind": "container", "image": spec.container.image, "argv": list(spec.container.argv)}
-    if spec is not None and spec.sleep is not None:
-        return {"kind": "sleep", "duration_s": spec.sleep.duration_ms / 1000}
-    return None
+    from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
+
+    match None if spec is None else spec.runtime:
+        case CommandRuntime(argv=argv):
+            return {"kind": "command", "argv": list(argv)}
+        case ContainerRuntime(image=image, argv=argv):
+            return {"kind": "container", "image": image, "argv": list(argv)}
+        case SleepRuntime(duration_ms=duration_ms):
+            return {"kind": "sleep", "duration_s": duration_ms / 1000}
+        case _:
+            return None
 
 
-def attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
+def attempt_json(attempt: Attempt) -> dict[str, Any]:
     """One run of a job as JSON: ``assignment_id``, ``worker_id``, ``epoch``, ``state`` (active,
     finished, cancelled, lost, stopped), ``end_reason`` (or null while active), ``exit_code``
     (or null), ``created_unix_s``, ``ended_unix_s`` (or null), ``detail`` (or null) and
     ``counted`` (whether it spent one of the job's attempts)."""
     return {
-        "assignment_id": int(attempt.assignment_id),
-        "worker_id": attempt.worker_id or None,
-        "epoch": int(attempt.epoch),
+        "assignment_id": attempt.assignment_id,
+        "worker_id": attempt.worker_id,
+        "epoch": attempt.epoch,
         "state": attempt.state,
-        "end_reason": attempt.end_reason or None,
-        "exit_code": int(attempt.exit_code) if attempt.has_exit_code else None,
-        "created_unix_s": _unix_s_or_none(attempt.created_unix_s),
-        "ended_unix_s": _unix_s_or_none(attempt.ended_unix_s),
-        "detail": attempt.detail or None,
-        "counted": bool(attempt.counted),
+        "end_reason": attempt.end_reason,
+        "exit_code": attempt.exit_code,
+        "created_unix_s": attempt.created_unix_s,
+        "ended_unix_s": attempt.ended_unix_s,
+        "detail": attempt.detail,
+        "counted": attempt.counted,
     }
 
 
-def job_status_json(info: pb.JobInfo) -> dict[str, Any]:
+def job_status_json(info: Job) -> dict[str, Any]:
     """What the cluster reports of a job, apart from its spec: the ``status`` of :func:`job_json`.
 
     Keys: ``job_id``, ``state`` (waiting, pending, assigned, running, succeeded, failed,
@@ -301,29 +305,29 @@ def job_status_json(info: pb.JobInfo) -> dict[str, Any]:
     ``stderr_path`` (on the worker's machine, or null).
     """
     return {
-        "job_id": int(info.job_id),
+        "job_id": info.job_id,
         "state": info.state,
-        "reason": info.reason or None,
-        "worker_id": info.worker_id or None,
-        "assignment_id": int(info.assignment_id) or None,
-        "epoch": int(info.epoch) or None,
-        "attempts": int(info.attempts),
-        "failures": int(info.failures),
-        "exit_code": int(info.exit_code) if info.has_exit_code else None,
-        "submitted_unix_s": _unix_s_or_none(info.submitted_unix_s),
-        "started_unix_s": _unix_s_or_none(info.started_unix_s),
-        "finished_unix_s": _unix_s_or_none(info.finished_unix_s),
-        "not_before_unix_s": _unix_s_or_none(info.not_before_unix_s),
-        "array_id": int(info.array_id) or None,
-        "array_index": int(info.array_index) if info.array_id else None,
-        "array_counts": {c.state: int(c.count) for c in info.array_counts},
+        "reason": info.reason,
+        "worker_id": info.worker_id,
+        "assignment_id": info.assignment_id,
+        "epoch": info.epoch,
+        "attempts": info.attempts,
+        "failures": info.failures,
+        "exit_code": info.exit_code,
+        "submitted_unix_s": info.submitted_unix_s,
+        "started_unix_s": info.started_unix_s,
+        "finished_unix_s": info.finished_unix_s,
+        "not_before_unix_s": info.not_before_unix_s,
+        "array_id": info.array_id,
+        "array_index": info.array_index,
+        "array_counts": dict(info.array_counts),
         "attempt_history": [attempt_json(a) for a in info.attempt_history],
-        "stdout_path": info.stdout_path or None,
-        "stderr_path": info.stderr_path or None,
+        "stdout_path": info.stdout_path,
+        "stderr_path": info.stderr_path,
     }
 
 
-def job_json(info: pb.JobInfo) -> dict[str, Any]:
+def job_json(info: Job) -> dict[str, Any]:
     """The stable JSON shape of one job, as ``stockade job --json`` prints it and ``stockade
     list --json`` lists it: a job file (:mod:`ops.jobfile`), so ``stockade run`` submits it
     again as it is.
@@ -336,15 +340,14 @@ def job_json(info: pb.JobInfo) -> dict[str, Any]:
     may hold and ``stockade run`` ignores. A reply without its spec has ``status`` alone.
     """
     from ops.jobfile import fields_of
-    from runtime.wire_jobs import job_spec_from_pb
 
-    fields = {} if info.spec is None else fields_of(job_spec_from_pb(info.spec, strict=False))
+    fields = {} if info.spec is None else fields_of(info.spec)
     return {**fields, "status": job_status_json(info)}
 
 
-def list_json(reply: pb.ListJobsReply) -> dict[str, Any]:
+def list_json(jobs: Sequence[Job]) -> dict[str, Any]:
     """The stable JSON shape of ``stockade list --json``.
 
     Keys: ``jobs``, newest first, each as :func:`job_json` gives it.
     """
-    return {"jobs": [job_json(info) for info in reply.jobs]}
+    return {"jobs": [job_json(info) for info in jobs]}

@@ -1,4 +1,5 @@
-"""Taking workers out of service, through the failover client: ``cordon``, ``uncordon``, ``drain``.
+"""Taking workers out of service, through the Python client (:mod:`ops.client`): ``cordon``,
+``uncordon``, ``drain``.
 
 A cordoned worker gets no new placement; its running jobs go on. A drain cordons it and waits
 for its jobs to end; with ``--deadline-s`` the leader stops those still running at the deadline
@@ -13,9 +14,9 @@ trio, the protocol, the client and the input checks are imported by the command 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,18 +24,17 @@ from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INTERRUPTED,
     ControlPlanesOption,
-    client_tls,
     console,
     control_plane_addresses,
     err_console,
     errors,
     interrupted,
+    with_client,
 )
 from ops.cli.jobs import IdempotencyKeyOption, answer_unknown, idempotency_key_of
 
 if TYPE_CHECKING:
-    from protocol import pb
-    from runtime.client import ControlPlaneClient
+    from ops.client import Client, WorkerSchedule
 
 DRAIN_POLL_S = 0.5
 """How often ``stockade drain`` asks for the worker's state while it waits, in seconds."""
@@ -77,33 +77,33 @@ def schedule_line(
     return f"{worker_id}: not cordoned, takes placements"
 
 
-def _reply_line(reply: pb.WorkerScheduleReply) -> str:
+def _reply_line(reply: WorkerSchedule) -> str:
     return schedule_line(
         reply.worker_id,
         cordoned=reply.cordoned,
         draining=reply.draining,
         drained=reply.drained,
-        drain_deadline_unix_s=reply.drain_deadline_unix_s,
-        job_ids=[int(j) for j in reply.job_ids],
+        drain_deadline_unix_s=reply.drain_deadline_unix_s or 0.0,
+        job_ids=list(reply.job_ids),
     )
 
 
 def _worker_call(
-    rpc: str, make_request: Callable[..., Any], worker_id: str, key: str | None, control_planes: str | None
+    what: str,
+    call: Callable[[Client, str, str], Awaitable[WorkerSchedule]],
+    worker_id: str,
+    key: str | None,
+    control_planes: str | None,
 ) -> None:
-    """``cordon`` and ``uncordon``: one call, one line."""
+    """``cordon`` and ``uncordon``: one call (``call(client, worker_id, key)``), one line."""
     from actors import validation
-    from ops import rpc as rpc_module
 
     with errors():
         validation.check_worker_id(worker_id)
         checked_key = idempotency_key_of(key)
-        with answer_unknown(checked_key, f"recorded the {rpc.removesuffix('_worker')}"):
-            reply = rpc_module.call(
-                control_plane_addresses(control_planes),
-                rpc,
-                make_request(worker_id=worker_id, idempotency_key=checked_key),
-                tls=client_tls(),
+        with answer_unknown(checked_key, f"recorded the {what}"):
+            reply = with_client(
+                control_plane_addresses(control_planes), lambda client: call(client, worker_id, checked_key)
             )
     console().print(_reply_line(reply), markup=False, soft_wrap=True)
 
@@ -119,9 +119,13 @@ def cordon(
     The cordon belongs to the worker id: it outlasts the agent's restart and re-registration,
     until `stockade uncordon`. An unknown worker id exits 2.
     """
-    from protocol import pb
-
-    _worker_call("cordon_worker", pb.CordonWorkerRequest, worker_id, idempotency_key, control_planes)
+    _worker_call(
+        "cordon",
+        lambda client, worker_id, key: client.cordon(worker_id, idempotency_key=key),
+        worker_id,
+        idempotency_key,
+        control_planes,
+    )
 
 
 @app.command("uncordon")
@@ -132,9 +136,13 @@ def uncordon(
 ) -> None:
     """Uncordon a worker: it takes placements again; a drain of it ends (what the drain stopped
     stays placed elsewhere)."""
-    from protocol import pb
-
-    _worker_call("uncordon_worker", pb.UncordonWorkerRequest, worker_id, idempotency_key, control_planes)
+    _worker_call(
+        "uncordon",
+        lambda client, worker_id, key: client.uncordon(worker_id, idempotency_key=key),
+        worker_id,
+        idempotency_key,
+        control_planes,
+    )
 
 
 @app.command("drain")
@@ -175,18 +183,10 @@ def drain(
     import trio
 
     from actors import validation
-    from ops import rpc
-    from protocol import pb
     from runtime.errors import TemporaryError
 
-    async def body(client: ControlPlaneClient) -> str:
-        request = pb.DrainWorkerRequest(
-            worker_id=worker_id,
-            has_deadline=deadline_ms is not None,
-            deadline_ms=deadline_ms or 0,
-            idempotency_key=key,
-        )
-        reply: pb.WorkerScheduleReply = await client.call("drain_worker", request)
+    async def body(client: Client) -> str:
+        reply = await client.drain(worker_id, deadline_s=deadline_s, idempotency_key=key)
         line = _reply_line(reply)
         if reply.drained or wait_s == 0:
             return line
@@ -195,7 +195,7 @@ def drain(
             while True:
                 await trio.sleep(DRAIN_POLL_S)
                 with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    status: pb.StatusReply = await client.call("status", pb.StatusRequest())
+                    status = await client.status()
                     info = next((w for w in status.workers if w.id == worker_id), None)
                     if info is not None:
                         line = schedule_line(
@@ -203,8 +203,8 @@ def drain(
                             cordoned=info.cordoned,
                             draining=info.draining,
                             drained=info.drained,
-                            drain_deadline_unix_s=info.drain_deadline_unix_s,
-                            job_ids=[int(j) for j in info.job_ids],
+                            drain_deadline_unix_s=info.drain_deadline_unix_s or 0.0,
+                            job_ids=list(info.job_ids),
                         )
                         if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
                             return line
@@ -212,13 +212,12 @@ def drain(
 
     with errors():
         validation.check_worker_id(worker_id)
-        deadline_ms = None
         if deadline_s is not None:
-            deadline_ms = round(validation.check_drain_deadline_s(deadline_s) * 1000)
+            validation.check_drain_deadline_s(deadline_s)
         key = idempotency_key_of(idempotency_key)
         try:
             with answer_unknown(key, "recorded the drain"):
-                line = rpc.with_client(control_plane_addresses(control_planes), body, tls=client_tls())
+                line = with_client(control_plane_addresses(control_planes), body)
         except BaseException as exc:
             if not interrupted(exc):
                 raise

@@ -26,8 +26,10 @@ the asyncio task of its stream (``run_aio`` of grpclib's ``send_message``), whic
 HTTP/2 flow control lets the message go: a client that reads slowly or not at all holds the
 handler back, never its memory. The same cancel as above reaches the handler when the client
 resets the stream or its deadline passes. On the client side, :meth:`GrpcChannel.stream`
-reads one message per crossing, with no task of its own between reads, and resets the stream
-when its block is left early, which cancels the server's handler.
+reads one message per crossing, with no task of its own between reads (so it works the same in
+a guest run, :mod:`runtime.aio.guest`), and resets the stream when its block is left early,
+which cancels the server's handler; :meth:`runtime.client.ControlPlaneClient.stream` opens it
+on the first control plane that sends a first message.
 
 Encoding on the handler's terms: grpclib decodes a request before the handler runs and encodes
 its reply after it returns, each in one piece on the event loop (70 ms and more for a message
@@ -42,6 +44,9 @@ client that only calls a gRPC server loads neither the database side nor the ser
 
 - :mod:`runtime.aio.bridge`: the loop (:func:`asyncio_bridge`) and the crossings, :func:`run_aio`
   (trio -> asyncio) and :func:`run_trio` (asyncio -> trio).
+- :mod:`runtime.aio.guest`: the other way round, trio as a guest of an asyncio program's own
+  loop (:func:`open_portal`, :class:`TrioPortal`), where :func:`run_aio` runs asyncio code on that
+  loop; for the asyncio face of the client.
 - :mod:`runtime.aio.pg`: :class:`PgConnection`, :class:`ReconnectingConnection`,
   :class:`ReadStore`, :class:`PgPool`; every call bounded in time, TCP keepalives, reconnects
   with backoff and one log line per outage change (see that module).
@@ -61,7 +66,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.aio.bridge import asyncio_bridge, run_aio, run_trio
+    from runtime.aio.bridge import asyncio_bridge, asyncio_bridge_open, run_aio, run_trio
     from runtime.aio.grpc_client import GrpcChannel
     from runtime.aio.grpc_server import (
         Caller,
@@ -76,10 +81,11 @@ if TYPE_CHECKING:
         takes_encoded_request,
         trio_service,
     )
+    from runtime.aio.guest import TrioPortal, open_portal
     from runtime.aio.pg import PgConnection, PgPool, ReadStore, ReconnectingConnection
 
 _NAMES_OF: dict[str, tuple[str, ...]] = {
-    "bridge": ("asyncio_bridge", "run_aio", "run_trio"),
+    "bridge": ("asyncio_bridge", "asyncio_bridge_open", "run_aio", "run_trio"),
     "pg": ("PgConnection", "PgPool", "ReadStore", "ReconnectingConnection"),
     "grpc_server": (
         "Caller",
@@ -95,6 +101,7 @@ _NAMES_OF: dict[str, tuple[str, ...]] = {
         "trio_service",
     ),
     "grpc_client": ("GrpcChannel",),
+    "guest": ("TrioPortal", "open_portal"),
 }
 """Module of this package -> the public names it holds."""
 
@@ -108,9 +115,12 @@ __all__ = [
     "ReadStore",
     "ReconnectingConnection",
     "Send",
+    "TrioPortal",
     "WireCodec",
     "asyncio_bridge",
+    "asyncio_bridge_open",
     "finish_despite_cancel",
+    "open_portal",
     "refuse",
     "require_worker",
     "rpc_caller",

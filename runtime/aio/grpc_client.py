@@ -161,7 +161,7 @@ class GrpcChannel:
         rpc: str,
         request: Any,
         *,
-        first_message_s: float,
+        first_message_s: float | None,
         idle_s: float | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[AsyncIterator[Any]]:
@@ -183,7 +183,8 @@ class GrpcChannel:
             rpc: the method, snake_case.
             request: its request message.
             first_message_s: the longest wait for the first message (or the stream's end), the
-                connection included, in seconds.
+                connection included, in seconds; None: no limit (a server that may stay quiet
+                before it sends anything; the caller bounds the wait itself).
             idle_s: the longest wait for each later message, in seconds; None: no limit (a
                 server that sends keep-alive messages while idle lets a client tell a quiet
                 stream from a dead peer).
@@ -282,7 +283,7 @@ class _Messages:
         call: grpclib.client.Stream[Any, Any],
         request: Any,
         *,
-        first_message_s: float,
+        first_message_s: float | None,
         idle_s: float | None,
     ) -> None:
         self._channel = channel

@@ -118,7 +118,7 @@ class Cluster:
         client = self.client(id)
         try:
             async with client.stream(
-                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, **fields)
+                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, **fields), first_message_s=TIMEOUT_S
             ) as chunks:
                 return [chunk async for chunk in chunks]
         finally:
@@ -276,7 +276,7 @@ async def test_a_caller_that_goes_away_stops_the_relay_and_the_workers_reader(
         client = c.client()
         try:
             async with client.stream(
-                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, follow=True)
+                "read_job_logs", pb.ReadJobLogsRequest(job_id=job_id, follow=True), first_message_s=TIMEOUT_S
             ) as chunks:
                 await anext(chunks)
                 assert gauge("stockade_agent_log_readers", readers) == before[1] + 1

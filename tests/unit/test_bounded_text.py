@@ -13,13 +13,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import trio
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, pg, rpc
+from ops import checker, cli, pg
+from ops.config import INSECURE_ENV
 from ops.launcher import procs
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.text import (
     EARLIER_MARKER,
     LINE_MAX_BYTES,
@@ -62,7 +63,8 @@ def peak_bytes(action: Callable[[], object]) -> tuple[object, int]:
 class TailingWorker:
     """A control plane's ReadJobLogs as the job's worker answers a tail: the last
     ``tail_max_bytes`` bytes of ``path`` at most (the worker's bound), read from the end, in
-    chunks of 64 KiB."""
+    chunks of 64 KiB. It stands in for a replica's stream
+    (``ControlPlaneClient._stream_attempt``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -70,7 +72,7 @@ class TailingWorker:
 
     @asynccontextmanager
     async def stream(
-        self, rpc_name: str, request: pb.ReadJobLogsRequest, **options: object
+        self, index: int, rpc_name: str, request: pb.ReadJobLogsRequest, **limits: object
     ) -> AsyncIterator[object]:
         self.asked.append(request)
         with self.path.open("rb") as file:
@@ -98,8 +100,13 @@ def job_with_huge_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
         stdout_path=str(stdout),
     )
     worker = TailingWorker(stdout)
-    monkeypatch.setattr(rpc, "call", lambda *args, **kwargs: info)
-    monkeypatch.setattr(rpc, "with_client", lambda addresses, body, **kwargs: trio.run(body, worker))
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setattr(ControlPlaneClient, "_stream_attempt", worker.stream)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
     yield worker
 
 

@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ops import cluster as cluster_module
-from ops import config, rpc
+from ops import config
 from ops.cli import app
 from ops.cluster import ClusterConfig, DownReport, ProcessSpec, StateDir, WorkerSpec
 from ops.config import ClusterError, forget_local_cluster, record_local_cluster, resolve_addresses
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 
 
@@ -170,11 +171,13 @@ def test_a_client_command_from_another_folder_calls_the_recorded_cluster(
     record_local_cluster(state.root)
     called: list[list[str]] = []
 
-    def status(addresses: list[str], **_: Any) -> pb.StatusReply:
-        called.append(list(addresses))
+    async def status(
+        self: ControlPlaneClient, index: int, rpc: str, request: Any, **_: Any
+    ) -> pb.StatusReply:
+        called.append(list(self.addresses))
         return pb.StatusReply(leader="cp-1", epoch=3, answered_by="cp-1")
 
-    monkeypatch.setattr(rpc, "status", status)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", status)
     result = CliRunner().invoke(app, ["status", "--json"])
     assert result.exit_code == 0, result.output
     assert called == [["127.0.0.1:7501", "127.0.0.1:7502"]]
@@ -228,7 +231,11 @@ def test_status_shows_where_the_local_clusters_processes_serve_metrics(
         )
     )
     record_local_cluster(state.root)
-    monkeypatch.setattr(rpc, "status", lambda addresses, **_: pb.StatusReply(leader="cp-1", epoch=1))
+
+    async def status(*args: Any, **kwargs: Any) -> pb.StatusReply:
+        return pb.StatusReply(leader="cp-1", epoch=1)
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", status)
 
     result = CliRunner().invoke(app, ["status", "--json"])
     assert result.exit_code == 0, result.output

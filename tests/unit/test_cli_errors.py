@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ops import cluster as cluster_module
-from ops import rpc
 from ops.cli import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, app
 from ops.cluster import ClusterConfig, ProcessSpec, StateDir
 from ops.config import INSECURE_ENV
-from runtime.errors import ConnectionRefused, NoControlPlaneReachable, Unavailable
+from runtime.client import ControlPlaneClient
+from runtime.errors import ConnectionRefused, Unavailable
 
 ROOT = Path(__file__).parents[2]
 NOWHERE = "127.0.0.1:1,127.0.0.1:2"
@@ -54,17 +54,14 @@ def test_replicas_failing_in_different_ways_are_each_named_on_one_line(
 ) -> None:
     """One replica refused, one did not answer in time: one line says how each failed."""
 
-    def unreachable(addresses: list[str], rpc_name: str, request: object, **_: object) -> object:
-        raise NoControlPlaneReachable(
-            "no control plane answered: ...",
-            addresses=addresses,
-            failures=[
-                ConnectionRefused("127.0.0.1:1 refused the connection"),
-                Unavailable("127.0.0.1:2 did not answer within 2 s"),
-            ],
-        )
+    async def unreachable(
+        self: ControlPlaneClient, index: int, rpc: str, request: object, **_: object
+    ) -> object:
+        if index == 0:
+            raise ConnectionRefused("127.0.0.1:1 refused the connection")
+        raise Unavailable("127.0.0.1:2 did not answer within 2 s")
 
-    monkeypatch.setattr(rpc, "call", unreachable)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", unreachable)
     result = CliRunner().invoke(app, ["list", "--control-planes", NOWHERE])
     assert result.exit_code == EXIT_UNAVAILABLE
     assert lines(result.output) == [

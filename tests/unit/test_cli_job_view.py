@@ -8,10 +8,12 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from ops import rpc
 from ops.cli import app
 from ops.cli.render import lifecycle_rows
+from ops.client.results import job_from_pb
+from ops.config import INSECURE_ENV
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.constraints import parse_constraint
 from runtime.jobs import CommandRuntime, JobSpec
 from runtime.wire_jobs import job_spec_to_pb
@@ -58,7 +60,7 @@ RETRYING = pb.JobInfo(
 
 def test_the_lifecycle_rows_say_what_the_job_was_given_and_spent() -> None:
     """Attempts spent of the most, the retry's wait, and each setting; env names only."""
-    rows = dict(lifecycle_rows(RETRYING, now_unix_s=1_700_000_004.0))
+    rows = dict(lifecycle_rows(job_from_pb(RETRYING), now_unix_s=1_700_000_004.0))
     assert rows["attempts"] == "1 of 3 spent, 1 run (runs lost with a worker not counted)"
     assert rows["retry"].startswith("retrying after ") and rows["retry"].endswith("(in 6 s)")
     assert rows["timeout"] == "90 s"
@@ -72,7 +74,12 @@ def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch
     an environment value."""
     waiting = pb.JobInfo.parse(bytes(RETRYING))
     waiting.not_before_unix_s = time.time() + 60  # the retry's wait has not passed
-    monkeypatch.setattr(rpc, "call", lambda *a, **k: waiting)
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return waiting
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
     result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "attempts" in result.output and "retrying after" in result.output
@@ -84,7 +91,7 @@ def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch
 
 def test_a_retry_wait_that_has_passed_is_not_shown() -> None:
     """Once its retry wait has passed, a pending job shows no retry row (it waits for room)."""
-    assert "retry" not in dict(lifecycle_rows(RETRYING, now_unix_s=1_700_000_011.0))
+    assert "retry" not in dict(lifecycle_rows(job_from_pb(RETRYING), now_unix_s=1_700_000_011.0))
 
 
 def test_an_array_shows_its_tasks_by_state() -> None:
@@ -95,4 +102,4 @@ def test_an_array_shows_its_tasks_by_state() -> None:
         state="running",
         array_counts=[pb.JobCount(state="running", count=10), pb.JobCount(state="pending", count=90)],
     )
-    assert dict(lifecycle_rows(info))["tasks"] == "running 10  pending 90"
+    assert dict(lifecycle_rows(job_from_pb(info)))["tasks"] == "running 10  pending 90"

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops import rpc
 from ops.cli import app
+from ops.config import INSECURE_ENV
 from protocol import pb
+from runtime.client import ControlPlaneClient
 
 FIELD_KEYS = [
     "name",
@@ -86,11 +87,12 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     made are recorded."""
     calls: list[tuple[str, Any]] = []
 
-    def call(addresses: list[str], name: str, request: Any, **_: object) -> Any:
+    async def replica(self: ControlPlaneClient, index: int, name: str, request: Any, **_: object) -> Any:
         calls.append((name, request))
         return FINISHED if name == "get_job" else pb.ListJobsReply(jobs=[PENDING, FINISHED])
 
-    monkeypatch.setattr(rpc, "call", call)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
     return calls
 
 
@@ -183,7 +185,8 @@ def test_the_states_and_limits_in_the_help_are_the_control_planes() -> None:
 def test_a_container_runtime_is_its_image_and_argv() -> None:
     """A container job's runtime reads ``{"kind": "container", "image": ..., "argv": [...]}``."""
     from ops.cli.render import runtime_json, runtime_text
+    from runtime.wire_jobs import job_spec_from_pb
 
-    spec = pb.JobSpec(container=pb.ContainerRuntime(image="app:1", argv=["echo", "a b"]))
+    spec = job_spec_from_pb(pb.JobSpec(container=pb.ContainerRuntime(image="app:1", argv=["echo", "a b"])))
     assert runtime_json(spec) == {"kind": "container", "image": "app:1", "argv": ["echo", "a b"]}
     assert runtime_text(spec) == "container app:1 -- echo 'a b'"

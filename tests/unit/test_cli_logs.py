@@ -1,9 +1,11 @@
 """`stockade logs`: the bytes as they come on stdout, notices on stderr, waiting for a job that
-has not started when following, and what each refusal exits with; the limits it states."""
+has not started when following, and what each refusal exits with; the limits it states. The
+command goes through the Python client; the tests script its replicas' streams
+(``ControlPlaneClient._stream_attempt``) and reads (``_attempt``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,26 +15,24 @@ from typer.testing import CliRunner
 
 from actors import validation
 from agent import logs as agent_logs
-from ops import rpc
 from ops.cli import app
 from ops.cli import logs as cli_logs
+from ops.config import INSECURE_ENV
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.errors import (
     ConnectionRefused,
     FailedPrecondition,
     InvalidArgument,
-    NoControlPlaneReachable,
     NotFound,
     PeerUnavailable,
     StockadeError,
 )
 
-WHERE = ["--control-planes", "127.0.0.1:1"]
 
-
-class ScriptedClient:
-    """Answers ReadJobLogs with scripted streams (a list of chunks, or an error to raise), one
-    per call, and GetJob with a job in ``state``."""
+class ScriptedReplicas:
+    """Answers ReadJobLogs with scripted streams (a list of chunks, or an error raised before
+    any chunk), one per replica asked, and GetJob with a job in ``state``."""
 
     def __init__(self, *streams: list[pb.LogChunk] | StockadeError, state: str = "pending") -> None:
         self.streams = list(streams)
@@ -40,7 +40,9 @@ class ScriptedClient:
         self.requests: list[pb.ReadJobLogsRequest] = []
 
     @asynccontextmanager
-    async def stream(self, rpc_name: str, request: Any, **options: Any) -> AsyncIterator[AsyncIterator[Any]]:
+    async def stream(
+        self, index: int, rpc_name: str, request: Any, **limits: Any
+    ) -> AsyncIterator[AsyncIterator[Any]]:
         assert rpc_name == "read_job_logs"
         self.requests.append(request)
         scripted = self.streams.pop(0)
@@ -54,28 +56,20 @@ class ScriptedClient:
 
         yield chunks()
 
-    async def call(self, rpc_name: str, request: Any) -> Any:
+    async def call(self, index: int, rpc_name: str, request: Any, **options: Any) -> Any:
         assert rpc_name == "get_job"
         return pb.JobInfo(job_id=request.job_id, state=self.state)
 
 
-def scripted(monkeypatch: pytest.MonkeyPatch, client: ScriptedClient) -> None:
-    def with_client(addresses: list[str], body: Callable[[Any], Any], **options: Any) -> Any:
-        return trio.run(body, client)
-
-    monkeypatch.setattr(rpc, "with_client", with_client)
+def scripted(monkeypatch: pytest.MonkeyPatch, replicas: ScriptedReplicas) -> None:
+    monkeypatch.setattr(ControlPlaneClient, "_stream_attempt", replicas.stream)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replicas.call)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replicas need no certificate
     monkeypatch.setattr(cli_logs, "START_POLL_S", 0.0)
 
 
-def refusing(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
-    def with_client(*args: Any, **options: Any) -> Any:
-        raise error
-
-    monkeypatch.setattr(rpc, "with_client", with_client)
-
-
-def invoke(*args: str) -> Any:
-    return CliRunner().invoke(app, ["logs", *args, *WHERE])
+def invoke(*args: str, control_planes: str = "127.0.0.1:1") -> Any:
+    return CliRunner().invoke(app, ["logs", *args, "--control-planes", control_planes])
 
 
 def test_the_output_is_written_as_it_came_and_a_drop_is_told_on_stderr(
@@ -83,19 +77,19 @@ def test_the_output_is_written_as_it_came_and_a_drop_is_told_on_stderr(
 ) -> None:
     """Chunks are written to stdout byte for byte (not split at lines); a chunk after dropped
     bytes comes with a notice on stderr saying how much and by which worker."""
-    client = ScriptedClient(
+    replicas = ScriptedReplicas(
         [
             pb.LogChunk(data=b"", worker_id="w-2"),
             pb.LogChunk(data=b"abc", dropped_bytes=2 * 2**20, worker_id="w-2"),
             pb.LogChunk(data=b"\xffdef\n", job_ended=True, worker_id="w-2"),
         ]
     )
-    scripted(monkeypatch, client)
+    scripted(monkeypatch, replicas)
     result = invoke("7", "--tail", "3")
     assert result.exit_code == 0, result.output
     assert result.stdout_bytes == b"abc\xffdef\n"
     assert "2.0 MiB (2,097,152 bytes) of job 7's stdout not kept by worker w-2" in result.stderr
-    request = client.requests[0]
+    request = replicas.requests[0]
     assert (request.job_id, request.stream, request.has_tail, request.tail_lines, request.follow) == (
         7,
         "stdout",
@@ -105,30 +99,33 @@ def test_the_output_is_written_as_it_came_and_a_drop_is_told_on_stderr(
     )
 
 
-def test_stderr_and_follow_are_asked_for() -> None:
+def test_stderr_and_follow_are_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """--stderr and --follow go into the request; no --tail reads from the start."""
-    request = cli_logs.read_request(7, "stderr", follow=True, tail=None)
+    replicas = ScriptedReplicas([pb.LogChunk(data=b"x", job_ended=True)])
+    scripted(monkeypatch, replicas)
+    assert invoke("7", "--stderr", "--follow").exit_code == 0
+    (request,) = replicas.requests
     assert (request.stream, request.follow, request.has_tail) == ("stderr", True, False)
 
 
 def test_following_a_job_that_has_not_started_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """--follow on a pending job says once that it waits, asks again, and streams once it runs."""
-    client = ScriptedClient(
+    replicas = ScriptedReplicas(
         FailedPrecondition("job 7 has not started yet: it is pending"),
         FailedPrecondition("job 7 has not started yet: it is pending"),
         [pb.LogChunk(data=b"hello\n", job_ended=True, worker_id="w-1")],
     )
-    scripted(monkeypatch, client)
+    scripted(monkeypatch, replicas)
     result = invoke("7", "--follow")
     assert result.exit_code == 0, result.output
     assert result.stdout_bytes == b"hello\n"
     assert result.stderr.count("has not started yet: pending; waiting for it") == 1
-    assert len(client.requests) == 3
+    assert len(replicas.requests) == 3
 
 
 def test_without_follow_a_job_that_has_not_started_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --follow, a job that has not started: its state in one line, exit status 1."""
-    scripted(monkeypatch, ScriptedClient(FailedPrecondition("job 7 has not started yet: it is pending")))
+    scripted(monkeypatch, ScriptedReplicas(FailedPrecondition("job 7 has not started yet: it is pending")))
     result = invoke("7")
     assert result.exit_code == 1
     assert "error: job 7 has not started yet: it is pending" in result.stderr
@@ -137,7 +134,7 @@ def test_without_follow_a_job_that_has_not_started_exits_1(monkeypatch: pytest.M
 def test_following_a_job_that_ended_unstarted_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """--follow on a job that ended without ever starting exits 1 at once."""
     said = "job 7 never started on a worker: it ended cancelled; it has no output"
-    scripted(monkeypatch, ScriptedClient(FailedPrecondition(said), state="cancelled"))
+    scripted(monkeypatch, ScriptedReplicas(FailedPrecondition(said), state="cancelled"))
     result = invoke("7", "--follow")
     assert result.exit_code == 1
     assert said in result.stderr
@@ -152,9 +149,9 @@ def test_following_a_job_that_ended_unstarted_does_not_wait(monkeypatch: pytest.
         ),
     ],
 )
-def test_an_unknown_job_or_a_sleep_job_exits_2(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+def test_an_unknown_job_or_a_sleep_job_exits_2(monkeypatch: pytest.MonkeyPatch, error: StockadeError) -> None:
     """An unknown job, or a sleep job: the reason in one line, exit status 2."""
-    refusing(monkeypatch, error)
+    scripted(monkeypatch, ScriptedReplicas(error))
     result = invoke("7")
     assert result.exit_code == 2
     assert f"error: {error}" in result.stderr
@@ -165,10 +162,8 @@ def test_a_worker_out_of_reach_is_named_once_exit_1(monkeypatch: pytest.MonkeyPa
     control plane answered"), exit status 1."""
     said = "worker w-2 at 127.0.0.2:7302 is unreachable (refused): the output of job 7 is kept there only"
     failures = [PeerUnavailable(f"127.0.0.1:{p}: UNAVAILABLE: {said}", detail=said) for p in (1, 2)]
-    refusing(
-        monkeypatch, NoControlPlaneReachable("no control plane answered", addresses=[], failures=failures)
-    )
-    result = invoke("7")
+    scripted(monkeypatch, ScriptedReplicas(*failures))
+    result = invoke("7", control_planes="127.0.0.1:1,127.0.0.1:2")
     assert result.exit_code == 1
     assert f"error: {said} (asked 2 control planes)" in result.stderr
     assert "no control plane answered" not in result.stderr
@@ -176,11 +171,7 @@ def test_a_worker_out_of_reach_is_named_once_exit_1(monkeypatch: pytest.MonkeyPa
 
 def test_a_cluster_that_does_not_answer_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replicas that could not be reached at all: the usual message, exit status 1."""
-    failures = [ConnectionRefused("127.0.0.1:1 refused the connection")]
-    refusing(
-        monkeypatch,
-        NoControlPlaneReachable("no control plane answered", addresses=["127.0.0.1:1"], failures=failures),
-    )
+    scripted(monkeypatch, ScriptedReplicas(ConnectionRefused("127.0.0.1:1 refused the connection")))
     result = invoke("7")
     assert result.exit_code == 1
     assert "no control plane answered at 127.0.0.1:1: connection refused" in result.stderr

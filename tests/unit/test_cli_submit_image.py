@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from ops.cli import app
 from ops.cli import jobs as cli_jobs
 from protocol import pb
+from runtime.jobs import JobSpec
+from runtime.wire_jobs import job_spec_to_pb
 
 NOWHERE = "127.0.0.1:1"
 
@@ -20,8 +22,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[pb.JobSpec]:
     """The specs `submit` sends, answered with job id 5 (no cluster is called)."""
     specs: list[pb.JobSpec] = []
 
-    def fake_submit(addresses: list[str], messages: list[pb.JobSpec], **_: Any) -> list[int]:
-        specs.extend(messages)
+    def fake_submit(addresses: list[str], sent: list[JobSpec], **_: Any) -> list[int]:
+        specs.extend(job_spec_to_pb(spec) for spec in sent)
         return [5]
 
     monkeypatch.setattr(cli_jobs, "_submit", fake_submit)

@@ -12,8 +12,8 @@ from ops.cli import app
 from ops.cli import jobs as cli_jobs
 from protocol import pb
 from runtime.constraints import Constraint
-from runtime.jobs import ArrayRange
-from runtime.wire_jobs import job_spec_from_pb
+from runtime.jobs import ArrayRange, JobSpec
+from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
 
 NOWHERE = "127.0.0.1:1"
 BASE = ["submit", "--cpu-millis", "100", "--memory-mb", "64", "--control-planes", NOWHERE]
@@ -24,8 +24,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[pb.JobSpec]:
     """The specs `submit` sends, answered with job id 5 (no cluster is called)."""
     specs: list[pb.JobSpec] = []
 
-    def fake_submit(addresses: list[str], messages: list[pb.JobSpec], **_: Any) -> list[int]:
-        specs.extend(messages)
+    def fake_submit(addresses: list[str], sent: list[JobSpec], **_: Any) -> list[int]:
+        specs.extend(job_spec_to_pb(spec) for spec in sent)
         return [5]
 
     monkeypatch.setattr(cli_jobs, "_submit", fake_submit)

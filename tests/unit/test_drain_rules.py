@@ -20,10 +20,10 @@ from actors.ingest_replies import schedule_of
 from actors.messages import WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom
 from actors.placer import LiveWorker, not_counting_cordoned, plan_round
-from ops import rpc
 from ops.cli import EXIT_INVALID, app
 from ops.cli.workers import schedule_line
 from ops.config import INSECURE_ENV
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 from runtime.settings import PlacerSettings
 
@@ -202,7 +202,7 @@ def test_stockade_drain_refuses_a_bad_deadline_before_sending_anything(
     def no_call(*args: object, **kwargs: object) -> object:
         raise AssertionError("the cluster was called")
 
-    monkeypatch.setattr(rpc, "with_client", no_call)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", no_call)
     result = CliRunner().invoke(
         app, ["drain", "w-1", "--deadline-s", deadline, "--control-planes", "127.0.0.1:1"]
     )
@@ -219,7 +219,7 @@ def test_stockade_cordon_refuses_a_malformed_worker_id_before_sending_anything(
     def no_call(*args: object, **kwargs: object) -> object:
         raise AssertionError("the cluster was called")
 
-    monkeypatch.setattr(rpc, "call", no_call)
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", no_call)
     result = CliRunner().invoke(app, ["cordon", "w 1", "--control-planes", "127.0.0.1:1"])
     assert result.exit_code == EXIT_INVALID
     assert result.output.startswith("error: worker_id ")

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops import jobfile, rpc
+from ops import jobfile
 from ops.cli import app
 from ops.cli import jobs as cli_jobs
+from ops.config import INSECURE_ENV
 from ops.jobfile import MAX_JOB_FILE_BYTES, JobFileError, read_job_file
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.constraints import parse_constraint
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
 from runtime.wire_jobs import job_spec_from_pb, job_spec_to_pb
@@ -313,9 +315,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[list[pb.JobSpec]]:
     """Each `_submit` call's specs, answered with ids from 40 (no cluster is called)."""
     made: list[list[pb.JobSpec]] = []
 
-    def fake_submit(addresses: list[str], messages: list[pb.JobSpec], **_: Any) -> list[int]:
-        made.append(list(messages))
-        return list(range(40, 40 + len(messages)))
+    def fake_submit(addresses: list[str], specs: list[JobSpec], **_: Any) -> list[int]:
+        made.append([job_spec_to_pb(spec) for spec in specs])
+        return list(range(40, 40 + len(specs)))
 
     monkeypatch.setattr(cli_jobs, "_submit", fake_submit)
     return made
@@ -376,7 +378,12 @@ def test_job_json_runs_again_as_the_same_spec(
             )
         ],
     )
-    monkeypatch.setattr(rpc, "call", lambda *a, **k: info)
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")  # the scripted replica needs no certificate
     exported = CliRunner().invoke(app, ["job", "9", "--json", "--control-planes", NOWHERE])
     assert exported.exit_code == 0, exported.output
     assert json.loads(exported.output)["status"]["attempt_history"][0]["end_reason"] == "timeout"

@@ -1,0 +1,219 @@
+"""The client for asyncio programs: :class:`AsyncioClient`, the calls of
+:class:`ops.client.Client` (written once, in trio) run for an asyncio program.
+
+The calls run in a trio guest run on the program's own event loop (:mod:`runtime.aio.guest`,
+trio's guest mode): grpclib runs on that loop as it would in any asyncio program, nothing
+opens a second loop or a thread per call, and the program's event loop policy is left alone
+(``trio_asyncio`` is never imported). On a loop of trio-asyncio's (a program that imported it
+before ``asyncio.run``), which runs inside trio already, they cross with that loop's own
+``trio_as_future``. Arguments, results and errors are those of :class:`Client`; a cancel of the
+awaiting task (``asyncio.timeout``, ``task.cancel()``) cancels the call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from ops.client.core import ChunkStream, Client, LogStream
+from ops.client.results import CancelOutcome, ClusterStatus, Job, LogChunk, WorkerSchedule
+from ops.client.settings import ClientSettings
+from runtime.aio.guest import TrioPortal, open_portal
+from runtime.jobs import JobSpec
+
+
+class AsyncioClient:
+    """A client of one Stockade cluster, for asyncio programs; open it with :meth:`open`.
+
+    Every method is a coroutine (but :meth:`logs`, which returns an async iterator) and may be
+    awaited from several tasks at once. Use it on the loop that opened it.
+    """
+
+    def __init__(self, portal: TrioPortal, client: Client) -> None:
+        self._portal = portal
+        self._client = client
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: ClientSettings | None = None) -> AsyncIterator[AsyncioClient]:
+        """``async with AsyncioClient.open() as client:`` a client, closed at the end of the
+        block (its calls still running are cancelled).
+
+        Args:
+            settings: where the cluster is and what to present; None:
+                :meth:`ClientSettings.find` (as ``stockade``'s commands find them).
+
+        Raises:
+            ops.config.ClusterError, InvalidArgument, runtime.tls.TlsFilesInvalid,
+                runtime.tls.KeyFileExposed: as :meth:`Client.open`.
+            RuntimeError: this thread runs trio already (a trio program: use :class:`Client`).
+        """
+        client = Client(ClientSettings.find() if settings is None else settings)
+        try:
+            async with open_portal() as portal:
+                yield cls(portal, client)
+        finally:
+            client.close()  # the connections live on this loop: closed from it
+
+    @property
+    def settings(self) -> ClientSettings:
+        """The settings it was opened with."""
+        return self._client.settings
+
+    @property
+    def last_answered(self) -> str:
+        """The ``host:port`` of the control plane that answered last (asked first next)."""
+        return self._client.last_answered
+
+    async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> int:
+        """Submit one job (or an array); return its id. As :meth:`Client.submit`.
+
+        Raises:
+            InvalidArgument, IdempotencyConflict, NoControlPlaneReachable, ClusterBusy,
+                PermissionDenied: as :meth:`Client.submit`.
+        """
+        return await self._portal.run(
+            functools.partial(self._client.submit, spec, idempotency_key=idempotency_key)
+        )
+
+    async def submit_many(
+        self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None
+    ) -> tuple[int, ...]:
+        """Submit up to 10,000 jobs in one call, all or none; return their ids in order. As
+        :meth:`Client.submit_many`.
+
+        Raises:
+            the errors of :meth:`Client.submit_many`.
+        """
+        return await self._portal.run(
+            functools.partial(self._client.submit_many, specs, idempotency_key=idempotency_key)
+        )
+
+    async def get(self, job_id: int) -> Job:
+        """The job ``job_id`` now. As :meth:`Client.get`.
+
+        Raises:
+            InvalidArgument, JobNotFound, NoControlPlaneReachable, ClusterBusy,
+                PermissionDenied: as :meth:`Client.get`.
+        """
+        return await self._portal.run(self._client.get, job_id)
+
+    async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
+        """Wait until the job has ended and return it (reads at 0.1 s doubling to 2 s apart).
+        As :meth:`Client.wait`; ``asyncio.timeout`` around it works too.
+
+        Raises:
+            InvalidArgument, JobNotFound, WaitTimedOut, NoControlPlaneReachable, ClusterBusy,
+                PermissionDenied: as :meth:`Client.wait`.
+        """
+        return await self._portal.run(functools.partial(self._client.wait, job_id, timeout_s=timeout_s))
+
+    async def cancel(
+        self, job_id: int, *, only_this_task: bool = False, idempotency_key: str | None = None
+    ) -> CancelOutcome:
+        """Cancel a job (or every task of an array). As :meth:`Client.cancel`.
+
+        Raises:
+            the errors of :meth:`Client.cancel`.
+        """
+        return await self._portal.run(
+            functools.partial(
+                self._client.cancel, job_id, only_this_task=only_this_task, idempotency_key=idempotency_key
+            )
+        )
+
+    async def list(self, *, state: str | None = None, limit: int = 100) -> tuple[Job, ...]:
+        """The newest jobs, newest first (at most ``limit``, 0: 100). As :meth:`Client.list`.
+
+        Raises:
+            the errors of :meth:`Client.list`.
+        """
+        return await self._portal.run(functools.partial(self._client.list, state=state, limit=limit))
+
+    async def status(self) -> ClusterStatus:
+        """The cluster at a glance. As :meth:`Client.status`.
+
+        Raises:
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`Client.status`.
+        """
+        return await self._portal.run(self._client.status)
+
+    def logs(
+        self,
+        job_id: int,
+        *,
+        stream: str = "stdout",
+        follow: bool = False,
+        tail_lines: int | None = None,
+        tail_max_bytes: int | None = None,
+    ) -> AsyncioLogStream:
+        """A job's output as an async iterator of :class:`LogChunk`. As :meth:`Client.logs`
+        (``async for chunk in client.logs(7)``, or ``async with client.logs(7) as chunks``).
+
+        Raises:
+            InvalidArgument: a bad argument, at once; the iterator raises what
+                :meth:`Client.logs` lists.
+        """
+        return AsyncioLogStream(
+            self._portal,
+            self._client.logs(
+                job_id, stream=stream, follow=follow, tail_lines=tail_lines, tail_max_bytes=tail_max_bytes
+            ),
+        )
+
+    async def cordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
+        """Cordon a worker. As :meth:`Client.cordon`.
+
+        Raises:
+            the errors of :meth:`Client.cordon`.
+        """
+        return await self._portal.run(
+            functools.partial(self._client.cordon, worker_id, idempotency_key=idempotency_key)
+        )
+
+    async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
+        """Uncordon a worker. As :meth:`Client.uncordon`.
+
+        Raises:
+            the errors of :meth:`Client.cordon`.
+        """
+        return await self._portal.run(
+            functools.partial(self._client.uncordon, worker_id, idempotency_key=idempotency_key)
+        )
+
+    async def drain(
+        self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
+    ) -> WorkerSchedule:
+        """Drain a worker (its jobs stopped and placed elsewhere after ``deadline_s`` seconds,
+        None: never). As :meth:`Client.drain`.
+
+        Raises:
+            the errors of :meth:`Client.drain`.
+        """
+        return await self._portal.run(
+            functools.partial(
+                self._client.drain, worker_id, deadline_s=deadline_s, idempotency_key=idempotency_key
+            )
+        )
+
+
+class AsyncioLogStream(ChunkStream):
+    """A job's output for asyncio (:meth:`AsyncioClient.logs`): an async iterator of
+    :class:`LogChunk` over a :class:`ops.client.core.LogStream` read through the portal."""
+
+    def __init__(self, portal: TrioPortal, stream: LogStream) -> None:
+        self._portal = portal
+        self._stream = stream
+
+    async def next(self) -> LogChunk | None:
+        """The next chunk, or None at the end (see :meth:`ops.client.core.LogStream.next`).
+
+        Raises:
+            the errors :meth:`Client.logs` lists.
+        """
+        return await self._portal.run(self._stream.next)
+
+    async def aclose(self) -> None:
+        """End the stream, if it is open (idempotent)."""
+        await self._portal.run(self._stream.aclose)

@@ -1,0 +1,632 @@
+"""The client's calls, written once in trio: :class:`Client` (the trio face) and
+:class:`LogStream`; :class:`ops.client.AsyncioClient` runs these same calls for asyncio
+programs.
+
+Every call goes through :class:`runtime.client.ControlPlaneClient`: the replica that answered
+last is asked first, an unreachable or busy one is passed over at once, reads are hedged (a
+replica slow past ``timeout_s`` is not given up on, the next one is asked too), writes are
+sent to one replica at a time, and while every replica answers busy the call backs off (capped
+exponential, full jitter) and asks again for up to ``busy_retry_s``. When no replica answers,
+one :class:`runtime.errors.NoControlPlaneReachable` names every address and how each failed.
+
+Every mutating call (``submit``, ``submit_many``, ``cancel``, ``cordon``, ``uncordon``,
+``drain``) carries an idempotency key, drawn once per call (a random UUID) and sent on every
+retry of it, to whichever replica: a replica that stored the call and failed to answer is not
+made to carry it out twice, the next one answers with what was stored. A caller that must
+survive its own restart passes its own key (the same key again returns the first answer; the
+same key with another request is refused with :class:`runtime.errors.IdempotencyConflict`).
+
+Input is checked before anything is sent, with the control plane's own rules, and refused
+with :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Self
+
+import trio
+
+from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
+from ops.client.results import (
+    CancelOutcome,
+    ClusterStatus,
+    Job,
+    LogChunk,
+    WorkerSchedule,
+    cancel_from_pb,
+    chunk_from_pb,
+    job_from_pb,
+    schedule_from_pb,
+    status_from_pb,
+)
+from ops.client.settings import ClientSettings
+from runtime.backoff import FullJitterBackoff
+from runtime.client import ControlPlaneClient, new_idempotency_key
+from runtime.errors import ClusterBusy, InvalidArgument, NoControlPlaneReachable, NotFound
+from runtime.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from protocol import pb
+
+
+SUBMIT_S_PER_JOB = 0.001
+"""Added to a batch submission's deadline per job, in seconds (10 s more for 10,000 jobs):
+decoding, checking and storing a batch takes about 0.2 ms a job on a loaded 2-core machine, so
+a fixed deadline would time a full batch out."""
+
+WAIT_POLL = FullJitterBackoff(base_s=0.1, cap_s=2.0)
+"""The waits between two reads of a job in :meth:`Client.wait`: its ceilings, 0.1 s doubling
+to 2 s at most (0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, ... s; no jitter: a read is no retry, and a
+job that ends is seen within 2 s)."""
+WAIT_UNREACHABLE_S = 30.0
+"""How long :meth:`Client.wait` goes on reading while no control plane answers (a restart of
+the whole cluster), in seconds, before it raises the last error."""
+
+LOG_STREAMS = ("stdout", "stderr")
+"""The outputs of a job :meth:`Client.logs` reads."""
+LOG_OPEN_S = 10.0
+"""How long a control plane may take to send the first chunk of a job's output, in seconds,
+before :meth:`Client.logs` asks the next one: it looks the job up and reaches its worker within
+its own ``log_open_timeout_s`` (5 s), and the worker sends a first chunk at once (its data
+possibly empty), following or not."""
+LOG_IDLE_S = 30.0
+"""The longest silence of an open output stream, in seconds: a control plane sends a keep-alive
+chunk every 5 s while following, and ends the stream itself after 20 s without word from the
+worker."""
+MAX_TAIL_BYTES = 2**64 - 1
+"""The most ``tail_max_bytes`` may be (the wire's uint64)."""
+
+
+def _check_key(key: str | None) -> str:
+    """The key a mutating call sends: the caller's, checked, or a fresh random UUID.
+
+    Raises:
+        InvalidArgument: an empty key, one over 128 bytes, or one with a control character.
+    """
+    from actors import validation
+
+    return new_idempotency_key() if key is None else validation.check_idempotency_key(key)
+
+
+def _check_job_id(job_id: int, field: str = "job_id") -> int:
+    """Raises InvalidArgument unless ``job_id`` is an integer of 1..2**63-1."""
+    from actors import validation
+
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise InvalidArgument(field, job_id, "must be an integer")
+    return validation.check_job_id(job_id)
+
+
+def _is_int_in(value: object, low: int, high: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of ``low..high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_seconds(field: str, value: float | None) -> float:
+    """``value`` seconds (None: no limit, ``inf``).
+
+    Raises:
+        InvalidArgument: not a number > 0 (NaN included).
+    """
+    if value is None:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidArgument(field, value, "must be a number of seconds > 0, or None for no limit")
+    return float(value)
+
+
+class Client:
+    """A client of one Stockade cluster, for trio programs; open it with :meth:`open`.
+
+    Every method is a coroutine (but :meth:`logs`, which returns an async iterator) and may be
+    called from several tasks at once. Results are frozen attrs classes
+    (:mod:`ops.client.results`), never protobuf messages.
+
+    Args:
+        settings: where the cluster is and what to present (:meth:`ClientSettings.find`).
+
+    Raises:
+        InvalidArgument: no address, or one that is not ``host:port``.
+        runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a certificate file is
+            missing, not PEM, or its key is readable by others.
+
+    Made directly, the client needs a trio-asyncio loop around its calls
+    (:func:`runtime.aio.asyncio_bridge`) and :meth:`close` at the end: :meth:`open` does both.
+    """
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self._cp = ControlPlaneClient(
+            settings.control_planes,
+            timeout_s=settings.timeout_s,
+            busy_retry_s=settings.busy_retry_s,
+            tls=settings.tls,
+        )
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: ClientSettings | None = None) -> AsyncIterator[Client]:
+        """``async with Client.open() as client:`` a client, closed at the end of the block.
+
+        Opens the trio-asyncio loop that grpclib needs (:func:`runtime.aio.asyncio_bridge`)
+        when the calling task has none, so a trio program need not; one that has one already
+        (a Stockade process) shares it. Call the client from the task that opened it or from
+        tasks started inside the block (they inherit the loop). An error raised in the block
+        comes out as itself, not inside an exception group.
+
+        Args:
+            settings: where the cluster is and what to present; None:
+                :meth:`ClientSettings.find` (as ``stockade``'s commands find them).
+
+        Raises:
+            ops.config.ClusterError: ``settings`` is None and no control plane is named
+                anywhere (or the config cannot be read).
+            InvalidArgument, runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: as
+                :class:`Client`.
+        """
+        from runtime.aio import asyncio_bridge, asyncio_bridge_open
+
+        client = cls(ClientSettings.find() if settings is None else settings)
+        failed: Exception | None = None
+        async with contextlib.nullcontext() if asyncio_bridge_open() else asyncio_bridge():
+            try:
+                yield client
+            except Exception as exc:
+                # Raised again below, outside the bridge's nursery: as itself, not in a group.
+                failed = exc
+            finally:
+                client.close()  # inside the bridge: closing a connection needs its loop
+        if failed is not None:
+            raise failed
+
+    def close(self) -> None:
+        """Close the connections to the control planes (idempotent)."""
+        self._cp.close()
+
+    @property
+    def last_answered(self) -> str:
+        """The ``host:port`` of the control plane that answered last (asked first next)."""
+        return self._cp.last_answered
+
+    # ------------------------------------------------------------------ jobs
+
+    async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> int:
+        """Submit one job (or, when ``spec.array`` is set, an array of tasks); return its id.
+
+        Args:
+            spec: the job (:func:`ops.client.job_spec` builds one from a job file's fields).
+            idempotency_key: this call's key, 1 to 128 bytes (default: a fresh random UUID,
+                the same on every retry of this call). The same key again, within 24 hours,
+                returns the first call's id and stores nothing; reuse it to submit the same job
+                safely after a crash of your own.
+
+        Returns:
+            the job's id; of an array, the array's (its first task's).
+
+        Raises:
+            InvalidArgument: the spec breaks a rule (:meth:`runtime.jobs.JobSpec.check`, the
+                field named as on the wire: ``cpu_millis``, ``sleep.duration_ms``) or the key
+                is bad; nothing was sent. A control plane's own refusal (``after`` naming a
+                job that does not exist) is raised as InvalidArgument too.
+            IdempotencyConflict: the key was first used for another request; nothing stored.
+            NoControlPlaneReachable: no control plane answered (the message names every
+                address and how it failed; one may have stored the job: submit again with the
+                same key to learn its id without submitting it twice).
+            ClusterBusy: every control plane stayed busy for ``busy_retry_s``; nothing stored.
+            PermissionDenied: this client's certificate may not submit (a ``viewer``).
+        """
+        from protocol import pb
+        from runtime.wire_jobs import job_spec_to_pb
+
+        checked = spec.check()
+        request = pb.SubmitJobRequest(
+            spec=job_spec_to_pb(checked), idempotency_key=_check_key(idempotency_key)
+        )
+        reply: pb.SubmitJobReply = await self._cp.call("submit_job", request)
+        return int(reply.job_id)
+
+    async def submit_many(
+        self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None
+    ) -> tuple[int, ...]:
+        """Submit up to 10,000 jobs in one call, stored all or none; return their ids in order.
+
+        Args:
+            specs: the jobs, 1 to 10,000 (no arrays: submit an array alone with
+                :meth:`submit`).
+            idempotency_key: this call's key, as in :meth:`submit`.
+
+        Returns:
+            one id per spec, in the order of ``specs``.
+
+        Raises:
+            InvalidArgument: no spec, more than 10,000, an array among them, or a spec that
+                breaks a rule (the field named with its index: ``specs[3].cpu_millis``);
+                nothing was sent.
+            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
+                :meth:`submit` (none of the jobs was stored, or all were).
+        """
+        from actors import validation
+        from protocol import pb
+        from runtime.wire_jobs import job_spec_to_pb
+
+        checked = validation.check_jobs(list(specs))
+        request = pb.SubmitJobsRequest(
+            specs=[job_spec_to_pb(spec) for spec in checked], idempotency_key=_check_key(idempotency_key)
+        )
+        reply: pb.SubmitJobsReply = await self._cp.call(
+            "submit_jobs", request, timeout_s=self.settings.timeout_s + SUBMIT_S_PER_JOB * len(checked)
+        )
+        return tuple(int(job_id) for job_id in reply.job_ids)
+
+    async def get(self, job_id: int) -> Job:
+        """The job ``job_id`` as the cluster reports it now.
+
+        Raises:
+            InvalidArgument: ``job_id`` outside 1..2**63-1; nothing was sent.
+            JobNotFound: no job has this id.
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        _check_job_id(job_id)
+        with _not_found(functools.partial(JobNotFound, job_id)):
+            reply: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=job_id))
+        return job_from_pb(reply)
+
+    async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
+        """Wait until the job ``job_id`` has ended (succeeded, failed or cancelled) and return
+        it as it ended.
+
+        Reads the job at once, then again after 0.1 s, 0.2 s, 0.4 s, ... doubling to 2 s at
+        most (:data:`WAIT_POLL`), so a job that ends is seen within 2 s of its end. While no
+        control plane answers, it keeps reading for up to :data:`WAIT_UNREACHABLE_S` (30 s),
+        then raises. For an array's id it waits for that task; the job's ``array_counts``
+        say how the other tasks stand.
+
+        Args:
+            job_id: the job.
+            timeout_s: give up after this many seconds; None: wait as long as the job runs.
+
+        Raises:
+            InvalidArgument: a bad ``job_id`` or ``timeout_s``; nothing was sent.
+            JobNotFound: no job has this id.
+            WaitTimedOut: ``timeout_s`` passed first (a :class:`TimeoutError`; its ``last``
+                is the job as last read); the job goes on.
+            NoControlPlaneReachable: no control plane answered for
+                :data:`WAIT_UNREACHABLE_S`.
+            ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        _check_job_id(job_id)
+        limit_s = _check_seconds("timeout_s", timeout_s)
+        last: Job | None = None
+        unreachable_since: float | None = None
+        reads = 0
+        # The deadline holds whatever is in progress when it passes (a slow read included).
+        with trio.move_on_after(limit_s):
+            while True:
+                try:
+                    job = await self.get(job_id)
+                except NoControlPlaneReachable as exc:
+                    # ClusterBusy has had its own backoff already; a cluster that answers no
+                    # one (restarting) is read again, for a while.
+                    now = trio.current_time()
+                    unreachable_since = now if unreachable_since is None else unreachable_since
+                    if isinstance(exc, ClusterBusy) or now - unreachable_since >= WAIT_UNREACHABLE_S:
+                        raise
+                else:
+                    if job.ended:
+                        return job
+                    last, unreachable_since = job, None
+                await trio.sleep(WAIT_POLL.ceiling_s(reads))
+                reads += 1
+        raise WaitTimedOut(job_id, limit_s, last)
+
+    async def cancel(
+        self, job_id: int, *, only_this_task: bool = False, idempotency_key: str | None = None
+    ) -> CancelOutcome:
+        """Cancel a job: at once while it is waiting or pending, through its worker once placed
+        (the outcome then says ``cancelling``: :meth:`wait` for its end). An array's id cancels
+        every task of it that has not ended.
+
+        Args:
+            job_id: the job, or an array's id.
+            only_this_task: cancel the job ``job_id`` alone even when it is an array's first
+                task (whose id is the array's).
+            idempotency_key: this call's key, as in :meth:`submit`.
+
+        Raises:
+            InvalidArgument: a bad ``job_id`` or key; nothing was sent.
+            JobNotFound: no job has this id.
+            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
+                :meth:`submit`.
+        """
+        from protocol import pb
+
+        _check_job_id(job_id)
+        request = pb.CancelJobRequest(
+            job_id=job_id, idempotency_key=_check_key(idempotency_key), only_this_task=only_this_task
+        )
+        with _not_found(functools.partial(JobNotFound, job_id)):
+            reply: pb.CancelJobReply = await self._cp.call("cancel_job", request)
+        return cancel_from_pb(job_id, reply)
+
+    async def list(self, *, state: str | None = None, limit: int = 100) -> tuple[Job, ...]:
+        """The newest jobs, newest first.
+
+        Args:
+            state: only jobs in this state (``waiting``, ``pending``, ``assigned``,
+                ``running``, ``succeeded``, ``failed``, ``cancelled``); None: every state.
+            limit: at most this many jobs, 0 to 10,000 (0: 100).
+
+        Raises:
+            InvalidArgument: an unknown state or a limit out of range; nothing was sent.
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from actors import validation
+        from protocol import pb
+
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidArgument(
+                "limit", limit, f"must be an integer between 0 and {validation.MAX_LIST_LIMIT}"
+            )
+        validation.check_list(state or "", limit)
+        reply: pb.ListJobsReply = await self._cp.call(
+            "list_jobs", pb.ListJobsRequest(state=state or "", limit=limit)
+        )
+        return tuple(job_from_pb(info) for info in reply.jobs)
+
+    async def status(self) -> ClusterStatus:
+        """The leader and its epoch, the control planes, every worker with its load, the job
+        counts by state and the jobs no worker can hold.
+
+        Raises:
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        reply: pb.StatusReply = await self._cp.call("status", pb.StatusRequest())
+        return status_from_pb(reply)
+
+    def logs(
+        self,
+        job_id: int,
+        *,
+        stream: str = "stdout",
+        follow: bool = False,
+        tail_lines: int | None = None,
+        tail_max_bytes: int | None = None,
+    ) -> LogStream:
+        """A job's output, as an async iterator of :class:`ops.client.results.LogChunk` (each
+        chunk's ``data`` is bytes, in order, as the job wrote them), read from the worker that
+        ran it (its newest run that started) through any control plane.
+
+        Use ``async for chunk in client.logs(7):``, or ``async with client.logs(7) as
+        chunks:`` to close the stream as soon as the block is left. Nothing is sent before the
+        first chunk is asked for.
+
+        Args:
+            job_id: the job.
+            stream: ``stdout`` or ``stderr``.
+            follow: keep the stream open and send what the job writes until it ends (the last
+                chunk then has ``job_ended``); False: what there is now.
+            tail_lines: begin with the last ``tail_lines`` lines, 0 to 100,000 (0: none, only
+                what comes next; the control plane's limit,
+                ``actors.validation.MAX_TAIL_LINES``); None: from the start of what the worker
+                keeps.
+            tail_max_bytes: with ``tail_lines``, begin no earlier than this many bytes before
+                the end, even if that cuts the first of those lines (bounds a tail of very long
+                lines); None: no bound.
+
+        Raises:
+            InvalidArgument: a bad ``job_id``, ``stream``, ``tail_lines`` or
+                ``tail_max_bytes``, at once; nothing was sent.
+
+        The iterator raises, when it opens the stream: JobNotFound (no job has this id),
+        FailedPrecondition (the job has not started yet, or its worker keeps no output of
+        that run any more), InvalidArgument (a sleep job, which writes no output),
+        NoControlPlaneReachable (none opened the stream; where each replica answered that the
+        job's worker is out of its reach, its ``failures`` are PeerUnavailable naming the
+        worker and its address), ClusterBusy, PermissionDenied (as :meth:`submit`). A replica
+        that sends no first chunk within :data:`LOG_OPEN_S` is passed over. Once a chunk has
+        come, a failure ends the iteration with that error (Unavailable when the control plane
+        went away or sent nothing for :data:`LOG_IDLE_S`, with a note saying how many chunks
+        had come), not a retry elsewhere, which would send the same output twice.
+        """
+        from actors import validation
+        from protocol import pb
+
+        _check_job_id(job_id)
+        if stream not in LOG_STREAMS:
+            raise InvalidArgument("stream", stream, f"must be one of {', '.join(LOG_STREAMS)}")
+        if tail_lines is not None and not _is_int_in(tail_lines, 0, validation.MAX_TAIL_LINES):
+            raise InvalidArgument(
+                "tail_lines", tail_lines, f"must be an integer between 0 and {validation.MAX_TAIL_LINES}"
+            )
+        if tail_max_bytes is not None and (
+            tail_lines is None or not _is_int_in(tail_max_bytes, 1, MAX_TAIL_BYTES)
+        ):
+            raise InvalidArgument(
+                "tail_max_bytes",
+                tail_max_bytes,
+                f"must be an integer between 1 and {MAX_TAIL_BYTES}, with tail_lines (it bounds a tail)",
+            )
+        request = pb.ReadJobLogsRequest(
+            job_id=job_id,
+            stream=stream,
+            follow=follow,
+            has_tail=tail_lines is not None,
+            tail_lines=tail_lines or 0,
+            tail_max_bytes=tail_max_bytes or 0,
+        )
+        return LogStream(self._cp, request, job_id=job_id)
+
+    # ------------------------------------------------------------------ workers
+
+    async def cordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
+        """Cordon a worker: nothing new is placed on it; its running jobs go on. The cordon
+        belongs to the worker id and outlasts its agent's restart, until :meth:`uncordon`.
+
+        Raises:
+            InvalidArgument: a bad ``worker_id`` or key; nothing was sent.
+            WorkerNotFound: no worker ever registered with this id; nothing was stored.
+            IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
+                :meth:`submit`.
+        """
+        from protocol import pb
+
+        return await self._schedule("cordon_worker", pb.CordonWorkerRequest, worker_id, idempotency_key)
+
+    async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
+        """Uncordon a worker: it takes placements again, and a drain of it ends (what the
+        drain stopped stays placed elsewhere).
+
+        Raises:
+            the errors of :meth:`cordon`.
+        """
+        from protocol import pb
+
+        return await self._schedule("uncordon_worker", pb.UncordonWorkerRequest, worker_id, idempotency_key)
+
+    async def drain(
+        self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
+    ) -> WorkerSchedule:
+        """Drain a worker: cordon it, and let its jobs end there; at ``deadline_s`` the leader
+        stops those still running and places them elsewhere, without spending an attempt. The
+        result's ``drained`` says whether it is empty already; :meth:`status` tells later.
+
+        Args:
+            worker_id: the worker.
+            deadline_s: seconds after which its remaining jobs are stopped and placed
+                elsewhere, 0 (at once) to 604,800 (a week); None: no deadline.
+            idempotency_key: this call's key, as in :meth:`submit`.
+
+        Raises:
+            InvalidArgument: a bad ``worker_id``, ``deadline_s`` or key; nothing was sent.
+            WorkerNotFound, IdempotencyConflict, NoControlPlaneReachable, ClusterBusy,
+                PermissionDenied: as :meth:`cordon`.
+        """
+        from actors import validation
+        from protocol import pb
+
+        deadline_ms = (
+            None if deadline_s is None else round(validation.check_drain_deadline_s(deadline_s) * 1000)
+        )
+
+        def request(*, worker_id: str, idempotency_key: str) -> pb.DrainWorkerRequest:
+            return pb.DrainWorkerRequest(
+                worker_id=worker_id,
+                has_deadline=deadline_ms is not None,
+                deadline_ms=deadline_ms or 0,
+                idempotency_key=idempotency_key,
+            )
+
+        return await self._schedule("drain_worker", request, worker_id, idempotency_key)
+
+    async def _schedule(
+        self, rpc: str, make_request: Callable[..., Any], worker_id: str, key: str | None
+    ) -> WorkerSchedule:
+        """One of cordon, uncordon and drain: checked, sent, its reply typed."""
+        from actors import validation
+
+        validation.check_worker_id(worker_id)
+        request = make_request(worker_id=worker_id, idempotency_key=_check_key(key))
+        with _not_found(functools.partial(WorkerNotFound, worker_id)):
+            reply = await self._cp.call(rpc, request)
+        return schedule_from_pb(reply)
+
+
+@contextlib.contextmanager
+def _not_found(error: Callable[[str], NotFound]) -> Iterator[None]:
+    """NotFound raised in the block as the typed ``error(message)``."""
+    try:
+        yield
+    except NotFound as exc:
+        if type(exc) is not NotFound:
+            raise
+        raise error(str(exc)) from exc
+
+
+class ChunkStream:
+    """What both faces' output streams share: an async iterator of :class:`LogChunk` and an
+    async context manager that closes the stream when left, over a subclass's :meth:`next`
+    and :meth:`aclose`."""
+
+    async def next(self) -> LogChunk | None:
+        """The next chunk, or None at the end."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """End the stream, if it is open (idempotent)."""
+        raise NotImplementedError
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> LogChunk:
+        chunk = await self.next()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class LogStream(ChunkStream):
+    """A job's output as it comes (:meth:`Client.logs`): an async iterator of
+    :class:`LogChunk` over :meth:`runtime.client.ControlPlaneClient.stream`, opened at the
+    first chunk asked for, closed at its end, at a failure, by :meth:`aclose`, or by leaving
+    ``async with``."""
+
+    def __init__(self, cp: ControlPlaneClient, request: pb.ReadJobLogsRequest, *, job_id: int) -> None:
+        self._cp = cp
+        self._request = request
+        self._job_id = job_id
+        self._opened = contextlib.AsyncExitStack()
+        self._chunks: AsyncIterator[pb.LogChunk] | None = None
+        """The replica's chunks, once the stream is open."""
+        self._done = False
+
+    async def next(self) -> LogChunk | None:
+        """The next chunk, or None once the output has all come (without ``follow``) or the
+        job has ended (with it).
+
+        Raises:
+            the errors :meth:`Client.logs` lists.
+        """
+        if self._done:
+            return None
+        try:
+            with _not_found(functools.partial(JobNotFound, self._job_id)):
+                if self._chunks is None:
+                    opened: AsyncIterator[pb.LogChunk] = await self._opened.enter_async_context(
+                        self._cp.stream(
+                            "read_job_logs", self._request, first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S
+                        )
+                    )
+                    self._chunks = opened
+                message = await anext(self._chunks, None)
+        except BaseException:
+            await self.aclose()
+            raise
+        if message is None:
+            await self.aclose()
+            return None
+        return chunk_from_pb(message)
+
+    async def aclose(self) -> None:
+        """End the stream, if it is open (idempotent; the control plane's handler is
+        cancelled)."""
+        self._done = True
+        await self._opened.aclose()
+
+
+__all__ = ["LOG_IDLE_S", "LOG_OPEN_S", "SUBMIT_S_PER_JOB", "WAIT_POLL", "ChunkStream", "Client", "LogStream"]

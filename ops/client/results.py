@@ -1,0 +1,362 @@
+"""What the client's calls return: frozen attrs classes, built here from the control planes'
+replies, so protobuf types stop at the client.
+
+A value the wire sends as zero or empty for "none" (no worker yet, no exit code, a time not
+reached) is None here; ids are ints, times Unix seconds as floats (``*_unix_s``), durations
+seconds (``*_s``), CPU millicores (``cpu_millis``) and memory MiB (``memory_mb``). Pairs that a
+reply sends as a list or a map (counts by state, labels) are tuples of pairs, in the reply's
+order (labels sorted by key), so every result is immutable and compares by value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from runtime.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from protocol import pb
+
+ENDED_STATES = ("succeeded", "failed", "cancelled")
+"""The states a job ends in (it never leaves them)."""
+OPEN_STATES = ("waiting", "pending", "assigned", "running")
+"""The states of a job that has not ended."""
+
+
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(item) for item in value)
+
+
+@attrs.frozen(kw_only=True)
+class Attempt:
+    """One run of a job: an assignment, from its placement to its end."""
+
+    assignment_id: int
+    """The assignment's id."""
+    worker_id: str | None
+    """The worker it was placed on."""
+    epoch: int
+    """The epoch of the leader that placed it."""
+    state: str
+    """``active``, ``finished``, ``cancelled``, ``lost`` or ``stopped``."""
+    end_reason: str | None
+    """Why it ended (``succeeded``, ``failed``, ``worker_dead``, ``timeout``, ``cancelled``,
+    ``drained``, ...); None while it is active."""
+    exit_code: int | None
+    """The exit code of its process, when it had one."""
+    created_unix_s: float | None
+    """When it was placed, Unix seconds."""
+    ended_unix_s: float | None
+    """When it ended, Unix seconds; None while it is active."""
+    detail: str | None
+    """What the worker said of its end (``exit code 1``, ``oom_killed: ...``)."""
+    counted: bool
+    """Whether it spent one of the job's ``max_attempts``."""
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    """A job as the cluster reports it (``Client.get``, ``Client.list``, ``Client.wait``)."""
+
+    job_id: int
+    """Its id (for an array's first task, also the array's id)."""
+    spec: JobSpec | None
+    """What was submitted (:class:`runtime.jobs.JobSpec`); None in a reply that left it out."""
+    state: str
+    """``waiting``, ``pending``, ``assigned``, ``running``, ``succeeded``, ``failed`` or
+    ``cancelled``."""
+    reason: str | None
+    """Why it is in that state (``unschedulable: ...``, ``timeout: ...``,
+    ``dependency_failed: job 12``), when the cluster says."""
+    worker_id: str | None
+    """The worker of its latest assignment."""
+    assignment_id: int | None
+    """Its latest assignment's id."""
+    epoch: int | None
+    """The epoch of the leader that made its latest assignment."""
+    exit_code: int | None
+    """The exit code of its last run, when it had one."""
+    submitted_unix_s: float | None
+    """When it was stored, Unix seconds (database time)."""
+    started_unix_s: float | None
+    """When its latest run started."""
+    finished_unix_s: float | None
+    """When it ended."""
+    not_before_unix_s: float | None
+    """A pending job waiting for its retry backoff is not placed before this time."""
+    attempts: int
+    """How many times it was placed."""
+    failures: int
+    """Runs spent on ``max_attempts``: failures, and losses when ``count_lost``."""
+    array_id: int | None
+    """The array it is a task of."""
+    array_index: int | None
+    """Its index in its array (``STOCKADE_ARRAY_INDEX``)."""
+    array_counts: tuple[tuple[str, int], ...]
+    """Of a task of an array: how many of the array's tasks are in each state (state, count)."""
+    attempt_history: tuple[Attempt, ...]
+    """Every run so far, oldest first."""
+    stdout_path: str | None
+    """Its standard output's file on the worker's machine."""
+    stderr_path: str | None
+    """Its standard error's file on the worker's machine."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether it has ended (:data:`ENDED_STATES`): it will not run again."""
+        return self.state in ENDED_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether it ended with success (exit code 0, or a sleep that ran its time)."""
+        return self.state == "succeeded"
+
+    def array_count(self, state: str) -> int:
+        """How many tasks of its array are in ``state`` (0 when it is no task of an array)."""
+        return sum(count for name, count in self.array_counts if name == state)
+
+
+@attrs.frozen(kw_only=True)
+class CancelOutcome:
+    """What a cancel came to when it was recorded (``Client.cancel``)."""
+
+    job_id: int
+    """The job (or array) named."""
+    state: str
+    """``cancelled`` when it was still pending or waiting; ``cancelling`` when the leader stops
+    it on its worker. Of an array: ``cancelling`` when any task is stopped on its worker, else
+    ``cancelled`` when any task was cancelled, else the state its tasks had ended in."""
+    tasks: int
+    """Of an array: how many of its tasks the cancel cancelled or is cancelling; 0 for a job."""
+
+
+@attrs.frozen(kw_only=True)
+class ControlPlane:
+    """One control-plane replica as the cluster sees it."""
+
+    id: str
+    """Its id (``cp-1``)."""
+    address: str
+    """Its ``host:port``."""
+    role: str
+    """``leader``, ``standby`` or ``down``."""
+    seen_unix_s: float | None
+    """When it last said it was alive."""
+
+
+@attrs.frozen(kw_only=True)
+class Worker:
+    """One worker as the cluster sees it."""
+
+    id: str
+    """Its id (``w-1``)."""
+    address: str
+    """The ``host:port`` of its Worker service."""
+    state: str
+    """``alive``, ``dead`` or ``left`` (stopped cleanly)."""
+    cpu_millis: int
+    """Its capacity, millicores."""
+    memory_mb: int
+    """Its capacity, MiB."""
+    cpu_allocated_millis: int
+    """What its active assignments reserve, millicores."""
+    memory_allocated_mb: int
+    """What its active assignments reserve, MiB."""
+    job_ids: tuple[int, ...]
+    """The jobs active on it."""
+    incarnation: int
+    """Its current registration's number."""
+    last_heartbeat_age_s: float
+    """Seconds since its last heartbeat."""
+    cordoned: bool
+    """Nothing new is placed on it (a drain cordons too)."""
+    draining: bool
+    """A drain was asked and jobs are still active on it."""
+    drained: bool
+    """A drain was asked and no job is active on it: its agent can be stopped."""
+    drain_deadline_unix_s: float | None
+    """When a draining worker's remaining jobs are stopped and placed elsewhere; None: no
+    deadline."""
+    labels: tuple[tuple[str, str], ...]
+    """Its labels (key, value), sorted by key."""
+
+
+@attrs.frozen(kw_only=True)
+class ClusterStatus:
+    """The cluster at a glance (``Client.status``)."""
+
+    leader: str | None
+    """The leading control plane's id; None while none leads."""
+    epoch: int
+    """The current lease epoch (0 before any leader)."""
+    answered_by: str
+    """The id of the control plane that answered."""
+    control_planes: tuple[ControlPlane, ...]
+    """Every replica."""
+    workers: tuple[Worker, ...]
+    """Every worker that ever registered."""
+    job_counts: tuple[tuple[str, int], ...]
+    """Jobs per state (state, count), every state, in the control plane's order."""
+    unschedulable: tuple[Job, ...]
+    """Pending jobs no live worker can hold, with the reason."""
+
+    def job_count(self, state: str) -> int:
+        """How many jobs are in ``state``."""
+        return sum(count for name, count in self.job_counts if name == state)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerSchedule:
+    """A worker's schedule after a cordon, uncordon or drain (``Client.cordon``, ...)."""
+
+    worker_id: str
+    """The worker."""
+    cordoned: bool
+    """Nothing new is placed on it."""
+    draining: bool
+    """A drain was asked and jobs are still active on it."""
+    drained: bool
+    """A drain was asked and no job is active on it."""
+    drain_deadline_unix_s: float | None
+    """When its remaining jobs are stopped and placed elsewhere; None: no deadline."""
+    job_ids: tuple[int, ...]
+    """The jobs active on it when the request was recorded."""
+
+
+@attrs.frozen(kw_only=True)
+class LogChunk:
+    """A piece of a job's output (``Client.logs``), in order, as the job wrote it."""
+
+    data: bytes
+    """The bytes (not split at line ends)."""
+    dropped_bytes: int
+    """Bytes the worker dropped before ``data`` (the oldest part of an output over its cap, or
+    what it no longer keeps)."""
+    job_ended: bool
+    """Set on the last chunk of a stream that ended because the job ended."""
+    worker_id: str | None
+    """The worker the output comes from."""
+    assignment_id: int | None
+    """The run (assignment) the output is of."""
+
+
+# ---------------------------------------------------------------------------- from the wire
+
+
+def _none_if_zero(value: float) -> float | None:
+    return float(value) if value else None
+
+
+def attempt_from_pb(message: pb.Attempt) -> Attempt:
+    """An ``Attempt`` message as an :class:`Attempt`."""
+    return Attempt(
+        assignment_id=int(message.assignment_id),
+        worker_id=message.worker_id or None,
+        epoch=int(message.epoch),
+        state=message.state,
+        end_reason=message.end_reason or None,
+        exit_code=int(message.exit_code) if message.has_exit_code else None,
+        created_unix_s=_none_if_zero(message.created_unix_s),
+        ended_unix_s=_none_if_zero(message.ended_unix_s),
+        detail=message.detail or None,
+        counted=bool(message.counted),
+    )
+
+
+def job_from_pb(message: pb.JobInfo) -> Job:
+    """A ``JobInfo`` message as a :class:`Job` (its spec read as an agent reads one: a spec
+    with two runtimes has none, rather than failing the whole reply)."""
+    from runtime.wire_jobs import job_spec_from_pb
+
+    return Job(
+        job_id=int(message.job_id),
+        spec=None if message.spec is None else job_spec_from_pb(message.spec, strict=False),
+        state=message.state,
+        reason=message.reason or None,
+        worker_id=message.worker_id or None,
+        assignment_id=int(message.assignment_id) or None,
+        epoch=int(message.epoch) or None,
+        exit_code=int(message.exit_code) if message.has_exit_code else None,
+        submitted_unix_s=_none_if_zero(message.submitted_unix_s),
+        started_unix_s=_none_if_zero(message.started_unix_s),
+        finished_unix_s=_none_if_zero(message.finished_unix_s),
+        not_before_unix_s=_none_if_zero(message.not_before_unix_s),
+        attempts=int(message.attempts),
+        failures=int(message.failures),
+        array_id=int(message.array_id) or None,
+        array_index=int(message.array_index) if message.array_id else None,
+        array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
+        attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
+        stdout_path=message.stdout_path or None,
+        stderr_path=message.stderr_path or None,
+    )
+
+
+def worker_from_pb(message: pb.WorkerInfo) -> Worker:
+    """A ``WorkerInfo`` message as a :class:`Worker`."""
+    return Worker(
+        id=message.id,
+        address=message.address,
+        state=message.state,
+        cpu_millis=int(message.cpu_millis),
+        memory_mb=int(message.memory_mb),
+        cpu_allocated_millis=int(message.cpu_allocated_millis),
+        memory_allocated_mb=int(message.memory_allocated_mb),
+        job_ids=_ints(message.job_ids),
+        incarnation=int(message.incarnation),
+        last_heartbeat_age_s=float(message.last_heartbeat_age_s),
+        cordoned=bool(message.cordoned),
+        draining=bool(message.draining),
+        drained=bool(message.drained),
+        drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
+        labels=tuple(sorted(message.labels.items())),
+    )
+
+
+def status_from_pb(message: pb.StatusReply) -> ClusterStatus:
+    """A ``StatusReply`` as a :class:`ClusterStatus`."""
+    return ClusterStatus(
+        leader=message.leader or None,
+        epoch=int(message.epoch),
+        answered_by=message.answered_by,
+        control_planes=tuple(
+            ControlPlane(
+                id=cp.id, address=cp.address, role=cp.role, seen_unix_s=_none_if_zero(cp.seen_unix_s)
+            )
+            for cp in message.control_planes
+        ),
+        workers=tuple(worker_from_pb(w) for w in message.workers),
+        job_counts=tuple((c.state, int(c.count)) for c in message.jobs),
+        unschedulable=tuple(job_from_pb(j) for j in message.unschedulable),
+    )
+
+
+def schedule_from_pb(message: pb.WorkerScheduleReply) -> WorkerSchedule:
+    """A ``WorkerScheduleReply`` as a :class:`WorkerSchedule`."""
+    return WorkerSchedule(
+        worker_id=message.worker_id,
+        cordoned=bool(message.cordoned),
+        draining=bool(message.draining),
+        drained=bool(message.drained),
+        drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
+        job_ids=_ints(message.job_ids),
+    )
+
+
+def cancel_from_pb(job_id: int, message: pb.CancelJobReply) -> CancelOutcome:
+    """A ``CancelJobReply`` to a cancel of ``job_id`` as a :class:`CancelOutcome`."""
+    return CancelOutcome(job_id=job_id, state=message.state, tasks=int(message.tasks))
+
+
+def chunk_from_pb(message: pb.LogChunk) -> LogChunk:
+    """A ``LogChunk`` message as a :class:`LogChunk`."""
+    return LogChunk(
+        data=bytes(message.data),
+        dropped_bytes=int(message.dropped_bytes),
+        job_ended=bool(message.job_ended),
+        worker_id=message.worker_id or None,
+        assignment_id=int(message.assignment_id) or None,
+    )

@@ -1,0 +1,92 @@
+"""A job's spec from the fields of a job file, as Python values: :func:`job_spec`.
+
+The fields and their names are a job file's (:data:`ops.jobfile.FIELDS`, the options of
+``stockade submit`` with ``_``), and so are the checks and the errors: the spec is read by
+:func:`ops.jobfile.spec_of_table`, as ``stockade run`` reads each job of a file. The result is
+a :class:`runtime.jobs.JobSpec`, the one shape every layer speaks; one can also be made
+directly (its runtime a :class:`~runtime.jobs.SleepRuntime`, :class:`~runtime.jobs.CommandRuntime`
+or :class:`~runtime.jobs.ContainerRuntime`) and is checked by :meth:`JobSpec.check` when
+submitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from runtime.constraints import Constraint
+from runtime.jobs import ArrayRange, JobSpec
+
+
+def job_spec(
+    *,
+    cpu_millis: int,
+    memory_mb: int,
+    command: Sequence[str] | None = None,
+    sleep_s: float | None = None,
+    image: str | None = None,
+    name: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    retry_backoff_s: float | None = None,
+    count_lost: bool | None = None,
+    timeout_s: float | None = None,
+    constraints: Iterable[str | Constraint] = (),
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    after: Iterable[int] = (),
+    array: str | ArrayRange | None = None,
+) -> JobSpec:
+    """A checked job spec from a job file's fields (None: the field's default).
+
+    Args:
+        cpu_millis: CPU the job reserves, millicores (1000 = one core), 1 to 1,000,000.
+        memory_mb: memory it reserves, MiB, 1 to 16 TiB.
+        command: the program and its arguments (looked up on the worker's PATH); with
+            ``image``, the command run in the container (None: the image's own).
+        sleep_s: a sleep job holding its resources this long, seconds (at most a week).
+        image: run in a Docker container of this image (already on the workers).
+        name: for people; default: the command's basename, the image's name, or ``sleep``.
+        priority: higher runs first (-1,000,000 to 1,000,000; default 0).
+        max_attempts: most runs, 1 to 100 (default 1): a failed run is placed again after
+            its backoff until they are spent.
+        retry_backoff_s: the base of the backoff before a retry, 0 to 600 seconds (default 1).
+        count_lost: a run lost with its worker spends an attempt too (default False).
+        timeout_s: the longest run, 0.001 s to a week (default: no limit).
+        constraints: rules on worker labels, all of which must hold: ``"key=value"``,
+            ``"key!=value"``, ``"key"``, ``"key in (a,b)"`` (or :class:`Constraint` values).
+        env: environment variables (names without ``=`` or NUL, not ``STOCKADE_*``).
+        workdir: the working directory, an absolute path on the worker.
+        after: jobs that must all have succeeded first.
+        array: ``"FIRST-LAST[%MAX_RUNNING]"`` (or an :class:`ArrayRange`): one task per index.
+
+    Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional
+    ``command``).
+
+    Raises:
+        InvalidArgument: the first rule broken, naming the field as a job file does, the value
+            and the limit (``max_attempts must be between 1 and 100, got 0``; ``runtime must
+            be one of sleep_s, command, or image (with an optional command), got 'none'``).
+    """
+    table: dict[str, Any] = {
+        "name": name,
+        "cpu_millis": cpu_millis,
+        "memory_mb": memory_mb,
+        "priority": priority,
+        "sleep_s": sleep_s,
+        # A file's parser gives lists and tables: any sequence and mapping read as those.
+        "command": command if command is None or isinstance(command, str) else list(command),
+        "image": image,
+        "max_attempts": max_attempts,
+        "retry_backoff_s": retry_backoff_s,
+        "count_lost": count_lost,
+        "timeout_s": timeout_s,
+        "constraints": [c if isinstance(c, str) else c.describe() for c in constraints],
+        "env": None if env is None else dict(env),
+        "workdir": workdir,
+        "after": list(after),
+        "array": array.describe() if isinstance(array, ArrayRange) else array,
+    }
+    from ops.jobfile import spec_of_table
+
+    return spec_of_table(table)
