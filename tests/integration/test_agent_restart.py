@@ -1,0 +1,371 @@
+"""Restarts that keep jobs, with real processes: an agent process is killed (or exits for a
+planned restart), its command jobs run on under their reapers, and an agent process started
+again on the same work folder takes them over, or stops them before it registers anew.
+
+Each test runs ``agent.main.main`` in child processes against a scripted control plane that
+answers a registration asking to continue an incarnation as it is told (continued, or not).
+Command jobs append a wall-clock timestamp to a file every 50 ms from a grandchild process, so
+the file shows whether the job ran on, paused, or ran twice. Every process of a test works in a
+folder under the test's work folder, so psutil can tell whether any is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import pytest
+import trio
+from jobfiles import job_writable
+
+from agent.adoption import RECORD_FILE
+from agent.joblog import read_log
+from agent.reaper import read_fence_deadline
+from protocol import pb
+from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or not hasattr(os, "pidfd_open"), reason="restarts keep jobs on Linux 5.3+"
+)
+
+WORKER = "w-r"
+HEARTBEAT_S = 0.1
+FENCE_S = 1.0
+
+
+@attrs.define
+class ScriptedControlPlane:
+    """Answers registrations and heartbeats at once and records them. A registration asking to
+    continue an incarnation is continued when ``continue_incarnations`` is true (the held
+    assignments it lists stay, none is released) and refused otherwise; a new registration gets
+    a fresh incarnation. A heartbeat's restart hold is granted."""
+
+    continue_incarnations: bool = True
+    registrations: list[pb.RegisterWorkerRequest] = attrs.field(factory=list)
+    heartbeats: list[pb.HeartbeatRequest] = attrs.field(factory=list)
+    incarnation: int = 0
+    on_register: Callable[[pb.RegisterWorkerRequest], None] | None = None
+    """Called with each registration before it is answered (a test checks what runs then)."""
+
+    async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
+        self.registrations.append(request)
+        if self.on_register is not None:
+            self.on_register(request)
+        if request.resume_incarnation:
+            if self.continue_incarnations and request.resume_incarnation == self.incarnation:
+                return pb.RegisterWorkerReply(
+                    incarnation=self.incarnation, epoch=1, dead_after_ms=2500, resumed=True
+                )
+            return pb.RegisterWorkerReply(incarnation=0, epoch=1, dead_after_ms=2500, resumed=False)
+        self.incarnation += 1
+        return pb.RegisterWorkerReply(incarnation=self.incarnation, epoch=1, dead_after_ms=2500)
+
+    async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        self.heartbeats.append(request)
+        if request.incarnation != self.incarnation:
+            return pb.HeartbeatReply(epoch=1, reregister=True)
+        return pb.HeartbeatReply(epoch=1, restart_hold_granted=request.restart_hold_ms > 0)
+
+    async def submit_job(self, request: object) -> object:
+        raise NotImplementedError
+
+    get_job = list_jobs = cancel_job = status = leave_worker = submit_job
+
+    def heartbeats_of(self, incarnation: int) -> list[pb.HeartbeatRequest]:
+        return [h for h in self.heartbeats if h.incarnation == incarnation]
+
+
+@attrs.define
+class Host:
+    """The agent processes of one worker (one work folder), one after the other."""
+
+    cp: ScriptedControlPlane
+    cp_port: int
+    work_dir: Path
+    tmp_path: Path
+    processes: list[trio.Process] = attrs.field(factory=list)
+
+    @property
+    def process(self) -> trio.Process:
+        return self.processes[-1]
+
+    async def start(self, **settings: Any) -> trio.Process:
+        """Start an agent process on the work folder and wait until it heartbeats."""
+        before = len(self.cp.heartbeats)
+        options = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        script = textwrap.dedent(f"""
+            from agent.main import main
+            from runtime.settings import AgentSettings
+            main(AgentSettings(worker_id={WORKER!r}, control_planes=["127.0.0.1:{self.cp_port}"],
+                               work_dir={str(self.work_dir)!r},
+                               heartbeat_interval_s={HEARTBEAT_S}, heartbeat_timeout_s=0.3,
+                               self_fence_after_s={FENCE_S}, stop_grace_s=0.5,
+                               {options or "cpu_millis=1000, memory_mb=1000"}))
+        """)
+        stderr = (self.tmp_path / f"agent-{len(self.processes) + 1}.stderr").open("wb")
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        stderr.close()
+        self.processes.append(process)
+        await wait_for(lambda: len(self.cp.heartbeats) > before or process.poll() is not None, 30)
+        assert process.poll() is None, (self.tmp_path / f"agent-{len(self.processes)}.stderr").read_text()
+        return process
+
+    async def kill(self) -> float:
+        """SIGKILL the running agent process; returns when (wall clock)."""
+        self.process.kill()
+        killed_at = time.time()
+        await self.process.wait()
+        return killed_at
+
+    def records(self) -> list[dict[str, Any]]:
+        log = self.work_dir / "agent.jsonl"
+        return read_log(log) if log.exists() else []
+
+    def stops(self) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r["event"] == "stop"]
+
+    def deadline_unix_s(self) -> float:
+        deadlines = read_fence_deadline(self.work_dir / "fence_deadline")
+        assert deadlines is not None
+        return deadlines[0] - time.monotonic() + time.time()
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Live processes (not zombies) working under the work folder: reapers and jobs."""
+        found = []
+        inside = f"{self.work_dir}{os.sep}"
+        for proc in psutil.process_iter():
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and proc.cwd().startswith(inside):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+
+@asynccontextmanager
+async def host(tmp_path: Path, cp: ScriptedControlPlane | None = None) -> AsyncIterator[Host]:
+    """A scripted control plane and a worker's work folder; every agent process, reaper and job
+    of the test is killed on the way out."""
+    cp = cp or ScriptedControlPlane()
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        worker = Host(cp=cp, cp_port=port, work_dir=tmp_path / "work", tmp_path=tmp_path)
+        try:
+            yield worker
+        finally:
+            for process in worker.processes:
+                if process.poll() is None:
+                    process.kill()
+                    await process.wait()
+            for leftover in worker.leftovers():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    leftover.kill()
+            nursery.cancel_scope.cancel()
+
+
+async def assign(worker: Host, *jobs: tuple[int, pb.JobSpec]) -> None:
+    """Send assignments (id, spec) to the running agent (job id = 10 x assignment id)."""
+    channel = GrpcChannel(worker.cp.registrations[-1].address)
+    try:
+        reply = await channel.call(
+            channel.stub(pb.WorkerStub).assign,
+            pb.AssignRequest(
+                epoch=1,
+                worker_id=WORKER,
+                incarnation=worker.cp.incarnation,
+                assignments=[pb.Assignment(assignment_id=a, job_id=10 * a, spec=s) for a, s in jobs],
+            ),
+            timeout_s=5,
+        )
+    finally:
+        channel.close()
+    assert sorted(reply.accepted_ids) == sorted(a for a, _ in jobs), reply.refused
+
+
+def writer_job(path: Path, *, seconds: float = 60.0, cpu_millis: int = 100) -> pb.JobSpec:
+    """A command whose grandchild appends the wall-clock time to ``path`` every 50 ms for
+    ``seconds``, then the job exits 0."""
+    count = int(seconds / 0.05)
+    loop = f"i=0; while [ $i -lt {count} ]; do date +%s.%N >> {path}; sleep 0.05; i=$((i+1)); done"
+    return pb.JobSpec(
+        cpu_millis=cpu_millis, memory_mb=10, command=pb.CommandRuntime(argv=["sh", "-c", f"({loop})"])
+    )
+
+
+def stamps(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return [float(line) for line in path.read_text().split()]
+
+
+def longest_gap_s(values: list[float]) -> float:
+    return max((b - a for a, b in zip(values, values[1:], strict=False)), default=0.0)
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``predicate`` (files and /proc: nothing to wait on) until it holds."""
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.02)
+
+
+async def test_a_restarted_agent_keeps_the_command_job_its_killed_predecessor_left_running(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the agent leaves its command job running; an agent started again on the same
+    work folder within the fence time asks to continue the incarnation, holding the job, and
+    keeps it: the job writes on without a pause, runs once, and its stop line (written by the
+    new process, in the old incarnation) says it succeeded, which a heartbeat reports."""
+    out = job_writable(tmp_path) / "stamps"
+    async with host(tmp_path) as worker:
+        await worker.start()
+        await assign(worker, (1, writer_job(out, seconds=4.0)))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        await worker.kill()
+        await trio.sleep(0.2)
+        written = len(stamps(out))
+        await worker.start()
+        resume = worker.cp.registrations[-1]
+        assert (resume.resume_incarnation, list(resume.held_assignment_ids)) == (1, [1])
+        assert len(stamps(out)) > written, "the job stopped with its agent"
+        await wait_for(lambda: len(worker.stops()) == 1, 15)
+        (stop,) = worker.stops()
+        assert (stop["reason"], stop["incarnation"], stop["exit_code"]) == ("succeeded", 1, 0)
+        await wait_for(lambda: any(h.finished for h in worker.cp.heartbeats_of(1)))
+        (outcome,) = [o for h in worker.cp.heartbeats for o in h.finished]
+        assert (outcome.assignment_id, outcome.state) == (1, "succeeded")
+        written = stamps(out)
+        assert len(written) >= 70 and longest_gap_s(written) < 0.6, longest_gap_s(written)
+        assert [r["event"] for r in worker.records()].count("start") == 1
+        assert not (worker.work_dir / "jobs" / "10-1" / RECORD_FILE).exists()
+
+
+async def test_a_killed_agents_command_job_pauses_at_its_fence_deadline_and_dies_at_the_grace(
+    tmp_path: Path,
+) -> None:
+    """With no agent started again, a killed agent's command job runs on until the fence
+    deadline the agent last wrote, stops there (paused), and is gone once the outage grace has
+    passed: the reaper keeps invariant 7 for a dead agent as for a frozen one."""
+    out = job_writable(tmp_path) / "stamps"
+    async with host(tmp_path) as worker:
+        await worker.start(cpu_millis=1000, memory_mb=1000, db_outage_grace_s=2.5)
+        await assign(worker, (1, writer_job(out)))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        killed_at = await worker.kill()
+        deadline = worker.deadline_unix_s()
+        assert killed_at < deadline <= killed_at + FENCE_S + 0.1
+        await trio.sleep(max(0.0, deadline + 0.4 - time.time()))
+        last = stamps(out)[-1]
+        assert last > killed_at, "the job died with its agent"
+        assert last <= deadline + 0.3
+        await trio.sleep(0.3)
+        assert stamps(out)[-1] == last, "the job ran past its fence deadline"
+        assert worker.leftovers(), "the paused job should be held, not killed yet"
+        await wait_for(lambda: not worker.leftovers(), 5)
+        assert time.time() >= deadline - FENCE_S + 2.5 - 0.1
+
+
+async def test_a_restart_whose_incarnation_is_not_continued_stops_the_jobs_before_registering(
+    tmp_path: Path,
+) -> None:
+    """When the control plane does not continue the incarnation (the worker was declared dead
+    meanwhile), the restarted agent stops the job it found and waits until it is gone before
+    it registers a new incarnation; the stop line ends the run when it stopped doing work."""
+    out = job_writable(tmp_path) / "stamps"
+    cp = ScriptedControlPlane(continue_incarnations=False)
+    running_at_registration: list[int] = []
+    async with host(tmp_path, cp) as worker:
+        cp.on_register = lambda request: running_at_registration.append(
+            -1 if request.resume_incarnation else len(worker.leftovers())
+        )
+        await worker.start()
+        await assign(worker, (1, writer_job(out)))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        await worker.kill()
+        await worker.start()
+        assert [r.resume_incarnation for r in cp.registrations] == [0, 1, 0]
+        assert running_at_registration == [0, -1, 0], "a job of the old life ran on into the new one"
+        (stop,) = worker.stops()
+        assert stop["incarnation"] == 1 and stop["reason"] in ("restart", "self_fence")
+        last = stamps(out)[-1]
+        assert stop["time"] >= last - 0.1
+        await trio.sleep(0.3)
+        assert stamps(out)[-1] == last
+
+
+async def test_a_restart_with_less_capacity_keeps_the_oldest_jobs_that_fit(tmp_path: Path) -> None:
+    """An agent started again with less CPU keeps the jobs that fit, oldest start first, and
+    stops the others before it asks to continue: those are not held, so the control plane
+    releases them."""
+    folder = job_writable(tmp_path)
+    outs = {a: folder / f"stamps-{a}" for a in (1, 2, 3)}
+    async with host(tmp_path) as worker:
+        await worker.start(cpu_millis=1000, memory_mb=1000)
+        for aid in (1, 2, 3):  # one at a time: their start order is their assignment order
+            await assign(worker, (aid, writer_job(outs[aid], cpu_millis=300)))
+            await wait_for(lambda aid=aid: len(stamps(outs[aid])) >= 2)
+        await worker.kill()
+        await worker.start(cpu_millis=700, memory_mb=1000)
+        resume = worker.cp.registrations[-1]
+        assert list(resume.held_assignment_ids) == [1, 2]
+        (stop,) = worker.stops()
+        assert (stop["assignment_id"], stop["reason"]) == (3, "restart")
+        await trio.sleep(0.5)
+        assert stamps(outs[1])[-1] > time.time() - 0.3 and stamps(outs[2])[-1] > time.time() - 0.3
+        assert stamps(outs[3])[-1] < time.time() - 0.4
+
+
+async def test_a_job_that_ended_while_no_agent_ran_is_reported_by_the_next_one(tmp_path: Path) -> None:
+    """A command job that ends between the agent's death and its restart: the new agent writes
+    its stop line from the reaper's report and carries its outcome in the registration, and
+    holds nothing of it."""
+    out = job_writable(tmp_path) / "stamps"
+    async with host(tmp_path) as worker:
+        await worker.start()
+        await assign(worker, (1, writer_job(out, seconds=0.5)), (2, writer_job(out, seconds=30)))
+        await wait_for(lambda: len(stamps(out)) >= 2)
+        await worker.kill()
+        await trio.sleep(0.8)
+        await worker.start()
+        resume = worker.cp.registrations[-1]
+        assert list(resume.held_assignment_ids) == [2]
+        assert [(o.assignment_id, o.state) for o in resume.finished] == [(1, "succeeded")]
+        assert [(s["assignment_id"], s["reason"]) for s in worker.stops()] == [(1, "succeeded")]
+
+
+async def test_a_planned_restart_holds_the_worker_and_the_next_agent_keeps_its_jobs(tmp_path: Path) -> None:
+    """SIGHUP: the agent's last heartbeat asks for its restart hold; once granted the fence
+    deadline moves on by the hold and the process exits 0 leaving its job running; an agent
+    started 2 s later (past the fence time) keeps the job, which never paused."""
+    out = job_writable(tmp_path) / "stamps"
+    async with host(tmp_path) as worker:
+        await worker.start(cpu_millis=1000, memory_mb=1000, restart_hold_s=5.0)
+        await assign(worker, (1, writer_job(out, seconds=6.0)))
+        await wait_for(lambda: len(stamps(out)) >= 5)
+        signalled_at = time.time()
+        worker.process.send_signal(signal.SIGHUP)
+        with trio.fail_after(5):
+            code = await worker.process.wait()
+        assert code == 0
+        assert worker.cp.heartbeats[-1].restart_hold_ms == 5000
+        assert worker.deadline_unix_s() >= signalled_at + 5.0
+        await trio.sleep(2.0)
+        await worker.start(cpu_millis=1000, memory_mb=1000)
+        assert list(worker.cp.registrations[-1].held_assignment_ids) == [1]
+        await wait_for(lambda: len(worker.stops()) == 1, 15)
+        assert worker.stops()[0]["reason"] == "succeeded"
+        assert longest_gap_s(stamps(out)) < 0.6
+        assert not any(r["event"] == "pause" for r in worker.records())
