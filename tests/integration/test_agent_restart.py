@@ -12,6 +12,7 @@ folder under the test's work folder, so psutil can tell whether any is left.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -212,13 +213,15 @@ def stamps(path: Path) -> list[float]:
 
 
 def longest_gap_s(values: list[float]) -> float:
-    return max((b - a for a, b in zip(values, values[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(values)), default=0.0)
 
 
 async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Poll ``predicate`` (files and /proc: nothing to wait on) until it holds."""
     with trio.fail_after(timeout_s):
-        while not predicate():
+        while True:
+            if predicate():
+                return
             await trio.sleep(0.02)
 
 
