@@ -13,8 +13,11 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   folder within them can take the job over (:mod:`agent.adoption`): it proves the reaper is
   its own (the job folder's record, the reaper's pid and start time, its command line naming
   this work folder's deadline file), watches it through a pidfd, signals it and reads its
-  report as its parent would. (Until issue 16 the reaper's ``PR_SET_PDEATHSIG`` killed the job
-  the moment the agent died, which made every restart lose its running work.)
+  report as its parent would. (Until restarts kept jobs, the reaper's ``PR_SET_PDEATHSIG``
+  killed the job the moment the agent died, which made every restart lose its running work.)
+  A reaper started with no deadline file (a tool's :func:`agent.runtimes.run_job`, outside an
+  agent) has no deadman and no agent to take it over: it still dies with its parent, through
+  ``PR_SET_PDEATHSIG`` = SIGUSR1, handled as the agent's kill.
 - **It is a deadman switch.** The agent keeps a per-worker fence-deadline file
   (``<work_dir>/fence_deadline``, :func:`write_fence_deadline`, replaced atomically) with two
   ``time.monotonic()`` times (``CLOCK_MONOTONIC``, which every process on the machine shares
@@ -756,6 +759,11 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # never inherit SIG_IGN (auto-reaping)
     libc = _load_libc()
     if libc is not None:
+        if not deadline_path:
+            # No deadman (a tool's run_job, outside an agent): nothing could take the job over,
+            # nor stop it later, so it dies with its parent, as every job did before restarts
+            # kept them (the parent-death signal fires when the forking thread ends).
+            libc.prctl(_PR_SET_PDEATHSIG, _KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != parent_pid:
         # The agent died while it started this reaper: it wrote no record of it, so no agent

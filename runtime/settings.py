@@ -77,6 +77,9 @@ DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
 DEFAULT_WIRE_WORK_BURST_S = 0.01
 """The default of ``IngestSettings.wire_work_burst_s`` (see there)."""
 
+DEFAULT_SELF_FENCE_AFTER_S = 1.5
+"""The default of ``AgentSettings.self_fence_after_s`` (see there)."""
+
 DEFAULT_DB_OUTAGE_GRACE_S = 45.0
 """The default of ``AgentSettings.db_outage_grace_s``: longer than a Patroni failover (its
 leader key's ttl is at least 20 s, and a promotion takes 20-30 s), so a failover kills no job."""
@@ -518,7 +521,7 @@ class AgentSettings:
     to the next one too, without giving up on the first (a hedged call, see
     :meth:`runtime.client.ControlPlaneClient.call_hedged`); also the shortest deadline a call
     gets. The call as a whole may wait until shortly before the fence deadline."""
-    self_fence_after_s: float = attrs.field(default=1.5, validator=_positive)
+    self_fence_after_s: float = attrs.field(default=DEFAULT_SELF_FENCE_AFTER_S, validator=_positive)
     """Pause every job when no heartbeat sent in the last this-many seconds was acknowledged.
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
     db_outage_grace_s: float = attrs.field(default=DEFAULT_DB_OUTAGE_GRACE_S, validator=_non_negative)

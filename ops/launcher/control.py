@@ -586,7 +586,8 @@ class LocalCluster:
         those have exited: a worker stopped cleanly stops its jobs and then tells a control
         plane that it left, so the cluster does not count it as dead later. Each group gets
         ``timeout_s``. Safe when nothing runs. Afterwards no process carrying this state
-        folder's marker is left (checked with psutil).
+        folder's marker is left (checked with psutil), and no job supervisor of its workers
+        (the reapers of a killed agent outlive it until its fence deadlines: they are killed).
 
         Raises:
             ClusterError: a process or the database survived every attempt to stop it.
@@ -617,7 +618,9 @@ class LocalCluster:
                 ha_db_stopped = self.ha_database().stop()
             except HaDatabaseError as exc:
                 raise ClusterError(f"HA PostgreSQL did not stop: {exc}") from exc
-        stragglers = procs.kill_marked(self.state.root)
+        # Reapers of agents that were killed (not stopped) run on until their fence deadlines:
+        # nothing is left for an agent to take over after down.
+        stragglers = [*procs.kill_job_supervisors(self.state.root), *procs.kill_marked(self.state.root)]
         for pid_file in (self.state.root / "pids").glob("*.pid"):
             pid_file.unlink(missing_ok=True)
 
@@ -631,7 +634,7 @@ class LocalCluster:
                 except EmbeddedPostgresError as exc:
                     raise ClusterError(f"embedded PostgreSQL did not stop: {exc}") from exc
                 database_stopped = True
-        left = procs.marked_processes(self.state.root)
+        left = [*procs.marked_processes(self.state.root), *procs.job_supervisors(self.state.root)]
         if left:
             raise ClusterError(
                 "processes still running after down: "
