@@ -325,14 +325,17 @@ class LocalCluster:
                 before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
                 incarnations_before = {w.id: w.incarnation for w in before.workers}
         started = []
+        started_at: dict[str, float] = {}
         for spec in config.processes:
             if self.live_process(spec) is None:
+                started_at[spec.id] = time.monotonic()
                 self._start(spec, config)
                 started.append(spec.id)
         restarted = [w.id for p in started for w in config.workers_in(p)]
         status = self.wait_ready(
             config,
             restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
+            started_at={w.id: started_at[p] for p in started for w in config.workers_in(p)},
             timeout_s=timeout_s,
         )
         return UpResult(
@@ -520,10 +523,12 @@ class LocalCluster:
         config: ClusterConfig,
         *,
         restarted_workers: dict[str, int] | None = None,
+        started_at: dict[str, float] | None = None,
         timeout_s: float = READY_TIMEOUT_S,
     ) -> pb.StatusReply:
         """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`).
+        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.monotonic()`` when a
+        restarted worker's process started, whose heartbeat after it counts as its return).
 
         Raises:
             ClusterError: a process exited, or ``timeout_s`` passed; names what is missing
@@ -535,6 +540,7 @@ class LocalCluster:
             restarted=restarted_workers or {},
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
+            started_at=started_at,
         )
 
     def _check_exited(self, config: ClusterConfig) -> None:

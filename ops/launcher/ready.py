@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping
 
 import trio
@@ -42,11 +44,14 @@ def wait_ready(
     restarted: Mapping[str, int],
     timeout_s: float,
     check_exited: Callable[[], None],
+    started_at: Mapping[str, float] | None = None,
 ) -> pb.StatusReply:
     """Poll until every control plane answers, one leads, and every worker is alive.
 
     A worker counts once the status shows it alive with a fresh heartbeat, and, for a worker
-    in ``restarted`` (id -> incarnation before the restart), under a new incarnation.
+    in ``restarted`` (id -> incarnation before the restart), under a new incarnation, or, when
+    ``started_at`` says when its new process started, with a heartbeat younger than that: an
+    agent that took over its predecessor's jobs continues its incarnation.
 
     Args:
         state: the state folder (its logs are named in the error).
@@ -54,6 +59,7 @@ def wait_ready(
         restarted: id -> incarnation before the restart, of the workers just started again.
         timeout_s: how long to wait, in seconds.
         check_exited: called before each poll; raises ClusterError when a process exited.
+        started_at: id -> ``time.monotonic()`` when the restarted worker's process was started.
 
     Raises:
         ClusterError: a process exited, or ``timeout_s`` passed; names what is missing and
@@ -64,7 +70,7 @@ def wait_ready(
         deadline = trio.current_time() + timeout_s
         while True:
             check_exited()
-            status, missing = await readiness(state, config, restarted)
+            status, missing = await readiness(state, config, restarted, started_at or {})
             if not missing:
                 return status, []
             if trio.current_time() >= deadline:
@@ -82,9 +88,14 @@ def wait_ready(
 
 
 async def readiness(
-    state: StateDir, config: ClusterConfig, restarted: Mapping[str, int]
+    state: StateDir,
+    config: ClusterConfig,
+    restarted: Mapping[str, int],
+    started_at: Mapping[str, float] | None = None,
 ) -> tuple[pb.StatusReply | None, list[str]]:
-    """A status (the first control plane's that answered, or None) and what is not ready yet."""
+    """A status (the first control plane's that answered, or None) and what is not ready yet
+    (see :func:`wait_ready`)."""
+    started_at = started_at or {}
     missing: list[str] = []
     status: pb.StatusReply | None = None
     for spec in config.control_planes:
@@ -112,7 +123,12 @@ async def readiness(
         elif (
             worker.state != "alive"
             or worker.last_heartbeat_age_s > fresh_s
-            or (worker_spec.id in restarted and worker.incarnation == restarted[worker_spec.id])
+            or (
+                worker_spec.id in restarted
+                and worker.incarnation == restarted[worker_spec.id]
+                and not worker.last_heartbeat_age_s
+                < time.monotonic() - started_at.get(worker_spec.id, math.inf)
+            )
         ):
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
     return status, missing
