@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -49,9 +48,10 @@ def wait_ready(
     """Poll until every control plane answers, one leads, and every worker is alive.
 
     A worker counts once the status shows it alive with a fresh heartbeat, and, for a worker
-    in ``restarted`` (id -> incarnation before the restart), under a new incarnation, or, when
-    ``started_at`` says when its new process started, with a heartbeat younger than that: an
-    agent that took over its predecessor's jobs continues its incarnation.
+    in ``restarted`` (id -> incarnation before the restart), with a heartbeat younger than its
+    new process, when ``started_at`` says when that started (an agent that took over its
+    predecessor's jobs continues its incarnation, and the last heartbeat of a predecessor that
+    exited just before may still be fresh), else under a new incarnation.
 
     Args:
         state: the state folder (its logs are named in the error).
@@ -125,10 +125,18 @@ async def readiness(
             or worker.last_heartbeat_age_s > fresh_s
             or (
                 worker_spec.id in restarted
-                and worker.incarnation == restarted[worker_spec.id]
-                and not worker.last_heartbeat_age_s
-                < time.monotonic() - started_at.get(worker_spec.id, math.inf)
+                and not _back(worker, restarted[worker_spec.id], started_at.get(worker_spec.id))
             )
         ):
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
     return status, missing
+
+
+def _back(worker: pb.WorkerInfo, incarnation_before: int, started_at: float | None) -> bool:
+    """Whether a restarted worker's new process is back: it heartbeated (or registered) after it
+    was started (``started_at``, ``time.monotonic()``), which also holds for an agent that
+    continued its predecessor's incarnation; without a start time, it shows another incarnation
+    than before (``incarnation_before``; 0: unknown, taken as back)."""
+    if started_at is not None:
+        return worker.last_heartbeat_age_s < time.monotonic() - started_at
+    return worker.incarnation != incarnation_before
