@@ -40,9 +40,17 @@ is no module-level state). Its pieces:
   deadlines, on the ``CLOCK_MONOTONIC`` clock all processes share, to
   ``<work_dir>/fence_deadline``. Each command job runs under a reaper process
   (:mod:`agent.reaper`) that SIGSTOPs the job once the fence deadline has passed and records
-  the time, SIGKILLs it at the kill deadline, resumes it when the deadlines move on, and kills
-  the job when the agent dies. A frozen agent's command jobs thus pause at the deadline, not
+  the time, SIGKILLs it at the kill deadline, and resumes it when the deadlines move on, also
+  after the agent died. A frozen (or dead) agent's command jobs thus pause at the deadline, not
   when it thaws;
+- restarts that keep jobs (:mod:`agent.adoption`): before it registers, the agent takes over
+  what a previous process of its work folder left running (jobs it proves its own by their
+  records), stops what it does not keep (and waits until it is gone), and asks the control
+  plane to continue their incarnation (:meth:`Agent._keep_taken_over`); only a reply that
+  continued it moves the fence deadline on, which resumes jobs that paused meanwhile. Else it
+  registers a new incarnation as always, stopping every job first. A planned restart (SIGHUP,
+  :meth:`Agent.prepare_restart`) has a heartbeat record a restart hold first, so the next
+  process has that long to come back before any job pauses (docs/design.md, "Restarts");
 - one task per running job (:mod:`agent.running`), shielded from cancellation: a job ends
   only through its stop event (or its reaper), so its ``stop`` line is written after it has
   really ended, also at shutdown;
