@@ -654,9 +654,26 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
     """How a job whose supervisor this agent did not fork ended, from its report (an exit status
     it cannot know: the supervisor was not its child). ``stopped``: this agent asked for a stop.
     A supervisor that left no report was killed (SIGKILL, the OOM killer): the job failed, unless
-    a stop was asked."""
+    a stop was asked; with no supervisor recorded either, none was ever started: the job did not
+    start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     report = reaper.read_report(job_dir)
+    if not report and record.supervisor_pid is None and not stopped:
+        # No reaper was recorded, none runs and none reported: the agent died before it
+        # forked one (or as the reaper began, which then started nothing). Nothing ran: the
+        # control plane places the job again at once (schema.sql, record_outcomes).
+        now = time.time()
+        return JobResult(
+            state=JobState.NOT_STARTED,
+            stopped=False,
+            exit_code=None,
+            started_unix_s=record.started_unix_s,
+            finished_unix_s=now,
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
+            detail="not started: its agent died before it started the job's supervisor",
+            started=False,
+        )
     if not report:
         return JobResult(
             state=JobState.CANCELLED if stopped else JobState.FAILED,

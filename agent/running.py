@@ -16,6 +16,7 @@ no agent watched it (:meth:`RunningJobs.settle_ended`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -76,6 +77,9 @@ class Job:
     written: then a restarted agent does not keep it)."""
     adopted: bool = False
     """True for a job this agent took over from its previous process."""
+    held: bool = False
+    """True while a sleep job taken over waits for its incarnation to be continued: its record
+    still holds the time it ran in the previous process's life, which this one does not know."""
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -336,6 +340,9 @@ class RunningJobs:
             if job.job_dir is not None and not self.keep_records:
                 # Its stop line is written: a restarted agent has nothing to do with it.
                 adoption.remove_record(job.job_dir)
+                if isinstance(job.order.spec.runtime, SleepRuntime):
+                    with contextlib.suppress(OSError):
+                        job.job_dir.rmdir()  # a sleep job's folder held only its record
         finally:
             # Also on an error (it takes the agent down): nobody may wait forever for the job.
             self._release(job)
@@ -376,7 +383,12 @@ class RunningJobs:
         now = trio.current_time()
         for job in self._jobs.values():
             record = job.record
-            if record is not None and job.started and isinstance(record.runtime, SleepRuntime):
+            if (
+                record is not None
+                and job.started
+                and not job.held
+                and isinstance(record.runtime, SleepRuntime)
+            ):
                 self._write_record(
                     job,
                     attrs.evolve(
@@ -439,6 +451,7 @@ class RunningJobs:
             assert found.running is not None
             nursery.start_soon(self._run_adopted_reaper, job, watch, found.running.start_ticks)
         else:
+            job.held = True
             nursery.start_soon(self._run_adopted_sleep, job, go, pause_at_s, kill_at_s)
         if found.verdict is Verdict.STRAY:
             self.request_stop(job, StopReason.RESTART)
@@ -524,7 +537,10 @@ class RunningJobs:
             )
             # From here its duration counts in this life, whose pauses the fence clock knows.
             job.started_at = trio.current_time() - ran_s
-            self.record_progress()
+            job.held = False
+            self._write_record(
+                job, attrs.evolve(record, began_monotonic_s=monotonic_of(job.started_at), paused_s=0.0)
+            )
             left_ms = max(0, record.runtime.duration_ms - int(ran_s * 1000))
             options: dict[str, Any] = {}
             if record.timeout_s is not None:
@@ -562,6 +578,8 @@ class RunningJobs:
             reason = StopReason.SELF_FENCE
         elif result.stopped and job.stop_reason is not None:
             reason = job.stop_reason
+        elif result.state is JobState.NOT_STARTED:
+            reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
         self._write_job_line(

@@ -17,7 +17,7 @@ from agent import adoption
 from agent.acceptance import Admission
 from agent.adoption import Found, JobRecord, ProcessInfo, Supervisor, Survey, Verdict
 from agent.container import supervisor_argv
-from agent.messages import AssignOrder, JobOrder, RefusalReason
+from agent.messages import AssignOrder, JobOrder, JobState, RefusalReason
 from agent.reaper import reaper_argv
 from agent.runtimes import ContainerJob
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
@@ -287,3 +287,16 @@ def test_a_continued_incarnation_refuses_what_was_released_and_accepts_new_work(
         RefusalReason.WRONG_INCARNATION
     ]
     assert (adm.cpu_used_millis, adm.memory_used_mb) == (600, 266)
+
+
+def test_a_job_whose_supervisor_was_never_recorded_nor_reported_did_not_start(tmp_path: Path) -> None:
+    """A record with no reaper, none running and no report: the agent died before it forked
+    one, so the job never ran (not_started: placed again at once); with a recorded reaper and no
+    report, the reaper was killed: the job failed."""
+    unstarted = adoption.result_from_report(record(pid=None, ticks=None), tmp_path, stopped=False)
+    assert (unstarted.state, unstarted.started) == (JobState.NOT_STARTED, False)
+    killed = adoption.result_from_report(record(), tmp_path, stopped=False)
+    assert (killed.state, killed.started) == (JobState.FAILED, True)
+    (tmp_path / "reaper.report").write_text("exit_code=0\nended_unix_s=5.0\nstopped=0\n")
+    done = adoption.result_from_report(record(), tmp_path, stopped=False)
+    assert (done.state, done.exit_code, done.finished_unix_s) == (JobState.SUCCEEDED, 0, 5.0)
