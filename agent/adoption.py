@@ -58,6 +58,7 @@ and the start-up clean-up would have to tell an adopted container from a leftove
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -74,6 +75,7 @@ from agent import reaper
 from agent.messages import JobOrder, JobState
 from agent.runtimes import JobResult, OutputPaths, command_result
 from agent.supervised import REAPER_SLACK_S
+from runtime.errors import LocalFileError
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 
 RECORD_FILE = "job.record"
@@ -199,6 +201,38 @@ def remove_record(job_dir: Path) -> None:
     """Remove the record of ``job_dir`` (a missing one is fine)."""
     with contextlib.suppress(FileNotFoundError):
         (job_dir / RECORD_FILE).unlink()
+
+
+LOCK_FILE = "agent.lock"
+"""In the work folder: locked (``flock``) by the agent process that runs there, with its pid."""
+
+
+def lock_work_dir(work_dir: Path) -> int:
+    """Lock ``work_dir`` for this agent process: one agent per work folder, or two would take
+    over the same jobs. The lock (``flock`` on :data:`LOCK_FILE`) goes with the process, also
+    when it is killed; the job supervisors never hold it (the descriptor is close-on-exec).
+
+    Returns:
+        The lock's file descriptor (close it to release the lock).
+
+    Raises:
+        LocalFileError: another live process holds the lock; the message names its pid.
+        OSError: the file cannot be opened.
+    """
+    path = work_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise LocalFileError(
+            f"work_dir {work_dir} is in use by another agent process (pid {holder}, holding {path}); "
+            "stop it, or give this agent a work folder of its own"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 # ---------------------------------------------------------------------------- processes

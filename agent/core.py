@@ -316,9 +316,15 @@ class Agent:
 
         Raises:
             OSError: the work folder or the log file cannot be created.
+            LocalFileError: another agent process runs on the same work folder.
         """
         self.address = address
         self.joblog.open()
+        try:
+            lock = adoption.lock_work_dir(self.work_dir)
+        except BaseException:
+            self.joblog.close()
+            raise
         stopping_since: float | None = None
         try:
             async with trio.open_nursery() as job_nursery:
@@ -343,6 +349,7 @@ class Agent:
                         await self._leave(stopping_since)
             finally:
                 self.joblog.close()
+                os.close(lock)
 
     # ------------------------------------------------------------------ leave
 

@@ -20,6 +20,7 @@ from agent.container import supervisor_argv
 from agent.messages import AssignOrder, JobOrder, JobState, RefusalReason
 from agent.reaper import reaper_argv
 from agent.runtimes import ContainerJob
+from runtime.errors import LocalFileError
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
 
 WORKER = "w-1"
@@ -300,3 +301,13 @@ def test_a_job_whose_supervisor_was_never_recorded_nor_reported_did_not_start(tm
     (tmp_path / "reaper.report").write_text("exit_code=0\nended_unix_s=5.0\nstopped=0\n")
     done = adoption.result_from_report(record(), tmp_path, stopped=False)
     assert (done.state, done.exit_code, done.finished_unix_s) == (JobState.SUCCEEDED, 0, 5.0)
+
+
+def test_one_agent_process_per_work_folder(tmp_path: Path) -> None:
+    """A second agent on a work folder in use is refused, naming the holder's pid (two would take
+    over the same jobs); once the first lets go (it exits, or is killed), the next may start."""
+    first = adoption.lock_work_dir(tmp_path)
+    with pytest.raises(LocalFileError, match=f"in use by another agent process \\(pid {os.getpid()}"):
+        adoption.lock_work_dir(tmp_path)
+    os.close(first)
+    os.close(adoption.lock_work_dir(tmp_path))
