@@ -463,8 +463,8 @@ def survey(jobs_dir: Path, *, worker_id: str, deadline_path: Path) -> Survey:
         job_dir = path.parent
         record = read_record(job_dir)
         here = running.get(str(job_dir))
-        if record is None:
-            continue  # unreadable: a supervisor there is a stray (below)
+        if record is None or job_dir.name != f"{record.job_id}-{record.assignment_id}":
+            continue  # unreadable, or another job's: a supervisor there is a stray (below)
         recorded.add(str(job_dir))
         info, kind = here if here is not None else (None, None)
         verdict, why = judge(record, info, kind, worker_id=worker_id)
@@ -492,6 +492,9 @@ class TakeoverPlan:
     """The assignment ids of ``watch`` to stop before registering, each with why."""
     strays: tuple[ProcessInfo, ...]
     """Supervisors of this work folder in no recorded folder: killed before registering."""
+    kill_at_s: float | None = None
+    """The fence-deadline file's kill deadline (``time.monotonic()``): the continuation is
+    given up once it is less than ``min_left_s`` ahead (the reapers kill their jobs at it)."""
 
 
 def plan_takeover(
@@ -576,6 +579,7 @@ def plan_takeover(
         incarnation=incarnation if kept else None,
         stop=stop,
         strays=found.strays,
+        kill_at_s=kill_at,
     )
 
 

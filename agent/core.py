@@ -559,11 +559,12 @@ class Agent:
         await self._jobs.stop(list(plan.stop), StopReason.RESTART)
         if plan.incarnation is None:
             return False
-        return await self._continue_incarnation(plan.incarnation, set(plan.keep))
+        return await self._continue_incarnation(plan.incarnation, set(plan.keep), plan.kill_at_s)
 
-    async def _continue_incarnation(self, incarnation: int, keep: set[int]) -> bool:
+    async def _continue_incarnation(self, incarnation: int, keep: set[int], kill_at_s: float | None) -> bool:
         """Register asking to continue ``incarnation`` with the jobs of ``keep`` still running
-        (retrying while no control plane answers, until their kill deadline is near). On a
+        (retrying while no control plane answers, until their kill deadline ``kill_at_s``,
+        ``time.monotonic()``, is less than a fence span ahead). On a
         reply that continued it: remember what the control plane released, stop what it lists
         as ended, and, if the registration's own fence deadline is still ahead, move the
         deadline on (the reapers resume paused jobs on it, as after an acknowledged heartbeat)
@@ -580,6 +581,13 @@ class Agent:
             if not held:
                 self._logger.info(
                     "nothing left to keep of the previous agent process", incarnation=incarnation
+                )
+                return False
+            if kill_at_s is not None and time.monotonic() > kill_at_s - self._fence.fence_after_s:
+                self._logger.warning(
+                    "no control plane answered before the jobs' kill deadline: registering anew",
+                    incarnation=incarnation,
+                    attempts=failures,
                 )
                 return False
             sent_at = trio.current_time()

@@ -30,11 +30,13 @@ import pytest
 import trio
 from jobfiles import job_writable
 
+from agent import adoption
 from agent.adoption import RECORD_FILE
 from agent.joblog import read_log
-from agent.reaper import read_fence_deadline
+from agent.reaper import read_fence_deadline, reaper_argv, write_fence_deadline
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+from runtime.jobs import CommandRuntime
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "pidfd_open"), reason="restarts keep jobs on Linux 5.3+"
@@ -397,3 +399,75 @@ async def test_a_restarted_agent_runs_the_rest_of_a_sleep_jobs_duration(tmp_path
         (stop,) = worker.stops()
         assert (stop["reason"], stop["incarnation"]) == ("succeeded", 1)
         assert 3.9 <= stop["time"] - start["time"] <= 4.6
+
+
+def _reaper(job_dir: Path, deadline: Path) -> subprocess.Popen[bytes]:
+    """A real reaper running ``sleep 30`` in ``job_dir``, under the deadline file ``deadline``."""
+    job_dir.mkdir(parents=True)
+    argv = reaper_argv(
+        sys.executable,
+        parent_pid=os.getpid(),
+        stop_grace_s=0.2,
+        fence_deadline_path=str(deadline),
+        argv=("sleep", "30"),
+    )
+    return subprocess.Popen(argv, cwd=job_dir, start_new_session=True)
+
+
+async def test_the_survey_keeps_only_reapers_its_records_prove_and_stops_the_rest(tmp_path: Path) -> None:
+    """Three real reapers of one work folder: one whose record names its pid and start time
+    (kept), one whose record names its pid with another start time, as a reused pid would
+    (a stray), and one in a folder with no record (a stray); a reaper of another work folder is
+    not seen. Stopping the strays kills them and waits until they are gone."""
+    work = tmp_path / "work"
+    jobs = work / "jobs"
+    deadline = work / "fence_deadline"
+    work.mkdir()
+    write_fence_deadline(deadline, time.monotonic() + 60, time.monotonic() + 120)
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    write_fence_deadline(elsewhere / "fence_deadline", time.monotonic() + 60, time.monotonic() + 120)
+    procs = {
+        "10-1": _reaper(jobs / "10-1", deadline),
+        "20-2": _reaper(jobs / "20-2", deadline),
+        "30-3": _reaper(jobs / "30-3", deadline),
+        "other": _reaper(elsewhere / "jobs" / "40-4", elsewhere / "fence_deadline"),
+    }
+    try:
+        await wait_for(lambda: all(adoption.start_ticks(p.pid) is not None for p in procs.values()))
+        for name, aid, skew in (("10-1", 1, 0), ("20-2", 2, 7)):
+            pid = procs[name].pid
+            ticks = adoption.start_ticks(pid)
+            assert ticks is not None
+            adoption.write_record(
+                jobs / name,
+                adoption.JobRecord(
+                    worker_id=WORKER,
+                    assignment_id=aid,
+                    job_id=10 * aid,
+                    incarnation=1,
+                    epoch=1,
+                    cpu_millis=100,
+                    memory_mb=10,
+                    runtime=CommandRuntime(argv=("sleep", "30")),
+                    started_unix_s=time.time(),
+                    began_monotonic_s=time.monotonic(),
+                    supervisor_pid=pid,
+                    supervisor_start_ticks=ticks + skew,
+                ),
+            )
+        found = adoption.survey(jobs, worker_id=WORKER, deadline_path=deadline)
+        assert {f.record.assignment_id: f.verdict for f in found.found} == {
+            1: adoption.Verdict.KEEPABLE,
+            2: adoption.Verdict.STRAY,
+        }
+        assert [s.pid for s in found.strays] == [procs["30-3"].pid]
+        with trio.fail_after(10):
+            await adoption.stop_strays(found.strays, stop_grace_s=0.2)
+        assert procs["30-3"].poll() is not None
+        assert procs["10-1"].poll() is None and procs["other"].poll() is None
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR1)
+            proc.wait(timeout=10)
