@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -61,26 +62,33 @@ class ScriptedControlPlane:
     continue_incarnations: bool = True
     registrations: list[pb.RegisterWorkerRequest] = attrs.field(factory=list)
     heartbeats: list[pb.HeartbeatRequest] = attrs.field(factory=list)
-    incarnation: int = 0
+    incarnations: dict[str, int] = attrs.field(factory=dict)
+    """Each worker's current incarnation (every worker counts its own from 1)."""
     on_register: Callable[[pb.RegisterWorkerRequest], None] | None = None
     """Called with each registration before it is answered (a test checks what runs then)."""
+
+    @property
+    def incarnation(self) -> int:
+        """The test worker's current incarnation."""
+        return self.incarnations.get(WORKER, 0)
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
         self.registrations.append(request)
         if self.on_register is not None:
             self.on_register(request)
+        current = self.incarnations.get(request.worker_id, 0)
         if request.resume_incarnation:
-            if self.continue_incarnations and request.resume_incarnation == self.incarnation:
+            if self.continue_incarnations and request.resume_incarnation == current:
                 return pb.RegisterWorkerReply(
-                    incarnation=self.incarnation, epoch=1, dead_after_ms=DEAD_AFTER_MS, resumed=True
+                    incarnation=current, epoch=1, dead_after_ms=DEAD_AFTER_MS, resumed=True
                 )
             return pb.RegisterWorkerReply(incarnation=0, epoch=1, dead_after_ms=DEAD_AFTER_MS, resumed=False)
-        self.incarnation += 1
-        return pb.RegisterWorkerReply(incarnation=self.incarnation, epoch=1, dead_after_ms=DEAD_AFTER_MS)
+        self.incarnations[request.worker_id] = current + 1
+        return pb.RegisterWorkerReply(incarnation=current + 1, epoch=1, dead_after_ms=DEAD_AFTER_MS)
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         self.heartbeats.append(request)
-        if request.incarnation != self.incarnation:
+        if request.incarnation != self.incarnations.get(request.worker_id, 0):
             return pb.HeartbeatReply(epoch=1, reregister=True)
         return pb.HeartbeatReply(epoch=1, restart_hold_granted=request.restart_hold_ms > 0)
 
@@ -471,3 +479,80 @@ async def test_the_survey_keeps_only_reapers_its_records_prove_and_stops_the_res
             if proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
             proc.wait(timeout=10)
+
+
+async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: Path) -> None:
+    """A fleet of two workers, each running a command job: SIGHUP makes every worker ask for
+    its restart hold and the fleet exit 0; the fleet started again takes each worker's job over
+    in that worker's own incarnation, and both jobs succeed, having never paused."""
+    folder = job_writable(tmp_path)
+    cp = ScriptedControlPlane()
+    spec = tmp_path / "fleet.json"
+    spec.write_text(
+        json.dumps(
+            [
+                {"id": f"w-{i}", "port": 0, "cpu_millis": 1000, "memory_mb": 1000, "work_dir": f"w-{i}"}
+                for i in (1, 2)
+            ]
+        )
+    )
+
+    async def start_fleet(port: int) -> trio.Process:
+        """Start the fleet and wait until both of its workers heartbeat."""
+        process = await trio.lowlevel.open_process(
+            [
+                *(sys.executable, "-m", "ops.cli", "fleet", "--id", "fleet-t", "--spec", str(spec)),
+                *("--control-planes", f"127.0.0.1:{port}", "--heartbeat-interval-s", "0.1", "--insecure"),
+                *("--self-fence-after-s", "1.0", "--restart-hold-s", "5"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "fleet.stderr").open("ab"),
+        )
+        count = len(cp.heartbeats)
+        await wait_for(lambda: len({h.worker_id for h in cp.heartbeats[count:]}) == 2, 30)
+        return process
+
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
+        fleet = await start_fleet(port)
+        try:
+            for worker_id in ("w-1", "w-2"):
+                address = next(r.address for r in cp.registrations if r.worker_id == worker_id)
+                channel = GrpcChannel(address)
+                try:
+                    job = writer_job(folder / f"stamps-{worker_id}", seconds=5.0)
+                    reply = await channel.call(
+                        channel.stub(pb.WorkerStub).assign,
+                        pb.AssignRequest(
+                            epoch=1,
+                            worker_id=worker_id,
+                            incarnation=cp.incarnations[worker_id],
+                            assignments=[pb.Assignment(assignment_id=1, job_id=10, spec=job)],
+                        ),
+                        timeout_s=5,
+                    )
+                finally:
+                    channel.close()
+                assert list(reply.accepted_ids) == [1]
+            await wait_for(lambda: all(len(stamps(folder / f"stamps-w-{i}")) >= 3 for i in (1, 2)))
+            before = dict(cp.incarnations)
+            fleet.send_signal(signal.SIGHUP)
+            with trio.fail_after(10):
+                assert await fleet.wait() == 0
+            fleet = await start_fleet(port)
+            resumes = {r.worker_id: r for r in cp.registrations if r.resume_incarnation}
+            assert {w: (r.resume_incarnation, list(r.held_assignment_ids)) for w, r in resumes.items()} == {
+                w: (before[w], [1]) for w in ("w-1", "w-2")
+            }
+            assert cp.incarnations == before
+            for i in (1, 2):
+                log = tmp_path / f"w-{i}" / "agent.jsonl"
+                await wait_for(lambda log=log: any(r["event"] == "stop" for r in read_log(log)), 15)
+                assert [r["reason"] for r in read_log(log) if r["event"] == "stop"] == ["succeeded"]
+                assert longest_gap_s(stamps(folder / f"stamps-w-{i}")) < 0.6
+        finally:
+            if fleet.poll() is None:
+                fleet.send_signal(signal.SIGTERM)
+                with trio.fail_after(15):
+                    await fleet.wait()
+            nursery.cancel_scope.cancel()
