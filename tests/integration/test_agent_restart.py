@@ -506,12 +506,13 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
                 *("--self-fence-after-s", "1.0", "--restart-hold-s", "5"),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / "fleet.stderr").open("ab"),
+            stderr=stderr,
         )
         count = len(cp.heartbeats)
         await wait_for(lambda: len({h.worker_id for h in cp.heartbeats[count:]}) == 2, 30)
         return process
 
+    stderr = (tmp_path / "fleet.stderr").open("ab")
     async with asyncio_bridge(), trio.open_nursery() as nursery:
         port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
         fleet = await start_fleet(port)
@@ -556,3 +557,4 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
                 with trio.fail_after(15):
                     await fleet.wait()
             nursery.cancel_scope.cancel()
+            stderr.close()
