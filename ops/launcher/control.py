@@ -328,7 +328,7 @@ class LocalCluster:
         started_at: dict[str, float] = {}
         for spec in config.processes:
             if self.live_process(spec) is None:
-                started_at[spec.id] = time.monotonic()
+                started_at[spec.id] = time.time()
                 self._start(spec, config)
                 started.append(spec.id)
         restarted = [w.id for p in started for w in config.workers_in(p)]
@@ -527,8 +527,8 @@ class LocalCluster:
         timeout_s: float = READY_TIMEOUT_S,
     ) -> pb.StatusReply:
         """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.monotonic()`` when a
-        restarted worker's process started, whose heartbeat after it counts as its return).
+        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.time()`` when a
+        restarted worker's process started, whose registration after it counts as its return).
 
         Raises:
             ClusterError: a process exited, or ``timeout_s`` passed; names what is missing
