@@ -678,13 +678,21 @@ class Harness:
             self.result.worker_kills_continued += 1
 
     async def restart_worker(self, client: ControlPlaneClient) -> None:
-        """A planned restart: SIGHUP a worker's agent (it asks for its restart hold and exits
-        leaving its jobs running), wait for its exit, start it again; counts whether the new
-        agent continued its incarnation. Not a fault: no event is recorded."""
+        """A planned restart of a worker that runs jobs (any worker when none does): SIGHUP its
+        agent (it asks for its restart hold and exits leaving its jobs running), wait for its
+        exit, start it again; counts whether the new agent continued its incarnation. Not a
+        fault: no event is recorded."""
         if self.docker is not None:
             raise _Abort("planned restarts keep no job in containers: a container's processes end with it")
         workers = [p.id for p in self.cluster.config().workers]
-        victim = self._rng.choice(workers)
+        try:
+            status = await client.call("status", pb.StatusRequest())
+            busy = sorted(
+                w.id for w in status.workers if w.id in workers and w.state == "alive" and w.job_ids
+            )
+        except StockadeError:
+            busy = []
+        victim = self._rng.choice(busy or workers)  # one with jobs, if any: what a restart must keep
         before = await self._incarnation(client, victim)
         pid = self._pid(victim)
         os.kill(pid, signal.SIGHUP)
