@@ -777,3 +777,14 @@ CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs (array_id, array_index) WHERE a
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS cordoned_at timestamptz;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_requested_at timestamptz;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_deadline_at timestamptz;
+
+-- Restarts that keep their jobs (docs/design.md, "Restarts"; actors/ingest.py, register_worker
+-- with resume_incarnation, and heartbeats with restart_hold_ms). A planned restart's last
+-- heartbeat sets hold_until = now() + the hold it asks for (only while the row is alive in that
+-- incarnation); the next registration, continued or new, clears it. While it is ahead the
+-- leader counts no silence of the worker (queries.HEARTBEAT_AGES and DECLARE_DEAD_WORKERS take
+-- the greatest of it and last_heartbeat_at: greatest() skips a NULL) and the placer places
+-- nothing on it (queries.ROUND_READ, LIVE_WORKERS, COMMIT_PLACEMENTS). The assignments a
+-- continued incarnation does not hold end as 'stopped' with end_reason 'released' (queries.
+-- RELEASE_UNHELD_ASSIGNMENTS): their jobs are placed again at once, spending no attempt.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS hold_until timestamptz;

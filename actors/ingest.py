@@ -374,11 +374,17 @@ class ControlPlaneService(AdmittedService):
             agent_run_id=request.agent_run_id,
             registration_seq=request.registration_seq,
         )
+        held = validation.check_resume(
+            resume_incarnation=request.resume_incarnation,
+            held_assignment_ids=list(request.held_assignment_ids),
+        )
         finished = list(request.finished)
         check_outcomes(finished)
         digest = idempotency.registration_digest(
             address=request.address, cpu_millis=request.cpu_millis, memory_mb=request.memory_mb, labels=labels
         )
+        if request.resume_incarnation:
+            return await self._resume_worker(request, labels, held, finished, digest)
 
         async def register(conn: PgConnection) -> tuple[int, bool, int]:
             if finished:
@@ -441,12 +447,110 @@ class ControlPlaneService(AdmittedService):
             incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
         )
 
+    async def _resume_worker(
+        self,
+        request: pb.RegisterWorkerRequest,
+        labels: dict[str, str],
+        held: tuple[int, ...],
+        finished: list[pb.JobOutcome],
+        digest: bytes,
+    ) -> pb.RegisterWorkerReply:
+        """A restarted agent's registration that asks to continue ``request.resume_incarnation``
+        (docs/design.md, "Restarts"), in one transaction: the outcomes first (whatever comes of
+        the rest), then the row continued only if it is still alive in that incarnation
+        (:data:`actors.queries.CONTINUE_WORKER`), and then the active assignments of it that the
+        agent does not hold released and the held ones confirmed. A copy of a continuation
+        already applied (same agent run and number) gets ``resumed`` again and releases
+        nothing more: assignments placed on the continued incarnation since are its agent's.
+        Anything else (the row dead, left, registered again, unknown) continues nothing and is
+        answered ``resumed: false``, incarnation 0.
+
+        Raises:
+            IdempotencyConflict: a copy of an applied continuation with another address,
+                capacity or labels; the transaction rolls back, outcomes included.
+        """
+        worker_id, incarnation = request.worker_id, request.resume_incarnation
+
+        async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], int]:
+            # The worker's row first, as heartbeats and registrations take it (one lock order).
+            await conn.fetchval(queries.LOCK_WORKER, worker_id)
+            if finished:
+                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+            continued = await conn.fetchval(
+                queries.CONTINUE_WORKER,
+                worker_id,
+                request.address,
+                request.cpu_millis,
+                request.memory_mb,
+                json.dumps(labels),
+                request.agent_run_id,
+                request.registration_seq,
+                digest,
+                incarnation,
+            )
+            released: list[int] = []
+            if continued is None:
+                row = await conn.fetchrow(queries.WORKER_REGISTRATION, worker_id)
+                copy = (
+                    row is not None
+                    and row["incarnation"] == incarnation
+                    and row["state"] == "alive"
+                    and row["agent_run_id"] == request.agent_run_id
+                    and row["registration_seq"] == request.registration_seq
+                )
+                if not copy:
+                    return False, [], [], await conn.fetchval(queries.CURRENT_EPOCH)
+                stored = row["registration_sha256"] if row is not None else None
+                if stored is not None and bytes(stored) != digest:
+                    raise IdempotencyConflict(
+                        idempotency.registration_conflict_message(
+                            worker_id=worker_id,
+                            agent_run_id=request.agent_run_id,
+                            registration_seq=request.registration_seq,
+                            incarnation=incarnation,
+                        )
+                    )
+                released = list(await conn.fetchval(queries.RELEASED_ASSIGNMENTS, worker_id, incarnation))
+            else:
+                released = list(
+                    await conn.fetchval(
+                        queries.RELEASE_UNHELD_ASSIGNMENTS, worker_id, incarnation, list(held)
+                    )
+                )
+            stop = list(
+                await conn.fetchval(queries.CONFIRM_HELD_ASSIGNMENTS, worker_id, incarnation, list(held))
+            )
+            return True, stop, released, await conn.fetchval(queries.CURRENT_EPOCH)
+
+        async with self.database("register_worker") as conn:
+            resumed, stop, released, epoch = await conn.run_in_transaction(resume, what="register_worker")
+        log.get("ingest").info(
+            "worker continued its incarnation" if resumed else "worker's incarnation not continued",
+            worker_id=worker_id,
+            incarnation=incarnation,
+            address=request.address,
+            held=len(held),
+            released=len(released),
+            stop=len(stop),
+            outcomes=len(finished),
+        )
+        return pb.RegisterWorkerReply(
+            incarnation=incarnation if resumed else 0,
+            epoch=epoch,
+            dead_after_ms=int(self.dead_after_s * 1000),
+            resumed=resumed,
+            stop_assignment_ids=stop,
+            released_assignment_ids=released,
+        )
+
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         worker_id = identifiers.check_id(request.worker_id, field="worker_id")
         require_worker("heartbeat", worker_id)
         validation.check_incarnation(request.incarnation)
+        hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
+        held: object = None
         async with self.database("heartbeat") as conn:
             # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
             # confirmations and the assignments to stop, in one round trip and one transaction.
@@ -458,11 +562,26 @@ class ControlPlaneService(AdmittedService):
                 list(request.running_assignment_ids),
                 *outcome_arrays(finished),
             )
-        assert row is not None
+            assert row is not None
+            if hold_ms and row["alive"]:
+                # A planned restart's hold, recorded after the heartbeat committed: it counts from
+                # this statement's now(), after the heartbeat's send (docs/design.md, "Restarts").
+                held = await conn.fetchval(
+                    queries.SET_RESTART_HOLD, worker_id, request.incarnation, hold_ms / 1000
+                )
         if not row["alive"]:
             return pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+        if hold_ms:
+            log.get("ingest").info(
+                "restart hold recorded" if held is not None else "restart hold not recorded",
+                worker_id=worker_id,
+                incarnation=request.incarnation,
+                hold_s=hold_ms / 1000,
+            )
         return pb.HeartbeatReply(
-            epoch=row["current_epoch"], stop_assignment_ids=list(row["stop_assignment_ids"])
+            epoch=row["current_epoch"],
+            stop_assignment_ids=list(row["stop_assignment_ids"]),
+            restart_hold_granted=held is not None,
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import attrs
 
-from runtime import identifiers
+from runtime import identifiers, settings
 from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
 from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
@@ -191,6 +191,52 @@ def check_incarnation(incarnation: int) -> int:
 MAX_TAIL_LINES = 100_000
 """The most lines a ReadJobLogs tail may ask for (``stockade logs --tail``); a worker's reading
 of them is bounded by the output it keeps (``max_output_mb``) all the same."""
+
+MAX_HELD_ASSIGNMENTS = 100_000
+"""Most assignments a restarted agent may say it holds in one registration (a worker runs at most
+one job per millicore, and a million-millicore worker of 10 ms jobs is not a case; the bound
+keeps the statement's array small)."""
+MAX_RESTART_HOLD_S = int(settings.MAX_RESTART_HOLD_S)
+"""The longest restart hold a heartbeat may ask for, in seconds (ten minutes): a restart that
+takes longer is an outage, and the worker's jobs pause at the fence deadline after it."""
+MAX_RESTART_HOLD_MS = MAX_RESTART_HOLD_S * 1000
+
+
+def check_resume(*, resume_incarnation: int, held_assignment_ids: Sequence[int]) -> tuple[int, ...]:
+    """Check what a restarted agent asks to keep (RegisterWorker's ``resume_incarnation`` and
+    ``held_assignment_ids``); returns the held ids, each once, in order.
+
+    Raises:
+        InvalidArgument: an incarnation outside 0..MAX_ID; held assignments without an
+            incarnation to continue (0), more than :data:`MAX_HELD_ASSIGNMENTS`, or an id outside
+            1..MAX_ID (named by its index).
+    """
+    _int_between("resume_incarnation", resume_incarnation, 0, MAX_ID)
+    if held_assignment_ids and resume_incarnation == 0:
+        raise InvalidArgument(
+            "held_assignment_ids",
+            f"{len(held_assignment_ids)} ids",
+            "must be empty unless resume_incarnation names the incarnation they belong to",
+        )
+    if len(held_assignment_ids) > MAX_HELD_ASSIGNMENTS:
+        raise InvalidArgument(
+            "held_assignment_ids",
+            f"{len(held_assignment_ids)} ids",
+            f"must hold at most {MAX_HELD_ASSIGNMENTS}",
+        )
+    for index, aid in enumerate(held_assignment_ids):
+        _int_between(f"held_assignment_ids[{index}]", aid, 1, MAX_ID)
+    return tuple(dict.fromkeys(held_assignment_ids))
+
+
+def check_restart_hold_ms(hold_ms: int) -> int:
+    """Check a heartbeat's ``restart_hold_ms`` (0: none).
+
+    Raises:
+        InvalidArgument: outside 0..MAX_RESTART_HOLD_MS.
+    """
+    return _int_between("restart_hold_ms", hold_ms, 0, MAX_RESTART_HOLD_MS)
+
 
 MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
 """The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
@@ -427,6 +473,16 @@ LIMITS = (
         "ReadJobLogs `tail_lines` (`stockade logs --tail`)",
         f"0 to {_n(MAX_TAIL_LINES)}; `stream` is `stdout` (or empty) or `stderr`",
         ("MAX_TAIL_LINES",),
+    ),
+    Limit(
+        "a restarted agent's `held_assignment_ids` (RegisterWorker, with `resume_incarnation`)",
+        f"at most {_n(MAX_HELD_ASSIGNMENTS)}, each an assignment id; none without `resume_incarnation`",
+        ("MAX_HELD_ASSIGNMENTS",),
+    ),
+    Limit(
+        "a planned restart's hold: Heartbeat `restart_hold_ms`, `stockade agent --restart-hold-s`",
+        f"0 to {_n(MAX_RESTART_HOLD_MS)} ms, 0 to {_n(MAX_RESTART_HOLD_S)} s (ten minutes)",
+        ("MAX_RESTART_HOLD_MS", "MAX_RESTART_HOLD_S"),
     ),
     Limit(
         "a drain's deadline: DrainWorker `deadline_ms`, `stockade drain --deadline-s`",

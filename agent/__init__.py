@@ -3,8 +3,9 @@
 Entry points are in :mod:`agent.main` (:func:`agent.main.run_agent`, :func:`agent.main.main`).
 Modules: :mod:`agent.messages` (typed messages), :mod:`agent.acceptance` (the pure Assign /
 Cancel rules), :mod:`agent.runtimes` (sleep and command jobs), :mod:`agent.reaper` (the
-per-job supervisor process of a command job: dies with the agent, kills the job at the fence
-deadline), :mod:`agent.joblog` (the ``agent.jsonl`` start/stop log), :mod:`agent.core`
+per-job supervisor process of a command job: pauses the job at the fence deadline, kills it at
+the grace, outlives the agent), :mod:`agent.adoption` (the records a restarted agent takes its
+predecessor's jobs over by), :mod:`agent.joblog` (the ``agent.jsonl`` start/stop log), :mod:`agent.core`
 (the :class:`~agent.core.Agent`:
 registration, heartbeats, self-fence, leave), :mod:`agent.fence` (its fence deadline),
 :mod:`agent.running` (its jobs' tasks, start and stop lines), :mod:`agent.control_plane` (register/heartbeat

@@ -136,6 +136,26 @@ class Admission:
         self.observe_epoch(epoch)
         self.fenced = False
 
+    def continued(self, incarnation: int, epoch: int, *, released: tuple[int, ...] = ()) -> None:
+        """Keep ``incarnation``, which a restarted agent continued (:mod:`agent.adoption`), and
+        stop being fenced: unlike :meth:`registered`, this life's memory stays (what the agent
+        took over and what ended before it registered belong to it), and ``released`` (the
+        assignments the control plane ended because this agent does not run them) is
+        remembered as cancelled, so a late Assign of one is refused."""
+        self.incarnation = incarnation
+        self.cancelled.update(released)
+        self.observe_epoch(epoch)
+        self.fenced = False
+
+    def reserve(self, assignment_id: int, *, cpu_millis: int, memory_mb: int) -> None:
+        """Hold resources for a job this agent took over from its previous process (it was
+        accepted then): from now on it is running here, as an accepted one is."""
+        if assignment_id in self.running:
+            return
+        self.running[assignment_id] = Reservation(cpu_millis=cpu_millis, memory_mb=memory_mb)
+        self.cpu_used_millis += cpu_millis
+        self.memory_used_mb += memory_mb
+
     def job_ended(self, assignment_id: int, *, finished: bool) -> None:
         """Release the reservation of an assignment whose job has really ended; ``finished``:
         it ended on its own (its outcome is reported), not stopped."""

@@ -40,7 +40,9 @@ cgroup ``A``::
 ``<owner>`` is :func:`agent.runtimes.owner_of` the worker's work folder, as for containers:
 two clusters on one machine may both have a ``w-1``. The worker's subtree holds only what its
 agent made, so at start every job cgroup in it is a leftover of an earlier life: whatever
-still runs there is SIGKILLed and the cgroup removed (:meth:`remove_leftovers`).
+still runs there is SIGKILLed and the cgroup removed (:meth:`remove_leftovers`), but for the
+cgroups of jobs whose supervisors still run, which the restarted agent takes over or stops
+itself (:mod:`agent.adoption`), then removes when they end.
 
 What the kernel reports: a job's OOM kills from ``memory.events`` (v2, ``oom_kill``) or
 ``memory.oom_control`` (v1, ``oom_kill``, kernels from 4.13), its CPU time from ``cpu.stat``
@@ -63,7 +65,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -451,8 +453,9 @@ class Cgroup2Resources:
         folder = self.worker_dir / name
         return Cgroup2Job(name=name, folder=folder) if folder.is_dir() else None
 
-    def remove_leftovers(self) -> list[str]:
-        return [str(p) for p in _remove_now(_subdirs(self.worker_dir), LEFTOVER_WAIT_S)]
+    def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
+        found = [sub for sub in _subdirs(self.worker_dir) if sub.name not in keep]
+        return [str(p) for p in _remove_now(found, LEFTOVER_WAIT_S)]
 
     def close(self) -> None:
         _remove_now([self.worker_dir], 0.0)
@@ -616,8 +619,10 @@ class Cgroup1Resources:
         folders = {c: w / name for c, w in self.worker_dirs.items()}
         return Cgroup1Job(name=name, folders=folders) if folders["memory"].is_dir() else None
 
-    def remove_leftovers(self) -> list[str]:
-        found = [sub for worker in _distinct(self.worker_dirs) for sub in _subdirs(worker)]
+    def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
+        found = [
+            sub for worker in _distinct(self.worker_dirs) for sub in _subdirs(worker) if sub.name not in keep
+        ]
         return [str(p) for p in _remove_now(found, LEFTOVER_WAIT_S)]
 
     def close(self) -> None:
@@ -725,10 +730,12 @@ def worker_key(settings: AgentSettings) -> str:
 
 
 async def resource_settings(
-    settings: AgentSettings, logger: Any, *, host: Host | None = None
+    settings: AgentSettings, logger: Any, *, host: Host | None = None, keep: Collection[str] = ()
 ) -> tuple[AgentSettings, JobResources]:
     """The worker's job resources (:func:`select_resources`), once the job cgroups an earlier
-    life of this worker left are removed, with ``settings`` given the label ``resources=<mode>``;
+    life of this worker left are removed but those named in ``keep`` (the job folders' names of
+    jobs whose supervisors still run, for the restarted agent to take over or stop:
+    :mod:`agent.adoption`), with ``settings`` given the label ``resources=<mode>``;
     the mode, where, and why a better one was not taken are logged. The file system calls run
     in a thread.
 
@@ -745,7 +752,7 @@ async def resource_settings(
             host=host,
         )
     )
-    removed = await trio.to_thread.run_sync(resources.remove_leftovers)
+    removed = await trio.to_thread.run_sync(resources.remove_leftovers, frozenset(keep))
     if removed:
         logger.warning(
             "removed job cgroups left by an earlier life of this worker", count=len(removed), cgroups=removed

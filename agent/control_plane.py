@@ -95,6 +95,8 @@ class GrpcControlPlane:
                 agent_run_id=request.agent_run_id,
                 registration_seq=request.registration_seq,
                 finished=[outcome_to_pb(o) for o in request.finished],
+                resume_incarnation=request.resume_incarnation,
+                held_assignment_ids=list(request.held_assignment_ids),
             ),
             deadline_s,
         )
@@ -102,6 +104,9 @@ class GrpcControlPlane:
             incarnation=reply.incarnation,
             epoch=reply.epoch,
             dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
+            resumed=reply.resumed,
+            stop_assignment_ids=tuple(reply.stop_assignment_ids),
+            released_assignment_ids=tuple(reply.released_assignment_ids),
         )
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
@@ -114,6 +119,7 @@ class GrpcControlPlane:
                 running_assignment_ids=list(request.running_assignment_ids),
                 finished=[outcome_to_pb(o) for o in request.finished],
                 epoch_seen=request.epoch_seen,
+                restart_hold_ms=request.restart_hold_ms,
             ),
             deadline_s,
         )
@@ -121,6 +127,7 @@ class GrpcControlPlane:
             epoch=reply.epoch,
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             reregister=reply.reregister,
+            restart_hold_granted=reply.restart_hold_granted,
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:

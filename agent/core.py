@@ -40,9 +40,17 @@ is no module-level state). Its pieces:
   deadlines, on the ``CLOCK_MONOTONIC`` clock all processes share, to
   ``<work_dir>/fence_deadline``. Each command job runs under a reaper process
   (:mod:`agent.reaper`) that SIGSTOPs the job once the fence deadline has passed and records
-  the time, SIGKILLs it at the kill deadline, resumes it when the deadlines move on, and kills
-  the job when the agent dies. A frozen agent's command jobs thus pause at the deadline, not
+  the time, SIGKILLs it at the kill deadline, and resumes it when the deadlines move on, also
+  after the agent died. A frozen (or dead) agent's command jobs thus pause at the deadline, not
   when it thaws;
+- restarts that keep jobs (:mod:`agent.adoption`): before it registers, the agent takes over
+  what a previous process of its work folder left running (jobs it proves its own by their
+  records), stops what it does not keep (and waits until it is gone), and asks the control
+  plane to continue their incarnation (:meth:`Agent._keep_taken_over`); only a reply that
+  continued it moves the fence deadline on, which resumes jobs that paused meanwhile. Else it
+  registers a new incarnation as always, stopping every job first. A planned restart (SIGHUP,
+  :meth:`Agent.prepare_restart`) has a heartbeat record a restart hold first, so the next
+  process has that long to come back before any job pauses (docs/design.md, "Restarts");
 - one task per running job (:mod:`agent.running`), shielded from cancellation: a job ends
   only through its stop event (or its reaper), so its ``stop`` line is written after it has
   really ended, also at shutdown;
@@ -92,11 +100,15 @@ live or fenced); what stands alone is in :mod:`agent.fence` and :mod:`agent.runn
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from pathlib import Path
 
+import attrs
 import trio
 
+from agent import adoption
 from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, unix_time_of
@@ -196,6 +208,16 @@ class Agent:
             logger=self._logger,
         )
         self._registered_once = trio.Event()
+        self._takeover: adoption.TakeoverPlan | None = None
+        """What this agent found of its previous process (:meth:`_take_over`), until it has
+        been kept or stopped."""
+        self._continued = trio.Event()
+        """Set once the control plane continued the incarnation of the jobs taken over: their
+        sleep jobs run on from then."""
+        self._restart_hold_s: float | None = None
+        """While a planned restart asks for its hold (:meth:`prepare_restart`): how long."""
+        self._restart_granted = trio.Event()
+        """Set once a heartbeat the database acknowledged recorded the restart hold."""
 
     # ------------------------------------------------------------------ read-only views
 
@@ -261,6 +283,8 @@ class Agent:
         nothing is accepted after it.
         """
         self._fence_if_due()
+        if self._restart_hold_s is not None:
+            self._admission.fenced = True  # a planned restart takes nothing new
         decision = self._admission.assign(order)
         for refusal in decision.refused:
             if refusal.reason is RefusalReason.NO_ROOM:
@@ -309,14 +333,21 @@ class Agent:
 
         Raises:
             OSError: the work folder or the log file cannot be created.
+            LocalFileError: another agent process runs on the same work folder.
         """
         self.address = address
         self.joblog.open()
+        try:
+            lock = adoption.lock_work_dir(self.work_dir)
+        except BaseException:
+            self.joblog.close()
+            raise
         stopping_since: float | None = None
         try:
             async with trio.open_nursery() as job_nursery:
                 self._jobs.nursery = job_nursery
                 try:
+                    self._take_over()
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._heartbeat_loop)
                         nursery.start_soon(self._fence_watch)
@@ -335,6 +366,7 @@ class Agent:
                         await self._leave(stopping_since)
             finally:
                 self.joblog.close()
+                os.close(lock)
 
     # ------------------------------------------------------------------ leave
 
@@ -483,11 +515,220 @@ class Agent:
         self._fence.live.set()
         self._registered_once.set()
 
+    # ------------------------------------------------------------------ restarts
+
+    def _take_over(self) -> None:
+        """Find what the previous agent process of this work folder left running and take it
+        over (:mod:`agent.adoption`): jobs that ended meanwhile get their ``stop`` lines and their
+        outcomes now, the others a task that watches them, holding their reservations; those
+        not to be kept (strays, older incarnations, those that do not fit a smaller capacity,
+        all of them when the kill deadline is near) are asked to stop. No checkpoint: called
+        before the heartbeat loop, which stops what is not kept and asks the control plane to
+        continue the incarnation of the rest (:meth:`_keep_taken_over`)."""
+        found = adoption.survey(
+            self.jobs_dir, worker_id=self.worker_id, deadline_path=self.fence_deadline_path
+        )
+        if not found.found and not found.strays:
+            return
+        plan = adoption.plan_takeover(
+            found,
+            cpu_millis=self.settings.cpu_millis,
+            memory_mb=self.settings.memory_mb,
+            now_s=time.monotonic(),
+            min_left_s=self._fence.fence_after_s,
+            pidfds=hasattr(os, "pidfd_open"),
+        )
+        pause_at, kill_at = found.deadline if found.deadline is not None else (None, None)
+        self._logger.warning(
+            "found jobs of the previous agent process",
+            running=len(plan.watch),
+            ended=len(plan.settle),
+            strays=len(plan.strays),
+            keep=len(plan.keep),
+            incarnation=plan.incarnation,
+        )
+        for item in plan.settle:
+            self._jobs.settle_ended(item)
+        for item in plan.watch:
+            job = self._jobs.adopt(item, go=self._continued, pause_at_s=pause_at, kill_at_s=kill_at)
+            aid = item.record.assignment_id
+            if job is None:  # its reaper exited since the survey: it ended on its own terms
+                self._jobs.settle_ended(attrs.evolve(item, verdict=adoption.Verdict.ENDED))
+            elif aid in plan.stop:
+                self._logger.warning(
+                    "stopping a job of the previous agent process",
+                    job_id=item.record.job_id,
+                    assignment_id=aid,
+                    why=plan.stop[aid],
+                )
+                self._jobs.request_stop(job, StopReason.RESTART)
+        self._takeover = plan
+
+    async def _keep_taken_over(self) -> bool:
+        """Stop what :meth:`_take_over` is not to keep and wait until it is gone, then ask the
+        control plane to continue the incarnation of the rest. True when it did: the kept jobs
+        run on in it (and this agent accepts work in it); False: register a new incarnation,
+        stopping the rest first."""
+        plan, self._takeover = self._takeover, None
+        if plan is None:
+            return False
+        await adoption.stop_strays(plan.strays, stop_grace_s=self.settings.stop_grace_s)
+        for stray in plan.strays:  # their cgroups were kept for them at start
+            await self._jobs.release_cgroup(os.path.basename(stray.cwd))
+        await self._jobs.stop(list(plan.stop), StopReason.RESTART)
+        if plan.incarnation is None:
+            return False
+        return await self._continue_incarnation(plan.incarnation, set(plan.keep), plan.kill_at_s)
+
+    async def _continue_incarnation(self, incarnation: int, keep: set[int], kill_at_s: float | None) -> bool:
+        """Register asking to continue ``incarnation`` with the jobs of ``keep`` still running
+        (retrying while no control plane answers, until their kill deadline ``kill_at_s``,
+        ``time.monotonic()``, is less than a fence span ahead). On a
+        reply that continued it: remember what the control plane released, stop what it lists
+        as ended, and, if the registration's own fence deadline is still ahead, move the
+        deadline on (the reapers resume paused jobs on it, as after an acknowledged heartbeat)
+        and go live. Returns False when the incarnation was not continued, or the reply came too
+        late to resume on: the caller registers anew, stopping every job first."""
+        self._registrations += 1
+        failures = 0
+        while True:
+            held = tuple(
+                aid
+                for aid in self._jobs.ids()
+                if aid in keep and (job := self._jobs.get(aid)) is not None and not job.stop.is_set()
+            )
+            if not held:
+                self._logger.info(
+                    "nothing left to keep of the previous agent process", incarnation=incarnation
+                )
+                return False
+            if kill_at_s is not None and time.monotonic() > kill_at_s - self._fence.fence_after_s:
+                self._logger.warning(
+                    "no control plane answered before the jobs' kill deadline: registering anew",
+                    incarnation=incarnation,
+                    attempts=failures,
+                )
+                return False
+            sent_at = trio.current_time()
+            finished = tuple(self._unacked)
+            try:
+                reply = await self._cp.register(
+                    Registration(
+                        worker_id=self.worker_id,
+                        address=self.address,
+                        cpu_millis=self.settings.cpu_millis,
+                        memory_mb=self.settings.memory_mb,
+                        labels=dict(self.settings.labels),
+                        finished=finished,
+                        agent_run_id=self._run_id,
+                        registration_seq=self._registrations,
+                        resume_incarnation=incarnation,
+                        held_assignment_ids=held,
+                    ),
+                    deadline_s=self._fence.call_deadline_s(),
+                )
+            except PermissionDenied as exc:
+                self._logger.error("registration refused", error=str(exc))
+                raise
+            except StockadeError as exc:
+                failures += 1
+                if failures % _LOG_EVERY_FAILURES == 1:
+                    self._logger.warning(
+                        "continuing the incarnation failed, retrying",
+                        error=str(exc),
+                        attempts=failures,
+                        incarnation=incarnation,
+                    )
+                await trio.sleep(self.settings.register_retry_s)
+                continue
+            break
+        del self._unacked[: len(finished)]
+        if not reply.resumed:
+            self._logger.warning(
+                "the control plane did not continue the incarnation (declared dead, or registered "
+                "again since): stopping the jobs of the previous agent process",
+                incarnation=incarnation,
+                jobs=len(held),
+            )
+            return False
+        fence_s = fence_after_s(self.settings, reply.dead_after_s)
+        self._fence.fence_after_s = fence_s
+        self._admission.continued(
+            incarnation, reply.epoch, released=reply.released_assignment_ids + reply.stop_assignment_ids
+        )
+        if reply.stop_assignment_ids:
+            self._logger.info(
+                "control plane ended kept assignments", assignment_ids=list(reply.stop_assignment_ids)
+            )
+            await self._jobs.stop(list(reply.stop_assignment_ids), StopReason.STOPPED_BY_CONTROL_PLANE)
+        if trio.current_time() >= sent_at + fence_s:
+            self._logger.warning("incarnation continued too late to resume on", incarnation=incarnation)
+            return False
+        self._fence.publish(sent_at + fence_s)  # the reapers resume on it, as after a heartbeat
+        self._fence.last_acked_send_time = sent_at
+        self._fence.self_fenced = False
+        self._fence.paused = False
+        self._fence.fenced_at = None
+        self._continued.set()
+        self.joblog.write(LogEvent.REGISTER, incarnation=incarnation, epoch=self.max_epoch_seen)
+        self._logger.info(
+            "continued the incarnation of the previous agent process",
+            incarnation=incarnation,
+            kept=len(held) - len(reply.stop_assignment_ids),
+            released=len(reply.released_assignment_ids),
+            attempts=failures + 1,
+        )
+        self._fence.live.set()
+        self._registered_once.set()
+        return True
+
+    async def prepare_restart(self, hold_s: float, *, timeout_s: float | None = None) -> bool:
+        """Prepare a planned restart: this process will exit leaving its jobs running, for an
+        agent started again on the same work folder to take over (:mod:`agent.adoption`).
+
+        Stops accepting work, then has the next heartbeat ask for a restart hold of ``hold_s``
+        (the control planes then count no silence of this worker and place nothing on it for
+        that long, from the heartbeat's commit). Once a heartbeat the database acknowledged
+        recorded it, the fence deadline moves to that heartbeat's send time plus ``hold_s`` plus
+        the fence span (the kill deadline as far), every sleep job's record is brought up to
+        date, and no heartbeat is sent any more. Waits at most ``timeout_s`` (None: the fence
+        span) for it. Safety: docs/design.md, "Restarts".
+
+        Returns:
+            True once the hold is recorded; False when it was not within ``timeout_s`` (the
+            jobs then pause at the fence deadline as for a killed agent).
+        """
+        self._admission.fenced = True  # nothing new from here on: it would not be reported
+        self._jobs.keep_records = True  # a job ending now is settled by the next agent
+        if self._admission.incarnation is None or self._fence.self_fenced:
+            return False
+        self._restart_hold_s = hold_s
+        with trio.move_on_after(self._fence.fence_after_s if timeout_s is None else timeout_s):
+            await self._restart_granted.wait()
+        return self._restart_granted.is_set()
+
+    def _hold_granted(self, sent_at: float, hold_s: float) -> None:
+        """A heartbeat sent at ``sent_at`` recorded a restart hold of ``hold_s``: move the
+        deadlines on by it (published for the reapers), stop heartbeating, park the fence
+        watcher. No checkpoint."""
+        self._fence.publish(sent_at + hold_s + self._fence.fence_after_s)
+        self._jobs.record_progress()
+        self._leave_live()
+        self._restart_granted.set()
+        self._logger.warning(
+            "restart hold recorded: leaving the jobs to the next agent process",
+            hold_s=hold_s,
+            jobs=len(self._jobs),
+            incarnation=self._admission.incarnation,
+        )
+
     # ------------------------------------------------------------------ heartbeats
 
     async def _heartbeat_loop(self) -> None:
         interval_s = self.settings.heartbeat_interval_s
-        await self._register(StopReason.REREGISTER)
+        if not await self._keep_taken_over():
+            # A new incarnation: whatever was taken over and not kept is stopped first.
+            await self._register(StopReason.RESTART)
         # Counted from the registration's send time, as after a heartbeat: a slow answer is
         # followed at once, not an interval later, while the deadline runs from the send.
         assert self._fence.last_acked_send_time is not None
@@ -496,6 +737,10 @@ class Agent:
         failures = 0
         while True:
             await beats.tick()
+            if self._restart_granted.is_set():
+                # The hold is recorded and the deadline moved on by it: no heartbeat may move
+                # it back before the process exits (prepare_restart).
+                await trio.sleep_forever()
             ok = await self._heartbeat_once(failures)
             failures = 0 if ok else failures + 1
 
@@ -510,6 +755,7 @@ class Agent:
             running_assignment_ids=self.running_assignment_ids,
             finished=tuple(self._unacked),
             epoch_seen=self.max_epoch_seen,
+            restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
         )
         sent_at = trio.current_time()
         try:
@@ -556,6 +802,8 @@ class Agent:
             if job is not None:
                 self._logger.info("control plane ended a running assignment", assignment_id=aid)
                 self._jobs.request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
+        if report.restart_hold_ms and answer.restart_hold_granted:
+            self._hold_granted(sent_at, report.restart_hold_ms / 1000)
 
     # ------------------------------------------------------------------ pause and self-fence
 
@@ -620,6 +868,7 @@ class Agent:
         fence.paused = False
         fence.fenced_at = None
         fence.pause_ended(now)
+        self._jobs.record_progress()  # sleep jobs' records: the pause does not count
         self._admission.fenced = False
         fence.live.set()
         self.joblog.write(

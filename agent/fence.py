@@ -36,6 +36,12 @@ def monotonic_of(trio_time: float) -> float:
     return time.monotonic() + (trio_time - trio.current_time())
 
 
+def trio_time_of(monotonic_s: float) -> float:
+    """A ``time.monotonic()`` time (another process's, such as the fence-deadline file's) in
+    trio's clock."""
+    return trio.current_time() + (monotonic_s - time.monotonic())
+
+
 def unix_time_of(trio_time: float) -> float:
     """``trio_time`` (trio's clock) as a wall-clock ``time.time()`` time."""
     return time.time() + (trio_time - trio.current_time())

@@ -366,10 +366,15 @@ async def run_fleet(
             task_status.started(agents)
 
 
+async def _serve_fleet(workers: Sequence[AgentSettings], agents: list[Agent]) -> None:
+    async with trio.open_nursery() as nursery:
+        agents.extend(await nursery.start(run_fleet, workers))
+
+
 async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
     logger = log.get("fleet")
     await serve_until_signal(
-        partial(run_fleet, workers),
+        partial(_serve_fleet, workers),
         logger=logger,
         message="stopping: signal received, stopping every worker's jobs",
     )
@@ -388,7 +393,9 @@ def main(
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job of every worker is stopped (and logged) before this
-    returns, so the caller exits with status 0. Must run in the main thread.
+    returns, so the caller exits with status 0. On SIGHUP the process exits for a planned
+    restart of every worker, leaving their jobs running (:func:`agent.main.restart_on_signal`).
+    Must run in the main thread.
 
     Args:
         workers: one settings object per worker (:func:`fleet_settings`).

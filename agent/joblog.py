@@ -26,8 +26,13 @@ when the line is written: for a command job, the time its reaper saw it and ever
 started gone, or the reaper's kill time when it killed the job at the fence deadline (the
 agent may have been frozen long past it); for a sleep job the agent was fenced past, the
 fence deadline (see :mod:`agent.core`). Each line is flushed as it is written (not
-fsynced): a crashed agent's jobs die with it (their reapers kill them, see
-:mod:`agent.reaper`), so a lost tail only hides stops that did happen.
+fsynced): a killed agent loses none (they are in the kernel's cache), and a crashed machine
+takes every job down with it, so a lost tail only hides stops that did happen.
+
+A restart that keeps jobs (:mod:`agent.adoption`) writes into the same file: the agent started
+again writes the ``stop`` line of each job its predecessor started (same incarnation and epoch
+as its ``start`` line), whether it took the job over, stopped it, or found it ended, and a
+``register`` line with the incarnation it continued (the same number as before) or the new one.
 """
 
 from __future__ import annotations

@@ -11,17 +11,23 @@ passed in. :func:`main` also measures the process's event-loop lag
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from agent import adoption
 from agent.cgroups import resource_settings
 from agent.container import container_settings
 from agent.control_plane import ControlPlane, GrpcControlPlane
 from agent.core import Agent
+from agent.fence import FENCE_DEADLINE_FILE
 from agent.logs import LogReader
 from agent.output import OutputFiles, OutputKeeper
 from agent.runtimes import job_runner
@@ -112,7 +118,10 @@ async def run_agent(
     logger = log.get("agent").bind(worker_id=settings.worker_id)
     settings = await container_settings(settings, logger)
     # The label resources=cgroup2|cgroup1|rlimit, and no job cgroup of an earlier life left.
-    settings, resources = await resource_settings(settings, logger)
+    # The cgroups of jobs whose supervisors still run stay: this agent takes them over (or
+    # stops them itself) once it runs (agent.adoption).
+    live = adoption.supervised_job_folders(str(Path(settings.work_dir) / FENCE_DEADLINE_FILE))
+    settings, resources = await resource_settings(settings, logger, keep=live)
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(
@@ -186,23 +195,73 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         task_status.started(agent)
 
 
-async def serve_until_signal(work: Callable[[], Awaitable[object]], *, logger: Any, message: str) -> None:
+RESTART_SIGNAL = signal.SIGHUP
+"""The signal that asks an agent (or a fleet) process for a planned restart: it exits leaving its
+jobs running, for the process started next on the same work folders to take over
+(:func:`restart_on_signal`). SIGTERM and SIGINT keep their meaning: a clean stop."""
+
+
+async def serve_until_signal(
+    work: Callable[[list[Agent]], Awaitable[object]], *, logger: Any, message: str
+) -> None:
     """Run ``work`` beside the process's loop-lag probe (loop ``agent``), under the asyncio
     bridge, until SIGTERM or SIGINT (:func:`runtime.loops.run_until_signal`, which logs
-    ``message``); the agent and the fleet processes both run so."""
+    ``message``); the agent and the fleet processes both run so. ``work`` gets a list it fills
+    with its agents as they start: a :data:`RESTART_SIGNAL` restarts those
+    (:func:`restart_on_signal`)."""
+    agents: list[Agent] = []
 
     async def serve() -> None:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
             nursery.start_soon(LoopLag(loop="agent").run)
-            nursery.start_soon(work)
+            nursery.start_soon(restart_on_signal, agents, logger)
+            nursery.start_soon(work, agents)
 
     await run_until_signal(serve, logger=logger, message=message)
+
+
+async def restart_on_signal(agents: Sequence[Agent], logger: Any) -> None:
+    """On :data:`RESTART_SIGNAL`: a planned restart of this process's ``agents``. Each stops
+    taking work and has a heartbeat record a restart hold of its ``restart_hold_s``
+    (:meth:`agent.core.Agent.prepare_restart`, at most the fence span each, all at once); then
+    the process exits at once (status 0), leaving every job running under its reaper, which
+    the next process on the same work folder takes over. One whose hold was not recorded in
+    time leaves its jobs as a killed agent does: they pause at the fence deadline."""
+    with trio.open_signal_receiver(RESTART_SIGNAL) as received:
+        async for _ in received:
+            logger.warning(
+                "restarting: signal received, leaving every job to the next agent process",
+                signal=RESTART_SIGNAL.name,
+                workers=len(agents),
+            )
+            held: dict[str, bool] = {}
+            async with trio.open_nursery() as nursery:
+                for agent in list(agents):
+                    nursery.start_soon(_prepare_restart, agent, held)
+            logger.warning(
+                "exiting for the restart",
+                held=sorted(w for w, ok in held.items() if ok),
+                not_held=sorted(w for w, ok in held.items() if not ok),
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # No clean-up: that would stop the jobs. Every job line is flushed as written.
+            os._exit(0)
+
+
+async def _prepare_restart(agent: Agent, held: dict[str, bool]) -> None:
+    held[agent.worker_id] = await agent.prepare_restart(agent.settings.restart_hold_s)
+
+
+async def _serve_one(settings: AgentSettings, agents: list[Agent]) -> None:
+    async with trio.open_nursery() as nursery:
+        agents.append(await nursery.start(run_agent, settings))
 
 
 async def _run_until_signal(settings: AgentSettings) -> None:
     logger = log.get("agent")
     await serve_until_signal(
-        partial(run_agent, settings), logger=logger, message="stopping: signal received, stopping every job"
+        partial(_serve_one, settings), logger=logger, message="stopping: signal received, stopping every job"
     )
     logger.info("agent stopped")
 
@@ -218,7 +277,9 @@ def main(
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job is stopped (and logged) before this returns, so the
-    caller exits with status 0. Must run in the main thread (it installs signal handlers).
+    caller exits with status 0. On SIGHUP the process exits for a planned restart, leaving its
+    jobs running (:func:`restart_on_signal`). Must run in the main thread (it installs signal
+    handlers).
 
     Args:
         settings: the worker's settings.

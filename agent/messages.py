@@ -68,6 +68,11 @@ class StopReason(StrEnum):
     """A heartbeat reply asked the worker to register again."""
     SHUTDOWN = "shutdown"
     """The agent was cancelled (SIGTERM, SIGINT, or its nursery ended)."""
+    RESTART = "restart"
+    """A restarted agent found it running (its reaper outlived the previous agent process) and
+    did not keep it: it did not fit the worker's new capacity, its record did not prove it was
+    this worker's, or the control plane did not continue the incarnation it ran in
+    (:mod:`agent.adoption`)."""
 
 
 # ---------------------------------------------------------------------------- job orders
@@ -172,16 +177,26 @@ class Registration:
     copy of a registration (a retry, a hedge) get the incarnation the first one created."""
     registration_seq: int = 0
     """The number of this registration in the run: 1, 2, ...; the same for every attempt."""
+    resume_incarnation: int = 0
+    """A restarted agent's ask to continue this incarnation, whose jobs it took over (0: a new
+    incarnation)."""
+    held_assignment_ids: tuple[int, ...] = ()
+    """With ``resume_incarnation``: the assignments of it whose jobs this agent runs."""
 
 
 @attrs.frozen(kw_only=True)
 class Registered:
     """A RegisterWorker reply: this life's incarnation, the current epoch, and the control
-    planes' dead_after in seconds (None when the control plane did not say)."""
+    planes' dead_after in seconds (None when the control plane did not say); for a registration
+    that asked to continue an incarnation, whether it was continued, the held assignments to stop
+    and those the control plane released (ended: refuse them)."""
 
     incarnation: int
     epoch: int
     dead_after_s: float | None = None
+    resumed: bool = False
+    stop_assignment_ids: tuple[int, ...] = ()
+    released_assignment_ids: tuple[int, ...] = ()
 
 
 MAX_OUTCOME_DETAIL_BYTES = 4096
@@ -219,6 +234,8 @@ class HeartbeatReport:
     finished: tuple[Outcome, ...]
     """Every outcome not yet acknowledged by a heartbeat reply."""
     epoch_seen: int
+    restart_hold_ms: int = 0
+    """A planned restart's hold (0: none): see ``HeartbeatRequest`` in the protocol."""
 
 
 @attrs.frozen(kw_only=True)
@@ -228,6 +245,7 @@ class HeartbeatAnswer:
     epoch: int
     stop_assignment_ids: tuple[int, ...] = ()
     reregister: bool = False
+    restart_hold_granted: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -5,10 +5,19 @@ own (see :func:`reaper_argv`), the leader of a new session and of a process grou
 and the reaper starts the job. It exists because the agent alone cannot keep invariant 7
 (DESIGN.md) when it dies or freezes:
 
-- **It dies with the agent.** Its ``PR_SET_PDEATHSIG`` is SIGUSR1, which it handles: it
-  SIGKILLs the job's whole process group and every other descendant, waits until they are
-  gone, and exits. (``PR_SET_PDEATHSIG`` on the job alone kills only the job's main process;
-  its children would live on, re-parented to pid 1.)
+- **It outlives the agent.** When the agent dies (a crash, SIGKILL, a restart) the reaper keeps
+  its job as it keeps it for a frozen agent: the job runs on until the pause deadline of the
+  fence-deadline file below (as the dead agent last wrote it), is paused there and killed at
+  the kill deadline. So a dead agent's jobs stop by the same deadlines as a frozen one's
+  (invariant 7 holds by the same argument), and an agent started again on the same work
+  folder within them can take the job over (:mod:`agent.adoption`): it proves the reaper is
+  its own (the job folder's record, the reaper's pid and start time, its command line naming
+  this work folder's deadline file), watches it through a pidfd, signals it and reads its
+  report as its parent would. (Until restarts kept jobs, the reaper's ``PR_SET_PDEATHSIG``
+  killed the job the moment the agent died, which made every restart lose its running work.)
+  A reaper started with no deadline file (a tool's :func:`agent.runtimes.run_job`, outside an
+  agent) has no deadman and no agent to take it over: it still dies with its parent, through
+  ``PR_SET_PDEATHSIG`` = SIGUSR1, handled as the agent's kill.
 - **It is a deadman switch.** The agent keeps a per-worker fence-deadline file
   (``<work_dir>/fence_deadline``, :func:`write_fence_deadline`, replaced atomically) with two
   ``time.monotonic()`` times (``CLOCK_MONOTONIC``, which every process on the machine shares
@@ -37,12 +46,13 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
 - **It forwards a graceful stop.** SIGTERM to the reaper: SIGTERM to the job's process group,
   then SIGKILL to the group and every descendant after ``stop_grace_s`` (the agent's stop
   semantics, now timed by the reaper, so a freeze of the agent mid-stop does not stretch the
-  grace). SIGUSR1 from the agent (or from the kernel when the agent dies): SIGKILL at once.
+  grace). SIGUSR1 from the agent (or from the agent that took it over): SIGKILL at once.
 - **It tells the agent when the start is over.** The agent passes the write end of a pipe
   (``STARTED_FD``, close-on-exec in the reaper, so the job never holds it); the reaper writes
   one byte, :data:`STARTED_BYTE`, once the job has exec'd (the exec-error pipe below read
   EOF), and closes it. A reaper that does not start the job (the fence deadline had passed,
-  the exec failed, the agent was already gone) writes nothing; its exit closes the pipe. The
+  the exec failed, the agent was already gone) writes nothing; its exit closes the pipe (one
+  whose agent died after the start writes into a pipe nobody reads: the error is ignored). The
   agent frees the job's start slot when the pipe is readable (the byte or EOF), so the
   number of command jobs starting at once is bounded by what really is starting, not by a
   timer (see :mod:`agent.starts`).
@@ -151,7 +161,8 @@ STARTED_BYTE = b"1"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_PARENT_DEATH_SIGNAL = signal.SIGUSR1
+_KILL_SIGNAL = signal.SIGUSR1
+"""The agent's "kill the job now" (a stop past its grace, a cancel while paused)."""
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1)
 _EXIT_CANNOT_START = 127
 _EXIT_AGENT_GONE = 125
@@ -531,7 +542,7 @@ class _Reaper:
         still pending here (it signals before it writes): it wins, and the job never runs
         again."""
         pending = signal.sigpending()
-        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
+        if signal.SIGTERM in pending or _KILL_SIGNAL in pending:
             self.stop_job(at_once=True)
             return
         try:
@@ -571,17 +582,17 @@ class _Reaper:
         started one. Returns ``"start"`` once the agent moved the deadlines on and asked for no
         stop (a stop it signalled before it moved them is still pending here and wins),
         ``"fenced"`` at the kill deadline (also at once when the file could not be read: both
-        deadlines count as passed), ``"stopped"`` when a stop (SIGTERM) or the agent's death
-        (SIGUSR1) came first."""
+        deadlines count as passed), ``"stopped"`` when a stop (SIGTERM) or a kill (SIGUSR1)
+        came first."""
         while self.fence_due():
             if self.kill_due() or self.fence_kill_at is None:
                 return "fenced"
             timeout = min(POLL_S, self.fence_kill_at - time.monotonic())
             info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
-            if info is not None and info.si_signo in (signal.SIGTERM, _PARENT_DEATH_SIGNAL):
+            if info is not None and info.si_signo in (signal.SIGTERM, _KILL_SIGNAL):
                 return "stopped"
         pending = signal.sigpending()
-        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
+        if signal.SIGTERM in pending or _KILL_SIGNAL in pending:
             return "stopped"
         return "start"
 
@@ -746,7 +757,7 @@ class _Reaper:
                 continue
             if info.si_signo == signal.SIGTERM and not self.killed:
                 self.stop_job(at_once=False)
-            elif info.si_signo == _PARENT_DEATH_SIGNAL:
+            elif info.si_signo == _KILL_SIGNAL:
                 self.stop_job(at_once=True)
 
     def reap(self) -> int | None:
@@ -904,10 +915,16 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # never inherit SIG_IGN (auto-reaping)
     libc = _load_libc()
     if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, _PARENT_DEATH_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
+        if not deadline_path:
+            # No deadman (a tool's run_job, outside an agent): nothing could take the job over,
+            # nor stop it later, so it dies with its parent, as every job did before restarts
+            # kept them (the parent-death signal fires when the forking thread ends).
+            libc.prctl(_PR_SET_PDEATHSIG, _KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != parent_pid:
-        return _EXIT_AGENT_GONE  # the agent died before PR_SET_PDEATHSIG took effect
+        # The agent died while it started this reaper: it wrote no record of it, so no agent
+        # could take the job over. Start nothing.
+        return _EXIT_AGENT_GONE
     reaper = _Reaper(grace_s=grace_s, deadline_path=deadline_path)
     reaper.read_deadline()
     held = reaper.hold_start() if reaper.fence_due() else "start"

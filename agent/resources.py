@@ -44,6 +44,7 @@ or throttled with the job).
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from typing import Protocol
 
 import attrs
@@ -206,9 +207,9 @@ class JobResources(Protocol):
     def find(self, name: str) -> ConfinedJob | None:
         """The confinement of a running job ``name``, or None (for measurements and tests)."""
 
-    def remove_leftovers(self) -> list[str]:
+    def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         """Remove the job cgroups an earlier life of this worker left (killing what still
-        runs in them); return their paths."""
+        runs in them), but those named in ``keep``; return their paths."""
 
     def close(self) -> None:
         """Remove what the worker's jobs shared (once every job has ended); errors are ignored."""
@@ -244,7 +245,7 @@ class RlimitResources:
     def find(self, name: str) -> ConfinedJob | None:
         return None
 
-    def remove_leftovers(self) -> list[str]:
+    def remove_leftovers(self, keep: Collection[str] = ()) -> list[str]:
         return []
 
     def close(self) -> None:

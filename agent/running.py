@@ -7,10 +7,17 @@ heartbeats, and frees the job's reservation. Which outcomes are reported, and wh
 counts as stopped by the fence, is argued in :mod:`agent.core`; the fence state itself is
 the agent's :class:`agent.fence.FenceClock`, read here, and fencing is the agent's
 (``fence_if_due``, ``fence_now``), since it also changes what the agent accepts.
+
+Every started job has a record in its folder (:mod:`agent.adoption`) from its ``start`` line
+until its ``stop`` line, so that an agent started again on the same work folder can take it over
+(:meth:`RunningJobs.adopt`) or write its ``stop`` line and report its outcome when it ended while
+no agent watched it (:meth:`RunningJobs.settle_ended`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,12 +26,14 @@ from typing import Any
 import attrs
 import trio
 
+from agent import adoption
 from agent.acceptance import Admission
-from agent.fence import FenceClock
+from agent.adoption import Found, JobRecord, ReaperWatch, Verdict
+from agent.fence import FenceClock, monotonic_of, trio_time_of, unix_time_of
 from agent.job_env import job_environment
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
-from agent.resources import JobLimits, JobResources
+from agent.resources import JobLimits, JobResources, JobUsage, release
 from agent.runtimes import (
     ContainerJob,
     JobResult,
@@ -33,10 +42,11 @@ from agent.runtimes import (
     either,
     forks,
     job_dir_for,
+    oom_killed,
     owner_of,
 )
 from agent.starts import StartLimiter, StartTicket
-from runtime.jobs import CommandRuntime, ContainerRuntime
+from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
 
@@ -62,6 +72,16 @@ class Job:
     reported: bool = False
     """True once it ended on its own and its outcome waits to be reported (never for a job
     stopped by the control plane, a fence or a shutdown)."""
+    job_dir: Path | None = None
+    """Its folder, where its record is (:mod:`agent.adoption`); None until it started."""
+    record: JobRecord | None = None
+    """Its record as last written; None when it has none (not started, or it could not be
+    written: then a restarted agent does not keep it)."""
+    adopted: bool = False
+    """True for a job this agent took over from its previous process."""
+    held: bool = False
+    """True while a sleep job taken over waits for its incarnation to be continued: its record
+    still holds the time it ran in the previous process's life, which this one does not know."""
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -102,6 +122,9 @@ class RunningJobs:
     None: not at all."""
     nursery: trio.Nursery | None = None
     """Where the jobs' tasks run; set while the agent runs."""
+    keep_records: bool = False
+    """Set for a planned restart: the records of jobs that end from now on stay, so the next
+    agent process settles them (their outcomes may not get out before this one exits)."""
     _jobs: dict[int, Job] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
@@ -211,6 +234,24 @@ class RunningJobs:
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
+        job.job_dir = job_dir
+        self._write_record(
+            job,
+            JobRecord(
+                worker_id=self.settings.worker_id,
+                assignment_id=order.assignment_id,
+                job_id=order.job_id,
+                incarnation=job.incarnation,
+                epoch=job.epoch,
+                cpu_millis=order.spec.cpu_millis,
+                memory_mb=order.spec.memory_mb,
+                runtime=runtime,
+                timeout_s=order.spec.timeout_s,
+                name=order.spec.name,
+                started_unix_s=time.time(),
+                began_monotonic_s=monotonic_of(job.started_at),
+            ),
+        )
         # Only a container job is given its names and limits (runners of other jobs, tests'
         # stand-ins among them, need not know the argument).
         container: dict[str, Any] = (
@@ -238,6 +279,9 @@ class RunningJobs:
             # Likewise only to a command job of an agent that enforces resources.
             container["resources"] = self.resources
             container["limits"] = JobLimits(cpu_millis=order.spec.cpu_millis, memory_mb=order.spec.memory_mb)
+        if isinstance(runtime, CommandRuntime):
+            # Its reaper's pid and start time go into the record once it is forked.
+            container["on_spawned"] = lambda pid: self._record_reaper(job, pid)
         try:
             result = await self.runner(
                 runtime,
@@ -303,10 +347,242 @@ class RunningJobs:
     def _job_ended(self, job: Job, result: JobResult) -> None:
         try:
             self._record_end(job, result)
+            if job.job_dir is not None and not self.keep_records:
+                # Its stop line is written: a restarted agent has nothing to do with it.
+                adoption.remove_record(job.job_dir)
+                if isinstance(job.order.spec.runtime, SleepRuntime):
+                    with contextlib.suppress(OSError):
+                        job.job_dir.rmdir()  # a sleep job's folder held only its record
         finally:
             # Also on an error (it takes the agent down): nobody may wait forever for the job.
             self._release(job)
             job.done.set()
+
+    # ------------------------------------------------------------------ records and restarts
+
+    def _write_record(self, job: Job, record: JobRecord) -> None:
+        """Write ``job``'s record; one that cannot be written is logged, not raised: the job
+        runs on, and a restarted agent stops it instead of keeping it (fail safe)."""
+        assert job.job_dir is not None
+        try:
+            adoption.write_record(job.job_dir, record)
+        except OSError as exc:
+            self.logger.error(
+                "cannot write the job's record: a restarted agent will not keep it",
+                job_id=record.job_id,
+                assignment_id=record.assignment_id,
+                error=repr(exc),
+            )
+            return
+        job.record = record
+
+    def _record_reaper(self, job: Job, pid: int) -> None:
+        """Add a command job's reaper (``pid`` and its start time) to its record."""
+        if job.record is not None:
+            self._write_record(
+                job,
+                attrs.evolve(
+                    job.record, supervisor_pid=pid, supervisor_start_ticks=adoption.start_ticks(pid)
+                ),
+            )
+
+    def record_progress(self) -> None:
+        """Write every running sleep job's record again with the time it has spent paused (its
+        duration does not count it), so that a restarted agent continues it where it is. Called
+        when the jobs resume (the only time that grows); no checkpoint."""
+        now = trio.current_time()
+        for job in self._jobs.values():
+            record = job.record
+            if (
+                record is not None
+                and job.started
+                and not job.held
+                and isinstance(record.runtime, SleepRuntime)
+            ):
+                self._write_record(
+                    job,
+                    attrs.evolve(
+                        record,
+                        began_monotonic_s=monotonic_of(job.started_at),
+                        paused_s=self.fence.paused_s_between(job.started_at, now),
+                    ),
+                )
+
+    def adopt(
+        self,
+        found: Found,
+        *,
+        go: trio.Event,
+        pause_at_s: float | None,
+        kill_at_s: float | None,
+    ) -> Job | None:
+        """Take over a job the previous agent process of this work folder left running (found
+        by :func:`agent.adoption.survey`): it holds its reservation and has a task here as an
+        accepted job does, which watches its reaper (not this process's child) through a
+        pidfd, or, for a sleep job, holds it until ``go`` is set (the agent's incarnation is
+        continued) and then runs the rest of its duration. A stray (:attr:`Verdict.STRAY`) is
+        asked to stop at once. The job ends as any job, with its ``stop`` line and its outcome.
+
+        Args:
+            found: the job and its verdict (keepable, stray or sleep).
+            go: set once the control plane continued the incarnation.
+            pause_at_s: the fence-deadline file's pause deadline as the previous process left it,
+                ``time.monotonic()`` seconds (None: none): a kept sleep job counts as paused
+                from it.
+            kill_at_s: the file's kill deadline: a sleep job not continued by then ends there,
+                as its reaper would kill a command job.
+
+        Returns:
+            The job, or None when its reaper exited meanwhile (the caller settles it with
+            :meth:`settle_ended`).
+        """
+        nursery = self.nursery
+        assert nursery is not None, "adopted while not running"
+        record = found.record
+        watch: ReaperWatch | None = None
+        if found.verdict is not Verdict.SLEEP:
+            assert found.running is not None
+            watch = ReaperWatch.open(found.running)
+            if watch is None:
+                return None
+        job = Job(
+            order=record.order(),
+            epoch=record.epoch,
+            incarnation=record.incarnation,
+            started=True,
+            started_at=trio_time_of(record.began_monotonic_s),
+            job_dir=found.job_dir,
+            record=record,
+            adopted=True,
+        )
+        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
+        self._jobs[record.assignment_id] = job
+        if watch is not None:
+            assert found.running is not None
+            nursery.start_soon(self._run_adopted_reaper, job, watch, found.running.start_ticks)
+        else:
+            job.held = True
+            nursery.start_soon(self._run_adopted_sleep, job, go, pause_at_s, kill_at_s)
+        if found.verdict is Verdict.STRAY:
+            self.request_stop(job, StopReason.RESTART)
+        return job
+
+    def settle_ended(self, found: Found, *, pause_at_s: float | None = None) -> None:
+        """Write the ``stop`` line of a job that ended while no agent watched it (its supervisor
+        exited, :attr:`Verdict.ENDED`), from its report, and queue its outcome when it ended on
+        its own; or of a sleep job whose duration ran out meanwhile. No checkpoint: the outcome
+        is queued before the registration that follows is sent."""
+        record = found.record
+        job = Job(
+            order=record.order(),
+            epoch=record.epoch,
+            incarnation=record.incarnation,
+            started=True,
+            started_at=trio_time_of(record.began_monotonic_s),
+            job_dir=found.job_dir,
+            record=record,
+            adopted=True,
+        )
+        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
+        self._jobs[record.assignment_id] = job
+        if isinstance(record.runtime, SleepRuntime):
+            ended_at = record.began_monotonic_s + record.paused_s + record.runtime.duration_ms / 1000.0
+            result = JobResult(
+                state=JobState.SUCCEEDED,
+                stopped=False,
+                exit_code=0,
+                started_unix_s=record.started_unix_s,
+                finished_unix_s=unix_time_of(trio_time_of(ended_at)),
+            )
+        else:
+            result = adoption.result_from_report(record, found.job_dir, stopped=False)
+        self.logger.info(
+            "a job ended while no agent watched it",
+            job_id=record.job_id,
+            assignment_id=record.assignment_id,
+            incarnation=record.incarnation,
+        )
+        self._job_ended(job, result)
+
+    async def _run_adopted_reaper(self, job: Job, watch: ReaperWatch, ticks: int) -> None:
+        """Watch a taken-over reaper until it has exited (passing stops on), then end the job
+        from its report. Shielded, as every job's task."""
+        with trio.CancelScope(shield=True):
+            assert job.record is not None and job.job_dir is not None
+            stopped = await adoption.watch_supervisor(
+                watch, ticks=ticks, stop=job.stop, stop_grace_s=self.settings.stop_grace_s
+            )
+            result = adoption.result_from_report(job.record, job.job_dir, stopped=stopped)
+            usage = await self.release_cgroup(job.job_dir.name)
+            if usage is not None:
+                limits = JobLimits(cpu_millis=job.record.cpu_millis, memory_mb=job.record.memory_mb)
+                result = oom_killed(result, usage.oom_kills, limits)
+            self._job_ended(job, result)
+
+    async def release_cgroup(self, name: str) -> JobUsage | None:
+        """Remove the cgroup of a job a previous agent process started, in the job folder
+        ``name``, once its supervisor has exited (it was kept at this agent's start for it:
+        :func:`agent.cgroups.resource_settings`); what it counted (its OOM kills), or None when
+        there is none."""
+        confined = None if self.resources is None else self.resources.find(name)
+        return None if confined is None else await release(confined)
+
+    async def _run_adopted_sleep(
+        self, job: Job, go: trio.Event, pause_at_s: float | None, kill_at_s: float | None
+    ) -> None:
+        """Hold a taken-over sleep job until the incarnation is continued (``go``), then run the
+        rest of its duration; stopped first, or not continued by the kill deadline, it ended
+        when its jobs paused (the file's pause deadline), or now if that is later."""
+        with trio.CancelScope(shield=True):
+            record = job.record
+            assert record is not None and isinstance(record.runtime, SleepRuntime)
+            kill_at = math.inf if kill_at_s is None else trio_time_of(kill_at_s)
+            with trio.move_on_at(kill_at):
+                await either(job.stop, go)
+            if not go.is_set() or job.stop.is_set():
+                now = trio.current_time()
+                paused_from = now if pause_at_s is None else min(now, trio_time_of(pause_at_s))
+                self._job_ended(
+                    job,
+                    JobResult(
+                        state=JobState.CANCELLED,
+                        stopped=True,
+                        fenced=paused_from < now or not job.stop.is_set(),
+                        exit_code=None,
+                        started_unix_s=record.started_unix_s,
+                        finished_unix_s=unix_time_of(paused_from),
+                        detail="its agent restarted and did not keep it",
+                    ),
+                )
+                return
+            ran_s = adoption.sleep_ran_s(
+                record, now_s=monotonic_of(trio.current_time()), pause_at_s=pause_at_s
+            )
+            # From here its duration counts in this life, whose pauses the fence clock knows.
+            job.started_at = trio.current_time() - ran_s
+            job.held = False
+            self._write_record(
+                job, attrs.evolve(record, began_monotonic_s=monotonic_of(job.started_at), paused_s=0.0)
+            )
+            left_ms = max(0, record.runtime.duration_ms - int(ran_s * 1000))
+            options: dict[str, Any] = {}
+            if record.timeout_s is not None:
+                left_s = max(0.0, record.timeout_s - (time.time() - record.started_unix_s))
+                options["run_options"] = RunOptions(timeout_s=max(left_s, 0.001))
+            result = await self.runner(
+                SleepRuntime(duration_ms=left_ms),
+                job_dir=job.job_dir or self.jobs_dir,
+                stop=job.stop,
+                stop_grace_s=self.settings.stop_grace_s,
+                fence_deadline_path=self.fence.path,
+                job_nice=self.settings.job_nice,
+                run_as=self.run_as,
+                job_env={},
+                on_started=lambda: None,
+                pause=self.fence,
+                **options,
+            )
+            self._job_ended(job, attrs.evolve(result, started_unix_s=record.started_unix_s))
 
     def _record_end(self, job: Job, result: JobResult) -> None:
         """Write the stop line of a job that has ended and keep its outcome for reporting."""
@@ -325,6 +601,8 @@ class RunningJobs:
             reason = StopReason.SELF_FENCE
         elif result.stopped and job.stop_reason is not None:
             reason = job.stop_reason
+        elif result.state is JobState.NOT_STARTED:
+            reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
         self._write_job_line(

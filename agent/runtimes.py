@@ -22,9 +22,10 @@ Command jobs:
   their working directory unless the spec's ``env`` sets them, nothing else;
 - run under a per-job supervisor process, the *reaper* (:mod:`agent.reaper`), which the
   agent starts as the leader of a new session; the reaper starts the job in a session and
-  process group of its own. The reaper SIGKILLs the job's group and every descendant when
-  the agent dies (its ``PR_SET_PDEATHSIG``) and when the worker's fence deadline passes (a
-  deadman switch that works while the agent is frozen); see :mod:`agent.reaper`;
+  process group of its own. The reaper pauses the job's tree when the worker's fence deadline
+  passes and kills it at the kill deadline (a deadman switch that works while the agent is
+  frozen, and after it died: the reaper outlives its agent, and a restarted agent can take it
+  over, :mod:`agent.adoption`); see :mod:`agent.reaper`;
 - stop (the ``stop`` event) with SIGTERM to the reaper, which sends SIGTERM to the job's
   group and SIGKILL after ``stop_grace_s``; should the reaper not have finished
   :data:`REAPER_SLACK_S` later, the agent asks it to kill at once (SIGUSR1), and another
@@ -34,14 +35,13 @@ Command jobs:
 - are reported from the reaper's report file: the exit code (negative ``-N`` when signal N
   killed the job), the time everything was gone, and, for a job the reaper killed at the
   fence deadline, the kill time (``JobResult.fenced``, ``finished_unix_s`` = the kill time);
-- the reaper's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, not the
-  process. So it is forked with ``subprocess.Popen`` on the process's one dedicated spawner
-  thread (:class:`agent.starts.Spawner`), which lives as long as the process's agents, and
-  never through ``trio.run_process`` or ``trio.to_thread``, which fork from worker threads
-  that trio's thread cache retires after 10 s idle, which would kill the job. The spawner
-  keeps the fork (and the few file operations before it) off the trio thread. Without a
-  spawner (``spawner=None``: tools and tests) the calling thread forks, blocking its loop
-  for the fork;
+- the reaper is forked with ``subprocess.Popen`` on the process's one dedicated spawner
+  thread (:class:`agent.starts.Spawner`), which keeps the fork (and the few file operations
+  before it) off the trio thread; a container job's supervisor too, whose
+  ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, not the process, so it is
+  never forked through ``trio.run_process`` or ``trio.to_thread``, whose worker threads trio's
+  thread cache retires after 10 s idle. Without a spawner (``spawner=None``: tools and tests)
+  the calling thread forks, blocking its loop for the fork;
 - the reaper runs the job at ``job_nice`` lower priority and says, through a pipe, when the
   job has exec'd (or could not be); ``on_started`` is called then (see
   :mod:`agent.starts` for the start slots this frees);
@@ -260,6 +260,7 @@ async def run_job(
     run_options: RunOptions | None = None,
     resources: JobResources | None = None,
     limits: JobLimits | None = None,
+    on_spawned: Callable[[int], None] | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -287,6 +288,8 @@ async def run_job(
         resources: how the worker enforces a command's limits (:mod:`agent.resources`);
             None, or no ``limits``: not at all (tools and tests).
         limits: the command's ``cpu_millis`` and ``memory_mb``.
+        on_spawned: called with a command's reaper's pid once it is forked (the agent records
+            it, so that a restarted agent can take the job over: :mod:`agent.adoption`).
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -318,6 +321,7 @@ async def run_job(
                 options=options,
                 resources=None if limits is None else resources,
                 limits=limits,
+                on_spawned=on_spawned,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
@@ -390,6 +394,7 @@ class JobRunner(Protocol):
         run_options: RunOptions | None = None,
         resources: JobResources | None = None,
         limits: JobLimits | None = None,
+        on_spawned: Callable[[int], None] | None = None,
     ) -> JobResult: ...
 
 
@@ -568,6 +573,7 @@ async def _run_command(
     options: RunOptions,
     resources: JobResources | None,
     limits: JobLimits | None,
+    on_spawned: Callable[[int], None] | None = None,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
@@ -631,6 +637,8 @@ async def _run_command(
             finished_unix_s=time.time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
         )
+    if on_spawned is not None:
+        on_spawned(proc.pid)  # no checkpoint since the fork came back: wait_supervisor owns it next
     try:
         stopped, exec_reported, reaper_code = await wait_supervisor(
             proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started

@@ -19,8 +19,10 @@ delaying heartbeats:
   fed through a queue, and the result (a ``Popen``) is handed back to trio with
   ``TrioToken.run_sync_soon``, so the loop never waits for a fork. It is one thread, for the
   whole process, for as long as the process's agents run, and not ``trio.to_thread``: a
-  reaper's ``PR_SET_PDEATHSIG`` fires when the *thread* that forked it ends, and trio retires
-  an idle worker thread after 10 s, which would kill every job whose reaper it forked.
+  container job's supervisor has ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked
+  it ends, and trio retires an idle worker thread after 10 s, which would kill every container
+  whose supervisor it forked. (A command job's reaper has none: it outlives even the agent,
+  :mod:`agent.reaper`.)
 
 Sleep jobs have no process and take no slot.
 """
@@ -148,9 +150,9 @@ class Spawner:
     """The one thread of a process that forks job reapers (see the module docstring).
 
     Use it as a context manager around everything that starts command jobs: the thread starts
-    on entry; on exit it is told to end and joined. Leave the block only once every reaper
-    it forked has ended (every agent using it has stopped its jobs), since a reaper whose
-    forking thread ends kills its job.
+    on entry; on exit it is told to end and joined. Leave the block only once every supervisor
+    it forked has ended (every agent using it has stopped its jobs), since a container
+    supervisor whose forking thread ends kills its container.
     """
 
     def __init__(self, *, name: str = "stockade-spawner") -> None:
@@ -178,7 +180,7 @@ class Spawner:
         """Start the thread (idempotent)."""
         if self._thread is None:
             # A daemon: a process that exits without closing it must not hang on it (its
-            # reapers then die with the process, as they must).
+            # reapers then run on under the fence deadline, for a restarted agent to take over).
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
 

@@ -13,7 +13,9 @@ alternating:
   which runs every pass; placements are single fenced statements with no such moment), so the
   database's refusal of an old leader's write is provoked, not left to luck.
 
-``worker_kills`` SIGKILLs and restarts workers along the way; ``partitions`` cuts one worker
+``worker_kills`` SIGKILLs and restarts workers along the way (a restarted agent back within the
+fence time takes its predecessor's jobs over); ``worker_restarts`` restarts workers the planned way
+(SIGHUP, then start again: the jobs are kept); ``partitions`` cuts one worker
 off from every control plane; ``mass_partitions`` cuts every worker off at once (the leader must
 hold its declarations, and the paused jobs resume: DESIGN.md, "Outages"); ``db_restarts``
 stops the database (fast shutdown and SIGKILL, alternating) for a random 2-12 s and starts it
@@ -161,6 +163,7 @@ class Harness:
                 stop_submitting = trio.Event()
                 nursery.start_soon(self._submit, addresses, stop_submitting)
                 kill_worker_at = self._spread(s.worker_kills)
+                restart_worker_at = self._spread(s.worker_restarts, offset=1)
                 partition_at = self._spread(s.partitions)
                 mass_partition_at = self._spread(s.mass_partitions, offset=1)
                 db_restart_at = self._spread(s.db_restarts, offset=2)
@@ -176,7 +179,9 @@ class Harness:
                         in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
                         await self.freeze_leader(client, self.state, in_transaction=in_tx)
                     if i in kill_worker_at:
-                        await self.kill_worker(self.state)
+                        await self.kill_worker(client, self.state)
+                    if i in restart_worker_at:
+                        await self.restart_worker(client)
                     if i in partition_at:
                         nursery.start_soon(self.partition_worker)
                     if i in mass_partition_at:
@@ -228,7 +233,9 @@ class Harness:
         """Steps of the run: one per failover, and at least two per fault of any kind (a run
         of fewer failovers than faults injects them in steps of their own)."""
         s = self.settings
-        faults = max(s.worker_kills, s.partitions, s.mass_partitions, s.db_restarts, s.db_failovers)
+        faults = max(
+            s.worker_kills, s.worker_restarts, s.partitions, s.mass_partitions, s.db_restarts, s.db_failovers
+        )
         return max(s.failovers, 2 * faults + 3 if faults else 0)
 
     def _spread(self, count: int, offset: int = 0) -> set[int]:
@@ -653,9 +660,12 @@ class Harness:
     def _restart(self) -> None:
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    async def kill_worker(self, events: StateDir) -> None:
+    async def kill_worker(self, client: ControlPlaneClient, events: StateDir) -> None:
+        """SIGKILL a worker's agent and start it again at once; counts whether the new agent
+        continued its incarnation (took its jobs over, back within the fence time)."""
         workers = [p.id for p in self.cluster.config().workers]
         victim = self._rng.choice(workers)
+        before = await self._incarnation(client, victim)
         pid = self._pid(victim)
         os.kill(pid, signal.SIGKILL)
         events.record_fault("kill", victim, time.time())
@@ -664,6 +674,43 @@ class Harness:
                 await trio.sleep(0.01)
         self.result.worker_kills += 1
         await trio.to_thread.run_sync(self._restart)
+        if before is not None and await self._incarnation(client, victim) == before:
+            self.result.worker_kills_continued += 1
+
+    async def restart_worker(self, client: ControlPlaneClient) -> None:
+        """A planned restart of a worker that runs jobs (any worker when none does): SIGHUP its
+        agent (it asks for its restart hold and exits leaving its jobs running), wait for its
+        exit, start it again; counts whether the new agent continued its incarnation. Not a
+        fault: no event is recorded."""
+        if self.docker is not None:
+            raise _Abort("planned restarts keep no job in containers: a container's processes end with it")
+        workers = [p.id for p in self.cluster.config().workers]
+        try:
+            status = await client.call("status", pb.StatusRequest())
+            busy = sorted(
+                w.id for w in status.workers if w.id in workers and w.state == "alive" and w.job_ids
+            )
+        except StockadeError:
+            busy = []
+        victim = self._rng.choice(busy or workers)  # one with jobs, if any: what a restart must keep
+        before = await self._incarnation(client, victim)
+        pid = self._pid(victim)
+        os.kill(pid, signal.SIGHUP)
+        with trio.fail_after(15):
+            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
+                await trio.sleep(0.01)
+        self.result.worker_restarts += 1
+        await trio.to_thread.run_sync(self._restart)
+        if before is not None and await self._incarnation(client, victim) == before:
+            self.result.worker_restarts_continued += 1
+
+    async def _incarnation(self, client: ControlPlaneClient, worker_id: str) -> int | None:
+        """``worker_id``'s incarnation as the status shows it; None when no replica answered."""
+        try:
+            status = await client.call("status", pb.StatusRequest())
+        except StockadeError:
+            return None
+        return next((int(w.incarnation) for w in status.workers if w.id == worker_id), None)
 
 
 def _gone(pid: int) -> bool:

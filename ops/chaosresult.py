@@ -27,6 +27,10 @@ class ChaosSettings:
     """Leader failovers to inject, alternating kill and freeze (kill first)."""
     worker_kills: int = 0
     """Workers to SIGKILL (and restart) along the way, spread over the run."""
+    worker_restarts: int = 0
+    """Planned restarts of workers along the way, spread over the run: SIGHUP (the agent asks
+    for its restart hold and exits leaving its jobs running), then the agent is started again
+    on the same work folder and takes them over."""
     partitions: int = 0
     """Times to cut a worker off from every control plane for ``partition_s``, spread over
     the run (each worker's traffic then goes through fault-injecting proxies)."""
@@ -94,6 +98,13 @@ class ChaosResult:
 
     failovers: list[Failover] = attrs.field(factory=list)
     worker_kills: int = 0
+    worker_kills_continued: int = 0
+    """Killed workers whose restarted agent continued their incarnation (it took over their
+    jobs in time); the others registered again (their jobs were placed elsewhere)."""
+    worker_restarts: int = 0
+    worker_restarts_continued: int = 0
+    """Planned restarts whose new agent continued the worker's incarnation (one whose jobs had
+    all ended meanwhile has nothing to keep and registers again)."""
     partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(worker, cut at, healed at) in Unix seconds."""
     partitions_rejoined: int = 0
@@ -187,6 +198,9 @@ class ChaosResult:
             "failover_freeze_max_s": round(max(freezes), 3) if freezes else None,
             "jobs_made_to_fail": self.jobs_made_to_fail,
             "worker_kills": self.worker_kills,
+            "worker_kills_continued": self.worker_kills_continued,
+            "worker_restarts": self.worker_restarts,
+            "worker_restarts_continued": self.worker_restarts_continued,
             "partitions": len(self.partitions),
             "partitions_rejoined": self.partitions_rejoined,
             "partitions_worked_again": self.partitions_worked_again,
@@ -230,7 +244,11 @@ def chaos_table(result: ChaosResult) -> Group:
             None,
         ),
         ("jobs_made_to_fail (retried once, must end failed)", str(result.jobs_made_to_fail), None),
-        ("worker_kills", str(result.worker_kills), None),
+        (
+            "worker_kills (incarnation continued)",
+            f"{result.worker_kills} ({result.worker_kills_continued})",
+            None,
+        ),
         (
             "partitions (rejoined, ran jobs again)",
             f"{partitions} ({result.partitions_rejoined}, {result.partitions_worked_again})",
@@ -238,6 +256,15 @@ def chaos_table(result: ChaosResult) -> Group:
         ),
         ("duration", f"{round(result.duration_s, 1)} s", None),
     ]
+    if result.worker_restarts:
+        rows.insert(
+            -1,
+            (
+                "worker_restarts (planned; incarnation continued)",
+                f"{result.worker_restarts} ({result.worker_restarts_continued})",
+                None,
+            ),
+        )
     if result.mass_partitions:
         rows.insert(-1, ("mass_partitions (every worker cut off)", str(len(result.mass_partitions)), None))
     if result.db_outages:

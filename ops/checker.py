@@ -20,7 +20,10 @@ What it counts:
   database alone.
 - ``double_runs``: jobs that ran at overlapping times in two places (two workers, or two
   assignments), from the workers' own logs. A run lasts from its start record to its stop
-  record, or to the kill of its worker process, or (neither) to the end of time.
+  record (written by the agent that started it, or by the one started again on its work folder
+  that took it over, or stopped it), or, when it has none, to the kill of its worker process
+  plus the fence span (its reaper outlives the agent until the fence deadline), or (neither)
+  to the end of time.
 - ``false_deaths``: dead-worker declarations that neither a fault injected into that worker
   nor a clean stop of it explains.
 - ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
@@ -72,6 +75,7 @@ from rich.text import Text
 from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
+from runtime.settings import DEFAULT_SELF_FENCE_AFTER_S
 from runtime.text import read_lines
 
 # A fault explains a death when it began at most this long before the last heartbeat the
@@ -80,6 +84,11 @@ FAULT_SLACK_S = 2.0
 REPORT_SLACK_S = 3.0
 """A worker killed within this long after a job of its succeeded may have died before it could
 report the success: that success is not counted as lost."""
+KILLED_AGENT_RUN_ON_S = DEFAULT_SELF_FENCE_AFTER_S
+"""How long after the kill of its agent a command job may still run, in seconds: its reaper
+outlives the agent and pauses it at the fence deadline the agent last wrote, the send time of
+its last acknowledged heartbeat (before the kill) plus the fence span (``self_fence_after_s``,
+the default the harnesses run with)."""
 KILL_TAKES_S = 0.5
 """A kill is recorded when the signal is sent; the worker's last records may follow it by this
 much: in a container, SIGKILL of its process 1 ends the agent only as the kernel tears down the
@@ -583,9 +592,12 @@ def check(
 def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultEvent] = ()) -> list[Run]:
     """Pair start and stop records (one worker's ``agent.jsonl`` or several) into runs.
 
-    A start with no stop ends at the first kill of its worker after it started, else never.
-    Two start records of one assignment on one worker count as two runs. A stop record with
-    ``"started": false`` says its start never became a run: both are dropped.
+    A start with no stop ends :data:`KILLED_AGENT_RUN_ON_S` after the first kill of its worker
+    after it started, else never: a killed agent's reaper runs the job on until the fence
+    deadline the agent last wrote (and a restarted agent that takes the job over writes its
+    stop line later, in the same incarnation). Two start records of one assignment on one
+    worker count as two runs. A stop record with ``"started": false`` says its start never
+    became a run: both are dropped.
     """
     kills: dict[str, list[float]] = defaultdict(list)
     for f in faults:
@@ -618,7 +630,8 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
     for (worker_id, incarnation, assignment_id), starts in open_runs.items():
         for start in starts:
             began = float(start["time"])
-            ended = min((t for t in kills.get(worker_id, []) if t >= began), default=math.inf)
+            killed = min((t for t in kills.get(worker_id, []) if t >= began), default=math.inf)
+            ended = killed + KILLED_AGENT_RUN_ON_S
             runs.append(
                 Run(
                     worker_id=worker_id,

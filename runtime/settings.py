@@ -77,9 +77,18 @@ DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
 DEFAULT_WIRE_WORK_BURST_S = 0.01
 """The default of ``IngestSettings.wire_work_burst_s`` (see there)."""
 
+DEFAULT_SELF_FENCE_AFTER_S = 1.5
+"""The default of ``AgentSettings.self_fence_after_s`` (see there)."""
+
 DEFAULT_DB_OUTAGE_GRACE_S = 45.0
 """The default of ``AgentSettings.db_outage_grace_s``: longer than a Patroni failover (its
 leader key's ttl is at least 20 s, and a promotion takes 20-30 s), so a failover kills no job."""
+
+DEFAULT_RESTART_HOLD_S = 30.0
+"""A planned restart's hold (``AgentSettings.restart_hold_s``): an agent started again within
+it keeps every job without pausing it."""
+MAX_RESTART_HOLD_S = 600.0
+"""The longest restart hold, in seconds (``actors.validation.MAX_RESTART_HOLD_S`` too)."""
 
 DEFAULT_DEAD_AFTER_S = 2.5
 """The default of ``ReconcilerSettings.dead_after_s`` (see there), which the ingest tells
@@ -592,7 +601,7 @@ class AgentSettings:
     to the next one too, without giving up on the first (a hedged call, see
     :meth:`runtime.client.ControlPlaneClient.call_hedged`); also the shortest deadline a call
     gets. The call as a whole may wait until shortly before the fence deadline."""
-    self_fence_after_s: float = attrs.field(default=1.5, validator=_positive)
+    self_fence_after_s: float = attrs.field(default=DEFAULT_SELF_FENCE_AFTER_S, validator=_positive)
     """Pause every job when no heartbeat sent in the last this-many seconds was acknowledged.
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
     db_outage_grace_s: float = attrs.field(default=DEFAULT_DB_OUTAGE_GRACE_S, validator=_non_negative)
@@ -603,6 +612,12 @@ class AgentSettings:
     killed at the fence deadline."""
     stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
+    restart_hold_s: float = attrs.field(default=DEFAULT_RESTART_HOLD_S)
+    """How long a planned restart (SIGHUP: the agent exits leaving its jobs running) asks the
+    control planes to hold the worker, in seconds: no silence of it counts and nothing is placed
+    on it for that long, and its jobs pause only that much later than without the hold; a new
+    agent process on the same work folder takes them over within it (docs/design.md,
+    "Restarts"). 0 to 600; 0: no hold (the restart then has the fence span)."""
     self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)
     """A worker's jobs must be stopped at least this long before the cluster may declare it
     dead: the self-fence deadline is lowered to ``dead_after_s - stop_grace_s`` minus this
@@ -658,6 +673,17 @@ class AgentSettings:
                 "job_user",
                 value,
                 "must be a user name: 1 to 32 of A-Z a-z 0-9 _ . -, not starting with - or .",
+            )
+
+    @restart_hold_s.validator
+    def _hold(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value <= MAX_RESTART_HOLD_S
+        ):
+            raise InvalidArgument(
+                "restart_hold_s", value, f"must be a number of seconds between 0 and {MAX_RESTART_HOLD_S:g}"
             )
 
     @job_nice.validator

@@ -323,7 +323,7 @@ ON CONFLICT (id) DO UPDATE
        memory_mb = EXCLUDED.memory_mb, labels = EXCLUDED.labels,
        incarnation = EXCLUDED.incarnation, state = 'alive',
        registered_at = now(), last_heartbeat_at = now(), dead_at = NULL, dead_epoch = NULL,
-       left_at = NULL,
+       left_at = NULL, hold_until = NULL,
        agent_run_id = EXCLUDED.agent_run_id, registration_seq = EXCLUDED.registration_seq,
        registration_sha256 = EXCLUDED.registration_sha256
  WHERE workers.agent_run_id <> EXCLUDED.agent_run_id
@@ -331,9 +331,101 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation
 """
 
-# $1 worker id. The registration a REGISTER_WORKER that returned nothing met.
+# $1 worker id. The registration a REGISTER_WORKER (or CONTINUE_WORKER) that returned nothing met.
 WORKER_REGISTRATION = """
-SELECT incarnation, agent_run_id, registration_seq, registration_sha256 FROM workers WHERE id = $1
+SELECT incarnation, state, agent_run_id, registration_seq, registration_sha256 FROM workers WHERE id = $1
+"""
+
+# Restarts that keep their jobs (docs/design.md, "Restarts"): a registration that asks to
+# continue incarnation $9. Parameters as REGISTER_WORKER's ($1 id, $2 address, $3 cpu_millis, $4
+# memory_mb, $5 labels, $6 agent run id, $7 registration number, $8 sha256), then $9. The row
+# takes the new agent run, address, capacity and labels, a fresh heartbeat and no restart
+# hold, keeping its incarnation, only if it is still alive in that incarnation (not declared
+# dead, not left, not registered again since) and this is not a copy of a registration already
+# applied (same run, a number not above the stored one): one statement, so a dead-worker
+# declaration or another registration that commits first is seen (the UPDATE re-checks its
+# condition on the row's newest version) and one that comes later finds the fresh heartbeat.
+# Returns the incarnation; nothing when the row is not continued (WORKER_REGISTRATION says why).
+CONTINUE_WORKER = """
+UPDATE workers
+   SET address = $2, cpu_millis = $3, memory_mb = $4, labels = $5::jsonb,
+       last_heartbeat_at = now(), hold_until = NULL,
+       agent_run_id = $6, registration_seq = $7, registration_sha256 = $8
+ WHERE id = $1 AND incarnation = $9 AND state = 'alive'
+   AND (agent_run_id <> $6 OR registration_seq < $7)
+RETURNING incarnation
+"""
+
+# $1 worker id, $2 the continued incarnation, $3 the assignment ids its agent holds. Ends every
+# other active assignment of that incarnation on the worker's word (as a not_started outcome
+# does, schema.sql record_outcomes): its agent runs none of them (it stopped whatever else of
+# that incarnation it found running, and waited until it was gone, before it asked) and refuses
+# them from the reply on. They end 'stopped' (end_reason 'released') and their jobs are pending
+# again at once, with no attempt spent, no loss counted and no backoff; a job whose cancel was
+# asked ends cancelled. Returns the ended ids.
+RELEASE_UNHELD_ASSIGNMENTS = """
+WITH released AS (
+    UPDATE assignments a
+       SET state = 'stopped', ended_at = now(), end_reason = 'released',
+           detail = 'released: its worker''s agent restarted and does not run it'
+     WHERE a.worker_id = $1 AND a.worker_incarnation = $2 AND a.state = 'active'
+       AND NOT (a.id = ANY($3::bigint[]))
+ RETURNING a.id, a.job_id
+),
+requeued AS (
+    UPDATE jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
+           started_at = CASE WHEN j.cancel_requested THEN j.started_at ELSE NULL END,
+           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
+                              ELSE pg_current_xact_id()::text::bigint END,
+           reason = CASE WHEN j.cancel_requested THEN j.reason ELSE '' END
+      FROM released r
+     WHERE j.id = r.job_id AND j.state IN ('assigned', 'running')
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM released
+"""
+
+# $1 worker id, $2 a continued incarnation. The assignments its continuation released
+# (RELEASE_UNHELD_ASSIGNMENTS), for a copy of that continuation, whose reply must name them too
+# (its agent refuses them if they are sent). Rare (a reply lost, then a retry), so a scan of the
+# worker's assignments is fine.
+RELEASED_ASSIGNMENTS = """
+SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM assignments
+ WHERE worker_id = $1 AND worker_incarnation = $2 AND state = 'stopped' AND end_reason = 'released'
+"""
+
+# $1 worker id, $2 the continued incarnation, $3 the assignment ids its agent holds. Confirms
+# them as a heartbeat's running list does (the first listing sets confirmed_at, and an assigned
+# job becomes running), and returns those that are not active on this worker in that
+# incarnation: the agent stops them.
+CONFIRM_HELD_ASSIGNMENTS = """
+WITH confirmed AS (
+    UPDATE assignments SET confirmed_at = now()
+     WHERE id = ANY($3::bigint[]) AND worker_id = $1 AND worker_incarnation = $2
+       AND state = 'active' AND confirmed_at IS NULL
+ RETURNING job_id
+),
+running AS (
+    UPDATE jobs j SET state = 'running', started_at = coalesce(j.started_at, now())
+      FROM confirmed WHERE j.id = confirmed.job_id AND j.state = 'assigned'
+)
+SELECT coalesce(array_agg(h.id ORDER BY h.id), '{}') FROM unnest($3::bigint[]) AS h(id)
+ WHERE NOT EXISTS (SELECT 1 FROM assignments a
+                    WHERE a.id = h.id AND a.worker_id = $1 AND a.worker_incarnation = $2
+                      AND a.state = 'active')
+"""
+
+# $1 worker id, $2 incarnation, $3 hold (s). A planned restart's hold, after the heartbeat that
+# asks for it (HEARTBEAT, same connection): hold_until = now() + $3, only while the row is alive
+# in that incarnation. Returns a row when it was recorded. The agent moves its fence deadline on
+# by the hold only on that answer; the hold counts from this statement's now(), which is not
+# before the heartbeat was sent (docs/design.md, "Restarts").
+SET_RESTART_HOLD = """
+UPDATE workers SET hold_until = now() + make_interval(secs => $3::float8)
+ WHERE id = $1 AND incarnation = $2 AND state = 'alive'
+RETURNING hold_until
 """
 
 # $1 worker id, $2 incarnation, $3 agent run id. A clean stop (actors/ingest.py, leave_worker),

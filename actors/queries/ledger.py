@@ -19,8 +19,9 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # FOR KEY SHARE read of a row a takeover changed after this statement's snapshot returns the newest
 # version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
 # later waits for the share lock until this statement commits. Claims only jobs still pending
-# (invariant 3) on workers still alive in that incarnation and not cordoned (drain and cordon:
-# a cordon recorded after the round's read). Returns one row with ``epoch_seen``
+# (invariant 3) on workers still alive in that incarnation, not cordoned (drain and cordon:
+# a cordon recorded after the round's read) and not held for a planned restart (schema.sql,
+# workers.hold_until). Returns one row with ``epoch_seen``
 # and no assignment when nothing was placed, else one row per assignment created: small rows
 # only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
 # never holds the share lock while it waits to hand a large result to a client that froze.
@@ -46,6 +47,7 @@ claimed AS (
        SET state = 'assigned', reason = '', attempts = j.attempts + 1
       FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
                            AND w.state = 'alive' AND w.cordoned_at IS NULL
+                           AND (w.hold_until IS NULL OR w.hold_until <= now())
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
@@ -88,13 +90,15 @@ JUDGED_WORKERS = """(w.state = 'alive'
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations, $5 the leader's silence floor
 # (unix seconds, database time; NULL for none). Re-judged by database time on heartbeats any
 # replica recorded, so a heartbeat that landed after the reconciler's read wins; silence counts
-# only from the server's start and from the floor on (DESIGN.md, "Outages").
+# only from the server's start and from the floor on (DESIGN.md, "Outages"), and not before a
+# planned restart's hold ends (schema.sql, workers.hold_until; greatest() skips its NULL).
 DECLARE_DEAD_WORKERS = f"""
 WITH dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
       FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
      WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
-       AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8))
+       AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
+                    w.hold_until)
            < now() - make_interval(secs => $2)
  RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),

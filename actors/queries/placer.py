@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# $1 worker_fresh_s. Live workers with their allocation and their send window's counters (kept
+# $1 worker_fresh_s. Live workers (not held for a planned restart: schema.sql,
+# workers.hold_until) with their allocation and their send window's counters (kept
 # by the assignments triggers in worker_allocations), whether each runs container jobs (its
 # label container=docker, actors/placement.py), and whether it is cordoned (read so that an
 # unschedulable reason can name the cordoned workers it did not count; never placed on).
@@ -13,6 +14,7 @@ SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocate
        w.cordoned_at IS NOT NULL AS cordoned
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
+   AND (w.hold_until IS NULL OR w.hold_until <= now())
 """
 
 # How long (s, database time) a pending job must still wait for its requeue backoff; NULL: none.
@@ -68,7 +70,8 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(w.cordoned_at IS NOT NULL) AS w_cordoned
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
-           AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)) w,
+           AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)
+           AND (w.hold_until IS NULL OR w.hold_until <= now())) w,
        (SELECT {_PENDING_COLUMNS}
           FROM ((SELECT {_PENDING_ROW}
                    FROM jobs WHERE state = 'pending' AND (pending_xid, pending_seq) > ($2, $3)

@@ -8,11 +8,13 @@ from actors.queries.ledger import JUDGED_WORKERS
 
 # The database's time, and every judged worker with the time (database time) since its last
 # recorded heartbeat or, when later, since the server started (pg_postmaster_start_time(): a
-# restart is an outage, and no worker could heartbeat through it); one row with a NULL id when
-# there is no worker.
+# restart is an outage, and no worker could heartbeat through it) or since a planned restart's
+# hold ends (workers.hold_until: negative while it holds; greatest() skips its NULL); one row
+# with a NULL id when there is no worker.
 HEARTBEAT_AGES = f"""
 SELECT n.now_unix_s, w.id, w.incarnation,
-       extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time()))::float8
+       extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time(),
+                                           w.hold_until))::float8
            AS age_s
   FROM (SELECT now() AS now, extract(epoch FROM now())::float8 AS now_unix_s) n
   LEFT JOIN workers w ON {JUDGED_WORKERS}

@@ -39,6 +39,14 @@ def chaos(
     worker_kills: Annotated[
         int, typer.Option(min=0, help="Workers to SIGKILL and restart along the way.")
     ] = 0,
+    worker_restarts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Planned restarts of workers along the way: SIGHUP (the agent exits leaving its jobs "
+            "running), then started again; the new agent must keep every job.",
+        ),
+    ] = 0,
     partitions: Annotated[
         int, typer.Option(min=0, help="Times to cut a worker off from every control plane, then heal it.")
     ] = 0,
@@ -116,6 +124,8 @@ def chaos(
 
     if docker and ha_db:
         fail("--ha-db is not available with --docker: drop one of them", EXIT_INVALID)
+    if docker and worker_restarts:
+        fail("--worker-restarts is not available with --docker: a container's jobs end with it", EXIT_INVALID)
     if db_failovers and not ha_db:
         fail(
             "--db-failovers needs --ha-db (the embedded database has no standby to fail over to)",
@@ -140,6 +150,7 @@ def chaos(
     settings = ChaosSettings(
         failovers=failovers,
         worker_kills=worker_kills,
+        worker_restarts=worker_restarts,
         partitions=partitions,
         partition_s=partition_s,
         mass_partitions=mass_partitions,

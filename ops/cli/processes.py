@@ -395,6 +395,16 @@ DbOutageGraceOption = Annotated[
         "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
     ),
 ]
+RestartHoldOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=600.0,
+        help="On SIGHUP (a planned restart: the agent exits leaving its jobs running, for the agent "
+        "started next on the same work dir to take over) ask the control planes to hold the worker "
+        "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
+    ),
+]
 LeaveTimeoutOption = Annotated[
     float,
     typer.Option(
@@ -488,6 +498,7 @@ def agent(
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
+    restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -518,7 +529,9 @@ def agent(
         ),
     ] = None,
 ) -> None:
-    """Run one worker agent in the foreground until SIGTERM or Ctrl-C.
+    """Run one worker agent in the foreground until SIGTERM or Ctrl-C (a clean stop: every job
+    stopped), or SIGHUP (a planned restart: it exits leaving its jobs running for the agent
+    started next with the same --id and --work-dir).
 
     It serves the Worker service over mutual TLS with <certs-dir>/<id>.crt (a worker
     certificate for this id), answers only control-plane certificates from the same CA, and
@@ -544,6 +557,7 @@ def agent(
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
             db_outage_grace_s=db_outage_grace_s,
+            restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
@@ -582,6 +596,7 @@ def fleet(
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
+    restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -622,6 +637,7 @@ def fleet(
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
             db_outage_grace_s=db_outage_grace_s,
+            restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,

@@ -325,14 +325,17 @@ class LocalCluster:
                 before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
                 incarnations_before = {w.id: w.incarnation for w in before.workers}
         started = []
+        started_at: dict[str, float] = {}
         for spec in config.processes:
             if self.live_process(spec) is None:
+                started_at[spec.id] = time.time()
                 self._start(spec, config)
                 started.append(spec.id)
         restarted = [w.id for p in started for w in config.workers_in(p)]
         status = self.wait_ready(
             config,
             restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
+            started_at={w.id: started_at[p] for p in started for w in config.workers_in(p)},
             timeout_s=timeout_s,
         )
         return UpResult(
@@ -520,10 +523,12 @@ class LocalCluster:
         config: ClusterConfig,
         *,
         restarted_workers: dict[str, int] | None = None,
+        started_at: dict[str, float] | None = None,
         timeout_s: float = READY_TIMEOUT_S,
     ) -> pb.StatusReply:
         """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`).
+        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.time()`` when a
+        restarted worker's process started, whose registration after it counts as its return).
 
         Raises:
             ClusterError: a process exited, or ``timeout_s`` passed; names what is missing
@@ -535,6 +540,7 @@ class LocalCluster:
             restarted=restarted_workers or {},
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
+            started_at=started_at,
         )
 
     def _check_exited(self, config: ClusterConfig) -> None:
@@ -586,7 +592,8 @@ class LocalCluster:
         those have exited: a worker stopped cleanly stops its jobs and then tells a control
         plane that it left, so the cluster does not count it as dead later. Each group gets
         ``timeout_s``. Safe when nothing runs. Afterwards no process carrying this state
-        folder's marker is left (checked with psutil).
+        folder's marker is left (checked with psutil), and no job supervisor of its workers
+        (the reapers of a killed agent outlive it until its fence deadlines: they are killed).
 
         Raises:
             ClusterError: a process or the database survived every attempt to stop it.
@@ -617,7 +624,9 @@ class LocalCluster:
                 ha_db_stopped = self.ha_database().stop()
             except HaDatabaseError as exc:
                 raise ClusterError(f"HA PostgreSQL did not stop: {exc}") from exc
-        stragglers = procs.kill_marked(self.state.root)
+        # Reapers of agents that were killed (not stopped) run on until their fence deadlines:
+        # nothing is left for an agent to take over after down.
+        stragglers = [*procs.kill_job_supervisors(self.state.root), *procs.kill_marked(self.state.root)]
         for pid_file in (self.state.root / "pids").glob("*.pid"):
             pid_file.unlink(missing_ok=True)
 
@@ -631,7 +640,7 @@ class LocalCluster:
                 except EmbeddedPostgresError as exc:
                     raise ClusterError(f"embedded PostgreSQL did not stop: {exc}") from exc
                 database_stopped = True
-        left = procs.marked_processes(self.state.root)
+        left = [*procs.marked_processes(self.state.root), *procs.job_supervisors(self.state.root)]
         if left:
             raise ClusterError(
                 "processes still running after down: "

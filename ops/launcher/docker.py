@@ -266,7 +266,9 @@ class DockerCluster:
                 cp_args=(*self.cp_args, *tls_args),
                 # No container jobs from an agent in a container: its job containers would be
                 # siblings on the engine, which nothing stops when the agent's container is
-                # killed (its supervisors die with it), so a requeued job could run twice.
+                # killed (its supervisors die with it), so a requeued job could run twice. (A
+                # killed agent container's command jobs end with it: nothing is kept across a
+                # restart in containers.)
                 agent_args=(*self.agent_args, "--no-containers", *tls_args),
                 worker_capacities=self.worker_capacities,
                 metrics=True,

@@ -6,12 +6,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
+from agent.adoption import supervisor_of
+from agent.fence import FENCE_DEADLINE_FILE
 from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec
 from runtime.text import tail_lines
 
@@ -77,6 +80,40 @@ def kill_marked(root: Path) -> list[int]:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     psutil.wait_procs(left, timeout=5.0)
+    return [p.pid for p in left]
+
+
+def job_supervisors(root: Path) -> list[psutil.Process]:
+    """Live job supervisors of the cluster's workers (command jobs' reapers, container jobs'
+    supervisors): processes whose command line names the fence-deadline file of a work folder
+    under ``root`` (:func:`agent.adoption.supervisor_of`). They carry no marker (jobs get a
+    clean environment) and outlive a killed agent until its fence deadlines have passed."""
+    deadlines = [str(path) for path in (root / "workers").glob(f"*/{FENCE_DEADLINE_FILE}")]
+    if not deadlines:
+        return []
+    found = []
+    for process in psutil.process_iter():
+        argv = cmdline(process)
+        if any(supervisor_of(argv, deadline) is not None for deadline in deadlines):
+            with contextlib.suppress(psutil.Error):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+    return found
+
+
+def kill_job_supervisors(root: Path) -> list[int]:
+    """Stop every job supervisor :func:`job_supervisors` finds: SIGUSR1 first (it kills its
+    job's whole tree, or its container, and exits), SIGKILL for those still alive 5 s later;
+    returns their pids."""
+    left = job_supervisors(root)
+    for process in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGUSR1)
+    _, alive = psutil.wait_procs(left, timeout=5.0)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=5.0)
     return [p.pid for p in left]
 
 

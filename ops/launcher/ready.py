@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import trio
 
@@ -11,6 +13,7 @@ from ops.launcher.state import ClusterConfig, ClusterError, StateDir, option_val
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import Unavailable
+from runtime.text import tail_lines
 
 POLL_INTERVAL_S = 0.2
 """How often readiness is asked again, in seconds."""
@@ -42,11 +45,15 @@ def wait_ready(
     restarted: Mapping[str, int],
     timeout_s: float,
     check_exited: Callable[[], None],
+    started_at: Mapping[str, float] | None = None,
 ) -> pb.StatusReply:
     """Poll until every control plane answers, one leads, and every worker is alive.
 
     A worker counts once the status shows it alive with a fresh heartbeat, and, for a worker
-    in ``restarted`` (id -> incarnation before the restart), under a new incarnation.
+    in ``restarted`` (id -> incarnation before the restart), once its log has a ``register``
+    line written since its new process started, when ``started_at`` says when that was (an
+    agent that took over its predecessor's jobs continues its incarnation, and a heartbeat of
+    a predecessor killed just before may commit late), else under a new incarnation.
 
     Args:
         state: the state folder (its logs are named in the error).
@@ -54,6 +61,8 @@ def wait_ready(
         restarted: id -> incarnation before the restart, of the workers just started again.
         timeout_s: how long to wait, in seconds.
         check_exited: called before each poll; raises ClusterError when a process exited.
+        started_at: id -> when the restarted worker's process was started (wall clock,
+            ``time.time()``: its log's lines carry wall-clock times).
 
     Raises:
         ClusterError: a process exited, or ``timeout_s`` passed; names what is missing and
@@ -64,7 +73,7 @@ def wait_ready(
         deadline = trio.current_time() + timeout_s
         while True:
             check_exited()
-            status, missing = await readiness(state, config, restarted)
+            status, missing = await readiness(state, config, restarted, started_at or {})
             if not missing:
                 return status, []
             if trio.current_time() >= deadline:
@@ -82,9 +91,14 @@ def wait_ready(
 
 
 async def readiness(
-    state: StateDir, config: ClusterConfig, restarted: Mapping[str, int]
+    state: StateDir,
+    config: ClusterConfig,
+    restarted: Mapping[str, int],
+    started_at: Mapping[str, float] | None = None,
 ) -> tuple[pb.StatusReply | None, list[str]]:
-    """A status (the first control plane's that answered, or None) and what is not ready yet."""
+    """A status (the first control plane's that answered, or None) and what is not ready yet
+    (see :func:`wait_ready`)."""
+    started_at = started_at or {}
     missing: list[str] = []
     status: pb.StatusReply | None = None
     for spec in config.control_planes:
@@ -112,7 +126,46 @@ async def readiness(
         elif (
             worker.state != "alive"
             or worker.last_heartbeat_age_s > fresh_s
-            or (worker_spec.id in restarted and worker.incarnation == restarted[worker_spec.id])
+            or (
+                worker_spec.id in restarted
+                and not _back(
+                    worker, restarted[worker_spec.id], _registered(state, worker_spec.id, started_at)
+                )
+            )
         ):
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
     return status, missing
+
+
+def _registered(state: StateDir, worker_id: str, started_at: Mapping[str, float]) -> bool | None:
+    """Whether ``worker_id``'s new process registered since it was started; None when its start
+    time is not known."""
+    if worker_id not in started_at:
+        return None
+    return registered_since(state.work_dir(worker_id) / "agent.jsonl", started_at[worker_id])
+
+
+def _back(worker: pb.WorkerInfo, incarnation_before: int, registered: bool | None) -> bool:
+    """Whether a restarted worker's new process is back: ``registered`` (its log has a
+    ``register`` line since it was started: a new incarnation, or its predecessor's continued),
+    or, where that is not known (None), another incarnation than before
+    (``incarnation_before``; 0: unknown, taken as back). Not its row's heartbeat alone: a
+    heartbeat its killed predecessor sent may commit after the new process started."""
+    if registered is not None:
+        return registered
+    return worker.incarnation != incarnation_before
+
+
+def registered_since(log_path: Path, since_unix_s: float) -> bool:
+    """Whether the worker log ``log_path`` (``agent.jsonl``) has a ``register`` line written at
+    or after ``since_unix_s`` (wall clock), among its last 200 lines."""
+    if not log_path.exists():
+        return False
+    for line in reversed(tail_lines(log_path, max_lines=200).lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "register":
+            return float(record.get("time", 0.0)) >= since_unix_s
+    return False

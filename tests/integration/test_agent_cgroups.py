@@ -288,8 +288,10 @@ def _resources_of(work_dir: Path, worker_id: str) -> JobResources:
 async def test_a_killed_agents_job_cgroup_is_removed_by_its_next_start(
     tmp_path: Path, cgroups_here: Mode
 ) -> None:
-    """SIGKILL of the agent while a job runs leaves the job's cgroup (nobody removed it); the
-    agent started again on the same work folder removes it and says so."""
+    """SIGKILL of the agent while a job runs leaves the job running in its cgroup (its reaper
+    outlives the agent, for the next agent process to take it over); the agent started again on
+    the same work folder keeps that cgroup at its start, takes the job over, stops it (the
+    scripted control plane does not continue the incarnation) and then removes the cgroup."""
     work_dir = tmp_path / "work"
     async with running(tmp_path, _agent(work_dir)) as agent:
         await agent.cp.wait(lambda: _heartbeating(agent.cp, "w-c"))
@@ -302,7 +304,9 @@ async def test_a_killed_agents_job_cgroup_is_removed_by_its_next_start(
     async with running(tmp_path, _agent(work_dir)) as again:
         await again.cp.wait(lambda: _heartbeating(again.cp, "w-c"))
         assert left.find("101-1") is None
-    assert "removed job cgroups left by an earlier life of this worker" in again.stderr.read_text()
+    logged = again.stderr.read_text()
+    assert "found jobs of the previous agent process" in logged
+    assert "removed job cgroups left by an earlier life of this worker" not in logged
 
 
 async def test_an_agent_forced_to_rlimits_says_so_in_its_label_and_its_log(tmp_path: Path) -> None:

@@ -141,7 +141,8 @@ async def test_sleep_job_succeeds_or_stops(tmp_path: Path) -> None:
 
 
 async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
-    """PR_SET_PDEATHSIG: a command job dies with the agent process that started it."""
+    """PR_SET_PDEATHSIG: a command job run with no fence-deadline file (a tool's run_job: no
+    deadman, nothing could take it over) dies with the process that started it."""
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import trio

@@ -51,6 +51,7 @@ class SlowToStop:
         run_as: RunAs | None = None,
         job_env: Mapping[str, str] | None = None,
         pause: Any = None,
+        on_spawned: Any = None,
     ) -> JobResult:
         assert isinstance(runtime, SleepRuntime)
         on_started()

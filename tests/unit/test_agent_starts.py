@@ -196,6 +196,7 @@ class ScriptedRunner:
         run_as: RunAs | None = None,
         job_env: Mapping[str, str] | None = None,
         pause: Any = None,
+        on_spawned: Any = None,
     ) -> JobResult:
         if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)

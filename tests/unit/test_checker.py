@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from ops.checker import (
+    KILLED_AGENT_RUN_ON_S,
     AssignmentRecord,
     DeathRecord,
     FaultEvent,
@@ -160,6 +161,25 @@ def test_a_run_ends_at_its_stop_or_at_its_workers_kill() -> None:
     assert check(History(assignments=()), runs_from_records(logs, KILL_W1)).double_runs == 0
     runs = runs_from_records(logs)
     assert sorted(r.ended_at for r in runs) == [math.inf, math.inf]
+
+
+def test_a_killed_agents_run_lasts_the_fence_span_past_the_kill() -> None:
+    """A killed agent's reaper runs its job on until the fence deadline: with no stop line, the
+    run ends the fence span after the kill, so a run elsewhere that starts within it overlaps,
+    and one that starts after it does not."""
+    start = record("start", "w-1", 3, 5, 1.0)
+    early = [start, record("start", "w-2", 3, 6, 3.0 + KILLED_AGENT_RUN_ON_S - 0.2)]
+    late = [start, record("start", "w-2", 3, 6, 3.0 + KILLED_AGENT_RUN_ON_S + 0.2)]
+    assert check(History(assignments=()), runs_from_records(early, KILL_W1)).double_runs == 1
+    assert check(History(assignments=()), runs_from_records(late, KILL_W1)).double_runs == 0
+
+
+def test_a_run_taken_over_by_a_restarted_agent_ends_at_its_stop_line() -> None:
+    """The agent started again on a killed worker's folder writes the stop line of the job it
+    took over (same incarnation): the run lasts from the first process's start line to it."""
+    logs = [record("start", "w-1", 3, 5, 1.0), record("stop", "w-1", 3, 5, 20.0, reason="succeeded")]
+    (run,) = runs_from_records(logs, KILL_W1)
+    assert (run.started_at, run.ended_at, run.stop_reason) == (1.0, 20.0, "succeeded")
 
 
 def test_a_death_no_fault_explains_is_a_false_death() -> None:

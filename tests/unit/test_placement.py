@@ -526,3 +526,20 @@ def test_deciding_in_slices_gives_the_same_plan_and_yields_as_it_goes(
             break
     assert plan == place_queue(queue, limited, max_reservations=max_reservations)
     assert yields >= len(plan.placements) // step
+
+
+@pytest.mark.parametrize("policy", ["best_fit", "first_fit", "worst_fit"])
+@pytest.mark.parametrize("max_reservations", [0, 4])
+def test_a_worker_allocated_past_its_capacity_gets_nothing_new(policy: str, max_reservations: int) -> None:
+    """A worker whose agent restarted with less capacity than its kept jobs use (allocation
+    above capacity: its free room is negative) is placed nothing, not even a small job, until
+    its jobs have drained below its capacity (it may be kept free for a large job meanwhile);
+    the other worker takes what fits it."""
+    shrunk = WorkerRoom(
+        worker_id="w-1", cpu_millis=2000, memory_mb=2048, cpu_allocated_millis=3000, memory_allocated_mb=512
+    )
+    other = WorkerRoom(worker_id="w-2", cpu_millis=1000, memory_mb=1024)
+    jobs = [PendingJob(job_id=i, cpu_millis=100, memory_mb=10) for i in range(1, 20)]
+    jobs.append(PendingJob(job_id=99, cpu_millis=1800, memory_mb=10))
+    plan = place(jobs, [shrunk, other], policy=policy, max_reservations=max_reservations)
+    assert {worker for _, worker in plan.placements} == {"w-2"}

@@ -400,6 +400,12 @@ class HeartbeatReply(betterproto2.Message):
     stop everything and register again.
     """
 
+    restart_hold_granted: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    The restart hold the heartbeat asked for was recorded (the worker is alive in its
+    incarnation): the agent may move its fence deadline on by the hold.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatReply", HeartbeatReply)
 
@@ -423,6 +429,14 @@ class HeartbeatRequest(betterproto2.Message):
     epoch_seen: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
     """
     The newest epoch the worker has seen.
+    """
+
+    restart_hold_ms: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+    """
+    A planned restart of the agent (it exits leaving its jobs running, and a new process
+    takes them over): hold the worker this long (ms, database time, from this heartbeat's
+    commit). While it holds, the leader counts no silence of the worker and the placer
+    places nothing on it. 0: no hold. At most 600,000 (ten minutes).
     """
 
 
@@ -864,6 +878,21 @@ class RegisterWorkerReply(betterproto2.Message):
     it, so it has stopped its jobs by then.
     """
 
+    resumed: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    For a registration with resume_incarnation: true when that incarnation was continued
+    (incarnation is it), false when it was not (incarnation is 0 and nothing was
+    registered).
+    """
+
+    stop_assignment_ids: "list[int]" = betterproto2.field(5, betterproto2.TYPE_UINT64, repeated=True)
+    """
+    Continued: held assignments that are not active any more (stop them), and the other
+    active assignments of the incarnation, ended now (refuse them if they are sent).
+    """
+
+    released_assignment_ids: "list[int]" = betterproto2.field(6, betterproto2.TYPE_UINT64, repeated=True)
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerReply", RegisterWorkerReply)
 
@@ -915,6 +944,23 @@ class RegisterWorkerRequest(betterproto2.Message):
     """
 
     registration_seq: "int" = betterproto2.field(8, betterproto2.TYPE_UINT64)
+
+    resume_incarnation: "int" = betterproto2.field(9, betterproto2.TYPE_UINT64)
+    """
+    A restarted agent that found jobs of its previous process still running (their reapers
+    outlive the agent) asks to continue that process's incarnation instead of starting a
+    new one: resume_incarnation names it (0: a new incarnation, as always), and
+    held_assignment_ids lists the assignments of it whose jobs it has taken over. The
+    control plane continues the incarnation only if the worker's row is still alive in it
+    (not declared dead, not registered again since), in the statement that updates the row;
+    then it ends every other active assignment of that incarnation (the agent runs none of
+    them and refuses them from now on; their jobs are placed again at once, spending no
+    attempt), and the reply has resumed = true. Otherwise nothing but the outcomes in finished
+    is recorded, and the reply has resumed = false and incarnation 0: the agent stops the
+    jobs it found and registers again as a new incarnation.
+    """
+
+    held_assignment_ids: "list[int]" = betterproto2.field(10, betterproto2.TYPE_UINT64, repeated=True)
 
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerRequest", RegisterWorkerRequest)

@@ -1,0 +1,760 @@
+"""Restarts that keep jobs: what a job leaves on disk, and how a restarted agent takes it over.
+
+A command job's reaper (:mod:`agent.reaper`) outlives its agent: it keeps the job running until
+the fence deadline the dead agent last wrote, pauses it there and kills it at the kill deadline,
+as for a frozen agent. An agent started again with the same worker id and work folder finds
+such jobs here, proves they are its own, and asks the control plane to continue the
+incarnation they run in (:mod:`agent.core`; the safety argument is in docs/design.md,
+"Restarts").
+
+**The record.** When a job starts, the agent writes :data:`RECORD_FILE` in the job's folder
+(:func:`write_record`, atomically): the worker, assignment, job, incarnation and epoch it was
+started under, its size and runtime, its start (wall clock, and ``CLOCK_MONOTONIC``, which
+every process of the machine shares), and for a command job, once forked, its reaper's pid and
+start time (``/proc/<pid>/stat`` field 22, in clock ticks since boot: a pid is reused, a
+(pid, start time) pair is not). A sleep job's record also holds the time it spent paused, written
+again at every resume. The record is removed once the job's ``stop`` line is written.
+
+**The survey** (:func:`survey`), before the agent registers. Every process of the machine whose
+command line is a reaper's (or a container supervisor's) naming *this* work folder's
+fence-deadline file is one of this worker's supervisors; each record is judged against the one
+running in its folder (``/proc/<pid>/cwd``) by :func:`judge`:
+
+- :attr:`Verdict.KEEPABLE`: a live reaper whose pid *and* start time are the record's, of this
+  worker id: the agent may take it over;
+- :attr:`Verdict.STRAY`: a live supervisor the record does not prove (no pid yet: the agent
+  died between the fork and the record; another pid or start time; another worker's record;
+  a container supervisor, see below): it is stopped before anything is registered;
+- :attr:`Verdict.ENDED`: no supervisor runs in the folder any more: the job ended while no
+  agent watched it, and its reaper's report (:func:`agent.reaper.read_report`) says how;
+- :attr:`Verdict.SLEEP`: a sleep job (it has no process): kept for the rest of its duration.
+
+A supervisor of this work folder that runs in no recorded folder is a stray too
+(:attr:`Survey.strays`), stopped and waited for before the agent registers. So nothing of the
+previous process runs on that the new one does not watch.
+
+**Taking a reaper over** (:class:`ReaperWatch`): it is not the new agent's child, so the agent
+holds a pidfd (``os.pidfd_open``, opened *before* the identity is checked, so the checked process
+is the one it refers to), waits for its exit with ``trio.lowlevel.wait_readable``, signals it
+with ``signal.pidfd_send_signal`` (the stop escalation of :mod:`agent.supervised`: SIGTERM,
+SIGUSR1, SIGKILL) and reads its report; a process that is not a child cannot be reaped, and its
+exit status is not known, which the report makes up for. Needs Linux 5.3 or later: without
+pidfds no job is kept (every supervisor found is stopped, by pid, right after its start time was
+checked again).
+
+**Which jobs fit** (:func:`fit`): a restarted agent may offer less than before. The kept jobs
+are taken oldest start first (the ones with the most work to lose), each kept if it fits what
+the kept ones before it left, else stopped; the control plane ends the stopped ones' assignments
+and places their jobs again at once, without spending an attempt.
+
+**Container jobs are not kept.** A container's supervisor still dies with its agent and kills its
+container then (its parent-death signal, :mod:`agent.container_supervisor`), and the agent
+removes every container labelled with its worker id when it starts; a restarted agent writes the
+``stop`` line of such a job from its supervisor's report, and its assignment is released. The
+supervisor could outlive the agent as the reaper does; it does not yet, since its Docker calls
+and the start-up clean-up would have to tell an adopted container from a leftover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agent import reaper
+from agent.messages import JobOrder, JobState
+from agent.runtimes import JobResult, OutputPaths, command_result
+from agent.supervised import REAPER_SLACK_S
+from runtime.errors import LocalFileError
+from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+
+RECORD_FILE = "job.record"
+"""In a job's folder: the job's record (JSON, see :class:`JobRecord`), from its start until its
+``stop`` line is written."""
+RECORD_VERSION = 1
+"""The record's format; a record of another version is not trusted (its job is stopped)."""
+
+
+# ---------------------------------------------------------------------------- the record
+
+
+@attrs.frozen(kw_only=True)
+class JobRecord:
+    """What a job's folder says about the job (see the module docstring)."""
+
+    worker_id: str
+    assignment_id: int
+    job_id: int
+    incarnation: int
+    """The incarnation the job was accepted in."""
+    epoch: int
+    """The epoch of the Assign request that started it."""
+    cpu_millis: int
+    memory_mb: int
+    runtime: JobRuntime
+    timeout_s: float | None = None
+    name: str = ""
+    started_unix_s: float
+    """When its runtime was started (wall clock)."""
+    began_monotonic_s: float
+    """When its runtime was started (``time.monotonic()``): a sleep job's duration counts from it."""
+    paused_s: float = 0.0
+    """A sleep job's time paused since it began (its duration does not count it), as of the
+    last time the record was written."""
+    supervisor_pid: int | None = None
+    """A command job's reaper, once forked; None before (or for a sleep job)."""
+    supervisor_start_ticks: int | None = None
+    """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
+
+    @property
+    def reservation(self) -> tuple[int, int]:
+        """(cpu_millis, memory_mb) it holds."""
+        return self.cpu_millis, self.memory_mb
+
+    def order(self) -> JobOrder:
+        """The job as the agent's own structures hold it (its spec has what the record keeps)."""
+        return JobOrder(
+            assignment_id=self.assignment_id,
+            job_id=self.job_id,
+            spec=JobSpec(
+                name=self.name,
+                cpu_millis=self.cpu_millis,
+                memory_mb=self.memory_mb,
+                runtime=self.runtime,
+                timeout_s=self.timeout_s,
+            ),
+        )
+
+    def to_json(self) -> str:
+        """The record as one line of JSON."""
+        runtime: dict[str, Any]
+        match self.runtime:
+            case SleepRuntime(duration_ms=ms):
+                runtime = {"kind": "sleep", "duration_ms": ms}
+            case CommandRuntime(argv=argv):
+                runtime = {"kind": "command", "argv": list(argv)}
+            case ContainerRuntime(image=image, argv=argv):
+                runtime = {"kind": "container", "image": image, "argv": list(argv)}
+        data = attrs.asdict(self, recurse=False)
+        data["runtime"] = runtime
+        data["version"] = RECORD_VERSION
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobRecord:
+        """A record from :meth:`to_json`'s output.
+
+        Raises:
+            ValueError: not a record of this version (a torn or foreign file).
+        """
+        try:
+            data = json.loads(text)
+            if data.pop("version") != RECORD_VERSION:
+                raise ValueError(f"record version must be {RECORD_VERSION}")
+            raw = data.pop("runtime")
+            kind = raw["kind"]
+            runtime: JobRuntime
+            if kind == "sleep":
+                runtime = SleepRuntime(duration_ms=int(raw["duration_ms"]))
+            elif kind == "command":
+                runtime = CommandRuntime(argv=tuple(str(a) for a in raw["argv"]))
+            elif kind == "container":
+                runtime = ContainerRuntime(image=str(raw["image"]), argv=tuple(str(a) for a in raw["argv"]))
+            else:
+                raise ValueError(f"unknown runtime {kind!r}")
+            return cls(runtime=runtime, **data)
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a job record: {exc}") from exc
+
+
+def write_record(job_dir: Path, record: JobRecord) -> None:
+    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically.
+
+    Raises:
+        OSError: it cannot be written.
+    """
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f"{RECORD_FILE}.tmp"
+    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
+    os.replace(tmp, job_dir / RECORD_FILE)
+
+
+def read_record(job_dir: Path) -> JobRecord | None:
+    """The record in ``job_dir``; None when there is none or it cannot be read."""
+    try:
+        return JobRecord.from_json((job_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def remove_record(job_dir: Path) -> None:
+    """Remove the record of ``job_dir`` (a missing one is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        (job_dir / RECORD_FILE).unlink()
+
+
+LOCK_FILE = "agent.lock"
+"""In the work folder: locked (``flock``) by the agent process that runs there, with its pid."""
+
+
+def lock_work_dir(work_dir: Path) -> int:
+    """Lock ``work_dir`` for this agent process: one agent per work folder, or two would take
+    over the same jobs. The lock (``flock`` on :data:`LOCK_FILE`) goes with the process, also
+    when it is killed; the job supervisors never hold it (the descriptor is close-on-exec).
+
+    Returns:
+        The lock's file descriptor (close it to release the lock).
+
+    Raises:
+        LocalFileError: another live process holds the lock; the message names its pid.
+        OSError: the file cannot be opened.
+    """
+    path = work_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise LocalFileError(
+            f"work_dir {work_dir} is in use by another agent process (pid {holder}, holding {path}); "
+            "stop it, or give this agent a work folder of its own"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+@attrs.frozen(kw_only=True)
+class ProcessInfo:
+    """A process as ``/proc`` shows it."""
+
+    pid: int
+    start_ticks: int
+    """``/proc/<pid>/stat`` field 22: when it started, in clock ticks since boot."""
+    argv: tuple[str, ...]
+    cwd: str
+    """Its working directory (``/proc/<pid>/cwd``), or empty when it cannot be read."""
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (the start time), or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            # The command name (field 2) is in parentheses and may hold spaces or ")": split
+            # after its last ")". Field 3 (the state) is then the first, field 22 the 20th.
+            return int(file.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_info(pid: int) -> ProcessInfo | None:
+    """What ``/proc`` says of process ``pid``; None when it is gone (or a zombie, whose command
+    line is empty)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            raw = file.read()
+    except OSError:
+        return None
+    ticks = start_ticks(pid)
+    if ticks is None or not raw:
+        return None
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = ""
+    argv = tuple(part.decode("utf-8", "surrogateescape") for part in raw.rstrip(b"\0").split(b"\0"))
+    return ProcessInfo(pid=pid, start_ticks=ticks, argv=argv, cwd=cwd)
+
+
+class Supervisor(StrEnum):
+    """Which kind of job supervisor a process is."""
+
+    REAPER = "reaper"
+    """A command job's reaper (:mod:`agent.reaper`)."""
+    CONTAINER = "container"
+    """A container job's supervisor (:mod:`agent.container_supervisor`)."""
+
+
+def supervisor_of(argv: Sequence[str], deadline_path: str) -> Supervisor | None:
+    """Whether a process with command line ``argv`` is a job supervisor of the worker whose
+    fence-deadline file is ``deadline_path``, and which kind; None when it is not.
+
+    A reaper runs ``python -I -S -c BOOTSTRAP ... DEADLINE_FILE ... -- ARGV`` and a container
+    supervisor ``python -I -c BOOTSTRAP SPEC_JSON`` with the file in the spec: the bootstrap names
+    the module, and the deadline file this worker's work folder (one file per worker).
+    """
+    try:
+        code = list(argv).index("-c")
+    except ValueError:
+        return None
+    if code + 1 >= len(argv):
+        return None
+    bootstrap, rest = argv[code + 1], list(argv[code + 2 :])
+    if "agent.reaper import run" in bootstrap:
+        head = rest[: rest.index("--")] if "--" in rest else rest
+        return Supervisor.REAPER if deadline_path in head else None
+    if "container_supervisor" in bootstrap and rest:
+        try:
+            spec = json.loads(rest[0])
+        except json.JSONDecodeError:
+            return None
+        if isinstance(spec, dict) and spec.get("deadline_path") == deadline_path:
+            return Supervisor.CONTAINER
+    return None
+
+
+def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
+    """Every live job supervisor of the worker whose fence-deadline file is ``deadline_path``
+    (:func:`supervisor_of`), from a scan of ``/proc``; none where there is no ``/proc``."""
+    found = []
+    marker = os.fsencode(deadline_path)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                if marker not in file.read():
+                    continue  # cheap first: most processes name no deadline file of ours
+        except OSError:
+            continue
+        info = process_info(int(entry))
+        if info is None:
+            continue
+        kind = supervisor_of(info.argv, deadline_path)
+        if kind is not None:
+            found.append((info, kind))
+    return found
+
+
+def supervised_job_folders(deadline_path: str) -> frozenset[str]:
+    """The names of the job folders (``<job_id>-<assignment_id>``) in which a supervisor of the
+    worker whose fence-deadline file is ``deadline_path`` still runs: jobs a restarted agent
+    takes over or stops itself (:func:`survey`), whose cgroups must stay until then
+    (:func:`agent.cgroups.resource_settings`)."""
+    return frozenset(os.path.basename(info.cwd) for info, _ in supervisors(deadline_path))
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+class Verdict(StrEnum):
+    """What a restarted agent does with a job its folder records (see the module docstring)."""
+
+    KEEPABLE = "keepable"
+    STRAY = "stray"
+    ENDED = "ended"
+    SLEEP = "sleep"
+
+
+def judge(
+    record: JobRecord, running: ProcessInfo | None, kind: Supervisor | None, *, worker_id: str
+) -> tuple[Verdict, str]:
+    """The verdict on ``record``, given the supervisor ``running`` in its folder (of ``kind``;
+    None: none runs there), and why, for the log. Pure.
+
+    A reaper is kept only when it is of this worker, its pid and its start time are the
+    record's: the pid alone could name a process that reused it, and the start time alone a
+    process of another boot.
+    """
+    if isinstance(record.runtime, SleepRuntime):
+        if record.worker_id != worker_id:
+            return Verdict.ENDED, f"a record of worker {record.worker_id}"
+        return Verdict.SLEEP, "a sleep job"
+    if running is None:
+        return Verdict.ENDED, "its supervisor has exited"
+    if record.worker_id != worker_id:
+        return Verdict.STRAY, f"a record of worker {record.worker_id}"
+    if kind is not Supervisor.REAPER:
+        return Verdict.STRAY, "container jobs are not kept across restarts"
+    if record.supervisor_pid is None or record.supervisor_start_ticks is None:
+        return Verdict.STRAY, "its record names no reaper (the agent died as it forked it)"
+    if (record.supervisor_pid, record.supervisor_start_ticks) != (running.pid, running.start_ticks):
+        return Verdict.STRAY, (
+            f"its record names reaper {record.supervisor_pid} started at tick "
+            f"{record.supervisor_start_ticks}, not {running.pid} started at {running.start_ticks}"
+        )
+    return Verdict.KEEPABLE, "its reaper runs, as recorded"
+
+
+def fit(
+    jobs: Iterable[JobRecord], *, cpu_millis: int, memory_mb: int
+) -> tuple[list[JobRecord], list[JobRecord]]:
+    """Which of ``jobs`` a worker of ``cpu_millis`` and ``memory_mb`` keeps, and which it stops.
+
+    Oldest start first (ties by assignment id): each is kept if it fits what the kept ones
+    before it left, else stopped, and the next ones are still tried (a small job may fit where
+    a large one did not). Pure.
+    """
+    kept: list[JobRecord] = []
+    dropped: list[JobRecord] = []
+    cpu_left, mem_left = cpu_millis, memory_mb
+    for job in sorted(jobs, key=lambda j: (j.started_unix_s, j.assignment_id)):
+        if job.cpu_millis <= cpu_left and job.memory_mb <= mem_left:
+            kept.append(job)
+            cpu_left -= job.cpu_millis
+            mem_left -= job.memory_mb
+        else:
+            dropped.append(job)
+    return kept, dropped
+
+
+def incarnation_to_resume(records: Iterable[JobRecord]) -> int | None:
+    """The incarnation a restarted agent asks to continue: the newest its kept jobs run in
+    (an agent runs the jobs of one incarnation only: it stops all of them before it registers a
+    new one), or None when there is nothing to keep."""
+    return max((r.incarnation for r in records), default=None)
+
+
+def sleep_ran_s(record: JobRecord, *, now_s: float, pause_at_s: float | None) -> float:
+    """How long the sleep job of ``record`` has run by ``now_s`` (``time.monotonic()``): from its
+    start, less its recorded pauses, and not past ``pause_at_s``, the pause deadline of the
+    fence-deadline file (None: there is none), when its jobs paused while no agent watched them.
+    Pure."""
+    until = now_s if pause_at_s is None else min(now_s, pause_at_s)
+    return max(0.0, until - record.began_monotonic_s - record.paused_s)
+
+
+# ---------------------------------------------------------------------------- the survey
+
+
+@attrs.frozen(kw_only=True)
+class Found:
+    """One recorded job of the previous process, judged."""
+
+    job_dir: Path
+    record: JobRecord
+    verdict: Verdict
+    why: str
+    running: ProcessInfo | None = None
+    """The supervisor running in its folder, if any."""
+
+
+@attrs.frozen(kw_only=True)
+class Survey:
+    """What a restarted agent found in its work folder (:func:`survey`)."""
+
+    found: tuple[Found, ...]
+    strays: tuple[ProcessInfo, ...]
+    """Supervisors of this work folder that run in no recorded folder."""
+    deadline: tuple[float, float] | None
+    """The fence-deadline file as the previous process left it: (pause at, kill at) in
+    ``time.monotonic()`` seconds; None when there is none."""
+
+
+def survey(jobs_dir: Path, *, worker_id: str, deadline_path: Path) -> Survey:
+    """Find what the previous process of this work folder left: every job record under
+    ``jobs_dir`` judged against the supervisors running (:func:`judge`), and the strays."""
+    running: dict[str, tuple[ProcessInfo, Supervisor]] = {}
+    for proc, which in supervisors(str(deadline_path)):
+        running[proc.cwd] = (proc, which)
+    found: list[Found] = []
+    recorded: set[str] = set()
+    for path in sorted(jobs_dir.glob(f"*/{RECORD_FILE}")) if jobs_dir.is_dir() else ():
+        job_dir = path.parent
+        record = read_record(job_dir)
+        here = running.get(str(job_dir))
+        if record is None or job_dir.name != f"{record.job_id}-{record.assignment_id}":
+            continue  # unreadable, or another job's: a supervisor there is a stray (below)
+        recorded.add(str(job_dir))
+        info, kind = here if here is not None else (None, None)
+        verdict, why = judge(record, info, kind, worker_id=worker_id)
+        found.append(Found(job_dir=job_dir, record=record, verdict=verdict, why=why, running=info))
+    strays = [proc for cwd, (proc, _) in sorted(running.items()) if cwd not in recorded]
+    deadline = reaper.read_fence_deadline(deadline_path) if deadline_path.exists() else None
+    return Survey(found=tuple(found), strays=tuple(strays), deadline=deadline)
+
+
+@attrs.frozen(kw_only=True)
+class TakeoverPlan:
+    """What a restarted agent does with what its previous process left (:func:`plan_takeover`)."""
+
+    settle: tuple[Found, ...]
+    """Jobs that ended while no agent watched them: their ``stop`` lines and outcomes are
+    written now, before anything is registered."""
+    watch: tuple[Found, ...]
+    """Jobs still running (their supervisor, or a sleep job's duration): taken over, each kept
+    or stopped."""
+    keep: tuple[int, ...]
+    """The assignment ids of ``watch`` to keep, if the control plane continues ``incarnation``."""
+    incarnation: int | None
+    """The incarnation to ask to continue; None: keep nothing, register a new one."""
+    stop: dict[int, str]
+    """The assignment ids of ``watch`` to stop before registering, each with why."""
+    strays: tuple[ProcessInfo, ...]
+    """Supervisors of this work folder in no recorded folder: killed before registering."""
+    kill_at_s: float | None = None
+    """The fence-deadline file's kill deadline (``time.monotonic()``): the continuation is
+    given up once it is less than ``min_left_s`` ahead (the reapers kill their jobs at it)."""
+
+
+def plan_takeover(
+    found: Survey,
+    *,
+    cpu_millis: int,
+    memory_mb: int,
+    now_s: float,
+    min_left_s: float,
+    pidfds: bool = True,
+) -> TakeoverPlan:
+    """Decide what a restarted agent keeps of ``found``. Pure.
+
+    Nothing is kept when the fence-deadline file's kill deadline is less than ``min_left_s``
+    ahead of ``now_s`` (``time.monotonic()``; the reapers kill their jobs at it, so a
+    continuation must get through well before), or when there are no pidfds (``pidfds``). Else
+    the keepable jobs (:attr:`Verdict.KEEPABLE`) and the sleep jobs of the newest incarnation
+    among them (:func:`incarnation_to_resume`) are kept as far as they fit ``cpu_millis`` and
+    ``memory_mb`` (:func:`fit`); every other job still running is stopped (strays, older
+    incarnations, those that do not fit). A sleep job whose duration ran out while no agent
+    watched it is settled as succeeded.
+
+    Args:
+        found: the survey.
+        cpu_millis: the capacity the agent offers now, in millicores.
+        memory_mb: the memory it offers now, in MiB.
+        now_s: ``time.monotonic()`` now.
+        min_left_s: how far ahead the kill deadline must be for anything to be kept, in seconds.
+        pidfds: whether the system has pidfds (``os.pidfd_open``).
+    """
+    pause_at, kill_at = found.deadline if found.deadline is not None else (None, None)
+    settle: list[Found] = []
+    watch: list[Found] = []
+    candidates: list[JobRecord] = []
+    for item in found.found:
+        if item.verdict is Verdict.ENDED:
+            settle.append(item)
+            continue
+        if item.verdict is Verdict.SLEEP:
+            assert isinstance(item.record.runtime, SleepRuntime)
+            ran_s = sleep_ran_s(item.record, now_s=now_s, pause_at_s=pause_at)
+            if ran_s * 1000 >= item.record.runtime.duration_ms:
+                settle.append(item)
+                continue
+        watch.append(item)
+        if item.verdict in (Verdict.KEEPABLE, Verdict.SLEEP):
+            candidates.append(item.record)
+    stop: dict[int, str] = {
+        item.record.assignment_id: item.why for item in watch if item.verdict is Verdict.STRAY
+    }
+    kept: list[JobRecord] = []
+    incarnation: int | None = None
+    if kill_at is not None and now_s > kill_at - min_left_s:
+        why = "its kill deadline has passed, or is too near to continue its incarnation"
+        stop.update({r.assignment_id: why for r in candidates})
+    elif not pidfds:
+        stop.update({r.assignment_id: "this system has no pidfds to watch it with" for r in candidates})
+    else:
+        incarnation = incarnation_to_resume(candidates)
+        same = [r for r in candidates if r.incarnation == incarnation]
+        stop.update(
+            {
+                r.assignment_id: f"it runs in incarnation {r.incarnation}, older than {incarnation}"
+                for r in candidates
+                if r.incarnation != incarnation
+            }
+        )
+        kept, dropped = fit(same, cpu_millis=cpu_millis, memory_mb=memory_mb)
+        stop.update(
+            {
+                r.assignment_id: (
+                    f"it does not fit the worker's capacity of {cpu_millis} cpu_millis and "
+                    f"{memory_mb} memory_mb beside the older jobs kept"
+                )
+                for r in dropped
+            }
+        )
+    return TakeoverPlan(
+        settle=tuple(settle),
+        watch=tuple(watch),
+        keep=tuple(r.assignment_id for r in kept),
+        incarnation=incarnation if kept else None,
+        stop=stop,
+        strays=found.strays,
+        kill_at_s=kill_at,
+    )
+
+
+# ---------------------------------------------------------------------------- watching
+
+
+class ReaperWatch:
+    """A supervisor this agent did not fork, held by a pidfd: signalled and waited for.
+
+    Open with :meth:`open`, which checks the process's start time *after* the pidfd exists, so
+    the pidfd refers to the process that was checked. Close with :meth:`close`.
+    """
+
+    def __init__(self, pid: int, pidfd: int | None) -> None:
+        self.pid = pid
+        self._pidfd = pidfd
+
+    @classmethod
+    def open(cls, info: ProcessInfo) -> ReaperWatch | None:
+        """A watch of ``info``'s process, or None when it is gone or its pid now names another
+        process (its start time changed). Where pidfds are missing the watch signals by pid and
+        polls (each signal after its start time is checked again)."""
+        try:
+            pidfd: int | None = os.pidfd_open(info.pid)
+        except (AttributeError, OSError) as exc:
+            if isinstance(exc, ProcessLookupError):
+                return None
+            pidfd = None
+        if start_ticks(info.pid) != info.start_ticks:
+            if pidfd is not None:
+                os.close(pidfd)
+            return None
+        return cls(info.pid, pidfd)
+
+    @property
+    def has_pidfd(self) -> bool:
+        """True when the watch holds a pidfd (the agent may keep the job)."""
+        return self._pidfd is not None
+
+    def send(self, sig: int, ticks: int | None = None) -> None:
+        """Send ``sig``; a process that is gone is fine. Without a pidfd, only if the pid still
+        has start time ``ticks``."""
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            elif ticks is not None and start_ticks(self.pid) == ticks:
+                os.kill(self.pid, sig)
+
+    async def wait(self, ticks: int | None = None) -> None:
+        """Return once the process has exited."""
+        if self._pidfd is not None:
+            await trio.lowlevel.wait_readable(self._pidfd)
+            return
+        while start_ticks(self.pid) == ticks and ticks is not None:  # noqa: ASYNC110 (not our child)
+            await trio.sleep(0.05)
+
+    def close(self) -> None:
+        """Release the pidfd (idempotent)."""
+        if self._pidfd is not None:
+            trio.lowlevel.notify_closing(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+async def watch_supervisor(
+    watch: ReaperWatch,
+    *,
+    ticks: int,
+    stop: trio.Event,
+    stop_grace_s: float,
+) -> bool:
+    """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
+    :func:`agent.supervised.wait_supervisor` does (SIGTERM; SIGUSR1 when it is not done
+    :data:`REAPER_SLACK_S` after the grace; SIGKILL another :data:`REAPER_SLACK_S` later);
+    returns whether a stop was asked for. Closes the watch.
+
+    Raises:
+        trio.Cancelled: after having the supervisor kill the job and waiting for it (shielded).
+    """
+    stopped = False
+
+    async def stop_when_asked() -> None:
+        nonlocal stopped
+        await stop.wait()
+        stopped = True
+        watch.send(signal.SIGTERM, ticks)
+        await trio.sleep(stop_grace_s + REAPER_SLACK_S)
+        watch.send(signal.SIGUSR1, ticks)
+        await trio.sleep(REAPER_SLACK_S)
+        watch.send(signal.SIGKILL, ticks)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_asked)
+            await watch.wait(ticks)
+            nursery.cancel_scope.cancel()
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            watch.send(signal.SIGUSR1, ticks)
+            with trio.move_on_after(REAPER_SLACK_S):
+                await watch.wait(ticks)
+            watch.send(signal.SIGKILL, ticks)
+        raise
+    finally:
+        watch.close()
+    return stopped
+
+
+def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> JobResult:
+    """How a job whose supervisor this agent did not fork ended, from its report (an exit status
+    it cannot know: the supervisor was not its child). ``stopped``: this agent asked for a stop.
+    A supervisor that left no report was killed (SIGKILL, the OOM killer): the job failed, unless
+    a stop was asked; with no supervisor recorded either, none was ever started: the job did not
+    start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
+    paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
+    report = reaper.read_report(job_dir)
+    if not report and record.supervisor_pid is None and not stopped:
+        # No reaper was recorded, none runs and none reported: the agent died before it
+        # forked one (or as the reaper began, which then started nothing). Nothing ran: the
+        # control plane places the job again at once (schema.sql, record_outcomes).
+        now = time.time()
+        return JobResult(
+            state=JobState.NOT_STARTED,
+            stopped=False,
+            exit_code=None,
+            started_unix_s=record.started_unix_s,
+            finished_unix_s=now,
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
+            detail="not started: its agent died before it started the job's supervisor",
+            started=False,
+        )
+    if not report:
+        return JobResult(
+            state=JobState.CANCELLED if stopped else JobState.FAILED,
+            stopped=stopped,
+            exit_code=None,
+            started_unix_s=record.started_unix_s,
+            finished_unix_s=time.time(),
+            stdout_path=paths.stdout_path,
+            stderr_path=paths.stderr_path,
+            detail="its supervisor ended without a report while its agent was restarting",
+        )
+    if isinstance(record.runtime, ContainerRuntime):
+        # Imported here, as agent.runtimes does: the container module is not needed otherwise.
+        from agent.container import container_result
+
+        return container_result(
+            report, 0, stopped=stopped, exec_reported=False, started_unix_s=record.started_unix_s, paths=paths
+        )
+    return command_result(
+        report, 0, stopped=stopped, exec_reported=False, started_unix_s=record.started_unix_s, paths=paths
+    )
+
+
+async def stop_strays(strays: Sequence[ProcessInfo], *, stop_grace_s: float) -> None:
+    """Kill every supervisor of ``strays`` at once (SIGUSR1: it kills its job's whole tree, or
+    its container) and wait until each has exited (SIGKILL after :data:`REAPER_SLACK_S`)."""
+    watches = [(w, info.start_ticks) for info in strays if (w := ReaperWatch.open(info)) is not None]
+    stop = trio.Event()
+    stop.set()
+
+    async with trio.open_nursery() as nursery:
+        for watch, ticks in watches:
+            watch.send(signal.SIGUSR1, ticks)
+            nursery.start_soon(_watch_stray, watch, ticks, stop, stop_grace_s)
+
+
+async def _watch_stray(watch: ReaperWatch, ticks: int, stop: trio.Event, stop_grace_s: float) -> None:
+    await watch_supervisor(watch, ticks=ticks, stop=stop, stop_grace_s=stop_grace_s)
