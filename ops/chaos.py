@@ -30,13 +30,14 @@ waits for every job to finish, runs :func:`ops.checker.check`, and returns the r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import shutil
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,51 +160,50 @@ class Harness:
         addresses = self.cluster.config().control_plane_addresses
         client = ControlPlaneClient(addresses, timeout_s=1.0, tls=self.cluster.config().client_tls)
         try:
-            async with trio.open_nursery() as nursery:
-                stop_submitting = trio.Event()
-                nursery.start_soon(self._submit, addresses, stop_submitting)
-                kill_worker_at = self._spread(s.worker_kills)
-                restart_worker_at = self._spread(s.worker_restarts, offset=1)
-                partition_at = self._spread(s.partitions)
-                mass_partition_at = self._spread(s.mass_partitions, offset=1)
-                db_restart_at = self._spread(s.db_restarts, offset=2)
-                db_failover_at = self._spread(s.db_failovers, offset=2)
-                freezes = 0
-                for i in range(self._steps()):
-                    if i >= s.failovers:
-                        await trio.sleep(1.0)  # a step with no failover: faults only
-                    elif i % 2 == 0:
-                        await self.kill_leader(client, self.state)
-                    else:
-                        freezes += 1
-                        in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                        await self.freeze_leader(client, self.state, in_transaction=in_tx)
-                    if i in kill_worker_at:
-                        await self.kill_worker(client, self.state)
-                    if i in restart_worker_at:
-                        await self.restart_worker(client)
-                    if i in partition_at:
-                        nursery.start_soon(self.partition_worker)
-                    if i in mass_partition_at:
-                        await self.partition_every_worker()
-                    if i in db_restart_at:
-                        await self.restart_database(
-                            client, how=("fast", "kill")[len(self.result.db_outages) % 2]
-                        )
-                    if i in db_failover_at:
-                        await self.fail_over_database(client)
-                    self.progress(self._line(i + 1))
-                    await trio.sleep(s.settle_s)
-                if s.partitions or s.mass_partitions:
-                    # Keep the jobs coming until every partition healed and its worker had
-                    # time to register again and get work.
-                    while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
-                        await trio.sleep(0.1)
-                    await trio.sleep(3.0)
-                stop_submitting.set()
-            await self._wait_finished(client)
-        except _Abort as exc:
-            self.result.errors.append(str(exc))
+            with recording_aborts(self.result.errors):
+                async with trio.open_nursery() as nursery:
+                    stop_submitting = trio.Event()
+                    nursery.start_soon(self._submit, addresses, stop_submitting)
+                    kill_worker_at = self._spread(s.worker_kills)
+                    restart_worker_at = self._spread(s.worker_restarts, offset=1)
+                    partition_at = self._spread(s.partitions)
+                    mass_partition_at = self._spread(s.mass_partitions, offset=1)
+                    db_restart_at = self._spread(s.db_restarts, offset=2)
+                    db_failover_at = self._spread(s.db_failovers, offset=2)
+                    freezes = 0
+                    for i in range(self._steps()):
+                        if i >= s.failovers:
+                            await trio.sleep(1.0)  # a step with no failover: faults only
+                        elif i % 2 == 0:
+                            await self.kill_leader(client, self.state)
+                        else:
+                            freezes += 1
+                            in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
+                            await self.freeze_leader(client, self.state, in_transaction=in_tx)
+                        if i in kill_worker_at:
+                            await self.kill_worker(client, self.state)
+                        if i in restart_worker_at:
+                            await self.restart_worker(client)
+                        if i in partition_at:
+                            nursery.start_soon(self.partition_worker)
+                        if i in mass_partition_at:
+                            await self.partition_every_worker()
+                        if i in db_restart_at:
+                            await self.restart_database(
+                                client, how=("fast", "kill")[len(self.result.db_outages) % 2]
+                            )
+                        if i in db_failover_at:
+                            await self.fail_over_database(client)
+                        self.progress(self._line(i + 1))
+                        await trio.sleep(s.settle_s)
+                    if s.partitions or s.mass_partitions:
+                        # Keep the jobs coming until every partition healed and its worker had
+                        # time to register again and get work.
+                        while any(link.cut for link in self._links.values()):  # noqa: ASYNC110
+                            await trio.sleep(0.1)
+                        await trio.sleep(3.0)
+                    stop_submitting.set()
+                await self._wait_finished(client)
         finally:
             client.close()
 
@@ -723,3 +723,22 @@ def _gone(pid: int) -> bool:
 
 class _Abort(Exception):
     """The run cannot go on (no leader, a process missing); recorded as an error."""
+
+
+@contextlib.contextmanager
+def recording_aborts(errors: list[str]) -> Iterator[None]:
+    """Record every :class:`_Abort` raised in the block, bare or from inside nurseries
+    (which wrap it in an exception group), as a line of ``errors``, and end the block; any
+    other exception propagates."""
+    try:
+        yield
+    except* _Abort as group:
+        errors.extend(str(abort) for abort in _leaves(group))
+
+
+def _leaves(group: BaseExceptionGroup[_Abort]) -> list[BaseException]:
+    """The exceptions of ``group``, nested groups flattened."""
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves

@@ -403,7 +403,8 @@ def record_local_cluster(state_dir: Path) -> Path:
 
 
 def forget_local_cluster(state_dir: Path) -> Path | None:
-    """Remove the user config's ``[local]`` table when it names ``state_dir``.
+    """Remove the user config's ``[local]`` table when it names ``state_dir`` (and the file,
+    when that table was all it held: ``up`` made it).
 
     Returns:
         the config file's path when the table was removed, else None.
@@ -416,7 +417,10 @@ def forget_local_cluster(state_dir: Path) -> Path | None:
         return None
     try:
         kept = _without_local_table(path.read_text())
-        _write_config(path, kept, records=None)
+        if kept.strip():
+            _write_config(path, kept, records=None)
+        else:
+            path.unlink()  # the table was all it held: leave no empty file behind
     except OSError as exc:
         raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
     return path

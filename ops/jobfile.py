@@ -497,6 +497,20 @@ def read_job_file(path: Path | str, *, text_format: str | None = None) -> list[J
             nests too deep, names an unknown field, has no job or too many, or a job breaks a
             rule; the message names the file and line.
     """
+    return read_job_file_placed(path, text_format=text_format)[0]
+
+
+def read_job_file_placed(
+    path: Path | str, *, text_format: str | None = None
+) -> tuple[list[JobSpec], Callable[[int, str], str]]:
+    """The jobs of a job file, as :func:`read_job_file` gives them, and ``where(job, field)``:
+    ``jobs.toml:LINE`` of a job's field (the job's index in the file, from 0), or the file's
+    name alone when the line is not known. ``where`` places refusals only the cluster can make
+    (an ``after`` naming a job that does not exist) as the file's own errors are placed.
+
+    Raises:
+        JobFileError: as :func:`read_job_file`.
+    """
     shown = str(path)
     fmt = text_format or FORMATS.get(Path(shown).suffix.lower()) or ("yaml" if shown == "-" else None)
     if fmt not in ("toml", "yaml"):
@@ -507,7 +521,11 @@ def read_job_file(path: Path | str, *, text_format: str | None = None) -> list[J
     text = _decode(shown, data)
     kind = "JSON" if Path(shown).suffix.lower() == ".json" else "YAML"
     jobs, lines = _parse_toml(shown, text) if fmt == "toml" else _parse_yaml(shown, text, kind)
-    return _specs(shown, jobs, lines)
+
+    def where(job: int, field: str) -> str:
+        return where_of(shown, lines, job, (field,))
+
+    return _specs(shown, jobs, lines), where
 
 
 def _read_bytes(shown: str) -> bytes:

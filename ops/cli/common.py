@@ -92,7 +92,8 @@ ControlPlanesOption = Annotated[
     typer.Option(
         "--control-planes",
         help=f"Control-plane addresses, host:port,... (default: ${CONTROL_PLANES_ENV}, else "
-        ".stockade/cluster.json, else the user config ~/.config/stockade/config.toml).",
+        "the local cluster's cluster.json in ./.stockade or $STOCKADE_STATE_DIR, else the user "
+        "config ~/.config/stockade/config.toml or $STOCKADE_CONFIG).",
         show_default=False,
     ),
 ]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -32,7 +33,7 @@ from ops.cli.common import (
     shown_path,
     with_client,
 )
-from runtime.errors import Unavailable
+from runtime.errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
@@ -211,8 +212,9 @@ def submit(
         str | None,
         typer.Option(
             metavar="N",
-            help="Run the job at most N times (1-100) [default: 1]: a run that exits non-zero, is "
-            "OOM-killed or times out is placed again after its backoff until they are spent.",
+            help="Give up after N failed runs (1-100) [default: 1: no retry]: a run that exits "
+            "non-zero, is OOM-killed or times out is placed again after its backoff until N have "
+            "failed; runs lost with their worker do not count (unless --count-lost).",
             show_default=False,
         ),
     ] = None,
@@ -370,14 +372,37 @@ def run(
     if text_format is not None and text_format not in ("toml", "yaml"):
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
-        specs = jobfile.read_job_file(path, text_format=text_format)
+        specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
     if check:
         sys.stdout.write(json.dumps([jobfile.fields_of(spec) for spec in specs], indent=2) + "\n")
         return
     with errors():
-        ids = _submit(control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key))
+        try:
+            ids = _submit(
+                control_plane_addresses(control_planes), specs, key=idempotency_key_of(idempotency_key)
+            )
+        except InvalidArgument as exc:
+            raise _placed_in_file(exc, specs, where) from None
     for job_id in ids:
         console().print(job_id)
+
+
+def _placed_in_file(
+    exc: InvalidArgument, specs: list[JobSpec], where: Callable[[int, str], str]
+) -> InvalidArgument:
+    """A cluster's refusal of a job file's ``after`` (a job that does not exist), placed at the
+    file and line of the first job naming it (``jobs.toml:4: after must name jobs that
+    exist...``); any other refusal as it came."""
+    from ops.jobfile import JobFileError
+
+    text = str(exc)
+    missing = re.search(r"\bno job (\d+)", text)
+    if not text.startswith("after ") or missing is None:
+        return exc
+    index = next((i for i, spec in enumerate(specs) if int(missing[1]) in spec.after), None)
+    if index is None:
+        return exc
+    return JobFileError(where(index, "after"), text, field="after", value=specs[index].after)
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable keys instead.")]
@@ -427,6 +452,16 @@ def job(
     _print_job(info, tails)
 
 
+def _output_place(info: Job, path: str, flag: str) -> str:
+    """Where a job's stdout or stderr is: its file on the worker once the run reported it, or,
+    while it runs, the worker that writes it and the command that reads it."""
+    if path:
+        return shown_path(Path(path))
+    if info.worker_id and info.state in ("assigned", "running"):
+        return f"on {info.worker_id} (`stockade logs {info.job_id}{flag}`)"
+    return "-"
+
+
 def _print_job(info: Job, tails: list[OutputTail]) -> None:
     """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and
     stderr (``tails``, read through a control plane from the worker that keeps them)."""
@@ -451,7 +486,12 @@ def _print_job(info: Job, tails: list[OutputTail]) -> None:
         ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
         ("memory_mb", str(spec.memory_mb) if spec else "-"),
         ("priority", str(spec.priority) if spec else "-"),
-        ("worker", info.worker_id or "-"),
+        # A job waiting to be placed again still names its last run's worker: say so.
+        *(
+            (("last worker", f"{info.worker_id} (its last run; placed again after its backoff)"),)
+            if info.worker_id and info.state in ("pending", "waiting")
+            else (("worker", info.worker_id or "-"),)
+        ),
         ("assignment", str(info.assignment_id or "-")),
         ("epoch", str(info.epoch or "-")),
         *lifecycle_rows(info),
@@ -460,8 +500,8 @@ def _print_job(info: Job, tails: list[OutputTail]) -> None:
         ("started", local_time(info.started_unix_s)),
         ("finished", local_time(info.finished_unix_s)),
         ("duration", duration),
-        ("stdout", shown_path(Path(info.stdout_path)) if info.stdout_path else "-"),
-        ("stderr", shown_path(Path(info.stderr_path)) if info.stderr_path else "-"),
+        ("stdout", _output_place(info, info.stdout_path, "")),
+        ("stderr", _output_place(info, info.stderr_path, " --stderr")),
     ]
     for key, value in rows:
         table.add_row(key, Text(value))

@@ -275,7 +275,10 @@ def up(
         errors(),
         console().status("starting the cluster..."),
     ):
-        result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+        try:
+            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+        except ClusterError as exc:
+            raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
     _print_up(result, cluster)
     _record(cluster)
 

@@ -83,9 +83,7 @@ def wait_ready(
     status, missing = rpc.with_client(config.control_plane_addresses, poll, tls=config.client_tls)
     if missing or status is None:
         raise ClusterError(
-            f"cluster not ready after {timeout_s:g} s: "
-            + "; ".join(missing or ["no control plane answered"])
-            + " (the processes keep running: `stockade down` stops them)"
+            f"cluster not ready after {timeout_s:g} s: " + "; ".join(missing or ["no control plane answered"])
         )
     return status
 
@@ -105,8 +103,11 @@ async def readiness(
         client = ControlPlaneClient([spec.address], timeout_s=1.0, tls=config.client_tls)
         try:
             reply = await client.call("status", pb.StatusRequest())
-        except Unavailable:
-            missing.append(f"{spec.id} does not answer at {spec.address} (read {state.log_path(spec.id)})")
+        except Unavailable as exc:
+            missing.append(
+                f"{spec.id} did not answer a status call at {spec.address} within 1 s ({exc}; "
+                f"read {state.log_path(spec.id)})"
+            )
             continue
         finally:
             client.close()

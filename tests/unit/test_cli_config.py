@@ -152,6 +152,15 @@ def test_recording_keeps_the_rest_of_the_file_and_forgetting_only_its_own_cluste
     assert forget_local_cluster(second) is None
 
 
+def test_forgetting_the_only_table_removes_the_file_up_made(home: Path, tmp_path: Path) -> None:
+    """up into no config file makes one holding only [local]; down removes the file, leaving
+    no empty config behind."""
+    path = config.user_config_path()
+    assert record_local_cluster(tmp_path / "cluster") == path
+    assert forget_local_cluster(tmp_path / "cluster") == path
+    assert not path.exists()
+
+
 def test_recording_into_a_file_it_cannot_follow_leaves_it_alone(home: Path, tmp_path: Path) -> None:
     """A config that already sets local.state_dir as a dotted key: the file is not changed,
     and the error says to edit it by hand."""
@@ -196,7 +205,7 @@ def test_down_removes_the_record_of_its_cluster(
     result = CliRunner().invoke(app, ["down"])
     assert result.exit_code == 0, result.output
     assert "stopped cp-1" in result.output and f"removed it from {config.user_config_path()}" in result.output
-    assert "local" not in tomllib.loads(config.user_config_path().read_text())
+    assert not config.user_config_path().exists()  # [local] was all it held
 
 
 def test_status_shows_where_the_local_clusters_processes_serve_metrics(

@@ -103,3 +103,31 @@ def test_an_array_shows_its_tasks_by_state() -> None:
         array_counts=[pb.JobCount(state="running", count=10), pb.JobCount(state="pending", count=90)],
     )
     assert dict(lifecycle_rows(job_from_pb(info)))["tasks"] == "running 10  pending 90"
+
+
+@pytest.mark.parametrize(
+    ("state", "expected", "unexpected"),
+    [
+        ("pending", ["last worker", "w-3 (its last run"], ["stockade logs 9"]),
+        ("running", ["on w-3 (`stockade logs 9`)", "on w-3 (`stockade logs 9 --stderr`)"], ["last worker"]),
+    ],
+)
+def test_job_names_a_retrying_jobs_worker_as_its_last_and_where_a_running_jobs_output_is(
+    monkeypatch: pytest.MonkeyPatch, state: str, expected: list[str], unexpected: list[str]
+) -> None:
+    """A job waiting to run again shows its last run's worker as such; a running job's output
+    is on its worker, read with `stockade logs`, not a '-' beside the lines printed below."""
+    info = pb.JobInfo.parse(bytes(RETRYING))
+    info.state, info.worker_id = state, "w-3"
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    for text in expected:
+        assert text in result.output
+    for text in unexpected:
+        assert text not in result.output

@@ -347,6 +347,26 @@ def test_run_refuses_a_bad_file_and_sends_nothing(tmp_path: Path, calls: list[li
     assert calls == []
 
 
+def test_a_refused_after_is_placed_at_its_line_in_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster refuses an `after` naming a job that does not exist (only it can tell): the
+    error names the file and the line of the job's `after`, as the file's own errors do."""
+    from runtime.aio.grpc_client import _RemoteInvalid
+
+    def refusing_submit(addresses: list[str], specs: list[JobSpec], **_: Any) -> list[int]:
+        raise _RemoteInvalid(
+            "after must name jobs that exist (a job may wait only for jobs submitted before it), "
+            "got [99999] (no job 99999; nothing was stored)"
+        )
+
+    monkeypatch.setattr(cli_jobs, "_submit", refusing_submit)
+    path = write(tmp_path, "j.toml", SLEEPER + SLEEPER + "after = [99999]\n")
+    result = CliRunner().invoke(app, ["run", str(path), "--control-planes", NOWHERE])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {path}:9: after must name jobs that exist")
+
+
 def test_run_check_prints_the_jobs_and_sends_nothing(tmp_path: Path, calls: list[list[pb.JobSpec]]) -> None:
     """--check: the jobs as JSON job fields; no call."""
     result = CliRunner().invoke(app, ["run", "--check", str(write(tmp_path, "j.toml", TOML_EVERY_FIELD))])

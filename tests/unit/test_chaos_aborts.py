@@ -1,0 +1,45 @@
+"""A chaos run that cannot go on records why and ends its injection, whether the abort is
+raised in the run's own body, inside its nursery, or by a task of it (ops.chaos)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from ops.chaos import _Abort, recording_aborts
+
+
+async def test_an_abort_inside_a_nursery_is_recorded_not_raised() -> None:
+    errors: list[str] = []
+    with recording_aborts(errors):
+        async with trio.open_nursery():
+            raise _Abort("no new leader within 20 s after cp-3 failed")
+    assert errors == ["no new leader within 20 s after cp-3 failed"]
+
+
+async def test_aborts_of_several_tasks_are_all_recorded() -> None:
+    async def fail(message: str) -> None:
+        raise _Abort(message)
+
+    errors: list[str] = []
+    with recording_aborts(errors):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fail, "w-2 is not running")
+            nursery.start_soon(fail, "the jobs of w-3 did not run elsewhere in time")
+    assert sorted(errors) == ["the jobs of w-3 did not run elsewhere in time", "w-2 is not running"]
+
+
+async def test_a_bare_abort_is_recorded() -> None:
+    errors: list[str] = []
+    with recording_aborts(errors):
+        raise _Abort("no worker has jobs")
+    assert errors == ["no worker has jobs"]
+
+
+async def test_other_errors_propagate() -> None:
+    errors: list[str] = []
+    with pytest.raises(ExceptionGroup) as raised, recording_aborts(errors):
+        async with trio.open_nursery():
+            raise ValueError("a bug, not an abort")
+    assert raised.group_contains(ValueError)
+    assert errors == []
