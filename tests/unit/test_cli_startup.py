@@ -141,6 +141,8 @@ def test_logs_loads_the_client_and_nothing_of_the_server() -> None:
 def test_typer_reads_plain_options_without_pydantic() -> None:
     """This Typer's internals are where :mod:`ops.cli.params` expects them, so plain options
     are read without pydantic (a Typer release that moves them is noticed here)."""
+    import ops.cli.base  # noqa: F401  (installs them, as every command's import does)
+
     assert params.installed()
 
 
