@@ -5,6 +5,7 @@ its queries name is one the processes' registry has, and Prometheus' own parser 
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -163,3 +164,18 @@ def test_promtool_parses_every_query_of_the_dashboard(tmp_path: Path) -> None:
         [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_docs_metrics_lists_every_metric_of_every_process() -> None:
+    """docs/metrics.md names each metric the processes expose (a counter by its ``_total``
+    sample), so a new metric cannot go undocumented."""
+    text = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`(stockade_[a-z_]+)`", text))
+    expected = set()
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            expected.add(value._name + ("_total" if value._type == "counter" else ""))
+    expected |= {"stockade_agent_jobs_running", "stockade_agent_heartbeat_ack_age_seconds"}
+    expected |= {"stockade_agent_fence_after_seconds", "stockade_agent_fence_state"}
+    assert not expected - documented, sorted(expected - documented)
+    assert not documented - expected, sorted(documented - expected)
