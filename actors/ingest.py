@@ -570,7 +570,9 @@ class ControlPlaneService(AdmittedService):
                     queries.SET_RESTART_HOLD, worker_id, request.incarnation, hold_ms / 1000
                 )
         if not row["alive"]:
+            metrics.HEARTBEATS_REREGISTER.inc()
             return pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+        metrics.HEARTBEATS_RECORDED.inc()
         if hold_ms:
             log.get("ingest").info(
                 "restart hold recorded" if held is not None else "restart hold not recorded",

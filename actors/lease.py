@@ -45,7 +45,7 @@ import trio
 
 from actors import queries
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
-from runtime import log
+from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.aio.pg import CALL_MARGIN_S
 from runtime.errors import DatabaseBusy, DatabaseUnavailable
@@ -199,13 +199,19 @@ class LeaseKeeper:
     def _elect(self, epoch: int) -> None:
         self.epoch = epoch
         self._seq += 1
+        metrics.LEASE_ELECTIONS.inc()
+        metrics.LEASE_EPOCH.set(epoch)
         self._log.info("elected", epoch=epoch)
         self._publish(Elected(seq=self._seq, epoch=epoch))
 
-    def _depose(self, reason: str) -> None:
+    def _depose(self, cause: str, reason: str) -> None:
+        """Stop leading: publish :class:`Deposed` with ``reason`` (words for the logs and the
+        subscribers), counted by ``cause`` (one of :data:`runtime.metrics.STEP_DOWN_CAUSES`)."""
         epoch = self.epoch or 0
         self.epoch = None
         self._seq += 1
+        metrics.LEASE_STEP_DOWNS.labels(cause).inc()
+        metrics.LEASE_EPOCH.set(0)
         self._log.warning("deposed", epoch=epoch, reason=reason)
         self._publish(Deposed(seq=self._seq, epoch=epoch, reason=reason))
         if epoch:
@@ -231,6 +237,8 @@ class LeaseKeeper:
                 if self.epoch is not None:
                     try:
                         await store.release(self.cp_id, self.epoch)
+                        metrics.LEASE_STEP_DOWNS.labels("released").inc()
+                        metrics.LEASE_EPOCH.set(0)
                         self._log.info("released lease", epoch=self.epoch)
                     except DatabaseUnavailable:
                         pass
@@ -244,7 +252,7 @@ class LeaseKeeper:
                     reply.set(self._role)
                 case EpochSuperseded(epoch=epoch, epoch_seen=seen):
                     if self.epoch is not None and self.epoch == epoch and seen > epoch:
-                        self._depose(f"epoch {seen} seen, ours is {epoch}")
+                        self._depose("epoch_superseded", f"epoch {seen} seen, ours is {epoch}")
 
     def _main_loop_stalled(self) -> float | None:
         """Seconds the main loop has been silent, when longer than allowed; else None."""
@@ -301,8 +309,9 @@ class LeaseKeeper:
         stalled_s = self._main_loop_stalled()
         if stalled_s is not None:
             self._depose(
+                "main_loop_stalled",
                 f"the main loop has not run for {stalled_s:.1f} s "
-                f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})"
+                f"(max_main_loop_stall_s {self.settings.max_main_loop_stall_s:g})",
             )
             return
         failures = 0
@@ -321,13 +330,13 @@ class LeaseKeeper:
             if renewed is None:
                 break
             if not renewed:
-                self._depose("lease taken by another replica")
+                self._depose("deposed", "lease taken by another replica")
                 return
             if self.epoch == epoch:
                 self.last_renew_sent = sent
             return
         if self.epoch == epoch:
-            self._depose("renewal did not succeed within lease_ttl_s - step_down_margin_s")
+            self._depose("renewal_late", "renewal did not succeed within lease_ttl_s - step_down_margin_s")
 
 
 def open_pg_store(

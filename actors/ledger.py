@@ -118,7 +118,7 @@ from actors.messages import (
     SettledJobs,
     SettleWaitingJobs,
 )
-from runtime import faults, log
+from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.settings import LedgerSettings, session_ms
@@ -278,10 +278,10 @@ class Ledger:
             with self._answer_deadline(what):
                 return await self._transaction(conn, epoch, op, kind)
         except StaleEpoch as exc:
-            await self._refused(epoch, exc.epoch_seen, what)
+            await self._refused(epoch, exc.epoch_seen, what, kind=kind, reason="stale_epoch")
             raise
         except DatabaseUnavailable:
-            await self._deposed_if_superseded(epoch, what)
+            await self._deposed_if_superseded(epoch, what, kind)
             raise
 
     async def _transaction(
@@ -344,19 +344,21 @@ class Ledger:
             with self._answer_deadline(what):
                 seen, result = await op(conn)
         except DatabaseUnavailable:
-            await self._deposed_if_superseded(epoch, what)
+            await self._deposed_if_superseded(epoch, what, kind)
             raise
         if seen != epoch and _FENCING_ENABLED:
-            await self._refused(epoch, seen, what)
+            await self._refused(epoch, seen, what, kind=kind, reason="stale_epoch")
             raise StaleEpoch(epoch, seen)
         return result
 
-    async def _deposed_if_superseded(self, epoch: int, what: str) -> None:
+    async def _deposed_if_superseded(self, epoch: int, what: str, kind: str) -> None:
         """After a connection loss: if a newer epoch holds the lease, record the write as
         refused and raise StaleEpoch (from None); else return, leaving the outcome unknown."""
         seen_after = await self._current_epoch()
         if seen_after is not None and seen_after != epoch:
-            await self._refused(epoch, seen_after, f"{what} (session ended)")
+            await self._refused(
+                epoch, seen_after, f"{what} (session ended)", kind=kind, reason="session_ended"
+            )
             raise StaleEpoch(epoch, seen_after) from None
 
     async def _current_epoch(self) -> int | None:
@@ -366,7 +368,10 @@ class Ledger:
         except DatabaseUnavailable:
             return None
 
-    async def _refused(self, epoch: int, epoch_seen: int, what: str) -> None:
+    async def _refused(self, epoch: int, epoch_seen: int, what: str, *, kind: str, reason: str) -> None:
+        """Record a refused write (``stale_writes``, ``stockade_fenced_writes_refused{write=kind,
+        reason}``) and tell the lease keeper that ``epoch_seen`` superseded ``epoch``."""
+        metrics.FENCED_WRITES_REFUSED.labels(kind, reason).inc()
         self._log.warning("fenced write refused", epoch=epoch, epoch_seen=epoch_seen, what=what)
         try:
             conn = await self._connection()

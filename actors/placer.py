@@ -270,6 +270,38 @@ def plan_round(
     return finish(steps)
 
 
+def packing(workers: Sequence[LiveWorker]) -> tuple[int, int, int, int, int]:
+    """``(workers, cpu_millis, cpu_allocated_millis, memory_mb, memory_allocated_mb)`` of the
+    live workers a round read: their count and their capacity and allocation, summed."""
+    cpu = cpu_allocated = memory = memory_allocated = 0
+    for worker in workers:
+        room = worker.room
+        cpu += room.cpu_millis
+        cpu_allocated += room.cpu_allocated_millis
+        memory += room.memory_mb
+        memory_allocated += room.memory_allocated_mb
+    return len(workers), cpu, cpu_allocated, memory, memory_allocated
+
+
+def _show_packing(workers: Sequence[LiveWorker]) -> None:
+    """Show what a round read in the cluster packing gauges (one pass over the workers)."""
+    count, cpu, cpu_allocated, memory, memory_allocated = packing(workers)
+    metrics.set_cluster_packing(
+        workers=count,
+        cpu_millis=cpu,
+        cpu_allocated_millis=cpu_allocated,
+        memory_mb=memory,
+        memory_allocated_mb=memory_allocated,
+    )
+
+
+def _forget_packing() -> None:
+    """A standby shows no packing: the leader's gauges are the cluster's."""
+    metrics.set_cluster_packing(
+        workers=0, cpu_millis=0, cpu_allocated_millis=0, memory_mb=0, memory_allocated_mb=0
+    )
+
+
 @attrs.define
 class RoundStats:
     """Recent rounds while jobs were pending (trio clock seconds), newest last."""
@@ -313,7 +345,10 @@ class Placer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run rounds every ``round_interval_s`` while leader, until cancelled."""
         await self.role.every_interval_while_leader(
-            self.settings.round_interval_s, self._logged_round, task_status=task_status
+            self.settings.round_interval_s,
+            self._logged_round,
+            on_standby=_forget_packing,
+            task_status=task_status,
         )
 
     async def _logged_round(self, epoch: int) -> None:
@@ -372,6 +407,7 @@ class Placer:
         started = trio.current_time()
         s = self.settings
         workers = await self._read(epoch)
+        _show_packing(workers)
         self._connect_ahead(epoch, workers)
         if self._reserving and trio.current_time() - self._reserving_checked_at >= s.reserving_recheck_s:
             # A job keeps a worker free only while it is pending: drop one cancelled since

@@ -453,19 +453,28 @@ class Reconciler:
 
         async def logged_pass(epoch: int) -> None:
             nonlocal last_epoch, failed_passes
+            began = trio.current_time()
+            outcome: str | None = None  # None: cancelled or a bug, not counted
             try:
                 await self.reconcile(epoch, first_pass=epoch != last_epoch)
+                outcome = "done"
                 last_epoch = epoch
                 if failed_passes:
                     self._log.info("passes succeed again", failed_passes=failed_passes)
                     failed_passes = 0
             except StaleEpoch as exc:
+                outcome = "deposed"
                 self._log.info("pass refused: deposed", epoch=exc.epoch, epoch_seen=exc.epoch_seen)
             except DatabaseUnavailable as exc:
+                outcome = "failed"
                 # Once per streak of failures, not once per pass (the database is away).
                 if not failed_passes:
                     self._log.warning("pass failed", error=str(exc))
                 failed_passes += 1
+            finally:
+                if outcome is not None:
+                    metrics.RECONCILE_PASS_SECONDS.observe(trio.current_time() - began)
+                    metrics.RECONCILE_PASSES.labels(outcome).inc()
 
         await self.role.every_interval_while_leader(
             self.settings.reconcile_interval_s, logged_pass, task_status=task_status

@@ -60,12 +60,15 @@ class RoleView:
         interval_s: float,
         step: Callable[[int], Awaitable[object]],
         *,
+        on_standby: Callable[[], None] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """A deciding actor's loop: ask for the role, follow its changes, signal
         ``task_status.started()``, then call ``step(epoch)`` every ``interval_s`` seconds (at a
         fixed rate, :class:`runtime.loops.Periodic`) while leader, the first at once after each
         election; until cancelled. ``step`` handles its own errors; one it raises ends the loop.
+        ``on_standby`` (no checkpoint) is called whenever the loop finds itself not leading and
+        starts waiting for an election: at the start as a standby, and after each step-down.
         """
         await self.query()
         async with trio.open_nursery() as nursery:
@@ -74,6 +77,8 @@ class RoleView:
             ticks = Periodic(interval_s)
             while True:
                 if self.epoch is None:
+                    if on_standby is not None:
+                        on_standby()
                     await self.elected.wait()
                     ticks.restart()
                 await ticks.tick()

@@ -123,6 +123,7 @@ from agent.messages import (
     Leave,
     LeaveAnswer,
     Outcome,
+    Refusal,
     RefusalReason,
     Registration,
     StopReason,
@@ -218,6 +219,10 @@ class Agent:
         """While a planned restart asks for its hold (:meth:`prepare_restart`): how long."""
         self._restart_granted = trio.Event()
         """Set once a heartbeat the database acknowledged recorded the restart hold."""
+        self._heartbeat_failures = metrics.AGENT_HEARTBEAT_FAILURES.labels(self.worker_id)
+        self._clock: trio.abc.Clock | None = None
+        """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
+        server's thread for :meth:`metrics_reading`."""
 
     # ------------------------------------------------------------------ read-only views
 
@@ -266,6 +271,27 @@ class Agent:
         """Outcomes waiting for a heartbeat reply."""
         return tuple(self._unacked)
 
+    def metrics_reading(self) -> metrics.WorkerReading:
+        """This worker's scrape-time gauges (:class:`runtime.metrics.WorkerGauges`). Reads only
+        plain attributes, so the metrics server's thread may call it while the agent runs."""
+        fence = self._fence
+        last = fence.last_acked_send_time
+        clock = self._clock
+        if fence.self_fenced:
+            state = "self_fenced"
+        elif fence.paused:
+            state = "paused"
+        elif fence.live.is_set():
+            state = "live"
+        else:
+            state = "registering"
+        return metrics.WorkerReading(
+            jobs_running=self._jobs.started_count(),
+            heartbeat_ack_age_s=None if last is None or clock is None else clock.current_time() - last,
+            fence_after_s=fence.fence_after_s,
+            state=state,
+        )
+
     async def wait_registered(self) -> None:
         """Return once the agent has registered at least once."""
         await self._registered_once.wait()
@@ -286,6 +312,11 @@ class Agent:
         if self._restart_hold_s is not None:
             self._admission.fenced = True  # a planned restart takes nothing new
         decision = self._admission.assign(order)
+        self._count_refusals("assign", decision.refused)
+        if len(decision.accepted_ids) > len(decision.to_start):
+            metrics.AGENT_DUPLICATE_ASSIGNMENTS.labels(self.worker_id).inc(
+                len(decision.accepted_ids) - len(decision.to_start)
+            )
         for refusal in decision.refused:
             if refusal.reason is RefusalReason.NO_ROOM:
                 self._logger.warning(
@@ -315,8 +346,13 @@ class Agent:
         """
         self._fence_if_due()
         decision = self._admission.cancel(order)
+        self._count_refusals("cancel", decision.refused)
         await self._jobs.stop(list(decision.to_stop), StopReason.CANCELLED)
         return self._admission.settle_cancel(decision)
+
+    def _count_refusals(self, request: str, refused: tuple[Refusal, ...]) -> None:
+        for refusal in refused:
+            metrics.AGENT_ASSIGNMENTS_REFUSED.labels(self.worker_id, request, refusal.reason.value).inc()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -336,6 +372,7 @@ class Agent:
             LocalFileError: another agent process runs on the same work folder.
         """
         self.address = address
+        self._clock = trio.lowlevel.current_clock()
         self.joblog.open()
         try:
             lock = adoption.lock_work_dir(self.work_dir)
@@ -343,6 +380,7 @@ class Agent:
             self.joblog.close()
             raise
         stopping_since: float | None = None
+        metrics.WORKER_GAUGES.watch(self.worker_id, self.metrics_reading)
         try:
             async with trio.open_nursery() as job_nursery:
                 self._jobs.nursery = job_nursery
@@ -365,6 +403,7 @@ class Agent:
                     with trio.CancelScope(shield=True):
                         await self._leave(stopping_since)
             finally:
+                metrics.WORKER_GAUGES.forget(self.worker_id, self.metrics_reading)
                 self.joblog.close()
                 os.close(lock)
 
@@ -761,6 +800,7 @@ class Agent:
         try:
             answer = await self._cp.heartbeat(report, deadline_s=self._fence.call_deadline_s())
         except StockadeError as exc:
+            self._heartbeat_failures.inc()
             if failures % _LOG_EVERY_FAILURES == 0:
                 self._logger.warning(
                     "heartbeat failed",
@@ -871,6 +911,7 @@ class Agent:
         self._jobs.record_progress()  # sleep jobs' records: the pause does not count
         self._admission.fenced = False
         fence.live.set()
+        metrics.AGENT_RESUMES.labels(self.worker_id).inc()
         self.joblog.write(
             LogEvent.RESUME,
             incarnation=self._admission.incarnation,

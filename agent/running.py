@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,9 +47,26 @@ from agent.runtimes import (
     owner_of,
 )
 from agent.starts import StartLimiter, StartTicket
+from runtime import metrics
 from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
+
+_FAILURE_REASON = re.compile(r"([a-z_]{1,40}):")
+"""A failure whose detail starts with a reason (``oom_killed: ...``, ``timeout: ...``), read as
+the control plane reads it into the assignment's ``end_reason`` (``record_outcomes`` in
+``schema.sql``)."""
+
+
+def stop_metric_reason(reason: StopReason, detail: str) -> str:
+    """The ``reason`` label of ``stockade_agent_job_stops`` for a job that stopped for
+    ``reason`` with ``detail``: the reason a failure's detail starts with (``oom_killed``,
+    ``timeout``, ``workdir_not_found``, ``image_not_found``, ...), else ``reason`` itself."""
+    if reason is StopReason.FAILED:
+        named = _FAILURE_REASON.match(detail)
+        if named is not None:
+            return named.group(1)
+    return reason.value
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -137,6 +155,11 @@ class RunningJobs:
     def get(self, assignment_id: int) -> Job | None:
         """The job of ``assignment_id``; None when there is none (any more)."""
         return self._jobs.get(assignment_id)
+
+    def started_count(self) -> int:
+        """How many jobs have started and not ended yet. Safe to call from another thread (the
+        metrics server's): the copy of the jobs is taken in one step under the GIL."""
+        return sum(1 for job in list(self._jobs.values()) if job.started)
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
@@ -231,6 +254,7 @@ class RunningJobs:
                 job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
             )
             return
+        metrics.AGENT_JOB_STARTS.labels(self.settings.worker_id, runtime.kind).inc()
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
@@ -613,6 +637,9 @@ class RunningJobs:
             time_unix_s=ended_unix_s,
             started=result.started,
         )
+        metrics.AGENT_JOB_STOPS.labels(
+            self.settings.worker_id, stop_metric_reason(reason, result.detail)
+        ).inc()
         self.logger.info(
             "job ended",
             job_id=order.job_id,

@@ -7,7 +7,13 @@ linear interpolation within a bucket, as Prometheus' ``histogram_quantile`` does
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import threading
+from collections.abc import Callable, Iterator
+
+import attrs
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 ROUND_BUCKETS_S = (
     0.0005,
@@ -129,6 +135,44 @@ AGENT_PAUSES = Counter(
     "Pauses: a worker held every job because no heartbeat was acknowledged in time.",
     ["worker_id"],
 )
+AGENT_RESUMES = Counter(
+    "stockade_agent_resumes",
+    "Resumes: a paused worker let its jobs run on because a fresh heartbeat was acknowledged "
+    "before the kill deadline.",
+    ["worker_id"],
+)
+AGENT_HEARTBEAT_FAILURES = Counter(
+    "stockade_agent_heartbeat_failures",
+    "Heartbeats a worker sent that no control plane answered in time (each one is retried at the "
+    "next interval; the fence deadline runs on meanwhile).",
+    ["worker_id"],
+)
+AGENT_JOB_STARTS = Counter(
+    "stockade_agent_job_starts",
+    "Jobs a worker started (its start line written), by runtime: sleep, command or container.",
+    ["worker_id", "runtime"],
+)
+AGENT_JOB_STOPS = Counter(
+    "stockade_agent_job_stops",
+    "Jobs that ended on a worker after they started (their stop line written), by reason: "
+    "succeeded; failed, or the reason a failure names (oom_killed, timeout, workdir_not_found, "
+    "image_not_found, ...); cancelled (Cancel RPC); stopped_by_control_plane (a heartbeat reply "
+    "ended it); self_fence (the worker's fence, its reaper's included); reregister; shutdown; restart.",
+    ["worker_id", "reason"],
+)
+AGENT_ASSIGNMENTS_REFUSED = Counter(
+    "stockade_agent_assignments_refused",
+    "Assignment ids a worker refused (DESIGN.md invariant 5), by request (assign, cancel) and "
+    "reason: wrong_worker, fenced, wrong_incarnation, stale_epoch, implausible_epoch, cancelled, "
+    "bad_spec, no_room (no free capacity).",
+    ["worker_id", "request", "reason"],
+)
+AGENT_DUPLICATE_ASSIGNMENTS = Counter(
+    "stockade_agent_duplicate_assignments",
+    "Assignment ids a worker was sent again in its current incarnation while it ran them or after "
+    "they ended: acknowledged, not run twice (DESIGN.md invariant 5).",
+    ["worker_id"],
+)
 AGENT_JOBS_WAITING_FOR_START_SLOT = Gauge(
     "stockade_agent_jobs_waiting_for_start_slot",
     "Accepted command jobs of this process waiting for a start slot (agent.starts).",
@@ -156,6 +200,183 @@ AUTH_REFUSALS = Counter(
     "role may not call this rpc), id (a worker acting for another worker's id).",
     ["rpc", "reason"],
 )
+
+
+LEASE_ELECTIONS = Counter(
+    "stockade_lease_elections",
+    "Lease takeovers this control plane won: each bumped the epoch and made it the leader.",
+)
+STEP_DOWN_CAUSES = ("deposed", "renewal_late", "main_loop_stalled", "epoch_superseded", "released")
+"""The ``cause`` label values of :data:`LEASE_STEP_DOWNS`."""
+LEASE_STEP_DOWNS = Counter(
+    "stockade_lease_step_downs",
+    "Times this control plane stopped leading, by cause: deposed (a renewal found the lease "
+    "taken by another replica), renewal_late (no renewal succeeded within lease_ttl_s - "
+    "step_down_margin_s), main_loop_stalled (the main loop did not run for max_main_loop_stall_s), "
+    "epoch_superseded (a fenced write saw a newer epoch), released (a clean stop released the lease).",
+    ["cause"],
+)
+LEASE_EPOCH = Gauge(
+    "stockade_lease_epoch",
+    "The epoch this control plane leads under; 0 while it is a standby.",
+)
+FENCED_WRITES_REFUSED = Counter(
+    "stockade_fenced_writes_refused",
+    "Fenced writes the database refused to this control plane (one row each in stale_writes), "
+    "by write (commit_placements, declare_dead_workers, end_orphaned_assignments, end_assignments, "
+    "settle_waiting_jobs, end_drained_assignments) and reason: stale_epoch (the fence read a newer "
+    "epoch) or session_ended (the connection was lost while a newer epoch took over).",
+    ["write", "reason"],
+)
+HEARTBEATS_RECORDED = Counter(
+    "stockade_heartbeats_recorded",
+    "Worker heartbeats this control plane recorded in the database for an alive incarnation "
+    "(liveness, outcomes and running confirmations, one statement each).",
+)
+HEARTBEATS_REREGISTER = Counter(
+    "stockade_heartbeats_reregister",
+    "Worker heartbeats this control plane answered with reregister: the incarnation they name is "
+    "no longer alive (declared dead, left or replaced), so nothing was recorded.",
+)
+RECONCILE_PASS_SECONDS = Histogram(
+    "stockade_reconcile_pass_seconds",
+    "Duration of a reconcile pass while leader (dead workers, unconfirmed and orphaned "
+    "assignments, cancels, timeouts, drains), the calls to workers it waits for included; "
+    "passes refused or failed too.",
+    buckets=LAG_BUCKETS_S,
+)
+RECONCILE_PASSES = Counter(
+    "stockade_reconcile_passes",
+    "Reconcile passes while leader, by outcome: done, deposed (a fenced write was refused), "
+    "failed (the database did not answer).",
+    ["outcome"],
+)
+CLUSTER_LIVE_WORKERS = Gauge(
+    "stockade_cluster_live_workers",
+    "Live workers (cordoned ones included) the leader's placer read in its last round; 0 on a standby.",
+)
+CLUSTER_CPU_CAPACITY_MILLIS = Gauge(
+    "stockade_cluster_cpu_capacity_millis",
+    "CPU the live workers offer, in millicores, summed, as the leader's placer read it in its last "
+    "round; 0 on a standby.",
+)
+CLUSTER_CPU_ALLOCATED_MILLIS = Gauge(
+    "stockade_cluster_cpu_allocated_millis",
+    "CPU the active assignments hold on the live workers, in millicores, summed, as the leader's "
+    "placer read it in its last round (before placing); 0 on a standby.",
+)
+CLUSTER_MEMORY_CAPACITY_MB = Gauge(
+    "stockade_cluster_memory_capacity_mb",
+    "Memory the live workers offer, in MiB, summed, as the leader's placer read it in its last "
+    "round; 0 on a standby.",
+)
+CLUSTER_MEMORY_ALLOCATED_MB = Gauge(
+    "stockade_cluster_memory_allocated_mb",
+    "Memory the active assignments hold on the live workers, in MiB, summed, as the leader's "
+    "placer read it in its last round (before placing); 0 on a standby.",
+)
+
+
+def set_cluster_packing(
+    *, workers: int, cpu_millis: int, cpu_allocated_millis: int, memory_mb: int, memory_allocated_mb: int
+) -> None:
+    """Set the cluster packing gauges (:data:`CLUSTER_CPU_CAPACITY_MILLIS` and the others):
+    ``workers`` live workers offering ``cpu_millis`` (millicores) and ``memory_mb`` (MiB), of
+    which ``cpu_allocated_millis`` and ``memory_allocated_mb`` are held; all 0 on a standby."""
+    CLUSTER_LIVE_WORKERS.set(workers)
+    CLUSTER_CPU_CAPACITY_MILLIS.set(cpu_millis)
+    CLUSTER_CPU_ALLOCATED_MILLIS.set(cpu_allocated_millis)
+    CLUSTER_MEMORY_CAPACITY_MB.set(memory_mb)
+    CLUSTER_MEMORY_ALLOCATED_MB.set(memory_allocated_mb)
+
+
+WORKER_STATES = ("registering", "live", "paused", "self_fenced")
+"""The ``state`` label values of ``stockade_agent_fence_state``."""
+
+
+@attrs.frozen(kw_only=True)
+class WorkerReading:
+    """What one worker's scrape-time gauges show (:class:`WorkerGauges`)."""
+
+    jobs_running: int
+    """Jobs started and not ended yet (those waiting for a start slot are not counted)."""
+    heartbeat_ack_age_s: float | None
+    """Seconds since the send of the newest heartbeat (or registration) a control plane
+    acknowledged: the fence deadline is that send plus ``fence_after_s``. None before the first."""
+    fence_after_s: float
+    """The self-fence span in force, in seconds."""
+    state: str
+    """One of :data:`WORKER_STATES`."""
+
+
+class WorkerGauges(Collector):
+    """Gauges of every worker of this process, read from its agent when Prometheus scrapes
+    (on the metrics server's thread), so that the heartbeat path pays nothing for them:
+
+    - ``stockade_agent_jobs_running{worker_id}``
+    - ``stockade_agent_heartbeat_ack_age_seconds{worker_id}``
+    - ``stockade_agent_fence_after_seconds{worker_id}``
+    - ``stockade_agent_fence_state{worker_id, state}``: 1 for the current state, 0 for the others.
+
+    A reader must only read plain attributes (it runs on another thread than the agent's trio
+    loop) and must not raise.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[str, Callable[[], WorkerReading]] = {}
+
+    def watch(self, worker_id: str, read: Callable[[], WorkerReading]) -> None:
+        """Show ``read()`` as ``worker_id``'s gauges from now on (replacing an earlier reader)."""
+        with self._lock:
+            self._readers[worker_id] = read
+
+    def forget(self, worker_id: str, read: Callable[[], WorkerReading]) -> None:
+        """Stop showing ``worker_id``'s gauges, if ``read`` is still the reader shown."""
+        with self._lock:
+            if self._readers.get(worker_id) == read:
+                del self._readers[worker_id]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            readers = sorted(self._readers.items())
+        running = GaugeMetricFamily(
+            "stockade_agent_jobs_running",
+            "Jobs a worker runs now: started and not ended (a job waiting for a start slot is not counted).",
+            labels=["worker_id"],
+        )
+        age = GaugeMetricFamily(
+            "stockade_agent_heartbeat_ack_age_seconds",
+            "Seconds since a worker sent the newest heartbeat (or registration) a control plane "
+            "acknowledged; its jobs pause when this reaches stockade_agent_fence_after_seconds.",
+            labels=["worker_id"],
+        )
+        fence_after = GaugeMetricFamily(
+            "stockade_agent_fence_after_seconds",
+            "The self-fence span a worker applies, in seconds (self_fence_after_s, or less when "
+            "the control planes' dead_after_s leaves too small a margin).",
+            labels=["worker_id"],
+        )
+        state = GaugeMetricFamily(
+            "stockade_agent_fence_state",
+            "1 for a worker's current state, 0 for the others: registering (not registered yet, "
+            "or registering again), live, paused (jobs held: no heartbeat acknowledged in time), "
+            "self_fenced (jobs killed).",
+            labels=["worker_id", "state"],
+        )
+        for worker_id, read in readers:
+            reading = read()
+            running.add_metric([worker_id], reading.jobs_running)
+            if reading.heartbeat_ack_age_s is not None:
+                age.add_metric([worker_id], reading.heartbeat_ack_age_s)
+            fence_after.add_metric([worker_id], reading.fence_after_s)
+            for name in WORKER_STATES:
+                state.add_metric([worker_id, name], 1.0 if name == reading.state else 0.0)
+        yield from (running, age, fence_after, state)
+
+
+WORKER_GAUGES = WorkerGauges()
+REGISTRY.register(WORKER_GAUGES)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:

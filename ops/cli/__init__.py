@@ -2,7 +2,7 @@
 
 One module per command group, each of which only parses options and renders answers:
 :mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
-``down``, ``kill-leader``, ``kill-worker``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
+``down``, ``kill-leader``, ``kill-worker``, ``prometheus-config``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
 ``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
 :mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
 :mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_TOO_LATE", "EXIT_UNAVAILABLE", "app", "main"]
 
 COMMANDS: dict[str, tuple[str, ...]] = {
-    "local": ("up", "down", "kill-leader", "kill-worker"),
+    "local": ("up", "down", "kill-leader", "kill-worker", "prometheus-config"),
     "jobs": ("jobs", "submit", "run", "job", "list", "jobs-list", "cancel", "status"),
     "logs": ("logs",),
     "workers": ("cordon", "uncordon", "drain"),

@@ -1,5 +1,5 @@
 """Commands of the local cluster under ``.stockade/``: ``up``, ``down``, ``kill-leader``,
-``kill-worker``.
+``kill-worker``, ``prometheus-config``.
 
 ``up`` records the cluster in the user config (:mod:`ops.config`) so client commands find it
 from any folder; ``down`` removes that record. The launcher (:mod:`ops.cluster`), rich, trio
@@ -496,3 +496,49 @@ def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
     if job.state in ("cancelled", "succeeded", "failed"):
         return True
     return job.worker_id != dead_worker and job.state == "running"
+
+
+@app.command("prometheus-config")
+def prometheus_config(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder to write prometheus.yml and stockade-targets.json into. "
+            "[default: prometheus/ in the state folder]",
+            show_default=False,
+        ),
+    ] = None,
+    scrape_interval_s: Annotated[
+        float, typer.Option(min=0.001, help="How often Prometheus scrapes each process, seconds.")
+    ] = 1.0,
+) -> None:
+    """Write a Prometheus configuration that scrapes every process of the local cluster.
+
+    prometheus.yml scrapes the targets listed in stockade-targets.json (file_sd_configs): each
+    control plane, agent and fleet at the metrics address cluster.json records for it, labelled
+    process (cp-1, w-3, fleet-1) and role (cp, agent, fleet). Prometheus rereads the targets file
+    when it changes: run this again after an `up` that adds processes. Run Prometheus with
+    `prometheus --config.file DIR/prometheus.yml`, and see docs/metrics.md for Grafana and the
+    dashboard (ops/grafana/stockade.json).
+    """
+    from ops.monitoring import write_prometheus_config
+
+    with errors():
+        state = recorded_local_state()
+        config = state.load()
+        if config is None:
+            fail(f"no cluster is recorded in {shown_path(state.root)}: run `stockade up` first")
+        folder = out if out is not None else state.root / "prometheus"
+        try:
+            written = write_prometheus_config(config, folder, scrape_interval_s=scrape_interval_s)
+        except OSError as exc:
+            fail(f"cannot write the configuration into {shown_path(folder)}: {exc.strerror or exc}")
+    if not written.targets:
+        err_console().print(
+            "note: no process of this cluster serves metrics (planned without them): nothing to scrape",
+            markup=False,
+            soft_wrap=True,
+        )
+    targets = f"{written.targets} targets in {shown_path(written.targets_path)}"
+    console().print(f"wrote {shown_path(written.config_path)} ({targets})")
+    console().print(f"run   prometheus --config.file {shown_path(written.config_path)}")

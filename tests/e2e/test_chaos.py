@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from ops import checker
 from ops.chaos import ChaosSettings, Harness
@@ -157,12 +159,33 @@ async def _counts(client: ControlPlaneClient) -> dict[str, int]:
     return {c.state: c.count for c in status.jobs}
 
 
+def scrape(address: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples a process serves on ``address``'s /metrics now: (name, labels) -> value."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5.0) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def fence_events(address: str, worker_id: str) -> tuple[float, float]:
+    """(pauses, self-fences) the agent on ``address`` counted for ``worker_id`` so far."""
+    samples = scrape(address)
+    labels = frozenset({("worker_id", worker_id)})
+    return (
+        samples.get(("stockade_agent_pauses_total", labels), 0.0),
+        samples.get(("stockade_agent_self_fences_total", labels), 0.0),
+    )
+
+
 async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
     tmp_path: Path, database_url: str
 ) -> None:
     """A worker cut off from every control plane (its process still running) fences itself
-    before its jobs are placed elsewhere, so no job runs in two places; healed, it registers
-    again and gets work."""
+    before its jobs are placed elsewhere, so no job runs in two places, and its /metrics shows
+    the fence (a pause or a self-fence counted); healed, it registers again and gets work."""
     cluster = LocalCluster(tmp_path / "partition", database_url=database_url)
     settings = ChaosSettings(failovers=0, workers=2, partitions=1, partition_s=4.0, seed=5)
     harness = Harness(settings=settings, cluster=cluster, progress=lambda line: None)
@@ -184,7 +207,10 @@ async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
                         await trio.sleep(0.1)
                 status = await client.call("status", pb.StatusRequest())
                 busiest = max(status.workers, key=lambda w: len(w.job_ids))
+                metrics_at = cluster.config().metrics_addresses()[busiest.id]
+                fenced_before = await trio.to_thread.run_sync(fence_events, metrics_at, busiest.id)
                 await harness.partition_worker(busiest.id)
+                fenced_after = await trio.to_thread.run_sync(fence_events, metrics_at, busiest.id)
                 with trio.fail_after(10):  # healed: it registers again
                     while True:
                         status = await client.call("status", pb.StatusRequest())
@@ -214,3 +240,4 @@ async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
     moved = [a for a in history.assignments if a.worker_id == busiest.id and a.end_reason == "worker_dead"]
     assert moved  # its jobs were moved while it was cut off
     assert harness._rejoined(config) == (1, 1)  # registered again after the heal, then ran a job
+    assert sum(fenced_after) > sum(fenced_before), (fenced_before, fenced_after)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 from seeding import insert_job
 from test_leader_pacing import ALLOCATION_MATCHES
 
@@ -108,12 +109,19 @@ async def run_ledger(
     return ledger_send, lease_recv
 
 
+def refusals(write: str, reason: str) -> float:
+    """``stockade_fenced_writes_refused_total{write, reason}`` of this process now."""
+    labels = {"write": write, "reason": reason}
+    return REGISTRY.get_sample_value("stockade_fenced_writes_refused_total", labels) or 0.0
+
+
 async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, database_url: str) -> None:
     """Epoch 2 holds the lease; a commit under epoch 1 writes nothing (no placement, no pending
     reason), is recorded in stale_writes, and tells the lease keeper it was superseded."""
     assert await take_over(db, "cp-1") == 1
     await db.execute("UPDATE lease SET expires_at = '-infinity'")
     assert await take_over(db, "cp-2") == 2
+    refused = refusals("commit_placements", "stale_epoch")
     async with trio.open_nursery() as nursery:
         ledger, lease = await run_ledger(nursery, database_url)
         with pytest.raises(StaleEpoch) as info:
@@ -126,6 +134,7 @@ async def test_a_fenced_write_with_a_stale_epoch_is_refused(db: PgConnection, da
     assert await db.fetchval("SELECT count(*) FROM jobs WHERE state = 'pending'") == 2
     assert await db.fetchval("SELECT count(*) FROM jobs WHERE reason <> ''") == 0
     assert await db.fetchval("SELECT epoch_seen FROM stale_writes WHERE holder = 'cp-1'") == 2
+    assert refusals("commit_placements", "stale_epoch") == refused + 1
 
 
 async def test_the_current_epoch_commits_and_claims_only_pending_jobs(
@@ -341,6 +350,7 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
     await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '1 minute'")
     parked = trio.Event()
     standby_epoch: list[int | None] = []
+    refused = refusals("declare_dead_workers", "session_ended")
 
     async def freeze() -> None:
         parked.set()
@@ -368,6 +378,7 @@ async def test_idle_in_transaction_ends_a_frozen_fenced_transaction(
     assert await db.fetchval("SELECT state FROM workers WHERE id = 'w-1'") == "alive"
     assert await db.fetchval("SELECT count(*) FROM worker_deaths") == 0
     assert "session ended" in await db.fetchval("SELECT what FROM stale_writes")
+    assert refusals("declare_dead_workers", "session_ended") == refused + 1
 
 
 async def test_the_partial_unique_index_refuses_a_second_active_assignment(db: PgConnection) -> None:

@@ -9,11 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 import trio
 from jobfiles import job_writable
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.joblog import read_log
 from protocol import pb
@@ -65,11 +67,28 @@ class RegistrationsOnly:
     get_job = list_jobs = cancel_job = status = submit_job
 
 
-def _fleet_command(spec: Path, control_planes: str) -> list[str]:
+def _fleet_command(spec: Path, control_planes: str, *more: str) -> list[str]:
     return [
         *(sys.executable, "-m", "ops.cli", "fleet", "--id", "fleet-t", "--spec", str(spec)),
-        *("--control-planes", control_planes, "--heartbeat-interval-s", "0.1", "--insecure"),
+        *("--control-planes", control_planes, "--heartbeat-interval-s", "0.1", "--insecure", *more),
     ]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples the process serves on 127.0.0.1:``port``/metrics: (name, labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5.0) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def _env() -> dict[str, str]:
@@ -95,9 +114,11 @@ def _spec(tmp_path: Path, ports: list[int]) -> Path:
 
 
 async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) -> None:
-    """Two workers in one fleet register on their own addresses; on SIGTERM each one's running
+    """Two workers in one fleet register on their own addresses, and the fleet's /metrics shows
+    each one's running job and start under its worker_id; on SIGTERM each one's running
     command is stopped and logged in its own agent.jsonl, each worker then leaves, and the
     fleet exits 0."""
+    metrics_port = _free_port()
     cp = RegistrationsOnly(expected=2)
     spec = _spec(tmp_path, [0, 0])
     stderr_path = tmp_path / "fleet.stderr"
@@ -105,7 +126,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
         async with asyncio_bridge(), trio.open_nursery() as nursery:
             cp_port = await nursery.start(serve_grpc, [trio_service(pb.ControlPlaneBase, cp)], "127.0.0.1", 0)
             fleet = await trio.lowlevel.open_process(
-                _fleet_command(spec, f"127.0.0.1:{cp_port}"),
+                _fleet_command(spec, f"127.0.0.1:{cp_port}", "--metrics-port", str(metrics_port)),
                 stdout=subprocess.DEVNULL,
                 stderr=stderr_file,
                 env=_env(),
@@ -153,6 +174,14 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
                             await trio.sleep(0.02)
                     child_pids.append(int(pid_file.read_text()))
                 cp.watched += child_pids
+                samples = await trio.to_thread.run_sync(_scrape, metrics_port)
+                for worker_id in ("w-1", "w-2"):
+                    worker = frozenset({("worker_id", worker_id)})
+                    assert samples[("stockade_agent_jobs_running", worker)] == 1
+                    assert (
+                        samples[("stockade_agent_job_starts_total", worker | {("runtime", "command")})] == 1
+                    )
+                    assert samples[("stockade_agent_fence_state", worker | {("state", "live")})] == 1
                 fleet.send_signal(signal.SIGTERM)
                 with trio.fail_after(15):
                     code = await fleet.wait()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 from serving import serve_ingests
 
 from protocol import pb
@@ -311,6 +312,33 @@ async def test_one_heartbeat_statement_confirms_records_outcomes_and_names_what_
     assert (
         await admin.fetchval("SELECT state || ' ' || exit_code FROM jobs WHERE id = $1", second) == "failed 3"
     )
+
+
+async def test_heartbeats_are_counted_as_recorded_or_answered_reregister(
+    client: tuple[ControlPlaneClient, PgConnection],
+) -> None:
+    """Two heartbeats of the alive incarnation count as recorded; one of an incarnation a
+    registration replaced counts as answered reregister, not as recorded."""
+    cp, _ = client
+
+    def counts() -> tuple[float, float]:
+        return (
+            REGISTRY.get_sample_value("stockade_heartbeats_recorded_total") or 0.0,
+            REGISTRY.get_sample_value("stockade_heartbeats_reregister_total") or 0.0,
+        )
+
+    register = pb.RegisterWorkerRequest(
+        worker_id="w-1", address="127.0.0.1:9", cpu_millis=4000, memory_mb=4000
+    )
+    first = await cp.call("register_worker", register)
+    recorded, reregister = counts()
+    for _ in range(2):
+        await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=first.incarnation))
+    assert counts() == (recorded + 2, reregister)
+    await cp.call("register_worker", register)
+    beat = await cp.call("heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=first.incarnation))
+    assert beat.reregister
+    assert counts() == (recorded + 2, reregister + 1)
 
 
 def outcome(**fields: object) -> pb.JobOutcome:
