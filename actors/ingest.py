@@ -786,7 +786,9 @@ class Ingest:
 
     async def _record_presence(self, service: ControlPlaneService) -> None:
         async with service.database("presence") as conn:
-            await conn.execute(queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url)
+            await conn.execute(
+                queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url
+            )
 
     async def _presence(self, service: ControlPlaneService) -> None:
         failing = False

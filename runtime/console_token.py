@@ -241,7 +241,8 @@ def verify_token(
     if len(raw) != 2 * _ES256_COORDINATE_BYTES:
         raise TokenRefused("the token's signature is not an ES256 signature (64 bytes)")
     signature = encode_dss_signature(
-        int.from_bytes(raw[:_ES256_COORDINATE_BYTES], "big"), int.from_bytes(raw[_ES256_COORDINATE_BYTES:], "big")
+        int.from_bytes(raw[:_ES256_COORDINATE_BYTES], "big"),
+        int.from_bytes(raw[_ES256_COORDINATE_BYTES:], "big"),
     )
     try:
         public_key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"), ec.ECDSA(hashes.SHA256()))

@@ -484,8 +484,12 @@ class ControlPlaneSettings:
 
     @http_port.validator
     def _http_port(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536):
-            raise InvalidArgument("http_port", value, "must be a port between 1 and 65535, or None for no console")
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            raise InvalidArgument(
+                "http_port", value, "must be a port between 1 and 65535, or None for no console"
+            )
 
     def __attrs_post_init__(self) -> None:
         """The fence rule: a fenced write begun just before the leader stops deciding must have

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -49,7 +49,7 @@ def console_url(*, listen_host: str, advertise_address: str, http_port: int, tls
     without."""
     if not tls:
         return f"http://{INSECURE_HOST}:{http_port}"
-    host = identifiers.parse_address(advertise_address)[0] if advertise_address else listen_host
+    host = identifiers.parse_address(advertise_address).host if advertise_address else listen_host
     return f"https://{identifiers.format_address(host, http_port)}"
 
 
@@ -107,29 +107,35 @@ class Console:
             config.certfile, config.keyfile = str(self.tls.cert_path), str(self.tls.key_path)
             config.bind = [identifiers.format_address(self.listen_host, self.http_port)]
             tokens = TokenCheck(
-                ca_pem=self.tls.ca_path.read_bytes(), max_lifetime_s=self.settings.max_token_lifetime_s, clock=self.clock
+                ca_pem=self.tls.ca_path.read_bytes(),
+                max_lifetime_s=self.settings.max_token_lifetime_s,
+                clock=self.clock,
             )
         else:
             config.bind = [f"{INSECURE_HOST}:{self.http_port}"]
-        self.app = ConsoleApp(
-            cp_id=self.cp_id,
-            own_url=self.url,
-            store=store,
-            settings=self.settings,
-            tokens=tokens,
-            logs=LogRelay(
+        # Built on a thread: compiling the templates takes a few hundred ms of CPU.
+        self.app = await trio.to_thread.run_sync(
+            partial(
+                ConsoleApp,
                 cp_id=self.cp_id,
-                settings=IngestSettings(),
-                tls=None if self.tls is None else ClientTls(self.tls),
-            ),
-            ring=PackingRing(size=self.settings.history_samples),
-            clock=self.clock,
-            consoles=[(self.cp_id, self.url)],
+                own_url=self.url,
+                store=store,
+                settings=self.settings,
+                tokens=tokens,
+                logs=LogRelay(
+                    cp_id=self.cp_id,
+                    settings=IngestSettings(),
+                    tls=None if self.tls is None else ClientTls(self.tls),
+                ),
+                ring=PackingRing(size=self.settings.history_samples),
+                clock=self.clock,
+                consoles=[(self.cp_id, self.url)],
+            )
         )
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._sample, self.app)
-                await nursery.start(partial(serve, build_app(self.app), config))
+                await nursery.start(partial(serve, build_app(self.app), config))  # type: ignore[arg-type]
                 if tokens is None:
                     self._log.warning(
                         "console serves plain HTTP on 127.0.0.1 with no login (the cluster runs without TLS)",

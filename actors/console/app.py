@@ -170,6 +170,8 @@ class ConsoleApp:
         )
         self._env.filters["duration"] = views.duration
         self._env.filters["clock"] = views.clock
+        for name in self._env.list_templates():
+            self._env.get_template(name)  # compiled now, not on a page's first request
         folder = importlib.resources.files("actors.console") / "static"
         self._static = {
             "console.js": ((folder / "console.js").read_bytes(), "text/javascript; charset=utf-8"),
@@ -339,7 +341,9 @@ class ConsoleApp:
     async def workers(self, request: Request) -> Part:
         rows = await self.store.read(lambda conn: conn.fetch(q.CONSOLE_WORKERS))
         return Part(
-            status=200, template="parts/workers.html", values={"workers": [self._worker_view(r) for r in rows]}
+            status=200,
+            template="parts/workers.html",
+            values={"workers": [self._worker_view(r) for r in rows]},
         )
 
     async def worker(self, request: Request) -> Part:
@@ -351,7 +355,11 @@ class ConsoleApp:
 
         async def reads(conn: Any) -> tuple[Any, Any]:
             row = await conn.fetchrow(q.CONSOLE_WORKER, worker_id)
-            runs = [] if row is None else await conn.fetch(q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN)
+            runs = (
+                []
+                if row is None
+                else await conn.fetch(q.CONSOLE_WORKER_ASSIGNMENTS, worker_id, WORKER_ASSIGNMENTS_SHOWN)
+            )
             return row, runs
 
         row, runs = await self.store.read(reads)
@@ -399,7 +407,11 @@ class ConsoleApp:
             row = await conn.fetchrow(q.CONSOLE_JOB, job_id)
             if row is None:
                 return None, [], None
-            return row, await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id), await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id)
+            return (
+                row,
+                await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id),
+                await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id),
+            )
 
         row, attempts, source_row = await self.store.read(reads)
         if row is None:
@@ -418,7 +430,9 @@ class ConsoleApp:
             },
         )
 
-    async def _output_tails(self, job_id: int, runtime: str, source_row: Any) -> tuple[list[tuple[str, str]], str]:
+    async def _output_tails(
+        self, job_id: int, runtime: str, source_row: Any
+    ) -> tuple[list[tuple[str, str]], str]:
         """(stream, text) of the last lines of the job's stdout and stderr, and a note saying
         why some or all could not be had (empty when both came)."""
         if runtime == "sleep":
@@ -467,7 +481,9 @@ class ConsoleApp:
             values={
                 "chart": chart,
                 "latest": latest,
-                "cpu": None if latest is None else views.bar(latest.cpu_allocated_millis, latest.cpu_capacity_millis, "m"),
+                "cpu": None
+                if latest is None
+                else views.bar(latest.cpu_allocated_millis, latest.cpu_capacity_millis, "m"),
                 "memory": None
                 if latest is None
                 else views.bar(latest.memory_allocated_mb, latest.memory_capacity_mb, "MiB"),

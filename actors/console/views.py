@@ -202,6 +202,15 @@ class PackingChart:
     samples: int
 
 
+def _ago(seconds: int) -> str:
+    """A tick's distance back in time: ``30 s``, ``5 min``, ``1 h``."""
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600 or seconds % 3600:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
 def _percent(used: int, total: int) -> float:
     return 0.0 if total <= 0 else min(100.0, max(0.0, used * 100 / total))
 
@@ -227,7 +236,7 @@ def packing_chart(
 
     step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
     x_ticks = tuple(
-        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{duration(ago_s)}")
+        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
         for ago_s in range(0, int(span_s) + 1, step_s)
     )
     return PackingChart(

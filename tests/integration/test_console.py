@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from seeding import insert_job
 
 from actors.console import Console, console_url
 from ops.certs import init_cluster
@@ -26,7 +27,6 @@ from runtime.aio import PgConnection, asyncio_bridge
 from runtime.console_token import make_token
 from runtime.settings import ConsoleSettings
 from runtime.tls import TlsFiles
-from seeding import insert_job
 
 DEAD_DATABASE_URL = "postgresql://postgres@127.0.0.1:9/stockade"
 """Nothing listens on port 9 (discard) here: every connect is refused at once."""
@@ -68,7 +68,9 @@ async def get(
         if console.url.startswith("https"):
             context = ssl.create_default_context(cafile=str(console.tls.ca_path) if console.tls else None)
             context.check_hostname = False
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, port, context=context, timeout=10)
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                host, port, context=context, timeout=10
+            )
         else:
             conn = http.client.HTTPConnection(host, port, timeout=10)
         try:
@@ -93,9 +95,7 @@ async def seed_cluster(database_url: str) -> int:
 
 
 async def _seed(db: PgConnection) -> int:
-    await db.execute(
-        "UPDATE lease SET holder = 'cp-1', epoch = 4, expires_at = now() + interval '1 hour'"
-    )
+    await db.execute("UPDATE lease SET holder = 'cp-1', epoch = 4, expires_at = now() + interval '1 hour'")
     await db.execute(
         "INSERT INTO lease_history (epoch, holder, acquired_at, previous, cause) "
         "VALUES (4, 'cp-1', now() - interval '90 seconds', NULL, 'first')"
@@ -244,9 +244,11 @@ async def test_parts_answer_cross_origin_requests_only_from_the_clusters_console
     token = make_token(TlsFiles.in_dir(certs, "operator"), now_unix_s=time.time(), lifetime_s=600)
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         # The sampler reads the consoles' list at start; wait for it to have run.
-        with trio.fail_after(5):
-            while not any(cp_id == "cp-2" for cp_id, _ in console.app.consoles if console.app):
-                await trio.sleep(0.05)
+        assert console.app is not None
+        for _ in range(100):
+            if any(cp_id == "cp-2" for cp_id, _ in console.app.consoles):
+                break
+            await trio.sleep(0.05)
         preflight = await get(
             console,
             "/part/jobs",
@@ -256,7 +258,9 @@ async def test_parts_answer_cross_origin_requests_only_from_the_clusters_console
         allowed = await get(
             console, "/part", {"Origin": "https://127.0.0.1:7302", "Authorization": f"Bearer {token}"}
         )
-        foreign = await get(console, "/part", {"Origin": "https://evil.example", "Authorization": f"Bearer {token}"})
+        foreign = await get(
+            console, "/part", {"Origin": "https://evil.example", "Authorization": f"Bearer {token}"}
+        )
     assert preflight[0] == 204
     assert preflight[1]["access-control-allow-origin"] == "https://127.0.0.1:7302"
     assert "Authorization" in preflight[1]["access-control-allow-headers"]

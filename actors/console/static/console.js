@@ -57,8 +57,16 @@
     }
   }
 
+  let shown = null;
   function show(origin, answer) {
-    content.innerHTML = answer.html;
+    // Not while the reader types in a filter, and not when nothing changed (keeps the
+    // selection and the scroll position).
+    const active = document.activeElement;
+    const typing = active && content.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
+    if (!typing && answer.html !== shown) {
+      content.innerHTML = answer.html;
+      shown = answer.html;
+    }
     const by = answer.response.headers.get("X-Stockade-Served-By") || "?";
     try {
       const listed = JSON.parse(answer.response.headers.get("X-Stockade-Consoles") || "[]");
