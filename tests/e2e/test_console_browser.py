@@ -184,10 +184,14 @@ def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
     )
     job_id = int(reply.job_id)
     row = f"#jobs tr[data-id='{job_id}']"
-    wait_until(lambda: attribute_of(browser, row, "data-state") is not None, timeout_s=10, what="the job listed")
+    wait_until(
+        lambda: attribute_of(browser, row, "data-state") is not None, timeout_s=10, what="the job listed"
+    )
     screenshots(browser, "jobs-running")
     wait_until(
-        lambda: attribute_of(browser, row, "data-state") == "succeeded", timeout_s=60, what="the job succeeded"
+        lambda: attribute_of(browser, row, "data-state") == "succeeded",
+        timeout_s=60,
+        what="the job succeeded",
     )
     assert "console <b>e2e</b>" in (text_of(browser, "jobs") or "")  # markup shown as text
     screenshots(browser, "jobs")
@@ -246,8 +250,10 @@ def test_an_open_page_follows_a_leader_kill_and_moves_when_its_own_replica_dies(
 
     cluster.kill(old_leader)
     seen_s = wait_until(
-        lambda: text_of(browser, "leader") not in (None, old_leader, "none (no live lease)")
-        and int(text_of(browser, "epoch") or 0) > old_epoch,
+        lambda: (
+            text_of(browser, "leader") not in (None, old_leader, "none (no live lease)")
+            and int(text_of(browser, "epoch") or 0) > old_epoch
+        ),
         timeout_s=20,
         what="the new leader on the page",
     )
