@@ -788,3 +788,14 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_deadline_at timestamptz;
 -- continued incarnation does not hold end as 'stopped' with end_reason 'released' (queries.
 -- RELEASE_UNHELD_ASSIGNMENTS): their jobs are placed again at once, spending no attempt.
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS hold_until timestamptz;
+
+-- The web console (actors/console/). Why each takeover happened, written by the takeover's own
+-- statement (queries.TAKE_OVER_LEASE) from the lease row it replaced: 'first' (no holder
+-- before), 'released' (the holder stepped down cleanly: expires_at '-infinity'), 'expired' (the
+-- holder stopped renewing), 'session_ended' (the holder's database session ended before its
+-- lease expired). NULL for takeovers recorded before this column existed.
+ALTER TABLE lease_history ADD COLUMN IF NOT EXISTS cause text;
+-- Where each replica's console answers (its origin, e.g. https://127.0.0.1:7301; NULL: none),
+-- written with its presence row by the ingest (queries.RECORD_PRESENCE), so an open page can
+-- move to another replica's console when its own stops answering.
+ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS console_url text;

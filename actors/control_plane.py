@@ -4,6 +4,7 @@
 
     ingest (gRPC ControlPlane)          lease keeper --Elected/Deposed--> placer, reconciler
     placer --CommitPlacements--> ledger --EpochSuperseded--> lease keeper
+    console (HTTP, read-only; on its http_port when given)
     reconciler --DeclareDeadWorkers/EndAssignments--> ledger
     placer, reconciler --Dispatch/CancelOnWorker--> dispatcher --gRPC--> workers
 
@@ -12,8 +13,9 @@ process down (:class:`runtime.errors.ActorGaveUp`), for the operator's process m
 restart. Channels belong to this nursery, not to the actors, so a restarted actor finds its
 inbox intact.
 
-Three loops (:mod:`runtime.threads`): the lease keeper and the ingest each run on a trio loop
-and thread of their own, the other actors on the main loop. Lease renewals and heartbeat
+Three loops (:mod:`runtime.threads`), four with the console: the lease keeper and the ingest (and
+the web console, :mod:`actors.console`) each run on a trio loop and thread of their own, the
+other actors on the main loop. Lease renewals and heartbeat
 answers then wait for nothing but the database and their own loop, however busy the placer
 is. The lease keeper's messages cross loops: its inbox is fed from the main loop's lease
 channel, its role changes are posted into the placer's and reconciler's channels, and its
@@ -33,6 +35,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.console import Console, console_url
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.ingest import Ingest, apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
@@ -104,6 +107,23 @@ async def run_control_plane(
     placer_roles_send, placer_roles_recv = trio.open_memory_channel[RoleChange](16)
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
+    console = None
+    if settings.http_port is not None:
+        console = Console(
+            cp_id=settings.cp_id,
+            database_url=settings.database_url,
+            listen_host=settings.listen_host,
+            http_port=settings.http_port,
+            url=console_url(
+                listen_host=settings.listen_host,
+                advertise_address=settings.advertise_address,
+                http_port=settings.http_port,
+                tls=settings.tls is not None,
+            ),
+            settings=settings.console,
+            tls=settings.tls,
+            clock=time.time,
+        )
     ingest = Ingest(
         cp_id=settings.cp_id,
         database_url=settings.database_url,
@@ -113,6 +133,7 @@ async def run_control_plane(
         settings=settings.ingest,
         dead_after_s=settings.reconciler.dead_after_s,
         advertise_address=settings.advertise_address,
+        console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),
         worker_tls=None if settings.tls is None else ClientTls(settings.tls),
     )
@@ -188,6 +209,9 @@ async def run_control_plane(
         ("placer", placer.run),
         ("reconciler", reconciler.run),
     ]
+    if console is not None:
+        # On a loop of its own: rendering a page never delays a placer round.
+        actors.append(("console", partial(run_on_own_loop, OwnLoop("console"), console.run)))
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(main_lag.run)

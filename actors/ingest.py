@@ -740,6 +740,9 @@ class Ingest:
     dead_after_s: float = DEFAULT_DEAD_AFTER_S
     """The reconciler's dead_after, told to workers at registration."""
     advertise_address: str = ""
+    console_url: str | None = None
+    """The origin of this replica's web console (``https://host:port``), recorded with its
+    presence so open pages can move to it; None: it serves none."""
     tls: ssl.SSLContext | None = None
     """Serve over mutual TLS with this server context (:func:`runtime.tls.server_context`),
     checking :data:`CONTROL_PLANE_ACCESS`; None: plaintext, no checks."""
@@ -785,7 +788,9 @@ class Ingest:
 
     async def _record_presence(self, service: ControlPlaneService) -> None:
         async with service.database("presence") as conn:
-            await conn.execute(queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid())
+            await conn.execute(
+                queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url
+            )
 
     async def _presence(self, service: ControlPlaneService) -> None:
         failing = False

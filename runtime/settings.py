@@ -408,6 +408,39 @@ class IngestSettings:
 
 
 @attrs.frozen(kw_only=True)
+class ConsoleSettings:
+    """The read-only web console every replica serves on its ``http_port`` (:mod:`actors.console`)."""
+
+    read_timeout_s: float = attrs.field(default=2.0, validator=_positive)
+    """Longest one page's database reads may take, waiting for a connection included, in
+    seconds; past it the page says the database does not answer (and since when) instead."""
+    output_timeout_s: float = attrs.field(default=2.0, validator=_positive)
+    """Longest a job page waits for the tail of the job's output from its worker (through the
+    log relay of ``stockade logs``), in seconds; past it the page says the output is out of reach."""
+    output_tail_lines: int = attrs.field(default=40, validator=_positive)
+    """Lines of each of stdout and stderr a job page shows."""
+    output_tail_max_bytes: int = attrs.field(default=32 * 1024, validator=_positive)
+    """Most bytes of each output tail a job page shows."""
+    refresh_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    """How often an open page asks its console for fresh content, in seconds."""
+    sample_interval_s: float = attrs.field(default=2.0, validator=_positive)
+    """How often the replica samples the cluster's allocated CPU and memory for the packing
+    chart, in seconds."""
+    history_s: float = attrs.field(default=900.0, validator=_positive)
+    """How far back the packing chart reaches, in seconds (the ring holds
+    ``history_s / sample_interval_s`` samples; it starts empty when the replica starts)."""
+    pool_size: int = attrs.field(default=2, validator=_positive)
+    """Database connections of the console (its own pool, apart from the ingest's)."""
+    max_token_lifetime_s: float = attrs.field(default=12 * 3600.0, validator=_positive)
+    """The longest lifetime of a login token the console accepts, in seconds (12 h)."""
+
+    @property
+    def history_samples(self) -> int:
+        """How many samples the packing ring keeps."""
+        return max(2, math.ceil(self.history_s / self.sample_interval_s))
+
+
+@attrs.frozen(kw_only=True)
 class ControlPlaneSettings:
     """Everything one control-plane replica needs."""
 
@@ -438,10 +471,25 @@ class ControlPlaneSettings:
     placer: PlacerSettings = attrs.field(factory=PlacerSettings)
     reconciler: ReconcilerSettings = attrs.field(factory=ReconcilerSettings)
     dispatch: DispatchSettings = attrs.field(factory=DispatchSettings)
+    http_port: int | None = attrs.field(default=None)
+    """Port of the read-only web console (:mod:`actors.console`), 1 to 65535; None: no console.
+    With ``tls`` it serves HTTPS on ``listen_host`` with this replica's certificate and asks
+    every request for a login token (``stockade console``); without, plain HTTP on 127.0.0.1
+    only, with no login."""
+    console: ConsoleSettings = attrs.field(factory=ConsoleSettings)
     tls: TlsFiles | None = None
     """This replica's mutual-TLS files (the CA, its ``control-plane`` certificate and key):
     it serves the ControlPlane service over mutual TLS and calls workers with that
     certificate. None: plaintext and no identity checks (``--insecure``, for development)."""
+
+    @http_port.validator
+    def _http_port(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            raise InvalidArgument(
+                "http_port", value, "must be a port between 1 and 65535, or None for no console"
+            )
 
     def __attrs_post_init__(self) -> None:
         """The fence rule: a fenced write begun just before the leader stops deciding must have

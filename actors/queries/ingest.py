@@ -482,12 +482,12 @@ SELECT current_epoch, alive, stop_assignment_ids
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
 
-# $1 id, $2 address, $3 pid
+# $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none)
 RECORD_PRESENCE = """
-INSERT INTO control_planes (id, address, pid, started_at, seen_at)
-VALUES ($1, $2, $3, now(), now())
+INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url)
+VALUES ($1, $2, $3, now(), now(), $4)
 ON CONFLICT (id) DO UPDATE
-   SET address = EXCLUDED.address, seen_at = now(),
+   SET address = EXCLUDED.address, seen_at = now(), console_url = EXCLUDED.console_url,
        started_at = CASE WHEN control_planes.pid IS DISTINCT FROM EXCLUDED.pid
                          THEN now() ELSE control_planes.started_at END,
        pid = EXCLUDED.pid

@@ -17,10 +17,20 @@ SELECT epoch, expires_at < now() AS expired,
 
 # $1 holder, $2 ttl_s, $3 the epoch probed, $4 whether its holder's session is gone.
 # Takes the lease if it is still at that epoch and has expired or lost its holder's session;
-# bumps the epoch, appends the reign to lease_history and takes the new epoch's advisory lock,
-# all in this one statement, so no standby can see the new epoch before its lock is held.
+# bumps the epoch, appends the reign to lease_history with its cause (read from the row it
+# replaces: no holder before, 'first'; a clean release sets expires_at to '-infinity',
+# 'released'; else 'expired' when the holder stopped renewing, or 'session_ended' when its
+# session ended first) and takes the new epoch's advisory lock, all in this one statement, so
+# no standby can see the new epoch before its lock is held.
 TAKE_OVER_LEASE = f"""
-WITH previous AS (SELECT holder FROM lease WHERE id = 1),
+WITH previous AS (
+    SELECT holder,
+           CASE WHEN holder IS NULL THEN 'first'
+                WHEN expires_at = '-infinity' THEN 'released'
+                WHEN expires_at < now() THEN 'expired'
+                ELSE 'session_ended' END AS cause
+      FROM lease WHERE id = 1
+),
 taken AS (
     UPDATE lease
        SET holder = $1, epoch = epoch + 1, expires_at = now() + make_interval(secs => $2)
@@ -28,8 +38,9 @@ taken AS (
  RETURNING epoch, holder
 ),
 history AS (
-    INSERT INTO lease_history (epoch, holder, acquired_at, previous)
-    SELECT taken.epoch, taken.holder, now(), (SELECT holder FROM previous) FROM taken
+    INSERT INTO lease_history (epoch, holder, acquired_at, previous, cause)
+    SELECT taken.epoch, taken.holder, now(), (SELECT holder FROM previous),
+           (SELECT cause FROM previous) FROM taken
 )
 SELECT epoch, pg_advisory_lock({LEASE_LOCK_SPACE}, epoch::int) IS NULL AS locked FROM taken
 """

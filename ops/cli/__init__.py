@@ -4,6 +4,7 @@ One module per command group, each of which only parses options and renders answ
 :mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
 ``down``, ``kill-leader``, ``kill-worker``, ``prometheus-config``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
 ``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
+:mod:`ops.cli.console` (``console``),
 :mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
 :mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
 init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
@@ -55,6 +56,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "local": ("up", "down", "kill-leader", "kill-worker", "prometheus-config"),
     "jobs": ("jobs", "submit", "run", "job", "list", "jobs-list", "cancel", "status"),
     "logs": ("logs",),
+    "console": ("console",),
     "workers": ("cordon", "uncordon", "drain"),
     "chaos": ("chaos", "check"),
     "processes": ("cp", "agent", "fleet", "database"),

@@ -118,6 +118,14 @@ def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
     else:
         certs = shown_path(Path(result.config.cert_dir))
         console().print(f"tls       mutual TLS with {certs}/; client commands present {certs}/operator.crt")
+    consoles = result.config.console_urls()
+    if consoles:
+        login = (
+            "plain HTTP on 127.0.0.1, no login (--insecure)"
+            if result.config.cert_dir is None
+            else "open one with `stockade console` (it prints each URL with a login token)"
+        )
+        console().print(f"console   {' '.join(consoles.values())}: {login}")
 
 
 def _ha_roles(cluster: LocalCluster) -> str:
@@ -226,7 +234,8 @@ def up(
     surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
     dropped from cluster.json. Workers hosted in a fleet stop only with their whole fleet: a
     count that would split one is refused (exit 1), naming the counts that would not. Every
-    process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column).
+    process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column), and
+    every control plane added a read-only web console on another (`stockade console` opens it).
 
     The cluster is also recorded in the user config (~/.config/stockade/config.toml, or
     $STOCKADE_CONFIG), so client commands find it from any folder until `stockade down`.

@@ -288,6 +288,16 @@ def control_plane(
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
     ] = 0,
+    http_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve the read-only web console on PORT (0: off): HTTPS on the --host address with "
+            "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
+            "HTTP on 127.0.0.1 only, no login.",
+        ),
+    ] = 0,
     json_logs: Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")] = False,
     nice: NiceOption = DEFAULT_NICE,
     certs_dir: CertsDirOption = None,
@@ -322,6 +332,7 @@ def control_plane(
             listen_host=host,
             listen_port=port,
             tls=None if folder is None else TlsFiles.in_dir(folder, cp_id),
+            http_port=http_port or None,
             ingest=IngestSettings(
                 pool_size=ingest_pool_size,
                 liveness_reserved_connections=liveness_reserved_connections,

@@ -467,6 +467,8 @@ class LocalCluster:
         )
         if spec.metrics_address:
             ports.append((int(spec.metrics_address.rpartition(":")[2]), f"{spec.id}'s metrics"))
+        if spec.console_address:
+            ports.append((int(spec.console_address.rpartition(":")[2]), f"{spec.id}'s console"))
         for port, owner in ports:
             if not procs.port_free(port):
                 raise ClusterError(

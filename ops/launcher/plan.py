@@ -9,7 +9,8 @@ The rules, in the order :func:`plan` applies them:
 
 1. The cluster has control planes ``cp-1..cp-N`` and workers ``w-1..w-M``; a recorded one
    keeps its ports and arguments, a new one gets fresh ports (and, with ``metrics``, a
-   ``--metrics-port`` of its own).
+   ``--metrics-port`` of its own; a new control plane, with ``console``, an ``--http-port``
+   for its web console).
 2. Recorded ones beyond N or M are surplus: their processes are stopped (SIGTERM: a worker
    leaves the cluster cleanly, a control plane hands its lease on) and dropped from the
    record. A fleet stops as one process, so a count that would keep some of a fleet's workers
@@ -58,6 +59,8 @@ class LaunchOptions:
     fleet_size: int = 0
     worker_capacities: tuple[tuple[int, int], ...] | None = None
     metrics: bool = True
+    console: bool = True
+    """Give every new control plane an ``--http-port`` of its own: its web console."""
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
     host_of: Callable[[str], str] = lambda _process_id: LISTEN_HOST
     """The address a new process listens on, by its id: 127.0.0.1 for processes on this
@@ -115,7 +118,12 @@ def plan(
     recorded = list(previous.processes) if previous is not None else []
 
     retired = list(previous.retired_control_planes) if previous is not None else []
-    used_ports = {_port(a) for p in [*recorded, *retired] for a in (p.address, p.metrics_address) if a}
+    used_ports = {
+        _port(a)
+        for p in [*recorded, *retired]
+        for a in (p.address, p.metrics_address, p.console_address)
+        if a
+    }
     used_ports |= {w.port for w in (previous.hosted_workers if previous is not None else ())}
     if pg_port:
         used_ports.add(pg_port)
@@ -273,7 +281,7 @@ def _control_planes(
                 address=f"{host}:{port}",
                 args=("cp", "--id", cp_id, "--host", host, "--port", str(port), *options.cp_args),
             )
-            spec = _with_metrics(spec, options, new_port)
+            spec = _with_console(_with_metrics(spec, options, new_port), options, new_port)
         specs.append(spec)
     return specs
 
@@ -287,6 +295,19 @@ def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[
         spec,
         args=(*spec.args, "--metrics-port", str(port)),
         metrics_address=f"{options.host_of(spec.id)}:{port}",
+    )
+
+
+def _with_console(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
+    """``spec`` (a control plane) serving its web console on a port of its own, when
+    ``options.console``."""
+    if not options.console:
+        return spec
+    port = new_port()
+    return attrs.evolve(
+        spec,
+        args=(*spec.args, "--http-port", str(port)),
+        console_address=f"{options.host_of(spec.id)}:{port}",
     )
 
 

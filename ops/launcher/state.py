@@ -34,6 +34,7 @@ __all__ = [
     "ProcessSpec",
     "StateDir",
     "WorkerSpec",
+    "console_url",
     "iter_worker_logs",
     "metrics_address",
 ]
@@ -74,6 +75,9 @@ class ProcessSpec:
     """The arguments after ``python -m ops.cli``."""
     metrics_address: str = ""
     """host:port of its Prometheus /metrics (its ``--metrics-port``); empty when it serves none."""
+    console_address: str = ""
+    """host:port of a control plane's web console (its ``--http-port``); empty when it serves
+    none (see :func:`console_url` for the URL)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +86,7 @@ class ProcessSpec:
             "address": self.address,
             "args": list(self.args),
             "metrics_address": self.metrics_address,
+            "console_address": self.console_address,
         }
 
     @classmethod
@@ -92,6 +97,7 @@ class ProcessSpec:
             address=data["address"],
             args=data["args"],
             metrics_address=data.get("metrics_address", ""),
+            console_address=data.get("console_address", ""),
         )
 
     @property
@@ -304,6 +310,16 @@ class ClusterConfig:
             address = metrics_address(spec)
             if address is not None:
                 found[spec.id] = address
+        return found
+
+    def console_urls(self) -> dict[str, str]:
+        """Control plane id -> the origin of its web console (:func:`console_url`), for every
+        control plane that serves one, in cluster.json's order."""
+        found = {}
+        for spec in self.control_planes:
+            url = console_url(spec, tls=self.cert_dir is not None)
+            if url is not None:
+                found[spec.id] = url
         return found
 
     def workers_in(self, process_id: str) -> list[WorkerSpec]:
@@ -543,3 +559,18 @@ def metrics_address(spec: ProcessSpec) -> str | None:
 def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Path]:
     """worker id -> path of its agent.jsonl (whether or not it exists yet)."""
     return {w: state.work_dir(w) / "agent.jsonl" for w in worker_ids}
+
+
+def console_url(spec: ProcessSpec, *, tls: bool) -> str | None:
+    """The origin of a control plane's web console, or None when it serves none: ``https://``
+    its recorded ``console_address`` with TLS, ``http://127.0.0.1:<port>`` without (a console
+    without TLS listens on 127.0.0.1 only, :mod:`actors.console`)."""
+    address = spec.console_address
+    if not address:
+        port = option_value(spec.args, "--http-port")
+        if not port or port == "0":
+            return None
+        address = f"{LISTEN_HOST}:{port}"
+    if not tls:
+        return f"http://127.0.0.1:{address.rpartition(':')[2]}"
+    return f"https://{address}"

@@ -105,3 +105,29 @@ async def test_a_leader_that_reconnects_keeps_its_lease_unless_someone_took_it(
     (await session_of(leader)).terminate()
     assert await take_over_within(standby, "cp-2", 1.0) == 2
     assert not await renew_within(leader, "cp-1", 1)
+
+
+async def causes(store: PgLeaseStore) -> list[tuple[int, str, str]]:
+    rows = await (await session_of(store)).fetch(
+        "SELECT epoch, holder, cause FROM lease_history ORDER BY epoch"
+    )
+    return [(int(r["epoch"]), r["holder"], r["cause"]) for r in rows]
+
+
+async def test_each_takeover_records_why_it_happened(stores: tuple[PgLeaseStore, ...]) -> None:
+    """lease_history says first for the first holder, released after a clean step-down,
+    expired after a holder stopped renewing, session_ended after its session died."""
+    first, second, third = stores
+    assert await first.try_take_over("cp-1", 30.0) == 1
+    await first.release("cp-1", 1)
+    assert await second.try_take_over("cp-2", 0.3) == 2
+    await trio.sleep(0.4)
+    assert await third.try_take_over("cp-3", 30.0) == 3
+    (await session_of(third)).terminate()
+    assert await take_over_within(first, "cp-1", 1.0) == 4
+    assert await causes(first) == [
+        (1, "cp-1", "first"),
+        (2, "cp-2", "released"),
+        (3, "cp-3", "expired"),
+        (4, "cp-1", "session_ended"),
+    ]

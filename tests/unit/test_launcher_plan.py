@@ -8,6 +8,7 @@ import json
 from collections.abc import Collection
 from pathlib import Path
 
+import attrs
 import pytest
 
 from ops.cluster import ClusterConfig, ClusterError, ProcessSpec, StateDir, metrics_address
@@ -305,3 +306,28 @@ def test_containers_weigh_the_database_and_control_planes_above_the_workers() ->
     more than 4 fleet processes at the engine's default weight (1024 each)."""
     assert cpu_shares_of("pg") > cpu_shares_of("cp-1") == cpu_shares_of("cp-9") > cpu_shares_of("w-1")
     assert 100 * cpu_shares_of("w-100") <= 4 * 1024 < cpu_shares_of("pg") + 3 * cpu_shares_of("cp-1")
+
+
+def test_every_new_control_plane_gets_a_console_port_of_its_own(tmp_path: Path) -> None:
+    """Each control plane of a new cluster is given an --http-port, on a port no other process
+    has, recorded in cluster.json; its console URL is https with TLS, http on 127.0.0.1 without."""
+    planner = Planner(tmp_path / "s")
+    result = planner(None, control_planes=3, workers=1)
+    config = attrs.evolve(result.config, cert_dir=str(tmp_path / "certs"))
+    consoles = config.console_urls()
+    assert list(consoles) == ["cp-1", "cp-2", "cp-3"]
+    for spec in config.control_planes:
+        port = option_value(spec.args, "--http-port")
+        assert consoles[spec.id] == f"https://127.0.0.1:{port}"
+    every_port = [p.port for p in config.processes]
+    every_port += [int(a.rpartition(":")[2]) for a in config.metrics_addresses().values()]
+    every_port += [int(u.rpartition(":")[2]) for u in consoles.values()]
+    assert len(every_port) == len(set(every_port))
+    again = ClusterConfig.from_json(json.loads(json.dumps(config.to_json())))
+    assert again.console_urls() == consoles
+    insecure = attrs.evolve(config, cert_dir=None)
+    assert all(url.startswith("http://127.0.0.1:") for url in insecure.console_urls().values())
+    kept = planner(result.config, running=all_running(result.config))
+    assert [p.console_address for p in kept.config.control_planes] == [
+        p.console_address for p in result.config.control_planes
+    ]

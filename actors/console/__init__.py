@@ -1,0 +1,170 @@
+"""The read-only web console every replica serves on its ``http_port``: an actor.
+
+:class:`Console` serves the pages of :mod:`actors.console.app` with Hypercorn's trio worker and
+samples the cluster's packing every ``sample_interval_s`` into an in-memory ring (the packing
+chart starts when the replica starts), refreshing the list of the other replicas' consoles at
+the same time. It reads the database through a pool of its own (:mod:`actors.console.store`)
+and writes nothing: the replica's console address is recorded with its presence row by the
+ingest, which owns the unfenced writes.
+
+Identity (docs/console.md): with the cluster's TLS files it serves HTTPS with this replica's
+own certificate and asks every part for a login token signed by an operator's or a viewer's
+key (:mod:`runtime.console_token`, made by ``stockade console``). Without them (a cluster run
+with ``--insecure``) it serves plain HTTP on 127.0.0.1 only, asks for no login, and says so in
+its log.
+
+The control plane hosts it on a trio loop of its own (:func:`runtime.threads.run_on_own_loop`),
+so rendering a page never delays a placer round; it shares nothing with the other actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from actors.console.app import ConsoleApp, TokenCheck, build_app
+from actors.console.store import ConsoleStore, DatabaseDown
+from actors.console.views import PackingRing, PackingSample
+from actors.logs import LogRelay
+from actors.queries import console as q
+from runtime import identifiers, log
+from runtime.settings import ConsoleSettings, IngestSettings
+from runtime.tls import ClientTls, TlsFiles
+
+__all__ = ["INSECURE_HOST", "Console", "console_url"]
+
+INSECURE_HOST = "127.0.0.1"
+"""Where a console without TLS listens, whatever the replica's own listen host."""
+
+
+def console_url(*, listen_host: str, advertise_address: str, http_port: int, tls: bool) -> str:
+    """The origin a replica's console answers at: ``https://<host>:<http_port>`` with TLS (the
+    host of ``advertise_address`` when given, else ``listen_host``), ``http://127.0.0.1:<port>``
+    without."""
+    if not tls:
+        return f"http://{INSECURE_HOST}:{http_port}"
+    host = identifiers.parse_address(advertise_address).host if advertise_address else listen_host
+    return f"https://{identifiers.format_address(host, http_port)}"
+
+
+@attrs.define
+class Console:
+    """The actor (module docstring).
+
+    Args:
+        cp_id: this replica.
+        database_url: the database URL.
+        listen_host: the replica's listen host (used only with TLS).
+        http_port: the console's port.
+        url: this console's origin (:func:`console_url`).
+        settings: the console's settings.
+        tls: the replica's TLS files (its certificate serves HTTPS, the CA checks login tokens
+            and the certificate reads job output from workers); None: no TLS, no login.
+        clock: the wall clock in Unix seconds (token expiry, certificate validity and the
+            times shown are dates: ``time.time``).
+    """
+
+    cp_id: str
+    database_url: str
+    listen_host: str
+    http_port: int
+    url: str
+    settings: ConsoleSettings = attrs.field(factory=ConsoleSettings)
+    tls: TlsFiles | None = None
+    clock: Callable[[], float] = time.time
+    app: ConsoleApp | None = None
+    """The application; set once serving."""
+    _log: Any = attrs.field(factory=lambda: log.get("console"))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled.
+
+        Raises:
+            TlsFilesInvalid, KeyFileExposed: the replica's TLS files are missing or its key is
+                readable by others.
+            OSError: the port cannot be bound.
+        """
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+
+        store = ConsoleStore(
+            cp_id=self.cp_id, database_url=self.database_url, settings=self.settings, clock=self.clock
+        )
+        config = Config()
+        config.accesslog = None
+        config.loglevel = "WARNING"
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.graceful_timeout = 0.5
+        tokens = None
+        if self.tls is not None:
+            self.tls.check()
+            config.certfile, config.keyfile = str(self.tls.cert_path), str(self.tls.key_path)
+            config.bind = [identifiers.format_address(self.listen_host, self.http_port)]
+            tokens = TokenCheck(
+                ca_pem=self.tls.ca_path.read_bytes(),
+                max_lifetime_s=self.settings.max_token_lifetime_s,
+                clock=self.clock,
+            )
+        else:
+            config.bind = [f"{INSECURE_HOST}:{self.http_port}"]
+        # Built on a thread: compiling the templates takes a few hundred ms of CPU.
+        self.app = await trio.to_thread.run_sync(
+            partial(
+                ConsoleApp,
+                cp_id=self.cp_id,
+                own_url=self.url,
+                store=store,
+                settings=self.settings,
+                tokens=tokens,
+                logs=LogRelay(
+                    cp_id=self.cp_id,
+                    settings=IngestSettings(),
+                    tls=None if self.tls is None else ClientTls(self.tls),
+                ),
+                ring=PackingRing(size=self.settings.history_samples),
+                clock=self.clock,
+                consoles=[(self.cp_id, self.url)],
+            )
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._sample, self.app)
+                await nursery.start(partial(serve, build_app(self.app), config))  # type: ignore[arg-type]
+                if tokens is None:
+                    self._log.warning(
+                        "console serves plain HTTP on 127.0.0.1 with no login (the cluster runs without TLS)",
+                        url=self.url,
+                    )
+                else:
+                    self._log.info("console serving", url=self.url)
+                task_status.started()
+        finally:
+            self.app.logs.close()
+            await store.close()
+
+    async def _sample(self, app: ConsoleApp, *, task_status: trio.TaskStatus[None]) -> None:
+        """Every ``sample_interval_s``: the packing sample into the ring, and the consoles of
+        the replicas seen lately. A sample the database does not give is skipped (the chart
+        shows the gap); the store keeps since when it fails."""
+        task_status.started()
+        next_at = trio.current_time()
+        while True:
+            try:
+                row, urls = await app.store.read(_sample_reads)
+            except DatabaseDown:
+                pass
+            else:
+                app.ring.add(PackingSample.of_row(self.clock(), row))
+                app.consoles = [(r["id"], r["console_url"]) for r in urls] or [(self.cp_id, self.url)]
+            next_at = max(next_at + self.settings.sample_interval_s, trio.current_time())
+            await trio.sleep_until(next_at)
+
+
+async def _sample_reads(conn: Any) -> tuple[Any, Any]:
+    return await conn.fetchrow(q.CONSOLE_PACKING_SAMPLE), await conn.fetch(q.CONSOLE_URLS)

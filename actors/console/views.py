@@ -1,0 +1,257 @@
+"""What the console's pages show, as pure functions of database rows: no trio, no SQL, no HTML.
+
+The templates (``templates/``) get plain values from here: a worker's state as one word, ages
+and instants as text, the geometry of capacity bars and of the packing chart. Tested without a
+database (``tests/unit/test_console_views.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from actors.ingest_replies import schedule_of
+
+__all__ = [
+    "Bar",
+    "PackingChart",
+    "PackingRing",
+    "PackingSample",
+    "bar",
+    "clock",
+    "duration",
+    "labels_of",
+    "packing_chart",
+    "printable",
+    "worker_state",
+]
+
+
+def duration(seconds: float | None) -> str:
+    """``seconds`` for people: ``0.4 s``, ``12 s``, ``3 min 4 s``, ``2 h 5 min``, ``3 d 4 h``;
+    ``-`` for None (a negative age, from clocks a little apart, reads as 0)."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def clock(unix_s: float | None) -> str:
+    """An instant as ``2026-12-01 12:03:04 UTC``; ``-`` for None."""
+    if unix_s is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def worker_state(row: Mapping[str, Any]) -> str:
+    """One word for a worker row of :data:`actors.queries.console.CONSOLE_WORKERS`: ``dead`` or
+    ``left`` for those states; for an alive one ``draining`` (a drain was asked and jobs are
+    still active), ``drained`` (asked, none active), ``cordoned`` (no new placements),
+    ``held`` (a planned restart's hold is ahead), else ``alive``."""
+    if row["state"] != "alive":
+        return str(row["state"])
+    schedule = schedule_of(
+        cordoned=bool(row["cordoned"]),
+        drain_requested=bool(row["drain_requested"]),
+        active_jobs=int(row["job_count"]),
+    )
+    if schedule.draining:
+        return "draining"
+    if schedule.drained:
+        return "drained"
+    if schedule.cordoned:
+        return "cordoned"
+    if row["hold_for_s"] is not None and row["hold_for_s"] > 0:
+        return "held"
+    return "alive"
+
+
+def labels_of(text: str | None) -> list[tuple[str, str]]:
+    """A worker's labels (``workers.labels`` as JSON text) as sorted (key, value) pairs."""
+    if not text:
+        return []
+    value = json.loads(text)
+    return sorted((str(k), str(v)) for k, v in value.items()) if isinstance(value, dict) else []
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_ANSI_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def printable(data: bytes) -> str:
+    """A job's output bytes as text to show: UTF-8 (invalid bytes as U+FFFD), terminal colour
+    sequences dropped, other control characters but tab and newline as U+FFFD. (Markup is
+    escaped by the templates, not here.)"""
+    text = _ANSI_SEQUENCE.sub("", data.decode("utf-8", errors="replace"))
+    return _UNPRINTABLE.sub("\ufffd", text)
+
+
+@attrs.frozen(kw_only=True)
+class Bar:
+    """A capacity bar: how much of ``total`` is used, as a fraction and as text."""
+
+    used: int
+    total: int
+    fraction: float
+    """``used / total`` clamped to [0, 1] (an allocation above capacity fills the bar)."""
+    over: bool
+    """The allocation exceeds the capacity (a restarted agent that offers less)."""
+    text: str
+
+    @property
+    def percent(self) -> float:
+        """``fraction`` in percent, one decimal."""
+        return round(self.fraction * 100, 1)
+
+
+def bar(used: int, total: int, unit: str) -> Bar:
+    """A :class:`Bar` of ``used`` out of ``total`` (``unit`` names them: ``m`` for
+    millicores, ``MiB``)."""
+    fraction = used / total if total > 0 else 0.0
+    return Bar(
+        used=used,
+        total=total,
+        fraction=min(1.0, max(0.0, fraction)),
+        over=used > total,
+        text=f"{used:,} / {total:,} {unit} ({fraction * 100:.0f}%)",
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PackingSample:
+    """One sample of the cluster's packing: alive workers' capacity and what active assignments
+    hold on them, at ``unix_s`` (wall clock, Unix seconds)."""
+
+    unix_s: float
+    cpu_allocated_millis: int
+    cpu_capacity_millis: int
+    memory_allocated_mb: int
+    memory_capacity_mb: int
+    job_count: int
+    worker_count: int
+
+    @classmethod
+    def of_row(cls, unix_s: float, row: Mapping[str, Any]) -> PackingSample:
+        """A sample from a row of :data:`actors.queries.console.CONSOLE_PACKING_SAMPLE`."""
+        return cls(
+            unix_s=unix_s,
+            cpu_allocated_millis=int(row["cpu_allocated_millis"]),
+            cpu_capacity_millis=int(row["cpu_capacity_millis"]),
+            memory_allocated_mb=int(row["memory_allocated_mb"]),
+            memory_capacity_mb=int(row["memory_capacity_mb"]),
+            job_count=int(row["job_count"]),
+            worker_count=int(row["worker_count"]),
+        )
+
+
+@attrs.define
+class PackingRing:
+    """The last ``size`` samples, oldest first (kept in memory: it starts empty with the
+    replica)."""
+
+    size: int
+    _samples: collections.deque[PackingSample] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._samples = collections.deque(maxlen=self.size)
+
+    def add(self, sample: PackingSample) -> None:
+        """Keep ``sample``, dropping the oldest when full."""
+        self._samples.append(sample)
+
+    def samples(self) -> list[PackingSample]:
+        """Every sample kept, oldest first."""
+        return list(self._samples)
+
+
+@attrs.frozen(kw_only=True)
+class PackingChart:
+    """The geometry of the packing chart, in SVG user units: the plot spans ``x0..x1`` by
+    ``y0..y1`` (``y1`` at 0%, ``y0`` at 100%), one polyline per resource."""
+
+    width: int
+    height: int
+    x0: int
+    x1: int
+    y0: int
+    y1: int
+    cpu_points: str
+    """``"x,y x,y ..."`` of the allocated CPU in percent of the capacity."""
+    memory_points: str
+    """The same for memory."""
+    x_ticks: tuple[tuple[float, str], ...]
+    """(x, label) of the time axis: how long before the newest sample."""
+    y_ticks: tuple[tuple[float, str], ...]
+    """(y, label) of the percent axis."""
+    span_s: float
+    samples: int
+
+
+def _ago(seconds: int) -> str:
+    """A tick's distance back in time: ``30 s``, ``5 min``, ``1 h``."""
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600 or seconds % 3600:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def _percent(used: int, total: int) -> float:
+    return 0.0 if total <= 0 else min(100.0, max(0.0, used * 100 / total))
+
+
+def packing_chart(
+    samples: Sequence[PackingSample], *, now_unix_s: float, span_s: float, width: int = 720, height: int = 240
+) -> PackingChart:
+    """The chart of ``samples`` over the ``span_s`` seconds up to ``now_unix_s``: time runs
+    left to right, the allocated share of the capacity (0 to 100%) bottom to top; samples older
+    than the span are left out."""
+    x0, x1, y0, y1 = 48, width - 12, 12, height - 28
+
+    def x_of(unix_s: float) -> float:
+        return x1 - (now_unix_s - unix_s) / span_s * (x1 - x0)
+
+    def y_of(percent: float) -> float:
+        return y1 - percent / 100 * (y1 - y0)
+
+    shown = [s for s in samples if now_unix_s - span_s <= s.unix_s <= now_unix_s]
+
+    def points(values: Iterable[tuple[float, float]]) -> str:
+        return " ".join(f"{x_of(t):.1f},{y_of(p):.1f}" for t, p in values)
+
+    step_s = next((s for s in (30, 60, 120, 300, 600, 900, 1800, 3600) if span_s / s <= 6), 3600)
+    x_ticks = tuple(
+        (x_of(now_unix_s - ago_s), "now" if ago_s == 0 else f"-{_ago(ago_s)}")
+        for ago_s in range(0, int(span_s) + 1, step_s)
+    )
+    return PackingChart(
+        width=width,
+        height=height,
+        x0=x0,
+        x1=x1,
+        y0=y0,
+        y1=y1,
+        cpu_points=points((s.unix_s, _percent(s.cpu_allocated_millis, s.cpu_capacity_millis)) for s in shown),
+        memory_points=points(
+            (s.unix_s, _percent(s.memory_allocated_mb, s.memory_capacity_mb)) for s in shown
+        ),
+        x_ticks=x_ticks,
+        y_ticks=tuple((y_of(p), f"{p}%") for p in (0, 25, 50, 75, 100)),
+        span_s=span_s,
+        samples=len(shown),
+    )

@@ -1,0 +1,98 @@
+"""``stockade console``: the URLs of the cluster's web consoles, each with a login token.
+
+Every control plane started with ``--http-port`` serves a read-only web console
+(:mod:`actors.console`). Over TLS it admits a browser that holds a login token signed with an
+operator's or a viewer's client key (:mod:`runtime.console_token`); this command makes one with
+the certificate client commands present (``$STOCKADE_IDENTITY``, the config's ``identity``, else
+``operator``) and prints each console's URL with the token in its fragment (``#token=...``),
+which the browser never sends to a server: the page keeps it in the tab's ``sessionStorage``
+and sends it as ``Authorization: Bearer``. Without TLS (``--insecure``) the consoles need no
+login, and the URLs are printed as they are.
+
+The consoles come from ``--url``, else from the local cluster's ``cluster.json`` (``stockade up``
+records each control plane's console there). Only light modules are imported at the top.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from ops.cli.base import app
+from ops.cli.common import EXIT_INVALID, client_tls, console, errors, fail, recorded_local_state
+
+MAX_LIFETIME_H = 12.0
+"""The longest a token may live, in hours (``runtime.console_token.MAX_LIFETIME_S``; a unit test
+keeps them equal)."""
+
+
+def console_urls(option: str | None) -> list[str]:
+    """The consoles to print: ``option`` (comma-separated origins), else those the local
+    cluster's record names.
+
+    Raises:
+        ClusterError: no console is known (the message says how to name one).
+    """
+    from ops.config import ClusterError
+
+    if option:
+        urls = [u.strip().rstrip("/") for u in option.split(",") if u.strip()]
+        for url in urls:
+            if not url.startswith(("https://", "http://")):
+                raise ClusterError(f"--url {url!r} must be an origin such as https://cp-a.example:7301")
+        return urls
+    state = recorded_local_state()
+    config = state.load() if state.config_path.exists() else None
+    urls = list(config.console_urls().values()) if config is not None else []
+    if not urls:
+        raise ClusterError(
+            "no console is known: `stockade up` records its control planes' consoles; for another "
+            "cluster pass --url https://<control plane>:<its --http-port>"
+        )
+    return urls
+
+
+@app.command("console")
+def console_command(
+    url: Annotated[
+        str | None,
+        typer.Option(help="The consoles' origins, comma-separated (default: the local cluster's)."),
+    ] = None,
+    lifetime_h: Annotated[
+        float,
+        typer.Option(min=0.01, max=MAX_LIFETIME_H, help="Hours the login token stays valid (at most 12)."),
+    ] = MAX_LIFETIME_H,
+) -> None:
+    """Print the URL of each control plane's web console with a login token.
+
+    The token is signed with your client certificate's key (an operator or viewer certificate
+    of the cluster CA, as other client commands present) and lets whoever holds the URL read
+    the console until it expires: open it in your browser, do not share it. Without TLS
+    (--insecure) the consoles need no login and listen on 127.0.0.1 only."""
+    from runtime.console_token import TokenRefused, make_token
+
+    with errors():
+        urls = console_urls(url)
+        files = client_tls()
+        if files is None:
+            for each in urls:
+                console().print(f"{each}/", markup=False, soft_wrap=True)
+            console().print("no login: the cluster runs without TLS (--insecure)", markup=False)
+            return
+        now_s = time.time()
+        try:
+            token = make_token(files, now_unix_s=now_s, lifetime_s=lifetime_h * 3600)
+        except TokenRefused as exc:
+            fail(f"{files.cert_path}: {exc}", EXIT_INVALID)
+    expires = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now_s + lifetime_h * 3600))
+    for each in urls:
+        console().print(f"{each}/#token={token}", markup=False, soft_wrap=True)
+    console().print(
+        f"login as {files.cert_path.stem} ({files.cert_path}), valid until {expires}; the first URL is "
+        "enough: an open page moves to another console when its own stops answering. The browser "
+        f"must trust the cluster CA ({files.ca_path}) or be told to accept the consoles' certificates.",
+        markup=False,
+        soft_wrap=True,
+    )

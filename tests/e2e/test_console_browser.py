@@ -1,0 +1,278 @@
+"""The web console in a real headless browser (Debian's chromium through chromium-driver and
+Selenium) against a real cluster started by the launcher of `stockade up`, with mutual TLS.
+
+The browser logs in as the cluster's viewer with a token made as `stockade console` makes it.
+It does not trust the cluster CA (`--ignore-certificate-errors`), as a browser that was told
+to accept the consoles' certificates. A screenshot of every page is saved under the test's
+temporary folder (its path is printed) and copied to ``/tmp/console-screenshots/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ops import rpc
+from ops.cluster import LocalCluster
+from protocol import pb
+from runtime.console_token import make_token
+from runtime.tls import TlsFiles
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SHARED_SCREENSHOTS = Path("/tmp/console-screenshots")
+TAKEOVER_SHOWN_WITHIN_S = 2.0
+"""The new leader and epoch must be on the open page this soon after the takeover (its
+``acquired_at`` in lease_history, by the database's clock, on this same machine)."""
+
+
+def _missing_browser() -> str | None:
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not path.exists():
+            return f"{path} is missing: apt-get install -y {package}"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed: pip install -e '.[dev]'"
+    return None
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless chromium driven through chromium-driver; skipped, saying why, without them."""
+    missing = _missing_browser()
+    if missing:
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # the tests run as root
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--ignore-certificate-errors",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Callable[[Any, str], Path]:
+    """``shot(driver, name)`` saves a PNG under the test's folder and in SHARED_SCREENSHOTS."""
+    folder = tmp_path / "screenshots"
+    folder.mkdir()
+    SHARED_SCREENSHOTS.mkdir(exist_ok=True)
+    print(f"console screenshots: {folder} (copied to {SHARED_SCREENSHOTS})")
+
+    def shot(driver: Any, name: str) -> Path:
+        path = folder / f"{name}.png"
+        driver.save_screenshot(str(path))
+        shutil.copy(path, SHARED_SCREENSHOTS / path.name)
+        return path
+
+    return shot
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, database_url: str) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "stockade", database_url=database_url)
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+def text_of(driver: Any, element_id: str) -> str | None:
+    """The text of the element with ``element_id`` now (read in the page: the part it is in is
+    replaced at every refresh, so a held element reference would go stale)."""
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.textContent.trim() : null;", element_id
+    )
+
+
+def attribute_of(driver: Any, selector: str, name: str) -> str | None:
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null;",
+        selector,
+        name,
+    )
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float, what: str, poll_s: float = 0.05) -> float:
+    """Poll ``predicate`` until it holds; returns the wall time (Unix seconds) it first did."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+    return time.time()
+
+
+def login_url(console: str, token: str, path: str = "/") -> str:
+    return f"{console}{path}#token={token}"
+
+
+def viewer_token(cluster: LocalCluster) -> str:
+    cert_dir = cluster.config().cert_dir
+    assert cert_dir is not None, "the cluster runs with TLS"
+    return make_token(TlsFiles.in_dir(Path(cert_dir), "viewer"), now_unix_s=time.time(), lifetime_s=3600)
+
+
+def acquired_unix_s(database_url: str, epoch: int) -> float:
+    async def read() -> float:
+        connection = await asyncpg.connect(database_url, timeout=10)
+        try:
+            return float(
+                await connection.fetchval(
+                    "SELECT extract(epoch FROM acquired_at) FROM lease_history WHERE epoch = $1", epoch
+                )
+            )
+        finally:
+            await connection.close()
+
+    return asyncio.run(read())
+
+
+def test_every_page_shows_the_cluster_and_a_job_reaching_succeeded(
+    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path]
+) -> None:
+    """Logged in with a viewer's token, the cluster page shows the leader, a submitted job appears
+    on the jobs page and reaches succeeded without a reload, its page shows its run and output,
+    and an unknown job's page says it was not found."""
+    ready = cluster.up(control_planes=3, workers=2)
+    consoles = ready.config.console_urls()
+    assert len(consoles) == 3
+    token = viewer_token(cluster)
+    home = consoles["cp-1"]
+
+    browser.get(login_url(home, token))
+    wait_until(lambda: text_of(browser, "leader") == ready.status.leader, timeout_s=10, what="the leader")
+    assert text_of(browser, "epoch") == str(ready.status.epoch)
+    assert "#token" not in browser.current_url  # moved to sessionStorage at once
+    screenshots(browser, "cluster")
+
+    browser.get(f"{home}/jobs")
+    wait_until(lambda: text_of(browser, "jobs") is not None, timeout_s=10, what="the jobs page")
+    spec = pb.JobSpec(
+        name="console <b>e2e</b>",
+        cpu_millis=500,
+        memory_mb=64,
+        command=pb.CommandRuntime(argv=["sh", "-c", "echo hello from the console test; sleep 2"]),
+    )
+    reply = rpc.call(
+        ready.config.control_plane_addresses,
+        "submit_job",
+        pb.SubmitJobRequest(spec=spec),
+        tls=ready.config.client_tls,
+    )
+    job_id = int(reply.job_id)
+    row = f"#jobs tr[data-id='{job_id}']"
+    wait_until(
+        lambda: attribute_of(browser, row, "data-state") is not None, timeout_s=10, what="the job listed"
+    )
+    screenshots(browser, "jobs-running")
+    wait_until(
+        lambda: attribute_of(browser, row, "data-state") == "succeeded",
+        timeout_s=60,
+        what="the job succeeded",
+    )
+    assert "console <b>e2e</b>" in (text_of(browser, "jobs") or "")  # markup shown as text
+    screenshots(browser, "jobs")
+
+    browser.get(f"{home}/jobs/{job_id}")
+    wait_until(lambda: text_of(browser, "job-state") == "succeeded", timeout_s=10, what="the job's page")
+    wait_until(
+        lambda: "hello from the console test" in (text_of(browser, "output-stdout") or ""),
+        timeout_s=10,
+        what="the job's output",
+    )
+    assert "w-" in (text_of(browser, "attempts") or "")
+    screenshots(browser, "job")
+
+    for path, element, name in (
+        ("/workers", "workers", "workers"),
+        ("/workers/w-1", "worker-id", "worker"),
+        ("/packing", "packing-chart", "packing"),
+    ):
+        browser.get(home + path)
+        wait_until(lambda element=element: text_of(browser, element) is not None, timeout_s=10, what=path)
+        screenshots(browser, name)
+
+    browser.get(f"{home}/jobs/999999")
+    wait_until(lambda: text_of(browser, "status") == "Not found", timeout_s=10, what="the 404 part")
+    assert "no job 999999" in (text_of(browser, "message") or "")
+    screenshots(browser, "job-not-found")
+
+    browser.get(f"{home}/jobs?name=%3Cscript%3Ewindow.pwned%3D1%3C%2Fscript%3E")
+    wait_until(lambda: text_of(browser, "filter-echo") is not None, timeout_s=10, what="the filtered jobs")
+    assert "<script>window.pwned=1</script>" in (text_of(browser, "filter-echo") or "")
+    assert browser.execute_script("return window.pwned === undefined")
+    screenshots(browser, "jobs-filter-escaped")
+
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(f"{home}/")
+    wait_until(lambda: text_of(browser, "status") == "Log in to read this console", timeout_s=10, what="401")
+    screenshots(browser, "unauthorized")
+
+
+def test_an_open_page_follows_a_leader_kill_and_moves_when_its_own_replica_dies(
+    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path], database_url: str
+) -> None:
+    """A page open on a standby's console shows the new leader and epoch within 2 s of the
+    takeover after the leader is SIGKILLed; when the standby it reads is SIGKILLed in turn, the
+    page moves to the console of a replica that answers and keeps showing the cluster."""
+    ready = cluster.up(control_planes=3, workers=1)
+    consoles = ready.config.console_urls()
+    old_leader, old_epoch = ready.status.leader, int(ready.status.epoch)
+    standbys = [cp_id for cp_id in consoles if cp_id != old_leader]
+    reader = standbys[0]
+    browser.get(login_url(consoles[reader], viewer_token(cluster)))
+    wait_until(lambda: text_of(browser, "leader") == old_leader, timeout_s=10, what="the leader")
+    assert attribute_of(browser, "#served", "data-served-by") == reader
+    screenshots(browser, "failover-before")
+
+    cluster.kill(old_leader)
+    seen_s = wait_until(
+        lambda: (
+            text_of(browser, "leader") not in (None, old_leader, "none (no live lease)")
+            and int(text_of(browser, "epoch") or 0) > old_epoch
+        ),
+        timeout_s=20,
+        what="the new leader on the page",
+    )
+    new_leader, new_epoch = text_of(browser, "leader"), int(text_of(browser, "epoch") or 0)
+    took_s = seen_s - acquired_unix_s(database_url, new_epoch)
+    print(f"{new_leader} took over at epoch {new_epoch}; the page showed it {took_s:.2f} s later")
+    assert took_s < TAKEOVER_SHOWN_WITHIN_S
+    screenshots(browser, "failover-new-leader")
+
+    cluster.kill(reader)
+    wait_until(
+        lambda: attribute_of(browser, "#served", "data-served-by") not in (None, reader),
+        timeout_s=10,
+        what="the page to move to another console",
+    )
+    (remaining,) = set(consoles) - {old_leader, reader}
+    assert attribute_of(browser, "#served", "data-served-by") == remaining
+    assert "does not answer" in (text_of(browser, "banner") or "")
+    # The reader may have been the new leader: then the last replica takes over in turn.
+    expected = new_leader if new_leader != reader else remaining
+    wait_until(lambda: text_of(browser, "leader") == expected, timeout_s=10, what="the leader after moving")
+    screenshots(browser, "failover-moved")

@@ -1,0 +1,270 @@
+"""The web console served for real (Hypercorn, Starlette, a real PostgreSQL), asked over HTTP.
+
+Each test starts one :class:`actors.console.Console` on a free 127.0.0.1 port, seeds the rows
+it needs straight into the test's database, and reads the pages' parts as a page's script
+would: 404 for what does not exist, markup in a query shown as text, the database's outage
+shown with its time, and, over HTTPS, no part without a valid login token.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from seeding import insert_job
+
+from actors.console import Console, console_url
+from ops.certs import init_cluster
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.console_token import make_token
+from runtime.settings import ConsoleSettings
+from runtime.tls import TlsFiles
+
+DEAD_DATABASE_URL = "postgresql://postgres@127.0.0.1:9/stockade"
+"""Nothing listens on port 9 (discard) here: every connect is refused at once."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def console_on(
+    database_url: str, *, tls: TlsFiles | None = None, settings: ConsoleSettings | None = None
+) -> AsyncIterator[Console]:
+    port = free_port()
+    console = Console(
+        cp_id="cp-1",
+        database_url=database_url,
+        listen_host="127.0.0.1",
+        http_port=port,
+        url=console_url(listen_host="127.0.0.1", advertise_address="", http_port=port, tls=tls is not None),
+        settings=settings or ConsoleSettings(),
+        tls=tls,
+    )
+    async with asyncio_bridge(), trio.open_nursery() as nursery:
+        await nursery.start(console.run)
+        yield console
+        nursery.cancel_scope.cancel()
+
+
+async def get(
+    console: Console, path: str, headers: dict[str, str] | None = None, *, method: str = "GET"
+) -> tuple[int, dict[str, str], str]:
+    """(status, headers, body) of one request to ``console``, sent from a thread."""
+    host, port = "127.0.0.1", console.http_port
+
+    def request() -> tuple[int, dict[str, str], str]:
+        if console.url.startswith("https"):
+            context = ssl.create_default_context(cafile=str(console.tls.ca_path) if console.tls else None)
+            context.check_hostname = False
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                host, port, context=context, timeout=10
+            )
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+        try:
+            conn.request(method, path, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
+        finally:
+            conn.close()
+
+    return await trio.to_thread.run_sync(request)
+
+
+async def seed_cluster(database_url: str) -> int:
+    """cp-1 leads at epoch 4 (taken over as the lease's first holder), one worker w-1, one
+    command job on it; returns the job's id."""
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            return await _seed(db)
+        finally:
+            await db.close()
+
+
+async def _seed(db: PgConnection) -> int:
+    await db.execute("UPDATE lease SET holder = 'cp-1', epoch = 4, expires_at = now() + interval '1 hour'")
+    await db.execute(
+        "INSERT INTO lease_history (epoch, holder, acquired_at, previous, cause) "
+        "VALUES (4, 'cp-1', now() - interval '90 seconds', NULL, 'first')"
+    )
+    await db.execute(
+        "INSERT INTO control_planes (id, address, pid, console_url) VALUES ('cp-1', '127.0.0.1:1', 1, NULL)"
+    )
+    await db.execute(
+        "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation, labels) "
+        "VALUES ('w-1', '127.0.0.1:2', 4000, 8192, 1, '{\"zone\": \"a\"}')"
+    )
+    return await insert_job(db, "hello <b>world</b>", 500, 256, 0, "command", None, ["echo", "hi"])
+
+
+async def test_the_cluster_part_shows_the_leader_its_epoch_and_the_election_cause(database_url: str) -> None:
+    """The cluster part names the lease's holder, its epoch and the election's cause."""
+    await seed_cluster(database_url)
+    async with console_on(database_url) as console:
+        status, headers, body = await get(console, "/part")
+    assert status == 200
+    assert '<dd id="leader">cp-1</dd>' in body
+    assert '<dd id="epoch">4</dd>' in body
+    assert ">first<" in body
+    assert headers["x-stockade-served-by"] == "cp-1"
+    assert "no-store" in headers["cache-control"]
+
+
+async def test_pages_of_unknown_jobs_and_workers_are_404_pages(database_url: str) -> None:
+    """An unknown job id, a job id that is no number, an unknown worker and an unknown path
+    each get a 404 page naming what was asked for, not a traceback."""
+    await seed_cluster(database_url)
+    async with console_on(database_url) as console:
+        unknown_job = await get(console, "/part/jobs/999999")
+        not_a_number = await get(console, "/part/jobs/12abc")
+        unknown_worker = await get(console, "/part/workers/w-nobody")
+        unknown_path = await get(console, "/no/such/page")
+    assert unknown_job[0] == 404 and "no job 999999" in unknown_job[2]
+    assert not_a_number[0] == 404 and "no job &#39;12abc&#39;" in not_a_number[2]
+    assert unknown_worker[0] == 404 and "w-nobody" in unknown_worker[2]
+    assert unknown_path[0] == 404 and "no page at /no/such/page" in unknown_path[2]
+    for _, _, body in (unknown_job, not_a_number, unknown_worker, unknown_path):
+        assert "Traceback" not in body
+
+
+async def test_markup_in_query_parameters_and_job_names_is_shown_as_text(database_url: str) -> None:
+    """A name filter holding a script tag, and a job name holding markup, come back escaped."""
+    await seed_cluster(database_url)
+    async with console_on(database_url) as console:
+        status, _, body = await get(console, "/part/jobs?name=%3Cscript%3Ealert(1)%3C%2Fscript%3E")
+        listed = await get(console, "/part/jobs")
+        bad_state = await get(console, "/part/jobs?state=%3Cimg%20src%3Dx%3E")
+    assert status == 200
+    assert "<script>alert(1)</script>" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "hello &lt;b&gt;world&lt;/b&gt;" in listed[2] and "<b>world</b>" not in listed[2]
+    assert bad_state[0] == 400
+    assert "<img src=x>" not in bad_state[2] and "&lt;img src=x&gt;" in bad_state[2]
+
+
+async def test_the_job_part_shows_its_spec_and_runs(database_url: str) -> None:
+    """A job's part shows what it runs, its requests and its runs (none yet: never placed)."""
+    job_id = await seed_cluster(database_url)
+    async with console_on(database_url) as console:
+        status, _, body = await get(console, f"/part/jobs/{job_id}")
+        workers = await get(console, "/part/workers")
+    assert status == 200
+    assert "echo hi" in body and "500 cpu_millis, 256 MiB" in body
+    assert "never placed yet" in body
+    assert workers[0] == 200 and 'data-id="w-1" data-state="alive"' in workers[2] and "zone=a" in workers[2]
+
+
+async def test_an_unreachable_database_is_shown_with_the_time_it_was_first_missed() -> None:
+    """With the database unreachable, a part answers 503 within the read bound, saying since
+    when the database has not answered, and the packing page still answers."""
+    async with console_on(DEAD_DATABASE_URL) as console:
+        started = time.monotonic()
+        status, _, body = await get(console, "/part")
+        took_s = time.monotonic() - started
+        packing = await get(console, "/part/packing")
+    assert status == 503
+    assert "The database does not answer" in body and "since" in body
+    assert took_s < ConsoleSettings().read_timeout_s + 1.0
+    assert packing[0] == 200
+
+
+async def test_a_database_that_never_answers_is_bounded_by_the_read_timeout() -> None:
+    """A database that accepts connections and never answers holds a part no longer than the
+    read bound: it answers 503."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/stockade"
+        settings = ConsoleSettings(read_timeout_s=1.0)
+        async with console_on(url, settings=settings) as console:
+            started = time.monotonic()
+            status, _, body = await get(console, "/part/workers")
+            took_s = time.monotonic() - started
+    assert status == 503 and "did not answer within 1 s" in body
+    assert took_s < 2.5
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    folder = tmp_path / "certs"
+    init_cluster(folder)
+    return folder
+
+
+async def test_over_https_a_part_needs_a_valid_login_token(database_url: str, certs: Path) -> None:
+    """Over HTTPS a part answers 401 (saying to run stockade console) without a token or with a
+    tampered one, and 200 with a viewer's token."""
+    await seed_cluster(database_url)
+    token = make_token(TlsFiles.in_dir(certs, "viewer"), now_unix_s=time.time(), lifetime_s=600)
+    head, claims, signature = token.split(".")
+    tampered = f"{head}.{claims}.{signature[:-4]}AAAA"
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        assert console.url.startswith("https://")
+        none = await get(console, "/part")
+        bad = await get(console, "/part", {"Authorization": f"Bearer {tampered}"})
+        good = await get(console, "/part", {"Authorization": f"Bearer {token}"})
+        shell = await get(console, "/jobs/1")
+    assert none[0] == 401 and "stockade console" in none[2]
+    assert "no login token" in none[2]
+    assert bad[0] == 401 and "signature" in bad[2]
+    assert good[0] == 200 and '<dd id="leader">cp-1</dd>' in good[2]
+    # The page itself carries no data and needs no token: its script asks for the part.
+    assert shell[0] == 200 and "cp-1" in shell[2] and "echo" not in shell[2]
+    assert "script-src 'self'" in shell[1]["content-security-policy"]
+
+
+async def test_parts_answer_cross_origin_requests_only_from_the_clusters_consoles(
+    database_url: str, certs: Path
+) -> None:
+    """A preflight or a part from another replica's console origin is allowed (CORS), with the
+    Authorization header; one from any other origin is not."""
+    await seed_cluster(database_url)
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute(
+                "INSERT INTO control_planes (id, address, pid, console_url) "
+                "VALUES ('cp-2', '127.0.0.1:3', 2, 'https://127.0.0.1:7302')"
+            )
+        finally:
+            await db.close()
+    token = make_token(TlsFiles.in_dir(certs, "operator"), now_unix_s=time.time(), lifetime_s=600)
+    async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
+        # The sampler reads the consoles' list at start; wait for it to have run.
+        assert console.app is not None
+        for _ in range(100):
+            if any(cp_id == "cp-2" for cp_id, _ in console.app.consoles):
+                break
+            await trio.sleep(0.05)
+        preflight = await get(
+            console,
+            "/part/jobs",
+            {"Origin": "https://127.0.0.1:7302", "Access-Control-Request-Headers": "authorization"},
+            method="OPTIONS",
+        )
+        allowed = await get(
+            console, "/part", {"Origin": "https://127.0.0.1:7302", "Authorization": f"Bearer {token}"}
+        )
+        foreign = await get(
+            console, "/part", {"Origin": "https://evil.example", "Authorization": f"Bearer {token}"}
+        )
+    assert preflight[0] == 204
+    assert preflight[1]["access-control-allow-origin"] == "https://127.0.0.1:7302"
+    assert "Authorization" in preflight[1]["access-control-allow-headers"]
+    assert allowed[1]["access-control-allow-origin"] == "https://127.0.0.1:7302"
+    listed = json.loads(allowed[1]["x-stockade-consoles"])
+    assert {"id": "cp-2", "url": "https://127.0.0.1:7302"} in listed
+    assert "access-control-allow-origin" not in foreign[1]
