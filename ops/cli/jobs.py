@@ -452,7 +452,7 @@ def job(
     _print_job(info, tails)
 
 
-def _output_place(info: Job, path: str, flag: str) -> str:
+def _output_place(info: Job, path: str | None, flag: str) -> str:
     """Where a job's stdout or stderr is: its file on the worker once the run reported it, or,
     while it runs, the worker that writes it and the command that reads it."""
     if path:
