@@ -788,3 +788,9 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS drain_deadline_at timestamptz;
 -- continued incarnation does not hold end as 'stopped' with end_reason 'released' (queries.
 -- RELEASE_UNHELD_ASSIGNMENTS): their jobs are placed again at once, spending no attempt.
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS hold_until timestamptz;
+
+-- When a cancel of the job was first asked (actors/queries/ingest.py, CANCEL_JOB): set with
+-- cancel_requested, and for a waiting or pending job cancelled at once; kept by a later cancel.
+-- Read by a job's history (queries.JOB_EVENTS). NULL: never asked, or asked before the column
+-- existed.
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;

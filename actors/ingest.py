@@ -75,6 +75,7 @@ from actors.ingest_replies import (
     array_counts,
     attempt_info,
     check_outcomes,
+    job_events_reply,
     job_info,
     leave_verdict,
     outcome_arrays,
@@ -329,6 +330,21 @@ class ControlPlaneService(AdmittedService):
         info.attempt_history = [attempt_info(a) for a in attempts]
         info.array_counts = array_counts(counts)
         return info
+
+    async def get_job_events(self, request: pb.GetJobEventsRequest) -> pb.GetJobEventsReply:
+        """The job's history, oldest first, rebuilt from the tables in one read
+        (:data:`actors.queries.JOB_EVENTS`).
+
+        Raises:
+            InvalidArgument: ``job_id`` outside 1..2**63-1.
+            NotFound: no job has this id.
+        """
+        validation.check_job_id(request.job_id)
+        async with self.database("get_job_events") as conn:
+            rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
+        if not rows:
+            raise NotFound(f"job_id {request.job_id} not found")
+        return job_events_reply(request.job_id, rows)
 
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
         """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
@@ -706,6 +722,7 @@ CONTROL_PLANE_ACCESS = {
     "submit_jobs": (OPERATOR,),
     "cancel_job": (OPERATOR,),
     "get_job": (OPERATOR, VIEWER),
+    "get_job_events": (OPERATOR, VIEWER),
     "list_jobs": (OPERATOR, VIEWER),
     "status": (OPERATOR, VIEWER),
     "register_worker": (WORKER,),
