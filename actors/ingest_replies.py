@@ -98,6 +98,18 @@ def job_events_reply(job_id: int, rows: list[Any]) -> pb.GetJobEventsReply:
     )
 
 
+def outcome_log_keys(finished: list[pb.JobOutcome]) -> dict[str, list[Any]]:
+    """The log keys of reported outcomes, as parallel lists: ``job_ids``, ``assignment_ids``,
+    ``states``; none for no outcome (a line about one batch lists its ids, runtime/log.py)."""
+    if not finished:
+        return {}
+    return {
+        "job_ids": [o.job_id for o in finished],
+        "assignment_ids": [o.assignment_id for o in finished],
+        "states": [o.state for o in finished],
+    }
+
+
 def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
     """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
     ids, states, exit codes (None for none), started and finished (unix s, None for unknown),
