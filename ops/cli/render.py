@@ -371,7 +371,8 @@ def event_text(event: JobEvent) -> str:
     ``assignment 5 lost (worker_dead), fenced at epoch 3 (cp-2)``."""
     run = f"assignment {event.assignment_id}"
     exit_code = "" if event.exit_code is None else f", exit code {event.exit_code}"
-    detail = f": {event.detail}" if event.detail else ""
+    # A detail that only repeats the exit code ("exit code 0") is not said twice.
+    detail = f": {event.detail}" if event.detail and event.detail != f"exit code {event.exit_code}" else ""
     match event.kind:
         case "placed":
             return f"{run} on {event.worker_id} (incarnation {event.incarnation}), {_epoch_text(event)}"
