@@ -799,3 +799,8 @@ ALTER TABLE lease_history ADD COLUMN IF NOT EXISTS cause text;
 -- written with its presence row by the ingest (queries.RECORD_PRESENCE), so an open page can
 -- move to another replica's console when its own stops answering.
 ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS console_url text;
+-- When a cancel of the job was first asked (actors/queries/ingest.py, CANCEL_JOB): set with
+-- cancel_requested, and for a waiting or pending job cancelled at once; kept by a later cancel.
+-- Read by a job's history (queries.JOB_EVENTS). NULL: never asked, or asked before the column
+-- existed.
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;

@@ -161,20 +161,31 @@ class Dispatcher:
             incarnation=w.incarnation,
             assignments=[assignment_message(a) for a in message.assignments],
         )
+        keys = {
+            "epoch": message.epoch,
+            "worker_id": w.worker_id,
+            "incarnation": w.incarnation,
+            "job_ids": [a.job_id for a in message.assignments],
+            "assignment_ids": [a.assignment_id for a in message.assignments],
+        }
         try:
             reply = await self.calls.assign(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
-            self._log.warning(
-                "assign failed", worker_id=w.worker_id, count=len(message.assignments), error=str(exc)
-            )
+            self._log.warning("assign failed", count=len(message.assignments), error=str(exc), **keys)
             return
+        self._log.debug("assigned", **keys)
         if reply.refused:
             reasons = sorted({r.reason for r in reply.refused})
+            job_of = {a.assignment_id: a.job_id for a in message.assignments}
             self._log.warning(
                 "worker refused assignments",
+                epoch=message.epoch,
                 worker_id=w.worker_id,
                 refused=len(reply.refused),
                 reasons=reasons,
+                job_ids=[job_of.get(r.assignment_id) for r in reply.refused],
+                assignment_ids=[r.assignment_id for r in reply.refused],
+                refusals=[r.reason for r in reply.refused],
             )
             if "stale_epoch" in reasons:
                 self._stale(message.epoch, reply.epoch_seen)
@@ -190,7 +201,14 @@ class Dispatcher:
         try:
             reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
-            self._log.warning("cancel failed", worker_id=w.worker_id, error=str(exc))
+            self._log.warning(
+                "cancel failed",
+                epoch=message.epoch,
+                worker_id=w.worker_id,
+                job_ids=list(message.job_ids),
+                assignment_ids=list(message.assignment_ids),
+                error=str(exc),
+            )
             message.reply.set(())
             return
         if any(r.reason == "stale_epoch" for r in reply.refused):
@@ -199,6 +217,7 @@ class Dispatcher:
             # Ended on their own first: their outcome, from a heartbeat, decides their jobs.
             self._log.info(
                 "cancel came after the jobs ended",
+                epoch=message.epoch,
                 worker_id=w.worker_id,
                 assignment_ids=list(reply.finished_ids),
             )

@@ -75,9 +75,11 @@ from actors.ingest_replies import (
     array_counts,
     attempt_info,
     check_outcomes,
+    job_events_reply,
     job_info,
     leave_verdict,
     outcome_arrays,
+    outcome_log_keys,
     status_reply,
     worker_schedule_reply,
 )
@@ -224,7 +226,10 @@ class ControlPlaneService(AdmittedService):
             if not done.replayed:
                 # An array counts as its tasks against the queue's limit.
                 self.pending_jobs += int(done.answer[0].get("tasks", 1))
-        return pb.SubmitJobReply(job_id=int(done.answer[0]["id"]))
+        job_id = int(done.answer[0]["id"])
+        if not done.replayed:
+            log.get("ingest").info("job submitted", job_id=job_id, name=job.name)
+        return pb.SubmitJobReply(job_id=job_id)
 
     async def _missing_dependencies(
         self, conn: PgConnection, field: str, after: tuple[int, ...]
@@ -288,7 +293,11 @@ class ControlPlaneService(AdmittedService):
                     raise await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
             if not done.replayed:
                 self.pending_jobs += len(done.answer)
-        return pb.SubmitJobsReply(job_ids=sorted(int(r["id"]) for r in done.answer))
+        job_ids = sorted(int(r["id"]) for r in done.answer)
+        if not done.replayed:
+            # One line per batch, listing its ids (a 10,000-job batch: one line, not 10,000).
+            log.get("ingest").info("jobs submitted", count=len(job_ids), job_ids=job_ids)
+        return pb.SubmitJobsReply(job_ids=job_ids)
 
     async def sweep_idempotency_keys(self) -> int:
         """Delete the idempotency keys stored more than ``settings.idempotency_key_retention_s``
@@ -330,6 +339,21 @@ class ControlPlaneService(AdmittedService):
         info.array_counts = array_counts(counts)
         return info
 
+    async def get_job_events(self, request: pb.GetJobEventsRequest) -> pb.GetJobEventsReply:
+        """The job's history, oldest first, rebuilt from the tables in one read
+        (:data:`actors.queries.JOB_EVENTS`).
+
+        Raises:
+            InvalidArgument: ``job_id`` outside 1..2**63-1.
+            NotFound: no job has this id.
+        """
+        validation.check_job_id(request.job_id)
+        async with self.database("get_job_events") as conn:
+            rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
+        if not rows:
+            raise NotFound(f"job_id {request.job_id} not found")
+        return job_events_reply(request.job_id, rows)
+
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
         """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
         the turn."""
@@ -360,6 +384,10 @@ class ControlPlaneService(AdmittedService):
             raise NotFound(f"job_id {request.job_id} not found")
         row = done.answer[0]
         state = "cancelling" if row["cancel_requested"] else row["state"]
+        if not done.replayed:
+            log.get("ingest").info(
+                "cancel requested", job_id=request.job_id, state=state, tasks=int(row.get("tasks") or 0)
+            )
         return pb.CancelJobReply(state=state, tasks=int(row.get("tasks") or 0))
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerReply:
@@ -440,8 +468,10 @@ class ControlPlaneService(AdmittedService):
             "worker registered" if not again else "registration answered again",
             worker_id=request.worker_id,
             incarnation=incarnation,
+            epoch=epoch,
             address=request.address,
             outcomes=len(finished),
+            **outcome_log_keys(finished),
         )
         return pb.RegisterWorkerReply(
             incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
@@ -529,10 +559,15 @@ class ControlPlaneService(AdmittedService):
             worker_id=worker_id,
             incarnation=incarnation,
             address=request.address,
+            epoch=epoch,
             held=len(held),
             released=len(released),
             stop=len(stop),
             outcomes=len(finished),
+            held_assignment_ids=list(held),
+            released_assignment_ids=released,
+            stop_assignment_ids=stop,
+            **outcome_log_keys(finished),
         )
         return pb.RegisterWorkerReply(
             incarnation=incarnation if resumed else 0,
@@ -569,10 +604,28 @@ class ControlPlaneService(AdmittedService):
                 held = await conn.fetchval(
                     queries.SET_RESTART_HOLD, worker_id, request.incarnation, hold_ms / 1000
                 )
+        if finished:
+            # Only a heartbeat that carries outcomes logs (one line, its ids listed): the
+            # liveness-only heartbeats, four a second per worker, stay silent.
+            log.get("ingest").info(
+                "outcomes recorded",
+                worker_id=worker_id,
+                incarnation=request.incarnation,
+                epoch=row["current_epoch"],
+                **outcome_log_keys(finished),
+            )
         if not row["alive"]:
             metrics.HEARTBEATS_REREGISTER.inc()
             return pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
         metrics.HEARTBEATS_RECORDED.inc()
+        if row["stop_assignment_ids"]:
+            log.get("ingest").info(
+                "worker told to stop assignments",
+                worker_id=worker_id,
+                incarnation=request.incarnation,
+                epoch=row["current_epoch"],
+                assignment_ids=list(row["stop_assignment_ids"]),
+            )
         if hold_ms:
             log.get("ingest").info(
                 "restart hold recorded" if held is not None else "restart hold not recorded",
@@ -624,8 +677,10 @@ class ControlPlaneService(AdmittedService):
             "worker left" if left else "leave changed nothing",
             worker_id=worker_id,
             incarnation=incarnation,
+            epoch=epoch,
             outcomes=len(finished),
             detail=detail,
+            **outcome_log_keys(finished),
         )
         return pb.LeaveWorkerReply(left=left, epoch=epoch, detail=detail)
 
@@ -708,6 +763,7 @@ CONTROL_PLANE_ACCESS = {
     "submit_jobs": (OPERATOR,),
     "cancel_job": (OPERATOR,),
     "get_job": (OPERATOR, VIEWER),
+    "get_job_events": (OPERATOR, VIEWER),
     "list_jobs": (OPERATOR, VIEWER),
     "status": (OPERATOR, VIEWER),
     "register_worker": (WORKER,),

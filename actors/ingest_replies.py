@@ -70,6 +70,46 @@ def attempt_info(row: Any) -> pb.Attempt:
     )
 
 
+def job_events_reply(job_id: int, rows: list[Any]) -> pb.GetJobEventsReply:
+    """A ``GetJobEventsReply`` from the rows of :data:`actors.queries.JOB_EVENTS` (at least one:
+    every job has its ``submitted`` event), in their order."""
+    return pb.GetJobEventsReply(
+        job_id=job_id,
+        state=rows[0]["job_state"],
+        events=[
+            pb.JobEvent(
+                kind=r["kind"],
+                at_unix_s=r["at_unix_s"] or 0.0,
+                assignment_id=r["assignment_id"] or 0,
+                worker_id=r["worker_id"] or "",
+                incarnation=r["incarnation"] or 0,
+                epoch=r["epoch"] or 0,
+                leader=r["leader"] or "",
+                state=r["state"] or "",
+                reason=r["reason"] or "",
+                outcome=r["outcome"] or "",
+                has_exit_code=r["exit_code"] is not None,
+                exit_code=r["exit_code"] or 0,
+                detail=r["detail"] or "",
+                not_before_unix_s=r["not_before_unix_s"] or 0.0,
+            )
+            for r in rows
+        ],
+    )
+
+
+def outcome_log_keys(finished: list[pb.JobOutcome]) -> dict[str, list[Any]]:
+    """The log keys of reported outcomes, as parallel lists: ``job_ids``, ``assignment_ids``,
+    ``states``; none for no outcome (a line about one batch lists its ids, runtime/log.py)."""
+    if not finished:
+        return {}
+    return {
+        "job_ids": [o.job_id for o in finished],
+        "assignment_ids": [o.assignment_id for o in finished],
+        "states": [o.state for o in finished],
+    }
+
+
 def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
     """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
     ids, states, exit codes (None for none), started and finished (unix s, None for unknown),

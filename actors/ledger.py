@@ -96,7 +96,7 @@ end. That is as safe as ending them all at once:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -131,6 +131,27 @@ T = TypeVar("T")
 # frozen old leader's write commits when it wakes. Not reachable from the CLI, the settings or
 # the environment.
 _FENCING_ENABLED = True
+
+
+def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
+    """The ids a fenced decision is about, as log keys (runtime/log.py: a line about a batch
+    lists its ids): ``job_ids`` (and ``worker_ids``, in parallel) of placements, ``worker_ids``
+    of dead-worker declarations, ``assignment_ids`` of ended assignments, ``job_ids`` of
+    settled waiting jobs."""
+    match message:
+        case CommitPlacements(placements=placements):
+            return {
+                "job_ids": [p.job_id for p in placements],
+                "worker_ids": [p.worker_id for p in placements],
+            }
+        case DeclareDeadWorkers(workers=workers):
+            return {"worker_ids": [worker_id for worker_id, _ in workers]}
+        case EndAssignments(assignment_ids=ids) | EndDrainedAssignments(assignment_ids=ids):
+            return {"assignment_ids": list(ids)}
+        case SettleWaitingJobs(release=release, cancel=cancel):
+            return {"job_ids": [*release, *(job_id for job_id, _ in cancel)]}
+        case _:
+            return {}
 
 
 @attrs.define
@@ -211,37 +232,62 @@ class Ledger:
             self._log.error("fenced write refused: too large", error=str(too_large))
             message.reply.fail(too_large)
             return
+        keys = decision_log_keys(message)
         try:
             match message:
                 case CommitPlacements(epoch=epoch, reply=reply):
                     what = f"commit {len(message.placements)} placements"
                     result = await self.fenced_statement(
-                        epoch, what, lambda c: self._commit_placements(c, message), kind="commit_placements"
+                        epoch,
+                        what,
+                        lambda c: self._commit_placements(c, message),
+                        kind="commit_placements",
+                        log_keys=keys,
                     )
                 case DeclareDeadWorkers(epoch=epoch, reply=reply):
                     what = "declare dead workers"
                     result = await self.fenced(
-                        epoch, what, lambda c: self._declare_dead(c, message), kind="declare_dead_workers"
+                        epoch,
+                        what,
+                        lambda c: self._declare_dead(c, message),
+                        kind="declare_dead_workers",
+                        log_keys=keys,
                     )
                 case EndOrphanedAssignments(epoch=epoch, reply=reply):
                     what = "end orphaned assignments"
                     result = await self.fenced(
-                        epoch, what, lambda c: self._end_orphans(c, message), kind="end_orphaned_assignments"
+                        epoch,
+                        what,
+                        lambda c: self._end_orphans(c, message),
+                        kind="end_orphaned_assignments",
+                        log_keys=keys,
                     )
                 case EndAssignments(epoch=epoch, reply=reply):
                     what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
                     result = await self.fenced(
-                        epoch, what, lambda c: self._end_assignments(c, message), kind="end_assignments"
+                        epoch,
+                        what,
+                        lambda c: self._end_assignments(c, message),
+                        kind="end_assignments",
+                        log_keys=keys,
                     )
                 case SettleWaitingJobs(epoch=epoch, reply=reply):
                     what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
                     result = await self.fenced(
-                        epoch, what, lambda c: self._settle_waiting(c, message), kind="settle_waiting_jobs"
+                        epoch,
+                        what,
+                        lambda c: self._settle_waiting(c, message),
+                        kind="settle_waiting_jobs",
+                        log_keys=keys,
                     )
                 case EndDrainedAssignments(epoch=epoch, reply=reply):
                     what = f"end {len(message.assignment_ids)} assignments (drained)"
                     result = await self.fenced(
-                        epoch, what, lambda c: self._end_drained(c, message), kind="end_drained_assignments"
+                        epoch,
+                        what,
+                        lambda c: self._end_drained(c, message),
+                        kind="end_drained_assignments",
+                        log_keys=keys,
                     )
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
@@ -254,7 +300,13 @@ class Ledger:
             reply.set(result)
 
     async def fenced(
-        self, epoch: int, what: str, op: Callable[[PgConnection], Awaitable[T]], *, kind: str = "write"
+        self,
+        epoch: int,
+        what: str,
+        op: Callable[[PgConnection], Awaitable[T]],
+        *,
+        kind: str = "write",
+        log_keys: Mapping[str, Any] | None = None,
     ) -> T:
         """Run ``op`` in one transaction that commits only if ``epoch`` is current.
 
@@ -265,6 +317,8 @@ class Ledger:
             kind: names the fault points ``ledger.<kind>.before_transaction`` and
                 ``ledger.<kind>.after_epoch_check`` (tests park one kind of decision there;
                 ``ledger.after_epoch_check`` catches every kind).
+            log_keys: the decision's ids (``job_ids``, ``assignment_ids``, ``worker_ids``),
+                added to the line that logs a refusal (:func:`decision_log_keys`).
 
         Raises:
             StaleEpoch: ``epoch`` is not the current one (checked under ``FOR KEY SHARE``), or the
@@ -278,10 +332,12 @@ class Ledger:
             with self._answer_deadline(what):
                 return await self._transaction(conn, epoch, op, kind)
         except StaleEpoch as exc:
-            await self._refused(epoch, exc.epoch_seen, what, kind=kind, reason="stale_epoch")
+            await self._refused(
+                epoch, exc.epoch_seen, what, kind=kind, reason="stale_epoch", log_keys=log_keys
+            )
             raise
         except DatabaseUnavailable:
-            await self._deposed_if_superseded(epoch, what, kind)
+            await self._deposed_if_superseded(epoch, what, kind, log_keys)
             raise
 
     async def _transaction(
@@ -323,6 +379,7 @@ class Ledger:
         op: Callable[[PgConnection], Awaitable[tuple[int, T]]],
         *,
         kind: str = "write",
+        log_keys: Mapping[str, Any] | None = None,
     ) -> T:
         """Run ``op``: one statement that carries the fence itself and returns the epoch it saw
         under ``FOR KEY SHARE`` with its result; it wrote nothing unless that epoch is ``epoch``.
@@ -332,6 +389,7 @@ class Ledger:
             what: a short description, for ``stale_writes`` and logs.
             op: sends the statement outside any transaction; returns (epoch seen, result).
             kind: names the fault point ``ledger.<kind>.before_statement``.
+            log_keys: as in :meth:`fenced`.
 
         Raises:
             StaleEpoch: the statement saw a newer epoch and wrote nothing.
@@ -344,20 +402,27 @@ class Ledger:
             with self._answer_deadline(what):
                 seen, result = await op(conn)
         except DatabaseUnavailable:
-            await self._deposed_if_superseded(epoch, what, kind)
+            await self._deposed_if_superseded(epoch, what, kind, log_keys)
             raise
         if seen != epoch and _FENCING_ENABLED:
-            await self._refused(epoch, seen, what, kind=kind, reason="stale_epoch")
+            await self._refused(epoch, seen, what, kind=kind, reason="stale_epoch", log_keys=log_keys)
             raise StaleEpoch(epoch, seen)
         return result
 
-    async def _deposed_if_superseded(self, epoch: int, what: str, kind: str) -> None:
+    async def _deposed_if_superseded(
+        self, epoch: int, what: str, kind: str, log_keys: Mapping[str, Any] | None = None
+    ) -> None:
         """After a connection loss: if a newer epoch holds the lease, record the write as
         refused and raise StaleEpoch (from None); else return, leaving the outcome unknown."""
         seen_after = await self._current_epoch()
         if seen_after is not None and seen_after != epoch:
             await self._refused(
-                epoch, seen_after, f"{what} (session ended)", kind=kind, reason="session_ended"
+                epoch,
+                seen_after,
+                f"{what} (session ended)",
+                kind=kind,
+                reason="session_ended",
+                log_keys=log_keys,
             )
             raise StaleEpoch(epoch, seen_after) from None
 
@@ -368,11 +433,23 @@ class Ledger:
         except DatabaseUnavailable:
             return None
 
-    async def _refused(self, epoch: int, epoch_seen: int, what: str, *, kind: str, reason: str) -> None:
+    async def _refused(
+        self,
+        epoch: int,
+        epoch_seen: int,
+        what: str,
+        *,
+        kind: str,
+        reason: str,
+        log_keys: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record a refused write (``stale_writes``, ``stockade_fenced_writes_refused{write=kind,
-        reason}``) and tell the lease keeper that ``epoch_seen`` superseded ``epoch``."""
+        reason}``, a log line with the decision's ``log_keys``) and tell the lease keeper that
+        ``epoch_seen`` superseded ``epoch``."""
         metrics.FENCED_WRITES_REFUSED.labels(kind, reason).inc()
-        self._log.warning("fenced write refused", epoch=epoch, epoch_seen=epoch_seen, what=what)
+        self._log.warning(
+            "fenced write refused", epoch=epoch, epoch_seen=epoch_seen, what=what, **(log_keys or {})
+        )
         try:
             conn = await self._connection()
             await conn.execute(queries.RECORD_STALE_WRITE, self.cp_id, epoch, epoch_seen, what)

@@ -36,7 +36,7 @@ import trio
 
 from actors import validation
 from protocol import pb
-from runtime import metrics
+from runtime import log, metrics
 from runtime.aio import GrpcChannel, Send, rpc_deadline
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from runtime.settings import IngestSettings
@@ -203,14 +203,18 @@ class LogRelay:
                 async for chunk in chunks:
                     await send(chunk)
         except NotFound as exc:
+            _log_failure(source, request, exc)
             raise FailedPrecondition(str(exc)) from exc
         except Busy as exc:
+            _log_failure(source, request, exc)
             raise Busy(f"{worker}: {exc}") from exc
         except PermissionDenied as exc:
             # The worker refused this replica's certificate: a fault of the cluster's, not the
             # caller's; another replica may be let in.
+            _log_failure(source, request, exc)
             raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
         except Unavailable as exc:
+            _log_failure(source, request, exc)
             raise Unavailable(
                 f"{worker} is unreachable ({exc}): the output of job {source.job_id} (assignment "
                 f"{source.assignment_id}) is kept on that worker only"
@@ -224,3 +228,15 @@ class LogRelay:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
+
+
+def _log_failure(source: LogSource, request: pb.ReadJobLogsRequest, exc: Exception) -> None:
+    """One line for a relay its worker failed, keyed by the job, its run and its worker."""
+    log.get("logs").info(
+        "output relay failed",
+        job_id=source.job_id,
+        assignment_id=source.assignment_id,
+        worker_id=source.worker_id,
+        stream=request.stream,
+        error=str(exc),
+    )

@@ -250,6 +250,8 @@ class CancelOnWorker:
     worker: WorkerRef
     assignment_ids: tuple[int, ...]
     reply: Reply[tuple[int, ...]]
+    job_ids: tuple[int, ...] = ()
+    """The jobs of ``assignment_ids``, in their order (for the log lines only)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -463,6 +463,17 @@ class Placer:
         metrics.PLACER_PHASE_SECONDS.labels("dispatch").observe(trio.current_time() - commit_done)
         self.stats.placements += len(committed)
         metrics.PLACEMENTS.inc(len(committed))
+        if committed:
+            # One line per round that placed, its ids as parallel lists (runtime/log.py): a round
+            # of 500 placements costs one line, not 500.
+            self._log.info(
+                "placed",
+                epoch=epoch,
+                count=len(committed),
+                job_ids=[c.job_id for c in committed],
+                assignment_ids=[c.assignment_id for c in committed],
+                worker_ids=[c.worker_id for c in committed],
+            )
         self._observe(started, len(committed), "placed" if committed else "reasons")
         return committed
 

@@ -563,7 +563,9 @@ class Reconciler:
             for worker, group in by_worker(overdue):
                 self._log.warning(
                     "stopping runs past their timeout",
+                    epoch=epoch,
                     worker_id=worker.worker_id,
+                    job_ids=[d.assignment.job_id for d in group],
                     assignment_ids=[d.assignment.assignment_id for d in group],
                 )
                 nursery.start_soon(self._cancel, epoch, worker, group, False, TIMED_OUT)
@@ -600,7 +602,14 @@ class Reconciler:
             if not settled.cancelled_job_ids and plan.rows < rows:
                 break
         if released or cancelled:
-            self._log.info("settled waiting jobs", released=len(released), cancelled=len(cancelled))
+            self._log.info(
+                "settled waiting jobs",
+                epoch=epoch,
+                released=len(released),
+                cancelled=len(cancelled),
+                released_job_ids=released,
+                cancelled_job_ids=cancelled,
+            )
         return SettledJobs(released_job_ids=tuple(released), cancelled_job_ids=tuple(cancelled))
 
     async def _declare_and_end_orphans(
@@ -651,10 +660,13 @@ class Reconciler:
             if dead or ended:
                 self._log.warning(
                     "reconciled",
+                    epoch=epoch,
                     dead_workers=list(dead),
                     requeued_jobs=len(requeued),
                     ended_assignments=len(ended),
                     transactions=transactions,
+                    job_ids=requeued,
+                    assignment_ids=ended,
                 )
         return ReconcileResult(
             dead_worker_ids=dead, requeued_job_ids=tuple(requeued), orphaned_assignment_ids=tuple(ended)
@@ -698,7 +710,13 @@ class Reconciler:
         ids = tuple(d.assignment.assignment_id for d in group)
         reply: Reply[tuple[int, ...]] = Reply()
         await self.dispatcher.send(
-            CancelOnWorker(epoch=epoch, worker=worker, assignment_ids=ids, reply=reply)
+            CancelOnWorker(
+                epoch=epoch,
+                worker=worker,
+                assignment_ids=ids,
+                reply=reply,
+                job_ids=tuple(d.assignment.job_id for d in group),
+            )
         )
         acknowledged = await reply.wait()
         if not acknowledged:
@@ -718,4 +736,13 @@ class Reconciler:
                     reply=reply,
                 )
             )
-        self._log.info("ended assignments", worker_id=worker.worker_id, reason=reason, count=len(ended))
+        job_of = {d.assignment.assignment_id: d.assignment.job_id for d in group}
+        self._log.info(
+            "ended assignments",
+            epoch=epoch,
+            worker_id=worker.worker_id,
+            reason=reason,
+            count=len(ended),
+            job_ids=[job_of[a] for a in ended if a in job_of],
+            assignment_ids=list(ended),
+        )

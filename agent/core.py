@@ -103,7 +103,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -317,23 +319,37 @@ class Agent:
             metrics.AGENT_DUPLICATE_ASSIGNMENTS.labels(self.worker_id).inc(
                 len(decision.accepted_ids) - len(decision.to_start)
             )
+        job_of = {a.assignment_id: a.job_id for a in order.assignments}
         for refusal in decision.refused:
             if refusal.reason is RefusalReason.NO_ROOM:
                 self._logger.warning(
                     "assignment refused: no room",
+                    job_id=job_of.get(refusal.assignment_id),
                     assignment_id=refusal.assignment_id,
                     cpu_used_millis=self._admission.cpu_used_millis,
                     memory_used_mb=self._admission.memory_used_mb,
                     epoch=order.epoch,
+                    incarnation=order.incarnation,
                 )
         if decision.to_start:
             self._jobs.start(order, decision.to_start)
+            # One line per Assign request, its ids listed (runtime/log.py); each job's own lines
+            # (started, ended) follow with its keys.
+            self._logger.info(
+                "assignments accepted",
+                epoch=order.epoch,
+                incarnation=order.incarnation,
+                job_ids=[j.job_id for j in decision.to_start],
+                assignment_ids=[j.assignment_id for j in decision.to_start],
+            )
         if decision.refused:
             self._logger.info(
                 "assignments refused",
                 epoch=order.epoch,
                 incarnation=order.incarnation,
-                refused={r.assignment_id: r.reason.value for r in decision.refused},
+                job_ids=[job_of.get(r.assignment_id) for r in decision.refused],
+                assignment_ids=[r.assignment_id for r in decision.refused],
+                reasons=[r.reason.value for r in decision.refused],
             )
         return decision
 
@@ -346,9 +362,22 @@ class Agent:
         """
         self._fence_if_due()
         decision = self._admission.cancel(order)
+        if decision.to_stop:
+            self._logger.info(
+                "stopping cancelled jobs",
+                epoch=order.epoch,
+                incarnation=order.incarnation,
+                job_ids=self._job_ids(decision.to_stop),
+                assignment_ids=list(decision.to_stop),
+            )
         self._count_refusals("cancel", decision.refused)
         await self._jobs.stop(list(decision.to_stop), StopReason.CANCELLED)
         return self._admission.settle_cancel(decision)
+
+    def _job_ids(self, assignment_ids: Iterable[int]) -> list[int | None]:
+        """The job of each of ``assignment_ids`` this agent runs (None for one it does not), for
+        log lines about a batch (runtime/log.py)."""
+        return [None if (job := self._jobs.get(aid)) is None else job.order.job_id for aid in assignment_ids]
 
     def _count_refusals(self, request: str, refused: tuple[Refusal, ...]) -> None:
         for refusal in refused:
@@ -585,6 +614,10 @@ class Agent:
             strays=len(plan.strays),
             keep=len(plan.keep),
             incarnation=plan.incarnation,
+            job_ids=[item.record.job_id for item in plan.watch],
+            assignment_ids=[item.record.assignment_id for item in plan.watch],
+            ended_job_ids=[item.record.job_id for item in plan.settle],
+            ended_assignment_ids=[item.record.assignment_id for item in plan.settle],
         )
         for item in plan.settle:
             self._jobs.settle_ended(item)
@@ -595,10 +628,7 @@ class Agent:
                 self._jobs.settle_ended(attrs.evolve(item, verdict=adoption.Verdict.ENDED))
             elif aid in plan.stop:
                 self._logger.warning(
-                    "stopping a job of the previous agent process",
-                    job_id=item.record.job_id,
-                    assignment_id=aid,
-                    why=plan.stop[aid],
+                    "stopping a job of the previous agent process", why=plan.stop[aid], **job.log_keys
                 )
                 self._jobs.request_stop(job, StopReason.RESTART)
         self._takeover = plan
@@ -697,7 +727,11 @@ class Agent:
         )
         if reply.stop_assignment_ids:
             self._logger.info(
-                "control plane ended kept assignments", assignment_ids=list(reply.stop_assignment_ids)
+                "control plane ended kept assignments",
+                epoch=reply.epoch,
+                incarnation=incarnation,
+                job_ids=self._job_ids(reply.stop_assignment_ids),
+                assignment_ids=list(reply.stop_assignment_ids),
             )
             await self._jobs.stop(list(reply.stop_assignment_ids), StopReason.STOPPED_BY_CONTROL_PLANE)
         if trio.current_time() >= sent_at + fence_s:
@@ -713,9 +747,13 @@ class Agent:
         self._logger.info(
             "continued the incarnation of the previous agent process",
             incarnation=incarnation,
+            epoch=reply.epoch,
             kept=len(held) - len(reply.stop_assignment_ids),
             released=len(reply.released_assignment_ids),
             attempts=failures + 1,
+            job_ids=self._job_ids(a for a in held if a not in reply.stop_assignment_ids),
+            assignment_ids=[a for a in held if a not in reply.stop_assignment_ids],
+            released_assignment_ids=list(reply.released_assignment_ids),
         )
         self._fence.live.set()
         self._registered_once.set()
@@ -840,7 +878,7 @@ class Agent:
             self._admission.ended_by_control_plane(aid)
             job = self._jobs.get(aid)
             if job is not None:
-                self._logger.info("control plane ended a running assignment", assignment_id=aid)
+                self._logger.info("control plane ended a running assignment", **job.log_keys)
                 self._jobs.request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
         if report.restart_hold_ms and answer.restart_hold_granted:
             self._hold_granted(sent_at, report.restart_hold_ms / 1000)
@@ -893,8 +931,20 @@ class Agent:
             self_fence_after_s=fence.fence_after_s,
             killed_in_s=None if kill_at is None else round(kill_at - now, 3),
             jobs=len(self._jobs),
+            **self._all_jobs_keys(),
         )
         fence.signal_change()
+
+    def _all_jobs_keys(self) -> dict[str, Any]:
+        """The keys of a line about every job at once (a pause, a resume, a self-fence): the
+        incarnation, the newest epoch seen, and the jobs' ids (runtime/log.py)."""
+        ids = self._jobs.ids()
+        return {
+            "incarnation": self._admission.incarnation,
+            "epoch": self.max_epoch_seen,
+            "job_ids": self._job_ids(ids),
+            "assignment_ids": ids,
+        }
 
     def _resume(self, sent_at: float) -> None:
         """Resume the paused jobs, with no checkpoint: a heartbeat sent at ``sent_at`` was
@@ -921,6 +971,7 @@ class Agent:
             "resumed every job: a heartbeat was acknowledged",
             paused_s=None if paused_from is None else round(now - paused_from, 3),
             jobs=len(self._jobs),
+            **self._all_jobs_keys(),
         )
         fence.signal_change()
 
@@ -944,7 +995,13 @@ class Agent:
         for aid in ended:
             self._admission.ended_by_control_plane(aid)
         if ended:
-            self._logger.info("control plane ended paused assignments", assignment_ids=ended)
+            self._logger.info(
+                "control plane ended paused assignments",
+                epoch=answer.epoch,
+                incarnation=report.incarnation,
+                job_ids=self._job_ids(ended),
+                assignment_ids=ended,
+            )
             await self._jobs.stop(ended, StopReason.STOPPED_BY_CONTROL_PLANE)
         self._fence_if_due()
         if not self._fence.paused:
@@ -985,6 +1042,7 @@ class Agent:
             self_fence_after_s=fence.fence_after_s,
             db_outage_grace_s=self.settings.db_outage_grace_s,
             jobs=len(self._jobs),
+            **self._all_jobs_keys(),
         )
         self._jobs.request_stop_all(StopReason.SELF_FENCE)
         fence.signal_change()

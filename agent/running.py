@@ -101,6 +101,18 @@ class Job:
     """True while a sleep job taken over waits for its incarnation to be continued: its record
     still holds the time it ran in the previous process's life, which this one does not know."""
 
+    @property
+    def log_keys(self) -> dict[str, int]:
+        """The keys every log line about this job carries (runtime/log.py): ``job_id``,
+        ``assignment_id``, ``epoch`` (of the Assign that started it), ``incarnation``; the
+        agent's logger adds ``worker_id``."""
+        return {
+            "job_id": self.order.job_id,
+            "assignment_id": self.order.assignment_id,
+            "epoch": self.epoch,
+            "incarnation": self.incarnation,
+        }
+
 
 @attrs.define(eq=False, kw_only=True)
 class RunningJobs:
@@ -224,9 +236,8 @@ class RunningJobs:
         """Release a job that was stopped before it started: no line, no outcome."""
         self.logger.info(
             "job stopped before it started",
-            job_id=job.order.job_id,
-            assignment_id=job.order.assignment_id,
             reason=None if job.stop_reason is None else job.stop_reason.value,
+            **job.log_keys,
         )
         self._release(job)
         job.done.set()
@@ -255,6 +266,7 @@ class RunningJobs:
             )
             return
         metrics.AGENT_JOB_STARTS.labels(self.settings.worker_id, runtime.kind).inc()
+        self.logger.info("job started", runtime=runtime.kind, **job.log_keys)
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
@@ -347,10 +359,7 @@ class RunningJobs:
     def _fail_unstarted(self, job: Job, detail: str) -> None:
         """End a job that cannot be started as failed (it was accepted, so the control plane
         must hear how it ended): report the outcome, release it; nothing is logged as run."""
-        order = job.order
-        self.logger.error(
-            "job not started", job_id=order.job_id, assignment_id=order.assignment_id, detail=detail
-        )
+        self.logger.error("job not started", detail=detail, **job.log_keys)
         now_unix_s = time.time()
         self._report(
             job,
@@ -393,9 +402,8 @@ class RunningJobs:
         except OSError as exc:
             self.logger.error(
                 "cannot write the job's record: a restarted agent will not keep it",
-                job_id=record.job_id,
-                assignment_id=record.assignment_id,
                 error=repr(exc),
+                **job.log_keys,
             )
             return
         job.record = record
@@ -487,6 +495,9 @@ class RunningJobs:
         else:
             job.held = True
             nursery.start_soon(self._run_adopted_sleep, job, go, pause_at_s, kill_at_s)
+        self.logger.info(
+            "job taken over from the previous agent process", verdict=found.verdict.value, **job.log_keys
+        )
         if found.verdict is Verdict.STRAY:
             self.request_stop(job, StopReason.RESTART)
         return job
@@ -520,12 +531,7 @@ class RunningJobs:
             )
         else:
             result = adoption.result_from_report(record, found.job_dir, stopped=False)
-        self.logger.info(
-            "a job ended while no agent watched it",
-            job_id=record.job_id,
-            assignment_id=record.assignment_id,
-            incarnation=record.incarnation,
-        )
+        self.logger.info("a job ended while no agent watched it", **job.log_keys)
         self._job_ended(job, result)
 
     async def _run_adopted_reaper(self, job: Job, watch: ReaperWatch, ticks: int) -> None:
@@ -610,15 +616,12 @@ class RunningJobs:
 
     def _record_end(self, job: Job, result: JobResult) -> None:
         """Write the stop line of a job that has ended and keep its outcome for reporting."""
-        order = job.order
         # Thawed past the fence deadline: fence before completing or reporting anything.
         self.fence_if_due()
         if result.fenced and self.fence.live.is_set():
             # Its reaper saw a passed deadline this agent has not reached (the agent could not
             # update the file in time): the deadman's verdict stands for the whole worker.
-            self.logger.warning(
-                "a reaper fenced its job before the agent fenced", assignment_id=order.assignment_id
-            )
+            self.logger.warning("a reaper fenced its job before the agent fenced", **job.log_keys)
             self.fence_now()
         fenced, ended_unix_s = self._fenced_end(job, result)
         if fenced:
@@ -642,8 +645,7 @@ class RunningJobs:
         ).inc()
         self.logger.info(
             "job ended",
-            job_id=order.job_id,
-            assignment_id=order.assignment_id,
+            **job.log_keys,
             reason=reason.value,
             exit_code=result.exit_code,
             started=result.started,

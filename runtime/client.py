@@ -58,7 +58,7 @@ from runtime.tls import ANY_CONTROL_PLANE, ClientTls, TlsFiles
 
 T = TypeVar("T")
 
-HEDGED_RPCS = frozenset({"status", "get_job", "list_jobs"})
+HEDGED_RPCS = frozenset({"status", "get_job", "get_job_events", "list_jobs"})
 """The reads :meth:`ControlPlaneClient.call` hedges rather than abandons on a slow replica:
 asking a second replica changes nothing in the cluster."""
 
@@ -163,7 +163,7 @@ class ControlPlaneClient:
         unreachable or answers busy is skipped at once. How a slow replica is treated depends
         on the RPC:
 
-        - reads (:data:`HEDGED_RPCS`: status, get_job, list_jobs) are hedged: a replica that
+        - reads (:data:`HEDGED_RPCS`: status, get_job, get_job_events, list_jobs) are hedged: a replica that
           has not answered after ``timeout_s`` is not abandoned, the next one is asked too,
           and the first answer wins; the walk gives up ``timeout_s * (replicas + 1)`` after it
           began. Abandoning a slow replica would have it finish the work anyway while the

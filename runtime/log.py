@@ -2,6 +2,15 @@
 
 Call :func:`configure` once per process; get loggers with :func:`get`. Console output is
 human-readable; ``json=True`` gives JSON lines for machines.
+
+Every line about a job, in every process, names it with the same keys, where they apply:
+``job_id``, ``assignment_id`` (the run), ``epoch`` (of the decision: the placement, the
+declaration, the fenced end; on a worker, of the Assign that started the run) and ``worker_id``
+(bound to every agent line), and on a worker ``incarnation``. A line about a batch (a placer
+round, a heartbeat's outcomes, a dead worker's requeues, an Assign of several jobs) lists
+``job_ids`` and ``assignment_ids`` (and ``worker_ids``) as parallel lists rather than logging one
+line per job: a round of 500 placements costs one line on the hot path, and ``jq
+'select(.job_id == 7 or (.job_ids // [] | index(7)))'`` finds both kinds.
 """
 
 from __future__ import annotations

@@ -216,6 +216,9 @@ HAVING count(*) > 0
 cancelled AS (
     UPDATE jobs j
        SET cancel_requested = j.state IN ('assigned', 'running'),
+           cancel_requested_at = CASE WHEN j.state IN ('waiting', 'pending', 'assigned', 'running')
+                                      THEN coalesce(j.cancel_requested_at, now())
+                                      ELSE j.cancel_requested_at END,
            reason = CASE WHEN j.state IN ('pending', 'waiting') THEN '' ELSE j.reason END,
            state = CASE WHEN j.state IN ('pending', 'waiting') THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state IN ('pending', 'waiting') THEN now() ELSE j.finished_at END
@@ -280,6 +283,112 @@ SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit
        extract(epoch FROM ended_at)::float8 AS ended_unix_s,
        coalesce(detail, '') AS detail, counted
   FROM assignments WHERE job_id = $1 ORDER BY id
+"""
+
+# $1 job id. The job's history (GetJobEvents), rebuilt from what the tables keep, in time order
+# (database time; ties, as in one transaction, in the order the transaction did them): one row per
+# event, none when there is no such job. Columns: kind, at_unix_s, assignment_id, worker_id,
+# incarnation, epoch (and leader, the holder of that epoch in lease_history), state, reason,
+# outcome, exit_code, detail, not_before_unix_s (NULL where they do not apply), and job_state (the
+# job's state now, on every row). Kinds:
+#   submitted         jobs.submitted_at.
+#   waiting           at submission, for the jobs in after_ids (detail says which).
+#   cancel_requested  jobs.cancel_requested_at: a cancel was asked (first time).
+#   placed            an assignment: worker, incarnation, epoch of the leader that committed it.
+#   confirmed         the first heartbeat that listed it as running (assignments.confirmed_at).
+#   worker_dead       the declaration (worker_deaths) of the worker an assignment ended with
+#                     (end_reason worker_dead): its epoch, the worker's last heartbeat.
+#   ended             an assignment's end: state (finished, lost, cancelled, stopped), reason
+#                     (end_reason), the worker's outcome and exit code, epoch = ended_epoch (a
+#                     fenced end; NULL when the worker's report ended it), detail.
+#   requeued          the job pending again in the transaction that ended the assignment: when
+#                     a later assignment exists, when the job is pending now, or when it ended
+#                     later than that transaction (cancelled while pending; a late outcome).
+#                     not_before: the backoff (jobs.not_before) on the latest requeue that wrote
+#                     it, the only one the table keeps (docs/design.md, "A job's history").
+#   final             the job's end (succeeded, failed, cancelled) at jobs.finished_at, with its
+#                     exit code and detail; always last (finished_at is the worker's clock for an
+#                     outcome it reported).
+# Reads the job's row and its assignments (index assignments_by_job), one worker_deaths probe per
+# assignment ended by a death and one lease_history probe (primary key) per event: a read of a
+# few rows, on any replica, that writes nothing and adds nothing to the hot paths.
+JOB_EVENTS = """
+WITH j AS (
+    SELECT * FROM jobs WHERE id = $1
+),
+runs AS (
+    SELECT a.*,
+           a.state <> 'active' AND (
+               lead(a.id) OVER (ORDER BY a.id) IS NOT NULL
+               OR j.state = 'pending'
+               OR (a.state = 'finished' AND j.state = 'cancelled'
+                   AND j.cancel_requested_at > a.ended_at)
+               OR (a.state <> 'finished' AND j.state IN ('succeeded', 'failed', 'cancelled')
+                   AND j.finished_at IS DISTINCT FROM a.ended_at)
+           ) AS requeued,
+           -- The requeues that write jobs.not_before (a retry's delay, a loss's backoff, NULL
+           -- after a clean leave); a drain, a release and a start that never happened keep it.
+           NOT (a.state = 'stopped' AND a.end_reason IN ('drained', 'released', 'not_started'))
+               AS writes_not_before
+      FROM assignments a, j
+     WHERE a.job_id = $1
+),
+last_backoff AS (
+    SELECT max(id) AS id FROM runs WHERE requeued AND writes_not_before
+),
+events AS (
+    SELECT 'submitted' AS kind, j.submitted_at AS at, 0 AS rank, NULL::bigint AS assignment_id,
+           NULL::text AS worker_id, NULL::bigint AS incarnation, NULL::bigint AS epoch,
+           NULL::text AS state, NULL::text AS reason, NULL::text AS outcome,
+           NULL::integer AS exit_code, NULL::text AS detail, NULL::timestamptz AS not_before
+      FROM j
+    UNION ALL
+    SELECT 'waiting', j.submitted_at, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+           'waiting for job ' || array_to_string(j.after_ids, ', '), NULL
+      FROM j WHERE cardinality(j.after_ids) > 0
+    UNION ALL
+    SELECT 'cancel_requested', j.cancel_requested_at, 2, NULL, NULL, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL, NULL
+      FROM j WHERE j.cancel_requested_at IS NOT NULL
+    UNION ALL
+    SELECT 'placed', r.created_at, 3, r.id, r.worker_id, r.worker_incarnation, r.epoch, NULL,
+           NULL, NULL, NULL, NULL, NULL
+      FROM runs r
+    UNION ALL
+    SELECT 'confirmed', r.confirmed_at, 4, r.id, r.worker_id, r.worker_incarnation, NULL, NULL,
+           NULL, NULL, NULL, NULL, NULL
+      FROM runs r WHERE r.confirmed_at IS NOT NULL
+    UNION ALL
+    SELECT 'worker_dead', d.declared_at, 5, r.id, d.worker_id, d.incarnation, d.epoch, NULL,
+           NULL, NULL, NULL,
+           'last heartbeat ' || to_char(d.last_heartbeat_at AT TIME ZONE 'UTC', 'HH24:MI:SS.MS')
+           || ' UTC', NULL
+      FROM runs r
+      JOIN LATERAL (
+          SELECT * FROM worker_deaths d
+           WHERE d.worker_id = r.worker_id AND d.incarnation = r.worker_incarnation
+           ORDER BY d.id LIMIT 1
+      ) d ON true
+     WHERE r.end_reason = 'worker_dead'
+    UNION ALL
+    SELECT 'ended', r.ended_at, 6, r.id, r.worker_id, r.worker_incarnation, r.ended_epoch,
+           r.state, r.end_reason, r.outcome, r.exit_code, nullif(r.detail, ''), NULL
+      FROM runs r WHERE r.state <> 'active'
+    UNION ALL
+    SELECT 'requeued', r.ended_at, 7, r.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+           CASE WHEN r.id = (SELECT id FROM last_backoff) THEN j.not_before END
+      FROM runs r, j WHERE r.requeued
+    UNION ALL
+    SELECT 'final', j.finished_at, 8, NULL, NULL, NULL, NULL, j.state, NULL, NULL, j.exit_code,
+           nullif(j.detail, ''), NULL
+      FROM j WHERE j.state IN ('succeeded', 'failed', 'cancelled')
+)
+SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e.worker_id,
+       e.incarnation, e.epoch, h.holder AS leader, e.state, e.reason, e.outcome, e.exit_code,
+       e.detail, extract(epoch FROM e.not_before)::float8 AS not_before_unix_s,
+       (SELECT state FROM j) AS job_state
+  FROM events e LEFT JOIN lease_history h ON h.epoch = e.epoch
+ ORDER BY e.kind = 'final', e.at, e.rank, e.assignment_id
 """
 
 # $1 job id. What ReadJobLogs reads (actors/logs.py): the job's runtime, state and reason;

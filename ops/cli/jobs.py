@@ -37,7 +37,7 @@ from runtime.errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
-    from ops.client import Client, Job
+    from ops.client import Client, Job, JobHistory
     from runtime.jobs import JobSpec
 
 JOB_CPU_MILLIS = (250, 500, 1000, 2000, 4000)
@@ -412,6 +412,16 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON with stable
 def job(
     job_id: Annotated[int, typer.Argument(help="The job's id.")],
     as_json: JsonOption = False,
+    events: Annotated[
+        bool,
+        typer.Option(
+            "--events",
+            help="Print the job's history instead, oldest first: submitted, each placement (worker, "
+            "incarnation, epoch), confirmation, end (reason, outcome, exit code, fenced epoch), the "
+            "worker death that ended a run, requeues (with their backoff), the cancel request, "
+            "dependency waits and its final state. With --json: a JSON list of events.",
+        ),
+    ] = False,
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Show one job: state, worker, assignment, times, its attempts and lifecycle settings, and
@@ -426,6 +436,10 @@ def job(
     j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
     from actors import validation
+
+    if events:
+        _job_events(job_id, as_json=as_json, control_planes=control_planes)
+        return
 
     async def body(client: Client) -> tuple[Job, list[OutputTail]]:
         from ops.cli.logs import output_tails
@@ -460,6 +474,27 @@ def _output_place(info: Job, path: str | None, flag: str) -> str:
     if info.worker_id and info.state in ("assigned", "running"):
         return f"on {info.worker_id} (`stockade logs {info.job_id}{flag}`)"
     return "-"
+
+
+def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> None:
+    """``stockade job ID --events``: the job's history (``Client.events``), as a table or, with
+    ``as_json``, a JSON list (:func:`ops.cli.render.events_json`)."""
+    from actors import validation
+
+    async def body(client: Client) -> JobHistory:
+        return await client.events(job_id)
+
+    with errors():
+        validation.check_job_id(job_id)
+        history = with_client(control_plane_addresses(control_planes), body)
+    if as_json:
+        from ops.cli.render import events_json
+
+        sys.stdout.write(json.dumps(events_json(history), indent=2) + "\n")
+        return
+    from ops.cli.render import events_table
+
+    console().print(events_table(history))
 
 
 def _print_job(info: Job, tails: list[OutputTail]) -> None:

@@ -177,6 +177,15 @@ def up(
         str,
         typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
     ] = "",
+    json_logs: Annotated[
+        bool,
+        typer.Option(
+            "--json-logs",
+            help="Start every new control plane, agent and fleet process with --json-logs: their "
+            "logs (.stockade/logs/) are JSON lines, each line about a job keyed by job_id, "
+            "assignment_id, epoch and worker_id.",
+        ),
+    ] = False,
     timeout_s: Annotated[
         float, typer.Option(min=0, help="How long to wait for the cluster, seconds.")
     ] = 60.0,
@@ -228,7 +237,8 @@ def up(
     multi-host URL (a running cluster does not switch: `stockade down` first). Safe to run
     again: live processes are left alone, dead ones are started again. Processes are recorded
     with their options when first planned: --fleet-size, --agent-args and --cp-args apply to
-    the processes this run adds (`stockade down` and removing .stockade/cluster.json start afresh).
+    the processes this run adds (`stockade down` and removing .stockade/cluster.json start afresh),
+    and so does --json-logs.
 
     Other counts change the running cluster: added control planes and workers are started;
     surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
@@ -264,17 +274,22 @@ def up(
             )
     if insecure:
         warn_insecure("the cluster")
+    process_args = {"agent": shlex.split(agent_args), "cp": shlex.split(cp_args)}
+    if json_logs:
+        for args in process_args.values():
+            if "--json-logs" not in args:
+                args.append("--json-logs")
     cluster: LocalCluster | DockerCluster
     if docker:
         cluster = DockerCluster(
-            local_state(), agent_args=shlex.split(agent_args), cp_args=shlex.split(cp_args), insecure=insecure
+            local_state(), agent_args=process_args["agent"], cp_args=process_args["cp"], insecure=insecure
         )
     else:
         cluster = LocalCluster(
             local_state(),
             fleet_size=fleet_size,
-            agent_args=shlex.split(agent_args),
-            cp_args=shlex.split(cp_args),
+            agent_args=process_args["agent"],
+            cp_args=process_args["cp"],
             insecure=insecure,
             ha_db=ha_db,
             ha_db_strict=ha_db_strict,

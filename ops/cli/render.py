@@ -1,7 +1,7 @@
 """How client commands show what the control planes answer: the status view, a job's runtime
-in one line, times, and the JSON of ``status``, ``job`` and ``list`` (each built from the same
-result the table is). They read the client's typed results (:mod:`ops.client.results`), never
-protobuf messages.
+in one line, times, a job's history (``job --events``), and the JSON of ``status``, ``job``,
+``job --events`` and ``list`` (each built from the same result the table is). They read the
+client's typed results (:mod:`ops.client.results`), never protobuf messages.
 
 Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
 does not pay for it.
@@ -20,7 +20,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ops.client.results import Attempt, ClusterStatus, Job, Worker
+    from ops.client.results import Attempt, ClusterStatus, Job, JobEvent, JobHistory, Worker
     from runtime.jobs import JobSpec
 
 
@@ -351,3 +351,92 @@ def list_json(jobs: Sequence[Job]) -> dict[str, Any]:
     Keys: ``jobs``, newest first, each as :func:`job_json` gives it.
     """
     return {"jobs": [job_json(info) for info in jobs]}
+
+
+def event_time(unix_s: float | None) -> str:
+    """``unix_s`` as local time to the millisecond, ``2026-12-01 12:00:00.123``; ``-`` for none."""
+    if not unix_s:
+        return "-"
+    return datetime.fromtimestamp(unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _epoch_text(event: JobEvent) -> str:
+    return f"epoch {event.epoch}" + (f" ({event.leader})" if event.leader else "")
+
+
+def event_text(event: JobEvent) -> str:
+    """What ``stockade job ID --events`` says of one event, after its time and kind: for a
+    placement ``assignment 5 on w-1 (incarnation 3), epoch 2 (cp-1)``, for a death ``w-1
+    (incarnation 3) declared dead, epoch 3 (cp-2); last heartbeat 12:00:01.250 UTC``, for an end
+    ``assignment 5 lost (worker_dead), fenced at epoch 3 (cp-2)``."""
+    run = f"assignment {event.assignment_id}"
+    exit_code = "" if event.exit_code is None else f", exit code {event.exit_code}"
+    # A detail that only repeats the exit code ("exit code 0") is not said twice.
+    detail = f": {event.detail}" if event.detail and event.detail != f"exit code {event.exit_code}" else ""
+    match event.kind:
+        case "placed":
+            return f"{run} on {event.worker_id} (incarnation {event.incarnation}), {_epoch_text(event)}"
+        case "confirmed":
+            return f"{run} running on {event.worker_id} (its first heartbeat listing it)"
+        case "worker_dead":
+            last = f"; {event.detail}" if event.detail else ""
+            return (
+                f"{event.worker_id} (incarnation {event.incarnation}) declared dead, "
+                f"{_epoch_text(event)}{last}"
+            )
+        case "ended":
+            outcome = f", reported {event.outcome}" if event.outcome and event.outcome != event.reason else ""
+            fenced = f", fenced at {_epoch_text(event)}" if event.epoch else ""
+            return f"{run} {event.state} ({event.reason}){outcome}{exit_code}{fenced}{detail}"
+        case "requeued":
+            wait = ""
+            if event.not_before_unix_s:
+                wait = f", not placed before {event_time(event.not_before_unix_s)}"
+            return f"pending again after {run}{wait}"
+        case "final":
+            return f"{event.state}{exit_code}{detail}"
+        case "cancel_requested":
+            return "a cancel was asked"
+        case _:
+            return event.detail or ""
+
+
+def events_table(history: JobHistory) -> Table:
+    """``stockade job ID --events``: one row per event, oldest first: time, kind, what."""
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True, style="bold")
+    table.add_column(ratio=1)
+    for event in history.events:
+        table.add_row(event_time(event.at_unix_s), event.kind, Text(event_text(event)))
+    if not history.events or history.events[-1].kind != "final":
+        table.add_row("now", history.state, Text(""))
+    return table
+
+
+def event_json(event: JobEvent) -> dict[str, Any]:
+    """One event of a job's history as JSON, every key always present (null where it does not
+    apply): ``kind``, ``at_unix_s``, ``assignment_id``, ``worker_id``, ``incarnation``,
+    ``epoch``, ``leader``, ``state``, ``reason``, ``outcome``, ``exit_code``, ``detail``,
+    ``not_before_unix_s`` (:class:`ops.client.results.JobEvent` says which kind has which)."""
+    return {
+        "kind": event.kind,
+        "at_unix_s": event.at_unix_s,
+        "assignment_id": event.assignment_id,
+        "worker_id": event.worker_id,
+        "incarnation": event.incarnation,
+        "epoch": event.epoch,
+        "leader": event.leader,
+        "state": event.state,
+        "reason": event.reason,
+        "outcome": event.outcome,
+        "exit_code": event.exit_code,
+        "detail": event.detail,
+        "not_before_unix_s": event.not_before_unix_s,
+    }
+
+
+def events_json(history: JobHistory) -> list[dict[str, Any]]:
+    """``stockade job ID --events --json``: the events as a JSON list, oldest first
+    (:func:`event_json`)."""
+    return [event_json(event) for event in history.events]

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from ops.client.core import ChunkStream, Client, LogStream
-from ops.client.results import CancelOutcome, ClusterStatus, Job, LogChunk, WorkerSchedule
+from ops.client.results import CancelOutcome, ClusterStatus, Job, JobHistory, LogChunk, WorkerSchedule
 from ops.client.settings import ClientSettings
 from runtime.aio.guest import TrioPortal, open_portal
 from runtime.jobs import JobSpec
@@ -98,6 +98,15 @@ class AsyncioClient:
                 PermissionDenied: as :meth:`Client.get`.
         """
         return await self._portal.run(self._client.get, job_id)
+
+    async def events(self, job_id: int) -> JobHistory:
+        """The job's history, oldest first. As :meth:`Client.events`.
+
+        Raises:
+            InvalidArgument, JobNotFound, NoControlPlaneReachable, ClusterBusy,
+                PermissionDenied: as :meth:`Client.events`.
+        """
+        return await self._portal.run(self._client.events, job_id)
 
     async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
         """Wait until the job has ended and return it (reads at 0.1 s doubling to 2 s apart).

@@ -36,10 +36,12 @@ from ops.client.results import (
     CancelOutcome,
     ClusterStatus,
     Job,
+    JobHistory,
     LogChunk,
     WorkerSchedule,
     cancel_from_pb,
     chunk_from_pb,
+    history_from_pb,
     job_from_pb,
     schedule_from_pb,
     status_from_pb,
@@ -277,6 +279,27 @@ class Client:
         with _not_found(functools.partial(JobNotFound, job_id)):
             reply: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=job_id))
         return job_from_pb(reply)
+
+    async def events(self, job_id: int) -> JobHistory:
+        """The job ``job_id``'s history, rebuilt from the database: submitted, each placement
+        (worker, incarnation, epoch), confirmation, end (reason, outcome, exit code, the epoch
+        of a fenced end), the worker death that ended a run, each requeue (with its backoff),
+        the cancel request, dependency waits and the final state, oldest first
+        (:class:`JobEvent` says what each kind carries).
+
+        Raises:
+            InvalidArgument: ``job_id`` outside 1..2**63-1; nothing was sent.
+            JobNotFound: no job has this id.
+            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
+        """
+        from protocol import pb
+
+        _check_job_id(job_id)
+        with _not_found(functools.partial(JobNotFound, job_id)):
+            reply: pb.GetJobEventsReply = await self._cp.call(
+                "get_job_events", pb.GetJobEventsRequest(job_id=job_id)
+            )
+        return history_from_pb(reply)
 
     async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
         """Wait until the job ``job_id`` has ended (succeeded, failed or cancelled) and return

@@ -120,6 +120,71 @@ class Job:
 
 
 @attrs.frozen(kw_only=True)
+class JobEvent:
+    """One event of a job's history (``Client.events``), as the database keeps it.
+
+    ``kind`` says which fields apply; the others are None:
+
+    - ``submitted``: the job was stored.
+    - ``waiting``: at submission, for its dependencies (``detail``: ``waiting for job 3, 4``).
+    - ``cancel_requested``: a cancel was first asked.
+    - ``placed``: ``assignment_id`` on ``worker_id`` (its ``incarnation``), committed by the
+      leader of ``epoch`` (``leader``).
+    - ``confirmed``: the first heartbeat of ``worker_id`` that listed the assignment as running.
+    - ``worker_dead``: ``worker_id`` (``incarnation``) declared dead by the leader of ``epoch``,
+      which ended ``assignment_id``; ``detail`` names its last heartbeat.
+    - ``ended``: ``assignment_id`` ended: ``state`` (``finished``, ``lost``, ``cancelled``,
+      ``stopped``), ``reason`` (``succeeded``, ``failed``, ``worker_dead``, ``timeout``,
+      ``cancelled``, ``drained``, ...), the worker's ``outcome`` and ``exit_code``, ``epoch``
+      of a fenced end (None: the worker's report ended it), ``detail``.
+    - ``requeued``: the job was pending again when ``assignment_id`` ended; ``not_before_unix_s``
+      when it waited for a retry or loss backoff (known for the latest such requeue only).
+    - ``final``: the job ended: ``state`` (``succeeded``, ``failed``, ``cancelled``),
+      ``exit_code``, ``detail``; always the last event.
+    """
+
+    kind: str
+    """What happened (above)."""
+    at_unix_s: float | None
+    """When, Unix seconds, database time (a ``final`` event of a run its worker reported: the
+    worker's clock)."""
+    assignment_id: int | None
+    """The run the event is of."""
+    worker_id: str | None
+    """The worker."""
+    incarnation: int | None
+    """The worker's incarnation the run was addressed to (or that was declared dead)."""
+    epoch: int | None
+    """The fencing epoch of the decision: a placement, a death, a fenced end."""
+    leader: str | None
+    """The control plane that held the lease at ``epoch``."""
+    state: str | None
+    """``ended``: the assignment's state; ``final``: the job's."""
+    reason: str | None
+    """``ended``: why it ended."""
+    outcome: str | None
+    """``ended``: what the worker reported (``succeeded``, ``failed``), when it did."""
+    exit_code: int | None
+    """The run's exit code, when it had one."""
+    detail: str | None
+    """What the worker or the control plane said (``exit code 1``, ``waiting for job 3``)."""
+    not_before_unix_s: float | None
+    """``requeued``: not placed again before this time, Unix seconds."""
+
+
+@attrs.frozen(kw_only=True)
+class JobHistory:
+    """A job's history (``Client.events``): what the database keeps of its life, in time order."""
+
+    job_id: int
+    """The job."""
+    state: str
+    """Its state now."""
+    events: tuple[JobEvent, ...]
+    """Oldest first; an ended job's last is its ``final`` event."""
+
+
+@attrs.frozen(kw_only=True)
 class CancelOutcome:
     """What a cancel came to when it was recorded (``Client.cancel``)."""
 
@@ -292,6 +357,32 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
         stdout_path=message.stdout_path or None,
         stderr_path=message.stderr_path or None,
+    )
+
+
+def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:
+    """A ``GetJobEventsReply`` as a :class:`JobHistory`."""
+    return JobHistory(
+        job_id=int(message.job_id),
+        state=message.state,
+        events=tuple(
+            JobEvent(
+                kind=e.kind,
+                at_unix_s=_none_if_zero(e.at_unix_s),
+                assignment_id=int(e.assignment_id) or None,
+                worker_id=e.worker_id or None,
+                incarnation=int(e.incarnation) or None,
+                epoch=int(e.epoch) or None,
+                leader=e.leader or None,
+                state=e.state or None,
+                reason=e.reason or None,
+                outcome=e.outcome or None,
+                exit_code=int(e.exit_code) if e.has_exit_code else None,
+                detail=e.detail or None,
+                not_before_unix_s=_none_if_zero(e.not_before_unix_s),
+            )
+            for e in message.events
+        ),
     )
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 import pytest
+import structlog.testing
 import trio
 from click.testing import Result
 from serving import serve_ingests
@@ -338,9 +339,12 @@ async def test_the_cli_run_again_with_its_key_answers_as_the_first_run(
     addresses = ",".join(r.address for r in cluster.replicas)
 
     async def stockade(*args: str) -> Result:
-        return await trio.to_thread.run_sync(
-            lambda: CliRunner().invoke(app, [*args, "--control-planes", addresses])
-        )
+        # The replicas run in this process, and structlog's default prints to the stdout that
+        # CliRunner captures: their log lines are kept out of the command's output.
+        with structlog.testing.capture_logs():
+            return await trio.to_thread.run_sync(
+                lambda: CliRunner().invoke(app, [*args, "--control-planes", addresses])
+            )
 
     job = ["submit", "--cpu-millis", "500", "--memory-mb", "256"]
     submit = [*job, "--sleep-s", "1", "--idempotency-key", "cli-1"]

@@ -40,7 +40,7 @@ from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection, asyncio_bridge, serve_grpc, trio_service
 from runtime.aio.grpc_server import MAX_REQUEST_BYTES
 from runtime.client import with_idempotency_key
-from runtime.errors import HandshakeRefused, InvalidArgument, PermissionDenied, Unavailable
+from runtime.errors import HandshakeRefused, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings import AgentSettings, IngestSettings
 from runtime.tls import (
@@ -298,6 +298,8 @@ async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) 
         assert refusals("submit_job", "role") == before + 1
         status = await call_cp(address, viewer, "status", pb.StatusRequest())
         listed = await call_cp(address, viewer, "list_jobs", pb.ListJobsRequest())
+        with pytest.raises(NotFound, match="job_id 5 not found"):
+            await call_cp(address, viewer, "get_job_events", pb.GetJobEventsRequest(job_id=5))
         assert await fetch(database_url, COUNT_JOBS) == [0]
     assert "submit_job needs operator; the caller is viewer/viewer at 127.0.0.1:" in str(raised.value)
     assert [cp.id for cp in status.control_planes] == ["cp-1"]

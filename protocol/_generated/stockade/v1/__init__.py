@@ -20,11 +20,14 @@ __all__ = (
     "ControlPlaneStub",
     "CordonWorkerRequest",
     "DrainWorkerRequest",
+    "GetJobEventsReply",
+    "GetJobEventsRequest",
     "GetJobRequest",
     "HeartbeatReply",
     "HeartbeatRequest",
     "JobArray",
     "JobCount",
+    "JobEvent",
     "JobInfo",
     "JobOutcome",
     "JobSpec",
@@ -375,6 +378,36 @@ default_message_pool.register_message("stockade.v1", "DrainWorkerRequest", Drain
 
 
 @dataclass(eq=False, repr=False)
+class GetJobEventsReply(betterproto2.Message):
+    job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+    state: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The job's state now (waiting, pending, assigned, running, succeeded, failed, cancelled).
+    """
+
+    events: "list[JobEvent]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    Oldest first; an ended job's last event is its "final" one.
+    """
+
+
+default_message_pool.register_message("stockade.v1", "GetJobEventsReply", GetJobEventsReply)
+
+
+@dataclass(eq=False, repr=False)
+class GetJobEventsRequest(betterproto2.Message):
+    """
+    A job's history, rebuilt from the database (GetJobEvents): every event, in time order.
+    """
+
+    job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+
+
+default_message_pool.register_message("stockade.v1", "GetJobEventsRequest", GetJobEventsRequest)
+
+
+@dataclass(eq=False, repr=False)
 class GetJobRequest(betterproto2.Message):
     job_id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
@@ -471,6 +504,78 @@ class JobCount(betterproto2.Message):
 
 
 default_message_pool.register_message("stockade.v1", "JobCount", JobCount)
+
+
+@dataclass(eq=False, repr=False)
+class JobEvent(betterproto2.Message):
+    """
+    One event of a job's history. Fields that do not apply to the kind are zero or empty.
+    """
+
+    kind: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    submitted, waiting, cancel_requested, placed, confirmed, worker_dead, ended, requeued, final
+    """
+
+    at_unix_s: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    When, database time (a final event of a run its worker reported: the worker's clock).
+    """
+
+    assignment_id: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    The assignment (run) the event is of.
+    """
+
+    worker_id: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+    incarnation: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+    """
+    The worker's incarnation the assignment was addressed to (or declared dead).
+    """
+
+    epoch: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+    """
+    The fencing epoch: a placement's, a death declaration's, a fenced end's (0: an end the
+    worker's report decided).
+    """
+
+    leader: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    The control plane that held the lease at that epoch.
+    """
+
+    state: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    ended: the assignment's state (finished, lost, cancelled, stopped); final: the job's.
+    """
+
+    reason: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    ended: why (succeeded, failed, worker_dead, timeout, cancelled, drained, ...).
+    """
+
+    outcome: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
+    """
+    ended: what the worker reported (succeeded, failed), when it did.
+    """
+
+    has_exit_code: "bool" = betterproto2.field(11, betterproto2.TYPE_BOOL)
+
+    exit_code: "int" = betterproto2.field(12, betterproto2.TYPE_SINT32)
+
+    detail: "str" = betterproto2.field(13, betterproto2.TYPE_STRING)
+    """
+    What the worker or the control plane said ("exit code 1", "waiting for job 3", ...).
+    """
+
+    not_before_unix_s: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
+    """
+    requeued: not placed again before this time (retry or loss backoff; 0: none known).
+    """
+
+
+default_message_pool.register_message("stockade.v1", "JobEvent", JobEvent)
 
 
 @dataclass(eq=False, repr=False)
@@ -1237,6 +1342,24 @@ class ControlPlaneStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_job_events(
+        self,
+        message: "GetJobEventsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "GetJobEventsReply":
+
+        return await self._unary_unary(
+            "/stockade.v1.ControlPlane/GetJobEvents",
+            message,
+            GetJobEventsReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def list_jobs(
         self,
         message: "ListJobsRequest",
@@ -1478,6 +1601,10 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def get_job_events(self, message: "GetJobEventsRequest") -> "GetJobEventsReply":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def list_jobs(self, message: "ListJobsRequest") -> "ListJobsReply":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -1545,6 +1672,14 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
         request = await stream.recv_message()
         assert request is not None
         response = await self.get_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_job_events(
+        self, stream: "grpclib.server.Stream[GetJobEventsRequest, GetJobEventsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_job_events(request)
         await stream.send_message(response)
 
     async def __rpc_list_jobs(self, stream: "grpclib.server.Stream[ListJobsRequest, ListJobsReply]") -> None:
@@ -1640,6 +1775,12 @@ class ControlPlaneBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetJobRequest,
                 JobInfo,
+            ),
+            "/stockade.v1.ControlPlane/GetJobEvents": grpclib.const.Handler(
+                self.__rpc_get_job_events,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetJobEventsRequest,
+                GetJobEventsReply,
             ),
             "/stockade.v1.ControlPlane/ListJobs": grpclib.const.Handler(
                 self.__rpc_list_jobs,
