@@ -157,16 +157,23 @@ def _read(fd: int, path: Path, offset: int, max_bytes: int, files: OutputFiles) 
         return data, dropped, removed + start + len(data)
 
 
-def _tail(fd: int, path: Path, lines: int, max_bytes: int, block: int, files: OutputFiles) -> int:
+def _tail(fd: int, path: Path, lines: int, max_bytes: int, block: int, files: OutputFiles) -> tuple[int, int]:
     """(worker thread) The offset of the last ``lines`` lines (0, the start, when fewer are
-    kept), but no earlier than ``max_bytes`` before the end (0: no limit)."""
+    kept), but no earlier than ``max_bytes`` before the end (0: no limit); and the offset of
+    the end they were counted from."""
     with files.lock(path):
         removed = files.removed_bytes(path)
         kept_from, size = data_start(fd, 0), os.fstat(fd).st_size
         start = tail_start(lambda at, length: os.pread(fd, length, at), kept_from, size, lines, block)
         if max_bytes and size - max_bytes > (kept_from if start is None else start):
-            return removed + size - max_bytes
-        return 0 if start is None else removed + start
+            return removed + size - max_bytes, removed + size
+        return (0 if start is None else removed + start), removed + size
+
+
+def _end(fd: int, path: Path, files: OutputFiles) -> int:
+    """(worker thread) The offset of the output's end now (offsets count every byte written)."""
+    with files.lock(path):
+        return files.removed_bytes(path) + os.fstat(fd).st_size
 
 
 @attrs.define
@@ -240,10 +247,16 @@ class LogReader:
     ) -> AsyncIterator[Piece]:
         chunk = self.settings.read_chunk_bytes
         offset = 0
+        # Without follow, the answer is the output as it was when asked for: it ends there,
+        # however fast the job goes on writing (a short read may never come).
+        end_at: int | None = None
         if opened.fd is not None and query.tail_lines is not None:
-            offset = await self._on_thread(
+            offset, tail_end = await self._on_thread(
                 _tail, opened.fd, path, query.tail_lines, query.tail_max_bytes, chunk, self.files
             )
+            end_at = None if query.follow else tail_end
+        elif opened.fd is not None and not query.follow:
+            end_at = await self._on_thread(_end, opened.fd, path, self.files)
         first = True
         last_sent = trio.current_time()
         while True:
@@ -255,6 +268,10 @@ class LogReader:
                 data, dropped, offset = await self._on_thread(
                     _read, opened.fd, path, offset, chunk, self.files
                 )
+            if end_at is not None and offset >= end_at:
+                data = data[: max(0, len(data) - (offset - end_at))]
+                yield Piece(data=data, dropped_bytes=dropped, job_ended=ended)
+                return
             if len(data) == chunk:
                 yield Piece(data=data, dropped_bytes=dropped)
                 first, last_sent = False, trio.current_time()

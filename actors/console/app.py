@@ -258,6 +258,14 @@ class ConsoleApp:
                     "down_for_s": self.clock() - exc.since_unix_s,
                 },
             )
+        except Exception as exc:  # a bug: one log line, a 500 part, no traceback to the server's log
+            error = f"{type(exc).__name__}: {exc}"
+            self._log.error("console page failed", path=request.url.path, error=error)
+            part = Part(
+                status=500,
+                template="parts/status.html",
+                values={"message": "this page failed; the replica's log says why"},
+            )
         html = self.render(
             part.template,
             **part.values,
@@ -374,6 +382,9 @@ class ConsoleApp:
         name = request.query_params.get("name", "")[:MAX_FILTER_CHARS]
         worker = request.query_params.get("worker", "")[:MAX_FILTER_CHARS]
         filters = {"state": state, "name": name, "worker": worker}
+        for field, value in (("name", name), ("worker", worker)):
+            if "\x00" in value:
+                raise PageStatus(400, f"the {field} filter may not hold a NUL character, got {value!r}")
         if state and state not in validation.JOB_STATES:
             raise PageStatus(400, f"no job state {state!r}: one of {', '.join(validation.JOB_STATES)}")
 

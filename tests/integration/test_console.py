@@ -155,6 +155,16 @@ async def test_markup_in_query_parameters_and_job_names_is_shown_as_text(databas
     assert "<img src=x>" not in bad_state[2] and "&lt;img src=x&gt;" in bad_state[2]
 
 
+async def test_a_nul_in_a_filter_is_a_400_page_not_a_failed_query(database_url: str) -> None:
+    """PostgreSQL text holds no NUL: such a filter is refused before any query, saying why."""
+    await seed_cluster(database_url)
+    async with console_on(database_url) as console:
+        by_name = await get(console, "/part/jobs?name=%00")
+        by_worker = await get(console, "/part/jobs?worker=w%00")
+    for status, _, body in (by_name, by_worker):
+        assert status == 400 and "may not hold a NUL character" in body
+
+
 async def test_the_job_part_shows_its_spec_and_runs(database_url: str) -> None:
     """A job's part shows what it runs, its requests and its runs (none yet: never placed)."""
     job_id = await seed_cluster(database_url)
