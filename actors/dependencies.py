@@ -26,6 +26,10 @@ This is Slurm's ``afterok`` dependency (``sbatch --dependency=afterok:12:14``, e
 dependency that can never be satisfied cancels the job instead of holding it for ever) and its
 array throttle (``sbatch --array=1-100%10``).
 
+An array's id (its first task's) stands for the whole array: a job ``after`` it waits until
+every task has succeeded and is cancelled when one fails or is cancelled (its reason names the
+array's id); the queries read a dependency's state with ``queries.jobs.dependency_states``.
+
 Dependencies name only jobs that exist when the job is submitted (``queries.SUBMIT_JOB``
 refuses others): their ids were drawn before the new job's, so every dependency points to an
 older job and no cycle can form (schema.sql's ``jobs_after_older_check`` holds it).

@@ -5,7 +5,7 @@ and the reads behind job queries and the status view.
 
 from __future__ import annotations
 
-from actors.queries.jobs import lifecycle_columns
+from actors.queries.jobs import dependency_states, lifecycle_columns
 
 # ---------------------------------------------------------------- schema
 
@@ -77,8 +77,8 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 # older than itself and never form a cycle: actors/dependencies.py), and those not succeeded yet.
 def _dependencies(after: str) -> str:
     return f"""(SELECT count(*) FROM jobs d WHERE d.id = ANY({after})) = cardinality({after}) AS all_exist,
-       coalesce((SELECT array_agg(d.id ORDER BY d.id) FROM jobs d
-                  WHERE d.id = ANY({after}) AND d.state <> 'succeeded'), '{{}}') AS unfinished"""
+       coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM {dependency_states(after)} s
+                  WHERE s.state <> 'succeeded'), '{{}}') AS unfinished"""
 
 
 # A new job's state and reason (actors/dependencies.py, initial_states): waiting while a

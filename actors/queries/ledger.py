@@ -4,6 +4,8 @@ workers, the ends of assignments and the requeues that follow.
 
 from __future__ import annotations
 
+from actors.queries.jobs import dependency_states
+
 # The fence: same transaction as the writes. A takeover's UPDATE of this row (it changes the
 # epoch, a key: schema.sql, lease_epoch_key) waits until the transaction holding the key-share
 # lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
@@ -332,7 +334,7 @@ WITH ready AS (
            row_number() OVER (PARTITION BY j.array_id ORDER BY j.array_index, j.id) AS k
       FROM jobs j
      WHERE j.id = ANY($1::bigint[]) AND j.state = 'waiting'
-       AND NOT EXISTS (SELECT 1 FROM jobs d WHERE d.id = ANY(j.after_ids) AND d.state <> 'succeeded')
+       AND NOT EXISTS (SELECT 1 FROM {dependency_states("j.after_ids")} s WHERE s.state <> 'succeeded')
 ),
 room AS (
     SELECT r.id
@@ -356,7 +358,8 @@ cancelled AS (
            reason = 'dependency_failed: job ' || c.dep, detail = 'dependency_failed: job ' || c.dep
       FROM unnest($2::bigint[], $3::bigint[]) AS c(id, dep)
      WHERE j.id = c.id AND j.state = 'waiting' AND c.dep = ANY(j.after_ids)
-       AND EXISTS (SELECT 1 FROM jobs d WHERE d.id = c.dep AND d.state IN ('failed', 'cancelled'))
+       AND EXISTS (SELECT 1 FROM {dependency_states("j.after_ids")} s
+                    WHERE s.dep = c.dep AND s.state IN ('failed', 'cancelled'))
  RETURNING j.id
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM released) AS released_ids,

@@ -4,6 +4,7 @@ cancel-requested assignments, and those of drains whose deadline has passed.
 
 from __future__ import annotations
 
+from actors.queries.jobs import dependency_states
 from actors.queries.ledger import JUDGED_WORKERS
 
 # The database's time, and every judged worker with the time (database time) since its last
@@ -69,18 +70,19 @@ CANCEL_REQUESTED_ASSIGNMENTS = (
 # a dependency that failed or was cancelled, and those whose dependencies all succeeded (none
 # counts as all) unless they are tasks of an array whose limit is reached; of an array's ready
 # tasks only as many as its limit leaves room for, lowest index first. Each with its
-# dependencies' ids and states, and its array's tasks pending, assigned or running. Reads every
-# waiting job's dependencies (index jobs_waiting, then one primary-key probe per dependency):
-# on a read connection of the reconciler's, outside any fenced write.
-WAITING_JOBS = """
+# dependencies' ids and states (an array's id as the whole array: queries.jobs.dependency_states),
+# and its array's tasks pending, assigned or running. Reads every waiting job's dependencies
+# (index jobs_waiting, then primary-key and jobs_by_array probes per dependency): on a read
+# connection of the reconciler's, outside any fenced write.
+WAITING_JOBS = f"""
 WITH w AS (
     SELECT j.id, j.array_id, coalesce(j.array_index, 0) AS array_index,
            coalesce(j.array_max_running, 0) AS array_max_running,
-           coalesce(d.ids, '{}') AS after_ids, coalesce(d.states, '{}') AS after_states
+           coalesce(d.ids, '{{}}') AS after_ids, coalesce(d.states, '{{}}') AS after_states
       FROM jobs j
       LEFT JOIN LATERAL (
-          SELECT array_agg(d.id ORDER BY d.id) AS ids, array_agg(d.state ORDER BY d.id) AS states
-            FROM jobs d WHERE d.id = ANY(j.after_ids)
+          SELECT array_agg(s.dep ORDER BY s.dep) AS ids, array_agg(s.state ORDER BY s.dep) AS states
+            FROM {dependency_states("j.after_ids")} s
       ) d ON cardinality(j.after_ids) > 0
      WHERE j.state = 'waiting'
 ),

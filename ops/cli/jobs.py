@@ -277,7 +277,8 @@ def submit(
         typer.Option(
             "--after",
             metavar="ID[,ID...]",
-            help="Start only once these jobs have all succeeded (cancelled if one fails); repeatable.",
+            help="Start only once these jobs have all succeeded (cancelled if one fails); an "
+            "array's id stands for all its tasks; repeatable.",
             show_default=False,
         ),
     ] = None,

@@ -302,6 +302,43 @@ async def test_an_arrays_id_reads_as_the_array_and_its_other_tasks_as_one_job(cl
     assert [r["array_index"] for r in rows] == [3, 4, 5, 6]
 
 
+async def test_a_job_after_an_arrays_id_waits_for_every_task(cluster: Cluster) -> None:
+    """A job after an array's id waits until every task succeeded, not only the first (whose
+    id the array's is); a job after another task's id waits for that task alone; a job after
+    a finished array is pending at once."""
+    array_id = await cluster.submit(array=pb.JobArray(first_index=1, last_index=3))
+    tasks = [array_id, array_id + 1, array_id + 2]
+    whole = await cluster.submit(after=(array_id,))
+    one = await cluster.submit(after=(tasks[1],))
+    assert (await cluster.job(whole))["reason"] == f"waiting for job {array_id}"
+    await cluster.finish(tasks[0])
+    assert await cluster.settle() == ([], [])
+    await cluster.finish(tasks[1])
+    assert await cluster.settle() == ([one], [])
+    assert await cluster.states(whole) == ["waiting"]
+    await cluster.finish(tasks[2])
+    assert await cluster.settle() == ([whole], [])
+    later = await cluster.submit(after=(array_id,))
+    assert (await cluster.job(later))["state"] == "pending"
+
+
+async def test_a_failed_or_cancelled_task_cancels_the_jobs_after_its_array(cluster: Cluster) -> None:
+    """One task of an array fails while the others succeed: the job after the array is
+    cancelled, its reason naming the array's id; a cancelled task does the same."""
+    array_id = await cluster.submit(array=pb.JobArray(first_index=0, last_index=2))
+    after = await cluster.submit(after=(array_id,))
+    await cluster.finish(array_id)
+    await cluster.finish(array_id + 2)
+    await cluster.finish(array_id + 1, "failed")
+    assert await cluster.settle() == ([], [after])
+    assert (await cluster.job(after))["reason"] == f"dependency_failed: job {array_id}"
+    other = await cluster.submit(array=pb.JobArray(first_index=0, last_index=1))
+    waiting = await cluster.submit(after=(other,))
+    await cluster.finish(other)
+    await cluster.cp.call("cancel_job", pb.CancelJobRequest(job_id=other + 1, only_this_task=True))
+    assert await cluster.settle() == ([], [waiting])
+
+
 async def test_a_settling_write_under_a_stale_epoch_changes_nothing(
     cluster: Cluster, database_url: str
 ) -> None:
