@@ -213,10 +213,11 @@ def reaper_argv(
         run_as_uid: the user the job runs as (the reaper drops to it, and to ``run_as_gid``
             with no supplementary groups, just before the exec), or None: the reaper's.
         run_as_gid: the job's group; given exactly when ``run_as_uid`` is.
-        job_cwd: the job's working directory, entered before the privilege drop (relative
-            to the reaper's, the job's folder, or absolute: a job's ``workdir``, which must be a
-            directory, else the job is not started and the report's error says
-            ``workdir_not_found``); empty: the reaper's.
+        job_cwd: the job's working directory: relative to the reaper's, the job's folder,
+            entered before the privilege drop; or absolute, a job's ``workdir``, entered after
+            it with the job user's rights, which must be a directory (else the job is not
+            started and the report's error says ``workdir_not_found``) the job's user may enter
+            (else ``workdir_denied``); empty: the reaper's.
         timeout_s: the job's ``timeout_s``: once it has run this long (wall time from its
             start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
             after the grace) and reports ``timed_out=1``; None: no limit.
@@ -623,14 +624,17 @@ class _Reaper:
         period (the kernel's cgroup_threadgroup_rwsem), some 13 ms on the development
         machine, a birth there does not.
 
-        The privilege drop happens in the child, after ``chdir`` and before the exec, in the
-        order that cannot be undone halfway: ``setgroups([])``, ``setgid``, ``setuid``. The
+        The privilege drop happens in the child, after ``chdir`` into the job's own folder (a
+        relative ``cwd``) and before the exec, in the order that cannot be undone halfway:
+        ``setgroups([])``, ``setgid``, ``setuid``; an absolute ``cwd`` (the job's ``workdir``)
+        is entered after it, with the job user's rights. The
         parent-death signal is set after it (a change of credentials clears it). Any failure
         there keeps the job from starting (it never runs as the reaper's user instead). The
         job gets ``env`` (None: this process's environment).
 
         Raises:
             CannotConfine: a cgroup could not be joined, or the rlimit set.
+            WorkdirDenied: the job's user cannot enter its absolute ``cwd``.
             OSError: the command cannot be executed (errno and file name, as ``execvp``).
         """
         reaper_pid = os.getpid()
@@ -670,14 +674,20 @@ class _Reaper:
                         os.write(errors_w, f"R:{getattr(exc, 'errno', 0) or 0}".encode())
                         os._exit(_EXIT_CANNOT_START)
                 os.setsid()  # a session (and process group) of its own
-                if cwd:
-                    os.chdir(cwd)
+                if cwd and not (enter_as_job_user := run_as is not None and os.path.isabs(cwd)):
+                    os.chdir(cwd)  # the job's own folder, which the job user may not search
                 if run_as is not None:
                     os.setgroups([])
                     os.setgid(run_as[1])
                     os.setuid(run_as[0])
                     if os.getuid() != run_as[0] or os.geteuid() != run_as[0] or os.getegid() != run_as[1]:
                         os._exit(_EXIT_CANNOT_START)
+                    if enter_as_job_user:  # a workdir the user named: with the job user's rights
+                        try:
+                            os.chdir(cwd)
+                        except OSError as exc:
+                            os.write(errors_w, f"W:{exc.errno or 0}".encode())
+                            os._exit(_EXIT_CANNOT_START)
                 if libc is not None:
                     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # type: ignore[attr-defined]
                 if os.getppid() != reaper_pid:
@@ -718,6 +728,9 @@ class _Reaper:
                 code = int(number)
                 what = "RLIMIT_AS" if failure[:1] == b"R" else cgroups[int(where)]
                 raise CannotConfine(code, os.strerror(code), what)
+            if failure[:1] == b"W":
+                code = int(failure[2:])
+                raise WorkdirDenied(code, os.strerror(code), cwd)
             code = int(failure)
             raise OSError(code, os.strerror(code), argv[0])
         self.job_pid = pid
@@ -790,6 +803,11 @@ class _Reaper:
                 if pid == 0:
                     break
             signal.sigtimedwait((signal.SIGCHLD,), _SWEEP_WAIT_S)
+
+
+class WorkdirDenied(OSError):
+    """The job's user could not enter its ``workdir`` (``filename``), which exists: the
+    directory is entered after the privilege drop, so the job gets no access its user lacks."""
 
 
 class CannotConfine(OSError):
@@ -962,6 +980,13 @@ def main(args: list[str]) -> int:
             REPORT_FILE,
             f"error=resources_error: cannot confine {argv[0]!r} to its limits: {exc.filename}: "
             f"[Errno {exc.errno}] {exc.strerror}\nended_unix_s={time.time()!r}\n",
+        )
+        return _EXIT_CANNOT_START
+    except WorkdirDenied as exc:
+        _write_file(
+            REPORT_FILE,
+            f"error=workdir_denied: the job's user cannot enter {exc.filename!r} on this worker "
+            f"([Errno {exc.errno}] {exc.strerror})\nended_unix_s={time.time()!r}\n",
         )
         return _EXIT_CANNOT_START
     except OSError as exc:

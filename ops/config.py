@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import StockadeError
+from runtime.errors import InvalidArgument, StockadeError
 
 __all__ = [
     "CERTS_DIR_ENV",
@@ -232,12 +232,16 @@ def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list
     Raises:
         ClusterError: no source names any address, or cluster.json or the config file cannot
             be read.
-        InvalidArgument: an address is not ``host:port``.
+        InvalidArgument: an address is not ``host:port``, or the option (or a non-empty
+            variable) names none (``--control-planes ',,'``).
     """
-    for text in (option, os.environ.get(CONTROL_PLANES_ENV)):
-        given = parse_addresses(text) if text else None
-        if given:
-            return given
+    for field, text in (("--control-planes", option), (CONTROL_PLANES_ENV, os.environ.get(CONTROL_PLANES_ENV))):
+        if text is None or (not text and field == CONTROL_PLANES_ENV):
+            continue  # an empty variable is an unset one; an empty option was given on purpose
+        given = parse_addresses(text)
+        if not given:
+            raise InvalidArgument(field, text, "must name at least one host:port, e.g. 127.0.0.1:7100")
+        return given
     named = state_dir is not None or bool(os.environ.get(STATE_DIR_ENV))
     state_dir = state_dir or default_state_dir()
     recorded_here = cluster_json_addresses(state_dir)

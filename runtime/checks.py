@@ -16,6 +16,13 @@ import unicodedata
 from runtime.errors import InvalidArgument
 
 
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""The characters that reorder how text around them is shown (Unicode's Bidi_Control
+property, UAX #9): in a name shown on one line they can make ``job-a\u202egnp.exe`` read as
+another name (the "Trojan Source" attack, CVE-2021-42574). Other format characters (the
+zero-width joiners of emoji and of Persian) are allowed."""
+
+
 def utf8_bytes(field: str, value: str) -> int:
     """The size of ``value`` in UTF-8, the unit of every size limit here.
 
@@ -40,8 +47,8 @@ def check_text(
         value: the text.
         max_bytes: the most UTF-8 bytes it may take.
         allow_empty: accept ``""``.
-        printable: refuse control characters too (newlines, escapes): for text shown on one
-            line, such as a job's name.
+        printable: refuse control characters too (newlines, escapes) and
+            :data:`BIDI_CONTROLS`: for text shown on one line, such as a job's name.
 
     Raises:
         InvalidArgument: the first rule ``value`` breaks, in the order above.
@@ -50,6 +57,10 @@ def check_text(
         raise InvalidArgument(field, value, "must not contain NUL bytes")
     if printable and any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidArgument(field, value, "must not contain control characters (newlines, escapes)")
+    if printable and any(c in BIDI_CONTROLS for c in value):
+        raise InvalidArgument(
+            field, value, "must not contain bidirectional controls (U+202A-U+202E, U+2066-U+2069, ...)"
+        )
     if not value and not allow_empty:
         raise InvalidArgument(field, value, "must not be empty")
     size = utf8_bytes(field, value)

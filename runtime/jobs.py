@@ -264,7 +264,7 @@ def parse_array(text: str, *, field: str = "array") -> ArrayRange:
     Raises:
         InvalidArgument: ``text`` is not of that form, or the range breaks a limit.
     """
-    found = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?(?:%\s*(\d{1,9})\s*)?", text)
+    found = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?(?:%\s*(\d{1,9})\s*)?", text, re.ASCII)
     if found is None:
         raise InvalidArgument(field, text, ARRAY_SYNTAX)
     first = int(found[1])

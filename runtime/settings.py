@@ -25,7 +25,9 @@ from typing import Any
 import attrs
 
 from runtime import identifiers
+from runtime.checks import check_int_between
 from runtime.errors import InvalidArgument
+from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB
 from runtime.tls import TlsFiles
 
 
@@ -49,6 +51,15 @@ def _advertise_address(instance: Any, attribute: attrs.Attribute[str], value: st
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if not (value > 0 and math.isfinite(value)):
         raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
+
+
+def _between(low: int, high: int) -> Any:
+    """A validator: an int from ``low`` to ``high`` (:func:`runtime.checks.check_int_between`)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+        check_int_between(attribute.name, value, low, high)
+
+    return check
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -626,10 +637,11 @@ class AgentSettings:
     control_planes: tuple[str, ...] = attrs.field(converter=_str_tuple)
     """host:port of every control plane (:func:`runtime.identifiers.parse_address`); heartbeats
     go to the first that answers."""
-    cpu_millis: int = attrs.field(validator=_positive)
-    """CPU this worker offers, in millicores (1000 = one core)."""
-    memory_mb: int = attrs.field(validator=_positive)
-    """Memory this worker offers, in MiB."""
+    cpu_millis: int = attrs.field(validator=_between(1, MAX_CPU_MILLIS))
+    """CPU this worker offers, in millicores (1000 = one core), 1 to
+    :data:`runtime.jobs.MAX_CPU_MILLIS` (what a registration may offer)."""
+    memory_mb: int = attrs.field(validator=_between(1, MAX_MEMORY_MB))
+    """Memory this worker offers, in MiB, 1 to :data:`runtime.jobs.MAX_MEMORY_MB`."""
     work_dir: str
     """Folder for the JSON-lines log and the jobs' stdout/stderr files."""
     listen_host: str = attrs.field(default="127.0.0.1", validator=_listen_host)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ import trio
 
 from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
-from agent.runtimes import JobResult, run_job
+from agent.runtimes import JobResult, RunOptions, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
 from runtime.settings import AgentSettings
@@ -148,7 +149,7 @@ async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
         import trio
         from pathlib import Path
         from runtime.jobs import CommandRuntime
-        from agent.runtimes import JobResult, run_job
+        from agent.runtimes import JobResult, RunOptions, run_job
         argv = ("sh", "-c", "echo $$ > {pid_file}; exec sleep 60")
         trio.run(lambda: run_job(CommandRuntime(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
                                  stop=trio.Event(), stop_grace_s=1.0))
@@ -397,6 +398,38 @@ async def test_a_job_user_job_cannot_write_its_reapers_files(tmp_path: Path) -> 
     )
     assert result.state is JobState.FAILED and result.exit_code != 0
     assert "Permission denied" in _read(result.stderr_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+async def test_a_workdir_the_job_user_cannot_enter_fails_the_job_unstarted(tmp_path: Path) -> None:
+    """A ``workdir`` that exists but is closed to the job's user (root's, mode 0700) is entered
+    with that user's rights: the job never runs and fails ``workdir_denied`` naming the path,
+    where a root reaper's chdir would have let it in. An open one is entered as the user."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    ran = tmp_path / "ran"
+    result = await run_job(
+        CommandRuntime(argv=("sh", "-c", f"pwd; touch {ran}")),
+        job_dir=tmp_path / "8-80",
+        stop=trio.Event(),
+        stop_grace_s=1.0,
+        run_as=_job_user(),
+        run_options=RunOptions(workdir=str(closed)),
+    )
+    assert result.state is JobState.FAILED and not result.started
+    assert result.detail.startswith("workdir_denied:") and str(closed) in result.detail
+    assert "Permission denied" in result.detail and not ran.exists()
+    with tempfile.TemporaryDirectory() as opened:  # tmp_path's parents are closed to others
+        os.chmod(opened, 0o755)
+        result = await run_job(
+            CommandRuntime(argv=("pwd",)),
+            job_dir=tmp_path / "9-90",
+            stop=trio.Event(),
+            stop_grace_s=1.0,
+            run_as=_job_user(),
+            run_options=RunOptions(workdir=opened),
+        )
+    assert result.state is JobState.SUCCEEDED and _read(result.stdout_path).strip() == opened
 
 
 async def test_a_command_as_the_agents_own_user_gets_a_clean_environment(tmp_path: Path) -> None:

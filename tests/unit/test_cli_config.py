@@ -90,6 +90,21 @@ def test_each_source_wins_over_the_ones_after_it(
     assert resolve_addresses(None) == ["127.0.0.1:7401"]
 
 
+def test_an_option_or_variable_naming_no_address_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--control-planes ''`` or ``',,'`` is a mistake, not a request for the next source; an
+    empty variable is an unset one, but one of only commas is refused too."""
+    monkeypatch.setenv("STOCKADE_CONTROL_PLANES", "127.0.0.1:7201")
+    for given in ("", ",,,", " , "):
+        with pytest.raises(InvalidArgument) as refused:
+            resolve_addresses(given)
+        assert str(refused.value).startswith("--control-planes must name at least one host:port")
+    monkeypatch.setenv("STOCKADE_CONTROL_PLANES", "")
+    assert resolve_addresses("127.0.0.1:7101") == ["127.0.0.1:7101"]
+    monkeypatch.setenv("STOCKADE_CONTROL_PLANES", ",")
+    with pytest.raises(InvalidArgument, match="STOCKADE_CONTROL_PLANES must name at least one"):
+        resolve_addresses(None)
+
+
 def test_a_named_state_folder_is_not_looked_past(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -241,3 +241,27 @@ def test_sigterm_stops_a_command_started_in_the_background(tmp_path: Path) -> No
     done = interrupt(_CHAOS_THAT_WAITS, tmp_path, signal.SIGTERM, sigint_ignored=True)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert lines(done.stderr) == ["interrupted: what this command started has been stopped"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--cpu-millis", "2000000", "error: cpu_millis must be between 1 and 1000000, got 2000000"),
+        ("--memory-mb", "0", "error: memory_mb must be between 1 and 16777216, got 0"),
+    ],
+)
+def test_an_agent_offering_capacity_no_registration_may_is_refused_at_start(
+    tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    """Capacity beyond what a control plane accepts ends the agent at start with one line
+    (exit 2), instead of a registration retried for ever."""
+    args = {"--cpu-millis": "1000", "--memory-mb": "512", option: value}
+    result = CliRunner().invoke(
+        app,
+        [
+            "agent", "--id", "w-1", "--control-planes", "127.0.0.1:1", "--work-dir", str(tmp_path),
+            "--insecure", *(item for pair in args.items() for item in pair),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert lines(result.output) == [message]

@@ -52,9 +52,10 @@ def test_bad_lifecycle_fields_are_refused_naming_field_value_and_limit(
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("text", ["5-1", "1-10000000", "x", "1-2%", "-3"])
+@pytest.mark.parametrize("text", ["5-1", "1-10000000", "x", "1-2%", "-3", "\u0661-\u0663", "\uff11-\uff13"])
 def test_bad_array_texts_are_refused(text: str) -> None:
-    """``--array`` texts that are no range, backwards or too large are refused."""
+    """``--array`` texts that are no range, backwards or too large, or not in ASCII digits
+    (Arabic-Indic, full-width), are refused."""
     with pytest.raises(InvalidArgument, match="array"):
         parse_array(text)
 

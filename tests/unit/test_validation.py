@@ -238,6 +238,10 @@ def test_ids_beyond_a_bigint_and_control_characters_are_refused() -> None:
     with pytest.raises(InvalidArgument, match="name must not contain control characters"):
         check_job(**{**GOOD, "name": "\x1b[31mred"})  # type: ignore[arg-type]
     assert check_job(**{**GOOD, "name": "[bold red]boom"}).name == "[bold red]boom"  # text, not markup  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="name must not contain bidirectional controls"):
+        check_job(**{**GOOD, "name": "report\u202egnp.sh"})  # type: ignore[arg-type]
+    joined = "\U0001f469\u200d\U0001f4bb build"  # a zero-width joiner inside an emoji is text
+    assert check_job(**{**GOOD, "name": joined}).name == joined  # type: ignore[arg-type]
 
 
 def test_settings_refuse_infinite_durations() -> None:
