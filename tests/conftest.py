@@ -32,6 +32,8 @@ import asyncio
 import functools
 import os
 import shutil
+import stat
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -280,6 +282,28 @@ def database_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
         yield with_database(pg_admin_url, name)
     finally:
         execute(pg_admin_url, f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _interpreter_reachable_by_the_job_user() -> Iterator[None]:
+    """Many tests' command jobs run ``sys.executable``; run as root, the agent runs them as its
+    job user, who must be able to reach that interpreter. Where it lies under a folder closed
+    to other users (``/root/.pyenv`` with /root at 0700), the search bit (o+x: pass through,
+    not list) is added to each closed parent for the session and taken away after it."""
+    if os.geteuid() != 0:
+        yield
+        return
+    closed: list[tuple[Path, int]] = []
+    for folder in Path(os.path.realpath(sys.executable)).parents:
+        mode = stat.S_IMODE(folder.stat().st_mode)
+        if mode & stat.S_IXOTH == 0:
+            closed.append((folder, mode))
+            folder.chmod(mode | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for folder, mode in closed:
+            folder.chmod(mode)
 
 
 @pytest.fixture(scope="session", autouse=True)

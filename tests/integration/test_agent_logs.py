@@ -304,3 +304,25 @@ async def test_a_job_writing_as_fast_as_it_can_stays_bounded_and_heartbeats_stay
     assert written > 50 * MIB  # it did flood
     assert most_on_disk < written / 4
     assert max(gaps) < 1.0
+
+
+FAST_LINES = (
+    "import os, time\nline = b'y' * 4095 + b'\\n'\nend = time.monotonic() + 30\n"
+    "while time.monotonic() < end:\n    os.write(1, line * 2)\n    time.sleep(0.001)\n"
+)
+"""Writes two 4 KiB lines a millisecond for 30 s (the test ends it sooner)."""
+
+
+async def test_reads_of_a_job_still_writing_fast_end_at_the_output_as_it_was(tmp_path: Path) -> None:
+    """Without follow, a read ends where the output ended when it was asked for, however fast
+    the job goes on writing and while its cap drops the head: a whole read is at most about
+    the cap, and a tail of 5 lines is those 5 lines; neither says job_ended."""
+    async with worker(tmp_path, OutputSettings(max_output_mb=1, check_interval_s=0.05)) as w:
+        await w.run(8, FAST_LINES)
+        path = w.job_dir(8) / "stdout.log"
+        await eventually(lambda: path.exists() and path.stat().st_size > 3 * MIB, timeout_s=20)
+        whole = await w.read(8)
+        tail = await w.read(8, has_tail=True, tail_lines=5)
+    assert not any(c.job_ended for c in whole + tail)
+    assert len(data_of(whole)) <= 2 * MIB
+    assert data_of(tail) == (b"y" * 4095 + b"\n") * 5
