@@ -153,8 +153,8 @@ class ControlPlaneService(AdmittedService):
         assert self.logs is not None
         self.logs.admit()
         async with self.database("read_job_logs") as conn:
-            row = await conn.fetchrow(queries.LOG_SOURCE, checked.job_id)
-        source = log_source(checked.job_id, row)
+            row = await conn.fetchrow(queries.LOG_SOURCE, checked.job_id, checked.assignment_id)
+        source = log_source(checked.job_id, row, checked.assignment_id)
         await self.logs.relay(source, checked, send)
 
     async def _once(

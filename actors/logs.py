@@ -43,6 +43,8 @@ from runtime.settings import IngestSettings
 from runtime.tls import WORKER, ClientTls, Expected
 
 STREAMS = ("stdout", "stderr")
+MAX_OFFSET = 2**63 - 1
+"""The largest output offset a read may begin at (a worker's file offset, ``off_t``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +72,10 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
         raise InvalidArgument(
             "tail_lines", request.tail_lines, f"must be between 0 and {validation.MAX_TAIL_LINES:,}"
         )
+    if request.assignment_id:
+        validation.check_assignment_id(request.assignment_id)
+    if request.has_offset and request.offset > MAX_OFFSET:
+        raise InvalidArgument("offset", request.offset, f"must be at most {MAX_OFFSET}")
     return pb.ReadJobLogsRequest(
         job_id=request.job_id,
         stream=stream,
@@ -77,17 +83,22 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
         has_tail=request.has_tail,
         tail_lines=request.tail_lines,
         tail_max_bytes=request.tail_max_bytes,
+        assignment_id=request.assignment_id,
+        has_offset=request.has_offset,
+        offset=request.offset if request.has_offset else 0,
     )
 
 
-def log_source(job_id: int, row: Any) -> LogSource:
+def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
     """The run whose output a ReadJobLogs of ``job_id`` reads, from the job's row of
-    :data:`actors.queries.LOG_SOURCE` (None: no such job).
+    :data:`actors.queries.LOG_SOURCE` (None: no such job), asked for ``assignment_id`` (0:
+    the newest run that started).
 
     Raises:
         NotFound: no job has that id.
         InvalidArgument: it is a sleep job (which writes no output).
-        FailedPrecondition: none of its runs has started; the message says its state.
+        FailedPrecondition: none of its runs has started (the message says its state), or
+            the run asked for is not one of its runs that started.
         Unavailable: the run's worker was declared dead or left the cluster; the message
             names it and its address.
     """
@@ -96,6 +107,10 @@ def log_source(job_id: int, row: Any) -> LogSource:
     if row["runtime"] == "sleep":
         raise InvalidArgument(
             "job_id", job_id, "must name a command or container job", detail="a sleep job writes no output"
+        )
+    if row["assignment_id"] is None and assignment_id:
+        raise FailedPrecondition(
+            f"job {job_id} has no run with assignment {assignment_id} that started on a worker"
         )
     if row["assignment_id"] is None:
         state, reason = row["state"], row["reason"] or ""
@@ -185,6 +200,8 @@ class LogRelay:
             has_tail=request.has_tail,
             tail_lines=request.tail_lines,
             tail_max_bytes=request.tail_max_bytes,
+            has_offset=request.has_offset,
+            offset=request.offset,
         )
         deadline = rpc_deadline()
         timeout_s = None if math.isinf(deadline) else max(0.001, deadline - trio.current_time())

@@ -183,6 +183,11 @@ def check_job_id(job_id: int) -> int:
     return _int_between("job_id", job_id, 1, MAX_ID)
 
 
+def check_assignment_id(assignment_id: int) -> int:
+    """Raises InvalidArgument outside 1..MAX_ID."""
+    return _int_between("assignment_id", assignment_id, 1, MAX_ID)
+
+
 def check_incarnation(incarnation: int) -> int:
     """Raises InvalidArgument outside 0..MAX_ID."""
     return _int_between("incarnation", incarnation, 0, MAX_ID)

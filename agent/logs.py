@@ -3,7 +3,8 @@
 :class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`s (the
 Worker service turns them into ``LogChunk`` messages, :mod:`agent.service`):
 
-- From the start of what the worker keeps, or with ``tail_lines`` from the start of the last
+- From the start of what the worker keeps, from an ``offset`` (where a broken stream ended:
+  each piece says where its data begins), or with ``tail_lines`` from the start of the last
   N lines (:func:`tail_start`: lines end at ``\\n``; a last line without one counts, as
   ``tail -n`` counts them; with ``tail_max_bytes``, no earlier than that many bytes before the
   end), then the rest in order, each read at most ``read_chunk_bytes`` (64 KiB) at a time.
@@ -84,6 +85,9 @@ class LogQuery:
     """Begin with the last this-many lines; None: from the start of what is kept."""
     tail_max_bytes: int = 0
     """With ``tail_lines``, begin no earlier than this many bytes before the end (0: no limit)."""
+    offset: int | None = None
+    """Begin at this offset of the output (every byte the job wrote counts, dropped ones too),
+    instead of a tail or the start: a reader going on where its broken stream ended."""
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +98,8 @@ class Piece:
     dropped_bytes: int = 0
     """Bytes the worker no longer keeps, between the previous piece's end and ``data``."""
     job_ended: bool = False
+    offset: int = 0
+    """Where ``data`` begins in the output (every byte the job wrote counts, dropped ones too)."""
 
 
 def tail_start(
@@ -250,7 +256,11 @@ class LogReader:
         # Without follow, the answer is the output as it was when asked for: it ends there,
         # however fast the job goes on writing (a short read may never come).
         end_at: int | None = None
-        if opened.fd is not None and query.tail_lines is not None:
+        if query.offset is not None:
+            offset = query.offset
+            if opened.fd is not None and not query.follow:
+                end_at = await self._on_thread(_end, opened.fd, path, self.files)
+        elif opened.fd is not None and query.tail_lines is not None:
             offset, tail_end = await self._on_thread(
                 _tail, opened.fd, path, query.tail_lines, query.tail_max_bytes, chunk, self.files
             )
@@ -268,22 +278,23 @@ class LogReader:
                 data, dropped, offset = await self._on_thread(
                     _read, opened.fd, path, offset, chunk, self.files
                 )
+            at = offset - len(data)
             if end_at is not None and offset >= end_at:
                 data = data[: max(0, len(data) - (offset - end_at))]
-                yield Piece(data=data, dropped_bytes=dropped, job_ended=ended)
+                yield Piece(data=data, dropped_bytes=dropped, job_ended=ended, offset=at)
                 return
             if len(data) == chunk:
-                yield Piece(data=data, dropped_bytes=dropped)
+                yield Piece(data=data, dropped_bytes=dropped, offset=at)
                 first, last_sent = False, trio.current_time()
                 continue
             if ended:
-                yield Piece(data=data, dropped_bytes=dropped, job_ended=True)
+                yield Piece(data=data, dropped_bytes=dropped, job_ended=True, offset=at)
                 return
             if not query.follow:
-                yield Piece(data=data, dropped_bytes=dropped)
+                yield Piece(data=data, dropped_bytes=dropped, offset=at)
                 return
             if data or dropped or first or trio.current_time() - last_sent >= self.settings.keepalive_s:
-                yield Piece(data=data, dropped_bytes=dropped)
+                yield Piece(data=data, dropped_bytes=dropped, offset=at)
                 first, last_sent = False, trio.current_time()
             assert done is not None
             with trio.move_on_after(self.settings.follow_poll_s):

@@ -56,12 +56,16 @@ def cancel_order_from_pb(request: pb.CancelRequest) -> CancelOrder:
     )
 
 
+MAX_OFFSET = 2**63 - 1
+"""The largest output offset a read may begin at (a file offset, ``off_t``)."""
+
+
 def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
     """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`.
 
     Raises:
-        InvalidArgument: it names another worker, no job or assignment, an unknown stream or
-            too many tail lines.
+        InvalidArgument: it names another worker, no job or assignment, an unknown stream,
+            too many tail lines or an offset past :data:`MAX_OFFSET`.
     """
     identifiers.check_id(request.worker_id, field="worker_id")
     if request.worker_id != worker_id:
@@ -69,6 +73,8 @@ def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
     for field, value in (("job_id", request.job_id), ("assignment_id", request.assignment_id)):
         if value < 1:
             raise InvalidArgument(field, value, "must be at least 1")
+    if request.has_offset and request.offset > MAX_OFFSET:
+        raise InvalidArgument("offset", request.offset, f"must be at most {MAX_OFFSET}")
     return LogQuery(
         job_id=request.job_id,
         assignment_id=request.assignment_id,
@@ -76,6 +82,7 @@ def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
         follow=request.follow,
         tail_lines=check_tail_lines(request.tail_lines) if request.has_tail else None,
         tail_max_bytes=request.tail_max_bytes if request.has_tail else 0,
+        offset=request.offset if request.has_offset else None,
     )
 
 
@@ -128,4 +135,5 @@ class WorkerService:
                 job_ended=piece.job_ended,
                 worker_id=self._agent.worker_id,
                 assignment_id=query.assignment_id,
+                offset=piece.offset,
             )

@@ -391,10 +391,11 @@ SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e
  ORDER BY e.kind = 'final', e.at, e.rank, e.assignment_id
 """
 
-# $1 job id. What ReadJobLogs reads (actors/logs.py): the job's runtime, state and reason;
-# its newest run that started (a heartbeat listed it as running, or its worker reported its
-# outcome) with that worker's address and state (alive, dead, left); and the worker of its active
-# run when that has not started yet. No row: no such job. Index assignments_by_job.
+# $1 job id, $2 an assignment id (0: any). What ReadJobLogs reads (actors/logs.py): the job's
+# runtime, state and reason; its newest run that started (a heartbeat listed it as running, or
+# its worker reported its outcome), that is $2 when $2 is not 0, with that worker's address and
+# state (alive, dead, left); and the worker of its active run when that has not started yet. No
+# row: no such job. Index assignments_by_job.
 LOG_SOURCE = """
 SELECT j.runtime, j.state, j.reason,
        a.id AS assignment_id, a.worker_id, w.address, w.state AS worker_state,
@@ -404,6 +405,7 @@ SELECT j.runtime, j.state, j.reason,
   LEFT JOIN LATERAL (
       SELECT id, worker_id FROM assignments
        WHERE job_id = j.id AND (confirmed_at IS NOT NULL OR outcome IS NOT NULL)
+         AND ($2::bigint = 0 OR id = $2::bigint)
        ORDER BY id DESC LIMIT 1
   ) a ON true
   LEFT JOIN workers w ON w.id = a.worker_id

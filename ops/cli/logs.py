@@ -8,7 +8,9 @@ machine; ``stockade job ID`` shows their last lines the same way (:func:`output_
 The bytes go to standard output as they come, unchanged (not split at lines, not decoded), so
 ``stockade logs 7 > out.bin`` is the job's output as the worker keeps it. Notices go to standard
 error: where the worker dropped bytes (the oldest part of an output over its cap), and, with
-``--follow`` on a job that has not started, that it waits for it. Exit statuses: 0 once the
+``--follow``, that it waits for a job that has not started, and where a job that is retried
+runs again (following goes on through every run, until the job has ended). A stream broken
+half way (its control plane went away) goes on through another from where it broke. Exit statuses: 0 once the
 output (or, following, the job's end) has been shown; 2 for an unknown job or a sleep job (it
 writes no output); 1 for a job that has not started (without ``--follow``), whose worker no
 longer keeps its output, or whose worker is dead, left or unreachable (the message names it and
@@ -108,10 +110,20 @@ async def _show(client: Client, job_id: int, stream: str, *, follow: bool, tail:
 
     out = _Stdout()
     said_waiting = False
+    run: int | None = None
     while True:
         try:
             async with client.logs(job_id, stream=stream, follow=follow, tail_lines=tail) as chunks:
                 async for chunk in chunks:
+                    if run is not None and chunk.assignment_id not in (None, run):
+                        sys.stdout.flush()
+                        err_console().print(
+                            f"[stockade logs: job {job_id} runs again (assignment {chunk.assignment_id} "
+                            f"on worker {chunk.worker_id or '?'}): its {stream} from the start]",
+                            markup=False,
+                            soft_wrap=True,
+                        )
+                    run = chunk.assignment_id or run
                     if chunk.dropped_bytes:
                         sys.stdout.flush()
                         notice = dropped_notice(job_id, stream, chunk)

@@ -29,10 +29,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Self
 
+import attrs
 import trio
 
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
 from ops.client.results import (
+    ENDED_STATES,
     CancelOutcome,
     ClusterStatus,
     Job,
@@ -49,7 +51,14 @@ from ops.client.results import (
 from ops.client.settings import ClientSettings
 from runtime.backoff import FullJitterBackoff
 from runtime.client import ControlPlaneClient, new_idempotency_key
-from runtime.errors import ClusterBusy, InvalidArgument, NoControlPlaneReachable, NotFound
+from runtime.errors import (
+    ClusterBusy,
+    DeadlineExceeded,
+    InvalidArgument,
+    NoControlPlaneReachable,
+    NotFound,
+    Unavailable,
+)
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
@@ -76,6 +85,9 @@ LOG_OPEN_S = 10.0
 before :meth:`Client.logs` asks the next one: it looks the job up and reaches its worker within
 its own ``log_open_timeout_s`` (5 s), and the worker sends a first chunk at once (its data
 possibly empty), following or not."""
+LOG_RESUMES = 3
+"""How many times in a row a broken output stream is opened again, from where it broke, before
+:meth:`Client.logs` gives up (each opening walks every replica)."""
 LOG_IDLE_S = 30.0
 """The longest silence of an open output stream, in seconds: a control plane sends a keep-alive
 chunk every 5 s while following, and ends the stream itself after 20 s without word from the
@@ -456,9 +468,15 @@ class Client:
         job's worker is out of its reach, its ``failures`` are PeerUnavailable naming the
         worker and its address), ClusterBusy, PermissionDenied (as :meth:`submit`). A replica
         that sends no first chunk within :data:`LOG_OPEN_S` is passed over. Once a chunk has
-        come, a failure ends the iteration with that error (Unavailable when the control plane
-        went away or sent nothing for :data:`LOG_IDLE_S`, with a note saying how many chunks
-        had come), not a retry elsewhere, which would send the same output twice.
+        come, a stream that breaks (Unavailable: the control plane went away, or sent nothing
+        for :data:`LOG_IDLE_S`) is opened again on any replica from the byte after the last
+        one received, so nothing comes twice; after :data:`LOG_RESUMES` such openings in a row
+        with nothing received, the iteration ends with the last error.
+
+        With ``follow``, a run of the job that ended while the job will run again (it is
+        retried: ``max_attempts``, or placed again after its worker died) does not end the
+        iteration: it waits for the job's next run to start and goes on with that run's output
+        from its start (each chunk names its run, ``assignment_id``), until the job has ended.
         """
         from actors import validation
         from protocol import pb
@@ -607,7 +625,15 @@ class LogStream(ChunkStream):
     """A job's output as it comes (:meth:`Client.logs`): an async iterator of
     :class:`LogChunk` over :meth:`runtime.client.ControlPlaneClient.stream`, opened at the
     first chunk asked for, closed at its end, at a failure, by :meth:`aclose`, or by leaving
-    ``async with``."""
+    ``async with``.
+
+    It knows where it is in the output (each chunk's ``offset``), so a stream that breaks (the
+    relaying control plane went away, a connection was cut) is opened again on any replica for
+    the same run from the byte after the last one received, up to :data:`LOG_RESUMES` times in
+    a row: no byte comes twice and none is skipped (but those the worker dropped, which a chunk
+    says). With ``follow``, a run that ended while its job did not (the job will be retried) is
+    not the end: it waits for the job's next run to start and goes on with its output, from its
+    start, until the job has ended."""
 
     def __init__(self, cp: ControlPlaneClient, request: pb.ReadJobLogsRequest, *, job_id: int) -> None:
         self._cp = cp
@@ -617,6 +643,12 @@ class LogStream(ChunkStream):
         self._chunks: AsyncIterator[pb.LogChunk] | None = None
         """The replica's chunks, once the stream is open."""
         self._done = False
+        self._assignment_id = 0
+        """The run being read (0: none yet)."""
+        self._next_offset: int | None = None
+        """Where the next byte of that run's output is (None: nothing has come yet)."""
+        self._resumes = 0
+        """Streams opened again in a row since output last came."""
 
     async def next(self) -> LogChunk | None:
         """The next chunk, or None once the output has all come (without ``follow``) or the
@@ -625,25 +657,84 @@ class LogStream(ChunkStream):
         Raises:
             the errors :meth:`Client.logs` lists.
         """
-        if self._done:
-            return None
-        try:
-            with _not_found(functools.partial(JobNotFound, self._job_id)):
-                if self._chunks is None:
-                    opened: AsyncIterator[pb.LogChunk] = await self._opened.enter_async_context(
-                        self._cp.stream(
-                            "read_job_logs", self._request, first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S
+        while not self._done:
+            try:
+                with _not_found(functools.partial(JobNotFound, self._job_id)):
+                    message = await self._receive()
+            except (Unavailable, DeadlineExceeded) as exc:
+                if self._next_offset is None or self._resumes >= LOG_RESUMES:
+                    if self._resumes:
+                        exc.add_note(
+                            f"(the stream of job {self._job_id}'s output broke and was opened again "
+                            f"{self._resumes} times from where it broke, with no output since)"
                         )
-                    )
-                    self._chunks = opened
-                message = await anext(self._chunks, None)
-        except BaseException:
-            await self.aclose()
-            raise
-        if message is None:
-            await self.aclose()
-            return None
-        return chunk_from_pb(message)
+                    await self.aclose()
+                    raise
+                await self._close_stream()
+                self._resumes += 1
+                self._request = _resumed(self._request, self._assignment_id, self._next_offset)
+                continue
+            except BaseException:
+                await self.aclose()
+                raise
+            if message is None:
+                await self.aclose()
+                return None
+            if message.data:
+                self._resumes = 0  # progress: the next break may be opened again as often
+            self._assignment_id = int(message.assignment_id) or self._assignment_id
+            self._next_offset = int(message.offset) + len(message.data)
+            chunk = chunk_from_pb(message)
+            if chunk.job_ended and self._request.follow and not await self._next_run():
+                chunk = attrs.evolve(chunk, job_ended=False)  # more comes, from the next run
+            return chunk
+        return None
+
+    async def _receive(self) -> pb.LogChunk | None:
+        """The next message of the open stream, opening it first if need be; None at its end."""
+        if self._chunks is None:
+            self._chunks = await self._open(self._request)
+        return await anext(self._chunks, None)
+
+    async def _open(self, request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
+        """The stream of ``request``, open on the first replica that sends its first chunk."""
+        return await self._opened.enter_async_context(
+            self._cp.stream("read_job_logs", request, first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S)
+        )
+
+    async def _next_run(self) -> bool:
+        """After the run being read ended, with ``follow``: wait until the job has ended (True:
+        that was its last run that started) or a newer run of it has started (False: the
+        stream is open on that run, from its start)."""
+        from protocol import pb
+        from runtime.errors import FailedPrecondition
+
+        reads = 0
+        while True:
+            info: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=self._job_id))
+            newest, ended = int(info.assignment_id), info.state in ENDED_STATES
+            if newest and newest != self._assignment_id and info.state != "assigned":
+                # A newer run that is running or has ended (this stream may have missed all
+                # of a short one): read it from its start, unless it never started.
+                await self._close_stream()
+                request = _resumed(self._request, newest, 0)
+                try:
+                    self._chunks = await self._open(request)
+                except FailedPrecondition:
+                    if ended:
+                        return True  # its last run never started: nothing more to read
+                else:
+                    self._request, self._assignment_id, self._next_offset = request, newest, None
+                    return False
+            elif ended:
+                return True
+            await trio.sleep(WAIT_POLL.ceiling_s(reads))
+            reads += 1
+
+    async def _close_stream(self) -> None:
+        await self._opened.aclose()
+        self._opened = contextlib.AsyncExitStack()
+        self._chunks = None
 
     async def aclose(self) -> None:
         """End the stream, if it is open (idempotent; the control plane's handler is
@@ -652,4 +743,27 @@ class LogStream(ChunkStream):
         await self._opened.aclose()
 
 
-__all__ = ["LOG_IDLE_S", "LOG_OPEN_S", "SUBMIT_S_PER_JOB", "WAIT_POLL", "ChunkStream", "Client", "LogStream"]
+def _resumed(request: pb.ReadJobLogsRequest, assignment_id: int, offset: int) -> pb.ReadJobLogsRequest:
+    """``request`` for run ``assignment_id`` from byte ``offset`` of its output (no tail)."""
+    from protocol import pb
+
+    return pb.ReadJobLogsRequest(
+        job_id=request.job_id,
+        stream=request.stream,
+        follow=request.follow,
+        assignment_id=assignment_id,
+        has_offset=True,
+        offset=offset,
+    )
+
+
+__all__ = [
+    "LOG_IDLE_S",
+    "LOG_OPEN_S",
+    "LOG_RESUMES",
+    "SUBMIT_S_PER_JOB",
+    "WAIT_POLL",
+    "ChunkStream",
+    "Client",
+    "LogStream",
+]

@@ -301,11 +301,16 @@ class LogChunk:
     """Bytes the worker dropped before ``data`` (the oldest part of an output over its cap, or
     what it no longer keeps)."""
     job_ended: bool
-    """Set on the last chunk of a stream that ended because the job ended."""
+    """Set on the last chunk of a stream that ended because the job ended (following, the end
+    of its last run; without following, the end of the run read, which had ended)."""
     worker_id: str | None
     """The worker the output comes from."""
     assignment_id: int | None
-    """The run (assignment) the output is of."""
+    """The run (assignment) the output is of: following a job that is retried, the chunks of
+    each run in turn."""
+    offset: int = 0
+    """Where ``data`` begins in that run's output (the bytes it wrote before, dropped ones
+    included)."""
 
 
 # ---------------------------------------------------------------------------- from the wire
@@ -450,4 +455,5 @@ def chunk_from_pb(message: pb.LogChunk) -> LogChunk:
         job_ended=bool(message.job_ended),
         worker_id=message.worker_id or None,
         assignment_id=int(message.assignment_id) or None,
+        offset=int(message.offset),
     )

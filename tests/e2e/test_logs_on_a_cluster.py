@@ -1,7 +1,8 @@
 """`stockade logs` on a real local cluster (two control planes and a worker, started by the
 launcher of `stockade up`, over mutual TLS), whose worker listens on 127.0.0.2, another address
 than the control planes' and the client's: following a running job streams its output as it
-comes, `stockade job` shows its last lines, and the bad inputs (an unknown job, a job whose
+comes, and goes on through the other control plane when the one relaying it is killed;
+`stockade job` shows its last lines, and the bad inputs (an unknown job, a job whose
 worker is gone) exit with a clear message."""
 
 from __future__ import annotations
@@ -68,12 +69,13 @@ class Client:
         self.env["STOCKADE_CERTS_DIR"] = str(ready.config.cert_dir)
         self.where = ["--control-planes", ",".join(self.addresses)]
 
-    def submit(self, script: str) -> int:
+    def submit(self, script: str, **lifecycle: int) -> int:
         spec = pb.JobSpec(
             name="steps",
             cpu_millis=100,
             memory_mb=64,
             command=pb.CommandRuntime(argv=[sys.executable, "-c", script]),
+            **lifecycle,
         )
         reply = rpc.call(self.addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=self.tls)
         return int(reply.job_id)
@@ -135,6 +137,68 @@ def test_logs_follow_streams_a_running_jobs_output_from_a_worker_on_another_addr
     assert shown.returncode == 0, shown.stderr
     assert "stdout (last 4 lines, from w-1)" in shown.stdout
     assert "step 4" in shown.stdout
+
+
+def test_logs_follow_goes_on_through_another_control_plane_when_its_own_is_killed(
+    cluster: tuple[LocalCluster, UpResult],
+) -> None:
+    """While `stockade logs --follow` streams a running job through cp-1 (the first address it
+    is given), cp-1 is killed: the stream is opened again through cp-2 from where it broke, so
+    every line comes exactly once, and it exits 0 when the job ends."""
+    local, ready = cluster
+    client = Client(ready)
+    gate = Path("/tmp") / f"stockade-logs-gate-{uuid.uuid4().hex}"
+    job_id = client.submit(gated_steps(gate))
+    follower = client.follow(job_id)
+    try:
+        assert follower.stdout is not None and follower.stderr is not None
+        lines = [follower.stdout.readline(), follower.stdout.readline()]
+        (spec,) = [p for p in ready.config.processes if p.id == "cp-1"]
+        process = local.live_process(spec)
+        assert process is not None
+        process.kill()
+        process.wait(10)
+        gate.touch()
+        lines.append(follower.stdout.read())
+        follower.wait(60)
+        errors = follower.stderr.read()
+    finally:
+        follower.kill()
+        gate.unlink(missing_ok=True)
+    assert "".join(lines) == "step 1\nstep 2\nstep 3\nstep 4\n", errors
+    assert follower.returncode == 0, errors
+
+
+def test_logs_follow_goes_on_through_the_runs_of_a_job_that_is_retried(
+    cluster: tuple[LocalCluster, UpResult],
+) -> None:
+    """A job that fails its first run and succeeds its second (max_attempts 2): followed from
+    submission, each run's output comes in turn, with a notice between them naming the new
+    run, and the command exits 0 once the job has succeeded."""
+    _, ready = cluster
+    client = Client(ready)
+    marker = Path("/tmp") / f"stockade-logs-retry-{uuid.uuid4().hex}"
+    script = (
+        "import os, sys, time\n"
+        f"first = not os.path.exists({str(marker)!r})\n"
+        f"open({str(marker)!r}, 'a').close()\n"
+        "print('first run' if first else 'second run', flush=True)\n"
+        "time.sleep(0.5)\n"
+        "sys.exit(1 if first else 0)\n"
+    )
+    try:
+        job_id = client.submit(script, max_attempts=2, retry_backoff_ms=200)
+        follower = client.follow(job_id)
+        try:
+            out, errors = follower.communicate(timeout=90)
+        finally:
+            follower.kill()
+    finally:
+        marker.unlink(missing_ok=True)
+    assert follower.returncode == 0, errors
+    assert out == "first run\nsecond run\n", errors
+    assert f"job {job_id} runs again (assignment" in errors
+    assert client.job(job_id).state == "succeeded"
 
 
 def test_logs_of_an_unknown_job_exit_2(cluster: tuple[LocalCluster, UpResult]) -> None:

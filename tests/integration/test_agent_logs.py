@@ -177,6 +177,20 @@ async def test_a_tail_of_a_finished_job_is_its_last_lines(tmp_path: Path) -> Non
     assert chunks[-1].job_ended
 
 
+async def test_chunks_say_where_they_begin_and_a_read_may_begin_at_an_offset(tmp_path: Path) -> None:
+    """Each chunk's offset is where its data begins in the output (a tail's first chunk too);
+    a read from an offset sends the output from that byte on."""
+    async with worker(tmp_path) as w:
+        await w.run(9, "for i in range(1, 11): print(i)")
+        await w.ended(9)
+        tail = await w.read(9, has_tail=True, tail_lines=3)
+        rest = await w.read(9, has_offset=True, offset=tail[0].offset + 2)
+    whole = b"".join(f"{i}\n".encode() for i in range(1, 11))
+    assert tail[0].offset == whole.index(b"8\n") and data_of(tail) == b"8\n9\n10\n"
+    assert rest[0].offset == tail[0].offset + 2 and data_of(rest) == b"9\n10\n"
+    assert rest[-1].job_ended
+
+
 async def test_a_finished_jobs_whole_output_and_its_stderr(tmp_path: Path) -> None:
     """Without a tail, all of stdout; with stream stderr, what it wrote there."""
     async with worker(tmp_path) as w:

@@ -205,6 +205,18 @@ async def test_the_tail_of_a_finished_job_and_its_stderr(database_url: str, tmp_
         assert data_of(await c.read(job_id, stream="stderr")) == b"oops\n"
 
 
+async def test_a_run_named_by_its_assignment_is_read_from_an_offset(database_url: str, tmp_path: Path) -> None:
+    """A read naming the job's run and an offset gets that run's output from that byte, each
+    chunk saying where it begins; a run the job does not have is FAILED_PRECONDITION."""
+    async with cluster(database_url, tmp_path) as c:
+        job_id, aid = await c.start("print('hello'); print('world')")
+        await c.finished(job_id)
+        chunks = await c.read(job_id, assignment_id=aid, has_offset=True, offset=6)
+        assert data_of(chunks) == b"world\n" and chunks[0].offset == 6
+        with pytest.raises(FailedPrecondition, match=f"job {job_id} has no run with assignment {aid + 100}"):
+            await c.read(job_id, assignment_id=aid + 100)
+
+
 async def test_an_unknown_job_is_not_found(database_url: str, tmp_path: Path) -> None:
     """Logs of a job that does not exist: NOT_FOUND naming it."""
     async with cluster(database_url, tmp_path) as c:

@@ -32,11 +32,18 @@ from runtime.errors import (
 
 class ScriptedReplicas:
     """Answers ReadJobLogs with scripted streams (a list of chunks, or an error raised before
-    any chunk), one per replica asked, and GetJob with a job in ``state``."""
+    any chunk), one per replica asked, and GetJob with a job in ``state`` (:meth:`call`)."""
 
-    def __init__(self, *streams: list[pb.LogChunk] | StockadeError, state: str = "pending") -> None:
+    def __init__(
+        self,
+        *streams: list[pb.LogChunk] | StockadeError,
+        state: str = "pending",
+        jobs: tuple[pb.JobInfo, ...] = (),
+    ) -> None:
         self.streams = list(streams)
         self.state = state
+        self.jobs = list(jobs)
+        """GetJob's answers, in turn, before those of ``state``."""
         self.requests: list[pb.ReadJobLogsRequest] = []
 
     @asynccontextmanager
@@ -57,8 +64,12 @@ class ScriptedReplicas:
         yield chunks()
 
     async def call(self, index: int, rpc_name: str, request: Any, **options: Any) -> Any:
+        """The job in ``state`` while streams are left to read, then ``succeeded`` (following
+        ends once the job has)."""
         assert rpc_name == "get_job"
-        return pb.JobInfo(job_id=request.job_id, state=self.state)
+        if self.jobs:
+            return self.jobs.pop(0)
+        return pb.JobInfo(job_id=request.job_id, state=self.state if self.streams else "succeeded")
 
 
 def scripted(monkeypatch: pytest.MonkeyPatch, replicas: ScriptedReplicas) -> None:
@@ -121,6 +132,31 @@ def test_following_a_job_that_has_not_started_waits_for_it(monkeypatch: pytest.M
     assert result.stdout_bytes == b"hello\n"
     assert result.stderr.count("has not started yet: pending; waiting for it") == 1
     assert len(replicas.requests) == 3
+
+
+def test_following_a_job_that_is_retried_goes_on_with_its_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its first run ends while the job will run again: --follow waits (the job pending, then
+    placed but not started), then prints the next run's output from its start after a notice
+    naming that run and its worker, and ends with the job."""
+    replicas = ScriptedReplicas(
+        [pb.LogChunk(data=b"one\n", job_ended=True, worker_id="w-1", assignment_id=3)],
+        [pb.LogChunk(data=b"two\n", job_ended=True, worker_id="w-2", assignment_id=4)],
+        jobs=(
+            pb.JobInfo(job_id=7, state="pending", assignment_id=3),
+            pb.JobInfo(job_id=7, state="assigned", assignment_id=4),
+            pb.JobInfo(job_id=7, state="running", assignment_id=4),
+            pb.JobInfo(job_id=7, state="succeeded", assignment_id=4),
+        ),
+    )
+    scripted(monkeypatch, replicas)
+    result = invoke("7", "--follow")
+    assert result.exit_code == 0, result.output
+    assert result.stdout_bytes == b"one\ntwo\n"
+    assert "job 7 runs again (assignment 4 on worker w-2): its stdout from the start" in result.stderr
+    assert replicas.requests[1] == pb.ReadJobLogsRequest(
+        job_id=7, stream="stdout", follow=True, assignment_id=4, has_offset=True, offset=0
+    )
+    assert replicas.jobs == []
 
 
 def test_without_follow_a_job_that_has_not_started_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -527,17 +527,24 @@ async def test_a_stream_every_replica_stays_too_busy_to_start_is_cluster_busy(
     assert len(first.requests) == len(second.requests) > 1
 
 
-async def test_a_stream_that_breaks_after_a_chunk_is_ended_and_not_asked_of_another() -> None:
-    """A failure after the first chunk is raised as it is, with a note saying how many chunks
-    came; the replica's stream is ended and the other replica is not asked."""
-    first = Replica({"read_job_logs": [pb.LogChunk(data=b"one"), Unavailable("127.0.0.1:7101 went away")]})
-    second = Replica({"read_job_logs": [pb.LogChunk(data=b"again"), None]})
-    chunks = client_of(first, second).logs(9)
-    assert (await chunks.next()) is not None
-    with pytest.raises(Unavailable, match="went away") as raised:
-        await chunks.next()
-    assert "the stream from 127.0.0.1:7101 broke after 1 message" in raised.value.__notes__
-    assert (first.closed, second.requests) == (1, [])
+async def test_a_stream_that_breaks_after_a_chunk_is_opened_again_from_where_it_broke() -> None:
+    """A failure after the first chunk ends that replica's stream; the stream is opened again
+    (the first replica, still failing, is passed over) for the same run from the byte after
+    the last received, and the output goes on from there."""
+    first = Replica(
+        {
+            "read_job_logs": [
+                pb.LogChunk(data=b"one", assignment_id=5),
+                Unavailable("127.0.0.1:7101 went away"),
+            ]
+        }
+    )
+    second = Replica({"read_job_logs": [pb.LogChunk(data=b"two", assignment_id=5, offset=3), None]})
+    chunks = client_of(first, second).logs(9, tail_lines=20)
+    assert [chunk.data async for chunk in chunks] == [b"one", b"two"]
+    resumed = pb.ReadJobLogsRequest(job_id=9, stream="stdout", assignment_id=5, has_offset=True, offset=3)
+    assert second.requests == [("read_job_logs", resumed)]
+    assert first.closed == 2  # the broken stream, and the one that failed at once
 
 
 @pytest.mark.parametrize("follow", [False, True])

@@ -28,6 +28,7 @@ from ops.client import (
     Unavailable,
     job_spec,
 )
+from ops.client.core import LOG_RESUMES
 from protocol import pb
 from runtime.aio import asyncio_bridge
 
@@ -98,7 +99,13 @@ async def test_the_trio_face_submits_waits_and_reads_the_output(
     assert chunks[-1] == LogChunk(
         data=b"lo\n", dropped_bytes=0, job_ended=True, worker_id="w-1", assignment_id=3
     )
-    assert [rpc for rpc, _ in service.requests] == ["submit_job", *["get_job"] * 3, "read_job_logs"]
+    # Following, the end of a run is the end once the job is read as ended (no run follows).
+    assert [rpc for rpc, _ in service.requests] == [
+        "submit_job",
+        *["get_job"] * 3,
+        "read_job_logs",
+        "get_job",
+    ]
     assert service.sent("read_job_logs")[0] == pb.ReadJobLogsRequest(job_id=7, stream="stdout", follow=True)
 
 
@@ -278,28 +285,64 @@ async def test_a_stream_is_read_from_the_next_replica_when_the_first_cannot_star
     assert len(down.sent("read_job_logs")) == len(up.sent("read_job_logs")) == 1
 
 
-async def test_a_stream_that_breaks_after_a_chunk_is_not_read_again_elsewhere() -> None:
-    """Once a chunk came, a failure is raised from the iterator (saying how many came), and
-    the other replica is not asked: it would send the same output again."""
+async def test_a_stream_that_breaks_after_a_chunk_goes_on_elsewhere_from_where_it_broke() -> None:
+    """Once a chunk came, a broken stream is opened again (on the other replica, the first
+    being gone) for the same run from the byte after the last one received: no byte twice."""
 
     async def breaks(request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
+        if request.has_offset:  # a replica going down: it opens nothing more
+            raise grpc_error("UNAVAILABLE", "shutting down")
+
         async def chunks() -> AsyncIterator[pb.LogChunk]:
-            yield pb.LogChunk(data=b"first")
+            yield pb.LogChunk(data=b"first", assignment_id=3, offset=0)
             raise grpc_error("UNAVAILABLE", "went away")
 
         return chunks()
 
+    async def goes_on(request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
+        async def chunks() -> AsyncIterator[pb.LogChunk]:
+            yield pb.LogChunk(data=b"second", assignment_id=3, offset=request.offset)
+
+        return chunks()
+
     first = ScriptedControlPlane(read_job_logs=breaks)
-    other = ScriptedControlPlane(read_job_logs=[pb.LogChunk(data=b"again")])
+    other = ScriptedControlPlane(read_job_logs=goes_on)
     with serve(first, other) as addresses:
+        async with Client.open(ClientSettings(control_planes=addresses, tls=None)) as client:
+            got = [chunk.data async for chunk in client.logs(7, tail_lines=10)]
+    assert got == [b"first", b"second"]
+    resumed = pb.ReadJobLogsRequest(job_id=7, stream="stdout", assignment_id=3, has_offset=True, offset=5)
+    assert first.sent("read_job_logs")[1:] in ([], [resumed])  # asked first when it answered last
+    assert other.sent("read_job_logs") == [resumed]
+
+
+async def test_a_stream_that_keeps_breaking_ends_after_a_bounded_number_of_openings() -> None:
+    """A stream that breaks again each time it is opened, sending nothing new, ends with the
+    error after LOG_RESUMES openings, each from where the output stopped."""
+
+    async def breaks(request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
+        async def chunks() -> AsyncIterator[pb.LogChunk]:
+            yield pb.LogChunk(
+                data=b"" if request.has_offset else b"once", assignment_id=3, offset=request.offset
+            )
+            raise grpc_error("UNAVAILABLE", "went away")
+
+        return chunks()
+
+    replica = ScriptedControlPlane(read_job_logs=breaks)
+    with serve(replica) as addresses:
         async with Client.open(ClientSettings(control_planes=addresses, tls=None)) as client:
             got = []
             with pytest.raises(Unavailable) as raised:
                 async for chunk in client.logs(7):
                     got.append(chunk.data)
-    assert got == [b"first"]
-    assert f"the stream from {addresses[0]} broke after 1 message" in raised.value.__notes__
-    assert other.requests == []
+    assert b"".join(got) == b"once"
+    assert len(replica.sent("read_job_logs")) == 1 + LOG_RESUMES
+    assert {r.offset for r in replica.sent("read_job_logs")[1:]} == {4}
+    assert (
+        f"(the stream of job 7's output broke and was opened again {LOG_RESUMES} times from where it "
+        "broke, with no output since)"
+    ) in raised.value.__notes__
 
 
 async def test_a_stream_left_early_is_closed_at_the_replica() -> None:

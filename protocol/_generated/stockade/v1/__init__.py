@@ -870,6 +870,12 @@ class LogChunk(betterproto2.Message):
 
     assignment_id: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
 
+    offset: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+    """
+    Where data begins in the run's output: the bytes the job wrote to it before (dropped ones
+    included).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "LogChunk", LogChunk)
 
@@ -914,6 +920,20 @@ class ReadJobLogsRequest(betterproto2.Message):
     first of the tail's lines (0: no limit): bounds a tail of very long lines.
     """
 
+    assignment_id: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    Read this run (assignment) of the job, one that started (0: the newest that started).
+    """
+
+    has_offset: "bool" = betterproto2.field(8, betterproto2.TYPE_BOOL)
+    """
+    With has_offset, begin at this byte of the run's output (LogChunk.offset: every byte it
+    wrote counts, dropped ones too) instead of at a tail or the start: how a reader whose
+    stream broke goes on through another replica without any byte twice.
+    """
+
+    offset: "int" = betterproto2.field(9, betterproto2.TYPE_UINT64)
+
 
 default_message_pool.register_message("stockade.v1", "ReadJobLogsRequest", ReadJobLogsRequest)
 
@@ -948,6 +968,10 @@ class ReadLogsRequest(betterproto2.Message):
     tail_lines: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
 
     tail_max_bytes: "int" = betterproto2.field(8, betterproto2.TYPE_UINT64)
+
+    has_offset: "bool" = betterproto2.field(9, betterproto2.TYPE_BOOL)
+
+    offset: "int" = betterproto2.field(10, betterproto2.TYPE_UINT64)
 
 
 default_message_pool.register_message("stockade.v1", "ReadLogsRequest", ReadLogsRequest)
