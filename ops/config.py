@@ -235,7 +235,8 @@ def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list
         InvalidArgument: an address is not ``host:port``, or the option (or a non-empty
             variable) names none (``--control-planes ',,'``).
     """
-    for field, text in (("--control-planes", option), (CONTROL_PLANES_ENV, os.environ.get(CONTROL_PLANES_ENV))):
+    sources = (("--control-planes", option), (CONTROL_PLANES_ENV, os.environ.get(CONTROL_PLANES_ENV)))
+    for field, text in sources:
         if text is None or (not text and field == CONTROL_PLANES_ENV):
             continue  # an empty variable is an unset one; an empty option was given on purpose
         given = parse_addresses(text)

@@ -15,7 +15,6 @@ import unicodedata
 
 from runtime.errors import InvalidArgument
 
-
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 """The characters that reorder how text around them is shown (Unicode's Bidi_Control
 property, UAX #9): in a name shown on one line they can make ``job-a\u202egnp.exe`` read as

@@ -156,8 +156,9 @@ AGENT_JOB_STOPS = Counter(
     "stockade_agent_job_stops",
     "Jobs that ended on a worker after they started (their stop line written), by reason: "
     "succeeded; failed, or the reason a failure names (oom_killed, timeout, workdir_not_found, "
-    "workdir_denied, image_not_found, ...); cancelled (Cancel RPC); stopped_by_control_plane (a heartbeat reply "
-    "ended it); self_fence (the worker's fence, its reaper's included); reregister; shutdown; restart.",
+    "workdir_denied, image_not_found, ...); cancelled (Cancel RPC); stopped_by_control_plane (a "
+    "heartbeat reply ended it); self_fence (the worker's fence, its reaper's included); reregister; "
+    "shutdown; restart.",
     ["worker_id", "reason"],
 )
 AGENT_ASSIGNMENTS_REFUSED = Counter(

@@ -32,7 +32,6 @@ def lifecycle_columns(alias: str) -> str:
     )
 
 
-
 def dependency_states(after: str) -> str:
     """SQL: a subquery of one row ``(dep, state)`` per job id in the ``bigint[]`` expression
     ``after`` that exists (actors/dependencies.py). A job stands for itself; an array's id (its
@@ -52,6 +51,7 @@ def dependency_states(after: str) -> str:
             SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY({after})) m
      GROUP BY m.dep
 )"""
+
 
 def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
     """The spec's fields after its runtime from a row; a column the row lacks keeps the spec's

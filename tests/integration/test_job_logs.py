@@ -205,7 +205,9 @@ async def test_the_tail_of_a_finished_job_and_its_stderr(database_url: str, tmp_
         assert data_of(await c.read(job_id, stream="stderr")) == b"oops\n"
 
 
-async def test_a_run_named_by_its_assignment_is_read_from_an_offset(database_url: str, tmp_path: Path) -> None:
+async def test_a_run_named_by_its_assignment_is_read_from_an_offset(
+    database_url: str, tmp_path: Path
+) -> None:
     """A read naming the job's run and an offset gets that run's output from that byte, each
     chunk saying where it begins; a run the job does not have is FAILED_PRECONDITION."""
     async with cluster(database_url, tmp_path) as c:
