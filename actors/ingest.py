@@ -598,6 +598,11 @@ class ControlPlaneService(AdmittedService):
                 *outcome_arrays(finished),
             )
             assert row is not None
+            newer = (
+                None
+                if row["alive"]
+                else await conn.fetchrow(queries.NEWER_REGISTRATION, worker_id, request.incarnation)
+            )
             if hold_ms and row["alive"]:
                 # A planned restart's hold, recorded after the heartbeat committed: it counts from
                 # this statement's now(), after the heartbeat's send (docs/design.md, "Restarts").
@@ -616,7 +621,12 @@ class ControlPlaneService(AdmittedService):
             )
         if not row["alive"]:
             metrics.HEARTBEATS_REREGISTER.inc()
-            return pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+            reply = pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+            if newer is not None:  # another registration took the id over (the agent decides)
+                reply.newer_agent_run_id = newer["agent_run_id"] or ""
+                reply.newer_address = newer["address"]
+                reply.newer_incarnation = newer["incarnation"]
+            return reply
         metrics.HEARTBEATS_RECORDED.inc()
         if row["stop_assignment_ids"]:
             log.get("ingest").info(

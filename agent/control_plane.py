@@ -18,6 +18,7 @@ from agent.messages import (
     HeartbeatReport,
     Leave,
     LeaveAnswer,
+    NewerRegistration,
     Outcome,
     Registered,
     Registration,
@@ -128,6 +129,13 @@ class GrpcControlPlane:
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             reregister=reply.reregister,
             restart_hold_granted=reply.restart_hold_granted,
+            newer=None
+            if not reply.newer_incarnation
+            else NewerRegistration(
+                agent_run_id=reply.newer_agent_run_id,
+                address=reply.newer_address,
+                incarnation=reply.newer_incarnation,
+            ),
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:

@@ -135,7 +135,7 @@ from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
 from agent.starts import StartLimiter
 from runtime import log, metrics
-from runtime.errors import PermissionDenied, StockadeError, TemporaryError
+from runtime.errors import FailedPrecondition, PermissionDenied, StockadeError, TemporaryError
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
@@ -501,6 +501,32 @@ class Agent:
         """Stop accepting work: fenced for Admission, the fence watcher parks."""
         self._admission.fenced = True
         self._fence.leave_live()
+
+    async def _replaced_if_so(self, answer: HeartbeatAnswer) -> None:
+        """When another agent process registered this worker's id since this one did (a newer
+        incarnation alive under another agent run), two agents share the id: registering again
+        would only take it back, and each would end the other's jobs in turn. The later one
+        keeps the id; this one stops every job and ends.
+
+        Raises:
+            FailedPrecondition: always, naming the other agent's address and incarnation.
+        """
+        newer = answer.newer
+        if newer is None or newer.agent_run_id == self._run_id:
+            return
+        self._logger.error(
+            "another agent registered this worker's id: stopping",
+            other_address=newer.address,
+            other_incarnation=newer.incarnation,
+            other_agent_run_id=newer.agent_run_id,
+        )
+        self._leave_live()
+        await self._jobs.stop(None, StopReason.REREGISTER)
+        raise FailedPrecondition(
+            f"another agent registered as worker {self.worker_id} (from {newer.address}, incarnation "
+            f"{newer.incarnation}) while this one ran: two agents must not share an id. This one "
+            "stopped its jobs and exits; give each agent its own --id"
+        )
 
     async def _register(self, stop_reason: StopReason) -> None:
         """Stop every job, then register until a control plane answers (new incarnation).
@@ -871,6 +897,7 @@ class Agent:
             await self._register(StopReason.SELF_FENCE)
             return
         if answer.reregister:
+            await self._replaced_if_so(answer)
             self._logger.warning("control plane asked to register again", incarnation=report.incarnation)
             await self._register(StopReason.REREGISTER)
             return
@@ -986,6 +1013,7 @@ class Agent:
         self._admission.observe_epoch(answer.epoch)
         del self._unacked[: len(report.finished)]
         if answer.reregister:
+            await self._replaced_if_so(answer)
             self._logger.warning(
                 "control plane asked to register again while paused", incarnation=report.incarnation
             )

@@ -246,6 +246,18 @@ class HeartbeatAnswer:
     stop_assignment_ids: tuple[int, ...] = ()
     reregister: bool = False
     restart_hold_granted: bool = False
+    newer: NewerRegistration | None = None
+    """With ``reregister``: the registration that holds the worker id now, if it is alive in a
+    newer incarnation."""
+
+
+@attrs.frozen(kw_only=True)
+class NewerRegistration:
+    """The registration that replaced an agent's incarnation (``HeartbeatReply.newer_*``)."""
+
+    agent_run_id: str
+    address: str
+    incarnation: int
 
 
 @attrs.frozen(kw_only=True)

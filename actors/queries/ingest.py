@@ -593,6 +593,14 @@ SELECT current_epoch, alive, stop_assignment_ids
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
 
+# $1 worker id, $2 an incarnation. The registration that replaced it, when the worker is alive
+# in a newer incarnation: its agent run, address and incarnation (no row: none). Asked only
+# for a heartbeat that is told to register again.
+NEWER_REGISTRATION = """
+SELECT agent_run_id, address, incarnation FROM workers
+ WHERE id = $1 AND state = 'alive' AND incarnation > $2
+"""
+
 # $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none)
 RECORD_PRESENCE = """
 INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url)

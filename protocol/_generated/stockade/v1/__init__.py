@@ -439,6 +439,17 @@ class HeartbeatReply(betterproto2.Message):
     incarnation): the agent may move its fence deadline on by the hold.
     """
 
+    newer_agent_run_id: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    With reregister, when the worker id is alive in a newer incarnation: the agent run that
+    registered it (another process using this worker's id, if it is not the caller's own run),
+    its address and that incarnation.
+    """
+
+    newer_address: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+
+    newer_incarnation: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatReply", HeartbeatReply)
 
