@@ -525,6 +525,8 @@ class Ledger:
             dead_worker_ids=(),
             requeued_job_ids=tuple(int(i) for i in row["requeued_ids"]),
             orphaned_assignment_ids=tuple(int(i) for i in row["ended_ids"]),
+            orphaned_job_ids=tuple(int(i) for i in row["ended_job_ids"]),
+            orphaned_worker_ids=tuple(row["ended_worker_ids"]),
             more_orphans=bool(row["more"]),
         )
 

@@ -109,6 +109,10 @@ class ReconcileResult:
     dead_worker_ids: tuple[str, ...]
     requeued_job_ids: tuple[int, ...]
     orphaned_assignment_ids: tuple[int, ...]
+    orphaned_job_ids: tuple[int, ...] = ()
+    """The job of each of ``orphaned_assignment_ids``, in its order."""
+    orphaned_worker_ids: tuple[str, ...] = ()
+    """The worker of each of ``orphaned_assignment_ids``, in its order."""
     more_orphans: bool = False
     """The batch of endings was full: orphaned assignments may be left for another batch
     (:class:`EndOrphanedAssignments`)."""

@@ -641,6 +641,7 @@ class Reconciler:
         self._bucket = self._bucket.take(len(dead))
         metrics.WORKER_DEATHS.inc(len(dead))
         requeued, ended = list(batch.requeued_job_ids), list(batch.orphaned_assignment_ids)
+        ended_jobs, ended_on = list(batch.orphaned_job_ids), list(batch.orphaned_worker_ids)
         transactions = 1
         try:
             while batch.more_orphans:
@@ -656,6 +657,8 @@ class Reconciler:
                 transactions += 1
                 requeued += batch.requeued_job_ids
                 ended += batch.orphaned_assignment_ids
+                ended_jobs += batch.orphaned_job_ids
+                ended_on += batch.orphaned_worker_ids
         finally:
             if dead or ended:
                 self._log.warning(
@@ -665,8 +668,10 @@ class Reconciler:
                     requeued_jobs=len(requeued),
                     ended_assignments=len(ended),
                     transactions=transactions,
-                    job_ids=requeued,
                     assignment_ids=ended,
+                    job_ids=ended_jobs,
+                    worker_ids=ended_on,
+                    requeued_job_ids=requeued,
                 )
         return ReconcileResult(
             dead_worker_ids=dead, requeued_job_ids=tuple(requeued), orphaned_assignment_ids=tuple(ended)

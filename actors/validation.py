@@ -96,7 +96,7 @@ def check_jobs_steps(
     if not specs:
         raise InvalidArgument("specs", [], "must hold at least one job")
     if len(specs) > MAX_BATCH_JOBS:
-        raise InvalidArgument("specs", f"{len(specs)} jobs", f"must hold at most {MAX_BATCH_JOBS}")
+        raise InvalidArgument("specs", len(specs), f"must hold at most {MAX_BATCH_JOBS} jobs")
     checked = []
     for index, spec in enumerate(specs):
         try:
@@ -333,7 +333,7 @@ def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "fi
             (``finished[2].state``).
     """
     if len(outcomes) > MAX_OUTCOMES:
-        raise InvalidArgument(field, f"{len(outcomes)} outcomes", f"must hold at most {MAX_OUTCOMES}")
+        raise InvalidArgument(field, len(outcomes), f"must hold at most {MAX_OUTCOMES} outcomes")
     for index, outcome in enumerate(outcomes):
         check_outcome(f"{field}[{index}]", **outcome)  # type: ignore[arg-type]
 

@@ -161,7 +161,7 @@ def check_constraints(
     """
     held = tuple(constraints)
     if len(held) > MAX_CONSTRAINTS:
-        raise InvalidArgument(field, f"{len(held)} constraints", f"must have at most {MAX_CONSTRAINTS}")
+        raise InvalidArgument(field, len(held), f"must have at most {MAX_CONSTRAINTS} constraints")
     for index, constraint in enumerate(held):
         constraint.check(f"{field}[{index}]")
     return held

@@ -242,7 +242,7 @@ def check_labels(labels: Mapping[str, str], *, field: str = "labels") -> dict[st
         InvalidArgument: too many labels, or a bad key (``labels key``) or value (``labels[zone]``).
     """
     if len(labels) > MAX_LABELS:
-        raise InvalidArgument(field, f"{len(labels)} labels", f"must have at most {MAX_LABELS}")
+        raise InvalidArgument(field, len(labels), f"must have at most {MAX_LABELS} labels")
     for key, value in labels.items():
         check_label_key(key, field=field)
         check_label_value(value, field=f"{field}[{key}]")

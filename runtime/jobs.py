@@ -132,7 +132,7 @@ def _check_argv(field: str, argv: tuple[str, ...], *, allow_empty: bool) -> None
             return
         raise InvalidArgument(field, list(argv), "must name a program")
     if len(argv) > MAX_ARGV_ITEMS:
-        raise InvalidArgument(field, f"{len(argv)} items", f"must have at most {MAX_ARGV_ITEMS} items")
+        raise InvalidArgument(field, len(argv), f"must have at most {MAX_ARGV_ITEMS} items")
     for index, arg in enumerate(argv):
         check_text(f"{field}[{index}]", arg, max_bytes=MAX_ARGV_BYTES, allow_empty=index > 0)
     total = sum(utf8_bytes(field, a) for a in argv)
@@ -294,7 +294,7 @@ def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     :data:`MAX_ENV_BYTES` bytes in all."""
     pairs = list(env)
     if len(pairs) > MAX_ENV_VARS:
-        raise InvalidArgument(field, f"{len(pairs)} names", f"must have at most {MAX_ENV_VARS} names")
+        raise InvalidArgument(field, len(pairs), f"must have at most {MAX_ENV_VARS} names")
     seen: set[str] = set()
     total = 0
     for name, value in pairs:
@@ -415,7 +415,7 @@ class JobSpec:
             if not self.workdir.startswith("/"):
                 raise InvalidArgument("workdir", self.workdir, "must be an absolute path (start with /)")
         if len(self.after) > MAX_AFTER:
-            raise InvalidArgument("after", f"{len(self.after)} jobs", f"must name at most {MAX_AFTER} jobs")
+            raise InvalidArgument("after", len(self.after), f"must name at most {MAX_AFTER} jobs")
         for index, job_id in enumerate(self.after):
             check_int_between(f"after[{index}]", job_id, 1, MAX_ID)
         if len(set(self.after)) != len(self.after):

@@ -183,7 +183,7 @@ ended AS (
                      AND (SELECT count_lost FROM jobs WHERE jobs.id = a.job_id)
       FROM orphaned o
      WHERE a.id = o.id AND a.state = 'active'
- RETURNING a.id, a.job_id, a.end_reason
+ RETURNING a.id, a.job_id, a.worker_id, a.end_reason
 ),
 {_REQUEUE_BACKOFF.format(caps="$2", clean="ended.end_reason = 'worker_left'")},
 requeued AS (
@@ -209,7 +209,9 @@ requeued AS (
      WHERE j.id = b.id AND j.state IN ('assigned', 'running')
  RETURNING j.id, j.state
 )
-SELECT (SELECT coalesce(array_agg(id), '{{}}') FROM ended) AS ended_ids,
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM ended) AS ended_ids,
+       (SELECT coalesce(array_agg(job_id ORDER BY id), '{{}}') FROM ended) AS ended_job_ids,
+       (SELECT coalesce(array_agg(worker_id ORDER BY id), '{{}}') FROM ended) AS ended_worker_ids,
        (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids,
        (SELECT count(*) FROM orphaned) = $3 AS more
 """

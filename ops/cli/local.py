@@ -304,7 +304,29 @@ def up(
         except ClusterError as exc:
             raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
     _print_up(result, cluster)
+    if json_logs:
+        _warn_json_logs_not_applied(result, cluster)
     _record(cluster)
+
+
+def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
+    """``--json-logs`` reaches only the processes this call started: name those already
+    running without it (they keep the options they were started with) and how to apply it."""
+    kept = [
+        spec.id
+        for spec in result.config.processes
+        if spec.id not in result.started
+        and spec.kind in ("cp", "agent", "fleet")
+        and "--json-logs" not in spec.args
+    ]
+    if kept:
+        err_console().print(
+            f"note: --json-logs applies to the processes this call starts; already running with "
+            f"console logs: {' '.join(kept)} (`{_down_command(cluster)}` then `stockade up "
+            "--json-logs` starts them with it)",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _down_command(cluster: LocalCluster | DockerCluster) -> str:

@@ -69,15 +69,18 @@ def dropped_notice(job_id: int, stream: str, chunk: LogChunk) -> str:
 
 
 def unreachable_worker(exc: NoControlPlaneReachable) -> str | None:
-    """What to say when every replica answered that the job's worker is out of reach (they
-    name it and its address): their own words, once; None when some replica did not answer."""
+    """What to say when the replicas that answered said the job's worker is out of reach (they
+    name it and its address): their own words, once, and how many were asked (and how many of
+    them did not answer at all); None when no replica answered."""
     from runtime.errors import PeerUnavailable
 
-    if not exc.failures or not all(isinstance(f, PeerUnavailable) for f in exc.failures):
-        return None
     said = list(dict.fromkeys(f.detail for f in exc.failures if isinstance(f, PeerUnavailable)))
+    if not said:
+        return None
     asked = len(exc.failures)
-    return "; ".join(said) + f" (asked {asked} control plane{'s' if asked != 1 else ''})"
+    silent = sum(1 for f in exc.failures if not isinstance(f, PeerUnavailable))
+    silence = f", {silent} of them did not answer" if silent else ""
+    return "; ".join(said) + f" (asked {asked} control plane{'s' if asked != 1 else ''}{silence})"
 
 
 class _Stdout:

@@ -438,5 +438,28 @@ def event_json(event: JobEvent) -> dict[str, Any]:
 
 def events_json(history: JobHistory) -> list[dict[str, Any]]:
     """``stockade job ID --events --json``: the events as a JSON list, oldest first
-    (:func:`event_json`)."""
-    return [event_json(event) for event in history.events]
+    (:func:`event_json`); for a job that has not ended, a last entry of kind ``now`` with its
+    state now (every other key null), as the table's last row."""
+    listed = [event_json(event) for event in history.events]
+    if not history.events or history.events[-1].kind != "final":
+        now = dict.fromkeys(_EVENT_KEYS)
+        listed.append({**now, "kind": "now", "state": history.state})
+    return listed
+
+
+_EVENT_KEYS = (
+    "kind",
+    "at_unix_s",
+    "assignment_id",
+    "worker_id",
+    "incarnation",
+    "epoch",
+    "leader",
+    "state",
+    "reason",
+    "outcome",
+    "exit_code",
+    "detail",
+    "not_before_unix_s",
+)
+"""The keys of :func:`event_json`, in its order."""

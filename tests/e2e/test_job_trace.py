@@ -151,7 +151,9 @@ def test_a_job_whose_worker_is_killed_runs_elsewhere_and_its_history_says_so(clu
         )
     reconciled = by_event["reconciled"]
     assert reconciled["epoch"] == epoch_e2 and worker_a in reconciled["dead_workers"]
-    assert placed_a["assignment_id"] in reconciled["assignment_ids"]
+    index = reconciled["assignment_ids"].index(placed_a["assignment_id"])
+    assert (reconciled["job_ids"][index], reconciled["worker_ids"][index]) == (job_id, worker_a)
+    assert job_id in reconciled["requeued_job_ids"]
     outcome = by_event["outcomes recorded"]
     assert (outcome["worker_id"], outcome["assignment_ids"]) == (worker_b, [placed_b["assignment_id"]])
     assert "epoch" in outcome

@@ -265,3 +265,42 @@ def test_an_agent_offering_capacity_no_registration_may_is_refused_at_start(
     )  # fmt: skip
     assert result.exit_code == 2
     assert lines(result.output) == [message]
+
+
+def test_up_with_json_logs_names_the_running_processes_it_does_not_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stockade up --json-logs` on a cluster whose processes already run without it: the table
+    as usual, and a note naming them and how to restart them with it; exit 0."""
+    from ops.cluster import UpResult
+    from protocol import pb
+
+    state = StateDir(tmp_path / "state")
+    config = ClusterConfig(
+        database_url="postgresql://nowhere/db",
+        embedded_pg_port=None,
+        processes=[
+            ProcessSpec(id="cp-1", kind="cp", address="127.0.0.1:7001", args=("cp",)),
+            ProcessSpec(id="w-1", kind="agent", address="127.0.0.1:7101", args=("agent", "--json-logs")),
+        ],
+    )
+    state.save(config)
+
+    def kept_up(self: cluster_module.LocalCluster, **_: object) -> UpResult:
+        return UpResult(
+            config=config,
+            started=(),
+            database_started=False,
+            status=pb.StatusReply(leader="cp-1", epoch=1),
+            pids={"cp-1": 41, "w-1": 42},
+        )
+
+    monkeypatch.setenv("STOCKADE_STATE_DIR", str(state.root))
+    monkeypatch.setattr(cluster_module.LocalCluster, "up", kept_up)
+    result = CliRunner().invoke(app, ["up", "--json-logs"])
+    assert result.exit_code == 0, result.output
+    assert (
+        "note: --json-logs applies to the processes this call starts; already running with console "
+        f"logs: cp-1 (`STOCKADE_STATE_DIR={state.root} stockade down` then `stockade up "
+        "--json-logs` starts them with it)"
+    ) in " ".join(result.stderr.split())

@@ -205,6 +205,20 @@ def test_a_worker_out_of_reach_is_named_once_exit_1(monkeypatch: pytest.MonkeyPa
     assert "no control plane answered" not in result.stderr
 
 
+def test_a_dead_worker_is_named_when_another_replica_did_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replica is down, the other says the worker was declared dead: its words, and that
+    one of the replicas asked did not answer."""
+    said = "worker w-2 at 127.0.0.2:7302 was declared dead: the output of job 7 is kept on that worker only"
+    failures = [
+        ConnectionRefused("127.0.0.1:1 refused the connection"),
+        PeerUnavailable(f"127.0.0.1:2: UNAVAILABLE: {said}", detail=said),
+    ]
+    scripted(monkeypatch, ScriptedReplicas(*failures))
+    result = invoke("7", control_planes="127.0.0.1:1,127.0.0.1:2")
+    assert result.exit_code == 1
+    assert f"error: {said} (asked 2 control planes, 1 of them did not answer)" in result.stderr
+
+
 def test_a_cluster_that_does_not_answer_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replicas that could not be reached at all: the usual message, exit status 1."""
     scripted(monkeypatch, ScriptedReplicas(ConnectionRefused("127.0.0.1:1 refused the connection")))

@@ -237,7 +237,7 @@ NOTHING_SENT: list[tuple[Callable[[Client], Awaitable[Any]], str]] = [
     (lambda c: c.submit(SPEC, idempotency_key=""), "idempotency_key must not be empty"),
     (lambda c: c.submit(SPEC, idempotency_key="k" * 129), "idempotency_key must be at most 128 bytes"),
     (lambda c: c.submit_many([]), "specs must hold at least one job"),
-    (lambda c: c.submit_many([SPEC] * 10_001), "specs must hold at most 10000, got '10001 jobs'"),
+    (lambda c: c.submit_many([SPEC] * 10_001), "specs must hold at most 10000 jobs, got 10001"),
     (
         lambda c: c.submit_many([SPEC, job_spec(cpu_millis=1, memory_mb=1, sleep_s=1, array="1-3")]),
         "specs[1].array must be unset in a batch",

@@ -83,15 +83,18 @@ HISTORY = pb.GetJobEventsReply(
 
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
-    """Every call answered as the job above (job 7; NOT_FOUND for any other); the calls made."""
+    """Every call answered as the job above (job 7; job 8 is it before it ended; NOT_FOUND for
+    any other); the calls made."""
     calls: list[tuple[str, object]] = []
 
     async def replica(
         self: object, index: int, rpc: str, request: pb.GetJobEventsRequest, *a: object, **k: object
     ) -> object:
         calls.append((rpc, request))
-        if request.job_id != 7:
+        if request.job_id not in (7, 8):
             raise NotFound(f"job_id {request.job_id} not found")
+        if request.job_id == 8:  # job 7 as it was while its second run went on
+            return pb.GetJobEventsReply(job_id=8, state="running", events=list(HISTORY.events)[:-2])
         return HISTORY
 
     monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
@@ -157,11 +160,26 @@ def test_events_as_json_are_a_list_with_every_key(scripted: list[tuple[str, obje
     assert events[-1]["kind"] == "final" and events[-1]["state"] == "succeeded"
 
 
+def test_events_of_a_job_that_has_not_ended_end_with_its_state_now(
+    scripted: list[tuple[str, object]],
+) -> None:
+    """A job still running: the table's last row and the JSON list's last entry say its state
+    now (kind ``now``, every other key null)."""
+    code, output = run("job", "8", "--events")
+    assert code == 0, output
+    assert output.splitlines()[-1].split() == ["now", "running"]
+    code, output = run("job", "8", "--events", "--json")
+    assert code == 0, output
+    last = json.loads(output)[-1]
+    assert (last["kind"], last["state"]) == ("now", "running")
+    assert {k for k, v in last.items() if v is not None} == {"kind", "state"}
+
+
 def test_events_of_an_unknown_job_fail_with_exit_status_2(scripted: list[tuple[str, object]]) -> None:
     """An id no job has: one line naming it, exit status 2, as `stockade job` does."""
-    code, output = run("job", "8", "--events")
+    code, output = run("job", "9", "--events")
     assert code == EXIT_INVALID
-    assert output.strip().endswith("job_id 8 not found")
+    assert output.strip().endswith("job_id 9 not found")
 
 
 def test_up_with_json_logs_gives_every_new_process_the_option(
