@@ -419,6 +419,8 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
             )
             return await reply.wait()
 
+        # Heard from just now (the setup may have taken seconds on a loaded machine).
+        await db.execute("UPDATE workers SET last_heartbeat_at = now()")
         fresh = await declare()
         assert fresh.dead_worker_ids == ()  # type: ignore[attr-defined]
         await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '6 seconds'")
