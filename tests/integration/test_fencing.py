@@ -97,6 +97,14 @@ async def declare_dead(ledger_inbox: trio.MemorySendChannel[LedgerInbox], epoch:
     return await reply.wait()
 
 
+async def server_up_for(db: PgConnection, seconds: float) -> None:
+    """Return once the database server has been up ``seconds``: silence counts from its start
+    at the earliest (DECLARE_DEAD_WORKERS), and a test run first in its session may find the
+    server just started."""
+    up_s = await db.fetchval("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
+    await trio.sleep(max(0.0, seconds - up_s) + 0.05)
+
+
 async def run_ledger(
     nursery: trio.Nursery, url: str, settings: LedgerSettings = LedgerSettings()
 ) -> tuple[trio.MemorySendChannel[LedgerInbox], trio.MemoryReceiveChannel[LeaseInbox]]:
@@ -424,6 +432,7 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
         fresh = await declare()
         assert fresh.dead_worker_ids == ()  # type: ignore[attr-defined]
         await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '6 seconds'")
+        await server_up_for(db, 6.0)
         dead = await declare()
         nursery.cancel_scope.cancel()
     assert dead.dead_worker_ids == ("w-1",)  # type: ignore[attr-defined]
@@ -464,6 +473,7 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         await reply.wait()
         assert await db.fetchval(ALLOCATION_MATCHES)
         await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '1 minute'")
+        await server_up_for(db, 6.0)
         dead: Reply[object] = Reply()
         await ledger.send(
             DeclareDeadWorkers(
