@@ -421,7 +421,7 @@ class ConsoleApp:
             return (
                 row,
                 await conn.fetch(q.CONSOLE_JOB_ATTEMPTS, job_id),
-                await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id),
+                await conn.fetchrow(q.CONSOLE_LOG_SOURCE, job_id, 0),  # 0: its newest run that started
             )
 
         row, attempts, source_row = await self.store.read(reads)

@@ -130,7 +130,8 @@ SELECT id, worker_id, worker_incarnation, epoch, state, coalesce(end_reason, '')
   FROM assignments WHERE job_id = $1 ORDER BY id
 """
 
-# $1 job id. Where the job's output is read (actors/logs.py: the same row ReadJobLogs reads).
+# $1 job id, $2 0 (any run). Where the job's output is read (actors/logs.py: the same row
+# ReadJobLogs reads).
 CONSOLE_LOG_SOURCE = LOG_SOURCE
 
 # The cluster's packing now: the capacity of the alive workers and what active assignments hold
