@@ -72,6 +72,7 @@ import attrs
 from rich.console import Group
 from rich.text import Text
 
+from actors.queries.jobs import dependency_states
 from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
@@ -143,6 +144,9 @@ class History:
     """Clean stops the control planes recorded (rows of ``worker_leaves``)."""
     dependency_cancels: dict[int, int] = attrs.field(factory=dict)
     """Job id -> the dependency its cancel names (``dependency_failed: job N``)."""
+    dependency_states: dict[int, str] = attrs.field(factory=dict)
+    """Such a dependency -> its state as a dependency (an array's id: the whole array's:
+    ``failed`` or ``cancelled`` when a task was); those missing read as the job's own state."""
     job_attempts: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Job id -> (attempts it spent, its max_attempts), from ``jobs.failures`` and
     ``jobs.max_attempts``."""
@@ -345,6 +349,14 @@ def _failed_run(a: AssignmentRecord) -> bool:
     return a.state == "finished" and a.end_reason is not None and a.end_reason != "succeeded"
 
 
+def _as_dependency(history: History, job_id: int | None) -> str:
+    """The state of ``job_id`` as a dependency (:attr:`History.dependency_states`, else its
+    own); ``failed`` for None (no dependency named: nothing to check)."""
+    if job_id is None:
+        return "failed"
+    return history.dependency_states.get(job_id) or history.job_states.get(job_id, "failed")
+
+
 def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
     """Jobs whose final state contradicts their runs, their retry budget, their dependencies
     or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
@@ -371,13 +383,14 @@ def wrong_final_states(history: History, expected: Mapping[int, str] | None = No
             found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
         elif state == "succeeded" and job_id not in succeeded:
             found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
-        elif state == "cancelled" and history.job_states.get(
-            history.dependency_cancels.get(job_id, -1), "failed"
-        ) not in ("failed", "cancelled"):
+        elif state == "cancelled" and _as_dependency(history, history.dependency_cancels.get(job_id)) not in (
+            "failed",
+            "cancelled",
+        ):
             dependency = history.dependency_cancels[job_id]
             found[job_id] = (
                 f"job {job_id}: cancelled as dependency_failed: job {dependency}, which ended "
-                f"{history.job_states[dependency]}"
+                f"{_as_dependency(history, dependency)}"
             )
         elif (
             expected
@@ -783,10 +796,14 @@ JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
-DEPENDENCY_CANCELS = """
-SELECT id, split_part(detail, ' ', 3)::bigint AS dependency FROM jobs
- WHERE state = 'cancelled' AND detail ~ '^dependency_failed: job [0-9]+$'
+DEPENDENCY_CANCELS = f"""
+SELECT c.id, c.dependency, s.state AS dependency_state
+  FROM (SELECT id, split_part(detail, ' ', 3)::bigint AS dependency FROM jobs
+         WHERE state = 'cancelled' AND detail ~ '^dependency_failed: job [0-9]+$') c
+  LEFT JOIN LATERAL {dependency_states("ARRAY[c.dependency]")} s ON true
 """
+"""Jobs cancelled for a dependency, with the state of that dependency as a dependency (an
+array's id: the whole array's, ``queries.jobs.dependency_states``)."""
 
 
 async def load_history(database_url: str) -> History:
@@ -835,6 +852,7 @@ async def load_history(database_url: str) -> History:
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
         dependency_cancels={r["id"]: r["dependency"] for r in dependency_cancels},
+        dependency_states={r["dependency"]: r["dependency_state"] for r in dependency_cancels},
         stale_writes_rejected=stale,
         elections=elections,
         leaves=leaves,

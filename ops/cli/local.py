@@ -310,20 +310,19 @@ def up(
 
 
 def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
-    """``--json-logs`` reaches only the processes this call started: name those already
-    running without it (they keep the options they were started with) and how to apply it."""
+    """``--json-logs`` reaches only the processes new to the cluster: those recorded in
+    cluster.json run (or are started again) with the options recorded for them. Name those
+    without it and how to apply it."""
     kept = [
         spec.id
         for spec in result.config.processes
-        if spec.id not in result.started
-        and spec.kind in ("cp", "agent", "fleet")
-        and "--json-logs" not in spec.args
+        if spec.kind in ("cp", "agent", "fleet") and "--json-logs" not in spec.args
     ]
     if kept:
         err_console().print(
-            f"note: --json-logs applies to the processes this call starts; already running with "
-            f"console logs: {' '.join(kept)} (`{_down_command(cluster)}` then `stockade up "
-            "--json-logs` starts them with it)",
+            "note: --json-logs reaches only processes new to this cluster; these keep the options "
+            f"recorded for them and log console lines: {' '.join(kept)} (`{_down_command(cluster)}` "
+            "then `stockade up --json-logs` starts them all with it)",
             markup=False,
             soft_wrap=True,
         )

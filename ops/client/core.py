@@ -633,7 +633,9 @@ class LogStream(ChunkStream):
     a row: no byte comes twice and none is skipped (but those the worker dropped, which a chunk
     says). With ``follow``, a run that ended while its job did not (the job will be retried) is
     not the end: it waits for the job's next run to start and goes on with its output, from its
-    start, until the job has ended."""
+    start, until the job has ended. Following from the start (no tail) begins with the job's
+    first run that started, so every run's output comes, in turn, even of runs that ended
+    before the stream was opened."""
 
     def __init__(self, cp: ControlPlaneClient, request: pb.ReadJobLogsRequest, *, job_id: int) -> None:
         self._cp = cp
@@ -649,6 +651,8 @@ class LogStream(ChunkStream):
         """Where the next byte of that run's output is (None: nothing has come yet)."""
         self._resumes = 0
         """Streams opened again in a row since output last came."""
+        self._job_ended = False
+        """The job had ended when last read (:meth:`_open_next_run`)."""
 
     async def next(self) -> LogChunk | None:
         """The next chunk, or None once the output has all come (without ``follow``) or the
@@ -685,16 +689,31 @@ class LogStream(ChunkStream):
             self._assignment_id = int(message.assignment_id) or self._assignment_id
             self._next_offset = int(message.offset) + len(message.data)
             chunk = chunk_from_pb(message)
-            if chunk.job_ended and self._request.follow and not await self._next_run():
-                chunk = attrs.evolve(chunk, job_ended=False)  # more comes, from the next run
+            if chunk.job_ended and self._request.follow:
+                if await self._next_run():
+                    await self.aclose()  # the job has ended: this was its last chunk
+                else:
+                    chunk = attrs.evolve(chunk, job_ended=False)  # more comes, from the next run
             return chunk
         return None
 
     async def _receive(self) -> pb.LogChunk | None:
         """The next message of the open stream, opening it first if need be; None at its end."""
         if self._chunks is None:
-            self._chunks = await self._open(self._request)
+            if self._from_first_run():
+                if not await self._open_next_run(after=0):
+                    self._chunks = await self._open(self._request)  # raises: not started yet
+            else:
+                self._chunks = await self._open(self._request)
+        assert self._chunks is not None
         return await anext(self._chunks, None)
+
+    def _from_first_run(self) -> bool:
+        """Following the whole output (no tail, no run named) begins with the job's first run
+        that started, so that a retried job's every run is read in turn."""
+        request = self._request
+        named = request.has_tail or bool(request.assignment_id) or bool(self._assignment_id)
+        return request.follow and not named
 
     async def _open(self, request: pb.ReadJobLogsRequest) -> AsyncIterator[pb.LogChunk]:
         """The stream of ``request``, open on the first replica that sends its first chunk."""
@@ -702,31 +721,39 @@ class LogStream(ChunkStream):
             self._cp.stream("read_job_logs", request, first_message_s=LOG_OPEN_S, idle_s=LOG_IDLE_S)
         )
 
-    async def _next_run(self) -> bool:
-        """After the run being read ended, with ``follow``: wait until the job has ended (True:
-        that was its last run that started) or a newer run of it has started (False: the
-        stream is open on that run, from its start)."""
+    async def _open_next_run(self, *, after: int) -> bool | None:
+        """Open the stream on the job's first run after assignment ``after`` that started,
+        from its start (True); a run placed but not started yet stops the search (None: wait
+        for it); runs that ended without starting are passed over (False: no such run now)."""
         from protocol import pb
         from runtime.errors import FailedPrecondition
 
+        info: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=self._job_id))
+        self._job_ended = info.state in ENDED_STATES
+        for attempt in sorted(info.attempt_history, key=lambda a: a.assignment_id):
+            if attempt.assignment_id <= after:
+                continue
+            request = _resumed(self._request, attempt.assignment_id, 0)
+            try:
+                self._chunks = await self._open(request)
+            except FailedPrecondition:
+                if attempt.state == "active":
+                    return None  # placed, not started yet: its output comes later
+                continue  # it ended without starting: it has no output
+            self._request, self._assignment_id, self._next_offset = request, attempt.assignment_id, None
+            return True
+        return False
+
+    async def _next_run(self) -> bool:
+        """After the run being read ended, with ``follow``: wait until the job has ended with
+        no later run that started (True: nothing more to read) or a later run of it has started
+        (False: the stream is open on that run, from its start)."""
         reads = 0
         while True:
-            info: pb.JobInfo = await self._cp.call("get_job", pb.GetJobRequest(job_id=self._job_id))
-            newest, ended = int(info.assignment_id), info.state in ENDED_STATES
-            if newest and newest != self._assignment_id and info.state != "assigned":
-                # A newer run that is running or has ended (this stream may have missed all
-                # of a short one): read it from its start, unless it never started.
-                await self._close_stream()
-                request = _resumed(self._request, newest, 0)
-                try:
-                    self._chunks = await self._open(request)
-                except FailedPrecondition:
-                    if ended:
-                        return True  # its last run never started: nothing more to read
-                else:
-                    self._request, self._assignment_id, self._next_offset = request, newest, None
-                    return False
-            elif ended:
+            await self._close_stream()
+            if await self._open_next_run(after=self._assignment_id):
+                return False
+            if self._job_ended:
                 return True
             await trio.sleep(WAIT_POLL.ceiling_s(reads))
             reads += 1

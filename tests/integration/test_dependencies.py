@@ -18,6 +18,7 @@ from actors.dependencies import plan_waiting
 from actors.ledger import Ledger
 from actors.messages import LeaseInbox, LedgerInbox, SettledJobs, SettleWaitingJobs
 from actors.reconciler_store import waiting_job
+from ops.checker import load_history
 from protocol import pb
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
@@ -32,6 +33,7 @@ ACTIVE = "('pending', 'assigned', 'running')"
 class Cluster:
     cp: ControlPlaneClient
     admin: PgConnection
+    database_url: str
     incarnation: int = 0
 
     async def submit(
@@ -123,7 +125,7 @@ class Cluster:
 @pytest.fixture
 async def cluster(database_url: str) -> AsyncIterator[Cluster]:
     async with ingest_and_leader(database_url, epoch=EPOCH) as (cp, admin):
-        yield Cluster(cp=cp, admin=admin)
+        yield Cluster(cp=cp, admin=admin, database_url=database_url)
 
 
 async def test_a_job_waits_until_every_dependency_succeeded_then_becomes_pending(cluster: Cluster) -> None:
@@ -332,6 +334,8 @@ async def test_a_failed_or_cancelled_task_cancels_the_jobs_after_its_array(clust
     await cluster.finish(array_id + 1, "failed")
     assert await cluster.settle() == ([], [after])
     assert (await cluster.job(after))["reason"] == f"dependency_failed: job {array_id}"
+    history = await load_history(cluster.database_url)
+    assert history.dependency_states[array_id] == "failed"  # what stockade check reads
     other = await cluster.submit(array=pb.JobArray(first_index=0, last_index=1))
     waiting = await cluster.submit(after=(other,))
     await cluster.finish(other)

@@ -432,3 +432,15 @@ def test_a_dependant_cancelled_for_a_dependency_that_succeeded_is_caught() -> No
     report = check(history, [])
     assert report.wrong_final_states == 1
     assert "job 2: cancelled as dependency_failed: job 1, which ended succeeded" in report.details
+
+
+def test_a_dependant_of_an_array_whose_task_failed_is_not_caught() -> None:
+    """Job 2 cancelled as dependency_failed: job 1, where 1 is an array's id whose first task
+    succeeded but another task failed: the array, as a dependency, failed; no wrong state."""
+    history = History(
+        assignments=(assignment(1, 1, "w-1", 1, "finished", 0.0, 1.0),),
+        job_states={1: "succeeded", 2: "cancelled", 3: "failed"},
+        dependency_cancels={2: 1},
+        dependency_states={1: "failed"},
+    )
+    assert check(history, []).wrong_final_states == 0

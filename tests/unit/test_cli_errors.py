@@ -270,8 +270,9 @@ def test_an_agent_offering_capacity_no_registration_may_is_refused_at_start(
 def test_up_with_json_logs_names_the_running_processes_it_does_not_reach(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`stockade up --json-logs` on a cluster whose processes already run without it: the table
-    as usual, and a note naming them and how to restart them with it; exit 0."""
+    """`stockade up --json-logs` on a cluster whose recorded processes run without it (also one
+    it starts again from cluster.json): the table as usual, and a note naming them and how to
+    start them with it; exit 0."""
     from ops.cluster import UpResult
     from protocol import pb
 
@@ -300,7 +301,7 @@ def test_up_with_json_logs_names_the_running_processes_it_does_not_reach(
     result = CliRunner().invoke(app, ["up", "--json-logs"])
     assert result.exit_code == 0, result.output
     assert (
-        "note: --json-logs applies to the processes this call starts; already running with console "
-        f"logs: cp-1 (`STOCKADE_STATE_DIR={state.root} stockade down` then `stockade up "
-        "--json-logs` starts them with it)"
+        "note: --json-logs reaches only processes new to this cluster; these keep the options "
+        f"recorded for them and log console lines: cp-1 (`STOCKADE_STATE_DIR={state.root} stockade "
+        "down` then `stockade up --json-logs` starts them all with it)"
     ) in " ".join(result.stderr.split())

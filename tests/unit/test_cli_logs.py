@@ -135,17 +135,25 @@ def test_following_a_job_that_has_not_started_waits_for_it(monkeypatch: pytest.M
 
 
 def test_following_a_job_that_is_retried_goes_on_with_its_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its first run ends while the job will run again: --follow waits (the job pending, then
-    placed but not started), then prints the next run's output from its start after a notice
-    naming that run and its worker, and ends with the job."""
+    """Following from the start reads the job's first run, then, once it ended while the job
+    will run again, waits (the next run placed but not started), then prints the next run's
+    output from its start after a notice naming that run and its worker, and ends with the
+    job."""
+    first = pb.Attempt(assignment_id=3, state="finished")
+    placed = pb.Attempt(assignment_id=4, state="active")
     replicas = ScriptedReplicas(
         [pb.LogChunk(data=b"one\n", job_ended=True, worker_id="w-1", assignment_id=3)],
+        FailedPrecondition("job 7 has no run with assignment 4 that started on a worker"),
         [pb.LogChunk(data=b"two\n", job_ended=True, worker_id="w-2", assignment_id=4)],
         jobs=(
-            pb.JobInfo(job_id=7, state="pending", assignment_id=3),
-            pb.JobInfo(job_id=7, state="assigned", assignment_id=4),
-            pb.JobInfo(job_id=7, state="running", assignment_id=4),
-            pb.JobInfo(job_id=7, state="succeeded", assignment_id=4),
+            pb.JobInfo(job_id=7, state="pending", attempt_history=[first]),
+            pb.JobInfo(job_id=7, state="assigned", attempt_history=[first, placed]),
+            pb.JobInfo(job_id=7, state="running", attempt_history=[first, placed]),
+            pb.JobInfo(
+                job_id=7,
+                state="succeeded",
+                attempt_history=[first, pb.Attempt(assignment_id=4, state="finished")],
+            ),
         ),
     )
     scripted(monkeypatch, replicas)
@@ -153,9 +161,12 @@ def test_following_a_job_that_is_retried_goes_on_with_its_next_run(monkeypatch: 
     assert result.exit_code == 0, result.output
     assert result.stdout_bytes == b"one\ntwo\n"
     assert "job 7 runs again (assignment 4 on worker w-2): its stdout from the start" in result.stderr
-    assert replicas.requests[1] == pb.ReadJobLogsRequest(
-        job_id=7, stream="stdout", follow=True, assignment_id=4, has_offset=True, offset=0
-    )
+    run = {"job_id": 7, "stream": "stdout", "follow": True, "has_offset": True, "offset": 0}
+    assert replicas.requests == [
+        pb.ReadJobLogsRequest(assignment_id=3, **run),
+        pb.ReadJobLogsRequest(assignment_id=4, **run),
+        pb.ReadJobLogsRequest(assignment_id=4, **run),
+    ]
     assert replicas.jobs == []
 
 

@@ -551,7 +551,9 @@ async def test_a_stream_that_breaks_after_a_chunk_is_opened_again_from_where_it_
 async def test_logs_give_each_replica_the_same_limits_following_or_not(follow: bool) -> None:
     """A replica has LOG_OPEN_S for its first chunk (a worker sends one at once, following or
     not) and LOG_IDLE_S between chunks (keep-alives come every 5 s while following)."""
-    replica = Replica({"read_job_logs": [pb.LogChunk(data=b"x"), None]})
+    replica = Replica(
+        {"read_job_logs": [pb.LogChunk(data=b"x"), None], "get_job": [pb.JobInfo(job_id=9, state="running")]}
+    )
     assert [c.data async for c in client_of(replica).logs(9, follow=follow)] == [b"x"]
     (limits,) = replica.limits
     assert limits == {"first_message_s": LOG_OPEN_S, "idle_s": LOG_IDLE_S, "timeout_s": None}

@@ -99,10 +99,11 @@ async def test_the_trio_face_submits_waits_and_reads_the_output(
     assert chunks[-1] == LogChunk(
         data=b"lo\n", dropped_bytes=0, job_ended=True, worker_id="w-1", assignment_id=3
     )
-    # Following, the end of a run is the end once the job is read as ended (no run follows).
+    # Following from the start reads the job for its first run, and the end of a run is the
+    # end once the job is read as ended (no run follows).
     assert [rpc for rpc, _ in service.requests] == [
         "submit_job",
-        *["get_job"] * 3,
+        *["get_job"] * 4,
         "read_job_logs",
         "get_job",
     ]
@@ -362,7 +363,7 @@ async def test_a_stream_left_early_is_closed_at_the_replica() -> None:
 
         return chunks()
 
-    service = ScriptedControlPlane(read_job_logs=endless)
+    service = ScriptedControlPlane(read_job_logs=endless, get_job=pb.JobInfo(job_id=7, state="running"))
     with serve(service) as addresses:
         async with Client.open(ClientSettings(control_planes=addresses, tls=None)) as client:
             async with client.logs(7, follow=True) as chunks:
