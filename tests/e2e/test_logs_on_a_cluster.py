@@ -201,6 +201,25 @@ def test_logs_follow_goes_on_through_the_runs_of_a_job_that_is_retried(
     assert client.job(job_id).state == "succeeded"
 
 
+def test_logs_follow_opened_after_a_retried_job_ended_prints_every_run(
+    cluster: tuple[LocalCluster, UpResult],
+) -> None:
+    """A job whose two short runs both failed before anyone followed it: `stockade logs
+    --follow` prints both runs' output, in order, with a notice between them, and exits 0."""
+    _, ready = cluster
+    client = Client(ready)
+    job_id = client.submit("print('try')\nraise SystemExit(1)\n", max_attempts=2, retry_backoff_ms=200)
+    wait_for(lambda: client.job(job_id).state == "failed", timeout_s=60, what=f"job {job_id} to fail")
+    follower = client.follow(job_id)
+    try:
+        out, errors = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, errors
+    assert out == "try\ntry\n", errors
+    assert errors.count(f"job {job_id} runs again") == 1, errors
+
+
 def test_logs_of_an_unknown_job_exit_2(cluster: tuple[LocalCluster, UpResult]) -> None:
     """`stockade logs 9999` of a cluster without that job: one line naming it, exit 2."""
     _, ready = cluster
