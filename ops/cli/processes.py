@@ -493,6 +493,22 @@ def _output_settings(max_output_mb: int, output_retention_s: float) -> OutputSet
 _OUTPUT_DEFAULTS = OutputSettings()
 
 
+def _named_addresses(text: str) -> list[str]:
+    """``--control-planes`` of an agent or a fleet: at least one host:port.
+
+    Raises:
+        InvalidArgument: it names none (``''``, ``',,'``), naming what was typed, or an item is
+            not host:port.
+    """
+    from runtime.errors import InvalidArgument
+
+    addresses = parse_addresses(text)
+    if not addresses:
+        rule = "must name at least one host:port, e.g. 127.0.0.1:7100"
+        raise InvalidArgument("--control-planes", text, rule)
+    return addresses
+
+
 @app.command("agent")
 def agent(
     worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
@@ -557,7 +573,7 @@ def agent(
     with errors():
         settings = AgentSettings(
             worker_id=worker_id,
-            control_planes=parse_addresses(control_planes),
+            control_planes=_named_addresses(control_planes),
             cpu_millis=cpu_millis,
             memory_mb=memory_mb,
             work_dir=str(work_dir.absolute()),
@@ -641,7 +657,7 @@ def fleet(
     with errors():
         settings = fleet_settings(
             workers,
-            control_planes=parse_addresses(control_planes),
+            control_planes=_named_addresses(control_planes),
             listen_host=host,
             cert_dir=folder,
             heartbeat_interval_s=heartbeat_interval_s,

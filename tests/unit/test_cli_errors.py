@@ -305,3 +305,19 @@ def test_up_with_json_logs_names_the_running_processes_it_does_not_reach(
         f"recorded for them and log console lines: cp-1 (`STOCKADE_STATE_DIR={state.root} stockade "
         "down` then `stockade up --json-logs` starts them all with it)"
     ) in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("given", ["", ",,,"])
+def test_an_agent_given_no_control_plane_address_says_what_was_typed(tmp_path: Path, given: str) -> None:
+    """`stockade agent --control-planes ''` (or only commas): one line quoting it, exit 2."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "agent", "--id", "w-1", "--cpu-millis", "1000", "--memory-mb", "512", "--control-planes", given,
+            "--work-dir", str(tmp_path), "--insecure",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert lines(result.output) == [
+        f"error: --control-planes must name at least one host:port, e.g. 127.0.0.1:7100, got {given!r}"
+    ]
