@@ -136,6 +136,23 @@ def parse_addresses(text: str) -> list[str]:
     return addresses
 
 
+NO_ADDRESS_RULE = "must name at least one host:port, e.g. 127.0.0.1:7100"
+"""Why a list of control-plane addresses that names none (``''``, ``',,'``) is refused."""
+
+
+def named_addresses(text: str, *, field: str = "--control-planes") -> list[str]:
+    """:func:`parse_addresses` of a list that must name at least one address.
+
+    Raises:
+        InvalidArgument: it names none (:data:`NO_ADDRESS_RULE`, quoting ``text``), or an item
+            is not ``host:port``.
+    """
+    addresses = parse_addresses(text)
+    if not addresses:
+        raise InvalidArgument(field, text, NO_ADDRESS_RULE)
+    return addresses
+
+
 def cluster_json_addresses(state_dir: Path) -> list[str] | None:
     """The control-plane addresses recorded in ``state_dir/cluster.json``, or None when it
     records no cluster (read here without :mod:`ops.cluster`, which a client does not need).
@@ -239,10 +256,7 @@ def resolve_addresses(option: str | None, state_dir: Path | None = None) -> list
     for field, text in sources:
         if text is None or (not text and field == CONTROL_PLANES_ENV):
             continue  # an empty variable is an unset one; an empty option was given on purpose
-        given = parse_addresses(text)
-        if not given:
-            raise InvalidArgument(field, text, "must name at least one host:port, e.g. 127.0.0.1:7100")
-        return given
+        return named_addresses(text, field=field)
     named = state_dir is not None or bool(os.environ.get(STATE_DIR_ENV))
     state_dir = state_dir or default_state_dir()
     recorded_here = cluster_json_addresses(state_dir)

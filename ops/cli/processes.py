@@ -12,7 +12,7 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
-from ops.config import default_state_dir, parse_addresses
+from ops.config import default_state_dir, named_addresses
 from runtime import identifiers
 from runtime.identifiers import parse_labels
 from runtime.priority import DEFAULT_NICE, check_nice
@@ -493,22 +493,6 @@ def _output_settings(max_output_mb: int, output_retention_s: float) -> OutputSet
 _OUTPUT_DEFAULTS = OutputSettings()
 
 
-def _named_addresses(text: str) -> list[str]:
-    """``--control-planes`` of an agent or a fleet: at least one host:port.
-
-    Raises:
-        InvalidArgument: it names none (``''``, ``',,'``), naming what was typed, or an item is
-            not host:port.
-    """
-    from runtime.errors import InvalidArgument
-
-    addresses = parse_addresses(text)
-    if not addresses:
-        rule = "must name at least one host:port, e.g. 127.0.0.1:7100"
-        raise InvalidArgument("--control-planes", text, rule)
-    return addresses
-
-
 @app.command("agent")
 def agent(
     worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
@@ -573,7 +557,7 @@ def agent(
     with errors():
         settings = AgentSettings(
             worker_id=worker_id,
-            control_planes=_named_addresses(control_planes),
+            control_planes=named_addresses(control_planes),
             cpu_millis=cpu_millis,
             memory_mb=memory_mb,
             work_dir=str(work_dir.absolute()),
@@ -657,7 +641,7 @@ def fleet(
     with errors():
         settings = fleet_settings(
             workers,
-            control_planes=_named_addresses(control_planes),
+            control_planes=named_addresses(control_planes),
             listen_host=host,
             cert_dir=folder,
             heartbeat_interval_s=heartbeat_interval_s,

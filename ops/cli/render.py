@@ -414,39 +414,6 @@ def events_table(history: JobHistory) -> Table:
     return table
 
 
-def event_json(event: JobEvent) -> dict[str, Any]:
-    """One event of a job's history as JSON, every key always present (null where it does not
-    apply): ``kind``, ``at_unix_s``, ``assignment_id``, ``worker_id``, ``incarnation``,
-    ``epoch``, ``leader``, ``state``, ``reason``, ``outcome``, ``exit_code``, ``detail``,
-    ``not_before_unix_s`` (:class:`ops.client.results.JobEvent` says which kind has which)."""
-    return {
-        "kind": event.kind,
-        "at_unix_s": event.at_unix_s,
-        "assignment_id": event.assignment_id,
-        "worker_id": event.worker_id,
-        "incarnation": event.incarnation,
-        "epoch": event.epoch,
-        "leader": event.leader,
-        "state": event.state,
-        "reason": event.reason,
-        "outcome": event.outcome,
-        "exit_code": event.exit_code,
-        "detail": event.detail,
-        "not_before_unix_s": event.not_before_unix_s,
-    }
-
-
-def events_json(history: JobHistory) -> list[dict[str, Any]]:
-    """``stockade job ID --events --json``: the events as a JSON list, oldest first
-    (:func:`event_json`); for a job that has not ended, a last entry of kind ``now`` with its
-    state now (every other key null), as the table's last row."""
-    listed = [event_json(event) for event in history.events]
-    if not history.events or history.events[-1].kind != "final":
-        now = dict.fromkeys(_EVENT_KEYS)
-        listed.append({**now, "kind": "now", "state": history.state})
-    return listed
-
-
 _EVENT_KEYS = (
     "kind",
     "at_unix_s",
@@ -462,4 +429,23 @@ _EVENT_KEYS = (
     "detail",
     "not_before_unix_s",
 )
-"""The keys of :func:`event_json`, in its order."""
+"""The keys of :func:`event_json`, in its order: the names of :class:`JobEvent`'s fields."""
+
+
+def event_json(event: JobEvent) -> dict[str, Any]:
+    """One event of a job's history as JSON, every key always present (null where it does not
+    apply): ``kind``, ``at_unix_s``, ``assignment_id``, ``worker_id``, ``incarnation``,
+    ``epoch``, ``leader``, ``state``, ``reason``, ``outcome``, ``exit_code``, ``detail``,
+    ``not_before_unix_s`` (:class:`ops.client.results.JobEvent` says which kind has which)."""
+    return {key: getattr(event, key) for key in _EVENT_KEYS}
+
+
+def events_json(history: JobHistory) -> list[dict[str, Any]]:
+    """``stockade job ID --events --json``: the events as a JSON list, oldest first
+    (:func:`event_json`); for a job that has not ended, a last entry of kind ``now`` with its
+    state now (every other key null), as the table's last row."""
+    listed = [event_json(event) for event in history.events]
+    if not history.events or history.events[-1].kind != "final":
+        now = dict.fromkeys(_EVENT_KEYS)
+        listed.append({**now, "kind": "now", "state": history.state})
+    return listed

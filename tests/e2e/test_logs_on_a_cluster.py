@@ -103,6 +103,28 @@ class Client:
         )
 
 
+def follow_gated(client: Client, between: Callable[[int], None]) -> tuple[int, str, str, int]:
+    """Submit :func:`gated_steps`, follow it with `stockade logs --follow`, and once its first
+    two lines were printed call ``between(job_id)``, then open the gate; returns the job id,
+    what the command printed, its stderr and its exit status."""
+    # In /tmp itself, which the job's user (not the test's, when the agent runs as root) can look in.
+    gate = Path("/tmp") / f"stockade-logs-gate-{uuid.uuid4().hex}"
+    job_id = client.submit(gated_steps(gate))
+    follower = client.follow(job_id)
+    try:
+        assert follower.stdout is not None and follower.stderr is not None
+        lines = [follower.stdout.readline(), follower.stdout.readline()]
+        between(job_id)
+        gate.touch()
+        lines.append(follower.stdout.read())
+        follower.wait(60)
+        errors = follower.stderr.read()
+    finally:
+        follower.kill()
+        gate.unlink(missing_ok=True)
+    return job_id, "".join(lines), errors, follower.returncode
+
+
 def test_logs_follow_streams_a_running_jobs_output_from_a_worker_on_another_address(
     cluster: tuple[LocalCluster, UpResult],
 ) -> None:
@@ -114,24 +136,13 @@ def test_logs_follow_streams_a_running_jobs_output_from_a_worker_on_another_addr
     client = Client(ready)
     (worker,) = rpc.status(client.addresses, tls=client.tls).workers
     assert worker.address.startswith(f"{WORKER_HOST}:")
-    # In /tmp itself, which the job's user (not the test's, when the agent runs as root) can look in.
-    gate = Path("/tmp") / f"stockade-logs-gate-{uuid.uuid4().hex}"
-    job_id = client.submit(gated_steps(gate))
-    follower = client.follow(job_id)
-    try:
-        assert follower.stdout is not None and follower.stderr is not None
-        lines = [follower.stdout.readline(), follower.stdout.readline()]
-        state_at_second_line = client.job(job_id).state
-        gate.touch()
-        lines += [follower.stdout.readline(), follower.stdout.readline(), follower.stdout.read()]
-        follower.wait(60)
-        errors = follower.stderr.read()
-    finally:
-        follower.kill()
-        gate.unlink(missing_ok=True)
-    assert state_at_second_line == "running", errors
-    assert "".join(lines) == "step 1\nstep 2\nstep 3\nstep 4\n", errors
-    assert follower.returncode == 0, errors
+    states: list[str] = []
+    job_id, printed, errors, code = follow_gated(
+        client, lambda job_id: states.append(client.job(job_id).state)
+    )
+    assert states == ["running"], errors
+    assert printed == "step 1\nstep 2\nstep 3\nstep 4\n", errors
+    assert code == 0, errors
     wait_for(lambda: client.job(job_id).state == "succeeded", timeout_s=30, what=f"job {job_id} to succeed")
     shown = client.stockade("job", str(job_id))
     assert shown.returncode == 0, shown.stderr
@@ -146,27 +157,17 @@ def test_logs_follow_goes_on_through_another_control_plane_when_its_own_is_kille
     is given), cp-1 is killed: the stream is opened again through cp-2 from where it broke, so
     every line comes exactly once, and it exits 0 when the job ends."""
     local, ready = cluster
-    client = Client(ready)
-    gate = Path("/tmp") / f"stockade-logs-gate-{uuid.uuid4().hex}"
-    job_id = client.submit(gated_steps(gate))
-    follower = client.follow(job_id)
-    try:
-        assert follower.stdout is not None and follower.stderr is not None
-        lines = [follower.stdout.readline(), follower.stdout.readline()]
-        (spec,) = [p for p in ready.config.processes if p.id == "cp-1"]
+    (spec,) = [p for p in ready.config.processes if p.id == "cp-1"]
+
+    def kill_cp_1(job_id: int) -> None:
         process = local.live_process(spec)
         assert process is not None
         process.kill()
         process.wait(10)
-        gate.touch()
-        lines.append(follower.stdout.read())
-        follower.wait(60)
-        errors = follower.stderr.read()
-    finally:
-        follower.kill()
-        gate.unlink(missing_ok=True)
-    assert "".join(lines) == "step 1\nstep 2\nstep 3\nstep 4\n", errors
-    assert follower.returncode == 0, errors
+
+    _, printed, errors, code = follow_gated(Client(ready), kill_cp_1)
+    assert printed == "step 1\nstep 2\nstep 3\nstep 4\n", errors
+    assert code == 0, errors
 
 
 def test_logs_follow_goes_on_through_the_runs_of_a_job_that_is_retried(
