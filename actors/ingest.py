@@ -5,7 +5,7 @@ cancellation requests, worker registrations, heartbeats (liveness, running confi
 finished outcomes), clean stops (a worker's row becomes ``left``; the leader requeues its jobs),
 cordons and drains (the placer skips a cordoned worker; the leader stops and requeues what a
 drain's deadline leaves) and this replica's presence. Answers job queries and the status view.
-Every input is checked before anything is written (:mod:`actors.validation`).
+Every input is checked before anything is written (:mod:`runtime.validation`, :mod:`actors.validation`).
 
 Every mutating call is carried out at most once per idempotency key (:mod:`actors.idempotency`):
 submissions and cancels through :meth:`ControlPlaneService._once`, which stores the key and
@@ -101,6 +101,14 @@ from runtime.errors import (
 from runtime.lag import LoopLag
 from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings
 from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
+from runtime.validation import (
+    check_drain_deadline_ms,
+    check_idempotency_key,
+    check_job_id,
+    check_jobs_steps,
+    check_list,
+    check_worker_id,
+)
 from runtime.wire_jobs import job_spec_from_pb
 
 __all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest", "apply_schema"]
@@ -228,7 +236,7 @@ class ControlPlaneService(AdmittedService):
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
         job = job_spec_from_pb(request.spec).check()
-        key = validation.check_idempotency_key(request.idempotency_key)
+        key = check_idempotency_key(request.idempotency_key)
         digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
             await self._refuse_when_queue_full("submit_job")
@@ -287,10 +295,10 @@ class ControlPlaneService(AdmittedService):
                     ) from None
             assert isinstance(batch, pb.SubmitJobsRequest)
             jobs = await run_in_slices(
-                validation.check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step),
+                check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step),
                 self.wire_share,
             )
-            key = validation.check_idempotency_key(batch.idempotency_key)
+            key = check_idempotency_key(batch.idempotency_key)
             digest = await run_in_slices(
                 idempotency.digest_steps(
                     "submit_jobs", (idempotency.job_item(j) for j in jobs), step_items=step
@@ -344,7 +352,7 @@ class ControlPlaneService(AdmittedService):
                 return swept
 
     async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
-        validation.check_job_id(request.job_id)
+        check_job_id(request.job_id)
         async with self.database("get_job") as conn:
             row = await conn.fetchrow(queries.GET_JOB, request.job_id)
             attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
@@ -368,7 +376,7 @@ class ControlPlaneService(AdmittedService):
             InvalidArgument: ``job_id`` outside 1..2**63-1.
             NotFound: no job has this id.
         """
-        validation.check_job_id(request.job_id)
+        check_job_id(request.job_id)
         async with self.database("get_job_events") as conn:
             rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
         if not rows:
@@ -378,15 +386,15 @@ class ControlPlaneService(AdmittedService):
     async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
         """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
         the turn."""
-        state, limit = validation.check_list(request.state, request.limit)
+        state, limit = check_list(request.state, request.limit)
         async with self.admitted("list_jobs"):
             async with self.connection("list_jobs") as conn:
                 rows = await conn.fetch(queries.LIST_JOBS, state, limit)
             return await self._encoded(pb.ListJobsReply(), {"jobs": (job_info(r) for r in rows)})
 
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
-        validation.check_job_id(request.job_id)
-        key = validation.check_idempotency_key(request.idempotency_key)
+        check_job_id(request.job_id)
+        key = check_idempotency_key(request.idempotency_key)
         # A cancel of one task only is another request than the array's cancel; a plain
         # cancel digests as it always did.
         item: list[Any] = [request.job_id, "only_this_task"] if request.only_this_task else [request.job_id]
@@ -749,16 +757,16 @@ class ControlPlaneService(AdmittedService):
 
     async def cordon_worker(self, request: pb.CordonWorkerRequest) -> pb.WorkerScheduleReply:
         """Cordon a worker: no new placement on it; its running jobs go on."""
-        worker_id = validation.check_worker_id(request.worker_id)
-        key = validation.check_idempotency_key(request.idempotency_key)
+        worker_id = check_worker_id(request.worker_id)
+        key = check_idempotency_key(request.idempotency_key)
         return await self._worker_schedule(
             "cordon_worker", queries.CORDON_WORKER, worker_id, key=key, items=[worker_id]
         )
 
     async def uncordon_worker(self, request: pb.UncordonWorkerRequest) -> pb.WorkerScheduleReply:
         """End a worker's cordon and any drain of it: it takes placements again."""
-        worker_id = validation.check_worker_id(request.worker_id)
-        key = validation.check_idempotency_key(request.idempotency_key)
+        worker_id = check_worker_id(request.worker_id)
+        key = check_idempotency_key(request.idempotency_key)
         return await self._worker_schedule(
             "uncordon_worker", queries.UNCORDON_WORKER, worker_id, key=key, items=[worker_id]
         )
@@ -766,11 +774,11 @@ class ControlPlaneService(AdmittedService):
     async def drain_worker(self, request: pb.DrainWorkerRequest) -> pb.WorkerScheduleReply:
         """Drain a worker: cordon it, and with a deadline have the leader stop and requeue
         what still runs there once it has passed (see ``schema.sql``, drain and cordon)."""
-        worker_id = validation.check_worker_id(request.worker_id)
+        worker_id = check_worker_id(request.worker_id)
         deadline_ms = None
         if request.has_deadline:
-            deadline_ms = validation.check_drain_deadline_ms(request.deadline_ms)
-        key = validation.check_idempotency_key(request.idempotency_key)
+            deadline_ms = check_drain_deadline_ms(request.deadline_ms)
+        key = check_idempotency_key(request.idempotency_key)
         deadline_s = None if deadline_ms is None else deadline_ms / 1000
         return await self._worker_schedule(
             "drain_worker",

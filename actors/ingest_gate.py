@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
     """Run ``steps`` to its end, letting the loop's other tasks run at each of its yields
-    (:mod:`protocol.wire`, :func:`actors.validation.check_jobs_steps`), and pausing as
+    (:mod:`protocol.wire`, :func:`runtime.validation.check_jobs_steps`), and pausing as
     ``share`` says (:class:`actors.admission.LoopShare`; None: no pauses)."""
     while True:
         started = trio.current_time()

@@ -13,6 +13,7 @@ import attrs
 
 from actors import queries, validation
 from protocol import pb
+from runtime.validation import JOB_STATES
 from runtime.wire_jobs import job_spec_to_pb
 
 
@@ -48,9 +49,9 @@ def job_info(row: Any) -> pb.JobInfo:
 
 def array_counts(rows: list[Any]) -> list[pb.JobCount]:
     """An array's tasks per state (rows of :data:`actors.queries.ARRAY_COUNTS`), in the order of
-    :data:`actors.validation.JOB_STATES`, states with no task left out."""
+    :data:`runtime.JOB_STATES`, states with no task left out."""
     by_state = {r["state"]: int(r["count"]) for r in rows}
-    return [pb.JobCount(state=s, count=by_state[s]) for s in validation.JOB_STATES if s in by_state]
+    return [pb.JobCount(state=s, count=by_state[s]) for s in JOB_STATES if s in by_state]
 
 
 def attempt_info(row: Any) -> pb.Attempt:
@@ -256,7 +257,7 @@ def status_reply(
             )
             for r in cps
         ],
-        jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in validation.JOB_STATES],
+        jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in JOB_STATES],
         answered_by=cp_id,
     )
     elements = {

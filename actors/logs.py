@@ -34,9 +34,9 @@ from typing import Any
 import attrs
 import trio
 
-from actors import validation
+from actors.validation import check_assignment_id
 from protocol import pb
-from runtime import log, metrics
+from runtime import log, metrics, validation
 from runtime.aio import GrpcChannel, Send, rpc_deadline
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from runtime.settings import IngestSettings
@@ -62,18 +62,16 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
 
     Raises:
         InvalidArgument: a job id out of range, an unknown stream, or a tail of more than
-            :data:`actors.validation.MAX_TAIL_LINES` lines.
+            :data:`runtime.validation.MAX_TAIL_LINES` lines.
     """
     validation.check_job_id(request.job_id)
     stream = request.stream or "stdout"
     if stream not in STREAMS:
         raise InvalidArgument("stream", request.stream, "must be stdout or stderr")
-    if request.has_tail and not 0 <= request.tail_lines <= validation.MAX_TAIL_LINES:
-        raise InvalidArgument(
-            "tail_lines", request.tail_lines, f"must be between 0 and {validation.MAX_TAIL_LINES:,}"
-        )
+    if request.has_tail:
+        validation.check_tail_lines(request.tail_lines)
     if request.assignment_id:
-        validation.check_assignment_id(request.assignment_id)
+        check_assignment_id(request.assignment_id)
     if request.has_offset and request.offset > MAX_OFFSET:
         raise InvalidArgument("offset", request.offset, f"must be at most {MAX_OFFSET}")
     return pb.ReadJobLogsRequest(

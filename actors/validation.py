@@ -8,15 +8,16 @@ a limit means the same for any script (a name of 128 bytes is 128 ASCII letters 
 ones). :data:`LIMITS` lists every limit, and the table of them in ``docs/limits.md`` is
 :func:`limits_table` (a test compares the two).
 
-A job's spec has its rules with it (:meth:`runtime.jobs.JobSpec.check`, whose limits are
-re-exported here for the table); this module checks batches of them and everything else.
+A job's spec has its rules with it (:meth:`runtime.jobs.JobSpec.check`), and what a client
+checks before it sends too (job ids, idempotency keys, batches, lists, tails, drains) is in
+:mod:`runtime.validation`: both modules' limits are named here for the table; this module
+checks what only the control plane receives (registrations, heartbeats, outcomes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -45,89 +46,24 @@ from runtime.jobs import (
     MAX_TIMEOUT_S,
     MAX_WORKDIR_BYTES,
     MIN_TIMEOUT_S,
-    JobSpec,
+)
+from runtime.validation import (
+    MAX_BATCH_JOBS,
+    MAX_DRAIN_DEADLINE_MS,
+    MAX_DRAIN_DEADLINE_S,
+    MAX_ID,
+    MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_LIST_LIMIT,
+    MAX_TAIL_LINES,
 )
 
-T = TypeVar("T")
-
-# The job limits above are runtime.jobs' (JobSpec.check applies them); they are named here too,
-# for the table of every limit (LIMITS).
-MAX_LIST_LIMIT = 10_000
-JOB_STATES = ("waiting", "pending", "assigned", "running", "succeeded", "failed", "cancelled")
-
-
-MAX_BATCH_JOBS = 10_000
-BATCH_ARRAY_RULE = "must be unset in a batch (submit an array with SubmitJob, one per call)"
-
-
-def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
-    """Check a batch of specs (:meth:`runtime.jobs.JobSpec.check` each).
-
-    Raises:
-        InvalidArgument: an empty or too large batch, or a bad job (an array among them: a
-            batch holds single jobs); the field is named with its index, e.g.
-            ``specs[3].cpu_millis``.
-    """
-    steps = check_jobs_steps(specs, spec_of=lambda spec: spec, step_jobs=len(specs) + 1)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            checked: list[JobSpec] = done.value
-            return checked
-
-
-def check_jobs_steps(
-    specs: Sequence[T], *, spec_of: Callable[[T], JobSpec], step_jobs: int
-) -> Generator[None, None, list[JobSpec]]:
-    """:func:`check_jobs` in steps: a generator that yields after every ``step_jobs`` jobs it
-    checked and returns the checked jobs, so a large batch need not hold the event loop.
-
-    Args:
-        specs: the batch.
-        spec_of: turns one item of ``specs`` into a :class:`runtime.jobs.JobSpec` (such as
-            :func:`runtime.wire_jobs.job_spec_from_pb`); an InvalidArgument it raises is
-            named with the item's index as a check's is.
-        step_jobs: jobs checked between two yields (at least 1).
-
-    Raises:
-        InvalidArgument: as :func:`check_jobs`.
-    """
-    if not specs:
-        raise InvalidArgument("specs", [], "must hold at least one job")
-    if len(specs) > MAX_BATCH_JOBS:
-        raise InvalidArgument("specs", len(specs), f"must hold at most {MAX_BATCH_JOBS} jobs")
-    checked = []
-    for index, spec in enumerate(specs):
-        try:
-            job = spec_of(spec).check()
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
-        if job.array is not None:
-            raise InvalidArgument(f"specs[{index}].array", job.array.describe(), BATCH_ARRAY_RULE)
-        checked.append(job)
-        if (index + 1) % step_jobs == 0:
-            yield
-    return checked
-
-
-# Identity fields are parsed by runtime.identifiers (ASCII only: a character is a byte); their
-# limits are named here too, for the table of every limit (LIMITS).
+# The limits of runtime.jobs (JobSpec.check applies them) and runtime.validation (the client
+# applies them too) are named here for the table of every limit (LIMITS), and so are those of
+# the identity fields, parsed by runtime.identifiers (ASCII only: a character is a byte).
 MAX_ID_BYTES = identifiers.MAX_ID_CHARS
 MAX_HOST_NAME_BYTES = identifiers.MAX_HOST_NAME_CHARS
 MAX_LABELS = identifiers.MAX_LABELS
 MAX_LABEL_NAME_BYTES = identifiers.MAX_LABEL_NAME_CHARS
-MAX_IDEMPOTENCY_KEY_BYTES = 128
-
-
-def check_idempotency_key(key: str) -> str:
-    """Check a mutating call's idempotency key (:mod:`actors.idempotency`).
-
-    Raises:
-        InvalidArgument: an empty key (the call could not be told from its retry), one longer
-            than 128 bytes in UTF-8, or one with a NUL byte or a control character.
-    """
-    return _text("idempotency_key", key, max_bytes=MAX_IDEMPOTENCY_KEY_BYTES, printable=True)
 
 
 def check_registration(
@@ -160,10 +96,6 @@ def check_registration(
     identifiers.check_labels(labels, field="labels")
 
 
-MAX_ID = 2**63 - 1
-"""Ids are PostgreSQL bigints."""
-
-
 def check_leave(*, worker_id: str, incarnation: int, agent_run_id: str) -> None:
     """Check a worker's leave (a clean stop).
 
@@ -178,11 +110,6 @@ def check_leave(*, worker_id: str, incarnation: int, agent_run_id: str) -> None:
     identifiers.check_id(agent_run_id, field="agent_run_id")
 
 
-def check_job_id(job_id: int) -> int:
-    """Raises InvalidArgument outside 1..MAX_ID (ids start at 1 and are bigints)."""
-    return _int_between("job_id", job_id, 1, MAX_ID)
-
-
 def check_assignment_id(assignment_id: int) -> int:
     """Raises InvalidArgument outside 1..MAX_ID."""
     return _int_between("assignment_id", assignment_id, 1, MAX_ID)
@@ -192,10 +119,6 @@ def check_incarnation(incarnation: int) -> int:
     """Raises InvalidArgument outside 0..MAX_ID."""
     return _int_between("incarnation", incarnation, 0, MAX_ID)
 
-
-MAX_TAIL_LINES = 100_000
-"""The most lines a ReadJobLogs tail may ask for (``stockade logs --tail``); a worker's reading
-of them is bounded by the output it keeps (``max_output_mb``) all the same."""
 
 MAX_HELD_ASSIGNMENTS = 100_000
 """Most assignments a restarted agent may say it holds in one registration (a worker runs at most
@@ -241,42 +164,6 @@ def check_restart_hold_ms(hold_ms: int) -> int:
         InvalidArgument: outside 0..MAX_RESTART_HOLD_MS.
     """
     return _int_between("restart_hold_ms", hold_ms, 0, MAX_RESTART_HOLD_MS)
-
-
-MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
-"""The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
-MAX_DRAIN_DEADLINE_MS = MAX_DRAIN_DEADLINE_S * 1000
-
-
-def check_worker_id(worker_id: str) -> str:
-    """A worker id named by an operator (cordon, uncordon, drain).
-
-    Raises:
-        InvalidArgument: not an id (:func:`runtime.identifiers.check_id`).
-    """
-    return identifiers.check_id(worker_id, field="worker_id")
-
-
-def check_drain_deadline_s(deadline_s: float) -> float:
-    """A drain's deadline as an operator gives it (``stockade drain --deadline-s``), in seconds.
-
-    Raises:
-        InvalidArgument: NaN, negative, or over :data:`MAX_DRAIN_DEADLINE_S` (one week).
-    """
-    if not 0 <= deadline_s <= MAX_DRAIN_DEADLINE_S:  # NaN compares false: refused too
-        raise InvalidArgument(
-            "deadline_s", deadline_s, f"must be between 0 and {MAX_DRAIN_DEADLINE_S} seconds (one week)"
-        )
-    return deadline_s
-
-
-def check_drain_deadline_ms(deadline_ms: int) -> int:
-    """A drain's deadline as DrainWorker carries it, in milliseconds.
-
-    Raises:
-        InvalidArgument: over :data:`MAX_DRAIN_DEADLINE_MS` (one week).
-    """
-    return _int_between("deadline_ms", deadline_ms, 0, MAX_DRAIN_DEADLINE_MS)
 
 
 OUTCOME_STATES = ("succeeded", "failed", "cancelled", "not_started")
@@ -336,19 +223,6 @@ def check_outcomes(outcomes: Sequence[Mapping[str, object]], *, field: str = "fi
         raise InvalidArgument(field, len(outcomes), f"must hold at most {MAX_OUTCOMES} outcomes")
     for index, outcome in enumerate(outcomes):
         check_outcome(f"{field}[{index}]", **outcome)  # type: ignore[arg-type]
-
-
-def check_list(state: str, limit: int) -> tuple[str, int]:
-    """Check a ListJobs request; a limit of 0 means 100.
-
-    Raises:
-        InvalidArgument: unknown state, or limit above the maximum.
-    """
-    if state and state not in JOB_STATES:
-        raise InvalidArgument("state", state, f"must be empty or one of {', '.join(JOB_STATES)}")
-    if limit > MAX_LIST_LIMIT:
-        raise InvalidArgument("limit", limit, f"must be at most {MAX_LIST_LIMIT}")
-    return state, limit or 100
 
 
 @attrs.frozen

@@ -48,8 +48,6 @@ from runtime.settings import OutputSettings
 
 READ_THREADS = 4
 """Worker threads one agent's readers read on at once (each read is short; more readers wait)."""
-MAX_TAIL_LINES = 100_000
-"""The most lines a tail may ask for."""
 
 
 def check_stream(stream: str) -> str:
@@ -63,13 +61,6 @@ def check_stream(stream: str) -> str:
     if stream == "stderr":
         return "stderr"
     raise InvalidArgument("stream", stream, "must be stdout or stderr")
-
-
-def check_tail_lines(tail_lines: int) -> int:
-    """Raises InvalidArgument outside 0..:data:`MAX_TAIL_LINES`."""
-    if not 0 <= tail_lines <= MAX_TAIL_LINES:
-        raise InvalidArgument("tail_lines", tail_lines, f"must be between 0 and {MAX_TAIL_LINES:,}")
-    return tail_lines
 
 
 @attrs.frozen(kw_only=True)

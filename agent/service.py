@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from agent.core import Agent
-from agent.logs import LogQuery, LogReader, check_stream, check_tail_lines
+from agent.logs import LogQuery, LogReader, check_stream
 from agent.messages import (
     AssignOrder,
     CancelOrder,
@@ -20,6 +20,7 @@ from agent.messages import (
 from protocol import pb
 from runtime import identifiers
 from runtime.errors import InvalidArgument
+from runtime.validation import check_tail_lines
 from runtime.wire_jobs import job_spec_from_pb
 
 

@@ -68,7 +68,7 @@ MAX_NESTING = 16
 """Deepest nesting of tables and lists in a job file (a job's deepest field, ``job[i].env``,
 is 3 levels)."""
 MAX_FILE_JOBS = 10_000
-"""Most jobs of one file: one SubmitJobs call (``actors.validation.MAX_BATCH_JOBS``), so
+"""Most jobs of one file: one SubmitJobs call (``runtime.validation.MAX_BATCH_JOBS``), so
 that the file is stored all or none."""
 JOBS_KEY = "job"
 """The list of jobs in a file of several."""

@@ -7,5 +7,6 @@ client with failover (:mod:`runtime.client`), settings (:mod:`runtime.settings`)
 (:mod:`runtime.faults`), text of unbounded size read and shown in bounded size
 (:mod:`runtime.text`), and the one job spec every layer speaks (:mod:`runtime.jobs`, its
 protobuf form :mod:`runtime.wire_jobs`, the input checks it is built from
-:mod:`runtime.checks`). Imports only :mod:`protocol`.
+:mod:`runtime.checks`), and the rules of the rest of what a client sends, which the client and
+the control plane both apply (:mod:`runtime.validation`). Imports only :mod:`protocol`.
 """

@@ -5,8 +5,9 @@ Each raises :class:`runtime.errors.InvalidArgument` naming the field, the value 
 takes on the wire and in the database, so a limit means the same for any script (a name of 128
 bytes is 128 ASCII letters or 42 CJK ones).
 
-Used by :mod:`runtime.jobs` (a job's spec) and :mod:`actors.validation` (everything else the
-control plane receives).
+Used by :mod:`runtime.jobs` (a job's spec), :mod:`runtime.validation` (the rest of what a client
+sends, checked by the client and the control plane alike) and :mod:`actors.validation` (what
+only the control plane receives).
 """
 
 from __future__ import annotations

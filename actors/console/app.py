@@ -43,14 +43,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from actors import validation
 from actors.console import views
 from actors.console.store import ConsoleStore, DatabaseDown
 from actors.logs import LogRelay, log_source
 from actors.queries import console as q
 from actors.queries import job_spec_of
 from protocol import pb
-from runtime import identifiers, log
+from runtime import identifiers, log, validation
 from runtime.console_token import TokenRefused, audience_of, verify_token
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from runtime.settings import ConsoleSettings

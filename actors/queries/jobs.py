@@ -200,7 +200,7 @@ def job_columns(spec: JobSpec) -> JobColumns:
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
     """The columns of many specs as parameters $1-$16 of :data:`SUBMIT_JOBS`: one array per
     column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
-    lengths). A batch holds no array (:func:`actors.validation.check_jobs`).
+    lengths). A batch holds no array (:func:`runtime.validation.check_jobs`).
 
     Raises:
         ValueError: a spec has no runtime.

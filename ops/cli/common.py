@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ops.client import Client
-    from ops.cluster import StateDir
+    from ops.launcher.state import StateDir
     from runtime.tls import TlsFiles
 
 T = TypeVar("T")
@@ -258,7 +258,7 @@ def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
 
 def local_state() -> StateDir:
     """The local cluster's state folder (``./.stockade`` or ``$STOCKADE_STATE_DIR``)."""
-    from ops.cluster import StateDir
+    from ops.launcher.state import StateDir  # not ops.cluster: it loads the launcher, and the agent
 
     return StateDir(default_state_dir())
 
@@ -268,8 +268,8 @@ def recorded_local_state() -> StateDir:
     ``$STOCKADE_STATE_DIR``) when it records a cluster, else the one the user config names
     (``stockade up`` recorded it there), else ``./.stockade``. For commands that act on that
     cluster's processes or files from any folder (``kill-leader``, ``kill-worker``, ``check``)."""
-    from ops.cluster import StateDir
     from ops.config import local_state_dirs
+    from ops.launcher.state import StateDir
 
     for folder in local_state_dirs():
         if StateDir(folder).config_path.exists():

@@ -2,8 +2,8 @@
 ``run``, ``job``, ``list``, ``cancel``, ``status``.
 
 Only light modules are imported at the top (every ``stockade`` call registers these
-commands); rich, trio, the protocol, the client and the input checks (:mod:`actors.validation`,
-the control plane's own rules) are imported by the command that runs.
+commands); rich, trio, the protocol and the client are imported by the command that runs. Input
+is checked with the control plane's own rules (:mod:`runtime.validation`) before it is sent.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from ops.cli.common import (
     shown_path,
     with_client,
 )
+from runtime import validation
 from runtime.errors import InvalidArgument, Unavailable
+from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
 
 if TYPE_CHECKING:
     from ops.cli.logs import OutputTail
@@ -47,12 +49,10 @@ JOB_SLEEP_S = (2.0, 10.0)
 MAX_JOBS_COUNT = 100_000
 """Most jobs one ``stockade jobs`` submits (in batches of 10,000)."""
 
-JOB_STATES = ("waiting", "pending", "assigned", "running", "succeeded", "failed", "cancelled")
-MAX_LIST_LIMIT = 10_000
 MAX_SLEEP_S = 7 * 24 * 3600
-"""The control plane's job states and limits (:mod:`actors.validation`), as the options' help
-and bounds state them; written out here so ``--help`` need not import the control plane's
-checks (a unit test keeps them equal)."""
+"""The longest sleep job, in seconds (:data:`runtime.jobs.MAX_SLEEP_MS`), as the options' help
+and bounds state it; written out here so ``--help`` need not import the job spec (a unit test
+keeps them equal)."""
 
 IdempotencyKeyOption = Annotated[
     str | None,
@@ -71,7 +71,6 @@ def idempotency_key_of(option: str | None) -> str:
     Raises:
         InvalidArgument: the given key is empty, too long or holds a control character.
     """
-    from actors import validation
     from runtime.client import new_idempotency_key
 
     return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
@@ -99,8 +98,6 @@ def batch_keys(key: str, batches: int) -> list[str]:
     Raises:
         InvalidArgument: a derived key would be longer than the limit.
     """
-    from actors import validation
-
     if batches == 1:
         return [key]
     return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
@@ -109,7 +106,6 @@ def batch_keys(key: str, batches: int) -> list[str]:
 def _submit(addresses: list[str], specs: list[JobSpec], *, key: str) -> list[int]:
     """Submit ``specs``: one job with SubmitJob, more in batches of 10,000 with SubmitJobs, each
     batch all or none, under ``key`` (:func:`batch_keys` for more than one batch)."""
-    from actors import validation
 
     async def body(client: Client) -> list[int]:
         if len(specs) == 1:
@@ -436,8 +432,6 @@ def job(
     there is none; the shape is ops.cli.render.job_json's). So `stockade job 7 --json >
     j.json && stockade run j.json` submits it again. It holds no output: read the paths.
     """
-    from actors import validation
-
     if events:
         _job_events(job_id, as_json=as_json, control_planes=control_planes)
         return
@@ -480,7 +474,6 @@ def _output_place(info: Job, path: str | None, flag: str) -> str:
 def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> None:
     """``stockade job ID --events``: the job's history (``Client.events``), as a table or, with
     ``as_json``, a JSON list (:func:`ops.cli.render.events_json`)."""
-    from actors import validation
 
     async def body(client: Client) -> JobHistory:
         return await client.events(job_id)
@@ -591,8 +584,6 @@ def list_jobs(
 
     --json prints {"jobs": [...]}, each job the object `stockade job --json` prints.
     """
-    from actors import validation
-
     with errors():
         validation.check_list(state or "", limit)
         jobs = with_client(
@@ -707,10 +698,8 @@ def cancel(
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
     stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
-
     import trio
 
-    from actors import validation
     from runtime.errors import TemporaryError
 
     array_tasks = 0

@@ -42,15 +42,13 @@ from ops.cli.common import (
     interruptible,
     with_client,
 )
+from runtime.validation import MAX_TAIL_LINES
 
 if TYPE_CHECKING:
     from ops.client import Client, LogChunk
     from runtime.errors import NoControlPlaneReachable
     from runtime.text import Tail
 
-MAX_TAIL_LINES = 100_000
-"""The most lines ``--tail`` takes (the control plane's limit, ``actors.validation.MAX_TAIL_LINES``,
-written out here so ``--help`` need not import it; a unit test keeps them equal)."""
 START_POLL_S = 1.0
 """How often ``--follow`` asks again for a job that has not started, in seconds."""
 

@@ -8,7 +8,7 @@ and places them elsewhere, without counting a loss or a backoff against them. A 
 agent's restart, until ``stockade uncordon``, which also ends a drain.
 
 Only light modules are imported at the top (every ``stockade`` call registers these commands);
-trio, the protocol, the client and the input checks are imported by the command that runs.
+trio, the protocol and the client are imported by the command that runs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ops.cli.common import (
     with_client,
 )
 from ops.cli.jobs import IdempotencyKeyOption, answer_unknown, idempotency_key_of
+from runtime import validation
 
 if TYPE_CHECKING:
     from ops.client import Client, WorkerSchedule
@@ -96,8 +97,6 @@ def _worker_call(
     control_planes: str | None,
 ) -> None:
     """``cordon`` and ``uncordon``: one call (``call(client, worker_id, key)``), one line."""
-    from actors import validation
-
     with errors():
         validation.check_worker_id(worker_id)
         checked_key = idempotency_key_of(key)
@@ -182,7 +181,6 @@ def drain(
     """
     import trio
 
-    from actors import validation
     from runtime.errors import TemporaryError
 
     async def body(client: Client) -> str:

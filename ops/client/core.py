@@ -16,8 +16,9 @@ made to carry it out twice, the next one answers with what was stored. A caller 
 survive its own restart passes its own key (the same key again returns the first answer; the
 same key with another request is refused with :class:`runtime.errors.IdempotencyConflict`).
 
-Input is checked before anything is sent, with the control plane's own rules, and refused
-with :class:`runtime.errors.InvalidArgument` naming the field, the value and the limit.
+Input is checked before anything is sent, with the control plane's own rules
+(:mod:`runtime.validation`, :meth:`runtime.jobs.JobSpec.check`), and refused with
+:class:`runtime.errors.InvalidArgument` naming the field, the value and the limit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from ops.client.results import (
     status_from_pb,
 )
 from ops.client.settings import ClientSettings
+from runtime import validation
 from runtime.backoff import FullJitterBackoff
 from runtime.client import ControlPlaneClient, new_idempotency_key
 from runtime.errors import (
@@ -102,15 +104,11 @@ def _check_key(key: str | None) -> str:
     Raises:
         InvalidArgument: an empty key, one over 128 bytes, or one with a control character.
     """
-    from actors import validation
-
     return new_idempotency_key() if key is None else validation.check_idempotency_key(key)
 
 
 def _check_job_id(job_id: int, field: str = "job_id") -> int:
     """Raises InvalidArgument unless ``job_id`` is an integer of 1..2**63-1."""
-    from actors import validation
-
     if isinstance(job_id, bool) or not isinstance(job_id, int):
         raise InvalidArgument(field, job_id, "must be an integer")
     return validation.check_job_id(job_id)
@@ -264,7 +262,6 @@ class Client:
             IdempotencyConflict, NoControlPlaneReachable, ClusterBusy, PermissionDenied: as
                 :meth:`submit` (none of the jobs was stored, or all were).
         """
-        from actors import validation
         from protocol import pb
         from runtime.wire_jobs import job_spec_to_pb
 
@@ -402,7 +399,6 @@ class Client:
             InvalidArgument: an unknown state or a limit out of range; nothing was sent.
             NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`submit`.
         """
-        from actors import validation
         from protocol import pb
 
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -451,7 +447,7 @@ class Client:
                 chunk then has ``job_ended``); False: what there is now.
             tail_lines: begin with the last ``tail_lines`` lines, 0 to 100,000 (0: none, only
                 what comes next; the control plane's limit,
-                ``actors.validation.MAX_TAIL_LINES``); None: from the start of what the worker
+                ``runtime.validation.MAX_TAIL_LINES``); None: from the start of what the worker
                 keeps.
             tail_max_bytes: with ``tail_lines``, begin no earlier than this many bytes before
                 the end, even if that cuts the first of those lines (bounds a tail of very long
@@ -478,7 +474,6 @@ class Client:
         iteration: it waits for the job's next run to start and goes on with that run's output
         from its start (each chunk names its run, ``assignment_id``), until the job has ended.
         """
-        from actors import validation
         from protocol import pb
 
         _check_job_id(job_id)
@@ -551,7 +546,6 @@ class Client:
             WorkerNotFound, IdempotencyConflict, NoControlPlaneReachable, ClusterBusy,
                 PermissionDenied: as :meth:`cordon`.
         """
-        from actors import validation
         from protocol import pb
 
         deadline_ms = (
@@ -572,8 +566,6 @@ class Client:
         self, rpc: str, make_request: Callable[..., Any], worker_id: str, key: str | None
     ) -> WorkerSchedule:
         """One of cordon, uncordon and drain: checked, sent, its reply typed."""
-        from actors import validation
-
         validation.check_worker_id(worker_id)
         request = make_request(worker_id=worker_id, idempotency_key=_check_key(key))
         with _not_found(functools.partial(WorkerNotFound, worker_id)):

@@ -13,8 +13,6 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from actors import validation
-from agent import logs as agent_logs
 from ops.cli import app
 from ops.cli import logs as cli_logs
 from ops.config import INSECURE_ENV
@@ -236,8 +234,3 @@ def test_a_cluster_that_does_not_answer_is_said_so(monkeypatch: pytest.MonkeyPat
     result = invoke("7")
     assert result.exit_code == 1
     assert "no control plane answered at 127.0.0.1:1: connection refused" in result.stderr
-
-
-def test_the_tail_limit_is_the_control_planes_and_the_workers() -> None:
-    """--tail's bound, written out in the CLI, is the control plane's and the worker's."""
-    assert cli_logs.MAX_TAIL_LINES == validation.MAX_TAIL_LINES == agent_logs.MAX_TAIL_LINES

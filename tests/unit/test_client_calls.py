@@ -251,7 +251,7 @@ NOTHING_SENT: list[tuple[Callable[[Client], Awaitable[Any]], str]] = [
     (lambda c: c.wait(7, timeout_s=float("nan")), "timeout_s must be a number of seconds > 0"),
     (lambda c: c.cancel(-1), "job_id must be between 1 and"),
     (lambda c: c.list(state="done"), "state must be empty or one of waiting, pending, assigned"),
-    (lambda c: c.list(limit=10_001), "limit must be at most 10000, got 10001"),
+    (lambda c: c.list(limit=10_001), "limit must be between 0 and 10000, got 10001"),
     (lambda c: c.list(limit=-1), "limit must be an integer between 0 and 10000, got -1"),
     (lambda c: c.cordon("w 1"), "worker_id"),
     (

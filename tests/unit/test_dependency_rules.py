@@ -130,9 +130,9 @@ def test_a_batch_may_not_hold_an_array() -> None:
     """SubmitJobs refuses a spec with an array, naming its index (SubmitJob takes arrays)."""
     import pytest
 
-    from actors.validation import check_jobs
     from runtime.errors import InvalidArgument
     from runtime.jobs import ArrayRange
+    from runtime.validation import check_jobs
 
     with pytest.raises(InvalidArgument, match=r"specs\[1\]\.array must be unset in a batch"):
         check_jobs(

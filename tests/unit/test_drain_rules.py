@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from actors import validation
 from actors.ingest_replies import schedule_of
 from actors.messages import WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom
@@ -23,6 +22,7 @@ from actors.placer import LiveWorker, not_counting_cordoned, plan_round
 from ops.cli import EXIT_INVALID, app
 from ops.cli.workers import schedule_line
 from ops.config import INSECURE_ENV
+from runtime import validation
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
 from runtime.settings import PlacerSettings

@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.logs import MAX_TAIL_LINES, check_stream, check_tail_lines, tail_start
+from agent.logs import check_stream, tail_start
 from agent.output import KEEP_FRACTION, JobFolder, expired, next_check_interval_s, parse_folder_name, trim_to
 from agent.service import log_query_from_pb
 from protocol import pb
 from runtime.errors import InvalidArgument
 from runtime.settings import OutputSettings
+from runtime.validation import MAX_TAIL_LINES, check_tail_lines
 
 MIB = 1024 * 1024
 

@@ -11,12 +11,14 @@ import pytest
 
 from actors import validation
 from actors.ingest_replies import outcome_fields
-from actors.validation import check_idempotency_key, check_list, check_registration
+from actors.validation import check_registration
 from agent.control_plane import outcome_to_pb
 from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
 from protocol import pb
+from runtime import validation as shared
 from runtime.errors import InvalidArgument
 from runtime.jobs import MAX_IMAGE_BYTES, CommandRuntime, ContainerRuntime, JobSpec, SleepRuntime
+from runtime.validation import check_idempotency_key, check_job_id, check_list
 from runtime.wire_jobs import job_spec_from_pb
 
 GOOD = dict(name="j", cpu_millis=500, memory_mb=256, priority=0, sleep_ms=1000, argv=None)
@@ -221,13 +223,15 @@ def test_list_checks_state_and_limit() -> None:
     assert check_list("", 0) == ("", 100)
     with pytest.raises(InvalidArgument, match="state must be empty or one of"):
         check_list("sleeping", 10)
-    with pytest.raises(InvalidArgument, match="limit must be at most 10000"):
+    with pytest.raises(InvalidArgument, match="limit must be between 0 and 10000, got 1000000"):
         check_list("", 10**6)
+    with pytest.raises(InvalidArgument, match="limit must be between 0 and 10000, got -1"):
+        check_list("", -1)
 
 
 def test_ids_beyond_a_bigint_and_control_characters_are_refused() -> None:
     """Ids past 2**63 - 1 cannot exist (they would wrap or overflow); names are one line of text."""
-    from actors.validation import check_incarnation, check_job_id
+    from actors.validation import check_incarnation
 
     with pytest.raises(InvalidArgument, match="job_id must be between 1 and 9223372036854775807"):
         check_job_id(2**64 + 1)
@@ -304,11 +308,12 @@ def test_text_without_a_utf8_form_is_refused_naming_the_field() -> None:
 
 def test_the_limits_page_lists_every_limit_as_the_constants_say() -> None:
     """The table of input limits in docs/limits.md is :func:`limits_table` verbatim, and every limit
-    constant of actors.validation is stated by a row of it; regenerate the table with
+    constant of actors.validation and of runtime.validation (the rules the client applies
+    too) is stated by a row of it; regenerate the table with
     ``python -c 'from actors.validation import limits_table; print(limits_table())'``."""
     page = (Path(__file__).parents[2] / "docs" / "limits.md").read_text(encoding="utf-8")
     assert validation.limits_table() in page
-    constants = {name for name in vars(validation) if name.startswith("MAX_")}
+    constants = {name for module in (validation, shared) for name in vars(module) if name.startswith("MAX_")}
     stated = {name for limit in validation.LIMITS for name in limit.constants}
     assert stated == constants
 

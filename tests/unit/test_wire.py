@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import validation
 from protocol import pb
 from protocol.wire import Encoded, decode_steps, encode_steps, run_steps
+from runtime import validation
 from runtime.aio import WireCodec
+from runtime.errors import InvalidArgument
 from runtime.jobs import JobSpec, SleepRuntime
 
 texts = st.text(max_size=12)
@@ -139,10 +140,10 @@ def test_checking_a_batch_in_steps_gives_what_checking_it_at_once_gives(
     """check_jobs_steps returns the same jobs, or raises the same error, as check_jobs."""
     try:
         expected: object = validation.check_jobs(specs)
-    except validation.InvalidArgument as exc:
+    except InvalidArgument as exc:
         expected = str(exc)
     try:
         got: object = run_steps(validation.check_jobs_steps(specs, spec_of=lambda s: s, step_jobs=step))
-    except validation.InvalidArgument as exc:
+    except InvalidArgument as exc:
         got = str(exc)
     assert got == expected

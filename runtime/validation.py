@@ -1,0 +1,189 @@
+"""The rules of what a client asks for, applied on both sides: by the client before it sends
+(:mod:`ops.client`, the ``stockade`` commands) and by the control plane before it stores
+(:mod:`actors.ingest`, :mod:`actors.logs`).
+
+Each check raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the
+limit (``job_id must be between 1 and 9223372036854775807, got 0``). A job's spec has its rules
+with it (:meth:`runtime.jobs.JobSpec.check`); what only the control plane receives (a worker's
+registration, heartbeats, outcomes) is checked in :mod:`actors.validation`, whose ``LIMITS``
+lists every limit, these included, for ``docs/limits.md``.
+
+Imports stay light (the standard library, :mod:`runtime.checks`, :mod:`runtime.errors`):
+``stockade --help`` loads this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from runtime.checks import check_int_between, check_text
+from runtime.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from runtime.jobs import JobSpec
+
+__all__ = [
+    "BATCH_ARRAY_RULE",
+    "JOB_STATES",
+    "MAX_BATCH_JOBS",
+    "MAX_DRAIN_DEADLINE_MS",
+    "MAX_DRAIN_DEADLINE_S",
+    "MAX_ID",
+    "MAX_IDEMPOTENCY_KEY_BYTES",
+    "MAX_LIST_LIMIT",
+    "MAX_TAIL_LINES",
+    "check_drain_deadline_ms",
+    "check_drain_deadline_s",
+    "check_idempotency_key",
+    "check_job_id",
+    "check_jobs",
+    "check_jobs_steps",
+    "check_list",
+    "check_tail_lines",
+    "check_worker_id",
+]
+
+T = TypeVar("T")
+
+MAX_ID = 2**63 - 1
+"""Ids are PostgreSQL bigints."""
+
+JOB_STATES = ("waiting", "pending", "assigned", "running", "succeeded", "failed", "cancelled")
+"""Every state a job can be in, in the order a job goes through them."""
+MAX_LIST_LIMIT = 10_000
+"""The most jobs one ListJobs may ask for (``stockade list --limit``)."""
+MAX_BATCH_JOBS = 10_000
+"""The most jobs of one SubmitJobs (``stockade jobs`` splits larger batches)."""
+BATCH_ARRAY_RULE = "must be unset in a batch (submit an array with SubmitJob, one per call)"
+MAX_IDEMPOTENCY_KEY_BYTES = 128
+"""The longest idempotency key of a mutating call, in bytes of UTF-8."""
+MAX_TAIL_LINES = 100_000
+"""The most lines a ReadJobLogs tail may ask for (``stockade logs --tail``); a worker's reading
+of them is bounded by the output it keeps (``max_output_mb``) all the same."""
+MAX_DRAIN_DEADLINE_S = 7 * 24 * 3600
+"""The longest drain deadline, in seconds (one week): past it, cordon without a deadline."""
+MAX_DRAIN_DEADLINE_MS = MAX_DRAIN_DEADLINE_S * 1000
+
+
+def check_job_id(job_id: int) -> int:
+    """Raises InvalidArgument outside 1..MAX_ID (ids start at 1 and are bigints)."""
+    return check_int_between("job_id", job_id, 1, MAX_ID)
+
+
+def check_idempotency_key(key: str) -> str:
+    """Check a mutating call's idempotency key (:mod:`actors.idempotency`).
+
+    Raises:
+        InvalidArgument: an empty key (the call could not be told from its retry), one longer
+            than 128 bytes in UTF-8, or one with a NUL byte or a control character.
+    """
+    return check_text("idempotency_key", key, max_bytes=MAX_IDEMPOTENCY_KEY_BYTES, printable=True)
+
+
+def check_jobs(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """Check a batch of specs (:meth:`runtime.jobs.JobSpec.check` each).
+
+    Raises:
+        InvalidArgument: an empty or too large batch, or a bad job (an array among them: a
+            batch holds single jobs); the field is named with its index, e.g.
+            ``specs[3].cpu_millis``.
+    """
+    steps = check_jobs_steps(specs, spec_of=lambda spec: spec, step_jobs=len(specs) + 1)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            checked: list[JobSpec] = done.value
+            return checked
+
+
+def check_jobs_steps(
+    specs: Sequence[T], *, spec_of: Callable[[T], JobSpec], step_jobs: int
+) -> Generator[None, None, list[JobSpec]]:
+    """:func:`check_jobs` in steps: a generator that yields after every ``step_jobs`` jobs it
+    checked and returns the checked jobs, so a large batch need not hold the event loop.
+
+    Args:
+        specs: the batch.
+        spec_of: turns one item of ``specs`` into a :class:`runtime.jobs.JobSpec` (such as
+            :func:`runtime.wire_jobs.job_spec_from_pb`); an InvalidArgument it raises is
+            named with the item's index as a check's is.
+        step_jobs: jobs checked between two yields (at least 1).
+
+    Raises:
+        InvalidArgument: as :func:`check_jobs`.
+    """
+    if not specs:
+        raise InvalidArgument("specs", [], "must hold at least one job")
+    if len(specs) > MAX_BATCH_JOBS:
+        raise InvalidArgument("specs", len(specs), f"must hold at most {MAX_BATCH_JOBS} jobs")
+    checked = []
+    for index, spec in enumerate(specs):
+        try:
+            job = spec_of(spec).check()
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"specs[{index}].{exc.field}", exc.value, exc.rule) from None
+        if job.array is not None:
+            raise InvalidArgument(f"specs[{index}].array", job.array.describe(), BATCH_ARRAY_RULE)
+        checked.append(job)
+        if (index + 1) % step_jobs == 0:
+            yield
+    return checked
+
+
+def check_list(state: str, limit: int) -> tuple[str, int]:
+    """Check a ListJobs request; a limit of 0 means 100.
+
+    Raises:
+        InvalidArgument: unknown state, or a limit outside 0..MAX_LIST_LIMIT.
+    """
+    if state and state not in JOB_STATES:
+        raise InvalidArgument("state", state, f"must be empty or one of {', '.join(JOB_STATES)}")
+    if not 0 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidArgument("limit", limit, f"must be between 0 and {MAX_LIST_LIMIT}")
+    return state, limit or 100
+
+
+def check_tail_lines(tail_lines: int) -> int:
+    """The lines a ReadJobLogs (or a worker's ReadLogs) tail asks for.
+
+    Raises:
+        InvalidArgument: outside 0..:data:`MAX_TAIL_LINES`.
+    """
+    if not 0 <= tail_lines <= MAX_TAIL_LINES:
+        raise InvalidArgument("tail_lines", tail_lines, f"must be between 0 and {MAX_TAIL_LINES:,}")
+    return tail_lines
+
+
+def check_worker_id(worker_id: str) -> str:
+    """A worker id named by an operator (cordon, uncordon, drain).
+
+    Raises:
+        InvalidArgument: not an id (:func:`runtime.identifiers.check_id`).
+    """
+    from runtime import identifiers  # attrs and ipaddress: only for calls that name a worker
+
+    return identifiers.check_id(worker_id, field="worker_id")
+
+
+def check_drain_deadline_s(deadline_s: float) -> float:
+    """A drain's deadline as an operator gives it (``stockade drain --deadline-s``), in seconds.
+
+    Raises:
+        InvalidArgument: NaN, negative, or over :data:`MAX_DRAIN_DEADLINE_S` (one week).
+    """
+    if not 0 <= deadline_s <= MAX_DRAIN_DEADLINE_S:  # NaN compares false: refused too
+        raise InvalidArgument(
+            "deadline_s", deadline_s, f"must be between 0 and {MAX_DRAIN_DEADLINE_S} seconds (one week)"
+        )
+    return deadline_s
+
+
+def check_drain_deadline_ms(deadline_ms: int) -> int:
+    """A drain's deadline as DrainWorker carries it, in milliseconds.
+
+    Raises:
+        InvalidArgument: over :data:`MAX_DRAIN_DEADLINE_MS` (one week).
+    """
+    return check_int_between("deadline_ms", deadline_ms, 0, MAX_DRAIN_DEADLINE_MS)
