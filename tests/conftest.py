@@ -46,6 +46,14 @@ import container_images
 import job_cgroups
 import pytest
 
+from ops.config import (
+    CERTS_DIR_ENV,
+    CONFIG_ENV,
+    CONTROL_PLANES_ENV,
+    IDENTITY_ENV,
+    INSECURE_ENV,
+    STATE_DIR_ENV,
+)
 from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema.sql"
@@ -315,14 +323,25 @@ def _no_job_cgroups_left() -> Iterator[None]:
     job_cgroups.remove_empty(job_cgroups.worker_folders() - before)
 
 
-@pytest.fixture(autouse=True)
-def _own_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test has a user config file of its own (none yet), so ``stockade up`` in a test
-    never writes the developer's ``~/.config/stockade/config.toml`` and a client command never
-    finds the developer's cluster there (:mod:`ops.config`)."""
-    from ops.config import CONFIG_ENV
+CLIENT_SETUP_ENV = (CONTROL_PLANES_ENV, CERTS_DIR_ENV, IDENTITY_ENV, INSECURE_ENV, "XDG_CONFIG_HOME")
+"""The variables that tell a client where its cluster is and who it is (:mod:`ops.config`),
+besides the two :func:`_own_client_setup` points at a test's own folder: unset in every test."""
 
-    monkeypatch.setenv(CONFIG_ENV, str(tmp_path_factory.mktemp("user-config") / "config.toml"))
+
+@pytest.fixture(autouse=True)
+def _own_client_setup(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test has a user config file (``$STOCKADE_CONFIG``) and a local state folder
+    (``$STOCKADE_STATE_DIR``) of its own, both absent yet, and none of the variables of
+    :data:`CLIENT_SETUP_ENV`: so a test's result never depends on the cluster the developer
+    runs (the checkout's ``.stockade/``, ``~/.config/stockade/config.toml``, a variable set in
+    the shell), ``stockade up`` in a test never writes where the developer's cluster is
+    recorded, and a ``stockade`` a test starts inherits the same (:mod:`ops.config`). A test
+    about where a client looks sets or unsets these itself."""
+    folder = tmp_path_factory.mktemp("client-setup")
+    monkeypatch.setenv(CONFIG_ENV, str(folder / "config.toml"))
+    monkeypatch.setenv(STATE_DIR_ENV, str(folder / "state"))
+    for name in CLIENT_SETUP_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")

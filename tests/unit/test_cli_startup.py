@@ -77,16 +77,18 @@ CLIENT = ("trio", "trio_asyncio", "grpclib", "betterproto2", "protocol", "rich",
 
 
 def loaded(*args: str) -> tuple[int, list[str]]:
-    """The exit code of ``stockade ARGS`` run in a fresh interpreter, and the modules it loaded."""
+    """The exit code of ``stockade ARGS`` run in a fresh interpreter, and the modules it loaded.
+
+    It runs where the test runs, with the test's environment: the suite gives every test a
+    state folder and a user config of its own (``tests/conftest.py``), so what the developer's
+    cluster records changes nothing here (``tests/unit/test_suite_isolation.py``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
-    env.pop("STOCKADE_CONTROL_PLANES", None)
     done = subprocess.run(
         [sys.executable, "-c", _WRAPPER, *args],
         capture_output=True,
         text=True,
         timeout=60,
         env=env,
-        cwd=ROOT,
         check=False,
     )
     report = done.stderr.rpartition("MODULES ")[2]
@@ -120,6 +122,18 @@ def test_help_and_version_load_neither_the_client_nor_the_server(args: list[str]
     assert under(modules, CLIENT) == []
 
 
+@pytest.fixture
+def client_certs() -> None:
+    """The certificates of a local cluster in the test's state folder, as ``stockade up`` makes
+    them: a client command finds them and goes on to call the cluster, as it does beside a
+    running cluster (without them it stops before it loads the calls)."""
+    from ops.certs import init_cluster
+    from ops.config import default_state_dir
+
+    init_cluster(default_state_dir() / "certs")
+
+
+@pytest.mark.usefixtures("client_certs")
 def test_a_client_command_loads_the_client_and_nothing_of_the_server() -> None:
     """``stockade status`` against an address where nothing listens: the client loads (trio,
     the protocol, the failover client), the server side and pydantic do not."""
@@ -129,6 +143,7 @@ def test_a_client_command_loads_the_client_and_nothing_of_the_server() -> None:
     assert {"trio", "protocol", "runtime.client"} <= set(modules)
 
 
+@pytest.mark.usefixtures("client_certs")
 def test_logs_loads_the_client_and_nothing_of_the_server() -> None:
     """``stockade logs 1`` against an address where nothing listens: the client and its
     streams load, the server side (the bridge's server half included) does not."""
