@@ -30,7 +30,6 @@ from ops.cli.common import (
     fail,
     local_ha_db_dir,
     local_metrics,
-    shown_path,
     with_client,
 )
 from runtime import validation
@@ -462,10 +461,12 @@ def job(
 
 
 def _output_place(info: Job, path: str | None, flag: str) -> str:
-    """Where a job's stdout or stderr is: its file on the worker once the run reported it, or,
-    while it runs, the worker that writes it and the command that reads it."""
+    """Where a job's stdout or stderr is: its file on the worker once the run reported it (the
+    path as the worker names it: a file of another machine, or of this one seen from another
+    folder, is not this command's to shorten), or, while it runs, the worker that writes it and
+    the command that reads it."""
     if path:
-        return shown_path(Path(path))
+        return path
     if info.worker_id and info.state in ("assigned", "running"):
         return f"on {info.worker_id} (`stockade logs {info.job_id}{flag}`)"
     return "-"
@@ -497,13 +498,13 @@ def _print_job(info: Job, tails: list[OutputTail]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ops.cli.render import attempts_table, lifecycle_rows, local_time, runtime_text
+    from ops.cli.render import attempts_view, lifecycle_rows, local_time, runtime_text
     from runtime.text import cut_line
 
     spec = info.spec
     table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")  # a value without spaces (a path) wraps, never cut
     duration = "-"
     if info.started_unix_s and info.finished_unix_s:
         duration = f"{info.finished_unix_s - info.started_unix_s:.2f} s"
@@ -536,7 +537,7 @@ def _print_job(info: Job, tails: list[OutputTail]) -> None:
         table.add_row(key, Text(value))
     console().print(table)
     if info.attempt_history:
-        console().print(attempts_table(info.attempt_history))
+        console().print(attempts_view(info.attempt_history, console()))
     for output in tails:
         label = output.stream
         if output.tail is None:

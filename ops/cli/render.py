@@ -12,8 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import rich.box
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -227,27 +228,63 @@ def lifecycle_rows(info: Job, *, now_unix_s: float | None = None) -> list[tuple[
 
 def attempts_table(attempts: Sequence[Attempt]) -> Table:
     """A job's runs, oldest first: assignment, worker, epoch, start and end, how it ended, exit
-    code, whether it spent an attempt, and the worker's detail."""
+    code, whether it spent an attempt, and the worker's detail (wrapped, never cut)."""
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1), title="attempts", title_justify="left")
-    for column in ("#", "assignment", "worker", "epoch", "started", "ended", "end", "exit", "counted"):
+    for column in ATTEMPT_COLUMNS:
         table.add_column(
             column, no_wrap=True, justify="right" if column in ("#", "epoch", "exit") else "left"
         )
-    table.add_column("detail", ratio=1, min_width=16)
+    table.add_column("detail", ratio=1, min_width=ATTEMPT_DETAIL_MIN_WIDTH, overflow="fold")
     for number, attempt in enumerate(attempts, start=1):
-        table.add_row(
-            str(number),
-            str(attempt.assignment_id),
-            attempt.worker_id or "-",
-            str(attempt.epoch),
-            local_time(attempt.created_unix_s),
-            local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
-            attempt.end_reason or attempt.state,
-            str(attempt.exit_code) if attempt.exit_code is not None else "-",
-            "yes" if attempt.counted else "no",
-            Text(attempt.detail or "-"),
-        )
+        table.add_row(*_attempt_cells(number, attempt), Text(attempt.detail or "-"))
     return table
+
+
+ATTEMPT_DETAIL_MIN_WIDTH = 16
+"""The fewest columns the attempts table gives a run's detail."""
+ATTEMPT_COLUMNS = ("#", "assignment", "worker", "epoch", "started", "ended", "end", "exit", "counted")
+"""The attempts table's columns before ``detail``: short values, each kept on one line."""
+
+
+def _attempt_cells(number: int, attempt: Attempt) -> tuple[str, ...]:
+    """One run's values in :data:`ATTEMPT_COLUMNS` order."""
+    return (
+        str(number),
+        str(attempt.assignment_id),
+        attempt.worker_id or "-",
+        str(attempt.epoch),
+        local_time(attempt.created_unix_s),
+        local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
+        attempt.end_reason or attempt.state,
+        str(attempt.exit_code) if attempt.exit_code is not None else "-",
+        "yes" if attempt.counted else "no",
+    )
+
+
+def _table_width(attempts: Sequence[Attempt]) -> int:
+    """The columns :func:`attempts_table` needs to show its runs uncut, each detail given
+    :data:`ATTEMPT_DETAIL_MIN_WIDTH` (measured on the table drawn where nothing limits it: its
+    rows' text up to their last character; the rule under the header spans any width)."""
+    from rich.cells import cell_len
+
+    narrow = [attrs.evolve(attempt, detail="x" * ATTEMPT_DETAIL_MIN_WIDTH) for attempt in attempts]
+    wide = Console(width=1000, color_system=None)
+    lines = ["".join(segment.text for segment in line) for line in wide.render_lines(attempts_table(narrow))]
+    return max(cell_len(line.rstrip()) for line in lines if "─" not in line)
+
+
+def attempts_view(attempts: Sequence[Attempt], console: Console) -> Group:
+    """A job's runs as ``console`` can show them: :func:`attempts_table` when it fits in its
+    width, else one paragraph a run (``run 1: assignment 21, worker w-3, ...``) that wraps where
+    the terminal ends, so that no value is cut."""
+    if _table_width(attempts) <= console.width:
+        return Group(attempts_table(attempts))
+    parts: list[Text] = [Text("attempts", style="italic")]
+    for number, attempt in enumerate(attempts, start=1):
+        cells = dict(zip(ATTEMPT_COLUMNS, _attempt_cells(number, attempt), strict=True))
+        said = ", ".join(f"{column} {cells[column]}" for column in ATTEMPT_COLUMNS[1:])
+        parts.append(Text(f"run {number}: {said}: {attempt.detail or '-'}", overflow="fold"))
+    return Group(*parts)
 
 
 def seconds_text(value: float | None) -> str:

@@ -3,12 +3,15 @@ retry wait, timeout, constraints, environment names (not values), workdir, after
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ops.cli import app
+from ops.cli.common import console
 from ops.cli.render import lifecycle_rows
 from ops.client.results import job_from_pb
 from ops.config import INSECURE_ENV
@@ -131,3 +134,41 @@ def test_job_names_a_retrying_jobs_worker_as_its_last_and_where_a_running_jobs_o
         assert text in result.output
     for text in unexpected:
         assert text not in result.output
+
+
+@pytest.mark.parametrize("columns", [40, 80, 200])
+def test_job_wraps_long_paths_and_never_cuts_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, columns: int
+) -> None:
+    """At any terminal width the view shows a job's output paths, its workdir and a path in a
+    run's detail whole, from their first folder on (wrapped, not cut or made relative to where
+    the command runs)."""
+    folder = tmp_path / ("jobs-" + "x" * 120)
+    stdout, stderr = str(folder / "123-456" / "stdout.log"), str(folder / "123-456" / "stderr.log")
+    workdir = "/srv/" + "data-" * 50 + "end"
+    detail = f"cannot start: no such file {workdir}/bin/{'y' * 90}"
+    info = pb.JobInfo.parse(bytes(RETRYING))
+    info.state, info.stdout_path, info.stderr_path = "failed", stdout, stderr
+    info.spec.workdir = workdir
+    info.attempt_history[0].detail = detail
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return info
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    monkeypatch.chdir(tmp_path)  # the worker's files lie below the folder the command runs in
+    console.cache_clear()  # a console of this width
+    try:
+        result = CliRunner().invoke(
+            app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": str(columns)}
+        )
+    finally:
+        console.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    joined = re.sub(r"\s+", "", result.output)
+    for path in (stdout, stderr, workdir, "".join(detail.split())):
+        assert path in joined
+    first = next(line for line in result.output.splitlines() if line.startswith("stdout "))
+    assert first.split()[1] == stdout[: len(first.split()[1])]  # from the path's first folder on
