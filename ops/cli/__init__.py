@@ -24,7 +24,8 @@ Client commands find the control planes in ``--control-planes host:port,...``, e
 ``$STOCKADE_CONTROL_PLANES``, else in ``.stockade/cluster.json`` (or ``$STOCKADE_STATE_DIR``'s),
 else in the user config (``~/.config/stockade/config.toml``; see :mod:`ops.config`), where
 ``stockade up`` records the cluster it started. Expected failures print one line
-(``error: ...``) and exit with 2 for invalid input (bad value, unknown job) or 1 when the
+(``error: ...``) and exit with 2 for invalid input (bad value, unknown job; a command line Click
+refuses is said the same way, :class:`ops.cli.base.StockadeGroup`) or 1 when the
 cluster cannot be reached or the command cannot be carried out; Ctrl-C exits 130 saying what
 is left running. No expected condition shows a traceback.
 """

@@ -1,21 +1,94 @@
 """The ``stockade`` Typer application and its ``bench`` group, which the command modules
-decorate their commands onto."""
+decorate their commands onto; how a command line that is refused is said."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
-from typing import Annotated
+from collections.abc import Iterator
+from typing import IO, Annotated, Any
 
 import typer
+from typer._click.exceptions import (
+    BadParameter,
+    MissingParameter,
+    NoArgsIsHelpError,
+    NoSuchOption,
+    UsageError,
+)
+from typer.core import TyperGroup
 
 from ops.cli import params
+from ops.cli.common import EXIT_INVALID
+from runtime.errors import InvalidArgument
 
-__all__ = ["app", "bench_app"]
+__all__ = ["StockadeGroup", "app", "bench_app", "usage_line"]
 
 params.install()
 
+
+class RefusedCommandLine(UsageError):
+    """A command line refused, said as every refusal of ``stockade`` is: one line on stderr,
+    ``error: ...``, and exit status 2 (:data:`ops.cli.common.EXIT_INVALID`)."""
+
+    exit_code = EXIT_INVALID
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        (file or sys.stderr).write(f"error: {self.message}\n")
+
+
+def usage_line(exc: UsageError) -> str:
+    """What a refusal of Click's says, in the project's style (after ``error: ``): a bad value
+    as ``--limit must be an integer between 0 and 10000, got 20000`` (the option or argument,
+    the rule, the value); a missing or unknown option, argument or command as what is missing
+    or unknown, with the command whose ``--help`` lists what it takes."""
+    if isinstance(exc.__cause__, InvalidArgument):  # ops.cli.params: the rule and the value
+        return str(exc.__cause__)
+    command = exc.ctx.command_path if exc.ctx is not None else "stockade"
+    hint = f"; `{command} --help` lists what it takes"
+    if isinstance(exc, MissingParameter):
+        return f"{params.param_field(exc.param)} must be given{hint}"
+    if isinstance(exc, BadParameter):  # Typer's own reading (a path): its rule, pydantic's words
+        rule = re.sub(r"^Input should be\b", "must be", exc.message).rstrip(".")
+        return f"{params.param_field(exc.param)} {rule}"
+    if isinstance(exc, NoSuchOption):
+        guess = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
+        return f"`{command}` has no option {exc.option_name}{guess}{hint}"
+    text = re.sub(r"\. Did you mean (.*)\?$", r" (did you mean \1?)", exc.format_message()).rstrip(".")
+    return text[:1].lower() + text[1:] + hint
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """Click's refusals of a command line, said by :func:`usage_line` (``stockade`` alone, or a
+    group alone, still prints its help)."""
+    try:
+        yield
+    except (RefusedCommandLine, NoArgsIsHelpError):
+        raise
+    except UsageError as exc:
+        raise RefusedCommandLine(usage_line(exc), exc.ctx) from exc
+
+
+class StockadeGroup(TyperGroup):
+    """The ``stockade`` command group: every command line Click refuses while reading it (a bad
+    value, a missing or unknown option, argument or command) is one line, ``error: ...``, exit
+    status 2, as :func:`ops.cli.common.fail` says every other refusal, rather than Click's
+    usage block and ``Error: Invalid value ...``."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
     name="stockade",
+    cls=StockadeGroup,
     help="Stockade: a cluster scheduler whose leaders can crash and freeze without placing "
     "or running a job twice.",
     no_args_is_help=True,

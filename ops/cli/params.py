@@ -5,10 +5,12 @@ built when the option is first processed, default values included. Loading pydan
 building the adapters costs 70 to 120 ms, more than everything else ``stockade status``
 does before it calls the cluster. Nearly every option here is a ``bool``, a ``str``, an ``int``
 or a ``float`` (with ``min``/``max`` bounds at most) or a list of ``str``: for those,
-:func:`install` gives Typer a coercion written here, which gives the same values and the same
-messages (``Input should be greater than or equal to 0``, named by Typer: ``Invalid value for
-'--limit': ...``); every other option (paths, choices, custom parsers, clamping) keeps Typer's
-own. A unit test compares the two on valid, malformed and out-of-range input.
+:func:`install` gives Typer a coercion written here, which reads the same values and refuses the
+same input (a unit test compares the two on valid, malformed and out-of-range input); every other
+option (paths, choices, custom parsers, clamping) keeps Typer's own. A value it refuses is said in
+the project's one style, the option, the rule and the value (``--limit must be an integer between
+0 and 10000, got 20000``: a :class:`runtime.errors.InvalidArgument` as the ``__cause__`` of
+Click's ``BadParameter``, shown by :class:`ops.cli.base.StockadeGroup`).
 
 This reaches into Typer's internals (``typer.core.build_runtime_param`` and
 ``typer._coercion.RuntimeParam``, present since Typer moved to pydantic). :func:`install`
@@ -22,7 +24,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "installed"]
+from runtime.errors import InvalidArgument
+
+__all__ = ["install", "installed", "param_field", "plain_converter", "plain_rule"]
 
 _BOOL_MESSAGE = "Input should be a valid boolean, unable to interpret input"
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -106,23 +110,61 @@ def _bounded(convert: Callable[[Any], Any], low: Any, high: Any) -> Callable[[An
     return checked
 
 
-def plain_converter(annotation: Any, parameter_info: Any) -> Callable[[Any], Any] | None:
-    """The conversion of an option of ``annotation`` with Typer's ``parameter_info`` when it is
-    a plain one (see the module docstring), else None (Typer's own is used)."""
+def _unbounded(annotation: Any, parameter_info: Any) -> Callable[[Any], Any] | None:
+    """The reading of a plain option before its bounds are checked, else None."""
     if getattr(parameter_info, "parser", None) is not None or getattr(parameter_info, "clamp", False):
         return None
     low, high = getattr(parameter_info, "min", None), getattr(parameter_info, "max", None)
-    if annotation is str and low is None and high is None:
-        return _text
-    if annotation is bool and low is None and high is None:
-        return _boolean
     if annotation is int:
-        return _bounded(_integer, low, high)
+        return _integer
     if annotation is float:
-        return _bounded(_number, low, high)
-    if annotation == _STR_LIST and low is None and high is None:
+        return _number
+    if low is not None or high is not None:
+        return None
+    if annotation is str:
+        return _text
+    if annotation is bool:
+        return _boolean
+    if annotation == _STR_LIST:
         return lambda values: [_text(v) for v in values]
     return None
+
+
+def plain_converter(annotation: Any, parameter_info: Any) -> Callable[[Any], Any] | None:
+    """The conversion of an option of ``annotation`` with Typer's ``parameter_info`` when it is
+    a plain one (see the module docstring), else None (Typer's own is used)."""
+    read = _unbounded(annotation, parameter_info)
+    if read is None or annotation not in (int, float):
+        return read
+    return _bounded(read, parameter_info.min, parameter_info.max)
+
+
+def _bound(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def plain_rule(annotation: Any, parameter_info: Any) -> str:
+    """What a plain option of ``annotation`` takes, as a refusal states it: ``must be an
+    integer between 0 and 10000``, ``must be a number >= 0.01``."""
+    kind = {int: "an integer", float: "a number"}.get(annotation)
+    if kind is None:
+        return "must be true or false (yes, no, on, off, 1, 0)" if annotation is bool else "must be text"
+    low, high = getattr(parameter_info, "min", None), getattr(parameter_info, "max", None)
+    if low is not None and high is not None:
+        return f"must be {kind} between {_bound(low)} and {_bound(high)}"
+    if low is not None:
+        return f"must be {kind} >= {_bound(low)}"
+    if high is not None:
+        return f"must be {kind} <= {_bound(high)}"
+    return f"must be {kind}"
+
+
+def param_field(param: Any) -> str:
+    """How a refusal names a command-line parameter: an option by its long name (``--limit``),
+    an argument by its name (``job_id``)."""
+    if getattr(param, "param_type_name", "") == "option" and param.opts:
+        return str(max(param.opts, key=len))
+    return str(getattr(param, "name", None) or "value")
 
 
 _installed = False
@@ -155,19 +197,31 @@ def install() -> None:
         """Typer's coercion contract, for one plain option."""
 
         convert: Callable[[Any], Any] = dataclasses.field(default=_text)
+        read: Callable[[Any], Any] = dataclasses.field(default=_text)
+        rule: str = ""
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
             try:
                 return self.convert(value)
-            except ValueError as exc:
-                raise BadParameter(str(exc), ctx=ctx, param=param) from None
+            except ValueError:
+                try:
+                    shown = self.read(value)  # a number out of range is shown as the number
+                except ValueError:
+                    shown = _text(value)
+                refused = InvalidArgument(param_field(param), shown, self.rule)
+                raise BadParameter(str(refused), ctx=ctx, param=param) from refused
 
     def build_runtime_param(descriptor: Any) -> Any:
-        convert = plain_converter(descriptor.annotation, descriptor.parameter_info)
-        if convert is None or descriptor.file_annotation is not None:
+        annotation, info = descriptor.annotation, descriptor.parameter_info
+        convert, read = plain_converter(annotation, info), _unbounded(annotation, info)
+        if convert is None or read is None or descriptor.file_annotation is not None:
             return typer_build(descriptor)
         return PlainRuntimeParam(
-            parameter_info=descriptor.parameter_info, annotation=descriptor.annotation, convert=convert
+            parameter_info=info,
+            annotation=annotation,
+            convert=convert,
+            read=read,
+            rule=plain_rule(annotation, info),
         )
 
     core.build_runtime_param = build_runtime_param

@@ -245,19 +245,17 @@ def test_the_chaos_result_keeps_its_json_keys_and_its_table_shows_the_verdicts()
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--", "-1"], "Input should be greater than or equal to 0"),
-        (
-            ["1", "--workers", "0"],
-            "Invalid value for '--workers': Input should be greater than or equal to 1",
-        ),
-        (["1", "--rate", "0"], "Invalid value for '--rate': Input should be greater than or equal to 0.01"),
-        (["1", "--partition-s", "0"], "Invalid value for '--partition-s'"),
+        (["--", "-1"], "error: failovers must be an integer >= 0, got -1"),
+        (["1", "--workers", "0"], "error: --workers must be an integer >= 1, got 0"),
+        (["1", "--rate", "0"], "error: --rate must be a number >= 0.01, got 0.0"),
+        (["1", "--partition-s", "0"], "error: --partition-s must be a number >= 0.01, got 0.0"),
     ],
 )
 def test_chaos_refuses_out_of_range_options_before_anything_starts(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
-    """Typer's bounds refuse the value, naming the option and the limit; no folder is made."""
+    """An option's bounds refuse the value, naming the option, the limit and the value; no
+    folder is made."""
     state = tmp_path / "state"
     result = CliRunner().invoke(app, ["chaos", *args, "--state-dir", str(state)])
     assert result.exit_code == EXIT_INVALID
