@@ -20,9 +20,11 @@
   MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
   reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
   the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
-  ``--security-opt no-new-privileges``). It gets the job's variables (:mod:`agent.job_env`:
-  ``STOCKADE_JOB_ID``, ``STOCKADE_ASSIGNMENT_ID``, a task's ``STOCKADE_ARRAY_ID`` and
-  ``STOCKADE_ARRAY_INDEX``, and ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
+  ``--security-opt no-new-privileges``), and with the worker's ``job_oom_score_adj``
+  (``--oom-score-adj``, 1000: the kernel's OOM killer takes its processes before the agent's).
+  It gets the job's variables (:mod:`agent.job_env`: ``STOCKADE_JOB_ID``,
+  ``STOCKADE_ASSIGNMENT_ID``, a task's ``STOCKADE_ARRAY_ID`` and ``STOCKADE_ARRAY_INDEX``, and
+  ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
   Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
   that did not remove its container (it was killed, or the engine was gone) leaves that to this
   side, which removes it by name.
@@ -177,6 +179,7 @@ def supervisor_argv(
         "mem_bytes": job.memory_mb * 2**20,
         "user": job.user,
         "workdir": job.workdir,
+        "oom_score_adj": job.oom_score_adj,
     }
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]

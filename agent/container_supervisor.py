@@ -49,7 +49,8 @@ Command line (built by :func:`agent.container.supervisor_argv`)::
 
 ``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
 ``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
-``mem_bytes`` and ``user`` (``uid:gid``; empty: the image's user). The engine is the one
+``mem_bytes``, ``user`` (``uid:gid``; empty: the image's user) and ``oom_score_adj`` (null:
+the engine's default). The engine is the one
 ``DOCKER_HOST`` (and the other ``DOCKER_*`` variables of its environment, which the agent passes
 on) names, or the default socket.
 """
@@ -383,6 +384,8 @@ class _Supervisor:
             "stdin_open": False,
             "detach": True,
         }
+        if spec.get("oom_score_adj") is not None:
+            options["oom_score_adj"] = int(spec["oom_score_adj"])  # the first the OOM killer takes
         try:
             try:
                 self.container = self.client.containers.create(spec["image"], **options)

@@ -41,7 +41,7 @@ import trio
 from agent.core import Agent
 from agent.main import run_agent, serve_until_signal
 from agent.starts import Spawner, StartLimiter
-from runtime import identifiers, log, metrics, priority
+from runtime import identifiers, log, metrics, oom, priority
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
 from runtime.tls import TlsFiles
@@ -389,6 +389,7 @@ def main(
     log_level: str = "INFO",
     metrics_port: int | None = None,
     nice: int = priority.DEFAULT_NICE,
+    oom_score_adj: int = oom.DEFAULT_AGENT_OOM_SCORE_ADJ,
 ) -> None:
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -405,6 +406,9 @@ def main(
         metrics_port: serve the process's Prometheus metrics on the workers' listen host's
             ``metrics_port`` (one endpoint for every worker); None: don't.
         nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
+        oom_score_adj: the OOM score this process (and every reaper it forks) asks for, before
+            anything is forked (:mod:`runtime.oom`); the jobs get their worker's
+            ``job_oom_score_adj``.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
@@ -412,6 +416,7 @@ def main(
     """
     log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
     priority.ask_for_priority(nice, log=log.get("fleet"))
+    oom.protect_process(oom_score_adj, log=log.get("fleet"))
     if metrics_port:
         metrics.serve(metrics_port, workers[0].listen_host if workers else "127.0.0.1")
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])

@@ -34,7 +34,7 @@ from agent.runtimes import job_runner
 from agent.service import WorkerService
 from agent.starts import Spawner, StartLimiter
 from protocol import pb
-from runtime import identifiers, log, metrics, priority
+from runtime import identifiers, log, metrics, oom, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
 from runtime.lag import LoopLag
@@ -273,6 +273,7 @@ def main(
     log_level: str = "INFO",
     metrics_port: int | None = None,
     nice: int = priority.DEFAULT_NICE,
+    oom_score_adj: int = oom.DEFAULT_AGENT_OOM_SCORE_ADJ,
 ) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -287,6 +288,8 @@ def main(
         log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
         metrics_port: serve Prometheus metrics on the listen host's ``metrics_port``; None: don't.
         nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
+        oom_score_adj: the OOM score this process (and every reaper it forks) asks for, before
+            anything is forked (:mod:`runtime.oom`); its jobs get ``job_oom_score_adj``.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
@@ -294,6 +297,7 @@ def main(
     """
     log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
     priority.ask_for_priority(nice, log=log.get("agent"))
+    oom.protect_process(oom_score_adj, log=log.get("agent"))
     if metrics_port:
         metrics.serve(metrics_port, settings.listen_host)
     trio.run(_run_until_signal, settings)

@@ -60,6 +60,11 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   ``JOB_NICE`` to its nice value (``os.nice``; the kernel caps it at 19; a failure to change
   it is ignored: the job runs at the reaper's priority), so a busy job does not starve the
   agent's heartbeats. The reaper itself keeps the agent's priority: it is the deadman switch.
+- **It makes the job the OOM killer's first choice.** Between fork and exec the job's process
+  writes the worker's ``job_oom_score_adj`` (1000) to ``/proc/self/oom_score_adj`` (the
+  ``oom_score_adj=`` line of ``CONFINE``), while the reaper keeps the agent's (-998, inherited):
+  when the whole machine runs out of memory the kernel kills a job before the deadman switch
+  or the agent (:mod:`runtime.oom`).
 - **It confines the job to its limits.** The agent makes the job's cgroups (one per v1
   hierarchy, one in v2; :mod:`agent.cgroups`) and passes their ``cgroup.procs`` files in
   ``CONFINE``, with the job's ``RLIMIT_AS`` where it has no cgroups (:mod:`agent.resources`).
@@ -116,7 +121,8 @@ Command line (built by :func:`reaper_argv`)::
 ``STARTED_FD`` (nobody waits for the start), ``RUN_AS_UID`` and ``RUN_AS_GID`` (both or
 neither: the job runs as the reaper's user) and ``JOB_CWD`` (the job runs in the reaper's
 working directory), and ``TIMEOUT_S`` and ``CONFINE`` (one line per item:
-``cgroup=<cgroup.procs>``, ``clone_into=<v2 cgroup>``, ``as=<bytes>``). The reaper's working
+``cgroup=<cgroup.procs>``, ``clone_into=<v2 cgroup>``, ``as=<bytes>``,
+``oom_score_adj=<-1000..1000>``). The reaper's working
 directory is the job's folder; stdin, stdout and
 stderr (opened by the agent, so a job that runs as another user writes them through the
 descriptors it inherits) and the environment (the agent passes a clean one) are passed on to
@@ -197,6 +203,7 @@ def reaper_argv(
     cgroup_procs: tuple[str, ...] = (),
     address_space_bytes: int | None = None,
     clone_into: str | None = None,
+    oom_score_adj: int | None = None,
 ) -> list[str]:
     """The command line that runs ``argv`` under a reaper.
 
@@ -231,6 +238,10 @@ def reaper_argv(
             ``CLONE_INTO_CGROUP``, which spares the migration's cost), its ``cgroup.procs``
             being the one of ``cgroup_procs``; where the kernel cannot, the process joins it
             after the fork as above. None: fork, then join.
+        oom_score_adj: the job's ``/proc/self/oom_score_adj`` (-1000..1000), written by its
+            process between fork and exec, before the privilege drop (so a root reaper's job
+            cannot lower it again as the job user; :mod:`runtime.oom`); the reaper keeps the
+            agent's. None: the job inherits the reaper's.
 
     Raises:
         ValueError: ``run_as_uid`` without ``run_as_gid`` (or the other way round), or a
@@ -245,6 +256,8 @@ def reaper_argv(
         confine.append(f"clone_into={clone_into}")
     if address_space_bytes is not None:
         confine.append(f"as={int(address_space_bytes)}")
+    if oom_score_adj is not None:
+        confine.append(f"oom_score_adj={int(oom_score_adj)}")
     return [
         python,
         "-I",  # no PYTHON* variables, no user site, no current folder on sys.path
@@ -609,11 +622,13 @@ class _Reaper:
         cgroups: tuple[str, ...] = (),
         address_space: tuple[int, int, int] | None = None,
         clone_into: str | None = None,
+        oom_score_adj: int | None = None,
     ) -> None:
         """Fork and exec the job in a session and process group of its own, ``nice`` lower in
         priority, in ``cwd`` (empty: the reaper's), as ``run_as`` (uid, gid; None: the reaper's
         user), in the cgroups whose ``cgroup.procs`` files ``cgroups`` lists, with the rlimit
-        ``address_space`` (resource, soft, hard; None: none).
+        ``address_space`` (resource, soft, hard; None: none), with ``oom_score_adj`` (None:
+        the reaper's).
 
         The job's process joins its cgroups first of all, before it runs anything of its own
         and while it still has the reaper's rights (the job user may not write there), and
@@ -673,6 +688,18 @@ class _Reaper:
                     except (OSError, ValueError) as exc:
                         os.write(errors_w, f"R:{getattr(exc, 'errno', 0) or 0}".encode())
                         os._exit(_EXIT_CANNOT_START)
+                if oom_score_adj is not None:
+                    # Before the privilege drop: a root reaper's write also sets the job's
+                    # oom_score_adj_min, so the job user cannot lower it again. Raising never
+                    # needs a right; where /proc lacks the file the job keeps the reaper's.
+                    try:
+                        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                        try:
+                            os.write(fd, str(oom_score_adj).encode())
+                        finally:
+                            os.close(fd)
+                    except OSError:
+                        pass
                 os.setsid()  # a session (and process group) of its own
                 if cwd and not (enter_as_job_user := run_as is not None and os.path.isabs(cwd)):
                     os.chdir(cwd)  # the job's own folder, which the job user may not search
@@ -825,12 +852,13 @@ def _address_space(value: int) -> tuple[int, int, int]:
     return resource.RLIMIT_AS, limit, limit
 
 
-def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None, str | None]:
-    """The cgroup.procs files, the address-space limit and the cgroup to be born in of a
-    ``CONFINE`` field (:func:`reaper_argv`)."""
+def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None, str | None, int | None]:
+    """The cgroup.procs files, the address-space limit, the cgroup to be born in and the OOM
+    score of a ``CONFINE`` field (:func:`reaper_argv`); a key it does not know is skipped."""
     cgroups: list[str] = []
     address_space: int | None = None
     clone_into: str | None = None
+    oom_score_adj: int | None = None
     for line in field.split("\n") if field else ():
         key, _, value = line.partition("=")
         if key == "cgroup":
@@ -839,7 +867,9 @@ def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None, str | None]
             address_space = int(value)
         elif key == "clone_into":
             clone_into = value
-    return tuple(cgroups), address_space, clone_into
+        elif key == "oom_score_adj":
+            oom_score_adj = int(value)
+    return tuple(cgroups), address_space, clone_into, oom_score_adj
 
 
 _CLONE_INTO_CGROUP = 0x200000000
@@ -920,7 +950,7 @@ def main(args: list[str]) -> int:
         )
         return _EXIT_USAGE
     parent_pid, grace_s, deadline_path, argv = int(args[1]), float(args[2]), args[3], args[12:]
-    cgroups, address_space, clone_into = _parse_confine(args[10])
+    cgroups, address_space, clone_into, oom_score_adj = _parse_confine(args[10])
     timeout_s = float(args[9]) if args[9] else None
     nice = int(args[4])
     started_fd = int(args[5]) if args[5] else -1
@@ -972,6 +1002,7 @@ def main(args: list[str]) -> int:
             cgroups=cgroups,
             address_space=None if address_space is None else _address_space(address_space),
             clone_into=clone_into,
+            oom_score_adj=oom_score_adj,
         )
         if timeout_s is not None:
             reaper.timeout_at = time.monotonic() + timeout_s

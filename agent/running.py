@@ -301,6 +301,7 @@ class RunningJobs:
                     user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
                     owner=owner_of(self.settings.work_dir),
                     workdir=order.spec.workdir,
+                    oom_score_adj=self.settings.job_oom_score_adj,
                 )
             }
             if isinstance(runtime, ContainerRuntime)
@@ -318,6 +319,8 @@ class RunningJobs:
         if isinstance(runtime, CommandRuntime):
             # Its reaper's pid and start time go into the record once it is forked.
             container["on_spawned"] = lambda pid: self._record_reaper(job, pid)
+            # The OOM killer's first choice, before the agent and its reapers (runtime.oom).
+            container["oom_score_adj"] = self.settings.job_oom_score_adj
         try:
             result = await self.runner(
                 runtime,

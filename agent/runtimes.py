@@ -42,8 +42,9 @@ Command jobs:
   never forked through ``trio.run_process`` or ``trio.to_thread``, whose worker threads trio's
   thread cache retires after 10 s idle. Without a spawner (``spawner=None``: tools and tests)
   the calling thread forks, blocking its loop for the fork;
-- the reaper runs the job at ``job_nice`` lower priority and says, through a pipe, when the
-  job has exec'd (or could not be); ``on_started`` is called then (see
+- the reaper runs the job at ``job_nice`` lower priority, with the ``oom_score_adj`` the
+  agent passes (the worker's ``job_oom_score_adj``, 1000: the OOM killer's first choice), and
+  says, through a pipe, when the job has exec'd (or could not be); ``on_started`` is called then (see
   :mod:`agent.starts` for the start slots this frees);
 - are held to their ``cpu_millis`` and ``memory_mb`` when the agent passes its ``resources``
   (:mod:`agent.resources`): the job's cgroup is made before its reaper is forked (a failure
@@ -208,6 +209,9 @@ class ContainerJob:
     workdir: str = ""
     """The job's ``workdir``: the working directory inside the container (Docker creates it
     when the image lacks it); empty: the image's own."""
+    oom_score_adj: int | None = None
+    """The container's ``oom_score_adj`` (Docker's ``--oom-score-adj``; :mod:`runtime.oom`);
+    None: the engine's default (0)."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
@@ -261,6 +265,7 @@ async def run_job(
     resources: JobResources | None = None,
     limits: JobLimits | None = None,
     on_spawned: Callable[[int], None] | None = None,
+    oom_score_adj: int | None = None,
 ) -> JobResult:
     """Run one job until it ends or ``stop`` is set; return once it has really ended.
 
@@ -290,6 +295,9 @@ async def run_job(
         limits: the command's ``cpu_millis`` and ``memory_mb``.
         on_spawned: called with a command's reaper's pid once it is forked (the agent records
             it, so that a restarted agent can take the job over: :mod:`agent.adoption`).
+        oom_score_adj: a command's ``oom_score_adj``, set in its process before the exec
+            (:mod:`runtime.oom`); None: it inherits this process's. (A container job's is in
+            ``container``.)
 
     Returns:
         The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
@@ -322,6 +330,7 @@ async def run_job(
                 resources=None if limits is None else resources,
                 limits=limits,
                 on_spawned=on_spawned,
+                oom_score_adj=oom_score_adj,
             )
         case ContainerRuntime():
             # Imported here: it loads the Docker SDK only where a container job runs.
@@ -395,6 +404,7 @@ class JobRunner(Protocol):
         resources: JobResources | None = None,
         limits: JobLimits | None = None,
         on_spawned: Callable[[int], None] | None = None,
+        oom_score_adj: int | None = None,
     ) -> JobResult: ...
 
 
@@ -500,6 +510,7 @@ def _spawn_reaper(
     job_env: Mapping[str, str],
     options: RunOptions,
     confinement: Confinement,
+    oom_score_adj: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the job's reaper from the calling thread (see the module docstring for which).
 
@@ -539,6 +550,7 @@ def _spawn_reaper(
         cgroup_procs=confinement.cgroup_procs,
         address_space_bytes=confinement.address_space_bytes,
         clone_into=confinement.clone_into,
+        oom_score_adj=oom_score_adj,
     )
     return popen_supervisor(
         lambda started_fd: command(started_fd=started_fd),
@@ -574,6 +586,7 @@ async def _run_command(
     resources: JobResources | None,
     limits: JobLimits | None,
     on_spawned: Callable[[int], None] | None = None,
+    oom_score_adj: int | None = None,
 ) -> JobResult:
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
@@ -600,6 +613,7 @@ async def _run_command(
         run_as=run_as,
         job_env=job_env,
         options=options,
+        oom_score_adj=oom_score_adj,
     )
 
     def spawn() -> tuple[subprocess.Popen[bytes], int, ConfinedJob | None]:

@@ -28,6 +28,7 @@ from runtime import identifiers
 from runtime.checks import check_int_between
 from runtime.errors import InvalidArgument
 from runtime.jobs import MAX_CPU_MILLIS, MAX_MEMORY_MB
+from runtime.oom import DEFAULT_JOB_OOM_SCORE_ADJ, MIN_JOB_OOM_SCORE_ADJ, check_oom_score_adj
 from runtime.tls import TlsFiles
 
 
@@ -700,6 +701,12 @@ class AgentSettings:
     """How much lower a command job's CPU priority is than the agent's (added to the agent's
     nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
     agent's. The job's reaper keeps the agent's priority."""
+    job_oom_score_adj: int = attrs.field(default=DEFAULT_JOB_OOM_SCORE_ADJ)
+    """The ``oom_score_adj`` of every command job's processes (set in the job's process just
+    before it execs) and of every container job's (the container's), 0..1000: when the whole
+    machine runs out of memory the kernel kills the process with the highest score first, and
+    1000 makes it a job before anything else (:mod:`runtime.oom`). The agent and its reapers
+    keep the process's ``--oom-score-adj`` (-998)."""
 
     job_pids_max: int = attrs.field(default=DEFAULT_JOB_PIDS_MAX)
     """The most processes (and threads) one command job may have at once, enforced by its
@@ -752,6 +759,10 @@ class AgentSettings:
             raise InvalidArgument(
                 "job_nice", value, f"must be an integer between {MIN_JOB_NICE} and {MAX_JOB_NICE}"
             )
+
+    @job_oom_score_adj.validator
+    def _oom(self, attribute: attrs.Attribute[int], value: int) -> None:
+        check_oom_score_adj(value, field="job_oom_score_adj", low=MIN_JOB_OOM_SCORE_ADJ)
 
     @job_pids_max.validator
     def _pids(self, attribute: attrs.Attribute[int], value: int) -> None:

@@ -15,6 +15,12 @@ from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.config import default_state_dir, named_addresses
 from runtime import identifiers
 from runtime.identifiers import parse_labels
+from runtime.oom import (
+    DEFAULT_AGENT_OOM_SCORE_ADJ,
+    MAX_OOM_SCORE_ADJ,
+    MIN_JOB_OOM_SCORE_ADJ,
+    check_oom_score_adj,
+)
 from runtime.priority import DEFAULT_NICE, check_nice
 from runtime.settings import (
     JOB_RESOURCES_CHOICES,
@@ -438,6 +444,22 @@ JobNiceOption = Annotated[
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority)."
     ),
 ]
+JobOomScoreAdjOption = Annotated[
+    int,
+    typer.Option(
+        help=f"oom_score_adj of command and container jobs ({MIN_JOB_OOM_SCORE_ADJ}..{MAX_OOM_SCORE_ADJ}): "
+        "when the machine runs out of memory the kernel kills the highest first; 1000: a job before "
+        "anything else."
+    ),
+]
+OomScoreAdjOption = Annotated[
+    int,
+    typer.Option(
+        help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
+        "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
+        "may and says so."
+    ),
+]
 JobPidsMaxOption = Annotated[
     int,
     typer.Option(
@@ -513,6 +535,7 @@ def agent(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_oom_score_adj: JobOomScoreAdjOption = _agent_int_default("job_oom_score_adj"),
     job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
     job_resources: JobResourcesOption = _agent_str_default("job_resources"),
     job_user: JobUserOption = _agent_str_default("job_user"),
@@ -521,6 +544,7 @@ def agent(
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
+    oom_score_adj: OomScoreAdjOption = DEFAULT_AGENT_OOM_SCORE_ADJ,
     certs_dir: CertsDirOption = None,
     insecure: InsecureOption = False,
     no_containers: Annotated[
@@ -572,6 +596,7 @@ def agent(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_oom_score_adj=job_oom_score_adj,
             job_pids_max=job_pids_max,
             job_resources=job_resources,
             job_user=job_user,
@@ -581,10 +606,17 @@ def agent(
         )
     with errors():
         check_nice(nice)
+        check_oom_score_adj(oom_score_adj)
         resolve_unprivileged_user(settings.job_user)  # refuse to start without the job user
     _check_tls_files(folder, "worker", [worker_id], f"worker {worker_id}")
     with errors():  # a registration refused for the certificate's id ends the agent in one line
-        agent_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
+        agent_main(
+            settings,
+            json_logs=json_logs,
+            metrics_port=metrics_port or None,
+            nice=nice,
+            oom_score_adj=oom_score_adj,
+        )
 
 
 @app.command("fleet")
@@ -611,6 +643,7 @@ def fleet(
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
+    job_oom_score_adj: JobOomScoreAdjOption = _agent_int_default("job_oom_score_adj"),
     job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
     job_resources: JobResourcesOption = _agent_str_default("job_resources"),
     job_user: JobUserOption = _agent_str_default("job_user"),
@@ -619,6 +652,7 @@ def fleet(
     metrics_port: MetricsPortOption = 0,
     json_logs: JsonLogsOption = False,
     nice: NiceOption = DEFAULT_NICE,
+    oom_score_adj: OomScoreAdjOption = DEFAULT_AGENT_OOM_SCORE_ADJ,
     certs_dir: CertsDirOption = None,
     insecure: InsecureOption = False,
 ) -> None:
@@ -652,17 +686,24 @@ def fleet(
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
             job_nice=job_nice,
+            job_oom_score_adj=job_oom_score_adj,
             job_pids_max=job_pids_max,
             job_resources=job_resources,
             job_user=job_user,
             output=_output_settings(max_output_mb, output_retention_s),
         )
         check_nice(nice)
+        check_oom_score_adj(oom_score_adj)
         resolve_unprivileged_user(job_user)  # refuse to start without the job user
     _check_tls_files(folder, "worker", [w.worker_id for w in workers], f"fleet {fleet_id}")
     try:
         fleet_main(
-            settings, fleet_id=fleet_id, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice
+            settings,
+            fleet_id=fleet_id,
+            json_logs=json_logs,
+            metrics_port=metrics_port or None,
+            nice=nice,
+            oom_score_adj=oom_score_adj,
         )
     except WorkerFailed as exc:
         fail(f"{fleet_id}: {exc}")

@@ -197,6 +197,7 @@ class ScriptedRunner:
         job_env: Mapping[str, str] | None = None,
         pause: Any = None,
         on_spawned: Any = None,
+        oom_score_adj: int | None = None,
     ) -> JobResult:
         if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)

@@ -560,8 +560,8 @@ def test_no_oom_kill_changes_nothing() -> None:
 
 
 def test_the_reaper_gets_the_cgroups_and_the_rlimit_in_one_field_it_reads_back() -> None:
-    """reaper_argv puts the cgroup.procs files and RLIMIT_AS before the '--' and the reaper's
-    parser gives them back."""
+    """reaper_argv puts the cgroup.procs files, RLIMIT_AS and the OOM score before the '--' and
+    the reaper's parser gives them back."""
     argv = reaper.reaper_argv(
         "python",
         parent_pid=1,
@@ -571,10 +571,11 @@ def test_the_reaper_gets_the_cgroups_and_the_rlimit_in_one_field_it_reads_back()
         cgroup_procs=("/a b/cgroup.procs", "/c:d/cgroup.procs"),
         address_space_bytes=123,
         clone_into="/a b",
+        oom_score_adj=1000,
     )
     field = argv[argv.index("--") - 1]
-    assert reaper._parse_confine(field) == (("/a b/cgroup.procs", "/c:d/cgroup.procs"), 123, "/a b")
-    assert reaper._parse_confine("") == ((), None, None)
+    assert reaper._parse_confine(field) == (("/a b/cgroup.procs", "/c:d/cgroup.procs"), 123, "/a b", 1000)
+    assert reaper._parse_confine("") == ((), None, None, None)
 
 
 def test_a_cgroup_path_with_a_newline_is_refused() -> None:
