@@ -87,7 +87,15 @@ from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb, wire
 from protocol.wire import Encoded
 from runtime import faults, identifiers, log, metrics
-from runtime.aio import PgConnection, Send, require_worker, serve_grpc, takes_encoded_request, trio_service
+from runtime.aio import (
+    PgConnection,
+    Send,
+    require_worker,
+    rpc_caller,
+    serve_grpc,
+    takes_encoded_request,
+    trio_service,
+)
 from runtime.errors import (
     Busy,
     DatabaseBusy,
@@ -342,7 +350,7 @@ class ControlPlaneService(AdmittedService):
             )
         if row is None:
             raise NotFound(f"job_id {request.job_id} not found")
-        info = job_info(row)
+        info = job_info(row, env_values=reads_env_values())
         info.attempt_history = [attempt_info(a) for a in attempts]
         info.array_counts = array_counts(counts)
         return info
@@ -369,7 +377,10 @@ class ControlPlaneService(AdmittedService):
         async with self.admitted("list_jobs"):
             async with self.connection("list_jobs") as conn:
                 rows = await conn.fetch(queries.LIST_JOBS, state, limit)
-            return await self._encoded(pb.ListJobsReply(), {"jobs": (job_info(r) for r in rows)})
+            env_values = reads_env_values()
+            return await self._encoded(
+                pb.ListJobsReply(), {"jobs": (job_info(r, env_values=env_values) for r in rows)}
+            )
 
     async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
         check_job_id(request.job_id)
@@ -772,7 +783,9 @@ class ControlPlaneService(AdmittedService):
                 workers = await conn.fetch(queries.STATUS_WORKERS)
                 counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
                 stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
-            return await self._encoded(*status_reply(self.cp_id, lease, cps, workers, counts, stuck))
+            return await self._encoded(
+                *status_reply(self.cp_id, lease, cps, workers, counts, stuck, env_values=reads_env_values())
+            )
 
 
 CONTROL_PLANE_ACCESS = {
@@ -794,6 +807,18 @@ CONTROL_PLANE_ACCESS = {
 """Who may call each ControlPlane RPC over mutual TLS (:func:`runtime.aio.trio_service`):
 operators change jobs and take workers out of service, viewers and operators read, workers speak only for
 themselves (the handlers check that a worker's certificate names the ``worker_id`` it sends)."""
+
+ENV_VALUE_READERS = (OPERATOR,)
+"""Who reads the values of a job's environment in GetJob, ListJobs and Status replies:
+operators, who may submit and so set them. Every other reader (a viewer) gets the names, each
+value :data:`runtime.jobs.HIDDEN_ENV_VALUE`: the values may be secrets (a token, a password).
+On a plaintext server (``--insecure``) no identity is checked and everyone reads them."""
+
+
+def reads_env_values() -> bool:
+    """Whether the caller of the RPC being served may read environment values
+    (:data:`ENV_VALUE_READERS`)."""
+    return rpc_caller().acts_as(ENV_VALUE_READERS)
 
 
 @attrs.define

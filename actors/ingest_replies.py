@@ -17,11 +17,13 @@ from runtime.validation import JOB_STATES
 from runtime.wire_jobs import job_spec_to_pb
 
 
-def job_info(row: Any) -> pb.JobInfo:
-    """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`."""
+def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
+    """A ``JobInfo`` from a row of :data:`actors.queries.GET_JOB`; without ``env_values`` its
+    spec's environment values are :data:`runtime.jobs.HIDDEN_ENV_VALUE` (its names kept)."""
+    spec = queries.job_spec_of(row)
     info = pb.JobInfo(
         job_id=row["id"],
-        spec=job_spec_to_pb(queries.job_spec_of(row)),
+        spec=job_spec_to_pb(spec if env_values else spec.env_values_hidden()),
         state=row["state"],
         reason=row["reason"],
         worker_id=row["worker_id"] or "",
@@ -237,11 +239,19 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
 
 
 def status_reply(
-    cp_id: str, lease: Any, cps: list[Any], workers: list[Any], counts: list[Any], stuck: list[Any]
+    cp_id: str,
+    lease: Any,
+    cps: list[Any],
+    workers: list[Any],
+    counts: list[Any],
+    stuck: list[Any],
+    *,
+    env_values: bool,
 ) -> tuple[pb.StatusReply, dict[str, Any]]:
     """The status reply from the rows of its five queries, with its lists of workers and of
     unschedulable jobs apart, to be built lazily (the ``elements`` of
-    :func:`protocol.wire.encode_steps`)."""
+    :func:`protocol.wire.encode_steps`); the jobs' environment values only with ``env_values``
+    (:func:`job_info`)."""
     assert lease is not None
     leader = lease["holder"] if lease["live"] and lease["holder"] else ""
     by_state = {r["state"]: r["count"] for r in counts}
@@ -262,6 +272,6 @@ def status_reply(
     )
     elements = {
         "workers": (_worker_info(r) for r in workers),
-        "unschedulable": (job_info(r) for r in stuck),
+        "unschedulable": (job_info(r, env_values=env_values) for r in stuck),
     }
     return reply, elements

@@ -66,6 +66,10 @@ MAX_ENV_BYTES = 64 * 1024
 """Most bytes of UTF-8 of a job's environment, names and values together."""
 RESERVED_ENV_PREFIX = "STOCKADE_"
 """Environment names the worker sets itself (``STOCKADE_ARRAY_INDEX``, ``STOCKADE_JOB_ID``)."""
+HIDDEN_ENV_VALUE = "<hidden>"
+"""What stands for each environment value in a job shown to someone who may not read the values
+(a viewer's GetJob, ListJobs and Status replies, the web console): the names stay, since they
+say what the job is given, but values may be secrets (:meth:`JobSpec.env_values_hidden`)."""
 MAX_WORKDIR_BYTES = 4096
 """Longest ``workdir``, PATH_MAX."""
 MAX_AFTER = 100
@@ -422,6 +426,13 @@ class JobSpec:
             raise InvalidArgument("after", list(self.after), "must name each job once")
         if self.array is not None:
             self.array.check()
+
+    def env_values_hidden(self) -> JobSpec:
+        """This spec with every environment value replaced by :data:`HIDDEN_ENV_VALUE` (the
+        names kept), for a reader who may not see the values."""
+        if not self.env:
+            return self
+        return attrs.evolve(self, env=tuple((name, HIDDEN_ENV_VALUE) for name, _ in self.env))
 
     def describe(self) -> str:
         """The runtime in one line for people (:meth:`SleepRuntime.describe`); ``-`` for none."""

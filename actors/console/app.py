@@ -426,13 +426,14 @@ class ConsoleApp:
         row, attempts, source_row = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no job {job_id} in this cluster")
-        spec = job_spec_of(row)
+        # The environment's values never reach a template: a console reader may be a viewer.
+        spec = job_spec_of(row).env_values_hidden()
         outputs, output_note = await self._output_tails(job_id, row["runtime"], source_row)
         return Part(
             status=200,
             template="parts/job.html",
             values={
-                "job": row,
+                "job": {key: value for key, value in row.items() if key != "env"},
                 "spec": spec,
                 "attempts": attempts,
                 "outputs": outputs,

@@ -92,6 +92,14 @@ class Caller:
     secure: bool = False
     identity: Identity | None = None
 
+    def acts_as(self, roles: Collection[str]) -> bool:
+        """Whether the caller holds one of ``roles``: its certificate's role is among them, or
+        the connection is plaintext (a server run with ``--insecure`` checks no identity, and
+        lets everyone call everything)."""
+        if not self.secure:
+            return True
+        return self.identity is not None and self.identity.role in roles
+
     def __str__(self) -> str:
         who = str(self.identity) if self.identity else ("no identity" if self.secure else "plaintext")
         return f"{who} at {self.address}"

@@ -148,8 +148,9 @@ async def test_a_replica_that_is_down_is_passed_over(database_url: str) -> None:
 
 
 async def test_mutual_tls_is_required_and_the_role_checked(database_url: str, tmp_path: Path) -> None:
-    """Over mutual TLS the operator's certificate submits; a viewer's reads but may not submit
-    (PermissionDenied); a plaintext client is refused, nothing stored."""
+    """Over mutual TLS the operator's certificate submits; a viewer's reads (the environment's
+    values hidden) but may not submit (PermissionDenied); a plaintext client is refused, nothing
+    stored."""
     certs = tmp_path / "certs"
     certs_module.init_cluster(certs)
     tls = server_context(TlsFiles.in_dir(certs, "cp-1"))
@@ -159,7 +160,7 @@ async def test_mutual_tls_is_required_and_the_role_checked(database_url: str, tm
         async with Client.open(operator) as client:
             job_id = await client.submit(SPEC)
         async with Client.open(viewer) as client:
-            assert (await client.get(job_id)).spec == SPEC
+            assert (await client.get(job_id)).spec == SPEC.env_values_hidden() != SPEC
             with pytest.raises(PermissionDenied, match="operator"):
                 await client.submit(SPEC)
         async with Client.open(plaintext(ingest.address)) as client:

@@ -177,6 +177,25 @@ async def test_the_job_part_shows_its_spec_and_runs(database_url: str) -> None:
     assert workers[0] == 200 and 'data-id="w-1" data-state="alive"' in workers[2] and "zone=a" in workers[2]
 
 
+async def test_the_job_part_names_its_environment_but_shows_no_value(database_url: str) -> None:
+    """A job with environment variables: its part lists their names and none of their values."""
+    job_id = await seed_cluster(database_url)
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute(
+                """UPDATE jobs SET env = '{"API_TOKEN": "s3cret-t0ken", "MODE": "fast"}' WHERE id = $1""",
+                job_id,
+            )
+        finally:
+            await db.close()
+    async with console_on(database_url) as console:
+        status, _, body = await get(console, f"/part/jobs/{job_id}")
+    assert status == 200
+    assert "<code>API_TOKEN</code> <code>MODE</code>" in body
+    assert "s3cret-t0ken" not in body and "fast" not in body
+
+
 async def test_an_unreachable_database_is_shown_with_the_time_it_was_first_missed() -> None:
     """With the database unreachable, a part answers 503 within the read bound, saying since
     when the database has not answered, and the packing page still answers."""

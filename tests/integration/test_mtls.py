@@ -306,6 +306,52 @@ async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) 
     assert list(listed.jobs) == []
 
 
+SECRET = "s3cret-t0ken-value"
+
+
+def env_of(info: pb.JobInfo) -> dict[str, str]:
+    return dict(info.spec.env)
+
+
+async def test_a_viewer_reads_a_jobs_environment_names_and_an_operator_its_values(
+    database_url: str, certs: Path
+) -> None:
+    """A job submitted with environment values: GetJob, ListJobs and Status's unschedulable jobs
+    give a viewer each name with the value "<hidden>", and an operator the values; the secret
+    value is in no log line of the control plane."""
+    operator, viewer = client_tls(certs, "operator"), client_tls(certs, "viewer")
+    spec = pb.JobSpec(
+        name="j",
+        cpu_millis=500,
+        memory_mb=256,
+        sleep=pb.SleepRuntime(duration_ms=1000),
+        env={"TOKEN": SECRET, "MODE": "fast"},
+    )
+    with structlog.testing.capture_logs() as logs:
+        async with control_plane(database_url, certs) as address:
+            submitted = await call_cp(
+                address, operator, "submit_job", with_idempotency_key(pb.SubmitJobRequest(spec=spec))
+            )
+            conn = await PgConnection.connect(database_url)
+            try:  # as the placer marks a job no worker can take
+                await conn.execute(
+                    "UPDATE jobs SET reason = 'unschedulable: no worker' WHERE id = $1", submitted.job_id
+                )
+            finally:
+                await conn.close()
+            seen = {}
+            for who, tls in (("viewer", viewer), ("operator", operator)):
+                job = await call_cp(address, tls, "get_job", pb.GetJobRequest(job_id=submitted.job_id))
+                listed = await call_cp(address, tls, "list_jobs", pb.ListJobsRequest())
+                status = await call_cp(address, tls, "status", pb.StatusRequest())
+                seen[who] = [env_of(job), *map(env_of, listed.jobs), *map(env_of, status.unschedulable)]
+    assert seen == {
+        "viewer": [{"MODE": "<hidden>", "TOKEN": "<hidden>"}] * 3,
+        "operator": [{"MODE": "fast", "TOKEN": SECRET}] * 3,
+    }
+    assert logs and not [line for line in logs if SECRET in repr(line)]
+
+
 # ---------------------------------------------------------------------------- the agent's Worker service
 
 
