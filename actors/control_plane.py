@@ -5,6 +5,7 @@
     ingest (gRPC ControlPlane)          lease keeper --Elected/Deposed--> placer, reconciler
     placer --CommitPlacements--> ledger --EpochSuperseded--> lease keeper
     console (HTTP, read-only; on its http_port when given)
+    database watch (samples the oldest open transaction and the hot tables' dead rows)
     reconciler --DeclareDeadWorkers/EndAssignments--> ledger
     placer, reconciler --Dispatch/CancelOnWorker--> dispatcher --gRPC--> workers
 
@@ -36,6 +37,7 @@ import attrs
 import trio
 
 from actors.console import Console, console_url
+from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.ingest import Ingest, apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
@@ -200,6 +202,14 @@ async def run_control_plane(
         dispatcher=dispatch_send,
         max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
     )
+    watch = DatabaseWatch(
+        settings=settings.database_watch,
+        store=PgWatchStore(
+            database_url=settings.database_url,
+            application_name=f"stockade {settings.cp_id} database watch",
+            statement_timeout_s=settings.database_watch.statement_timeout_s,
+        ),
+    )
     actors: list[tuple[str, Callable[..., Any]]] = [
         ("ledger", ledger.run),
         ("dispatcher", dispatcher.run),
@@ -208,6 +218,7 @@ async def run_control_plane(
         ("lease", partial(run_on_own_loop, lease_loop, lease_actor)),
         ("placer", placer.run),
         ("reconciler", reconciler.run),
+        ("database watch", watch.run),
     ]
     if console is not None:
         # On a loop of its own: rendering a page never delays a placer round.

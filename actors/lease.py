@@ -18,6 +18,9 @@ replica stops deciding before its lease can have expired. On stepping down it le
 advisory lock so a standby need not wait for the expiry. All of this is liveness only: every
 decision is fenced by the epoch in the ledger, whatever this actor believes.
 
+Each renewal's time from send to answer is counted (``stockade_lease_renewal_seconds``): the
+lease is safe only while renewals answer well within ``lease_ttl_s - step_down_margin_s``.
+
 The store's connection reconnects after a failure, waiting between failed connects (50 ms
 growing to 2 s, jittered) and logging the database's outage once per change
 (:class:`runtime.aio.ReconnectingConnection`); each probe and renewal is bounded by the
@@ -329,6 +332,7 @@ class LeaseKeeper:
                     continue
             if renewed is None:
                 break
+            metrics.LEASE_RENEWAL_SECONDS.observe(trio.current_time() - sent)
             if not renewed:
                 self._depose("deposed", "lease taken by another replica")
                 return

@@ -8,7 +8,8 @@ targets (``cp``, ``agent``, ``fleet``). docs/metrics.md lists the metrics and ho
 
 Layout, top to bottom, all on one time axis with every election drawn across every panel (an
 annotation), so that a failover reads as one vertical slice: leadership (who leads under which
-epoch, elections, step-downs by cause, refused fenced writes), heartbeats and fencing (the rate
+epoch, elections, step-downs by cause, refused fenced writes), the database (lease renewal time,
+the oldest open transaction, the hot tables' dead rows), heartbeats and fencing (the rate
 the control planes record, the agents' round trip and heartbeat age against the fence span, fence
 events), placement and packing (round time, pending jobs and placements, CPU and memory allocated
 against capacity), and jobs (running, starts, stops by reason, refused assignments).
@@ -151,6 +152,53 @@ ROWS: tuple[Row, ...] = (
                 ),
                 width=8,
                 bars=True,
+            ),
+        ),
+    ),
+    Row(
+        title="Database",
+        panels=(
+            Panel(
+                title="Lease renewal time",
+                description="From sending a lease renewal to its answer, on the leader: the lease is "
+                "lost once renewals fail for lease_ttl_s - step_down_margin_s (1.6 s by default).",
+                queries=_quantiles("stockade_lease_renewal_seconds", CP),
+                width=6,
+                unit="s",
+            ),
+            Panel(
+                title="Oldest open transaction",
+                description="Age of the oldest transaction open in the database (any session's but the "
+                "sampler's), as each control plane samples it every 5 s. While one stays open, vacuum "
+                "removes no dead row: a warning is logged past oldest_transaction_warn_s (60 s), naming "
+                "its session.",
+                queries=(
+                    q(f"max(stockade_database_oldest_transaction_seconds{{{CP}}})", "oldest transaction"),
+                ),
+                width=6,
+                unit="s",
+            ),
+            Panel(
+                title="Dead rows of the hot tables",
+                description="Row versions of workers, jobs, assignments and lease that vacuum has not "
+                "removed yet (pg_stat_user_tables.n_dead_tup). They pile up while a transaction stays "
+                "open, and slow every read of the table.",
+                queries=(q(f"max by (table) (stockade_database_dead_rows{{{CP}}})", "{{table}}"),),
+                width=6,
+            ),
+            Panel(
+                title="Dead rows per live row",
+                description="Dead rows of each hot table per live one: a warning is logged past "
+                "dead_rows_warn_ratio (10) with more than dead_rows_warn_min (1000) dead rows. Vacuum "
+                "left to itself keeps it near 0.2.",
+                queries=(
+                    q(
+                        f"max by (table) (stockade_database_dead_rows{{{CP}}}) "
+                        f"/ clamp_min(max by (table) (stockade_database_live_rows{{{CP}}}), 1)",
+                        "{{table}}",
+                    ),
+                ),
+                width=6,
             ),
         ),
     ),

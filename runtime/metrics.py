@@ -221,6 +221,13 @@ LEASE_EPOCH = Gauge(
     "stockade_lease_epoch",
     "The epoch this control plane leads under; 0 while it is a standby.",
 )
+LEASE_RENEWAL_SECONDS = Histogram(
+    "stockade_lease_renewal_seconds",
+    "Time from sending a lease renewal to its answer (renewed, or found deposed), while this "
+    "control plane leads; renewals that failed (no answer, an error) are not counted. The lease "
+    "is lost when renewals take longer than lease_ttl_s - step_down_margin_s in all.",
+    buckets=LAG_BUCKETS_S,
+)
 FENCED_WRITES_REFUSED = Counter(
     "stockade_fenced_writes_refused",
     "Fenced writes the database refused to this control plane (one row each in stale_writes), "
@@ -397,4 +404,26 @@ DATABASE_TRANSACTION_RETRIES = Counter(
     "Transactions run again from their start after a schema change invalidated a cached "
     "statement (asyncpg InvalidCachedStatementError, OutdatedSchemaCacheError), by what ran.",
     ["what"],
+)
+
+
+DATABASE_OLDEST_TRANSACTION_SECONDS = Gauge(
+    "stockade_database_oldest_transaction_seconds",
+    "Age of the oldest transaction open in Stockade's database (any client's but the sampling "
+    "session's; an idle one left open counts), as this control plane last sampled it "
+    "(actors.database_watch); 0 when none is open. While one is open, vacuum cannot remove the "
+    "row versions updated since it began.",
+)
+DATABASE_DEAD_ROWS = Gauge(
+    "stockade_database_dead_rows",
+    "Dead row versions of a table Stockade updates often (workers, jobs, assignments, lease), not "
+    "yet removed by vacuum, as PostgreSQL's statistics last counted them (n_dead_tup) when this "
+    "control plane sampled them, by table.",
+    ["table"],
+)
+DATABASE_LIVE_ROWS = Gauge(
+    "stockade_database_live_rows",
+    "Live rows of a table Stockade updates often, as PostgreSQL's statistics last counted them "
+    "(n_live_tup) when this control plane sampled them, by table.",
+    ["table"],
 )

@@ -453,6 +453,32 @@ class ConsoleSettings:
 
 
 @attrs.frozen(kw_only=True)
+class DatabaseWatchSettings:
+    """What every replica watches in the database for what Stockade cannot fix itself, and
+    when it warns (:mod:`actors.database_watch`): a transaction left open (by anyone) keeps
+    PostgreSQL's vacuum from removing the row versions Stockade's updates leave behind, so the
+    tables it updates several times a second (workers, jobs, assignments, lease) grow dead
+    rows and slow every read of them."""
+
+    sample_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    """How often the replica samples the oldest open transaction and the tables' rows, in
+    seconds."""
+    statement_timeout_s: float = attrs.field(default=DEFAULT_READ_STATEMENT_TIMEOUT_S, validator=_positive)
+    """Longest one sample's read may run, in seconds."""
+    oldest_transaction_warn_s: float = attrs.field(default=60.0, validator=_positive)
+    """A warning is logged when the oldest transaction open in the database (another session's)
+    has been open longer than this, in seconds; once per crossing, and a line again once none is."""
+    dead_rows_warn_ratio: float = attrs.field(default=10.0, validator=_positive)
+    """A warning is logged when a watched table holds more dead row versions than this many times
+    its live rows (and more than ``dead_rows_warn_min``); once per crossing and table. Vacuum
+    left to itself keeps dead rows below about a fifth of the live ones plus 50
+    (``autovacuum_vacuum_scale_factor`` 0.2, ``autovacuum_vacuum_threshold`` 50)."""
+    dead_rows_warn_min: int = attrs.field(default=1000, validator=_positive)
+    """Fewer dead rows than this never warn, whatever the ratio: a table of a few live rows (the
+    lease's one) counts dozens of dead ones between two vacuums."""
+
+
+@attrs.frozen(kw_only=True)
 class ControlPlaneSettings:
     """Everything one control-plane replica needs."""
 
@@ -489,6 +515,7 @@ class ControlPlaneSettings:
     every request for a login token (``stockade console``); without, plain HTTP on 127.0.0.1
     only, with no login."""
     console: ConsoleSettings = attrs.field(factory=ConsoleSettings)
+    database_watch: DatabaseWatchSettings = attrs.field(factory=DatabaseWatchSettings)
     tls: TlsFiles | None = None
     """This replica's mutual-TLS files (the CA, its ``control-plane`` certificate and key):
     it serves the ControlPlane service over mutual TLS and calls workers with that

@@ -3,7 +3,7 @@
 Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
 ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, cordons and
 drains, and the sweep of expired idempotency keys). Reads are used by the lease keeper,
-placer, reconciler and ingest.
+placer, reconciler, ingest and the database watch.
 Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
 $n)``; all times are the database's ``now()``.
 
@@ -11,6 +11,7 @@ A job's spec is stored in the columns of ``jobs``: :func:`job_spec_of` reads it 
 :func:`job_columns` gives the columns a spec is stored in, the one place the runtimes meet SQL.
 
 The statements live in one module per actor that runs them: :mod:`actors.queries.lease`,
+:mod:`actors.queries.database_watch` (the statistics views it samples),
 :mod:`actors.queries.ledger` (every fenced write), :mod:`actors.queries.placer` and
 :mod:`actors.queries.reconciler` (their reads), :mod:`actors.queries.ingest` (every unfenced
 write, the schema and the client-facing reads), and :mod:`actors.queries.jobs` (a job's spec
@@ -19,6 +20,7 @@ as columns). This package names them all, so callers write ``queries.NAME``.
 
 from __future__ import annotations
 
+from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS
 from actors.queries.ingest import (
     APPLY_SCHEMA_LOCK,
     APPLY_SCHEMA_UNLOCK,
@@ -143,6 +145,7 @@ __all__ = [
     "MISSING_JOBS",
     "NEWER_REGISTRATION",
     "NO_LONGER_PENDING",
+    "OLDEST_TRANSACTION",
     "OVERDUE_ASSIGNMENTS",
     "PENDING_JOBS",
     "PROBE_LEASE",
@@ -169,6 +172,7 @@ __all__ = [
     "SUBMIT_JOB",
     "SUBMIT_JOBS",
     "SWEEP_IDEMPOTENCY_KEYS",
+    "TABLE_ROWS",
     "TAKE_OVER_LEASE",
     "TRY_LEASE_LOCK",
     "UNCONFIRMED_ASSIGNMENTS",

@@ -31,6 +31,7 @@ from runtime.settings import (
     MIN_JOB_PIDS,
     PLACEMENT_POLICIES,
     AgentSettings,
+    DatabaseWatchSettings,
     IngestSettings,
     LeaseSettings,
     OutputSettings,
@@ -42,6 +43,7 @@ _INGEST = IngestSettings()
 _LEASE = LeaseSettings()
 _PLACER = PlacerSettings()
 _RECONCILER = ReconcilerSettings()
+_WATCH = DatabaseWatchSettings()
 
 
 def _agent_default(name: str) -> float:
@@ -291,6 +293,22 @@ def control_plane(
             "database was unreachable), silence counts anew, seconds.",
         ),
     ] = _RECONCILER.contact_gap_s,
+    oldest_transaction_warn_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Warn when a transaction (any session's) has been open in the database longer than "
+            "this, seconds: vacuum cannot remove dead rows meanwhile.",
+        ),
+    ] = _WATCH.oldest_transaction_warn_s,
+    dead_rows_warn_ratio: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help=f"Warn when workers, jobs, assignments or lease holds more dead rows than this many "
+            f"times its live ones (and more than {_WATCH.dead_rows_warn_min}).",
+        ),
+    ] = _WATCH.dead_rows_warn_ratio,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
     ] = 0,
@@ -385,6 +403,9 @@ def control_plane(
                 suspect_after_s=suspect_after_s,
                 mass_silence_max_s=mass_silence_max_s,
                 contact_gap_s=contact_gap_s,
+            ),
+            database_watch=DatabaseWatchSettings(
+                oldest_transaction_warn_s=oldest_transaction_warn_s, dead_rows_warn_ratio=dead_rows_warn_ratio
             ),
         )
         check_nice(nice)

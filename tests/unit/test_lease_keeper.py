@@ -13,6 +13,7 @@ import pytest
 import structlog
 import trio
 import trio.testing
+from prometheus_client import REGISTRY
 
 from actors.lease import LeaseKeeper
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
@@ -41,6 +42,8 @@ class FakeLeaseDb:
     error: Exception | None = None
     """Raised by every call while set (a lost or busy database)."""
     holder_session_alive: bool = True
+    renew_delay_s: float = 0.0
+    """How long every renewal takes to answer."""
     renewals: list[float] = attrs.field(factory=list)
     released: list[int] = attrs.field(factory=list)
     relinquished: list[int] = attrs.field(factory=list)
@@ -62,6 +65,7 @@ class FakeLeaseDb:
 
     async def renew(self, holder: str, epoch: int, ttl_s: float) -> bool:
         await self._maybe_hang()
+        await trio.sleep(self.renew_delay_s)
         self.renewals.append(trio.current_time())
         if self.holder == holder and self.epoch == epoch:
             self.expires_at = trio.current_time() + ttl_s
@@ -146,6 +150,31 @@ async def test_leader_renews_every_renew_interval(autojump_clock: trio.testing.M
         assert h.db.renewals == pytest.approx([0.5, 1.0, 1.5, 2.0])
         assert h.keeper.epoch == 1
         nursery.cancel_scope.cancel()
+
+
+def renewal_histogram() -> tuple[float, float]:
+    """(count, sum) of ``stockade_lease_renewal_seconds`` now."""
+    count = REGISTRY.get_sample_value("stockade_lease_renewal_seconds_count") or 0.0
+    total = REGISTRY.get_sample_value("stockade_lease_renewal_seconds_sum") or 0.0
+    return count, total
+
+
+async def test_each_renewal_counts_its_time_from_send_to_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Renewals answered 0.3 s after they are sent are each counted with 0.3 s in
+    stockade_lease_renewal_seconds."""
+    h = make_harness(FakeLeaseDb(renew_delay_s=0.3))
+    before = renewal_histogram()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.keeper.run)
+        await h.next_change()
+        await h.next_change()
+        await trio.sleep(1.9)
+        assert h.db.renewals == pytest.approx([0.8, 1.3, 1.8])
+        nursery.cancel_scope.cancel()
+    count, total = renewal_histogram()
+    assert (count - before[0], total - before[1]) == pytest.approx((3, 0.9))
 
 
 async def test_steps_down_locally_when_renewals_hang(autojump_clock: trio.testing.MockClock) -> None:
