@@ -114,7 +114,8 @@ def protect_process(asked: int, *, log: Any | None = None) -> OomScore:
         if _write(asked):
             return OomScore(asked=asked, now=read_oom_score_adj())
         # Refused: the lowest value accepted lies in (asked, current]; acceptance is monotonic
-        # (the kernel takes every value at or above the hidden minimum), so bisect.
+        # (the kernel takes every value at or above the hidden minimum), so bisect. The value in
+        # effect is always ``high``: the last accepted write, or the one we started from.
         low, high = asked, current  # low refused, high accepted
         while high - low > 1:
             middle = (low + high) // 2
@@ -122,7 +123,6 @@ def protect_process(asked: int, *, log: Any | None = None) -> OomScore:
                 high = middle
             else:
                 low = middle
-        _write(high)
     except OSError as exc:  # not PermissionError: no such file, a read-only /proc
         refused = f"{type(exc).__name__}: {exc.strerror or exc}"
     else:
