@@ -174,7 +174,14 @@ class ControlPlaneService(AdmittedService):
         await self.logs.relay(source, checked, send)
 
     async def _once(
-        self, conn: PgConnection, rpc: str, sql: str, *args: Any, key: str, digest: bytes
+        self,
+        conn: PgConnection,
+        rpc: str,
+        sql: str,
+        *args: Any,
+        key: str,
+        digest: bytes,
+        lock_worker: str | None = None,
     ) -> Once:
         """Carry out a mutating call's statement (made by :func:`actors.queries.once`) once per
         idempotency ``key``: the effect, or, for a copy of a call already carried out, the
@@ -186,6 +193,10 @@ class ControlPlaneService(AdmittedService):
             sql: its statement; ``args`` its effect's parameters.
             key: the request's idempotency key (checked).
             digest: the checked request's sha256 (:func:`actors.idempotency.request_digest`).
+            lock_worker: a promise about this worker's future (a cordon or drain): its row is
+                locked first (``queries.LOCK_WORKER``) and the statement runs after it in the
+                same transaction, so it answers with every assignment a placement in progress
+                commits, and no placement commits onto the worker after it.
 
         Raises:
             IdempotencyConflict: ``key`` was first used for another request; nothing was stored.
@@ -194,9 +205,19 @@ class ControlPlaneService(AdmittedService):
                 timed out); nothing was stored.
             DatabaseUnavailable: the database failed.
         """
+
+        async def promise(conn: PgConnection) -> Any:
+            await conn.fetchval(queries.LOCK_WORKER, lock_worker)
+            row = await conn.fetchrow(sql, *args, key, digest)
+            await faults.hit("ingest.promise_before_commit")
+            return row
+
         for attempt in (1, 2):
             try:
-                row = await conn.fetchrow(sql, *args, key, digest)
+                if lock_worker is None:
+                    row = await conn.fetchrow(sql, *args, key, digest)
+                else:
+                    row = await conn.run_in_transaction(promise, what=rpc)
             except DuplicateKey as exc:
                 # Another copy stored the key after this statement's snapshot: this one rolled
                 # back whole; run it again, to find the stored answer.
@@ -434,11 +455,12 @@ class ControlPlaneService(AdmittedService):
             return await self._resume_worker(request, labels, held, finished, digest)
 
         async def register(conn: PgConnection) -> tuple[int, bool, int]:
+            # The worker's row first (one lock order): a new incarnation ends the old one, a
+            # promise no placement in progress may cross (queries.LOCK_WORKER). Then the
+            # outcomes, for the incarnation that is still current: before the new one exists,
+            # so the sweep of the old one finds these assignments finished.
+            await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
             if finished:
-                # The worker's row first, as a heartbeat takes it (one lock order), then the
-                # outcomes, for the incarnation that is still current: before the new one
-                # exists, so the sweep of the old one finds these assignments finished.
-                await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
                 await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
             incarnation = await conn.fetchval(
                 queries.REGISTER_WORKER,
@@ -477,6 +499,7 @@ class ControlPlaneService(AdmittedService):
                         )
                     )
                 incarnation = row["incarnation"]
+            await faults.hit("ingest.promise_before_commit")
             return incarnation, again, await conn.fetchval(queries.CURRENT_EPOCH)
 
         async with self.database("register_worker") as conn:
@@ -697,6 +720,7 @@ class ControlPlaneService(AdmittedService):
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
             row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
+            await faults.hit("ingest.promise_before_commit")
             return row, await conn.fetchval(queries.CURRENT_EPOCH)
 
         async with self.database("leave_worker") as conn:
@@ -725,7 +749,9 @@ class ControlPlaneService(AdmittedService):
         """
         digest = idempotency.request_digest(rpc, items)
         async with self.database(rpc) as conn:
-            done = await self._once(conn, rpc, sql, worker_id, *args, key=key, digest=digest)
+            done = await self._once(
+                conn, rpc, sql, worker_id, *args, key=key, digest=digest, lock_worker=worker_id
+            )
         if not done.answer:
             raise NotFound(f"worker_id {worker_id!r} not found: no worker ever registered with that id")
         reply = worker_schedule_reply(done.answer[0])

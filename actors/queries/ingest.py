@@ -534,9 +534,11 @@ SELECT coalesce(array_agg(h.id ORDER BY h.id), '{}') FROM unnest($3::bigint[]) A
 # by the hold only on that answer; the hold counts from this statement's now(), which is not
 # before the heartbeat was sent (docs/design.md, "Restarts").
 SET_RESTART_HOLD = """
-UPDATE workers SET hold_until = now() + make_interval(secs => $3::float8)
- WHERE id = $1 AND incarnation = $2 AND state = 'alive'
-RETURNING hold_until
+WITH promised AS (SELECT id FROM workers WHERE id = $1 FOR UPDATE)
+UPDATE workers w SET hold_until = now() + make_interval(secs => $3::float8)
+  FROM promised
+ WHERE w.id = promised.id AND w.incarnation = $2 AND w.state = 'alive'
+RETURNING w.hold_until
 """
 
 # $1 worker id, $2 incarnation, $3 agent run id. A clean stop (actors/ingest.py, leave_worker),
@@ -563,7 +565,12 @@ SELECT c.state, c.incarnation, c.agent_run_id = $3 AS same_run, EXISTS (SELECT 1
   FROM current c
 """
 
-# $1 worker id. Locks the worker's row (if any) for the rest of the transaction.
+# $1 worker id. Locks the worker's row (if any) for the rest of the transaction, first in every
+# transaction that takes it (one lock order). Every promise about the worker's future (a cordon,
+# a drain, a clean leave, a registration, a restart hold) takes it before it writes or reads
+# what it answers: FOR UPDATE conflicts with the FOR KEY SHARE a placement takes on its workers
+# (actors/queries/ledger.py, COMMIT_PLACEMENTS), so a placement in progress commits first and
+# the promise's next statement sees its assignments, and a placement after it sees the promise.
 LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
 
 # A worker's finished outcomes (heartbeats carry them through HEARTBEAT; registrations through

@@ -23,7 +23,18 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # later waits for the share lock until this statement commits. Claims only jobs still pending
 # (invariant 3) on workers still alive in that incarnation, not cordoned (drain and cordon:
 # a cordon recorded after the round's read) and not held for a planned restart (schema.sql,
-# workers.hold_until). Returns one row with ``epoch_seen``
+# workers.hold_until).
+#
+# A worker's future is ordered against placements by its row (queries.ingest.LOCK_WORKER): every
+# promise about a worker (a cordon or drain, a clean leave, a registration that ends an
+# incarnation, a restart hold, a death) first locks its row FOR UPDATE, and ``open_workers``
+# locks the placements' workers FOR KEY SHARE, which conflicts with FOR UPDATE alone (a
+# heartbeat's update of last_heartbeat_at takes FOR NO KEY UPDATE and never waits for it).
+# Under READ COMMITTED a row lock re-checks its WHERE on the newest version of the row, so a
+# promise that committed after this statement's snapshot is seen and its worker takes nothing;
+# a promise that comes later waits until this statement commits, and reads the assignments it
+# created in its next statement. Rows are locked in id order (no deadlock between two
+# statements that each lock several). Returns one row with ``epoch_seen``
 # and no assignment when nothing was placed, else one row per assignment created: small rows
 # only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
 # never holds the share lock while it waits to hand a large result to a client that froze.
@@ -44,12 +55,18 @@ p AS (
     SELECT p.*
       FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS p(job_id, worker_id, incarnation), allowed
 ),
+open_workers AS (
+    SELECT w.id, w.incarnation FROM workers w
+     WHERE w.id IN (SELECT worker_id FROM p)
+       AND w.state = 'alive' AND w.cordoned_at IS NULL
+       AND (w.hold_until IS NULL OR w.hold_until <= now())
+     ORDER BY w.id
+       FOR KEY SHARE OF w
+),
 claimed AS (
     UPDATE jobs j
        SET state = 'assigned', reason = '', attempts = j.attempts + 1
-      FROM p JOIN workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
-                           AND w.state = 'alive' AND w.cordoned_at IS NULL
-                           AND (w.hold_until IS NULL OR w.hold_until <= now())
+      FROM p JOIN open_workers w ON w.id = p.worker_id AND w.incarnation = p.incarnation
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
@@ -94,10 +111,16 @@ JUDGED_WORKERS = """(w.state = 'alive'
 # replica recorded, so a heartbeat that landed after the reconciler's read wins; silence counts
 # only from the server's start and from the floor on (DESIGN.md, "Outages"), and not before a
 # planned restart's hold ends (schema.sql, workers.hold_until; greatest() skips its NULL).
+# A death is a promise about the worker's future: ``promised`` locks the rows FOR UPDATE first
+# (see COMMIT_PLACEMENTS), so a placement onto one of them commits before it or not at all, and
+# END_ORPHANED_ASSIGNMENTS, the transaction's next statement, ends what such a placement made.
 DECLARE_DEAD_WORKERS = f"""
-WITH dead AS (
+WITH promised AS (
+    SELECT w.id FROM workers w WHERE w.id = ANY($3::text[]) ORDER BY w.id FOR UPDATE OF w
+),
+dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
-      FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation)
+      FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation) JOIN promised USING (id)
      WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
        AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
                     w.hold_until)
