@@ -804,3 +804,27 @@ ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS console_url text;
 -- Read by a job's history (queries.JOB_EVENTS). NULL: never asked, or asked before the column
 -- existed.
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
+
+-- Worker health (actors/health.py decides, the leader's reconciler writes it in a fenced write:
+-- queries.RECORD_WORKER_HEALTH). A worker whose recent runs fail far more often than the other
+-- workers' is marked unhealthy: the placer places nothing new on it (queries.ROUND_READ,
+-- LIVE_WORKERS, COMMIT_PLACEMENTS), but a probe once unhealthy_probe_at has passed. All five
+-- columns belong to the worker id, as a cordon does: a registration (the agent restarted) keeps
+-- them.
+--   unhealthy_at        set: marked (or marked again: a failed probe) at this time; NULL: healthy.
+--   unhealthy_reason    why, as status shows it ('unhealthy: 8 of the last 10 runs failed ...').
+--   unhealthy_probe_at  from then on one job at a time may be placed on it as a probe (NULL:
+--                       never; the leader's health_probe_after_s is 0).
+--   health_since        runs that ended before it are not judged (set when a mark is cleared,
+--                       by a run succeeding there or by an operator's uncordon; NULL: all are).
+--   health_version      bumped at every change of the above: the leader's write applies only
+--                       to the version it judged, so an operator's uncordon meanwhile wins.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS unhealthy_at timestamptz,
+                    ADD COLUMN IF NOT EXISTS unhealthy_reason text NOT NULL DEFAULT '',
+                    ADD COLUMN IF NOT EXISTS unhealthy_probe_at timestamptz,
+                    ADD COLUMN IF NOT EXISTS health_since timestamptz,
+                    ADD COLUMN IF NOT EXISTS health_version bigint NOT NULL DEFAULT 0;
+-- A worker's last runs, newest first (queries.WORKER_RUNS reads at most health_window_runs per
+-- alive worker).
+CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
+    ON assignments (worker_id, ended_at) WHERE state = 'finished';

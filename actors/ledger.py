@@ -1,7 +1,8 @@
 """The ledger: the one connection that runs fenced writes, and owns the epoch share lock.
 
-Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues) is a
-request to this actor carrying the epoch the decider acts under. The reconciler's decisions run as::
+Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues,
+worker health marks) is a request to this actor carrying the epoch the decider acts under. The
+reconciler's decisions run as::
 
     BEGIN
     SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE   -- same transaction as the writes
@@ -115,6 +116,7 @@ from actors.messages import (
     LeaseInbox,
     LedgerInbox,
     ReconcileResult,
+    RecordWorkerHealth,
     SettledJobs,
     SettleWaitingJobs,
 )
@@ -150,6 +152,8 @@ def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
             return {"assignment_ids": list(ids)}
         case SettleWaitingJobs(release=release, cancel=cancel):
             return {"job_ids": [*release, *(job_id for job_id, _ in cancel)]}
+        case RecordWorkerHealth(changes=changes):
+            return {"worker_ids": [worker_id for worker_id, *_ in changes]}
         case _:
             return {}
 
@@ -222,6 +226,8 @@ class Ledger:
                 rows, field = len(ids), "assignment_ids"
             case SettleWaitingJobs(release=release, cancel=cancel):
                 rows, field = len(release) + len(cancel), "release + cancel"
+            case RecordWorkerHealth(changes=changes):
+                rows, field = len(changes), "changes"
         return InvalidArgument(field, rows, rule) if rows > limit else None
 
     async def _handle(self, message: LedgerInbox) -> None:
@@ -287,6 +293,15 @@ class Ledger:
                         what,
                         lambda c: self._end_drained(c, message),
                         kind="end_drained_assignments",
+                        log_keys=keys,
+                    )
+                case RecordWorkerHealth(epoch=epoch, reply=reply):
+                    what = f"record the health of {len(message.changes)} workers"
+                    result = await self.fenced(
+                        epoch,
+                        what,
+                        lambda c: self._record_health(c, message),
+                        kind="record_worker_health",
                         log_keys=keys,
                     )
         except (StaleEpoch, DatabaseUnavailable) as exc:
@@ -562,3 +577,17 @@ class Ledger:
     async def _end_drained(self, conn: PgConnection, message: EndDrainedAssignments) -> tuple[int, ...]:
         rows = await conn.fetch(queries.END_DRAINED_ASSIGNMENTS, message.epoch, list(message.assignment_ids))
         return tuple(int(r["id"]) for r in rows)
+
+    async def _record_health(
+        self, conn: PgConnection, message: RecordWorkerHealth
+    ) -> tuple[tuple[str, bool], ...]:
+        changes = message.changes
+        rows = await conn.fetch(
+            queries.RECORD_WORKER_HEALTH,
+            [worker_id for worker_id, _, _, _ in changes],
+            [version for _, version, _, _ in changes],
+            [unhealthy for _, _, unhealthy, _ in changes],
+            [reason for _, _, _, reason in changes],
+            message.probe_after_s,
+        )
+        return tuple(sorted((r["id"], bool(r["unhealthy"])) for r in rows))

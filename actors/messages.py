@@ -216,6 +216,20 @@ class EndDrainedAssignments:
     reply: Reply[tuple[int, ...]]
 
 
+@attrs.frozen(kw_only=True)
+class RecordWorkerHealth:
+    """Under ``epoch``: mark workers unhealthy or clear their marks (:mod:`actors.health`), each
+    ``(worker_id, health_version judged, unhealthy, reason)`` only if the worker's version is
+    still the one judged. A mark lets a probe be placed ``probe_after_s`` later (0: never). The
+    reply lists ``(worker_id, unhealthy)`` for the changes really written. At most the ledger's
+    ``max_rows_per_fenced_write`` changes (else :class:`runtime.errors.InvalidArgument`)."""
+
+    epoch: int
+    changes: tuple[tuple[str, int, bool, str], ...]
+    probe_after_s: float
+    reply: Reply[tuple[tuple[str, bool], ...]]
+
+
 LedgerInbox = (
     CommitPlacements
     | DeclareDeadWorkers
@@ -223,6 +237,7 @@ LedgerInbox = (
     | EndAssignments
     | SettleWaitingJobs
     | EndDrainedAssignments
+    | RecordWorkerHealth
 )
 
 # ---------------------------------------------------------------- -> dispatcher (worker RPCs)

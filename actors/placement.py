@@ -30,6 +30,14 @@ placer sets it from the worker's send window (:func:`send_window`, :func:`placem
 A job whose requeue backoff has not passed (``PendingQueue.not_before``) is neither placed nor
 reserves a worker.
 
+Retries: a job that failed on some workers (``PendingJob.failed_on``) goes only to the others
+while one of them could hold it (by its capacity, labels and container rule: it waits for such
+a worker to have room rather than go back where it failed), and anywhere it fits when it failed
+on every worker that could (a soft preference: Nomad's reschedule prefers a node that no
+previous allocation of the job used; Spark does not retry a task on the executor where it
+failed, ``spark.excludeOnFailure.task.maxTaskAttemptsPerExecutor``). Its reservation follows
+the same rule.
+
 Containers: a container job (``PendingJob.needs_container``) goes only to a worker whose agent
 found a Docker engine when it started (``WorkerRoom.runs_containers``, its label
 ``container=docker``); every rule above holds among those workers alone (best fit, reservations,
@@ -76,6 +84,8 @@ class PendingJob:
     """True for a container job: only a worker that runs containers may take it."""
     constraints: tuple[Constraint, ...] = ()
     """Rules on the worker's labels, all of which must hold (:mod:`runtime.constraints`)."""
+    failed_on: tuple[str, ...] = ()
+    """The workers where a run of it failed before: it goes elsewhere when it can."""
 
 
 CONTAINER_LABEL = "container"
@@ -229,6 +239,9 @@ class PendingQueue:
     backoff; ``-inf`` for none."""
     reasons: dict[int, str] = attrs.field(factory=dict)
     """The reason currently stored for a pending job (absent: none)."""
+    failed_on: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
+    """The workers where a run of a held job failed before (absent: none;
+    :attr:`PendingJob.failed_on`)."""
     version: int = 0
     """Bumped at every change, so a caller can tell that nothing changed."""
 
@@ -258,6 +271,7 @@ class PendingQueue:
             since[held] = self.since[by_id[at[held]]]
         self._store(ids, cpu, mem, prio, container, group, since, _times(ids, not_before))
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
+        self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
     def add(
         self,
@@ -290,10 +304,13 @@ class PendingQueue:
             np.concatenate((self.since, np.full(ids.size, now, dtype=np.float64))),
             np.concatenate((self.not_before, _times(ids, not_before))),
         )
+        failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
         for job_id in ids.tolist():
             reason = (reasons or {}).get(job_id)
             if reason:
                 self.reasons[job_id] = reason
+            if job_id in failed_on:
+                self.failed_on[job_id] = failed_on[job_id]
         return int(ids.size)
 
     def remove(self, job_ids: Iterable[int]) -> None:
@@ -327,12 +344,19 @@ class PendingQueue:
                 self.version += 1
             for job_id in gone.tolist():
                 self.reasons.pop(job_id, None)
+                self.failed_on.pop(job_id, None)
 
     def jobs(self) -> list[PendingJob]:
         """The jobs, in placement order."""
         return [
             PendingJob(
-                job_id=i, cpu_millis=c, memory_mb=m, priority=p, needs_container=k, constraints=self.groups[g]
+                job_id=i,
+                cpu_millis=c,
+                memory_mb=m,
+                priority=p,
+                needs_container=k,
+                constraints=self.groups[g],
+                failed_on=self.failed_on.get(i, ()),
             )
             for i, c, m, p, k, g in zip(
                 self.ids.tolist(),
@@ -498,6 +522,7 @@ def place_queue_steps(
         raise ValueError(f"step_visits must be at least 1, got {step_visits}")
     ordered = sorted(workers, key=lambda w: w.worker_id)
     names = [w.worker_id for w in ordered]
+    position_of = {name: k for k, name in enumerate(names)}
     cap_cpu = np.array([w.cpu_millis for w in ordered], dtype=np.int64)
     cap_mem = np.array([w.memory_mb for w in ordered], dtype=np.int64)
     free_cpu = cap_cpu - np.array([w.cpu_allocated_millis for w in ordered], dtype=np.int64)
@@ -597,10 +622,14 @@ def place_queue_steps(
             if visited % step_visits == 0:
                 yield
             index = position + offset
+            job_id = int(queue.ids[index])
             cpu, mem = int(queue.cpu[index]), int(queue.mem[index])
             allowed = group_rooms[int(queue.group[index])]
             if queue.container[index]:
                 allowed = allowed & runs_containers
+            failed_on = queue.failed_on.get(job_id)
+            if failed_on:
+                allowed = elsewhere(allowed, failed_on, position_of, cpu, mem, cap_cpu, cap_mem)
             if not fitting[offset]:
                 if len(reservations) < max_reservations:
                     reserved = _reserve(cpu, mem, free_cpu, free_mem, cap_cpu, cap_mem, unreserved & allowed)
@@ -627,7 +656,6 @@ def place_queue_steps(
             free_cpu[chosen] -= cpu
             free_mem[chosen] -= mem
             left[chosen] -= 1
-            job_id = int(queue.ids[index])
             placements.append((job_id, names[chosen]))
             sizes[job_id] = (cpu, mem)
             if len(placements) >= limit:
@@ -641,6 +669,34 @@ def place_queue_steps(
 
 MISSES_BEFORE_REFILTER = 32
 """Jobs in a row that no longer fit anywhere before the candidates are filtered again."""
+
+
+def elsewhere(
+    allowed: np.ndarray,
+    failed_on: Sequence[str],
+    position_of: Mapping[str, int],
+    cpu: int,
+    mem: int,
+    cap_cpu: np.ndarray,
+    cap_mem: np.ndarray,
+) -> np.ndarray:
+    """The workers of ``allowed`` a job of (``cpu``, ``mem``) that failed on the workers named
+    ``failed_on`` may go to: those where it did not fail, when one of them could hold it (by its
+    capacity: the job waits for such a one to have room rather than go back where it failed);
+    else ``allowed`` itself (it failed wherever it could run: a soft preference, as Nomad's
+    reschedule prefers a node no previous allocation used). ``position_of`` maps worker ids to
+    their index in the arrays."""
+    failed = np.zeros(allowed.size, dtype=bool)
+    for worker_id in failed_on:
+        k = position_of.get(worker_id)
+        if k is not None:
+            failed[k] = True
+    if not failed.any():
+        return allowed
+    others = allowed & ~failed
+    if (others & (cap_cpu >= cpu) & (cap_mem >= mem)).any():
+        return others
+    return allowed
 
 
 def _reserve(

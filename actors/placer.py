@@ -124,18 +124,36 @@ MAX_CORDONED_NAMED = 3
 """Cordoned workers an unschedulable reason names before it says how many more."""
 
 
-def not_counting_cordoned(reason: str, cordoned: Sequence[str]) -> str:
+def _named(ids: Sequence[str]) -> str:
+    named = ", ".join(ids[:MAX_CORDONED_NAMED])
+    if len(ids) > MAX_CORDONED_NAMED:
+        named += f" and {len(ids) - MAX_CORDONED_NAMED} more"
+    return named
+
+
+def not_counting_cordoned(reason: str, cordoned: Sequence[str], unhealthy: Sequence[str] = ()) -> str:
     """An unschedulable ``reason``, judged on the workers that take placements, saying which
-    live workers it left out because they are cordoned or draining (``cordoned``, their ids):
-    ``"unschedulable: no live workers (not counting cordoned w-1, w-2)"``; ``reason`` itself
-    when none is. Without it, a job that only a cordoned worker could hold would read as too
-    large for the cluster, or a cluster whose every worker is cordoned as having none."""
-    if not cordoned:
+    live workers it left out because they are cordoned or draining (``cordoned``, their ids)
+    or marked unhealthy (``unhealthy``): ``"unschedulable: no live workers (not counting
+    cordoned w-1, w-2; unhealthy w-3)"``; ``reason`` itself when none is. Without it, a job that
+    only such a worker could hold would read as too large for the cluster, or a cluster whose
+    every worker is cordoned as having none."""
+    left_out = [
+        f"{what} {_named(ids)}" for what, ids in (("cordoned", cordoned), ("unhealthy", unhealthy)) if ids
+    ]
+    if not left_out:
         return reason
-    named = ", ".join(cordoned[:MAX_CORDONED_NAMED])
-    if len(cordoned) > MAX_CORDONED_NAMED:
-        named += f" and {len(cordoned) - MAX_CORDONED_NAMED} more"
-    return f"{reason} (not counting cordoned {named})"
+    return f"{reason} (not counting {'; '.join(left_out)})"
+
+
+def probe_limit(worker: LiveWorker, limit: int) -> int:
+    """Most jobs a round may place on ``worker`` with a send window of ``limit``: ``limit`` for a
+    healthy worker; for an unhealthy one whose probe is due, one job while it holds none (its
+    probe: :mod:`actors.health`), else none."""
+    if not worker.unhealthy:
+        return limit
+    idle = worker.room.cpu_allocated_millis == 0 and worker.unconfirmed == 0
+    return min(limit, 1) if worker.probe_due and idle else 0
 
 
 def plan_round_steps(
@@ -150,18 +168,25 @@ def plan_round_steps(
     """:func:`plan_round` in slices: yields between slices of the decision
     (:func:`actors.placement.place_queue_steps`) and returns the same plan. Neither the queue
     nor the workers may change meanwhile; neither is changed."""
-    # A cordoned (or draining) worker takes no placement: it is not a room at all, so it is
-    # neither placed on nor reserved; the reasons name it (not_counting_cordoned).
+    # A cordoned (or draining) worker takes no placement, nor an unhealthy one whose probe is not
+    # due: it is not a room at all, so it is neither placed on nor reserved; the reasons name it
+    # (not_counting_cordoned). An unhealthy one whose probe is due takes one job at a time.
     cordoned = tuple(sorted(w.ref.worker_id for w in workers if w.cordoned))
-    workers = [w for w in workers if not w.cordoned]
+    unhealthy = tuple(
+        sorted(w.ref.worker_id for w in workers if w.unhealthy and not w.cordoned and not w.probe_due)
+    )
+    workers = [w for w in workers if not w.cordoned and not (w.unhealthy and not w.probe_due)]
     rooms = [
         attrs.evolve(
             w.room,
-            placement_limit=placement_limit(
-                w.confirmed,
-                w.unconfirmed,
-                initial_window=settings.initial_window,
-                max_unconfirmed=settings.max_unconfirmed_per_worker,
+            placement_limit=probe_limit(
+                w,
+                placement_limit(
+                    w.confirmed,
+                    w.unconfirmed,
+                    initial_window=settings.initial_window,
+                    max_unconfirmed=settings.max_unconfirmed_per_worker,
+                ),
             ),
         )
         for w in workers
@@ -183,6 +208,7 @@ def plan_round_steps(
             )
         ),
         cordoned,
+        unhealthy,
     )
     if fingerprint == idle_fingerprint:
         return RoundPlan(outcome="unchanged", fingerprint=fingerprint, backing_off=backing_off)
@@ -197,7 +223,9 @@ def plan_round_steps(
         now=now,
     )
     placed = plan.placements_by_job
-    unschedulable = {job_id: not_counting_cordoned(r, cordoned) for job_id, r in plan.unschedulable.items()}
+    unschedulable = {
+        job_id: not_counting_cordoned(r, cordoned, unhealthy) for job_id, r in plan.unschedulable.items()
+    }
     reasons = [(job_id, r) for job_id, r in unschedulable.items() if queue.reasons.get(job_id) != r]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
     # backoff keeps the reason its requeue wrote).
@@ -241,8 +269,10 @@ def plan_round(
 ) -> RoundPlan:
     """What one round commits and dispatches: a pure function of the round's inputs.
 
-    A cordoned or draining worker is given nothing (its unschedulable reasons name it:
-    :func:`not_counting_cordoned`). Each worker's send window bounds what it is given
+    A cordoned or draining worker is given nothing, nor an unhealthy one but a probe when it is
+    due (:func:`probe_limit`; the unschedulable reasons name them: :func:`not_counting_cordoned`);
+    a retry goes elsewhere than where it failed when it can (:func:`actors.placement.elsewhere`).
+    Each worker's send window bounds what it is given
     (:func:`actors.placement.placement_limit` from its confirmed and unconfirmed assignments);
     jobs waiting out their requeue backoff at
     ``now`` are neither placed nor reserve a worker; the placements are decided by

@@ -39,6 +39,11 @@ class LiveWorker:
     cordoned: bool = False
     """Cordoned or draining (``workers.cordoned_at``): never placed on; read only so that an
     unschedulable reason can say which workers it did not count."""
+    unhealthy: bool = False
+    """Marked unhealthy (``workers.unhealthy_at``, :mod:`actors.health`): placed on only while
+    its probe is due, one job at a time."""
+    probe_due: bool = False
+    """Unhealthy and its probe is due (``workers.unhealthy_probe_at`` has passed)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -112,8 +117,9 @@ class PlacerStore(Protocol):
     """What a round reads."""
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
-        """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned ones
-        included and marked (:attr:`LiveWorker.cordoned`: the placer never places on them)."""
+        """Alive workers heard from within ``fresh_s`` seconds (database time), cordoned and
+        unhealthy ones included and marked (:attr:`LiveWorker.cordoned`: the placer never places
+        on them; :attr:`LiveWorker.unhealthy`: only a probe, when it is due)."""
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
         """Up to ``limit`` pending jobs, highest priority and oldest first, and the mark after
@@ -145,6 +151,8 @@ _WORKER_COLUMNS = (
     "runs_containers",
     "labels",
     "cordoned",
+    "unhealthy",
+    "probe_due",
 )
 _JOB_COLUMNS = (
     "id",
@@ -157,6 +165,7 @@ _JOB_COLUMNS = (
     "wait_s",
     "container",
     "constraints",
+    "failed_on",
 )
 
 
@@ -182,11 +191,12 @@ async def _waiting(rows: list[tuple[Any, ...]]) -> list[WaitingJob]:
                     priority=priority,
                     needs_container=bool(container),
                     constraints=_constraints(constraints),
+                    failed_on=tuple(failed_on.split()) if failed_on else (),
                 ),
                 reason=reason,
                 wait_s=wait_s or 0.0,
             )
-            for job_id, cpu, mem, priority, reason, _, _, wait_s, container, constraints in rows[
+            for job_id, cpu, mem, priority, reason, _, _, wait_s, container, constraints, failed_on in rows[
                 start : start + ROWS_PER_STEP
             ]
         ]
@@ -217,6 +227,8 @@ def _live_worker(
     runs_containers: bool = False,
     labels: str | None = None,
     cordoned: bool = False,
+    unhealthy: bool = False,
+    probe_due: bool = False,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -232,6 +244,8 @@ def _live_worker(
         unconfirmed=int(unconfirmed),
         confirmed=int(confirmed),
         cordoned=bool(cordoned),
+        unhealthy=bool(unhealthy),
+        probe_due=bool(probe_due),
     )
 
 

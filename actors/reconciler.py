@@ -48,6 +48,14 @@ Each pass, while leader:
    Those the worker does not acknowledge are asked again every pass until it does, or until it
    is declared dead (then they end as any dead worker's).
 
+6. Worker health (:mod:`actors.health`), every ``health_interval_s`` (and on the first pass of
+   a reign): every alive worker's recent runs are read, a worker whose runs fail far more often
+   than the other workers' is marked unhealthy (the placer places nothing new on it but a probe
+   every ``health_probe_after_s``), and a mark is cleared once a run succeeds there or the
+   others' runs fail as often; one fenced write (:class:`RecordWorkerHealth`), none when nothing
+   changes. Each change applies only to the worker's health as it was read: an operator's
+   uncordon meanwhile wins.
+
 Acknowledged cancellations, too, are ended in fenced writes of that size.
 
 A job is placed again only after its active assignment has ended (invariant 6).
@@ -64,6 +72,7 @@ import attrs
 import trio
 
 from actors.dependencies import CASCADE_STEPS, plan_waiting
+from actors.health import judge_health
 from actors.messages import (
     CancelOnWorker,
     DeclareDeadWorkers,
@@ -74,6 +83,7 @@ from actors.messages import (
     EndOrphanedAssignments,
     LedgerInbox,
     ReconcileResult,
+    RecordWorkerHealth,
     SettledJobs,
     SettleWaitingJobs,
     WorkerRef,
@@ -437,6 +447,8 @@ class Reconciler:
     """When the previous pass read the unconfirmed assignments (trio time)."""
     _silence: SilenceFloor = attrs.field(factory=SilenceFloor)
     _logged_at: dict[str, float] = attrs.field(factory=dict)
+    _health_judged_at: float = -math.inf
+    """When the last pass judged the workers' health (trio time)."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
     @property
@@ -476,8 +488,13 @@ class Reconciler:
                     metrics.RECONCILE_PASS_SECONDS.observe(trio.current_time() - began)
                     metrics.RECONCILE_PASSES.labels(outcome).inc()
 
+        def standby() -> None:
+            # A standby shows no unhealthy workers: the leader's gauge is the cluster's.
+            metrics.UNHEALTHY_WORKERS.set(0)
+            self._health_judged_at = -math.inf
+
         await self.role.every_interval_while_leader(
-            self.settings.reconcile_interval_s, logged_pass, task_status=task_status
+            self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
         )
 
     async def _ask_ledger(self, message_of: Any) -> Any:
@@ -572,7 +589,55 @@ class Reconciler:
             for worker, group in by_worker(drained):
                 nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
         await self.settle_waiting(epoch)
+        if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
+            self._health_judged_at = trio.current_time()
+            await self.health_pass(epoch)
         return result
+
+    async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:
+        """Step 6 of the module: read every alive worker's judged runs, decide with
+        :func:`actors.health.judge_health`, and write the marks and clears in one fenced write
+        (none when nothing changes; at most ``write_size().rows`` changes, the rest in the next
+        judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
+
+        Raises:
+            StaleEpoch, DatabaseUnavailable: the read or the write failed.
+        """
+        s = self.settings
+        workers = await self.store.worker_runs(s.health_window_runs, s.health_window_s)
+        verdict = judge_health(workers, s)
+        changes = verdict.changes[: self.write_size().rows]
+        written: tuple[tuple[str, bool], ...] = ()
+        if changes:
+            written = await self._write(
+                lambda reply: RecordWorkerHealth(
+                    epoch=epoch,
+                    changes=tuple((c.worker_id, c.version, c.unhealthy, c.reason) for c in changes),
+                    probe_after_s=s.health_probe_after_s,
+                    reply=reply,
+                )
+            )
+        unhealthy = {w.worker_id for w in workers if w.unhealthy}
+        by_id = {c.worker_id: c for c in changes}
+        for worker_id, marked in written:
+            change = by_id[worker_id]
+            if marked:
+                unhealthy.add(worker_id)
+                kind = "renewed" if change.renewed else "marked"
+                self._log.warning(
+                    "worker marked unhealthy" if kind == "marked" else "worker still unhealthy",
+                    epoch=epoch,
+                    worker_id=worker_id,
+                    reason=change.reason,
+                    probe_after_s=s.health_probe_after_s,
+                )
+            else:
+                unhealthy.discard(worker_id)
+                kind = "cleared"
+                self._log.info("worker healthy again", epoch=epoch, worker_id=worker_id, why=change.reason)
+            metrics.WORKER_HEALTH_CHANGES.labels(kind).inc()
+        metrics.UNHEALTHY_WORKERS.set(len(unhealthy))
+        return written
 
     async def settle_waiting(self, epoch: int) -> SettledJobs:
         """Settle the waiting jobs that can be settled now (step 4 of the module): one fenced

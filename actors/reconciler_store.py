@@ -13,6 +13,7 @@ import attrs
 
 from actors import queries
 from actors.dependencies import WaitingJob
+from actors.health import JOB_FAULTS, Run, WorkerRuns
 from actors.messages import CommittedAssignment, WorkerRef
 from runtime.aio import ReadStore
 
@@ -65,6 +66,11 @@ class ReconcilerStore(Protocol):
         """Active assignments of workers whose drain deadline has passed (not those whose
         cancel a user asked: :meth:`cancel_requested` has them)."""
 
+    async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
+        """Every alive worker, its health, and its judged runs (:mod:`actors.health`): at most
+        ``most`` per worker, newest first, ended within ``window_s`` seconds (database time)."""
+        ...
+
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
 
@@ -85,6 +91,22 @@ def _delivery(row: Any) -> Delivery:
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])
         ),
         age_s=float(row["age_s"]),
+    )
+
+
+def worker_runs(row: Any) -> WorkerRuns:
+    """A :class:`WorkerRuns` from a row of :data:`actors.queries.WORKER_RUNS`."""
+    return WorkerRuns(
+        worker_id=row["id"],
+        version=int(row["health_version"]),
+        unhealthy=bool(row["unhealthy"]),
+        takes_placements=bool(row["takes_placements"]),
+        runs=tuple(
+            Run(job_id=int(job_id), failed=bool(failed), detail=detail, after_mark=bool(after))
+            for job_id, failed, detail, after in zip(
+                row["job_ids"], row["failed"], row["details"], row["after_mark"], strict=True
+            )
+        ),
     )
 
 
@@ -134,3 +156,7 @@ class PgReconcilerStore(ReadStore):
     async def drain_due(self) -> list[Delivery]:
         rows = await (await self._connection()).fetch(queries.DRAIN_DUE_ASSIGNMENTS)
         return [_delivery(r) for r in rows]
+
+    async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
+        rows = await (await self._connection()).fetch(queries.WORKER_RUNS, most, window_s, list(JOB_FAULTS))
+        return [worker_runs(r) for r in rows]

@@ -296,6 +296,36 @@ class ReconcilerSettings:
     )
     """Longest one of the reconciler's reads may run (its connection's ``statement_timeout``),
     in seconds."""
+    health_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    """How often the leader judges the workers' health from their recent runs, in seconds
+    (:mod:`actors.health`)."""
+    health_window_runs: int = attrs.field(default=10, validator=_between(1, 1000))
+    """A worker's health is judged on its last this many ended runs (1 to 1000)."""
+    health_window_s: float = attrs.field(default=600.0, validator=_positive)
+    """... that ended within this many seconds (database time)."""
+    health_min_failed_jobs: int = attrs.field(default=3, validator=_between(1, 1000))
+    """A worker is marked unhealthy only when runs of at least this many different jobs failed
+    there among its judged runs (one job failing again and again is the job's doing)."""
+    health_min_failure_rate: float = attrs.field(default=0.5)
+    """... and at least this fraction of its judged runs failed (above 0, at most 1)."""
+    health_rate_factor: float = attrs.field(default=3.0)
+    """... and that fraction is at least this many times the other workers' (at least 1): a
+    batch of jobs that fail everywhere marks no worker."""
+    health_probe_after_s: float = attrs.field(default=300.0, validator=_non_negative)
+    """This long after a worker was marked unhealthy (or a probe failed there), one job at a
+    time may be placed on it again as a probe: its success clears the mark, its failure renews
+    it, in seconds. 0: no probes (only a run already there succeeding, or ``stockade
+    uncordon``, clears it)."""
+
+    @health_min_failure_rate.validator
+    def _rate(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if not 0 < value <= 1:
+            raise InvalidArgument(attribute.name, value, "must be > 0 and <= 1")
+
+    @health_rate_factor.validator
+    def _factor(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if not (value >= 1 and math.isfinite(value)):
+            raise InvalidArgument(attribute.name, value, "must be a finite number >= 1")
 
     @property
     def suspect_s(self) -> float:
@@ -314,6 +344,12 @@ class ReconcilerSettings:
                 "requeue_backoff_max_s",
                 self.requeue_backoff_max_s,
                 f"must be >= requeue_backoff_base_s = {self.requeue_backoff_base_s:g}",
+            )
+        if self.health_min_failed_jobs > self.health_window_runs:
+            raise InvalidArgument(
+                "health_min_failed_jobs",
+                self.health_min_failed_jobs,
+                f"must be <= health_window_runs = {self.health_window_runs} (the runs a worker is judged on)",
             )
 
 

@@ -91,6 +91,7 @@ from actors.queries.ledger import (
     JOB_ARGVS,
     JUDGED_WORKERS,
     RECORD_STALE_WRITE,
+    RECORD_WORKER_HEALTH,
     SETTLE_WAITING_JOBS,
 )
 from actors.queries.placer import (
@@ -106,6 +107,7 @@ from actors.queries.reconciler import (
     OVERDUE_ASSIGNMENTS,
     UNCONFIRMED_ASSIGNMENTS,
     WAITING_JOBS,
+    WORKER_RUNS,
 )
 
 __all__ = [
@@ -154,6 +156,7 @@ __all__ = [
     "RECORD_PRESENCE",
     "RECORD_SCHEMA_VERSION",
     "RECORD_STALE_WRITE",
+    "RECORD_WORKER_HEALTH",
     "REGISTER_WORKER",
     "RELEASED_ASSIGNMENTS",
     "RELEASE_LEASE",
@@ -180,6 +183,7 @@ __all__ = [
     "UNLOCK_LEASE_LOCK",
     "WAITING_JOBS",
     "WORKER_REGISTRATION",
+    "WORKER_RUNS",
     "JobColumns",
     "job_column_arrays",
     "job_columns",

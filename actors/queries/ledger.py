@@ -22,8 +22,9 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # version, so a replaced leader sees the newer epoch and writes nothing; a takeover that comes
 # later waits for the share lock until this statement commits. Claims only jobs still pending
 # (invariant 3) on workers still alive in that incarnation, not cordoned (drain and cordon:
-# a cordon recorded after the round's read) and not held for a planned restart (schema.sql,
-# workers.hold_until).
+# a cordon recorded after the round's read), not marked unhealthy unless their probe is due
+# (schema.sql, worker health: a mark the leader wrote after the round's read) and not held for
+# a planned restart (schema.sql, workers.hold_until).
 #
 # A worker's future is ordered against placements by its row (queries.ingest.LOCK_WORKER): every
 # promise about a worker (a cordon or drain, a clean leave, a registration that ends an
@@ -59,6 +60,7 @@ open_workers AS (
     SELECT w.id, w.incarnation FROM workers w
      WHERE w.id IN (SELECT worker_id FROM p)
        AND w.state = 'alive' AND w.cordoned_at IS NULL
+       AND (w.unhealthy_at IS NULL OR w.unhealthy_probe_at <= now())
        AND (w.hold_until IS NULL OR w.hold_until <= now())
      ORDER BY w.id
        FOR KEY SHARE OF w
@@ -337,6 +339,26 @@ requeued AS (
      WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )
 SELECT id FROM ended
+"""
+
+# $1 worker ids, $2 the health_version each was judged at, $3 whether to mark it unhealthy (true)
+# or clear its mark (false), $4 the reasons of marks, $5 health_probe_after_s (0: no probe).
+# The leader's judgement of worker health (actors/health.py), each change applied only if the
+# worker's health_version is still the one judged (an operator's uncordon meanwhile bumped it:
+# the operator wins, and the next judgement starts from the runs after it). A mark sets when
+# and why, and when a probe may be placed; a clear forgets the runs judged so far
+# (health_since). Returns the ids changed and, in parallel, whether each is now unhealthy.
+RECORD_WORKER_HEALTH = """
+UPDATE workers w
+   SET unhealthy_at = CASE WHEN c.unhealthy THEN now() END,
+       unhealthy_reason = CASE WHEN c.unhealthy THEN c.reason ELSE '' END,
+       unhealthy_probe_at = CASE WHEN c.unhealthy AND $5::float8 > 0
+                                 THEN now() + make_interval(secs => $5::float8) END,
+       health_since = CASE WHEN c.unhealthy THEN w.health_since ELSE now() END,
+       health_version = w.health_version + 1
+  FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::text[]) AS c(id, version, unhealthy, reason)
+ WHERE w.id = c.id AND w.health_version = c.version
+RETURNING w.id, c.unhealthy
 """
 
 # $1 holder, $2 epoch, $3 epoch_seen, $4 what. Written after a refused fenced write.

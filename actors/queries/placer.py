@@ -5,13 +5,16 @@ from __future__ import annotations
 # $1 worker_fresh_s. Live workers (not held for a planned restart: schema.sql,
 # workers.hold_until) with their allocation and their send window's counters (kept
 # by the assignments triggers in worker_allocations), whether each runs container jobs (its
-# label container=docker, actors/placement.py), and whether it is cordoned (read so that an
-# unschedulable reason can name the cordoned workers it did not count; never placed on).
+# label container=docker, actors/placement.py), whether it is cordoned (read so that an
+# unschedulable reason can name the cordoned workers it did not count; never placed on), and
+# whether it is marked unhealthy and, if so, whether its probe is due (schema.sql, worker
+# health: an unhealthy worker takes a probe then, else nothing).
 LIVE_WORKERS = """
 SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
        a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
        coalesce(w.labels->>'container' = 'docker', false) AS runs_containers, w.labels::text AS labels,
-       w.cordoned_at IS NOT NULL AS cordoned
+       w.cordoned_at IS NOT NULL AS cordoned, w.unhealthy_at IS NOT NULL AS unhealthy,
+       coalesce(w.unhealthy_probe_at <= now(), false) AS probe_due
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
    AND (w.hold_until IS NULL OR w.hold_until <= now())
@@ -30,12 +33,21 @@ _PENDING_COLUMNS = """array_agg(id) AS p_id, array_agg(cpu_millis) AS p_cpu_mill
                array_agg(memory_mb) AS p_memory_mb, array_agg(priority) AS p_priority,
                array_agg(reason) AS p_reason, array_agg(pending_xid) AS p_pending_xid,
                array_agg(pending_seq) AS p_pending_seq, array_agg(wait_s) AS p_wait_s,
-               array_agg(container) AS p_container, array_agg(constraints) AS p_constraints"""
+               array_agg(container) AS p_container, array_agg(constraints) AS p_constraints,
+               array_agg(failed_on) AS p_failed_on"""
+
+# The workers where a run of the job failed before, as one text of ids separated by spaces (ids
+# hold none), NULL for none: a retry prefers other workers (actors/placement.py). Looked up only
+# for a job that spent an attempt (index assignments_by_job).
+_FAILED_ON = """CASE WHEN failures > 0 THEN
+    (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
+      WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on"""
 
 _PENDING_ROW = (
     f"id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq, {_WAIT_S},"
     " runtime = 'container' AS container,"
-    " CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints"
+    " CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints,"
+    f" {_FAILED_ON}"
 )
 
 # $1 limit. Every pending job (the placer's full resync), highest priority first, then
@@ -67,7 +79,9 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(a.confirmed_assignments) AS w_confirmed_assignments,
                array_agg(coalesce(w.labels->>'container' = 'docker', false)) AS w_runs_containers,
                array_agg(w.labels::text) AS w_labels,
-               array_agg(w.cordoned_at IS NOT NULL) AS w_cordoned
+               array_agg(w.cordoned_at IS NOT NULL) AS w_cordoned,
+               array_agg(w.unhealthy_at IS NOT NULL) AS w_unhealthy,
+               array_agg(coalesce(w.unhealthy_probe_at <= now(), false)) AS w_probe_due
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)

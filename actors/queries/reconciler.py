@@ -122,3 +122,35 @@ DRAIN_DUE_ASSIGNMENTS = (
  ORDER BY a.id
 """
 )
+
+# $1 most runs per worker (health_window_runs), $2 window (s, health_window_s), $3 the end
+# reasons of failures that are the job's own doing (actors/health.py, JOB_FAULTS). Every alive
+# worker with its health and its judged runs, newest first, as parallel arrays: those it ended
+# itself (state 'finished': succeeded or failed, but not failed for a reason of $3) within the
+# window and after its health_since, at most $1 (index assignments_finished_by_worker); and for
+# each whether it ended after the worker's mark (unhealthy_at).
+WORKER_RUNS = """
+SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
+       w.cordoned_at IS NULL AS takes_placements,
+       coalesce(r.job_ids, '{}') AS job_ids, coalesce(r.failed, '{}') AS failed,
+       coalesce(r.details, '{}') AS details, coalesce(r.after_mark, '{}') AS after_mark
+  FROM workers w
+  LEFT JOIN LATERAL (
+      SELECT array_agg(x.job_id ORDER BY x.ended_at DESC, x.id DESC) AS job_ids,
+             array_agg(x.failed ORDER BY x.ended_at DESC, x.id DESC) AS failed,
+             array_agg(x.detail ORDER BY x.ended_at DESC, x.id DESC) AS details,
+             array_agg(x.after_mark ORDER BY x.ended_at DESC, x.id DESC) AS after_mark
+        FROM (SELECT a.id, a.job_id, a.ended_at, a.outcome = 'failed' AS failed,
+                     coalesce(a.detail, '') AS detail,
+                     coalesce(a.ended_at > w.unhealthy_at, false) AS after_mark
+                FROM assignments a
+               WHERE a.worker_id = w.id AND a.state = 'finished'
+                 AND a.ended_at > now() - make_interval(secs => $2::float8)
+                 AND a.ended_at > coalesce(w.health_since, '-infinity')
+                 AND NOT (a.outcome = 'failed' AND a.end_reason = ANY($3::text[]))
+               ORDER BY a.ended_at DESC, a.id DESC
+               LIMIT $1) x
+  ) r ON true
+ WHERE w.state = 'alive'
+ ORDER BY w.id
+"""

@@ -20,10 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.dependencies import WaitingJob
+from actors.health import Run, WorkerRuns
 from actors.messages import (
     CancelOnWorker,
     CommittedAssignment,
     DeclareDeadWorkers,
+    Deposed,
     Dispatch,
     DispatcherInbox,
     Elected,
@@ -34,6 +36,7 @@ from actors.messages import (
     LedgerInbox,
     QueryRole,
     ReconcileResult,
+    RecordWorkerHealth,
     RoleChange,
     WorkerRef,
 )
@@ -94,6 +97,10 @@ class FakeStore:
     waiting: list[WaitingJob] = attrs.field(factory=list)
     drain_due_on: dict[int, WorkerRef] = attrs.field(factory=dict)
     """Assignments whose worker's drain deadline has passed, and that worker."""
+    runs: list[WorkerRuns] = attrs.field(factory=list)
+    """What the health step reads: every alive worker and its judged runs."""
+    health_reads: list[tuple[float, int, float]] = attrs.field(factory=list)
+    """(mock time, most, window_s) of every health read."""
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -121,6 +128,10 @@ class FakeStore:
 
     async def drain_due(self) -> list[Delivery]:
         return [_delivery(aid, ref, 60.0) for aid, ref in self.drain_due_on.items()]
+
+    async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
+        self.health_reads.append((trio.current_time(), most, window_s))
+        return list(self.runs)
 
     async def close(self) -> None:
         pass
@@ -828,3 +839,81 @@ def test_only_a_drains_ending_requeues_without_a_loss() -> None:
         "unconfirmed",
         (1.0,),
     )
+
+
+# ---------------------------------------------------------------- worker health
+
+
+def _failing(worker_id: str, jobs: range, *, version: int = 0, unhealthy: bool = False) -> WorkerRuns:
+    """``worker_id`` whose judged runs are one failed run of each of ``jobs``, newest first."""
+    return WorkerRuns(
+        worker_id=worker_id,
+        version=version,
+        unhealthy=unhealthy,
+        runs=tuple(Run(job_id=j, failed=True, detail="exit code 2") for j in reversed(jobs)),
+    )
+
+
+def _fine(worker_id: str, jobs: range) -> WorkerRuns:
+    return WorkerRuns(worker_id=worker_id, version=0, runs=tuple(Run(job_id=j, failed=False) for j in jobs))
+
+
+async def test_the_health_step_marks_a_failing_worker_in_one_fenced_write_every_health_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Passes run every 0.25 s; the workers' health is read at once after the election, then
+    every health_interval_s (1 s); the worker whose every run fails is marked by one
+    RecordWorkerHealth under the pass's epoch (its version, the probe's wait), and the gauge
+    counts it; a judgement that changes nothing writes nothing."""
+    settings = attrs.evolve(SETTINGS, reconcile_interval_s=0.25, health_probe_after_s=60.0)
+    store = FakeStore(
+        last_heartbeat={}, runs=[_failing("w-1", range(1, 5), version=7), _fine("w-2", range(5, 9))]
+    )
+    h = make_harness(store)
+    h.reconciler.settings = settings
+    written: list[tuple[float, RecordWorkerHealth]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def ledger() -> None:
+            async for message in h.ledger:
+                if isinstance(message, RecordWorkerHealth):
+                    written.append((trio.current_time(), message))
+                    store.runs = [attrs.evolve(store.runs[0], unhealthy=True, version=8), store.runs[1]]
+                    message.reply.set(tuple((w, u) for w, _, u, _ in message.changes))
+                else:
+                    assert isinstance(message, DeclareDeadWorkers)
+                    message.reply.set(
+                        ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+                    )
+
+        nursery.start_soon(ledger)
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        await trio.sleep(2.6)
+        nursery.cancel_scope.cancel()
+    assert [t for t, _, _ in store.health_reads] == [0.0, 1.0, 2.0]
+    assert {(most, window_s) for _, most, window_s in store.health_reads} == {(10, 600.0)}
+    ((at, message),) = written
+    assert (at, message.epoch, message.probe_after_s) == (0.0, 4, 60.0)
+    assert message.changes == (
+        ("w-1", 7, True, "unhealthy: 4 of the last 4 runs failed (other workers: 0 of 4), last: exit code 2"),
+    )
+    assert metrics.UNHEALTHY_WORKERS._value.get() == 1
+
+
+async def test_a_standby_shows_no_unhealthy_workers() -> None:
+    """On a step-down the unhealthy-workers gauge goes back to 0: the leader's is the cluster's."""
+    metrics.UNHEALTHY_WORKERS.set(3)
+    h = make_harness(FakeStore())
+    async with trio.open_nursery() as nursery:
+
+        async def standby() -> None:
+            message = await h.lease.receive()
+            assert isinstance(message, QueryRole)
+            message.reply.set(Deposed(seq=1, epoch=2, reason="test"))
+
+        nursery.start_soon(standby)
+        await nursery.start(h.reconciler.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert metrics.UNHEALTHY_WORKERS._value.get() == 0

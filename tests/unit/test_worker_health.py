@@ -1,0 +1,354 @@
+"""Worker health and retries, the decisions as pure functions: which workers the health rule
+marks unhealthy and clears (:func:`actors.health.judge_health`), how a round treats an unhealthy
+worker (nothing but a due probe, one job at a time) and where a retry goes (elsewhere than
+where its job failed, when it can).
+
+The reconciler's part (the judgement every ``health_interval_s``, its fenced write, the gauge)
+is in tests/unit/test_reconciler.py, with the actor's other passes; the whole on a real
+PostgreSQL with real agents in tests/integration/test_worker_health.py."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.health import JOB_FAULTS, HealthChange, Run, WorkerRuns, judge_health, mark_reason
+from actors.messages import WorkerRef
+from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
+from actors.placer import LiveWorker, not_counting_cordoned, plan_round, probe_limit
+from runtime.errors import InvalidArgument
+from runtime.settings import PlacerSettings, ReconcilerSettings
+
+HEALTH = ReconcilerSettings()
+PLACER = PlacerSettings(initial_window=100, max_unconfirmed_per_worker=100)
+
+
+def runs(
+    worker_id: str, outcomes: str, *, first_job: int = 1, after_mark: int = 0, **kw: object
+) -> WorkerRuns:
+    """``worker_id`` with one run per letter of ``outcomes`` (``F`` failed, ``S`` succeeded),
+    newest first, each of another job from ``first_job`` on; the newest ``after_mark`` of them
+    ended after its mark."""
+    return WorkerRuns(
+        worker_id=worker_id,
+        version=0,
+        runs=tuple(
+            Run(job_id=first_job + k, failed=o == "F", detail=f"exit code {k}", after_mark=k < after_mark)
+            for k, o in enumerate(outcomes)
+        ),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def marked(verdict_changes: tuple[HealthChange, ...]) -> set[str]:
+    return {c.worker_id for c in verdict_changes if c.unhealthy}
+
+
+def cleared(verdict_changes: tuple[HealthChange, ...]) -> set[str]:
+    return {c.worker_id for c in verdict_changes if not c.unhealthy}
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def test_a_worker_whose_runs_all_fail_beside_healthy_ones_is_marked_with_its_reason() -> None:
+    """The issue's worker: every run fails there, the others' succeed; it is marked, and its
+    reason counts its runs, the others' and quotes its last failure."""
+    verdict = judge_health(
+        [runs("w-bad", "FFFFFFFF"), runs("w-1", "SSSSS", first_job=20), runs("w-2", "SSSFS", first_job=30)],
+        HEALTH,
+    )
+    (change,) = verdict.changes
+    assert change == HealthChange(
+        worker_id="w-bad",
+        version=0,
+        unhealthy=True,
+        reason="unhealthy: 8 of the last 8 runs failed (other workers: 1 of 10), last: exit code 0",
+    )
+    assert verdict.unhealthy == ("w-bad",)
+
+
+def test_a_worker_is_marked_before_the_other_workers_first_runs_end() -> None:
+    """Jobs that fail in milliseconds on one worker while the others' runs are still going: the
+    others' rate counts as 0, so it is marked at once."""
+    verdict = judge_health([runs("w-bad", "FFF"), runs("w-1", "")], HEALTH)
+    assert marked(verdict.changes) == {"w-bad"}
+
+
+def test_failures_of_fewer_jobs_than_the_minimum_mark_nothing() -> None:
+    """Two jobs failing again and again on a worker are the jobs' doing, not the worker's."""
+    two_jobs = WorkerRuns(
+        worker_id="w-1",
+        version=0,
+        runs=tuple(Run(job_id=1 + k % 2, failed=True) for k in range(6)),
+    )
+    assert judge_health([two_jobs, runs("w-2", "SSSS", first_job=10)], HEALTH).changes == ()
+
+
+def test_a_lone_worker_is_never_marked() -> None:
+    """With no other worker taking placements there is nothing to compare with, and nowhere
+    else to go: a cordoned neighbour does not count."""
+    assert judge_health([runs("w-1", "FFFFF")], HEALTH).changes == ()
+    assert (
+        judge_health([runs("w-1", "FFFFF"), runs("w-2", "SSS", takes_placements=False)], HEALTH).changes == ()
+    )
+
+
+def test_of_two_failing_workers_at_most_the_first_is_marked_when_only_they_take_placements() -> None:
+    """Two workers whose runs all fail and no other that takes placements: the first (by id) is
+    marked only if the second stays healthy, so the cluster keeps a worker."""
+    verdict = judge_health([runs("w-1", "FFFF"), runs("w-2", "FFFF", first_job=10)], HEALTH)
+    assert len(marked(verdict.changes)) <= 1
+
+
+@given(st.lists(st.integers(1, 10), min_size=2, max_size=6))
+def test_jobs_that_fail_everywhere_mark_no_worker(counts: list[int]) -> None:
+    """Every run of every worker fails (jobs that fail wherever they run): whatever how many
+    runs each worker has, none is marked."""
+    workers = [runs(f"w-{i}", "F" * n, first_job=100 * i) for i, n in enumerate(counts)]
+    assert judge_health(workers, HEALTH).changes == ()
+
+
+@given(st.lists(st.text("FS", max_size=10), min_size=1, max_size=8))
+def test_a_mark_always_has_its_grounds(outcomes: list[str]) -> None:
+    """Every mark has runs of at least health_min_failed_jobs jobs failed, at least
+    health_min_failure_rate of its runs failed, at least health_rate_factor times the other
+    workers' rate, and leaves another worker that takes placements healthy."""
+    workers = [runs(f"w-{i}", o, first_job=100 * i) for i, o in enumerate(outcomes)]
+    verdict = judge_health(workers, HEALTH)
+    total_failed = sum(o.count("F") for o in outcomes)
+    total = sum(len(o) for o in outcomes)
+    for change in verdict.changes:
+        assert change.unhealthy
+        o = outcomes[int(change.worker_id.split("-")[1])]
+        failed, n = o.count("F"), len(o)
+        others = (total_failed - failed) / (total - n) if total > n else 0.0
+        assert failed >= HEALTH.health_min_failed_jobs
+        assert failed / n >= max(HEALTH.health_min_failure_rate, HEALTH.health_rate_factor * others)
+    assert len(verdict.unhealthy) < len(workers)
+
+
+def test_a_run_succeeding_after_the_mark_clears_it() -> None:
+    """A run that was already there when the worker was marked (or its probe) succeeds: the
+    mark is cleared, saying why."""
+    verdict = judge_health(
+        [runs("w-bad", "SFFFF", after_mark=1, unhealthy=True), runs("w-1", "SSSS", first_job=10)], HEALTH
+    )
+    (change,) = verdict.changes
+    assert (change.worker_id, change.unhealthy) == ("w-bad", False)
+    assert change.reason == "a run succeeded there after the mark (job 1)"
+    assert verdict.unhealthy == ()
+
+
+def test_a_run_failing_after_the_mark_renews_it() -> None:
+    """A probe (or a run already there) that fails after the mark marks the worker again: its
+    next probe waits anew."""
+    verdict = judge_health(
+        [runs("w-bad", "FFFF", after_mark=1, unhealthy=True), runs("w-1", "SSSS", first_job=10)], HEALTH
+    )
+    (change,) = verdict.changes
+    assert (change.unhealthy, change.renewed) == (True, True)
+    assert change.reason.startswith("unhealthy: 4 of the last 4 runs failed")
+
+
+def test_a_mark_stands_while_nothing_ran_there_since() -> None:
+    """No run ended after the mark and the worker still stands out: nothing changes, also once
+    its runs have aged out of the window."""
+    assert (
+        judge_health(
+            [runs("w-bad", "FFFF", unhealthy=True), runs("w-1", "SSSS", first_job=9)], HEALTH
+        ).changes
+        == ()
+    )
+    assert (
+        judge_health([runs("w-bad", "", unhealthy=True), runs("w-1", "SSSS", first_job=9)], HEALTH).changes
+        == ()
+    )
+
+
+def test_a_mark_is_cleared_once_the_other_workers_fail_as_often() -> None:
+    """A worker marked while its jobs failed first there: once the same jobs fail on the other
+    workers too, its rate no longer stands out and the mark is cleared."""
+    verdict = judge_health(
+        [
+            runs("w-1", "FFF", unhealthy=True),
+            runs("w-2", "FFFS", first_job=10),
+            runs("w-3", "FFS", first_job=20),
+        ],
+        HEALTH,
+    )
+    assert cleared(verdict.changes) == {"w-1"}
+    assert (
+        "no longer fail far more often than the other workers' (3 of 3 against 5 of 7)"
+        in verdict.changes[0].reason
+    )
+
+
+def test_the_reason_quotes_at_most_200_characters_of_the_last_failure() -> None:
+    """A long detail is cut."""
+    reason = mark_reason([Run(job_id=1, failed=True, detail="x" * 500)], 0, 0)
+    assert reason.endswith("last: " + "x" * 200)
+
+
+def test_the_job_faults_are_those_the_worker_is_not_to_blame_for() -> None:
+    """Timeouts, OOM kills at the job's limit and a missing working folder or command are the
+    job's; a failure to start (a pids limit, a cgroup, an image) is not in the list."""
+    assert set(JOB_FAULTS) == {"timeout", "oom_killed", "workdir_not_found", "command_not_found"}
+
+
+def test_health_settings_are_checked_naming_the_field() -> None:
+    """A rate outside (0, 1], a factor below 1 and a minimum above the window are refused."""
+    with pytest.raises(InvalidArgument, match="health_min_failure_rate"):
+        ReconcilerSettings(health_min_failure_rate=0.0)
+    with pytest.raises(InvalidArgument, match="health_rate_factor"):
+        ReconcilerSettings(health_rate_factor=0.5)
+    with pytest.raises(InvalidArgument, match="health_min_failed_jobs must be <= health_window_runs = 2"):
+        ReconcilerSettings(health_window_runs=2, health_min_failed_jobs=3)
+    with pytest.raises(InvalidArgument, match="health_probe_after_s"):
+        ReconcilerSettings(health_probe_after_s=-1.0)
+
+
+# ---------------------------------------------------------------- the round
+
+
+def live(
+    worker_id: str,
+    cpu_millis: int = 4000,
+    *,
+    unhealthy: bool = False,
+    probe_due: bool = False,
+    allocated: int = 0,
+    port: int = 1,
+) -> LiveWorker:
+    return LiveWorker(
+        ref=WorkerRef(worker_id=worker_id, address=f"127.0.0.1:{port}", incarnation=port),
+        room=WorkerRoom(
+            worker_id=worker_id, cpu_millis=cpu_millis, memory_mb=8192, cpu_allocated_millis=allocated
+        ),
+        unhealthy=unhealthy,
+        probe_due=probe_due,
+    )
+
+
+def queue_of(*jobs: PendingJob) -> PendingQueue:
+    queue = PendingQueue()
+    queue.replace(list(jobs))
+    return queue
+
+
+def job(job_id: int, cpu: int = 100, *failed_on: str) -> PendingJob:
+    return PendingJob(job_id=job_id, cpu_millis=cpu, memory_mb=10, failed_on=failed_on)
+
+
+@given(
+    st.lists(st.tuples(st.integers(100, 8000), st.booleans(), st.booleans()), min_size=1, max_size=6),
+    st.lists(st.integers(1, 9000), max_size=30),
+)
+def test_a_round_places_on_an_unhealthy_worker_only_its_due_probe(
+    workers: list[tuple[int, bool, bool]], sizes: list[int]
+) -> None:
+    """Whatever the workers and jobs, an unhealthy worker gets nothing unless its probe is due,
+    and then one job at most (it holds none); every unschedulable reason names the unhealthy
+    workers it did not count."""
+    workers_ = [
+        live(f"w-{i}", cpu, unhealthy=u, probe_due=p, port=i + 1) for i, (cpu, u, p) in enumerate(workers)
+    ]
+    plan = plan_round(
+        queue_of(*(job(k, s) for k, s in enumerate(sizes, 1))), workers_, PLACER, max_rows=500, now=0.0
+    )
+    per_worker: dict[str, int] = {}
+    for p in plan.placements:
+        per_worker[p.worker_id] = per_worker.get(p.worker_id, 0) + 1
+    left_out = [w.ref.worker_id for w in workers_ if w.unhealthy and not w.probe_due]
+    for w in workers_:
+        if w.unhealthy:
+            assert per_worker.get(w.ref.worker_id, 0) <= (1 if w.probe_due else 0)
+    for _, reason in plan.reasons:
+        if reason and left_out:
+            assert "unhealthy " + left_out[0] in reason
+
+
+def test_a_due_probe_waits_while_the_worker_still_holds_a_job() -> None:
+    """An unhealthy worker whose probe is due takes one job while it holds none, none while it
+    holds one (the probe, or a run from before its mark), and a healthy worker its window."""
+    assert probe_limit(live("w-1", unhealthy=True, probe_due=True), 16) == 1
+    assert probe_limit(live("w-1", unhealthy=True, probe_due=True, allocated=100), 16) == 0
+    assert probe_limit(live("w-1", unhealthy=True), 16) == 0
+    assert probe_limit(live("w-1"), 16) == 16
+
+
+def test_a_job_only_an_unhealthy_worker_could_hold_says_so() -> None:
+    """The reason of a job too large for the healthy workers names the unhealthy one left out."""
+    plan = plan_round(
+        queue_of(job(1, 6000)),
+        [live("w-1", 8000, unhealthy=True), live("w-2", 4000, port=2)],
+        PLACER,
+        max_rows=500,
+        now=0.0,
+    )
+    assert plan.reasons == (
+        (1, "unschedulable: needs 6000 cpu_millis, largest worker has 4000 (not counting unhealthy w-1)"),
+    )
+    assert not_counting_cordoned("unschedulable: x", ("w-1",), ("w-2", "w-3")) == (
+        "unschedulable: x (not counting cordoned w-1; unhealthy w-2, w-3)"
+    )
+
+
+def test_a_retry_goes_elsewhere_than_where_it_failed_even_if_that_is_the_best_fit() -> None:
+    """The job failed on w-1, the tightest fit: it goes to w-2."""
+    rooms = [
+        WorkerRoom(worker_id="w-1", cpu_millis=1000, memory_mb=1000),
+        WorkerRoom(worker_id="w-2", cpu_millis=8000, memory_mb=8000),
+    ]
+    assert place_queue(queue_of(job(1, 500, "w-1")), rooms).placements == ((1, "w-2"),)
+
+
+def test_a_retry_waits_for_another_worker_rather_than_go_back_where_it_failed() -> None:
+    """The only free room is where it failed, and another worker could hold it once it has
+    room: it is not placed now."""
+    rooms = [
+        WorkerRoom(worker_id="w-1", cpu_millis=1000, memory_mb=1000),
+        WorkerRoom(worker_id="w-2", cpu_millis=1000, memory_mb=1000, cpu_allocated_millis=1000),
+    ]
+    assert place_queue(queue_of(job(1, 500, "w-1")), rooms).placements == ()
+
+
+def test_a_retry_that_failed_wherever_it_could_run_goes_back_to_one() -> None:
+    """Failed on every worker that could hold it (the other is too small): placed by best fit
+    among those (a soft preference)."""
+    rooms = [
+        WorkerRoom(worker_id="w-1", cpu_millis=4000, memory_mb=1000),
+        WorkerRoom(worker_id="w-2", cpu_millis=1000, memory_mb=1000),
+    ]
+    assert place_queue(queue_of(job(1, 2000, "w-1")), rooms).placements == ((1, "w-1"),)
+
+
+@given(
+    st.lists(st.integers(500, 4000), min_size=1, max_size=5),
+    st.lists(st.tuples(st.integers(1, 4000), st.sets(st.integers(0, 4))), max_size=20),
+)
+def test_a_retry_goes_back_where_it_failed_only_when_no_other_worker_could_hold_it(
+    capacities: list[int], jobs: list[tuple[int, set[int]]]
+) -> None:
+    """Whatever the workers and the jobs' past failures, a job placed on a worker where it
+    failed could be held (by capacity) by no worker where it did not fail."""
+    rooms = [WorkerRoom(worker_id=f"w-{i}", cpu_millis=c, memory_mb=1000) for i, c in enumerate(capacities)]
+    pending = [job(k, cpu, *(f"w-{i}" for i in failed)) for k, (cpu, failed) in enumerate(jobs, 1)]
+    by_id = {j.job_id: j for j in pending}
+    for job_id, worker_id in place_queue(queue_of(*pending), rooms).placements:
+        j = by_id[job_id]
+        if worker_id in j.failed_on:
+            assert not any(r.cpu_millis >= j.cpu_millis for r in rooms if r.worker_id not in j.failed_on)
+
+
+def test_the_queue_keeps_where_its_jobs_failed_until_they_leave_it() -> None:
+    """Read in full or added, a job's failed_on is kept with it, and dropped when it is removed."""
+    queue = queue_of(job(1, 100, "w-1"), job(2))
+    queue.add([job(3, 100, "w-2", "w-3")])
+    assert queue.failed_on == {1: ("w-1",), 3: ("w-2", "w-3")}
+    assert [j.failed_on for j in queue.jobs()] == [("w-1",), (), ("w-2", "w-3")]
+    queue.remove([1])
+    assert queue.failed_on == {3: ("w-2", "w-3")}
+    assert attrs.evolve(job(4), failed_on=("w-9",)).failed_on == ("w-9",)
