@@ -762,6 +762,7 @@ class ControlPlaneService(AdmittedService):
                 cordoned=reply.cordoned,
                 draining=reply.draining or reply.drained,
                 drain_deadline_unix_s=reply.drain_deadline_unix_s or None,
+                unhealthy=reply.unhealthy,
                 active_jobs=len(reply.job_ids),
             )
         return reply
@@ -775,7 +776,8 @@ class ControlPlaneService(AdmittedService):
         )
 
     async def uncordon_worker(self, request: pb.UncordonWorkerRequest) -> pb.WorkerScheduleReply:
-        """End a worker's cordon and any drain of it: it takes placements again."""
+        """End a worker's cordon and any drain of it, and clear its mark as unhealthy: it takes
+        placements again."""
         worker_id = check_worker_id(request.worker_id)
         key = check_idempotency_key(request.idempotency_key)
         return await self._worker_schedule(

@@ -209,6 +209,8 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
         drained=schedule.drained,
         drain_deadline_unix_s=row["drain_deadline_unix_s"] or 0.0,
         job_ids=job_ids,
+        unhealthy=bool(row.get("unhealthy", False)),
+        unhealthy_reason=row.get("unhealthy_reason") or "",
     )
 
 
@@ -235,6 +237,9 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
         drained=schedule.drained,
         drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
         labels=json.loads(r["labels"]) if r["labels"] else {},
+        unhealthy=bool(r["unhealthy"]),
+        unhealthy_reason=r["unhealthy_reason"] or "",
+        unhealthy_since_unix_s=r["unhealthy_since_unix_s"] or 0.0,
     )
 
 

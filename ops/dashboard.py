@@ -306,8 +306,12 @@ ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 title="Live workers",
-                description="Live workers the leader's placer read in its last round.",
-                queries=(q(f"max(stockade_cluster_live_workers{{{CP}}})", "live workers"),),
+                description="Live workers the leader's placer read in its last round, and those the "
+                "leader's health judgement marked unhealthy (no new placement but a probe).",
+                queries=(
+                    q(f"max(stockade_cluster_live_workers{{{CP}}})", "live workers"),
+                    q(f"max(stockade_unhealthy_workers{{{CP}}})", "unhealthy"),
+                ),
             ),
             Panel(
                 title="CPU allocated against capacity",

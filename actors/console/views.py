@@ -61,8 +61,9 @@ def clock(unix_s: float | None) -> str:
 def worker_state(row: Mapping[str, Any]) -> str:
     """One word for a worker row of :data:`actors.queries.console.CONSOLE_WORKERS`: ``dead`` or
     ``left`` for those states; for an alive one ``draining`` (a drain was asked and jobs are
-    still active), ``drained`` (asked, none active), ``cordoned`` (no new placements),
-    ``held`` (a planned restart's hold is ahead), else ``alive``."""
+    still active), ``drained`` (asked, none active), ``unhealthy`` (its recent runs fail far
+    more often than the other workers': no new placement but a probe), ``cordoned`` (no new
+    placements), ``held`` (a planned restart's hold is ahead), else ``alive``."""
     if row["state"] != "alive":
         return str(row["state"])
     schedule = schedule_of(
@@ -74,6 +75,8 @@ def worker_state(row: Mapping[str, Any]) -> str:
         return "draining"
     if schedule.drained:
         return "drained"
+    if row.get("unhealthy"):
+        return "unhealthy"
     if schedule.cordoned:
         return "cordoned"
     if row["hold_for_s"] is not None and row["hold_for_s"] > 0:

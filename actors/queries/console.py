@@ -74,6 +74,9 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation, w.lab
        w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
        extract(epoch FROM w.drain_deadline_at - now())::float8 AS drain_deadline_in_s,
        extract(epoch FROM w.hold_until - now())::float8 AS hold_for_s,
+       w.unhealthy_at IS NOT NULL AS unhealthy, w.unhealthy_reason,
+       extract(epoch FROM w.unhealthy_at)::float8 AS unhealthy_since_unix_s,
+       extract(epoch FROM w.unhealthy_probe_at - now())::float8 AS probe_in_s,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        count(a.id)::bigint AS job_count

@@ -626,6 +626,7 @@ ON CONFLICT (id) DO UPDATE
 _WORKER_SCHEDULE = """
 RETURNING id, cordoned_at IS NOT NULL AS cordoned, drain_requested_at IS NOT NULL AS drain_requested,
           extract(epoch FROM drain_deadline_at)::float8 AS drain_deadline_unix_s,
+          unhealthy_at IS NOT NULL AS unhealthy, unhealthy_reason,
           (SELECT coalesce(array_agg(a.job_id ORDER BY a.job_id), '{}') FROM assignments a
             WHERE a.worker_id = workers.id AND a.state = 'active') AS job_ids
 """
@@ -644,11 +645,16 @@ UPDATE workers SET cordoned_at = coalesce(cordoned_at, now())
 )
 
 # $1 worker id; then the key and the sha256. Ends the cordon and any drain (jobs a drain already
-# stopped stay requeued). Answer rows: _WORKER_SCHEDULE (none: no such worker).
+# stopped stay requeued), and clears a mark of the worker as unhealthy (schema.sql, worker
+# health): its runs until now are not judged again, and the leader's judgement of the version
+# before is not written (health_version). Answer rows: _WORKER_SCHEDULE (none: no such worker).
 UNCORDON_WORKER = once(
     "uncordon_worker",
     """
-UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline_at = NULL
+UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline_at = NULL,
+                   health_since = CASE WHEN unhealthy_at IS NULL THEN health_since ELSE now() END,
+                   health_version = health_version + (unhealthy_at IS NOT NULL)::int,
+                   unhealthy_at = NULL, unhealthy_reason = '', unhealthy_probe_at = NULL
  WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
 """
     + _WORKER_SCHEDULE,
@@ -684,7 +690,8 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
        extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
        w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
        extract(epoch FROM w.drain_deadline_at)::float8 AS drain_deadline_unix_s,
-       w.labels::text AS labels,
+       w.labels::text AS labels, w.unhealthy_at IS NOT NULL AS unhealthy, w.unhealthy_reason,
+       extract(epoch FROM w.unhealthy_at)::float8 AS unhealthy_since_unix_s,
        coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
        coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
        coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')

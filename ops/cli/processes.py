@@ -309,6 +309,52 @@ def control_plane(
             f"times its live ones (and more than {_WATCH.dead_rows_warn_min}).",
         ),
     ] = _WATCH.dead_rows_warn_ratio,
+    health_interval_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="How often the leader judges the workers' health from their recent runs, seconds."
+        ),
+    ] = _RECONCILER.health_interval_s,
+    health_window_runs: Annotated[
+        int,
+        typer.Option(min=1, max=1000, help="A worker's health is judged on its last this many ended runs."),
+    ] = _RECONCILER.health_window_runs,
+    health_window_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Judge a worker's health only on runs that ended within this many seconds."
+        ),
+    ] = _RECONCILER.health_window_s,
+    health_min_failed_jobs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Mark a worker unhealthy only when runs of at least this many different jobs failed there.",
+        ),
+    ] = _RECONCILER.health_min_failed_jobs,
+    health_min_failure_rate: Annotated[
+        float,
+        typer.Option(
+            help="Mark a worker unhealthy only when at least this fraction of its judged runs failed "
+            "(above 0, at most 1)."
+        ),
+    ] = _RECONCILER.health_min_failure_rate,
+    health_rate_factor: Annotated[
+        float,
+        typer.Option(
+            help="Mark a worker unhealthy only when its runs fail at least this many times as often as "
+            "the other workers' (at least 1)."
+        ),
+    ] = _RECONCILER.health_rate_factor,
+    health_probe_after_s: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="This long after a worker was marked unhealthy, one job at a time may be placed there "
+            "as a probe (its success clears the mark), seconds; 0: no probes.",
+        ),
+    ] = _RECONCILER.health_probe_after_s,
     metrics_port: Annotated[
         int, typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
     ] = 0,
@@ -403,6 +449,13 @@ def control_plane(
                 suspect_after_s=suspect_after_s,
                 mass_silence_max_s=mass_silence_max_s,
                 contact_gap_s=contact_gap_s,
+                health_interval_s=health_interval_s,
+                health_window_runs=health_window_runs,
+                health_window_s=health_window_s,
+                health_min_failed_jobs=health_min_failed_jobs,
+                health_min_failure_rate=health_min_failure_rate,
+                health_rate_factor=health_rate_factor,
+                health_probe_after_s=health_probe_after_s,
             ),
             database_watch=DatabaseWatchSettings(
                 oldest_transaction_warn_s=oldest_transaction_warn_s, dead_rows_warn_ratio=dead_rows_warn_ratio

@@ -61,10 +61,13 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
-    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s, labels}: cordoned,
+    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s, labels,
+    unhealthy, unhealthy_reason, unhealthy_since_unix_s}: cordoned,
     no new placements, a drain cordons too; draining, a drain asked and jobs left on it;
     drained, a drain asked and no job left; the drain's deadline in Unix seconds, or null for
-    none; labels, key -> value), ``jobs`` (counts keyed by state), ``unschedulable``
+    none; labels, key -> value; unhealthy, its recent runs fail far more often than the other
+    workers' (no new placement but a probe), why (null when healthy) and since when in Unix
+    seconds (null when healthy)), ``jobs`` (counts keyed by state), ``unschedulable``
     ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
     ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
     """
@@ -88,6 +91,9 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
                 "drained": w.drained,
                 "drain_deadline_unix_s": w.drain_deadline_unix_s,
                 "labels": dict(w.labels),
+                "unhealthy": w.unhealthy,
+                "unhealthy_reason": w.unhealthy_reason or None,
+                "unhealthy_since_unix_s": w.unhealthy_since_unix_s,
             }
             for w in status.workers
         ],
@@ -160,6 +166,8 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         schedule = worker_schedule(w)
         if schedule:
             state.append(f", {schedule}", style="yellow")
+        if w.unhealthy:
+            state.append(", unhealthy", style="bold red")
         workers.add_row(
             w.id,
             state,
@@ -170,6 +178,17 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             *((metrics.get(w.id, "-"),) if metrics else ()),
         )
     parts.append(workers)
+    sick = [w for w in status.workers if w.unhealthy]
+    if sick:
+        # Why each unhealthy worker takes no placements (a probe now and then), and since when.
+        table = Table(box=rich.box.SIMPLE_HEAD, title="unhealthy workers", title_justify="left")
+        for column in ("worker", "since", "reason"):
+            table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+        for w in sick:
+            since = w.unhealthy_since_unix_s
+            at = "-" if since is None else datetime.fromtimestamp(since).astimezone().strftime("%H:%M:%S")
+            table.add_row(w.id, at, Text(w.unhealthy_reason))
+        parts.append(table)
 
     counts = _counts(status)
     parts.append(Text("jobs  " + "  ".join(f"{state} {count}" for state, count in counts.items())))

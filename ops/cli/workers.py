@@ -5,7 +5,9 @@ A cordoned worker gets no new placement; its running jobs go on. A drain cordons
 for its jobs to end; with ``--deadline-s`` the leader stops those still running at the deadline
 and places them elsewhere, without counting a loss or a backoff against them. A drained worker
 (no job left) can be stopped, nothing lost. The cordon belongs to the worker id: it outlasts the
-agent's restart, until ``stockade uncordon``, which also ends a drain.
+agent's restart, until ``stockade uncordon``, which also ends a drain and clears a mark of the
+worker as unhealthy (the leader's, when its recent runs fail far more often than the other
+workers': :mod:`actors.health`).
 
 Only light modules are imported at the top (every ``stockade`` call registers these commands);
 trio, the protocol and the client are imported by the command that runs.
@@ -58,11 +60,27 @@ def schedule_line(
     drained: bool,
     drain_deadline_unix_s: float,
     job_ids: list[int],
+    unhealthy_reason: str = "",
 ) -> str:
     """One line on a worker's schedule, as the three commands print it: ``w-2: drained, no job
     left; its agent can be stopped``, ``w-2: draining, 2 jobs (12 13) left; stopped and placed
     elsewhere at 2026-12-01 12:00:00``, ``w-2: cordoned, no new placements; 1 job (12) still
-    runs there``, ``w-2: not cordoned, takes placements``."""
+    runs there``, ``w-2: not cordoned, takes placements``; a worker marked unhealthy adds its
+    reason (``; unhealthy: 8 of the last 10 runs failed ...``)."""
+    line = _schedule_line(worker_id, cordoned, draining, drained, drain_deadline_unix_s, job_ids)
+    if unhealthy_reason:
+        line = line.replace(", takes placements", "") + f"; {unhealthy_reason}"
+    return line
+
+
+def _schedule_line(
+    worker_id: str,
+    cordoned: bool,
+    draining: bool,
+    drained: bool,
+    drain_deadline_unix_s: float,
+    job_ids: list[int],
+) -> str:
     if drained:
         return f"{worker_id}: drained, no job left; its agent can be stopped"
     if draining:
@@ -86,6 +104,7 @@ def _reply_line(reply: WorkerSchedule) -> str:
         drained=reply.drained,
         drain_deadline_unix_s=reply.drain_deadline_unix_s or 0.0,
         job_ids=list(reply.job_ids),
+        unhealthy_reason=reply.unhealthy_reason if reply.unhealthy else "",
     )
 
 
@@ -134,7 +153,8 @@ def uncordon(
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Uncordon a worker: it takes placements again; a drain of it ends (what the drain stopped
-    stays placed elsewhere)."""
+    stays placed elsewhere), and so does a mark of it as unhealthy (`status` shows why a worker
+    is unhealthy; its runs until now are not judged again)."""
     _worker_call(
         "uncordon",
         lambda client, worker_id, key: client.uncordon(worker_id, idempotency_key=key),

@@ -519,7 +519,8 @@ class Client:
 
     async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
         """Uncordon a worker: it takes placements again, and a drain of it ends (what the
-        drain stopped stays placed elsewhere).
+        drain stopped stays placed elsewhere), and so does a mark of it as unhealthy
+        (:attr:`ops.client.results.Worker.unhealthy`; its runs until now are not judged again).
 
         Raises:
             the errors of :meth:`cordon`.

@@ -247,6 +247,14 @@ class Worker:
     deadline."""
     labels: tuple[tuple[str, str], ...]
     """Its labels (key, value), sorted by key."""
+    unhealthy: bool = False
+    """Its recent runs fail far more often than the other workers': nothing new is placed on it
+    but a probe now and then, until a run succeeds there or an operator uncordons it."""
+    unhealthy_reason: str = ""
+    """Why it is unhealthy (``unhealthy: 8 of the last 10 runs failed (other workers: 1 of 40),
+    last: exit code 2``); empty when healthy."""
+    unhealthy_since_unix_s: float | None = None
+    """When it was marked (or marked again: a probe failed); None when healthy."""
 
 
 @attrs.frozen(kw_only=True)
@@ -289,6 +297,10 @@ class WorkerSchedule:
     """When its remaining jobs are stopped and placed elsewhere; None: no deadline."""
     job_ids: tuple[int, ...]
     """The jobs active on it when the request was recorded."""
+    unhealthy: bool = False
+    """It is marked unhealthy (see :attr:`Worker.unhealthy`); an uncordon clears it."""
+    unhealthy_reason: str = ""
+    """Why; empty when healthy."""
 
 
 @attrs.frozen(kw_only=True)
@@ -409,6 +421,9 @@ def worker_from_pb(message: pb.WorkerInfo) -> Worker:
         drained=bool(message.drained),
         drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
         labels=tuple(sorted(message.labels.items())),
+        unhealthy=bool(message.unhealthy),
+        unhealthy_reason=message.unhealthy_reason,
+        unhealthy_since_unix_s=_none_if_zero(message.unhealthy_since_unix_s),
     )
 
 
@@ -439,6 +454,8 @@ def schedule_from_pb(message: pb.WorkerScheduleReply) -> WorkerSchedule:
         drained=bool(message.drained),
         drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
         job_ids=_ints(message.job_ids),
+        unhealthy=bool(message.unhealthy),
+        unhealthy_reason=message.unhealthy_reason,
     )
 
 

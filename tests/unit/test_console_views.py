@@ -34,10 +34,14 @@ def worker(**changes: Any) -> dict[str, Any]:
         ({"cordoned": True, "drain_requested": True, "job_count": 0}, "drained"),
         ({"hold_for_s": 12.0}, "held"),
         ({"hold_for_s": -1.0}, "alive"),
+        ({"unhealthy": True}, "unhealthy"),
+        ({"unhealthy": True, "cordoned": True}, "unhealthy"),
+        ({"unhealthy": True, "cordoned": True, "drain_requested": True, "job_count": 1}, "draining"),
     ],
 )
 def test_a_workers_state_is_one_word(changes: dict[str, Any], shown: str) -> None:
-    """Dead and left show as such; an alive worker shows its drain, cordon or hold."""
+    """Dead and left show as such; an alive worker shows its drain, its mark as unhealthy, its
+    cordon or its hold."""
     assert worker_state(worker(**changes)) == shown
 
 

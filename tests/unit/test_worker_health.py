@@ -13,11 +13,16 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from actors.health import JOB_FAULTS, HealthChange, Run, WorkerRuns, judge_health, mark_reason
 from actors.messages import WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
 from actors.placer import LiveWorker, not_counting_cordoned, plan_round, probe_limit
+from ops.cli.render import render_status, status_json
+from ops.cli.workers import schedule_line
+from ops.client.results import schedule_from_pb, status_from_pb
+from protocol import pb
 from runtime.errors import InvalidArgument
 from runtime.settings import PlacerSettings, ReconcilerSettings
 
@@ -352,3 +357,69 @@ def test_the_queue_keeps_where_its_jobs_failed_until_they_leave_it() -> None:
     queue.remove([1])
     assert queue.failed_on == {3: ("w-2", "w-3")}
     assert attrs.evolve(job(4), failed_on=("w-9",)).failed_on == ("w-9",)
+
+
+# ---------------------------------------------------------------- what status shows
+
+
+REASON = "unhealthy: 8 of the last 8 runs failed (other workers: 1 of 40), last: exit code 2"
+
+
+def status_reply() -> pb.StatusReply:
+    return pb.StatusReply(
+        leader="cp-1",
+        epoch=1,
+        answered_by="cp-1",
+        workers=[
+            pb.WorkerInfo(id="w-1", state="alive", cpu_millis=4000, memory_mb=4096),
+            pb.WorkerInfo(
+                id="w-bad",
+                state="alive",
+                cpu_millis=4000,
+                memory_mb=4096,
+                unhealthy=True,
+                unhealthy_reason=REASON,
+                unhealthy_since_unix_s=1.7e9,
+            ),
+        ],
+    )
+
+
+def test_status_shows_an_unhealthy_worker_its_reason_and_since_when() -> None:
+    """The typed status carries the mark; the text view says `unhealthy` in the state column
+    and lists why under "unhealthy workers"; --json has the three keys (null when healthy)."""
+    status = status_from_pb(status_reply())
+    healthy, sick = status.workers
+    assert (healthy.unhealthy, healthy.unhealthy_reason, healthy.unhealthy_since_unix_s) == (False, "", None)
+    assert (sick.unhealthy, sick.unhealthy_reason, sick.unhealthy_since_unix_s) == (True, REASON, 1.7e9)
+    console = Console(width=200, record=True)
+    console.print(render_status(status))
+    text = console.export_text()
+    assert "alive, unhealthy" in text and "unhealthy workers" in text and REASON in text
+    shown = status_json(status)["workers"]
+    assert [(w["unhealthy"], w["unhealthy_reason"], w["unhealthy_since_unix_s"]) for w in shown] == [
+        (False, None, None),
+        (True, REASON, 1.7e9),
+    ]
+
+
+def test_a_healthy_cluster_shows_no_unhealthy_table() -> None:
+    """No worker marked: no "unhealthy workers" table."""
+    reply = status_reply()
+    reply.workers = reply.workers[:1]
+    console = Console(width=200, record=True)
+    console.print(render_status(status_from_pb(reply)))
+    assert "unhealthy" not in console.export_text()
+
+
+def test_cordon_and_drain_lines_add_the_workers_health() -> None:
+    """The one line the worker commands print ends with the mark's reason when it has one."""
+    common = {"draining": False, "drained": False, "drain_deadline_unix_s": 0.0, "job_ids": []}
+    assert schedule_line("w-bad", cordoned=True, unhealthy_reason=REASON, **common) == (  # type: ignore[arg-type]
+        f"w-bad: cordoned, no new placements; no job there; {REASON}"
+    )
+    assert schedule_line("w-bad", cordoned=False, unhealthy_reason=REASON, **common) == (  # type: ignore[arg-type]
+        f"w-bad: not cordoned; {REASON}"
+    )
+    reply = pb.WorkerScheduleReply(worker_id="w-bad", unhealthy=True, unhealthy_reason=REASON)
+    assert schedule_from_pb(reply).unhealthy_reason == REASON

@@ -345,7 +345,8 @@ class CordonWorkerRequest(betterproto2.Message):
     stop the rest and place them elsewhere, without counting a loss or a backoff against them
     (a fenced decision, made only once the worker acknowledged the stop or was declared dead).
     The cordon belongs to the worker id: it survives the agent's restart and re-registration,
-    until UncordonWorker, which also ends a drain (what it stopped stays placed elsewhere).
+    until UncordonWorker, which also ends a drain (what it stopped stays placed elsewhere) and
+    clears a mark of the worker as unhealthy (its runs before it are not judged again).
     Each request carries an idempotency key (see "Idempotency keys" above). An unknown
     worker_id is NOT_FOUND, and nothing is stored.
     """
@@ -1274,6 +1275,18 @@ class WorkerInfo(betterproto2.Message):
     are judged by.
     """
 
+    unhealthy: "bool" = betterproto2.field(16, betterproto2.TYPE_BOOL)
+    """
+    Worker health (the leader's judgement of its recent runs): unhealthy, nothing new is placed
+    on it but a probe every health_probe_after_s; why (e.g. "unhealthy: 8 of the last 10 runs
+    failed (other workers: 1 of 40), last: exit code 2"), and since when (unix seconds,
+    database time; 0 when healthy). Cleared by a run succeeding there, or UncordonWorker.
+    """
+
+    unhealthy_reason: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
+
+    unhealthy_since_unix_s: "float" = betterproto2.field(18, betterproto2.TYPE_DOUBLE)
+
 
 default_message_pool.register_message("stockade.v1", "WorkerInfo", WorkerInfo)
 
@@ -1298,6 +1311,13 @@ class WorkerScheduleReply(betterproto2.Message):
     """
     The jobs active on it when the request was recorded.
     """
+
+    unhealthy: "bool" = betterproto2.field(7, betterproto2.TYPE_BOOL)
+    """
+    Its health mark then (as in WorkerInfo): an uncordon clears it.
+    """
+
+    unhealthy_reason: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
 
 
 default_message_pool.register_message("stockade.v1", "WorkerScheduleReply", WorkerScheduleReply)
