@@ -808,10 +808,13 @@ ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
 -- Worker health (actors/health.py decides, the leader's reconciler writes it in a fenced write:
 -- queries.RECORD_WORKER_HEALTH). A worker whose recent runs fail far more often than the other
 -- workers' is marked unhealthy: the placer places nothing new on it (queries.ROUND_READ,
--- LIVE_WORKERS, COMMIT_PLACEMENTS), but a probe once unhealthy_probe_at has passed. All five
+-- LIVE_WORKERS, COMMIT_PLACEMENTS), but a probe once unhealthy_probe_at has passed. All six
 -- columns belong to the worker id, as a cordon does: a registration (the agent restarted) keeps
 -- them.
---   unhealthy_at        set: marked (or marked again: a failed probe) at this time; NULL: healthy.
+--   unhealthy_at        set: marked at this time (kept while it is marked again); NULL: healthy.
+--   unhealthy_marked_at the last mark, or the last renewal of it (a run failed there after the
+--                       mark before: a probe, or a run already there): runs that end after it
+--                       decide whether the mark is cleared or renewed again.
 --   unhealthy_reason    why, as status shows it ('unhealthy: 8 of the last 10 runs failed ...').
 --   unhealthy_probe_at  from then on one job at a time may be placed on it as a probe (NULL:
 --                       never; the leader's health_probe_after_s is 0).
@@ -820,6 +823,7 @@ ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
 --   health_version      bumped at every change of the above: the leader's write applies only
 --                       to the version it judged, so an operator's uncordon meanwhile wins.
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS unhealthy_at timestamptz,
+                    ADD COLUMN IF NOT EXISTS unhealthy_marked_at timestamptz,
                     ADD COLUMN IF NOT EXISTS unhealthy_reason text NOT NULL DEFAULT '',
                     ADD COLUMN IF NOT EXISTS unhealthy_probe_at timestamptz,
                     ADD COLUMN IF NOT EXISTS health_since timestamptz,

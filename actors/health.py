@@ -47,7 +47,7 @@ class Run:
     detail: str = ""
     """How it ended, as the worker told it (``exit code 2``)."""
     after_mark: bool = False
-    """It ended after the worker's current mark (only for a worker marked unhealthy)."""
+    """It ended after the worker's last mark or renewal (only for a worker marked unhealthy)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -654,7 +654,8 @@ UNCORDON_WORKER = once(
 UPDATE workers SET cordoned_at = NULL, drain_requested_at = NULL, drain_deadline_at = NULL,
                    health_since = CASE WHEN unhealthy_at IS NULL THEN health_since ELSE now() END,
                    health_version = health_version + (unhealthy_at IS NOT NULL)::int,
-                   unhealthy_at = NULL, unhealthy_reason = '', unhealthy_probe_at = NULL
+                   unhealthy_at = NULL, unhealthy_marked_at = NULL, unhealthy_reason = '',
+                   unhealthy_probe_at = NULL
  WHERE id = $1::text AND EXISTS (SELECT FROM fresh)
 """
     + _WORKER_SCHEDULE,

@@ -346,11 +346,13 @@ SELECT id FROM ended
 # The leader's judgement of worker health (actors/health.py), each change applied only if the
 # worker's health_version is still the one judged (an operator's uncordon meanwhile bumped it:
 # the operator wins, and the next judgement starts from the runs after it). A mark sets when
-# and why, and when a probe may be placed; a clear forgets the runs judged so far
-# (health_since). Returns the ids changed and, in parallel, whether each is now unhealthy.
+# (a renewal keeps when it was first marked) and why, and when a probe may be placed; a clear
+# forgets the runs judged so far (health_since). Returns the ids changed and, in parallel,
+# whether each is now unhealthy.
 RECORD_WORKER_HEALTH = """
 UPDATE workers w
-   SET unhealthy_at = CASE WHEN c.unhealthy THEN now() END,
+   SET unhealthy_at = CASE WHEN c.unhealthy THEN coalesce(w.unhealthy_at, now()) END,
+       unhealthy_marked_at = CASE WHEN c.unhealthy THEN now() END,
        unhealthy_reason = CASE WHEN c.unhealthy THEN c.reason ELSE '' END,
        unhealthy_probe_at = CASE WHEN c.unhealthy AND $5::float8 > 0
                                  THEN now() + make_interval(secs => $5::float8) END,

@@ -128,7 +128,7 @@ DRAIN_DUE_ASSIGNMENTS = (
 # worker with its health and its judged runs, newest first, as parallel arrays: those it ended
 # itself (state 'finished': succeeded or failed, but not failed for a reason of $3) within the
 # window and after its health_since, at most $1 (index assignments_finished_by_worker); and for
-# each whether it ended after the worker's mark (unhealthy_at).
+# each whether it ended after the worker's last mark or renewal (unhealthy_marked_at).
 WORKER_RUNS = """
 SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
        w.cordoned_at IS NULL AS takes_placements,
@@ -142,7 +142,7 @@ SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
              array_agg(x.after_mark ORDER BY x.ended_at DESC, x.id DESC) AS after_mark
         FROM (SELECT a.id, a.job_id, a.ended_at, a.outcome = 'failed' AS failed,
                      coalesce(a.detail, '') AS detail,
-                     coalesce(a.ended_at > w.unhealthy_at, false) AS after_mark
+                     coalesce(a.ended_at > w.unhealthy_marked_at, false) AS after_mark
                 FROM assignments a
                WHERE a.worker_id = w.id AND a.state = 'finished'
                  AND a.ended_at > now() - make_interval(secs => $2::float8)

@@ -254,7 +254,7 @@ class Worker:
     """Why it is unhealthy (``unhealthy: 8 of the last 10 runs failed (other workers: 1 of 40),
     last: exit code 2``); empty when healthy."""
     unhealthy_since_unix_s: float | None = None
-    """When it was marked (or marked again: a probe failed); None when healthy."""
+    """When it was marked (renewals after a failed probe keep it); None when healthy."""
 
 
 @attrs.frozen(kw_only=True)
