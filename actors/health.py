@@ -17,9 +17,12 @@ fault), or when an operator uncordons the worker. Where the idea comes from, and
 Which runs are judged: those a worker ended on its own (``finished``: succeeded or failed) within
 ``health_window_s``, its last ``health_window_runs``. A failure that is the job's own doing
 (:data:`JOB_FAULTS`: its timeout, the kernel's OOM killer at its memory limit, a working folder
-or command it named that does not exist) is not judged; nor are runs lost with their worker,
-cancelled (by a user, or by the leader at a timeout), drained or released. A failure to start
-(a pids limit, a cgroup that cannot be made, an image missing on that worker) is the worker's.
+it named that does not exist or is closed to it, a command not in its image) is not judged;
+nor are runs lost with their worker, cancelled (by a user, or by the leader at a timeout),
+drained or released. A failure to start (a pids limit, a cgroup that cannot be made, an image
+or a program missing on that worker) is the worker's: if the job is at fault it fails on the
+other workers too, and the comparison with their rate keeps the worker healthy. The argument
+and the choices are in docs/design.md, "Worker health".
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import attrs
 
 from runtime.settings import ReconcilerSettings
 
-JOB_FAULTS = ("timeout", "oom_killed", "workdir_not_found", "command_not_found")
+JOB_FAULTS = ("timeout", "oom_killed", "workdir_not_found", "workdir_denied", "command_not_found")
 """End reasons of failed runs (the reason a failure's detail starts with, ``record_outcomes`` in
 ``schema.sql``) that are the job's own doing: never held against its worker."""
 

@@ -198,9 +198,16 @@ def test_the_reason_quotes_at_most_200_characters_of_the_last_failure() -> None:
 
 
 def test_the_job_faults_are_those_the_worker_is_not_to_blame_for() -> None:
-    """Timeouts, OOM kills at the job's limit and a missing working folder or command are the
-    job's; a failure to start (a pids limit, a cgroup, an image) is not in the list."""
-    assert set(JOB_FAULTS) == {"timeout", "oom_killed", "workdir_not_found", "command_not_found"}
+    """Timeouts, OOM kills at the job's limit, a working folder missing or closed to it and a
+    command missing from its image are the job's; a failure to start (a pids limit, a cgroup, an
+    image) is not in the list."""
+    assert set(JOB_FAULTS) == {
+        "timeout",
+        "oom_killed",
+        "workdir_not_found",
+        "workdir_denied",
+        "command_not_found",
+    }
 
 
 def test_health_settings_are_checked_naming_the_field() -> None:
