@@ -160,6 +160,9 @@ class Plan:
     sizes: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     reservations: dict[str, int] = attrs.field(factory=dict)
     """worker_id -> the job id it was kept free for in this round."""
+    held_back: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
+    """job_id -> the workers where it failed, for the jobs not placed because only those had
+    room for it (it waits for another: :func:`elsewhere`)."""
 
     @property
     def placements_by_job(self) -> dict[int, str]:
@@ -566,6 +569,7 @@ def place_queue_steps(
     placements: list[tuple[int, str]] = []
     sizes: dict[int, tuple[int, int]] = {}
     reservations: dict[str, int] = {}
+    held_back: dict[int, tuple[str, ...]] = {}
     unreserved = np.ones(len(ordered), dtype=bool)
     limit = len(queue) if max_placements is None else max_placements
     position = 0
@@ -627,6 +631,7 @@ def place_queue_steps(
             allowed = group_rooms[int(queue.group[index])]
             if queue.container[index]:
                 allowed = allowed & runs_containers
+            anywhere = allowed
             failed_on = queue.failed_on.get(job_id)
             if failed_on:
                 allowed = elsewhere(allowed, failed_on, position_of, cpu, mem, cap_cpu, cap_mem)
@@ -637,8 +642,11 @@ def place_queue_steps(
                         unreserved[reserved] = False
                         reservations[names[reserved]] = int(queue.ids[index])
                 continue
-            fits = (free_cpu >= cpu) & (free_mem >= mem) & unreserved & (left > 0) & allowed
+            room = (free_cpu >= cpu) & (free_mem >= mem) & unreserved & (left > 0)
+            fits = room & allowed
             if not fits.any():
+                if failed_on and (room & anywhere).any():
+                    held_back[job_id] = failed_on  # only where it failed has room now
                 misses += 1
                 if misses >= MISSES_BEFORE_REFILTER:
                     position, refilter = index + 1, True
@@ -663,7 +671,11 @@ def place_queue_steps(
         if not refilter:
             break
     return Plan(
-        placements=tuple(placements), unschedulable=unschedulable, sizes=sizes, reservations=reservations
+        placements=tuple(placements),
+        unschedulable=unschedulable,
+        sizes=sizes,
+        reservations=reservations,
+        held_back=held_back,
     )
 
 

@@ -28,6 +28,7 @@ in slices with a checkpoint between them, so a large round does not hold the eve
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterable, Mapping, Sequence
@@ -146,6 +147,12 @@ def not_counting_cordoned(reason: str, cordoned: Sequence[str], unhealthy: Seque
     return f"{reason} (not counting {'; '.join(left_out)})"
 
 
+def waiting_elsewhere(failed_on: Sequence[str]) -> str:
+    """The pending reason of a retry that only workers where it failed have room for now:
+    ``"waiting for a worker where it has not failed (failed on w-3)"``."""
+    return f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
+
+
 def probe_limit(worker: LiveWorker, limit: int) -> int:
     """Most jobs a round may place on ``worker`` with a send window of ``limit``: ``limit`` for a
     healthy worker; for an unhealthy one whose probe is due, one job while it holds none (its
@@ -226,13 +233,21 @@ def plan_round_steps(
     unschedulable = {
         job_id: not_counting_cordoned(r, cordoned, unhealthy) for job_id, r in plan.unschedulable.items()
     }
-    reasons = [(job_id, r) for job_id, r in unschedulable.items() if queue.reasons.get(job_id) != r]
+    waiting = {job_id: waiting_elsewhere(failed_on) for job_id, failed_on in plan.held_back.items()}
+    reasons = [
+        (job_id, r)
+        for job_id, r in itertools.chain(unschedulable.items(), waiting.items())
+        if queue.reasons.get(job_id) != r
+    ]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
     # backoff keeps the reason its requeue wrote).
     reasons += [
         (job_id, "")
         for job_id in queue.reasons
-        if job_id not in plan.unschedulable and job_id not in placed and job_id not in backing_off
+        if job_id not in plan.unschedulable
+        and job_id not in waiting
+        and job_id not in placed
+        and job_id not in backing_off
     ]
     # One fenced statement: reasons fill what the placements leave of its rows; the rest are
     # not recorded as stored, so later rounds send them.

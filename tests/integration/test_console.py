@@ -196,6 +196,34 @@ async def test_the_job_part_names_its_environment_but_shows_no_value(database_ur
     assert "s3cret-t0ken" not in body and "fast" not in body
 
 
+async def test_an_unhealthy_worker_shows_its_state_reason_and_probe(database_url: str) -> None:
+    """A worker the leader marked unhealthy shows as such in the workers part (its reason on
+    hover, escaped) and, on its own part, why, since when and when a probe may be placed."""
+    await seed_cluster(database_url)
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute(
+                "UPDATE workers SET unhealthy_at = now(), unhealthy_marked_at = now(), "
+                "unhealthy_probe_at = now() + interval '2 minutes', "
+                "unhealthy_reason = 'unhealthy: 3 of the last 3 runs failed (other workers: 0 of 4), "
+                "last: <x>'"
+            )
+        finally:
+            await db.close()
+    async with console_on(database_url) as console:
+        workers = await get(console, "/part/workers")
+        worker = await get(console, "/part/workers/w-1")
+    assert 'data-id="w-1" data-state="unhealthy"' in workers[2]
+    assert (
+        'title="unhealthy: 3 of the last 3 runs failed (other workers: 0 of 4), last: &lt;x&gt;"'
+        in workers[2]
+    )
+    assert '<span class="state state-unhealthy">unhealthy</span>' in worker[2]
+    assert "unhealthy: 3 of the last 3 runs failed (other workers: 0 of 4), last: &lt;x&gt;" in worker[2]
+    assert "a probe job may be placed in 1 min" in worker[2]
+
+
 async def test_an_unreachable_database_is_shown_with_the_time_it_was_first_missed() -> None:
     """With the database unreachable, a part answers 503 within the read bound, saying since
     when the database has not answered, and the packing page still answers."""

@@ -337,6 +337,22 @@ def test_a_retry_that_failed_wherever_it_could_run_goes_back_to_one() -> None:
     assert place_queue(queue_of(job(1, 2000, "w-1")), rooms).placements == ((1, "w-1"),)
 
 
+def test_a_retry_held_back_says_it_waits_for_a_worker_where_it_has_not_failed() -> None:
+    """Only w-1, where it failed, has room: the round stores why the job waits; once w-2 has
+    room it is placed there."""
+    queue = queue_of(job(1, 500, "w-1"))
+    busy = [live("w-1", 1000), live("w-2", 1000, allocated=1000, port=2)]
+    plan = plan_round(queue, busy, PLACER, max_rows=500, now=0.0)
+    assert (plan.placements, plan.reasons) == (
+        (),
+        ((1, "waiting for a worker where it has not failed (failed on w-1)"),),
+    )
+    queue.reasons.update(dict(plan.reasons))
+    plan = plan_round(queue, [live("w-1", 1000), live("w-2", 1000, port=2)], PLACER, max_rows=500, now=0.0)
+    assert [(p.job_id, p.worker_id) for p in plan.placements] == [(1, "w-2")]
+    assert plan.reasons == ()  # the placement's claim clears it (COMMIT_PLACEMENTS)
+
+
 @given(
     st.lists(st.integers(500, 4000), min_size=1, max_size=5),
     st.lists(st.tuples(st.integers(1, 4000), st.sets(st.integers(0, 4))), max_size=20),
