@@ -5,7 +5,7 @@ where its job failed, when it can).
 
 The reconciler's part (the judgement every ``health_interval_s``, its fenced write, the gauge)
 is in tests/unit/test_reconciler.py, with the actor's other passes; the whole on a real
-PostgreSQL with real agents in tests/integration/test_worker_health.py."""
+PostgreSQL with real agents in tests/integration/test_unhealthy_workers.py."""
 
 from __future__ import annotations
 
