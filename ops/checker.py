@@ -39,7 +39,10 @@ What it counts:
 - ``acknowledged_submissions_lost``: job ids a client was given that the database does not
   have (a harness passes the ids it was given).
 - ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
-- ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids.
+- ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids
+  (pending, waiting, assigned or running). An unfinished job fails the check only when the
+  caller waited for every job to finish (a harness, ``stockade check --wait-s``); a look at a
+  cluster still at work reports them as running.
 - Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
   ``elections`` (lease takeovers, the first one included), ``worker_deaths`` (every
   declaration), ``pauses`` (``pause`` records: a worker held its jobs, which an outage that
@@ -69,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 from rich.console import Group
 from rich.text import Text
 
@@ -197,7 +201,8 @@ class FaultEvent:
 
 @attrs.frozen(kw_only=True)
 class CheckReport:
-    """The checker's verdict. ``ok`` when every safety count is 0 and every job finished."""
+    """The checker's verdict. ``ok`` when every safety count is 0 and, when
+    ``finish_required``, every job finished."""
 
     double_placements: int
     double_runs: int
@@ -224,6 +229,12 @@ class CheckReport:
     wrong_final_states: int = 0
     """Jobs whose final state contradicts their runs or their retry budget
     (:func:`wrong_final_states`), or the state their submitter expected."""
+    unfinished_states: dict[str, int] = attrs.field(factory=dict)
+    """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
+    finish_required: bool = True
+    """Whether an unfinished job fails the check: True when the caller waited for every job
+    (a harness after its wait, ``stockade check --wait-s``), False for a look at a cluster that
+    may still be running some (``stockade check``), which reports them as running."""
 
     @property
     def ok(self) -> bool:
@@ -235,7 +246,7 @@ class CheckReport:
             and self.jobs_killed_by_outage == 0
             and self.acknowledged_submissions_lost == 0
             and self.wrong_final_states == 0
-            and not self.unfinished_job_ids
+            and (not self.unfinished_job_ids or not self.finish_required)
         )
 
     @property
@@ -260,6 +271,8 @@ class CheckReport:
             "jobs_submitted": self.jobs_submitted,
             "jobs_finished": self.jobs_finished,
             "unfinished_job_ids": list(self.unfinished_job_ids),
+            "jobs_unfinished": dict(self.unfinished_states),
+            "finish_required": self.finish_required,
             "elections": self.elections,
             "worker_deaths": self.worker_deaths,
             "self_fences": self.self_fences,
@@ -275,12 +288,24 @@ class CheckReport:
 
 
 def report_rows(report: CheckReport) -> list[VerdictRow]:
-    """The rows :func:`check_table` shows (also the checker's part of ``stockade chaos``'s table)."""
+    """The rows :func:`check_table` shows (also the checker's part of ``stockade chaos``'s table).
+
+    ``jobs_finished`` reads ``running`` while jobs are unfinished and that is no failure
+    (:attr:`CheckReport.finish_required`), and a ``jobs_unfinished`` row then says how many
+    in each state."""
+    finished: bool | str = not report.unfinished_job_ids
+    if report.unfinished_job_ids and not report.finish_required:
+        finished = "running"
+    unfinished: list[VerdictRow] = []
+    if report.unfinished_job_ids:
+        by_state = ", ".join(f"{state} {count}" for state, count in report.unfinished_states.items())
+        unfinished = [("jobs_unfinished", f"{len(report.unfinished_job_ids)} ({by_state})", None)]
     return [
         ("double_placements (database)", str(report.double_placements), report.double_placements == 0),
         ("double_runs (workers' logs)", str(report.double_runs), report.double_runs == 0),
         ("jobs_submitted", str(report.jobs_submitted), None),
-        ("jobs_finished", str(report.jobs_finished), not report.unfinished_job_ids),
+        ("jobs_finished", str(report.jobs_finished), finished),
+        *unfinished,
         ("false_deaths", str(report.false_deaths), report.false_deaths == 0),
         ("lost_successes", str(report.lost_successes), report.lost_successes == 0),
         ("jobs_killed_by_outage", str(report.jobs_killed_by_outage), report.jobs_killed_by_outage == 0),
@@ -543,6 +568,7 @@ def check(
     pauses: int = 0,
     acknowledged_job_ids: Iterable[int] = (),
     expected_final_states: Mapping[int, str] | None = None,
+    finish_required: bool = True,
 ) -> CheckReport:
     """Judge one run of the cluster. Pure: see the module docstring for what each count means.
 
@@ -555,6 +581,8 @@ def check(
         acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
         expected_final_states: job id -> the final state it must reach (a harness that
             submitted jobs made to fail or succeed knows).
+        finish_required: an unfinished job fails the check (the caller waited for them all);
+            False: it is reported as running.
     """
     placed_twice = double_placements(history.assignments)
     ran_twice = double_runs(runs)
@@ -576,7 +604,15 @@ def check(
     ]
     if unfinished:
         shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
-        details.append(f"{len(unfinished)} jobs unfinished: {shown}")
+        if finish_required:
+            details.append(f"{len(unfinished)} jobs unfinished: {shown}")
+        else:
+            details.append(
+                f"{len(unfinished)} jobs not finished yet (not a failure; --wait-s S waits for them): {shown}"
+            )
+    unfinished_states: dict[str, int] = {}
+    for state in sorted({history.job_states[j] for j in unfinished}, key=_state_order):
+        unfinished_states[state] = sum(1 for j in unfinished if history.job_states[j] == state)
     return CheckReport(
         double_placements=len(placed_twice),
         double_runs=len(ran_twice),
@@ -596,7 +632,15 @@ def check(
         jobs_killed_by_outage=len(outage_kills),
         acknowledged_submissions_lost=len(lost_ids),
         wrong_final_states=len(wrong_states),
+        unfinished_states=unfinished_states,
+        finish_required=finish_required,
     )
+
+
+def _state_order(state: str) -> tuple[int, str]:
+    """Job states in their life's order (waiting, pending, assigned, running), others last."""
+    order = ("waiting", "pending", "assigned", "running")
+    return (order.index(state) if state in order else len(order), state)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -765,6 +809,7 @@ def check_logs(
     *,
     acknowledged_job_ids: Iterable[int] = (),
     expected_final_states: Mapping[int, str] | None = None,
+    finish_required: bool = True,
 ) -> CheckReport:
     """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``,
     whose clean stops (:func:`clean_stops`) count beside ``faults``."""
@@ -778,6 +823,7 @@ def check_logs(
         pauses=sum(1 for r in records if r.get("event") == "pause"),
         acknowledged_job_ids=acknowledged_job_ids,
         expected_final_states=expected_final_states,
+        finish_required=finish_required,
     )
 
 
@@ -796,6 +842,7 @@ JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
+UNFINISHED_JOBS = "SELECT count(*) FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
 DEPENDENCY_CANCELS = f"""
 SELECT c.id, c.dependency, s.state AS dependency_state
   FROM (SELECT id, split_part(detail, ' ', 3)::bigint AS dependency FROM jobs
@@ -804,6 +851,27 @@ SELECT c.id, c.dependency, s.state AS dependency_state
 """
 """Jobs cancelled for a dependency, with the state of that dependency as a dependency (an
 array's id: the whole array's, ``queries.jobs.dependency_states``)."""
+
+
+async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 0.5) -> int:
+    """Wait until every job has finished (succeeded, failed or cancelled), for at most
+    ``timeout_s`` seconds, reading the count every ``poll_s``; returns how many are still
+    unfinished (0: all finished). Needs the asyncio bridge open.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
+    try:
+        deadline = trio.current_time() + timeout_s
+        while True:
+            unfinished = int(await conn.fetchval(UNFINISHED_JOBS))
+            left_s = deadline - trio.current_time()
+            if unfinished == 0 or left_s <= 0:
+                return unfinished
+            await trio.sleep(min(poll_s, left_s))
+    finally:
+        await conn.close()
 
 
 async def load_history(database_url: str) -> History:

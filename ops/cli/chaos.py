@@ -197,9 +197,24 @@ def check(
             "(e.g. kill:w-3@1764538392.5). Repeatable; counted with events.jsonl's.",
         ),
     ] = None,
+    wait_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Wait up to this long, seconds, for every job to finish before checking; a job still "
+            "unfinished then fails the check. [default: no wait; unfinished jobs are reported as "
+            "running]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Check a cluster's history: no job placed twice (database), none run twice at once (the
-    workers' logs), no false dead-worker declarations, every job finished. Exits 1 otherwise."""
+    workers' logs), no false dead-worker declarations, no success lost, no wrong final state.
+    Exits 1 when one of those fails.
+
+    Jobs not finished yet (pending, waiting, assigned, running) are no failure: jobs_finished
+    reads `running` and jobs_unfinished says how many in each state. --wait-s S waits up to S
+    seconds for them first, and then an unfinished job fails the check."""
     import trio
 
     from ops import checker
@@ -218,12 +233,16 @@ def check(
 
         async def load() -> checker.History:
             async with asyncio_bridge():
+                if wait_s is not None:
+                    await checker.wait_for_jobs(url, timeout_s=wait_s)
                 return await checker.load_history(url)
 
         history = trio.run(load)
     faults = [*checker.load_events(state.events_path), *manual]
-    worker_dirs = [state.work_dir(p.id) for p in config.workers] if config is not None else []
-    report = checker.check_logs(history, worker_dirs, faults)
+    # Also the folders of workers no longer recorded: a worker an `up` stopped (and dropped) may
+    # be declared dead after a leave that was not recorded, and its log says it stopped cleanly.
+    worker_dirs = state.worker_dirs() if config is not None else []
+    report = checker.check_logs(history, worker_dirs, faults, finish_required=wait_s is not None)
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

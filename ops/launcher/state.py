@@ -443,6 +443,15 @@ class StateDir:
     def work_dir(self, worker_id: str) -> Path:
         return self.root / "workers" / worker_id
 
+    def worker_dirs(self) -> list[Path]:
+        """Every worker's folder under ``workers/``: the recorded workers' and those of workers
+        an ``up`` stopped and dropped since (their logs still say how they stopped), by id."""
+        try:
+            found = [path for path in (self.root / "workers").iterdir() if path.is_dir()]
+        except FileNotFoundError:
+            return []
+        return sorted(found, key=lambda path: worker_order(path.name))
+
     def fleet_spec_path(self, fleet_id: str) -> Path:
         """The spec file (``agent.fleet``) listing the workers fleet ``fleet_id`` hosts."""
         return self.root / "fleets" / f"{fleet_id}.json"

@@ -1,7 +1,8 @@
 """``stockade check`` on a real database: a worker killed by hand (``kill -9``, no harness to
 record it) is a false death until the operator gives the fault with ``--fault``; a fault of a
 fleet counts for its workers; faults naming no process of the cluster, or malformed, are
-refused with exit status 2 before anything is read."""
+refused with exit status 2 before anything is read; jobs still at work are reported as running
+(exit 0) unless ``--wait-s`` waited for them in vain."""
 
 from __future__ import annotations
 
@@ -67,10 +68,12 @@ def declare_dead(url: str, worker_id: str) -> float:
     return float(fetchval(url, "SELECT extract(epoch FROM now())::float8")) - KILLED_AGO_S
 
 
-def check(state: StateDir, *faults: str) -> tuple[int, str]:
+def check(state: StateDir, *faults: str, wait_s: float | None = None) -> tuple[int, str]:
     args = ["check", "--state-dir", str(state.root), "--json"]
     for fault in faults:
         args += ["--fault", fault]
+    if wait_s is not None:
+        args += ["--wait-s", str(wait_s)]
     result = CliRunner().invoke(app, args)
     return result.exit_code, result.output
 
@@ -110,3 +113,56 @@ def test_a_fault_that_cannot_be_right_is_refused(state: StateDir, fault: str, me
     status, output = check(state, fault)
     assert status == 2
     assert message in output
+
+
+def add_job(url: str, state: str) -> int:
+    """A sleep job in ``state`` (no assignment: what the check reads of it is its state)."""
+    return int(
+        fetchval(
+            url,
+            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, state)"
+            " VALUES ('check', 100, 64, 'sleep', 1000, $1) RETURNING id",
+            state,
+        )
+    )
+
+
+def test_jobs_still_running_are_reported_as_running_and_pass(state: StateDir, database_url: str) -> None:
+    """Two jobs pending and running: the check exits 0 and says how many are unfinished in each
+    state; the table's jobs_finished reads running, not FAIL."""
+    add_job(database_url, "running")
+    add_job(database_url, "pending")
+    status, output = check(state)
+    report = json.loads(output)
+    assert status == 0, output
+    assert report["ok"] is True and report["finish_required"] is False
+    assert report["jobs_unfinished"] == {"pending": 1, "running": 1}
+    table = CliRunner().invoke(app, ["check", "--state-dir", str(state.root)], terminal_width=200)
+    assert table.exit_code == 0
+    (line,) = [row for row in table.output.splitlines() if "jobs_finished" in row]
+    assert line.split()[-1] == "running" and "FAIL" not in table.output
+
+
+def test_with_wait_s_a_job_that_does_not_finish_in_time_fails(state: StateDir, database_url: str) -> None:
+    """--wait-s 0.5 with a job that stays running: after the wait the check exits 1 with the job
+    unfinished; once it has succeeded, the same check exits 0."""
+    job_id = add_job(database_url, "running")
+    status, output = check(state, wait_s=0.5)
+    report = json.loads(output)
+    assert status == 1 and report["unfinished_job_ids"] == [job_id] and report["finish_required"]
+    fetchval(database_url, "UPDATE jobs SET state = 'cancelled' WHERE id = $1", job_id)
+    status, output = check(state, wait_s=0.5)
+    assert status == 0, output
+
+
+def test_a_worker_dropped_by_up_is_read_from_its_folder(state: StateDir, database_url: str) -> None:
+    """w-9, stopped cleanly by an `up` that shrank the cluster (its leave line in its folder, its
+    leave not recorded, then declared dead) and no longer in cluster.json: no false death."""
+    stopped_at = declare_dead(database_url, "w-9")
+    folder = state.work_dir("w-9")
+    folder.mkdir(parents=True)
+    leave = {"event": "leave", "worker_id": "w-9", "incarnation": 1, "epoch": 1, "time": stopped_at}
+    (folder / "agent.jsonl").write_text(json.dumps({**leave, "left": False}) + "\n")
+    status, output = check(state)
+    assert status == 0, output
+    assert json.loads(output)["false_deaths"] == 0

@@ -21,6 +21,7 @@ from ops.checker import (
     load_runs,
     parse_fault,
     placement_recoveries_s,
+    report_rows,
     runs_from_records,
 )
 from runtime.errors import InvalidArgument
@@ -100,6 +101,8 @@ def test_a_clean_run_passes() -> None:
         "jobs_submitted": 2,
         "jobs_finished": 2,
         "unfinished_job_ids": [],
+        "jobs_unfinished": {},
+        "finish_required": True,
         "elections": 0,
         "worker_deaths": 1,
         "self_fences": 0,
@@ -195,6 +198,22 @@ def test_unfinished_jobs_fail_the_check() -> None:
     """A job still pending or running at the end is reported by id."""
     report = check(History(assignments=(), job_states={1: "succeeded", 2: "running", 3: "pending"}), [])
     assert report.unfinished_job_ids == (2, 3) and not report.ok
+
+
+def test_unfinished_jobs_are_running_not_a_failure_when_finishing_is_not_required() -> None:
+    """A look at a cluster still at work (finish_required False) passes with its unfinished jobs
+    counted by state, jobs_finished reading ``running``; a safety count still fails it."""
+    states = {2: "running", 3: "pending", 4: "running", 5: "assigned"}
+    report = check(History(assignments=(), job_states=states), [], finish_required=False)
+    assert report.ok and report.unfinished_job_ids == (2, 3, 4, 5)
+    assert report.unfinished_states == {"pending": 1, "assigned": 1, "running": 2}
+    rows = {name: (value, verdict) for name, value, verdict in report_rows(report)}
+    assert rows["jobs_finished"] == ("0", "running")
+    assert rows["jobs_unfinished"] == ("4 (pending 1, assigned 1, running 2)", None)
+    assert report.to_json()["jobs_unfinished"] == {"pending": 1, "assigned": 1, "running": 2}
+    assert report.to_json()["ok"] is True
+    dead = History(assignments=(), deaths=CLEAN.deaths, job_states=states)
+    assert not check(dead, [], faults=[], finish_required=False).ok
 
 
 def test_logs_with_a_torn_last_line_are_read(tmp_path: Path) -> None:
