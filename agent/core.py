@@ -56,9 +56,11 @@ is no module-level state). Its pieces:
   really ended, also at shutdown;
 - a leave at a clean stop (SIGTERM, SIGINT): once every job has ended, the agent tells a
   control plane that its incarnation left (the worker's row becomes ``left``, and the leader
-  requeues its jobs at once instead of declaring it dead after ``dead_after``). A leave that
-  gets no answer within ``leave_timeout_s`` changes nothing: the worker is then declared dead,
-  as a killed one is. A left worker started again registers a new incarnation as usual.
+  requeues its jobs at once instead of declaring it dead after ``dead_after``). Attempts no
+  control plane answered are tried again, and the workers of a fleet take turns, so a stop of
+  many workers at once leaves every one of them; a leave not recorded within
+  ``leave_timeout_s`` changes nothing: the worker is then declared dead, as a killed one is. A
+  left worker started again registers a new incarnation as usual.
 
 The fence deadline is final. An agent that finds it passed (it was frozen or stalled past
 it; its fence watcher may not even have run yet) pauses (or, past the kill deadline,
@@ -100,7 +102,9 @@ live or fenced); what stands alone is in :mod:`agent.fence` and :mod:`agent.runn
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import time
 import uuid
 from collections.abc import Iterable
@@ -135,6 +139,7 @@ from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
 from agent.starts import StartLimiter
 from runtime import log, metrics
+from runtime.backoff import FullJitterBackoff
 from runtime.errors import FailedPrecondition, PermissionDenied, StockadeError, TemporaryError
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
@@ -142,6 +147,19 @@ from runtime.settings import AgentSettings
 
 _LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
+
+LEAVE_BACKOFF = FullJitterBackoff(base_s=0.1, cap_s=1.0)
+"""The waits between attempts of a leave no control plane answered (:meth:`Agent._leave`):
+jittered, so the workers of a fleet that failed together do not come back together."""
+
+
+@attrs.define
+class _LeaveResult:
+    """How a leave went: the answer (None: none came), the attempts made, the last error."""
+
+    error: str
+    answer: LeaveAnswer | None = None
+    attempts: int = 0
 
 
 class Agent:
@@ -153,6 +171,8 @@ class Agent:
             in production, a scripted stand-in in tests).
         start_limiter: the process's start slots (shared by the agents of a fleet); None: a
             limiter of its own with ``settings.max_concurrent_starts`` slots.
+        leave_turns: the process's turns for leave attempts (shared by the agents of a fleet,
+            :meth:`_leave`); None: a limiter of its own with ``settings.max_concurrent_leaves``.
         runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
             the calling (trio) thread, for tests. :func:`agent.main.run_agent` passes one
             bound to the process's spawner thread.
@@ -168,6 +188,7 @@ class Agent:
         control_plane: ControlPlane,
         *,
         start_limiter: StartLimiter | None = None,
+        leave_turns: trio.CapacityLimiter | None = None,
         runner: JobRunner | None = None,
         run_as: RunAs | None = None,
         resources: JobResources | None = None,
@@ -195,6 +216,7 @@ class Agent:
         self._registrations = 0
         """Registrations begun in this run (the number of the current one)."""
         self._unacked: list[Outcome] = []
+        self._leave_turns = leave_turns or trio.CapacityLimiter(settings.max_concurrent_leaves)
         self._jobs = RunningJobs(
             settings=settings,
             joblog=self.joblog,
@@ -445,8 +467,17 @@ class Agent:
         A control plane that records it makes the worker's row ``left``: it is never declared
         dead, and the leader ends its assignments as stopped and requeues their jobs at once.
         The request names this incarnation and this agent run (a late or foreign leave changes
-        nothing there) and carries the outcomes no reply has acknowledged. It waits at most
-        ``leave_timeout_s``; a leave that does not get through (or changes nothing) leaves
+        nothing there) and carries the outcomes no reply has acknowledged.
+
+        A stop of many workers at once (a fleet, ``stockade down``, an ``up`` that shrinks the
+        cluster) sends many leaves at once to control planes that are busy too. So each attempt
+        takes one of the process's leave turns (``max_concurrent_leaves``, shared by a fleet's
+        workers, held for the attempt only, not while waiting to try again); an attempt is one
+        hedged call of at most ``heartbeat_timeout_s * (control planes + 1)``; one that no
+        replica answered (unreachable, busy, no database, too slow) is tried again after a
+        capped, jittered backoff, until ``leave_timeout_s`` after the first attempt began. A
+        copy of a leave that was applied is answered ``left`` again, so a retry is safe. A
+        leave that does not get through in that time (or is answered with a refusal) leaves
         the existing path in charge: the worker is declared dead ``dead_after`` after its last
         heartbeat, which is safe, since it runs nothing. Either way a ``leave`` line records
         the clean stop, at ``stopping_since`` (trio time: when heartbeats stopped), for the
@@ -461,20 +492,14 @@ class Agent:
             # run() calls this only after the job nursery has closed; a bug otherwise.
             self._logger.error("not leaving: jobs are still running", jobs=self._jobs.ids())
             return
-        timeout_s = self.settings.leave_timeout_s
         request = Leave(
             worker_id=self.worker_id,
             incarnation=incarnation,
             agent_run_id=self._run_id,
             finished=tuple(self._unacked),
         )
-        answer: LeaveAnswer | None = None
-        error = f"no control plane answered within {timeout_s:g} s"
-        with trio.move_on_after(timeout_s):
-            try:
-                answer = await self._cp.leave(request, deadline_s=timeout_s)
-            except StockadeError as exc:
-                error = str(exc)
+        result = await self._send_leave(request)
+        answer = result.answer
         left = answer is not None and answer.left
         if answer is not None:
             self._admission.observe_epoch(answer.epoch)
@@ -487,13 +512,50 @@ class Agent:
             left=left,
         )
         if left:
-            self._logger.info("left the cluster", incarnation=incarnation, outcomes=len(request.finished))
+            self._logger.info(
+                "left the cluster",
+                incarnation=incarnation,
+                outcomes=len(request.finished),
+                attempts=result.attempts,
+            )
         else:
             self._logger.warning(
                 "leave not recorded: the control planes will declare this worker dead",
                 incarnation=incarnation,
-                error=error if answer is None else answer.detail,
+                attempts=result.attempts,
+                error=result.error if answer is None else answer.detail,
             )
+
+    async def _send_leave(self, request: Leave) -> _LeaveResult:
+        """Send ``request`` until a control plane answers it, for at most ``leave_timeout_s``
+        from the first attempt (see :meth:`_leave`); never raises a StockadeError."""
+        settings = self.settings
+        attempt_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
+        result = _LeaveResult(error=f"no control plane answered within {settings.leave_timeout_s:g} s")
+        rng = random.Random()
+        deadline = math.inf
+        while True:
+            async with self._leave_turns:
+                if result.attempts == 0:
+                    deadline = trio.current_time() + settings.leave_timeout_s
+                timeout_s = min(deadline - trio.current_time(), attempt_s)
+                if timeout_s <= 0:
+                    return result
+                result.attempts += 1
+                result.error = f"no control plane answered within {timeout_s:g} s"
+                with trio.move_on_after(timeout_s):
+                    try:
+                        result.answer = await self._cp.leave(request, deadline_s=timeout_s)
+                        return result
+                    except TemporaryError as exc:  # unreachable, busy, no database: try again
+                        result.error = str(exc)
+                    except StockadeError as exc:  # refused for good (a field out of range)
+                        result.error = str(exc)
+                        return result
+            wait_s = LEAVE_BACKOFF.delay_s(result.attempts - 1, rng)
+            if trio.current_time() + wait_s >= deadline:
+                return result
+            await trio.sleep(wait_s)
 
     # ------------------------------------------------------------------ registration
 

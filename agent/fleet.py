@@ -307,6 +307,7 @@ def fleet_settings(
 async def _host(
     settings: AgentSettings,
     start_limiter: StartLimiter,
+    leave_turns: trio.CapacityLimiter,
     spawner: Spawner,
     *,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
@@ -316,7 +317,13 @@ async def _host(
     # agent's tasks (and the tasks they start) and no other worker's.
     log.bind(worker_id=settings.worker_id)
     try:
-        await run_agent(settings, start_limiter=start_limiter, spawner=spawner, task_status=task_status)
+        await run_agent(
+            settings,
+            start_limiter=start_limiter,
+            leave_turns=leave_turns,
+            spawner=spawner,
+            task_status=task_status,
+        )
     except Exception as exc:  # an ExceptionGroup too; Cancelled is a BaseException and passes
         raise WorkerFailed(settings.worker_id, exc) from exc
 
@@ -338,8 +345,11 @@ async def run_fleet(
     and logs each stop with reason ``shutdown``, as a lone agent does.
 
     The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
-    their settings; :func:`fleet_settings` gives them all the same) and its one spawner
-    thread, which ends only after every agent has stopped its jobs (see :mod:`agent.starts`).
+    their settings; :func:`fleet_settings` gives them all the same), its turns for leave
+    attempts at a clean stop (the smallest ``max_concurrent_leaves``: every worker leaves,
+    a few at a time, retrying what no control plane answered; :meth:`agent.core.Agent._leave`)
+    and its one spawner thread, which ends only after every agent has stopped its jobs (see
+    :mod:`agent.starts`).
 
     Args:
         workers: one settings object per worker.
@@ -355,13 +365,14 @@ async def run_fleet(
         spread_s = max((w.heartbeat_interval_s for w in workers), default=0.0)
     step_s = spread_s / len(workers) if workers else 0.0
     start_limiter = StartLimiter(min((w.max_concurrent_starts for w in workers), default=1))
+    leave_turns = trio.CapacityLimiter(min((w.max_concurrent_leaves for w in workers), default=1))
     with Spawner() as spawner:
         async with trio.open_nursery() as nursery:
             began = trio.current_time()
             agents = []
             for index, settings in enumerate(workers):
                 await trio.sleep_until(began + index * step_s)
-                agents.append(await nursery.start(_host, settings, start_limiter, spawner))
+                agents.append(await nursery.start(_host, settings, start_limiter, leave_turns, spawner))
             logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
             task_status.started(agents)
 

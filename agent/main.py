@@ -75,6 +75,7 @@ async def run_agent(
     *,
     control_plane: ControlPlane | None = None,
     start_limiter: StartLimiter | None = None,
+    leave_turns: trio.CapacityLimiter | None = None,
     spawner: Spawner | None = None,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -93,6 +94,8 @@ async def run_agent(
             hedged after ``heartbeat_timeout_s``.
         start_limiter: the process's start slots; None: one of its own
             (``settings.max_concurrent_starts``).
+        leave_turns: the process's turns for leave attempts at a clean stop; None: its own
+            (``settings.max_concurrent_leaves``).
         spawner: the process's spawner thread (running); None: one of its own, for as long
             as this agent runs.
 
@@ -137,6 +140,7 @@ async def run_agent(
                 settings,
                 control_plane,
                 start_limiter=start_limiter,
+                leave_turns=leave_turns,
                 runner=job_runner(spawner or own_spawner),
                 run_as=run_as,
                 resources=resources,

@@ -92,6 +92,9 @@ DEFAULT_WIRE_WORK_BURST_S = 0.01
 DEFAULT_SELF_FENCE_AFTER_S = 1.5
 """The default of ``AgentSettings.self_fence_after_s`` (see there)."""
 
+DEFAULT_LEAVE_TIMEOUT_S = 10.0
+"""The default of ``AgentSettings.leave_timeout_s`` (see there)."""
+
 DEFAULT_DB_OUTAGE_GRACE_S = 45.0
 """The default of ``AgentSettings.db_outage_grace_s``: longer than a Patroni failover (its
 leader key's ttl is at least 20 s, and a promotion takes 20-30 s), so a failover kills no job."""
@@ -753,9 +756,15 @@ class AgentSettings:
     after it would come too late to keep the jobs), in seconds."""
     register_retry_s: float = attrs.field(default=0.5, validator=_positive)
     """Pause between registration attempts while no control plane answers, in seconds."""
-    leave_timeout_s: float = attrs.field(default=1.0, validator=_positive)
-    """How long a clean stop waits for a control plane to record that the worker left, once
-    every job has ended; past it the worker is declared dead after dead_after_s instead."""
+    leave_timeout_s: float = attrs.field(default=DEFAULT_LEAVE_TIMEOUT_S, validator=_positive)
+    """How long a clean stop keeps trying to have a control plane record that the worker left,
+    from its first attempt once every job has ended (attempts no replica answered are tried
+    again after a jittered backoff), in seconds; past it the worker is declared dead after
+    dead_after_s instead. A launcher waits this long and more before it SIGKILLs an agent."""
+    max_concurrent_leaves: int = attrs.field(default=4, validator=_positive)
+    """Most leave attempts in flight at once in this process: the workers of a fleet stopping
+    together take turns, so their leaves do not reach the control planes all in one instant.
+    One limit per process, shared by every worker of a fleet."""
     max_concurrent_starts: int = attrs.field(default=2, validator=_positive)
     """Most command jobs *starting* at once in this process (from the fork of a job's reaper
     until the reaper has exec'd the job, or ended): the rest wait for a start slot, holding

@@ -91,6 +91,8 @@ def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
     if result.removed:
         stopped = f" (stopped {' '.join(result.stopped)})" if result.stopped else ""
         console().print(f"removed   {' '.join(result.removed)}{stopped}")
+    if result.killed:
+        console().print(f"killed    {_killed(result.killed, result.stop_deadlines_s)}")
     if result.config.docker is not None:
         database = (
             f"PostgreSQL in a container on {result.config.docker.network} ({result.config.docker.subnet})"
@@ -126,6 +128,16 @@ def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
             else "open one with `stockade console` (it prints each URL with a login token)"
         )
         console().print(f"console   {' '.join(consoles.values())}: {login}")
+
+
+def _killed(killed: tuple[str, ...], deadlines_s: dict[str, float]) -> str:
+    """The processes SIGKILLed at their stop deadline, each with its deadline, and what that
+    means for their workers."""
+    each = ", ".join(f"{p} ({deadlines_s[p]:g} s)" if p in deadlines_s else p for p in killed)
+    return (
+        f"{each}: still running that long after SIGTERM; workers of these that had not left "
+        "will be declared dead"
+    )
 
 
 def _ha_roles(cluster: LocalCluster) -> str:
@@ -388,8 +400,13 @@ def _record(cluster: LocalCluster | DockerCluster) -> None:
 
 @app.command("down")
 def down() -> None:
-    """Stop every process of the local cluster (SIGTERM, SIGKILL after 10 s) and the embedded
-    database, and remove the cluster from the user config when `up` recorded it there."""
+    """Stop every process of the local cluster and the embedded database, and remove the
+    cluster from the user config when `up` recorded it there.
+
+    The workers' processes go first: each gets SIGTERM, stops its jobs and tells a control
+    plane that its workers left, and is SIGKILLed only when still running past its deadline
+    (its --leave-timeout-s + 10 s + 0.5 s per worker it hosts); then the control planes
+    (SIGKILL after 10 s)."""
     from ops.cluster import LocalCluster, cluster_at
 
     with errors():
@@ -399,7 +416,7 @@ def down() -> None:
     if report.terminated:
         console().print("stopped " + " ".join(report.terminated))
     if report.killed:
-        console().print("killed (no exit 10 s after SIGTERM) " + " ".join(report.killed))
+        console().print("killed " + _killed(report.killed, report.stop_deadlines_s))
     if report.stragglers:
         console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
     if report.database_stopped:

@@ -499,8 +499,9 @@ RestartHoldOption = Annotated[
 LeaveTimeoutOption = Annotated[
     float,
     typer.Option(
-        help="At a clean stop, once every job has ended, wait this long for a control plane to record "
-        "that the worker left, seconds (past it the worker is declared dead after dead_after instead)."
+        help="At a clean stop, once every job has ended, keep trying this long to have a control plane "
+        "record that the worker left, seconds (past it the worker is declared dead after dead_after "
+        "instead)."
     ),
 ]
 JsonLogsOption = Annotated[bool, typer.Option(help="Log JSON lines instead of console lines.")]
@@ -509,6 +510,13 @@ MaxConcurrentStartsOption = Annotated[
     typer.Option(
         help="Most command jobs of this process starting at once (from their reaper's fork until the "
         "job has exec'd); the others wait, holding their capacity."
+    ),
+]
+MaxConcurrentLeavesOption = Annotated[
+    int,
+    typer.Option(
+        help="At a clean stop, most of this process's workers asking a control plane to record their "
+        "leave at once (a fleet's workers take turns)."
     ),
 ]
 JobNiceOption = Annotated[
@@ -608,6 +616,7 @@ def agent(
     restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    max_concurrent_leaves: MaxConcurrentLeavesOption = _agent_int_default("max_concurrent_leaves"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     job_oom_score_adj: JobOomScoreAdjOption = _agent_int_default("job_oom_score_adj"),
     job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
@@ -669,6 +678,7 @@ def agent(
             restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
+            max_concurrent_leaves=max_concurrent_leaves,
             job_nice=job_nice,
             job_oom_score_adj=job_oom_score_adj,
             job_pids_max=job_pids_max,
@@ -716,6 +726,7 @@ def fleet(
     restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
+    max_concurrent_leaves: MaxConcurrentLeavesOption = _agent_int_default("max_concurrent_leaves"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
     job_oom_score_adj: JobOomScoreAdjOption = _agent_int_default("job_oom_score_adj"),
     job_pids_max: JobPidsMaxOption = _agent_int_default("job_pids_max"),
@@ -759,6 +770,7 @@ def fleet(
             restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
             max_concurrent_starts=max_concurrent_starts,
+            max_concurrent_leaves=max_concurrent_leaves,
             job_nice=job_nice,
             job_oom_score_adj=job_oom_score_adj,
             job_pids_max=job_pids_max,

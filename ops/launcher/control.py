@@ -54,8 +54,10 @@ __all__ = ["READY_TIMEOUT_S", "STOP_TIMEOUT_S", "DownReport", "LocalCluster", "U
 READY_TIMEOUT_S = 60.0
 """How long ``up`` waits for a leader and every worker, in seconds."""
 
-STOP_TIMEOUT_S = 10.0
-"""How long ``down`` waits after SIGTERM before it sends SIGKILL, in seconds."""
+STOP_TIMEOUT_S = procs.CONTROL_PLANE_STOP_S
+"""How long a control plane (or a container, or a process killed on purpose) is waited for after
+SIGTERM before SIGKILL, in seconds; a worker's process has longer
+(:func:`ops.launcher.procs.stop_deadline_s`)."""
 
 _LOG_TAIL_LINES = 20
 _PORT_ATTEMPTS = 3
@@ -77,6 +79,11 @@ class UpResult:
     stopped: tuple[str, ...] = ()
     """Ids of the running processes this call stopped (SIGTERM) because the asked counts left
     them out."""
+    killed: tuple[str, ...] = ()
+    """Those of ``stopped`` that were still running at their deadline and were SIGKILLed (the
+    workers of one were not given the time to leave: they will be declared dead)."""
+    stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
+    """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
     removed: tuple[str, ...] = ()
     """Ids dropped from cluster.json: control planes, workers (also those in fleets) and fleets."""
 
@@ -98,6 +105,20 @@ class DownReport:
     removed: tuple[str, ...] = ()
     """A cluster in containers: every container removed (running or not, by process id) and
     then its network (by name)."""
+    stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
+    """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
+
+
+@attrs.define
+class Stopped:
+    """What stopping a group of processes did (:meth:`LocalCluster._stop`)."""
+
+    terminated: list[str] = attrs.field(factory=list)
+    """Ids that exited after SIGTERM."""
+    killed: list[str] = attrs.field(factory=list)
+    """Ids still running at their deadline, SIGKILLed."""
+    deadlines_s: dict[str, float] = attrs.field(factory=dict)
+    """Id -> its deadline, in seconds after SIGTERM."""
 
 
 @attrs.define
@@ -315,7 +336,7 @@ class LocalCluster:
         # record without them (the next up does not start them again; down still finds them by
         # the state folder in their environment).
         self.state.save(config)
-        self._stop(the_plan.stop)
+        stopped = self._stop(the_plan.stop, previous)
         for removed in the_plan.removed:
             self.state.pid_path(removed).unlink(missing_ok=True)
 
@@ -345,6 +366,8 @@ class LocalCluster:
             status=status,
             pids=self.pids(config),
             stopped=tuple(p.id for p in the_plan.stop),
+            killed=tuple(stopped.killed),
+            stop_deadlines_s=stopped.deadlines_s,
             removed=the_plan.removed,
         )
 
@@ -368,18 +391,34 @@ class LocalCluster:
         except StockadeError as exc:
             raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 
-    def _stop(self, specs: Sequence[ProcessSpec], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    def _stop(
+        self, specs: Sequence[ProcessSpec], config: ClusterConfig | None, timeout_s: float | None = None
+    ) -> Stopped:
         """SIGTERM the running processes of ``specs``, the workers' processes first and then the
-        control planes, each group SIGKILLed after ``timeout_s``."""
+        control planes (once every worker has left), each SIGKILLed when still running past its
+        deadline: ``timeout_s``, or None for its own (:func:`ops.launcher.procs.stop_deadline_s`,
+        from the workers ``config`` records in it)."""
+        stopped = Stopped()
         for kinds in (("agent", "fleet"), ("cp",)):
             group = {
                 spec.id: process
                 for spec in specs
                 if spec.kind in kinds and (process := self.live_process(spec)) is not None
             }
-            procs.terminate(group, timeout_s)
+            deadlines = {
+                spec.id: timeout_s
+                if timeout_s is not None
+                else procs.stop_deadline_s(spec, len(config.workers_in(spec.id)) if config is not None else 1)
+                for spec in specs
+                if spec.id in group
+            }
+            killed = procs.terminate(group, deadlines)
             for process_id in group:
                 self._reap(process_id)
+            stopped.terminated.extend(i for i in group if i not in killed)
+            stopped.killed.extend(killed)
+            stopped.deadlines_s.update(deadlines)
+        return stopped
 
     def _start_database(
         self, previous: ClusterConfig | None, live_before: dict[str, int]
@@ -587,13 +626,15 @@ class LocalCluster:
                 self._children[process_id].wait(timeout=STOP_TIMEOUT_S)
         return process.pid
 
-    def down(self, *, timeout_s: float = STOP_TIMEOUT_S) -> DownReport:
-        """SIGTERM every process, SIGKILL those still alive after ``timeout_s``, stop the database.
+    def down(self, *, timeout_s: float | None = None) -> DownReport:
+        """SIGTERM every process, SIGKILL each still alive past its deadline, stop the database.
 
         The workers' processes (agents, fleets) go first, and the control planes only once
         those have exited: a worker stopped cleanly stops its jobs and then tells a control
-        plane that it left, so the cluster does not count it as dead later. Each group gets
-        ``timeout_s``. Safe when nothing runs. Afterwards no process carrying this state
+        plane that it left, so the cluster does not count it as dead later. A process's
+        deadline is ``timeout_s`` seconds after its SIGTERM, or with None its own
+        (:func:`ops.launcher.procs.stop_deadline_s`: longer for a fleet of many workers, whose
+        leaves take turns). Safe when nothing runs. Afterwards no process carrying this state
         folder's marker is left (checked with psutil), and no job supervisor of its workers
         (the reapers of a killed agent outlive it until its fence deadlines: they are killed).
 
@@ -605,21 +646,9 @@ class LocalCluster:
         with self.state.locked():
             return self._down(timeout_s=timeout_s)
 
-    def _down(self, *, timeout_s: float) -> DownReport:
+    def _down(self, *, timeout_s: float | None) -> DownReport:
         config = self.state.load()
-        workers: dict[str, psutil.Process] = {}
-        control_planes: dict[str, psutil.Process] = {}
-        if config is not None:
-            for spec in config.processes:
-                process = self.live_process(spec)
-                if process is not None:
-                    (control_planes if spec.kind == "cp" else workers)[spec.id] = process
-        running = {**workers, **control_planes}
-        killed: list[str] = []
-        for group in (workers, control_planes):
-            killed += procs.terminate(group, timeout_s)
-        for process_id in running:
-            self._reap(process_id)
+        stopped = self._stop(config.processes if config is not None else (), config, timeout_s)
         ha_db_stopped: list[str] = []
         if self.state.hadb_dir.joinpath("hadb.json").exists():
             try:
@@ -649,11 +678,12 @@ class LocalCluster:
                 + ", ".join(f"{p.pid} ({' '.join(procs.cmdline(p))})" for p in left)
             )
         return DownReport(
-            terminated=tuple(i for i in running if i not in killed),
-            killed=tuple(killed),
+            terminated=tuple(stopped.terminated),
+            killed=tuple(stopped.killed),
             stragglers=tuple(stragglers),
             database_stopped=database_stopped,
             ha_db_stopped=tuple(ha_db_stopped),
+            stop_deadlines_s=stopped.deadlines_s,
         )
 
     def _reap(self, process_id: str) -> None:

@@ -23,7 +23,8 @@ state folder's layout of :class:`ops.launcher.LocalCluster`, so ``status``, ``jo
 - **Processes.** ``docker-init`` is each container's process 1 (``init=True``): it forwards
   signals and reaps orphans (an agent's job reapers outlive nothing but still must be reaped).
   ``kill`` is ``docker kill`` (the whole container dies); a clean stop is ``docker stop``
-  (SIGTERM, SIGKILL after :data:`STOP_TIMEOUT_S`), workers first, so they leave cleanly.
+  (SIGTERM, SIGKILL past the process's deadline: :func:`ops.launcher.procs.stop_deadline_s`),
+  workers first, so they leave cleanly.
 
 Faults for the chaos harness: :meth:`pause` and :meth:`unpause` (the cgroup freezer stops the
 whole container, its jobs included), :meth:`disconnect` and :meth:`connect` (a real network
@@ -36,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ipaddress
+import math
 import signal
 import socket
 import time
@@ -50,6 +52,7 @@ from ops import rpc
 from ops.launcher import procs, ready
 from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
 from ops.launcher.plan import LaunchOptions, check_counts, plan
+from ops.launcher.procs import stop_deadline_s
 from ops.launcher.state import (
     DOCKER_MAX_WORKERS,
     ClusterConfig,
@@ -280,7 +283,7 @@ class DockerCluster:
         if cert_dir is not None:
             self._issue_certificates(config)
         self.state.save(config)
-        self._stop([p.id for p in the_plan.stop])
+        self._stop(the_plan.stop)
         self._remove([p for p in the_plan.removed])
         incarnations_before: dict[str, int] = {}
         if live_before:
@@ -644,10 +647,11 @@ class DockerCluster:
 
     # -- down ----------------------------------------------------------------------------
 
-    def down(self, *, timeout_s: float = STOP_TIMEOUT_S) -> DownReport:
+    def down(self, *, timeout_s: float | None = None) -> DownReport:
         """Stop every container of this folder (the workers first, then the control planes,
-        then the database: ``docker stop``, SIGKILL after ``timeout_s``), remove them and the
-        network. Safe when nothing runs.
+        then the database: ``docker stop``, SIGKILL after ``timeout_s``, or with None each
+        one's own deadline, :meth:`_stop_deadline_s`), remove them and the network. Safe when
+        nothing runs.
 
         Raises:
             ClusterError: no engine answers.
@@ -665,9 +669,15 @@ class DockerCluster:
                 groups.get(kind, groups["w"]).append(container)
             terminated: list[str] = []
             database_stopped = False
+
+            def deadline_s(container: Any) -> float:
+                if timeout_s is not None:
+                    return timeout_s
+                return self._stop_deadline_s(container.labels.get(PROCESS_LABEL, ""))
+
             for kind in ("w", "cp", "pg"):
                 running = [c for c in groups[kind] if c.status == "running"]
-                _in_parallel(lambda c: c.stop(timeout=int(timeout_s)), running)
+                _in_parallel(lambda c: c.stop(timeout=math.ceil(deadline_s(c))), running)
                 names = [c.labels[PROCESS_LABEL] for c in running]
                 if kind == "pg":
                     database_stopped = bool(names)
@@ -686,9 +696,24 @@ class DockerCluster:
             removed=tuple(removed),
         )
 
-    def _stop(self, process_ids: Iterable[str]) -> None:
-        containers = [c for p in process_ids if (c := self._container(p)) is not None]
-        _in_parallel(lambda c: c.stop(timeout=int(STOP_TIMEOUT_S)), containers)
+    def _stop(self, specs: Iterable[ProcessSpec]) -> None:
+        """``docker stop`` the containers of ``specs``, each given its deadline
+        (:meth:`_stop_deadline_s`)."""
+        containers = [(spec, c) for spec in specs if (c := self._container(spec.id)) is not None]
+        _in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
+
+    def _stop_deadline_s(self, process_id: str) -> float:
+        """How long ``docker stop`` gives ``process_id`` before SIGKILL: a worker's agent time to
+        leave (:func:`ops.launcher.procs.stop_deadline_s`), anything else
+        :data:`STOP_TIMEOUT_S`."""
+        config = self.state.load()
+        if config is None:
+            return STOP_TIMEOUT_S
+        try:
+            spec = config.process(process_id)
+        except ClusterError:
+            return STOP_TIMEOUT_S
+        return stop_deadline_s(spec, 1)
 
     def _remove(self, process_ids: Iterable[str]) -> None:
         containers = [c for p in process_ids if (c := self._container(p)) is not None]

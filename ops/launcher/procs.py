@@ -8,6 +8,7 @@ import itertools
 import os
 import signal
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import psutil
 
 from agent.adoption import supervisor_of
 from agent.fence import FENCE_DEADLINE_FILE
-from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec
+from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec, option_value
+from runtime.settings import DEFAULT_LEAVE_TIMEOUT_S
 from runtime.text import tail_lines
 
 
@@ -39,18 +41,55 @@ def cmdline(process: psutil.Process) -> list[str]:
         return ["?"]
 
 
-def terminate(group: Mapping[str, psutil.Process], timeout_s: float) -> list[str]:
-    """SIGTERM every process of ``group`` (id -> process), SIGKILL those still alive after
-    ``timeout_s`` seconds; returns the ids that needed SIGKILL."""
+CONTROL_PLANE_STOP_S = 10.0
+"""How long a control plane has from SIGTERM to exit (it hands its lease on) before SIGKILL."""
+WORKER_STOP_SLACK_S = 10.0
+"""What a worker's process has from SIGTERM beyond its leave budget: its jobs' stop (SIGTERM,
+SIGKILL after the agent's stop_grace_s) and its exit, on a loaded machine, in seconds."""
+PER_WORKER_STOP_S = 0.5
+"""What a worker's process has from SIGTERM per worker it hosts, in seconds: a fleet's workers
+take turns to leave (``max_concurrent_leaves`` at a time), so many take longer than one."""
+
+
+def stop_deadline_s(spec: ProcessSpec, workers: int) -> float:
+    """How long the process of ``spec`` may take from SIGTERM to exit before it is SIGKILLed,
+    in seconds: :data:`CONTROL_PLANE_STOP_S` for a control plane; for a worker's process (an
+    agent hosts one worker, a fleet ``workers``) its leave budget (its ``--leave-timeout-s``,
+    else the agent's default) plus :data:`WORKER_STOP_SLACK_S` plus :data:`PER_WORKER_STOP_S`
+    per worker. A worker stopped on purpose stops its jobs and then tells a control plane that
+    it left; killed before that, it would be declared dead instead."""
+    if spec.kind == "cp":
+        return CONTROL_PLANE_STOP_S
+    leave_s = DEFAULT_LEAVE_TIMEOUT_S
+    given = option_value(spec.args, "--leave-timeout-s")
+    if given is not None:
+        with contextlib.suppress(ValueError):
+            leave_s = float(given)
+    return leave_s + WORKER_STOP_SLACK_S + PER_WORKER_STOP_S * max(1, workers)
+
+
+def terminate(group: Mapping[str, psutil.Process], deadlines_s: Mapping[str, float]) -> list[str]:
+    """SIGTERM every process of ``group`` (id -> process), then SIGKILL each one still alive
+    ``deadlines_s[id]`` seconds after; returns the ids that needed SIGKILL."""
     for process in group.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             process.terminate()
-    _, alive = psutil.wait_procs(list(group.values()), timeout=timeout_s)
-    killed = [process_id for process_id, p in group.items() if p in alive]
-    for process in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5.0)
+    began = time.monotonic()
+    alive = dict(group)
+    killed: list[str] = []
+    while alive:
+        elapsed_s = time.monotonic() - began
+        for process_id in [i for i in alive if deadlines_s[i] <= elapsed_s]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive[process_id].kill()
+            killed.append(process_id)
+            del alive[process_id]
+        if not alive:
+            break
+        next_s = min(deadlines_s[i] for i in alive) - elapsed_s
+        _, still = psutil.wait_procs(list(alive.values()), timeout=max(0.0, next_s))
+        alive = {i: p for i, p in alive.items() if p in still}
+    psutil.wait_procs([group[i] for i in killed], timeout=5.0)
     return killed
 
 

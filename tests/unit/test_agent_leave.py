@@ -7,6 +7,7 @@ scripted runner that takes ``STOP_S`` to stop (a command's SIGTERM grace), so th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ import trio
 import trio.testing
 from test_agent_heartbeat import ScriptedControlPlane, agent_settings, assign, sleep_job
 
-from agent.core import Agent
+from agent.core import LEAVE_BACKOFF, Agent
 from agent.joblog import read_log
 from agent.messages import JobState, Leave, LeaveAnswer
 from agent.runtimes import JobResult
+from runtime.errors import Busy
 from runtime.jobs import JobRuntime, SleepRuntime
 from runtime.os_users import RunAs
 
@@ -181,3 +183,100 @@ async def test_a_leave_that_does_not_get_through_is_logged_as_not_left(
     assert ended_at - cancelled_at == pytest.approx(ended_after_s)
     leave_line = log_events(tmp_path)[-1]
     assert (leave_line["event"], leave_line["left"], leave_line["incarnation"]) == ("leave", False, 1)
+
+
+@attrs.define
+class RefusesFirst(LeaveProbe):
+    """Answers a leave only after refusing the first ``refusals`` attempts at once, as a
+    replica that is busy or has no database connection does (``None``: refuses every one)."""
+
+    refusals: int | None = 0
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        if self.refusals is None or len(self.leaves) < self.refusals:
+            self.leaves.append((trio.current_time(), request))
+            raise Busy("busy: cp-1 had no database connection within 5 s, try another replica")
+        return await super().leave(request, deadline_s=deadline_s)
+
+
+async def test_a_leave_refused_as_busy_is_tried_again_until_it_is_recorded(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A leave the control planes refuse three times (busy) is sent again after a growing,
+    jittered wait each time, and the fourth attempt is recorded: the leave line says left."""
+    cp = RefusesFirst(refusals=3)
+
+    async def nothing(agent: Agent) -> None:
+        pass
+
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, nothing, leave_timeout_s=10.0)
+    times = [t - cancelled_at for t, _ in cp.leaves]
+    assert len(times) == 4
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(0 <= gap <= LEAVE_BACKOFF.ceiling_s(n) for n, gap in enumerate(gaps))
+    assert ended_at - cancelled_at == pytest.approx(times[-1])
+    leave_line = log_events(tmp_path)[-1]
+    assert (leave_line["event"], leave_line["left"]) == ("leave", True)
+
+
+async def test_a_leave_refused_every_time_is_given_up_at_leave_timeout(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A leave refused at every attempt is tried again until leave_timeout_s after its first
+    attempt, not after it, and the leave line then says it was not recorded."""
+    cp = RefusesFirst(refusals=None)
+
+    async def nothing(agent: Agent) -> None:
+        pass
+
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, nothing, leave_timeout_s=5.0)
+    first = cp.leaves[0][0]
+    assert len(cp.leaves) > 5
+    assert all(t - first < 5.0 for t, _ in cp.leaves)
+    assert first - cancelled_at == 0.0 and ended_at - first <= 5.0
+    leave_line = log_events(tmp_path)[-1]
+    assert (leave_line["event"], leave_line["left"]) == ("leave", False)
+
+
+@attrs.define
+class CountsInFlight(ScriptedControlPlane):
+    """Answers every leave after ``answer_delay_s``, noting how many were in flight at once."""
+
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await super().leave(request, deadline_s=deadline_s)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_workers_stopping_together_take_turns_and_every_one_leaves(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Twelve agents of one process sharing three leave turns, stopped at once while every
+    leave takes 0.5 s to answer, never have more than three leaves in flight and all twelve
+    leave, although twelve leaves in a row take longer than one leave_timeout_s."""
+    cp = CountsInFlight(answer_delay_s=0.5)
+    turns = trio.CapacityLimiter(3)
+    agents = [
+        Agent(
+            agent_settings(tmp_path / f"w-{i}", worker_id=f"w-{i}", leave_timeout_s=1.5),
+            cp,
+            runner=SlowToStop(),
+            leave_turns=turns,
+        )
+        for i in range(1, 13)
+    ]
+    async with trio.open_nursery() as nursery:
+        for agent in agents:
+            await nursery.start(agent.run, "127.0.0.1:9")
+        for agent in agents:
+            await agent.wait_registered()
+        nursery.cancel_scope.cancel()
+    assert len(cp.leaves) == 12 and cp.most_in_flight == 3
+    for agent in agents:
+        assert log_events(agent.work_dir)[-1]["left"] is True
