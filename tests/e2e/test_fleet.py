@@ -2,14 +2,18 @@
 
 Each worker in a fleet must behave like a lone agent: its own port and address, its own
 registrations and incarnations, its own agent.jsonl; and `down` must leave nothing behind.
+Stopped on purpose, 40 workers of two fleets at once, each must leave cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +186,91 @@ def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> N
     # Every worker of every fleet left on the way down: none will be declared dead.
     states = _fetch(config.database_url, "SELECT id, state FROM workers")
     assert {r["id"]: r["state"] for r in states} == {w.id: "left" for w in config.workers}
+
+
+STOPPED_FLEETS = 2
+STOPPED_FLEET_SIZE = 20
+STOPPED_WORKERS = STOPPED_FLEETS * STOPPED_FLEET_SIZE
+CPU_BURNERS = 2
+LONG_MS = 600_000
+"""Jobs run this long: still running when their workers are stopped."""
+
+
+@contextlib.contextmanager
+def cpu_burners(count: int) -> Iterator[None]:
+    """``count`` processes that each keep a core busy, for as long as the block runs."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def _submit_running(addresses: list[str], tls: TlsFiles | None) -> list[int]:
+    """Submit a sleep job for every worker and a command job for every fourth, each running long
+    past the test."""
+    specs = [
+        pb.JobSpec(
+            name=f"leave-{i}", cpu_millis=500, memory_mb=64, sleep=pb.SleepRuntime(duration_ms=LONG_MS)
+        )
+        for i in range(STOPPED_WORKERS)
+    ] + [
+        pb.JobSpec(
+            name=f"leave-cmd-{i}",
+            cpu_millis=500,
+            memory_mb=64,
+            command=pb.CommandRuntime(argv=["sleep", str(LONG_MS // 1000)]),
+        )
+        for i in range(STOPPED_WORKERS // 4)
+    ]
+    reply = rpc.call(addresses, "submit_jobs", pb.SubmitJobsRequest(specs=specs), tls=tls)
+    return [int(job_id) for job_id in reply.job_ids]
+
+
+def test_every_worker_of_fleets_an_up_stops_together_leaves_cleanly(
+    tmp_path: Path, database_url: str
+) -> None:
+    """40 workers in 2 fleets of 20, running jobs, stopped together by `up --workers 0` beside two
+    CPU-burning processes: every one of the 40 logs a leave a control plane recorded (a
+    worker_leaves row for the incarnation it left, its row left), none is declared dead after
+    the stop began, and the launcher SIGKILLed neither fleet."""
+    cluster = LocalCluster(tmp_path / "stockade", database_url=database_url, fleet_size=STOPPED_FLEET_SIZE)
+    try:
+        ready = cluster.up(control_planes=3, workers=STOPPED_WORKERS, timeout_s=240)
+        config = ready.config
+        assert [f.id for f in config.fleets] == ["fleet-1", "fleet-2"]
+        addresses = config.control_plane_addresses
+        with cpu_burners(CPU_BURNERS):
+            job_ids = _submit_running(addresses, config.client_tls)
+            deadline = time.monotonic() + 120
+            while (
+                sum(1 for j in job_ids if _jobs(addresses, config.client_tls)[j].state == "running")
+                < len(job_ids) // 2
+            ):
+                assert time.monotonic() < deadline, "the jobs did not start"
+                time.sleep(0.5)
+            (stop_began,) = [r["now"] for r in _fetch(database_url, "SELECT now()")]
+            shrunk = cluster.up(workers=0, timeout_s=240)
+        assert sorted(shrunk.stopped) == ["fleet-1", "fleet-2"] and shrunk.killed == ()
+
+        left_as: dict[str, int] = {}
+        for worker in config.workers:
+            leaves = [
+                r
+                for r in _read_log(cluster.state.work_dir(worker.id) / "agent.jsonl")
+                if r["event"] == "leave"
+            ]
+            assert leaves and leaves[-1]["left"] is True, (worker.id, leaves)
+            left_as[worker.id] = leaves[-1]["incarnation"]
+        recorded = {
+            (r["worker_id"], r["incarnation"]) for r in _fetch(database_url, "SELECT * FROM worker_leaves")
+        }
+        assert set(left_as.items()) <= recorded
+        states = {r["id"]: r["state"] for r in _fetch(database_url, "SELECT id, state FROM workers")}
+        assert states == {w.id: "left" for w in config.workers}
+        deaths = _fetch(database_url, "SELECT worker_id, declared_at FROM worker_deaths")
+        assert [d["worker_id"] for d in deaths if d["declared_at"] >= stop_began] == []
+    finally:
+        cluster.down()
