@@ -67,6 +67,7 @@ __all__ = [
     "local_state_dirs",
     "parse_addresses",
     "record_local_cluster",
+    "recorded_local_cluster",
     "recorded_state_dir",
     "resolve_addresses",
     "resolve_client_tls",
@@ -222,6 +223,15 @@ def recorded_state_dir(config: dict[str, Any]) -> Path | None:
     table = config.get(LOCAL_TABLE)
     state_dir = table.get("state_dir") if isinstance(table, dict) else None
     return Path(state_dir) if isinstance(state_dir, str) and state_dir else None
+
+
+def recorded_local_cluster() -> Path | None:
+    """The state folder the user config's ``[local]`` table names, or None (also when the
+    config cannot be read)."""
+    try:
+        return recorded_state_dir(_load_user_config(user_config_path()))
+    except ClusterError:
+        return None
 
 
 def local_state_dirs() -> Iterator[Path]:

@@ -33,7 +33,14 @@ from ops.cli.common import (
     shown_path,
     warn_insecure,
 )
-from ops.config import STATE_DIR_ENV, ClusterError, forget_local_cluster, record_local_cluster
+from ops.config import (
+    STATE_DIR_ENV,
+    ClusterError,
+    forget_local_cluster,
+    record_local_cluster,
+    recorded_local_cluster,
+    user_config_path,
+)
 
 if TYPE_CHECKING:
     from ops.cluster import DockerCluster, LocalCluster, UpResult
@@ -260,9 +267,10 @@ def up(
     every control plane added a read-only web console on another (`stockade console` opens it).
 
     The cluster is also recorded in the user config (~/.config/stockade/config.toml, or
-    $STOCKADE_CONFIG), so client commands find it from any folder until `stockade down`.
-    Ctrl-C stops the waiting, not the processes already started: it says which run and how
-    to stop them.
+    $STOCKADE_CONFIG), so client commands find it from any folder until `stockade down`; it
+    is recorded before the first process (or the database) is started. Ctrl-C stops the
+    waiting, not the processes already started: it says which run and how to stop them, and
+    they stay findable from any folder.
     """
     from ops.cluster import DockerCluster, LocalCluster
 
@@ -291,20 +299,26 @@ def up(
         for args in process_args.values():
             if "--json-logs" not in args:
                 args.append("--json-logs")
+    state = local_state()
     cluster: LocalCluster | DockerCluster
     if docker:
         cluster = DockerCluster(
-            local_state(), agent_args=process_args["agent"], cp_args=process_args["cp"], insecure=insecure
+            state,
+            agent_args=process_args["agent"],
+            cp_args=process_args["cp"],
+            insecure=insecure,
+            on_start=lambda: _record_quietly(state.root),
         )
     else:
         cluster = LocalCluster(
-            local_state(),
+            state,
             fleet_size=fleet_size,
             agent_args=process_args["agent"],
             cp_args=process_args["cp"],
             insecure=insecure,
             ha_db=ha_db,
             ha_db_strict=ha_db_strict,
+            on_start=lambda: _record_quietly(state.root),
         )
     with (
         interruptible(lambda: _left_running(cluster)),
@@ -360,7 +374,8 @@ def _left_running(cluster: LocalCluster | DockerCluster) -> str:
             if running:
                 return (
                     f"the containers of {' '.join(running)} still run (the cluster may not be ready); "
-                    f"`{_down_command(cluster)}` removes them, `stockade up --docker` again waits for them"
+                    f"`{_down_command(cluster)}` removes them, `stockade up --docker` again waits for "
+                    f"them{_findable(cluster)}"
                 )
         return f"no container of {shown_path(cluster.state.root)} runs"
     with contextlib.suppress(ClusterError, HaDatabaseError):
@@ -379,9 +394,25 @@ def _left_running(cluster: LocalCluster | DockerCluster) -> str:
             return (
                 f"{what} of {shown_path(cluster.state.root)} still run in the background (the cluster "
                 f"may not be ready); `{_down_command(cluster)}` stops them, `stockade up` again "
-                "waits for them"
+                f"waits for them{_findable(cluster)}"
             )
     return f"nothing of {shown_path(cluster.state.root)} runs"
+
+
+def _findable(cluster: LocalCluster | DockerCluster) -> str:
+    """``; the user config X names it: ...`` when the user config records ``cluster``, else
+    nothing."""
+    if recorded_local_cluster() != cluster.state.root.absolute():
+        return ""
+    return f"; {shown_path(user_config_path())} names it: client commands find it from any folder"
+
+
+def _record_quietly(state_dir: Path) -> None:
+    """Record ``state_dir`` in the user config before ``up`` starts anything, so an ``up``
+    interrupted after that leaves its processes findable; a config that cannot be written is
+    said once ``up`` is done (:func:`_record`)."""
+    with contextlib.suppress(ClusterError):
+        record_local_cluster(state_dir)
 
 
 def _record(cluster: LocalCluster | DockerCluster) -> None:

@@ -166,6 +166,10 @@ class LocalCluster:
             ``synchronous_mode_strict`` (:class:`ops.hadb.HaSettings`): no commit is acknowledged
             while the primary is alone, so writes stall from a failover until the failed member
             rejoins.
+        on_start: called once per ``up``, just before it starts the first thing (the embedded
+            database, the HA pair, a process), whether or not the ``up`` then completes:
+            ``stockade up`` records the cluster in the user config there, so an ``up``
+            interrupted after that (Ctrl-C) leaves what it started findable from any folder.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -183,6 +187,8 @@ class LocalCluster:
     database_bin_path: Path | None = None
     ha_db: bool = False
     ha_db_strict: bool = False
+    on_start: Callable[[], None] | None = None
+    _starting_told: bool = attrs.field(default=False, init=False)
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -289,6 +295,7 @@ class LocalCluster:
             return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
 
     def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
+        self._starting_told = False
         self.state.create()
         previous = self.state.load()
         if previous is not None and previous.docker is not None:
@@ -349,6 +356,7 @@ class LocalCluster:
         started_at: dict[str, float] = {}
         for spec in config.processes:
             if self.live_process(spec) is None:
+                self._starting()
                 started_at[spec.id] = time.time()
                 self._start(spec, config)
                 started.append(spec.id)
@@ -444,6 +452,8 @@ class LocalCluster:
             port = recorded_port or free_port()
             server = self.embedded_database(port)
             was_running = server.is_running()
+            if not was_running:
+                self._starting()
             try:
                 url = server.start()
             except PostgresStartError as exc:
@@ -470,6 +480,8 @@ class LocalCluster:
             )
         ha = self.ha_database()
         was_running = ha.is_running()
+        if not was_running:
+            self._starting()
         try:
             return ha.start(), None, not was_running
         except HaUnavailable:
@@ -492,6 +504,12 @@ class LocalCluster:
             tls=self.database_tls,
             bin_path=self.database_bin_path or POSTGRES_BIN_PATH,
         )
+
+    def _starting(self) -> None:
+        """Tell :attr:`on_start`, once per ``up``, that something is about to be started."""
+        if self.on_start is not None and not self._starting_told:
+            self._starting_told = True
+            self.on_start()
 
     def _start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
         """Start ``spec`` in its own session, output appended to its log, pid file written.

@@ -125,6 +125,8 @@ class DockerCluster:
             its fault points with it); None: nothing added.
         extra_binds: process id -> folders of the state folder its container also gets
             read-write, at the same path (created when missing).
+        on_start: called once per ``up``, just before it starts the first container, as
+            :class:`ops.launcher.LocalCluster`'s.
     """
 
     state: StateDir
@@ -135,6 +137,8 @@ class DockerCluster:
     image: str | None = None
     extra_env: Callable[[str], dict[str, str]] | None = None
     extra_binds: Callable[[str], Sequence[Path]] | None = None
+    on_start: Callable[[], None] | None = None
+    _starting_told: bool = attrs.field(default=False, init=False)
     _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
 
     # -- the engine ----------------------------------------------------------------------
@@ -229,6 +233,7 @@ class DockerCluster:
             return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
 
     def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
+        self._starting_told = False
         self.state.create()
         previous = self.state.load()
         if previous is not None and previous.docker is None:
@@ -486,6 +491,9 @@ class DockerCluster:
     ) -> None:
         """(Re)make the container of ``process_id`` running ``stockade COMMAND`` at its
         address, its output appended to its log, and start it."""
+        if self.on_start is not None and not self._starting_told:
+            self._starting_told = True
+            self.on_start()
         old = self._container(process_id)
         if old is not None:
             old.remove(force=True)
