@@ -278,6 +278,12 @@ def parse_array(text: str, *, field: str = "array") -> ArrayRange:
     return ArrayRange(first_index=first, last_index=last, max_running=int(found[3] or 0)).check()
 
 
+def task_name(name: str, array_index: int | None) -> str:
+    """How a job is named to people: an array's task as ``name[index]`` (its siblings share the
+    name, ``sh[3]``), any other job as ``name``. ``array_index`` None: not an array's task."""
+    return name if array_index is None else f"{name}[{array_index}]"
+
+
 def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     items = value.items() if isinstance(value, Mapping) else value
     return tuple(sorted((str(k), str(v)) for k, v in items))

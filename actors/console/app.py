@@ -2,10 +2,11 @@
 
 Every page is two requests. The page itself (``/``, ``/workers``, ``/jobs/7`` ...) is a shell
 that holds no data and needs no login: a browser's navigation cannot carry an
-``Authorization`` header. Its script then fetches the page's *part* (``/part/jobs/7``) every
-``refresh_interval_s`` with the login token as ``Authorization: Bearer`` and puts the HTML it
-gets in place; every part is read from the database when asked for, so a page is never older
-than one refresh. A part answers:
+``Authorization`` header. Its script then fetches the page's *part* (``/part/jobs/7``) with the
+login token as ``Authorization: Bearer`` and puts the HTML it gets in place: once before the
+page's first paint (the script ends the shell and makes that one request synchronously, so no
+placeholder is ever painted), then every ``refresh_interval_s``; every part is read from the
+database when asked for, so a page is never older than one refresh. A part answers:
 
 - 200 with the page's content;
 - 401 without a valid token (the message says why, and how to get one: ``stockade console``);
@@ -169,6 +170,7 @@ class ConsoleApp:
         )
         self._env.filters["duration"] = views.duration
         self._env.filters["clock"] = views.clock
+        self._env.filters["job_name"] = views.job_name
         for name in self._env.list_templates():
             self._env.get_template(name)  # compiled now, not on a page's first request
         folder = importlib.resources.files("actors.console") / "static"
@@ -445,41 +447,48 @@ class ConsoleApp:
         self, job_id: int, runtime: str, source_row: Any
     ) -> tuple[list[tuple[str, str]], str]:
         """(stream, text) of the last lines of the job's stdout and stderr, and a note saying
-        why some or all could not be had (empty when both came)."""
+        why some or all could not be had (empty when both came). Both streams are read at
+        once, within ``output_timeout_s``: the page waits for the slower, not for the sum."""
         if runtime == "sleep":
             return [], "a sleep job writes no output"
         try:
             source = log_source(job_id, source_row)
         except (NotFound, InvalidArgument, FailedPrecondition, Unavailable) as exc:
             return [], str(exc)
-        outputs: list[tuple[str, str]] = []
-        note = ""
+        streams = ("stdout", "stderr")
+        chunks: dict[str, list[bytes]] = {stream: [] for stream in streams}
+        failures: dict[str, str] = {}
+
+        async def read(stream: str) -> None:
+            async def send(chunk: Any) -> None:
+                chunks[stream].append(bytes(chunk.data))
+
+            request = pb.ReadJobLogsRequest(
+                job_id=job_id,
+                stream=stream,
+                has_tail=True,
+                tail_lines=self.settings.output_tail_lines,
+                tail_max_bytes=self.settings.output_tail_max_bytes,
+            )
+            try:
+                await self.logs.relay(source, request, send)
+            except (Unavailable, FailedPrecondition, Busy) as exc:
+                failures[stream] = str(exc)
+                return
+            done.add(stream)
+
+        done: set[str] = set()
         with trio.move_on_after(self.settings.output_timeout_s) as scope:
-            for stream in ("stdout", "stderr"):
-                chunks: list[bytes] = []
-
-                async def send(chunk: Any, chunks: list[bytes] = chunks) -> None:
-                    chunks.append(bytes(chunk.data))
-
-                request = pb.ReadJobLogsRequest(
-                    job_id=job_id,
-                    stream=stream,
-                    has_tail=True,
-                    tail_lines=self.settings.output_tail_lines,
-                    tail_max_bytes=self.settings.output_tail_max_bytes,
-                )
-                try:
-                    await self.logs.relay(source, request, send)
-                except (Unavailable, FailedPrecondition, Busy) as exc:
-                    note = str(exc)
-                    break
-                outputs.append((stream, views.printable(b"".join(chunks))))
+            async with trio.open_nursery() as nursery:
+                for stream in streams:
+                    nursery.start_soon(read, stream)
+        outputs = [(s, views.printable(b"".join(chunks[s]))) for s in streams if s in done]
         if scope.cancelled_caught:
-            note = (
+            return outputs, (
                 f"worker {source.worker_id} at {source.address} sent no output within "
                 f"{self.settings.output_timeout_s:g} s"
             )
-        return outputs, note
+        return outputs, next((failures[s] for s in streams if s in failures), "")
 
     async def packing(self, request: Request) -> Part:
         samples = self.ring.samples()

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from actors.ingest_replies import schedule_of
+from runtime.jobs import task_name
 
 __all__ = [
     "Bar",
@@ -26,6 +27,7 @@ __all__ = [
     "bar",
     "clock",
     "duration",
+    "job_name",
     "labels_of",
     "packing_chart",
     "printable",
@@ -56,6 +58,13 @@ def clock(unix_s: float | None) -> str:
     if unix_s is None:
         return "-"
     return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def job_name(row: Mapping[str, Any]) -> str:
+    """A job row's name as people read it: an array's task as ``name[index]``
+    (:func:`runtime.jobs.task_name`); the row has ``name`` and ``array_index`` (NULL: not a
+    task of an array)."""
+    return task_name(str(row["name"]), row["array_index"])
 
 
 def worker_state(row: Mapping[str, Any]) -> str:

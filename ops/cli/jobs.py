@@ -605,6 +605,7 @@ def _print_jobs(jobs: tuple[Job, ...]) -> None:
     from rich.text import Text
 
     from ops.cli.render import runtime_text
+    from runtime.jobs import task_name
     from runtime.text import cut_line
 
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
@@ -622,8 +623,7 @@ def _print_jobs(jobs: tuple[Job, ...]) -> None:
         detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
         table.add_row(
             str(info.job_id),
-            # A task of an array shows its index: name[3] (its siblings share the name).
-            Text(spec.name + (f"[{info.array_index}]" if info.array_id else "")) if spec else "-",
+            Text(task_name(spec.name, info.array_index)) if spec else "-",
             info.state,
             str(spec.cpu_millis) if spec else "-",
             str(spec.memory_mb) if spec else "-",

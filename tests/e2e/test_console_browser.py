@@ -276,3 +276,84 @@ def test_an_open_page_follows_a_leader_kill_and_moves_when_its_own_replica_dies(
     expected = new_leader if new_leader != reader else remaining
     wait_until(lambda: text_of(browser, "leader") == expected, timeout_s=10, what="the leader after moving")
     screenshots(browser, "failover-moved")
+
+
+AT_END_PX = 4
+"""An output box scrolled to within this many pixels of its end is at its end (console.js)."""
+OVERFLOWING_LINES = 30
+"""More lines than the output box shows at once (its max-height is 28em)."""
+
+
+def output_scroll(driver: Any) -> dict[str, float] | None:
+    """The stdout box's scroll: ``top`` and how far its end is below what shows (``below``)."""
+    return driver.execute_script(
+        "const e = document.getElementById('output-stdout'); if (!e) return null;"
+        "return {top: e.scrollTop, below: e.scrollHeight - e.scrollTop - e.clientHeight,"
+        " text: e.textContent};"
+    )
+
+
+def test_a_running_jobs_page_is_painted_with_its_content_and_its_output_at_the_newest_line(
+    cluster: LocalCluster, browser: Any, screenshots: Callable[[Any, str], Path]
+) -> None:
+    """A running job's page, the moment it has loaded, already shows the job (no placeholder) and
+    its output box at its newest line; the box follows new lines while it is at its end and stays
+    where the reader scrolled it otherwise; an array's tasks read sh[0]..sh[2] in the jobs list
+    and on their pages."""
+    ready = cluster.up(control_planes=1, workers=1)
+    home = ready.config.console_urls()["cp-1"]
+    tls = ready.config.client_tls
+    addresses = ready.config.control_plane_addresses
+    writes = "i=0; while :; do echo line $i; i=$((i+1)); sleep 0.05; done"
+    spec = pb.JobSpec(
+        name="follow", cpu_millis=100, memory_mb=64, command=pb.CommandRuntime(argv=["sh", "-c", writes])
+    )
+    job_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=tls).job_id)
+    array = pb.JobSpec(
+        name="sh",
+        cpu_millis=100,
+        memory_mb=64,
+        command=pb.CommandRuntime(argv=["true"]),
+        array=pb.JobArray(first_index=0, last_index=2),
+    )
+    array_id = int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=array), tls=tls).job_id)
+
+    browser.get(login_url(home, viewer_token(cluster), f"/jobs/{job_id}"))
+    # Read at once, with no waiting: what the page showed when it had loaded.
+    assert text_of(browser, "job-id") == str(job_id)
+    assert "Loading" not in (text_of(browser, "content") or "")
+    screenshots(browser, "job-first-paint")
+
+    wait_until(
+        lambda: ((output_scroll(browser) or {}).get("text") or "").count("\n") >= OVERFLOWING_LINES,
+        timeout_s=30,
+        what="more output than the box shows",
+    )
+    browser.get(f"{home}/jobs/{job_id}")
+    opened = output_scroll(browser)
+    assert opened is not None and opened["top"] > 0 and opened["below"] <= AT_END_PX, opened
+    screenshots(browser, "job-output-at-newest")
+
+    wait_until(
+        lambda: (output_scroll(browser) or {}).get("text") != opened["text"], timeout_s=10, what="new output"
+    )
+    following = output_scroll(browser)
+    assert following is not None and following["below"] <= AT_END_PX, following
+
+    browser.execute_script("document.getElementById('output-stdout').scrollTop = 0")
+    before = output_scroll(browser)
+    assert before is not None
+    wait_until(
+        lambda: (output_scroll(browser) or {}).get("text") != before["text"],
+        timeout_s=10,
+        what="newer output",
+    )
+    kept = output_scroll(browser)
+    assert kept is not None and kept["top"] == 0, kept
+
+    browser.get(f"{home}/jobs?name=sh")
+    listed = text_of(browser, "jobs") or ""
+    assert all(f"sh[{index}]" in listed for index in range(3)), listed
+    browser.get(f"{home}/jobs/{array_id}")
+    assert text_of(browser, "job-name") == "sh[0]"
+    screenshots(browser, "array-task")

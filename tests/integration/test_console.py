@@ -224,6 +224,44 @@ async def test_an_unhealthy_worker_shows_its_state_reason_and_probe(database_url
     assert "a probe job may be placed in 1 min" in worker[2]
 
 
+async def test_an_arrays_task_is_named_with_its_index_on_every_page(database_url: str) -> None:
+    """A task of an array (index 3 of job sh's array) reads sh[3] in the jobs list, on its own
+    page and among its worker's assignments; a job of no array keeps its plain name."""
+    await seed_cluster(database_url)
+    async with asyncio_bridge():
+        db = await PgConnection.connect(database_url)
+        try:
+            task = await insert_job(db, "sh", 100, 64, 0, "command", None, ["sh", "-c", "true"])
+            await db.execute("UPDATE jobs SET array_id = $1, array_index = 3 WHERE id = $1", task)
+            await db.execute(
+                "INSERT INTO assignments (job_id, worker_id, worker_incarnation, cpu_millis, memory_mb,"
+                " epoch) VALUES ($1, 'w-1', 1, 100, 64, 4)",
+                task,
+            )
+        finally:
+            await db.close()
+    async with console_on(database_url) as console:
+        jobs = await get(console, "/part/jobs")
+        job = await get(console, f"/part/jobs/{task}")
+        worker = await get(console, "/part/workers/w-1")
+    assert f'<a href="/jobs/{task}">{task}</a></td><td>sh[3]</td>' in jobs[2]
+    assert "<td>hello &lt;b&gt;world&lt;/b&gt;</td>" in jobs[2]
+    assert '<span class="job-name" id="job-name">sh[3]</span>' in job[2]
+    assert f'<a href="/jobs/{task}">{task}</a> sh[3]</td>' in worker[2]
+
+
+async def test_the_page_shell_has_no_placeholder_and_fills_in_its_part_at_once(
+    database_url: str,
+) -> None:
+    """A page's shell holds no "Loading" placeholder, and its script comes after the content's
+    place, not deferred: it puts the part there before the first paint."""
+    async with console_on(database_url) as console:
+        status, _, body = await get(console, "/jobs/1")
+    assert status == 200 and "Loading" not in body
+    assert "defer" not in body
+    assert body.index('<main id="content">') < body.index('<script src="/static/console.js"></script>')
+
+
 async def test_an_unreachable_database_is_shown_with_the_time_it_was_first_missed() -> None:
     """With the database unreachable, a part answers 503 within the read bound, saying since
     when the database has not answered, and the packing page still answers."""

@@ -11,6 +11,7 @@ from actors.console.views import (
     PackingSample,
     bar,
     duration,
+    job_name,
     labels_of,
     packing_chart,
     printable,
@@ -65,6 +66,13 @@ def test_a_bar_clamps_an_allocation_above_capacity_and_says_so() -> None:
     over = bar(5000, 4000, "m")
     assert (over.fraction, over.over) == (1.0, True)
     assert bar(0, 0, "MiB").fraction == 0.0
+
+
+def test_an_arrays_task_is_named_with_its_index() -> None:
+    """A task of an array reads name[index] (index 0 too); a job of no array its plain name."""
+    assert job_name({"name": "sh", "array_index": 3}) == "sh[3]"
+    assert job_name({"name": "sh", "array_index": 0}) == "sh[0]"
+    assert job_name({"name": "sh", "array_index": None}) == "sh"
 
 
 def test_labels_are_sorted_pairs() -> None:

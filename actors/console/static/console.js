@@ -1,6 +1,13 @@
-// The Stockade console's one script: keeps the page's part fresh, logs in with the token that
-// `stockade console` put in the URL's fragment, and moves to another replica's console when
-// this one stops answering. No build step, no library.
+// The Stockade console's one script: puts the page's part in place before the page is first
+// painted, keeps it fresh, logs in with the token that `stockade console` put in the URL's
+// fragment, and moves to another replica's console when this one stops answering. No build
+// step, no library.
+//
+// It runs where the shell includes it, at the end of the body, holding up the parser: the
+// first part is fetched then, synchronously (the one synchronous request), so the first paint
+// and the load event already show the page's content, never a placeholder. The shell cannot
+// hold the content itself: a navigation carries no Authorization header, and the token is
+// never a cookie. Every later refresh is asynchronous.
 (function () {
   "use strict";
   const body = document.body;
@@ -12,6 +19,8 @@
   const TOKEN_KEY = "stockade-console-token";
   // An answer later than this counts as none: the console bounds its reads at about 2 s.
   const ANSWER_TIMEOUT_MS = 3500;
+  // An output box scrolled to within this many pixels of its end counts as at its end.
+  const AT_END_PX = 4;
 
   // The token travels in the fragment (never sent to a server); keep it for this tab only
   // and take it out of the address bar.
@@ -37,9 +46,14 @@
     return urls.slice(start).concat(urls.slice(0, start));
   }
 
+  function authorization() {
+    return login && token() ? "Bearer " + token() : null;
+  }
+
+  // An answer is {html, header(name)}, from fetch or from the first, synchronous, request.
   async function ask(origin) {
     const headers = {};
-    if (login && token()) headers["Authorization"] = "Bearer " + token();
+    if (authorization()) headers["Authorization"] = authorization();
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), ANSWER_TIMEOUT_MS);
     try {
@@ -51,9 +65,39 @@
         signal: controller.signal,
       });
       const html = await response.text();
-      return { response: response, html: html };
+      return { html: html, header: (name) => response.headers.get(name) };
     } finally {
       clearTimeout(timer);
+    }
+  }
+
+  function askNow() {
+    const request = new XMLHttpRequest();
+    request.open("GET", location.origin + partPath(), false);
+    if (authorization()) request.setRequestHeader("Authorization", authorization());
+    request.send();
+    if (request.status === 0) throw new Error("no answer");
+    return { html: request.responseText, header: (name) => request.getResponseHeader(name) };
+  }
+
+  // Where each output box was scrolled: at its end (then it follows what is added), or where
+  // the reader left it.
+  function outputScrolls() {
+    const kept = {};
+    for (const box of content.querySelectorAll("pre.output")) {
+      kept[box.id] = {
+        top: box.scrollTop,
+        atEnd: box.scrollHeight - box.scrollTop - box.clientHeight <= AT_END_PX,
+      };
+    }
+    return kept;
+  }
+
+  // A box opens at its newest line and stays there, unless the reader scrolled away from it.
+  function restoreOutputScrolls(kept) {
+    for (const box of content.querySelectorAll("pre.output")) {
+      const was = kept[box.id];
+      box.scrollTop = !was || was.atEnd ? box.scrollHeight : was.top;
     }
   }
 
@@ -64,12 +108,14 @@
     const active = document.activeElement;
     const typing = active && content.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
     if (!typing && answer.html !== shown) {
+      const kept = outputScrolls();
       content.innerHTML = answer.html;
       shown = answer.html;
+      restoreOutputScrolls(kept);
     }
-    const by = answer.response.headers.get("X-Stockade-Served-By") || "?";
+    const by = answer.header("X-Stockade-Served-By") || "?";
     try {
-      const listed = JSON.parse(answer.response.headers.get("X-Stockade-Consoles") || "[]");
+      const listed = JSON.parse(answer.header("X-Stockade-Consoles") || "[]");
       if (Array.isArray(listed) && listed.length) consoles = listed;
     } catch (e) { /* keep the list we had */ }
     served.textContent = "served by " + by + (origin === location.origin ? "" : " (" + origin + ")");
@@ -126,5 +172,14 @@
     }
   });
 
-  refresh();
+  // The first part, before the first paint; a console that does not answer leaves it to the
+  // refreshes, which try the others.
+  let first = false;
+  try {
+    show(location.origin, askNow());
+    first = true;
+  } catch (e) {
+    unanswered[location.origin] = true;
+  }
+  setTimeout(refresh, first ? refreshMs : 0);
 })();
