@@ -542,7 +542,7 @@ class Agent:
                 if timeout_s <= 0:
                     return result
                 result.attempts += 1
-                result.error = f"no control plane answered within {timeout_s:g} s"
+                result.error = f"no control plane answered within {timeout_s:.2f} s"
                 with trio.move_on_after(timeout_s):
                     try:
                         result.answer = await self._cp.leave(request, deadline_s=timeout_s)
