@@ -27,7 +27,7 @@ from ops.benchpack import (
     WaitFigures,
 )
 from ops.chaos import ChaosResult, Failover, chaos_table
-from ops.checker import CheckReport, check_table
+from ops.checker import CheckReport, History, check, check_table
 from ops.cli import EXIT_INVALID, app
 
 REPORT = CheckReport(
@@ -240,6 +240,16 @@ def test_the_chaos_result_keeps_its_json_keys_and_its_table_shows_the_verdicts()
     assert "failover_kill_p50_s / max" in shown and "1.50 s / 1.50 s" in shown
     assert "[red]declared[/red]" in shown and "FAIL" not in shown
     assert "worker_leaves" in text(check_table(REPORT))
+
+
+def test_a_chaos_run_whose_jobs_did_not_all_finish_fails() -> None:
+    """Chaos checks after waiting for every job: one still running fails it, its table saying
+    FAIL for jobs_finished, not running."""
+    report = check(History(assignments=(), job_states={1: "running"}), [])
+    result = ChaosResult(report=report, duration_s=1.0)
+    assert not result.ok and not result.to_json()["ok"]
+    (line,) = [row for row in text(chaos_table(result)).splitlines() if "jobs_finished" in row]
+    assert line.split()[-1] == "FAIL"
 
 
 @pytest.mark.parametrize(
