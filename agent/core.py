@@ -57,8 +57,9 @@ is no module-level state). Its pieces:
 - a leave at a clean stop (SIGTERM, SIGINT): once every job has ended, the agent tells a
   control plane that its incarnation left (the worker's row becomes ``left``, and the leader
   requeues its jobs at once instead of declaring it dead after ``dead_after``). Attempts no
-  control plane answered are tried again, and the workers of a fleet take turns, so a stop of
-  many workers at once leaves every one of them; a leave not recorded within
+  control plane answered are tried again, the workers of a fleet take turns, and a worker
+  heartbeats until its leave is recorded, so a stop of many workers at once leaves every one of
+  them; a leave not recorded within
   ``leave_timeout_s`` changes nothing: the worker is then declared dead, as a killed one is. A
   left worker started again registers a new incarnation as usual.
 
@@ -476,7 +477,9 @@ class Agent:
         hedged call of at most ``heartbeat_timeout_s * (control planes + 1)``; one that no
         replica answered (unreachable, busy, no database, too slow) is tried again after a
         capped, jittered backoff, until ``leave_timeout_s`` after the first attempt began. A
-        copy of a leave that was applied is answered ``left`` again, so a retry is safe. A
+        copy of a leave that was applied is answered ``left`` again, so a retry is safe.
+        Meanwhile the worker keeps heartbeating (:meth:`_heartbeat_while_leaving`), so a leave
+        that takes its time is not overtaken by a dead-worker declaration. A
         leave that does not get through in that time (or is answered with a refusal) leaves
         the existing path in charge: the worker is declared dead ``dead_after`` after its last
         heartbeat, which is safe, since it runs nothing. Either way a ``leave`` line records
@@ -528,7 +531,44 @@ class Agent:
 
     async def _send_leave(self, request: Leave) -> _LeaveResult:
         """Send ``request`` until a control plane answers it, for at most ``leave_timeout_s``
-        from the first attempt (see :meth:`_leave`); never raises a StockadeError."""
+        from the first attempt (see :meth:`_leave`), heartbeating meanwhile; never raises a
+        StockadeError."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeat_while_leaving, request.incarnation)
+            result = await self._leave_attempts(request)
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def _heartbeat_while_leaving(self, incarnation: int) -> None:
+        """Heartbeat every ``heartbeat_interval_s`` until cancelled (the leave got through or was
+        given up), reporting nothing running and no outcome (the leave carries them).
+
+        The heartbeat loop ended with the stop; without this, a worker that waits for its leave
+        turn or tries again past ``dead_after`` since its last heartbeat would be declared dead
+        before its leave arrives, as a killed one is. Such a heartbeat only keeps the row's
+        last heartbeat fresh: it confirms and ends nothing. Its answer is not obeyed (a
+        request to register again, to stop assignments: nothing runs here any more), but for
+        the epoch it names."""
+        settings = self.settings
+        beats = Periodic(settings.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
+        report = HeartbeatReport(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            running_assignment_ids=(),
+            finished=(),
+            epoch_seen=self.max_epoch_seen,
+        )
+        deadline_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
+        while True:
+            await beats.tick()
+            try:
+                answer = await self._cp.heartbeat(report, deadline_s=deadline_s)
+            except StockadeError:
+                continue  # the leave's attempts say what fails
+            self._admission.observe_epoch(answer.epoch)
+
+    async def _leave_attempts(self, request: Leave) -> _LeaveResult:
+        """The attempts of :meth:`_send_leave`, retried with backoff (see :meth:`_leave`)."""
         settings = self.settings
         attempt_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
         result = _LeaveResult(error=f"no control plane answered within {settings.leave_timeout_s:g} s")

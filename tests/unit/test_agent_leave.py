@@ -16,7 +16,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from test_agent_heartbeat import ScriptedControlPlane, agent_settings, assign, sleep_job
+from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settings, assign, sleep_job
 
 from agent.core import LEAVE_BACKOFF, Agent
 from agent.joblog import read_log
@@ -280,3 +280,43 @@ async def test_workers_stopping_together_take_turns_and_every_one_leaves(
     assert len(cp.leaves) == 12 and cp.most_in_flight == 3
     for agent in agents:
         assert log_events(agent.work_dir)[-1]["left"] is True
+
+
+@attrs.define
+class SlowToLeave(LeaveProbe):
+    """Answers heartbeats at once, and refuses leaves (busy) until ``LEAVE_ANSWER_S`` after the
+    first one arrived."""
+
+    first_at: float | None = None
+
+    async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
+        now = trio.current_time()
+        self.first_at = now if self.first_at is None else self.first_at
+        if now < self.first_at + LEAVE_ANSWER_S:
+            raise Busy("busy: cp-1 had no database connection within 5 s, try another replica")
+        return await super().leave(request, deadline_s=deadline_s)
+
+
+LEAVE_ANSWER_S = 3.0
+"""Longer than the control planes' dead_after (2.5 s by default)."""
+
+
+async def test_a_worker_heartbeats_until_its_slow_leave_is_recorded_and_not_after(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A leave refused as busy for 3 s (past dead_after): the worker keeps heartbeating
+    every interval meanwhile, reporting nothing running and no outcome, so it is never silent
+    long enough to be declared dead, and sends no heartbeat once its leave is recorded."""
+    cp = SlowToLeave()
+
+    async def nothing(agent: Agent) -> None:
+        pass
+
+    _, cancelled_at, ended_at = await run_then_stop(tmp_path, cp, nothing, leave_timeout_s=10.0)
+    assert cp.first_at is not None and ended_at - cp.first_at >= LEAVE_ANSWER_S
+    while_leaving = [(t, h) for t, h in cp.heartbeats if t >= cancelled_at]
+    times = [cancelled_at, *(t for t, _ in while_leaving), ended_at]
+    assert max(b - a for a, b in itertools.pairwise(times)) <= HEARTBEAT_S + 1e-9
+    assert all(h.running_assignment_ids == () and h.finished == () for _, h in while_leaving)
+    assert all(t < ended_at for t, _ in while_leaving)
+    assert log_events(tmp_path)[-1]["left"] is True
