@@ -108,9 +108,9 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -145,6 +145,8 @@ from runtime.errors import FailedPrecondition, PermissionDenied, StockadeError, 
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
+
+T = TypeVar("T")
 
 _LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
@@ -446,7 +448,7 @@ class Agent:
                     stopping_since = trio.current_time()
                     self._admission.fenced = True
                     with trio.CancelScope(shield=True):
-                        await self._jobs.stop(None, StopReason.SHUTDOWN)
+                        await self._heartbeating(lambda: self._jobs.stop(None, StopReason.SHUTDOWN))
             # Every job's task has returned (the job nursery waited for them): nothing runs.
         finally:
             self._jobs.nursery = None
@@ -478,8 +480,9 @@ class Agent:
         replica answered (unreachable, busy, no database, too slow) is tried again after a
         capped, jittered backoff, until ``leave_timeout_s`` after the first attempt began. A
         copy of a leave that was applied is answered ``left`` again, so a retry is safe.
-        Meanwhile the worker keeps heartbeating (:meth:`_heartbeat_while_leaving`), so a leave
-        that takes its time is not overtaken by a dead-worker declaration. A
+        Meanwhile, as while its jobs were being stopped, the worker keeps heartbeating
+        (:meth:`_heartbeat_while_stopping`), so a leave that takes its time is not overtaken by a
+        dead-worker declaration. A
         leave that does not get through in that time (or is answered with a refusal) leaves
         the existing path in charge: the worker is declared dead ``dead_after`` after its last
         heartbeat, which is safe, since it runs nothing. Either way a ``leave`` line records
@@ -533,38 +536,47 @@ class Agent:
         """Send ``request`` until a control plane answers it, for at most ``leave_timeout_s``
         from the first attempt (see :meth:`_leave`), heartbeating meanwhile; never raises a
         StockadeError."""
+        return await self._heartbeating(lambda: self._leave_attempts(request))
+
+    async def _heartbeating(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``await work()`` (a step of a clean stop: stopping the jobs, leaving) while heartbeating
+        every ``heartbeat_interval_s`` (:meth:`_heartbeat_while_stopping`); at once when this
+        worker never registered."""
+        incarnation = self._admission.incarnation
+        if incarnation is None:
+            return await work()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._heartbeat_while_leaving, request.incarnation)
-            result = await self._leave_attempts(request)
+            nursery.start_soon(self._heartbeat_while_stopping, incarnation)
+            result = await work()
             nursery.cancel_scope.cancel()
         return result
 
-    async def _heartbeat_while_leaving(self, incarnation: int) -> None:
-        """Heartbeat every ``heartbeat_interval_s`` until cancelled (the leave got through or was
-        given up), reporting nothing running and no outcome (the leave carries them).
+    async def _heartbeat_while_stopping(self, incarnation: int) -> None:
+        """Heartbeat every ``heartbeat_interval_s`` until cancelled, reporting what still runs
+        (jobs being stopped) and no outcome (the leave carries them).
 
-        The heartbeat loop ended with the stop; without this, a worker that waits for its leave
-        turn or tries again past ``dead_after`` since its last heartbeat would be declared dead
-        before its leave arrives, as a killed one is. Such a heartbeat only keeps the row's
-        last heartbeat fresh: it confirms and ends nothing. Its answer is not obeyed (a
-        request to register again, to stop assignments: nothing runs here any more), but for
-        the epoch it names."""
+        The heartbeat loop ends when a clean stop begins; without this, a worker whose jobs take
+        a while to stop, or whose leave waits for its turn or is tried again, would be declared
+        dead ``dead_after`` after its last heartbeat, before its leave arrives, as a killed one
+        is. Such a heartbeat keeps the row's last heartbeat fresh and confirms what still runs;
+        its answer is not obeyed (a request to register again, to stop assignments: everything
+        here is being stopped), but for the epoch it names."""
         settings = self.settings
         beats = Periodic(settings.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
-        report = HeartbeatReport(
-            worker_id=self.worker_id,
-            incarnation=incarnation,
-            running_assignment_ids=(),
-            finished=(),
-            epoch_seen=self.max_epoch_seen,
-        )
         deadline_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
         while True:
             await beats.tick()
+            report = HeartbeatReport(
+                worker_id=self.worker_id,
+                incarnation=incarnation,
+                running_assignment_ids=self.running_assignment_ids,
+                finished=(),
+                epoch_seen=self.max_epoch_seen,
+            )
             try:
                 answer = await self._cp.heartbeat(report, deadline_s=deadline_s)
             except StockadeError:
-                continue  # the leave's attempts say what fails
+                continue  # the leave says what fails
             self._admission.observe_epoch(answer.epoch)
 
     async def _leave_attempts(self, request: Leave) -> _LeaveResult:

@@ -236,7 +236,14 @@ def test_every_worker_of_fleets_an_up_stops_together_leaves_cleanly(
     CPU-burning processes: every one of the 40 logs a leave a control plane recorded (a
     worker_leaves row for the incarnation it left, its row left), none is declared dead after
     the stop began, and the launcher SIGKILLed neither fleet."""
-    cluster = LocalCluster(tmp_path / "stockade", database_url=database_url, fleet_size=STOPPED_FLEET_SIZE)
+    # No mass-silence hold: 40 of 40 workers silent at once would otherwise hold every death
+    # declaration for a minute, and hide a worker declared dead before its leave arrived.
+    cluster = LocalCluster(
+        tmp_path / "stockade",
+        database_url=database_url,
+        fleet_size=STOPPED_FLEET_SIZE,
+        cp_args=("--mass-silence-max-s", "0.001"),
+    )
     try:
         ready = cluster.up(control_planes=3, workers=STOPPED_WORKERS, timeout_s=240)
         config = ready.config

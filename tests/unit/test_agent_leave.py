@@ -38,7 +38,9 @@ def autojump_clock() -> trio.testing.MockClock:
 
 @attrs.define
 class SlowToStop:
-    """Runs a sleep job for its duration; asked to stop, it takes ``STOP_S`` to end."""
+    """Runs a sleep job for its duration; asked to stop, it takes ``stop_s`` to end."""
+
+    stop_s: float = STOP_S
 
     async def __call__(
         self,
@@ -60,7 +62,7 @@ class SlowToStop:
         began = trio.current_time()
         with trio.move_on_after(runtime.duration_ms / 1000):
             await stop.wait()
-            await trio.sleep(STOP_S)
+            await trio.sleep(self.stop_s)
             return JobResult(
                 state=JobState.CANCELLED,
                 stopped=True,
@@ -93,12 +95,18 @@ class LeaveProbe(ScriptedControlPlane):
 
 
 async def run_then_stop(
-    tmp_path: Path, cp: LeaveProbe, body: Callable[[Agent], Any], **overrides: Any
+    tmp_path: Path,
+    cp: LeaveProbe,
+    body: Callable[[Agent], Any],
+    *,
+    stop_s: float = STOP_S,
+    **overrides: Any,
 ) -> tuple[Agent, float, float]:
-    """Run an agent, call ``body(agent)`` once it registered, then cancel it (SIGTERM's path).
-    Returns the agent, the trio time it was cancelled at and the time its run returned."""
+    """Run an agent whose jobs take ``stop_s`` to stop, call ``body(agent)`` once it registered,
+    then cancel it (SIGTERM's path). Returns the agent, the trio time it was cancelled at and
+    the time its run returned."""
     overrides.setdefault("leave_timeout_s", LEAVE_TIMEOUT_S)
-    agent = Agent(agent_settings(tmp_path, **overrides), cp, runner=SlowToStop())
+    agent = Agent(agent_settings(tmp_path, **overrides), cp, runner=SlowToStop(stop_s=stop_s))
     cp.agent = agent
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run, "127.0.0.1:9")
@@ -319,4 +327,25 @@ async def test_a_worker_heartbeats_until_its_slow_leave_is_recorded_and_not_afte
     assert max(b - a for a, b in itertools.pairwise(times)) <= HEARTBEAT_S + 1e-9
     assert all(h.running_assignment_ids == () and h.finished == () for _, h in while_leaving)
     assert all(t < ended_at for t, _ in while_leaving)
+    assert log_events(tmp_path)[-1]["left"] is True
+
+
+async def test_a_worker_heartbeats_while_its_jobs_take_long_to_stop(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A job that takes 3 s to stop (past dead_after): the worker heartbeats every interval
+    while it stops, reporting the job as running until it has ended, and then leaves."""
+    cp = LeaveProbe()
+
+    async def one_job(agent: Agent) -> None:
+        assign(agent, sleep_job(5))
+        await trio.sleep(0.2)
+
+    _, cancelled_at, _ = await run_then_stop(tmp_path, cp, one_job, stop_s=3.0)
+    [(left_at, _)] = cp.leaves
+    assert left_at - cancelled_at == pytest.approx(3.0)
+    stopping = [(t, h) for t, h in cp.heartbeats if cancelled_at <= t < left_at]
+    times = [cancelled_at, *(t for t, _ in stopping), left_at]
+    assert max(b - a for a, b in itertools.pairwise(times)) <= HEARTBEAT_S + 1e-9
+    assert {h.running_assignment_ids for _, h in stopping} == {(5,)}
     assert log_events(tmp_path)[-1]["left"] is True
