@@ -318,17 +318,24 @@ CREATE INDEX IF NOT EXISTS jobs_pending_by_xid ON jobs (pending_xid, pending_seq
 -- as separate statements did. All commit together, with the calling statement.
 -- p_worker_id, p_incarnation: who reports. p_running: the assignment ids it runs.
 -- p_assignment_ids .. p_details: its finished outcomes, as parallel arrays: assignment ids,
--- states, exit codes (NULL for none), started (unix s, NULL for unknown), finished (unix s),
--- stdout paths, stderr paths, details.
--- Returns the current epoch, whether this incarnation is alive (false: re-register), and
--- which of p_running are not active on this worker (stop them).
+-- states, exit codes (NULL for none), run lengths (ms), how long before the heartbeat was sent
+-- each ended (ms), stdout paths, stderr paths, details (see record_outcomes).
+-- Returns the current epoch, whether this incarnation is alive (false: re-register), which of
+-- p_running are not active on this worker (stop them), and the database's clock (now(), unix
+-- s), by which the agent times its log (agent/dbclock.py).
+-- Its earlier form took the runs' start and end as the worker's wall-clock times: dropped.
+DROP FUNCTION IF EXISTS record_heartbeat(text, bigint, bigint[], bigint[], text[], int[], float8[],
+                                         float8[], text[], text[], text[]);
 CREATE OR REPLACE FUNCTION record_heartbeat(
     p_worker_id text, p_incarnation bigint, p_running bigint[],
-    p_assignment_ids bigint[], p_states text[], p_exit_codes int[], p_started_s float8[],
-    p_finished_s float8[], p_stdout_paths text[], p_stderr_paths text[], p_details text[],
-    OUT current_epoch bigint, OUT alive boolean, OUT stop_assignment_ids bigint[]
+    p_assignment_ids bigint[], p_states text[], p_exit_codes int[], p_run_ms bigint[],
+    p_ended_ago_ms bigint[], p_stdout_paths text[], p_stderr_paths text[], p_details text[],
+    OUT current_epoch bigint, OUT alive boolean, OUT stop_assignment_ids bigint[],
+    OUT database_unix_s float8
 ) LANGUAGE plpgsql AS $$
 BEGIN
+    database_unix_s := extract(epoch FROM now());
+
     IF cardinality(p_assignment_ids) = 0 THEN
         -- Liveness only: losing it in a database crash makes the worker look a little older,
         -- and a lost running-confirmation is re-sent (workers deduplicate), so skip the WAL
@@ -347,7 +354,7 @@ BEGIN
         -- Recorded whether or not this incarnation is still alive: a result a job produced is
         -- never lost (see record_outcomes).
         PERFORM record_outcomes(p_worker_id, p_assignment_ids, p_states, p_exit_codes,
-                                p_started_s, p_finished_s, p_stdout_paths, p_stderr_paths,
+                                p_run_ms, p_ended_ago_ms, p_stdout_paths, p_stderr_paths,
                                 p_details);
     END IF;
 
@@ -442,10 +449,31 @@ ALTER TABLE assignments ADD COLUMN IF NOT EXISTS outcome text
     CHECK (outcome IN ('succeeded', 'failed'));
 ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
 
+-- When a run a worker reported ran, by the database's clock: the worker measures how long the
+-- run lasted and how long before its report was sent the run ended, with its monotonic clock
+-- (protocol: JobOutcome.run_ms, ended_ago_ms), never its wall clock, which may be off by any
+-- amount or stepped while the job runs. The run ended p_ended_ago_ms before now() (late by the
+-- report's way to the database, never early) and started p_run_ms before that; neither before
+-- its assignment was created (p_created_at) nor after the assignment ended (p_ended_at: now()
+-- for an assignment the report ends, the earlier end of one the leader had already ended). So
+-- a job never starts before it was submitted or ends before it started or after its run was
+-- recorded, whatever any worker's clock says.
+CREATE OR REPLACE FUNCTION run_finished_at(
+    p_created_at timestamptz, p_ended_at timestamptz, p_ended_ago_ms bigint
+) RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT greatest(p_created_at, least(p_ended_at, now() - p_ended_ago_ms * interval '1 millisecond'))
+$$;
+CREATE OR REPLACE FUNCTION run_started_at(
+    p_created_at timestamptz, p_finished_at timestamptz, p_run_ms bigint
+) RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(p_created_at, p_finished_at - p_run_ms * interval '1 millisecond')
+$$;
+
 -- A worker's reported outcomes, from a heartbeat or a registration (actors/ingest.py), inside
 -- the caller's transaction. p_worker_id: who reports; the arrays, in parallel: assignment ids,
--- states, exit codes (NULL for none), started (unix s, NULL for unknown), finished (unix s),
--- stdout paths, stderr paths, details. Only succeeded/failed outcomes end a run, and
+-- states, exit codes (NULL for none), run lengths (ms), how long before the report was sent
+-- each run ended (ms), stdout paths, stderr paths, details; the run's start and end are dated
+-- by run_started_at and run_finished_at above. Only succeeded/failed outcomes end a run, and
 -- not_started ones an assignment that never ran (below): anything else the worker reports (a
 -- stop the control plane ordered, a fence) was or will be ended by the leader. Returns how
 -- many outcomes were recorded late.
@@ -479,9 +507,12 @@ ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
 --    it alone; after step 3 it is 'succeeded' or 'failed', so the claim skips it (invariant 3).
 --    The job is never both ended here and placed again. A user's CancelJob of the pending job is
 --    ordered the same way (it cancels only a pending job).
+-- Its earlier form took the runs' start and end as the worker's wall-clock times: dropped.
+DROP FUNCTION IF EXISTS record_outcomes(text, bigint[], text[], int[], float8[], float8[], text[],
+                                        text[], text[]);
 CREATE OR REPLACE FUNCTION record_outcomes(
     p_worker_id text, p_assignment_ids bigint[], p_states text[], p_exit_codes int[],
-    p_started_s float8[], p_finished_s float8[], p_stdout_paths text[], p_stderr_paths text[],
+    p_run_ms bigint[], p_ended_ago_ms bigint[], p_stdout_paths text[], p_stderr_paths text[],
     p_details text[]
 ) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -499,9 +530,9 @@ BEGIN
     -- UPDATE finds it (READ COMMITTED re-reads the newest version), so a cancel that commits
     -- first is seen.
     WITH o AS (
-        SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s, p_finished_s,
+        SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_run_ms, p_ended_ago_ms,
                              p_stdout_paths, p_stderr_paths, p_details)
-               AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+               AS o(assignment_id, state, exit_code, run_ms, ended_ago_ms, stdout_path,
                     stderr_path, detail)
          WHERE o.state IN ('succeeded', 'failed')
     ),
@@ -522,7 +553,18 @@ BEGIN
            AND (a.state = 'active'
                 OR (a.state = 'lost' AND a.end_reason IN ('worker_dead', 'worker_restarted')
                     AND a.outcome IS NULL))
-     RETURNING a.id, a.job_id, a.state = 'finished' AS was_active
+     RETURNING a.id, a.job_id, a.state = 'finished' AS was_active, a.created_at, a.ended_at
+    ),
+    -- The run's end and start by the database's clock (the assignment's ended_at is now() for
+    -- one this report ends).
+    timed AS (
+        SELECT r.id, r.job_id, r.was_active, f.finished_at,
+               run_started_at(r.created_at, f.finished_at, o.run_ms) AS started_at
+          FROM recorded r
+          JOIN o ON o.assignment_id = r.id
+         CROSS JOIN LATERAL (
+             SELECT run_finished_at(r.created_at, r.ended_at, o.ended_ago_ms) AS finished_at
+         ) f
     ),
     ended AS (
         UPDATE jobs j
@@ -532,11 +574,11 @@ BEGIN
                             ELSE o.state END,
                failures = j.failures + CASE WHEN o.state = 'failed' THEN 1 ELSE 0 END,
                exit_code = o.exit_code,
-               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+               started_at = timed.started_at,
                finished_at = CASE WHEN o.state = 'failed'
                                        AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                                   THEN NULL
-                                  ELSE coalesce(to_timestamp(o.finished_s), now()) END,
+                                  ELSE timed.finished_at END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail,
                pending_seq = CASE WHEN o.state = 'failed'
                                        AND retries(j.cancel_requested, j.failures, 1, j.max_attempts)
@@ -554,8 +596,8 @@ BEGIN
                              THEN 'retrying: attempt ' || (j.failures + 1) || ' of ' || j.max_attempts
                                   || ' failed (' || left(o.detail, 200) || ')'
                              ELSE '' END
-          FROM recorded JOIN o ON o.assignment_id = recorded.id
-         WHERE recorded.was_active AND j.id = recorded.job_id AND j.state IN ('assigned', 'running')
+          FROM timed JOIN o ON o.assignment_id = timed.id
+         WHERE timed.was_active AND j.id = timed.job_id AND j.state IN ('assigned', 'running')
     )
     SELECT count(*) FILTER (WHERE NOT was_active),
            coalesce(array_agg(id) FILTER (WHERE NOT was_active), '{}')
@@ -600,9 +642,9 @@ BEGIN
         -- and the job stays pending, placed again as its requeue said. A job that count_lost
         -- made failed when this loss spent its last attempt takes the run's true outcome.
         WITH o AS (
-            SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_started_s,
-                                 p_finished_s, p_stdout_paths, p_stderr_paths, p_details)
-                   AS o(assignment_id, state, exit_code, started_s, finished_s, stdout_path,
+            SELECT * FROM unnest(p_assignment_ids, p_states, p_exit_codes, p_run_ms,
+                                 p_ended_ago_ms, p_stdout_paths, p_stderr_paths, p_details)
+                   AS o(assignment_id, state, exit_code, run_ms, ended_ago_ms, stdout_path,
                         stderr_path, detail)
              WHERE o.state IN ('succeeded', 'failed')
         )
@@ -616,13 +658,17 @@ BEGIN
                reason = CASE WHEN o.state = 'failed' AND j.state = 'pending'
                                   AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                              THEN j.reason ELSE '' END,
-               started_at = coalesce(to_timestamp(o.started_s), j.started_at),
+               -- dated within the lost assignment: it ended before the leader ended it
+               started_at = run_started_at(a.created_at, f.finished_at, o.run_ms),
                finished_at = CASE WHEN o.state = 'failed' AND j.state = 'pending'
                                        AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                                   THEN j.finished_at
-                                  ELSE coalesce(to_timestamp(o.finished_s), now()) END,
+                                  ELSE f.finished_at END,
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
           FROM o JOIN assignments a ON a.id = o.assignment_id
+         CROSS JOIN LATERAL (
+             SELECT run_finished_at(a.created_at, a.ended_at, o.ended_ago_ms) AS finished_at
+         ) f
          WHERE a.id = ANY(late_ids) AND a.worker_id = p_worker_id AND a.state = 'lost'
            AND a.outcome = o.state
            AND j.id = a.job_id

@@ -454,7 +454,7 @@ class ControlPlaneService(AdmittedService):
         if request.resume_incarnation:
             return await self._resume_worker(request, labels, held, finished, digest)
 
-        async def register(conn: PgConnection) -> tuple[int, bool, int]:
+        async def register(conn: PgConnection) -> tuple[int, bool, Any]:
             # The worker's row first (one lock order): a new incarnation ends the old one, a
             # promise no placement in progress may cross (queries.LOCK_WORKER). Then the
             # outcomes, for the incarnation that is still current: before the new one exists,
@@ -500,10 +500,11 @@ class ControlPlaneService(AdmittedService):
                     )
                 incarnation = row["incarnation"]
             await faults.hit("ingest.promise_before_commit")
-            return incarnation, again, await conn.fetchval(queries.CURRENT_EPOCH)
+            return incarnation, again, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
 
         async with self.database("register_worker") as conn:
-            incarnation, again, epoch = await conn.run_in_transaction(register, what="register_worker")
+            incarnation, again, clock = await conn.run_in_transaction(register, what="register_worker")
+        epoch = clock["epoch"]
         if again:
             metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()
         log.get("ingest").info(
@@ -516,7 +517,10 @@ class ControlPlaneService(AdmittedService):
             **outcome_log_keys(finished),
         )
         return pb.RegisterWorkerReply(
-            incarnation=incarnation, epoch=epoch, dead_after_ms=int(self.dead_after_s * 1000)
+            incarnation=incarnation,
+            epoch=epoch,
+            dead_after_ms=int(self.dead_after_s * 1000),
+            database_unix_s=clock["database_unix_s"],
         )
 
     async def _resume_worker(
@@ -543,7 +547,7 @@ class ControlPlaneService(AdmittedService):
         """
         worker_id, incarnation = request.worker_id, request.resume_incarnation
 
-        async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], int]:
+        async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any]:
             # The worker's row first, as heartbeats and registrations take it (one lock order).
             await conn.fetchval(queries.LOCK_WORKER, worker_id)
             if finished:
@@ -571,7 +575,7 @@ class ControlPlaneService(AdmittedService):
                     and row["registration_seq"] == request.registration_seq
                 )
                 if not copy:
-                    return False, [], [], await conn.fetchval(queries.CURRENT_EPOCH)
+                    return False, [], [], await conn.fetchrow(queries.EPOCH_AND_CLOCK)
                 stored = row["registration_sha256"] if row is not None else None
                 if stored is not None and bytes(stored) != digest:
                     raise IdempotencyConflict(
@@ -592,10 +596,11 @@ class ControlPlaneService(AdmittedService):
             stop = list(
                 await conn.fetchval(queries.CONFIRM_HELD_ASSIGNMENTS, worker_id, incarnation, list(held))
             )
-            return True, stop, released, await conn.fetchval(queries.CURRENT_EPOCH)
+            return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
 
         async with self.database("register_worker") as conn:
-            resumed, stop, released, epoch = await conn.run_in_transaction(resume, what="register_worker")
+            resumed, stop, released, clock = await conn.run_in_transaction(resume, what="register_worker")
+        epoch = clock["epoch"]
         log.get("ingest").info(
             "worker continued its incarnation" if resumed else "worker's incarnation not continued",
             worker_id=worker_id,
@@ -618,6 +623,7 @@ class ControlPlaneService(AdmittedService):
             resumed=resumed,
             stop_assignment_ids=stop,
             released_assignment_ids=released,
+            database_unix_s=clock["database_unix_s"],
         )
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
@@ -663,7 +669,9 @@ class ControlPlaneService(AdmittedService):
             )
         if not row["alive"]:
             metrics.HEARTBEATS_REREGISTER.inc()
-            reply = pb.HeartbeatReply(epoch=row["current_epoch"], reregister=True)
+            reply = pb.HeartbeatReply(
+                epoch=row["current_epoch"], reregister=True, database_unix_s=row["database_unix_s"]
+            )
             if newer is not None:  # another registration took the id over (the agent decides)
                 reply.newer_agent_run_id = newer["agent_run_id"] or ""
                 reply.newer_address = newer["address"]
@@ -689,6 +697,7 @@ class ControlPlaneService(AdmittedService):
             epoch=row["current_epoch"],
             stop_assignment_ids=list(row["stop_assignment_ids"]),
             restart_hold_granted=held is not None,
+            database_unix_s=row["database_unix_s"],
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:

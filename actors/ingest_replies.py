@@ -41,6 +41,7 @@ def job_info(row: Any, *, env_values: bool) -> pb.JobInfo:
         not_before_unix_s=row["not_before_unix_s"] or 0.0 if row["state"] == "pending" else 0.0,
         array_id=row["array_id"] or 0,
         array_index=row["array_index"] or 0,
+        read_unix_s=row["read_unix_s"] or 0.0,
     )
     if row["cancel_requested"] and row["state"] in ("assigned", "running"):
         info.reason = "cancelling"
@@ -115,14 +116,14 @@ def outcome_log_keys(finished: list[pb.JobOutcome]) -> dict[str, list[Any]]:
 
 def outcome_arrays(finished: list[pb.JobOutcome]) -> tuple[list[Any], ...]:
     """Reported outcomes as the parallel arrays record_outcomes (schema.sql) takes: assignment
-    ids, states, exit codes (None for none), started and finished (unix s, None for unknown),
-    stdout and stderr paths, details."""
+    ids, states, exit codes (None for none), run lengths and how long before the report each
+    run ended (ms, the worker's monotonic clock), stdout and stderr paths, details."""
     return (
         [o.assignment_id for o in finished],
         [o.state for o in finished],
         [o.exit_code if o.has_exit_code else None for o in finished],
-        [o.started_unix_s or None for o in finished],
-        [o.finished_unix_s or None for o in finished],
+        [o.run_ms for o in finished],
+        [o.ended_ago_ms for o in finished],
         [o.stdout_path or None for o in finished],
         [o.stderr_path or None for o in finished],
         [o.detail for o in finished],
@@ -135,8 +136,8 @@ def outcome_fields(outcome: pb.JobOutcome) -> dict[str, object]:
         "assignment_id": outcome.assignment_id,
         "job_id": outcome.job_id,
         "state": outcome.state,
-        "started_unix_s": outcome.started_unix_s,
-        "finished_unix_s": outcome.finished_unix_s,
+        "run_ms": outcome.run_ms,
+        "ended_ago_ms": outcome.ended_ago_ms,
         "stdout_path": outcome.stdout_path,
         "stderr_path": outcome.stderr_path,
         "detail": outcome.detail,

@@ -16,7 +16,6 @@ checks what only the control plane receives (registrations, heartbeats, outcomes
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -175,6 +174,10 @@ MAX_PATH_BYTES = 4096
 MAX_DETAIL_BYTES = 4096
 """Longest detail an outcome may carry (the agent cuts its details to fit,
 ``agent.messages.MAX_OUTCOME_DETAIL_BYTES``)."""
+MAX_OUTCOME_MS = 100 * 365 * 24 * 3600 * 1000
+"""Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` may say (100 years: far past
+any run, and far inside PostgreSQL's intervals); the agent caps its own to it
+(``agent.messages.MAX_OUTCOME_MS``)."""
 
 
 def check_outcome(
@@ -183,8 +186,8 @@ def check_outcome(
     assignment_id: int,
     job_id: int,
     state: str,
-    started_unix_s: float,
-    finished_unix_s: float,
+    run_ms: int,
+    ended_ago_ms: int,
     stdout_path: str,
     stderr_path: str,
     detail: str,
@@ -193,19 +196,16 @@ def check_outcome(
 
     Raises:
         InvalidArgument: an assignment id outside 1..MAX_ID, a job id outside 0..MAX_ID (0:
-            not given), a state not in :data:`OUTCOME_STATES`, a time that is not a finite
-            number >= 0 (0: unknown), or a path or detail holding a NUL byte or too long; the
+            not given), a state not in :data:`OUTCOME_STATES`, a ``run_ms`` or ``ended_ago_ms``
+            outside 0..MAX_OUTCOME_MS, or a path or detail holding a NUL byte or too long; the
             field is named with its place, e.g. ``finished[2].detail``.
     """
     _int_between(f"{field}.assignment_id", assignment_id, 1, MAX_ID)
     _int_between(f"{field}.job_id", job_id, 0, MAX_ID)
     if state not in OUTCOME_STATES:
         raise InvalidArgument(f"{field}.state", state, f"must be one of {', '.join(OUTCOME_STATES)}")
-    for name, value in (("started_unix_s", started_unix_s), ("finished_unix_s", finished_unix_s)):
-        if not (math.isfinite(value) and value >= 0):
-            raise InvalidArgument(
-                f"{field}.{name}", value, "must be a finite number of seconds >= 0 (0: unknown)"
-            )
+    _int_between(f"{field}.run_ms", run_ms, 0, MAX_OUTCOME_MS)
+    _int_between(f"{field}.ended_ago_ms", ended_ago_ms, 0, MAX_OUTCOME_MS)
     _text(f"{field}.stdout_path", stdout_path, max_bytes=MAX_PATH_BYTES, allow_empty=True)
     _text(f"{field}.stderr_path", stderr_path, max_bytes=MAX_PATH_BYTES, allow_empty=True)
     _text(f"{field}.detail", detail, max_bytes=MAX_DETAIL_BYTES, allow_empty=True)
@@ -348,6 +348,11 @@ LIMITS = (
         ("MAX_PATH_BYTES",),
     ),
     Limit("an outcome's `detail`", f"at most {_n(MAX_DETAIL_BYTES)} bytes", ("MAX_DETAIL_BYTES",)),
+    Limit(
+        "an outcome's `run_ms` and `ended_ago_ms` (the worker's monotonic measures of its run)",
+        f"0 to {_n(MAX_OUTCOME_MS)} ms (100 years)",
+        ("MAX_OUTCOME_MS",),
+    ),
     Limit(
         "ReadJobLogs `tail_lines` (`stockade logs --tail`)",
         f"0 to {_n(MAX_TAIL_LINES)}; `stream` is `stdout` (or empty) or `stderr`",

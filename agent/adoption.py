@@ -9,8 +9,9 @@ incarnation they run in (:mod:`agent.core`; the safety argument is in docs/desig
 
 **The record.** When a job starts, the agent writes :data:`RECORD_FILE` in the job's folder
 (:func:`write_record`, atomically): the worker, assignment, job, incarnation and epoch it was
-started under, its size and runtime, its start (wall clock, and ``CLOCK_MONOTONIC``, which
-every process of the machine shares), and for a command job, once forked, its reaper's pid and
+started under, its size and runtime, its start (``CLOCK_MONOTONIC``, which every process of the
+machine shares; never the wall clock) and the time its ``start`` line carries, and for a command
+job, once forked, its reaper's pid and
 start time (``/proc/<pid>/stat`` field 22, in clock ticks since boot: a pid is reused, a
 (pid, start time) pair is not). A sleep job's record also holds the time it spent paused, written
 again at every resume. The record is removed once the job's ``stop`` line is written.
@@ -62,7 +63,6 @@ import fcntl
 import json
 import os
 import signal
-import time
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -72,6 +72,7 @@ import attrs
 import trio
 
 from agent import reaper
+from agent.fence import trio_time_of
 from agent.messages import JobOrder, JobState
 from agent.runtimes import JobResult, OutputPaths, command_result
 from agent.supervised import REAPER_SLACK_S
@@ -104,8 +105,12 @@ class JobRecord:
     runtime: JobRuntime
     timeout_s: float | None = None
     name: str = ""
-    started_unix_s: float
-    """When its runtime was started (wall clock)."""
+    started_monotonic_s: float
+    """When its runtime was started (``time.monotonic()``); never rewritten: its ``timeout_s``
+    and the length of its run count from it."""
+    start_line_s: float | None = None
+    """The time its ``start`` line carries (the database's clock, :mod:`agent.dbclock`): its
+    ``stop`` line is never dated earlier; None when that line's time was not known yet."""
     began_monotonic_s: float
     """When its runtime was started (``time.monotonic()``): a sleep job's duration counts from it."""
     paused_s: float = 0.0
@@ -161,6 +166,10 @@ class JobRecord:
             data = json.loads(text)
             if data.pop("version") != RECORD_VERSION:
                 raise ValueError(f"record version must be {RECORD_VERSION}")
+            # A record of an agent that kept the wall-clock start instead: its start is when its
+            # duration began counting (the same, but for a sleep job taken over once already).
+            data.pop("started_unix_s", None)
+            data.setdefault("started_monotonic_s", data.get("began_monotonic_s"))
             raw = data.pop("runtime")
             kind = raw["kind"]
             runtime: JobRuntime
@@ -406,7 +415,7 @@ def fit(
     kept: list[JobRecord] = []
     dropped: list[JobRecord] = []
     cpu_left, mem_left = cpu_millis, memory_mb
-    for job in sorted(jobs, key=lambda j: (j.started_unix_s, j.assignment_id)):
+    for job in sorted(jobs, key=lambda j: (j.started_monotonic_s, j.assignment_id)):
         if job.cpu_millis <= cpu_left and job.memory_mb <= mem_left:
             kept.append(job)
             cpu_left -= job.cpu_millis
@@ -703,18 +712,18 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
     a stop was asked; with no supervisor recorded either, none was ever started: the job did not
     start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
+    began = trio_time_of(record.started_monotonic_s)
     report = reaper.read_report(job_dir)
     if not report and record.supervisor_pid is None and not stopped:
         # No reaper was recorded, none runs and none reported: the agent died before it
         # forked one (or as the reaper began, which then started nothing). Nothing ran: the
         # control plane places the job again at once (schema.sql, record_outcomes).
-        now = time.time()
         return JobResult(
             state=JobState.NOT_STARTED,
             stopped=False,
             exit_code=None,
-            started_unix_s=record.started_unix_s,
-            finished_unix_s=now,
+            began_at=began,
+            ended_at=trio.current_time(),
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
             detail="not started: its agent died before it started the job's supervisor",
@@ -725,8 +734,8 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
             state=JobState.CANCELLED if stopped else JobState.FAILED,
             stopped=stopped,
             exit_code=None,
-            started_unix_s=record.started_unix_s,
-            finished_unix_s=time.time(),
+            began_at=began,
+            ended_at=trio.current_time(),
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
             detail="its supervisor ended without a report while its agent was restarting",
@@ -735,12 +744,8 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
         # Imported here, as agent.runtimes does: the container module is not needed otherwise.
         from agent.container import container_result
 
-        return container_result(
-            report, 0, stopped=stopped, exec_reported=False, started_unix_s=record.started_unix_s, paths=paths
-        )
-    return command_result(
-        report, 0, stopped=stopped, exec_reported=False, started_unix_s=record.started_unix_s, paths=paths
-    )
+        return container_result(report, 0, stopped=stopped, exec_reported=False, began_at=began, paths=paths)
+    return command_result(report, 0, stopped=stopped, exec_reported=False, began_at=began, paths=paths)
 
 
 async def stop_strays(strays: Sequence[ProcessInfo], *, stop_grace_s: float) -> None:

@@ -53,7 +53,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -245,14 +244,14 @@ async def run_container(
         trio.Cancelled: after its supervisor killed the container (shielded).
     """
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
-    started = time.time()
+    began = trio.current_time()
     if job is None or stop.is_set():
         on_started()
         return never_ran(
             paths,
             stopped=job is not None,
-            started_unix_s=started,
-            finished_unix_s=time.time(),
+            began_at=began,
+            ended_at=began,
             detail="stopped before it was started"
             if job is not None
             else "a container job without its limits",
@@ -274,8 +273,8 @@ async def run_container(
         return never_ran(
             paths,
             stopped=False,
-            started_unix_s=started,
-            finished_unix_s=time.time(),
+            began_at=began,
+            ended_at=trio.current_time(),
             detail=f"cannot start the supervisor of container {container_name(job)}: {exc}",
         )
     stopped, exec_reported, code = await wait_supervisor(
@@ -288,7 +287,7 @@ async def run_container(
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_remove_by_name, container_name(job))
     return container_result(
-        report, code, stopped=stopped, exec_reported=exec_reported, started_unix_s=started, paths=paths
+        report, code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=paths
     )
 
 
@@ -298,7 +297,7 @@ def container_result(
     *,
     stopped: bool,
     exec_reported: bool,
-    started_unix_s: float,
+    began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
     """A container job's result from its supervisor's report: a command job's
@@ -311,7 +310,7 @@ def container_result(
         supervisor_code,
         stopped=stopped,
         exec_reported=exec_reported,
-        started_unix_s=started_unix_s,
+        began_at=began_at,
         paths=paths,
     )
     reason = report.get("reason")
@@ -329,8 +328,8 @@ def container_result(
         state=state,
         stopped=result.stopped,
         exit_code=result.exit_code,
-        started_unix_s=result.started_unix_s,
-        finished_unix_s=result.finished_unix_s,
+        began_at=result.began_at,
+        ended_at=result.ended_at,
         stdout_path=result.stdout_path,
         stderr_path=result.stderr_path,
         detail=detail,

@@ -24,10 +24,11 @@ protocol, so the agent runs both the same way (:func:`agent.container.run_contai
   agent, or from the kernel when the agent dies: ``PR_SET_PDEATHSIG``): kill at once;
 - **the same report** (:data:`agent.reaper.REPORT_FILE`, read by
   :func:`agent.reaper.read_report`): ``exit_code`` (the container's, Docker's convention: 137
-  for SIGKILL), ``ended_unix_s``, ``stopped``, ``fenced_unix_s``, or ``error`` when the
-  container never ran. Two keys more: ``reason`` (:class:`Reason`) with ``reason_detail``,
-  why the container ended when its exit code does not say it (the kernel's OOM killer, a
-  command missing from the image, the engine gone), and ``removed=1`` once the container is
+  for SIGKILL), ``ended_monotonic_s``, ``stopped``, ``fenced_monotonic_s`` (its times are
+  ``time.monotonic()``, never the wall clock), or ``error`` when the container never ran. Two
+  keys more: ``reason`` (:class:`Reason`) with ``reason_detail``, why the container ended when
+  its exit code does not say it (the kernel's OOM killer, a command missing from the image, the
+  engine gone), and ``removed=1`` once the container is
   removed (the agent removes it by name otherwise).
 
 Output: two threads follow the container's log (``docker logs --follow``, stdout and stderr
@@ -156,7 +157,7 @@ class _Supervisor:
         self.stopped = False
         """True once a stop (the agent's, its death's, the fence's) reached the running container."""
         self.paused = False
-        self.fenced_unix_s: float | None = None
+        self.fenced_monotonic_s: float | None = None
         self.engine_lost: str | None = None
         """Why the engine counts as gone (None while it answers)."""
         self.exit_status: int | None = None
@@ -271,8 +272,8 @@ class _Supervisor:
             self.stopped = True
         else:
             self.paused = True
-        self.fenced_unix_s = time.time()
-        _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+        self.fenced_monotonic_s = time.monotonic()
+        _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
 
     def resume(self) -> None:
         pending = signal.sigpending()
@@ -282,7 +283,7 @@ class _Supervisor:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(reaper.FENCED_AT_FILE)
         self.paused = False
-        self.fenced_unix_s = None
+        self.fenced_monotonic_s = None
         self.call("unpause")
 
     def watch_fence(self) -> None:
@@ -297,8 +298,8 @@ class _Supervisor:
         elif due and not self.has_ended():
             if self.kill_due():
                 self.stop(at_once=True)
-                self.fenced_unix_s = time.time()
-                _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+                self.fenced_monotonic_s = time.monotonic()
+                _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
             else:
                 self.pause()
 
@@ -453,7 +454,7 @@ class _Supervisor:
 
     def finish(self, log_threads: list[threading.Thread]) -> dict[str, object]:
         """The report's fields once the container ended: its state, then remove it."""
-        end = time.time()
+        end = time.monotonic()
         code = self.exit_status
         reason: Reason | None = None
         detail: str | None = None
@@ -488,9 +489,9 @@ class _Supervisor:
                     removed = 1
         return {
             "exit_code": code,
-            "ended_unix_s": repr(end),
+            "ended_monotonic_s": repr(end),
             "stopped": int(self.stopped),
-            "fenced_unix_s": None if self.fenced_unix_s is None else repr(self.fenced_unix_s),
+            "fenced_monotonic_s": None if self.fenced_monotonic_s is None else repr(self.fenced_monotonic_s),
             "reason": None if reason is None else reason.value,
             "reason_detail": detail,
             "removed": removed,
@@ -585,13 +586,13 @@ def main(args: list[str]) -> int:
     supervisor = _Supervisor(spec)
     supervisor.read_deadline()
     if supervisor.fence_due():
-        fenced = time.time()
+        fenced = time.monotonic()
         _write_file(reaper.FENCED_AT_FILE, f"{fenced!r}\n")
-        _report(fenced_unix_s=repr(fenced), ended_unix_s=repr(fenced))
+        _report(fenced_monotonic_s=repr(fenced), ended_monotonic_s=repr(fenced))
         return 128 + signal.SIGKILL
     error = supervisor.create()
     if error is not None:
-        _report(error=error, ended_unix_s=repr(time.time()))
+        _report(error=error, ended_monotonic_s=repr(time.monotonic()))
         return _EXIT_CANNOT_START
     if started_fd >= 0:
         with contextlib.suppress(OSError):

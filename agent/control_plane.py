@@ -11,9 +11,13 @@ once it has been silent for ``hedge_after_s``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
+import trio
+
 from agent.messages import (
+    MAX_OUTCOME_MS,
     HeartbeatAnswer,
     HeartbeatReport,
     Leave,
@@ -42,20 +46,36 @@ class ControlPlane(Protocol):
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer: ...
 
 
-def outcome_to_pb(outcome: Outcome) -> pb.JobOutcome:
-    """An :class:`Outcome` as a ``JobOutcome`` message."""
+def whole_ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds, rounded down (a run never reads longer, nor its end
+    earlier, than it was: schema.sql, run_finished_at; past a float's error of a microsecond, so
+    a sleep of 0.2 s reads 200), within 0..MAX_OUTCOME_MS."""
+    if not math.isfinite(seconds):
+        return 0
+    return min(MAX_OUTCOME_MS, max(0, math.floor(seconds * 1000 + 1e-3)))
+
+
+def outcome_to_pb(outcome: Outcome, *, now: float) -> pb.JobOutcome:
+    """An :class:`Outcome` as a ``JobOutcome`` message sent at trio time ``now``: its run's
+    length, and how long before ``now`` it ended."""
     return pb.JobOutcome(
         assignment_id=outcome.assignment_id,
         job_id=outcome.job_id,
         state=outcome.state.value,
         has_exit_code=outcome.exit_code is not None,
         exit_code=outcome.exit_code if outcome.exit_code is not None else 0,
-        started_unix_s=outcome.started_unix_s,
-        finished_unix_s=outcome.finished_unix_s,
+        run_ms=whole_ms(outcome.run_s),
+        ended_ago_ms=whole_ms(now - outcome.ended_at),
         stdout_path=outcome.stdout_path,
         stderr_path=outcome.stderr_path,
         detail=outcome.detail,
     )
+
+
+def outcomes_to_pb(outcomes: tuple[Outcome, ...]) -> list[pb.JobOutcome]:
+    """``outcomes`` as ``JobOutcome`` messages sent now (trio's clock)."""
+    now = trio.current_time()
+    return [outcome_to_pb(o, now=now) for o in outcomes]
 
 
 class GrpcControlPlane:
@@ -95,7 +115,7 @@ class GrpcControlPlane:
                 labels=dict(request.labels),
                 agent_run_id=request.agent_run_id,
                 registration_seq=request.registration_seq,
-                finished=[outcome_to_pb(o) for o in request.finished],
+                finished=outcomes_to_pb(request.finished),
                 resume_incarnation=request.resume_incarnation,
                 held_assignment_ids=list(request.held_assignment_ids),
             ),
@@ -108,6 +128,7 @@ class GrpcControlPlane:
             resumed=reply.resumed,
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             released_assignment_ids=tuple(reply.released_assignment_ids),
+            database_unix_s=reply.database_unix_s or None,
         )
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
@@ -118,7 +139,7 @@ class GrpcControlPlane:
                 worker_id=request.worker_id,
                 incarnation=request.incarnation,
                 running_assignment_ids=list(request.running_assignment_ids),
-                finished=[outcome_to_pb(o) for o in request.finished],
+                finished=outcomes_to_pb(request.finished),
                 epoch_seen=request.epoch_seen,
                 restart_hold_ms=request.restart_hold_ms,
             ),
@@ -136,6 +157,7 @@ class GrpcControlPlane:
                 address=reply.newer_address,
                 incarnation=reply.newer_incarnation,
             ),
+            database_unix_s=reply.database_unix_s or None,
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
@@ -146,7 +168,7 @@ class GrpcControlPlane:
                 worker_id=request.worker_id,
                 incarnation=request.incarnation,
                 agent_run_id=request.agent_run_id,
-                finished=[outcome_to_pb(o) for o in request.finished],
+                finished=outcomes_to_pb(request.finished),
             ),
             deadline_s,
         )

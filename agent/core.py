@@ -90,11 +90,13 @@ itself live (the agent could not update the deadline file) fences the whole agen
 deadman's verdict stands.
 
 All timing uses trio's clock, so ``trio.testing.MockClock`` drives the agent in unit tests.
-The fence state lives in :class:`agent.fence.FenceClock`. The two exceptions convert from
-trio's clock at the edge (:mod:`agent.fence`): the fence-deadline file holds
-``time.monotonic()`` seconds (other processes read it) and stop lines hold wall-clock times;
-both clocks advance with trio's system clock (``CLOCK_MONOTONIC``), also while the process
-is stopped, so the conversion is exact outside tests.
+The fence state lives in :class:`agent.fence.FenceClock`. Two kinds of time leave the agent,
+neither of them its wall clock: the fence-deadline file and the job records hold
+``time.monotonic()`` seconds (other processes read them; trio's system clock is
+``CLOCK_MONOTONIC``, so the conversion is exact outside tests), and the job log holds the
+database's clock as the replies to registrations and heartbeats tell it (:mod:`agent.dbclock`).
+Outcomes carry no time at all: how long the run lasted and how long before the report it ended,
+which the database turns into its own times.
 
 This module is longer than 500 lines because registration, heartbeats, the self-fence and
 the leave are one state machine over the same fields (incarnation, unacknowledged outcomes,
@@ -118,7 +120,8 @@ import trio
 from agent import adoption
 from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
-from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, unix_time_of
+from agent.dbclock import DatabaseClock
+from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s
 from agent.joblog import JobLog, LogEvent
 from agent.messages import (
     AssignDecision,
@@ -202,7 +205,11 @@ class Agent:
         """host:port registered with the control plane; set by :meth:`run`."""
         self.work_dir = Path(settings.work_dir).resolve()
         self.jobs_dir = self.work_dir / "jobs"
-        self.joblog = JobLog(self.work_dir / "agent.jsonl", worker_id=settings.worker_id)
+        self.database_clock = DatabaseClock()
+        """The database's clock as the replies tell it: the job log's times (:mod:`agent.dbclock`)."""
+        self.joblog = JobLog(
+            self.work_dir / "agent.jsonl", worker_id=settings.worker_id, clock=self.database_clock
+        )
         self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
         """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
         self._logger = log.get("agent").bind(worker_id=settings.worker_id)
@@ -514,7 +521,7 @@ class Agent:
             LogEvent.LEAVE,
             incarnation=incarnation,
             epoch=self.max_epoch_seen,
-            time_unix_s=unix_time_of(stopping_since),
+            at=stopping_since,
             left=left,
         )
         if left:
@@ -692,6 +699,7 @@ class Agent:
                 await trio.sleep(self.settings.register_retry_s)
                 continue
             break
+        self._clock_told(reply.database_unix_s, sent_at)
         # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
         # wait for it): the first len(finished) entries are exactly those it carried.
         del self._unacked[: len(finished)]
@@ -851,6 +859,7 @@ class Agent:
                 await trio.sleep(self.settings.register_retry_s)
                 continue
             break
+        self._clock_told(reply.database_unix_s, sent_at)
         del self._unacked[: len(finished)]
         if not reply.resumed:
             self._logger.warning(
@@ -988,6 +997,7 @@ class Agent:
                 )
             return False
         metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(trio.current_time() - sent_at)
+        self._clock_told(answer.database_unix_s, sent_at)
         if failures:
             self._logger.info("heartbeat answered again", failures_in_a_row=failures)
         await self._on_heartbeat_answer(report, answer, sent_at)
@@ -1023,6 +1033,13 @@ class Agent:
                 self._jobs.request_stop(job, StopReason.STOPPED_BY_CONTROL_PLANE)
         if report.restart_hold_ms and answer.restart_hold_granted:
             self._hold_granted(sent_at, report.restart_hold_ms / 1000)
+
+    def _clock_told(self, database_unix_s: float | None, sent_at: float) -> None:
+        """A reply to a request sent at ``sent_at`` arrived now, telling the database's clock
+        (None: it told none): learn from it, and write the job-log lines that waited for it.
+        No checkpoint."""
+        self.database_clock.observe(database_unix_s, sent_at=sent_at, received_at=trio.current_time())
+        self.joblog.flush()
 
     # ------------------------------------------------------------------ pause and self-fence
 
@@ -1062,7 +1079,7 @@ class Agent:
             LogEvent.PAUSE,
             incarnation=self._admission.incarnation,
             epoch=self.max_epoch_seen,
-            time_unix_s=unix_time_of(fence.fenced_at),
+            at=fence.fenced_at,
         )
         kill_at = fence.kill_deadline()
         self._logger.warning(

@@ -6,10 +6,11 @@ and it is published to ``<work_dir>/fence_deadline`` for the reapers (:mod:`agen
 before the agent's own copy moves. :class:`FenceClock` holds that state for one agent; what
 fencing does to the jobs stays with the agent.
 
-All timing uses trio's clock; the two conversions at the edge (:func:`monotonic_of` for the
-deadline file, :func:`unix_time_of` for stop lines) are exact outside tests, since both
-clocks advance with trio's system clock (``CLOCK_MONOTONIC``), also while the process is
-stopped.
+All timing uses trio's clock; the conversions at the edge (:func:`monotonic_of` for the
+deadline file and the job records, :func:`trio_time_of` for what other processes wrote) are
+exact outside tests, since trio's system clock is ``CLOCK_MONOTONIC``, which runs on while the
+process is stopped. The wall clock is not read: the job log's times are the database's
+(:mod:`agent.dbclock`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ def trio_time_of(monotonic_s: float) -> float:
     """A ``time.monotonic()`` time (another process's, such as the fence-deadline file's) in
     trio's clock."""
     return trio.current_time() + (monotonic_s - time.monotonic())
-
-
-def unix_time_of(trio_time: float) -> float:
-    """``trio_time`` (trio's clock) as a wall-clock ``time.time()`` time."""
-    return time.time() + (trio_time - trio.current_time())
 
 
 def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:

@@ -1,10 +1,21 @@
 """The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
 
 One line per event, keys exactly ``event`` (``start``, ``stop``, ``register``,
-``self_fence``, ``leave``), ``worker_id``, ``incarnation``, ``job_id``, ``assignment_id``,
-``epoch``, ``time`` (wall clock, ``time.time()`` seconds), plus ``reason`` and ``started`` on
-stop lines, ``exit_code`` on stop lines whose exit code is known, and ``left`` on leave lines.
-``register``, ``self_fence`` and ``leave`` lines have null ``job_id`` and ``assignment_id``.
+``self_fence``, ``pause``, ``resume``, ``leave``), ``worker_id``, ``incarnation``, ``job_id``,
+``assignment_id``, ``epoch``, ``time``, plus ``reason`` and ``started`` on stop lines,
+``exit_code`` on stop lines whose exit code is known, and ``left`` on leave lines.
+``register``, ``self_fence``, ``pause``, ``resume`` and ``leave`` lines have null ``job_id`` and
+``assignment_id``.
+
+``time`` is Unix seconds of the database's clock as the agent knows it (:mod:`agent.dbclock`),
+never the worker's wall clock, so the lines of every worker and the database's records are on
+one clock: a ``start`` line's is the latest the database's clock can read as the job starts
+(not before its assignment was created), every other line's the earliest at its event (a
+``stop`` not after the database recorded that end), and a ``stop`` is never dated before its
+``start``. Until the agent's first registration is answered it cannot tell that time, and the
+lines it writes (a restarted agent's ``stop`` lines of its previous process's jobs) wait until
+then, in order. Lines written while a control plane that tells no database time (an older one)
+is all the agent heard carry the worker's wall clock and say so: ``"clock": "worker"``.
 
 A ``leave`` line says the agent stopped cleanly (SIGTERM, SIGINT): its ``time`` is when it
 stopped heartbeating, written once every job has ended and the control planes were told
@@ -38,11 +49,15 @@ as its ``start`` line), whether it took the job over, stopped it, or found it en
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
+import trio
+
+from agent.dbclock import DatabaseClock
 from runtime.text import read_lines
 
 
@@ -56,18 +71,35 @@ class LogEvent(StrEnum):
     LEAVE = "leave"
 
 
+@attrs.frozen(kw_only=True)
+class _Line:
+    """A line to write: its keys but ``time``, and what dates it."""
+
+    record: dict[str, Any]
+    at: float
+    """Trio time of its event."""
+    latest: bool
+    """Dated by the latest the database's clock can read at ``at`` (a start), else the earliest."""
+    not_before_s: float | None
+    on_written: Callable[[float], None] | None
+
+
 class JobLog:
     """Writes ``agent.jsonl`` lines for one worker.
 
     Args:
         path: the log file; its folder is created on :meth:`open`.
         worker_id: written on every line.
+        clock: the database's clock as the agent knows it, which dates the lines; None: a clock
+            of its own (its owner tells it what the control plane answers).
     """
 
-    def __init__(self, path: Path, *, worker_id: str) -> None:
+    def __init__(self, path: Path, *, worker_id: str, clock: DatabaseClock | None = None) -> None:
         self.path = path
         self.worker_id = worker_id
+        self.clock = DatabaseClock() if clock is None else clock
         self._file: IO[str] | None = None
+        self._waiting: list[_Line] = []
 
     def open(self) -> None:
         """Open for appending (creating the folder and the file as needed); idempotent.
@@ -95,20 +127,31 @@ class JobLog:
         assignment_id: int | None = None,
         reason: str | None = None,
         exit_code: int | None = None,
-        time_unix_s: float | None = None,
+        at: float | None = None,
+        not_before_s: float | None = None,
         started: bool = True,
         left: bool = False,
-    ) -> None:
-        """Append one line and flush it.
+        on_written: Callable[[float], None] | None = None,
+    ) -> float | None:
+        """Append one line and flush it, dated by the database's clock (the module docstring);
+        while that clock is not known yet, keep it until :meth:`flush` can write it (and every
+        line after it, so they stay in order).
 
         Args:
-            time_unix_s: the line's ``time`` (wall-clock seconds) when the event happened
-                before now (a stop the agent learns of late); None: now.
+            at: trio time of the event when it happened before now (a stop the agent learns of
+                late); None: now.
+            not_before_s: the line's ``time`` is not earlier than this (a stop's start line).
             started: on a stop line, whether the job really ran (see the module docstring).
             left: on a leave line, whether a control plane recorded the worker as left.
+            on_written: called with the line's ``time`` once it is written (at once, or from
+                :meth:`flush`).
+
+        Returns:
+            The line's ``time``; None when it waits for the clock.
 
         Raises:
             RuntimeError: the log is not open.
+            OSError: the line, or one that waited before it, could not be written.
         """
         if self._file is None:
             raise RuntimeError(f"job log {self.path} is not open")
@@ -119,7 +162,7 @@ class JobLog:
             "job_id": job_id,
             "assignment_id": assignment_id,
             "epoch": epoch,
-            "time": time.time() if time_unix_s is None else time_unix_s,
+            "time": None,
         }
         if event is LogEvent.STOP:
             record["reason"] = reason
@@ -128,8 +171,40 @@ class JobLog:
                 record["exit_code"] = exit_code
         if event is LogEvent.LEAVE:
             record["left"] = left
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = _Line(
+            record=record,
+            at=trio.current_time() if at is None else at,
+            latest=event is LogEvent.START,
+            not_before_s=not_before_s,
+            on_written=on_written,
+        )
+        self._waiting.append(line)
+        self.flush()
+        return record["time"] if not self._waiting else None
+
+    def flush(self) -> None:
+        """Write the lines that wait for the database's clock, in order, once it is known (the
+        agent calls it after every reply it learns the clock from). No checkpoint.
+
+        Raises:
+            OSError: a line could not be written (it and those after it still wait).
+        """
+        if self._file is None or not self.clock.known:
+            return
+        while self._waiting:
+            line = self._waiting[0]
+            dated = self.clock.latest(line.at) if line.latest else self.clock.earliest(line.at)
+            assert dated is not None  # the clock is known
+            if line.not_before_s is not None:
+                dated = max(dated, line.not_before_s)
+            line.record["time"] = dated
+            if self.clock.reading is None:
+                line.record["clock"] = "worker"
+            self._file.write(json.dumps(line.record) + "\n")
+            self._file.flush()
+            self._waiting.pop(0)
+            if line.on_written is not None:
+                line.on_written(dated)
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`);
 everything inside the agent, including the pure acceptance rules, speaks these frozen attrs
 classes. Units are in the field names (``cpu_millis``, ``memory_mb``, ``duration_ms``,
-``*_unix_s`` for wall-clock seconds). A job's spec is the one every layer speaks,
-:class:`runtime.jobs.JobSpec`.
+``*_unix_s`` for Unix seconds of the database's clock, ``*_at`` for times of trio's clock). A
+job's spec is the one every layer speaks, :class:`runtime.jobs.JobSpec`.
 """
 
 from __future__ import annotations
@@ -197,12 +197,18 @@ class Registered:
     resumed: bool = False
     stop_assignment_ids: tuple[int, ...] = ()
     released_assignment_ids: tuple[int, ...] = ()
+    database_unix_s: float | None = None
+    """The database's clock as the registration was recorded (:mod:`agent.dbclock`); None: the
+    control plane did not say."""
 
 
 MAX_OUTCOME_DETAIL_BYTES = 4096
 """Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a heartbeat or a
 registration carrying a longer one (``actors.validation.MAX_DETAIL_BYTES``; a test keeps them
 equal), and an agent that could not report an outcome would fence itself for good."""
+MAX_OUTCOME_MS = 100 * 365 * 24 * 3600 * 1000
+"""Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` say on the wire (the agent caps
+them to it, so the control plane never refuses them: ``actors.validation.MAX_OUTCOME_MS``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -214,8 +220,11 @@ class Outcome:
     state: JobState
     exit_code: int | None
     """None when the job had no exit code (a sleep job stopped early, a command not started)."""
-    started_unix_s: float
-    finished_unix_s: float
+    run_s: float
+    """How long the run lasted, seconds of this agent's monotonic clock (0: it never started)."""
+    ended_at: float
+    """Trio time it ended. Neither is a wall-clock time: the wire says how long before its send
+    the run ended (``JobOutcome.ended_ago_ms``), and the database dates it by its own clock."""
     stdout_path: str = ""
     """Absolute path, empty for runtimes without output files."""
     stderr_path: str = ""
@@ -249,6 +258,9 @@ class HeartbeatAnswer:
     newer: NewerRegistration | None = None
     """With ``reregister``: the registration that holds the worker id now, if it is alive in a
     newer incarnation."""
+    database_unix_s: float | None = None
+    """The database's clock as the heartbeat was recorded (:mod:`agent.dbclock`); None: the
+    control plane did not say."""
 
 
 @attrs.frozen(kw_only=True)

@@ -27,7 +27,7 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   :data:`POLL_S` seconds and exactly at the deadline it waits for. Once the pause deadline has
   passed it SIGSTOPs every process of the job's tree, whatever process group or session each
   moved to (:func:`_descendants`; one the job had stopped itself stays so), and writes the
-  pause time (wall clock, ``time.time()``) to :data:`FENCED_AT_FILE` in the job's folder; once
+  pause time (``time.monotonic()``) to :data:`FENCED_AT_FILE` in the job's folder; once
   the kill deadline has passed it SIGKILLs the job, whose stop time stays the pause time (it
   did no work after it). When the agent moves the deadlines on while the job is paused (a
   heartbeat the database acknowledged said the job's assignment is still active) it removes
@@ -79,8 +79,9 @@ and the reaper starts the job. It exists because the agent alone cannot keep inv
   whatever is left of its group and of its descendants (as the agent did before: the job owns
   nothing after it ends), waits for them, and writes :data:`REPORT_FILE` (:func:`read_report`)
   with the exit code (negative ``-N`` when signal N killed it, the ``subprocess`` convention),
-  the wall-clock end time, whether a stop reached the job before it ended (a stop, or the
-  fence deadline, that comes after the job's main process exited on its own changes nothing:
+  the end time (``time.monotonic()``, as every time the reaper writes: never the wall clock,
+  which may be stepped while the job runs), whether a stop reached the job before it ended (a
+  stop, or the fence deadline, that comes after the job's main process exited on its own changes nothing:
   the job keeps its own end, and the agent its outcome, also when the agent thawed past its
   deadline and asked for the stop late), the fence kill time when it fenced the job, or the
   error that kept the job from starting (``cannot start 'x': [Errno 2] ...``). Its own exit
@@ -158,8 +159,8 @@ POLL_S = 0.05
 """Longest time between two reads of the fence-deadline file, in seconds (the reaper also
 wakes exactly at the deadline it read last)."""
 FENCED_AT_FILE = "reaper.fenced_at"
-"""In the job's folder: the wall-clock time (``time.time()``) at which the reaper SIGKILLed
-the job because the fence deadline had passed."""
+"""In the job's folder: the time (``time.monotonic()``) at which the reaper paused the job, or
+SIGKILLed it, because the fence deadline had passed."""
 REPORT_FILE = "reaper.report"
 """In the job's folder: how the job ended, ``key=value`` lines (see :func:`read_report`)."""
 STARTED_BYTE = b"1"
@@ -225,8 +226,8 @@ def reaper_argv(
             it with the job user's rights, which must be a directory (else the job is not
             started and the report's error says ``workdir_not_found``) the job's user may enter
             (else ``workdir_denied``); empty: the reaper's.
-        timeout_s: the job's ``timeout_s``: once it has run this long (wall time from its
-            start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
+        timeout_s: the job's ``timeout_s``: once it has run this long (by the monotonic clock,
+            from its start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
             after the grace) and reports ``timed_out=1``; None: no limit.
         cgroup_procs: the ``cgroup.procs`` files of the job's cgroups (made by the agent,
             :mod:`agent.cgroups`): the job's process writes itself into each between fork and
@@ -315,15 +316,15 @@ def read_fence_deadline(path: str | os.PathLike[str]) -> tuple[float, float] | N
 def read_report(job_dir: str | os.PathLike[str]) -> dict[str, str]:
     """The reaper's report in ``job_dir``; empty when there is none (the reaper was killed).
 
-    Keys: ``exit_code`` (int; negative ``-N`` for signal N), ``ended_unix_s`` (float, when the
-    job and everything it started were gone), ``stopped`` (``1`` when a stop, a kill at the
-    fence deadline included, reached the job before its main process exited; ``0`` when it
-    ended on its own, also if a stop came after; without ``exit_code``: a stop came while its
-    start was held at the fence deadline, and the job never started), ``fenced_unix_s``
-    (float, only when the reaper SIGKILLed the job at the fence deadline; the job was not
-    started when ``exit_code`` is missing), ``timed_out_after_s`` (float, only when the reaper
-    stopped the job because its ``timeout_s`` ran out), ``error`` (the job could not be
-    started). Values are strings.
+    Keys: ``exit_code`` (int; negative ``-N`` for signal N), ``ended_monotonic_s`` (float,
+    ``time.monotonic()``, when the job and everything it started were gone), ``stopped`` (``1``
+    when a stop, a kill at the fence deadline included, reached the job before its main process
+    exited; ``0`` when it ended on its own, also if a stop came after; without ``exit_code``: a
+    stop came while its start was held at the fence deadline, and the job never started),
+    ``fenced_monotonic_s`` (float, ``time.monotonic()``, only when the reaper SIGKILLed the job
+    at the fence deadline; the job was not started when ``exit_code`` is missing),
+    ``timed_out_after_s`` (float, only when the reaper stopped the job because its
+    ``timeout_s`` ran out), ``error`` (the job could not be started). Values are strings.
     """
     report: dict[str, str] = {}
     try:
@@ -470,9 +471,9 @@ class _Reaper:
         """True while the job is held with SIGSTOP because the fence deadline passed."""
         self.stopped_pids: list[int] = []
         """The processes this pause stopped (and a resume continues)."""
-        self.fenced_unix_s: float | None = None
+        self.fenced_monotonic_s: float | None = None
         """While paused, and once killed at the fence: when the job stopped doing work
-        (the pause, or the kill when there was none), wall clock."""
+        (the pause, or the kill when there was none), ``time.monotonic()``."""
 
     def read_deadline(self) -> None:
         if self.deadline_path:
@@ -547,8 +548,8 @@ class _Reaper:
                 break
             time.sleep(_PAUSE_ROUND_S)
         self.paused = True
-        self.fenced_unix_s = time.time()
-        _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+        self.fenced_monotonic_s = time.monotonic()
+        _write_file(FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
 
     def resume(self) -> None:
         """Let a paused job run again (the agent moved the deadline on, after a heartbeat the
@@ -564,7 +565,7 @@ class _Reaper:
         except FileNotFoundError:
             pass
         self.paused = False
-        self.fenced_unix_s = None
+        self.fenced_monotonic_s = None
         for pid in self.stopped_pids:
             try:
                 os.kill(pid, signal.SIGCONT)
@@ -585,8 +586,8 @@ class _Reaper:
         elif due and not self.job_exited():  # one that ended before its deadline ended so
             if self.kill_due():
                 self.stop_job(at_once=True)
-                self.fenced_unix_s = time.time()
-                _write_file(FENCED_AT_FILE, f"{self.fenced_unix_s!r}\n")
+                self.fenced_monotonic_s = time.monotonic()
+                _write_file(FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
             else:
                 self.pause()
 
@@ -977,18 +978,18 @@ def main(args: list[str]) -> int:
     reaper.read_deadline()
     held = reaper.hold_start() if reaper.fence_due() else "start"
     if held == "fenced":
-        fenced = time.time()
+        fenced = time.monotonic()
         _write_file(FENCED_AT_FILE, f"{fenced!r}\n")
-        _write_file(REPORT_FILE, f"fenced_unix_s={fenced!r}\nended_unix_s={fenced!r}\n")
+        _write_file(REPORT_FILE, f"fenced_monotonic_s={fenced!r}\nended_monotonic_s={fenced!r}\n")
         return 128 + signal.SIGKILL
     if held == "stopped":
-        _write_file(REPORT_FILE, f"stopped=1\nended_unix_s={time.time()!r}\n")
+        _write_file(REPORT_FILE, f"stopped=1\nended_monotonic_s={time.monotonic()!r}\n")
         return 128 + signal.SIGTERM
     if os.path.isabs(job_cwd) and not os.path.isdir(job_cwd):
         _write_file(
             REPORT_FILE,
             f"error=workdir_not_found: {job_cwd!r} is not a directory on this worker\n"
-            f"ended_unix_s={time.time()!r}\n",
+            f"ended_monotonic_s={time.monotonic()!r}\n",
         )
         return _EXIT_CANNOT_START
     try:
@@ -1010,18 +1011,20 @@ def main(args: list[str]) -> int:
         _write_file(
             REPORT_FILE,
             f"error=resources_error: cannot confine {argv[0]!r} to its limits: {exc.filename}: "
-            f"[Errno {exc.errno}] {exc.strerror}\nended_unix_s={time.time()!r}\n",
+            f"[Errno {exc.errno}] {exc.strerror}\nended_monotonic_s={time.monotonic()!r}\n",
         )
         return _EXIT_CANNOT_START
     except WorkdirDenied as exc:
         _write_file(
             REPORT_FILE,
             f"error=workdir_denied: the job's user cannot enter {exc.filename!r} on this worker "
-            f"([Errno {exc.errno}] {exc.strerror})\nended_unix_s={time.time()!r}\n",
+            f"([Errno {exc.errno}] {exc.strerror})\nended_monotonic_s={time.monotonic()!r}\n",
         )
         return _EXIT_CANNOT_START
     except OSError as exc:
-        _write_file(REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_unix_s={time.time()!r}\n")
+        _write_file(
+            REPORT_FILE, f"error=cannot start {argv[0]!r}: {exc}\nended_monotonic_s={time.monotonic()!r}\n"
+        )
         return _EXIT_CANNOT_START
     if started_fd >= 0:
         try:
@@ -1032,11 +1035,11 @@ def main(args: list[str]) -> int:
     status = reaper.supervise()
     reaper.sweep()
     code = os.waitstatus_to_exitcode(status)
-    lines = [f"exit_code={code}", f"ended_unix_s={time.time()!r}", f"stopped={int(reaper.stopped)}"]
+    lines = [f"exit_code={code}", f"ended_monotonic_s={time.monotonic()!r}", f"stopped={int(reaper.stopped)}"]
     if reaper.timed_out:
         lines.append(f"timed_out_after_s={timeout_s!r}")
-    if reaper.fenced_unix_s is not None:
-        lines.append(f"fenced_unix_s={reaper.fenced_unix_s!r}")
+    if reaper.fenced_monotonic_s is not None:
+        lines.append(f"fenced_monotonic_s={reaper.fenced_monotonic_s!r}")
     _write_file(REPORT_FILE, "\n".join(lines) + "\n")
     return code if code >= 0 else 128 - code
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import trio
 from agent import adoption
 from agent.acceptance import Admission
 from agent.adoption import Found, JobRecord, ReaperWatch, Verdict
-from agent.fence import FenceClock, monotonic_of, trio_time_of, unix_time_of
+from agent.fence import FenceClock, monotonic_of, trio_time_of
 from agent.job_env import job_environment
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
@@ -81,6 +80,9 @@ class Job:
     """True from its start line on: it is (or was) really running."""
     started_at: float = 0.0
     """trio time at which its runtime was started (0 until its start line was written)."""
+    start_line_s: float | None = None
+    """The time its start line carries (the database's clock); its stop line is never dated
+    earlier. None until that line is written (or for a job taken over whose record lacks it)."""
     stop: trio.Event = attrs.field(factory=trio.Event)
     stop_reason: StopReason | None = None
     """The first reason a stop was asked for; None while nobody asked."""
@@ -259,7 +261,7 @@ class RunningJobs:
         try:
             # Written just before the job begins, with no checkpoint in between (the checker
             # relies on it), and never for a job that was stopped first.
-            self._write_job_line(LogEvent.START, job)
+            job.start_line_s = self._write_job_line(LogEvent.START, job)
         except OSError as exc:
             self._fail_unstarted(
                 job, f"not started: cannot write the start line to {self.joblog.path}: {exc}"
@@ -284,7 +286,8 @@ class RunningJobs:
                 runtime=runtime,
                 timeout_s=order.spec.timeout_s,
                 name=order.spec.name,
-                started_unix_s=time.time(),
+                started_monotonic_s=monotonic_of(job.started_at),
+                start_line_s=job.start_line_s,
                 began_monotonic_s=monotonic_of(job.started_at),
             ),
         )
@@ -363,14 +366,8 @@ class RunningJobs:
         """End a job that cannot be started as failed (it was accepted, so the control plane
         must hear how it ended): report the outcome, release it; nothing is logged as run."""
         self.logger.error("job not started", detail=detail, **job.log_keys)
-        now_unix_s = time.time()
         self._report(
-            job,
-            state=JobState.FAILED,
-            exit_code=None,
-            started_unix_s=now_unix_s,
-            finished_unix_s=now_unix_s,
-            detail=detail,
+            job, state=JobState.FAILED, exit_code=None, run_s=0.0, ended_at=trio.current_time(), detail=detail
         )
         self._release(job)
         job.done.set()
@@ -383,18 +380,21 @@ class RunningJobs:
     def _job_ended(self, job: Job, result: JobResult) -> None:
         try:
             self._record_end(job, result)
-            if job.job_dir is not None and not self.keep_records:
-                # Its stop line is written: a restarted agent has nothing to do with it.
-                adoption.remove_record(job.job_dir)
-                if isinstance(job.order.spec.runtime, SleepRuntime):
-                    with contextlib.suppress(OSError):
-                        job.job_dir.rmdir()  # a sleep job's folder held only its record
         finally:
             # Also on an error (it takes the agent down): nobody may wait forever for the job.
             self._release(job)
             job.done.set()
 
     # ------------------------------------------------------------------ records and restarts
+
+    def _forget_record(self, job: Job) -> None:
+        """Remove ``job``'s record once its stop line is written (a restarted agent has nothing
+        to do with it then), unless a planned restart keeps records."""
+        if job.job_dir is not None and not self.keep_records:
+            adoption.remove_record(job.job_dir)
+            if isinstance(job.order.spec.runtime, SleepRuntime):
+                with contextlib.suppress(OSError):
+                    job.job_dir.rmdir()  # a sleep job's folder held only its record
 
     def _write_record(self, job: Job, record: JobRecord) -> None:
         """Write ``job``'s record; one that cannot be written is logged, not raised: the job
@@ -486,6 +486,7 @@ class RunningJobs:
             incarnation=record.incarnation,
             started=True,
             started_at=trio_time_of(record.began_monotonic_s),
+            start_line_s=record.start_line_s,
             job_dir=found.job_dir,
             record=record,
             adopted=True,
@@ -517,6 +518,7 @@ class RunningJobs:
             incarnation=record.incarnation,
             started=True,
             started_at=trio_time_of(record.began_monotonic_s),
+            start_line_s=record.start_line_s,
             job_dir=found.job_dir,
             record=record,
             adopted=True,
@@ -529,8 +531,8 @@ class RunningJobs:
                 state=JobState.SUCCEEDED,
                 stopped=False,
                 exit_code=0,
-                started_unix_s=record.started_unix_s,
-                finished_unix_s=unix_time_of(trio_time_of(ended_at)),
+                began_at=trio_time_of(record.started_monotonic_s),
+                ended_at=trio_time_of(ended_at),
             )
         else:
             result = adoption.result_from_report(record, found.job_dir, stopped=False)
@@ -582,8 +584,8 @@ class RunningJobs:
                         stopped=True,
                         fenced=paused_from < now or not job.stop.is_set(),
                         exit_code=None,
-                        started_unix_s=record.started_unix_s,
-                        finished_unix_s=unix_time_of(paused_from),
+                        began_at=trio_time_of(record.started_monotonic_s),
+                        ended_at=paused_from,
                         detail="its agent restarted and did not keep it",
                     ),
                 )
@@ -600,7 +602,8 @@ class RunningJobs:
             left_ms = max(0, record.runtime.duration_ms - int(ran_s * 1000))
             options: dict[str, Any] = {}
             if record.timeout_s is not None:
-                left_s = max(0.0, record.timeout_s - (time.time() - record.started_unix_s))
+                ran_for_s = monotonic_of(trio.current_time()) - record.started_monotonic_s
+                left_s = max(0.0, record.timeout_s - ran_for_s)
                 options["run_options"] = RunOptions(timeout_s=max(left_s, 0.001))
             result = await self.runner(
                 SleepRuntime(duration_ms=left_ms),
@@ -615,7 +618,7 @@ class RunningJobs:
                 pause=self.fence,
                 **options,
             )
-            self._job_ended(job, attrs.evolve(result, started_unix_s=record.started_unix_s))
+            self._job_ended(job, attrs.evolve(result, began_at=trio_time_of(record.started_monotonic_s)))
 
     def _record_end(self, job: Job, result: JobResult) -> None:
         """Write the stop line of a job that has ended and keep its outcome for reporting."""
@@ -626,7 +629,7 @@ class RunningJobs:
             # update the file in time): the deadman's verdict stands for the whole worker.
             self.logger.warning("a reaper fenced its job before the agent fenced", **job.log_keys)
             self.fence_now()
-        fenced, ended_unix_s = self._fenced_end(job, result)
+        fenced = self._fenced(job, result)
         if fenced:
             reason = StopReason.SELF_FENCE
         elif result.stopped and job.stop_reason is not None:
@@ -635,13 +638,20 @@ class RunningJobs:
             reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
+        # The runtime's end (a command job its reaper held or killed at the fence: when it was
+        # paused, or killed without a pause; a sleep job stopped while paused: when the pause
+        # began), dated by the database's clock, never before its start line. Its record goes
+        # once the line is written: a line that waits for the clock (a restarted agent's, before
+        # it registered) keeps it, so an agent killed meanwhile leaves the job to the next.
         self._write_job_line(
             LogEvent.STOP,
             job,
             reason=reason.value,
             exit_code=result.exit_code,
-            time_unix_s=ended_unix_s,
+            at=result.ended_at,
+            not_before_s=job.start_line_s,
             started=result.started,
+            on_written=lambda _: self._forget_record(job),
         )
         metrics.AGENT_JOB_STOPS.labels(
             self.settings.worker_id, stop_metric_reason(reason, result.detail)
@@ -664,8 +674,8 @@ class RunningJobs:
                 job,
                 state=JobState.NOT_STARTED,
                 exit_code=None,
-                started_unix_s=result.started_unix_s,
-                finished_unix_s=result.finished_unix_s,
+                run_s=0.0,
+                ended_at=result.ended_at,
                 detail=result.detail,
             )
         elif not (result.stopped or fenced):
@@ -673,24 +683,23 @@ class RunningJobs:
                 job,
                 state=result.state,
                 exit_code=result.exit_code,
-                started_unix_s=result.started_unix_s,
-                finished_unix_s=result.finished_unix_s,
+                run_s=max(0.0, result.ended_at - result.began_at) if result.started else 0.0,
+                ended_at=result.ended_at,
                 stdout_path=result.stdout_path,
                 stderr_path=result.stderr_path,
                 detail=result.detail,
             )
 
-    def _fenced_end(self, job: Job, result: JobResult) -> tuple[bool, float]:
-        """Whether the fence stopped ``job``, and the wall-clock time it ended at.
+    def _fenced(self, job: Job, result: JobResult) -> bool:
+        """Whether the fence stopped ``job``: its reaper's fence, or the agent's self-fence.
 
-        The end is its runtime's: a command job its reaper held or killed at the fence ended
-        when it was paused (or killed, without a pause); a sleep job stopped while paused ended
-        when the pause began, and one whose duration ran out while the agent was frozen past
-        its deadline had not run that long (its pause counts from the deadline, see
-        :mod:`agent.runtimes`). Fenced: the reaper's fence, or the agent's self-fence.
+        Its end (``result.ended_at``) is its runtime's: a command job its reaper held or killed
+        at the fence ended when it was paused (or killed, without a pause); a sleep job stopped
+        while paused ended when the pause began, and one whose duration ran out while the agent
+        was frozen past its deadline had not run that long (its pause counts from the deadline,
+        see :mod:`agent.runtimes`).
         """
-        fenced = result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
-        return fenced, result.finished_unix_s
+        return result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
 
     def _write_job_line(
         self,
@@ -699,16 +708,20 @@ class RunningJobs:
         *,
         reason: str | None = None,
         exit_code: int | None = None,
-        time_unix_s: float | None = None,
+        at: float | None = None,
+        not_before_s: float | None = None,
         started: bool = True,
-    ) -> None:
+        on_written: Callable[[float], None] | None = None,
+    ) -> float | None:
         """Append ``event`` for ``job`` to the job log: its incarnation, the epoch of the Assign
-        that started it, its job and assignment ids, and the given fields.
+        that started it, its job and assignment ids, and the given fields
+        (:meth:`agent.joblog.JobLog.write`); returns the line's time (None: it waits for the
+        database's clock).
 
         Raises:
             OSError: the line could not be written.
         """
-        self.joblog.write(
+        return self.joblog.write(
             event,
             incarnation=job.incarnation,
             epoch=job.epoch,
@@ -716,6 +729,8 @@ class RunningJobs:
             assignment_id=job.order.assignment_id,
             reason=reason,
             exit_code=exit_code,
-            time_unix_s=time_unix_s,
+            at=at,
+            not_before_s=not_before_s,
             started=started,
+            on_written=on_written,
         )

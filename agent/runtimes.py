@@ -34,7 +34,8 @@ Command jobs:
   nothing after it ends);
 - are reported from the reaper's report file: the exit code (negative ``-N`` when signal N
   killed the job), the time everything was gone, and, for a job the reaper killed at the
-  fence deadline, the kill time (``JobResult.fenced``, ``finished_unix_s`` = the kill time);
+  fence deadline, the time it stopped it (``JobResult.fenced``, ``ended_at`` = that time);
+  the reaper's times are ``CLOCK_MONOTONIC`` seconds, which every process shares;
 - the reaper is forked with ``subprocess.Popen`` on the process's one dedicated spawner
   thread (:class:`agent.starts.Spawner`), which keeps the fork (and the few file operations
   before it) off the trio thread; a container job's supervisor too, whose
@@ -66,8 +67,10 @@ ends once it has *run* its full duration, the worker's pauses not counted (:clas
 also when the agent notices later (it was frozen); stopped while paused, it ended when the
 pause began.
 
-Wall-clock ``time.time()`` is right here: ``started_unix_s``/``finished_unix_s`` are records
-for humans and the checker, not timers.
+A run's times are trio's clock (``began_at``, ``ended_at``), never the wall clock: the control
+plane dates the run by the database's clock from what they measure (its length, and how long
+before a report it ended), and the job log by the database's clock as the agent knows it
+(:mod:`agent.dbclock`).
 
 Why one module of about 590 lines: :func:`run_job` and its :class:`JobResult` serve every
 runtime, and the command runtime's start and report reading are one protocol with
@@ -83,7 +86,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -93,7 +95,7 @@ import attrs
 import trio
 
 from agent import reaper
-from agent.fence import MAX_PAUSES, unix_time_of
+from agent.fence import MAX_PAUSES, trio_time_of
 from agent.messages import JobState
 from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, oom_detail, release
 from agent.starts import Spawner
@@ -121,9 +123,10 @@ class JobResult:
     exit_code: int | None
     """The process's exit status; negative ``-N`` when signal N killed it (``subprocess``
     convention); 0 for a sleep job that ran its full duration; None when there is none."""
-    started_unix_s: float
-    finished_unix_s: float
-    """When the job had really ended (for a job its reaper fenced: the kill time)."""
+    began_at: float
+    """Trio time its run began (a command: just before its reaper was forked)."""
+    ended_at: float
+    """Trio time the job had really ended (for a job its reaper fenced: when it stopped it)."""
     stdout_path: str = ""
     stderr_path: str = ""
     detail: str = ""
@@ -139,7 +142,7 @@ class RunOptions:
     """What a job's spec asks of its run beyond the runtime (``runtime.jobs.JobSpec``)."""
 
     timeout_s: float | None = None
-    """Stop the job once it has run this long (wall time from its start) and end it failed
+    """Stop the job once it has run this long (from its start, by the monotonic clock) and end it failed
     with detail ``timeout: ...``; None: no limit. A command's reaper enforces it (also while
     the agent is frozen); a sleep's and a container's the agent."""
     workdir: str = ""
@@ -166,7 +169,7 @@ class OutputPaths:
 
 
 def never_ran(
-    paths: OutputPaths, *, stopped: bool, started_unix_s: float, finished_unix_s: float, detail: str
+    paths: OutputPaths, *, stopped: bool, began_at: float, ended_at: float, detail: str
 ) -> JobResult:
     """The result of a command job that never ran: stopped before its reaper was started
     (``stopped``: cancelled), or its reaper or its exec failed (failed)."""
@@ -174,8 +177,8 @@ def never_ran(
         state=JobState.CANCELLED if stopped else JobState.FAILED,
         stopped=stopped,
         exit_code=None,
-        started_unix_s=started_unix_s,
-        finished_unix_s=finished_unix_s,
+        began_at=began_at,
+        ended_at=ended_at,
         detail=detail,
         stdout_path=paths.stdout_path,
         stderr_path=paths.stderr_path,
@@ -463,7 +466,6 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
     time it has *run* that long (also when the agent notices later: it was frozen), or when
     ``stop`` is set; stopped while paused, it ended when the pause began (it did no work
     after)."""
-    started = time.time()
     began = trio.current_time()
     duration_s = spec.duration_ms / 1000.0
     end = began + duration_s
@@ -476,8 +478,8 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
                 state=JobState.SUCCEEDED,
                 stopped=False,
                 exit_code=0,
-                started_unix_s=started,
-                finished_unix_s=started + (end - began),  # when it ran out, even if noticed later
+                began_at=began,
+                ended_at=end,  # when it ran out, even if noticed later
             )
         held_from = None if pause is None else pause.paused_since()
         if stop.is_set():
@@ -485,8 +487,8 @@ async def _run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView |
                 state=JobState.CANCELLED,
                 stopped=True,
                 exit_code=None,
-                started_unix_s=started,
-                finished_unix_s=unix_time_of(now if held_from is None else max(began, held_from)),
+                began_at=began,
+                ended_at=now if held_from is None else max(began, held_from),
                 detail="stopped before its duration ran out",
             )
         if pause is not None and held_from is not None:
@@ -591,15 +593,11 @@ async def _run_command(
     stdout_path = job_dir / "stdout.log"
     stderr_path = job_dir / "stderr.log"
     paths = OutputPaths(stdout_path=str(stdout_path), stderr_path=str(stderr_path))
-    started = time.time()
+    began = trio.current_time()
     if stop.is_set():
         on_started()
         return never_ran(
-            paths,
-            stopped=True,
-            started_unix_s=started,
-            finished_unix_s=time.time(),
-            detail="stopped before it was started",
+            paths, stopped=True, began_at=began, ended_at=began, detail="stopped before it was started"
         )
     spawn_reaper = partial(
         _spawn_reaper,
@@ -639,16 +637,14 @@ async def _run_command(
         proc, started_fd, confined = spawn() if spawner is None else await spawner.run(spawn)
     except _CannotConfine as exc:
         on_started()
-        return never_ran(
-            paths, stopped=False, started_unix_s=started, finished_unix_s=time.time(), detail=str(exc)
-        )
+        return never_ran(paths, stopped=False, began_at=began, ended_at=trio.current_time(), detail=str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
         return never_ran(
             paths,
             stopped=False,
-            started_unix_s=started,
-            finished_unix_s=time.time(),
+            began_at=began,
+            ended_at=trio.current_time(),
             detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
         )
     if on_spawned is not None:
@@ -665,7 +661,7 @@ async def _run_command(
         reaper_code,
         stopped=stopped,
         exec_reported=exec_reported,
-        started_unix_s=started,
+        began_at=began,
         paths=paths,
     )
     return oom_killed(result, oom_kills, limits)
@@ -698,32 +694,42 @@ def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | 
         return None
 
 
+def report_time(report: dict[str, str], key: str) -> float | None:
+    """A time of a supervisor's report (``ended_monotonic_s``, ``fenced_monotonic_s``:
+    ``CLOCK_MONOTONIC`` seconds, shared by every process of the machine) in trio's clock; None
+    when the report has none (or only the wall-clock time a supervisor of an older agent wrote,
+    which is not read)."""
+    value = _parse(report, key, float)
+    return None if value is None or not math.isfinite(value) else trio_time_of(value)
+
+
 def command_result(
     report: dict[str, str],
     reaper_code: int,
     *,
     stopped: bool,
     exec_reported: bool,
-    started_unix_s: float,
+    began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
     """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
-    and its start pipe (``exec_reported``: the reaper said the job exec'd). ``stopped`` is
-    whether the agent asked for a stop; the report's own ``stopped`` (whether the stop reached
-    the job before it ended) decides when there is one."""
-    now = time.time()
+    and its start pipe (``exec_reported``: the reaper said the job exec'd), begun at trio time
+    ``began_at``. ``stopped`` is whether the agent asked for a stop; the report's own
+    ``stopped`` (whether the stop reached the job before it ended) decides when there is one.
+    A time the report lacks is now. Called in trio (its times are trio's clock)."""
+    now = trio.current_time()
     if "error" in report:
         return never_ran(
             paths,
             stopped=False,
-            started_unix_s=started_unix_s,
-            finished_unix_s=_parse(report, "ended_unix_s", float) or now,
+            began_at=began_at,
+            ended_at=max(began_at, report_time(report, "ended_monotonic_s") or now),
             detail=report["error"],
         )
     code = _parse(report, "exit_code", int)
     ran = exec_reported or code is not None
-    fenced_at = _parse(report, "fenced_unix_s", float)
-    finished = _parse(report, "ended_unix_s", float) or now
+    fenced_at = report_time(report, "fenced_monotonic_s")
+    finished = max(began_at, report_time(report, "ended_monotonic_s") or now)
     if not report:
         code = reaper_code
         detail = f"its reaper ended without a report ({_describe_exit(reaper_code)})"
@@ -739,8 +745,8 @@ def command_result(
             stopped=True,
             fenced=True,
             exit_code=code,
-            started_unix_s=started_unix_s,
-            finished_unix_s=fenced_at,
+            began_at=began_at,
+            ended_at=max(began_at, fenced_at),
             detail=f"killed by its reaper at the fence deadline: {detail}",
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
@@ -762,8 +768,8 @@ def command_result(
         state=state,
         stopped=stopped,
         exit_code=code,
-        started_unix_s=started_unix_s,
-        finished_unix_s=finished,
+        began_at=began_at,
+        ended_at=finished,
         detail=detail,
         stdout_path=paths.stdout_path,
         stderr_path=paths.stderr_path,

@@ -4,9 +4,15 @@ Inputs, all read after the fact:
 
 - the database history: every assignment (job, worker, incarnation, commit epoch, state,
   created and ended times), every dead-worker declaration, every refused stale write, jobs;
-- each worker's append-only ``agent.jsonl`` (start and stop records, with wall-clock times);
+- each worker's append-only ``agent.jsonl`` (start and stop records), whose times are the
+  database's clock as each agent knows it (``agent/dbclock.py``), never the worker's wall clock:
+  the lines of every worker and the database's rows are on one clock, within a heartbeat's round
+  trip, a start not before its assignment was created and a stop not after the database
+  recorded its end (lines of an agent whose control plane told no time say ``"clock":
+  "worker"``);
 - the fault record a harness keeps (``events.jsonl``: which process was killed, frozen or cut
-  off, and when), so a run on a killed worker ends at the kill, and a worker declared dead
+  off, and when, by the harness's clock, which must be the database's: a local cluster's, on
+  one machine), so a run on a killed worker ends at the kill, and a worker declared dead
   while it was being faulted is not a false death; faults injected by hand can be added to
   it, or given to ``stockade check --fault`` (:func:`parse_fault`);
 - the clean stops the workers logged (``leave`` lines): a worker stopped cleanly whose leave

@@ -255,7 +255,8 @@ SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_m
        extract(epoch FROM j.started_at)::float8 AS started_unix_s,
        extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
        j.stdout_path, j.stderr_path, j.detail,
-       a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last
+       a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last,
+       extract(epoch FROM now())::float8 AS read_unix_s
   FROM jobs j
   LEFT JOIN LATERAL (
       SELECT id, worker_id, epoch FROM assignments
@@ -306,9 +307,13 @@ SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit
 #                     later than that transaction (cancelled while pending; a late outcome).
 #                     not_before: the backoff (jobs.not_before) on the latest requeue that wrote
 #                     it, the only one the table keeps (docs/design.md, "A job's history").
-#   final             the job's end (succeeded, failed, cancelled) at jobs.finished_at, with its
-#                     exit code and detail; always last (finished_at is the worker's clock for an
-#                     outcome it reported).
+#   final             the job's end (succeeded, failed, cancelled), with its exit code and detail,
+#                     when the record says it ended: jobs.finished_at, or the latest other event
+#                     when that is later. A run its worker reported ended at finished_at (the
+#                     database's clock, dated from the worker's monotonic measures: schema.sql,
+#                     run_finished_at), before its assignment's end recorded the report; and each
+#                     event's time is its own transaction's now() (its start), so two that
+#                     raced may be a little out of order: the job's end follows them all.
 # Reads the job's row and its assignments (index assignments_by_job), one worker_deaths probe per
 # assignment ended by a death and one lease_history probe (primary key) per event: a read of a
 # few rows, on any replica, that writes nothing and adds nothing to the hot paths.
@@ -336,7 +341,7 @@ runs AS (
 last_backoff AS (
     SELECT max(id) AS id FROM runs WHERE requeued AND writes_not_before
 ),
-events AS (
+before_end AS (
     SELECT 'submitted' AS kind, j.submitted_at AS at, 0 AS rank, NULL::bigint AS assignment_id,
            NULL::text AS worker_id, NULL::bigint AS incarnation, NULL::bigint AS epoch,
            NULL::text AS state, NULL::text AS reason, NULL::text AS outcome,
@@ -378,9 +383,12 @@ events AS (
     SELECT 'requeued', r.ended_at, 7, r.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
            CASE WHEN r.id = (SELECT id FROM last_backoff) THEN j.not_before END
       FROM runs r, j WHERE r.requeued
+),
+events AS (
+    SELECT * FROM before_end
     UNION ALL
-    SELECT 'final', j.finished_at, 8, NULL, NULL, NULL, NULL, j.state, NULL, NULL, j.exit_code,
-           nullif(j.detail, ''), NULL
+    SELECT 'final', greatest(j.finished_at, (SELECT max(at) FROM before_end)), 8, NULL, NULL, NULL,
+           NULL, j.state, NULL, NULL, j.exit_code, nullif(j.detail, ''), NULL
       FROM j WHERE j.state IN ('succeeded', 'failed', 'cancelled')
 )
 SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e.worker_id,
@@ -388,7 +396,7 @@ SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e
        e.detail, extract(epoch FROM e.not_before)::float8 AS not_before_unix_s,
        (SELECT state FROM j) AS job_state
   FROM events e LEFT JOIN lease_history h ON h.epoch = e.epoch
- ORDER BY e.kind = 'final', e.at, e.rank, e.assignment_id
+ ORDER BY e.at, e.rank, e.assignment_id
 """
 
 # $1 job id, $2 an assignment id (0: any). What ReadJobLogs reads (actors/logs.py): the job's
@@ -577,10 +585,10 @@ LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
 # this): the function record_outcomes in schema.sql, which says what becomes of an outcome that
 # arrives on time and of one that arrives after the leader ended its assignment as lost.
 # $1 worker id, then parallel arrays: $2 assignment ids, $3 states, $4 exit codes (NULL for
-# none), $5 started (unix s), $6 finished (unix s), $7 stdout paths, $8 stderr paths, $9
-# details. Returns how many were recorded late.
+# none), $5 run lengths (ms), $6 how long before the report was sent each run ended (ms), $7
+# stdout paths, $8 stderr paths, $9 details. Returns how many were recorded late.
 RECORD_OUTCOMES = """
-SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::bigint[], $6::bigint[],
                        $7::text[], $8::text[], $9::text[])
 """
 
@@ -588,17 +596,22 @@ SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::float8[], $6
 # worker's liveness, its finished outcomes (ending the assignments still active) and its
 # running confirmations, and says which of the running assignments to stop.
 # $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
-# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 started (unix s),
-# $8 finished (unix s), $9 stdout paths, $10 stderr paths, $11 details.
+# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 run lengths (ms),
+# $8 how long before the heartbeat was sent each run ended (ms), $9 stdout paths, $10 stderr
+# paths, $11 details.
 # Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
-# stop_assignment_ids.
+# stop_assignment_ids, database_unix_s (now(): the agent times its log by it).
 HEARTBEAT = """
-SELECT current_epoch, alive, stop_assignment_ids
-  FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::float8[],
-                        $8::float8[], $9::text[], $10::text[], $11::text[])
+SELECT current_epoch, alive, stop_assignment_ids, database_unix_s
+  FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::bigint[],
+                        $8::bigint[], $9::text[], $10::text[], $11::text[])
 """
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
+
+# The current epoch and the database's clock (now(), unix s: the start of the caller's
+# transaction), for a registration's reply: the agent times its log by it (agent/dbclock.py).
+EPOCH_AND_CLOCK = "SELECT epoch, extract(epoch FROM now())::float8 AS database_unix_s FROM lease WHERE id = 1"
 
 # $1 worker id, $2 an incarnation. The registration that replaced it, when the worker is alive
 # in a newer incarnation: its agent run, address and incarnation (no row: none). Asked only

@@ -208,25 +208,25 @@ def runtime_text(spec: JobSpec | None) -> str:
     return "-" if spec is None else spec.describe()
 
 
-def lifecycle_rows(info: Job, *, now_unix_s: float | None = None) -> list[tuple[str, str]]:
+def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
     """``stockade job``'s rows of a job's lifecycle: attempts spent of its most, the retry
-    wait (``retrying after 14:02:07 (in 3 s)``), backoff, timeout, constraints, the names of
-    its environment (not the values: they may be secrets), working directory, the jobs it
-    waits for, its array."""
-    import time
-
+    wait (``retrying after 14:02:07 (in 3 s)``: how long is left is told against the time the
+    cluster read the job, database time, never this machine's clock; without that time, the
+    wait's end alone), backoff, timeout, constraints, the names of its environment (not the
+    values: they may be secrets), working directory, the jobs it waits for, its array."""
     from runtime.jobs import JobSpec
 
     spec = info.spec or JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
     runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
     lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
     rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
-    now = time.time() if now_unix_s is None else now_unix_s
     not_before = info.not_before_unix_s or 0.0
-    if not_before > now and info.state in ("pending", "waiting"):
+    read = info.read_unix_s
+    if not_before and (read is None or not_before > read) and info.state in ("pending", "waiting"):
         # Only while the wait lasts: once it has passed the job waits for room like any other.
         clock = datetime.fromtimestamp(not_before).astimezone().strftime("%H:%M:%S")
-        rows.append(("retry", f"retrying after {clock} (in {not_before - now:.0f} s)"))
+        left = "" if read is None else f" (in {not_before - read:.0f} s)"
+        rows.append(("retry", f"retrying after {clock}{left}"))
     if spec.max_attempts > 1:
         rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
     rows += [

@@ -82,9 +82,10 @@ class Job:
     submitted_unix_s: float | None
     """When it was stored, Unix seconds (database time)."""
     started_unix_s: float | None
-    """When its latest run started."""
+    """When its latest run started (database time: the worker measures its run, the database
+    dates it)."""
     finished_unix_s: float | None
-    """When it ended."""
+    """When it ended (database time)."""
     not_before_unix_s: float | None
     """A pending job waiting for its retry backoff is not placed before this time."""
     attempts: int
@@ -103,6 +104,10 @@ class Job:
     """Its standard output's file on the worker's machine."""
     stderr_path: str | None
     """Its standard error's file on the worker's machine."""
+    read_unix_s: float | None = None
+    """When the cluster read it (database time): how long a wait has left is
+    ``not_before_unix_s`` minus this, whatever this machine's clock says; None when the
+    control plane did not say."""
 
     @property
     def ended(self) -> bool:
@@ -140,14 +145,14 @@ class JobEvent:
     - ``requeued``: the job was pending again when ``assignment_id`` ended; ``not_before_unix_s``
       when it waited for a retry or loss backoff (known for the latest such requeue only).
     - ``final``: the job ended: ``state`` (``succeeded``, ``failed``, ``cancelled``),
-      ``exit_code``, ``detail``; always the last event.
+      ``exit_code``, ``detail``; always the last event, at the latest of the job's
+      ``finished_unix_s`` and every other event's time.
     """
 
     kind: str
     """What happened (above)."""
     at_unix_s: float | None
-    """When, Unix seconds, database time (a ``final`` event of a run its worker reported: the
-    worker's clock)."""
+    """When, Unix seconds, database time; the events are in the order of these times."""
     assignment_id: int | None
     """The run the event is of."""
     worker_id: str | None
@@ -374,6 +379,7 @@ def job_from_pb(message: pb.JobInfo) -> Job:
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
         stdout_path=message.stdout_path or None,
         stderr_path=message.stderr_path or None,
+        read_unix_s=_none_if_zero(message.read_unix_s),
     )
 
 

@@ -61,8 +61,9 @@ def wait_ready(
         restarted: id -> incarnation before the restart, of the workers just started again.
         timeout_s: how long to wait, in seconds.
         check_exited: called before each poll; raises ClusterError when a process exited.
-        started_at: id -> when the restarted worker's process was started (wall clock,
-            ``time.time()``: its log's lines carry wall-clock times).
+        started_at: id -> when the restarted worker's process was started (``time.time()``,
+            which on a local cluster's one machine is the database's clock: its log's lines
+            carry the database's clock, :mod:`agent.dbclock`).
 
     Raises:
         ClusterError: a process exited, or ``timeout_s`` passed; names what is missing and
@@ -159,7 +160,7 @@ def _back(worker: pb.WorkerInfo, incarnation_before: int, registered: bool | Non
 
 def registered_since(log_path: Path, since_unix_s: float) -> bool:
     """Whether the worker log ``log_path`` (``agent.jsonl``) has a ``register`` line written at
-    or after ``since_unix_s`` (wall clock), among its last 200 lines."""
+    or after ``since_unix_s`` (the database's clock, as the lines'), among its last 200 lines."""
     if not log_path.exists():
         return False
     for line in reversed(tail_lines(log_path, max_lines=200).lines):

@@ -476,7 +476,7 @@ async def test_the_survey_keeps_only_reapers_its_records_prove_and_stops_the_res
                     cpu_millis=100,
                     memory_mb=10,
                     runtime=CommandRuntime(argv=("sleep", "30")),
-                    started_unix_s=time.time(),
+                    started_monotonic_s=time.monotonic(),
                     began_monotonic_s=time.monotonic(),
                     supervisor_pid=pid,
                     supervisor_start_ticks=ticks + skew,

@@ -16,6 +16,7 @@ import attrs
 import pytest
 import trio
 
+from agent.fence import trio_time_of
 from agent.messages import JobState
 from agent.reaper import FENCED_AT_FILE, write_fence_deadline
 from agent.runtimes import JobResult, RunOptions, run_job
@@ -60,7 +61,7 @@ async def test_command_records_exit_code_and_output(tmp_path: Path) -> None:
     assert Path(result.stdout_path) == tmp_path / "7-70" / "stdout.log"
     assert _read(result.stdout_path) == "hi\n"
     assert _read(result.stderr_path) == "oops\n"
-    assert result.finished_unix_s >= result.started_unix_s
+    assert result.ended_at >= result.began_at
 
 
 async def test_command_runs_in_its_job_folder(tmp_path: Path) -> None:
@@ -199,10 +200,11 @@ async def test_a_grandchild_in_another_session_is_killed_when_the_job_ends(tmp_p
 
 
 def _deadline_in(path: Path, delay_s: float) -> float:
-    """Write a fence deadline ``delay_s`` from now; return it as a wall-clock time."""
-    monotonic_s, wall_s = time.monotonic(), time.time()
-    write_fence_deadline(path, monotonic_s + delay_s)
-    return wall_s + delay_s
+    """Write a fence deadline ``delay_s`` from now; return it (``time.monotonic()``, the clock of
+    the file and of the reaper's times)."""
+    deadline = time.monotonic() + delay_s
+    write_fence_deadline(path, deadline)
+    return deadline
 
 
 async def test_the_reaper_kills_the_job_once_the_fence_deadline_passes(tmp_path: Path) -> None:
@@ -223,7 +225,7 @@ async def test_the_reaper_kills_the_job_once_the_fence_deadline_passes(tmp_path:
     assert result.fenced and result.stopped and result.state is JobState.CANCELLED
     assert result.exit_code == -signal.SIGKILL
     fenced_at = float((tmp_path / "j" / FENCED_AT_FILE).read_text())
-    assert result.finished_unix_s == fenced_at
+    assert result.ended_at == pytest.approx(trio_time_of(fenced_at), abs=1e-3)
     assert deadline - 0.001 <= fenced_at < deadline + 0.1
     assert not _alive(int(pid_file.read_text()))
 

@@ -180,7 +180,7 @@ async def test_sleep_job_runs_and_is_reported_finished(tmp_path: Path) -> None:
             True,
             0,
         )
-        assert outcome.finished_unix_s - outcome.started_unix_s >= 0.2
+        assert outcome.run_ms >= 200
     assert [(r["event"], r.get("reason")) for r in h.log() if r["assignment_id"] == 1] == [
         ("start", None),
         ("stop", "succeeded"),

@@ -80,8 +80,7 @@ class Cluster:
             state=state,
             has_exit_code=True,
             exit_code=code,
-            started_unix_s=1_700_000_000.0,
-            finished_unix_s=1_700_000_001.0,
+            run_ms=1000,
             detail=f"exit code {code}",
         )
         await self.cp.call(

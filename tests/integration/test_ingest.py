@@ -343,7 +343,7 @@ async def test_heartbeats_are_counted_as_recorded_or_answered_reregister(
 
 def outcome(**fields: object) -> pb.JobOutcome:
     values: dict[str, object] = dict(
-        assignment_id=1, job_id=1, state="succeeded", finished_unix_s=1.7e9, detail="exit 0"
+        assignment_id=1, job_id=1, state="succeeded", run_ms=1000, detail="exit 0"
     )
     values.update(fields)
     return pb.JobOutcome(**values)  # type: ignore[arg-type]
@@ -365,8 +365,14 @@ BAD_OUTCOMES = [
         r"got 18446744073709551615",
     ),
     (outcome(state="exploded"), r"finished\[0\]\.state must be one of succeeded, failed, cancelled"),
-    (outcome(finished_unix_s=float("nan")), r"finished\[0\]\.finished_unix_s must be a finite number"),
-    (outcome(started_unix_s=float("inf")), r"finished\[0\]\.started_unix_s must be a finite number"),
+    (
+        outcome(run_ms=3_153_600_000_001),
+        r"finished\[0\]\.run_ms must be between 0 and 3153600000000, got 3153600000001",
+    ),
+    (
+        outcome(ended_ago_ms=2**63 - 1),
+        r"finished\[0\]\.ended_ago_ms must be between 0 and 3153600000000, got 9223372036854775807",
+    ),
 ]
 
 

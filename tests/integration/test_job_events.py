@@ -110,8 +110,6 @@ def outcome(assignment_id: int, job_id: int, state: str = "succeeded", exit_code
         state=state,
         has_exit_code=True,
         exit_code=exit_code,
-        started_unix_s=0.0,
-        finished_unix_s=0.0,
         detail=f"exit code {exit_code}",
     )
 

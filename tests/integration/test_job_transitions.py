@@ -218,8 +218,7 @@ class World:
                             state="succeeded",
                             has_exit_code=True,
                             exit_code=0,
-                            started_unix_s=1_700_000_000.0,
-                            finished_unix_s=1_700_000_000.3,
+                            run_ms=300,
                             detail="exit code 0",
                         )
                     )

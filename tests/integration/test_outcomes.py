@@ -108,6 +108,35 @@ class Cluster:
         assert row is not None
         return dict(row)
 
+    async def times(self, assignment_id: int) -> dict[str, float | None]:
+        """The times (unix s, database time) of an assignment and its job: ``submitted``,
+        ``created``, ``ended`` (the assignment's), ``started`` and ``finished`` (the job's)."""
+        row = await self.admin.fetchrow(
+            "SELECT extract(epoch FROM j.submitted_at)::float8 AS submitted,"
+            " extract(epoch FROM a.created_at)::float8 AS created,"
+            " extract(epoch FROM a.ended_at)::float8 AS ended,"
+            " extract(epoch FROM j.started_at)::float8 AS started,"
+            " extract(epoch FROM j.finished_at)::float8 AS finished"
+            " FROM assignments a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+            assignment_id,
+        )
+        assert row is not None
+        return dict(row)
+
+    async def backdate(self, job_id: int, seconds: float) -> None:
+        """Move the job's submission and its assignments' creation ``seconds`` into the past, as
+        if it had been placed that long ago."""
+        await self.admin.execute(
+            "UPDATE jobs SET submitted_at = submitted_at - make_interval(secs => $2) WHERE id = $1",
+            job_id,
+            seconds,
+        )
+        await self.admin.execute(
+            "UPDATE assignments SET created_at = created_at - make_interval(secs => $2) WHERE job_id = $1",
+            job_id,
+            seconds,
+        )
+
     async def job(self, job_id: int) -> dict[str, object]:
         row = await self.admin.fetchrow(
             "SELECT state, exit_code, reason, detail, stdout_path, stderr_path,"
@@ -133,6 +162,9 @@ def outcome(
     state: str = "succeeded",
     exit_code: int | None = 0,
     detail: str = "exit code 0",
+    *,
+    run_ms: int = 1500,
+    ended_ago_ms: int = 0,
 ) -> pb.JobOutcome:
     return pb.JobOutcome(
         assignment_id=assignment_id,
@@ -140,8 +172,8 @@ def outcome(
         state=state,
         has_exit_code=exit_code is not None,
         exit_code=exit_code or 0,
-        started_unix_s=1_700_000_000.0,
-        finished_unix_s=1_700_000_001.5,
+        run_ms=run_ms,
+        ended_ago_ms=ended_ago_ms,
         stdout_path=f"/w/jobs/{job_id}-{assignment_id}/stdout.log",
         stderr_path=f"/w/jobs/{job_id}-{assignment_id}/stderr.log",
         detail=detail,
@@ -167,7 +199,8 @@ async def test_outcomes_in_a_registration_are_recorded_before_the_new_incarnatio
     }
     job = await cluster.job(done)
     assert (job["state"], job["exit_code"], job["detail"]) == ("succeeded", 0, "exit code 0")
-    assert job["finished_unix_s"] == pytest.approx(1_700_000_001.5)
+    times = await cluster.times(done_aid)
+    assert times["finished"] == times["ended"]  # reported as it ended: the registration's now()
     assert await cluster.sweep() == ([lost_aid], [unreported])
     assert (await cluster.job(done))["state"] == "succeeded"
     assert (await cluster.assignment(lost_aid))["end_reason"] == "worker_restarted"
@@ -185,6 +218,7 @@ async def test_a_late_outcome_on_a_lost_assignment_ends_its_pending_job(cluster:
     assert await cluster.sweep() == ([aid], [job_id])
     assert (await cluster.job(job_id))["state"] == "pending"
     await cluster.heartbeat("w-1", new, outcome(aid, job_id, "failed", 3, "exit code 3"))
+    times = await cluster.times(aid)
     assert await cluster.assignment(aid) == {
         "state": "lost",
         "end_reason": "worker_restarted",
@@ -198,9 +232,11 @@ async def test_a_late_outcome_on_a_lost_assignment_ends_its_pending_job(cluster:
         "detail": "exit code 3",
         "stdout_path": f"/w/jobs/{job_id}-{aid}/stdout.log",
         "stderr_path": f"/w/jobs/{job_id}-{aid}/stderr.log",
-        "started_unix_s": pytest.approx(1_700_000_000.0),
-        "finished_unix_s": pytest.approx(1_700_000_001.5),
+        "started_unix_s": times["started"],
+        "finished_unix_s": times["finished"],
     }
+    # Dated within the lost assignment: the run ended before the leader ended it.
+    assert times["created"] <= times["started"] <= times["finished"] <= times["ended"]
     assert await cluster.place(job_id, "w-1", new) is None  # the placer's claim skips it
 
 
@@ -422,3 +458,40 @@ async def test_a_not_started_report_ends_the_assignment_and_places_the_job_again
         "exit_code": None,
     }
     assert (await cluster.job(job_id))["state"] == "assigned"
+
+
+async def test_a_reported_run_is_dated_by_the_databases_clock(cluster: Cluster) -> None:
+    """An outcome says how long its run lasted and how long before its report it ended, by the
+    worker's monotonic clock: the job finished that long before the database recorded the report
+    (the assignment's end) and started the run's length before that."""
+    incarnation = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", incarnation)
+    assert aid is not None
+    await cluster.backdate(job_id, 3600.0)  # placed an hour ago: nothing clamps the run's times
+    await cluster.heartbeat("w-1", incarnation, outcome(aid, job_id, run_ms=90_000, ended_ago_ms=250))
+    times = await cluster.times(aid)
+    assert times["finished"] == pytest.approx(times["ended"] - 0.25, abs=1e-6)
+    assert times["started"] == pytest.approx(times["finished"] - 90.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("run_ms", "ended_ago_ms"),
+    [(0, 0), (10_000_000, 0), (0, 10_000_000), (3_153_600_000_000, 3_153_600_000_000)],
+)
+async def test_a_runs_dates_never_leave_its_assignment(
+    cluster: Cluster, run_ms: int, ended_ago_ms: int
+) -> None:
+    """However long a worker says its run lasted, or how long ago it ended (up to the limit), the
+    job starts no earlier than its assignment was created (nor its submission) and finishes no
+    earlier than it started and no later than the database recorded its end."""
+    incarnation = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", incarnation)
+    assert aid is not None
+    await cluster.heartbeat(
+        "w-1", incarnation, outcome(aid, job_id, run_ms=run_ms, ended_ago_ms=ended_ago_ms)
+    )
+    times = await cluster.times(aid)
+    assert all(t is not None for t in times.values())
+    assert times["submitted"] <= times["created"] <= times["started"] <= times["finished"] <= times["ended"]  # type: ignore[operator]

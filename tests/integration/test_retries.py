@@ -91,7 +91,7 @@ def failed(assignment_id: int, job_id: int, detail: str = "exit code 3") -> pb.J
         state="failed",
         has_exit_code=True,
         exit_code=3,
-        finished_unix_s=1_700_000_001.0,
+        run_ms=1000,
         detail=detail,
     )
 
@@ -245,7 +245,7 @@ async def test_a_late_success_revives_the_dependants_its_loss_had_cancelled(clus
         str(child),
     )
     success = pb.JobOutcome(
-        assignment_id=aid, job_id=parent, state="succeeded", has_exit_code=True, finished_unix_s=1.0
+        assignment_id=aid, job_id=parent, state="succeeded", has_exit_code=True, run_ms=1000
     )
     await cluster.heartbeat("w-1", new, success)
     assert (await cluster.job(parent))["state"] == "succeeded"

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import attrs
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,7 +50,7 @@ def record(
         cpu_millis=cpu,
         memory_mb=memory,
         runtime=runtime or CommandRuntime(argv=("sh", "-c", "sleep 60")),  # type: ignore[arg-type]
-        started_unix_s=started,
+        started_monotonic_s=started,
         began_monotonic_s=started,
         supervisor_pid=pid,
         supervisor_start_ticks=ticks,
@@ -290,7 +292,7 @@ def test_a_continued_incarnation_refuses_what_was_released_and_accepts_new_work(
     assert (adm.cpu_used_millis, adm.memory_used_mb) == (600, 266)
 
 
-def test_a_job_whose_supervisor_was_never_recorded_nor_reported_did_not_start(tmp_path: Path) -> None:
+async def test_a_job_whose_supervisor_was_never_recorded_nor_reported_did_not_start(tmp_path: Path) -> None:
     """A record with no reaper, none running and no report: the agent died before it forked
     one, so the job never ran (not_started: placed again at once); with a recorded reaper and no
     report, the reaper was killed: the job failed."""
@@ -298,9 +300,15 @@ def test_a_job_whose_supervisor_was_never_recorded_nor_reported_did_not_start(tm
     assert (unstarted.state, unstarted.started) == (JobState.NOT_STARTED, False)
     killed = adoption.result_from_report(record(), tmp_path, stopped=False)
     assert (killed.state, killed.started) == (JobState.FAILED, True)
-    (tmp_path / "reaper.report").write_text("exit_code=0\nended_unix_s=5.0\nstopped=0\n")
-    done = adoption.result_from_report(record(), tmp_path, stopped=False)
-    assert (done.state, done.exit_code, done.finished_unix_s) == (JobState.SUCCEEDED, 0, 5.0)
+    ended_monotonic_s = time.monotonic() - 2.0
+    (tmp_path / "reaper.report").write_text(
+        f"exit_code=0\nended_monotonic_s={ended_monotonic_s!r}\nstopped=0\n"
+    )
+    done = adoption.result_from_report(record(started=ended_monotonic_s - 3.0), tmp_path, stopped=False)
+    assert (done.state, done.exit_code) == (JobState.SUCCEEDED, 0)
+    # Its times are the reaper's CLOCK_MONOTONIC ones, in this agent's trio clock.
+    assert done.ended_at == pytest.approx(trio.current_time() - 2.0, abs=0.5)
+    assert done.ended_at - done.began_at == pytest.approx(3.0)
 
 
 def test_one_agent_process_per_work_folder(tmp_path: Path) -> None:

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import time
+
+import pytest
+import trio
 
 from agent.container import container_labels, container_name, container_result, supervisor_argv
 from agent.messages import JobState
@@ -25,9 +29,7 @@ PATHS = OutputPaths(stdout_path="/j/stdout.log", stderr_path="/j/stderr.log")
 def _result(
     report: dict[str, str], *, stopped: bool = False, started: bool = True
 ) -> tuple[JobState, str, bool]:
-    result = container_result(
-        report, 0, stopped=stopped, exec_reported=started, started_unix_s=1.0, paths=PATHS
-    )
+    result = container_result(report, 0, stopped=stopped, exec_reported=started, began_at=1.0, paths=PATHS)
     return result.state, result.detail, result.started
 
 
@@ -73,51 +75,64 @@ def test_a_container_job_takes_a_start_slot() -> None:
     assert forks(ContainerRuntime(image="app"))
 
 
-def test_an_exit_code_reads_as_a_commands() -> None:
+async def test_an_exit_code_reads_as_a_commands() -> None:
     """0 succeeds, anything else fails, with the exit code as the detail."""
-    assert _result({"exit_code": "0", "ended_unix_s": "2.0", "stopped": "0", "removed": "1"})[:2] == (
+    assert _result({"exit_code": "0", "ended_monotonic_s": "2.0", "stopped": "0", "removed": "1"})[:2] == (
         JobState.SUCCEEDED,
         "exit code 0",
     )
-    assert _result({"exit_code": "3", "ended_unix_s": "2.0", "stopped": "0"})[:2] == (
+    assert _result({"exit_code": "3", "ended_monotonic_s": "2.0", "stopped": "0"})[:2] == (
         JobState.FAILED,
         "exit code 3",
     )
 
 
-def test_a_reason_comes_first_and_fails_the_job() -> None:
+async def test_a_reason_comes_first_and_fails_the_job() -> None:
     """A report's reason starts the detail (then its words and the exit code) and fails the job,
     even with exit code 0; a stop still reads as cancelled."""
     oom = {
         "exit_code": "137",
-        "ended_unix_s": "2.0",
+        "ended_monotonic_s": "2.0",
         "stopped": "0",
         "reason": "oom_killed",
         "reason_detail": "x",
     }
     assert _result(oom)[:2] == (JobState.FAILED, "oom_killed: x (exit code 137)")
-    gone = {"ended_unix_s": "2.0", "stopped": "0", "reason": "no_container_engine", "reason_detail": "gone"}
+    gone = {
+        "ended_monotonic_s": "2.0",
+        "stopped": "0",
+        "reason": "no_container_engine",
+        "reason_detail": "gone",
+    }
     assert _result(gone)[:2] == (JobState.FAILED, "no_container_engine: gone")
     assert _result({**gone, "stopped": "1"}, stopped=True)[0] is JobState.CANCELLED
 
 
-def test_a_container_that_never_started_says_why() -> None:
+async def test_a_container_that_never_started_says_why() -> None:
     """The report's error (image_not_found ...) is the detail of a job that never ran."""
     state, detail, started = _result(
-        {"error": "image_not_found: image 'app:2' is not on this worker", "ended_unix_s": "2.0"},
+        {"error": "image_not_found: image 'app:2' is not on this worker", "ended_monotonic_s": "2.0"},
         started=False,
     )
     assert (state, started) == (JobState.FAILED, False)
     assert detail.startswith("image_not_found: ")
 
 
-def test_a_fence_kill_stays_a_fence_kill() -> None:
+async def test_a_fence_kill_stays_a_fence_kill() -> None:
     """A container killed at the fence deadline is fenced, whatever reason the report adds
     (the detail names it)."""
-    report = {"exit_code": "137", "ended_unix_s": "3.0", "stopped": "1", "fenced_unix_s": "2.0"}
-    result = container_result(report, 137, stopped=False, exec_reported=True, started_unix_s=1.0, paths=PATHS)
-    assert result.fenced and result.state is JobState.CANCELLED and result.finished_unix_s == 2.0
+    fenced_at = time.monotonic() - 1.0  # the supervisor's clock: CLOCK_MONOTONIC
+    report = {
+        "exit_code": "137",
+        "ended_monotonic_s": repr(fenced_at + 0.5),
+        "stopped": "1",
+        "fenced_monotonic_s": repr(fenced_at),
+    }
+    began_at = trio.current_time() - 5.0
+    result = container_result(report, 137, stopped=False, exec_reported=True, began_at=began_at, paths=PATHS)
+    assert result.fenced and result.state is JobState.CANCELLED
+    assert result.ended_at == pytest.approx(trio.current_time() - 1.0, abs=0.5)
     gone = {**report, "reason": "no_container_engine", "reason_detail": "gone"}
-    result = container_result(gone, 1, stopped=False, exec_reported=True, started_unix_s=1.0, paths=PATHS)
+    result = container_result(gone, 1, stopped=False, exec_reported=True, began_at=1.0, paths=PATHS)
     assert result.fenced and result.state is JobState.CANCELLED
     assert result.detail == "killed by its supervisor at the fence deadline; then no_container_engine: gone"

@@ -23,10 +23,8 @@ import pytest
 import trio
 import trio.testing
 
+from agent import dbclock as agent_dbclock
 from agent import fence as agent_fence
-from agent import joblog as agent_joblog
-from agent import running as agent_running
-from agent import runtimes as agent_runtimes
 from agent.core import Agent
 from agent.joblog import read_log
 from agent.messages import (
@@ -87,14 +85,14 @@ class ScriptedControlPlane:
             self.register_failures -= 1
             raise NoControlPlaneReachable("no control plane answered: scripted refusal")
         self.incarnations += 1
-        return Registered(incarnation=self.incarnations, epoch=self.epoch)
+        return Registered(incarnation=self.incarnations, epoch=self.epoch, database_unix_s=database_now())
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
         sent = trio.current_time()
         self.heartbeats.append((sent, request))
         await self._gate()
         await trio.sleep(self.answer_delay_s)
-        answer = HeartbeatAnswer(epoch=self.epoch, **self.next_answer)
+        answer = HeartbeatAnswer(epoch=self.epoch, database_unix_s=database_now(), **self.next_answer)
         self.next_answer = {}
         self.answered.append(sent)
         return answer
@@ -104,6 +102,17 @@ class ScriptedControlPlane:
         await self._gate()
         await trio.sleep(self.answer_delay_s)
         return LeaveAnswer(left=True, epoch=self.epoch)
+
+
+WALL_AT_ZERO = 1_700_000_000.0
+"""The database's clock (and the wall clock, where a test makes it follow the mock clock) at
+mock time 0."""
+
+
+def database_now() -> float:
+    """The database's clock now, as the scripted control plane tells it: it follows the mock
+    clock."""
+    return WALL_AT_ZERO + trio.current_time()
 
 
 def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
@@ -526,7 +535,10 @@ async def test_job_whose_start_line_cannot_be_written_is_not_started(
     assert [r["event"] for r in read_log(tmp_path / "agent.jsonl") if r["assignment_id"] == 1] == []
 
 
-WALL_AT_ZERO = 1_700_000_000.0
+DRIFT_S = 0.01
+"""How far a line's time may be from the database's clock at its event in these tests: its
+bracket widens by agent.dbclock.MAX_DRIFT of the (mock) seconds since the reading it is dated
+by, a few milliseconds here."""
 
 
 @pytest.fixture
@@ -536,7 +548,7 @@ def clocks_follow_mock_time(monkeypatch: pytest.MonkeyPatch) -> None:
     shim = types.SimpleNamespace(
         time=lambda: WALL_AT_ZERO + trio.current_time(), monotonic=lambda: trio.current_time()
     )
-    for module in (agent_fence, agent_running, agent_joblog, agent_runtimes):
+    for module in (agent_fence, agent_dbclock):
         monkeypatch.setattr(module, "time", shim)
 
 
@@ -563,7 +575,7 @@ async def test_a_sleep_job_that_ran_out_while_frozen_past_the_deadline_is_fenced
     assert [o for _, hb in cp.heartbeats for o in hb.finished] == []
     (stop,) = _records(tmp_path, "stop")
     assert stop["assignment_id"] == 1 and stop["reason"] == "self_fence"
-    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=1e-6)
+    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=DRIFT_S)
 
 
 async def test_a_sleep_job_that_ran_out_while_frozen_before_the_deadline_succeeded(
@@ -582,7 +594,7 @@ async def test_a_sleep_job_that_ran_out_while_frozen_before_the_deadline_succeed
     (start,) = _records(tmp_path, "start")
     stop = _records(tmp_path, "stop")[0]
     assert stop["reason"] == "succeeded"
-    assert stop["time"] == pytest.approx(start["time"] + 1.0, abs=1e-6)
+    assert stop["time"] == pytest.approx(start["time"] + 1.0, abs=DRIFT_S)
     # Reported once: by a heartbeat, or by the registration that follows the fence when the
     # job's task ran after the heartbeat that got through had been built.
     reported = [o for _, hb in cp.heartbeats for o in hb.finished]
@@ -610,4 +622,4 @@ async def test_a_heartbeat_answered_after_the_deadline_does_not_move_it(
         assert agent.incarnation == 2
     (stop,) = _records(tmp_path, "stop")
     assert stop["reason"] == "self_fence"
-    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=1e-6)
+    assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=DRIFT_S)

@@ -67,11 +67,15 @@ class SlowToStop:
                 state=JobState.CANCELLED,
                 stopped=True,
                 exit_code=None,
-                started_unix_s=began,
-                finished_unix_s=0,
+                began_at=began,
+                ended_at=trio.current_time(),
             )
         return JobResult(
-            state=JobState.SUCCEEDED, stopped=False, exit_code=None, started_unix_s=began, finished_unix_s=0
+            state=JobState.SUCCEEDED,
+            stopped=False,
+            exit_code=None,
+            began_at=began,
+            ended_at=trio.current_time(),
         )
 
 

@@ -202,8 +202,8 @@ class RefusedAtTheFence:
             stopped=True,
             fenced=True,
             exit_code=None,
-            started_unix_s=0.0,
-            finished_unix_s=0.0,
+            began_at=0.0,
+            ended_at=0.0,
             detail="killed by its reaper at the fence deadline: not started: the fence deadline had passed",
             started=False,
         )

@@ -202,7 +202,7 @@ class ScriptedRunner:
         if isinstance(runtime, SleepRuntime):
             return await run_job(runtime, job_dir=job_dir, stop=stop, stop_grace_s=stop_grace_s)
         aid = int(job_dir.name.split("-")[1])
-        began = time.time()
+        began = trio.current_time()
         self.spawned.append((trio.current_time(), aid))
         self.starting += 1
         self.max_starting = max(self.max_starting, self.starting)
@@ -214,8 +214,8 @@ class ScriptedRunner:
                 state=JobState.FAILED,
                 stopped=False,
                 exit_code=None,
-                started_unix_s=began,
-                finished_unix_s=time.time(),
+                began_at=began,
+                ended_at=trio.current_time(),
                 detail="cannot start 'x': [Errno 2] No such file or directory",
                 started=False,
             )
@@ -226,22 +226,22 @@ class ScriptedRunner:
                     state=JobState.SUCCEEDED,
                     stopped=False,
                     exit_code=0,
-                    started_unix_s=began,
-                    finished_unix_s=time.time(),
+                    began_at=began,
+                    ended_at=trio.current_time(),
                 )
             return JobResult(
                 state=JobState.CANCELLED,
                 stopped=True,
                 exit_code=-15,
-                started_unix_s=began,
-                finished_unix_s=time.time(),
+                began_at=began,
+                ended_at=trio.current_time(),
             )
         return JobResult(
             state=JobState.SUCCEEDED,
             stopped=False,
             exit_code=0,
-            started_unix_s=began,
-            finished_unix_s=time.time(),
+            began_at=began,
+            ended_at=trio.current_time(),
         )
 
 

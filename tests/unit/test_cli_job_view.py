@@ -3,8 +3,10 @@ retry wait, timeout, constraints, environment names (not values), workdir, after
 
 from __future__ import annotations
 
+import copy
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -61,9 +63,16 @@ RETRYING = pb.JobInfo(
 )
 
 
+def read_at(read_unix_s: float) -> pb.JobInfo:
+    """:data:`RETRYING` as read by the cluster at ``read_unix_s`` (database time)."""
+    info = copy.deepcopy(RETRYING)
+    info.read_unix_s = read_unix_s
+    return info
+
+
 def test_the_lifecycle_rows_say_what_the_job_was_given_and_spent() -> None:
     """Attempts spent of the most, the retry's wait, and each setting; env names only."""
-    rows = dict(lifecycle_rows(job_from_pb(RETRYING), now_unix_s=1_700_000_004.0))
+    rows = dict(lifecycle_rows(job_from_pb(read_at(1_700_000_004.0))))
     assert rows["attempts"] == "1 of 3 spent, 1 run (runs lost with a worker not counted)"
     assert rows["retry"].startswith("retrying after ") and rows["retry"].endswith("(in 6 s)")
     assert rows["timeout"] == "90 s"
@@ -94,7 +103,22 @@ def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch
 
 def test_a_retry_wait_that_has_passed_is_not_shown() -> None:
     """Once its retry wait has passed, a pending job shows no retry row (it waits for room)."""
-    assert "retry" not in dict(lifecycle_rows(job_from_pb(RETRYING), now_unix_s=1_700_000_011.0))
+    assert "retry" not in dict(lifecycle_rows(job_from_pb(read_at(1_700_000_011.0))))
+
+
+@pytest.mark.parametrize("offset_s", [-600.0, 0.0, 600.0])
+def test_the_retry_wait_is_told_by_the_clusters_clock_not_this_machines(
+    monkeypatch: pytest.MonkeyPatch, offset_s: float
+) -> None:
+    """How long a retry wait has left is the job's not_before minus the time the cluster read it
+    (database time), whatever this machine's clock says; a reply that says no read time shows
+    the wait's end alone."""
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_004.0 + offset_s)
+    rows = dict(lifecycle_rows(job_from_pb(read_at(1_700_000_004.0))))
+    assert rows["retry"].endswith("(in 6 s)")
+    assert dict(lifecycle_rows(job_from_pb(RETRYING)))["retry"].endswith(
+        datetime.fromtimestamp(1_700_000_010.0).astimezone().strftime("%H:%M:%S")
+    )
 
 
 def test_an_array_shows_its_tasks_by_state() -> None:

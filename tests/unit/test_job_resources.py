@@ -509,8 +509,8 @@ def _result(state: JobState, **changes: object) -> JobResult:
         "state": state,
         "stopped": False,
         "exit_code": -9,
-        "started_unix_s": 1.0,
-        "finished_unix_s": 2.0,
+        "began_at": 1.0,
+        "ended_at": 2.0,
         "detail": "killed by signal SIGKILL",
     }
     fields.update(changes)

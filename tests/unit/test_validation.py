@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from actors import validation
 from actors.ingest_replies import outcome_fields
 from actors.validation import check_registration
 from agent.control_plane import outcome_to_pb
-from agent.messages import MAX_OUTCOME_DETAIL_BYTES, JobState, Outcome
+from agent.messages import MAX_OUTCOME_DETAIL_BYTES, MAX_OUTCOME_MS, JobState, Outcome
 from protocol import pb
 from runtime import validation as shared
 from runtime.errors import InvalidArgument
@@ -42,8 +43,8 @@ OUTCOME = dict(
     assignment_id=1,
     job_id=1,
     state="failed",
-    started_unix_s=1.0,
-    finished_unix_s=2.0,
+    run_ms=1000,
+    ended_ago_ms=2000,
     stdout_path="",
     stderr_path="",
     detail="",
@@ -330,10 +331,24 @@ def test_the_agent_cuts_an_outcomes_detail_to_what_the_control_plane_accepts() -
         job_id=1,
         state=JobState.FAILED,
         exit_code=None,
-        started_unix_s=1.0,
-        finished_unix_s=2.0,
+        run_s=1.0,
+        ended_at=2.0,
         detail=detail,
     )
-    validation.check_outcome("finished[0]", **outcome_fields(outcome_to_pb(outcome)))  # type: ignore[arg-type]
+    validation.check_outcome("finished[0]", **outcome_fields(outcome_to_pb(outcome, now=3.0)))  # type: ignore[arg-type]
     assert outcome.detail.startswith("cannot start 'xxx") and outcome.detail.endswith("xxx'")
     assert MAX_OUTCOME_DETAIL_BYTES == validation.MAX_DETAIL_BYTES
+
+
+def test_the_agent_caps_an_outcomes_measures_to_what_the_control_plane_accepts() -> None:
+    """An outcome whose run lasted longer than any the control plane accepts, or that ended
+    before a clock's reading it cannot express, still passes its checks: the agent rounds its
+    measures down and caps them (MAX_OUTCOME_MS is the control plane's limit)."""
+    outcome = Outcome(
+        assignment_id=1, job_id=1, state=JobState.SUCCEEDED, exit_code=0, run_s=1e15, ended_at=-1e15
+    )
+    message = outcome_to_pb(outcome, now=0.0)
+    assert message.run_ms == message.ended_ago_ms == validation.MAX_OUTCOME_MS == MAX_OUTCOME_MS
+    validation.check_outcome("finished[0]", **outcome_fields(message))  # type: ignore[arg-type]
+    late = outcome_to_pb(attrs.evolve(outcome, run_s=1.2345, ended_at=10.0), now=9.0)
+    assert (late.run_ms, late.ended_ago_ms) == (1234, 0)  # rounded down; an end "after" the send is 0

@@ -451,6 +451,12 @@ class HeartbeatReply(betterproto2.Message):
 
     newer_incarnation: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
 
+    database_unix_s: "float" = betterproto2.field(8, betterproto2.TYPE_DOUBLE)
+    """
+    The database's clock (now()) when the heartbeat was recorded, as in
+    RegisterWorkerReply.database_unix_s. 0: not said.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatReply", HeartbeatReply)
 
@@ -531,7 +537,8 @@ class JobEvent(betterproto2.Message):
 
     at_unix_s: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
     """
-    When, database time (a final event of a run its worker reported: the worker's clock).
+    When, database time. The events are in the order of these times (ties in the order one
+    transaction did them); a final event is never earlier than any other of its job.
     """
 
     assignment_id: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
@@ -658,6 +665,12 @@ class JobInfo(betterproto2.Message):
     Of a task of an array: how many of the array's tasks are in each state.
     """
 
+    read_unix_s: "float" = betterproto2.field(22, betterproto2.TYPE_DOUBLE)
+    """
+    When it was read (the database's now()): a client tells how long a wait has left
+    (not_before_unix_s) against this, not against its own clock. 0: not said.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "JobInfo", JobInfo)
 
@@ -678,10 +691,6 @@ class JobOutcome(betterproto2.Message):
 
     exit_code: "int" = betterproto2.field(5, betterproto2.TYPE_SINT32)
 
-    started_unix_s: "float" = betterproto2.field(6, betterproto2.TYPE_DOUBLE)
-
-    finished_unix_s: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
-
     stdout_path: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
 
     stderr_path: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
@@ -692,6 +701,18 @@ class JobOutcome(betterproto2.Message):
     runtime knows why: oom_killed, image_not_found, command_not_found, no_container_engine,
     container_error (container jobs).
     """
+
+    run_ms: "int" = betterproto2.field(11, betterproto2.TYPE_UINT64)
+    """
+    How long the run lasted, from its start to its end (0: it never started), and how long
+    before this request was sent it ended: both measured by the worker's monotonic clock,
+    rounded down. The database dates the run by its own clock: it ended at now() minus
+    ended_ago_ms and started run_ms before that (schema.sql, outcome_times), so its start and
+    end are never out of order with the job's submission or the assignment's end, whatever the
+    worker's wall clock says. At most 3,153,600,000,000 (100 years) each.
+    """
+
+    ended_ago_ms: "int" = betterproto2.field(12, betterproto2.TYPE_UINT64)
 
 
 default_message_pool.register_message("stockade.v1", "JobOutcome", JobOutcome)
@@ -1033,6 +1054,13 @@ class RegisterWorkerReply(betterproto2.Message):
     """
 
     released_assignment_ids: "list[int]" = betterproto2.field(6, betterproto2.TYPE_UINT64, repeated=True)
+
+    database_unix_s: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
+    """
+    The database's clock (now()) when the registration was recorded: read at some instant
+    between the request's send and the reply's arrival, so the agent times its log by it
+    (agent/dbclock.py). 0: not said (an older control plane).
+    """
 
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerReply", RegisterWorkerReply)
