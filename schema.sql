@@ -658,7 +658,8 @@ BEGIN
                reason = CASE WHEN o.state = 'failed' AND j.state = 'pending'
                                   AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
                              THEN j.reason ELSE '' END,
-               -- dated within the lost assignment: it ended before the leader ended it
+               -- dated within the lost assignment: it ended before the leader ended it (strictly,
+               -- so the job's history tells the requeue in between: queries.JOB_EVENTS)
                started_at = run_started_at(a.created_at, f.finished_at, o.run_ms),
                finished_at = CASE WHEN o.state = 'failed' AND j.state = 'pending'
                                        AND retries(false, j.failures, (NOT j.count_lost)::int, j.max_attempts)
@@ -667,7 +668,8 @@ BEGIN
                stdout_path = o.stdout_path, stderr_path = o.stderr_path, detail = o.detail
           FROM o JOIN assignments a ON a.id = o.assignment_id
          CROSS JOIN LATERAL (
-             SELECT run_finished_at(a.created_at, a.ended_at, o.ended_ago_ms) AS finished_at
+             SELECT run_finished_at(a.created_at, a.ended_at - interval '1 microsecond', o.ended_ago_ms)
+                    AS finished_at
          ) f
          WHERE a.id = ANY(late_ids) AND a.worker_id = p_worker_id AND a.state = 'lost'
            AND a.outcome = o.state

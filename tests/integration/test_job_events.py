@@ -103,7 +103,9 @@ async def cluster(database_url: str) -> AsyncIterator[Cluster]:
         yield Cluster(cp=cp, admin=admin)
 
 
-def outcome(assignment_id: int, job_id: int, state: str = "succeeded", exit_code: int = 0) -> pb.JobOutcome:
+def outcome(
+    assignment_id: int, job_id: int, state: str = "succeeded", exit_code: int = 0, *, ended_ago_ms: int = 0
+) -> pb.JobOutcome:
     return pb.JobOutcome(
         assignment_id=assignment_id,
         job_id=job_id,
@@ -111,6 +113,8 @@ def outcome(assignment_id: int, job_id: int, state: str = "succeeded", exit_code
         has_exit_code=True,
         exit_code=exit_code,
         detail=f"exit code {exit_code}",
+        run_ms=100,
+        ended_ago_ms=ended_ago_ms,
     )
 
 
@@ -167,8 +171,8 @@ async def test_a_run_lost_with_its_dead_worker_then_placed_again_tells_its_story
     requeue = only(history, "requeued")
     assert requeue.not_before_unix_s is not None and requeue.at_unix_s is not None
     assert requeue.not_before_unix_s >= requeue.at_unix_s
-    # Database time, in order (the final event, stamped with the worker's clock, is left out).
-    assert times(history)[:-1] == sorted(times(history)[:-1])
+    # Database time, in order.
+    assert times(history) == sorted(times(history))
 
 
 async def test_a_cancelled_running_job_shows_the_request_and_the_fenced_end(cluster: Cluster) -> None:
@@ -269,3 +273,54 @@ async def test_an_unknown_job_has_no_history(cluster: Cluster) -> None:
     """GetJobEvents of a job id no job has is NOT_FOUND, naming the id."""
     with pytest.raises(NotFound, match="job_id 999 not found"):
         await cluster.events(999)
+
+
+async def test_a_run_reported_after_it_ended_still_reads_in_time_order(cluster: Cluster) -> None:
+    """A run whose report reached the database some milliseconds after it ended: the job
+    finished then (the database's clock, before the run's end was recorded), and its history,
+    ordered by that one clock, lists the run's end before the job's final event, which is not
+    earlier than any other."""
+    w1 = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", w1)
+    # Placed a minute ago: nothing clamps the run's times to its assignment's creation.
+    await cluster.admin.execute(
+        "UPDATE assignments SET created_at = created_at - interval '1 minute' WHERE id = $1", aid
+    )
+    await cluster.admin.execute(
+        "UPDATE jobs SET submitted_at = submitted_at - interval '1 minute' WHERE id = $1", job_id
+    )
+    await cluster.heartbeat("w-1", w1, finished=(outcome(aid, job_id, ended_ago_ms=40),))
+    history = await cluster.events(job_id)
+    assert [e.kind for e in history.events] == ["submitted", "placed", "ended", "final"]
+    assert times(history) == sorted(times(history))
+    finished = await cluster.admin.fetchval(
+        "SELECT extract(epoch FROM finished_at)::float8 FROM jobs WHERE id = $1", job_id
+    )
+    ended, final = only(history, "ended").at_unix_s, only(history, "final").at_unix_s
+    assert ended is not None and final == ended
+    assert finished == pytest.approx(ended - 0.040, abs=1e-6)
+
+
+async def test_a_run_lost_then_reported_late_shows_its_requeue_before_the_final_event(
+    cluster: Cluster,
+) -> None:
+    """A run lost when its worker registered again, whose success is reported after the job was
+    requeued: the loss, the requeue, then the job's final success, in time order (the run ended
+    before the leader ended it, by the database's clock)."""
+    old = await cluster.register("w-1")
+    job_id = await cluster.submit()
+    aid = await cluster.place(job_id, "w-1", old)
+    new = await cluster.register("w-1")
+    swept = await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, cluster.epoch, [], 500)
+    assert list(swept["requeued_ids"]) == [job_id]
+    await cluster.heartbeat("w-1", new, finished=(outcome(aid, job_id),))
+    history = await cluster.events(job_id)
+    assert [(e.kind, e.state, e.reason) for e in history.events] == [
+        ("submitted", None, None),
+        ("placed", None, None),
+        ("ended", "lost", "worker_restarted"),
+        ("requeued", None, None),
+        ("final", "succeeded", None),
+    ]
+    assert times(history) == sorted(times(history))
