@@ -465,7 +465,7 @@ CREATE OR REPLACE FUNCTION run_finished_at(
 $$;
 CREATE OR REPLACE FUNCTION run_started_at(
     p_created_at timestamptz, p_finished_at timestamptz, p_run_ms bigint
-) RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+) RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT greatest(p_created_at, p_finished_at - p_run_ms * interval '1 millisecond')
 $$;
 

@@ -4,6 +4,7 @@ asks the control plane to continue."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -319,3 +320,15 @@ def test_one_agent_process_per_work_folder(tmp_path: Path) -> None:
         adoption.lock_work_dir(tmp_path)
     os.close(first)
     os.close(adoption.lock_work_dir(tmp_path))
+
+
+def test_a_record_an_older_agent_wrote_is_still_read() -> None:
+    """A record that kept its job's start on the wall clock (an agent before times of record were
+    the database's) is read all the same: its start is when its duration began counting, and its
+    start line's time is unknown."""
+    data = json.loads(record(started=1234.5).to_json())
+    del data["started_monotonic_s"], data["start_line_s"]
+    data["started_unix_s"] = 1_700_000_000.0
+    old = JobRecord.from_json(json.dumps(data))
+    assert (old.started_monotonic_s, old.start_line_s) == (1234.5, None)
+    assert old == record(started=1234.5)
