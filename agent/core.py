@@ -567,7 +567,7 @@ class Agent:
         dead ``dead_after`` after its last heartbeat, before its leave arrives, as a killed one
         is. Such a heartbeat keeps the row's last heartbeat fresh and confirms what still runs;
         its answer is not obeyed (a request to register again, to stop assignments: everything
-        here is being stopped), but for the epoch it names."""
+        here is being stopped), but for the epoch and the database's clock it names."""
         settings = self.settings
         beats = Periodic(settings.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         deadline_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
@@ -580,11 +580,13 @@ class Agent:
                 finished=(),
                 epoch_seen=self.max_epoch_seen,
             )
+            sent_at = trio.current_time()
             try:
                 answer = await self._cp.heartbeat(report, deadline_s=deadline_s)
             except StockadeError:
                 continue  # the leave says what fails
             self._admission.observe_epoch(answer.epoch)
+            self._clock_told(answer.database_unix_s, sent_at)
 
     async def _leave_attempts(self, request: Leave) -> _LeaveResult:
         """The attempts of :meth:`_send_leave`, retried with backoff (see :meth:`_leave`)."""
