@@ -209,8 +209,12 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "drained",
             "drain_deadline_unix_s",
             "labels",
+            "unhealthy",
+            "unhealthy_reason",
+            "unhealthy_since_unix_s",
         }
         assert worker["state"] == "alive"
+        assert (worker["unhealthy"], worker["unhealthy_reason"], worker["unhealthy_since_unix_s"]) == (False, None, None)
         assert (worker["cordoned"], worker["draining"], worker["drained"]) == (False, False, False)
         assert worker["drain_deadline_unix_s"] is None
         assert worker["jobs"] == []
