@@ -113,6 +113,23 @@ def finished(up: UpResult, job_ids: list[int]) -> bool:
     return all(jobs[j].state in ("succeeded", "failed", "cancelled") for j in job_ids)
 
 
+def wait_for_the_end(up: UpResult, job_ids: list[int], database_url: str) -> None:
+    """Wait until every job has ended; on a timeout, say where each one is and what the cluster
+    declared (a worker's death, a requeue), so that a failure on a loaded machine tells why."""
+    try:
+        wait_for(lambda: finished(up, job_ids), timeout_s=90, what="every job to end")
+    except AssertionError as exc:
+        jobs = list_jobs(up.config.control_plane_addresses, up.config.client_tls)
+        assignments = fetch(
+            database_url, "SELECT job_id, worker_id, state, end_reason FROM assignments ORDER BY id"
+        )
+        deaths = fetch(database_url, "SELECT count(*) AS n FROM worker_deaths")[0]["n"]
+        raise AssertionError(
+            f"{exc}: jobs {[(j, jobs[j].state) for j in job_ids]}, "
+            f"assignments {[tuple(r) for r in assignments]}, worker deaths {deaths}"
+        ) from exc
+
+
 def check_report(cluster: LocalCluster) -> checker.CheckReport:
     config = cluster.config()
 
@@ -181,7 +198,7 @@ def test_ten_command_jobs_run_once_uninterrupted_across_a_killed_and_restarted_a
         )
         assert next(w.incarnation for w in again.status.workers if w.id == "w-1") == incarnation
         (folder / GATE).touch()
-        wait_for(lambda: finished(up, job_ids), timeout_s=90, what="every job to end")
+        wait_for_the_end(up, job_ids, database_url)
         assert_ran_once(folder)
         assert_kept(database_url, job_ids, incarnation)
         report = check_report(cluster)
@@ -216,7 +233,7 @@ def test_ten_command_jobs_run_once_across_a_planned_restart(tmp_path: Path, data
         )
         assert next(w.incarnation for w in again.status.workers if w.id == "w-1") == incarnation
         (folder / GATE).touch()
-        wait_for(lambda: finished(up, job_ids), timeout_s=90, what="every job to end")
+        wait_for_the_end(up, job_ids, database_url)
         assert_ran_once(folder)
         assert_kept(database_url, job_ids, incarnation)
         report = check_report(cluster)
@@ -261,7 +278,7 @@ def test_an_agent_back_after_dead_after_follows_the_self_fence_rule(
 
         wait_for(moved, timeout_s=60, what="the jobs to run on w-2")
         cluster.up(control_planes=1, workers=2)
-        wait_for(lambda: finished(up, job_ids), timeout_s=90, what="every job to end")
+        wait_for_the_end(up, job_ids, database_url)
         stops = [
             r
             for r in checker.read_jsonl(cluster.state.work_dir("w-1") / "agent.jsonl")
