@@ -315,12 +315,14 @@ def _interpreter_reachable_by_the_job_user() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_job_cgroups_left() -> Iterator[None]:
-    """The job cgroups agents made during the session, removed at its end where empty (those
-    of agents the tests SIGKILLed; :mod:`job_cgroups`)."""
+def _no_job_cgroups_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The job cgroups this session's agents made, removed at its end where empty (those of
+    agents the tests SIGKILLed; :mod:`job_cgroups`): only those of workers whose work folders
+    are under the session's temporary folder, never those of another session running beside."""
     before = job_cgroups.worker_folders()
     yield
-    job_cgroups.remove_empty(job_cgroups.worker_folders() - before)
+    made = job_cgroups.worker_folders() - before
+    job_cgroups.remove_empty(job_cgroups.owned_by(made, tmp_path_factory.getbasetemp()))
 
 
 CLIENT_SETUP_ENV = (CONTROL_PLANES_ENV, CERTS_DIR_ENV, IDENTITY_ENV, INSECURE_ENV, "XDG_CONFIG_HOME")

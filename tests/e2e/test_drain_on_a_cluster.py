@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_cluster import Launch, fetch, launch, list_jobs, wait_for  # noqa: F401 (launch: a fixture)
@@ -19,11 +20,29 @@ from test_cluster import Launch, fetch, launch, list_jobs, wait_for  # noqa: F40
 from ops import rpc
 from ops.cluster import ClusterConfig
 from protocol import pb
+from runtime.os_users import ensure_traversable
 
 pytestmark = pytest.mark.e2e
 
-LONG_MS = 8_000
-SHORT_MS = 1_000
+
+def gated(name: str, gate: Path) -> pb.JobSpec:
+    """A command job that runs until the file ``gate`` exists, then succeeds: it is still
+    running whenever the test needs it to be, however slow the machine."""
+    return pb.JobSpec(
+        name=name,
+        cpu_millis=1000,
+        memory_mb=128,
+        command=pb.CommandRuntime(argv=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]),
+    )
+
+
+def gates_folder(tmp_path: Path) -> Path:
+    """A folder the jobs can see (they run as the agent's job user when the tests run as root)."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    ensure_traversable(folder)
+    return folder
 
 
 def stockade(config: ClusterConfig, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,11 +63,15 @@ def stockade(config: ClusterConfig, *args: str) -> subprocess.CompletedProcess[s
 def test_a_drained_worker_moves_its_jobs_and_stops_with_nothing_lost(
     launch: Launch,  # noqa: F811 (the fixture imported above)
     database_url: str,
+    tmp_path: Path,
 ) -> None:
-    """Four jobs run on w-1 (two of 1 s, two of 8 s). `stockade drain w-1 --deadline-s 2` cordons
-    it: the short jobs finish there, the long ones are stopped at the deadline and run again on
-    w-2, with no loss counted; the command answers `drained`, and `status --json` says so.
-    w-1's agent is then stopped cleanly, and every job succeeds."""
+    """Four jobs run on w-1, each until the test opens its gate; the first two are let finish
+    there. `stockade drain w-1 --deadline-s 2` cordons it: the two still running (their gate
+    opens only after the drain) are stopped at the deadline and run again on w-2, with no loss
+    counted; the command answers `drained`, and `status --json` says so. w-1's agent is then
+    stopped cleanly, and every job succeeds."""
+    folder = gates_folder(tmp_path)
+    short_gate, long_gate = folder / "short", folder / "long"
     cluster, ready = launch(1, 2)
     config = ready.config
     addresses, tls = config.control_plane_addresses, config.client_tls
@@ -57,13 +80,8 @@ def test_a_drained_worker_moves_its_jobs_and_stops_with_nothing_lost(
     assert cordon.returncode == 0, cordon.stderr
     assert cordon.stdout.strip() == "w-2: cordoned, no new placements; no job there"
     jobs = []
-    for index, duration_ms in enumerate((SHORT_MS, SHORT_MS, LONG_MS, LONG_MS)):
-        spec = pb.JobSpec(
-            name=f"drain-{index}",
-            cpu_millis=1000,
-            memory_mb=128,
-            sleep=pb.SleepRuntime(duration_ms=duration_ms),
-        )
+    for index, gate in enumerate((short_gate, short_gate, long_gate, long_gate)):
+        spec = gated(f"drain-{index}", gate)
         jobs.append(int(rpc.call(addresses, "submit_job", pb.SubmitJobRequest(spec=spec), tls=tls).job_id))
 
     def all_running() -> bool:
@@ -71,6 +89,12 @@ def test_a_drained_worker_moves_its_jobs_and_stops_with_nothing_lost(
 
     wait_for(all_running, timeout_s=30, what="the four jobs to run")
     assert {list_jobs(addresses, tls)[i].worker_id for i in jobs} == {"w-1"}
+    short_gate.touch()
+
+    def short_ones_succeeded() -> bool:
+        return all(list_jobs(addresses, tls)[i].state == "succeeded" for i in jobs[:2])
+
+    wait_for(short_ones_succeeded, timeout_s=30, what="the two short jobs to succeed on w-1")
     uncordon = stockade(config, "uncordon", "w-2")
     assert uncordon.returncode == 0, uncordon.stderr
 
@@ -87,6 +111,7 @@ def test_a_drained_worker_moves_its_jobs_and_stops_with_nothing_lost(
     assert isinstance(w1["drain_deadline_unix_s"], float)
 
     cluster.kill("w-1", signal.SIGTERM)  # a clean stop: the agent leaves
+    long_gate.touch()  # the two jobs, placed again on w-2, may end now
 
     def all_succeeded() -> bool:
         return all(list_jobs(addresses, tls)[i].state == "succeeded" for i in jobs)

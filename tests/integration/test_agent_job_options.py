@@ -47,7 +47,7 @@ async def test_a_command_past_its_timeout_fails_with_reason_timeout_and_its_tree
     )
     assert result.state is JobState.FAILED and not result.stopped
     assert result.detail.startswith("timeout: ran past its timeout_s of 0.5 s")
-    assert time.monotonic() - began < 10
+    assert time.monotonic() - began < 60, "the job ran its whole sleep: nothing stopped it"
     child = int((tmp_path / "j" / "child.pid").read_text())
     assert not _alive(child)
 

@@ -12,7 +12,6 @@ folder under the test's work folder, so psutil can tell whether any is left.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -35,7 +34,7 @@ from agent import adoption
 from agent.adoption import RECORD_FILE
 from agent.cgroups import select_resources, worker_key
 from agent.joblog import read_log
-from agent.reaper import read_fence_deadline, reaper_argv, write_fence_deadline
+from agent.reaper import FENCED_AT_FILE, REPORT_FILE, read_fence_deadline, reaper_argv, write_fence_deadline
 from agent.resources import ConfinedJob
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
@@ -48,11 +47,13 @@ pytestmark = pytest.mark.skipif(
 
 WORKER = "w-r"
 HEARTBEAT_S = 0.1
-FENCE_S = 4.0
-"""The agents' fence span here (the control plane says dead_after is 10 s): a loaded test
-machine may take a few seconds to start an agent process, and a restart back within the fence
-time is what keeps jobs unpaused. The rules are the same with the defaults (1.5 s, 2.5 s)."""
-DEAD_AFTER_MS = 10_000
+FENCE_S = 15.0
+"""The agents' fence span here (the control plane says dead_after is 20 s): a loaded test
+machine may take many seconds to start an agent process (11 s at a load of 15-18), and a restart
+back within the fence time is what keeps jobs unpaused; the tests assert that it was, against
+the deadline the reapers read (:meth:`Host.pause_deadline_s`). No test waits for this span to
+pass. The rules are the same with the defaults (1.5 s, 2.5 s)."""
+DEAD_AFTER_MS = 20_000
 
 
 @attrs.define
@@ -138,7 +139,7 @@ class Host:
         )
         stderr.close()
         self.processes.append(process)
-        await wait_for(lambda: len(self.cp.heartbeats) > before or process.poll() is not None, 30)
+        await wait_for(lambda: len(self.cp.heartbeats) > before or process.poll() is not None)
         assert process.poll() is None, (self.tmp_path / f"agent-{len(self.processes)}.stderr").read_text()
         return process
 
@@ -157,9 +158,29 @@ class Host:
         return [r for r in self.records() if r["event"] == "stop"]
 
     def deadline_unix_s(self) -> float:
+        return self.pause_deadline_s() - time.monotonic() + time.time()
+
+    def pause_deadline_s(self) -> float:
+        """The pause deadline the reapers hold the jobs to, as the agent last wrote it
+        (``time.monotonic()`` seconds, shared by every process of the machine)."""
         deadlines = read_fence_deadline(self.work_dir / "fence_deadline")
         assert deadlines is not None
-        return deadlines[0] - time.monotonic() + time.time()
+        return deadlines[0]
+
+    def kill_deadline_unix_s(self) -> float:
+        deadlines = read_fence_deadline(self.work_dir / "fence_deadline")
+        assert deadlines is not None
+        return deadlines[1] - time.monotonic() + time.time()
+
+    def job_file(self, assignment_id: int, name: str) -> Path:
+        """File ``name`` of the job folder of assignment ``assignment_id`` (job 10 x its id)."""
+        return self.work_dir / "jobs" / f"{10 * assignment_id}-{assignment_id}" / name
+
+    def assert_back_in_time(self, pause_at_s: float) -> None:
+        """The agent just started was back (it heartbeats) before the pause deadline its
+        predecessor left to the reapers: no job could pause."""
+        now = time.monotonic()
+        assert now < pause_at_s, f"the agent was back {now - pause_at_s:.2f} s after the jobs' pause deadline"
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes (not zombies) working under the work folder: reapers and jobs."""
@@ -230,11 +251,7 @@ def stamps(path: Path) -> list[float]:
     return [float(line) for line in path.read_text().split()]
 
 
-def longest_gap_s(values: list[float]) -> float:
-    return max((b - a for a, b in itertools.pairwise(values)), default=0.0)
-
-
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
     """Poll ``predicate`` (files and /proc: nothing to wait on) until it holds."""
     with trio.fail_after(timeout_s):
         while True:
@@ -266,16 +283,17 @@ async def test_a_restarted_agent_keeps_the_command_job_its_killed_predecessor_le
         await assign(worker, (1, writer_job(out, seconds=4.0)))
         await wait_for(lambda: len(stamps(out)) >= 5)
         await worker.kill()
-        await trio.sleep(0.2)
+        pause_at = worker.pause_deadline_s()
         written = len(stamps(out))
+        await wait_for(lambda: len(stamps(out)) > written)  # the job did not stop with its agent
         await worker.start()
+        worker.assert_back_in_time(pause_at)
         resume = worker.cp.registrations[-1]
         assert (resume.resume_incarnation, list(resume.held_assignment_ids)) == (1, [1])
-        assert len(stamps(out)) > written, "the job stopped with its agent"
         confined = _job_cgroup(worker.work_dir, "10-1")
         if confined is not None:  # kept at the new agent's start, with the job in it
             assert (confined.usage().cpu_s or 0.0) > 0.0
-        await wait_for(lambda: len(worker.stops()) == 1, 15)
+        await wait_for(lambda: len(worker.stops()) == 1)
         if confined is not None:  # and removed once the job ended
             await wait_for(lambda: _job_cgroup(worker.work_dir, "10-1") is None)
         (stop,) = worker.stops()
@@ -283,9 +301,8 @@ async def test_a_restarted_agent_keeps_the_command_job_its_killed_predecessor_le
         await wait_for(lambda: any(h.finished for h in worker.cp.heartbeats_of(1)))
         (outcome,) = [o for h in worker.cp.heartbeats for o in h.finished]
         assert (outcome.assignment_id, outcome.state) == (1, "succeeded")
-        written = stamps(out)
-        assert len(written) >= 70 and longest_gap_s(written) < 0.6, longest_gap_s(written)
         assert [r["event"] for r in worker.records()].count("start") == 1
+        assert not any(r["event"] == "pause" for r in worker.records())
         assert not (worker.work_dir / "jobs" / "10-1" / RECORD_FILE).exists()
 
 
@@ -301,17 +318,24 @@ async def test_a_killed_agents_command_job_pauses_at_its_fence_deadline_and_dies
         await assign(worker, (1, writer_job(out)))
         await wait_for(lambda: len(stamps(out)) >= 5)
         killed_at = await worker.kill()
-        deadline = worker.deadline_unix_s()
+        deadline, kill_deadline = worker.deadline_unix_s(), worker.kill_deadline_unix_s()
         assert killed_at < deadline <= killed_at + 1.0 + 0.1
-        await trio.sleep(max(0.0, deadline + 0.4 - time.time()))
+        fenced_at = worker.job_file(1, FENCED_AT_FILE)
+        await wait_for(fenced_at.exists)  # the reaper paused the job
+        # The pause time the reaper wrote, on the wall clock (it paused when it could, at or
+        # after the deadline: on a busy machine later).
+        paused_at = float(fenced_at.read_text()) - time.monotonic() + time.time()
+        assert paused_at >= deadline - 0.01
         last = stamps(out)[-1]
         assert last > killed_at, "the job died with its agent"
-        assert last <= deadline + 0.3
+        assert last <= paused_at + 0.01, "the job ran past its pause"
         await trio.sleep(0.3)
         assert stamps(out)[-1] == last, "the job ran past its fence deadline"
-        assert worker.leftovers(), "the paused job should be held, not killed yet"
-        await wait_for(lambda: not worker.leftovers(), 5)
-        assert time.time() >= deadline - 1.0 + 2.5 - 0.1
+        looked_at = time.time()
+        held = worker.leftovers()
+        assert held or looked_at >= kill_deadline - 0.1, "the paused job should be held, not killed yet"
+        await wait_for(lambda: not worker.leftovers())
+        assert time.time() >= kill_deadline - 0.1
 
 
 async def test_a_restart_whose_incarnation_is_not_continued_stops_the_jobs_before_registering(
@@ -359,9 +383,12 @@ async def test_a_restart_with_less_capacity_keeps_the_oldest_jobs_that_fit(tmp_p
         assert list(resume.held_assignment_ids) == [1, 2]
         (stop,) = worker.stops()
         assert (stop["assignment_id"], stop["reason"]) == (3, "restart")
-        await trio.sleep(0.5)
-        assert stamps(outs[1])[-1] > time.time() - 0.3 and stamps(outs[2])[-1] > time.time() - 0.3
-        assert stamps(outs[3])[-1] < time.time() - 0.4
+        kept = {a: len(stamps(outs[a])) for a in (1, 2)}
+        stopped = stamps(outs[3])
+        for aid in (1, 2):  # the kept ones write on
+            await wait_for(lambda aid=aid: len(stamps(outs[aid])) > kept[aid])
+        await trio.sleep(0.3)
+        assert stamps(outs[3]) == stopped, "the stopped job wrote on"
 
 
 async def test_a_job_that_ended_while_no_agent_ran_is_reported_by_the_next_one(tmp_path: Path) -> None:
@@ -374,7 +401,7 @@ async def test_a_job_that_ended_while_no_agent_ran_is_reported_by_the_next_one(t
         await assign(worker, (1, writer_job(out, seconds=0.5)), (2, writer_job(out, seconds=30)))
         await wait_for(lambda: len(stamps(out)) >= 2)
         await worker.kill()
-        await trio.sleep(0.8)
+        await wait_for(worker.job_file(1, REPORT_FILE).exists)  # its reaper saw it end
         await worker.start()
         resume = worker.cp.registrations[-1]
         assert list(resume.held_assignment_ids) == [2]
@@ -398,19 +425,21 @@ async def test_a_planned_restart_holds_the_worker_and_the_next_agent_keeps_its_j
         assert code == 0
         assert worker.cp.heartbeats[-1].restart_hold_ms == 5000
         assert worker.deadline_unix_s() >= signalled_at + 5.0
-        await trio.sleep(2.0)
+        pause_at = worker.pause_deadline_s()
+        await trio.sleep(2.0)  # away longer than the fence (1 s): only the hold keeps the job running
         await worker.start(1.0, cpu_millis=1000, memory_mb=1000)
+        worker.assert_back_in_time(pause_at)
         assert list(worker.cp.registrations[-1].held_assignment_ids) == [1]
-        await wait_for(lambda: len(worker.stops()) == 1, 15)
+        await wait_for(lambda: len(worker.stops()) == 1)
         assert worker.stops()[0]["reason"] == "succeeded"
-        assert longest_gap_s(stamps(out)) < 0.6
         assert not any(r["event"] == "pause" for r in worker.records())
 
 
 async def test_a_restarted_agent_runs_the_rest_of_a_sleep_jobs_duration(tmp_path: Path) -> None:
     """A sleep job has no process: its record keeps it. The restarted agent holds it, and it
     succeeds once it has run its whole duration, the agent's absence counted as running (it was
-    back before the fence deadline), not twice that."""
+    back before the fence deadline): it ends less than the absence after its 4 s, which a
+    duration counted anew, or counted without the absence, could not."""
     async with host(tmp_path) as worker:
         await worker.start()
         sleep = pb.JobSpec(cpu_millis=100, memory_mb=10, sleep=pb.SleepRuntime(duration_ms=4000))
@@ -418,13 +447,18 @@ async def test_a_restarted_agent_runs_the_rest_of_a_sleep_jobs_duration(tmp_path
         await wait_for(lambda: any(r["event"] == "start" for r in worker.records()))
         (start,) = [r for r in worker.records() if r["event"] == "start"]
         await trio.sleep(1.0)
-        await worker.kill()
+        killed_at = await worker.kill()
+        pause_at = worker.pause_deadline_s()
+        await trio.sleep(1.0)  # an absence of a second at least, more while the new agent starts
         await worker.start()
+        absent_s = time.time() - killed_at
+        worker.assert_back_in_time(pause_at)
         assert list(worker.cp.registrations[-1].held_assignment_ids) == [1]
-        await wait_for(lambda: len(worker.stops()) == 1, 15)
+        await wait_for(lambda: len(worker.stops()) == 1)
         (stop,) = worker.stops()
         assert (stop["reason"], stop["incarnation"]) == ("succeeded", 1)
-        assert 3.9 <= stop["time"] - start["time"] <= 4.6
+        ran_s = stop["time"] - start["time"]
+        assert 3.9 <= ran_s < 4.0 + absent_s, (ran_s, absent_s)
 
 
 def _reaper(job_dir: Path, deadline: Path) -> subprocess.Popen[bytes]:
@@ -521,13 +555,13 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
             [
                 *(sys.executable, "-m", "ops.cli", "fleet", "--id", "fleet-t", "--spec", str(spec)),
                 *("--control-planes", f"127.0.0.1:{port}", "--heartbeat-interval-s", "0.1", "--insecure"),
-                *("--self-fence-after-s", "1.0", "--restart-hold-s", "5"),
+                *("--self-fence-after-s", "1.0", "--restart-hold-s", "30"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
         count = len(cp.heartbeats)
-        await wait_for(lambda: len({h.worker_id for h in cp.heartbeats[count:]}) == 2, 30)
+        await wait_for(lambda: len({h.worker_id for h in cp.heartbeats[count:]}) == 2)
         return process
 
     stderr = (tmp_path / "fleet.stderr").open("ab")
@@ -558,7 +592,16 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
             fleet.send_signal(signal.SIGHUP)
             with trio.fail_after(10):
                 assert await fleet.wait() == 0
+            pause_at = {}
+            for i in (1, 2):
+                deadlines = read_fence_deadline(tmp_path / f"w-{i}" / "fence_deadline")
+                assert deadlines is not None
+                pause_at[i] = deadlines[0]
             fleet = await start_fleet(port)
+            back_at = time.monotonic()
+            assert all(back_at < pause_at[i] for i in (1, 2)), (
+                "the fleet was back after its jobs' pause deadline"
+            )
             resumes = {r.worker_id: r for r in cp.registrations if r.resume_incarnation}
             assert {w: (r.resume_incarnation, list(r.held_assignment_ids)) for w, r in resumes.items()} == {
                 w: (before[w], [1]) for w in ("w-1", "w-2")
@@ -566,9 +609,9 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
             assert cp.incarnations == before
             for i in (1, 2):
                 log = tmp_path / f"w-{i}" / "agent.jsonl"
-                await wait_for(lambda log=log: any(r["event"] == "stop" for r in read_log(log)), 15)
+                await wait_for(lambda log=log: any(r["event"] == "stop" for r in read_log(log)))
                 assert [r["reason"] for r in read_log(log) if r["event"] == "stop"] == ["succeeded"]
-                assert longest_gap_s(stamps(folder / f"stamps-w-{i}")) < 0.6
+                assert not any(r["event"] == "pause" for r in read_log(log))
         finally:
             if fleet.poll() is None:
                 fleet.send_signal(signal.SIGTERM)

@@ -327,7 +327,7 @@ async def test_the_leaders_renewal_and_release_never_wait_for_its_fenced_writes(
             with trio.fail_after(10):
                 while not await lock_waiters():  # noqa: ASYNC110 (another session's state)
                     await trio.sleep(0.01)
-            with trio.fail_after(2):
+            with trio.fail_after(10):
                 assert await leader.fetchval(queries.RENEW_LEASE, "cp-1", 1, 2.0) == 1
                 await leader.execute(queries.RELEASE_LEASE, "cp-1", 1)
             nursery.start_soon(standby_takes_over)

@@ -4,6 +4,7 @@ busy (nothing stored), and the client moves on, backs off and gets through."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,11 @@ from runtime.errors import Busy, ClusterBusy, DeadlineExceeded, Unavailable
 from runtime.settings import IngestSettings
 
 # 3 connections: 2 for any work, 1 only for liveness; nothing may wait for one.
-SETTINGS = IngestSettings(pool_size=3, liveness_reserved_connections=1, max_waiting_requests=0)
+SETTINGS = IngestSettings(
+    pool_size=3, liveness_reserved_connections=1, max_waiting_requests=0, shed_lag_s=60.0
+)
+"""Not shed for loop lag (a machine busy with other work lags at any time): only the rules a test
+sets up refuse; the test of lag shedding sets ``shed_lag_s`` back and feeds the lag itself."""
 
 INGEST_BACKENDS = "SELECT array_agg(pid ORDER BY pid) FROM pg_stat_activity WHERE application_name = $1"
 
@@ -92,7 +97,7 @@ def registration(worker_id: str = "w-1") -> pb.RegisterWorkerRequest:
     )
 
 
-async def wait_until(predicate: Callable[[], Any], timeout_s: float = 2.0) -> None:
+async def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0) -> None:
     with trio.fail_after(timeout_s):
         while True:
             if await predicate():
@@ -218,16 +223,20 @@ async def test_new_work_is_refused_as_busy_while_liveness_work_is_answered(datab
 async def test_new_work_is_refused_while_the_ingest_loop_lags(database_url: str) -> None:
     """A recent event-loop lag above shed_lag_s refuses Status, naming the lag, while a
     heartbeat is still answered."""
-    async with serve_ingests(database_url, "cp-1", settings=SETTINGS) as (ingest,):
+    settings = attrs.evolve(SETTINGS, shed_lag_s=0.25)
+    async with serve_ingests(database_url, "cp-1", settings=settings) as (ingest,):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0, busy_retry_s=0.0)
         try:
             reg = await client.call("register_worker", registration())
             now = trio.current_time()
             ingest.lag.observe(due=now - 0.5, woke=now)  # a wake 0.5 s late, as a stalled loop gives
-            with pytest.raises(
-                ClusterBusy, match=r"busy: cp-1 is overloaded \(event loop lag 0\.5\d s, limit 0\.25 s"
-            ):
+            with pytest.raises(ClusterBusy) as refused:
                 await client.call("status", pb.StatusRequest())
+            # The worst lag of the last second: the one fed, or a worse one of a busy machine.
+            named = re.search(
+                r"busy: cp-1 is overloaded \(event loop lag (\d+\.\d\d) s, limit 0\.25 s", str(refused.value)
+            )
+            assert named is not None and float(named[1]) >= 0.5, str(refused.value)
             beat = await client.call(
                 "heartbeat", pb.HeartbeatRequest(worker_id="w-1", incarnation=reg.incarnation)
             )
@@ -289,8 +298,7 @@ async def test_submissions_are_refused_while_the_queue_is_full_and_taken_again_o
     batch) is refused busy, naming the queue and the limit, and nothing of it is stored, while
     heartbeats and listings are answered; once the queue drains (jobs cancelled) and the count
     is older than pending_count_max_age_s, a submission is taken again."""
-    # Not shed for loop lag here (a busy machine lags at start): only the queue rule refuses.
-    settings = attrs.evolve(SETTINGS, max_pending_jobs=3, pending_count_max_age_s=0.2, shed_lag_s=60.0)
+    settings = attrs.evolve(SETTINGS, max_pending_jobs=3, pending_count_max_age_s=0.2)
     three = pb.SubmitJobsRequest(specs=one_job().specs * 3)
     async with serve_ingests(database_url, "cp-1", settings=settings) as (ingest,):
         client = ControlPlaneClient([ingest.address], timeout_s=5.0, busy_retry_s=0)
@@ -340,11 +348,14 @@ async def test_the_client_backs_off_while_every_replica_is_busy_then_gets_throug
                 answered.set()
 
             nursery.start_soon(submit)
-            await trio.sleep(0.6)
+
+            async def asked_both_more_than_once() -> bool:
+                return shed_count("submit_jobs") - shed_before >= 4
+
+            await wait_until(asked_both_more_than_once)
             assert not answered.is_set()
-            assert shed_count("submit_jobs") - shed_before >= 4  # asked both more than once
             await held_second.release()
-            with trio.fail_after(2.0):
+            with trio.fail_after(15.0):  # within the client's busy_retry_s
                 await answered.wait()
             assert client.last_answered == second.address
             assert await admin.fetchval("SELECT count(*) FROM jobs") == 1
@@ -384,9 +395,12 @@ class ScriptedControlPlane:
     """A ControlPlane service whose handlers record their deadline or refuse as scripted."""
 
     time_left_s: list[float] = attrs.field(factory=list)
+    called_at: list[float] = attrs.field(factory=list)
+    """When each status handler ran (``trio.current_time()``: the test's loop, which serves too)."""
 
     async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
-        self.time_left_s.append(rpc_deadline() - trio.current_time())
+        self.called_at.append(trio.current_time())
+        self.time_left_s.append(rpc_deadline() - self.called_at[-1])
         return pb.StatusReply(answered_by="scripted")
 
     async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
@@ -397,7 +411,8 @@ class ScriptedControlPlane:
 
 
 async def test_handlers_learn_the_deadline_and_their_refusals_reach_the_client() -> None:
-    """Over real gRPC: a handler sees its client's deadline (a 2 s call leaves it at most 2 s),
+    """Over real gRPC: a handler sees its client's deadline (a 2 s call leaves it at most 2 s,
+    less the time the request took to reach it),
     Busy arrives as Busy (RESOURCE_EXHAUSTED) with its message, DeadlineExceeded as a
     retryable DEADLINE_EXCEEDED."""
     impl = ScriptedControlPlane()
@@ -406,9 +421,13 @@ async def test_handlers_learn_the_deadline_and_their_refusals_reach_the_client()
         channel = GrpcChannel(f"127.0.0.1:{port}")
         try:
             stub = channel.stub(pb.ControlPlaneStub)
+            sent_at = trio.current_time()
             await channel.call(stub.status, pb.StatusRequest(), timeout_s=2.0)
             (time_left_s,) = impl.time_left_s
-            assert 1.0 < time_left_s <= 2.0
+            # At most the 2 s, less what passed between the call and its handler (a busy machine
+            # may take long over that) and a little for the rounding of grpc-timeout.
+            on_the_way_s = impl.called_at[0] - sent_at
+            assert 2.0 - on_the_way_s - 0.05 < time_left_s <= 2.0, (time_left_s, on_the_way_s)
             with pytest.raises(Busy, match=r"127\.0\.0\.1:\d+: busy: cp-9 is overloaded \(scripted\)"):
                 await channel.call(stub.submit_job, pb.SubmitJobRequest(), timeout_s=2.0)
             with pytest.raises(Unavailable, match="DEADLINE_EXCEEDED: get_job: the client's deadline passed"):
