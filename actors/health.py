@@ -1,18 +1,20 @@
-"""Worker health: which workers' recent runs fail far more often than the other workers' (a
+"""Worker health: which workers' recent runs fail where the same jobs do not fail elsewhere (a
 pure rule, :func:`judge_health`; the leader's reconciler reads the runs and writes the marks).
 
 A worker marked unhealthy gets no new placement but, every ``health_probe_after_s``, one job
 at a time as a probe (the half-open state of a circuit breaker: M. Nygard, "Release It!",
 2007). The mark clears when a run ended there after it succeeds (a probe, or a run that was
-already there), when the other workers' runs turn out to fail as often (the jobs were at
-fault), or when an operator uncordons the worker. Where the idea comes from, and how it differs:
+already there), when the failures that earned it turn out to be the jobs' (the same jobs, or
+their siblings, failed on other workers too), or when an operator uncordons the worker. Where
+the idea comes from, and how it differs:
 
 - Apache Spark's exclusion on failure (``spark.excludeOnFailure.*``): an executor on which
   ``maxFailedTasksPerExecutor`` different tasks failed is excluded, then included again after
   ``spark.excludeOnFailure.timeout``; failures of one task count once. Here: different jobs.
 - Hadoop 1's JobTracker "graylisted" a TaskTracker whose task failure rate was well above the
   cluster's average (``mapred.cluster.average.blacklist.threshold``), so jobs that fail
-  everywhere do not take healthy nodes away. Here: the rate against the other workers'.
+  everywhere do not take healthy nodes away. Here: the rate against the other workers' runs
+  over the same span of time, and only failures the other workers do not share.
 
 Which runs are judged: those a worker ended on its own (``finished``: succeeded or failed) within
 ``health_window_s``, its last ``health_window_runs``. A failure that is the job's own doing
@@ -20,9 +22,9 @@ Which runs are judged: those a worker ended on its own (``finished``: succeeded 
 it named that does not exist or is closed to it, a command not in its image) is not judged;
 nor are runs lost with their worker, cancelled (by a user, or by the leader at a timeout),
 drained or released. A failure to start (a pids limit, a cgroup that cannot be made, an image
-or a program missing on that worker) is the worker's: if the job is at fault it fails on the
-other workers too, and the comparison with their rate keeps the worker healthy. The argument
-and the choices are in docs/design.md, "Worker health".
+or a program missing on that worker) is the worker's unless the job, or a sibling (same array,
+or same command), failed on another worker too. The argument and the choices are in
+docs/design.md, "Worker health".
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ class Run:
     """How it ended, as the worker told it (``exit code 2``)."""
     after_mark: bool = False
     """It ended after the worker's last mark or renewal (only for a worker marked unhealthy)."""
+    age_s: float = 0.0
+    """How long ago it ended, in seconds (database time, as read)."""
+    array_id: int | None = None
+    """The job's array, if it belongs to one: its siblings are the array's other jobs."""
+    spec_key: str = ""
+    """What the job runs (a digest of its runtime, command and image): jobs with the same key
+    are siblings. Empty: none (no sibling by command)."""
+    failed_elsewhere: bool = False
+    """Another run of the same job failed on another worker within ``health_window_s``."""
+    succeeded_elsewhere: bool = False
+    """A run of the same job succeeded on another worker: the strongest evidence that its
+    failure here was the worker's."""
 
 
 @attrs.frozen(kw_only=True)
@@ -91,18 +105,77 @@ class HealthVerdict:
     unhealthy: tuple[str, ...]
 
 
-def _failures(runs: Sequence[Run]) -> int:
-    return sum(1 for r in runs if r.failed)
+@attrs.frozen(kw_only=True)
+class Evidence:
+    """What a worker's judged runs say against it, next to the other workers' over the same
+    span of time (from its oldest judged run's end until the read)."""
+
+    counted: tuple[Run, ...]
+    """Its judged runs but the failures that are the jobs' (:func:`excused`), newest first."""
+    failed_jobs: frozenset[int]
+    """The jobs of the counted failures."""
+    strong_jobs: frozenset[int]
+    """Those of them that succeeded on another worker."""
+    others_failed: int
+    others_runs: int
+    """The other workers' judged runs that ended within the span, and how many of them failed."""
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.counted if r.failed)
 
 
-def mark_reason(runs: Sequence[Run], others_failed: int, others_runs: int) -> str:
-    """Why a worker with these judged ``runs`` (newest first) is unhealthy:
-    ``unhealthy: 8 of the last 10 runs failed (other workers: 1 of 40), last: exit code 2``."""
-    failed = [r for r in runs if r.failed]
-    last = failed[0].detail[:MAX_DETAIL_CHARS] if failed else ""
+def siblings(a: Run, b: Run) -> bool:
+    """Whether ``a`` and ``b`` are runs of the same job, of one array, or of the same command."""
     return (
-        f"unhealthy: {len(failed)} of the last {len(runs)} runs failed "
-        f"(other workers: {others_failed} of {others_runs}), last: {last or 'no detail'}"
+        a.job_id == b.job_id
+        or (a.array_id is not None and a.array_id == b.array_id)
+        or (a.spec_key != "" and a.spec_key == b.spec_key)
+    )
+
+
+def excused(run: Run, others: Sequence[Run]) -> bool:
+    """Whether a failed ``run`` is the job's doing, not its worker's: the same job, or a sibling
+    (:func:`siblings`), failed on another worker too (``others``: the other workers' judged
+    runs; :attr:`Run.failed_elsewhere` for the job's own runs beyond them), and the job did not
+    succeed on another worker."""
+    if not run.failed or run.succeeded_elsewhere:
+        return False
+    return run.failed_elsewhere or any(o.failed and siblings(run, o) for o in others)
+
+
+def evidence(w: WorkerRuns, workers: Sequence[WorkerRuns]) -> Evidence:
+    """The :class:`Evidence` against ``w``, one of ``workers``: its failures excused by any of
+    the other workers' judged runs (a sibling that failed there before this worker's span
+    began is as much the job's doing), its rate against theirs over its span only (runs that
+    ended no earlier than its oldest judged run: older successes elsewhere say nothing of a
+    batch that fails now)."""
+    span_s = max((r.age_s for r in w.runs), default=0.0)
+    others = [r for o in workers if o.worker_id != w.worker_id for r in o.runs]
+    meanwhile = [r for r in others if r.age_s <= span_s]
+    counted = tuple(r for r in w.runs if not excused(r, others))
+    failed = [r for r in counted if r.failed]
+    return Evidence(
+        counted=counted,
+        failed_jobs=frozenset(r.job_id for r in failed),
+        strong_jobs=frozenset(r.job_id for r in failed if r.succeeded_elsewhere),
+        others_failed=sum(1 for r in meanwhile if r.failed),
+        others_runs=len(meanwhile),
+    )
+
+
+def mark_reason(e: Evidence) -> str:
+    """Why a worker with this evidence is unhealthy: ``unhealthy: 8 of the last 10 runs failed
+    (other workers meanwhile: 1 of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``
+    (the runs counted: not the failures that are the jobs'; the other workers' runs over the
+    same span; the part after ``;`` only when a job that failed there succeeded elsewhere)."""
+    failed = [r for r in e.counted if r.failed]
+    last = failed[0].detail[:MAX_DETAIL_CHARS] if failed else ""
+    strong = f"; {len(e.strong_jobs)} of those jobs succeeded elsewhere" if e.strong_jobs else ""
+    return (
+        f"unhealthy: {len(failed)} of the last {len(e.counted)} runs failed "
+        f"(other workers meanwhile: {e.others_failed} of {e.others_runs}{strong}), "
+        f"last: {last or 'no detail'}"
     )
 
 
@@ -115,23 +188,50 @@ def stands_out(failed: int, runs: int, others_failed: int, others_runs: int, fac
     return failed / runs >= factor * others_rate
 
 
+def failing_here(runs: Sequence[Run], s: ReconcilerSettings) -> bool:
+    """Whether failures among ``runs`` are enough for a mark: runs of at least
+    ``health_min_failed_jobs`` jobs failed, and at least ``health_min_failure_rate`` of
+    ``runs``."""
+    failed = [r for r in runs if r.failed]
+    return (
+        bool(runs)
+        and len({r.job_id for r in failed}) >= s.health_min_failed_jobs
+        and len(failed) / len(runs) >= s.health_min_failure_rate
+    )
+
+
+def makes_a_case(e: Evidence, s: ReconcilerSettings) -> bool:
+    """Whether the evidence marks a worker: :func:`failing_here` of its counted runs, and
+    either the other workers ran at least ``health_min_compared_runs`` runs over the same span
+    and its rate is at least ``health_rate_factor`` times theirs, or they ran fewer (nothing to
+    compare with: its jobs fail faster than theirs end) and at least ``health_min_failed_jobs``
+    of the jobs that failed there succeeded elsewhere."""
+    if not failing_here(e.counted, s):
+        return False
+    if e.others_runs >= s.health_min_compared_runs:
+        return stands_out(e.failed, len(e.counted), e.others_failed, e.others_runs, s.health_rate_factor)
+    return len(e.strong_jobs) >= s.health_min_failed_jobs
+
+
 def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) -> HealthVerdict:
     """Which workers to mark unhealthy, and which marks to clear: a pure function.
 
-    A healthy worker is marked when, among its judged runs, runs of at least
-    ``health_min_failed_jobs`` different jobs failed, the fraction of its runs that failed is at
-    least ``health_min_failure_rate`` and at least ``health_rate_factor`` times the other
-    workers' (their judged runs together; 0 when they have none yet: a worker whose jobs fail
-    in milliseconds is marked before the others' first runs end), and another worker that takes
-    placements would stay healthy (a lone worker is never marked: there is nothing to compare
-    it with, and nowhere else to go). With the defaults: 3 different jobs, half of its runs,
-    and three times the others' rate.
+    A worker is marked only on evidence that its failures are its own, not the jobs'. A failure
+    there is not counted when the same job, or a sibling (the same array, or the same command),
+    failed on another worker over the same span (:func:`excused`), unless the job succeeded on
+    another worker. A healthy worker is marked when :func:`makes_a_case` (the counted failures
+    are of enough jobs and a large enough share of its runs, and they stand out against the
+    other workers' runs over the same span, or, when those are too few to compare, the jobs
+    succeeded elsewhere) and another worker that takes placements would stay healthy (a lone
+    worker is never marked: there is nothing to compare it with, and nowhere else to go).
 
     A marked worker is cleared when its newest run that ended after the mark succeeded, or when
-    its failure rate no longer stands out (below ``health_rate_factor`` times the others': the
-    jobs fail everywhere, as the others' runs now show); it is marked again (its probe waits
-    anew) when that newest run failed. Workers are judged in id order, each against the marks
-    already made in this judgement.
+    its failures would suffice for a mark but its counted ones no longer do (:func:`failing_here`:
+    they turned out to be the jobs', failing on other workers too); runs that merely aged out of
+    the window leave the mark to its probe. A batch that fails on the other workers after the
+    mark does not clear it: it excuses only failures of the same jobs or their siblings. It is
+    marked again (its probe waits anew) when that newest run failed and is not excused. Workers
+    are judged in id order, each against the marks already made in this judgement.
 
     Args:
         workers: every alive worker with its judged runs (see :class:`WorkerRuns`).
@@ -142,50 +242,37 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     """
     s = settings
     ordered = sorted(workers, key=lambda w: w.worker_id)
-    all_failed = sum(_failures(w.runs) for w in ordered)
-    all_runs = sum(len(w.runs) for w in ordered)
     unhealthy = {w.worker_id for w in ordered if w.unhealthy}
     changes: list[HealthChange] = []
     for w in ordered:
-        failed = _failures(w.runs)
-        others_failed, others_runs = all_failed - failed, all_runs - len(w.runs)
-        out = stands_out(failed, len(w.runs), others_failed, others_runs, s.health_rate_factor)
+        e = evidence(w, ordered)
         if not w.unhealthy:
-            failed_jobs = {r.job_id for r in w.runs if r.failed}
             rest_healthy = any(
                 o.takes_placements and o.worker_id not in unhealthy for o in ordered if o is not w
             )
-            if (
-                out
-                and rest_healthy
-                and len(failed_jobs) >= s.health_min_failed_jobs
-                and failed / len(w.runs) >= s.health_min_failure_rate
-            ):
+            if rest_healthy and makes_a_case(e, s):
                 unhealthy.add(w.worker_id)
                 changes.append(
                     HealthChange(
-                        worker_id=w.worker_id,
-                        version=w.version,
-                        unhealthy=True,
-                        reason=mark_reason(w.runs, others_failed, others_runs),
+                        worker_id=w.worker_id, version=w.version, unhealthy=True, reason=mark_reason(e)
                     )
                 )
             continue
         after = [r for r in w.runs if r.after_mark]
         if after and not after[0].failed:
             why = f"a run succeeded there after the mark (job {after[0].job_id})"
-        elif w.runs and not out:
+        elif failing_here(w.runs, s) and not failing_here(e.counted, s):
             why = (
-                f"its runs no longer fail far more often than the other workers' ({failed} of {len(w.runs)} "
-                f"against {others_failed} of {others_runs})"
+                f"the jobs that failed there failed on other workers too ({e.failed} of its "
+                f"{len(w.runs)} runs failed where they did not)"
             )
-        elif after:
+        elif after and after[0] in e.counted:
             changes.append(
                 HealthChange(
                     worker_id=w.worker_id,
                     version=w.version,
                     unhealthy=True,
-                    reason=mark_reason(w.runs, others_failed, others_runs),
+                    reason=mark_reason(e),
                     renewed=True,
                 )
             )

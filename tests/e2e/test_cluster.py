@@ -214,7 +214,11 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
             "unhealthy_since_unix_s",
         }
         assert worker["state"] == "alive"
-        assert (worker["unhealthy"], worker["unhealthy_reason"], worker["unhealthy_since_unix_s"]) == (False, None, None)
+        assert (worker["unhealthy"], worker["unhealthy_reason"], worker["unhealthy_since_unix_s"]) == (
+            False,
+            None,
+            None,
+        )
         assert (worker["cordoned"], worker["draining"], worker["drained"]) == (False, False, False)
         assert worker["drain_deadline_unix_s"] is None
         assert worker["jobs"] == []
