@@ -111,7 +111,10 @@ class Evidence:
     span of time (from its oldest judged run's end until the read)."""
 
     counted: tuple[Run, ...]
-    """Its judged runs but the failures that are the jobs' (:func:`excused`), newest first."""
+    """Its judged runs but the failures not held against it (:func:`contrasted`), newest
+    first."""
+    excused: tuple[Run, ...]
+    """Its failures that are the jobs' (:func:`excused`)."""
     failed_jobs: frozenset[int]
     """The jobs of the counted failures."""
     strong_jobs: frozenset[int]
@@ -144,19 +147,31 @@ def excused(run: Run, others: Sequence[Run]) -> bool:
     return run.failed_elsewhere or any(o.failed and siblings(run, o) for o in others)
 
 
+def contrasted(run: Run, others: Sequence[Run]) -> bool:
+    """Whether a failed ``run`` is held against its worker: the job succeeded on another worker,
+    or it is not :func:`excused` and a sibling succeeded on another worker (``others``). A
+    failure of a job whose kind ran nowhere else says nothing either way."""
+    if not run.failed:
+        return False
+    if run.succeeded_elsewhere:
+        return True
+    return not excused(run, others) and any(not o.failed and siblings(run, o) for o in others)
+
+
 def evidence(w: WorkerRuns, workers: Sequence[WorkerRuns]) -> Evidence:
-    """The :class:`Evidence` against ``w``, one of ``workers``: its failures excused by any of
-    the other workers' judged runs (a sibling that failed there before this worker's span
-    began is as much the job's doing), its rate against theirs over its span only (runs that
-    ended no earlier than its oldest judged run: older successes elsewhere say nothing of a
-    batch that fails now)."""
+    """The :class:`Evidence` against ``w``, one of ``workers``: its successes and the failures
+    :func:`contrasted` with the other workers' judged runs (any of them: a sibling that failed
+    there before this worker's span began is as much the job's doing), its rate against theirs
+    over its span only (runs that ended no earlier than its oldest judged run: older successes
+    elsewhere say nothing of a batch that fails now)."""
     span_s = max((r.age_s for r in w.runs), default=0.0)
     others = [r for o in workers if o.worker_id != w.worker_id for r in o.runs]
     meanwhile = [r for r in others if r.age_s <= span_s]
-    counted = tuple(r for r in w.runs if not excused(r, others))
+    counted = tuple(r for r in w.runs if not r.failed or contrasted(r, others))
     failed = [r for r in counted if r.failed]
     return Evidence(
         counted=counted,
+        excused=tuple(r for r in w.runs if excused(r, others)),
         failed_jobs=frozenset(r.job_id for r in failed),
         strong_jobs=frozenset(r.job_id for r in failed if r.succeeded_elsewhere),
         others_failed=sum(1 for r in meanwhile if r.failed),
@@ -217,21 +232,23 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     """Which workers to mark unhealthy, and which marks to clear: a pure function.
 
     A worker is marked only on evidence that its failures are its own, not the jobs'. A failure
-    there is not counted when the same job, or a sibling (the same array, or the same command),
-    failed on another worker over the same span (:func:`excused`), unless the job succeeded on
-    another worker. A healthy worker is marked when :func:`makes_a_case` (the counted failures
-    are of enough jobs and a large enough share of its runs, and they stand out against the
-    other workers' runs over the same span, or, when those are too few to compare, the jobs
-    succeeded elsewhere) and another worker that takes placements would stay healthy (a lone
-    worker is never marked: there is nothing to compare it with, and nowhere else to go).
+    there counts only when the job succeeded on another worker, or a sibling (the same array,
+    or the same command) did and neither the job nor a sibling failed on another worker
+    (:func:`contrasted`, :func:`excused`). A healthy worker is marked when
+    :func:`makes_a_case` (the counted failures are of enough jobs and a large enough share of
+    its runs, and they stand out against the other workers' runs over the same span, or, when
+    those are too few to compare, the jobs succeeded elsewhere) and another worker that takes
+    placements would stay healthy (a lone worker is never marked: there is nothing to compare
+    it with, and nowhere else to go).
 
     A marked worker is cleared when its newest run that ended after the mark succeeded, or when
-    its failures would suffice for a mark but its counted ones no longer do (:func:`failing_here`:
-    they turned out to be the jobs', failing on other workers too); runs that merely aged out of
-    the window leave the mark to its probe. A batch that fails on the other workers after the
-    mark does not clear it: it excuses only failures of the same jobs or their siblings. It is
-    marked again (its probe waits anew) when that newest run failed and is not excused. Workers
-    are judged in id order, each against the marks already made in this judgement.
+    its failures would suffice for a mark but no longer do once those that turned out to be the
+    jobs' are left out (:func:`excused`: the same jobs or siblings failed on other workers
+    too). A batch that fails on the other workers after the mark does not clear it (it excuses
+    only failures of the same jobs or their siblings), nor do runs that aged out of the window
+    (the probe decides then). It is marked again (its probe waits anew) when that newest run
+    failed and counts against it. Workers are judged in id order, each against the marks
+    already made in this judgement.
 
     Args:
         workers: every alive worker with its judged runs (see :class:`WorkerRuns`).
@@ -261,7 +278,7 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
         after = [r for r in w.runs if r.after_mark]
         if after and not after[0].failed:
             why = f"a run succeeded there after the mark (job {after[0].job_id})"
-        elif failing_here(w.runs, s) and not failing_here(e.counted, s):
+        elif failing_here(w.runs, s) and not failing_here([r for r in w.runs if r not in e.excused], s):
             why = (
                 f"the jobs that failed there failed on other workers too ({e.failed} of its "
                 f"{len(w.runs)} runs failed where they did not)"

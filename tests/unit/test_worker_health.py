@@ -39,14 +39,15 @@ def runs(
     every_s: float = 1.0,
     newest_s: float = 0.0,
     array_id: int | None = None,
+    spec: str = "",
     elsewhere: str = "",
     **kw: object,
 ) -> WorkerRuns:
     """``worker_id`` with one run per letter of ``outcomes`` (``F`` failed, ``S`` succeeded),
     newest first, each of another job from ``first_job`` on, ended ``newest_s`` ago and then
     ``every_s`` apart; the newest ``after_mark`` of them ended after its mark; ``array_id``: all
-    of one array. ``elsewhere``: per run, ``s`` the job succeeded on another worker, ``f`` it
-    failed on another worker, ``-`` neither (the default)."""
+    of one array; ``spec``: all of one command. ``elsewhere``: per run, ``s`` the job succeeded
+    on another worker, ``f`` it failed on another worker, ``-`` neither (the default)."""
     return WorkerRuns(
         worker_id=worker_id,
         version=0,
@@ -58,6 +59,7 @@ def runs(
                 after_mark=k < after_mark,
                 age_s=newest_s + k * every_s,
                 array_id=array_id,
+                spec_key=spec,
                 succeeded_elsewhere=elsewhere[k : k + 1] == "s",
                 failed_elsewhere=elsewhere[k : k + 1] == "f",
             )
@@ -79,13 +81,13 @@ def cleared(verdict_changes: tuple[HealthChange, ...]) -> set[str]:
 
 
 def test_a_worker_whose_runs_all_fail_beside_healthy_ones_is_marked_with_its_reason() -> None:
-    """The issue's worker: every run fails there, the others' succeed meanwhile; it is marked,
-    and its reason counts its runs, the others' over the same span and quotes its last
-    failure."""
+    """The issue's worker: every run fails there, the same command succeeds on the others
+    meanwhile; it is marked, and its reason counts its runs, the others' over the same span and
+    quotes its last failure."""
     verdict = judge_health(
         [
-            runs("w-bad", "FFFFFFFF", every_s=0.6),
-            runs("w-1", "SSSSS", first_job=20),
+            runs("w-bad", "FFFFFFFF", every_s=0.6, spec="sleep 1"),
+            runs("w-1", "SSSSS", first_job=20, spec="sleep 1"),
             runs("w-2", "SSSFS", first_job=30),
         ],
         HEALTH,
@@ -270,9 +272,10 @@ def test_a_worker_where_jobs_fail_that_succeed_elsewhere_is_marked(
     )
 )
 def test_a_mark_always_has_its_grounds(workers_runs: list[list[tuple[bool, str, int, float]]]) -> None:
-    """Every mark has, among the worker's runs but the failures the other workers share, runs
-    of at least health_min_failed_jobs jobs failed and at least health_min_failure_rate of them;
-    and either at least health_min_compared_runs runs of the others over its span and at least
+    """Every mark has, among the worker's successes and its failures of jobs that (or whose
+    siblings, unless they also failed elsewhere) succeeded on other workers, runs of at least
+    health_min_failed_jobs jobs failed and at least health_min_failure_rate of them; and either
+    at least health_min_compared_runs runs of the others over its span and at least
     health_rate_factor times their rate, or fewer and at least health_min_failed_jobs of its
     failed jobs succeeded elsewhere; and it leaves another worker healthy."""
     workers = [
@@ -299,11 +302,14 @@ def test_a_mark_always_has_its_grounds(workers_runs: list[list[tuple[bool, str, 
         (w,) = [w for w in workers if w.worker_id == change.worker_id]
         others = [r for o in workers if o is not w for r in o.runs]
         span_s = max(r.age_s for r in w.runs)
-        shared = {o.array_id for o in others if o.failed and o.array_id is not None}
+        failed_arrays = {o.array_id for o in others if o.failed and o.array_id is not None}
+        fine_arrays = {o.array_id for o in others if not o.failed and o.array_id is not None}
         counted = [
             r
             for r in w.runs
-            if not (r.failed and not r.succeeded_elsewhere and (r.failed_elsewhere or r.array_id in shared))
+            if not r.failed
+            or r.succeeded_elsewhere
+            or (not r.failed_elsewhere and r.array_id not in failed_arrays and r.array_id in fine_arrays)
         ]
         failed = [r for r in counted if r.failed]
         assert len({r.job_id for r in failed}) >= HEALTH.health_min_failed_jobs
@@ -333,7 +339,11 @@ def test_a_run_failing_after_the_mark_renews_it() -> None:
     """A probe (or a run already there) that fails after the mark marks the worker again: its
     next probe waits anew."""
     verdict = judge_health(
-        [runs("w-bad", "FFFF", after_mark=1, unhealthy=True), runs("w-1", "SSSS", first_job=10)], HEALTH
+        [
+            runs("w-bad", "FFFF", after_mark=1, unhealthy=True, elsewhere="ssss"),
+            runs("w-1", "SSSS", first_job=10),
+        ],
+        HEALTH,
     )
     (change,) = verdict.changes
     assert (change.unhealthy, change.renewed) == (True, True)
