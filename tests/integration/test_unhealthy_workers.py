@@ -14,6 +14,7 @@ and the operator's uncordon clears it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -386,7 +387,7 @@ async def test_a_worker_that_fails_every_job_is_marked_and_its_jobs_succeed_else
     """Beside two healthy workers, one whose every job fails is marked unhealthy with its reason
     (status); nothing is placed there after its mark, no job runs there twice (its retries go
     elsewhere), and every job succeeds; the operator's uncordon clears the mark, after which it
-    takes placements again, fails them and is marked again."""
+    takes placements again, one at a time (it is on trial), fails them and is marked again."""
     bad_pids_max, argv = FAULTS[fault]
     async with whole_cluster(database_url, tmp_path, bad_pids_max=bad_pids_max) as c:
         if fault == "pids_max":
@@ -439,3 +440,13 @@ async def test_a_worker_that_fails_every_job_is_marked_and_its_jobs_succeed_else
         )
         assert placed_again >= 1
         await c.until("the second batch to end", lambda: c.all_ended(more))
+        # Re-admitted beside two proven workers, it was on trial: one job at a time, never a
+        # burst (each run there was placed only once the one before had ended).
+        trial_runs = await c.admin.fetch(
+            "SELECT created_at, ended_at FROM assignments WHERE worker_id = $1 AND created_at > $2"
+            " ORDER BY created_at",
+            BAD,
+            cleared_at,
+        )
+        for before, after in itertools.pairwise(trial_runs):
+            assert before["ended_at"] is not None and after["created_at"] >= before["ended_at"]
