@@ -22,13 +22,15 @@ Which runs are judged: those a worker ended on its own (``finished``: succeeded 
 it named that does not exist or is closed to it, a command not in its image) is not judged;
 nor are runs lost with their worker, cancelled (by a user, or by the leader at a timeout),
 drained or released. A failure to start (a pids limit, a cgroup that cannot be made, an image
-or a program missing on that worker) is the worker's unless the job, or a sibling (same array,
-or same command), failed on another worker too. The argument and the choices are in
+or a program missing on that worker) counts against the worker when the job succeeded on
+another worker; if the job, or a sibling (same array, or same command), failed on another
+worker too, it is the job's. The argument and the choices are in
 docs/design.md, "Worker health".
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import attrs
@@ -111,10 +113,10 @@ class Evidence:
     span of time (from its oldest judged run's end until the read)."""
 
     counted: tuple[Run, ...]
-    """Its judged runs but the failures not held against it (:func:`contrasted`), newest
-    first."""
+    """Its judged runs but the failures not held against it (:meth:`Cluster.contrasted`),
+    newest first."""
     excused: tuple[Run, ...]
-    """Its failures that are the jobs' (:func:`excused`)."""
+    """Its failures that are the jobs' (:meth:`Cluster.excused`)."""
     failed_jobs: frozenset[int]
     """The jobs of the counted failures."""
     strong_jobs: frozenset[int]
@@ -128,54 +130,88 @@ class Evidence:
         return sum(1 for r in self.counted if r.failed)
 
 
-def siblings(a: Run, b: Run) -> bool:
-    """Whether ``a`` and ``b`` are runs of the same job, of one array, or of the same command."""
-    return (
-        a.job_id == b.job_id
-        or (a.array_id is not None and a.array_id == b.array_id)
-        or (a.spec_key != "" and a.spec_key == b.spec_key)
-    )
+def kinds(run: Run) -> tuple[tuple[str, object], ...]:
+    """The keys a run shares with its siblings: its job, its array (if any) and its command (if
+    known). Two runs are siblings when they share one."""
+    keys: list[tuple[str, object]] = [("job", run.job_id)]
+    if run.array_id is not None:
+        keys.append(("array", run.array_id))
+    if run.spec_key:
+        keys.append(("spec", run.spec_key))
+    return tuple(keys)
 
 
-def excused(run: Run, others: Sequence[Run]) -> bool:
-    """Whether a failed ``run`` is the job's doing, not its worker's: the same job, or a sibling
-    (:func:`siblings`), failed on another worker too (``others``: the other workers' judged
-    runs; :attr:`Run.failed_elsewhere` for the job's own runs beyond them), and the job did not
-    succeed on another worker."""
-    if not run.failed or run.succeeded_elsewhere:
-        return False
-    return run.failed_elsewhere or any(o.failed and siblings(run, o) for o in others)
+@attrs.frozen
+class Cluster:
+    """Every judged run, indexed: by kind, the workers where one failed and where one
+    succeeded; and all the runs' ages (sorted) and those of the failures, to count the runs
+    that ended within a span."""
+
+    failed_on: dict[tuple[str, object], set[str]]
+    succeeded_on: dict[tuple[str, object], set[str]]
+    ages_s: list[float]
+    failed_ages_s: list[float]
+
+    @classmethod
+    def of(cls, workers: Sequence[WorkerRuns]) -> Cluster:
+        failed_on: dict[tuple[str, object], set[str]] = {}
+        succeeded_on: dict[tuple[str, object], set[str]] = {}
+        for w in workers:
+            for r in w.runs:
+                for key in kinds(r):
+                    (failed_on if r.failed else succeeded_on).setdefault(key, set()).add(w.worker_id)
+        runs = [r for w in workers for r in w.runs]
+        return cls(
+            failed_on=failed_on,
+            succeeded_on=succeeded_on,
+            ages_s=sorted(r.age_s for r in runs),
+            failed_ages_s=sorted(r.age_s for r in runs if r.failed),
+        )
+
+    def elsewhere(self, on: dict[tuple[str, object], set[str]], run: Run, worker_id: str) -> bool:
+        """Whether a sibling of ``run`` (itself included) is in ``on`` for another worker."""
+        return any(on.get(key, set()) - {worker_id} for key in kinds(run))
+
+    def excused(self, run: Run, worker_id: str) -> bool:
+        """Whether a failed ``run`` on ``worker_id`` is the job's doing, not its worker's: the
+        same job, or a sibling (:func:`kinds`), failed on another worker too (among the judged
+        runs, or :attr:`Run.failed_elsewhere` for the job's own runs beyond them), and the job
+        did not succeed on another worker."""
+        if not run.failed or run.succeeded_elsewhere:
+            return False
+        return run.failed_elsewhere or self.elsewhere(self.failed_on, run, worker_id)
+
+    def contrasted(self, run: Run, worker_id: str) -> bool:
+        """Whether a failed ``run`` on ``worker_id`` is held against it: the job succeeded on
+        another worker, or the failure is not :meth:`excused` and a sibling succeeded on another
+        worker. A failure of a job whose kind ran nowhere else says nothing either way."""
+        if not run.failed:
+            return False
+        if run.succeeded_elsewhere:
+            return True
+        return not self.excused(run, worker_id) and self.elsewhere(self.succeeded_on, run, worker_id)
 
 
-def contrasted(run: Run, others: Sequence[Run]) -> bool:
-    """Whether a failed ``run`` is held against its worker: the job succeeded on another worker,
-    or it is not :func:`excused` and a sibling succeeded on another worker (``others``). A
-    failure of a job whose kind ran nowhere else says nothing either way."""
-    if not run.failed:
-        return False
-    if run.succeeded_elsewhere:
-        return True
-    return not excused(run, others) and any(not o.failed and siblings(run, o) for o in others)
-
-
-def evidence(w: WorkerRuns, workers: Sequence[WorkerRuns]) -> Evidence:
-    """The :class:`Evidence` against ``w``, one of ``workers``: its successes and the failures
-    :func:`contrasted` with the other workers' judged runs (any of them: a sibling that failed
-    there before this worker's span began is as much the job's doing), its rate against theirs
-    over its span only (runs that ended no earlier than its oldest judged run: older successes
-    elsewhere say nothing of a batch that fails now)."""
+def evidence(w: WorkerRuns, cluster: Cluster) -> Evidence:
+    """The :class:`Evidence` against ``w``: its successes and the failures
+    :meth:`Cluster.contrasted` with the other workers' judged runs (any of them: a sibling that
+    failed there before this worker's span began is as much the job's doing), its rate against
+    theirs over its span only (runs that ended no earlier than its oldest judged run: older
+    successes elsewhere say nothing of a batch that fails now)."""
     span_s = max((r.age_s for r in w.runs), default=0.0)
-    others = [r for o in workers if o.worker_id != w.worker_id for r in o.runs]
-    meanwhile = [r for r in others if r.age_s <= span_s]
-    counted = tuple(r for r in w.runs if not r.failed or contrasted(r, others))
+    counted = tuple(r for r in w.runs if not r.failed or cluster.contrasted(r, w.worker_id))
     failed = [r for r in counted if r.failed]
+    own_failed = sum(1 for r in w.runs if r.failed)
+    # Every run of w ended within its span: the others' are the cluster's within it but w's.
+    others_runs = bisect.bisect_right(cluster.ages_s, span_s) - len(w.runs) if w.runs else 0
+    others_failed = bisect.bisect_right(cluster.failed_ages_s, span_s) - own_failed if w.runs else 0
     return Evidence(
         counted=counted,
-        excused=tuple(r for r in w.runs if excused(r, others)),
+        excused=tuple(r for r in w.runs if cluster.excused(r, w.worker_id)),
         failed_jobs=frozenset(r.job_id for r in failed),
         strong_jobs=frozenset(r.job_id for r in failed if r.succeeded_elsewhere),
-        others_failed=sum(1 for r in meanwhile if r.failed),
-        others_runs=len(meanwhile),
+        others_failed=others_failed,
+        others_runs=others_runs,
     )
 
 
@@ -234,7 +270,7 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     A worker is marked only on evidence that its failures are its own, not the jobs'. A failure
     there counts only when the job succeeded on another worker, or a sibling (the same array,
     or the same command) did and neither the job nor a sibling failed on another worker
-    (:func:`contrasted`, :func:`excused`). A healthy worker is marked when
+    (:meth:`Cluster.contrasted`, :meth:`Cluster.excused`). A healthy worker is marked when
     :func:`makes_a_case` (the counted failures are of enough jobs and a large enough share of
     its runs, and they stand out against the other workers' runs over the same span, or, when
     those are too few to compare, the jobs succeeded elsewhere) and another worker that takes
@@ -243,7 +279,7 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
 
     A marked worker is cleared when its newest run that ended after the mark succeeded, or when
     its failures would suffice for a mark but no longer do once those that turned out to be the
-    jobs' are left out (:func:`excused`: the same jobs or siblings failed on other workers
+    jobs' are left out (:meth:`Cluster.excused`: the same jobs or siblings failed on other workers
     too). A batch that fails on the other workers after the mark does not clear it (it excuses
     only failures of the same jobs or their siblings), nor do runs that aged out of the window
     (the probe decides then). It is marked again (its probe waits anew) when that newest run
@@ -261,8 +297,9 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     ordered = sorted(workers, key=lambda w: w.worker_id)
     unhealthy = {w.worker_id for w in ordered if w.unhealthy}
     changes: list[HealthChange] = []
+    cluster = Cluster.of(ordered)
     for w in ordered:
-        e = evidence(w, ordered)
+        e = evidence(w, cluster)
         if not w.unhealthy:
             rest_healthy = any(
                 o.takes_placements and o.worker_id not in unhealthy for o in ordered if o is not w
