@@ -854,8 +854,8 @@ ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS console_url text;
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
 
 -- Worker health (actors/health.py decides, the leader's reconciler writes it in a fenced write:
--- queries.RECORD_WORKER_HEALTH). A worker whose recent runs fail far more often than the other
--- workers' is marked unhealthy: the placer places nothing new on it (queries.ROUND_READ,
+-- queries.RECORD_WORKER_HEALTH). A worker whose recent runs fail where the same jobs do not fail
+-- elsewhere is marked unhealthy: the placer places nothing new on it (queries.ROUND_READ,
 -- LIVE_WORKERS, COMMIT_PLACEMENTS), but a probe once unhealthy_probe_at has passed. All six
 -- columns belong to the worker id, as a cordon does: a registration (the agent restarted) keeps
 -- them.

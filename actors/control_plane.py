@@ -184,6 +184,7 @@ async def run_control_plane(
             database_url=settings.database_url,
             application_name=f"stockade {settings.cp_id} placer",
             statement_timeout_s=settings.placer.read_statement_timeout_s,
+            trial_run_s=settings.placer.trial_run_s,
         ),
         role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
         ledger=ledger_send,

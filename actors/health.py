@@ -1,18 +1,20 @@
-"""Worker health: which workers' recent runs fail far more often than the other workers' (a
+"""Worker health: which workers' recent runs fail where the same jobs do not fail elsewhere (a
 pure rule, :func:`judge_health`; the leader's reconciler reads the runs and writes the marks).
 
 A worker marked unhealthy gets no new placement but, every ``health_probe_after_s``, one job
 at a time as a probe (the half-open state of a circuit breaker: M. Nygard, "Release It!",
 2007). The mark clears when a run ended there after it succeeds (a probe, or a run that was
-already there), when the other workers' runs turn out to fail as often (the jobs were at
-fault), or when an operator uncordons the worker. Where the idea comes from, and how it differs:
+already there), when the failures that earned it turn out to be the jobs' (the same jobs, or
+their siblings, failed on other workers too), or when an operator uncordons the worker. Where
+the idea comes from, and how it differs:
 
 - Apache Spark's exclusion on failure (``spark.excludeOnFailure.*``): an executor on which
   ``maxFailedTasksPerExecutor`` different tasks failed is excluded, then included again after
   ``spark.excludeOnFailure.timeout``; failures of one task count once. Here: different jobs.
 - Hadoop 1's JobTracker "graylisted" a TaskTracker whose task failure rate was well above the
   cluster's average (``mapred.cluster.average.blacklist.threshold``), so jobs that fail
-  everywhere do not take healthy nodes away. Here: the rate against the other workers'.
+  everywhere do not take healthy nodes away. Here: the rate against the other workers' runs
+  over the same span of time, and only failures the other workers do not share.
 
 Which runs are judged: those a worker ended on its own (``finished``: succeeded or failed) within
 ``health_window_s``, its last ``health_window_runs``. A failure that is the job's own doing
@@ -20,13 +22,15 @@ Which runs are judged: those a worker ended on its own (``finished``: succeeded 
 it named that does not exist or is closed to it, a command not in its image) is not judged;
 nor are runs lost with their worker, cancelled (by a user, or by the leader at a timeout),
 drained or released. A failure to start (a pids limit, a cgroup that cannot be made, an image
-or a program missing on that worker) is the worker's: if the job is at fault it fails on the
-other workers too, and the comparison with their rate keeps the worker healthy. The argument
-and the choices are in docs/design.md, "Worker health".
+or a program missing on that worker) counts against the worker when the job succeeded on
+another worker; if the job, or a sibling (same array, or same command), failed on another
+worker too, it is the job's. The argument and the choices are in
+docs/design.md, "Worker health".
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import attrs
@@ -51,6 +55,18 @@ class Run:
     """How it ended, as the worker told it (``exit code 2``)."""
     after_mark: bool = False
     """It ended after the worker's last mark or renewal (only for a worker marked unhealthy)."""
+    age_s: float = 0.0
+    """How long ago it ended, in seconds (database time, as read)."""
+    array_id: int | None = None
+    """The job's array, if it belongs to one: its siblings are the array's other jobs."""
+    spec_key: str = ""
+    """What the job runs (a digest of its runtime, command and image): jobs with the same key
+    are siblings. Empty: none (no sibling by command)."""
+    failed_elsewhere: bool = False
+    """Another run of the same job failed on another worker within ``health_window_s``."""
+    succeeded_elsewhere: bool = False
+    """A run of the same job succeeded on another worker: the strongest evidence that its
+    failure here was the worker's."""
 
 
 @attrs.frozen(kw_only=True)
@@ -91,18 +107,126 @@ class HealthVerdict:
     unhealthy: tuple[str, ...]
 
 
-def _failures(runs: Sequence[Run]) -> int:
-    return sum(1 for r in runs if r.failed)
+@attrs.frozen(kw_only=True)
+class Evidence:
+    """What a worker's judged runs say against it, next to the other workers' over the same
+    span of time (from its oldest judged run's end until the read)."""
+
+    counted: tuple[Run, ...]
+    """Its judged runs but the failures not held against it (:meth:`Cluster.contrasted`),
+    newest first."""
+    excused: tuple[Run, ...]
+    """Its failures that are the jobs' (:meth:`Cluster.excused`)."""
+    failed_jobs: frozenset[int]
+    """The jobs of the counted failures."""
+    strong_jobs: frozenset[int]
+    """Those of them that succeeded on another worker."""
+    others_failed: int
+    others_runs: int
+    """The other workers' judged runs that ended within the span, and how many of them failed."""
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.counted if r.failed)
 
 
-def mark_reason(runs: Sequence[Run], others_failed: int, others_runs: int) -> str:
-    """Why a worker with these judged ``runs`` (newest first) is unhealthy:
-    ``unhealthy: 8 of the last 10 runs failed (other workers: 1 of 40), last: exit code 2``."""
-    failed = [r for r in runs if r.failed]
+def kinds(run: Run) -> tuple[tuple[str, object], ...]:
+    """The keys a run shares with its siblings: its job, its array (if any) and its command (if
+    known). Two runs are siblings when they share one."""
+    keys: list[tuple[str, object]] = [("job", run.job_id)]
+    if run.array_id is not None:
+        keys.append(("array", run.array_id))
+    if run.spec_key:
+        keys.append(("spec", run.spec_key))
+    return tuple(keys)
+
+
+@attrs.frozen
+class Cluster:
+    """Every judged run, indexed: by kind, the workers where one failed and where one
+    succeeded; and all the runs' ages (sorted) and those of the failures, to count the runs
+    that ended within a span."""
+
+    failed_on: dict[tuple[str, object], set[str]]
+    succeeded_on: dict[tuple[str, object], set[str]]
+    ages_s: list[float]
+    failed_ages_s: list[float]
+
+    @classmethod
+    def of(cls, workers: Sequence[WorkerRuns]) -> Cluster:
+        failed_on: dict[tuple[str, object], set[str]] = {}
+        succeeded_on: dict[tuple[str, object], set[str]] = {}
+        for w in workers:
+            for r in w.runs:
+                for key in kinds(r):
+                    (failed_on if r.failed else succeeded_on).setdefault(key, set()).add(w.worker_id)
+        runs = [r for w in workers for r in w.runs]
+        return cls(
+            failed_on=failed_on,
+            succeeded_on=succeeded_on,
+            ages_s=sorted(r.age_s for r in runs),
+            failed_ages_s=sorted(r.age_s for r in runs if r.failed),
+        )
+
+    def elsewhere(self, on: dict[tuple[str, object], set[str]], run: Run, worker_id: str) -> bool:
+        """Whether a sibling of ``run`` (itself included) is in ``on`` for another worker."""
+        return any(on.get(key, set()) - {worker_id} for key in kinds(run))
+
+    def excused(self, run: Run, worker_id: str) -> bool:
+        """Whether a failed ``run`` on ``worker_id`` is the job's doing, not its worker's: the
+        same job, or a sibling (:func:`kinds`), failed on another worker too (among the judged
+        runs, or :attr:`Run.failed_elsewhere` for the job's own runs beyond them), and the job
+        did not succeed on another worker."""
+        if not run.failed or run.succeeded_elsewhere:
+            return False
+        return run.failed_elsewhere or self.elsewhere(self.failed_on, run, worker_id)
+
+    def contrasted(self, run: Run, worker_id: str) -> bool:
+        """Whether a failed ``run`` on ``worker_id`` is held against it: the job succeeded on
+        another worker, or the failure is not :meth:`excused` and a sibling succeeded on another
+        worker. A failure of a job whose kind ran nowhere else says nothing either way."""
+        if not run.failed:
+            return False
+        if run.succeeded_elsewhere:
+            return True
+        return not self.excused(run, worker_id) and self.elsewhere(self.succeeded_on, run, worker_id)
+
+
+def evidence(w: WorkerRuns, cluster: Cluster) -> Evidence:
+    """The :class:`Evidence` against ``w``: its successes and the failures
+    :meth:`Cluster.contrasted` with the other workers' judged runs (any of them: a sibling that
+    failed there before this worker's span began is as much the job's doing), its rate against
+    theirs over its span only (runs that ended no earlier than its oldest judged run: older
+    successes elsewhere say nothing of a batch that fails now)."""
+    span_s = max((r.age_s for r in w.runs), default=0.0)
+    counted = tuple(r for r in w.runs if not r.failed or cluster.contrasted(r, w.worker_id))
+    failed = [r for r in counted if r.failed]
+    own_failed = sum(1 for r in w.runs if r.failed)
+    # Every run of w ended within its span: the others' are the cluster's within it but w's.
+    others_runs = bisect.bisect_right(cluster.ages_s, span_s) - len(w.runs) if w.runs else 0
+    others_failed = bisect.bisect_right(cluster.failed_ages_s, span_s) - own_failed if w.runs else 0
+    return Evidence(
+        counted=counted,
+        excused=tuple(r for r in w.runs if cluster.excused(r, w.worker_id)),
+        failed_jobs=frozenset(r.job_id for r in failed),
+        strong_jobs=frozenset(r.job_id for r in failed if r.succeeded_elsewhere),
+        others_failed=others_failed,
+        others_runs=others_runs,
+    )
+
+
+def mark_reason(e: Evidence) -> str:
+    """Why a worker with this evidence is unhealthy: ``unhealthy: 8 of the last 10 runs failed
+    (other workers meanwhile: 1 of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``
+    (the runs counted: not the failures that are the jobs'; the other workers' runs over the
+    same span; the part after ``;`` only when a job that failed there succeeded elsewhere)."""
+    failed = [r for r in e.counted if r.failed]
     last = failed[0].detail[:MAX_DETAIL_CHARS] if failed else ""
+    strong = f"; {len(e.strong_jobs)} of those jobs succeeded elsewhere" if e.strong_jobs else ""
     return (
-        f"unhealthy: {len(failed)} of the last {len(runs)} runs failed "
-        f"(other workers: {others_failed} of {others_runs}), last: {last or 'no detail'}"
+        f"unhealthy: {len(failed)} of the last {len(e.counted)} runs failed "
+        f"(other workers meanwhile: {e.others_failed} of {e.others_runs}{strong}), "
+        f"last: {last or 'no detail'}"
     )
 
 
@@ -115,22 +239,51 @@ def stands_out(failed: int, runs: int, others_failed: int, others_runs: int, fac
     return failed / runs >= factor * others_rate
 
 
+def failing_here(runs: Sequence[Run], s: ReconcilerSettings) -> bool:
+    """Whether failures among ``runs`` are enough for a mark: runs of at least
+    ``health_min_failed_jobs`` jobs failed, and at least ``health_min_failure_rate`` of
+    ``runs``."""
+    failed = [r for r in runs if r.failed]
+    return (
+        bool(runs)
+        and len({r.job_id for r in failed}) >= s.health_min_failed_jobs
+        and len(failed) / len(runs) >= s.health_min_failure_rate
+    )
+
+
+def makes_a_case(e: Evidence, s: ReconcilerSettings) -> bool:
+    """Whether the evidence marks a worker: :func:`failing_here` of its counted runs, and
+    either the other workers ran at least ``health_min_compared_runs`` runs over the same span
+    and its rate is at least ``health_rate_factor`` times theirs, or they ran fewer (nothing to
+    compare with: its jobs fail faster than theirs end) and at least ``health_min_failed_jobs``
+    of the jobs that failed there succeeded elsewhere."""
+    if not failing_here(e.counted, s):
+        return False
+    if e.others_runs >= s.health_min_compared_runs:
+        return stands_out(e.failed, len(e.counted), e.others_failed, e.others_runs, s.health_rate_factor)
+    return len(e.strong_jobs) >= s.health_min_failed_jobs
+
+
 def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) -> HealthVerdict:
     """Which workers to mark unhealthy, and which marks to clear: a pure function.
 
-    A healthy worker is marked when, among its judged runs, runs of at least
-    ``health_min_failed_jobs`` different jobs failed, the fraction of its runs that failed is at
-    least ``health_min_failure_rate`` and at least ``health_rate_factor`` times the other
-    workers' (their judged runs together; 0 when they have none yet: a worker whose jobs fail
-    in milliseconds is marked before the others' first runs end), and another worker that takes
+    A worker is marked only on evidence that its failures are its own, not the jobs'. A failure
+    there counts only when the job succeeded on another worker, or a sibling (the same array,
+    or the same command) did and neither the job nor a sibling failed on another worker
+    (:meth:`Cluster.contrasted`, :meth:`Cluster.excused`). A healthy worker is marked when
+    :func:`makes_a_case` (the counted failures are of enough jobs and a large enough share of
+    its runs, and they stand out against the other workers' runs over the same span, or, when
+    those are too few to compare, the jobs succeeded elsewhere) and another worker that takes
     placements would stay healthy (a lone worker is never marked: there is nothing to compare
-    it with, and nowhere else to go). With the defaults: 3 different jobs, half of its runs,
-    and three times the others' rate.
+    it with, and nowhere else to go).
 
     A marked worker is cleared when its newest run that ended after the mark succeeded, or when
-    its failure rate no longer stands out (below ``health_rate_factor`` times the others': the
-    jobs fail everywhere, as the others' runs now show); it is marked again (its probe waits
-    anew) when that newest run failed. Workers are judged in id order, each against the marks
+    its failures would suffice for a mark but no longer do once those that turned out to be the
+    jobs' are left out (:meth:`Cluster.excused`: the same jobs or siblings failed on other workers
+    too). A batch that fails on the other workers after the mark does not clear it (it excuses
+    only failures of the same jobs or their siblings), nor do runs that aged out of the window
+    (the probe decides then). It is marked again (its probe waits anew) when that newest run
+    failed and counts against it. Workers are judged in id order, each against the marks
     already made in this judgement.
 
     Args:
@@ -142,50 +295,38 @@ def judge_health(workers: Sequence[WorkerRuns], settings: ReconcilerSettings) ->
     """
     s = settings
     ordered = sorted(workers, key=lambda w: w.worker_id)
-    all_failed = sum(_failures(w.runs) for w in ordered)
-    all_runs = sum(len(w.runs) for w in ordered)
     unhealthy = {w.worker_id for w in ordered if w.unhealthy}
     changes: list[HealthChange] = []
+    cluster = Cluster.of(ordered)
     for w in ordered:
-        failed = _failures(w.runs)
-        others_failed, others_runs = all_failed - failed, all_runs - len(w.runs)
-        out = stands_out(failed, len(w.runs), others_failed, others_runs, s.health_rate_factor)
+        e = evidence(w, cluster)
         if not w.unhealthy:
-            failed_jobs = {r.job_id for r in w.runs if r.failed}
             rest_healthy = any(
                 o.takes_placements and o.worker_id not in unhealthy for o in ordered if o is not w
             )
-            if (
-                out
-                and rest_healthy
-                and len(failed_jobs) >= s.health_min_failed_jobs
-                and failed / len(w.runs) >= s.health_min_failure_rate
-            ):
+            if rest_healthy and makes_a_case(e, s):
                 unhealthy.add(w.worker_id)
                 changes.append(
                     HealthChange(
-                        worker_id=w.worker_id,
-                        version=w.version,
-                        unhealthy=True,
-                        reason=mark_reason(w.runs, others_failed, others_runs),
+                        worker_id=w.worker_id, version=w.version, unhealthy=True, reason=mark_reason(e)
                     )
                 )
             continue
         after = [r for r in w.runs if r.after_mark]
         if after and not after[0].failed:
             why = f"a run succeeded there after the mark (job {after[0].job_id})"
-        elif w.runs and not out:
+        elif failing_here(w.runs, s) and not failing_here([r for r in w.runs if r not in e.excused], s):
             why = (
-                f"its runs no longer fail far more often than the other workers' ({failed} of {len(w.runs)} "
-                f"against {others_failed} of {others_runs})"
+                f"the jobs that failed there failed on other workers too ({e.failed} of its "
+                f"{len(w.runs)} runs failed where they did not)"
             )
-        elif after:
+        elif after and after[0] in e.counted:
             changes.append(
                 HealthChange(
                     worker_id=w.worker_id,
                     version=w.version,
                     unhealthy=True,
-                    reason=mark_reason(w.runs, others_failed, others_runs),
+                    reason=mark_reason(e),
                     renewed=True,
                 )
             )

@@ -155,12 +155,15 @@ def waiting_elsewhere(failed_on: Sequence[str]) -> str:
 
 def probe_limit(worker: LiveWorker, limit: int) -> int:
     """Most jobs a round may place on ``worker`` with a send window of ``limit``: ``limit`` for a
-    healthy worker; for an unhealthy one whose probe is due, one job while it holds none (its
-    probe: :mod:`actors.health`), else none."""
-    if not worker.unhealthy:
+    healthy worker out of trial; one job while it holds none for a worker on trial (newly
+    registered, or its mark cleared, and nothing there succeeded since) and for an unhealthy
+    one whose probe is due (its probe: :mod:`actors.health`), none for other unhealthy ones.
+    Like the probe, the trial keeps a broken worker, whose jobs fail at once and so leave it
+    always room, from taking a burst of jobs before its failures are judged."""
+    if not worker.unhealthy and not worker.trial:
         return limit
     idle = worker.room.cpu_allocated_millis == 0 and worker.unconfirmed == 0
-    return min(limit, 1) if worker.probe_due and idle else 0
+    return min(limit, 1) if idle and (worker.probe_due or not worker.unhealthy) else 0
 
 
 def plan_round_steps(
@@ -177,12 +180,16 @@ def plan_round_steps(
     nor the workers may change meanwhile; neither is changed."""
     # A cordoned (or draining) worker takes no placement, nor an unhealthy one whose probe is not
     # due: it is not a room at all, so it is neither placed on nor reserved; the reasons name it
-    # (not_counting_cordoned). An unhealthy one whose probe is due takes one job at a time.
+    # (not_counting_cordoned). An unhealthy one whose probe is due takes one job at a time, as
+    # does one on trial (probe_limit) while a proven worker takes placements: a cluster whose
+    # workers are all new (or all just re-admitted) has nowhere better to send its jobs.
     cordoned = tuple(sorted(w.ref.worker_id for w in workers if w.cordoned))
     unhealthy = tuple(
         sorted(w.ref.worker_id for w in workers if w.unhealthy and not w.cordoned and not w.probe_due)
     )
     workers = [w for w in workers if not w.cordoned and not (w.unhealthy and not w.probe_due)]
+    if not any(not w.trial and not w.unhealthy for w in workers):
+        workers = [attrs.evolve(w, trial=False) for w in workers]
     rooms = [
         attrs.evolve(
             w.room,
@@ -286,6 +293,8 @@ def plan_round(
 
     A cordoned or draining worker is given nothing, nor an unhealthy one but a probe when it is
     due (:func:`probe_limit`; the unschedulable reasons name them: :func:`not_counting_cordoned`);
+    one on trial is given one job at a time while another worker that takes placements is out
+    of trial (:func:`probe_limit`);
     a retry goes elsewhere than where it failed when it can (:func:`actors.placement.elsewhere`).
     Each worker's send window bounds what it is given
     (:func:`actors.placement.placement_limit` from its confirmed and unconfirmed assignments);

@@ -21,6 +21,7 @@ from actors.messages import WorkerRef
 from actors.placement import PendingJob, WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
+from runtime.settings import PlacerSettings
 
 ROWS_PER_STEP = 2000
 """Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""
@@ -44,6 +45,9 @@ class LiveWorker:
     its probe is due, one job at a time."""
     probe_due: bool = False
     """Unhealthy and its probe is due (``workers.unhealthy_probe_at`` has passed)."""
+    trial: bool = False
+    """On trial (newly registered, or its unhealthy mark cleared, and no run there since has
+    succeeded or run ``trial_run_s``): placed on one job at a time."""
 
 
 @attrs.frozen(kw_only=True)
@@ -153,6 +157,7 @@ _WORKER_COLUMNS = (
     "cordoned",
     "unhealthy",
     "probe_due",
+    "trial",
 )
 _JOB_COLUMNS = (
     "id",
@@ -229,6 +234,7 @@ def _live_worker(
     cordoned: bool = False,
     unhealthy: bool = False,
     probe_due: bool = False,
+    trial: bool = False,
 ) -> LiveWorker:
     return LiveWorker(
         ref=WorkerRef(worker_id=worker_id, address=address, incarnation=int(incarnation)),
@@ -246,6 +252,7 @@ def _live_worker(
         cordoned=bool(cordoned),
         unhealthy=bool(unhealthy),
         probe_due=bool(probe_due),
+        trial=bool(trial),
     )
 
 
@@ -254,12 +261,15 @@ class PgPlacerStore(ReadStore):
     """:class:`PlacerStore` on a read connection of its own (``statement_timeout_s``: the
     placer settings' ``read_statement_timeout_s``)."""
 
+    trial_run_s: float = PlacerSettings().trial_run_s
+    """The placer's ``trial_run_s``: which workers its reads say are on trial."""
+
     def server_settings(self) -> dict[str, str]:
         # As the ledger's: plan each read once.
         return {**super().server_settings(), "plan_cache_mode": "force_generic_plan"}
 
     async def live_workers(self, fresh_s: float) -> list[LiveWorker]:
-        rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s)
+        rows = await (await self._connection()).fetch(queries.LIVE_WORKERS, fresh_s, self.trial_run_s)
         return [_live_worker(*(r[c] for c in _WORKER_COLUMNS)) for r in rows]
 
     async def pending_jobs(self, limit: int) -> tuple[list[WaitingJob], PendingMark]:
@@ -274,7 +284,7 @@ class PgPlacerStore(ReadStore):
         self, fresh_s: float, mark: PendingMark, limit: int
     ) -> tuple[list[LiveWorker], list[WaitingJob], PendingMark]:
         row = await (await self._connection()).fetchrow(
-            queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight)
+            queries.ROUND_READ, fresh_s, mark.xid, mark.seq, limit, list(mark.in_flight), self.trial_run_s
         )
         assert row is not None
         workers = [

@@ -49,10 +49,10 @@ Each pass, while leader:
    is declared dead (then they end as any dead worker's).
 
 6. Worker health (:mod:`actors.health`), every ``health_interval_s`` (and on the first pass of
-   a reign): every alive worker's recent runs are read, a worker whose runs fail far more often
-   than the other workers' is marked unhealthy (the placer places nothing new on it but a probe
-   every ``health_probe_after_s``), and a mark is cleared once a run succeeds there or the
-   others' runs fail as often; one fenced write (:class:`RecordWorkerHealth`), none when nothing
+   a reign): every alive worker's recent runs are read, a worker whose failures are its own
+   (the jobs succeed elsewhere) is marked unhealthy (the placer places nothing new on it but a
+   probe every ``health_probe_after_s``), and a mark is cleared once a run succeeds there or
+   its failures turn out to be the jobs'; one fenced write (:class:`RecordWorkerHealth`), none when nothing
    changes. Each change applies only to the worker's health as it was read: an operator's
    uncordon meanwhile wins.
 

@@ -102,9 +102,28 @@ def worker_runs(row: Any) -> WorkerRuns:
         unhealthy=bool(row["unhealthy"]),
         takes_placements=bool(row["takes_placements"]),
         runs=tuple(
-            Run(job_id=int(job_id), failed=bool(failed), detail=detail, after_mark=bool(after))
-            for job_id, failed, detail, after in zip(
-                row["job_ids"], row["failed"], row["details"], row["after_mark"], strict=True
+            Run(
+                job_id=int(job_id),
+                failed=bool(failed),
+                detail=detail,
+                after_mark=bool(after),
+                age_s=float(age_s),
+                array_id=None if array_id is None else int(array_id),
+                spec_key=spec_key,
+                failed_elsewhere=bool(failed_x),
+                succeeded_elsewhere=bool(succeeded_x),
+            )
+            for job_id, failed, detail, after, age_s, array_id, spec_key, failed_x, succeeded_x in zip(
+                row["job_ids"],
+                row["failed"],
+                row["details"],
+                row["after_mark"],
+                row["ages_s"],
+                row["array_ids"],
+                row["spec_keys"],
+                row["failed_elsewhere"],
+                row["succeeded_elsewhere"],
+                strict=True,
             )
         ),
     )

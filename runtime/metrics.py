@@ -83,14 +83,14 @@ MASS_SILENCE = Gauge(
 )
 UNHEALTHY_WORKERS = Gauge(
     "stockade_unhealthy_workers",
-    "Alive workers marked unhealthy (their recent runs fail far more often than the other workers'; "
+    "Alive workers marked unhealthy (their recent runs fail where the same jobs do not fail elsewhere; "
     "no new placement but a probe), as the leader's last health judgement left them; 0 on a standby.",
 )
 WORKER_HEALTH_CHANGES = Counter(
     "stockade_worker_health_changes",
     "Worker health marks this replica's reconciler wrote (fenced), by change: marked, renewed (a "
     "run failed there after its mark, a probe's included), cleared (a run succeeded there, or the "
-    "other workers' runs fail as often).",
+    "failures that earned the mark turned out to be the jobs').",
     ["change"],
 )
 ROUNDS = Counter("stockade_placer_rounds", "Placer rounds while leader, by outcome.", ["outcome"])

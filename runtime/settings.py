@@ -221,6 +221,11 @@ class PlacerSettings:
     max_unconfirmed_per_worker: int = attrs.field(default=64, validator=_positive)
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""
+    trial_run_s: float = attrs.field(default=5.0, validator=_non_negative)
+    """A worker on trial (newly registered, or whose unhealthy mark was cleared: see
+    :mod:`actors.health`) takes one job at a time until a run there of its incarnation, since
+    then, succeeded or ran this long, in seconds: a broken worker cannot swallow a burst of jobs
+    before its failures are judged. 0: no trial."""
 
     resync_interval_s: float = attrs.field(default=30.0, validator=_positive)
     """Read the whole pending queue again this often (and at every election), in seconds."""
@@ -312,8 +317,14 @@ class ReconcilerSettings:
     health_min_failure_rate: float = attrs.field(default=0.5)
     """... and at least this fraction of its judged runs failed (above 0, at most 1)."""
     health_rate_factor: float = attrs.field(default=3.0)
-    """... and that fraction is at least this many times the other workers' (at least 1): a
-    batch of jobs that fail everywhere marks no worker."""
+    """... and that fraction is at least this many times the other workers' over the same span
+    of time (at least 1). Failures of jobs that (or whose siblings: same array, same command)
+    failed on other workers too are not counted: a batch of jobs that fail everywhere marks no
+    worker."""
+    health_min_compared_runs: int = attrs.field(default=5, validator=_between(1, 1000))
+    """The rate is compared only when the other workers ended at least this many runs over the
+    same span (1 to 1000); with fewer, a worker is marked only when at least
+    ``health_min_failed_jobs`` of the jobs that failed there succeeded on another worker."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=_non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a
     time may be placed on it again as a probe: its success clears the mark, its failure renews

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-# $1 worker_fresh_s. Live workers (not held for a planned restart: schema.sql,
+
+# Whether a worker is on trial (actors/placer.py, probe_limit: one job at a time), with $N the
+# placer's trial_run_s (0: no trial): no run of its incarnation that ended (or is still going)
+# after its registration and its health_since (set when an unhealthy mark was cleared) has
+# succeeded or run for $N seconds since a heartbeat first listed it (indexes
+# assignments_finished_by_worker and assignments_active_by_worker: one worker's runs since).
+def _on_trial(n: int) -> str:
+    return f"""(${n}::float8 > 0
+       AND NOT EXISTS (SELECT 1 FROM assignments t
+                        WHERE t.worker_id = w.id AND t.state = 'finished'
+                          AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                          AND t.worker_incarnation = w.incarnation
+                          AND (t.outcome = 'succeeded'
+                               OR t.confirmed_at + make_interval(secs => ${n}::float8) <= t.ended_at))
+       AND NOT EXISTS (SELECT 1 FROM assignments t
+                        WHERE t.worker_id = w.id AND t.state = 'active'
+                          AND t.worker_incarnation = w.incarnation
+                          AND t.confirmed_at + make_interval(secs => ${n}::float8) <= now()))"""
+
+
+# $1 worker_fresh_s, $2 trial_run_s. Live workers (not held for a planned restart: schema.sql,
 # workers.hold_until) with their allocation and their send window's counters (kept
 # by the assignments triggers in worker_allocations), whether each runs container jobs (its
 # label container=docker, actors/placement.py), whether it is cordoned (read so that an
 # unschedulable reason can name the cordoned workers it did not count; never placed on), and
 # whether it is marked unhealthy and, if so, whether its probe is due (schema.sql, worker
-# health: an unhealthy worker takes a probe then, else nothing).
-LIVE_WORKERS = """
+# health: an unhealthy worker takes a probe then, else nothing), and whether it is on trial.
+LIVE_WORKERS = f"""
 SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
        a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
        coalesce(w.labels->>'container' = 'docker', false) AS runs_containers, w.labels::text AS labels,
        w.cordoned_at IS NOT NULL AS cordoned, w.unhealthy_at IS NOT NULL AS unhealthy,
-       coalesce(w.unhealthy_probe_at <= now(), false) AS probe_due
+       coalesce(w.unhealthy_probe_at <= now(), false) AS probe_due, {_on_trial(2)} AS trial
   FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
  WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => $1)
    AND (w.hold_until IS NULL OR w.hold_until <= now())
@@ -63,7 +83,7 @@ SELECT p.*, {_SNAPSHOT}
 """
 
 # $1 worker_fresh_s, $2 $3 the mark (pending_xid, pending_seq), $4 limit, $5 the mark's
-# transactions in flight. One round's reads in one round trip, as parallel arrays in one row
+# transactions in flight, $6 trial_run_s. One round's reads in one round trip, as parallel arrays in one row
 # (an array is NULL when it has no rows), with the snapshot they were read in: LIVE_WORKERS;
 # the jobs that became pending after the mark, in (pending_xid, pending_seq) order, up to the
 # limit; and those at or below the mark made pending by a transaction that was still in flight
@@ -81,7 +101,8 @@ SELECT w.*, p.*, {_SNAPSHOT}
                array_agg(w.labels::text) AS w_labels,
                array_agg(w.cordoned_at IS NOT NULL) AS w_cordoned,
                array_agg(w.unhealthy_at IS NOT NULL) AS w_unhealthy,
-               array_agg(coalesce(w.unhealthy_probe_at <= now(), false)) AS w_probe_due
+               array_agg(coalesce(w.unhealthy_probe_at <= now(), false)) AS w_probe_due,
+               array_agg({_on_trial(6)}) AS w_trial
           FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
          WHERE w.state = 'alive'
            AND w.last_heartbeat_at > now() - make_interval(secs => $1::float8)

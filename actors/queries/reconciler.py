@@ -127,19 +127,41 @@ DRAIN_DUE_ASSIGNMENTS = (
 # reasons of failures that are the job's own doing (actors/health.py, JOB_FAULTS). Every alive
 # worker with its health and its judged runs, newest first, as parallel arrays: those it ended
 # itself (state 'finished': succeeded or failed, but not failed for a reason of $3) within the
-# window and after its health_since, at most $1 (index assignments_finished_by_worker); and for
-# each whether it ended after the worker's last mark or renewal (unhealthy_marked_at).
+# window and after its health_since, at most $1 (index assignments_finished_by_worker). For
+# each: whether it ended after the worker's last mark or renewal (unhealthy_marked_at), how long
+# ago it ended (s), its job's array and a digest of what the job runs (its siblings), whether a
+# run of the same job failed on another worker within the window (for a reason not in $3), and
+# whether one succeeded on another worker (index assignments_by_job, both).
 WORKER_RUNS = """
 SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
        w.cordoned_at IS NULL AS takes_placements,
        coalesce(r.job_ids, '{}') AS job_ids, coalesce(r.failed, '{}') AS failed,
-       coalesce(r.details, '{}') AS details, coalesce(r.after_mark, '{}') AS after_mark
+       coalesce(r.details, '{}') AS details, coalesce(r.after_mark, '{}') AS after_mark,
+       coalesce(r.ages_s, '{}') AS ages_s, coalesce(r.array_ids, '{}') AS array_ids,
+       coalesce(r.spec_keys, '{}') AS spec_keys,
+       coalesce(r.failed_elsewhere, '{}') AS failed_elsewhere,
+       coalesce(r.succeeded_elsewhere, '{}') AS succeeded_elsewhere
   FROM workers w
   LEFT JOIN LATERAL (
       SELECT array_agg(x.job_id ORDER BY x.ended_at DESC, x.id DESC) AS job_ids,
              array_agg(x.failed ORDER BY x.ended_at DESC, x.id DESC) AS failed,
              array_agg(x.detail ORDER BY x.ended_at DESC, x.id DESC) AS details,
-             array_agg(x.after_mark ORDER BY x.ended_at DESC, x.id DESC) AS after_mark
+             array_agg(x.after_mark ORDER BY x.ended_at DESC, x.id DESC) AS after_mark,
+             array_agg(extract(epoch FROM now() - x.ended_at)::float8 ORDER BY x.ended_at DESC, x.id DESC)
+                 AS ages_s,
+             array_agg(j.array_id ORDER BY x.ended_at DESC, x.id DESC) AS array_ids,
+             array_agg(md5(concat_ws(' ', j.runtime, j.argv::text, j.image, j.sleep_ms::text))
+                       ORDER BY x.ended_at DESC, x.id DESC) AS spec_keys,
+             array_agg(EXISTS (SELECT 1 FROM assignments o
+                                WHERE o.job_id = x.job_id AND o.worker_id <> w.id
+                                  AND o.state = 'finished' AND o.outcome = 'failed'
+                                  AND o.ended_at > now() - make_interval(secs => $2::float8)
+                                  AND NOT coalesce(o.end_reason = ANY($3::text[]), false))
+                       ORDER BY x.ended_at DESC, x.id DESC) AS failed_elsewhere,
+             array_agg(EXISTS (SELECT 1 FROM assignments o
+                                WHERE o.job_id = x.job_id AND o.worker_id <> w.id
+                                  AND o.state = 'finished' AND o.outcome = 'succeeded')
+                       ORDER BY x.ended_at DESC, x.id DESC) AS succeeded_elsewhere
         FROM (SELECT a.id, a.job_id, a.ended_at, a.outcome = 'failed' AS failed,
                      coalesce(a.detail, '') AS detail,
                      coalesce(a.ended_at > w.unhealthy_marked_at, false) AS after_mark
@@ -150,6 +172,7 @@ SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
                  AND NOT (a.outcome = 'failed' AND a.end_reason = ANY($3::text[]))
                ORDER BY a.ended_at DESC, a.id DESC
                LIMIT $1) x
+        JOIN jobs j ON j.id = x.job_id
   ) r ON true
  WHERE w.state = 'alive'
  ORDER BY w.id

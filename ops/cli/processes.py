@@ -246,6 +246,14 @@ def control_plane(
     max_unconfirmed_per_worker: Annotated[
         int, typer.Option(help="Most unconfirmed assignments a worker may hold (the window's ceiling).")
     ] = _PLACER.max_unconfirmed_per_worker,
+    trial_run_s: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="A newly registered worker, or one whose unhealthy mark was cleared, takes one job at "
+            "a time until a run there succeeded or ran this long, seconds; 0: no trial.",
+        ),
+    ] = _PLACER.trial_run_s,
     requeue_backoff_base_s: Annotated[
         float,
         typer.Option(
@@ -347,6 +355,16 @@ def control_plane(
             "the other workers' (at least 1)."
         ),
     ] = _RECONCILER.health_rate_factor,
+    health_min_compared_runs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Compare a worker's failure rate with the other workers' only when they ended at least "
+            "this many runs over the same span; with fewer, mark it only when jobs that failed there "
+            "succeeded elsewhere.",
+        ),
+    ] = _RECONCILER.health_min_compared_runs,
     health_probe_after_s: Annotated[
         float,
         typer.Option(
@@ -437,6 +455,7 @@ def control_plane(
                 reserve_after_s=reserve_after_s,
                 initial_window=initial_window,
                 max_unconfirmed_per_worker=max_unconfirmed_per_worker,
+                trial_run_s=trial_run_s,
             ),
             reconciler=ReconcilerSettings(
                 reconcile_interval_s=reconcile_interval_s,
@@ -455,6 +474,7 @@ def control_plane(
                 health_min_failed_jobs=health_min_failed_jobs,
                 health_min_failure_rate=health_min_failure_rate,
                 health_rate_factor=health_rate_factor,
+                health_min_compared_runs=health_min_compared_runs,
                 health_probe_after_s=health_probe_after_s,
             ),
             database_watch=DatabaseWatchSettings(

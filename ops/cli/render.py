@@ -65,8 +65,8 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     unhealthy, unhealthy_reason, unhealthy_since_unix_s}: cordoned,
     no new placements, a drain cordons too; draining, a drain asked and jobs left on it;
     drained, a drain asked and no job left; the drain's deadline in Unix seconds, or null for
-    none; labels, key -> value; unhealthy, its recent runs fail far more often than the other
-    workers' (no new placement but a probe), why (null when healthy) and since when in Unix
+    none; labels, key -> value; unhealthy, its recent runs fail where the same jobs do not
+    fail elsewhere (no new placement but a probe), why (null when healthy) and since when in Unix
     seconds (null when healthy)), ``jobs`` (counts keyed by state), ``unschedulable``
     ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
     ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).

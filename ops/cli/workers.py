@@ -6,8 +6,8 @@ for its jobs to end; with ``--deadline-s`` the leader stops those still running 
 and places them elsewhere, without counting a loss or a backoff against them. A drained worker
 (no job left) can be stopped, nothing lost. The cordon belongs to the worker id: it outlasts the
 agent's restart, until ``stockade uncordon``, which also ends a drain and clears a mark of the
-worker as unhealthy (the leader's, when its recent runs fail far more often than the other
-workers': :mod:`actors.health`).
+worker as unhealthy (the leader's, when its recent runs fail where the same jobs do not fail
+elsewhere: :mod:`actors.health`).
 
 Only light modules are imported at the top (every ``stockade`` call registers these commands);
 trio, the protocol and the client are imported by the command that runs.

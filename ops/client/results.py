@@ -253,11 +253,11 @@ class Worker:
     labels: tuple[tuple[str, str], ...]
     """Its labels (key, value), sorted by key."""
     unhealthy: bool = False
-    """Its recent runs fail far more often than the other workers': nothing new is placed on it
-    but a probe now and then, until a run succeeds there or an operator uncordons it."""
+    """Its recent runs fail where the same jobs do not fail elsewhere: nothing new is placed on
+    it but a probe now and then, until a run succeeds there or an operator uncordons it."""
     unhealthy_reason: str = ""
-    """Why it is unhealthy (``unhealthy: 8 of the last 10 runs failed (other workers: 1 of 40),
-    last: exit code 2``); empty when healthy."""
+    """Why it is unhealthy (``unhealthy: 8 of the last 10 runs failed (other workers meanwhile: 1
+    of 40; 3 of those jobs succeeded elsewhere), last: exit code 2``); empty when healthy."""
     unhealthy_since_unix_s: float | None = None
     """When it was marked (renewals after a failed probe keep it); None when healthy."""
 

@@ -14,6 +14,7 @@ and the operator's uncordon clears it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,13 +28,15 @@ from test_retries import EPOCH, Cluster, failed
 
 from actors import queries
 from actors.control_plane import run_control_plane
-from actors.health import JOB_FAULTS
+from actors.health import JOB_FAULTS, judge_health
+from actors.reconciler_store import worker_runs
 from agent.main import run_agent
 from ops.client.results import ClusterStatus, status_from_pb
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.jobs import CommandRuntime, JobSpec
+from runtime.constraints import parse_constraint
+from runtime.jobs import ArrayRange, CommandRuntime, JobSpec
 from runtime.settings import AgentSettings, ControlPlaneSettings, PlacerSettings, ReconcilerSettings
 from runtime.wire_jobs import job_spec_to_pb
 
@@ -166,6 +169,85 @@ async def test_the_pending_read_names_the_workers_where_a_job_failed(cluster: Cl
     assert dict(zip(row["p_id"], row["p_failed_on"], strict=True)) == {job_id: "w-1 w-2", fresh: None}
 
 
+async def test_the_health_read_says_where_else_each_job_failed_or_succeeded_and_its_siblings(
+    cluster: Cluster,
+) -> None:
+    """For each judged run: how long ago it ended (newest first, so never less than the run
+    before), whether the same job failed on another worker (a retry that failed there too) or
+    succeeded on one (the worker's failure, then), and what it runs: jobs of one command share a
+    digest, other commands do not; a job of no array has none."""
+    one = await cluster.register("w-1")
+    two = await cluster.register("w-2")
+
+    async def on_both(outcome_elsewhere: Any) -> int:
+        job_id = await cluster.submit(max_attempts=3)
+        for (worker_id, incarnation), outcome in (("w-1", one), failed), (("w-2", two), outcome_elsewhere):
+            aid = await cluster.place(job_id, worker_id, incarnation)
+            await cluster.heartbeat(worker_id, incarnation, outcome(aid, job_id))
+        return job_id
+
+    failing_too = await on_both(failed)
+    fine_elsewhere = await on_both(succeeded)
+    other = JobSpec(name="t", cpu_millis=100, memory_mb=16, runtime=CommandRuntime(argv=("true",)))
+    reply = await cluster.cp.call("submit_job", pb.SubmitJobRequest(spec=job_spec_to_pb(other.check())))
+    other_id = int(reply.job_id)
+    aid = await cluster.place(other_id, "w-1", one)
+    await cluster.heartbeat("w-1", one, succeeded(aid, other_id))
+
+    read = (await health_read(cluster.admin))["w-1"]
+    assert read["job_ids"] == [other_id, fine_elsewhere, failing_too]
+    assert read["failed_elsewhere"] == [False, False, True]
+    assert read["succeeded_elsewhere"] == [False, True, False]
+    assert read["array_ids"] == [None, None, None]
+    keys = read["spec_keys"]
+    assert keys[1] == keys[2] and keys[0] != keys[1]
+    ages = read["ages_s"]
+    assert 0 <= ages[0] <= ages[1] <= ages[2]
+
+
+async def on_trial(admin: PgConnection, trial_run_s: float = 5.0) -> dict[str, bool]:
+    """Which live workers the placer's reads say are on trial (both reads must agree)."""
+    rows = await admin.fetch(queries.LIVE_WORKERS, 600.0, trial_run_s)
+    row = await admin.fetchrow(queries.ROUND_READ, 600.0, 0, 0, 100, [], trial_run_s)
+    assert row is not None
+    trial = {r["id"]: r["trial"] for r in rows}
+    assert dict(zip(row["w_id"], row["w_trial"], strict=True)) == trial
+    return trial
+
+
+async def test_a_worker_is_on_trial_until_a_run_there_succeeds_or_runs_long_enough(cluster: Cluster) -> None:
+    """A new worker is on trial; a failed run does not end it, a success does; a clear of its
+    mark (here the operator's uncordon) puts it on trial again, as does its re-registration;
+    a run that has run trial_run_s since a heartbeat listed it ends the trial too; a trial_run_s
+    of 0 puts no worker on trial."""
+    one = await cluster.register("w-1")
+    assert await on_trial(cluster.admin) == {"w-1": True}
+    assert await on_trial(cluster.admin, 0.0) == {"w-1": False}
+    await run_once(cluster, "w-1", one, failed)
+    assert await on_trial(cluster.admin) == {"w-1": True}
+    await run_once(cluster, "w-1", one, succeeded)
+    assert await on_trial(cluster.admin) == {"w-1": False}
+
+    assert await record(cluster.admin, "w-1", 0, True, 0.0) == [("w-1", True)]
+    await cluster.cp.call("uncordon_worker", pb.UncordonWorkerRequest(worker_id="w-1"))
+    assert await on_trial(cluster.admin) == {"w-1": True}
+    await run_once(cluster, "w-1", one, succeeded)
+    assert await on_trial(cluster.admin) == {"w-1": False}
+
+    one = await cluster.register("w-1")  # the agent restarted
+    assert await on_trial(cluster.admin) == {"w-1": True}
+    long_running = await cluster.submit()
+    aid = await cluster.place(long_running, "w-1", one)
+    await cluster.admin.execute(
+        "UPDATE assignments SET confirmed_at = now() - interval '4 seconds' WHERE id = $1", aid
+    )
+    assert await on_trial(cluster.admin) == {"w-1": True}
+    await cluster.admin.execute(
+        "UPDATE assignments SET confirmed_at = now() - interval '6 seconds' WHERE id = $1", aid
+    )
+    assert await on_trial(cluster.admin) == {"w-1": False}
+
+
 # ---------------------------------------------------------------- a whole cluster
 
 TIMEOUT_S = 120.0
@@ -196,6 +278,20 @@ class Whole:
         request = pb.SubmitJobsRequest(specs=[job_spec_to_pb(spec.check())] * count)
         reply: pb.SubmitJobsReply = await self.client.call("submit_jobs", request)
         return [int(j) for j in reply.job_ids]
+
+    async def submit_array(self, argv: tuple[str, ...], tasks: int, *constraints: str) -> list[int]:
+        """An array of ``tasks`` tasks of ``argv`` (each with two attempts), placed only where
+        ``constraints`` hold; its tasks' ids."""
+        spec = JobSpec(
+            name="a", cpu_millis=1000, memory_mb=64, runtime=CommandRuntime(argv=argv), max_attempts=2,
+            retry_backoff_s=0.2, array=ArrayRange(first_index=1, last_index=tasks),
+            constraints=tuple(parse_constraint(c) for c in constraints),
+        )  # fmt: skip
+        reply: pb.SubmitJobReply = await self.client.call(
+            "submit_job", pb.SubmitJobRequest(spec=job_spec_to_pb(spec.check()))
+        )
+        rows = await self.admin.fetch("SELECT id FROM jobs WHERE array_id = $1", int(reply.job_id))
+        return [int(r["id"]) for r in rows]
 
     async def status(self) -> ClusterStatus:
         return status_from_pb(await self.client.call("status", pb.StatusRequest()))
@@ -236,7 +332,7 @@ async def whole_cluster(database_url: str, tmp_path: Path, *, bad_pids_max: int)
                 heartbeat_interval_s=0.1,
                 heartbeat_timeout_s=1.0,
                 self_fence_after_s=20.0,
-                labels={"container": "none"},
+                labels={"container": "none", "node": worker_id},
                 job_pids_max=bad_pids_max if worker_id == BAD else 4096,
             )
             agents.append(await nursery.start(run_agent, agent_settings))
@@ -253,6 +349,37 @@ async def whole_cluster(database_url: str, tmp_path: Path, *, bad_pids_max: int)
             nursery.cancel_scope.cancel()
 
 
+async def test_arrays_that_fail_everywhere_mark_no_worker(database_url: str, tmp_path: Path) -> None:
+    """The issue's F1a, on three healthy workers whose last runs succeeded: an array of
+    ``false`` that reaches one worker first (only it may run it: its ten last runs fail while
+    the others' still succeeded), then one that fails on every worker, marks no worker at any
+    time (no health change was ever written), and the rule, applied to the database's runs once
+    every job has ended, marks none either."""
+    async with whole_cluster(database_url, tmp_path, bad_pids_max=4096) as c:
+        for worker_id in ("w-1", "w-2", BAD):
+            done = await c.submit_array(("true",), 10, f"node={worker_id}")
+            await c.until(f"{worker_id}'s successes", lambda done=done: c.all_ended(done))
+        first = await c.submit_array(("false",), 20, "node=w-1")
+        await c.until("the first array to fail", lambda: c.all_ended(first))
+        everywhere = await c.submit_array(("false",), 60)
+        await c.until("the second array to fail", lambda: c.all_ended(everywhere))
+
+        failing = first + everywhere
+        states = await c.admin.fetch("SELECT state FROM jobs WHERE id = ANY($1::bigint[])", failing)
+        assert {r["state"] for r in states} == {"failed"}
+        health = await c.admin.fetch("SELECT id, health_version, unhealthy_at FROM workers")
+        assert {r["id"]: (r["health_version"], r["unhealthy_at"]) for r in health} == {
+            w: (0, None) for w in ("w-1", "w-2", BAD)
+        }
+        settings = ReconcilerSettings()
+        rows = await c.admin.fetch(
+            queries.WORKER_RUNS, settings.health_window_runs, settings.health_window_s, list(JOB_FAULTS)
+        )
+        workers = [worker_runs(r) for r in rows]
+        assert all(len(w.runs) == settings.health_window_runs for w in workers)
+        assert judge_health(workers, settings).changes == ()
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 async def test_a_worker_that_fails_every_job_is_marked_and_its_jobs_succeed_elsewhere(
     database_url: str, tmp_path: Path, fault: str
@@ -260,7 +387,7 @@ async def test_a_worker_that_fails_every_job_is_marked_and_its_jobs_succeed_else
     """Beside two healthy workers, one whose every job fails is marked unhealthy with its reason
     (status); nothing is placed there after its mark, no job runs there twice (its retries go
     elsewhere), and every job succeeds; the operator's uncordon clears the mark, after which it
-    takes placements again, fails them and is marked again."""
+    takes placements again, one at a time (it is on trial), fails them and is marked again."""
     bad_pids_max, argv = FAULTS[fault]
     async with whole_cluster(database_url, tmp_path, bad_pids_max=bad_pids_max) as c:
         if fault == "pids_max":
@@ -313,3 +440,13 @@ async def test_a_worker_that_fails_every_job_is_marked_and_its_jobs_succeed_else
         )
         assert placed_again >= 1
         await c.until("the second batch to end", lambda: c.all_ended(more))
+        # Re-admitted beside two proven workers, it was on trial: one job at a time, never a
+        # burst (each run there was placed only once the one before had ended).
+        trial_runs = await c.admin.fetch(
+            "SELECT created_at, ended_at FROM assignments WHERE worker_id = $1 AND created_at > $2"
+            " ORDER BY created_at",
+            BAD,
+            cleared_at,
+        )
+        for before, after in itertools.pairwise(trial_runs):
+            assert before["ended_at"] is not None and after["created_at"] >= before["ended_at"]

@@ -845,12 +845,15 @@ def test_only_a_drains_ending_requeues_without_a_loss() -> None:
 
 
 def _failing(worker_id: str, jobs: range, *, version: int = 0, unhealthy: bool = False) -> WorkerRuns:
-    """``worker_id`` whose judged runs are one failed run of each of ``jobs``, newest first."""
+    """``worker_id`` whose judged runs are one failed run of each of ``jobs``, newest first, each
+    a job that succeeded on another worker."""
     return WorkerRuns(
         worker_id=worker_id,
         version=version,
         unhealthy=unhealthy,
-        runs=tuple(Run(job_id=j, failed=True, detail="exit code 2") for j in reversed(jobs)),
+        runs=tuple(
+            Run(job_id=j, failed=True, detail="exit code 2", succeeded_elsewhere=True) for j in reversed(jobs)
+        ),
     )
 
 
@@ -896,7 +899,13 @@ async def test_the_health_step_marks_a_failing_worker_in_one_fenced_write_every_
     ((at, message),) = written
     assert (at, message.epoch, message.probe_after_s) == (0.0, 4, 60.0)
     assert message.changes == (
-        ("w-1", 7, True, "unhealthy: 4 of the last 4 runs failed (other workers: 0 of 4), last: exit code 2"),
+        (
+            "w-1",
+            7,
+            True,
+            "unhealthy: 4 of the last 4 runs failed (other workers meanwhile: 0 of 4; 4 of those jobs "
+            "succeeded elsewhere), last: exit code 2",
+        ),
     )
     assert metrics.UNHEALTHY_WORKERS._value.get() == 1
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from actors.health import JOB_FAULTS, HealthChange, Run, WorkerRuns, judge_health, mark_reason
+from actors.health import JOB_FAULTS, HealthChange, Run, WorkerRuns, judge_health
 from actors.messages import WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
 from actors.placer import LiveWorker, not_counting_cordoned, plan_round, probe_limit
@@ -31,16 +31,38 @@ PLACER = PlacerSettings(initial_window=100, max_unconfirmed_per_worker=100)
 
 
 def runs(
-    worker_id: str, outcomes: str, *, first_job: int = 1, after_mark: int = 0, **kw: object
+    worker_id: str,
+    outcomes: str,
+    *,
+    first_job: int = 1,
+    after_mark: int = 0,
+    every_s: float = 1.0,
+    newest_s: float = 0.0,
+    array_id: int | None = None,
+    spec: str = "",
+    elsewhere: str = "",
+    **kw: object,
 ) -> WorkerRuns:
     """``worker_id`` with one run per letter of ``outcomes`` (``F`` failed, ``S`` succeeded),
-    newest first, each of another job from ``first_job`` on; the newest ``after_mark`` of them
-    ended after its mark."""
+    newest first, each of another job from ``first_job`` on, ended ``newest_s`` ago and then
+    ``every_s`` apart; the newest ``after_mark`` of them ended after its mark; ``array_id``: all
+    of one array; ``spec``: all of one command. ``elsewhere``: per run, ``s`` the job succeeded
+    on another worker, ``f`` it failed on another worker, ``-`` neither (the default)."""
     return WorkerRuns(
         worker_id=worker_id,
         version=0,
         runs=tuple(
-            Run(job_id=first_job + k, failed=o == "F", detail=f"exit code {k}", after_mark=k < after_mark)
+            Run(
+                job_id=first_job + k,
+                failed=o == "F",
+                detail=f"exit code {k}",
+                after_mark=k < after_mark,
+                age_s=newest_s + k * every_s,
+                array_id=array_id,
+                spec_key=spec,
+                succeeded_elsewhere=elsewhere[k : k + 1] == "s",
+                failed_elsewhere=elsewhere[k : k + 1] == "f",
+            )
             for k, o in enumerate(outcomes)
         ),
         **kw,  # type: ignore[arg-type]
@@ -59,10 +81,15 @@ def cleared(verdict_changes: tuple[HealthChange, ...]) -> set[str]:
 
 
 def test_a_worker_whose_runs_all_fail_beside_healthy_ones_is_marked_with_its_reason() -> None:
-    """The issue's worker: every run fails there, the others' succeed; it is marked, and its
-    reason counts its runs, the others' and quotes its last failure."""
+    """The issue's worker: every run fails there, the same command succeeds on the others
+    meanwhile; it is marked, and its reason counts its runs, the others' over the same span and
+    quotes its last failure."""
     verdict = judge_health(
-        [runs("w-bad", "FFFFFFFF"), runs("w-1", "SSSSS", first_job=20), runs("w-2", "SSSFS", first_job=30)],
+        [
+            runs("w-bad", "FFFFFFFF", every_s=0.6, spec="sleep 1"),
+            runs("w-1", "SSSSS", first_job=20, spec="sleep 1"),
+            runs("w-2", "SSSFS", first_job=30),
+        ],
         HEALTH,
     )
     (change,) = verdict.changes
@@ -70,16 +97,73 @@ def test_a_worker_whose_runs_all_fail_beside_healthy_ones_is_marked_with_its_rea
         worker_id="w-bad",
         version=0,
         unhealthy=True,
-        reason="unhealthy: 8 of the last 8 runs failed (other workers: 1 of 10), last: exit code 0",
+        reason="unhealthy: 8 of the last 8 runs failed (other workers meanwhile: 1 of 10), last: exit code 0",
     )
     assert verdict.unhealthy == ("w-bad",)
 
 
-def test_a_worker_is_marked_before_the_other_workers_first_runs_end() -> None:
+def test_with_too_few_runs_elsewhere_to_compare_a_worker_is_marked_once_its_jobs_succeed_elsewhere() -> None:
     """Jobs that fail in milliseconds on one worker while the others' runs are still going: the
-    others' rate counts as 0, so it is marked at once."""
-    verdict = judge_health([runs("w-bad", "FFF"), runs("w-1", "")], HEALTH)
+    rate is not compared with nothing; the worker is marked once three of those jobs succeeded
+    on other workers, not before."""
+    assert judge_health([runs("w-bad", "FFF"), runs("w-1", "")], HEALTH).changes == ()
+    assert judge_health([runs("w-bad", "FFF", elsewhere="ss-"), runs("w-1", "")], HEALTH).changes == ()
+    verdict = judge_health([runs("w-bad", "FFF", elsewhere="sss"), runs("w-1", "")], HEALTH)
     assert marked(verdict.changes) == {"w-bad"}
+    assert (
+        "(other workers meanwhile: 0 of 0; 3 of those jobs succeeded elsewhere)" in verdict.changes[0].reason
+    )
+
+
+def test_the_others_runs_before_the_workers_span_are_not_compared() -> None:
+    """The issue's F1a: a worker whose ten last runs ended within the last seconds is compared
+    with the runs the others ended within those seconds, not with their older successes."""
+    w_bad = runs("w-bad", "F" * 10, every_s=0.1)
+    old_successes = [runs(f"w-{i}", "S" * 10, first_job=100 * i, newest_s=60.0) for i in (1, 2, 3)]
+    # Nothing else ended meanwhile and nothing succeeded elsewhere: no evidence, no mark.
+    assert judge_health([w_bad, *old_successes], HEALTH).changes == ()
+    # The others' runs that did end meanwhile failed as often: no mark either.
+    failing_too = [runs(f"w-{i}", "FFFFFSSSSS", first_job=100 * i, every_s=0.2) for i in (1, 2, 3)]
+    assert judge_health([w_bad, *failing_too], HEALTH).changes == ()
+
+
+def test_a_batch_that_fails_everywhere_marks_no_worker_whichever_worker_it_reached_first() -> None:
+    """The issue's F1a: an array of ``false`` fills one worker's window first while the others'
+    still hold older successes; its failures are excused by the same array failing elsewhere."""
+    first = runs("w-1", "F" * 10, array_id=7, every_s=0.05)
+    later = [
+        WorkerRuns(
+            worker_id=f"w-{i}",
+            version=0,
+            runs=(
+                *runs("x", "FF", first_job=100 * i, array_id=7, every_s=0.05).runs,
+                *runs("x", "S" * 8, first_job=100 * i + 50, newest_s=0.2, every_s=0.05).runs,
+            ),
+        )
+        for i in (2, 3, 4)
+    ]
+    assert judge_health([first, *later], HEALTH).changes == ()
+
+
+def test_jobs_that_failed_elsewhere_too_are_not_held_against_a_worker() -> None:
+    """The worker's failed jobs failed on another worker too (their retries): not counted."""
+    verdict = judge_health(
+        [runs("w-1", "FFFF", elsewhere="ffff"), runs("w-2", "SSSSSS", first_job=10)], HEALTH
+    )
+    assert verdict.changes == ()
+
+
+def test_siblings_by_command_excuse_a_failure_but_a_success_elsewhere_outweighs_them() -> None:
+    """Jobs of the same command failing on another worker excuse the worker's failures of that
+    command, unless the very job succeeded elsewhere (then the failure is the worker's)."""
+
+    def of(worker_id: str, outcomes: str, first_job: int, elsewhere: str = "") -> WorkerRuns:
+        w = runs(worker_id, outcomes, first_job=first_job, elsewhere=elsewhere)
+        return attrs.evolve(w, runs=tuple(attrs.evolve(r, spec_key="false") for r in w.runs))
+
+    others = [of("w-2", "FSSSSS", 10), runs("w-3", "SSSSSS", first_job=20)]
+    assert judge_health([of("w-1", "FFFF", 1), *others], HEALTH).changes == ()
+    assert marked(judge_health([of("w-1", "FFFF", 1, "sss"), *others], HEALTH).changes) == {"w-1"}
 
 
 def test_failures_of_fewer_jobs_than_the_minimum_mark_nothing() -> None:
@@ -87,7 +171,7 @@ def test_failures_of_fewer_jobs_than_the_minimum_mark_nothing() -> None:
     two_jobs = WorkerRuns(
         worker_id="w-1",
         version=0,
-        runs=tuple(Run(job_id=1 + k % 2, failed=True) for k in range(6)),
+        runs=tuple(Run(job_id=1 + k % 2, failed=True, succeeded_elsewhere=True) for k in range(6)),
     )
     assert judge_health([two_jobs, runs("w-2", "SSSS", first_job=10)], HEALTH).changes == ()
 
@@ -95,43 +179,147 @@ def test_failures_of_fewer_jobs_than_the_minimum_mark_nothing() -> None:
 def test_a_lone_worker_is_never_marked() -> None:
     """With no other worker taking placements there is nothing to compare with, and nowhere
     else to go: a cordoned neighbour does not count."""
-    assert judge_health([runs("w-1", "FFFFF")], HEALTH).changes == ()
+    assert judge_health([runs("w-1", "FFFFF", elsewhere="sssss")], HEALTH).changes == ()
     assert (
-        judge_health([runs("w-1", "FFFFF"), runs("w-2", "SSS", takes_placements=False)], HEALTH).changes == ()
+        judge_health(
+            [runs("w-1", "FFFFF", elsewhere="sssss"), runs("w-2", "SSSSSS", takes_placements=False)], HEALTH
+        ).changes
+        == ()
     )
 
 
 def test_of_two_failing_workers_at_most_the_first_is_marked_when_only_they_take_placements() -> None:
     """Two workers whose runs all fail and no other that takes placements: the first (by id) is
     marked only if the second stays healthy, so the cluster keeps a worker."""
-    verdict = judge_health([runs("w-1", "FFFF"), runs("w-2", "FFFF", first_job=10)], HEALTH)
+    verdict = judge_health(
+        [runs("w-1", "FFFF", elsewhere="ssss"), runs("w-2", "FFFF", first_job=10, elsewhere="ssss")], HEALTH
+    )
     assert len(marked(verdict.changes)) <= 1
+
+
+AGES = st.floats(0.0, 600.0)
+
+
+@st.composite
+def failing_everywhere(draw: st.DrawFn) -> list[WorkerRuns]:
+    """Two to six workers, each with at least one failed run of one batch (an array, or jobs of
+    one command) that never succeeded anywhere, and any number of successes of other jobs, all
+    at any time in the window."""
+    by_array = draw(st.booleans())
+    workers = []
+    for i in range(draw(st.integers(2, 6))):
+        failures = [
+            Run(
+                job_id=draw(st.integers(1, 50)),
+                failed=True,
+                age_s=draw(AGES),
+                array_id=1 if by_array else None,
+                spec_key="" if by_array else "false",
+                failed_elsewhere=draw(st.booleans()),
+            )
+            for _ in range(draw(st.integers(1, 10)))
+        ]
+        successes = [
+            Run(job_id=1000 * (i + 1) + k, failed=False, age_s=draw(AGES))
+            for k in range(draw(st.integers(0, 10)))
+        ]
+        ended = sorted(failures + successes, key=lambda r: r.age_s)[: HEALTH.health_window_runs]
+        workers.append(WorkerRuns(worker_id=f"w-{i}", version=0, runs=tuple(ended)))
+    return workers
+
+
+@given(failing_everywhere())
+def test_a_batch_that_fails_on_every_worker_marks_no_worker(workers: list[WorkerRuns]) -> None:
+    """Whatever when each worker ran its part of a batch that fails wherever it runs, and
+    whatever else they ran, no worker is marked."""
+    assert marked(judge_health(workers, HEALTH).changes) == set()
 
 
 @given(st.lists(st.integers(1, 10), min_size=2, max_size=6))
 def test_jobs_that_fail_everywhere_mark_no_worker(counts: list[int]) -> None:
-    """Every run of every worker fails (jobs that fail wherever they run): whatever how many
-    runs each worker has, none is marked."""
+    """Every run of every worker fails, and no job succeeded anywhere: whatever how many runs
+    each worker has, none is marked."""
     workers = [runs(f"w-{i}", "F" * n, first_job=100 * i) for i, n in enumerate(counts)]
     assert judge_health(workers, HEALTH).changes == ()
 
 
-@given(st.lists(st.text("FS", max_size=10), min_size=1, max_size=8))
-def test_a_mark_always_has_its_grounds(outcomes: list[str]) -> None:
-    """Every mark has runs of at least health_min_failed_jobs jobs failed, at least
-    health_min_failure_rate of its runs failed, at least health_rate_factor times the other
-    workers' rate, and leaves another worker that takes placements healthy."""
-    workers = [runs(f"w-{i}", o, first_job=100 * i) for i, o in enumerate(outcomes)]
+@given(
+    st.integers(HEALTH.health_min_failed_jobs, 10),
+    st.lists(st.tuples(st.integers(0, 10), AGES), min_size=1, max_size=5),
+    AGES,
+)
+def test_a_worker_where_jobs_fail_that_succeed_elsewhere_is_marked(
+    failing: int, others: list[tuple[int, float]], newest_s: float
+) -> None:
+    """A worker whose last runs all failed, of jobs that succeeded on other workers, beside
+    workers whose runs succeed (any number, at any time), is marked."""
+    bad = runs("w-0", "F" * failing, elsewhere="s" * failing, every_s=0.01, newest_s=newest_s)
+    workers = [
+        runs(f"w-{i}", "S" * n, first_job=100 * i, newest_s=age, every_s=0.1)
+        for i, (n, age) in enumerate(others, 1)
+    ]
+    assert marked(judge_health([bad, *workers], HEALTH).changes) == {"w-0"}
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.booleans(), st.sampled_from("sf-"), st.integers(0, 3), st.floats(0.0, 20.0)),
+            max_size=10,
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_mark_always_has_its_grounds(workers_runs: list[list[tuple[bool, str, int, float]]]) -> None:
+    """Every mark has, among the worker's successes and its failures of jobs that (or whose
+    siblings, unless they also failed elsewhere) succeeded on other workers, runs of at least
+    health_min_failed_jobs jobs failed and at least health_min_failure_rate of them; and either
+    at least health_min_compared_runs runs of the others over its span and at least
+    health_rate_factor times their rate, or fewer and at least health_min_failed_jobs of its
+    failed jobs succeeded elsewhere; and it leaves another worker healthy."""
+    workers = [
+        WorkerRuns(
+            worker_id=f"w-{i}",
+            version=0,
+            runs=tuple(
+                Run(
+                    job_id=100 * i + k,
+                    failed=failed,
+                    age_s=age,
+                    array_id=array or None,
+                    succeeded_elsewhere=e == "s",
+                    failed_elsewhere=e == "f",
+                )
+                for k, (failed, e, array, age) in enumerate(sorted(rs, key=lambda r: r[3]))
+            ),
+        )
+        for i, rs in enumerate(workers_runs)
+    ]
     verdict = judge_health(workers, HEALTH)
-    total_failed = sum(o.count("F") for o in outcomes)
-    total = sum(len(o) for o in outcomes)
     for change in verdict.changes:
         assert change.unhealthy
-        o = outcomes[int(change.worker_id.split("-")[1])]
-        failed, n = o.count("F"), len(o)
-        others = (total_failed - failed) / (total - n) if total > n else 0.0
-        assert failed >= HEALTH.health_min_failed_jobs
-        assert failed / n >= max(HEALTH.health_min_failure_rate, HEALTH.health_rate_factor * others)
+        (w,) = [w for w in workers if w.worker_id == change.worker_id]
+        others = [r for o in workers if o is not w for r in o.runs]
+        span_s = max(r.age_s for r in w.runs)
+        failed_arrays = {o.array_id for o in others if o.failed and o.array_id is not None}
+        fine_arrays = {o.array_id for o in others if not o.failed and o.array_id is not None}
+        counted = [
+            r
+            for r in w.runs
+            if not r.failed
+            or r.succeeded_elsewhere
+            or (not r.failed_elsewhere and r.array_id not in failed_arrays and r.array_id in fine_arrays)
+        ]
+        failed = [r for r in counted if r.failed]
+        assert len({r.job_id for r in failed}) >= HEALTH.health_min_failed_jobs
+        assert len(failed) / len(counted) >= HEALTH.health_min_failure_rate
+        meanwhile = [r for r in others if r.age_s <= span_s]
+        if len(meanwhile) >= HEALTH.health_min_compared_runs:
+            rate = sum(r.failed for r in meanwhile) / len(meanwhile)
+            assert len(failed) / len(counted) >= HEALTH.health_rate_factor * rate
+        else:
+            assert sum(r.succeeded_elsewhere for r in failed) >= HEALTH.health_min_failed_jobs
     assert len(verdict.unhealthy) < len(workers)
 
 
@@ -151,16 +339,36 @@ def test_a_run_failing_after_the_mark_renews_it() -> None:
     """A probe (or a run already there) that fails after the mark marks the worker again: its
     next probe waits anew."""
     verdict = judge_health(
-        [runs("w-bad", "FFFF", after_mark=1, unhealthy=True), runs("w-1", "SSSS", first_job=10)], HEALTH
+        [
+            runs("w-bad", "FFFF", after_mark=1, unhealthy=True, elsewhere="ssss"),
+            runs("w-1", "SSSS", first_job=10),
+        ],
+        HEALTH,
     )
     (change,) = verdict.changes
     assert (change.unhealthy, change.renewed) == (True, True)
     assert change.reason.startswith("unhealthy: 4 of the last 4 runs failed")
 
 
+def test_a_probe_failing_as_its_siblings_do_elsewhere_neither_renews_nor_clears() -> None:
+    """A probe of a batch that fails everywhere says nothing of the worker: its mark stands and
+    its next probe is not pushed back."""
+    bad = runs("w-bad", "FFFF", unhealthy=True, elsewhere="-sss")
+    probe = attrs.evolve(bad.runs[0], after_mark=True, array_id=9)
+    verdict = judge_health(
+        [
+            attrs.evolve(bad, runs=(probe, *bad.runs[1:])),
+            runs("w-1", "FSSS", first_job=10, array_id=9),
+        ],
+        HEALTH,
+    )
+    assert verdict.changes == ()
+    assert verdict.unhealthy == ("w-bad",)
+
+
 def test_a_mark_stands_while_nothing_ran_there_since() -> None:
     """No run ended after the mark and the worker still stands out: nothing changes, also once
-    its runs have aged out of the window."""
+    its runs have aged out of the window (only a probe, or an uncordon, clears it then)."""
     assert (
         judge_health(
             [runs("w-bad", "FFFF", unhealthy=True), runs("w-1", "SSSS", first_job=9)], HEALTH
@@ -171,30 +379,64 @@ def test_a_mark_stands_while_nothing_ran_there_since() -> None:
         judge_health([runs("w-bad", "", unhealthy=True), runs("w-1", "SSSS", first_job=9)], HEALTH).changes
         == ()
     )
+    assert (
+        judge_health(
+            [runs("w-bad", "F", after_mark=1, unhealthy=True, elsewhere="s"), runs("w-1", "S", first_job=9)],
+            HEALTH,
+        )
+        .changes[0]
+        .renewed
+    )
 
 
-def test_a_mark_is_cleared_once_the_other_workers_fail_as_often() -> None:
+def test_a_mark_is_cleared_once_its_jobs_fail_on_the_other_workers_too() -> None:
     """A worker marked while its jobs failed first there: once the same jobs fail on the other
-    workers too, its rate no longer stands out and the mark is cleared."""
+    workers too, its failures are the jobs' and the mark is cleared."""
     verdict = judge_health(
         [
-            runs("w-1", "FFF", unhealthy=True),
-            runs("w-2", "FFFS", first_job=10),
-            runs("w-3", "FFS", first_job=20),
+            runs("w-1", "FFF", unhealthy=True, elsewhere="fff"),
+            runs("w-2", "SSSS", first_job=10),
         ],
         HEALTH,
     )
     assert cleared(verdict.changes) == {"w-1"}
-    assert (
-        "no longer fail far more often than the other workers' (3 of 3 against 5 of 7)"
-        in verdict.changes[0].reason
+    assert verdict.changes[0].reason == (
+        "the jobs that failed there failed on other workers too (0 of its 3 runs failed where they did not)"
     )
+
+
+def test_a_batch_failing_elsewhere_after_the_mark_does_not_clear_it() -> None:
+    """The issue's F1a: a truly broken worker (its jobs succeeded elsewhere) stays marked while
+    another batch fails on every other worker, however often."""
+    verdict = judge_health(
+        [
+            runs("w-bad", "FFFF", unhealthy=True, elsewhere="ssss", every_s=1.0, newest_s=30.0),
+            runs("w-1", "F" * 10, first_job=10, array_id=9, every_s=0.1),
+            runs("w-2", "F" * 10, first_job=30, array_id=9, every_s=0.1),
+        ],
+        HEALTH,
+    )
+    assert verdict.changes == ()
+    assert verdict.unhealthy == ("w-bad",)
 
 
 def test_the_reason_quotes_at_most_200_characters_of_the_last_failure() -> None:
     """A long detail is cut."""
-    reason = mark_reason([Run(job_id=1, failed=True, detail="x" * 500)], 0, 0)
-    assert reason.endswith("last: " + "x" * 200)
+    (change,) = judge_health(
+        [
+            runs("w-1", "FFF", elsewhere="sss"),
+            WorkerRuns(worker_id="w-2", version=0, runs=()),
+        ],
+        attrs.evolve(HEALTH),
+    ).changes
+    assert change.reason.endswith("last: exit code 0")
+    long = WorkerRuns(
+        worker_id="w-1",
+        version=0,
+        runs=tuple(Run(job_id=k, failed=True, detail="x" * 500, succeeded_elsewhere=True) for k in range(3)),
+    )
+    (change,) = judge_health([long, WorkerRuns(worker_id="w-2", version=0, runs=())], HEALTH).changes
+    assert change.reason.endswith("last: " + "x" * 200)
 
 
 def test_the_job_faults_are_those_the_worker_is_not_to_blame_for() -> None:
@@ -220,6 +462,10 @@ def test_health_settings_are_checked_naming_the_field() -> None:
         ReconcilerSettings(health_window_runs=2, health_min_failed_jobs=3)
     with pytest.raises(InvalidArgument, match="health_probe_after_s"):
         ReconcilerSettings(health_probe_after_s=-1.0)
+    with pytest.raises(InvalidArgument, match="health_min_compared_runs"):
+        ReconcilerSettings(health_min_compared_runs=0)
+    with pytest.raises(InvalidArgument, match="trial_run_s"):
+        PlacerSettings(trial_run_s=-1.0)
 
 
 # ---------------------------------------------------------------- the round
@@ -231,6 +477,7 @@ def live(
     *,
     unhealthy: bool = False,
     probe_due: bool = False,
+    trial: bool = False,
     allocated: int = 0,
     port: int = 1,
 ) -> LiveWorker:
@@ -241,6 +488,7 @@ def live(
         ),
         unhealthy=unhealthy,
         probe_due=probe_due,
+        trial=trial,
     )
 
 
@@ -289,6 +537,59 @@ def test_a_due_probe_waits_while_the_worker_still_holds_a_job() -> None:
     assert probe_limit(live("w-1", unhealthy=True, probe_due=True, allocated=100), 16) == 0
     assert probe_limit(live("w-1", unhealthy=True), 16) == 0
     assert probe_limit(live("w-1"), 16) == 16
+
+
+def test_a_worker_on_trial_takes_one_job_at_a_time() -> None:
+    """A worker on trial (new, re-registered, or its mark cleared, and nothing succeeded there
+    since) takes one job while it holds none, none while it holds one; an unhealthy worker's
+    rule is unchanged by a trial."""
+    assert probe_limit(live("w-1", trial=True), 16) == 1
+    assert probe_limit(live("w-1", trial=True, allocated=100), 16) == 0
+    assert probe_limit(live("w-1", trial=True, unhealthy=True), 16) == 0
+    assert probe_limit(live("w-1", trial=True, unhealthy=True, probe_due=True), 16) == 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(100, 8000), st.booleans(), st.integers(0, 1)), min_size=1, max_size=6),
+    st.lists(st.integers(1, 9000), max_size=30),
+)
+def test_a_round_places_at_most_one_job_on_a_worker_on_trial_and_none_while_it_holds_one(
+    workers: list[tuple[int, bool, int]], sizes: list[int]
+) -> None:
+    """The issue's F1b: whatever the workers and jobs, a worker on trial beside a proven one gets
+    at most one job in a round, and none while it holds one: it cannot swallow a burst."""
+    workers_ = [
+        live(f"w-{i}", cpu, trial=trial, allocated=100 * holds, port=i + 1)
+        for i, (cpu, trial, holds) in enumerate(workers)
+    ]
+    plan = plan_round(
+        queue_of(*(job(k, s) for k, s in enumerate(sizes, 1))), workers_, PLACER, max_rows=500, now=0.0
+    )
+    proven = any(not w.trial for w in workers_)
+    for w in workers_:
+        if w.trial and proven:
+            placed = sum(1 for p in plan.placements if p.worker_id == w.ref.worker_id)
+            assert placed <= (0 if w.room.cpu_allocated_millis else 1)
+
+
+def test_a_new_worker_beside_a_proven_one_takes_one_job_but_a_cluster_of_new_ones_is_not_held_back() -> None:
+    """Best fit would fill the tightest worker at once; on trial, the new one takes one job and
+    the proven one the rest. When every worker is new there is nowhere better to go: none is
+    held back."""
+    queue = queue_of(*(job(k, 100) for k in range(1, 9)))
+    plan = plan_round(
+        queue, [live("w-new", 1000, trial=True), live("w-old", 8000, port=2)], PLACER, max_rows=500, now=0.0
+    )
+    assert sum(p.worker_id == "w-new" for p in plan.placements) == 1
+    assert len(plan.placements) == 8
+    plan = plan_round(
+        queue,
+        [live("w-1", 1000, trial=True), live("w-2", 8000, trial=True, port=2)],
+        PLACER,
+        max_rows=500,
+        now=0.0,
+    )
+    assert sum(p.worker_id == "w-1" for p in plan.placements) == 8
 
 
 def test_a_job_only_an_unhealthy_worker_could_hold_says_so() -> None:
