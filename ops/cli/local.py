@@ -320,19 +320,18 @@ def up(
             ha_db_strict=ha_db_strict,
             on_start=lambda: _record_quietly(state.root),
         )
-    with (
-        interruptible(lambda: _left_running(cluster)),
-        errors(),
-        console().status("starting the cluster..."),
-    ):
-        try:
-            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
-        except ClusterError as exc:
-            raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
-    _print_up(result, cluster)
-    if json_logs:
-        _warn_json_logs_not_applied(result, cluster)
-    _record(cluster)
+    # Everything from here on ends with one line on Ctrl-C or SIGTERM, printing the result
+    # and recording it included (ops.cli.common.interruptible).
+    with interruptible(lambda: _left_running(cluster)):
+        with errors(), console().status("starting the cluster..."):
+            try:
+                result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+            except ClusterError as exc:
+                raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
+        _print_up(result, cluster)
+        if json_logs:
+            _warn_json_logs_not_applied(result, cluster)
+        _record(cluster)
 
 
 def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
