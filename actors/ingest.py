@@ -500,9 +500,9 @@ class ControlPlaneService(AdmittedService):
                     )
                 incarnation = row["incarnation"]
             await faults.hit("ingest.promise_before_commit")
-            if not again:
-                # Last, so the worker's silence counts from the commit, not from the start.
-                await conn.execute(queries.STAMP_REGISTRATION, request.worker_id, incarnation, True)
+            # Last, so the worker's silence counts from the commit, not from the start; a copy
+            # answered again is an answer too (its agent may hear of its incarnation only now).
+            await conn.execute(queries.STAMP_REGISTRATION, request.worker_id, incarnation, not again)
             return incarnation, again, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
 
         async with self.database("register_worker") as conn:

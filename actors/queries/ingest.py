@@ -458,8 +458,11 @@ RETURNING incarnation
 # registration that took longer than dead_after to commit would otherwise be judged silent the
 # moment it is seen. A new registration sets registered_at to the same time, so
 # last_heartbeat_at stays equal to it until the new incarnation's first heartbeat
-# (END_ORPHANED_ASSIGNMENTS counts on that). Not run for a copy of a registration already
-# applied: a late copy its agent did not send must not look like a heartbeat.
+# (END_ORPHANED_ASSIGNMENTS counts on that). A copy of the applied registration (same agent
+# run and number: a retry whose first answer was lost, a hedged copy) is answered again and
+# stamps last_heartbeat_at alone ($3 false): its agent may learn of its incarnation only from
+# this answer, and that agent stopped every job before it registered, so the orphan rule may
+# count it as heard. A late copy of another run's registration is a new registration (above).
 STAMP_REGISTRATION = """
 UPDATE workers w
    SET last_heartbeat_at = greatest(w.last_heartbeat_at, c.at),

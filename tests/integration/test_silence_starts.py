@@ -155,3 +155,15 @@ async def test_a_heartbeat_that_waits_for_the_workers_row_counts_silence_from_it
     last_heartbeat_at, _ = await heard(cluster, "w-1")
     assert last_heartbeat_at >= released
     assert await declared_dead(cluster, "w-1", incarnation) == []
+
+
+async def test_a_registration_answered_again_counts_silence_from_that_answer(cluster: Restarts) -> None:
+    """A registration whose first answer was lost (it committed) and that its agent sends again
+    more than dead_after later is answered again with the same incarnation, and the worker's
+    silence counts from that answer: the declaration does not find it dead."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    released = await hold_for_database_time(cluster.admin, HOLD_S)
+    assert await cluster.register("w-1", heartbeat=False) == incarnation  # the same run and number
+    last_heartbeat_at, _ = await heard(cluster, "w-1")
+    assert last_heartbeat_at >= released
+    assert await declared_dead(cluster, "w-1", incarnation) == []
