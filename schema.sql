@@ -333,6 +333,8 @@ CREATE OR REPLACE FUNCTION record_heartbeat(
     OUT current_epoch bigint, OUT alive boolean, OUT stop_assignment_ids bigint[],
     OUT database_unix_s float8
 ) LANGUAGE plpgsql AS $$
+DECLARE
+    heard_at timestamptz;
 BEGIN
     database_unix_s := extract(epoch FROM now());
 
@@ -343,9 +345,11 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
 
-    -- No row: unknown, dead or another incarnation -> re-register.
-    UPDATE workers SET last_heartbeat_at = now()
-     WHERE id = p_worker_id AND incarnation = p_incarnation AND state = 'alive';
+    -- No row: unknown, dead or another incarnation -> re-register. The worker was heard now
+    -- (clock_timestamp(): the statement's start, now(), may be a lock wait earlier).
+    UPDATE workers SET last_heartbeat_at = clock_timestamp()
+     WHERE id = p_worker_id AND incarnation = p_incarnation AND state = 'alive'
+    RETURNING last_heartbeat_at INTO heard_at;
     alive := FOUND;
 
     SELECT l.epoch INTO current_epoch FROM lease l WHERE l.id = 1;
@@ -377,6 +381,15 @@ BEGIN
              SELECT 1 FROM assignments a
               WHERE a.id = r.id AND a.worker_id = p_worker_id AND a.state = 'active'
          );
+    END IF;
+
+    -- The answer leaves when the statement ends: one that took a while (a wait for the row's
+    -- lock, which can come before the stamp above is computed; many outcomes) moves the stamp
+    -- to its end, so the worker's silence counts from the answer, as it counts it itself. The
+    -- row is locked already: no wait, and no second row version for a quick heartbeat.
+    IF alive AND clock_timestamp() > heard_at + interval '50 milliseconds' THEN
+        UPDATE workers SET last_heartbeat_at = clock_timestamp()
+         WHERE id = p_worker_id AND incarnation = p_incarnation;
     END IF;
 END $$;
 

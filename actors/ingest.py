@@ -500,6 +500,9 @@ class ControlPlaneService(AdmittedService):
                     )
                 incarnation = row["incarnation"]
             await faults.hit("ingest.promise_before_commit")
+            # Last, so the worker's silence counts from the commit, not from the start; a copy
+            # answered again is an answer too (its agent may hear of its incarnation only now).
+            await conn.execute(queries.STAMP_REGISTRATION, request.worker_id, incarnation, not again)
             return incarnation, again, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
 
         async with self.database("register_worker") as conn:
@@ -596,6 +599,10 @@ class ControlPlaneService(AdmittedService):
             stop = list(
                 await conn.fetchval(queries.CONFIRM_HELD_ASSIGNMENTS, worker_id, incarnation, list(held))
             )
+            await faults.hit("ingest.promise_before_commit")
+            if continued is not None:
+                # Last, so the worker's silence counts from the commit, not from the start.
+                await conn.execute(queries.STAMP_REGISTRATION, worker_id, incarnation, False)
             return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
 
         async with self.database("register_worker") as conn:

@@ -75,6 +75,7 @@ from typing import Any
 import attrs
 import psutil
 
+from ops import pidfile
 from ops.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
 from ops.pg import (
     LISTEN_HOST,
@@ -662,25 +663,27 @@ class HaPostgres:
     def _live(self, name: str) -> psutil.Process | None:
         """The process of ``name`` from its pid file, if alive and still ours (its command line
         names our data dir or configuration)."""
+        process = pidfile.process(pidfile.read_pid(self._pid_path(name), warn=True))
+        if process is None:
+            return None
         try:
-            pid = int(self._pid_path(name).read_text().split()[0])
-            process = psutil.Process(pid)
             if process.status() == psutil.STATUS_ZOMBIE:
                 return None
             argv = process.cmdline()
-        except (OSError, ValueError, IndexError, psutil.Error):
+        except (OSError, psutil.Error):
             return None
         marker = str(self.root / name if name.startswith("etcd") else self._config_path(name))
         return process if marker in argv else None
 
     def _postmaster(self, name: str) -> psutil.Process | None:
         """The postmaster of member ``name``'s data dir (from postmaster.pid), if alive."""
+        process = pidfile.process(pidfile.read_pid(self._pgdata(name) / "postmaster.pid"))
+        if process is None:
+            return None
         try:
-            pid = int((self._pgdata(name) / "postmaster.pid").read_text().splitlines()[0])
-            process = psutil.Process(pid)
             if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
                 return None
-        except (OSError, ValueError, IndexError, psutil.Error):
+        except (OSError, psutil.Error):
             return None
         return process
 

@@ -62,6 +62,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
@@ -74,6 +75,7 @@ from typing import IO
 import attrs
 import psutil
 
+from ops import pidfile
 from ops.pg_user import (
     RunAs,
     UserNotCreated,
@@ -454,11 +456,10 @@ class EmbeddedPostgres:
         Raises:
             PostgresStopError: a process of the server is still alive after ``timeout_s``.
         """
-        pid = self._postmaster_pid()
-        if pid is None or not self.is_running():
+        postmaster = pidfile.process(self._postmaster_pid())
+        if postmaster is None or not self.is_running():
             return
         try:
-            postmaster = psutil.Process(pid)
             processes = [postmaster, *postmaster.children(recursive=True)]
         except psutil.Error:
             return
@@ -472,42 +473,36 @@ class EmbeddedPostgres:
     # -- internals -------------------------------------------------------------
 
     def _postmaster_pid(self) -> int | None:
-        """The pid in postmaster.pid, or None without one."""
-        try:
-            return int((self.pgdata / "postmaster.pid").read_text().splitlines()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        """The postmaster's pid in postmaster.pid, or None: no file, one being written, or one
+        that names no server (a negative pid is a single-user backend's, as initdb runs:
+        :mod:`ops.pidfile`)."""
+        return pidfile.read_pid(self.pgdata / "postmaster.pid")
 
     def _running_bin_path(self) -> Path:
         """The folder of the running postmaster's binary, else :attr:`bin_path`."""
-        pid = self._postmaster_pid()
-        if pid is not None:
+        postmaster = pidfile.process(self._postmaster_pid())
+        if postmaster is not None:
             with contextlib.suppress(psutil.Error, OSError):
-                exe = psutil.Process(pid).exe()
+                exe = postmaster.exe()
                 if exe:
                     return Path(exe).parent
         return self.bin_path
 
     def _running_port(self) -> int | None:
-        """The port in postmaster.pid if the postmaster is alive, else None."""
-        try:
-            lines = (self.pgdata / "postmaster.pid").read_text().splitlines()
-            pid = int(lines[0])
-        except (OSError, ValueError, IndexError):
-            # Missing, or being written by a starting postmaster.
+        """The port in postmaster.pid if the postmaster is alive, else None (whatever the file
+        holds: :mod:`ops.pidfile`)."""
+        path = self.pgdata / "postmaster.pid"
+        postmaster = pidfile.process(pidfile.read_pid(path))
+        if postmaster is None:
             return None
         try:
-            process = psutil.Process(pid)
-            alive = process.status() != psutil.STATUS_ZOMBIE and process.name() == "postgres"
+            alive = postmaster.status() != psutil.STATUS_ZOMBIE and postmaster.name() == "postgres"
         except psutil.Error:
             return None
         if not alive:
             return None
-        try:
-            return int(lines[3])
-        except (ValueError, IndexError):
-            # Alive but the port line is not written yet: report the one we ask for.
-            return self.port
+        # Alive but the port line is not written yet: report the one we ask for.
+        return pidfile.read_port(path, line=3) or self.port
 
     def _prepare_dirs(self, run_as: RunAs) -> None:
         """Create data_dir and the socket dir, owned by the server's user.
@@ -597,19 +592,30 @@ class EmbeddedPostgres:
         )
 
     def _initdb(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
-        """Create PGDATA: TCP needs the password (its SCRAM ``verifier``), the socket is trusted."""
+        """Create PGDATA: TCP needs the password (its SCRAM ``verifier``), the socket is trusted.
+
+        initdb fills a folder beside PGDATA, renamed to PGDATA once it is done: an initdb
+        interrupted (Ctrl-C in ``stockade up``) leaves no half-made PGDATA that the next start
+        would take for a database; its leftover is removed first."""
+        staging = self.pgdata.with_name(self.pgdata.name + ".initdb")
+        shutil.rmtree(staging, ignore_errors=True)
         pwfile = self.data_dir / ".initdb-password"
         pwfile.unlink(missing_ok=True)
         _write_secret(pwfile, verifier.encode(), run_as)
-        args = ["-D", str(self.pgdata), "--auth-local=trust", "--auth-host=scram-sha-256"]
+        args = ["-D", str(staging), "--auth-local=trust", "--auth-host=scram-sha-256"]
         args += [f"--pwfile={pwfile}", "-U", PG_SUPERUSER, "-E", "utf8"]
         args += ["--locale=C", "--no-instructions"]
         if self.fast_unsafe:
             args.append("--no-sync")
         try:
             _run_pg(self.bin_path / "initdb", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
+            staging.rename(self.pgdata)
         except _CommandFailed as exc:
             raise PostgresStartError(str(exc)) from exc
+        except OSError as exc:
+            raise PostgresStartError(
+                f"cannot move the new database {staging} to {self.pgdata}: {exc}"
+            ) from exc
         finally:
             pwfile.unlink(missing_ok=True)
 

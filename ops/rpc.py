@@ -5,10 +5,19 @@ client commands use the Python client, :mod:`ops.client`, through
 Each call to :func:`with_client` is one ``trio.run`` with the asyncio bridge open around
 the body, so a plain function (a typer command, a pytest test) can talk to the cluster. An
 error raised by the body comes out as itself, not wrapped in an exception group.
+
+Given ``limit_s``, the run happens in a thread of its own and the calling (main) thread only
+waits for it, at most that long: Ctrl-C and SIGTERM then reach the caller at once, whatever the
+run is doing, and no call can keep the caller past the limit. ``stockade up`` waits so
+(:func:`ops.launcher.ready.wait_ready`): it once hung there for ever, deaf to both signals,
+holding the state folder's lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -18,9 +27,10 @@ import trio
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.errors import Unavailable
 from runtime.tls import TlsFiles
 
-__all__ = ["DEFAULT_BUSY_RETRY_S", "DEFAULT_CALL_TIMEOUT_S", "call", "status", "with_client"]
+__all__ = ["DEFAULT_BUSY_RETRY_S", "DEFAULT_CALL_TIMEOUT_S", "RunOverran", "call", "status", "with_client"]
 
 T = TypeVar("T")
 
@@ -29,6 +39,16 @@ DEFAULT_CALL_TIMEOUT_S = 2.0
 
 DEFAULT_BUSY_RETRY_S = 30.0
 """How long a command keeps asking again, backing off, while every control plane answers busy."""
+
+
+WAIT_STEP_S = 0.1
+"""How often the calling thread wakes while it waits for a run with a limit (signals are
+handled between waits), in seconds."""
+
+
+class RunOverran(Unavailable):
+    """A run given ``limit_s`` (:func:`with_client`) had not ended by then; it is abandoned (its
+    thread is told to stop, and ends with the process at the latest)."""
 
 
 @attrs.frozen
@@ -43,6 +63,7 @@ def with_client(
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     busy_retry_s: float = DEFAULT_BUSY_RETRY_S,
     tls: TlsFiles | None = None,
+    limit_s: float | None = None,
 ) -> T:
     """Run ``await body(client)`` in a fresh trio loop with the asyncio bridge open.
 
@@ -53,11 +74,15 @@ def with_client(
         busy_retry_s: how long one call keeps asking again while every replica is busy, in
             seconds.
         tls: the client certificate to present (mutual TLS); None: plaintext.
+        limit_s: the longest the caller waits for the whole run, in seconds; None: the run
+            happens in the calling thread, with no limit but its calls' own deadlines.
 
     Returns:
         what ``body`` returned.
 
     Raises:
+        RunOverran: the run had not ended after ``limit_s``.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM turned into it) while the caller waited.
         InvalidArgument: an address is malformed, or a replica refused the input.
         ClusterBusy: every control plane stayed busy for ``busy_retry_s``.
         NoControlPlaneReachable: no control plane answered.
@@ -83,10 +108,63 @@ def with_client(
             finally:
                 client.close()
 
-    result = trio.run(main)
+    result = trio.run(main) if limit_s is None else _run_in_thread(main, limit_s)
     if isinstance(result, _Failed):
         raise result.error
     return result
+
+
+def _run_in_thread(main: Callable[[], Awaitable[T]], limit_s: float) -> T:
+    """``trio.run(main)`` in a daemon thread, waited for at most ``limit_s`` seconds by the
+    calling thread, which alone receives signals (Python runs their handlers in the main
+    thread, between its waits). On leaving early (the limit, Ctrl-C) the run is cancelled and
+    left to end on its own.
+
+    Raises:
+        RunOverran: the run had not ended after ``limit_s``.
+        BaseException: whatever the run raised, or the caller's KeyboardInterrupt.
+    """
+    done = threading.Event()
+    outcome: list[Any] = []
+    tokens: list[trio.lowlevel.TrioToken] = []
+    scopes: list[trio.CancelScope] = []
+
+    async def cancellable() -> T:
+        tokens.append(trio.lowlevel.current_trio_token())
+        with trio.CancelScope() as scope:
+            scopes.append(scope)
+            return await main()
+        raise RunOverran("abandoned by its caller")  # the scope was cancelled: nobody waits
+
+    def run() -> None:
+        try:
+            outcome.append(trio.run(cancellable))
+        except BaseException as exc:  # handed to the waiting thread, raised there
+            outcome.append(_Raised(exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="stockade-rpc", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + limit_s
+    try:
+        while not done.wait(WAIT_STEP_S):
+            if time.monotonic() >= deadline:
+                raise RunOverran(f"the calls did not end within {limit_s:g} s")
+    except BaseException:
+        if tokens and scopes:
+            with contextlib.suppress(trio.RunFinishedError):
+                tokens[0].run_sync_soon(scopes[0].cancel)
+        raise
+    (result,) = outcome
+    if isinstance(result, _Raised):
+        raise result.error
+    return result  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class _Raised:
+    error: BaseException
 
 
 def call(
@@ -96,8 +174,10 @@ def call(
     *,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     tls: TlsFiles | None = None,
+    limit_s: float | None = None,
 ) -> Any:
-    """One ControlPlane call (``rpc`` in snake_case, e.g. ``"status"``) on the first replica that answers.
+    """One ControlPlane call (``rpc`` in snake_case, e.g. ``"status"``) on the first replica that
+    answers (``limit_s``: as :func:`with_client`'s).
 
     Raises:
         the same errors as :func:`with_client`.
@@ -106,12 +186,18 @@ def call(
     async def body(client: ControlPlaneClient) -> Any:
         return await client.call(rpc, request)
 
-    return with_client(addresses, body, timeout_s=timeout_s, tls=tls)
+    return with_client(addresses, body, timeout_s=timeout_s, tls=tls, limit_s=limit_s)
 
 
 def status(
-    addresses: Sequence[str], *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, tls: TlsFiles | None = None
+    addresses: Sequence[str],
+    *,
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    tls: TlsFiles | None = None,
+    limit_s: float | None = None,
 ) -> pb.StatusReply:
-    """The Status view from the first replica that answers."""
-    reply: pb.StatusReply = call(addresses, "status", pb.StatusRequest(), timeout_s=timeout_s, tls=tls)
+    """The Status view from the first replica that answers (``limit_s``: as :func:`with_client`'s)."""
+    reply: pb.StatusReply = call(
+        addresses, "status", pb.StatusRequest(), timeout_s=timeout_s, tls=tls, limit_s=limit_s
+    )
     return reply

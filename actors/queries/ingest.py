@@ -450,6 +450,27 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation
 """
 
+# $1 worker id, $2 the incarnation this transaction registered or continued, $3 true for a new
+# registration (REGISTER_WORKER made it), false for a continued one (CONTINUE_WORKER). The last
+# statement of the registration's transaction, right before its commit: the worker's silence
+# counts from here (clock_timestamp(), the statement's own time), not from the transaction's
+# start (now()), which lock waits, outcomes and a busy control plane may put seconds earlier: a
+# registration that took longer than dead_after to commit would otherwise be judged silent the
+# moment it is seen. A new registration sets registered_at to the same time, so
+# last_heartbeat_at stays equal to it until the new incarnation's first heartbeat
+# (END_ORPHANED_ASSIGNMENTS counts on that). A copy of the applied registration (same agent
+# run and number: a retry whose first answer was lost, a hedged copy) is answered again and
+# stamps last_heartbeat_at alone ($3 false): its agent may learn of its incarnation only from
+# this answer, and that agent stopped every job before it registered, so the orphan rule may
+# count it as heard. A late copy of another run's registration is a new registration (above).
+STAMP_REGISTRATION = """
+UPDATE workers w
+   SET last_heartbeat_at = greatest(w.last_heartbeat_at, c.at),
+       registered_at = CASE WHEN $3 THEN c.at ELSE w.registered_at END
+  FROM (SELECT clock_timestamp() AS at) c
+ WHERE w.id = $1 AND w.incarnation = $2 AND w.state = 'alive'
+"""
+
 # $1 worker id. The registration a REGISTER_WORKER (or CONTINUE_WORKER) that returned nothing met.
 WORKER_REGISTRATION = """
 SELECT incarnation, state, agent_run_id, registration_seq, registration_sha256 FROM workers WHERE id = $1

@@ -95,10 +95,17 @@ def main() -> None:
     the exit status it chose: the interpreter's own teardown of the modules a call loads would
     take another 50 ms, and nothing of such a call is left to close (its trio run has ended,
     it writes no files). Any other command, and an unexpected error, ends the normal way.
+    Ctrl-C before a command has started (while its modules load) ends with one line and exit
+    status 130, not a traceback; a command that starts processes says itself what it leaves
+    (:func:`ops.cli.common.interruptible`).
     """
     args = sys.argv[1:]
     client = bool(args) and any(args[0] in COMMANDS[group] for group in CLIENT_GROUPS)
-    app = load_commands(args)
+    try:
+        app = load_commands(args)
+    except KeyboardInterrupt:
+        print("interrupted: nothing was started", file=sys.stderr)
+        sys.exit(_EXIT_INTERRUPTED)
     if not client:
         app()
         return
@@ -111,6 +118,10 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+_EXIT_INTERRUPTED = 130
+"""As ops.cli.common.EXIT_INTERRUPTED (not imported: --help must stay light)."""
 
 
 def _exit_status(exc: SystemExit) -> int:

@@ -248,12 +248,25 @@ def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
     except BaseException as exc:
         if not interrupted(exc):
             raise
-        said = message() if message is not None else "what this command started has been stopped"
+        said = _said_safely(message)
         err_console().print(f"interrupted: {said}", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def _said_safely(message: Callable[[], str] | None) -> str:
+    """``message()`` (by default, that what the command started has been stopped); whatever it
+    raises, a second Ctrl-C included, a line that says it could not tell instead: an interrupted
+    command ends with one line, never a traceback."""
+    if message is None:
+        return "what this command started has been stopped"
+    try:
+        return message()
+    except BaseException as exc:  # the line is all that is left to print
+        reason = "interrupted again" if interrupted(exc) else f"{type(exc).__name__}: {exc}"
+        return f"could not tell what still runs ({reason})"
 
 
 def local_state() -> StateDir:

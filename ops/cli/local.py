@@ -243,6 +243,15 @@ def up(
             "network; see docs/containers.md.",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Start this folder's cluster even while the cluster the user config names (of "
+            "another state folder) runs: client commands then reach this one, and the other keeps "
+            "running, reached with STOCKADE_STATE_DIR=<its folder>.",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background and wait for a leader and every worker.
 
@@ -271,6 +280,10 @@ def up(
     is recorded before the first process (or the database) is started. Ctrl-C stops the
     waiting, not the processes already started: it says which run and how to stop them, and
     they stay findable from any folder.
+
+    While the cluster the user config names belongs to another state folder and still runs,
+    up refuses (exit 1), naming that folder and how to stop it: starting a second cluster would
+    take the client commands away from the first. --force starts it anyway, saying so.
     """
     from ops.cluster import DockerCluster, LocalCluster
 
@@ -292,6 +305,26 @@ def up(
                 "to use that database",
                 EXIT_INVALID,
             )
+    state = local_state()
+    other = _other_running_cluster(state.root)
+    if other is not None:
+        other_root, running = other
+        reach = f"{STATE_DIR_ENV}={shlex.quote(str(other_root))}"
+        if not force:
+            fail(
+                f"the cluster of {other_root} runs ({running}) and the user config "
+                f"{shown_path(user_config_path())} names it, so client commands reach it from any "
+                f"folder; `stockade up` here would start a second cluster in {shown_path(state.root)} "
+                f"and point them here instead. Stop it first (`{reach} stockade down`), or run "
+                f"`stockade up --force` to start a second one anyway"
+            )
+        err_console().print(
+            f"warning: the cluster of {other_root} runs ({running}); starting a second one here "
+            f"(--force): client commands will reach this one, and that one stays reachable with "
+            f"`{reach} stockade status` (`{reach} stockade down` stops it)",
+            markup=False,
+            soft_wrap=True,
+        )
     if insecure:
         warn_insecure("the cluster")
     process_args = {"agent": shlex.split(agent_args), "cp": shlex.split(cp_args)}
@@ -299,7 +332,6 @@ def up(
         for args in process_args.values():
             if "--json-logs" not in args:
                 args.append("--json-logs")
-    state = local_state()
     cluster: LocalCluster | DockerCluster
     if docker:
         cluster = DockerCluster(
@@ -320,19 +352,18 @@ def up(
             ha_db_strict=ha_db_strict,
             on_start=lambda: _record_quietly(state.root),
         )
-    with (
-        interruptible(lambda: _left_running(cluster)),
-        errors(),
-        console().status("starting the cluster..."),
-    ):
-        try:
-            result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
-        except ClusterError as exc:
-            raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
-    _print_up(result, cluster)
-    if json_logs:
-        _warn_json_logs_not_applied(result, cluster)
-    _record(cluster)
+    # Everything from here on ends with one line on Ctrl-C or SIGTERM, printing the result
+    # and recording it included (ops.cli.common.interruptible).
+    with interruptible(lambda: _left_running(cluster)):
+        with errors(), console().status("starting the cluster..."):
+            try:
+                result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+            except ClusterError as exc:
+                raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
+        _print_up(result, cluster)
+        if json_logs:
+            _warn_json_logs_not_applied(result, cluster)
+        _record(cluster)
 
 
 def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
@@ -397,6 +428,34 @@ def _left_running(cluster: LocalCluster | DockerCluster) -> str:
                 f"waits for them{_findable(cluster)}"
             )
     return f"nothing of {shown_path(cluster.state.root)} runs"
+
+
+def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
+    """The state folder the user config names, when it is not ``here`` and something of its
+    cluster still runs, with what runs (its processes, its database); else None (nothing
+    recorded, the same folder, or a record whose cluster is gone: ``up`` then replaces it)."""
+    from ops.cluster import LocalCluster, cluster_at
+    from ops.launcher.state import StateDir
+    from ops.pg import EmbeddedPostgres
+
+    other = recorded_local_cluster()
+    if other is None or other == here.absolute() or not other.is_dir():
+        return None
+    running: list[str] = []
+    with contextlib.suppress(ClusterError):  # its record unreadable: its processes are not known
+        cluster = cluster_at(StateDir(other))
+        if not isinstance(cluster, LocalCluster):
+            containers = sorted(cluster.pids())
+            running = [f"the containers of {' '.join(containers)}"] if containers else []
+        else:
+            config = cluster.state.load()
+            running = sorted(cluster.pids(config)) if config is not None else []
+            port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
+            if EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running():
+                running.append("embedded PostgreSQL")
+    if not running:
+        return None
+    return other, " ".join(running)
 
 
 def _findable(cluster: LocalCluster | DockerCluster) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import psutil
 
-from ops import rpc
+from ops import pidfile, rpc
 from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
 from ops.launcher import procs, ready
 from ops.launcher.plan import LaunchOptions, check_counts, plan
@@ -210,12 +210,10 @@ class LocalCluster:
         A pid file counts only when its pid is alive, not a zombie, and runs
         ``ops.cli <kind> ... --id <id>``.
         """
-        try:
-            pid = int(self.state.pid_path(spec.id).read_text().strip())
-        except (OSError, ValueError):
+        process = pidfile.process(pidfile.read_pid(self.state.pid_path(spec.id), warn=True))
+        if process is None:
             return None
         try:
-            process = psutil.Process(pid)
             if process.status() == psutil.STATUS_ZOMBIE:
                 self._reap(spec.id)
                 return None
@@ -350,7 +348,12 @@ class LocalCluster:
         incarnations_before: dict[str, int] = {}
         if live_before:
             with contextlib.suppress(StockadeError):
-                before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
+                before = rpc.status(
+                    config.control_plane_addresses,
+                    timeout_s=1.0,
+                    tls=config.client_tls,
+                    limit_s=ready.OVERRUN_GRACE_S,
+                )
                 incarnations_before = {w.id: w.incarnation for w in before.workers}
         started = []
         started_at: dict[str, float] = {}
@@ -554,7 +557,7 @@ class LocalCluster:
                 start_new_session=True,
             )
         self._children[spec.id] = process
-        self.state.pid_path(spec.id).write_text(f"{process.pid}\n")
+        pidfile.write_pid(self.state.pid_path(spec.id), process.pid)
 
     def _write_fleet_spec(self, fleet_id: str, workers: Sequence[WorkerSpec]) -> None:
         """Write the spec file ``stockade fleet --spec`` reads (see :mod:`agent.fleet`)."""

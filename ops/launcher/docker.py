@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import psutil
 
-from ops import rpc
+from ops import pidfile, rpc
 from ops.launcher import procs, ready
 from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
 from ops.launcher.plan import LaunchOptions, check_counts, plan
@@ -197,12 +197,7 @@ class DockerCluster:
 
     def live_process(self, spec: ProcessSpec) -> psutil.Process | None:
         """The machine's process 1 of ``spec``'s container while it runs (and is not paused)."""
-        pid = self.pids().get(spec.id)
-        if pid is None:
-            return None
-        with contextlib.suppress(psutil.Error):
-            return psutil.Process(pid)
-        return None
+        return pidfile.process(self.pids().get(spec.id))
 
     # -- up ------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import psutil
 
 from agent.adoption import supervisor_of
 from agent.fence import FENCE_DEADLINE_FILE
+from ops import pidfile
 from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec, option_value
 from runtime.settings import DEFAULT_LEAVE_TIMEOUT_S
 from runtime.text import tail_lines
@@ -169,10 +170,7 @@ def port_free(port: int) -> bool:
 
 def postmaster_port(pg_dir: Path) -> int | None:
     """The port in ``pg/data/postmaster.pid``, if there is one."""
-    try:
-        return int((pg_dir / "data" / "postmaster.pid").read_text().splitlines()[3])
-    except (OSError, ValueError, IndexError):
-        return None
+    return pidfile.read_port(pg_dir / "data" / "postmaster.pid", line=3)
 
 
 def tail(path: Path, lines: int) -> str:

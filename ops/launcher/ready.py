@@ -17,6 +17,12 @@ from runtime.text import tail_lines
 
 POLL_INTERVAL_S = 0.2
 """How often readiness is asked again, in seconds."""
+STATUS_TIMEOUT_S = 1.0
+"""Deadline of one readiness status call to one control plane, in seconds."""
+OVERRUN_GRACE_S = 10.0
+"""How long past its ``timeout_s`` a wait may run before its caller gives up on it whatever it
+is doing (:func:`ops.rpc.with_client`'s ``limit_s``), in seconds: a poll in progress when the
+timeout passes ends within a few status calls' deadlines."""
 FRESH_HEARTBEAT_S = 2.0
 """A worker counts as alive only with a heartbeat younger than this, in seconds, or than two of
 its heartbeat intervals where the cluster's workers beat less often (:func:`fresh_heartbeat_s`)."""
@@ -65,23 +71,40 @@ def wait_ready(
             which on a local cluster's one machine is the database's clock: its log's lines
             carry the database's clock, :mod:`agent.dbclock`).
 
+    Every wait is bounded: each status call by :data:`STATUS_TIMEOUT_S` (a busy replica is not
+    asked again within the poll), each poll by the deadline, and the whole wait, whatever a call
+    does, by ``timeout_s`` plus :data:`OVERRUN_GRACE_S`; the waiting happens in a thread of its
+    own, so Ctrl-C and SIGTERM end it at once (:func:`ops.rpc.with_client`, ``limit_s``).
+
     Raises:
         ClusterError: a process exited, or ``timeout_s`` passed; names what is missing and
             the log files to read.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM, turned into it by the command) while waiting.
     """
 
     async def poll(_client: ControlPlaneClient) -> tuple[pb.StatusReply | None, list[str]]:
         deadline = trio.current_time() + timeout_s
+        status: pb.StatusReply | None = None
+        missing = ["no control plane answered a status call yet"]
         while True:
             check_exited()
-            status, missing = await readiness(state, config, restarted, started_at or {})
+            with trio.move_on_at(deadline):
+                status, missing = await readiness(state, config, restarted, started_at or {})
             if not missing:
                 return status, []
             if trio.current_time() >= deadline:
                 return status, missing
             await trio.sleep(POLL_INTERVAL_S)
 
-    status, missing = rpc.with_client(config.control_plane_addresses, poll, tls=config.client_tls)
+    try:
+        status, missing = rpc.with_client(
+            config.control_plane_addresses, poll, tls=config.client_tls, limit_s=timeout_s + OVERRUN_GRACE_S
+        )
+    except rpc.RunOverran as exc:
+        raise ClusterError(
+            f"cluster not ready after {timeout_s:g} s: a status call did not end ({exc}); read "
+            + ", ".join(str(state.log_path(p.id)) for p in config.control_planes)
+        ) from exc
     if missing or status is None:
         raise ClusterError(
             f"cluster not ready after {timeout_s:g} s: " + "; ".join(missing or ["no control plane answered"])
@@ -101,13 +124,16 @@ async def readiness(
     missing: list[str] = []
     status: pb.StatusReply | None = None
     for spec in config.control_planes:
-        client = ControlPlaneClient([spec.address], timeout_s=1.0, tls=config.client_tls)
+        client = ControlPlaneClient(
+            [spec.address], timeout_s=STATUS_TIMEOUT_S, busy_retry_s=0.0, tls=config.client_tls
+        )
         try:
-            reply = await client.call("status", pb.StatusRequest())
-        except Unavailable as exc:
+            with trio.fail_after(STATUS_TIMEOUT_S * 2 + 1):  # its own deadline, and one more bound
+                reply = await client.call("status", pb.StatusRequest())
+        except (Unavailable, trio.TooSlowError) as exc:
             missing.append(
-                f"{spec.id} did not answer a status call at {spec.address} within 1 s ({exc}; "
-                f"read {state.log_path(spec.id)})"
+                f"{spec.id} did not answer a status call at {spec.address} within "
+                f"{STATUS_TIMEOUT_S:g} s ({exc or 'no answer'}; read {state.log_path(spec.id)})"
             )
             continue
         finally:

@@ -14,6 +14,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,13 @@ CONFIG_VERSION = 1
 
 def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(items)
+
+
+LOCK_WAIT_S = 300.0
+"""How long ``up`` or ``down`` waits for another one holding the state folder's lock, in
+seconds (an ``up`` holds it while it waits for its cluster: 60 s by default)."""
+LOCK_POLL_S = 0.1
+"""How often a waiting ``up`` or ``down`` tries the lock again, in seconds."""
 
 
 @attrs.frozen(kw_only=True)
@@ -461,14 +469,41 @@ class StateDir:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold an exclusive flock on ``.lock``, so two ``up``/``down`` never interleave."""
+    def locked(self, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+        """Hold an exclusive flock on ``.lock``, so two ``up``/``down`` never interleave; the
+        holder's pid is written in it.
+
+        Args:
+            wait_s: how long to wait for another holder, in seconds (polled: Ctrl-C ends the
+                wait at once).
+
+        Raises:
+            ClusterError: another process still held it after ``wait_s``; names its pid.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".lock").open("a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        path = self.root / ".lock"
+        with path.open("a+") as lock_file:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        lock_file.seek(0)
+                        holder = lock_file.read().strip() or "unknown"
+                        raise ClusterError(
+                            f"another stockade up or down (pid {holder}) has held {path} for "
+                            f"{wait_s:g} s; wait for it to end, or stop it, and run this again"
+                        ) from None
+                    time.sleep(LOCK_POLL_S)
+            lock_file.truncate(0)
+            lock_file.write(f"{os.getpid()}\n")
+            lock_file.flush()
             try:
                 yield
             finally:
+                lock_file.truncate(0)
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
     def load(self) -> ClusterConfig | None:
