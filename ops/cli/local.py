@@ -39,6 +39,7 @@ from ops.cli.common import (
 from ops.config import (
     STATE_DIR_ENV,
     ClusterError,
+    ClusterRequestRefused,
     forget_local_cluster,
     record_local_cluster,
     recorded_local_cluster,
@@ -265,7 +266,8 @@ def up(
     Other counts change the running cluster: added control planes and workers are started;
     surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
     dropped from cluster.json. Workers hosted in a fleet stop only with their whole fleet: a
-    count that would split one is refused (exit 1), naming the counts that would not. Every
+    count that would split one is refused (exit 2), naming what it would split and what the nearest
+    counts that would not do. Every
     process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column), and
     every control plane added a read-only web console on another (`stockade console` opens it).
 
@@ -333,6 +335,8 @@ def up(
     ):
         try:
             result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+        except ClusterRequestRefused:  # refused before anything started: nothing to say about that
+            raise
         except ClusterError as exc:
             raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
     _print_up(result, cluster)
