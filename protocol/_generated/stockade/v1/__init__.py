@@ -784,7 +784,7 @@ class JobSpec(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
-    Set in the job's environment (command and container jobs). Names without "=" or NUL,
+    Set in the job's environment (command and container jobs). Names of [A-Za-z_][A-Za-z0-9_]*,
     not starting with STOCKADE_ (the worker's own).
     """
 
