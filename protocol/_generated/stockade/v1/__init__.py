@@ -1016,7 +1016,8 @@ class Refusal(betterproto2.Message):
 
     reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    stale_epoch, wrong_incarnation, cancelled, fenced, no_room, bad_spec
+    stale_epoch, implausible_epoch, wrong_worker, wrong_incarnation, cancelled, fenced,
+    restarting (the agent exits for a planned restart), no_room, bad_spec
     """
 
 
