@@ -564,7 +564,7 @@ def down() -> None:
 def kill_leader(
     control_planes: ControlPlanesOption = None,
     wait: Annotated[bool, typer.Option(help="Wait for a new leader and print how long it took.")] = False,
-    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 30.0,
+    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 30.0,
 ) -> None:
     """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
     import trio
@@ -610,7 +610,7 @@ def kill_worker(
     wait: Annotated[
         bool, typer.Option(help="Wait until its jobs run on other workers and print how long it took.")
     ] = False,
-    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 60.0,
+    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 60.0,
 ) -> None:
     """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
     import trio

@@ -38,6 +38,8 @@ SUBMIT = ("submit", "--cpu-millis", "100", "--memory-mb", "64")
             "--sleep-s must be a number between 0 and 604800, got 1000000000.0",
         ),
         (["jobs", "0", *CP], "count must be an integer between 1 and 100000, got 0"),
+        (["kill-leader", "--timeout-s", "-1", *CP], "--timeout-s must be a number >= 0, got -1.0"),
+        (["kill-worker", "--timeout-s", "-1", *CP], "--timeout-s must be a number >= 0, got -1.0"),
         (["up", "--workers", "many"], "--workers must be an integer between 0 and 1000, got 'many'"),
         (["bench", "pack", "--workers", "5000"], "--workers must be an integer between 1 and 1000, got 5000"),
     ],
