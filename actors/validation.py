@@ -283,8 +283,9 @@ LIMITS = (
     ),
     Limit(
         "job `env` (`--env`)",
-        f"at most {_n(MAX_ENV_VARS)} names of 1 to {_n(MAX_ENV_NAME_BYTES)} bytes, without `=` or NUL "
-        f"and not starting with `STOCKADE_`; values without NUL; {_n(MAX_ENV_BYTES)} bytes (64 KiB) in all",
+        f"at most {_n(MAX_ENV_VARS)} names of 1 to {_n(MAX_ENV_NAME_BYTES)} bytes, each of "
+        "`[A-Za-z_][A-Za-z0-9_]*` (a letter or `_`, then letters, digits or `_`) and not starting with "
+        f"`STOCKADE_`; values without NUL; {_n(MAX_ENV_BYTES)} bytes (64 KiB) in all",
         ("MAX_ENV_VARS", "MAX_ENV_NAME_BYTES", "MAX_ENV_BYTES"),
     ),
     Limit(

@@ -8,7 +8,8 @@ agent can apply a decision with no checkpoint in between, and tests can drive it
 Assign, in this order, per request and then per assignment:
 
 1. ``worker_id`` is not mine: refuse all ``wrong_worker``.
-2. fenced (self-fenced, not registered yet, registering, shutting down): refuse all ``fenced``.
+2. not accepting: exiting for a planned restart (SIGHUP): refuse all ``restarting``; else
+   (self-fenced, not registered yet, registering, shutting down): refuse all ``fenced``.
 3. ``incarnation`` is not my current one: refuse all ``wrong_incarnation``.
 4. ``epoch`` < newest epoch seen: refuse all ``stale_epoch``; more than ``EPOCH_LEAD_LIMIT`` above
    the newest the database confirmed: refuse all ``implausible_epoch``; otherwise raise the newest seen.
@@ -88,6 +89,9 @@ class Admission:
     """The current incarnation; None until the first registration."""
     fenced: bool = True
     """True while the worker must not start anything (set and cleared by the agent)."""
+    restarting: bool = False
+    """True once the agent prepares a planned restart (SIGHUP): what ``fenced`` refuses is
+    refused as ``restarting``, the true reason (the jobs run on, no fence is involved)."""
     max_epoch_seen: int = 0
     confirmed_epoch: int = 0
     """The newest epoch a control plane's reply read from the database (registration,
@@ -180,7 +184,7 @@ class Admission:
         if worker_id != self.worker_id:
             return RefusalReason.WRONG_WORKER
         if check_fence and not self.accepting:
-            return RefusalReason.FENCED
+            return RefusalReason.RESTARTING if self.restarting else RefusalReason.FENCED
         if incarnation != self.incarnation:
             return RefusalReason.WRONG_INCARNATION
         if epoch < self.max_epoch_seen:

@@ -345,6 +345,7 @@ class Agent:
         self._fence_if_due()
         if self._restart_hold_s is not None:
             self._admission.fenced = True  # a planned restart takes nothing new
+            self._admission.restarting = True
         decision = self._admission.assign(order)
         self._count_refusals("assign", decision.refused)
         if len(decision.accepted_ids) > len(decision.to_start):
@@ -927,6 +928,7 @@ class Agent:
             jobs then pause at the fence deadline as for a killed agent).
         """
         self._admission.fenced = True  # nothing new from here on: it would not be reported
+        self._admission.restarting = True  # refused as "restarting", not as "fenced"
         self._jobs.keep_records = True  # a job ending now is settled by the next agent
         if self._admission.incarnation is None or self._fence.self_fenced:
             return False

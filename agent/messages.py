@@ -24,6 +24,9 @@ class RefusalReason(StrEnum):
     """The request names another worker id."""
     FENCED = "fenced"
     """The worker is self-fenced, not registered yet, (re)registering or shutting down."""
+    RESTARTING = "restarting"
+    """The agent process is exiting for a planned restart (SIGHUP): it takes nothing new, the
+    next process on its work folder will. Not a fence: its jobs keep running."""
     WRONG_INCARNATION = "wrong_incarnation"
     """The request was meant for another life of this worker."""
     STALE_EPOCH = "stale_epoch"

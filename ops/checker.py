@@ -848,6 +848,7 @@ JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
 STALE_WRITES = "SELECT count(*) FROM stale_writes"
 ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
+REGISTERED_WORKERS = "SELECT id FROM workers UNION SELECT worker_id FROM worker_deaths"
 UNFINISHED_JOBS = "SELECT count(*) FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
 DEPENDENCY_CANCELS = f"""
 SELECT c.id, c.dependency, s.state AS dependency_state
@@ -876,6 +877,21 @@ async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 
             if unfinished == 0 or left_s <= 0:
                 return unfinished
             await trio.sleep(min(poll_s, left_s))
+    finally:
+        await conn.close()
+
+
+async def registered_workers(database_url: str) -> frozenset[str]:
+    """The id of every worker that ever registered with the cluster of ``database_url`` (or was
+    declared dead there): those ``up`` started and those started by hand with ``stockade agent``
+    or ``stockade fleet`` alike. Needs the asyncio bridge open.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
+    try:
+        return frozenset(r["id"] for r in await conn.fetch(REGISTERED_WORKERS))
     finally:
         await conn.close()
 

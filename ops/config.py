@@ -61,6 +61,7 @@ __all__ = [
     "LOCAL_TABLE",
     "STATE_DIR_ENV",
     "ClusterError",
+    "ClusterRequestRefused",
     "cluster_json_addresses",
     "default_state_dir",
     "forget_local_cluster",
@@ -104,6 +105,12 @@ CLUSTER_FILE = "cluster.json"
 
 class ClusterError(StockadeError):
     """The local cluster could not be started, found or stopped; the message says what to do."""
+
+
+class ClusterRequestRefused(ClusterError, InvalidArgument):
+    """What was asked of the local cluster is refused as asked (a count out of range, one that
+    would split a fleet), before anything is started or changed: ask again otherwise. An
+    :class:`~runtime.errors.InvalidArgument` (the field, the rule, the value; exit status 2)."""
 
 
 def default_state_dir() -> Path:

@@ -62,6 +62,11 @@ MIN_TIMEOUT_S = 0.001
 """Shortest ``timeout_s``: one millisecond, the unit it is stored and sent in."""
 MAX_ENV_VARS = 256
 MAX_ENV_NAME_BYTES = 256
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME_RULE = "must be a letter or _ then letters, digits or _ ([A-Za-z_][A-Za-z0-9_]*)"
+"""What an environment name must be, whole: a letter or ``_``, then letters, digits and ``_``
+(POSIX.1-2017, 8.1: the names the shell and the utilities read; a job's own ``sh -c`` could not
+read ``A B`` or ``1X``)."""
 MAX_ENV_BYTES = 64 * 1024
 """Most bytes of UTF-8 of a job's environment, names and values together."""
 RESERVED_ENV_PREFIX = "STOCKADE_"
@@ -299,9 +304,10 @@ def _ids(value: Iterable[int]) -> tuple[int, ...]:
 
 def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
-    more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, or starts
-    with :data:`RESERVED_ENV_PREFIX`, a name given twice, a value holding a NUL, or more than
-    :data:`MAX_ENV_BYTES` bytes in all."""
+    more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, is not of
+    :data:`ENV_NAME_PATTERN` or starts with :data:`RESERVED_ENV_PREFIX`, a name given twice, a
+    value holding a NUL, or more than :data:`MAX_ENV_BYTES` bytes in all. The control plane
+    applies it to every submission (:meth:`JobSpec.check`), the client before sending."""
     pairs = list(env)
     if len(pairs) > MAX_ENV_VARS:
         raise InvalidArgument(field, len(pairs), f"must have at most {MAX_ENV_VARS} names")
@@ -311,6 +317,8 @@ def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
         check_text(f"{field} name", name, max_bytes=MAX_ENV_NAME_BYTES)
         if "=" in name:
             raise InvalidArgument(f"{field} name", name, "must not contain '=' (write NAME=VALUE)")
+        if not ENV_NAME_PATTERN.fullmatch(name):
+            raise InvalidArgument(f"{field} name", name, ENV_NAME_RULE)
         if name.startswith(RESERVED_ENV_PREFIX):
             raise InvalidArgument(
                 f"{field} name", name, f"must not start with {RESERVED_ENV_PREFIX} (the worker sets those)"

@@ -11,6 +11,7 @@ from typing import IO, Annotated, Any
 
 import typer
 from typer._click.exceptions import (
+    BadOptionUsage,
     BadParameter,
     MissingParameter,
     NoArgsIsHelpError,
@@ -52,6 +53,8 @@ def usage_line(exc: UsageError) -> str:
     if isinstance(exc, BadParameter):  # Typer's own reading (a path): its rule, pydantic's words
         rule = re.sub(r"^Input should be\b", "must be", exc.message).rstrip(".")
         return f"{params.param_field(exc.param)} {rule}"
+    if isinstance(exc, BadOptionUsage) and " requires " in exc.message:  # the value left off
+        return f"{exc.option_name} must be given a value{hint}"
     if isinstance(exc, NoSuchOption):
         guess = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
         return f"`{command}` has no option {exc.option_name}{guess}{hint}"
@@ -60,14 +63,23 @@ def usage_line(exc: UsageError) -> str:
 
 
 @contextlib.contextmanager
-def _one_line() -> Iterator[None]:
+def _one_line(group: TyperGroup | None = None, ctx: Any = None) -> Iterator[None]:
     """Click's refusals of a command line, said by :func:`usage_line` (``stockade`` alone, or a
-    group alone, still prints its help)."""
+    group alone, still prints its help).
+
+    Click's parser raises a refusal of a subcommand's line (``--tail`` without its value)
+    without a context, and nothing between the subcommand and its group gives it one: when
+    ``group`` had chosen a subcommand (``ctx.invoked_subcommand``), such a refusal is the
+    subcommand's, whose ``--help`` it names."""
     try:
         yield
     except (RefusedCommandLine, NoArgsIsHelpError):
         raise
     except UsageError as exc:
+        if exc.ctx is None and group is not None and ctx is not None and ctx.invoked_subcommand:
+            command = group.get_command(ctx, ctx.invoked_subcommand)
+            if command is not None:
+                exc.ctx = command.context_class(command, info_name=ctx.invoked_subcommand, parent=ctx)
         raise RefusedCommandLine(usage_line(exc), exc.ctx) from exc
 
 
@@ -82,7 +94,7 @@ class StockadeGroup(TyperGroup):
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
-        with _one_line():
+        with _one_line(self, ctx):
             return super().invoke(ctx)
 
 
@@ -119,5 +131,7 @@ def _main(
     running a job twice."""
 
 
-bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+bench_app = typer.Typer(
+    cls=StockadeGroup, help="Benchmarks that print measured numbers.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")

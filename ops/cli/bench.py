@@ -125,7 +125,7 @@ def bench_pack(
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
     if not policies or any(p not in benchpack.POLICIES for p in policies):
-        fail(f"policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
+        fail(f"--policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
     if 0 < arrival_rate < 1:
         # An open range typer cannot state: 0 (skip) or at least 1.
         fail(

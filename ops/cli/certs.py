@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ops.cli.base import app
+from ops.cli.base import StockadeGroup, app
 from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, fail, shown_path
 from ops.config import default_state_dir
 from runtime.errors import InvalidArgument
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ops.certs import IssuedCert
 
 certs_app = typer.Typer(
+    cls=StockadeGroup,
     help="The cluster CA and the certificates it issues (mutual TLS between every process).",
     no_args_is_help=True,
 )

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -225,14 +226,15 @@ def check(
     with errors():
         config = LocalCluster(state).config() if database_url is None or state.config_path.exists() else None
         manual = [checker.parse_fault(text) for text in fault or ()]
-        if config is not None:
-            manual = _faults_in_cluster(manual, config)
         url = database_url or (config.database_url if config is not None else None)
         if url is None:
             fail("no database: pass --database-url or run in a cluster's folder", EXIT_INVALID)
 
         async def load() -> checker.History:
+            nonlocal manual
             async with asyncio_bridge():
+                if config is not None and manual:  # before any wait: a typo is refused at once
+                    manual = _faults_in_cluster(manual, config, await checker.registered_workers(url))
                 if wait_s is not None:
                     await checker.wait_for_jobs(url, timeout_s=wait_s)
                 return await checker.load_history(url)
@@ -251,23 +253,43 @@ def check(
         raise typer.Exit(EXIT_UNAVAILABLE)
 
 
-def _faults_in_cluster(faults: list[FaultEvent], config: ClusterConfig) -> list[FaultEvent]:
+def _faults_in_cluster(
+    faults: list[FaultEvent], config: ClusterConfig, registered: Collection[str] = ()
+) -> list[FaultEvent]:
     """``faults`` checked against the cluster's ids, a fault of a fleet process also counted for
     every worker it hosts (they die with it).
 
+    Args:
+        faults: the faults given with ``--fault``.
+        config: the cluster's record (cluster.json): the processes ``up`` started and their workers.
+        registered: the workers its database knows (:func:`ops.checker.registered_workers`),
+            among them workers started by hand (``stockade agent --id w-ft ...``) against the
+            cluster, which cluster.json does not record: a fault of one is counted as any other
+            (its deaths explained; its own log is not read, it is not under the state folder).
+
     Raises:
-        InvalidArgument: a fault names an id that is no process or worker of the cluster.
+        InvalidArgument: a fault names an id that is neither a process or worker of the cluster's
+            record nor a worker its database knows.
     """
     import attrs
 
-    known = {p.id for p in config.processes} | {w.id for w in config.workers}
+    from ops.launcher.state import worker_order
+
+    def order(process_id: str) -> tuple[str, tuple[int, str]]:  # cp-1, cp-2, fleet-1, w-1, w-2, w-10
+        return process_id.rpartition("-")[0], worker_order(process_id)
+
+    recorded = {p.id for p in config.processes} | {w.id for w in config.workers}
+    known = recorded | set(registered)
     expanded = []
     for event in faults:
         if event.target not in known:
+            others = sorted(set(registered) - recorded, key=order)
+            by_hand = f"; workers started by hand: {', '.join(others)}" if others else ""
             raise InvalidArgument(
                 "fault ID",
                 event.target,
-                f"must name a process or worker of this cluster ({', '.join(sorted(known))})",
+                "must name a process or worker of this cluster or a worker registered in its database "
+                f"(processes {', '.join(sorted(recorded, key=order))}{by_hand})",
             )
         expanded.append(event)
         expanded += [attrs.evolve(event, target=w.id) for w in config.workers_in(event.target) if w.fleet]

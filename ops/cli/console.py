@@ -22,10 +22,38 @@ import typer
 
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, client_tls, console, errors, fail, recorded_local_state
+from runtime.errors import InvalidArgument
 
 MAX_LIFETIME_H = 12.0
 """The longest a token may live, in hours (``runtime.console_token.MAX_LIFETIME_S``; a unit test
 keeps them equal)."""
+
+
+ORIGIN_RULE = (
+    "must be origins, comma-separated: http:// or https://, a host and at most a port, "
+    "such as https://cp-a.example:7301"
+)
+
+
+def _check_origin(url: str, *, shown: str) -> None:
+    """Refuse ``url`` (``shown`` as given) unless it is an origin: ``http`` or ``https``, a
+    host, a valid port at most; no path, query, fragment or credentials."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is no number or out of range
+        port_ok = False
+        parts = urlsplit("")
+    if not (
+        port_ok
+        and parts.scheme in ("http", "https")
+        and parts.hostname
+        and "@" not in parts.netloc
+        and not (parts.path or parts.query or parts.fragment)
+    ):
+        raise InvalidArgument("--url", shown, ORIGIN_RULE)
 
 
 def console_urls(option: str | None) -> list[str]:
@@ -33,16 +61,18 @@ def console_urls(option: str | None) -> list[str]:
     cluster's record names.
 
     Raises:
+        InvalidArgument: an entry of ``option`` is not an origin (``scheme://host[:port]``).
         ClusterError: no console is known (the message says how to name one).
     """
     from ops.config import ClusterError
 
-    if option:
-        urls = [u.strip().rstrip("/") for u in option.split(",") if u.strip()]
-        for url in urls:
-            if not url.startswith(("https://", "http://")):
-                raise ClusterError(f"--url {url!r} must be an origin such as https://cp-a.example:7301")
-        return urls
+    if option is not None:
+        given = [u.strip() for u in option.split(",") if u.strip()]
+        if not given:
+            raise InvalidArgument("--url", option, ORIGIN_RULE)
+        for url in given:
+            _check_origin(url.removesuffix("/"), shown=url)
+        return [url.removesuffix("/") for url in given]
     state = recorded_local_state()
     config = state.load() if state.config_path.exists() else None
     urls = list(config.console_urls().values()) if config is not None else []

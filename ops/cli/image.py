@@ -14,10 +14,11 @@ from typing import Annotated
 import attrs
 import typer
 
-from ops.cli.base import app
+from ops.cli.base import StockadeGroup, app
 from ops.cli.common import EXIT_UNAVAILABLE, fail
 
 image_app = typer.Typer(
+    cls=StockadeGroup,
     help="The Stockade image (PostgreSQL, control planes and agents), built offline.",
     no_args_is_help=True,
 )

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from typer._click.exceptions import BadOptionUsage, BadParameter, NoSuchOption, UsageError
 
+from ops.cli import params
 from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
@@ -36,6 +39,7 @@ from ops.cli.common import (
 from ops.config import (
     STATE_DIR_ENV,
     ClusterError,
+    ClusterRequestRefused,
     forget_local_cluster,
     record_local_cluster,
     recorded_local_cluster,
@@ -271,7 +275,8 @@ def up(
     Other counts change the running cluster: added control planes and workers are started;
     surplus ones (beyond cp-N, w-M) are stopped with SIGTERM, so a worker leaves cleanly, and
     dropped from cluster.json. Workers hosted in a fleet stop only with their whole fleet: a
-    count that would split one is refused (exit 1), naming the counts that would not. Every
+    count that would split one is refused (exit 2), naming what it would split and what the nearest
+    counts that would not do. Every
     process added serves Prometheus metrics on a free 127.0.0.1 port (the metrics column), and
     every control plane added a read-only web console on another (`stockade console` opens it).
 
@@ -305,6 +310,10 @@ def up(
                 "to use that database",
                 EXIT_INVALID,
             )
+    process_args = {
+        "agent": process_options("--agent-args", agent_args, "fleet" if fleet_size else "agent"),
+        "cp": process_options("--cp-args", cp_args, "cp"),
+    }
     state = local_state()
     other = _other_running_cluster(state.root)
     if other is not None:
@@ -327,7 +336,6 @@ def up(
         )
     if insecure:
         warn_insecure("the cluster")
-    process_args = {"agent": shlex.split(agent_args), "cp": shlex.split(cp_args)}
     if json_logs:
         for args in process_args.values():
             if "--json-logs" not in args:
@@ -358,12 +366,87 @@ def up(
         with errors(), console().status("starting the cluster..."):
             try:
                 result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+            except ClusterRequestRefused:  # refused before anything started: nothing to say about that
+                raise
             except ClusterError as exc:
                 raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
         _print_up(result, cluster)
         if json_logs:
             _warn_json_logs_not_applied(result, cluster)
         _record(cluster)
+
+
+_LAUNCHER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "agent": (
+        "--id", "w-1", "--host", "127.0.0.1", "--port", "0", "--cpu-millis", "1000", "--memory-mb", "1024",
+        "--control-planes", "127.0.0.1:1", "--work-dir", "w-1",
+    ),
+    "fleet": (
+        "--id", "fleet-1", "--spec", "fleet-1.json", "--host", "127.0.0.1", "--control-planes", "127.0.0.1:1",
+    ),
+    "cp": ("--id", "cp-1", "--host", "127.0.0.1", "--port", "0"),
+}  # fmt: skip
+"""What the launcher puts before the extra options on each kind of process's command line
+(:mod:`ops.launcher.plan`), as placeholders: the extra options are read after them."""
+
+
+def process_options(option: str, text: str, command: str) -> list[str]:
+    """The extra options ``text`` given with ``option`` (``--agent-args``) for every new
+    ``stockade <command>`` process, split as a shell would, once ``stockade <command>`` itself
+    has read them after the launcher's own options, without running it: the same parser, the
+    same types and bounds (a finite number, an integer in range, a known option, its value).
+
+    ``up`` records the options with each process in cluster.json and every later ``up`` starts
+    the process with them again, so options the process would refuse must be refused here,
+    before anything is started or recorded.
+
+    Raises:
+        typer.Exit: (after :func:`ops.cli.common.fail`, exit 2) naming ``option``, what
+            ``stockade <command>`` refuses and why, and the text given.
+    """
+    import typer.main
+
+    from ops.cli import load_commands
+
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:  # an unclosed quote
+        fail(
+            f"{option} must be options as a shell reads them ({str(exc).lower()}), got {text!r}", EXIT_INVALID
+        )
+    if not args:
+        return args
+    group = typer.main.get_command(load_commands([command]))
+    assert isinstance(group, typer.core.TyperGroup)
+    process = group.commands[command]
+    answers = [a for a in args if a in ("--help", "-h")]  # would print the help and exit
+    if answers:
+        fail(f"{option}: {answers[0]} prints help and runs no stockade {command}, got {text!r}", EXIT_INVALID)
+    try:
+        process.make_context(f"stockade {command}", [*_LAUNCHER_OPTIONS[command], *args])
+    except UsageError as exc:
+        fail(f"{option}: {_refusal(exc, command)}, got {text!r}", EXIT_INVALID)
+    return args
+
+
+def _refusal(exc: UsageError, command: str) -> str:
+    """What ``stockade <command>`` refuses in its extra options, in a few words."""
+    from runtime.errors import InvalidArgument
+
+    cause = exc.__cause__
+    if isinstance(cause, InvalidArgument):
+        return f"{cause.field} {cause.rule} for stockade {command} ({cause.value!r})"
+    if isinstance(exc, NoSuchOption):
+        return f"no such option {exc.option_name} for stockade {command}"
+    if isinstance(exc, BadOptionUsage) and " requires " in exc.message:
+        return f"{exc.option_name} must be given a value for stockade {command}"
+    extra = re.fullmatch(r"Got unexpected extra argument\S* \((.*)\)", exc.message)
+    if extra is not None:
+        return f"stockade {command} takes options only, not {extra.group(1)!r}"
+    field = params.param_field(exc.param) if isinstance(exc, BadParameter) and exc.param is not None else ""
+    text = exc.format_message().rstrip(".")
+    text = f"{field} {text}" if field and not text.startswith(field) else text
+    return f"{text[:1].lower()}{text[1:]} for stockade {command}"
 
 
 def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
@@ -540,7 +623,7 @@ def down() -> None:
 def kill_leader(
     control_planes: ControlPlanesOption = None,
     wait: Annotated[bool, typer.Option(help="Wait for a new leader and print how long it took.")] = False,
-    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 30.0,
+    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 30.0,
 ) -> None:
     """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
     import trio
@@ -586,7 +669,7 @@ def kill_worker(
     wait: Annotated[
         bool, typer.Option(help="Wait until its jobs run on other workers and print how long it took.")
     ] = False,
-    timeout_s: Annotated[float, typer.Option(help="How long --wait waits, seconds.")] = 60.0,
+    timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 60.0,
 ) -> None:
     """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
     import trio

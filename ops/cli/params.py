@@ -6,7 +6,9 @@ building the adapters costs 70 to 120 ms, more than everything else ``stockade s
 does before it calls the cluster. Nearly every option here is a ``bool``, a ``str``, an ``int``
 or a ``float`` (with ``min``/``max`` bounds at most) or a list of ``str``: for those,
 :func:`install` gives Typer a coercion written here, which reads the same values and refuses the
-same input (a unit test compares the two on valid, malformed and out-of-range input); every other
+same input (a unit test compares the two on valid, malformed and out-of-range input), except that
+a ``float`` must be finite (``inf``, ``nan`` and ``1e400`` are refused for every such option, where
+pydantic takes them); every other
 option (paths, choices, custom parsers, clamping) keeps Typer's own. A value it refuses is said in
 the project's one style, the option, the rule and the value (``--limit must be an integer between
 0 and 10000, got 20000``: a :class:`runtime.errors.InvalidArgument` as the ``__cause__`` of
@@ -20,6 +22,7 @@ is only slower, never wrong.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +37,7 @@ _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 """The words pydantic reads as booleans (any case)."""
 _INT_MESSAGE = "Input should be a valid integer, unable to parse string as an integer"
 _FLOAT_MESSAGE = "Input should be a valid number, unable to parse string as a number"
+_FINITE_MESSAGE = "Input should be a finite number"
 _STR_LIST = list[str]
 
 
@@ -83,16 +87,22 @@ def _integer(value: Any) -> int:
 
 
 def _number(value: Any) -> float:
-    """A ``float`` option's value (``inf`` and ``nan`` included, as pydantic takes them)."""
+    """A ``float`` option's value, a finite one: ``inf``, ``nan`` and what overflows to them
+    (``1e400``) are refused, where pydantic would take them (no option of ``stockade`` means
+    anything by an infinite or undefined number of seconds or a rate)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    text = _text(value).strip()
-    try:
-        if not text.isascii():
-            raise ValueError(text)
-        return float(text)
-    except ValueError:
-        raise ValueError(_FLOAT_MESSAGE) from None
+        number = float(value)
+    else:
+        text = _text(value).strip()
+        try:
+            if not text.isascii():
+                raise ValueError(text)
+            number = float(text)
+        except ValueError:
+            raise ValueError(_FLOAT_MESSAGE) from None
+    if not math.isfinite(number):
+        raise ValueError(_FINITE_MESSAGE)
+    return number
 
 
 def _bounded(convert: Callable[[Any], Any], low: Any, high: Any) -> Callable[[Any], Any]:
@@ -143,10 +153,11 @@ def _bound(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def plain_rule(annotation: Any, parameter_info: Any) -> str:
+def plain_rule(annotation: Any, parameter_info: Any, *, finite: bool = False) -> str:
     """What a plain option of ``annotation`` takes, as a refusal states it: ``must be an
-    integer between 0 and 10000``, ``must be a number >= 0.01``."""
-    kind = {int: "an integer", float: "a number"}.get(annotation)
+    integer between 0 and 10000``, ``must be a number >= 0.01``; with ``finite`` (the refusal
+    of an infinite or undefined number), ``must be a finite number >= 0.01``."""
+    kind = {int: "an integer", float: "a finite number" if finite else "a number"}.get(annotation)
     if kind is None:
         return "must be true or false (yes, no, on, off, 1, 0)" if annotation is bool else "must be text"
     low, high = getattr(parameter_info, "min", None), getattr(parameter_info, "max", None)
@@ -199,16 +210,18 @@ def install() -> None:
         convert: Callable[[Any], Any] = dataclasses.field(default=_text)
         read: Callable[[Any], Any] = dataclasses.field(default=_text)
         rule: str = ""
+        finite_rule: str = ""
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
             try:
                 return self.convert(value)
-            except ValueError:
+            except ValueError as exc:
                 try:
                     shown = self.read(value)  # a number out of range is shown as the number
                 except ValueError:
-                    shown = _text(value)
-                refused = InvalidArgument(param_field(param), shown, self.rule)
+                    shown = _text(value)  # as typed: 1e400, not the inf it overflows to
+                rule = self.finite_rule if str(exc) == _FINITE_MESSAGE else self.rule
+                refused = InvalidArgument(param_field(param), shown, rule)
                 raise BadParameter(str(refused), ctx=ctx, param=param) from refused
 
     def build_runtime_param(descriptor: Any) -> Any:
@@ -222,6 +235,7 @@ def install() -> None:
             convert=convert,
             read=read,
             rule=plain_rule(annotation, info),
+            finite_rule=plain_rule(annotation, info, finite=True),
         )
 
     core.build_runtime_param = build_runtime_param

@@ -261,8 +261,10 @@ def attempts_table(attempts: Sequence[Attempt]) -> Table:
 
 ATTEMPT_DETAIL_MIN_WIDTH = 16
 """The fewest columns the attempts table gives a run's detail."""
-ATTEMPT_COLUMNS = ("#", "assignment", "worker", "epoch", "started", "ended", "end", "exit", "counted")
-"""The attempts table's columns before ``detail``: short values, each kept on one line."""
+ATTEMPT_COLUMNS = ("#", "assignment", "worker", "epoch", "placed", "ended", "end", "exit", "counted")
+"""The attempts table's columns before ``detail``: short values, each kept on one line. ``placed``
+is when the leader committed the assignment (``created_unix_s``), not when the run started on
+its worker (a later heartbeat confirms that; the job's own ``started`` is its first run's)."""
 
 
 def _attempt_cells(number: int, attempt: Attempt) -> tuple[str, ...]:

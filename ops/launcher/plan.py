@@ -29,11 +29,11 @@ from collections.abc import Callable, Collection, Sequence
 
 import attrs
 
+from ops.config import ClusterRequestRefused
 from ops.launcher.state import (
     LISTEN_HOST,
     WORKER_CAPACITIES,
     ClusterConfig,
-    ClusterError,
     ProcessSpec,
     StateDir,
     WorkerSpec,
@@ -111,7 +111,7 @@ def plan(
         free_port: returns a port that is free now; called once per port a new process needs.
 
     Raises:
-        ClusterError: a count is out of range, or the asked worker count would split a fleet
+        ClusterRequestRefused: a count is out of range, or the asked worker count would split a fleet
             (the message names the counts that would not).
     """
     control_planes, workers = check_counts(previous, control_planes=control_planes, workers=workers)
@@ -167,7 +167,7 @@ def check_counts(
     read as the recorded count (or the default for a new cluster).
 
     Raises:
-        ClusterError: a count is out of range, or the worker count would keep some workers of
+        ClusterRequestRefused: a count is out of range, or the worker count would keep some workers of
             a fleet and stop others (the message names the counts that would not).
     """
     if control_planes is None:
@@ -175,16 +175,23 @@ def check_counts(
     if workers is None:
         workers = len(previous.workers) if previous is not None else DEFAULT_WORKERS
     if not 1 <= control_planes <= MAX_CONTROL_PLANES:
-        raise ClusterError(f"control_planes must be between 1 and {MAX_CONTROL_PLANES}, got {control_planes}")
+        raise ClusterRequestRefused(
+            "--control-planes", control_planes, f"must be between 1 and {MAX_CONTROL_PLANES}"
+        )
     if not 0 <= workers <= MAX_WORKERS:
-        raise ClusterError(f"workers must be between 0 and {MAX_WORKERS}, got {workers}")
+        raise ClusterRequestRefused("--workers", workers, f"must be between 0 and {MAX_WORKERS}")
     if previous is not None:
         surplus = {w.id for w in previous.workers if _number(w.id) > workers}
         for fleet in previous.fleets:
             hosted = [w.id for w in previous.workers_in(fleet.id)]
             dropped = [w for w in hosted if w in surplus]
             if dropped and len(dropped) < len(hosted):
-                raise ClusterError(_split_fleet_message(previous, workers, fleet.id, hosted, dropped))
+                raise ClusterRequestRefused(
+                    "--workers",
+                    workers,
+                    "must keep or stop each fleet whole (a fleet's workers run in one process)",
+                    detail=_split_fleet_detail(previous, workers, fleet.id, hosted, dropped),
+                )
     return control_planes, workers
 
 
@@ -233,10 +240,40 @@ def _surplus(
     return kept, tuple(stop), tuple(removed)
 
 
-def _split_fleet_message(
+def _id_ranges(ids: Collection[str]) -> str:
+    """Worker ids in runs: ``w-1..w-5, w-9``."""
+    numbers = sorted(_number(i) for i in ids)
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"w-{low}" if low == high else f"w-{low}..w-{high}" for low, high in runs)
+
+
+def _what_count_stops(config: ClusterConfig, count: int) -> str:
+    """What ``--workers count`` (one that splits no fleet) does to ``config``'s workers."""
+    stopped = [w.id for w in config.workers if _number(w.id) > count]
+    if not stopped:
+        return "keeps every worker"
+    processes = [
+        p.id
+        for p in config.processes
+        if (
+            p.kind == "fleet" and (hosted := config.workers_in(p.id)) and all(w.id in stopped for w in hosted)
+        )
+    ]
+    if not processes:
+        return f"stops {_id_ranges(stopped)}"
+    return f"stops {' and '.join(processes)} with {_id_ranges(stopped)}"
+
+
+def _split_fleet_detail(
     config: ClusterConfig, workers: int, fleet_id: str, hosted: Sequence[str], dropped: Sequence[str]
 ) -> str:
-    """Why ``workers`` cannot be had, and the nearest counts below and above that can."""
+    """What ``workers`` would split, and what the nearest counts below and above that do not
+    split do."""
     spans = [
         (min(_number(w.id) for w in members), max(_number(w.id) for w in members))
         for f in config.fleets
@@ -254,10 +291,9 @@ def _split_fleet_message(
         upper = span[1]
     kept = [w for w in hosted if w not in dropped]
     return (
-        f"cannot stop {', '.join(dropped)} alone: {'it runs' if len(dropped) == 1 else 'they run'} in "
-        f"{fleet_id} with {', '.join(kept)}, and "
-        f"a fleet's workers stop together (one process); ask for --workers {lower} (stops "
-        f"{fleet_id} and its {len(hosted)} workers) or --workers {upper}"
+        f"it would stop {_id_ranges(dropped)} of {fleet_id} and keep {_id_ranges(kept)}; "
+        f"--workers {lower} {_what_count_stops(config, lower)}; "
+        f"--workers {upper} {_what_count_stops(config, upper)}"
     )
 
 

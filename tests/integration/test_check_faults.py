@@ -1,6 +1,7 @@
 """``stockade check`` on a real database: a worker killed by hand (``kill -9``, no harness to
-record it) is a false death until the operator gives the fault with ``--fault``; a fault of a
-fleet counts for its workers; faults naming no process of the cluster, or malformed, are
+record it) is a false death until the operator gives the fault with ``--fault``, also a worker
+started by hand (registered, not in cluster.json); a fault of a fleet counts for its workers;
+faults naming no process or registered worker of the cluster, or malformed, are
 refused with exit status 2 before anything is read; jobs still at work are reported as running
 (exit 0) unless ``--wait-s`` waited for them in vain."""
 
@@ -99,6 +100,44 @@ def test_a_freeze_of_a_fleet_explains_the_deaths_of_its_workers(state: StateDir,
     report = json.loads(output)
     assert status == 1 and report["false_deaths"] == 1
     assert report["details"][0].startswith("worker w-1 ")
+
+
+def register_by_hand(url: str, worker_id: str) -> None:
+    """A worker the cluster.json does not record registered with the cluster, as ``stockade
+    agent --id w-ft ...`` started by hand registers."""
+    fetchval(
+        url,
+        "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+        " VALUES ($1, '127.0.0.1:7999', 1000, 1024, 1)",
+        worker_id,
+    )
+
+
+def test_a_kill_of_a_worker_started_by_hand_is_counted(state: StateDir, database_url: str) -> None:
+    """w-ft, started by hand (registered, not in cluster.json), SIGKILLed and declared dead: the
+    check takes --fault kill:w-ft@TIME and the death is explained."""
+    register_by_hand(database_url, "w-ft")
+    killed_at = declare_dead(database_url, "w-ft")
+    status, output = check(state)
+    assert status == 1 and json.loads(output)["false_deaths"] == 1
+    status, output = check(state, f"kill:w-ft@{killed_at}")
+    assert status == 0, output
+    assert json.loads(output)["false_deaths"] == 0
+
+
+def test_an_unknown_id_names_the_recorded_processes_and_the_workers_started_by_hand(
+    state: StateDir, database_url: str
+) -> None:
+    """A typo is refused naming what it may be: the recorded processes and workers, and the
+    workers the database knows that cluster.json does not."""
+    register_by_hand(database_url, "w-ft")
+    status, output = check(state, "kill:w-tf@1764538392")
+    assert status == 2
+    assert output == (
+        "error: fault ID must name a process or worker of this cluster or a worker registered in "
+        "its database (processes cp-1, fleet-1, w-1, w-2, w-3; workers started by hand: w-ft), "
+        "got 'w-tf'\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,10 @@ async def test_submissions_registrations_and_heartbeats_need_no_leader(
         ({"name": "n" * 500}, "name must be at most 128 bytes in UTF-8"),
         ({"name": "a\x00b"}, "name must not contain NUL bytes"),
         ({"sleep": None}, "runtime must be exactly one of sleep, command or container"),
+        (
+            {"sleep": None, "command": pb.CommandRuntime(argv=["env"]), "env": {"A B": "x"}},
+            "env name must be a letter or _ then letters, digits or _ ([A-Za-z_][A-Za-z0-9_]*), got 'A B'",
+        ),
     ],
 )
 async def test_bad_submissions_are_refused_and_nothing_is_stored(

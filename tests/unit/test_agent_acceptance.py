@@ -319,3 +319,13 @@ def test_an_implausible_epoch_is_refused_and_poisons_nothing() -> None:
     assert reasons(adm.assign(assign(job(3), epoch=8 + EPOCH_LEAD_LIMIT))) == {
         1: "implausible_epoch"
     }.fromkeys([3], "implausible_epoch")
+
+
+def test_a_worker_preparing_a_restart_refuses_as_restarting() -> None:
+    """While the agent exits for a planned restart, Assigns are refused as ``restarting``; a
+    fence (or any other closed state) is still ``fenced``."""
+    adm = admission()
+    adm.fenced = adm.restarting = True
+    assert reasons(adm.assign(assign(job(1)))) == {1: "restarting"}
+    adm.restarting = False
+    assert reasons(adm.assign(assign(job(2)))) == {2: "fenced"}

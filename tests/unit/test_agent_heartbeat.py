@@ -623,3 +623,24 @@ async def test_a_heartbeat_answered_after_the_deadline_does_not_move_it(
     (stop,) = _records(tmp_path, "stop")
     assert stop["reason"] == "self_fence"
     assert stop["time"] == pytest.approx(WALL_AT_ZERO + deadline, abs=DRIFT_S)
+
+
+async def test_an_agent_preparing_a_planned_restart_refuses_work_as_restarting(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """After SIGHUP's preparation (a planned restart) an Assign is refused as ``restarting``,
+    its true reason, not ``fenced``: the worker is not fenced and its jobs run on."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        incarnation = agent.incarnation
+        assert incarnation is not None
+        kept = agent.assign(
+            AssignOrder(epoch=1, worker_id="w-1", incarnation=incarnation, assignments=(sleep_job(1),))
+        )
+        assert kept.accepted_ids == (1,)
+        await agent.prepare_restart(5.0, timeout_s=0.0)
+        refused = agent.assign(
+            AssignOrder(epoch=1, worker_id="w-1", incarnation=incarnation, assignments=(sleep_job(2),))
+        )
+        assert [(r.assignment_id, r.reason.value) for r in refused.refused] == [(2, "restarting")]

@@ -18,10 +18,13 @@ from ops.cli import EXIT_INVALID, app
         (["--jobs", "-5"], "error: --jobs must be an integer between 1 and 1000000, got -5"),
         (["--fleet-size", "1001"], "error: --fleet-size must be an integer between 0 and 1000, got 1001"),
         (["--burst-jobs", "0"], "error: --burst-jobs must be an integer between 1 and 1000000, got 0"),
-        (["--arrival-rate", "inf"], "error: --arrival-rate must be a number between 0 and 100000, got inf"),
+        (
+            ["--arrival-rate", "inf"],
+            "error: --arrival-rate must be a finite number between 0 and 100000, got 'inf'",
+        ),
         (["--arrival-rate", "0.001"], "--arrival-rate must be 0 (skip the arriving scenario) or between 1"),
         (["--json", "/nonexistent-folder/out.json"], "--json: folder /nonexistent-folder does not exist"),
-        (["--policy", "fastest"], "policy must list some of best_fit, first_fit, worst_fit"),
+        (["--policy", "fastest"], "error: --policy must list some of best_fit, first_fit, worst_fit"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(

@@ -12,7 +12,7 @@ from cryptography import x509
 from typer.testing import CliRunner
 
 from ops.certs import init_cluster
-from ops.cli import app
+from ops.cli import EXIT_INVALID, app
 from ops.cluster import StateDir
 from ops.launcher.plan import LaunchOptions, plan
 from runtime.console_token import audience_of, verify_token
@@ -84,3 +84,26 @@ def test_without_a_known_console_it_says_how_to_name_one(
     result = CliRunner().invoke(app, ["console"])
     assert result.exit_code == 1
     assert "--url" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "shown"),
+    [
+        ("notaurl", "notaurl"),
+        ("https://", "https://"),
+        ("https://cp-b:7301,ftp://cp-a:7301", "ftp://cp-a:7301"),
+        ("https://cp-a:99999", "https://cp-a:99999"),
+        ("https://cp-a:port", "https://cp-a:port"),
+        ("https://cp-a:7301/x", "https://cp-a:7301/x"),
+        ("https://cp-a:7301?q=1", "https://cp-a:7301?q=1"),
+        ("https://user@cp-a:7301", "https://user@cp-a:7301"),
+        (" , ", " , "),
+    ],
+)
+def test_a_url_that_is_not_an_origin_is_refused_naming_it(option: str, shown: str) -> None:
+    """``--url`` takes origins only: anything else is one line naming --url, the rule and the
+    entry as given, exit 2, before any certificate is read."""
+    result = CliRunner().invoke(app, ["console", "--url", option])
+    assert result.exit_code == EXIT_INVALID
+    assert result.stderr.startswith("error: --url must be origins, comma-separated: ")
+    assert result.stderr.endswith(f", got {shown!r}\n")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ops.cli import app
 from ops.cli.common import console
-from ops.cli.render import lifecycle_rows
+from ops.cli.render import lifecycle_rows, local_time
 from ops.client.results import job_from_pb
 from ops.config import INSECURE_ENV
 from protocol import pb
@@ -99,6 +99,22 @@ def test_job_shows_each_attempt_and_no_env_value(monkeypatch: pytest.MonkeyPatch
     assert run.split()[:4] == ["1", "21", "w-3", "2"]
     assert "failed" in run and "exit code 1" in run and "yes" in run
     assert "s3cret" not in result.output
+
+
+def test_the_attempts_table_names_its_time_the_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's time in the attempts table is its assignment's creation, and the column says so
+    (``placed``), not ``started``: the run starts on its worker later."""
+
+    async def replica(*args: object, **kwargs: object) -> pb.JobInfo:
+        return RETRYING
+
+    monkeypatch.setattr(ControlPlaneClient, "_attempt", replica)
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    result = CliRunner().invoke(app, ["job", "9", "--control-planes", "127.0.0.1:1"], env={"COLUMNS": "160"})
+    header = next(line for line in result.output.splitlines() if "assignment" in line and "worker" in line)
+    assert header.split()[:6] == ["#", "assignment", "worker", "epoch", "placed", "ended"]
+    run = next(line for line in result.output.splitlines() if " w-3 " in line)
+    assert local_time(1_700_000_000.0) in run
 
 
 def test_a_retry_wait_that_has_passed_is_not_shown() -> None:

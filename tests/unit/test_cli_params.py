@@ -27,8 +27,8 @@ CASES: list[tuple[Any, dict[str, Any], list[Any]]] = [
     (int, {}, ["+5", "0x10", "1e3", "\u0661\u0662", "\uff13", 3, 3.0, 3.5]),
     (int, {"min": 0, "max": 10}, ["-1", "0", "10", "11", "x"]),
     (int, {"min": 1}, ["0", "1", "99999999999"]),
-    (float, {}, ["1.5", " 2 ", "1e3", "1_0", "1__0", "nan", "-inf", "infinity", "x", "\u0661", 5]),
-    (float, {"min": 0, "max": 604800}, ["-1", "0", "604800", "604800.5", "nan", "inf", "-inf"]),
+    (float, {}, ["1.5", " 2 ", "1e3", "1_0", "1__0", "1e308", "x", "\u0661", 5]),
+    (float, {"min": 0, "max": 604800}, ["-1", "0", "604800", "604800.5"]),
     (list[str], {}, [("a", "b"), ["x"], ()]),
 ]
 
@@ -53,6 +53,18 @@ def test_plain_reading_matches_typers(annotation: Any, bounds: dict[str, Any], v
     assert convert is not None
     typer_reading = outcome(try_build_adapter(annotation, info).validate_python, value)
     assert outcome(convert, value) == typer_reading
+
+
+@pytest.mark.parametrize("bounds", [{}, {"min": 0, "max": 604800}])
+@pytest.mark.parametrize(
+    "value", ["nan", "-inf", "infinity", " inf ", "1e400", "-1e400", float("inf"), float("nan")]
+)
+def test_a_float_that_is_not_finite_is_refused(bounds: dict[str, Any], value: Any) -> None:
+    """Where Typer would read ``inf``, ``nan`` or an overflowing ``1e400``, the plain reading
+    refuses it: no option means anything by an infinite or undefined number."""
+    convert = plain_converter(float, OptionInfo(**bounds))
+    assert convert is not None
+    assert outcome(convert, value) == ("refused", "Input should be a finite number")
 
 
 @pytest.mark.parametrize(

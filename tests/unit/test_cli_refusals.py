@@ -38,6 +38,8 @@ SUBMIT = ("submit", "--cpu-millis", "100", "--memory-mb", "64")
             "--sleep-s must be a number between 0 and 604800, got 1000000000.0",
         ),
         (["jobs", "0", *CP], "count must be an integer between 1 and 100000, got 0"),
+        (["kill-leader", "--timeout-s", "-1", *CP], "--timeout-s must be a number >= 0, got -1.0"),
+        (["kill-worker", "--timeout-s", "-1", *CP], "--timeout-s must be a number >= 0, got -1.0"),
         (["up", "--workers", "many"], "--workers must be an integer between 0 and 1000, got 'many'"),
         (["bench", "pack", "--workers", "5000"], "--workers must be an integer between 1 and 1000, got 5000"),
     ],
@@ -111,3 +113,28 @@ def test_typers_own_refusals_read_the_same() -> None:
     checked = BadParameter(str(invalid), param=Path())  # type: ignore[arg-type]
     checked.__cause__ = invalid
     assert usage_line(checked) == "--limit must be an integer between 0 and 10000, got 20000"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["logs", "7", "--tail"], "--tail must be given a value; `stockade logs --help` lists what it takes"),
+        (
+            ["jobs", "3", "--control-planes"],
+            "--control-planes must be given a value; `stockade jobs --help` lists what it takes",
+        ),
+        (
+            ["bench", "pack", "--workers"],
+            "--workers must be given a value; `stockade bench pack --help` lists what it takes",
+        ),
+        (
+            ["certs", "issue", "--role"],
+            "--role must be given a value; `stockade certs issue --help` lists what it takes",
+        ),
+    ],
+)
+def test_an_option_without_its_value_names_the_subcommands_help(args: list[str], line: str) -> None:
+    """An option given last without its value is refused naming the option and the help of
+    the command (or nested command) it belongs to, not ``stockade --help``."""
+    result = CliRunner().invoke(app, args)
+    assert (result.exit_code, result.stderr) == (EXIT_INVALID, f"error: {line}\n")

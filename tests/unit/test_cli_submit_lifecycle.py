@@ -97,6 +97,11 @@ def test_every_lifecycle_option_reaches_the_spec(sent: list[pb.JobSpec]) -> None
         (["--env", "=1"], "--env name must not be empty, got ''"),
         (["--env", "A\x00B=1"], "--env name must not contain NUL bytes"),
         (["--env", "NOEQUALS"], "--env must be NAME=VALUE, got 'NOEQUALS'"),
+        (
+            ["--env", "A B=x"],
+            "--env name must be a letter or _ then letters, digits or _ ([A-Za-z_][A-Za-z0-9_]*), got 'A B'",
+        ),
+        (["--env", "9LIVES=x"], "--env name must be a letter or _ then letters, digits or _"),
         (["--env", "STOCKADE_X=1"], "--env name must not start with STOCKADE_"),
         (["--env", "A=1", "--env", "A=2"], "--env name must be given once, got 'A'"),
         (["--workdir", "data"], "--workdir must be an absolute path (start with /), got 'data'"),

@@ -35,6 +35,14 @@ def _spec(**fields: Any) -> JobSpec:
         ),
         ({"env": {"A=B": "1"}}, "env name must not contain '=' (write NAME=VALUE), got 'A=B'"),
         ({"env": {"A\x00": "1"}}, "env name must not contain NUL bytes"),
+        *(
+            (
+                {"env": {name: "x"}},
+                f"env name must be a letter or _ then letters, digits or _ ([A-Za-z_][A-Za-z0-9_]*), "
+                f"got {name!r}",
+            )
+            for name in ("A B", "1X", "A-B", "A.B", "É", "A\tB", " A", "A\n")
+        ),
         ({"env": {"STOCKADE_ARRAY_INDEX": "1"}}, "must not start with STOCKADE_"),
         ({"workdir": "relative/dir"}, "workdir must be an absolute path"),
         ({"after": (3, 3)}, "after must name each job once"),

@@ -16,6 +16,7 @@ from ops.launcher.docker import cpu_shares_of
 from ops.launcher.plan import LaunchOptions, Plan, plan
 from ops.launcher.ready import FRESH_HEARTBEAT_S, fresh_heartbeat_s
 from ops.launcher.state import option_value
+from runtime.errors import InvalidArgument
 
 URL = "postgresql://db/x"
 
@@ -130,9 +131,25 @@ def test_a_count_that_splits_a_fleet_is_refused_naming_the_counts_that_do_not(tm
     config = planner(None, workers=10).config
     with pytest.raises(ClusterError) as info:
         planner(config, workers=7, running=all_running(config))
-    message = str(info.value)
-    assert "cannot stop w-8, w-9, w-10 alone: they run in fleet-2 with w-6, w-7" in message
-    assert "--workers 5 (stops fleet-2 and its 5 workers) or --workers 10" in message
+    assert str(info.value) == (
+        "--workers must keep or stop each fleet whole (a fleet's workers run in one process), got 7 "
+        "(it would stop w-8..w-10 of fleet-2 and keep w-6..w-7; --workers 5 stops fleet-2 with "
+        "w-6..w-10; --workers 10 keeps every worker)"
+    )
+    assert isinstance(info.value, InvalidArgument)
+
+
+def test_a_refused_count_names_every_fleet_the_nearest_counts_stop(tmp_path: Path) -> None:
+    """40 workers in fleets of 20 asked for 5: the count below stops both fleets (not only the
+    one split), the count above only the second."""
+    planner = Planner(tmp_path, fleet_size=20)
+    config = planner(None, workers=40).config
+    with pytest.raises(ClusterError) as info:
+        planner(config, workers=5, running=all_running(config))
+    assert str(info.value).endswith(
+        "(it would stop w-6..w-20 of fleet-1 and keep w-1..w-5; --workers 0 stops fleet-1 and fleet-2 "
+        "with w-1..w-40; --workers 20 stops fleet-2 with w-21..w-40)"
+    )
 
 
 def test_fewer_control_planes_stop_the_surplus_after_the_workers_and_retarget_the_workers(

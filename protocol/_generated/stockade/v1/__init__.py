@@ -784,7 +784,7 @@ class JobSpec(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
-    Set in the job's environment (command and container jobs). Names without "=" or NUL,
+    Set in the job's environment (command and container jobs). Names of [A-Za-z_][A-Za-z0-9_]*,
     not starting with STOCKADE_ (the worker's own).
     """
 
@@ -1016,7 +1016,8 @@ class Refusal(betterproto2.Message):
 
     reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    stale_epoch, wrong_incarnation, cancelled, fenced, no_room, bad_spec
+    stale_epoch, implausible_epoch, wrong_worker, wrong_incarnation, cancelled, fenced,
+    restarting (the agent exits for a planned restart), no_room, bad_spec
     """
 
 
