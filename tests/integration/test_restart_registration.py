@@ -228,11 +228,11 @@ async def test_a_restart_hold_keeps_the_worker_from_being_judged_or_placed_on(cl
         queries.COMMIT_PLACEMENTS, [job], ["w-1"], [incarnation], EPOCH, True, [], []
     )
     assert [r["assignment_id"] for r in rows] == [None]
-    live = await cluster.admin.fetch(queries.LIVE_WORKERS, 60.0)
+    live = await cluster.admin.fetch(queries.LIVE_WORKERS, 60.0, 5.0)
     assert [r["id"] for r in live] == []
     assert (await cluster.resume("w-1", incarnation)).resumed
     assert not (await cluster.row("w-1"))["held"]
-    assert [r["id"] for r in await cluster.admin.fetch(queries.LIVE_WORKERS, 60.0)] == ["w-1"]
+    assert [r["id"] for r in await cluster.admin.fetch(queries.LIVE_WORKERS, 60.0, 5.0)] == ["w-1"]
 
 
 async def test_a_restart_hold_of_a_dead_incarnation_or_past_the_limit_is_not_recorded(
