@@ -324,19 +324,29 @@ CREATE INDEX IF NOT EXISTS jobs_pending_by_xid ON jobs (pending_xid, pending_seq
 -- p_running are not active on this worker (stop them), and the database's clock (now(), unix
 -- s), by which the agent times its log (agent/dbclock.py).
 -- Its earlier form took the runs' start and end as the worker's wall-clock times: dropped.
+-- p_sent_us, p_in_use_ms: when the worker sent it (its monotonic clock, µs: orders one
+-- incarnation's heartbeats) and the dead_after its self-fence is derived from (ms; 0: none);
+-- p_interval_ms, p_dead_after_ms: what to tell while the leader chose no heartbeat policy (see
+-- heartbeat_told). Also returns the heartbeat interval and the dead_after to tell the worker,
+-- and records the dead_after the worker is judged by (workers.dead_after_ms, below).
 DROP FUNCTION IF EXISTS record_heartbeat(text, bigint, bigint[], bigint[], text[], int[], float8[],
                                          float8[], text[], text[], text[]);
+DROP FUNCTION IF EXISTS record_heartbeat(text, bigint, bigint[], bigint[], text[], int[], bigint[],
+                                         bigint[], text[], text[], text[]);
 CREATE OR REPLACE FUNCTION record_heartbeat(
     p_worker_id text, p_incarnation bigint, p_running bigint[],
     p_assignment_ids bigint[], p_states text[], p_exit_codes int[], p_run_ms bigint[],
     p_ended_ago_ms bigint[], p_stdout_paths text[], p_stderr_paths text[], p_details text[],
+    p_sent_us bigint, p_in_use_ms integer, p_interval_ms integer, p_dead_after_ms integer,
     OUT current_epoch bigint, OUT alive boolean, OUT stop_assignment_ids bigint[],
-    OUT database_unix_s float8
+    OUT database_unix_s float8, OUT told_interval_ms integer, OUT told_dead_after_ms integer
 ) LANGUAGE plpgsql AS $$
 DECLARE
     heard_at timestamptz;
 BEGIN
     database_unix_s := extract(epoch FROM now());
+    SELECT t.interval_ms, t.dead_after_ms INTO told_interval_ms, told_dead_after_ms
+      FROM heartbeat_told(p_interval_ms, p_dead_after_ms) t;
 
     IF cardinality(p_assignment_ids) = 0 THEN
         -- Liveness only: losing it in a database crash makes the worker look a little older,
@@ -347,9 +357,17 @@ BEGIN
 
     -- No row: unknown, dead or another incarnation -> re-register. The worker was heard now
     -- (clock_timestamp(): the statement's start, now(), may be a lock wait earlier).
-    UPDATE workers SET last_heartbeat_at = clock_timestamp()
-     WHERE id = p_worker_id AND incarnation = p_incarnation AND state = 'alive'
-    RETURNING last_heartbeat_at INTO heard_at;
+    -- The dead_after it is judged by (docs/design.md, "Heartbeat interval"): at least the one
+    -- told now and the one its fence is derived from, as this heartbeat says; a copy of an
+    -- older heartbeat (not sent later than the newest recorded) never lowers it.
+    UPDATE workers w SET last_heartbeat_at = clock_timestamp(),
+           dead_after_ms = CASE WHEN p_sent_us > w.heartbeat_sent_us
+                                THEN greatest(told_dead_after_ms, nullif(p_in_use_ms, 0))
+                                ELSE greatest(w.dead_after_ms, told_dead_after_ms, nullif(p_in_use_ms, 0))
+                           END,
+           heartbeat_sent_us = greatest(w.heartbeat_sent_us, p_sent_us)
+     WHERE w.id = p_worker_id AND w.incarnation = p_incarnation AND w.state = 'alive'
+    RETURNING w.last_heartbeat_at INTO heard_at;
     alive := FOUND;
 
     SELECT l.epoch INTO current_epoch FROM lease l WHERE l.id = 1;
@@ -893,3 +911,40 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS unhealthy_at timestamptz,
 -- alive worker).
 CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'finished';
+
+-- The heartbeat interval (docs/design.md, "Heartbeat interval"; actors/heartbeat_policy.py). The
+-- leader chooses the interval the workers heartbeat at and the dead_after that goes with it, from
+-- the cluster's size and the measured cost of a heartbeat, and writes them here in a fenced write
+-- (queries.SET_HEARTBEAT_POLICY); every replica tells them to the workers in the replies to
+-- registrations and heartbeats, read by the statement that records them (heartbeat_told). One row
+-- (id 1), none before the first choice.
+CREATE TABLE IF NOT EXISTS heartbeat_policy (
+    id             integer     PRIMARY KEY CHECK (id = 1),
+    interval_ms    integer     NOT NULL CHECK (interval_ms > 0),
+    dead_after_ms  integer     NOT NULL CHECK (dead_after_ms > interval_ms),
+    workers        integer     NOT NULL,
+    cpu_per_heartbeat_us float8,
+    reason         text        NOT NULL DEFAULT '',
+    epoch          bigint      NOT NULL,
+    decided_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- What to tell a worker: the policy row, or (before the leader chose one) the caller's defaults.
+CREATE OR REPLACE FUNCTION heartbeat_told(p_interval_ms integer, p_dead_after_ms integer,
+                                          OUT interval_ms integer, OUT dead_after_ms integer)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(p.interval_ms, p_interval_ms), coalesce(p.dead_after_ms, p_dead_after_ms)
+      FROM (SELECT 1) one LEFT JOIN heartbeat_policy p ON p.id = 1
+$$;
+
+-- The dead_after (ms) the leader judges the worker by (queries.HEARTBEAT_AGES and
+-- DECLARE_DEAD_WORKERS take the larger of it and their own dead_after_s): the larger of the one
+-- told and the one the worker's fence is derived from, set by the registration and by every
+-- heartbeat (record_heartbeat; NULL: none told, an older control plane), and the send time
+-- (the worker's monotonic clock, µs) of the newest heartbeat recorded, which orders them.
+-- Neither is indexed, so a heartbeat's update stays a HOT update.
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS dead_after_ms integer,
+                    ADD COLUMN IF NOT EXISTS heartbeat_sent_us bigint NOT NULL DEFAULT 0;
+-- What one heartbeat costs this replica (CPU µs, measured by its ingest; NULL: not measured):
+-- what the leader's choice of the interval reads.
+ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS cpu_per_heartbeat_us float8;

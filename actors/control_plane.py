@@ -39,6 +39,7 @@ import trio
 from actors.console import Console, console_url
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
+from actors.heartbeat_policy import default_policy
 from actors.ingest import Ingest, apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
 from actors.ledger import Ledger
@@ -133,7 +134,7 @@ async def run_control_plane(
         listen_port=settings.listen_port,
         presence_interval_s=settings.presence_interval_s,
         settings=settings.ingest,
-        dead_after_s=settings.reconciler.dead_after_s,
+        told_default=default_policy(settings.reconciler),
         advertise_address=settings.advertise_address,
         console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),

@@ -62,6 +62,7 @@ import json
 import os
 import ssl
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,13 @@ import attrs
 import trio
 
 from actors import dependencies, idempotency, queries, validation
+from actors.heartbeat_policy import (
+    MAX_DEAD_AFTER_MS,
+    MAX_SENT_US,
+    HeartbeatCost,
+    HeartbeatPolicy,
+    default_policy,
+)
 from actors.ingest_gate import SESSION_SETTINGS, AdmittedService, open_pool, run_in_slices
 from actors.ingest_replies import (
     array_counts,
@@ -107,7 +115,7 @@ from runtime.errors import (
     NotFound,
 )
 from runtime.lag import LoopLag
-from runtime.settings import DEFAULT_DEAD_AFTER_S, IngestSettings
+from runtime.settings import IngestSettings, ReconcilerSettings
 from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
 from runtime.validation import (
     check_drain_deadline_ms,
@@ -142,10 +150,13 @@ class ControlPlaneService(AdmittedService):
         pool: the ingest's connections (``settings.pool_size`` of them).
         settings: capacity and shedding limits.
         lag: the ingest loop's lag monitor (its :attr:`~runtime.lag.LoopLag.recent_max_s`).
-        dead_after_s: told to workers at registration, so they fence themselves in time.
+        told_default: the heartbeat interval and the dead_after told to workers while the
+            leader chose none (docs/design.md, "Heartbeat interval").
     """
 
-    dead_after_s: float = DEFAULT_DEAD_AFTER_S
+    told_default: HeartbeatPolicy = attrs.field(factory=lambda: default_policy(ReconcilerSettings()))
+    heartbeats_recorded: int = 0
+    """Heartbeats this service recorded (the denominator of its measured heartbeat cost)."""
     logs: LogRelay | None = None
     """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""
 
@@ -454,7 +465,7 @@ class ControlPlaneService(AdmittedService):
         if request.resume_incarnation:
             return await self._resume_worker(request, labels, held, finished, digest)
 
-        async def register(conn: PgConnection) -> tuple[int, bool, Any]:
+        async def register(conn: PgConnection) -> tuple[int, bool, Any, Any]:
             # The worker's row first (one lock order): a new incarnation ends the old one, a
             # promise no placement in progress may cross (queries.LOCK_WORKER). Then the
             # outcomes, for the incarnation that is still current: before the new one exists,
@@ -502,11 +513,13 @@ class ControlPlaneService(AdmittedService):
             await faults.hit("ingest.promise_before_commit")
             # Last, so the worker's silence counts from the commit, not from the start; a copy
             # answered again is an answer too (its agent may hear of its incarnation only now).
-            await conn.execute(queries.STAMP_REGISTRATION, request.worker_id, incarnation, not again)
-            return incarnation, again, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
+            told = await conn.fetchrow(
+                queries.STAMP_REGISTRATION, request.worker_id, incarnation, not again, *self._told_defaults()
+            )
+            return incarnation, again, await conn.fetchrow(queries.EPOCH_AND_CLOCK), told
 
         async with self.database("register_worker") as conn:
-            incarnation, again, clock = await conn.run_in_transaction(register, what="register_worker")
+            incarnation, again, clock, told = await conn.run_in_transaction(register, what="register_worker")
         epoch = clock["epoch"]
         if again:
             metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()
@@ -519,11 +532,13 @@ class ControlPlaneService(AdmittedService):
             outcomes=len(finished),
             **outcome_log_keys(finished),
         )
+        interval_ms, dead_after_ms = self._told(told)
         return pb.RegisterWorkerReply(
             incarnation=incarnation,
             epoch=epoch,
-            dead_after_ms=int(self.dead_after_s * 1000),
             database_unix_s=clock["database_unix_s"],
+            heartbeat_interval_ms=interval_ms,
+            dead_after_ms=dead_after_ms,
         )
 
     async def _resume_worker(
@@ -550,7 +565,7 @@ class ControlPlaneService(AdmittedService):
         """
         worker_id, incarnation = request.worker_id, request.resume_incarnation
 
-        async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any]:
+        async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any, Any]:
             # The worker's row first, as heartbeats and registrations take it (one lock order).
             await conn.fetchval(queries.LOCK_WORKER, worker_id)
             if finished:
@@ -578,7 +593,7 @@ class ControlPlaneService(AdmittedService):
                     and row["registration_seq"] == request.registration_seq
                 )
                 if not copy:
-                    return False, [], [], await conn.fetchrow(queries.EPOCH_AND_CLOCK)
+                    return False, [], [], await conn.fetchrow(queries.EPOCH_AND_CLOCK), None
                 stored = row["registration_sha256"] if row is not None else None
                 if stored is not None and bytes(stored) != digest:
                     raise IdempotencyConflict(
@@ -602,11 +617,19 @@ class ControlPlaneService(AdmittedService):
             await faults.hit("ingest.promise_before_commit")
             if continued is not None:
                 # Last, so the worker's silence counts from the commit, not from the start.
-                await conn.execute(queries.STAMP_REGISTRATION, worker_id, incarnation, False)
-            return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK)
+                told = await conn.fetchrow(
+                    queries.STAMP_REGISTRATION, worker_id, incarnation, False, *self._told_defaults()
+                )
+            else:  # a copy answered again: what it tells is recorded too, nothing is stamped
+                told = await conn.fetchrow(
+                    queries.TELL_WORKER, worker_id, incarnation, *self._told_defaults()
+                )
+            return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK), told
 
         async with self.database("register_worker") as conn:
-            resumed, stop, released, clock = await conn.run_in_transaction(resume, what="register_worker")
+            resumed, stop, released, clock, told = await conn.run_in_transaction(
+                resume, what="register_worker"
+            )
         epoch = clock["epoch"]
         log.get("ingest").info(
             "worker continued its incarnation" if resumed else "worker's incarnation not continued",
@@ -623,15 +646,29 @@ class ControlPlaneService(AdmittedService):
             stop_assignment_ids=stop,
             **outcome_log_keys(finished),
         )
+        interval_ms, dead_after_ms = self._told(told)
         return pb.RegisterWorkerReply(
             incarnation=incarnation if resumed else 0,
             epoch=epoch,
-            dead_after_ms=int(self.dead_after_s * 1000),
+            heartbeat_interval_ms=interval_ms,
+            dead_after_ms=dead_after_ms,
             resumed=resumed,
             stop_assignment_ids=stop,
             released_assignment_ids=released,
             database_unix_s=clock["database_unix_s"],
         )
+
+    def _told_defaults(self) -> tuple[int, int]:
+        """The interval and the dead_after (ms) the statements tell while no policy was chosen."""
+        return self.told_default.interval_ms, self.told_default.dead_after_ms
+
+    def _told(self, row: Any) -> tuple[int, int]:
+        """A registration reply's ``heartbeat_interval_ms`` and ``dead_after_ms`` from the row of
+        the statement that recorded what it tells (None: nothing recorded: no interval and the
+        defaults' dead_after, which the agent never adopts, since such a reply continues nothing)."""
+        if row is None:
+            return 0, self.told_default.dead_after_ms
+        return row["interval_ms"], row["dead_after_ms"]
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         worker_id = identifiers.check_id(request.worker_id, field="worker_id")
@@ -651,6 +688,9 @@ class ControlPlaneService(AdmittedService):
                 request.incarnation,
                 list(request.running_assignment_ids),
                 *outcome_arrays(finished),
+                min(request.sent_monotonic_us, MAX_SENT_US),
+                min(request.dead_after_in_use_ms, MAX_DEAD_AFTER_MS),
+                *self._told_defaults(),
             )
             assert row is not None
             newer = (
@@ -685,6 +725,7 @@ class ControlPlaneService(AdmittedService):
                 reply.newer_incarnation = newer["incarnation"]
             return reply
         metrics.HEARTBEATS_RECORDED.inc()
+        self.heartbeats_recorded += 1
         if row["stop_assignment_ids"]:
             log.get("ingest").info(
                 "worker told to stop assignments",
@@ -705,6 +746,8 @@ class ControlPlaneService(AdmittedService):
             stop_assignment_ids=list(row["stop_assignment_ids"]),
             restart_hold_granted=held is not None,
             database_unix_s=row["database_unix_s"],
+            heartbeat_interval_ms=row["told_interval_ms"],
+            dead_after_ms=row["told_dead_after_ms"],
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
@@ -827,8 +870,18 @@ class ControlPlaneService(AdmittedService):
                 workers = await conn.fetch(queries.STATUS_WORKERS)
                 counts = await conn.fetch(queries.STATUS_JOB_COUNTS)
                 stuck = await conn.fetch(queries.STATUS_UNSCHEDULABLE)
+                policy = await conn.fetchrow(queries.STATUS_HEARTBEAT_POLICY, *self._told_defaults())
             return await self._encoded(
-                *status_reply(self.cp_id, lease, cps, workers, counts, stuck, env_values=reads_env_values())
+                *status_reply(
+                    self.cp_id,
+                    lease,
+                    cps,
+                    workers,
+                    counts,
+                    stuck,
+                    env_values=reads_env_values(),
+                    heartbeat_policy=policy,
+                )
             )
 
 
@@ -880,8 +933,9 @@ class Ingest:
     listen_port: int
     presence_interval_s: float
     settings: IngestSettings = attrs.field(factory=IngestSettings)
-    dead_after_s: float = DEFAULT_DEAD_AFTER_S
-    """The reconciler's dead_after, told to workers at registration."""
+    told_default: HeartbeatPolicy = attrs.field(factory=lambda: default_policy(ReconcilerSettings()))
+    """The heartbeat interval and the dead_after told to workers while the leader chose none."""
+    _cost: HeartbeatCost = attrs.field(factory=lambda: HeartbeatCost())
     advertise_address: str = ""
     console_url: str | None = None
     """The origin of this replica's web console (``https://host:port``), recorded with its
@@ -909,7 +963,7 @@ class Ingest:
                 pool=pool,
                 settings=self.settings,
                 lag=self.lag,
-                dead_after_s=self.dead_after_s,
+                told_default=self.told_default,
                 logs=LogRelay(cp_id=self.cp_id, settings=self.settings, tls=self.worker_tls),
             )
             service = trio_service(pb.ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
@@ -930,9 +984,10 @@ class Ingest:
             await pool.close()
 
     async def _record_presence(self, service: ControlPlaneService) -> None:
+        cost_us = self._cost.measure(time.thread_time(), service.heartbeats_recorded)
         async with service.database("presence") as conn:
             await conn.execute(
-                queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url
+                queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url, cost_us
             )
 
     async def _presence(self, service: ControlPlaneService) -> None:

@@ -253,11 +253,12 @@ def status_reply(
     stuck: list[Any],
     *,
     env_values: bool,
+    heartbeat_policy: Any = None,
 ) -> tuple[pb.StatusReply, dict[str, Any]]:
     """The status reply from the rows of its five queries, with its lists of workers and of
     unschedulable jobs apart, to be built lazily (the ``elements`` of
     :func:`protocol.wire.encode_steps`); the jobs' environment values only with ``env_values``
-    (:func:`job_info`)."""
+    (:func:`job_info`); ``heartbeat_policy``: the row of STATUS_HEARTBEAT_POLICY (None: not read)."""
     assert lease is not None
     leader = lease["holder"] if lease["live"] and lease["holder"] else ""
     by_state = {r["state"]: r["count"] for r in counts}
@@ -276,6 +277,10 @@ def status_reply(
         jobs=[pb.JobCount(state=s, count=by_state.get(s, 0)) for s in JOB_STATES],
         answered_by=cp_id,
     )
+    if heartbeat_policy is not None:
+        reply.heartbeat_interval_ms = heartbeat_policy["interval_ms"]
+        reply.dead_after_ms = heartbeat_policy["dead_after_ms"]
+        reply.heartbeat_policy = heartbeat_policy["reason"] or "the control planes' settings"
     elements = {
         "workers": (_worker_info(r) for r in workers),
         "unschedulable": (job_info(r, env_values=env_values) for r in stuck),

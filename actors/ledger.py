@@ -117,6 +117,7 @@ from actors.messages import (
     LedgerInbox,
     ReconcileResult,
     RecordWorkerHealth,
+    SetHeartbeatPolicy,
     SettledJobs,
     SettleWaitingJobs,
 )
@@ -228,6 +229,8 @@ class Ledger:
                 rows, field = len(release) + len(cancel), "release + cancel"
             case RecordWorkerHealth(changes=changes):
                 rows, field = len(changes), "changes"
+            case SetHeartbeatPolicy():
+                rows, field = 1, "policy"
         return InvalidArgument(field, rows, rule) if rows > limit else None
 
     async def _handle(self, message: LedgerInbox) -> None:
@@ -302,6 +305,15 @@ class Ledger:
                         what,
                         lambda c: self._record_health(c, message),
                         kind="record_worker_health",
+                        log_keys=keys,
+                    )
+                case SetHeartbeatPolicy(epoch=epoch, reply=reply):
+                    what = "set the heartbeat interval"
+                    result = await self.fenced(
+                        epoch,
+                        what,
+                        lambda c: self._set_heartbeat_policy(c, message),
+                        kind="set_heartbeat_policy",
                         log_keys=keys,
                     )
         except (StaleEpoch, DatabaseUnavailable) as exc:
@@ -591,3 +603,15 @@ class Ledger:
             message.probe_after_s,
         )
         return tuple(sorted((r["id"], bool(r["unhealthy"])) for r in rows))
+
+    async def _set_heartbeat_policy(self, conn: PgConnection, message: SetHeartbeatPolicy) -> None:
+        p = message.policy
+        await conn.execute(
+            queries.SET_HEARTBEAT_POLICY,
+            message.epoch,
+            p.interval_ms,
+            p.dead_after_ms,
+            p.workers,
+            p.cpu_per_heartbeat_us,
+            p.reason,
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import attrs
 
+from actors.heartbeat_policy import HeartbeatPolicy
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
@@ -230,6 +231,16 @@ class RecordWorkerHealth:
     reply: Reply[tuple[tuple[str, bool], ...]]
 
 
+@attrs.frozen(kw_only=True)
+class SetHeartbeatPolicy:
+    """Under ``epoch``: make ``policy`` the heartbeat interval and the dead_after the control
+    planes tell workers (:mod:`actors.heartbeat_policy`). The reply is None."""
+
+    epoch: int
+    policy: HeartbeatPolicy
+    reply: Reply[None]
+
+
 LedgerInbox = (
     CommitPlacements
     | DeclareDeadWorkers
@@ -238,6 +249,7 @@ LedgerInbox = (
     | SettleWaitingJobs
     | EndDrainedAssignments
     | RecordWorkerHealth
+    | SetHeartbeatPolicy
 )
 
 # ---------------------------------------------------------------- -> dispatcher (worker RPCs)

@@ -73,6 +73,7 @@ import trio
 
 from actors.dependencies import CASCADE_STEPS, plan_waiting
 from actors.health import judge_health
+from actors.heartbeat_policy import HeartbeatPolicy, choose_policy, default_policy
 from actors.messages import (
     CancelOnWorker,
     DeclareDeadWorkers,
@@ -84,6 +85,7 @@ from actors.messages import (
     LedgerInbox,
     ReconcileResult,
     RecordWorkerHealth,
+    SetHeartbeatPolicy,
     SettledJobs,
     SettleWaitingJobs,
     WorkerRef,
@@ -101,9 +103,18 @@ from runtime.settings import (
 )
 
 
+def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
+    """The dead_after (seconds) ``age``'s worker is judged by: the larger of the reconciler's
+    ``dead_after_s`` and the one its row records (docs/design.md, "Heartbeat interval")."""
+    return dead_after_s if age.dead_after_s is None else max(dead_after_s, age.dead_after_s)
+
+
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
-    """The (worker_id, incarnation) pairs silent for longer than ``dead_after_s`` seconds."""
-    return tuple(sorted((a.worker_id, a.incarnation) for a in ages if a.age_s > dead_after_s))
+    """The (worker_id, incarnation) pairs silent for longer than the dead_after each is judged
+    by (:func:`judged_dead_after_s`, at least ``dead_after_s`` seconds)."""
+    return tuple(
+        sorted((a.worker_id, a.incarnation) for a in ages if a.age_s > judged_dead_after_s(a, dead_after_s))
+    )
 
 
 def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:
@@ -284,6 +295,11 @@ class DeathVerdict:
     """The bucket refilled to this pass; charge it with the declarations that committed."""
 
 
+POLICY_COSTS_SEEN_WITHIN_S = 10.0
+"""The heartbeat costs of control planes seen within this many seconds count (the others are
+down: they share no heartbeats)."""
+
+
 def judge_deaths(
     ages: Sequence[HeartbeatAge],
     settings: ReconcilerSettings,
@@ -294,7 +310,9 @@ def judge_deaths(
 ) -> DeathVerdict:
     """Which silent workers to name dead in this pass.
 
-    A worker is silent when its last recorded heartbeat is older than ``dead_after_s``. None is
+    A worker is silent when its last recorded heartbeat is older than the dead_after it is judged
+    by (:func:`judged_dead_after_s`: ``dead_after_s``, or longer when the heartbeat interval the
+    cluster told it asks for it). None is
     named while more than ``mass_silence_fraction`` of the alive workers, and at least
     ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` (half of
     ``dead_after_s`` by default) at once: the fault is then more likely on the control plane's
@@ -320,12 +338,14 @@ def judge_deaths(
             it is still reported, but no longer holds the declarations.
     """
     silent = sorted(
-        (a for a in ages if a.age_s > settings.dead_after_s),
+        (a for a in ages if a.age_s > judged_dead_after_s(a, settings.dead_after_s)),
         key=lambda a: (-a.age_s, a.worker_id, a.incarnation),
     )
     pairs = tuple((a.worker_id, a.incarnation) for a in silent)
     bucket = bucket.refilled(now, rate_per_s=settings.deaths_per_s, burst=settings.death_burst)
-    suspects = sum(1 for a in ages if a.age_s > settings.suspect_s)
+    # A worker judged by a longer dead_after is suspect after as large a share of it.
+    share = settings.suspect_s / settings.dead_after_s
+    suspects = sum(1 for a in ages if a.age_s > share * judged_dead_after_s(a, settings.dead_after_s))
     mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
         ages
     )
@@ -449,6 +469,8 @@ class Reconciler:
     _logged_at: dict[str, float] = attrs.field(factory=dict)
     _health_judged_at: float = -math.inf
     """When the last pass judged the workers' health (trio time)."""
+    _policy_chosen_at: float = -math.inf
+    """When the last pass chose the heartbeat interval (trio time)."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
     @property
@@ -492,6 +514,7 @@ class Reconciler:
             # A standby shows no unhealthy workers: the leader's gauge is the cluster's.
             metrics.UNHEALTHY_WORKERS.set(0)
             self._health_judged_at = -math.inf
+            self._policy_chosen_at = -math.inf
 
         await self.role.every_interval_while_leader(
             self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
@@ -592,7 +615,40 @@ class Reconciler:
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
             self._health_judged_at = trio.current_time()
             await self.health_pass(epoch)
+        if first_pass or trio.current_time() - self._policy_chosen_at >= s.heartbeat_policy_every_s:
+            self._policy_chosen_at = trio.current_time()
+            await self.heartbeat_policy_pass(epoch, workers=verdict.alive)
         return result
+
+    async def heartbeat_policy_pass(self, epoch: int, *, workers: int) -> HeartbeatPolicy | None:
+        """Choose the heartbeat interval for ``workers`` alive workers
+        (:func:`actors.heartbeat_policy.choose_policy`) from the control planes' measured
+        heartbeat costs, and write it in a fenced write when it changed. Returns the policy
+        written, None when none was.
+
+        Raises:
+            StaleEpoch, DatabaseUnavailable: the read or the write failed.
+        """
+        s = self.settings
+        inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
+        # No policy row: the control planes tell their defaults, which is what is in force.
+        current = inputs.current or default_policy(s)
+        chosen = choose_policy(workers=workers, costs_us=inputs.costs_us, current=current, settings=s)
+        if chosen is current:
+            return None
+        await self._write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
+        was = inputs.current
+        self._log.info(
+            "heartbeat interval chosen",
+            epoch=epoch,
+            heartbeat_interval_s=chosen.interval_ms / 1000,
+            dead_after_s=chosen.dead_after_ms / 1000,
+            was_heartbeat_interval_s=None if was is None else was.interval_ms / 1000,
+            was_dead_after_s=None if was is None else was.dead_after_ms / 1000,
+            why=chosen.reason,
+        )
+        metrics.HEARTBEAT_INTERVAL_SECONDS.set(chosen.interval_ms / 1000)
+        return chosen
 
     async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:
         """Step 6 of the module: read every alive worker's judged runs, decide with

@@ -14,6 +14,7 @@ import attrs
 from actors import queries
 from actors.dependencies import WaitingJob
 from actors.health import JOB_FAULTS, Run, WorkerRuns
+from actors.heartbeat_policy import HeartbeatPolicy
 from actors.messages import CommittedAssignment, WorkerRef
 from runtime.aio import ReadStore
 
@@ -25,6 +26,20 @@ class HeartbeatAge:
     worker_id: str
     incarnation: int
     age_s: float
+    dead_after_s: float | None = None
+    """The dead_after this worker is judged by as its row records it (the larger of the one
+    told and the one its fence is derived from: docs/design.md, "Heartbeat interval"); None:
+    none recorded (the reconciler's own ``dead_after_s`` judges it)."""
+
+
+@attrs.frozen(kw_only=True)
+class PolicyInputs:
+    """What the leader's choice of the heartbeat interval reads (:mod:`actors.heartbeat_policy`)."""
+
+    current: HeartbeatPolicy | None
+    """The policy in force; None: none chosen yet."""
+    costs_us: tuple[float, ...]
+    """What one heartbeat costs each control plane seen lately (CPU µs), those that measured it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -65,6 +80,11 @@ class ReconcilerStore(Protocol):
     async def drain_due(self) -> list[Delivery]:
         """Active assignments of workers whose drain deadline has passed (not those whose
         cancel a user asked: :meth:`cancel_requested` has them)."""
+
+    async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
+        """The heartbeat policy in force and the heartbeat costs of the control planes seen in
+        the last ``seen_within_s`` seconds (database time)."""
+        ...
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         """Every alive worker, its health, and its judged runs (:mod:`actors.health`): at most
@@ -151,11 +171,32 @@ class PgReconcilerStore(ReadStore):
         return SilenceReading(
             now_unix_s=float(rows[0]["now_unix_s"]),
             ages=[
-                HeartbeatAge(worker_id=r["id"], incarnation=int(r["incarnation"]), age_s=float(r["age_s"]))
+                HeartbeatAge(
+                    worker_id=r["id"],
+                    incarnation=int(r["incarnation"]),
+                    age_s=float(r["age_s"]),
+                    dead_after_s=None if r["dead_after_ms"] is None else r["dead_after_ms"] / 1000,
+                )
                 for r in rows
                 if r["id"] is not None
             ],
         )
+
+    async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
+        row = await (await self._connection()).fetchrow(queries.HEARTBEAT_POLICY_INPUTS, seen_within_s)
+        assert row is not None
+        current = (
+            None
+            if row["interval_ms"] is None
+            else HeartbeatPolicy(
+                interval_ms=row["interval_ms"],
+                dead_after_ms=row["dead_after_ms"],
+                workers=row["workers"],
+                cpu_per_heartbeat_us=row["cpu_per_heartbeat_us"],
+                reason=row["reason"],
+            )
+        )
+        return PolicyInputs(current=current, costs_us=tuple(float(c) for c in row["costs_us"]))
 
     async def unconfirmed(self) -> list[Delivery]:
         return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]

@@ -55,6 +55,15 @@ def whole_ms(seconds: float) -> int:
     return min(MAX_OUTCOME_MS, max(0, math.floor(seconds * 1000 + 1e-3)))
 
 
+def told_interval_s(interval_ms: int, dead_after_ms: int) -> float | None:
+    """The heartbeat interval a reply tells, in seconds, unchecked; None when the reply tells
+    neither an interval nor a dead_after (an older control plane). A reply that tells a
+    dead_after with an interval of 0 names an interval of 0 (which the agent refuses)."""
+    if not interval_ms and not dead_after_ms:
+        return None
+    return interval_ms / 1000
+
+
 def outcome_to_pb(outcome: Outcome, *, now: float) -> pb.JobOutcome:
     """An :class:`Outcome` as a ``JobOutcome`` message sent at trio time ``now``: its run's
     length, and how long before ``now`` it ended."""
@@ -129,6 +138,7 @@ class GrpcControlPlane:
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             released_assignment_ids=tuple(reply.released_assignment_ids),
             database_unix_s=reply.database_unix_s or None,
+            heartbeat_interval_s=told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
         )
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
@@ -142,6 +152,8 @@ class GrpcControlPlane:
                 finished=outcomes_to_pb(request.finished),
                 epoch_seen=request.epoch_seen,
                 restart_hold_ms=request.restart_hold_ms,
+                sent_monotonic_us=request.sent_monotonic_us,
+                dead_after_in_use_ms=request.dead_after_in_use_ms,
             ),
             deadline_s,
         )
@@ -158,6 +170,8 @@ class GrpcControlPlane:
                 incarnation=reply.newer_incarnation,
             ),
             database_unix_s=reply.database_unix_s or None,
+            heartbeat_interval_s=told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
+            dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:

@@ -121,7 +121,7 @@ from agent import adoption
 from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
 from agent.dbclock import DatabaseClock
-from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s
+from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
 from agent.joblog import JobLog, LogEvent
 from agent.messages import (
     AssignDecision,
@@ -254,6 +254,14 @@ class Agent:
         self._restart_granted = trio.Event()
         """Set once a heartbeat the database acknowledged recorded the restart hold."""
         self._heartbeat_failures = metrics.AGENT_HEARTBEAT_FAILURES.labels(self.worker_id)
+        self.heartbeat_interval_s = settings.heartbeat_interval_s
+        """The heartbeat interval in force: the setting until the cluster tells another one
+        (docs/design.md, "Heartbeat interval")."""
+        self.dead_after_s: float | None = None
+        """The control planes' dead_after the self-fence is derived from now (the newest one a
+        reply told and the agent accepted); None: none told yet."""
+        self._refused_interval_s: float | None = None
+        """The last told interval refused: logged once, not at every reply."""
         self._clock: trio.abc.Clock | None = None
         """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
         server's thread for :meth:`metrics_reading`."""
@@ -570,18 +578,19 @@ class Agent:
         its answer is not obeyed (a request to register again, to stop assignments: everything
         here is being stopped), but for the epoch and the database's clock it names."""
         settings = self.settings
-        beats = Periodic(settings.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
+        beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         deadline_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
         while True:
             await beats.tick()
+            sent_at = trio.current_time()
             report = HeartbeatReport(
                 worker_id=self.worker_id,
                 incarnation=incarnation,
                 running_assignment_ids=self.running_assignment_ids,
                 finished=(),
                 epoch_seen=self.max_epoch_seen,
+                **self._told_in_use(sent_at),
             )
-            sent_at = trio.current_time()
             try:
                 answer = await self._cp.heartbeat(report, deadline_s=deadline_s)
             except StockadeError:
@@ -706,17 +715,8 @@ class Agent:
         # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
         # wait for it): the first len(finished) entries are exactly those it carried.
         del self._unacked[: len(finished)]
-        fence_s = fence_after_s(self.settings, reply.dead_after_s)
-        if fence_s != self._fence.fence_after_s:
-            self._logger.warning(
-                "self_fence_after_s lowered to stop every job before the cluster may move them",
-                self_fence_after_s=self._fence.fence_after_s,
-                stop_grace_s=self.settings.stop_grace_s,
-                dead_after_s=reply.dead_after_s,
-                now_s=fence_s,
-            )
-            self._fence.fence_after_s = fence_s
-        self._fence.publish(sent_at + fence_s)  # before any job of this life can start
+        self._adopt_told(reply.heartbeat_interval_s, reply.dead_after_s)
+        self._fence.publish(sent_at + self._fence.fence_after_s)  # before any job of this life can start
         self._fence.last_acked_send_time = sent_at
         self._admission.registered(reply.incarnation, reply.epoch)
         self._fence.self_fenced = False
@@ -872,8 +872,8 @@ class Agent:
                 jobs=len(held),
             )
             return False
-        fence_s = fence_after_s(self.settings, reply.dead_after_s)
-        self._fence.fence_after_s = fence_s
+        self._adopt_told(reply.heartbeat_interval_s, reply.dead_after_s)
+        fence_s = self._fence.fence_after_s
         self._admission.continued(
             incarnation, reply.epoch, released=reply.released_assignment_ids + reply.stop_assignment_ids
         )
@@ -954,8 +954,61 @@ class Agent:
 
     # ------------------------------------------------------------------ heartbeats
 
+    def _adopt_told(self, interval_s: float | None, dead_after_s: float | None) -> None:
+        """Take the dead_after and the heartbeat interval a reply told (None: not told).
+
+        A dead_after that is a number > 0 is always taken: the self-fence must fit below the
+        dead_after the cluster judges the worker by. An interval :func:`agent.fence.told_refusal`
+        refuses (not a number > 0, outside ``heartbeat_interval_min_s`` ..
+        ``heartbeat_interval_max_s``, or leaving a self-fence span no longer than itself) is
+        logged (once per refused value) and the last good one kept. The self-fence span follows
+        what is taken (:func:`agent.fence.fence_after_s`). Each heartbeat says which dead_after
+        its fence is derived from, and the cluster judges the worker by the larger of that and
+        the one it told (docs/design.md, "Heartbeat interval").
+        """
+        new_dead_after_s: float | None
+        if dead_after_s is not None and math.isfinite(dead_after_s) and dead_after_s > 0:
+            new_dead_after_s = dead_after_s
+        else:
+            new_dead_after_s = self.dead_after_s
+        new_interval_s = self.heartbeat_interval_s
+        if interval_s is not None:
+            why = told_refusal(self.settings, interval_s, new_dead_after_s)
+            if why is None:
+                new_interval_s = interval_s
+                self._refused_interval_s = None
+            elif self._refused_interval_s != interval_s:
+                self._refused_interval_s = interval_s
+                self._logger.warning(
+                    "heartbeat interval told by the control plane refused, keeping the last good one",
+                    told_interval_s=interval_s,
+                    dead_after_s=new_dead_after_s,
+                    reason=why,
+                    heartbeat_interval_s=self.heartbeat_interval_s,
+                )
+        fence_s = fence_after_s(self.settings, new_dead_after_s, new_interval_s)
+        if (new_interval_s, fence_s) != (self.heartbeat_interval_s, self._fence.fence_after_s):
+            self._logger.info(
+                "heartbeat interval and self-fence span set by the cluster",
+                heartbeat_interval_s=new_interval_s,
+                dead_after_s=new_dead_after_s,
+                self_fence_after_s=fence_s,
+                was_heartbeat_interval_s=self.heartbeat_interval_s,
+                was_self_fence_after_s=self._fence.fence_after_s,
+            )
+        self.heartbeat_interval_s = new_interval_s
+        self.dead_after_s = new_dead_after_s
+        self._fence.fence_after_s = fence_s
+
+    def _told_in_use(self, sent_at: float) -> dict[str, int]:
+        """What a heartbeat sent at trio time ``sent_at`` says of its order and of the dead_after
+        the fence is derived from (``sent_monotonic_us``, ``dead_after_in_use_ms``)."""
+        return {
+            "sent_monotonic_us": max(1, int(monotonic_of(sent_at) * 1e6)),
+            "dead_after_in_use_ms": 0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
+        }
+
     async def _heartbeat_loop(self) -> None:
-        interval_s = self.settings.heartbeat_interval_s
         if not await self._keep_taken_over():
             # A new incarnation: whatever was taken over and not kept is stopped first.
             await self._register(StopReason.RESTART)
@@ -963,9 +1016,10 @@ class Agent:
         # followed at once, not an interval later, while the deadline runs from the send.
         assert self._fence.last_acked_send_time is not None
         # A heartbeat that took longer than the interval is followed at once, not by a burst.
-        beats = Periodic(interval_s, last_at=self._fence.last_acked_send_time)
+        beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         failures = 0
         while True:
+            beats.interval_s = self.heartbeat_interval_s  # as the cluster tells it
             await beats.tick()
             if self._restart_granted.is_set():
                 # The hold is recorded and the deadline moved on by it: no heartbeat may move
@@ -979,6 +1033,7 @@ class Agent:
         self._fence_if_due()  # a thawed agent reports nothing before it has fenced
         incarnation = self._admission.incarnation
         assert incarnation is not None  # the loop registers first
+        sent_at = trio.current_time()
         report = HeartbeatReport(
             worker_id=self.worker_id,
             incarnation=incarnation,
@@ -986,8 +1041,8 @@ class Agent:
             finished=tuple(self._unacked),
             epoch_seen=self.max_epoch_seen,
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
+            **self._told_in_use(sent_at),
         )
-        sent_at = trio.current_time()
         try:
             answer = await self._cp.heartbeat(report, deadline_s=self._fence.call_deadline_s())
         except StockadeError as exc:
@@ -1015,6 +1070,9 @@ class Agent:
         if self._fence.paused:
             await self._on_answer_while_paused(report, answer, sent_at)
             return
+        # Before the deadline moves: the span told with this answer counts from its send time
+        # (the cluster judges the worker by it from this heartbeat's record on).
+        self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         self._fence.acknowledged(sent_at)
         self._admission.observe_epoch(answer.epoch)
         # Outcomes are only appended while the heartbeat was in flight, and heartbeats are

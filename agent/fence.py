@@ -15,6 +15,7 @@ process is stopped. The wall clock is not read: the job log's times are the data
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ def trio_time_of(monotonic_s: float) -> float:
     return trio.current_time() + (monotonic_s - time.monotonic())
 
 
-def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
+def fence_after_s(
+    settings: AgentSettings, dead_after_s: float | None, interval_s: float | None = None
+) -> float:
     """The self-fence deadline to use, in seconds.
 
     Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere.
@@ -53,11 +56,49 @@ def fence_after_s(settings: AgentSettings, dead_after_s: float | None) -> float:
     which was sent no earlier. So ``self_fence_after_s + stop_grace_s + self_fence_margin_s``
     must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
     below ``min_self_fence_s``). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
+
+    A heartbeat interval ``interval_s`` the cluster told, longer than the agent's own
+    ``heartbeat_interval_s``, stretches ``self_fence_after_s`` in proportion (as many missed
+    heartbeats are tolerated as at the agent's own interval), within the same limit
+    (docs/design.md, "Heartbeat interval").
     """
+    wanted = settings.self_fence_after_s
+    if interval_s is not None and interval_s > settings.heartbeat_interval_s:
+        wanted *= interval_s / settings.heartbeat_interval_s
     if dead_after_s is None:
         return settings.self_fence_after_s
     limit = dead_after_s - settings.stop_grace_s - settings.self_fence_margin_s
-    return max(settings.min_self_fence_s, min(settings.self_fence_after_s, limit))
+    return max(settings.min_self_fence_s, min(wanted, limit))
+
+
+def told_refusal(settings: AgentSettings, interval_s: float, dead_after_s: float | None) -> str | None:
+    """Why the agent refuses a told heartbeat interval ``interval_s`` (seconds) that would go
+    with ``dead_after_s`` (seconds; None: none known), or None when it takes it: the interval
+    must be a number within ``heartbeat_interval_min_s`` .. ``heartbeat_interval_max_s``, and
+    the self-fence span it gives with that dead_after (:func:`fence_after_s`) longer than the
+    interval, so that a heartbeat can be answered before the worker fences.
+
+    A told dead_after is never refused (only one that is not a number > 0 is ignored): the
+    self-fence must fit below the dead_after the cluster judges the worker by.
+    """
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        return f"heartbeat interval must be > 0 s, got {interval_s:g}"
+    low, high = settings.heartbeat_interval_min_s, settings.heartbeat_interval_max_s
+    if not low <= interval_s <= high:
+        return (
+            f"heartbeat interval {interval_s:g} s is outside heartbeat_interval_min_s = {low:g}"
+            f" .. heartbeat_interval_max_s = {high:g}"
+        )
+    if dead_after_s is None:
+        return None
+    fence_s = fence_after_s(settings, dead_after_s, interval_s)
+    if fence_s <= interval_s:
+        return (
+            f"the self-fence span it leaves, {fence_s:g} s (dead_after {dead_after_s:g} s - stop_grace_s"
+            f" {settings.stop_grace_s:g} s - self_fence_margin_s {settings.self_fence_margin_s:g} s), must"
+            f" be longer than the heartbeat interval {interval_s:g} s"
+        )
+    return None
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -203,6 +203,9 @@ class Registered:
     database_unix_s: float | None = None
     """The database's clock as the registration was recorded (:mod:`agent.dbclock`); None: the
     control plane did not say."""
+    heartbeat_interval_s: float | None = None
+    """The heartbeat interval the cluster asks for, in seconds, as told (unchecked: the agent
+    refuses one outside its bounds); None: the control plane did not say."""
 
 
 MAX_OUTCOME_DETAIL_BYTES = 4096
@@ -248,6 +251,10 @@ class HeartbeatReport:
     epoch_seen: int
     restart_hold_ms: int = 0
     """A planned restart's hold (0: none): see ``HeartbeatRequest`` in the protocol."""
+    sent_monotonic_us: int = 0
+    """When it was sent, on the machine's monotonic clock (µs): see ``HeartbeatRequest``."""
+    dead_after_in_use_ms: int = 0
+    """The dead_after the self-fence is derived from now (ms; 0: none told yet)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -264,6 +271,10 @@ class HeartbeatAnswer:
     database_unix_s: float | None = None
     """The database's clock as the heartbeat was recorded (:mod:`agent.dbclock`); None: the
     control plane did not say."""
+    heartbeat_interval_s: float | None = None
+    """The heartbeat interval the cluster asks for (seconds, unchecked); None: not said."""
+    dead_after_s: float | None = None
+    """The dead_after that goes with it (seconds); None: not said."""
 
 
 @attrs.frozen(kw_only=True)

@@ -86,6 +86,10 @@ UNHEALTHY_WORKERS = Gauge(
     "Alive workers marked unhealthy (their recent runs fail where the same jobs do not fail elsewhere; "
     "no new placement but a probe), as the leader's last health judgement left them; 0 on a standby.",
 )
+HEARTBEAT_INTERVAL_SECONDS = Gauge(
+    "stockade_heartbeat_interval_seconds",
+    'The heartbeat interval the leader last chose for the workers (docs/design.md, "Heartbeat interval").',
+)
 WORKER_HEALTH_CHANGES = Counter(
     "stockade_worker_health_changes",
     "Worker health marks this replica's reconciler wrote (fenced), by change: marked, renewed (a "

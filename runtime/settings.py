@@ -325,6 +325,22 @@ class ReconcilerSettings:
     """The rate is compared only when the other workers ended at least this many runs over the
     same span (1 to 1000); with fewer, a worker is marked only when at least
     ``health_min_failed_jobs`` of the jobs that failed there succeeded on another worker."""
+    heartbeat_interval_min_s: float = attrs.field(default=0.25, validator=_positive)
+    """The shortest heartbeat interval the leader asks of workers, in seconds: what a small
+    cluster uses (docs/design.md, "Heartbeat interval"; :mod:`actors.heartbeat_policy`)."""
+    heartbeat_interval_max_s: float = attrs.field(default=1.0, validator=_positive)
+    """The longest heartbeat interval the leader asks of workers, in seconds, however large
+    the cluster: it bounds how long a dead worker goes unnoticed (``dead_after_intervals`` of
+    it)."""
+    heartbeat_cpu_budget: float = attrs.field(default=0.25, validator=_fraction)
+    """The share of a core each control plane may spend on heartbeats (above 0, below 1): the
+    interval grows with the cluster so that the heartbeats' measured cost stays within it."""
+    dead_after_intervals: float = attrs.field(default=4.0)
+    """A worker is declared dead after this many heartbeat intervals without one, never sooner
+    than ``dead_after_s`` (at least 3: the self-fence, below it by the agent's stop grace and
+    margin, must leave room for a late heartbeat)."""
+    heartbeat_policy_every_s: float = attrs.field(default=5.0, validator=_positive)
+    """How often the leader chooses the heartbeat interval again, in seconds."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=_non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a
     time may be placed on it again as a probe: its success clears the mark, its failure renews
@@ -335,6 +351,11 @@ class ReconcilerSettings:
     def _rate(self, attribute: attrs.Attribute[float], value: float) -> None:
         if not 0 < value <= 1:
             raise InvalidArgument(attribute.name, value, "must be > 0 and <= 1")
+
+    @dead_after_intervals.validator
+    def _intervals(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 3):
+            raise InvalidArgument(attribute.name, value, "must be a finite number >= 3")
 
     @health_rate_factor.validator
     def _factor(self, attribute: attrs.Attribute[float], value: float) -> None:
@@ -358,6 +379,19 @@ class ReconcilerSettings:
                 "requeue_backoff_max_s",
                 self.requeue_backoff_max_s,
                 f"must be >= requeue_backoff_base_s = {self.requeue_backoff_base_s:g}",
+            )
+        if self.heartbeat_interval_max_s < self.heartbeat_interval_min_s:
+            raise InvalidArgument(
+                "heartbeat_interval_max_s",
+                self.heartbeat_interval_max_s,
+                f"must be >= heartbeat_interval_min_s = {self.heartbeat_interval_min_s:g}",
+            )
+        if self.heartbeat_interval_min_s >= self.dead_after_s:
+            raise InvalidArgument(
+                "heartbeat_interval_min_s",
+                self.heartbeat_interval_min_s,
+                f"must be below dead_after_s = {self.dead_after_s:g} (a worker fences itself"
+                " before dead_after, and must hear back at least once before it does)",
             )
         if self.health_min_failed_jobs > self.health_window_runs:
             raise InvalidArgument(
@@ -733,7 +767,13 @@ class AgentSettings:
     """Sent with every registration (:func:`runtime.identifiers.check_labels`: Kubernetes'
     syntax for keys and values)."""
     heartbeat_interval_s: float = attrs.field(default=0.25, validator=_positive)
-    """Time between heartbeats."""
+    """Time between heartbeats until the cluster tells another interval (in the replies to
+    registrations and heartbeats; docs/design.md, "Heartbeat interval"), in seconds; the
+    self-fence span grows with a longer told interval in proportion (:func:`agent.fence.fence_after_s`)."""
+    heartbeat_interval_min_s: float = attrs.field(default=0.05, validator=_positive)
+    """A told heartbeat interval below this is refused (logged; the last good one is kept)."""
+    heartbeat_interval_max_s: float = attrs.field(default=10.0, validator=_positive)
+    """A told heartbeat interval above this is refused (logged; the last good one is kept)."""
     heartbeat_timeout_s: float = attrs.field(default=0.5, validator=_positive)
     """How long a heartbeat (or registration) waits for one control plane before it is sent
     to the next one too, without giving up on the first (a hedged call, see
@@ -870,3 +910,12 @@ class AgentSettings:
     @labels.validator
     def _labels(self, attribute: attrs.Attribute[dict[str, str]], value: dict[str, str]) -> None:
         identifiers.check_labels(value, field="labels")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:
+            raise InvalidArgument(
+                "heartbeat_interval_s",
+                self.heartbeat_interval_s,
+                f"must be between heartbeat_interval_min_s = {self.heartbeat_interval_min_s:g}"
+                f" and heartbeat_interval_max_s = {self.heartbeat_interval_max_s:g}",
+            )

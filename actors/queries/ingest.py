@@ -463,12 +463,31 @@ RETURNING incarnation
 # stamps last_heartbeat_at alone ($3 false): its agent may learn of its incarnation only from
 # this answer, and that agent stopped every job before it registered, so the orphan rule may
 # count it as heard. A late copy of another run's registration is a new registration (above).
+#
+# It also sets the dead_after the worker is judged by to the one its reply tells ($4 $5: the
+# interval and dead_after, ms, to tell while the leader chose none; schema.sql, heartbeat_told):
+# a new incarnation's is that one, and its heartbeats' order starts anew; a continued or copied
+# one's is never lowered (its agent may still derive its fence from a larger one). Returns the
+# interval and the dead_after to tell (no row: the worker is not alive in that incarnation).
 STAMP_REGISTRATION = """
 UPDATE workers w
    SET last_heartbeat_at = greatest(w.last_heartbeat_at, c.at),
-       registered_at = CASE WHEN $3 THEN c.at ELSE w.registered_at END
-  FROM (SELECT clock_timestamp() AS at) c
+       registered_at = CASE WHEN $3 THEN c.at ELSE w.registered_at END,
+       dead_after_ms = CASE WHEN $3 THEN t.dead_after_ms ELSE greatest(w.dead_after_ms, t.dead_after_ms) END,
+       heartbeat_sent_us = CASE WHEN $3 THEN 0 ELSE w.heartbeat_sent_us END
+  FROM (SELECT clock_timestamp() AS at) c, heartbeat_told($4, $5) t
  WHERE w.id = $1 AND w.incarnation = $2 AND w.state = 'alive'
+RETURNING t.interval_ms, t.dead_after_ms
+"""
+
+# $1 worker id, $2 incarnation, $3 $4 the interval and dead_after (ms) to tell while the leader
+# chose none. A copy of a continued registration, answered again: what its reply tells is
+# recorded as the dead_after the worker is judged by (never lowered; see STAMP_REGISTRATION).
+TELL_WORKER = """
+UPDATE workers w SET dead_after_ms = greatest(w.dead_after_ms, t.dead_after_ms)
+  FROM heartbeat_told($3, $4) t
+ WHERE w.id = $1 AND w.incarnation = $2 AND w.state = 'alive'
+RETURNING t.interval_ms, t.dead_after_ms
 """
 
 # $1 worker id. The registration a REGISTER_WORKER (or CONTINUE_WORKER) that returned nothing met.
@@ -619,13 +638,16 @@ SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::bigint[], $6
 # $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
 # arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 run lengths (ms),
 # $8 how long before the heartbeat was sent each run ended (ms), $9 stdout paths, $10 stderr
-# paths, $11 details.
+# paths, $11 details; $12 its send time (the worker's monotonic clock, µs), $13 the dead_after
+# its fence is derived from (ms, 0: none), $14 $15 the interval and dead_after (ms) to tell while
+# the leader chose none.
 # Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
-# stop_assignment_ids, database_unix_s (now(): the agent times its log by it).
+# stop_assignment_ids, database_unix_s (now(): the agent times its log by it),
+# told_interval_ms, told_dead_after_ms (docs/design.md, "Heartbeat interval").
 HEARTBEAT = """
-SELECT current_epoch, alive, stop_assignment_ids, database_unix_s
+SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval_ms, told_dead_after_ms
   FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::bigint[],
-                        $8::bigint[], $9::text[], $10::text[], $11::text[])
+                        $8::bigint[], $9::text[], $10::text[], $11::text[], $12, $13, $14, $15)
 """
 
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
@@ -642,12 +664,14 @@ SELECT agent_run_id, address, incarnation FROM workers
  WHERE id = $1 AND state = 'alive' AND incarnation > $2
 """
 
-# $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none)
+# $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none), $5 the CPU time one
+# heartbeat costs it (µs; NULL: not measured yet)
 RECORD_PRESENCE = """
-INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url)
-VALUES ($1, $2, $3, now(), now(), $4)
+INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url, cpu_per_heartbeat_us)
+VALUES ($1, $2, $3, now(), now(), $4, $5)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, seen_at = now(), console_url = EXCLUDED.console_url,
+       cpu_per_heartbeat_us = coalesce(EXCLUDED.cpu_per_heartbeat_us, control_planes.cpu_per_heartbeat_us),
        started_at = CASE WHEN control_planes.pid IS DISTINCT FROM EXCLUDED.pid
                          THEN now() ELSE control_planes.started_at END,
        pid = EXCLUDED.pid
@@ -742,6 +766,13 @@ SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
 COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state IN ('pending', 'waiting')"
 
 STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
+
+# $1 $2 the interval and the dead_after (ms) told while the leader chose none. The heartbeat
+# policy in force, as status shows it: interval_ms, dead_after_ms, reason (NULL: the defaults).
+STATUS_HEARTBEAT_POLICY = """
+SELECT t.interval_ms, t.dead_after_ms, p.reason, p.workers
+  FROM heartbeat_told($1, $2) t LEFT JOIN heartbeat_policy p ON p.id = 1
+"""
 
 STATUS_UNSCHEDULABLE = (
     _JOB_INFO

@@ -126,7 +126,7 @@ dead AS (
      WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
        AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
                     w.hold_until)
-           < now() - make_interval(secs => $2)
+           < now() - make_interval(secs => greatest($2, coalesce(w.dead_after_ms, 0) / 1000.0))
  RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),
 logged AS (
@@ -413,4 +413,16 @@ cancelled AS (
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM released) AS released_ids,
        (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM cancelled) AS cancelled_ids
+"""
+
+# $1 epoch, $2 interval_ms, $3 dead_after_ms, $4 workers, $5 cpu per heartbeat (µs, NULL: not
+# measured), $6 reason. The leader's choice of the heartbeat interval (actors/heartbeat_policy.py),
+# told to the workers from the next registration or heartbeat on.
+SET_HEARTBEAT_POLICY = """
+INSERT INTO heartbeat_policy (id, interval_ms, dead_after_ms, workers, cpu_per_heartbeat_us, reason, epoch)
+VALUES (1, $2, $3, $4, $5, $6, $1)
+ON CONFLICT (id) DO UPDATE
+   SET interval_ms = EXCLUDED.interval_ms, dead_after_ms = EXCLUDED.dead_after_ms,
+       workers = EXCLUDED.workers, cpu_per_heartbeat_us = EXCLUDED.cpu_per_heartbeat_us,
+       reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, decided_at = now()
 """

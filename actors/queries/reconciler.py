@@ -13,7 +13,7 @@ from actors.queries.ledger import JUDGED_WORKERS
 # hold ends (workers.hold_until: negative while it holds; greatest() skips its NULL); one row
 # with a NULL id when there is no worker.
 HEARTBEAT_AGES = f"""
-SELECT n.now_unix_s, w.id, w.incarnation,
+SELECT n.now_unix_s, w.id, w.incarnation, w.dead_after_ms,
        extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time(),
                                            w.hold_until))::float8
            AS age_s
@@ -176,4 +176,15 @@ SELECT w.id, w.health_version, w.unhealthy_at IS NOT NULL AS unhealthy,
   ) r ON true
  WHERE w.state = 'alive'
  ORDER BY w.id
+"""
+
+# The heartbeat policy in force (no row: none chosen yet), and what one heartbeat costs each
+# control plane seen in the last $1 seconds (µs; those that measured it), for the leader's
+# choice of the interval (actors/heartbeat_policy.py).
+HEARTBEAT_POLICY_INPUTS = """
+SELECT p.interval_ms, p.dead_after_ms, p.workers, p.cpu_per_heartbeat_us, p.reason,
+       ARRAY(SELECT c.cpu_per_heartbeat_us FROM control_planes c
+              WHERE c.seen_at > now() - make_interval(secs => $1)
+                AND c.cpu_per_heartbeat_us IS NOT NULL) AS costs_us
+  FROM (SELECT 1) one LEFT JOIN heartbeat_policy p ON p.id = 1
 """

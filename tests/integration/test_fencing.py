@@ -457,7 +457,22 @@ async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(
         assert await db.fetchval("SELECT cpu_allocated_millis FROM worker_allocations") == 3000
         assert await db.fetchval(ALLOCATION_MATCHES)
         await db.fetchrow(
-            queries.HEARTBEAT, "w-1", 0, [], [1], ["succeeded"], [0], [None], [None], [None], [None], [""]
+            queries.HEARTBEAT,
+            "w-1",
+            0,
+            [],
+            [1],
+            ["succeeded"],
+            [0],
+            [None],
+            [None],
+            [None],
+            [None],
+            [""],
+            0,
+            0,
+            250,
+            2500,
         )
         reply: Reply[object] = Reply()
         await ledger.send(

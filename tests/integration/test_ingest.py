@@ -242,7 +242,9 @@ async def test_a_replica_frozen_mid_heartbeat_does_not_block_that_worker_for_lon
         frozen_pid = await frozen.fetchval("SELECT pg_backend_pid()")
         still_there = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1"
         await frozen.execute("BEGIN")
-        await frozen.fetchrow(queries.HEARTBEAT, "w-1", reg.incarnation, *[[]] * 9)  # holds the row
+        await frozen.fetchrow(
+            queries.HEARTBEAT, "w-1", reg.incarnation, *[[]] * 9, 0, 0, 250, 2500
+        )  # holds the row
         with trio.fail_after(30.0):
             while True:
                 try:

@@ -144,6 +144,9 @@ async def test_a_run_lost_with_its_dead_worker_then_placed_again_tells_its_story
     first = await cluster.place(job_id, "w-1", w1)
     await cluster.heartbeat("w-1", w1, running=(first,))
     epoch = await cluster.take_over("cp-2")
+    # Judged by the declaration's dead_after alone (0 s: silent now), not by the one told at
+    # registration (docs/design.md, "Heartbeat interval").
+    await cluster.admin.execute("UPDATE workers SET dead_after_ms = NULL")
     dead = await cluster.admin.fetch(queries.DECLARE_DEAD_WORKERS, epoch, 0.0, ["w-1"], [w1], None)
     assert [r["id"] for r in dead] == ["w-1"]
     swept = await cluster.admin.fetchrow(queries.END_ORPHANED_ASSIGNMENTS, epoch, [30.0], 500)

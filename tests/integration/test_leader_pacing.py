@@ -84,7 +84,7 @@ async def register(db: PgConnection, worker_id: str, cpu_millis: int = 8000) -> 
             queries.REGISTER_WORKER, worker_id, address, cpu_millis, 8192, "{}", run_id, 1, digest
         )
     )
-    await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9)
+    await db.fetchrow(queries.HEARTBEAT, worker_id, incarnation, *[[]] * 9, 0, 0, 250, 2500)
     return incarnation
 
 
@@ -172,13 +172,13 @@ async def run_ledger(nursery: trio.Nursery, url: str) -> trio.MemorySendChannel[
 
 async def confirm(db: PgConnection, incarnation: int, assignment_ids: list[int]) -> None:
     """A heartbeat of w-1 listing ``assignment_ids`` as running."""
-    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, assignment_ids, *[[]] * 8)
+    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, assignment_ids, *[[]] * 8, 0, 0, 250, 2500)
 
 
 async def finish(db: PgConnection, incarnation: int, assignment_id: int) -> None:
     """A heartbeat of w-1 reporting ``assignment_id`` succeeded."""
     outcome = ([assignment_id], ["succeeded"], [0], [None], [None], [None], [None], [""])
-    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, [], *outcome)
+    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, [], *outcome, 0, 0, 250, 2500)
 
 
 async def test_window_counters_stay_exact_through_place_confirm_end_and_reregister(
@@ -401,7 +401,7 @@ async def test_a_heartbeat_does_not_wait_for_a_placement_on_its_worker(
         assert rows[0]["assignment_id"] is not None  # placed, not committed: its locks are held
         await heartbeat.execute("SET lock_timeout = '300ms'")
         before = await db.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'")
-        row = await heartbeat.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+        row = await heartbeat.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
         assert row is not None and row["alive"]
         assert await db.fetchval("SELECT last_heartbeat_at FROM workers WHERE id = 'w-1'") > before
         await placing.execute("COMMIT")

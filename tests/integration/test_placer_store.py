@@ -128,7 +128,7 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
     incarnation = int(
         await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
     )
-    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
     slow = await PgConnection.connect(database_url)
     async with trio.open_nursery() as nursery:
         ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
@@ -159,7 +159,7 @@ async def test_a_lower_pending_seq_committed_after_the_placers_full_read_is_plac
             assert await placed_job_ids(db) == {early}
             await slow.execute("COMMIT")
             for _ in range(2):
-                await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+                await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
                 await placer.round(1)
             assert await placed_job_ids(db) == {early, late}
         finally:
@@ -178,7 +178,7 @@ async def test_a_requeue_that_commits_after_a_later_submission_is_read_by_the_ne
     incarnation = int(
         await db.fetchval(queries.REGISTER_WORKER, "w-1", "127.0.0.1:1", 8000, 8192, "{}", "run-1", 1, b"")
     )
-    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9)
+    await db.fetchrow(queries.HEARTBEAT, "w-1", incarnation, *[[]] * 9, 0, 0, 250, 2500)
     placed, _ = await submit(db, "placed")
     row = await db.fetchrow(queries.COMMIT_PLACEMENTS, [placed], ["w-1"], [incarnation], 1, True, [], [])
     assert row is not None and row["assignment_id"] is not None

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from actors.dependencies import WaitingJob
 from actors.health import Run, WorkerRuns
+from actors.heartbeat_policy import HeartbeatPolicy
 from actors.messages import (
     CancelOnWorker,
     CommittedAssignment,
@@ -54,7 +55,7 @@ from actors.reconciler import (
     judge_deaths,
     resend_due,
 )
-from actors.reconciler_store import SilenceReading
+from actors.reconciler_store import PolicyInputs, SilenceReading
 from actors.role import RoleView
 from runtime import metrics
 from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
@@ -101,6 +102,10 @@ class FakeStore:
     """What the health step reads: every alive worker and its judged runs."""
     health_reads: list[tuple[float, int, float]] = attrs.field(factory=list)
     """(mock time, most, window_s) of every health read."""
+    policy: HeartbeatPolicy | None = None
+    """The heartbeat policy in force, as the leader's writes left it."""
+    costs_us: tuple[float, ...] = ()
+    """The control planes' measured heartbeat costs (µs)."""
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -128,6 +133,9 @@ class FakeStore:
 
     async def drain_due(self) -> list[Delivery]:
         return [_delivery(aid, ref, 60.0) for aid, ref in self.drain_due_on.items()]
+
+    async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
+        return PolicyInputs(current=self.policy, costs_us=self.costs_us)
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         self.health_reads.append((trio.current_time(), most, window_s))

@@ -457,6 +457,14 @@ class HeartbeatReply(betterproto2.Message):
     RegisterWorkerReply.database_unix_s. 0: not said.
     """
 
+    heartbeat_interval_ms: "int" = betterproto2.field(9, betterproto2.TYPE_INT32)
+    """
+    The heartbeat interval (ms) and the dead_after (ms) in force, as in RegisterWorkerReply.
+    0: not said.
+    """
+
+    dead_after_ms: "int" = betterproto2.field(10, betterproto2.TYPE_UINT32)
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatReply", HeartbeatReply)
 
@@ -488,6 +496,21 @@ class HeartbeatRequest(betterproto2.Message):
     takes them over): hold the worker this long (ms, database time, from this heartbeat's
     commit). While it holds, the leader counts no silence of the worker and the placer
     places nothing on it. 0: no hold. At most 600,000 (ten minutes).
+    """
+
+    sent_monotonic_us: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+    """
+    When the worker sent this heartbeat, on its machine's monotonic clock (microseconds, not
+    a time of record): orders one incarnation's heartbeats, also across a planned restart's
+    processes (which share the clock), so a late copy of an older heartbeat never lowers the
+    dead_after the cluster judges the worker by. 0: not said (an older agent).
+    """
+
+    dead_after_in_use_ms: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
+    """
+    The dead_after (ms) the worker's self-fence is derived from now: the newest one a reply
+    told it and it accepted. The cluster judges the worker by at least this and the one it
+    tells in the reply to this heartbeat (docs/design.md, "Heartbeat interval"). 0: not said.
     """
 
 
@@ -1063,6 +1086,14 @@ class RegisterWorkerReply(betterproto2.Message):
     (agent/dbclock.py). 0: not said (an older control plane).
     """
 
+    heartbeat_interval_ms: "int" = betterproto2.field(8, betterproto2.TYPE_INT32)
+    """
+    The heartbeat interval the cluster asks of this worker (ms; docs/design.md, "Heartbeat
+    interval"), and dead_after_ms above is the dead_after that goes with it. 0: not said (an
+    older control plane): the agent keeps its own setting. The agent refuses a value outside
+    its own bounds (logged) and keeps the last good one.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "RegisterWorkerReply", RegisterWorkerReply)
 
@@ -1169,6 +1200,18 @@ class StatusReply(betterproto2.Message):
     """
 
     answered_by: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+
+    heartbeat_interval_ms: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
+    """
+    The heartbeat interval and the dead_after the cluster tells workers now (ms), and why:
+    the leader's choice from the cluster's size and the measured cost of a heartbeat
+    (docs/design.md, "Heartbeat interval"), or the control planes' settings while none was
+    made.
+    """
+
+    dead_after_ms: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+
+    heartbeat_policy: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
 
 
 default_message_pool.register_message("stockade.v1", "StatusReply", StatusReply)

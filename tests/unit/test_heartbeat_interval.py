@@ -1,0 +1,265 @@
+"""The heartbeat interval the cluster tells: the leader's choice (pure), the settings' margin
+rules, and the agent taking or refusing what it is told (mock clock, scripted control plane).
+
+docs/design.md, "Heartbeat interval", argues why the self-fence holds when the interval and the
+dead_after change; the database's side of it (the dead_after each worker is judged by) is
+tested in tests/integration/test_heartbeat_interval_sql.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import structlog
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from test_agent_heartbeat import ScriptedControlPlane, agent_settings, running_agent
+
+from actors.heartbeat_policy import (
+    STEP_MS,
+    HeartbeatCost,
+    HeartbeatPolicy,
+    choose_policy,
+    dead_after_ms_for,
+    default_policy,
+)
+from agent.fence import fence_after_s, told_refusal
+from agent.messages import Registered, Registration
+from runtime.errors import InvalidArgument
+from runtime.settings import ReconcilerSettings
+
+SETTINGS = ReconcilerSettings()
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """Mock time that jumps ahead whenever every task waits."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+# ---------------------------------------------------------------- the leader's choice
+
+
+def test_a_small_cluster_gets_the_shortest_interval_and_the_operators_dead_after() -> None:
+    """100 workers at 300 µs a heartbeat over 3 replicas want 40 ms: the 250 ms floor and
+    dead_after_s (2.5 s, above 4 intervals) hold: today's defaults, unchanged."""
+    chosen = choose_policy(workers=100, costs_us=[300, 300, 300], current=None, settings=SETTINGS)
+    assert (chosen.interval_ms, chosen.dead_after_ms) == (250, 2500)
+    assert chosen == attrs.evolve(
+        default_policy(SETTINGS), workers=100, cpu_per_heartbeat_us=300, reason=chosen.reason
+    )
+
+
+def test_a_large_cluster_stretches_the_interval_up_to_the_cap_and_detection_follows() -> None:
+    """2,000 workers at 300 µs over 3 replicas at a quarter core want 800 ms; dead_after is
+    4 intervals; 5,000 want 2 s, capped at heartbeat_interval_max_s (1 s), and the reason says so."""
+    chosen = choose_policy(workers=2000, costs_us=[300, 290, 310], current=None, settings=SETTINGS)
+    assert (chosen.interval_ms, chosen.dead_after_ms) == (800, 3200)
+    assert "2000 workers x 300 us" in chosen.reason
+    capped = choose_policy(workers=5000, costs_us=[300, 300, 300], current=None, settings=SETTINGS)
+    assert (capped.interval_ms, capped.dead_after_ms) == (1000, 4000)
+    assert "capped at heartbeat_interval_max_s = 1" in capped.reason
+
+
+def test_a_change_within_the_hysteresis_keeps_the_policy_in_force() -> None:
+    """A cost that moved a little keeps the interval (the same object back: nothing to write);
+    one that moved a lot changes it."""
+    current = choose_policy(workers=2000, costs_us=[300] * 3, current=None, settings=SETTINGS)
+    assert choose_policy(workers=2000, costs_us=[330] * 3, current=current, settings=SETTINGS) is current
+    moved = choose_policy(workers=2000, costs_us=[150] * 3, current=current, settings=SETTINGS)
+    assert moved.interval_ms < current.interval_ms
+
+
+@given(
+    workers=st.integers(0, 100_000),
+    costs=st.lists(st.floats(-10, 1e5) | st.just(float("nan")) | st.just(float("inf")), max_size=5),
+    low_ms=st.integers(10, 2000),
+    span_ms=st.integers(0, 20_000),
+    intervals=st.floats(3, 20),
+)
+def test_every_choice_is_within_the_bounds_and_its_dead_after_follows_the_rule(
+    workers: int, costs: list[float], low_ms: int, span_ms: int, intervals: float
+) -> None:
+    """Whatever the size and the costs (bad measurements included): a whole number of steps
+    within the operator's bounds, and dead_after = max(dead_after_s, intervals x interval),
+    always longer than the interval."""
+    settings = ReconcilerSettings(
+        heartbeat_interval_min_s=low_ms / 1000,
+        heartbeat_interval_max_s=(low_ms + span_ms) / 1000,
+        dead_after_s=max(2.5, low_ms / 1000 + 0.1),
+        dead_after_intervals=intervals,
+    )
+    chosen = choose_policy(workers=workers, costs_us=costs, current=None, settings=settings)
+    low = max(STEP_MS, -(-low_ms // STEP_MS) * STEP_MS)
+    assert chosen.interval_ms % STEP_MS == 0
+    assert low <= chosen.interval_ms <= max(low, low_ms + span_ms)
+    assert chosen.dead_after_ms == dead_after_ms_for(chosen.interval_ms, settings)
+    assert chosen.dead_after_ms >= settings.dead_after_s * 1000 - 1e-6
+    assert chosen.dead_after_ms >= intervals * chosen.interval_ms - 1e-6
+    assert chosen.dead_after_ms > chosen.interval_ms
+
+
+@given(workers=st.integers(0, 50_000), more=st.integers(0, 50_000), cost=st.floats(1, 5000))
+def test_more_workers_never_get_a_shorter_interval(workers: int, more: int, cost: float) -> None:
+    """The interval grows (or stays) with the cluster's size at a given cost."""
+    small = choose_policy(workers=workers, costs_us=[cost], current=None, settings=SETTINGS)
+    large = choose_policy(workers=workers + more, costs_us=[cost], current=None, settings=SETTINGS)
+    assert large.interval_ms >= small.interval_ms
+
+
+def test_the_cost_is_the_threads_cpu_per_heartbeat_smoothed_and_needs_enough_heartbeats() -> None:
+    """No value before a span of at least min_heartbeats; then CPU per heartbeat, smoothed."""
+    cost = HeartbeatCost(min_heartbeats=10, weight=0.5)
+    assert cost.measure(1.0, 0) is None
+    assert cost.measure(1.5, 5) is None  # too few: added to the next span
+    assert cost.measure(2.0, 1000) == pytest.approx(1000.0)  # 1 s / 1,000 heartbeats
+    assert cost.measure(2.5, 2000) == pytest.approx(750.0)  # half of 1000 + half of 500
+
+
+# ---------------------------------------------------------------- the margin rules at start
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "named"),
+    [
+        ({"heartbeat_interval_min_s": 2.0, "heartbeat_interval_max_s": 1.0}, "heartbeat_interval_max_s", "2"),
+        (
+            {"heartbeat_interval_min_s": 3.0, "heartbeat_interval_max_s": 5.0},
+            "heartbeat_interval_min_s",
+            "2.5",
+        ),
+        ({"dead_after_intervals": 2.0}, "dead_after_intervals", ">= 3"),
+    ],
+)
+def test_control_plane_bounds_that_break_the_margin_rules_are_refused_naming_both_values(
+    overrides: dict[str, float], field: str, named: str
+) -> None:
+    """An interval range upside down, a shortest interval not below dead_after_s, or too few
+    intervals before a death: refused at start, naming the field, its value and the other one."""
+    with pytest.raises(InvalidArgument) as refused:
+        ReconcilerSettings(**overrides)
+    assert field in str(refused.value)
+    assert named in str(refused.value)
+
+
+def test_an_agent_interval_outside_its_own_bounds_is_refused_at_start(tmp_path: Path) -> None:
+    """heartbeat_interval_s must lie within the agent's told-interval bounds."""
+    with pytest.raises(InvalidArgument, match="heartbeat_interval_s.*heartbeat_interval_max_s = 10"):
+        agent_settings(tmp_path, heartbeat_interval_s=20.0)
+
+
+# ---------------------------------------------------------------- the agent's side
+
+
+def test_a_longer_told_interval_stretches_the_fence_within_dead_after() -> None:
+    """The fence stretches with the interval (as many missed heartbeats tolerated), but never
+    past dead_after - stop grace - margin; the agent's own interval changes nothing."""
+    settings = agent_settings(Path("w"))  # interval 0.5, fence 3, stop grace 1, margin 0.5
+    assert fence_after_s(settings, 10.0, 0.5) == 3.0
+    assert fence_after_s(settings, 100.0, 2.0) == 12.0
+    assert fence_after_s(settings, 10.0, 2.0) == 8.5
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "dead_after_s", "reason"),
+    [
+        (0.0, 10.0, "must be > 0"),
+        (-1.0, 10.0, "must be > 0"),
+        (float("nan"), 10.0, "must be > 0"),
+        (0.01, 10.0, "outside heartbeat_interval_min_s = 0.05"),
+        (20.0, 100.0, "heartbeat_interval_max_s = 10"),
+        (2.0, 3.0, "must be longer than the heartbeat interval 2"),
+    ],
+)
+def test_the_agent_refuses_a_told_interval_that_is_not_a_good_one(
+    interval_s: float, dead_after_s: float, reason: str
+) -> None:
+    """0, negative, not a number, outside the agent's bounds, or leaving a fence no longer than
+    itself: refused, and the refusal says which rule and which values."""
+    why = told_refusal(agent_settings(Path("w")), interval_s, dead_after_s)
+    assert why is not None and reason in why
+
+
+async def test_a_told_interval_spaces_the_heartbeats_and_each_says_the_dead_after_in_use(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Told 2 s with a dead_after of 10 s in the reply to the first heartbeat: the next ones
+    are 2 s apart, the fence is 8.5 s, and every later heartbeat says it uses 10 s (the earlier
+    ones, none: the registration told nothing)."""
+    cp = ScriptedControlPlane()
+    cp.next_answer = {"heartbeat_interval_s": 2.0, "dead_after_s": 10.0}
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        t0 = cp.registrations[0][0]
+        await trio.sleep(5.0)
+        assert agent.metrics_reading().fence_after_s == 8.5
+    times = [t - t0 for t, _ in cp.heartbeats]
+    assert times[:3] == pytest.approx([0.5, 2.5, 4.5])
+    assert [r.dead_after_in_use_ms for _, r in cp.heartbeats][:3] == [0, 10000, 10000]
+    sent = [r.sent_monotonic_us for _, r in cp.heartbeats]
+    assert sent == sorted(sent) and len(set(sent)) == len(sent)
+
+
+@attrs.define
+class TellingControlPlane(ScriptedControlPlane):
+    """Tells ``told`` (interval, dead_after) in every reply, registrations included."""
+
+    told: tuple[float | None, float | None] = (None, None)
+
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
+        registered = await super().register(request, deadline_s=deadline_s)
+        return attrs.evolve(registered, heartbeat_interval_s=self.told[0], dead_after_s=self.told[1])
+
+    async def heartbeat(self, request: Any, *, deadline_s: float) -> Any:
+        self.next_answer = {"heartbeat_interval_s": self.told[0], "dead_after_s": self.told[1]}
+        return await super().heartbeat(request, deadline_s=deadline_s)
+
+
+@pytest.mark.parametrize("bad_interval_s", [0.0, -0.25, 30.0])
+async def test_a_bad_told_interval_is_refused_with_one_log_line_and_the_last_good_one_kept(
+    tmp_path: Path, autojump_clock: Any, bad_interval_s: float
+) -> None:
+    """Told 1 s at registration, then a bad interval in every reply: the agent keeps 1 s,
+    logs the refusal once (not at every reply), and still takes the dead_after told with it."""
+    cp = TellingControlPlane(told=(1.0, 8.0))
+    with structlog.testing.capture_logs() as logs:
+        async with running_agent(tmp_path, cp) as agent:
+            await agent.wait_registered()
+            t0 = cp.registrations[0][0]
+            cp.told = (bad_interval_s, 9.0)
+            await trio.sleep(4.5)
+            assert agent.heartbeat_interval_s == 1.0
+            assert agent.dead_after_s == 9.0
+    times = [t - t0 for t, _ in cp.heartbeats]
+    assert times[:4] == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    refusals = [
+        line
+        for line in logs
+        if line["event"].startswith("heartbeat interval told by the control plane refused")
+    ]
+    assert len(refusals) == 1
+    assert refusals[0]["told_interval_s"] == bad_interval_s
+
+
+async def test_a_registration_told_a_short_dead_after_lowers_the_fence_even_with_a_refused_interval(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Safety first: a dead_after is never refused. Told 2.5 s with an interval of 0 (bad), the
+    fence fits below it (2.5 - 1 - 0.5 = 1 s) and the interval stays the agent's own."""
+    cp = TellingControlPlane(told=(0.0, 2.5))
+    async with running_agent(tmp_path, cp) as agent:
+        await agent.wait_registered()
+        assert agent.metrics_reading().fence_after_s == 1.0
+        assert agent.heartbeat_interval_s == 0.5
+
+
+def test_policy_values_survive_a_round_trip_as_written() -> None:
+    """A policy is a plain value: equal policies compare equal (the leader writes only changes)."""
+    a = HeartbeatPolicy(
+        interval_ms=800, dead_after_ms=3200, workers=2000, cpu_per_heartbeat_us=300.0, reason="x"
+    )
+    assert a == attrs.evolve(a)
