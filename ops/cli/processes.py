@@ -285,6 +285,35 @@ def control_plane(
             "agents' --db-outage-grace-s.",
         ),
     ] = _RECONCILER.mass_silence_max_s,
+    heartbeat_interval_min_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="The shortest heartbeat interval the leader asks of workers (a small cluster's), seconds.",
+        ),
+    ] = _RECONCILER.heartbeat_interval_min_s,
+    heartbeat_interval_max_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="The longest heartbeat interval the leader asks of workers however large the cluster, "
+            "seconds: with --dead-after-intervals it bounds how long a dead worker goes unnoticed.",
+        ),
+    ] = _RECONCILER.heartbeat_interval_max_s,
+    heartbeat_cpu_budget: Annotated[
+        float,
+        typer.Option(
+            help="The share of a core each control plane may spend on heartbeats (above 0, below 1): "
+            "the interval grows with the cluster to keep their measured cost within it.",
+        ),
+    ] = _RECONCILER.heartbeat_cpu_budget,
+    dead_after_intervals: Annotated[
+        float,
+        typer.Option(
+            help="A worker is declared dead after this many heartbeat intervals without one, never "
+            "sooner than --dead-after-s (at least 3).",
+        ),
+    ] = _RECONCILER.dead_after_intervals,
     suspect_after_s: Annotated[
         float | None,
         typer.Option(
@@ -466,6 +495,10 @@ def control_plane(
                 deaths_per_s=deaths_per_s,
                 mass_silence_fraction=mass_silence_fraction,
                 suspect_after_s=suspect_after_s,
+                heartbeat_interval_min_s=heartbeat_interval_min_s,
+                heartbeat_interval_max_s=heartbeat_interval_max_s,
+                heartbeat_cpu_budget=heartbeat_cpu_budget,
+                dead_after_intervals=dead_after_intervals,
                 mass_silence_max_s=mass_silence_max_s,
                 contact_gap_s=contact_gap_s,
                 health_interval_s=health_interval_s,
@@ -487,7 +520,19 @@ def control_plane(
         control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
 
 
-HeartbeatIntervalOption = Annotated[float, typer.Option(help="Time between heartbeats, seconds.")]
+HeartbeatIntervalOption = Annotated[
+    float,
+    typer.Option(
+        help="Time between heartbeats until the cluster tells another interval, seconds (the "
+        "self-fence span stretches in proportion with a longer one)."
+    ),
+]
+HeartbeatIntervalMinOption = Annotated[
+    float, typer.Option(help="Refuse a heartbeat interval the cluster tells below this, seconds.")
+]
+HeartbeatIntervalMaxOption = Annotated[
+    float, typer.Option(help="Refuse a heartbeat interval the cluster tells above this, seconds.")
+]
 HeartbeatTimeoutOption = Annotated[
     float,
     typer.Option(
@@ -630,6 +675,8 @@ def agent(
         str, typer.Option(help="host:port the leader should call (default: the listen address).")
     ] = "",
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_interval_min_s: HeartbeatIntervalMinOption = _agent_default("heartbeat_interval_min_s"),
+    heartbeat_interval_max_s: HeartbeatIntervalMaxOption = _agent_default("heartbeat_interval_max_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
@@ -692,6 +739,8 @@ def agent(
             listen_port=port,
             advertise_address=advertise_address,
             heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_interval_min_s=heartbeat_interval_min_s,
+            heartbeat_interval_max_s=heartbeat_interval_max_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
             db_outage_grace_s=db_outage_grace_s,
@@ -740,6 +789,8 @@ def fleet(
     ] = "fleet",
     host: Annotated[str, typer.Option(help="Address every worker listens on.")] = "127.0.0.1",
     heartbeat_interval_s: HeartbeatIntervalOption = _agent_default("heartbeat_interval_s"),
+    heartbeat_interval_min_s: HeartbeatIntervalMinOption = _agent_default("heartbeat_interval_min_s"),
+    heartbeat_interval_max_s: HeartbeatIntervalMaxOption = _agent_default("heartbeat_interval_max_s"),
     heartbeat_timeout_s: HeartbeatTimeoutOption = _agent_default("heartbeat_timeout_s"),
     self_fence_after_s: SelfFenceOption = _agent_default("self_fence_after_s"),
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
@@ -784,6 +835,8 @@ def fleet(
             listen_host=host,
             cert_dir=folder,
             heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_interval_min_s=heartbeat_interval_min_s,
+            heartbeat_interval_max_s=heartbeat_interval_max_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             self_fence_after_s=self_fence_after_s,
             db_outage_grace_s=db_outage_grace_s,

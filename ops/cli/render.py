@@ -68,8 +68,11 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     none; labels, key -> value; unhealthy, its recent runs fail where the same jobs do not
     fail elsewhere (no new placement but a probe), why (null when healthy) and since when in Unix
     seconds (null when healthy)), ``jobs`` (counts keyed by state), ``unschedulable``
-    ({job_id, reason}) and ``metrics`` (id of a process or worker of the local cluster ->
-    ``host:port`` of its Prometheus /metrics; empty for a cluster that is not local).
+    ({job_id, reason}), ``heartbeat`` ({interval_s, dead_after_s, why}: the heartbeat
+    interval the cluster tells its workers, how long a silent worker goes before it is declared
+    dead, and why; nulls when the control plane did not say) and ``metrics`` (id of a process
+    or worker of the local cluster -> ``host:port`` of its Prometheus /metrics; empty for a
+    cluster that is not local).
     """
     return {
         "leader": status.leader,
@@ -99,6 +102,11 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
         ],
         "jobs": _counts(status),
         "unschedulable": [{"job_id": j.job_id, "reason": j.reason or ""} for j in status.unschedulable],
+        "heartbeat": {
+            "interval_s": status.heartbeat_interval_s,
+            "dead_after_s": status.dead_after_s,
+            "why": status.heartbeat_policy or None,
+        },
         "metrics": dict(metrics or {}),
     }
 
@@ -133,6 +141,15 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         parts.append(
             Text.assemble(
                 ("no leader", "bold red"), f"  last epoch {status.epoch}  (answered by {status.answered_by})"
+            )
+        )
+
+    if status.heartbeat_interval_s is not None and status.dead_after_s is not None:
+        parts.append(
+            Text(
+                f"heartbeats every {status.heartbeat_interval_s:g} s; a silent worker is declared dead"
+                f" after {status.dead_after_s:g} s ({status.heartbeat_policy or 'not said why'})",
+                style="dim",
             )
         )
 

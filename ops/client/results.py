@@ -280,6 +280,13 @@ class ClusterStatus:
     """Jobs per state (state, count), every state, in the control plane's order."""
     unschedulable: tuple[Job, ...]
     """Pending jobs no live worker can hold, with the reason."""
+    heartbeat_interval_s: float | None = None
+    """The heartbeat interval the cluster tells its workers now (None: not said)."""
+    dead_after_s: float | None = None
+    """How long a silent worker goes before it is declared dead now, in seconds (None: not said)."""
+    heartbeat_policy: str = ""
+    """Why that interval: the leader's choice from the cluster's size and the measured cost of a
+    heartbeat, or the control planes' settings."""
 
     def job_count(self, state: str) -> int:
         """How many jobs are in ``state``."""
@@ -448,6 +455,9 @@ def status_from_pb(message: pb.StatusReply) -> ClusterStatus:
         workers=tuple(worker_from_pb(w) for w in message.workers),
         job_counts=tuple((c.state, int(c.count)) for c in message.jobs),
         unschedulable=tuple(job_from_pb(j) for j in message.unschedulable),
+        heartbeat_interval_s=message.heartbeat_interval_ms / 1000 if message.heartbeat_interval_ms else None,
+        dead_after_s=message.dead_after_ms / 1000 if message.dead_after_ms else None,
+        heartbeat_policy=message.heartbeat_policy,
     )
 
 

@@ -187,7 +187,21 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
     )
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
-    assert set(data) == {"leader", "epoch", "control_planes", "workers", "jobs", "unschedulable", "metrics"}
+    assert set(data) == {
+        "leader",
+        "epoch",
+        "control_planes",
+        "workers",
+        "jobs",
+        "unschedulable",
+        "heartbeat",
+        "metrics",
+    }
+    assert data["heartbeat"] == {
+        "interval_s": 0.25,
+        "dead_after_s": 2.5,
+        "why": "the control planes' settings",
+    }
     assert isinstance(data["metrics"], dict)
     assert data["leader"] in {"cp-1", "cp-2"}
     assert isinstance(data["epoch"], int) and data["epoch"] >= 1

@@ -18,6 +18,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 from test_agent_heartbeat import ScriptedControlPlane, agent_settings, running_agent
+from test_reconciler import SETTINGS as RECONCILER_SETTINGS
+from test_reconciler import FakeStore, answer_role, make_harness
 
 from actors.heartbeat_policy import (
     STEP_MS,
@@ -27,6 +29,9 @@ from actors.heartbeat_policy import (
     dead_after_ms_for,
     default_policy,
 )
+from actors.messages import DeclareDeadWorkers, ReconcileResult, SetHeartbeatPolicy
+from actors.reconciler import TokenBucket, dead_workers, judge_deaths
+from actors.reconciler_store import HeartbeatAge
 from agent.fence import fence_after_s, told_refusal
 from agent.messages import Registered, Registration
 from runtime.errors import InvalidArgument
@@ -148,7 +153,7 @@ def test_control_plane_bounds_that_break_the_margin_rules_are_refused_naming_bot
 
 def test_an_agent_interval_outside_its_own_bounds_is_refused_at_start(tmp_path: Path) -> None:
     """heartbeat_interval_s must lie within the agent's told-interval bounds."""
-    with pytest.raises(InvalidArgument, match="heartbeat_interval_s.*heartbeat_interval_max_s = 10"):
+    with pytest.raises(InvalidArgument, match=r"heartbeat_interval_s.*heartbeat_interval_max_s = 10"):
         agent_settings(tmp_path, heartbeat_interval_s=20.0)
 
 
@@ -263,3 +268,55 @@ def test_policy_values_survive_a_round_trip_as_written() -> None:
         interval_ms=800, dead_after_ms=3200, workers=2000, cpu_per_heartbeat_us=300.0, reason="x"
     )
     assert a == attrs.evolve(a)
+
+
+# ---------------------------------------------------------------- the leader's pass
+
+
+def test_a_worker_is_judged_by_the_longer_dead_after_its_row_records() -> None:
+    """dead_after_s 5 s: silent 6 s, w-1 (told nothing) is named, w-2 (told 8 s) is not; and a
+    suspect of mass silence counts from the same share of each one's dead_after."""
+    settings = ReconcilerSettings(dead_after_s=5.0, death_burst=10, mass_silence_min_workers=100)
+    ages = [
+        HeartbeatAge(worker_id="w-1", incarnation=1, age_s=6.0),
+        HeartbeatAge(worker_id="w-2", incarnation=1, age_s=6.0, dead_after_s=8.0),
+        HeartbeatAge(worker_id="w-3", incarnation=1, age_s=9.0, dead_after_s=8.0),
+    ]
+    verdict = judge_deaths(ages, settings, TokenBucket(10.0, 0.0), 0.0)
+    assert verdict.declare == (("w-3", 1), ("w-1", 1))
+    assert dead_workers(ages, 5.0) == (("w-1", 1), ("w-3", 1))
+
+
+async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_not_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """2,000 alive workers at 300 µs a heartbeat over 3 replicas: the first pass writes 800 ms
+    (fenced, under its epoch); later passes, with the policy in force, write nothing more."""
+    store = FakeStore(last_heartbeat={f"w-{i}": 0.0 for i in range(2000)}, costs_us=(300.0, 300.0, 300.0))
+    h = make_harness(store)
+    written: list[SetHeartbeatPolicy] = []
+
+    async def beating() -> None:
+        while True:
+            for worker in store.last_heartbeat:
+                store.last_heartbeat[worker] = trio.current_time()
+            await trio.sleep(0.5)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beating)
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        while trio.current_time() < 3 * RECONCILER_SETTINGS.heartbeat_policy_every_s:
+            with trio.move_on_after(1.0):
+                message = await h.ledger.receive()
+                if isinstance(message, SetHeartbeatPolicy):
+                    written.append(message)
+                    store.policy = message.policy
+                    message.reply.set(None)
+                else:
+                    assert isinstance(message, DeclareDeadWorkers)
+                    message.reply.set(
+                        ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+                    )
+        nursery.cancel_scope.cancel()
+    assert [(m.epoch, m.policy.interval_ms, m.policy.dead_after_ms) for m in written] == [(4, 800, 5000)]

@@ -1,0 +1,152 @@
+"""The heartbeat interval on a real PostgreSQL through a real ingest (gRPC): what registrations
+and heartbeats tell, the dead_after each worker is judged by (workers.dead_after_ms), and the
+leader's declaration honouring it (docs/design.md, "Heartbeat interval").
+
+The rule under test: a worker is judged by at least the dead_after its self-fence may be
+derived from, which is the one told in the newest reply it may have received or the one its
+newest heartbeat says it uses; a late copy of an older heartbeat never lowers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from serving import ingest_and_leader
+from test_leave import EPOCH, Cluster
+
+from actors import queries
+from actors.heartbeat_policy import HeartbeatPolicy, default_policy
+from protocol import pb
+from runtime.settings import ReconcilerSettings
+
+DEFAULTS = default_policy(ReconcilerSettings())
+
+
+class Told(Cluster):
+    async def beat(
+        self, worker_id: str, incarnation: int, *, sent_us: int, in_use_ms: int
+    ) -> pb.HeartbeatReply:
+        reply: pb.HeartbeatReply = await self.cp.call(
+            "heartbeat",
+            pb.HeartbeatRequest(
+                worker_id=worker_id,
+                incarnation=incarnation,
+                sent_monotonic_us=sent_us,
+                dead_after_in_use_ms=in_use_ms,
+            ),
+        )
+        return reply
+
+    async def judged_ms(self, worker_id: str) -> int | None:
+        value = await self.admin.fetchval("SELECT dead_after_ms FROM workers WHERE id = $1", worker_id)
+        return None if value is None else int(value)
+
+    async def set_policy(self, interval_ms: int, dead_after_ms: int) -> None:
+        policy = HeartbeatPolicy(
+            interval_ms=interval_ms, dead_after_ms=dead_after_ms, workers=1, reason="test"
+        )
+        await self.admin.execute(
+            queries.SET_HEARTBEAT_POLICY,
+            EPOCH,
+            policy.interval_ms,
+            policy.dead_after_ms,
+            policy.workers,
+            policy.cpu_per_heartbeat_us,
+            policy.reason,
+        )
+
+    async def declare(self, worker_id: str, incarnation: int, dead_after_s: float) -> list[str]:
+        rows = await self.admin.fetch(
+            queries.DECLARE_DEAD_WORKERS, EPOCH, dead_after_s, [worker_id], [incarnation], None
+        )
+        return [r["id"] for r in rows]
+
+
+@pytest.fixture
+async def cluster(database_url: str) -> AsyncIterator[Told]:
+    async with ingest_and_leader(database_url, epoch=EPOCH) as (cp, admin):
+        yield Told(cp=cp, admin=admin, database_url=database_url)
+
+
+async def test_before_any_choice_the_control_planes_defaults_are_told_and_recorded(cluster: Told) -> None:
+    """No policy row: the registration and the heartbeat tell the defaults (250 ms, 2.5 s), and
+    the row records 2.5 s as the dead_after the worker is judged by."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    reply = await cluster.beat("w-1", incarnation, sent_us=10, in_use_ms=DEFAULTS.dead_after_ms)
+    assert (reply.heartbeat_interval_ms, reply.dead_after_ms) == (250, 2500)
+    assert await cluster.judged_ms("w-1") == 2500
+
+
+async def test_a_longer_dead_after_is_recorded_with_the_reply_that_tells_it(cluster: Told) -> None:
+    """The leader chose 1 s / 4 s: the next heartbeat is told so, and the row says 4 s in the
+    same statement, before the worker can have heard of it."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    await cluster.set_policy(1000, 4000)
+    reply = await cluster.beat("w-1", incarnation, sent_us=10, in_use_ms=2500)
+    assert (reply.heartbeat_interval_ms, reply.dead_after_ms) == (1000, 4000)
+    assert await cluster.judged_ms("w-1") == 4000
+
+
+async def test_a_shorter_dead_after_is_judged_only_once_a_newer_heartbeat_says_it_is_in_use(
+    cluster: Told,
+) -> None:
+    """From 4 s down to 2.5 s: the heartbeat told 2.5 s still says it uses 4 s, so 4 s stays
+    (its reply may be lost); the next one, saying 2.5 s, lowers it."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    await cluster.set_policy(1000, 4000)
+    await cluster.beat("w-1", incarnation, sent_us=10, in_use_ms=2500)
+    await cluster.admin.execute("DELETE FROM heartbeat_policy")  # back to the defaults
+    told = await cluster.beat("w-1", incarnation, sent_us=20, in_use_ms=4000)
+    assert told.dead_after_ms == 2500
+    assert await cluster.judged_ms("w-1") == 4000
+    await cluster.beat("w-1", incarnation, sent_us=30, in_use_ms=2500)
+    assert await cluster.judged_ms("w-1") == 2500
+
+
+async def test_a_late_copy_of_an_older_heartbeat_never_lowers_it(cluster: Told) -> None:
+    """A heartbeat sent at 50 µs recorded 8 s; a copy of one sent earlier (30 µs, saying it
+    used 2.5 s) arrives late: 8 s stays. A copy of the same heartbeat lowers nothing either."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    await cluster.set_policy(2000, 8000)
+    await cluster.beat("w-1", incarnation, sent_us=50, in_use_ms=2500)
+    await cluster.admin.execute("DELETE FROM heartbeat_policy")
+    await cluster.beat("w-1", incarnation, sent_us=30, in_use_ms=2500)
+    assert await cluster.judged_ms("w-1") == 8000
+    await cluster.beat("w-1", incarnation, sent_us=50, in_use_ms=2500)
+    assert await cluster.judged_ms("w-1") == 8000
+
+
+async def test_a_new_incarnation_starts_from_what_its_registration_told(cluster: Told) -> None:
+    """A registration of a new agent run tells the policy in force and resets the order: its
+    first heartbeats, whatever their monotonic time, are newer than nothing."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    await cluster.set_policy(2000, 8000)
+    await cluster.beat("w-1", incarnation, sent_us=10**12, in_use_ms=8000)
+    await cluster.admin.execute("DELETE FROM heartbeat_policy")
+    again = await cluster.register("w-1", "run-b", heartbeat=False)
+    assert again != incarnation
+    assert await cluster.judged_ms("w-1") == 2500
+    await cluster.beat("w-1", again, sent_us=5, in_use_ms=2500)
+    assert await cluster.judged_ms("w-1") == 2500
+
+
+async def test_the_declaration_honours_the_dead_after_the_worker_is_judged_by(cluster: Told) -> None:
+    """A worker told 8 s is not declared dead by a leader whose own dead_after is 0 s; once its
+    row no longer says 8 s (as a worker an older control plane registered), it is."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    await cluster.set_policy(2000, 8000)
+    await cluster.beat("w-1", incarnation, sent_us=10, in_use_ms=8000)
+    assert await cluster.declare("w-1", incarnation, 0.0) == []
+    await cluster.admin.execute("UPDATE workers SET dead_after_ms = NULL")
+    assert await cluster.declare("w-1", incarnation, 0.0) == ["w-1"]
+
+
+async def test_status_shows_the_interval_and_the_detection_time_in_force(cluster: Told) -> None:
+    """Status says the defaults and their reason before any choice, then the leader's choice."""
+    before: pb.StatusReply = await cluster.cp.call("status", pb.StatusRequest())
+    assert (before.heartbeat_interval_ms, before.dead_after_ms) == (250, 2500)
+    assert before.heartbeat_policy == "the control planes' settings"
+    await cluster.set_policy(1000, 4000)
+    after: pb.StatusReply = await cluster.cp.call("status", pb.StatusRequest())
+    assert (after.heartbeat_interval_ms, after.dead_after_ms, after.heartbeat_policy) == (1000, 4000, "test")
