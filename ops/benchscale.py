@@ -205,7 +205,9 @@ SELECT job_id, extract(epoch FROM min(confirmed_at))::float8 - $3 AS seconds
 DEATHS = """
 SELECT worker_id FROM worker_deaths WHERE declared_at BETWEEN to_timestamp($1) AND to_timestamp($2)
 """
-ELECTIONS = "SELECT count(*) FROM lease_history WHERE acquired_at BETWEEN to_timestamp($1) AND to_timestamp($2)"
+ELECTIONS = (
+    "SELECT count(*) FROM lease_history WHERE acquired_at BETWEEN to_timestamp($1) AND to_timestamp($2)"
+)
 
 
 # -- the load generator's process -----------------------------------------------------------
@@ -285,7 +287,9 @@ def _specs(settings: ScaleSettings, count: int, first: int, rng: random.Random) 
 
 async def _submit(client: ControlPlaneClient, specs: Sequence[pb.JobSpec]) -> None:
     for start in range(0, len(specs), 2000):
-        await client.call("submit_jobs", pb.SubmitJobsRequest(specs=list(specs[start : start + 2000])), timeout_s=60)
+        await client.call(
+            "submit_jobs", pb.SubmitJobsRequest(specs=list(specs[start : start + 2000])), timeout_s=60
+        )
 
 
 @attrs.define
@@ -318,7 +322,9 @@ class _Step:
         shutil.rmtree(self.root, ignore_errors=True)
         self.root.mkdir(parents=True)
         interval_s = self.settings.heartbeat_interval_s
-        self.pg = EmbeddedPostgres(data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",))
+        self.pg = EmbeddedPostgres(
+            data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",)
+        )
         url = self.pg.start()
         self.cluster = LocalCluster(
             StateDir(self.root / "cluster"),
@@ -401,7 +407,7 @@ class _Step:
                 await _submit(client, _specs(settings, submitted, 0, rng))
                 self.progress(f"{self.workers} workers: warming up")
                 with trio.move_on_after(WARM_UP_TIMEOUT_S):
-                    while await db.fetchval(CONFIRMED) < 1.5 * self.workers:
+                    while await db.fetchval(CONFIRMED) < 1.5 * self.workers:  # noqa: ASYNC110 (polls the database)
                         await trio.sleep(0.5)
                 await trio.sleep(3 * settings.heartbeat_interval_s)
                 return await self._window(db, client, config, cp_metrics, agent_metrics, rng, submitted, mode)
@@ -457,7 +463,9 @@ class _Step:
             t0 = float(await db.fetchval(NOW))
             await trio.sleep(min(settings.duration_s / 3, 10.0))
             killed, kill_at, lost = await self._kill(db, config)
-            await trio.sleep_until(trio.current_time() + settings.duration_s - min(settings.duration_s / 3, 10.0))
+            await trio.sleep_until(
+                trio.current_time() + settings.duration_s - min(settings.duration_s / 3, 10.0)
+            )
             t1 = float(await db.fetchval(NOW))
             after = await trio.to_thread.run_sync(MetricsSnapshot.read, cp_metrics, agent_metrics)
             cp_cpu = cpu_used(cp_before, cpu_seconds(cp_pids))
@@ -494,7 +502,9 @@ class _Step:
             cp_cpu_s_per_1000_heartbeats=per_1000(cp_cpu, heartbeats),
             db_cpu_s_per_1000_heartbeats=per_1000(db_cpu, heartbeats),
             db_exec_ms_per_1000_heartbeats=per_1000(exec_ms, heartbeats),
-            db_calls_per_heartbeat=round(calls / heartbeats, 3) if calls is not None and heartbeats > 0 else None,
+            db_calls_per_heartbeat=round(calls / heartbeats, 3)
+            if calls is not None and heartbeats > 0
+            else None,
             loadgen_cpu_s_per_1000_heartbeats=per_1000(gen_cpu, heartbeats),
             false_deaths=len([w for w in deaths if w not in killed]),
             deaths=len(deaths),
@@ -535,7 +545,9 @@ class _Step:
         self.progress(f"{self.workers} workers: killed {', '.join(targets)} holding {len(lost)} jobs")
         return targets, kill_at, lost
 
-    async def _recovery(self, db: PgConnection, lost: list[int], killed: list[str], kill_at: float) -> list[float]:
+    async def _recovery(
+        self, db: PgConnection, lost: list[int], killed: list[str], kill_at: float
+    ) -> list[float]:
         """Seconds from the kill to each lost job's new assignment confirmed running elsewhere,
         waiting up to :data:`RECOVERY_TIMEOUT_S` for the last ones."""
         moved: dict[int, float] = {}
@@ -546,7 +558,9 @@ class _Step:
         return sorted(moved.values())
 
 
-async def run_scale(settings: ScaleSettings, root: Path, progress: Callable[[str], None] = print) -> ScaleReport:
+async def run_scale(
+    settings: ScaleSettings, root: Path, progress: Callable[[str], None] = print
+) -> ScaleReport:
     """Run one step per worker count of ``settings`` (each on a fresh cluster under
     ``root/n-<N>``, stopped before the next starts) and return the report.
 

@@ -52,6 +52,7 @@ import grpclib.const
 import grpclib.exceptions
 import grpclib.server
 
+from ops.pg import free_port
 from protocol import pb
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
@@ -61,6 +62,15 @@ WORKER_PREFIX = "sim-"
 """Simulated workers are ``sim-1`` .. ``sim-N``."""
 REGISTER_CONCURRENCY = 32
 """Registrations in flight at once (at start and after reregister answers)."""
+RPC_ERRORS = (
+    grpclib.exceptions.GRPCError,
+    grpclib.exceptions.StreamTerminatedError,
+    grpclib.exceptions.ProtocolError,
+    OSError,
+    TimeoutError,
+    ssl.SSLError,
+)
+"""What a call to a control plane may fail with: counted as a failure, never raised."""
 REGISTER_RETRY_S = 1.0
 """Base delay before a failed registration is tried again, seconds (jittered up to 2x)."""
 
@@ -310,7 +320,7 @@ class LoadGenerator:
                         reply = await self._stub(worker, self._target(worker)).register_worker(
                             request, timeout=max(self.timeout_s, 5.0)
                         )
-                except (grpclib.exceptions.GRPCError, OSError, asyncio.TimeoutError, ssl.SSLError):
+                except RPC_ERRORS:
                     worker.failures_in_row += 1
                     await asyncio.sleep(REGISTER_RETRY_S * (1 + random.random()))
                     continue
@@ -346,7 +356,7 @@ class LoadGenerator:
         worker.in_flight = True
         try:
             reply = await self._stub(worker, self._target(worker)).heartbeat(request, timeout=self.timeout_s)
-        except (grpclib.exceptions.GRPCError, OSError, asyncio.TimeoutError, ssl.SSLError):
+        except RPC_ERRORS:
             worker.failures_in_row += 1
             self.stats.failures += 1
             return
@@ -399,7 +409,7 @@ class LoadGenerator:
             delay = min(self._heap[0][0] - now, 0.05) if self._heap else 0.05
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(delay, 0.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # -- commands --------------------------------------------------------------------
@@ -434,7 +444,9 @@ class SimulatedWorkerService(pb.WorkerBase):
     def _worker(self, worker_id: str) -> _Worker:
         worker = self.gen.workers.get(worker_id)
         if worker is None:
-            raise grpclib.exceptions.GRPCError(grpclib.const.Status.INVALID_ARGUMENT, f"no worker {worker_id}")
+            raise grpclib.exceptions.GRPCError(
+                grpclib.const.Status.INVALID_ARGUMENT, f"no worker {worker_id}"
+            )
         if worker.killed:
             raise grpclib.exceptions.GRPCError(grpclib.const.Status.UNAVAILABLE, f"{worker_id} is down")
         return worker
@@ -484,7 +496,10 @@ class SimulatedWorkerService(pb.WorkerBase):
                 worker.cancelled.add(aid)
                 acknowledged.append(aid)
         return pb.CancelReply(
-            acknowledged_ids=acknowledged, finished_ids=finished, refused=refused, epoch_seen=worker.epoch_seen
+            acknowledged_ids=acknowledged,
+            finished_ids=finished,
+            refused=refused,
+            epoch_seen=worker.epoch_seen,
         )
 
 
@@ -528,9 +543,8 @@ async def run(gen: LoadGenerator, listen_port: int) -> None:
     """Serve the Worker endpoint, register every worker, heartbeat until told to stop."""
     gen.setup()
     server = grpclib.server.Server([SimulatedWorkerService(gen)])
-    await server.start("127.0.0.1", listen_port, ssl=gen.server_ssl())
-    sockets = server._server.sockets if server._server is not None else ()
-    port = sockets[0].getsockname()[1]
+    port = listen_port or free_port()
+    await server.start("127.0.0.1", port, ssl=gen.server_ssl())
     gen.advertise = f"127.0.0.1:{port}"
     _say("serving", address=gen.advertise, workers=gen.count)
     timer = asyncio.get_running_loop().create_task(gen.timer_loop())

@@ -5,6 +5,7 @@ per doubling of the count, the table, the JSON and the picture. Pure, except :fu
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -148,7 +149,7 @@ def growth_per_doubling(points: Sequence[ScalePoint], metric: str) -> list[dict[
     """
     ordered = sorted(points, key=lambda p: p.workers)
     steps = []
-    for low, high in zip(ordered, ordered[1:], strict=False):
+    for low, high in itertools.pairwise(ordered):
         v1, v2 = getattr(low, metric), getattr(high, metric)
         factor = None
         if v1 is not None and v2 is not None and v1 > 0 and high.workers > low.workers:
