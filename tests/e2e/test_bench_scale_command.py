@@ -5,6 +5,8 @@ goals."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -32,7 +34,14 @@ def _ours(root: Path) -> list[psutil.Process]:
 async def test_a_tiny_scale_run_reports_every_field_and_stops_everything(tmp_path: Path) -> None:
     """One killed worker's two jobs are timed until they run elsewhere; no false death."""
     settings = ScaleSettings(workers=(10,), duration_s=8.0, pending_jobs=100, kills=1)
-    report = await run_scale(settings, tmp_path / "bench", lambda line: None)
+    # The database's files live outside pytest's basetemp, which another pytest session may
+    # close (0700) under the server's user (tests/conftest.py, pg_admin_url).
+    root = Path(tempfile.mkdtemp(prefix="stockade-bench-scale-"))
+    try:
+        report = await run_scale(settings, root, lambda line: None)
+        assert _ours(root) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     out = tmp_path / "bench-scale.json"
     scalereport.save(out, report)
     scalereport.plot(report, out.with_suffix(".png"))
@@ -47,4 +56,3 @@ async def test_a_tiny_scale_run_reports_every_field_and_stops_everything(tmp_pat
     assert point["placer_rounds"] > 0
     assert set(data["growth_per_doubling"]) == set(scalereport.GROWTH_METRICS)
     assert out.with_suffix(".png").stat().st_size > 0
-    assert _ours(tmp_path) == []
