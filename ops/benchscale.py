@@ -76,6 +76,7 @@ class ScaleSettings:
     job_s: tuple[float, float] = (10.0, 30.0)
     """Sleep of the queue's jobs, drawn uniformly from this range, seconds."""
     fleet_size: int = 25
+    """Most workers per fleet with real agents (a step has at least four fleets)."""
     insecure: bool = False
     seed: int = 1
 
@@ -106,31 +107,65 @@ def _buckets(samples: Sequence[Any], name: str) -> dict[float, float]:
 
 
 @attrs.frozen
-class MetricsSnapshot:
-    """Counters and histograms summed over a set of /metrics endpoints."""
+class Scraped:
+    """What one /metrics endpoint said that the bench reads."""
 
     heartbeats: float
     rounds: dict[float, float]
     round_trips: dict[float, float]
     agent_failures: float
 
-    @classmethod
-    def read(cls, cps: Sequence[str], agents: Sequence[str]) -> MetricsSnapshot:
-        cp_samples = [s for address in cps for s in _samples(_get(address))]
-        agent_samples = [s for address in agents for s in _samples(_get(address))]
-        return cls(
-            heartbeats=_sum(cp_samples, "stockade_heartbeats_recorded_total"),
-            rounds=_buckets(cp_samples, "stockade_placer_round_seconds"),
-            round_trips=_buckets(agent_samples, "stockade_agent_heartbeat_round_trip_seconds"),
-            agent_failures=_sum(agent_samples, "stockade_agent_heartbeat_failures_total"),
-        )
 
-
-def _get(address: str) -> str:
+def scrape_endpoint(address: str) -> Scraped | None:
+    """The figures of the /metrics at ``address`` (host:port); None when it does not answer (a
+    fleet that was killed)."""
+    import urllib.error
     import urllib.request
 
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
-        return str(reply.read().decode())
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+            samples = _samples(reply.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None
+    return Scraped(
+        heartbeats=_sum(samples, "stockade_heartbeats_recorded_total"),
+        rounds=_buckets(samples, "stockade_placer_round_seconds"),
+        round_trips=_buckets(samples, "stockade_agent_heartbeat_round_trip_seconds"),
+        agent_failures=_sum(samples, "stockade_agent_heartbeat_failures_total"),
+    )
+
+
+def read_metrics(addresses: Sequence[str]) -> dict[str, Scraped]:
+    """Address -> its figures, for every endpoint of ``addresses`` that answers."""
+    return {a: found for a in addresses if (found := scrape_endpoint(a)) is not None}
+
+
+@attrs.frozen
+class MetricsDelta:
+    """What happened between two :func:`read_metrics`, summed over the endpoints that answered
+    both times."""
+
+    heartbeats: float
+    rounds: list[tuple[float, float]]
+    round_trips: list[tuple[float, float]]
+    agent_failures: float
+
+    @classmethod
+    def of(cls, before: dict[str, Scraped], after: dict[str, Scraped]) -> MetricsDelta:
+        common = [a for a in after if a in before]
+        rounds: dict[float, float] = {}
+        trips: dict[float, float] = {}
+        for address in common:
+            for upper, count in bucket_delta(before[address].rounds, after[address].rounds):
+                rounds[upper] = rounds.get(upper, 0.0) + count
+            for upper, count in bucket_delta(before[address].round_trips, after[address].round_trips):
+                trips[upper] = trips.get(upper, 0.0) + count
+        return cls(
+            heartbeats=sum(after[a].heartbeats - before[a].heartbeats for a in common),
+            rounds=sorted(rounds.items()),
+            round_trips=sorted(trips.items()),
+            agent_failures=sum(after[a].agent_failures - before[a].agent_failures for a in common),
+        )
 
 
 def bucket_delta(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
@@ -338,7 +373,8 @@ class _Step:
                 "--self-fence-after-s",
                 f"{3.5 * interval_s:g}",
             ),
-            fleet_size=self.settings.fleet_size,
+            # At least four fleets, so killing one leaves workers to take its jobs.
+            fleet_size=min(self.settings.fleet_size, max(1, -(-self.workers // 4))),
             worker_capacities=((WORKER_CPU_MILLIS, WORKER_MEMORY_MB),),
             metrics=True,
             insecure=self.settings.insecure,
@@ -454,7 +490,7 @@ class _Step:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(top_up)
             await db.execute("SELECT pg_stat_statements_reset()")
-            before = await trio.to_thread.run_sync(MetricsSnapshot.read, cp_metrics, agent_metrics)
+            before = await trio.to_thread.run_sync(read_metrics, [*cp_metrics, *agent_metrics])
             cp_before, db_before = cpu_seconds(cp_pids), cpu_seconds([pg_pid], with_children=True)
             gen_pid = [self.loadgen.process.pid] if self.loadgen is not None else []
             gen_before = cpu_seconds(gen_pid)
@@ -467,7 +503,7 @@ class _Step:
                 trio.current_time() + settings.duration_s - min(settings.duration_s / 3, 10.0)
             )
             t1 = float(await db.fetchval(NOW))
-            after = await trio.to_thread.run_sync(MetricsSnapshot.read, cp_metrics, agent_metrics)
+            after = await trio.to_thread.run_sync(read_metrics, [*cp_metrics, *agent_metrics])
             cp_cpu = cpu_used(cp_before, cpu_seconds(cp_pids))
             db_cpu = cpu_used(db_before, cpu_seconds([pg_pid], with_children=True))
             gen_cpu = cpu_used(gen_before, cpu_seconds(gen_pid)) if gen_pid else None
@@ -477,15 +513,16 @@ class _Step:
             nursery.cancel_scope.cancel()
         deaths = [r[0] for r in await db.fetch(DEATHS, t0, float(await db.fetchval(NOW)))]
         elections = int(await db.fetchval(ELECTIONS, t0, t1))
-        heartbeats = after.heartbeats - before.heartbeats
-        rounds = bucket_delta(before.rounds, after.rounds)
+        delta = MetricsDelta.of(before, after)
+        heartbeats = delta.heartbeats
+        rounds = delta.rounds
         if stats is not None:
             ack_p50, ack_p99 = stats["ack_p50_ms"], stats["ack_p99_ms"]
             failures, reregisters, fences = stats["failures"], stats["reregisters"], stats["self_fences"]
         else:
-            trips = bucket_delta(before.round_trips, after.round_trips)
+            trips = delta.round_trips
             ack_p50, ack_p99 = _ms(histogram_quantile(0.5, trips)), _ms(histogram_quantile(0.99, trips))
-            failures, reregisters, fences = int(after.agent_failures - before.agent_failures), 0, 0
+            failures, reregisters, fences = int(delta.agent_failures), 0, 0
         window_s = t1 - t0
         return ScalePoint(
             workers=self.workers,

@@ -190,3 +190,12 @@ async def test_a_finished_sleep_is_reported_succeeded_until_acknowledged() -> No
     (outcome,) = worker.outcomes(run.ends + 0.25)
     assert (outcome.assignment_id, outcome.state, outcome.exit_code) == (5, "succeeded", 0)
     assert (outcome.run_ms, outcome.ended_ago_ms) == (60_000, 250) and not worker.running
+
+
+def test_the_embedded_server_loads_the_libraries_asked_for(tmp_path: Path) -> None:
+    """``preload_libraries`` becomes ``shared_preload_libraries``; none asked, none set."""
+    from ops.pg import EmbeddedPostgres
+
+    asked = EmbeddedPostgres(data_dir=tmp_path, port=5999, preload_libraries=("pg_stat_statements",))
+    assert asked.server_settings()["shared_preload_libraries"] == "pg_stat_statements"
+    assert "shared_preload_libraries" not in EmbeddedPostgres(data_dir=tmp_path, port=5999).server_settings()
