@@ -518,10 +518,12 @@ class _Step:
         rounds = delta.rounds
         if stats is not None:
             ack_p50, ack_p99 = stats["ack_p50_ms"], stats["ack_p99_ms"]
+            acked = int(stats["acks"])
             failures, reregisters, fences = stats["failures"], stats["reregisters"], stats["self_fences"]
         else:
             trips = delta.round_trips
             ack_p50, ack_p99 = _ms(histogram_quantile(0.5, trips)), _ms(histogram_quantile(0.99, trips))
+            acked = int(trips[-1][1]) if trips else 0
             failures, reregisters, fences = int(delta.agent_failures), 0, 0
         window_s = t1 - t0
         return ScalePoint(
@@ -531,6 +533,7 @@ class _Step:
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeats=int(heartbeats),
             heartbeats_per_s=round(heartbeats / window_s, 2) if window_s > 0 else 0.0,
+            heartbeats_acked=acked,
             ack_p50_ms=ack_p50,
             ack_p99_ms=ack_p99,
             heartbeat_failures=failures,

@@ -88,6 +88,10 @@ class ScalePoint:
     heartbeats: int
     """Heartbeats the control planes recorded in the window (their counters, summed)."""
     heartbeats_per_s: float
+    heartbeats_acked: int
+    """Heartbeats the workers saw acknowledged (without reregister) in the window, counted on
+    the workers' side: a cross-check of ``heartbeats`` that does not depend on how the control
+    planes count (a control plane that records heartbeats in groups still acknowledges each)."""
     ack_p50_ms: float | None
     ack_p99_ms: float | None
     heartbeat_failures: int

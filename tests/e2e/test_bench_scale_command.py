@@ -50,7 +50,7 @@ async def test_a_tiny_scale_run_reports_every_field_and_stops_everything(tmp_pat
     assert set(point) == {f.name for f in attrs.fields(scalereport.ScalePoint)}
     assert [k for k, v in point.items() if v is None and k not in MAY_BE_NONE] == []
     assert point["workers"] == 10 and point["mode"] == "loadgen"
-    assert point["heartbeats"] > 0 and point["heartbeat_failures"] == 0
+    assert point["heartbeats"] > 0 and point["heartbeats_acked"] > 0 and point["heartbeat_failures"] == 0
     assert point["false_deaths"] == 0 and point["killed_workers"] == ["sim-1"]
     assert point["jobs_moved"] == 2 and point["jobs_not_moved"] == 0
     assert point["placer_rounds"] > 0

@@ -34,6 +34,7 @@ def _point(workers: int, **values: object) -> ScalePoint:
         "heartbeat_interval_s": 1.0,
         "heartbeats": 0,
         "heartbeats_per_s": 0.0,
+        "heartbeats_acked": 0,
         "heartbeat_failures": 0,
         "reregisters": 0,
         "self_fences": 0,
@@ -199,3 +200,15 @@ def test_the_embedded_server_loads_the_libraries_asked_for(tmp_path: Path) -> No
     asked = EmbeddedPostgres(data_dir=tmp_path, port=5999, preload_libraries=("pg_stat_statements",))
     assert asked.server_settings()["shared_preload_libraries"] == "pg_stat_statements"
     assert "shared_preload_libraries" not in EmbeddedPostgres(data_dir=tmp_path, port=5999).server_settings()
+
+
+def test_the_interval_a_reply_names_wins_over_the_own_setting() -> None:
+    """A reply with ``heartbeat_interval_ms`` set (a protocol that has the field) sets the
+    interval; a reply without it, or with 0, keeps the generator's own."""
+    from types import SimpleNamespace
+
+    from ops.loadgen import _interval_of
+
+    assert _interval_of(SimpleNamespace(heartbeat_interval_ms=2500), 1.0) == 2.5
+    assert _interval_of(SimpleNamespace(heartbeat_interval_ms=0), 1.0) == 1.0
+    assert _interval_of(pb.HeartbeatReply(epoch=1), 1.0) == 1.0
