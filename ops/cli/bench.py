@@ -208,3 +208,81 @@ def bench_overload(
     console().print(f"wrote {out} and {picture}")
     if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
+
+
+@bench_app.command("scale")
+def bench_scale(
+    workers: Annotated[
+        str, typer.Option(help="Worker counts, one step each, comma-separated (each 1..20000).")
+    ] = "100,500,1000,2000",
+    duration_s: Annotated[
+        float, typer.Option(min=5.0, max=3600.0, help="Seconds each step's measured window lasts.")
+    ] = 60.0,
+    real_agents: Annotated[
+        bool,
+        typer.Option(
+            "--real-agents",
+            help="Run steps of at most 200 workers as real agents in fleets; larger steps (and all "
+            "without this flag) use the load generator (ops/loadgen.py).",
+        ),
+    ] = False,
+    pending_jobs: Annotated[
+        int, typer.Option(min=0, max=1_000_000, help="Jobs kept pending through each step.")
+    ] = 10_000,
+    heartbeat_interval_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=10.0,
+            help="Workers' heartbeat interval, seconds; deadline 1.5x, self-fence 3.5x, dead-after 5x.",
+        ),
+    ] = 1.0,
+    kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-scale).")
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
+        ),
+    ] = False,
+) -> None:
+    """Heartbeats recorded per second, their acknowledgement latency, control-plane and database
+    CPU per 1,000 heartbeats, false deaths, elections, placer round times with a long queue and
+    the time until a killed worker's jobs run elsewhere, for each worker count, on a fresh
+    cluster each; with a PNG of how each grows per doubling. Exits 1 on a false death."""
+    import trio
+
+    from ops import benchscale, scalereport
+    from runtime.errors import InvalidArgument
+
+    try:
+        counts = scalereport.parse_workers(workers)
+    except InvalidArgument as exc:
+        fail(str(exc), EXIT_INVALID)
+    out = json_path or Path("bench-scale.json")
+    if not out.parent.resolve().is_dir():
+        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    settings = benchscale.ScaleSettings(
+        workers=counts,
+        duration_s=duration_s,
+        real_agents=real_agents,
+        pending_jobs=pending_jobs,
+        heartbeat_interval_s=heartbeat_interval_s,
+        kills=kills,
+        insecure=insecure,
+    )
+    root = state_dir or (default_state_dir() / "bench-scale")
+    with interruptible(), errors():
+        report = trio.run(benchscale.run_scale, settings, root, err_console().print)
+    console().print(scalereport.render(report))
+    scalereport.save(out, report)
+    picture = out.with_suffix(".png")
+    scalereport.plot(report, picture)
+    console().print(f"wrote {out} and {picture}")
+    if not report.ok:
+        raise typer.Exit(EXIT_UNAVAILABLE)

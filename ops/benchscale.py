@@ -1,0 +1,624 @@
+"""``stockade bench scale``: what heartbeats and placement cost as the worker count doubles.
+
+For each worker count N, on a fresh cluster (3 control planes, one embedded PostgreSQL with
+``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.loadgen`, or real agents in
+fleets with ``--real-agents`` where N <= :data:`ops.scalereport.REAL_AGENTS_LIMIT`) hold sleep
+jobs while a queue of ``pending_jobs`` more waits (topped up every second); after a warm-up,
+one window of ``duration_s`` is measured from outside the control plane only: its metrics
+endpoints, the database and the processes' CPU time. Early in the window a few workers that
+hold long jobs are killed (their heartbeats and Worker service stop at once) and their jobs are
+timed, by database time, from the kill to their new assignments confirmed running.
+What each figure means: :class:`ops.scalereport.ScalePoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attr
+import attrs
+import psutil
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from ops.benchpack.figures import histogram_quantile
+from ops.cluster import LocalCluster, StateDir
+from ops.launcher.state import ClusterConfig
+from ops.pg import EmbeddedPostgres, free_port
+from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
+from protocol import pb
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.client import ControlPlaneClient
+from runtime.errors import StockadeError
+
+__all__ = ["ScaleSettings", "run_scale"]
+
+WORKER_CPU_MILLIS = 1000
+WORKER_MEMORY_MB = 1024
+JOB_CPU_MILLIS = 500
+"""Every job asks half a worker: two per worker."""
+JOB_MEMORY_MB = 256
+LONG_JOB_MS = 3_600_000
+"""Long jobs (held by the workers that are killed) outlast any step."""
+LONG_PRIORITY = 10
+"""Long jobs go before the queue, so a killed worker's jobs are placed again first."""
+WARM_UP_TIMEOUT_S = 120.0
+RECOVERY_TIMEOUT_S = 60.0
+"""How long after the window the killed workers' jobs are waited for."""
+
+
+class BenchFailed(StockadeError):
+    """The bench could not run a step (the message says what failed)."""
+
+
+@attrs.frozen(kw_only=True)
+class ScaleSettings:
+    """How ``stockade bench scale`` runs."""
+
+    workers: tuple[int, ...]
+    duration_s: float = 60.0
+    """Length of each step's measured window, seconds."""
+    real_agents: bool = False
+    pending_jobs: int = 10_000
+    """Jobs kept pending (topped up every second) so each placer round reads a long queue."""
+    heartbeat_interval_s: float = 1.0
+    """Workers' heartbeat interval; their deadline is 1.5x, self-fence 3.5x, dead_after 5x."""
+    kills: int = 3
+    """Workers killed in each step (each holding long jobs)."""
+    job_s: tuple[float, float] = (10.0, 30.0)
+    """Sleep of the queue's jobs, drawn uniformly from this range, seconds."""
+    fleet_size: int = 25
+    """Most workers per fleet with real agents (a step has at least four fleets)."""
+    insecure: bool = False
+    seed: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return attr.asdict(self, retain_collection_types=False)
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def _samples(text: str) -> list[Any]:
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def _sum(samples: Sequence[Any], name: str) -> float:
+    """Sum of every series of ``name`` (whatever its labels)."""
+    return sum(s.value for s in samples if s.name == name)
+
+
+def _buckets(samples: Sequence[Any], name: str) -> dict[float, float]:
+    """Cumulative counts of histogram ``name`` by upper bound, summed over its series."""
+    found: dict[float, float] = {}
+    for s in samples:
+        if s.name == f"{name}_bucket":
+            upper = float(s.labels["le"])
+            found[upper] = found.get(upper, 0.0) + s.value
+    return found
+
+
+@attrs.frozen
+class Scraped:
+    """What one /metrics endpoint said that the bench reads."""
+
+    heartbeats: float
+    rounds: dict[float, float]
+    round_trips: dict[float, float]
+    agent_failures: float
+
+
+def scrape_endpoint(address: str) -> Scraped | None:
+    """The figures of the /metrics at ``address`` (host:port); None when it does not answer (a
+    fleet that was killed)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+            samples = _samples(reply.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None
+    return Scraped(
+        heartbeats=_sum(samples, "stockade_heartbeats_recorded_total"),
+        rounds=_buckets(samples, "stockade_placer_round_seconds"),
+        round_trips=_buckets(samples, "stockade_agent_heartbeat_round_trip_seconds"),
+        agent_failures=_sum(samples, "stockade_agent_heartbeat_failures_total"),
+    )
+
+
+def read_metrics(addresses: Sequence[str]) -> dict[str, Scraped]:
+    """Address -> its figures, for every endpoint of ``addresses`` that answers."""
+    return {a: found for a in addresses if (found := scrape_endpoint(a)) is not None}
+
+
+@attrs.frozen
+class MetricsDelta:
+    """What happened between two :func:`read_metrics`, summed over the endpoints that answered
+    both times."""
+
+    heartbeats: float
+    rounds: list[tuple[float, float]]
+    round_trips: list[tuple[float, float]]
+    agent_failures: float
+
+    @classmethod
+    def of(cls, before: dict[str, Scraped], after: dict[str, Scraped]) -> MetricsDelta:
+        common = [a for a in after if a in before]
+        rounds: dict[float, float] = {}
+        trips: dict[float, float] = {}
+        for address in common:
+            for upper, count in bucket_delta(before[address].rounds, after[address].rounds):
+                rounds[upper] = rounds.get(upper, 0.0) + count
+            for upper, count in bucket_delta(before[address].round_trips, after[address].round_trips):
+                trips[upper] = trips.get(upper, 0.0) + count
+        return cls(
+            heartbeats=sum(after[a].heartbeats - before[a].heartbeats for a in common),
+            rounds=sorted(rounds.items()),
+            round_trips=sorted(trips.items()),
+            agent_failures=sum(after[a].agent_failures - before[a].agent_failures for a in common),
+        )
+
+
+def bucket_delta(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
+    """The cumulative (upper bound, count) buckets of what happened between two snapshots."""
+    return sorted((upper, count - before.get(upper, 0.0)) for upper, count in after.items())
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def per_1000(amount: float | None, heartbeats: float) -> float | None:
+    """``amount`` per 1,000 heartbeats (None when there were none)."""
+    if amount is None or heartbeats <= 0:
+        return None
+    return round(amount * 1000 / heartbeats, 4)
+
+
+# -- CPU ------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pids: Sequence[int], *, with_children: bool = False) -> dict[int, float]:
+    """pid -> user + system CPU seconds of each live process of ``pids`` (and, with
+    ``with_children``, of their descendants: PostgreSQL's backends)."""
+    found: dict[int, float] = {}
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            family = [process, *(process.children(recursive=True) if with_children else [])]
+        except psutil.Error:
+            continue
+        for member in family:
+            try:
+                times = member.cpu_times()
+            except psutil.Error:
+                continue
+            found[member.pid] = times.user + times.system
+    return found
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two :func:`cpu_seconds` readings (a process that started in
+    between counts whole; one that ended in between is lost)."""
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+# -- SQL the bench reads --------------------------------------------------------------------
+
+PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
+CONFIRMED = "SELECT count(*) FROM assignments WHERE state = 'active' AND confirmed_at IS NOT NULL"
+NOW = "SELECT extract(epoch FROM now())::float8"
+STATEMENTS = """
+SELECT coalesce(sum(total_exec_time), 0)::float8, coalesce(sum(calls), 0)::float8
+  FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+"""
+# Workers holding confirmed long jobs, busiest first.
+HOLDERS = """
+SELECT a.worker_id, count(*) AS held
+  FROM assignments a JOIN jobs j ON j.id = a.job_id
+ WHERE a.state = 'active' AND a.confirmed_at IS NOT NULL AND j.name LIKE 'scale-long-%'
+ GROUP BY a.worker_id ORDER BY held DESC, a.worker_id
+"""
+ACTIVE_ON = "SELECT job_id FROM assignments WHERE state = 'active' AND worker_id = ANY($1::text[])"
+# $1 job ids, $2 killed worker ids, $3 kill time (unix s): first confirmation elsewhere after it.
+MOVED = """
+SELECT job_id, extract(epoch FROM min(confirmed_at))::float8 - $3 AS seconds
+  FROM assignments
+ WHERE job_id = ANY($1::bigint[]) AND worker_id <> ALL($2::text[]) AND confirmed_at IS NOT NULL
+   AND created_at >= to_timestamp($3)
+ GROUP BY job_id
+"""
+DEATHS = """
+SELECT worker_id FROM worker_deaths WHERE declared_at BETWEEN to_timestamp($1) AND to_timestamp($2)
+"""
+ELECTIONS = (
+    "SELECT count(*) FROM lease_history WHERE acquired_at BETWEEN to_timestamp($1) AND to_timestamp($2)"
+)
+
+
+# -- the load generator's process -----------------------------------------------------------
+
+
+@attrs.define
+class LoadGenProcess:
+    """``python -m ops.loadgen`` as a child: commands on its stdin, JSON lines on its stdout."""
+
+    process: subprocess.Popen[str]
+
+    @classmethod
+    def start(cls, args: Sequence[str], log_path: Path) -> LoadGenProcess:
+        log = log_path.open("w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ops.loadgen", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            bufsize=1,
+        )
+        log.close()
+        return cls(process)
+
+    async def expect(self, event: str, timeout_s: float) -> dict[str, Any]:
+        """The next line whose ``event`` is ``event``.
+
+        Raises:
+            BenchFailed: it exited, or said nothing such within ``timeout_s``.
+        """
+        assert self.process.stdout is not None
+        with trio.move_on_after(timeout_s):
+            while True:
+                line = await trio.to_thread.run_sync(self.process.stdout.readline, abandon_on_cancel=True)
+                if not line:
+                    raise BenchFailed(f"the load generator exited (code {self.process.poll()})")
+                message: dict[str, Any] = json.loads(line)
+                if message.get("event") == event:
+                    return message
+        raise BenchFailed(f"the load generator said no {event!r} within {timeout_s:g} s")
+
+    async def ask(self, command: dict[str, Any], event: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return await self.expect(event, timeout_s)
+
+    def stop(self) -> None:
+        """Ask it to stop; kill it when it has not within 5 s."""
+        if self.process.poll() is None:
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.write('{"cmd": "stop"}\n')
+                self.process.stdin.close()
+                self.process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self.process.kill()
+                self.process.wait()
+
+
+# -- one step -------------------------------------------------------------------------------
+
+
+def _specs(settings: ScaleSettings, count: int, first: int, rng: random.Random) -> list[pb.JobSpec]:
+    low, high = settings.job_s
+    return [
+        pb.JobSpec(
+            name=f"scale-{i}",
+            cpu_millis=JOB_CPU_MILLIS,
+            memory_mb=JOB_MEMORY_MB,
+            sleep=pb.SleepRuntime(duration_ms=int(rng.uniform(low, high) * 1000)),
+        )
+        for i in range(first, first + count)
+    ]
+
+
+async def _submit(client: ControlPlaneClient, specs: Sequence[pb.JobSpec]) -> None:
+    for start in range(0, len(specs), 2000):
+        await client.call(
+            "submit_jobs", pb.SubmitJobsRequest(specs=list(specs[start : start + 2000])), timeout_s=60
+        )
+
+
+@attrs.define
+class _Step:
+    settings: ScaleSettings
+    workers: int
+    root: Path
+    progress: Callable[[str], None]
+    pg: EmbeddedPostgres | None = None
+    cluster: LocalCluster | None = None
+    loadgen: LoadGenProcess | None = None
+
+    @property
+    def real(self) -> bool:
+        return self.settings.real_agents and self.workers <= REAL_AGENTS_LIMIT
+
+    def stop(self) -> None:
+        """Stop everything this step started (also after a failure or Ctrl-C)."""
+        if self.loadgen is not None:
+            self.loadgen.stop()
+        if self.cluster is not None:
+            try:
+                self.cluster.down()
+            except StockadeError as exc:
+                self.progress(f"stopping the cluster: {exc}")
+        if self.pg is not None:
+            self.pg.stop()
+
+    def _start(self) -> ClusterConfig:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        interval_s = self.settings.heartbeat_interval_s
+        self.pg = EmbeddedPostgres(
+            data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",)
+        )
+        url = self.pg.start()
+        self.cluster = LocalCluster(
+            StateDir(self.root / "cluster"),
+            database_url=url,
+            cp_args=("--dead-after-s", f"{5 * interval_s:g}"),
+            agent_args=(
+                "--heartbeat-interval-s",
+                f"{interval_s:g}",
+                "--heartbeat-timeout-s",
+                f"{1.5 * interval_s:g}",
+                "--self-fence-after-s",
+                f"{3.5 * interval_s:g}",
+            ),
+            # At least four fleets, so killing one leaves workers to take its jobs.
+            fleet_size=min(self.settings.fleet_size, max(1, -(-self.workers // 4))),
+            worker_capacities=((WORKER_CPU_MILLIS, WORKER_MEMORY_MB),),
+            metrics=True,
+            insecure=self.settings.insecure,
+        )
+        self.cluster.up(control_planes=3, workers=self.workers if self.real else 0, timeout_s=300)
+        config = self.cluster.config()
+        if not self.real:
+            from ops.certs import ensure_issued
+            from ops.loadgen import worker_ids
+
+            args = [
+                "--control-planes",
+                ",".join(config.control_plane_addresses),
+                "--workers",
+                str(self.workers),
+                "--cpu-millis",
+                str(WORKER_CPU_MILLIS),
+                "--memory-mb",
+                str(WORKER_MEMORY_MB),
+                "--interval-s",
+                f"{interval_s:g}",
+                "--timeout-s",
+                f"{1.5 * interval_s:g}",
+                "--self-fence-s",
+                f"{3.5 * interval_s:g}",
+            ]
+            if self.settings.insecure:
+                args.append("--insecure")
+            else:
+                cert_dir = self.cluster.state.cert_dir
+                ensure_issued(cert_dir, [("worker", w) for w in worker_ids(self.workers)])
+                args += ["--cert-dir", str(cert_dir)]
+            self.loadgen = LoadGenProcess.start(args, self.root / "loadgen.log")
+        return config
+
+    async def run(self) -> ScalePoint:
+        settings = self.settings
+        mode = "real_agents" if self.real else "loadgen"
+        self.progress(f"{self.workers} workers ({mode}): starting the cluster")
+        config = await trio.to_thread.run_sync(self._start)
+        assert self.pg is not None and self.cluster is not None
+        metrics = config.metrics_addresses()
+        cp_ids = [spec.id for spec in config.control_planes]
+        cp_metrics = [metrics[i] for i in cp_ids if i in metrics]
+        agent_metrics = [a for i, a in metrics.items() if i not in cp_ids]
+        rng = random.Random(settings.seed)
+        async with asyncio_bridge():
+            db = await PgConnection.connect(self.pg.url())
+            client = ControlPlaneClient(config.control_plane_addresses, timeout_s=10.0, tls=config.client_tls)
+            try:
+                await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                if self.loadgen is not None:
+                    await self.loadgen.expect("registered", timeout_s=WARM_UP_TIMEOUT_S + self.workers / 10)
+                long_jobs = [
+                    pb.JobSpec(
+                        name=f"scale-long-{i}",
+                        cpu_millis=JOB_CPU_MILLIS,
+                        memory_mb=JOB_MEMORY_MB,
+                        priority=LONG_PRIORITY,
+                        sleep=pb.SleepRuntime(duration_ms=LONG_JOB_MS),
+                    )
+                    for i in range(2 * settings.kills)
+                ]
+                await _submit(client, long_jobs)
+                submitted = 2 * self.workers + settings.pending_jobs
+                await _submit(client, _specs(settings, submitted, 0, rng))
+                self.progress(f"{self.workers} workers: warming up")
+                with trio.move_on_after(WARM_UP_TIMEOUT_S):
+                    while await db.fetchval(CONFIRMED) < 1.5 * self.workers:  # noqa: ASYNC110 (polls the database)
+                        await trio.sleep(0.5)
+                await trio.sleep(3 * settings.heartbeat_interval_s)
+                return await self._window(db, client, config, cp_metrics, agent_metrics, rng, submitted, mode)
+            finally:
+                client.close()
+                await db.close()
+
+    async def _window(
+        self,
+        db: PgConnection,
+        client: ControlPlaneClient,
+        config: ClusterConfig,
+        cp_metrics: Sequence[str],
+        agent_metrics: Sequence[str],
+        rng: random.Random,
+        submitted: int,
+        mode: str,
+    ) -> ScalePoint:
+        settings = self.settings
+        assert self.pg is not None and self.cluster is not None
+        pg = self.pg
+        cluster = self.cluster
+        pg_pid = int((self.pg.pgdata / "postmaster.pid").read_text().split()[0])
+        cp_pids = [p for i, p in cluster.pids(config).items() if i.startswith("cp-")]
+        pending: list[int] = []
+        self.progress(f"{self.workers} workers: measuring {settings.duration_s:g} s")
+
+        async def top_up() -> None:
+            nonlocal submitted
+            own = await PgConnection.connect(pg.url())  # one caller per connection
+            try:
+                while True:
+                    count = int(await own.fetchval(PENDING))
+                    pending.append(count)
+                    if count < settings.pending_jobs:
+                        missing = min(settings.pending_jobs - count, 5000)
+                        await _submit(client, _specs(settings, missing, submitted, rng))
+                        submitted += missing
+                    await trio.sleep(1.0)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await own.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(top_up)
+            await db.execute("SELECT pg_stat_statements_reset()")
+            before = await trio.to_thread.run_sync(read_metrics, [*cp_metrics, *agent_metrics])
+            cp_before, db_before = cpu_seconds(cp_pids), cpu_seconds([pg_pid], with_children=True)
+            gen_pid = [self.loadgen.process.pid] if self.loadgen is not None else []
+            gen_before = cpu_seconds(gen_pid)
+            if self.loadgen is not None:
+                await self.loadgen.ask({"cmd": "stats", "reset": True}, "stats")
+            t0 = float(await db.fetchval(NOW))
+            await trio.sleep(min(settings.duration_s / 3, 10.0))
+            killed, kill_at, lost = await self._kill(db, config)
+            await trio.sleep_until(
+                trio.current_time() + settings.duration_s - min(settings.duration_s / 3, 10.0)
+            )
+            t1 = float(await db.fetchval(NOW))
+            after = await trio.to_thread.run_sync(read_metrics, [*cp_metrics, *agent_metrics])
+            cp_cpu = cpu_used(cp_before, cpu_seconds(cp_pids))
+            db_cpu = cpu_used(db_before, cpu_seconds([pg_pid], with_children=True))
+            gen_cpu = cpu_used(gen_before, cpu_seconds(gen_pid)) if gen_pid else None
+            exec_ms, calls = await db.fetchrow(STATEMENTS) or (None, None)
+            stats = await self.loadgen.ask({"cmd": "stats"}, "stats") if self.loadgen is not None else None
+            moved = await self._recovery(db, lost, killed, kill_at)
+            nursery.cancel_scope.cancel()
+        deaths = [r[0] for r in await db.fetch(DEATHS, t0, float(await db.fetchval(NOW)))]
+        elections = int(await db.fetchval(ELECTIONS, t0, t1))
+        delta = MetricsDelta.of(before, after)
+        heartbeats = delta.heartbeats
+        rounds = delta.rounds
+        if stats is not None:
+            ack_p50, ack_p99 = stats["ack_p50_ms"], stats["ack_p99_ms"]
+            acked = int(stats["acks"])
+            failures, reregisters, fences = stats["failures"], stats["reregisters"], stats["self_fences"]
+        else:
+            trips = delta.round_trips
+            ack_p50, ack_p99 = _ms(histogram_quantile(0.5, trips)), _ms(histogram_quantile(0.99, trips))
+            acked = int(trips[-1][1]) if trips else 0
+            failures, reregisters, fences = int(delta.agent_failures), 0, 0
+        window_s = t1 - t0
+        return ScalePoint(
+            workers=self.workers,
+            mode=mode,
+            duration_s=round(window_s, 3),
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeats=int(heartbeats),
+            heartbeats_per_s=round(heartbeats / window_s, 2) if window_s > 0 else 0.0,
+            heartbeats_acked=acked,
+            ack_p50_ms=ack_p50,
+            ack_p99_ms=ack_p99,
+            heartbeat_failures=failures,
+            reregisters=reregisters,
+            self_fences=fences,
+            cp_cpu_s_per_1000_heartbeats=per_1000(cp_cpu, heartbeats),
+            db_cpu_s_per_1000_heartbeats=per_1000(db_cpu, heartbeats),
+            db_exec_ms_per_1000_heartbeats=per_1000(exec_ms, heartbeats),
+            db_calls_per_heartbeat=round(calls / heartbeats, 3)
+            if calls is not None and heartbeats > 0
+            else None,
+            loadgen_cpu_s_per_1000_heartbeats=per_1000(gen_cpu, heartbeats),
+            false_deaths=len([w for w in deaths if w not in killed]),
+            deaths=len(deaths),
+            elections=elections,
+            pending_p50=int(statistics.median(pending)) if pending else None,
+            placer_rounds=int(rounds[-1][1]) if rounds else 0,
+            placer_round_p50_ms=_ms(histogram_quantile(0.5, rounds)),
+            placer_round_p99_ms=_ms(histogram_quantile(0.99, rounds)),
+            killed_workers=tuple(killed),
+            jobs_moved=len(moved),
+            jobs_not_moved=len(lost) - len(moved),
+            recovery_p50_s=round(statistics.median(moved), 3) if moved else None,
+            recovery_max_s=round(max(moved), 3) if moved else None,
+        )
+
+    async def _kill(self, db: PgConnection, config: ClusterConfig) -> tuple[list[str], float, list[int]]:
+        """Kill workers holding long jobs: ``kills`` simulated ones, or the fleet of the busiest
+        real one. Returns the killed ids, the kill's database time and their active jobs."""
+        holders = [r[0] for r in await db.fetch(HOLDERS)]
+        fleet: str | None = None
+        if self.loadgen is None:
+            assert self.cluster is not None
+            hosting = {w.id: p.id for p in config.processes for w in config.workers_in(p.id)}
+            fleet = hosting.get(holders[0]) if holders else None
+            if fleet is None:
+                return [], 0.0, []
+            targets = [w.id for w in config.workers_in(fleet)]
+        else:
+            targets = holders[: self.settings.kills]
+        if not targets:
+            return [], 0.0, []
+        lost = [int(r[0]) for r in await db.fetch(ACTIVE_ON, targets)]
+        kill_at = float(await db.fetchval(NOW))
+        if self.loadgen is not None:
+            await self.loadgen.ask({"cmd": "kill", "ids": targets}, "killed")
+        elif self.cluster is not None and fleet is not None:
+            await trio.to_thread.run_sync(self.cluster.kill, fleet)
+        self.progress(f"{self.workers} workers: killed {', '.join(targets)} holding {len(lost)} jobs")
+        return targets, kill_at, lost
+
+    async def _recovery(
+        self, db: PgConnection, lost: list[int], killed: list[str], kill_at: float
+    ) -> list[float]:
+        """Seconds from the kill to each lost job's new assignment confirmed running elsewhere,
+        waiting up to :data:`RECOVERY_TIMEOUT_S` for the last ones."""
+        moved: dict[int, float] = {}
+        with trio.move_on_after(RECOVERY_TIMEOUT_S):
+            while lost and len(moved) < len(lost):
+                moved = {int(r[0]): float(r[1]) for r in await db.fetch(MOVED, lost, killed, kill_at)}
+                await trio.sleep(0.5)
+        return sorted(moved.values())
+
+
+async def run_scale(
+    settings: ScaleSettings, root: Path, progress: Callable[[str], None] = print
+) -> ScaleReport:
+    """Run one step per worker count of ``settings`` (each on a fresh cluster under
+    ``root/n-<N>``, stopped before the next starts) and return the report.
+
+    Raises:
+        BenchFailed: a step could not run (what it started is stopped first).
+        ops.config.ClusterError: the cluster could not start.
+    """
+    points = []
+    for count in settings.workers:
+        step = _Step(settings=settings, workers=count, root=root / f"n-{count}", progress=progress)
+        try:
+            point = await step.run()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(step.stop)
+        points.append(point)
+        progress(
+            f"{count} workers: {point.heartbeats_per_s} heartbeats/s, ack p99 {point.ack_p99_ms} ms, "
+            f"false deaths {point.false_deaths}"
+        )
+    return ScaleReport(settings=settings.to_json(), points=tuple(points))
