@@ -165,6 +165,9 @@ class _Worker:
     accepted: set[int] = attrs.field(factory=set)
     cancelled: set[int] = attrs.field(factory=set)
     last_ack: float = 0.0
+    """Send time (``time.monotonic()``) of the newest acknowledged heartbeat or registration."""
+    dead_after_ms: int = 0
+    """The dead_after the newest reply told (0: none): its self-fence is derived from it."""
     failures_in_row: int = 0
     in_flight: bool = False
     registering: bool = False
@@ -330,7 +333,8 @@ class LoadGenerator:
                 for aid in sent:
                     worker.finished.pop(aid, None)
                 worker.interval_s = _interval_of(reply, self.interval_s)
-                worker.last_ack = time.monotonic()
+                worker.dead_after_ms = reply.dead_after_ms or worker.dead_after_ms
+                worker.last_ack = now
                 self.stats.registrations += 1
                 worker.schedule += 1
                 first = time.monotonic() + random.random() * worker.interval_s
@@ -352,6 +356,8 @@ class LoadGenerator:
             running_assignment_ids=list(worker.running),
             finished=worker.outcomes(now),
             epoch_seen=worker.epoch_seen,
+            sent_monotonic_us=int(now * 1e6),
+            dead_after_in_use_ms=worker.dead_after_ms,
         )
         worker.in_flight = True
         try:
@@ -373,7 +379,8 @@ class LoadGenerator:
             return
         self.stats.acks += 1
         self.stats.latencies_s.append(time.monotonic() - now)
-        worker.last_ack = time.monotonic()
+        worker.last_ack = now
+        worker.dead_after_ms = reply.dead_after_ms or worker.dead_after_ms
         for aid in sent:
             worker.finished.pop(aid, None)
         for aid in reply.stop_assignment_ids:
@@ -395,7 +402,7 @@ class LoadGenerator:
                 worker = self.workers[worker_id]
                 if worker.killed or worker.registering or schedule != worker.schedule:
                     continue  # a registration schedules its own first heartbeat
-                if now - worker.last_ack > self.self_fence_s:
+                if now - worker.last_ack > self.fence_s(worker):
                     self.stats.self_fences += 1
                     self._stop_all(worker)
                     self.spawn(self.register(worker))
@@ -411,6 +418,15 @@ class LoadGenerator:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(delay, 0.0))
             except TimeoutError:
                 pass
+
+    def fence_s(self, worker: _Worker) -> float:
+        """``worker``'s self-fence span, as an agent's (:func:`agent.fence.fence_after_s`):
+        ``self_fence_s``, stretched with a longer told interval, kept 1 s below the told
+        dead_after."""
+        wanted = self.self_fence_s * max(1.0, worker.interval_s / self.interval_s)
+        if not worker.dead_after_ms:
+            return wanted
+        return max(0.1, min(wanted, worker.dead_after_ms / 1000 - 1.0))
 
     # -- commands --------------------------------------------------------------------
 
