@@ -91,7 +91,8 @@ async def run_agent(
         settings: the worker's settings.
         control_plane: how to reach the control plane; by default a
             :class:`GrpcControlPlane` over ``settings.control_planes`` whose calls are
-            hedged after ``heartbeat_timeout_s``.
+            hedged after ``heartbeat_timeout_s`` and go first to the worker's home replica
+            (:func:`runtime.client.home_index` of its id).
         start_limiter: the process's start slots; None: one of its own
             (``settings.max_concurrent_starts``).
         leave_turns: the process's turns for leave attempts at a clean stop; None: its own
@@ -128,7 +129,10 @@ async def run_agent(
     client: ControlPlaneClient | None = None
     if control_plane is None:
         client = ControlPlaneClient(
-            settings.control_planes, timeout_s=settings.heartbeat_timeout_s, tls=settings.tls
+            settings.control_planes,
+            timeout_s=settings.heartbeat_timeout_s,
+            tls=settings.tls,
+            home_key=settings.worker_id,  # spreads the workers over the replicas
         )
         control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
     own_spawner = Spawner() if spawner is None else None
