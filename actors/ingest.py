@@ -473,25 +473,39 @@ class ControlPlaneService(AdmittedService):
             await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
-            incarnation = await conn.fetchval(
-                queries.REGISTER_WORKER,
-                request.worker_id,
-                request.address,
-                request.cpu_millis,
-                request.memory_mb,
-                json.dumps(labels),
-                request.agent_run_id,
-                request.registration_seq,
-                digest,
+            # A copy of a registration already applied (a hedged or retried one) is told apart
+            # first, under the row's lock: REGISTER_WORKER draws the incarnation from a sequence
+            # before its conflict check, so running it for every copy would use up a number each
+            # (a storm of copies read as a storm of incarnations). A copy of a first registration
+            # that meets its original still uncommitted (no row to lock yet) is caught by
+            # REGISTER_WORKER's condition instead, at the cost of one number.
+            row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
+            again: bool = (
+                row is not None
+                and row["agent_run_id"] == request.agent_run_id
+                and row["registration_seq"] >= request.registration_seq
             )
-            again = incarnation is None
+            incarnation: int | None = None
+            if not again:
+                incarnation = await conn.fetchval(
+                    queries.REGISTER_WORKER,
+                    request.worker_id,
+                    request.address,
+                    request.cpu_millis,
+                    request.memory_mb,
+                    json.dumps(labels),
+                    request.agent_run_id,
+                    request.registration_seq,
+                    digest,
+                )
+                if incarnation is None:
+                    again = True
+                    row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
             if again:
-                # A copy of a registration already applied (a hedged or retried one): its
-                # incarnation, if it asks for the same; or one its agent has since replaced, or
-                # one that asks for something else under the same key: refused, and the
+                # Its incarnation, if it asks for the same; or one its agent has since replaced,
+                # or one that asks for something else under the same key: refused, and the
                 # transaction rolls back, outcomes included.
-                row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
-                assert row is not None  # the conflict that skipped the update was on this row
+                assert row is not None  # a copy, or the conflict that skipped the update, is on this row
                 if row["registration_seq"] != request.registration_seq:
                     raise InvalidArgument(
                         "registration_seq",
@@ -510,6 +524,7 @@ class ControlPlaneService(AdmittedService):
                         )
                     )
                 incarnation = row["incarnation"]
+            assert incarnation is not None
             await faults.hit("ingest.promise_before_commit")
             # Last, so the worker's silence counts from the commit, not from the start; a copy
             # answered again is an answer too (its agent may hear of its incarnation only now).
@@ -520,6 +535,7 @@ class ControlPlaneService(AdmittedService):
 
         async with self.database("register_worker") as conn:
             incarnation, again, clock, told = await conn.run_in_transaction(register, what="register_worker")
+        await faults.hit("ingest.register_after_commit")  # tests: an answer lost or late after the commit
         epoch = clock["epoch"]
         if again:
             metrics.INGEST_REPLAYED_REQUESTS.labels("register_worker").inc()

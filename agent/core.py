@@ -12,7 +12,8 @@ is no module-level state). Its pieces:
   slot is freed when the reaper says the job has exec'd. A job stopped while it waits never
   starts and gets no line at all. So a large Assign costs the heartbeats nothing: starting
   80 jobs is 40 pairs of reaper start-ups one after the other, not 80 forks in one go;
-- a heartbeat loop: register (retrying every ``register_retry_s`` while no control plane answers), then
+- a heartbeat loop: register (retrying after a capped, jittered, growing pause while no control
+  plane answers: ``register_retry_s``, ``register_retry_max_s``), then
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
   outcome; obey the reply (stop ids, re-register). Registrations carry the unacknowledged
   outcomes too, so a job that succeeded just before a fence keeps its result. Both calls are
@@ -186,6 +187,7 @@ class Agent:
             :func:`agent.main.run_agent` passes ``settings.job_user`` resolved.
         resources: how command jobs' limits are enforced (:mod:`agent.resources`); None: they
             are not, for tests. :func:`agent.main.run_agent` passes the mode found at start.
+        rng: draws the pauses between registration attempts; None: a fresh one.
     """
 
     def __init__(
@@ -198,8 +200,14 @@ class Agent:
         runner: JobRunner | None = None,
         run_as: RunAs | None = None,
         resources: JobResources | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
+        self._rng = rng or random.Random()
+        """Draws the jitter of the registration retries."""
+        self._register_backoff = FullJitterBackoff(
+            base_s=settings.register_retry_s, cap_s=settings.register_retry_max_s
+        )
         self.worker_id = settings.worker_id
         self.address = ""
         """host:port registered with the control plane; set by :meth:`run`."""
@@ -661,6 +669,14 @@ class Agent:
             "stopped its jobs and exits; give each agent its own --id"
         )
 
+    def _register_retry_wait_s(self, failures: int) -> float:
+        """The pause after the ``failures``-th failed attempt (1, 2, ...) of one registration,
+        in seconds: uniform below ``register_retry_s * 2**(failures - 1)``, capped at
+        ``register_retry_max_s`` (full jitter, :mod:`runtime.backoff`). A registration no
+        replica answered was often queued, not lost: a copy sent again at once, by every worker
+        refused together, only lengthens the queue it waits in."""
+        return self._register_backoff.delay_s(failures - 1, self._rng)
+
     async def _register(self, stop_reason: StopReason) -> None:
         """Stop every job, then register until a control plane answers (new incarnation).
 
@@ -700,15 +716,16 @@ class Agent:
                 ) from exc
             except StockadeError as exc:
                 failures += 1
+                wait_s = self._register_retry_wait_s(failures)
                 if failures % _LOG_EVERY_FAILURES == 1:
                     level = "warning" if isinstance(exc, TemporaryError) else "error"
                     getattr(self._logger, level)(
                         "registration failed, retrying",
                         error=str(exc),
                         attempts=failures,
-                        retry_in_s=self.settings.register_retry_s,
+                        retry_in_s=round(wait_s, 3),
                     )
-                await trio.sleep(self.settings.register_retry_s)
+                await trio.sleep(wait_s)
                 continue
             break
         self._clock_told(reply.database_unix_s, sent_at)
@@ -852,14 +869,16 @@ class Agent:
                 raise
             except StockadeError as exc:
                 failures += 1
+                wait_s = self._register_retry_wait_s(failures)
                 if failures % _LOG_EVERY_FAILURES == 1:
                     self._logger.warning(
                         "continuing the incarnation failed, retrying",
                         error=str(exc),
                         attempts=failures,
                         incarnation=incarnation,
+                        retry_in_s=round(wait_s, 3),
                     )
-                await trio.sleep(self.settings.register_retry_s)
+                await trio.sleep(wait_s)
                 continue
             break
         self._clock_told(reply.database_unix_s, sent_at)

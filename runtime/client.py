@@ -224,11 +224,10 @@ class ControlPlaneClient:
 
     def _answered_by(self, index: int) -> None:
         """Replica ``index`` answered: it is asked first from now on (see :meth:`_start_index`)."""
-        if index != self._preferred and index != self._home:
-            if self._preferred == self._home or self._left_home_at is None:
-                self._left_home_at = trio.current_time()
         if index == self._home:
-            self._left_home_at = None
+            self._left_home_at = None  # home again
+        elif self._left_home_at is None:
+            self._left_home_at = trio.current_time()  # moved away: the clock starts
         self._preferred = index
 
     def _channel(self, address: str) -> GrpcChannel:

@@ -806,7 +806,13 @@ class AgentSettings:
     """A heartbeat or registration gives up this long before the fence deadline (an answer
     after it would come too late to keep the jobs), in seconds."""
     register_retry_s: float = attrs.field(default=0.5, validator=_positive)
-    """Pause between registration attempts while no control plane answers, in seconds."""
+    """The longest pause after the first failed registration attempt, in seconds: the pauses
+    while no control plane answers are drawn uniformly below a ceiling that starts here and
+    doubles with each failed attempt up to ``register_retry_max_s`` (full jitter,
+    :class:`runtime.backoff.FullJitterBackoff`), so workers that started together, or were
+    all refused by an overloaded control plane at once, do not come back at once."""
+    register_retry_max_s: float = attrs.field(default=5.0, validator=_positive)
+    """The cap of the registration retries' ceiling (see ``register_retry_s``), in seconds."""
     leave_timeout_s: float = attrs.field(default=DEFAULT_LEAVE_TIMEOUT_S, validator=_positive)
     """How long a clean stop keeps trying to have a control plane record that the worker left,
     from its first attempt once every job has ended (attempts no replica answered are tried
@@ -912,6 +918,12 @@ class AgentSettings:
         identifiers.check_labels(value, field="labels")
 
     def __attrs_post_init__(self) -> None:
+        if self.register_retry_max_s < self.register_retry_s:
+            raise InvalidArgument(
+                "register_retry_max_s",
+                self.register_retry_max_s,
+                f"must be >= register_retry_s = {self.register_retry_s:g}",
+            )
         if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:
             raise InvalidArgument(
                 "heartbeat_interval_s",

@@ -11,7 +11,9 @@ and states one behaviour.
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 import types
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -134,9 +136,16 @@ def agent_settings(tmp_path: Path, **overrides: Any) -> AgentSettings:
     return AgentSettings(**values)
 
 
+class CeilingRng(random.Random):
+    """Draws every jittered pause at its ceiling, so the pauses are exact."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
 @asynccontextmanager
 async def running_agent(tmp_path: Path, cp: ScriptedControlPlane, **overrides: Any) -> AsyncIterator[Agent]:
-    agent = Agent(agent_settings(tmp_path, **overrides), cp)
+    agent = Agent(agent_settings(tmp_path, **overrides), cp, rng=CeilingRng())
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run, "127.0.0.1:9")
         yield agent
@@ -185,7 +194,9 @@ async def test_heartbeats_are_sent_every_interval(tmp_path: Path, autojump_clock
 async def test_registration_is_retried_until_a_control_plane_answers(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
-    """While no control plane answers, registration is tried again every 0.5 s after failing."""
+    """While no control plane answers, registration is tried again after a pause whose ceiling
+    starts at register_retry_s (0.5 s) and doubles up to register_retry_max_s (5 s); the
+    pauses here are drawn at their ceilings."""
     cp = ScriptedControlPlane(mode="down")
     async with running_agent(tmp_path, cp) as agent:
         await trio.sleep(5.0)
@@ -197,9 +208,34 @@ async def test_registration_is_retried_until_a_control_plane_answers(
         cp.mode = "up"
         await agent.wait_registered()
     gaps = [b[0] - a[0] for a, b in zip(cp.registrations, cp.registrations[1:], strict=False)]
-    assert gaps == pytest.approx([TIMEOUT_S + agent.settings.register_retry_s] * len(gaps))
+    pauses = [min(5.0, 0.5 * 2**n) for n in range(len(gaps))]
+    assert gaps == pytest.approx([TIMEOUT_S + pause for pause in pauses])
     assert cp.registrations[0][1].address == "127.0.0.1:9"
     assert agent.incarnation == 1
+
+
+async def test_workers_refused_together_come_back_at_different_times(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Two agents whose registrations are refused at the same moments retry after jittered
+    pauses: their retries fall at different times, each pause below its ceiling."""
+    cps = [ScriptedControlPlane(register_failures=4), ScriptedControlPlane(register_failures=4)]
+    agents = [
+        Agent(agent_settings(tmp_path / str(n), worker_id=f"w-{n}"), cp, rng=random.Random(n))
+        for n, cp in enumerate(cps)
+    ]
+    async with trio.open_nursery() as nursery:
+        for agent in agents:
+            await nursery.start(agent.run, "127.0.0.1:9")
+        for agent in agents:
+            await agent.wait_registered()
+        nursery.cancel_scope.cancel()
+    times = [[t for t, _ in cp.registrations] for cp in cps]
+    assert [len(t) for t in times] == [5, 5]
+    assert times[0][1:] != pytest.approx(times[1][1:])
+    for sent in times:
+        pauses = [b - a for a, b in itertools.pairwise(sent)]
+        assert all(p <= 0.5 * 2**n + 1e-9 for n, p in enumerate(pauses)), pauses
 
 
 @attrs.define
@@ -388,7 +424,7 @@ async def test_registration_carries_the_unacknowledged_outcomes_and_then_drops_t
     assert (outcome.job_id, outcome.state.value, outcome.exit_code) == (10, "succeeded", 0)
     assert [o for _, r in cp.heartbeats for o in r.finished] == []
     gaps = [b[0] - a[0] for a, b in zip(cp.registrations[1:], cp.registrations[2:], strict=False)]
-    assert gaps == pytest.approx([agent.settings.register_retry_s] * 2)
+    assert gaps == pytest.approx([agent.settings.register_retry_s, 2 * agent.settings.register_retry_s])
 
 
 async def test_stop_ids_in_a_heartbeat_reply_stop_the_job(tmp_path: Path, autojump_clock: Any) -> None:
