@@ -210,7 +210,13 @@ def up(
         ),
     ] = False,
     timeout_s: Annotated[
-        float, typer.Option(min=0, help="How long to wait for the cluster, seconds.")
+        float,
+        typer.Option(
+            min=0,
+            help="How long to wait for the cluster without progress, seconds; the wait goes on "
+            "while more control planes answer or more workers register or go live, up to this "
+            "plus 1 s per worker in all.",
+        ),
     ] = 60.0,
     insecure: Annotated[
         bool,
@@ -365,7 +371,12 @@ def up(
     with interruptible(lambda: _left_running(cluster)):
         with errors(), console().status("starting the cluster..."):
             try:
-                result = cluster.up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+                result = cluster.up(
+                    control_planes=control_planes,
+                    workers=workers,
+                    timeout_s=timeout_s,
+                    on_progress=lambda line: err_console().print(line, markup=False, soft_wrap=True),
+                )
             except ClusterRequestRefused:  # refused before anything started: nothing to say about that
                 raise
             except ClusterError as exc:

@@ -251,6 +251,7 @@ class LocalCluster:
         control_planes: int | None = None,
         workers: int | None = None,
         timeout_s: float = READY_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
     ) -> UpResult:
         """Bring the cluster to the asked size, start what is not running, and wait until there
         is a leader and every worker is alive.
@@ -264,7 +265,9 @@ class LocalCluster:
                 the recorded count (3 for a new cluster).
             workers: how many workers (w-1..w-M) the cluster has; None keeps the recorded
                 count (5 for a new cluster).
-            timeout_s: how long to wait for the cluster to be ready, in seconds.
+            timeout_s: how long to wait for the cluster to be ready without progress, in
+                seconds (:func:`ops.launcher.ready.wait_ready`).
+            on_progress: told how far the cluster got while it is waited for (one line).
 
         Returns:
             what was started and stopped, and the status that showed the cluster ready.
@@ -290,9 +293,18 @@ class LocalCluster:
                         f"got {capacity!r}"
                     )
         with self.state.locked():
-            return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+            return self._up(
+                control_planes=control_planes, workers=workers, timeout_s=timeout_s, on_progress=on_progress
+            )
 
-    def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
+    def _up(
+        self,
+        *,
+        control_planes: int | None,
+        workers: int | None,
+        timeout_s: float,
+        on_progress: Callable[[str], None] | None,
+    ) -> UpResult:
         self._starting_told = False
         self.state.create()
         previous = self.state.load()
@@ -369,6 +381,7 @@ class LocalCluster:
             restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
             started_at={w.id: started_at[p] for p in started for w in config.workers_in(p)},
             timeout_s=timeout_s,
+            on_progress=on_progress,
         )
         return UpResult(
             config=config,
@@ -587,6 +600,7 @@ class LocalCluster:
         restarted_workers: dict[str, int] | None = None,
         started_at: dict[str, float] | None = None,
         timeout_s: float = READY_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
     ) -> pb.StatusReply:
         """Poll until every control plane answers, one leads, and every worker is alive
         (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.time()`` when a
@@ -603,6 +617,7 @@ class LocalCluster:
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
             started_at=started_at,
+            on_progress=on_progress,
         )
 
     def _check_exited(self, config: ClusterConfig) -> None:

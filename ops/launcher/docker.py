@@ -207,6 +207,7 @@ class DockerCluster:
         control_planes: int | None = None,
         workers: int | None = None,
         timeout_s: float = READY_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
     ) -> UpResult:
         """Bring the cluster in containers to the asked size and wait until a control plane
         leads and every worker is alive; containers that run are left alone, exited ones are
@@ -215,7 +216,9 @@ class DockerCluster:
         Args:
             control_planes: cp-1..cp-N (1..9); None keeps the recorded count (3 for a new one).
             workers: w-1..w-M (0..200); None keeps the recorded count (5 for a new one).
-            timeout_s: how long to wait for readiness, seconds.
+            timeout_s: how long to wait for readiness without progress, seconds
+                (:func:`ops.launcher.ready.wait_ready`).
+            on_progress: told how far the cluster got while it is waited for (one line).
 
         Raises:
             ClusterError: no engine, no image (run ``stockade image build``), the folder runs a
@@ -225,9 +228,18 @@ class DockerCluster:
         if workers is not None and workers > DOCKER_MAX_WORKERS:
             raise ClusterError(f"workers must be <= {DOCKER_MAX_WORKERS} in containers, got {workers}")
         with self.state.locked():
-            return self._up(control_planes=control_planes, workers=workers, timeout_s=timeout_s)
+            return self._up(
+                control_planes=control_planes, workers=workers, timeout_s=timeout_s, on_progress=on_progress
+            )
 
-    def _up(self, *, control_planes: int | None, workers: int | None, timeout_s: float) -> UpResult:
+    def _up(
+        self,
+        *,
+        control_planes: int | None,
+        workers: int | None,
+        timeout_s: float,
+        on_progress: Callable[[str], None] | None,
+    ) -> UpResult:
         self._starting_told = False
         self.state.create()
         previous = self.state.load()
@@ -301,6 +313,7 @@ class DockerCluster:
             restarted={p: incarnations_before.get(p, 0) for p in started if p.startswith("w-")},
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
+            on_progress=on_progress,
         )
         return UpResult(
             config=config,
