@@ -469,16 +469,17 @@ class ControlPlaneService(AdmittedService):
             # The worker's row first (one lock order): a new incarnation ends the old one, a
             # promise no placement in progress may cross (queries.LOCK_WORKER). Then the
             # outcomes, for the incarnation that is still current: before the new one exists,
-            # so the sweep of the old one finds these assignments finished.
+            # so the sweep of the old one finds these assignments finished. Before all, the
+            # worker's registrations one at a time (queries.LOCK_REGISTRATION).
+            await conn.fetchval(queries.LOCK_REGISTRATION, request.worker_id)
             await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
             # A copy of a registration already applied (a hedged or retried one) is told apart
             # first, under the row's lock: REGISTER_WORKER draws the incarnation from a sequence
             # before its conflict check, so running it for every copy would use up a number each
-            # (a storm of copies read as a storm of incarnations). A copy of a first registration
-            # that meets its original still uncommitted (no row to lock yet) is caught by
-            # REGISTER_WORKER's condition instead, at the cost of one number.
+            # (a storm of copies read as a storm of incarnations). REGISTER_WORKER's own condition
+            # still refuses a copy, should one get past this.
             row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
             again: bool = (
                 row is not None

@@ -704,7 +704,7 @@ class Agent:
                         agent_run_id=self._run_id,
                         registration_seq=self._registrations,
                     ),
-                    deadline_s=self._fence.call_deadline_s(),
+                    deadline_s=self._fence.register_deadline_s(),
                 )
             except PermissionDenied as exc:
                 # Every replica applies the same rule: retrying cannot help (the certificate

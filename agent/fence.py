@@ -235,6 +235,21 @@ class FenceClock:
             left_s = self.fence_after_s - self.settings.call_deadline_margin_s
         return max(self.settings.heartbeat_timeout_s, left_s)
 
+    def register_deadline_s(self) -> float:
+        """How long a new registration (not the continuation of an incarnation that kept its
+        jobs) may wait for an answer, in seconds.
+
+        A new incarnation holds no job (the agent stopped them all first), so an answer after
+        the fence deadline it sets (its send time plus the fence span) only pauses nothing until
+        the first heartbeat is answered. It may wait until ``call_deadline_margin_s`` before the
+        kill deadline such an answer sets (past that the agent would self-fence at once, and
+        register again), at most ``register_timeout_s``, never less than
+        :meth:`call_deadline_s`. With no outage grace (``db_outage_grace_s`` up to the fence
+        span) that is :meth:`call_deadline_s`.
+        """
+        left_s = self.outage_grace_s() - self.settings.call_deadline_margin_s
+        return max(self.call_deadline_s(), min(self.settings.register_timeout_s, left_s))
+
     def publish(self, deadline: float) -> None:
         """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s,
         with the kill deadline that goes with it (``db_outage_grace_s - fence_after_s`` later).

@@ -805,6 +805,12 @@ class AgentSettings:
     call_deadline_margin_s: float = attrs.field(default=0.1, validator=_non_negative)
     """A heartbeat or registration gives up this long before the fence deadline (an answer
     after it would come too late to keep the jobs), in seconds."""
+    register_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    """The longest a new registration waits for an answer, in seconds, where the outage grace
+    allows (:meth:`agent.fence.FenceClock.register_deadline_s`): a new incarnation holds no job,
+    so a late answer costs nothing, while giving up sends a copy into the queues the first one
+    still waits in, and an answer thrown away leaves the cluster waiting for the heartbeats of
+    a worker that does not know it registered."""
     register_retry_s: float = attrs.field(default=0.5, validator=_positive)
     """The longest pause after the first failed registration attempt, in seconds: the pauses
     while no control plane answers are drawn uniformly below a ceiling that starts here and

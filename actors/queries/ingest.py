@@ -613,6 +613,15 @@ SELECT c.state, c.incarnation, c.agent_run_id = $3 AS same_run, EXISTS (SELECT 1
   FROM current c
 """
 
+# $1 worker id. Serialises the registrations of one worker id for the rest of the transaction
+# (a transaction-level advisory lock, in a namespace of its own), taken first, before
+# LOCK_WORKER: a copy of a worker's first registration that arrives while the original has not
+# committed finds no row to lock, and without this would run REGISTER_WORKER, whose nextval is
+# drawn before its conflict check, using up an incarnation number; with it, the copy waits and
+# then finds the original's row. Only registrations take it, always first, so it joins no cycle.
+# The namespace is 0x53524547 ("SREG"); two ids with the same hashtext only wait for each other.
+LOCK_REGISTRATION = "SELECT pg_advisory_xact_lock(1397900615, hashtext($1))"
+
 # $1 worker id. Locks the worker's row (if any) for the rest of the transaction, first in every
 # transaction that takes it (one lock order). Every promise about the worker's future (a cordon,
 # a drain, a clean leave, a registration, a restart hold) takes it before it writes or reads

@@ -15,10 +15,12 @@ from serving import serve_ingests
 from agent.core import Agent
 from agent.joblog import read_log
 from agent.main import run_agent
+from protocol import pb
 from runtime import faults
 from runtime.aio import PgConnection
+from runtime.client import ControlPlaneClient
 from runtime.errors import DatabaseUnavailable
-from runtime.settings import AgentSettings
+from runtime.settings import AgentSettings, IngestSettings
 
 TIMEOUT_S = 30.0
 
@@ -100,3 +102,65 @@ async def test_a_registration_whose_answer_is_lost_or_late_makes_one_incarnation
     assert numbers == agent.incarnation == 1
     registers = [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "register"]
     assert len(registers) == 1
+
+
+async def copy_waiting(admin: PgConnection) -> None:
+    """Return once some session waits for a lock (the database says so; no event reaches
+    here from inside it)."""
+    for _ in range(int(TIMEOUT_S / 0.02)):
+        if await admin.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+            return
+        await trio.sleep(0.02)
+    raise AssertionError("no session waited for a lock")
+
+
+async def test_a_copy_of_a_first_registration_that_meets_it_uncommitted_uses_no_number(
+    database_url: str,
+) -> None:
+    """The first registration of a worker is held before its commit while a copy (same run and
+    number) reaches the other replica: the copy waits for it, and both answer with incarnation
+    1; the sequence has given out one number."""
+    held = trio.Event()
+    release = trio.Event()
+    hits: list[None] = []
+
+    async def hold_first() -> None:
+        hits.append(None)
+        if len(hits) == 1:
+            held.set()
+            await release.wait()
+
+    request = pb.RegisterWorkerRequest(
+        worker_id="w-1",
+        address="127.0.0.1:9",
+        cpu_millis=1000,
+        memory_mb=512,
+        agent_run_id="run-1",
+        registration_seq=1,
+    )
+    answers: list[int] = []
+    async with (
+        serve_ingests(database_url, "cp-1", "cp-2", settings=IngestSettings(lock_timeout_s=10.0)) as replicas,
+        faults.installed("ingest.promise_before_commit", hold_first),
+    ):
+        clients = [ControlPlaneClient([r.address], timeout_s=10.0) for r in replicas]
+        admin = await PgConnection.connect(database_url)
+        try:
+            with trio.fail_after(TIMEOUT_S):
+                async with trio.open_nursery() as nursery:
+
+                    async def register(client: ControlPlaneClient) -> None:
+                        answers.append((await client.call("register_worker", request)).incarnation)
+
+                    nursery.start_soon(register, clients[0])
+                    await held.wait()
+                    nursery.start_soon(register, clients[1])
+                    await copy_waiting(admin)
+                    release.set()
+            numbers = await admin.fetchval("SELECT last_value FROM worker_incarnation_seq")
+        finally:
+            await admin.close()
+            for client in clients:
+                client.close()
+    assert answers == [1, 1]
+    assert numbers == 1

@@ -239,6 +239,59 @@ async def test_workers_refused_together_come_back_at_different_times(
 
 
 @attrs.define
+class QueuedRegistrations(ScriptedControlPlane):
+    """Registrations wait ``queue_s`` in a replica's queue before they are applied (a storm);
+    a caller whose deadline comes first gets no answer, but what it sent is applied anyway, and
+    a copy (same run and number) gets the incarnation the first created."""
+
+    queue_s: float = 4.0
+    applied: dict[tuple[str, int], int] = attrs.field(factory=dict)
+
+    async def register(self, request: Registration, *, deadline_s: float) -> Registered:
+        self.registrations.append((trio.current_time(), request))
+        key = (request.agent_run_id, request.registration_seq)
+        if key not in self.applied:
+            self.incarnations += 1
+            self.applied[key] = self.incarnations
+        if self.queue_s > deadline_s:
+            await trio.sleep(deadline_s)
+            raise NoControlPlaneReachable(f"no control plane answered within {deadline_s:g} s")
+        await trio.sleep(self.queue_s)
+        return Registered(incarnation=self.applied[key], epoch=self.epoch, database_unix_s=database_now())
+
+
+async def test_a_registration_answered_after_the_fence_span_is_waited_for(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Registrations are answered 4 s after they are sent, past the fence span (3 s): with an
+    outage grace the agent waits for the answer (it holds no job yet) instead of giving up and
+    sending copies; it registers with its first attempt, pauses nothing until its first
+    heartbeat is answered, and goes live in that one incarnation."""
+    cp = QueuedRegistrations(queue_s=4.0)
+    async with running_agent(tmp_path, cp, db_outage_grace_s=30.0) as agent:
+        with trio.fail_after(30):
+            await agent.wait_registered()
+        await trio.sleep(2.0)
+        assert not agent.self_fenced and agent.incarnation == 1
+        assert assign(agent, sleep_job(1)) == {1: "accepted"}
+    assert len(cp.registrations) == 1 and cp.incarnations == 1
+
+
+async def test_without_an_outage_grace_a_registration_gives_up_before_the_fence_span(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """With no outage grace a late answer would self-fence the worker at once: each attempt
+    gives up call_deadline_margin_s before the fence span, as a heartbeat does."""
+    cp = QueuedRegistrations(queue_s=4.0)
+    async with running_agent(tmp_path, cp) as agent:
+        await trio.sleep(10.0)
+        assert agent.incarnation is None
+    assert len(cp.registrations) >= 2
+    sent = [t for t, _ in cp.registrations]
+    assert sent[1] - sent[0] == pytest.approx(FENCE_S - 0.1 + agent.settings.register_retry_s)
+
+
+@attrs.define
 class RefusingControlPlane(ScriptedControlPlane):
     """Refuses every registration as the worker's certificate names another id."""
 
