@@ -8,13 +8,14 @@ it holds ``max_heartbeats``, and records it by ``record_group`` in a task of its
 group gathers meanwhile. A worker appears at most once in a group: a second heartbeat of the
 same worker waits for the next group. Every member gets its own row; when the statement fails,
 every member gets that error (a copy of it), as it would have alone. A handler that stops
-waiting (its client gave up) changes nothing for the others: its heartbeat is recorded with the
-group, and its answer dropped.
+waiting (its client gave up) changes nothing for the others: its heartbeat is left out if its
+group has not started its statement yet, else recorded with the group and its answer dropped.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
@@ -23,7 +24,7 @@ import trio
 from runtime import metrics
 from runtime.errors import DatabaseUnavailable
 
-__all__ = ["GroupAnswer", "GroupedBeat", "HeartbeatGrouper", "RecordGroup"]
+__all__ = ["GroupAnswer", "GroupMember", "GroupedBeat", "HeartbeatGrouper", "RecordGroup"]
 
 
 @attrs.frozen(kw_only=True)
@@ -37,6 +38,9 @@ class GroupedBeat:
     """Its send time (the worker's monotonic clock, µs)."""
     dead_after_in_use_ms: int = 0
     """The dead_after the worker's fence is derived from, in ms (0: none)."""
+    deadline: float = math.inf
+    """Trio time at which its client stops waiting for the answer (inf: never): a heartbeat
+    whose deadline passed before its group got a connection is not recorded."""
 
 
 @attrs.frozen(kw_only=True)
@@ -59,13 +63,19 @@ class GroupAnswer:
     """The registration that replaced a member told to re-register (None: none)."""
 
 
-RecordGroup = Callable[[Sequence[GroupedBeat]], Awaitable[Sequence[GroupAnswer]]]
-"""Records a group (worker ids distinct) and returns one answer per member, in order."""
+RecordGroup = Callable[[Sequence["GroupMember"]], Awaitable[Sequence[GroupAnswer | Exception]]]
+"""Records a group (worker ids distinct) and returns one answer per member, in order: its row,
+or the error of a member left out (withdrawn, or its deadline passed, when the statement began)."""
 
 
 @attrs.define
-class _Slot:
+class GroupMember:
+    """One heartbeat waiting in a group, and its answer once settled."""
+
     beat: GroupedBeat
+    withdrawn: bool = False
+    """Its handler stopped waiting (its client gave up): a group that has not started recording
+    leaves it out, as a request that has not started does no database work."""
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: GroupAnswer | None = None
     error: BaseException | None = None
@@ -92,11 +102,11 @@ class HeartbeatGrouper:
     wait_s: float
     max_heartbeats: int
     queue_heartbeats: int = 10_000
-    _send: trio.MemorySendChannel[_Slot] = attrs.field(init=False)
-    _receive: trio.MemoryReceiveChannel[_Slot] = attrs.field(init=False)
+    _send: trio.MemorySendChannel[GroupMember] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[GroupMember] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[_Slot](self.queue_heartbeats)
+        self._send, self._receive = trio.open_memory_channel[GroupMember](self.queue_heartbeats)
 
     async def record(self, beat: GroupedBeat) -> GroupAnswer:
         """Record ``beat`` with the next group; its own answer once the group's statement ended.
@@ -105,9 +115,13 @@ class HeartbeatGrouper:
             whatever ``record_group`` raised for the group (a copy: the error of each member is
             its own); DatabaseUnavailable when the grouper stopped before recording it.
         """
-        slot = _Slot(beat)
-        await self._send.send(slot)
-        await slot.done.wait()
+        slot = GroupMember(beat)
+        try:
+            await self._send.send(slot)
+            await slot.done.wait()
+        except BaseException:
+            slot.withdrawn = True
+            raise
         if slot.error is not None:
             raise slot.error
         assert slot.answer is not None
@@ -117,20 +131,22 @@ class HeartbeatGrouper:
         """Gather and record groups until cancelled."""
         async with trio.open_nursery() as nursery:
             task_status.started()
-            carried: list[_Slot] = []
+            carried: list[GroupMember] = []
             while True:
                 group, carried = await self._gather(carried)
                 nursery.start_soon(self._record, group)
 
-    async def _gather(self, carried: list[_Slot]) -> tuple[list[_Slot], list[_Slot]]:
+    async def _gather(self, carried: list[GroupMember]) -> tuple[list[GroupMember], list[GroupMember]]:
         """The next group (heartbeats of distinct workers, at most ``max_heartbeats``) and the
         heartbeats left for the one after it (a second heartbeat of a member's worker, or more
         than fit), those ``carried`` over from the last first, in their order."""
-        group: list[_Slot] = []
+        group: list[GroupMember] = []
         workers: set[str] = set()
-        later: list[_Slot] = []
+        later: list[GroupMember] = []
 
-        def take(slot: _Slot) -> None:
+        def take(slot: GroupMember) -> None:
+            if slot.withdrawn:
+                return
             if slot.beat.worker_id in workers or len(group) >= self.max_heartbeats:
                 later.append(slot)
             else:
@@ -139,18 +155,21 @@ class HeartbeatGrouper:
 
         for slot in carried:
             take(slot)
-        if not group:
+        while not group:
             take(await self._receive.receive())
         with trio.move_on_after(self.wait_s):
             while len(group) < self.max_heartbeats:
                 take(await self._receive.receive())
         return group, later
 
-    async def _record(self, group: list[_Slot]) -> None:
+    async def _record(self, gathered: list[GroupMember]) -> None:
+        group = [member for member in gathered if not member.withdrawn]
+        if not group:
+            return
         metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
         try:
             try:
-                answers = await self.record_group([slot.beat for slot in group])
+                answers = await self.record_group(group)
                 if len(answers) != len(group):
                     raise RuntimeError(f"a group of {len(group)} heartbeats got {len(answers)} answers")
             except Exception as exc:
@@ -160,7 +179,10 @@ class HeartbeatGrouper:
                 return
             metrics.HEARTBEAT_GROUP_STATEMENTS.labels("recorded").inc()
             for slot, answer in zip(group, answers, strict=True):
-                slot.settle(answer, None)
+                if isinstance(answer, Exception):
+                    slot.settle(None, answer)
+                else:
+                    slot.settle(answer, None)
         finally:
             # Cancelled (the ingest stops): nobody is left waiting.
             for slot in group:

@@ -77,7 +77,7 @@ import attrs
 import trio
 
 from actors import dependencies, idempotency, queries, validation
-from actors.heartbeat_group import GroupAnswer, GroupedBeat, HeartbeatGrouper
+from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
 from actors.heartbeat_policy import (
     MAX_DEAD_AFTER_MS,
     MAX_SENT_US,
@@ -702,9 +702,11 @@ class ControlPlaneService(AdmittedService):
         finished = list(request.finished)
         check_outcomes(finished)
         if self.heartbeat_group is not None and not finished and not hold_ms:
-            self._check_deadline("heartbeat", rpc_deadline())
+            deadline = rpc_deadline()
+            self._check_deadline("heartbeat", deadline)
             answer = await self.heartbeat_group.record(
                 GroupedBeat(
+                    deadline=deadline,
                     worker_id=worker_id,
                     incarnation=request.incarnation,
                     running_assignment_ids=tuple(request.running_assignment_ids),
@@ -716,44 +718,79 @@ class ControlPlaneService(AdmittedService):
                 return self._heartbeat_reply(worker_id, request.incarnation, answer)
         return await self._heartbeat_alone(worker_id, request, finished, hold_ms)
 
-    async def record_heartbeat_group(self, beats: Sequence[GroupedBeat]) -> list[GroupAnswer]:
+    async def run_heartbeat_group(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Gather liveness-only heartbeats into groups (:attr:`heartbeat_group`, with
+        ``settings.heartbeat_group_wait_s`` and ``heartbeat_group_max``) until cancelled; the
+        handlers use it once started."""
+        grouper = HeartbeatGrouper(
+            record_group=self.record_heartbeat_group,
+            wait_s=self.settings.heartbeat_group_wait_s,
+            max_heartbeats=self.settings.heartbeat_group_max,
+        )
+        self.heartbeat_group = grouper
+        try:
+            await grouper.run(task_status=task_status)
+        finally:
+            self.heartbeat_group = None
+
+    async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
         """Record a group of liveness-only heartbeats (worker ids distinct) in one statement
-        (``record_heartbeats`` in schema.sql): one answer per beat, in order.
+        (``record_heartbeats`` in schema.sql): one answer per member, in order. A member whose
+        client's deadline passed, or whose handler stopped waiting, before the group got its
+        connection is not recorded, as a heartbeat alone would not be: its answer is
+        DeadlineExceeded.
 
         Raises:
             DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
         """
-        running_ids: list[int] = []
-        running_members: list[int] = []
-        for member, beat in enumerate(beats, start=1):
-            running_ids.extend(beat.running_assignment_ids)
-            running_members.extend([member] * len(beat.running_assignment_ids))
+        answers: list[GroupAnswer | Exception] = []
         async with self.database("heartbeat") as conn:
-            rows = await conn.fetch(
-                queries.RECORD_HEARTBEATS,
-                [b.worker_id for b in beats],
-                [b.incarnation for b in beats],
-                [b.sent_us for b in beats],
-                [b.dead_after_in_use_ms for b in beats],
-                running_ids,
-                running_members,
-                *self._told_defaults(),
+            now = trio.current_time()
+            left_out = [m.withdrawn or m.beat.deadline <= now for m in members]
+            live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
+            running_ids: list[int] = []
+            running_members: list[int] = []
+            for member, beat in enumerate(live, start=1):
+                running_ids.extend(beat.running_assignment_ids)
+                running_members.extend([member] * len(beat.running_assignment_ids))
+            rows = []
+            if live:
+                rows = await conn.fetch(
+                    queries.RECORD_HEARTBEATS,
+                    [b.worker_id for b in live],
+                    [b.incarnation for b in live],
+                    [b.sent_us for b in live],
+                    [b.dead_after_in_use_ms for b in live],
+                    running_ids,
+                    running_members,
+                    *self._told_defaults(),
+                )
+        recorded = iter(rows)
+        for out in left_out:
+            if out:
+                metrics.INGEST_EXPIRED_REQUESTS.labels("heartbeat").inc()
+                answers.append(
+                    DeadlineExceeded("heartbeat: the client's deadline passed before the request could start")
+                )
+                continue
+            row = next(recorded)
+            answers.append(
+                GroupAnswer(
+                    alive=row["alive"],
+                    skipped=row["skipped"],
+                    stop_assignment_ids=tuple(row["stop_assignment_ids"]),
+                    current_epoch=row["current_epoch"],
+                    database_unix_s=row["database_unix_s"],
+                    told_interval_ms=row["told_interval_ms"],
+                    told_dead_after_ms=row["told_dead_after_ms"],
+                    newer_agent_run_id=row["newer_agent_run_id"],
+                    newer_address=row["newer_address"],
+                    newer_incarnation=row["newer_incarnation"],
+                )
             )
-        return [
-            GroupAnswer(
-                alive=row["alive"],
-                skipped=row["skipped"],
-                stop_assignment_ids=tuple(row["stop_assignment_ids"]),
-                current_epoch=row["current_epoch"],
-                database_unix_s=row["database_unix_s"],
-                told_interval_ms=row["told_interval_ms"],
-                told_dead_after_ms=row["told_dead_after_ms"],
-                newer_agent_run_id=row["newer_agent_run_id"],
-                newer_address=row["newer_address"],
-                newer_incarnation=row["newer_incarnation"],
-            )
-            for row in rows
-        ]
+        return answers
 
     async def _heartbeat_alone(
         self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
@@ -1069,13 +1106,7 @@ class Ingest:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.lag.run)
                 if self.settings.heartbeat_group_wait_s > 0:
-                    grouper = HeartbeatGrouper(
-                        record_group=self.service.record_heartbeat_group,
-                        wait_s=self.settings.heartbeat_group_wait_s,
-                        max_heartbeats=self.settings.heartbeat_group_max,
-                    )
-                    await nursery.start(grouper.run)
-                    self.service.heartbeat_group = grouper
+                    await nursery.start(self.service.run_heartbeat_group)
                 port = await nursery.start(
                     partial(serve_grpc, [service], self.listen_host, self.listen_port, tls=self.tls)
                 )

@@ -20,7 +20,7 @@ as columns). This package names them all, so callers write ``queries.NAME``.
 
 from __future__ import annotations
 
-from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS
+from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS, TABLE_UPDATES
 from actors.queries.ingest import (
     APPLY_SCHEMA_LOCK,
     APPLY_SCHEMA_UNLOCK,
@@ -189,6 +189,7 @@ __all__ = [
     "SUBMIT_JOBS",
     "SWEEP_IDEMPOTENCY_KEYS",
     "TABLE_ROWS",
+    "TABLE_UPDATES",
     "TAKE_OVER_LEASE",
     "TELL_WORKER",
     "TRY_LEASE_LOCK",

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from actors.heartbeat_group import GroupAnswer, GroupedBeat, HeartbeatGrouper
+from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
 from runtime.errors import DatabaseBusy, DatabaseUnavailable
 
 WAIT_S = 0.005
@@ -26,7 +26,8 @@ class ScriptedStatement:
     error: Exception | None = None
     groups: list[tuple[float, list[GroupedBeat]]] = attrs.field(factory=list)
 
-    async def __call__(self, beats: Sequence[GroupedBeat]) -> list[GroupAnswer]:
+    async def __call__(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
+        beats = [m.beat for m in members]
         self.groups.append((trio.current_time(), list(beats)))
         number = len(self.groups)
         await trio.sleep(self.delay_s)
@@ -197,10 +198,25 @@ async def test_members_of_a_group_cut_short_by_a_stop_are_told_so(
         except DatabaseUnavailable as exc:
             errors.append(str(exc))
 
-    async with trio.open_nursery() as senders:
-        async with trio.open_nursery() as nursery:
-            grouper = await started(nursery, statement)
-            senders.start_soon(send, beat("w-1"))
-            await trio.sleep(WAIT_S + 0.1)
-            nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as senders, trio.open_nursery() as nursery:
+        grouper = await started(nursery, statement)
+        senders.start_soon(send, beat("w-1"))
+        await trio.sleep(WAIT_S + 0.1)
+        nursery.cancel_scope.cancel()
     assert errors == ["heartbeat not recorded: the ingest is stopping"]
+
+
+async def test_a_waiter_that_gives_up_before_its_group_closes_is_left_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler that stops waiting before its group's statement starts is not recorded (a
+    request that has not started does no database work); the rest of its group is."""
+    statement = ScriptedStatement()
+    async with trio.open_nursery() as nursery:
+        grouper = await started(nursery, statement)
+        async with trio.open_nursery() as senders:
+            senders.start_soon(grouper.record, beat("w-1"))
+            with trio.move_on_after(WAIT_S / 2):
+                await grouper.record(beat("w-2"))
+        nursery.cancel_scope.cancel()
+    assert [[b.worker_id for b in bs] for _, bs in statement.groups] == [["w-1"]]
