@@ -11,7 +11,8 @@ import trio
 import trio.testing
 
 from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
-from runtime.errors import DatabaseBusy, DatabaseUnavailable
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument
+from runtime.settings import IngestSettings
 
 WAIT_S = 0.005
 
@@ -220,3 +221,13 @@ async def test_a_waiter_that_gives_up_before_its_group_closes_is_left_out(
                 await grouper.record(beat("w-2"))
         nursery.cancel_scope.cancel()
     assert [[b.worker_id for b in bs] for _, bs in statement.groups] == [["w-1"]]
+
+
+def test_settings_refuse_a_group_wait_or_size_past_their_limits() -> None:
+    """A group wait above 0.1 s or a group of more than 5000 heartbeats is refused, naming the
+    setting, its value and the limit; a wait of 0 (no groups) is taken."""
+    with pytest.raises(InvalidArgument, match=r"heartbeat_group_wait_s must be at most 0\.1 s .*got 0\.2"):
+        IngestSettings(heartbeat_group_wait_s=0.2)
+    with pytest.raises(InvalidArgument, match=r"heartbeat_group_max must be at most 5000, got 5001"):
+        IngestSettings(heartbeat_group_max=5001)
+    assert IngestSettings(heartbeat_group_wait_s=0).heartbeat_group_wait_s == 0
