@@ -55,7 +55,15 @@ CREATE TABLE IF NOT EXISTS workers (
     -- set by the fenced dead-worker declaration
     dead_at            timestamptz,
     dead_epoch         bigint
-);
+) WITH (fillfactor = 70);
+-- Every heartbeat updates its worker's row (last_heartbeat_at and the two columns beside it),
+-- thousands of times a second in a large cluster. None of those columns is indexed, so such an
+-- update is a HOT update (no index entry written) when the row's page has room for the new
+-- version: fillfactor 70 keeps 30 % of each page free for them, and the page's old versions are
+-- pruned in place. Set on an existing table too (it applies to the pages written from now on).
+-- No index may name last_heartbeat_at, heartbeat_sent_us or dead_after_ms: it would make every
+-- heartbeat a non-HOT update (ops/measure_heartbeat.py, workers_update_counts, shows the share).
+ALTER TABLE workers SET (fillfactor = 70);
 
 CREATE TABLE IF NOT EXISTS jobs (
     id                bigserial PRIMARY KEY,
@@ -948,3 +956,143 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS dead_after_ms integer,
 -- What one heartbeat costs this replica (CPU µs, measured by its ingest; NULL: not measured):
 -- what the leader's choice of the interval reads.
 ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS cpu_per_heartbeat_us float8;
+
+-- Heartbeats recorded in groups (docs/design.md, "Grouped heartbeats"; actors/heartbeat_group.py
+-- gathers them for a few milliseconds, actors/ingest.py records them): the liveness-only
+-- heartbeats of several workers in ONE statement, each member as record_heartbeat records one.
+-- Members are given as parallel arrays, member i (1-based) being p_worker_ids[i] at
+-- p_incarnations[i], sent at p_sent_us[i] and fencing from p_in_use_ms[i]; the assignments they
+-- run are flattened into p_running_ids, with p_running_members naming each one's member.
+-- p_interval_ms, p_dead_after_ms: as record_heartbeat's. A worker id appears once per group.
+-- Returns one row per member: whether its incarnation is alive (false: re-register, with the
+-- registration that replaced it, if any: newer_*), whether it was skipped (its worker's row
+-- was locked by another transaction: nothing was recorded for it, the caller records it alone,
+-- waiting for the lock as a heartbeat always did), which of its running assignments to stop,
+-- and what record_heartbeat returns beside (the same for every member).
+--
+-- Why each rule of record_heartbeat still holds for every member:
+-- - The rows are locked first, in one fixed order (sorted ids, as the ORDER BY below sorts
+--   before it locks), so two groups, or a group and a registration (one row), never wait for
+--   each other in a cycle. SKIP LOCKED: a row another transaction holds (a registration, a
+--   leave, a cordon, the leader's dead-worker declaration, a heartbeat of the same worker on
+--   another replica) never makes the whole group wait nor fail on lock_timeout; only that
+--   member waits, alone, as it did before.
+-- - Each member's stamp is clock_timestamp() computed for its own row inside the statement,
+--   so after its request was received; no stamp waits for a lock (held already). A member
+--   still stamped more than 50 ms before the statement's end is stamped again at the end, so
+--   every worker's silence counts from the answer, as it counts it itself.
+-- - Liveness only: no outcomes (a heartbeat that carries outcomes is recorded alone, by
+--   record_heartbeat, committed durably; see actors/ingest.py), so the WAL flush is skipped
+--   as record_heartbeat skips it for liveness (a lost stamp makes a worker look a little
+--   older; a lost confirmation is sent again).
+-- - One statement: no row lock is held across a round trip.
+-- - A running assignment's confirmation locks its row in id order and skips one another
+--   transaction holds (the leader ending it): the worker lists it again in its next heartbeat,
+--   which confirms it then, or names it to stop. Its job becomes running as in record_heartbeat.
+CREATE OR REPLACE FUNCTION record_heartbeats(
+    p_worker_ids text[], p_incarnations bigint[], p_sent_us bigint[], p_in_use_ms integer[],
+    p_running_ids bigint[], p_running_members integer[], p_interval_ms integer, p_dead_after_ms integer
+) RETURNS TABLE (
+    member integer, alive boolean, skipped boolean, stop_assignment_ids bigint[],
+    newer_agent_run_id text, newer_address text, newer_incarnation bigint,
+    current_epoch bigint, database_unix_s float8, told_interval_ms integer, told_dead_after_ms integer
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_members integer := cardinality(p_worker_ids);
+    v_epoch bigint;
+    v_unix_s float8 := extract(epoch FROM now());
+    v_interval_ms integer;
+    v_dead_after_ms integer;
+    v_locked text[];
+    v_alive integer[];
+    v_first_heard timestamptz;
+    v_confirm bigint[];
+    v_jobs bigint[];
+BEGIN
+    IF cardinality(p_incarnations) <> v_members OR cardinality(p_sent_us) <> v_members
+       OR cardinality(p_in_use_ms) <> v_members
+       OR cardinality(p_running_ids) <> cardinality(p_running_members) THEN
+        RAISE EXCEPTION 'record_heartbeats: the member arrays must be as long as p_worker_ids (%)'
+                        ' and p_running_members as p_running_ids (%)', v_members,
+                        cardinality(p_running_ids) USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT count(DISTINCT w) FROM unnest(p_worker_ids) w) <> v_members THEN
+        RAISE EXCEPTION 'record_heartbeats: a worker id appears more than once in %', p_worker_ids
+              USING ERRCODE = '22023';
+    END IF;
+    SELECT t.interval_ms, t.dead_after_ms INTO v_interval_ms, v_dead_after_ms
+      FROM heartbeat_told(p_interval_ms, p_dead_after_ms) t;
+    PERFORM set_config('synchronous_commit', 'off', true);
+
+    SELECT coalesce(array_agg(l.id), '{}') INTO v_locked
+      FROM (SELECT w.id FROM workers w WHERE w.id = ANY(p_worker_ids)
+             ORDER BY w.id FOR NO KEY UPDATE SKIP LOCKED) l;
+
+    WITH heard AS (
+        UPDATE workers w SET last_heartbeat_at = clock_timestamp(),
+               dead_after_ms = CASE WHEN m.sent_us > w.heartbeat_sent_us
+                                    THEN greatest(v_dead_after_ms, nullif(m.in_use_ms, 0))
+                                    ELSE greatest(w.dead_after_ms, v_dead_after_ms, nullif(m.in_use_ms, 0))
+                               END,
+               heartbeat_sent_us = greatest(w.heartbeat_sent_us, m.sent_us)
+          FROM unnest(p_worker_ids, p_incarnations, p_sent_us, p_in_use_ms)
+               WITH ORDINALITY AS m(worker_id, incarnation, sent_us, in_use_ms, n)
+         WHERE w.id = m.worker_id AND w.id = ANY(v_locked) AND w.incarnation = m.incarnation
+           AND w.state = 'alive'
+        RETURNING m.n::integer AS n, w.last_heartbeat_at AS heard_at
+    )
+    SELECT coalesce(array_agg(h.n), '{}'), min(h.heard_at) INTO v_alive, v_first_heard FROM heard h;
+
+    SELECT l.epoch INTO v_epoch FROM lease l WHERE l.id = 1;
+
+    IF cardinality(v_alive) > 0 AND cardinality(p_running_ids) > 0 THEN
+        -- The first heartbeat that lists an assignment confirms it.
+        SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.job_id), '{}')
+          INTO v_confirm, v_jobs
+          FROM (SELECT a.id, a.job_id
+                  FROM assignments a
+                  JOIN unnest(p_running_ids, p_running_members) AS r(id, n) ON a.id = r.id
+                 WHERE r.n = ANY(v_alive) AND a.worker_id = p_worker_ids[r.n]
+                   AND a.state = 'active' AND a.confirmed_at IS NULL
+                 ORDER BY a.id FOR NO KEY UPDATE OF a SKIP LOCKED) c;
+        IF cardinality(v_confirm) > 0 THEN
+            UPDATE assignments SET confirmed_at = now()
+             WHERE id = ANY(v_confirm) AND state = 'active' AND confirmed_at IS NULL;
+            PERFORM 1 FROM jobs j WHERE j.id = ANY(v_jobs) AND j.state = 'assigned'
+              ORDER BY j.id FOR NO KEY UPDATE;
+            UPDATE jobs j SET state = 'running', started_at = coalesce(j.started_at, now())
+             WHERE j.id = ANY(v_jobs) AND j.state = 'assigned';
+        END IF;
+    END IF;
+
+    -- The answer leaves when the statement ends (record_heartbeat says why).
+    IF cardinality(v_alive) > 0 AND clock_timestamp() > v_first_heard + interval '50 milliseconds' THEN
+        UPDATE workers w SET last_heartbeat_at = clock_timestamp()
+          FROM unnest(p_worker_ids, p_incarnations) WITH ORDINALITY AS m(worker_id, incarnation, n)
+         WHERE m.n = ANY(v_alive) AND w.id = m.worker_id AND w.incarnation = m.incarnation
+           AND w.last_heartbeat_at < clock_timestamp() - interval '50 milliseconds';
+    END IF;
+
+    RETURN QUERY
+    SELECT m.n::integer,
+           m.n = ANY(v_alive),
+           NOT m.n = ANY(v_alive) AND NOT m.worker_id = ANY(v_locked)
+               AND EXISTS (SELECT 1 FROM workers x WHERE x.id = m.worker_id),
+           coalesce(s.ids, '{}'::bigint[]),
+           nw.agent_run_id, nw.address, nw.incarnation,
+           v_epoch, v_unix_s, v_interval_ms, v_dead_after_ms
+      FROM unnest(p_worker_ids, p_incarnations) WITH ORDINALITY AS m(worker_id, incarnation, n)
+      LEFT JOIN LATERAL (
+          -- Those of its running assignments that are not active on it: stop them.
+          SELECT array_agg(r.id) AS ids
+            FROM unnest(p_running_ids, p_running_members) AS r(id, n)
+           WHERE r.n = m.n AND m.n = ANY(v_alive)
+             AND NOT EXISTS (SELECT 1 FROM assignments a
+                              WHERE a.id = r.id AND a.worker_id = m.worker_id AND a.state = 'active')
+      ) s ON true
+      LEFT JOIN workers nw
+        ON NOT m.n = ANY(v_alive) AND nw.id = m.worker_id AND nw.state = 'alive'
+           AND nw.incarnation > m.incarnation
+     ORDER BY m.n;
+END $$;

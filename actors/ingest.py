@@ -40,7 +40,12 @@ Under overload (DESIGN.md, "Under overload"), slowness here must not turn into m
   (:data:`actors.ingest_gate.SESSION_SETTINGS`) bound it; the late answer is dropped. A
   submission whose client gave up may thus still be stored, with its idempotency key: the
   client's retry gets its answer; a busy answer never stores anything.
-- A heartbeat is one statement (``record_heartbeat`` in schema.sql): one round trip.
+- Heartbeats are recorded in groups: the liveness-only heartbeats that arrive within
+  ``heartbeat_group_wait_s`` (a few ms) are recorded in one statement (``record_heartbeats`` in
+  schema.sql; :mod:`actors.heartbeat_group`), one connection and one round trip for the group,
+  each worker getting its own answer. One that carries outcomes, asks for a restart hold, or
+  finds its worker's row held by another transaction is one statement of its own
+  (``record_heartbeat``). Either way no worker's row lock is held across a round trip.
 - Registrations and clean stops are transaction functions
   (:meth:`runtime.aio.PgConnection.run_in_transaction`), run again from their start when a
   schema change invalidated a cached statement. The pool waits for an unreachable database at
@@ -63,6 +68,7 @@ import os
 import ssl
 import sys
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,6 +77,7 @@ import attrs
 import trio
 
 from actors import dependencies, idempotency, queries, validation
+from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
 from actors.heartbeat_policy import (
     MAX_DEAD_AFTER_MS,
     MAX_SENT_US,
@@ -100,6 +107,7 @@ from runtime.aio import (
     Send,
     require_worker,
     rpc_caller,
+    rpc_deadline,
     serve_grpc,
     takes_encoded_request,
     trio_service,
@@ -159,6 +167,9 @@ class ControlPlaneService(AdmittedService):
     """Heartbeats this service recorded (the denominator of its measured heartbeat cost)."""
     logs: LogRelay | None = None
     """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""
+    heartbeat_group: HeartbeatGrouper | None = None
+    """Records liveness-only heartbeats in groups (started by :class:`Ingest` when
+    ``settings.heartbeat_group_wait_s`` > 0); None: each heartbeat in a statement of its own."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -688,12 +699,121 @@ class ControlPlaneService(AdmittedService):
         return row["interval_ms"], row["dead_after_ms"]
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        """Record a worker's heartbeat: liveness, running confirmations, finished outcomes.
+
+        A liveness-only heartbeat (no outcomes, no restart hold) is recorded with the
+        heartbeats of other workers in one statement (:attr:`heartbeat_group`;
+        docs/design.md, "Grouped heartbeats"); one that carries outcomes or asks for a hold,
+        or finds its worker's row locked by another transaction, alone
+        (:meth:`_heartbeat_alone`).
+
+        Raises:
+            InvalidArgument: a field out of range (nothing is stored).
+            DeadlineExceeded, DatabaseUnavailable, Busy: as :meth:`database` (for a group's
+                member, what its group's statement raised).
+        """
         worker_id = identifiers.check_id(request.worker_id, field="worker_id")
         require_worker("heartbeat", worker_id)
         validation.check_incarnation(request.incarnation)
         hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
+        if self.heartbeat_group is not None and not finished and not hold_ms:
+            deadline = rpc_deadline()
+            self._check_deadline("heartbeat", deadline)
+            answer = await self.heartbeat_group.record(
+                GroupedBeat(
+                    deadline=deadline,
+                    worker_id=worker_id,
+                    incarnation=request.incarnation,
+                    running_assignment_ids=tuple(request.running_assignment_ids),
+                    sent_us=min(request.sent_monotonic_us, MAX_SENT_US),
+                    dead_after_in_use_ms=min(request.dead_after_in_use_ms, MAX_DEAD_AFTER_MS),
+                )
+            )
+            if not answer.skipped:
+                return self._heartbeat_reply(worker_id, request.incarnation, answer)
+        return await self._heartbeat_alone(worker_id, request, finished, hold_ms)
+
+    async def run_heartbeat_group(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Gather liveness-only heartbeats into groups (:attr:`heartbeat_group`, with
+        ``settings.heartbeat_group_wait_s`` and ``heartbeat_group_max``) until cancelled; the
+        handlers use it once started."""
+        grouper = HeartbeatGrouper(
+            record_group=self.record_heartbeat_group,
+            wait_s=self.settings.heartbeat_group_wait_s,
+            max_heartbeats=self.settings.heartbeat_group_max,
+        )
+        self.heartbeat_group = grouper
+        try:
+            await grouper.run(task_status=task_status)
+        finally:
+            self.heartbeat_group = None
+
+    async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
+        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement
+        (``record_heartbeats`` in schema.sql): one answer per member, in order. A member whose
+        client's deadline passed, or whose handler stopped waiting, before the group got its
+        connection is not recorded, as a heartbeat alone would not be: its answer is
+        DeadlineExceeded.
+
+        Raises:
+            DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
+        """
+        answers: list[GroupAnswer | Exception] = []
+        async with self.database("heartbeat") as conn:
+            now = trio.current_time()
+            left_out = [m.withdrawn or m.beat.deadline <= now for m in members]
+            live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
+            running_ids: list[int] = []
+            running_members: list[int] = []
+            for member, beat in enumerate(live, start=1):
+                running_ids.extend(beat.running_assignment_ids)
+                running_members.extend([member] * len(beat.running_assignment_ids))
+            rows = []
+            if live:
+                rows = await conn.fetch(
+                    queries.RECORD_HEARTBEATS,
+                    [b.worker_id for b in live],
+                    [b.incarnation for b in live],
+                    [b.sent_us for b in live],
+                    [b.dead_after_in_use_ms for b in live],
+                    running_ids,
+                    running_members,
+                    *self._told_defaults(),
+                )
+        recorded = iter(rows)
+        for out in left_out:
+            if out:
+                metrics.INGEST_EXPIRED_REQUESTS.labels("heartbeat").inc()
+                answers.append(
+                    DeadlineExceeded("heartbeat: the client's deadline passed before the request could start")
+                )
+                continue
+            row = next(recorded)
+            answers.append(
+                GroupAnswer(
+                    alive=row["alive"],
+                    skipped=row["skipped"],
+                    stop_assignment_ids=tuple(row["stop_assignment_ids"]),
+                    current_epoch=row["current_epoch"],
+                    database_unix_s=row["database_unix_s"],
+                    told_interval_ms=row["told_interval_ms"],
+                    told_dead_after_ms=row["told_dead_after_ms"],
+                    newer_agent_run_id=row["newer_agent_run_id"],
+                    newer_address=row["newer_address"],
+                    newer_incarnation=row["newer_incarnation"],
+                )
+            )
+        return answers
+
+    async def _heartbeat_alone(
+        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+    ) -> pb.HeartbeatReply:
+        """Record one heartbeat in a statement of its own (``record_heartbeat`` in schema.sql),
+        and its restart hold after it."""
         held: object = None
         async with self.database("heartbeat") as conn:
             # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
@@ -731,40 +851,56 @@ class ControlPlaneService(AdmittedService):
                 epoch=row["current_epoch"],
                 **outcome_log_keys(finished),
             )
-        if not row["alive"]:
-            metrics.HEARTBEATS_REREGISTER.inc()
-            reply = pb.HeartbeatReply(
-                epoch=row["current_epoch"], reregister=True, database_unix_s=row["database_unix_s"]
-            )
-            if newer is not None:  # another registration took the id over (the agent decides)
-                reply.newer_agent_run_id = newer["agent_run_id"] or ""
-                reply.newer_address = newer["address"]
-                reply.newer_incarnation = newer["incarnation"]
-            return reply
-        metrics.HEARTBEATS_RECORDED.inc()
-        self.heartbeats_recorded += 1
-        if row["stop_assignment_ids"]:
-            log.get("ingest").info(
-                "worker told to stop assignments",
-                worker_id=worker_id,
-                incarnation=request.incarnation,
-                epoch=row["current_epoch"],
-                assignment_ids=list(row["stop_assignment_ids"]),
-            )
-        if hold_ms:
+        answer = GroupAnswer(
+            alive=row["alive"],
+            stop_assignment_ids=tuple(row["stop_assignment_ids"]),
+            current_epoch=row["current_epoch"],
+            database_unix_s=row["database_unix_s"],
+            told_interval_ms=row["told_interval_ms"],
+            told_dead_after_ms=row["told_dead_after_ms"],
+            newer_agent_run_id=None if newer is None else newer["agent_run_id"] or "",
+            newer_address=None if newer is None else newer["address"],
+            newer_incarnation=None if newer is None else newer["incarnation"],
+        )
+        reply = self._heartbeat_reply(worker_id, request.incarnation, answer)
+        if hold_ms and answer.alive:
+            reply.restart_hold_granted = held is not None
             log.get("ingest").info(
                 "restart hold recorded" if held is not None else "restart hold not recorded",
                 worker_id=worker_id,
                 incarnation=request.incarnation,
                 hold_s=hold_ms / 1000,
             )
+        return reply
+
+    def _heartbeat_reply(self, worker_id: str, incarnation: int, answer: GroupAnswer) -> pb.HeartbeatReply:
+        """The reply to a recorded heartbeat (alone or in a group), counted in the metrics."""
+        if not answer.alive:
+            metrics.HEARTBEATS_REREGISTER.inc()
+            reply = pb.HeartbeatReply(
+                epoch=answer.current_epoch, reregister=True, database_unix_s=answer.database_unix_s
+            )
+            if answer.newer_incarnation is not None:  # another registration took the id over
+                reply.newer_agent_run_id = answer.newer_agent_run_id or ""
+                reply.newer_address = answer.newer_address or ""
+                reply.newer_incarnation = answer.newer_incarnation
+            return reply
+        metrics.HEARTBEATS_RECORDED.inc()
+        self.heartbeats_recorded += 1
+        if answer.stop_assignment_ids:
+            log.get("ingest").info(
+                "worker told to stop assignments",
+                worker_id=worker_id,
+                incarnation=incarnation,
+                epoch=answer.current_epoch,
+                assignment_ids=list(answer.stop_assignment_ids),
+            )
         return pb.HeartbeatReply(
-            epoch=row["current_epoch"],
-            stop_assignment_ids=list(row["stop_assignment_ids"]),
-            restart_hold_granted=held is not None,
-            database_unix_s=row["database_unix_s"],
-            heartbeat_interval_ms=row["told_interval_ms"],
-            dead_after_ms=row["told_dead_after_ms"],
+            epoch=answer.current_epoch,
+            stop_assignment_ids=list(answer.stop_assignment_ids),
+            database_unix_s=answer.database_unix_s,
+            heartbeat_interval_ms=answer.told_interval_ms,
+            dead_after_ms=answer.told_dead_after_ms,
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
@@ -986,6 +1122,8 @@ class Ingest:
             service = trio_service(pb.ControlPlaneBase, self.service, access=CONTROL_PLANE_ACCESS)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.lag.run)
+                if self.settings.heartbeat_group_wait_s > 0:
+                    await nursery.start(self.service.run_heartbeat_group)
                 port = await nursery.start(
                     partial(serve_grpc, [service], self.listen_host, self.listen_port, tls=self.tls)
                 )

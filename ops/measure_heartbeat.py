@@ -10,6 +10,10 @@ the database per heartbeat (asyncpg calls, the pool's reset on release included)
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 The handler and the pool are the ingest's own, so running this file from another checkout
 (``PYTHONPATH=that-checkout``) measures that version.
+
+:func:`table_update_counts` reads how many of a table's row updates were HOT (for the
+``workers`` table, which every heartbeat updates); ``ops.measure_heartbeat_groups`` compares
+grouped and single heartbeats.
 """
 
 from __future__ import annotations
@@ -21,15 +25,57 @@ import time
 from typing import Any
 
 import asyncpg
+import attrs
 import trio
 
-from actors import ingest
+from actors import ingest, queries
 from ops.pg import database_or_temporary
 from protocol import pb
-from runtime.aio import PgPool, asyncio_bridge
+from runtime.aio import PgConnection, PgPool, asyncio_bridge
 from runtime.client import new_idempotency_key
 
 _COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
+
+
+@attrs.frozen(kw_only=True)
+class UpdateCounts:
+    """A table's row updates as PostgreSQL's statistics counted them (``pg_stat_user_tables``)."""
+
+    updates: int
+    """Rows updated (``n_tup_upd``), since the statistics were last reset."""
+    hot_updates: int
+    """Of those, HOT updates (``n_tup_hot_upd``): no index entry written."""
+    dead_rows: int
+    """Dead row versions now (``n_dead_tup``), left for pruning or vacuum."""
+
+    def __sub__(self, earlier: UpdateCounts) -> UpdateCounts:
+        """The updates between ``earlier`` and these (dead rows: these)."""
+        return UpdateCounts(
+            updates=self.updates - earlier.updates,
+            hot_updates=self.hot_updates - earlier.hot_updates,
+            dead_rows=self.dead_rows,
+        )
+
+    @property
+    def hot_share(self) -> float:
+        """The share of updates that were HOT (0 to 1; 0 when none)."""
+        return self.hot_updates / self.updates if self.updates else 0.0
+
+
+async def table_update_counts(
+    conn: PgConnection | asyncpg.Connection, table: str = "workers"
+) -> UpdateCounts:
+    """``table``'s update counts (:data:`actors.queries.TABLE_UPDATES`). They reach the view up
+    to about a second after the writing transactions ended: wait that long after a run before
+    reading its last counts.
+
+    Raises:
+        LookupError: no such table in the connection's schema.
+    """
+    row = await conn.fetchrow(queries.TABLE_UPDATES, table)
+    if row is None:
+        raise LookupError(f"table {table!r} not found in pg_stat_user_tables of the current schema")
+    return UpdateCounts(updates=row["updates"], hot_updates=row["hot_updates"], dead_rows=row["dead_rows"])
 
 
 def _count_round_trips() -> list[int]:

@@ -262,6 +262,19 @@ HEARTBEATS_REREGISTER = Counter(
     "Worker heartbeats this control plane answered with reregister: the incarnation they name is "
     "no longer alive (declared dead, left or replaced), so nothing was recorded.",
 )
+HEARTBEAT_GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+HEARTBEAT_GROUP_HEARTBEATS = Histogram(
+    "stockade_heartbeat_group_heartbeats",
+    "Heartbeats in one group recorded by one statement (record_heartbeats; actors.heartbeat_group), "
+    "per group this control plane's ingest recorded or tried to.",
+    buckets=HEARTBEAT_GROUP_BUCKETS,
+)
+HEARTBEAT_GROUP_STATEMENTS = Counter(
+    "stockade_heartbeat_group_statements",
+    "Statements this control plane's ingest ran to record a group of heartbeats, by result: "
+    "recorded, failed (every member got the error).",
+    ["result"],
+)
 RECONCILE_PASS_SECONDS = Histogram(
     "stockade_reconcile_pass_seconds",
     "Duration of a reconcile pass while leader (dead workers, unconfirmed and orphaned "

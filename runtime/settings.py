@@ -409,6 +409,13 @@ class DispatchSettings:
     """Deadline of one Assign or Cancel call."""
 
 
+MAX_HEARTBEAT_GROUP_WAIT_S = 0.1
+"""The longest :attr:`IngestSettings.heartbeat_group_wait_s`, in seconds: a fifth of an
+agent's default heartbeat deadline (0.5 s), which every grouped heartbeat's answer spends it from."""
+MAX_HEARTBEAT_GROUP = 5000
+"""The most heartbeats :attr:`IngestSettings.heartbeat_group_max` may allow in one group."""
+
+
 @attrs.frozen(kw_only=True)
 class IngestSettings:
     """The ControlPlane gRPC service's database capacity and how it sheds load (see
@@ -489,11 +496,30 @@ class IngestSettings:
     """A relayed output stream whose worker has sent nothing this long, not even a keep-alive
     (a following worker sends one every ``keepalive_s``, 5 s), is ended as unreachable, in
     seconds: the worker froze or its host went away."""
+    heartbeat_group_wait_s: float = attrs.field(default=0.005, validator=_non_negative)
+    """How long the ingest gathers liveness-only heartbeats before it records them together in
+    one statement, in seconds (:mod:`actors.heartbeat_group`; docs/design.md, "Grouped
+    heartbeats"): 5 ms, against a heartbeat deadline of hundreds. 0: every heartbeat is its own
+    statement, as before groups existed (kept so a benchmark can compare the two). At most
+    :data:`MAX_HEARTBEAT_GROUP_WAIT_S`."""
+    heartbeat_group_max: int = attrs.field(default=500, validator=_positive)
+    """Most heartbeats one group records (a full group is recorded at once, without waiting
+    out ``heartbeat_group_wait_s``). At most :data:`MAX_HEARTBEAT_GROUP`."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:
             raise InvalidArgument(
                 "max_wire_work_share", self.max_wire_work_share, "must be a fraction in (0, 1]"
+            )
+        if self.heartbeat_group_wait_s > MAX_HEARTBEAT_GROUP_WAIT_S:
+            raise InvalidArgument(
+                "heartbeat_group_wait_s",
+                self.heartbeat_group_wait_s,
+                f"must be at most {MAX_HEARTBEAT_GROUP_WAIT_S:g} s (every heartbeat's answer waits it out)",
+            )
+        if self.heartbeat_group_max > MAX_HEARTBEAT_GROUP:
+            raise InvalidArgument(
+                "heartbeat_group_max", self.heartbeat_group_max, f"must be at most {MAX_HEARTBEAT_GROUP}"
             )
         if self.liveness_reserved_connections >= self.pool_size:
             raise InvalidArgument(

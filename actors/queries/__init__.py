@@ -20,7 +20,7 @@ as columns). This package names them all, so callers write ``queries.NAME``.
 
 from __future__ import annotations
 
-from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS
+from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS, TABLE_UPDATES
 from actors.queries.ingest import (
     APPLY_SCHEMA_LOCK,
     APPLY_SCHEMA_UNLOCK,
@@ -45,6 +45,7 @@ from actors.queries.ingest import (
     LOG_SOURCE,
     MISSING_JOBS,
     NEWER_REGISTRATION,
+    RECORD_HEARTBEATS,
     RECORD_OUTCOMES,
     RECORD_PRESENCE,
     RECORD_SCHEMA_VERSION,
@@ -162,6 +163,7 @@ __all__ = [
     "PENDING_JOBS",
     "PROBE_LEASE",
     "READ_LEASE",
+    "RECORD_HEARTBEATS",
     "RECORD_OUTCOMES",
     "RECORD_PRESENCE",
     "RECORD_SCHEMA_VERSION",
@@ -189,6 +191,7 @@ __all__ = [
     "SUBMIT_JOBS",
     "SWEEP_IDEMPOTENCY_KEYS",
     "TABLE_ROWS",
+    "TABLE_UPDATES",
     "TAKE_OVER_LEASE",
     "TELL_WORKER",
     "TRY_LEASE_LOCK",

@@ -30,3 +30,14 @@ SELECT relname AS table_name, n_live_tup AS live_rows, n_dead_tup AS dead_rows
  WHERE schemaname = current_schema() AND relname = ANY($1::text[])
  ORDER BY relname
 """
+
+# $1 a table's name. Its row updates as the statistics system counted them: all of them, those
+# that were HOT (no index entry written: the new version fit on the row's page and no indexed
+# column changed), and its dead row versions now, in this schema (no row: no such table). The
+# counts reach the view when the writing session's transaction ends, up to about a second
+# later; pg_stat_clear_snapshot() first, so a reader in a transaction sees fresh counts.
+TABLE_UPDATES = """
+SELECT n_tup_upd AS updates, n_tup_hot_upd AS hot_updates, n_dead_tup AS dead_rows
+  FROM pg_stat_user_tables, pg_stat_clear_snapshot()
+ WHERE schemaname = current_schema() AND relname = $1
+"""

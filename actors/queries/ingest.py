@@ -659,6 +659,23 @@ SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval
                         $8::bigint[], $9::text[], $10::text[], $11::text[], $12, $13, $14, $15)
 """
 
+# Liveness-only heartbeats of several workers, one statement: the function record_heartbeats in
+# schema.sql (actors/heartbeat_group.py gathers them). Members as parallel arrays: $1 worker ids
+# (each once), $2 incarnations, $3 send times (the workers' monotonic clocks, µs), $4 the
+# dead_after each fence is derived from (ms, 0: none); their running assignments flattened: $5
+# assignment ids, $6 the member (1-based index into $1) each belongs to; $7 $8 the interval and
+# dead_after (ms) to tell while the leader chose none.
+# One row per member, in member order: member, alive, skipped (its row was locked by another
+# transaction: nothing recorded, record it alone), stop_assignment_ids, newer_agent_run_id,
+# newer_address, newer_incarnation (the registration that replaced a member told to register
+# again; NULL: none), current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms.
+RECORD_HEARTBEATS = """
+SELECT member, alive, skipped, stop_assignment_ids, newer_agent_run_id, newer_address,
+       newer_incarnation, current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms
+  FROM record_heartbeats($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::bigint[], $6::int[],
+                         $7, $8)
+"""
+
 CURRENT_EPOCH = "SELECT epoch FROM lease WHERE id = 1"
 
 # The current epoch and the database's clock (now(), unix s: the start of the caller's

@@ -1,0 +1,203 @@
+"""The heartbeat grouper: liveness-only heartbeats gathered for a few milliseconds and recorded
+together, in one statement (``record_heartbeats`` in schema.sql; docs/design.md, "Grouped
+heartbeats").
+
+A handler hands its heartbeat over (:meth:`HeartbeatGrouper.record`) and waits for its own
+answer. The grouper closes a group ``wait_s`` after its first heartbeat arrived, or at once when
+it holds ``max_heartbeats``, and records it by ``record_group`` in a task of its own, so the next
+group gathers meanwhile. A worker appears at most once in a group: a second heartbeat of the
+same worker waits for the next group. Every member gets its own row; when the statement fails,
+every member gets that error (a copy of it), as it would have alone. A handler that stops
+waiting (its client gave up) changes nothing for the others: its heartbeat is left out if its
+group has not started its statement yet, else recorded with the group and its answer dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from runtime import metrics
+from runtime.errors import DatabaseUnavailable
+
+__all__ = ["GroupAnswer", "GroupMember", "GroupedBeat", "HeartbeatGrouper", "RecordGroup"]
+
+
+@attrs.frozen(kw_only=True)
+class GroupedBeat:
+    """One liveness-only heartbeat, as a group records it."""
+
+    worker_id: str
+    incarnation: int
+    running_assignment_ids: tuple[int, ...] = ()
+    sent_us: int = 0
+    """Its send time (the worker's monotonic clock, µs)."""
+    dead_after_in_use_ms: int = 0
+    """The dead_after the worker's fence is derived from, in ms (0: none)."""
+    deadline: float = math.inf
+    """Trio time at which its client stops waiting for the answer (inf: never): a heartbeat
+    whose deadline passed before its group got a connection is not recorded."""
+
+
+@attrs.frozen(kw_only=True)
+class GroupAnswer:
+    """What the group's statement recorded for one member."""
+
+    alive: bool
+    """False: the incarnation is not alive (re-register)."""
+    skipped: bool = False
+    """True: its worker's row was locked by another transaction and nothing was recorded; the
+    caller records the heartbeat alone."""
+    stop_assignment_ids: tuple[int, ...] = ()
+    current_epoch: int = 0
+    database_unix_s: float = 0.0
+    told_interval_ms: int = 0
+    told_dead_after_ms: int = 0
+    newer_agent_run_id: str | None = None
+    newer_address: str | None = None
+    newer_incarnation: int | None = None
+    """The registration that replaced a member told to re-register (None: none)."""
+
+
+RecordGroup = Callable[[Sequence["GroupMember"]], Awaitable[Sequence[GroupAnswer | Exception]]]
+"""Records a group (worker ids distinct) and returns one answer per member, in order: its row,
+or the error of a member left out (withdrawn, or its deadline passed, when the statement began)."""
+
+
+@attrs.define
+class GroupMember:
+    """One heartbeat waiting in a group, and its answer once settled."""
+
+    beat: GroupedBeat
+    withdrawn: bool = False
+    """Its handler stopped waiting (its client gave up): a group that has not started recording
+    leaves it out, as a request that has not started does no database work."""
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: GroupAnswer | None = None
+    error: BaseException | None = None
+
+    def settle(self, answer: GroupAnswer | None, error: BaseException | None) -> None:
+        if not self.done.is_set():
+            self.answer, self.error = answer, error
+            self.done.set()
+
+
+@attrs.define
+class HeartbeatGrouper:
+    """Gathers heartbeats into groups and records each group with one call.
+
+    Args:
+        record_group: records one group (a database statement; a test scripts it).
+        wait_s: how long a group gathers after its first heartbeat, in seconds (> 0).
+        max_heartbeats: most members of one group (>= 1).
+        queue_heartbeats: heartbeats waiting for a group beyond which :meth:`record` waits
+            for room.
+    """
+
+    record_group: RecordGroup
+    wait_s: float
+    max_heartbeats: int
+    queue_heartbeats: int = 10_000
+    _send: trio.MemorySendChannel[GroupMember] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[GroupMember] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[GroupMember](self.queue_heartbeats)
+
+    async def record(self, beat: GroupedBeat) -> GroupAnswer:
+        """Record ``beat`` with the next group; its own answer once the group's statement ended.
+
+        Raises:
+            whatever ``record_group`` raised for the group (a copy: the error of each member is
+            its own); DatabaseUnavailable when the grouper stopped before recording it.
+        """
+        slot = GroupMember(beat)
+        try:
+            await self._send.send(slot)
+            await slot.done.wait()
+        except BaseException:
+            slot.withdrawn = True
+            raise
+        if slot.error is not None:
+            raise slot.error
+        assert slot.answer is not None
+        return slot.answer
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Gather and record groups until cancelled."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            carried: list[GroupMember] = []
+            while True:
+                group, carried = await self._gather(carried)
+                nursery.start_soon(self._record, group)
+
+    async def _gather(self, carried: list[GroupMember]) -> tuple[list[GroupMember], list[GroupMember]]:
+        """The next group (heartbeats of distinct workers, at most ``max_heartbeats``) and the
+        heartbeats left for the one after it (a second heartbeat of a member's worker, or more
+        than fit), those ``carried`` over from the last first, in their order."""
+        group: list[GroupMember] = []
+        workers: set[str] = set()
+        later: list[GroupMember] = []
+
+        def take(slot: GroupMember) -> None:
+            if slot.withdrawn:
+                return
+            if slot.beat.worker_id in workers or len(group) >= self.max_heartbeats:
+                later.append(slot)
+            else:
+                group.append(slot)
+                workers.add(slot.beat.worker_id)
+
+        for slot in carried:
+            take(slot)
+        while not group:
+            take(await self._receive.receive())
+        with trio.move_on_after(self.wait_s):
+            while len(group) < self.max_heartbeats:
+                take(await self._receive.receive())
+        return group, later
+
+    async def _record(self, gathered: list[GroupMember]) -> None:
+        group = [member for member in gathered if not member.withdrawn]
+        if not group:
+            return
+        metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
+        try:
+            try:
+                answers = await self.record_group(group)
+                if len(answers) != len(group):
+                    raise RuntimeError(f"a group of {len(group)} heartbeats got {len(answers)} answers")
+            except Exception as exc:
+                metrics.HEARTBEAT_GROUP_STATEMENTS.labels("failed").inc()
+                for slot in group:
+                    slot.settle(None, _own_copy(exc))
+                return
+            metrics.HEARTBEAT_GROUP_STATEMENTS.labels("recorded").inc()
+            for slot, answer in zip(group, answers, strict=True):
+                if isinstance(answer, Exception):
+                    slot.settle(None, answer)
+                else:
+                    slot.settle(answer, None)
+        finally:
+            # Cancelled (the ingest stops): nobody is left waiting.
+            for slot in group:
+                slot.settle(None, DatabaseUnavailable("heartbeat not recorded: the ingest is stopping"))
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """A copy of ``exc`` for one member, caused by it: raising one instance in many tasks would
+    pile every task's traceback onto it."""
+    try:
+        mine = copy.copy(exc)
+    except Exception:
+        return exc
+    if type(mine) is not type(exc) or str(mine) != str(exc):
+        return exc
+    mine.__cause__ = exc.__cause__
+    mine.__traceback__ = exc.__traceback__
+    return mine
