@@ -17,10 +17,12 @@ is no module-level state). Its pieces:
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
   outcome; obey the reply (stop ids, re-register). Registrations carry the unacknowledged
   outcomes too, so a job that succeeded just before a fence keeps its result. Both calls are
-  hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`): the preferred control plane
-  may answer until shortly before the fence deadline, and the next one is asked too after
-  ``heartbeat_timeout_s`` of silence. Heartbeats go one at a time: the answer to one sent at
-  *t* moves the deadline to *t* + ``self_fence_after_s``, so a control plane that keeps
+  hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`), starting at the worker's home
+  replica (:func:`runtime.client.home_index`): the preferred control plane may answer until
+  shortly before the fence deadline (a new registration, which holds no job, up to
+  ``register_timeout_s``: :meth:`agent.fence.FenceClock.register_deadline_s`), and the next
+  one is asked too after ``heartbeat_timeout_s`` of silence. Heartbeats go one at a time: the
+  answer to one sent at *t* moves the deadline to *t* + ``self_fence_after_s``, so a control plane that keeps
   answering later than about half of that still fences the worker; sending more heartbeats
   while one is unanswered would only add to the load that makes it slow;
 - a fence watcher on its own timer (invariant 7 in DESIGN.md): once
