@@ -998,6 +998,8 @@ CREATE OR REPLACE FUNCTION record_heartbeats(
     current_epoch bigint, database_unix_s float8, told_interval_ms integer, told_dead_after_ms integer
 ) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+-- Members are matched by joins on their number, never by = ANY(array) or array[i] per row:
+-- both cost a walk of the array, which a group of hundreds would pay hundreds of times.
 DECLARE
     v_members integer := cardinality(p_worker_ids);
     v_epoch bigint;
@@ -1005,7 +1007,7 @@ DECLARE
     v_interval_ms integer;
     v_dead_after_ms integer;
     v_locked text[];
-    v_alive integer[];
+    v_alive boolean[];      -- v_alive[n]: member n's incarnation is alive and was stamped
     v_first_heard timestamptz;
     v_confirm bigint[];
     v_jobs bigint[];
@@ -1038,23 +1040,25 @@ BEGIN
                heartbeat_sent_us = greatest(w.heartbeat_sent_us, m.sent_us)
           FROM unnest(p_worker_ids, p_incarnations, p_sent_us, p_in_use_ms)
                WITH ORDINALITY AS m(worker_id, incarnation, sent_us, in_use_ms, n)
-         WHERE w.id = m.worker_id AND w.id = ANY(v_locked) AND w.incarnation = m.incarnation
-           AND w.state = 'alive'
-        RETURNING m.n::integer AS n, w.last_heartbeat_at AS heard_at
+          JOIN unnest(v_locked) AS l(id) ON l.id = m.worker_id
+         WHERE w.id = m.worker_id AND w.incarnation = m.incarnation AND w.state = 'alive'
+        RETURNING m.n AS n, w.last_heartbeat_at AS heard_at
     )
-    SELECT coalesce(array_agg(h.n), '{}'), min(h.heard_at) INTO v_alive, v_first_heard FROM heard h;
+    SELECT array_agg(h.n IS NOT NULL ORDER BY g.n), min(h.heard_at) INTO v_alive, v_first_heard
+      FROM generate_series(1, v_members) AS g(n) LEFT JOIN heard h ON h.n = g.n;
 
     SELECT l.epoch INTO v_epoch FROM lease l WHERE l.id = 1;
 
-    IF cardinality(v_alive) > 0 AND cardinality(p_running_ids) > 0 THEN
+    IF v_first_heard IS NOT NULL AND cardinality(p_running_ids) > 0 THEN
         -- The first heartbeat that lists an assignment confirms it.
         SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.job_id), '{}')
           INTO v_confirm, v_jobs
           FROM (SELECT a.id, a.job_id
-                  FROM assignments a
-                  JOIN unnest(p_running_ids, p_running_members) AS r(id, n) ON a.id = r.id
-                 WHERE r.n = ANY(v_alive) AND a.worker_id = p_worker_ids[r.n]
-                   AND a.state = 'active' AND a.confirmed_at IS NULL
+                  FROM unnest(p_running_ids, p_running_members) AS r(id, n)
+                  JOIN unnest(p_worker_ids, v_alive) WITH ORDINALITY AS m(worker_id, alive, n)
+                    ON m.n = r.n AND m.alive
+                  JOIN assignments a ON a.id = r.id AND a.worker_id = m.worker_id
+                 WHERE a.state = 'active' AND a.confirmed_at IS NULL
                  ORDER BY a.id FOR NO KEY UPDATE OF a SKIP LOCKED) c;
         IF cardinality(v_confirm) > 0 THEN
             UPDATE assignments SET confirmed_at = now()
@@ -1067,32 +1071,36 @@ BEGIN
     END IF;
 
     -- The answer leaves when the statement ends (record_heartbeat says why).
-    IF cardinality(v_alive) > 0 AND clock_timestamp() > v_first_heard + interval '50 milliseconds' THEN
+    IF v_first_heard IS NOT NULL AND clock_timestamp() > v_first_heard + interval '50 milliseconds' THEN
         UPDATE workers w SET last_heartbeat_at = clock_timestamp()
-          FROM unnest(p_worker_ids, p_incarnations) WITH ORDINALITY AS m(worker_id, incarnation, n)
-         WHERE m.n = ANY(v_alive) AND w.id = m.worker_id AND w.incarnation = m.incarnation
+          FROM unnest(p_worker_ids, p_incarnations, v_alive) AS m(worker_id, incarnation, alive)
+         WHERE m.alive AND w.id = m.worker_id AND w.incarnation = m.incarnation
            AND w.last_heartbeat_at < clock_timestamp() - interval '50 milliseconds';
     END IF;
 
     RETURN QUERY
+    WITH stops AS (
+        -- Those of an alive member's running assignments that are not active on its worker.
+        SELECT r.n, array_agg(r.id) AS ids
+          FROM unnest(p_running_ids, p_running_members) AS r(id, n)
+          JOIN unnest(p_worker_ids, v_alive) WITH ORDINALITY AS m(worker_id, alive, n)
+            ON m.n = r.n AND m.alive
+         WHERE NOT EXISTS (SELECT 1 FROM assignments a
+                            WHERE a.id = r.id AND a.worker_id = m.worker_id AND a.state = 'active')
+         GROUP BY r.n
+    )
     SELECT m.n::integer,
-           m.n = ANY(v_alive),
-           NOT m.n = ANY(v_alive) AND NOT m.worker_id = ANY(v_locked)
-               AND EXISTS (SELECT 1 FROM workers x WHERE x.id = m.worker_id),
+           m.alive,
+           NOT m.alive AND l.id IS NULL AND x.id IS NOT NULL,
            coalesce(s.ids, '{}'::bigint[]),
-           nw.agent_run_id, nw.address, nw.incarnation,
+           CASE WHEN newer THEN x.agent_run_id END,
+           CASE WHEN newer THEN x.address END,
+           CASE WHEN newer THEN x.incarnation END,
            v_epoch, v_unix_s, v_interval_ms, v_dead_after_ms
-      FROM unnest(p_worker_ids, p_incarnations) WITH ORDINALITY AS m(worker_id, incarnation, n)
-      LEFT JOIN LATERAL (
-          -- Those of its running assignments that are not active on it: stop them.
-          SELECT array_agg(r.id) AS ids
-            FROM unnest(p_running_ids, p_running_members) AS r(id, n)
-           WHERE r.n = m.n AND m.n = ANY(v_alive)
-             AND NOT EXISTS (SELECT 1 FROM assignments a
-                              WHERE a.id = r.id AND a.worker_id = m.worker_id AND a.state = 'active')
-      ) s ON true
-      LEFT JOIN workers nw
-        ON NOT m.n = ANY(v_alive) AND nw.id = m.worker_id AND nw.state = 'alive'
-           AND nw.incarnation > m.incarnation
+      FROM unnest(p_worker_ids, p_incarnations, v_alive) WITH ORDINALITY AS m(worker_id, incarnation, alive, n)
+      LEFT JOIN unnest(v_locked) AS l(id) ON l.id = m.worker_id
+      LEFT JOIN stops s ON s.n = m.n
+      LEFT JOIN workers x ON x.id = m.worker_id
+      CROSS JOIN LATERAL (SELECT NOT m.alive AND x.state = 'alive' AND x.incarnation > m.incarnation) AS t(newer)
      ORDER BY m.n;
 END $$;

@@ -115,17 +115,17 @@ class HeartbeatGrouper:
             whatever ``record_group`` raised for the group (a copy: the error of each member is
             its own); DatabaseUnavailable when the grouper stopped before recording it.
         """
-        slot = GroupMember(beat)
+        member = GroupMember(beat)
         try:
-            await self._send.send(slot)
-            await slot.done.wait()
+            await self._send.send(member)
+            await member.done.wait()
         except BaseException:
-            slot.withdrawn = True
+            member.withdrawn = True
             raise
-        if slot.error is not None:
-            raise slot.error
-        assert slot.answer is not None
-        return slot.answer
+        if member.error is not None:
+            raise member.error
+        assert member.answer is not None
+        return member.answer
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Gather and record groups until cancelled."""
@@ -144,17 +144,17 @@ class HeartbeatGrouper:
         workers: set[str] = set()
         later: list[GroupMember] = []
 
-        def take(slot: GroupMember) -> None:
-            if slot.withdrawn:
+        def take(member: GroupMember) -> None:
+            if member.withdrawn:
                 return
-            if slot.beat.worker_id in workers or len(group) >= self.max_heartbeats:
-                later.append(slot)
+            if member.beat.worker_id in workers or len(group) >= self.max_heartbeats:
+                later.append(member)
             else:
-                group.append(slot)
-                workers.add(slot.beat.worker_id)
+                group.append(member)
+                workers.add(member.beat.worker_id)
 
-        for slot in carried:
-            take(slot)
+        for member in carried:
+            take(member)
         while not group:
             take(await self._receive.receive())
         with trio.move_on_after(self.wait_s):
@@ -174,24 +174,25 @@ class HeartbeatGrouper:
                     raise RuntimeError(f"a group of {len(group)} heartbeats got {len(answers)} answers")
             except Exception as exc:
                 metrics.HEARTBEAT_GROUP_STATEMENTS.labels("failed").inc()
-                for slot in group:
-                    slot.settle(None, _own_copy(exc))
+                for member in group:
+                    member.settle(None, _own_copy(exc))
                 return
             metrics.HEARTBEAT_GROUP_STATEMENTS.labels("recorded").inc()
-            for slot, answer in zip(group, answers, strict=True):
+            for member, answer in zip(group, answers, strict=True):
                 if isinstance(answer, Exception):
-                    slot.settle(None, answer)
+                    member.settle(None, answer)
                 else:
-                    slot.settle(answer, None)
+                    member.settle(answer, None)
         finally:
             # Cancelled (the ingest stops): nobody is left waiting.
-            for slot in group:
-                slot.settle(None, DatabaseUnavailable("heartbeat not recorded: the ingest is stopping"))
+            for member in group:
+                member.settle(None, DatabaseUnavailable("heartbeat not recorded: the ingest is stopping"))
 
 
 def _own_copy(exc: Exception) -> Exception:
-    """A copy of ``exc`` for one member, caused by it: raising one instance in many tasks would
-    pile every task's traceback onto it."""
+    """A copy of ``exc`` for one member (same type, message, cause and traceback): raising one
+    instance in many tasks would pile every task's traceback onto it. ``exc`` itself when it
+    does not copy faithfully."""
     try:
         mine = copy.copy(exc)
     except Exception:

@@ -255,7 +255,8 @@ FENCED_WRITES_REFUSED = Counter(
 HEARTBEATS_RECORDED = Counter(
     "stockade_heartbeats_recorded",
     "Worker heartbeats this control plane recorded in the database for an alive incarnation "
-    "(liveness, outcomes and running confirmations, one statement each).",
+    "(liveness, outcomes and running confirmations; liveness-only ones in groups of one statement, "
+    "stockade_heartbeat_group_heartbeats).",
 )
 HEARTBEATS_REREGISTER = Counter(
     "stockade_heartbeats_reregister",
