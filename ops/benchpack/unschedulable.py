@@ -166,9 +166,11 @@ async def run_unschedulable(
                 await nursery.start(ledger.run)
                 first_ms = await one_round()  # reads the whole queue once
                 settle = 0
-                while sum(1 for r in placer.queue.reasons.values() if r.startswith("unschedulable")) < (
-                    unschedulable
-                ) and settle < max_settle_rounds:
+                while (
+                    sum(1 for r in placer.queue.reasons.values() if r.startswith("unschedulable"))
+                    < (unschedulable)
+                    and settle < max_settle_rounds
+                ):
                     await one_round()
                     settle += 1
                 for _ in range(rounds):
