@@ -678,6 +678,7 @@ def place_queue(
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,
     now: float = 0.0,
+    reason_cache: ReasonCache | None = None,
 ) -> Plan:
     """:func:`place` on a :class:`PendingQueue`, in its order, placing at most
     ``max_placements`` and reserving at most ``max_reservations`` workers, each for a job that
@@ -700,6 +701,7 @@ def place_queue(
         max_reservations=max_reservations,
         reserve_after_s=reserve_after_s,
         now=now,
+        reason_cache=reason_cache,
     )
     return finish(steps)
 
