@@ -51,6 +51,11 @@ those workers alone, as for containers. Jobs with the same constraints share one
 fit once per group. The unschedulable reason names the constraint no live worker satisfies
 (``unschedulable: no live worker has gpu=a100``).
 
+Shapes: jobs of the same CPU, memory, container rule and constraints share a shape
+(``PendingQueue.shapes``); fit is tested once per shape and the unschedulable reason worked out
+once per shape, and kept across rounds while the workers stay the same (:class:`ReasonCache`;
+the argument in docs/design.md, "Placement: many jobs that no worker can hold").
+
 A round's decision can be taken in slices (:func:`place_queue_steps`) so that the placer
 yields to the event loop between them; the outcome is the same as in one go.
 
