@@ -51,6 +51,11 @@ those workers alone, as for containers. Jobs with the same constraints share one
 fit once per group. The unschedulable reason names the constraint no live worker satisfies
 (``unschedulable: no live worker has gpu=a100``).
 
+Shapes: jobs of the same CPU, memory, container rule and constraints share a shape
+(``PendingQueue.shapes``); fit is tested once per shape and the unschedulable reason worked out
+once per shape, and kept across rounds while the workers stay the same (:class:`ReasonCache`;
+the argument in docs/design.md, "Placement: many jobs that no worker can hold").
+
 A round's decision can be taken in slices (:func:`place_queue_steps`) so that the placer
 yields to the event loop between them; the outcome is the same as in one go.
 
@@ -62,7 +67,8 @@ its reasoning and sources are kept next to the code that carries them out.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -70,6 +76,10 @@ import numpy as np
 from runtime.constraints import Constraint, satisfied
 from runtime.loops import finish
 from runtime.settings import PLACEMENT_POLICIES
+
+Shape = tuple[int, int, bool, int]
+"""What a job's unschedulable reason depends on: ``(cpu_millis, memory_mb, needs_container,
+constraint group)`` (the group: an index into ``PendingQueue.groups``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +156,106 @@ def placement_limit(confirmed: int, unconfirmed: int, *, initial_window: int, ma
     return max(0, window - unconfirmed)
 
 
+class Unschedulable(Mapping[int, str]):
+    """job_id -> unschedulable reason of a :class:`Plan`, held as one reason per job shape and
+    the jobs' positions in the queue, so that a round with many unschedulable jobs does no
+    Python work per job unless something reads them one by one (the dict is built then).
+
+    Attributes:
+        at: the jobs' positions in the queue the plan was made from, ascending (int64).
+        ids: their job ids (int64), in the same order.
+        shapes: their shapes (indices into ``PendingQueue.shapes``, int64), same order.
+        by_shape: shape index -> the reason of every job of that shape.
+    """
+
+    def __init__(
+        self,
+        at: np.ndarray | None = None,
+        ids: np.ndarray | None = None,
+        shapes: np.ndarray | None = None,
+        by_shape: Mapping[int, str] | None = None,
+    ) -> None:
+        empty = np.empty(0, dtype=np.int64)
+        self.at = empty if at is None else at
+        self.ids = empty if ids is None else ids
+        self.shapes = empty if shapes is None else shapes
+        self.by_shape: Mapping[int, str] = by_shape or {}
+        self._dict: dict[int, str] | None = None
+
+    def _built(self) -> dict[int, str]:
+        if self._dict is None:
+            self._dict = {
+                i: self.by_shape[k] for i, k in zip(self.ids.tolist(), self.shapes.tolist(), strict=True)
+            }
+        return self._dict
+
+    def __getitem__(self, job_id: int) -> str:
+        return self._built()[job_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._built()
+
+    def __repr__(self) -> str:
+        return f"Unschedulable({self._built()!r})"
+
+
+@attrs.define
+class ReasonCache:
+    """Unschedulable reasons by job shape, valid for one set of workers (:func:`workers_key`):
+    reading it for another set empties it first. A memo, owned by one placer: a round's
+    decision is the same with or without it (a property test holds it to that).
+
+    A reason (:func:`unschedulable_reason`) reads the job's CPU, memory, container rule and
+    constraints and, of the workers that take placements, their capacities, whether they run
+    containers and their labels; nothing else (not their free room, not where the job failed).
+    So those workers' :func:`workers_key` decides when the cached reasons stop holding.
+    """
+
+    key: tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...] | None = None
+    reasons: dict[tuple[int, int, bool, tuple[Constraint, ...]], str | None] = attrs.field(factory=dict)
+    computed: int = 0
+    """Reasons worked out (not found in the cache) so far: for tests and the curious."""
+
+    def reason(
+        self,
+        shape: Shape,
+        constraints: tuple[Constraint, ...],
+        workers: Sequence[WorkerRoom],
+        key: tuple[Any, ...],
+    ) -> str | None:
+        """:func:`unschedulable_reason` of a job of ``shape`` (its ``constraints`` those of the
+        shape's group) on ``workers``, whose :func:`workers_key` is ``key``."""
+        if key != self.key:
+            self.key, self.reasons = key, {}
+        cpu, mem, container, _ = shape
+        found = (cpu, mem, container, constraints)
+        if found not in self.reasons:
+            job = PendingJob(
+                job_id=0, cpu_millis=cpu, memory_mb=mem, needs_container=container, constraints=constraints
+            )
+            self.reasons[found] = unschedulable_reason(job, workers)
+            self.computed += 1
+        return self.reasons[found]
+
+
+def workers_key(
+    workers: Sequence[WorkerRoom],
+) -> tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...]:
+    """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
+    memory_mb, runs_containers, labels) among them, sorted. Equal keys give equal reasons."""
+    return tuple(
+        sorted(
+            {(w.cpu_millis, w.memory_mb, w.runs_containers, tuple(sorted(w.labels.items()))) for w in workers}
+        )
+    )
+
+
 @attrs.frozen(kw_only=True)
 class Plan:
     """The outcome of one round's decision.
@@ -156,7 +266,7 @@ class Plan:
     """
 
     placements: tuple[tuple[int, str], ...]
-    unschedulable: dict[int, str]
+    unschedulable: Unschedulable
     sizes: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     reservations: dict[str, int] = attrs.field(factory=dict)
     """worker_id -> the job id it was kept free for in this round."""
@@ -240,8 +350,23 @@ class PendingQueue:
     not_before: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.float64))
     """Before when (the owner's clock, seconds) each job must not be placed: its requeue
     backoff; ``-inf`` for none."""
+    shape: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    """Each job's shape: an index into :attr:`shapes`."""
+    shapes: list[Shape] = attrs.field(factory=list)
+    """The distinct shapes of the jobs held since the last :meth:`replace` (which rebuilds it):
+    what an unschedulable reason depends on (:data:`Shape`)."""
+    _shape_of: dict[Shape, int] = attrs.field(factory=dict)
+    _shape_table: np.ndarray = attrs.field(factory=lambda: np.empty((0, 4), dtype=np.int64))
     reasons: dict[int, str] = attrs.field(factory=dict)
-    """The reason currently stored for a pending job (absent: none)."""
+    """The reason currently stored for a pending job (absent: none). Changed only through
+    :meth:`replace`, :meth:`add`, :meth:`remove` and :meth:`store_reasons`, which keep
+    :attr:`reason_code` in step."""
+    reason_code: np.ndarray = attrs.field(factory=lambda: np.empty(0, dtype=np.int64))
+    """Each job's stored reason as an index into :attr:`reason_texts` (-1: none), so a round
+    compares the reasons of many jobs at once (:meth:`code_of`)."""
+    reason_texts: list[str] = attrs.field(factory=list)
+    """The distinct stored reasons since the last :meth:`replace` (which rebuilds it)."""
+    _code_of: dict[str, int] = attrs.field(factory=dict)
     failed_on: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
     """The workers where a run of a held job failed before (absent: none;
     :attr:`PendingJob.failed_on`)."""
@@ -272,8 +397,21 @@ class PendingQueue:
             at = np.minimum(np.searchsorted(self.ids, ids, sorter=by_id), self.ids.size - 1)
             held = self.ids[by_id[at]] == ids
             since[held] = self.since[by_id[at[held]]]
-        self._store(ids, cpu, mem, prio, container, group, since, _times(ids, not_before))
+        self.shapes, self._shape_of, self._shape_table = [], {}, np.empty((0, 4), dtype=np.int64)
+        self.reason_texts, self._code_of = [], {}
         self.reasons = {k: v for k, v in (reasons or {}).items() if v}
+        self._store(
+            ids,
+            cpu,
+            mem,
+            prio,
+            container,
+            group,
+            since,
+            _times(ids, not_before),
+            self._shapes_of(cpu, mem, container, group),
+            self._codes_of(ids, self.reasons),
+        )
         self.failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
 
     def add(
@@ -297,6 +435,13 @@ class PendingQueue:
             return 0
         ids, cpu, mem, prio, container = ids[new], cpu[new], mem[new], prio[new], container[new]
         group = group[new]
+        failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
+        for job_id in ids.tolist():
+            reason = (reasons or {}).get(job_id)
+            if reason:
+                self.reasons[job_id] = reason
+            if job_id in failed_on:
+                self.failed_on[job_id] = failed_on[job_id]
         self._store(
             np.concatenate((self.ids, ids)),
             np.concatenate((self.cpu, cpu)),
@@ -306,14 +451,9 @@ class PendingQueue:
             np.concatenate((self.group, group)),
             np.concatenate((self.since, np.full(ids.size, now, dtype=np.float64))),
             np.concatenate((self.not_before, _times(ids, not_before))),
+            np.concatenate((self.shape, self._shapes_of(cpu, mem, container, group))),
+            np.concatenate((self.reason_code, self._codes_of(ids, self.reasons))),
         )
-        failed_on = {j.job_id: j.failed_on for j in jobs if j.failed_on}
-        for job_id in ids.tolist():
-            reason = (reasons or {}).get(job_id)
-            if reason:
-                self.reasons[job_id] = reason
-            if job_id in failed_on:
-                self.failed_on[job_id] = failed_on[job_id]
         return int(ids.size)
 
     def remove(self, job_ids: Iterable[int]) -> None:
@@ -331,6 +471,8 @@ class PendingQueue:
                     self.group,
                     self.since,
                     self.not_before,
+                    self.shape,
+                    self.reason_code,
                 ) = (
                     a[keep]
                     for a in (
@@ -342,6 +484,8 @@ class PendingQueue:
                         self.group,
                         self.since,
                         self.not_before,
+                        self.shape,
+                        self.reason_code,
                     )
                 )
                 self.version += 1
@@ -399,13 +543,85 @@ class PendingQueue:
         group: np.ndarray,
         since: np.ndarray,
         not_before: np.ndarray,
+        shape: np.ndarray,
+        reason_code: np.ndarray,
     ) -> None:
         """Hold these columns, put in placement order (priority high first, then job id)."""
         order = np.lexsort((ids, -prio))
-        (self.ids, self.cpu, self.mem, self.prio, self.container, self.group, self.since, self.not_before) = (
-            a[order] for a in (ids, cpu, mem, prio, container, group, since, not_before)
-        )
+        (
+            self.ids,
+            self.cpu,
+            self.mem,
+            self.prio,
+            self.container,
+            self.group,
+            self.since,
+            self.not_before,
+            self.shape,
+            self.reason_code,
+        ) = (a[order] for a in (ids, cpu, mem, prio, container, group, since, not_before, shape, reason_code))
         self.version += 1
+
+    def shape_table(self) -> np.ndarray:
+        """:attr:`shapes` as an int64 array of shape (len(shapes), 4), one row per shape."""
+        if self._shape_table.shape[0] != len(self.shapes):
+            self._shape_table = np.array(self.shapes, dtype=np.int64).reshape(-1, 4)
+        return self._shape_table
+
+    def store_reasons(self, reasons: Iterable[tuple[int, str]]) -> None:
+        """Record that these (job_id, reason) pairs are now stored (an empty reason: none is);
+        jobs not held are ignored. Leaves :attr:`version` as it is: the jobs did not change."""
+        changed: dict[int, str] = {}
+        for job_id, reason in reasons:
+            changed[job_id] = reason
+            if reason:
+                self.reasons[job_id] = reason
+            else:
+                self.reasons.pop(job_id, None)
+        if not changed or not self.ids.size:
+            return
+        at = np.flatnonzero(np.isin(self.ids, np.fromiter(changed, dtype=np.int64)))
+        self.reason_code[at] = [self._code(changed[i]) for i in self.ids[at].tolist()]
+
+    def code_of(self, reason: str) -> int:
+        """The :attr:`reason_code` of ``reason``: -1 for none (empty), -2 for one no held job
+        has stored (so it matches no job). Changes nothing."""
+        return self._code_of.get(reason, -2) if reason else -1
+
+    def _code(self, reason: str) -> int:
+        """The :attr:`reason_code` of ``reason``, added to :attr:`reason_texts` if new."""
+        if not reason:
+            return -1
+        code = self._code_of.get(reason)
+        if code is None:
+            code = self._code_of[reason] = len(self.reason_texts)
+            self.reason_texts.append(reason)
+        return code
+
+    def _codes_of(self, ids: np.ndarray, reasons: Mapping[int, str]) -> np.ndarray:
+        """The :attr:`reason_code` of each of ``ids`` by ``reasons`` (absent: none)."""
+        if not reasons:
+            return np.full(ids.size, -1, dtype=np.int64)
+        return np.array([self._code(reasons.get(i, "")) for i in ids.tolist()], dtype=np.int64)
+
+    def _shapes_of(
+        self, cpu: np.ndarray, mem: np.ndarray, container: np.ndarray, group: np.ndarray
+    ) -> np.ndarray:
+        """Each job's index into :attr:`shapes` (new shapes are added), as an int64 array: one
+        Python step per distinct shape, not per job."""
+        if not cpu.size:
+            return np.empty(0, dtype=np.int64)
+        table = np.stack((cpu, mem, container.astype(np.int64), group), axis=1)
+        distinct, inverse = np.unique(table, axis=0, return_inverse=True)
+        index = np.empty(len(distinct), dtype=np.int64)
+        for k, (c, m, box, g) in enumerate(distinct.tolist()):
+            key = (c, m, bool(box), g)
+            found = self._shape_of.get(key)
+            if found is None:
+                found = self._shape_of[key] = len(self.shapes)
+                self.shapes.append(key)
+            index[k] = found
+        return index[inverse.reshape(-1)]
 
 
 def _columns(
@@ -467,6 +683,7 @@ def place_queue(
     max_reservations: int = 0,
     reserve_after_s: float = 0.0,
     now: float = 0.0,
+    reason_cache: ReasonCache | None = None,
 ) -> Plan:
     """:func:`place` on a :class:`PendingQueue`, in its order, placing at most
     ``max_placements`` and reserving at most ``max_reservations`` workers, each for a job that
@@ -489,6 +706,7 @@ def place_queue(
         max_reservations=max_reservations,
         reserve_after_s=reserve_after_s,
         now=now,
+        reason_cache=reason_cache,
     )
     return finish(steps)
 
@@ -508,6 +726,7 @@ def place_queue_steps(
     reserve_after_s: float = 0.0,
     now: float = 0.0,
     step_visits: int = STEP_VISITS,
+    reason_cache: ReasonCache | None = None,
 ) -> Generator[None, None, Plan]:
     """:func:`place_queue` in slices: a generator that yields after every ``step_visits`` jobs
     it considered (placed, skipped or given a reason) and returns the :class:`Plan`, the same
@@ -543,29 +762,50 @@ def place_queue_steps(
     # Each constraint group's eligible workers (group 0, no constraints: all of them), worked
     # out for the groups of the jobs queued now only (the queue's groups only grow).
     group_rooms = [everyone] * len(queue.groups)
-    for index in np.unique(queue.group).tolist():
+    for index in np.flatnonzero(np.bincount(queue.group, minlength=len(queue.groups))).tolist():
         if index:
             group = queue.groups[index]
             group_rooms[index] = np.array([satisfied(group, w.labels) for w in ordered], dtype=bool)
+    # Fit is tested once per job shape (a few dozen), then read per job through its shape.
+    table = queue.shape_table()
+    shape_cpu, shape_mem, shape_group = table[:, 0], table[:, 1], table[:, 3]
+    shape_container = table[:, 2].astype(bool)
 
-    holdable = _fits(
-        queue.container, queue.group, queue.cpu, queue.mem, cap_cpu, cap_mem, runs_containers, group_rooms
-    )
-    unschedulable: dict[int, str] = {}
-    for count, index in enumerate(np.flatnonzero(~holdable).tolist(), start=1):
-        job = PendingJob(
-            job_id=int(queue.ids[index]),
-            cpu_millis=int(queue.cpu[index]),
-            memory_mb=int(queue.mem[index]),
-            priority=int(queue.prio[index]),
-            needs_container=bool(queue.container[index]),
-            constraints=queue.groups[int(queue.group[index])],
+    def fit_by_shape(
+        room_cpu: np.ndarray, room_mem: np.ndarray, among: np.ndarray | None = None
+    ) -> np.ndarray:
+        return _fits(
+            shape_container,
+            shape_group,
+            shape_cpu,
+            shape_mem,
+            room_cpu,
+            room_mem,
+            runs_containers,
+            group_rooms,
+            among=among,
         )
-        reason = unschedulable_reason(job, ordered)
+
+    holdable = fit_by_shape(cap_cpu, cap_mem)[queue.shape]
+    # The reasons, one per shape of the jobs no worker could hold (from the cache while the
+    # workers that take placements are the same): no Python work per job.
+    cache = ReasonCache() if reason_cache is None else reason_cache
+    key = workers_key(ordered)
+    stuck = np.flatnonzero(~holdable)
+    stuck_shapes = queue.shape[stuck]
+    by_shape: dict[int, str] = {}
+    present = np.flatnonzero(np.bincount(stuck_shapes, minlength=len(queue.shapes))).tolist()
+    for count, k in enumerate(present, start=1):
+        shape = queue.shapes[k]
+        reason = cache.reason(shape, queue.groups[shape[3]], ordered, key)
         if reason is not None:
-            unschedulable[job.job_id] = reason
+            by_shape[k] = reason
         if count % step_visits == 0:
             yield
+    if len(by_shape) < len(present):
+        keep = np.isin(stuck_shapes, np.fromiter(by_shape, dtype=np.int64))
+        stuck, stuck_shapes = stuck[keep], stuck_shapes[keep]
+    unschedulable = Unschedulable(stuck, queue.ids[stuck], stuck_shapes, by_shape)
     placements: list[tuple[int, str]] = []
     sizes: dict[int, tuple[int, int]] = {}
     reservations: dict[str, int] = {}
@@ -583,36 +823,15 @@ def place_queue_steps(
         # MISSES_BEFORE_REFILTER jobs in a row no longer fit anywhere.
         window = slice(position, None)
         is_open = unreserved & (left > 0)
-        containers = queue.container[window]
-        groups = queue.group[window]
-        fitting = eligible[window] & _fits(
-            containers,
-            groups,
-            queue.cpu[window],
-            queue.mem[window],
-            free_cpu,
-            free_mem,
-            runs_containers,
-            group_rooms,
-            among=is_open,
-        )
+        shapes = queue.shape[window]
+        fitting = eligible[window] & fit_by_shape(free_cpu, free_mem, is_open)[shapes]
         visit = fitting
         wanted = max_reservations - len(reservations)
         if wanted > 0:
             room_fit = (
                 fitting
                 if bool(np.array_equal(is_open, unreserved))
-                else _fits(
-                    containers,
-                    groups,
-                    queue.cpu[window],
-                    queue.mem[window],
-                    free_cpu,
-                    free_mem,
-                    runs_containers,
-                    group_rooms,
-                    among=unreserved,
-                )
+                else fit_by_shape(free_cpu, free_mem, unreserved)[shapes]
             )
             waited = (now - queue.since[window]) >= reserve_after_s
             blocked = np.flatnonzero(~room_fit & holdable[window] & waited & eligible[window])[:wanted]

@@ -28,13 +28,13 @@ in slices with a checkpoint between them, so a large round does not hold the eve
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict, deque
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
+import numpy as np
 import trio
 
 from actors.messages import (
@@ -47,7 +47,14 @@ from actors.messages import (
     Placement,
     WorkerRef,
 )
-from actors.placement import PendingQueue, Plan, place_queue_steps, placement_limit
+from actors.placement import (
+    PendingQueue,
+    Plan,
+    ReasonCache,
+    Unschedulable,
+    place_queue_steps,
+    placement_limit,
+)
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.placer_store import PgPlacerStore as PgPlacerStore  # ops.benchpack imports it from here
 from actors.role import RoleView
@@ -166,6 +173,27 @@ def probe_limit(worker: LiveWorker, limit: int) -> int:
     return min(limit, 1) if idle and (worker.probe_due or not worker.unhealthy) else 0
 
 
+def _changed_unschedulable(
+    queue: PendingQueue, unschedulable: Unschedulable, cordoned: Sequence[str], unhealthy: Sequence[str]
+) -> list[tuple[int, str]]:
+    """(job_id, reason) for the unschedulable jobs whose reason (:func:`not_counting_cordoned`)
+    is not the one stored, in queue order: worked out once per shape and compared with the
+    stored ones column by column, so only the changed ones cost Python work."""
+    if not unschedulable.at.size:
+        return []
+    said = {k: not_counting_cordoned(r, cordoned, unhealthy) for k, r in unschedulable.by_shape.items()}
+    wanted = np.full(len(queue.shapes), -2, dtype=np.int64)
+    for k, reason in said.items():
+        wanted[k] = queue.code_of(reason)
+    changed = queue.reason_code[unschedulable.at] != wanted[unschedulable.shapes]
+    return [
+        (job_id, said[k])
+        for job_id, k in zip(
+            unschedulable.ids[changed].tolist(), unschedulable.shapes[changed].tolist(), strict=True
+        )
+    ]
+
+
 def plan_round_steps(
     queue: PendingQueue,
     workers: Sequence[LiveWorker],
@@ -174,10 +202,11 @@ def plan_round_steps(
     max_rows: int,
     now: float,
     idle_fingerprint: tuple[Any, ...] | None = None,
+    reason_cache: ReasonCache | None = None,
 ) -> Generator[None, None, RoundPlan]:
     """:func:`plan_round` in slices: yields between slices of the decision
     (:func:`actors.placement.place_queue_steps`) and returns the same plan. Neither the queue
-    nor the workers may change meanwhile; neither is changed."""
+    nor the workers may change meanwhile; neither is changed (``reason_cache``, a memo, may be)."""
     # A cordoned (or draining) worker takes no placement, nor an unhealthy one whose probe is not
     # due: it is not a room at all, so it is neither placed on nor reserved; the reasons name it
     # (not_counting_cordoned). An unhealthy one whose probe is due takes one job at a time, as
@@ -235,26 +264,21 @@ def plan_round_steps(
         max_reservations=settings.max_reservations,
         reserve_after_s=settings.reserve_after_s,
         now=now,
+        reason_cache=reason_cache,
     )
     placed = plan.placements_by_job
-    unschedulable = {
-        job_id: not_counting_cordoned(r, cordoned, unhealthy) for job_id, r in plan.unschedulable.items()
-    }
+    reasons = _changed_unschedulable(queue, plan.unschedulable, cordoned, unhealthy)
     waiting = {job_id: waiting_elsewhere(failed_on) for job_id, failed_on in plan.held_back.items()}
-    reasons = [
-        (job_id, r)
-        for job_id, r in itertools.chain(unschedulable.items(), waiting.items())
-        if queue.reasons.get(job_id) != r
-    ]
+    reasons += [(job_id, r) for job_id, r in waiting.items() if queue.reasons.get(job_id) != r]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
-    # backoff keeps the reason its requeue wrote).
+    # backoff keeps the reason its requeue wrote). Found among the jobs with a stored reason
+    # that are neither unschedulable nor backing off, column by column.
+    stored = (queue.reason_code >= 0) & (queue.not_before <= now)
+    stored[plan.unschedulable.at] = False
     reasons += [
         (job_id, "")
-        for job_id in queue.reasons
-        if job_id not in plan.unschedulable
-        and job_id not in waiting
-        and job_id not in placed
-        and job_id not in backing_off
+        for job_id in queue.ids[stored].tolist()
+        if job_id not in waiting and job_id not in placed
     ]
     # One fenced statement: reasons fill what the placements leave of its rows; the rest are
     # not recorded as stored, so later rounds send them.
@@ -288,6 +312,7 @@ def plan_round(
     max_rows: int,
     now: float,
     idle_fingerprint: tuple[Any, ...] | None = None,
+    reason_cache: ReasonCache | None = None,
 ) -> RoundPlan:
     """What one round commits and dispatches: a pure function of the round's inputs.
 
@@ -311,6 +336,8 @@ def plan_round(
         now: the queue's clock at the read (seconds): backoffs and reservation waits end by it.
         idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
             queue has not changed since; a round with the same one decides nothing.
+        reason_cache: the unschedulable reasons by job shape from earlier rounds (a memo, kept by
+            the caller; :class:`actors.placement.ReasonCache`): the plan is the same without it.
 
     Returns:
         The :class:`RoundPlan`.
@@ -319,7 +346,13 @@ def plan_round(
         ValueError: the settings name an unknown policy.
     """
     steps = plan_round_steps(
-        queue, workers, settings, max_rows=max_rows, now=now, idle_fingerprint=idle_fingerprint
+        queue,
+        workers,
+        settings,
+        max_rows=max_rows,
+        now=now,
+        idle_fingerprint=idle_fingerprint,
+        reason_cache=reason_cache,
     )
     return finish(steps)
 
@@ -393,6 +426,8 @@ class Placer:
     _idle_fingerprint: tuple[Any, ...] | None = None
     _reserving: list[int] = attrs.field(factory=list)
     """Jobs that held reservations in the last deciding round."""
+    _reasons: ReasonCache = attrs.field(factory=ReasonCache)
+    """Unschedulable reasons by job shape while the workers stay the same (a memo)."""
     _reserving_checked_at: float = -math.inf
     _log: Any = attrs.field(factory=lambda: log.get("placer"))
 
@@ -503,11 +538,7 @@ class Placer:
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
         self.queue.remove(plan.placed_job_ids)
-        for job_id, reason in plan.reasons:
-            if reason:
-                self.queue.reasons[job_id] = reason
-            else:
-                self.queue.reasons.pop(job_id, None)
+        self.queue.store_reasons(plan.reasons)
         self._idle_fingerprint = None
         for dispatch in plan.dispatches(epoch, committed):
             try:
@@ -565,6 +596,7 @@ class Placer:
             max_rows=self.write_size().rows,
             now=now,
             idle_fingerprint=self._idle_fingerprint,
+            reason_cache=self._reasons,
         )
         return await finish_in_slices(steps)
 

@@ -32,7 +32,8 @@ The package, in four parts: :mod:`~ops.benchpack.stream` (the seeded jobs, their
 makespan's lower bound, the settings), :mod:`~ops.benchpack.scenarios` (each scenario on its
 own cluster, and :func:`run_pack` running them all), :mod:`~ops.benchpack.figures` (what is
 computed from the measurements) and :mod:`~ops.benchpack.report` (the typed results, their
-table, picture and JSON).
+table, picture and JSON). Beside them, :mod:`~ops.benchpack.unschedulable` times the real round
+against a queue mostly of jobs no worker can hold (``stockade bench unschedulable``).
 """
 
 from ops.benchpack.figures import (

@@ -6,7 +6,7 @@ One module per command group, each of which only parses options and renders answ
 ``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
 :mod:`ops.cli.console` (``console``),
 :mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
-:mod:`ops.cli.bench` (``bench failover|pack|overload``) and :mod:`ops.cli.certs` (``certs
+:mod:`ops.cli.bench` (``bench failover|pack|overload|unschedulable|scale``) and :mod:`ops.cli.certs` (``certs
 init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
 share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
 are read.

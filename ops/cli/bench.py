@@ -210,6 +210,41 @@ def bench_overload(
         raise typer.Exit(EXIT_UNAVAILABLE)
 
 
+@bench_app.command("unschedulable")
+def bench_unschedulable(
+    unschedulable: Annotated[
+        int, typer.Option(min=0, max=1_000_000, help="Pending jobs larger than every worker.")
+    ] = 100_000,
+    schedulable: Annotated[int, typer.Option(min=0, max=1_000_000, help="Small pending jobs.")] = 10_000,
+    workers: Annotated[int, typer.Option(min=1, max=10_000, help="Simulated workers.")] = 100,
+    rounds: Annotated[int, typer.Option(min=1, max=100_000, help="Rounds timed.")] = 200,
+    max_settle_rounds: Annotated[
+        int,
+        typer.Option(min=0, max=100_000, help="Most rounds run to store the reasons before the timed ones."),
+    ] = 1_000,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="State folder of the bench database (default .stockade/bench-unschedulable)."),
+    ] = None,
+) -> None:
+    """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
+    worker can hold beside small ones: round p50 / p99 / max in milliseconds."""
+    from ops.benchpack.unschedulable import bench_unschedulable as run
+    from runtime import log as runtime_log
+
+    runtime_log.configure(level="WARNING")  # the placer runs in this process
+    with interruptible(), errors():
+        result = run(
+            state_dir or (default_state_dir() / "bench-unschedulable"),
+            unschedulable=unschedulable,
+            schedulable=schedulable,
+            workers=workers,
+            rounds=rounds,
+            max_settle_rounds=max_settle_rounds,
+        )
+    console().print(result.render())
+
+
 @bench_app.command("scale")
 def bench_scale(
     workers: Annotated[

@@ -35,3 +35,24 @@ def test_bad_options_are_refused_before_anything_starts(
     assert result.exit_code == EXIT_INVALID
     assert message in result.output
     assert not state.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "error: --workers must be an integer between 1 and 10000, got 0"),
+        (
+            ["--unschedulable", "-1"],
+            "error: --unschedulable must be an integer between 0 and 1000000, got -1",
+        ),
+        (["--rounds", "0"], "error: --rounds must be an integer between 1 and 100000, got 0"),
+    ],
+)
+def test_bench_unschedulable_refuses_bad_options_before_anything_starts(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    result = CliRunner().invoke(app, ["bench", "unschedulable", "--state-dir", str(state), *args])
+    assert result.exit_code == EXIT_INVALID
+    assert message in result.output
+    assert not state.exists()

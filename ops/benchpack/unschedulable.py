@@ -1,0 +1,215 @@
+"""``stockade bench unschedulable``: the real placer round while most pending jobs fit no worker.
+
+A database holds ``unschedulable`` pending jobs larger than every worker (a few dozen sizes,
+too much CPU, too much memory or both), ``schedulable`` small ones behind a busy cluster of
+``workers`` simulated workers, and before each round a little room is freed on one worker so
+that every round places a job or two. The first round reads the whole queue; the rounds after
+it store the unschedulable reasons (at most the fenced write's rows per round: ``settle``
+rounds); then ``rounds`` rounds are timed (read, decision, fenced commit), as in the scale
+curve of ``stockade bench pack`` (:func:`ops.benchpack.scenarios.run_scale_point`).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+
+import attrs
+import trio
+
+from actors.ingest import apply_schema
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import PgPlacerStore, Placer
+from actors.role import RoleView
+from ops.pg import EmbeddedPostgres, free_port
+from runtime.aio import PgConnection, asyncio_bridge
+from runtime.settings import LedgerSettings, PlacerSettings
+
+WORKER_CPU_MILLIS = 16_000
+WORKER_MEMORY_MB = 32_768
+
+
+@attrs.frozen(kw_only=True)
+class UnschedulableResult:
+    """Round times (milliseconds) of the placer against a queue mostly of unschedulable jobs.
+
+    Attributes:
+        unschedulable: pending jobs no worker can hold.
+        schedulable: pending jobs that fit a worker once it has room.
+        workers: simulated workers (16000 cpu_millis, 32768 memory_mb, nearly full).
+        first_round_ms: the round that read the whole queue.
+        settle_rounds: rounds it took until every unschedulable reason was stored.
+        rounds: rounds timed after that.
+        round_p50_ms, round_p99_ms, round_max_ms: their median, 99th percentile and maximum.
+        round_cpu_p50_ms: the median CPU time of this process per timed round (the placer and
+            the ledger; on a shared machine the wall times also hold waits for the CPU).
+        placed: jobs placed in all rounds.
+    """
+
+    unschedulable: int
+    schedulable: int
+    workers: int
+    first_round_ms: float
+    settle_rounds: int
+    rounds: int
+    round_p50_ms: float
+    round_p99_ms: float
+    round_max_ms: float
+    round_cpu_p50_ms: float
+    placed: int
+
+    def render(self) -> str:
+        """One line per figure, for the terminal."""
+        return "\n".join(f"{k}: {v}" for k, v in attrs.asdict(self).items())
+
+
+async def _seed(db: PgConnection, *, unschedulable: int, schedulable: int, workers: int) -> None:
+    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring)."""
+    await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+    await db.execute("UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'")
+    await db.execute(
+        "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+        " SELECT 'w-' || i, '127.0.0.1:1', $2, $3, i FROM generate_series(1, $1) i",
+        workers,
+        WORKER_CPU_MILLIS,
+        WORKER_MEMORY_MB,
+    )
+    await db.execute(
+        "UPDATE worker_allocations SET cpu_allocated_millis = $1, memory_allocated_mb = $2",
+        WORKER_CPU_MILLIS - 100,
+        WORKER_MEMORY_MB - 768,
+    )
+    # Too much CPU (20000..64000 in steps of 4000), too much memory, or both.
+    await db.execute(
+        "INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, pending_seq)"
+        " SELECT 'too-large',"
+        " CASE WHEN i % 3 = 1 THEN 1000 ELSE 20000 + 4000 * (i % 12) END,"
+        " CASE WHEN i % 3 = 0 THEN 1024 ELSE 40000 + 8192 * (i % 4) END,"
+        " i % 3, 'sleep', 1000, nextval('pending_seq')"
+        " FROM generate_series(1, $1) i",
+        unschedulable,
+    )
+    await db.execute(
+        "INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, pending_seq)"
+        " SELECT 'small', (ARRAY[250,500,1000,2000])[1 + i % 4], (ARRAY[256,512,1024])[1 + i % 3],"
+        " i % 3, 'sleep', 1000, nextval('pending_seq')"
+        " FROM generate_series(1, $1) i",
+        schedulable,
+    )
+    await db.execute("ANALYZE")
+
+
+async def run_unschedulable(
+    database_url: str,
+    *,
+    unschedulable: int = 100_000,
+    schedulable: int = 10_000,
+    workers: int = 100,
+    rounds: int = 200,
+    max_settle_rounds: int = 1_000,
+) -> UnschedulableResult:
+    """Time the real placer round (see the module docstring) on the database at ``database_url``
+    (its tables are emptied first).
+
+    Args:
+        database_url: a PostgreSQL the bench may own.
+        unschedulable: pending jobs larger than every worker.
+        schedulable: small pending jobs.
+        workers: simulated workers.
+        rounds: rounds timed once the reasons are stored.
+        max_settle_rounds: most rounds run to store the reasons before timing begins.
+    """
+    async with asyncio_bridge():
+        await apply_schema(database_url)
+        db = await PgConnection.connect(database_url)
+        try:
+            await _seed(db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
+            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
+            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
+            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+            ledger = Ledger(
+                cp_id="bench",
+                database_url=database_url,
+                settings=LedgerSettings(),
+                inbox=ledger_recv,
+                lease_inbox=lease_send,
+            )
+            placer = Placer(
+                settings=PlacerSettings(),
+                store=PgPlacerStore(database_url=database_url, application_name="bench"),
+                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+                ledger=ledger_send,
+                dispatcher=dispatch_send,
+            )
+            rng = random.Random(unschedulable + schedulable + workers)
+
+            async def one_round() -> tuple[float, float]:
+                # The simulated workers heartbeat, as live ones would, and one frees some room.
+                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
+                await db.execute(
+                    "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
+                    " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
+                    f"w-{rng.randint(1, workers)}",
+                )
+                while True:
+                    try:
+                        dispatch_recv.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                started, cpu = time.perf_counter(), time.process_time()
+                await placer.round(1)
+                return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
+
+            times: list[float] = []
+            cpu_times: list[float] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ledger.run)
+                first_ms, _ = await one_round()  # reads the whole queue once
+                settle = 0
+                while (
+                    sum(1 for r in placer.queue.reasons.values() if r.startswith("unschedulable"))
+                    < (unschedulable)
+                    and settle < max_settle_rounds
+                ):
+                    await one_round()
+                    settle += 1
+                for _ in range(rounds):
+                    wall_ms, cpu_ms = await one_round()
+                    times.append(wall_ms)
+                    cpu_times.append(cpu_ms)
+                nursery.cancel_scope.cancel()
+            await placer.store.close()  # type: ignore[attr-defined]
+        finally:
+            await db.close()
+    times.sort()
+    return UnschedulableResult(
+        unschedulable=unschedulable,
+        schedulable=schedulable,
+        workers=workers,
+        first_round_ms=round(first_ms, 1),
+        settle_rounds=settle,
+        rounds=len(times),
+        round_p50_ms=round(statistics.median(times), 2),
+        round_p99_ms=round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
+        round_max_ms=round(times[-1], 2),
+        round_cpu_p50_ms=round(statistics.median(cpu_times), 2),
+        placed=placer.stats.placements,
+    )
+
+
+def bench_unschedulable(root: Path, **kwargs: int) -> UnschedulableResult:
+    """:func:`run_unschedulable` on an embedded PostgreSQL of its own in ``root``, stopped after.
+
+    Raises:
+        EmbeddedPostgresError: the database could not be started.
+    """
+    server = EmbeddedPostgres(data_dir=root / "unschedulable-pg", port=free_port())
+    url = server.start()
+    try:
+        return trio.run(lambda: run_unschedulable(url, **kwargs))
+    finally:
+        server.stop()
