@@ -197,6 +197,16 @@ def control_plane(
         int,
         typer.Option(help="Answer new work 'busy' when this many requests already wait for their turn."),
     ] = _INGEST.max_waiting_requests,
+    heartbeat_group_wait_s: Annotated[
+        float,
+        typer.Option(
+            help="Gather heartbeats this long and record them in one statement, seconds (0: one "
+            "statement per heartbeat; at most 0.1)."
+        ),
+    ] = _INGEST.heartbeat_group_wait_s,
+    heartbeat_group_max: Annotated[
+        int, typer.Option(help="Most heartbeats one statement records (a full group closes at once).")
+    ] = _INGEST.heartbeat_group_max,
     max_admission_wait_s: Annotated[
         float,
         typer.Option(help="Answer new work 'busy' that has waited this long for its turn, seconds."),
@@ -457,6 +467,8 @@ def control_plane(
                 max_requests_in_progress=max_requests_in_progress,
                 max_waiting_requests=max_waiting_requests,
                 max_admission_wait_s=max_admission_wait_s,
+                heartbeat_group_wait_s=heartbeat_group_wait_s,
+                heartbeat_group_max=heartbeat_group_max,
                 max_wire_work_share=max_wire_work_share,
                 wire_step_messages=wire_step_messages,
                 max_pending_jobs=max_pending_jobs,
@@ -559,6 +571,20 @@ RestartHoldOption = Annotated[
         help="On SIGHUP (a planned restart: the agent exits leaving its jobs running, for the agent "
         "started next on the same work dir to take over) ask the control planes to hold the worker "
         "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
+    ),
+]
+RegisterTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        help="How long a new registration (which holds no job) waits for its answer before it is "
+        "sent again, seconds."
+    ),
+]
+RegisterRetryMaxOption = Annotated[
+    float,
+    typer.Option(
+        help="Registration retries wait a jittered pause whose ceiling doubles per failed attempt up "
+        "to this, seconds."
     ),
 ]
 LeaveTimeoutOption = Annotated[
@@ -682,6 +708,8 @@ def agent(
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
     restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
+    register_timeout_s: RegisterTimeoutOption = _agent_default("register_timeout_s"),
+    register_retry_max_s: RegisterRetryMaxOption = _agent_default("register_retry_max_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     max_concurrent_leaves: MaxConcurrentLeavesOption = _agent_int_default("max_concurrent_leaves"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -746,6 +774,8 @@ def agent(
             db_outage_grace_s=db_outage_grace_s,
             restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
+            register_timeout_s=register_timeout_s,
+            register_retry_max_s=register_retry_max_s,
             max_concurrent_starts=max_concurrent_starts,
             max_concurrent_leaves=max_concurrent_leaves,
             job_nice=job_nice,
@@ -796,6 +826,8 @@ def fleet(
     db_outage_grace_s: DbOutageGraceOption = _agent_default("db_outage_grace_s"),
     restart_hold_s: RestartHoldOption = _agent_default("restart_hold_s"),
     leave_timeout_s: LeaveTimeoutOption = _agent_default("leave_timeout_s"),
+    register_timeout_s: RegisterTimeoutOption = _agent_default("register_timeout_s"),
+    register_retry_max_s: RegisterRetryMaxOption = _agent_default("register_retry_max_s"),
     max_concurrent_starts: MaxConcurrentStartsOption = _agent_int_default("max_concurrent_starts"),
     max_concurrent_leaves: MaxConcurrentLeavesOption = _agent_int_default("max_concurrent_leaves"),
     job_nice: JobNiceOption = _agent_int_default("job_nice"),
@@ -842,6 +874,8 @@ def fleet(
             db_outage_grace_s=db_outage_grace_s,
             restart_hold_s=restart_hold_s,
             leave_timeout_s=leave_timeout_s,
+            register_timeout_s=register_timeout_s,
+            register_retry_max_s=register_retry_max_s,
             max_concurrent_starts=max_concurrent_starts,
             max_concurrent_leaves=max_concurrent_leaves,
             job_nice=job_nice,
