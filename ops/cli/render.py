@@ -68,7 +68,7 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
     none; labels, key -> value; unhealthy, its recent runs fail where the same jobs do not
     fail elsewhere (no new placement but a probe), why (null when healthy) and since when in Unix
     seconds (null when healthy)), ``jobs`` (counts keyed by state), ``unschedulable``
-    ({job_id, reason}), ``heartbeat`` ({interval_s, dead_after_s, why}: the heartbeat
+    ({job_id, reason}), ``heartbeat`` ({interval_s, dead_after_s, reason}: the heartbeat
     interval the cluster tells its workers, how long a silent worker goes before it is declared
     dead, and why; nulls when the control plane did not say) and ``metrics`` (id of a process
     or worker of the local cluster -> ``host:port`` of its Prometheus /metrics; empty for a
@@ -105,7 +105,7 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
         "heartbeat": {
             "interval_s": status.heartbeat_interval_s,
             "dead_after_s": status.dead_after_s,
-            "why": status.heartbeat_policy or None,
+            "reason": status.heartbeat_policy or None,
         },
         "metrics": dict(metrics or {}),
     }

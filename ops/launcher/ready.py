@@ -172,6 +172,7 @@ async def wait_progressing(
         with trio.move_on_at(rule.deadline()):
             status, missing, progress = await poll_once()
         now = trio.current_time()
+        line = last_line
         if progress is not None:
             rule.observe(progress, now)
             line = progress.line()
@@ -179,6 +180,8 @@ async def wait_progressing(
                 on_progress(line)
                 last_line, last_said = line, now
         if not missing:
+            if on_progress is not None and last_said > -math.inf and line != last_line:
+                on_progress(line)  # the last line said is where it got, not a poll before
             return status, [], ""
         why = rule.why_give_up(now)
         if why is not None:

@@ -200,7 +200,7 @@ def test_status_json_prints_the_stable_keys(launch: Launch) -> None:
     assert data["heartbeat"] == {
         "interval_s": 0.25,
         "dead_after_s": 2.5,
-        "why": "the control planes' settings",
+        "reason": "the control planes' settings",
     }
     assert isinstance(data["metrics"], dict)
     assert data["leader"] in {"cp-1", "cp-2"}

@@ -131,7 +131,8 @@ async def test_a_large_cluster_that_keeps_progressing_is_waited_for_past_the_sta
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """500 workers going live 25 per poll take 20 polls (about 14 s), far past a stall limit of
-    3 s: the wait ends ready, and says how far it got on the way, at most every 2 s."""
+    3 s: the wait ends ready, and says how far it got on the way, at most every 2 s, and where it
+    got in the end."""
     source = ScriptedStatus(live=list(range(25, 501, 25)))
     lines: list[str] = []
     rule = WaitRule.for_cluster(timeout_s=3.0, workers=500, now=trio.current_time())
@@ -141,6 +142,7 @@ async def test_a_large_cluster_that_keeps_progressing_is_waited_for_past_the_sta
     assert lines[0].endswith("workers live 25/500 (registered 25)")
     assert len(lines) < source.polls
     assert lines[0].startswith("control planes 3/3 answered (cp-1, cp-2, cp-3; leader cp-1)")
+    assert lines[-1].endswith("workers live 500/500 (registered 500)")  # the end, not a poll before
 
 
 async def test_a_cluster_that_stops_progressing_gives_up_saying_how_far_it_got(
