@@ -324,6 +324,21 @@ def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str 
     )
 
 
+_QUEUE_COLUMNS = (
+    "ids",
+    "cpu",
+    "mem",
+    "prio",
+    "container",
+    "group",
+    "since",
+    "not_before",
+    "shape",
+    "reason_code",
+)
+"""The :class:`PendingQueue` columns, one entry per job each, kept in step (same order)."""
+
+
 @attrs.define
 class PendingQueue:
     """Pending jobs in placement order (priority high first, then job id), as numpy arrays,
@@ -462,32 +477,8 @@ class PendingQueue:
         if gone.size and self.ids.size:
             keep = ~np.isin(self.ids, gone)
             if not keep.all():
-                (
-                    self.ids,
-                    self.cpu,
-                    self.mem,
-                    self.prio,
-                    self.container,
-                    self.group,
-                    self.since,
-                    self.not_before,
-                    self.shape,
-                    self.reason_code,
-                ) = (
-                    a[keep]
-                    for a in (
-                        self.ids,
-                        self.cpu,
-                        self.mem,
-                        self.prio,
-                        self.container,
-                        self.group,
-                        self.since,
-                        self.not_before,
-                        self.shape,
-                        self.reason_code,
-                    )
-                )
+                for name in _QUEUE_COLUMNS:
+                    setattr(self, name, getattr(self, name)[keep])
                 self.version += 1
             for job_id in gone.tolist():
                 self.reasons.pop(job_id, None)
@@ -548,18 +539,9 @@ class PendingQueue:
     ) -> None:
         """Hold these columns, put in placement order (priority high first, then job id)."""
         order = np.lexsort((ids, -prio))
-        (
-            self.ids,
-            self.cpu,
-            self.mem,
-            self.prio,
-            self.container,
-            self.group,
-            self.since,
-            self.not_before,
-            self.shape,
-            self.reason_code,
-        ) = (a[order] for a in (ids, cpu, mem, prio, container, group, since, not_before, shape, reason_code))
+        columns = (ids, cpu, mem, prio, container, group, since, not_before, shape, reason_code)
+        for name, column in zip(_QUEUE_COLUMNS, columns, strict=True):
+            setattr(self, name, column[order])
         self.version += 1
 
     def shape_table(self) -> np.ndarray:

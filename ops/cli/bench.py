@@ -22,6 +22,14 @@ from ops.cli.common import (
 from ops.config import ClusterError, default_state_dir
 from runtime.settings import PLACEMENT_POLICIES
 
+JsonPathOption = Annotated[
+    Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
+]
+InsecureBenchOption = Annotated[
+    bool,
+    typer.Option("--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."),
+]
+
 
 @bench_app.command("failover")
 def bench_failover(
@@ -38,12 +46,7 @@ def bench_failover(
         Path | None,
         typer.Option(help="State folder of the bench cluster (default .stockade/bench-failover)."),
     ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
-        ),
-    ] = False,
+    insecure: InsecureBenchOption = False,
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
@@ -86,18 +89,11 @@ def bench_pack(
             "after the all-at-once one), 0 or at least 1; 0 skips it.",
         ),
     ] = 105.0,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
-    ] = None,
+    json_path: JsonPathOption = None,
     state_dir: Annotated[
         Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-pack).")
     ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
-        ),
-    ] = False,
+    insecure: InsecureBenchOption = False,
     heartbeat_interval_s: Annotated[
         float,
         typer.Option(
@@ -173,9 +169,7 @@ def bench_overload(
     kind: Annotated[str, typer.Option(help="Jobs: command (runs `true`) or sleep.")] = "command",
     sleep_ms: Annotated[int, typer.Option(help="Duration of a sleep job, milliseconds.")] = 500,
     workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
-    ] = None,
+    json_path: JsonPathOption = None,
     state_dir: Annotated[
         Path | None, typer.Option(help="State folder of the cluster (default .stockade/bench-overload).")
     ] = None,
@@ -273,18 +267,11 @@ def bench_scale(
         ),
     ] = 1.0,
     kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
-    ] = None,
+    json_path: JsonPathOption = None,
     state_dir: Annotated[
         Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-scale).")
     ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."
-        ),
-    ] = False,
+    insecure: InsecureBenchOption = False,
 ) -> None:
     """Heartbeats recorded per second, their acknowledgement latency, control-plane and database
     CPU per 1,000 heartbeats, false deaths, elections, placer round times with a long queue and
