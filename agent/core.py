@@ -312,6 +312,10 @@ class Agent:
         jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
         return [(job.order.job_id, job.order.assignment_id) for job in jobs if job is not None]
 
+    def jobs_added(self) -> trio.Event:
+        """An event set when the agent next holds a new job (:meth:`RunningJobs.added`)."""
+        return self._jobs.added()
+
     def job_done(self, assignment_id: int) -> trio.Event | None:
         """The event set once the job of ``assignment_id`` has really ended (every process of
         it gone); None when this agent holds no such job (it ended, or never was accepted)."""

@@ -370,6 +370,9 @@ class OutputKeeper:
         files: the state shared with the readers.
         logger: the agent's logger.
         worker_id: the metrics' label.
+        added: an event set when the agent next holds a new job
+            (:meth:`agent.core.Agent.jobs_added`); None: the list of jobs is looked at every
+            :data:`NEW_JOB_WATCH_S` instead.
     """
 
     jobs_dir: Path
@@ -378,6 +381,7 @@ class OutputKeeper:
     files: OutputFiles
     logger: Any
     worker_id: str = ""
+    added: Callable[[], trio.Event] | None = None
     _sizes: dict[Path, int] = attrs.field(factory=dict)
     """Length of each watched file at the last check."""
     _warned: set[Path] = attrs.field(factory=set)
@@ -393,8 +397,11 @@ class OutputKeeper:
     async def _cap_loop(self) -> None:
         interval_s = self.settings.check_interval_s
         last = trio.current_time()
+        added = None if self.added is None else self.added()
         while True:
-            await self._wait_for_check(last + interval_s)
+            await self._wait_for_check(last + interval_s, added)
+            # Taken before the check: a job added while it runs sets it, so it is not missed.
+            added = None if self.added is None else self.added()
             grew, new_files = await self.check_once()
             now = trio.current_time()
             interval_s = next_check_interval_s(
@@ -406,9 +413,15 @@ class OutputKeeper:
                 interval_s = self.settings.min_check_interval_s
             last = now
 
-    async def _wait_for_check(self, due: float) -> None:
-        """Sleep until ``due``, or until the agent holds a job whose files are not watched yet
-        (looked at every :data:`NEW_JOB_WATCH_S`: a list of the agent's jobs, no file work)."""
+    async def _wait_for_check(self, due: float, added: trio.Event | None) -> None:
+        """Sleep until ``due``, or until the agent holds a job whose files are not watched yet:
+        until ``added`` is set (:attr:`added`, taken before the last check), so a fleet of a
+        hundred idle workers costs no wake-ups; without it, looking every
+        :data:`NEW_JOB_WATCH_S` (a list of the agent's jobs, no file work)."""
+        if added is not None:
+            with trio.move_on_at(due):
+                await added.wait()
+            return
         while (now := trio.current_time()) < due:
             await trio.sleep(min(NEW_JOB_WATCH_S, due - now))
             if any(

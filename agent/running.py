@@ -158,9 +158,20 @@ class RunningJobs:
     """Set for a planned restart: the records of jobs that end from now on stay, so the next
     agent process settles them (their outcomes may not get out before this one exits)."""
     _jobs: dict[int, Job] = attrs.field(factory=dict)
+    _added: trio.Event = attrs.field(factory=trio.Event)
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    def added(self) -> trio.Event:
+        """An event set when the next job is added (accepted, or taken over from a previous
+        agent process): who waits for new jobs waits on it rather than looking again and again."""
+        return self._added
+
+    def _put(self, job: Job) -> None:
+        self._jobs[job.order.assignment_id] = job
+        self._added.set()
+        self._added = trio.Event()
 
     def ids(self) -> list[int]:
         """Every job's assignment id, sorted."""
@@ -191,7 +202,7 @@ class RunningJobs:
                 # Queued here, in the order of acceptance, not when the task first runs
                 # (trio runs newly started tasks in no set order).
                 job.start_ticket = self.start_limiter.ticket()
-            self._jobs[job_order.assignment_id] = job
+            self._put(job)
             nursery.start_soon(self._run_job, job)
 
     def request_stop(self, job: Job, reason: StopReason) -> None:
@@ -492,7 +503,7 @@ class RunningJobs:
             adopted=True,
         )
         self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
-        self._jobs[record.assignment_id] = job
+        self._put(job)
         if watch is not None:
             assert found.running is not None
             nursery.start_soon(self._run_adopted_reaper, job, watch, found.running.start_ticks)
@@ -524,7 +535,7 @@ class RunningJobs:
             adopted=True,
         )
         self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
-        self._jobs[record.assignment_id] = job
+        self._put(job)
         if isinstance(record.runtime, SleepRuntime):
             ended_at = record.began_monotonic_s + record.paused_s + record.runtime.duration_ms / 1000.0
             result = JobResult(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from agent import output
 from agent.logs import _open, _read
@@ -129,3 +130,46 @@ async def test_a_sweep_deletes_at_most_its_limit_oldest_first(tmp_path: Path) ->
     deleted = await keeper(tmp_path, [], output_retention_s=86_400.0, max_sweep_deletions=2).sweep_once()
     assert deleted == 2
     assert os.listdir(tmp_path) == ["1-1"]
+
+
+
+async def test_a_job_added_while_the_keeper_waits_is_checked_at_once_and_idle_it_never_wakes(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """With the agent's ``added`` event the keeper sleeps until its next check is due (no
+    look at the job list in between: a fleet of idle workers costs no wake-ups) and looks at a
+    new job as soon as it is added, not an interval later: a job that floods from its first
+    instant is capped at once."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    active: list[tuple[int, int]] = []
+    looks: list[float] = []
+    events = [trio.Event()]
+
+    def listed() -> list[tuple[int, int]]:
+        looks.append(trio.current_time())
+        return list(active)
+
+    keeper_ = OutputKeeper(
+        jobs_dir=jobs,
+        settings=OutputSettings(max_output_mb=1, check_interval_s=5.0, min_check_interval_s=0.02),
+        active=listed,
+        files=OutputFiles(),
+        logger=Quiet(),
+        added=lambda: events[-1],
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper_._cap_loop)
+        await trio.sleep(12.0)
+        # Idle, the job list was read only by the checks due every 5 s, never in between.
+        assert [round(t, 6) for t in looks] == [5.0, 10.0]
+        path = job_file(jobs, 7, 70, 2 * MIB)
+        active.append((7, 70))
+        added_at = trio.current_time()
+        events[-1].set()
+        events.append(trio.Event())
+        with trio.fail_after(1.0):
+            while path.stat().st_blocks * 512 > MIB + 64 * 1024:
+                await trio.sleep(0.001)
+        assert looks[2] == added_at, "the new job was not looked at when it was added"
+        nursery.cancel_scope.cancel()
