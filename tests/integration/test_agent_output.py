@@ -132,7 +132,6 @@ async def test_a_sweep_deletes_at_most_its_limit_oldest_first(tmp_path: Path) ->
     assert os.listdir(tmp_path) == ["1-1"]
 
 
-
 async def test_a_job_added_while_the_keeper_waits_is_checked_at_once_and_idle_it_never_wakes(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
