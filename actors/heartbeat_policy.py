@@ -37,6 +37,11 @@ MAX_SENT_US = 2**63 - 1
 MAX_DEAD_AFTER_MS = 2**31 - 1
 """A heartbeat's ``dead_after_in_use_ms`` is recorded as at most this (an integer)."""
 
+UNMEASURED_COST_US = 4000.0
+"""The CPU time one heartbeat is taken to cost a control plane (µs) until the replicas measured
+it: about what one cost on a 2-core machine with mutual TLS (docs/scale.md), so a cluster that
+starts with hundreds of workers gets a long enough interval before any cost is measured,
+rather than the shortest one."""
 HYSTERESIS = 0.25
 """A new interval is taken only when it differs from the one in force by more than this
 fraction of it (or when the one in force is outside the bounds)."""
@@ -106,15 +111,12 @@ def choose_policy(
     measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
     replicas = max(1, len(measured))
     cost_us = measured[len(measured) // 2] if measured else None
-    if cost_us is None:
-        wanted_ms = float(low_ms)
-        why = f"{workers} workers, no heartbeat cost measured yet"
-    else:
-        wanted_ms = workers * cost_us / 1000 / (replicas * settings.heartbeat_cpu_budget)
-        why = (
-            f"{workers} workers x {cost_us:.0f} us per heartbeat over {replicas} control planes"
-            f" at {settings.heartbeat_cpu_budget:g} of a core"
-        )
+    wanted_ms = workers * (cost_us or UNMEASURED_COST_US) / 1000 / (replicas * settings.heartbeat_cpu_budget)
+    why = (
+        f"{workers} workers x {cost_us or UNMEASURED_COST_US:.0f} us per heartbeat"
+        f"{'' if cost_us else ' (not measured yet: the default)'} over {replicas} control planes"
+        f" at {settings.heartbeat_cpu_budget:g} of a core"
+    )
     interval_ms = min(high_ms, _whole_steps(max(wanted_ms, low_ms)))
     if interval_ms == high_ms and wanted_ms > high_ms:
         why += f": capped at heartbeat_interval_max_s = {settings.heartbeat_interval_max_s:g}"

@@ -328,10 +328,11 @@ class ReconcilerSettings:
     heartbeat_interval_min_s: float = attrs.field(default=0.25, validator=_positive)
     """The shortest heartbeat interval the leader asks of workers, in seconds: what a small
     cluster uses (docs/design.md, "Heartbeat interval"; :mod:`actors.heartbeat_policy`)."""
-    heartbeat_interval_max_s: float = attrs.field(default=1.0, validator=_positive)
+    heartbeat_interval_max_s: float = attrs.field(default=10.0, validator=_positive)
     """The longest heartbeat interval the leader asks of workers, in seconds, however large
     the cluster: it bounds how long a dead worker goes unnoticed (``dead_after_intervals`` of
-    it)."""
+    it). 10 s, Nomad's shortest heartbeat TTL: a cluster whose heartbeats cost more than
+    the budget at this interval is past what its control planes can take (docs/scale.md)."""
     heartbeat_cpu_budget: float = attrs.field(default=0.25, validator=_fraction)
     """The share of a core each control plane may spend on heartbeats (above 0, below 1): the
     interval grows with the cluster so that the heartbeats' measured cost stays within it."""
@@ -339,7 +340,7 @@ class ReconcilerSettings:
     """A worker is declared dead after this many heartbeat intervals without one, never sooner
     than ``dead_after_s`` (at least 3: the self-fence, below it by the agent's stop grace and
     margin, must leave room for a late heartbeat)."""
-    heartbeat_policy_every_s: float = attrs.field(default=5.0, validator=_positive)
+    heartbeat_policy_every_s: float = attrs.field(default=1.0, validator=_positive)
     """How often the leader chooses the heartbeat interval again, in seconds."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=_non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a

@@ -61,13 +61,26 @@ def test_a_small_cluster_gets_the_shortest_interval_and_the_operators_dead_after
 
 def test_a_large_cluster_stretches_the_interval_up_to_the_cap_and_detection_follows() -> None:
     """2,000 workers at 300 µs over 3 replicas at a quarter core want 800 ms; dead_after is
-    4 intervals; 5,000 want 2 s, capped at heartbeat_interval_max_s (1 s), and the reason says so."""
+    4 intervals; 50,000 at 3 ms want 200 s, capped at heartbeat_interval_max_s (10 s), and the
+    reason says so."""
     chosen = choose_policy(workers=2000, costs_us=[300, 290, 310], current=None, settings=SETTINGS)
     assert (chosen.interval_ms, chosen.dead_after_ms) == (800, 3200)
     assert "2000 workers x 300 us" in chosen.reason
-    capped = choose_policy(workers=5000, costs_us=[300, 300, 300], current=None, settings=SETTINGS)
-    assert (capped.interval_ms, capped.dead_after_ms) == (1000, 4000)
-    assert "capped at heartbeat_interval_max_s = 1" in capped.reason
+    capped = choose_policy(workers=50_000, costs_us=[3000, 3000, 3000], current=None, settings=SETTINGS)
+    assert (capped.interval_ms, capped.dead_after_ms) == (10_000, 40_000)
+    assert "capped at heartbeat_interval_max_s = 10" in capped.reason
+
+
+def test_before_any_cost_is_measured_a_large_cluster_starts_with_a_long_interval() -> None:
+    """500 workers registering at once before any replica measured a heartbeat's cost are not
+    asked for the shortest interval (2,000 heartbeats a second would bury the control planes):
+    the default cost over one replica gives 500 x 4 ms / 0.25 = 8 s; a handful of workers still
+    get the shortest."""
+    storm = choose_policy(workers=500, costs_us=[], current=None, settings=SETTINGS)
+    assert storm.interval_ms == 8000
+    assert "not measured yet" in storm.reason
+    few = choose_policy(workers=5, costs_us=[], current=None, settings=SETTINGS)
+    assert few.interval_ms == 250
 
 
 def test_a_change_within_the_hysteresis_keeps_the_policy_in_force() -> None:

@@ -104,8 +104,9 @@ class FakeStore:
     """(mock time, most, window_s) of every health read."""
     policy: HeartbeatPolicy | None = None
     """The heartbeat policy in force, as the leader's writes left it."""
-    costs_us: tuple[float, ...] = ()
-    """The control planes' measured heartbeat costs (µs)."""
+    costs_us: tuple[float, ...] = (300.0,)
+    """The control planes' measured heartbeat costs (µs): by default one replica's, small
+    enough that these clusters keep the shortest interval (no policy write)."""
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
