@@ -6,7 +6,9 @@ on a mock clock. :class:`GrpcControlPlane` is the production one: a thin wrapper
 :class:`runtime.client.ControlPlaneClient` that converts between the agent's messages and
 protobuf and makes every call a hedged one (:meth:`ControlPlaneClient.call_hedged`): the
 preferred replica has until the caller's deadline to answer, and the next one is asked too
-once it has been silent for ``hedge_after_s``.
+once it has been silent for the hedge delay (:class:`HedgeDelay`: ``hedge_after_s``, or longer
+when every answer comes slowly, so an overloaded cluster is not sent each request two or three
+times over).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from agent.messages import (
@@ -87,18 +90,56 @@ def outcomes_to_pb(outcomes: tuple[Outcome, ...]) -> list[pb.JobOutcome]:
     return [outcome_to_pb(o, now=now) for o in outcomes]
 
 
+@attrs.define
+class HedgeDelay:
+    """How long a call waits for one replica before the next one is asked too, in seconds:
+    ``factor`` times the smoothed round trip of the calls that were answered, never below
+    ``floor_s`` and never above a third of the call's deadline (room for two more replicas).
+
+    A fixed delay turns an overloaded cluster's slow answers into more load: with every answer
+    later than the delay, each request goes to two or three replicas, which slows the answers
+    further (the retry storm of "Metastable Failures in Distributed Systems", Bronson et al.,
+    HotOS 2021). Measured against the answers themselves, the delay grows with a cluster that is
+    slow everywhere and stays at ``floor_s`` while one replica alone fails (the others answer
+    fast, and the failover client asks one of them first from then on).
+
+    Args:
+        floor_s: the shortest delay (the agent's ``heartbeat_timeout_s``).
+        factor: the multiple of the smoothed round trip.
+        weight: the newest round trip's weight in the smoothing (exponential).
+    """
+
+    floor_s: float
+    factor: float = 3.0
+    weight: float = 0.2
+    round_trip_s: float | None = None
+    """The smoothed round trip (seconds); None before any call was answered."""
+
+    def after_s(self, deadline_s: float) -> float:
+        """The delay for a call given ``deadline_s`` seconds."""
+        wanted = self.floor_s if self.round_trip_s is None else self.factor * self.round_trip_s
+        return max(self.floor_s, min(wanted, deadline_s / 3))
+
+    def answered(self, round_trip_s: float) -> None:
+        """Account for a call answered ``round_trip_s`` seconds after it was made."""
+        if self.round_trip_s is None:
+            self.round_trip_s = round_trip_s
+        else:
+            self.round_trip_s += self.weight * (round_trip_s - self.round_trip_s)
+
+
 class GrpcControlPlane:
     """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
 
     Args:
         client: the failover client.
-        hedge_after_s: seconds without an answer from one replica before the next one is
-            asked too (the agent's ``heartbeat_timeout_s``).
+        hedge_after_s: the shortest time without an answer from one replica before the next
+            one is asked too (the agent's ``heartbeat_timeout_s``; :class:`HedgeDelay`).
     """
 
     def __init__(self, client: ControlPlaneClient, *, hedge_after_s: float) -> None:
         self._client = client
-        self._hedge_after_s = hedge_after_s
+        self.hedge = HedgeDelay(floor_s=hedge_after_s)
 
     async def _call(self, rpc: str, request: Any, deadline_s: float) -> Any:
         """Call ``rpc`` hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`) and
@@ -108,9 +149,12 @@ class GrpcControlPlane:
             NoControlPlaneReachable: no replica answered within ``deadline_s``.
             InvalidArgument, NotFound, RemoteError: a replica refused the request.
         """
-        return await self._client.call_hedged(
-            rpc, request, hedge_after_s=self._hedge_after_s, deadline_s=deadline_s
+        began = trio.current_time()
+        reply = await self._client.call_hedged(
+            rpc, request, hedge_after_s=self.hedge.after_s(deadline_s), deadline_s=deadline_s
         )
+        self.hedge.answered(trio.current_time() - began)
+        return reply
 
     async def register(self, request: Registration, *, deadline_s: float) -> Registered:
         """Call RegisterWorker, carrying the outcomes not yet acknowledged; raises as :meth:`_call`."""

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from agent import fence as agent_fence
-from agent.control_plane import GrpcControlPlane
+from agent.control_plane import GrpcControlPlane, HedgeDelay
 from agent.core import Agent
 from protocol import pb
 from runtime.client import ControlPlaneClient
@@ -243,7 +243,7 @@ def deadlines(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 @asynccontextmanager
-async def agent_over(tmp_path: Path, client: ScriptedClient) -> AsyncIterator[Agent]:
+async def agent_over(tmp_path: Path, client: ScriptedClient, **overrides: Any) -> AsyncIterator[Agent]:
     settings = AgentSettings(
         worker_id="w-1",
         control_planes=client.addresses,
@@ -254,6 +254,7 @@ async def agent_over(tmp_path: Path, client: ScriptedClient) -> AsyncIterator[Ag
         heartbeat_timeout_s=AGENT_TIMEOUT_S,
         self_fence_after_s=AGENT_FENCE_S,
     )
+    settings = attrs.evolve(settings, **overrides)
     agent = Agent(settings, GrpcControlPlane(client, hedge_after_s=AGENT_TIMEOUT_S))
     async with trio.open_nursery() as nursery:
         await nursery.start(agent.run, "127.0.0.1:9")
@@ -324,3 +325,37 @@ async def test_when_both_replicas_answer_the_deadline_moves_once(
     assert b.answered[0] - first_send == pytest.approx(0.6)
     assert len(deadlines) == answers
     assert a.cancelled == 1
+
+
+def test_the_hedge_delay_grows_with_slow_answers_within_its_bounds() -> None:
+    """Before any answer: the floor. Answers 1 s slow everywhere: three times the smoothed round
+    trip, capped at a third of the call's deadline; fast answers bring it back to the floor."""
+    hedge = HedgeDelay(floor_s=0.5)
+    assert hedge.after_s(deadline_s=6.0) == 0.5
+    for _ in range(30):
+        hedge.answered(1.0)
+    assert hedge.after_s(deadline_s=12.0) == pytest.approx(3.0)
+    assert hedge.after_s(deadline_s=6.0) == pytest.approx(2.0)
+    assert hedge.after_s(deadline_s=0.9) == 0.5
+    for _ in range(30):
+        hedge.answered(0.01)
+    assert hedge.after_s(deadline_s=6.0) == 0.5
+
+
+async def test_a_cluster_slow_everywhere_is_not_sent_each_heartbeat_twice(
+    tmp_path: Path, autojump_clock: Any, deadlines: list[float]
+) -> None:
+    """Heartbeats every second, self-fence after 4 s; both replicas answer every call 0.7 s
+    after it was sent (past heartbeat_timeout_s, 0.5 s): the first heartbeats are hedged to
+    the second replica, but once the round trips are known the agent waits for its replica, so
+    over 20 s the second is asked a few times, not once per heartbeat; the worker never
+    fences."""
+    a, b = Replica("a", delay_s=0.7), Replica("b", delay_s=0.7)
+    client = ScriptedClient(a, b)
+    async with agent_over(tmp_path, client, heartbeat_interval_s=1.0, self_fence_after_s=4.0) as agent:
+        await trio.sleep(20.0)
+        assert not agent.self_fenced and agent.incarnation == 1
+    heartbeats_a = [t for t, rpc, _ in a.calls if rpc == "heartbeat"]
+    heartbeats_b = [t for t, rpc, _ in b.calls if rpc == "heartbeat"]
+    assert len(heartbeats_a) >= 15
+    assert len(heartbeats_b) <= 3, heartbeats_b
