@@ -44,7 +44,7 @@ from ops.pg import (
     PgTls,
     PostgresStartError,
     database_url_from_env,
-    free_port,
+    free_listen_port,
 )
 from protocol import pb
 from runtime.errors import StockadeError
@@ -344,7 +344,7 @@ class LocalCluster:
             workers=workers,
             running=live_before,
             options=options,
-            free_port=free_port,
+            free_port=free_listen_port,
         )
         config = attrs.evolve(the_plan.config, cert_dir=cert_dir, ha_db=self.ha_db)
         if cert_dir is not None:
@@ -465,7 +465,7 @@ class LocalCluster:
             )
         recorded_port = previous.embedded_pg_port if previous is not None else None
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            port = recorded_port or free_port()
+            port = recorded_port or free_listen_port()
             server = self.embedded_database(port)
             was_running = server.is_running()
             if not was_running:
