@@ -38,6 +38,7 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
+from runtime.settings import AgentSettings
 
 __all__ = ["ScaleSettings", "run_scale"]
 
@@ -55,6 +56,11 @@ RECOVERY_TIMEOUT_S = 60.0
 """How long after the window the killed workers' jobs are waited for."""
 
 
+def _agent_default(name: str) -> float:
+    """The default of the agent setting ``name`` (seconds)."""
+    return float(getattr(attrs.fields(AgentSettings), name).default)
+
+
 class BenchFailed(StockadeError):
     """The bench could not run a step (the message says what failed)."""
 
@@ -69,8 +75,11 @@ class ScaleSettings:
     real_agents: bool = False
     pending_jobs: int = 10_000
     """Jobs kept pending (topped up every second) so each placer round reads a long queue."""
-    heartbeat_interval_s: float = 1.0
-    """Workers' heartbeat interval; their deadline is 1.5x, self-fence 3.5x, dead_after 5x."""
+    heartbeat_interval_s: float | None = None
+    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere
+    (docs/design.md, "Heartbeat interval"), the workers starting from the agent's defaults; a
+    number: every worker heartbeats this often (deadline 1.5x, self-fence 3.5x) and the
+    control planes declare after 5x, as before the cluster chose."""
     kills: int = 3
     """Workers killed in each step (each holding long jobs)."""
     job_s: tuple[float, float] = (10.0, 30.0)
@@ -217,6 +226,8 @@ def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
 PENDING = "SELECT count(*) FROM jobs WHERE state = 'pending'"
 CONFIRMED = "SELECT count(*) FROM assignments WHERE state = 'active' AND confirmed_at IS NOT NULL"
 NOW = "SELECT extract(epoch FROM now())::float8"
+POLICY = "SELECT interval_ms, dead_after_ms FROM heartbeat_policy"
+"""The heartbeat interval and dead_after the leader chose (no row: the control planes' defaults)."""
 STATEMENTS = """
 SELECT coalesce(sum(total_exec_time), 0)::float8, coalesce(sum(calls), 0)::float8
   FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
@@ -356,7 +367,10 @@ class _Step:
     def _start(self) -> ClusterConfig:
         shutil.rmtree(self.root, ignore_errors=True)
         self.root.mkdir(parents=True)
-        interval_s = self.settings.heartbeat_interval_s
+        fixed_s = self.settings.heartbeat_interval_s
+        interval_s = _agent_default("heartbeat_interval_s") if fixed_s is None else fixed_s
+        timeout_s = _agent_default("heartbeat_timeout_s") if fixed_s is None else 1.5 * fixed_s
+        fence_s = _agent_default("self_fence_after_s") if fixed_s is None else 3.5 * fixed_s
         self.pg = EmbeddedPostgres(
             data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",)
         )
@@ -364,14 +378,25 @@ class _Step:
         self.cluster = LocalCluster(
             StateDir(self.root / "cluster"),
             database_url=url,
-            cp_args=("--dead-after-s", f"{5 * interval_s:g}"),
-            agent_args=(
+            cp_args=()
+            if fixed_s is None
+            else (
+                "--dead-after-s",
+                f"{5 * fixed_s:g}",
+                "--heartbeat-interval-min-s",
+                f"{fixed_s:g}",
+                "--heartbeat-interval-max-s",
+                f"{fixed_s:g}",
+            ),
+            agent_args=()
+            if fixed_s is None
+            else (
                 "--heartbeat-interval-s",
-                f"{interval_s:g}",
+                f"{fixed_s:g}",
                 "--heartbeat-timeout-s",
-                f"{1.5 * interval_s:g}",
+                f"{timeout_s:g}",
                 "--self-fence-after-s",
-                f"{3.5 * interval_s:g}",
+                f"{fence_s:g}",
             ),
             # At least four fleets, so killing one leaves workers to take its jobs.
             fleet_size=min(self.settings.fleet_size, max(1, -(-self.workers // 4))),
@@ -397,9 +422,9 @@ class _Step:
                 "--interval-s",
                 f"{interval_s:g}",
                 "--timeout-s",
-                f"{1.5 * interval_s:g}",
+                f"{timeout_s:g}",
                 "--self-fence-s",
-                f"{3.5 * interval_s:g}",
+                f"{fence_s:g}",
             ]
             if self.settings.insecure:
                 args.append("--insecure")
@@ -445,7 +470,7 @@ class _Step:
                 with trio.move_on_after(WARM_UP_TIMEOUT_S):
                     while await db.fetchval(CONFIRMED) < 1.5 * self.workers:  # noqa: ASYNC110 (polls the database)
                         await trio.sleep(0.5)
-                await trio.sleep(3 * settings.heartbeat_interval_s)
+                await trio.sleep(3 * await self._interval_s(db))
                 return await self._window(db, client, config, cp_metrics, agent_metrics, rng, submitted, mode)
             finally:
                 client.close()
@@ -511,6 +536,7 @@ class _Step:
             stats = await self.loadgen.ask({"cmd": "stats"}, "stats") if self.loadgen is not None else None
             moved = await self._recovery(db, lost, killed, kill_at)
             nursery.cancel_scope.cancel()
+        told = await db.fetchrow(POLICY)
         deaths = [r[0] for r in await db.fetch(DEATHS, t0, float(await db.fetchval(NOW)))]
         elections = int(await db.fetchval(ELECTIONS, t0, t1))
         delta = MetricsDelta.of(before, after)
@@ -530,7 +556,8 @@ class _Step:
             workers=self.workers,
             mode=mode,
             duration_s=round(window_s, 3),
-            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_interval_s=told[0] / 1000 if told else (settings.heartbeat_interval_s or 0.0),
+            dead_after_s=told[1] / 1000 if told else None,
             heartbeats=int(heartbeats),
             heartbeats_per_s=round(heartbeats / window_s, 2) if window_s > 0 else 0.0,
             heartbeats_acked=acked,
@@ -559,6 +586,13 @@ class _Step:
             recovery_p50_s=round(statistics.median(moved), 3) if moved else None,
             recovery_max_s=round(max(moved), 3) if moved else None,
         )
+
+    async def _interval_s(self, db: PgConnection) -> float:
+        """The heartbeat interval in force, in seconds."""
+        told = await db.fetchrow(POLICY)
+        if told:
+            return float(told[0]) / 1000
+        return self.settings.heartbeat_interval_s or _agent_default("heartbeat_interval_s")
 
     async def _kill(self, db: PgConnection, config: ClusterConfig) -> tuple[list[str], float, list[int]]:
         """Kill workers holding long jobs: ``kills`` simulated ones, or the fleet of the busiest

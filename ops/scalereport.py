@@ -85,6 +85,8 @@ class ScalePoint:
     """``loadgen`` (simulated workers) or ``real_agents`` (agents in fleets)."""
     duration_s: float
     heartbeat_interval_s: float
+    """The heartbeat interval in force at the window's end (the leader's choice, or the
+    bench's fixed one)."""
     heartbeats: int
     """Heartbeats the control planes recorded in the window (their counters, summed)."""
     heartbeats_per_s: float
@@ -124,6 +126,8 @@ class ScalePoint:
     recovery_p50_s: float | None
     """From the kill (database time) to a job's new assignment confirmed running, p50 over jobs."""
     recovery_max_s: float | None
+    dead_after_s: float | None = None
+    """The dead_after in force at the window's end (None: the control planes' default)."""
 
     def to_json(self) -> dict[str, Any]:
         return attr.asdict(self, retain_collection_types=False)
@@ -185,6 +189,8 @@ class ScaleReport:
 
 _COLUMNS = (
     ("workers", "workers"),
+    ("heartbeat_interval_s", "interval s"),
+    ("dead_after_s", "dead after s"),
     ("heartbeats_per_s", "hb/s"),
     ("ack_p50_ms", "ack p50 ms"),
     ("ack_p99_ms", "ack p99 ms"),

@@ -259,13 +259,14 @@ def bench_scale(
         int, typer.Option(min=0, max=1_000_000, help="Jobs kept pending through each step.")
     ] = 10_000,
     heartbeat_interval_s: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=0.1,
             max=10.0,
-            help="Workers' heartbeat interval, seconds; deadline 1.5x, self-fence 3.5x, dead-after 5x.",
+            help="A fixed heartbeat interval, seconds (deadline 1.5x, self-fence 3.5x, dead-after 5x); "
+            "default: the cluster chooses it as it grows, as anywhere.",
         ),
-    ] = 1.0,
+    ] = None,
     kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
     json_path: JsonPathOption = None,
     state_dir: Annotated[
