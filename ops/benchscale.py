@@ -29,6 +29,7 @@ import psutil
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from ops.benchpack.figures import histogram_quantile
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig
@@ -38,7 +39,7 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
-from runtime.settings import AgentSettings
+from runtime.settings import AgentSettings, ReconcilerSettings
 
 __all__ = ["ScaleSettings", "run_scale"]
 
@@ -59,6 +60,14 @@ RECOVERY_TIMEOUT_S = 60.0
 def _agent_default(name: str) -> float:
     """The default of the agent setting ``name`` (seconds)."""
     return float(getattr(attrs.fields(AgentSettings), name).default)
+
+
+def _untold_policy(fixed_s: float | None) -> HeartbeatPolicy:
+    """What the control planes tell while the leader chose no policy: their defaults, or the
+    bench's fixed interval and 5 times it."""
+    if fixed_s is None:
+        return default_policy(ReconcilerSettings())
+    return HeartbeatPolicy(interval_ms=round(fixed_s * 1000), dead_after_ms=round(5 * fixed_s * 1000))
 
 
 class BenchFailed(StockadeError):
@@ -537,6 +546,7 @@ class _Step:
             moved = await self._recovery(db, lost, killed, kill_at)
             nursery.cancel_scope.cancel()
         told = await db.fetchrow(POLICY)
+        untold = _untold_policy(settings.heartbeat_interval_s)
         deaths = [r[0] for r in await db.fetch(DEATHS, t0, float(await db.fetchval(NOW)))]
         elections = int(await db.fetchval(ELECTIONS, t0, t1))
         delta = MetricsDelta.of(before, after)
@@ -556,8 +566,8 @@ class _Step:
             workers=self.workers,
             mode=mode,
             duration_s=round(window_s, 3),
-            heartbeat_interval_s=told[0] / 1000 if told else (settings.heartbeat_interval_s or 0.0),
-            dead_after_s=told[1] / 1000 if told else None,
+            heartbeat_interval_s=told[0] / 1000 if told else untold.interval_ms / 1000,
+            dead_after_s=told[1] / 1000 if told else untold.dead_after_ms / 1000,
             heartbeats=int(heartbeats),
             heartbeats_per_s=round(heartbeats / window_s, 2) if window_s > 0 else 0.0,
             heartbeats_acked=acked,

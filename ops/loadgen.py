@@ -72,6 +72,9 @@ RPC_ERRORS = (
 )
 """What a call to a control plane may fail with: counted as a failure, never raised."""
 REGISTER_RETRY_S = 1.0
+CALL_DEADLINE_MARGIN_S = 0.1
+"""A heartbeat waits for its answer until this long before the worker's self-fence deadline
+(the agent's ``call_deadline_margin_s``)."""
 """Base delay before a failed registration is tried again, seconds (jittered up to 2x)."""
 
 
@@ -360,8 +363,11 @@ class LoadGenerator:
             dead_after_in_use_ms=worker.dead_after_ms,
         )
         worker.in_flight = True
+        # As an agent's (agent.fence.FenceClock.call_deadline_s): until shortly before the
+        # self-fence deadline, never less than timeout_s, so a slow answer still counts.
+        timeout_s = max(self.timeout_s, worker.last_ack + self.fence_s(worker) - now - CALL_DEADLINE_MARGIN_S)
         try:
-            reply = await self._stub(worker, self._target(worker)).heartbeat(request, timeout=self.timeout_s)
+            reply = await self._stub(worker, self._target(worker)).heartbeat(request, timeout=timeout_s)
         except RPC_ERRORS:
             worker.failures_in_row += 1
             self.stats.failures += 1
