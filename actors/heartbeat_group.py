@@ -5,11 +5,14 @@ heartbeats").
 A handler hands its heartbeat over (:meth:`HeartbeatGrouper.record`) and waits for its own
 answer. The grouper closes a group ``wait_s`` after its first heartbeat arrived, or at once when
 it holds ``max_heartbeats``, and records it by ``record_group`` in a task of its own, so the next
-group gathers meanwhile. A worker appears at most once in a group: a second heartbeat of the
-same worker waits for the next group. Every member gets its own row; when the statement fails,
-every member gets that error (a copy of it), as it would have alone. A handler that stops
-waiting (its client gave up) changes nothing for the others: its heartbeat is left out if its
-group has not started its statement yet, else recorded with the group and its answer dropped.
+group gathers meanwhile. At most ``groups_in_flight`` statements run at once: a group whose wait
+ended while they all run keeps gathering until one ends, so groups grow with the load and a
+saturated database gets fewer, larger statements rather than a queue of small ones. A worker
+appears at most once in a group: a second heartbeat of the same worker waits for the next group.
+Every member gets its own row; when the statement fails, every member gets that error (a copy of
+it), as it would have alone. A handler that stops waiting (its client gave up) changes nothing
+for the others: its heartbeat is left out if its group has not started its statement yet, else
+recorded with the group and its answer dropped.
 """
 
 from __future__ import annotations
@@ -96,17 +99,21 @@ class HeartbeatGrouper:
         max_heartbeats: most members of one group (>= 1).
         queue_heartbeats: heartbeats waiting for a group beyond which :meth:`record` waits
             for room.
+        groups_in_flight: most group statements running at once (>= 1).
     """
 
     record_group: RecordGroup
     wait_s: float
     max_heartbeats: int
     queue_heartbeats: int = 10_000
+    groups_in_flight: int = 2
     _send: trio.MemorySendChannel[GroupMember] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[GroupMember] = attrs.field(init=False)
+    _slots: trio.Semaphore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._send, self._receive = trio.open_memory_channel[GroupMember](self.queue_heartbeats)
+        self._slots = trio.Semaphore(self.groups_in_flight)
 
     async def record(self, beat: GroupedBeat) -> GroupAnswer:
         """Record ``beat`` with the next group; its own answer once the group's statement ended.
@@ -139,7 +146,8 @@ class HeartbeatGrouper:
     async def _gather(self, carried: list[GroupMember]) -> tuple[list[GroupMember], list[GroupMember]]:
         """The next group (heartbeats of distinct workers, at most ``max_heartbeats``) and the
         heartbeats left for the one after it (a second heartbeat of a member's worker, or more
-        than fit), those ``carried`` over from the last first, in their order."""
+        than fit), those ``carried`` over from the last first, in their order. Returns holding
+        one statement slot, which :meth:`_record` gives back."""
         group: list[GroupMember] = []
         workers: set[str] = set()
         later: list[GroupMember] = []
@@ -160,10 +168,29 @@ class HeartbeatGrouper:
         with trio.move_on_after(self.wait_s):
             while len(group) < self.max_heartbeats:
                 take(await self._receive.receive())
+
+        async def take_more() -> None:
+            # Until a statement slot frees (the caller cancels this then): receiving is
+            # cancel-safe, so no heartbeat is lost.
+            while len(group) < self.max_heartbeats:
+                take(await self._receive.receive())
+            await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take_more)
+            await self._slots.acquire()
+            nursery.cancel_scope.cancel()
         return group, later
 
     async def _record(self, gathered: list[GroupMember]) -> None:
-        group = [member for member in gathered if not member.withdrawn]
+        """Record ``gathered`` (its withdrawn members left out), holding one of the statement
+        slots its gathering acquired, and give the slot back."""
+        try:
+            await self._record_members([member for member in gathered if not member.withdrawn])
+        finally:
+            self._slots.release()
+
+    async def _record_members(self, group: list[GroupMember]) -> None:
         if not group:
             return
         metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))

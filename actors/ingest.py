@@ -745,6 +745,7 @@ class ControlPlaneService(AdmittedService):
             record_group=self.record_heartbeat_group,
             wait_s=self.settings.heartbeat_group_wait_s,
             max_heartbeats=self.settings.heartbeat_group_max,
+            groups_in_flight=self.settings.heartbeat_groups_in_flight,
         )
         self.heartbeat_group = grouper
         try:

@@ -506,6 +506,11 @@ class IngestSettings:
     heartbeat_group_max: int = attrs.field(default=500, validator=_positive)
     """Most heartbeats one group records (a full group is recorded at once, without waiting
     out ``heartbeat_group_wait_s``). At most :data:`MAX_HEARTBEAT_GROUP`."""
+    heartbeat_groups_in_flight: int = attrs.field(default=2, validator=_positive)
+    """Most group statements one ingest runs at once. A group whose wait ended while that many
+    run keeps gathering until one ends, so under load the groups grow (fewer, larger
+    statements: about 0.9 ms of database CPU per statement plus 28 µs per heartbeat) instead
+    of queueing for connections. At most ``liveness_reserved_connections`` is useful."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:

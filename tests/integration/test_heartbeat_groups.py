@@ -99,6 +99,40 @@ async def test_running_confirmations_and_stop_lists_are_per_member(cluster: Clus
     assert [(r["id"], r["state"]) for r in confirmed] == [(a1, "running"), (a2, "running")]
 
 
+async def test_answers_stay_per_member_once_the_statement_runs_on_cached_generic_plans(
+    cluster: Cluster,
+) -> None:
+    """Called again and again on one connection (its plans cached and generic from the first
+    call), each member keeps its own answer wherever it stands in the group: an alive member
+    with an assignment to stop, an unknown worker, an earlier incarnation; and an assignment
+    placed between two calls is confirmed by the next one."""
+    i1 = await cluster.register("w-1")
+    i2 = await cluster.register("w-2")
+    old = await cluster.register("w-3")
+    new = await cluster.register("w-3", seq=2)
+    a1 = await cluster.place(await cluster.submit(), "w-1", i1)
+    a2 = 0
+    members = [("w-9", 4), ("w-2", i2), ("w-3", old), ("w-1", i1)]
+    for call in range(8):
+        if call == 5:
+            a2 = await cluster.place(await cluster.submit(), "w-2", i2)
+        running = {2: [a2]} if call >= 5 else {}
+        rows = await record(cluster.admin, members, {4: [a1, 999], **running})
+        assert [(r["member"], r["alive"], r["skipped"]) for r in rows] == [
+            (1, False, False),
+            (2, True, False),
+            (3, False, False),
+            (4, True, False),
+        ]
+        assert [list(r["stop_assignment_ids"]) for r in rows] == [[], [], [], [999]]
+        assert [r["newer_incarnation"] for r in rows] == [None, None, new, None]
+    confirmed = await cluster.admin.fetch(
+        "SELECT a.id, j.state FROM assignments a JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.confirmed_at IS NOT NULL ORDER BY a.id"
+    )
+    assert [(r["id"], r["state"]) for r in confirmed] == [(a1, "running"), (a2, "running")]
+
+
 async def test_a_member_whose_row_is_locked_is_skipped_and_the_others_recorded(
     cluster: Cluster, database_url: str
 ) -> None:

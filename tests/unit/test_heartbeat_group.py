@@ -231,3 +231,33 @@ def test_settings_refuse_a_group_wait_or_size_past_their_limits() -> None:
     with pytest.raises(InvalidArgument, match=r"heartbeat_group_max must be at most 5000, got 5001"):
         IngestSettings(heartbeat_group_max=5001)
     assert IngestSettings(heartbeat_group_wait_s=0).heartbeat_group_wait_s == 0
+
+
+async def test_a_group_keeps_gathering_while_every_statement_slot_is_busy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With one statement at a time, heartbeats arriving while it runs join the next group
+    until it ends, past that group's own wait: under load groups grow rather than queue."""
+    statement = ScriptedStatement(delay_s=0.050)
+    answers: dict[str, int] = {}
+
+    async def send(at_s: float, b: GroupedBeat) -> None:
+        await trio.sleep_until(at_s)
+        answers[b.worker_id] = (await grouper.record(b)).current_epoch
+
+    async with trio.open_nursery() as nursery:
+        grouper = HeartbeatGrouper(
+            record_group=statement, wait_s=WAIT_S, max_heartbeats=500, groups_in_flight=1
+        )
+        await nursery.start(grouper.run)
+        start = trio.current_time()
+        async with trio.open_nursery() as senders:
+            for offset_s, worker in ((0.0, "w-1"), (0.010, "w-2"), (0.030, "w-3"), (0.060, "w-4")):
+                senders.start_soon(send, start + offset_s, beat(worker))
+        nursery.cancel_scope.cancel()
+    assert [(at - start, sorted(b.worker_id for b in bs)) for at, bs in statement.groups] == [
+        (pytest.approx(WAIT_S), ["w-1"]),
+        (pytest.approx(WAIT_S + 0.050), ["w-2", "w-3"]),
+        (pytest.approx(WAIT_S + 0.100), ["w-4"]),
+    ]
+    assert answers == {"w-1": 1, "w-2": 2, "w-3": 2, "w-4": 3}
