@@ -207,6 +207,13 @@ def control_plane(
     heartbeat_group_max: Annotated[
         int, typer.Option(help="Most heartbeats one statement records (a full group closes at once).")
     ] = _INGEST.heartbeat_group_max,
+    heartbeat_groups_in_flight: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Most group statements run at once; a group that waits for one keeps gathering.",
+        ),
+    ] = _INGEST.heartbeat_groups_in_flight,
     max_admission_wait_s: Annotated[
         float,
         typer.Option(help="Answer new work 'busy' that has waited this long for its turn, seconds."),
@@ -469,6 +476,7 @@ def control_plane(
                 max_admission_wait_s=max_admission_wait_s,
                 heartbeat_group_wait_s=heartbeat_group_wait_s,
                 heartbeat_group_max=heartbeat_group_max,
+                heartbeat_groups_in_flight=heartbeat_groups_in_flight,
                 max_wire_work_share=max_wire_work_share,
                 wire_step_messages=wire_step_messages,
                 max_pending_jobs=max_pending_jobs,
