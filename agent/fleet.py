@@ -27,7 +27,9 @@ heartbeat, leave) over one shared :class:`runtime.client.ControlPlaneClient`, so
 holds one channel per control plane however many workers it hosts, not one per worker. Each
 worker's calls keep their own route through it (its home replica,
 :func:`runtime.client.home_index` of its id, and the replica that answered it last), their
-hedging and their deadlines; only the connections are shared. Over mutual TLS that client
+hedging and their deadlines; only the connections are shared. A worker whose spec lists the
+same control planes in another order (``stockade up`` rotates each worker's list) shares the
+client too, keeping the home its own list gives it. Over mutual TLS that client
 presents a *fleet certificate*: a client certificate with one URI SAN
 ``spiffe://stockade/worker/<id>`` per worker the fleet hosts (``stockade certs issue --role
 worker --id fleet-1 --workers w-1,w-2,...``, :mod:`ops.certs`; ``stockade up --fleet-size K``
@@ -36,7 +38,7 @@ names and refuses any other worker id (:func:`runtime.aio.require_worker`). Each
 serves its Worker endpoint with its own certificate (``<id>.crt``), which the leader checks
 when it assigns. A fleet without a fleet certificate (``<certs-dir>/<fleet id>.crt`` absent)
 gives each worker a client of its own, with its own certificate, as a lone agent has; so does
-a worker whose spec names its own ``control_planes``.
+a worker whose spec names other control planes than the fleet's.
 
 One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
 written), the whole fleet stops every job of every worker and exits with an error naming the
@@ -59,7 +61,7 @@ from agent.core import Agent
 from agent.main import run_agent, serve_until_signal
 from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, oom, priority
-from runtime.client import ControlPlaneClient
+from runtime.client import ControlPlaneClient, home_index
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
 from runtime.tls import TlsFiles
@@ -332,8 +334,8 @@ def shared_client(
         workers: the fleet's workers; the client's per-call deadline is the shortest
             ``heartbeat_timeout_s`` among them (each worker's calls are hedged and bounded by
             its own settings all the same).
-        control_planes: the fleet's control-plane addresses; a worker with another list
-            keeps a client of its own (:func:`run_fleet`).
+        control_planes: the fleet's control-plane addresses; a worker with other addresses
+            (not merely another order) keeps a client of its own (:func:`run_fleet`).
         tls: the fleet certificate's files (a client certificate naming every worker it
             hosts); None: plaintext (``--insecure``).
 
@@ -358,12 +360,15 @@ async def _host(
 ) -> None:
     """Run one worker's agent with its id bound to every log line of its tasks, calling the
     control planes through ``client`` when it is given and reaches the worker's control
-    planes (else through a client of its own)."""
+    planes, in any order (else through a client of its own)."""
     # Each trio task runs in a copy of its parent's context: this binding reaches this
     # agent's tasks (and the tasks they start) and no other worker's.
     log.bind(worker_id=settings.worker_id)
     control_plane = None
-    if client is not None and tuple(client.addresses) == tuple(settings.control_planes):
+    own = list(settings.control_planes)
+    if client is not None and sorted(client.addresses) == sorted(own):
+        # The home a client of its own would give it: the home_index of its id in its list.
+        client.add_route(settings.worker_id, home=own[home_index(settings.worker_id, len(own))])
         control_plane = GrpcControlPlane(
             client, hedge_after_s=settings.heartbeat_timeout_s, home_key=settings.worker_id
         )
@@ -409,8 +414,8 @@ async def run_fleet(
         spread_s: seconds over which the starts are spread; None: the longest
             ``heartbeat_interval_s`` of the workers; 0: all at once.
         client: the client the workers share (:func:`shared_client`; the caller closes it):
-            every worker whose ``control_planes`` are its addresses calls through it; None:
-            each worker makes its own.
+            every worker whose ``control_planes`` are its addresses, in any order, calls
+            through it; None: each worker makes its own.
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were

@@ -8,9 +8,12 @@ time (user + system, children excluded, from ``/proc/<pid>/stat`` through psutil
 ``stockade_heartbeats_recorded_total`` over the control planes, and prints one JSON line::
 
     {"fleets": 1, "workers": 125, "window_s": 60.0, "cpu_s": 9.1, "heartbeats": 29980,
-     "heartbeats_per_s": 499.7, "cpu_ms_per_heartbeat": 0.304, "cpu_share": 0.152}
+     "heartbeats_per_s": 499.7, "cpu_ms_per_heartbeat": 0.304, "cpu_share": 0.152,
+     "connections_to_control_planes": 3}
 
-``cpu_share`` is the fleets' CPU time over the window (1.0: one core busy). The heartbeats are
+``cpu_share`` is the fleets' CPU time over the window (1.0: one core busy);
+``connections_to_control_planes`` counts the fleets' established TCP connections to the
+control planes' gRPC addresses at the end of the window. The heartbeats are
 every worker's, so run it on a cluster whose workers all live in the measured fleets::
 
     STOCKADE_STATE_DIR=/tmp/fp/.stockade stockade up --workers 125 --fleet-size 125
@@ -65,6 +68,20 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     return total
 
 
+def connections_to(processes: list[psutil.Process], addresses: list[str]) -> int:
+    """How many established TCP connections ``processes`` hold to the ``host:port`` of
+    ``addresses`` (the control planes' gRPC addresses)."""
+    wanted = {(host, int(port)) for host, _, port in (a.rpartition(":") for a in addresses)}
+    return sum(
+        1
+        for process in processes
+        for connection in process.net_connections(kind="tcp")
+        if connection.status == psutil.CONN_ESTABLISHED
+        and connection.raddr
+        and (connection.raddr.ip, connection.raddr.port) in wanted
+    )
+
+
 def measure(state_dir: Path, window_s: float) -> dict[str, float]:
     """Measure the fleets of the cluster recorded in ``state_dir`` over ``window_s`` seconds
     (wall clock: this reads other processes' counters, so it is not trio's).
@@ -92,6 +109,7 @@ def measure(state_dir: Path, window_s: float) -> dict[str, float]:
     cpu_before, beats_before, began = cpu_s(processes), heartbeats_recorded(addresses), time.monotonic()
     time.sleep(window_s)
     cpu_after, beats_after, ended = cpu_s(processes), heartbeats_recorded(addresses), time.monotonic()
+    connections = connections_to(processes, [p.address for p in config.control_planes])
     elapsed_s = ended - began
     used_s = cpu_after - cpu_before
     beats = beats_after - beats_before
@@ -104,6 +122,7 @@ def measure(state_dir: Path, window_s: float) -> dict[str, float]:
         "heartbeats_per_s": round(beats / elapsed_s, 1),
         "cpu_ms_per_heartbeat": round(1000 * used_s / beats, 4) if beats else float("nan"),
         "cpu_share": round(used_s / elapsed_s, 4),
+        "connections_to_control_planes": connections,
     }
 
 

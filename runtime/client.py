@@ -17,8 +17,9 @@ from a stable hash of the key (:func:`home_index`), so workers spread their hear
 registrations over every replica instead of all asking the first; a client that moved on from
 a slow or dead home goes home again after ``home_return_s`` (:class:`_Route`). A client shared
 by many workers (a fleet process, :mod:`agent.fleet`) passes each call's ``home_key`` instead
-(:meth:`ControlPlaneClient.call_hedged`): each key then has its own home and its own
-preferred replica, as if it had a client of its own, over the same channels.
+(:meth:`ControlPlaneClient.call_hedged`, with a home set by :meth:`ControlPlaneClient.add_route`
+when the worker's own list orders the replicas otherwise): each key then has its own home and
+its own preferred replica, as if it had a client of its own, over the same channels.
 
 The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead,
 and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica is not
@@ -246,6 +247,27 @@ class ControlPlaneClient:
         home = None if home_key is None else home_index(home_key, len(self.addresses))
         return _Route(home=home, home_return_s=self._home_return_s)
 
+    def add_route(self, home_key: str, *, home: str | None = None) -> str:
+        """Set up the route of calls made with ``home_key`` and return its home replica's
+        address: ``home`` when given, else :func:`home_index` of the key among this client's
+        addresses. A shared client's worker whose own list orders the replicas otherwise (the
+        local launcher rotates each worker's list) passes the home its own list gives it, so
+        it keeps the home it would have with a client of its own. Calls with a ``home_key``
+        never set up here take the default home.
+
+        Raises:
+            InvalidArgument: ``home`` is not one of this client's addresses.
+        """
+        if home is None:
+            route = self._new_route(home_key)
+        elif home in self.addresses:
+            route = _Route(home=self.addresses.index(home), home_return_s=self._home_return_s)
+        else:
+            raise InvalidArgument("home", home, f"must be one of the client's addresses {self.addresses}")
+        self._routes[home_key] = route
+        assert route.home is not None
+        return self.addresses[route.home]
+
     def _route_of(self, home_key: str | None) -> _Route:
         """The route of calls made for ``home_key`` (None: the client's own)."""
         if home_key is None:
@@ -261,8 +283,10 @@ class ControlPlaneClient:
         return None if self._route.home is None else self.addresses[self._route.home]
 
     def home_of(self, home_key: str) -> str:
-        """The home replica's address of calls made with ``home_key`` (:func:`home_index`)."""
-        return self.addresses[home_index(home_key, len(self.addresses))]
+        """The home replica's address of calls made with ``home_key`` (:meth:`add_route`)."""
+        home = self._route_of(home_key).home
+        assert home is not None
+        return self.addresses[home]
 
     def _start_index(self) -> int:
         """The replica the client's own walks ask first (:meth:`_Route.start_index`)."""

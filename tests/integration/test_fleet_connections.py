@@ -85,9 +85,10 @@ def certs(tmp_path: Path) -> Path:
 
 
 async def test_a_fleets_workers_use_one_connection_per_control_plane(tmp_path: Path, certs: Path) -> None:
-    """Five workers register, heartbeat and leave through the fleet's one client: each replica
-    sees every call of the fleet on one connection, presenting the fleet certificate, and each
-    worker's first call reaches its own home replica first."""
+    """Five workers, one listing the replicas in another order (as stockade up rotates them),
+    register, heartbeat and leave through the fleet's one client: each replica sees every call
+    of the fleet on one connection, presenting the fleet certificate, and each worker's first
+    call reaches first the home replica its own list gives it."""
     recorder = Recorder()
     async with asyncio_bridge(), trio.open_nursery() as servers:
         addresses = []
@@ -98,8 +99,18 @@ async def test_a_fleets_workers_use_one_connection_per_control_plane(tmp_path: P
             tls = server_context(TlsFiles.in_dir(certs, cp_id))
             port = await servers.start(partial(serve_grpc, [service], "127.0.0.1", 0, tls=tls))
             addresses.append(f"127.0.0.1:{port}")
+        # w-1 lists the replicas rotated by one, so its home (replica 0) is not the one its id
+        # gives in the fleet's order (replica 2); the others list them in the fleet's order.
+        lists = {w: tuple(addresses) for w in WORKERS} | {"w-1": (*addresses[1:], addresses[0])}
         workers = [
-            FleetWorker(worker_id=w, port=0, cpu_millis=1000, memory_mb=1000, work_dir=str(tmp_path / w))
+            FleetWorker(
+                worker_id=w,
+                port=0,
+                cpu_millis=1000,
+                memory_mb=1000,
+                work_dir=str(tmp_path / w),
+                control_planes=lists[w],
+            )
             for w in WORKERS
         ]
         settings = fleet_settings(
@@ -127,8 +138,8 @@ async def test_a_fleets_workers_use_one_connection_per_control_plane(tmp_path: P
     peers_by_replica = {r: {c.peer for c in calls if c.replica == r} for r in range(len(REPLICAS))}
     assert all(len(peers) <= 1 for peers in peers_by_replica.values()), peers_by_replica
     assert sorted({c.worker_id for c in calls if c.rpc == "leave_worker"}) == list(WORKERS)
-    homes = {w: home_index(w, len(REPLICAS)) for w in WORKERS}
+    homes = {w: addresses.index(lists[w][home_index(w, len(REPLICAS))]) for w in WORKERS}
     first_replica = {w: next(c.replica for c in calls if c.worker_id == w) for w in WORKERS}
     assert first_replica == homes
-    # The home spread is real here: the five workers' homes are not all one replica.
-    assert len(set(homes.values())) > 1
+    assert homes["w-1"] == 0 != home_index("w-1", len(REPLICAS))
+    assert sorted(set(homes.values())) == [0, 1, 2]  # the five workers' homes spread

@@ -213,3 +213,17 @@ async def test_one_workers_move_away_from_its_home_does_not_move_another(autojum
     await beat_as(client, at_0)  # now straight to replica 1
     await beat_as(client, at_2)
     assert (len(frozen.calls), len(other.calls), len(third.calls)) == (1, 2, 1)
+
+
+async def test_a_route_added_with_a_home_starts_there(autojump_clock: Any) -> None:
+    """A worker whose own list makes replica 2 its home, added so, is asked at replica 2 first
+    through the shared client, whatever home_index of its id among the client's order says;
+    a home the client does not know is refused, naming it."""
+    replicas = [Replica("a"), Replica("b"), Replica("c")]
+    client = SharedClient(*replicas)
+    worker_id = key_with_home(0, 3)
+    assert client.add_route(worker_id, home=client.addresses[2]) == client.addresses[2]
+    await beat_as(client, worker_id)
+    assert [len(r.calls) for r in replicas] == [0, 0, 1]
+    with pytest.raises(InvalidArgument, match="10.9.9.9:7000"):
+        client.add_route(worker_id, home="10.9.9.9:7000")
