@@ -225,5 +225,5 @@ async def test_a_route_added_with_a_home_starts_there(autojump_clock: Any) -> No
     assert client.add_route(worker_id, home=client.addresses[2]) == client.addresses[2]
     await beat_as(client, worker_id)
     assert [len(r.calls) for r in replicas] == [0, 0, 1]
-    with pytest.raises(InvalidArgument, match="10.9.9.9:7000"):
+    with pytest.raises(InvalidArgument, match=r"10\.9\.9\.9:7000"):
         client.add_route(worker_id, home="10.9.9.9:7000")
