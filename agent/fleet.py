@@ -40,6 +40,12 @@ when it assigns. A fleet without a fleet certificate (``<certs-dir>/<fleet id>.c
 gives each worker a client of its own, with its own certificate, as a lone agent has; so does
 a worker whose spec names other control planes than the fleet's.
 
+Each worker keeps its own heartbeat loop (:class:`runtime.loops.Periodic`): trio already keeps
+every sleeping task's deadline in one ordered table and wakes the loop once per due time, so one
+scheduler task waking the workers would save nothing (the cost is the wake per due time, not
+the number of timers; docs/benchmarks.md, "A fleet's CPU per heartbeat") and would have to copy
+the loop's rules on intervals, overruns and restart holds next to the self-fence.
+
 One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
 written), the whole fleet stops every job of every worker and exits with an error naming the
 worker. An operator's process manager (or ``stockade up``) then starts the fleet again.

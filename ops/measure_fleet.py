@@ -7,8 +7,8 @@ folder: the fleet processes' pids (``pids/<fleet id>.pid``) and every control pl
 time (user + system, children excluded, from ``/proc/<pid>/stat`` through psutil) and the sum of
 ``stockade_heartbeats_recorded_total`` over the control planes, and prints one JSON line::
 
-    {"fleets": 1, "workers": 125, "window_s": 60.0, "cpu_s": 9.1, "heartbeats": 29980,
-     "heartbeats_per_s": 499.7, "cpu_ms_per_heartbeat": 0.304, "cpu_share": 0.152,
+    {"fleets": 1, "workers": 125, "window_s": 60.06, "cpu_s": 25.98, "heartbeats": 12519.0,
+     "heartbeats_per_s": 208.5, "cpu_ms_per_heartbeat": 2.0752, "cpu_share": 0.4326,
      "connections_to_control_planes": 3}
 
 ``cpu_share`` is the fleets' CPU time over the window (1.0: one core busy);
@@ -16,9 +16,11 @@ time (user + system, children excluded, from ``/proc/<pid>/stat`` through psutil
 control planes' gRPC addresses at the end of the window. The heartbeats are
 every worker's, so run it on a cluster whose workers all live in the measured fleets::
 
-    STOCKADE_STATE_DIR=/tmp/fp/.stockade stockade up --workers 125 --fleet-size 125
-    STOCKADE_STATE_DIR=/tmp/fp/.stockade python -m ops.measure_fleet --window-s 60
-    STOCKADE_STATE_DIR=/tmp/fp/.stockade stockade down
+    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade up --workers 125 --fleet-size 125
+    STOCKADE_STATE_DIR=fleet-measure/.stockade python -m ops.measure_fleet --window-s 60
+    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade down
+
+docs/benchmarks.md ("A fleet's CPU per heartbeat") has the figures.
 """
 
 from __future__ import annotations
