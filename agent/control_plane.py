@@ -8,7 +8,8 @@ protobuf and makes every call a hedged one (:meth:`ControlPlaneClient.call_hedge
 preferred replica has until the caller's deadline to answer, and the next one is asked too
 once it has been silent for the hedge delay (:class:`HedgeDelay`: ``hedge_after_s``, or longer
 when every answer comes slowly, so an overloaded cluster is not sent each request two or three
-times over).
+times over). A fleet's workers share one client (:mod:`agent.fleet`), each with its own
+``home_key`` (its worker id), so each still asks its own home replica first.
 """
 
 from __future__ import annotations
@@ -132,14 +133,21 @@ class GrpcControlPlane:
     """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
 
     Args:
-        client: the failover client.
+        client: the failover client (a fleet's, shared by its workers, or the agent's own).
         hedge_after_s: the shortest time without an answer from one replica before the next
             one is asked too (the agent's ``heartbeat_timeout_s``; :class:`HedgeDelay`).
+        home_key: passed with every call (:meth:`ControlPlaneClient.call_hedged`): a shared
+            client's worker passes its id, so its calls go first to its own home replica and
+            the replica that answered it last; None: the client's own route (its
+            ``home_key``).
     """
 
-    def __init__(self, client: ControlPlaneClient, *, hedge_after_s: float) -> None:
+    def __init__(
+        self, client: ControlPlaneClient, *, hedge_after_s: float, home_key: str | None = None
+    ) -> None:
         self._client = client
         self.hedge = HedgeDelay(floor_s=hedge_after_s)
+        self._home_key = home_key
 
     async def _call(self, rpc: str, request: Any, deadline_s: float) -> Any:
         """Call ``rpc`` hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`) and
@@ -151,7 +159,11 @@ class GrpcControlPlane:
         """
         began = trio.current_time()
         reply = await self._client.call_hedged(
-            rpc, request, hedge_after_s=self.hedge.after_s(deadline_s), deadline_s=deadline_s
+            rpc,
+            request,
+            hedge_after_s=self.hedge.after_s(deadline_s),
+            deadline_s=deadline_s,
+            home_key=self._home_key,
         )
         self.hedge.answered(trio.current_time() - began)
         return reply

@@ -22,6 +22,30 @@ the leader should call; default the listen address) and ``control_planes`` (a li
 host:port that replaces the fleet's ``--control-planes`` for this worker) are optional.
 Unknown keys are refused, so a misspelt one does not pass silently.
 
+One connection per control plane: the workers send their control-plane calls (register,
+heartbeat, leave) over one shared :class:`runtime.client.ControlPlaneClient`, so the process
+holds one channel per control plane however many workers it hosts, not one per worker. Each
+worker's calls keep their own route through it (its home replica,
+:func:`runtime.client.home_index` of its id, and the replica that answered it last), their
+hedging and their deadlines; only the connections are shared. A worker whose spec lists the
+same control planes in another order (``stockade up`` rotates each worker's list) shares the
+client too, keeping the home its own list gives it. Over mutual TLS that client
+presents a *fleet certificate*: a client certificate with one URI SAN
+``spiffe://stockade/worker/<id>`` per worker the fleet hosts (``stockade certs issue --role
+worker --id fleet-1 --workers w-1,w-2,...``, :mod:`ops.certs`; ``stockade up --fleet-size K``
+issues one per fleet). A control plane lets such a caller speak for exactly the workers it
+names and refuses any other worker id (:func:`runtime.aio.require_worker`). Each worker still
+serves its Worker endpoint with its own certificate (``<id>.crt``), which the leader checks
+when it assigns. A fleet without a fleet certificate (``<certs-dir>/<fleet id>.crt`` absent)
+gives each worker a client of its own, with its own certificate, as a lone agent has; so does
+a worker whose spec names other control planes than the fleet's.
+
+Each worker keeps its own heartbeat loop (:class:`runtime.loops.Periodic`): trio already keeps
+every sleeping task's deadline in one ordered table and wakes the loop once per due time, so one
+scheduler task waking the workers would save nothing (the cost is the wake per due time, not
+the number of timers; docs/benchmarks.md, "A fleet's CPU per heartbeat") and would have to copy
+the loop's rules on intervals, overruns and restart holds next to the self-fence.
+
 One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
 written), the whole fleet stops every job of every worker and exits with an error naming the
 worker. An operator's process manager (or ``stockade up``) then starts the fleet again.
@@ -38,10 +62,12 @@ from typing import Any
 import attrs
 import trio
 
+from agent.control_plane import GrpcControlPlane
 from agent.core import Agent
 from agent.main import run_agent, serve_until_signal
 from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, oom, priority
+from runtime.client import ControlPlaneClient, home_index
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
 from runtime.tls import TlsFiles
@@ -55,6 +81,7 @@ __all__ = [
     "main",
     "parse_fleet_spec",
     "run_fleet",
+    "shared_client",
 ]
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
@@ -304,21 +331,57 @@ def fleet_settings(
     return settings
 
 
+def shared_client(
+    workers: Sequence[AgentSettings], *, control_planes: Sequence[str], tls: TlsFiles | None
+) -> ControlPlaneClient:
+    """The one control-plane client a fleet's workers share (see the module docstring).
+
+    Args:
+        workers: the fleet's workers; the client's per-call deadline is the shortest
+            ``heartbeat_timeout_s`` among them (each worker's calls are hedged and bounded by
+            its own settings all the same).
+        control_planes: the fleet's control-plane addresses; a worker with other addresses
+            (not merely another order) keeps a client of its own (:func:`run_fleet`).
+        tls: the fleet certificate's files (a client certificate naming every worker it
+            hosts); None: plaintext (``--insecure``).
+
+    Raises:
+        InvalidArgument: ``control_planes`` is empty or malformed.
+    """
+    return ControlPlaneClient(
+        control_planes,
+        timeout_s=min((w.heartbeat_timeout_s for w in workers), default=2.0),
+        tls=tls,
+    )
+
+
 async def _host(
     settings: AgentSettings,
     start_limiter: StartLimiter,
     leave_turns: trio.CapacityLimiter,
     spawner: Spawner,
+    client: ControlPlaneClient | None,
     *,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one worker's agent with its id bound to every log line of its tasks."""
+    """Run one worker's agent with its id bound to every log line of its tasks, calling the
+    control planes through ``client`` when it is given and reaches the worker's control
+    planes, in any order (else through a client of its own)."""
     # Each trio task runs in a copy of its parent's context: this binding reaches this
     # agent's tasks (and the tasks they start) and no other worker's.
     log.bind(worker_id=settings.worker_id)
+    control_plane = None
+    own = list(settings.control_planes)
+    if client is not None and sorted(client.addresses) == sorted(own):
+        # The home a client of its own would give it: the home_index of its id in its list.
+        client.add_route(settings.worker_id, home=own[home_index(settings.worker_id, len(own))])
+        control_plane = GrpcControlPlane(
+            client, hedge_after_s=settings.heartbeat_timeout_s, home_key=settings.worker_id
+        )
     try:
         await run_agent(
             settings,
+            control_plane=control_plane,
             start_limiter=start_limiter,
             leave_turns=leave_turns,
             spawner=spawner,
@@ -332,6 +395,7 @@ async def run_fleet(
     workers: Sequence[AgentSettings],
     *,
     spread_s: float | None = None,
+    client: ControlPlaneClient | None = None,
     task_status: trio.TaskStatus[list[Agent]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run every worker's agent until cancelled; the asyncio bridge must already be open.
@@ -355,6 +419,9 @@ async def run_fleet(
         workers: one settings object per worker.
         spread_s: seconds over which the starts are spread; None: the longest
             ``heartbeat_interval_s`` of the workers; 0: all at once.
+        client: the client the workers share (:func:`shared_client`; the caller closes it):
+            every worker whose ``control_planes`` are its addresses, in any order, calls
+            through it; None: each worker makes its own.
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
@@ -372,20 +439,28 @@ async def run_fleet(
             agents = []
             for index, settings in enumerate(workers):
                 await trio.sleep_until(began + index * step_s)
-                agents.append(await nursery.start(_host, settings, start_limiter, leave_turns, spawner))
+                agents.append(
+                    await nursery.start(_host, settings, start_limiter, leave_turns, spawner, client)
+                )
             logger.info("every worker's agent is serving", workers=len(agents), spread_s=spread_s)
             task_status.started(agents)
 
 
-async def _serve_fleet(workers: Sequence[AgentSettings], agents: list[Agent]) -> None:
-    async with trio.open_nursery() as nursery:
-        agents.extend(await nursery.start(run_fleet, workers))
+async def _serve_fleet(
+    workers: Sequence[AgentSettings], client: ControlPlaneClient | None, agents: list[Agent]
+) -> None:
+    try:
+        async with trio.open_nursery() as nursery:
+            agents.extend(await nursery.start(partial(run_fleet, workers, client=client)))
+    finally:
+        if client is not None:
+            client.close()  # every worker has left (or given up): nothing calls it any more
 
 
-async def _run_until_signal(workers: Sequence[AgentSettings]) -> None:
+async def _run_until_signal(workers: Sequence[AgentSettings], client: ControlPlaneClient | None) -> None:
     logger = log.get("fleet")
     await serve_until_signal(
-        partial(_serve_fleet, workers),
+        partial(_serve_fleet, workers, client),
         logger=logger,
         message="stopping: signal received, stopping every worker's jobs",
     )
@@ -396,6 +471,8 @@ def main(
     workers: Sequence[AgentSettings],
     *,
     fleet_id: str,
+    control_planes: Sequence[str] = (),
+    fleet_tls: TlsFiles | None = None,
     json_logs: bool = False,
     log_level: str = "INFO",
     metrics_port: int | None = None,
@@ -412,6 +489,10 @@ def main(
     Args:
         workers: one settings object per worker (:func:`fleet_settings`).
         fleet_id: this process's id, bound to every log line (``fleet_id``).
+        control_planes: the fleet's control-plane addresses: the workers that use these
+            share one client (:func:`shared_client`); empty: each worker has its own.
+        fleet_tls: the fleet certificate's files (mutual TLS); None with workers that use
+            TLS: no shared client, each worker calls with its own certificate.
         json_logs: JSON-lines logs on stderr instead of console lines.
         log_level: the lowest level logged.
         metrics_port: serve the process's Prometheus metrics on the workers' listen host's
@@ -431,8 +512,17 @@ def main(
     if metrics_port:
         metrics.serve(metrics_port, workers[0].listen_host if workers else "127.0.0.1")
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
+    secure = any(w.tls is not None for w in workers)
+    client = None
+    if control_planes and (fleet_tls is not None or not secure):
+        client = shared_client(workers, control_planes=control_planes, tls=fleet_tls)
+    log.get("fleet").info(
+        "control-plane connections",
+        shared=client is not None,
+        fleet_certificate=None if fleet_tls is None else str(fleet_tls.cert_path),
+    )
     try:
-        trio.run(_run_until_signal, workers)
+        trio.run(_run_until_signal, workers, client)
     except BaseExceptionGroup as group:
         matched, _ = group.split(WorkerFailed)
         if matched is None:

@@ -21,6 +21,13 @@ people reading it (``CN=<id>, OU=<role>, O=stockade``). Roles (:data:`ROLES`):
 - ``control-plane``: a replica; serves and calls, so both server and client auth; SANs DNS
   ``localhost``, IP ``127.0.0.1`` and any given hosts.
 - ``worker``: an agent; serves the Worker service and calls the control planes; same SANs.
+- ``worker`` with ``workers`` (a *fleet certificate*, ``stockade certs issue --role worker
+  --id fleet-1 --workers w-1,w-2``): the client certificate of a fleet process
+  (:mod:`agent.fleet`), which sends the control-plane calls of every worker it hosts over one
+  connection per control plane. Client auth only, no hosts, one URI SAN
+  ``spiffe://stockade/worker/<worker id>`` per worker named and no other, ``CN=<id>``. A
+  control plane lets it speak for exactly those workers; no client takes it for a server (each
+  hosted worker keeps its own certificate for its Worker endpoint).
 - ``operator``, ``viewer``: CLI clients (client auth only, no hosts): an operator may submit
   and cancel jobs and read everything, a viewer only read (``actors.ingest.CONTROL_PLANE_ACCESS``).
 
@@ -33,7 +40,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -45,7 +52,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
-from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, KeyFileExposed, check_key_private
+from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, KeyFileExposed, check_key_private, fleet_identity
 
 __all__ = [
     "CLIENT_ROLES",
@@ -240,11 +247,18 @@ def init_cluster(cert_dir: Path, settings: CertSettings | None = None) -> list[I
 
 
 def ensure_issued(
-    cert_dir: Path, identities: Sequence[tuple[str, str]], settings: CertSettings | None = None
+    cert_dir: Path,
+    identities: Sequence[tuple[str, str]],
+    settings: CertSettings | None = None,
+    *,
+    fleets: Mapping[str, Sequence[str]] | None = None,
 ) -> list[IssuedCert]:
     """Make sure ``cert_dir`` has a CA and a certificate and key for each ``(role, id)`` of
-    ``identities``: create the CA if the folder has none, issue what is missing, keep what is
-    there (``stockade up`` calls this on every start, so a new cluster needs no extra step).
+    ``identities``, and a fleet certificate for each fleet id of ``fleets`` naming the worker
+    ids it maps to (:func:`issue` with ``workers``; a fleet of one worker gets none: its worker's
+    own certificate serves): create the CA if the folder has none, issue what is missing, keep
+    what is there (``stockade up`` calls this on every start, so a new cluster needs no extra
+    step).
 
     Returns:
         What was created now (the CA first, if it was), in ``identities`` order.
@@ -260,10 +274,12 @@ def ensure_issued(
     done = []
     if not (where.ca_cert.exists() or where.ca_key.exists()):
         done.append(_create_ca(cert_dir, settings))
-    for role, id in identities:
+    wanted: list[tuple[str, str, Sequence[str]]] = [(role, id, ()) for role, id in identities]
+    wanted += [("worker", id, workers) for id, workers in (fleets or {}).items() if len(workers) > 1]
+    for role, id, workers in wanted:
         if where.cert(id).exists() and where.key(id).exists():
             continue
-        done.append(issue(cert_dir, role=role, id=id, settings=settings))
+        done.append(issue(cert_dir, role=role, id=id, workers=workers, settings=settings))
     return done
 
 
@@ -311,6 +327,7 @@ def issue(
     role: str,
     id: str,
     hosts: Sequence[str] = (),
+    workers: Sequence[str] = (),
     settings: CertSettings | None = None,
 ) -> IssuedCert:
     """Issue a certificate and a new key for ``role``/``id``, signed by the folder's CA.
@@ -322,10 +339,15 @@ def issue(
         id: the holder's id (:func:`runtime.identifiers.check_id`).
         hosts: IP addresses or host names the holder serves on, besides :data:`DEFAULT_HOSTS`;
             server roles only.
+        workers: the worker ids a fleet certificate may speak for (role ``worker`` only, at
+            least two, each a valid id, no repeats): the certificate is then a client one
+            carrying one worker URI SAN per id (module docstring); empty: an ordinary one.
         settings: validity periods (defaults: :class:`CertSettings`).
 
     Raises:
-        InvalidArgument: unknown role, bad id, bad host, or hosts given to a client role.
+        InvalidArgument: unknown role, bad id, bad host, hosts given to a client role, or
+            ``workers`` given to another role than ``worker``, with hosts, fewer than two,
+            repeated or malformed.
         CertificateAuthorityMissing: no CA in ``cert_dir``.
         KeyFileExposed: the CA key is readable by group or others.
         CertificateExists: ``<id>.crt`` or ``<id>.key`` exists. Nothing is written on any error.
@@ -335,7 +357,10 @@ def issue(
     check_id(id, field="id")
     if hosts and role in CLIENT_ROLES:
         raise InvalidArgument("host", list(hosts), f"is only for {' and '.join(SERVER_ROLES)} certificates")
-    wanted = [*DEFAULT_HOSTS, *hosts] if role in SERVER_ROLES else []
+    fleet = bool(workers)
+    if fleet:
+        _check_fleet_workers(role, workers, hosts)
+    wanted = [*DEFAULT_HOSTS, *hosts] if role in SERVER_ROLES and not fleet else []
     names: list[x509.GeneralName] = []
     for host in wanted:
         entry = parse_host(host)
@@ -352,11 +377,11 @@ def issue(
     ca_key = serialization.load_pem_private_key(where.ca_key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise NotAStockadeCertificate(f"{where.ca_key} is not an EC private key")
-    identity = CertIdentity(role=role, id=id)
+    identity = CertIdentity(role=role, id=id, workers=frozenset(workers))
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    if role in SERVER_ROLES:
+    if role in SERVER_ROLES and not fleet:
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
     cert = (
         x509.CertificateBuilder()
@@ -380,7 +405,7 @@ def issue(
         .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
-            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri), *names]),
+            x509.SubjectAlternativeName([*map(x509.UniformResourceIdentifier, identity.uris), *names]),
             critical=False,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -399,6 +424,27 @@ def issue(
     )
 
 
+def _check_fleet_workers(role: str, workers: Sequence[str], hosts: Sequence[str]) -> None:
+    """Refuse ``workers`` that cannot make a fleet certificate (see :func:`issue`).
+
+    Raises:
+        InvalidArgument: naming the field, the value and the rule.
+    """
+    if role != "worker":
+        raise InvalidArgument("workers", list(workers), f"is only for worker certificates, not {role}")
+    if hosts:
+        raise InvalidArgument("host", list(hosts), "is not for a fleet certificate (a client one)")
+    if len(workers) < 2:
+        raise InvalidArgument(
+            "workers", list(workers), "must name at least two workers (one: issue that worker's own)"
+        )
+    for worker_id in workers:
+        check_id(worker_id, field="workers")
+    repeated = sorted({w for w in workers if list(workers).count(w) > 1})
+    if repeated:
+        raise InvalidArgument("workers", repeated[0], "is named twice")
+
+
 # ---------------------------------------------------------------------------- reading
 
 
@@ -408,16 +454,28 @@ def identity_of(cert: x509.Certificate) -> CertIdentity:
     (Servers read a peer's identity from its verified certificate with
     :func:`runtime.tls.identity_of_peercert`, which applies the same rule.)
 
+    A fleet certificate (several URIs, each ``spiffe://stockade/worker/<id>``) names a fleet
+    identity (:func:`runtime.tls.fleet_identity`: the workers, and its common name as id).
+
     Raises:
         NotAStockadeCertificate: not exactly one URI (another trust domain's counts: a server
-            would name no identity either), or one that is not ``spiffe://stockade/...``, or
-            whose role or id breaks the rules.
+            would name no identity either) nor a fleet certificate's, or one that is not
+            ``spiffe://stockade/...``, or whose role or id breaks the rules.
     """
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         uris = list(san.get_values_for_type(x509.UniformResourceIdentifier))
     except x509.ExtensionNotFound:
         uris = []
+    common_names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    fleet = fleet_identity(uris, str(common_names[0].value) if common_names else "")
+    if fleet is not None:
+        try:
+            for worker_id in fleet.workers:
+                check_id(worker_id, field="id")
+        except InvalidArgument as exc:
+            raise NotAStockadeCertificate(f"fleet certificate: {exc}") from exc
+        return fleet
     if len(uris) != 1 or not uris[0].startswith(URI_PREFIX):
         raise NotAStockadeCertificate(
             f"a Stockade certificate names exactly one URI, {URI_PREFIX}<role>/<id>; this one has "

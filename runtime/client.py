@@ -15,7 +15,11 @@ immediate retries would only feed its overload.
 Clients given a ``home_key`` (the agent, with its worker id) start at a home replica drawn
 from a stable hash of the key (:func:`home_index`), so workers spread their heartbeats and
 registrations over every replica instead of all asking the first; a client that moved on from
-a slow or dead home goes home again after ``home_return_s`` (:meth:`ControlPlaneClient._start_index`).
+a slow or dead home goes home again after ``home_return_s`` (:class:`_Route`). A client shared
+by many workers (a fleet process, :mod:`agent.fleet`) passes each call's ``home_key`` instead
+(:meth:`ControlPlaneClient.call_hedged`, with a home set by :meth:`ControlPlaneClient.add_route`
+when the worker's own list orders the replicas otherwise): each key then has its own home and
+its own preferred replica, as if it had a client of its own, over the same channels.
 
 The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead,
 and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica is not
@@ -123,6 +127,50 @@ def with_idempotency_key(request: T) -> T:
 
 
 @attrs.define
+class _Route:
+    """Which replica a walk asks first, for one client or for one ``home_key`` of a shared one.
+
+    The rule: the replica that answered last is asked first, except that a route with a home
+    replica goes home again once ``home_return_s`` has passed since it moved away. Moving away
+    (another replica answered) starts the clock; after ``home_return_s`` the next walk starts
+    at home, and an answer from home ends the stay away; a home still slow or down is hedged
+    (or skipped) as any replica is, which moves the route away again and starts the clock
+    anew. So a replica that comes back gets its share of the load within ``home_return_s``,
+    and one that stays slow costs each of its routes one hedged call per ``home_return_s``.
+    """
+
+    home: int | None
+    """Index of the home replica; None: no home (start at 0, stay where answered)."""
+    home_return_s: float
+    preferred: int = 0
+    left_home_at: float | None = None
+    """Trio time when a replica other than home last took over as the preferred one."""
+
+    def __attrs_post_init__(self) -> None:
+        self.preferred = self.home or 0
+
+    def start_index(self) -> int:
+        """The replica a walk asks first (see the class docstring)."""
+        if (
+            self.home is not None
+            and self.preferred != self.home
+            and self.left_home_at is not None
+            and trio.current_time() - self.left_home_at >= self.home_return_s
+        ):
+            self.preferred = self.home
+            self.left_home_at = None
+        return self.preferred
+
+    def answered_by(self, index: int) -> None:
+        """Replica ``index`` answered: it is asked first from now on."""
+        if index == self.home:
+            self.left_home_at = None  # home again
+        elif self.left_home_at is None:
+            self.left_home_at = trio.current_time()  # moved away: the clock starts
+        self.preferred = index
+
+
+@attrs.define
 class _Walk:
     """What one walk of the replicas got: an answer, or how each replica failed."""
 
@@ -189,46 +237,64 @@ class ControlPlaneClient:
         self.busy_backoff = busy_backoff
         self._rng = rng or random.Random()
         self._channels: dict[str, GrpcChannel] = {}
-        self._home = None if home_key is None else home_index(home_key, len(self.addresses))
         self._home_return_s = home_return_s
-        self._preferred = self._home or 0
-        self._left_home_at: float | None = None
-        """Trio time when a replica other than home last took over as the preferred one."""
+        self._route = self._new_route(home_key)
+        self._routes: dict[str, _Route] = {}
+        """The route of each ``home_key`` passed per call (a shared client's workers)."""
         self._tls_target = None if tls is None else ClientTls(tls).target(ANY_CONTROL_PLANE)
+
+    def _new_route(self, home_key: str | None) -> _Route:
+        home = None if home_key is None else home_index(home_key, len(self.addresses))
+        return _Route(home=home, home_return_s=self._home_return_s)
+
+    def add_route(self, home_key: str, *, home: str | None = None) -> str:
+        """Set up the route of calls made with ``home_key`` and return its home replica's
+        address: ``home`` when given, else :func:`home_index` of the key among this client's
+        addresses. A shared client's worker whose own list orders the replicas otherwise (the
+        local launcher rotates each worker's list) passes the home its own list gives it, so
+        it keeps the home it would have with a client of its own. Calls with a ``home_key``
+        never set up here take the default home.
+
+        Raises:
+            InvalidArgument: ``home`` is not one of this client's addresses.
+        """
+        if home is None:
+            route = self._new_route(home_key)
+        elif home in self.addresses:
+            route = _Route(home=self.addresses.index(home), home_return_s=self._home_return_s)
+        else:
+            raise InvalidArgument("home", home, f"must be one of the client's addresses {self.addresses}")
+        self._routes[home_key] = route
+        assert route.home is not None
+        return self.addresses[route.home]
+
+    def _route_of(self, home_key: str | None) -> _Route:
+        """The route of calls made for ``home_key`` (None: the client's own)."""
+        if home_key is None:
+            return self._route
+        route = self._routes.get(home_key)
+        if route is None:
+            route = self._routes[home_key] = self._new_route(home_key)
+        return route
 
     @property
     def home(self) -> str | None:
         """The home replica's address (None: the client has no ``home_key``)."""
-        return None if self._home is None else self.addresses[self._home]
+        return None if self._route.home is None else self.addresses[self._route.home]
+
+    def home_of(self, home_key: str) -> str:
+        """The home replica's address of calls made with ``home_key`` (:meth:`add_route`)."""
+        home = self._route_of(home_key).home
+        assert home is not None
+        return self.addresses[home]
 
     def _start_index(self) -> int:
-        """The replica a walk asks first: the one that answered last, except that a client with
-        a home replica goes home again once ``home_return_s`` has passed since it moved away.
-
-        The rule: moving away (another replica answered) starts the clock; after
-        ``home_return_s`` the next walk starts at home, and an answer from home ends the stay
-        away; a home still slow or down is hedged (or skipped) as any replica is, which moves
-        the client away again and starts the clock anew. So a replica that comes back gets
-        its share of the load within ``home_return_s``, and one that stays slow costs each of
-        its clients one hedged call per ``home_return_s``.
-        """
-        if (
-            self._home is not None
-            and self._preferred != self._home
-            and self._left_home_at is not None
-            and trio.current_time() - self._left_home_at >= self._home_return_s
-        ):
-            self._preferred = self._home
-            self._left_home_at = None
-        return self._preferred
+        """The replica the client's own walks ask first (:meth:`_Route.start_index`)."""
+        return self._route.start_index()
 
     def _answered_by(self, index: int) -> None:
-        """Replica ``index`` answered: it is asked first from now on (see :meth:`_start_index`)."""
-        if index == self._home:
-            self._left_home_at = None  # home again
-        elif self._left_home_at is None:
-            self._left_home_at = trio.current_time()  # moved away: the clock starts
-        self._preferred = index
+        """Replica ``index`` answered the client's own walk (:meth:`_Route.answered_by`)."""
+        self._route.answered_by(index)
 
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)
@@ -333,11 +399,19 @@ class ControlPlaneClient:
             return walk
         return walk
 
-    async def call_hedged(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> Any:
+    async def call_hedged(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        hedge_after_s: float,
+        deadline_s: float,
+        home_key: str | None = None,
+    ) -> Any:
         """Call ``rpc`` with ``request``, asking the next replica too while the first is slow.
 
         The preferred replica (the last that answered, or the home replica:
-        :meth:`_start_index`) gets the request first, with a deadline
+        :class:`_Route`; of ``home_key`` when given) gets the request first, with a deadline
         of ``deadline_s``. Whenever ``hedge_after_s`` has passed without an answer, the same
         request also goes to the next replica, without cancelling what is in flight; an attempt
         that fails (a refused connection, UNAVAILABLE, busy) sends it to the next replica at
@@ -356,6 +430,9 @@ class ControlPlaneClient:
             request: its request message.
             hedge_after_s: seconds without an answer before the next replica is asked too.
             deadline_s: seconds after which the call gives up, every attempt included.
+            home_key: the key whose route this call takes (a shared client passes each
+                worker's id: its home replica is :func:`home_index` of it, and which replica
+                answered it last is kept per key); None: the client's own route.
 
         A mutating request gets its idempotency key here, once for every copy
         (:func:`with_idempotency_key`).
@@ -368,19 +445,31 @@ class ControlPlaneClient:
                 same).
         """
         request = with_idempotency_key(request)
-        walk = await self._hedged_walk(rpc, request, hedge_after_s=hedge_after_s, deadline_s=deadline_s)
+        walk = await self._hedged_walk(
+            rpc, request, hedge_after_s=hedge_after_s, deadline_s=deadline_s, route=self._route_of(home_key)
+        )
         if walk.answered:
             return walk.reply
         raise self._unreachable(walk)
 
-    async def _hedged_walk(self, rpc: str, request: Any, *, hedge_after_s: float, deadline_s: float) -> _Walk:
-        """One hedged walk of the replicas (see :meth:`call_hedged`).
+    async def _hedged_walk(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        hedge_after_s: float,
+        deadline_s: float,
+        route: _Route | None = None,
+    ) -> _Walk:
+        """One hedged walk of the replicas (see :meth:`call_hedged`), on ``route`` (None: the
+        client's own).
 
         Raises:
             InvalidArgument, NotFound, RemoteError: a replica refused the request itself.
         """
+        route = route or self._route
         count = len(self.addresses)
-        start = self._start_index()
+        start = route.start_index()
         order = [(start + step) % count for step in range(count)]
         deadline = trio.current_time() + deadline_s
         walk = _Walk()
@@ -408,7 +497,7 @@ class ControlPlaneClient:
                 return
             in_flight.discard(address)
             if not walk.answered and not refusal:
-                self._answered_by(index)
+                route.answered_by(index)
                 walk.answer(reply)
             cancel_all.cancel()
 
@@ -550,7 +639,7 @@ class ControlPlaneClient:
     @property
     def last_answered(self) -> str:
         """The address that answered last (or the first one, before any call)."""
-        return self.addresses[self._preferred]
+        return self.addresses[self._route.preferred]
 
     def close(self) -> None:
         """Close every channel."""

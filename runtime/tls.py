@@ -5,7 +5,11 @@ Identity: every certificate the cluster CA issues (``stockade certs``, :mod:`ops
 carries exactly one URI subject alternative name ``spiffe://stockade/<role>/<id>`` (the SPIFFE
 ID form, https://spiffe.io/docs/latest/spiffe-about/spiffe-concepts/#spiffe-id), read back by
 :func:`identity_of_peercert`. Roles (:data:`ROLES`): ``control-plane``, ``worker``,
-``operator``, ``viewer``.
+``operator``, ``viewer``. One exception: a *fleet certificate* (a client certificate of a
+process hosting many workers, :mod:`agent.fleet`) carries one ``spiffe://stockade/worker/<id>``
+URI per worker it may speak for, and nothing else; it names a fleet identity
+(:attr:`Identity.workers`), which a control plane lets speak for those workers only and which
+no client accepts as a server.
 
 Servers (a control plane's ControlPlane service, an agent's Worker service) require a client
 certificate signed by the CA (``CERT_REQUIRED``) and decide per RPC what the caller's role may
@@ -31,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import ssl
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,7 @@ __all__ = [
     "check_key_private",
     "describe_tls_error",
     "expected_server_name",
+    "fleet_identity",
     "identity_of_peercert",
     "parse_identity_uri",
     "server_context",
@@ -100,17 +106,43 @@ class PeerIdentityMismatch(ssl.SSLCertVerificationError):
 @attrs.frozen
 class Identity:
     """Who holds a certificate: ``role`` (one of :data:`ROLES`) and ``id`` (``cp-1``, ``w-7``,
-    ``operator``)."""
+    ``operator``); for a fleet certificate also the ``workers`` it names."""
 
     role: str
     id: str
+    workers: frozenset[str] = frozenset()
+    """A fleet certificate's worker ids (role ``worker``, one URI SAN each; its ``id`` is then
+    the subject's common name, e.g. ``fleet-1``, shown in messages and never checked); empty
+    for every other certificate."""
 
     @property
     def uri(self) -> str:
-        """``spiffe://stockade/<role>/<id>``."""
+        """``spiffe://stockade/<role>/<id>`` (a fleet certificate's are :attr:`uris`)."""
         return f"{URI_PREFIX}{self.role}/{self.id}"
 
+    @property
+    def uris(self) -> tuple[str, ...]:
+        """Every URI SAN the certificate carries: :attr:`uri`, or a fleet certificate's one
+        ``spiffe://stockade/worker/<id>`` per worker, in id order."""
+        if not self.workers:
+            return (self.uri,)
+        return tuple(f"{URI_PREFIX}{WORKER}/{w}" for w in sorted(self.workers))
+
+    @property
+    def is_fleet(self) -> bool:
+        """Whether this is a fleet certificate's identity (a client only, never a server)."""
+        return bool(self.workers)
+
+    def speaks_for(self, worker_id: str) -> bool:
+        """Whether the holder may speak as worker ``worker_id``: a worker certificate of that
+        id, or a fleet certificate naming it."""
+        if self.role != WORKER:
+            return False
+        return worker_id in self.workers if self.workers else self.id == worker_id
+
     def __str__(self) -> str:
+        if self.workers:
+            return f"{self.role}/{self.id} (a fleet certificate for {len(self.workers)} workers)"
         return f"{self.role}/{self.id}"
 
 
@@ -125,15 +157,37 @@ def parse_identity_uri(uri: str) -> Identity | None:
     return Identity(role=role, id=id)
 
 
+def fleet_identity(uris: Sequence[str], common_name: str) -> Identity | None:
+    """The fleet identity that ``uris`` (a certificate's URI SANs, at least two) name, or None
+    when they name none: each must be a distinct ``spiffe://stockade/worker/<id>`` (any other
+    role, trust domain or a repeated worker and the certificate names no identity at all).
+    ``common_name`` (the subject's CN) becomes its ``id``, shown in messages only."""
+    if len(uris) < 2:
+        return None
+    workers = set()
+    for uri in uris:
+        named = parse_identity_uri(uri)
+        if named is None or named.role != WORKER or named.id in workers:
+            return None
+        workers.add(named.id)
+    return Identity(role=WORKER, id=common_name or "fleet", workers=frozenset(workers))
+
+
 def identity_of_peercert(peercert: dict[str, Any] | None) -> Identity | None:
     """The identity in a verified peer certificate as :meth:`ssl.SSLObject.getpeercert` gives
     it (``{"subjectAltName": (("URI", "spiffe://..."), ...), ...}``); None when there is no
-    certificate, or it carries not exactly one URI, or that URI is no Stockade identity (a
-    certificate also naming another trust domain's identity names none here)."""
+    certificate, or its URIs are neither exactly one Stockade identity nor a fleet
+    certificate's worker URIs (:func:`fleet_identity`); a certificate also naming another trust
+    domain's identity names none here."""
     if not peercert:
         return None
     uris = [value for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"]
-    return parse_identity_uri(uris[0]) if len(uris) == 1 else None
+    if len(uris) == 1:
+        return parse_identity_uri(uris[0])
+    common_name = next(
+        (value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"), ""
+    )
+    return fleet_identity(uris, common_name)
 
 
 def check_key_private(path: Path) -> None:
@@ -251,8 +305,14 @@ class Expected:
     id: str | None = None
 
     def admits(self, identity: Identity | None) -> bool:
-        """Whether ``identity`` is one this expectation accepts."""
-        return identity is not None and identity.role == self.role and self.id in (None, identity.id)
+        """Whether ``identity`` is one this expectation accepts (never a fleet certificate's:
+        it is a client's only, and serves no worker)."""
+        return (
+            identity is not None
+            and not identity.is_fleet
+            and identity.role == self.role
+            and self.id in (None, identity.id)
+        )
 
     def __str__(self) -> str:
         return self.role if self.id is None else f"{self.role}/{self.id}"

@@ -41,6 +41,8 @@ def _cert_dir(option: Path | None) -> Path:
 
 def _issued_line(done: IssuedCert) -> str:
     who = "cluster CA" if done.identity is None else f"{done.identity.role} {done.identity.id}"
+    if done.identity is not None and done.identity.workers:
+        who += f" (fleet certificate for {len(done.identity.workers)} workers)"
     return (
         f"{who}: {shown_path(done.cert_path)}, key {shown_path(done.key_path)} "
         f"(valid until {done.not_valid_after:%Y-%m-%d %H:%M} UTC)"
@@ -70,9 +72,18 @@ def certs_issue(
         list[str] | None,
         typer.Option("--host", help="An IP address or host name it serves on (repeatable; servers only)."),
     ] = None,
+    workers: Annotated[
+        str,
+        typer.Option(
+            help="A fleet certificate: the worker ids, w-1,w-2,..., that the fleet process --id "
+            "may speak for to the control planes (role worker; a client certificate only).",
+        ),
+    ] = "",
     directory: DirOption = None,
 ) -> None:
-    """Issue a certificate and key for one control plane, worker or client, signed by the CA."""
+    """Issue a certificate and key for one control plane, worker or client, signed by the CA.
+
+    With --workers, a fleet's client certificate naming every worker it hosts."""
     from ops.certs import (
         CertificateAuthorityMissing,
         CertificateExists,
@@ -82,7 +93,8 @@ def certs_issue(
     )
 
     try:
-        done = issue(_cert_dir(directory), role=role, id=id, hosts=host or ())
+        worker_ids = [w.strip() for w in workers.split(",") if w.strip()]
+        done = issue(_cert_dir(directory), role=role, id=id, hosts=host or (), workers=worker_ids)
     except (InvalidArgument, CertificateAuthorityMissing, CertificateExists) as exc:
         fail(str(exc), EXIT_INVALID)
     except (KeyFileExposed, NotAStockadeCertificate) as exc:

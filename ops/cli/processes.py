@@ -38,6 +38,7 @@ from runtime.settings import (
     PlacerSettings,
     ReconcilerSettings,
 )
+from runtime.tls import TlsFiles
 
 _INGEST = IngestSettings()
 _LEASE = LeaseSettings()
@@ -122,6 +123,45 @@ def _check_tls_files(folder: Path | None, role: str, ids: list[str], what: str) 
                     f"certificate is bound to one id (issue one with `stockade certs issue --role "
                     f"{role} --id {id}`)"
                 )
+
+
+def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]) -> TlsFiles | None:
+    """The fleet certificate's files, ``<folder>/<fleet_id>.crt`` and ``.key``, checked: present
+    (None when the certificate is absent, or with --insecure), the key private, and a fleet
+    certificate that names every worker of ``worker_ids``.
+
+    Raises:
+        typer.Exit: the key is missing or readable by others, or the certificate is no fleet
+            certificate or leaves a hosted worker out (one line, exit 1).
+    """
+    from ops.certs import NotAStockadeCertificate, describe
+
+    if folder is None:
+        return None
+    files = TlsFiles.in_dir(folder, fleet_id)
+    if not files.cert_path.exists():
+        return None
+    with errors():
+        files.check()
+        try:
+            holder = describe(files.cert_path).identity
+        except NotAStockadeCertificate as exc:
+            fail(f"{files.cert_path}: {exc}")
+        if holder is None or not holder.is_fleet:
+            named = holder or "no Stockade identity"
+            fail(
+                f"{files.cert_path} is not a fleet certificate (it names {named}): "
+                f"issue one with `stockade certs issue --role worker --id {fleet_id} --workers "
+                f"{','.join(worker_ids)}`, or remove it for one connection per worker"
+            )
+        missing = [w for w in worker_ids if w not in holder.workers]
+        if missing:
+            fail(
+                f"{files.cert_path} does not name worker {missing[0]!r} ({len(missing)} of the "
+                f"fleet's {len(worker_ids)} workers are missing): re-issue it with --workers "
+                f"{','.join(worker_ids)}"
+            )
+    return files
 
 
 NiceOption = Annotated[
@@ -854,7 +894,11 @@ def fleet(
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
 
-    Each worker uses its own certificate, <certs-dir>/<id>.crt, as a lone agent does.
+    Each worker serves with its own certificate, <certs-dir>/<id>.crt, as a lone agent does.
+    The workers call the control planes over one connection per control plane, presenting the
+    fleet certificate <certs-dir>/<fleet id>.crt (stockade certs issue --role worker --id
+    <fleet id> --workers w-1,w-2,...), which must name every hosted worker; without that file
+    each worker calls with its own certificate, over connections of its own.
 
     Each worker keeps its own id, port, registration, heartbeats, work dir and agent.jsonl.
     When one worker's agent fails (its port is taken, ...) every worker's jobs are stopped
@@ -897,10 +941,13 @@ def fleet(
         check_oom_score_adj(oom_score_adj)
         resolve_unprivileged_user(job_user)  # refuse to start without the job user
     _check_tls_files(folder, "worker", [w.worker_id for w in workers], f"fleet {fleet_id}")
+    fleet_tls = _fleet_certificate(folder, fleet_id, [w.worker_id for w in workers])
     try:
         fleet_main(
             settings,
             fleet_id=fleet_id,
+            control_planes=named_addresses(control_planes),
+            fleet_tls=fleet_tls,
             json_logs=json_logs,
             metrics_port=metrics_port or None,
             nice=nice,

@@ -397,7 +397,8 @@ class LocalCluster:
 
     def _issue_certificates(self, config: ClusterConfig) -> None:
         """Make the cluster CA and the certificates of ``config``'s processes and clients that
-        are missing (:func:`ops.certs.ensure_issued`).
+        are missing, with a fleet certificate for each fleet of two or more workers
+        (:func:`ops.certs.ensure_issued`).
 
         Raises:
             ClusterError: a certificate could not be made (the message says which and why).
@@ -410,8 +411,11 @@ class LocalCluster:
             ("operator", "operator"),
             ("viewer", "viewer"),
         ]
+        # One client certificate per fleet, naming its workers: its workers call the control
+        # planes over one connection per control plane (agent.fleet).
+        fleets = {p.id: [w.id for w in config.workers_in(p.id)] for p in config.fleets}
         try:
-            ensure_issued(self.state.cert_dir, identities)
+            ensure_issued(self.state.cert_dir, identities, fleets=fleets)
         except StockadeError as exc:
             raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 

@@ -153,12 +153,15 @@ def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) ->
 
 
 def require_worker(rpc: str, worker_id: str) -> None:
-    """Refuse, on a mutual-TLS connection, a caller that is not the worker ``worker_id``
-    (its certificate's role must be ``worker`` and its id ``worker_id``); a plaintext
-    connection (a server run with ``--insecure``) is not checked.
+    """Refuse, on a mutual-TLS connection, a caller that may not speak as the worker
+    ``worker_id``: its certificate's role must be ``worker`` and it must name ``worker_id``,
+    as its one id or, a fleet certificate, among the workers it names
+    (:meth:`runtime.tls.Identity.speaks_for`); a plaintext connection (a server run with
+    ``--insecure``) is not checked.
 
     Raises:
-        PermissionDenied: the caller is another worker or has another role (logged and counted).
+        PermissionDenied: the caller is another worker, a fleet certificate not naming
+            ``worker_id``, or has another role (logged and counted).
     """
     caller = rpc_caller()
     if not caller.secure:
@@ -168,12 +171,19 @@ def require_worker(rpc: str, worker_id: str) -> None:
         raise refuse(
             rpc, "role", f"{rpc} needs the worker certificate of {worker_id!r}; the caller is {caller}"
         )
-    if identity.id != worker_id:
+    if identity.speaks_for(worker_id):
+        return
+    if identity.is_fleet:
         raise refuse(
             rpc,
             "id",
-            f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
+            f"{identity} may {rpc} only as one of the workers it names, not as {worker_id!r}",
         )
+    raise refuse(
+        rpc,
+        "id",
+        f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
+    )
 
 
 def rpc_deadline() -> float:

@@ -287,6 +287,94 @@ async def test_a_worker_may_register_and_heartbeat_only_as_itself(database_url: 
     assert all(e["address"].startswith("127.0.0.1:") for e in refused)
 
 
+async def test_a_fleet_certificate_speaks_for_the_workers_it_names_only(
+    database_url: str, certs: Path
+) -> None:
+    """fleet-1's certificate, naming w-1 and w-2, registers and heartbeats as each of them over
+    one connection; as w-3 (or as fleet-1 itself) it is refused naming the id (counted with
+    reason "id", logged with the peer), and no row for w-3 exists."""
+    certs_module.issue(certs, role="worker", id="fleet-1", workers=["w-1", "w-2"])
+    fleet = client_tls(certs, "fleet-1")
+    async with control_plane(database_url, certs) as address:
+        channel = GrpcChannel(address, tls=fleet)
+        stub = channel.stub(pb.ControlPlaneStub)
+        try:
+            incarnations = {}
+            for worker_id in ("w-1", "w-2"):
+                registered = await channel.call(
+                    stub.register_worker, registration(worker_id), timeout_s=CALL_TIMEOUT_S
+                )
+                incarnations[worker_id] = registered.incarnation
+                await channel.call(
+                    stub.heartbeat,
+                    pb.HeartbeatRequest(worker_id=worker_id, incarnation=registered.incarnation),
+                    timeout_s=CALL_TIMEOUT_S,
+                )
+            before = refusals("register_worker", "id"), refusals("heartbeat", "id")
+            with structlog.testing.capture_logs() as logs:
+                refused = []
+                for worker_id in ("w-3", "fleet-1"):
+                    with pytest.raises(PermissionDenied) as registering:
+                        await channel.call(
+                            stub.register_worker, registration(worker_id), timeout_s=CALL_TIMEOUT_S
+                        )
+                    refused.append(str(registering.value))
+                with pytest.raises(PermissionDenied) as beating:
+                    await channel.call(
+                        stub.heartbeat,
+                        pb.HeartbeatRequest(worker_id="w-3", incarnation=1),
+                        timeout_s=CALL_TIMEOUT_S,
+                    )
+        finally:
+            channel.close()
+        assert (refusals("register_worker", "id"), refusals("heartbeat", "id")) == (
+            before[0] + 2,
+            before[1] + 1,
+        )
+        assert await fetch(database_url, WORKER_IDS) == ["w-1", "w-2"]
+    assert all(i >= 1 for i in incarnations.values())
+    fleet_name = "worker/fleet-1 (a fleet certificate for 2 workers)"
+    assert refused == [
+        f"{address}: permission denied: {fleet_name} may register_worker only as one of the workers "
+        f"it names, not as {worker_id!r}"
+        for worker_id in ("w-3", "fleet-1")
+    ]
+    assert f"{fleet_name} may heartbeat only as one of the workers it names, not as 'w-3'" in str(
+        beating.value
+    )
+    assert [(e["rpc"], e["reason"], e["peer"]) for e in logs if e["event"] == "refused a call"] == [
+        ("register_worker", "id", fleet_name),
+        ("register_worker", "id", fleet_name),
+        ("heartbeat", "id", fleet_name),
+    ]
+
+
+async def test_a_fleet_certificate_does_not_pass_for_a_workers_server(tmp_path: Path, certs: Path) -> None:
+    """A Worker endpoint presenting a fleet certificate that names w-1 is refused by the
+    dispatcher as w-1's server: a fleet certificate is for client auth only (and no expectation
+    admits a fleet identity either, test_tls)."""
+    certs_module.issue(certs, role="worker", id="fleet-1", workers=["w-1", "w-2"])
+    calls = GrpcWorkerCalls(tls=ClientTls(TlsFiles.in_dir(certs, "cp-1")))
+    try:
+        async with asyncio_bridge(), trio.open_nursery() as nursery:
+            service = trio_service(pb.WorkerBase, object())
+            port = await nursery.start(
+                partial(
+                    serve_grpc,
+                    [service],
+                    "127.0.0.1",
+                    0,
+                    tls=server_context(TlsFiles.in_dir(certs, "fleet-1")),
+                )
+            )
+            with pytest.raises(HandshakeRefused) as raised:
+                await calls.assign(f"127.0.0.1:{port}", assign_request("w-1"), CALL_TIMEOUT_S)
+            nursery.cancel_scope.cancel()
+    finally:
+        calls.close()
+    assert str(raised.value).endswith("the server's certificate was refused: unsuitable certificate purpose")
+
+
 async def test_a_viewer_may_read_but_not_submit(database_url: str, certs: Path) -> None:
     """A viewer's submission is refused (PermissionDenied naming the role it needs, counted
     with reason "role") and no job is stored; the same viewer may read status and the job list."""

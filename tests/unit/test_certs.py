@@ -191,6 +191,44 @@ def test_issue_a_worker_with_hosts(cluster: CertDir) -> None:
     assert info.subject == "CN=w-7,OU=worker,O=stockade"
 
 
+def test_issue_a_fleet_certificate(cluster: CertDir) -> None:
+    """A fleet certificate names each of its workers in a URI SAN of its own and nothing else
+    (no host, no other URI), is for client auth only, and reads back as the fleet identity."""
+    done = issue(cluster.path, role="worker", id="fleet-9", workers=["w-91", "w-92", "w-93"])
+    info = describe(done.cert_path)
+    assert info.identity == CertIdentity(
+        role="worker", id="fleet-9", workers=frozenset({"w-91", "w-92", "w-93"})
+    )
+    assert info.uris == tuple(f"spiffe://stockade/worker/w-9{n}" for n in (1, 2, 3))
+    assert (info.dns_names, info.ip_addresses) == ((), ())
+    assert info.subject == "CN=fleet-9,OU=worker,O=stockade"
+    usages = load(done.cert_path).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"role": "operator", "id": "f-1", "workers": ["w-1", "w-2"]}, "workers"),
+        ({"role": "worker", "id": "f-2", "workers": ["w-1"]}, "workers"),
+        ({"role": "worker", "id": "f-3", "workers": ["w-1", "w-1"]}, "workers"),
+        ({"role": "worker", "id": "f-4", "workers": ["w-1", "w/2"]}, "workers"),
+        ({"role": "worker", "id": "f-5", "workers": ["w-1", "w-2"], "hosts": ["a.example"]}, "host"),
+    ],
+    ids=["not-a-worker", "one-worker", "repeated", "bad-id", "hosts"],
+)
+def test_issue_refuses_a_bad_fleet_certificate_and_writes_nothing(
+    cluster: CertDir, kwargs: dict, field: str
+) -> None:
+    """Workers for another role, fewer than two, repeated or malformed, or hosts beside them:
+    InvalidArgument naming the field, and no file."""
+    before = sorted(cluster.path.iterdir())
+    with pytest.raises(InvalidArgument) as caught:
+        issue(cluster.path, **kwargs)
+    assert caught.value.field == field
+    assert sorted(cluster.path.iterdir()) == before
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -251,6 +289,21 @@ def test_cli_init_twice_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_INVALID
     assert len(lines(result.output)) == 1
     assert "ca.crt" in result.output and "refusing to overwrite" in result.output
+
+
+def test_cli_issues_a_fleet_certificate_and_shows_its_workers(cluster: CertDir) -> None:
+    """issue --workers writes a fleet's client pair, saying so; show lists one URI per worker
+    and no host."""
+    runner = CliRunner()
+    args = ["certs", "issue", "--role", "worker", "--id", "fleet-7", "--workers", "w-71,w-72"]
+    result = runner.invoke(app, [*args, "--dir", str(cluster.path)])
+    assert result.exit_code == 0, result.output
+    assert lines(result.output)[0].startswith("worker fleet-7 (fleet certificate for 2 workers): ")
+    shown = runner.invoke(app, ["certs", "show", str(cluster.cert("fleet-7"))])
+    assert shown.exit_code == 0, shown.output
+    fields = dict(line.split(":", 1) for line in lines(shown.output))
+    assert fields["uris"].strip() == "spiffe://stockade/worker/w-71, spiffe://stockade/worker/w-72"
+    assert fields["dns names"].strip() == "-"
 
 
 def test_cli_issue_and_show(cluster: CertDir) -> None:

@@ -167,3 +167,63 @@ async def test_a_client_without_a_home_key_starts_at_the_first_and_stays_where_a
     await trio.sleep(3 * RETURN_S)
     await beat(client)
     assert len(a.calls) == 1 and client.home is None
+
+
+class SharedClient(HomedClient):
+    """A client shared by many workers (a fleet's): no home of its own, scripted replicas."""
+
+    def __init__(self, *replicas: Replica) -> None:
+        ControlPlaneClient.__init__(
+            self, [f"10.0.0.{n}:7000" for n in range(1, len(replicas) + 1)], home_return_s=RETURN_S
+        )
+        self.replicas = dict(zip(self.addresses, replicas, strict=True))
+
+
+async def beat_as(client: ControlPlaneClient, worker_id: str) -> None:
+    await client.call_hedged(
+        "heartbeat",
+        pb.HeartbeatRequest(worker_id=worker_id),
+        hedge_after_s=HEDGE_S,
+        deadline_s=DEADLINE_S,
+        home_key=worker_id,
+    )
+
+
+async def test_a_shared_client_sends_each_workers_call_to_that_workers_home(autojump_clock: Any) -> None:
+    """Through one shared client, a call made for a worker goes to that worker's home replica
+    first, and only there while it answers; each worker's home is home_of its id."""
+    replicas = [Replica("a"), Replica("b"), Replica("c")]
+    client = SharedClient(*replicas)
+    workers = [key_with_home(home, 3) for home in (0, 1, 2)]
+    for worker_id in workers:
+        await beat_as(client, worker_id)
+        await beat_as(client, worker_id)
+    assert [len(r.calls) for r in replicas] == [2, 2, 2]
+    assert [client.home_of(w) for w in workers] == client.addresses
+
+
+async def test_one_workers_move_away_from_its_home_does_not_move_another(autojump_clock: Any) -> None:
+    """Replica 0 freezes: the worker homed there moves on to replica 1 (hedged), while the
+    worker homed on replica 2 keeps asking replica 2 alone; each keeps its own route."""
+    frozen, other, third = Replica("a"), Replica("b"), Replica("c")
+    client = SharedClient(frozen, other, third)
+    at_0, at_2 = key_with_home(0, 3), key_with_home(2, 3)
+    frozen.delay_s = math.inf
+    await beat_as(client, at_0)  # hedged to replica 1 after HEDGE_S
+    await beat_as(client, at_0)  # now straight to replica 1
+    await beat_as(client, at_2)
+    assert (len(frozen.calls), len(other.calls), len(third.calls)) == (1, 2, 1)
+
+
+async def test_a_route_added_with_a_home_starts_there(autojump_clock: Any) -> None:
+    """A worker whose own list makes replica 2 its home, added so, is asked at replica 2 first
+    through the shared client, whatever home_index of its id among the client's order says;
+    a home the client does not know is refused, naming it."""
+    replicas = [Replica("a"), Replica("b"), Replica("c")]
+    client = SharedClient(*replicas)
+    worker_id = key_with_home(0, 3)
+    assert client.add_route(worker_id, home=client.addresses[2]) == client.addresses[2]
+    await beat_as(client, worker_id)
+    assert [len(r.calls) for r in replicas] == [0, 0, 1]
+    with pytest.raises(InvalidArgument, match=r"10\.9\.9\.9:7000"):
+        client.add_route(worker_id, home="10.9.9.9:7000")

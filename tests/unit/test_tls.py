@@ -113,6 +113,57 @@ def test_a_peer_certificate_without_exactly_one_identity_names_nobody(
     assert identity_of_peercert(peercert) is None
 
 
+def fleet_peercert(*uris: str, common_name: str = "fleet-1") -> dict[str, object]:
+    return {
+        "subject": ((("organizationName", "stockade"),), (("commonName", common_name),)),
+        "subjectAltName": tuple(("URI", uri) for uri in uris),
+    }
+
+
+def test_a_fleet_certificate_names_the_workers_it_may_speak_for() -> None:
+    """A peer certificate whose URIs are all worker identities names a fleet identity: the
+    workers, and its common name as id; it speaks for those workers and for no other id, its
+    common name included."""
+    identity = identity_of_peercert(
+        fleet_peercert("spiffe://stockade/worker/w-1", "spiffe://stockade/worker/w-2")
+    )
+    assert identity == Identity(role="worker", id="fleet-1", workers=frozenset({"w-1", "w-2"}))
+    assert identity is not None and identity.is_fleet
+    assert [identity.speaks_for(w) for w in ("w-1", "w-2", "w-3", "fleet-1")] == [True, True, False, False]
+    assert str(identity) == "worker/fleet-1 (a fleet certificate for 2 workers)"
+    assert identity.uris == ("spiffe://stockade/worker/w-1", "spiffe://stockade/worker/w-2")
+
+
+def test_a_single_worker_certificate_speaks_for_its_own_id_only() -> None:
+    """A worker's own certificate speaks for its id; no other role speaks for any worker."""
+    assert Identity(role="worker", id="w-1").speaks_for("w-1")
+    assert not Identity(role="worker", id="w-1").speaks_for("w-2")
+    assert not Identity(role="operator", id="w-1").speaks_for("w-1")
+
+
+@pytest.mark.parametrize(
+    "uris",
+    [
+        ("spiffe://stockade/worker/w-1", "spiffe://stockade/control-plane/cp-1"),
+        ("spiffe://stockade/worker/w-1", "spiffe://stockade/operator/operator"),
+        ("spiffe://stockade/worker/w-1", "spiffe://elsewhere/worker/w-2"),
+        ("spiffe://stockade/worker/w-1", "spiffe://stockade/worker/w-1"),
+    ],
+    ids=["with-a-control-plane", "with-an-operator", "foreign", "repeated"],
+)
+def test_several_uris_that_are_not_distinct_workers_name_nobody(uris: tuple[str, ...]) -> None:
+    """Only distinct Stockade worker URIs make a fleet certificate; any other mix names none."""
+    assert identity_of_peercert(fleet_peercert(*uris)) is None
+
+
+def test_no_expectation_admits_a_fleet_certificate_as_a_server() -> None:
+    """A fleet certificate is a client's only: not even the worker its common name or first
+    URI names accepts it as its server."""
+    fleet = Identity(role="worker", id="w-1", workers=frozenset({"w-1", "w-2"}))
+    assert not Expected("worker", "w-1").admits(fleet)
+    assert not Expected("worker").admits(fleet)
+
+
 def test_a_role_expectation_admits_every_id_of_that_role_only() -> None:
     """Any control plane will do for a control-plane address; a worker or no identity will
     not."""
