@@ -26,7 +26,9 @@ import attrs
 import betterproto2
 import grpclib.const
 import grpclib.exceptions
+import grpclib.protocol
 import grpclib.server
+import h2.settings
 import trio
 from betterproto2.grpclib import ServiceBase
 from grpclib.encoding.proto import ProtoCodec
@@ -530,9 +532,33 @@ def _snake_case(rpc: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
 
 
+MAX_CONCURRENT_STREAMS = 1000
+"""The most calls a client may have open at once on one connection (HTTP/2's
+``SETTINGS_MAX_CONCURRENT_STREAMS``; h2's default, which grpclib keeps, is 100). A fleet sends
+every hosted worker's calls over one connection per control plane (:mod:`agent.fleet`): 125
+workers registering at once, or hedged to a replica when theirs is slow, would otherwise queue
+on the client for a free stream."""
+
+
+class _Protocol(grpclib.protocol.H2Protocol):
+    """grpclib's connection protocol, announcing :data:`MAX_CONCURRENT_STREAMS`."""
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.connection._connection.update_settings(
+            {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS}
+        )
+        self.connection.flush()
+
+
 class _Server(grpclib.server.Server):
     """grpclib's server with a TLS handshake timeout (its ``start`` passes none to asyncio,
-    whose default is 60 s)."""
+    whose default is 60 s), announcing :data:`MAX_CONCURRENT_STREAMS` on each connection."""
+
+    def _protocol_factory(self) -> grpclib.protocol.H2Protocol:
+        protocol = super()._protocol_factory()
+        protocol.__class__ = _Protocol
+        return protocol
 
     async def start_tls(
         self, host: str, port: int, context: ssl.SSLContext | None, handshake_timeout_s: float
