@@ -42,7 +42,8 @@ OVERRUN_GRACE_S = 10.0
 ends within a few status calls' deadlines."""
 FRESH_HEARTBEAT_S = 2.0
 """A worker counts as alive only with a heartbeat younger than this, in seconds, or than two of
-its heartbeat intervals where the cluster's workers beat less often (:func:`fresh_heartbeat_s`)."""
+its heartbeat intervals where the cluster's workers beat less often (:func:`fresh_heartbeat_s`,
+and the interval the cluster tells, which a status answer carries)."""
 
 
 def fresh_heartbeat_s(config: ClusterConfig) -> float:
@@ -338,6 +339,10 @@ async def readiness_progress(
         missing.append(f"no leader elected (read {logs})")
     by_id = {w.id: w for w in status.workers}
     fresh_s = fresh_heartbeat_s(config)
+    if status.heartbeat_interval_ms:
+        # The interval the cluster tells its workers now (docs/design.md, "Heartbeat interval"):
+        # 500 workers beat every few seconds, so a fixed 2 s would count most as not live.
+        fresh_s = max(fresh_s, 2 * status.heartbeat_interval_ms / 1000)
     registered = live = 0
     for worker_spec in config.workers:
         worker = by_id.get(worker_spec.id)

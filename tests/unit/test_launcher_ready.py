@@ -201,3 +201,35 @@ def test_a_status_call_too_slow_for_its_limit_is_asked_again_with_a_longer_one(t
         first, second = rpc.with_client([address], two_polls)
     assert (first.answered, second.answered) == ((), ("cp-1",))
     assert limits == {"cp-1": STATUS_TIMEOUT_S}
+
+
+def test_a_worker_counts_live_within_two_of_the_intervals_the_cluster_tells(tmp_path: Path) -> None:
+    """500 workers beat every few seconds (the cluster stretches the interval as it grows): a
+    worker last heard 6 s ago counts as live while the cluster tells a 5 s interval, and not
+    while it tells 2 s (the fixed 2 s floor then rules)."""
+    told_ms = [5000]
+
+    async def status(request: pb.StatusRequest) -> pb.StatusReply:
+        return pb.StatusReply(
+            leader="cp-1",
+            heartbeat_interval_ms=told_ms[0],
+            workers=[pb.WorkerInfo(id="w-1", state="alive", incarnation=1, last_heartbeat_age_s=6.0)],
+        )
+
+    with serve(ScriptedControlPlane(status=status)) as (address,):
+        config = ClusterConfig(
+            database_url="postgresql://nowhere/db",
+            embedded_pg_port=None,
+            processes=[
+                ProcessSpec(id="cp-1", kind="cp", address=address, args=("cp",)),
+                ProcessSpec(id="w-1", kind="agent", address="127.0.0.1:1", args=("agent",)),
+            ],
+        )
+
+        async def poll(_client: object) -> Progress:
+            _, _, got = await readiness_progress(StateDir(tmp_path), config, {}, {})
+            return got
+
+        assert rpc.with_client([address], poll).live == 1
+        told_ms[0] = 2000
+        assert rpc.with_client([address], poll).live == 0
