@@ -84,6 +84,13 @@ __all__ = [
     "shared_client",
 ]
 
+REGISTRATION_STEP_S = 0.08
+"""A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
+10 s. Started within one heartbeat interval, four fleets of 125 asked the control planes for 500
+registrations (1,500 TLS handshakes) in a quarter of a second; the answers came seconds late,
+the first workers' heartbeats with them, and workers were declared dead before the cluster had
+chosen a heartbeat interval for its size."""
+
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
 _OPTIONAL = ("advertise_address", "control_planes")
 
@@ -418,7 +425,8 @@ async def run_fleet(
     Args:
         workers: one settings object per worker.
         spread_s: seconds over which the starts are spread; None: the longest
-            ``heartbeat_interval_s`` of the workers; 0: all at once.
+            ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
+            whichever is longer; 0: all at once.
         client: the client the workers share (:func:`shared_client`; the caller closes it):
             every worker whose ``control_planes`` are its addresses, in any order, calls
             through it; None: each worker makes its own.
@@ -429,7 +437,7 @@ async def run_fleet(
     """
     logger = log.get("fleet")
     if spread_s is None:
-        spread_s = max((w.heartbeat_interval_s for w in workers), default=0.0)
+        spread_s = max([*(w.heartbeat_interval_s for w in workers), REGISTRATION_STEP_S * len(workers)])
     step_s = spread_s / len(workers) if workers else 0.0
     start_limiter = StartLimiter(min((w.max_concurrent_starts for w in workers), default=1))
     leave_turns = trio.CapacityLimiter(min((w.max_concurrent_leaves for w in workers), default=1))
