@@ -113,6 +113,10 @@ JUDGED_WORKERS = """(w.state = 'alive'
 # replica recorded, so a heartbeat that landed after the reconciler's read wins; silence counts
 # only from the server's start and from the floor on (DESIGN.md, "Outages"), and not before a
 # planned restart's hold ends (schema.sql, workers.hold_until; greatest() skips its NULL).
+# The silence allowed is the largest of $2, the dead_after the worker's row records (what it
+# was last told and uses) and the dead_after the leader chose since (heartbeat_policy): a worker
+# whose heartbeats are not getting through while the cluster stretches its interval is judged
+# by the new, longer one (declaring later is always safe; earlier than what it uses never is).
 # A death is a promise about the worker's future: ``promised`` locks the rows FOR UPDATE first
 # (see COMMIT_PLACEMENTS), so a placement onto one of them commits before it or not at all, and
 # END_ORPHANED_ASSIGNMENTS, the transaction's next statement, ends what such a placement made.
@@ -123,10 +127,12 @@ WITH promised AS (
 dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
       FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation) JOIN promised USING (id)
+           LEFT JOIN heartbeat_policy p ON p.id = 1
      WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
        AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
                     w.hold_until)
-           < now() - make_interval(secs => greatest($2, coalesce(w.dead_after_ms, 0) / 1000.0))
+           < now() - make_interval(secs => greatest($2, coalesce(w.dead_after_ms, 0) / 1000.0,
+                                                    coalesce(p.dead_after_ms, 0) / 1000.0))
  RETURNING w.id, w.incarnation, w.last_heartbeat_at
 ),
 logged AS (

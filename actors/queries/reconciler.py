@@ -10,14 +10,16 @@ from actors.queries.ledger import JUDGED_WORKERS
 # The database's time, and every judged worker with the time (database time) since its last
 # recorded heartbeat or, when later, since the server started (pg_postmaster_start_time(): a
 # restart is an outage, and no worker could heartbeat through it) or since a planned restart's
-# hold ends (workers.hold_until: negative while it holds; greatest() skips its NULL); one row
-# with a NULL id when there is no worker.
+# hold ends (workers.hold_until: negative while it holds; greatest() skips its NULL), and the
+# dead_after it is judged by (the larger of its row's and the leader's policy's; see
+# DECLARE_DEAD_WORKERS); one row with a NULL id when there is no worker.
 HEARTBEAT_AGES = f"""
-SELECT n.now_unix_s, w.id, w.incarnation, w.dead_after_ms,
+SELECT n.now_unix_s, w.id, w.incarnation, greatest(w.dead_after_ms, n.policy_ms) AS dead_after_ms,
        extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time(),
                                            w.hold_until))::float8
            AS age_s
-  FROM (SELECT now() AS now, extract(epoch FROM now())::float8 AS now_unix_s) n
+  FROM (SELECT now() AS now, extract(epoch FROM now())::float8 AS now_unix_s,
+               (SELECT p.dead_after_ms FROM heartbeat_policy p WHERE p.id = 1) AS policy_ms) n
   LEFT JOIN workers w ON {JUDGED_WORKERS}
 """
 

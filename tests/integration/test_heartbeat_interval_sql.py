@@ -139,7 +139,27 @@ async def test_the_declaration_honours_the_dead_after_the_worker_is_judged_by(cl
     await cluster.beat("w-1", incarnation, sent_us=10, in_use_ms=8000)
     assert await cluster.declare("w-1", incarnation, 0.0) == []
     await cluster.admin.execute("UPDATE workers SET dead_after_ms = NULL")
+    await cluster.admin.execute("DELETE FROM heartbeat_policy")
     assert await cluster.declare("w-1", incarnation, 0.0) == ["w-1"]
+
+
+async def test_a_worker_not_heard_since_the_interval_grew_is_judged_by_the_longer_dead_after(
+    cluster: Told,
+) -> None:
+    """A worker registered while 2.5 s was in force, and none of its heartbeats got through
+    since (a registration storm): the leader chose 16 s meanwhile, and the worker is judged by
+    16 s, not by the 2.5 s its row still records; the reconciler's read and the declaration
+    agree."""
+    incarnation = await cluster.register("w-1", heartbeat=False)
+    assert await cluster.judged_ms("w-1") == 2500
+    await cluster.set_policy(4000, 16000)
+    await cluster.admin.execute(
+        "UPDATE workers SET last_heartbeat_at = now() - interval '5 seconds' WHERE id = 'w-1'"
+    )
+    assert await cluster.declare("w-1", incarnation, 0.0) == []
+    ages = await cluster.admin.fetch(queries.HEARTBEAT_AGES)
+    assert [(r["id"], r["dead_after_ms"]) for r in ages] == [("w-1", 16000)]
+    # (Declared once 16 s have passed: the test before this one shows the rule for the row's.)
 
 
 async def test_status_shows_the_interval_and_the_detection_time_in_force(cluster: Told) -> None:
