@@ -19,7 +19,7 @@ from ops import rpc
 from ops.launcher.state import ClusterConfig, ClusterError, ProcessSpec, StateDir, option_value
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.errors import Unavailable
+from runtime.errors import ClusterBusy, Unavailable
 from runtime.text import tail_lines
 
 POLL_INTERVAL_S = 0.2
@@ -78,6 +78,9 @@ class Progress:
     """Workers alive with a fresh heartbeat (and back, when restarted)."""
     workers: int
     """How many workers the cluster has."""
+    busy: tuple[str, ...] = ()
+    """The ids of the control planes that answered the status call 'busy' (alive, shedding
+    work under load, as in a registration storm)."""
 
     def counts(self) -> tuple[int, int, int, int]:
         """(control planes answered, 1 if a leader, workers registered, workers live)."""
@@ -88,9 +91,10 @@ class Progress:
         live 153/500 (registered 480)``."""
         leader = f"leader {self.leader}" if self.leader else "no leader"
         answered = ", ".join(self.answered) or "none"
+        busy = f", {len(self.busy)} busy" if self.busy else ""
         return (
-            f"control planes {len(self.answered)}/{self.control_planes} answered ({answered}; {leader}), "
-            f"workers live {self.live}/{self.workers} (registered {self.registered})"
+            f"control planes {len(self.answered)}/{self.control_planes} answered ({answered}; {leader}"
+            f"{busy}), workers live {self.live}/{self.workers} (registered {self.registered})"
         )
 
 
@@ -102,7 +106,10 @@ class WaitRule:
     Progress is a new high of any of the counts of :meth:`Progress.counts` (control planes
     answering, a leader, workers registered, workers live): a count that falls and rises again
     to where it was is not progress, so a cluster whose workers churn does not hold the wait
-    for ever. Pure: the caller passes the time (trio seconds).
+    for ever. A poll that every control plane answered 'busy' counts as neither: they are alive
+    and working through a load (a large cluster's registrations), so the time without progress
+    stops running while they are all busy, and the cap still ends the wait. Pure: the caller
+    passes the time (trio seconds).
 
     Args:
         stall_s: how long without progress before giving up, in seconds.
@@ -126,6 +133,9 @@ class WaitRule:
 
     def observe(self, progress: Progress, now: float) -> bool:
         """Record what a poll at ``now`` saw; True when it is progress."""
+        if progress.control_planes and len(progress.busy) == progress.control_planes:
+            self.progress_at = now  # every replica alive and busy: not a stall
+            return False
         counts = progress.counts()
         better = any(new > old for new, old in zip(counts, self.best, strict=True))
         if better:
@@ -299,6 +309,7 @@ async def readiness_progress(
     answered: list[str] = []
     status: pb.StatusReply | None = None
     replies: dict[str, pb.StatusReply | str] = {}
+    busy: list[str] = []
 
     async def ask(spec: ProcessSpec) -> None:
         limit_s = limits.get(spec.id, STATUS_TIMEOUT_S)
@@ -310,6 +321,8 @@ async def readiness_progress(
                 replies[spec.id] = await client.call("status", pb.StatusRequest())
             limits[spec.id] = STATUS_TIMEOUT_S
         except (Unavailable, trio.TooSlowError) as exc:
+            if isinstance(exc, ClusterBusy):
+                busy.append(spec.id)
             limits[spec.id] = min(STATUS_TIMEOUT_MAX_S, limit_s * 2)
             replies[spec.id] = (
                 f"{spec.id} did not answer a status call at {spec.address} within "
@@ -331,7 +344,7 @@ async def readiness_progress(
     if status is None:
         nothing = Progress(
             answered=(), control_planes=len(config.control_planes), leader="", registered=0, live=0,
-            workers=len(config.workers),
+            workers=len(config.workers), busy=tuple(busy),
         )  # fmt: skip
         return None, missing, nothing
     if not status.leader:
@@ -371,6 +384,7 @@ async def readiness_progress(
         registered=registered,
         live=live,
         workers=len(config.workers),
+        busy=tuple(busy),
     )
     return status, missing, progress
 

@@ -100,6 +100,25 @@ def test_any_count_rising_is_progress() -> None:
     assert not rule.observe(progress(0, registered=7, answered=1), 5.0)
 
 
+def test_while_every_control_plane_answers_busy_the_wait_does_not_stall_but_the_cap_still_ends_it() -> None:
+    """A registration storm: every replica sheds the status call ('busy') for 20 s, longer than
+    stall_s: the wait goes on, saying they are busy; one replica silent (not busy) is a stall
+    again; the cap ends the wait whatever they answer."""
+    rule = WaitRule(stall_s=5.0, cap_s=30.0, started_at=0.0)
+    assert rule.observe(progress(10), 1.0)
+    all_busy = attrs.evolve(progress(0, answered=0, leader=""), busy=("cp-1", "cp-2", "cp-3"))
+    assert "3 busy" in all_busy.line()
+    for t in range(2, 22):
+        assert not rule.observe(all_busy, float(t))
+        assert rule.why_give_up(float(t)) is None
+    two_busy = attrs.evolve(all_busy, busy=("cp-1", "cp-2"))
+    assert not rule.observe(two_busy, 22.0)
+    assert rule.why_give_up(26.0) == "no progress for 5 s"
+    for t in range(22, 30):
+        rule.observe(all_busy, float(t))
+    assert rule.why_give_up(30.0) == "gave up 30 s after it began (the cap for this many workers)"
+
+
 def test_the_cap_ends_a_wait_that_keeps_progressing() -> None:
     """Progress at every poll still ends at the cap, and the reason names it."""
     rule = WaitRule(stall_s=5.0, cap_s=12.0, started_at=0.0)
