@@ -109,6 +109,22 @@ def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
     return dead_after_s if age.dead_after_s is None else max(dead_after_s, age.dead_after_s)
 
 
+def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings) -> float:
+    """How long the leader's reads may be interrupted before silence counts anew (seconds):
+    ``contact_gap_s`` as a share of ``dead_after_s``, applied to the shortest dead_after a
+    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``.
+
+    The gap guards against an outage being taken for the workers' silence; what matters is the
+    gap's share of the dead_after, not its length. When the cluster stretches the interval (a
+    40 s dead_after at 2,000 workers) a fixed 1 s gap made a leader merely busy, whose passes
+    came 1 to 2 s apart, count silence anew at almost every pass, so a dead worker was never
+    declared."""
+    shortest_s = min(
+        (judged_dead_after_s(a, settings.dead_after_s) for a in ages), default=settings.dead_after_s
+    )
+    return settings.contact_gap_s * max(1.0, shortest_s / settings.dead_after_s)
+
+
 def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
     """The (worker_id, incarnation) pairs silent for longer than the dead_after each is judged
     by (:func:`judged_dead_after_s`, at least ``dead_after_s`` seconds)."""
@@ -558,10 +574,9 @@ class Reconciler:
         s = self.settings
         reading = await self.store.heartbeat_ages()
         now = trio.current_time()
-        if self._silence.read(epoch, reading.now_unix_s, now, s.contact_gap_s) and not first_pass:
-            self._log.warning(
-                "silence counts anew: the leader's reads were interrupted", gap_s=s.contact_gap_s
-            )
+        gap_s = contact_gap_for_s(reading.ages, s)
+        if self._silence.read(epoch, reading.now_unix_s, now, gap_s) and not first_pass:
+            self._log.warning("silence counts anew: the leader's reads were interrupted", gap_s=gap_s)
         ages = self._silence.floored(reading.ages, reading.now_unix_s)
         if self._bucket is None:
             self._bucket = TokenBucket(float(s.death_burst), now)

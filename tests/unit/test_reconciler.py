@@ -50,6 +50,7 @@ from actors.reconciler import (
     TokenBucket,
     backoff_caps_s,
     backoff_s,
+    contact_gap_for_s,
     dead_workers,
     ending_message,
     judge_deaths,
@@ -935,3 +936,20 @@ async def test_a_standby_shows_no_unhealthy_workers() -> None:
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     assert metrics.UNHEALTHY_WORKERS._value.get() == 0
+
+
+def test_the_contact_gap_grows_with_the_dead_after_the_workers_are_judged_by() -> None:
+    """1 s of 2.5 s by default; workers all judged by 35.2 s (2,000 workers at an 8.8 s
+    interval) allow 14.08 s between the leader's reads before silence counts anew (a leader
+    merely busy, its reads 1 to 2 s apart, kept moving the floor and never declared a dead
+    worker); the shortest judged dead_after rules; never below contact_gap_s."""
+    settings = ReconcilerSettings(dead_after_s=2.5, contact_gap_s=1.0)
+
+    def age(dead_after_s: float | None) -> HeartbeatAge:
+        return HeartbeatAge(worker_id="w", incarnation=1, age_s=0.0, dead_after_s=dead_after_s)
+
+    assert contact_gap_for_s([], settings) == 1.0
+    assert contact_gap_for_s([age(None), age(2.5)], settings) == 1.0
+    assert contact_gap_for_s([age(35.2)] * 3, settings) == pytest.approx(14.08)
+    assert contact_gap_for_s([age(35.2), age(10.0)], settings) == pytest.approx(4.0)
+    assert contact_gap_for_s([age(1.0)], settings) == 1.0
