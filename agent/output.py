@@ -22,8 +22,8 @@ keeps them bounded and keeps the folders from piling up:
 
   A file may pass its cap by what its job writes between two checks: about
   ``min_check_interval_s`` (20 ms) of writing for a job that keeps writing fast, since the
-  interval shrinks with the growth seen; a new job's files are looked at within 50 ms of its
-  acceptance and again after the shortest interval, and quiet checks lengthen the interval
+  interval shrinks with the growth seen; a new job's files are looked at as soon as it is
+  accepted and again after the shortest interval, and quiet checks lengthen the interval
   only step by step (doubling, up to ``check_interval_s``, 0.25 s), so a job that starts
   flooding after a quiet spell passes its cap by at most about that spell's worth of writing.
   Measured: a job writing 1 MiB at a time as fast as it could (about 2.7 GB/s into the page
@@ -89,8 +89,6 @@ OUTPUT_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
 REMOVED_SUFFIX = ".removed"
 """``<file>.removed``: how many bytes a file lost to truncation (the fallback without hole
 punching), a decimal number; missing: none."""
-NEW_JOB_WATCH_S = 0.05
-"""How often the keeper looks for jobs it does not watch yet, in seconds (an in-memory list)."""
 KEEP_FRACTION = 7 / 8
 """How much of the cap a trimmed file keeps: the rest is room for growth before the next trim."""
 
@@ -370,9 +368,8 @@ class OutputKeeper:
         files: the state shared with the readers.
         logger: the agent's logger.
         worker_id: the metrics' label.
-        added: an event set when the agent next holds a new job
-            (:meth:`agent.core.Agent.jobs_added`); None: the list of jobs is looked at every
-            :data:`NEW_JOB_WATCH_S` instead.
+        added: the event set when the agent next holds a new job
+            (:meth:`agent.core.Agent.jobs_added`).
     """
 
     jobs_dir: Path
@@ -380,8 +377,8 @@ class OutputKeeper:
     active: Callable[[], Collection[tuple[int, int]]]
     files: OutputFiles
     logger: Any
+    added: Callable[[], trio.Event]
     worker_id: str = ""
-    added: Callable[[], trio.Event] | None = None
     _sizes: dict[Path, int] = attrs.field(factory=dict)
     """Length of each watched file at the last check."""
     _warned: set[Path] = attrs.field(factory=set)
@@ -397,11 +394,11 @@ class OutputKeeper:
     async def _cap_loop(self) -> None:
         interval_s = self.settings.check_interval_s
         last = trio.current_time()
-        added = None if self.added is None else self.added()
+        added = self.added()
         while True:
             await self._wait_for_check(last + interval_s, added)
             # Taken before the check: a job added while it runs sets it, so it is not missed.
-            added = None if self.added is None else self.added()
+            added = self.added()
             grew, new_files = await self.check_once()
             now = trio.current_time()
             interval_s = next_check_interval_s(
@@ -413,22 +410,12 @@ class OutputKeeper:
                 interval_s = self.settings.min_check_interval_s
             last = now
 
-    async def _wait_for_check(self, due: float, added: trio.Event | None) -> None:
-        """Sleep until ``due``, or until the agent holds a job whose files are not watched yet:
-        until ``added`` is set (:attr:`added`, taken before the last check), so a fleet of a
-        hundred idle workers costs no wake-ups; without it, looking every
-        :data:`NEW_JOB_WATCH_S` (a list of the agent's jobs, no file work)."""
-        if added is not None:
-            with trio.move_on_at(due):
-                await added.wait()
-            return
-        while (now := trio.current_time()) < due:
-            await trio.sleep(min(NEW_JOB_WATCH_S, due - now))
-            if any(
-                job_dir_for(self.jobs_dir, job_id, aid) / OUTPUT_FILES["stdout"] not in self._sizes
-                for job_id, aid in self.active()
-            ):
-                return
+    async def _wait_for_check(self, due: float, added: trio.Event) -> None:
+        """Sleep until ``due``, or until the agent holds a new job (``added``, taken before the
+        last check, is set): a job that floods from its first instant is looked at at once, and
+        a fleet of a hundred idle workers costs no wake-ups."""
+        with trio.move_on_at(due):
+            await added.wait()
 
     async def check_once(self) -> tuple[int, bool]:
         """Check (and trim) the output files of the jobs the agent holds, and once more those of

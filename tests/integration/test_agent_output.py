@@ -34,6 +34,7 @@ def keeper(
         active=lambda: list(active),
         files=files or OutputFiles(),
         logger=Quiet(),
+        added=trio.Event,
     )
 
 
