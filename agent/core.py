@@ -30,14 +30,16 @@ is no module-level state). Its pieces:
   deadline*; the send time of the newest heartbeat, or registration, that got a reply) the
   agent *pauses* every job at once (command jobs are held by their reapers, sleep jobs stop
   counting their duration), refuses Assign with ``fenced``, and keeps heartbeating in the same
-  incarnation. The first reply to a heartbeat that is still fresh (its own deadline is ahead)
-  resumes the jobs whose assignments it did not list as ended, after killing those it listed;
-  a reply that says "register again" kills them all. Once
+  incarnation. The first reply to a heartbeat that is still fresh (its own deadline is ahead,
+  by the span that reply tells) resumes the jobs whose assignments it did not list as ended,
+  after killing those it listed; a reply that says "register again" kills them all. Once
   ``last_acked_send_time + db_outage_grace_s`` has passed too (the *kill deadline*) every
   paused job is killed and the agent self-fences: the first heartbeat that gets through then
   makes it register again (a new incarnation). The argument that this never runs a job in two
   places is in docs/design.md, "Outages". With ``db_outage_grace_s`` 0 the agent kills at the
-  fence deadline (no pause);
+  fence deadline (no pause). An agent holding no job has nothing to kill: it stays paused in
+  its incarnation past either deadline, so a long silence (the registration storm of a large
+  cluster) costs no new incarnation;
 - a deadman switch that holds while the agent cannot run (SIGSTOP, a stall, a crash): every
   time a heartbeat or registration is acknowledged the agent writes the fence and kill
   deadlines, on the ``CLOCK_MONOTONIC`` clock all processes share, to
@@ -1134,12 +1136,26 @@ class Agent:
         """Pause every job now if live and the fence deadline has passed; kill them (self-fence)
         if the kill deadline has passed too. True if it paused or fenced now."""
         if self._fence.kill_due():
+            if self._holds_no_job():
+                # Nothing to kill: a self-fence would only throw this incarnation away and
+                # register another, for no job's sake (in a registration storm, hundreds of
+                # them). The worker stays paused instead, as through any outage.
+                if self._fence.paused:
+                    return False
+                self._pause_now()
+                return True
             self._fence_now()
             return True
         if self._fence.due():
             self._pause_now()
             return True
         return False
+
+    def _holds_no_job(self) -> bool:
+        """True when no job of this incarnation is running, paused or stopping: a self-fence
+        would have nothing to kill. Nothing new is accepted while paused, so it stays true
+        until the jobs resume."""
+        return len(self._jobs) == 0
 
     def _pause_now(self) -> None:
         """Pause every job at once, with no checkpoint: refuse work, log it, hold the jobs.
@@ -1152,7 +1168,7 @@ class Agent:
         fence = self._fence
         if fence.paused or fence.self_fenced:
             return
-        if fence.outage_grace_s() <= fence.fence_after_s:
+        if fence.outage_grace_s() <= fence.fence_after_s and not self._holds_no_job():
             self._fence_now()
             return
         now = trio.current_time()
@@ -1237,6 +1253,12 @@ class Agent:
             )
             await self._register(StopReason.REREGISTER)
             return
+        # As on the live path: the span told with this answer counts from its send time (the
+        # cluster judges the worker by it from this heartbeat's record on), so the freshness
+        # below is judged by it. A paused worker still on the span it registered with would
+        # never resume while answers take longer than that (the first minutes of a large
+        # cluster), and would be killed at the grace with nothing to kill.
+        self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         ended = list(answer.stop_assignment_ids)
         for aid in ended:
             self._admission.ended_by_control_plane(aid)
@@ -1303,6 +1325,9 @@ class Agent:
                 assert kill_at is not None
                 if self._fence_if_due():
                     await self._jobs.stop(None, StopReason.SELF_FENCE)
+                    continue
+                if trio.current_time() >= kill_at:
+                    await fence.changed.wait()  # paused past the grace, holding no job
                     continue
                 with trio.move_on_at(kill_at):
                     await fence.changed.wait()

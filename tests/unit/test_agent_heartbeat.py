@@ -69,6 +69,9 @@ class ScriptedControlPlane:
     answered: list[float] = attrs.field(factory=list)
     """Send times of the heartbeats that got a reply."""
     next_answer: dict[str, Any] = attrs.field(factory=dict)
+    told: dict[str, Any] = attrs.field(factory=dict)
+    """Fields every heartbeat answer carries (what the cluster tells: interval, dead_after);
+    ``next_answer`` overrides them for one answer."""
     answer_delay_s: float = 0.0
     register_failures: int = 0
     """Refuse this many registrations at once (NoControlPlaneReachable) before answering."""
@@ -94,7 +97,9 @@ class ScriptedControlPlane:
         self.heartbeats.append((sent, request))
         await self._gate()
         await trio.sleep(self.answer_delay_s)
-        answer = HeartbeatAnswer(epoch=self.epoch, database_unix_s=database_now(), **self.next_answer)
+        answer = HeartbeatAnswer(
+            epoch=self.epoch, database_unix_s=database_now(), **{**self.told, **self.next_answer}
+        )
         self.next_answer = {}
         self.answered.append(sent)
         return answer

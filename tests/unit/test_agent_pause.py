@@ -147,6 +147,70 @@ async def test_paused_jobs_are_killed_at_the_grace_and_the_worker_registers_agai
     assert stop_lines(tmp_path)[1]["time"] == pytest.approx(pause_line["time"], abs=0.01)
 
 
+async def test_a_worker_holding_no_job_stays_paused_past_the_grace_in_its_incarnation(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """An outage longer than the grace, with no job on the worker: there is nothing to kill,
+    so it does not self-fence and throw its incarnation away; the first answer after the
+    outage resumes it in the same incarnation, and it takes work again."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        cp.mode = "down"
+        await trio.sleep(GRACE_S + 5.0)
+        assert not agent.self_fenced
+        assert assign(agent, sleep_job(1)) == {1: "fenced"}
+        cp.mode = "up"
+        await trio.sleep(2 * HEARTBEAT_S + 1.5)
+        assert agent.incarnation == 1
+        assert assign(agent, sleep_job(2)) == {2: "accepted"}
+    assert events(tmp_path)[:3] == ["register", "pause", "resume"]
+    assert len(cp.registrations) == 1
+
+
+async def test_with_no_grace_a_worker_holding_no_job_pauses_rather_than_fences(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """With no outage grace a worker with jobs kills them at the fence deadline; one with no
+    job has nothing to kill and keeps its incarnation through the silence."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=0.0) as agent:
+        await agent.wait_registered()
+        cp.mode = "down"
+        await trio.sleep(3 * FENCE_S)
+        assert not agent.self_fenced
+        cp.mode = "up"
+        await trio.sleep(2 * HEARTBEAT_S + 1.5)
+        assert agent.incarnation == 1
+    assert "self_fence" not in events(tmp_path)
+    assert len(cp.registrations) == 1
+
+
+async def test_a_paused_worker_judges_an_answer_by_the_span_it_tells(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """A paused worker whose answers take longer than the self-fence span it registered with
+    (3 s) resumes once an answer tells a longer one (dead_after 20 s, interval 2 s: 12 s):
+    the cluster judges it by that from the heartbeat's record on. On its first span alone it
+    would stay paused until the grace killed its job."""
+    cp = ScriptedControlPlane()
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=600.0))
+        await trio.sleep(0.1)
+        cp.mode = "down"
+        await trio.sleep(FENCE_S + 1.0)
+        cp.told = {"heartbeat_interval_s": 2.0, "dead_after_s": 20.0}
+        cp.answer_delay_s = FENCE_S + 1.0
+        cp.mode = "up"
+        await trio.sleep(GRACE_S)
+        assert not agent.self_fenced
+        assert agent.running_assignment_ids == (1,)
+        assert agent.heartbeat_interval_s == 2.0
+    assert events(tmp_path)[:4] == ["register", "start", "pause", "resume"]
+    assert len(cp.registrations) == 1
+
+
 async def test_a_reply_that_comes_after_its_own_deadline_does_not_resume(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
