@@ -33,6 +33,7 @@ from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from ops.benchpack.figures import histogram_quantile
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig
+from ops.measure_heartbeat import table_update_counts
 from ops.pg import EmbeddedPostgres, free_port
 from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from protocol import pb
@@ -531,12 +532,14 @@ class _Step:
             if self.loadgen is not None:
                 await self.loadgen.ask({"cmd": "stats", "reset": True}, "stats")
             t0 = float(await db.fetchval(NOW))
+            updates_before = await table_update_counts(db)
             await trio.sleep(min(settings.duration_s / 3, 10.0))
             killed, kill_at, lost = await self._kill(db, config)
             await trio.sleep_until(
                 trio.current_time() + settings.duration_s - min(settings.duration_s / 3, 10.0)
             )
             t1 = float(await db.fetchval(NOW))
+            updates = await table_update_counts(db) - updates_before
             after = await trio.to_thread.run_sync(read_metrics, [*cp_metrics, *agent_metrics])
             cp_cpu = cpu_used(cp_before, cpu_seconds(cp_pids))
             db_cpu = cpu_used(db_before, cpu_seconds([pg_pid], with_children=True))
@@ -595,6 +598,9 @@ class _Step:
             jobs_not_moved=len(lost) - len(moved),
             recovery_p50_s=round(statistics.median(moved), 3) if moved else None,
             recovery_max_s=round(max(moved), 3) if moved else None,
+            workers_updates=updates.updates,
+            workers_hot_share=round(updates.hot_share, 4),
+            workers_dead_rows=updates.dead_rows,
         )
 
     async def _interval_s(self, db: PgConnection) -> float:

@@ -128,6 +128,14 @@ class ScalePoint:
     recovery_max_s: float | None
     dead_after_s: float | None = None
     """The dead_after in force at the window's end (None: the control planes' default)."""
+    workers_updates: int | None = None
+    """Row updates of the ``workers`` table in the window (``pg_stat_user_tables.n_tup_upd``;
+    every recorded heartbeat is one)."""
+    workers_hot_share: float | None = None
+    """The share of those that were HOT updates (``n_tup_hot_upd``, 0 to 1): no index entry
+    written, the old version pruned in its page."""
+    workers_dead_rows: int | None = None
+    """Dead row versions of ``workers`` at the window's end (``n_dead_tup``)."""
 
     def to_json(self) -> dict[str, Any]:
         return attr.asdict(self, retain_collection_types=False)
@@ -205,6 +213,8 @@ _COLUMNS = (
     ("pending_p50", "pending"),
     ("recovery_p50_s", "recovery p50 s"),
     ("recovery_max_s", "recovery max s"),
+    ("workers_hot_share", "workers HOT"),
+    ("workers_dead_rows", "workers dead rows"),
 )
 
 
