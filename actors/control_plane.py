@@ -53,6 +53,7 @@ from runtime import log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable
+from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import retry, run_until_signal
 from runtime.outage import OutageLog
@@ -228,6 +229,7 @@ async def run_control_plane(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(main_lag.run)
+            nursery.start_soon(GcPauses().run)
             for name, run in actors:
                 await nursery.start(partial(supervise, name, run, policy=policy))
             log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)

@@ -107,6 +107,13 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
     ["loop"],
     buckets=LAG_BUCKETS_S,
 )
+GC_PAUSE_SECONDS = Histogram(
+    "stockade_gc_pause_seconds",
+    "How long each garbage collection held every thread of the process (runtime.gcpause), by "
+    "generation (2: a full collection).",
+    ["generation"],
+    buckets=LAG_BUCKETS_S,
+)
 
 INGEST_SHED_REQUESTS = Counter(
     "stockade_ingest_shed_requests",

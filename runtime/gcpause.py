@@ -1,0 +1,132 @@
+"""Garbage-collector pauses: how long each of the interpreter's collections held every thread.
+
+A collection runs with the GIL held, so while it lasts no thread of the process runs: not the
+lease keeper's loop, not the ingest's, not the main loop. A control plane holding thousands of
+connections (the leader's to every worker) keeps millions of objects, and a full (generation 2)
+collection over them can stop it for longer than a lease renewal may take. The event-loop lag
+(:mod:`runtime.lag`) shows that every loop of a process woke late at once; this monitor says
+whether a collection was why.
+
+:class:`GcPauses` hooks ``gc.callbacks`` (called by the interpreter at the start and the stop of
+every collection, in the thread that triggered it, with no other collection able to start
+meanwhile). The hook only times the collection and appends ``(generation, seconds)`` to a deque
+(one atomic operation, no lock: a lock taken inside a collection could be held by the very
+thread it interrupted). :meth:`GcPauses.run`, a task of a trio loop, drains the deque every
+``interval_s`` into
+
+- a Prometheus histogram, ``stockade_gc_pause_seconds{generation=...}``;
+- a warning log line when a collection lasted longer than ``warn_after_s`` (at most one line
+  every ``log_every_s``, carrying how many long collections and the longest since the last
+  line, and the objects each generation tracks now).
+
+``gc.freeze()`` (:func:`freeze_startup_objects`), called once a process has started, moves
+every object alive then (modules, classes, functions, settings) to a permanent generation that
+collections no longer traverse: a full collection then costs in proportion to what the process
+made since, not to everything it imported (the approach of Instagram's Django workers,
+described in the ``gc.freeze`` documentation).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections import deque
+from typing import Any
+
+import attrs
+import trio
+
+from runtime import log, metrics
+
+
+@attrs.define(eq=False, kw_only=True)
+class GcPauses:
+    """The collection monitor of one process. :meth:`install` it, run :meth:`run` on one loop,
+    :meth:`uninstall` it at the end (or use it as a context manager).
+
+    Args:
+        interval_s: how often the timed collections are recorded, in seconds.
+        warn_after_s: a collection longer than this, in seconds, is logged.
+        log_every_s: at most one warning line per this many seconds.
+    """
+
+    interval_s: float = 1.0
+    warn_after_s: float = 0.1
+    log_every_s: float = 5.0
+    _started_at: float | None = None
+    _done: deque[tuple[int, float]] = attrs.field(factory=lambda: deque(maxlen=10_000))
+    _long_since_log: int = 0
+    _longest_since_log_s: float = 0.0
+    _logged_at: float = -math.inf
+    _log: Any = attrs.field(factory=lambda: log.get("gc"))
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        # Called by the interpreter around every collection: no lock, no logging, no metric.
+        if phase == "start":
+            self._started_at = time.perf_counter()
+        elif self._started_at is not None:
+            self._done.append((int(info.get("generation", -1)), time.perf_counter() - self._started_at))
+            self._started_at = None
+
+    def install(self) -> None:
+        """Start timing collections (idempotent)."""
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        """Stop timing collections (idempotent)."""
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def __enter__(self) -> GcPauses:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def drain(self, now: float) -> list[tuple[int, float]]:
+        """Record the collections timed since the last call, at trio time ``now``: the metric,
+        and a warning line for long ones (rate-limited). Returns them as (generation, s)."""
+        done: list[tuple[int, float]] = []
+        while self._done:
+            done.append(self._done.popleft())
+        for generation, pause_s in done:
+            metrics.GC_PAUSE_SECONDS.labels(str(generation)).observe(pause_s)
+            if pause_s > self.warn_after_s:
+                self._long_since_log += 1
+                self._longest_since_log_s = max(self._longest_since_log_s, pause_s)
+        if self._long_since_log and now - self._logged_at >= self.log_every_s:
+            self._log.warning(
+                "garbage collection paused every thread",
+                long_collections=self._long_since_log,
+                longest_s=round(self._longest_since_log_s, 3),
+                warn_after_s=self.warn_after_s,
+                tracked_objects=gc.get_count(),
+                frozen_objects=gc.get_freeze_count(),
+            )
+            self._logged_at = now
+            self._long_since_log = 0
+            self._longest_since_log_s = 0.0
+        return done
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Install the hook, record every ``interval_s`` until cancelled, then uninstall it."""
+        self.install()
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(self.interval_s)
+                self.drain(trio.current_time())
+        finally:
+            self.uninstall()
+
+
+def freeze_startup_objects() -> int:
+    """Collect once, then move every object alive now to the permanent generation
+    (``gc.freeze``), so later collections do not traverse what start-up made. Returns how many
+    objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
