@@ -34,7 +34,9 @@ def test_long_collections_are_logged_at_most_once_per_log_every_s(capsys: pytest
         gc.collect()
         pauses.drain(now=6.0)
     captured = capsys.readouterr()
-    lines = [line for line in (captured.out + captured.err).splitlines() if "garbage collection paused" in line]
+    lines = [
+        line for line in (captured.out + captured.err).splitlines() if "garbage collection paused" in line
+    ]
     assert len(lines) == 2
     assert "long_collections=1" in lines[0]
     assert "long_collections=2" in lines[1]
