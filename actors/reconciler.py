@@ -95,7 +95,7 @@ from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch, one_decision_fault
 from runtime.reply import Reply
 from runtime.settings import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
@@ -610,22 +610,25 @@ class Reconciler:
         # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
         overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
         drained = await self.store.drain_due()
-        async with trio.open_nursery() as nursery:
-            for worker, group in plan.withdraw:
-                nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
-            for worker, group in by_worker(cancelled):
-                nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
-            for worker, group in by_worker(overdue):
-                self._log.warning(
-                    "stopping runs past their timeout",
-                    epoch=epoch,
-                    worker_id=worker.worker_id,
-                    job_ids=[d.assignment.job_id for d in group],
-                    assignment_ids=[d.assignment.assignment_id for d in group],
-                )
-                nursery.start_soon(self._cancel, epoch, worker, group, False, TIMED_OUT)
-            for worker, group in by_worker(drained):
-                nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
+        # Cancels in parallel: a deposed (or cut-off) leader's fenced writes all fail, and the
+        # pass ends as one refused write does (logged_pass), not as a crash of the actor.
+        with one_decision_fault():
+            async with trio.open_nursery() as nursery:
+                for worker, group in plan.withdraw:
+                    nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
+                for worker, group in by_worker(cancelled):
+                    nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
+                for worker, group in by_worker(overdue):
+                    self._log.warning(
+                        "stopping runs past their timeout",
+                        epoch=epoch,
+                        worker_id=worker.worker_id,
+                        job_ids=[d.assignment.job_id for d in group],
+                        assignment_ids=[d.assignment.assignment_id for d in group],
+                    )
+                    nursery.start_soon(self._cancel, epoch, worker, group, False, TIMED_OUT)
+                for worker, group in by_worker(drained):
+                    nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
         await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
             self._health_judged_at = trio.current_time()

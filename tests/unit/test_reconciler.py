@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from actors.dependencies import WaitingJob
 from actors.health import Run, WorkerRuns
@@ -59,7 +60,7 @@ from actors.reconciler import (
 from actors.reconciler_store import PolicyInputs, SilenceReading
 from actors.role import RoleView
 from runtime import metrics
-from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, StaleEpoch, one_decision_fault
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.reply import Reply
 from runtime.settings import ReconcilerSettings
@@ -670,6 +671,44 @@ async def test_acknowledged_cancellations_end_in_fenced_writes_of_at_most_the_bo
     assert ended == [(1, 2, 3), (4, 5, 6), (7,)]
 
 
+async def test_cancellations_refused_in_parallel_end_the_pass_as_deposed_not_the_actor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Unconfirmed assignments on two workers are cancelled in parallel; the replica was deposed
+    meanwhile, so both fenced endings are refused (StaleEpoch). The pass ends as deposed (the
+    refusals came out of one nursery, as an exception group), the actor keeps running, and the
+    next pass, at t=1, declares again."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    w2 = WorkerRef(worker_id="w-2", address="127.0.0.1:2", incarnation=1)
+    store = FakeStore(
+        last_heartbeat={"w-1": 10.0**6, "w-2": 10.0**6}, unconfirmed_at={1: (w1, -31.0), 2: (w2, -31.0)}
+    )
+    h = make_harness(store)
+    deposed_before = (
+        REGISTRY.get_sample_value("stockade_reconcile_passes_total", {"outcome": "deposed"}) or 0.0
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers)
+        declare.reply.set(orphans(more=False))
+        for _ in range(2):
+            cancel = await h.dispatcher.receive()
+            assert isinstance(cancel, CancelOnWorker)
+            cancel.reply.set(cancel.assignment_ids)
+        for _ in range(2):
+            end = await h.ledger.receive()
+            assert isinstance(end, EndAssignments) and trio.current_time() == 0.0
+            end.reply.fail(StaleEpoch(4, 5))
+        declare = await h.ledger.receive()
+        assert isinstance(declare, DeclareDeadWorkers) and trio.current_time() == 1.0
+        nursery.cancel_scope.cancel()
+    assert (
+        REGISTRY.get_sample_value("stockade_reconcile_passes_total", {"outcome": "deposed"}) or 0.0
+    ) == deposed_before + 1
+
+
 async def test_a_batch_the_server_cancelled_is_retried_smaller_and_grows_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -953,3 +992,16 @@ def test_the_contact_gap_grows_with_the_dead_after_the_workers_are_judged_by() -
     assert contact_gap_for_s([age(35.2)] * 3, settings) == pytest.approx(14.08)
     assert contact_gap_for_s([age(35.2), age(10.0)], settings) == pytest.approx(4.0)
     assert contact_gap_for_s([age(1.0)], settings) == 1.0
+
+
+def test_one_decision_fault_keeps_a_group_that_holds_anything_else() -> None:
+    """Refusals and database errors become one error, the refusal first; a group with a bug in
+    it stays the group it was."""
+    with pytest.raises(StaleEpoch), one_decision_fault():
+        raise ExceptionGroup(
+            "writes", [DatabaseUnavailable("gone"), ExceptionGroup("inner", [StaleEpoch(4, 5)])]
+        )
+    with pytest.raises(DatabaseUnavailable), one_decision_fault():
+        raise ExceptionGroup("writes", [DatabaseUnavailable("gone")])
+    with pytest.raises(ExceptionGroup), one_decision_fault():
+        raise ExceptionGroup("writes", [StaleEpoch(4, 5), KeyError("bug")])
