@@ -49,7 +49,7 @@ from actors.placer_store import PgPlacerStore
 from actors.reconciler import Reconciler
 from actors.reconciler_store import PgReconcilerStore
 from actors.role import RoleView
-from runtime import log, metrics, priority
+from runtime import gcpause, log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable
@@ -276,6 +276,10 @@ def main(
             # it out of the collector's full passes, which then scan only what the replica
             # allocates while running (docs.python.org/3/library/gc.html#gc.freeze).
             gc.freeze()
+            young, middle, oldest = gcpause.collect_less_often()
+            log.get("control_plane").info(
+                "garbage collection thresholds", young=young, middle=middle, oldest=oldest
+            )
 
     async def _main() -> None:
         # Signals are watched from the start, so a replica still waiting for its database

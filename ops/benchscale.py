@@ -14,6 +14,7 @@ What each figure means: :class:`ops.scalereport.ScalePoint`.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import statistics
@@ -133,6 +134,7 @@ class Scraped:
     rounds: dict[float, float]
     round_trips: dict[float, float]
     agent_failures: float
+    gc_pauses: dict[float, float] = attrs.field(factory=dict)
 
 
 def scrape_endpoint(address: str) -> Scraped | None:
@@ -151,6 +153,7 @@ def scrape_endpoint(address: str) -> Scraped | None:
         rounds=_buckets(samples, "stockade_placer_round_seconds"),
         round_trips=_buckets(samples, "stockade_agent_heartbeat_round_trip_seconds"),
         agent_failures=_sum(samples, "stockade_agent_heartbeat_failures_total"),
+        gc_pauses=_buckets(samples, "stockade_gc_pause_seconds"),
     )
 
 
@@ -168,13 +171,18 @@ class MetricsDelta:
     rounds: list[tuple[float, float]]
     round_trips: list[tuple[float, float]]
     agent_failures: float
+    gc_pauses: list[tuple[float, float]] = attrs.field(factory=list)
+    """The control planes' (and agents') garbage-collection pauses, cumulative buckets."""
 
     @classmethod
     def of(cls, before: dict[str, Scraped], after: dict[str, Scraped]) -> MetricsDelta:
         common = [a for a in after if a in before]
         rounds: dict[float, float] = {}
         trips: dict[float, float] = {}
+        pauses: dict[float, float] = {}
         for address in common:
+            for upper, count in bucket_delta(before[address].gc_pauses, after[address].gc_pauses):
+                pauses[upper] = pauses.get(upper, 0.0) + count
             for upper, count in bucket_delta(before[address].rounds, after[address].rounds):
                 rounds[upper] = rounds.get(upper, 0.0) + count
             for upper, count in bucket_delta(before[address].round_trips, after[address].round_trips):
@@ -184,7 +192,13 @@ class MetricsDelta:
             rounds=sorted(rounds.items()),
             round_trips=sorted(trips.items()),
             agent_failures=sum(after[a].agent_failures - before[a].agent_failures for a in common),
+            gc_pauses=sorted(pauses.items()),
         )
+
+    def gc_pauses_over(self, seconds: float) -> int:
+        """Collections that held their process longer than ``seconds`` (a bucket bound)."""
+        counts = dict(self.gc_pauses)
+        return int(counts.get(math.inf, 0.0) - counts.get(seconds, 0.0))
 
 
 def bucket_delta(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
@@ -601,6 +615,8 @@ class _Step:
             workers_updates=updates.updates,
             workers_hot_share=round(updates.hot_share, 4),
             workers_dead_rows=updates.dead_rows,
+            cp_gc_pauses_over_100_ms=delta.gc_pauses_over(0.1),
+            loadgen_gc_pause_max_ms=None if stats is None else stats.get("gc_pause_max_ms"),
         )
 
     async def _interval_s(self, db: PgConnection) -> float:

@@ -54,6 +54,7 @@ import grpclib.server
 
 from ops.pg import free_port
 from protocol import pb
+from runtime import gcpause
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
 __all__ = ["LoadStats", "home_control_plane", "main", "percentile", "worker_ids"]
@@ -126,6 +127,8 @@ class LoadStats:
     latencies_s: list[float] = attrs.field(factory=list)
     """Acknowledgement latency of every acknowledged heartbeat, seconds."""
     started: float = attrs.field(factory=time.monotonic)
+    gc_pauses_s: list[float] = attrs.field(factory=list)
+    """How long each of the process's garbage collections held it, seconds."""
 
     def summary(self) -> dict[str, Any]:
         """The window as JSON: counts, ``window_s`` and ack latency p50 / p99 / max in ms."""
@@ -143,6 +146,8 @@ class LoadStats:
             "ack_p50_ms": ms(percentile(self.latencies_s, 0.5)),
             "ack_p99_ms": ms(percentile(self.latencies_s, 0.99)),
             "ack_max_ms": ms(max(self.latencies_s, default=None)),
+            "gc_pause_max_ms": ms(max(self.gc_pauses_s, default=None)),
+            "gc_pauses_over_100_ms": sum(1 for pause_s in self.gc_pauses_s if pause_s > 0.1),
         }
 
 
@@ -218,6 +223,8 @@ class LoadGenerator:
     advertise: str = ""
     workers: dict[str, _Worker] = attrs.field(factory=dict)
     stats: LoadStats = attrs.field(factory=LoadStats)
+    gc_pauses: gcpause.GcPauses = attrs.field(factory=lambda: gcpause.GcPauses(warn_after_s=math.inf))
+    """Times the process's collections (logs none: stdout is the bench's protocol)."""
     _heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     _shared: list[grpclib.client.Channel] = attrs.field(factory=list)
     _server_contexts: dict[str, ssl.SSLContext] = attrs.field(factory=dict)
@@ -548,6 +555,9 @@ async def _commands(gen: LoadGenerator) -> None:
             continue
         match command.get("cmd"):
             case "stats":
+                # The load generator's own collections (a pause here delays the acks it times).
+                pauses_s = [pause_s for _, pause_s in gen.gc_pauses.drain(time.monotonic())]
+                gen.stats.gc_pauses_s.extend(pauses_s)
                 _say("stats", **gen.stats.summary())
                 if command.get("reset"):
                     gen.stats = LoadStats()
@@ -564,6 +574,7 @@ async def _commands(gen: LoadGenerator) -> None:
 async def run(gen: LoadGenerator, listen_port: int) -> None:
     """Serve the Worker endpoint, register every worker, heartbeat until told to stop."""
     gen.setup()
+    gen.gc_pauses.install()
     server = grpclib.server.Server([SimulatedWorkerService(gen)])
     port = listen_port or free_port()
     await server.start("127.0.0.1", port, ssl=gen.server_ssl())
@@ -614,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         self_fence_s=args.self_fence_s,
         cert_dir=args.cert_dir,
     )
+    gcpause.collect_less_often()  # as a control plane: 2,000 workers' state is a large heap
     asyncio.run(run(gen, args.listen_port))
 
 

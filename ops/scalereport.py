@@ -136,6 +136,11 @@ class ScalePoint:
     written, the old version pruned in its page."""
     workers_dead_rows: int | None = None
     """Dead row versions of ``workers`` at the window's end (``n_dead_tup``)."""
+    cp_gc_pauses_over_100_ms: int | None = None
+    """Garbage collections longer than 100 ms in the control planes (and real agents) over the
+    window (``stockade_gc_pause_seconds``): each held every thread of its process."""
+    loadgen_gc_pause_max_ms: float | None = None
+    """The load generator's longest garbage collection in the window (None: real agents)."""
 
     def to_json(self) -> dict[str, Any]:
         return attr.asdict(self, retain_collection_types=False)
@@ -215,6 +220,7 @@ _COLUMNS = (
     ("recovery_max_s", "recovery max s"),
     ("workers_hot_share", "workers HOT"),
     ("workers_dead_rows", "workers dead rows"),
+    ("cp_gc_pauses_over_100_ms", "CP GC > 0.1 s"),
 )
 
 

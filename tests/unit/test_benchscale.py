@@ -212,3 +212,22 @@ def test_the_interval_a_reply_names_wins_over_the_own_setting() -> None:
     assert _interval_of(SimpleNamespace(heartbeat_interval_ms=2500), 1.0) == 2.5
     assert _interval_of(SimpleNamespace(heartbeat_interval_ms=0), 1.0) == 1.0
     assert _interval_of(pb.HeartbeatReply(epoch=1), 1.0) == 1.0
+
+
+def test_gc_pauses_over_a_bound_count_the_window_only() -> None:
+    """Two endpoints' pause histograms: the collections longer than 0.1 s in the window are
+    those above the 0.1 bucket in the differences, summed (here 1 + 2)."""
+    from ops.benchscale import MetricsDelta, Scraped
+
+    def scraped(le_01: float, total: float) -> Scraped:
+        return Scraped(
+            heartbeats=0.0,
+            rounds={},
+            round_trips={},
+            agent_failures=0.0,
+            gc_pauses={0.05: le_01, 0.1: le_01, 1.0: total, float("inf"): total},
+        )
+
+    before = {"a": scraped(10, 11), "b": scraped(5, 5)}
+    after = {"a": scraped(20, 22), "b": scraped(6, 8)}
+    assert MetricsDelta.of(before, after).gc_pauses_over(0.1) == 3
