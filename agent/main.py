@@ -5,7 +5,8 @@ is cancelled. It keeps all of its state in its own objects, so one process can h
 agents (the fleet mode runs one ``run_agent`` per worker under one asyncio bridge); what
 belongs to the process, its start slots and its spawner thread (:mod:`agent.starts`), is
 passed in. :func:`main` also measures the process's event-loop lag
-(:class:`runtime.lag.LoopLag`, loop ``agent``) and serves its Prometheus metrics.
+(:class:`runtime.lag.LoopLag`, loop ``agent``) and its garbage-collection pauses
+(:class:`runtime.gcpause.GcPauses`), and serves its Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from protocol import pb
 from runtime import identifiers, log, metrics, oom, priority
 from runtime.aio import asyncio_bridge, serve_grpc, trio_service
 from runtime.client import ControlPlaneClient
+from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
 from runtime.os_users import resolve_unprivileged_user
@@ -223,6 +225,7 @@ async def serve_until_signal(
     async def serve() -> None:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
             nursery.start_soon(LoopLag(loop="agent").run)
+            nursery.start_soon(GcPauses().run)
             nursery.start_soon(restart_on_signal, agents, logger)
             nursery.start_soon(work, agents)
 
