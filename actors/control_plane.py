@@ -95,11 +95,15 @@ async def run_control_plane(
     settings: ControlPlaneSettings,
     *,
     policy: RestartPolicy = RestartPolicy(),
+    gc_pauses: GcPauses | None = None,
     task_status: trio.TaskStatus[ControlPlaneHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one replica until cancelled. Needs the asyncio bridge open (see :func:`main`).
 
     ``task_status.started`` gets a :class:`ControlPlaneHandle` once every actor is up.
+    ``gc_pauses`` times the process's garbage collections while the replica runs (None: one
+    that only times them; :func:`main`, which owns the process, passes one that also freezes
+    each full collection's survivors).
 
     Raises:
         ActorGaveUp: an actor crashed more often than ``policy`` allows.
@@ -229,7 +233,7 @@ async def run_control_plane(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(main_lag.run)
-            nursery.start_soon(GcPauses().run)
+            nursery.start_soon((gc_pauses or GcPauses()).run)
             for name, run in actors:
                 await nursery.start(partial(supervise, name, run, policy=policy))
             log.get("control_plane").info("control plane up", cp_id=settings.cp_id, address=ingest.address)
@@ -271,7 +275,9 @@ def main(
 
     async def serve() -> None:
         async with asyncio_bridge(), trio.open_nursery() as nursery:
-            await nursery.start(run_control_plane, settings)
+            await nursery.start(
+                partial(run_control_plane, settings, gc_pauses=GcPauses(freeze_survivors=True))
+            )
             # What start-up left alive (modules, classes, the actors) is never garbage: keep
             # it out of the collector's full passes, which then scan only what the replica
             # allocates while running (docs.python.org/3/library/gc.html#gc.freeze).

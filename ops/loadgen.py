@@ -224,7 +224,8 @@ class LoadGenerator:
     workers: dict[str, _Worker] = attrs.field(factory=dict)
     stats: LoadStats = attrs.field(factory=LoadStats)
     gc_pauses: gcpause.GcPauses = attrs.field(factory=lambda: gcpause.GcPauses(warn_after_s=math.inf))
-    """Times the process's collections (logs none: stdout is the bench's protocol)."""
+    """Times the process's collections while :func:`run` runs (logs none: stdout is the
+    bench's protocol); :func:`main` gives one that also freezes full collections' survivors."""
     _heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     _shared: list[grpclib.client.Channel] = attrs.field(factory=list)
     _server_contexts: dict[str, ssl.SSLContext] = attrs.field(factory=dict)
@@ -591,6 +592,7 @@ async def run(gen: LoadGenerator, listen_port: int) -> None:
             task.cancel()
         server.close()
         gen.close()
+        gen.gc_pauses.uninstall()
 
 
 async def _register_all(gen: LoadGenerator) -> None:
@@ -624,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_s=args.timeout_s,
         self_fence_s=args.self_fence_s,
         cert_dir=args.cert_dir,
+        gc_pauses=gcpause.GcPauses(warn_after_s=math.inf, freeze_survivors=True),
     )
     gcpause.collect_less_often()  # as a control plane: 2,000 workers' state is a large heap
     asyncio.run(run(gen, args.listen_port))

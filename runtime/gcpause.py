@@ -21,7 +21,14 @@ thread it interrupted). :meth:`GcPauses.run`, a task of a trio loop, drains the 
 
 :func:`collect_less_often` raises the young generation's threshold, so that objects that live
 a few milliseconds are freed by their reference counts before a collection promotes them to the
-oldest generation, whose growth is what triggers full collections (see there).
+oldest generation, whose growth is what triggers full collections (see there). With
+``freeze_survivors`` the monitor also freezes (``gc.freeze()``) what survived each full
+collection, so the next one scans only what was promoted since: a full collection then costs in
+proportion to the heap's growth, not its size. What was frozen and later became cyclic garbage
+is not freed until ``thaw_every_s`` gives the frozen objects back (one full-heap collection per
+period; objects freed by their reference counts, most of them, are freed at once as always).
+This is ``gc.freeze()``'s use in its documentation (keeping long-lived objects out of
+collections), applied to every full collection's survivors rather than once.
 """
 
 from __future__ import annotations
@@ -47,11 +54,20 @@ class GcPauses:
         interval_s: how often the timed collections are recorded, in seconds.
         warn_after_s: a collection longer than this, in seconds, is logged.
         log_every_s: at most one warning line per this many seconds.
+        freeze_survivors: after every full collection, move what survived it to the permanent
+            generation (``gc.freeze()``), so that the next full collection scans only what was
+            promoted since, not the whole heap (see :func:`collect_less_often` for why).
+        thaw_every_s: with ``freeze_survivors``, give the frozen objects back to the collector
+            (``gc.unfreeze()``) this often, in seconds, so that what became cyclic garbage
+            after it was frozen is freed by the next full collection (which then takes as long
+            as one over the whole heap, once per period).
     """
 
     interval_s: float = 1.0
     warn_after_s: float = 0.1
     log_every_s: float = 5.0
+    freeze_survivors: bool = False
+    thaw_every_s: float = 3600.0
     _started_at: float | None = None
     _done: deque[tuple[int, float]] = attrs.field(factory=lambda: deque(maxlen=10_000))
     _long_since_log: int = 0
@@ -64,8 +80,13 @@ class GcPauses:
         if phase == "start":
             self._started_at = time.perf_counter()
         elif self._started_at is not None:
-            self._done.append((int(info.get("generation", -1)), time.perf_counter() - self._started_at))
+            generation = int(info.get("generation", -1))
+            self._done.append((generation, time.perf_counter() - self._started_at))
             self._started_at = None
+            if self.freeze_survivors and generation == 2:
+                # Every tracked object is a survivor of the collection that just ended (a full
+                # one collects every generation), so this freezes nothing that is garbage now.
+                gc.freeze()
 
     def install(self) -> None:
         """Start timing collections (idempotent)."""
@@ -113,10 +134,19 @@ class GcPauses:
         """Install the hook, record every ``interval_s`` until cancelled, then uninstall it."""
         self.install()
         task_status.started()
+        thawed_at = trio.current_time()
         try:
             while True:
                 await trio.sleep(self.interval_s)
-                self.drain(trio.current_time())
+                now = trio.current_time()
+                self.drain(now)
+                metrics.GC_FROZEN_OBJECTS.set(gc.get_freeze_count())
+                if self.freeze_survivors and now - thawed_at >= self.thaw_every_s:
+                    self._log.info(
+                        "frozen objects given back to the collector", frozen_objects=gc.get_freeze_count()
+                    )
+                    gc.unfreeze()
+                    thawed_at = now
         finally:
             self.uninstall()
 
@@ -133,15 +163,18 @@ def collect_less_often() -> tuple[int, int, int]:
     and return the thresholds in force.
 
     Why: CPython 3.11 runs a full collection once the objects promoted to the oldest generation
-    since the last one exceed a quarter of it. An object is promoted when it survives two young
-    collections; at 700 allocations apiece, a control plane's short-lived objects (a round's
-    rows and workers, a call's messages, alive for a few milliseconds) survive them and are
-    promoted by the hundred thousand a second, so with a 2,000-worker cluster the leader ran a
-    full collection, over its million-object heap, every few seconds, each holding every thread
-    for 0.6 to 1.1 s (measured with :class:`GcPauses`; long enough to lose the lease). With the
-    young generation 70 times larger, such objects are freed by their reference counts before
-    the first collection that would promote them. A young collection then scans up to 50,000
-    objects (a few milliseconds).
+    since the last one exceed a quarter of it, and a full collection scans every tracked object.
+    An object is promoted when it survives two young collections; at 700 allocations apiece, a
+    control plane's short-lived objects (a round's rows and workers, a call's messages, alive
+    for a few milliseconds) survived them and were promoted by the hundred thousand a second,
+    so with a 2,000-worker cluster the leader ran a full collection over its million-object
+    heap every 5 to 6 s, each holding every thread for 0.6 to 1.1 s (measured with
+    :class:`GcPauses`; long enough to lose the lease). With the young generation 70 times
+    larger, such objects are freed by their reference counts before a collection can promote
+    them, and a young collection scans up to 50,000 objects (a few milliseconds). Full
+    collections still come as the heap grows, and each still scanned the whole heap (2.5 to
+    4 s once it held about a million objects): :class:`GcPauses` with ``freeze_survivors``
+    keeps what survived one out of the next.
     """
     _, _, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_THRESHOLD, oldest)

@@ -114,6 +114,10 @@ GC_PAUSE_SECONDS = Histogram(
     ["generation"],
     buckets=LAG_BUCKETS_S,
 )
+GC_FROZEN_OBJECTS = Gauge(
+    "stockade_gc_frozen_objects",
+    "Objects in the collector's permanent generation (gc.get_freeze_count(); runtime.gcpause).",
+)
 
 INGEST_SHED_REQUESTS = Counter(
     "stockade_ingest_shed_requests",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import trio
@@ -50,3 +51,61 @@ async def test_the_task_installs_the_hook_while_it_runs(autojump_clock: trio.tes
         assert pauses._callback in gc.callbacks
         nursery.cancel_scope.cancel()
     assert pauses._callback not in gc.callbacks
+
+
+def test_survivors_of_a_full_collection_are_frozen_and_garbage_is_not() -> None:
+    """With freeze_survivors, a full collection freezes what survived it: a cycle still
+    referenced is frozen, one that became garbage before the collection is freed by it."""
+
+    class Node:
+        other: Node | None = None
+
+    def cycle() -> Node:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return a
+
+    kept = cycle()
+    garbage = weakref.ref(cycle())
+    pauses = GcPauses(freeze_survivors=True)
+    try:
+        with pauses:
+            gc.collect()
+            assert garbage() is None
+            assert gc.get_freeze_count() > 0
+            assert kept.other is not None
+            frozen = gc.get_freeze_count()
+            gc.collect(0)  # a young collection freezes nothing more
+            assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+async def test_the_frozen_objects_are_given_back_every_thaw_every_s(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every thaw_every_s the task unfreezes, so the next full collection frees what became
+    garbage after it was frozen."""
+
+    class Node:
+        other: Node | None = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    pauses = GcPauses(freeze_survivors=True, interval_s=1.0, thaw_every_s=10.0)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pauses.run)
+            gc.collect()  # freezes the cycle
+            gone = weakref.ref(a)
+            del a, b
+            gc.collect()
+            assert gone() is not None  # frozen: not collected
+            await trio.sleep(10.5)  # the task thaws
+            assert gc.get_freeze_count() == 0
+            pauses.uninstall()  # the next collection must not freeze it again
+            gc.collect()
+            assert gone() is None
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.unfreeze()
