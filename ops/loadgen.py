@@ -146,7 +146,7 @@ class LoadStats:
             "ack_p50_ms": ms(percentile(self.latencies_s, 0.5)),
             "ack_p99_ms": ms(percentile(self.latencies_s, 0.99)),
             "ack_max_ms": ms(max(self.latencies_s, default=None)),
-            "gc_pause_max_ms": ms(max(self.gc_pauses_s, default=None)),
+            "gc_pause_max_ms": ms(max(self.gc_pauses_s, default=0.0)),
             "gc_pauses_over_100_ms": sum(1 for pause_s in self.gc_pauses_s if pause_s > 0.1),
         }
 
