@@ -1019,9 +1019,9 @@ class Agent:
                 "heartbeat interval and self-fence span set by the cluster",
                 heartbeat_interval_s=new_interval_s,
                 dead_after_s=new_dead_after_s,
-                self_fence_after_s=fence_s,
+                self_fence_after_s=round(fence_s, 3),
                 was_heartbeat_interval_s=self.heartbeat_interval_s,
-                was_self_fence_after_s=self._fence.fence_after_s,
+                was_self_fence_after_s=round(self._fence.fence_after_s, 3),
             )
         self.heartbeat_interval_s = new_interval_s
         self.dead_after_s = new_dead_after_s

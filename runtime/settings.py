@@ -105,6 +105,11 @@ it keeps every job without pausing it."""
 MAX_RESTART_HOLD_S = 600.0
 """The longest restart hold, in seconds (``actors.validation.MAX_RESTART_HOLD_S`` too)."""
 
+DEFAULT_STOP_GRACE_S = 0.5
+"""The default of ``AgentSettings.stop_grace_s`` (see there)."""
+DEFAULT_SELF_FENCE_MARGIN_S = 0.5
+"""The default of ``AgentSettings.self_fence_margin_s`` (see there)."""
+
 DEFAULT_DEAD_AFTER_S = 2.5
 """The default of ``ReconcilerSettings.dead_after_s`` (see there), which the ingest tells
 workers at registration."""
@@ -401,6 +406,36 @@ class ReconcilerSettings:
                 self.health_min_failed_jobs,
                 f"must be <= health_window_runs = {self.health_window_runs} (the runs a worker is judged on)",
             )
+
+
+def fence_margin_refusal(
+    settings: ReconcilerSettings,
+    *,
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+    self_fence_margin_s: float = DEFAULT_SELF_FENCE_MARGIN_S,
+) -> str | None:
+    """Why a control plane refuses ``settings`` at start, or None: with some heartbeat interval
+    it may tell (``heartbeat_interval_min_s`` .. ``heartbeat_interval_max_s``), the dead_after
+    that goes with it (``max(dead_after_s, interval x dead_after_intervals)``) leaves an agent a
+    self-fence span (dead_after - ``stop_grace_s`` - ``self_fence_margin_s``, the agents'
+    defaults unless given) no longer than the interval: its agents would refuse the interval,
+    or pause their jobs at every heartbeat. The span less the interval is lowest at an end of
+    the range or where the dead_after starts to follow the interval, so those are checked.
+    """
+    low, high = settings.heartbeat_interval_min_s, settings.heartbeat_interval_max_s
+    crossover = settings.dead_after_s / settings.dead_after_intervals
+    for interval_s in sorted({low, high, min(high, max(low, crossover))}):
+        dead_after_s = max(settings.dead_after_s, interval_s * settings.dead_after_intervals)
+        fence_s = dead_after_s - stop_grace_s - self_fence_margin_s
+        if fence_s <= interval_s:
+            return (
+                f"with a heartbeat interval of {interval_s:g} s the dead_after is {dead_after_s:g} s,"
+                f" which leaves a self-fence span of {fence_s:g} s (dead_after - stop_grace_s"
+                f" {stop_grace_s:g} s - self_fence_margin_s {self_fence_margin_s:g} s of the agents)"
+                " not longer than the interval:"
+                f" raise dead_after_s or lower heartbeat_interval_min_s = {low:g}"
+            )
+    return None
 
 
 @attrs.frozen(kw_only=True)
@@ -821,7 +856,7 @@ class AgentSettings:
     a heartbeat the database acknowledges resumes those whose assignment is still active
     (DESIGN.md, "Outages"). 0, or anything up to ``self_fence_after_s``: no pause, jobs are
     killed at the fence deadline."""
-    stop_grace_s: float = attrs.field(default=0.5, validator=_positive)
+    stop_grace_s: float = attrs.field(default=DEFAULT_STOP_GRACE_S, validator=_positive)
     """Time between SIGTERM and SIGKILL when stopping a command job."""
     restart_hold_s: float = attrs.field(default=DEFAULT_RESTART_HOLD_S)
     """How long a planned restart (SIGHUP: the agent exits leaving its jobs running) asks the
@@ -829,7 +864,7 @@ class AgentSettings:
     on it for that long, and its jobs pause only that much later than without the hold; a new
     agent process on the same work folder takes them over within it (docs/design.md,
     "Restarts"). 0 to 600; 0: no hold (the restart then has the fence span)."""
-    self_fence_margin_s: float = attrs.field(default=0.5, validator=_non_negative)
+    self_fence_margin_s: float = attrs.field(default=DEFAULT_SELF_FENCE_MARGIN_S, validator=_non_negative)
     """A worker's jobs must be stopped at least this long before the cluster may declare it
     dead: the self-fence deadline is lowered to ``dead_after_s - stop_grace_s`` minus this
     when the control planes' ``dead_after_s`` asks for it (:func:`agent.fence.fence_after_s`)."""
@@ -963,10 +998,23 @@ class AgentSettings:
                 self.register_retry_max_s,
                 f"must be >= register_retry_s = {self.register_retry_s:g}",
             )
+        if self.heartbeat_interval_max_s < self.heartbeat_interval_min_s:
+            raise InvalidArgument(
+                "heartbeat_interval_max_s",
+                self.heartbeat_interval_max_s,
+                f"must be >= heartbeat_interval_min_s = {self.heartbeat_interval_min_s:g}",
+            )
         if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:
             raise InvalidArgument(
                 "heartbeat_interval_s",
                 self.heartbeat_interval_s,
                 f"must be between heartbeat_interval_min_s = {self.heartbeat_interval_min_s:g}"
                 f" and heartbeat_interval_max_s = {self.heartbeat_interval_max_s:g}",
+            )
+        if self.heartbeat_interval_s >= self.self_fence_after_s:
+            raise InvalidArgument(
+                "heartbeat_interval_s",
+                self.heartbeat_interval_s,
+                f"must be below self_fence_after_s = {self.self_fence_after_s:g} (a worker must hear back"
+                " at least once before it fences itself, or it pauses its jobs at every heartbeat)",
             )

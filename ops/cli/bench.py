@@ -261,9 +261,10 @@ def bench_scale(
     heartbeat_interval_s: Annotated[
         float | None,
         typer.Option(
-            min=0.1,
+            min=0.3,
             max=10.0,
-            help="A fixed heartbeat interval, seconds (deadline 1.5x, self-fence 3.5x, dead-after 5x); "
+            help="A fixed heartbeat interval, seconds (deadline 1.5x, self-fence 3.5x, dead-after 5x; "
+            "below 0.3 s the dead-after leaves the agents no self-fence longer than the interval); "
             "default: the cluster chooses it as it grows, as anywhere.",
         ),
     ] = None,

@@ -14,6 +14,7 @@ from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.config import default_state_dir, named_addresses
 from runtime import identifiers
+from runtime.errors import InvalidArgument
 from runtime.identifiers import parse_labels
 from runtime.oom import (
     DEFAULT_AGENT_OOM_SCORE_ADJ,
@@ -37,6 +38,7 @@ from runtime.settings import (
     OutputSettings,
     PlacerSettings,
     ReconcilerSettings,
+    fence_margin_refusal,
 )
 from runtime.tls import TlsFiles
 
@@ -575,6 +577,8 @@ def control_plane(
             ),
         )
         check_nice(nice)
+        if (why := fence_margin_refusal(settings.reconciler)) is not None:
+            raise InvalidArgument("dead_after_s", settings.reconciler.dead_after_s, why)
     _check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
     with errors():  # a database that refuses this client for good ends the replica in one line
         control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)

@@ -69,7 +69,7 @@ class ScriptedControlPlane:
     answered: list[float] = attrs.field(factory=list)
     """Send times of the heartbeats that got a reply."""
     next_answer: dict[str, Any] = attrs.field(factory=dict)
-    told: dict[str, Any] = attrs.field(factory=dict)
+    tells: dict[str, Any] = attrs.field(factory=dict)
     """Fields every heartbeat answer carries (what the cluster tells: interval, dead_after);
     ``next_answer`` overrides them for one answer."""
     answer_delay_s: float = 0.0
@@ -98,7 +98,7 @@ class ScriptedControlPlane:
         await self._gate()
         await trio.sleep(self.answer_delay_s)
         answer = HeartbeatAnswer(
-            epoch=self.epoch, database_unix_s=database_now(), **{**self.told, **self.next_answer}
+            epoch=self.epoch, database_unix_s=database_now(), **{**self.tells, **self.next_answer}
         )
         self.next_answer = {}
         self.answered.append(sent)

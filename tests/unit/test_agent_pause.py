@@ -200,7 +200,7 @@ async def test_a_paused_worker_judges_an_answer_by_the_span_it_tells(
         await trio.sleep(0.1)
         cp.mode = "down"
         await trio.sleep(FENCE_S + 1.0)
-        cp.told = {"heartbeat_interval_s": 2.0, "dead_after_s": 20.0}
+        cp.tells = {"heartbeat_interval_s": 2.0, "dead_after_s": 20.0}
         cp.answer_delay_s = FENCE_S + 1.0
         cp.mode = "up"
         await trio.sleep(GRACE_S)

@@ -35,7 +35,7 @@ from actors.reconciler_store import HeartbeatAge
 from agent.fence import fence_after_s, told_refusal
 from agent.messages import Registered, Registration
 from runtime.errors import InvalidArgument
-from runtime.settings import ReconcilerSettings
+from runtime.settings import ReconcilerSettings, fence_margin_refusal
 
 SETTINGS = ReconcilerSettings()
 
@@ -168,6 +168,36 @@ def test_an_agent_interval_outside_its_own_bounds_is_refused_at_start(tmp_path: 
     """heartbeat_interval_s must lie within the agent's told-interval bounds."""
     with pytest.raises(InvalidArgument, match=r"heartbeat_interval_s.*heartbeat_interval_max_s = 10"):
         agent_settings(tmp_path, heartbeat_interval_s=20.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused_at_s"),
+    [
+        ({"dead_after_s": 1.2}, "0.25"),  # the shortest interval: 1.2 - 1.0 leaves 0.2 s
+        ({"dead_after_s": 1.25, "heartbeat_interval_min_s": 0.3, "heartbeat_interval_max_s": 0.3}, "0.3"),
+    ],
+)
+def test_a_dead_after_that_leaves_no_fence_longer_than_an_interval_is_refused(
+    overrides: dict[str, float], refused_at_s: str
+) -> None:
+    """The control plane's start check: with the agents' default stop grace and margin, some
+    interval it may tell would get a self-fence span no longer than itself. It names the
+    interval, the dead_after and the span; the default settings and the bench's pinned 1 s
+    with a 5 s dead_after pass."""
+    why = fence_margin_refusal(ReconcilerSettings(**overrides))
+    assert why is not None and f"heartbeat interval of {refused_at_s} s" in why and "self-fence span" in why
+    assert fence_margin_refusal(ReconcilerSettings()) is None
+    pinned = ReconcilerSettings(dead_after_s=5.0, heartbeat_interval_min_s=1.0, heartbeat_interval_max_s=1.0)
+    assert fence_margin_refusal(pinned) is None
+
+
+def test_an_agent_interval_not_below_its_own_fence_is_refused_at_start(tmp_path: Path) -> None:
+    """An agent whose own interval is not shorter than its self-fence span would pause its jobs
+    at every heartbeat: refused, naming both; min above max names max."""
+    with pytest.raises(InvalidArgument, match=r"heartbeat_interval_s.*self_fence_after_s = 3"):
+        agent_settings(tmp_path, heartbeat_interval_s=3.0, heartbeat_interval_min_s=2.0)
+    with pytest.raises(InvalidArgument, match=r"heartbeat_interval_max_s.*heartbeat_interval_min_s = 5"):
+        agent_settings(tmp_path, heartbeat_interval_min_s=5.0, heartbeat_interval_max_s=1.0)
 
 
 # ---------------------------------------------------------------- the agent's side
