@@ -257,15 +257,26 @@ class ProcessInfo:
     argv: tuple[str, ...]
     cwd: str
     """Its working directory (``/proc/<pid>/cwd``), or empty when it cannot be read."""
+    parent_pid: int = 0
+    """``/proc/<pid>/stat`` field 4; 0 when unknown."""
 
 
 def start_ticks(pid: int) -> int | None:
     """Field 22 of ``/proc/<pid>/stat`` (the start time), or None when the process is gone."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """Fields 4 (the parent's pid) and 22 (the start time, in clock ticks since boot) of
+    ``/proc/<pid>/stat``, or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
             # The command name (field 2) is in parentheses and may hold spaces or ")": split
-            # after its last ")". Field 3 (the state) is then the first, field 22 the 20th.
-            return int(file.read().rsplit(")", 1)[1].split()[19])
+            # after its last ")". Field 3 (the state) is then the first, field 4 the second,
+            # field 22 the 20th.
+            fields = file.read().rsplit(")", 1)[1].split()
+            return int(fields[1]), int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -278,15 +289,16 @@ def process_info(pid: int) -> ProcessInfo | None:
             raw = file.read()
     except OSError:
         return None
-    ticks = start_ticks(pid)
-    if ticks is None or not raw:
+    stat = _stat(pid)
+    if stat is None or not raw:
         return None
+    parent_pid, ticks = stat
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = ""
     argv = tuple(part.decode("utf-8", "surrogateescape") for part in raw.rstrip(b"\0").split(b"\0"))
-    return ProcessInfo(pid=pid, start_ticks=ticks, argv=argv, cwd=cwd)
+    return ProcessInfo(pid=pid, start_ticks=ticks, argv=argv, cwd=cwd, parent_pid=parent_pid)
 
 
 class Supervisor(StrEnum):
@@ -328,7 +340,11 @@ def supervisor_of(argv: Sequence[str], deadline_path: str) -> Supervisor | None:
 
 def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
     """Every live job supervisor of the worker whose fence-deadline file is ``deadline_path``
-    (:func:`supervisor_of`), from a scan of ``/proc``; none where there is no ``/proc``."""
+    (:func:`supervisor_of`), from a scan of ``/proc``; none where there is no ``/proc``.
+
+    A supervisor's child between its fork and its exec still shows the supervisor's command
+    line and folder: a process whose parent is a supervisor found here is that child, not a
+    supervisor, and is left out (else it could stand for its parent in the survey)."""
     found = []
     marker = os.fsencode(deadline_path)
     try:
@@ -350,7 +366,8 @@ def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
         kind = supervisor_of(info.argv, deadline_path)
         if kind is not None:
             found.append((info, kind))
-    return found
+    pids = {info.pid for info, _ in found}
+    return [(info, kind) for info, kind in found if info.parent_pid not in pids]
 
 
 def supervised_job_folders(deadline_path: str) -> frozenset[str]:

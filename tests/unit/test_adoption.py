@@ -266,6 +266,36 @@ def test_a_process_start_time_is_read_from_proc() -> None:
     assert adoption.start_ticks(2**22 + 1) is None
 
 
+def test_a_supervisors_child_before_its_exec_is_not_taken_for_the_supervisor(tmp_path: Path) -> None:
+    """A process that passes for a reaper of this work folder forks a child that never execs
+    (as a reaper's child between fork and exec): both show the same command line and folder, and
+    the scan finds the parent alone, so a survey never takes the child for the job's reaper."""
+    import subprocess
+
+    deadline = str(tmp_path / "fence_deadline")
+    script = (
+        "# agent.reaper import run\n"
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(30); os._exit(0)\n"
+        "sys.stdout.write('forked\\n'); sys.stdout.flush(); time.sleep(30)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, deadline, "--", "sleep", "30"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"forked\n"
+        found = adoption.supervisors(deadline)
+        assert [(info.pid, kind) for info, kind in found] == [(parent.pid, Supervisor.REAPER)]
+        assert found[0][0].parent_pid == os.getpid()
+    finally:
+        os.killpg(parent.pid, 9)
+        parent.wait(timeout=10)
+
+
 def test_a_continued_incarnation_refuses_what_was_released_and_accepts_new_work() -> None:
     """Invariant 5 after a continuation: the continued incarnation's Assign is accepted, an
     assignment the control plane released is refused as cancelled, and a previous life's is
