@@ -272,6 +272,18 @@ SELECT job_id, extract(epoch FROM min(confirmed_at))::float8 - $3 AS seconds
    AND created_at >= to_timestamp($3)
  GROUP BY job_id
 """
+# $1 the lost jobs, $2 the killed workers, $3 the kill (unix s, database time). How a recovery
+# divides: seconds from the kill to each killed worker's death declared, and to each lost job's
+# first new assignment (placed elsewhere); each array NULL when it has none.
+RECOVERY_STEPS = """
+SELECT (SELECT array_agg(extract(epoch FROM declared_at)::float8 - $3) FROM worker_deaths
+         WHERE worker_id = ANY($2::text[]) AND declared_at >= to_timestamp($3)) AS declared,
+       (SELECT array_agg(s) FROM (SELECT extract(epoch FROM min(created_at))::float8 - $3 AS s
+                                    FROM assignments
+                                   WHERE job_id = ANY($1::bigint[]) AND worker_id <> ALL($2::text[])
+                                     AND created_at >= to_timestamp($3)
+                                   GROUP BY job_id) x) AS placed
+"""
 DEATHS = """
 SELECT worker_id FROM worker_deaths WHERE declared_at BETWEEN to_timestamp($1) AND to_timestamp($2)
 """
@@ -561,6 +573,7 @@ class _Step:
             exec_ms, calls = await db.fetchrow(STATEMENTS) or (None, None)
             stats = await self.loadgen.ask({"cmd": "stats"}, "stats") if self.loadgen is not None else None
             moved = await self._recovery(db, lost, killed, kill_at)
+            declared, placed = await db.fetchrow(RECOVERY_STEPS, lost, killed, kill_at) or (None, None)
             nursery.cancel_scope.cancel()
         told = await db.fetchrow(POLICY)
         untold = _untold_policy(settings.heartbeat_interval_s)
@@ -612,6 +625,8 @@ class _Step:
             jobs_not_moved=len(lost) - len(moved),
             recovery_p50_s=round(statistics.median(moved), 3) if moved else None,
             recovery_max_s=round(max(moved), 3) if moved else None,
+            recovery_declared_p50_s=round(statistics.median(declared), 3) if declared else None,
+            recovery_placed_p50_s=round(statistics.median(placed), 3) if placed else None,
             workers_updates=updates.updates,
             workers_hot_share=round(updates.hot_share, 4),
             workers_dead_rows=updates.dead_rows,

@@ -126,6 +126,12 @@ class ScalePoint:
     recovery_p50_s: float | None
     """From the kill (database time) to a job's new assignment confirmed running, p50 over jobs."""
     recovery_max_s: float | None
+    recovery_declared_p50_s: float | None = None
+    """From the kill to a killed worker's death declared (``worker_deaths``), p50 over the
+    killed workers: the silence part of a recovery."""
+    recovery_placed_p50_s: float | None = None
+    """From the kill to a lost job's first new assignment (placed elsewhere), p50 over jobs;
+    what is left until ``recovery_p50_s`` is the new worker's confirming heartbeat."""
     dead_after_s: float | None = None
     """The dead_after in force at the window's end (None: the control planes' default)."""
     workers_updates: int | None = None
@@ -216,6 +222,8 @@ _COLUMNS = (
     ("placer_round_p50_ms", "round p50 ms"),
     ("placer_round_p99_ms", "round p99 ms"),
     ("pending_p50", "pending"),
+    ("recovery_declared_p50_s", "declared p50 s"),
+    ("recovery_placed_p50_s", "placed p50 s"),
     ("recovery_p50_s", "recovery p50 s"),
     ("recovery_max_s", "recovery max s"),
     ("workers_hot_share", "workers HOT"),

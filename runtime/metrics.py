@@ -116,7 +116,7 @@ GC_PAUSE_SECONDS = Histogram(
 )
 GC_FROZEN_OBJECTS = Gauge(
     "stockade_gc_frozen_objects",
-    "Objects in the collector's permanent generation (gc.get_freeze_count(); runtime.gcpause).",
+    "Objects in the collector's permanent generation, read after each full collection (runtime.gcpause).",
 )
 
 INGEST_SHED_REQUESTS = Counter(

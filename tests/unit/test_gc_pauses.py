@@ -8,6 +8,7 @@ import weakref
 import pytest
 import trio
 import trio.testing
+from prometheus_client import REGISTRY
 
 from runtime.gcpause import GcPauses
 
@@ -101,8 +102,14 @@ async def test_the_frozen_objects_are_given_back_every_thaw_every_s(
             del a, b
             gc.collect()
             assert gone() is not None  # frozen: not collected
-            await trio.sleep(10.5)  # the task thaws
+            await trio.sleep(1.5)  # the task records the full collections
+            frozen = REGISTRY.get_sample_value("stockade_gc_frozen_objects")
+            assert (
+                frozen is not None and frozen > 0
+            )  # read after the collection; freed objects leave it since
+            await trio.sleep(9.0)  # the task thaws
             assert gc.get_freeze_count() == 0
+            assert REGISTRY.get_sample_value("stockade_gc_frozen_objects") == 0
             pauses.uninstall()  # the next collection must not freeze it again
             gc.collect()
             assert gone() is None
