@@ -150,6 +150,7 @@ from agent.starts import StartLimiter
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import FailedPrecondition, PermissionDenied, StockadeError, TemporaryError
+from runtime.jobs import SleepRuntime
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
@@ -313,6 +314,16 @@ class Agent:
         (waiting for a start slot, running, or being stopped): whose folders are in use."""
         jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
         return [(job.order.job_id, job.order.assignment_id) for job in jobs if job is not None]
+
+    def output_jobs(self) -> list[tuple[int, int]]:
+        """Those of :meth:`active_jobs` that write output files: every job but a sleep job
+        (which has no process), whose folder the output keeper need not look at."""
+        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
+        return [
+            (job.order.job_id, job.order.assignment_id)
+            for job in jobs
+            if job is not None and not isinstance(job.order.spec.runtime, SleepRuntime)
+        ]
 
     def jobs_added(self) -> trio.Event:
         """An event set when the agent next holds a new job (:meth:`RunningJobs.added`)."""

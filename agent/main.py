@@ -171,6 +171,7 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         jobs_dir=agent.jobs_dir,
         settings=settings.output,
         active=agent.active_jobs,
+        writing=agent.output_jobs,
         added=agent.jobs_added,
         files=files,
         logger=log.get("agent").bind(worker_id=settings.worker_id),

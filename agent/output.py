@@ -370,6 +370,9 @@ class OutputKeeper:
         worker_id: the metrics' label.
         added: the event set when the agent next holds a new job
             (:meth:`agent.core.Agent.jobs_added`).
+        writing: ``(job_id, assignment_id)`` of the jobs among ``active`` that write output
+            files (:meth:`agent.core.Agent.output_jobs`; a sleep job writes none), whose files
+            are capped; None: all of ``active``.
     """
 
     jobs_dir: Path
@@ -379,6 +382,7 @@ class OutputKeeper:
     logger: Any
     added: Callable[[], trio.Event]
     worker_id: str = ""
+    writing: Callable[[], Collection[tuple[int, int]]] | None = None
     _sizes: dict[Path, int] = attrs.field(factory=dict)
     """Length of each watched file at the last check."""
     _warned: set[Path] = attrs.field(factory=set)
@@ -424,7 +428,7 @@ class OutputKeeper:
         a job's files were seen for the first time."""
         running = {
             job_dir_for(self.jobs_dir, job_id, aid) / name
-            for job_id, aid in self.active()
+            for job_id, aid in (self.writing or self.active)()
             for name in OUTPUT_FILES.values()
         }
         paths = running | set(self._sizes)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -59,6 +60,20 @@ async def test_a_running_jobs_file_over_its_cap_loses_its_head_and_keeps_its_len
         os.close(fd)
     assert path.stat().st_size == 3 * MIB
     assert 0 < 3 * MIB - kept_from <= MIB
+    assert path.stat().st_blocks * 512 <= MIB + 64 * 1024
+
+
+async def test_only_the_jobs_that_write_output_are_checked(tmp_path: Path) -> None:
+    """The keeper looks only in the folders of the jobs ``writing`` names (an agent's sleep jobs
+    write nothing and are left out): a file in another held job's folder is not opened, so not
+    trimmed, until that job is named."""
+    path = job_file(tmp_path, 1, 1, 3 * MIB)
+    writing: list[tuple[int, int]] = []
+    watched = attrs.evolve(keeper(tmp_path, [(1, 1)]), writing=lambda: list(writing))
+    assert await watched.check_once() == (0, False)
+    assert path.stat().st_blocks * 512 >= 3 * MIB
+    writing.append((1, 1))
+    await watched.check_once()
     assert path.stat().st_blocks * 512 <= MIB + 64 * 1024
 
 
