@@ -919,6 +919,9 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS unhealthy_at timestamptz,
 -- alive worker).
 CREATE INDEX IF NOT EXISTS assignments_finished_by_worker
     ON assignments (worker_id, ended_at) WHERE state = 'finished';
+-- A worker's cancelled runs since (the placer's trial: queries.LIVE_WORKERS, ROUND_READ).
+CREATE INDEX IF NOT EXISTS assignments_cancelled_by_worker
+    ON assignments (worker_id, ended_at) WHERE state = 'cancelled';
 
 -- The heartbeat interval (docs/design.md, "Heartbeat interval"; actors/heartbeat_policy.py). The
 -- leader chooses the interval the workers heartbeat at and the dead_after that goes with it, from

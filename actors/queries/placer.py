@@ -6,8 +6,10 @@ from __future__ import annotations
 # Whether a worker is on trial (actors/placer.py, probe_limit: one job at a time), with $N the
 # placer's trial_run_s (0: no trial): no run of its incarnation that ended (or is still going)
 # after its registration and its health_since (set when an unhealthy mark was cleared) has
-# succeeded or run for $N seconds since a heartbeat first listed it (indexes
-# assignments_finished_by_worker and assignments_active_by_worker: one worker's runs since).
+# succeeded or run for $N seconds since a heartbeat first listed it, a run cancelled after
+# that long included (a user's cancel, or a drain, does not put a worker back on trial)
+# (indexes assignments_finished_by_worker, assignments_cancelled_by_worker and
+# assignments_active_by_worker: one worker's runs since).
 def _on_trial(n: int) -> str:
     return f"""(${n}::float8 > 0
        AND NOT EXISTS (SELECT 1 FROM assignments t
@@ -16,6 +18,11 @@ def _on_trial(n: int) -> str:
                           AND t.worker_incarnation = w.incarnation
                           AND (t.outcome = 'succeeded'
                                OR t.confirmed_at + make_interval(secs => ${n}::float8) <= t.ended_at))
+       AND NOT EXISTS (SELECT 1 FROM assignments t
+                        WHERE t.worker_id = w.id AND t.state = 'cancelled'
+                          AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                          AND t.worker_incarnation = w.incarnation
+                          AND t.confirmed_at + make_interval(secs => ${n}::float8) <= t.ended_at)
        AND NOT EXISTS (SELECT 1 FROM assignments t
                         WHERE t.worker_id = w.id AND t.state = 'active'
                           AND t.worker_incarnation = w.incarnation

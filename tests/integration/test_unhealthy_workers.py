@@ -244,8 +244,8 @@ async def on_trial(admin: PgConnection, trial_run_s: float = 5.0) -> dict[str, b
 async def test_a_worker_is_on_trial_until_a_run_there_succeeds_or_runs_long_enough(cluster: Cluster) -> None:
     """A new worker is on trial; a failed run does not end it, a success does; a clear of its
     mark (here the operator's uncordon) puts it on trial again, as does its re-registration;
-    a run that has run trial_run_s since a heartbeat listed it ends the trial too; a trial_run_s
-    of 0 puts no worker on trial."""
+    a run that has run trial_run_s since a heartbeat listed it ends the trial too, also once it
+    was cancelled; a trial_run_s of 0 puts no worker on trial."""
     one = await cluster.register("w-1")
     assert await on_trial(cluster.admin) == {"w-1": True}
     assert await on_trial(cluster.admin, 0.0) == {"w-1": False}
@@ -272,6 +272,19 @@ async def test_a_worker_is_on_trial_until_a_run_there_succeeds_or_runs_long_enou
         "UPDATE assignments SET confirmed_at = now() - interval '6 seconds' WHERE id = $1", aid
     )
     assert await on_trial(cluster.admin) == {"w-1": False}
+
+    # A run cancelled (here as the leader ends a user's cancel) ends the trial if it had run
+    # trial_run_s before its end, not if it had not.
+    for ran_s, trial in ((2, True), (6, False)):
+        one = await cluster.register("w-1")
+        aid = await cluster.place(await cluster.submit(), "w-1", one)
+        await cluster.admin.execute(
+            "UPDATE assignments SET confirmed_at = now() - make_interval(secs => $2), state = 'cancelled',"
+            " ended_at = now(), ended_epoch = 1, end_reason = 'cancelled_by_user' WHERE id = $1",
+            aid,
+            float(ran_s),
+        )
+        assert await on_trial(cluster.admin) == {"w-1": trial}, ran_s
 
 
 # ---------------------------------------------------------------- a whole cluster
