@@ -135,6 +135,7 @@ from agent.messages import (
     CancelOrder,
     HeartbeatAnswer,
     HeartbeatReport,
+    JobOrder,
     Leave,
     LeaveAnswer,
     Outcome,
@@ -312,18 +313,20 @@ class Agent:
     def active_jobs(self) -> list[tuple[int, int]]:
         """``(job_id, assignment_id)`` of every job accepted here that has not ended yet
         (waiting for a start slot, running, or being stopped): whose folders are in use."""
-        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
-        return [(job.order.job_id, job.order.assignment_id) for job in jobs if job is not None]
+        return [(order.job_id, order.assignment_id) for order in self._held_orders()]
 
     def output_jobs(self) -> list[tuple[int, int]]:
         """Those of :meth:`active_jobs` that write output files: every job but a sleep job
         (which has no process), whose folder the output keeper need not look at."""
-        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
         return [
-            (job.order.job_id, job.order.assignment_id)
-            for job in jobs
-            if job is not None and not isinstance(job.order.spec.runtime, SleepRuntime)
+            (order.job_id, order.assignment_id)
+            for order in self._held_orders()
+            if not isinstance(order.spec.runtime, SleepRuntime)
         ]
+
+    def _held_orders(self) -> list[JobOrder]:
+        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
+        return [job.order for job in jobs if job is not None]
 
     def jobs_added(self) -> trio.Event:
         """An event set when the agent next holds a new job (:meth:`RunningJobs.added`)."""

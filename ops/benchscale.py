@@ -264,25 +264,21 @@ SELECT a.worker_id, count(*) AS held
  GROUP BY a.worker_id ORDER BY held DESC, a.worker_id
 """
 ACTIVE_ON = "SELECT job_id FROM assignments WHERE state = 'active' AND worker_id = ANY($1::text[])"
-# $1 job ids, $2 killed worker ids, $3 kill time (unix s): first confirmation elsewhere after it.
+# $1 the lost jobs, $2 the killed workers, $3 the kill (unix s, database time). For each lost
+# job placed again elsewhere: seconds from the kill to its first new assignment (placed) and to
+# the first one confirmed running (NULL while none is).
 MOVED = """
-SELECT job_id, extract(epoch FROM min(confirmed_at))::float8 - $3 AS seconds
+SELECT job_id, extract(epoch FROM min(confirmed_at))::float8 - $3 AS seconds,
+       extract(epoch FROM min(created_at))::float8 - $3 AS placed_s
   FROM assignments
- WHERE job_id = ANY($1::bigint[]) AND worker_id <> ALL($2::text[]) AND confirmed_at IS NOT NULL
-   AND created_at >= to_timestamp($3)
+ WHERE job_id = ANY($1::bigint[]) AND worker_id <> ALL($2::text[]) AND created_at >= to_timestamp($3)
  GROUP BY job_id
 """
-# $1 the lost jobs, $2 the killed workers, $3 the kill (unix s, database time). How a recovery
-# divides: seconds from the kill to each killed worker's death declared, and to each lost job's
-# first new assignment (placed elsewhere); each array NULL when it has none.
-RECOVERY_STEPS = """
-SELECT (SELECT array_agg(extract(epoch FROM declared_at)::float8 - $3) FROM worker_deaths
-         WHERE worker_id = ANY($2::text[]) AND declared_at >= to_timestamp($3)) AS declared,
-       (SELECT array_agg(s) FROM (SELECT extract(epoch FROM min(created_at))::float8 - $3 AS s
-                                    FROM assignments
-                                   WHERE job_id = ANY($1::bigint[]) AND worker_id <> ALL($2::text[])
-                                     AND created_at >= to_timestamp($3)
-                                   GROUP BY job_id) x) AS placed
+# $1 the killed workers, $2 the kill (unix s, database time): seconds from the kill to each
+# one's death declared (NULL: none was).
+DECLARED = """
+SELECT array_agg(extract(epoch FROM declared_at)::float8 - $2) FROM worker_deaths
+ WHERE worker_id = ANY($1::text[]) AND declared_at >= to_timestamp($2)
 """
 DEATHS = """
 SELECT worker_id FROM worker_deaths WHERE declared_at BETWEEN to_timestamp($1) AND to_timestamp($2)
@@ -572,8 +568,8 @@ class _Step:
             gen_cpu = cpu_used(gen_before, cpu_seconds(gen_pid)) if gen_pid else None
             exec_ms, calls = await db.fetchrow(STATEMENTS) or (None, None)
             stats = await self.loadgen.ask({"cmd": "stats"}, "stats") if self.loadgen is not None else None
-            moved = await self._recovery(db, lost, killed, kill_at)
-            declared, placed = await db.fetchrow(RECOVERY_STEPS, lost, killed, kill_at) or (None, None)
+            moved, placed = await self._recovery(db, lost, killed, kill_at)
+            declared = await db.fetchval(DECLARED, killed, kill_at)
             nursery.cancel_scope.cancel()
         told = await db.fetchrow(POLICY)
         untold = _untold_policy(settings.heartbeat_interval_s)
@@ -668,15 +664,19 @@ class _Step:
 
     async def _recovery(
         self, db: PgConnection, lost: list[int], killed: list[str], kill_at: float
-    ) -> list[float]:
+    ) -> tuple[list[float], list[float]]:
         """Seconds from the kill to each lost job's new assignment confirmed running elsewhere,
-        waiting up to :data:`RECOVERY_TIMEOUT_S` for the last ones."""
+        waiting up to :data:`RECOVERY_TIMEOUT_S` for the last ones, and to each one's first new
+        assignment (placed, confirmed or not yet)."""
         moved: dict[int, float] = {}
+        placed: dict[int, float] = {}
         with trio.move_on_after(RECOVERY_TIMEOUT_S):
             while lost and len(moved) < len(lost):
-                moved = {int(r[0]): float(r[1]) for r in await db.fetch(MOVED, lost, killed, kill_at)}
+                rows = await db.fetch(MOVED, lost, killed, kill_at)
+                placed = {int(r[0]): float(r[2]) for r in rows}
+                moved = {int(r[0]): float(r[1]) for r in rows if r[1] is not None}
                 await trio.sleep(0.5)
-        return sorted(moved.values())
+        return sorted(moved.values()), sorted(placed.values())
 
 
 async def run_scale(

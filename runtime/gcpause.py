@@ -117,12 +117,10 @@ class GcPauses:
             done.append(self._done.popleft())
         for generation, pause_s in done:
             metrics.GC_PAUSE_SECONDS.labels(str(generation)).observe(pause_s)
-            if generation == 2:
-                self._frozen_objects = -1  # read below, once
             if pause_s > self.warn_after_s:
                 self._long_since_log += 1
                 self._longest_since_log_s = max(self._longest_since_log_s, pause_s)
-        if self._frozen_objects < 0:
+        if any(generation == 2 for generation, _ in done):
             self._frozen_objects = gc.get_freeze_count()
             metrics.GC_FROZEN_OBJECTS.set(self._frozen_objects)
         if self._long_since_log and now - self._logged_at >= self.log_every_s:
