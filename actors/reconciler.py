@@ -58,6 +58,15 @@ Each pass, while leader:
 
 Acknowledged cancellations, too, are ended in fenced writes of that size.
 
+Cancellations on workers (steps 2, 3 and 5, and runs past their timeout) run as background
+tasks of the actor that the pass does not wait for: a worker that answers slowly or not at all
+holds up only its own cancellation (for up to the dispatcher's ``rpc_timeout_s``), never the
+next pass, so the leader's reads of heartbeat ages stay closer together than the contact gap
+and silence keeps counting. An assignment whose cancellation is in flight is not asked again
+until that one ends; the tasks of a term are cancelled when the replica steps down or is
+elected under a new epoch (their fenced writes would be refused anyway), and a refused or
+failed ending is logged and asked again by a later pass.
+
 A job is placed again only after its active assignment has ended (invariant 6).
 """
 
@@ -95,7 +104,7 @@ from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch, one_decision_fault
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
 from runtime.settings import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
@@ -487,6 +496,8 @@ class Reconciler:
     """When the last pass judged the workers' health (trio time)."""
     _policy_chosen_at: float = -math.inf
     """When the last pass chose the heartbeat interval (trio time)."""
+    _cancelling: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    """Assignment id -> the scope of the background task cancelling it."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
     @property
@@ -503,10 +514,12 @@ class Reconciler:
 
         async def logged_pass(epoch: int) -> None:
             nonlocal last_epoch, failed_passes
+            if epoch != last_epoch:
+                self._stop_cancellations()
             began = trio.current_time()
             outcome: str | None = None  # None: cancelled or a bug, not counted
             try:
-                await self.reconcile(epoch, first_pass=epoch != last_epoch)
+                await self.reconcile(epoch, background, first_pass=epoch != last_epoch)
                 outcome = "done"
                 last_epoch = epoch
                 if failed_passes:
@@ -531,10 +544,18 @@ class Reconciler:
             metrics.UNHEALTHY_WORKERS.set(0)
             self._health_judged_at = -math.inf
             self._policy_chosen_at = -math.inf
+            self._stop_cancellations()
 
-        await self.role.every_interval_while_leader(
-            self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
-        )
+        async with trio.open_nursery() as background:
+            await self.role.every_interval_while_leader(
+                self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
+            )
+
+    def _stop_cancellations(self) -> None:
+        """Cancel the background cancellations of an earlier term (no checkpoint)."""
+        for scope in set(self._cancelling.values()):
+            scope.cancel()
+        self._cancelling.clear()
 
     async def _ask_ledger(self, message_of: Any) -> Any:
         reply: Reply[Any] = Reply()
@@ -563,8 +584,11 @@ class Reconciler:
         self._write_size = self.write_size().after_success()
         return result
 
-    async def reconcile(self, epoch: int, *, first_pass: bool = False) -> ReconcileResult:
-        """One pass under ``epoch``. Returns what the fenced dead-worker step changed (all its
+    async def reconcile(
+        self, epoch: int, background: trio.Nursery, *, first_pass: bool = False
+    ) -> ReconcileResult:
+        """One pass under ``epoch``, starting its cancellations on workers in ``background``
+        without waiting for them. Returns what the fenced dead-worker step changed (all its
         batches).
 
         Raises:
@@ -610,25 +634,25 @@ class Reconciler:
         # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
         overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
         drained = await self.store.drain_due()
-        # Cancels in parallel: a deposed (or cut-off) leader's fenced writes all fail, and the
-        # pass ends as one refused write does (logged_pass), not as a crash of the actor.
-        with one_decision_fault():
-            async with trio.open_nursery() as nursery:
-                for worker, group in plan.withdraw:
-                    nursery.start_soon(self._cancel, epoch, worker, group, True, "unconfirmed")
-                for worker, group in by_worker(cancelled):
-                    nursery.start_soon(self._cancel, epoch, worker, group, False, "cancelled_by_user")
-                for worker, group in by_worker(overdue):
-                    self._log.warning(
-                        "stopping runs past their timeout",
-                        epoch=epoch,
-                        worker_id=worker.worker_id,
-                        job_ids=[d.assignment.job_id for d in group],
-                        assignment_ids=[d.assignment.assignment_id for d in group],
-                    )
-                    nursery.start_soon(self._cancel, epoch, worker, group, False, TIMED_OUT)
-                for worker, group in by_worker(drained):
-                    nursery.start_soon(self._cancel, epoch, worker, group, True, DRAINED)
+        cancellations: list[tuple[WorkerRef, Sequence[Delivery], bool, str]] = [
+            *((worker, group, True, "unconfirmed") for worker, group in plan.withdraw),
+            *((worker, group, False, "cancelled_by_user") for worker, group in by_worker(cancelled)),
+            *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
+            *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
+        ]
+        for worker, group, requeue, reason in cancellations:
+            group = [d for d in group if d.assignment.assignment_id not in self._cancelling]
+            if not group:
+                continue
+            if reason == TIMED_OUT:
+                self._log.warning(
+                    "stopping runs past their timeout",
+                    epoch=epoch,
+                    worker_id=worker.worker_id,
+                    job_ids=[d.assignment.job_id for d in group],
+                    assignment_ids=[d.assignment.assignment_id for d in group],
+                )
+            background.start_soon(self._cancel_in_background, epoch, worker, group, requeue, reason)
         await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
             self._health_judged_at = trio.current_time()
@@ -847,6 +871,38 @@ class Reconciler:
                 deaths_per_s=s.deaths_per_s,
                 first_held=held,
             )
+
+    async def _cancel_in_background(
+        self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str
+    ) -> None:
+        """:meth:`_cancel` as a task of its own, its assignments marked in flight meanwhile; a
+        refused or failed ending is logged (a later pass asks again), not raised."""
+        ids = [d.assignment.assignment_id for d in group]
+        with trio.CancelScope() as scope:
+            for assignment_id in ids:
+                self._cancelling[assignment_id] = scope
+            try:
+                await self._cancel(epoch, worker, group, requeue, reason)
+            except StaleEpoch as exc:
+                self._log.info(
+                    "cancellation's ending refused: deposed",
+                    epoch=exc.epoch,
+                    epoch_seen=exc.epoch_seen,
+                    worker_id=worker.worker_id,
+                    assignment_ids=ids,
+                )
+            except DatabaseUnavailable as exc:
+                self._log.warning(
+                    "cancellation's ending failed",
+                    epoch=epoch,
+                    worker_id=worker.worker_id,
+                    assignment_ids=ids,
+                    error=str(exc),
+                )
+            finally:
+                for assignment_id in ids:
+                    if self._cancelling.get(assignment_id) is scope:
+                        del self._cancelling[assignment_id]
 
     async def _cancel(
         self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str

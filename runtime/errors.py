@@ -18,8 +18,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 
 class StockadeError(Exception):
@@ -255,31 +254,3 @@ class RemoteError(StockadeError):
 
 class ActorGaveUp(PermanentError):
     """An actor crashed more often than its restart policy allows; the process should exit."""
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    """The exceptions in ``error`` and its nested groups, in order (``error`` itself if no group)."""
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
-@contextlib.contextmanager
-def one_decision_fault() -> Iterator[None]:
-    """Re-raise an exception group (a nursery's, from fenced writes in parallel) whose every
-    member is a :class:`StaleEpoch` or a :class:`DatabaseUnavailable` as one of them: the first
-    :class:`StaleEpoch` (the replica was deposed: stop deciding), else the first
-    :class:`DatabaseUnavailable`, so that a deciding actor's ``except StaleEpoch`` sees it as it
-    sees one from a write made alone. A group holding anything else is re-raised as it is.
-
-    Raises:
-        StaleEpoch, DatabaseUnavailable: as above.
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if not all(isinstance(leaf, StaleEpoch | DatabaseUnavailable) for leaf in leaves):
-            raise
-        first = next((leaf for leaf in leaves if isinstance(leaf, StaleEpoch)), leaves[0])
-        raise first from None
