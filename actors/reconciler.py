@@ -72,9 +72,10 @@ A job is placed again only after its active assignment has ended (invariant 6).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -498,6 +499,10 @@ class Reconciler:
     """When the last pass chose the heartbeat interval (trio time)."""
     _cancelling: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     """Assignment id -> the scope of the background task cancelling it."""
+    _steps_s: dict[str, float] = attrs.field(factory=dict)
+    """Seconds each step of the current (or last) pass took, by step."""
+    _gap_s: float = math.inf
+    """The contact gap the last pass judged by (:func:`contact_gap_for_s`)."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
     @property
@@ -535,9 +540,11 @@ class Reconciler:
                     self._log.warning("pass failed", error=str(exc))
                 failed_passes += 1
             finally:
+                took_s = trio.current_time() - began
                 if outcome is not None:
-                    metrics.RECONCILE_PASS_SECONDS.observe(trio.current_time() - began)
+                    metrics.RECONCILE_PASS_SECONDS.observe(took_s)
                     metrics.RECONCILE_PASSES.labels(outcome).inc()
+                self._report_slow_pass(took_s)
 
         def standby() -> None:
             # A standby shows no unhealthy workers: the leader's gauge is the cluster's.
@@ -550,6 +557,17 @@ class Reconciler:
             await self.role.every_interval_while_leader(
                 self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
             )
+
+    @contextlib.contextmanager
+    def _step(self, name: str) -> Iterator[None]:
+        """Time one step of a pass into ``stockade_reconcile_step_seconds`` and ``_steps_s``."""
+        began = trio.current_time()
+        try:
+            yield
+        finally:
+            took_s = trio.current_time() - began
+            self._steps_s[name] = round(took_s, 4)
+            metrics.RECONCILE_STEP_SECONDS.labels(name).observe(took_s)
 
     def _stop_cancellations(self) -> None:
         """Cancel the background cancellations of an earlier term (no checkpoint)."""
@@ -596,9 +614,11 @@ class Reconciler:
             DatabaseUnavailable: a read or write failed; the pass sends none after it.
         """
         s = self.settings
-        reading = await self.store.heartbeat_ages()
+        self._steps_s = {}
+        with self._step("ages"):
+            reading = await self.store.heartbeat_ages()
         now = trio.current_time()
-        gap_s = contact_gap_for_s(reading.ages, s)
+        gap_s = self._gap_s = contact_gap_for_s(reading.ages, s)
         if self._silence.read(epoch, reading.now_unix_s, now, gap_s) and not first_pass:
             self._log.warning("silence counts anew: the leader's reads were interrupted", gap_s=gap_s)
         ages = self._silence.floored(reading.ages, reading.now_unix_s)
@@ -620,46 +640,52 @@ class Reconciler:
             verdict = attrs.evolve(verdict, declare=(), held=verdict.declare + verdict.held)
         self._bucket = verdict.bucket
         self._report_held(verdict, now)
-        result = await self._declare_and_end_orphans(epoch, verdict.declare)
+        with self._step("declare"):
+            result = await self._declare_and_end_orphans(epoch, verdict.declare)
 
-        unconfirmed = await self.store.unconfirmed()
-        read_at = trio.current_time()
-        since_last_read_s = read_at - self._unconfirmed_read_at
-        self._unconfirmed_read_at = read_at
-        plan = plan_deliveries(unconfirmed, s, first_pass=first_pass, since_last_read_s=since_last_read_s)
-        for dispatch in plan.dispatches(epoch):
-            await self.dispatcher.send(dispatch)
-        cancelled = await self.store.cancel_requested()
-        # The leader's backing of timeouts: a run its worker let outlive its timeout_s by the
-        # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
-        overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
-        drained = await self.store.drain_due()
-        cancellations: list[tuple[WorkerRef, Sequence[Delivery], bool, str]] = [
-            *((worker, group, True, "unconfirmed") for worker, group in plan.withdraw),
-            *((worker, group, False, "cancelled_by_user") for worker, group in by_worker(cancelled)),
-            *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
-            *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
-        ]
-        for worker, group, requeue, reason in cancellations:
-            group = [d for d in group if d.assignment.assignment_id not in self._cancelling]
-            if not group:
-                continue
-            if reason == TIMED_OUT:
-                self._log.warning(
-                    "stopping runs past their timeout",
-                    epoch=epoch,
-                    worker_id=worker.worker_id,
-                    job_ids=[d.assignment.job_id for d in group],
-                    assignment_ids=[d.assignment.assignment_id for d in group],
-                )
-            background.start_soon(self._cancel_in_background, epoch, worker, group, requeue, reason)
-        await self.settle_waiting(epoch)
+        with self._step("deliveries"):
+            unconfirmed = await self.store.unconfirmed()
+            read_at = trio.current_time()
+            since_last_read_s = read_at - self._unconfirmed_read_at
+            self._unconfirmed_read_at = read_at
+            plan = plan_deliveries(unconfirmed, s, first_pass=first_pass, since_last_read_s=since_last_read_s)
+            for dispatch in plan.dispatches(epoch):
+                await self.dispatcher.send(dispatch)
+        with self._step("cancels"):
+            cancelled = await self.store.cancel_requested()
+            # The leader's backing of timeouts: a run its worker let outlive its timeout_s by the
+            # margin is stopped by the leader; ended once its worker acknowledged (invariant 6).
+            overdue = await self.store.overdue(TIMEOUT_MARGIN_S)
+            drained = await self.store.drain_due()
+            cancellations: list[tuple[WorkerRef, Sequence[Delivery], bool, str]] = [
+                *((worker, group, True, "unconfirmed") for worker, group in plan.withdraw),
+                *((worker, group, False, "cancelled_by_user") for worker, group in by_worker(cancelled)),
+                *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
+                *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
+            ]
+            for worker, group, requeue, reason in cancellations:
+                group = [d for d in group if d.assignment.assignment_id not in self._cancelling]
+                if not group:
+                    continue
+                if reason == TIMED_OUT:
+                    self._log.warning(
+                        "stopping runs past their timeout",
+                        epoch=epoch,
+                        worker_id=worker.worker_id,
+                        job_ids=[d.assignment.job_id for d in group],
+                        assignment_ids=[d.assignment.assignment_id for d in group],
+                    )
+                background.start_soon(self._cancel_in_background, epoch, worker, group, requeue, reason)
+        with self._step("settle"):
+            await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
             self._health_judged_at = trio.current_time()
-            await self.health_pass(epoch)
+            with self._step("health"):
+                await self.health_pass(epoch)
         if first_pass or trio.current_time() - self._policy_chosen_at >= s.heartbeat_policy_every_s:
             self._policy_chosen_at = trio.current_time()
-            await self.heartbeat_policy_pass(epoch, workers=verdict.alive)
+            with self._step("policy"):
+                await self.heartbeat_policy_pass(epoch, workers=verdict.alive)
         return result
 
     async def heartbeat_policy_pass(self, epoch: int, *, workers: int) -> HeartbeatPolicy | None:
@@ -838,6 +864,20 @@ class Reconciler:
                 )
         return ReconcileResult(
             dead_worker_ids=dead, requeued_job_ids=tuple(requeued), orphaned_assignment_ids=tuple(ended)
+        )
+
+    def _report_slow_pass(self, took_s: float) -> None:
+        """Say which steps took the time of a pass longer than half the contact gap (the next
+        read of heartbeat ages comes late, and past the gap silence counts anew), at most once
+        every ``held_log_every_s``."""
+        if took_s <= self._gap_s / 2:
+            return
+        now = trio.current_time()
+        if now - self._logged_at.get("slow_pass", -math.inf) < self.settings.held_log_every_s:
+            return
+        self._logged_at["slow_pass"] = now
+        self._log.warning(
+            "slow reconcile pass", took_s=round(took_s, 3), contact_gap_s=self._gap_s, steps_s=self._steps_s
         )
 
     def _report_held(self, verdict: DeathVerdict, now: float) -> None:

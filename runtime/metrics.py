@@ -290,8 +290,18 @@ HEARTBEAT_GROUP_STATEMENTS = Counter(
 RECONCILE_PASS_SECONDS = Histogram(
     "stockade_reconcile_pass_seconds",
     "Duration of a reconcile pass while leader (dead workers, unconfirmed and orphaned "
-    "assignments, cancels, timeouts, drains), the calls to workers it waits for included; "
+    "assignments, cancels, timeouts, drains; the cancellations it starts on workers run on, not "
+    "waited for); "
     "passes refused or failed too.",
+    buckets=LAG_BUCKETS_S,
+)
+RECONCILE_STEP_SECONDS = Histogram(
+    "stockade_reconcile_step_seconds",
+    "Time of one step of a reconcile pass while leader, by step: ages (reading heartbeat ages), "
+    "declare (declaring dead workers and ending orphans, fenced), deliveries (reading unconfirmed "
+    "assignments and handing re-sends to the dispatcher), cancels (reading what to cancel and "
+    "starting the cancellations), settle (waiting jobs), health, policy (heartbeat interval).",
+    ["step"],
     buckets=LAG_BUCKETS_S,
 )
 RECONCILE_PASSES = Counter(

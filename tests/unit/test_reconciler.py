@@ -14,6 +14,7 @@ import math
 
 import attrs
 import pytest
+import structlog
 import trio
 import trio.testing
 from hypothesis import given
@@ -773,6 +774,42 @@ async def test_a_new_term_drops_the_cancellations_of_the_last(
         with pytest.raises(trio.WouldBlock):
             h.ledger.receive_nowait()
         nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class SlowHealthStore(FakeStore):
+    """The health read takes ``health_read_s`` of mock time."""
+
+    health_read_s: float = 0.0
+
+    async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
+        await trio.sleep(self.health_read_s)
+        return await super().worker_runs(most, window_s)
+
+
+async def test_a_pass_longer_than_half_the_contact_gap_is_logged_with_its_steps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first pass's health read takes 0.8 s, more than half the 1 s contact gap: the pass is
+    logged as slow, naming the step that took the time; the next pass judges no health and is
+    fast, and is not logged."""
+    store = SlowHealthStore(last_heartbeat={"w-1": 10.0**6}, health_read_s=0.8)
+    with structlog.testing.capture_logs() as logs:
+        h = make_harness(store)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_role, h.lease, 2)
+            await nursery.start(h.reconciler.run)
+            for _ in range(2):
+                declare = await h.ledger.receive()
+                assert isinstance(declare, DeclareDeadWorkers)
+                declare.reply.set(orphans(more=False))
+            await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+    slow = [entry for entry in logs if entry["event"] == "slow reconcile pass"]
+    assert len(slow) == 1
+    assert slow[0]["took_s"] == pytest.approx(0.8, abs=0.01) and slow[0]["contact_gap_s"] == 1.0
+    assert slow[0]["steps_s"]["health"] == pytest.approx(0.8, abs=0.01)
+    assert slow[0]["steps_s"]["ages"] == 0.0
 
 
 async def test_a_batch_the_server_cancelled_is_retried_smaller_and_grows_back(
