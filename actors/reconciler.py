@@ -27,12 +27,13 @@ Each pass, while leader:
    lost again and again, as on workers that keep falling over under load, waits longer each
    time instead of being handed straight back.
 2. Unconfirmed assignments (committed, not yet listed by a heartbeat): re-sent to their worker
-   when their age passes ``redispatch_after_s``, then twice, four times ... that (at once on
-   the first pass after an election: the previous leader may have died between commit and
-   send); the worker deduplicates by id. A worker too busy to confirm is not sent the same
-   batch every pass (:func:`resend_due`). After
-   ``cancel_unconfirmed_after_s`` they are cancelled on the worker and, once it acknowledges,
-   ended and requeued.
+   when their age passes ``redispatch_after_s`` (or two heartbeat intervals, when the cluster's
+   interval makes that longer), then twice, four times ... that (at once on the first pass
+   after an election: the previous leader may have died between commit and send); the worker
+   deduplicates by id. A worker too busy to confirm is not sent the same batch every pass
+   (:func:`resend_due`), and a pass hands the dispatcher only the re-sends it has room for,
+   never waiting on it. After ``cancel_unconfirmed_after_s`` (at least four intervals) they
+   are cancelled on the worker and, once it acknowledges, ended and requeued.
 3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
 4. Waiting jobs (:mod:`actors.dependencies`): made pending once their dependencies succeeded
    (an array's tasks within its limit), cancelled when one failed or was cancelled; read on the
@@ -198,13 +199,17 @@ def plan_deliveries(
     *,
     first_pass: bool,
     since_last_read_s: float,
+    heartbeat_interval_s: float = 0.0,
 ) -> DeliveryPlan:
     """Which unconfirmed assignments a pass re-sends and which it withdraws: a pure function.
 
-    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` or more is withdrawn; a
-    younger one is re-sent on the first pass of a leader's reign (the previous leader may have
-    died between commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ...
-    times ``redispatch_after_s``); the rest are left alone. No assignment is both.
+    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` (at least
+    :data:`WITHDRAW_AFTER_INTERVALS` heartbeat intervals) or more is withdrawn; a younger one is
+    re-sent on the first pass of a leader's reign (the previous leader may have died between
+    commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ... times
+    ``redispatch_after_s``, or :data:`RESEND_AFTER_INTERVALS` heartbeat intervals when that is
+    longer: a worker confirms with its next heartbeat, so a re-send sooner only adds calls to a
+    dispatcher that a large cluster keeps busy); the rest are left alone. No assignment is both.
 
     Args:
         unconfirmed: the active assignments no heartbeat has confirmed, with their ages
@@ -213,17 +218,27 @@ def plan_deliveries(
         first_pass: whether this is the first pass under the current epoch.
         since_last_read_s: seconds since the previous pass read the unconfirmed assignments
             (trio time; ``inf`` before any).
+        heartbeat_interval_s: the workers' heartbeat interval in force (0: not counted).
     """
+    first_after_s = max(settings.redispatch_after_s, RESEND_AFTER_INTERVALS * heartbeat_interval_s)
+    withdraw_after_s = max(
+        settings.cancel_unconfirmed_after_s, WITHDRAW_AFTER_INTERVALS * heartbeat_interval_s
+    )
     withdraw: list[Delivery] = []
     resend: list[Delivery] = []
     for d in unconfirmed:
-        if d.age_s >= settings.cancel_unconfirmed_after_s:
+        if d.age_s >= withdraw_after_s:
             withdraw.append(d)
-        elif first_pass or resend_due(
-            d.age_s, first_after_s=settings.redispatch_after_s, interval_s=since_last_read_s
-        ):
+        elif first_pass or resend_due(d.age_s, first_after_s=first_after_s, interval_s=since_last_read_s):
             resend.append(d)
     return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
+
+
+RESEND_AFTER_INTERVALS = 2.0
+"""Heartbeat intervals an assignment goes unconfirmed, at least, before its first re-send."""
+
+WITHDRAW_AFTER_INTERVALS = 4.0
+"""Heartbeat intervals an assignment goes unconfirmed, at least, before it is withdrawn."""
 
 
 TIMED_OUT = "timeout"
@@ -503,6 +518,11 @@ class Reconciler:
     """Seconds each step of the current (or last) pass took, by step."""
     _gap_s: float = math.inf
     """The contact gap the last pass judged by (:func:`contact_gap_for_s`)."""
+    _interval_s: float | None = None
+    """The heartbeat interval in force, as the last policy step read or wrote it (None: none
+    read yet; the settings' shortest)."""
+    _resends_dropped: int = 0
+    """Re-sends not handed over since the last log of them: the dispatcher's inbox was full."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
 
     @property
@@ -557,6 +577,29 @@ class Reconciler:
             await self.role.every_interval_while_leader(
                 self.settings.reconcile_interval_s, logged_pass, on_standby=standby, task_status=task_status
             )
+
+    def _hand_over(self, dispatches: Sequence[Dispatch]) -> None:
+        """Give the dispatcher the re-sends it has room for, without waiting: while it is busy
+        (workers that answer slowly hold its calls) a pass that waited for room would hold the
+        next read of heartbeat ages back. What is left is re-sent at its next doubling
+        (:func:`resend_due`), or withdrawn; counted and logged at most every ``held_log_every_s``."""
+        for n, dispatch in enumerate(dispatches):
+            try:
+                self.dispatcher.send_nowait(dispatch)
+            except trio.WouldBlock:
+                left = dispatches[n:]
+                self._resends_dropped += sum(len(d.assignments) for d in left)
+                break
+        now = trio.current_time()
+        if (
+            self._resends_dropped
+            and now - self._logged_at.get("resends", -math.inf) >= self.settings.held_log_every_s
+        ):
+            self._logged_at["resends"] = now
+            self._log.warning(
+                "re-sends left for later: the dispatcher is busy", assignments=self._resends_dropped
+            )
+            self._resends_dropped = 0
 
     @contextlib.contextmanager
     def _step(self, name: str) -> Iterator[None]:
@@ -648,9 +691,17 @@ class Reconciler:
             read_at = trio.current_time()
             since_last_read_s = read_at - self._unconfirmed_read_at
             self._unconfirmed_read_at = read_at
-            plan = plan_deliveries(unconfirmed, s, first_pass=first_pass, since_last_read_s=since_last_read_s)
-            for dispatch in plan.dispatches(epoch):
-                await self.dispatcher.send(dispatch)
+            interval_s = self._interval_s
+            if interval_s is None:
+                interval_s = default_policy(s).interval_ms / 1000
+            plan = plan_deliveries(
+                unconfirmed,
+                s,
+                first_pass=first_pass,
+                since_last_read_s=since_last_read_s,
+                heartbeat_interval_s=interval_s,
+            )
+            self._hand_over(plan.dispatches(epoch))
         with self._step("cancels"):
             cancelled = await self.store.cancel_requested()
             # The leader's backing of timeouts: a run its worker let outlive its timeout_s by the
@@ -703,6 +754,7 @@ class Reconciler:
         current = inputs.current or default_policy(s)
         chosen = choose_policy(workers=workers, costs_us=inputs.costs_us, current=current, settings=s)
         if chosen is current:
+            self._interval_s = current.interval_ms / 1000
             return None
         await self._write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
         was = inputs.current
@@ -716,6 +768,7 @@ class Reconciler:
             why=chosen.reason,
         )
         metrics.HEARTBEAT_INTERVAL_SECONDS.set(chosen.interval_ms / 1000)
+        self._interval_s = chosen.interval_ms / 1000
         return chosen
 
     async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:

@@ -138,3 +138,31 @@ def test_a_leaders_first_pass_re_sends_every_young_assignment_and_withdraws_the_
     plan = plan_deliveries([a, b, c], s, first_pass=True, since_last_read_s=0.25)
     assert plan.resend == ((WORKERS[0], (a, c)),)
     assert plan.withdraw == ((WORKERS[1], (b,)),)
+
+
+def test_a_long_heartbeat_interval_puts_the_first_re_send_and_the_withdrawal_off() -> None:
+    """A worker confirms only with its next heartbeat. Passes half a second apart: with 0.25 s
+    heartbeats an assignment 2.2 s old is re-sent (its age passed 2 x redispatch_after_s) and
+    one 35 s old withdrawn (cancel_unconfirmed_after_s); with 5 s heartbeats the first re-send
+    waits for two intervals (the one 10.2 s old goes, the one 2.2 s old does not) and the
+    withdrawal for 30 s still (four intervals are less); with 10 s heartbeats the withdrawal
+    waits four intervals, 40 s."""
+    s = ReconcilerSettings(redispatch_after_s=1.0, cancel_unconfirmed_after_s=30.0)
+    young, due, old = (
+        delivery(1, WORKERS[0], 2.2),
+        delivery(2, WORKERS[0], 10.2),
+        delivery(3, WORKERS[1], 35.0),
+    )
+
+    def plan(interval_s: float) -> tuple[set[int], set[int]]:
+        p = plan_deliveries(
+            [young, due, old], s, first_pass=False, since_last_read_s=0.5, heartbeat_interval_s=interval_s
+        )
+        return (
+            {d.assignment.assignment_id for _, g in p.resend for d in g},
+            {d.assignment.assignment_id for _, g in p.withdraw for d in g},
+        )
+
+    assert plan(0.25) == ({1}, {3})
+    assert plan(5.0) == ({2}, {3})
+    assert plan(10.0) == (set(), set())

@@ -776,6 +776,30 @@ async def test_a_new_term_drops_the_cancellations_of_the_last(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_full_dispatcher_inbox_holds_up_no_pass(autojump_clock: trio.testing.MockClock) -> None:
+    """A new leader re-sends the unconfirmed assignments of 70 workers, but the dispatcher (64
+    places in its inbox here) takes none: the pass hands over what fits and goes on, and the
+    passes at t=1 and t=2 come on time."""
+    workers = [WorkerRef(worker_id=f"w-{n}", address=f"127.0.0.1:{n + 1}", incarnation=1) for n in range(70)]
+    store = FakeStore(
+        last_heartbeat={w.worker_id: 10.0**6 for w in workers},
+        unconfirmed_at={n: (w, 0.0) for n, w in enumerate(workers)},
+    )
+    h = make_harness(store)
+    passes: list[float] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        while len(passes) < 3:
+            declare = await h.ledger.receive()
+            assert isinstance(declare, DeclareDeadWorkers)
+            passes.append(trio.current_time())
+            declare.reply.set(orphans(more=False))
+        nursery.cancel_scope.cancel()
+    assert passes == [0.0, 1.0, 2.0]
+    assert h.dispatcher.statistics().current_buffer_used == 64
+
+
 @attrs.define
 class SlowHealthStore(FakeStore):
     """The health read takes ``health_read_s`` of mock time."""
