@@ -15,9 +15,11 @@ is no module-level state). Its pieces:
 - a heartbeat loop: register (retrying after a capped, jittered, growing pause while no control
   plane answers: ``register_retry_s``, ``register_retry_max_s``), then
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
-  outcome; obey the reply (stop ids, re-register). Registrations carry the unacknowledged
-  outcomes too, so a job that succeeded just before a fence keeps its result. Both calls are
-  hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`), starting at the worker's home
+  outcome (a job's start pulls the next heartbeat forward, at most once every four intervals:
+  :func:`agent.fence.early_heartbeat_allowed`); obey the reply (stop ids, re-register).
+  Registrations carry the unacknowledged outcomes too, so a job that succeeded just before a
+  fence keeps its result. Both calls are hedged
+  (:meth:`runtime.client.ControlPlaneClient.call_hedged`), starting at the worker's home
   replica (:func:`runtime.client.home_index`): the preferred control plane may answer until
   shortly before the fence deadline (a new registration, which holds no job, up to
   ``register_timeout_s``: :meth:`agent.fence.FenceClock.register_deadline_s`), and the next
@@ -126,7 +128,15 @@ from agent import adoption
 from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
 from agent.dbclock import DatabaseClock
-from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
+from agent.fence import (
+    EARLY_HEARTBEAT_GATHER_S,
+    FENCE_DEADLINE_FILE,
+    FenceClock,
+    early_heartbeat_allowed,
+    fence_after_s,
+    monotonic_of,
+    told_refusal,
+)
 from agent.joblog import JobLog, LogEvent
 from agent.messages import (
     AssignDecision,
@@ -276,6 +286,8 @@ class Agent:
         reply told and the agent accepted); None: none told yet."""
         self._refused_interval_s: float | None = None
         """The last told interval refused: logged once, not at every reply."""
+        self._early_heartbeat_at = -math.inf
+        """When a job's start last pulled a heartbeat forward (trio time)."""
         self._clock: trio.abc.Clock | None = None
         """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
         server's thread for :meth:`metrics_reading`."""
@@ -1059,15 +1071,33 @@ class Agent:
         # A heartbeat that took longer than the interval is followed at once, not by a burst.
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         failures = 0
+        began = self._jobs.began()
         while True:
             beats.interval_s = self.heartbeat_interval_s  # as the cluster tells it
-            await beats.tick()
+            await self._until_heartbeat(beats, began)
             if self._restart_granted.is_set():
                 # The hold is recorded and the deadline moved on by it: no heartbeat may move
                 # it back before the process exits (prepare_restart).
                 await trio.sleep_forever()
+            # Taken before the heartbeat lists what runs: a job that starts from here on is in
+            # the next one, which it may pull forward.
+            began = self._jobs.began()
             ok = await self._heartbeat_once(failures)
             failures = 0 if ok else failures + 1
+
+    async def _until_heartbeat(self, beats: Periodic, began: trio.Event) -> None:
+        """Sleep until the next heartbeat is due: the next of ``beats``, or sooner when a job
+        started since the last heartbeat (``began``) and an early heartbeat is allowed
+        (:func:`agent.fence.early_heartbeat_allowed`); the ticks then count from it."""
+        due = beats.next_at()
+        with trio.move_on_at(due):
+            await began.wait()
+            if not early_heartbeat_allowed(trio.current_time(), self._early_heartbeat_at, beats.interval_s):
+                await trio.sleep_forever()  # the regular heartbeat reports it
+            await trio.sleep(EARLY_HEARTBEAT_GATHER_S)
+            self._early_heartbeat_at = beats.last_at = trio.current_time()
+            return
+        await beats.tick()
 
     async def _heartbeat_once(self, failures: int) -> bool:
         """Send one heartbeat and obey its reply; False when no control plane answered."""

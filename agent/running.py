@@ -159,6 +159,7 @@ class RunningJobs:
     agent process settles them (their outcomes may not get out before this one exits)."""
     _jobs: dict[int, Job] = attrs.field(factory=dict)
     _added: trio.Event = attrs.field(factory=trio.Event)
+    _began: trio.Event = attrs.field(factory=trio.Event)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -167,6 +168,11 @@ class RunningJobs:
         """An event set when the next job is added (accepted, or taken over from a previous
         agent process): who waits for new jobs waits on it rather than looking again and again."""
         return self._added
+
+    def began(self) -> trio.Event:
+        """An event set when the next job starts (after this call): the heartbeat loop waits on
+        it to report a new run early (:func:`agent.fence.early_heartbeat_allowed`)."""
+        return self._began
 
     def _put(self, job: Job) -> None:
         self._jobs[job.order.assignment_id] = job
@@ -283,6 +289,8 @@ class RunningJobs:
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
+        self._began.set()
+        self._began = trio.Event()
         job.job_dir = job_dir
         self._write_record(
             job,

@@ -9,7 +9,8 @@ control plane: the generator keeps working whatever the control plane does insid
 
 Shape of the load: ONE timer loop (a heap of due times) sends each worker's heartbeat at its
 interval (the reply's ``heartbeat_interval_ms`` when a control plane sends one, else
-``--interval-s``), phases spread evenly over the interval; a worker's heartbeats go to the
+``--interval-s``), phases spread evenly over the interval, a job's start pulling the next one
+forward as an agent's does (:func:`agent.fence.early_heartbeat_allowed`); a worker's heartbeats go to the
 control plane picked by :func:`home_control_plane` (a stable hash of its id), and to the next
 ones while that one fails. Connections: with ``--insecure`` one per control plane, shared by
 every worker; with mutual TLS one per worker (its certificate names it, and a control plane
@@ -52,6 +53,7 @@ import grpclib.const
 import grpclib.exceptions
 import grpclib.server
 
+from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed
 from ops.pg import free_port
 from protocol import pb
 from runtime import gcpause
@@ -180,7 +182,10 @@ class _Worker:
     in_flight: bool = False
     registering: bool = False
     schedule: int = 0
-    """Bumped at each registration: heap entries of an older schedule are dropped."""
+    """Bumped at each registration, and when a job's start pulls a heartbeat forward: heap
+    entries of an older schedule are dropped."""
+    early_at: float = -math.inf
+    """When a job's start last pulled a heartbeat forward (``time.monotonic()``)."""
     killed: bool = False
     client: Any = None
     """Its own channel per control plane (mutual TLS) or None (shared channels)."""
@@ -402,6 +407,17 @@ class LoadGenerator:
                 worker.cancelled.add(aid)
         worker.interval_s = _interval_of(reply, worker.interval_s)
 
+    def pull_forward(self, worker: _Worker, now: float) -> None:
+        """A job started on ``worker`` at ``now``: its next heartbeat comes early when an
+        agent's would (:func:`agent.fence.early_heartbeat_allowed`), and the regular ones count
+        from it."""
+        if worker.registering or not early_heartbeat_allowed(now, worker.early_at, worker.interval_s):
+            return
+        worker.early_at = now
+        worker.schedule += 1
+        heapq.heappush(self._heap, (now + EARLY_HEARTBEAT_GATHER_S, worker.id, worker.schedule))
+        self._wake.set()
+
     def _stop_all(self, worker: _Worker) -> None:
         """Stop every running job (they never finished: no outcome) and refuse them from now on."""
         worker.cancelled.update(worker.running)
@@ -509,6 +525,7 @@ class SimulatedWorkerService(pb.WorkerBase):
                 duration_s = assignment.spec.sleep.duration_ms / 1000
                 worker.running[aid] = _Run(job_id=assignment.job_id, started=now, ends=now + duration_s)
                 accepted.append(aid)
+                self.gen.pull_forward(worker, now)
         return pb.AssignReply(accepted_ids=accepted, refused=refused, epoch_seen=worker.epoch_seen)
 
     async def cancel(self, message: pb.CancelRequest) -> pb.CancelReply:

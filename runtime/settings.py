@@ -272,10 +272,12 @@ class ReconcilerSettings:
     (and again at twice, four times ... this age)."""
     cancel_unconfirmed_after_s: float = attrs.field(default=30.0, validator=_positive)
     """An assignment still unconfirmed after this long is cancelled on its worker and requeued."""
-    requeue_backoff_base_s: float = attrs.field(default=0.5, validator=_positive)
+    requeue_backoff_base_s: float = attrs.field(default=0.125, validator=_positive)
     """A job requeued after its first loss (worker dead or registered again, assignment
     withdrawn) waits a random time below this before it is placed again; the bound doubles
-    with every further loss (seconds; see :func:`actors.reconciler.backoff_caps_s`)."""
+    with every further loss (seconds; see :func:`actors.reconciler.backoff_caps_s`). Short:
+    a first loss is the common case, a dead worker, and its jobs should move within a round
+    or two; the doubling is what holds back a job lost again and again."""
     requeue_backoff_max_s: float = attrs.field(default=30.0, validator=_positive)
     """The bound of the requeue backoff never exceeds this (seconds)."""
     death_burst: int = attrs.field(default=3, validator=_positive)

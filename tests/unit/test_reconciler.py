@@ -326,13 +326,13 @@ def test_the_requeue_backoff_is_capped_exponential_with_full_jitter(
     assert backoff_s(losses + 1, caps, 1.0) >= backoff_s(losses, caps, 1.0)
 
 
-def test_the_default_backoff_moves_a_single_loss_within_half_a_second() -> None:
-    """With the defaults (0.5 s, 30 s) the caps double from half a second to 30 s; a job lost
-    once waits below 0.5 s, one lost seven times or more up to 30 s; no caps, no wait."""
+def test_the_default_backoff_moves_a_single_loss_within_an_eighth_of_a_second() -> None:
+    """With the defaults (0.125 s, 30 s) the caps double from an eighth of a second to 30 s; a
+    job lost once waits below 0.125 s, one lost nine times or more up to 30 s; no caps, no wait."""
     settings = ReconcilerSettings()
     caps = backoff_caps_s(base_s=settings.requeue_backoff_base_s, max_s=settings.requeue_backoff_max_s)
-    assert caps == (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-    assert backoff_s(1, caps, 0.999) < 0.5 and backoff_s(50, caps, 0.5) == 15.0
+    assert caps == (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    assert backoff_s(1, caps, 0.999) < 0.125 and backoff_s(50, caps, 0.5) == 15.0
     assert backoff_s(3, (), 0.5) == 0.0
     with pytest.raises(ValueError, match="max_s must be >= base_s = 2, got 1"):
         backoff_caps_s(base_s=2, max_s=1)
