@@ -519,6 +519,7 @@ class Ledger:
                 spec=queries.job_spec_of({**row, **argvs.get(int(row["id"]), {"argv": None, "image": None})}),
                 array_index=argvs.get(int(row["id"]), {}).get("array_index"),
                 array_id=argvs.get(int(row["id"]), {}).get("array_id"),
+                placed_before=bool(row["placed_before"]),
             )
             for row in placed
         )

@@ -84,6 +84,9 @@ class CommittedAssignment:
     """A task of an array: its index (the worker sets ``STOCKADE_ARRAY_INDEX``); None: not a task."""
     array_id: int | None = None
     """A task of an array: the array's id (the worker sets ``STOCKADE_ARRAY_ID``); None: not a task."""
+    placed_before: bool = False
+    """The job was placed before this assignment (a run lost, stopped or failed): its worker
+    reports the start with a heartbeat pulled forward (:func:`agent.fence.early_heartbeat_allowed`)."""
 
 
 @attrs.frozen(kw_only=True)

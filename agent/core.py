@@ -15,7 +15,7 @@ is no module-level state). Its pieces:
 - a heartbeat loop: register (retrying after a capped, jittered, growing pause while no control
   plane answers: ``register_retry_s``, ``register_retry_max_s``), then
   every ``heartbeat_interval_s`` report running assignments and every not yet acknowledged
-  outcome (a job's start pulls the next heartbeat forward, at most once every four intervals:
+  outcome (a moved job's start pulls the next heartbeat forward, at most once every four intervals:
   :func:`agent.fence.early_heartbeat_allowed`); obey the reply (stop ids, re-register).
   Registrations carry the unacknowledged outcomes too, so a job that succeeded just before a
   fence keeps its result. Both calls are hedged
@@ -1079,15 +1079,15 @@ class Agent:
                 # The hold is recorded and the deadline moved on by it: no heartbeat may move
                 # it back before the process exits (prepare_restart).
                 await trio.sleep_forever()
-            # Taken before the heartbeat lists what runs: a job that starts from here on is in
-            # the next one, which it may pull forward.
+            # Taken before the heartbeat lists what runs: a moved job that starts from here on
+            # is in the next one, which it may pull forward.
             began = self._jobs.began()
             ok = await self._heartbeat_once(failures)
             failures = 0 if ok else failures + 1
 
     async def _until_heartbeat(self, beats: Periodic, began: trio.Event) -> None:
         """Sleep until the next heartbeat is due: the next of ``beats``, or sooner when a job
-        started since the last heartbeat (``began``) and an early heartbeat is allowed
+        placed before started since the last heartbeat (``began``) and an early heartbeat is allowed
         (:func:`agent.fence.early_heartbeat_allowed`); the ticks then count from it."""
         due = beats.next_at()
         with trio.move_on_at(due):

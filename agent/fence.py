@@ -102,8 +102,8 @@ def told_refusal(settings: AgentSettings, interval_s: float, dead_after_s: float
 
 
 EARLY_HEARTBEAT_EVERY_INTERVALS = 4.0
-"""A heartbeat pulled forward by a job's start comes at most once every this many heartbeat
-intervals (:func:`early_heartbeat_allowed`)."""
+"""A heartbeat pulled forward by a moved job's start comes at most once every this many
+heartbeat intervals (:func:`early_heartbeat_allowed`)."""
 
 EARLY_HEARTBEAT_GATHER_S = 0.02
 """How long a heartbeat pulled forward waits after the start that called it: the other jobs of
@@ -111,9 +111,10 @@ the same assignment start meanwhile and are confirmed by the same heartbeat."""
 
 
 def early_heartbeat_allowed(now: float, last_early_at: float, interval_s: float) -> bool:
-    """Whether a job that started at ``now`` may pull the worker's next heartbeat forward (so
-    the control plane learns it runs, and a moved job counts as running elsewhere, within
-    milliseconds rather than up to an interval later): at most once every
+    """Whether a job placed before (moved off a dead worker, stopped or retried:
+    ``Assignment.placed_before``) that started at ``now`` may pull the worker's next heartbeat
+    forward (so the control plane learns it runs, and a moved job counts as running elsewhere,
+    within milliseconds rather than up to an interval later): at most once every
     :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last early one
     (``last_early_at``), so that early heartbeats add at most a quarter to the heartbeat rate
     the cluster chose; the regular heartbeats count from the early one. All in seconds, on one

@@ -97,6 +97,9 @@ class JobOrder:
     array_id: int | None = None
     """A task of an array: the array's id; None: not a task (or a control plane that did not
     send it)."""
+    placed_before: bool = False
+    """The job was placed before (moved off a dead worker, stopped, or retried): its start
+    pulls the next heartbeat forward."""
 
 
 # ---------------------------------------------------------------------------- Worker service

@@ -170,8 +170,9 @@ class RunningJobs:
         return self._added
 
     def began(self) -> trio.Event:
-        """An event set when the next job starts (after this call): the heartbeat loop waits on
-        it to report a new run early (:func:`agent.fence.early_heartbeat_allowed`)."""
+        """An event set when the next job placed before (moved, stopped or retried:
+        :attr:`agent.messages.JobOrder.placed_before`) starts after this call: the heartbeat
+        loop waits on it to report the run early (:func:`agent.fence.early_heartbeat_allowed`)."""
         return self._began
 
     def _put(self, job: Job) -> None:
@@ -289,8 +290,9 @@ class RunningJobs:
         job_dir = job_dir_for(self.jobs_dir, order.job_id, order.assignment_id)
         job.started = True
         job.started_at = trio.current_time()
-        self._began.set()
-        self._began = trio.Event()
+        if order.placed_before:
+            self._began.set()
+            self._began = trio.Event()
         job.job_dir = job_dir
         self._write_record(
             job,

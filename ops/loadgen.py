@@ -9,13 +9,14 @@ control plane: the generator keeps working whatever the control plane does insid
 
 Shape of the load: ONE timer loop (a heap of due times) sends each worker's heartbeat at its
 interval (the reply's ``heartbeat_interval_ms`` when a control plane sends one, else
-``--interval-s``), phases spread evenly over the interval, a job's start pulling the next one
-forward as an agent's does (:func:`agent.fence.early_heartbeat_allowed`); a worker's heartbeats go to the
-control plane picked by :func:`home_control_plane` (a stable hash of its id), and to the next
-ones while that one fails. Connections: with ``--insecure`` one per control plane, shared by
-every worker; with mutual TLS one per worker (its certificate names it, and a control plane
-lets a worker speak only for itself), to its home control plane. The Worker endpoint presents
-each worker's own certificate, chosen by the TLS server name a control plane asks for.
+``--interval-s``), phases spread evenly over the interval, the start of a job placed before
+pulling the next one forward as an agent's does (:func:`agent.fence.early_heartbeat_allowed`);
+a worker's heartbeats go to the control plane picked by :func:`home_control_plane` (a stable
+hash of its id), and to the next ones while that one fails. Connections: with ``--insecure``
+one per control plane, shared by every worker; with mutual TLS one per worker (its certificate
+names it, and a control plane lets a worker speak only for itself), to its home control plane.
+The Worker endpoint presents each worker's own certificate, chosen by the TLS server name a
+control plane asks for.
 
 Run as ``python -m ops.loadgen --workers N --control-planes host:port,...``; it prints JSON
 lines on stdout (``serving``, ``registered``, ``stats``, ``killed``) and reads commands, one
@@ -408,8 +409,8 @@ class LoadGenerator:
         worker.interval_s = _interval_of(reply, worker.interval_s)
 
     def pull_forward(self, worker: _Worker, now: float) -> None:
-        """A job started on ``worker`` at ``now``: its next heartbeat comes early when an
-        agent's would (:func:`agent.fence.early_heartbeat_allowed`), and the regular ones count
+        """A job placed before started on ``worker`` at ``now``: its next heartbeat comes early
+        when an agent's would (:func:`agent.fence.early_heartbeat_allowed`), and the regular ones count
         from it."""
         if worker.registering or not early_heartbeat_allowed(now, worker.early_at, worker.interval_s):
             return
@@ -525,7 +526,8 @@ class SimulatedWorkerService(pb.WorkerBase):
                 duration_s = assignment.spec.sleep.duration_ms / 1000
                 worker.running[aid] = _Run(job_id=assignment.job_id, started=now, ends=now + duration_s)
                 accepted.append(aid)
-                self.gen.pull_forward(worker, now)
+                if assignment.placed_before:
+                    self.gen.pull_forward(worker, now)
         return pb.AssignReply(accepted_ids=accepted, refused=refused, epoch_seen=worker.epoch_seen)
 
     async def cancel(self, message: pb.CancelRequest) -> pb.CancelReply:

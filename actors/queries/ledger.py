@@ -72,6 +72,7 @@ claimed AS (
      WHERE j.id = p.job_id AND (j.state = 'pending' OR NOT $5::boolean)
  RETURNING nextval('assignments_id_seq') AS assignment_id, j.id, p.worker_id, p.incarnation,
            j.cpu_millis, j.memory_mb, j.name, j.priority, j.runtime, j.sleep_ms,
+           j.attempts > 1 AS placed_before,
            (j.argv IS NOT NULL OR j.timeout_ms IS NOT NULL OR j.env <> '{}'::jsonb OR j.workdir <> ''
             OR j.array_index IS NOT NULL) AS has_payload
 ),

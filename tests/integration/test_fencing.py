@@ -21,6 +21,7 @@ from actors import queries
 from actors.ledger import Ledger
 from actors.messages import (
     CommitPlacements,
+    CommittedAssignment,
     DeclareDeadWorkers,
     EndAssignments,
     LeaseInbox,
@@ -407,11 +408,13 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
     db: PgConnection, database_url: str
 ) -> None:
     """A worker named dead is declared dead only if still silent for dead_after by database
-    time; then its active assignments end as lost and their jobs are pending again."""
+    time; then its active assignments end as lost and their jobs are pending again. Placed
+    again, the job's assignment says it was placed before (its worker reports the start at
+    once); the first did not."""
     assert await take_over(db, "cp-1") == 1
     async with trio.open_nursery() as nursery:
         ledger, _ = await run_ledger(nursery, database_url)
-        await commit(ledger, 1, 1)
+        (first,) = await commit(ledger, 1, 1)  # type: ignore[misc]
 
         async def declare() -> object:
             reply: Reply[object] = Reply()
@@ -434,13 +437,20 @@ async def test_dead_worker_declaration_rechecks_the_heartbeat_and_requeues(
         await db.execute("UPDATE workers SET last_heartbeat_at = now() - interval '6 seconds'")
         await server_up_for(db, 6.0)
         dead = await declare()
+        assert await db.fetchval("SELECT state FROM workers") == "dead"
+        assert await db.fetchval("SELECT end_reason FROM assignments WHERE job_id = 1") == "worker_dead"
+        assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
+        await db.execute("UPDATE workers SET state = 'alive', incarnation = 2, last_heartbeat_at = now()")
+        reply: Reply[tuple[CommittedAssignment, ...]] = Reply()
+        again = Placement(job_id=1, worker_id="w-1", incarnation=2, cpu_millis=1000, memory_mb=100)
+        await ledger.send(CommitPlacements(epoch=1, placements=(again,), reasons=(), reply=reply))
+        (moved,) = await reply.wait()
         nursery.cancel_scope.cancel()
     assert dead.dead_worker_ids == ("w-1",)  # type: ignore[attr-defined]
     assert dead.requeued_job_ids == (1,)  # type: ignore[attr-defined]
-    assert await db.fetchval("SELECT state FROM workers") == "dead"
-    assert await db.fetchval("SELECT end_reason FROM assignments WHERE job_id = 1") == "worker_dead"
-    assert await db.fetchval("SELECT state FROM jobs WHERE id = 1") == "pending"
     assert await db.fetchval("SELECT epoch FROM worker_deaths") == 1
+    assert not first.placed_before
+    assert moved.job_id == 1 and moved.placed_before
 
 
 async def test_worker_allocation_follows_every_assignment_that_starts_or_ends(

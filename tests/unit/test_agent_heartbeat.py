@@ -167,6 +167,11 @@ def sleep_job(aid: int, duration_s: float = 1000.0) -> JobOrder:
     )
 
 
+def moved(job: JobOrder) -> JobOrder:
+    """``job`` as an assignment of a job placed before (moved off a dead worker)."""
+    return attrs.evolve(job, placed_before=True)
+
+
 def assign(agent: Agent, *jobs: JobOrder, epoch: int = 1) -> dict[int, str]:
     """Assign ``jobs``; returns id -> "accepted" or the refusal reason."""
     assert agent.incarnation is not None
@@ -357,11 +362,10 @@ async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
         await agent.wait_registered()
         t0 = trio.current_time()
         assert assign(agent, sleep_job(1), sleep_job(2)) == {1: "accepted", 2: "accepted"}
-        # The starts pull a heartbeat forward to 0.02; then 0.52 and 1.02, all answered.
-        await trio.sleep_until(t0 + 1.2)
+        await trio.sleep_until(t0 + 1.2)  # heartbeats at 0.5 and 1.0 answered
         cp.mode = "down"
         last_acked = cp.answered[-1]
-        assert last_acked == pytest.approx(t0 + 1.02)
+        assert last_acked == pytest.approx(t0 + 1.0)
         await trio.sleep_until(last_acked + FENCE_S - 0.001)
         assert agent.running_assignment_ids == (1, 2)
         assert not agent.self_fenced
@@ -374,31 +378,34 @@ async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
     assert events == ["register", "start", "start", "self_fence", "stop", "stop", "leave"]
 
 
-async def test_a_jobs_start_pulls_the_next_heartbeat_forward_at_most_once_every_four_intervals(
+async def test_a_moved_jobs_start_pulls_the_next_heartbeat_forward_at_most_once_every_four_intervals(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
-    """A job that starts is reported by a heartbeat sent EARLY_HEARTBEAT_GATHER_S later, not up
-    to an interval later, and the regular heartbeats count from that one; a second start
-    within four intervals waits for the regular heartbeat; one after four intervals pulls a
-    heartbeat forward again."""
+    """A job placed before (moved off a dead worker) that starts is reported by a heartbeat sent
+    EARLY_HEARTBEAT_GATHER_S later, not up to an interval later, and the regular heartbeats
+    count from that one; a second moved job within four intervals waits for the regular
+    heartbeat, and so does any job placed for the first time; a moved job after four intervals
+    pulls a heartbeat forward again."""
     gather_s = agent_fence.EARLY_HEARTBEAT_GATHER_S
     cp = ScriptedControlPlane()
     async with running_agent(tmp_path, cp) as agent:
         await agent.wait_registered()
         await trio.sleep(0.2)
         t0 = trio.current_time()
-        assign(agent, sleep_job(1, duration_s=60))
+        assign(agent, moved(sleep_job(1, duration_s=60)))
         await trio.sleep(0.3)
-        assign(agent, sleep_job(2, duration_s=60))
-        await trio.sleep_until(t0 + 4 * HEARTBEAT_S + 0.1)
+        assign(agent, moved(sleep_job(2, duration_s=60)))
+        await trio.sleep_until(t0 + 4 * HEARTBEAT_S + 0.05)
         assign(agent, sleep_job(3, duration_s=60))
+        await trio.sleep(0.1)
+        assign(agent, moved(sleep_job(4, duration_s=60)))
         await trio.sleep(0.1)
     sent = [(round(t - t0, 6), r.running_assignment_ids) for t, r in cp.heartbeats if t >= t0]
     regular = [round(gather_s + n * HEARTBEAT_S, 6) for n in range(1, 5)]
     assert sent == [
         (gather_s, (1,)),
         *((t, (1, 2)) for t in regular),
-        (round(4 * HEARTBEAT_S + 0.1 + gather_s, 6), (1, 2, 3)),
+        (round(4 * HEARTBEAT_S + 0.15 + gather_s, 6), (1, 2, 3, 4)),
     ]
 
 
@@ -476,13 +483,12 @@ async def test_only_the_acknowledged_outcomes_are_dropped(tmp_path: Path, autoju
         await agent.wait_registered()
         t0 = trio.current_time()
         assign(agent, sleep_job(1, duration_s=0.1), sleep_job(2, duration_s=0.6))
-        # The starts pull a heartbeat forward to 0.02 (nothing has ended); the one at 0.52
-        # carries outcome 1 and is answered at 0.82; job 2 ends at 0.6.
+        # heartbeat at 0.5 carries outcome 1 and is answered at 0.8; job 2 ends at 0.6.
         await trio.sleep_until(t0 + 0.9)
         assert [o.assignment_id for o in agent.unacknowledged_outcomes] == [2]
         await trio.sleep_until(t0 + 1.5)
     carried = [[o.assignment_id for o in r.finished] for _, r in cp.heartbeats]
-    assert carried[:3] == [[], [1], [2]]
+    assert carried[:2] == [[1], [2]]
 
 
 async def test_registration_carries_the_unacknowledged_outcomes_and_then_drops_them(
@@ -496,10 +502,8 @@ async def test_registration_carries_the_unacknowledged_outcomes_and_then_drops_t
         await agent.wait_registered()
         t0 = trio.current_time()
         assign(agent, sleep_job(1, duration_s=0.6))
-        # The start pulls a heartbeat forward to 0.02, answered at 0.32. The one sent at 0.52
-        # carries nothing; job 1 ends at 0.6; the reply at 0.82 says "register again", and the
-        # first two registrations fail.
-        await trio.sleep_until(t0 + 0.4)
+        # The heartbeat sent at 0.5 carries nothing; job 1 ends at 0.6; the reply at 0.8 says
+        # "register again", and the first two registrations fail.
         cp.next_answer = {"reregister": True}
         cp.register_failures = 2
         await trio.sleep_until(t0 + 0.7)

@@ -103,6 +103,13 @@ class Assignment(betterproto2.Message):
     A task of an array: the array's id, set as STOCKADE_ARRAY_ID (0: not a task).
     """
 
+    placed_before: "bool" = betterproto2.field(8, betterproto2.TYPE_BOOL)
+    """
+    The job was placed before (a run of it was lost with its worker, stopped or failed): the
+    worker reports this run's start at once, with a heartbeat pulled forward, so a moved job
+    counts as running elsewhere without waiting an interval.
+    """
+
 
 default_message_pool.register_message("stockade.v1", "Assignment", Assignment)
 
