@@ -726,7 +726,14 @@ class Reconciler:
                         job_ids=[d.assignment.job_id for d in group],
                         assignment_ids=[d.assignment.assignment_id for d in group],
                     )
-                background.start_soon(self._cancel_in_background, epoch, worker, group, requeue, reason)
+                # Marked in flight here, not when the task first runs: the same assignment
+                # in two lists of this pass (a drained run a user cancelled) is asked once.
+                scope = trio.CancelScope()
+                for d in group:
+                    self._cancelling[d.assignment.assignment_id] = scope
+                background.start_soon(
+                    self._cancel_in_background, scope, epoch, worker, group, requeue, reason
+                )
         with self._step("settle"):
             await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
@@ -966,14 +973,19 @@ class Reconciler:
             )
 
     async def _cancel_in_background(
-        self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str
+        self,
+        scope: trio.CancelScope,
+        epoch: int,
+        worker: WorkerRef,
+        group: Sequence[Delivery],
+        requeue: bool,
+        reason: str,
     ) -> None:
-        """:meth:`_cancel` as a task of its own, its assignments marked in flight meanwhile; a
-        refused or failed ending is logged (a later pass asks again), not raised."""
+        """:meth:`_cancel` as a task of its own, in ``scope`` (which ``_cancelling`` maps its
+        assignments to until it ends); a refused or failed ending is logged (a later pass asks
+        again), not raised."""
         ids = [d.assignment.assignment_id for d in group]
-        with trio.CancelScope() as scope:
-            for assignment_id in ids:
-                self._cancelling[assignment_id] = scope
+        with scope:
             try:
                 await self._cancel(epoch, worker, group, requeue, reason)
             except StaleEpoch as exc:

@@ -101,6 +101,8 @@ class FakeStore:
     waiting: list[WaitingJob] = attrs.field(factory=list)
     drain_due_on: dict[int, WorkerRef] = attrs.field(factory=dict)
     """Assignments whose worker's drain deadline has passed, and that worker."""
+    cancel_requested_on: dict[int, WorkerRef] = attrs.field(factory=dict)
+    """Assignments whose job a user cancelled, and their worker."""
     runs: list[WorkerRuns] = attrs.field(factory=list)
     """What the health step reads: every alive worker and its judged runs."""
     health_reads: list[tuple[float, int, float]] = attrs.field(factory=list)
@@ -126,7 +128,7 @@ class FakeStore:
         return [_delivery(aid, ref, now - at) for aid, (ref, at) in self.unconfirmed_at.items()]
 
     async def cancel_requested(self) -> list[Delivery]:
-        return []
+        return [_delivery(aid, ref, 60.0) for aid, ref in self.cancel_requested_on.items()]
 
     async def overdue(self, margin_s: float) -> list[Delivery]:
         self.margins_s.append(margin_s)
@@ -739,6 +741,29 @@ async def test_a_worker_that_never_answers_a_cancellation_holds_up_no_pass(
         nursery.cancel_scope.cancel()
     assert [t for t, _ in declared] == [float(k) for k in range(8)]
     assert [t for t, workers in declared if workers == (("w-2", 1),)] == [6.0, 7.0]
+
+
+async def test_an_assignment_in_two_lists_of_one_pass_is_cancelled_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Assignment 7's job was cancelled by its user and its worker's drain deadline has passed:
+    the pass asks the worker once (as the user's cancel), and no later pass asks again while
+    that call is unanswered."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6}, cancel_requested_on={7: w1}, drain_due_on={7: w1})
+    h = make_harness(store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        for _ in range(3):
+            declare = await h.ledger.receive()
+            assert isinstance(declare, DeclareDeadWorkers)
+            declare.reply.set(orphans(more=False))
+        cancel = h.dispatcher.receive_nowait()
+        assert isinstance(cancel, CancelOnWorker) and cancel.assignment_ids == (7,)
+        with pytest.raises(trio.WouldBlock):
+            h.dispatcher.receive_nowait()
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_new_term_drops_the_cancellations_of_the_last(
