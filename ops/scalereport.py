@@ -233,12 +233,14 @@ _COLUMNS = (
 
 
 def render(report: ScaleReport) -> Table:
-    """The steps as a rich table, one row per worker count."""
+    """The steps as a rich table, one row per measure and one column per worker count (a
+    narrow table: a terminal of 80 columns shows four steps whole)."""
     table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False, title="stockade bench scale")
-    for _, title in _COLUMNS:
-        table.add_column(title, justify="right")
+    table.add_column("workers", no_wrap=True)
     for point in report.points:
-        table.add_row(*(_cell(getattr(point, key)) for key, _ in _COLUMNS))
+        table.add_column(f"{point.workers:,}", justify="right", no_wrap=True)
+    for key, title in _COLUMNS[1:]:
+        table.add_row(title, *(_cell(getattr(point, key)) for point in report.points))
     return table
 
 

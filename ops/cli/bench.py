@@ -23,7 +23,12 @@ from ops.config import ClusterError, default_state_dir
 from runtime.settings import PLACEMENT_POLICIES
 
 JsonPathOption = Annotated[
-    Path | None, typer.Option("--json", help="Write the results as JSON (and a PNG next to it).")
+    Path | None,
+    typer.Option(
+        "--json",
+        help="Where the results go as JSON, with a PNG next to it"
+        " (default: bench-<name>.json in the current folder).",
+    ),
 ]
 InsecureBenchOption = Annotated[
     bool,

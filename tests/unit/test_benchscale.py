@@ -231,3 +231,25 @@ def test_gc_pauses_over_a_bound_count_the_window_only() -> None:
     before = {"a": scraped(10, 11), "b": scraped(5, 5)}
     after = {"a": scraped(20, 22), "b": scraped(6, 8)}
     assert MetricsDelta.of(before, after).gc_pauses_over(0.1) == 3
+
+
+def test_the_table_shows_every_measure_of_four_steps_whole_in_80_columns() -> None:
+    """One row per measure, one column per worker count: in a terminal 80 columns wide, four
+    steps' figures and every measure's name are printed whole (no cell cut short)."""
+    import io
+
+    from rich.console import Console
+
+    from ops.scalereport import render
+
+    points = [
+        _point(n, recovery_p50_s=13.661, ack_p99_ms=1837.776, workers_dead_rows=696)
+        for n in (100, 500, 1000, 2000)
+    ]
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render(ScaleReport(settings={}, points=points)))
+    text = out.getvalue()
+    assert "…" not in text
+    for heading in ("100", "500", "1,000", "2,000", "recovery p50 s", "ack p99 ms", "workers dead rows"):
+        assert heading in text
+    assert text.count("13.7") == 4 and text.count("1838") == 4
