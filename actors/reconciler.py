@@ -65,8 +65,10 @@ holds up only its own cancellation (for up to the dispatcher's ``rpc_timeout_s``
 next pass, so the leader's reads of heartbeat ages stay closer together than the contact gap
 and silence keeps counting. An assignment whose cancellation is in flight is not asked again
 until that one ends; the tasks of a term are cancelled when the replica steps down or is
-elected under a new epoch (their fenced writes would be refused anyway), and a refused or
-failed ending is logged and asked again by a later pass.
+elected under a new epoch (their fenced writes would be refused anyway), not when a pass of
+the same term fails (a worker's acknowledgement may still be on its way), and a refused or
+failed ending is logged and asked again by a later pass; one the dispatcher never answers
+frees its assignments after :data:`CANCEL_REPLY_WAIT_S`.
 
 A job is placed again only after its active assignment has ended (invariant 6).
 """
@@ -233,6 +235,11 @@ def plan_deliveries(
             resend.append(d)
     return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
 
+
+CANCEL_REPLY_WAIT_S = 60.0
+"""How long a cancellation waits for the dispatcher's reply (its calls end within
+``rpc_timeout_s``): one it never sends, lost with a dispatcher that restarted, frees its
+assignments for a later pass after this long instead of holding them for the term."""
 
 RESEND_AFTER_INTERVALS = 2.0
 """Heartbeat intervals an assignment goes unconfirmed, at least, before its first re-send."""
@@ -514,6 +521,8 @@ class Reconciler:
     """When the last pass chose the heartbeat interval (trio time)."""
     _cancelling: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     """Assignment id -> the scope of the background task cancelling it."""
+    _cancels_epoch: int | None = None
+    """The epoch of the term whose cancellations run (None: none)."""
     _steps_s: dict[str, float] = attrs.field(factory=dict)
     """Seconds each step of the current (or last) pass took, by step."""
     _gap_s: float = math.inf
@@ -539,8 +548,12 @@ class Reconciler:
 
         async def logged_pass(epoch: int) -> None:
             nonlocal last_epoch, failed_passes
-            if epoch != last_epoch:
+            if epoch != self._cancels_epoch:
+                # A new term: the last one's cancellations would end nothing (the fence).
+                # Not at every pass after a failed one: a task of this term may have a
+                # worker's acknowledgement to write.
                 self._stop_cancellations()
+                self._cancels_epoch = epoch
             began = trio.current_time()
             outcome: str | None = None  # None: cancelled or a bug, not counted
             try:
@@ -571,7 +584,9 @@ class Reconciler:
             metrics.UNHEALTHY_WORKERS.set(0)
             self._health_judged_at = -math.inf
             self._policy_chosen_at = -math.inf
+            self._interval_s = None
             self._stop_cancellations()
+            self._cancels_epoch = None
 
         async with trio.open_nursery() as background:
             await self.role.every_interval_while_leader(
@@ -691,9 +706,11 @@ class Reconciler:
             read_at = trio.current_time()
             since_last_read_s = read_at - self._unconfirmed_read_at
             self._unconfirmed_read_at = read_at
+            if self._interval_s is None:
+                # A term's first pass: the policy step has not read the interval yet.
+                inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
+                self._interval_s = (inputs.current or default_policy(s)).interval_ms / 1000
             interval_s = self._interval_s
-            if interval_s is None:
-                interval_s = default_policy(s).interval_ms / 1000
             plan = plan_deliveries(
                 unconfirmed,
                 s,
@@ -1023,7 +1040,17 @@ class Reconciler:
                 job_ids=tuple(d.assignment.job_id for d in group),
             )
         )
-        acknowledged = await reply.wait()
+        acknowledged: tuple[int, ...] = ()
+        with trio.move_on_after(CANCEL_REPLY_WAIT_S) as waited:
+            acknowledged = await reply.wait()
+        if waited.cancelled_caught:
+            self._log.warning(
+                "cancellation unanswered: the dispatcher never replied",
+                epoch=epoch,
+                worker_id=worker.worker_id,
+                waited_s=CANCEL_REPLY_WAIT_S,
+                assignment_ids=list(ids),
+            )
         if not acknowledged:
             return
         ended: list[int] = []

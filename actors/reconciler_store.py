@@ -106,6 +106,7 @@ def _delivery(row: Any) -> Delivery:
             spec=queries.job_spec_of(row),
             array_index=row["array_index"],
             array_id=row["array_id"],
+            placed_before=bool(row["placed_before"]),
         ),
         worker=WorkerRef(
             worker_id=row["worker_id"], address=row["address"], incarnation=int(row["incarnation"])

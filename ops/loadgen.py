@@ -538,6 +538,8 @@ class SimulatedWorkerService(pb.WorkerBase):
         for aid in message.assignment_ids:
             if reason is not None:
                 refused.append(pb.Refusal(assignment_id=aid, reason=reason))
+            elif aid in worker.cancelled:
+                acknowledged.append(aid)  # asked again: stopped already, as an agent answers
             elif aid in worker.finished or (aid in worker.accepted and aid not in worker.running):
                 finished.append(aid)
             else:

@@ -152,7 +152,8 @@ def _assignment(aid: int, *, sleep: bool = True) -> pb.Assignment:
 
 async def test_the_simulated_worker_checks_epoch_incarnation_and_ids() -> None:
     """Stale epochs and other incarnations are refused; a duplicate is acknowledged and runs
-    once; a cancelled id is refused for ever; a job that is not a sleep is refused."""
+    once; a cancelled id is refused for ever and acknowledged again when asked again; a job
+    that is not a sleep is refused."""
     service, gen = _service()
     worker = gen.workers["sim-1"]
     stale = await service.assign(
@@ -174,6 +175,10 @@ async def test_the_simulated_worker_checks_epoch_incarnation_and_ids() -> None:
         pb.CancelRequest(epoch=4, worker_id="sim-1", incarnation=7, assignment_ids=[1])
     )
     assert cancelled.acknowledged_ids == [1] and not worker.running
+    asked_again = await service.cancel(
+        pb.CancelRequest(epoch=4, worker_id="sim-1", incarnation=7, assignment_ids=[1])
+    )
+    assert asked_again.acknowledged_ids == [1] and not asked_again.finished_ids  # as an agent answers
     refused = await service.assign(
         pb.AssignRequest(epoch=4, worker_id="sim-1", incarnation=7, assignments=[_assignment(1)])
     )

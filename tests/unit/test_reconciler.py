@@ -61,7 +61,7 @@ from actors.reconciler import (
 from actors.reconciler_store import PolicyInputs, SilenceReading
 from actors.role import RoleView
 from runtime import metrics
-from runtime.errors import DatabaseBusy, InvalidArgument, StaleEpoch
+from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.reply import Reply
 from runtime.settings import ReconcilerSettings
@@ -764,6 +764,89 @@ async def test_an_assignment_in_two_lists_of_one_pass_is_cancelled_once(
         with pytest.raises(trio.WouldBlock):
             h.dispatcher.receive_nowait()
         nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class FailingSettleStore(FakeStore):
+    """The waiting-jobs read fails ``failures`` times (the database went away mid-pass)."""
+
+    failures: int = 0
+
+    async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
+        if self.failures:
+            self.failures -= 1
+            raise DatabaseUnavailable("connection lost")
+        return await super().waiting_jobs(limit)
+
+
+async def test_a_pass_that_fails_after_starting_a_cancellation_leaves_it_to_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A term's first pass withdraws assignment 7 and then fails (a read after the
+    cancellations). Its worker acknowledges 1.5 s later, after a heartbeat confirmed 7 (no
+    later pass would withdraw it again): the term is the same, so the acknowledgement is still
+    ended, under its epoch."""
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FailingSettleStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={7: (w1, -31.0)}, failures=1)
+    h = make_harness(store)
+    ended: list[EndAssignments] = []
+    async with trio.open_nursery() as nursery:
+
+        async def worker() -> None:
+            async for message in h.dispatcher:
+                if isinstance(message, CancelOnWorker):
+                    await trio.sleep(1.5)
+                    message.reply.set(message.assignment_ids)
+
+        async def ledger() -> None:
+            async for message in h.ledger:
+                if isinstance(message, EndAssignments):
+                    ended.append(message)
+                    message.reply.set(message.assignment_ids)
+                else:
+                    assert isinstance(message, DeclareDeadWorkers)
+                    message.reply.set(orphans(more=False))
+
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        nursery.start_soon(worker)
+        nursery.start_soon(ledger)
+        await trio.sleep(0.5)
+        del store.unconfirmed_at[7]  # a heartbeat confirmed it
+        await trio.sleep(5.0)
+        nursery.cancel_scope.cancel()
+    assert [(e.epoch, e.assignment_ids) for e in ended] == [(2, (7,))]
+
+
+async def test_a_cancellation_the_dispatcher_never_answers_is_asked_again_later(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The dispatcher loses the reply of the cancellation of assignment 7 (it restarted): the
+    passes do not ask again while it waits, and after CANCEL_REPLY_WAIT_S the next pass asks
+    the worker again, under the same term."""
+    from actors.reconciler import CANCEL_REPLY_WAIT_S
+
+    w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
+    store = FakeStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={7: (w1, -31.0)})
+    h = make_harness(store)
+    asked: list[tuple[float, int]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def ledger() -> None:
+            async for message in h.ledger:
+                assert isinstance(message, DeclareDeadWorkers)
+                message.reply.set(orphans(more=False))
+
+        nursery.start_soon(answer_role, h.lease, 2)
+        await nursery.start(h.reconciler.run)
+        nursery.start_soon(ledger)
+        for _ in range(2):
+            cancel = await h.dispatcher.receive()
+            assert isinstance(cancel, CancelOnWorker)
+            asked.append((trio.current_time(), cancel.epoch))
+        nursery.cancel_scope.cancel()
+    assert asked[0] == (0.0, 2) and asked[1][1] == 2
+    assert CANCEL_REPLY_WAIT_S <= asked[1][0] <= CANCEL_REPLY_WAIT_S + 1.0
 
 
 async def test_a_new_term_drops_the_cancellations_of_the_last(
