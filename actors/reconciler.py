@@ -138,14 +138,6 @@ def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings
     return settings.contact_gap_s * max(1.0, shortest_s / settings.dead_after_s)
 
 
-def dead_workers(ages: Iterable[HeartbeatAge], dead_after_s: float) -> tuple[tuple[str, int], ...]:
-    """The (worker_id, incarnation) pairs silent for longer than the dead_after each is judged
-    by (:func:`judged_dead_after_s`, at least ``dead_after_s`` seconds)."""
-    return tuple(
-        sorted((a.worker_id, a.incarnation) for a in ages if a.age_s > judged_dead_after_s(a, dead_after_s))
-    )
-
-
 def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:
     """Whether a pass re-sends an unconfirmed assignment ``age_s`` seconds after its commit:
     when its age passed ``first_after_s * 2**k`` (some k >= 0) since the previous pass,
@@ -290,15 +282,6 @@ def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
         if caps[-1] >= max_s:
             break
     return tuple(caps)
-
-
-def backoff_s(losses: int, caps_s: tuple[float, ...], jitter: float) -> float:
-    """The wait (seconds) after a job's ``losses``-th loss for a ``jitter`` drawn in [0, 1), as
-    the requeue statements compute it: ``jitter * caps_s[min(losses, len(caps_s)) - 1]``; 0
-    without caps or losses."""
-    if not caps_s or losses < 1:
-        return 0.0
-    return jitter * caps_s[min(losses, len(caps_s)) - 1]
 
 
 @attrs.frozen

@@ -30,7 +30,7 @@ from actors.heartbeat_policy import (
     default_policy,
 )
 from actors.messages import DeclareDeadWorkers, ReconcileResult, SetHeartbeatPolicy
-from actors.reconciler import TokenBucket, dead_workers, judge_deaths
+from actors.reconciler import TokenBucket, judge_deaths
 from actors.reconciler_store import HeartbeatAge
 from agent.fence import fence_after_s, told_refusal
 from agent.messages import Registered, Registration
@@ -327,7 +327,6 @@ def test_a_worker_is_judged_by_the_longer_dead_after_its_row_records() -> None:
     ]
     verdict = judge_deaths(ages, settings, TokenBucket(10.0, 0.0), 0.0)
     assert verdict.declare == (("w-3", 1), ("w-1", 1))
-    assert dead_workers(ages, 5.0) == (("w-1", 1), ("w-3", 1))
 
 
 async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_not_again(
