@@ -959,6 +959,10 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS dead_after_ms integer,
 -- What one heartbeat costs this replica (CPU µs, measured by its ingest; NULL: not measured):
 -- what the leader's choice of the interval reads.
 ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS cpu_per_heartbeat_us float8;
+-- The 99th percentile of how long the heartbeats this replica received lately had waited for an
+-- answer, as the workers report it (ms; HeartbeatRequest.waited_ms; NULL: too few reported):
+-- the other input of the interval.
+ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS heartbeat_wait_p99_ms float8;
 
 -- Heartbeats recorded in groups (docs/design.md, "Grouped heartbeats"; actors/heartbeat_group.py
 -- gathers them for a few milliseconds, actors/ingest.py records them): the liveness-only

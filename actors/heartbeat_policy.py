@@ -17,11 +17,21 @@ from what a heartbeat measurably costs rather than from a constant::
 So the heartbeats take at most ``heartbeat_cpu_budget`` of a core per replica while the
 interval stays within the operator's bounds, and a dead worker is noticed ``dead_after_intervals``
 intervals after its last heartbeat, never sooner than the operator's ``dead_after_s``.
+
+The CPU a heartbeat costs says nothing of the CPU a replica gets: on a machine shared with other
+work, answers wait for the CPU while the measured cost stays low. So the interval is also at
+least the 99th percentile of how long heartbeats waited for their answers, as the workers report
+it (:class:`HeartbeatWaits`; the largest of the replicas'): a worker is then declared only after
+about ``dead_after_intervals`` heartbeats in a row each slower than that. And the interval grows
+at once but shrinks only to the longest one wanted over the last :data:`SHRINK_AFTER_S`
+(Kubernetes' horizontal pod autoscaler keeps a scale-down stabilization window the same way),
+so a load that comes and goes does not shorten the interval between its bursts.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 import attrs
@@ -45,6 +55,13 @@ rather than the shortest one."""
 HYSTERESIS = 0.25
 """A new interval is taken only when it differs from the one in force by more than this
 fraction of it (or when the one in force is outside the bounds)."""
+WAIT_INTERVALS = 1.0
+"""The interval is at least this many times the 99th percentile of the heartbeats' waits."""
+SHRINK_AFTER_S = 30.0
+"""The interval is at least the longest one wanted over this many seconds (the leader's
+choices in its term)."""
+MAX_WAITED_MS = 600_000
+"""A heartbeat's ``waited_ms`` is counted as at most this."""
 
 
 @attrs.frozen(kw_only=True)
@@ -84,12 +101,61 @@ def _whole_steps(ms: float) -> int:
     return max(STEP_MS, math.ceil(ms / STEP_MS - 1e-9) * STEP_MS)
 
 
+def _bounds_ms(settings: ReconcilerSettings) -> tuple[int, int]:
+    """The operator's bounds of the interval in whole steps (ms): the shortest and the longest."""
+    low_ms = _whole_steps(settings.heartbeat_interval_min_s * 1000)
+    return low_ms, max(low_ms, math.floor(settings.heartbeat_interval_max_s * 1000 / STEP_MS) * STEP_MS)
+
+
+@attrs.frozen
+class _Wanted:
+    """The interval the rule wants (ms, within the bounds), the cost it used, and why."""
+
+    interval_ms: int
+    cost_us: float | None
+    why: str
+
+
+def _wanted(
+    workers: int, costs_us: Sequence[float], waits_ms: Sequence[float], settings: ReconcilerSettings
+) -> _Wanted:
+    low_ms, high_ms = _bounds_ms(settings)
+    measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
+    replicas = max(1, len(measured))
+    cost_us = measured[len(measured) // 2] if measured else None
+    wanted_ms = workers * (cost_us or UNMEASURED_COST_US) / 1000 / (replicas * settings.heartbeat_cpu_budget)
+    why = (
+        f"{workers} workers x {cost_us or UNMEASURED_COST_US:.0f} us per heartbeat"
+        f"{'' if cost_us else ' (not measured yet: the default)'} over {replicas} control planes"
+        f" at {settings.heartbeat_cpu_budget:g} of a core"
+    )
+    wait_ms = max((w for w in waits_ms if math.isfinite(w) and w > 0), default=0.0)
+    if wait_ms * WAIT_INTERVALS > wanted_ms:
+        wanted_ms = wait_ms * WAIT_INTERVALS
+        why = f"heartbeats waited up to {wait_ms:.0f} ms for their answers (99th percentile; {why})"
+    interval_ms = min(high_ms, _whole_steps(max(wanted_ms, low_ms)))
+    if interval_ms == high_ms and wanted_ms > high_ms:
+        why += f": capped at heartbeat_interval_max_s = {settings.heartbeat_interval_max_s:g}"
+    return _Wanted(interval_ms=interval_ms, cost_us=cost_us, why=why)
+
+
+def wanted_interval_ms(
+    *, workers: int, costs_us: Sequence[float], waits_ms: Sequence[float] = (), settings: ReconcilerSettings
+) -> int:
+    """The interval (ms) the module's rule wants now, within the bounds, before the stabilization
+    window and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
+    :func:`choose_policy`'s."""
+    return _wanted(workers, costs_us, waits_ms, settings).interval_ms
+
+
 def choose_policy(
     *,
     workers: int,
     costs_us: Sequence[float],
     current: HeartbeatPolicy | None,
     settings: ReconcilerSettings,
+    waits_ms: Sequence[float] = (),
+    floor_ms: int = 0,
 ) -> HeartbeatPolicy:
     """The heartbeat policy for ``workers`` alive workers (see the module's rule).
 
@@ -101,25 +167,23 @@ def choose_policy(
         current: the policy in force (None: none was chosen yet).
         settings: ``heartbeat_interval_min_s``, ``heartbeat_interval_max_s``,
             ``heartbeat_cpu_budget``, ``dead_after_s``, ``dead_after_intervals``.
+        waits_ms: the 99th percentile of the heartbeats' waits at each live control plane (ms;
+            non-positive or non-finite entries are ignored); the interval is at least
+            :data:`WAIT_INTERVALS` times the largest.
+        floor_ms: the interval is at least this (ms, within the bounds): the longest one wanted
+            over the stabilization window (:class:`LongestWithin`).
 
     Returns:
         ``current`` itself when the new interval is within :data:`HYSTERESIS` of it and within
         the bounds, else the new policy.
     """
-    low_ms = _whole_steps(settings.heartbeat_interval_min_s * 1000)
-    high_ms = max(low_ms, math.floor(settings.heartbeat_interval_max_s * 1000 / STEP_MS) * STEP_MS)
-    measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
-    replicas = max(1, len(measured))
-    cost_us = measured[len(measured) // 2] if measured else None
-    wanted_ms = workers * (cost_us or UNMEASURED_COST_US) / 1000 / (replicas * settings.heartbeat_cpu_budget)
-    why = (
-        f"{workers} workers x {cost_us or UNMEASURED_COST_US:.0f} us per heartbeat"
-        f"{'' if cost_us else ' (not measured yet: the default)'} over {replicas} control planes"
-        f" at {settings.heartbeat_cpu_budget:g} of a core"
-    )
-    interval_ms = min(high_ms, _whole_steps(max(wanted_ms, low_ms)))
-    if interval_ms == high_ms and wanted_ms > high_ms:
-        why += f": capped at heartbeat_interval_max_s = {settings.heartbeat_interval_max_s:g}"
+    low_ms, high_ms = _bounds_ms(settings)
+    wanted = _wanted(workers, costs_us, waits_ms, settings)
+    interval_ms, cost_us, why = wanted.interval_ms, wanted.cost_us, wanted.why
+    held_ms = min(high_ms, _whole_steps(floor_ms)) if floor_ms > 0 else 0
+    if held_ms > interval_ms:
+        interval_ms = held_ms
+        why += f": held at {held_ms} ms, the longest wanted in the last {SHRINK_AFTER_S:g} s"
     if (
         current is not None
         and low_ms <= current.interval_ms <= high_ms
@@ -134,6 +198,62 @@ def choose_policy(
         cpu_per_heartbeat_us=cost_us,
         reason=why,
     )
+
+
+@attrs.define
+class LongestWithin:
+    """The largest value added within the last ``window_s`` seconds: the interval the leader may
+    shrink to (:data:`SHRINK_AFTER_S`)."""
+
+    window_s: float = SHRINK_AFTER_S
+    _values: deque[tuple[float, int]] = attrs.field(factory=deque)
+
+    def add(self, now: float, value: int) -> int:
+        """Add ``value`` at time ``now`` (s, any clock that only moves on); returns the largest
+        value added within the window, this one included."""
+        while self._values and self._values[0][0] <= now - self.window_s:
+            self._values.popleft()
+        # Only values larger than every later one can ever be the largest: the deque stays
+        # decreasing, and its first entry is the answer.
+        while self._values and self._values[-1][1] <= value:
+            self._values.pop()
+        self._values.append((now, value))
+        return self._values[0][1]
+
+
+@attrs.define
+class HeartbeatWaits:
+    """How long the heartbeats a replica received had waited for their answers, as their
+    workers report it (``HeartbeatRequest.waited_ms``), over the last ``window_s`` seconds.
+
+    Args:
+        window_s: how far back a reported wait counts (s).
+        min_samples: fewer reported waits than this in the window: no percentile.
+        max_samples: the window keeps at most this many (the newest).
+    """
+
+    window_s: float = 10.0
+    min_samples: int = 20
+    max_samples: int = 20_000
+    _samples: deque[tuple[float, int]] = attrs.field(factory=deque)
+
+    def add(self, now: float, waited_ms: int) -> None:
+        """Count a reported wait (ms; 0: not said, ignored) received at ``now`` (s, trio time)."""
+        if waited_ms <= 0:
+            return
+        self._samples.append((now, min(waited_ms, MAX_WAITED_MS)))
+        if len(self._samples) > self.max_samples:
+            self._samples.popleft()
+
+    def p99_ms(self, now: float) -> float | None:
+        """The 99th percentile (nearest rank) of the waits reported within the window (ms), None
+        when fewer than ``min_samples`` were."""
+        while self._samples and self._samples[0][0] <= now - self.window_s:
+            self._samples.popleft()
+        if len(self._samples) < self.min_samples:
+            return None
+        values = sorted(ms for _, ms in self._samples)
+        return float(values[math.ceil(0.99 * len(values)) - 1])
 
 
 @attrs.define

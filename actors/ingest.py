@@ -83,6 +83,7 @@ from actors.heartbeat_policy import (
     MAX_SENT_US,
     HeartbeatCost,
     HeartbeatPolicy,
+    HeartbeatWaits,
     default_policy,
 )
 from actors.ingest_gate import SESSION_SETTINGS, AdmittedService, open_pool, run_in_slices
@@ -165,6 +166,8 @@ class ControlPlaneService(AdmittedService):
     told_default: HeartbeatPolicy = attrs.field(factory=lambda: default_policy(ReconcilerSettings()))
     heartbeats_recorded: int = 0
     """Heartbeats this service recorded (the denominator of its measured heartbeat cost)."""
+    heartbeat_waits: HeartbeatWaits = attrs.field(factory=HeartbeatWaits)
+    """The waits its heartbeats reported (their 99th percentile goes with its presence)."""
     logs: LogRelay | None = None
     """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""
     heartbeat_group: HeartbeatGrouper | None = None
@@ -718,6 +721,7 @@ class ControlPlaneService(AdmittedService):
         hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
+        self.heartbeat_waits.add(trio.current_time(), request.waited_ms)
         if self.heartbeat_group is not None and not finished and not hold_ms:
             deadline = rpc_deadline()
             self._check_deadline("heartbeat", deadline)
@@ -1141,9 +1145,16 @@ class Ingest:
 
     async def _record_presence(self, service: ControlPlaneService) -> None:
         cost_us = self._cost.measure(time.thread_time(), service.heartbeats_recorded)
+        wait_ms = service.heartbeat_waits.p99_ms(trio.current_time())
         async with service.database("presence") as conn:
             await conn.execute(
-                queries.RECORD_PRESENCE, self.cp_id, self.address, os.getpid(), self.console_url, cost_us
+                queries.RECORD_PRESENCE,
+                self.cp_id,
+                self.address,
+                os.getpid(),
+                self.console_url,
+                cost_us,
+                wait_ms,
             )
 
     async def _presence(self, service: ControlPlaneService) -> None:

@@ -86,7 +86,13 @@ import trio
 
 from actors.dependencies import CASCADE_STEPS, plan_waiting
 from actors.health import judge_health
-from actors.heartbeat_policy import HeartbeatPolicy, choose_policy, default_policy
+from actors.heartbeat_policy import (
+    HeartbeatPolicy,
+    LongestWithin,
+    choose_policy,
+    default_policy,
+    wanted_interval_ms,
+)
 from actors.messages import (
     CancelOnWorker,
     DeclareDeadWorkers,
@@ -513,6 +519,8 @@ class Reconciler:
     _interval_s: float | None = None
     """The heartbeat interval in force, as the last policy step read or wrote it (None: none
     read yet; the settings' shortest)."""
+    _wanted_intervals: LongestWithin = attrs.field(factory=LongestWithin)
+    """The intervals the policy steps of this term wanted lately: it shrinks to their longest."""
     _resends_dropped: int = 0
     """Re-sends not handed over since the last log of them: the dispatcher's inbox was full."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
@@ -568,6 +576,7 @@ class Reconciler:
             self._health_judged_at = -math.inf
             self._policy_chosen_at = -math.inf
             self._interval_s = None
+            self._wanted_intervals = LongestWithin()
             self._stop_cancellations()
             self._cancels_epoch = None
 
@@ -759,7 +768,17 @@ class Reconciler:
         inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
         # No policy row: the control planes tell their defaults, which is what is in force.
         current = inputs.current or default_policy(s)
-        chosen = choose_policy(workers=workers, costs_us=inputs.costs_us, current=current, settings=s)
+        wanted_ms = wanted_interval_ms(
+            workers=workers, costs_us=inputs.costs_us, waits_ms=inputs.waits_ms, settings=s
+        )
+        chosen = choose_policy(
+            workers=workers,
+            costs_us=inputs.costs_us,
+            waits_ms=inputs.waits_ms,
+            current=current,
+            settings=s,
+            floor_ms=self._wanted_intervals.add(trio.current_time(), wanted_ms),
+        )
         if chosen is current:
             self._interval_s = current.interval_ms / 1000
             return None

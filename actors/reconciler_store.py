@@ -40,6 +40,9 @@ class PolicyInputs:
     """The policy in force; None: none chosen yet."""
     costs_us: tuple[float, ...]
     """What one heartbeat costs each control plane seen lately (CPU µs), those that measured it."""
+    waits_ms: tuple[float, ...] = ()
+    """The 99th percentile of the waits the heartbeats of each control plane seen lately
+    reported (ms), those that received enough."""
 
 
 @attrs.frozen(kw_only=True)
@@ -197,7 +200,11 @@ class PgReconcilerStore(ReadStore):
                 reason=row["reason"],
             )
         )
-        return PolicyInputs(current=current, costs_us=tuple(float(c) for c in row["costs_us"]))
+        return PolicyInputs(
+            current=current,
+            costs_us=tuple(float(c) for c in row["costs_us"]),
+            waits_ms=tuple(float(w) for w in row["waits_ms"]),
+        )
 
     async def unconfirmed(self) -> list[Delivery]:
         return [_delivery(r) for r in await (await self._connection()).fetch(queries.UNCONFIRMED_ASSIGNMENTS)]

@@ -210,6 +210,7 @@ class GrpcControlPlane:
                 restart_hold_ms=request.restart_hold_ms,
                 sent_monotonic_us=request.sent_monotonic_us,
                 dead_after_in_use_ms=request.dead_after_in_use_ms,
+                waited_ms=request.waited_ms,
             ),
             deadline_s,
         )

@@ -288,6 +288,8 @@ class Agent:
         """The last told interval refused: logged once, not at every reply."""
         self._early_heartbeat_at = -math.inf
         """When a job's start last pulled a heartbeat forward (trio time)."""
+        self._heartbeat_waited_s = 0.0
+        """How long the last heartbeat waited, answered or not (s): the next one says it."""
         self._clock: trio.abc.Clock | None = None
         """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
         server's thread for :meth:`metrics_reading`."""
@@ -1112,11 +1114,13 @@ class Agent:
             finished=tuple(self._unacked),
             epoch_seen=self.max_epoch_seen,
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
+            waited_ms=round(self._heartbeat_waited_s * 1000),
             **self._told_in_use(sent_at),
         )
         try:
-            answer = await self._cp.heartbeat(report, deadline_s=self._fence.call_deadline_s())
+            answer = await self._cp.heartbeat(report, deadline_s=self._fence.call_deadline_s(failures))
         except StockadeError as exc:
+            self._heartbeat_waited_s = trio.current_time() - sent_at
             self._heartbeat_failures.inc()
             if failures % _LOG_EVERY_FAILURES == 0:
                 self._logger.warning(
@@ -1126,7 +1130,8 @@ class Agent:
                     fenced=self._fence.self_fenced,
                 )
             return False
-        metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(trio.current_time() - sent_at)
+        self._heartbeat_waited_s = trio.current_time() - sent_at
+        metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(self._heartbeat_waited_s)
         self._clock_told(answer.database_unix_s, sent_at)
         if failures:
             self._logger.info("heartbeat answered again", failures_in_a_row=failures)

@@ -110,6 +110,23 @@ EARLY_HEARTBEAT_GATHER_S = 0.02
 the same assignment start meanwhile and are confirmed by the same heartbeat."""
 
 
+def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
+    """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` (the
+    self-fence span less the call margin), doubled for each of the ``failures`` calls in a row
+    that no control plane answered, at most ``cap_s`` (``register_timeout_s``), never less than
+    ``span_s``.
+
+    A paused worker loses nothing by waiting (its jobs are paused already, and an answer too late
+    to resume on still has its heartbeat recorded, which keeps the leader from declaring the
+    worker dead), whereas a copy sent after giving up queues behind the first in the replicas
+    that are slow already. With the span alone, a worker that registered with a short one while
+    the cluster was small and the control planes then got slower than it (a registration
+    storm) gave up on every heartbeat before any was recorded, and was declared dead while it
+    ran (docs/scale.md). The doubling is TCP's retransmission backoff (RFC 6298, 5.5).
+    """
+    return max(span_s, min(cap_s, span_s * 2.0 ** min(failures, 32)))
+
+
 def early_heartbeat_allowed(now: float, last_early_at: float, interval_s: float) -> bool:
     """Whether a job placed before (moved off a dead worker, stopped or retried:
     ``Assignment.placed_before``) that started at ``now`` may pull the worker's next heartbeat
@@ -241,19 +258,24 @@ class FenceClock:
         if self.live.is_set():
             self.live = trio.Event()
 
-    def call_deadline_s(self) -> float:
+    def call_deadline_s(self, failures: int = 0) -> float:
         """How long the next heartbeat or registration may wait for an answer, in seconds.
 
         While live: until ``call_deadline_margin_s`` before the fence deadline (a slow
-        answer still keeps the jobs; a later one could not). Otherwise (registering, fenced)
-        the self-fence span minus the margin, which bounds the deadline a registration sets.
-        Never less than ``heartbeat_timeout_s``.
+        answer still keeps the jobs; a later one could not). Otherwise (registering, paused,
+        fenced) the self-fence span minus the margin, which bounds the deadline a registration
+        sets, stretched by :func:`patient_deadline_s` after ``failures`` calls in a row that no
+        control plane answered. Never less than ``heartbeat_timeout_s``.
         """
         deadline = self.deadline()
         if self.live.is_set() and deadline is not None:
             left_s = deadline - trio.current_time() - self.settings.call_deadline_margin_s
         else:
-            left_s = self.fence_after_s - self.settings.call_deadline_margin_s
+            left_s = patient_deadline_s(
+                self.fence_after_s - self.settings.call_deadline_margin_s,
+                failures,
+                self.settings.register_timeout_s,
+            )
         return max(self.settings.heartbeat_timeout_s, left_s)
 
     def register_deadline_s(self) -> float:

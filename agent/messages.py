@@ -258,6 +258,9 @@ class HeartbeatReport:
     """When it was sent, on the machine's monotonic clock (µs): see ``HeartbeatRequest``."""
     dead_after_in_use_ms: int = 0
     """The dead_after the self-fence is derived from now (ms; 0: none told yet)."""
+    waited_ms: int = 0
+    """How long the previous heartbeat waited, answered or not (ms; 0: none before): see
+    ``HeartbeatRequest``."""
 
 
 @attrs.frozen(kw_only=True)

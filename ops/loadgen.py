@@ -54,7 +54,7 @@ import grpclib.const
 import grpclib.exceptions
 import grpclib.server
 
-from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed
+from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patient_deadline_s
 from ops.pg import free_port
 from protocol import pb
 from runtime import gcpause
@@ -76,10 +76,13 @@ RPC_ERRORS = (
 )
 """What a call to a control plane may fail with: counted as a failure, never raised."""
 REGISTER_RETRY_S = 1.0
+"""Base delay before a failed registration is tried again, seconds (jittered up to 2x)."""
 CALL_DEADLINE_MARGIN_S = 0.1
 """A heartbeat waits for its answer until this long before the worker's self-fence deadline
 (the agent's ``call_deadline_margin_s``)."""
-"""Base delay before a failed registration is tried again, seconds (jittered up to 2x)."""
+PAUSED_CALL_CAP_S = 10.0
+"""The longest a heartbeat past the self-fence deadline waits for its answer, seconds (the
+agent's ``register_timeout_s``: :func:`agent.fence.patient_deadline_s`)."""
 
 
 def worker_ids(count: int, prefix: str = WORKER_PREFIX) -> list[str]:
@@ -180,6 +183,8 @@ class _Worker:
     dead_after_ms: int = 0
     """The dead_after the newest reply told (0: none): its self-fence is derived from it."""
     failures_in_row: int = 0
+    waited_s: float = 0.0
+    """How long the last heartbeat waited, answered or not: the next one says it (waited_ms)."""
     in_flight: bool = False
     registering: bool = False
     schedule: int = 0
@@ -375,11 +380,19 @@ class LoadGenerator:
             epoch_seen=worker.epoch_seen,
             sent_monotonic_us=int(now * 1e6),
             dead_after_in_use_ms=worker.dead_after_ms,
+            waited_ms=round(worker.waited_s * 1000),
         )
         worker.in_flight = True
         # As an agent's (agent.fence.FenceClock.call_deadline_s): until shortly before the
-        # self-fence deadline, never less than timeout_s, so a slow answer still counts.
-        timeout_s = max(self.timeout_s, worker.last_ack + self.fence_s(worker) - now - CALL_DEADLINE_MARGIN_S)
+        # self-fence deadline, so a slow answer still counts; past it (paused), the span, longer
+        # after each call in a row that failed; never less than timeout_s.
+        fence_s = self.fence_s(worker)
+        left_s = worker.last_ack + fence_s - now - CALL_DEADLINE_MARGIN_S
+        if left_s <= 0:
+            left_s = patient_deadline_s(
+                fence_s - CALL_DEADLINE_MARGIN_S, worker.failures_in_row, PAUSED_CALL_CAP_S
+            )
+        timeout_s = max(self.timeout_s, left_s)
         try:
             reply = await self._stub(worker, self._target(worker)).heartbeat(request, timeout=timeout_s)
         except RPC_ERRORS:
@@ -388,6 +401,7 @@ class LoadGenerator:
             return
         finally:
             worker.in_flight = False
+            worker.waited_s = time.monotonic() - now
         if worker.killed:
             return
         worker.failures_in_row = 0

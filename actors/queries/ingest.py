@@ -691,13 +691,16 @@ SELECT agent_run_id, address, incarnation FROM workers
 """
 
 # $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none), $5 the CPU time one
-# heartbeat costs it (µs; NULL: not measured yet)
+# heartbeat costs it (µs; NULL: not measured yet), $6 the 99th percentile of the waits its
+# heartbeats reported lately (ms; NULL: too few reported)
 RECORD_PRESENCE = """
-INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url, cpu_per_heartbeat_us)
-VALUES ($1, $2, $3, now(), now(), $4, $5)
+INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url, cpu_per_heartbeat_us,
+                            heartbeat_wait_p99_ms)
+VALUES ($1, $2, $3, now(), now(), $4, $5, $6)
 ON CONFLICT (id) DO UPDATE
    SET address = EXCLUDED.address, seen_at = now(), console_url = EXCLUDED.console_url,
        cpu_per_heartbeat_us = coalesce(EXCLUDED.cpu_per_heartbeat_us, control_planes.cpu_per_heartbeat_us),
+       heartbeat_wait_p99_ms = EXCLUDED.heartbeat_wait_p99_ms,
        started_at = CASE WHEN control_planes.pid IS DISTINCT FROM EXCLUDED.pid
                          THEN now() ELSE control_planes.started_at END,
        pid = EXCLUDED.pid

@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from serving import ingest_and_leader
+import trio
+from serving import ingest_and_leader, serve_ingests
 from test_leave import EPOCH, Cluster
 
 from actors import queries
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
+from actors.reconciler_store import PgReconcilerStore
 from protocol import pb
+from runtime.client import ControlPlaneClient
 from runtime.settings import ReconcilerSettings
 
 DEFAULTS = default_policy(ReconcilerSettings())
@@ -170,3 +173,36 @@ async def test_status_shows_the_interval_and_the_detection_time_in_force(cluster
     await cluster.set_policy(1000, 4000)
     after: pb.StatusReply = await cluster.cp.call("status", pb.StatusRequest())
     assert (after.heartbeat_interval_ms, after.dead_after_ms, after.heartbeat_policy) == (1000, 4000, "test")
+
+
+async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbeats_report(
+    database_url: str,
+) -> None:
+    """Heartbeats say how long the previous one waited (waited_ms); each replica records the
+    99th percentile of what it received with its presence, and the leader's policy read finds
+    one per replica: 100 waits of 10..1,000 ms at cp-1 give 990 ms, 30 of 4,000 ms at cp-2 give
+    4,000 (a replica sees only its own heartbeats)."""
+    async with serve_ingests(database_url, "cp-1", "cp-2", presence_interval_s=0.2) as ingests:
+        clients = [ControlPlaneClient([i.address], timeout_s=10.0) for i in ingests]
+        store = PgReconcilerStore(database_url=database_url, application_name="stockade test reconciler")
+        try:
+            cluster = Cluster(cp=clients[0], admin=None, database_url=database_url)  # type: ignore[arg-type]
+            incarnation = await cluster.register("w-waits", heartbeat=False)
+            waits = {0: [10 * i for i in range(1, 101)], 1: [4000] * 30}
+            for index, values in waits.items():
+                for waited_ms in values:
+                    await clients[index].call(
+                        "heartbeat",
+                        pb.HeartbeatRequest(
+                            worker_id="w-waits", incarnation=incarnation, waited_ms=waited_ms
+                        ),
+                    )
+            read: list[float] = []
+            with trio.fail_after(10):
+                while read != [990.0, 4000.0]:
+                    await trio.sleep(0.1)  # the next presence records
+                    read = sorted((await store.heartbeat_policy_inputs(60.0)).waits_ms)
+        finally:
+            for client in clients:
+                client.close()
+            await store.close()

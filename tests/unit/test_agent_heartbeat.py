@@ -75,6 +75,11 @@ class ScriptedControlPlane:
     answer_delay_s: float = 0.0
     register_failures: int = 0
     """Refuse this many registrations at once (NoControlPlaneReachable) before answering."""
+    honour_deadlines: bool = False
+    """A heartbeat whose answer would take longer than its call's deadline fails at the
+    deadline instead, as a real call does (False: the answer comes whenever it comes)."""
+    heartbeat_deadlines: list[float] = attrs.field(factory=list)
+    """The deadline each heartbeat call was given (s), in order."""
 
     async def _gate(self) -> None:
         if self.mode == "down":
@@ -95,7 +100,11 @@ class ScriptedControlPlane:
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
         sent = trio.current_time()
         self.heartbeats.append((sent, request))
+        self.heartbeat_deadlines.append(deadline_s)
         await self._gate()
+        if self.honour_deadlines and self.answer_delay_s > deadline_s:
+            await trio.sleep(deadline_s)
+            raise NoControlPlaneReachable("no control plane answered: the call's deadline passed")
         await trio.sleep(self.answer_delay_s)
         answer = HeartbeatAnswer(
             epoch=self.epoch, database_unix_s=database_now(), **{**self.tells, **self.next_answer}

@@ -211,6 +211,34 @@ async def test_a_paused_worker_judges_an_answer_by_the_span_it_tells(
     assert len(cp.registrations) == 1
 
 
+async def test_a_paused_worker_waits_longer_for_each_answer_after_calls_that_failed(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Answers take 5 s, longer than the 3 s self-fence span the worker registered with (a
+    registration storm beside a short first interval), and a call gives up at its deadline. A
+    paused worker's call waits the span less the margin (2.9 s), doubled for each call in a row
+    that failed, up to ``register_timeout_s``: its heartbeats get through and are recorded (the
+    leader does not declare it dead), and the answer telling a longer span resumes it. On the
+    span alone every call would give up before its answer, for ever."""
+    cp = ScriptedControlPlane(honour_deadlines=True)
+    async with running_agent(tmp_path, cp, db_outage_grace_s=GRACE_S, register_timeout_s=8.0) as agent:
+        await agent.wait_registered()
+        assign(agent, sleep_job(1, duration_s=600.0))
+        cp.answer_delay_s = 5.0
+        await trio.sleep(FENCE_S + 8.0)
+        assert events(tmp_path)[-1] == "pause"
+        paused_calls = cp.heartbeat_deadlines[2:]
+        assert paused_calls[0] == pytest.approx(8.0)  # 2.9 s x 2^2, capped at 8 s
+        assert len(cp.answered) == 1  # recorded and answered, too late to resume on
+        cp.tells = {"heartbeat_interval_s": 2.0, "dead_after_s": 20.0}
+        await trio.sleep(GRACE_S - FENCE_S)
+        assert not agent.self_fenced
+        assert agent.running_assignment_ids == (1,)
+    assert all(d <= 8.0 for d in cp.heartbeat_deadlines)
+    assert events(tmp_path)[:4] == ["register", "start", "pause", "resume"]
+    assert len(cp.registrations) == 1
+
+
 async def test_a_reply_that_comes_after_its_own_deadline_does_not_resume(
     tmp_path: Path, autojump_clock: Any
 ) -> None:

@@ -22,12 +22,17 @@ from test_reconciler import SETTINGS as RECONCILER_SETTINGS
 from test_reconciler import FakeStore, answer_role, make_harness
 
 from actors.heartbeat_policy import (
+    MAX_WAITED_MS,
+    SHRINK_AFTER_S,
     STEP_MS,
     HeartbeatCost,
     HeartbeatPolicy,
+    HeartbeatWaits,
+    LongestWithin,
     choose_policy,
     dead_after_ms_for,
     default_policy,
+    wanted_interval_ms,
 )
 from actors.messages import DeclareDeadWorkers, ReconcileResult, SetHeartbeatPolicy
 from actors.reconciler import TokenBucket, judge_deaths
@@ -92,26 +97,89 @@ def test_a_change_within_the_hysteresis_keeps_the_policy_in_force() -> None:
     assert moved.interval_ms < current.interval_ms
 
 
+def test_answers_slower_than_the_cost_allows_lengthen_the_interval() -> None:
+    """500 workers at 1,272 µs over 3 replicas want 850 ms by the cost (the CPU measure of a
+    machine shared with other work stays low while answers wait for the CPU); heartbeats whose
+    answers waited up to 2,100 ms (the largest replica's 99th percentile) get 2,100 ms, and
+    detection 8.4 s, saying why."""
+    by_cost = choose_policy(workers=500, costs_us=[1272] * 3, current=None, settings=SETTINGS)
+    assert by_cost.interval_ms == 850
+    slow = choose_policy(
+        workers=500, costs_us=[1272] * 3, waits_ms=[900, 2100, 1500], current=None, settings=SETTINGS
+    )
+    assert (slow.interval_ms, slow.dead_after_ms) == (2100, 8400)
+    assert "waited up to 2100 ms" in slow.reason
+    fast = choose_policy(workers=500, costs_us=[1272] * 3, waits_ms=[40, 35], current=None, settings=SETTINGS)
+    assert fast == by_cost
+
+
+def test_the_interval_shrinks_only_to_the_longest_wanted_over_the_window() -> None:
+    """Wanted 2,000 ms at 0 s, then less: the window keeps 2,000 until it is 30 s old, then the
+    longest of what came after it (900 ms); a longer value replaces every shorter one at once."""
+    window = LongestWithin()
+    assert window.add(0.0, 2000) == 2000
+    assert window.add(10.0, 800) == 2000
+    assert window.add(29.9, 900) == 2000
+    assert window.add(SHRINK_AFTER_S, 850) == 900
+    assert window.add(40.0, 700) == 900
+    assert window.add(60.0, 700) == 700
+    assert window.add(61.0, 3000) == 3000
+    held = choose_policy(workers=500, costs_us=[1272] * 3, current=None, settings=SETTINGS, floor_ms=2000)
+    assert held.interval_ms == 2000 and "held at 2000 ms" in held.reason
+
+
+def test_the_wait_percentile_needs_enough_waits_and_forgets_old_ones() -> None:
+    """Nearest-rank 99th percentile of the waits said within 10 s; 0 (not said) is not a wait;
+    a wait is counted as at most MAX_WAITED_MS; fewer than min_samples: None."""
+    waits = HeartbeatWaits(window_s=10.0, min_samples=20)
+    for ms in range(1, 20):
+        waits.add(0.0, ms)
+    waits.add(0.0, 0)
+    assert waits.p99_ms(1.0) is None  # 19 said
+    for ms in range(20, 201):
+        waits.add(1.0, ms)
+    assert waits.p99_ms(2.0) == 198.0  # rank ceil(0.99 x 200) = 198
+    waits.add(5.0, 10**9)
+    assert waits.p99_ms(5.0) == 199.0
+    assert waits.p99_ms(11.5) is None  # those said at 0 s and 1 s are forgotten
+    for _ in range(20):
+        waits.add(12.0, 10**9)
+    assert waits.p99_ms(12.0) == float(MAX_WAITED_MS)
+
+
 @given(
     workers=st.integers(0, 100_000),
     costs=st.lists(st.floats(-10, 1e5) | st.just(float("nan")) | st.just(float("inf")), max_size=5),
+    waits=st.lists(st.floats(-10, 1e6) | st.just(float("nan")) | st.just(float("inf")), max_size=3),
+    floor_ms=st.integers(0, 100_000),
     low_ms=st.integers(10, 2000),
     span_ms=st.integers(0, 20_000),
     intervals=st.floats(3, 20),
 )
 def test_every_choice_is_within_the_bounds_and_its_dead_after_follows_the_rule(
-    workers: int, costs: list[float], low_ms: int, span_ms: int, intervals: float
+    workers: int,
+    costs: list[float],
+    waits: list[float],
+    floor_ms: int,
+    low_ms: int,
+    span_ms: int,
+    intervals: float,
 ) -> None:
-    """Whatever the size and the costs (bad measurements included): a whole number of steps
-    within the operator's bounds, and dead_after = max(dead_after_s, intervals x interval),
-    always longer than the interval."""
+    """Whatever the size, the costs, the waits and the floor (bad measurements included): a
+    whole number of steps within the operator's bounds, at least the wanted one, and dead_after
+    = max(dead_after_s, intervals x interval), always longer than the interval."""
     settings = ReconcilerSettings(
         heartbeat_interval_min_s=low_ms / 1000,
         heartbeat_interval_max_s=(low_ms + span_ms) / 1000,
         dead_after_s=max(2.5, low_ms / 1000 + 0.1),
         dead_after_intervals=intervals,
     )
-    chosen = choose_policy(workers=workers, costs_us=costs, current=None, settings=settings)
+    chosen = choose_policy(
+        workers=workers, costs_us=costs, waits_ms=waits, current=None, settings=settings, floor_ms=floor_ms
+    )
+    assert chosen.interval_ms >= wanted_interval_ms(
+        workers=workers, costs_us=costs, waits_ms=waits, settings=settings
+    )
     low = max(STEP_MS, -(-low_ms // STEP_MS) * STEP_MS)
     assert chosen.interval_ms % STEP_MS == 0
     assert low <= chosen.interval_ms <= max(low, low_ms + span_ms)
@@ -210,6 +278,23 @@ def test_a_longer_told_interval_stretches_the_fence_within_dead_after() -> None:
     assert fence_after_s(settings, 10.0, 0.5) == 3.0
     assert fence_after_s(settings, 100.0, 2.0) == 12.0
     assert fence_after_s(settings, 10.0, 2.0) == 8.5
+
+
+async def test_each_heartbeat_says_how_long_the_previous_one_waited(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The first heartbeat says nothing (0); then each says the round trip of the one before,
+    and after a call no control plane answered, how long that call waited before it gave up."""
+    cp = ScriptedControlPlane(answer_delay_s=0.2)
+    async with running_agent(tmp_path, cp, db_outage_grace_s=20.0) as agent:
+        await agent.wait_registered()
+        await trio.sleep(1.0)
+        cp.mode = "down"  # a call fails after 1 s
+        await trio.sleep(1.5)
+        cp.mode = "up"
+        await trio.sleep(1.5)
+    said = [report.waited_ms for _, report in cp.heartbeats]
+    assert said[:5] == [0, 200, 1000, 1000, 200]
 
 
 @pytest.mark.parametrize(
@@ -362,3 +447,43 @@ async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_no
                     )
         nursery.cancel_scope.cancel()
     assert [(m.epoch, m.policy.interval_ms, m.policy.dead_after_ms) for m in written] == [(4, 800, 5000)]
+
+
+async def test_the_leader_lengthens_the_interval_when_answers_wait_and_shortens_it_30_s_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """100 workers at 300 µs keep the shortest interval until the replicas report answers that
+    waited 1,500 ms: the next policy pass writes 1,500 ms (dead_after 6 s). The waits fall back
+    at once, but the interval shortens only once the 1,500 ms wanted is 30 s old."""
+    store = FakeStore(last_heartbeat={f"w-{i}": 0.0 for i in range(100)}, costs_us=(300.0, 300.0, 300.0))
+    h = make_harness(store)
+    written: list[tuple[float, int]] = []
+
+    async def beating() -> None:
+        while True:
+            for worker in store.last_heartbeat:
+                store.last_heartbeat[worker] = trio.current_time()
+            store.waits_ms = (1500.0,) if 5.0 <= trio.current_time() < 7.0 else (20.0,)
+            await trio.sleep(0.25)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beating)
+        nursery.start_soon(answer_role, h.lease, 4)
+        await nursery.start(h.reconciler.run)
+        while trio.current_time() < 60.0:
+            with trio.move_on_after(1.0):
+                message = await h.ledger.receive()
+                if isinstance(message, SetHeartbeatPolicy):
+                    written.append((trio.current_time(), message.policy.interval_ms))
+                    store.policy = message.policy
+                    message.reply.set(None)
+                else:
+                    assert isinstance(message, DeclareDeadWorkers)
+                    message.reply.set(
+                        ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
+                    )
+        nursery.cancel_scope.cancel()
+    assert [ms for _, ms in written] == [1500, 250]
+    (grew_at, _), (shrank_at, _) = written
+    assert 5.0 <= grew_at <= 5.0 + 2 * RECONCILER_SETTINGS.heartbeat_policy_every_s
+    assert shrank_at >= grew_at + SHRINK_AFTER_S

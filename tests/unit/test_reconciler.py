@@ -110,6 +110,8 @@ class FakeStore:
     costs_us: tuple[float, ...] = (300.0,)
     """The control planes' measured heartbeat costs (µs): by default one replica's, small
     enough that these clusters keep the shortest interval (no policy write)."""
+    waits_ms: tuple[float, ...] = ()
+    """The 99th percentile of the heartbeats' waits at each control plane (ms): none said."""
 
     async def heartbeat_ages(self) -> SilenceReading:
         now = trio.current_time()
@@ -139,7 +141,7 @@ class FakeStore:
         return [_delivery(aid, ref, 60.0) for aid, ref in self.drain_due_on.items()]
 
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
-        return PolicyInputs(current=self.policy, costs_us=self.costs_us)
+        return PolicyInputs(current=self.policy, costs_us=self.costs_us, waits_ms=self.waits_ms)
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         self.health_reads.append((trio.current_time(), most, window_s))

@@ -520,6 +520,14 @@ class HeartbeatRequest(betterproto2.Message):
     tells in the reply to this heartbeat (docs/design.md, "Heartbeat interval"). 0: not said.
     """
 
+    waited_ms: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
+    """
+    How long the worker's previous heartbeat waited: its round trip when it was answered, else
+    how long it waited before giving up (ms; the control planes count at most 600,000). The
+    control planes' 99th percentile of it is one input of the interval the leader chooses
+    (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, an older agent).
+    """
+
 
 default_message_pool.register_message("stockade.v1", "HeartbeatRequest", HeartbeatRequest)
 
