@@ -109,7 +109,8 @@ def _bounds_ms(settings: ReconcilerSettings) -> tuple[int, int]:
 
 @attrs.frozen
 class _Wanted:
-    """The interval the rule wants (ms, within the bounds), the cost it used, and why."""
+    """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
+    measured, the default stood in), and why."""
 
     interval_ms: int
     cost_us: float | None
@@ -141,11 +142,14 @@ def _wanted(
 
 def wanted_interval_ms(
     *, workers: int, costs_us: Sequence[float], waits_ms: Sequence[float] = (), settings: ReconcilerSettings
-) -> int:
+) -> int | None:
     """The interval (ms) the module's rule wants now, within the bounds, before the stabilization
     window and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
-    :func:`choose_policy`'s."""
-    return _wanted(workers, costs_us, waits_ms, settings).interval_ms
+    :func:`choose_policy`'s. None while no replica has measured a cost: the interval chosen from
+    :data:`UNMEASURED_COST_US` is a guess for a cluster just started, not one to hold for
+    :data:`SHRINK_AFTER_S` once the first measurements come in."""
+    wanted = _wanted(workers, costs_us, waits_ms, settings)
+    return None if wanted.cost_us is None else wanted.interval_ms
 
 
 def choose_policy(

@@ -777,7 +777,7 @@ class Reconciler:
             waits_ms=inputs.waits_ms,
             current=current,
             settings=s,
-            floor_ms=self._wanted_intervals.add(trio.current_time(), wanted_ms),
+            floor_ms=0 if wanted_ms is None else self._wanted_intervals.add(trio.current_time(), wanted_ms),
         )
         if chosen is current:
             self._interval_s = current.interval_ms / 1000
