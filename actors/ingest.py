@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import ssl
 import sys
@@ -1146,6 +1147,7 @@ class Ingest:
     async def _record_presence(self, service: ControlPlaneService) -> None:
         cost_us = self._cost.measure(time.thread_time(), service.heartbeats_recorded)
         wait_ms = service.heartbeat_waits.p99_ms(trio.current_time())
+        metrics.HEARTBEAT_WAIT_P99_SECONDS.set(math.nan if wait_ms is None else wait_ms / 1000)
         async with service.database("presence") as conn:
             await conn.execute(
                 queries.RECORD_PRESENCE,

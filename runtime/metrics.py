@@ -90,6 +90,12 @@ HEARTBEAT_INTERVAL_SECONDS = Gauge(
     "stockade_heartbeat_interval_seconds",
     'The heartbeat interval the leader last chose for the workers (docs/design.md, "Heartbeat interval").',
 )
+HEARTBEAT_WAIT_P99_SECONDS = Gauge(
+    "stockade_heartbeat_wait_p99_seconds",
+    "The 99th percentile of how long the heartbeats this replica received over the last 10 s had"
+    " waited for their answers, as the workers report it (NaN: too few reported); the interval is"
+    ' at least the largest replica\'s (docs/design.md, "Heartbeat interval").',
+)
 WORKER_HEALTH_CHANGES = Counter(
     "stockade_worker_health_changes",
     "Worker health marks this replica's reconciler wrote (fenced), by change: marked, renewed (a "

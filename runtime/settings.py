@@ -880,7 +880,9 @@ class AgentSettings:
     allows (:meth:`agent.fence.FenceClock.register_deadline_s`): a new incarnation holds no job,
     so a late answer costs nothing, while giving up sends a copy into the queues the first one
     still waits in, and an answer thrown away leaves the cluster waiting for the heartbeats of
-    a worker that does not know it registered."""
+    a worker that does not know it registered. Also the longest a paused worker's heartbeat
+    waits, after calls that failed (:func:`agent.fence.patient_deadline_s`), for the same
+    reasons."""
     register_retry_s: float = attrs.field(default=0.5, validator=_positive)
     """The longest pause after the first failed registration attempt, in seconds: the pauses
     while no control plane answers are drawn uniformly below a ceiling that starts here and

@@ -628,8 +628,8 @@ RestartHoldOption = Annotated[
 RegisterTimeoutOption = Annotated[
     float,
     typer.Option(
-        help="How long a new registration (which holds no job) waits for its answer before it is "
-        "sent again, seconds."
+        help="How long a new registration (which holds no job), or a paused worker's heartbeat after "
+        "calls that failed, waits at most for its answer, seconds."
     ),
 ]
 RegisterRetryMaxOption = Annotated[

@@ -92,7 +92,7 @@ def test_a_change_within_the_hysteresis_keeps_the_policy_in_force() -> None:
     """A cost that moved a little keeps the interval (the same object back: nothing to write);
     one that moved a lot changes it."""
     current = choose_policy(workers=2000, costs_us=[300] * 3, current=None, settings=SETTINGS)
-    assert choose_policy(workers=2000, costs_us=[330] * 3, current=current, settings=SETTINGS) is current
+    assert choose_policy(workers=2000, costs_us=[315] * 3, current=current, settings=SETTINGS) is current
     moved = choose_policy(workers=2000, costs_us=[150] * 3, current=current, settings=SETTINGS)
     assert moved.interval_ms < current.interval_ms
 
