@@ -66,6 +66,12 @@ SHRINK_AFTER_S = 30.0
 choices in its term)."""
 MAX_WAITED_MS = 600_000
 """A heartbeat's ``waited_ms`` is counted as at most this."""
+OUTLIER_WAITS = 3
+"""The largest this many waits a replica received in its window never set its percentile. A
+worker that was frozen (SIGSTOP, a VM paused) or cut off reports one wait as long as its
+freeze or as its call's deadline once it is back: its own trouble, not the replicas'. Of the
+few dozen waits a small cluster reports in a window, the 99th percentile is the largest, so
+without this one such worker would stretch every worker's interval, and the detection time."""
 
 
 @attrs.frozen(kw_only=True)
@@ -254,14 +260,15 @@ class HeartbeatWaits:
             self._samples.popleft()
 
     def p99_ms(self, now: float) -> float | None:
-        """The 99th percentile (nearest rank) of the waits reported within the window (ms), None
-        when fewer than ``min_samples`` were."""
+        """The 99th percentile (nearest rank) of the waits reported within the window (ms), and
+        never one of the :data:`OUTLIER_WAITS` largest; None when fewer than ``min_samples``
+        were reported."""
         while self._samples and self._samples[0][0] <= now - self.window_s:
             self._samples.popleft()
         if len(self._samples) < self.min_samples:
             return None
         values = sorted(ms for _, ms in self._samples)
-        return float(values[math.ceil(0.99 * len(values)) - 1])
+        return float(values[min(math.ceil(0.99 * len(values)), len(values) - OUTLIER_WAITS) - 1])
 
 
 @attrs.define

@@ -141,13 +141,26 @@ def test_the_wait_percentile_needs_enough_waits_and_forgets_old_ones() -> None:
     assert waits.p99_ms(1.0) is None  # 19 said
     for ms in range(20, 201):
         waits.add(1.0, ms)
-    assert waits.p99_ms(2.0) == 198.0  # rank ceil(0.99 x 200) = 198
+    assert waits.p99_ms(2.0) == 197.0  # rank ceil(0.99 x 200) = 198, but not the 3 largest
     waits.add(5.0, 10**9)
-    assert waits.p99_ms(5.0) == 199.0
+    assert waits.p99_ms(5.0) == 198.0
     assert waits.p99_ms(11.5) is None  # those said at 0 s and 1 s are forgotten
     for _ in range(20):
         waits.add(12.0, 10**9)
     assert waits.p99_ms(12.0) == float(MAX_WAITED_MS)
+
+
+def test_a_few_frozen_workers_do_not_set_a_small_clusters_wait() -> None:
+    """50 waits of 20 ms and three of 30 s (workers thawed after a freeze report their freeze):
+    the percentile stays 20 ms; a fourth long one is no longer a few."""
+    waits = HeartbeatWaits()
+    for _ in range(50):
+        waits.add(0.0, 20)
+    for _ in range(3):
+        waits.add(0.0, 30_000)
+    assert waits.p99_ms(1.0) == 20.0
+    waits.add(0.0, 30_000)
+    assert waits.p99_ms(1.0) == 30_000.0
 
 
 @given(
