@@ -959,9 +959,9 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS dead_after_ms integer,
 -- What one heartbeat costs this replica (CPU µs, measured by its ingest; NULL: not measured):
 -- what the leader's choice of the interval reads.
 ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS cpu_per_heartbeat_us float8;
--- The 99th percentile of how long the heartbeats this replica received lately had waited for an
--- answer, as the workers report it (ms; HeartbeatRequest.waited_ms; NULL: too few reported):
--- the other input of the interval.
+-- The 99th percentile, over the workers this replica heard from lately, of how long each one's
+-- heartbeats waited for an answer at most, as the workers report it (ms;
+-- HeartbeatRequest.waited_ms; NULL: too few workers reported): the other input of the interval.
 ALTER TABLE control_planes ADD COLUMN IF NOT EXISTS heartbeat_wait_p99_ms float8;
 
 -- Heartbeats recorded in groups (docs/design.md, "Grouped heartbeats"; actors/heartbeat_group.py

@@ -20,9 +20,10 @@ intervals after its last heartbeat, never sooner than the operator's ``dead_afte
 
 The CPU a heartbeat costs says nothing of the CPU a replica gets: on a machine shared with other
 work, answers wait for the CPU while the measured cost stays low. So the interval is also at
-least the 99th percentile of how long heartbeats waited for their answers, as the workers report
-it (:class:`HeartbeatWaits`; the largest of the replicas'): a worker is then declared only after
-about ``dead_after_intervals`` heartbeats in a row each slower than that. And the interval grows
+least the 99th percentile over the workers of how long their heartbeats waited for answers, as
+the workers report it (:class:`HeartbeatWaits`; the largest of the replicas'): a worker is then
+declared only after about ``dead_after_intervals`` heartbeats in a row each slower than those of
+99 workers in 100. And the interval grows
 at once but shrinks only to the longest one wanted over the last :data:`SHRINK_AFTER_S`
 (Kubernetes' horizontal pod autoscaler keeps a scale-down stabilization window the same way),
 so a load that comes and goes does not shorten the interval between its bursts.
@@ -67,11 +68,12 @@ choices in its term)."""
 MAX_WAITED_MS = 600_000
 """A heartbeat's ``waited_ms`` is counted as at most this."""
 OUTLIER_WAITS = 3
-"""The largest this many waits a replica received in its window never set its percentile. A
-worker that was frozen (SIGSTOP, a VM paused) or cut off reports one wait as long as its
-freeze or as its call's deadline once it is back: its own trouble, not the replicas'. Of the
-few dozen waits a small cluster reports in a window, the 99th percentile is the largest, so
-without this one such worker would stretch every worker's interval, and the detection time."""
+"""The waits of the this many workers that waited longest never set a replica's percentile. A
+worker that was frozen (SIGSTOP, a VM paused) or cut off reports a wait as long as its freeze
+or as its call's deadline once it is back, and one on a starved machine long ones all the
+time: its own trouble, not the replicas'. Over the few dozen workers of a small cluster the
+99th percentile is the largest, so without this one such worker would stretch every worker's
+interval, and the detection time."""
 
 
 @attrs.frozen(kw_only=True)
@@ -235,39 +237,65 @@ class LongestWithin:
         return self._values[0][1]
 
 
+@attrs.frozen
+class _WorkerWaits:
+    """One worker's reported waits: its largest within the window and its latest (ms), and when
+    each was reported (s)."""
+
+    largest_at: float
+    largest_ms: int
+    latest_at: float
+    latest_ms: int
+
+
 @attrs.define
 class HeartbeatWaits:
     """How long the heartbeats a replica received had waited for their answers, as their
-    workers report it (``HeartbeatRequest.waited_ms``), over the last ``window_s`` seconds.
+    workers report it (``HeartbeatRequest.waited_ms``), over the last ``window_s`` seconds,
+    counted per worker: each worker's largest wait within the window (its latest once that
+    largest is older) is one value, and the percentile is taken over the workers.
+
+    Per worker, not per heartbeat: a worker whose own machine is starved (its agent waits
+    for a CPU its jobs hold) reports long waits at every heartbeat, its own trouble and not the
+    replicas'; counted per heartbeat, one such worker among a hundred is a few percent of the
+    samples and would set the 99th percentile, stretching every worker's detection time. When
+    the replicas are slow, every worker's waits are.
 
     Args:
         window_s: how far back a reported wait counts (s).
-        min_samples: fewer reported waits than this in the window: no percentile.
-        max_samples: the window keeps at most this many (the newest).
+        min_workers: fewer workers reporting within the window than this: no percentile.
     """
 
     window_s: float = 10.0
-    min_samples: int = 20
-    max_samples: int = 20_000
-    _samples: deque[tuple[float, int]] = attrs.field(factory=deque)
+    min_workers: int = 10
+    _by_worker: dict[str, _WorkerWaits] = attrs.field(factory=dict)
 
-    def add(self, now: float, waited_ms: int) -> None:
-        """Count a reported wait (ms; 0: not said, ignored) received at ``now`` (s, trio time)."""
+    def add(self, now: float, worker_id: str, waited_ms: int) -> None:
+        """Count a wait (ms; 0: not said, ignored) that ``worker_id`` reported at ``now`` (s,
+        trio time)."""
         if waited_ms <= 0:
             return
-        self._samples.append((now, min(waited_ms, MAX_WAITED_MS)))
-        if len(self._samples) > self.max_samples:
-            self._samples.popleft()
+        ms = min(waited_ms, MAX_WAITED_MS)
+        held = self._by_worker.get(worker_id)
+        if held is None or ms >= held.largest_ms or held.largest_at <= now - self.window_s:
+            self._by_worker[worker_id] = _WorkerWaits(
+                largest_at=now, largest_ms=ms, latest_at=now, latest_ms=ms
+            )
+        else:
+            self._by_worker[worker_id] = attrs.evolve(held, latest_at=now, latest_ms=ms)
 
     def p99_ms(self, now: float) -> float | None:
-        """The 99th percentile (nearest rank) of the waits reported within the window (ms), and
-        never one of the :data:`OUTLIER_WAITS` largest; None when fewer than ``min_samples``
-        were reported."""
-        while self._samples and self._samples[0][0] <= now - self.window_s:
-            self._samples.popleft()
-        if len(self._samples) < self.min_samples:
+        """The 99th percentile (nearest rank) over the workers that reported within the window
+        of each one's wait (ms), and never one of the :data:`OUTLIER_WAITS` largest; None when
+        fewer than ``min_workers`` reported."""
+        since = now - self.window_s
+        for worker_id in [w for w, h in self._by_worker.items() if h.latest_at <= since]:
+            del self._by_worker[worker_id]
+        if len(self._by_worker) < self.min_workers:
             return None
-        values = sorted(ms for _, ms in self._samples)
+        values = sorted(
+            h.largest_ms if h.largest_at > since else h.latest_ms for h in self._by_worker.values()
+        )
         return float(values[min(math.ceil(0.99 * len(values)), len(values) - OUTLIER_WAITS) - 1])
 
 

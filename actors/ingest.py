@@ -722,7 +722,7 @@ class ControlPlaneService(AdmittedService):
         hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
-        self.heartbeat_waits.add(trio.current_time(), request.waited_ms)
+        self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
         if self.heartbeat_group is not None and not finished and not hold_ms:
             deadline = rpc_deadline()
             self._check_deadline("heartbeat", deadline)

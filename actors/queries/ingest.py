@@ -691,8 +691,8 @@ SELECT agent_run_id, address, incarnation FROM workers
 """
 
 # $1 id, $2 address, $3 pid, $4 its console's origin (NULL: it serves none), $5 the CPU time one
-# heartbeat costs it (µs; NULL: not measured yet), $6 the 99th percentile of the waits its
-# heartbeats reported lately (ms; NULL: too few reported)
+# heartbeat costs it (µs; NULL: not measured yet), $6 the 99th percentile over the workers of
+# the waits their heartbeats reported lately (ms; NULL: too few workers reported)
 RECORD_PRESENCE = """
 INSERT INTO control_planes (id, address, pid, started_at, seen_at, console_url, cpu_per_heartbeat_us,
                             heartbeat_wait_p99_ms)

@@ -131,36 +131,42 @@ def test_the_interval_shrinks_only_to_the_longest_wanted_over_the_window() -> No
     assert wanted_interval_ms(workers=500, costs_us=[1272], waits_ms=[3000], settings=SETTINGS) == 3000
 
 
-def test_the_wait_percentile_needs_enough_waits_and_forgets_old_ones() -> None:
-    """Nearest-rank 99th percentile of the waits said within 10 s; 0 (not said) is not a wait;
-    a wait is counted as at most MAX_WAITED_MS; fewer than min_samples: None."""
-    waits = HeartbeatWaits(window_s=10.0, min_samples=20)
-    for ms in range(1, 20):
-        waits.add(0.0, ms)
-    waits.add(0.0, 0)
-    assert waits.p99_ms(1.0) is None  # 19 said
-    for ms in range(20, 201):
-        waits.add(1.0, ms)
-    assert waits.p99_ms(2.0) == 197.0  # rank ceil(0.99 x 200) = 198, but not the 3 largest
-    waits.add(5.0, 10**9)
-    assert waits.p99_ms(5.0) == 198.0
-    assert waits.p99_ms(11.5) is None  # those said at 0 s and 1 s are forgotten
-    for _ in range(20):
-        waits.add(12.0, 10**9)
-    assert waits.p99_ms(12.0) == float(MAX_WAITED_MS)
-
-
-def test_a_few_frozen_workers_do_not_set_a_small_clusters_wait() -> None:
-    """50 waits of 20 ms and three of 30 s (workers thawed after a freeze report their freeze):
-    the percentile stays 20 ms; a fourth long one is no longer a few."""
-    waits = HeartbeatWaits()
+def test_the_wait_percentile_is_over_workers_needs_enough_of_them_and_forgets_old_ones() -> None:
+    """Each worker counts once, by its largest wait within 10 s (its latest once that is older);
+    0 (not said) is not a wait; a wait counts as at most MAX_WAITED_MS; fewer than min_workers
+    reporting: None. Nearest-rank 99th percentile, never one of the three largest workers'."""
+    waits = HeartbeatWaits(window_s=10.0, min_workers=10)
+    for i in range(9):
+        waits.add(0.0, f"w-{i}", 100 + i)
+    waits.add(0.0, "w-9", 0)
+    assert waits.p99_ms(1.0) is None  # 9 workers said a wait
+    waits.add(1.0, "w-9", 109)
+    assert waits.p99_ms(1.0) == 106.0  # rank min(10, 10 - 3) = 7
     for _ in range(50):
-        waits.add(0.0, 20)
-    for _ in range(3):
-        waits.add(0.0, 30_000)
-    assert waits.p99_ms(1.0) == 20.0
-    waits.add(0.0, 30_000)
-    assert waits.p99_ms(1.0) == 30_000.0
+        waits.add(2.0, "w-0", 1000)  # many heartbeats of one worker are one value
+    assert waits.p99_ms(2.0) == 107.0
+    waits.add(3.0, "w-1", 10)  # a shorter wait does not replace the largest within the window
+    assert waits.p99_ms(3.0) == 107.0
+    waits.add(12.0, "w-1", 10)  # its 101 ms is 12 s old: the latest counts
+    assert waits.p99_ms(12.0) is None  # only w-0 (2 s) and w-1 reported in the last 10 s
+    for i in range(200):
+        waits.add(13.0, f"v-{i}", 10**9 if i < 4 else i + 1)
+    assert waits.p99_ms(13.0) == float(MAX_WAITED_MS)  # four of 202 at the cap
+
+
+def test_a_few_frozen_or_starved_workers_do_not_set_a_clusters_wait() -> None:
+    """50 workers whose heartbeats wait 20 ms and three that report 30 s at every heartbeat
+    (thawed after a freeze, or on a machine of their own that their jobs starve): the
+    percentile stays 20 ms; a fourth is no longer a few."""
+    waits = HeartbeatWaits()
+    for beat in range(10):
+        for i in range(50):
+            waits.add(beat * 0.5, f"w-{i}", 20)
+        for i in range(3):
+            waits.add(beat * 0.5, f"slow-{i}", 30_000)
+    assert waits.p99_ms(5.0) == 20.0
+    waits.add(5.0, "slow-3", 30_000)
+    assert waits.p99_ms(5.0) == 30_000.0
 
 
 @given(

@@ -524,8 +524,9 @@ class HeartbeatRequest(betterproto2.Message):
     """
     How long the worker's previous heartbeat waited: its round trip when it was answered, else
     how long it waited before giving up (ms; the control planes count at most 600,000). The
-    control planes' 99th percentile of it is one input of the interval the leader chooses
-    (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, an older agent).
+    control planes' 99th percentile of it over the workers is one input of the interval the
+    leader chooses (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, an
+    older agent).
     """
 
 
