@@ -280,7 +280,10 @@ def status_reply(
     if heartbeat_policy is not None:
         reply.heartbeat_interval_ms = heartbeat_policy["interval_ms"]
         reply.dead_after_ms = heartbeat_policy["dead_after_ms"]
-        reply.heartbeat_policy = heartbeat_policy["reason"] or "the control planes' settings"
+        reason = heartbeat_policy["reason"]
+        # The leader's reason states the cluster as it was when it chose (a new interval is
+        # taken only past a tenth of the one in force), not the cluster now.
+        reply.heartbeat_policy = f"when chosen: {reason}" if reason else "the control planes' settings"
     elements = {
         "workers": (_worker_info(r) for r in workers),
         "unschedulable": (job_info(r, env_values=env_values) for r in stuck),

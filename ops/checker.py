@@ -34,7 +34,7 @@ What it counts:
   nor a clean stop of it explains.
 - ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
   while the database does not record that success for that assignment (the assignment was
-  ended as lost, cancelled, ...) and no kill of that worker within ``REPORT_SLACK_S`` after the
+  ended as lost, cancelled, ...; one still active is not reported yet) and no kill of that worker within ``REPORT_SLACK_S`` after the
   run explains why it could not report it: a result thrown away, and usually the job run again;
   and jobs whose success is recorded on their last assignment but which ended in another
   state (a late report that did not end the job).
@@ -536,7 +536,10 @@ def lost_successes(
         if run.stop_reason != "succeeded":
             continue
         record = by_id.get(run.assignment_id)
-        if record is not None and record.success_recorded:
+        if record is not None and (record.success_recorded or record.state == "active"):
+            # Still active: the worker's next heartbeat reports it (an interval of several
+            # seconds on a large cluster). If it never does, the assignment ends otherwise, or
+            # the job is unfinished when the check waited for every job.
             continue
         window = (run.ended_at - KILL_TAKES_S, run.ended_at + REPORT_SLACK_S)
         if any(window[0] <= k <= window[1] for k in kills.get(run.worker_id, ())):
@@ -904,13 +907,18 @@ async def load_history(database_url: str) -> History:
     """
     conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
     try:
-        rows = await conn.fetch(ASSIGNMENT_HISTORY)
-        deaths = await conn.fetch(DEATH_HISTORY)
-        jobs = await conn.fetch(JOB_STATES)
-        stale = int(await conn.fetchval(STALE_WRITES))
-        elections = int(await conn.fetchval(ELECTIONS))
-        leaves = int(await conn.fetchval(LEAVES))
-        dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
+        # One snapshot: read one after the other on a running cluster, a job that succeeded
+        # between the reads of the assignments and of the jobs looked succeeded with no run
+        # that reported a success.
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            rows = await conn.fetch(ASSIGNMENT_HISTORY)
+            deaths = await conn.fetch(DEATH_HISTORY)
+            jobs = await conn.fetch(JOB_STATES)
+            stale = int(await conn.fetchval(STALE_WRITES))
+            elections = int(await conn.fetchval(ELECTIONS))
+            leaves = int(await conn.fetchval(LEAVES))
+            dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
     finally:
         await conn.close()
     return History(

@@ -49,7 +49,10 @@ def bench_failover(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
     state_dir: Annotated[
         Path | None,
-        typer.Option(help="State folder of the bench cluster (default .stockade/bench-failover)."),
+        typer.Option(
+            help="State folder of the bench cluster (default: bench-failover in the state folder, "
+            "./.stockade or $STOCKADE_STATE_DIR)."
+        ),
     ] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:
@@ -96,7 +99,11 @@ def bench_pack(
     ] = 105.0,
     json_path: JsonPathOption = None,
     state_dir: Annotated[
-        Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-pack).")
+        Path | None,
+        typer.Option(
+            help="State folder of the bench clusters (default: bench-pack in the state folder, "
+            "./.stockade or $STOCKADE_STATE_DIR)."
+        ),
     ] = None,
     insecure: InsecureBenchOption = False,
     heartbeat_interval_s: Annotated[
@@ -176,7 +183,11 @@ def bench_overload(
     workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
     json_path: JsonPathOption = None,
     state_dir: Annotated[
-        Path | None, typer.Option(help="State folder of the cluster (default .stockade/bench-overload).")
+        Path | None,
+        typer.Option(
+            help="State folder of the cluster (default: bench-overload in the state folder, "
+            "./.stockade or $STOCKADE_STATE_DIR)."
+        ),
     ] = None,
 ) -> None:
     """Raise the offered load step by step past what this machine can do, then drop it back:
@@ -223,7 +234,10 @@ def bench_unschedulable(
     ] = 1_000,
     state_dir: Annotated[
         Path | None,
-        typer.Option(help="State folder of the bench database (default .stockade/bench-unschedulable)."),
+        typer.Option(
+            help="State folder of the bench database (default: bench-unschedulable in the state folder, "
+            "./.stockade or $STOCKADE_STATE_DIR)."
+        ),
     ] = None,
 ) -> None:
     """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
@@ -276,7 +290,11 @@ def bench_scale(
     kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
     json_path: JsonPathOption = None,
     state_dir: Annotated[
-        Path | None, typer.Option(help="State folder of the bench clusters (default .stockade/bench-scale).")
+        Path | None,
+        typer.Option(
+            help="State folder of the bench clusters (default: bench-scale in the state folder, "
+            "./.stockade or $STOCKADE_STATE_DIR)."
+        ),
     ] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:

@@ -172,7 +172,11 @@ async def test_status_shows_the_interval_and_the_detection_time_in_force(cluster
     assert before.heartbeat_policy == "the control planes' settings"
     await cluster.set_policy(1000, 4000)
     after: pb.StatusReply = await cluster.cp.call("status", pb.StatusRequest())
-    assert (after.heartbeat_interval_ms, after.dead_after_ms, after.heartbeat_policy) == (1000, 4000, "test")
+    assert (after.heartbeat_interval_ms, after.dead_after_ms, after.heartbeat_policy) == (
+        1000,
+        4000,
+        "when chosen: test",
+    )
 
 
 async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbeats_report(

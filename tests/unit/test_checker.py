@@ -261,6 +261,10 @@ def test_a_success_the_database_does_not_hold_is_lost() -> None:
     assert check(History(assignments=reported_late), runs_from_records(logs)).lost_successes == 0
     killed = [FaultEvent(kind="kill", target="w-1", at=3.0, until=3.0)]
     assert check(History(assignments=lost), runs_from_records(logs, killed), killed).lost_successes == 0
+    # Still active: not reported yet (the worker's next heartbeat carries it), so not lost; a
+    # check that waited for every job fails it as unfinished instead.
+    unreported = (assignment(7, 4, "w-1", 1, "active", 0.5, None, None), lost[1])
+    assert check(History(assignments=unreported), runs_from_records(logs)).lost_successes == 0
 
 
 def test_a_success_recorded_late_on_the_last_assignment_of_a_job_that_ended_otherwise_is_lost() -> None:

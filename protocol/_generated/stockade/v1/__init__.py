@@ -1220,9 +1220,9 @@ class StatusReply(betterproto2.Message):
     heartbeat_interval_ms: "int" = betterproto2.field(8, betterproto2.TYPE_UINT32)
     """
     The heartbeat interval and the dead_after the cluster tells workers now (ms), and why:
-    the leader's choice from the cluster's size and the measured cost of a heartbeat
-    (docs/design.md, "Heartbeat interval"), or the control planes' settings while none was
-    made.
+    the leader's choice from the cluster's size, the measured cost of a heartbeat and how long
+    heartbeats waited, as they were when it chose ("when chosen: ..."; docs/design.md,
+    "Heartbeat interval"), or the control planes' settings while none was made.
     """
 
     dead_after_ms: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
