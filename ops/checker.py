@@ -36,8 +36,8 @@ What it counts:
   while the database does not record that success for that assignment (the assignment was
   ended as lost, cancelled, ...; one still active is not reported yet) and no kill of that
   worker within ``REPORT_SLACK_S`` after the run explains why it could not report it: a result
-  thrown away, and usually the job run again; and jobs whose success is recorded on their last assignment but which ended in another
-  state (a late report that did not end the job).
+  thrown away, and usually the job run again; and jobs whose success is recorded on their
+  last assignment but which ended in another state (a late report that did not end the job).
 - ``jobs_killed_by_outage``: runs the cluster stopped (self-fence, register again, told to
   stop) during a database outage or a cut-off of every worker (faults ``db_outage`` and
   ``mass_partition``), or shortly after, on a worker no fault of its own explains: running
