@@ -722,7 +722,20 @@ class ControlPlaneService(AdmittedService):
         hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
         finished = list(request.finished)
         check_outcomes(finished)
-        self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
+        reply = await self._record_heartbeat(worker_id, request, finished, hold_ms)
+        if not reply.reregister:
+            # Only a recorded heartbeat of a live incarnation says a wait, counted per sender
+            # (a fleet's certificate speaks for all its workers, on one machine).
+            caller = rpc_caller()
+            sender = str(caller.identity.id) if caller.secure and caller.identity is not None else worker_id
+            self.heartbeat_waits.add(trio.current_time(), sender, request.waited_ms)
+        return reply
+
+    async def _record_heartbeat(
+        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+    ) -> pb.HeartbeatReply:
+        """:meth:`heartbeat`'s work once its fields are checked: grouped when it carries only
+        liveness, else alone."""
         if self.heartbeat_group is not None and not finished and not hold_ms:
             deadline = rpc_deadline()
             self._check_deadline("heartbeat", deadline)

@@ -289,7 +289,8 @@ class Agent:
         self._early_heartbeat_at = -math.inf
         """When a job's start last pulled a heartbeat forward (trio time)."""
         self._heartbeat_waited_s = 0.0
-        """How long the last heartbeat waited, answered or not (s): the next one says it."""
+        """The round trip of the last heartbeat if it was sent while live and answered, else 0
+        (s): the next one says it."""
         self._clock: trio.abc.Clock | None = None
         """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
         server's thread for :meth:`metrics_reading`."""
@@ -1117,10 +1118,15 @@ class Agent:
             waited_ms=round(self._heartbeat_waited_s * 1000),
             **self._told_in_use(sent_at),
         )
+        # Said by the next heartbeat only when it was sent while live and answered: a call given
+        # up on, or one sent while paused through an outage, measures the outage (up to
+        # register_timeout_s), not how long the replicas take now (docs/design.md, "Heartbeat
+        # interval").
+        live_at_send = self._fence.live.is_set()
+        self._heartbeat_waited_s = 0.0
         try:
             answer = await self._cp.heartbeat(report, deadline_s=self._fence.call_deadline_s(failures))
         except StockadeError as exc:
-            self._heartbeat_waited_s = trio.current_time() - sent_at
             self._heartbeat_failures.inc()
             if failures % _LOG_EVERY_FAILURES == 0:
                 self._logger.warning(
@@ -1130,8 +1136,9 @@ class Agent:
                     fenced=self._fence.self_fenced,
                 )
             return False
-        self._heartbeat_waited_s = trio.current_time() - sent_at
-        metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(self._heartbeat_waited_s)
+        round_trip_s = trio.current_time() - sent_at
+        self._heartbeat_waited_s = round_trip_s if live_at_send else 0.0
+        metrics.AGENT_HEARTBEAT_ROUND_TRIP_SECONDS.observe(round_trip_s)
         self._clock_told(answer.database_unix_s, sent_at)
         if failures:
             self._logger.info("heartbeat answered again", failures_in_a_row=failures)

@@ -259,8 +259,8 @@ class HeartbeatReport:
     dead_after_in_use_ms: int = 0
     """The dead_after the self-fence is derived from now (ms; 0: none told yet)."""
     waited_ms: int = 0
-    """How long the previous heartbeat waited, answered or not (ms; 0: none before): see
-    ``HeartbeatRequest``."""
+    """The previous heartbeat's round trip, when it was sent while live and answered (ms; 0:
+    not said): see ``HeartbeatRequest``."""
 
 
 @attrs.frozen(kw_only=True)

@@ -184,7 +184,8 @@ class _Worker:
     """The dead_after the newest reply told (0: none): its self-fence is derived from it."""
     failures_in_row: int = 0
     waited_s: float = 0.0
-    """How long the last heartbeat waited, answered or not: the next one says it (waited_ms)."""
+    """The last heartbeat's round trip, when it was sent before the self-fence deadline and
+    answered, else 0: the next one says it (waited_ms), as an agent's."""
     in_flight: bool = False
     registering: bool = False
     schedule: int = 0
@@ -387,12 +388,14 @@ class LoadGenerator:
         # self-fence deadline, so a slow answer still counts; past it (paused), the span, longer
         # after each call in a row that failed; never less than timeout_s.
         fence_s = self.fence_s(worker)
+        live_at_send = now < worker.last_ack + fence_s
         left_s = worker.last_ack + fence_s - now - CALL_DEADLINE_MARGIN_S
         if left_s <= 0:
             left_s = patient_deadline_s(
                 fence_s - CALL_DEADLINE_MARGIN_S, worker.failures_in_row, PAUSED_CALL_CAP_S
             )
         timeout_s = max(self.timeout_s, left_s)
+        worker.waited_s = 0.0
         try:
             reply = await self._stub(worker, self._target(worker)).heartbeat(request, timeout=timeout_s)
         except RPC_ERRORS:
@@ -401,6 +404,7 @@ class LoadGenerator:
             return
         finally:
             worker.in_flight = False
+        if live_at_send:
             worker.waited_s = time.monotonic() - now
         if worker.killed:
             return

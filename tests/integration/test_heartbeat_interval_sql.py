@@ -186,7 +186,9 @@ async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbe
     its presence, the 99th percentile over the workers it heard of each one's wait, and the
     leader's policy read finds one per replica: 12 workers whose waits at cp-1 are 100..1,200 ms
     give 900 ms (never one of the three largest), the same 12 at 4,000 ms at cp-2 give 4,000 (a
-    replica sees only its own heartbeats)."""
+    replica sees only its own heartbeats). Heartbeats of an incarnation that is not alive (told
+    to register again) are not recorded, and their waits not counted: four workers saying
+    2**32 - 1 ms that way change nothing."""
     async with serve_ingests(database_url, "cp-1", "cp-2", presence_interval_s=0.2) as ingests:
         clients = [ControlPlaneClient([i.address], timeout_s=10.0) for i in ingests]
         store = PgReconcilerStore(database_url=database_url, application_name="stockade test reconciler")
@@ -202,6 +204,16 @@ async def test_each_replica_records_the_99th_percentile_of_the_waits_its_heartbe
                             worker_id=worker_id, incarnation=incarnation, waited_ms=waited_ms
                         ),
                     )
+            for n in range(4):
+                worker_id = f"w-stale-{n}"
+                incarnation = await cluster.register(worker_id, heartbeat=False)
+                reply = await clients[0].call(
+                    "heartbeat",
+                    pb.HeartbeatRequest(
+                        worker_id=worker_id, incarnation=incarnation + 100, waited_ms=2**32 - 1
+                    ),
+                )
+                assert reply.reregister
             read: list[float] = []
             with trio.fail_after(10):
                 while read != [900.0, 4000.0]:

@@ -235,6 +235,10 @@ async def test_a_paused_worker_waits_longer_for_each_answer_after_calls_that_fai
         assert not agent.self_fenced
         assert agent.running_assignment_ids == (1,)
     assert all(d <= 8.0 for d in cp.heartbeat_deadlines)
+    # A call sent while paused measures the outage, not the replicas: the heartbeat after the
+    # one answered too late says no wait.
+    answered_late = [t for t, _ in cp.heartbeats].index(cp.answered[0])
+    assert cp.heartbeats[answered_late + 1][1].waited_ms == 0
     assert events(tmp_path)[:4] == ["register", "start", "pause", "resume"]
     assert len(cp.registrations) == 1
 

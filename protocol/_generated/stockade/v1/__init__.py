@@ -522,11 +522,11 @@ class HeartbeatRequest(betterproto2.Message):
 
     waited_ms: "int" = betterproto2.field(9, betterproto2.TYPE_UINT32)
     """
-    How long the worker's previous heartbeat waited: its round trip when it was answered, else
-    how long it waited before giving up (ms; the control planes count at most 600,000). The
-    control planes' 99th percentile of it over the workers is one input of the interval the
-    leader chooses (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, an
-    older agent).
+    The round trip of the worker's previous heartbeat, when it was sent while the worker was
+    live (not paused) and answered (ms; the control planes count at most 600,000). The control
+    planes' 99th percentile of it over the senders is one input of the interval the leader
+    chooses (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, one after
+    a call given up on or sent while paused, an older agent).
     """
 
 
