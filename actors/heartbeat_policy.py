@@ -238,8 +238,8 @@ class LongestWithin:
 
 
 @attrs.frozen
-class _SenderWaits:
-    """One sender's reported waits: its largest within the window and its latest (ms), and when
+class _WorkerWaits:
+    """One worker's reported waits: its largest within the window and its latest (ms), and when
     each was reported (s)."""
 
     largest_at: float
@@ -253,12 +253,10 @@ class HeartbeatWaits:
     """How long the heartbeats a replica recorded had waited for their answers, as their
     workers report it (``HeartbeatRequest.waited_ms``: the previous heartbeat's round trip, when
     it was sent while live and answered), over the last ``window_s`` seconds, counted per
-    sender: each sender's largest wait within the window (its latest once that largest is
-    older) is one value, and the percentile is taken over the senders. A sender is the
-    certificate that sent the heartbeat (a worker's, or a fleet's, which speaks for all the
-    workers of one process on one machine), or the worker id on a plaintext connection.
+    worker: each worker's largest wait within the window (its latest once that largest is
+    older) is one value, and the percentile is taken over the workers.
 
-    Per sender, not per heartbeat: a worker whose own machine is starved (its agent waits for
+    Per worker, not per heartbeat: a worker whose own machine is starved (its agent waits for
     a CPU its jobs hold) reports long waits at every heartbeat, its own trouble and not the
     replicas'; counted per heartbeat, one such worker among a hundred is a few percent of the
     samples and would set the 99th percentile, stretching every worker's detection time. When
@@ -266,36 +264,38 @@ class HeartbeatWaits:
 
     Args:
         window_s: how far back a reported wait counts (s).
-        min_workers: fewer senders reporting within the window than this: no percentile.
+        min_workers: fewer workers reporting within the window than this: no percentile.
     """
 
     window_s: float = 10.0
     min_workers: int = 10
-    _by_sender: dict[str, _SenderWaits] = attrs.field(factory=dict)
+    _by_worker: dict[str, _WorkerWaits] = attrs.field(factory=dict)
 
-    def add(self, now: float, sender: str, waited_ms: int) -> None:
-        """Count a wait (ms; 0: not said, ignored) that ``sender`` reported at ``now`` (s, trio
-        time)."""
+    def add(self, now: float, worker_id: str, waited_ms: int) -> None:
+        """Count a wait (ms; 0: not said, ignored) that ``worker_id`` reported at ``now`` (s,
+        trio time)."""
         if waited_ms <= 0:
             return
         ms = min(waited_ms, MAX_WAITED_MS)
-        held = self._by_sender.get(sender)
+        held = self._by_worker.get(worker_id)
         if held is None or ms >= held.largest_ms or held.largest_at <= now - self.window_s:
-            self._by_sender[sender] = _SenderWaits(largest_at=now, largest_ms=ms, latest_at=now, latest_ms=ms)
+            self._by_worker[worker_id] = _WorkerWaits(
+                largest_at=now, largest_ms=ms, latest_at=now, latest_ms=ms
+            )
         else:
-            self._by_sender[sender] = attrs.evolve(held, latest_at=now, latest_ms=ms)
+            self._by_worker[worker_id] = attrs.evolve(held, latest_at=now, latest_ms=ms)
 
     def p99_ms(self, now: float) -> float | None:
         """The 99th percentile (nearest rank) over the workers that reported within the window
         of each one's wait (ms), and never one of the :data:`OUTLIER_WAITS` largest; None when
         fewer than ``min_workers`` reported."""
         since = now - self.window_s
-        for sender in [w for w, h in self._by_sender.items() if h.latest_at <= since]:
-            del self._by_sender[sender]
-        if len(self._by_sender) < self.min_workers:
+        for worker_id in [w for w, h in self._by_worker.items() if h.latest_at <= since]:
+            del self._by_worker[worker_id]
+        if len(self._by_worker) < self.min_workers:
             return None
         values = sorted(
-            h.largest_ms if h.largest_at > since else h.latest_ms for h in self._by_sender.values()
+            h.largest_ms if h.largest_at > since else h.latest_ms for h in self._by_worker.values()
         )
         return float(values[min(math.ceil(0.99 * len(values)), len(values) - OUTLIER_WAITS) - 1])
 

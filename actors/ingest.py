@@ -724,11 +724,8 @@ class ControlPlaneService(AdmittedService):
         check_outcomes(finished)
         reply = await self._record_heartbeat(worker_id, request, finished, hold_ms)
         if not reply.reregister:
-            # Only a recorded heartbeat of a live incarnation says a wait, counted per sender
-            # (a fleet's certificate speaks for all its workers, on one machine).
-            caller = rpc_caller()
-            sender = str(caller.identity.id) if caller.secure and caller.identity is not None else worker_id
-            self.heartbeat_waits.add(trio.current_time(), sender, request.waited_ms)
+            # Only a recorded heartbeat of a live incarnation says a wait.
+            self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
         return reply
 
     async def _record_heartbeat(

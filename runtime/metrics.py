@@ -92,8 +92,8 @@ HEARTBEAT_INTERVAL_SECONDS = Gauge(
 )
 HEARTBEAT_WAIT_P99_SECONDS = Gauge(
     "stockade_heartbeat_wait_p99_seconds",
-    "The 99th percentile, over the senders whose heartbeats this replica recorded in the last 10 s,"
-    " of each one's longest round trip, as the workers report it (NaN: fewer than 10 senders); the"
+    "The 99th percentile, over the workers whose heartbeats this replica recorded in the last 10 s,"
+    " of each one's longest round trip, as the workers report it (NaN: fewer than 10 workers); the"
     ' interval is at least the largest replica\'s (docs/design.md, "Heartbeat interval").',
 )
 WORKER_HEALTH_CHANGES = Counter(

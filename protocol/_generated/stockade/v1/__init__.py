@@ -524,7 +524,7 @@ class HeartbeatRequest(betterproto2.Message):
     """
     The round trip of the worker's previous heartbeat, when it was sent while the worker was
     live (not paused) and answered (ms; the control planes count at most 600,000). The control
-    planes' 99th percentile of it over the senders is one input of the interval the leader
+    planes' 99th percentile of it over the workers is one input of the interval the leader
     chooses (docs/design.md, "Heartbeat interval"). 0: not said (the first heartbeat, one after
     a call given up on or sent while paused, an older agent).
     """
