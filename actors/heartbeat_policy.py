@@ -68,7 +68,7 @@ choices in its term)."""
 MAX_WAITED_MS = 600_000
 """A heartbeat's ``waited_ms`` is counted as at most this."""
 OUTLIER_WAITS = 3
-"""The waits of the this many workers that waited longest never set a replica's percentile. A
+"""The waits of this many workers, those that waited longest, never set a replica's percentile. A
 worker that was frozen (SIGSTOP, a VM paused) or cut off reports a wait as long as its freeze
 or as its call's deadline once it is back, and one on a starved machine long ones all the
 time: its own trouble, not the replicas'. Over the few dozen workers of a small cluster the
@@ -237,10 +237,10 @@ class LongestWithin:
         return self._values[0][1]
 
 
-@attrs.frozen
+@attrs.define
 class _WorkerWaits:
     """One worker's reported waits: its largest within the window and its latest (ms), and when
-    each was reported (s)."""
+    each was reported (s). Updated in place: one per heartbeat."""
 
     largest_at: float
     largest_ms: int
@@ -278,12 +278,14 @@ class HeartbeatWaits:
             return
         ms = min(waited_ms, MAX_WAITED_MS)
         held = self._by_worker.get(worker_id)
-        if held is None or ms >= held.largest_ms or held.largest_at <= now - self.window_s:
+        if held is None:
             self._by_worker[worker_id] = _WorkerWaits(
                 largest_at=now, largest_ms=ms, latest_at=now, latest_ms=ms
             )
-        else:
-            self._by_worker[worker_id] = attrs.evolve(held, latest_at=now, latest_ms=ms)
+            return
+        if ms >= held.largest_ms or held.largest_at <= now - self.window_s:
+            held.largest_at, held.largest_ms = now, ms
+        held.latest_at, held.latest_ms = now, ms
 
     def p99_ms(self, now: float) -> float | None:
         """The 99th percentile (nearest rank) over the workers that reported within the window

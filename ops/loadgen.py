@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import grpclib.client
@@ -58,6 +58,7 @@ from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patie
 from ops.pg import free_port
 from protocol import pb
 from runtime import gcpause
+from runtime.settings import AgentSettings
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
 __all__ = ["LoadStats", "home_control_plane", "main", "percentile", "worker_ids"]
@@ -80,9 +81,9 @@ REGISTER_RETRY_S = 1.0
 CALL_DEADLINE_MARGIN_S = 0.1
 """A heartbeat waits for its answer until this long before the worker's self-fence deadline
 (the agent's ``call_deadline_margin_s``)."""
-PAUSED_CALL_CAP_S = 10.0
+PAUSED_CALL_CAP_S = cast(float, attrs.fields(AgentSettings).register_timeout_s.default)
 """The longest a heartbeat past the self-fence deadline waits for its answer, seconds (the
-agent's ``register_timeout_s``: :func:`agent.fence.patient_deadline_s`)."""
+agent's default ``register_timeout_s``: :func:`agent.fence.patient_deadline_s`)."""
 
 
 def worker_ids(count: int, prefix: str = WORKER_PREFIX) -> list[str]:

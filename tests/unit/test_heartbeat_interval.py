@@ -8,6 +8,7 @@ tested in tests/integration/test_heartbeat_interval_sql.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -436,30 +437,31 @@ def test_a_worker_is_judged_by_the_longer_dead_after_its_row_records() -> None:
     assert verdict.declare == (("w-3", 1), ("w-1", 1))
 
 
-async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_not_again(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """2,000 alive workers at 300 µs a heartbeat over 3 replicas: the first pass writes 800 ms
-    (fenced, under its epoch); later passes, with the policy in force, write nothing more."""
-    store = FakeStore(last_heartbeat={f"w-{i}": 0.0 for i in range(2000)}, costs_us=(300.0, 300.0, 300.0))
+async def policy_writes(
+    store: FakeStore, *, until_s: float, beat_s: float = 0.5, on_beat: Callable[[], None] = lambda: None
+) -> list[tuple[float, SetHeartbeatPolicy]]:
+    """Run a leader's reconciler (epoch 4) on ``store`` until mock time ``until_s``, every worker
+    heartbeating every ``beat_s`` (``on_beat`` runs at each); return the policy writes with their
+    times, each applied to the store."""
     h = make_harness(store)
-    written: list[SetHeartbeatPolicy] = []
+    written: list[tuple[float, SetHeartbeatPolicy]] = []
 
     async def beating() -> None:
         while True:
             for worker in store.last_heartbeat:
                 store.last_heartbeat[worker] = trio.current_time()
-            await trio.sleep(0.5)
+            on_beat()
+            await trio.sleep(beat_s)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(beating)
         nursery.start_soon(answer_role, h.lease, 4)
         await nursery.start(h.reconciler.run)
-        while trio.current_time() < 3 * RECONCILER_SETTINGS.heartbeat_policy_every_s:
+        while trio.current_time() < until_s:
             with trio.move_on_after(1.0):
                 message = await h.ledger.receive()
                 if isinstance(message, SetHeartbeatPolicy):
-                    written.append(message)
+                    written.append((trio.current_time(), message))
                     store.policy = message.policy
                     message.reply.set(None)
                 else:
@@ -468,7 +470,17 @@ async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_no
                         ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
                     )
         nursery.cancel_scope.cancel()
-    assert [(m.epoch, m.policy.interval_ms, m.policy.dead_after_ms) for m in written] == [(4, 800, 5000)]
+    return written
+
+
+async def test_the_leader_writes_a_longer_interval_once_the_cluster_grows_and_not_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """2,000 alive workers at 300 µs a heartbeat over 3 replicas: the first pass writes 800 ms
+    (fenced, under its epoch); later passes, with the policy in force, write nothing more."""
+    store = FakeStore(last_heartbeat={f"w-{i}": 0.0 for i in range(2000)}, costs_us=(300.0, 300.0, 300.0))
+    written = await policy_writes(store, until_s=3 * RECONCILER_SETTINGS.heartbeat_policy_every_s)
+    assert [(m.epoch, m.policy.interval_ms, m.policy.dead_after_ms) for _, m in written] == [(4, 800, 5000)]
 
 
 async def test_the_leader_lengthens_the_interval_when_answers_wait_and_shortens_it_30_s_after(
@@ -478,33 +490,12 @@ async def test_the_leader_lengthens_the_interval_when_answers_wait_and_shortens_
     waited 1,500 ms: the next policy pass writes 1,500 ms (dead_after 6 s). The waits fall back
     at once, but the interval shortens only once the 1,500 ms wanted is 30 s old."""
     store = FakeStore(last_heartbeat={f"w-{i}": 0.0 for i in range(100)}, costs_us=(300.0, 300.0, 300.0))
-    h = make_harness(store)
-    written: list[tuple[float, int]] = []
 
-    async def beating() -> None:
-        while True:
-            for worker in store.last_heartbeat:
-                store.last_heartbeat[worker] = trio.current_time()
-            store.waits_ms = (1500.0,) if 5.0 <= trio.current_time() < 7.0 else (20.0,)
-            await trio.sleep(0.25)
+    def waits() -> None:
+        store.waits_ms = (1500.0,) if 5.0 <= trio.current_time() < 7.0 else (20.0,)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(beating)
-        nursery.start_soon(answer_role, h.lease, 4)
-        await nursery.start(h.reconciler.run)
-        while trio.current_time() < 60.0:
-            with trio.move_on_after(1.0):
-                message = await h.ledger.receive()
-                if isinstance(message, SetHeartbeatPolicy):
-                    written.append((trio.current_time(), message.policy.interval_ms))
-                    store.policy = message.policy
-                    message.reply.set(None)
-                else:
-                    assert isinstance(message, DeclareDeadWorkers)
-                    message.reply.set(
-                        ReconcileResult(dead_worker_ids=(), requeued_job_ids=(), orphaned_assignment_ids=())
-                    )
-        nursery.cancel_scope.cancel()
+    writes = await policy_writes(store, until_s=60.0, beat_s=0.25, on_beat=waits)
+    written = [(at, m.policy.interval_ms) for at, m in writes]
     assert [ms for _, ms in written] == [1500, 250]
     (grew_at, _), (shrank_at, _) = written
     assert 5.0 <= grew_at <= 5.0 + 2 * RECONCILER_SETTINGS.heartbeat_policy_every_s
