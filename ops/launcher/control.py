@@ -666,6 +666,19 @@ class LocalCluster:
                 self._children[process_id].wait(timeout=STOP_TIMEOUT_S)
         return process.pid
 
+    def pause(self, process_id: str) -> None:
+        """SIGSTOP the live process ``process_id``.
+
+        Raises:
+            ClusterError: it does not run.
+        """
+        self.kill(process_id, signal.SIGSTOP)
+
+    def unpause(self, process_id: str) -> None:
+        """SIGCONT ``process_id`` where it runs."""
+        with contextlib.suppress(ClusterError):
+            self.kill(process_id, signal.SIGCONT)
+
     def down(self, *, timeout_s: float | None = None) -> DownReport:
         """SIGTERM every process, SIGKILL each still alive past its deadline, stop the database.
 
