@@ -376,3 +376,14 @@ def container_worker(container_session: str, request: pytest.FixtureRequest) -> 
         yield worker_id
     finally:
         container_images.remove_containers(worker_id)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The edit loop's Hypothesis profile (``just test-fast``: :mod:`properties`), also for the
+    property tests that keep Hypothesis' default number of examples."""
+    import properties
+    from hypothesis import settings
+
+    settings.register_profile("fast", max_examples=properties.FAST_EXAMPLES)
+    if properties.fast():
+        settings.load_profile("fast")

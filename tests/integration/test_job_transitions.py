@@ -49,6 +49,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from properties import examples
 from serving import HOLD_LEASE
 
 from actors import queries
@@ -448,7 +449,7 @@ async def _check(world: World, events: Sequence[str]) -> None:
 
 
 @settings(
-    max_examples=200,
+    max_examples=examples(200),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

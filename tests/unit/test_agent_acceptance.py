@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from agent.acceptance import EPOCH_LEAD_LIMIT, Admission
 from agent.messages import (
@@ -270,7 +271,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_ops)
 def test_no_id_is_started_twice_and_capacity_holds(ops: list[tuple]) -> None:  # type: ignore[type-arg]
     """Whatever arrives, an id starts at most once, cancelled ids never start, capacity holds,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.placer import PendingMark
 
@@ -97,7 +98,7 @@ def run(ops: list[tuple[str, int]], limit: int) -> tuple[Database, dict[Key, lis
     return db, returned
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(steps)
 def test_every_committed_job_is_read_once_by_the_first_read_after_its_commit(
     ops: list[tuple[str, int]],
@@ -110,7 +111,7 @@ def test_every_committed_job_is_read_once_by_the_first_read_after_its_commit(
         assert reads == [db.committed_at_read[key] + 1], key
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(steps, st.integers(1, 3))
 def test_reads_that_stop_at_a_limit_still_read_every_committed_job_once(
     ops: list[tuple[str, int]], limit: int

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.placement import (
     PendingJob,
@@ -74,7 +75,7 @@ def replay(jobs: list[PendingJob], workers: list[WorkerRoom], plan: Plan) -> dic
 
 
 @given(jobs_st, workers_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_never_over_commits_a_worker(jobs: list[PendingJob], workers: list[WorkerRoom], policy: str) -> None:
     """After every placement, no worker's allocation exceeds its CPU or memory capacity."""
     plan = place(jobs, workers, policy=policy)
@@ -84,7 +85,7 @@ def test_never_over_commits_a_worker(jobs: list[PendingJob], workers: list[Worke
 
 
 @given(jobs_st, workers_st)
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_best_fit_always_picks_the_tightest_fit(jobs: list[PendingJob], workers: list[WorkerRoom]) -> None:
     """Each job goes, in priority then id order, to the worker with room whose normalised
     leftover is smallest (ties: smallest worker id); a job with no room anywhere is skipped."""
@@ -218,7 +219,7 @@ sizes_st = st.lists(st.tuples(st.integers(0, 45), st.integers(0, 45)), max_size=
 
 
 @given(rooms_st, sizes_st)
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_the_frontier_test_agrees_with_trying_every_room(
     rooms: list[tuple[int, int]], sizes: list[tuple[int, int]]
 ) -> None:
@@ -233,7 +234,7 @@ def test_the_frontier_test_agrees_with_trying_every_room(
 
 
 @given(jobs_st, workers_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 4))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_reservations_never_over_commit_and_keep_reserved_workers_free(
     jobs: list[PendingJob], workers: list[WorkerRoom], policy: str, max_reservations: int
 ) -> None:
@@ -390,7 +391,7 @@ def with_limits(workers: list[WorkerRoom], limits: list[int | None]) -> list[Wor
 @given(
     jobs_st, workers_st, limits_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 3)
 )
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_no_worker_gets_more_than_its_placement_limit(
     jobs: list[PendingJob],
     workers: list[WorkerRoom],
@@ -410,7 +411,7 @@ def test_no_worker_gets_more_than_its_placement_limit(
 
 
 @given(jobs_st, workers_st, st.sampled_from(["best_fit", "first_fit", "worst_fit"]), st.integers(0, 3))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_limits_as_large_as_the_queue_change_nothing(
     jobs: list[PendingJob], workers: list[WorkerRoom], policy: str, max_reservations: int
 ) -> None:
@@ -423,7 +424,7 @@ def test_limits_as_large_as_the_queue_change_nothing(
 
 
 @given(jobs_st, workers_st, limits_st)
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_best_fit_with_limits_picks_the_tightest_worker_that_may_still_take_a_job(
     jobs: list[PendingJob], workers: list[WorkerRoom], limits: list[int | None]
 ) -> None:
@@ -470,7 +471,7 @@ not_before_st = st.lists(st.one_of(st.none(), st.floats(-5, 5)), min_size=40, ma
 
 
 @given(jobs_st, workers_st, not_before_st, st.integers(0, 3))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_a_job_waiting_out_its_backoff_is_as_if_it_were_not_queued(
     jobs: list[PendingJob], workers: list[WorkerRoom], not_before: list[float | None], max_reservations: int
 ) -> None:
@@ -502,7 +503,7 @@ def test_the_queue_keeps_a_jobs_not_before_until_it_is_removed() -> None:
 
 
 @given(jobs_st, workers_st, limits_st, st.integers(1, 5), st.integers(0, 2))
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_deciding_in_slices_gives_the_same_plan_and_yields_as_it_goes(
     jobs: list[PendingJob],
     workers: list[WorkerRoom],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, place, unschedulable_reason
 
@@ -46,7 +47,7 @@ policies = st.sampled_from(["best_fit", "first_fit", "worst_fit"])
 
 
 @given(jobs_st, workers_st, policies, st.integers(0, 3))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_container_jobs_go_only_to_workers_that_run_containers(
     jobs: list[PendingJob], workers: list[WorkerRoom], policy: str, reservations: int
 ) -> None:
@@ -71,7 +72,7 @@ def test_container_jobs_go_only_to_workers_that_run_containers(
 
 
 @given(jobs_st, workers_st, policies)
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_container_jobs_are_placed_as_if_only_container_workers_existed(
     jobs: list[PendingJob], workers: list[WorkerRoom], policy: str
 ) -> None:

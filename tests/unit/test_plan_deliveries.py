@@ -9,6 +9,7 @@ import math
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.messages import CommittedAssignment, WorkerRef
 from actors.reconciler import Delivery, plan_deliveries, resend_due
@@ -44,7 +45,7 @@ reconciler_settings = st.builds(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     unconfirmed=deliveries,
     s=reconciler_settings,
@@ -74,7 +75,7 @@ def test_old_assignments_are_withdrawn_younger_ones_re_sent_when_due_and_none_bo
     assert len(ids) == len(set(ids))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(unconfirmed=deliveries, s=reconciler_settings, first_pass=st.booleans())
 def test_each_worker_gets_one_batch_of_its_own_deliveries_in_the_order_given(
     unconfirmed: list[Delivery], s: ReconcilerSettings, first_pass: bool
@@ -96,7 +97,7 @@ def test_each_worker_gets_one_batch_of_its_own_deliveries_in_the_order_given(
     ]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(first_after_s=st.floats(0.1, 5), interval_s=st.floats(0.05, 2), passes=st.integers(1, 400))
 def test_passes_at_a_steady_interval_re_send_an_assignment_once_per_doubling_of_its_age(
     first_after_s: float, interval_s: float, passes: int

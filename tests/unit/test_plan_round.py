@@ -10,6 +10,7 @@ from collections import Counter
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.messages import CommittedAssignment, WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, placement_limit
@@ -91,7 +92,7 @@ def plan_of(queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, m
     return plan_round(queue, workers, s, max_rows=max_rows, now=NOW)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_plan_never_fills_a_worker_past_its_free_room(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -104,7 +105,7 @@ def test_a_plan_never_fills_a_worker_past_its_free_room(
         assert w.room.memory_allocated_mb + sum(p.memory_mb for p in mine) <= w.room.memory_mb
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_plan_places_each_queued_job_at_most_once_and_none_backing_off(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -123,7 +124,7 @@ def test_a_plan_places_each_queued_job_at_most_once_and_none_backing_off(
     assert plan.backing_off == queue.waiting_for_backoff(NOW)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_plan_respects_each_workers_send_window_and_the_rounds_rows(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -144,7 +145,7 @@ def test_a_plan_respects_each_workers_send_window_and_the_rounds_rows(
     assert len(plan.placements) + len(plan.reasons) <= max_rows
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_plan_writes_only_reasons_that_change_and_none_for_a_placed_job(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -163,7 +164,7 @@ def test_a_plan_writes_only_reasons_that_change_and_none_for_a_placed_job(
             assert job_id in queue.reasons
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_plan_changes_nothing_it_was_given(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -174,7 +175,7 @@ def test_a_plan_changes_nothing_it_was_given(
     assert (queue.version, queue.jobs(), queue.reasons) == (version, jobs, reasons)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=queues(), workers=live_workers(), s=placer_settings, max_rows=st.integers(1, 60))
 def test_a_round_after_one_that_found_nothing_to_do_decides_nothing_while_nothing_changed(
     queue: PendingQueue, workers: list[LiveWorker], s: PlacerSettings, max_rows: int
@@ -205,7 +206,7 @@ def committed_of(plan: RoundPlan, skip: frozenset[int]) -> tuple[CommittedAssign
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     queue=queues(),
     workers=live_workers(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from properties import examples
 
 from actors.messages import WorkerRef
 from actors.placement import (
@@ -87,7 +88,7 @@ def rooms_of(workers: list[LiveWorker]) -> list[WorkerRoom]:
     return [w.room for w in workers if not w.cordoned and not (w.unhealthy and not w.probe_due)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     data=st.data(),
     first=live_workers(),
@@ -128,7 +129,7 @@ def test_rounds_with_the_cache_decide_as_rounds_without_it_through_job_and_worke
         queue.store_reasons(cached.reasons)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(data=st.data())
 def test_the_stored_reason_codes_follow_the_stored_reasons(data: st.DataObject) -> None:
     """Whatever replaces, adds, removes and stores reasons, each job's reason code names the
