@@ -151,6 +151,7 @@ from agent.messages import (
     Outcome,
     Refusal,
     RefusalReason,
+    Registered,
     Registration,
     StopReason,
 )
@@ -706,84 +707,112 @@ class Agent:
             "stopped its jobs and exits; give each agent its own --id"
         )
 
-    def _register_retry_wait_s(self, failures: int) -> float:
-        """The pause after the ``failures``-th failed attempt (1, 2, ...) of one registration,
-        in seconds: uniform below ``register_retry_s * 2**(failures - 1)``, capped at
-        ``register_retry_max_s`` (full jitter, :mod:`runtime.backoff`). A registration no
-        replica answered was often queued, not lost: a copy sent again at once, by every worker
-        refused together, only lengthens the queue it waits in."""
-        return self._register_backoff.delay_s(failures - 1, self._rng)
+    def _registration(self, finished: tuple[Outcome, ...], **resume: Any) -> Registration:
+        """The registration this agent sends now, carrying ``finished`` (and, to continue an
+        incarnation, ``resume_incarnation`` and ``held_assignment_ids``)."""
+        return Registration(
+            worker_id=self.worker_id,
+            address=self.address,
+            cpu_millis=self.settings.cpu_millis,
+            memory_mb=self.settings.memory_mb,
+            labels=dict(self.settings.labels),
+            finished=finished,
+            agent_run_id=self._run_id,
+            registration_seq=self._registrations,
+            **resume,
+        )
 
-    async def _register(self, stop_reason: StopReason) -> None:
-        """Stop every job, then register until a control plane answers (new incarnation).
+    async def _register_until_answered(
+        self,
+        request: Callable[[tuple[Outcome, ...], int], Registration | None],
+        deadline_s: Callable[[], float],
+        *,
+        failed: str,
+        escalate: bool = False,
+        **keys: Any,
+    ) -> tuple[Registered, float, int] | None:
+        """Send the registration ``request(finished, failures)`` builds (None: give up, and
+        return None) until a control plane answers it; return the reply, its send time and the
+        attempts made.
 
-        Every registration carries the outcomes no reply has acknowledged yet; those it
-        carried are dropped once it succeeded (outcomes that appear meanwhile stay).
+        Every attempt carries the outcomes no reply has acknowledged yet (``finished``); those
+        it carried are dropped once it succeeded (outcomes that appear meanwhile stay). After
+        the ``failures``-th failed attempt (1, 2, ...) it waits for a pause uniform below
+        ``register_retry_s * 2**(failures - 1)``, capped at ``register_retry_max_s`` (full
+        jitter, :mod:`runtime.backoff`): a registration no replica answered was often queued,
+        not lost, and a copy sent again at once, by every worker refused together, only
+        lengthens the queue it waits in. Each attempt waits ``deadline_s()`` for its answer.
+        The first failure of a streak is logged as ``failed`` with ``keys`` (an error when
+        ``escalate`` and not a :class:`TemporaryError`), then every ``_LOG_EVERY_FAILURES``-th.
+
+        Raises:
+            PermissionDenied: a control plane refused the registration (every replica
+                applies the same rule: retrying cannot help).
         """
-        self._leave_live()
-        await self._jobs.stop(None, stop_reason)
         # One number for every attempt of this registration: a late copy of an attempt that
         # timed out here, or of a hedged one, gets the incarnation the first applied created.
         self._registrations += 1
         failures = 0
         while True:
-            sent_at = trio.current_time()
             finished = tuple(self._unacked)
+            registration = request(finished, failures)
+            if registration is None:
+                return None
+            sent_at = trio.current_time()
             try:
-                reply = await self._cp.register(
-                    Registration(
-                        worker_id=self.worker_id,
-                        address=self.address,
-                        cpu_millis=self.settings.cpu_millis,
-                        memory_mb=self.settings.memory_mb,
-                        labels=dict(self.settings.labels),
-                        finished=finished,
-                        agent_run_id=self._run_id,
-                        registration_seq=self._registrations,
-                    ),
-                    deadline_s=self._fence.register_deadline_s(),
-                )
+                reply = await self._cp.register(registration, deadline_s=deadline_s())
             except PermissionDenied as exc:
-                # Every replica applies the same rule: retrying cannot help (the certificate
-                # names another worker). Stop, saying so, instead of retrying for ever.
                 self._logger.error("registration refused", error=str(exc))
-                raise PermissionDenied(
-                    f"worker {self.worker_id} cannot register: {exc}; start the agent with the "
-                    "--id its certificate names, or issue a certificate for this id"
-                ) from exc
+                raise
             except StockadeError as exc:
                 failures += 1
-                wait_s = self._register_retry_wait_s(failures)
+                wait_s = self._register_backoff.delay_s(failures - 1, self._rng)
                 if failures % _LOG_EVERY_FAILURES == 1:
-                    level = "warning" if isinstance(exc, TemporaryError) else "error"
+                    level = "error" if escalate and not isinstance(exc, TemporaryError) else "warning"
                     getattr(self._logger, level)(
-                        "registration failed, retrying",
-                        error=str(exc),
-                        attempts=failures,
-                        retry_in_s=round(wait_s, 3),
+                        failed, error=str(exc), attempts=failures, **keys, retry_in_s=round(wait_s, 3)
                     )
                 await trio.sleep(wait_s)
                 continue
-            break
-        self._clock_told(reply.database_unix_s, sent_at)
-        # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
-        # wait for it): the first len(finished) entries are exactly those it carried.
-        del self._unacked[: len(finished)]
+            self._clock_told(reply.database_unix_s, sent_at)
+            # Outcomes are only appended, and nothing else drops any while this runs (heartbeats
+            # wait for it): the first len(finished) entries are exactly those it carried.
+            del self._unacked[: len(finished)]
+            return reply, sent_at, failures + 1
+
+    async def _register(self, stop_reason: StopReason) -> None:
+        """Stop every job, then register until a control plane answers (new incarnation).
+
+        Raises:
+            PermissionDenied: the control plane refused this worker id (its certificate names
+                another worker).
+        """
+        self._leave_live()
+        await self._jobs.stop(None, stop_reason)
+        try:
+            answered = await self._register_until_answered(
+                lambda finished, _: self._registration(finished),
+                self._fence.register_deadline_s,
+                failed="registration failed, retrying",
+                escalate=True,
+            )
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"worker {self.worker_id} cannot register: {exc}; start the agent with the "
+                "--id its certificate names, or issue a certificate for this id"
+            ) from exc
+        assert answered is not None  # a new registration never gives up
+        reply, sent_at, attempts = answered
         self._adopt_told(reply.heartbeat_interval_s, reply.dead_after_s)
-        self._fence.publish(sent_at + self._fence.fence_after_s)  # before any job of this life can start
-        self._fence.last_acked_send_time = sent_at
+        self._fence.registered(sent_at, new_incarnation=True)  # before any job of this life can start
         self._admission.registered(reply.incarnation, reply.epoch)
-        self._fence.self_fenced = False
-        self._fence.paused = False
-        self._fence.fenced_at = None
-        self._fence.pauses.clear()  # every job of the previous life has ended
         self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
             "registered",
             incarnation=reply.incarnation,
             epoch=reply.epoch,
             address=self.address,
-            attempts=failures + 1,
+            attempts=attempts,
         )
         self._fence.live.set()
         self._registered_once.set()
@@ -863,9 +892,10 @@ class Agent:
         deadline on (the reapers resume paused jobs on it, as after an acknowledged heartbeat)
         and go live. Returns False when the incarnation was not continued, or the reply came too
         late to resume on: the caller registers anew, stopping every job first."""
-        self._registrations += 1
-        failures = 0
-        while True:
+        held: tuple[int, ...] = ()
+
+        def request(finished: tuple[Outcome, ...], failures: int) -> Registration | None:
+            nonlocal held
             held = tuple(
                 aid
                 for aid in self._jobs.ids()
@@ -875,51 +905,25 @@ class Agent:
                 self._logger.info(
                     "nothing left to keep of the previous agent process", incarnation=incarnation
                 )
-                return False
+                return None
             if kill_at_s is not None and time.monotonic() > kill_at_s - self._fence.fence_after_s:
                 self._logger.warning(
                     "no control plane answered before the jobs' kill deadline: registering anew",
                     incarnation=incarnation,
                     attempts=failures,
                 )
-                return False
-            sent_at = trio.current_time()
-            finished = tuple(self._unacked)
-            try:
-                reply = await self._cp.register(
-                    Registration(
-                        worker_id=self.worker_id,
-                        address=self.address,
-                        cpu_millis=self.settings.cpu_millis,
-                        memory_mb=self.settings.memory_mb,
-                        labels=dict(self.settings.labels),
-                        finished=finished,
-                        agent_run_id=self._run_id,
-                        registration_seq=self._registrations,
-                        resume_incarnation=incarnation,
-                        held_assignment_ids=held,
-                    ),
-                    deadline_s=self._fence.call_deadline_s(),
-                )
-            except PermissionDenied as exc:
-                self._logger.error("registration refused", error=str(exc))
-                raise
-            except StockadeError as exc:
-                failures += 1
-                wait_s = self._register_retry_wait_s(failures)
-                if failures % _LOG_EVERY_FAILURES == 1:
-                    self._logger.warning(
-                        "continuing the incarnation failed, retrying",
-                        error=str(exc),
-                        attempts=failures,
-                        incarnation=incarnation,
-                        retry_in_s=round(wait_s, 3),
-                    )
-                await trio.sleep(wait_s)
-                continue
-            break
-        self._clock_told(reply.database_unix_s, sent_at)
-        del self._unacked[: len(finished)]
+                return None
+            return self._registration(finished, resume_incarnation=incarnation, held_assignment_ids=held)
+
+        answered = await self._register_until_answered(
+            request,
+            self._fence.call_deadline_s,
+            failed="continuing the incarnation failed, retrying",
+            incarnation=incarnation,
+        )
+        if answered is None:
+            return False
+        reply, sent_at, attempts = answered
         if not reply.resumed:
             self._logger.warning(
                 "the control plane did not continue the incarnation (declared dead, or registered "
@@ -929,7 +933,6 @@ class Agent:
             )
             return False
         self._adopt_told(reply.heartbeat_interval_s, reply.dead_after_s)
-        fence_s = self._fence.fence_after_s
         self._admission.continued(
             incarnation, reply.epoch, released=reply.released_assignment_ids + reply.stop_assignment_ids
         )
@@ -942,14 +945,10 @@ class Agent:
                 assignment_ids=list(reply.stop_assignment_ids),
             )
             await self._jobs.stop(list(reply.stop_assignment_ids), StopReason.STOPPED_BY_CONTROL_PLANE)
-        if trio.current_time() >= sent_at + fence_s:
+        if trio.current_time() >= sent_at + self._fence.fence_after_s:
             self._logger.warning("incarnation continued too late to resume on", incarnation=incarnation)
             return False
-        self._fence.publish(sent_at + fence_s)  # the reapers resume on it, as after a heartbeat
-        self._fence.last_acked_send_time = sent_at
-        self._fence.self_fenced = False
-        self._fence.paused = False
-        self._fence.fenced_at = None
+        self._fence.registered(sent_at, new_incarnation=False)  # the reapers resume on it
         self._continued.set()
         self.joblog.write(LogEvent.REGISTER, incarnation=incarnation, epoch=self.max_epoch_seen)
         self._logger.info(
@@ -958,7 +957,7 @@ class Agent:
             epoch=reply.epoch,
             kept=len(held) - len(reply.stop_assignment_ids),
             released=len(reply.released_assignment_ids),
-            attempts=failures + 1,
+            attempts=attempts,
             job_ids=self._job_ids(a for a in held if a not in reply.stop_assignment_ids),
             assignment_ids=[a for a in held if a not in reply.stop_assignment_ids],
             released_assignment_ids=list(reply.released_assignment_ids),

@@ -314,6 +314,19 @@ class FenceClock:
                 error=repr(exc),
             )
 
+    def registered(self, sent_at: float, *, new_incarnation: bool) -> None:
+        """A registration sent at ``sent_at`` was answered: publish its deadline (before any job
+        of this life can start; the reapers resume paused jobs on it), count from it, and end
+        any pause or self-fence. A ``new_incarnation`` also forgets the pauses: every job of the
+        previous life has ended. Not live yet: the caller sets :attr:`live` once it is."""
+        self.publish(sent_at + self.fence_after_s)
+        self.last_acked_send_time = sent_at
+        self.self_fenced = False
+        self.paused = False
+        self.fenced_at = None
+        if new_incarnation:
+            self.pauses.clear()
+
     def acknowledged(self, sent_at: float, *, resuming: bool = False) -> None:
         """A heartbeat sent at ``sent_at`` was answered: move the deadline (published first,
         while live, or when ``resuming`` paused jobs) unless a later send was answered
