@@ -1,10 +1,10 @@
 """The agent's fence deadline: when it is, how it moves, and how the reapers learn it.
 
-The rules are in :mod:`agent.core` (invariant 7 in DESIGN.md): the deadline is the send time
-of the newest acknowledged heartbeat (or registration) plus the self-fence span in force,
-and it is published to ``<work_dir>/fence_deadline`` for the reapers (:mod:`agent.reaper`)
-before the agent's own copy moves. :class:`FenceClock` holds that state for one agent; what
-fencing does to the jobs stays with the agent.
+The rules are in docs/design.md, "The agent's loops" (invariant 7 in DESIGN.md): the deadline
+is the send time of the newest acknowledged heartbeat (or registration) plus the self-fence
+span in force, and it is published to ``<work_dir>/fence_deadline`` for the reapers
+(:mod:`agent.reaper`) before the agent's own copy moves. :class:`FenceClock` holds that state
+for one agent; what fencing does to the jobs is :mod:`agent.self_fence`'s.
 
 All timing uses trio's clock; the conversions at the edge (:func:`monotonic_of` for the
 deadline file and the job records, :func:`trio_time_of` for what other processes wrote) are

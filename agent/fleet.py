@@ -1,54 +1,10 @@
 """Fleet mode: many workers' agents in one process (``stockade fleet``).
 
-A fleet is one process with one ``trio.run``, one asyncio bridge and one
-:func:`agent.main.run_agent` task per worker. Each worker keeps everything a lone agent has:
-its own worker id, Worker gRPC endpoint (its own port), registration and incarnation,
-heartbeats, self-fence, work folder and ``agent.jsonl``. Only the process is shared, so a
-SIGKILL of the fleet is the death of all its workers at once; and with it what belongs to the
-process: the start slots and the spawner thread of command jobs (:mod:`agent.starts`), the
-event-loop lag monitor and the metrics endpoint (``--metrics-port``), and, in cgroup v2, the
-agent's leaf cgroup (each worker's jobs still get cgroups under a folder of its own,
-:mod:`agent.cgroups`).
-
-The workers come from a spec file, a JSON list with one object per worker::
-
-    [{"id": "w-1", "port": 7201, "cpu_millis": 8000, "memory_mb": 16384,
-      "work_dir": "/var/lib/stockade/w-1", "advertise_address": ""}, ...]
-
-``id`` (an id: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit), ``port`` (0: a
-free one), ``cpu_millis``, ``memory_mb`` and ``work_dir`` (relative paths are taken from the
-spec file's folder) are required; ``advertise_address`` (host:port
-the leader should call; default the listen address) and ``control_planes`` (a list of
-host:port that replaces the fleet's ``--control-planes`` for this worker) are optional.
-Unknown keys are refused, so a misspelt one does not pass silently.
-
-One connection per control plane: the workers send their control-plane calls (register,
-heartbeat, leave) over one shared :class:`runtime.client.ControlPlaneClient`, so the process
-holds one channel per control plane however many workers it hosts, not one per worker. Each
-worker's calls keep their own route through it (its home replica,
-:func:`runtime.client.home_index` of its id, and the replica that answered it last), their
-hedging and their deadlines; only the connections are shared. A worker whose spec lists the
-same control planes in another order (``stockade up`` rotates each worker's list) shares the
-client too, keeping the home its own list gives it. Over mutual TLS that client
-presents a *fleet certificate*: a client certificate with one URI SAN
-``spiffe://stockade/worker/<id>`` per worker the fleet hosts (``stockade certs issue --role
-worker --id fleet-1 --workers w-1,w-2,...``, :mod:`ops.certs`; ``stockade up --fleet-size K``
-issues one per fleet). A control plane lets such a caller speak for exactly the workers it
-names and refuses any other worker id (:func:`runtime.aio.require_worker`). Each worker still
-serves its Worker endpoint with its own certificate (``<id>.crt``), which the leader checks
-when it assigns. A fleet without a fleet certificate (``<certs-dir>/<fleet id>.crt`` absent)
-gives each worker a client of its own, with its own certificate, as a lone agent has; so does
-a worker whose spec names other control planes than the fleet's.
-
-Each worker keeps its own heartbeat loop (:class:`runtime.loops.Periodic`): trio already keeps
-every sleeping task's deadline in one ordered table and wakes the loop once per due time, so one
-scheduler task waking the workers would save nothing (the cost is the wake per due time, not
-the number of timers; docs/benchmarks.md, "A fleet's CPU per heartbeat") and would have to copy
-the loop's rules on intervals, overruns and restart holds next to the self-fence.
-
-One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
-written), the whole fleet stops every job of every worker and exits with an error naming the
-worker. An operator's process manager (or ``stockade up``) then starts the fleet again.
+One ``trio.run`` and one :func:`agent.main.run_agent` task per worker, the workers read from a
+spec file (:func:`load_fleet_spec`, :func:`fleet_settings`), their control-plane calls over one
+shared client (:func:`shared_client`), one-for-all on failure (:class:`WorkerFailed`): the spec
+format, the shared connections and the fleet certificate are in docs/design.md, "Fleets: many
+workers in one process".
 """
 
 from __future__ import annotations
@@ -341,7 +297,8 @@ def fleet_settings(
 def shared_client(
     workers: Sequence[AgentSettings], *, control_planes: Sequence[str], tls: TlsFiles | None
 ) -> ControlPlaneClient:
-    """The one control-plane client a fleet's workers share (see the module docstring).
+    """The one control-plane client a fleet's workers share (docs/design.md, "Fleets: many
+    workers in one process").
 
     Args:
         workers: the fleet's workers; the client's per-call deadline is the shortest
@@ -418,7 +375,7 @@ async def run_fleet(
     The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
     their settings; :func:`fleet_settings` gives them all the same), its turns for leave
     attempts at a clean stop (the smallest ``max_concurrent_leaves``: every worker leaves,
-    a few at a time, retrying what no control plane answered; :meth:`agent.core.Agent._leave`)
+    a few at a time, retrying what no control plane answered; :meth:`agent.leave.Leaving._leave`)
     and its one spawner thread, which ends only after every agent has stopped its jobs (see
     :mod:`agent.starts`).
 
