@@ -238,10 +238,14 @@ class FenceClock:
             total += max(0.0, min(b, end) - max(a, start))
         return total
 
-    def pause_began(self, at: float) -> None:
-        """Record a pause from trio time ``at``."""
-        self.pauses.append([at, None])
+    def pause_from(self, now: float) -> float:
+        """Record a pause noticed at trio time ``now``, counted from the fence deadline (or
+        from ``now``, when that came first), and return that time (:attr:`fenced_at`)."""
+        deadline = self.deadline()
+        self.fenced_at = now if deadline is None else min(now, deadline)
+        self.pauses.append([self.fenced_at, None])
         del self.pauses[:-MAX_PAUSES]
+        return self.fenced_at
 
     def pause_ended(self, at: float) -> None:
         """Record the end of the current pause at trio time ``at``."""

@@ -65,15 +65,12 @@ class Heartbeating(Registering):
         incarnation = self._admission.incarnation
         assert incarnation is not None  # the loop registers first
         sent_at = trio.current_time()
-        report = HeartbeatReport(
-            worker_id=self.worker_id,
-            incarnation=incarnation,
-            running_assignment_ids=self.running_assignment_ids,
-            finished=tuple(self._unacked),
-            epoch_seen=self.max_epoch_seen,
+        report = self._heartbeat_report(
+            incarnation,
+            sent_at,
+            tuple(self._unacked),
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
             waited_ms=round(self._heartbeat_waited_s * 1000),
-            **self._told_in_use(sent_at),
         )
         # Said by the next heartbeat only when it was sent while live and answered: a call given
         # up on, or one sent while paused through an outage, measures the outage (up to

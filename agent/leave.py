@@ -17,7 +17,7 @@ import trio
 
 from agent.heartbeat import Heartbeating
 from agent.joblog import LogEvent
-from agent.messages import HeartbeatReport, Leave, LeaveAnswer
+from agent.messages import Leave, LeaveAnswer
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import StockadeError, TemporaryError
 from runtime.loops import Periodic
@@ -88,13 +88,7 @@ class Leaving(Heartbeating):
         if answer is not None:
             self._admission.observe_epoch(answer.epoch)
             del self._unacked[: len(request.finished)]
-        self.joblog.write(
-            LogEvent.LEAVE,
-            incarnation=incarnation,
-            epoch=self.max_epoch_seen,
-            at=stopping_since,
-            left=left,
-        )
+        self._log_event(LogEvent.LEAVE, at=stopping_since, left=left)
         if left:
             self._logger.info(
                 "left the cluster",
@@ -139,31 +133,27 @@ class Leaving(Heartbeating):
         is. Such a heartbeat keeps the row's last heartbeat fresh and confirms what still runs;
         its answer is not obeyed (a request to register again, to stop assignments: everything
         here is being stopped), but for the epoch and the database's clock it names."""
-        settings = self.settings
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
-        deadline_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
         while True:
             await beats.tick()
             sent_at = trio.current_time()
-            report = HeartbeatReport(
-                worker_id=self.worker_id,
-                incarnation=incarnation,
-                running_assignment_ids=self.running_assignment_ids,
-                finished=(),
-                epoch_seen=self.max_epoch_seen,
-                **self._told_in_use(sent_at),
-            )
+            report = self._heartbeat_report(incarnation, sent_at, ())
             try:
-                answer = await self._cp.heartbeat(report, deadline_s=deadline_s)
+                answer = await self._cp.heartbeat(report, deadline_s=self._stopping_call_s())
             except StockadeError:
                 continue  # the leave says what fails
             self._admission.observe_epoch(answer.epoch)
             self._clock_told(answer.database_unix_s, sent_at)
 
+    def _stopping_call_s(self) -> float:
+        """How long a heartbeat or a leave attempt of a clean stop waits for its answer, in
+        seconds: ``heartbeat_timeout_s`` for each control plane, and one more (hedged)."""
+        return self.settings.heartbeat_timeout_s * (len(self.settings.control_planes) + 1)
+
     async def _leave_attempts(self, request: Leave) -> _LeaveResult:
         """The attempts of :meth:`_send_leave`, retried with backoff (see :meth:`_leave`)."""
         settings = self.settings
-        attempt_s = settings.heartbeat_timeout_s * (len(settings.control_planes) + 1)
+        attempt_s = self._stopping_call_s()
         result = _LeaveResult(error=f"no control plane answered within {settings.leave_timeout_s:g} s")
         rng = random.Random()
         deadline = math.inf

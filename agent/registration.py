@@ -152,7 +152,7 @@ class Registering(SelfFencing):
         self._adopt_told(reply.heartbeat_interval_s, reply.dead_after_s)
         self._fence.registered(sent_at, new_incarnation=True)  # before any job of this life can start
         self._admission.registered(reply.incarnation, reply.epoch)
-        self.joblog.write(LogEvent.REGISTER, incarnation=reply.incarnation, epoch=self.max_epoch_seen)
+        self._log_event(LogEvent.REGISTER)
         self._logger.info(
             "registered",
             incarnation=reply.incarnation,
@@ -294,7 +294,7 @@ class Registering(SelfFencing):
             return False
         self._fence.registered(sent_at, new_incarnation=False)  # the reapers resume on it
         self._continued.set()
-        self.joblog.write(LogEvent.REGISTER, incarnation=incarnation, epoch=self.max_epoch_seen)
+        self._log_event(LogEvent.REGISTER)
         self._logger.info(
             "continued the incarnation of the previous agent process",
             incarnation=incarnation,

@@ -58,23 +58,16 @@ class SelfFencing(AgentState):
             self._fence_now()
             return
         now = trio.current_time()
-        deadline = fence.deadline()
-        fence.fenced_at = now if deadline is None else min(now, deadline)
+        fenced_at = fence.pause_from(now)
         fence.paused = True
-        fence.pause_began(fence.fenced_at)
         self._leave_live()
         metrics.AGENT_PAUSES.labels(self.worker_id).inc()
-        self.joblog.write(
-            LogEvent.PAUSE,
-            incarnation=self._admission.incarnation,
-            epoch=self.max_epoch_seen,
-            at=fence.fenced_at,
-        )
+        self._log_event(LogEvent.PAUSE, at=fence.fenced_at)
         kill_at = fence.kill_deadline()
         self._logger.warning(
             "paused every job: no heartbeat acknowledged",
             silent_s=round(now - (fence.last_acked_send_time or 0.0), 3),
-            late_s=round(now - fence.fenced_at, 3),
+            late_s=round(now - fenced_at, 3),
             self_fence_after_s=fence.fence_after_s,
             killed_in_s=None if kill_at is None else round(kill_at - now, 3),
             jobs=len(self._jobs),
@@ -98,11 +91,7 @@ class SelfFencing(AgentState):
         self._admission.fenced = False
         fence.live.set()
         metrics.AGENT_RESUMES.labels(self.worker_id).inc()
-        self.joblog.write(
-            LogEvent.RESUME,
-            incarnation=self._admission.incarnation,
-            epoch=self.max_epoch_seen,
-        )
+        self._log_event(LogEvent.RESUME)
         self._logger.warning(
             "resumed every job: a heartbeat was acknowledged",
             paused_s=None if paused_from is None else round(now - paused_from, 3),
@@ -120,18 +109,12 @@ class SelfFencing(AgentState):
             return
         now = trio.current_time()
         if not fence.paused:
-            deadline = fence.deadline()
-            fence.fenced_at = now if deadline is None else min(now, deadline)
-            fence.pause_began(fence.fenced_at)
+            fence.pause_from(now)
         fence.paused = False
         fence.self_fenced = True
         self._leave_live()
         metrics.AGENT_SELF_FENCES.labels(self.worker_id).inc()
-        self.joblog.write(
-            LogEvent.SELF_FENCE,
-            incarnation=self._admission.incarnation,
-            epoch=self.max_epoch_seen,
-        )
+        self._log_event(LogEvent.SELF_FENCE)
         self._logger.warning(
             "self-fenced: no heartbeat acknowledged, stopping every job",
             silent_s=round(now - (fence.last_acked_send_time or 0.0), 3),

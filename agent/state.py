@@ -25,8 +25,8 @@ from agent.acceptance import Admission
 from agent.control_plane import ControlPlane
 from agent.dbclock import DatabaseClock
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
-from agent.joblog import JobLog
-from agent.messages import Outcome
+from agent.joblog import JobLog, LogEvent
+from agent.messages import HeartbeatReport, Outcome
 from agent.resources import JobResources
 from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
@@ -207,13 +207,26 @@ class AgentState(abc.ABC):
         self.dead_after_s = new_dead_after_s
         self._fence.fence_after_s = fence_s
 
-    def _told_in_use(self, sent_at: float) -> dict[str, int]:
-        """What a heartbeat sent at trio time ``sent_at`` says of its order and of the dead_after
-        the fence is derived from (``sent_monotonic_us``, ``dead_after_in_use_ms``)."""
-        return {
-            "sent_monotonic_us": max(1, int(monotonic_of(sent_at) * 1e6)),
-            "dead_after_in_use_ms": 0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
-        }
+    def _heartbeat_report(
+        self, incarnation: int, sent_at: float, finished: tuple[Outcome, ...], **more: int
+    ) -> HeartbeatReport:
+        """The heartbeat of ``incarnation`` sent at trio time ``sent_at``, carrying ``finished``
+        and ``more`` (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch seen, its
+        order (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        return HeartbeatReport(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            running_assignment_ids=self.running_assignment_ids,
+            finished=finished,
+            epoch_seen=self.max_epoch_seen,
+            sent_monotonic_us=max(1, int(monotonic_of(sent_at) * 1e6)),
+            dead_after_in_use_ms=0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
+            **more,
+        )
+
+    def _log_event(self, event: LogEvent, **more: Any) -> None:
+        """Write a job-log line about the whole worker (no job) in this incarnation."""
+        self.joblog.write(event, incarnation=self._admission.incarnation, epoch=self.max_epoch_seen, **more)
 
     def _clock_told(self, database_unix_s: float | None, sent_at: float) -> None:
         """A reply to a request sent at ``sent_at`` arrived now, telling the database's clock
