@@ -126,13 +126,7 @@ class HedgeDelay:
     """How long a call waits for one replica before the next one is asked too, in seconds:
     ``factor`` times the smoothed round trip of the calls that were answered, never below
     ``floor_s`` and never above a third of the call's deadline (room for two more replicas).
-
-    A fixed delay turns an overloaded cluster's slow answers into more load: with every answer
-    later than the delay, each request goes to two or three replicas, which slows the answers
-    further (the retry storm of "Metastable Failures in Distributed Systems", Bronson et al.,
-    HotOS 2021). Measured against the answers themselves, the delay grows with a cluster that is
-    slow everywhere and stays at ``floor_s`` while one replica alone fails (the others answer
-    fast, and the failover client asks one of them first from then on).
+    Why not a fixed delay: docs/design.md, "The agent's calls under load".
 
     Args:
         floor_s: the shortest delay (the agent's ``heartbeat_timeout_s``).

@@ -114,15 +114,8 @@ def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
     """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` (the
     self-fence span less the call margin), doubled for each of the ``failures`` calls in a row
     that no control plane answered, at most ``cap_s`` (``register_timeout_s``), never less than
-    ``span_s``.
-
-    A paused worker loses nothing by waiting (its jobs are paused already, and an answer too late
-    to resume on still has its heartbeat recorded, which keeps the leader from declaring the
-    worker dead), whereas a copy sent after giving up queues behind the first in the replicas
-    that are slow already. With the span alone, a worker that registered with a short one while
-    the cluster was small and the control planes then got slower than it (a registration
-    storm) gave up on every heartbeat before any was recorded, and was declared dead while it
-    ran (docs/scale.md). The doubling is TCP's retransmission backoff (RFC 6298, 5.5).
+    ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5). Why a paused worker waits so:
+    docs/design.md, "The agent's calls under load".
     """
     return max(span_s, min(cap_s, span_s * 2.0 ** min(failures, 32)))
 

@@ -13,16 +13,16 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import attrs
 import trio
 
 from agent.control_plane import GrpcControlPlane
 from agent.core import Agent
-from agent.main import run_agent, serve_until_signal
+from agent.main import ProcessOptions, run_agent, serve_until_signal, start_process
 from agent.starts import Spawner, StartLimiter
-from runtime import identifiers, log, metrics, oom, priority
+from runtime import identifiers, log
 from runtime.client import ControlPlaneClient, home_index
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
@@ -42,10 +42,7 @@ __all__ = [
 
 REGISTRATION_STEP_S = 0.08
 """A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
-10 s. Started within one heartbeat interval, four fleets of 125 asked the control planes for 500
-registrations (1,500 TLS handshakes) in a quarter of a second; the answers came seconds late,
-the first workers' heartbeats with them, and workers were declared dead before the cluster had
-chosen a heartbeat interval for its size."""
+10 s (docs/design.md, "The agent's calls under load")."""
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
 _OPTIONAL = ("advertise_address", "control_planes")
@@ -366,11 +363,9 @@ async def run_fleet(
 
     Starts the agents one after the other, in the order of ``workers`` (each binds its port
     before the next starts), their starts spread evenly over ``spread_s``, then signals
-    ``task_status.started(agents)``. The spread matters: agents started in the same instant
-    register and heartbeat in lockstep, so every heartbeat interval the control planes would
-    get K calls at once instead of K spread over the interval (lone agents are spread by
-    their processes' start-up times). On cancellation every agent stops its jobs (shielded)
-    and logs each stop with reason ``shutdown``, as a lone agent does.
+    ``task_status.started(agents)`` (why spread: docs/design.md, "The agent's calls under
+    load"). On cancellation every agent stops its jobs (shielded) and logs each stop with
+    reason ``shutdown``, as a lone agent does.
 
     The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
     their settings; :func:`fleet_settings` gives them all the same), its turns for leave
@@ -438,11 +433,7 @@ def main(
     fleet_id: str,
     control_planes: Sequence[str] = (),
     fleet_tls: TlsFiles | None = None,
-    json_logs: bool = False,
-    log_level: str = "INFO",
-    metrics_port: int | None = None,
-    nice: int = priority.DEFAULT_NICE,
-    oom_score_adj: int = oom.DEFAULT_AGENT_OOM_SCORE_ADJ,
+    **options: Unpack[ProcessOptions],
 ) -> None:
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -458,24 +449,15 @@ def main(
             share one client (:func:`shared_client`); empty: each worker has its own.
         fleet_tls: the fleet certificate's files (mutual TLS); None with workers that use
             TLS: no shared client, each worker calls with its own certificate.
-        json_logs: JSON-lines logs on stderr instead of console lines.
-        log_level: the lowest level logged.
-        metrics_port: serve the process's Prometheus metrics on the workers' listen host's
-            ``metrics_port`` (one endpoint for every worker); None: don't.
-        nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
-        oom_score_adj: the OOM score this process (and every reaper it forks) asks for, before
-            anything is forked (:mod:`runtime.oom`); the jobs get their worker's
-            ``job_oom_score_adj``.
+        options: how the process runs (:class:`agent.main.ProcessOptions`); its metrics are
+            served on the workers' listen host.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
             exception group); every other worker's jobs were stopped first.
     """
-    log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
-    priority.ask_for_priority(nice, log=log.get("fleet"))
-    oom.protect_process(oom_score_adj, log=log.get("fleet"))
-    if metrics_port:
-        metrics.serve(metrics_port, workers[0].listen_host if workers else "127.0.0.1")
+    host = workers[0].listen_host if workers else "127.0.0.1"
+    start_process(options, logger="fleet", metrics_host=host, fleet_id=fleet_id)
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
     secure = any(w.tls is not None for w in workers)
     client = None

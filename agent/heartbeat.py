@@ -120,9 +120,7 @@ class Heartbeating(Registering):
             await self._register(StopReason.SELF_FENCE)
             return
         if answer.reregister:
-            await self._replaced_if_so(answer)
-            self._logger.warning("control plane asked to register again", incarnation=report.incarnation)
-            await self._register(StopReason.REREGISTER)
+            await self._register_again(answer, "control plane asked to register again", report.incarnation)
             return
         for aid in answer.stop_assignment_ids:
             self._admission.ended_by_control_plane(aid)
@@ -144,11 +142,9 @@ class Heartbeating(Registering):
         self._admission.observe_epoch(answer.epoch)
         del self._unacked[: len(report.finished)]
         if answer.reregister:
-            await self._replaced_if_so(answer)
-            self._logger.warning(
-                "control plane asked to register again while paused", incarnation=report.incarnation
+            await self._register_again(
+                answer, "control plane asked to register again while paused", report.incarnation
             )
-            await self._register(StopReason.REREGISTER)
             return
         # As on the live path: the span told with this answer counts from its send time (the
         # cluster judges the worker by it from this heartbeat's record on), so the freshness
@@ -156,18 +152,14 @@ class Heartbeating(Registering):
         # never resume while answers take longer than that (the first minutes of a large
         # cluster), and would be killed at the grace with nothing to kill.
         self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
-        ended = list(answer.stop_assignment_ids)
-        for aid in ended:
+        for aid in answer.stop_assignment_ids:
             self._admission.ended_by_control_plane(aid)
-        if ended:
-            self._logger.info(
-                "control plane ended paused assignments",
-                epoch=answer.epoch,
-                incarnation=report.incarnation,
-                job_ids=self._job_ids(ended),
-                assignment_ids=ended,
-            )
-            await self._jobs.stop(ended, StopReason.STOPPED_BY_CONTROL_PLANE)
+        await self._stop_ended(
+            "control plane ended paused assignments",
+            answer.stop_assignment_ids,
+            answer.epoch,
+            report.incarnation,
+        )
         self._fence_if_due()
         if not self._fence.paused:
             return  # killed meanwhile (the kill deadline passed)
@@ -178,6 +170,13 @@ class Heartbeating(Registering):
             )
             return
         self._resume(sent_at)
+
+    async def _register_again(self, answer: HeartbeatAnswer, why: str, incarnation: int) -> None:
+        """Register again as the reply ``answer`` asks, logging ``why`` (every job is stopped
+        first), unless another agent took this worker's id (:meth:`_replaced_if_so`)."""
+        await self._replaced_if_so(answer)
+        self._logger.warning(why, incarnation=incarnation)
+        await self._register(StopReason.REREGISTER)
 
     def _hold_granted(self, sent_at: float, hold_s: float) -> None:
         """A heartbeat sent at ``sent_at`` recorded a restart hold of ``hold_s``: move the

@@ -42,33 +42,11 @@ class Leaving(Heartbeating):
     """The agent layer that stops cleanly: heartbeating while its jobs stop, then the leave."""
 
     async def _leave(self, stopping_since: float) -> None:
-        """Say that this worker stopped cleanly, once every job has ended; never raises a
-        StockadeError.
-
-        A control plane that records it makes the worker's row ``left``: it is never declared
-        dead, and the leader ends its assignments as stopped and requeues their jobs at once.
-        The request names this incarnation and this agent run (a late or foreign leave changes
-        nothing there) and carries the outcomes no reply has acknowledged.
-
-        A stop of many workers at once (a fleet, ``stockade down``, an ``up`` that shrinks the
-        cluster) sends many leaves at once to control planes that are busy too. So each attempt
-        takes one of the process's leave turns (``max_concurrent_leaves``, shared by a fleet's
-        workers, held for the attempt only, not while waiting to try again); an attempt is one
-        hedged call of at most ``heartbeat_timeout_s * (control planes + 1)``; one that no
-        replica answered (unreachable, busy, no database, too slow) is tried again after a
-        capped, jittered backoff, until ``leave_timeout_s`` after the first attempt began. A
-        copy of a leave that was applied is answered ``left`` again, so a retry is safe.
-        Meanwhile, as while its jobs were being stopped, the worker keeps heartbeating
-        (:meth:`_heartbeat_while_stopping`), so a leave that takes its time is not overtaken by a
-        dead-worker declaration. A
-        leave that does not get through in that time (or is answered with a refusal) leaves
-        the existing path in charge: the worker is declared dead ``dead_after`` after its last
-        heartbeat, which is safe, since it runs nothing. Either way a ``leave`` line records
-        the clean stop, at ``stopping_since`` (trio time: when heartbeats stopped), for the
-        checker.
-
-        Never called while a job runs: the agent must not be both left and running jobs.
-        """
+        """Say that this worker stopped cleanly, once every job has ended, retrying what no
+        control plane answered within ``leave_timeout_s`` while heartbeating; write the
+        ``leave`` line at ``stopping_since`` (trio time: when heartbeats stopped). Never raises a
+        StockadeError; never called while a job runs. Why so: docs/design.md, "The agent's
+        calls under load"."""
         incarnation = self._admission.incarnation
         if incarnation is None:
             return  # never registered: no row of this life to leave
@@ -125,14 +103,10 @@ class Leaving(Heartbeating):
 
     async def _heartbeat_while_stopping(self, incarnation: int) -> None:
         """Heartbeat every ``heartbeat_interval_s`` until cancelled, reporting what still runs
-        (jobs being stopped) and no outcome (the leave carries them).
-
-        The heartbeat loop ends when a clean stop begins; without this, a worker whose jobs take
-        a while to stop, or whose leave waits for its turn or is tried again, would be declared
-        dead ``dead_after`` after its last heartbeat, before its leave arrives, as a killed one
-        is. Such a heartbeat keeps the row's last heartbeat fresh and confirms what still runs;
-        its answer is not obeyed (a request to register again, to stop assignments: everything
-        here is being stopped), but for the epoch and the database's clock it names."""
+        (jobs being stopped) and no outcome (the leave carries them); the answers are not
+        obeyed (everything here is being stopped), but for the epoch and the database's clock
+        they name. Without it a worker whose jobs take a while to stop, or whose leave waits,
+        would be declared dead before its leave arrives."""
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         while True:
             await beats.tick()

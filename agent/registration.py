@@ -78,26 +78,21 @@ class Registering(SelfFencing):
         **keys: Any,
     ) -> tuple[Registered, float, int] | None:
         """Send the registration ``request(finished, failures)`` builds (None: give up, and
-        return None) until a control plane answers it; return the reply, its send time and the
-        attempts made.
+        return None) until a control plane answers it, each attempt waiting ``deadline_s()``;
+        return the reply, its send time and the attempts made.
 
-        Every attempt carries the outcomes no reply has acknowledged yet (``finished``); those
-        it carried are dropped once it succeeded (outcomes that appear meanwhile stay). After
-        the ``failures``-th failed attempt (1, 2, ...) it waits for a pause uniform below
-        ``register_retry_s * 2**(failures - 1)``, capped at ``register_retry_max_s`` (full
-        jitter, :mod:`runtime.backoff`): a registration no replica answered was often queued,
-        not lost, and a copy sent again at once, by every worker refused together, only
-        lengthens the queue it waits in. Each attempt waits ``deadline_s()`` for its answer.
-        The first failure of a streak is logged as ``failed`` with ``keys`` (an error when
-        ``escalate`` and not a :class:`TemporaryError`), then every ``LOG_EVERY_FAILURES``-th.
+        Every attempt carries the outcomes no reply has acknowledged yet (``finished``), dropped
+        once it succeeded. After the ``failures``-th failed attempt it pauses, capped and with
+        full jitter (``register_retry_s``, ``register_retry_max_s``; docs/design.md, "The
+        agent's calls under load"). The first failure of a streak is logged as ``failed`` with
+        ``keys`` (an error when ``escalate`` and not a :class:`TemporaryError`), then every
+        ``LOG_EVERY_FAILURES``-th.
 
         Raises:
             PermissionDenied: a control plane refused the registration (every replica
                 applies the same rule: retrying cannot help).
         """
-        # One number for every attempt of this registration: a late copy of an attempt that
-        # timed out here, or of a hedged one, gets the incarnation the first applied created.
-        self._registrations += 1
+        self._registrations += 1  # one number for every attempt of this registration
         failures = 0
         while True:
             finished = tuple(self._unacked)
@@ -280,15 +275,9 @@ class Registering(SelfFencing):
         self._admission.continued(
             incarnation, reply.epoch, released=reply.released_assignment_ids + reply.stop_assignment_ids
         )
-        if reply.stop_assignment_ids:
-            self._logger.info(
-                "control plane ended kept assignments",
-                epoch=reply.epoch,
-                incarnation=incarnation,
-                job_ids=self._job_ids(reply.stop_assignment_ids),
-                assignment_ids=list(reply.stop_assignment_ids),
-            )
-            await self._jobs.stop(list(reply.stop_assignment_ids), StopReason.STOPPED_BY_CONTROL_PLANE)
+        await self._stop_ended(
+            "control plane ended kept assignments", reply.stop_assignment_ids, reply.epoch, incarnation
+        )
         if trio.current_time() >= sent_at + self._fence.fence_after_s:
             self._logger.warning("incarnation continued too late to resume on", incarnation=incarnation)
             return False

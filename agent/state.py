@@ -26,7 +26,7 @@ from agent.control_plane import ControlPlane
 from agent.dbclock import DatabaseClock
 from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
 from agent.joblog import JobLog, LogEvent
-from agent.messages import HeartbeatReport, Outcome
+from agent.messages import HeartbeatReport, Outcome, StopReason
 from agent.resources import JobResources
 from agent.running import RunningJobs
 from agent.runtimes import JobRunner, job_runner
@@ -223,6 +223,19 @@ class AgentState(abc.ABC):
             dead_after_in_use_ms=0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
             **more,
         )
+
+    async def _stop_ended(self, message: str, ids: tuple[int, ...], epoch: int, incarnation: int) -> None:
+        """Stop the jobs of ``ids``, the assignments a reply of ``epoch`` to ``incarnation`` said
+        the control plane ended, logging ``message``, and wait until they are gone."""
+        if ids:
+            self._logger.info(
+                message,
+                epoch=epoch,
+                incarnation=incarnation,
+                job_ids=self._job_ids(ids),
+                assignment_ids=list(ids),
+            )
+            await self._jobs.stop(list(ids), StopReason.STOPPED_BY_CONTROL_PLANE)
 
     def _log_event(self, event: LogEvent, **more: Any) -> None:
         """Write a job-log line about the whole worker (no job) in this incarnation."""
