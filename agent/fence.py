@@ -191,12 +191,19 @@ class FenceClock:
             return None
         return self.last_acked_send_time + self.outage_grace_s()
 
-    def due(self) -> bool:
-        """True when live and the fence deadline has passed."""
+    def _missed_deadline(self) -> float | None:
+        """The fence deadline while live with it passed (the agent has not noticed yet, or is
+        about to); otherwise None."""
         deadline = self.deadline()
         # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
         # clock, and a strict test there would spin without time moving on.
-        return self.live.is_set() and deadline is not None and trio.current_time() >= deadline
+        if self.live.is_set() and deadline is not None and trio.current_time() >= deadline:
+            return deadline
+        return None
+
+    def due(self) -> bool:
+        """True when live and the fence deadline has passed."""
+        return self._missed_deadline() is not None
 
     def kill_due(self) -> bool:
         """True when paused, or live with the fence deadline passed, and the kill deadline has
@@ -210,10 +217,7 @@ class FenceClock:
         frozen), that deadline; otherwise None."""
         if self.paused or self.self_fenced:
             return self.fenced_at
-        deadline = self.deadline()
-        if self.live.is_set() and deadline is not None and trio.current_time() >= deadline:
-            return deadline
-        return None
+        return self._missed_deadline()
 
     def paused_s_between(self, start: float, end: float) -> float:
         """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, one
@@ -224,9 +228,9 @@ class FenceClock:
         spans: list[tuple[float, float]] = [
             (float(a), now if b is None else float(b)) for a, b in self.pauses if a is not None
         ]
-        deadline = self.deadline()
-        if self.live.is_set() and deadline is not None and deadline <= now:
-            spans.append((deadline, now))
+        missed = self._missed_deadline()
+        if missed is not None:
+            spans.append((missed, now))
         for a, b in spans:
             total += max(0.0, min(b, end) - max(a, start))
         return total
