@@ -2,7 +2,7 @@
 
 Once every job has ended the agent tells a control plane that its incarnation left, retrying
 with backoff within ``leave_timeout_s`` and heartbeating meanwhile (docs/design.md, "The
-agent's loops").
+agent's calls under load").
 """
 
 from __future__ import annotations
