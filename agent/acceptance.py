@@ -1,33 +1,8 @@
 """The worker's acceptance rules (DESIGN.md invariant 5), as pure bookkeeping without trio.
 
-:class:`Admission` holds what the rules need (who this worker is, its incarnation, the newest
-epoch seen, what runs and what ended in this incarnation, which ids were cancelled) and
-answers an Assign or Cancel request with a decision. It does no I/O and never waits, so the
-agent can apply a decision with no checkpoint in between, and tests can drive it directly.
-
-Assign, in this order, per request and then per assignment:
-
-1. ``worker_id`` is not mine: refuse all ``wrong_worker``.
-2. not accepting: exiting for a planned restart (SIGHUP): refuse all ``restarting``; else
-   (self-fenced, not registered yet, registering, shutting down): refuse all ``fenced``.
-3. ``incarnation`` is not my current one: refuse all ``wrong_incarnation``.
-4. ``epoch`` < newest epoch seen: refuse all ``stale_epoch``; more than ``EPOCH_LEAD_LIMIT`` above
-   the newest the database confirmed: refuse all ``implausible_epoch``; otherwise raise the newest seen.
-5. per assignment: cancelled id -> ``cancelled``; running or ended in this incarnation ->
-   accepted again, not started again (a duplicate); no runtime, zero ``cpu_millis`` or
-   ``memory_mb``, or a command with an empty argv -> ``bad_spec``; does not fit the free
-   capacity -> ``no_room``; else accepted and started (its resources reserved at once).
-
-Cancel applies rules 1, 3 and 4 (a fenced worker still acknowledges cancels: it runs
-nothing), then answers per id from what happened, never from the order alone: an id whose job
-ended on its own in this incarnation (succeeded or failed) is *finished*, not acknowledged (the
-cancel came too late; the outcome decides the job); every other id is acknowledged and
-remembered as cancelled, so a later Assign of it is refused; running ones must be stopped
-first, and one that ends on its own while being stopped is finished after all (the agent
-moves it, :meth:`Admission.settle_cancel`).
-
-Dedup memory (ended and cancelled ids) is kept per incarnation: a new incarnation refuses
-everything addressed to the old one anyway (rule 3).
+:class:`Admission` answers an Assign or Cancel request with a decision, doing no I/O and never
+waiting, so the agent applies it with no checkpoint in between. The rules, in their order:
+docs/design.md, "A worker's acceptance rules".
 """
 
 from __future__ import annotations

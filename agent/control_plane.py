@@ -15,9 +15,10 @@ times over). A fleet's workers share one client (:mod:`agent.fleet`), each with 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
+import betterproto2
 import trio
 
 from agent.messages import (
@@ -33,6 +34,8 @@ from agent.messages import (
 )
 from protocol import pb
 from runtime.client import ControlPlaneClient
+
+M = TypeVar("M", bound=betterproto2.Message)
 
 
 class ControlPlane(Protocol):
@@ -91,18 +94,39 @@ def outcomes_to_pb(outcomes: tuple[Outcome, ...]) -> list[pb.JobOutcome]:
     return [outcome_to_pb(o, now=now) for o in outcomes]
 
 
+def told(reply: pb.RegisterWorkerReply | pb.HeartbeatReply) -> dict[str, Any]:
+    """What a registration or heartbeat reply tells besides its answer: the database's clock
+    (``database_unix_s``), the heartbeat interval (:func:`told_interval_s`) and the dead_after
+    (``dead_after_s``), each None when the reply tells none (0)."""
+    return {
+        "database_unix_s": reply.database_unix_s or None,
+        "heartbeat_interval_s": told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
+        "dead_after_s": reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
+    }
+
+
+def to_pb(request: Registration | HeartbeatReport | Leave, message: type[M]) -> M:
+    """``request`` as the protobuf ``message`` whose fields have the same names: its outcomes
+    as ``JobOutcome`` messages sent now, tuples as lists, mappings copied."""
+    fields: dict[str, Any] = {}
+    for field in attrs.fields(type(request)):
+        value = getattr(request, field.name)
+        if field.name == "finished":
+            value = outcomes_to_pb(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        fields[field.name] = value
+    return message(**fields)
+
+
 @attrs.define
 class HedgeDelay:
     """How long a call waits for one replica before the next one is asked too, in seconds:
     ``factor`` times the smoothed round trip of the calls that were answered, never below
     ``floor_s`` and never above a third of the call's deadline (room for two more replicas).
-
-    A fixed delay turns an overloaded cluster's slow answers into more load: with every answer
-    later than the delay, each request goes to two or three replicas, which slows the answers
-    further (the retry storm of "Metastable Failures in Distributed Systems", Bronson et al.,
-    HotOS 2021). Measured against the answers themselves, the delay grows with a cluster that is
-    slow everywhere and stays at ``floor_s`` while one replica alone fails (the others answer
-    fast, and the failover client asks one of them first from then on).
+    Why not a fixed delay: docs/design.md, "The agent's calls under load".
 
     Args:
         floor_s: the shortest delay (the agent's ``heartbeat_timeout_s``).
@@ -170,50 +194,19 @@ class GrpcControlPlane:
 
     async def register(self, request: Registration, *, deadline_s: float) -> Registered:
         """Call RegisterWorker, carrying the outcomes not yet acknowledged; raises as :meth:`_call`."""
-        reply = await self._call(
-            "register_worker",
-            pb.RegisterWorkerRequest(
-                worker_id=request.worker_id,
-                address=request.address,
-                cpu_millis=request.cpu_millis,
-                memory_mb=request.memory_mb,
-                labels=dict(request.labels),
-                agent_run_id=request.agent_run_id,
-                registration_seq=request.registration_seq,
-                finished=outcomes_to_pb(request.finished),
-                resume_incarnation=request.resume_incarnation,
-                held_assignment_ids=list(request.held_assignment_ids),
-            ),
-            deadline_s,
-        )
+        reply = await self._call("register_worker", to_pb(request, pb.RegisterWorkerRequest), deadline_s)
         return Registered(
             incarnation=reply.incarnation,
             epoch=reply.epoch,
-            dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
             resumed=reply.resumed,
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
             released_assignment_ids=tuple(reply.released_assignment_ids),
-            database_unix_s=reply.database_unix_s or None,
-            heartbeat_interval_s=told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
+            **told(reply),
         )
 
     async def heartbeat(self, request: HeartbeatReport, *, deadline_s: float) -> HeartbeatAnswer:
         """Call Heartbeat; raises as :meth:`_call`."""
-        reply = await self._call(
-            "heartbeat",
-            pb.HeartbeatRequest(
-                worker_id=request.worker_id,
-                incarnation=request.incarnation,
-                running_assignment_ids=list(request.running_assignment_ids),
-                finished=outcomes_to_pb(request.finished),
-                epoch_seen=request.epoch_seen,
-                restart_hold_ms=request.restart_hold_ms,
-                sent_monotonic_us=request.sent_monotonic_us,
-                dead_after_in_use_ms=request.dead_after_in_use_ms,
-                waited_ms=request.waited_ms,
-            ),
-            deadline_s,
-        )
+        reply = await self._call("heartbeat", to_pb(request, pb.HeartbeatRequest), deadline_s)
         return HeartbeatAnswer(
             epoch=reply.epoch,
             stop_assignment_ids=tuple(reply.stop_assignment_ids),
@@ -226,21 +219,10 @@ class GrpcControlPlane:
                 address=reply.newer_address,
                 incarnation=reply.newer_incarnation,
             ),
-            database_unix_s=reply.database_unix_s or None,
-            heartbeat_interval_s=told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
-            dead_after_s=reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
+            **told(reply),
         )
 
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
         """Call LeaveWorker, carrying the outcomes not yet acknowledged; raises as :meth:`_call`."""
-        reply = await self._call(
-            "leave_worker",
-            pb.LeaveWorkerRequest(
-                worker_id=request.worker_id,
-                incarnation=request.incarnation,
-                agent_run_id=request.agent_run_id,
-                finished=outcomes_to_pb(request.finished),
-            ),
-            deadline_s,
-        )
+        reply = await self._call("leave_worker", to_pb(request, pb.LeaveWorkerRequest), deadline_s)
         return LeaveAnswer(left=reply.left, epoch=reply.epoch, detail=reply.detail)

@@ -1,26 +1,10 @@
 """The database's clock as one agent knows it: the times its ``agent.jsonl`` lines carry.
 
-A worker's wall clock is never a time of record: it may be minutes off (a machine without NTP)
-or stepped while a job runs. The agent dates what it logs by the database's clock instead.
-Every registration and heartbeat reply carries the database's ``now()`` as the control plane
-recorded the request (``database_unix_s``), read at some instant between the request's send
-and the reply's arrival. With trio's clock (``CLOCK_MONOTONIC``, which no step of the wall
-clock moves) one such reading brackets the database's clock at any other instant: no earlier
-than the reading plus the time since the reply arrived, no later than the reading plus the time
-since the request was sent, each widened by :data:`MAX_DRIFT` of the time between (the two
-clocks' rates differ a little). The agent keeps the reading that brackets the present most
-tightly, the one with the fastest round trip unless it has aged (Cristian's algorithm: F.
-Cristian, "Probabilistic clock synchronization", Distributed Computing 3(3), 1989).
-
-A ``start`` line is dated by the latest the database's clock can read then, so it is never
-before the assignment it runs was created (the assignment was committed before it was sent);
-every other line by the earliest, so a ``stop`` is never after the database recorded the
-report of that end, and never before its job's ``start`` line (:class:`agent.joblog.JobLog`).
-
-A control plane that tells no time (an older one: 0) leaves the agent on its own wall clock,
-and the lines written then say so (``"clock": "worker"``). Until the first reply of either kind
-the lines wait in the job log: a restarted agent writes the ``stop`` lines of its previous
-process's jobs once it has registered.
+Every registration and heartbeat reply carries the database's ``now()``; with trio's clock one
+such :class:`Reading` brackets the database's clock at any other instant, and
+:class:`DatabaseClock` keeps the one that brackets the present most tightly (Cristian's
+algorithm: F. Cristian, "Probabilistic clock synchronization", Distributed Computing 3(3),
+1989). Why, and how the job log uses it: docs/design.md, "Times: one clock".
 """
 
 from __future__ import annotations

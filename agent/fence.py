@@ -1,10 +1,10 @@
 """The agent's fence deadline: when it is, how it moves, and how the reapers learn it.
 
-The rules are in :mod:`agent.core` (invariant 7 in DESIGN.md): the deadline is the send time
-of the newest acknowledged heartbeat (or registration) plus the self-fence span in force,
-and it is published to ``<work_dir>/fence_deadline`` for the reapers (:mod:`agent.reaper`)
-before the agent's own copy moves. :class:`FenceClock` holds that state for one agent; what
-fencing does to the jobs stays with the agent.
+The rules are in docs/design.md, "The agent's loops" (invariant 7 in DESIGN.md): the deadline
+is the send time of the newest acknowledged heartbeat (or registration) plus the self-fence
+span in force, and it is published to ``<work_dir>/fence_deadline`` for the reapers
+(:mod:`agent.reaper`) before the agent's own copy moves. :class:`FenceClock` holds that state
+for one agent; what fencing does to the jobs is :mod:`agent.self_fence`'s.
 
 All timing uses trio's clock; the conversions at the edge (:func:`monotonic_of` for the
 deadline file and the job records, :func:`trio_time_of` for what other processes wrote) are
@@ -114,15 +114,8 @@ def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
     """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` (the
     self-fence span less the call margin), doubled for each of the ``failures`` calls in a row
     that no control plane answered, at most ``cap_s`` (``register_timeout_s``), never less than
-    ``span_s``.
-
-    A paused worker loses nothing by waiting (its jobs are paused already, and an answer too late
-    to resume on still has its heartbeat recorded, which keeps the leader from declaring the
-    worker dead), whereas a copy sent after giving up queues behind the first in the replicas
-    that are slow already. With the span alone, a worker that registered with a short one while
-    the cluster was small and the control planes then got slower than it (a registration
-    storm) gave up on every heartbeat before any was recorded, and was declared dead while it
-    ran (docs/scale.md). The doubling is TCP's retransmission backoff (RFC 6298, 5.5).
+    ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5). Why a paused worker waits so:
+    docs/design.md, "The agent's calls under load".
     """
     return max(span_s, min(cap_s, span_s * 2.0 ** min(failures, 32)))
 
@@ -198,12 +191,19 @@ class FenceClock:
             return None
         return self.last_acked_send_time + self.outage_grace_s()
 
-    def due(self) -> bool:
-        """True when live and the fence deadline has passed."""
+    def _missed_deadline(self) -> float | None:
+        """The fence deadline while live with it passed (the agent has not noticed yet, or is
+        about to); otherwise None."""
         deadline = self.deadline()
         # >= rather than >: sleep_until(deadline) wakes exactly at the deadline on a mock
         # clock, and a strict test there would spin without time moving on.
-        return self.live.is_set() and deadline is not None and trio.current_time() >= deadline
+        if self.live.is_set() and deadline is not None and trio.current_time() >= deadline:
+            return deadline
+        return None
+
+    def due(self) -> bool:
+        """True when live and the fence deadline has passed."""
+        return self._missed_deadline() is not None
 
     def kill_due(self) -> bool:
         """True when paused, or live with the fence deadline passed, and the kill deadline has
@@ -217,10 +217,7 @@ class FenceClock:
         frozen), that deadline; otherwise None."""
         if self.paused or self.self_fenced:
             return self.fenced_at
-        deadline = self.deadline()
-        if self.live.is_set() and deadline is not None and trio.current_time() >= deadline:
-            return deadline
-        return None
+        return self._missed_deadline()
 
     def paused_s_between(self, start: float, end: float) -> float:
         """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, one
@@ -231,17 +228,21 @@ class FenceClock:
         spans: list[tuple[float, float]] = [
             (float(a), now if b is None else float(b)) for a, b in self.pauses if a is not None
         ]
-        deadline = self.deadline()
-        if self.live.is_set() and deadline is not None and deadline <= now:
-            spans.append((deadline, now))
+        missed = self._missed_deadline()
+        if missed is not None:
+            spans.append((missed, now))
         for a, b in spans:
             total += max(0.0, min(b, end) - max(a, start))
         return total
 
-    def pause_began(self, at: float) -> None:
-        """Record a pause from trio time ``at``."""
-        self.pauses.append([at, None])
+    def pause_from(self, now: float) -> float:
+        """Record a pause noticed at trio time ``now``, counted from the fence deadline (or
+        from ``now``, when that came first), and return that time (:attr:`fenced_at`)."""
+        deadline = self.deadline()
+        self.fenced_at = now if deadline is None else min(now, deadline)
+        self.pauses.append([self.fenced_at, None])
         del self.pauses[:-MAX_PAUSES]
+        return self.fenced_at
 
     def pause_ended(self, at: float) -> None:
         """Record the end of the current pause at trio time ``at``."""
@@ -313,6 +314,19 @@ class FenceClock:
                 path=str(self.path),
                 error=repr(exc),
             )
+
+    def registered(self, sent_at: float, *, new_incarnation: bool) -> None:
+        """A registration sent at ``sent_at`` was answered: publish its deadline (before any job
+        of this life can start; the reapers resume paused jobs on it), count from it, and end
+        any pause or self-fence. A ``new_incarnation`` also forgets the pauses: every job of the
+        previous life has ended. Not live yet: the caller sets :attr:`live` once it is."""
+        self.publish(sent_at + self.fence_after_s)
+        self.last_acked_send_time = sent_at
+        self.self_fenced = False
+        self.paused = False
+        self.fenced_at = None
+        if new_incarnation:
+            self.pauses.clear()
 
     def acknowledged(self, sent_at: float, *, resuming: bool = False) -> None:
         """A heartbeat sent at ``sent_at`` was answered: move the deadline (published first,

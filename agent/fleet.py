@@ -1,54 +1,10 @@
 """Fleet mode: many workers' agents in one process (``stockade fleet``).
 
-A fleet is one process with one ``trio.run``, one asyncio bridge and one
-:func:`agent.main.run_agent` task per worker. Each worker keeps everything a lone agent has:
-its own worker id, Worker gRPC endpoint (its own port), registration and incarnation,
-heartbeats, self-fence, work folder and ``agent.jsonl``. Only the process is shared, so a
-SIGKILL of the fleet is the death of all its workers at once; and with it what belongs to the
-process: the start slots and the spawner thread of command jobs (:mod:`agent.starts`), the
-event-loop lag monitor and the metrics endpoint (``--metrics-port``), and, in cgroup v2, the
-agent's leaf cgroup (each worker's jobs still get cgroups under a folder of its own,
-:mod:`agent.cgroups`).
-
-The workers come from a spec file, a JSON list with one object per worker::
-
-    [{"id": "w-1", "port": 7201, "cpu_millis": 8000, "memory_mb": 16384,
-      "work_dir": "/var/lib/stockade/w-1", "advertise_address": ""}, ...]
-
-``id`` (an id: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit), ``port`` (0: a
-free one), ``cpu_millis``, ``memory_mb`` and ``work_dir`` (relative paths are taken from the
-spec file's folder) are required; ``advertise_address`` (host:port
-the leader should call; default the listen address) and ``control_planes`` (a list of
-host:port that replaces the fleet's ``--control-planes`` for this worker) are optional.
-Unknown keys are refused, so a misspelt one does not pass silently.
-
-One connection per control plane: the workers send their control-plane calls (register,
-heartbeat, leave) over one shared :class:`runtime.client.ControlPlaneClient`, so the process
-holds one channel per control plane however many workers it hosts, not one per worker. Each
-worker's calls keep their own route through it (its home replica,
-:func:`runtime.client.home_index` of its id, and the replica that answered it last), their
-hedging and their deadlines; only the connections are shared. A worker whose spec lists the
-same control planes in another order (``stockade up`` rotates each worker's list) shares the
-client too, keeping the home its own list gives it. Over mutual TLS that client
-presents a *fleet certificate*: a client certificate with one URI SAN
-``spiffe://stockade/worker/<id>`` per worker the fleet hosts (``stockade certs issue --role
-worker --id fleet-1 --workers w-1,w-2,...``, :mod:`ops.certs`; ``stockade up --fleet-size K``
-issues one per fleet). A control plane lets such a caller speak for exactly the workers it
-names and refuses any other worker id (:func:`runtime.aio.require_worker`). Each worker still
-serves its Worker endpoint with its own certificate (``<id>.crt``), which the leader checks
-when it assigns. A fleet without a fleet certificate (``<certs-dir>/<fleet id>.crt`` absent)
-gives each worker a client of its own, with its own certificate, as a lone agent has; so does
-a worker whose spec names other control planes than the fleet's.
-
-Each worker keeps its own heartbeat loop (:class:`runtime.loops.Periodic`): trio already keeps
-every sleeping task's deadline in one ordered table and wakes the loop once per due time, so one
-scheduler task waking the workers would save nothing (the cost is the wake per due time, not
-the number of timers; docs/benchmarks.md, "A fleet's CPU per heartbeat") and would have to copy
-the loop's rules on intervals, overruns and restart holds next to the self-fence.
-
-One-for-all: when one worker's agent fails (its port is taken, its work folder cannot be
-written), the whole fleet stops every job of every worker and exits with an error naming the
-worker. An operator's process manager (or ``stockade up``) then starts the fleet again.
+One ``trio.run`` and one :func:`agent.main.run_agent` task per worker, the workers read from a
+spec file (:func:`load_fleet_spec`, :func:`fleet_settings`), their control-plane calls over one
+shared client (:func:`shared_client`), one-for-all on failure (:class:`WorkerFailed`): the spec
+format, the shared connections and the fleet certificate are in docs/design.md, "Fleets: many
+workers in one process".
 """
 
 from __future__ import annotations
@@ -57,16 +13,16 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import attrs
 import trio
 
 from agent.control_plane import GrpcControlPlane
 from agent.core import Agent
-from agent.main import run_agent, serve_until_signal
+from agent.main import ProcessOptions, run_agent, serve_until_signal, start_process
 from agent.starts import Spawner, StartLimiter
-from runtime import identifiers, log, metrics, oom, priority
+from runtime import identifiers, log
 from runtime.client import ControlPlaneClient, home_index
 from runtime.errors import InvalidArgument, PermanentError
 from runtime.settings import AgentSettings
@@ -86,10 +42,7 @@ __all__ = [
 
 REGISTRATION_STEP_S = 0.08
 """A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
-10 s. Started within one heartbeat interval, four fleets of 125 asked the control planes for 500
-registrations (1,500 TLS handshakes) in a quarter of a second; the answers came seconds late,
-the first workers' heartbeats with them, and workers were declared dead before the cluster had
-chosen a heartbeat interval for its size."""
+10 s (docs/design.md, "The agent's calls under load")."""
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
 _OPTIONAL = ("advertise_address", "control_planes")
@@ -341,7 +294,8 @@ def fleet_settings(
 def shared_client(
     workers: Sequence[AgentSettings], *, control_planes: Sequence[str], tls: TlsFiles | None
 ) -> ControlPlaneClient:
-    """The one control-plane client a fleet's workers share (see the module docstring).
+    """The one control-plane client a fleet's workers share (docs/design.md, "Fleets: many
+    workers in one process").
 
     Args:
         workers: the fleet's workers; the client's per-call deadline is the shortest
@@ -409,16 +363,14 @@ async def run_fleet(
 
     Starts the agents one after the other, in the order of ``workers`` (each binds its port
     before the next starts), their starts spread evenly over ``spread_s``, then signals
-    ``task_status.started(agents)``. The spread matters: agents started in the same instant
-    register and heartbeat in lockstep, so every heartbeat interval the control planes would
-    get K calls at once instead of K spread over the interval (lone agents are spread by
-    their processes' start-up times). On cancellation every agent stops its jobs (shielded)
-    and logs each stop with reason ``shutdown``, as a lone agent does.
+    ``task_status.started(agents)`` (why spread: docs/design.md, "The agent's calls under
+    load"). On cancellation every agent stops its jobs (shielded) and logs each stop with
+    reason ``shutdown``, as a lone agent does.
 
     The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
     their settings; :func:`fleet_settings` gives them all the same), its turns for leave
     attempts at a clean stop (the smallest ``max_concurrent_leaves``: every worker leaves,
-    a few at a time, retrying what no control plane answered; :meth:`agent.core.Agent._leave`)
+    a few at a time, retrying what no control plane answered; :meth:`agent.leave.Leaving._leave`)
     and its one spawner thread, which ends only after every agent has stopped its jobs (see
     :mod:`agent.starts`).
 
@@ -481,11 +433,7 @@ def main(
     fleet_id: str,
     control_planes: Sequence[str] = (),
     fleet_tls: TlsFiles | None = None,
-    json_logs: bool = False,
-    log_level: str = "INFO",
-    metrics_port: int | None = None,
-    nice: int = priority.DEFAULT_NICE,
-    oom_score_adj: int = oom.DEFAULT_AGENT_OOM_SCORE_ADJ,
+    **options: Unpack[ProcessOptions],
 ) -> None:
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
@@ -501,24 +449,15 @@ def main(
             share one client (:func:`shared_client`); empty: each worker has its own.
         fleet_tls: the fleet certificate's files (mutual TLS); None with workers that use
             TLS: no shared client, each worker calls with its own certificate.
-        json_logs: JSON-lines logs on stderr instead of console lines.
-        log_level: the lowest level logged.
-        metrics_port: serve the process's Prometheus metrics on the workers' listen host's
-            ``metrics_port`` (one endpoint for every worker); None: don't.
-        nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
-        oom_score_adj: the OOM score this process (and every reaper it forks) asks for, before
-            anything is forked (:mod:`runtime.oom`); the jobs get their worker's
-            ``job_oom_score_adj``.
+        options: how the process runs (:class:`agent.main.ProcessOptions`); its metrics are
+            served on the workers' listen host.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's
             exception group); every other worker's jobs were stopped first.
     """
-    log.configure(json=json_logs, level=log_level, fleet_id=fleet_id)
-    priority.ask_for_priority(nice, log=log.get("fleet"))
-    oom.protect_process(oom_score_adj, log=log.get("fleet"))
-    if metrics_port:
-        metrics.serve(metrics_port, workers[0].listen_host if workers else "127.0.0.1")
+    host = workers[0].listen_host if workers else "127.0.0.1"
+    start_process(options, logger="fleet", metrics_host=host, fleet_id=fleet_id)
     log.get("fleet").info("fleet starting", workers=[w.worker_id for w in workers])
     secure = any(w.tls is not None for w in workers)
     client = None

@@ -1,49 +1,8 @@
 """The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
 
-One line per event, keys exactly ``event`` (``start``, ``stop``, ``register``,
-``self_fence``, ``pause``, ``resume``, ``leave``), ``worker_id``, ``incarnation``, ``job_id``,
-``assignment_id``, ``epoch``, ``time``, plus ``reason`` and ``started`` on stop lines,
-``exit_code`` on stop lines whose exit code is known, and ``left`` on leave lines.
-``register``, ``self_fence``, ``pause``, ``resume`` and ``leave`` lines have null ``job_id`` and
-``assignment_id``.
-
-``time`` is Unix seconds of the database's clock as the agent knows it (:mod:`agent.dbclock`),
-never the worker's wall clock, so the lines of every worker and the database's records are on
-one clock: a ``start`` line's is the latest the database's clock can read as the job starts
-(not before its assignment was created), every other line's the earliest at its event (a
-``stop`` not after the database recorded that end), and a ``stop`` is never dated before its
-``start``. Until the agent's first registration is answered it cannot tell that time, and the
-lines it writes (a restarted agent's ``stop`` lines of its previous process's jobs) wait until
-then, in order. Lines written while a control plane that tells no database time (an older one)
-is all the agent heard carry the worker's wall clock and say so: ``"clock": "worker"``.
-
-A ``leave`` line says the agent stopped cleanly (SIGTERM, SIGINT): its ``time`` is when it
-stopped heartbeating, written once every job has ended and the control planes were told
-(``left`` true: one recorded the worker as left) or could not be (``left`` false: the worker
-will be declared dead, which the checker does not count as a false death).
-
-``started`` (a boolean) is false when the job never ran although its ``start`` line was
-written: its reaper refused to start it because the fence deadline had already passed
-(reason ``self_fence``), or the command could not be executed (reason ``failed``); such a
-start/stop pair is not a run. It is true for every job that did run.
-
-The checker reads these logs to prove that no job ran on two workers at overlapping times,
-so the agent writes a ``start`` line just before the job begins (for a command job: once it
-has a start slot, just before its reaper is forked, see :mod:`agent.starts`) and a ``stop``
-line after it has really ended. A job that was accepted but stopped (cancel, fence,
-shutdown, a stop from the control plane) while it waited for a start slot never started:
-it gets neither line. A ``stop`` line's ``time`` is when the job ended, which can be earlier than
-when the line is written: for a command job, the time its reaper saw it and everything it
-started gone, or the reaper's kill time when it killed the job at the fence deadline (the
-agent may have been frozen long past it); for a sleep job the agent was fenced past, the
-fence deadline (see :mod:`agent.core`). Each line is flushed as it is written (not
-fsynced): a killed agent loses none (they are in the kernel's cache), and a crashed machine
-takes every job down with it, so a lost tail only hides stops that did happen.
-
-A restart that keeps jobs (:mod:`agent.adoption`) writes into the same file: the agent started
-again writes the ``stop`` line of each job its predecessor started (same incarnation and epoch
-as its ``start`` line), whether it took the job over, stopped it, or found it ended, and a
-``register`` line with the incarnation it continued (the same number as before) or the new one.
+:class:`JobLog` writes it, one flushed line per event (:class:`LogEvent`), dated by the
+database's clock (:mod:`agent.dbclock`); :func:`read_log` reads it back for the checker. The
+keys of each line and when each is written: docs/design.md, "The job log: agent.jsonl".
 """
 
 from __future__ import annotations
@@ -133,15 +92,15 @@ class JobLog:
         left: bool = False,
         on_written: Callable[[float], None] | None = None,
     ) -> float | None:
-        """Append one line and flush it, dated by the database's clock (the module docstring);
-        while that clock is not known yet, keep it until :meth:`flush` can write it (and every
-        line after it, so they stay in order).
+        """Append one line and flush it, dated by the database's clock (docs/design.md, "The job
+        log: agent.jsonl"); while that clock is not known yet, keep it until :meth:`flush` can
+        write it (and every line after it, so they stay in order).
 
         Args:
             at: trio time of the event when it happened before now (a stop the agent learns of
                 late); None: now.
             not_before_s: the line's ``time`` is not earlier than this (a stop's start line).
-            started: on a stop line, whether the job really ran (see the module docstring).
+            started: on a stop line, whether the job really ran (docs/design.md, "The job log").
             left: on a leave line, whether a control plane recorded the worker as left.
             on_written: called with the line's ``time`` once it is written (at once, or from
                 :meth:`flush`).

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import trio
 
@@ -159,23 +159,20 @@ async def run_agent(
 
 
 async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: trio.TaskStatus[Agent]) -> None:
-    files = OutputFiles()
-    logs = LogReader(
-        worker_id=settings.worker_id,
-        jobs_dir=agent.jobs_dir,
-        settings=settings.output,
-        files=files,
-        job_done=agent.job_done,
-    )
+    # The job folders' output, read (ReadLogs) and kept in bounds, through one set of files.
+    place: dict[str, Any] = {
+        "worker_id": settings.worker_id,
+        "jobs_dir": agent.jobs_dir,
+        "settings": settings.output,
+        "files": OutputFiles(),
+    }
+    logs = LogReader(job_done=agent.job_done, **place)
     keeper = OutputKeeper(
-        jobs_dir=agent.jobs_dir,
-        settings=settings.output,
         active=agent.active_jobs,
         writing=agent.output_jobs,
         added=agent.jobs_added,
-        files=files,
         logger=log.get("agent").bind(worker_id=settings.worker_id),
-        worker_id=settings.worker_id,
+        **place,
     )
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
@@ -279,15 +276,35 @@ async def _run_until_signal(settings: AgentSettings) -> None:
     logger.info("agent stopped")
 
 
-def main(
-    settings: AgentSettings,
-    *,
-    json_logs: bool = False,
-    log_level: str = "INFO",
-    metrics_port: int | None = None,
-    nice: int = priority.DEFAULT_NICE,
-    oom_score_adj: int = oom.DEFAULT_AGENT_OOM_SCORE_ADJ,
-) -> None:
+class ProcessOptions(TypedDict, total=False):
+    """How an agent or a fleet process runs (:func:`main`, :func:`agent.fleet.main`)."""
+
+    json_logs: bool
+    """JSON-lines logs on stderr instead of console lines (default: console lines)."""
+    log_level: str
+    """The lowest level logged (``"DEBUG"``, ``"INFO"``, ...; default ``"INFO"``)."""
+    metrics_port: int | None
+    """Serve the process's Prometheus metrics on its listen host's ``metrics_port`` (one
+    endpoint for every worker of a fleet); None (default): don't."""
+    nice: int
+    """The CPU priority to ask for before any thread starts (:mod:`runtime.priority`)."""
+    oom_score_adj: int
+    """The OOM score this process (and every reaper it forks) asks for, before anything is
+    forked (:mod:`runtime.oom`); the jobs get their worker's ``job_oom_score_adj``."""
+
+
+def start_process(options: ProcessOptions, *, logger: str, metrics_host: str, **bind: str) -> None:
+    """Set this process up as ``options`` say before anything starts: its logs (``bind`` on
+    every line), CPU priority and OOM score (logged to the ``logger`` logger), and its metrics
+    server on ``metrics_host``."""
+    log.configure(json=options.get("json_logs", False), level=options.get("log_level", "INFO"), **bind)
+    priority.ask_for_priority(options.get("nice", priority.DEFAULT_NICE), log=log.get(logger))
+    oom.protect_process(options.get("oom_score_adj", oom.DEFAULT_AGENT_OOM_SCORE_ADJ), log=log.get(logger))
+    if metrics_port := options.get("metrics_port"):
+        metrics.serve(metrics_port, metrics_host)
+
+
+def main(settings: AgentSettings, **options: Unpack[ProcessOptions]) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job is stopped (and logged) before this returns, so the
@@ -297,22 +314,13 @@ def main(
 
     Args:
         settings: the worker's settings.
-        json_logs: JSON-lines logs on stderr instead of console lines.
-        log_level: the lowest level logged (``"DEBUG"``, ``"INFO"``, ...).
-        metrics_port: serve Prometheus metrics on the listen host's ``metrics_port``; None: don't.
-        nice: the CPU priority to ask for before any thread starts (:mod:`runtime.priority`).
-        oom_score_adj: the OOM score this process (and every reaper it forks) asks for, before
-            anything is forked (:mod:`runtime.oom`); its jobs get ``job_oom_score_adj``.
+        options: how the process runs (:class:`ProcessOptions`).
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
             (inside an ExceptionGroup, as trio's nurseries raise them).
     """
-    log.configure(json=json_logs, level=log_level, worker_id=settings.worker_id)
-    priority.ask_for_priority(nice, log=log.get("agent"))
-    oom.protect_process(oom_score_adj, log=log.get("agent"))
-    if metrics_port:
-        metrics.serve(metrics_port, settings.listen_host)
+    start_process(options, logger="agent", metrics_host=settings.listen_host, worker_id=settings.worker_id)
     trio.run(_run_until_signal, settings)
 
 

@@ -18,8 +18,9 @@ import trio
 import trio.testing
 from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settings, assign, sleep_job
 
-from agent.core import LEAVE_BACKOFF, Agent
+from agent.core import Agent
 from agent.joblog import read_log
+from agent.leave import LEAVE_BACKOFF
 from agent.messages import JobState, Leave, LeaveAnswer
 from agent.runtimes import JobResult
 from runtime.errors import Busy

@@ -1,0 +1,268 @@
+"""One worker's agent state, shared by the layers of :class:`agent.core.Agent`.
+
+:class:`AgentState` holds the fields that registration (:mod:`agent.registration`), heartbeats
+(:mod:`agent.heartbeat`), the pause and self-fence (:mod:`agent.self_fence`) and the leave
+(:mod:`agent.leave`) read and change together (the incarnation, the outcomes not acknowledged,
+live or fenced), and what every one of them takes from a reply (the database's clock, the
+heartbeat interval and dead_after the cluster tells). How they work together:
+docs/design.md, "The agent's loops".
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import random
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agent import adoption
+from agent.acceptance import Admission
+from agent.control_plane import ControlPlane
+from agent.dbclock import DatabaseClock
+from agent.fence import FENCE_DEADLINE_FILE, FenceClock, fence_after_s, monotonic_of, told_refusal
+from agent.joblog import JobLog, LogEvent
+from agent.messages import HeartbeatReport, Outcome, StopReason
+from agent.resources import JobResources
+from agent.running import RunningJobs
+from agent.runtimes import JobRunner, job_runner
+from agent.starts import StartLimiter
+from runtime import log, metrics
+from runtime.backoff import FullJitterBackoff
+from runtime.os_users import RunAs
+from runtime.settings import AgentSettings
+
+LOG_EVERY_FAILURES = 20
+"""Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""
+
+
+class AgentState(abc.ABC):
+    """The state of one worker's agent, built from :class:`agent.core.Agent`'s arguments; the
+    layers above it read and change it with no checkpoint between a decision and its effect."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        control_plane: ControlPlane,
+        *,
+        start_limiter: StartLimiter | None = None,
+        leave_turns: trio.CapacityLimiter | None = None,
+        runner: JobRunner | None = None,
+        run_as: RunAs | None = None,
+        resources: JobResources | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self._rng = rng or random.Random()
+        """Draws the jitter of the registration retries."""
+        self._register_backoff = FullJitterBackoff(
+            base_s=settings.register_retry_s, cap_s=settings.register_retry_max_s
+        )
+        self.worker_id = settings.worker_id
+        self.address = ""
+        """host:port registered with the control plane; set by :meth:`run`."""
+        self.work_dir = Path(settings.work_dir).resolve()
+        self.jobs_dir = self.work_dir / "jobs"
+        self.database_clock = DatabaseClock()
+        """The database's clock as the replies tell it: the job log's times (:mod:`agent.dbclock`)."""
+        self.joblog = JobLog(
+            self.work_dir / "agent.jsonl", worker_id=settings.worker_id, clock=self.database_clock
+        )
+        self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
+        """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
+        self._logger = log.get("agent").bind(worker_id=settings.worker_id)
+        self._cp = control_plane
+        self._admission = Admission(
+            worker_id=settings.worker_id,
+            cpu_capacity_millis=settings.cpu_millis,
+            memory_capacity_mb=settings.memory_mb,
+        )
+        self._fence = FenceClock(settings=settings, path=self.fence_deadline_path, logger=self._logger)
+        self._run_id = uuid.uuid4().hex
+        """This agent's run, for the control plane to tell copies of one registration apart
+        from a new one."""
+        self._registrations = 0
+        """Registrations begun in this run (the number of the current one)."""
+        self._unacked: list[Outcome] = []
+        self._leave_turns = leave_turns or trio.CapacityLimiter(settings.max_concurrent_leaves)
+        self._jobs = RunningJobs(
+            settings=settings,
+            joblog=self.joblog,
+            jobs_dir=self.jobs_dir,
+            runner=runner or job_runner(None),
+            start_limiter=start_limiter or StartLimiter(settings.max_concurrent_starts),
+            admission=self._admission,
+            fence=self._fence,
+            outcomes=self._unacked,
+            fence_if_due=self._fence_if_due,
+            fence_now=self._fence_now,
+            run_as=run_as,
+            resources=resources,
+            logger=self._logger,
+        )
+        self._registered_once = trio.Event()
+        self._takeover: adoption.TakeoverPlan | None = None
+        """What this agent found of its previous process (:meth:`_take_over`), until it has
+        been kept or stopped."""
+        self._continued = trio.Event()
+        """Set once the control plane continued the incarnation of the jobs taken over: their
+        sleep jobs run on from then."""
+        self._restart_hold_s: float | None = None
+        """While a planned restart asks for its hold (:meth:`prepare_restart`): how long."""
+        self._restart_granted = trio.Event()
+        """Set once a heartbeat the database acknowledged recorded the restart hold."""
+        self._heartbeat_failures = metrics.AGENT_HEARTBEAT_FAILURES.labels(self.worker_id)
+        self.heartbeat_interval_s = settings.heartbeat_interval_s
+        """The heartbeat interval in force: the setting until the cluster tells another one
+        (docs/design.md, "Heartbeat interval")."""
+        self.dead_after_s: float | None = None
+        """The control planes' dead_after the self-fence is derived from now (the newest one a
+        reply told and the agent accepted); None: none told yet."""
+        self._refused_interval_s: float | None = None
+        """The last told interval refused: logged once, not at every reply."""
+        self._early_heartbeat_at = -math.inf
+        """When a job's start last pulled a heartbeat forward (trio time)."""
+        self._heartbeat_waited_s = 0.0
+        """The round trip of the last heartbeat if it was sent while live and answered, else 0
+        (s): the next one says it."""
+        self._clock: trio.abc.Clock | None = None
+        """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
+        server's thread for :meth:`metrics_reading`."""
+
+    @property
+    def max_epoch_seen(self) -> int:
+        """The newest epoch this worker has seen."""
+        return self._admission.max_epoch_seen
+
+    @property
+    def running_assignment_ids(self) -> tuple[int, ...]:
+        """Assignments whose jobs have started and not ended yet (including those being
+        stopped): what heartbeats report as running.
+
+        A job still waiting for a start slot is not listed (it holds its capacity here all the
+        same): to the control plane its assignment stays unconfirmed, and the leader hands a
+        worker at most a window of unconfirmed assignments (:mod:`actors.placement`), so what
+        it gives this worker is paced by what the worker really starts. One that waited past
+        the control plane's ``cancel_unconfirmed_after_s`` is cancelled here and placed again.
+        """
+        return self._jobs.running_assignment_ids
+
+    def _job_ids(self, assignment_ids: Iterable[int]) -> list[int | None]:
+        """The job of each of ``assignment_ids`` this agent runs (None for one it does not), for
+        log lines about a batch (runtime/log.py)."""
+        return [None if (job := self._jobs.get(aid)) is None else job.order.job_id for aid in assignment_ids]
+
+    def _leave_live(self) -> None:
+        """Stop accepting work: fenced for Admission, the fence watcher parks."""
+        self._admission.fenced = True
+        self._fence.leave_live()
+
+    def _adopt_told(self, interval_s: float | None, dead_after_s: float | None) -> None:
+        """Take the dead_after and the heartbeat interval a reply told (None: not told).
+
+        A dead_after that is a number > 0 is always taken: the self-fence must fit below the
+        dead_after the cluster judges the worker by. An interval :func:`agent.fence.told_refusal`
+        refuses (not a number > 0, outside ``heartbeat_interval_min_s`` ..
+        ``heartbeat_interval_max_s``, or leaving a self-fence span no longer than itself) is
+        logged (once per refused value) and the last good one kept. The self-fence span follows
+        what is taken (:func:`agent.fence.fence_after_s`). Each heartbeat says which dead_after
+        its fence is derived from, and the cluster judges the worker by the larger of that and
+        the one it told (docs/design.md, "Heartbeat interval").
+        """
+        new_dead_after_s: float | None
+        if dead_after_s is not None and math.isfinite(dead_after_s) and dead_after_s > 0:
+            new_dead_after_s = dead_after_s
+        else:
+            new_dead_after_s = self.dead_after_s
+        new_interval_s = self.heartbeat_interval_s
+        if interval_s is not None:
+            why = told_refusal(self.settings, interval_s, new_dead_after_s)
+            if why is None:
+                new_interval_s = interval_s
+                self._refused_interval_s = None
+            elif self._refused_interval_s != interval_s:
+                self._refused_interval_s = interval_s
+                self._logger.warning(
+                    "heartbeat interval told by the control plane refused, keeping the last good one",
+                    told_interval_s=interval_s,
+                    dead_after_s=new_dead_after_s,
+                    reason=why,
+                    heartbeat_interval_s=self.heartbeat_interval_s,
+                )
+        fence_s = fence_after_s(self.settings, new_dead_after_s, new_interval_s)
+        if (new_interval_s, fence_s) != (self.heartbeat_interval_s, self._fence.fence_after_s):
+            self._logger.info(
+                "heartbeat interval and self-fence span set by the cluster",
+                heartbeat_interval_s=new_interval_s,
+                dead_after_s=new_dead_after_s,
+                self_fence_after_s=round(fence_s, 3),
+                was_heartbeat_interval_s=self.heartbeat_interval_s,
+                was_self_fence_after_s=round(self._fence.fence_after_s, 3),
+            )
+        self.heartbeat_interval_s = new_interval_s
+        self.dead_after_s = new_dead_after_s
+        self._fence.fence_after_s = fence_s
+
+    def _heartbeat_report(
+        self, incarnation: int, sent_at: float, finished: tuple[Outcome, ...], **more: int
+    ) -> HeartbeatReport:
+        """The heartbeat of ``incarnation`` sent at trio time ``sent_at``, carrying ``finished``
+        and ``more`` (``restart_hold_ms``, ``waited_ms``): what runs, the newest epoch seen, its
+        order (``sent_monotonic_us``) and the dead_after the fence is derived from."""
+        return HeartbeatReport(
+            worker_id=self.worker_id,
+            incarnation=incarnation,
+            running_assignment_ids=self.running_assignment_ids,
+            finished=finished,
+            epoch_seen=self.max_epoch_seen,
+            sent_monotonic_us=max(1, int(monotonic_of(sent_at) * 1e6)),
+            dead_after_in_use_ms=0 if self.dead_after_s is None else math.ceil(self.dead_after_s * 1000),
+            **more,
+        )
+
+    async def _stop_ended(self, message: str, ids: tuple[int, ...], epoch: int, incarnation: int) -> None:
+        """Stop the jobs of ``ids``, the assignments a reply of ``epoch`` to ``incarnation`` said
+        the control plane ended, logging ``message``, and wait until they are gone."""
+        if ids:
+            self._logger.info(
+                message,
+                epoch=epoch,
+                incarnation=incarnation,
+                job_ids=self._job_ids(ids),
+                assignment_ids=list(ids),
+            )
+            await self._jobs.stop(list(ids), StopReason.STOPPED_BY_CONTROL_PLANE)
+
+    def _log_event(self, event: LogEvent, **more: Any) -> None:
+        """Write a job-log line about the whole worker (no job) in this incarnation."""
+        self.joblog.write(event, incarnation=self._admission.incarnation, epoch=self.max_epoch_seen, **more)
+
+    def _clock_told(self, database_unix_s: float | None, sent_at: float) -> None:
+        """A reply to a request sent at ``sent_at`` arrived now, telling the database's clock
+        (None: it told none): learn from it, and write the job-log lines that waited for it.
+        No checkpoint."""
+        self.database_clock.observe(database_unix_s, sent_at=sent_at, received_at=trio.current_time())
+        self.joblog.flush()
+
+    def _all_jobs_keys(self) -> dict[str, Any]:
+        """The keys of a line about every job at once (a pause, a resume, a self-fence): the
+        incarnation, the newest epoch seen, and the jobs' ids (runtime/log.py)."""
+        ids = self._jobs.ids()
+        return {
+            "incarnation": self._admission.incarnation,
+            "epoch": self.max_epoch_seen,
+            "job_ids": self._job_ids(ids),
+            "assignment_ids": ids,
+        }
+
+    # The fence layer's (agent.self_fence): the jobs call them before they start or end.
+
+    @abc.abstractmethod
+    def _fence_if_due(self) -> bool: ...
+
+    @abc.abstractmethod
+    def _fence_now(self) -> None: ...
