@@ -61,10 +61,10 @@ from typing import Any
 import attrs
 import trio
 
-from agent import container_supervisor, reaper
+from agent import container_supervisor, deadman
 from agent.job_env import WORKER_ID
-from agent.messages import JobState
-from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran, owner_of
+from agent.job_results import JobResult, OutputPaths, container_result, never_ran
+from agent.runtimes import ContainerJob, owner_of
 from agent.starts import Spawner
 from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
@@ -195,7 +195,7 @@ def _spawn(
     job_env: Mapping[str, str],
 ) -> Any:
     job_dir.mkdir(parents=True, exist_ok=True)
-    reaper.clear_files(job_dir)
+    deadman.clear_files(job_dir)
     env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
     env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     return popen_supervisor(
@@ -280,7 +280,7 @@ async def run_container(
     stopped, exec_reported, code = await wait_supervisor(
         proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
     )
-    report = reaper.read_report(job_dir)
+    report = deadman.read_report(job_dir)
     if report.get("removed") != "1" and "error" not in report:
         # Its supervisor was killed (maybe between create and start), or lost the engine: do
         # not leave the container behind. (A report's error: no container is left.)
@@ -288,53 +288,6 @@ async def run_container(
             await trio.to_thread.run_sync(_remove_by_name, container_name(job))
     return container_result(
         report, code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=paths
-    )
-
-
-def container_result(
-    report: dict[str, str],
-    supervisor_code: int,
-    *,
-    stopped: bool,
-    exec_reported: bool,
-    began_at: float,
-    paths: OutputPaths,
-) -> JobResult:
-    """A container job's result from its supervisor's report: a command job's
-    (:func:`agent.runtimes.command_result`), with the report's ``reason`` first in the detail
-    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
-    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
-    added to its detail."""
-    result = command_result(
-        report,
-        supervisor_code,
-        stopped=stopped,
-        exec_reported=exec_reported,
-        began_at=began_at,
-        paths=paths,
-    )
-    reason = report.get("reason")
-    if not reason:
-        return result
-    if result.fenced:
-        # Paused (or killed) at the fence deadline before the reason came: it stays a fence stop.
-        why = f"{reason}: {report.get('reason_detail') or ''}".rstrip(": ")
-        return attrs.evolve(result, detail=f"killed by its supervisor at the fence deadline; then {why}")
-    detail = f"{reason}: {report.get('reason_detail') or result.detail}"
-    if result.exit_code is not None:
-        detail += f" (exit code {result.exit_code})"
-    state = JobState.CANCELLED if result.stopped else JobState.FAILED
-    return JobResult(
-        state=state,
-        stopped=result.stopped,
-        exit_code=result.exit_code,
-        began_at=result.began_at,
-        ended_at=result.ended_at,
-        stdout_path=result.stdout_path,
-        stderr_path=result.stderr_path,
-        detail=detail,
-        fenced=result.fenced,
-        started=True,
     )
 
 

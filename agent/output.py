@@ -79,7 +79,7 @@ from typing import Any
 import attrs
 import trio
 
-from agent import reaper
+from agent import deadman
 from agent.runtimes import job_dir_for
 from runtime import metrics
 from runtime.settings import OutputSettings
@@ -330,7 +330,7 @@ def last_change_unix_s(folder: Path) -> float | None:
         newest = folder.stat().st_mtime
     except OSError:
         return None
-    for name in (*OUTPUT_FILES.values(), reaper.REPORT_FILE):
+    for name in (*OUTPUT_FILES.values(), deadman.REPORT_FILE):
         with contextlib.suppress(OSError):
             newest = max(newest, (folder / name).stat().st_mtime)
     return newest

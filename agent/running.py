@@ -26,25 +26,18 @@ from typing import Any
 import attrs
 import trio
 
-from agent import adoption
+from agent import adoption, job_record
 from agent.acceptance import Admission
-from agent.adoption import Found, JobRecord, ReaperWatch, Verdict
+from agent.adoption import Found, ReaperWatch, Verdict
 from agent.fence import FenceClock, monotonic_of, trio_time_of
 from agent.job_env import job_environment
+from agent.job_record import JobRecord
+from agent.job_results import JobResult, oom_killed
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
 from agent.resources import JobLimits, JobResources, JobUsage, release
-from agent.runtimes import (
-    ContainerJob,
-    JobResult,
-    JobRunner,
-    RunOptions,
-    either,
-    forks,
-    job_dir_for,
-    oom_killed,
-    owner_of,
-)
+from agent.runtimes import ContainerJob, JobRunner, RunOptions, forks, job_dir_for, owner_of
+from agent.sleep_jobs import either
 from agent.starts import StartLimiter, StartTicket
 from runtime import metrics
 from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
@@ -412,7 +405,7 @@ class RunningJobs:
         """Remove ``job``'s record once its stop line is written (a restarted agent has nothing
         to do with it then), unless a planned restart keeps records."""
         if job.job_dir is not None and not self.keep_records:
-            adoption.remove_record(job.job_dir)
+            job_record.remove_record(job.job_dir)
             if isinstance(job.order.spec.runtime, SleepRuntime):
                 with contextlib.suppress(OSError):
                     job.job_dir.rmdir()  # a sleep job's folder held only its record
@@ -422,7 +415,7 @@ class RunningJobs:
         runs on, and a restarted agent stops it instead of keeping it (fail safe)."""
         assert job.job_dir is not None
         try:
-            adoption.write_record(job.job_dir, record)
+            job_record.write_record(job.job_dir, record)
         except OSError as exc:
             self.logger.error(
                 "cannot write the job's record: a restarted agent will not keep it",

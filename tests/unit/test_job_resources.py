@@ -30,6 +30,7 @@ from agent.cgroups import (
     select_resources,
     visible_dir,
 )
+from agent.job_results import JobResult, oom_killed
 from agent.messages import JobState
 from agent.resources import (
     JobLimits,
@@ -43,7 +44,6 @@ from agent.resources import (
     jobs_cpu_weight,
     memory_limit_bytes,
 )
-from agent.runtimes import JobResult, oom_killed
 from runtime.errors import InvalidArgument, ResourcesUnavailable
 from runtime.settings import AUTO, JOB_RESOURCES_CHOICES, AgentSettings
 
