@@ -21,7 +21,8 @@ import attrs
 import pytest
 import trio
 
-from agent.cgroups import locate, select_resources
+from agent.cgroup_mounts import locate
+from agent.cgroups import select_resources
 from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, JobUsage, Mode

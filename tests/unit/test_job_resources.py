@@ -16,20 +16,16 @@ import attrs
 import pytest
 
 from agent import cgroups, reaper
-from agent.cgroups import (
-    AGENT_LEAF,
-    JOBS_GROUP,
-    Cgroup1Resources,
-    Cgroup2Resources,
+from agent.cgroup_mounts import (
     Host,
     Mount,
     locate,
     parse_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
-    select_resources,
     visible_dir,
 )
+from agent.cgroups import AGENT_LEAF, JOBS_GROUP, Cgroup1Resources, Cgroup2Resources, select_resources
 from agent.job_results import JobResult, oom_killed
 from agent.messages import JobState
 from agent.resources import (
