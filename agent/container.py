@@ -1,50 +1,10 @@
 """Container jobs on the agent's side: whether this worker runs them, its leftovers, and a run.
 
-- :func:`engine_label`: at start the agent pings the Docker engine (the Docker SDK, with
-  ``DOCKER_HOST`` and the other ``DOCKER_*`` variables, a :data:`PING_TIMEOUT_S` timeout) and
-  registers the worker label ``container=docker`` when it answers, else ``container=none``
-  with a log line saying why. The placer gives container jobs only to workers labelled
-  ``container=docker`` (:mod:`actors.placement`). An operator's own ``container=none`` is kept
-  (no ping: containers are off on that worker).
-- :func:`remove_leftovers`: containers labelled with this worker's id (``stockade.worker_id``)
-  that an earlier life of the agent left (it was killed, or the engine lost track of its
-  supervisors) are removed, by force, and logged, before the agent registers: whatever they
-  ran has been, or will be, placed elsewhere.
-- :func:`run_container`: one container job, under its supervisor process
-  (:mod:`agent.container_supervisor`), started and waited for as a command job's reaper is
-  (:func:`agent.supervised.popen_supervisor`, :func:`agent.supervised.wait_supervisor`): the
-  same start slots, stop escalation, fence deadlines and report. The container is named
-  ``stockade-<worker_id>-<job_id>-<assignment_id>`` and labelled ``stockade.job_id``,
-  ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
-  (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
-  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
-  reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
-  the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
-  ``--security-opt no-new-privileges``), and with the worker's ``job_oom_score_adj``
-  (``--oom-score-adj``, 1000: the kernel's OOM killer takes its processes before the agent's).
-  It gets the job's variables (:mod:`agent.job_env`: ``STOCKADE_JOB_ID``,
-  ``STOCKADE_ASSIGNMENT_ID``, a task's ``STOCKADE_ARRAY_ID`` and ``STOCKADE_ARRAY_INDEX``, and
-  ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
-  Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
-  that did not remove its container (it was killed, or the engine was gone) leaves that to this
-  side, which removes it by name.
-
-How a container job ends (the outcome's ``detail`` starts with the reason, where there is one:
-:class:`agent.container_supervisor.Reason`):
-
-==========================================  ==========  ====================================
-what happened                               state       detail
-==========================================  ==========  ====================================
-exit code 0                                 succeeded   ``exit code 0``
-another exit code                           failed      ``exit code 3``
-the kernel's OOM killer (``OOMKilled``)     failed      ``oom_killed: ...``
-image not on the worker                     failed      ``image_not_found: ...`` (at once)
-command not in the image                    failed      ``command_not_found: ...``
-engine unreachable, at start or later       failed      ``no_container_engine: ...``
-engine refused it otherwise                 failed      ``container_error: ...``
-==========================================  ==========  ====================================
-
-A stop (cancel, fence, shutdown) is a stop as for a command job: not reported as an outcome.
+:func:`engine_label` (the worker label ``container=docker`` when the engine answers a ping,
+else ``container=none``), :func:`remove_leftovers` (containers labelled with this worker's id
+that an earlier life left), :func:`run_container` (one container job under its supervisor,
+:mod:`agent.container_supervisor`, started and waited for as a command job's reaper is) and
+:func:`supervisor_argv`. How a container runs and ends: docs/design.md, "Job runtimes".
 """
 
 from __future__ import annotations
@@ -270,13 +230,8 @@ async def run_container(
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except OSError as exc:
         on_started()
-        return never_ran(
-            paths,
-            stopped=False,
-            began_at=began,
-            ended_at=trio.current_time(),
-            detail=f"cannot start the supervisor of container {container_name(job)}: {exc}",
-        )
+        detail = f"cannot start the supervisor of container {container_name(job)}: {exc}"
+        return never_ran(paths, began_at=began, detail=detail)
     stopped, exec_reported, code = await wait_supervisor(
         proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
     )

@@ -35,6 +35,7 @@ from agent.deadman import (
     KILL_SIGNAL,
     PR_SET_PDEATHSIG,
     Deadman,
+    exit_with,
     load_libc,
     refuse_fenced,
     tell_started,
@@ -472,12 +473,8 @@ def main(args: list[str]) -> int:
 
 
 def run() -> None:
-    """The process entry point: :func:`main` on ``sys.argv``, then exit at once (the daemon
-    threads may still hold a connection to an engine that does not answer)."""
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The process entry point: :func:`main` on ``sys.argv``, then exit at once."""
+    exit_with(main)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,15 @@ def initial_environ() -> dict[bytes, bytes] | None:
     return env
 
 
+def _write_once(path: str, data: bytes) -> None:
+    """Write ``data`` to the kernel file ``path`` in one ``write``."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def start_job(
     argv: list[str],
     libc: object,
@@ -159,11 +168,7 @@ def start_job(
             os.close(errors_r)
             for index, procs in enumerate(() if born_inside else cgroups):
                 try:
-                    fd = os.open(procs, os.O_WRONLY)
-                    try:
-                        os.write(fd, b"0")  # 0: the writing process
-                    finally:
-                        os.close(fd)
+                    _write_once(procs, b"0")  # 0: the writing process
                 except OSError as exc:
                     os.write(errors_w, f"C{index}:{exc.errno or 0}".encode())
                     os._exit(EXIT_CANNOT_START)
@@ -179,11 +184,7 @@ def start_job(
                 # oom_score_adj_min, so the job user cannot lower it again. Raising never
                 # needs a right; where /proc lacks the file the job keeps the reaper's.
                 try:
-                    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-                    try:
-                        os.write(fd, str(oom_score_adj).encode())
-                    finally:
-                        os.close(fd)
+                    _write_once("/proc/self/oom_score_adj", str(oom_score_adj).encode())
                 except OSError:
                     pass
             os.setsid()  # a session (and process group) of its own

@@ -62,16 +62,17 @@ class OutputPaths:
 
 
 def never_ran(
-    paths: OutputPaths, *, stopped: bool, began_at: float, ended_at: float, detail: str
+    paths: OutputPaths, *, began_at: float, detail: str, stopped: bool = False, ended_at: float | None = None
 ) -> JobResult:
     """The result of a command job that never ran: stopped before its reaper was started
-    (``stopped``: cancelled), or its reaper or its exec failed (failed)."""
+    (``stopped``: cancelled), or its reaper or its exec failed (failed), ended at trio time
+    ``ended_at`` (None: now)."""
     return JobResult(
         state=JobState.CANCELLED if stopped else JobState.FAILED,
         stopped=stopped,
         exit_code=None,
         began_at=began_at,
-        ended_at=ended_at,
+        ended_at=trio.current_time() if ended_at is None else ended_at,
         detail=detail,
         stdout_path=paths.stdout_path,
         stderr_path=paths.stderr_path,
@@ -136,13 +137,8 @@ def command_result(
     A time the report lacks is now. Called in trio (its times are trio's clock)."""
     now = trio.current_time()
     if "error" in report:
-        return never_ran(
-            paths,
-            stopped=False,
-            began_at=began_at,
-            ended_at=max(began_at, report_time(report, "ended_monotonic_s") or now),
-            detail=report["error"],
-        )
+        ended_at = max(began_at, report_time(report, "ended_monotonic_s") or now)
+        return never_ran(paths, began_at=began_at, ended_at=ended_at, detail=report["error"])
     code = _parse(report, "exit_code", int)
     ran = exec_reported or code is not None
     fenced_at = report_time(report, "fenced_monotonic_s")
@@ -157,33 +153,25 @@ def command_result(
     else:
         detail = describe_exit(code)
     if fenced_at is not None:
-        return JobResult(
-            state=JobState.CANCELLED,
-            stopped=True,
-            fenced=True,
-            exit_code=code,
-            began_at=began_at,
-            ended_at=max(began_at, fenced_at),
-            detail=f"killed by its reaper at the fence deadline: {detail}",
-            stdout_path=paths.stdout_path,
-            stderr_path=paths.stderr_path,
-            started=ran,
-        )
-    if "stopped" in report:
-        # The reaper knows whether the stop reached the job before it ended: a job that ended
-        # on its own keeps its own end (and its outcome), even if the agent asked for a stop
-        # meanwhile (it thawed past its fence deadline, a cancel crossed the end).
-        stopped = report["stopped"] == "1"
-    state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
-    timed_out_after_s = _parse(report, "timed_out_after_s", float)
-    if timed_out_after_s is not None:
-        # Its reaper stopped it at its timeout: the job's own end, a failure.
-        stopped, state, detail = False, JobState.FAILED, f"{timeout_detail(timed_out_after_s)} ({detail})"
-    if stopped:
-        state = JobState.CANCELLED
+        state, stopped, finished = JobState.CANCELLED, True, max(began_at, fenced_at)
+        detail = f"killed by its reaper at the fence deadline: {detail}"
+    else:
+        if "stopped" in report:
+            # The reaper knows whether the stop reached the job before it ended: a job that
+            # ended on its own keeps its own end (and its outcome), even if the agent asked for
+            # a stop meanwhile (it thawed past its fence deadline, a cancel crossed the end).
+            stopped = report["stopped"] == "1"
+        state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+        timed_out_after_s = _parse(report, "timed_out_after_s", float)
+        if timed_out_after_s is not None:
+            # Its reaper stopped it at its timeout: the job's own end, a failure.
+            stopped, state, detail = False, JobState.FAILED, f"{timeout_detail(timed_out_after_s)} ({detail})"
+        if stopped:
+            state = JobState.CANCELLED
     return JobResult(
         state=state,
         stopped=stopped,
+        fenced=fenced_at is not None,
         exit_code=code,
         began_at=began_at,
         ended_at=finished,
@@ -222,15 +210,4 @@ def container_result(
     if result.exit_code is not None:
         detail += f" (exit code {result.exit_code})"
     state = JobState.CANCELLED if result.stopped else JobState.FAILED
-    return JobResult(
-        state=state,
-        stopped=result.stopped,
-        exit_code=result.exit_code,
-        began_at=result.began_at,
-        ended_at=result.ended_at,
-        stdout_path=result.stdout_path,
-        stderr_path=result.stderr_path,
-        detail=detail,
-        fenced=result.fenced,
-        started=True,
-    )
+    return attrs.evolve(result, state=state, detail=detail, started=True)

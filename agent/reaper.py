@@ -23,6 +23,7 @@ from agent.deadman import (
     POLL_S,
     PR_SET_PDEATHSIG,
     Deadman,
+    exit_with,
     load_libc,
     refuse_fenced,
     tell_started,
@@ -366,15 +367,8 @@ def main(args: list[str]) -> int:
 
 
 def run() -> None:
-    """The process entry point: :func:`main` on ``sys.argv``, then exit at once.
-
-    ``os._exit`` skips the interpreter's shutdown (~2 ms): the report is written and closed,
-    and nothing else needs finalizing.
-    """
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The process entry point: :func:`main` on ``sys.argv``, then exit at once."""
+    exit_with(main)
 
 
 if __name__ == "__main__":

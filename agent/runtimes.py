@@ -421,16 +421,10 @@ async def _run_command(
         proc, started_fd, confined = spawn() if spawner is None else await spawner.run(spawn)
     except _CannotConfine as exc:
         on_started()
-        return never_ran(paths, stopped=False, began_at=began, ended_at=trio.current_time(), detail=str(exc))
+        return never_ran(paths, began_at=began, detail=str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
         on_started()
-        return never_ran(
-            paths,
-            stopped=False,
-            began_at=began,
-            ended_at=trio.current_time(),
-            detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}",
-        )
+        return never_ran(paths, began_at=began, detail=f"cannot start the reaper of {spec.argv[0]!r}: {exc}")
     if on_spawned is not None:
         on_spawned(proc.pid)  # no checkpoint since the fork came back: wait_supervisor owns it next
     try:
