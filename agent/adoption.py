@@ -468,11 +468,6 @@ class ReaperWatch:
             return None
         return cls(info.pid, pidfd)
 
-    @property
-    def has_pidfd(self) -> bool:
-        """True when the watch holds a pidfd (the agent may keep the job)."""
-        return self._pidfd is not None
-
     def send(self, sig: int, ticks: int | None = None) -> None:
         """Send ``sig``; a process that is gone is fine. Without a pidfd, only if the pid still
         has start time ``ticks``."""

@@ -15,7 +15,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,16 @@ def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
     except FileExistsError:
         if not exist_ok:
             raise
+
+
+def _make_job_dir(folder: Path, prepare: Callable[[], None]) -> None:
+    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone
+    (removed meanwhile: an empty folder of an agent that was killed looks like litter)."""
+    try:
+        _mkdir(folder)
+    except FileNotFoundError:
+        prepare()
+        _mkdir(folder)
 
 
 def _write(path: Path, text: str) -> None:
@@ -220,11 +230,7 @@ class Cgroup2Resources:
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
         folder = self.worker_dir / name
         _remove_now([folder], LEFTOVER_WAIT_S)  # a name is never reused; a leftover would be stale
-        try:
-            _mkdir(folder)
-        except FileNotFoundError:
-            self.prepare()
-            _mkdir(folder)
+        _make_job_dir(folder, self.prepare)
         try:
             _write(folder / "cpu.max", f"{cpu_quota_us(limits.cpu_millis)} {CPU_PERIOD_US}")
             _write(folder / "cpu.weight", str(job_cpu_weight(limits.cpu_millis)))
@@ -380,11 +386,7 @@ class Cgroup1Resources:
         made: list[Path] = []
         try:
             for folder in _distinct(folders):
-                try:
-                    _mkdir(folder)
-                except FileNotFoundError:
-                    self.prepare()
-                    _mkdir(folder)
+                _make_job_dir(folder, self.prepare)
                 made.append(folder)
             cpu, memory = folders["cpu"], folders["memory"]
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))

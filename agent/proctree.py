@@ -32,25 +32,34 @@ def descendants() -> list[int]:
     every process where the kernel lacks that file. A process that exits meanwhile is left out,
     and one created meanwhile may be: callers repeat until the tree is stable."""
     me = os.getpid()
-    if not os.path.exists(f"/proc/{me}/task/{me}/children"):
-        return descendants_by_scan(me)
+    if os.path.exists(f"/proc/{me}/task/{me}/children"):
+        children_of = _task_children
+    else:
+        children_of = children_by_parent().get  # type: ignore[assignment]
     found: list[int] = []
     frontier = [me]
     while frontier:
-        pid = frontier.pop(0)
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as file:
-                    kids = [int(p) for p in file.read().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(kids)
-            frontier.extend(kids)
+        kids = children_of(frontier.pop(0), [])
+        found.extend(kids)
+        frontier.extend(kids)
     return found
+
+
+def _task_children(pid: int, default: list[int]) -> list[int]:
+    """The children of every thread of ``pid`` (``/proc/<pid>/task/<tid>/children``); ``default``
+    when it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return default
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as file:
+                kids.extend([int(p) for p in file.read().split()])
+        except (OSError, ValueError):
+            continue
+    return kids
 
 
 def children_by_parent() -> dict[int, list[int]]:
@@ -67,18 +76,6 @@ def children_by_parent() -> dict[int, list[int]]:
             continue
         parents.setdefault(int(fields[1]), []).append(int(entry))
     return parents
-
-
-def descendants_by_scan(root: int) -> list[int]:
-    """Every descendant of ``root``, from scanning ``/proc/*/stat``."""
-    parents = children_by_parent()
-    found: list[int] = []
-    frontier = [root]
-    while frontier:
-        kids = parents.get(frontier.pop(0), [])
-        found.extend(kids)
-        frontier.extend(kids)
-    return found
 
 
 def state(pid: int) -> str | None:
