@@ -202,7 +202,8 @@ def supervised_job_folders(deadline_path: str) -> frozenset[str]:
 
 
 class Verdict(StrEnum):
-    """What a restarted agent does with a job its folder records (see the module docstring)."""
+    """What a restarted agent does with a job its folder records (docs/design.md, "Restarts on
+    the worker")."""
 
     KEEPABLE = "keepable"
     STRAY = "stray"

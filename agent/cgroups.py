@@ -46,7 +46,7 @@ from agent.runtimes import owner_of
 from runtime.settings import AUTO, AgentSettings
 
 AGENT_LEAF = "stockade-agent"
-"""cgroup v2: the leaf the agent moves its process into (see the module docstring)."""
+"""cgroup v2: the leaf the agent moves its process into (docs/design.md, "Job cgroups")."""
 JOBS_GROUP = "stockade-jobs"
 """cgroup v2: the agent's jobs' cgroup, beside its leaf."""
 LEFTOVER_WAIT_S = 2.0
@@ -200,7 +200,7 @@ class Cgroup2Job:
 
 @attrs.frozen(kw_only=True)
 class Cgroup2Resources:
-    """One worker's jobs in cgroup v2, under ``worker_dir`` (see the module docstring)."""
+    """One worker's jobs in cgroup v2, under ``worker_dir`` (docs/design.md, "Job cgroups")."""
 
     worker_dir: Path
     pids_max: int
@@ -263,9 +263,9 @@ _ENABLE = "+cpu +memory +pids"
 def open_cgroup2(
     own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup2Resources:
-    """Set up the v2 layout (module docstring) from the agent's cgroup folder ``own``: move
-    process ``pid`` into the leaf unless it is there already (or ``own`` is the root), hand the
-    controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
+    """Set up the v2 layout (docs/design.md, "Job cgroups") from the agent's cgroup folder
+    ``own``: move process ``pid`` into the leaf unless it is there already (or ``own`` is the
+    root), hand the controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
 
     Raises:
         ResourcesUnavailable: the cgroup lacks a controller, holds other processes, or cannot
@@ -356,7 +356,7 @@ def _distinct(folders: Mapping[str, Path]) -> list[Path]:
 
 @attrs.frozen(kw_only=True)
 class Cgroup1Resources:
-    """One worker's jobs in cgroup v1, under ``worker_dirs`` (see the module docstring)."""
+    """One worker's jobs in cgroup v1, under ``worker_dirs`` (docs/design.md, "Job cgroups")."""
 
     worker_dirs: Mapping[str, Path]
     """The worker's folder in the hierarchy of each controller."""
@@ -424,7 +424,7 @@ class Cgroup1Resources:
 def open_cgroup1(
     own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup1Resources:
-    """Set up the v1 layout (module docstring) under the agent's cgroup folder of each
+    """Set up the v1 layout (docs/design.md, "Job cgroups") under the agent's cgroup folder of each
     controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
     in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
 
@@ -506,7 +506,7 @@ def select_resources(
 
 
 def worker_key(settings: AgentSettings) -> str:
-    """``<worker_id>-<owner>``: the name of one worker's cgroups (see the module docstring)."""
+    """``<worker_id>-<owner>``: the name of one worker's cgroups (docs/design.md, "Job cgroups")."""
     return f"{settings.worker_id}-{owner_of(settings.work_dir)}"
 
 

@@ -435,7 +435,7 @@ def _explain(exc: BaseException) -> str:
 
 
 def main(args: list[str]) -> int:
-    """Run the supervisor (see the module docstring); returns its exit status."""
+    """Run the supervisor (docs/design.md, "Job runtimes"); returns its exit status."""
     if len(args) != 2:
         print("usage: container_supervisor.py SPEC_JSON", file=sys.stderr)
         return 2

@@ -130,7 +130,7 @@ def command_result(
     began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
-    """The result of a command job from its reaper's report (see :func:`agent.reaper.read_report`)
+    """The result of a command job from its reaper's report (see :func:`agent.deadman.read_report`)
     and its start pipe (``exec_reported``: the reaper said the job exec'd), begun at trio time
     ``began_at``. ``stopped`` is whether the agent asked for a stop; the report's own
     ``stopped`` (whether the stop reached the job before it ended) decides when there is one.

@@ -159,7 +159,7 @@ class _Opened:
 
 @attrs.define
 class LogReader:
-    """Serves ReadLogs for one agent (module docstring).
+    """Serves ReadLogs for one agent (docs/design.md, "Reading a job's output").
 
     Args:
         worker_id: this worker (named in errors).
@@ -184,7 +184,7 @@ class LogReader:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
     async def read(self, query: LogQuery) -> AsyncIterator[Piece]:
-        """The pieces of ``query``'s output, as the module docstring says.
+        """The pieces of ``query``'s output, as docs/design.md, "Reading a job's output", says.
 
         Raises:
             NotFound: the worker keeps no folder of that assignment (and does not run it).

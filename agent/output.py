@@ -238,8 +238,8 @@ class Trim:
 
 
 def trim_file(path: Path, cap_bytes: int, files: OutputFiles) -> tuple[int, Trim | None]:
-    """Check one output file and trim it when its kept part is over ``cap_bytes`` (see the
-    module docstring); returns its length (the bytes the job wrote to it, truncated ones
+    """Check one output file and trim it when its kept part is over ``cap_bytes`` (docs/design.md,
+    "Jobs' output: caps and retention"); returns its length (the bytes the job wrote to it, truncated ones
     included) and the trim, if any. A missing file is 0 bytes. Runs on a worker thread.
 
     Raises:
@@ -304,7 +304,7 @@ def list_job_folders(jobs_dir: Path) -> list[JobFolder]:
 
 @attrs.define
 class OutputKeeper:
-    """Caps the running jobs' output files and deletes old job folders (module docstring).
+    """Caps the running jobs' output files and deletes old job folders (docs/design.md, "Jobs' output").
 
     Args:
         jobs_dir: the agent's jobs folder (``<work_dir>/jobs``).

@@ -283,7 +283,7 @@ def _cannot_start(error: str) -> int:
 
 
 def main(args: list[str]) -> int:
-    """Run the reaper (see the module docstring); returns its exit status."""
+    """Run the reaper (docs/design.md, "The reaper"); returns its exit status."""
     if len(args) < 13 or args[11] != "--" or bool(args[6]) != bool(args[7]):
         print(
             "usage: reaper.py PARENT_PID STOP_GRACE_S DEADLINE_FILE JOB_NICE STARTED_FD"

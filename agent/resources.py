@@ -200,7 +200,7 @@ class _Unconfined:
 @attrs.frozen(kw_only=True)
 class RlimitResources:
     """The fallback without cgroups: ``RLIMIT_AS`` = the job's memory for each of its
-    processes; CPU and processes are not enforced (see the module docstring)."""
+    processes; CPU and processes are not enforced (docs/design.md, "Job runtimes")."""
 
     mode: Mode = Mode.RLIMIT
     where: str = ""

@@ -307,7 +307,8 @@ def _spawn_reaper(
     confinement: Confinement,
     oom_score_adj: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the job's reaper from the calling thread (see the module docstring for which).
+    """Start the job's reaper from the calling thread (the spawner's, or the caller's:
+    docs/design.md, "Command jobs on the agent's side").
 
     Returns:
         The reaper, and the read end of its start pipe (non-blocking; the caller closes it):
