@@ -29,18 +29,7 @@ import threading
 import time
 from typing import Any
 
-from agent.deadman import (
-    EXIT_AGENT_GONE,
-    EXIT_CANNOT_START,
-    KILL_SIGNAL,
-    PR_SET_PDEATHSIG,
-    Deadman,
-    exit_with,
-    load_libc,
-    refuse_fenced,
-    tell_started,
-    write_report,
-)
+from agent import deadman
 
 PING_EVERY_S = 1.0
 """How often the engine is pinged while the container runs, in seconds."""
@@ -97,7 +86,7 @@ def _not_running(exc: BaseException) -> bool:
     )
 
 
-class _Supervisor(Deadman):
+class _Supervisor(deadman.Deadman):
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(
             grace_s=float(spec["stop_grace_s"]), deadline_path=str(spec.get("deadline_path") or "")
@@ -445,20 +434,20 @@ def main(args: list[str]) -> int:
         os.set_inheritable(started_fd, False)
     # Blocked in every thread (threads inherit the mask), taken with sigtimedwait.
     signal.pthread_sigmask(signal.SIG_BLOCK, _Supervisor.handled)
-    libc = load_libc()
+    libc = deadman.load_libc()
     if libc is not None:
-        libc.prctl(PR_SET_PDEATHSIG, KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
+        libc.prctl(deadman.PR_SET_PDEATHSIG, deadman.KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != int(spec["parent_pid"]):
-        return EXIT_AGENT_GONE
+        return deadman.EXIT_AGENT_GONE
     supervisor = _Supervisor(spec)
     supervisor.read_deadline()
     if supervisor.fence_due():
-        return refuse_fenced()
+        return deadman.refuse_fenced()
     error = supervisor.create()
     if error is not None:
-        write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
-        return EXIT_CANNOT_START
-    tell_started(started_fd)
+        deadman.write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
+        return deadman.EXIT_CANNOT_START
+    deadman.tell_started(started_fd)
     log_threads = [
         threading.Thread(target=supervisor.follow_log, args=("stdout", 1), daemon=True),
         threading.Thread(target=supervisor.follow_log, args=("stderr", 2), daemon=True),
@@ -467,14 +456,14 @@ def main(args: list[str]) -> int:
         thread.start()
     supervisor.supervise()
     fields = supervisor.finish(log_threads)
-    write_report(**fields)
+    deadman.write_report(**fields)
     code = fields["exit_code"]
     return code if isinstance(code, int) and 0 <= code < 256 else 1
 
 
 def run() -> None:
     """The process entry point: :func:`main` on ``sys.argv``, then exit at once."""
-    exit_with(main)
+    deadman.exit_with(main)
 
 
 if __name__ == "__main__":

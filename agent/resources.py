@@ -184,8 +184,8 @@ class JobResources(Protocol):
 
 
 @attrs.frozen(kw_only=True)
-class _Unconfined:
-    """A job under rlimits only: nothing to count, nothing to remove."""
+class UncountedJob:
+    """A job with no cgroup of its own (under rlimits only): nothing to count, nothing to remove."""
 
     name: str
     confinement: Confinement
@@ -206,7 +206,7 @@ class RlimitResources:
     where: str = ""
 
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
-        return _Unconfined(
+        return UncountedJob(
             name=name, confinement=Confinement(address_space_bytes=memory_limit_bytes(limits.memory_mb))
         )
 
