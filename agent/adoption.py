@@ -1,59 +1,12 @@
-"""Restarts that keep jobs: what a job leaves on disk, and how a restarted agent takes it over.
+"""Restarts that keep jobs: how a restarted agent finds what its predecessor left running and
+takes it over.
 
-A command job's reaper (:mod:`agent.reaper`) outlives its agent: it keeps the job running until
-the fence deadline the dead agent last wrote, pauses it there and kills it at the kill deadline,
-as for a frozen agent. An agent started again with the same worker id and work folder finds
-such jobs here, proves they are its own, and asks the control plane to continue the
-incarnation they run in (:mod:`agent.core`; the safety argument is in docs/design.md,
-"Restarts").
-
-**The record.** When a job starts, the agent writes :data:`RECORD_FILE` in the job's folder
-(:func:`write_record`, atomically): the worker, assignment, job, incarnation and epoch it was
-started under, its size and runtime, its start (``CLOCK_MONOTONIC``, which every process of the
-machine shares; never the wall clock) and the time its ``start`` line carries, and for a command
-job, once forked, its reaper's pid and
-start time (``/proc/<pid>/stat`` field 22, in clock ticks since boot: a pid is reused, a
-(pid, start time) pair is not). A sleep job's record also holds the time it spent paused, written
-again at every resume. The record is removed once the job's ``stop`` line is written.
-
-**The survey** (:func:`survey`), before the agent registers. Every process of the machine whose
-command line is a reaper's (or a container supervisor's) naming *this* work folder's
-fence-deadline file is one of this worker's supervisors; each record is judged against the one
-running in its folder (``/proc/<pid>/cwd``) by :func:`judge`:
-
-- :attr:`Verdict.KEEPABLE`: a live reaper whose pid *and* start time are the record's, of this
-  worker id: the agent may take it over;
-- :attr:`Verdict.STRAY`: a live supervisor the record does not prove (no pid yet: the agent
-  died between the fork and the record; another pid or start time; another worker's record;
-  a container supervisor, see below): it is stopped before anything is registered;
-- :attr:`Verdict.ENDED`: no supervisor runs in the folder any more: the job ended while no
-  agent watched it, and its reaper's report (:func:`agent.reaper.read_report`) says how;
-- :attr:`Verdict.SLEEP`: a sleep job (it has no process): kept for the rest of its duration.
-
-A supervisor of this work folder that runs in no recorded folder is a stray too
-(:attr:`Survey.strays`), stopped and waited for before the agent registers. So nothing of the
-previous process runs on that the new one does not watch.
-
-**Taking a reaper over** (:class:`ReaperWatch`): it is not the new agent's child, so the agent
-holds a pidfd (``os.pidfd_open``, opened *before* the identity is checked, so the checked process
-is the one it refers to), waits for its exit with ``trio.lowlevel.wait_readable``, signals it
-with ``signal.pidfd_send_signal`` (the stop escalation of :mod:`agent.supervised`: SIGTERM,
-SIGUSR1, SIGKILL) and reads its report; a process that is not a child cannot be reaped, and its
-exit status is not known, which the report makes up for. Needs Linux 5.3 or later: without
-pidfds no job is kept (every supervisor found is stopped, by pid, right after its start time was
-checked again).
-
-**Which jobs fit** (:func:`fit`): a restarted agent may offer less than before. The kept jobs
-are taken oldest start first (the ones with the most work to lose), each kept if it fits what
-the kept ones before it left, else stopped; the control plane ends the stopped ones' assignments
-and places their jobs again at once, without spending an attempt.
-
-**Container jobs are not kept.** A container's supervisor still dies with its agent and kills its
-container then (its parent-death signal, :mod:`agent.container_supervisor`), and the agent
-removes every container labelled with its worker id when it starts; a restarted agent writes the
-``stop`` line of such a job from its supervisor's report, and its assignment is released. The
-supervisor could outlive the agent as the reaper does; it does not yet, since its Docker calls
-and the start-up clean-up would have to tell an adopted container from a leftover.
+Main names: :func:`survey` (every supervisor of this work folder, each record judged by
+:func:`judge` as a :class:`Verdict`), :func:`plan_takeover` (what to settle, watch, keep and stop;
+:func:`fit` for a smaller capacity), :class:`ReaperWatch` and :func:`watch_supervisor` (a reaper
+this agent did not fork, held by a pidfd), :func:`stop_strays`, :func:`result_from_report` and
+:func:`lock_work_dir`. The job's record is :mod:`agent.job_record`'s. docs/design.md, "Restarts on
+the worker: the record, the survey and the takeover" (and "Restarts" for the safety argument).
 """
 
 from __future__ import annotations
@@ -66,151 +19,18 @@ import signal
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
 
-from agent import reaper
+from agent import deadman
 from agent.fence import trio_time_of
-from agent.messages import JobOrder, JobState
-from agent.runtimes import JobResult, OutputPaths, command_result
+from agent.job_record import RECORD_FILE, JobRecord, read_record
+from agent.job_results import JobResult, OutputPaths, command_result, container_result
+from agent.messages import JobState
 from agent.supervised import REAPER_SLACK_S
 from runtime.errors import LocalFileError
-from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
-
-RECORD_FILE = "job.record"
-"""In a job's folder: the job's record (JSON, see :class:`JobRecord`), from its start until its
-``stop`` line is written."""
-RECORD_VERSION = 1
-"""The record's format; a record of another version is not trusted (its job is stopped)."""
-
-
-# ---------------------------------------------------------------------------- the record
-
-
-@attrs.frozen(kw_only=True)
-class JobRecord:
-    """What a job's folder says about the job (see the module docstring)."""
-
-    worker_id: str
-    assignment_id: int
-    job_id: int
-    incarnation: int
-    """The incarnation the job was accepted in."""
-    epoch: int
-    """The epoch of the Assign request that started it."""
-    cpu_millis: int
-    memory_mb: int
-    runtime: JobRuntime
-    timeout_s: float | None = None
-    name: str = ""
-    started_monotonic_s: float
-    """When its runtime was started (``time.monotonic()``); never rewritten: its ``timeout_s``
-    and the length of its run count from it."""
-    start_line_s: float | None = None
-    """The time its ``start`` line carries (the database's clock, :mod:`agent.dbclock`): its
-    ``stop`` line is never dated earlier; None when that line's time was not known yet."""
-    began_monotonic_s: float
-    """When its runtime was started (``time.monotonic()``): a sleep job's duration counts from it."""
-    paused_s: float = 0.0
-    """A sleep job's time paused since it began (its duration does not count it), as of the
-    last time the record was written."""
-    supervisor_pid: int | None = None
-    """A command job's reaper, once forked; None before (or for a sleep job)."""
-    supervisor_start_ticks: int | None = None
-    """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
-
-    @property
-    def reservation(self) -> tuple[int, int]:
-        """(cpu_millis, memory_mb) it holds."""
-        return self.cpu_millis, self.memory_mb
-
-    def order(self) -> JobOrder:
-        """The job as the agent's own structures hold it (its spec has what the record keeps)."""
-        return JobOrder(
-            assignment_id=self.assignment_id,
-            job_id=self.job_id,
-            spec=JobSpec(
-                name=self.name,
-                cpu_millis=self.cpu_millis,
-                memory_mb=self.memory_mb,
-                runtime=self.runtime,
-                timeout_s=self.timeout_s,
-            ),
-        )
-
-    def to_json(self) -> str:
-        """The record as one line of JSON."""
-        runtime: dict[str, Any]
-        match self.runtime:
-            case SleepRuntime(duration_ms=ms):
-                runtime = {"kind": "sleep", "duration_ms": ms}
-            case CommandRuntime(argv=argv):
-                runtime = {"kind": "command", "argv": list(argv)}
-            case ContainerRuntime(image=image, argv=argv):
-                runtime = {"kind": "container", "image": image, "argv": list(argv)}
-        data = attrs.asdict(self, recurse=False)
-        data["runtime"] = runtime
-        data["version"] = RECORD_VERSION
-        return json.dumps(data)
-
-    @classmethod
-    def from_json(cls, text: str) -> JobRecord:
-        """A record from :meth:`to_json`'s output.
-
-        Raises:
-            ValueError: not a record of this version (a torn or foreign file).
-        """
-        try:
-            data = json.loads(text)
-            if data.pop("version") != RECORD_VERSION:
-                raise ValueError(f"record version must be {RECORD_VERSION}")
-            # A record of an agent that kept the wall-clock start instead: its start is when its
-            # duration began counting (the same, but for a sleep job taken over once already).
-            data.pop("started_unix_s", None)
-            data.setdefault("started_monotonic_s", data.get("began_monotonic_s"))
-            raw = data.pop("runtime")
-            kind = raw["kind"]
-            runtime: JobRuntime
-            if kind == "sleep":
-                runtime = SleepRuntime(duration_ms=int(raw["duration_ms"]))
-            elif kind == "command":
-                runtime = CommandRuntime(argv=tuple(str(a) for a in raw["argv"]))
-            elif kind == "container":
-                runtime = ContainerRuntime(image=str(raw["image"]), argv=tuple(str(a) for a in raw["argv"]))
-            else:
-                raise ValueError(f"unknown runtime {kind!r}")
-            return cls(runtime=runtime, **data)
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not a job record: {exc}") from exc
-
-
-def write_record(job_dir: Path, record: JobRecord) -> None:
-    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically.
-
-    Raises:
-        OSError: it cannot be written.
-    """
-    job_dir.mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / f"{RECORD_FILE}.tmp"
-    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, job_dir / RECORD_FILE)
-
-
-def read_record(job_dir: Path) -> JobRecord | None:
-    """The record in ``job_dir``; None when there is none or it cannot be read."""
-    try:
-        return JobRecord.from_json((job_dir / RECORD_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def remove_record(job_dir: Path) -> None:
-    """Remove the record of ``job_dir`` (a missing one is fine)."""
-    with contextlib.suppress(FileNotFoundError):
-        (job_dir / RECORD_FILE).unlink()
-
+from runtime.jobs import ContainerRuntime, SleepRuntime
 
 LOCK_FILE = "agent.lock"
 """In the work folder: locked (``flock``) by the agent process that runs there, with its pid."""
@@ -382,7 +202,8 @@ def supervised_job_folders(deadline_path: str) -> frozenset[str]:
 
 
 class Verdict(StrEnum):
-    """What a restarted agent does with a job its folder records (see the module docstring)."""
+    """What a restarted agent does with a job its folder records (docs/design.md, "Restarts on
+    the worker")."""
 
     KEEPABLE = "keepable"
     STRAY = "stray"
@@ -504,7 +325,7 @@ def survey(jobs_dir: Path, *, worker_id: str, deadline_path: Path) -> Survey:
         verdict, why = judge(record, info, kind, worker_id=worker_id)
         found.append(Found(job_dir=job_dir, record=record, verdict=verdict, why=why, running=info))
     strays = [proc for cwd, (proc, _) in sorted(running.items()) if cwd not in recorded]
-    deadline = reaper.read_fence_deadline(deadline_path) if deadline_path.exists() else None
+    deadline = deadman.read_fence_deadline(deadline_path) if deadline_path.exists() else None
     return Survey(found=tuple(found), strays=tuple(strays), deadline=deadline)
 
 
@@ -648,11 +469,6 @@ class ReaperWatch:
             return None
         return cls(info.pid, pidfd)
 
-    @property
-    def has_pidfd(self) -> bool:
-        """True when the watch holds a pidfd (the agent may keep the job)."""
-        return self._pidfd is not None
-
     def send(self, sig: int, ticks: int | None = None) -> None:
         """Send ``sig``; a process that is gone is fine. Without a pidfd, only if the pid still
         has start time ``ticks``."""
@@ -730,39 +546,27 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
     start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio_time_of(record.started_monotonic_s)
-    report = reaper.read_report(job_dir)
-    if not report and record.supervisor_pid is None and not stopped:
-        # No reaper was recorded, none runs and none reported: the agent died before it
-        # forked one (or as the reaper began, which then started nothing). Nothing ran: the
-        # control plane places the job again at once (schema.sql, record_outcomes).
-        return JobResult(
-            state=JobState.NOT_STARTED,
-            stopped=False,
-            exit_code=None,
-            began_at=began,
-            ended_at=trio.current_time(),
-            stdout_path=paths.stdout_path,
-            stderr_path=paths.stderr_path,
-            detail="not started: its agent died before it started the job's supervisor",
-            started=False,
-        )
+    report = deadman.read_report(job_dir)
     if not report:
+        # No reaper recorded, none runs and none reported: the agent died before it forked one
+        # (or as the reaper began, which then started nothing). Nothing ran: the control plane
+        # places the job again at once (schema.sql, record_outcomes).
+        unstarted = record.supervisor_pid is None and not stopped
         return JobResult(
-            state=JobState.CANCELLED if stopped else JobState.FAILED,
+            state=JobState.NOT_STARTED if unstarted else JobState.CANCELLED if stopped else JobState.FAILED,
             stopped=stopped,
             exit_code=None,
             began_at=began,
             ended_at=trio.current_time(),
             stdout_path=paths.stdout_path,
             stderr_path=paths.stderr_path,
-            detail="its supervisor ended without a report while its agent was restarting",
+            detail="not started: its agent died before it started the job's supervisor"
+            if unstarted
+            else "its supervisor ended without a report while its agent was restarting",
+            started=not unstarted,
         )
-    if isinstance(record.runtime, ContainerRuntime):
-        # Imported here, as agent.runtimes does: the container module is not needed otherwise.
-        from agent.container import container_result
-
-        return container_result(report, 0, stopped=stopped, exec_reported=False, began_at=began, paths=paths)
-    return command_result(report, 0, stopped=stopped, exec_reported=False, began_at=began, paths=paths)
+    read = container_result if isinstance(record.runtime, ContainerRuntime) else command_result
+    return read(report, 0, stopped=stopped, exec_reported=False, began_at=began, paths=paths)
 
 
 async def stop_strays(strays: Sequence[ProcessInfo], *, stop_grace_s: float) -> None:

@@ -1,62 +1,12 @@
-"""Command jobs in cgroups (v2 and v1): finding the hierarchies, a worker's subtree, a job's cgroup.
+"""Command jobs in cgroups (v2 and v1): a worker's subtree and a job's cgroup in each layout, and
+the choice of mode at agent start.
 
-:func:`select_resources` picks, at agent start, how a worker enforces its command jobs'
-resources (:mod:`agent.resources` has the modes and the numbers): with ``auto``, cgroup v2
-where the agent's cgroup in the unified hierarchy offers the ``cpu``, ``memory`` and ``pids``
-controllers and can be set up, else cgroup v1 where the three have v1 hierarchies the agent
-can write to, else rlimits. It finds the hierarchies from ``/proc/self/mountinfo`` (wherever
-they are mounted, whatever part of the hierarchy a mount shows) and the agent's place in each
-from ``/proc/self/cgroup``; :func:`locate` is that part, pure.
-
-Layout, cgroup v2. Let ``D`` be the agent's cgroup when it starts. The kernel's
-no-internal-processes rule (``Documentation/admin-guide/cgroup-v2.rst``, "No Internal Process
-Constraint") forbids a cgroup that hands controllers to its children to hold processes
-itself, so the agent moves itself into a leaf and puts its jobs beside it::
-
-    D/                        cgroup.subtree_control: +cpu +memory +pids
-      stockade-agent/         the agent's process (its threads, its reapers): weight 100
-      stockade-jobs/          cpu.weight of one task at job_nice per CPU (nice 10: 11 each)
-        <worker>-<owner>/     one worker's jobs (a fleet has one per worker)
-          <job>-<assignment>/ cpu.max, cpu.weight, memory.max, memory.swap.max 0,
-                              memory.oom.group 1, pids.max
-
-``D`` must hold no other process than the agent (a systemd unit with ``Delegate=yes`` gives
-it one; a shell's cgroup does not), and the agent needs write access to it (root, or a
-delegated subtree). An agent that finds itself in ``stockade-agent`` already (the second
-worker of a fleet, or systemd's ``DelegateSubgroup=stockade-agent``, which starts it there)
-takes the parent as ``D``. When ``D`` is the root cgroup (no ``cgroup.type``, exempt from the
-rule) the agent stays there.
-
-Layout, cgroup v1 (no such rule). In each of the hierarchies ``cpu``, ``memory``, ``pids``
-(and ``cpuacct``, for the CPU accounting, where it is a hierarchy of its own) under the agent's
-cgroup ``A``::
-
-    A/stockade-<worker>-<owner>/         cpu.shares of one task at job_nice per CPU (nice 10:
-                                         110 each)
-      <job>-<assignment>/                cpu.cfs_period_us, cpu.cfs_quota_us, cpu.shares,
-                                         memory.limit_in_bytes, memory.memsw.limit_in_bytes,
-                                         pids.max
-
-``<owner>`` is :func:`agent.runtimes.owner_of` the worker's work folder, as for containers:
-two clusters on one machine may both have a ``w-1``. The worker's subtree holds only what its
-agent made, so at start every job cgroup in it is a leftover of an earlier life: whatever
-still runs there is SIGKILLed and the cgroup removed (:meth:`remove_leftovers`), but for the
-cgroups of jobs whose supervisors still run, which the restarted agent takes over or stops
-itself (:mod:`agent.adoption`), then removes when they end.
-
-What the kernel reports: a job's OOM kills from ``memory.events`` (v2, ``oom_kill``) or
-``memory.oom_control`` (v1, ``oom_kill``, kernels from 4.13), its CPU time from ``cpu.stat``
-(``usage_usec``, v2) or ``cpuacct.usage`` (v1, nanoseconds), the periods its quota throttled
-it from ``cpu.stat`` (``nr_throttled``, both).
-
-What is exercised for real where: the development machine has cgroup v1 hierarchies for the
-controllers and a cgroup2 mount without any (``/sys/fs/cgroup/unified``), so the v1 layout
-runs on the kernel there, while the v2 layout is tested against a fake tree (what is written
-where) and only its placement of a job's process (``clone3`` into a cgroup, the migration
-after a fork) on that controller-less cgroup2.
-
-Why one module of about 700 lines: the two layouts share their file helpers and their rules
-for leftovers, and the detection that chooses between them reads best beside them.
+Main names: :func:`select_resources` (``auto``: cgroup v2 where the agent's cgroup offers
+``cpu``, ``memory`` and ``pids`` and can be set up, else cgroup v1, else rlimits;
+:mod:`agent.resources` has the modes and the numbers), :class:`Cgroup2Resources` and
+:class:`Cgroup1Resources` (one worker's jobs), :func:`resource_settings` (the mode, logged and
+labelled). Where the hierarchies are: :mod:`agent.cgroup_mounts`. The layouts, the leftovers and
+what the kernel reports: docs/design.md, "Job cgroups: layouts and leftovers".
 """
 
 from __future__ import annotations
@@ -65,7 +15,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -73,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from agent.cgroup_mounts import ACCOUNTING, CONTROLLERS, Host, Located, locate, parse_keyed
 from agent.resources import (
     CPU_PERIOD_US,
     RESOURCES_LABEL,
@@ -95,172 +46,11 @@ from agent.runtimes import owner_of
 from runtime.settings import AUTO, AgentSettings
 
 AGENT_LEAF = "stockade-agent"
-"""cgroup v2: the leaf the agent moves its process into (see the module docstring)."""
+"""cgroup v2: the leaf the agent moves its process into (docs/design.md, "Job cgroups")."""
 JOBS_GROUP = "stockade-jobs"
 """cgroup v2: the agent's jobs' cgroup, beside its leaf."""
-CONTROLLERS = ("cpu", "memory", "pids")
-"""The controllers a cgroup mode needs."""
-ACCOUNTING = "cpuacct"
-"""cgroup v1: the controller of CPU time accounting (optional: without it, no ``cpu_s``)."""
 LEFTOVER_WAIT_S = 2.0
 """How long the agent waits, at start, for the processes of a leftover job cgroup to die."""
-
-
-def _usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity, where the system says; else all)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-
-
-@attrs.frozen(kw_only=True)
-class Host:
-    """Where this process's view of its cgroups comes from (tests give a fake tree's)."""
-
-    mountinfo: Path = Path("/proc/self/mountinfo")
-    self_cgroup: Path = Path("/proc/self/cgroup")
-    pid: int = attrs.field(factory=os.getpid)
-    """The process to move into the agent's leaf (cgroup v2): this one."""
-    cpus: int = attrs.field(factory=_usable_cpus)
-    """The CPUs its jobs may run on (the jobs' group weighs one job-nice task per CPU)."""
-
-
-@attrs.frozen(kw_only=True)
-class Mount:
-    """One cgroup file system mount (a line of ``/proc/self/mountinfo``)."""
-
-    mount_point: Path
-    root: str
-    """The cgroup the mount shows at its mount point (``/`` unless a container's namespace or a
-    bind mount shows a part of the hierarchy)."""
-    version: int
-    """2 for ``cgroup2``, 1 for ``cgroup``."""
-    controllers: frozenset[str]
-    """cgroup v1: the controllers of the hierarchy (its super options); v2: empty."""
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    """The cgroup mounts of a ``/proc/<pid>/mountinfo`` text, in order (the format is
-    ``proc(5)``'s: ``id parent major:minor root mount-point options [optional...] - fstype
-    source super-options``); other file systems and malformed lines are left out."""
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split()
-        try:
-            dash = fields.index("-")
-        except ValueError:
-            continue
-        if dash < 5 or len(fields) < dash + 3:
-            continue
-        fstype = fields[dash + 1]
-        if fstype not in ("cgroup", "cgroup2"):
-            continue
-        options = set(fields[dash + 3].split(",")) if len(fields) > dash + 3 else set()
-        mounts.append(
-            Mount(
-                mount_point=Path(_unescape(fields[4])),
-                root=_unescape(fields[3]),
-                version=2 if fstype == "cgroup2" else 1,
-                controllers=frozenset() if fstype == "cgroup2" else frozenset(options - {"rw", "ro"}),
-            )
-        )
-    return mounts
-
-
-def parse_proc_cgroup(text: str) -> dict[str, str]:
-    """The cgroup of each controller in a ``/proc/<pid>/cgroup`` text (``hierarchy:controllers:
-    path`` lines): ``{"memory": "/a/b", ...}``; the unified hierarchy's (``0::/path``) under the
-    key ``""``; named v1 hierarchies (``name=systemd``) under their name."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        for name in controllers.split(",") if controllers else [""]:
-            found.setdefault(name, path)
-    return found
-
-
-def parse_keyed(text: str) -> dict[str, int]:
-    """The integer values of a flat keyed cgroup file (``key value`` lines: ``memory.events``,
-    ``memory.oom_control``, ``cpu.stat``); lines that are not that are left out."""
-    values = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            try:
-                values[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
-    return values
-
-
-def visible_dir(mount: Mount, cgroup: str) -> Path | None:
-    """The folder of ``cgroup`` (a path from ``/proc/self/cgroup``) under ``mount``, or None
-    when the mount does not show it."""
-    root = mount.root.rstrip("/")
-    if cgroup != root and not cgroup.startswith(root + "/"):
-        return None
-    rest = cgroup[len(root) :].strip("/")
-    return mount.mount_point / rest if rest else mount.mount_point
-
-
-@attrs.frozen(kw_only=True)
-class Located:
-    """Where this process's cgroups are, per version, or why there are none."""
-
-    v2: Path | None
-    """The agent's cgroup in the unified hierarchy."""
-    v2_why: str
-    v1: Mapping[str, Path]
-    """cgroup v1: the agent's cgroup folder in the hierarchy of each controller found (of
-    :data:`CONTROLLERS` and :data:`ACCOUNTING`)."""
-    v1_why: str
-
-
-def locate(mountinfo: str, proc_cgroup: str) -> Located:
-    """Where this process's cgroups are, from its ``mountinfo`` and ``/proc/self/cgroup``
-    texts. Pure; whether they can be used is for :func:`open_cgroup2` and
-    :func:`open_cgroup1` to find out."""
-    mounts = parse_mountinfo(mountinfo)
-    cgroups = parse_proc_cgroup(proc_cgroup)
-    v2: Path | None = None
-    v2_why = "no cgroup2 file system is mounted"
-    for mount in (m for m in mounts if m.version == 2):
-        if "" not in cgroups:
-            v2_why = "this process has no cgroup in the unified hierarchy (/proc/self/cgroup)"
-            break
-        v2 = visible_dir(mount, cgroups[""])
-        if v2 is not None:
-            v2_why = ""
-            break
-        v2_why = f"this process's cgroup {cgroups['']} is not under the cgroup2 mount {mount.mount_point}"
-    v1: dict[str, Path] = {}
-    for controller in (*CONTROLLERS, ACCOUNTING):
-        for mount in (m for m in mounts if m.version == 1 and controller in m.controllers):
-            if controller in cgroups:
-                folder = visible_dir(mount, cgroups[controller])
-                if folder is not None:
-                    v1[controller] = folder
-                    break
-    missing = [c for c in CONTROLLERS if c not in v1]
-    v1_why = f"no cgroup v1 hierarchy of {', '.join(missing)} is mounted" if missing else ""
-    return Located(v2=v2, v2_why=v2_why, v1=v1, v1_why=v1_why)
 
 
 # ---------------------------------------------------------------------------- file helpers
@@ -279,6 +69,16 @@ def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
     except FileExistsError:
         if not exist_ok:
             raise
+
+
+def _make_job_dir(folder: Path, prepare: Callable[[], None]) -> None:
+    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone
+    (removed meanwhile: an empty folder of an agent that was killed looks like litter)."""
+    try:
+        _mkdir(folder)
+    except FileNotFoundError:
+        prepare()
+        _mkdir(folder)
 
 
 def _write(path: Path, text: str) -> None:
@@ -400,7 +200,7 @@ class Cgroup2Job:
 
 @attrs.frozen(kw_only=True)
 class Cgroup2Resources:
-    """One worker's jobs in cgroup v2, under ``worker_dir`` (see the module docstring)."""
+    """One worker's jobs in cgroup v2, under ``worker_dir`` (docs/design.md, "Job cgroups")."""
 
     worker_dir: Path
     pids_max: int
@@ -430,11 +230,7 @@ class Cgroup2Resources:
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
         folder = self.worker_dir / name
         _remove_now([folder], LEFTOVER_WAIT_S)  # a name is never reused; a leftover would be stale
-        try:
-            _mkdir(folder)
-        except FileNotFoundError:
-            self.prepare()
-            _mkdir(folder)
+        _make_job_dir(folder, self.prepare)
         try:
             _write(folder / "cpu.max", f"{cpu_quota_us(limits.cpu_millis)} {CPU_PERIOD_US}")
             _write(folder / "cpu.weight", str(job_cpu_weight(limits.cpu_millis)))
@@ -467,9 +263,9 @@ _ENABLE = "+cpu +memory +pids"
 def open_cgroup2(
     own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup2Resources:
-    """Set up the v2 layout (module docstring) from the agent's cgroup folder ``own``: move
-    process ``pid`` into the leaf unless it is there already (or ``own`` is the root), hand the
-    controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
+    """Set up the v2 layout (docs/design.md, "Job cgroups") from the agent's cgroup folder
+    ``own``: move process ``pid`` into the leaf unless it is there already (or ``own`` is the
+    root), hand the controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
 
     Raises:
         ResourcesUnavailable: the cgroup lacks a controller, holds other processes, or cannot
@@ -560,7 +356,7 @@ def _distinct(folders: Mapping[str, Path]) -> list[Path]:
 
 @attrs.frozen(kw_only=True)
 class Cgroup1Resources:
-    """One worker's jobs in cgroup v1, under ``worker_dirs`` (see the module docstring)."""
+    """One worker's jobs in cgroup v1, under ``worker_dirs`` (docs/design.md, "Job cgroups")."""
 
     worker_dirs: Mapping[str, Path]
     """The worker's folder in the hierarchy of each controller."""
@@ -590,11 +386,7 @@ class Cgroup1Resources:
         made: list[Path] = []
         try:
             for folder in _distinct(folders):
-                try:
-                    _mkdir(folder)
-                except FileNotFoundError:
-                    self.prepare()
-                    _mkdir(folder)
+                _make_job_dir(folder, self.prepare)
                 made.append(folder)
             cpu, memory = folders["cpu"], folders["memory"]
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
@@ -632,7 +424,7 @@ class Cgroup1Resources:
 def open_cgroup1(
     own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup1Resources:
-    """Set up the v1 layout (module docstring) under the agent's cgroup folder of each
+    """Set up the v1 layout (docs/design.md, "Job cgroups") under the agent's cgroup folder of each
     controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
     in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
 
@@ -685,38 +477,27 @@ def select_resources(
         )
     order = list(Mode) if choice == AUTO else [Mode(choice)]
     skipped: list[str] = []
+    common: dict[str, Any] = {
+        "worker_key": worker_key,
+        "job_nice": job_nice,
+        "pids_max": pids_max,
+        "cpus": host.cpus,
+    }
     for mode in order:
         try:
+            resources: JobResources
             match mode:
                 case Mode.CGROUP2:
                     if located.v2 is None:
                         raise ResourcesUnavailable(located.v2_why)
-                    return (
-                        open_cgroup2(
-                            located.v2,
-                            pid=host.pid,
-                            worker_key=worker_key,
-                            job_nice=job_nice,
-                            pids_max=pids_max,
-                            cpus=host.cpus,
-                        ),
-                        skipped,
-                    )
+                    resources = open_cgroup2(located.v2, pid=host.pid, **common)
                 case Mode.CGROUP1:
                     if located.v1_why:
                         raise ResourcesUnavailable(located.v1_why)
-                    return (
-                        open_cgroup1(
-                            located.v1,
-                            worker_key=worker_key,
-                            job_nice=job_nice,
-                            pids_max=pids_max,
-                            cpus=host.cpus,
-                        ),
-                        skipped,
-                    )
+                    resources = open_cgroup1(located.v1, **common)
                 case Mode.RLIMIT:
-                    return RlimitResources(), skipped
+                    resources = RlimitResources()
+            return resources, skipped
         except ResourcesUnavailable as exc:
             if choice != AUTO:
                 raise ResourcesUnavailable(f"job_resources {choice} cannot be used here: {exc}") from exc
@@ -725,7 +506,7 @@ def select_resources(
 
 
 def worker_key(settings: AgentSettings) -> str:
-    """``<worker_id>-<owner>``: the name of one worker's cgroups (see the module docstring)."""
+    """``<worker_id>-<owner>``: the name of one worker's cgroups (docs/design.md, "Job cgroups")."""
     return f"{settings.worker_id}-{owner_of(settings.work_dir)}"
 
 

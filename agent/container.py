@@ -1,50 +1,10 @@
 """Container jobs on the agent's side: whether this worker runs them, its leftovers, and a run.
 
-- :func:`engine_label`: at start the agent pings the Docker engine (the Docker SDK, with
-  ``DOCKER_HOST`` and the other ``DOCKER_*`` variables, a :data:`PING_TIMEOUT_S` timeout) and
-  registers the worker label ``container=docker`` when it answers, else ``container=none``
-  with a log line saying why. The placer gives container jobs only to workers labelled
-  ``container=docker`` (:mod:`actors.placement`). An operator's own ``container=none`` is kept
-  (no ping: containers are off on that worker).
-- :func:`remove_leftovers`: containers labelled with this worker's id (``stockade.worker_id``)
-  that an earlier life of the agent left (it was killed, or the engine lost track of its
-  supervisors) are removed, by force, and logged, before the agent registers: whatever they
-  ran has been, or will be, placed elsewhere.
-- :func:`run_container`: one container job, under its supervisor process
-  (:mod:`agent.container_supervisor`), started and waited for as a command job's reaper is
-  (:func:`agent.supervised.popen_supervisor`, :func:`agent.supervised.wait_supervisor`): the
-  same start slots, stop escalation, fence deadlines and report. The container is named
-  ``stockade-<worker_id>-<job_id>-<assignment_id>`` and labelled ``stockade.job_id``,
-  ``stockade.assignment_id`` and ``stockade.worker_id``; its hard limits are the job's
-  (``nano_cpus`` = ``cpu_millis`` x 1,000,000, at most the engine's CPUs; memory = ``memory_mb``
-  MiB, swap the same, so none), with an init process (``--init``) that passes signals on and
-  reaps. It runs as the agent's job user (``--user uid:gid``, as command jobs: never root where
-  the agent is root), with no capabilities and no privilege gain (``--cap-drop ALL``,
-  ``--security-opt no-new-privileges``), and with the worker's ``job_oom_score_adj``
-  (``--oom-score-adj``, 1000: the kernel's OOM killer takes its processes before the agent's).
-  It gets the job's variables (:mod:`agent.job_env`: ``STOCKADE_JOB_ID``,
-  ``STOCKADE_ASSIGNMENT_ID``, a task's ``STOCKADE_ARRAY_ID`` and ``STOCKADE_ARRAY_INDEX``, and
-  ``STOCKADE_WORKER_ID``) and nothing of the agent's environment.
-  Its stdout and stderr land in the job folder's ``stdout.log`` and ``stderr.log``. A supervisor
-  that did not remove its container (it was killed, or the engine was gone) leaves that to this
-  side, which removes it by name.
-
-How a container job ends (the outcome's ``detail`` starts with the reason, where there is one:
-:class:`agent.container_supervisor.Reason`):
-
-==========================================  ==========  ====================================
-what happened                               state       detail
-==========================================  ==========  ====================================
-exit code 0                                 succeeded   ``exit code 0``
-another exit code                           failed      ``exit code 3``
-the kernel's OOM killer (``OOMKilled``)     failed      ``oom_killed: ...``
-image not on the worker                     failed      ``image_not_found: ...`` (at once)
-command not in the image                    failed      ``command_not_found: ...``
-engine unreachable, at start or later       failed      ``no_container_engine: ...``
-engine refused it otherwise                 failed      ``container_error: ...``
-==========================================  ==========  ====================================
-
-A stop (cancel, fence, shutdown) is a stop as for a command job: not reported as an outcome.
+:func:`engine_label` (the worker label ``container=docker`` when the engine answers a ping,
+else ``container=none``), :func:`remove_leftovers` (containers labelled with this worker's id
+that an earlier life left), :func:`run_container` (one container job under its supervisor,
+:mod:`agent.container_supervisor`, started and waited for as a command job's reaper is) and
+:func:`supervisor_argv`. How a container runs and ends: docs/design.md, "Job runtimes".
 """
 
 from __future__ import annotations
@@ -61,10 +21,10 @@ from typing import Any
 import attrs
 import trio
 
-from agent import container_supervisor, reaper
+from agent import container_supervisor, deadman
 from agent.job_env import WORKER_ID
-from agent.messages import JobState
-from agent.runtimes import ContainerJob, JobResult, OutputPaths, command_result, never_ran, owner_of
+from agent.job_results import JobResult, OutputPaths, container_result, never_ran
+from agent.runtimes import ContainerJob, owner_of
 from agent.starts import Spawner
 from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
@@ -195,7 +155,7 @@ def _spawn(
     job_env: Mapping[str, str],
 ) -> Any:
     job_dir.mkdir(parents=True, exist_ok=True)
-    reaper.clear_files(job_dir)
+    deadman.clear_files(job_dir)
     env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
     env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     return popen_supervisor(
@@ -270,17 +230,12 @@ async def run_container(
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except OSError as exc:
         on_started()
-        return never_ran(
-            paths,
-            stopped=False,
-            began_at=began,
-            ended_at=trio.current_time(),
-            detail=f"cannot start the supervisor of container {container_name(job)}: {exc}",
-        )
+        detail = f"cannot start the supervisor of container {container_name(job)}: {exc}"
+        return never_ran(paths, began_at=began, detail=detail)
     stopped, exec_reported, code = await wait_supervisor(
         proc, started_fd, stop=stop, stop_grace_s=stop_grace_s, on_started=on_started
     )
-    report = reaper.read_report(job_dir)
+    report = deadman.read_report(job_dir)
     if report.get("removed") != "1" and "error" not in report:
         # Its supervisor was killed (maybe between create and start), or lost the engine: do
         # not leave the container behind. (A report's error: no container is left.)
@@ -288,53 +243,6 @@ async def run_container(
             await trio.to_thread.run_sync(_remove_by_name, container_name(job))
     return container_result(
         report, code, stopped=stopped, exec_reported=exec_reported, began_at=began, paths=paths
-    )
-
-
-def container_result(
-    report: dict[str, str],
-    supervisor_code: int,
-    *,
-    stopped: bool,
-    exec_reported: bool,
-    began_at: float,
-    paths: OutputPaths,
-) -> JobResult:
-    """A container job's result from its supervisor's report: a command job's
-    (:func:`agent.runtimes.command_result`), with the report's ``reason`` first in the detail
-    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
-    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
-    added to its detail."""
-    result = command_result(
-        report,
-        supervisor_code,
-        stopped=stopped,
-        exec_reported=exec_reported,
-        began_at=began_at,
-        paths=paths,
-    )
-    reason = report.get("reason")
-    if not reason:
-        return result
-    if result.fenced:
-        # Paused (or killed) at the fence deadline before the reason came: it stays a fence stop.
-        why = f"{reason}: {report.get('reason_detail') or ''}".rstrip(": ")
-        return attrs.evolve(result, detail=f"killed by its supervisor at the fence deadline; then {why}")
-    detail = f"{reason}: {report.get('reason_detail') or result.detail}"
-    if result.exit_code is not None:
-        detail += f" (exit code {result.exit_code})"
-    state = JobState.CANCELLED if result.stopped else JobState.FAILED
-    return JobResult(
-        state=state,
-        stopped=result.stopped,
-        exit_code=result.exit_code,
-        began_at=result.began_at,
-        ended_at=result.ended_at,
-        stdout_path=result.stdout_path,
-        stderr_path=result.stderr_path,
-        detail=detail,
-        fenced=result.fenced,
-        started=True,
     )
 
 

@@ -1,59 +1,20 @@
 """The per-job supervisor process of a container job: the reaper's protocol, with Docker calls.
 
-A container job's processes are not the agent's children: the Docker engine starts them. So the
-agent cannot pause or kill them with signals, and the reaper (:mod:`agent.reaper`) cannot hold
-them in its tree. This process takes the reaper's place for a container job and keeps its
-protocol, so the agent runs both the same way (:func:`agent.container.run_container`):
+A container job's processes are the Docker engine's children, not the agent's, so this process
+takes the reaper's place (:mod:`agent.reaper`) and keeps its protocol and deadline loop
+(:class:`agent.deadman.Deadman`): the same start pipe, fence-deadline file, stops and report,
+the report with two keys more, ``reason`` (:class:`Reason`) with ``reason_detail``, and
+``removed=1`` once the container is removed. Two threads copy the container's log into the job's
+files, one waits in ``docker wait``, one pings the engine every :data:`PING_EVERY_S` seconds;
+an engine that is gone has the container's processes SIGKILLed here. docs/design.md, "Job
+runtimes", says what each step does.
 
-- **the same start.** The agent forks it on its spawner thread (:mod:`agent.starts`) as the
-  leader of a new session, with its stdout and stderr on the job folder's ``stdout.log`` and
-  ``stderr.log`` and its working directory the job folder; it writes
-  :data:`agent.reaper.STARTED_BYTE` on the start pipe once the container has started, and
-  nothing when it could not start it;
-- **the same deadman switch.** It reads the worker's fence-deadline file
-  (:func:`agent.reaper.read_fence_deadline`) every :data:`agent.reaper.POLL_S` seconds and at the
-  deadline it waits for: once the pause deadline has passed it ``docker pause``\\ s the container
-  (the cgroup freezer) and writes the pause time to :data:`agent.reaper.FENCED_AT_FILE`; once the
-  kill deadline has passed it ``docker kill``\\ s it; when the agent moves the deadlines on it
-  ``docker unpause``\\ s it, unless a stop from the agent is pending (then it kills). A frozen
-  agent thus cannot leave its container jobs running, as with command jobs. A deadline already
-  passed when it starts: the container is not created;
-- **the same stops.** SIGTERM: ``docker kill --signal SIGTERM`` (the container's init,
-  ``docker run --init``, passes it to the job), then SIGKILL after ``stop_grace_s``, timed here,
-  not by a blocking ``docker stop``, so the fence is still watched meanwhile. SIGUSR1 (from the
-  agent, or from the kernel when the agent dies: ``PR_SET_PDEATHSIG``): kill at once;
-- **the same report** (:data:`agent.reaper.REPORT_FILE`, read by
-  :func:`agent.reaper.read_report`): ``exit_code`` (the container's, Docker's convention: 137
-  for SIGKILL), ``ended_monotonic_s``, ``stopped``, ``fenced_monotonic_s`` (its times are
-  ``time.monotonic()``, never the wall clock), or ``error`` when the container never ran. Two
-  keys more: ``reason`` (:class:`Reason`) with ``reason_detail``, why the container ended when
-  its exit code does not say it (the kernel's OOM killer, a command missing from the image, the
-  engine gone), and ``removed=1`` once the container is
-  removed (the agent removes it by name otherwise).
-
-Output: two threads follow the container's log (``docker logs --follow``, stdout and stderr
-apart) into this process's stdout and stderr, the job's files. Its end is watched by a thread
-blocked in ``docker wait``, and the engine by one that pings it every :data:`PING_EVERY_S`
-seconds: :data:`PINGS_LOST` failed pings in a row, or a failed call, mean the engine is gone.
-Then the container cannot be stopped through it, so this process SIGKILLs the container's
-processes itself (those whose cgroup names the container's id, its init first: its pid
-namespace dies with it), and reports ``no_container_engine``.
-A fence action that fails the same way kills the same way: a container whose pause cannot be
-made sure of is killed, never left running.
-
-Start cost: the Docker SDK's import, some 150 ms, and the engine's create and start calls,
-before the job runs; it holds its start slot meanwhile (:mod:`agent.starts`).
-
-Command line (built by :func:`agent.container.supervisor_argv`)::
-
-    python -I -c BOOTSTRAP SPEC_JSON
-
+Command line (:func:`agent.container.supervisor_argv`): ``python -I -c BOOTSTRAP SPEC_JSON``;
 ``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
 ``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
-``mem_bytes``, ``user`` (``uid:gid``; empty: the image's user) and ``oom_score_adj`` (null:
-the engine's default). The engine is the one
-``DOCKER_HOST`` (and the other ``DOCKER_*`` variables of its environment, which the agent passes
-on) names, or the default socket.
+``mem_bytes``, ``user`` (``uid:gid``; empty: the image's user), ``workdir`` and
+``oom_score_adj`` (null: the engine's default). The engine is the one ``DOCKER_HOST`` (and the
+other ``DOCKER_*`` variables the agent passes on) names, or the default socket.
 """
 
 from __future__ import annotations
@@ -68,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from agent import reaper
+from agent import deadman
 
 PING_EVERY_S = 1.0
 """How often the engine is pinged while the container runs, in seconds."""
@@ -81,11 +42,6 @@ API_TIMEOUT_S = 10.0
 PING_TIMEOUT_S = 5.0
 LOG_DRAIN_S = 2.0
 """How long the log threads may take to write the container's last output after its end."""
-_HANDLED = (signal.SIGTERM, signal.SIGUSR1)
-_PARENT_DEATH_SIGNAL = signal.SIGUSR1
-_PR_SET_PDEATHSIG = 1
-_EXIT_CANNOT_START = 127
-_EXIT_AGENT_GONE = 125
 _BOOTSTRAP = "import sys; sys.path.append({root!r}); from agent.container_supervisor import run; run()"
 
 
@@ -110,20 +66,6 @@ def bootstrap(package_root: str) -> str:
     return _BOOTSTRAP.format(root=package_root)
 
 
-def _write_file(name: str, text: str) -> None:
-    tmp = f"{name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(tmp, name)
-
-
-def _report(**values: object) -> None:
-    """Write the report (``key=value`` lines, :func:`agent.reaper.read_report`); a value of
-    None is left out, newlines in one become spaces."""
-    lines = [f"{k}={str(v).replace(chr(10), ' ')}" for k, v in values.items() if v is not None]
-    _write_file(reaper.REPORT_FILE, "\n".join(lines) + "\n")
-
-
 def _engine_gone(exc: BaseException) -> bool:
     """Whether ``exc`` says the engine did not answer (no connection, a timeout), as opposed to
     an answer that refused the call."""
@@ -144,20 +86,12 @@ def _not_running(exc: BaseException) -> bool:
     )
 
 
-class _Supervisor:
+class _Supervisor(deadman.Deadman):
     def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(
+            grace_s=float(spec["stop_grace_s"]), deadline_path=str(spec.get("deadline_path") or "")
+        )
         self.spec = spec
-        self.grace_s = float(spec["stop_grace_s"])
-        self.deadline_path = str(spec.get("deadline_path") or "")
-        self.pause_at: float | None = None
-        self.fence_kill_at: float | None = None
-        self.kill_at: float | None = None
-        """Monotonic time of the SIGKILL that ends a graceful stop."""
-        self.killed = False
-        self.stopped = False
-        """True once a stop (the agent's, its death's, the fence's) reached the running container."""
-        self.paused = False
-        self.fenced_monotonic_s: float | None = None
         self.engine_lost: str | None = None
         """Why the engine counts as gone (None while it answers)."""
         self.exit_status: int | None = None
@@ -168,23 +102,6 @@ class _Supervisor:
         self.container: Any = None
         self.pid = 0
         """The host pid of the container's init process (0: unknown)."""
-
-    # ------------------------------------------------------------------ the deadline
-
-    def read_deadline(self) -> None:
-        if self.deadline_path:
-            value = reaper.read_fence_deadline(self.deadline_path)
-            if value is not None:
-                self.pause_at, self.fence_kill_at = value
-            elif self.pause_at is None:
-                self.pause_at = self.fence_kill_at = float("-inf")  # unreadable from the start
-
-    def fence_due(self) -> bool:
-        self.read_deadline()
-        return self.pause_at is not None and time.monotonic() >= self.pause_at
-
-    def kill_due(self) -> bool:
-        return self.fence_kill_at is not None and time.monotonic() >= self.fence_kill_at
 
     # ------------------------------------------------------------------ engine calls
 
@@ -239,19 +156,14 @@ class _Supervisor:
         self.call("kill")
         self.killed = True
 
-    def has_ended(self) -> bool:
+    def job_exited(self) -> bool:
         return self.ended.is_set()
 
-    def stop(self, *, at_once: bool) -> None:
-        """The reaper's :meth:`agent.reaper._Reaper.stop_job`, with Docker calls."""
-        if self.has_ended():
-            return
-        self.stopped = True
-        if at_once or self.paused:
-            self.kill()
-        elif self.kill_at is None:
-            self.call("kill", signal="SIGTERM")
-            self.kill_at = time.monotonic() + self.grace_s
+    def ended_early(self) -> bool:
+        return self.ended.is_set()
+
+    def term(self) -> None:
+        self.call("kill", signal="SIGTERM")
 
     def pause(self) -> None:
         """Pause the container (``docker pause``) and record when. One that has just ended is
@@ -272,36 +184,10 @@ class _Supervisor:
             self.stopped = True
         else:
             self.paused = True
-        self.fenced_monotonic_s = time.monotonic()
-        _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
+        self.record_fenced()
 
-    def resume(self) -> None:
-        pending = signal.sigpending()
-        if signal.SIGTERM in pending or _PARENT_DEATH_SIGNAL in pending:
-            self.stop(at_once=True)
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(reaper.FENCED_AT_FILE)
-        self.paused = False
-        self.fenced_monotonic_s = None
+    def unpause(self) -> None:
         self.call("unpause")
-
-    def watch_fence(self) -> None:
-        """The reaper's :meth:`agent.reaper._Reaper.watch_fence`."""
-        due = self.fence_due()
-        if self.paused:
-            if self.kill_due():
-                self.stopped = True
-                self.kill()
-            elif not due:
-                self.resume()
-        elif due and not self.has_ended():
-            if self.kill_due():
-                self.stop(at_once=True)
-                self.fenced_monotonic_s = time.monotonic()
-                _write_file(reaper.FENCED_AT_FILE, f"{self.fenced_monotonic_s!r}\n")
-            else:
-                self.pause()
 
     # ------------------------------------------------------------------ threads
 
@@ -420,37 +306,15 @@ class _Supervisor:
             self.pid = int(self.container.attrs["State"]["Pid"] or 0)
         return None
 
-    def supervise(self) -> None:
+    def supervise(self) -> int:
         """Run until the container has ended (or the engine is gone)."""
-        threads = [
-            threading.Thread(target=self.wait_for_end, daemon=True),
-            threading.Thread(target=self.watch_engine, daemon=True),
-        ]
-        for thread in threads:
-            thread.start()
-        while not self.has_ended():
-            if not self.killed:
-                self.watch_fence()
-                if not self.killed and self.kill_at is not None and time.monotonic() >= self.kill_at:
-                    self.kill()
-            if self.has_ended():
-                break
-            timeout = reaper.POLL_S
-            now = time.monotonic()
-            if not self.killed:
-                if self.pause_at is not None and not self.paused:
-                    timeout = min(timeout, self.pause_at - now)
-                if self.fence_kill_at is not None and self.paused:
-                    timeout = min(timeout, self.fence_kill_at - now)
-                if self.kill_at is not None:
-                    timeout = min(timeout, self.kill_at - now)
-            info = signal.sigtimedwait(_HANDLED, max(timeout, 0.0))
-            if info is None:
-                continue
-            if info.si_signo == signal.SIGTERM and not self.killed:
-                self.stop(at_once=False)
-            elif info.si_signo == _PARENT_DEATH_SIGNAL:
-                self.stop(at_once=True)
+        for target in (self.wait_for_end, self.watch_engine):
+            threading.Thread(target=target, daemon=True).start()
+        return super().supervise()
+
+    def reap(self) -> int | None:
+        """0 once the container has ended (:meth:`finish` reads how), else None."""
+        return 0 if self.ended.is_set() else None
 
     def finish(self, log_threads: list[threading.Thread]) -> dict[str, object]:
         """The report's fields once the container ended: its state, then remove it."""
@@ -559,16 +423,8 @@ def _explain(exc: BaseException) -> str:
     return str(explanation or exc)
 
 
-def _load_libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def main(args: list[str]) -> int:
-    """Run the supervisor (see the module docstring); returns its exit status."""
+    """Run the supervisor (docs/design.md, "Job runtimes"); returns its exit status."""
     if len(args) != 2:
         print("usage: container_supervisor.py SPEC_JSON", file=sys.stderr)
         return 2
@@ -577,27 +433,21 @@ def main(args: list[str]) -> int:
     if started_fd >= 0:
         os.set_inheritable(started_fd, False)
     # Blocked in every thread (threads inherit the mask), taken with sigtimedwait.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-    libc = _load_libc()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _Supervisor.handled)
+    libc = deadman.load_libc()
     if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, _PARENT_DEATH_SIGNAL, 0, 0, 0)
+        libc.prctl(deadman.PR_SET_PDEATHSIG, deadman.KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != int(spec["parent_pid"]):
-        return _EXIT_AGENT_GONE
+        return deadman.EXIT_AGENT_GONE
     supervisor = _Supervisor(spec)
     supervisor.read_deadline()
     if supervisor.fence_due():
-        fenced = time.monotonic()
-        _write_file(reaper.FENCED_AT_FILE, f"{fenced!r}\n")
-        _report(fenced_monotonic_s=repr(fenced), ended_monotonic_s=repr(fenced))
-        return 128 + signal.SIGKILL
+        return deadman.refuse_fenced()
     error = supervisor.create()
     if error is not None:
-        _report(error=error, ended_monotonic_s=repr(time.monotonic()))
-        return _EXIT_CANNOT_START
-    if started_fd >= 0:
-        with contextlib.suppress(OSError):
-            os.write(started_fd, reaper.STARTED_BYTE)
-            os.close(started_fd)
+        deadman.write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
+        return deadman.EXIT_CANNOT_START
+    deadman.tell_started(started_fd)
     log_threads = [
         threading.Thread(target=supervisor.follow_log, args=("stdout", 1), daemon=True),
         threading.Thread(target=supervisor.follow_log, args=("stderr", 2), daemon=True),
@@ -606,18 +456,14 @@ def main(args: list[str]) -> int:
         thread.start()
     supervisor.supervise()
     fields = supervisor.finish(log_threads)
-    _report(**fields)
+    deadman.write_report(**fields)
     code = fields["exit_code"]
     return code if isinstance(code, int) and 0 <= code < 256 else 1
 
 
 def run() -> None:
-    """The process entry point: :func:`main` on ``sys.argv``, then exit at once (the daemon
-    threads may still hold a connection to an engine that does not answer)."""
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The process entry point: :func:`main` on ``sys.argv``, then exit at once."""
+    deadman.exit_with(main)
 
 
 if __name__ == "__main__":

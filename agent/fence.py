@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import trio
 
-from agent.reaper import write_fence_deadline
+from agent.deadman import write_fence_deadline
 from runtime.settings import AgentSettings
 
 MAX_PAUSES = 64

@@ -1,33 +1,10 @@
-"""Worker.ReadLogs: one assignment's stdout or stderr, read from its job folder and sent in chunks.
+r"""Worker.ReadLogs: one assignment's stdout or stderr, read from its job folder and sent in chunks.
 
-:class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`s (the
-Worker service turns them into ``LogChunk`` messages, :mod:`agent.service`):
-
-- From the start of what the worker keeps, from an ``offset`` (where a broken stream ended:
-  each piece says where its data begins), or with ``tail_lines`` from the start of the last
-  N lines (:func:`tail_start`: lines end at ``\\n``; a last line without one counts, as
-  ``tail -n`` counts them; with ``tail_max_bytes``, no earlier than that many bytes before the
-  end), then the rest in order, each read at most ``read_chunk_bytes`` (64 KiB) at a time.
-- Bytes the worker no longer keeps (the head of a file over ``max_output_mb``, a hole
-  punched by :mod:`agent.output`; or what a reader left behind got dropped while it lagged)
-  are skipped, and the next piece says how many (``dropped_bytes``). Asked for more lines than
-  the kept part holds, the stream begins where it begins, saying how much came before.
-- With ``follow``, it keeps sending what the job writes: the file is looked at every
-  ``follow_poll_s`` (and at once when the job ends); once the job has ended and everything
-  it wrote has been sent, the last piece says ``job_ended``. While there is nothing new it
-  sends an empty piece every ``keepalive_s``, so that its reader can tell a quiet job from a
-  dead worker. Without ``follow`` the stream ends when what the file holds has been sent
-  (its last piece says ``job_ended`` when the job had ended by then).
-- The first piece goes out at once (its data may be empty), so a caller knows the stream is
-  open; a job whose file does not exist yet (it waits for a start slot, or is a sleep job,
-  which writes none) gets an empty first piece, then, with ``follow``, whatever comes.
-
-Reads never hold the agent's event loop: each one, and each seek, is a call on a worker
-thread (at most ``READ_THREADS`` of them for every reader of the agent), holding the file's
-lock (:class:`agent.output.OutputFiles`) so that a trim does not land in the middle of it.
-A reader is stopped wherever it waits when its caller goes away (the RPC is cancelled), and
-closes its file. It works the same for a job that has ended, as long as its folder is kept
-(``output_retention_s``); without the folder it is :class:`runtime.errors.NotFound`.
+:class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`\ s (the
+Worker service turns them into ``LogChunk`` messages, :mod:`agent.service`), from the start,
+an ``offset`` or the last ``tail_lines`` (:func:`tail_start`), skipping what the worker no
+longer keeps, following the job with ``follow``. Reads run on worker threads, at most
+:data:`READ_THREADS`. What a stream sends, and when: docs/design.md, "Reading a job's output".
 """
 
 from __future__ import annotations
@@ -182,7 +159,7 @@ class _Opened:
 
 @attrs.define
 class LogReader:
-    """Serves ReadLogs for one agent (module docstring).
+    """Serves ReadLogs for one agent (docs/design.md, "Reading a job's output").
 
     Args:
         worker_id: this worker (named in errors).
@@ -207,7 +184,7 @@ class LogReader:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
     async def read(self, query: LogQuery) -> AsyncIterator[Piece]:
-        """The pieces of ``query``'s output, as the module docstring says.
+        """The pieces of ``query``'s output, as docs/design.md, "Reading a job's output", says.
 
         Raises:
             NotFound: the worker keeps no folder of that assignment (and does not run it).

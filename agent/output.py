@@ -1,66 +1,12 @@
 """A worker's jobs' output files: capped while the jobs write them, deleted a while after.
 
-Every job's stdout and stderr go to ``stdout.log`` and ``stderr.log`` in its folder
-(``<work_dir>/jobs/<job_id>-<assignment_id>/``), opened by the agent with ``O_APPEND`` and
-inherited by the job (:func:`agent.supervised.popen_supervisor`): the job writes them itself,
-with nothing of the agent's in the data's path. :class:`OutputKeeper`, one task per agent,
-keeps them bounded and keeps the folders from piling up:
-
-- **Caps** (``max_output_mb``, per job and stream). Every ``check_interval_s`` at most, and
-  more often while a file grows fast (:func:`next_check_interval_s`, down to
-  ``min_check_interval_s``), the keeper looks at the size of the running jobs' files; one
-  whose kept part is over the cap has its oldest part dropped, down to seven eighths of the
-  cap, at a multiple of the file's block size (:func:`trim_to`), with
-  ``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``: the blocks are freed, so the
-  disk space the file takes stays bounded, while the job goes on appending at its end. The
-  dropped head becomes a hole: the file keeps its length (``ls -l`` says how much the job
-  wrote, ``du`` how much is kept), the hole reads as NUL bytes, and ``lseek(SEEK_DATA)``
-  finds where the kept part begins, which is how the readers (:mod:`agent.logs`) know how many
-  bytes were dropped before what they send, also for a job that ended long ago or under an
-  earlier agent. That is the file's own record of the drop: nothing is written into the
-  job's output.
-
-  A file may pass its cap by what its job writes between two checks: about
-  ``min_check_interval_s`` (20 ms) of writing for a job that keeps writing fast, since the
-  interval shrinks with the growth seen; a new job's files are looked at as soon as it is
-  accepted and again after the shortest interval, and quiet checks lengthen the interval
-  only step by step (doubling, up to ``check_interval_s``, 0.25 s), so a job that starts
-  flooding after a quiet spell passes its cap by at most about that spell's worth of writing.
-  Measured: a job writing 1 MiB at a time as fast as it could (about 2.7 GB/s into the page
-  cache of the 2-core development VM) under a 1 MiB cap took at most 125 MiB on disk
-  (``tests/integration/test_agent_logs.py``, which prints it). The work of a check (a
-  ``stat`` per file, and the punch) is done on a worker thread, never on the agent's event
-  loop, so a job that writes as fast as it can does not delay the heartbeats: its writes and
-  the punches contend in the kernel (the punch holds the file's inode lock), not in the agent.
-
-  Why punching, rather than the other ways to cap output: a relay (the job's output through
-  a pipe to a process that writes capped files, such as the reaper) copies every byte once
-  more, costs a busy core for a job that writes fast on the worker whose heartbeats must stay
-  on time, and puts a process in the data's path whose death breaks the job's pipe (SIGPIPE);
-  it would also change the reaper, which must stay small and cheap to start.
-  ``FALLOC_FL_COLLAPSE_RANGE`` would shrink the file itself, but moves every kept byte's
-  offset under a reader that follows it, writes back the whole file's dirty pages first, and
-  works on fewer filesystems (ext4 and XFS, not tmpfs nor btrfs). Punching works on ext4, XFS,
-  btrfs, tmpfs, f2fs and NFS 4.2, and keeps offsets stable, so readers need no
-  coordination with the keeper beyond one lock per file.
-
-  On a filesystem without hole punching (``EOPNOTSUPP``: vfat, ext3, older NFS) the keeper
-  falls back to truncating the file to nothing once it passes the cap (``ftruncate``: the job
-  keeps appending, now from offset 0), and records how many bytes the file lost that way in
-  ``<name>.removed`` next to it, so readers' offsets stay those of the job's whole output. The
-  whole output so far is dropped at once, not only its oldest part, and bytes the job writes
-  between the keeper's ``stat`` and its ``ftruncate`` are lost uncounted; the disk space stays
-  bounded all the same. The agent logs a warning the first time.
-
-- **Retention** (``output_retention_s``, a day by default). Every ``sweep_interval_s`` the
-  keeper lists the jobs' folder and deletes the folders of jobs that ended more than the
-  retention ago (:func:`expired`), at most ``max_sweep_deletions`` per sweep, oldest first, on a
-  worker thread. When a job ended is the last change of its folder: the newest modification
-  time of the folder and of its output and report files. A folder of a job this agent still
-  runs (or has accepted and not started) is never deleted, whatever its times.
-
-Pure rules (:func:`trim_to`, :func:`next_check_interval_s`, :func:`expired`,
-:func:`parse_folder_name`) are separate from the file work, for tests without files.
+:class:`OutputKeeper`, one task per agent, trims the running jobs' ``stdout.log`` and
+``stderr.log`` over ``max_output_mb`` by punching a hole at their head (:func:`punch_hole`, or
+truncating where the filesystem cannot: ``<name>.removed`` counts the loss), and deletes the
+folders of jobs that ended more than ``output_retention_s`` ago (:func:`expired`). The pure rules
+(:func:`trim_to`, :func:`next_check_interval_s`, :func:`expired`, :func:`parse_folder_name`) are
+apart from the file work. Why punching, and what it costs: docs/design.md, "Jobs' output: caps
+and retention".
 """
 
 from __future__ import annotations
@@ -79,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from agent import reaper
+from agent import deadman
 from agent.runtimes import job_dir_for
 from runtime import metrics
 from runtime.settings import OutputSettings
@@ -292,8 +238,8 @@ class Trim:
 
 
 def trim_file(path: Path, cap_bytes: int, files: OutputFiles) -> tuple[int, Trim | None]:
-    """Check one output file and trim it when its kept part is over ``cap_bytes`` (see the
-    module docstring); returns its length (the bytes the job wrote to it, truncated ones
+    """Check one output file and trim it when its kept part is over ``cap_bytes`` (docs/design.md,
+    "Jobs' output: caps and retention"); returns its length (the bytes the job wrote to it, truncated ones
     included) and the trim, if any. A missing file is 0 bytes. Runs on a worker thread.
 
     Raises:
@@ -330,7 +276,7 @@ def last_change_unix_s(folder: Path) -> float | None:
         newest = folder.stat().st_mtime
     except OSError:
         return None
-    for name in (*OUTPUT_FILES.values(), reaper.REPORT_FILE):
+    for name in (*OUTPUT_FILES.values(), deadman.REPORT_FILE):
         with contextlib.suppress(OSError):
             newest = max(newest, (folder / name).stat().st_mtime)
     return newest
@@ -358,7 +304,7 @@ def list_job_folders(jobs_dir: Path) -> list[JobFolder]:
 
 @attrs.define
 class OutputKeeper:
-    """Caps the running jobs' output files and deletes old job folders (module docstring).
+    """Caps the running jobs' output files and deletes old job folders (docs/design.md, "Jobs' output").
 
     Args:
         jobs_dir: the agent's jobs folder (``<work_dir>/jobs``).

@@ -1,44 +1,12 @@
 """Enforced resources for command jobs: what a job's limits are, and how they are applied.
 
-A command job asks for ``cpu_millis`` and ``memory_mb``; the agent makes the kernel hold it
-to them. How depends on what the machine offers, chosen once when the agent starts
-(:func:`agent.cgroups.select_resources`) and registered as the worker label
-``resources=<mode>``:
-
-=========  ====================================================================================
-mode       what is enforced
-=========  ====================================================================================
-cgroup2    the job runs in a cgroup of its own (unified hierarchy): CPU as a hard quota
-           (``cpu.max``), memory as a hard limit with no swap (``memory.max``,
-           ``memory.swap.max`` 0; an OOM kill takes the whole job, ``memory.oom.group``), a
-           pids limit (``pids.max``); the jobs' cgroups weigh less than the agent's
-           (``cpu.weight``)
-cgroup1    the same on the v1 hierarchies ``cpu``, ``memory``, ``pids`` (and ``cpuacct`` for
-           the accounting): ``cpu.cfs_quota_us``, ``memory.limit_in_bytes`` and
-           ``memory.memsw.limit_in_bytes`` (no swap, where swap accounting is on),
-           ``pids.max``, ``cpu.shares``
-rlimit     no cgroups (none mounted, or no rights): each process of the job gets
-           ``RLIMIT_AS`` = its ``memory_mb`` (address space, per process: a program that
-           reserves more than it touches fails sooner, and a job of N processes may use N
-           times its memory); its CPU and process count are not enforced, only its nice value
-=========  ====================================================================================
-
-In every mode the job also runs ``job_nice`` lower in priority (:mod:`agent.reaper`).
-
-The arithmetic (:func:`cpu_quota_us`, :func:`memory_limit_bytes`, :func:`jobs_cpu_shares`,
-:func:`jobs_cpu_weight`, :func:`job_cpu_shares`, :func:`job_cpu_weight`) is here, so that
-both cgroup versions apply the same numbers. A job the kernel's OOM killer hit in its own
-cgroup ends failed with the detail :func:`oom_detail` (``oom_killed: ...``, the end reason
-``oom_killed``, as a container's; ``record_outcomes`` in ``schema.sql`` takes the reason from
-the detail).
-
-Who does what: the agent creates a job's cgroup before it starts the job's reaper
-(:meth:`JobResources.confine`, on the spawner thread) and removes it once the reaper has
-exited (:func:`release`, which first reads how the job ended: its OOM kills); the job's
-process writes itself into the cgroup between fork and exec, before its privilege drop, and
-applies the rlimits (:meth:`agent.reaper._Reaper.start`), so nothing of the job runs
-unconfined, and the reaper stays outside (it is the deadman switch: it must not be OOM-killed
-or throttled with the job).
+The modes (:class:`Mode`: cgroup2, cgroup1, rlimit; chosen at agent start by
+:func:`agent.cgroups.select_resources` and registered as the worker label ``resources=<mode>``),
+the arithmetic both cgroup versions apply (:func:`cpu_quota_us`, :func:`memory_limit_bytes`,
+:func:`jobs_cpu_shares`, :func:`jobs_cpu_weight`, :func:`job_cpu_shares`,
+:func:`job_cpu_weight`), a job's confinement (:class:`JobResources`, :class:`ConfinedJob`,
+:func:`release`) and the detail of a job the OOM killer hit (:func:`oom_detail`).
+docs/design.md, "Job runtimes", says what each mode enforces and who does what.
 """
 
 from __future__ import annotations
@@ -216,8 +184,8 @@ class JobResources(Protocol):
 
 
 @attrs.frozen(kw_only=True)
-class _Unconfined:
-    """A job under rlimits only: nothing to count, nothing to remove."""
+class UncountedJob:
+    """A job with no cgroup of its own (under rlimits only): nothing to count, nothing to remove."""
 
     name: str
     confinement: Confinement
@@ -232,13 +200,13 @@ class _Unconfined:
 @attrs.frozen(kw_only=True)
 class RlimitResources:
     """The fallback without cgroups: ``RLIMIT_AS`` = the job's memory for each of its
-    processes; CPU and processes are not enforced (see the module docstring)."""
+    processes; CPU and processes are not enforced (docs/design.md, "Job runtimes")."""
 
     mode: Mode = Mode.RLIMIT
     where: str = ""
 
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
-        return _Unconfined(
+        return UncountedJob(
             name=name, confinement=Confinement(address_space_bytes=memory_limit_bytes(limits.memory_mb))
         )
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,94 +25,24 @@ from typing import Any
 import attrs
 import trio
 
-from agent import adoption
+from agent import adoption, job_record
 from agent.acceptance import Admission
-from agent.adoption import Found, JobRecord, ReaperWatch, Verdict
+from agent.adoption import Found, ReaperWatch, Verdict
 from agent.fence import FenceClock, monotonic_of, trio_time_of
 from agent.job_env import job_environment
+from agent.job_record import JobRecord
+from agent.job_results import JobResult, oom_killed
+from agent.job_task import Job, runner_options, sleep_not_kept, sleep_ran_out, sleep_rest, stop_metric_reason
 from agent.joblog import JobLog, LogEvent
 from agent.messages import AssignOrder, JobOrder, JobState, Outcome, StopReason
 from agent.resources import JobLimits, JobResources, JobUsage, release
-from agent.runtimes import (
-    ContainerJob,
-    JobResult,
-    JobRunner,
-    RunOptions,
-    either,
-    forks,
-    job_dir_for,
-    oom_killed,
-    owner_of,
-)
+from agent.runtimes import JobRunner, forks, job_dir_for
+from agent.sleep_jobs import either
 from agent.starts import StartLimiter, StartTicket
 from runtime import metrics
-from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
+from runtime.jobs import SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings import AgentSettings
-
-_FAILURE_REASON = re.compile(r"([a-z_]{1,40}):")
-"""A failure whose detail starts with a reason (``oom_killed: ...``, ``timeout: ...``), read as
-the control plane reads it into the assignment's ``end_reason`` (``record_outcomes`` in
-``schema.sql``)."""
-
-
-def stop_metric_reason(reason: StopReason, detail: str) -> str:
-    """The ``reason`` label of ``stockade_agent_job_stops`` for a job that stopped for
-    ``reason`` with ``detail``: the reason a failure's detail starts with (``oom_killed``,
-    ``timeout``, ``workdir_not_found``, ``image_not_found``, ...), else ``reason`` itself."""
-    if reason is StopReason.FAILED:
-        named = _FAILURE_REASON.match(detail)
-        if named is not None:
-            return named.group(1)
-    return reason.value
-
-
-@attrs.define(eq=False, kw_only=True)
-class Job:
-    """One accepted assignment from acceptance until it has really ended."""
-
-    order: JobOrder
-    epoch: int
-    """The epoch of the Assign request that started it."""
-    incarnation: int
-    started: bool = False
-    """True from its start line on: it is (or was) really running."""
-    started_at: float = 0.0
-    """trio time at which its runtime was started (0 until its start line was written)."""
-    start_line_s: float | None = None
-    """The time its start line carries (the database's clock); its stop line is never dated
-    earlier. None until that line is written (or for a job taken over whose record lacks it)."""
-    stop: trio.Event = attrs.field(factory=trio.Event)
-    stop_reason: StopReason | None = None
-    """The first reason a stop was asked for; None while nobody asked."""
-    done: trio.Event = attrs.field(factory=trio.Event)
-    start_ticket: StartTicket | None = None
-    """A command job's place in the queue for a start slot, then its slot; None for a sleep job."""
-    reported: bool = False
-    """True once it ended on its own and its outcome waits to be reported (never for a job
-    stopped by the control plane, a fence or a shutdown)."""
-    job_dir: Path | None = None
-    """Its folder, where its record is (:mod:`agent.adoption`); None until it started."""
-    record: JobRecord | None = None
-    """Its record as last written; None when it has none (not started, or it could not be
-    written: then a restarted agent does not keep it)."""
-    adopted: bool = False
-    """True for a job this agent took over from its previous process."""
-    held: bool = False
-    """True while a sleep job taken over waits for its incarnation to be continued: its record
-    still holds the time it ran in the previous process's life, which this one does not know."""
-
-    @property
-    def log_keys(self) -> dict[str, int]:
-        """The keys every log line about this job carries (runtime/log.py): ``job_id``,
-        ``assignment_id``, ``epoch`` (of the Assign that started it), ``incarnation``; the
-        agent's logger adds ``worker_id``."""
-        return {
-            "job_id": self.order.job_id,
-            "assignment_id": self.order.assignment_id,
-            "epoch": self.epoch,
-            "incarnation": self.incarnation,
-        }
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -312,39 +241,13 @@ class RunningJobs:
                 began_monotonic_s=monotonic_of(job.started_at),
             ),
         )
-        # Only a container job is given its names and limits (runners of other jobs, tests'
-        # stand-ins among them, need not know the argument).
-        container: dict[str, Any] = (
-            {
-                "container": ContainerJob(
-                    worker_id=self.settings.worker_id,
-                    job_id=order.job_id,
-                    assignment_id=order.assignment_id,
-                    cpu_millis=order.spec.cpu_millis,
-                    memory_mb=order.spec.memory_mb,
-                    user="" if self.run_as is None else f"{self.run_as.uid}:{self.run_as.gid}",
-                    owner=owner_of(self.settings.work_dir),
-                    workdir=order.spec.workdir,
-                    oom_score_adj=self.settings.job_oom_score_adj,
-                )
-            }
-            if isinstance(runtime, ContainerRuntime)
-            else {}
+        options = runner_options(
+            order,
+            self.settings,
+            run_as=self.run_as,
+            resources=self.resources,
+            on_spawned=lambda pid: self._record_reaper(job, pid),
         )
-        options = RunOptions(timeout_s=order.spec.timeout_s, workdir=order.spec.workdir)
-        if not options.default:
-            # Given only when the spec asks for a timeout or a working directory (runners of
-            # other jobs, tests' stand-ins among them, need not know the argument).
-            container["run_options"] = options
-        if self.resources is not None and isinstance(runtime, CommandRuntime):
-            # Likewise only to a command job of an agent that enforces resources.
-            container["resources"] = self.resources
-            container["limits"] = JobLimits(cpu_millis=order.spec.cpu_millis, memory_mb=order.spec.memory_mb)
-        if isinstance(runtime, CommandRuntime):
-            # Its reaper's pid and start time go into the record once it is forked.
-            container["on_spawned"] = lambda pid: self._record_reaper(job, pid)
-            # The OOM killer's first choice, before the agent and its reapers (runtime.oom).
-            container["oom_score_adj"] = self.settings.job_oom_score_adj
         try:
             result = await self.runner(
                 runtime,
@@ -357,7 +260,7 @@ class RunningJobs:
                 job_env={**dict(order.spec.env), **job_environment(order)},
                 on_started=(lambda: None) if ticket is None else ticket.release,
                 pause=self.fence,
-                **container,
+                **options,
             )
         except BaseException:
             # A bug in a runtime: it has killed and reaped what it started before
@@ -412,7 +315,7 @@ class RunningJobs:
         """Remove ``job``'s record once its stop line is written (a restarted agent has nothing
         to do with it then), unless a planned restart keeps records."""
         if job.job_dir is not None and not self.keep_records:
-            adoption.remove_record(job.job_dir)
+            job_record.remove_record(job.job_dir)
             if isinstance(job.order.spec.runtime, SleepRuntime):
                 with contextlib.suppress(OSError):
                     job.job_dir.rmdir()  # a sleep job's folder held only its record
@@ -422,7 +325,7 @@ class RunningJobs:
         runs on, and a restarted agent stops it instead of keeping it (fail safe)."""
         assert job.job_dir is not None
         try:
-            adoption.write_record(job.job_dir, record)
+            job_record.write_record(job.job_dir, record)
         except OSError as exc:
             self.logger.error(
                 "cannot write the job's record: a restarted agent will not keep it",
@@ -435,11 +338,9 @@ class RunningJobs:
     def _record_reaper(self, job: Job, pid: int) -> None:
         """Add a command job's reaper (``pid`` and its start time) to its record."""
         if job.record is not None:
+            ticks = adoption.start_ticks(pid)
             self._write_record(
-                job,
-                attrs.evolve(
-                    job.record, supervisor_pid=pid, supervisor_start_ticks=adoption.start_ticks(pid)
-                ),
+                job, attrs.evolve(job.record, supervisor_pid=pid, supervisor_start_ticks=ticks)
             )
 
     def record_progress(self) -> None:
@@ -494,26 +395,13 @@ class RunningJobs:
         """
         nursery = self.nursery
         assert nursery is not None, "adopted while not running"
-        record = found.record
         watch: ReaperWatch | None = None
         if found.verdict is not Verdict.SLEEP:
             assert found.running is not None
             watch = ReaperWatch.open(found.running)
             if watch is None:
                 return None
-        job = Job(
-            order=record.order(),
-            epoch=record.epoch,
-            incarnation=record.incarnation,
-            started=True,
-            started_at=trio_time_of(record.began_monotonic_s),
-            start_line_s=record.start_line_s,
-            job_dir=found.job_dir,
-            record=record,
-            adopted=True,
-        )
-        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
-        self._put(job)
+        job = self._take_over(found)
         if watch is not None:
             assert found.running is not None
             nursery.start_soon(self._run_adopted_reaper, job, watch, found.running.start_ticks)
@@ -527,34 +415,23 @@ class RunningJobs:
             self.request_stop(job, StopReason.RESTART)
         return job
 
+    def _take_over(self, found: Found) -> Job:
+        """A job of the previous agent process, from its record: its reservation held, added."""
+        record = found.record
+        job = Job.taken_over(record, found.job_dir)
+        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
+        self._put(job)
+        return job
+
     def settle_ended(self, found: Found, *, pause_at_s: float | None = None) -> None:
         """Write the ``stop`` line of a job that ended while no agent watched it (its supervisor
         exited, :attr:`Verdict.ENDED`), from its report, and queue its outcome when it ended on
         its own; or of a sleep job whose duration ran out meanwhile. No checkpoint: the outcome
         is queued before the registration that follows is sent."""
         record = found.record
-        job = Job(
-            order=record.order(),
-            epoch=record.epoch,
-            incarnation=record.incarnation,
-            started=True,
-            started_at=trio_time_of(record.began_monotonic_s),
-            start_line_s=record.start_line_s,
-            job_dir=found.job_dir,
-            record=record,
-            adopted=True,
-        )
-        self.admission.reserve(record.assignment_id, cpu_millis=record.cpu_millis, memory_mb=record.memory_mb)
-        self._put(job)
+        job = self._take_over(found)
         if isinstance(record.runtime, SleepRuntime):
-            ended_at = record.began_monotonic_s + record.paused_s + record.runtime.duration_ms / 1000.0
-            result = JobResult(
-                state=JobState.SUCCEEDED,
-                stopped=False,
-                exit_code=0,
-                began_at=trio_time_of(record.started_monotonic_s),
-                ended_at=trio_time_of(ended_at),
-            )
+            result = sleep_ran_out(record, record.runtime)
         else:
             result = adoption.result_from_report(record, found.job_dir, stopped=False)
         self.logger.info("a job ended while no agent watched it", **job.log_keys)
@@ -595,39 +472,21 @@ class RunningJobs:
             kill_at = math.inf if kill_at_s is None else trio_time_of(kill_at_s)
             with trio.move_on_at(kill_at):
                 await either(job.stop, go)
+            now = trio.current_time()
             if not go.is_set() or job.stop.is_set():
-                now = trio.current_time()
-                paused_from = now if pause_at_s is None else min(now, trio_time_of(pause_at_s))
-                self._job_ended(
-                    job,
-                    JobResult(
-                        state=JobState.CANCELLED,
-                        stopped=True,
-                        fenced=paused_from < now or not job.stop.is_set(),
-                        exit_code=None,
-                        began_at=trio_time_of(record.started_monotonic_s),
-                        ended_at=paused_from,
-                        detail="its agent restarted and did not keep it",
-                    ),
-                )
+                asked = job.stop.is_set()
+                self._job_ended(job, sleep_not_kept(record, now=now, pause_at_s=pause_at_s, asked=asked))
                 return
-            ran_s = adoption.sleep_ran_s(
-                record, now_s=monotonic_of(trio.current_time()), pause_at_s=pause_at_s
-            )
+            ran_s = adoption.sleep_ran_s(record, now_s=monotonic_of(now), pause_at_s=pause_at_s)
             # From here its duration counts in this life, whose pauses the fence clock knows.
-            job.started_at = trio.current_time() - ran_s
+            job.started_at = now - ran_s
             job.held = False
             self._write_record(
                 job, attrs.evolve(record, began_monotonic_s=monotonic_of(job.started_at), paused_s=0.0)
             )
-            left_ms = max(0, record.runtime.duration_ms - int(ran_s * 1000))
-            options: dict[str, Any] = {}
-            if record.timeout_s is not None:
-                ran_for_s = monotonic_of(trio.current_time()) - record.started_monotonic_s
-                left_s = max(0.0, record.timeout_s - ran_for_s)
-                options["run_options"] = RunOptions(timeout_s=max(left_s, 0.001))
+            rest, options = sleep_rest(record, record.runtime, ran_s=ran_s, now_s=monotonic_of(now))
             result = await self.runner(
-                SleepRuntime(duration_ms=left_ms),
+                rest,
                 job_dir=job.job_dir or self.jobs_dir,
                 stop=job.stop,
                 stop_grace_s=self.settings.stop_grace_s,
@@ -722,22 +581,10 @@ class RunningJobs:
         """
         return result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
 
-    def _write_job_line(
-        self,
-        event: LogEvent,
-        job: Job,
-        *,
-        reason: str | None = None,
-        exit_code: int | None = None,
-        at: float | None = None,
-        not_before_s: float | None = None,
-        started: bool = True,
-        on_written: Callable[[float], None] | None = None,
-    ) -> float | None:
-        """Append ``event`` for ``job`` to the job log: its incarnation, the epoch of the Assign
-        that started it, its job and assignment ids, and the given fields
-        (:meth:`agent.joblog.JobLog.write`); returns the line's time (None: it waits for the
-        database's clock).
+    def _write_job_line(self, event: LogEvent, job: Job, **fields: Any) -> float | None:
+        """Append ``event`` for ``job`` to the job log with its incarnation, the epoch of the
+        Assign that started it, its ids and ``fields`` (:meth:`agent.joblog.JobLog.write`);
+        returns the line's time (None: it waits for the database's clock).
 
         Raises:
             OSError: the line could not be written.
@@ -748,10 +595,5 @@ class RunningJobs:
             epoch=job.epoch,
             job_id=job.order.job_id,
             assignment_id=job.order.assignment_id,
-            reason=reason,
-            exit_code=exit_code,
-            at=at,
-            not_before_s=not_before_s,
-            started=started,
-            on_written=on_written,
+            **fields,
         )

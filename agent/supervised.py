@@ -6,7 +6,7 @@ supervisor (:mod:`agent.container_supervisor`); the agent treats both alike:
 with the write end of its start pipe, and :func:`wait_supervisor` waits for its exit while
 passing a stop on (SIGTERM; SIGUSR1 once it is late; SIGKILL of its group last), calls
 ``on_started`` when the start pipe says the start is over, and reaps it. Its report file is read
-by the runtime (:func:`agent.reaper.read_report`).
+by the runtime (:func:`agent.deadman.read_report`).
 
 The agent waits for a supervisor's exit through a pidfd (``os.pidfd_open``), polling ``waitid``
 every 50 ms where pidfds are missing. The exit is observed before the supervisor is reaped, so
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from agent import reaper
+from agent import deadman
 from runtime.settings import JOB_PROCESSES
 
 _POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
@@ -190,4 +190,4 @@ async def wait_supervisor(
     # The reaper has exited but is not reaped yet, so its id still names its group: sweep
     # anything that joined that group, then reap.
     _signal_group(pid, signal.SIGKILL)
-    return stopped, start_signal == reaper.STARTED_BYTE, proc.wait()
+    return stopped, start_signal == deadman.STARTED_BYTE, proc.wait()

@@ -35,7 +35,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from agent.cgroups import Located, locate, select_resources
+from agent.cgroup_mounts import Located, locate
+from agent.cgroups import select_resources
 from agent.resources import Confinement, JobLimits, JobResources, JobUsage
 from agent.runtimes import run_job
 from runtime.jobs import CommandRuntime

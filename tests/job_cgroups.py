@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.cgroups import AGENT_LEAF, JOBS_GROUP, locate
+from agent.cgroup_mounts import locate
+from agent.cgroups import AGENT_LEAF, JOBS_GROUP
 from agent.runtimes import owner_of
 
 

@@ -21,7 +21,7 @@ import pytest
 import trio
 from test_cluster import fetch, list_jobs, wait_for
 
-from agent.reaper import read_fence_deadline
+from agent.deadman import read_fence_deadline
 from ops import checker, rpc
 from ops.cluster import LocalCluster, UpResult
 from protocol import pb

@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from agent.container import container_labels, container_name, engine_label, remove_leftovers
+from agent.deadman import FENCED_AT_FILE, write_fence_deadline
+from agent.job_results import JobResult
 from agent.messages import JobState
-from agent.reaper import FENCED_AT_FILE, write_fence_deadline
-from agent.runtimes import ContainerJob, JobResult, RunOptions, run_job
+from agent.runtimes import ContainerJob, RunOptions, run_job
 from runtime.jobs import ContainerRuntime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="container jobs need Linux")

@@ -30,8 +30,8 @@ import pytest
 import trio
 from jobfiles import job_writable
 
+from agent.deadman import read_fence_deadline
 from agent.joblog import read_log
-from agent.reaper import read_fence_deadline
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 

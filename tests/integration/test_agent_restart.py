@@ -30,11 +30,12 @@ import pytest
 import trio
 from jobfiles import job_writable
 
-from agent import adoption
-from agent.adoption import RECORD_FILE
+from agent import adoption, job_record
 from agent.cgroups import select_resources, worker_key
+from agent.deadman import FENCED_AT_FILE, REPORT_FILE, read_fence_deadline, write_fence_deadline
+from agent.job_record import RECORD_FILE
 from agent.joblog import read_log
-from agent.reaper import FENCED_AT_FILE, REPORT_FILE, read_fence_deadline, reaper_argv, write_fence_deadline
+from agent.reaper import reaper_argv
 from agent.resources import ConfinedJob
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
@@ -499,9 +500,9 @@ async def test_the_survey_keeps_only_reapers_its_records_prove_and_stops_the_res
             pid = procs[name].pid
             ticks = adoption.start_ticks(pid)
             assert ticks is not None
-            adoption.write_record(
+            job_record.write_record(
                 jobs / name,
-                adoption.JobRecord(
+                job_record.JobRecord(
                     worker_id=WORKER,
                     assignment_id=aid,
                     job_id=10 * aid,

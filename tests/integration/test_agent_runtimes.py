@@ -16,10 +16,11 @@ import attrs
 import pytest
 import trio
 
+from agent.deadman import FENCED_AT_FILE, write_fence_deadline
 from agent.fence import trio_time_of
+from agent.job_results import JobResult
 from agent.messages import JobState
-from agent.reaper import FENCED_AT_FILE, write_fence_deadline
-from agent.runtimes import JobResult, RunOptions, run_job
+from agent.runtimes import RunOptions, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
 from runtime.settings import AgentSettings
@@ -150,7 +151,8 @@ async def test_child_dies_when_the_agent_is_sigkilled(tmp_path: Path) -> None:
         import trio
         from pathlib import Path
         from runtime.jobs import CommandRuntime
-        from agent.runtimes import JobResult, RunOptions, run_job
+        from agent.job_results import JobResult
+        from agent.runtimes import RunOptions, run_job
         argv = ("sh", "-c", "echo $$ > {pid_file}; exec sleep 60")
         trio.run(lambda: run_job(CommandRuntime(argv=argv), job_dir=Path({str(tmp_path)!r}) / "j",
                                  stop=trio.Event(), stop_grace_s=1.0))

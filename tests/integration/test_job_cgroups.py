@@ -21,10 +21,12 @@ import attrs
 import pytest
 import trio
 
-from agent.cgroups import locate, select_resources
+from agent.cgroup_mounts import locate
+from agent.cgroups import select_resources
+from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, JobUsage, Mode
-from agent.runtimes import JobResult, run_job
+from agent.runtimes import run_job
 from runtime.jobs import CommandRuntime
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="cgroups are Linux's")

@@ -16,10 +16,11 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import adoption
+from agent import adoption, job_record
 from agent.acceptance import Admission
-from agent.adoption import Found, JobRecord, ProcessInfo, Supervisor, Survey, Verdict
+from agent.adoption import Found, ProcessInfo, Supervisor, Survey, Verdict
 from agent.container import supervisor_argv
+from agent.job_record import JobRecord
 from agent.messages import AssignOrder, JobOrder, JobState, RefusalReason
 from agent.reaper import reaper_argv
 from agent.runtimes import ContainerJob
@@ -248,14 +249,14 @@ def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
         ContainerRuntime(image="app:1", argv=("run",)),
     ):
         item = attrs.evolve(record(runtime=runtime), timeout_s=30.0, name="job")
-        adoption.write_record(tmp_path, item)
-        assert adoption.read_record(tmp_path) == item
-    (tmp_path / adoption.RECORD_FILE).write_text('{"version": 1, "worker_id"')
-    assert adoption.read_record(tmp_path) is None
-    (tmp_path / adoption.RECORD_FILE).write_text(record().to_json().replace('"version": 1', '"version": 9'))
-    assert adoption.read_record(tmp_path) is None
-    adoption.remove_record(tmp_path)
-    assert adoption.read_record(tmp_path) is None
+        job_record.write_record(tmp_path, item)
+        assert job_record.read_record(tmp_path) == item
+    (tmp_path / job_record.RECORD_FILE).write_text('{"version": 1, "worker_id"')
+    assert job_record.read_record(tmp_path) is None
+    (tmp_path / job_record.RECORD_FILE).write_text(record().to_json().replace('"version": 1', '"version": 9'))
+    assert job_record.read_record(tmp_path) is None
+    job_record.remove_record(tmp_path)
+    assert job_record.read_record(tmp_path) is None
 
 
 def test_a_process_start_time_is_read_from_proc() -> None:

@@ -9,9 +9,10 @@ import time
 import pytest
 import trio
 
-from agent.container import container_labels, container_name, container_result, supervisor_argv
+from agent.container import container_labels, container_name, supervisor_argv
+from agent.job_results import OutputPaths, container_result
 from agent.messages import JobState
-from agent.runtimes import ContainerJob, OutputPaths, forks
+from agent.runtimes import ContainerJob, forks
 from runtime.jobs import ContainerRuntime
 
 JOB = ContainerJob(

@@ -19,10 +19,10 @@ import trio.testing
 from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settings, assign, sleep_job
 
 from agent.core import Agent
+from agent.job_results import JobResult
 from agent.joblog import read_log
 from agent.leave import LEAVE_BACKOFF
 from agent.messages import JobState, Leave, LeaveAnswer
-from agent.runtimes import JobResult
 from runtime.errors import Busy
 from runtime.jobs import JobRuntime, SleepRuntime
 from runtime.os_users import RunAs

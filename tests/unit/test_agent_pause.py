@@ -29,9 +29,10 @@ from test_agent_heartbeat import (
 )
 
 from agent.core import Agent
+from agent.job_results import JobResult
 from agent.joblog import read_log
 from agent.messages import JobState
-from agent.runtimes import JobResult, sleep_end
+from agent.sleep_jobs import sleep_end
 from runtime.jobs import JobRuntime
 
 GRACE_S = 20.0

@@ -21,9 +21,10 @@ import trio.testing
 from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settings
 
 from agent.core import Agent
+from agent.job_results import JobResult
 from agent.joblog import read_log
 from agent.messages import AssignOrder, CancelOrder, JobOrder, JobState
-from agent.runtimes import JobResult, run_job
+from agent.runtimes import run_job
 from agent.starts import Spawner, StartLimiter, StartTicket
 from runtime import metrics
 from runtime.errors import InvalidArgument

@@ -16,20 +16,17 @@ import attrs
 import pytest
 
 from agent import cgroups, reaper
-from agent.cgroups import (
-    AGENT_LEAF,
-    JOBS_GROUP,
-    Cgroup1Resources,
-    Cgroup2Resources,
+from agent.cgroup_mounts import (
     Host,
     Mount,
     locate,
     parse_keyed,
     parse_mountinfo,
     parse_proc_cgroup,
-    select_resources,
     visible_dir,
 )
+from agent.cgroups import AGENT_LEAF, JOBS_GROUP, Cgroup1Resources, Cgroup2Resources, select_resources
+from agent.job_results import JobResult, oom_killed
 from agent.messages import JobState
 from agent.resources import (
     JobLimits,
@@ -43,7 +40,6 @@ from agent.resources import (
     jobs_cpu_weight,
     memory_limit_bytes,
 )
-from agent.runtimes import JobResult, oom_killed
 from runtime.errors import InvalidArgument, ResourcesUnavailable
 from runtime.settings import AUTO, JOB_RESOURCES_CHOICES, AgentSettings
 

@@ -1,0 +1,147 @@
+"""A job's record (:class:`JobRecord`, in :data:`RECORD_FILE` of its folder): what the agent
+wrote when the job started, so that a restarted agent can prove the job's supervisor its own and
+take the job over (:mod:`agent.adoption`; docs/design.md, "Restarts on the worker: the record,
+the survey and the takeover").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from agent.messages import JobOrder
+from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
+
+RECORD_FILE = "job.record"
+"""In a job's folder: the job's record (JSON, see :class:`JobRecord`), from its start until its
+``stop`` line is written."""
+RECORD_VERSION = 1
+"""The record's format; a record of another version is not trusted (its job is stopped)."""
+
+
+@attrs.frozen(kw_only=True)
+class JobRecord:
+    """What a job's folder says about the job."""
+
+    worker_id: str
+    assignment_id: int
+    job_id: int
+    incarnation: int
+    """The incarnation the job was accepted in."""
+    epoch: int
+    """The epoch of the Assign request that started it."""
+    cpu_millis: int
+    memory_mb: int
+    runtime: JobRuntime
+    timeout_s: float | None = None
+    name: str = ""
+    started_monotonic_s: float
+    """When its runtime was started (``time.monotonic()``); never rewritten: its ``timeout_s``
+    and the length of its run count from it."""
+    start_line_s: float | None = None
+    """The time its ``start`` line carries (the database's clock, :mod:`agent.dbclock`): its
+    ``stop`` line is never dated earlier; None when that line's time was not known yet."""
+    began_monotonic_s: float
+    """When its runtime was started (``time.monotonic()``): a sleep job's duration counts from it."""
+    paused_s: float = 0.0
+    """A sleep job's time paused since it began (its duration does not count it), as of the
+    last time the record was written."""
+    supervisor_pid: int | None = None
+    """A command job's reaper, once forked; None before (or for a sleep job)."""
+    supervisor_start_ticks: int | None = None
+    """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
+
+    @property
+    def reservation(self) -> tuple[int, int]:
+        """(cpu_millis, memory_mb) it holds."""
+        return self.cpu_millis, self.memory_mb
+
+    def order(self) -> JobOrder:
+        """The job as the agent's own structures hold it (its spec has what the record keeps)."""
+        return JobOrder(
+            assignment_id=self.assignment_id,
+            job_id=self.job_id,
+            spec=JobSpec(
+                name=self.name,
+                cpu_millis=self.cpu_millis,
+                memory_mb=self.memory_mb,
+                runtime=self.runtime,
+                timeout_s=self.timeout_s,
+            ),
+        )
+
+    def to_json(self) -> str:
+        """The record as one line of JSON."""
+        runtime: dict[str, Any]
+        match self.runtime:
+            case SleepRuntime(duration_ms=ms):
+                runtime = {"kind": "sleep", "duration_ms": ms}
+            case CommandRuntime(argv=argv):
+                runtime = {"kind": "command", "argv": list(argv)}
+            case ContainerRuntime(image=image, argv=argv):
+                runtime = {"kind": "container", "image": image, "argv": list(argv)}
+        data = attrs.asdict(self, recurse=False)
+        data["runtime"] = runtime
+        data["version"] = RECORD_VERSION
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobRecord:
+        """A record from :meth:`to_json`'s output.
+
+        Raises:
+            ValueError: not a record of this version (a torn or foreign file).
+        """
+        try:
+            data = json.loads(text)
+            if data.pop("version") != RECORD_VERSION:
+                raise ValueError(f"record version must be {RECORD_VERSION}")
+            # A record of an agent that kept the wall-clock start instead: its start is when its
+            # duration began counting (the same, but for a sleep job taken over once already).
+            data.pop("started_unix_s", None)
+            data.setdefault("started_monotonic_s", data.get("began_monotonic_s"))
+            raw = data.pop("runtime")
+            kind = raw["kind"]
+            runtime: JobRuntime
+            if kind == "sleep":
+                runtime = SleepRuntime(duration_ms=int(raw["duration_ms"]))
+            elif kind == "command":
+                runtime = CommandRuntime(argv=tuple(str(a) for a in raw["argv"]))
+            elif kind == "container":
+                runtime = ContainerRuntime(image=str(raw["image"]), argv=tuple(str(a) for a in raw["argv"]))
+            else:
+                raise ValueError(f"unknown runtime {kind!r}")
+            return cls(runtime=runtime, **data)
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a job record: {exc}") from exc
+
+
+def write_record(job_dir: Path, record: JobRecord) -> None:
+    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically.
+
+    Raises:
+        OSError: it cannot be written.
+    """
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f"{RECORD_FILE}.tmp"
+    tmp.write_text(record.to_json() + "\n", encoding="utf-8")
+    os.replace(tmp, job_dir / RECORD_FILE)
+
+
+def read_record(job_dir: Path) -> JobRecord | None:
+    """The record in ``job_dir``; None when there is none or it cannot be read."""
+    try:
+        return JobRecord.from_json((job_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def remove_record(job_dir: Path) -> None:
+    """Remove the record of ``job_dir`` (a missing one is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        (job_dir / RECORD_FILE).unlink()
