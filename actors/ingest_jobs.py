@@ -25,7 +25,7 @@ from runtime.wire_jobs import job_spec_from_pb
 
 @attrs.frozen(kw_only=True)
 class Once:
-    """What a mutating call's statement gave (:meth:`ControlPlaneService._once`)."""
+    """What a mutating call's statement gave (:meth:`JobHandlers._once`)."""
 
     answer: list[dict[str, Any]]
     """The rows its effect returned, the first time (JSON objects, by column name)."""

@@ -304,7 +304,7 @@ class ReconcilerSettings:
     """When the leader's reads of the workers' silence were interrupted for longer than this
     (its database was unreachable, or it was stalled), silence counts anew from the first read
     after (seconds; DESIGN.md, "Outages"). It grows in proportion when the workers are judged by
-    a longer dead_after than ``dead_after_s`` (:func:`actors.reconciler.contact_gap_for_s`)."""
+    a longer dead_after than ``dead_after_s`` (:func:`actors.deaths.contact_gap_for_s`)."""
     held_log_every_s: float = attrs.field(default=5.0, validator=_positive)
     """At most one log line per this many seconds about held declarations, per reason."""
     read_statement_timeout_s: float = attrs.field(
