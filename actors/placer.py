@@ -19,7 +19,7 @@ only) keeps a stale queue from ever placing a job twice. When neither the queue 
 free room changed since a round that found nothing to do, the decision is skipped.
 
 Under overload (DESIGN.md): a round places on a worker at most what its send window allows
-(:func:`actors.placement.placement_limit`, from the counters the database keeps in the worker's
+(:func:`actors.rooms.placement_limit`, from the counters the database keeps in the worker's
 row), so a new, re-registered or stalled worker is not flooded; a requeued job waits out its
 backoff (``jobs.not_before``, read as a wait in seconds by database time and kept in the queue
 in trio time) before it is placed again, and its pending reason says so; and the decision runs
@@ -47,17 +47,12 @@ from actors.messages import (
     Placement,
     WorkerRef,
 )
-from actors.placement import (
-    PendingQueue,
-    Plan,
-    ReasonCache,
-    Unschedulable,
-    place_queue_steps,
-    placement_limit,
-)
+from actors.pending_queue import PendingQueue
+from actors.placement import Plan, Unschedulable, place_queue_steps
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.placer_store import PgPlacerStore as PgPlacerStore  # ops.benchpack imports it from here
 from actors.role import RoleView
+from actors.rooms import ReasonCache, placement_limit
 from actors.write_size import WriteSize
 from runtime import faults, log, metrics
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
@@ -322,7 +317,7 @@ def plan_round(
     of trial (:func:`probe_limit`);
     a retry goes elsewhere than where it failed when it can (:func:`actors.placement.elsewhere`).
     Each worker's send window bounds what it is given
-    (:func:`actors.placement.placement_limit` from its confirmed and unconfirmed assignments);
+    (:func:`actors.rooms.placement_limit` from its confirmed and unconfirmed assignments);
     jobs waiting out their requeue backoff at
     ``now`` are neither placed nor reserve a worker; the placements are decided by
     :func:`actors.placement.place_queue_steps` (never over a worker's free room, never a job
@@ -337,7 +332,7 @@ def plan_round(
         idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
             queue has not changed since; a round with the same one decides nothing.
         reason_cache: the unschedulable reasons by job shape from earlier rounds (a memo, kept by
-            the caller; :class:`actors.placement.ReasonCache`): the plan is the same without it.
+            the caller; :class:`actors.rooms.ReasonCache`): the plan is the same without it.
 
     Returns:
         The :class:`RoundPlan`.

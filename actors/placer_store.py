@@ -18,7 +18,8 @@ import trio
 
 from actors import queries
 from actors.messages import WorkerRef
-from actors.placement import PendingJob, WorkerRoom
+from actors.pending_queue import PendingJob
+from actors.rooms import WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
 from runtime.settings import PlacerSettings

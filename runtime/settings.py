@@ -222,7 +222,7 @@ class PlacerSettings:
     initial_window: int = attrs.field(default=16, validator=_positive)
     """Unconfirmed assignments a worker incarnation may hold before any heartbeat confirmed one
     (the send window's start; it grows by one per confirmed assignment: see
-    :func:`actors.placement.send_window`)."""
+    :func:`actors.rooms.send_window`)."""
     max_unconfirmed_per_worker: int = attrs.field(default=64, validator=_positive)
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.messages import CommittedAssignment, WorkerRef
-from actors.placement import PendingJob, PendingQueue, WorkerRoom, placement_limit
+from actors.pending_queue import PendingJob, PendingQueue
 from actors.placer import LiveWorker, RoundPlan, plan_round
+from actors.rooms import WorkerRoom, placement_limit
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import PLACEMENT_POLICIES, PlacerSettings
 
