@@ -29,7 +29,8 @@ from actors.messages import (
     ReconcileResult,
     WorkerRef,
 )
-from actors.placer import LiveWorker, packing
+from actors.placer import packing
+from actors.placer_store import LiveWorker
 from actors.reconciler_store import SilenceReading
 from actors.rooms import WorkerRoom
 from runtime.errors import StaleEpoch

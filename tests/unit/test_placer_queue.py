@@ -21,7 +21,8 @@ from actors.messages import (
     WorkerRef,
 )
 from actors.pending_queue import PendingJob
-from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
+from actors.placer import Placer
+from actors.placer_store import LiveWorker, PendingMark, WaitingJob
 from actors.role import RoleView
 from actors.rooms import WorkerRoom
 from actors.write_size import WriteSize

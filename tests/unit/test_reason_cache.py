@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from actors.messages import WorkerRef
 from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import place_queue
-from actors.placer import LiveWorker, plan_round
+from actors.placer_store import LiveWorker
 from actors.rooms import ReasonCache, WorkerRoom, unschedulable_reason, workers_key
+from actors.round_plan import plan_round
 from runtime.constraints import Constraint
 from runtime.settings import PlacerSettings
 
