@@ -2,16 +2,16 @@
 
 A fenced write holds the lease's share lock while it runs, and the ledger's session cancels a
 statement at ``LedgerSettings.statement_timeout_s`` so that it never holds it long enough to
-cost the leader its renewal (see :mod:`actors.ledger`). At most ``max_rows_per_fenced_write``
-rows keeps a write far inside that on a machine with CPU to spare (500 rows: 10 to 40 ms on the
-2-core VM), but not on a saturated one: in a cluster of 3,000 running sleep jobs on that VM a
-row cost about 0.4 ms, 500 rows passed 0.2 s, and a write of that size would be cancelled on
-every try, however often it was tried. So a decider sizes its writes the way TCP sizes its
-congestion window (RFC 5681, section 3.1: additive increase, multiplicative decrease): it halves
-the rows after a write the server cancelled (:class:`runtime.errors.DatabaseBusy`) and adds an
-eighth of the ceiling after each write that went through. A slow database then gets writes it
-can finish, each still fenced and still bounded in time; a fast one soon gets full ones again.
-"""
+cost the leader its renewal (docs/design.md, "How decisions are fenced"). At most
+``max_rows_per_fenced_write`` rows keeps a write far inside that on a machine with CPU to spare
+(500 rows: 10 to 40 ms on the 2-core VM), but not on a saturated one: in a cluster of 3,000
+running sleep jobs on that VM a row cost about 0.4 ms, 500 rows passed 0.2 s, and a write of
+that size would be cancelled on every try, however often it was tried. So a decider sizes its
+writes the way TCP sizes its congestion window (RFC 5681, section 3.1: additive increase,
+multiplicative decrease): it halves the rows after a write the server cancelled
+(:class:`runtime.errors.DatabaseBusy`) and adds an eighth of the ceiling after each write that
+went through. A slow database then gets writes it can finish, each still fenced and still
+bounded in time; a fast one soon gets full ones again."""
 
 from __future__ import annotations
 
