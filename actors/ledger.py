@@ -37,6 +37,7 @@ from actors.messages import (
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
+from runtime.reply import Reply
 from runtime.settings import LedgerSettings, session_ms
 
 T = TypeVar("T")
@@ -146,89 +147,52 @@ class Ledger:
                 rows, field = 1, "policy"
         return InvalidArgument(field, rows, rule) if rows > limit else None
 
+    def _decision(self, message: LedgerInbox) -> tuple[str, str, Callable[[PgConnection], Awaitable[Any]]]:
+        """What ``message`` asks the ledger to write: its kind (fault points, metrics), a short
+        description (``stale_writes``, logs) and its writes."""
+        match message:
+            case CommitPlacements():
+                what = f"commit {len(message.placements)} placements"
+                return "commit_placements", what, lambda c: self._commit_placements(c, message)
+            case DeclareDeadWorkers():
+                return (
+                    "declare_dead_workers",
+                    "declare dead workers",
+                    lambda c: self._declare_dead(c, message),
+                )
+            case EndOrphanedAssignments():
+                what = "end orphaned assignments"
+                return "end_orphaned_assignments", what, lambda c: self._end_orphans(c, message)
+            case EndAssignments():
+                what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
+                return "end_assignments", what, lambda c: self._end_assignments(c, message)
+            case SettleWaitingJobs():
+                what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
+                return "settle_waiting_jobs", what, lambda c: self._settle_waiting(c, message)
+            case EndDrainedAssignments():
+                what = f"end {len(message.assignment_ids)} assignments (drained)"
+                return "end_drained_assignments", what, lambda c: self._end_drained(c, message)
+            case RecordWorkerHealth():
+                what = f"record the health of {len(message.changes)} workers"
+                return "record_worker_health", what, lambda c: self._record_health(c, message)
+            case SetHeartbeatPolicy():
+                what = "set the heartbeat interval"
+                return "set_heartbeat_policy", what, lambda c: self._set_heartbeat_policy(c, message)
+
     async def _handle(self, message: LedgerInbox) -> None:
-        result: Any
+        reply: Reply[Any] = message.reply
         too_large = self._too_large(message)
         if too_large is not None:
             # A decider's bug: answered, not run; the asker fails loudly.
             self._log.error("fenced write refused: too large", error=str(too_large))
-            message.reply.fail(too_large)
+            reply.fail(too_large)
             return
-        keys = decision_log_keys(message)
+        kind, what, op = self._decision(message)
+        # Placements carry the fence in their one statement; every other decision is a
+        # fenced transaction.
+        write = self.fenced_statement if isinstance(message, CommitPlacements) else self.fenced
         try:
-            match message:
-                case CommitPlacements(epoch=epoch, reply=reply):
-                    what = f"commit {len(message.placements)} placements"
-                    result = await self.fenced_statement(
-                        epoch,
-                        what,
-                        lambda c: self._commit_placements(c, message),
-                        kind="commit_placements",
-                        log_keys=keys,
-                    )
-                case DeclareDeadWorkers(epoch=epoch, reply=reply):
-                    what = "declare dead workers"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._declare_dead(c, message),
-                        kind="declare_dead_workers",
-                        log_keys=keys,
-                    )
-                case EndOrphanedAssignments(epoch=epoch, reply=reply):
-                    what = "end orphaned assignments"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_orphans(c, message),
-                        kind="end_orphaned_assignments",
-                        log_keys=keys,
-                    )
-                case EndAssignments(epoch=epoch, reply=reply):
-                    what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_assignments(c, message),
-                        kind="end_assignments",
-                        log_keys=keys,
-                    )
-                case SettleWaitingJobs(epoch=epoch, reply=reply):
-                    what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._settle_waiting(c, message),
-                        kind="settle_waiting_jobs",
-                        log_keys=keys,
-                    )
-                case EndDrainedAssignments(epoch=epoch, reply=reply):
-                    what = f"end {len(message.assignment_ids)} assignments (drained)"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_drained(c, message),
-                        kind="end_drained_assignments",
-                        log_keys=keys,
-                    )
-                case RecordWorkerHealth(epoch=epoch, reply=reply):
-                    what = f"record the health of {len(message.changes)} workers"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._record_health(c, message),
-                        kind="record_worker_health",
-                        log_keys=keys,
-                    )
-                case SetHeartbeatPolicy(epoch=epoch, reply=reply):
-                    what = "set the heartbeat interval"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._set_heartbeat_policy(c, message),
-                        kind="set_heartbeat_policy",
-                        log_keys=keys,
-                    )
+            result = await write(message.epoch, what, op, kind=kind, log_keys=decision_log_keys(message))
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
         except Exception as exc:
