@@ -29,6 +29,25 @@ from runtime.errors import DeadlineExceeded
 from runtime.settings import ReconcilerSettings
 
 
+def recorded_answer(
+    row: Any, newer: tuple[str | None, str | None, int | None], *, skipped: bool = False
+) -> GroupAnswer:
+    """The answer to a heartbeat from its statement's ``row``; ``newer``: the agent run id,
+    address and incarnation of the registration that took the worker's id over (None each: none)."""
+    return GroupAnswer(
+        alive=row["alive"],
+        skipped=skipped,
+        stop_assignment_ids=tuple(row["stop_assignment_ids"]),
+        current_epoch=row["current_epoch"],
+        database_unix_s=row["database_unix_s"],
+        told_interval_ms=row["told_interval_ms"],
+        told_dead_after_ms=row["told_dead_after_ms"],
+        newer_agent_run_id=newer[0],
+        newer_address=newer[1],
+        newer_incarnation=newer[2],
+    )
+
+
 @attrs.define
 class HeartbeatHandlers(JobHandlers):
     """The Heartbeat RPC of :class:`actors.ingest.ControlPlaneService`.
@@ -166,20 +185,8 @@ class HeartbeatHandlers(JobHandlers):
                 )
                 continue
             row = next(recorded)
-            answers.append(
-                GroupAnswer(
-                    alive=row["alive"],
-                    skipped=row["skipped"],
-                    stop_assignment_ids=tuple(row["stop_assignment_ids"]),
-                    current_epoch=row["current_epoch"],
-                    database_unix_s=row["database_unix_s"],
-                    told_interval_ms=row["told_interval_ms"],
-                    told_dead_after_ms=row["told_dead_after_ms"],
-                    newer_agent_run_id=row["newer_agent_run_id"],
-                    newer_address=row["newer_address"],
-                    newer_incarnation=row["newer_incarnation"],
-                )
-            )
+            newer = (row["newer_agent_run_id"], row["newer_address"], row["newer_incarnation"])
+            answers.append(recorded_answer(row, newer, skipped=row["skipped"]))
         return answers
 
     async def _heartbeat_alone(
@@ -203,11 +210,14 @@ class HeartbeatHandlers(JobHandlers):
                 *self._told_defaults(),
             )
             assert row is not None
-            newer = (
+            newer: tuple[str | None, str | None, int | None] = (None, None, None)
+            found = (
                 None
                 if row["alive"]
                 else await conn.fetchrow(queries.NEWER_REGISTRATION, worker_id, request.incarnation)
             )
+            if found is not None:
+                newer = (found["agent_run_id"] or "", found["address"], found["incarnation"])
             if hold_ms and row["alive"]:
                 # A planned restart's hold, recorded after the heartbeat committed: it counts from
                 # this statement's now(), after the heartbeat's send (docs/design.md, "Restarts").
@@ -224,17 +234,7 @@ class HeartbeatHandlers(JobHandlers):
                 epoch=row["current_epoch"],
                 **outcome_log_keys(finished),
             )
-        answer = GroupAnswer(
-            alive=row["alive"],
-            stop_assignment_ids=tuple(row["stop_assignment_ids"]),
-            current_epoch=row["current_epoch"],
-            database_unix_s=row["database_unix_s"],
-            told_interval_ms=row["told_interval_ms"],
-            told_dead_after_ms=row["told_dead_after_ms"],
-            newer_agent_run_id=None if newer is None else newer["agent_run_id"] or "",
-            newer_address=None if newer is None else newer["address"],
-            newer_incarnation=None if newer is None else newer["incarnation"],
-        )
+        answer = recorded_answer(row, newer)
         reply = self._heartbeat_reply(worker_id, request.incarnation, answer)
         if hold_ms and answer.alive:
             reply.restart_hold_granted = held is not None

@@ -168,8 +168,7 @@ class JobHandlers(AdmittedService):
                     ) from None
             assert isinstance(batch, pb.SubmitJobsRequest)
             jobs = await run_in_slices(
-                check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step),
-                self.wire_share,
+                check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step), self.wire_share
             )
             key = check_idempotency_key(batch.idempotency_key)
             digest = await run_in_slices(

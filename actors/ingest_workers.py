@@ -25,6 +25,44 @@ from runtime.errors import IdempotencyConflict, InvalidArgument, NotFound
 from runtime.validation import check_drain_deadline_ms, check_idempotency_key, check_worker_id
 
 
+def registration_args(
+    request: pb.RegisterWorkerRequest, labels: dict[str, str], digest: bytes
+) -> tuple[Any, ...]:
+    """The parameters REGISTER_WORKER and CONTINUE_WORKER begin with, in their order."""
+    return (
+        request.worker_id,
+        request.address,
+        request.cpu_millis,
+        request.memory_mb,
+        json.dumps(labels),
+        request.agent_run_id,
+        request.registration_seq,
+        digest,
+    )
+
+
+def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes) -> int:
+    """The incarnation of the registration stored in ``row`` (the worker's), which ``request``
+    is a copy of (same agent run and number).
+
+    Raises:
+        IdempotencyConflict: the stored registration asked for another address, capacity or
+            labels (``digest`` differs).
+    """
+    stored = row["registration_sha256"]
+    if stored is not None and bytes(stored) != digest:
+        raise IdempotencyConflict(
+            idempotency.registration_conflict_message(
+                worker_id=request.worker_id,
+                agent_run_id=request.agent_run_id,
+                registration_seq=request.registration_seq,
+                incarnation=row["incarnation"],
+            )
+        )
+    incarnation: int = row["incarnation"]
+    return incarnation
+
+
 @attrs.define
 class WorkerHandlers(HeartbeatHandlers):
     """The worker RPCs of :class:`actors.ingest.ControlPlaneService` but Heartbeat."""
@@ -77,15 +115,7 @@ class WorkerHandlers(HeartbeatHandlers):
             incarnation: int | None = None
             if not again:
                 incarnation = await conn.fetchval(
-                    queries.REGISTER_WORKER,
-                    request.worker_id,
-                    request.address,
-                    request.cpu_millis,
-                    request.memory_mb,
-                    json.dumps(labels),
-                    request.agent_run_id,
-                    request.registration_seq,
-                    digest,
+                    queries.REGISTER_WORKER, *registration_args(request, labels, digest)
                 )
                 if incarnation is None:
                     again = True
@@ -102,17 +132,7 @@ class WorkerHandlers(HeartbeatHandlers):
                         f"must be above {row['registration_seq']}, the latest registration of agent "
                         f"run {request.agent_run_id} of worker {request.worker_id}",
                     )
-                stored = row["registration_sha256"]
-                if stored is not None and bytes(stored) != digest:
-                    raise IdempotencyConflict(
-                        idempotency.registration_conflict_message(
-                            worker_id=request.worker_id,
-                            agent_run_id=request.agent_run_id,
-                            registration_seq=request.registration_seq,
-                            incarnation=row["incarnation"],
-                        )
-                    )
-                incarnation = row["incarnation"]
+                incarnation = same_registration(row, request, digest)
             assert incarnation is not None
             await faults.hit("ingest.promise_before_commit")
             # Last, so the worker's silence counts from the commit, not from the start; a copy
@@ -176,16 +196,7 @@ class WorkerHandlers(HeartbeatHandlers):
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
             continued = await conn.fetchval(
-                queries.CONTINUE_WORKER,
-                worker_id,
-                request.address,
-                request.cpu_millis,
-                request.memory_mb,
-                json.dumps(labels),
-                request.agent_run_id,
-                request.registration_seq,
-                digest,
-                incarnation,
+                queries.CONTINUE_WORKER, *registration_args(request, labels, digest), incarnation
             )
             released: list[int] = []
             if continued is None:
@@ -199,16 +210,7 @@ class WorkerHandlers(HeartbeatHandlers):
                 )
                 if not copy:
                     return False, [], [], await conn.fetchrow(queries.EPOCH_AND_CLOCK), None
-                stored = row["registration_sha256"] if row is not None else None
-                if stored is not None and bytes(stored) != digest:
-                    raise IdempotencyConflict(
-                        idempotency.registration_conflict_message(
-                            worker_id=worker_id,
-                            agent_run_id=request.agent_run_id,
-                            registration_seq=request.registration_seq,
-                            incarnation=incarnation,
-                        )
-                    )
+                same_registration(row, request, digest)
                 released = list(await conn.fetchval(queries.RELEASED_ASSIGNMENTS, worker_id, incarnation))
             else:
                 released = list(

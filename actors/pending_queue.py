@@ -315,9 +315,7 @@ class PendingQueue:
         return index[inverse.reshape(-1)]
 
 
-def _columns(
-    jobs: Sequence[PendingJob],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _columns(jobs: Sequence[PendingJob]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(ids, cpu_millis, memory_mb, priority) of ``jobs`` as int64 arrays and whether each is
     a container job (bool), in the given order."""
     table = np.array(

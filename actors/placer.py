@@ -16,13 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.messages import (
-    CommitPlacements,
-    CommittedAssignment,
-    Connect,
-    DispatcherInbox,
-    LedgerInbox,
-)
+from actors.messages import CommitPlacements, CommittedAssignment, Connect, DispatcherInbox, LedgerInbox
 from actors.pending_queue import PendingQueue
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.role import RoleView
@@ -33,10 +27,7 @@ from runtime import faults, log, metrics
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.loops import finish_in_slices
 from runtime.reply import Reply
-from runtime.settings import (
-    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
-    PlacerSettings,
-)
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, PlacerSettings
 
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:

@@ -99,11 +99,7 @@ class PendingMark:
     in_flight: tuple[int, ...] = ()
 
     def after_read(
-        self,
-        *,
-        last_read: tuple[int, int] | None,
-        snapshot_xmax: int,
-        snapshot_xip: Iterable[int],
+        self, *, last_read: tuple[int, int] | None, snapshot_xmax: int, snapshot_xip: Iterable[int]
     ) -> PendingMark:
         """The mark after a read from this one.
 

@@ -51,10 +51,7 @@ from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
-from runtime.settings import (
-    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
-    ReconcilerSettings,
-)
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before

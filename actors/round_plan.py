@@ -13,20 +13,13 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from actors.messages import (
-    CommittedAssignment,
-    Dispatch,
-    Placement,
-    WorkerRef,
-)
+from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
 from actors.placement import Plan, Unschedulable, place_queue_steps
 from actors.placer_store import LiveWorker
 from actors.rooms import ReasonCache, placement_limit
 from runtime.loops import finish
-from runtime.settings import (
-    PlacerSettings,
-)
+from runtime.settings import PlacerSettings
 
 RoundOutcome = Literal["unchanged", "nothing", "commit"]
 """What a round's plan says: ``unchanged`` (neither the queue nor any worker's room changed
