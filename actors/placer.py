@@ -16,18 +16,17 @@ from typing import Any
 import attrs
 import trio
 
-from actors.messages import CommitPlacements, CommittedAssignment, Connect, DispatcherInbox, LedgerInbox
+from actors.messages import CommitPlacements, CommittedAssignment, Connect, DispatcherInbox
 from actors.pending_queue import PendingQueue
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.role import RoleView
 from actors.rooms import ReasonCache
 from actors.round_plan import RoundPlan, plan_round_steps
-from actors.write_size import WriteSize
+from actors.write_size import FencedWrites
 from runtime import faults, log, metrics
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
+from runtime.errors import DatabaseUnavailable, StaleEpoch
 from runtime.loops import finish_in_slices
-from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, PlacerSettings
+from runtime.settings import PlacerSettings
 
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:
@@ -81,21 +80,15 @@ class RoundStats:
 
 
 @attrs.define
-class Placer:
-    """The actor."""
+class Placer(FencedWrites):
+    """The actor; its rounds' commits are fenced writes of at most :meth:`write_size` rows."""
 
     settings: PlacerSettings
     store: PlacerStore
     role: RoleView
-    ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
     stats: RoundStats = attrs.field(factory=RoundStats)
     queue: PendingQueue = attrs.field(factory=PendingQueue)
-    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
-    """Most placements and pending reasons one round's fenced statement may write (the
-    ledger's ``max_rows_per_fenced_write``): reasons beyond what the placements leave wait for
-    later rounds. While the database is slow, rounds write fewer (:mod:`actors.write_size`)."""
-    _write_size: WriteSize | None = None
     _synced_epoch: int | None = None
     _failed_rounds: int = 0
     """Rounds failed in a row (the database unreachable); logged at the first and the end."""
@@ -205,16 +198,11 @@ class Placer:
         decided = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("decide").observe(decided - read_done)
         await faults.hit("placer.before_commit")
-        reply: Reply[tuple[CommittedAssignment, ...]] = Reply()
-        await self.ledger.send(
-            CommitPlacements(epoch=epoch, placements=plan.placements, reasons=plan.reasons, reply=reply)
+        committed: tuple[CommittedAssignment, ...] = await self.write(
+            lambda reply: CommitPlacements(
+                epoch=epoch, placements=plan.placements, reasons=plan.reasons, reply=reply
+            )
         )
-        try:
-            committed = await reply.wait()
-        except DatabaseBusy:
-            self._write_size = self.write_size().after_cancel()
-            raise
-        self._write_size = self.write_size().after_success()
         commit_done = trio.current_time()
         metrics.PLACER_PHASE_SECONDS.labels("commit").observe(commit_done - decided)
         # Placed or not (a job cancelled or claimed meanwhile), none of them is pending any more.
@@ -258,13 +246,6 @@ class Placer:
         except trio.WouldBlock:
             return
         self._connected.update((ref.worker_id, ref.address) for ref in new)
-
-    def write_size(self) -> WriteSize:
-        """How many rows the next round's fenced statement may carry (see
-        :mod:`actors.write_size`)."""
-        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
-            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
-        return self._write_size
 
     async def _plan(self, workers: list[LiveWorker], *, now: float) -> RoundPlan:
         """The round's :class:`RoundPlan`, decided in slices with a checkpoint between them, so

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -36,7 +36,6 @@ from actors.messages import (
     Dispatch,
     DispatcherInbox,
     EndOrphanedAssignments,
-    LedgerInbox,
     ReconcileResult,
     RecordWorkerHealth,
     SetHeartbeatPolicy,
@@ -46,12 +45,11 @@ from actors.messages import (
 )
 from actors.reconciler_store import Delivery, ReconcilerStore
 from actors.role import RoleView
-from actors.write_size import WriteSize
+from actors.write_size import FencedWrites
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
-from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE, ReconcilerSettings
+from runtime.errors import DatabaseUnavailable, StaleEpoch
+from runtime.settings import ReconcilerSettings
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before
@@ -100,17 +98,13 @@ down: they share no heartbeats)."""
 
 
 @attrs.define
-class Reconciler:
-    """The actor."""
+class Reconciler(FencedWrites):
+    """The actor; its decisions are fenced writes of at most :meth:`write_size` rows."""
 
     settings: ReconcilerSettings
     store: ReconcilerStore
     role: RoleView
-    ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
-    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
-    """Most assignments one fenced write may end (the ledger's ``max_rows_per_fenced_write``)."""
-    _write_size: WriteSize | None = None
     _bucket: TokenBucket | None = None
     _unconfirmed_read_at: float = -math.inf
     """When the previous pass read the unconfirmed assignments (trio time)."""
@@ -137,7 +131,7 @@ class Reconciler:
 
     def __attrs_post_init__(self) -> None:
         self._cancels = Cancellations(
-            dispatcher=self.dispatcher, write=self._write, rows=lambda: self.write_size().rows
+            dispatcher=self.dispatcher, write=self.write, rows=lambda: self.write_size().rows
         )
 
     @property
@@ -233,33 +227,6 @@ class Reconciler:
             took_s = trio.current_time() - began
             self._steps_s[name] = round(took_s, 4)
             metrics.RECONCILE_STEP_SECONDS.labels(name).observe(took_s)
-
-    async def _ask_ledger(self, message_of: Any) -> Any:
-        reply: Reply[Any] = Reply()
-        await self.ledger.send(message_of(reply))
-        return await reply.wait()
-
-    def write_size(self) -> WriteSize:
-        """How many rows the next fenced write may carry (see :mod:`actors.write_size`)."""
-        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
-            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
-        return self._write_size
-
-    async def _write(self, message_of: Callable[[Reply[Any]], LedgerInbox]) -> Any:
-        """Ask the ledger for one fenced write, made of at most ``write_size().rows`` rows, and
-        size the next one by how this one went.
-
-        Raises:
-            StaleEpoch, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
-                cancelled the write; the next one is half as large).
-        """
-        try:
-            result = await self._ask_ledger(message_of)
-        except DatabaseBusy:
-            self._write_size = self.write_size().after_cancel()
-            raise
-        self._write_size = self.write_size().after_success()
-        return result
 
     async def reconcile(
         self, epoch: int, background: trio.Nursery, *, first_pass: bool = False
@@ -381,7 +348,7 @@ class Reconciler:
         if chosen is current:
             self._interval_s = current.interval_ms / 1000
             return None
-        await self._write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
+        await self.write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
         was = inputs.current
         self._log.info(
             "heartbeat interval chosen",
@@ -411,7 +378,7 @@ class Reconciler:
         changes = verdict.changes[: self.write_size().rows]
         written: tuple[tuple[str, bool], ...] = ()
         if changes:
-            written = await self._write(
+            written = await self.write(
                 lambda reply: RecordWorkerHealth(
                     epoch=epoch,
                     changes=tuple((c.worker_id, c.version, c.unhealthy, c.reason) for c in changes),
@@ -456,7 +423,7 @@ class Reconciler:
             plan = plan_waiting(await self.store.waiting_jobs(rows), most=rows)
             if not plan:
                 break
-            settled: SettledJobs = await self._write(
+            settled: SettledJobs = await self.write(
                 lambda reply: SettleWaitingJobs(
                     epoch=epoch,
                     release=plan.release,  # noqa: B023 (called at once, in this iteration)
@@ -492,7 +459,7 @@ class Reconciler:
         """
         caps = self.requeue_backoff_caps_s
         first = self.write_size().rows
-        batch: ReconcileResult = await self._write(
+        batch: ReconcileResult = await self.write(
             lambda reply: DeclareDeadWorkers(
                 epoch=epoch,
                 workers=declare,
@@ -513,7 +480,7 @@ class Reconciler:
         try:
             while batch.more_orphans:
                 rows = self.write_size().rows
-                batch = await self._write(
+                batch = await self.write(
                     lambda reply: EndOrphanedAssignments(
                         epoch=epoch,
                         requeue_backoff_caps_s=caps,

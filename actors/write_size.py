@@ -15,9 +15,16 @@ bounded in time; a fast one soon gets full ones again."""
 
 from __future__ import annotations
 
-import attrs
+from collections.abc import Callable
+from typing import Any
 
-from runtime.errors import InvalidArgument
+import attrs
+import trio
+
+from actors.messages import LedgerInbox
+from runtime.errors import DatabaseBusy, InvalidArgument
+from runtime.reply import Reply
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE
 
 
 @attrs.frozen
@@ -47,3 +54,41 @@ class WriteSize:
         """After a write the server cancelled (too slow, or a lock it waited for): half as many
         rows, at least one."""
         return WriteSize(max(1, self.rows // 2), self.most)
+
+
+@attrs.define(kw_only=True)
+class FencedWrites:
+    """A decider's fenced writes (the base of the placer and the reconciler): asked of the
+    ledger one at a time, each of at most :meth:`write_size` rows, the next sized by how the
+    last one went."""
+
+    ledger: trio.MemorySendChannel[LedgerInbox]
+    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
+    """Most rows one fenced write may carry (the ledger's ``max_rows_per_fenced_write``): a
+    round's placements and pending reasons (reasons beyond what the placements leave wait for
+    later rounds), or the assignments a reconcile write ends."""
+    _write_size: WriteSize | None = None
+
+    def write_size(self) -> WriteSize:
+        """How many rows the next fenced write may carry."""
+        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
+            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
+        return self._write_size
+
+    async def write(self, message_of: Callable[[Reply[Any]], LedgerInbox]) -> Any:
+        """Ask the ledger for one fenced write (``message_of`` builds it around its reply) and
+        size the next one by how this one went.
+
+        Raises:
+            StaleEpoch, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
+                cancelled the write; the next one is half as large).
+        """
+        reply: Reply[Any] = Reply()
+        await self.ledger.send(message_of(reply))
+        try:
+            result = await reply.wait()
+        except DatabaseBusy:
+            self._write_size = self.write_size().after_cancel()
+            raise
+        self._write_size = self.write_size().after_success()
+        return result
