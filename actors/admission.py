@@ -232,12 +232,7 @@ class LoopShare:
     """A token bucket of the ingest loop's time for the CPU work of requests other than
     liveness work (building, encoding, decoding and checking large messages, in slices).
 
-    Why (the module docstring's rule 5): trio runs every ready task once per pass of its
-    loop, and trio-asyncio runs one asyncio callback per pass, in arrival order; grpclib and
-    asyncpg (every byte a heartbeat sends or receives) live on that asyncio side. Two encoders
-    always ready to run a 2 ms slice would make each pass cost 4 ms for one asyncio callback,
-    and a heartbeat's callbacks would queue behind hundreds of others. Capped at ``share`` of
-    the loop's time, the slices leave the rest to everything else.
+    Why: docs/design.md, "Admission", rule 5.
 
     Tokens (seconds of loop time) accrue at ``share`` per second of wall time, up to
     ``burst_s``; a slice spends what it took; a negative balance is paid back by pausing.

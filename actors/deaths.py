@@ -23,13 +23,8 @@ def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
 def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings) -> float:
     """How long the leader's reads may be interrupted before silence counts anew (seconds):
     ``contact_gap_s`` as a share of ``dead_after_s``, applied to the shortest dead_after a
-    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``.
-
-    The gap guards against an outage being taken for the workers' silence; what matters is the
-    gap's share of the dead_after, not its length. When the cluster stretches the interval (a
-    40 s dead_after at 2,000 workers) a fixed 1 s gap made a leader merely busy, whose passes
-    came 1 to 2 s apart, count silence anew at almost every pass, so a dead worker was never
-    declared."""
+    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``
+    (why a share: docs/design.md, "Outages", the leader counts silence only while it could hear)."""
     shortest_s = min(
         (judged_dead_after_s(a, settings.dead_after_s) for a in ages), default=settings.dead_after_s
     )

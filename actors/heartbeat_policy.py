@@ -234,11 +234,7 @@ class HeartbeatWaits:
     worker: each worker's largest wait within the window (its latest once that largest is
     older) is one value, and the percentile is taken over the workers.
 
-    Per worker, not per heartbeat: a worker whose own machine is starved (its agent waits for
-    a CPU its jobs hold) reports long waits at every heartbeat, its own trouble and not the
-    replicas'; counted per heartbeat, one such worker among a hundred is a few percent of the
-    samples and would set the 99th percentile, stretching every worker's detection time. When
-    the replicas are slow, every worker's waits are.
+    Per worker, not per heartbeat: docs/design.md, "Heartbeat interval".
 
     Args:
         window_s: how far back a reported wait counts (s).
