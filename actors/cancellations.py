@@ -7,6 +7,7 @@ docs/design.md, "The reconciler's pass".
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -126,27 +127,24 @@ class Cancellations:
         scope = trio.CancelScope()
         for d in group:
             self._in_flight[d.assignment.assignment_id] = scope
-        background.start_soon(
-            self._cancel_in_background, scope, epoch, worker, group, requeue, reason, requeue_backoff_caps_s
-        )
+        cancel = partial(self._cancel, epoch, worker, group, requeue, reason, requeue_backoff_caps_s)
+        ids = [d.assignment.assignment_id for d in group]
+        background.start_soon(self._in_background, scope, epoch, worker, ids, cancel)
 
-    async def _cancel_in_background(
+    async def _in_background(
         self,
         scope: trio.CancelScope,
         epoch: int,
         worker: WorkerRef,
-        group: Sequence[Delivery],
-        requeue: bool,
-        reason: str,
-        caps: tuple[float, ...],
+        ids: list[int],
+        cancel: Callable[[], Awaitable[None]],
     ) -> None:
-        """:meth:`_cancel` as a task of its own, in ``scope`` (which ``_in_flight`` maps its
-        assignments to until it ends); a refused or failed ending is logged (a later pass asks
-        again), not raised."""
-        ids = [d.assignment.assignment_id for d in group]
+        """``cancel`` (:meth:`_cancel` of ``ids`` on ``worker``) as a task of its own, in
+        ``scope`` (which ``_in_flight`` maps those assignments to until it ends); a refused or
+        failed ending is logged (a later pass asks again), not raised."""
         with scope:
             try:
-                await self._cancel(epoch, worker, group, requeue, reason, caps)
+                await cancel()
             except StaleEpoch as exc:
                 self._log.info(
                     "cancellation's ending refused: deposed",

@@ -165,37 +165,43 @@ async def run_control_plane(
         async for message in lease_recv:
             lease_loop.post(_send_or_drop, lease_inbox_send, message)
 
+    def decider(roles: trio.MemoryReceiveChannel[RoleChange]) -> dict[str, Any]:
+        """What the placer and the reconciler are both given: their role, where their fenced
+        writes go and how large they may be, and the dispatcher."""
+        return {
+            "role": RoleView(changes=roles, lease_inbox=lease_send),
+            "ledger": ledger_send,
+            "dispatcher": dispatch_send,
+            "max_rows_per_fenced_write": settings.ledger.max_rows_per_fenced_write,
+        }
+
+    def store_named(actor: str) -> dict[str, str]:
+        """Where an actor's read store connects, and the name its connections go by."""
+        return {
+            "database_url": settings.database_url,
+            "application_name": f"stockade {settings.cp_id} {actor}",
+        }
+
     placer = Placer(
         settings=settings.placer,
         store=PgPlacerStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} placer",
+            **store_named("placer"),
             statement_timeout_s=settings.placer.read_statement_timeout_s,
             trial_run_s=settings.placer.trial_run_s,
         ),
-        role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send,
-        dispatcher=dispatch_send,
-        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
+        **decider(placer_roles_recv),
     )
     reconciler = Reconciler(
         settings=settings.reconciler,
         store=PgReconcilerStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} reconciler",
-            statement_timeout_s=settings.reconciler.read_statement_timeout_s,
+            **store_named("reconciler"), statement_timeout_s=settings.reconciler.read_statement_timeout_s
         ),
-        role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send,
-        dispatcher=dispatch_send,
-        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
+        **decider(reconciler_roles_recv),
     )
     watch = DatabaseWatch(
         settings=settings.database_watch,
         store=PgWatchStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} database watch",
-            statement_timeout_s=settings.database_watch.statement_timeout_s,
+            **store_named("database watch"), statement_timeout_s=settings.database_watch.statement_timeout_s
         ),
     )
     actors: list[tuple[str, Callable[..., Any]]] = [
