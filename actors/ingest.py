@@ -45,16 +45,8 @@ __all__ = ["ControlPlaneService", "Ingest", "apply_schema"]
 @attrs.define
 class ControlPlaneService(WorkerHandlers):
     """The RPC handlers (trio coroutines), served through :func:`runtime.aio.trio_service`;
-    admission as :class:`actors.ingest_gate.AdmittedService` says.
-
-    Args:
-        cp_id: this replica's id, named in busy answers.
-        pool: the ingest's connections (``settings.pool_size`` of them).
-        settings: capacity and shedding limits.
-        lag: the ingest loop's lag monitor (its :attr:`~runtime.lag.LoopLag.recent_max_s`).
-        told_default: the heartbeat interval and the dead_after told to workers while the
-            leader chose none (docs/design.md, "Heartbeat interval").
-    """
+    admission as :class:`actors.ingest_gate.AdmittedService` says, which names the fields it
+    is built with (and :class:`actors.ingest_heartbeats.HeartbeatHandlers` ``told_default``)."""
 
     logs: LogRelay | None = None
     """Relays job output from workers (ReadJobLogs); None: one of its own, plaintext."""

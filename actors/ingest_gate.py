@@ -246,8 +246,8 @@ class AdmittedService:
             self._shed_since_log.clear()
 
     async def _refuse_when_queue_full(self, rpc: str) -> None:
-        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (rule 4 of
-        :mod:`actors.admission`); counts the queue again when the count is older than
+        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (docs/design.md,
+        "Admission", rule 4); counts the queue again when the count is older than
         ``pending_count_max_age_s``. Use inside :meth:`admitted`.
 
         Raises:

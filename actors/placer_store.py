@@ -2,7 +2,7 @@
 
 :class:`PlacerStore` is what a round needs; :class:`PgPlacerStore` reads it on a connection of
 its own with the placer's statements (:mod:`actors.queries.placer`), and a unit test passes a
-stand-in. :class:`PendingMark` argues how a round reads only the jobs that became pending
+stand-in. :class:`PendingMark` marks how a round reads only the jobs that became pending
 since its previous read without missing one.
 """
 

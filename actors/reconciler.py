@@ -364,10 +364,10 @@ class Reconciler(FencedWrites):
         return chosen
 
     async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:
-        """Step 6 of the module: read every alive worker's judged runs, decide with
-        :func:`actors.health.judge_health`, and write the marks and clears in one fenced write
-        (none when nothing changes; at most ``write_size().rows`` changes, the rest in the next
-        judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
+        """Worker health (docs/design.md, "The reconciler's pass", step 6): read every alive worker's
+        judged runs, decide with :func:`actors.health.judge_health`, and write the marks and clears in
+        one fenced write (none when nothing changes; at most ``write_size().rows`` changes, the rest
+        in the next judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: the read or the write failed.
@@ -409,9 +409,9 @@ class Reconciler(FencedWrites):
         return written
 
     async def settle_waiting(self, epoch: int) -> SettledJobs:
-        """Settle the waiting jobs that can be settled now (step 4 of the module): one fenced
-        write per batch read, again while a write cancelled jobs or was full, at most
-        :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
+        """Settle the waiting jobs that can be settled now (docs/design.md, "The reconciler's pass",
+        step 4): one fenced write per batch read, again while a write cancelled jobs or was full, at
+        most :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: a read or write failed; no later write is sent.

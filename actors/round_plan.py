@@ -153,17 +153,16 @@ def plan_round_steps(
     plan. Neither the queue nor the workers may change meanwhile; neither is changed
     (``reason_cache``, a memo, may be).
 
-    A cordoned or draining worker is given nothing, nor an unhealthy one but a probe when it is
-    due (:func:`probe_limit`; the unschedulable reasons name them: :func:`not_counting_cordoned`);
-    one on trial is given one job at a time while another worker that takes placements is out
-    of trial (:func:`probe_limit`);
-    a retry goes elsewhere than where it failed when it can (:func:`actors.placement.elsewhere`).
-    Each worker's send window bounds what it is given
-    (:func:`actors.rooms.placement_limit` from its confirmed and unconfirmed assignments);
-    jobs waiting out their requeue backoff at
-    ``now`` are neither placed nor reserve a worker; the placements are decided by
-    :func:`actors.placement.place_queue_steps` (never over a worker's free room, never a job
-    twice); the pending reasons that changed fill what the placements leave of ``max_rows``.
+    A cordoned or draining worker is given nothing, nor an unhealthy one but a probe when it is due
+    (:func:`probe_limit`; the unschedulable reasons name them: :func:`not_counting_cordoned`); one
+    on trial is given one job at a time while another worker that takes placements is out of trial
+    (:func:`probe_limit`); a retry goes elsewhere than where it failed when it can
+    (:func:`actors.placement.elsewhere`). Each worker's send window bounds what it is given
+    (:func:`actors.rooms.placement_limit` from its confirmed and unconfirmed assignments); jobs
+    waiting out their requeue backoff at ``now`` are neither placed nor reserve a worker; the
+    placements are decided by :func:`actors.placement.place_queue_steps` (never over a worker's free
+    room, never a job twice); the pending reasons that changed fill what the placements leave of
+    ``max_rows``.
 
     Args:
         queue: the pending jobs (not changed).
