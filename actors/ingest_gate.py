@@ -1,10 +1,10 @@
 """Ingest's admission plumbing: turns, connections, shedding, and work done in slices.
 
-:class:`AdmittedService` is the base of :class:`actors.ingest.ControlPlaneService`: every
-handler first holds a turn (:meth:`AdmittedService.admitted`) and then a connection
-(:meth:`AdmittedService.connection`), as the overload rules of :mod:`actors.ingest` and
-:mod:`actors.admission` say. This module runs no statement that writes: the handlers, and
-so the unfenced writes, stay in :mod:`actors.ingest`.
+:class:`AdmittedService` is the base of the ingest's handlers
+(:class:`actors.ingest.ControlPlaneService`): every handler first holds a turn
+(:meth:`AdmittedService.admitted`) and then a connection (:meth:`AdmittedService.connection`),
+as docs/design.md, "Ingest" and "Admission", say. This module runs no statement that writes:
+the handlers, and so the unfenced writes, stay in the ingest's modules.
 """
 
 from __future__ import annotations
