@@ -6,6 +6,7 @@ sweep of expired idempotency keys; every mutating call carried out once per idem
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -113,18 +114,14 @@ class JobHandlers(AdmittedService):
         digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
         async with self.admitted("submit_job"):
             await self._refuse_when_queue_full("submit_job")
-            async with self.connection("submit_job") as conn:
-                done = await self._once(
-                    conn,
-                    "submit_job",
-                    queries.SUBMIT_JOB,
-                    *attrs.astuple(queries.job_columns(job)),
-                    key=key,
-                    digest=digest,
-                )
-                if not done.answer:
-                    # Nothing stored: a dependency does not exist (see queries.SUBMIT_JOB).
-                    raise await self._missing_dependencies(conn, "after", job.after)
+            done = await self._store_jobs(
+                "submit_job",
+                queries.SUBMIT_JOB,
+                attrs.astuple(queries.job_columns(job)),
+                key=key,
+                digest=digest,
+                missing=lambda conn: self._missing_dependencies(conn, "after", job.after),
+            )
             if not done.replayed:
                 # An array counts as its tasks against the queue's limit.
                 self.pending_jobs += int(done.answer[0].get("tasks", 1))
@@ -132,6 +129,29 @@ class JobHandlers(AdmittedService):
         if not done.replayed:
             log.get("ingest").info("job submitted", job_id=job_id, name=job.name)
         return pb.SubmitJobReply(job_id=job_id)
+
+    async def _store_jobs(
+        self,
+        rpc: str,
+        sql: str,
+        args: Sequence[Any],
+        *,
+        key: str,
+        digest: bytes,
+        missing: Callable[[PgConnection], Awaitable[InvalidArgument]],
+    ) -> Once:
+        """Carry out a submission's statement once per ``key`` (:meth:`_once`), inside its turn.
+
+        Raises:
+            InvalidArgument: nothing was stored: a job names a dependency that does not exist
+                (see queries.SUBMIT_JOB); ``missing`` says which, read on the same connection.
+            IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
+        """
+        async with self.connection(rpc) as conn:
+            done = await self._once(conn, rpc, sql, *args, key=key, digest=digest)
+            if not done.answer:
+                raise await missing(conn)
+        return done
 
     async def _missing_dependencies(
         self, conn: PgConnection, field: str, after: tuple[int, ...]
@@ -177,21 +197,21 @@ class JobHandlers(AdmittedService):
                 ),
                 self.wire_share,
             )
-            async with self.connection("submit_jobs") as conn:
-                done = await self._once(
-                    conn,
-                    "submit_jobs",
-                    queries.SUBMIT_JOBS,
-                    *queries.job_column_arrays(jobs),
-                    key=key,
-                    digest=digest,
-                )
-                if not done.answer:
-                    # Nothing stored: a job names a dependency that does not exist.
-                    named = sorted({i for j in jobs for i in j.after})
-                    missing = {int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named)}
-                    index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
-                    raise await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
+
+            async def first_missing(conn: PgConnection) -> InvalidArgument:
+                named = sorted({i for j in jobs for i in j.after})
+                missing = {int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named)}
+                index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
+                return await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
+
+            done = await self._store_jobs(
+                "submit_jobs",
+                queries.SUBMIT_JOBS,
+                queries.job_column_arrays(jobs),
+                key=key,
+                digest=digest,
+                missing=first_missing,
+            )
             if not done.replayed:
                 self.pending_jobs += len(done.answer)
         job_ids = sorted(int(r["id"]) for r in done.answer)
