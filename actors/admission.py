@@ -1,89 +1,10 @@
 """Admission to the ingest: liveness work first, a small number of other requests at a time,
 new work refused under overload.
 
-DESIGN.md, "Under overload": the heartbeat answers are the last things to slow down, and new
-work is shed before liveness work. The ingest (:mod:`actors.ingest`) applies both rules to its
-RPCs, split into two classes:
-
-- liveness (:data:`LIVENESS_RPCS`): Heartbeat, RegisterWorker and LeaveWorker, and the
-  replica's own presence record. A late heartbeat answer makes a worker fence itself, register
-  again and have its jobs placed again: more work for the same saturated processes; a refused
-  leave makes a clean stop count as a death, which holds the worker's jobs for ``dead_after``
-  and a backoff. These are never refused here.
-- everything else: SubmitJob(s), CancelJob, GetJob, ListJobs and Status. Status is read-only
-  but runs five queries, and an operator's dashboard polling it adds up: it is shed too.
-
-What a request costs the loop. The ingest serves every RPC on one trio loop (and one thread).
-A heartbeat answer waits for the database and for that loop; the loop is shared with
-everything the other RPCs do on it, and much of that is not database work: a
-``ListJobs(limit=1000)`` reply is 1,000 ``JobInfo`` messages that betterproto2 encodes in pure
-Python, 70 to 110 ms in one piece on the 2-core development VM (more with other processes
-wanting the CPU), and a 10,000-job ``SubmitJobs`` request takes 200 ms to decode. Bounding only
-the requests that hold or wait for a connection (as this module once did) let 90 listings
-admitted while the lag was still low then encode their replies for seconds, heartbeats queued
-behind them; shedding by lag reacted only after the heartbeats were already late. So:
-
-1. A turn covers all of a request's work (:class:`AdmissionGate`). A request other than
-   liveness work holds its turn from admission until its reply is encoded: its database work,
-   building the reply and encoding it (the handler encodes it itself, in the turn, and hands
-   gRPC the bytes: :class:`protocol.wire.Encoded`); a batch submission's request is decoded
-   and checked inside the turn too, so a refused one is never decoded at all. At most
-   ``max_requests_in_progress`` (2) hold a turn. Two keep the database and the CPU both busy
-   (one request's query runs while the other's reply is encoded); more would not make the loop
-   do more work per second, only make every request, heartbeats included, wait behind more.
-2. Long work is done in slices (:mod:`protocol.wire`): a large reply is encoded, a large
-   request decoded and checked, ``wire_step_messages`` (32) elements at a time, about 2 ms,
-   with a checkpoint between slices. A heartbeat's task, at each of its steps (the request
-   arriving, its statement, its answer), waits for at most one slice of each request in
-   progress. Slicing without rule 1 would not do: with 90 requests in progress a heartbeat
-   waits behind 90 slices at every step. Rule 1 without slicing would not do either: one
-   reply of a thousand jobs still holds the loop for 100 ms in one piece.
-3. The rest is refused at once or soon (:func:`shed_reason`, :func:`turn_timeout_reason`),
-   with :class:`runtime.errors.Busy` (gRPC RESOURCE_EXHAUSTED), before any of its work is
-   done, when
-
-   - the ingest loop's worst lag over the last second (:attr:`runtime.lag.LoopLag.recent_max_s`)
-     exceeds ``shed_lag_s``: every answer of this loop, heartbeat answers included, is already
-     that late (the CPU is short for reasons of its own: taking in less is the only lever the
-     replica has); or
-   - it would have to wait for its turn while ``max_waiting_requests`` others already wait; or
-   - it has waited ``max_admission_wait_s`` (1 s) for its turn without getting one: its client
-     learns then, not at its own deadline, that it should try another replica or back off.
-     (A wait that the client's deadline ends first answers DEADLINE_EXCEEDED, as before.)
-
-   A waiting request costs the loop nothing; a refused one costs the gRPC exchange alone.
-4. Submissions are refused while the pending queue holds ``max_pending_jobs`` (20,000)
-   (:func:`queue_full_reason`). Past what the cluster can place, every job taken in costs
-   CPU that placing and running need (decoding, checking, storing, and a longer queue in every
-   placer read): with sleep jobs on the 2-core VM, goodput fell from 890 jobs/s at 1,600
-   offered to 477 at 6,400 while the queue grew to 137,000, and the ingest shed nothing until
-   its own loop lagged. A refusal is decided before the request is decoded, on a count at
-   most ``pending_count_max_age_s`` old, so refusing costs the gRPC exchange alone.
-5. The slices together take at most ``max_wire_work_share`` (a quarter) of the loop's time
-   (:class:`LoopShare`). Rules 1 and 2 bound how long a heartbeat's trio task waits at each
-   step, but not its asyncio side: trio-asyncio runs one asyncio callback per pass of the trio
-   loop, in arrival order, and grpclib and asyncpg live there. With two encoders always ready,
-   every pass cost two slices for one asyncio callback, and a heartbeat's database reply
-   waited behind the callbacks of every refused request before it: 0.2 to 0.5 s in the flood
-   test with rules 1 to 3 alone. Paused past their share, the slices leave the loop the time
-   to drain that queue.
-
-No cap on one listing's size beyond ``validation.MAX_LIST_LIMIT``: sliced, a 10,000-job
-listing costs its own client time and holds one turn longer, not the heartbeats' time.
-
-Reserved connections. The ingest has one pool of ``pool_size`` connections, and the gate
-hands out at most ``pool_size`` turns in all (so asyncpg's own queue never holds anyone), at
-most ``pool_size - liveness_reserved_connections`` to other work (and at most
-``max_requests_in_progress``), and serves waiting liveness requests before waiting others. So
-a heartbeat never waits for a connection behind a submission, a listing or a status call, and
-when liveness requests need more, every turn that frees up goes to them first. Liveness work
-holds its turn only for its database work (its answer is a few bytes). Two separate pools
-would give the same reservation, but liveness work could then never use the other pool's idle
-connections (a burst of registrations after a partition heals), and the counts the shedding
-rule needs would have to be kept beside asyncpg's pools anyway.
-
-A refused request did nothing, so its client may ask another replica at once and, when every
-replica is busy, back off and ask again (:class:`runtime.client.ControlPlaneClient`).
+:class:`AdmissionGate` hands out the turns (liveness work first), :class:`LoopShare` bounds the
+loop time of work done in slices, and :func:`shed_reason`, :func:`turn_timeout_reason` and
+:func:`queue_full_reason` say why a request is refused. The rules and their argument:
+docs/design.md, "Admission".
 """
 
 from __future__ import annotations
@@ -311,12 +232,7 @@ class LoopShare:
     """A token bucket of the ingest loop's time for the CPU work of requests other than
     liveness work (building, encoding, decoding and checking large messages, in slices).
 
-    Why (the module docstring's rule 5): trio runs every ready task once per pass of its
-    loop, and trio-asyncio runs one asyncio callback per pass, in arrival order; grpclib and
-    asyncpg (every byte a heartbeat sends or receives) live on that asyncio side. Two encoders
-    always ready to run a 2 ms slice would make each pass cost 4 ms for one asyncio callback,
-    and a heartbeat's callbacks would queue behind hundreds of others. Capped at ``share`` of
-    the loop's time, the slices leave the rest to everything else.
+    Why: docs/design.md, "Admission", rule 5.
 
     Tokens (seconds of loop time) accrue at ``share`` per second of wall time, up to
     ``burst_s``; a slice spends what it took; a negative balance is paid back by pausing.

@@ -1,28 +1,9 @@
 """One control-plane replica: a trio nursery of supervised actors, wired by memory channels.
 
-::
-
-    ingest (gRPC ControlPlane)          lease keeper --Elected/Deposed--> placer, reconciler
-    placer --CommitPlacements--> ledger --EpochSuperseded--> lease keeper
-    console (HTTP, read-only; on its http_port when given)
-    database watch (samples the oldest open transaction and the hot tables' dead rows)
-    reconciler --DeclareDeadWorkers/EndAssignments--> ledger
-    placer, reconciler --Dispatch/CancelOnWorker--> dispatcher --gRPC--> workers
-
-Every actor runs under :func:`runtime.supervisor.supervise`; one that keeps crashing takes the
-process down (:class:`runtime.errors.ActorGaveUp`), for the operator's process manager to
-restart. Channels belong to this nursery, not to the actors, so a restarted actor finds its
-inbox intact.
-
-Three loops (:mod:`runtime.threads`), four with the console: the lease keeper and the ingest (and
-the web console, :mod:`actors.console`) each run on a trio loop and thread of their own, the
-other actors on the main loop. Lease renewals and heartbeat
-answers then wait for nothing but the database and their own loop, however busy the placer
-is. The lease keeper's messages cross loops: its inbox is fed from the main loop's lease
-channel, its role changes are posted into the placer's and reconciler's channels, and its
-answers to :class:`actors.messages.QueryRole` reach the asker's loop (:class:`runtime.reply.Reply`).
-Each loop measures its lag (:mod:`runtime.lag`); the lease keeper steps down when the main loop
-has stopped running (``max_main_loop_stall_s``).
+Every actor runs under :func:`runtime.supervisor.supervise`; the channels belong to this
+nursery, so a restarted actor finds its inbox intact. The lease keeper and the ingest (and the
+web console) run on trio loops of their own. The wiring and why: docs/design.md, "One replica:
+the actors and their loops".
 """
 
 from __future__ import annotations
@@ -184,37 +165,43 @@ async def run_control_plane(
         async for message in lease_recv:
             lease_loop.post(_send_or_drop, lease_inbox_send, message)
 
+    def decider(roles: trio.MemoryReceiveChannel[RoleChange]) -> dict[str, Any]:
+        """What the placer and the reconciler are both given: their role, where their fenced
+        writes go and how large they may be, and the dispatcher."""
+        return {
+            "role": RoleView(changes=roles, lease_inbox=lease_send),
+            "ledger": ledger_send,
+            "dispatcher": dispatch_send,
+            "max_rows_per_fenced_write": settings.ledger.max_rows_per_fenced_write,
+        }
+
+    def store_named(actor: str) -> dict[str, str]:
+        """Where an actor's read store connects, and the name its connections go by."""
+        return {
+            "database_url": settings.database_url,
+            "application_name": f"stockade {settings.cp_id} {actor}",
+        }
+
     placer = Placer(
         settings=settings.placer,
         store=PgPlacerStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} placer",
+            **store_named("placer"),
             statement_timeout_s=settings.placer.read_statement_timeout_s,
             trial_run_s=settings.placer.trial_run_s,
         ),
-        role=RoleView(changes=placer_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send,
-        dispatcher=dispatch_send,
-        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
+        **decider(placer_roles_recv),
     )
     reconciler = Reconciler(
         settings=settings.reconciler,
         store=PgReconcilerStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} reconciler",
-            statement_timeout_s=settings.reconciler.read_statement_timeout_s,
+            **store_named("reconciler"), statement_timeout_s=settings.reconciler.read_statement_timeout_s
         ),
-        role=RoleView(changes=reconciler_roles_recv, lease_inbox=lease_send),
-        ledger=ledger_send,
-        dispatcher=dispatch_send,
-        max_rows_per_fenced_write=settings.ledger.max_rows_per_fenced_write,
+        **decider(reconciler_roles_recv),
     )
     watch = DatabaseWatch(
         settings=settings.database_watch,
         store=PgWatchStore(
-            database_url=settings.database_url,
-            application_name=f"stockade {settings.cp_id} database watch",
-            statement_timeout_s=settings.database_watch.statement_timeout_s,
+            **store_named("database watch"), statement_timeout_s=settings.database_watch.statement_timeout_s
         ),
     )
     actors: list[tuple[str, Callable[..., Any]]] = [

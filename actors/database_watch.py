@@ -1,28 +1,9 @@
 """The database watch: what Stockade cannot fix in its database, measured and said.
 
-Stockade updates a few tables several times a second (a heartbeat updates ``workers``, a
-renewal ``lease``, a round ``jobs`` and ``assignments``), and each update leaves a dead row
-version that vacuum removes later, but only once no transaction that began before it is still
-open. So one session left idle inside a transaction (a forgotten ``BEGIN`` in psql, a client
-that crashed mid-transaction behind a pooler) makes those tables grow without bound, and every
-read of them slower: 4 minutes of one took the dead rows of a small cluster's ``workers`` from
-20 to 6,675. Nothing in Stockade holds a transaction open that long (the ledger's session ends a
-transaction left idle for 2 s), so the culprit is elsewhere, and only an operator can end it.
-
-Every replica samples, on a read connection of its own, every ``sample_interval_s`` (5 s):
-
-- the oldest transaction open in the database, other than the sampling session's
-  (``pg_stat_activity``; :data:`actors.queries.OLDEST_TRANSACTION`), exported as
-  ``stockade_database_oldest_transaction_seconds``;
-- the live and dead rows of :data:`HOT_TABLES` (``pg_stat_user_tables``), exported as
-  ``stockade_database_live_rows`` and ``stockade_database_dead_rows``;
-
-and logs a warning when one crosses its threshold (:class:`runtime.settings.DatabaseWatchSettings`:
-a transaction open longer than ``oldest_transaction_warn_s``, a table with more dead rows than
-``dead_rows_warn_ratio`` times its live ones and more than ``dead_rows_warn_min``), naming the
-session (its pid, application, client and state, never its query, which may hold data), once
-per crossing, and an info line when it is back under. A sample the database does not answer is
-skipped (its connection logs the outage once per change): the gauges keep their last values.
+Every replica samples the oldest open transaction and the live and dead rows of
+:data:`HOT_TABLES`, exports them, and warns once per crossing of a threshold
+(:class:`runtime.settings.DatabaseWatchSettings`). Why, and what is said: docs/design.md,
+"The database watch".
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Worker health: which workers' recent runs fail where the same jobs do not fail elsewhere (a
 pure rule, :func:`judge_health`; the leader's reconciler reads the runs and writes the marks).
 
-A worker marked unhealthy gets no new placement but, every ``health_probe_after_s``, one job
-at a time as a probe (the half-open state of a circuit breaker: M. Nygard, "Release It!",
-2007). The mark clears when a run ended there after it succeeds (a probe, or a run that was
-already there), when the failures that earned it turn out to be the jobs' (the same jobs, or
-their siblings, failed on other workers too), or when an operator uncordons the worker. Where
-the idea comes from, and how it differs:
-
-- Apache Spark's exclusion on failure (``spark.excludeOnFailure.*``): an executor on which
-  ``maxFailedTasksPerExecutor`` different tasks failed is excluded, then included again after
-  ``spark.excludeOnFailure.timeout``; failures of one task count once. Here: different jobs.
-- Hadoop 1's JobTracker "graylisted" a TaskTracker whose task failure rate was well above the
-  cluster's average (``mapred.cluster.average.blacklist.threshold``), so jobs that fail
-  everywhere do not take healthy nodes away. Here: the rate against the other workers' runs
-  over the same span of time, and only failures the other workers do not share.
-
-Which runs are judged: those a worker ended on its own (``finished``: succeeded or failed) within
-``health_window_s``, its last ``health_window_runs``. A failure that is the job's own doing
-(:data:`JOB_FAULTS`: its timeout, the kernel's OOM killer at its memory limit, a working folder
-it named that does not exist or is closed to it, a command not in its image) is not judged;
-nor are runs lost with their worker, cancelled (by a user, or by the leader at a timeout),
-drained or released. A failure to start (a pids limit, a cgroup that cannot be made, an image
-or a program missing on that worker) counts against the worker when the job succeeded on
-another worker; if the job, or a sibling (same array, or same command), failed on another
-worker too, it is the job's. The argument and the choices are in
-docs/design.md, "Worker health".
+A worker marked unhealthy gets no new placement but, every ``health_probe_after_s``, one job at
+a time as a probe. Which runs are judged, which failures count against a worker, and where the
+rule comes from: docs/design.md, "Where a retry goes, and workers whose runs fail".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """The heartbeat interval the cluster asks of its workers, and the dead_after that goes with it.
 
-The leader chooses both (:func:`choose_policy`, a pure function of the cluster's size and the
-measured cost of a heartbeat) and writes them in a fenced write (the ``heartbeat_policy`` row);
-every control plane tells them to the workers in its replies, read in the statement that
-records the heartbeat. Why the self-fence still holds when they change is argued in
-docs/design.md, "Heartbeat interval".
-
-The rule follows Nomad's heartbeat TTL (``nomad/heartbeat.go``: the TTL grows with the number of
-nodes so that the servers receive about ``max_heartbeats_per_second``), with the rate taken
-from what a heartbeat measurably costs rather than from a constant::
-
-    interval = clamp(workers * cpu_per_heartbeat / (replicas * cpu_budget),
-                     interval_min, interval_max)
-    dead_after = max(dead_after_s, interval * dead_after_intervals)
-
-So the heartbeats take at most ``heartbeat_cpu_budget`` of a core per replica while the
-interval stays within the operator's bounds, and a dead worker is noticed ``dead_after_intervals``
-intervals after its last heartbeat, never sooner than the operator's ``dead_after_s``.
-
-The CPU a heartbeat costs says nothing of the CPU a replica gets: on a machine shared with other
-work, answers wait for the CPU while the measured cost stays low. So the interval is also at
-least the 99th percentile over the workers of how long their heartbeats waited for answers, as
-the workers report it (:class:`HeartbeatWaits`; the largest of the replicas'): a worker is then
-declared only after about ``dead_after_intervals`` heartbeats in a row each slower than those of
-99 workers in 100. And the interval grows
-at once but shrinks only to the longest one wanted over the last :data:`SHRINK_AFTER_S`
-(Kubernetes' horizontal pod autoscaler keeps a scale-down stabilization window the same way),
-so a load that comes and goes does not shorten the interval between its bursts.
+The leader chooses both (:func:`choose_policy`, a pure function of the cluster's size, the
+measured cost of a heartbeat and how long heartbeats waited for their answers,
+:class:`HeartbeatWaits`) and writes them in a fenced write (the ``heartbeat_policy`` row);
+every control plane tells them to the workers in its replies. The rule, its sources and why the
+self-fence still holds when they change: docs/design.md, "Heartbeat interval".
 """
 
 from __future__ import annotations
@@ -256,11 +234,7 @@ class HeartbeatWaits:
     worker: each worker's largest wait within the window (its latest once that largest is
     older) is one value, and the percentile is taken over the workers.
 
-    Per worker, not per heartbeat: a worker whose own machine is starved (its agent waits for
-    a CPU its jobs hold) reports long waits at every heartbeat, its own trouble and not the
-    replicas'; counted per heartbeat, one such worker among a hundred is a few percent of the
-    samples and would set the 99th percentile, stretching every worker's detection time. When
-    the replicas are slow, every worker's waits are.
+    Per worker, not per heartbeat: docs/design.md, "Heartbeat interval".
 
     Args:
         window_s: how far back a reported wait counts (s).

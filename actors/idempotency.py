@@ -1,36 +1,9 @@
 """Idempotency keys: a retried mutating call is carried out once.
 
-A client cannot tell a replica that failed before it stored a call from one that stored it and
-then failed to answer, so it sends the call again, to the next replica, with the same key
-(:mod:`runtime.client`). The rule, for every mutating RPC:
-
-1. The key is stored with the call's answer in the same statement as the call's effect
-   (:func:`actors.queries.once`), under a unique index: the key and the effect commit together
-   or not at all.
-2. A call whose key is stored is not carried out again: it gets the stored answer, if its
-   request is the one the key was first used for (same RPC, same :func:`request_digest`).
-3. The same key with another request is refused (:class:`runtime.errors.IdempotencyConflict`,
-   gRPC ALREADY_EXISTS), naming what the first request did (:func:`conflict_message`), and
-   nothing is stored.
-4. A key is kept ``idempotency_key_retention_s`` (24 h) after its first use, then deleted; a
-   copy arriving after that is a new call. The client retries one call for well under a
-   minute, so every retry it makes finds its key.
-
-RegisterWorker follows the same rules with the key it already had: the worker id, the agent's
-run id and the registration's number (``agent_run_id``, ``registration_seq``), kept in the
-worker's row, whose digest (:func:`registration_digest`) is compared the same way.
-
-A heartbeat needs no key: everything it writes is idempotent by content (liveness is a time,
-a running confirmation sets ``confirmed_at`` once, an outcome ends its assignment once and is
-recorded once, both by assignment id; ``record_heartbeat`` in schema.sql).
-
-A new mutating RPC gets all of this by two steps: its request carries a ``string
-idempotency_key`` (the client then fills it in, :func:`runtime.client.with_idempotency_key`),
-and its handler runs its statement, made with :func:`actors.queries.once`, through
-``ControlPlaneService._once`` (and adds a line to :func:`describe`, so a conflict names what it
-did).
-
-Pure functions: the handlers in :mod:`actors.ingest` run them.
+Pure functions the ingest's handlers run: a request's digest (:func:`request_digest`, in slices
+:func:`digest_steps`; a job's part :func:`job_item`, a registration's
+:func:`registration_digest`) and the messages of a conflict (:func:`conflict_message`). The
+rules, and how a new mutating RPC gets them: docs/design.md, "Idempotency keys".
 """
 
 from __future__ import annotations
@@ -40,8 +13,11 @@ import json
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from actors import queries
 from runtime.jobs import JobSpec
+from runtime.loops import finish
 
 _LISTED_JOBS = 5
 """Job ids a conflict message lists before it says only how many and which range."""
@@ -69,54 +45,17 @@ def digest_steps(rpc: str, items: Iterable[Any], *, step_items: int) -> Generato
 
 def request_digest(rpc: str, items: Iterable[Any]) -> bytes:
     """:func:`digest_steps` in one piece."""
-    steps = digest_steps(rpc, items, step_items=2**62)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            digest: bytes = done.value
-            return digest
+    return finish(digest_steps(rpc, items, step_items=2**62))
 
 
 def job_item(job: JobSpec) -> list[Any]:
     """A checked job as it enters a request's digest: the columns it is stored in
-    (:func:`actors.queries.job_columns`) but the runtime's name, ``[name, cpu_millis,
-    memory_mb, priority, sleep_ms, argv]``, as digests were first computed (keys stored then
-    must keep matching their retries); a container job adds ``["container", image]``, so it
-    never digests as the command job with the same argv; a job with lifecycle fields
-    (attempts, timeout, constraints, ...) adds ``["lifecycle", [[field, value], ...]]`` with
-    those that differ from their defaults.
+    (:func:`actors.queries.job_columns`), in their order.
 
     Raises:
         ValueError: ``job`` has no runtime (it was not checked).
     """
-    c = queries.job_columns(job)
-    item: list[Any] = [c.name, c.cpu_millis, c.memory_mb, c.priority, c.sleep_ms, c.argv]
-    if c.image is not None:
-        item.append([c.runtime, c.image])
-    defaults = queries.JobColumns("", 1, 1, 0, "", None, None)
-    lifecycle = [
-        [name, getattr(c, name)] for name in _LIFECYCLE_FIELDS if getattr(c, name) != getattr(defaults, name)
-    ]
-    if job.array is not None:
-        lifecycle.append(["array", [job.array.first_index, job.array.last_index, job.array.max_running]])
-    if lifecycle:
-        item.append(["lifecycle", lifecycle])
-    return item
-
-
-_LIFECYCLE_FIELDS = (
-    "max_attempts",
-    "retry_backoff_ms",
-    "count_lost",
-    "timeout_ms",
-    "constraints",
-    "env",
-    "workdir",
-    "after_ids",
-)
-"""The columns after a spec's runtime; each enters a digest only when it is not its default,
-so a spec that uses none of them digests as it did before they existed."""
+    return list(attrs.astuple(queries.job_columns(job)))
 
 
 def registration_digest(*, address: str, cpu_millis: int, memory_mb: int, labels: Mapping[str, str]) -> bytes:

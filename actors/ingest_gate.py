@@ -1,10 +1,10 @@
 """Ingest's admission plumbing: turns, connections, shedding, and work done in slices.
 
-:class:`AdmittedService` is the base of :class:`actors.ingest.ControlPlaneService`: every
-handler first holds a turn (:meth:`AdmittedService.admitted`) and then a connection
-(:meth:`AdmittedService.connection`), as the overload rules of :mod:`actors.ingest` and
-:mod:`actors.admission` say. This module runs no statement that writes: the handlers, and
-so the unfenced writes, stay in :mod:`actors.ingest`.
+:class:`AdmittedService` is the base of the ingest's handlers
+(:class:`actors.ingest.ControlPlaneService`): every handler first holds a turn
+(:meth:`AdmittedService.admitted`) and then a connection (:meth:`AdmittedService.connection`),
+as docs/design.md, "Ingest" and "Admission", say. This module runs no statement that writes:
+the handlers, and so the unfenced writes, stay in the ingest's modules.
 """
 
 from __future__ import annotations
@@ -246,8 +246,8 @@ class AdmittedService:
             self._shed_since_log.clear()
 
     async def _refuse_when_queue_full(self, rpc: str) -> None:
-        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (rule 4 of
-        :mod:`actors.admission`); counts the queue again when the count is older than
+        """Refuse a submission while the pending queue holds ``max_pending_jobs`` (docs/design.md,
+        "Admission", rule 4); counts the queue again when the count is older than
         ``pending_count_max_age_s``. Use inside :meth:`admitted`.
 
         Raises:

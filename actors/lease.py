@@ -1,41 +1,10 @@
 """The lease keeper: takeover, renewal, local step-down, clean release.
 
-A standby probes the lease every ``takeover_poll_s`` (50 ms) and takes it over, bumping the
-epoch (:data:`actors.queries.TAKE_OVER_LEASE`), when either
-
-- the lease has expired by database time (a frozen or partitioned leader, a clean release), or
-- the leader's database session is gone: the leader of epoch ``e`` holds the session-level
-  advisory lock ``(LEASE_LOCK_SPACE, e)`` on its lease connection from the takeover statement
-  on, and PostgreSQL releases it the moment that session ends (the process was killed, or its
-  connection dropped), so a standby whose ``pg_try_advisory_lock`` succeeds takes over at once
-  instead of waiting out the lease. A frozen leader still holds its session and its lock.
-
-The leader renews every ``renew_interval_s``; a renewal that finds no row means another
-replica took over (deposed). The leader also steps down on its own once its last successful
-renewal was *sent* more than ``lease_ttl_s - step_down_margin_s`` ago by the local monotonic
-clock: the database set ``expires_at`` from a ``now()`` no earlier than that send, so the
-replica stops deciding before its lease can have expired. On stepping down it lets go of its
-advisory lock so a standby need not wait for the expiry. All of this is liveness only: every
-decision is fenced by the epoch in the ledger, whatever this actor believes.
-
-Each renewal's time from send to answer is counted (``stockade_lease_renewal_seconds``): the
-lease is safe only while renewals answer well within ``lease_ttl_s - step_down_margin_s``.
-
-The store's connection reconnects after a failure, waiting between failed connects (50 ms
-growing to 2 s, jittered) and logging the database's outage once per change
-(:class:`runtime.aio.ReconnectingConnection`); each probe and renewal is bounded by the
-statement timeout, a connect included. The keeper itself adds one line per run of failed
-renewals and none per failed probe of a lost database.
-
-Publishes :class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers;
-answers :class:`QueryRole`; steps down on :class:`EpochSuperseded`.
-
-A control plane runs this actor on a loop and thread of its own (:mod:`runtime.threads`), so its
-renewals wait only for the database, never for the placer or anything else of the process. The
-other side of that coin is a leader whose main loop has stopped (a wedged computation) while its
-lease thread renews on: given ``main_loop_silent_s``, the keeper steps down once the main loop
-has not run for ``max_main_loop_stall_s`` (and takes nothing over while it stays so), so a
-replica that cannot decide does not keep the lease from one that can.
+Takes the lease over when it expired by database time or its leader's session is gone, renews
+it, steps down on its own before it can have expired, and releases it on a clean stop; publishes
+:class:`Elected` / :class:`Deposed` (with an increasing ``seq``) to its subscribers, answers
+:class:`QueryRole`, steps down on :class:`EpochSuperseded`. All of this is liveness only: every
+decision is fenced by the epoch in the ledger. docs/design.md, "The lease keeper".
 """
 
 from __future__ import annotations

@@ -1,98 +1,11 @@
 """The ledger: the one connection that runs fenced writes, and owns the epoch share lock.
 
 Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues,
-worker health marks) is a request to this actor carrying the epoch the decider acts under. The
-reconciler's decisions run as::
-
-    BEGIN
-    SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE   -- same transaction as the writes
-      epoch != ours -> ROLLBACK, StaleEpoch
-    <the decision's writes>
-    COMMIT
-
-A placer round's placements, the hot path, run as one statement that is its own transaction:
-the same ``SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE`` inside it gates every row it
-writes, and it returns the epoch it saw (``queries.COMMIT_PLACEMENTS``): one round trip instead
-of four, and no moment at which the share lock waits on this process.
-
-The share lock makes a takeover's ``UPDATE lease`` wait until the fenced transaction ends, so
-there is no window between the check and the writes. It is the weakest share lock, FOR KEY
-SHARE, and the epoch is a key (``schema.sql``, ``lease_epoch_key``): PostgreSQL takes FOR
-UPDATE for an UPDATE that changes a key, which a takeover's epoch bump does, so it conflicts
-with the fence exactly as FOR SHARE would; the leader's own renewal changes only
-``expires_at`` and takes FOR NO KEY UPDATE, which does not conflict, so it never waits for the
-leader's fenced writes. (With FOR SHARE it did: in a packing run on the idle VM a renewal
-waited for the lease row past its 1 s statement timeout while the leader's writes held the
-share lock one after another, and the leader lost its lease.) The session runs with
-``idle_in_transaction_session_timeout`` (2 s by default): a leader frozen inside a transaction
-loses its session, the takeover proceeds, and the COMMIT it sends on waking fails. A leader
-frozen before it sends a placement statement sends it on waking under its old epoch, and the
-statement writes nothing.
-
-A refused write (stale epoch at the check, or a session ended under a newer epoch) is recorded
-in ``stale_writes`` in a separate transaction and reported to the lease keeper.
-
-A schema change while the ledger runs (a new column, applied by a newer replica) invalidates
-the statements its connection has prepared: PostgreSQL answers "cached plan must not change
-result type" and aborts the transaction. The fenced transaction then runs once more from
-``BEGIN``, fence included (:meth:`runtime.aio.PgConnection.run_in_transaction`); its writes
-are never retried one by one, since the fence and the writes before the failed one were
-rolled back with it. The connection reconnects after a failure with backoff and logs the
-database's outage once per change (:class:`runtime.aio.ReconnectingConnection`).
-
-How long the share lock is held. A takeover waits for it, so a fenced write that is merely
-large must not hold it long (a new leader would wait for its predecessor's last writes), and
-two bounds see to it:
-
-- Size: one fenced write creates or ends at most ``max_rows_per_fenced_write`` assignments
-  (500), pending reasons included; the ledger refuses a larger request with
-  :class:`runtime.errors.InvalidArgument`. Every statement is linear in its rows (see
-  ``queries.COMMIT_PLACEMENTS``), so 500 rows hold the lock 10 to 40 ms on the 2-core VM, idle
-  or beside two CPU burners (``python -m ops.measure_fence``). Before, ending a dead worker's
-  assignments was one transaction, quadratic in them: 2,000 held the lock 0.4 to 0.5 s on the
-  idle VM, and 1,200 in a loaded cluster held it past the renewal's timeout and cost a lease.
-- Time: the session's ``statement_timeout`` and ``lock_timeout`` are the ledger's
-  ``statement_timeout_s`` (0.2 s). A statement past it (a row lock it waits for, a saturated
-  machine) is cancelled by the server, its transaction aborts and the lock is released; the
-  write fails with :class:`runtime.errors.DatabaseBusy`, and its decider tries again with half
-  the rows (:mod:`actors.write_size`), so a slow database still gets writes it can finish. A
-  fenced transaction runs at most two writing statements, so while its client is responsive
-  it holds the lock at most 0.4 s
-  (:attr:`runtime.settings.LedgerSettings.longest_share_lock_hold_s`).
-  :class:`runtime.settings.ControlPlaneSettings` refuses settings in which that exceeds the
-  lease's step-down margin. A client stalled between
-  the statements of its transaction is bounded by ``idle_in_transaction_session_timeout``
-  instead (the freeze above).
-
-A decision larger than one write is made of several. The reconciler ends a dead worker's
-assignments (and those of a re-registered worker's old incarnation) in batches: the
-declaration and the first batch in one fenced transaction, then one fenced transaction per
-batch (:class:`actors.messages.EndOrphanedAssignments`) until a batch finds fewer than it may
-end. That is as safe as ending them all at once:
-
-1. Each batch is a fenced transaction of its own: it commits only under the current epoch,
-   so everything it writes was decided by the current leader (invariant 2). A refused batch
-   raises StaleEpoch and the reconciler stops its pass; it sends no further batch, and a batch
-   that is sent anyway (a stale leader's next pass) writes nothing.
-2. Which assignments a batch ends is decided inside that batch's transaction, from the
-   database, not from a list the reconciler made earlier: the active assignments whose worker
-   is dead or left, or whose incarnation is no longer current. A worker declared dead (or
-   left) stays so (only a registration makes a new, alive incarnation, and that leaves the old
-   incarnation's assignments orphaned all the same: they end as ``worker_restarted`` instead
-   of ``worker_dead`` or ``worker_left``), so the batches end exactly the assignments one
-   transaction would have ended, each once, whoever leads when each runs: a new leader's first
-   pass ends the rest.
-3. Between two batches the placer may commit rounds. It cannot place on the dead worker (a
-   placement requires ``workers.state = 'alive'`` in the incarnation placed on), and it cannot
-   claim a job whose assignment has not ended yet: such a job is still ``assigned`` or
-   ``running``, and a placement claims only pending jobs (invariant 3). A job becomes pending
-   only in the batch that ends its assignment, in the same transaction (invariant 6); placing
-   it again from then on is what one transaction would have allowed too. The dead worker's
-   allocation shrinks batch by batch, which nothing reads while it is dead.
-4. Meanwhile the unended assignments stay active on a dead worker: a worker declared dead
-   fenced itself long before (``self_fence_after_s`` < ``dead_after_s``), so none of those
-   jobs runs; they wait a few transactions longer for their requeue, which the requeue
-   backoff delays anyway.
+worker health marks) is a request to :class:`Ledger` carrying the epoch the decider acts under;
+it runs in a fenced transaction (a placer round's placements: one fenced statement,
+``queries.COMMIT_PLACEMENTS``) of at most ``max_rows_per_fenced_write`` rows, and a refused one
+is recorded and reported to the lease keeper. docs/design.md, "How decisions are fenced" and
+"The ledger".
 """
 
 from __future__ import annotations
@@ -124,6 +37,7 @@ from actors.messages import (
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
+from runtime.reply import Reply
 from runtime.settings import LedgerSettings, session_ms
 
 T = TypeVar("T")
@@ -233,89 +147,52 @@ class Ledger:
                 rows, field = 1, "policy"
         return InvalidArgument(field, rows, rule) if rows > limit else None
 
+    def _decision(self, message: LedgerInbox) -> tuple[str, str, Callable[[PgConnection], Awaitable[Any]]]:
+        """What ``message`` asks the ledger to write: its kind (fault points, metrics), a short
+        description (``stale_writes``, logs) and its writes."""
+        match message:
+            case CommitPlacements():
+                what = f"commit {len(message.placements)} placements"
+                return "commit_placements", what, lambda c: self._commit_placements(c, message)
+            case DeclareDeadWorkers():
+                return (
+                    "declare_dead_workers",
+                    "declare dead workers",
+                    lambda c: self._declare_dead(c, message),
+                )
+            case EndOrphanedAssignments():
+                what = "end orphaned assignments"
+                return "end_orphaned_assignments", what, lambda c: self._end_orphans(c, message)
+            case EndAssignments():
+                what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
+                return "end_assignments", what, lambda c: self._end_assignments(c, message)
+            case SettleWaitingJobs():
+                what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
+                return "settle_waiting_jobs", what, lambda c: self._settle_waiting(c, message)
+            case EndDrainedAssignments():
+                what = f"end {len(message.assignment_ids)} assignments (drained)"
+                return "end_drained_assignments", what, lambda c: self._end_drained(c, message)
+            case RecordWorkerHealth():
+                what = f"record the health of {len(message.changes)} workers"
+                return "record_worker_health", what, lambda c: self._record_health(c, message)
+            case SetHeartbeatPolicy():
+                what = "set the heartbeat interval"
+                return "set_heartbeat_policy", what, lambda c: self._set_heartbeat_policy(c, message)
+
     async def _handle(self, message: LedgerInbox) -> None:
-        result: Any
+        reply: Reply[Any] = message.reply
         too_large = self._too_large(message)
         if too_large is not None:
             # A decider's bug: answered, not run; the asker fails loudly.
             self._log.error("fenced write refused: too large", error=str(too_large))
-            message.reply.fail(too_large)
+            reply.fail(too_large)
             return
-        keys = decision_log_keys(message)
+        kind, what, op = self._decision(message)
+        # Placements carry the fence in their one statement; every other decision is a
+        # fenced transaction.
+        write = self.fenced_statement if isinstance(message, CommitPlacements) else self.fenced
         try:
-            match message:
-                case CommitPlacements(epoch=epoch, reply=reply):
-                    what = f"commit {len(message.placements)} placements"
-                    result = await self.fenced_statement(
-                        epoch,
-                        what,
-                        lambda c: self._commit_placements(c, message),
-                        kind="commit_placements",
-                        log_keys=keys,
-                    )
-                case DeclareDeadWorkers(epoch=epoch, reply=reply):
-                    what = "declare dead workers"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._declare_dead(c, message),
-                        kind="declare_dead_workers",
-                        log_keys=keys,
-                    )
-                case EndOrphanedAssignments(epoch=epoch, reply=reply):
-                    what = "end orphaned assignments"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_orphans(c, message),
-                        kind="end_orphaned_assignments",
-                        log_keys=keys,
-                    )
-                case EndAssignments(epoch=epoch, reply=reply):
-                    what = f"end {len(message.assignment_ids)} assignments ({message.reason})"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_assignments(c, message),
-                        kind="end_assignments",
-                        log_keys=keys,
-                    )
-                case SettleWaitingJobs(epoch=epoch, reply=reply):
-                    what = f"settle {len(message.release) + len(message.cancel)} waiting jobs"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._settle_waiting(c, message),
-                        kind="settle_waiting_jobs",
-                        log_keys=keys,
-                    )
-                case EndDrainedAssignments(epoch=epoch, reply=reply):
-                    what = f"end {len(message.assignment_ids)} assignments (drained)"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._end_drained(c, message),
-                        kind="end_drained_assignments",
-                        log_keys=keys,
-                    )
-                case RecordWorkerHealth(epoch=epoch, reply=reply):
-                    what = f"record the health of {len(message.changes)} workers"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._record_health(c, message),
-                        kind="record_worker_health",
-                        log_keys=keys,
-                    )
-                case SetHeartbeatPolicy(epoch=epoch, reply=reply):
-                    what = "set the heartbeat interval"
-                    result = await self.fenced(
-                        epoch,
-                        what,
-                        lambda c: self._set_heartbeat_policy(c, message),
-                        kind="set_heartbeat_policy",
-                        log_keys=keys,
-                    )
+            result = await write(message.epoch, what, op, kind=kind, log_keys=decision_log_keys(message))
         except (StaleEpoch, DatabaseUnavailable) as exc:
             reply.fail(exc)
         except Exception as exc:

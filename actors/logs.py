@@ -1,29 +1,8 @@
 """ControlPlane.ReadJobLogs: a job's output, relayed from the worker that keeps it.
 
-A job's output lives on its worker only (``<work_dir>/jobs/<job>-<assignment>/``,
-:mod:`agent.output`). Any replica answers a ReadJobLogs, with or without being the leader (a
-read, no decision): the ingest looks the job up (:data:`actors.queries.LOG_SOURCE`), picks
-its source with :func:`log_source` (the newest assignment that started: one a heartbeat
-listed as running, or whose outcome its worker reported), calls that worker's
-Worker.ReadLogs with the replica's own client certificate (the worker admits control planes
-only, and the channel admits only the certificate of the worker it names, as the dispatcher's
-does), and passes every chunk on as it comes (:class:`LogRelay`). The client's own reads pace
-it: a chunk is read from the worker only once the previous one was taken by the client (HTTP/2
-flow control on both legs), and a client that goes away cancels the relay, which resets the
-worker's stream and stops its reader.
-
-What the caller is told, and why:
-
-- a job that does not exist: NOT_FOUND (``stockade logs`` exits 2);
-- a sleep job, which writes no output: INVALID_ARGUMENT (exit 2);
-- a job none of whose runs has started (waiting, pending, assigned; or ended before it ran):
-  FAILED_PRECONDITION saying its state (exit 1: it may start later; ``--follow`` waits);
-- its worker dead, left or unreachable (the connection refused, no first chunk within
-  ``log_open_timeout_s``, nothing for ``log_idle_timeout_s`` in the middle): UNAVAILABLE
-  naming the worker and its address (exit 1). The client asks the other replicas too, which
-  may reach the worker where this one cannot;
-- its worker keeps no folder of that run any more (deleted ``output_retention_s`` after the
-  job ended): FAILED_PRECONDITION in the worker's words (exit 1).
+Any replica answers: the ingest looks the job up, picks its source (:func:`log_source`) and
+relays the worker's chunks as the client takes them (:class:`LogRelay`). What the caller is
+told in each case, and why: docs/design.md, "Job output, relayed".
 """
 
 from __future__ import annotations

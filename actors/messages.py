@@ -144,7 +144,7 @@ class DeclareDeadWorkers:
     reply: Reply[ReconcileResult]
     silence_floor_unix_s: float | None = None
     """Silence counts only from this database time on (unix seconds; see
-    :class:`actors.reconciler.SilenceFloor`); None: from the last heartbeat, or the server's start."""
+    :class:`actors.deaths.SilenceFloor`); None: from the last heartbeat, or the server's start."""
 
 
 @attrs.frozen(kw_only=True)

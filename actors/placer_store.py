@@ -2,7 +2,7 @@
 
 :class:`PlacerStore` is what a round needs; :class:`PgPlacerStore` reads it on a connection of
 its own with the placer's statements (:mod:`actors.queries.placer`), and a unit test passes a
-stand-in. :class:`PendingMark` argues how a round reads only the jobs that became pending
+stand-in. :class:`PendingMark` marks how a round reads only the jobs that became pending
 since its previous read without missing one.
 """
 
@@ -18,7 +18,8 @@ import trio
 
 from actors import queries
 from actors.messages import WorkerRef
-from actors.placement import PendingJob, WorkerRoom
+from actors.pending_queue import PendingJob
+from actors.rooms import WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
 from runtime.settings import PlacerSettings
@@ -66,26 +67,8 @@ class PendingMark:
     ``(pending_xid, pending_seq)`` is above ``(xid, seq)``, and those at or below it that a
     transaction in ``in_flight`` made pending.
 
-    Why a sequence number alone cannot be the mark: ``nextval`` hands out numbers when a
-    transaction asks, but transactions commit in any order, so a read may see seq 8 committed
-    while seq 7's transaction is still running (after a database restart, with commits
-    stalled, for seconds). A mark past 8 would skip 7 for good; guessing how long to wait for it
-    is not sound either. Transaction ids and the read's own snapshot are: every row of a
-    pending job carries the id of the transaction that made it pending (``jobs.pending_xid``,
-    ``pg_current_xact_id()``, a top-level id), and a read returns its snapshot
-    (``pg_current_snapshot()``: the statement's own, so the same one its rows were read in).
-    A snapshot sees what every transaction that had committed when it was taken wrote, and
-    nothing of those it lists as in progress (``pg_snapshot_xip``) or that had no id yet
-    (a transaction takes its id at its first write, at or above the snapshot's
-    ``pg_snapshot_xmax``). So a pending row that a read did not see, but a later read may,
-    was written by a transaction either in the read's ``xip`` or with an id at or above its
-    ``xmax``. :meth:`after_read` keeps exactly those: the mark moves to ``(xmax, 0)``, or,
-    when the read filled its limit, to the last row it returned; and ``in_flight`` keeps the
-    read's ``xip`` below the mark. The next read asks for both, so a job made pending by a
-    transaction that committed late is read by the first round after that commit. A
-    transaction of ``in_flight`` that has ended since was seen whole by that read (all its rows
-    or, aborted, none) and leaves the list; ``in_flight`` is never longer than the number of
-    transactions running at once.
+    Why a mark of transaction ids and not a sequence number: docs/design.md, "The placer's
+    incremental read".
 
     Attributes:
         xid: the mark's transaction id (``pending_xid``); 0 before any read.
@@ -98,11 +81,7 @@ class PendingMark:
     in_flight: tuple[int, ...] = ()
 
     def after_read(
-        self,
-        *,
-        last_read: tuple[int, int] | None,
-        snapshot_xmax: int,
-        snapshot_xip: Iterable[int],
+        self, *, last_read: tuple[int, int] | None, snapshot_xmax: int, snapshot_xip: Iterable[int]
     ) -> PendingMark:
         """The mark after a read from this one.
 

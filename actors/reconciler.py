@@ -1,89 +1,27 @@
 """The reconciler: the leader's repair pass, every ``reconcile_interval_s`` (0.25 s).
 
-Each pass, while leader:
-
-1. Dead workers: every alive worker whose last recorded heartbeat (by any replica, judged by
-   database time, and counted only from the database server's start and from the leader's
-   :class:`SilenceFloor` on: its takeover, its reconnection, the end of a mass silence) is
-   older than ``dead_after_s`` is declared dead in a fenced transaction that
-   re-checks the rule, ends its active assignments as lost and requeues their jobs. The same
-   transaction ends assignments addressed to an incarnation that is no longer current (the
-   agent restarted or re-registered: its old jobs were stopped), and those of a worker that
-   left (its agent stopped cleanly, stopped every job, then said so: the row is ``left``, which
-   this step never judges by silence): those end as ``stopped`` and their jobs are placed again
-   at once, with no backoff, in the first pass after the leave instead of ``dead_after_s``
-   later. A new leader therefore never
-   judges from timers of its own: failovers cause no false deaths. One transaction ends at most
-   ``max_rows_per_fenced_write`` assignments (fewer while the database is slow:
-   :mod:`actors.write_size`); the pass ends the rest in further fenced transactions
-   (:class:`EndOrphanedAssignments`) until none is left, and stops at the first one that
-   fails (see :mod:`actors.ledger` for why that is as safe as one transaction, and why a large
-   one would cost the leader its lease).
-
-   Declarations are rate-limited and paused on mass silence (:func:`judge_deaths`), as
-   Kubernetes' node lifecycle controller limits evictions: not declaring a worker dead only
-   delays its jobs (it fences itself), while declaring it moves all its work at once.
-   A requeued job waits a backoff before it is placed again (:func:`backoff_caps_s`): a job
-   lost again and again, as on workers that keep falling over under load, waits longer each
-   time instead of being handed straight back.
-2. Unconfirmed assignments (committed, not yet listed by a heartbeat): re-sent to their worker
-   when their age passes ``redispatch_after_s`` (or two heartbeat intervals, when the cluster's
-   interval makes that longer), then twice, four times ... that (at once on the first pass
-   after an election: the previous leader may have died between commit and send); the worker
-   deduplicates by id. A worker too busy to confirm is not sent the same batch every pass
-   (:func:`resend_due`), and a pass hands the dispatcher only the re-sends it has room for,
-   never waiting on it. After ``cancel_unconfirmed_after_s`` (at least four intervals) they
-   are cancelled on the worker and, once it acknowledges, ended and requeued.
-3. Jobs a user cancelled: cancelled on their worker; once acknowledged, ended as cancelled.
-4. Waiting jobs (:mod:`actors.dependencies`): made pending once their dependencies succeeded
-   (an array's tasks within its limit), cancelled when one failed or was cancelled; read on the
-   reconciler's connection, decided by :func:`actors.dependencies.plan_waiting`, written in
-   fenced writes of at most ``write_size().rows`` jobs (:class:`SettleWaitingJobs`), which
-   re-check each rule; again while a write cancelled jobs (their dependants follow), at most
-   :data:`actors.dependencies.CASCADE_STEPS` writes per pass. No write when there is nothing
-   to settle.
-5. Drains whose deadline has passed (``stockade drain --deadline-s``): the jobs still active on
-   the worker are cancelled on it and, once it acknowledges, ended as stopped (``drained``) and
-   placed again at once, with no loss counted and no backoff, as a clean leave's are: the
-   operator took the worker away, the job did nothing wrong (:class:`EndDrainedAssignments`).
-   Those the worker does not acknowledge are asked again every pass until it does, or until it
-   is declared dead (then they end as any dead worker's).
-
-6. Worker health (:mod:`actors.health`), every ``health_interval_s`` (and on the first pass of
-   a reign): every alive worker's recent runs are read, a worker whose failures are its own
-   (the jobs succeed elsewhere) is marked unhealthy (the placer places nothing new on it but a
-   probe every ``health_probe_after_s``), and a mark is cleared once a run succeeds there or
-   its failures turn out to be the jobs'; one fenced write (:class:`RecordWorkerHealth`), none when nothing
-   changes. Each change applies only to the worker's health as it was read: an operator's
-   uncordon meanwhile wins.
-
-Acknowledged cancellations, too, are ended in fenced writes of that size.
-
-Cancellations on workers (steps 2, 3 and 5, and runs past their timeout) run as background
-tasks of the actor that the pass does not wait for: a worker that answers slowly or not at all
-holds up only its own cancellation (for up to the dispatcher's ``rpc_timeout_s``), never the
-next pass, so the leader's reads of heartbeat ages stay closer together than the contact gap
-and silence keeps counting. An assignment whose cancellation is in flight is not asked again
-until that one ends; the tasks of a term are cancelled when the replica steps down or is
-elected under a new epoch (their fenced writes would be refused anyway), not when a pass of
-the same term fails (a worker's acknowledgement may still be on its way), and a refused or
-failed ending is logged and asked again by a later pass; one the dispatcher never answers
-frees its assignments after :data:`CANCEL_REPLY_WAIT_S`.
-
-A job is placed again only after its active assignment has ended (invariant 6).
+Each pass, while leader: declares silent workers dead and ends orphaned assignments
+(:mod:`actors.deaths`), re-sends or withdraws unconfirmed assignments
+(:func:`actors.deliveries.plan_deliveries`), cancels on workers what users cancelled, what ran
+past its timeout and what a drain's deadline leaves (:mod:`actors.cancellations`), settles
+waiting jobs (:mod:`actors.dependencies`), and, now and then, judges the workers' health
+(:func:`actors.health.judge_health`) and chooses the heartbeat interval. A job is placed again
+only after its active assignment has ended (invariant 6). docs/design.md, "The reconciler's pass".
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
 import trio
 
+from actors.cancellations import DRAINED, TIMED_OUT, Cancellations
+from actors.deaths import DeathVerdict, SilenceFloor, TokenBucket, contact_gap_for_s, judge_deaths
+from actors.deliveries import by_worker, plan_deliveries
 from actors.dependencies import CASCADE_STEPS, plan_waiting
 from actors.health import judge_health
 from actors.heartbeat_policy import (
@@ -94,14 +32,10 @@ from actors.heartbeat_policy import (
     wanted_interval_ms,
 )
 from actors.messages import (
-    CancelOnWorker,
     DeclareDeadWorkers,
     Dispatch,
     DispatcherInbox,
-    EndAssignments,
-    EndDrainedAssignments,
     EndOrphanedAssignments,
-    LedgerInbox,
     ReconcileResult,
     RecordWorkerHealth,
     SetHeartbeatPolicy,
@@ -109,145 +43,13 @@ from actors.messages import (
     SettleWaitingJobs,
     WorkerRef,
 )
-from actors.reconciler_store import Delivery, HeartbeatAge, ReconcilerStore
+from actors.reconciler_store import Delivery, ReconcilerStore
 from actors.role import RoleView
-from actors.write_size import WriteSize
+from actors.write_size import FencedWrites
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
-from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
-from runtime.reply import Reply
-from runtime.settings import (
-    DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
-    ReconcilerSettings,
-)
-
-
-def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
-    """The dead_after (seconds) ``age``'s worker is judged by: the larger of the reconciler's
-    ``dead_after_s`` and the one its row records (docs/design.md, "Heartbeat interval")."""
-    return dead_after_s if age.dead_after_s is None else max(dead_after_s, age.dead_after_s)
-
-
-def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings) -> float:
-    """How long the leader's reads may be interrupted before silence counts anew (seconds):
-    ``contact_gap_s`` as a share of ``dead_after_s``, applied to the shortest dead_after a
-    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``.
-
-    The gap guards against an outage being taken for the workers' silence; what matters is the
-    gap's share of the dead_after, not its length. When the cluster stretches the interval (a
-    40 s dead_after at 2,000 workers) a fixed 1 s gap made a leader merely busy, whose passes
-    came 1 to 2 s apart, count silence anew at almost every pass, so a dead worker was never
-    declared."""
-    shortest_s = min(
-        (judged_dead_after_s(a, settings.dead_after_s) for a in ages), default=settings.dead_after_s
-    )
-    return settings.contact_gap_s * max(1.0, shortest_s / settings.dead_after_s)
-
-
-def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:
-    """Whether a pass re-sends an unconfirmed assignment ``age_s`` seconds after its commit:
-    when its age passed ``first_after_s * 2**k`` (some k >= 0) since the previous pass,
-    ``interval_s`` earlier. So it is re-sent at 1, 2, 4, 8 ... times ``first_after_s``: a
-    retry that backs off exponentially, with no state per assignment (each assignment's commit
-    time spreads the re-sends of a batch committed over several rounds).
-
-    Args:
-        age_s: seconds since the commit (database time).
-        first_after_s: the first re-send's age.
-        interval_s: the time since the previous pass looked (a late pass still re-sends what
-            passed a threshold meanwhile).
-    """
-    if age_s < first_after_s:
-        return False
-    threshold = first_after_s * 2.0 ** math.floor(math.log2(age_s / first_after_s))
-    return age_s - interval_s < threshold
-
-
-Groups = tuple[tuple[WorkerRef, tuple[Delivery, ...]], ...]
-"""Deliveries grouped by the worker they go to: one entry per worker, in the order of each
-worker's first delivery, the deliveries in their given order."""
-
-
-def by_worker(deliveries: Iterable[Delivery]) -> Groups:
-    """``deliveries`` grouped per worker (see :data:`Groups`)."""
-    groups: dict[WorkerRef, list[Delivery]] = defaultdict(list)
-    for d in deliveries:
-        groups[d.worker].append(d)
-    return tuple((worker, tuple(group)) for worker, group in groups.items())
-
-
-@attrs.frozen(kw_only=True)
-class DeliveryPlan:
-    """What one pass does with the unconfirmed assignments (:func:`plan_deliveries`)."""
-
-    resend: Groups
-    """Sent to their worker again (one batch per worker)."""
-    withdraw: Groups
-    """Cancelled on their worker, then ended and requeued once it acknowledges."""
-
-    def dispatches(self, epoch: int) -> tuple[Dispatch, ...]:
-        """The re-sends as one :class:`Dispatch` per worker."""
-        return tuple(
-            Dispatch(epoch=epoch, worker=worker, assignments=tuple(d.assignment for d in group))
-            for worker, group in self.resend
-        )
-
-
-def plan_deliveries(
-    unconfirmed: Iterable[Delivery],
-    settings: ReconcilerSettings,
-    *,
-    first_pass: bool,
-    since_last_read_s: float,
-    heartbeat_interval_s: float = 0.0,
-) -> DeliveryPlan:
-    """Which unconfirmed assignments a pass re-sends and which it withdraws: a pure function.
-
-    An assignment unconfirmed for ``cancel_unconfirmed_after_s`` (at least
-    :data:`WITHDRAW_AFTER_INTERVALS` heartbeat intervals) or more is withdrawn; a younger one is
-    re-sent on the first pass of a leader's reign (the previous leader may have died between
-    commit and send) and otherwise when :func:`resend_due` says so (at 1, 2, 4 ... times
-    ``redispatch_after_s``, or :data:`RESEND_AFTER_INTERVALS` heartbeat intervals when that is
-    longer: a worker confirms with its next heartbeat, so a re-send sooner only adds calls to a
-    dispatcher that a large cluster keeps busy); the rest are left alone. No assignment is both.
-
-    Args:
-        unconfirmed: the active assignments no heartbeat has confirmed, with their ages
-            (seconds since the commit, database time).
-        settings: ``redispatch_after_s`` and ``cancel_unconfirmed_after_s``.
-        first_pass: whether this is the first pass under the current epoch.
-        since_last_read_s: seconds since the previous pass read the unconfirmed assignments
-            (trio time; ``inf`` before any).
-        heartbeat_interval_s: the workers' heartbeat interval in force (0: not counted).
-    """
-    first_after_s = max(settings.redispatch_after_s, RESEND_AFTER_INTERVALS * heartbeat_interval_s)
-    withdraw_after_s = max(
-        settings.cancel_unconfirmed_after_s, WITHDRAW_AFTER_INTERVALS * heartbeat_interval_s
-    )
-    withdraw: list[Delivery] = []
-    resend: list[Delivery] = []
-    for d in unconfirmed:
-        if d.age_s >= withdraw_after_s:
-            withdraw.append(d)
-        elif first_pass or resend_due(d.age_s, first_after_s=first_after_s, interval_s=since_last_read_s):
-            resend.append(d)
-    return DeliveryPlan(resend=by_worker(resend), withdraw=by_worker(withdraw))
-
-
-CANCEL_REPLY_WAIT_S = 60.0
-"""How long a cancellation waits for the dispatcher's reply (its calls end within
-``rpc_timeout_s``): one it never sends, lost with a dispatcher that restarted, frees its
-assignments for a later pass after this long instead of holding them for the term."""
-
-RESEND_AFTER_INTERVALS = 2.0
-"""Heartbeat intervals an assignment goes unconfirmed, at least, before its first re-send."""
-
-WITHDRAW_AFTER_INTERVALS = 4.0
-"""Heartbeat intervals an assignment goes unconfirmed, at least, before it is withdrawn."""
-
-
-TIMED_OUT = "timeout"
-"""The reason of the leader's stops of runs past their timeout (and their assignments' end)."""
+from runtime.errors import DatabaseUnavailable, StaleEpoch
+from runtime.settings import ReconcilerSettings
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before
@@ -290,215 +92,19 @@ def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
     return tuple(caps)
 
 
-@attrs.frozen
-class TokenBucket:
-    """Tokens for dead-worker declarations at trio time ``at``: one per declaration, refilled
-    at a steady rate up to a burst (the token bucket of Kubernetes' rate limiters,
-    k8s.io/client-go/util/flowcontrol, which the node lifecycle controller uses for
-    ``--node-eviction-rate``)."""
-
-    tokens: float
-    at: float
-
-    def refilled(self, now: float, *, rate_per_s: float, burst: int) -> TokenBucket:
-        """The bucket at ``now`` (trio seconds), ``rate_per_s`` tokens added per second since
-        ``at``, holding at most ``burst``."""
-        elapsed = max(0.0, now - self.at)
-        return TokenBucket(min(float(burst), self.tokens + elapsed * rate_per_s), max(self.at, now))
-
-    def take(self, count: int) -> TokenBucket:
-        """The bucket after ``count`` declarations (never below 0)."""
-        return TokenBucket(max(0.0, self.tokens - count), self.at)
-
-    @property
-    def whole(self) -> int:
-        """Declarations the bucket allows now."""
-        return math.floor(self.tokens + 1e-9)
-
-
-@attrs.frozen(kw_only=True)
-class DeathVerdict:
-    """What one pass does about silent workers."""
-
-    declare: tuple[tuple[str, int], ...]
-    """(worker_id, incarnation) pairs to name dead now, longest silent first."""
-    held: tuple[tuple[str, int], ...]
-    """Silent past dead_after_s, but not named in this pass."""
-    mass_silence: bool
-    """Too many workers are silent at once: none is named."""
-    alive: int
-    """Alive workers (silent ones included)."""
-    bucket: TokenBucket
-    """The bucket refilled to this pass; charge it with the declarations that committed."""
-
-
 POLICY_COSTS_SEEN_WITHIN_S = 10.0
 """The heartbeat costs of control planes seen within this many seconds count (the others are
 down: they share no heartbeats)."""
 
 
-def judge_deaths(
-    ages: Sequence[HeartbeatAge],
-    settings: ReconcilerSettings,
-    bucket: TokenBucket,
-    now: float,
-    *,
-    hold_on_mass_silence: bool = True,
-) -> DeathVerdict:
-    """Which silent workers to name dead in this pass.
-
-    A worker is silent when its last recorded heartbeat is older than the dead_after it is judged
-    by (:func:`judged_dead_after_s`: ``dead_after_s``, or longer when the heartbeat interval the
-    cluster told it asks for it). None is
-    named while more than ``mass_silence_fraction`` of the alive workers, and at least
-    ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` (half of
-    ``dead_after_s`` by default) at once: the fault is then more likely on the control plane's
-    side (its database, its network, its own load) than on so many workers. Counting from the
-    shorter span sees workers cut off together as one event, before the first of them would be
-    named (their last heartbeats are up to a heartbeat interval apart).
-    Otherwise the longest silent are named, as many as ``bucket`` allows (``death_burst`` at
-    once, ``deaths_per_s`` after). Both rules are those of Kubernetes' node lifecycle
-    controller (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction:
-    ``--node-eviction-rate``; a zone with at least ``--unhealthy-zone-threshold`` of its nodes,
-    and no fewer than 3, not ready evicts at a lower rate or, in a small cluster, not at all;
-    with every node not ready it evicts nothing). Holding a declaration back is always safe: a
-    silent worker fences itself after ``self_fence_after_s``, and the fenced declaration
-    re-checks the silence by database time when it is made.
-
-    Args:
-        ages: every alive worker incarnation and its heartbeat age (seconds, database time).
-        settings: ``dead_after_s``, ``death_burst``, ``deaths_per_s``,
-            ``mass_silence_fraction``, ``mass_silence_min_workers``.
-        bucket: the declarations' tokens as the previous pass left them.
-        now: trio time of this pass (seconds).
-        hold_on_mass_silence: False once a mass silence has lasted ``mass_silence_max_s``:
-            it is still reported, but no longer holds the declarations.
-    """
-    silent = sorted(
-        (a for a in ages if a.age_s > judged_dead_after_s(a, settings.dead_after_s)),
-        key=lambda a: (-a.age_s, a.worker_id, a.incarnation),
-    )
-    pairs = tuple((a.worker_id, a.incarnation) for a in silent)
-    bucket = bucket.refilled(now, rate_per_s=settings.deaths_per_s, burst=settings.death_burst)
-    # A worker judged by a longer dead_after is suspect after as large a share of it.
-    share = settings.suspect_s / settings.dead_after_s
-    suspects = sum(1 for a in ages if a.age_s > share * judged_dead_after_s(a, settings.dead_after_s))
-    mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
-        ages
-    )
-    allowed = 0 if mass and hold_on_mass_silence else min(len(pairs), bucket.whole)
-    return DeathVerdict(
-        declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
-    )
-
-
 @attrs.define
-class SilenceFloor:
-    """From when (database time) the leader counts workers' silence: the rule that keeps an
-    outage from being taken for the death of every worker (DESIGN.md, "Outages").
-
-    A worker's silence counts from the latest of its last recorded heartbeat, the database
-    server's start (in the reads' SQL), and this floor, which moves to the database's ``now()``:
-
-    - on the first pass of an epoch (a takeover: the new leader did not watch the time before,
-      which may have been an outage, as after a database failover);
-    - on the first pass after the leader's reads were interrupted for more than
-      ``contact_gap_s`` (its database was unreachable, or it was stalled);
-    - when a mass silence ends (Kubernetes' node lifecycle controller, too, gives every node of
-      a zone a fresh grace when the zone leaves full disruption).
-
-    Moving the floor only ever delays a declaration, which is safe (the silent worker paused
-    or stopped its jobs long before): the fence of invariant 7 does not depend on it.
-    """
-
-    floor_unix_s: float | None = None
-    contact_at: float = -math.inf
-    """trio time of the last successful read."""
-    epoch: int | None = None
-    mass_silence: bool = False
-    mass_since: float | None = None
-    """trio time the current mass silence began; None while there is none."""
-
-    def mass_silence_for_s(self, mass: bool, now: float) -> float:
-        """How long the mass silence seen at trio time ``now`` has lasted (0 when ``mass`` is
-        false, or when it begins now)."""
-        if not mass:
-            self.mass_since = None
-            return 0.0
-        if self.mass_since is None:
-            self.mass_since = now
-        return now - self.mass_since
-
-    def read(self, epoch: int, now_unix_s: float, now: float, gap_s: float) -> bool:
-        """Account for a successful read at database time ``now_unix_s`` and trio time ``now``
-        under ``epoch``; True when the floor moved."""
-        moved = epoch != self.epoch or now - self.contact_at > gap_s
-        if moved:
-            self.floor_unix_s = now_unix_s
-            self.epoch = epoch
-        self.contact_at = now
-        return moved
-
-    def mass_silence_seen(self, mass: bool, now_unix_s: float) -> bool:
-        """Account for a pass's verdict; True (and the floor moved) when a mass silence ended."""
-        ended = self.mass_silence and not mass
-        self.mass_silence = mass
-        if ended:
-            self.floor_unix_s = now_unix_s
-        return ended
-
-    def floored(self, ages: Iterable[HeartbeatAge], now_unix_s: float) -> list[HeartbeatAge]:
-        """``ages`` counted from the floor at the latest."""
-        if self.floor_unix_s is None:
-            return list(ages)
-        most_s = max(0.0, now_unix_s - self.floor_unix_s)
-        return [a if a.age_s <= most_s else attrs.evolve(a, age_s=most_s) for a in ages]
-
-
-DRAINED = "drained"
-"""The end reason of an assignment a drain's deadline stopped."""
-
-
-def ending_message(
-    epoch: int,
-    assignment_ids: tuple[int, ...],
-    *,
-    requeue: bool,
-    reason: str,
-    requeue_backoff_caps_s: tuple[float, ...],
-    reply: Reply[tuple[int, ...]],
-) -> EndAssignments | EndDrainedAssignments:
-    """The fenced write that ends ``assignment_ids``, which their worker acknowledged
-    cancelling, for ``reason``: a drain's (:data:`DRAINED`) requeues without a loss or a
-    backoff (:class:`EndDrainedAssignments`); any other ends them as cancelled and, with
-    ``requeue``, counts a loss and waits the backoff of ``requeue_backoff_caps_s``
-    (:class:`EndAssignments`); a timeout's (:data:`TIMED_OUT`) spends an attempt and retries or
-    fails the job (:class:`EndAssignments` with ``timed_out``)."""
-    if reason == DRAINED:
-        return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
-    return EndAssignments(
-        epoch=epoch,
-        assignment_ids=assignment_ids,
-        requeue=requeue,
-        reason=reason,
-        requeue_backoff_caps_s=requeue_backoff_caps_s,
-        reply=reply,
-        timed_out=reason == TIMED_OUT,
-    )
-
-
-@attrs.define
-class Reconciler:
-    """The actor."""
+class Reconciler(FencedWrites):
+    """The actor; its decisions are fenced writes of at most :meth:`write_size` rows."""
 
     settings: ReconcilerSettings
     store: ReconcilerStore
     role: RoleView
-    ledger: trio.MemorySendChannel[LedgerInbox]
     dispatcher: trio.MemorySendChannel[DispatcherInbox]
-    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
-    """Most assignments one fenced write may end (the ledger's ``max_rows_per_fenced_write``)."""
-    _write_size: WriteSize | None = None
     _bucket: TokenBucket | None = None
     _unconfirmed_read_at: float = -math.inf
     """When the previous pass read the unconfirmed assignments (trio time)."""
@@ -508,10 +114,8 @@ class Reconciler:
     """When the last pass judged the workers' health (trio time)."""
     _policy_chosen_at: float = -math.inf
     """When the last pass chose the heartbeat interval (trio time)."""
-    _cancelling: dict[int, trio.CancelScope] = attrs.field(factory=dict)
-    """Assignment id -> the scope of the background task cancelling it."""
-    _cancels_epoch: int | None = None
-    """The epoch of the term whose cancellations run (None: none)."""
+    _cancels: Cancellations = attrs.field(init=False)
+    """The cancellations on workers of the current term."""
     _steps_s: dict[str, float] = attrs.field(factory=dict)
     """Seconds each step of the current (or last) pass took, by step."""
     _gap_s: float = math.inf
@@ -524,6 +128,11 @@ class Reconciler:
     _resends_dropped: int = 0
     """Re-sends not handed over since the last log of them: the dispatcher's inbox was full."""
     _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
+
+    def __attrs_post_init__(self) -> None:
+        self._cancels = Cancellations(
+            dispatcher=self.dispatcher, write=self.write, rows=lambda: self.write_size().rows
+        )
 
     @property
     def requeue_backoff_caps_s(self) -> tuple[float, ...]:
@@ -539,12 +148,12 @@ class Reconciler:
 
         async def logged_pass(epoch: int) -> None:
             nonlocal last_epoch, failed_passes
-            if epoch != self._cancels_epoch:
+            if epoch != self._cancels.epoch:
                 # A new term: the last one's cancellations would end nothing (the fence).
                 # Not at every pass after a failed one: a task of this term may have a
                 # worker's acknowledgement to write.
-                self._stop_cancellations()
-                self._cancels_epoch = epoch
+                self._cancels.stop()
+                self._cancels.epoch = epoch
             began = trio.current_time()
             outcome: str | None = None  # None: cancelled or a bug, not counted
             try:
@@ -577,8 +186,8 @@ class Reconciler:
             self._policy_chosen_at = -math.inf
             self._interval_s = None
             self._wanted_intervals = LongestWithin()
-            self._stop_cancellations()
-            self._cancels_epoch = None
+            self._cancels.stop()
+            self._cancels.epoch = None
 
         async with trio.open_nursery() as background:
             await self.role.every_interval_while_leader(
@@ -618,39 +227,6 @@ class Reconciler:
             took_s = trio.current_time() - began
             self._steps_s[name] = round(took_s, 4)
             metrics.RECONCILE_STEP_SECONDS.labels(name).observe(took_s)
-
-    def _stop_cancellations(self) -> None:
-        """Cancel the background cancellations of an earlier term (no checkpoint)."""
-        for scope in set(self._cancelling.values()):
-            scope.cancel()
-        self._cancelling.clear()
-
-    async def _ask_ledger(self, message_of: Any) -> Any:
-        reply: Reply[Any] = Reply()
-        await self.ledger.send(message_of(reply))
-        return await reply.wait()
-
-    def write_size(self) -> WriteSize:
-        """How many rows the next fenced write may carry (see :mod:`actors.write_size`)."""
-        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
-            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
-        return self._write_size
-
-    async def _write(self, message_of: Callable[[Reply[Any]], LedgerInbox]) -> Any:
-        """Ask the ledger for one fenced write, made of at most ``write_size().rows`` rows, and
-        size the next one by how this one went.
-
-        Raises:
-            StaleEpoch, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
-                cancelled the write; the next one is half as large).
-        """
-        try:
-            result = await self._ask_ledger(message_of)
-        except DatabaseBusy:
-            self._write_size = self.write_size().after_cancel()
-            raise
-        self._write_size = self.write_size().after_success()
-        return result
 
     async def reconcile(
         self, epoch: int, background: trio.Nursery, *, first_pass: bool = False
@@ -724,24 +300,14 @@ class Reconciler:
                 *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
             ]
             for worker, group, requeue, reason in cancellations:
-                group = [d for d in group if d.assignment.assignment_id not in self._cancelling]
-                if not group:
-                    continue
-                if reason == TIMED_OUT:
-                    self._log.warning(
-                        "stopping runs past their timeout",
-                        epoch=epoch,
-                        worker_id=worker.worker_id,
-                        job_ids=[d.assignment.job_id for d in group],
-                        assignment_ids=[d.assignment.assignment_id for d in group],
-                    )
-                # Marked in flight here, not when the task first runs: the same assignment
-                # in two lists of this pass (a drained run a user cancelled) is asked once.
-                scope = trio.CancelScope()
-                for d in group:
-                    self._cancelling[d.assignment.assignment_id] = scope
-                background.start_soon(
-                    self._cancel_in_background, scope, epoch, worker, group, requeue, reason
+                self._cancels.start(
+                    background,
+                    epoch,
+                    worker,
+                    group,
+                    requeue=requeue,
+                    reason=reason,
+                    requeue_backoff_caps_s=self.requeue_backoff_caps_s,
                 )
         with self._step("settle"):
             await self.settle_waiting(epoch)
@@ -782,7 +348,7 @@ class Reconciler:
         if chosen is current:
             self._interval_s = current.interval_ms / 1000
             return None
-        await self._write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
+        await self.write(lambda reply: SetHeartbeatPolicy(epoch=epoch, policy=chosen, reply=reply))
         was = inputs.current
         self._log.info(
             "heartbeat interval chosen",
@@ -798,10 +364,10 @@ class Reconciler:
         return chosen
 
     async def health_pass(self, epoch: int) -> tuple[tuple[str, bool], ...]:
-        """Step 6 of the module: read every alive worker's judged runs, decide with
-        :func:`actors.health.judge_health`, and write the marks and clears in one fenced write
-        (none when nothing changes; at most ``write_size().rows`` changes, the rest in the next
-        judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
+        """Worker health (docs/design.md, "The reconciler's pass", step 6): read every alive worker's
+        judged runs, decide with :func:`actors.health.judge_health`, and write the marks and clears in
+        one fenced write (none when nothing changes; at most ``write_size().rows`` changes, the rest
+        in the next judgement). Returns ``(worker_id, unhealthy)`` for the changes written.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: the read or the write failed.
@@ -812,7 +378,7 @@ class Reconciler:
         changes = verdict.changes[: self.write_size().rows]
         written: tuple[tuple[str, bool], ...] = ()
         if changes:
-            written = await self._write(
+            written = await self.write(
                 lambda reply: RecordWorkerHealth(
                     epoch=epoch,
                     changes=tuple((c.worker_id, c.version, c.unhealthy, c.reason) for c in changes),
@@ -843,9 +409,9 @@ class Reconciler:
         return written
 
     async def settle_waiting(self, epoch: int) -> SettledJobs:
-        """Settle the waiting jobs that can be settled now (step 4 of the module): one fenced
-        write per batch read, again while a write cancelled jobs or was full, at most
-        :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
+        """Settle the waiting jobs that can be settled now (docs/design.md, "The reconciler's pass",
+        step 4): one fenced write per batch read, again while a write cancelled jobs or was full, at
+        most :data:`actors.dependencies.CASCADE_STEPS` writes. Returns what all of them changed.
 
         Raises:
             StaleEpoch, DatabaseUnavailable: a read or write failed; no later write is sent.
@@ -857,7 +423,7 @@ class Reconciler:
             plan = plan_waiting(await self.store.waiting_jobs(rows), most=rows)
             if not plan:
                 break
-            settled: SettledJobs = await self._write(
+            settled: SettledJobs = await self.write(
                 lambda reply: SettleWaitingJobs(
                     epoch=epoch,
                     release=plan.release,  # noqa: B023 (called at once, in this iteration)
@@ -893,7 +459,7 @@ class Reconciler:
         """
         caps = self.requeue_backoff_caps_s
         first = self.write_size().rows
-        batch: ReconcileResult = await self._write(
+        batch: ReconcileResult = await self.write(
             lambda reply: DeclareDeadWorkers(
                 epoch=epoch,
                 workers=declare,
@@ -914,7 +480,7 @@ class Reconciler:
         try:
             while batch.more_orphans:
                 rows = self.write_size().rows
-                batch = await self._write(
+                batch = await self.write(
                     lambda reply: EndOrphanedAssignments(
                         epoch=epoch,
                         requeue_backoff_caps_s=caps,
@@ -990,93 +556,3 @@ class Reconciler:
                 deaths_per_s=s.deaths_per_s,
                 first_held=held,
             )
-
-    async def _cancel_in_background(
-        self,
-        scope: trio.CancelScope,
-        epoch: int,
-        worker: WorkerRef,
-        group: Sequence[Delivery],
-        requeue: bool,
-        reason: str,
-    ) -> None:
-        """:meth:`_cancel` as a task of its own, in ``scope`` (which ``_cancelling`` maps its
-        assignments to until it ends); a refused or failed ending is logged (a later pass asks
-        again), not raised."""
-        ids = [d.assignment.assignment_id for d in group]
-        with scope:
-            try:
-                await self._cancel(epoch, worker, group, requeue, reason)
-            except StaleEpoch as exc:
-                self._log.info(
-                    "cancellation's ending refused: deposed",
-                    epoch=exc.epoch,
-                    epoch_seen=exc.epoch_seen,
-                    worker_id=worker.worker_id,
-                    assignment_ids=ids,
-                )
-            except DatabaseUnavailable as exc:
-                self._log.warning(
-                    "cancellation's ending failed",
-                    epoch=epoch,
-                    worker_id=worker.worker_id,
-                    assignment_ids=ids,
-                    error=str(exc),
-                )
-            finally:
-                for assignment_id in ids:
-                    if self._cancelling.get(assignment_id) is scope:
-                        del self._cancelling[assignment_id]
-
-    async def _cancel(
-        self, epoch: int, worker: WorkerRef, group: Sequence[Delivery], requeue: bool, reason: str
-    ) -> None:
-        ids = tuple(d.assignment.assignment_id for d in group)
-        reply: Reply[tuple[int, ...]] = Reply()
-        await self.dispatcher.send(
-            CancelOnWorker(
-                epoch=epoch,
-                worker=worker,
-                assignment_ids=ids,
-                reply=reply,
-                job_ids=tuple(d.assignment.job_id for d in group),
-            )
-        )
-        acknowledged: tuple[int, ...] = ()
-        with trio.move_on_after(CANCEL_REPLY_WAIT_S) as waited:
-            acknowledged = await reply.wait()
-        if waited.cancelled_caught:
-            self._log.warning(
-                "cancellation unanswered: the dispatcher never replied",
-                epoch=epoch,
-                worker_id=worker.worker_id,
-                waited_s=CANCEL_REPLY_WAIT_S,
-                assignment_ids=list(ids),
-            )
-        if not acknowledged:
-            return
-        ended: list[int] = []
-        remaining = acknowledged
-        while remaining:
-            rows = self.write_size().rows
-            ids, remaining = remaining[:rows], remaining[rows:]
-            ended += await self._write(
-                lambda reply: ending_message(
-                    epoch,
-                    ids,  # noqa: B023 (called at once, in this iteration)
-                    requeue=requeue,
-                    reason=reason,
-                    requeue_backoff_caps_s=self.requeue_backoff_caps_s if requeue else (),
-                    reply=reply,
-                )
-            )
-        job_of = {d.assignment.assignment_id: d.assignment.job_id for d in group}
-        self._log.info(
-            "ended assignments",
-            epoch=epoch,
-            worker_id=worker.worker_id,
-            reason=reason,
-            count=len(ended),
-            job_ids=[job_of[a] for a in ended if a in job_of],
-            assignment_ids=list(ended),
-        )

@@ -259,11 +259,7 @@ LIMITS = (
         "(lowercase path components); no whitespace, shell metacharacters or paths",
         ("MAX_IMAGE_BYTES",),
     ),
-    Limit(
-        "job `container.argv`",
-        "as `command.argv`, but may be empty (the image's own command)",
-        (),
-    ),
+    Limit("job `container.argv`", "as `command.argv`, but may be empty (the image's own command)", ()),
     Limit("job `max_attempts` (`--max-attempts`)", f"1 to {_n(MAX_ATTEMPTS)}", ("MAX_ATTEMPTS",)),
     Limit(
         "job `retry_backoff_s` (`--retry-backoff-s`)",

@@ -2,22 +2,29 @@
 
 A fenced write holds the lease's share lock while it runs, and the ledger's session cancels a
 statement at ``LedgerSettings.statement_timeout_s`` so that it never holds it long enough to
-cost the leader its renewal (see :mod:`actors.ledger`). At most ``max_rows_per_fenced_write``
-rows keeps a write far inside that on a machine with CPU to spare (500 rows: 10 to 40 ms on the
-2-core VM), but not on a saturated one: in a cluster of 3,000 running sleep jobs on that VM a
-row cost about 0.4 ms, 500 rows passed 0.2 s, and a write of that size would be cancelled on
-every try, however often it was tried. So a decider sizes its writes the way TCP sizes its
-congestion window (RFC 5681, section 3.1: additive increase, multiplicative decrease): it halves
-the rows after a write the server cancelled (:class:`runtime.errors.DatabaseBusy`) and adds an
-eighth of the ceiling after each write that went through. A slow database then gets writes it
-can finish, each still fenced and still bounded in time; a fast one soon gets full ones again.
-"""
+cost the leader its renewal (docs/design.md, "How decisions are fenced"). At most
+``max_rows_per_fenced_write`` rows keeps a write far inside that on a machine with CPU to spare
+(500 rows: 10 to 40 ms on the 2-core VM), but not on a saturated one: in a cluster of 3,000
+running sleep jobs on that VM a row cost about 0.4 ms, 500 rows passed 0.2 s, and a write of
+that size would be cancelled on every try, however often it was tried. So a decider sizes its
+writes the way TCP sizes its congestion window (RFC 5681, section 3.1: additive increase,
+multiplicative decrease): it halves the rows after a write the server cancelled
+(:class:`runtime.errors.DatabaseBusy`) and adds an eighth of the ceiling after each write that
+went through. A slow database then gets writes it can finish, each still fenced and still
+bounded in time; a fast one soon gets full ones again."""
 
 from __future__ import annotations
 
-import attrs
+from collections.abc import Callable
+from typing import Any
 
-from runtime.errors import InvalidArgument
+import attrs
+import trio
+
+from actors.messages import LedgerInbox
+from runtime.errors import DatabaseBusy, InvalidArgument
+from runtime.reply import Reply
+from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE
 
 
 @attrs.frozen
@@ -47,3 +54,41 @@ class WriteSize:
         """After a write the server cancelled (too slow, or a lock it waited for): half as many
         rows, at least one."""
         return WriteSize(max(1, self.rows // 2), self.most)
+
+
+@attrs.define(kw_only=True)
+class FencedWrites:
+    """A decider's fenced writes (the base of the placer and the reconciler): asked of the
+    ledger one at a time, each of at most :meth:`write_size` rows, the next sized by how the
+    last one went."""
+
+    ledger: trio.MemorySendChannel[LedgerInbox]
+    max_rows_per_fenced_write: int = DEFAULT_MAX_ROWS_PER_FENCED_WRITE
+    """Most rows one fenced write may carry (the ledger's ``max_rows_per_fenced_write``): a
+    round's placements and pending reasons (reasons beyond what the placements leave wait for
+    later rounds), or the assignments a reconcile write ends."""
+    _write_size: WriteSize | None = None
+
+    def write_size(self) -> WriteSize:
+        """How many rows the next fenced write may carry."""
+        if self._write_size is None or self._write_size.most != self.max_rows_per_fenced_write:
+            self._write_size = WriteSize.full(self.max_rows_per_fenced_write)
+        return self._write_size
+
+    async def write(self, message_of: Callable[[Reply[Any]], LedgerInbox]) -> Any:
+        """Ask the ledger for one fenced write (``message_of`` builds it around its reply) and
+        size the next one by how this one went.
+
+        Raises:
+            StaleEpoch, DatabaseUnavailable: as the ledger answered (DatabaseBusy: the server
+                cancelled the write; the next one is half as large).
+        """
+        reply: Reply[Any] = Reply()
+        await self.ledger.send(message_of(reply))
+        try:
+            result = await reply.wait()
+        except DatabaseBusy:
+            self._write_size = self.write_size().after_cancel()
+            raise
+        self._write_size = self.write_size().after_success()
+        return result

@@ -28,7 +28,7 @@ import asyncpg
 import attrs
 import trio
 
-from actors import ingest, queries
+from actors import ingest, ingest_gate, ingest_heartbeats, queries
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, PgPool, asyncio_bridge
@@ -101,7 +101,9 @@ async def _open_pool(url: str) -> PgPool:
         return await open_pool("cp-m", url, settings)  # type: ignore[no-any-return]
     # A checkout from before open_pool: the pool as its Ingest.run made it.
     return await PgPool.create(
-        url, size=8, server_settings={"application_name": "stockade cp-m ingest", **ingest.SESSION_SETTINGS}
+        url,
+        size=8,
+        server_settings={"application_name": "stockade cp-m ingest", **ingest_gate.SESSION_SETTINGS},
     )
 
 
@@ -183,7 +185,7 @@ def main() -> None:
 
     with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
         result = trio.run(run, url)
-    print(f"heartbeat handler at {ingest.__file__}")
+    print(f"heartbeat handler at {ingest_heartbeats.__file__}")
     for key, value in result.items():
         print(f"  {key:28} {value:.3f}" if isinstance(value, float) else f"  {key:28} {value}")
 

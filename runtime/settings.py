@@ -222,7 +222,7 @@ class PlacerSettings:
     initial_window: int = attrs.field(default=16, validator=_positive)
     """Unconfirmed assignments a worker incarnation may hold before any heartbeat confirmed one
     (the send window's start; it grows by one per confirmed assignment: see
-    :func:`actors.placement.send_window`)."""
+    :func:`actors.rooms.send_window`)."""
     max_unconfirmed_per_worker: int = attrs.field(default=64, validator=_positive)
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""
@@ -304,7 +304,7 @@ class ReconcilerSettings:
     """When the leader's reads of the workers' silence were interrupted for longer than this
     (its database was unreachable, or it was stalled), silence counts anew from the first read
     after (seconds; DESIGN.md, "Outages"). It grows in proportion when the workers are judged by
-    a longer dead_after than ``dead_after_s`` (:func:`actors.reconciler.contact_gap_for_s`)."""
+    a longer dead_after than ``dead_after_s`` (:func:`actors.deaths.contact_gap_for_s`)."""
     held_log_every_s: float = attrs.field(default=5.0, validator=_positive)
     """At most one log line per this many seconds about held declarations, per reason."""
     read_statement_timeout_s: float = attrs.field(

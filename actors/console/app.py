@@ -1,28 +1,8 @@
 """The console's web application: pages, their parts, the login check and CORS (Starlette).
 
-Every page is two requests. The page itself (``/``, ``/workers``, ``/jobs/7`` ...) is a shell
-that holds no data and needs no login: a browser's navigation cannot carry an
-``Authorization`` header. Its script then fetches the page's *part* (``/part/jobs/7``) with the
-login token as ``Authorization: Bearer`` and puts the HTML it gets in place: once before the
-page's first paint (the script ends the shell and makes that one request synchronously, so no
-placeholder is ever painted), then every ``refresh_interval_s``; every part is read from the
-database when asked for, so a page is never older than one refresh. A part answers:
-
-- 200 with the page's content;
-- 401 without a valid token (the message says why, and how to get one: ``stockade console``);
-- 404 for a job or worker id that does not exist (or could not be one: ``/jobs/abc``);
-- 400 for a filter that cannot match (an unknown job state);
-- 503 when the database did not answer within ``read_timeout_s``, saying since when it has not.
-
-Each part names the replica that served it and the consoles of the replicas seen lately
-(headers ``X-Stockade-Served-By`` and ``X-Stockade-Consoles``), so the page can move to another
-replica's console when its own stops answering. Those consoles are other origins: a part answers
-their cross-origin requests (CORS, preflight included) and no others; the token travels as a
-header, never as a cookie, so no other site's page can make a browser send it.
-
-Everything shown is escaped by Jinja2's autoescape (query parameters included: a ``name``
-filter of ``<script>`` is shown as text); the pages load only their own script and style
-(``Content-Security-Policy``), and no part is cached.
+Every page is a shell that holds no data; its script fetches the page's part with the login
+token and refreshes it. What a part answers, how a page moves to another replica's console, and
+what keeps it safe: docs/design.md, "The console's pages".
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ async def test_a_replica_frozen_mid_heartbeat_does_not_block_that_worker_for_lon
     the worker's heartbeats through another replica get through again without waiting for the
     frozen replica."""
     from actors import queries
-    from actors.ingest import SESSION_SETTINGS
+    from actors.ingest_gate import SESSION_SETTINGS
 
     cp, admin = client
     reg = await cp.call(

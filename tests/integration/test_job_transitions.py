@@ -53,7 +53,8 @@ from properties import examples
 from serving import HOLD_LEASE
 
 from actors import queries
-from actors.ingest import SESSION_SETTINGS, ControlPlaneService
+from actors.ingest import ControlPlaneService
+from actors.ingest_gate import SESSION_SETTINGS
 from agent.acceptance import Admission
 from agent.messages import AssignOrder, CancelOrder, JobOrder
 from protocol import pb

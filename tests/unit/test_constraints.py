@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.placement import PendingJob, WorkerRoom, place, unschedulable_reason
+from actors.pending_queue import PendingJob
+from actors.placement import place
+from actors.rooms import WorkerRoom, unschedulable_reason
 from runtime.constraints import Constraint, parse_constraint, satisfied
 from runtime.errors import InvalidArgument
 

@@ -29,9 +29,10 @@ from actors.messages import (
     ReconcileResult,
     WorkerRef,
 )
-from actors.placement import WorkerRoom
-from actors.placer import LiveWorker, packing
+from actors.placer import packing
+from actors.placer_store import LiveWorker
 from actors.reconciler_store import SilenceReading
+from actors.rooms import WorkerRoom
 from runtime.errors import StaleEpoch
 from runtime.metrics import STEP_DOWN_CAUSES
 

@@ -17,8 +17,10 @@ from typer.testing import CliRunner
 
 from actors.ingest_replies import schedule_of
 from actors.messages import WorkerRef
-from actors.placement import PendingJob, PendingQueue, WorkerRoom
-from actors.placer import LiveWorker, not_counting_cordoned, plan_round
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placer_store import LiveWorker
+from actors.rooms import WorkerRoom
+from actors.round_plan import not_counting_cordoned, plan_round
 from ops.cli import EXIT_INVALID, app
 from ops.cli.workers import schedule_line
 from ops.config import INSECURE_ENV

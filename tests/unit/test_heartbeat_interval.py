@@ -22,6 +22,7 @@ from test_agent_heartbeat import ScriptedControlPlane, agent_settings, running_a
 from test_reconciler import SETTINGS as RECONCILER_SETTINGS
 from test_reconciler import FakeStore, answer_role, make_harness
 
+from actors.deaths import TokenBucket, judge_deaths
 from actors.heartbeat_policy import (
     MAX_WAITED_MS,
     SHRINK_AFTER_S,
@@ -36,7 +37,6 @@ from actors.heartbeat_policy import (
     wanted_interval_ms,
 )
 from actors.messages import DeclareDeadWorkers, ReconcileResult, SetHeartbeatPolicy
-from actors.reconciler import TokenBucket, judge_deaths
 from actors.reconciler_store import HeartbeatAge
 from agent.fence import fence_after_s, told_refusal
 from agent.messages import Registered, Registration

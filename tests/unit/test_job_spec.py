@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import idempotency, queries
+from actors import queries
 from agent.runtimes import cannot_run, forks, timed_by_agent_s
 from protocol import pb
 from protocol.wire import parse
@@ -130,17 +130,6 @@ def test_the_columns_of_each_runtime() -> None:
     )
     with pytest.raises(ValueError, match="has no runtime"):
         queries.job_columns(JobSpec(name="n", cpu_millis=1, memory_mb=1, runtime=None))
-
-
-def test_a_jobs_digest_item_is_the_one_keys_were_stored_with() -> None:
-    """The digest item of a job is ``[name, cpu_millis, memory_mb, priority, sleep_ms, argv]``,
-    as before the spec had one shape: a key stored by an older replica still matches its retry."""
-    sleep = JobSpec(name="s", cpu_millis=1, memory_mb=2, priority=3, runtime=SleepRuntime(duration_ms=4))
-    command = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=CommandRuntime(argv=("a",)))
-    assert idempotency.job_item(sleep) == ["s", 1, 2, 3, 4, None]
-    assert idempotency.job_item(command) == ["c", 5, 6, 0, None, ["a"]]
-    container = JobSpec(name="c", cpu_millis=5, memory_mb=6, runtime=ContainerRuntime(image="i", argv=("a",)))
-    assert idempotency.job_item(container) == ["c", 5, 6, 0, None, ["a"], ["container", "i"]]
 
 
 def test_a_spec_reads_the_same_to_people() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from actors.placer import PendingMark
+from actors.placer_store import PendingMark
 
 Key = tuple[int, int]
 """A pending row's (pending_xid, pending_seq)."""

@@ -15,18 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from actors.placement import (
-    PendingJob,
-    PendingQueue,
-    Plan,
-    WorkerRoom,
-    fits_some_room,
-    place,
-    place_queue,
-    place_queue_steps,
-    placement_limit,
-    send_window,
-)
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placement import Plan, place, place_queue, place_queue_steps
+from actors.rooms import WorkerRoom, fits_some_room, placement_limit, send_window
 from runtime.errors import InvalidArgument
 from runtime.settings import PlacerSettings
 

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from properties import examples
 
-from actors.placement import PendingJob, PendingQueue, WorkerRoom, place, unschedulable_reason
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placement import place
+from actors.rooms import WorkerRoom, unschedulable_reason
 
 workers_st = st.lists(
     st.builds(

@@ -20,9 +20,11 @@ from actors.messages import (
     RoleChange,
     WorkerRef,
 )
-from actors.placement import PendingJob, WorkerRoom
-from actors.placer import LiveWorker, PendingMark, Placer, WaitingJob
+from actors.pending_queue import PendingJob
+from actors.placer import Placer
+from actors.placer_store import LiveWorker, PendingMark, WaitingJob
 from actors.role import RoleView
+from actors.rooms import WorkerRoom
 from actors.write_size import WriteSize
 from runtime.errors import DatabaseBusy
 from runtime.jobs import JobSpec, SleepRuntime

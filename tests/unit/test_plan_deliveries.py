@@ -1,5 +1,5 @@
 """The reconciler's resend/withdraw decision as a pure function
-(:func:`actors.reconciler.plan_deliveries`): old assignments are withdrawn, younger ones
+(:func:`actors.deliveries.plan_deliveries`): old assignments are withdrawn, younger ones
 re-sent at 1, 2, 4 ... times redispatch_after_s (all on a leader's first pass), none both, one
 batch per worker in the order given."""
 
@@ -11,8 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from properties import examples
 
+from actors.deliveries import plan_deliveries, resend_due
 from actors.messages import CommittedAssignment, WorkerRef
-from actors.reconciler import Delivery, plan_deliveries, resend_due
+from actors.reconciler_store import Delivery
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import ReconcilerSettings
 

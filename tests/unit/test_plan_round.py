@@ -1,4 +1,4 @@
-"""The placer's round decision as a pure function (:func:`actors.placer.plan_round`): never over
+"""The placer's round decision as a pure function (:func:`actors.round_plan.plan_round`): never over
 a worker's free room, never one job twice, never past a worker's send window or the round's
 rows, never a job still backing off; an unchanged cluster decides nothing; what committed is
 dispatched once, per worker, in placement order."""
@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from properties import examples
 
 from actors.messages import CommittedAssignment, WorkerRef
-from actors.placement import PendingJob, PendingQueue, WorkerRoom, placement_limit
-from actors.placer import LiveWorker, RoundPlan, plan_round
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placer_store import LiveWorker
+from actors.rooms import WorkerRoom, placement_limit
+from actors.round_plan import RoundPlan, plan_round
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings import PLACEMENT_POLICIES, PlacerSettings
 

@@ -1,5 +1,5 @@
 """Unschedulable reasons worked out once per job shape and kept while the workers that take
-placements stay the same (:class:`actors.placement.ReasonCache`): a round decides the same with
+placements stay the same (:class:`actors.rooms.ReasonCache`): a round decides the same with
 the cache as without it, through any sequence of job and worker changes; a round whose reasons
 are all stored writes none and works none out again; a change of the workers does."""
 
@@ -11,16 +11,11 @@ from hypothesis import strategies as st
 from properties import examples
 
 from actors.messages import WorkerRef
-from actors.placement import (
-    PendingJob,
-    PendingQueue,
-    ReasonCache,
-    WorkerRoom,
-    place_queue,
-    unschedulable_reason,
-    workers_key,
-)
-from actors.placer import LiveWorker, plan_round
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placement import place_queue
+from actors.placer_store import LiveWorker
+from actors.rooms import ReasonCache, WorkerRoom, unschedulable_reason, workers_key
+from actors.round_plan import plan_round
 from runtime.constraints import Constraint
 from runtime.settings import PlacerSettings
 

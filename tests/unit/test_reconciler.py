@@ -21,6 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from actors.cancellations import ending_message
+from actors.deaths import SilenceFloor, TokenBucket, contact_gap_for_s, judge_deaths
+from actors.deliveries import resend_due
 from actors.dependencies import WaitingJob
 from actors.health import Run, WorkerRuns
 from actors.heartbeat_policy import HeartbeatPolicy
@@ -43,20 +46,8 @@ from actors.messages import (
     RoleChange,
     WorkerRef,
 )
-from actors.reconciler import (
-    TIMEOUT_MARGIN_S,
-    Delivery,
-    HeartbeatAge,
-    Reconciler,
-    SilenceFloor,
-    TokenBucket,
-    backoff_caps_s,
-    contact_gap_for_s,
-    ending_message,
-    judge_deaths,
-    resend_due,
-)
-from actors.reconciler_store import PolicyInputs, SilenceReading
+from actors.reconciler import TIMEOUT_MARGIN_S, Reconciler, backoff_caps_s
+from actors.reconciler_store import Delivery, HeartbeatAge, PolicyInputs, SilenceReading
 from actors.role import RoleView
 from runtime import metrics
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, StaleEpoch
@@ -806,7 +797,7 @@ async def test_a_cancellation_the_dispatcher_never_answers_is_asked_again_later(
     """The dispatcher loses the reply of the cancellation of assignment 7 (it restarted): the
     passes do not ask again while it waits, and after CANCEL_REPLY_WAIT_S the next pass asks
     the worker again, under the same term."""
-    from actors.reconciler import CANCEL_REPLY_WAIT_S
+    from actors.cancellations import CANCEL_REPLY_WAIT_S
 
     w1 = WorkerRef(worker_id="w-1", address="127.0.0.1:1", incarnation=1)
     store = FakeStore(last_heartbeat={"w-1": 10.0**6}, unconfirmed_at={7: (w1, -31.0)})

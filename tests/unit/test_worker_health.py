@@ -17,8 +17,11 @@ from rich.console import Console
 
 from actors.health import JOB_FAULTS, HealthChange, Run, WorkerRuns, judge_health
 from actors.messages import WorkerRef
-from actors.placement import PendingJob, PendingQueue, WorkerRoom, place_queue
-from actors.placer import LiveWorker, not_counting_cordoned, plan_round, probe_limit
+from actors.pending_queue import PendingJob, PendingQueue
+from actors.placement import place_queue
+from actors.placer_store import LiveWorker
+from actors.rooms import WorkerRoom
+from actors.round_plan import not_counting_cordoned, plan_round, probe_limit
 from ops.cli.render import render_status, status_json
 from ops.cli.workers import schedule_line
 from ops.client.results import schedule_from_pb, status_from_pb

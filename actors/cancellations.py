@@ -1,0 +1,226 @@
+"""Cancellations on workers: the reconciler's requests that a worker stop assignments (withdrawn,
+cancelled by a user, past their timeout, drained), each a background task the pass does not
+wait for, and the fenced write that ends what the worker acknowledged (:func:`ending_message`).
+docs/design.md, "The reconciler's pass".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from actors.messages import (
+    CancelOnWorker,
+    DispatcherInbox,
+    EndAssignments,
+    EndDrainedAssignments,
+    LedgerInbox,
+    WorkerRef,
+)
+from actors.reconciler_store import Delivery
+from runtime import log
+from runtime.errors import DatabaseUnavailable, StaleEpoch
+from runtime.reply import Reply
+
+CANCEL_REPLY_WAIT_S = 60.0
+"""How long a cancellation waits for the dispatcher's reply (its calls end within
+``rpc_timeout_s``): one it never sends, lost with a dispatcher that restarted, frees its
+assignments for a later pass after this long instead of holding them for the term."""
+
+TIMED_OUT = "timeout"
+"""The reason of the leader's stops of runs past their timeout (and their assignments' end)."""
+
+DRAINED = "drained"
+"""The end reason of an assignment a drain's deadline stopped."""
+
+
+def ending_message(
+    epoch: int,
+    assignment_ids: tuple[int, ...],
+    *,
+    requeue: bool,
+    reason: str,
+    requeue_backoff_caps_s: tuple[float, ...],
+    reply: Reply[tuple[int, ...]],
+) -> EndAssignments | EndDrainedAssignments:
+    """The fenced write that ends ``assignment_ids``, which their worker acknowledged
+    cancelling, for ``reason``: a drain's (:data:`DRAINED`) requeues without a loss or a
+    backoff (:class:`EndDrainedAssignments`); any other ends them as cancelled and, with
+    ``requeue``, counts a loss and waits the backoff of ``requeue_backoff_caps_s``
+    (:class:`EndAssignments`); a timeout's (:data:`TIMED_OUT`) spends an attempt and retries or
+    fails the job (:class:`EndAssignments` with ``timed_out``)."""
+    if reason == DRAINED:
+        return EndDrainedAssignments(epoch=epoch, assignment_ids=assignment_ids, reply=reply)
+    return EndAssignments(
+        epoch=epoch,
+        assignment_ids=assignment_ids,
+        requeue=requeue,
+        reason=reason,
+        requeue_backoff_caps_s=requeue_backoff_caps_s,
+        reply=reply,
+        timed_out=reason == TIMED_OUT,
+    )
+
+
+Write = Callable[[Callable[[Reply[Any]], LedgerInbox]], Awaitable[Any]]
+"""The reconciler's fenced write: a message built around its reply, answered by the ledger."""
+
+
+@attrs.define
+class Cancellations:
+    """The cancellations on workers of one term, each a task in the pass's background nursery.
+
+    A worker that answers slowly or not at all holds up only its own cancellation (for up to
+    the dispatcher's ``rpc_timeout_s``), never the next pass. An assignment whose cancellation
+    is in flight is not asked again until that one ends; the tasks of a term are cancelled
+    (:meth:`stop`) when the replica steps down or is elected under a new epoch.
+    """
+
+    dispatcher: trio.MemorySendChannel[DispatcherInbox]
+    write: Write
+    """Ends acknowledged assignments in fenced writes (the reconciler's, sized as it sizes them)."""
+    rows: Callable[[], int]
+    """How many rows the next fenced write may carry."""
+    epoch: int | None = None
+    """The epoch of the term whose cancellations run (None: none)."""
+    _in_flight: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    """Assignment id -> the scope of the background task cancelling it."""
+    _log: Any = attrs.field(factory=lambda: log.get("reconciler"))
+
+    def stop(self) -> None:
+        """Cancel the background cancellations of an earlier term (no checkpoint)."""
+        for scope in set(self._in_flight.values()):
+            scope.cancel()
+        self._in_flight.clear()
+
+    def start(
+        self,
+        background: trio.Nursery,
+        epoch: int,
+        worker: WorkerRef,
+        group: Sequence[Delivery],
+        *,
+        requeue: bool,
+        reason: str,
+        requeue_backoff_caps_s: tuple[float, ...],
+    ) -> None:
+        """Cancel the assignments of ``group`` not already in flight on ``worker``, in a task of
+        ``background``; once the worker acknowledges, end them for ``reason``
+        (:func:`ending_message`)."""
+        group = [d for d in group if d.assignment.assignment_id not in self._in_flight]
+        if not group:
+            return
+        if reason == TIMED_OUT:
+            self._log.warning(
+                "stopping runs past their timeout",
+                epoch=epoch,
+                worker_id=worker.worker_id,
+                job_ids=[d.assignment.job_id for d in group],
+                assignment_ids=[d.assignment.assignment_id for d in group],
+            )
+        # Marked in flight here, not when the task first runs: the same assignment
+        # in two lists of this pass (a drained run a user cancelled) is asked once.
+        scope = trio.CancelScope()
+        for d in group:
+            self._in_flight[d.assignment.assignment_id] = scope
+        cancel = partial(self._cancel, epoch, worker, group, requeue, reason, requeue_backoff_caps_s)
+        ids = [d.assignment.assignment_id for d in group]
+        background.start_soon(self._in_background, scope, epoch, worker, ids, cancel)
+
+    async def _in_background(
+        self,
+        scope: trio.CancelScope,
+        epoch: int,
+        worker: WorkerRef,
+        ids: list[int],
+        cancel: Callable[[], Awaitable[None]],
+    ) -> None:
+        """``cancel`` (:meth:`_cancel` of ``ids`` on ``worker``) as a task of its own, in
+        ``scope`` (which ``_in_flight`` maps those assignments to until it ends); a refused or
+        failed ending is logged (a later pass asks again), not raised."""
+        with scope:
+            try:
+                await cancel()
+            except StaleEpoch as exc:
+                self._log.info(
+                    "cancellation's ending refused: deposed",
+                    epoch=exc.epoch,
+                    epoch_seen=exc.epoch_seen,
+                    worker_id=worker.worker_id,
+                    assignment_ids=ids,
+                )
+            except DatabaseUnavailable as exc:
+                self._log.warning(
+                    "cancellation's ending failed",
+                    epoch=epoch,
+                    worker_id=worker.worker_id,
+                    assignment_ids=ids,
+                    error=str(exc),
+                )
+            finally:
+                for assignment_id in ids:
+                    if self._in_flight.get(assignment_id) is scope:
+                        del self._in_flight[assignment_id]
+
+    async def _cancel(
+        self,
+        epoch: int,
+        worker: WorkerRef,
+        group: Sequence[Delivery],
+        requeue: bool,
+        reason: str,
+        caps: tuple[float, ...],
+    ) -> None:
+        ids = tuple(d.assignment.assignment_id for d in group)
+        reply: Reply[tuple[int, ...]] = Reply()
+        await self.dispatcher.send(
+            CancelOnWorker(
+                epoch=epoch,
+                worker=worker,
+                assignment_ids=ids,
+                reply=reply,
+                job_ids=tuple(d.assignment.job_id for d in group),
+            )
+        )
+        acknowledged: tuple[int, ...] = ()
+        with trio.move_on_after(CANCEL_REPLY_WAIT_S) as waited:
+            acknowledged = await reply.wait()
+        if waited.cancelled_caught:
+            self._log.warning(
+                "cancellation unanswered: the dispatcher never replied",
+                epoch=epoch,
+                worker_id=worker.worker_id,
+                waited_s=CANCEL_REPLY_WAIT_S,
+                assignment_ids=list(ids),
+            )
+        if not acknowledged:
+            return
+        ended: list[int] = []
+        remaining = acknowledged
+        while remaining:
+            rows = self.rows()
+            ids, remaining = remaining[:rows], remaining[rows:]
+            ended += await self.write(
+                lambda reply: ending_message(
+                    epoch,
+                    ids,  # noqa: B023 (called at once, in this iteration)
+                    requeue=requeue,
+                    reason=reason,
+                    requeue_backoff_caps_s=caps if requeue else (),
+                    reply=reply,
+                )
+            )
+        job_of = {d.assignment.assignment_id: d.assignment.job_id for d in group}
+        self._log.info(
+            "ended assignments",
+            epoch=epoch,
+            worker_id=worker.worker_id,
+            reason=reason,
+            count=len(ended),
+            job_ids=[job_of[a] for a in ended if a in job_of],
+            assignment_ids=list(ended),
+        )

@@ -1,0 +1,191 @@
+"""Dead workers: which silent workers a pass names dead (:func:`judge_deaths`, rate-limited by
+a :class:`TokenBucket`, held on mass silence) and from when silence counts
+(:class:`SilenceFloor`). docs/design.md, "The reconciler's pass".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from actors.reconciler_store import HeartbeatAge
+from runtime.settings import ReconcilerSettings
+
+
+def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:
+    """The dead_after (seconds) ``age``'s worker is judged by: the larger of the reconciler's
+    ``dead_after_s`` and the one its row records (docs/design.md, "Heartbeat interval")."""
+    return dead_after_s if age.dead_after_s is None else max(dead_after_s, age.dead_after_s)
+
+
+def contact_gap_for_s(ages: Iterable[HeartbeatAge], settings: ReconcilerSettings) -> float:
+    """How long the leader's reads may be interrupted before silence counts anew (seconds):
+    ``contact_gap_s`` as a share of ``dead_after_s``, applied to the shortest dead_after a
+    worker is judged by now (:func:`judged_dead_after_s`), never less than ``contact_gap_s``
+    (why a share: docs/design.md, "Outages", the leader counts silence only while it could hear)."""
+    shortest_s = min(
+        (judged_dead_after_s(a, settings.dead_after_s) for a in ages), default=settings.dead_after_s
+    )
+    return settings.contact_gap_s * max(1.0, shortest_s / settings.dead_after_s)
+
+
+@attrs.frozen
+class TokenBucket:
+    """Tokens for dead-worker declarations at trio time ``at``: one per declaration, refilled
+    at a steady rate up to a burst (the token bucket of Kubernetes' rate limiters,
+    k8s.io/client-go/util/flowcontrol, which the node lifecycle controller uses for
+    ``--node-eviction-rate``)."""
+
+    tokens: float
+    at: float
+
+    def refilled(self, now: float, *, rate_per_s: float, burst: int) -> TokenBucket:
+        """The bucket at ``now`` (trio seconds), ``rate_per_s`` tokens added per second since
+        ``at``, holding at most ``burst``."""
+        elapsed = max(0.0, now - self.at)
+        return TokenBucket(min(float(burst), self.tokens + elapsed * rate_per_s), max(self.at, now))
+
+    def take(self, count: int) -> TokenBucket:
+        """The bucket after ``count`` declarations (never below 0)."""
+        return TokenBucket(max(0.0, self.tokens - count), self.at)
+
+    @property
+    def whole(self) -> int:
+        """Declarations the bucket allows now."""
+        return math.floor(self.tokens + 1e-9)
+
+
+@attrs.frozen(kw_only=True)
+class DeathVerdict:
+    """What one pass does about silent workers."""
+
+    declare: tuple[tuple[str, int], ...]
+    """(worker_id, incarnation) pairs to name dead now, longest silent first."""
+    held: tuple[tuple[str, int], ...]
+    """Silent past dead_after_s, but not named in this pass."""
+    mass_silence: bool
+    """Too many workers are silent at once: none is named."""
+    alive: int
+    """Alive workers (silent ones included)."""
+    bucket: TokenBucket
+    """The bucket refilled to this pass; charge it with the declarations that committed."""
+
+
+def judge_deaths(
+    ages: Sequence[HeartbeatAge],
+    settings: ReconcilerSettings,
+    bucket: TokenBucket,
+    now: float,
+    *,
+    hold_on_mass_silence: bool = True,
+) -> DeathVerdict:
+    """Which silent workers to name dead in this pass.
+
+    A worker is silent when its last recorded heartbeat is older than the dead_after it is judged
+    by (:func:`judged_dead_after_s`: ``dead_after_s``, or longer when the heartbeat interval the
+    cluster told it asks for it). None is
+    named while more than ``mass_silence_fraction`` of the alive workers, and at least
+    ``mass_silence_min_workers``, have been silent for ``suspect_after_s`` (half of
+    ``dead_after_s`` by default) at once: the fault is then more likely on the control plane's
+    side (its database, its network, its own load) than on so many workers. Counting from the
+    shorter span sees workers cut off together as one event, before the first of them would be
+    named (their last heartbeats are up to a heartbeat interval apart).
+    Otherwise the longest silent are named, as many as ``bucket`` allows (``death_burst`` at
+    once, ``deaths_per_s`` after). Both rules are those of Kubernetes' node lifecycle
+    controller (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction:
+    ``--node-eviction-rate``; a zone with at least ``--unhealthy-zone-threshold`` of its nodes,
+    and no fewer than 3, not ready evicts at a lower rate or, in a small cluster, not at all;
+    with every node not ready it evicts nothing). Holding a declaration back is always safe: a
+    silent worker fences itself after ``self_fence_after_s``, and the fenced declaration
+    re-checks the silence by database time when it is made.
+
+    Args:
+        ages: every alive worker incarnation and its heartbeat age (seconds, database time).
+        settings: ``dead_after_s``, ``death_burst``, ``deaths_per_s``,
+            ``mass_silence_fraction``, ``mass_silence_min_workers``.
+        bucket: the declarations' tokens as the previous pass left them.
+        now: trio time of this pass (seconds).
+        hold_on_mass_silence: False once a mass silence has lasted ``mass_silence_max_s``:
+            it is still reported, but no longer holds the declarations.
+    """
+    silent = sorted(
+        (a for a in ages if a.age_s > judged_dead_after_s(a, settings.dead_after_s)),
+        key=lambda a: (-a.age_s, a.worker_id, a.incarnation),
+    )
+    pairs = tuple((a.worker_id, a.incarnation) for a in silent)
+    bucket = bucket.refilled(now, rate_per_s=settings.deaths_per_s, burst=settings.death_burst)
+    # A worker judged by a longer dead_after is suspect after as large a share of it.
+    share = settings.suspect_s / settings.dead_after_s
+    suspects = sum(1 for a in ages if a.age_s > share * judged_dead_after_s(a, settings.dead_after_s))
+    mass = suspects >= settings.mass_silence_min_workers and suspects > settings.mass_silence_fraction * len(
+        ages
+    )
+    allowed = 0 if mass and hold_on_mass_silence else min(len(pairs), bucket.whole)
+    return DeathVerdict(
+        declare=pairs[:allowed], held=pairs[allowed:], mass_silence=mass, alive=len(ages), bucket=bucket
+    )
+
+
+@attrs.define
+class SilenceFloor:
+    """From when (database time) the leader counts workers' silence: the rule that keeps an
+    outage from being taken for the death of every worker (DESIGN.md, "Outages").
+
+    A worker's silence counts from the latest of its last recorded heartbeat, the database
+    server's start (in the reads' SQL), and this floor, which moves to the database's ``now()``:
+
+    - on the first pass of an epoch (a takeover: the new leader did not watch the time before,
+      which may have been an outage, as after a database failover);
+    - on the first pass after the leader's reads were interrupted for more than
+      ``contact_gap_s`` (its database was unreachable, or it was stalled);
+    - when a mass silence ends (Kubernetes' node lifecycle controller, too, gives every node of
+      a zone a fresh grace when the zone leaves full disruption).
+
+    Moving the floor only ever delays a declaration, which is safe (the silent worker paused
+    or stopped its jobs long before): the fence of invariant 7 does not depend on it.
+    """
+
+    floor_unix_s: float | None = None
+    contact_at: float = -math.inf
+    """trio time of the last successful read."""
+    epoch: int | None = None
+    mass_silence: bool = False
+    mass_since: float | None = None
+    """trio time the current mass silence began; None while there is none."""
+
+    def mass_silence_for_s(self, mass: bool, now: float) -> float:
+        """How long the mass silence seen at trio time ``now`` has lasted (0 when ``mass`` is
+        false, or when it begins now)."""
+        if not mass:
+            self.mass_since = None
+            return 0.0
+        if self.mass_since is None:
+            self.mass_since = now
+        return now - self.mass_since
+
+    def read(self, epoch: int, now_unix_s: float, now: float, gap_s: float) -> bool:
+        """Account for a successful read at database time ``now_unix_s`` and trio time ``now``
+        under ``epoch``; True when the floor moved."""
+        moved = epoch != self.epoch or now - self.contact_at > gap_s
+        if moved:
+            self.floor_unix_s = now_unix_s
+            self.epoch = epoch
+        self.contact_at = now
+        return moved
+
+    def mass_silence_seen(self, mass: bool, now_unix_s: float) -> bool:
+        """Account for a pass's verdict; True (and the floor moved) when a mass silence ended."""
+        ended = self.mass_silence and not mass
+        self.mass_silence = mass
+        if ended:
+            self.floor_unix_s = now_unix_s
+        return ended
+
+    def floored(self, ages: Iterable[HeartbeatAge], now_unix_s: float) -> list[HeartbeatAge]:
+        """``ages`` counted from the floor at the latest."""
+        if self.floor_unix_s is None:
+            return list(ages)
+        most_s = max(0.0, now_unix_s - self.floor_unix_s)
+        return [a if a.age_s <= most_s else attrs.evolve(a, age_s=most_s) for a in ages]

@@ -1,0 +1,277 @@
+"""Ingest's heartbeat handlers: a worker's heartbeat recorded alone or in a group of
+liveness-only heartbeats (docs/design.md, "Grouped heartbeats"), and the interval and the
+dead_after the statements tell workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors import queries, validation
+from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
+from actors.heartbeat_policy import (
+    MAX_DEAD_AFTER_MS,
+    MAX_SENT_US,
+    HeartbeatPolicy,
+    HeartbeatWaits,
+    default_policy,
+)
+from actors.ingest_jobs import JobHandlers
+from actors.ingest_replies import check_outcomes, outcome_arrays, outcome_log_keys
+from protocol import pb
+from runtime import identifiers, log, metrics
+from runtime.aio import require_worker, rpc_deadline
+from runtime.errors import DeadlineExceeded
+from runtime.settings import ReconcilerSettings
+
+
+def recorded_answer(
+    row: Any, newer: tuple[str | None, str | None, int | None], *, skipped: bool = False
+) -> GroupAnswer:
+    """The answer to a heartbeat from its statement's ``row``; ``newer``: the agent run id,
+    address and incarnation of the registration that took the worker's id over (None each: none)."""
+    return GroupAnswer(
+        alive=row["alive"],
+        skipped=skipped,
+        stop_assignment_ids=tuple(row["stop_assignment_ids"]),
+        current_epoch=row["current_epoch"],
+        database_unix_s=row["database_unix_s"],
+        told_interval_ms=row["told_interval_ms"],
+        told_dead_after_ms=row["told_dead_after_ms"],
+        newer_agent_run_id=newer[0],
+        newer_address=newer[1],
+        newer_incarnation=newer[2],
+    )
+
+
+@attrs.define
+class HeartbeatHandlers(JobHandlers):
+    """The Heartbeat RPC of :class:`actors.ingest.ControlPlaneService`.
+
+    Args:
+        told_default: the heartbeat interval and the dead_after told to workers while the
+            leader chose none (docs/design.md, "Heartbeat interval").
+    """
+
+    told_default: HeartbeatPolicy = attrs.field(factory=lambda: default_policy(ReconcilerSettings()))
+    heartbeats_recorded: int = 0
+    """Heartbeats this service recorded (the denominator of its measured heartbeat cost)."""
+    heartbeat_waits: HeartbeatWaits = attrs.field(factory=HeartbeatWaits)
+    """The waits its heartbeats reported (their 99th percentile goes with its presence)."""
+    heartbeat_group: HeartbeatGrouper | None = None
+    """Records liveness-only heartbeats in groups (started by :class:`actors.ingest.Ingest` when
+    ``settings.heartbeat_group_wait_s`` > 0); None: each heartbeat in a statement of its own."""
+
+    def _told_defaults(self) -> tuple[int, int]:
+        """The interval and the dead_after (ms) the statements tell while no policy was chosen."""
+        return self.told_default.interval_ms, self.told_default.dead_after_ms
+
+    def _told(self, row: Any) -> tuple[int, int]:
+        """A registration reply's ``heartbeat_interval_ms`` and ``dead_after_ms`` from the row of
+        the statement that recorded what it tells (None: nothing recorded: no interval and the
+        defaults' dead_after, which the agent never adopts, since such a reply continues nothing)."""
+        if row is None:
+            return 0, self.told_default.dead_after_ms
+        return row["interval_ms"], row["dead_after_ms"]
+
+    async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        """Record a worker's heartbeat: liveness, running confirmations, finished outcomes.
+
+        A liveness-only heartbeat (no outcomes, no restart hold) is recorded with the
+        heartbeats of other workers in one statement (:attr:`heartbeat_group`;
+        docs/design.md, "Grouped heartbeats"); one that carries outcomes or asks for a hold,
+        or finds its worker's row locked by another transaction, alone
+        (:meth:`_heartbeat_alone`).
+
+        Raises:
+            InvalidArgument: a field out of range (nothing is stored).
+            DeadlineExceeded, DatabaseUnavailable, Busy: as :meth:`database` (for a group's
+                member, what its group's statement raised).
+        """
+        worker_id = identifiers.check_id(request.worker_id, field="worker_id")
+        require_worker("heartbeat", worker_id)
+        validation.check_incarnation(request.incarnation)
+        hold_ms = validation.check_restart_hold_ms(request.restart_hold_ms)
+        finished = list(request.finished)
+        check_outcomes(finished)
+        reply = await self._record_heartbeat(worker_id, request, finished, hold_ms)
+        if not reply.reregister:
+            # Only a recorded heartbeat of a live incarnation says a wait.
+            self.heartbeat_waits.add(trio.current_time(), worker_id, request.waited_ms)
+        return reply
+
+    async def _record_heartbeat(
+        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+    ) -> pb.HeartbeatReply:
+        """:meth:`heartbeat`'s work once its fields are checked: grouped when it carries only
+        liveness, else alone."""
+        if self.heartbeat_group is not None and not finished and not hold_ms:
+            deadline = rpc_deadline()
+            self._check_deadline("heartbeat", deadline)
+            answer = await self.heartbeat_group.record(
+                GroupedBeat(
+                    deadline=deadline,
+                    worker_id=worker_id,
+                    incarnation=request.incarnation,
+                    running_assignment_ids=tuple(request.running_assignment_ids),
+                    sent_us=min(request.sent_monotonic_us, MAX_SENT_US),
+                    dead_after_in_use_ms=min(request.dead_after_in_use_ms, MAX_DEAD_AFTER_MS),
+                )
+            )
+            if not answer.skipped:
+                return self._heartbeat_reply(worker_id, request.incarnation, answer)
+        return await self._heartbeat_alone(worker_id, request, finished, hold_ms)
+
+    async def run_heartbeat_group(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Gather liveness-only heartbeats into groups (:attr:`heartbeat_group`, with
+        ``settings.heartbeat_group_wait_s`` and ``heartbeat_group_max``) until cancelled; the
+        handlers use it once started."""
+        grouper = HeartbeatGrouper(
+            record_group=self.record_heartbeat_group,
+            wait_s=self.settings.heartbeat_group_wait_s,
+            max_heartbeats=self.settings.heartbeat_group_max,
+            groups_in_flight=self.settings.heartbeat_groups_in_flight,
+        )
+        self.heartbeat_group = grouper
+        try:
+            await grouper.run(task_status=task_status)
+        finally:
+            self.heartbeat_group = None
+
+    async def record_heartbeat_group(self, members: Sequence[GroupMember]) -> list[GroupAnswer | Exception]:
+        """Record a group of liveness-only heartbeats (worker ids distinct) in one statement
+        (``record_heartbeats`` in schema.sql): one answer per member, in order. A member whose
+        client's deadline passed, or whose handler stopped waiting, before the group got its
+        connection is not recorded, as a heartbeat alone would not be: its answer is
+        DeadlineExceeded.
+
+        Raises:
+            DatabaseUnavailable, Busy: as :meth:`database`; nothing of the group was recorded.
+        """
+        answers: list[GroupAnswer | Exception] = []
+        async with self.database("heartbeat") as conn:
+            now = trio.current_time()
+            left_out = [m.withdrawn or m.beat.deadline <= now for m in members]
+            live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
+            running_ids: list[int] = []
+            running_members: list[int] = []
+            for member, beat in enumerate(live, start=1):
+                running_ids.extend(beat.running_assignment_ids)
+                running_members.extend([member] * len(beat.running_assignment_ids))
+            rows = []
+            if live:
+                rows = await conn.fetch(
+                    queries.RECORD_HEARTBEATS,
+                    [b.worker_id for b in live],
+                    [b.incarnation for b in live],
+                    [b.sent_us for b in live],
+                    [b.dead_after_in_use_ms for b in live],
+                    running_ids,
+                    running_members,
+                    *self._told_defaults(),
+                )
+        recorded = iter(rows)
+        for out in left_out:
+            if out:
+                metrics.INGEST_EXPIRED_REQUESTS.labels("heartbeat").inc()
+                answers.append(
+                    DeadlineExceeded("heartbeat: the client's deadline passed before the request could start")
+                )
+                continue
+            row = next(recorded)
+            newer = (row["newer_agent_run_id"], row["newer_address"], row["newer_incarnation"])
+            answers.append(recorded_answer(row, newer, skipped=row["skipped"]))
+        return answers
+
+    async def _heartbeat_alone(
+        self, worker_id: str, request: pb.HeartbeatRequest, finished: list[pb.JobOutcome], hold_ms: int
+    ) -> pb.HeartbeatReply:
+        """Record one heartbeat in a statement of its own (``record_heartbeat`` in schema.sql),
+        and its restart hold after it."""
+        held: object = None
+        async with self.database("heartbeat") as conn:
+            # One statement (record_heartbeat in schema.sql): liveness, outcomes, running
+            # confirmations and the assignments to stop, in one round trip and one transaction.
+            # Liveness alone skips the WAL flush there; outcomes are committed durably.
+            row = await conn.fetchrow(
+                queries.HEARTBEAT,
+                worker_id,
+                request.incarnation,
+                list(request.running_assignment_ids),
+                *outcome_arrays(finished),
+                min(request.sent_monotonic_us, MAX_SENT_US),
+                min(request.dead_after_in_use_ms, MAX_DEAD_AFTER_MS),
+                *self._told_defaults(),
+            )
+            assert row is not None
+            newer: tuple[str | None, str | None, int | None] = (None, None, None)
+            found = (
+                None
+                if row["alive"]
+                else await conn.fetchrow(queries.NEWER_REGISTRATION, worker_id, request.incarnation)
+            )
+            if found is not None:
+                newer = (found["agent_run_id"] or "", found["address"], found["incarnation"])
+            if hold_ms and row["alive"]:
+                # A planned restart's hold, recorded after the heartbeat committed: it counts from
+                # this statement's now(), after the heartbeat's send (docs/design.md, "Restarts").
+                held = await conn.fetchval(
+                    queries.SET_RESTART_HOLD, worker_id, request.incarnation, hold_ms / 1000
+                )
+        if finished:
+            # Only a heartbeat that carries outcomes logs (one line, its ids listed): the
+            # liveness-only heartbeats, four a second per worker, stay silent.
+            log.get("ingest").info(
+                "outcomes recorded",
+                worker_id=worker_id,
+                incarnation=request.incarnation,
+                epoch=row["current_epoch"],
+                **outcome_log_keys(finished),
+            )
+        answer = recorded_answer(row, newer)
+        reply = self._heartbeat_reply(worker_id, request.incarnation, answer)
+        if hold_ms and answer.alive:
+            reply.restart_hold_granted = held is not None
+            log.get("ingest").info(
+                "restart hold recorded" if held is not None else "restart hold not recorded",
+                worker_id=worker_id,
+                incarnation=request.incarnation,
+                hold_s=hold_ms / 1000,
+            )
+        return reply
+
+    def _heartbeat_reply(self, worker_id: str, incarnation: int, answer: GroupAnswer) -> pb.HeartbeatReply:
+        """The reply to a recorded heartbeat (alone or in a group), counted in the metrics."""
+        if not answer.alive:
+            metrics.HEARTBEATS_REREGISTER.inc()
+            reply = pb.HeartbeatReply(
+                epoch=answer.current_epoch, reregister=True, database_unix_s=answer.database_unix_s
+            )
+            if answer.newer_incarnation is not None:  # another registration took the id over
+                reply.newer_agent_run_id = answer.newer_agent_run_id or ""
+                reply.newer_address = answer.newer_address or ""
+                reply.newer_incarnation = answer.newer_incarnation
+            return reply
+        metrics.HEARTBEATS_RECORDED.inc()
+        self.heartbeats_recorded += 1
+        if answer.stop_assignment_ids:
+            log.get("ingest").info(
+                "worker told to stop assignments",
+                worker_id=worker_id,
+                incarnation=incarnation,
+                epoch=answer.current_epoch,
+                assignment_ids=list(answer.stop_assignment_ids),
+            )
+        return pb.HeartbeatReply(
+            epoch=answer.current_epoch,
+            stop_assignment_ids=list(answer.stop_assignment_ids),
+            database_unix_s=answer.database_unix_s,
+            heartbeat_interval_ms=answer.told_interval_ms,
+            dead_after_ms=answer.told_dead_after_ms,
+        )

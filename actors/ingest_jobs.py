@@ -1,0 +1,328 @@
+"""Ingest's job handlers: submissions (one job or a batch), cancels, job queries, and the
+sweep of expired idempotency keys; every mutating call carried out once per idempotency key
+(:meth:`JobHandlers._once`). docs/design.md, "Ingest".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+
+from actors import dependencies, idempotency, queries
+from actors.ingest_gate import AdmittedService, run_in_slices
+from actors.ingest_replies import array_counts, attempt_info, job_events_reply, job_info
+from protocol import pb, wire
+from protocol.wire import Encoded
+from runtime import faults, log, metrics
+from runtime.aio import PgConnection, rpc_caller, takes_encoded_request
+from runtime.errors import Busy, DatabaseBusy, DuplicateKey, IdempotencyConflict, InvalidArgument, NotFound
+from runtime.tls import OPERATOR
+from runtime.validation import check_idempotency_key, check_job_id, check_jobs_steps, check_list
+from runtime.wire_jobs import job_spec_from_pb
+
+
+@attrs.frozen(kw_only=True)
+class Once:
+    """What a mutating call's statement gave (:meth:`JobHandlers._once`)."""
+
+    answer: list[dict[str, Any]]
+    """The rows its effect returned, the first time (JSON objects, by column name)."""
+    replayed: bool
+    """True when the call had been carried out already and this is the stored answer."""
+
+
+@attrs.define
+class JobHandlers(AdmittedService):
+    """The job RPCs of :class:`actors.ingest.ControlPlaneService`, and the once-per-key
+    execution its mutating calls share."""
+
+    async def _once(
+        self,
+        conn: PgConnection,
+        rpc: str,
+        sql: str,
+        *args: Any,
+        key: str,
+        digest: bytes,
+        lock_worker: str | None = None,
+    ) -> Once:
+        """Carry out a mutating call's statement (made by :func:`actors.queries.once`) once per
+        idempotency ``key``: the effect, or, for a copy of a call already carried out, the
+        stored answer and no effect (:mod:`actors.idempotency`).
+
+        Args:
+            conn: the request's connection.
+            rpc: the call, e.g. ``"submit_job"``.
+            sql: its statement; ``args`` its effect's parameters.
+            key: the request's idempotency key (checked).
+            digest: the checked request's sha256 (:func:`actors.idempotency.request_digest`).
+            lock_worker: a promise about this worker's future (a cordon or drain): its row is
+                locked first (``queries.LOCK_WORKER``) and the statement runs after it in the
+                same transaction, so it answers with every assignment a placement in progress
+                commits, and no placement commits onto the worker after it.
+
+        Raises:
+            IdempotencyConflict: ``key`` was first used for another request; nothing was stored.
+            Busy: the database gave up on the statement (another copy of the call, still in
+                progress, held the key past the session's ``lock_timeout``, or the statement
+                timed out); nothing was stored.
+            DatabaseUnavailable: the database failed.
+        """
+
+        async def promise(conn: PgConnection) -> Any:
+            await conn.fetchval(queries.LOCK_WORKER, lock_worker)
+            row = await conn.fetchrow(sql, *args, key, digest)
+            await faults.hit("ingest.promise_before_commit")
+            return row
+
+        for attempt in (1, 2):
+            try:
+                if lock_worker is None:
+                    row = await conn.fetchrow(sql, *args, key, digest)
+                else:
+                    row = await conn.run_in_transaction(promise, what=rpc)
+            except DuplicateKey as exc:
+                # Another copy stored the key after this statement's snapshot: this one rolled
+                # back whole; run it again, to find the stored answer.
+                if exc.constraint != queries.IDEMPOTENCY_KEY_CONSTRAINT or attempt == 2:
+                    raise
+                continue
+            except DatabaseBusy as exc:
+                raise Busy(
+                    f"busy: {self.cp_id} could not carry out {rpc} now ({exc}); another copy of this "
+                    "call may still be in progress; nothing was stored, try again"
+                ) from exc
+            break
+        assert row is not None
+        answer: list[dict[str, Any]] = json.loads(row["answer"])
+        if row["replayed"]:
+            if row["rpc"] != rpc or bytes(row["request_sha256"]) != digest:
+                raise IdempotencyConflict(
+                    idempotency.conflict_message(key=key, rpc=rpc, first_rpc=row["rpc"], answer=answer)
+                )
+            metrics.INGEST_REPLAYED_REQUESTS.labels(rpc).inc()
+            return Once(answer=answer, replayed=True)
+        await faults.hit("ingest.after_commit")
+        return Once(answer=answer, replayed=False)
+
+    async def submit_job(self, request: pb.SubmitJobRequest) -> pb.SubmitJobReply:
+        job = job_spec_from_pb(request.spec).check()
+        key = check_idempotency_key(request.idempotency_key)
+        digest = idempotency.request_digest("submit_job", [idempotency.job_item(job)])
+        async with self.admitted("submit_job"):
+            await self._refuse_when_queue_full("submit_job")
+            done = await self._store_jobs(
+                "submit_job",
+                queries.SUBMIT_JOB,
+                attrs.astuple(queries.job_columns(job)),
+                key=key,
+                digest=digest,
+                missing=lambda conn: self._missing_dependencies(conn, "after", job.after),
+            )
+            if not done.replayed:
+                # An array counts as its tasks against the queue's limit.
+                self.pending_jobs += int(done.answer[0].get("tasks", 1))
+        job_id = int(done.answer[0]["id"])
+        if not done.replayed:
+            log.get("ingest").info("job submitted", job_id=job_id, name=job.name)
+        return pb.SubmitJobReply(job_id=job_id)
+
+    async def _store_jobs(
+        self,
+        rpc: str,
+        sql: str,
+        args: Sequence[Any],
+        *,
+        key: str,
+        digest: bytes,
+        missing: Callable[[PgConnection], Awaitable[InvalidArgument]],
+    ) -> Once:
+        """Carry out a submission's statement once per ``key`` (:meth:`_once`), inside its turn.
+
+        Raises:
+            InvalidArgument: nothing was stored: a job names a dependency that does not exist
+                (see queries.SUBMIT_JOB); ``missing`` says which, read on the same connection.
+            IdempotencyConflict, Busy, DatabaseUnavailable: as :meth:`_once`.
+        """
+        async with self.connection(rpc) as conn:
+            done = await self._once(conn, rpc, sql, *args, key=key, digest=digest)
+            if not done.answer:
+                raise await missing(conn)
+        return done
+
+    async def _missing_dependencies(
+        self, conn: PgConnection, field: str, after: tuple[int, ...]
+    ) -> InvalidArgument:
+        """The error of a submission that stored nothing because of ``after``: it names the
+        jobs that do not exist (read after the submitting statement, which checked them in its
+        own snapshot)."""
+        missing = [int(i) for i in await conn.fetchval(queries.MISSING_JOBS, list(after))]
+        return InvalidArgument(
+            field, list(after), dependencies.MISSING_RULE, detail=dependencies.missing_detail(missing)
+        )
+
+    @takes_encoded_request
+    async def submit_jobs(
+        self, request: pb.SubmitJobsRequest | Encoded[pb.SubmitJobsRequest]
+    ) -> pb.SubmitJobsReply:
+        """Store a batch. Served with its request undecoded: it is decoded and checked in
+        slices, inside the turn, so a refused batch costs no decoding."""
+        async with self.admitted("submit_jobs"):
+            await self._refuse_when_queue_full("submit_jobs")
+            step = self.settings.wire_step_messages
+            batch = request
+            if isinstance(request, Encoded):
+                try:
+                    batch = await run_in_slices(
+                        wire.decode_steps(pb.SubmitJobsRequest, request.data, step_messages=step),
+                        self.wire_share,
+                    )
+                except wire.OutOfRange as exc:
+                    raise InvalidArgument(exc.field, exc.value, exc.rule, detail=exc.detail) from None
+                except ValueError as exc:
+                    raise InvalidArgument(
+                        "request", f"{len(request.data)} bytes", f"must be a SubmitJobsRequest ({exc})"
+                    ) from None
+            assert isinstance(batch, pb.SubmitJobsRequest)
+            jobs = await run_in_slices(
+                check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step), self.wire_share
+            )
+            key = check_idempotency_key(batch.idempotency_key)
+            digest = await run_in_slices(
+                idempotency.digest_steps(
+                    "submit_jobs", (idempotency.job_item(j) for j in jobs), step_items=step
+                ),
+                self.wire_share,
+            )
+
+            async def first_missing(conn: PgConnection) -> InvalidArgument:
+                named = sorted({i for j in jobs for i in j.after})
+                missing = {int(i) for i in await conn.fetchval(queries.MISSING_JOBS, named)}
+                index = next((n for n, j in enumerate(jobs) if missing & set(j.after)), 0)
+                return await self._missing_dependencies(conn, f"specs[{index}].after", jobs[index].after)
+
+            done = await self._store_jobs(
+                "submit_jobs",
+                queries.SUBMIT_JOBS,
+                queries.job_column_arrays(jobs),
+                key=key,
+                digest=digest,
+                missing=first_missing,
+            )
+            if not done.replayed:
+                self.pending_jobs += len(done.answer)
+        job_ids = sorted(int(r["id"]) for r in done.answer)
+        if not done.replayed:
+            # One line per batch, listing its ids (a 10,000-job batch: one line, not 10,000).
+            log.get("ingest").info("jobs submitted", count=len(job_ids), job_ids=job_ids)
+        return pb.SubmitJobsReply(job_ids=job_ids)
+
+    async def sweep_idempotency_keys(self) -> int:
+        """Delete the idempotency keys stored more than ``settings.idempotency_key_retention_s``
+        ago, oldest first, ``settings.idempotency_sweep_rows`` per statement, each statement
+        admitted as any other request (shed first when the replica is busy); returns how many.
+
+        Raises:
+            Busy, DeadlineExceeded: the replica is busy; the rest waits for the next sweep.
+            DatabaseUnavailable: the database failed.
+        """
+        swept = 0
+        while True:
+            async with self.database("sweep_idempotency_keys") as conn:
+                count = int(
+                    await conn.fetchval(
+                        queries.SWEEP_IDEMPOTENCY_KEYS,
+                        self.settings.idempotency_key_retention_s,
+                        self.settings.idempotency_sweep_rows,
+                    )
+                )
+            swept += count
+            if count < self.settings.idempotency_sweep_rows:
+                return swept
+
+    async def get_job(self, request: pb.GetJobRequest) -> pb.JobInfo:
+        check_job_id(request.job_id)
+        async with self.database("get_job") as conn:
+            row = await conn.fetchrow(queries.GET_JOB, request.job_id)
+            attempts = [] if row is None else await conn.fetch(queries.JOB_ATTEMPTS, request.job_id)
+            counts = (
+                []
+                if row is None or row["array_id"] is None
+                else await conn.fetch(queries.ARRAY_COUNTS, row["array_id"])
+            )
+        if row is None:
+            raise NotFound(f"job_id {request.job_id} not found")
+        info = job_info(row, env_values=reads_env_values())
+        info.attempt_history = [attempt_info(a) for a in attempts]
+        info.array_counts = array_counts(counts)
+        return info
+
+    async def get_job_events(self, request: pb.GetJobEventsRequest) -> pb.GetJobEventsReply:
+        """The job's history, oldest first, rebuilt from the tables in one read
+        (:data:`actors.queries.JOB_EVENTS`).
+
+        Raises:
+            InvalidArgument: ``job_id`` outside 1..2**63-1.
+            NotFound: no job has this id.
+        """
+        check_job_id(request.job_id)
+        async with self.database("get_job_events") as conn:
+            rows = await conn.fetch(queries.JOB_EVENTS, request.job_id)
+        if not rows:
+            raise NotFound(f"job_id {request.job_id} not found")
+        return job_events_reply(request.job_id, rows)
+
+    async def list_jobs(self, request: pb.ListJobsRequest) -> Encoded[pb.ListJobsReply]:
+        """Up to ``limit`` jobs, newest first; the reply is built and encoded in slices inside
+        the turn."""
+        state, limit = check_list(request.state, request.limit)
+        async with self.admitted("list_jobs"):
+            async with self.connection("list_jobs") as conn:
+                rows = await conn.fetch(queries.LIST_JOBS, state, limit)
+            env_values = reads_env_values()
+            return await self._encoded(
+                pb.ListJobsReply(), {"jobs": (job_info(r, env_values=env_values) for r in rows)}
+            )
+
+    async def cancel_job(self, request: pb.CancelJobRequest) -> pb.CancelJobReply:
+        check_job_id(request.job_id)
+        key = check_idempotency_key(request.idempotency_key)
+        # A cancel of one task only is another request than the array's cancel; a plain
+        # cancel digests as it always did.
+        item: list[Any] = [request.job_id, "only_this_task"] if request.only_this_task else [request.job_id]
+        digest = idempotency.request_digest("cancel_job", item)
+        async with self.database("cancel_job") as conn:
+            done = await self._once(
+                conn,
+                "cancel_job",
+                queries.CANCEL_JOB,
+                request.job_id,
+                request.only_this_task,
+                key=key,
+                digest=digest,
+            )
+        if not done.answer:
+            raise NotFound(f"job_id {request.job_id} not found")
+        row = done.answer[0]
+        state = "cancelling" if row["cancel_requested"] else row["state"]
+        if not done.replayed:
+            log.get("ingest").info(
+                "cancel requested", job_id=request.job_id, state=state, tasks=int(row.get("tasks") or 0)
+            )
+        return pb.CancelJobReply(state=state, tasks=int(row.get("tasks") or 0))
+
+
+ENV_VALUE_READERS = (OPERATOR,)
+"""Who reads the values of a job's environment in GetJob, ListJobs and Status replies:
+operators, who may submit and so set them. Every other reader (a viewer) gets the names, each
+value :data:`runtime.jobs.HIDDEN_ENV_VALUE`: the values may be secrets (a token, a password).
+On a plaintext server (``--insecure``) no identity is checked and everyone reads them."""
+
+
+def reads_env_values() -> bool:
+    """Whether the caller of the RPC being served may read environment values
+    (:data:`ENV_VALUE_READERS`)."""
+    return rpc_caller().acts_as(ENV_VALUE_READERS)

@@ -1,0 +1,220 @@
+"""Workers' rooms for placement: :class:`WorkerRoom`, the send window that paces a worker
+(:func:`send_window`, :func:`placement_limit`), the fit tests over free rooms
+(:func:`fits_some_room`, :func:`fits_by_kind`) and the unschedulable reason of a job no live
+worker could hold (:func:`unschedulable_reason`, memoised per shape by :class:`ReasonCache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from actors.pending_queue import PendingJob, Shape
+from runtime.constraints import Constraint, satisfied
+
+CONTAINER_LABEL = "container"
+"""The worker label that says whether it runs container jobs (``docker``: yes)."""
+CONTAINER_ENGINE = "docker"
+"""The value of :data:`CONTAINER_LABEL` on a worker whose agent found a Docker engine."""
+
+
+@attrs.frozen(kw_only=True)
+class WorkerRoom:
+    """One live worker: capacity and what is already allocated on it."""
+
+    worker_id: str
+    cpu_millis: int
+    memory_mb: int
+    cpu_allocated_millis: int = 0
+    memory_allocated_mb: int = 0
+    placement_limit: int | None = None
+    """Most jobs one round may place on this worker (None: no limit)."""
+    runs_containers: bool = False
+    """True when it is labelled ``container=docker`` (it may take container jobs)."""
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+    """Its labels, which a job's constraints are judged by."""
+
+
+def send_window(confirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
+    """How many unconfirmed assignments a worker incarnation may hold.
+
+    ``min(max_unconfirmed, initial_window + confirmed)``: a new or re-registered worker gets a
+    few jobs, and one more for every assignment a heartbeat has confirmed (listed as running or
+    finished) since it registered, so the window doubles per heartbeat round trip while the
+    worker keeps up. This is TCP's slow start (RFC 5681, section 3.1: the congestion window
+    grows by one segment per acknowledged segment), with ``max_unconfirmed`` in the place of
+    the receiver's window and no congestion-avoidance phase.
+
+    Args:
+        confirmed: assignments of this incarnation a heartbeat has confirmed so far.
+        initial_window: the window before any confirmation.
+        max_unconfirmed: the window's ceiling.
+
+    Returns:
+        The window, in assignments.
+    """
+    return min(max_unconfirmed, initial_window + max(0, confirmed))
+
+
+def placement_limit(confirmed: int, unconfirmed: int, *, initial_window: int, max_unconfirmed: int) -> int:
+    """Most jobs one round may place on a worker: its :func:`send_window` minus the assignments
+    it holds unconfirmed, and never below 0 (a worker that stopped confirming gets nothing).
+
+    Args:
+        confirmed: assignments of the worker's incarnation a heartbeat has confirmed so far.
+        unconfirmed: its active assignments no heartbeat has listed yet.
+        initial_window: see :func:`send_window`.
+        max_unconfirmed: see :func:`send_window`.
+    """
+    window = send_window(confirmed, initial_window=initial_window, max_unconfirmed=max_unconfirmed)
+    return max(0, window - unconfirmed)
+
+
+@attrs.define
+class ReasonCache:
+    """Unschedulable reasons by job shape, valid for one set of workers (:func:`workers_key`):
+    reading it for another set empties it first. A memo, owned by one placer: a round's
+    decision is the same with or without it (a property test holds it to that).
+
+    A reason (:func:`unschedulable_reason`) reads the job's CPU, memory, container rule and
+    constraints and, of the workers that take placements, their capacities, whether they run
+    containers and their labels; nothing else (not their free room, not where the job failed).
+    So those workers' :func:`workers_key` decides when the cached reasons stop holding.
+    """
+
+    key: tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...] | None = None
+    reasons: dict[tuple[int, int, bool, tuple[Constraint, ...]], str | None] = attrs.field(factory=dict)
+    computed: int = 0
+    """Reasons worked out (not found in the cache) so far: for tests and the curious."""
+
+    def reason(
+        self,
+        shape: Shape,
+        constraints: tuple[Constraint, ...],
+        workers: Sequence[WorkerRoom],
+        key: tuple[Any, ...],
+    ) -> str | None:
+        """:func:`unschedulable_reason` of a job of ``shape`` (its ``constraints`` those of the
+        shape's group) on ``workers``, whose :func:`workers_key` is ``key``."""
+        if key != self.key:
+            self.key, self.reasons = key, {}
+        cpu, mem, container, _ = shape
+        found = (cpu, mem, container, constraints)
+        if found not in self.reasons:
+            job = PendingJob(
+                job_id=0, cpu_millis=cpu, memory_mb=mem, needs_container=container, constraints=constraints
+            )
+            self.reasons[found] = unschedulable_reason(job, workers)
+            self.computed += 1
+        return self.reasons[found]
+
+
+def workers_key(
+    workers: Sequence[WorkerRoom],
+) -> tuple[tuple[int, int, bool, tuple[tuple[str, str], ...]], ...]:
+    """What :func:`unschedulable_reason` reads of ``workers``: the distinct (cpu_millis,
+    memory_mb, runs_containers, labels) among them, sorted. Equal keys give equal reasons."""
+    return tuple(
+        sorted(
+            {(w.cpu_millis, w.memory_mb, w.runs_containers, tuple(sorted(w.labels.items()))) for w in workers}
+        )
+    )
+
+
+def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:
+    """Why ``job`` can never be placed on these workers, or None if some worker could hold it.
+
+    Example: ``"unschedulable: needs 64000 cpu_millis, largest worker has 16000"``. A container
+    job is judged against the workers that run containers only (``"unschedulable: container
+    job, no live worker runs containers (label container=docker)"`` when there is none).
+    """
+    if not workers:
+        return "unschedulable: no live workers"
+    if job.constraints:
+        for constraint in job.constraints:
+            if not any(constraint.matches(w.labels) for w in workers):
+                return f"unschedulable: no live worker has {constraint.describe()}"
+        workers = [w for w in workers if satisfied(job.constraints, w.labels)]
+        if not workers:
+            together = ", ".join(c.describe() for c in job.constraints)
+            return f"unschedulable: no live worker satisfies {together} together"
+    if job.needs_container:
+        workers = [w for w in workers if w.runs_containers]
+        if not workers:
+            return (
+                "unschedulable: container job, no live worker runs containers "
+                f"(label {CONTAINER_LABEL}={CONTAINER_ENGINE})"
+            )
+    if any(job.cpu_millis <= w.cpu_millis and job.memory_mb <= w.memory_mb for w in workers):
+        return None
+    largest_cpu = max(w.cpu_millis for w in workers)
+    largest_mem = max(w.memory_mb for w in workers)
+    which = "container worker" if job.needs_container else "worker"
+    if job.constraints:
+        which = f"eligible {which}"
+    if job.cpu_millis > largest_cpu:
+        return f"unschedulable: needs {job.cpu_millis} cpu_millis, largest {which} has {largest_cpu}"
+    if job.memory_mb > largest_mem:
+        return f"unschedulable: needs {job.memory_mb} memory_mb, largest {which} has {largest_mem}"
+    return (
+        f"unschedulable: needs {job.cpu_millis} cpu_millis and {job.memory_mb} memory_mb, no {which} has both"
+    )
+
+
+def fits_by_kind(
+    container: np.ndarray,
+    group: np.ndarray,
+    cpu: np.ndarray,
+    mem: np.ndarray,
+    room_cpu: np.ndarray,
+    room_mem: np.ndarray,
+    runs_containers: np.ndarray,
+    group_rooms: Sequence[np.ndarray],
+    *,
+    among: np.ndarray | None = None,
+) -> np.ndarray:
+    """:func:`fits_some_room` per job, over the rooms of ``among`` (None: all) that the job may
+    use: those of its constraint group (``group_rooms[group[i]]``) and, for a container job
+    (``container[i]``), those of ``runs_containers``. One frontier test per kind of job
+    present (no constraints and no container: one test), so the cost stays one binary search
+    per job."""
+    rooms = np.ones(room_cpu.size, dtype=bool) if among is None else among
+    if not container.any() and not group.any():
+        return fits_some_room(cpu, mem, room_cpu[rooms], room_mem[rooms])
+    fits = np.zeros(cpu.size, dtype=bool)
+    kinds = np.unique(np.stack((container.astype(np.int64), group)), axis=1)
+    for is_container, index in kinds.T.tolist():
+        jobs = (container == bool(is_container)) & (group == index)
+        allowed = rooms & group_rooms[index]
+        if is_container:
+            allowed = allowed & runs_containers
+        fits[jobs] = fits_some_room(cpu[jobs], mem[jobs], room_cpu[allowed], room_mem[allowed])
+    return fits
+
+
+def fits_some_room(
+    cpu: np.ndarray, mem: np.ndarray, room_cpu: np.ndarray, room_mem: np.ndarray
+) -> np.ndarray:
+    """For each (cpu[i], mem[i]), whether some room (room_cpu[k], room_mem[k]) holds it.
+
+    Tested against the Pareto frontier of the rooms (no other room has as much of both):
+    sorted by CPU ascending its memory descends, so among the rooms with CPU >= cpu[i] the
+    first has the most memory: one binary search per job.
+    """
+    if not room_cpu.size or not cpu.size:
+        return np.zeros(cpu.size, dtype=bool)
+    order = np.lexsort((-room_mem, -room_cpu))  # CPU descending, then memory descending
+    by_cpu, by_mem = room_cpu[order], room_mem[order]
+    more_memory_than_before = by_mem > np.maximum.accumulate(np.concatenate(([-1], by_mem[:-1])))
+    keep = more_memory_than_before & (by_cpu >= 0) & (by_mem >= 0)
+    frontier_cpu, frontier_mem = by_cpu[keep][::-1], by_mem[keep][::-1]  # CPU ascending
+    if not frontier_cpu.size:
+        return np.zeros(cpu.size, dtype=bool)
+    first = np.searchsorted(frontier_cpu, cpu, side="left")
+    inside = first < frontier_cpu.size
+    fits = np.zeros(cpu.size, dtype=bool)
+    fits[inside] = frontier_mem[first[inside]] >= mem[inside]
+    return fits
