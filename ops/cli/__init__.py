@@ -1,15 +1,15 @@
 """The ``stockade`` command: run a control plane or an agent, drive the local cluster, use it.
 
 One module per command group, each of which only parses options and renders answers:
-:mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
-``down``, ``kill-leader``, ``kill-worker``, ``prometheus-config``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
-``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
-:mod:`ops.cli.console` (``console``),
-:mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
-:mod:`ops.cli.bench` (``bench failover|pack|overload|unschedulable|scale``) and :mod:`ops.cli.certs` (``certs
-init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
-share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
-are read.
+:mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``: a module each),
+:mod:`ops.cli.local` (``up``, ``down``, ``kill-leader``, ``kill-worker``, ``prometheus-config``),
+:mod:`ops.cli.jobs` (``jobs``, ``submit``, ``job``, ``list``, ``cancel``, ``status``),
+:mod:`ops.cli.logs` (``logs``), :mod:`ops.cli.console` (``console``), :mod:`ops.cli.workers`
+(``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
+:mod:`ops.cli.bench` (``bench failover|pack|overload|unschedulable|scale``), :mod:`ops.cli.certs`
+(``certs init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common`
+holds what they share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params`
+how option values are read.
 
 Start-up: a call imports only the command group it names (:data:`COMMANDS`; ``--help``, an
 unknown command or none: every group), and command modules import only light modules at the
@@ -60,7 +60,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "console": ("console",),
     "workers": ("cordon", "uncordon", "drain"),
     "chaos": ("chaos", "check"),
-    "processes": ("cp", "agent", "fleet", "database"),
+    "processes.control_plane": ("cp",),
+    "processes.agents": ("agent", "fleet"),
+    "processes.database": ("database",),
     "bench": ("bench",),
     "certs": ("certs",),
     "image": ("image",),
