@@ -26,14 +26,16 @@ from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INTERRUPTED,
     ControlPlanesOption,
+    IdempotencyKeyOption,
+    answer_unknown,
     console,
     control_plane_addresses,
     err_console,
     errors,
+    idempotency_key_of,
     interrupted,
     with_client,
 )
-from ops.cli.jobs import IdempotencyKeyOption, answer_unknown, idempotency_key_of
 from runtime import validation
 
 if TYPE_CHECKING:
@@ -67,33 +69,23 @@ def schedule_line(
     elsewhere at 2026-12-01 12:00:00``, ``w-2: cordoned, no new placements; 1 job (12) still
     runs there``, ``w-2: not cordoned, takes placements``; a worker marked unhealthy adds its
     reason (``; unhealthy: 8 of the last 10 runs failed ...``)."""
-    line = _schedule_line(worker_id, cordoned, draining, drained, drain_deadline_unix_s, job_ids)
-    if unhealthy_reason:
-        line = line.replace(", takes placements", "") + f"; {unhealthy_reason}"
-    return line
-
-
-def _schedule_line(
-    worker_id: str,
-    cordoned: bool,
-    draining: bool,
-    drained: bool,
-    drain_deadline_unix_s: float,
-    job_ids: list[int],
-) -> str:
     if drained:
-        return f"{worker_id}: drained, no job left; its agent can be stopped"
-    if draining:
+        line = f"{worker_id}: drained, no job left; its agent can be stopped"
+    elif draining:
         if drain_deadline_unix_s:
             at = datetime.fromtimestamp(drain_deadline_unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S")
             then = f"stopped and placed elsewhere at {at}"
         else:
             then = "no deadline: waiting for them to end"
-        return f"{worker_id}: draining, {_jobs_text(job_ids)} left; {then}"
-    if cordoned:
+        line = f"{worker_id}: draining, {_jobs_text(job_ids)} left; {then}"
+    elif cordoned:
         running = f"{_jobs_text(job_ids)} still there" if job_ids else "no job there"
-        return f"{worker_id}: cordoned, no new placements; {running}"
-    return f"{worker_id}: not cordoned, takes placements"
+        line = f"{worker_id}: cordoned, no new placements; {running}"
+    else:
+        line = f"{worker_id}: not cordoned, takes placements"
+    if unhealthy_reason:
+        line = line.replace(", takes placements", "") + f"; {unhealthy_reason}"
+    return line
 
 
 def _reply_line(reply: WorkerSchedule) -> str:

@@ -435,4 +435,3 @@ def control_plane(
     check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
     with errors():  # a database that refuses this client for good ends the replica in one line
         control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
-
