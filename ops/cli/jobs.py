@@ -237,11 +237,11 @@ def submit(
         fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
     if image is None and (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from ops import jobfile
+    from ops.jobfields import spec_of_options
 
     with errors():
         # The control plane's checks, here first: out-of-range numbers do not fit the wire.
-        spec = jobfile.spec_of_options(
+        spec = spec_of_options(
             {
                 "name": name,
                 "cpu_millis": cpu_millis,
@@ -306,13 +306,14 @@ def run(
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
+    from ops.jobfields import fields_of
 
     if text_format is not None and text_format not in ("toml", "yaml"):
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
         specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
     if check:
-        sys.stdout.write(json.dumps([jobfile.fields_of(spec) for spec in specs], indent=2) + "\n")
+        sys.stdout.write(json.dumps([fields_of(spec) for spec in specs], indent=2) + "\n")
         return
     with errors():
         try:

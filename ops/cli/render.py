@@ -310,11 +310,11 @@ def job_json(info: Job) -> dict[str, Any]:
     Keys: the job's fields, every one given (``name``, ``cpu_millis``, ``memory_mb``,
     ``priority``, the runtime: ``sleep_s``, or ``command``, or ``image`` and ``command``; then
     ``max_attempts``, ``retry_backoff_s``, ``count_lost``, ``timeout_s``, ``constraints``,
-    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfile.fields_of`),
+    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfields.fields_of`),
     then ``status``, what the cluster reports (:func:`job_status_json`), which a job file
     may hold and ``stockade run`` ignores. A reply without its spec has ``status`` alone.
     """
-    from ops.jobfile import fields_of
+    from ops.jobfields import fields_of
 
     fields = {} if info.spec is None else fields_of(info.spec)
     return {**fields, "status": job_status_json(info)}

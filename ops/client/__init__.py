@@ -24,7 +24,7 @@ changes something. Results are frozen attrs classes (:mod:`ops.client.results`);
 ("Python client") has the examples, which the test suite runs against a real cluster.
 
 This package sits in ``ops`` because it finds the cluster with :mod:`ops.config` and builds
-specs with :mod:`ops.jobfile`, as the CLI does (which uses it); nothing outside ``ops`` imports
+specs with :mod:`ops.jobfields`, as the CLI does (which uses it); nothing outside ``ops`` imports
 it.
 """
 

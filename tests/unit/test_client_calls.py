@@ -319,7 +319,7 @@ def test_a_spec_from_job_file_fields_is_checked_as_a_files_job_is(
 
 def test_a_spec_from_job_file_fields_is_the_files() -> None:
     """Every field reaches the spec, as `stockade run` reads the same fields from a file."""
-    from ops.jobfile import spec_of_table
+    from ops.jobfields import spec_of_table
 
     fields = {
         "name": "train",
