@@ -500,7 +500,8 @@ def cancel(
     """
     import trio
 
-    from ops.cli.render import OPEN_STATES, array_cancel_verdict, cancel_verdict
+    from ops.cli.render import array_cancel_verdict, cancel_verdict
+    from ops.client.results import OPEN_STATES
     from runtime.errors import TemporaryError
 
     array_tasks = 0

@@ -394,14 +394,12 @@ def cancel_verdict(job_id: int, job: Job) -> str:
     return f"job {job_id}: cancelling (still {job.state})"
 
 
-OPEN_STATES = ("waiting", "pending", "assigned", "running")
-"""The states of a job that has not ended."""
-
-
 def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
     """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
     cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
     yet (None: not read)."""
+    from ops.client.results import OPEN_STATES
+
     counts = {} if job is None else dict(job.array_counts)
     still = sum(counts.get(state, 0) for state in OPEN_STATES)
     if job is not None and not still:
