@@ -31,7 +31,7 @@ it.
 from __future__ import annotations
 
 from ops.client.asyncio_face import AsyncioClient, AsyncioLogStream
-from ops.client.core import Client, LogStream
+from ops.client.core import Client
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
 from ops.client.results import (
     Attempt,
@@ -47,6 +47,7 @@ from ops.client.results import (
 )
 from ops.client.settings import ClientSettings
 from ops.client.specs import job_spec
+from ops.client.streams import LogStream
 from ops.config import ClusterError
 from runtime.constraints import Constraint
 from runtime.errors import (
