@@ -1,22 +1,7 @@
-"""The Grafana dashboard of a Stockade cluster, made from a short list of panels.
-
-``ops/grafana/stockade.json`` is what this module writes (``python -m ops.dashboard``; ``--check``
-fails when the file differs from what it would write, and a unit test runs that check). Import the
-file into Grafana with a Prometheus data source that scrapes the cluster as ``stockade
-prometheus-config`` sets it up: every query selects processes by the ``role`` label of those
-targets (``cp``, ``agent``, ``fleet``). docs/metrics.md lists the metrics and how to run it.
-
-Layout, top to bottom, all on one time axis with every election drawn across every panel (an
-annotation), so that a failover reads as one vertical slice: leadership (who leads under which
-epoch, elections, step-downs by cause, refused fenced writes), the database (lease renewal time,
-the oldest open transaction, the hot tables' dead rows), heartbeats and fencing (the rate
-the control planes record, the agents' round trip and heartbeat age against the fence span, fence
-events), placement and packing (round time, pending jobs and placements, CPU and memory allocated
-against capacity), and jobs (running, starts, stops by reason, refused assignments).
-
-Control-plane gauges that only the leader keeps current (pending jobs) are read from the leader
-alone: ``... and on(instance) (stockade_lease_epoch > 0)``. The packing gauges are 0 on a standby,
-so ``max`` over the control planes is the leader's.
+"""The Grafana dashboard of a Stockade cluster, made from a short list of panels (:data:`ROWS`),
+written to ``ops/grafana/stockade.json`` (``python -m ops.dashboard``; ``--check`` fails when
+the file differs). Its layout and queries: docs/design.md, "The Grafana dashboard";
+docs/metrics.md lists the metrics and how to run it.
 """
 
 from __future__ import annotations

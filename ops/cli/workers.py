@@ -1,16 +1,6 @@
 """Taking workers out of service, through the Python client (:mod:`ops.client`): ``cordon``,
-``uncordon``, ``drain``.
-
-A cordoned worker gets no new placement; its running jobs go on. A drain cordons it and waits
-for its jobs to end; with ``--deadline-s`` the leader stops those still running at the deadline
-and places them elsewhere, without counting a loss or a backoff against them. A drained worker
-(no job left) can be stopped, nothing lost. The cordon belongs to the worker id: it outlasts the
-agent's restart, until ``stockade uncordon``, which also ends a drain and clears a mark of the
-worker as unhealthy (the leader's, when its recent runs fail where the same jobs do not fail
-elsewhere: :mod:`actors.health`).
-
-Only light modules are imported at the top (every ``stockade`` call registers these commands);
-trio, the protocol and the client are imported by the command that runs.
+``uncordon``, ``drain`` (docs/design.md, "Cordon, uncordon, drain"). Only light modules are
+imported at the top.
 """
 
 from __future__ import annotations
