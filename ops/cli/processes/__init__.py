@@ -1,14 +1,20 @@
 """Process commands, run in the foreground until SIGTERM or Ctrl-C: ``cp`` (one control-plane
 replica, :mod:`.control_plane`), ``agent`` and ``fleet`` (one worker, many workers in one
 process: :mod:`.agents`) and ``database`` (the embedded PostgreSQL server: what a database
-container runs, :mod:`.database`). This module holds the options they share and the check of
-a process's certificate files."""
+container runs, :mod:`.database`). This module holds what they share: options declared once as
+the fields of an attrs class (:func:`option`, :func:`with_options`, :func:`settings_fields`),
+and the check of a process's certificate files."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import attrs
 import typer
 
 from ops.cli.common import errors, fail
@@ -37,6 +43,57 @@ InsecureOption = Annotated[bool, INSECURE]
 NiceOption = Annotated[int, NICE]
 MetricsPortOption = Annotated[int, METRICS_PORT]
 JsonLogsOption = Annotated[bool, JSON_LOGS]
+
+
+def option(default: Any, info: Any = None, *, group: str = "", setting: str = "", **declared: Any) -> Any:
+    """A field of an options class: its default, its command-line option (``info``, or one
+    made of ``declared``) and, for a field of a settings group, the group's name and the
+    field's name there (``setting``; default: the same name)."""
+    metadata = {"option": info or typer.Option(**declared), "group": group, "setting": setting}
+    return attrs.field(default=default, metadata=metadata)
+
+
+def settings_fields(options: Any, group: str) -> dict[str, Any]:
+    """The fields of ``group`` that ``options`` (an instance of an options class) sets, named
+    as the group's settings class names them."""
+    fields = [f for f in attrs.fields(type(options)) if f.metadata["group"] == group]
+    return {f.metadata["setting"] or f.name: getattr(options, f.name) for f in fields}
+
+
+def with_options(cls: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator that gives a command an option per field of the options class ``cls`` in
+    place of its ``options`` parameter, which it is then given whole (an instance of ``cls``);
+    ``--help`` lists them in the fields' order, where that parameter stands."""
+    hints = typing.get_type_hints(cls)
+    fields = attrs.fields(cls)
+    shared = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=f.default,
+            annotation=Annotated[hints[f.name], f.metadata["option"]],  # type: ignore[name-defined]
+        )
+        for f in fields
+    ]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+        ]
+        at = [p.name for p in own].index("options")
+        parameters = [*own[:at], *shared, *own[at + 1 :]]
+
+        @functools.wraps(command)
+        def with_options(**arguments: Any) -> None:
+            options = cls(**{f.name: arguments.pop(f.name) for f in fields})
+            command(**arguments, options=options)
+
+        with_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_options
+
+    return decorate
 
 
 def cert_folder(certs_dir: Path | None, insecure: bool) -> Path | None:

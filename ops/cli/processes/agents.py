@@ -1,13 +1,9 @@
 """``stockade agent`` (one worker) and ``stockade fleet`` (many workers in one process): the
-options both take are declared once, as the fields of :class:`WorkerOptions`, and
-:func:`with_worker_options` gives them to each command."""
+options both take are declared once, as the fields of :class:`WorkerOptions`, which
+:func:`ops.cli.processes.with_options` gives to each command."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +20,9 @@ from ops.cli.processes import (
     NICE,
     cert_folder,
     check_tls_files,
+    option,
+    settings_fields,
+    with_options,
 )
 from ops.config import named_addresses
 from runtime import identifiers
@@ -55,129 +54,140 @@ def _default(name: str) -> Any:
     return getattr(attrs.fields(AgentSettings), name).default
 
 
-def _option(default: Any, info: Any = None, **option: Any) -> Any:
-    """A :class:`WorkerOptions` field: its default and its command-line option (``info``, or
-    one made of ``option``)."""
-    return attrs.field(default=default, metadata={"option": info or typer.Option(**option)})
-
-
 @attrs.frozen(kw_only=True)
 class WorkerOptions:
     """The options of ``stockade agent`` and ``stockade fleet``, one field each, in the order
     ``--help`` lists them; defaults from :class:`AgentSettings` and :class:`OutputSettings`."""
 
-    heartbeat_interval_s: float = _option(
+    heartbeat_interval_s: float = option(
         _default("heartbeat_interval_s"),
+        group="agent",
         help="Time between heartbeats until the cluster tells another interval, seconds (the "
         "self-fence span stretches in proportion with a longer one).",
     )
-    heartbeat_interval_min_s: float = _option(
+    heartbeat_interval_min_s: float = option(
         _default("heartbeat_interval_min_s"),
+        group="agent",
         help="Refuse a heartbeat interval the cluster tells below this, seconds.",
     )
-    heartbeat_interval_max_s: float = _option(
+    heartbeat_interval_max_s: float = option(
         _default("heartbeat_interval_max_s"),
+        group="agent",
         help="Refuse a heartbeat interval the cluster tells above this, seconds.",
     )
-    heartbeat_timeout_s: float = _option(
+    heartbeat_timeout_s: float = option(
         _default("heartbeat_timeout_s"),
+        group="agent",
         help="Send a heartbeat (or registration) to the next control plane too after this long "
         "without an answer, seconds (the first may still answer until shortly before the fence deadline).",
     )
-    self_fence_after_s: float = _option(
+    self_fence_after_s: float = option(
         _default("self_fence_after_s"),
+        group="agent",
         help="Pause every job after this long without an acknowledged heartbeat, seconds.",
     )
-    db_outage_grace_s: float = _option(
+    db_outage_grace_s: float = option(
         _default("db_outage_grace_s"),
+        group="agent",
         min=0.0,
         help="Kill paused jobs after this long without an acknowledged heartbeat, seconds: the longest "
         "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
     )
-    restart_hold_s: float = _option(
+    restart_hold_s: float = option(
         _default("restart_hold_s"),
+        group="agent",
         min=0.0,
         max=600.0,
         help="On SIGHUP (a planned restart: the agent exits leaving its jobs running, for the agent "
         "started next on the same work dir to take over) ask the control planes to hold the worker "
         "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
     )
-    leave_timeout_s: float = _option(
+    leave_timeout_s: float = option(
         _default("leave_timeout_s"),
+        group="agent",
         help="At a clean stop, once every job has ended, keep trying this long to have a control plane "
         "record that the worker left, seconds (past it the worker is declared dead after dead_after "
         "instead).",
     )
-    register_timeout_s: float = _option(
+    register_timeout_s: float = option(
         _default("register_timeout_s"),
+        group="agent",
         help="How long a new registration (which holds no job), or a paused worker's heartbeat after "
         "calls that failed, waits at most for its answer, seconds.",
     )
-    register_retry_max_s: float = _option(
+    register_retry_max_s: float = option(
         _default("register_retry_max_s"),
+        group="agent",
         help="Registration retries wait a jittered pause whose ceiling doubles per failed attempt up "
         "to this, seconds.",
     )
-    max_concurrent_starts: int = _option(
+    max_concurrent_starts: int = option(
         _default("max_concurrent_starts"),
+        group="agent",
         help="Most command jobs of this process starting at once (from their reaper's fork until the "
         "job has exec'd); the others wait, holding their capacity.",
     )
-    max_concurrent_leaves: int = _option(
+    max_concurrent_leaves: int = option(
         _default("max_concurrent_leaves"),
+        group="agent",
         help="At a clean stop, most of this process's workers asking a control plane to record their "
         "leave at once (a fleet's workers take turns).",
     )
-    job_nice: int = _option(
+    job_nice: int = option(
         _default("job_nice"),
+        group="agent",
         help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority).",
     )
-    job_oom_score_adj: int = _option(
+    job_oom_score_adj: int = option(
         _default("job_oom_score_adj"),
+        group="agent",
         help=f"oom_score_adj of command and container jobs ({MIN_JOB_OOM_SCORE_ADJ}..{MAX_OOM_SCORE_ADJ}): "
         "when the machine runs out of memory the kernel kills the highest first; 1000: a job before "
         "anything else.",
     )
-    job_pids_max: int = _option(
+    job_pids_max: int = option(
         _default("job_pids_max"),
+        group="agent",
         help=f"Most processes (and threads) one command job may have at once ({MIN_JOB_PIDS}.."
         f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode).",
     )
-    job_resources: str = _option(
+    job_resources: str = option(
         _default("job_resources"),
+        group="agent",
         help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
         "auto takes cgroup2, else cgroup1, else rlimit (RLIMIT_AS only); a mode named must work "
         "here or the agent does not start. Registered as the label resources=<mode>.",
     )
-    job_user: str = _option(
+    job_user: str = option(
         _default("job_user"),
+        group="agent",
         help="When the agent runs as root, run command jobs as this system user (created on first "
         "use; never root). Ignored when the agent is not root: jobs run as its user.",
     )
-    max_output_mb: int = _option(
+    max_output_mb: int = option(
         _OUTPUT.max_output_mb,
         min=1,
         max=MAX_OUTPUT_MB,
         help="Keep at most this many MiB of each job's stdout, and of its stderr: past it the oldest "
         "part is dropped (stockade logs says how much).",
     )
-    output_retention_s: float = _option(
+    output_retention_s: float = option(
         _OUTPUT.output_retention_s,
         help="Delete a job's folder (its output, its working files) this long after it ended, seconds "
         "(never while it runs).",
     )
-    metrics_port: int = _option(0, METRICS_PORT)
-    json_logs: bool = _option(False, JSON_LOGS)
-    nice: int = _option(DEFAULT_NICE, NICE)
-    oom_score_adj: int = _option(
+    metrics_port: int = option(0, METRICS_PORT)
+    json_logs: bool = option(False, JSON_LOGS)
+    nice: int = option(DEFAULT_NICE, NICE)
+    oom_score_adj: int = option(
         DEFAULT_AGENT_OOM_SCORE_ADJ,
         help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
     )
-    certs_dir: Path | None = _option(None, CERTS_DIR)  # noqa: RUF009 (None)
-    insecure: bool = _option(False, INSECURE)
+    certs_dir: Path | None = option(None, CERTS_DIR)  # noqa: RUF009 (None)
+    insecure: bool = option(False, INSECURE)
 
     def settings_fields(self) -> dict[str, Any]:
         """The :class:`AgentSettings` fields these options set, every worker's the same.
@@ -185,9 +195,8 @@ class WorkerOptions:
         Raises:
             InvalidArgument: an output option out of range, naming its field.
         """
-        fields = attrs.asdict(self, recurse=False, filter=lambda a, _: a.name not in _NOT_SETTINGS)
         output = OutputSettings(max_output_mb=self.max_output_mb, output_retention_s=self.output_retention_s)
-        return {**fields, "output": output}
+        return {**settings_fields(self, "agent"), "output": output}
 
     def main_arguments(self) -> dict[str, Any]:
         """The keyword arguments of the agent's and the fleet's ``main`` these options set."""
@@ -213,43 +222,6 @@ class WorkerOptions:
         check_nice(self.nice)
         check_oom_score_adj(self.oom_score_adj)
         resolve_unprivileged_user(self.job_user)  # refuse to start without the job user
-
-
-_NOT_SETTINGS = frozenset(
-    {"max_output_mb", "output_retention_s", "metrics_port", "json_logs", "nice", "oom_score_adj"}
-    | {"certs_dir", "insecure"}
-)
-"""The :class:`WorkerOptions` that are no :class:`AgentSettings` field of the same name."""
-
-
-def with_worker_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``command`` with an option per :class:`WorkerOptions` field in place of its ``options``
-    parameter, which it is then given whole."""
-    hints = typing.get_type_hints(WorkerOptions)
-    shared = [
-        inspect.Parameter(
-            field.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=field.default,
-            annotation=Annotated[hints[field.name], field.metadata["option"]],  # type: ignore[name-defined]
-        )
-        for field in attrs.fields(WorkerOptions)
-    ]
-    own = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in inspect.signature(command, eval_str=True).parameters.values()
-    ]
-    at = [p.name for p in own].index("options")
-    parameters = [*own[:at], *shared, *own[at + 1 :]]
-
-    @functools.wraps(command)
-    def with_options(**arguments: Any) -> None:
-        options = WorkerOptions(**{p.name: arguments.pop(p.name) for p in shared})
-        command(**arguments, options=options)
-
-    with_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    with_options.__annotations__ = {p.name: p.annotation for p in parameters}
-    return with_options
 
 
 def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]) -> TlsFiles | None:
@@ -292,7 +264,7 @@ def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]
 
 
 @app.command("agent")
-@with_worker_options
+@with_options(WorkerOptions)
 def agent(
     worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
     cpu_millis: Annotated[int, typer.Option(help="CPU offered, millicores (1000 = one core).")],
@@ -354,7 +326,7 @@ def agent(
 
 
 @app.command("fleet")
-@with_worker_options
+@with_options(WorkerOptions)
 def fleet(
     spec: Annotated[
         Path,
