@@ -24,27 +24,6 @@ from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
 from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, check_key_private, fleet_identity
 
-__all__ = [
-    "CLIENT_ROLES",
-    "ROLES",
-    "SERVER_ROLES",
-    "CertDir",
-    "CertInfo",
-    "CertSettings",
-    "CertificateAuthorityMissing",
-    "CertificateExists",
-    "IssuedCert",
-    "NotAStockadeCertificate",
-    "check_role",
-    "describe",
-    "diagnose_client_cert",
-    "ensure_issued",
-    "identity_of",
-    "init_cluster",
-    "issue",
-    "parse_host",
-]
-
 SERVER_ROLES = ("control-plane", "worker", "database")
 """Roles whose certificates name hosts and serve TLS (they also call others as clients).
 ``database`` is the embedded PostgreSQL's (:class:`ops.pg.PgTls`)."""

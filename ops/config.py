@@ -14,29 +14,6 @@ from typing import Any
 
 from runtime.errors import InvalidArgument, StockadeError
 
-__all__ = [
-    "CERTS_DIR_ENV",
-    "CONFIG_ENV",
-    "CONTROL_PLANES_ENV",
-    "IDENTITY_ENV",
-    "INSECURE_ENV",
-    "LOCAL_TABLE",
-    "STATE_DIR_ENV",
-    "ClusterError",
-    "ClusterRequestRefused",
-    "cluster_json_addresses",
-    "default_state_dir",
-    "forget_local_cluster",
-    "local_state_dirs",
-    "parse_addresses",
-    "record_local_cluster",
-    "recorded_local_cluster",
-    "recorded_state_dir",
-    "resolve_addresses",
-    "resolve_client_tls",
-    "user_config_path",
-]
-
 STATE_DIR_ENV = "STOCKADE_STATE_DIR"
 """Environment variable that overrides the state folder (default ``./.stockade``)."""
 
