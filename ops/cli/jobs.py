@@ -468,6 +468,36 @@ CANCEL_POLL_S = 0.2
 """How often ``stockade cancel`` asks for the job's state while it waits, in seconds."""
 
 
+async def _cancel(
+    client: Client, job_id: int, *, task_only: bool, wait_s: float, key: str
+) -> tuple[Job | None, int]:
+    """``stockade cancel``'s call: cancel the job (or array), then read it until it has ended
+    (every task of an array), at most ``wait_s``: the job as last read (None: ``wait_s`` passed
+    first), and how many tasks of an array the cancel reached (0: a job)."""
+    import trio
+
+    from ops.client.results import OPEN_STATES
+    from runtime.errors import TemporaryError
+
+    outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
+
+    def ended(job: Job) -> bool:
+        if outcome.tasks:
+            return not any(count for state, count in job.array_counts if state in OPEN_STATES)
+        return job.ended
+
+    if outcome.state != "cancelling":
+        return await client.get(job_id), outcome.tasks
+    with trio.move_on_after(wait_s):
+        while True:
+            with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                job = await client.get(job_id)
+                if ended(job):
+                    return job, outcome.tasks
+            await trio.sleep(CANCEL_POLL_S)
+    return None, outcome.tasks
+
+
 @app.command("cancel")
 def cancel(
     job_id: Annotated[int, typer.Argument(help="The job's id, or an array's (every task of it).")],
@@ -498,39 +528,16 @@ def cancel(
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
     stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
-    import trio
-
     from ops.cli.render import array_cancel_verdict, cancel_verdict
-    from ops.client.results import OPEN_STATES
-    from runtime.errors import TemporaryError
-
-    array_tasks = 0
-
-    def ended(job: Job) -> bool:
-        if array_tasks:
-            return not any(count for state, count in job.array_counts if state in OPEN_STATES)
-        return job.ended
-
-    async def body(client: Client) -> Job | None:
-        nonlocal array_tasks
-        outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
-        array_tasks = outcome.tasks
-        if outcome.state != "cancelling":
-            return await client.get(job_id)
-        with trio.move_on_after(wait_s):
-            while True:
-                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    job = await client.get(job_id)
-                    if ended(job):
-                        return job
-                await trio.sleep(CANCEL_POLL_S)
-        return None
 
     with errors():
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
         with answer_unknown(key, "recorded the cancel"):
-            job = with_client(control_plane_addresses(control_planes), body)
+            job, array_tasks = with_client(
+                control_plane_addresses(control_planes),
+                lambda client: _cancel(client, job_id, task_only=task_only, wait_s=wait_s, key=key),
+            )
     if array_tasks:
         console().print(array_cancel_verdict(job_id, array_tasks, job))
         return

@@ -146,6 +146,41 @@ def uncordon(
     )
 
 
+async def _drain(
+    client: Client, worker_id: str, *, deadline_s: float | None, wait_s: float | None, key: str
+) -> str:
+    """``stockade drain``'s call: drain the worker, then (unless ``wait_s`` is 0) print its line
+    and read the cluster's status until it is drained, uncordoned meanwhile, or ``wait_s``
+    passed (None: no limit); the worker's line as it was last read."""
+    import trio
+
+    from runtime.errors import TemporaryError
+
+    reply = await client.drain(worker_id, deadline_s=deadline_s, idempotency_key=key)
+    line = _reply_line(reply)
+    if reply.drained or wait_s == 0:
+        return line
+    console().print(line, markup=False, soft_wrap=True)
+    with trio.move_on_after(float("inf") if wait_s is None else wait_s):
+        while True:
+            await trio.sleep(DRAIN_POLL_S)
+            with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                status = await client.status()
+                info = next((w for w in status.workers if w.id == worker_id), None)
+                if info is not None:
+                    line = schedule_line(
+                        worker_id,
+                        cordoned=info.cordoned,
+                        draining=info.draining,
+                        drained=info.drained,
+                        drain_deadline_unix_s=info.drain_deadline_unix_s or 0.0,
+                        job_ids=list(info.job_ids),
+                    )
+                    if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
+                        return line
+    return line
+
+
 @app.command("drain")
 def drain(
     worker_id: WorkerIdArgument,
@@ -181,35 +216,6 @@ def drain(
     drain (exit 130); `stockade uncordon W` ends it. An unknown worker id or a deadline that is
     negative, NaN or over a week exits 2, and nothing is stored.
     """
-    import trio
-
-    from runtime.errors import TemporaryError
-
-    async def body(client: Client) -> str:
-        reply = await client.drain(worker_id, deadline_s=deadline_s, idempotency_key=key)
-        line = _reply_line(reply)
-        if reply.drained or wait_s == 0:
-            return line
-        console().print(line, markup=False, soft_wrap=True)
-        with trio.move_on_after(float("inf") if wait_s is None else wait_s):
-            while True:
-                await trio.sleep(DRAIN_POLL_S)
-                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    status = await client.status()
-                    info = next((w for w in status.workers if w.id == worker_id), None)
-                    if info is not None:
-                        line = schedule_line(
-                            worker_id,
-                            cordoned=info.cordoned,
-                            draining=info.draining,
-                            drained=info.drained,
-                            drain_deadline_unix_s=info.drain_deadline_unix_s or 0.0,
-                            job_ids=list(info.job_ids),
-                        )
-                        if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
-                            return line
-        return line
-
     with errors():
         validation.check_worker_id(worker_id)
         if deadline_s is not None:
@@ -217,7 +223,10 @@ def drain(
         key = idempotency_key_of(idempotency_key)
         try:
             with answer_unknown(key, "recorded the drain"):
-                line = with_client(control_plane_addresses(control_planes), body)
+                line = with_client(
+                    control_plane_addresses(control_planes),
+                    lambda client: _drain(client, worker_id, deadline_s=deadline_s, wait_s=wait_s, key=key),
+                )
         except BaseException as exc:
             if not interrupted(exc):
                 raise
