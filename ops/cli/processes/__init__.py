@@ -2,19 +2,17 @@
 replica, :mod:`.control_plane`), ``agent`` and ``fleet`` (one worker, many workers in one
 process: :mod:`.agents`) and ``database`` (the embedded PostgreSQL server: what a database
 container runs, :mod:`.database`). This module holds what they share: options declared once as
-the fields of an attrs class (:func:`option`, :func:`with_options`, :func:`settings_fields`),
+a table of :class:`Option` (:class:`Option`, :func:`with_options`, :func:`settings_fields`),
 and the check of a process's certificate files."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import attrs
 import typer
 
 from ops.cli.common import errors, fail
@@ -45,35 +43,49 @@ MetricsPortOption = Annotated[int, METRICS_PORT]
 JsonLogsOption = Annotated[bool, JSON_LOGS]
 
 
-def option(default: Any, info: Any = None, *, group: str = "", setting: str = "", **declared: Any) -> Any:
-    """A field of an options class: its default, its command-line option (``info``, or one
-    made of ``declared``) and, for a field of a settings group, the group's name and the
-    field's name there (``setting``; default: the same name)."""
-    metadata = {"option": info or typer.Option(**declared), "group": group, "setting": setting}
-    return attrs.field(default=default, metadata=metadata)
+class Option:
+    """One option declared once: its type, its default, its Typer option (``info``, or one made of
+    ``declared``) and, for a field of a settings group, the group's name and the field's name
+    there (``setting``; default: the option's name)."""
+
+    __slots__ = ("default", "group", "info", "setting", "type")
+
+    def __init__(
+        self,
+        type: Any,
+        default: Any,
+        info: Any = None,
+        *,
+        group: str = "",
+        setting: str = "",
+        **declared: Any,
+    ) -> None:
+        self.type, self.default, self.group, self.setting = type, default, group, setting
+        self.info = info or typer.Option(**declared)
 
 
-def settings_fields(options: Any, group: str) -> dict[str, Any]:
-    """The fields of ``group`` that ``options`` (an instance of an options class) sets, named
-    as the group's settings class names them."""
-    fields = [f for f in attrs.fields(type(options)) if f.metadata["group"] == group]
-    return {f.metadata["setting"] or f.name: getattr(options, f.name) for f in fields}
+Options = dict[str, Any]
+"""The values of a command's declared options, by name."""
 
 
-def with_options(cls: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A decorator that gives a command an option per field of the options class ``cls`` in
-    place of its ``options`` parameter, which it is then given whole (an instance of ``cls``);
-    ``--help`` lists them in the fields' order, where that parameter stands."""
-    hints = typing.get_type_hints(cls)
-    fields = attrs.fields(cls)
+def settings_fields(declared: dict[str, Option], options: Options, group: str) -> dict[str, Any]:
+    """The fields of settings group ``group`` that ``options`` set, named as the group's
+    settings class names them."""
+    return {o.setting or name: options[name] for name, o in declared.items() if o.group == group}
+
+
+def with_options(declared: dict[str, Option]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator that gives a command an option per entry of ``declared`` in place of its
+    ``options`` parameter, which it is then given whole (:data:`Options`); ``--help`` lists them
+    in ``declared``'s order, where that parameter stands."""
     shared = [
         inspect.Parameter(
-            f.name,
+            name,
             inspect.Parameter.KEYWORD_ONLY,
-            default=f.default,
-            annotation=Annotated[hints[f.name], f.metadata["option"]],  # type: ignore[name-defined]
+            default=o.default,
+            annotation=Annotated[o.type, o.info],  # type: ignore[name-defined]
         )
-        for f in fields
+        for name, o in declared.items()
     ]
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
@@ -86,7 +98,7 @@ def with_options(cls: type) -> Callable[[Callable[..., None]], Callable[..., Non
 
         @functools.wraps(command)
         def with_options(**arguments: Any) -> None:
-            options = cls(**{f.name: arguments.pop(f.name) for f in fields})
+            options = {name: arguments.pop(name) for name in declared}
             command(**arguments, options=options)
 
         with_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

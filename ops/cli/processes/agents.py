@@ -1,5 +1,5 @@
 """``stockade agent`` (one worker) and ``stockade fleet`` (many workers in one process): the
-options both take are declared once, as the fields of :class:`WorkerOptions`, which
+options both take are declared once, in :data:`WORKER_OPTIONS`, which
 :func:`ops.cli.processes.with_options` gives to each command."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from ops.cli.processes import (
     JSON_LOGS,
     METRICS_PORT,
     NICE,
+    Option,
+    Options,
     cert_folder,
     check_tls_files,
-    option,
     settings_fields,
     with_options,
 )
@@ -54,46 +55,49 @@ def _default(name: str) -> Any:
     return getattr(attrs.fields(AgentSettings), name).default
 
 
-@attrs.frozen(kw_only=True)
-class WorkerOptions:
-    """The options of ``stockade agent`` and ``stockade fleet``, one field each, in the order
-    ``--help`` lists them; defaults from :class:`AgentSettings` and :class:`OutputSettings`."""
-
-    heartbeat_interval_s: float = option(
+WORKER_OPTIONS: dict[str, Option] = {
+    "heartbeat_interval_s": Option(
+        float,
         _default("heartbeat_interval_s"),
         group="agent",
         help="Time between heartbeats until the cluster tells another interval, seconds (the "
         "self-fence span stretches in proportion with a longer one).",
-    )
-    heartbeat_interval_min_s: float = option(
+    ),
+    "heartbeat_interval_min_s": Option(
+        float,
         _default("heartbeat_interval_min_s"),
         group="agent",
         help="Refuse a heartbeat interval the cluster tells below this, seconds.",
-    )
-    heartbeat_interval_max_s: float = option(
+    ),
+    "heartbeat_interval_max_s": Option(
+        float,
         _default("heartbeat_interval_max_s"),
         group="agent",
         help="Refuse a heartbeat interval the cluster tells above this, seconds.",
-    )
-    heartbeat_timeout_s: float = option(
+    ),
+    "heartbeat_timeout_s": Option(
+        float,
         _default("heartbeat_timeout_s"),
         group="agent",
         help="Send a heartbeat (or registration) to the next control plane too after this long "
         "without an answer, seconds (the first may still answer until shortly before the fence deadline).",
-    )
-    self_fence_after_s: float = option(
+    ),
+    "self_fence_after_s": Option(
+        float,
         _default("self_fence_after_s"),
         group="agent",
         help="Pause every job after this long without an acknowledged heartbeat, seconds.",
-    )
-    db_outage_grace_s: float = option(
+    ),
+    "db_outage_grace_s": Option(
+        float,
         _default("db_outage_grace_s"),
         group="agent",
         min=0.0,
         help="Kill paused jobs after this long without an acknowledged heartbeat, seconds: the longest "
         "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
-    )
-    restart_hold_s: float = option(
+    ),
+    "restart_hold_s": Option(
+        float,
         _default("restart_hold_s"),
         group="agent",
         min=0.0,
@@ -101,127 +105,144 @@ class WorkerOptions:
         help="On SIGHUP (a planned restart: the agent exits leaving its jobs running, for the agent "
         "started next on the same work dir to take over) ask the control planes to hold the worker "
         "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
-    )
-    leave_timeout_s: float = option(
+    ),
+    "leave_timeout_s": Option(
+        float,
         _default("leave_timeout_s"),
         group="agent",
         help="At a clean stop, once every job has ended, keep trying this long to have a control plane "
         "record that the worker left, seconds (past it the worker is declared dead after dead_after "
         "instead).",
-    )
-    register_timeout_s: float = option(
+    ),
+    "register_timeout_s": Option(
+        float,
         _default("register_timeout_s"),
         group="agent",
         help="How long a new registration (which holds no job), or a paused worker's heartbeat after "
         "calls that failed, waits at most for its answer, seconds.",
-    )
-    register_retry_max_s: float = option(
+    ),
+    "register_retry_max_s": Option(
+        float,
         _default("register_retry_max_s"),
         group="agent",
         help="Registration retries wait a jittered pause whose ceiling doubles per failed attempt up "
         "to this, seconds.",
-    )
-    max_concurrent_starts: int = option(
+    ),
+    "max_concurrent_starts": Option(
+        int,
         _default("max_concurrent_starts"),
         group="agent",
         help="Most command jobs of this process starting at once (from their reaper's fork until the "
         "job has exec'd); the others wait, holding their capacity.",
-    )
-    max_concurrent_leaves: int = option(
+    ),
+    "max_concurrent_leaves": Option(
+        int,
         _default("max_concurrent_leaves"),
         group="agent",
         help="At a clean stop, most of this process's workers asking a control plane to record their "
         "leave at once (a fleet's workers take turns).",
-    )
-    job_nice: int = option(
+    ),
+    "job_nice": Option(
+        int,
         _default("job_nice"),
         group="agent",
         help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority).",
-    )
-    job_oom_score_adj: int = option(
+    ),
+    "job_oom_score_adj": Option(
+        int,
         _default("job_oom_score_adj"),
         group="agent",
         help=f"oom_score_adj of command and container jobs ({MIN_JOB_OOM_SCORE_ADJ}..{MAX_OOM_SCORE_ADJ}): "
         "when the machine runs out of memory the kernel kills the highest first; 1000: a job before "
         "anything else.",
-    )
-    job_pids_max: int = option(
+    ),
+    "job_pids_max": Option(
+        int,
         _default("job_pids_max"),
         group="agent",
         help=f"Most processes (and threads) one command job may have at once ({MIN_JOB_PIDS}.."
         f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode).",
-    )
-    job_resources: str = option(
+    ),
+    "job_resources": Option(
+        str,
         _default("job_resources"),
         group="agent",
         help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
         "auto takes cgroup2, else cgroup1, else rlimit (RLIMIT_AS only); a mode named must work "
         "here or the agent does not start. Registered as the label resources=<mode>.",
-    )
-    job_user: str = option(
+    ),
+    "job_user": Option(
+        str,
         _default("job_user"),
         group="agent",
         help="When the agent runs as root, run command jobs as this system user (created on first "
         "use; never root). Ignored when the agent is not root: jobs run as its user.",
-    )
-    max_output_mb: int = option(
+    ),
+    "max_output_mb": Option(
+        int,
         _OUTPUT.max_output_mb,
         min=1,
         max=MAX_OUTPUT_MB,
         help="Keep at most this many MiB of each job's stdout, and of its stderr: past it the oldest "
         "part is dropped (stockade logs says how much).",
-    )
-    output_retention_s: float = option(
+    ),
+    "output_retention_s": Option(
+        float,
         _OUTPUT.output_retention_s,
         help="Delete a job's folder (its output, its working files) this long after it ended, seconds "
         "(never while it runs).",
-    )
-    metrics_port: int = option(0, METRICS_PORT)
-    json_logs: bool = option(False, JSON_LOGS)
-    nice: int = option(DEFAULT_NICE, NICE)
-    oom_score_adj: int = option(
+    ),
+    "metrics_port": Option(int, 0, METRICS_PORT),
+    "json_logs": Option(bool, False, JSON_LOGS),
+    "nice": Option(int, DEFAULT_NICE, NICE),
+    "oom_score_adj": Option(
+        int,
         DEFAULT_AGENT_OOM_SCORE_ADJ,
         help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
+    ),
+    "certs_dir": Option(Path | None, None, CERTS_DIR),
+    "insecure": Option(bool, False, INSECURE),
+}
+"""The options of ``stockade agent`` and ``stockade fleet``, in the order ``--help`` lists them;
+defaults from :class:`AgentSettings` and :class:`OutputSettings`."""
+
+
+def _settings_fields(options: Options) -> dict[str, Any]:
+    """The :class:`AgentSettings` fields the options set, every worker's the same.
+
+    Raises:
+        InvalidArgument: an output option out of range, naming its field.
+    """
+    output = OutputSettings(
+        max_output_mb=options["max_output_mb"], output_retention_s=options["output_retention_s"]
     )
-    certs_dir: Path | None = option(None, CERTS_DIR)  # noqa: RUF009 (None)
-    insecure: bool = option(False, INSECURE)
+    return {**settings_fields(WORKER_OPTIONS, options, "agent"), "output": output}
 
-    def settings_fields(self) -> dict[str, Any]:
-        """The :class:`AgentSettings` fields these options set, every worker's the same.
 
-        Raises:
-            InvalidArgument: an output option out of range, naming its field.
-        """
-        output = OutputSettings(max_output_mb=self.max_output_mb, output_retention_s=self.output_retention_s)
-        return {**settings_fields(self, "agent"), "output": output}
+def _main_arguments(options: Options) -> dict[str, Any]:
+    """The keyword arguments of the agent's and the fleet's ``main`` the options set."""
+    return {
+        "json_logs": options["json_logs"],
+        "metrics_port": options["metrics_port"] or None,
+        "nice": options["nice"],
+        "oom_score_adj": options["oom_score_adj"],
+    }
 
-    def main_arguments(self) -> dict[str, Any]:
-        """The keyword arguments of the agent's and the fleet's ``main`` these options set."""
-        return {
-            "json_logs": self.json_logs,
-            "metrics_port": self.metrics_port or None,
-            "nice": self.nice,
-            "oom_score_adj": self.oom_score_adj,
-        }
 
-    def cert_folder(self) -> Path | None:
-        """The certificate folder (None with --insecure)."""
-        return cert_folder(self.certs_dir, self.insecure)
+def _check(options: Options) -> None:
+    """Check what only this machine can tell: the priorities asked for, the job user.
 
-    def check(self) -> None:
-        """Check what only this machine can tell: the priorities asked for, the job user.
+    Raises:
+        InvalidArgument: a priority out of range, or no such job user to be had.
+    """
+    from runtime.os_users import resolve_unprivileged_user
 
-        Raises:
-            InvalidArgument: a priority out of range, or no such job user to be had.
-        """
-        from runtime.os_users import resolve_unprivileged_user
-
-        check_nice(self.nice)
-        check_oom_score_adj(self.oom_score_adj)
-        resolve_unprivileged_user(self.job_user)  # refuse to start without the job user
+    check_nice(options["nice"])
+    check_oom_score_adj(options["oom_score_adj"])
+    resolve_unprivileged_user(options["job_user"])  # refuse to start without the job user
 
 
 def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]) -> TlsFiles | None:
@@ -264,8 +285,9 @@ def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]
 
 
 @app.command("agent")
-@with_options(WorkerOptions)
+@with_options(WORKER_OPTIONS)
 def agent(
+    *,
     worker_id: Annotated[str, typer.Option("--id", help="This worker's id, e.g. w-1.")],
     cpu_millis: Annotated[int, typer.Option(help="CPU offered, millicores (1000 = one core).")],
     memory_mb: Annotated[int, typer.Option(help="Memory offered, MiB.")],
@@ -276,7 +298,7 @@ def agent(
     advertise_address: Annotated[
         str, typer.Option(help="host:port the leader should call (default: the listen address).")
     ] = "",
-    options: WorkerOptions = WorkerOptions(),
+    options: Options,
     no_containers: Annotated[
         bool,
         typer.Option(
@@ -303,7 +325,7 @@ def agent(
     calls the control planes with its own certificate."""
     from agent.main import main as agent_main
 
-    folder = options.cert_folder()
+    folder = cert_folder(options["certs_dir"], options["insecure"])
     with errors():
         settings = AgentSettings(
             worker_id=worker_id,
@@ -314,20 +336,21 @@ def agent(
             listen_host=host,
             listen_port=port,
             advertise_address=advertise_address,
-            **options.settings_fields(),
+            **_settings_fields(options),
             tls=None if folder is None else TlsFiles.in_dir(folder, worker_id),
             labels={**parse_labels(label or []), **({"container": "none"} if no_containers else {})},
         )
     with errors():
-        options.check()
+        _check(options)
     check_tls_files(folder, "worker", [worker_id], f"worker {worker_id}")
     with errors():  # a registration refused for the certificate's id ends the agent in one line
-        agent_main(settings, **options.main_arguments())
+        agent_main(settings, **_main_arguments(options))
 
 
 @app.command("fleet")
-@with_options(WorkerOptions)
+@with_options(WORKER_OPTIONS)
 def fleet(
+    *,
     spec: Annotated[
         Path,
         typer.Option(
@@ -342,7 +365,7 @@ def fleet(
         str, typer.Option("--id", help="This process's id, bound to its log lines.")
     ] = "fleet",
     host: Annotated[str, typer.Option(help="Address every worker listens on.")] = "127.0.0.1",
-    options: WorkerOptions = WorkerOptions(),
+    options: Options,
 ) -> None:
     """Run many workers' agents in one process until SIGTERM or Ctrl-C.
 
@@ -362,7 +385,7 @@ def fleet(
     with errors():
         identifiers.check_id(fleet_id, field="fleet_id")
         workers = load_fleet_spec(spec)
-    folder = options.cert_folder()
+    folder = cert_folder(options["certs_dir"], options["insecure"])
     worker_ids = [w.worker_id for w in workers]
     with errors():
         settings = fleet_settings(
@@ -370,9 +393,9 @@ def fleet(
             control_planes=named_addresses(control_planes),
             listen_host=host,
             cert_dir=folder,
-            **options.settings_fields(),
+            **_settings_fields(options),
         )
-        options.check()
+        _check(options)
     check_tls_files(folder, "worker", worker_ids, f"fleet {fleet_id}")
     fleet_tls = _fleet_certificate(folder, fleet_id, worker_ids)
     try:
@@ -381,7 +404,7 @@ def fleet(
             fleet_id=fleet_id,
             control_planes=named_addresses(control_planes),
             fleet_tls=fleet_tls,
-            **options.main_arguments(),
+            **_main_arguments(options),
         )
     except WorkerFailed as exc:
         fail(f"{fleet_id}: {exc}")
