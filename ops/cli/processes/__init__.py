@@ -44,23 +44,23 @@ JsonLogsOption = Annotated[bool, JSON_LOGS]
 
 
 class Option:
-    """One option declared once: its type, its default, its Typer option (``info``, or one made of
-    ``declared``) and, for a field of a settings group, the group's name and the field's name
-    there (``setting``; default: the option's name)."""
+    """One option declared once: its default, its Typer option (``info``, or one made of
+    ``declared``), its type (``kind``; default: the default's), and, for a field of a settings
+    group, the group's name and the field's name there (``setting``; default: the option's)."""
 
-    __slots__ = ("default", "group", "info", "setting", "type")
+    __slots__ = ("default", "group", "info", "kind", "setting")
 
     def __init__(
         self,
-        type: Any,
         default: Any,
         info: Any = None,
         *,
+        kind: Any = None,
         group: str = "",
         setting: str = "",
         **declared: Any,
     ) -> None:
-        self.type, self.default, self.group, self.setting = type, default, group, setting
+        self.default, self.kind, self.group, self.setting = default, kind or type(default), group, setting
         self.info = info or typer.Option(**declared)
 
 
@@ -83,7 +83,7 @@ def with_options(declared: dict[str, Option]) -> Callable[[Callable[..., None]],
             name,
             inspect.Parameter.KEYWORD_ONLY,
             default=o.default,
-            annotation=Annotated[o.type, o.info],  # type: ignore[name-defined]
+            annotation=Annotated[o.kind, o.info],  # type: ignore[name-defined]
         )
         for name, o in declared.items()
     ]

@@ -57,39 +57,33 @@ def _default(name: str) -> Any:
 
 WORKER_OPTIONS: dict[str, Option] = {
     "heartbeat_interval_s": Option(
-        float,
         _default("heartbeat_interval_s"),
         group="agent",
         help="Time between heartbeats until the cluster tells another interval, seconds (the "
         "self-fence span stretches in proportion with a longer one).",
     ),
     "heartbeat_interval_min_s": Option(
-        float,
         _default("heartbeat_interval_min_s"),
         group="agent",
         help="Refuse a heartbeat interval the cluster tells below this, seconds.",
     ),
     "heartbeat_interval_max_s": Option(
-        float,
         _default("heartbeat_interval_max_s"),
         group="agent",
         help="Refuse a heartbeat interval the cluster tells above this, seconds.",
     ),
     "heartbeat_timeout_s": Option(
-        float,
         _default("heartbeat_timeout_s"),
         group="agent",
         help="Send a heartbeat (or registration) to the next control plane too after this long "
         "without an answer, seconds (the first may still answer until shortly before the fence deadline).",
     ),
     "self_fence_after_s": Option(
-        float,
         _default("self_fence_after_s"),
         group="agent",
         help="Pause every job after this long without an acknowledged heartbeat, seconds.",
     ),
     "db_outage_grace_s": Option(
-        float,
         _default("db_outage_grace_s"),
         group="agent",
         min=0.0,
@@ -97,7 +91,6 @@ WORKER_OPTIONS: dict[str, Option] = {
         "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
     ),
     "restart_hold_s": Option(
-        float,
         _default("restart_hold_s"),
         group="agent",
         min=0.0,
@@ -107,7 +100,6 @@ WORKER_OPTIONS: dict[str, Option] = {
         "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
     ),
     "leave_timeout_s": Option(
-        float,
         _default("leave_timeout_s"),
         group="agent",
         help="At a clean stop, once every job has ended, keep trying this long to have a control plane "
@@ -115,42 +107,36 @@ WORKER_OPTIONS: dict[str, Option] = {
         "instead).",
     ),
     "register_timeout_s": Option(
-        float,
         _default("register_timeout_s"),
         group="agent",
         help="How long a new registration (which holds no job), or a paused worker's heartbeat after "
         "calls that failed, waits at most for its answer, seconds.",
     ),
     "register_retry_max_s": Option(
-        float,
         _default("register_retry_max_s"),
         group="agent",
         help="Registration retries wait a jittered pause whose ceiling doubles per failed attempt up "
         "to this, seconds.",
     ),
     "max_concurrent_starts": Option(
-        int,
         _default("max_concurrent_starts"),
         group="agent",
         help="Most command jobs of this process starting at once (from their reaper's fork until the "
         "job has exec'd); the others wait, holding their capacity.",
     ),
     "max_concurrent_leaves": Option(
-        int,
         _default("max_concurrent_leaves"),
         group="agent",
         help="At a clean stop, most of this process's workers asking a control plane to record their "
         "leave at once (a fleet's workers take turns).",
     ),
     "job_nice": Option(
-        int,
         _default("job_nice"),
         group="agent",
         help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority).",
     ),
     "job_oom_score_adj": Option(
-        int,
         _default("job_oom_score_adj"),
         group="agent",
         help=f"oom_score_adj of command and container jobs ({MIN_JOB_OOM_SCORE_ADJ}..{MAX_OOM_SCORE_ADJ}): "
@@ -158,14 +144,12 @@ WORKER_OPTIONS: dict[str, Option] = {
         "anything else.",
     ),
     "job_pids_max": Option(
-        int,
         _default("job_pids_max"),
         group="agent",
         help=f"Most processes (and threads) one command job may have at once ({MIN_JOB_PIDS}.."
         f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode).",
     ),
     "job_resources": Option(
-        str,
         _default("job_resources"),
         group="agent",
         help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
@@ -173,14 +157,12 @@ WORKER_OPTIONS: dict[str, Option] = {
         "here or the agent does not start. Registered as the label resources=<mode>.",
     ),
     "job_user": Option(
-        str,
         _default("job_user"),
         group="agent",
         help="When the agent runs as root, run command jobs as this system user (created on first "
         "use; never root). Ignored when the agent is not root: jobs run as its user.",
     ),
     "max_output_mb": Option(
-        int,
         _OUTPUT.max_output_mb,
         min=1,
         max=MAX_OUTPUT_MB,
@@ -188,23 +170,21 @@ WORKER_OPTIONS: dict[str, Option] = {
         "part is dropped (stockade logs says how much).",
     ),
     "output_retention_s": Option(
-        float,
         _OUTPUT.output_retention_s,
         help="Delete a job's folder (its output, its working files) this long after it ended, seconds "
         "(never while it runs).",
     ),
-    "metrics_port": Option(int, 0, METRICS_PORT),
-    "json_logs": Option(bool, False, JSON_LOGS),
-    "nice": Option(int, DEFAULT_NICE, NICE),
+    "metrics_port": Option(0, METRICS_PORT),
+    "json_logs": Option(False, JSON_LOGS),
+    "nice": Option(DEFAULT_NICE, NICE),
     "oom_score_adj": Option(
-        int,
         DEFAULT_AGENT_OOM_SCORE_ADJ,
         help="oom_score_adj (-1000..1000) this process and its job supervisors ask for at start, so "
         "the kernel's OOM killer takes jobs first; without CAP_SYS_RESOURCE it goes as low as it "
         "may and says so.",
     ),
-    "certs_dir": Option(Path | None, None, CERTS_DIR),
-    "insecure": Option(bool, False, INSECURE),
+    "certs_dir": Option(None, kind=Path | None, info=CERTS_DIR),
+    "insecure": Option(False, INSECURE),
 }
 """The options of ``stockade agent`` and ``stockade fleet``, in the order ``--help`` lists them;
 defaults from :class:`AgentSettings` and :class:`OutputSettings`."""

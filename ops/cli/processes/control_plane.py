@@ -43,149 +43,128 @@ _WATCH = DatabaseWatchSettings()
 
 
 CONTROL_PLANE_OPTIONS: dict[str, Option] = {
-    "lease_ttl_s": Option(float, _LEASE.lease_ttl_s, group="lease", help="Lease time to live, seconds."),
+    "lease_ttl_s": Option(_LEASE.lease_ttl_s, group="lease", help="Lease time to live, seconds."),
     "max_main_loop_stall_s": Option(
-        float,
         _LEASE.max_main_loop_stall_s,
         group="lease",
         help="Step down (and take no lease) while the main loop, where decisions are made, "
         "has not run for this long, seconds.",
     ),
     "round_interval_s": Option(
-        float, _PLACER.round_interval_s, group="placer", help="Placer round interval, seconds."
+        _PLACER.round_interval_s, group="placer", help="Placer round interval, seconds."
     ),
     "reconcile_interval_s": Option(
-        float, _RECONCILER.reconcile_interval_s, group="reconciler", help="Reconcile pass interval, seconds."
+        _RECONCILER.reconcile_interval_s, group="reconciler", help="Reconcile pass interval, seconds."
     ),
     "dead_after_s": Option(
-        float,
         _RECONCILER.dead_after_s,
         group="reconciler",
         help="A worker silent this long is declared dead, seconds.",
     ),
     "policy": Option(
-        str, _PLACER.policy, group="placer", help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."
+        _PLACER.policy, group="placer", help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."
     ),
     "max_reservations": Option(
-        int,
         _PLACER.max_reservations,
         group="placer",
         help="Workers a placer round may keep free for jobs that fit no free room yet (0: none).",
     ),
     "reserve_after_s": Option(
-        float,
         _PLACER.reserve_after_s,
         group="placer",
         help="Only a job queued this long may reserve a worker, seconds.",
     ),
     "ingest_pool_size": Option(
-        int,
         _INGEST.pool_size,
         group="ingest",
         setting="pool_size",
         help="Database connections of the ControlPlane service.",
     ),
     "liveness_reserved_connections": Option(
-        int,
         _INGEST.liveness_reserved_connections,
         group="ingest",
         help="Of those, connections only heartbeats and registrations may use.",
     ),
     "shed_lag_s": Option(
-        float,
         _INGEST.shed_lag_s,
         group="ingest",
         help="Answer new work 'busy' while the service's event loop lags more than this, seconds.",
     ),
     "max_requests_in_progress": Option(
-        int,
         _INGEST.max_requests_in_progress,
         group="ingest",
         help="Requests other than heartbeats and registrations served at once, from admission "
         "until their reply is encoded; the rest wait their turn.",
     ),
     "max_waiting_requests": Option(
-        int,
         _INGEST.max_waiting_requests,
         group="ingest",
         help="Answer new work 'busy' when this many requests already wait for their turn.",
     ),
     "heartbeat_group_wait_s": Option(
-        float,
         _INGEST.heartbeat_group_wait_s,
         group="ingest",
         help="Gather heartbeats this long and record them in one statement, seconds (0: one "
         "statement per heartbeat; at most 0.1).",
     ),
     "heartbeat_group_max": Option(
-        int,
         _INGEST.heartbeat_group_max,
         group="ingest",
         help="Most heartbeats one statement records (a full group closes at once).",
     ),
     "heartbeat_groups_in_flight": Option(
-        int,
         _INGEST.heartbeat_groups_in_flight,
         group="ingest",
         min=1,
         help="Most group statements run at once; a group that waits for one keeps gathering.",
     ),
     "max_admission_wait_s": Option(
-        float,
         _INGEST.max_admission_wait_s,
         group="ingest",
         help="Answer new work 'busy' that has waited this long for its turn, seconds.",
     ),
     "max_wire_work_share": Option(
-        float,
         _INGEST.max_wire_work_share,
         group="ingest",
         help="Most of the service's event-loop time that encoding and decoding large messages "
         "may take, a fraction (0.25: a quarter).",
     ),
     "wire_step_messages": Option(
-        int,
         _INGEST.wire_step_messages,
         group="ingest",
         help="Elements of a large reply encoded (or request decoded) between two yields to the "
         "service's event loop.",
     ),
     "max_pending_jobs": Option(
-        int,
         _INGEST.max_pending_jobs,
         group="ingest",
         help="Answer submissions 'busy' while this many jobs are pending (0: no limit); "
         "a batch that arrives under the limit is taken whole.",
     ),
     "idempotency_key_retention_s": Option(
-        float,
         _INGEST.idempotency_key_retention_s,
         group="ingest",
         help="Keep a mutating call's idempotency key and answer this long after its first use, "
         "seconds: a retry within it gets the first answer, a copy after it is a new call.",
     ),
     "max_log_streams": Option(
-        int,
         _INGEST.max_log_streams,
         group="ingest",
         help="Job output streams (stockade logs) this replica relays at once; one more is "
         "answered 'busy' (another replica takes it).",
     ),
     "initial_window": Option(
-        int,
         _PLACER.initial_window,
         group="placer",
         help="Unconfirmed assignments a worker may hold before a heartbeat confirmed any; "
         "one more per confirmed assignment.",
     ),
     "max_unconfirmed_per_worker": Option(
-        int,
         _PLACER.max_unconfirmed_per_worker,
         group="placer",
         help="Most unconfirmed assignments a worker may hold (the window's ceiling).",
     ),
     "trial_run_s": Option(
-        float,
         _PLACER.trial_run_s,
         group="placer",
         min=0.0,
@@ -193,36 +172,31 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "a time until a run there succeeded or ran this long, seconds; 0: no trial.",
     ),
     "requeue_backoff_base_s": Option(
-        float,
         _RECONCILER.requeue_backoff_base_s,
         group="reconciler",
         help="A job lost with its worker waits a random time below this before it is placed "
         "again, doubling with every further loss, seconds.",
     ),
     "requeue_backoff_max_s": Option(
-        float,
         _RECONCILER.requeue_backoff_max_s,
         group="reconciler",
         help="Largest bound of the requeue backoff, seconds.",
     ),
     "death_burst": Option(
-        int, _RECONCILER.death_burst, group="reconciler", help="Most workers declared dead at once."
+        _RECONCILER.death_burst, group="reconciler", help="Most workers declared dead at once."
     ),
     "deaths_per_s": Option(
-        float,
         _RECONCILER.deaths_per_s,
         group="reconciler",
         help="Dead-worker declarations per second beyond the burst.",
     ),
     "mass_silence_fraction": Option(
-        float,
         _RECONCILER.mass_silence_fraction,
         group="reconciler",
         help="Declare no worker dead while more than this fraction of the alive workers "
         "(and at least 3) are silent for --suspect-after-s at once.",
     ),
     "mass_silence_max_s": Option(
-        float,
         _RECONCILER.mass_silence_max_s,
         group="reconciler",
         min=0.001,
@@ -230,14 +204,12 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "agents' --db-outage-grace-s.",
     ),
     "heartbeat_interval_min_s": Option(
-        float,
         _RECONCILER.heartbeat_interval_min_s,
         group="reconciler",
         min=0.001,
         help="The shortest heartbeat interval the leader asks of workers (a small cluster's), seconds.",
     ),
     "heartbeat_interval_max_s": Option(
-        float,
         _RECONCILER.heartbeat_interval_max_s,
         group="reconciler",
         min=0.001,
@@ -245,29 +217,26 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "seconds: with --dead-after-intervals it bounds how long a dead worker goes unnoticed.",
     ),
     "heartbeat_cpu_budget": Option(
-        float,
         _RECONCILER.heartbeat_cpu_budget,
         group="reconciler",
         help="The share of a core each control plane may spend on heartbeats (above 0, below 1): "
         "the interval grows with the cluster to keep their measured cost within it.",
     ),
     "dead_after_intervals": Option(
-        float,
         _RECONCILER.dead_after_intervals,
         group="reconciler",
         help="A worker is declared dead after this many heartbeat intervals without one, never "
         "sooner than --dead-after-s (at least 3).",
     ),
     "suspect_after_s": Option(
-        float | None,
         None,
+        kind=float | None,
         group="reconciler",
         min=0.001,
         help="A worker silent this long counts toward a mass silence, seconds (default: half of "
         "--dead-after-s).",
     ),
     "contact_gap_s": Option(
-        float,
         _RECONCILER.contact_gap_s,
         group="reconciler",
         min=0.001,
@@ -275,7 +244,6 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "database was unreachable), silence counts anew, seconds.",
     ),
     "oldest_transaction_warn_s": Option(
-        float,
         _WATCH.oldest_transaction_warn_s,
         group="database_watch",
         min=0.001,
@@ -283,7 +251,6 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "this, seconds: vacuum cannot remove dead rows meanwhile.",
     ),
     "dead_rows_warn_ratio": Option(
-        float,
         _WATCH.dead_rows_warn_ratio,
         group="database_watch",
         min=0.001,
@@ -291,14 +258,12 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         f"times its live ones (and more than {_WATCH.dead_rows_warn_min}).",
     ),
     "health_interval_s": Option(
-        float,
         _RECONCILER.health_interval_s,
         group="reconciler",
         min=0.001,
         help="How often the leader judges the workers' health from their recent runs, seconds.",
     ),
     "health_window_runs": Option(
-        int,
         _RECONCILER.health_window_runs,
         group="reconciler",
         min=1,
@@ -306,14 +271,12 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="A worker's health is judged on its last this many ended runs.",
     ),
     "health_window_s": Option(
-        float,
         _RECONCILER.health_window_s,
         group="reconciler",
         min=0.001,
         help="Judge a worker's health only on runs that ended within this many seconds.",
     ),
     "health_min_failed_jobs": Option(
-        int,
         _RECONCILER.health_min_failed_jobs,
         group="reconciler",
         min=1,
@@ -321,21 +284,18 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="Mark a worker unhealthy only when runs of at least this many different jobs failed there.",
     ),
     "health_min_failure_rate": Option(
-        float,
         _RECONCILER.health_min_failure_rate,
         group="reconciler",
         help="Mark a worker unhealthy only when at least this fraction of its judged runs failed "
         "(above 0, at most 1).",
     ),
     "health_rate_factor": Option(
-        float,
         _RECONCILER.health_rate_factor,
         group="reconciler",
         help="Mark a worker unhealthy only when its runs fail at least this many times as often as "
         "the other workers' (at least 1).",
     ),
     "health_min_compared_runs": Option(
-        int,
         _RECONCILER.health_min_compared_runs,
         group="reconciler",
         min=1,
@@ -345,7 +305,6 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         "succeeded elsewhere.",
     ),
     "health_probe_after_s": Option(
-        float,
         _RECONCILER.health_probe_after_s,
         group="reconciler",
         min=0.0,
