@@ -1,9 +1,9 @@
 """Process commands, run in the foreground until SIGTERM or Ctrl-C: ``cp`` (one control-plane
 replica, :mod:`.control_plane`), ``agent`` and ``fleet`` (one worker, many workers in one
 process: :mod:`.agents`) and ``database`` (the embedded PostgreSQL server: what a database
-container runs, :mod:`.database`). This module holds what they share: options declared once as
-a table of :class:`Option` (:class:`Option`, :func:`with_options`, :func:`settings_fields`),
-and the check of a process's certificate files."""
+container runs, :mod:`.database`). This module holds what they share: options declared once, in
+tables of :class:`Option` that :func:`with_options` gives a command (:func:`settings_fields`
+reads a settings group's out of them), and the check of a process's certificate files."""
 
 from __future__ import annotations
 
