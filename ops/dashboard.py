@@ -292,25 +292,21 @@ ROWS: tuple[Row, ...] = (
                     q(f"max(stockade_unhealthy_workers{{{CP}}})", "unhealthy"),
                 ),
             ),
-            Panel(
-                title="CPU allocated against capacity",
-                description="Millicores the active assignments hold, and what the live workers offer, "
-                "as the leader's placer read them.",
-                queries=(
-                    q(f"max(stockade_cluster_cpu_allocated_millis{{{CP}}})", "allocated"),
-                    q(f"max(stockade_cluster_cpu_capacity_millis{{{CP}}})", "capacity"),
-                ),
-                width=12,
-            ),
-            Panel(
-                title="Memory allocated against capacity",
-                description="MiB the active assignments hold, and what the live workers offer, as the "
-                "leader's placer read them.",
-                queries=(
-                    q(f"max(stockade_cluster_memory_allocated_mb{{{CP}}})", "allocated"),
-                    q(f"max(stockade_cluster_memory_capacity_mb{{{CP}}})", "capacity"),
-                ),
-                width=12,
+            *(
+                Panel(
+                    title=f"{resource} allocated against capacity",
+                    description=f"{amount} the active assignments hold, and what the live workers offer, "
+                    f"as the leader's placer read them.",
+                    queries=(
+                        q(f"max(stockade_cluster_{metric}_allocated_{unit}{{{CP}}})", "allocated"),
+                        q(f"max(stockade_cluster_{metric}_capacity_{unit}{{{CP}}})", "capacity"),
+                    ),
+                    width=12,
+                )
+                for resource, amount, metric, unit in (
+                    ("CPU", "Millicores", "cpu", "millis"),
+                    ("Memory", "MiB", "memory", "mb"),
+                )
             ),
         ),
     ),
