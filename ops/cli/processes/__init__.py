@@ -36,12 +36,6 @@ NICE = typer.Option(
 METRICS_PORT = typer.Option(help="Serve Prometheus metrics on the --host address at PORT/metrics (0: off).")
 JSON_LOGS = typer.Option(help="Log JSON lines instead of console lines.")
 
-CertsDirOption = Annotated[Path | None, CERTS_DIR]
-InsecureOption = Annotated[bool, INSECURE]
-NiceOption = Annotated[int, NICE]
-MetricsPortOption = Annotated[int, METRICS_PORT]
-JsonLogsOption = Annotated[bool, JSON_LOGS]
-
 
 class Option:
     """One option declared once: its default, its Typer option (``info``, or one made of

@@ -4,6 +4,7 @@ it shows."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,11 +12,11 @@ import typer
 from ops.cli.base import app
 from ops.cli.common import EXIT_INVALID, errors, fail
 from ops.cli.processes import (
-    CertsDirOption,
-    InsecureOption,
-    JsonLogsOption,
-    MetricsPortOption,
-    NiceOption,
+    CERTS_DIR,
+    INSECURE,
+    JSON_LOGS,
+    METRICS_PORT,
+    NICE,
     Option,
     Options,
     cert_folder,
@@ -311,10 +312,23 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="This long after a worker was marked unhealthy, one job at a time may be placed there "
         "as a probe (its success clears the mark), seconds; 0: no probes.",
     ),
+    "metrics_port": Option(0, METRICS_PORT),
+    "http_port": Option(
+        0,
+        min=0,
+        max=65535,
+        help="Serve the read-only web console on PORT (0: off): HTTPS on the --host address with "
+        "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
+        "HTTP on 127.0.0.1 only, no login.",
+    ),
+    "json_logs": Option(False, JSON_LOGS),
+    "nice": Option(DEFAULT_NICE, NICE),
+    "certs_dir": Option(None, kind=Path | None, info=CERTS_DIR),
+    "insecure": Option(False, INSECURE),
 }
-"""The options of ``stockade cp`` that set a field of a settings group of
-:class:`runtime.settings.ControlPlaneSettings` (``group``), in the order ``--help`` lists them,
-with the groups' defaults."""
+"""The options of ``stockade cp`` but its address and database, in the order ``--help`` lists
+them: those that set a field of a settings group of :class:`runtime.settings.ControlPlaneSettings`
+(``group``) with the groups' defaults, then how the process serves and logs."""
 
 
 @app.command("cp")
@@ -331,21 +345,6 @@ def control_plane(
         ),
     ] = None,
     options: Options,
-    metrics_port: MetricsPortOption = 0,
-    http_port: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=65535,
-            help="Serve the read-only web console on PORT (0: off): HTTPS on the --host address with "
-            "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
-            "HTTP on 127.0.0.1 only, no login.",
-        ),
-    ] = 0,
-    json_logs: JsonLogsOption = False,
-    nice: NiceOption = DEFAULT_NICE,
-    certs_dir: CertsDirOption = None,
-    insecure: InsecureOption = False,
 ) -> None:
     """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
 
@@ -359,7 +358,7 @@ def control_plane(
 
     if not database_url:
         fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
-    folder = cert_folder(certs_dir, insecure)
+    folder = cert_folder(options["certs_dir"], options["insecure"])
     lease_ttl_s = options["lease_ttl_s"]
 
     def group(name: str) -> dict[str, Any]:
@@ -373,7 +372,7 @@ def control_plane(
             listen_host=host,
             listen_port=port,
             tls=None if folder is None else TlsFiles.in_dir(folder, cp_id),
-            http_port=http_port or None,
+            http_port=options["http_port"] or None,
             ingest=IngestSettings(**group("ingest")),
             lease=LeaseSettings(
                 **group("lease"),
@@ -392,9 +391,14 @@ def control_plane(
             reconciler=ReconcilerSettings(**group("reconciler")),
             database_watch=DatabaseWatchSettings(**group("database_watch")),
         )
-        check_nice(nice)
+        check_nice(options["nice"])
         if (why := fence_margin_refusal(settings.reconciler)) is not None:
             raise InvalidArgument("dead_after_s", settings.reconciler.dead_after_s, why)
     check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
     with errors():  # a database that refuses this client for good ends the replica in one line
-        control_plane_main(settings, json_logs=json_logs, metrics_port=metrics_port or None, nice=nice)
+        control_plane_main(
+            settings,
+            json_logs=options["json_logs"],
+            metrics_port=options["metrics_port"] or None,
+            nice=options["nice"],
+        )
