@@ -1,38 +1,8 @@
 """The cluster's certificate authority and the certificates it issues, which the control
-planes, the agents and the CLI use for mutual TLS (:mod:`runtime.tls`).
-
-One folder holds everything (by default the state folder's ``certs/``)::
-
-    certs/
-      ca.crt  ca.key            the cluster CA: self-signed, EC P-256, ECDSA with SHA-256
-      cp-1.crt  cp-1.key        one pair per identity, named by its id
-      w-7.crt  w-7.key
-      operator.crt  operator.key
-
-Keys are PKCS #8 PEM, unencrypted, created with mode 0600 (``os.open`` with that mode and
-``O_EXCL``: never readable by others, not even for a moment, and never written over);
-certificates are PEM with mode 0644. The folder is created with mode 0700.
-
-Identity: each issued certificate carries exactly one URI SAN ``spiffe://stockade/<role>/<id>``
-(the SPIFFE ID form, https://spiffe.io/docs/latest/spiffe-about/spiffe-concepts/#spiffe-id),
-which :func:`identity_of` reads back; that URI is the authority. The subject repeats it for
-people reading it (``CN=<id>, OU=<role>, O=stockade``). Roles (:data:`ROLES`):
-
-- ``control-plane``: a replica; serves and calls, so both server and client auth; SANs DNS
-  ``localhost``, IP ``127.0.0.1`` and any given hosts.
-- ``worker``: an agent; serves the Worker service and calls the control planes; same SANs.
-- ``worker`` with ``workers`` (a *fleet certificate*, ``stockade certs issue --role worker
-  --id fleet-1 --workers w-1,w-2``): the client certificate of a fleet process
-  (:mod:`agent.fleet`), which sends the control-plane calls of every worker it hosts over one
-  connection per control plane. Client auth only, no hosts, one URI SAN
-  ``spiffe://stockade/worker/<worker id>`` per worker named and no other, ``CN=<id>``. A
-  control plane lets it speak for exactly those workers; no client takes it for a server (each
-  hosted worker keeps its own certificate for its Worker endpoint).
-- ``operator``, ``viewer``: CLI clients (client auth only, no hosts): an operator may submit
-  and cancel jobs and read everything, a viewer only read (``actors.ingest.CONTROL_PLANE_ACCESS``).
-
-The curve is P-256 because TLS 1.3 (RFC 8446 section 9.1: ``secp256r1`` is mandatory to
-implement) and every OpenSSL that Python's :mod:`ssl` links support it.
+planes, the agents and the CLI use for mutual TLS (:mod:`runtime.tls`): :func:`init_cluster`,
+:func:`issue`, :func:`ensure_issued`, :func:`describe` and :func:`identity_of`, over one folder
+(:class:`CertDir`). The roles, files and modes: docs/security.md, "Certificates"; the identity
+a certificate carries and the curve: docs/design.md, "Certificates: identity, files and curve".
 """
 
 from __future__ import annotations
@@ -52,31 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from runtime.errors import InvalidArgument, StockadeError
 from runtime.identifiers import check_id, is_host_name
-from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, KeyFileExposed, check_key_private, fleet_identity
-
-__all__ = [
-    "CLIENT_ROLES",
-    "ROLES",
-    "SERVER_ROLES",
-    "CertDir",
-    "CertIdentity",
-    "CertInfo",
-    "CertSettings",
-    "CertificateAuthorityMissing",
-    "CertificateExists",
-    "IssuedCert",
-    "KeyFileExposed",
-    "NotAStockadeCertificate",
-    "check_key_private",
-    "check_role",
-    "describe",
-    "diagnose_client_cert",
-    "ensure_issued",
-    "identity_of",
-    "init_cluster",
-    "issue",
-    "parse_host",
-]
+from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, check_key_private, fleet_identity
 
 SERVER_ROLES = ("control-plane", "worker", "database")
 """Roles whose certificates name hosts and serve TLS (they also call others as clients).
@@ -129,16 +75,11 @@ class CertSettings:
     """Validity of an issued certificate, in days."""
 
 
-CertIdentity = Identity
-"""Who a certificate says its holder is: :class:`runtime.tls.Identity` (``role``, ``id``,
-``uri``); here ``role`` may also be ``database``."""
-
-
 @attrs.frozen(kw_only=True)
 class IssuedCert:
     """A certificate and key written by :func:`issue` (or the CA by :func:`init_cluster`)."""
 
-    identity: CertIdentity | None
+    identity: Identity | None
     """Whom it names; None for the CA."""
     cert_path: Path
     key_path: Path
@@ -153,7 +94,7 @@ class CertInfo:
     subject: str
     """RFC 4514 form, e.g. ``CN=w-7,OU=worker,O=stockade``."""
     issuer: str
-    identity: CertIdentity | None
+    identity: Identity | None
     """None when it carries no Stockade identity (the CA, a foreign certificate)."""
     is_ca: bool
     dns_names: tuple[str, ...]
@@ -377,7 +318,7 @@ def issue(
     ca_key = serialization.load_pem_private_key(where.ca_key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise NotAStockadeCertificate(f"{where.ca_key} is not an EC private key")
-    identity = CertIdentity(role=role, id=id, workers=frozenset(workers))
+    identity = Identity(role=role, id=id, workers=frozenset(workers))
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -448,7 +389,7 @@ def _check_fleet_workers(role: str, workers: Sequence[str], hosts: Sequence[str]
 # ---------------------------------------------------------------------------- reading
 
 
-def identity_of(cert: x509.Certificate) -> CertIdentity:
+def identity_of(cert: x509.Certificate) -> Identity:
     """The role and id a certificate names in its ``spiffe://stockade/<role>/<id>`` URI SAN.
 
     (Servers read a peer's identity from its verified certificate with
@@ -487,7 +428,7 @@ def identity_of(cert: x509.Certificate) -> CertIdentity:
         check_id(id, field="id")
     except InvalidArgument as exc:
         raise NotAStockadeCertificate(f"{uris[0]}: {exc}") from exc
-    return CertIdentity(role=role, id=id)
+    return Identity(role=role, id=id)
 
 
 _SHOWN_TIME = "%Y-%m-%d %H:%M"
@@ -532,7 +473,7 @@ def describe(path: Path) -> CertInfo:
     except ValueError as exc:
         raise NotAStockadeCertificate(f"{path} is not a PEM certificate") from exc
     try:
-        identity: CertIdentity | None = identity_of(cert)
+        identity: Identity | None = identity_of(cert)
     except NotAStockadeCertificate:
         identity = None
     try:

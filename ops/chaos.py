@@ -24,7 +24,7 @@ ends a killed worker's runs at the kill and does not count the deaths it caused 
 counts runs the cluster ended during an outage (``jobs_killed_by_outage``). The harness keeps
 every job id a submission was acknowledged with, and the checker looks for each in the
 database (``acknowledged_submissions_lost``). When the injections are done the harness stops submitting,
-waits for every job to finish, runs :func:`ops.checker.check`, and returns the results
+waits for every job to finish, runs :func:`ops.invariants.check`, and returns the results
 (:mod:`ops.chaosresult`: the settings, the result, its JSON and table).
 """
 

@@ -1,78 +1,20 @@
 """The checker: proves from the record that no job was placed or run twice.
 
-Inputs, all read after the fact:
-
-- the database history: every assignment (job, worker, incarnation, commit epoch, state,
-  created and ended times), every dead-worker declaration, every refused stale write, jobs;
-- each worker's append-only ``agent.jsonl`` (start and stop records), whose times are the
-  database's clock as each agent knows it (``agent/dbclock.py``), never the worker's wall clock:
-  the lines of every worker and the database's rows are on one clock, within a heartbeat's round
-  trip, a start not before its assignment was created and a stop not after the database
-  recorded its end (lines of an agent whose control plane told no time say ``"clock":
-  "worker"``);
-- the fault record a harness keeps (``events.jsonl``: which process was killed, frozen or cut
-  off, and when, by the harness's clock, which must be the database's: a local cluster's, on
-  one machine), so a run on a killed worker ends at the kill, and a worker declared dead
-  while it was being faulted is not a false death; faults injected by hand can be added to
-  it, or given to ``stockade check --fault`` (:func:`parse_fault`);
-- the clean stops the workers logged (``leave`` lines): a worker stopped cleanly whose leave
-  did not get through is declared dead later, which is what should happen to a worker that
-  is gone, not a false death. (One whose leave got through is ``left``, never declared dead.)
-
-What it counts:
-
-- ``double_placements``: jobs whose assignments overlap in time (two active at once), or that
-  were placed again after an assignment of theirs finished (the job was done), from the
-  database alone.
-- ``double_runs``: jobs that ran at overlapping times in two places (two workers, or two
-  assignments), from the workers' own logs. A run lasts from its start record to its stop
-  record (written by the agent that started it, or by the one started again on its work folder
-  that took it over, or stopped it), or, when it has none, to the kill of its worker process
-  plus the fence span (its reaper outlives the agent until the fence deadline), or (neither)
-  to the end of time.
-- ``false_deaths``: dead-worker declarations that neither a fault injected into that worker
-  nor a clean stop of it explains.
-- ``lost_successes``: jobs that succeeded on a worker (its ``stop`` record says ``succeeded``)
-  while the database does not record that success for that assignment (the assignment was
-  ended as lost, cancelled, ...; one still active is not reported yet) and no kill of that
-  worker within ``REPORT_SLACK_S`` after the run explains why it could not report it: a result
-  thrown away, and usually the job run again; and jobs whose success is recorded on their
-  last assignment but which ended in another state (a late report that did not end the job).
-- ``jobs_killed_by_outage``: runs the cluster stopped (self-fence, register again, told to
-  stop) during a database outage or a cut-off of every worker (faults ``db_outage`` and
-  ``mass_partition``), or shortly after, on a worker no fault of its own explains: running
-  work an outage should have paused, not ended.
-- ``acknowledged_submissions_lost``: job ids a client was given that the database does not
-  have (a harness passes the ids it was given).
-- ``stale_writes_rejected``: fenced writes the database refused (``stale_writes``).
-- ``jobs_submitted`` / ``jobs_finished`` (succeeded or failed) and the unfinished job ids
-  (pending, waiting, assigned or running). An unfinished job fails the check only when the
-  caller waited for every job to finish (a harness, ``stockade check --wait-s``); a look at a
-  cluster still at work reports them as running.
-- Disturbances, counted but not judged (a harness that injects no fault expects them all 0):
-  ``elections`` (lease takeovers, the first one included), ``worker_deaths`` (every
-  declaration), ``pauses`` (``pause`` records: a worker held its jobs, which an outage that
-  ends in time costs nothing), ``self_fences`` (``self_fence`` records: a worker killed its
-  jobs, after ``db_outage_grace_s`` of silence or with no grace) and
-  ``extra_assignments`` (assignments beyond one per job that was placed). ``worker_leaves``
-  counts the clean stops the control planes recorded.
-
-A run is what really started: a ``start`` record whose ``stop`` record says ``"started":
-false`` (the job's reaper found the fence deadline passed, or the command could not be
-executed) is not a run.
-
-:func:`check` is a pure function of those inputs; :func:`load_history`, :func:`load_runs` and
-:func:`load_events` read them; :meth:`CheckReport.to_json` and :func:`check_table` show the
-verdict. (Past 500 lines on purpose: each count sits next to the records it reads, so the
-argument that nothing ran twice reads in one place.)
+It reads the database history (:func:`load_history`), the workers' ``agent.jsonl``
+(:func:`load_runs`, :func:`load_records`) and the faults a harness recorded or an operator gave
+(:func:`load_events`, :func:`parse_fault`); :func:`ops.invariants.check` counts what they show
+(:func:`check_logs` does both), and :meth:`CheckReport.to_json` and :func:`check_table` show the
+verdict. What it reads and what each count means: docs/design.md, "The checker: what it reads
+and what it counts".
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -342,161 +284,6 @@ def details_lines(details: Sequence[str], limit: int = 20) -> list[Text]:
     return [Text(f"  {line}") for line in details[:limit]]
 
 
-def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
-    return a_start < b_end and b_start < a_end
-
-
-def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]:
-    """Jobs placed twice, with why: two assignments active at once, or placed again after one
-    of its assignments finished."""
-    by_job: dict[int, list[AssignmentRecord]] = defaultdict(list)
-    for a in assignments:
-        by_job[a.job_id].append(a)
-    found: dict[int, str] = {}
-    for job_id, group in by_job.items():
-        group.sort(key=lambda a: (a.created_at, a.assignment_id))
-        for i, first in enumerate(group):
-            first_end = math.inf if first.ended_at is None else first.ended_at
-            for second in group[i + 1 :]:
-                second_end = math.inf if second.ended_at is None else second.ended_at
-                if _overlap(first.created_at, first_end, second.created_at, second_end):
-                    found[job_id] = (
-                        f"job {job_id}: assignments {first.assignment_id} (epoch {first.epoch}, "
-                        f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
-                        f"{second.worker_id}) were active at the same time"
-                    )
-                elif first.state == "finished" and not _failed_run(first):
-                    # A run that failed may be retried; one that succeeded never runs again.
-                    found[job_id] = (
-                        f"job {job_id}: placed again as assignment {second.assignment_id} "
-                        f"(epoch {second.epoch}) after assignment {first.assignment_id} finished"
-                    )
-    return found
-
-
-def _failed_run(a: AssignmentRecord) -> bool:
-    """Whether ``a`` finished with a failed run (its end reason is ``failed`` or the reason of
-    the failure, ``timeout``, ``oom_killed``, ...): its job may be placed again (a retry)."""
-    return a.state == "finished" and a.end_reason is not None and a.end_reason != "succeeded"
-
-
-def _as_dependency(history: History, job_id: int | None) -> str:
-    """The state of ``job_id`` as a dependency (:attr:`History.dependency_states`, else its
-    own); ``failed`` for None (no dependency named: nothing to check)."""
-    if job_id is None:
-        return "failed"
-    return history.dependency_states.get(job_id) or history.job_states.get(job_id, "failed")
-
-
-def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
-    """Jobs whose final state contradicts their runs, their retry budget, their dependencies
-    or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
-    more failed runs than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with
-    no run whose success the database holds; cancelled as ``dependency_failed`` naming a job
-    that did not fail; another final state than expected."""
-    failed_runs: dict[int, int] = defaultdict(int)
-    succeeded: set[int] = set()
-    for a in history.assignments:
-        if _failed_run(a):
-            failed_runs[a.job_id] += 1
-        if a.success_recorded:
-            succeeded.add(a.job_id)
-    found: dict[int, str] = {}
-    for job_id, state in history.job_states.items():
-        spent: int | None
-        most: int | None
-        spent, most = history.job_attempts.get(job_id, (None, None))
-        if most is not None and failed_runs[job_id] > most:
-            found[job_id] = (
-                f"job {job_id}: {failed_runs[job_id]} failed runs, more than its max_attempts {most}"
-            )
-        elif state == "failed" and spent is not None and most is not None and spent < most:
-            found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
-        elif state == "succeeded" and job_id not in succeeded:
-            found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
-        elif state == "cancelled" and _as_dependency(history, history.dependency_cancels.get(job_id)) not in (
-            "failed",
-            "cancelled",
-        ):
-            dependency = history.dependency_cancels[job_id]
-            found[job_id] = (
-                f"job {job_id}: cancelled as dependency_failed: job {dependency}, which ended "
-                f"{_as_dependency(history, dependency)}"
-            )
-        elif (
-            expected
-            and job_id in expected
-            and state in ("succeeded", "failed", "cancelled")
-            and state != expected[job_id]
-        ):
-            found[job_id] = f"job {job_id}: ended {state}, expected {expected[job_id]}"
-    return found
-
-
-def double_runs(runs: Iterable[Run]) -> dict[int, str]:
-    """Jobs that ran at overlapping times under two assignments or on two workers, with why."""
-    by_job: dict[int, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_job[run.job_id].append(run)
-    found: dict[int, str] = {}
-    for job_id, group in by_job.items():
-        group.sort(key=lambda r: r.started_at)
-        for i, first in enumerate(group):
-            for second in group[i + 1 :]:
-                if _overlap(first.started_at, first.ended_at, second.started_at, second.ended_at):
-                    found[job_id] = (
-                        f"job {job_id}: ran on {first.worker_id} (assignment {first.assignment_id}) "
-                        f"and on {second.worker_id} (assignment {second.assignment_id}) at the same time"
-                    )
-    return found
-
-
-def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) -> list[str]:
-    """Declarations no fault explains: the worker was neither killed, frozen, cut off nor
-    stopped cleanly from ``FAULT_SLACK_S`` before its last recorded heartbeat until it was
-    declared dead."""
-    found = []
-    for death in deaths:
-        explained = any(
-            f.target == death.worker_id
-            and f.at <= death.declared_at
-            and f.until >= death.last_heartbeat_at - FAULT_SLACK_S
-            for f in faults
-        )
-        if not explained:
-            found.append(
-                f"worker {death.worker_id} (incarnation {death.incarnation}) declared dead "
-                f"under epoch {death.epoch} with no fault injected into it and no clean stop logged"
-            )
-    return found
-
-
-def killed_by_outage(runs: Iterable[Run], faults: Sequence[FaultEvent]) -> list[str]:
-    """Runs the cluster stopped (:data:`FENCE_REASONS`) during an outage of the whole cluster
-    (:data:`OUTAGE_KINDS`) or up to ``OUTAGE_SLACK_S`` after it, on a worker that no fault of
-    its own (kill, freeze, partition) touched from ``FAULT_SLACK_S`` before the run ended
-    until it ended."""
-    outages = [f for f in faults if f.kind in OUTAGE_KINDS]
-    found = []
-    for run in runs:
-        if run.stop_reason not in FENCE_REASONS or math.isinf(run.ended_at):
-            continue
-        during = [f for f in outages if f.at <= run.ended_at <= f.until + OUTAGE_SLACK_S]
-        if not during:
-            continue
-        own = any(
-            f.target == run.worker_id and f.at <= run.ended_at and f.until >= run.ended_at - FAULT_SLACK_S
-            for f in faults
-        )
-        if not own:
-            found.append(
-                f"job {run.job_id} (assignment {run.assignment_id}) on {run.worker_id} stopped "
-                f"({run.stop_reason}) by the {during[0].kind} "
-                f"from {during[0].at:.3f} to {during[0].until:.3f}"
-            )
-    return found
-
-
 def placement_recoveries_s(
     assignments: Iterable[AssignmentRecord], faults: Sequence[FaultEvent], kind: str = "db_outage"
 ) -> list[float]:
@@ -512,144 +299,6 @@ def placement_recoveries_s(
         if after is not None:
             found.append(after - fault.until)
     return found
-
-
-def lost_successes(
-    runs: Iterable[Run],
-    assignments: Iterable[AssignmentRecord],
-    faults: Sequence[FaultEvent] = (),
-    job_states: Mapping[int, str] | None = None,
-) -> dict[int, str]:
-    """Jobs with a success on a worker that the database does not record, with why (see the
-    module docstring); a kill of the worker within ``REPORT_SLACK_S`` after the run excuses it.
-    With ``job_states`` (job id -> state), also a success recorded on a job's last assignment
-    whose job ended otherwise."""
-    records = list(assignments)
-    by_id = {a.assignment_id: a for a in records}
-    last = {a.job_id: a for a in sorted(records, key=lambda a: a.assignment_id)}
-    kills: dict[str, list[float]] = defaultdict(list)
-    for f in faults:
-        if f.kind == "kill":
-            kills[f.target].append(f.at)
-    found: dict[int, str] = {}
-    for run in runs:
-        if run.stop_reason != "succeeded":
-            continue
-        record = by_id.get(run.assignment_id)
-        if record is not None and (record.success_recorded or record.state == "active"):
-            # Still active: the worker's next heartbeat reports it (an interval of several
-            # seconds on a large cluster). If it never does, the assignment ends otherwise, or
-            # the job is unfinished when the check waited for every job.
-            continue
-        window = (run.ended_at - KILL_TAKES_S, run.ended_at + REPORT_SLACK_S)
-        if any(window[0] <= k <= window[1] for k in kills.get(run.worker_id, ())):
-            continue
-        how = (
-            "unknown to the database" if record is None else f"recorded {record.state} ({record.end_reason})"
-        )
-        found[run.job_id] = (
-            f"job {run.job_id}: succeeded on {run.worker_id} (assignment {run.assignment_id}), "
-            f"but the assignment is {how}"
-        )
-    for job_id, state in (job_states or {}).items():
-        record = last.get(job_id)
-        if record is None or not record.success_recorded or state == "succeeded" or job_id in found:
-            continue
-        found[job_id] = (
-            f"job {job_id}: its last assignment {record.assignment_id} (on {record.worker_id}) "
-            f"recorded a success, but the job ended {state}"
-        )
-    return found
-
-
-def extra_assignments(assignments: Iterable[AssignmentRecord]) -> int:
-    """Assignments beyond one per job that was placed at all."""
-    records = list(assignments)
-    return len(records) - len({a.job_id for a in records})
-
-
-def check(
-    history: History,
-    runs: Sequence[Run],
-    faults: Sequence[FaultEvent] = (),
-    *,
-    self_fences: int = 0,
-    pauses: int = 0,
-    acknowledged_job_ids: Iterable[int] = (),
-    expected_final_states: Mapping[int, str] | None = None,
-    finish_required: bool = True,
-) -> CheckReport:
-    """Judge one run of the cluster. Pure: see the module docstring for what each count means.
-
-    Args:
-        history: what the database says happened.
-        runs: the runs from the workers' logs (:func:`load_runs`).
-        faults: what a harness injected.
-        self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
-        pauses: ``pause`` records in the workers' logs.
-        acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
-        expected_final_states: job id -> the final state it must reach (a harness that
-            submitted jobs made to fail or succeed knows).
-        finish_required: an unfinished job fails the check (the caller waited for them all);
-            False: it is reported as running.
-    """
-    placed_twice = double_placements(history.assignments)
-    ran_twice = double_runs(runs)
-    wrongly_dead = false_deaths(history.deaths, faults)
-    thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
-    outage_kills = killed_by_outage(runs, faults)
-    wrong_states = wrong_final_states(history, expected_final_states)
-    lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
-    finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
-    unfinished = tuple(sorted(set(history.job_states) - finished))
-    details = [
-        *placed_twice.values(),
-        *ran_twice.values(),
-        *wrongly_dead,
-        *thrown_away.values(),
-        *outage_kills,
-        *wrong_states.values(),
-        *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
-    ]
-    if unfinished:
-        shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
-        if finish_required:
-            details.append(f"{len(unfinished)} jobs unfinished: {shown}")
-        else:
-            details.append(
-                f"{len(unfinished)} jobs not finished yet (not a failure; --wait-s S waits for them): {shown}"
-            )
-    unfinished_states: dict[str, int] = {}
-    for state in sorted({history.job_states[j] for j in unfinished}, key=_state_order):
-        unfinished_states[state] = sum(1 for j in unfinished if history.job_states[j] == state)
-    return CheckReport(
-        double_placements=len(placed_twice),
-        double_runs=len(ran_twice),
-        false_deaths=len(wrongly_dead),
-        stale_writes_rejected=history.stale_writes_rejected,
-        jobs_submitted=len(history.job_states),
-        jobs_finished=sum(1 for s in history.job_states.values() if s in ("succeeded", "failed")),
-        unfinished_job_ids=unfinished,
-        details=tuple(details),
-        lost_successes=len(thrown_away),
-        elections=history.elections,
-        worker_deaths=len(history.deaths),
-        self_fences=self_fences,
-        pauses=pauses,
-        extra_assignments=extra_assignments(history.assignments),
-        worker_leaves=history.leaves,
-        jobs_killed_by_outage=len(outage_kills),
-        acknowledged_submissions_lost=len(lost_ids),
-        wrong_final_states=len(wrong_states),
-        unfinished_states=unfinished_states,
-        finish_required=finish_required,
-    )
-
-
-def _state_order(state: str) -> tuple[int, str]:
-    """Job states in their life's order (waiting, pending, assigned, running), others last."""
-    order = ("waiting", "pending", "assigned", "running")
-    return (order.index(state) if state in order else len(order), state)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -820,8 +469,10 @@ def check_logs(
     expected_final_states: Mapping[int, str] | None = None,
     finish_required: bool = True,
 ) -> CheckReport:
-    """:func:`check` of ``history`` against the ``agent.jsonl`` of every folder in ``worker_dirs``,
-    whose clean stops (:func:`clean_stops`) count beside ``faults``."""
+    """:func:`ops.invariants.check` of ``history`` against the ``agent.jsonl`` of every folder in
+    ``worker_dirs``, whose clean stops (:func:`clean_stops`) count beside ``faults``."""
+    from ops.invariants import check  # which reads this module's records
+
     records = load_records(worker_dirs)
     explained = [*faults, *clean_stops(records)]
     return check(
@@ -837,14 +488,14 @@ def check_logs(
 
 
 ASSIGNMENT_HISTORY = """
-SELECT id, job_id, worker_id, worker_incarnation, epoch, state, end_reason, outcome,
-       extract(epoch FROM created_at)::float8 AS created_s,
-       extract(epoch FROM ended_at)::float8 AS ended_s
+SELECT id AS assignment_id, job_id, worker_id, worker_incarnation AS incarnation, epoch, state,
+       end_reason, outcome, extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM ended_at)::float8 AS ended_at
   FROM assignments ORDER BY id
 """
 DEATH_HISTORY = """
-SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS declared_s,
-       extract(epoch FROM last_heartbeat_at)::float8 AS heartbeat_s
+SELECT worker_id, incarnation, epoch, extract(epoch FROM declared_at)::float8 AS declared_at,
+       extract(epoch FROM last_heartbeat_at)::float8 AS last_heartbeat_at
   FROM worker_deaths ORDER BY id
 """
 JOB_STATES = "SELECT id, state, failures, max_attempts FROM jobs"
@@ -863,6 +514,20 @@ SELECT c.id, c.dependency, s.state AS dependency_state
 array's id: the whole array's, ``queries.jobs.dependency_states``)."""
 
 
+@contextlib.asynccontextmanager
+async def _connection(database_url: str) -> AsyncIterator[PgConnection]:
+    """A connection to the cluster's database, named ``stockade check``, closed at the end.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 0.5) -> int:
     """Wait until every job has finished (succeeded, failed or cancelled), for at most
     ``timeout_s`` seconds, reading the count every ``poll_s``; returns how many are still
@@ -871,8 +536,7 @@ async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
-    try:
+    async with _connection(database_url) as conn:
         deadline = trio.current_time() + timeout_s
         while True:
             unfinished = int(await conn.fetchval(UNFINISHED_JOBS))
@@ -880,8 +544,6 @@ async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 
             if unfinished == 0 or left_s <= 0:
                 return unfinished
             await trio.sleep(min(poll_s, left_s))
-    finally:
-        await conn.close()
 
 
 async def registered_workers(database_url: str) -> frozenset[str]:
@@ -892,11 +554,8 @@ async def registered_workers(database_url: str) -> frozenset[str]:
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
-    try:
+    async with _connection(database_url) as conn:
         return frozenset(r["id"] for r in await conn.fetch(REGISTERED_WORKERS))
-    finally:
-        await conn.close()
 
 
 async def load_history(database_url: str) -> History:
@@ -905,48 +564,21 @@ async def load_history(database_url: str) -> History:
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    conn = await PgConnection.connect(database_url, server_settings={"application_name": "stockade check"})
-    try:
-        # One snapshot: read one after the other on a running cluster, a job that succeeded
-        # between the reads of the assignments and of the jobs looked succeeded with no run
-        # that reported a success.
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            rows = await conn.fetch(ASSIGNMENT_HISTORY)
-            deaths = await conn.fetch(DEATH_HISTORY)
-            jobs = await conn.fetch(JOB_STATES)
-            stale = int(await conn.fetchval(STALE_WRITES))
-            elections = int(await conn.fetchval(ELECTIONS))
-            leaves = int(await conn.fetchval(LEAVES))
-            dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
-    finally:
-        await conn.close()
+    # One snapshot: read one after the other on a running cluster, a job that succeeded between
+    # the reads of the assignments and of the jobs looked succeeded with no run that reported a
+    # success.
+    async with _connection(database_url) as conn, conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        rows = await conn.fetch(ASSIGNMENT_HISTORY)
+        deaths = await conn.fetch(DEATH_HISTORY)
+        jobs = await conn.fetch(JOB_STATES)
+        stale = int(await conn.fetchval(STALE_WRITES))
+        elections = int(await conn.fetchval(ELECTIONS))
+        leaves = int(await conn.fetchval(LEAVES))
+        dependency_cancels = await conn.fetch(DEPENDENCY_CANCELS)
     return History(
-        assignments=tuple(
-            AssignmentRecord(
-                assignment_id=r["id"],
-                job_id=r["job_id"],
-                worker_id=r["worker_id"],
-                incarnation=r["worker_incarnation"],
-                epoch=r["epoch"],
-                state=r["state"],
-                created_at=r["created_s"],
-                ended_at=r["ended_s"],
-                end_reason=r["end_reason"],
-                outcome=r["outcome"],
-            )
-            for r in rows
-        ),
-        deaths=tuple(
-            DeathRecord(
-                worker_id=r["worker_id"],
-                incarnation=r["incarnation"],
-                epoch=r["epoch"],
-                declared_at=r["declared_s"],
-                last_heartbeat_at=r["heartbeat_s"],
-            )
-            for r in deaths
-        ),
+        assignments=tuple(AssignmentRecord(**dict(r)) for r in rows),
+        deaths=tuple(DeathRecord(**dict(r)) for r in deaths),
         job_states={r["id"]: r["state"] for r in jobs},
         job_attempts={r["id"]: (r["failures"], r["max_attempts"]) for r in jobs},
         dependency_cancels={r["id"]: r["dependency"] for r in dependency_cancels},

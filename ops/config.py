@@ -1,45 +1,7 @@
-"""Where a client finds the cluster: the control-plane addresses and the local state folder.
-
-Every ``stockade`` call imports this module, ``--help`` included, so it imports only the
-standard library and :mod:`runtime.errors` (no trio, no protocol, no launcher).
-
-A client command calls the control planes named by the first of these that names any:
-
-1. the ``--control-planes host:port,...`` option;
-2. ``$STOCKADE_CONTROL_PLANES`` (the same form);
-3. the local cluster's ``cluster.json`` in ``./.stockade``, or in ``$STOCKADE_STATE_DIR`` when
-   that is set (then it is the only state folder looked in: a folder named on purpose is not
-   looked past);
-4. the user config, ``$STOCKADE_CONFIG``, else ``$XDG_CONFIG_HOME/stockade/config.toml``, else
-   ``~/.config/stockade/config.toml``: its ``control_planes`` (a list of ``host:port``, or one
-   comma-separated string), else the cluster that ``stockade up`` recorded there last (the
-   ``[local]`` table, whose ``state_dir`` names the cluster's state folder; ``stockade down``
-   removes the table when it stops that cluster)::
-
-       control_planes = ["cp-a.example:7100", "cp-b.example:7100"]
-
-       [local]
-       state_dir = "/home/me/src/stockade/.stockade"
-
-A client command presents the client certificate (mutual TLS, :mod:`runtime.tls`) named by
-the first of these that names one (:func:`resolve_client_tls`):
-
-1. ``$STOCKADE_INSECURE=1``: none, plaintext (a cluster run with ``--insecure``);
-   ``$STOCKADE_CERTS_DIR``: that folder's ``ca.crt`` and ``<identity>.crt``/``.key``;
-2. the local cluster's ``cluster.json`` (the state folder above): the folder ``stockade up``
-   made its certificates in, or plaintext when it runs with ``--insecure``;
-3. the user config's ``certs_dir`` (or ``insecure = true``);
-4. the state folder's ``certs/``.
-
-The identity is ``$STOCKADE_IDENTITY``, else the config's ``identity``, else ``operator``
-(``viewer`` for a read-only client)::
-
-    control_planes = ["cp-a.example:7100", "cp-b.example:7100"]
-    certs_dir = "/home/me/.config/stockade/certs"
-    identity = "viewer"
-
-The config file is read with :mod:`tomllib`. ``up`` and ``down`` rewrite only the ``[local]``
-table's lines: the rest of the file, comments included, is kept as written.
+"""Where a client finds the cluster: the control-plane addresses (:func:`resolve_addresses`), the
+client certificate (:func:`resolve_client_tls`) and the local state folder. Imports only the
+standard library and :mod:`runtime.errors`: every ``stockade`` call imports it. The order in
+which each is looked for: docs/design.md, "Where a client finds the cluster".
 """
 
 from __future__ import annotations
@@ -51,29 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import InvalidArgument, StockadeError
-
-__all__ = [
-    "CERTS_DIR_ENV",
-    "CONFIG_ENV",
-    "CONTROL_PLANES_ENV",
-    "IDENTITY_ENV",
-    "INSECURE_ENV",
-    "LOCAL_TABLE",
-    "STATE_DIR_ENV",
-    "ClusterError",
-    "ClusterRequestRefused",
-    "cluster_json_addresses",
-    "default_state_dir",
-    "forget_local_cluster",
-    "local_state_dirs",
-    "parse_addresses",
-    "record_local_cluster",
-    "recorded_local_cluster",
-    "recorded_state_dir",
-    "resolve_addresses",
-    "resolve_client_tls",
-    "user_config_path",
-]
 
 STATE_DIR_ENV = "STOCKADE_STATE_DIR"
 """Environment variable that overrides the state folder (default ``./.stockade``)."""

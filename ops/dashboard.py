@@ -1,22 +1,7 @@
-"""The Grafana dashboard of a Stockade cluster, made from a short list of panels.
-
-``ops/grafana/stockade.json`` is what this module writes (``python -m ops.dashboard``; ``--check``
-fails when the file differs from what it would write, and a unit test runs that check). Import the
-file into Grafana with a Prometheus data source that scrapes the cluster as ``stockade
-prometheus-config`` sets it up: every query selects processes by the ``role`` label of those
-targets (``cp``, ``agent``, ``fleet``). docs/metrics.md lists the metrics and how to run it.
-
-Layout, top to bottom, all on one time axis with every election drawn across every panel (an
-annotation), so that a failover reads as one vertical slice: leadership (who leads under which
-epoch, elections, step-downs by cause, refused fenced writes), the database (lease renewal time,
-the oldest open transaction, the hot tables' dead rows), heartbeats and fencing (the rate
-the control planes record, the agents' round trip and heartbeat age against the fence span, fence
-events), placement and packing (round time, pending jobs and placements, CPU and memory allocated
-against capacity), and jobs (running, starts, stops by reason, refused assignments).
-
-Control-plane gauges that only the leader keeps current (pending jobs) are read from the leader
-alone: ``... and on(instance) (stockade_lease_epoch > 0)``. The packing gauges are 0 on a standby,
-so ``max`` over the control planes is the leader's.
+"""The Grafana dashboard of a Stockade cluster, made from a short list of panels (:data:`ROWS`),
+written to ``ops/grafana/stockade.json`` (``python -m ops.dashboard``; ``--check`` fails when
+the file differs). Its layout and queries: docs/design.md, "The Grafana dashboard";
+docs/metrics.md lists the metrics and how to run it.
 """
 
 from __future__ import annotations
@@ -74,6 +59,13 @@ def q(expr: str, legend: str = "") -> Query:
     return Query(expr=expr, legend=legend)
 
 
+def _per(function: str, metric: str, selector: str, by: str = "", *, legend: str) -> Query:
+    """A counter's ``rate`` or ``increase`` (``function``) over the rate interval, summed over
+    ``selector``'s processes (by the labels ``by``)."""
+    summed = f"sum by ({by}) " if by else "sum"
+    return q(f"{summed}({function}({metric}{{{selector}}}[{RATE}]))", legend)
+
+
 def _quantiles(metric: str, selector: str, by: str = "") -> tuple[Query, ...]:
     group = f"le{', ' + by if by else ''}"
     prefix = f"{{{{{by}}}}} " if by else ""
@@ -116,10 +108,7 @@ ROWS: tuple[Row, ...] = (
                 title="Elections",
                 description="Takeovers won, per control plane, in each interval.",
                 queries=(
-                    q(
-                        f"sum by (process) (increase(stockade_lease_elections_total{{{CP}}}[{RATE}]))",
-                        "{{process}}",
-                    ),
+                    _per("increase", "stockade_lease_elections_total", CP, "process", legend="{{process}}"),
                 ),
                 width=8,
                 bars=True,
@@ -130,10 +119,12 @@ ROWS: tuple[Row, ...] = (
                 "another), renewal_late, main_loop_stalled, epoch_superseded (a fenced write saw a newer "
                 "epoch), released (clean stop).",
                 queries=(
-                    q(
-                        "sum by (process, cause) "
-                        f"(increase(stockade_lease_step_downs_total{{{CP}}}[{RATE}]))",
-                        "{{process}} {{cause}}",
+                    _per(
+                        "increase",
+                        "stockade_lease_step_downs_total",
+                        CP,
+                        "process, cause",
+                        legend="{{process}} {{cause}}",
                     ),
                 ),
                 width=8,
@@ -144,10 +135,12 @@ ROWS: tuple[Row, ...] = (
                 description="Decisions of a deposed leader that the database refused (rows of "
                 "stale_writes), by write and reason: the fence at work.",
                 queries=(
-                    q(
-                        "sum by (process, write, reason) "
-                        f"(increase(stockade_fenced_writes_refused_total{{{CP}}}[{RATE}]))",
-                        "{{process}} {{write}} ({{reason}})",
+                    _per(
+                        "increase",
+                        "stockade_fenced_writes_refused_total",
+                        CP,
+                        "process, write, reason",
+                        legend="{{process}} {{write}} ({{reason}})",
                     ),
                 ),
                 width=8,
@@ -210,14 +203,8 @@ ROWS: tuple[Row, ...] = (
                 description="Heartbeats each control plane recorded for an alive incarnation, and those "
                 "it answered with reregister (the incarnation is no longer alive).",
                 queries=(
-                    q(
-                        f"sum by (process) (rate(stockade_heartbeats_recorded_total{{{CP}}}[{RATE}]))",
-                        "{{process}}",
-                    ),
-                    q(
-                        f"sum(rate(stockade_heartbeats_reregister_total{{{CP}}}[{RATE}]))",
-                        "reregister (all)",
-                    ),
+                    _per("rate", "stockade_heartbeats_recorded_total", CP, "process", legend="{{process}}"),
+                    _per("rate", "stockade_heartbeats_reregister_total", CP, legend="reregister (all)"),
                 ),
                 unit="reqps",
                 stack=True,
@@ -228,9 +215,8 @@ ROWS: tuple[Row, ...] = (
                 "heartbeats are counted apart.",
                 queries=(
                     *_quantiles("stockade_agent_heartbeat_round_trip_seconds", WORKERS),
-                    q(
-                        f"sum(rate(stockade_agent_heartbeat_failures_total{{{WORKERS}}}[{RATE}]))",
-                        "failed per second",
+                    _per(
+                        "rate", "stockade_agent_heartbeat_failures_total", WORKERS, legend="failed per second"
                     ),
                 ),
                 unit="s",
@@ -252,20 +238,13 @@ ROWS: tuple[Row, ...] = (
                 title="Agent fence events",
                 description="Pauses (no heartbeat acknowledged within the fence span), resumes (a fresh "
                 "one came in time) and self-fences (jobs killed at the kill deadline), per worker.",
-                queries=(
-                    q(
-                        f"sum by (worker_id) (increase(stockade_agent_pauses_total{{{WORKERS}}}[{RATE}]))",
-                        "pause {{worker_id}}",
-                    ),
-                    q(
-                        f"sum by (worker_id) (increase(stockade_agent_resumes_total{{{WORKERS}}}[{RATE}]))",
-                        "resume {{worker_id}}",
-                    ),
-                    q(
-                        "sum by (worker_id) "
-                        f"(increase(stockade_agent_self_fences_total{{{WORKERS}}}[{RATE}]))",
-                        "self-fence {{worker_id}}",
-                    ),
+                queries=tuple(
+                    _per("increase", f"stockade_agent_{counter}_total", WORKERS, "worker_id", legend=legend)
+                    for counter, legend in (
+                        ("pauses", "pause {{worker_id}}"),
+                        ("resumes", "resume {{worker_id}}"),
+                        ("self_fences", "self-fence {{worker_id}}"),
+                    )
                 ),
                 width=12,
                 bars=True,
@@ -301,7 +280,7 @@ ROWS: tuple[Row, ...] = (
                 "per second.",
                 queries=(
                     q(f"max(stockade_placer_pending_jobs{{{CP}}} {LEADER})", "pending"),
-                    q(f"sum(rate(stockade_placements_total{{{CP}}}[{RATE}]))", "placed per second"),
+                    _per("rate", "stockade_placements_total", CP, legend="placed per second"),
                 ),
             ),
             Panel(
@@ -313,25 +292,21 @@ ROWS: tuple[Row, ...] = (
                     q(f"max(stockade_unhealthy_workers{{{CP}}})", "unhealthy"),
                 ),
             ),
-            Panel(
-                title="CPU allocated against capacity",
-                description="Millicores the active assignments hold, and what the live workers offer, "
-                "as the leader's placer read them.",
-                queries=(
-                    q(f"max(stockade_cluster_cpu_allocated_millis{{{CP}}})", "allocated"),
-                    q(f"max(stockade_cluster_cpu_capacity_millis{{{CP}}})", "capacity"),
-                ),
-                width=12,
-            ),
-            Panel(
-                title="Memory allocated against capacity",
-                description="MiB the active assignments hold, and what the live workers offer, as the "
-                "leader's placer read them.",
-                queries=(
-                    q(f"max(stockade_cluster_memory_allocated_mb{{{CP}}})", "allocated"),
-                    q(f"max(stockade_cluster_memory_capacity_mb{{{CP}}})", "capacity"),
-                ),
-                width=12,
+            *(
+                Panel(
+                    title=f"{resource} allocated against capacity",
+                    description=f"{amount} the active assignments hold, and what the live workers offer, "
+                    f"as the leader's placer read them.",
+                    queries=(
+                        q(f"max(stockade_cluster_{metric}_allocated_{unit}{{{CP}}})", "allocated"),
+                        q(f"max(stockade_cluster_{metric}_capacity_{unit}{{{CP}}})", "capacity"),
+                    ),
+                    width=12,
+                )
+                for resource, amount, metric, unit in (
+                    ("CPU", "Millicores", "cpu", "millis"),
+                    ("Memory", "MiB", "memory", "mb"),
+                )
             ),
         ),
     ),
@@ -351,10 +326,7 @@ ROWS: tuple[Row, ...] = (
                 title="Job starts by runtime",
                 description="Jobs the workers started per second.",
                 queries=(
-                    q(
-                        f"sum by (runtime) (rate(stockade_agent_job_starts_total{{{WORKERS}}}[{RATE}]))",
-                        "{{runtime}}",
-                    ),
+                    _per("rate", "stockade_agent_job_starts_total", WORKERS, "runtime", legend="{{runtime}}"),
                 ),
                 width=12,
                 unit="ops",
@@ -364,10 +336,7 @@ ROWS: tuple[Row, ...] = (
                 description="Jobs that ended on the workers per second, by reason (succeeded, failed, "
                 "oom_killed, timeout, cancelled, self_fence, ...).",
                 queries=(
-                    q(
-                        f"sum by (reason) (rate(stockade_agent_job_stops_total{{{WORKERS}}}[{RATE}]))",
-                        "{{reason}}",
-                    ),
+                    _per("rate", "stockade_agent_job_stops_total", WORKERS, "reason", legend="{{reason}}"),
                 ),
                 width=12,
                 unit="ops",
@@ -379,14 +348,15 @@ ROWS: tuple[Row, ...] = (
                 "wrong_incarnation, cancelled, no_room, fenced, ...), and duplicates acknowledged "
                 "without running twice.",
                 queries=(
-                    q(
-                        "sum by (request, reason) "
-                        f"(increase(stockade_agent_assignments_refused_total{{{WORKERS}}}[{RATE}]))",
-                        "{{request}} {{reason}}",
+                    _per(
+                        "increase",
+                        "stockade_agent_assignments_refused_total",
+                        WORKERS,
+                        "request, reason",
+                        legend="{{request}} {{reason}}",
                     ),
-                    q(
-                        f"sum(increase(stockade_agent_duplicate_assignments_total{{{WORKERS}}}[{RATE}]))",
-                        "duplicate",
+                    _per(
+                        "increase", "stockade_agent_duplicate_assignments_total", WORKERS, legend="duplicate"
                     ),
                 ),
                 width=12,

@@ -1,15 +1,6 @@
-"""A Prometheus configuration that scrapes every process of a local cluster.
-
-``stockade up`` gives each control plane, agent and fleet a metrics port of its own, chosen when
-the process is first planned and recorded in ``cluster.json`` (:mod:`ops.launcher.plan`). So the
-configuration is made from that record: ``prometheus.yml`` scrapes the targets of a file
-(``file_sd_configs``), and the file lists each process's metrics address with the labels
-``process`` (its id: ``cp-1``, ``w-3``, ``fleet-1``) and ``role`` (``cp``, ``agent`` or
-``fleet``). Prometheus reads the targets file again whenever it changes, so writing it anew after
-an ``up`` that added processes needs no restart of Prometheus.
-
-Pure data and file writes: no process is started or called here. docs/metrics.md says how to run
-Prometheus and Grafana with what this writes.
+"""A Prometheus configuration that scrapes every process of a local cluster, made from its
+``cluster.json`` (docs/design.md, "Prometheus configuration of a local cluster"; docs/metrics.md
+says how to run Prometheus and Grafana with it).
 """
 
 from __future__ import annotations

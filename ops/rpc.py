@@ -1,16 +1,6 @@
-"""Synchronous entry to the control-plane client, for the launcher and the tests (the CLI's
-client commands use the Python client, :mod:`ops.client`, through
-:func:`ops.cli.common.with_client`).
-
-Each call to :func:`with_client` is one ``trio.run`` with the asyncio bridge open around
-the body, so a plain function (a typer command, a pytest test) can talk to the cluster. An
-error raised by the body comes out as itself, not wrapped in an exception group.
-
-Given ``limit_s``, the run happens in a thread of its own and the calling (main) thread only
-waits for it, at most that long: Ctrl-C and SIGTERM then reach the caller at once, whatever the
-run is doing, and no call can keep the caller past the limit. ``stockade up`` waits so
-(:func:`ops.launcher.ready.wait_ready`): it once hung there for ever, deaf to both signals,
-holding the state folder's lock.
+"""Synchronous entry to the control-plane client, for the launcher and the tests
+(:func:`with_client`: one ``trio.run`` with the asyncio bridge open, in a thread of its own
+when given ``limit_s``); docs/design.md, "Synchronous calls to the cluster", says why.
 """
 
 from __future__ import annotations

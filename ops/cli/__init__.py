@@ -1,33 +1,9 @@
 """The ``stockade`` command: run a control plane or an agent, drive the local cluster, use it.
 
-One module per command group, each of which only parses options and renders answers:
-:mod:`ops.cli.processes` (``cp``, ``agent``, ``fleet``, ``database``), :mod:`ops.cli.local` (``up``,
-``down``, ``kill-leader``, ``kill-worker``, ``prometheus-config``), :mod:`ops.cli.jobs` (``jobs``, ``submit``,
-``job``, ``list``, ``cancel``, ``status``), :mod:`ops.cli.logs` (``logs``),
-:mod:`ops.cli.console` (``console``),
-:mod:`ops.cli.workers` (``cordon``, ``uncordon``, ``drain``), :mod:`ops.cli.chaos` (``chaos``, ``check``),
-:mod:`ops.cli.bench` (``bench failover|pack|overload|unschedulable|scale``) and :mod:`ops.cli.certs` (``certs
-init|issue|show``) and :mod:`ops.cli.image` (``image build``); :mod:`ops.cli.common` holds what they
-share, :mod:`ops.cli.render` how answers are shown and :mod:`ops.cli.params` how option values
-are read.
-
-Start-up: a call imports only the command group it names (:data:`COMMANDS`; ``--help``, an
-unknown command or none: every group), and command modules import only light modules at the
-top; what a command needs (rich, trio, the protocol, the client, the launcher, the server side)
-it imports when it runs. A client command also runs with the cyclic garbage collector paused,
-which makes importing the client's modules about a tenth faster (their many class and function
-objects would otherwise set off collections that find nothing to free; the process lives for
-one call). A unit test (``tests/unit/test_cli_startup.py``) fails when a light call loads a
-heavy module; ``docs/development.md`` has the measured times.
-
-Client commands find the control planes in ``--control-planes host:port,...``, else in
-``$STOCKADE_CONTROL_PLANES``, else in ``.stockade/cluster.json`` (or ``$STOCKADE_STATE_DIR``'s),
-else in the user config (``~/.config/stockade/config.toml``; see :mod:`ops.config`), where
-``stockade up`` records the cluster it started. Expected failures print one line
-(``error: ...``) and exit with 2 for invalid input (bad value, unknown job; a command line Click
-refuses is said the same way, :class:`ops.cli.base.StockadeGroup`) or 1 when the
-cluster cannot be reached or the command cannot be carried out; Ctrl-C exits 130 saying what
-is left running. No expected condition shows a traceback.
+One module per command group (:data:`COMMANDS`), each of which only parses options, calls and
+renders answers; :mod:`ops.cli.common` holds what they share, :mod:`ops.cli.render` how answers
+are shown and :mod:`ops.cli.params` how option values are read. How a call stays fast and how it
+fails: docs/design.md, "The stockade command: start-up and failures".
 """
 
 from __future__ import annotations
@@ -60,7 +36,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "console": ("console",),
     "workers": ("cordon", "uncordon", "drain"),
     "chaos": ("chaos", "check"),
-    "processes": ("cp", "agent", "fleet", "database"),
+    "processes.control_plane": ("cp",),
+    "processes.agents": ("agent", "fleet"),
+    "processes.database": ("database",),
     "bench": ("bench",),
     "certs": ("certs",),
     "image": ("image",),

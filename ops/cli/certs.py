@@ -87,10 +87,10 @@ def certs_issue(
     from ops.certs import (
         CertificateAuthorityMissing,
         CertificateExists,
-        KeyFileExposed,
         NotAStockadeCertificate,
         issue,
     )
+    from runtime.tls import KeyFileExposed
 
     try:
         worker_ids = [w.strip() for w in workers.split(",") if w.strip()]

@@ -25,6 +25,7 @@ from ops.config import (
     resolve_addresses,
     resolve_client_tls,
 )
+from runtime import validation
 from runtime.errors import (
     ClusterBusy,
     ConnectionRefused,
@@ -404,3 +405,66 @@ def local_ha_db_dir(addresses: list[str]) -> Path | None:
             if config is not None and set(config.control_plane_addresses) == set(addresses):
                 return state.hadb_dir if config.ha_db else None
     return None
+
+
+def ha_db_line(hadb_dir: Path) -> str:
+    """One line on the local cluster's HA PostgreSQL: each member's role, state and port."""
+    from ops.hadb import HaDatabaseError, HaPostgres
+
+    try:
+        members = HaPostgres(hadb_dir).members()
+    except HaDatabaseError as exc:
+        return f"database  HA PostgreSQL: no member answers ({exc})"
+    names = {"leader": "primary", "sync_standby": "sync standby"}
+    return "database  HA PostgreSQL: " + ", ".join(
+        f"{m.name} {names.get(m.role, m.role)} {m.state} on 127.0.0.1:{m.port}" for m in members
+    )
+
+
+IdempotencyKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The call's idempotency key (1-128 bytes; default: a fresh random UUID). The "
+        "same command run again with the same key is answered with the first run's answer and "
+        "changes nothing, for 24 h; the same key with another request is refused.",
+        show_default=False,
+    ),
+]
+
+
+def idempotency_key_of(option: str | None) -> str:
+    """The key a mutating command sends: the one given, checked, or a fresh one.
+
+    Raises:
+        InvalidArgument: the given key is empty, too long or holds a control character.
+    """
+    from runtime.client import new_idempotency_key
+
+    return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
+
+
+@contextlib.contextmanager
+def answer_unknown(key: str, what: str) -> Iterator[None]:
+    """When a mutating call ends without an answer, say how to learn what became of it: a
+    replica may have carried it out and failed to answer, and the same key returns that answer
+    instead of carrying it out twice."""
+    try:
+        yield
+    except Unavailable as exc:
+        exc.add_note(
+            f"If a control plane {what} before it failed to answer, the same command with "
+            f"--idempotency-key {key} returns that answer instead of doing it twice."
+        )
+        raise
+
+
+def batch_keys(key: str, batches: int) -> list[str]:
+    """The idempotency key of each batch of one submission: ``key`` itself for one batch,
+    ``key/1``, ``key/2``, ... for more (so running the command again sends the same ones).
+
+    Raises:
+        InvalidArgument: a derived key would be longer than the limit.
+    """
+    if batches == 1:
+        return [key]
+    return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]

@@ -1,16 +1,5 @@
-"""``stockade console``: the URLs of the cluster's web consoles, each with a login token.
-
-Every control plane started with ``--http-port`` serves a read-only web console
-(:mod:`actors.console`). Over TLS it admits a browser that holds a login token signed with an
-operator's or a viewer's client key (:mod:`runtime.console_token`); this command makes one with
-the certificate client commands present (``$STOCKADE_IDENTITY``, the config's ``identity``, else
-``operator``) and prints each console's URL with the token in its fragment (``#token=...``),
-which the browser never sends to a server: the page keeps it in the tab's ``sessionStorage``
-and sends it as ``Authorization: Bearer``. Without TLS (``--insecure``) the consoles need no
-login, and the URLs are printed as they are.
-
-The consoles come from ``--url``, else from the local cluster's ``cluster.json`` (``stockade up``
-records each control plane's console there). Only light modules are imported at the top.
+"""``stockade console``: the URLs of the cluster's web consoles, each with a login token made
+with the client certificate (docs/design.md, "stockade console").
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,16 +23,21 @@ from ops.cli.common import (
     EXIT_INVALID,
     EXIT_TOO_LATE,
     ControlPlanesOption,
+    IdempotencyKeyOption,
+    answer_unknown,
+    batch_keys,
     console,
     control_plane_addresses,
     errors,
     fail,
+    ha_db_line,
+    idempotency_key_of,
     local_ha_db_dir,
     local_metrics,
     with_client,
 )
 from runtime import validation
-from runtime.errors import InvalidArgument, Unavailable
+from runtime.errors import InvalidArgument
 from runtime.validation import JOB_STATES, MAX_LIST_LIMIT
 
 if TYPE_CHECKING:
@@ -52,54 +56,6 @@ MAX_SLEEP_S = 7 * 24 * 3600
 """The longest sleep job, in seconds (:data:`runtime.jobs.MAX_SLEEP_MS`), as the options' help
 and bounds state it; written out here so ``--help`` need not import the job spec (a unit test
 keeps them equal)."""
-
-IdempotencyKeyOption = Annotated[
-    str | None,
-    typer.Option(
-        help="The call's idempotency key (1-128 bytes; default: a fresh random UUID). The "
-        "same command run again with the same key is answered with the first run's answer and "
-        "changes nothing, for 24 h; the same key with another request is refused.",
-        show_default=False,
-    ),
-]
-
-
-def idempotency_key_of(option: str | None) -> str:
-    """The key a mutating command sends: the one given, checked, or a fresh one.
-
-    Raises:
-        InvalidArgument: the given key is empty, too long or holds a control character.
-    """
-    from runtime.client import new_idempotency_key
-
-    return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
-
-
-@contextlib.contextmanager
-def answer_unknown(key: str, what: str) -> Iterator[None]:
-    """When a mutating call ends without an answer, say how to learn what became of it: a
-    replica may have carried it out and failed to answer, and the same key returns that answer
-    instead of carrying it out twice."""
-    try:
-        yield
-    except Unavailable as exc:
-        exc.add_note(
-            f"If a control plane {what} before it failed to answer, the same command with "
-            f"--idempotency-key {key} returns that answer instead of doing it twice."
-        )
-        raise
-
-
-def batch_keys(key: str, batches: int) -> list[str]:
-    """The idempotency key of each batch of one submission: ``key`` itself for one batch,
-    ``key/1``, ``key/2``, ... for more (so running the command again sends the same ones).
-
-    Raises:
-        InvalidArgument: a derived key would be longer than the limit.
-    """
-    if batches == 1:
-        return [key]
-    return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]
 
 
 def _submit(addresses: list[str], specs: list[JobSpec], *, key: str) -> list[int]:
@@ -130,9 +86,6 @@ def jobs(
     control_planes: ControlPlanesOption = None,
 ) -> None:
     """Submit COUNT sleep jobs of mixed sizes (250-4000 cpu_millis, 128-4096 MiB) and durations (2-10 s)."""
-    import rich.box
-    from rich.table import Table
-
     from runtime.jobs import JobSpec, SleepRuntime
 
     with errors():
@@ -151,20 +104,9 @@ def jobs(
         )
     with errors():
         ids = _submit(addresses, specs, key=idempotency_key_of(idempotency_key))
-    table = Table(box=rich.box.SIMPLE_HEAD)
-    for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
-        table.add_column(column, justify="right" if column != "name" else "left")
-    for job_id, spec in zip(ids, specs, strict=True):
-        assert isinstance(spec.runtime, SleepRuntime)
-        table.add_row(
-            str(job_id),
-            spec.name,
-            str(spec.cpu_millis),
-            str(spec.memory_mb),
-            f"{spec.runtime.duration_ms / 1000:g} s",
-        )
-    console().print(table)
-    console().print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
+    from ops.cli.render import print_submitted
+
+    print_submitted(ids, specs)
 
 
 @app.command(
@@ -295,11 +237,11 @@ def submit(
         fail("give --image IMAGE [-- CMD ARGS...] or --sleep-s SECONDS, not both", EXIT_INVALID)
     if image is None and (sleep_s is None) == (not command):
         fail("give exactly one of --sleep-s SECONDS, --image IMAGE or -- CMD ARGS...", EXIT_INVALID)
-    from ops import jobfile
+    from ops.jobfields import spec_of_options
 
     with errors():
         # The control plane's checks, here first: out-of-range numbers do not fit the wire.
-        spec = jobfile.spec_of_options(
+        spec = spec_of_options(
             {
                 "name": name,
                 "cpu_millis": cpu_millis,
@@ -364,13 +306,14 @@ def run(
     Errors name the file and line: jobs.toml:7: max_attempts must be between 1 and 100, got 0.
     """
     from ops import jobfile
+    from ops.jobfields import fields_of
 
     if text_format is not None and text_format not in ("toml", "yaml"):
         fail(f"--format must be toml or yaml, got {text_format!r}", EXIT_INVALID)
     with errors():
         specs, where = jobfile.read_job_file_placed(path, text_format=text_format)
     if check:
-        sys.stdout.write(json.dumps([jobfile.fields_of(spec) for spec in specs], indent=2) + "\n")
+        sys.stdout.write(json.dumps([fields_of(spec) for spec in specs], indent=2) + "\n")
         return
     with errors():
         try:
@@ -457,24 +400,14 @@ def job(
 
         sys.stdout.write(json.dumps(job_json(info), indent=2) + "\n")
         return
-    _print_job(info, tails)
+    from ops.cli.job_view import print_job
 
-
-def _output_place(info: Job, path: str | None, flag: str) -> str:
-    """Where a job's stdout or stderr is: its file on the worker once the run reported it (the
-    path as the worker names it: a file of another machine, or of this one seen from another
-    folder, is not this command's to shorten), or, while it runs, the worker that writes it and
-    the command that reads it."""
-    if path:
-        return path
-    if info.worker_id and info.state in ("assigned", "running"):
-        return f"on {info.worker_id} (`stockade logs {info.job_id}{flag}`)"
-    return "-"
+    print_job(info, tails)
 
 
 def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> None:
     """``stockade job ID --events``: the job's history (``Client.events``), as a table or, with
-    ``as_json``, a JSON list (:func:`ops.cli.render.events_json`)."""
+    ``as_json``, a JSON list (:func:`ops.cli.job_view.events_json`)."""
 
     async def body(client: Client) -> JobHistory:
         return await client.events(job_id)
@@ -483,85 +416,13 @@ def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> No
         validation.check_job_id(job_id)
         history = with_client(control_plane_addresses(control_planes), body)
     if as_json:
-        from ops.cli.render import events_json
+        from ops.cli.job_view import events_json
 
         sys.stdout.write(json.dumps(events_json(history), indent=2) + "\n")
         return
-    from ops.cli.render import events_table
+    from ops.cli.job_view import events_table
 
     console().print(events_table(history))
-
-
-def _print_job(info: Job, tails: list[OutputTail]) -> None:
-    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and
-    stderr (``tails``, read through a control plane from the worker that keeps them)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from ops.cli.render import attempts_view, lifecycle_rows, local_time, runtime_text
-    from runtime.text import cut_line
-
-    spec = info.spec
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")  # a value without spaces (a path) wraps, never cut
-    duration = "-"
-    if info.started_unix_s and info.finished_unix_s:
-        duration = f"{info.finished_unix_s - info.started_unix_s:.2f} s"
-    rows = [
-        ("job", str(info.job_id)),
-        ("name", spec.name if spec else "-"),
-        ("state", info.state + (f" ({info.reason})" if info.reason else "")),
-        ("runtime", cut_line(runtime_text(spec))),
-        ("cpu_millis", str(spec.cpu_millis) if spec else "-"),
-        ("memory_mb", str(spec.memory_mb) if spec else "-"),
-        ("priority", str(spec.priority) if spec else "-"),
-        # A job waiting to be placed again still names its last run's worker: say so.
-        *(
-            (("last worker", f"{info.worker_id} (its last run; placed again after its backoff)"),)
-            if info.worker_id and info.state in ("pending", "waiting")
-            else (("worker", info.worker_id or "-"),)
-        ),
-        ("assignment", str(info.assignment_id or "-")),
-        ("epoch", str(info.epoch or "-")),
-        *lifecycle_rows(info),
-        ("exit code", str(info.exit_code) if info.exit_code is not None else "-"),
-        ("submitted", local_time(info.submitted_unix_s)),
-        ("started", local_time(info.started_unix_s)),
-        ("finished", local_time(info.finished_unix_s)),
-        ("duration", duration),
-        ("stdout", _output_place(info, info.stdout_path, "")),
-        ("stderr", _output_place(info, info.stderr_path, " --stderr")),
-    ]
-    for key, value in rows:
-        table.add_row(key, Text(value))
-    console().print(table)
-    if info.attempt_history:
-        console().print(attempts_view(info.attempt_history, console()))
-    for output in tails:
-        label = output.stream
-        if output.tail is None:
-            console().print(Text(f"({label} cannot be read now: {output.error})", style="dim"))
-            continue
-        if output.dropped_bytes:
-            console().print(
-                Text(
-                    f"({label}: worker {output.worker_id} no longer keeps its first "
-                    f"{output.dropped_bytes:,} bytes: over its max_output_mb)",
-                    style="dim",
-                )
-            )
-        if not output.tail.lines:
-            console().print(f"{label}: empty", style="dim")
-            continue
-        lines = len(output.tail.lines)
-        console().rule(
-            f"{label} (last {lines} line{'' if lines == 1 else 's'}, from {output.worker_id})",
-            align="left",
-            style="dim",
-        )
-        for line in output.tail.lines:
-            console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("list")
@@ -595,45 +456,9 @@ def list_jobs(
 
         sys.stdout.write(json.dumps(list_json(jobs), indent=2) + "\n")
         return
-    _print_jobs(jobs)
+    from ops.cli.render import print_jobs
 
-
-def _print_jobs(jobs: tuple[Job, ...]) -> None:
-    """``stockade list``'s table, one job a row, and how many there are."""
-    import rich.box
-    from rich.table import Table
-    from rich.text import Text
-
-    from ops.cli.render import runtime_text
-    from runtime.jobs import task_name
-    from runtime.text import cut_line
-
-    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
-    table.add_column("job", justify="right", no_wrap=True)
-    table.add_column("name", no_wrap=True, max_width=20)
-    table.add_column("state", no_wrap=True)
-    table.add_column("cpu", justify="right", no_wrap=True)
-    table.add_column("MiB", justify="right", no_wrap=True)
-    table.add_column("worker", no_wrap=True)
-    table.add_column("tries", justify="right", no_wrap=True)
-    table.add_column("exit", justify="right", no_wrap=True)
-    table.add_column("runtime / reason", ratio=1)
-    for info in jobs:
-        spec = info.spec
-        detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
-        table.add_row(
-            str(info.job_id),
-            Text(task_name(spec.name, info.array_index)) if spec else "-",
-            info.state,
-            str(spec.cpu_millis) if spec else "-",
-            str(spec.memory_mb) if spec else "-",
-            info.worker_id or "-",
-            str(info.attempts),
-            str(info.exit_code) if info.exit_code is not None else "-",
-            Text(detail),
-        )
-    console().print(table)
-    console().print(f"{len(jobs)} job{'' if len(jobs) == 1 else 's'}")
+    print_jobs(jobs)
 
 
 app.command("jobs-list", hidden=True)(list_jobs)
@@ -643,30 +468,34 @@ CANCEL_POLL_S = 0.2
 """How often ``stockade cancel`` asks for the job's state while it waits, in seconds."""
 
 
-def cancel_verdict(job_id: int, job: Job) -> str:
-    """What a cancel came to, from the job's state: cancelled, or ended on its own first (with
-    the exit code when there is one), or still on its way (``cancelling``)."""
-    exit_code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
-    if job.state == "cancelled":
-        return f"job {job_id}: cancelled"
-    if job.state in ("succeeded", "failed"):
-        return f"job {job_id}: {job.state} before the cancel took effect{exit_code}"
-    return f"job {job_id}: cancelling (still {job.state})"
+async def _cancel(
+    client: Client, job_id: int, *, task_only: bool, wait_s: float, key: str
+) -> tuple[Job | None, int]:
+    """``stockade cancel``'s call: cancel the job (or array), then read it until it has ended
+    (every task of an array), at most ``wait_s``: the job as last read (None: ``wait_s`` passed
+    first), and how many tasks of an array the cancel reached (0: a job)."""
+    import trio
 
+    from ops.client.results import OPEN_STATES
+    from runtime.errors import TemporaryError
 
-OPEN_STATES = ("waiting", "pending", "assigned", "running")
-"""The states of a job that has not ended."""
+    outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
 
+    def ended(job: Job) -> bool:
+        if outcome.tasks:
+            return not any(count for state, count in job.array_counts if state in OPEN_STATES)
+        return job.ended
 
-def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
-    """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
-    cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
-    yet (None: not read)."""
-    counts = {} if job is None else dict(job.array_counts)
-    still = sum(counts.get(state, 0) for state in OPEN_STATES)
-    if job is not None and not still:
-        return f"array {array_id}: {tasks} tasks cancelled"
-    return f"array {array_id}: cancelling {tasks} tasks" + (f" ({still} not ended yet)" if still else "")
+    if outcome.state != "cancelling":
+        return await client.get(job_id), outcome.tasks
+    with trio.move_on_after(wait_s):
+        while True:
+            with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                job = await client.get(job_id)
+                if ended(job):
+                    return job, outcome.tasks
+            await trio.sleep(CANCEL_POLL_S)
+    return None, outcome.tasks
 
 
 @app.command("cancel")
@@ -699,37 +528,16 @@ def cancel(
     got the cancel, its real end (``succeeded`` or ``failed``, with the exit code), which
     stands, and exits 3 (too late); or ``cancelling`` when ``--wait-s`` passed first.
     """
-    import trio
-
-    from runtime.errors import TemporaryError
-
-    array_tasks = 0
-
-    def ended(job: Job) -> bool:
-        if array_tasks:
-            return not any(count for state, count in job.array_counts if state in OPEN_STATES)
-        return job.ended
-
-    async def body(client: Client) -> Job | None:
-        nonlocal array_tasks
-        outcome = await client.cancel(job_id, only_this_task=task_only, idempotency_key=key)
-        array_tasks = outcome.tasks
-        if outcome.state != "cancelling":
-            return await client.get(job_id)
-        with trio.move_on_after(wait_s):
-            while True:
-                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    job = await client.get(job_id)
-                    if ended(job):
-                        return job
-                await trio.sleep(CANCEL_POLL_S)
-        return None
+    from ops.cli.render import array_cancel_verdict, cancel_verdict
 
     with errors():
         validation.check_job_id(job_id)
         key = idempotency_key_of(idempotency_key)
         with answer_unknown(key, "recorded the cancel"):
-            job = with_client(control_plane_addresses(control_planes), body)
+            job, array_tasks = with_client(
+                control_plane_addresses(control_planes),
+                lambda client: _cancel(client, job_id, task_only=task_only, wait_s=wait_s, key=key),
+            )
     if array_tasks:
         console().print(array_cancel_verdict(job_id, array_tasks, job))
         return
@@ -764,18 +572,4 @@ def status(
     console().print(render_status(reply, metrics))
     hadb_dir = local_ha_db_dir(addresses)
     if hadb_dir is not None:
-        console().print(_ha_db_line(hadb_dir), soft_wrap=True)
-
-
-def _ha_db_line(hadb_dir: Path) -> str:
-    """One line on the local cluster's HA PostgreSQL: each member's role, state and port."""
-    from ops.hadb import HaDatabaseError, HaPostgres
-
-    try:
-        members = HaPostgres(hadb_dir).members()
-    except HaDatabaseError as exc:
-        return f"database  HA PostgreSQL: no member answers ({exc})"
-    names = {"leader": "primary", "sync_standby": "sync standby"}
-    return "database  HA PostgreSQL: " + ", ".join(
-        f"{m.name} {names.get(m.role, m.role)} {m.state} on 127.0.0.1:{m.port}" for m in members
-    )
+        console().print(ha_db_line(hadb_dir), soft_wrap=True)

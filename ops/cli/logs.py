@@ -1,25 +1,6 @@
-"""``stockade logs``: a job's output, from any host, through the control planes.
-
-A job's stdout and stderr are kept on the worker that ran it (``max_output_mb`` of each, for
-``output_retention_s`` after it ended). Any control plane relays them (ControlPlane.ReadJobLogs,
-:mod:`actors.logs`), so this works wherever the cluster answers, not only on the worker's
-machine; ``stockade job ID`` shows their last lines the same way (:func:`output_tails`).
-
-The bytes go to standard output as they come, unchanged (not split at lines, not decoded), so
-``stockade logs 7 > out.bin`` is the job's output as the worker keeps it. Notices go to standard
-error: where the worker dropped bytes (the oldest part of an output over its cap), and, with
-``--follow``, that it waits for a job that has not started, and where a job that is retried
-runs again (following goes on through every run, until the job has ended). A stream broken
-half way (its control plane went away) goes on through another from where it broke. Exit statuses: 0 once the
-output (or, following, the job's end) has been shown; 2 for an unknown job or a sleep job (it
-writes no output); 1 for a job that has not started (without ``--follow``), whose worker no
-longer keeps its output, or whose worker is dead, left or unreachable (the message names it and
-its address); 130 after Ctrl-C, which ends a follow and leaves the job as it was.
-
-Both read the output through the Python client (:meth:`ops.client.Client.logs`), which opens
-the stream on the first control plane that sends its first chunk. Only light modules are
-imported at the top (every ``stockade`` call registers this command); trio, the protocol and
-the client are imported when it runs.
+"""``stockade logs``: a job's output, from any host, through the control planes (through the
+Python client, :meth:`ops.client.Client.logs`), and the output tails ``stockade job`` shows
+(:func:`output_tails`). What it prints and how it exits: docs/design.md, "stockade logs".
 """
 
 from __future__ import annotations

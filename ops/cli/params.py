@@ -1,23 +1,8 @@
-"""Plain option values without pydantic: a start-up saving for every ``stockade`` call.
-
-Typer 0.29 turns each option's text into its value through a pydantic ``TypeAdapter``,
-built when the option is first processed, default values included. Loading pydantic and
-building the adapters costs 70 to 120 ms, more than everything else ``stockade status``
-does before it calls the cluster. Nearly every option here is a ``bool``, a ``str``, an ``int``
-or a ``float`` (with ``min``/``max`` bounds at most) or a list of ``str``: for those,
-:func:`install` gives Typer a coercion written here, which reads the same values and refuses the
-same input (a unit test compares the two on valid, malformed and out-of-range input), except that
-a ``float`` must be finite (``inf``, ``nan`` and ``1e400`` are refused for every such option, where
-pydantic takes them); every other
-option (paths, choices, custom parsers, clamping) keeps Typer's own. A value it refuses is said in
-the project's one style, the option, the rule and the value (``--limit must be an integer between
-0 and 10000, got 20000``: a :class:`runtime.errors.InvalidArgument` as the ``__cause__`` of
-Click's ``BadParameter``, shown by :class:`ops.cli.base.StockadeGroup`).
-
-This reaches into Typer's internals (``typer.core.build_runtime_param`` and
-``typer._coercion.RuntimeParam``, present since Typer moved to pydantic). :func:`install`
-checks that they are there and leaves Typer alone when they are not: an older or newer Typer
-is only slower, never wrong.
+"""Plain option values without pydantic, a start-up saving for every ``stockade`` call:
+:func:`install` gives Typer a coercion of its own for ``bool``, ``str``, ``int``, ``float`` and
+``list[str]`` options, which refuses what pydantic refuses (and a ``float`` that is not finite)
+in the project's one style (``--limit must be an integer between 0 and 10000, got 20000``).
+Why and how: docs/design.md, "Plain option values".
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How client commands show what the control planes answer: the status view, a job's runtime
-in one line, times, a job's history (``job --events``), and the JSON of ``status``, ``job``,
-``job --events`` and ``list`` (each built from the same result the table is). They read the
-client's typed results (:mod:`ops.client.results`), never protobuf messages.
+in one line, times, the tables of ``jobs`` and ``list``, what a ``cancel`` came to, and the
+JSON of ``status``, ``job`` and ``list`` (each built from the same result the table is). They
+read the client's typed results (:mod:`ops.client.results`), never protobuf messages;
+``stockade job``'s own view is :mod:`ops.cli.job_view`.
 
 Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
 does not pay for it.
@@ -12,16 +13,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import rich.box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ops.client.results import Attempt, ClusterStatus, Job, JobEvent, JobHistory, Worker
+    from ops.client.results import Attempt, ClusterStatus, Job, Worker
     from runtime.jobs import JobSpec
 
 
@@ -225,106 +225,6 @@ def runtime_text(spec: JobSpec | None) -> str:
     return "-" if spec is None else spec.describe()
 
 
-def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
-    """``stockade job``'s rows of a job's lifecycle: attempts spent of its most, the retry
-    wait (``retrying after 14:02:07 (in 3 s)``: how long is left is told against the time the
-    cluster read the job, database time, never this machine's clock; without that time, the
-    wait's end alone), backoff, timeout, constraints, the names of its environment (not the
-    values: they may be secrets), working directory, the jobs it waits for, its array."""
-    from runtime.jobs import JobSpec
-
-    spec = info.spec or JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
-    runs = f"{info.attempts} run{'' if info.attempts == 1 else 's'}"
-    lost = "runs lost with a worker count" if spec.count_lost else "runs lost with a worker not counted"
-    rows = [("attempts", f"{info.failures} of {spec.max_attempts} spent, {runs} ({lost})")]
-    not_before = info.not_before_unix_s or 0.0
-    read = info.read_unix_s
-    if not_before and (read is None or not_before > read) and info.state in ("pending", "waiting"):
-        # Only while the wait lasts: once it has passed the job waits for room like any other.
-        clock = datetime.fromtimestamp(not_before).astimezone().strftime("%H:%M:%S")
-        left = "" if read is None else f" (in {not_before - read:.0f} s)"
-        rows.append(("retry", f"retrying after {clock}{left}"))
-    if spec.max_attempts > 1:
-        rows.append(("backoff", f"{spec.retry_backoff_s:g} s base, doubling, at most 600 s, jittered"))
-    rows += [
-        ("timeout", "-" if spec.timeout_s is None else f"{spec.timeout_s:g} s"),
-        ("constraints", ", ".join(c.describe() for c in spec.constraints) or "-"),
-        ("env", ", ".join(name for name, _ in spec.env) or "-"),
-        ("workdir", spec.workdir or "- (the job's own folder on its worker)"),
-        ("after", ", ".join(map(str, spec.after)) or "-"),
-    ]
-    if info.array_id:
-        rows.append(("array", f"task {info.array_index} of array {info.array_id}"))
-    elif spec.array is not None:
-        rows.append(("array", f"{spec.array.describe()} ({spec.array.tasks} tasks)"))
-    if info.array_counts:
-        rows.append(("tasks", "  ".join(f"{state} {count}" for state, count in info.array_counts)))
-    return rows
-
-
-def attempts_table(attempts: Sequence[Attempt]) -> Table:
-    """A job's runs, oldest first: assignment, worker, epoch, start and end, how it ended, exit
-    code, whether it spent an attempt, and the worker's detail (wrapped, never cut)."""
-    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1), title="attempts", title_justify="left")
-    for column in ATTEMPT_COLUMNS:
-        table.add_column(
-            column, no_wrap=True, justify="right" if column in ("#", "epoch", "exit") else "left"
-        )
-    table.add_column("detail", ratio=1, min_width=ATTEMPT_DETAIL_MIN_WIDTH, overflow="fold")
-    for number, attempt in enumerate(attempts, start=1):
-        table.add_row(*_attempt_cells(number, attempt), Text(attempt.detail or "-"))
-    return table
-
-
-ATTEMPT_DETAIL_MIN_WIDTH = 16
-"""The fewest columns the attempts table gives a run's detail."""
-ATTEMPT_COLUMNS = ("#", "assignment", "worker", "epoch", "placed", "ended", "end", "exit", "counted")
-"""The attempts table's columns before ``detail``: short values, each kept on one line. ``placed``
-is when the leader committed the assignment (``created_unix_s``), not when the run started on
-its worker (a later heartbeat confirms that; the job's own ``started`` is its first run's)."""
-
-
-def _attempt_cells(number: int, attempt: Attempt) -> tuple[str, ...]:
-    """One run's values in :data:`ATTEMPT_COLUMNS` order."""
-    return (
-        str(number),
-        str(attempt.assignment_id),
-        attempt.worker_id or "-",
-        str(attempt.epoch),
-        local_time(attempt.created_unix_s),
-        local_time(attempt.ended_unix_s)[11:] or "-",  # the time of day: a run is short
-        attempt.end_reason or attempt.state,
-        str(attempt.exit_code) if attempt.exit_code is not None else "-",
-        "yes" if attempt.counted else "no",
-    )
-
-
-def _table_width(attempts: Sequence[Attempt]) -> int:
-    """The columns :func:`attempts_table` needs to show its runs uncut, each detail given
-    :data:`ATTEMPT_DETAIL_MIN_WIDTH` (measured on the table drawn where nothing limits it: its
-    rows' text up to their last character; the rule under the header spans any width)."""
-    from rich.cells import cell_len
-
-    narrow = [attrs.evolve(attempt, detail="x" * ATTEMPT_DETAIL_MIN_WIDTH) for attempt in attempts]
-    wide = Console(width=1000, color_system=None)
-    lines = ["".join(segment.text for segment in line) for line in wide.render_lines(attempts_table(narrow))]
-    return max(cell_len(line.rstrip()) for line in lines if "─" not in line)
-
-
-def attempts_view(attempts: Sequence[Attempt], console: Console) -> Group:
-    """A job's runs as ``console`` can show them: :func:`attempts_table` when it fits in its
-    width, else one paragraph a run (``run 1: assignment 21, worker w-3, ...``) that wraps where
-    the terminal ends, so that no value is cut."""
-    if _table_width(attempts) <= console.width:
-        return Group(attempts_table(attempts))
-    parts: list[Text] = [Text("attempts", style="italic")]
-    for number, attempt in enumerate(attempts, start=1):
-        cells = dict(zip(ATTEMPT_COLUMNS, _attempt_cells(number, attempt), strict=True))
-        said = ", ".join(f"{column} {cells[column]}" for column in ATTEMPT_COLUMNS[1:])
-        parts.append(Text(f"run {number}: {said}: {attempt.detail or '-'}", overflow="fold"))
-    return Group(*parts)
-
-
 def seconds_text(value: float | None) -> str:
     """``value`` seconds as ``1.23 s``, or ``-`` when there is none."""
     return "-" if value is None else f"{value:.2f} s"
@@ -410,11 +310,11 @@ def job_json(info: Job) -> dict[str, Any]:
     Keys: the job's fields, every one given (``name``, ``cpu_millis``, ``memory_mb``,
     ``priority``, the runtime: ``sleep_s``, or ``command``, or ``image`` and ``command``; then
     ``max_attempts``, ``retry_backoff_s``, ``count_lost``, ``timeout_s``, ``constraints``,
-    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfile.fields_of`),
+    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfields.fields_of`),
     then ``status``, what the cluster reports (:func:`job_status_json`), which a job file
     may hold and ``stockade run`` ignores. A reply without its spec has ``status`` alone.
     """
-    from ops.jobfile import fields_of
+    from ops.jobfields import fields_of
 
     fields = {} if info.spec is None else fields_of(info.spec)
     return {**fields, "status": job_status_json(info)}
@@ -428,99 +328,80 @@ def list_json(jobs: Sequence[Job]) -> dict[str, Any]:
     return {"jobs": [job_json(info) for info in jobs]}
 
 
-def event_time(unix_s: float | None) -> str:
-    """``unix_s`` as local time to the millisecond, ``2026-12-01 12:00:00.123``; ``-`` for none."""
-    if not unix_s:
-        return "-"
-    return datetime.fromtimestamp(unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+def print_submitted(ids: list[int], specs: list[JobSpec]) -> None:
+    """``stockade jobs``' table of the sleep jobs it submitted, then their ids on one line."""
+    from ops.cli.common import console
+    from runtime.jobs import SleepRuntime
+
+    table = Table(box=rich.box.SIMPLE_HEAD)
+    for column in ("job", "name", "cpu_millis", "memory_mb", "sleep"):
+        table.add_column(column, justify="right" if column != "name" else "left")
+    for job_id, spec in zip(ids, specs, strict=True):
+        assert isinstance(spec.runtime, SleepRuntime)
+        table.add_row(
+            str(job_id),
+            spec.name,
+            str(spec.cpu_millis),
+            str(spec.memory_mb),
+            f"{spec.runtime.duration_ms / 1000:g} s",
+        )
+    console().print(table)
+    console().print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
 
 
-def _epoch_text(event: JobEvent) -> str:
-    return f"epoch {event.epoch}" + (f" ({event.leader})" if event.leader else "")
+def print_jobs(jobs: tuple[Job, ...]) -> None:
+    """``stockade list``'s table, one job a row, and how many there are."""
+    from ops.cli.common import console
+    from runtime.jobs import task_name
+    from runtime.text import cut_line
+
+    table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("job", justify="right", no_wrap=True)
+    table.add_column("name", no_wrap=True, max_width=20)
+    table.add_column("state", no_wrap=True)
+    table.add_column("cpu", justify="right", no_wrap=True)
+    table.add_column("MiB", justify="right", no_wrap=True)
+    table.add_column("worker", no_wrap=True)
+    table.add_column("tries", justify="right", no_wrap=True)
+    table.add_column("exit", justify="right", no_wrap=True)
+    table.add_column("runtime / reason", ratio=1)
+    for info in jobs:
+        spec = info.spec
+        detail = cut_line(runtime_text(spec)) + (f"  ({info.reason})" if info.reason else "")
+        table.add_row(
+            str(info.job_id),
+            Text(task_name(spec.name, info.array_index)) if spec else "-",
+            info.state,
+            str(spec.cpu_millis) if spec else "-",
+            str(spec.memory_mb) if spec else "-",
+            info.worker_id or "-",
+            str(info.attempts),
+            str(info.exit_code) if info.exit_code is not None else "-",
+            Text(detail),
+        )
+    console().print(table)
+    console().print(f"{len(jobs)} job{'' if len(jobs) == 1 else 's'}")
 
 
-def event_text(event: JobEvent) -> str:
-    """What ``stockade job ID --events`` says of one event, after its time and kind: for a
-    placement ``assignment 5 on w-1 (incarnation 3), epoch 2 (cp-1)``, for a death ``w-1
-    (incarnation 3) declared dead, epoch 3 (cp-2); last heartbeat 12:00:01.250 UTC``, for an end
-    ``assignment 5 lost (worker_dead), fenced at epoch 3 (cp-2)``."""
-    run = f"assignment {event.assignment_id}"
-    exit_code = "" if event.exit_code is None else f", exit code {event.exit_code}"
-    # A detail that only repeats the exit code ("exit code 0") is not said twice.
-    detail = f": {event.detail}" if event.detail and event.detail != f"exit code {event.exit_code}" else ""
-    match event.kind:
-        case "placed":
-            return f"{run} on {event.worker_id} (incarnation {event.incarnation}), {_epoch_text(event)}"
-        case "confirmed":
-            return f"{run} running on {event.worker_id} (its first heartbeat listing it)"
-        case "worker_dead":
-            last = f"; {event.detail}" if event.detail else ""
-            return (
-                f"{event.worker_id} (incarnation {event.incarnation}) declared dead, "
-                f"{_epoch_text(event)}{last}"
-            )
-        case "ended":
-            outcome = f", reported {event.outcome}" if event.outcome and event.outcome != event.reason else ""
-            fenced = f", fenced at {_epoch_text(event)}" if event.epoch else ""
-            return f"{run} {event.state} ({event.reason}){outcome}{exit_code}{fenced}{detail}"
-        case "requeued":
-            wait = ""
-            if event.not_before_unix_s:
-                wait = f", not placed before {event_time(event.not_before_unix_s)}"
-            return f"pending again after {run}{wait}"
-        case "final":
-            return f"{event.state}{exit_code}{detail}"
-        case "cancel_requested":
-            return "a cancel was asked"
-        case _:
-            return event.detail or ""
+def cancel_verdict(job_id: int, job: Job) -> str:
+    """What a cancel came to, from the job's state: cancelled, or ended on its own first (with
+    the exit code when there is one), or still on its way (``cancelling``)."""
+    exit_code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
+    if job.state == "cancelled":
+        return f"job {job_id}: cancelled"
+    if job.state in ("succeeded", "failed"):
+        return f"job {job_id}: {job.state} before the cancel took effect{exit_code}"
+    return f"job {job_id}: cancelling (still {job.state})"
 
 
-def events_table(history: JobHistory) -> Table:
-    """``stockade job ID --events``: one row per event, oldest first: time, kind, what."""
-    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
-    table.add_column(no_wrap=True)
-    table.add_column(no_wrap=True, style="bold")
-    table.add_column(ratio=1)
-    for event in history.events:
-        table.add_row(event_time(event.at_unix_s), event.kind, Text(event_text(event)))
-    if not history.events or history.events[-1].kind != "final":
-        table.add_row("now", history.state, Text(""))
-    return table
+def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
+    """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
+    cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
+    yet (None: not read)."""
+    from ops.client.results import OPEN_STATES
 
-
-_EVENT_KEYS = (
-    "kind",
-    "at_unix_s",
-    "assignment_id",
-    "worker_id",
-    "incarnation",
-    "epoch",
-    "leader",
-    "state",
-    "reason",
-    "outcome",
-    "exit_code",
-    "detail",
-    "not_before_unix_s",
-)
-"""The keys of :func:`event_json`, in its order: the names of :class:`JobEvent`'s fields."""
-
-
-def event_json(event: JobEvent) -> dict[str, Any]:
-    """One event of a job's history as JSON, every key always present (null where it does not
-    apply): ``kind``, ``at_unix_s``, ``assignment_id``, ``worker_id``, ``incarnation``,
-    ``epoch``, ``leader``, ``state``, ``reason``, ``outcome``, ``exit_code``, ``detail``,
-    ``not_before_unix_s`` (:class:`ops.client.results.JobEvent` says which kind has which)."""
-    return {key: getattr(event, key) for key in _EVENT_KEYS}
-
-
-def events_json(history: JobHistory) -> list[dict[str, Any]]:
-    """``stockade job ID --events --json``: the events as a JSON list, oldest first
-    (:func:`event_json`); for a job that has not ended, a last entry of kind ``now`` with its
-    state now (every other key null), as the table's last row."""
-    listed = [event_json(event) for event in history.events]
-    if not history.events or history.events[-1].kind != "final":
-        now = dict.fromkeys(_EVENT_KEYS)
-        listed.append({**now, "kind": "now", "state": history.state})
-    return listed
+    counts = {} if job is None else dict(job.array_counts)
+    still = sum(counts.get(state, 0) for state in OPEN_STATES)
+    if job is not None and not still:
+        return f"array {array_id}: {tasks} tasks cancelled"
+    return f"array {array_id}: cancelling {tasks} tasks" + (f" ({still} not ended yet)" if still else "")

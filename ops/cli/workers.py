@@ -1,16 +1,6 @@
 """Taking workers out of service, through the Python client (:mod:`ops.client`): ``cordon``,
-``uncordon``, ``drain``.
-
-A cordoned worker gets no new placement; its running jobs go on. A drain cordons it and waits
-for its jobs to end; with ``--deadline-s`` the leader stops those still running at the deadline
-and places them elsewhere, without counting a loss or a backoff against them. A drained worker
-(no job left) can be stopped, nothing lost. The cordon belongs to the worker id: it outlasts the
-agent's restart, until ``stockade uncordon``, which also ends a drain and clears a mark of the
-worker as unhealthy (the leader's, when its recent runs fail where the same jobs do not fail
-elsewhere: :mod:`actors.health`).
-
-Only light modules are imported at the top (every ``stockade`` call registers these commands);
-trio, the protocol and the client are imported by the command that runs.
+``uncordon``, ``drain`` (docs/design.md, "Cordon, uncordon, drain"). Only light modules are
+imported at the top.
 """
 
 from __future__ import annotations
@@ -26,14 +16,16 @@ from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INTERRUPTED,
     ControlPlanesOption,
+    IdempotencyKeyOption,
+    answer_unknown,
     console,
     control_plane_addresses,
     err_console,
     errors,
+    idempotency_key_of,
     interrupted,
     with_client,
 )
-from ops.cli.jobs import IdempotencyKeyOption, answer_unknown, idempotency_key_of
 from runtime import validation
 
 if TYPE_CHECKING:
@@ -67,33 +59,23 @@ def schedule_line(
     elsewhere at 2026-12-01 12:00:00``, ``w-2: cordoned, no new placements; 1 job (12) still
     runs there``, ``w-2: not cordoned, takes placements``; a worker marked unhealthy adds its
     reason (``; unhealthy: 8 of the last 10 runs failed ...``)."""
-    line = _schedule_line(worker_id, cordoned, draining, drained, drain_deadline_unix_s, job_ids)
-    if unhealthy_reason:
-        line = line.replace(", takes placements", "") + f"; {unhealthy_reason}"
-    return line
-
-
-def _schedule_line(
-    worker_id: str,
-    cordoned: bool,
-    draining: bool,
-    drained: bool,
-    drain_deadline_unix_s: float,
-    job_ids: list[int],
-) -> str:
     if drained:
-        return f"{worker_id}: drained, no job left; its agent can be stopped"
-    if draining:
+        line = f"{worker_id}: drained, no job left; its agent can be stopped"
+    elif draining:
         if drain_deadline_unix_s:
             at = datetime.fromtimestamp(drain_deadline_unix_s).astimezone().strftime("%Y-%m-%d %H:%M:%S")
             then = f"stopped and placed elsewhere at {at}"
         else:
             then = "no deadline: waiting for them to end"
-        return f"{worker_id}: draining, {_jobs_text(job_ids)} left; {then}"
-    if cordoned:
+        line = f"{worker_id}: draining, {_jobs_text(job_ids)} left; {then}"
+    elif cordoned:
         running = f"{_jobs_text(job_ids)} still there" if job_ids else "no job there"
-        return f"{worker_id}: cordoned, no new placements; {running}"
-    return f"{worker_id}: not cordoned, takes placements"
+        line = f"{worker_id}: cordoned, no new placements; {running}"
+    else:
+        line = f"{worker_id}: not cordoned, takes placements"
+    if unhealthy_reason:
+        line = line.replace(", takes placements", "") + f"; {unhealthy_reason}"
+    return line
 
 
 def _reply_line(reply: WorkerSchedule) -> str:
@@ -164,6 +146,41 @@ def uncordon(
     )
 
 
+async def _drain(
+    client: Client, worker_id: str, *, deadline_s: float | None, wait_s: float | None, key: str
+) -> str:
+    """``stockade drain``'s call: drain the worker, then (unless ``wait_s`` is 0) print its line
+    and read the cluster's status until it is drained, uncordoned meanwhile, or ``wait_s``
+    passed (None: no limit); the worker's line as it was last read."""
+    import trio
+
+    from runtime.errors import TemporaryError
+
+    reply = await client.drain(worker_id, deadline_s=deadline_s, idempotency_key=key)
+    line = _reply_line(reply)
+    if reply.drained or wait_s == 0:
+        return line
+    console().print(line, markup=False, soft_wrap=True)
+    with trio.move_on_after(float("inf") if wait_s is None else wait_s):
+        while True:
+            await trio.sleep(DRAIN_POLL_S)
+            with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
+                status = await client.status()
+                info = next((w for w in status.workers if w.id == worker_id), None)
+                if info is not None:
+                    line = schedule_line(
+                        worker_id,
+                        cordoned=info.cordoned,
+                        draining=info.draining,
+                        drained=info.drained,
+                        drain_deadline_unix_s=info.drain_deadline_unix_s or 0.0,
+                        job_ids=list(info.job_ids),
+                    )
+                    if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
+                        return line
+    return line
+
+
 @app.command("drain")
 def drain(
     worker_id: WorkerIdArgument,
@@ -199,35 +216,6 @@ def drain(
     drain (exit 130); `stockade uncordon W` ends it. An unknown worker id or a deadline that is
     negative, NaN or over a week exits 2, and nothing is stored.
     """
-    import trio
-
-    from runtime.errors import TemporaryError
-
-    async def body(client: Client) -> str:
-        reply = await client.drain(worker_id, deadline_s=deadline_s, idempotency_key=key)
-        line = _reply_line(reply)
-        if reply.drained or wait_s == 0:
-            return line
-        console().print(line, markup=False, soft_wrap=True)
-        with trio.move_on_after(float("inf") if wait_s is None else wait_s):
-            while True:
-                await trio.sleep(DRAIN_POLL_S)
-                with contextlib.suppress(TemporaryError):  # a replica failing over: ask again
-                    status = await client.status()
-                    info = next((w for w in status.workers if w.id == worker_id), None)
-                    if info is not None:
-                        line = schedule_line(
-                            worker_id,
-                            cordoned=info.cordoned,
-                            draining=info.draining,
-                            drained=info.drained,
-                            drain_deadline_unix_s=info.drain_deadline_unix_s or 0.0,
-                            job_ids=list(info.job_ids),
-                        )
-                        if info.drained or not info.cordoned:  # drained, or uncordoned meanwhile
-                            return line
-        return line
-
     with errors():
         validation.check_worker_id(worker_id)
         if deadline_s is not None:
@@ -235,7 +223,10 @@ def drain(
         key = idempotency_key_of(idempotency_key)
         try:
             with answer_unknown(key, "recorded the drain"):
-                line = with_client(control_plane_addresses(control_planes), body)
+                line = with_client(
+                    control_plane_addresses(control_planes),
+                    lambda client: _drain(client, worker_id, deadline_s=deadline_s, wait_s=wait_s, key=key),
+                )
         except BaseException as exc:
             if not interrupted(exc):
                 raise

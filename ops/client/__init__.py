@@ -1,37 +1,16 @@
-"""Stockade's Python client: submit jobs, wait for them, read their output, from a trio or an
-asyncio program.
-
-::
-
-    import trio
-    from ops.client import Client, job_spec
-
-    async def main() -> None:
-        async with Client.open() as client:  # the cluster `stockade` would call
-            job_id = await client.submit(job_spec(cpu_millis=500, memory_mb=256, command=["echo", "hi"]))
-            job = await client.wait(job_id, timeout_s=60)
-            async for chunk in client.logs(job_id):
-                print(chunk.data.decode(), end="")
-
-    trio.run(main)
-
-:class:`Client` is the trio face, :class:`AsyncioClient` the asyncio one (the same calls,
-arguments, results and errors; ``asyncio.run(main())`` with ``AsyncioClient.open()``). Both
-find the cluster as ``stockade``'s commands do (:class:`ClientSettings`), call it over mutual
-TLS, fail over between its control planes, and put an idempotency key on every call that
-changes something. Results are frozen attrs classes (:mod:`ops.client.results`); errors are
-:mod:`runtime.errors`' and :mod:`ops.client.errors`', re-exported here. ``docs/client.md``
-("Python client") has the examples, which the test suite runs against a real cluster.
-
-This package sits in ``ops`` because it finds the cluster with :mod:`ops.config` and builds
-specs with :mod:`ops.jobfile`, as the CLI does (which uses it); nothing outside ``ops`` imports
-it.
+"""Stockade's Python client: submit jobs, wait for them, read their output, from a trio
+(:class:`Client`) or an asyncio (:class:`AsyncioClient`) program, with the same calls,
+arguments, results (:mod:`ops.client.results`) and errors (:mod:`runtime.errors`' and
+:mod:`ops.client.errors`', re-exported here). docs/client.md ("Python client") has the
+examples, which the test suite runs against a real cluster. It sits in ``ops`` because it
+finds the cluster with :mod:`ops.config` and builds specs with :mod:`ops.jobfields`, as the CLI
+does; nothing outside ``ops`` imports it.
 """
 
 from __future__ import annotations
 
 from ops.client.asyncio_face import AsyncioClient, AsyncioLogStream
-from ops.client.core import Client, LogStream
+from ops.client.core import Client
 from ops.client.errors import JobNotFound, WaitTimedOut, WorkerNotFound
 from ops.client.results import (
     Attempt,
@@ -47,6 +26,7 @@ from ops.client.results import (
 )
 from ops.client.settings import ClientSettings
 from ops.client.specs import job_spec
+from ops.client.streams import LogStream
 from ops.config import ClusterError
 from runtime.constraints import Constraint
 from runtime.errors import (

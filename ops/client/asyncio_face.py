@@ -16,9 +16,10 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from ops.client.core import ChunkStream, Client, LogStream
+from ops.client.core import Client
 from ops.client.results import CancelOutcome, ClusterStatus, Job, JobHistory, LogChunk, WorkerSchedule
 from ops.client.settings import ClientSettings
+from ops.client.streams import ChunkStream, LogStream
 from runtime.aio.guest import TrioPortal, open_portal
 from runtime.jobs import JobSpec
 
@@ -209,14 +210,14 @@ class AsyncioClient:
 
 class AsyncioLogStream(ChunkStream):
     """A job's output for asyncio (:meth:`AsyncioClient.logs`): an async iterator of
-    :class:`LogChunk` over a :class:`ops.client.core.LogStream` read through the portal."""
+    :class:`LogChunk` over a :class:`ops.client.streams.LogStream` read through the portal."""
 
     def __init__(self, portal: TrioPortal, stream: LogStream) -> None:
         self._portal = portal
         self._stream = stream
 
     async def next(self) -> LogChunk | None:
-        """The next chunk, or None at the end (see :meth:`ops.client.core.LogStream.next`).
+        """The next chunk, or None at the end (see :meth:`ops.client.streams.LogStream.next`).
 
         Raises:
             the errors :meth:`Client.logs` lists.

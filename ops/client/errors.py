@@ -8,6 +8,8 @@ Each says what the caller can do: :class:`JobNotFound` and :class:`WorkerNotFoun
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from runtime.errors import NotFound, StockadeError
@@ -60,3 +62,14 @@ class WaitTimedOut(StockadeError, TimeoutError):
         self.job_id = job_id
         self.timeout_s = timeout_s
         self.last = last
+
+
+@contextlib.contextmanager
+def raised_as(error: Callable[[str], NotFound]) -> Iterator[None]:
+    """NotFound raised in the block as the typed ``error(message)``."""
+    try:
+        yield
+    except NotFound as exc:
+        if type(exc) is not NotFound:
+            raise
+        raise error(str(exc)) from exc

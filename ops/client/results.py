@@ -10,8 +10,8 @@ order (labels sorted by key), so every result is immutable and compares by value
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -344,20 +344,37 @@ def _none_if_zero(value: float) -> float | None:
     return float(value) if value else None
 
 
+R = TypeVar("R")
+
+_FROM_WIRE: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "bytes": bytes,
+    "int | None": lambda value: int(value) or None,
+    "float | None": _none_if_zero,
+    "str | None": lambda value: value or None,
+    "tuple[int, ...]": _ints,
+}
+"""How a message's field becomes a result's field of each type: zero or empty is None where
+the result's field may be None (see the module docstring)."""
+
+
+def _from_pb(cls: type[R], message: Any, **given: Any) -> R:
+    """``cls`` from ``message``'s fields of the same names (:data:`_FROM_WIRE`), but ``given``."""
+    fields = attrs.fields(cls)  # type: ignore[arg-type]
+    read = {f.name: _FROM_WIRE[f.type](getattr(message, f.name)) for f in fields if f.name not in given}
+    return cls(**read, **given)
+
+
+def _exit_code(message: Any) -> int | None:
+    return int(message.exit_code) if message.has_exit_code else None
+
+
 def attempt_from_pb(message: pb.Attempt) -> Attempt:
     """An ``Attempt`` message as an :class:`Attempt`."""
-    return Attempt(
-        assignment_id=int(message.assignment_id),
-        worker_id=message.worker_id or None,
-        epoch=int(message.epoch),
-        state=message.state,
-        end_reason=message.end_reason or None,
-        exit_code=int(message.exit_code) if message.has_exit_code else None,
-        created_unix_s=_none_if_zero(message.created_unix_s),
-        ended_unix_s=_none_if_zero(message.ended_unix_s),
-        detail=message.detail or None,
-        counted=bool(message.counted),
-    )
+    return _from_pb(Attempt, message, exit_code=_exit_code(message))
 
 
 def job_from_pb(message: pb.JobInfo) -> Job:
@@ -365,128 +382,52 @@ def job_from_pb(message: pb.JobInfo) -> Job:
     with two runtimes has none, rather than failing the whole reply)."""
     from runtime.wire_jobs import job_spec_from_pb
 
-    return Job(
-        job_id=int(message.job_id),
+    return _from_pb(
+        Job,
+        message,
         spec=None if message.spec is None else job_spec_from_pb(message.spec, strict=False),
-        state=message.state,
-        reason=message.reason or None,
-        worker_id=message.worker_id or None,
-        assignment_id=int(message.assignment_id) or None,
-        epoch=int(message.epoch) or None,
-        exit_code=int(message.exit_code) if message.has_exit_code else None,
-        submitted_unix_s=_none_if_zero(message.submitted_unix_s),
-        started_unix_s=_none_if_zero(message.started_unix_s),
-        finished_unix_s=_none_if_zero(message.finished_unix_s),
-        not_before_unix_s=_none_if_zero(message.not_before_unix_s),
-        attempts=int(message.attempts),
-        failures=int(message.failures),
-        array_id=int(message.array_id) or None,
+        exit_code=_exit_code(message),
         array_index=int(message.array_index) if message.array_id else None,
         array_counts=tuple((c.state, int(c.count)) for c in message.array_counts),
         attempt_history=tuple(attempt_from_pb(a) for a in message.attempt_history),
-        stdout_path=message.stdout_path or None,
-        stderr_path=message.stderr_path or None,
-        read_unix_s=_none_if_zero(message.read_unix_s),
     )
 
 
 def history_from_pb(message: pb.GetJobEventsReply) -> JobHistory:
     """A ``GetJobEventsReply`` as a :class:`JobHistory`."""
-    return JobHistory(
-        job_id=int(message.job_id),
-        state=message.state,
-        events=tuple(
-            JobEvent(
-                kind=e.kind,
-                at_unix_s=_none_if_zero(e.at_unix_s),
-                assignment_id=int(e.assignment_id) or None,
-                worker_id=e.worker_id or None,
-                incarnation=int(e.incarnation) or None,
-                epoch=int(e.epoch) or None,
-                leader=e.leader or None,
-                state=e.state or None,
-                reason=e.reason or None,
-                outcome=e.outcome or None,
-                exit_code=int(e.exit_code) if e.has_exit_code else None,
-                detail=e.detail or None,
-                not_before_unix_s=_none_if_zero(e.not_before_unix_s),
-            )
-            for e in message.events
-        ),
-    )
+    events = tuple(_from_pb(JobEvent, e, exit_code=_exit_code(e)) for e in message.events)
+    return JobHistory(job_id=int(message.job_id), state=message.state, events=events)
 
 
 def worker_from_pb(message: pb.WorkerInfo) -> Worker:
     """A ``WorkerInfo`` message as a :class:`Worker`."""
-    return Worker(
-        id=message.id,
-        address=message.address,
-        state=message.state,
-        cpu_millis=int(message.cpu_millis),
-        memory_mb=int(message.memory_mb),
-        cpu_allocated_millis=int(message.cpu_allocated_millis),
-        memory_allocated_mb=int(message.memory_allocated_mb),
-        job_ids=_ints(message.job_ids),
-        incarnation=int(message.incarnation),
-        last_heartbeat_age_s=float(message.last_heartbeat_age_s),
-        cordoned=bool(message.cordoned),
-        draining=bool(message.draining),
-        drained=bool(message.drained),
-        drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
-        labels=tuple(sorted(message.labels.items())),
-        unhealthy=bool(message.unhealthy),
-        unhealthy_reason=message.unhealthy_reason,
-        unhealthy_since_unix_s=_none_if_zero(message.unhealthy_since_unix_s),
-    )
+    return _from_pb(Worker, message, labels=tuple(sorted(message.labels.items())))
 
 
 def status_from_pb(message: pb.StatusReply) -> ClusterStatus:
     """A ``StatusReply`` as a :class:`ClusterStatus`."""
-    return ClusterStatus(
-        leader=message.leader or None,
-        epoch=int(message.epoch),
-        answered_by=message.answered_by,
-        control_planes=tuple(
-            ControlPlane(
-                id=cp.id, address=cp.address, role=cp.role, seen_unix_s=_none_if_zero(cp.seen_unix_s)
-            )
-            for cp in message.control_planes
-        ),
+    return _from_pb(
+        ClusterStatus,
+        message,
+        control_planes=tuple(_from_pb(ControlPlane, cp) for cp in message.control_planes),
         workers=tuple(worker_from_pb(w) for w in message.workers),
         job_counts=tuple((c.state, int(c.count)) for c in message.jobs),
         unschedulable=tuple(job_from_pb(j) for j in message.unschedulable),
         heartbeat_interval_s=message.heartbeat_interval_ms / 1000 if message.heartbeat_interval_ms else None,
         dead_after_s=message.dead_after_ms / 1000 if message.dead_after_ms else None,
-        heartbeat_policy=message.heartbeat_policy,
     )
 
 
 def schedule_from_pb(message: pb.WorkerScheduleReply) -> WorkerSchedule:
     """A ``WorkerScheduleReply`` as a :class:`WorkerSchedule`."""
-    return WorkerSchedule(
-        worker_id=message.worker_id,
-        cordoned=bool(message.cordoned),
-        draining=bool(message.draining),
-        drained=bool(message.drained),
-        drain_deadline_unix_s=_none_if_zero(message.drain_deadline_unix_s),
-        job_ids=_ints(message.job_ids),
-        unhealthy=bool(message.unhealthy),
-        unhealthy_reason=message.unhealthy_reason,
-    )
+    return _from_pb(WorkerSchedule, message)
 
 
 def cancel_from_pb(job_id: int, message: pb.CancelJobReply) -> CancelOutcome:
     """A ``CancelJobReply`` to a cancel of ``job_id`` as a :class:`CancelOutcome`."""
-    return CancelOutcome(job_id=job_id, state=message.state, tasks=int(message.tasks))
+    return _from_pb(CancelOutcome, message, job_id=job_id)
 
 
 def chunk_from_pb(message: pb.LogChunk) -> LogChunk:
     """A ``LogChunk`` message as a :class:`LogChunk`."""
-    return LogChunk(
-        data=bytes(message.data),
-        dropped_bytes=int(message.dropped_bytes),
-        job_ended=bool(message.job_ended),
-        worker_id=message.worker_id or None,
-        assignment_id=int(message.assignment_id) or None,
-        offset=int(message.offset),
-    )
+    return _from_pb(LogChunk, message)

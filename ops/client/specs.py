@@ -1,8 +1,8 @@
 """A job's spec from the fields of a job file, as Python values: :func:`job_spec`.
 
-The fields and their names are a job file's (:data:`ops.jobfile.FIELDS`, the options of
+The fields and their names are a job file's (:data:`ops.jobfields.FIELDS`, the options of
 ``stockade submit`` with ``_``), and so are the checks and the errors: the spec is read by
-:func:`ops.jobfile.spec_of_table`, as ``stockade run`` reads each job of a file. The result is
+:func:`ops.jobfields.spec_of_table`, as ``stockade run`` reads each job of a file. The result is
 a :class:`runtime.jobs.JobSpec`, the one shape every layer speaks; one can also be made
 directly (its runtime a :class:`~runtime.jobs.SleepRuntime`, :class:`~runtime.jobs.CommandRuntime`
 or :class:`~runtime.jobs.ContainerRuntime`) and is checked by :meth:`JobSpec.check` when
@@ -87,6 +87,6 @@ def job_spec(
         "after": list(after),
         "array": array.describe() if isinstance(array, ArrayRange) else array,
     }
-    from ops.jobfile import spec_of_table
+    from ops.jobfields import spec_of_table
 
     return spec_of_table(table)

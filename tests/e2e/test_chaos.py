@@ -15,7 +15,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from ops import checker
+from ops import checker, invariants
 from ops.chaos import ChaosSettings, Harness
 from ops.cluster import LocalCluster
 from protocol import pb
@@ -114,7 +114,7 @@ async def _freeze_leader_at(
                 await conn.close()
         faults = checker.load_events(cluster.state.events_path)
         runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers], faults)
-        return checker.check(history, runs, faults), refused
+        return invariants.check(history, runs, faults), refused
     finally:
         await trio.to_thread.run_sync(cluster.down)
 
@@ -232,7 +232,7 @@ async def test_a_partitioned_worker_stops_its_jobs_before_they_move_and_rejoins(
             history = await checker.load_history(config.database_url)
         faults = checker.load_events(cluster.state.events_path)
         runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers], faults)
-        report = checker.check(history, runs, faults)
+        report = invariants.check(history, runs, faults)
     finally:
         await trio.to_thread.run_sync(cluster.down)
     assert report.ok, report.details  # no job ran in two places, no false death, all finished

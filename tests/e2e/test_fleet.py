@@ -23,7 +23,7 @@ import asyncpg
 import psutil
 import pytest
 
-from ops import checker, rpc
+from ops import checker, invariants, rpc
 from ops.cluster import MARKER_ENV, ClusterError, LocalCluster
 from protocol import pb
 from runtime.client import ControlPlaneClient
@@ -172,7 +172,7 @@ def test_workers_in_fleets_run_jobs_like_lone_agents(cluster: LocalCluster) -> N
     runs = checker.load_runs([cluster.state.work_dir(w.id) for w in config.workers])
     assert all(run.ended_at < math.inf for run in runs), "a job started with no stop line"
     assert len({run.assignment_id for run in runs}) == len(runs), "an assignment ran twice"
-    assert checker.double_runs(runs) == {}
+    assert invariants.double_runs(runs) == {}
     succeeded_on: dict[int, list[str]] = {}
     for run in runs:
         if run.stop_reason == "succeeded":

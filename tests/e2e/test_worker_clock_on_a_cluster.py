@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_cluster import fetch, wait_for
 
-from ops import checker, rpc
+from ops import checker, invariants, rpc
 from ops.cluster import LocalCluster
 from protocol import pb
 
@@ -117,7 +117,7 @@ def test_jobs_on_a_worker_whose_clock_is_off_and_stepped_read_in_database_time(
 
     records = checker.read_jsonl(local.state.work_dir("w-1") / "agent.jsonl")
     runs = {run.job_id: run for run in checker.runs_from_records(records)}
-    assert sorted(runs) == sorted(job_ids) and not checker.double_runs(runs.values())
+    assert sorted(runs) == sorted(job_ids) and not invariants.double_runs(runs.values())
     for job_id in job_ids:
         (t,) = fetch(
             database_url,

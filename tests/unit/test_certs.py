@@ -19,13 +19,10 @@ from typer.testing import CliRunner
 from ops import certs as certs_module
 from ops.certs import (
     CertDir,
-    CertIdentity,
     CertificateAuthorityMissing,
     CertificateExists,
     CertSettings,
-    KeyFileExposed,
     NotAStockadeCertificate,
-    check_key_private,
     describe,
     diagnose_client_cert,
     identity_of,
@@ -35,6 +32,7 @@ from ops.certs import (
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
 from ops.cli.common import unreachable_message
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, Unavailable
+from runtime.tls import Identity, KeyFileExposed, check_key_private
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +78,7 @@ def test_the_database_certificate_verifies_as_a_server_for_127_0_0_1(cluster: Ce
     )
     chain = verifier.verify(load(cluster.cert("database")), [])
     assert chain[-1] == load(cluster.ca_cert)
-    assert identity_of(load(cluster.cert("database"))) == CertIdentity(role="database", id="database")
+    assert identity_of(load(cluster.cert("database"))) == Identity(role="database", id="database")
 
 
 def test_a_client_certificate_verifies_against_the_ca_as_a_client(cluster: CertDir) -> None:
@@ -118,7 +116,7 @@ def test_mutual_tls_handshake_with_the_issued_pairs(cluster: CertDir) -> None:
     assert all(done.values())
     assert c.version() == "TLSv1.3"
     peer = x509.load_der_x509_certificate(s.getpeercert(binary_form=True) or b"")
-    assert identity_of(peer) == CertIdentity(role="operator", id="operator")
+    assert identity_of(peer) == Identity(role="operator", id="operator")
 
 
 @pytest.mark.parametrize(
@@ -127,7 +125,7 @@ def test_mutual_tls_handshake_with_the_issued_pairs(cluster: CertDir) -> None:
 )
 def test_role_and_id_are_read_back(cluster: CertDir, id: str, role: str) -> None:
     """identity_of reads the role and id from the spiffe://stockade/<role>/<id> URI."""
-    assert identity_of(load(cluster.cert(id))) == CertIdentity(role=role, id=id)
+    assert identity_of(load(cluster.cert(id))) == Identity(role=role, id=id)
 
 
 def test_the_ca_has_no_identity(cluster: CertDir) -> None:
@@ -183,7 +181,7 @@ def test_issue_a_worker_with_hosts(cluster: CertDir) -> None:
         settings=CertSettings(cert_valid_days=30),
     )
     info = describe(done.cert_path)
-    assert info.identity == CertIdentity(role="worker", id="w-7")
+    assert info.identity == Identity(role="worker", id="w-7")
     assert info.uris == ("spiffe://stockade/worker/w-7",)
     assert info.dns_names == ("localhost", "node7.example")
     assert info.ip_addresses == ("127.0.0.1", "10.0.0.7", "::1")
@@ -196,9 +194,7 @@ def test_issue_a_fleet_certificate(cluster: CertDir) -> None:
     (no host, no other URI), is for client auth only, and reads back as the fleet identity."""
     done = issue(cluster.path, role="worker", id="fleet-9", workers=["w-91", "w-92", "w-93"])
     info = describe(done.cert_path)
-    assert info.identity == CertIdentity(
-        role="worker", id="fleet-9", workers=frozenset({"w-91", "w-92", "w-93"})
-    )
+    assert info.identity == Identity(role="worker", id="fleet-9", workers=frozenset({"w-91", "w-92", "w-93"}))
     assert info.uris == tuple(f"spiffe://stockade/worker/w-9{n}" for n in (1, 2, 3))
     assert (info.dns_names, info.ip_addresses) == ((), ())
     assert info.subject == "CN=fleet-9,OU=worker,O=stockade"

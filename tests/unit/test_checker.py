@@ -16,7 +16,6 @@ from ops.checker import (
     DeathRecord,
     FaultEvent,
     History,
-    check,
     check_logs,
     load_runs,
     parse_fault,
@@ -24,6 +23,7 @@ from ops.checker import (
     report_rows,
     runs_from_records,
 )
+from ops.invariants import check
 from runtime.errors import InvalidArgument
 
 

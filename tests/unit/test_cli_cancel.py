@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.cli.jobs import cancel_verdict
+from ops.cli.render import cancel_verdict
 from ops.client.results import job_from_pb
 from protocol import pb
 

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ops.cli import EXIT_INVALID, EXIT_UNAVAILABLE, app
-from ops.cli.jobs import batch_keys
+from ops.cli.common import batch_keys
 from ops.config import INSECURE_ENV
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, Unavailable

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from ops.cli import app
 from ops.cli.common import console
-from ops.cli.render import lifecycle_rows, local_time
+from ops.cli.job_view import lifecycle_rows
+from ops.cli.render import local_time
 from ops.client.results import job_from_pb
 from ops.config import INSECURE_ENV
 from protocol import pb

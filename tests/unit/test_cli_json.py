@@ -30,7 +30,7 @@ FIELD_KEYS = [
     "after",
     "array",
 ]
-"""The fields of a command job, in order, as a job file holds them (``ops.jobfile.fields_of``)."""
+"""The fields of a command job, in order, as a job file holds them (``ops.jobfields.fields_of``)."""
 STATUS_KEYS = [
     "job_id",
     "state",

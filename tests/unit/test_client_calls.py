@@ -30,7 +30,6 @@ from ops.client import (
     WorkerNotFound,
     job_spec,
 )
-from ops.client.core import LOG_IDLE_S, LOG_OPEN_S
 from ops.client.results import (
     Attempt,
     ClusterStatus,
@@ -41,6 +40,7 @@ from ops.client.results import (
     schedule_from_pb,
     status_from_pb,
 )
+from ops.client.streams import LOG_IDLE_S, LOG_OPEN_S
 from protocol import pb
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import Busy, ConnectionRefused, NotFound, Unavailable
@@ -319,7 +319,7 @@ def test_a_spec_from_job_file_fields_is_checked_as_a_files_job_is(
 
 def test_a_spec_from_job_file_fields_is_the_files() -> None:
     """Every field reaches the spec, as `stockade run` reads the same fields from a file."""
-    from ops.jobfile import spec_of_table
+    from ops.jobfields import spec_of_table
 
     fields = {
         "name": "train",

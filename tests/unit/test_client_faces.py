@@ -28,7 +28,7 @@ from ops.client import (
     Unavailable,
     job_spec,
 )
-from ops.client.core import LOG_RESUMES
+from ops.client.streams import LOG_RESUMES
 from protocol import pb
 from runtime.aio import asyncio_bridge
 

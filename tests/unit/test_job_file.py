@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops import jobfile
+from ops import jobfields, jobfile
 from ops.cli import app
 from ops.cli import jobs as cli_jobs
 from ops.config import INSECURE_ENV
@@ -294,7 +294,7 @@ def test_the_fields_of_a_spec_read_back_as_the_same_spec() -> None:
     """fields_of then spec_of: the same spec, for every runtime."""
     for runtime in (SleepRuntime(duration_ms=1234), ContainerRuntime(image="app:1"), EVERY_FIELD.runtime):
         spec = JobSpec(**{**_as_dict(EVERY_FIELD), "runtime": runtime, "cpu_millis": 500})
-        assert jobfile.spec_of({k: v for k, v in _typed(jobfile.fields_of(spec)).items()}) == spec
+        assert jobfields.spec_of({k: v for k, v in _typed(jobfields.fields_of(spec)).items()}) == spec
 
 
 def _as_dict(spec: JobSpec) -> dict[str, Any]:
@@ -304,7 +304,7 @@ def _as_dict(spec: JobSpec) -> dict[str, Any]:
 
 
 def _typed(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: jobfile._READERS[k](k, v) for k, v in fields.items() if v is not None}
+    return {k: jobfields._READERS[k](k, v) for k, v in fields.items() if v is not None}
 
 
 # ---------------------------------------------------------------------------- the command
@@ -371,7 +371,7 @@ def test_run_check_prints_the_jobs_and_sends_nothing(tmp_path: Path, calls: list
     """--check: the jobs as JSON job fields; no call."""
     result = CliRunner().invoke(app, ["run", "--check", str(write(tmp_path, "j.toml", TOML_EVERY_FIELD))])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == [jobfile.fields_of(EVERY_FIELD)]
+    assert json.loads(result.output) == [jobfields.fields_of(EVERY_FIELD)]
     assert calls == []
 
 

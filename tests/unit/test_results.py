@@ -27,8 +27,9 @@ from ops.benchpack import (
     WaitFigures,
 )
 from ops.chaos import ChaosResult, Failover, chaos_table
-from ops.checker import CheckReport, History, check, check_table
+from ops.checker import CheckReport, History, check_table
 from ops.cli import EXIT_INVALID, app
+from ops.invariants import check
 
 REPORT = CheckReport(
     double_placements=0,

@@ -1,0 +1,404 @@
+"""``stockade cp``: one control-plane replica in the foreground until SIGTERM or Ctrl-C; each
+option sets a field of :class:`runtime.settings.ControlPlaneSettings`' groups, whose defaults
+it shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ops.cli.base import app
+from ops.cli.common import EXIT_INVALID, errors, fail
+from ops.cli.processes import (
+    CERTS_DIR,
+    INSECURE,
+    JSON_LOGS,
+    METRICS_PORT,
+    NICE,
+    Option,
+    Options,
+    cert_folder,
+    check_tls_files,
+    settings_fields,
+    with_options,
+)
+from runtime.errors import InvalidArgument
+from runtime.priority import DEFAULT_NICE, check_nice
+from runtime.settings import (
+    PLACEMENT_POLICIES,
+    DatabaseWatchSettings,
+    IngestSettings,
+    LeaseSettings,
+    PlacerSettings,
+    ReconcilerSettings,
+    fence_margin_refusal,
+)
+
+_INGEST = IngestSettings()
+_LEASE = LeaseSettings()
+_PLACER = PlacerSettings()
+_RECONCILER = ReconcilerSettings()
+_WATCH = DatabaseWatchSettings()
+
+
+CONTROL_PLANE_OPTIONS: dict[str, Option] = {
+    "lease_ttl_s": Option(_LEASE.lease_ttl_s, group="lease", help="Lease time to live, seconds."),
+    "max_main_loop_stall_s": Option(
+        _LEASE.max_main_loop_stall_s,
+        group="lease",
+        help="Step down (and take no lease) while the main loop, where decisions are made, "
+        "has not run for this long, seconds.",
+    ),
+    "round_interval_s": Option(
+        _PLACER.round_interval_s, group="placer", help="Placer round interval, seconds."
+    ),
+    "reconcile_interval_s": Option(
+        _RECONCILER.reconcile_interval_s, group="reconciler", help="Reconcile pass interval, seconds."
+    ),
+    "dead_after_s": Option(
+        _RECONCILER.dead_after_s,
+        group="reconciler",
+        help="A worker silent this long is declared dead, seconds.",
+    ),
+    "policy": Option(
+        _PLACER.policy, group="placer", help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."
+    ),
+    "max_reservations": Option(
+        _PLACER.max_reservations,
+        group="placer",
+        help="Workers a placer round may keep free for jobs that fit no free room yet (0: none).",
+    ),
+    "reserve_after_s": Option(
+        _PLACER.reserve_after_s,
+        group="placer",
+        help="Only a job queued this long may reserve a worker, seconds.",
+    ),
+    "ingest_pool_size": Option(
+        _INGEST.pool_size,
+        group="ingest",
+        setting="pool_size",
+        help="Database connections of the ControlPlane service.",
+    ),
+    "liveness_reserved_connections": Option(
+        _INGEST.liveness_reserved_connections,
+        group="ingest",
+        help="Of those, connections only heartbeats and registrations may use.",
+    ),
+    "shed_lag_s": Option(
+        _INGEST.shed_lag_s,
+        group="ingest",
+        help="Answer new work 'busy' while the service's event loop lags more than this, seconds.",
+    ),
+    "max_requests_in_progress": Option(
+        _INGEST.max_requests_in_progress,
+        group="ingest",
+        help="Requests other than heartbeats and registrations served at once, from admission "
+        "until their reply is encoded; the rest wait their turn.",
+    ),
+    "max_waiting_requests": Option(
+        _INGEST.max_waiting_requests,
+        group="ingest",
+        help="Answer new work 'busy' when this many requests already wait for their turn.",
+    ),
+    "heartbeat_group_wait_s": Option(
+        _INGEST.heartbeat_group_wait_s,
+        group="ingest",
+        help="Gather heartbeats this long and record them in one statement, seconds (0: one "
+        "statement per heartbeat; at most 0.1).",
+    ),
+    "heartbeat_group_max": Option(
+        _INGEST.heartbeat_group_max,
+        group="ingest",
+        help="Most heartbeats one statement records (a full group closes at once).",
+    ),
+    "heartbeat_groups_in_flight": Option(
+        _INGEST.heartbeat_groups_in_flight,
+        group="ingest",
+        min=1,
+        help="Most group statements run at once; a group that waits for one keeps gathering.",
+    ),
+    "max_admission_wait_s": Option(
+        _INGEST.max_admission_wait_s,
+        group="ingest",
+        help="Answer new work 'busy' that has waited this long for its turn, seconds.",
+    ),
+    "max_wire_work_share": Option(
+        _INGEST.max_wire_work_share,
+        group="ingest",
+        help="Most of the service's event-loop time that encoding and decoding large messages "
+        "may take, a fraction (0.25: a quarter).",
+    ),
+    "wire_step_messages": Option(
+        _INGEST.wire_step_messages,
+        group="ingest",
+        help="Elements of a large reply encoded (or request decoded) between two yields to the "
+        "service's event loop.",
+    ),
+    "max_pending_jobs": Option(
+        _INGEST.max_pending_jobs,
+        group="ingest",
+        help="Answer submissions 'busy' while this many jobs are pending (0: no limit); "
+        "a batch that arrives under the limit is taken whole.",
+    ),
+    "idempotency_key_retention_s": Option(
+        _INGEST.idempotency_key_retention_s,
+        group="ingest",
+        help="Keep a mutating call's idempotency key and answer this long after its first use, "
+        "seconds: a retry within it gets the first answer, a copy after it is a new call.",
+    ),
+    "max_log_streams": Option(
+        _INGEST.max_log_streams,
+        group="ingest",
+        help="Job output streams (stockade logs) this replica relays at once; one more is "
+        "answered 'busy' (another replica takes it).",
+    ),
+    "initial_window": Option(
+        _PLACER.initial_window,
+        group="placer",
+        help="Unconfirmed assignments a worker may hold before a heartbeat confirmed any; "
+        "one more per confirmed assignment.",
+    ),
+    "max_unconfirmed_per_worker": Option(
+        _PLACER.max_unconfirmed_per_worker,
+        group="placer",
+        help="Most unconfirmed assignments a worker may hold (the window's ceiling).",
+    ),
+    "trial_run_s": Option(
+        _PLACER.trial_run_s,
+        group="placer",
+        min=0.0,
+        help="A newly registered worker, or one whose unhealthy mark was cleared, takes one job at "
+        "a time until a run there succeeded or ran this long, seconds; 0: no trial.",
+    ),
+    "requeue_backoff_base_s": Option(
+        _RECONCILER.requeue_backoff_base_s,
+        group="reconciler",
+        help="A job lost with its worker waits a random time below this before it is placed "
+        "again, doubling with every further loss, seconds.",
+    ),
+    "requeue_backoff_max_s": Option(
+        _RECONCILER.requeue_backoff_max_s,
+        group="reconciler",
+        help="Largest bound of the requeue backoff, seconds.",
+    ),
+    "death_burst": Option(
+        _RECONCILER.death_burst, group="reconciler", help="Most workers declared dead at once."
+    ),
+    "deaths_per_s": Option(
+        _RECONCILER.deaths_per_s,
+        group="reconciler",
+        help="Dead-worker declarations per second beyond the burst.",
+    ),
+    "mass_silence_fraction": Option(
+        _RECONCILER.mass_silence_fraction,
+        group="reconciler",
+        help="Declare no worker dead while more than this fraction of the alive workers "
+        "(and at least 3) are silent for --suspect-after-s at once.",
+    ),
+    "mass_silence_max_s": Option(
+        _RECONCILER.mass_silence_max_s,
+        group="reconciler",
+        min=0.001,
+        help="A mass silence holds declarations for at most this long, seconds; keep it above the "
+        "agents' --db-outage-grace-s.",
+    ),
+    "heartbeat_interval_min_s": Option(
+        _RECONCILER.heartbeat_interval_min_s,
+        group="reconciler",
+        min=0.001,
+        help="The shortest heartbeat interval the leader asks of workers (a small cluster's), seconds.",
+    ),
+    "heartbeat_interval_max_s": Option(
+        _RECONCILER.heartbeat_interval_max_s,
+        group="reconciler",
+        min=0.001,
+        help="The longest heartbeat interval the leader asks of workers however large the cluster, "
+        "seconds: with --dead-after-intervals it bounds how long a dead worker goes unnoticed.",
+    ),
+    "heartbeat_cpu_budget": Option(
+        _RECONCILER.heartbeat_cpu_budget,
+        group="reconciler",
+        help="The share of a core each control plane may spend on heartbeats (above 0, below 1): "
+        "the interval grows with the cluster to keep their measured cost within it.",
+    ),
+    "dead_after_intervals": Option(
+        _RECONCILER.dead_after_intervals,
+        group="reconciler",
+        help="A worker is declared dead after this many heartbeat intervals without one, never "
+        "sooner than --dead-after-s (at least 3).",
+    ),
+    "suspect_after_s": Option(
+        None,
+        kind=float | None,
+        group="reconciler",
+        min=0.001,
+        help="A worker silent this long counts toward a mass silence, seconds (default: half of "
+        "--dead-after-s).",
+    ),
+    "contact_gap_s": Option(
+        _RECONCILER.contact_gap_s,
+        group="reconciler",
+        min=0.001,
+        help="After the leader's reads of the workers' silence were interrupted this long (its "
+        "database was unreachable), silence counts anew, seconds.",
+    ),
+    "oldest_transaction_warn_s": Option(
+        _WATCH.oldest_transaction_warn_s,
+        group="database_watch",
+        min=0.001,
+        help="Warn when a transaction (any session's) has been open in the database longer than "
+        "this, seconds: vacuum cannot remove dead rows meanwhile.",
+    ),
+    "dead_rows_warn_ratio": Option(
+        _WATCH.dead_rows_warn_ratio,
+        group="database_watch",
+        min=0.001,
+        help=f"Warn when workers, jobs, assignments or lease holds more dead rows than this many "
+        f"times its live ones (and more than {_WATCH.dead_rows_warn_min}).",
+    ),
+    "health_interval_s": Option(
+        _RECONCILER.health_interval_s,
+        group="reconciler",
+        min=0.001,
+        help="How often the leader judges the workers' health from their recent runs, seconds.",
+    ),
+    "health_window_runs": Option(
+        _RECONCILER.health_window_runs,
+        group="reconciler",
+        min=1,
+        max=1000,
+        help="A worker's health is judged on its last this many ended runs.",
+    ),
+    "health_window_s": Option(
+        _RECONCILER.health_window_s,
+        group="reconciler",
+        min=0.001,
+        help="Judge a worker's health only on runs that ended within this many seconds.",
+    ),
+    "health_min_failed_jobs": Option(
+        _RECONCILER.health_min_failed_jobs,
+        group="reconciler",
+        min=1,
+        max=1000,
+        help="Mark a worker unhealthy only when runs of at least this many different jobs failed there.",
+    ),
+    "health_min_failure_rate": Option(
+        _RECONCILER.health_min_failure_rate,
+        group="reconciler",
+        help="Mark a worker unhealthy only when at least this fraction of its judged runs failed "
+        "(above 0, at most 1).",
+    ),
+    "health_rate_factor": Option(
+        _RECONCILER.health_rate_factor,
+        group="reconciler",
+        help="Mark a worker unhealthy only when its runs fail at least this many times as often as "
+        "the other workers' (at least 1).",
+    ),
+    "health_min_compared_runs": Option(
+        _RECONCILER.health_min_compared_runs,
+        group="reconciler",
+        min=1,
+        max=1000,
+        help="Compare a worker's failure rate with the other workers' only when they ended at least "
+        "this many runs over the same span; with fewer, mark it only when jobs that failed there "
+        "succeeded elsewhere.",
+    ),
+    "health_probe_after_s": Option(
+        _RECONCILER.health_probe_after_s,
+        group="reconciler",
+        min=0.0,
+        help="This long after a worker was marked unhealthy, one job at a time may be placed there "
+        "as a probe (its success clears the mark), seconds; 0: no probes.",
+    ),
+    "metrics_port": Option(0, METRICS_PORT),
+    "http_port": Option(
+        0,
+        min=0,
+        max=65535,
+        help="Serve the read-only web console on PORT (0: off): HTTPS on the --host address with "
+        "this replica's certificate, logging in with `stockade console`; with --insecure, plain "
+        "HTTP on 127.0.0.1 only, no login.",
+    ),
+    "json_logs": Option(False, JSON_LOGS),
+    "nice": Option(DEFAULT_NICE, NICE),
+    "certs_dir": Option(None, kind=Path | None, info=CERTS_DIR),
+    "insecure": Option(False, INSECURE),
+}
+"""The options of ``stockade cp`` but its address and database, in the order ``--help`` lists
+them: those that set a field of a settings group of :class:`runtime.settings.ControlPlaneSettings`
+(``group``) with the groups' defaults, then how the process serves and logs."""
+
+
+@app.command("cp")
+@with_options(CONTROL_PLANE_OPTIONS)
+def control_plane(
+    *,
+    cp_id: Annotated[str, typer.Option("--id", help="This replica's id, e.g. cp-1.")],
+    port: Annotated[int, typer.Option(help="gRPC port of the ControlPlane service (0: a free one).")] = 0,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DATABASE_URL", show_default=False, help="PostgreSQL URL of the shared database."
+        ),
+    ] = None,
+    options: Options,
+) -> None:
+    """Run one control-plane replica in the foreground until SIGTERM or Ctrl-C.
+
+    It serves mutual TLS with <certs-dir>/<id>.crt (a control-plane certificate) and requires
+    a client certificate from the same CA: workers, operators and viewers, each allowed what
+    its role may do."""
+    # Imported here: the client commands need neither the actors nor the agent.
+    from actors.control_plane import main as control_plane_main
+    from runtime.settings import MAX_STATEMENTS_PER_FENCED_WRITE, ControlPlaneSettings, LedgerSettings
+    from runtime.tls import TlsFiles
+
+    if not database_url:
+        fail("--database-url or DATABASE_URL is required", EXIT_INVALID)
+    folder = cert_folder(options["certs_dir"], options["insecure"])
+    lease_ttl_s = options["lease_ttl_s"]
+
+    def group(name: str) -> dict[str, Any]:
+        return settings_fields(CONTROL_PLANE_OPTIONS, options, name)
+
+    step_down_margin_s = min(0.4, lease_ttl_s / 5)
+    with errors():
+        settings = ControlPlaneSettings(
+            cp_id=cp_id,
+            database_url=database_url,
+            listen_host=host,
+            listen_port=port,
+            tls=None if folder is None else TlsFiles.in_dir(folder, cp_id),
+            http_port=options["http_port"] or None,
+            ingest=IngestSettings(**group("ingest")),
+            lease=LeaseSettings(
+                **group("lease"),
+                renew_interval_s=lease_ttl_s / 4,
+                step_down_margin_s=step_down_margin_s,
+                takeover_poll_s=min(_LEASE.takeover_poll_s, lease_ttl_s / 8),
+            ),
+            # A shorter lease has a smaller step-down margin, which a fenced write's longest
+            # hold must fit in (see ControlPlaneSettings): its statements get less time.
+            ledger=LedgerSettings(
+                statement_timeout_s=min(
+                    LedgerSettings().statement_timeout_s, step_down_margin_s / MAX_STATEMENTS_PER_FENCED_WRITE
+                )
+            ),
+            placer=PlacerSettings(**group("placer")),
+            reconciler=ReconcilerSettings(**group("reconciler")),
+            database_watch=DatabaseWatchSettings(**group("database_watch")),
+        )
+        check_nice(options["nice"])
+        if (why := fence_margin_refusal(settings.reconciler)) is not None:
+            raise InvalidArgument("dead_after_s", settings.reconciler.dead_after_s, why)
+    check_tls_files(folder, "control-plane", [cp_id], f"control plane {cp_id}")
+    with errors():  # a database that refuses this client for good ends the replica in one line
+        control_plane_main(
+            settings,
+            json_logs=options["json_logs"],
+            metrics_port=options["metrics_port"] or None,
+            nice=options["nice"],
+        )

@@ -1,0 +1,319 @@
+"""The checker's counts: each a pure function of the records :mod:`ops.checker` reads (double
+placements, double runs, false deaths, lost successes, jobs killed by an outage, wrong final
+states, extra assignments), and :func:`check`, which judges one run of the cluster with all of
+them into a :class:`ops.checker.CheckReport`. What each count means: docs/design.md, "The
+checker: what it reads and what it counts"."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from ops.checker import (
+    FAULT_SLACK_S,
+    FENCE_REASONS,
+    KILL_TAKES_S,
+    OUTAGE_KINDS,
+    OUTAGE_SLACK_S,
+    REPORT_SLACK_S,
+    AssignmentRecord,
+    CheckReport,
+    DeathRecord,
+    FaultEvent,
+    History,
+    Run,
+)
+
+
+def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
+    return a_start < b_end and b_start < a_end
+
+
+def double_placements(assignments: Iterable[AssignmentRecord]) -> dict[int, str]:
+    """Jobs placed twice, with why: two assignments active at once, or placed again after one
+    of its assignments finished."""
+    by_job: dict[int, list[AssignmentRecord]] = defaultdict(list)
+    for a in assignments:
+        by_job[a.job_id].append(a)
+    found: dict[int, str] = {}
+    for job_id, group in by_job.items():
+        group.sort(key=lambda a: (a.created_at, a.assignment_id))
+        for i, first in enumerate(group):
+            first_end = math.inf if first.ended_at is None else first.ended_at
+            for second in group[i + 1 :]:
+                second_end = math.inf if second.ended_at is None else second.ended_at
+                if _overlap(first.created_at, first_end, second.created_at, second_end):
+                    found[job_id] = (
+                        f"job {job_id}: assignments {first.assignment_id} (epoch {first.epoch}, "
+                        f"{first.worker_id}) and {second.assignment_id} (epoch {second.epoch}, "
+                        f"{second.worker_id}) were active at the same time"
+                    )
+                elif first.state == "finished" and not _failed_run(first):
+                    # A run that failed may be retried; one that succeeded never runs again.
+                    found[job_id] = (
+                        f"job {job_id}: placed again as assignment {second.assignment_id} "
+                        f"(epoch {second.epoch}) after assignment {first.assignment_id} finished"
+                    )
+    return found
+
+
+def _failed_run(a: AssignmentRecord) -> bool:
+    """Whether ``a`` finished with a failed run (its end reason is ``failed`` or the reason of
+    the failure, ``timeout``, ``oom_killed``, ...): its job may be placed again (a retry)."""
+    return a.state == "finished" and a.end_reason is not None and a.end_reason != "succeeded"
+
+
+def _as_dependency(history: History, job_id: int | None) -> str:
+    """The state of ``job_id`` as a dependency (:attr:`History.dependency_states`, else its
+    own); ``failed`` for None (no dependency named: nothing to check)."""
+    if job_id is None:
+        return "failed"
+    return history.dependency_states.get(job_id) or history.job_states.get(job_id, "failed")
+
+
+def wrong_final_states(history: History, expected: Mapping[int, str] | None = None) -> dict[int, str]:
+    """Jobs whose final state contradicts their runs, their retry budget, their dependencies
+    or ``expected`` (job id -> the final state its submitter knows it must reach), with why:
+    more failed runs than ``max_attempts``; ``failed`` with attempts left; ``succeeded`` with
+    no run whose success the database holds; cancelled as ``dependency_failed`` naming a job
+    that did not fail; another final state than expected."""
+    failed_runs: dict[int, int] = defaultdict(int)
+    succeeded: set[int] = set()
+    for a in history.assignments:
+        if _failed_run(a):
+            failed_runs[a.job_id] += 1
+        if a.success_recorded:
+            succeeded.add(a.job_id)
+    found: dict[int, str] = {}
+    for job_id, state in history.job_states.items():
+        spent: int | None
+        most: int | None
+        spent, most = history.job_attempts.get(job_id, (None, None))
+        if most is not None and failed_runs[job_id] > most:
+            found[job_id] = (
+                f"job {job_id}: {failed_runs[job_id]} failed runs, more than its max_attempts {most}"
+            )
+        elif state == "failed" and spent is not None and most is not None and spent < most:
+            found[job_id] = f"job {job_id}: failed with attempts left ({spent} of {most} spent)"
+        elif state == "succeeded" and job_id not in succeeded:
+            found[job_id] = f"job {job_id}: succeeded, but no run of it reported a success"
+        elif state == "cancelled" and _as_dependency(history, history.dependency_cancels.get(job_id)) not in (
+            "failed",
+            "cancelled",
+        ):
+            dependency = history.dependency_cancels[job_id]
+            found[job_id] = (
+                f"job {job_id}: cancelled as dependency_failed: job {dependency}, which ended "
+                f"{_as_dependency(history, dependency)}"
+            )
+        elif (
+            expected
+            and job_id in expected
+            and state in ("succeeded", "failed", "cancelled")
+            and state != expected[job_id]
+        ):
+            found[job_id] = f"job {job_id}: ended {state}, expected {expected[job_id]}"
+    return found
+
+
+def double_runs(runs: Iterable[Run]) -> dict[int, str]:
+    """Jobs that ran at overlapping times under two assignments or on two workers, with why."""
+    by_job: dict[int, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_job[run.job_id].append(run)
+    found: dict[int, str] = {}
+    for job_id, group in by_job.items():
+        group.sort(key=lambda r: r.started_at)
+        for i, first in enumerate(group):
+            for second in group[i + 1 :]:
+                if _overlap(first.started_at, first.ended_at, second.started_at, second.ended_at):
+                    found[job_id] = (
+                        f"job {job_id}: ran on {first.worker_id} (assignment {first.assignment_id}) "
+                        f"and on {second.worker_id} (assignment {second.assignment_id}) at the same time"
+                    )
+    return found
+
+
+def false_deaths(deaths: Iterable[DeathRecord], faults: Sequence[FaultEvent]) -> list[str]:
+    """Declarations no fault explains: the worker was neither killed, frozen, cut off nor
+    stopped cleanly from ``FAULT_SLACK_S`` before its last recorded heartbeat until it was
+    declared dead."""
+    found = []
+    for death in deaths:
+        explained = any(
+            f.target == death.worker_id
+            and f.at <= death.declared_at
+            and f.until >= death.last_heartbeat_at - FAULT_SLACK_S
+            for f in faults
+        )
+        if not explained:
+            found.append(
+                f"worker {death.worker_id} (incarnation {death.incarnation}) declared dead "
+                f"under epoch {death.epoch} with no fault injected into it and no clean stop logged"
+            )
+    return found
+
+
+def killed_by_outage(runs: Iterable[Run], faults: Sequence[FaultEvent]) -> list[str]:
+    """Runs the cluster stopped (:data:`FENCE_REASONS`) during an outage of the whole cluster
+    (:data:`OUTAGE_KINDS`) or up to ``OUTAGE_SLACK_S`` after it, on a worker that no fault of
+    its own (kill, freeze, partition) touched from ``FAULT_SLACK_S`` before the run ended
+    until it ended."""
+    outages = [f for f in faults if f.kind in OUTAGE_KINDS]
+    found = []
+    for run in runs:
+        if run.stop_reason not in FENCE_REASONS or math.isinf(run.ended_at):
+            continue
+        during = [f for f in outages if f.at <= run.ended_at <= f.until + OUTAGE_SLACK_S]
+        if not during:
+            continue
+        own = any(
+            f.target == run.worker_id and f.at <= run.ended_at and f.until >= run.ended_at - FAULT_SLACK_S
+            for f in faults
+        )
+        if not own:
+            found.append(
+                f"job {run.job_id} (assignment {run.assignment_id}) on {run.worker_id} stopped "
+                f"({run.stop_reason}) by the {during[0].kind} "
+                f"from {during[0].at:.3f} to {during[0].until:.3f}"
+            )
+    return found
+
+
+def lost_successes(
+    runs: Iterable[Run],
+    assignments: Iterable[AssignmentRecord],
+    faults: Sequence[FaultEvent] = (),
+    job_states: Mapping[int, str] | None = None,
+) -> dict[int, str]:
+    """Jobs with a success on a worker that the database does not record, with why (see the
+    docs/design.md, 'The checker'); a kill of the worker within ``REPORT_SLACK_S`` after the run excuses it.
+    With ``job_states`` (job id -> state), also a success recorded on a job's last assignment
+    whose job ended otherwise."""
+    records = list(assignments)
+    by_id = {a.assignment_id: a for a in records}
+    last = {a.job_id: a for a in sorted(records, key=lambda a: a.assignment_id)}
+    kills: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.kind == "kill":
+            kills[f.target].append(f.at)
+    found: dict[int, str] = {}
+    for run in runs:
+        if run.stop_reason != "succeeded":
+            continue
+        record = by_id.get(run.assignment_id)
+        if record is not None and (record.success_recorded or record.state == "active"):
+            # Still active: the worker's next heartbeat reports it (an interval of several
+            # seconds on a large cluster). If it never does, the assignment ends otherwise, or
+            # the job is unfinished when the check waited for every job.
+            continue
+        window = (run.ended_at - KILL_TAKES_S, run.ended_at + REPORT_SLACK_S)
+        if any(window[0] <= k <= window[1] for k in kills.get(run.worker_id, ())):
+            continue
+        how = (
+            "unknown to the database" if record is None else f"recorded {record.state} ({record.end_reason})"
+        )
+        found[run.job_id] = (
+            f"job {run.job_id}: succeeded on {run.worker_id} (assignment {run.assignment_id}), "
+            f"but the assignment is {how}"
+        )
+    for job_id, state in (job_states or {}).items():
+        record = last.get(job_id)
+        if record is None or not record.success_recorded or state == "succeeded" or job_id in found:
+            continue
+        found[job_id] = (
+            f"job {job_id}: its last assignment {record.assignment_id} (on {record.worker_id}) "
+            f"recorded a success, but the job ended {state}"
+        )
+    return found
+
+
+def extra_assignments(assignments: Iterable[AssignmentRecord]) -> int:
+    """Assignments beyond one per job that was placed at all."""
+    records = list(assignments)
+    return len(records) - len({a.job_id for a in records})
+
+
+def check(
+    history: History,
+    runs: Sequence[Run],
+    faults: Sequence[FaultEvent] = (),
+    *,
+    self_fences: int = 0,
+    pauses: int = 0,
+    acknowledged_job_ids: Iterable[int] = (),
+    expected_final_states: Mapping[int, str] | None = None,
+    finish_required: bool = True,
+) -> CheckReport:
+    """Judge one run of the cluster. Pure: docs/design.md, 'The checker', says what each count means.
+
+    Args:
+        history: what the database says happened.
+        runs: the runs from the workers' logs (:func:`load_runs`).
+        faults: what a harness injected.
+        self_fences: ``self_fence`` records in the workers' logs (:func:`count_self_fences`).
+        pauses: ``pause`` records in the workers' logs.
+        acknowledged_job_ids: job ids clients were given (each must exist in ``history``).
+        expected_final_states: job id -> the final state it must reach (a harness that
+            submitted jobs made to fail or succeed knows).
+        finish_required: an unfinished job fails the check (the caller waited for them all);
+            False: it is reported as running.
+    """
+    placed_twice = double_placements(history.assignments)
+    ran_twice = double_runs(runs)
+    wrongly_dead = false_deaths(history.deaths, faults)
+    thrown_away = lost_successes(runs, history.assignments, faults, history.job_states)
+    outage_kills = killed_by_outage(runs, faults)
+    wrong_states = wrong_final_states(history, expected_final_states)
+    lost_ids = sorted(set(acknowledged_job_ids) - set(history.job_states))
+    finished = {j for j, s in history.job_states.items() if s in ("succeeded", "failed", "cancelled")}
+    unfinished = tuple(sorted(set(history.job_states) - finished))
+    details = [
+        *placed_twice.values(),
+        *ran_twice.values(),
+        *wrongly_dead,
+        *thrown_away.values(),
+        *outage_kills,
+        *wrong_states.values(),
+        *(f"job {j} was acknowledged to its client but is not in the database" for j in lost_ids),
+    ]
+    if unfinished:
+        shown = ", ".join(map(str, unfinished[:20])) + (" ..." if len(unfinished) > 20 else "")
+        if finish_required:
+            details.append(f"{len(unfinished)} jobs unfinished: {shown}")
+        else:
+            details.append(
+                f"{len(unfinished)} jobs not finished yet (not a failure; --wait-s S waits for them): {shown}"
+            )
+    unfinished_states: dict[str, int] = {}
+    for state in sorted({history.job_states[j] for j in unfinished}, key=_state_order):
+        unfinished_states[state] = sum(1 for j in unfinished if history.job_states[j] == state)
+    return CheckReport(
+        double_placements=len(placed_twice),
+        double_runs=len(ran_twice),
+        false_deaths=len(wrongly_dead),
+        stale_writes_rejected=history.stale_writes_rejected,
+        jobs_submitted=len(history.job_states),
+        jobs_finished=sum(1 for s in history.job_states.values() if s in ("succeeded", "failed")),
+        unfinished_job_ids=unfinished,
+        details=tuple(details),
+        lost_successes=len(thrown_away),
+        elections=history.elections,
+        worker_deaths=len(history.deaths),
+        self_fences=self_fences,
+        pauses=pauses,
+        extra_assignments=extra_assignments(history.assignments),
+        worker_leaves=history.leaves,
+        jobs_killed_by_outage=len(outage_kills),
+        acknowledged_submissions_lost=len(lost_ids),
+        wrong_final_states=len(wrong_states),
+        unfinished_states=unfinished_states,
+        finish_required=finish_required,
+    )
+
+
+def _state_order(state: str) -> tuple[int, str]:
+    """Job states in their life's order (waiting, pending, assigned, running), others last."""
+    order = ("waiting", "pending", "assigned", "running")
+    return (order.index(state) if state in order else len(order), state)
