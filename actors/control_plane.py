@@ -40,7 +40,8 @@ from actors.console import Console, console_url
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.heartbeat_policy import default_policy
-from actors.ingest import Ingest, apply_schema
+from actors.ingest import Ingest
+from actors.schema import apply_schema
 from actors.lease import LeaseKeeper, open_pg_store
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange

@@ -62,16 +62,13 @@ and :mod:`actors.ingest_replies` the pure row and reply shapes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import ssl
-import sys
 import time
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -137,7 +134,7 @@ from runtime.validation import (
 )
 from runtime.wire_jobs import job_spec_from_pb
 
-__all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest", "apply_schema"]
+__all__ = ["SESSION_SETTINGS", "ControlPlaneService", "Ingest"]
 
 
 @attrs.frozen(kw_only=True)
@@ -1195,50 +1192,3 @@ class Ingest:
             except DatabaseUnavailable as exc:
                 self._log.warning("idempotency keys not swept", error=str(exc))
 
-
-SCHEMA_PATH = next(
-    (
-        path
-        for path in (
-            Path(__file__).resolve().parents[1] / "schema.sql",  # a source tree, or an editable install
-            Path(sys.prefix) / "share" / "stockade" / "schema.sql",  # a wheel's (data-files)
-        )
-        if path.is_file()
-    ),
-    Path(__file__).resolve().parents[1] / "schema.sql",
-)
-"""schema.sql: next to the packages in a source tree, else where a wheel installs it."""
-SCHEMA_CALL_TIMEOUT_S = 60.0
-"""Longest one statement of the schema's application may go unanswered, in seconds: the whole
-schema is one statement, and a replica may wait here for another applying it."""
-
-
-async def apply_schema(database_url: str) -> None:
-    """Apply ``schema.sql`` (idempotent), serialised across replicas by an advisory lock, and
-    only when the database does not hold this very schema yet (its sha256 is recorded).
-
-    Raises:
-        DatabaseUnavailable: the database cannot be reached.
-        FileNotFoundError: schema.sql is missing next to the packages.
-    """
-    sql = SCHEMA_PATH.read_text()
-    digest = hashlib.sha256(sql.encode()).hexdigest()
-    conn = await PgConnection.connect(
-        database_url,
-        server_settings={"application_name": "stockade schema"},
-        call_timeout_s=SCHEMA_CALL_TIMEOUT_S,
-    )
-    try:
-        await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
-        try:
-            await conn.execute(queries.SCHEMA_VERSION_TABLE)
-            if await conn.fetchval(queries.SCHEMA_VERSION) != digest:
-                await conn.execute(sql)
-                await conn.execute(queries.RECORD_SCHEMA_VERSION, digest)
-        finally:
-            # A connection dropped by the error (a read-only server, a lost link) holds no lock
-            # any more; unlocking it would only hide that error behind "connection is closed".
-            if not conn.is_closed():
-                await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
-    finally:
-        await conn.close()

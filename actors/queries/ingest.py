@@ -1,27 +1,11 @@
-"""Ingest's statements (:mod:`actors.ingest`): the schema's application, the unfenced writes
-(submissions, cancels, registrations, heartbeats, leaves, presence, the idempotency sweep),
-and the reads behind job queries and the status view.
+"""Ingest's statements (:mod:`actors.ingest`): the unfenced writes (submissions, cancels,
+registrations, heartbeats, leaves, presence, the idempotency sweep), and the reads behind job
+queries and the status view.
 """
 
 from __future__ import annotations
 
 from actors.queries.jobs import dependency_states, lifecycle_columns
-
-# ---------------------------------------------------------------- schema
-
-SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
-APPLY_SCHEMA_LOCK = "SELECT pg_advisory_lock($1)"
-APPLY_SCHEMA_UNLOCK = "SELECT pg_advisory_unlock($1)"
-# Which schema.sql the database holds (its sha256), so an unchanged schema is not applied
-# again: some statements take strong locks even when they change nothing.
-SCHEMA_VERSION_TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_version (id int PRIMARY KEY CHECK (id = 1), sha256 text)"
-)
-SCHEMA_VERSION = "SELECT sha256 FROM schema_version WHERE id = 1"
-RECORD_SCHEMA_VERSION = """
-INSERT INTO schema_version (id, sha256) VALUES (1, $1)
-ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256
-"""
 
 # ---------------------------------------------------------------- ingest (unfenced writes)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ingest import apply_schema
+from actors.schema import apply_schema
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer

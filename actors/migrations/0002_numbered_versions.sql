@@ -1,0 +1,40 @@
+-- Version 2, from the first release's schema (version 1, which recorded only the sha256 of its
+-- schema.sql): versions recorded by number; the workers judged by their silence as a view and a
+-- job's dependencies' states as a function, each once; one full-jitter backoff rule
+-- (full_jitter_s, which takes its cap), behind the retry delay.
+DROP TABLE IF EXISTS schema_version;
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     integer     PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE OR REPLACE VIEW judged_workers AS
+SELECT w.id, w.incarnation, w.last_heartbeat_at, w.hold_until, w.dead_after_ms
+  FROM workers w
+ WHERE w.state = 'alive'
+    OR (w.state = 'left'
+        AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active'));
+
+CREATE OR REPLACE FUNCTION dependency_states(p_after bigint[])
+RETURNS TABLE (dep bigint, state text) LANGUAGE sql STABLE AS $$
+    SELECT m.dep, CASE WHEN bool_or(m.state = 'failed') THEN 'failed'
+                       WHEN bool_or(m.state = 'cancelled') THEN 'cancelled'
+                       WHEN bool_and(m.state = 'succeeded') THEN 'succeeded'
+                       WHEN count(*) = 1 THEN min(m.state)
+                       ELSE 'unfinished' END AS state
+      FROM (SELECT d.id AS dep, d.state FROM jobs d
+             WHERE d.id = ANY(p_after) AND d.array_id IS DISTINCT FROM d.id
+            UNION ALL
+            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY(p_after)) m
+     GROUP BY m.dep
+$$;
+
+CREATE OR REPLACE FUNCTION full_jitter_s(p_base_s float8, p_cap_s float8, p_attempt integer)
+RETURNS float8 LANGUAGE sql VOLATILE STRICT AS $$
+    SELECT random() * least(p_cap_s, p_base_s * power(2.0::float8, least(p_attempt, 1023)))
+$$;
+
+CREATE OR REPLACE FUNCTION retry_delay_s(p_backoff_ms bigint, p_failures integer)
+RETURNS float8 LANGUAGE sql VOLATILE AS $$
+    SELECT full_jitter_s(p_backoff_ms / 1000.0, 600.0, greatest(p_failures, 1) - 1)
+$$;
