@@ -64,7 +64,7 @@ def migrations(folder: Path = MIGRATIONS_PATH) -> list[Migration]:
             raise ValueError(f"migration file names must be NNNN_name.sql, got {path.name!r}")
         version = int(match.group(1))
         if version in found:
-            raise ValueError(f"migrations {found[version].path.name!r} and {path.name!r} share version {version}")
+            raise ValueError(f"migrations {found[version].path.name!r} and {path.name!r} share a version")
         found[version] = Migration(version, path)
     return [found[version] for version in sorted(found)]
 
@@ -87,10 +87,12 @@ async def apply_schema(database_url: str) -> None:
     try:
         await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
         try:
-            version = await conn.fetchval(queries.SCHEMA_VERSION)
-            if version is None:
+            state = await conn.fetchrow(queries.SCHEMA_STATE)
+            assert state is not None
+            if not state["made"]:
                 await conn.execute(SCHEMA_PATH.read_text())
                 return
+            version = await conn.fetchval(queries.SCHEMA_VERSION) if state["versioned"] else 1
             for migration in migrations():
                 if migration.version > version:
                     async with conn.transaction():

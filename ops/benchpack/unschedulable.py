@@ -19,11 +19,11 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.schema import apply_schema
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
 from actors.role import RoleView
+from actors.schema import apply_schema
 from ops.pg import EmbeddedPostgres, free_port
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.settings import LedgerSettings, PlacerSettings
