@@ -5,8 +5,6 @@ queries and the status view.
 
 from __future__ import annotations
 
-from actors.queries.jobs import dependency_states, lifecycle_columns
-
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
 
@@ -56,44 +54,28 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 """
 
 
-# A submission's dependencies (parameter {after}, bigint[]), read in the statement's snapshot:
-# whether every one exists (a job may name only jobs that exist already, so its dependencies are
-# older than itself and never form a cycle: actors/dependencies.py), and those not succeeded yet.
-def _dependencies(after: str) -> str:
-    return f"""(SELECT count(*) FROM jobs d WHERE d.id = ANY({after})) = cardinality({after}) AS all_exist,
-       coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM {dependency_states(after)} s
-                  WHERE s.state <> 'succeeded'), '{{}}') AS unfinished"""
-
-
-# A new job's state and reason (actors/dependencies.py, initial_states): waiting while a
-# dependency has not succeeded (reason 'waiting for job N, M'), or while it is a task of an array
-# beyond the array's limit ({k}: its position from 1, {limit}: the limit, 0 for none); else
-# pending.
-def _initial_state(unfinished: str, k: str, limit: str) -> str:
-    return f"""CASE WHEN cardinality({unfinished}) > 0 OR ({limit} > 0 AND {k} > {limit})
-            THEN 'waiting' ELSE 'pending' END,
-       CASE WHEN cardinality({unfinished}) > 0
-            THEN 'waiting for job ' || array_to_string({unfinished}, ', ')
-            WHEN {limit} > 0 AND {k} > {limit} THEN 'array limit: ' || {limit} || ' running'
-            ELSE '' END"""
-
-
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
 # last index, $19 its limit (0: none); then the idempotency key and the request's sha256 (see
 # once). One job, or one row per task of an array: the first task's id is drawn first and is the
-# array's id (array_id of every task). Stores nothing when a dependency does not exist (its
-# answer is then empty and no key is kept: the caller names the missing ids). Answer: one row,
-# id (the job's, or the array's) and tasks (how many rows).
+# array's id (array_id of every task). Its dependencies are read in the statement's snapshot
+# (schema.sql, dependency_states); it stores nothing when one does not exist (its answer is then
+# empty and no key is kept: the caller names the missing ids). A task is waiting while a
+# dependency has not succeeded, or while it is beyond its array's limit (its position k from 1
+# above the limit); else pending. Answer: one row, id (the job's, or the array's) and tasks (how
+# many rows).
 SUBMIT_JOB = once(
     "submit_job",
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
     params=19,
-    steps=f"""deps AS (
-    SELECT {_dependencies("$16::bigint[]")}
+    steps="""deps AS (
+    SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])) = cardinality($16::bigint[])
+               AS all_exist,
+           coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states($16::bigint[]) s
+                      WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps WHERE deps.all_exist
@@ -114,7 +96,13 @@ inserted AS (
            CASE WHEN $17::int IS NULL THEN NULL ELSE f.id END,
            CASE WHEN $17::int IS NULL THEN NULL ELSE t.i END,
            CASE WHEN $17::int IS NULL THEN NULL ELSE $19::int END,
-           {_initial_state("deps.unfinished", "t.k", "coalesce($19::int, 0)")},
+           CASE WHEN cardinality(deps.unfinished) > 0 OR (coalesce($19::int, 0) > 0 AND t.k > $19::int)
+                THEN 'waiting' ELSE 'pending' END,
+           CASE WHEN cardinality(deps.unfinished) > 0
+                THEN 'waiting for job ' || array_to_string(deps.unfinished, ', ')
+                WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
+                THEN 'array limit: ' || $19::int || ' running'
+                ELSE '' END,
            nextval('pending_seq')
       FROM first f, deps, tasks t
      ORDER BY t.k
@@ -127,11 +115,11 @@ inserted AS (
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
 # $15 workdir, $16 after_ids (JSON arrays); then the idempotency key and the request's sha256
 # (see once). One statement: all jobs or none; none when a job names a dependency that does not
-# exist (already: a job of the batch cannot name another). Answer rows: id, one per job, drawn
-# in order.
+# exist (already: a job of the batch cannot name another). A job waits as SUBMIT_JOB's (a batch
+# holds no array). Answer rows: id, one per job, drawn in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
-    f"""
+    """
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                   max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
                   after_ids, state, reason, pending_seq)
@@ -140,7 +128,9 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
        t.image, t.max_attempts, t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints::jsonb,
        t.env::jsonb, t.workdir, t.after,
-       {_initial_state("d.unfinished", "1", "0")},
+       CASE WHEN cardinality(d.unfinished) > 0 THEN 'waiting' ELSE 'pending' END,
+       CASE WHEN cardinality(d.unfinished) > 0
+            THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
        nextval('pending_seq')
   FROM batch t JOIN deps d ON d.n = t.n, fresh
  WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)
@@ -148,7 +138,7 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
 RETURNING id
 """,
     params=16,
-    steps=f"""batch AS (
+    steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
@@ -158,7 +148,10 @@ RETURNING id
                                 after_ids, n)
 ),
 deps AS (
-    SELECT b.n, {_dependencies("b.after")} FROM batch b
+    SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)) = cardinality(b.after) AS all_exist,
+           coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states(b.after) s
+                      WHERE s.state <> 'succeeded'), '{}') AS unfinished
+      FROM batch b
 ),""",
 )
 
@@ -230,9 +223,11 @@ WITH swept AS (
 SELECT count(*) FROM swept
 """
 
-_JOB_INFO = f"""
+_JOB_INFO = """
 SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv, j.image,
-       {lifecycle_columns("j")}, j.failures, j.array_id, j.array_index,
+       j.max_attempts, j.retry_backoff_ms, j.count_lost, j.timeout_ms,
+       j.constraints::text AS constraints, j.env::text AS env, j.workdir, j.after_ids, j.array_max_running,
+       j.failures, j.array_id, j.array_index,
        extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
        j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
        extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,

@@ -15,43 +15,6 @@ import attrs
 from runtime.constraints import Constraint
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 
-LIFECYCLE_COLUMNS = (
-    "max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints::text AS constraints, "
-    "env::text AS env, workdir, after_ids, array_max_running"
-)
-"""The columns of a spec after its runtime, as :func:`job_spec_of` reads them (prefix each
-with a table alias where the query needs one: :func:`lifecycle_columns`)."""
-
-
-def lifecycle_columns(alias: str) -> str:
-    """:data:`LIFECYCLE_COLUMNS` read from the table aliased ``alias``."""
-    return (
-        f"{alias}.max_attempts, {alias}.retry_backoff_ms, {alias}.count_lost, {alias}.timeout_ms, "
-        f"{alias}.constraints::text AS constraints, {alias}.env::text AS env, {alias}.workdir, "
-        f"{alias}.after_ids, {alias}.array_max_running"
-    )
-
-
-def dependency_states(after: str) -> str:
-    """SQL: a subquery of one row ``(dep, state)`` per job id in the ``bigint[]`` expression
-    ``after`` that exists (actors/dependencies.py). A job stands for itself; an array's id (its
-    first task's) stands for the whole array, as Slurm's ``afterok:<array job id>`` waits for
-    every task: ``failed`` when a task failed, else ``cancelled`` when one was, ``succeeded``
-    when every task succeeded, else ``unfinished``. (A task named by its own id, other than the
-    first, is that task alone.) Reads index jobs_by_array and the primary key."""
-    return f"""(
-    SELECT m.dep, CASE WHEN bool_or(m.state = 'failed') THEN 'failed'
-                       WHEN bool_or(m.state = 'cancelled') THEN 'cancelled'
-                       WHEN bool_and(m.state = 'succeeded') THEN 'succeeded'
-                       WHEN count(*) = 1 THEN min(m.state)
-                       ELSE 'unfinished' END AS state
-      FROM (SELECT d.id AS dep, d.state FROM jobs d
-             WHERE d.id = ANY({after}) AND d.array_id IS DISTINCT FROM d.id
-            UNION ALL
-            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY({after})) m
-     GROUP BY m.dep
-)"""
-
 
 def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
     """The spec's fields after its runtime from a row; a column the row lacks keeps the spec's
