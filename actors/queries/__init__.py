@@ -1,46 +1,32 @@
-"""Every SQL statement the control plane runs, by name, one module per owner.
+"""Every SQL statement the control plane runs, by name, one module per owner; this package names
+them all, so callers write ``queries.NAME``.
 
-Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
-ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, cordons and
-drains, and the sweep of expired idempotency keys). Reads are used by the lease keeper,
-placer, reconciler, ingest and the database watch.
-Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
-$n)``; all times are the database's ``now()``.
-
-A job's spec is stored in the columns of ``jobs``: :func:`job_spec_of` reads it from a row and
-:func:`job_columns` gives the columns a spec is stored in, the one place the runtimes meet SQL.
-
-The statements live in one module per actor that runs them: :mod:`actors.queries.lease`,
-:mod:`actors.queries.database_watch` (the statistics views it samples),
-:mod:`actors.queries.ledger` (every fenced write), :mod:`actors.queries.placer` and
-:mod:`actors.queries.reconciler` (their reads), :mod:`actors.queries.ingest` (every unfenced
-write, the schema and the client-facing reads), and :mod:`actors.queries.jobs` (a job's spec
-as columns). This package names them all, so callers write ``queries.NAME``.
+Writes appear only in two places: the ledger (fenced: :mod:`actors.queries.ledger`) and ingest
+(unfenced: :mod:`actors.queries.ingest`). The reads: :mod:`actors.queries.lease`,
+:mod:`actors.queries.placer`, :mod:`actors.queries.reconciler`, :mod:`actors.queries.reads` (what
+ingest answers clients with), :mod:`actors.queries.database_watch`, :mod:`actors.queries.console`;
+the schema's application: :mod:`actors.queries.schema`. Durations are passed as float seconds and
+turned into intervals with ``make_interval(secs => $n)``; all times are the database's ``now()``.
+A job's spec is stored in the columns of ``jobs`` (:mod:`actors.queries.jobs`: :func:`job_spec_of`
+reads it from a row, :func:`job_columns` gives its columns).
 """
 
 from __future__ import annotations
 
 from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS, TABLE_UPDATES
 from actors.queries.ingest import (
-    ARRAY_COUNTS,
     CANCEL_JOB,
     CONFIRM_HELD_ASSIGNMENTS,
     CONTINUE_WORKER,
     CORDON_WORKER,
-    COUNT_PENDING,
     CURRENT_EPOCH,
     DRAIN_WORKER,
     EPOCH_AND_CLOCK,
-    GET_JOB,
     HEARTBEAT,
     IDEMPOTENCY_KEY_CONSTRAINT,
-    JOB_ATTEMPTS,
-    JOB_EVENTS,
     LEAVE_WORKER,
-    LIST_JOBS,
     LOCK_REGISTRATION,
     LOCK_WORKER,
-    LOG_SOURCE,
     MISSING_JOBS,
     NEWER_REGISTRATION,
     RECORD_HEARTBEATS,
@@ -51,11 +37,6 @@ from actors.queries.ingest import (
     RELEASED_ASSIGNMENTS,
     SET_RESTART_HOLD,
     STAMP_REGISTRATION,
-    STATUS_CONTROL_PLANES,
-    STATUS_HEARTBEAT_POLICY,
-    STATUS_JOB_COUNTS,
-    STATUS_UNSCHEDULABLE,
-    STATUS_WORKERS,
     SUBMIT_JOB,
     SUBMIT_JOBS,
     SWEEP_IDEMPOTENCY_KEYS,
@@ -99,6 +80,20 @@ from actors.queries.placer import (
     NO_LONGER_PENDING,
     PENDING_JOBS,
     ROUND_READ,
+)
+from actors.queries.reads import (
+    ARRAY_COUNTS,
+    COUNT_PENDING,
+    GET_JOB,
+    JOB_ATTEMPTS,
+    JOB_EVENTS,
+    LIST_JOBS,
+    LOG_SOURCE,
+    STATUS_CONTROL_PLANES,
+    STATUS_HEARTBEAT_POLICY,
+    STATUS_JOB_COUNTS,
+    STATUS_UNSCHEDULABLE,
+    STATUS_WORKERS,
 )
 from actors.queries.reconciler import (
     CANCEL_REQUESTED_ASSIGNMENTS,

@@ -7,7 +7,7 @@ its index or a ``LIMIT``, so no page reads more than a few hundred rows.
 
 from __future__ import annotations
 
-from actors.queries.ingest import GET_JOB, LOG_SOURCE
+from actors.queries.reads import GET_JOB, LOG_SOURCE
 
 __all__ = [
     "CONSOLE_CONTROL_PLANES",
