@@ -384,6 +384,51 @@ SELECT w.id, w.incarnation, w.last_heartbeat_at, w.hold_until, w.dead_after_ms
     OR (w.state = 'left'
         AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active'));
 
+-- The workers the placer may place on (queries.LIVE_WORKERS, ROUND_READ): alive, heard within
+-- p_fresh_s and not held for a planned restart, with their allocation and their send window's
+-- counters (worker_allocations), whether each runs container jobs (its label container=docker,
+-- actors/placement.py), whether it is cordoned (read so that an unschedulable reason can name the
+-- cordoned workers it did not count; never placed on), marked unhealthy and, if so, whether its
+-- probe is due, and whether it is on trial (actors/placer.py, probe_limit: one job at a time):
+-- with p_trial_run_s > 0, no run of its incarnation that ended (or is still going) after its
+-- registration and its health_since has succeeded or run for p_trial_run_s since a heartbeat first
+-- listed it, a run cancelled after that long included (a user's cancel, or a drain, does not put a
+-- worker back on trial). Indexes assignments_finished_by_worker, assignments_cancelled_by_worker and
+-- assignments_active_by_worker: one worker's runs since. A plain SQL function: the planner inlines
+-- it into the statement that calls it.
+CREATE OR REPLACE FUNCTION live_workers(p_fresh_s float8, p_trial_run_s float8)
+RETURNS TABLE (
+    id text, address text, incarnation bigint, cpu_millis integer, memory_mb integer,
+    cpu_allocated_millis bigint, memory_allocated_mb bigint, unconfirmed_assignments integer,
+    confirmed_assignments integer, runs_containers boolean, labels text, cordoned boolean,
+    unhealthy boolean, probe_due boolean, trial boolean
+) LANGUAGE sql STABLE AS $$
+    SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
+           a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
+           coalesce(w.labels->>'container' = 'docker', false), w.labels::text,
+           w.cordoned_at IS NOT NULL, w.unhealthy_at IS NOT NULL,
+           coalesce(w.unhealthy_probe_at <= now(), false),
+           p_trial_run_s > 0
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'finished'
+                              AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                              AND t.worker_incarnation = w.incarnation
+                              AND (t.outcome = 'succeeded'
+                                   OR t.confirmed_at + make_interval(secs => p_trial_run_s) <= t.ended_at))
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'cancelled'
+                              AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                              AND t.worker_incarnation = w.incarnation
+                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= t.ended_at)
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'active'
+                              AND t.worker_incarnation = w.incarnation
+                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= now())
+      FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+     WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => p_fresh_s)
+       AND (w.hold_until IS NULL OR w.hold_until <= now())
+$$;
+
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
 -- afterok:<array job id>: 'failed' when a task failed, else 'cancelled' when one was,
@@ -473,36 +518,9 @@ $$;
 -- not_started ones an assignment that never ran (below): anything else the worker reports (a
 -- stop the control plane ordered, a fence) was or will be ended by the leader. Returns how
 -- many outcomes were recorded late.
---
--- 1. An outcome of an assignment of this worker that is still active finishes it and ends its
---    job (assigned or running) with the outcome.
--- 2. A late outcome, of an assignment the leader already ended as lost (worker_dead,
---    worker_restarted: the worker was declared dead, or registered again, before the report got
---    through), is recorded on that assignment (outcome, exit_code; it stays lost), once.
---    The row lock on the assignment orders this against the leader's sweep that ends it
---    (END_ORPHANED_ASSIGNMENTS): whichever comes second waits, then (READ COMMITTED) re-checks
---    its WHERE against the newest row version, and SET and RETURNING are computed on that
---    version. So an outcome racing the sweep either finishes the active assignment first (the
---    sweep then finds it no longer active and does not requeue the job) or lands on the lost
---    branch.
--- 3. Then, in a statement of its own, a job whose lost assignment has just recorded a late
---    outcome and that is still pending (requeued, not placed again yet) ends with that outcome:
---    it ran to completion, it must not run again. So does a job the sweep ended `cancelled`
---    with that assignment (a cancel was asked while its worker was cut off, and nothing placed
---    it again since): the cancel never reached the run, which had ended on its own, and what
---    happened stands over what was asked. A job placed again is left to its new assignment
---    (the old assignment alone keeps the outcome). A statement of its own because
---    its snapshot is taken after step 2 (a VOLATILE function under READ COMMITTED takes one per
---    statement), so it sees the requeue that came with the assignment's end (one transaction of
---    the leader, which had committed, since step 2 saw the assignment lost); in one statement
---    the job's row could still be read as it was before that requeue.
---    Against a concurrent placement claim (COMMIT_PLACEMENTS claims with UPDATE jobs ... WHERE
---    j.state = 'pending'): both UPDATE the job's row, so its row lock orders them. Whichever
---    comes second waits until the first commits, then re-reads the newest version of the row
---    and re-checks its WHERE against it: after a claim the job is 'assigned', so step 3 leaves
---    it alone; after step 3 it is 'succeeded' or 'failed', so the claim skips it (invariant 3).
---    The job is never both ended here and placed again. A user's CancelJob of the pending job is
---    ordered the same way (it cancels only a pending job).
+-- What becomes of an outcome on time and of one that arrives after the leader ended its
+-- assignment as lost, and why a late one never runs its job twice: docs/design.md, "Outcomes on
+-- time and late".
 CREATE OR REPLACE FUNCTION record_outcomes(
     p_worker_id text, p_assignment_ids bigint[], p_states text[], p_exit_codes int[],
     p_run_ms bigint[], p_ended_ago_ms bigint[], p_stdout_paths text[], p_stderr_paths text[],
@@ -815,35 +833,8 @@ END $$;
 -- was locked by another transaction: nothing was recorded for it, the caller records it alone,
 -- waiting for the lock as a heartbeat always did), which of its running assignments to stop,
 -- and what record_heartbeat returns beside (the same for every member).
---
--- Why each rule of record_heartbeat still holds for every member:
--- - The rows are locked first, in one fixed order (sorted ids, as the ORDER BY below sorts
---   before it locks; the stamping UPDATE in the same statement touches only rows that locking
---   scan returned, ours already), so two groups, or a group and a registration (one row),
---   never wait for each other in a cycle. SKIP LOCKED: a row another transaction holds (a registration, a
---   leave, a cordon, the leader's dead-worker declaration, a heartbeat of the same worker on
---   another replica) never makes the whole group wait nor fail on lock_timeout; only that
---   member waits, alone, as it did before.
--- - Each member's stamp is clock_timestamp() computed for its own row inside the statement,
---   so after its request was received; no stamp waits for a lock (held already). A member
---   still stamped more than 50 ms before the statement's end is stamped again at the end, so
---   every worker's silence counts from the answer, as it counts it itself.
--- - Liveness only: no outcomes (a heartbeat that carries outcomes is recorded alone, by
---   record_heartbeat, committed durably; see actors/ingest.py), so the WAL flush is skipped
---   as record_heartbeat skips it for liveness (a lost stamp makes a worker look a little
---   older; a lost confirmation is sent again).
--- - One statement: no row lock is held across a round trip.
--- - A running assignment's confirmation locks its row in id order and skips one another
---   transaction holds (the leader ending it): the worker lists it again in its next heartbeat,
---   which confirms it then, or names it to stop. Its job becomes running as in record_heartbeat.
---   The locking statement runs only when one of the listed assignments is still unconfirmed
---   (the look that finds the ones to stop tells): in the steady state none is.
---
--- Its cost (docs/design.md, "Grouped heartbeats", measured): in a tight loop about 0.2 ms of
--- database CPU per call plus about 12 µs per member (in a real run about 0.9 ms plus 28 µs),
--- linear up to heartbeat_group_max: in the steady state,
--- beside the checks, three statements (lock and stamp; the running assignments; the answer),
--- all on generic plans.
+-- Why every rule of record_heartbeat still holds for each member, and what a group costs:
+-- docs/design.md, "Grouped heartbeats".
 CREATE OR REPLACE FUNCTION record_heartbeats(
     p_worker_ids text[], p_incarnations bigint[], p_sent_us bigint[], p_in_use_ms integer[],
     p_running_ids bigint[], p_running_members integer[], p_interval_ms integer, p_dead_after_ms integer

@@ -1,7 +1,7 @@
 -- Version 2, from the first release's schema (version 1, which recorded only the sha256 of its
--- schema.sql): versions recorded by number; the workers judged by their silence as a view and a
--- job's dependencies' states as a function, each once; one full-jitter backoff rule
--- (full_jitter_s, which takes its cap), behind the retry delay.
+-- schema.sql): versions recorded by number; the workers judged by their silence as a view, and a
+-- job's dependencies' states and the workers the placer may place on as functions, each once; one
+-- full-jitter backoff rule (full_jitter_s, which takes its cap), behind the retry delay.
 DROP TABLE IF EXISTS schema_version;
 CREATE TABLE IF NOT EXISTS schema_version (
     version     integer     PRIMARY KEY,
@@ -37,4 +37,37 @@ $$;
 CREATE OR REPLACE FUNCTION retry_delay_s(p_backoff_ms bigint, p_failures integer)
 RETURNS float8 LANGUAGE sql VOLATILE AS $$
     SELECT full_jitter_s(p_backoff_ms / 1000.0, 600.0, greatest(p_failures, 1) - 1)
+$$;
+
+CREATE OR REPLACE FUNCTION live_workers(p_fresh_s float8, p_trial_run_s float8)
+RETURNS TABLE (
+    id text, address text, incarnation bigint, cpu_millis integer, memory_mb integer,
+    cpu_allocated_millis bigint, memory_allocated_mb bigint, unconfirmed_assignments integer,
+    confirmed_assignments integer, runs_containers boolean, labels text, cordoned boolean,
+    unhealthy boolean, probe_due boolean, trial boolean
+) LANGUAGE sql STABLE AS $$
+    SELECT w.id, w.address, w.incarnation, w.cpu_millis, w.memory_mb, a.cpu_allocated_millis,
+           a.memory_allocated_mb, a.unconfirmed_assignments, a.confirmed_assignments,
+           coalesce(w.labels->>'container' = 'docker', false), w.labels::text,
+           w.cordoned_at IS NOT NULL, w.unhealthy_at IS NOT NULL,
+           coalesce(w.unhealthy_probe_at <= now(), false),
+           p_trial_run_s > 0
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'finished'
+                              AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                              AND t.worker_incarnation = w.incarnation
+                              AND (t.outcome = 'succeeded'
+                                   OR t.confirmed_at + make_interval(secs => p_trial_run_s) <= t.ended_at))
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'cancelled'
+                              AND t.ended_at > greatest(w.registered_at, coalesce(w.health_since, '-infinity'))
+                              AND t.worker_incarnation = w.incarnation
+                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= t.ended_at)
+           AND NOT EXISTS (SELECT 1 FROM assignments t
+                            WHERE t.worker_id = w.id AND t.state = 'active'
+                              AND t.worker_incarnation = w.incarnation
+                              AND t.confirmed_at + make_interval(secs => p_trial_run_s) <= now())
+      FROM workers w JOIN worker_allocations a ON a.worker_id = w.id
+     WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => p_fresh_s)
+       AND (w.hold_until IS NULL OR w.hold_until <= now())
 $$;
