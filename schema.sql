@@ -726,12 +726,10 @@ BEGIN
     END IF;
     RETURN late;
 END $$;
--- One heartbeat in one statement (actors/ingest.py, queries.HEARTBEAT): one round trip
--- instead of up to seven (BEGIN, SET LOCAL, four statements, COMMIT), and the worker's row
--- is locked only while the statement runs, never across round trips. The statements, their
--- order and their conditions are those of the transaction it replaces; each one sees what the
--- ones before it wrote and takes a fresh snapshot (a VOLATILE function under READ COMMITTED),
--- as separate statements did. All commit together, with the calling statement.
+-- One heartbeat in one statement (actors/ingest.py, queries.HEARTBEAT), one round trip: the
+-- worker's row is locked only while it runs. Each statement inside sees what the ones before it
+-- wrote (a VOLATILE function under READ COMMITTED takes a snapshot per statement); all commit
+-- together, with the calling statement.
 -- p_worker_id, p_incarnation: who reports. p_running: the assignment ids it runs.
 -- p_assignment_ids .. p_details: its finished outcomes, as parallel arrays: assignment ids,
 -- states, exit codes (NULL for none), run lengths (ms), how long before the heartbeat was sent

@@ -430,29 +430,17 @@ LOCK_REGISTRATION = "SELECT pg_advisory_xact_lock(1397900615, hashtext($1))"
 # the promise's next statement sees its assignments, and a placement after it sees the promise.
 LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
 
-# A worker's finished outcomes (heartbeats carry them through HEARTBEAT; registrations through
-# this): the function record_outcomes in schema.sql, which says what becomes of an outcome that
-# arrives on time and of one that arrives after the leader ended its assignment as lost.
-# $1 worker id, then parallel arrays: $2 assignment ids, $3 states, $4 exit codes (NULL for
-# none), $5 run lengths (ms), $6 how long before the report was sent each run ended (ms), $7
-# stdout paths, $8 stderr paths, $9 details. Returns how many were recorded late.
+# A worker's finished outcomes, from a registration (heartbeats carry theirs through HEARTBEAT):
+# the function record_outcomes in schema.sql, its parameters as $1 .. $9. Returns how many were
+# recorded late.
 RECORD_OUTCOMES = """
 SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::bigint[], $6::bigint[],
                        $7::text[], $8::text[], $9::text[])
 """
 
-# One heartbeat, one statement: the function record_heartbeat in schema.sql records the
-# worker's liveness, its finished outcomes (ending the assignments still active) and its
-# running confirmations, and says which of the running assignments to stop.
-# $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
-# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 run lengths (ms),
-# $8 how long before the heartbeat was sent each run ended (ms), $9 stdout paths, $10 stderr
-# paths, $11 details; $12 its send time (the worker's monotonic clock, µs), $13 the dead_after
-# its fence is derived from (ms, 0: none), $14 $15 the interval and dead_after (ms) to tell while
-# the leader chose none.
-# Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
-# stop_assignment_ids, database_unix_s (now(): the agent times its log by it),
-# told_interval_ms, told_dead_after_ms (docs/design.md, "Heartbeat interval").
+# One heartbeat, one statement: the function record_heartbeat in schema.sql (liveness, finished
+# outcomes, running confirmations, which running assignments to stop), its parameters as
+# $1 .. $15 and its row as it returns it.
 HEARTBEAT = """
 SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval_ms, told_dead_after_ms
   FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::bigint[],
@@ -460,15 +448,8 @@ SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval
 """
 
 # Liveness-only heartbeats of several workers, one statement: the function record_heartbeats in
-# schema.sql (actors/heartbeat_group.py gathers them). Members as parallel arrays: $1 worker ids
-# (each once), $2 incarnations, $3 send times (the workers' monotonic clocks, µs), $4 the
-# dead_after each fence is derived from (ms, 0: none); their running assignments flattened: $5
-# assignment ids, $6 the member (1-based index into $1) each belongs to; $7 $8 the interval and
-# dead_after (ms) to tell while the leader chose none.
-# One row per member, in member order: member, alive, skipped (its row was locked by another
-# transaction: nothing recorded, record it alone), stop_assignment_ids, newer_agent_run_id,
-# newer_address, newer_incarnation (the registration that replaced a member told to register
-# again; NULL: none), current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms.
+# schema.sql (actors/heartbeat_group.py gathers them), its parameters as $1 .. $8 and its rows as
+# it returns them, one per member, in member order.
 RECORD_HEARTBEATS = """
 SELECT member, alive, skipped, stop_assignment_ids, newer_agent_run_id, newer_address,
        newer_incarnation, current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms

@@ -24,19 +24,14 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # (schema.sql, worker health: a mark the leader wrote after the round's read) and not held for
 # a planned restart (schema.sql, workers.hold_until).
 #
-# A worker's future is ordered against placements by its row (queries.ingest.LOCK_WORKER): every
-# promise about a worker (a cordon or drain, a clean leave, a registration that ends an
-# incarnation, a restart hold, a death) first locks its row FOR UPDATE, and ``open_workers``
-# locks the placements' workers FOR KEY SHARE, which conflicts with FOR UPDATE alone (a
-# heartbeat's update of last_heartbeat_at takes FOR NO KEY UPDATE and never waits for it).
-# Under READ COMMITTED a row lock re-checks its WHERE on the newest version of the row, so a
-# promise that committed after this statement's snapshot is seen and its worker takes nothing;
-# a promise that comes later waits until this statement commits, and reads the assignments it
-# created in its next statement. Rows are locked in id order (no deadlock between two
-# statements that each lock several). Returns one row with ``epoch_seen``
-# and no assignment when nothing was placed, else one row per assignment created: small rows
-# only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
-# never holds the share lock while it waits to hand a large result to a client that froze.
+# A worker's future is ordered against placements by its row (docs/design.md, "How decisions
+# are fenced"): ``open_workers`` locks the placements' workers FOR KEY SHARE, in id order (no
+# deadlock between two statements that each lock several), against the FOR UPDATE every promise
+# about a worker takes first (queries.ingest.LOCK_WORKER), and never waits for a heartbeat.
+# Returns one row with ``epoch_seen`` and no assignment when nothing was placed, else one row per
+# assignment created: small rows only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after
+# the commit), so the server never holds the share lock while it waits to hand a large result to
+# a client that froze.
 #
 # Linear in the placements, as every fenced write must be (it holds the share lock throughout):
 # ``claimed`` draws each assignment's id itself, so the result needs no join of ``created`` with
@@ -159,16 +154,7 @@ SELECT id FROM dead
 # actors/ledger.py). An assignment that a heartbeat ended meanwhile is skipped: the UPDATE
 # re-checks ``state`` on the row's newest version.
 # A registration alone does not end the previous incarnation's assignments: only once the new
-# incarnation has heartbeated (last_heartbeat_at past registered_at, both set by the
-# registration). An agent stops every job before it registers, so the agent that heartbeats
-# under the new incarnation has stopped the old one's; but a registration its agent did not
-# send (a late copy of an older one, or another process claiming the worker id) starts an
-# incarnation no agent heartbeats under, and the agent still running the old incarnation's
-# jobs learns of it only from its next heartbeat's answer (register again), which stops them
-# first. A dead worker's assignments end at once: it fenced itself before dead_after. So do
-# those of the incarnation that left, which stopped them before it left; a left row's older
-# incarnations' assignments follow the rule of a registration (the leave does not move
-# last_heartbeat_at).
+# incarnation has heartbeated (docs/design.md, "Orphaned assignments").
 END_ORPHANED_ASSIGNMENTS = """
 WITH orphaned AS (
     SELECT a.id, CASE WHEN w.state = 'dead' THEN 'worker_dead'

@@ -48,37 +48,16 @@ SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit
   FROM assignments WHERE job_id = $1 ORDER BY id
 """
 
-# $1 job id. The job's history (GetJobEvents), rebuilt from what the tables keep, in time order
-# (database time; ties, as in one transaction, in the order the transaction did them): one row per
-# event, none when there is no such job. Columns: kind, at_unix_s, assignment_id, worker_id,
-# incarnation, epoch (and leader, the holder of that epoch in lease_history), state, reason,
-# outcome, exit_code, detail, not_before_unix_s (NULL where they do not apply), and job_state (the
-# job's state now, on every row). Kinds:
-#   submitted         jobs.submitted_at.
-#   waiting           at submission, for the jobs in after_ids (detail says which).
-#   cancel_requested  jobs.cancel_requested_at: a cancel was asked (first time).
-#   placed            an assignment: worker, incarnation, epoch of the leader that committed it.
-#   confirmed         the first heartbeat that listed it as running (assignments.confirmed_at).
-#   worker_dead       the declaration (worker_deaths) of the worker an assignment ended with
-#                     (end_reason worker_dead): its epoch, the worker's last heartbeat.
-#   ended             an assignment's end: state (finished, lost, cancelled, stopped), reason
-#                     (end_reason), the worker's outcome and exit code, epoch = ended_epoch (a
-#                     fenced end; NULL when the worker's report ended it), detail.
-#   requeued          the job pending again in the transaction that ended the assignment: when
-#                     a later assignment exists, when the job is pending now, or when it ended
-#                     later than that transaction (cancelled while pending; a late outcome).
-#                     not_before: the backoff (jobs.not_before) on the latest requeue that wrote
-#                     it, the only one the table keeps (docs/design.md, "A job's history").
-#   final             the job's end (succeeded, failed, cancelled), with its exit code and detail,
-#                     when the record says it ended: jobs.finished_at, or the latest other event
-#                     when that is later. A run its worker reported ended at finished_at (the
-#                     database's clock, dated from the worker's monotonic measures: schema.sql,
-#                     run_finished_at), before its assignment's end recorded the report; and each
-#                     event's time is its own transaction's now() (its start), so two that
-#                     raced may be a little out of order: the job's end follows them all.
-# Reads the job's row and its assignments (index assignments_by_job), one worker_deaths probe per
-# assignment ended by a death and one lease_history probe (primary key) per event: a read of a
-# few rows, on any replica, that writes nothing and adds nothing to the hot paths.
+# $1 job id. The job's history (GetJobEvents), rebuilt from what the tables keep (docs/design.md,
+# "A job's history", says where each event comes from), in time order (database time; ties, as in
+# one transaction, in the order the transaction did them): one row per event, none when there is
+# no such job. Columns: kind (submitted, waiting, cancel_requested, placed, confirmed, worker_dead,
+# ended, requeued, final), at_unix_s, assignment_id, worker_id, incarnation, epoch (and leader, the
+# holder of that epoch in lease_history), state, reason, outcome, exit_code, detail,
+# not_before_unix_s (NULL where they do not apply), and job_state (the job's state now, on every
+# row). Reads the job's row and its assignments (index assignments_by_job), one worker_deaths
+# probe per assignment ended by a death and one lease_history probe per event: a read of a few
+# rows, on any replica, that writes nothing and adds nothing to the hot paths.
 JOB_EVENTS = """
 WITH j AS (
     SELECT * FROM jobs WHERE id = $1

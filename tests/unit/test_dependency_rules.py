@@ -1,5 +1,6 @@
 """The rules of waiting jobs (:mod:`actors.dependencies`): when a job waiting for its
-dependencies or for room in its array becomes pending, and when it is cancelled; and how the agent names an array task's variables (:mod:`agent.job_env`)."""
+dependencies or for room in its array becomes pending, and when it is cancelled; and how the
+agent names an array task's variables (:mod:`agent.job_env`)."""
 
 from __future__ import annotations
 
