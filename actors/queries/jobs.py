@@ -160,6 +160,10 @@ def job_columns(spec: JobSpec) -> JobColumns:
     )
 
 
+BATCH_COLUMNS = ["name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image", "max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir", "after_ids"]
+"""The columns of :data:`SUBMIT_JOBS`' parameters $1-$16, in order."""
+
+
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
     """The columns of many specs as parameters $1-$16 of :data:`SUBMIT_JOBS`: one array per
     column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
@@ -169,21 +173,7 @@ def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
         ValueError: a spec has no runtime.
     """
     columns = [job_columns(spec) for spec in specs]
-    return (
-        [c.name for c in columns],
-        [c.cpu_millis for c in columns],
-        [c.memory_mb for c in columns],
-        [c.priority for c in columns],
-        [c.runtime for c in columns],
-        [c.sleep_ms for c in columns],
-        [None if c.argv is None else json.dumps(c.argv) for c in columns],
-        [c.image for c in columns],
-        [c.max_attempts for c in columns],
-        [c.retry_backoff_ms for c in columns],
-        [c.count_lost for c in columns],
-        [c.timeout_ms for c in columns],
-        [c.constraints for c in columns],
-        [c.env for c in columns],
-        [c.workdir for c in columns],
-        [json.dumps(c.after_ids) for c in columns],
-    )
+    arrays = {name: [getattr(c, name) for c in columns] for name in BATCH_COLUMNS}
+    arrays["argv"] = [None if argv is None else json.dumps(argv) for argv in arrays["argv"]]
+    arrays["after_ids"] = [json.dumps(after) for after in arrays["after_ids"]]
+    return tuple(arrays.values())
