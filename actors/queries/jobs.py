@@ -160,7 +160,11 @@ def job_columns(spec: JobSpec) -> JobColumns:
     )
 
 
-BATCH_COLUMNS = ["name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image", "max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir", "after_ids"]
+BATCH_COLUMNS = (
+    *("name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image"),
+    *("max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir"),
+    "after_ids",
+)
 """The columns of :data:`SUBMIT_JOBS`' parameters $1-$16, in order."""
 
 
