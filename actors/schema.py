@@ -18,20 +18,11 @@ import attrs
 from actors.queries import schema as queries
 from runtime.aio import PgConnection
 
-__all__ = ["MIGRATIONS_PATH", "SCHEMA_PATH", "Migration", "apply_schema", "migrations"]
-
-SCHEMA_PATH = next(
-    (
-        path
-        for path in (
-            Path(__file__).resolve().parents[1] / "schema.sql",  # a source tree, or an editable install
-            Path(sys.prefix) / "share" / "stockade" / "schema.sql",  # a wheel's (data-files)
-        )
-        if path.is_file()
-    ),
-    Path(__file__).resolve().parents[1] / "schema.sql",
-)
-"""schema.sql: next to the packages in a source tree, else where a wheel installs it."""
+_BESIDE_PACKAGES = Path(__file__).resolve().parents[1] / "schema.sql"
+_WHEEL_DATA = Path(sys.prefix) / "share" / "stockade" / "schema.sql"
+SCHEMA_PATH = _WHEEL_DATA if _WHEEL_DATA.is_file() and not _BESIDE_PACKAGES.is_file() else _BESIDE_PACKAGES
+"""schema.sql: next to the packages in a source tree or an editable install, else where a wheel
+installs it (data-files)."""
 
 MIGRATIONS_PATH = Path(__file__).resolve().parent / "migrations"
 """The migrations, shipped inside the package (package data)."""
