@@ -429,6 +429,21 @@ RETURNS TABLE (
        AND (w.hold_until IS NULL OR w.hold_until <= now())
 $$;
 
+-- The pending jobs as the placer reads them (queries.PENDING_JOBS, ROUND_READ): with how long
+-- (s, database time) each must still wait for its requeue backoff, whether it runs in a
+-- container, its constraints (NULL: none), and the workers where a run of it failed before
+-- (failed_on: their ids separated by spaces, ids hold none; NULL for none; looked up only for a
+-- job that spent an attempt, index assignments_by_job), which a retry avoids (actors/placement.py).
+CREATE OR REPLACE VIEW placeable_jobs AS
+SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
+       greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s,
+       runtime = 'container' AS container,
+       CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints,
+       CASE WHEN failures > 0 THEN
+           (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
+             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on
+  FROM jobs WHERE state = 'pending';
+
 -- One row (dep, state) per job id in p_after that exists (actors/dependencies.py). A job stands
 -- for itself; an array's id (its first task's) for the whole array, as Slurm's
 -- afterok:<array job id>: 'failed' when a task failed, else 'cancelled' when one was,

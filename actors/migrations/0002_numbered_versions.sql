@@ -1,7 +1,8 @@
 -- Version 2, from the first release's schema (version 1, which recorded only the sha256 of its
--- schema.sql): versions recorded by number; the workers judged by their silence as a view, and a
--- job's dependencies' states and the workers the placer may place on as functions, each once; one
--- full-jitter backoff rule (full_jitter_s, which takes its cap), behind the retry delay.
+-- schema.sql): versions recorded by number; the workers judged by their silence and the jobs the
+-- placer reads as views, a job's dependencies' states and the workers the placer may place on as
+-- functions, each once; one full-jitter backoff rule (full_jitter_s, which takes its cap), behind
+-- the retry delay.
 DROP TABLE IF EXISTS schema_version;
 CREATE TABLE IF NOT EXISTS schema_version (
     version     integer     PRIMARY KEY,
@@ -71,3 +72,13 @@ RETURNS TABLE (
      WHERE w.state = 'alive' AND w.last_heartbeat_at > now() - make_interval(secs => p_fresh_s)
        AND (w.hold_until IS NULL OR w.hold_until <= now())
 $$;
+
+CREATE OR REPLACE VIEW placeable_jobs AS
+SELECT id, cpu_millis, memory_mb, priority, reason, pending_xid, pending_seq,
+       greatest(extract(epoch FROM not_before - now()), 0)::float8 AS wait_s,
+       runtime = 'container' AS container,
+       CASE WHEN constraints = '[]'::jsonb THEN NULL ELSE constraints::text END AS constraints,
+       CASE WHEN failures > 0 THEN
+           (SELECT string_agg(DISTINCT a.worker_id, ' ') FROM assignments a
+             WHERE a.job_id = jobs.id AND a.outcome = 'failed') END AS failed_on
+  FROM jobs WHERE state = 'pending';
