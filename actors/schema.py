@@ -64,11 +64,11 @@ async def apply_schema(database_url: str) -> None:
     """Bring the database to the newest schema: ``schema.sql`` to a new one (it records its own
     version), else each migration newer than the database's version (an earlier release's
     database without versions counts as version 1), serialised across replicas by an advisory
-    lock. A database at the newest version is left alone.
+    lock. A database at the newest version, or at a newer one, is left alone.
 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
-        FileNotFoundError: schema.sql is missing next to the packages.
+        FileNotFoundError: the database is new and schema.sql is missing next to the packages.
     """
     conn = await PgConnection.connect(
         database_url,

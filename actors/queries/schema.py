@@ -16,8 +16,8 @@ SELECT to_regclass('lease') IS NOT NULL AS made,
                   AND column_name = 'version') AS versioned
 """
 
-# The newest version of a versioned database.
-SCHEMA_VERSION = "SELECT max(version) FROM schema_version"
+# The newest version of a versioned database (1 when none is recorded).
+SCHEMA_VERSION = "SELECT coalesce(max(version), 1) FROM schema_version"
 
 # $1 the version a migration brought the database to, in the migration's transaction.
 RECORD_SCHEMA_VERSION = "INSERT INTO schema_version (version) VALUES ($1)"
