@@ -372,7 +372,7 @@ CREATE OR REPLACE TRIGGER assignments_allocate AFTER INSERT ON assignments
 CREATE OR REPLACE TRIGGER assignments_release AFTER UPDATE ON assignments
     REFERENCING OLD TABLE AS before_rows NEW TABLE AS after_rows
     FOR EACH STATEMENT EXECUTE FUNCTION assignments_release();
--- ---------------------------------------------------------------- rules of the job lifecycle
+-- ---------------------------------------------------------------- rules the statements share
 
 -- The workers judged by their silence (queries.HEARTBEAT_AGES, DECLARE_DEAD_WORKERS): every
 -- 'alive' row, and a 'left' row that still has active assignments (of another incarnation: only a
@@ -987,4 +987,5 @@ BEGIN
      ORDER BY g.n;
 END $$;
 
+-- This file's version: the newest migration's (actors/migrations/).
 INSERT INTO schema_version (version) VALUES (2) ON CONFLICT (version) DO NOTHING;
