@@ -131,17 +131,13 @@ logged AS (
 SELECT id FROM dead
 """
 
-# Requeues: a job pending again gets a new pending_seq and the writing transaction's id
-# (pg_current_xact_id() as a bigint) in pending_xid, so the placer's incremental read sees it
-# (schema.sql; actors/placer_store.py, PendingMark). After a loss it also waits a backoff
-# (jobs.not_before): full_jitter_s (schema.sql) with the caps of the array parameter
-# (actors.reconciler.backoff_caps_s: its first entry is the base, its last the cap; empty: no
-# backoff), counted by the job's losses, by database time, so a new leader honours it; its reason
-# says until when (UTC). A job whose worker stopped cleanly (``clean``) waits none. The requeue
-# reads the ``backoff`` CTE alone (one row per ended job): joining it with ``ended`` as well was a
-# nested loop that took 560 of 598 ms when 2,000 assignments ended at once. A loss spends the
-# job's last attempt when it asked that losses count (count_lost) and retries() says no attempt
-# is left after it.
+# Requeues: a job pending again gets a new pending_seq and this transaction's id in pending_xid
+# (actors/placer_store.py, PendingMark). After a loss it also waits a backoff (jobs.not_before,
+# by database time, so a new leader honours it; its reason says until when, UTC): full_jitter_s
+# (schema.sql) counted by its losses, with the caps parameter's first entry as base and last as
+# cap (actors.reconciler.backoff_caps_s; empty: no backoff); none after a clean stop (``clean``).
+# The requeue reads the ``backoff`` CTE alone: joining it with ``ended`` as well was a nested loop
+# that took 560 of 598 ms when 2,000 assignments ended at once.
 
 # $1 epoch, $2 requeue backoff caps (seconds; see Requeues above), $3 most assignments to
 # end. Ends active assignments whose worker is dead, has left or has registered again, the $3
@@ -187,7 +183,7 @@ backoff AS (
       FROM jobs j JOIN ended ON j.id = ended.job_id, (SELECT $2::float8[] AS caps) c
 ),
 requeued AS (
-    -- (count_lost, not a clean stop, failures + 1 >= max_attempts): the loss spent the last attempt
+    -- count_lost, not a clean stop and failures + 1 >= max_attempts: the loss spent the last attempt
     UPDATE jobs j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
                         WHEN (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts) THEN 'failed'
