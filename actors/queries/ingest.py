@@ -1,6 +1,6 @@
 """Ingest's statements (:mod:`actors.ingest`): the unfenced writes (submissions, cancels,
-registrations, heartbeats, leaves, presence, the idempotency sweep), and the reads behind job
-queries and the status view.
+registrations, heartbeats, leaves, presence, cordons and drains, the idempotency sweep) and the
+reads they need; the reads behind job queries and the status view are :mod:`actors.queries.reads`.
 """
 
 from __future__ import annotations
