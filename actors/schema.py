@@ -64,10 +64,11 @@ async def apply_schema(database_url: str) -> None:
     """Bring the database to the newest schema: ``schema.sql`` to a new one (it records its own
     version), else each migration newer than the database's version (an earlier release's
     database without versions counts as version 1), serialised across replicas by an advisory
-    lock. A database at the newest version, or at a newer one, is left alone.
+    lock. A database at the newest version, or at a newer one, is left alone; a read-only one is
+    refused all the same.
 
     Raises:
-        DatabaseUnavailable: the database cannot be reached.
+        DatabaseUnavailable: the database cannot be reached, or is read-only (a standby).
         FileNotFoundError: the database is new and schema.sql is missing next to the packages.
     """
     conn = await PgConnection.connect(
@@ -89,6 +90,7 @@ async def apply_schema(database_url: str) -> None:
                     async with conn.transaction():
                         await conn.execute(migration.path.read_text())
                         await conn.execute(queries.RECORD_SCHEMA_VERSION, migration.version)
+            await conn.execute(queries.CHECK_WRITABLE)
         finally:
             # A connection dropped by the error (a read-only server, a lost link) holds no lock
             # any more; unlocking it would only hide that error behind "connection is closed".

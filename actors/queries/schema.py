@@ -21,3 +21,8 @@ SCHEMA_VERSION = "SELECT coalesce(max(version), 1) FROM schema_version"
 
 # $1 the version a migration brought the database to, in the migration's transaction.
 RECORD_SCHEMA_VERSION = "INSERT INTO schema_version (version) VALUES ($1)"
+
+# A write that changes nothing, made at every application: a read-only server (a standby, an old
+# primary after a failover) refuses it (SQLSTATE 25006), so a control plane waits at its start for
+# a writable one, as it always has, even when the schema needs nothing.
+CHECK_WRITABLE = "UPDATE schema_version SET version = version WHERE false"
