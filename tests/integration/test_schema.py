@@ -15,6 +15,7 @@ from conftest import execute, quote_ident, with_database
 
 from actors.schema import SCHEMA_PATH, apply_schema, migrations
 from runtime.aio import PgConnection, asyncio_bridge
+from runtime.errors import DatabaseUnavailable
 from runtime.jobs import MAX_RETRY_BACKOFF_S
 
 ROOT = Path(__file__).parents[2]
@@ -148,3 +149,12 @@ async def test_the_retry_delay_is_capped_at_the_jobs_largest_retry_backoff(datab
             database_url, "SELECT max(retry_delay_s(1000000000, 10)) FROM generate_series(1, 2000)"
         )
     assert isinstance(largest, float) and MAX_RETRY_BACKOFF_S * 0.98 < largest <= MAX_RETRY_BACKOFF_S
+
+
+async def test_a_read_only_database_is_refused_even_when_its_schema_needs_nothing(database_url: str) -> None:
+    """A server that refuses writes (a standby) is refused at the schema's application, even with
+    the newest schema, so a control plane waits there for a writable one."""
+    url = f"{database_url}{'&' if '?' in database_url else '?'}default_transaction_read_only=on"
+    async with asyncio_bridge():
+        with pytest.raises(DatabaseUnavailable, match="read-only"):
+            await apply_schema(url)
