@@ -1,8 +1,6 @@
--- Version 2, from the first release's schema (version 1, which recorded only the sha256 of its
--- schema.sql): versions recorded by number; the workers judged by their silence and the jobs the
--- placer reads as views, a job's dependencies' states and the workers the placer may place on as
--- functions, each once; one full-jitter backoff rule (full_jitter_s, which takes its cap), behind
--- the retry delay.
+-- Version 2, from release 0.1.0's (version 1: it recorded only its schema.sql's sha256): versions
+-- by number; judged_workers, placeable_jobs, live_workers and dependency_states, each rule once;
+-- one full-jitter backoff (full_jitter_s, which takes its cap) behind the retry delay.
 DROP TABLE IF EXISTS schema_version;
 CREATE TABLE IF NOT EXISTS schema_version (
     version     integer     PRIMARY KEY,

@@ -1,14 +1,10 @@
-"""Every SQL statement the control plane runs, by name, one module per owner; this package names
-them all, so callers write ``queries.NAME``.
+"""Every SQL statement the control plane runs, by name (``queries.NAME``), one module per owner.
 
-Writes appear only in two places: the ledger (fenced: :mod:`actors.queries.ledger`) and ingest
-(unfenced: :mod:`actors.queries.ingest`). The reads: :mod:`actors.queries.lease`,
-:mod:`actors.queries.placer`, :mod:`actors.queries.reconciler`, :mod:`actors.queries.reads` (what
-ingest answers clients with), :mod:`actors.queries.database_watch`, :mod:`actors.queries.console`;
-the schema's application: :mod:`actors.queries.schema`. Durations are passed as float seconds and
-turned into intervals with ``make_interval(secs => $n)``; all times are the database's ``now()``.
-A job's spec is stored in the columns of ``jobs`` (:mod:`actors.queries.jobs`: :func:`job_spec_of`
-reads it from a row, :func:`job_columns` gives its columns).
+Writes appear only in :mod:`actors.queries.ledger` (fenced) and :mod:`actors.queries.ingest`
+(unfenced); :mod:`actors.queries.reads` holds what ingest answers clients with, and each other
+module one actor's reads. Durations are passed as float seconds and turned into intervals with
+``make_interval(secs => $n)``; all times are the database's ``now()``. A job's spec is stored in
+the columns of ``jobs`` (:mod:`actors.queries.jobs`: :func:`job_spec_of`, :func:`job_columns`).
 """
 
 from __future__ import annotations

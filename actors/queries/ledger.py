@@ -301,11 +301,9 @@ SELECT id FROM ended
 """
 
 # $1 epoch, $2 assignment ids. The end of a drain's deadline (actors/reconciler.py): only for
-# assignments whose worker acknowledged the stop, so the job runs nowhere now (invariant 6).
-# They end as stopped ('drained'), as a clean leave's do ('worker_left' in
-# END_ORPHANED_ASSIGNMENTS), and their jobs are pending again at once: no loss counted, no
-# backoff (losses and not_before untouched), the reason kept; a job whose cancel was asked
-# meanwhile ends cancelled instead.
+# assignments whose worker acknowledged the stop (invariant 6). They end as stopped ('drained'), as
+# a clean leave's do, and their jobs are pending again at once: no loss counted, no backoff
+# (losses and not_before untouched), the reason kept; a job whose cancel was asked ends cancelled.
 END_DRAINED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments

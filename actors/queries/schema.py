@@ -6,9 +6,8 @@ SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
 APPLY_SCHEMA_LOCK = "SELECT pg_advisory_lock($1)"
 APPLY_SCHEMA_UNLOCK = "SELECT pg_advisory_unlock($1)"
 
-# What the database holds: ``made`` (false: a new database, no lease table) and ``versioned``
-# (false: the first release made it, version 1; it has no schema_version table with versions,
-# only, if a control plane of that release applied it, one with the sha256 of its schema.sql).
+# ``made`` (false: a new database, no lease table) and ``versioned`` (false: release 0.1.0 made it,
+# version 1; its schema_version, if any, holds only the sha256 of its schema.sql).
 SCHEMA_STATE = """
 SELECT to_regclass('lease') IS NOT NULL AS made,
        EXISTS (SELECT FROM information_schema.columns
@@ -22,7 +21,6 @@ SCHEMA_VERSION = "SELECT coalesce(max(version), 1) FROM schema_version"
 # $1 the version a migration brought the database to, in the migration's transaction.
 RECORD_SCHEMA_VERSION = "INSERT INTO schema_version (version) VALUES ($1)"
 
-# A write that changes nothing, made at every application: a read-only server (a standby, an old
-# primary after a failover) refuses it (SQLSTATE 25006), so a control plane waits at its start for
-# a writable one, as it always has, even when the schema needs nothing.
+# A write that changes nothing, made at every application: a read-only server (a standby) refuses
+# it (SQLSTATE 25006), so a control plane waits at its start for a writable one, as it always has.
 CHECK_WRITABLE = "UPDATE schema_version SET version = version WHERE false"
