@@ -21,7 +21,7 @@ from actors.console import Console, console_url
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from actors.dispatcher import Dispatcher, GrpcWorkerCalls
 from actors.heartbeat_policy import default_policy
-from actors.ingest import Ingest, apply_schema
+from actors.ingest import Ingest
 from actors.lease import LeaseKeeper, open_pg_store
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
@@ -30,6 +30,7 @@ from actors.placer_store import PgPlacerStore
 from actors.reconciler import Reconciler
 from actors.reconciler_store import PgReconcilerStore
 from actors.role import RoleView
+from actors.schema import apply_schema
 from runtime import gcpause, log, metrics, priority
 from runtime.aio import asyncio_bridge
 from runtime.backoff import FullJitterBackoff

@@ -3,21 +3,18 @@
 :class:`ControlPlaneService` is its handlers, one module per kind of call
 (:mod:`actors.ingest_jobs`, :mod:`actors.ingest_heartbeats`, :mod:`actors.ingest_workers`) on
 the admission of :mod:`actors.ingest_gate`; :class:`Ingest` is the actor that serves it and
-records this replica's presence; :func:`apply_schema` applies ``schema.sql``. It records what
+records this replica's presence (the schema is :mod:`actors.schema`'s). It records what
 is not a decision (unfenced writes), with or without a leader, and answers job queries and the
 status view: docs/design.md, "Ingest".
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import ssl
-import sys
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,13 +30,13 @@ from actors.logs import LogRelay, check_read_job_logs, log_source
 from protocol import pb
 from protocol.wire import Encoded
 from runtime import identifiers, log, metrics
-from runtime.aio import PgConnection, Send, serve_grpc, trio_service
+from runtime.aio import Send, serve_grpc, trio_service
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
 from runtime.settings import IngestSettings, ReconcilerSettings
 from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
 
-__all__ = ["ControlPlaneService", "Ingest", "apply_schema"]
+__all__ = ["ControlPlaneService", "Ingest"]
 
 
 @attrs.define
@@ -227,51 +224,3 @@ class Ingest:
                 pass  # shed as any other request: the next sweep catches up
             except DatabaseUnavailable as exc:
                 self._log.warning("idempotency keys not swept", error=str(exc))
-
-
-SCHEMA_PATH = next(
-    (
-        path
-        for path in (
-            Path(__file__).resolve().parents[1] / "schema.sql",  # a source tree, or an editable install
-            Path(sys.prefix) / "share" / "stockade" / "schema.sql",  # a wheel's (data-files)
-        )
-        if path.is_file()
-    ),
-    Path(__file__).resolve().parents[1] / "schema.sql",
-)
-"""schema.sql: next to the packages in a source tree, else where a wheel installs it."""
-SCHEMA_CALL_TIMEOUT_S = 60.0
-"""Longest one statement of the schema's application may go unanswered, in seconds: the whole
-schema is one statement, and a replica may wait here for another applying it."""
-
-
-async def apply_schema(database_url: str) -> None:
-    """Apply ``schema.sql`` (idempotent), serialised across replicas by an advisory lock, and
-    only when the database does not hold this very schema yet (its sha256 is recorded).
-
-    Raises:
-        DatabaseUnavailable: the database cannot be reached.
-        FileNotFoundError: schema.sql is missing next to the packages.
-    """
-    sql = SCHEMA_PATH.read_text()
-    digest = hashlib.sha256(sql.encode()).hexdigest()
-    conn = await PgConnection.connect(
-        database_url,
-        server_settings={"application_name": "stockade schema"},
-        call_timeout_s=SCHEMA_CALL_TIMEOUT_S,
-    )
-    try:
-        await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
-        try:
-            await conn.execute(queries.SCHEMA_VERSION_TABLE)
-            if await conn.fetchval(queries.SCHEMA_VERSION) != digest:
-                await conn.execute(sql)
-                await conn.execute(queries.RECORD_SCHEMA_VERSION, digest)
-        finally:
-            # A connection dropped by the error (a read-only server, a lost link) holds no lock
-            # any more; unlocking it would only hide that error behind "connection is closed".
-            if not conn.is_closed():
-                await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
-    finally:
-        await conn.close()

@@ -67,7 +67,7 @@ def backoff_caps_s(*, base_s: float, max_s: float) -> tuple[float, ...]:
     which bounds every later loss too.
 
     The wait itself is drawn uniformly below the cap by the database when it requeues the job
-    (``random()``, see ``actors.queries.ledger._REQUEUE_BACKOFF``): capped exponential backoff with full
+    (``full_jitter_s`` in schema.sql, see ``actors.queries.ledger``): capped exponential backoff with full
     jitter, ``sleep = random_between(0, min(cap, base * 2 ** attempt))`` in "Exponential
     Backoff And Jitter" (Marc Brooker, AWS Architecture Blog, 2015), which spreads the jobs of
     one lost worker out instead of handing them all back at the same moment.

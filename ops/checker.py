@@ -24,7 +24,6 @@ import trio
 from rich.console import Group
 from rich.text import Text
 
-from actors.queries.jobs import dependency_states
 from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
@@ -504,14 +503,14 @@ ELECTIONS = "SELECT count(*) FROM lease_history"
 LEAVES = "SELECT count(*) FROM worker_leaves"
 REGISTERED_WORKERS = "SELECT id FROM workers UNION SELECT worker_id FROM worker_deaths"
 UNFINISHED_JOBS = "SELECT count(*) FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
-DEPENDENCY_CANCELS = f"""
+DEPENDENCY_CANCELS = """
 SELECT c.id, c.dependency, s.state AS dependency_state
   FROM (SELECT id, split_part(detail, ' ', 3)::bigint AS dependency FROM jobs
          WHERE state = 'cancelled' AND detail ~ '^dependency_failed: job [0-9]+$') c
-  LEFT JOIN LATERAL {dependency_states("ARRAY[c.dependency]")} s ON true
+  LEFT JOIN LATERAL dependency_states(ARRAY[c.dependency]) s ON true
 """
 """Jobs cancelled for a dependency, with the state of that dependency as a dependency (an
-array's id: the whole array's, ``queries.jobs.dependency_states``)."""
+array's id: the whole array's, ``dependency_states`` in schema.sql)."""
 
 
 @contextlib.asynccontextmanager

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from actors import ingest, queries
+from actors import queries, schema
 from ops.pg import database_or_temporary
 from runtime.aio import PgConnection, asyncio_bridge
 
@@ -183,7 +183,7 @@ async def measure(
     url: str, *, assignments: int, placements: int, batch: int, repeat: int
 ) -> list[tuple[str, list[Sample]]]:
     """Every shape ``repeat`` times; (label, samples) per shape."""
-    await ingest.apply_schema(url)
+    await schema.apply_schema(url)
     conn = await PgConnection.connect(url, server_settings=_SESSION)
     renewer = await PgConnection.connect(
         url, server_settings={"application_name": "stockade measure lease", "statement_timeout": "1000"}

@@ -28,7 +28,7 @@ import asyncpg
 import attrs
 import trio
 
-from actors import ingest, ingest_gate, ingest_heartbeats, queries
+from actors import ingest, ingest_gate, ingest_heartbeats, queries, schema
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, PgPool, asyncio_bridge
@@ -109,7 +109,7 @@ async def _open_pool(url: str) -> PgPool:
 
 async def measure(url: str, count: int, running: int) -> dict[str, float]:
     """Time ``count`` heartbeats (after 200 unmeasured ones) and count their round trips."""
-    await ingest.apply_schema(url)
+    await schema.apply_schema(url)
     pool = await _open_pool(url)
     try:
         service = ingest.ControlPlaneService(cp_id="cp-m", pool=pool)

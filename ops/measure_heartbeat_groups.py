@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from actors import ingest
+from actors import ingest, schema
 from actors.ingest_gate import open_pool
 from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
 from ops.pg import database_or_temporary
@@ -70,7 +70,7 @@ def _server_cpu_s(pids: list[int]) -> float:
 
 async def _setup(url: str, workers: int, running: int) -> list[pb.HeartbeatRequest]:
     """Register the workers and place ``running`` sleep jobs on each; their heartbeat requests."""
-    await ingest.apply_schema(url)
+    await schema.apply_schema(url)
     pool = await open_pool(CP_ID, url, IngestSettings(heartbeat_group_wait_s=0))
     try:
         service = ingest.ControlPlaneService(cp_id=CP_ID, pool=pool)

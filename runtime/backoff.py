@@ -7,6 +7,10 @@ connection owners that connect again to a database that went away
 waits over the whole interval, not around its end, is what keeps many clients that were
 refused at the same moment from coming back at the same moment; of the variants the article
 compares, it does the least work in total for about the same completion time.
+
+The same rule in SQL is ``full_jitter_s`` in schema.sql: the database draws the waits of job
+requeues (a retry's delay, a loss's backoff), so that they are written with the requeue and a new
+leader honours them; this one draws the waits of network retries, in the processes that retry.
 """
 
 from __future__ import annotations

@@ -1,67 +1,38 @@
-"""Every SQL statement the control plane runs, by name, one module per owner.
+"""Every SQL statement the control plane runs, by name (``queries.NAME``), one module per owner.
 
-Writes appear only in two places: the ledger (fenced: placements, endings, dead workers) and
-ingest (unfenced: submissions, cancels, registrations, heartbeats, presence, cordons and
-drains, and the sweep of expired idempotency keys). Reads are used by the lease keeper,
-placer, reconciler, ingest and the database watch.
-Durations are passed as float seconds and turned into intervals with ``make_interval(secs =>
-$n)``; all times are the database's ``now()``.
-
-A job's spec is stored in the columns of ``jobs``: :func:`job_spec_of` reads it from a row and
-:func:`job_columns` gives the columns a spec is stored in, the one place the runtimes meet SQL.
-
-The statements live in one module per actor that runs them: :mod:`actors.queries.lease`,
-:mod:`actors.queries.database_watch` (the statistics views it samples),
-:mod:`actors.queries.ledger` (every fenced write), :mod:`actors.queries.placer` and
-:mod:`actors.queries.reconciler` (their reads), :mod:`actors.queries.ingest` (every unfenced
-write, the schema and the client-facing reads), and :mod:`actors.queries.jobs` (a job's spec
-as columns). This package names them all, so callers write ``queries.NAME``.
+Writes appear only in :mod:`actors.queries.ledger` (fenced) and :mod:`actors.queries.ingest`
+(unfenced); :mod:`actors.queries.reads` holds what ingest answers clients with, and each other
+module one actor's reads. Durations are passed as float seconds and turned into intervals with
+``make_interval(secs => $n)``; all times are the database's ``now()``. A job's spec is stored in
+the columns of ``jobs`` (:mod:`actors.queries.jobs`: :func:`job_spec_of`, :func:`job_columns`).
 """
 
 from __future__ import annotations
 
 from actors.queries.database_watch import OLDEST_TRANSACTION, TABLE_ROWS, TABLE_UPDATES
 from actors.queries.ingest import (
-    APPLY_SCHEMA_LOCK,
-    APPLY_SCHEMA_UNLOCK,
-    ARRAY_COUNTS,
     CANCEL_JOB,
     CONFIRM_HELD_ASSIGNMENTS,
     CONTINUE_WORKER,
     CORDON_WORKER,
-    COUNT_PENDING,
     CURRENT_EPOCH,
     DRAIN_WORKER,
     EPOCH_AND_CLOCK,
-    GET_JOB,
     HEARTBEAT,
     IDEMPOTENCY_KEY_CONSTRAINT,
-    JOB_ATTEMPTS,
-    JOB_EVENTS,
     LEAVE_WORKER,
-    LIST_JOBS,
     LOCK_REGISTRATION,
     LOCK_WORKER,
-    LOG_SOURCE,
     MISSING_JOBS,
     NEWER_REGISTRATION,
     RECORD_HEARTBEATS,
     RECORD_OUTCOMES,
     RECORD_PRESENCE,
-    RECORD_SCHEMA_VERSION,
     REGISTER_WORKER,
     RELEASE_UNHELD_ASSIGNMENTS,
     RELEASED_ASSIGNMENTS,
-    SCHEMA_LOCK_KEY,
-    SCHEMA_VERSION,
-    SCHEMA_VERSION_TABLE,
     SET_RESTART_HOLD,
     STAMP_REGISTRATION,
-    STATUS_CONTROL_PLANES,
-    STATUS_HEARTBEAT_POLICY,
-    STATUS_JOB_COUNTS,
-    STATUS_UNSCHEDULABLE,
-    STATUS_WORKERS,
     SUBMIT_JOB,
     SUBMIT_JOBS,
     SWEEP_IDEMPOTENCY_KEYS,
@@ -95,7 +66,6 @@ from actors.queries.ledger import (
     END_TIMED_OUT_ASSIGNMENTS,
     FENCE_EPOCH,
     JOB_ARGVS,
-    JUDGED_WORKERS,
     RECORD_STALE_WRITE,
     RECORD_WORKER_HEALTH,
     SET_HEARTBEAT_POLICY,
@@ -106,6 +76,20 @@ from actors.queries.placer import (
     NO_LONGER_PENDING,
     PENDING_JOBS,
     ROUND_READ,
+)
+from actors.queries.reads import (
+    ARRAY_COUNTS,
+    COUNT_PENDING,
+    GET_JOB,
+    JOB_ATTEMPTS,
+    JOB_EVENTS,
+    LIST_JOBS,
+    LOG_SOURCE,
+    STATUS_CONTROL_PLANES,
+    STATUS_HEARTBEAT_POLICY,
+    STATUS_JOB_COUNTS,
+    STATUS_UNSCHEDULABLE,
+    STATUS_WORKERS,
 )
 from actors.queries.reconciler import (
     CANCEL_REQUESTED_ASSIGNMENTS,
@@ -119,8 +103,6 @@ from actors.queries.reconciler import (
 )
 
 __all__ = [
-    "APPLY_SCHEMA_LOCK",
-    "APPLY_SCHEMA_UNLOCK",
     "ARRAY_COUNTS",
     "CANCEL_JOB",
     "CANCEL_REQUESTED_ASSIGNMENTS",
@@ -147,7 +129,6 @@ __all__ = [
     "JOB_ARGVS",
     "JOB_ATTEMPTS",
     "JOB_EVENTS",
-    "JUDGED_WORKERS",
     "LEASE_LOCK_SPACE",
     "LEAVE_WORKER",
     "LIST_JOBS",
@@ -166,7 +147,6 @@ __all__ = [
     "RECORD_HEARTBEATS",
     "RECORD_OUTCOMES",
     "RECORD_PRESENCE",
-    "RECORD_SCHEMA_VERSION",
     "RECORD_STALE_WRITE",
     "RECORD_WORKER_HEALTH",
     "REGISTER_WORKER",
@@ -175,9 +155,6 @@ __all__ = [
     "RELEASE_UNHELD_ASSIGNMENTS",
     "RENEW_LEASE",
     "ROUND_READ",
-    "SCHEMA_LOCK_KEY",
-    "SCHEMA_VERSION",
-    "SCHEMA_VERSION_TABLE",
     "SETTLE_WAITING_JOBS",
     "SET_HEARTBEAT_POLICY",
     "SET_RESTART_HOLD",

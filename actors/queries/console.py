@@ -7,24 +7,7 @@ its index or a ``LIMIT``, so no page reads more than a few hundred rows.
 
 from __future__ import annotations
 
-from actors.queries.ingest import GET_JOB, LOG_SOURCE
-
-__all__ = [
-    "CONSOLE_CONTROL_PLANES",
-    "CONSOLE_ELECTIONS",
-    "CONSOLE_JOB",
-    "CONSOLE_JOBS",
-    "CONSOLE_JOB_ATTEMPTS",
-    "CONSOLE_JOB_COUNTS",
-    "CONSOLE_LEASE",
-    "CONSOLE_LOG_SOURCE",
-    "CONSOLE_PACKING_SAMPLE",
-    "CONSOLE_URLS",
-    "CONSOLE_WORKER",
-    "CONSOLE_WORKERS",
-    "CONSOLE_WORKER_ASSIGNMENTS",
-    "MAX_JOBS_LISTED",
-]
+from actors.queries.reads import GET_JOB, LOG_SOURCE
 
 MAX_JOBS_LISTED = 200
 """Most jobs the jobs page lists (newest first)."""

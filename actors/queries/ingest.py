@@ -1,27 +1,9 @@
-"""Ingest's statements (:mod:`actors.ingest`): the schema's application, the unfenced writes
-(submissions, cancels, registrations, heartbeats, leaves, presence, the idempotency sweep),
-and the reads behind job queries and the status view.
+"""Ingest's statements (:mod:`actors.ingest`): the unfenced writes (submissions, cancels,
+registrations, heartbeats, leaves, presence, cordons and drains, the idempotency sweep) and the
+reads they need; the reads behind job queries and the status view are :mod:`actors.queries.reads`.
 """
 
 from __future__ import annotations
-
-from actors.queries.jobs import dependency_states, lifecycle_columns
-
-# ---------------------------------------------------------------- schema
-
-SCHEMA_LOCK_KEY = 0x53544F43  # "STOC": serialises concurrent schema application
-APPLY_SCHEMA_LOCK = "SELECT pg_advisory_lock($1)"
-APPLY_SCHEMA_UNLOCK = "SELECT pg_advisory_unlock($1)"
-# Which schema.sql the database holds (its sha256), so an unchanged schema is not applied
-# again: some statements take strong locks even when they change nothing.
-SCHEMA_VERSION_TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_version (id int PRIMARY KEY CHECK (id = 1), sha256 text)"
-)
-SCHEMA_VERSION = "SELECT sha256 FROM schema_version WHERE id = 1"
-RECORD_SCHEMA_VERSION = """
-INSERT INTO schema_version (id, sha256) VALUES (1, $1)
-ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256
-"""
 
 # ---------------------------------------------------------------- ingest (unfenced writes)
 
@@ -72,44 +54,28 @@ SELECT prior.rpc IS NOT NULL AS replayed, prior.rpc, prior.request_sha256,
 """
 
 
-# A submission's dependencies (parameter {after}, bigint[]), read in the statement's snapshot:
-# whether every one exists (a job may name only jobs that exist already, so its dependencies are
-# older than itself and never form a cycle: actors/dependencies.py), and those not succeeded yet.
-def _dependencies(after: str) -> str:
-    return f"""(SELECT count(*) FROM jobs d WHERE d.id = ANY({after})) = cardinality({after}) AS all_exist,
-       coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM {dependency_states(after)} s
-                  WHERE s.state <> 'succeeded'), '{{}}') AS unfinished"""
-
-
-# A new job's state and reason (actors/dependencies.py, initial_states): waiting while a
-# dependency has not succeeded (reason 'waiting for job N, M'), or while it is a task of an array
-# beyond the array's limit ({k}: its position from 1, {limit}: the limit, 0 for none); else
-# pending.
-def _initial_state(unfinished: str, k: str, limit: str) -> str:
-    return f"""CASE WHEN cardinality({unfinished}) > 0 OR ({limit} > 0 AND {k} > {limit})
-            THEN 'waiting' ELSE 'pending' END,
-       CASE WHEN cardinality({unfinished}) > 0
-            THEN 'waiting for job ' || array_to_string({unfinished}, ', ')
-            WHEN {limit} > 0 AND {k} > {limit} THEN 'array limit: ' || {limit} || ' running'
-            ELSE '' END"""
-
-
 # $1 name, $2 cpu_millis, $3 memory_mb, $4 priority, $5 runtime, $6 sleep_ms, $7 argv, $8 image,
 # $9 max_attempts, $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON),
 # $14 env (JSON), $15 workdir, $16 after_ids, $17 an array's first index (NULL: one job), $18 its
 # last index, $19 its limit (0: none); then the idempotency key and the request's sha256 (see
 # once). One job, or one row per task of an array: the first task's id is drawn first and is the
-# array's id (array_id of every task). Stores nothing when a dependency does not exist (its
-# answer is then empty and no key is kept: the caller names the missing ids). Answer: one row,
-# id (the job's, or the array's) and tasks (how many rows).
+# array's id (array_id of every task). Its dependencies are read in the statement's snapshot
+# (schema.sql, dependency_states); it stores nothing when one does not exist (its answer is then
+# empty and no key is kept: the caller names the missing ids). A task is waiting while a
+# dependency has not succeeded, or while it is beyond its array's limit (its position k from 1
+# above the limit); else pending. Answer: one row, id (the job's, or the array's) and tasks (how
+# many rows).
 SUBMIT_JOB = once(
     "submit_job",
     """
 SELECT min(id) AS id, count(*) AS tasks FROM inserted HAVING count(*) > 0
 """,
     params=19,
-    steps=f"""deps AS (
-    SELECT {_dependencies("$16::bigint[]")}
+    steps="""deps AS (
+    SELECT (SELECT count(*) FROM jobs d WHERE d.id = ANY($16::bigint[])) = cardinality($16::bigint[])
+               AS all_exist,
+           coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states($16::bigint[]) s
+                      WHERE s.state <> 'succeeded'), '{}') AS unfinished
 ),
 first AS (
     SELECT nextval('jobs_id_seq') AS id FROM fresh, deps WHERE deps.all_exist
@@ -130,7 +96,13 @@ inserted AS (
            CASE WHEN $17::int IS NULL THEN NULL ELSE f.id END,
            CASE WHEN $17::int IS NULL THEN NULL ELSE t.i END,
            CASE WHEN $17::int IS NULL THEN NULL ELSE $19::int END,
-           {_initial_state("deps.unfinished", "t.k", "coalesce($19::int, 0)")},
+           CASE WHEN cardinality(deps.unfinished) > 0 OR (coalesce($19::int, 0) > 0 AND t.k > $19::int)
+                THEN 'waiting' ELSE 'pending' END,
+           CASE WHEN cardinality(deps.unfinished) > 0
+                THEN 'waiting for job ' || array_to_string(deps.unfinished, ', ')
+                WHEN coalesce($19::int, 0) > 0 AND t.k > $19::int
+                THEN 'array limit: ' || $19::int || ' running'
+                ELSE '' END,
            nextval('pending_seq')
       FROM first f, deps, tasks t
      ORDER BY t.k
@@ -143,11 +115,11 @@ inserted AS (
 # $10 retry_backoff_ms, $11 count_lost, $12 timeout_ms, $13 constraints (JSON), $14 env (JSON),
 # $15 workdir, $16 after_ids (JSON arrays); then the idempotency key and the request's sha256
 # (see once). One statement: all jobs or none; none when a job names a dependency that does not
-# exist (already: a job of the batch cannot name another). Answer rows: id, one per job, drawn
-# in order.
+# exist (already: a job of the batch cannot name another). A job waits as SUBMIT_JOB's (a batch
+# holds no array). Answer rows: id, one per job, drawn in order.
 SUBMIT_JOBS = once(
     "submit_jobs",
-    f"""
+    """
 INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, argv, image,
                   max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints, env, workdir,
                   after_ids, state, reason, pending_seq)
@@ -156,7 +128,9 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
             ELSE ARRAY(SELECT jsonb_array_elements_text(t.argv::jsonb)) END,
        t.image, t.max_attempts, t.backoff_ms, t.count_lost, t.timeout_ms, t.constraints::jsonb,
        t.env::jsonb, t.workdir, t.after,
-       {_initial_state("d.unfinished", "1", "0")},
+       CASE WHEN cardinality(d.unfinished) > 0 THEN 'waiting' ELSE 'pending' END,
+       CASE WHEN cardinality(d.unfinished) > 0
+            THEN 'waiting for job ' || array_to_string(d.unfinished, ', ') ELSE '' END,
        nextval('pending_seq')
   FROM batch t JOIN deps d ON d.n = t.n, fresh
  WHERE NOT EXISTS (SELECT FROM deps WHERE NOT deps.all_exist)
@@ -164,7 +138,7 @@ SELECT t.name, t.cpu, t.mem, t.prio, t.runtime, t.sleep_ms,
 RETURNING id
 """,
     params=16,
-    steps=f"""batch AS (
+    steps="""batch AS (
     SELECT t.*, ARRAY(SELECT jsonb_array_elements_text(t.after_ids::jsonb)::bigint) AS after
       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::bigint[], $7::text[],
                   $8::text[], $9::int[], $10::bigint[], $11::boolean[], $12::bigint[], $13::text[],
@@ -174,7 +148,10 @@ RETURNING id
                                 after_ids, n)
 ),
 deps AS (
-    SELECT b.n, {_dependencies("b.after")} FROM batch b
+    SELECT b.n, (SELECT count(*) FROM jobs d WHERE d.id = ANY(b.after)) = cardinality(b.after) AS all_exist,
+           coalesce((SELECT array_agg(s.dep ORDER BY s.dep) FROM dependency_states(b.after) s
+                      WHERE s.state <> 'succeeded'), '{}') AS unfinished
+      FROM batch b
 ),""",
 )
 
@@ -245,183 +222,6 @@ WITH swept AS (
 )
 SELECT count(*) FROM swept
 """
-
-_JOB_INFO = f"""
-SELECT j.id, j.name, j.cpu_millis, j.memory_mb, j.priority, j.runtime, j.sleep_ms, j.argv, j.image,
-       {lifecycle_columns("j")}, j.failures, j.array_id, j.array_index,
-       extract(epoch FROM j.not_before)::float8 AS not_before_unix_s,
-       j.state, j.reason, j.cancel_requested, j.attempts, j.exit_code,
-       extract(epoch FROM j.submitted_at)::float8 AS submitted_unix_s,
-       extract(epoch FROM j.started_at)::float8 AS started_unix_s,
-       extract(epoch FROM j.finished_at)::float8 AS finished_unix_s,
-       j.stdout_path, j.stderr_path, j.detail,
-       a.id AS assignment_id, a.worker_id, a.epoch, r.array_first, r.array_last,
-       extract(epoch FROM now())::float8 AS read_unix_s
-  FROM jobs j
-  LEFT JOIN LATERAL (
-      SELECT id, worker_id, epoch FROM assignments
-       WHERE job_id = j.id ORDER BY id DESC LIMIT 1
-  ) a ON true
-  -- An array's id (its first task) reads as the array's spec: its range, so that the job's
-  -- spec submitted again is the array again (index jobs_by_array); other tasks as one job.
-  LEFT JOIN LATERAL (
-      SELECT min(t.array_index) AS array_first, max(t.array_index) AS array_last
-        FROM jobs t WHERE t.array_id = j.id
-  ) r ON j.array_id = j.id
-"""
-
-GET_JOB = _JOB_INFO + " WHERE j.id = $1"
-
-# $1 array id. How many of the array's tasks are in each state.
-ARRAY_COUNTS = """
-SELECT state, count(*)::bigint AS count FROM jobs WHERE array_id = $1 GROUP BY state
-"""
-
-# $1 job id. Its runs (assignments), oldest first.
-JOB_ATTEMPTS = """
-SELECT id, worker_id, epoch, state, coalesce(end_reason, '') AS end_reason, exit_code,
-       extract(epoch FROM created_at)::float8 AS created_unix_s,
-       extract(epoch FROM ended_at)::float8 AS ended_unix_s,
-       coalesce(detail, '') AS detail, counted
-  FROM assignments WHERE job_id = $1 ORDER BY id
-"""
-
-# $1 job id. The job's history (GetJobEvents), rebuilt from what the tables keep, in time order
-# (database time; ties, as in one transaction, in the order the transaction did them): one row per
-# event, none when there is no such job. Columns: kind, at_unix_s, assignment_id, worker_id,
-# incarnation, epoch (and leader, the holder of that epoch in lease_history), state, reason,
-# outcome, exit_code, detail, not_before_unix_s (NULL where they do not apply), and job_state (the
-# job's state now, on every row). Kinds:
-#   submitted         jobs.submitted_at.
-#   waiting           at submission, for the jobs in after_ids (detail says which).
-#   cancel_requested  jobs.cancel_requested_at: a cancel was asked (first time).
-#   placed            an assignment: worker, incarnation, epoch of the leader that committed it.
-#   confirmed         the first heartbeat that listed it as running (assignments.confirmed_at).
-#   worker_dead       the declaration (worker_deaths) of the worker an assignment ended with
-#                     (end_reason worker_dead): its epoch, the worker's last heartbeat.
-#   ended             an assignment's end: state (finished, lost, cancelled, stopped), reason
-#                     (end_reason), the worker's outcome and exit code, epoch = ended_epoch (a
-#                     fenced end; NULL when the worker's report ended it), detail.
-#   requeued          the job pending again in the transaction that ended the assignment: when
-#                     a later assignment exists, when the job is pending now, or when it ended
-#                     later than that transaction (cancelled while pending; a late outcome).
-#                     not_before: the backoff (jobs.not_before) on the latest requeue that wrote
-#                     it, the only one the table keeps (docs/design.md, "A job's history").
-#   final             the job's end (succeeded, failed, cancelled), with its exit code and detail,
-#                     when the record says it ended: jobs.finished_at, or the latest other event
-#                     when that is later. A run its worker reported ended at finished_at (the
-#                     database's clock, dated from the worker's monotonic measures: schema.sql,
-#                     run_finished_at), before its assignment's end recorded the report; and each
-#                     event's time is its own transaction's now() (its start), so two that
-#                     raced may be a little out of order: the job's end follows them all.
-# Reads the job's row and its assignments (index assignments_by_job), one worker_deaths probe per
-# assignment ended by a death and one lease_history probe (primary key) per event: a read of a
-# few rows, on any replica, that writes nothing and adds nothing to the hot paths.
-JOB_EVENTS = """
-WITH j AS (
-    SELECT * FROM jobs WHERE id = $1
-),
-runs AS (
-    SELECT a.*,
-           a.state <> 'active' AND (
-               lead(a.id) OVER (ORDER BY a.id) IS NOT NULL
-               OR j.state = 'pending'
-               OR (a.state = 'finished' AND j.state = 'cancelled'
-                   AND j.cancel_requested_at > a.ended_at)
-               OR (a.state <> 'finished' AND j.state IN ('succeeded', 'failed', 'cancelled')
-                   AND j.finished_at IS DISTINCT FROM a.ended_at)
-           ) AS requeued,
-           -- The requeues that write jobs.not_before (a retry's delay, a loss's backoff, NULL
-           -- after a clean leave); a drain, a release and a start that never happened keep it.
-           NOT (a.state = 'stopped' AND a.end_reason IN ('drained', 'released', 'not_started'))
-               AS writes_not_before
-      FROM assignments a, j
-     WHERE a.job_id = $1
-),
-last_backoff AS (
-    SELECT max(id) AS id FROM runs WHERE requeued AND writes_not_before
-),
-before_end AS (
-    SELECT 'submitted' AS kind, j.submitted_at AS at, 0 AS rank, NULL::bigint AS assignment_id,
-           NULL::text AS worker_id, NULL::bigint AS incarnation, NULL::bigint AS epoch,
-           NULL::text AS state, NULL::text AS reason, NULL::text AS outcome,
-           NULL::integer AS exit_code, NULL::text AS detail, NULL::timestamptz AS not_before
-      FROM j
-    UNION ALL
-    SELECT 'waiting', j.submitted_at, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-           'waiting for job ' || array_to_string(j.after_ids, ', '), NULL
-      FROM j WHERE cardinality(j.after_ids) > 0
-    UNION ALL
-    SELECT 'cancel_requested', j.cancel_requested_at, 2, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL, NULL, NULL, NULL
-      FROM j WHERE j.cancel_requested_at IS NOT NULL
-    UNION ALL
-    SELECT 'placed', r.created_at, 3, r.id, r.worker_id, r.worker_incarnation, r.epoch, NULL,
-           NULL, NULL, NULL, NULL, NULL
-      FROM runs r
-    UNION ALL
-    SELECT 'confirmed', r.confirmed_at, 4, r.id, r.worker_id, r.worker_incarnation, NULL, NULL,
-           NULL, NULL, NULL, NULL, NULL
-      FROM runs r WHERE r.confirmed_at IS NOT NULL
-    UNION ALL
-    SELECT 'worker_dead', d.declared_at, 5, r.id, d.worker_id, d.incarnation, d.epoch, NULL,
-           NULL, NULL, NULL,
-           'last heartbeat ' || to_char(d.last_heartbeat_at AT TIME ZONE 'UTC', 'HH24:MI:SS.MS')
-           || ' UTC', NULL
-      FROM runs r
-      JOIN LATERAL (
-          SELECT * FROM worker_deaths d
-           WHERE d.worker_id = r.worker_id AND d.incarnation = r.worker_incarnation
-           ORDER BY d.id LIMIT 1
-      ) d ON true
-     WHERE r.end_reason = 'worker_dead'
-    UNION ALL
-    SELECT 'ended', r.ended_at, 6, r.id, r.worker_id, r.worker_incarnation, r.ended_epoch,
-           r.state, r.end_reason, r.outcome, r.exit_code, nullif(r.detail, ''), NULL
-      FROM runs r WHERE r.state <> 'active'
-    UNION ALL
-    SELECT 'requeued', r.ended_at, 7, r.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-           CASE WHEN r.id = (SELECT id FROM last_backoff) THEN j.not_before END
-      FROM runs r, j WHERE r.requeued
-),
-events AS (
-    SELECT * FROM before_end
-    UNION ALL
-    SELECT 'final', greatest(j.finished_at, (SELECT max(at) FROM before_end)), 8, NULL, NULL, NULL,
-           NULL, j.state, NULL, NULL, j.exit_code, nullif(j.detail, ''), NULL
-      FROM j WHERE j.state IN ('succeeded', 'failed', 'cancelled')
-)
-SELECT e.kind, extract(epoch FROM e.at)::float8 AS at_unix_s, e.assignment_id, e.worker_id,
-       e.incarnation, e.epoch, h.holder AS leader, e.state, e.reason, e.outcome, e.exit_code,
-       e.detail, extract(epoch FROM e.not_before)::float8 AS not_before_unix_s,
-       (SELECT state FROM j) AS job_state
-  FROM events e LEFT JOIN lease_history h ON h.epoch = e.epoch
- ORDER BY e.at, e.rank, e.assignment_id
-"""
-
-# $1 job id, $2 an assignment id (0: any). What ReadJobLogs reads (actors/logs.py): the job's
-# runtime, state and reason; its newest run that started (a heartbeat listed it as running, or
-# its worker reported its outcome), that is $2 when $2 is not 0, with that worker's address and
-# state (alive, dead, left); and the worker of its active run when that has not started yet. No
-# row: no such job. Index assignments_by_job.
-LOG_SOURCE = """
-SELECT j.runtime, j.state, j.reason,
-       a.id AS assignment_id, a.worker_id, w.address, w.state AS worker_state,
-       (SELECT p.worker_id FROM assignments p
-         WHERE p.job_id = j.id AND p.state = 'active') AS pending_worker_id
-  FROM jobs j
-  LEFT JOIN LATERAL (
-      SELECT id, worker_id FROM assignments
-       WHERE job_id = j.id AND (confirmed_at IS NOT NULL OR outcome IS NOT NULL)
-         AND ($2::bigint = 0 OR id = $2::bigint)
-       ORDER BY id DESC LIMIT 1
-  ) a ON true
-  LEFT JOIN workers w ON w.id = a.worker_id
- WHERE j.id = $1
-"""
-
-# $1 state ('' for any), $2 limit. Newest first.
-LIST_JOBS = _JOB_INFO + " WHERE ($1 = '' OR j.state = $1) ORDER BY j.id DESC LIMIT $2"
 
 # $1 id, $2 address, $3 cpu_millis, $4 memory_mb, $5 labels (json text), $6 agent run id, $7
 # registration number within that run, $8 the registration's sha256 (actors/idempotency.py).
@@ -630,29 +430,17 @@ LOCK_REGISTRATION = "SELECT pg_advisory_xact_lock(1397900615, hashtext($1))"
 # the promise's next statement sees its assignments, and a placement after it sees the promise.
 LOCK_WORKER = "SELECT id FROM workers WHERE id = $1 FOR UPDATE"
 
-# A worker's finished outcomes (heartbeats carry them through HEARTBEAT; registrations through
-# this): the function record_outcomes in schema.sql, which says what becomes of an outcome that
-# arrives on time and of one that arrives after the leader ended its assignment as lost.
-# $1 worker id, then parallel arrays: $2 assignment ids, $3 states, $4 exit codes (NULL for
-# none), $5 run lengths (ms), $6 how long before the report was sent each run ended (ms), $7
-# stdout paths, $8 stderr paths, $9 details. Returns how many were recorded late.
+# A worker's finished outcomes, from a registration (heartbeats carry theirs through HEARTBEAT):
+# the function record_outcomes in schema.sql, its parameters as $1 .. $9. Returns how many were
+# recorded late.
 RECORD_OUTCOMES = """
 SELECT record_outcomes($1, $2::bigint[], $3::text[], $4::int[], $5::bigint[], $6::bigint[],
                        $7::text[], $8::text[], $9::text[])
 """
 
-# One heartbeat, one statement: the function record_heartbeat in schema.sql records the
-# worker's liveness, its finished outcomes (ending the assignments still active) and its
-# running confirmations, and says which of the running assignments to stop.
-# $1 worker id, $2 incarnation, $3 running assignment ids; the finished outcomes as parallel
-# arrays: $4 assignment ids, $5 states, $6 exit codes (NULL for none), $7 run lengths (ms),
-# $8 how long before the heartbeat was sent each run ended (ms), $9 stdout paths, $10 stderr
-# paths, $11 details; $12 its send time (the worker's monotonic clock, µs), $13 the dead_after
-# its fence is derived from (ms, 0: none), $14 $15 the interval and dead_after (ms) to tell while
-# the leader chose none.
-# Row: current_epoch, alive (false: unknown, dead or another incarnation -> re-register),
-# stop_assignment_ids, database_unix_s (now(): the agent times its log by it),
-# told_interval_ms, told_dead_after_ms (docs/design.md, "Heartbeat interval").
+# One heartbeat, one statement: the function record_heartbeat in schema.sql (liveness, finished
+# outcomes, running confirmations, which running assignments to stop), its parameters as
+# $1 .. $15 and its row as it returns it.
 HEARTBEAT = """
 SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval_ms, told_dead_after_ms
   FROM record_heartbeat($1, $2, $3::bigint[], $4::bigint[], $5::text[], $6::int[], $7::bigint[],
@@ -660,15 +448,8 @@ SELECT current_epoch, alive, stop_assignment_ids, database_unix_s, told_interval
 """
 
 # Liveness-only heartbeats of several workers, one statement: the function record_heartbeats in
-# schema.sql (actors/heartbeat_group.py gathers them). Members as parallel arrays: $1 worker ids
-# (each once), $2 incarnations, $3 send times (the workers' monotonic clocks, µs), $4 the
-# dead_after each fence is derived from (ms, 0: none); their running assignments flattened: $5
-# assignment ids, $6 the member (1-based index into $1) each belongs to; $7 $8 the interval and
-# dead_after (ms) to tell while the leader chose none.
-# One row per member, in member order: member, alive, skipped (its row was locked by another
-# transaction: nothing recorded, record it alone), stop_assignment_ids, newer_agent_run_id,
-# newer_address, newer_incarnation (the registration that replaced a member told to register
-# again; NULL: none), current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms.
+# schema.sql (actors/heartbeat_group.py gathers them), its parameters as $1 .. $8 and its rows as
+# it returns them, one per member, in member order.
 RECORD_HEARTBEATS = """
 SELECT member, alive, skipped, stop_assignment_ids, newer_agent_run_id, newer_address,
        newer_incarnation, current_epoch, database_unix_s, told_interval_ms, told_dead_after_ms
@@ -763,49 +544,4 @@ UPDATE workers
 """
     + _WORKER_SCHEDULE,
     params=2,
-)
-
-# ---------------------------------------------------------------- status (reads)
-
-STATUS_CONTROL_PLANES = """
-SELECT id, address, extract(epoch FROM seen_at)::float8 AS seen_unix_s,
-       seen_at > now() - interval '3 seconds' AS up
-  FROM control_planes ORDER BY id
-"""
-
-STATUS_WORKERS = """
-SELECT w.id, w.address, w.state, w.cpu_millis, w.memory_mb, w.incarnation,
-       extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
-       w.cordoned_at IS NOT NULL AS cordoned, w.drain_requested_at IS NOT NULL AS drain_requested,
-       extract(epoch FROM w.drain_deadline_at)::float8 AS drain_deadline_unix_s,
-       w.labels::text AS labels, w.unhealthy_at IS NOT NULL AS unhealthy, w.unhealthy_reason,
-       extract(epoch FROM w.unhealthy_at)::float8 AS unhealthy_since_unix_s,
-       coalesce(sum(a.cpu_millis), 0)::bigint AS cpu_allocated_millis,
-       coalesce(sum(a.memory_mb), 0)::bigint AS memory_allocated_mb,
-       coalesce(array_agg(a.job_id ORDER BY a.job_id) FILTER (WHERE a.id IS NOT NULL), '{}')
-           AS job_ids
-  FROM workers w
-  LEFT JOIN assignments a ON a.worker_id = w.id AND a.state = 'active'
- GROUP BY w.id ORDER BY w.id
-"""
-
-# The pending queue's length (the ingest's limit on submissions; index jobs_pending_by_xid).
-# The queue the ingest's limit counts (max_pending_jobs): pending jobs and waiting ones (each
-# task of an array counts).
-COUNT_PENDING = "SELECT count(*) FROM jobs WHERE state IN ('pending', 'waiting')"
-
-STATUS_JOB_COUNTS = "SELECT state, count(*)::bigint AS count FROM jobs GROUP BY state"
-
-# $1 $2 the interval and the dead_after (ms) told while the leader chose none. The heartbeat
-# policy in force, as status shows it: interval_ms, dead_after_ms, reason (NULL: the defaults).
-STATUS_HEARTBEAT_POLICY = """
-SELECT t.interval_ms, t.dead_after_ms, p.reason, p.workers
-  FROM heartbeat_told($1, $2) t LEFT JOIN heartbeat_policy p ON p.id = 1
-"""
-
-STATUS_UNSCHEDULABLE = (
-    _JOB_INFO
-    + """
- WHERE j.state = 'pending' AND j.reason LIKE 'unschedulable%' ORDER BY j.id LIMIT 20
-"""
 )

@@ -15,43 +15,6 @@ import attrs
 from runtime.constraints import Constraint
 from runtime.jobs import ArrayRange, CommandRuntime, ContainerRuntime, JobRuntime, JobSpec, SleepRuntime
 
-LIFECYCLE_COLUMNS = (
-    "max_attempts, retry_backoff_ms, count_lost, timeout_ms, constraints::text AS constraints, "
-    "env::text AS env, workdir, after_ids, array_max_running"
-)
-"""The columns of a spec after its runtime, as :func:`job_spec_of` reads them (prefix each
-with a table alias where the query needs one: :func:`lifecycle_columns`)."""
-
-
-def lifecycle_columns(alias: str) -> str:
-    """:data:`LIFECYCLE_COLUMNS` read from the table aliased ``alias``."""
-    return (
-        f"{alias}.max_attempts, {alias}.retry_backoff_ms, {alias}.count_lost, {alias}.timeout_ms, "
-        f"{alias}.constraints::text AS constraints, {alias}.env::text AS env, {alias}.workdir, "
-        f"{alias}.after_ids, {alias}.array_max_running"
-    )
-
-
-def dependency_states(after: str) -> str:
-    """SQL: a subquery of one row ``(dep, state)`` per job id in the ``bigint[]`` expression
-    ``after`` that exists (actors/dependencies.py). A job stands for itself; an array's id (its
-    first task's) stands for the whole array, as Slurm's ``afterok:<array job id>`` waits for
-    every task: ``failed`` when a task failed, else ``cancelled`` when one was, ``succeeded``
-    when every task succeeded, else ``unfinished``. (A task named by its own id, other than the
-    first, is that task alone.) Reads index jobs_by_array and the primary key."""
-    return f"""(
-    SELECT m.dep, CASE WHEN bool_or(m.state = 'failed') THEN 'failed'
-                       WHEN bool_or(m.state = 'cancelled') THEN 'cancelled'
-                       WHEN bool_and(m.state = 'succeeded') THEN 'succeeded'
-                       WHEN count(*) = 1 THEN min(m.state)
-                       ELSE 'unfinished' END AS state
-      FROM (SELECT d.id AS dep, d.state FROM jobs d
-             WHERE d.id = ANY({after}) AND d.array_id IS DISTINCT FROM d.id
-            UNION ALL
-            SELECT t.array_id, t.state FROM jobs t WHERE t.array_id = ANY({after})) m
-     GROUP BY m.dep
-)"""
-
 
 def _lifecycle(row: Mapping[str, Any]) -> dict[str, Any]:
     """The spec's fields after its runtime from a row; a column the row lacks keeps the spec's
@@ -197,6 +160,14 @@ def job_columns(spec: JobSpec) -> JobColumns:
     )
 
 
+BATCH_COLUMNS = (
+    *("name", "cpu_millis", "memory_mb", "priority", "runtime", "sleep_ms", "argv", "image"),
+    *("max_attempts", "retry_backoff_ms", "count_lost", "timeout_ms", "constraints", "env", "workdir"),
+    "after_ids",
+)
+"""The columns of :data:`SUBMIT_JOBS`' parameters $1-$16, in order."""
+
+
 def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
     """The columns of many specs as parameters $1-$16 of :data:`SUBMIT_JOBS`: one array per
     column, argv and after_ids as JSON text (a ``text[]`` cannot hold arrays of different
@@ -206,21 +177,7 @@ def job_column_arrays(specs: Sequence[JobSpec]) -> tuple[list[Any], ...]:
         ValueError: a spec has no runtime.
     """
     columns = [job_columns(spec) for spec in specs]
-    return (
-        [c.name for c in columns],
-        [c.cpu_millis for c in columns],
-        [c.memory_mb for c in columns],
-        [c.priority for c in columns],
-        [c.runtime for c in columns],
-        [c.sleep_ms for c in columns],
-        [None if c.argv is None else json.dumps(c.argv) for c in columns],
-        [c.image for c in columns],
-        [c.max_attempts for c in columns],
-        [c.retry_backoff_ms for c in columns],
-        [c.count_lost for c in columns],
-        [c.timeout_ms for c in columns],
-        [c.constraints for c in columns],
-        [c.env for c in columns],
-        [c.workdir for c in columns],
-        [json.dumps(c.after_ids) for c in columns],
-    )
+    arrays = {name: [getattr(c, name) for c in columns] for name in BATCH_COLUMNS}
+    arrays["argv"] = [None if argv is None else json.dumps(argv) for argv in arrays["argv"]]
+    arrays["after_ids"] = [json.dumps(after) for after in arrays["after_ids"]]
+    return tuple(arrays.values())

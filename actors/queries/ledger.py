@@ -4,8 +4,6 @@ workers, the ends of assignments and the requeues that follow.
 
 from __future__ import annotations
 
-from actors.queries.jobs import dependency_states
-
 # The fence: same transaction as the writes. A takeover's UPDATE of this row (it changes the
 # epoch, a key: schema.sql, lease_epoch_key) waits until the transaction holding the key-share
 # lock commits or aborts; the leader's renewal (it changes only expires_at) does not.
@@ -26,19 +24,14 @@ FENCE_EPOCH = "SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE"
 # (schema.sql, worker health: a mark the leader wrote after the round's read) and not held for
 # a planned restart (schema.sql, workers.hold_until).
 #
-# A worker's future is ordered against placements by its row (queries.ingest.LOCK_WORKER): every
-# promise about a worker (a cordon or drain, a clean leave, a registration that ends an
-# incarnation, a restart hold, a death) first locks its row FOR UPDATE, and ``open_workers``
-# locks the placements' workers FOR KEY SHARE, which conflicts with FOR UPDATE alone (a
-# heartbeat's update of last_heartbeat_at takes FOR NO KEY UPDATE and never waits for it).
-# Under READ COMMITTED a row lock re-checks its WHERE on the newest version of the row, so a
-# promise that committed after this statement's snapshot is seen and its worker takes nothing;
-# a promise that comes later waits until this statement commits, and reads the assignments it
-# created in its next statement. Rows are locked in id order (no deadlock between two
-# statements that each lock several). Returns one row with ``epoch_seen``
-# and no assignment when nothing was placed, else one row per assignment created: small rows
-# only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after the commit), so the server
-# never holds the share lock while it waits to hand a large result to a client that froze.
+# A worker's future is ordered against placements by its row (docs/design.md, "How decisions
+# are fenced"): ``open_workers`` locks the placements' workers FOR KEY SHARE, in id order (no
+# deadlock between two statements that each lock several), against the FOR UPDATE every promise
+# about a worker takes first (queries.ingest.LOCK_WORKER), and never waits for a heartbeat.
+# Returns one row with ``epoch_seen`` and no assignment when nothing was placed, else one row per
+# assignment created: small rows only (a command's argv, up to 64 KiB, is read by JOB_ARGVS after
+# the commit), so the server never holds the share lock while it waits to hand a large result to
+# a client that froze.
 #
 # Linear in the placements, as every fenced write must be (it holds the share lock throughout):
 # ``claimed`` draws each assignment's id itself, so the result needs no join of ``created`` with
@@ -99,16 +92,6 @@ SELECT id, argv, image, timeout_ms, env::text AS env, workdir, array_index, arra
   FROM jobs WHERE id = ANY($1::bigint[])
 """
 
-# Workers judged by their silence: every 'alive' row, and a 'left' row that still has active
-# assignments: of another incarnation, since the leader ends the left one's at once. Only a
-# registration the agent running them did not send (a late copy, another process claiming the
-# worker id) followed by a leave makes such a row; if that agent lives, its next heartbeat
-# (answered "register again") stops them, and if it is gone, nothing else would ever end them:
-# silence judges it, as any worker.
-JUDGED_WORKERS = """(w.state = 'alive'
-        OR (w.state = 'left'
-            AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))"""
-
 # $1 epoch, $2 dead_after_s, $3 worker ids, $4 incarnations, $5 the leader's silence floor
 # (unix seconds, database time; NULL for none). Re-judged by database time on heartbeats any
 # replica recorded, so a heartbeat that landed after the reconciler's read wins; silence counts
@@ -121,7 +104,9 @@ JUDGED_WORKERS = """(w.state = 'alive'
 # A death is a promise about the worker's future: ``promised`` locks the rows FOR UPDATE first
 # (see COMMIT_PLACEMENTS), so a placement onto one of them commits before it or not at all, and
 # END_ORPHANED_ASSIGNMENTS, the transaction's next statement, ends what such a placement made.
-DECLARE_DEAD_WORKERS = f"""
+# Only workers judged by their silence are declared (the rule of the view judged_workers in
+# schema.sql, written out here so that it is re-checked on the row as the UPDATE finds it).
+DECLARE_DEAD_WORKERS = """
 WITH promised AS (
     SELECT w.id FROM workers w WHERE w.id = ANY($3::text[]) ORDER BY w.id FOR UPDATE OF w
 ),
@@ -129,7 +114,10 @@ dead AS (
     UPDATE workers w SET state = 'dead', dead_at = now(), dead_epoch = $1
       FROM unnest($3::text[], $4::bigint[]) AS c(id, incarnation) JOIN promised USING (id)
            LEFT JOIN heartbeat_policy p ON p.id = 1
-     WHERE w.id = c.id AND w.incarnation = c.incarnation AND {JUDGED_WORKERS}
+     WHERE w.id = c.id AND w.incarnation = c.incarnation
+       AND (w.state = 'alive'
+            OR (w.state = 'left'
+                AND EXISTS (SELECT 1 FROM assignments a WHERE a.worker_id = w.id AND a.state = 'active')))
        AND greatest(w.last_heartbeat_at, pg_postmaster_start_time(), to_timestamp($5::float8),
                     w.hold_until)
            < now() - make_interval(secs => greatest($2, coalesce(w.dead_after_ms, 0) / 1000.0,
@@ -143,37 +131,15 @@ logged AS (
 SELECT id FROM dead
 """
 
-# The writing transaction's id, as stored in jobs.pending_xid whenever a job becomes pending
-# (the column's default covers inserts; see schema.sql and actors/placer_store.py, PendingMark).
-_THIS_XID = "pg_current_xact_id()::text::bigint"
+# Requeues: a job pending again gets a new pending_seq and this transaction's id in pending_xid
+# (actors/placer_store.py, PendingMark). After a loss it also waits a backoff (jobs.not_before,
+# by database time, so a new leader honours it; its reason says until when, UTC): full_jitter_s
+# (schema.sql) counted by its losses, with the caps parameter's first entry as base and last as
+# cap (actors.reconciler.backoff_caps_s; empty: no backoff); none after a clean stop (``clean``).
+# The requeue reads the ``backoff`` CTE alone: joining it with ``ended`` as well was a nested loop
+# that took 560 of 598 ms when 2,000 assignments ended at once.
 
-# Requeue backoff, for the two requeues after a loss (END_ORPHANED_ASSIGNMENTS and the
-# withdrawal of unconfirmed assignments in END_CANCELLED_ASSIGNMENTS): a CTE ``backoff`` with
-# each ended job's not_before, ``now() + random() * cap``, the cap of its loss count taken from
-# the array parameter {caps} (:func:`actors.reconciler.backoff_caps_s`: entry k is the cap after
-# the k-th loss, the last one serves every later loss; an empty array means no backoff). Full
-# jitter ("Exponential Backoff And Jitter", AWS Architecture Blog, 2015), by database time, so a
-# new leader honours it. The job's reason says until when (UTC). {clean}, an expression over
-# ``ended``, marks the jobs whose assignment ended because their worker stopped cleanly: not a
-# loss, so no backoff (``not_before`` NULL, ``clean`` true). The requeue that follows reads
-# ``backoff`` alone (one row per ended job): joining it with ``ended`` as well, two CTEs, was a
-# nested loop that took 560 of 598 ms when 2,000 assignments ended at once.
-_REQUEUE_BACKOFF = """backoff AS (
-    SELECT j.id, {clean} AS clean, ended.end_reason,
-           CASE WHEN {clean} THEN NULL ELSE now() + make_interval(
-               secs => random() * ({caps}::float8[])[least(j.losses + 1, cardinality({caps}::float8[]))]
-           ) END AS not_before
-      FROM jobs j JOIN ended ON j.id = ended.job_id
-)"""
-# A requeue's job (``j``, with its ``backoff`` row ``b``) whose loss spends its last attempt: it
-# asked that losses count (``count_lost``), and this one was not a clean stop.
-_LOSS_SPENDS_LAST = "(j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)"
-
-_BACKOFF_REASON = (
-    "'backoff: placed again after ' || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'"
-)
-
-# $1 epoch, $2 requeue backoff caps (seconds; see _REQUEUE_BACKOFF), $3 most assignments to
+# $1 epoch, $2 requeue backoff caps (seconds; see Requeues above), $3 most assignments to
 # end. Ends active assignments whose worker is dead, has left or has registered again, the $3
 # oldest of them, and requeues their jobs (or finishes the cancellation of jobs whose cancel
 # was requested). Those of a dead or re-registered worker end as lost, and the job counts one
@@ -184,17 +150,8 @@ _BACKOFF_REASON = (
 # actors/ledger.py). An assignment that a heartbeat ended meanwhile is skipped: the UPDATE
 # re-checks ``state`` on the row's newest version.
 # A registration alone does not end the previous incarnation's assignments: only once the new
-# incarnation has heartbeated (last_heartbeat_at past registered_at, both set by the
-# registration). An agent stops every job before it registers, so the agent that heartbeats
-# under the new incarnation has stopped the old one's; but a registration its agent did not
-# send (a late copy of an older one, or another process claiming the worker id) starts an
-# incarnation no agent heartbeats under, and the agent still running the old incarnation's
-# jobs learns of it only from its next heartbeat's answer (register again), which stops them
-# first. A dead worker's assignments end at once: it fenced itself before dead_after. So do
-# those of the incarnation that left, which stopped them before it left; a left row's older
-# incarnations' assignments follow the rule of a registration (the leave does not move
-# last_heartbeat_at).
-END_ORPHANED_ASSIGNMENTS = f"""
+# incarnation has heartbeated (docs/design.md, "Orphaned assignments").
+END_ORPHANED_ASSIGNMENTS = """
 WITH orphaned AS (
     SELECT a.id, CASE WHEN w.state = 'dead' THEN 'worker_dead'
                       WHEN w.state = 'left' AND w.incarnation = a.worker_incarnation THEN 'worker_left'
@@ -217,34 +174,48 @@ ended AS (
      WHERE a.id = o.id AND a.state = 'active'
  RETURNING a.id, a.job_id, a.worker_id, a.end_reason
 ),
-{_REQUEUE_BACKOFF.format(caps="$2", clean="ended.end_reason = 'worker_left'")},
+backoff AS (
+    SELECT j.id, ended.end_reason = 'worker_left' AS clean, ended.end_reason,
+           CASE WHEN ended.end_reason <> 'worker_left'
+                THEN now() + make_interval(
+                    secs => full_jitter_s(c.caps[1], c.caps[cardinality(c.caps)], j.losses))
+           END AS not_before
+      FROM jobs j JOIN ended ON j.id = ended.job_id, (SELECT $2::float8[] AS caps) c
+),
 requeued AS (
+    -- count_lost, not a clean stop and failures + 1 >= max_attempts: the loss spent the last attempt
     UPDATE jobs j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN {_LOSS_SPENDS_LAST} THEN 'failed'
+                        WHEN (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts) THEN 'failed'
                         ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested OR {_LOSS_SPENDS_LAST} THEN now() ELSE NULL END,
+           finished_at = CASE WHEN j.cancel_requested
+                                   OR (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)
+                              THEN now() ELSE NULL END,
            started_at = NULL,
            pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END,
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
+                              ELSE pg_current_xact_id()::text::bigint END,
            losses = CASE WHEN b.clean THEN j.losses ELSE j.losses + 1 END,
            failures = CASE WHEN j.count_lost AND NOT b.clean THEN j.failures + 1 ELSE j.failures END,
-           detail = CASE WHEN NOT j.cancel_requested AND {_LOSS_SPENDS_LAST}
+           detail = CASE WHEN NOT j.cancel_requested
+                              AND (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts)
                          THEN b.end_reason || ': the run was lost with its worker, the last of '
                               || j.max_attempts || ' attempts (count_lost)'
                          ELSE j.detail END,
            not_before = CASE WHEN j.cancel_requested THEN j.not_before ELSE b.not_before END,
-           reason = CASE WHEN j.cancel_requested OR {_LOSS_SPENDS_LAST} THEN ''
+           reason = CASE WHEN j.cancel_requested
+                              OR (j.count_lost AND NOT b.clean AND j.failures + 1 >= j.max_attempts) THEN ''
                          WHEN b.not_before IS NULL THEN j.reason
-                         ELSE {_BACKOFF_REASON} END
+                         ELSE 'backoff: placed again after '
+                              || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC' END
       FROM backoff b
      WHERE j.id = b.id AND j.state IN ('assigned', 'running')
  RETURNING j.id, j.state
 )
-SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM ended) AS ended_ids,
-       (SELECT coalesce(array_agg(job_id ORDER BY id), '{{}}') FROM ended) AS ended_job_ids,
-       (SELECT coalesce(array_agg(worker_id ORDER BY id), '{{}}') FROM ended) AS ended_worker_ids,
-       (SELECT coalesce(array_agg(id), '{{}}') FROM requeued WHERE state = 'pending') AS requeued_ids,
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM ended) AS ended_ids,
+       (SELECT coalesce(array_agg(job_id ORDER BY id), '{}') FROM ended) AS ended_job_ids,
+       (SELECT coalesce(array_agg(worker_id ORDER BY id), '{}') FROM ended) AS ended_worker_ids,
+       (SELECT coalesce(array_agg(id), '{}') FROM requeued WHERE state = 'pending') AS requeued_ids,
        (SELECT count(*) FROM orphaned) = $3 AS more
 """
 
@@ -254,7 +225,7 @@ SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM ended) AS ended_
 # that failed). As a run that timed out on its worker: the assignment ends (state 'cancelled',
 # end_reason 'timeout', counted), the job spends an attempt and is placed again after its
 # retry delay, or, with none left (or a cancel asked meanwhile), ends failed (cancelled).
-END_TIMED_OUT_ASSIGNMENTS = f"""
+END_TIMED_OUT_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
        SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = 'timeout',
@@ -275,7 +246,7 @@ jobs_ended AS (
            pending_seq = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                               THEN nextval('pending_seq') ELSE j.pending_seq END,
            pending_xid = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
-                              THEN {_THIS_XID} ELSE j.pending_xid END,
+                              THEN pg_current_xact_id()::text::bigint ELSE j.pending_xid END,
            not_before = CASE WHEN retries(j.cancel_requested, j.failures, 1, j.max_attempts)
                              THEN now() + make_interval(
                                       secs => retry_delay_s(j.retry_backoff_ms, j.failures + 1))
@@ -293,16 +264,21 @@ SELECT id FROM ended
 """
 
 # $1 epoch, $2 assignment ids, $3 end reason, $4 requeue, $5 requeue backoff caps (seconds; see
-# _REQUEUE_BACKOFF). Only for assignments whose worker acknowledged the cancel: the job runs
+# Requeues above). Only for assignments whose worker acknowledged the cancel: the job runs
 # nowhere now. A requeue (an unconfirmed assignment withdrawn) counts as a loss of the job.
-END_CANCELLED_ASSIGNMENTS = f"""
+END_CANCELLED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
        SET state = 'cancelled', ended_at = now(), ended_epoch = $1, end_reason = $3
      WHERE id = ANY($2::bigint[]) AND state = 'active'
  RETURNING id, job_id, end_reason
 ),
-{_REQUEUE_BACKOFF.format(caps="$5", clean="false")},
+backoff AS (
+    SELECT j.id,
+           now() + make_interval(secs => full_jitter_s(c.caps[1], c.caps[cardinality(c.caps)], j.losses))
+               AS not_before
+      FROM jobs j JOIN ended ON j.id = ended.job_id, (SELECT $5::float8[] AS caps) c
+),
 jobs_ended AS (
     UPDATE jobs j
        SET state = CASE WHEN $4 AND NOT j.cancel_requested THEN 'pending' ELSE 'cancelled' END,
@@ -310,12 +286,14 @@ jobs_ended AS (
            started_at = CASE WHEN $4 AND NOT j.cancel_requested THEN NULL ELSE j.started_at END,
            pending_seq = CASE WHEN $4 AND NOT j.cancel_requested THEN nextval('pending_seq')
                               ELSE j.pending_seq END,
-           pending_xid = CASE WHEN $4 AND NOT j.cancel_requested THEN {_THIS_XID}
+           pending_xid = CASE WHEN $4 AND NOT j.cancel_requested THEN pg_current_xact_id()::text::bigint
                               ELSE j.pending_xid END,
            losses = CASE WHEN $4 THEN j.losses + 1 ELSE j.losses END,
            not_before = CASE WHEN $4 AND NOT j.cancel_requested THEN b.not_before ELSE j.not_before END,
            reason = CASE WHEN $4 AND NOT j.cancel_requested AND b.not_before IS NOT NULL
-                         THEN {_BACKOFF_REASON} ELSE j.reason END
+                         THEN 'backoff: placed again after '
+                              || to_char(b.not_before AT TIME ZONE 'UTC', 'HH24:MI:SS.MS') || ' UTC'
+                         ELSE j.reason END
       FROM backoff b
      WHERE j.id = b.id AND j.state IN ('assigned', 'running')
 )
@@ -323,12 +301,10 @@ SELECT id FROM ended
 """
 
 # $1 epoch, $2 assignment ids. The end of a drain's deadline (actors/reconciler.py): only for
-# assignments whose worker acknowledged the stop, so the job runs nowhere now (invariant 6).
-# They end as stopped ('drained'), as a clean leave's do ('worker_left' in
-# END_ORPHANED_ASSIGNMENTS), and their jobs are pending again at once: no loss counted, no
-# backoff (losses and not_before untouched), the reason kept; a job whose cancel was asked
-# meanwhile ends cancelled instead.
-END_DRAINED_ASSIGNMENTS = f"""
+# assignments whose worker acknowledged the stop (invariant 6). They end as stopped ('drained'), as
+# a clean leave's do, and their jobs are pending again at once: no loss counted, no backoff
+# (losses and not_before untouched), the reason kept; a job whose cancel was asked ends cancelled.
+END_DRAINED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
        SET state = 'stopped', ended_at = now(), ended_epoch = $1, end_reason = 'drained'
@@ -341,7 +317,8 @@ requeued AS (
            finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
            started_at = CASE WHEN j.cancel_requested THEN j.started_at ELSE NULL END,
            pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid ELSE {_THIS_XID} END
+           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
+                              ELSE pg_current_xact_id()::text::bigint END
       FROM ended e
      WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
 )
@@ -384,13 +361,13 @@ INSERT INTO stale_writes (holder, epoch, epoch_seen, what) VALUES ($1, $2, $3, $
 # job is cancelled only if the dependency named failed or was cancelled. A released job gets a
 # new pending_seq and this transaction's id, as every requeue, so the placer's incremental read
 # sees it. Returns one row: the ids released and the ids cancelled.
-SETTLE_WAITING_JOBS = f"""
+SETTLE_WAITING_JOBS = """
 WITH ready AS (
     SELECT j.id, j.array_id, coalesce(j.array_max_running, 0) AS limit_,
            row_number() OVER (PARTITION BY j.array_id ORDER BY j.array_index, j.id) AS k
       FROM jobs j
      WHERE j.id = ANY($1::bigint[]) AND j.state = 'waiting'
-       AND NOT EXISTS (SELECT 1 FROM {dependency_states("j.after_ids")} s WHERE s.state <> 'succeeded')
+       AND NOT EXISTS (SELECT 1 FROM dependency_states(j.after_ids) s WHERE s.state <> 'succeeded')
 ),
 room AS (
     SELECT r.id
@@ -403,7 +380,7 @@ room AS (
 released AS (
     UPDATE jobs j
        SET state = 'pending', reason = '', pending_seq = nextval('pending_seq'),
-           pending_xid = {_THIS_XID}
+           pending_xid = pg_current_xact_id()::text::bigint
       FROM room
      WHERE j.id = room.id AND j.state = 'waiting'
  RETURNING j.id
@@ -414,12 +391,12 @@ cancelled AS (
            reason = 'dependency_failed: job ' || c.dep, detail = 'dependency_failed: job ' || c.dep
       FROM unnest($2::bigint[], $3::bigint[]) AS c(id, dep)
      WHERE j.id = c.id AND j.state = 'waiting' AND c.dep = ANY(j.after_ids)
-       AND EXISTS (SELECT 1 FROM {dependency_states("j.after_ids")} s
+       AND EXISTS (SELECT 1 FROM dependency_states(j.after_ids) s
                     WHERE s.dep = c.dep AND s.state IN ('failed', 'cancelled'))
  RETURNING j.id
 )
-SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM released) AS released_ids,
-       (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM cancelled) AS cancelled_ids
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM released) AS released_ids,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM cancelled) AS cancelled_ids
 """
 
 # $1 epoch, $2 interval_ms, $3 dead_after_ms, $4 workers, $5 cpu per heartbeat (µs, NULL: not

@@ -4,23 +4,20 @@ cancel-requested assignments, and those of drains whose deadline has passed.
 
 from __future__ import annotations
 
-from actors.queries.jobs import dependency_states
-from actors.queries.ledger import JUDGED_WORKERS
-
-# The database's time, and every judged worker with the time (database time) since its last
-# recorded heartbeat or, when later, since the server started (pg_postmaster_start_time(): a
-# restart is an outage, and no worker could heartbeat through it) or since a planned restart's
-# hold ends (workers.hold_until: negative while it holds; greatest() skips its NULL), and the
-# dead_after it is judged by (the larger of its row's and the leader's policy's; see
-# DECLARE_DEAD_WORKERS); one row with a NULL id when there is no worker.
-HEARTBEAT_AGES = f"""
+# The database's time, and every worker judged by its silence (the view judged_workers) with the
+# time (database time) since its last recorded heartbeat or, when later, since the server started
+# (pg_postmaster_start_time(): a restart is an outage, and no worker could heartbeat through it) or
+# since a planned restart's hold ends (workers.hold_until: negative while it holds; greatest()
+# skips its NULL), and the dead_after it is judged by (the larger of its row's and the leader's
+# policy's; see DECLARE_DEAD_WORKERS); one row with a NULL id when there is no worker.
+HEARTBEAT_AGES = """
 SELECT n.now_unix_s, w.id, w.incarnation, greatest(w.dead_after_ms, n.policy_ms) AS dead_after_ms,
        extract(epoch FROM n.now - greatest(w.last_heartbeat_at, pg_postmaster_start_time(),
                                            w.hold_until))::float8
            AS age_s
   FROM (SELECT now() AS now, extract(epoch FROM now())::float8 AS now_unix_s,
                (SELECT p.dead_after_ms FROM heartbeat_policy p WHERE p.id = 1) AS policy_ms) n
-  LEFT JOIN workers w ON {JUDGED_WORKERS}
+  LEFT JOIN judged_workers w ON true
 """
 
 _ASSIGNMENT_PAYLOAD = """
@@ -72,19 +69,19 @@ CANCEL_REQUESTED_ASSIGNMENTS = (
 # a dependency that failed or was cancelled, and those whose dependencies all succeeded (none
 # counts as all) unless they are tasks of an array whose limit is reached; of an array's ready
 # tasks only as many as its limit leaves room for, lowest index first. Each with its
-# dependencies' ids and states (an array's id as the whole array: queries.jobs.dependency_states),
+# dependencies' ids and states (an array's id as the whole array: dependency_states in schema.sql),
 # and its array's tasks pending, assigned or running. Reads every waiting job's dependencies
 # (index jobs_waiting, then primary-key and jobs_by_array probes per dependency): on a read
 # connection of the reconciler's, outside any fenced write.
-WAITING_JOBS = f"""
+WAITING_JOBS = """
 WITH w AS (
     SELECT j.id, j.array_id, coalesce(j.array_index, 0) AS array_index,
            coalesce(j.array_max_running, 0) AS array_max_running,
-           coalesce(d.ids, '{{}}') AS after_ids, coalesce(d.states, '{{}}') AS after_states
+           coalesce(d.ids, '{}') AS after_ids, coalesce(d.states, '{}') AS after_states
       FROM jobs j
       LEFT JOIN LATERAL (
           SELECT array_agg(s.dep ORDER BY s.dep) AS ids, array_agg(s.state ORDER BY s.dep) AS states
-            FROM {dependency_states("j.after_ids")} s
+            FROM dependency_states(j.after_ids) s
       ) d ON cardinality(j.after_ids) > 0
      WHERE j.state = 'waiting'
 ),

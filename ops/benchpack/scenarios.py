@@ -16,12 +16,12 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ingest import apply_schema
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
+from actors.schema import apply_schema
 from ops import checker
 from ops.benchpack.figures import (
     PlacerFigures,

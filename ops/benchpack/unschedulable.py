@@ -19,12 +19,12 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ingest import apply_schema
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
+from actors.schema import apply_schema
 from ops.pg import EmbeddedPostgres, free_port
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.settings import LedgerSettings, PlacerSettings

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import trio
@@ -37,8 +36,6 @@ from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key
 from runtime.reply import Reply
 from runtime.settings import LedgerSettings, PlacerSettings
-
-SCHEMA = Path(__file__).parents[2] / "schema.sql"
 
 COUNTERS_MATCH = """
 SELECT bool_and(w.unconfirmed_assignments = coalesce(a.unconfirmed, 0)
@@ -220,40 +217,6 @@ async def test_window_counters_stay_exact_through_place_confirm_end_and_reregist
         await confirm(db, again, [a.assignment_id for a in fresh])
         assert await counters(db) == (0, 4)
         nursery.cancel_scope.cancel()
-
-
-async def test_the_schema_backfills_the_counters_and_losses_of_an_older_database(
-    db: PgConnection, database_url: str
-) -> None:
-    """A database from before the counters (columns dropped) gets them back from the
-    assignments when schema.sql is applied again: the counters as defined, and one loss per
-    lost or withdrawn assignment."""
-    incarnation = await register(db, "w-1")
-    jobs = await submit(db, 4)
-    async with trio.open_nursery() as nursery:
-        ledger = await run_ledger(nursery, database_url)
-        placed = [a.assignment_id for a in await commit(ledger, jobs, "w-1", incarnation)]
-        await confirm(db, incarnation, placed[:1])
-        await withdraw(ledger, placed[1:2])
-        nursery.cancel_scope.cancel()
-    # As such a database was: the allocation and the counters as columns of workers (stale
-    # here), no worker_allocations, no losses.
-    await db.execute(
-        "DROP TABLE worker_allocations CASCADE;"
-        " ALTER TABLE workers ADD COLUMN cpu_allocated_millis bigint NOT NULL DEFAULT 0,"
-        " ADD COLUMN memory_allocated_mb bigint NOT NULL DEFAULT 0,"
-        " ADD COLUMN unconfirmed_assignments integer NOT NULL DEFAULT 0,"
-        " ADD COLUMN confirmed_assignments integer NOT NULL DEFAULT 0;"
-        " ALTER TABLE jobs DROP COLUMN losses, DROP COLUMN not_before"
-    )
-    await db.execute(SCHEMA.read_text())
-    assert await counters(db) == (2, 1)
-    columns = await db.fetch(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'workers'"
-        " AND column_name LIKE '%assignments' OR column_name LIKE '%allocated%' AND table_name = 'workers'"
-    )
-    assert columns == []
-    assert await db.fetchval("SELECT array_agg(losses ORDER BY id) FROM jobs") == [0, 1, 0, 0]
 
 
 async def test_jobs_lost_with_their_worker_wait_a_jittered_backoff_that_grows(

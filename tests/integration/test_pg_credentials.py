@@ -15,7 +15,7 @@ import asyncpg
 import psutil
 import pytest
 
-from actors.ingest import apply_schema
+from actors.schema import apply_schema
 from ops.certs import CertDir, init_cluster
 from ops.pg import (
     PG_SUPERUSER,

@@ -1,21 +1,13 @@
 """The rules of waiting jobs (:mod:`actors.dependencies`): when a job waiting for its
-dependencies or for room in its array becomes pending, when it is cancelled, and with what
-reason; and how the agent names an array task's variables (:mod:`agent.job_env`)."""
+dependencies or for room in its array becomes pending, and when it is cancelled; and how the
+agent names an array task's variables (:mod:`agent.job_env`)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.dependencies import (
-    WaitingJob,
-    array_limit_reason,
-    dependency_failed,
-    initial_states,
-    missing_detail,
-    plan_waiting,
-    waiting_reason,
-)
+from actors.dependencies import WaitingJob, missing_detail, plan_waiting
 from agent.job_env import job_environment
 from agent.messages import JobOrder
 from agent.service import job_order_from_pb
@@ -42,7 +34,6 @@ def test_a_failed_or_cancelled_dependency_cancels_naming_the_lowest() -> None:
     while a third has not ended."""
     job = WaitingJob(job_id=9, after=((1, "running"), (3, "failed"), (2, "cancelled")))
     assert plan_waiting([job], most=10).cancel == ((9, 2),)
-    assert dependency_failed(2) == "dependency_failed: job 2"
 
 
 def test_an_arrays_tasks_are_released_only_within_its_limit_lowest_index_first() -> None:
@@ -84,18 +75,8 @@ def test_an_arrays_active_tasks_never_exceed_its_limit(limit: int, active: int, 
     assert sorted(released) == sorted(1000 + i for i in sorted(indices)[: len(released)])
 
 
-def test_initial_states_follow_the_dependencies_and_the_limit() -> None:
-    """At submission: all pending with no limit, the first max_running with one, none while a
-    dependency has not succeeded."""
-    assert initial_states(tasks=4, max_running=0, dependencies_succeeded=True) == [True] * 4
-    assert initial_states(tasks=4, max_running=2, dependencies_succeeded=True) == [True, True, False, False]
-    assert initial_states(tasks=2, max_running=0, dependencies_succeeded=False) == [False, False]
-
-
-def test_reasons_name_the_jobs_and_the_limit() -> None:
-    """The reasons a waiting job shows, and the detail of a refusal."""
-    assert waiting_reason([12, 14]) == "waiting for job 12, 14"
-    assert array_limit_reason(10) == "array limit: 10 running"
+def test_a_refusal_names_the_missing_jobs() -> None:
+    """The detail of a submission refused for dependencies that do not exist."""
     assert missing_detail([99, 100]) == "no job 99, 100; nothing was stored"
 
 

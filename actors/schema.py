@@ -1,0 +1,100 @@
+"""The database schema's application, at every control plane's start: ``schema.sql`` whole to a
+new database, else the numbered migrations (``actors/migrations/NNNN_*.sql``) the database has not
+had yet, in order, each in a transaction of its own with its version recorded in
+``schema_version``; under an advisory lock, so replicas that start together apply it once
+(docs/design.md, "The database schema").
+
+Main names: :func:`apply_schema`, :func:`migrations`, :data:`SCHEMA_PATH`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import attrs
+
+from actors.queries import schema as queries
+from runtime.aio import PgConnection
+
+_BESIDE_PACKAGES = Path(__file__).resolve().parents[1] / "schema.sql"
+_WHEEL_DATA = Path(sys.prefix) / "share" / "stockade" / "schema.sql"
+SCHEMA_PATH = _WHEEL_DATA if _WHEEL_DATA.is_file() and not _BESIDE_PACKAGES.is_file() else _BESIDE_PACKAGES
+"""schema.sql: next to the packages in a source tree or an editable install, else where a wheel
+installs it (data-files)."""
+
+MIGRATIONS_PATH = Path(__file__).resolve().parent / "migrations"
+"""The migrations, shipped inside the package (package data)."""
+
+SCHEMA_CALL_TIMEOUT_S = 60.0
+"""Longest one statement of the schema's application may go unanswered, in seconds: schema.sql
+is one statement, and a replica may wait here for another applying it."""
+
+_MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+
+
+@attrs.frozen
+class Migration:
+    """One numbered change: the SQL that brings a database from ``version - 1`` to ``version``."""
+
+    version: int
+    path: Path
+
+
+def migrations(folder: Path = MIGRATIONS_PATH) -> list[Migration]:
+    """The migrations in ``folder`` (files ``NNNN_name.sql``), by version.
+
+    Raises:
+        ValueError: a file's name is not ``NNNN_name.sql``, or two files share a version.
+    """
+    found: dict[int, Migration] = {}
+    for path in sorted(folder.glob("*.sql")):
+        match = _MIGRATION_NAME.fullmatch(path.name)
+        if match is None:
+            raise ValueError(f"migration file names must be NNNN_name.sql, got {path.name!r}")
+        version = int(match.group(1))
+        if version in found:
+            raise ValueError(f"migrations {found[version].path.name!r} and {path.name!r} share a version")
+        found[version] = Migration(version, path)
+    return [found[version] for version in sorted(found)]
+
+
+async def apply_schema(database_url: str) -> None:
+    """Bring the database to the newest schema: ``schema.sql`` to a new one (it records its own
+    version), else each migration newer than the database's version (an earlier release's
+    database without versions counts as version 1), serialised across replicas by an advisory
+    lock. A database at the newest version, or at a newer one, is left alone; a read-only one is
+    refused all the same.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached, or is read-only (a standby).
+        FileNotFoundError: the database is new and schema.sql is missing next to the packages.
+    """
+    conn = await PgConnection.connect(
+        database_url,
+        server_settings={"application_name": "stockade schema"},
+        call_timeout_s=SCHEMA_CALL_TIMEOUT_S,
+    )
+    try:
+        await conn.fetchval(queries.APPLY_SCHEMA_LOCK, queries.SCHEMA_LOCK_KEY)
+        try:
+            state = await conn.fetchrow(queries.SCHEMA_STATE)
+            assert state is not None
+            if not state["made"]:
+                await conn.execute(SCHEMA_PATH.read_text())
+                return
+            version = await conn.fetchval(queries.SCHEMA_VERSION) if state["versioned"] else 1
+            for migration in migrations():
+                if migration.version > version:
+                    async with conn.transaction():
+                        await conn.execute(migration.path.read_text())
+                        await conn.execute(queries.RECORD_SCHEMA_VERSION, migration.version)
+            await conn.execute(queries.CHECK_WRITABLE)
+        finally:
+            # A connection dropped by the error (a read-only server, a lost link) holds no lock
+            # any more; unlocking it would only hide that error behind "connection is closed".
+            if not conn.is_closed():
+                await conn.fetchval(queries.APPLY_SCHEMA_UNLOCK, queries.SCHEMA_LOCK_KEY)
+    finally:
+        await conn.close()
