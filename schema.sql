@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS workers (
 -- version: fillfactor 70 keeps 30 % of each page free for them, and the page's old versions are
 -- pruned in place. Set on an existing table too (it applies to the pages written from now on).
 -- No index may name last_heartbeat_at, heartbeat_sent_us or dead_after_ms: it would make every
--- heartbeat a non-HOT update (ops/measure_heartbeat.py, workers_update_counts, shows the share).
+-- heartbeat a non-HOT update (ops/bench/measure_heartbeat.py, workers_update_counts, shows the share).
 ALTER TABLE workers SET (fillfactor = 70);
 
 CREATE TABLE IF NOT EXISTS jobs (

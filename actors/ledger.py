@@ -48,7 +48,7 @@ two bounds see to it:
   (500), pending reasons included; the ledger refuses a larger request with
   :class:`runtime.errors.InvalidArgument`. Every statement is linear in its rows (see
   ``queries.COMMIT_PLACEMENTS``), so 500 rows hold the lock 10 to 40 ms on the 2-core VM, idle
-  or beside two CPU burners (``python -m ops.measure_fence``). Before, ending a dead worker's
+  or beside two CPU burners (``python -m ops.bench.measure_fence``). Before, ending a dead worker's
   assignments was one transaction, quadratic in them: 2,000 held the lock 0.4 to 0.5 s on the
   idle VM, and 1,200 in a loaded cluster held it past the renewal's timeout and cost a lease.
 - Time: the session's ``statement_timeout`` and ``lock_timeout`` are the ledger's

@@ -56,7 +56,7 @@ from actors.placement import (
     placement_limit,
 )
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
-from actors.placer_store import PgPlacerStore as PgPlacerStore  # ops.benchpack imports it from here
+from actors.placer_store import PgPlacerStore as PgPlacerStore  # ops.bench.pack imports it from here
 from actors.role import RoleView
 from actors.write_size import WriteSize
 from runtime import faults, log, metrics

@@ -110,7 +110,7 @@ core while it waits. The confinement adds little CPU (the agent's mkdir and writ
 0.4 ms; a few writes in the child), but a *migration* into a cgroup (cgroup v1, or v2 where
 ``clone3`` cannot be used) waits for an RCU grace period in the kernel (the write side of
 ``cgroup_threadgroup_rwsem``), about 12 ms on that machine (``python -m
-ops.measure_resources``); a v2 job born in its cgroup does not wait. Only the job's start
+ops.bench.measure_resources``); a v2 job born in its cgroup does not wait. Only the job's start
 waits, not the agent.
 
 Command line (built by :func:`reaper_argv`)::

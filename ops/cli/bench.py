@@ -60,7 +60,7 @@ def bench_failover(
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
     import trio
 
-    from ops.bench import FailoverBenchSettings, failover_table, run_failover_bench
+    from ops.bench.failover import FailoverBenchSettings, failover_table, run_failover_bench
     from ops.cluster import LocalCluster, StateDir
 
     cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")), insecure=insecure)
@@ -128,12 +128,12 @@ def bench_pack(
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
     the round time as the queue and the cluster grow."""
 
-    from ops import benchpack
+    from ops.bench import pack
     from runtime import log as runtime_log
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
-    if not policies or any(p not in benchpack.POLICIES for p in policies):
-        fail(f"--policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
+    if not policies or any(p not in pack.POLICIES for p in policies):
+        fail(f"--policy must list some of {', '.join(pack.POLICIES)}, got {policy!r}", EXIT_INVALID)
     if 0 < arrival_rate < 1:
         # An open range typer cannot state: 0 (skip) or at least 1.
         fail(
@@ -145,7 +145,7 @@ def bench_pack(
     if not out.parent.resolve().is_dir():
         fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
     runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
-    settings = benchpack.PackSettings(
+    settings = pack.PackSettings(
         jobs=jobs,
         workers=workers,
         seed=seed,
@@ -160,13 +160,13 @@ def bench_pack(
         heartbeat_interval_s=heartbeat_interval_s,
     )
     with interruptible(), errors():
-        report = benchpack.run_pack(
+        report = pack.run_pack(
             settings, state_dir or (default_state_dir() / "bench-pack"), err_console().print
         )
-    console().print(benchpack.render(report))
-    benchpack.save(out, report)
+    console().print(pack.render(report))
+    pack.save(out, report)
     picture = out.with_suffix(".png")
-    benchpack.plot(report, picture)
+    pack.plot(report, picture)
     console().print(f"wrote {out} and {picture}")
     if not report.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
@@ -196,7 +196,7 @@ def bench_overload(
     was lost."""
     import trio
 
-    from ops import benchoverload
+    from ops.bench import overload
 
     try:
         offered = tuple(float(r) for r in rates.split(","))
@@ -206,15 +206,15 @@ def bench_overload(
     if not out.parent.resolve().is_dir():
         fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
     with interruptible(), errors():
-        settings = benchoverload.OverloadSettings(
+        settings = overload.OverloadSettings(
             rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
         )
         root = state_dir or (default_state_dir() / "bench-overload")
-        result = trio.run(benchoverload.run_overload, settings, root, err_console().print)
-    console().print(benchoverload.render(result))
-    benchoverload.save(out, result)
+        result = trio.run(overload.run_overload, settings, root, err_console().print)
+    console().print(overload.render(result))
+    overload.save(out, result)
     picture = out.with_suffix(".png")
-    benchoverload.plot(result, picture)
+    overload.plot(result, picture)
     console().print(f"wrote {out} and {picture}")
     if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
@@ -242,7 +242,7 @@ def bench_unschedulable(
 ) -> None:
     """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
     worker can hold beside small ones: round p50 / p99 / max in milliseconds."""
-    from ops.benchpack.unschedulable import bench_unschedulable as run
+    from ops.bench.pack.unschedulable import bench_unschedulable as run
     from runtime import log as runtime_log
 
     runtime_log.configure(level="WARNING")  # the placer runs in this process
@@ -271,7 +271,7 @@ def bench_scale(
         typer.Option(
             "--real-agents",
             help="Run steps of at most 200 workers as real agents in fleets; larger steps (and all "
-            "without this flag) use the load generator (ops/loadgen.py).",
+            "without this flag) use the load generator (ops/bench/loadgen.py).",
         ),
     ] = False,
     pending_jobs: Annotated[
@@ -304,17 +304,17 @@ def bench_scale(
     cluster each; with a PNG of how each grows per doubling. Exits 1 on a false death."""
     import trio
 
-    from ops import benchscale, scalereport
+    from ops.bench import scale, scale_report
     from runtime.errors import InvalidArgument
 
     try:
-        counts = scalereport.parse_workers(workers)
+        counts = scale_report.parse_workers(workers)
     except InvalidArgument as exc:
         fail(str(exc), EXIT_INVALID)
     out = json_path or Path("bench-scale.json")
     if not out.parent.resolve().is_dir():
         fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
-    settings = benchscale.ScaleSettings(
+    settings = scale.ScaleSettings(
         workers=counts,
         duration_s=duration_s,
         real_agents=real_agents,
@@ -325,11 +325,11 @@ def bench_scale(
     )
     root = state_dir or (default_state_dir() / "bench-scale")
     with interruptible(), errors():
-        report = trio.run(benchscale.run_scale, settings, root, err_console().print)
-    console().print(scalereport.render(report))
-    scalereport.save(out, report)
+        report = trio.run(scale.run_scale, settings, root, err_console().print)
+    console().print(scale_report.render(report))
+    scale_report.save(out, report)
     picture = out.with_suffix(".png")
-    scalereport.plot(report, picture)
+    scale_report.plot(report, picture)
     console().print(f"wrote {out} and {picture}")
     if not report.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)

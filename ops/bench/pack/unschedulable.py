@@ -6,7 +6,7 @@ too much CPU, too much memory or both), ``schedulable`` small ones behind a busy
 that every round places a job or two. The first round reads the whole queue; the rounds after
 it store the unschedulable reasons (at most the fenced write's rows per round: ``settle``
 rounds); then ``rounds`` rounds are timed (read, decision, fenced commit), as in the scale
-curve of ``stockade bench pack`` (:func:`ops.benchpack.scenarios.run_scale_point`).
+curve of ``stockade bench pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`).
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ reports ``--running`` running assignments (the steady state of a busy worker), o
 its own, and prints the handler time per heartbeat (mean, p50, p99) and the round trips to
 the database per heartbeat (asyncpg calls, the pool's reset on release included)::
 
-    python -m ops.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
+    python -m ops.bench.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 The handler and the pool are the ingest's own, so running this file from another checkout
 (``PYTHONPATH=that-checkout``) measures that version.
 
 :func:`table_update_counts` reads how many of a table's row updates were HOT (for the
-``workers`` table, which every heartbeat updates); ``ops.measure_heartbeat_groups`` compares
+``workers`` table, which every heartbeat updates); ``ops.bench.measure_heartbeat_groups`` compares
 grouped and single heartbeats.
 """
 

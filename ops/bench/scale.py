@@ -1,14 +1,14 @@
 """``stockade bench scale``: what heartbeats and placement cost as the worker count doubles.
 
 For each worker count N, on a fresh cluster (3 control planes, one embedded PostgreSQL with
-``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.loadgen`, or real agents in
-fleets with ``--real-agents`` where N <= :data:`ops.scalereport.REAL_AGENTS_LIMIT`) hold sleep
+``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.bench.loadgen`, or real agents in
+fleets with ``--real-agents`` where N <= :data:`ops.bench.scale_report.REAL_AGENTS_LIMIT`) hold sleep
 jobs while a queue of ``pending_jobs`` more waits (topped up every second); after a warm-up,
 one window of ``duration_s`` is measured from outside the control plane only: its metrics
 endpoints, the database and the processes' CPU time. Early in the window a few workers that
 hold long jobs are killed (their heartbeats and Worker service stop at once) and their jobs are
 timed, by database time, from the kill to their new assignments confirmed running.
-What each figure means: :class:`ops.scalereport.ScalePoint`.
+What each figure means: :class:`ops.bench.scale_report.ScalePoint`.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
-from ops.benchpack.figures import histogram_quantile
+from ops.bench.measure_heartbeat import table_update_counts
+from ops.bench.pack.figures import histogram_quantile
+from ops.bench.scale_report import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig
-from ops.measure_heartbeat import table_update_counts
 from ops.pg import EmbeddedPostgres, free_port
-from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
@@ -293,7 +293,7 @@ ELECTIONS = (
 
 @attrs.define
 class LoadGenProcess:
-    """``python -m ops.loadgen`` as a child: commands on its stdin, JSON lines on its stdout."""
+    """``python -m ops.bench.loadgen`` as a child: commands on its stdin, JSON lines on its stdout."""
 
     process: subprocess.Popen[str]
 
@@ -301,7 +301,7 @@ class LoadGenProcess:
     def start(cls, args: Sequence[str], log_path: Path) -> LoadGenProcess:
         log = log_path.open("w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "ops.loadgen", *args],
+            [sys.executable, "-m", "ops.bench.loadgen", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -439,8 +439,8 @@ class _Step:
         self.cluster.up(control_planes=3, workers=self.workers if self.real else 0, timeout_s=300)
         config = self.cluster.config()
         if not self.real:
+            from ops.bench.loadgen import worker_ids
             from ops.certs import ensure_issued
-            from ops.loadgen import worker_ids
 
             args = [
                 "--control-planes",

@@ -14,7 +14,7 @@ The writes: a dead worker's ``--assignments`` active assignments ended
 ``--placements`` placements (``COMMIT_PLACEMENTS``) in one statement and in statements of
 ``--batch``. Each is repeated ``--repeat`` times; the figures are the median and the worst::
 
-    python -m ops.measure_fence [--database-url URL] [--assignments 2000] [--placements 2000]
+    python -m ops.bench.measure_fence [--database-url URL] [--assignments 2000] [--placements 2000]
                                 [--batch 500] [--repeat 5]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.

@@ -21,7 +21,7 @@ from ops import checker
 PHASES = ("read", "decide", "commit", "dispatch")
 """The phases of a placer round, each with a histogram of its own."""
 LARGE_CPU_MILLIS = 6000
-"""The stream's large jobs ask this much CPU or more (see :func:`ops.benchpack.stream.job_stream`)."""
+"""The stream's large jobs ask this much CPU or more (see :func:`ops.bench.pack.stream.job_stream`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -129,7 +129,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def probe_figures(probes: Sequence[tuple[float, float]], *, stall_s: float = 1.0) -> ProbeFigures:
     """The p50, p99 and max commit latency (ms) over ``probes`` ((time s, latency s) pairs from
-    :func:`ops.benchpack.scenarios.probe_commits`), and each commit slower than ``stall_s``."""
+    :func:`ops.bench.pack.scenarios.probe_commits`), and each commit slower than ``stall_s``."""
     latencies = sorted(latency for _, latency in probes)
     if not latencies:
         return ProbeFigures()

@@ -28,15 +28,15 @@ Three parts, each printing measured numbers (timing goals are never asserted in 
    holding 1,000 / 10,000 / 100,000 pending jobs and 100 / 1,000 simulated busy workers, with a
    little room freed before each round so every round places a job or two.
 
-The package, in four parts: :mod:`~ops.benchpack.stream` (the seeded jobs, their arrivals, the
-makespan's lower bound, the settings), :mod:`~ops.benchpack.scenarios` (each scenario on its
-own cluster, and :func:`run_pack` running them all), :mod:`~ops.benchpack.figures` (what is
-computed from the measurements) and :mod:`~ops.benchpack.report` (the typed results, their
-table, picture and JSON). Beside them, :mod:`~ops.benchpack.unschedulable` times the real round
+The package, in four parts: :mod:`~ops.bench.pack.stream` (the seeded jobs, their arrivals, the
+makespan's lower bound, the settings), :mod:`~ops.bench.pack.scenarios` (each scenario on its
+own cluster, and :func:`run_pack` running them all), :mod:`~ops.bench.pack.figures` (what is
+computed from the measurements) and :mod:`~ops.bench.pack.report` (the typed results, their
+table, picture and JSON). Beside them, :mod:`~ops.bench.pack.unschedulable` times the real round
 against a queue mostly of jobs no worker can hold (``stockade bench unschedulable``).
 """
 
-from ops.benchpack.figures import (
+from ops.bench.pack.figures import (
     LARGE_CPU_MILLIS,
     PHASES,
     PhaseFigures,
@@ -50,7 +50,7 @@ from ops.benchpack.figures import (
     scrape,
     wait_figures,
 )
-from ops.benchpack.report import (
+from ops.bench.pack.report import (
     BurstResult,
     PackReport,
     PolicyResult,
@@ -61,8 +61,8 @@ from ops.benchpack.report import (
     render,
     save,
 )
-from ops.benchpack.scenarios import probe_commits, run_burst, run_pack, run_policy, run_scale_point
-from ops.benchpack.stream import (
+from ops.bench.pack.scenarios import probe_commits, run_burst, run_pack, run_policy, run_scale_point
+from ops.bench.pack.stream import (
     POLICIES,
     WORKER_SHAPES,
     JobDraw,

@@ -1,6 +1,6 @@
 """The scenarios of ``stockade bench pack``, each on a cluster or a database of its own: the
 stream under one policy (all at once or arriving), the burst, the scale curve's points, and
-:func:`run_pack`, which runs them all as the command asks. See :mod:`ops.benchpack`.
+:func:`run_pack`, which runs them all as the command asks. See :mod:`ops.bench.pack`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
 from actors.role import RoleView
 from ops import checker
-from ops.benchpack.figures import (
+from ops.bench.pack.figures import (
     PlacerFigures,
     overcommitted_workers,
     probe_figures,
     scrape,
     wait_figures,
 )
-from ops.benchpack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
-from ops.benchpack.stream import (
+from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
+from ops.bench.pack.stream import (
     WORKER_SHAPES,
     PackSettings,
     arrival_times,
@@ -174,7 +174,7 @@ async def run_policy(
             of hosting them in fleets; the result then has ``agent_memory_mb``.
 
     Returns:
-        The figures described in :mod:`ops.benchpack`, the checker's counts and the samples:
+        The figures described in :mod:`ops.bench.pack`, the checker's counts and the samples:
         [seconds since the first submit, cpu use, memory use, pending, waiting (pending for
         ``settings.waiting_after_s`` or longer)].
     """

@@ -18,7 +18,7 @@ names it, and a control plane lets a worker speak only for itself), to its home 
 The Worker endpoint presents each worker's own certificate, chosen by the TLS server name a
 control plane asks for.
 
-Run as ``python -m ops.loadgen --workers N --control-planes host:port,...``; it prints JSON
+Run as ``python -m ops.bench.loadgen --workers N --control-planes host:port,...``; it prints JSON
 lines on stdout (``serving``, ``registered``, ``stats``, ``killed``) and reads commands, one
 JSON object per line, on stdin:
 

@@ -17,7 +17,7 @@ control planes' gRPC addresses at the end of the window. The heartbeats are
 every worker's, so run it on a cluster whose workers all live in the measured fleets::
 
     STOCKADE_STATE_DIR=fleet-measure/.stockade stockade up --workers 125 --fleet-size 125
-    STOCKADE_STATE_DIR=fleet-measure/.stockade python -m ops.measure_fleet --window-s 60
+    STOCKADE_STATE_DIR=fleet-measure/.stockade python -m ops.bench.measure_fleet --window-s 60
     STOCKADE_STATE_DIR=fleet-measure/.stockade stockade down
 
 docs/benchmarks.md ("A fleet's CPU per heartbeat") has the figures.
@@ -129,7 +129,9 @@ def measure(state_dir: Path, window_s: float) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m ops.measure_fleet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.bench.measure_fleet", description=__doc__.split("\n")[0]
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,

@@ -11,7 +11,7 @@ per heartbeat, this process's CPU per 1,000 heartbeats (the ingest and the simul
 loop, which is small beside it), the handler's latency, and the ``workers`` table's updates
 and the share of them that were HOT::
 
-    python -m ops.measure_heartbeat_groups [--database-url URL] [--workers 300] [--seconds 10]
+    python -m ops.bench.measure_heartbeat_groups [--database-url URL] [--workers 300] [--seconds 10]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 The server processes' CPU is read from /proc, so it is counted only for a server on this machine.
@@ -30,7 +30,7 @@ import trio
 
 from actors import ingest
 from actors.ingest_gate import open_pool
-from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
+from ops.bench.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge

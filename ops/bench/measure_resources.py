@@ -17,7 +17,8 @@ Takes the mode an agent of this machine would get (``--mode``, default ``auto``;
 
 ::
 
-    python -m ops.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200] [--v2-placement]
+    python -m ops.bench.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200] \
+        [--v2-placement]
 
 It must run where an agent would (root, for the cgroup modes on most machines). Nothing is
 left behind: the worker's cgroups are removed at the end, and the burners killed.
