@@ -13,6 +13,7 @@ import attrs
 from rich.console import Group
 
 from ops import checker
+from ops.faults import Failover
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
 FAILING_MAX_ATTEMPTS = 2
@@ -78,18 +79,6 @@ class ChaosSettings:
     finish_timeout_s: float = 300.0
     """How long to wait, after the injections, for every job to finish."""
     seed: int = 1
-
-
-@attrs.frozen(kw_only=True)
-class Failover:
-    """One injected failover and the time until a new leader showed in the status."""
-
-    kind: str
-    """kill, freeze or freeze_in_transaction."""
-    leader: str
-    epoch_before: int
-    epoch_after: int
-    seconds: float
 
 
 @attrs.define

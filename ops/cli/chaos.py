@@ -120,7 +120,8 @@ def chaos(
     when a safety count is not 0 or a job did not finish."""
     import trio
 
-    from ops.chaos import ChaosSettings, Harness, chaos_table
+    from ops.chaos import Harness
+    from ops.chaosresult import ChaosSettings, chaos_table
     from ops.cluster import DockerCluster, LocalCluster, StateDir
 
     if docker and ha_db:

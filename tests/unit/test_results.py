@@ -26,9 +26,10 @@ from ops.bench.pack import (
     Scenario,
     WaitFigures,
 )
-from ops.chaos import ChaosResult, Failover, chaos_table
+from ops.chaosresult import ChaosResult, chaos_table
 from ops.checker import CheckReport, History, check, check_table
 from ops.cli import EXIT_INVALID, app
+from ops.faults import Failover
 
 REPORT = CheckReport(
     double_placements=0,
