@@ -17,10 +17,6 @@ import attrs
 import trio
 
 from actors.ingest import apply_schema
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import PgPlacerStore, Placer
-from actors.role import RoleView
 from ops import checker
 from ops.bench.pack.figures import (
     PlacerFigures,
@@ -30,6 +26,7 @@ from ops.bench.pack.figures import (
     wait_figures,
 )
 from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
+from ops.bench.pack.rounds import BenchPlacer, percentiles_ms, reset
 from ops.bench.pack.stream import (
     WORKER_SHAPES,
     PackSettings,
@@ -43,7 +40,6 @@ from ops.pg import EmbeddedPostgres, free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.settings import LedgerSettings, PlacerSettings
 
 
 def _cluster(
@@ -373,10 +369,7 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
         await apply_schema(database_url)
         db = await PgConnection.connect(database_url)
         try:
-            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
-            await db.execute(
-                "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
-            )
+            await reset(db)
             await db.execute(
                 "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
                 " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
@@ -393,63 +386,26 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
                 pending,
             )
             await db.execute("ANALYZE")
-            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
-            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
-            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-            ledger = Ledger(
-                cp_id="bench",
-                database_url=database_url,
-                settings=LedgerSettings(),
-                inbox=ledger_recv,
-                lease_inbox=lease_send,
-            )
-            placer = Placer(
-                settings=PlacerSettings(),
-                store=PgPlacerStore(database_url=database_url, application_name="bench"),
-                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-                ledger=ledger_send,
-                dispatcher=dispatch_send,
-            )
+            bench = BenchPlacer.on(database_url, db, workers=workers, rng=random.Random(pending + workers))
             times: list[float] = []
             async with trio.open_nursery() as nursery:
-                await nursery.start(ledger.run)
-                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
-                first = time.perf_counter()
-                await placer.round(1)  # reads the whole queue once
-                first_ms = (time.perf_counter() - first) * 1000
-                rng = random.Random(pending + workers)
+                await nursery.start(bench.ledger.run)
+                first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
                 for _ in range(rounds):
-                    worker = rng.randint(1, workers)
-                    # The simulated workers heartbeat, as live ones would (else they go stale
-                    # and the placer rightly places nothing on them).
-                    await db.execute("UPDATE workers SET last_heartbeat_at = now()")
-                    await db.execute(
-                        "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
-                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
-                        f"w-{worker}",
-                    )
-                    t = time.perf_counter()
-                    await placer.round(1)
-                    times.append((time.perf_counter() - t) * 1000)
-                    while True:
-                        try:
-                            dispatch_recv.receive_nowait()
-                        except trio.WouldBlock:
-                            break
+                    times.append((await bench.round())[0])
                 nursery.cancel_scope.cancel()
-            await placer.store.close()  # type: ignore[attr-defined]
+            await bench.close()
         finally:
             await db.close()
-    times.sort()
+    p50, p99, top = percentiles_ms(times)
     return ScalePoint(
         pending=pending,
         workers=workers,
         first_round_ms=round(first_ms, 1),
-        round_p50_ms=round(statistics.median(times), 2),
-        round_p99_ms=round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
-        round_max_ms=round(times[-1], 2),
-        placed=placer.stats.placements,
+        round_p50_ms=p50,
+        round_p99_ms=p99,
+        round_max_ms=top,
+        placed=bench.placer.stats.placements,
     )
 
 

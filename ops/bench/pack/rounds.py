@@ -1,0 +1,100 @@
+"""The real placer round (read, decision, fenced commit) in this process, against a bench
+database of simulated workers: :class:`BenchPlacer`, timed by the scale curve of ``stockade bench
+pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`) and by ``stockade bench unschedulable``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from actors.ledger import Ledger
+from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
+from actors.placer import PgPlacerStore, Placer
+from actors.role import RoleView
+from runtime.aio import PgConnection
+from runtime.settings import LedgerSettings, PlacerSettings
+
+
+async def reset(db: PgConnection) -> None:
+    """Empty the bench database and make ``bench`` its leader for an hour."""
+    await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+    await db.execute("UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'")
+
+
+@attrs.define
+class BenchPlacer:
+    """The placer and the ledger of one control plane (``bench``) on ``db``'s database, with
+    ``workers`` simulated workers ``w-1``.. ``w-N``; what the placer dispatches is dropped. The
+    ledger runs in a nursery of the caller's (``nursery.start(bench.ledger.run)``)."""
+
+    db: PgConnection
+    workers: int
+    rng: random.Random
+    ledger: Ledger
+    placer: Placer
+    _dispatched: trio.MemoryReceiveChannel[DispatcherInbox]
+
+    @classmethod
+    def on(cls, database_url: str, db: PgConnection, *, workers: int, rng: random.Random) -> BenchPlacer:
+        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+        lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
+        dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
+        _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+        ledger = Ledger(
+            cp_id="bench",
+            database_url=database_url,
+            settings=LedgerSettings(),
+            inbox=ledger_recv,
+            lease_inbox=lease_send,
+        )
+        placer = Placer(
+            settings=PlacerSettings(),
+            store=PgPlacerStore(database_url=database_url, application_name="bench"),
+            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+            ledger=ledger_send,
+            dispatcher=dispatch_send,
+        )
+        return cls(db=db, workers=workers, rng=rng, ledger=ledger, placer=placer, dispatched=dispatch_recv)
+
+    async def round(self, *, free_room: bool = True) -> tuple[float, float]:
+        """One round after the simulated workers heartbeat (as live ones would, else they go
+        stale and the placer rightly places nothing on them) and, with ``free_room``, one of
+        them drawn at random frees 2000 cpu_millis and 2048 MiB, so a job or two fit.
+
+        Returns:
+            The round's wall time and this process's CPU time in it, milliseconds.
+        """
+        await self.db.execute("UPDATE workers SET last_heartbeat_at = now()")
+        if free_room:
+            await self.db.execute(
+                "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
+                " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
+                f"w-{self.rng.randint(1, self.workers)}",
+            )
+        while True:
+            try:
+                self._dispatched.receive_nowait()
+            except trio.WouldBlock:
+                break
+        started, cpu = time.perf_counter(), time.process_time()
+        await self.placer.round(1)
+        return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
+
+    async def close(self) -> None:
+        await self.placer.store.close()  # type: ignore[attr-defined]
+
+
+def percentiles_ms(times: Sequence[float]) -> tuple[float, float, float]:
+    """The median, 99th percentile and maximum of ``times`` (milliseconds, at least one)."""
+    ordered = sorted(times)
+    return (
+        round(statistics.median(ordered), 2),
+        round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+        round(ordered[-1], 2),
+    )
