@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import Annotated, Any
 
 import typer
 
@@ -141,9 +142,7 @@ def bench_pack(
             f"got {arrival_rate}",
             EXIT_INVALID,
         )
-    out = json_path or Path("bench-pack.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    out = _json_out(json_path, "pack")
     runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
     settings = pack.PackSettings(
         jobs=jobs,
@@ -163,13 +162,7 @@ def bench_pack(
         report = pack.run_pack(
             settings, state_dir or (default_state_dir() / "bench-pack"), err_console().print
         )
-    console().print(pack.render(report))
-    pack.save(out, report)
-    picture = out.with_suffix(".png")
-    pack.plot(report, picture)
-    console().print(f"wrote {out} and {picture}")
-    if not report.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+    _show_and_save(pack, report, out)
 
 
 @bench_app.command("overload")
@@ -202,22 +195,14 @@ def bench_overload(
         offered = tuple(float(r) for r in rates.split(","))
     except ValueError:
         fail(f"--rates must be numbers (jobs/s) separated by commas, got {rates!r}", EXIT_INVALID)
-    out = json_path or Path("bench-overload.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    out = _json_out(json_path, "overload")
     with interruptible(), errors():
         settings = overload.OverloadSettings(
             rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
         )
         root = state_dir or (default_state_dir() / "bench-overload")
         result = trio.run(overload.run_overload, settings, root, err_console().print)
-    console().print(overload.render(result))
-    overload.save(out, result)
-    picture = out.with_suffix(".png")
-    overload.plot(result, picture)
-    console().print(f"wrote {out} and {picture}")
-    if not result.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+    _show_and_save(overload, result, out)
 
 
 @bench_app.command("unschedulable")
@@ -311,9 +296,7 @@ def bench_scale(
         counts = scale_report.parse_workers(workers)
     except InvalidArgument as exc:
         fail(str(exc), EXIT_INVALID)
-    out = json_path or Path("bench-scale.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    out = _json_out(json_path, "scale")
     settings = scale.ScaleSettings(
         workers=counts,
         duration_s=duration_s,
@@ -326,10 +309,25 @@ def bench_scale(
     root = state_dir or (default_state_dir() / "bench-scale")
     with interruptible(), errors():
         report = trio.run(scale.run_scale, settings, root, err_console().print)
-    console().print(scale_report.render(report))
-    scale_report.save(out, report)
+    _show_and_save(scale_report, report, out)
+
+
+def _json_out(json_path: Path | None, name: str) -> Path:
+    """Where ``--json`` puts the results (default ``bench-<name>.json``); exits 2 when its folder
+    does not exist."""
+    out = json_path or Path(f"bench-{name}.json")
+    if not out.parent.resolve().is_dir():
+        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    return out
+
+
+def _show_and_save(results: ModuleType, result: Any, out: Path) -> None:
+    """Print ``result`` as ``results.render`` does, save it as JSON to ``out`` and its picture
+    next to it (``results.save``, ``results.plot``); exits 1 when ``result`` is not ok."""
+    console().print(results.render(result))
+    results.save(out, result)
     picture = out.with_suffix(".png")
-    scale_report.plot(report, picture)
+    results.plot(result, picture)
     console().print(f"wrote {out} and {picture}")
-    if not report.ok:
+    if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)
