@@ -256,7 +256,7 @@ def bench_scale(
         typer.Option(
             "--real-agents",
             help="Run steps of at most 200 workers as real agents in fleets; larger steps (and all "
-            "without this flag) use the load generator (ops/bench/loadgen.py).",
+            "without this flag) use the load generator (ops/bench/loadgen/).",
         ),
     ] = False,
     pending_jobs: Annotated[
