@@ -29,12 +29,12 @@ from runtime.client import ControlPlaneClient
 
 @attrs.frozen(kw_only=True)
 class FailoverBenchSettings:
-    """How many of each fault to inject."""
+    """How many of each fault to inject (``stockade bench failover`` says how many by default)."""
 
-    kills: int = 10
-    freezes: int = 10
-    stops: int = 10
-    worker_kills: int = 10
+    kills: int
+    freezes: int
+    stops: int
+    worker_kills: int
     workers: int = 5
     long_jobs: int = 24
     """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs
