@@ -5,10 +5,11 @@ pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`) and by ``stockade benc
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
@@ -30,8 +31,8 @@ async def reset(db: PgConnection) -> None:
 @attrs.define
 class BenchPlacer:
     """The placer and the ledger of one control plane (``bench``) on ``db``'s database, with
-    ``workers`` simulated workers ``w-1``.. ``w-N``; what the placer dispatches is dropped. The
-    ledger runs in a nursery of the caller's (``nursery.start(bench.ledger.run)``)."""
+    ``workers`` simulated workers ``w-1``.. ``w-N``; what the placer dispatches is dropped.
+    Rounds run inside :meth:`running`."""
 
     db: PgConnection
     workers: int
@@ -86,7 +87,14 @@ class BenchPlacer:
         await self.placer.round(1)
         return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
 
-    async def close(self) -> None:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The ledger running for the block (in a nursery of its own); the placer's database
+        pool closed after it."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.ledger.run)
+            yield
+            nursery.cancel_scope.cancel()
         await self.placer.store.close()  # type: ignore[attr-defined]
 
 

@@ -388,13 +388,10 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
             await db.execute("ANALYZE")
             bench = BenchPlacer.on(database_url, db, workers=workers, rng=random.Random(pending + workers))
             times: list[float] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(bench.ledger.run)
+            async with bench.running():
                 first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
                 for _ in range(rounds):
                     times.append((await bench.round())[0])
-                nursery.cancel_scope.cancel()
-            await bench.close()
         finally:
             await db.close()
     p50, p99, top = percentiles_ms(times)

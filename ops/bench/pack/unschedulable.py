@@ -125,8 +125,7 @@ async def run_unschedulable(
             bench = BenchPlacer.on(database_url, db, workers=workers, rng=rng)
             times: list[float] = []
             cpu_times: list[float] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(bench.ledger.run)
+            async with bench.running():
                 first_ms, _ = await bench.round()  # reads the whole queue once
                 settle = 0
                 reasons = bench.placer.queue.reasons
@@ -140,8 +139,6 @@ async def run_unschedulable(
                     wall_ms, cpu_ms = await bench.round()
                     times.append(wall_ms)
                     cpu_times.append(cpu_ms)
-                nursery.cancel_scope.cancel()
-            await bench.close()
         finally:
             await db.close()
     p50, p99, top = percentiles_ms(times)
