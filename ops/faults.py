@@ -1,5 +1,5 @@
 """The faults a cluster suffers, each with one rule for what it did: a leader killed, frozen or
-stopped (:func:`kill_leader`, :func:`freeze_leader`, :func:`stop_leader`, each timed to
+stopped (:func:`kill_leader`, :func:`freeze_leader`, each timed to
 :func:`new_leader`), the busiest worker killed (:func:`busiest_worker`, timed to
 :func:`jobs_moved`), a worker cut off (:func:`sever`, :func:`heal`), the database restarted
 (:func:`restart_database`). ``stockade kill-leader`` and ``kill-worker``, chaos
@@ -180,64 +180,35 @@ async def new_leader(
     raise FaultError(f"no new leader within {timeout_s:g} s after {old} failed")
 
 
-async def _fail_leader(
+async def kill_leader(
     cluster: ClusterDriver,
     client: ControlPlaneClient,
-    kind: str,
-    sig: int,
     *,
     timeout_s: float,
     tls: TlsFiles | None,
-) -> tuple[Failover, int]:
+    clean: bool = False,
+) -> Failover:
+    """SIGKILL the leader, or with ``clean`` SIGTERM it (a clean stop: it releases its lease;
+    its exit is waited for, 15 s at most), and time the takeover (:func:`new_leader`); the
+    caller starts it again.
+
+    Raises:
+        FaultError: no leader, or no new one, within ``timeout_s`` seconds.
+        trio.TooSlowError: a stopped leader still ran 15 s later.
+    """
     old, epoch = await leader(client, timeout_s=timeout_s)
     pid = pid_of(cluster, old)
     since = time.monotonic()
     async with trio.open_nursery() as nursery:
         # A launcher waits for its own child's exit: the takeover is timed meanwhile.
-        nursery.start_soon(send, cluster, old, sig)
+        nursery.start_soon(send, cluster, old, signal.SIGTERM if clean else signal.SIGKILL)
         _, new_epoch, seconds = await new_leader(
             cluster, old, epoch, since=since, timeout_s=timeout_s, tls=tls
         )
-    return Failover(kind=kind, leader=old, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds), pid
-
-
-async def kill_leader(
-    cluster: ClusterDriver, client: ControlPlaneClient, *, timeout_s: float, tls: TlsFiles | None
-) -> Failover:
-    """SIGKILL the leader and time the takeover (:func:`new_leader`); the caller starts it again.
-
-    Raises:
-        FaultError: no leader, or no new one, within ``timeout_s`` seconds.
-    """
-    failover, _ = await _fail_leader(cluster, client, "kill", signal.SIGKILL, timeout_s=timeout_s, tls=tls)
-    return failover
-
-
-async def stop_leader(
-    cluster: ClusterDriver, client: ControlPlaneClient, *, timeout_s: float, tls: TlsFiles | None
-) -> Failover:
-    """SIGTERM the leader (a clean stop: it releases its lease), time the takeover and wait for
-    its exit (15 s at most); the caller starts it again.
-
-    Raises:
-        FaultError: no leader, or no new one, within ``timeout_s`` seconds.
-        trio.TooSlowError: it still ran 15 s later.
-    """
-    failover, pid = await _fail_leader(cluster, client, "stop", signal.SIGTERM, timeout_s=timeout_s, tls=tls)
-    await wait_gone(pid, 15)
-    return failover
-
-
-async def freeze(cluster: ClusterDriver, process_id: str) -> None:
-    """SIGSTOP ``process_id``, or ``docker pause`` its container.
-
-    Raises:
-        FaultError: it does not run, or the freezer failed.
-    """
-    try:
-        await trio.to_thread.run_sync(cluster.pause, process_id)
-    except ClusterError as exc:
-        raise FaultError(str(exc)) from exc
+    if clean:
+        await wait_gone(pid, 15)
+    kind = "stop" if clean else "kill"
+    return Failover(kind=kind, leader=old, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
 
 
 async def freeze_leader(
@@ -249,7 +220,8 @@ async def freeze_leader(
     tls: TlsFiles | None,
     fault_dir: Path | None = None,
 ) -> Failover:
-    """Freeze the leader for ``freeze_s`` seconds (longer than the lease), time the takeover,
+    """Freeze the leader for ``freeze_s`` seconds (longer than the lease: SIGSTOP, or ``docker
+    pause`` of its container), time the takeover,
     thaw it (it steps down on waking; what it tries to commit is refused); the freeze is
     recorded. With ``fault_dir`` (where the control planes were told to park:
     :func:`park_dir`), the leader is first parked inside an open fenced transaction,
@@ -263,7 +235,10 @@ async def freeze_leader(
     parked = None if fault_dir is None else await _park(cluster, park_dir(cluster, fault_dir, old), pid)
     since = time.monotonic()
     frozen_at = time.time()
-    await freeze(cluster, old)
+    try:
+        await trio.to_thread.run_sync(cluster.pause, old)
+    except ClusterError as exc:
+        raise FaultError(str(exc)) from exc
     try:
         _, new_epoch, seconds = await new_leader(
             cluster, old, epoch, since=since, timeout_s=timeout_s, tls=tls

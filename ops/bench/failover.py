@@ -194,7 +194,9 @@ async def run_failover_bench(
                 if round_ < settings.freezes:
                     await harness.freeze_leader(client, in_transaction=False)
                 if round_ < settings.stops:
-                    stop = await faults.stop_leader(cluster, client, timeout_s=harness.timeout_s, tls=tls)
+                    stop = await faults.kill_leader(
+                        cluster, client, timeout_s=harness.timeout_s, tls=tls, clean=True
+                    )
                     harness.result.failovers.append(stop)
                     await trio.to_thread.run_sync(harness.restart)
                 if round_ < settings.worker_kills:

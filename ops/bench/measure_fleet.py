@@ -1,26 +1,8 @@
 """What a fleet process costs per heartbeat: its CPU time over a window divided by the heartbeats
-the control planes recorded in it.
-
-Reads a running local cluster (``stockade up --workers N --fleet-size N``) from its state
-folder: the fleet processes' pids (``pids/<fleet id>.pid``) and every control plane's
-``/metrics`` address (``cluster.json``). Over ``--window-s`` seconds it reads each fleet's CPU
-time (user + system, children excluded, from ``/proc/<pid>/stat`` through psutil) and the sum of
-``stockade_heartbeats_recorded_total`` over the control planes, and prints one JSON line::
-
-    {"fleets": 1, "workers": 125, "window_s": 60.06, "cpu_s": 25.98, "heartbeats": 12519.0,
-     "heartbeats_per_s": 208.5, "cpu_ms_per_heartbeat": 2.0752, "cpu_share": 0.4326,
-     "connections_to_control_planes": 3}
-
-``cpu_share`` is the fleets' CPU time over the window (1.0: one core busy);
-``connections_to_control_planes`` counts the fleets' established TCP connections to the
-control planes' gRPC addresses at the end of the window. The heartbeats are
-every worker's, so run it on a cluster whose workers all live in the measured fleets::
-
-    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade up --workers 125 --fleet-size 125
-    STOCKADE_STATE_DIR=fleet-measure/.stockade python -m ops.bench.measure_fleet --window-s 60
-    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade down
-
-docs/benchmarks.md ("A fleet's CPU per heartbeat") has the figures.
+the control planes recorded in it, as one JSON line (``cpu_ms_per_heartbeat``, ``cpu_share``,
+``connections_to_control_planes``), read from a running local cluster whose workers all live in
+the measured fleets. How to run it and the figures: docs/benchmarks.md, "A fleet's CPU per
+heartbeat".
 """
 
 from __future__ import annotations

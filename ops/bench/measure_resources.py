@@ -1,27 +1,10 @@
 """What enforcing a command job's resources does, measured: the CPU a job gets against its
 quota, and what the confinement adds to each job's start.
 
-Takes the mode an agent of this machine would get (``--mode``, default ``auto``;
-:func:`agent.cgroups.select_resources`) for a worker of its own, then:
-
-1. runs a job of ``--cpu-millis`` (500) that spins on four processes, for ``--spin-s`` (10)
-   seconds, and prints the cores it got by its own cgroup's accounting and how many CFS
-   periods its quota throttled it (``--burners N`` runs N CPU burners beside it, at the
-   measurer's priority, for that long);
-2. runs ``--starts`` (200) ``true`` jobs through :func:`agent.runtimes.run_job` (reapers forked
-   on the calling thread), alternately confined and not, and prints the medians end to end,
-   and those of making and removing a job's cgroup alone;
-3. with ``--v2-placement``, where the unified hierarchy exists (with controllers or without),
-   the same for jobs placed in a scratch cgroup there, born in it (``clone3``) and moved into
-   it after the fork: what the placement alone costs, no limits written.
-
-::
-
-    python -m ops.bench.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200] \
-        [--v2-placement]
-
-It must run where an agent would (root, for the cgroup modes on most machines). Nothing is
-left behind: the worker's cgroups are removed at the end, and the burners killed.
+``python -m ops.bench.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200]
+[--v2-placement]``, where an agent would run (root, for the cgroup modes on most machines);
+nothing is left behind. What it runs and the figures: docs/benchmarks.md, "Enforced job
+resources".
 """
 
 from __future__ import annotations
