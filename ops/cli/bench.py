@@ -31,6 +31,16 @@ JsonPathOption = Annotated[
         " (default: bench-<name>.json in the current folder).",
     ),
 ]
+
+
+def _state_dir_option(what: str, name: str) -> Any:
+    """``--state-dir``: where the ``what`` of ``stockade bench <name>`` lives."""
+    return typer.Option(
+        help=f"State folder of the {what} (default: bench-{name} in the state folder, "
+        "./.stockade or $STOCKADE_STATE_DIR)."
+    )
+
+
 InsecureBenchOption = Annotated[
     bool,
     typer.Option("--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."),
@@ -48,13 +58,7 @@ def bench_failover(
         int, typer.Option(min=0, help="Worker SIGKILLs to time until their jobs run elsewhere.")
     ] = 10,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench cluster (default: bench-failover in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench cluster", "failover")] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
@@ -99,13 +103,7 @@ def bench_pack(
         ),
     ] = 105.0,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench clusters (default: bench-pack in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "pack")] = None,
     insecure: InsecureBenchOption = False,
     heartbeat_interval_s: Annotated[
         float,
@@ -175,13 +173,7 @@ def bench_overload(
     sleep_ms: Annotated[int, typer.Option(help="Duration of a sleep job, milliseconds.")] = 500,
     workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the cluster (default: bench-overload in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("cluster", "overload")] = None,
 ) -> None:
     """Raise the offered load step by step past what this machine can do, then drop it back:
     goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
@@ -217,13 +209,7 @@ def bench_unschedulable(
         int,
         typer.Option(min=0, max=100_000, help="Most rounds run to store the reasons before the timed ones."),
     ] = 1_000,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench database (default: bench-unschedulable in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench database", "unschedulable")] = None,
 ) -> None:
     """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
     worker can hold beside small ones: round p50 / p99 / max in milliseconds."""
@@ -274,13 +260,7 @@ def bench_scale(
     ] = None,
     kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench clusters (default: bench-scale in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "scale")] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:
     """Heartbeats recorded per second, their acknowledgement latency, control-plane and database
