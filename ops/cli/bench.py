@@ -11,15 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ops.cli.base import bench_app
-from ops.cli.common import (
-    EXIT_INVALID,
-    EXIT_UNAVAILABLE,
-    console,
-    err_console,
-    errors,
-    fail,
-    interruptible,
-)
+from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, console, err_console, errors, fail, interruptible
 from ops.config import ClusterError, default_state_dir
 from runtime.settings import PLACEMENT_POLICIES
 
