@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
+from actors.ingest import apply_schema
 from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
@@ -22,17 +23,11 @@ from runtime.aio import PgConnection
 from runtime.settings import LedgerSettings, PlacerSettings
 
 
-async def reset(db: PgConnection) -> None:
-    """Empty the bench database and make ``bench`` its leader for an hour."""
-    await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
-    await db.execute("UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'")
-
-
 @attrs.define
 class BenchPlacer:
-    """The placer and the ledger of one control plane (``bench``) on ``db``'s database, with
-    ``workers`` simulated workers ``w-1``.. ``w-N``; what the placer dispatches is dropped.
-    Rounds run inside :meth:`running`."""
+    """The placer and the ledger of one control plane (``bench``) on a bench database
+    (:meth:`open`), with ``workers`` simulated workers ``w-1``.. ``w-N``; what the placer
+    dispatches is dropped."""
 
     db: PgConnection
     workers: int
@@ -42,26 +37,45 @@ class BenchPlacer:
     _dispatched: trio.MemoryReceiveChannel[DispatcherInbox]
 
     @classmethod
-    def on(cls, database_url: str, db: PgConnection, *, workers: int, rng: random.Random) -> BenchPlacer:
-        ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-        lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
-        dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
-        _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-        ledger = Ledger(
-            cp_id="bench",
-            database_url=database_url,
-            settings=LedgerSettings(),
-            inbox=ledger_recv,
-            lease_inbox=lease_send,
-        )
-        placer = Placer(
-            settings=PlacerSettings(),
-            store=PgPlacerStore(database_url=database_url, application_name="bench"),
-            role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-            ledger=ledger_send,
-            dispatcher=dispatch_send,
-        )
-        return cls(db=db, workers=workers, rng=rng, ledger=ledger, placer=placer, dispatched=dispatch_recv)
+    @contextlib.asynccontextmanager
+    async def open(cls, database_url: str, *, workers: int, rng: random.Random) -> AsyncIterator[BenchPlacer]:
+        """A bench on ``database_url``: its schema applied, its tables emptied, ``bench`` its
+        leader for an hour, the ledger running for the block; every connection closed after
+        it. The caller seeds the workers and jobs on :attr:`db`, then runs rounds."""
+        await apply_schema(database_url)
+        db = await PgConnection.connect(database_url)
+        try:
+            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
+            await db.execute(
+                "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
+            )
+            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
+            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
+            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
+            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
+            ledger = Ledger(
+                cp_id="bench",
+                database_url=database_url,
+                settings=LedgerSettings(),
+                inbox=ledger_recv,
+                lease_inbox=lease_send,
+            )
+            placer = Placer(
+                settings=PlacerSettings(),
+                store=PgPlacerStore(database_url=database_url, application_name="bench"),
+                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
+                ledger=ledger_send,
+                dispatcher=dispatch_send,
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ledger.run)
+                yield cls(
+                    db=db, workers=workers, rng=rng, ledger=ledger, placer=placer, dispatched=dispatch_recv
+                )
+                nursery.cancel_scope.cancel()
+            await placer.store.close()  # type: ignore[attr-defined]
+        finally:
+            await db.close()
 
     async def round(self, *, free_room: bool = True) -> tuple[float, float]:
         """One round after the simulated workers heartbeat (as live ones would, else they go
@@ -86,16 +100,6 @@ class BenchPlacer:
         started, cpu = time.perf_counter(), time.process_time()
         await self.placer.round(1)
         return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """The ledger running for the block (in a nursery of its own); the placer's database
-        pool closed after it."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.ledger.run)
-            yield
-            nursery.cancel_scope.cancel()
-        await self.placer.store.close()  # type: ignore[attr-defined]
 
 
 def percentiles_ms(times: Sequence[float]) -> tuple[float, float, float]:

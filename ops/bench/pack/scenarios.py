@@ -16,7 +16,6 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ingest import apply_schema
 from ops import checker
 from ops.bench.pack.figures import (
     PlacerFigures,
@@ -26,7 +25,7 @@ from ops.bench.pack.figures import (
     wait_figures,
 )
 from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
-from ops.bench.pack.rounds import BenchPlacer, percentiles_ms, reset
+from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
 from ops.bench.pack.stream import (
     WORKER_SHAPES,
     PackSettings,
@@ -365,35 +364,26 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
 
 async def run_scale_point(database_url: str, pending: int, workers: int, rounds: int) -> ScalePoint:
     """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
-    async with asyncio_bridge():
-        await apply_schema(database_url)
-        db = await PgConnection.connect(database_url)
-        try:
-            await reset(db)
-            await db.execute(
-                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
-                " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
-                workers,
-            )
-            await db.execute(
-                "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
-            )
-            await db.execute(
-                "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
-                " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
-                " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
-                " FROM generate_series(1, $1) i",
-                pending,
-            )
-            await db.execute("ANALYZE")
-            bench = BenchPlacer.on(database_url, db, workers=workers, rng=random.Random(pending + workers))
-            times: list[float] = []
-            async with bench.running():
-                first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
-                for _ in range(rounds):
-                    times.append((await bench.round())[0])
-        finally:
-            await db.close()
+    rng = random.Random(pending + workers)
+    async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
+        await bench.db.execute(
+            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+            " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
+            workers,
+        )
+        await bench.db.execute(
+            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
+        )
+        await bench.db.execute(
+            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
+            " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
+            " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
+            " FROM generate_series(1, $1) i",
+            pending,
+        )
+        await bench.db.execute("ANALYZE")
+        first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
+        times = [(await bench.round())[0] for _ in range(rounds)]
     p50, p99, top = percentiles_ms(times)
     return ScalePoint(
         pending=pending,

@@ -18,8 +18,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ingest import apply_schema
-from ops.bench.pack.rounds import BenchPlacer, percentiles_ms, reset
+from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
 from ops.pg import EmbeddedPostgres, free_port
 from runtime.aio import PgConnection, asyncio_bridge
 
@@ -62,8 +61,8 @@ class UnschedulableResult:
 
 
 async def _seed(db: PgConnection, *, unschedulable: int, schedulable: int, workers: int) -> None:
-    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring)."""
-    await reset(db)
+    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring), in
+    an emptied bench database."""
     await db.execute(
         "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
         " SELECT 'w-' || i, '127.0.0.1:1', $2, $3, i FROM generate_series(1, $1) i",
@@ -116,31 +115,24 @@ async def run_unschedulable(
         rounds: rounds timed once the reasons are stored.
         max_settle_rounds: most rounds run to store the reasons before timing begins.
     """
-    async with asyncio_bridge():
-        await apply_schema(database_url)
-        db = await PgConnection.connect(database_url)
-        try:
-            await _seed(db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
-            rng = random.Random(unschedulable + schedulable + workers)
-            bench = BenchPlacer.on(database_url, db, workers=workers, rng=rng)
-            times: list[float] = []
-            cpu_times: list[float] = []
-            async with bench.running():
-                first_ms, _ = await bench.round()  # reads the whole queue once
-                settle = 0
-                reasons = bench.placer.queue.reasons
-                while (
-                    sum(1 for r in reasons.values() if r.startswith("unschedulable")) < unschedulable
-                    and settle < max_settle_rounds
-                ):
-                    await bench.round()
-                    settle += 1
-                for _ in range(rounds):
-                    wall_ms, cpu_ms = await bench.round()
-                    times.append(wall_ms)
-                    cpu_times.append(cpu_ms)
-        finally:
-            await db.close()
+    rng = random.Random(unschedulable + schedulable + workers)
+    async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
+        await _seed(bench.db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
+        times: list[float] = []
+        cpu_times: list[float] = []
+        first_ms, _ = await bench.round()  # reads the whole queue once
+        settle = 0
+        while (
+            sum(1 for r in bench.placer.queue.reasons.values() if r.startswith("unschedulable"))
+            < unschedulable
+            and settle < max_settle_rounds
+        ):
+            await bench.round()
+            settle += 1
+        for _ in range(rounds):
+            wall_ms, cpu_ms = await bench.round()
+            times.append(wall_ms)
+            cpu_times.append(cpu_ms)
     p50, p99, top = percentiles_ms(times)
     return UnschedulableResult(
         unschedulable=unschedulable,
