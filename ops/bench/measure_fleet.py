@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
+from ops.bench import metrics
 from ops.config import default_state_dir
 from ops.launcher.state import StateDir
 from ops.pidfile import read_pid
@@ -30,17 +29,9 @@ def heartbeats_recorded(metrics_addresses: list[str]) -> float:
     Raises:
         OSError: a control plane's /metrics did not answer.
     """
-    total = 0.0
-    for address in metrics_addresses:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5.0) as answer:
-            text = answer.read().decode()
-        total += sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == HEARTBEATS_RECORDED
-        )
-    return total
+    return sum(
+        metrics.total(metrics.samples(metrics.fetch_text(a)), HEARTBEATS_RECORDED) for a in metrics_addresses
+    )
 
 
 def cpu_s(processes: list[psutil.Process]) -> float:

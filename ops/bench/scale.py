@@ -29,8 +29,8 @@ import trio
 
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from ops.bench.measure_heartbeat import table_update_counts
+from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
 from ops.bench.pack.figures import histogram_quantile
-from ops.bench.scale_metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
 from ops.bench.scale_report import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ops.bench.loadgen.generator import LoadGenerator, home_control_plane, percentile, worker_ids
 from ops.bench.loadgen.service import SimulatedWorkerService
-from ops.bench.scale_metrics import bucket_delta, cpu_used, per_1000
+from ops.bench.metrics import bucket_delta, cpu_used, per_1000
 from ops.bench.scale_report import (
     GROWTH_METRICS,
     WORKERS_LIMIT,
@@ -223,7 +223,7 @@ def test_the_interval_a_reply_names_wins_over_the_own_setting() -> None:
 def test_gc_pauses_over_a_bound_count_the_window_only() -> None:
     """Two endpoints' pause histograms: the collections longer than 0.1 s in the window are
     those above the 0.1 bucket in the differences, summed (here 1 + 2)."""
-    from ops.bench.scale_metrics import MetricsDelta, Scraped
+    from ops.bench.metrics import MetricsDelta, Scraped
 
     def scraped(le_01: float, total: float) -> Scraped:
         return Scraped(

@@ -1,10 +1,12 @@
-"""What ``stockade bench scale`` reads from outside the control plane: the processes'
-/metrics (:func:`read_metrics`, :class:`MetricsDelta` between two readings) and their CPU time
-(:func:`cpu_seconds`, :func:`cpu_used`)."""
+"""What the benchmarks read from outside the processes: their /metrics (:func:`fetch_text`,
+:func:`samples`, :func:`total`; for ``stockade bench scale`` :func:`read_metrics` and
+:class:`MetricsDelta` between two readings) and their CPU time (:func:`cpu_seconds`,
+:func:`cpu_used`)."""
 
 from __future__ import annotations
 
 import math
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,23 +17,34 @@ from prometheus_client.parser import text_string_to_metric_families
 # -- metrics --------------------------------------------------------------------------------
 
 
-def _samples(text: str) -> list[Any]:
+def fetch_text(address: str) -> str:
+    """The /metrics text at ``address`` (host:port).
+
+    Raises:
+        OSError: it did not answer within 5 s (``urllib.error.URLError`` among others).
+    """
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def samples(text: str) -> list[Any]:
+    """Every sample of every family of a /metrics ``text``."""
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def _sum(samples: Sequence[Any], name: str) -> float:
+def total(found: Sequence[Any], name: str) -> float:
     """Sum of every series of ``name`` (whatever its labels)."""
-    return sum(s.value for s in samples if s.name == name)
+    return sum(s.value for s in found if s.name == name)
 
 
-def _buckets(samples: Sequence[Any], name: str) -> dict[float, float]:
+def _buckets(found: Sequence[Any], name: str) -> dict[float, float]:
     """Cumulative counts of histogram ``name`` by upper bound, summed over its series."""
-    found: dict[float, float] = {}
-    for s in samples:
+    counts: dict[float, float] = {}
+    for s in found:
         if s.name == f"{name}_bucket":
             upper = float(s.labels["le"])
-            found[upper] = found.get(upper, 0.0) + s.value
-    return found
+            counts[upper] = counts.get(upper, 0.0) + s.value
+    return counts
 
 
 @attrs.frozen
@@ -48,20 +61,16 @@ class Scraped:
 def scrape_endpoint(address: str) -> Scraped | None:
     """The figures of the /metrics at ``address`` (host:port); None when it does not answer (a
     fleet that was killed)."""
-    import urllib.error
-    import urllib.request
-
     try:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
-            samples = _samples(reply.read().decode())
-    except (urllib.error.URLError, OSError):
+        found = samples(fetch_text(address))
+    except OSError:
         return None
     return Scraped(
-        heartbeats=_sum(samples, "stockade_heartbeats_recorded_total"),
-        rounds=_buckets(samples, "stockade_placer_round_seconds"),
-        round_trips=_buckets(samples, "stockade_agent_heartbeat_round_trip_seconds"),
-        agent_failures=_sum(samples, "stockade_agent_heartbeat_failures_total"),
-        gc_pauses=_buckets(samples, "stockade_gc_pause_seconds"),
+        heartbeats=total(found, "stockade_heartbeats_recorded_total"),
+        rounds=_buckets(found, "stockade_placer_round_seconds"),
+        round_trips=_buckets(found, "stockade_agent_heartbeat_round_trip_seconds"),
+        agent_failures=total(found, "stockade_agent_heartbeat_failures_total"),
+        gc_pauses=_buckets(found, "stockade_gc_pause_seconds"),
     )
 
 
