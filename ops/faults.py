@@ -5,15 +5,8 @@ stopped (:func:`kill_leader`, :func:`freeze_leader`, each timed to
 (:func:`restart_database`). ``stockade kill-leader`` and ``kill-worker``, chaos
 (:mod:`ops.chaos`) and the failover benchmark (:mod:`ops.bench.failover`) all inject them here,
 on any :class:`~ops.launcher.driver.ClusterDriver`; a fault that differs in containers asks for
-a :class:`~ops.launcher.docker.DockerCluster`.
-
-The rules (docs/design.md, "Faults and their rules"):
-
-- A new leader: a control plane other than the one that failed names a leader other than it,
-  at an epoch above the one before.
-- The jobs moved: every job the killed worker held, but those that ended on it, is on another
-  worker, past pending, and that worker's log records its start at or after the kill; the time
-  is that of the last such start.
+a :class:`~ops.launcher.docker.DockerCluster`. Each rule is the stricter of the two that
+``kill-*`` and chaos had (docs/design.md, "Faults and their rules").
 """
 
 from __future__ import annotations
@@ -154,8 +147,9 @@ async def new_leader(
     cluster: ClusterDriver, old: str, epoch: int, *, since: float, timeout_s: float, tls: TlsFiles | None
 ) -> tuple[str, int, float]:
     """The rule of a failover: a control plane other than ``old`` names a leader other than
-    ``old`` at an epoch above ``epoch``. Only the others are asked (a frozen replica would hold
-    each call to its deadline), every 20 ms.
+    ``old`` at an epoch above ``epoch`` (chaos's rule; ``kill-leader --wait`` took any leader
+    at a higher epoch). Only the others are asked (a frozen replica would hold each call to its
+    deadline), every 20 ms.
 
     Returns:
         The new leader, its epoch, and the seconds since ``since`` (``time.monotonic()``).
@@ -299,7 +293,8 @@ async def jobs_moved(
     """The rule of a worker's recovery: every job of ``job_ids`` but those that ended on
     ``victim`` is on another worker, past pending, and that worker's log records its start at or
     after ``killed_at`` (Unix seconds; the database learns of a start only with the next
-    heartbeat). Asked every 50 ms.
+    heartbeat). Chaos's rule: ``kill-worker --wait`` took a job ended anywhere, or running
+    elsewhere, as moved, timed when it asked. Asked every 50 ms.
 
     Raises:
         FaultError: they did not all run elsewhere within ``timeout_s`` seconds.
