@@ -1,38 +1,15 @@
-"""``stockade chaos``: leader-failover torture on a fresh local cluster, then the checker.
-
-The harness starts a fresh cluster (the database, 3 control planes, 10 workers) in its own
-state folder, keeps submitting sleep jobs at a steady rate, and injects leader failovers,
-alternating:
-
-- kill: SIGKILL the leader, time until a new leader with a higher epoch shows in the status,
-  then start the killed replica again (it returns as a standby);
-- freeze: SIGSTOP the leader for ``freeze_s`` (longer than the lease), time the takeover,
-  SIGCONT it (it steps down on waking; anything it tries to commit is refused). Every
-  ``mid_transaction_every``-th freeze parks the leader inside an open fenced transaction
-  first (fault point ``ledger.after_epoch_check``: the reconciler's dead-worker declaration,
-  which runs every pass; placements are single fenced statements with no such moment), so the
-  database's refusal of an old leader's write is provoked, not left to luck.
-
-``worker_kills`` SIGKILLs and restarts workers along the way (a restarted agent back within the
-fence time takes its predecessor's jobs over); ``worker_restarts`` restarts workers the planned way
-(SIGHUP, then start again: the jobs are kept); ``partitions`` cuts one worker
-off from every control plane; ``mass_partitions`` cuts every worker off at once (the leader must
-hold its declarations, and the paused jobs resume: DESIGN.md, "Outages"); ``db_restarts``
-stops the database (fast shutdown and SIGKILL, alternating) for a random 2-12 s and starts it
-again, with nothing running killed. Every fault is recorded in ``events.jsonl``, so the checker
-ends a killed worker's runs at the kill and does not count the deaths it caused as false, and
-counts runs the cluster ended during an outage (``jobs_killed_by_outage``). The harness keeps
-every job id a submission was acknowledged with, and the checker looks for each in the
-database (``acknowledged_submissions_lost``). When the injections are done the harness stops submitting,
-waits for every job to finish, runs :func:`ops.invariants.check`, and returns the results
-(:mod:`ops.chaosresult`: the settings, the result, its JSON and table).
+"""``stockade chaos``: a fresh local cluster under a steady job stream and injected faults, then
+the checker. :class:`Harness` runs one scenario: leader failovers (kill and freeze, alternating;
+some frozen inside a fenced transaction), worker kills and planned restarts, partitions of one
+worker or of all, database restarts and failovers, each from :mod:`ops.faults` and recorded in
+``events.jsonl``; then it waits for every job and runs :func:`ops.checker.check_logs`. What a
+run does and what each fault means: docs/design.md, "Chaos".
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import random
 import shutil
 import signal
@@ -42,48 +19,26 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import psutil
 import trio
 
-from ops import checker
-from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings, Failover, chaos_table
-from ops.cluster import ClusterError, DockerCluster, LocalCluster, StateDir
+from ops import checker, faults
+from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings
+from ops.faults import FaultError, fault_environment
 from ops.hadb import HaDatabaseError
+from ops.launcher.control import LocalCluster
+from ops.launcher.docker import DockerCluster
+from ops.launcher.state import StateDir
 from ops.netfault import Link, serve_proxy
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
 
-__all__ = [
-    "FAULT_POINT",
-    "ChaosResult",
-    "ChaosSettings",
-    "Failover",
-    "Harness",
-    "chaos_table",
-    "fault_environment",
-]
-
-FAULT_POINT = "ledger.after_epoch_check"
-
-
-def fault_environment(fault_dir: Path) -> dict[str, str]:
-    """Environment that arms the one-shot park at the fenced transaction's epoch check."""
-    return {"STOCKADE_ENABLE_FAULTS": "1", "STOCKADE_FAULTS": f"{FAULT_POINT}=park:{fault_dir}"}
-
 
 @attrs.define
 class Harness:
     """Runs one chaos scenario against a :class:`LocalCluster`, or a :class:`DockerCluster`
-    (``--docker``): there a freeze is ``docker pause`` of the leader's container (the cgroup
-    freezer stops all of it), a partition takes the worker's container off the cluster's
-    network (``docker network disconnect``, then ``connect`` at its own address), a database
-    restart stops (``docker stop``: a fast shutdown) or kills (``docker kill``) the database's
-    container and starts it again, and a kill SIGKILLs the container's process 1, which ends
-    the whole container (as ``docker kill``). Each control plane's container parks at the
-    fault point through a folder of its own (``faults/<cp-id>/``): process ids inside
-    containers are not unique."""
+    (``--docker``: its faults are the containers', :mod:`ops.faults`)."""
 
     settings: ChaosSettings
     cluster: LocalCluster | DockerCluster
@@ -94,9 +49,9 @@ class Harness:
     """Each worker's proxies (a cluster of processes); the workers, for one in containers."""
     _submitted: int = 0
     _acknowledged: list[int] = attrs.field(factory=list)
+    """Job ids the control planes acknowledged submissions with."""
     _expected: dict[int, str] = attrs.field(factory=dict)
     """Job id -> the final state it must reach (jobs made to fail: failed; others: succeeded)."""
-    """Job ids the control planes acknowledged submissions with."""
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.settings.seed)
@@ -110,13 +65,8 @@ class Harness:
         return self.state.root / "faults"
 
     @property
-    def docker(self) -> DockerCluster | None:
-        return self.cluster if isinstance(self.cluster, DockerCluster) else None
-
-    def park_dir(self, process_id: str) -> Path:
-        """Where ``process_id`` parks at the fault point: the one folder for processes, one per
-        control plane for containers."""
-        return self.fault_dir / process_id if self.docker is not None else self.fault_dir
+    def timeout_s(self) -> float:
+        return self.settings.new_leader_timeout_s
 
     # ------------------------------------------------------------ the run
 
@@ -126,7 +76,7 @@ class Harness:
         started = time.monotonic()
         s = self.settings
         async with asyncio_bridge(), trio.open_nursery() as network:
-            if self.docker is not None:
+            if isinstance(self.cluster, DockerCluster):
                 self._links = {f"w-{i}": Link(name=f"w-{i}") for i in range(1, s.workers + 1)}
             elif s.partitions > 0 or s.mass_partitions > 0:
                 await self._start_proxies(network)
@@ -175,13 +125,13 @@ class Harness:
                         if i >= s.failovers:
                             await trio.sleep(1.0)  # a step with no failover: faults only
                         elif i % 2 == 0:
-                            await self.kill_leader(client, self.state)
+                            await self.kill_leader(client)
                         else:
                             freezes += 1
                             in_tx = s.mid_transaction_every > 0 and freezes % s.mid_transaction_every == 2
-                            await self.freeze_leader(client, self.state, in_transaction=in_tx)
+                            await self.freeze_leader(client, in_transaction=in_tx)
                         if i in kill_worker_at:
-                            await self.kill_worker(client, self.state)
+                            await self.kill_worker(client)
                         if i in restart_worker_at:
                             await self.restart_worker(client)
                         if i in partition_at:
@@ -219,11 +169,12 @@ class Harness:
         self.state.create()
         self.fault_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(self.cluster, DockerCluster):
+            park_dir = functools.partial(faults.park_dir, self.cluster, self.fault_dir)
             self.cluster.extra_env = lambda process_id: (
-                fault_environment(self.park_dir(process_id)) if process_id.startswith("cp-") else {}
+                fault_environment(park_dir(process_id)) if process_id.startswith("cp-") else {}
             )
             self.cluster.extra_binds = lambda process_id: (
-                [self.park_dir(process_id)] if process_id.startswith("cp-") else []
+                [park_dir(process_id)] if process_id.startswith("cp-") else []
             )
         else:
             self.cluster.extra_env.update(fault_environment(self.fault_dir))
@@ -318,52 +269,18 @@ class Harness:
             self.result.mass_partitions.append((cut_at, healed_at))
 
     async def _sever(self, worker_id: str) -> None:
-        """Cut ``worker_id`` off: its proxies drop every connection, or its container leaves the
-        network. The link records the cut either way."""
-        link = self._links[worker_id]
-        if self.docker is not None and not link.cut:  # cuts overlap (one worker's, everyone's)
-            link.sever()
-            await trio.to_thread.run_sync(self.docker.disconnect, worker_id)
-        link.sever()
+        await faults.sever(self.cluster, self._links[worker_id])
 
     async def _heal(self, worker_id: str) -> None:
-        link = self._links[worker_id]
-        if self.docker is not None and link.cut:
-            link.heal()
-            await trio.to_thread.run_sync(self.docker.connect, worker_id)
-        link.heal()
+        await faults.heal(self.cluster, self._links[worker_id])
 
     async def restart_database(self, client: ControlPlaneClient, *, how: str) -> None:
-        """Stop the embedded database (``fast``: a fast shutdown; ``kill``: SIGKILL of the
-        server), keep it down for a random time in ``db_down_s``, start it again, and wait for
-        a leader. A fault of the whole cluster, target ``database``."""
-        stop, start = self._database_controls(how)
+        """Stop the database (``fast`` or ``kill``: :func:`ops.faults.restart_database`), keep it
+        down for a random time in ``db_down_s``, start it again, and wait for a leader."""
         down_s = self._rng.uniform(*self.settings.db_down_s)
-        down_at = time.time()
-        await trio.to_thread.run_sync(stop)
-        await trio.sleep(max(0.0, down_at + down_s - time.time()))
-        try:
-            await trio.to_thread.run_sync(start)
-        finally:
-            up_at = time.time()
-            self.state.record_fault("db_outage", "database", down_at, up_at)
-            self.result.db_outages.append((how, down_at, up_at))
+        down_at, up_at = await faults.restart_database(self.cluster, how=how, down_s=down_s)
+        self.result.db_outages.append((how, down_at, up_at))
         await self.leader(client)
-
-    def _database_controls(self, how: str) -> tuple[Callable[[], object], Callable[[], object]]:
-        """How to stop the database (``fast`` or ``kill``) and start it again."""
-        if isinstance(self.cluster, DockerCluster):
-            docker = self.cluster
-            if how == "kill":
-                return functools.partial(docker.kill, "pg"), functools.partial(docker.start_container, "pg")
-            return functools.partial(docker.stop_container, "pg"), functools.partial(
-                docker.start_container, "pg"
-            )
-        config = self.cluster.config()
-        if config.embedded_pg_port is None:
-            raise _Abort("--db-restarts needs the embedded database (DATABASE_URL is set)")
-        server = self.cluster.embedded_database(config.embedded_pg_port)
-        return (server.kill if how == "kill" else server.stop), server.start
 
     async def fail_over_database(self, client: ControlPlaneClient) -> None:
         """SIGKILL the HA database's primary (its Patroni and PostgreSQL: the host dies), wait
@@ -371,7 +288,7 @@ class Harness:
         standby) and wait for a leader. A fault of the whole cluster (``db_failover``, target
         ``database``) from the kill to the promotion."""
         if not self.settings.ha_db or isinstance(self.cluster, DockerCluster):
-            raise _Abort("--db-failovers needs --ha-db (and processes, not containers)")
+            raise FaultError("--db-failovers needs --ha-db (and processes, not containers)")
         ha = self.cluster.ha_database()
         killed_at = time.time()
         killed = await trio.to_thread.run_sync(ha.kill_primary)
@@ -380,7 +297,7 @@ class Harness:
                 functools.partial(ha.wait_for_new_primary, killed, timeout_s=120.0)
             )
         except HaDatabaseError as exc:
-            raise _Abort(f"database failover: {exc}") from exc
+            raise FaultError(f"database failover: {exc}") from exc
         promoted_at = killed_at + promoted.after_s
         self.state.record_fault("db_failover", "database", killed_at, promoted_at)
         self.result.db_failovers.append((killed.name, killed_at, promoted_at))
@@ -391,7 +308,7 @@ class Harness:
         try:
             await trio.to_thread.run_sync(functools.partial(ha.restart_member, killed.name, timeout_s=180.0))
         except HaDatabaseError as exc:
-            raise _Abort(f"database failover: {killed.name} did not rejoin: {exc}") from exc
+            raise FaultError(f"database failover: {killed.name} did not rejoin: {exc}") from exc
 
     def _rejoined(self, config: Any) -> tuple[int, int]:
         """Partitions after which the worker came back (registered again, or, when it was not
@@ -462,228 +379,51 @@ class Harness:
                     return
                 await trio.sleep(0.5)
 
-    # ------------------------------------------------------------ leaders
+    # ------------------------------------------------------------ leaders and workers
 
     async def leader(self, client: ControlPlaneClient) -> tuple[str, int]:
-        with trio.move_on_after(self.settings.new_leader_timeout_s):
-            while True:
-                try:
-                    status = await client.call("status", pb.StatusRequest())
-                    if status.leader:
-                        return status.leader, status.epoch
-                except StockadeError:
-                    pass
-                await trio.sleep(0.05)
-        raise _Abort(f"no leader within {self.settings.new_leader_timeout_s:g} s")
+        return await faults.leader(client, timeout_s=self.timeout_s)
 
-    async def new_leader(self, old: str, epoch: int, since: float) -> tuple[str, int, float]:
-        addresses = [p.address for p in self.cluster.config().control_planes if p.id != old]
-        probe = ControlPlaneClient(addresses, timeout_s=0.5, tls=self.cluster.config().client_tls)
-        try:
-            with trio.move_on_after(self.settings.new_leader_timeout_s):
-                while True:
-                    try:
-                        status = await probe.call("status", pb.StatusRequest())
-                        if status.leader and status.leader != old and status.epoch > epoch:
-                            return status.leader, status.epoch, time.monotonic() - since
-                    except StockadeError:
-                        pass
-                    await trio.sleep(0.02)
-        finally:
-            probe.close()
-        raise _Abort(f"no new leader within {self.settings.new_leader_timeout_s:g} s after {old} failed")
-
-    def _pid(self, process_id: str) -> int:
-        spec = self.cluster.config().process(process_id)
-        process = self.cluster.live_process(spec)
-        if process is None:
-            raise _Abort(f"{process_id} is not running")
-        return process.pid
-
-    async def kill_leader(self, client: ControlPlaneClient, events: StateDir) -> None:
-        leader, epoch = await self.leader(client)
-        pid = self._pid(leader)
-        since = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        events.record_fault("kill", leader, time.time())
-        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
+    async def kill_leader(self, client: ControlPlaneClient) -> None:
+        """SIGKILL the leader, time the takeover, start it again (it returns as a standby)."""
+        tls = self.cluster.config().client_tls
         self.result.failovers.append(
-            Failover(kind="kill", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+            await faults.kill_leader(self.cluster, client, timeout_s=self.timeout_s, tls=tls)
         )
-        await trio.to_thread.run_sync(self._restart)
+        await trio.to_thread.run_sync(self.restart)
 
-    async def freeze_leader(
-        self, client: ControlPlaneClient, events: StateDir, *, in_transaction: bool
-    ) -> None:
+    async def freeze_leader(self, client: ControlPlaneClient, *, in_transaction: bool) -> None:
+        """Freeze the leader for ``freeze_s`` (``mid_transaction_freeze_s`` parked inside a
+        fenced transaction) and time the takeover."""
         s = self.settings
-        leader, epoch = await self.leader(client)
-        pid = self._pid(leader)
-        parked: Path | None = None
-        if in_transaction:
-            parked = await self._park_leader(leader, pid)
-        since = time.monotonic()
-        frozen_at = time.time()
-        await self._freeze(leader, pid)
-        try:
-            _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
-            remaining = (s.mid_transaction_freeze_s if in_transaction else s.freeze_s) - (
-                time.monotonic() - since
-            )
-            await trio.sleep(max(0.0, remaining))
-        finally:
-            if parked is not None:
-                parked.unlink(missing_ok=True)
-            await self._thaw(leader, pid)
-            events.record_fault("freeze", leader, frozen_at, time.time())
-        kind = "freeze_in_transaction" if in_transaction else "freeze"
-        self.result.failovers.append(
-            Failover(kind=kind, leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
+        failover = await faults.freeze_leader(
+            self.cluster,
+            client,
+            freeze_s=s.mid_transaction_freeze_s if in_transaction else s.freeze_s,
+            timeout_s=self.timeout_s,
+            tls=self.cluster.config().client_tls,
+            fault_dir=self.fault_dir if in_transaction else None,
         )
+        self.result.failovers.append(failover)
 
-    async def _freeze(self, process_id: str, pid: int) -> None:
-        """SIGSTOP the process, or ``docker pause`` its container."""
-        if self.docker is not None:
-            try:
-                await trio.to_thread.run_sync(self.docker.pause, process_id)
-            except ClusterError as exc:
-                raise _Abort(str(exc)) from exc
-        else:
-            os.kill(pid, signal.SIGSTOP)
-
-    async def _thaw(self, process_id: str, pid: int) -> None:
-        if self.docker is not None:
-            await trio.to_thread.run_sync(self.docker.unpause, process_id)
-        else:
-            os.kill(pid, signal.SIGCONT)
-
-    async def stop_leader(self, client: ControlPlaneClient) -> None:
-        """SIGTERM the leader (a clean stop: it releases its lease), time the takeover,
-        start it again."""
-        leader, epoch = await self.leader(client)
-        pid = self._pid(leader)
-        since = time.monotonic()
-        os.kill(pid, signal.SIGTERM)
-        _, new_epoch, seconds = await self.new_leader(leader, epoch, since)
-        self.result.failovers.append(
-            Failover(kind="stop", leader=leader, epoch_before=epoch, epoch_after=new_epoch, seconds=seconds)
-        )
-        with trio.fail_after(15):
-            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
-                await trio.sleep(0.01)
-        await trio.to_thread.run_sync(self._restart)
-
-    async def kill_busiest_worker(self, client: ControlPlaneClient, events: StateDir) -> float:
-        """SIGKILL the live worker with the most CPU allocated and return the seconds until every
-        job it ran was running (or done) on another worker; then start it again.
-
-        Raises:
-            _Abort: no worker has jobs, or its jobs did not move within ``new_leader_timeout_s``
-                plus a minute.
-        """
-        status = await client.call("status", pb.StatusRequest())
-        live = self.cluster.pids()
-        candidates = [w for w in status.workers if w.state == "alive" and w.id in live and w.job_ids]
-        if not candidates:
-            raise _Abort("no live worker has jobs to move")
-        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
-        job_ids = [int(j) for j in victim.job_ids]
-        pid = self._pid(victim.id)
-        killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
-        events.record_fault("kill", victim.id, killed_at)
-        # A job runs elsewhere when another worker starts it: its own log's start record says
-        # when (the database learns it only with that worker's next heartbeat).
-        moved: float | None = None
-        with trio.move_on_after(self.settings.new_leader_timeout_s + 60):
-            while moved is None:
-                jobs = [await client.call("get_job", pb.GetJobRequest(job_id=j)) for j in job_ids]
-                # Jobs that ended on the victim before the kill need not run anywhere again.
-                to_move = [
-                    j for j in jobs if not (j.worker_id == victim.id and j.state in ("succeeded", "failed"))
-                ]
-                if all(j.worker_id != victim.id and j.state != "pending" for j in to_move):
-                    starts = self._starts_after(
-                        killed_at, {j.job_id for j in to_move}, {j.worker_id for j in to_move}
-                    )
-                    if len(starts) == len(to_move):
-                        moved = max(starts.values(), default=killed_at) - killed_at
-                        break
-                await trio.sleep(0.05)
-        if moved is None:
-            raise _Abort(f"the jobs of {victim.id} did not run elsewhere in time")
-        with trio.fail_after(10):
-            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
-                await trio.sleep(0.01)
-        self.result.worker_kills += 1
-        await trio.to_thread.run_sync(self._restart)
-        return moved
-
-    def _starts_after(self, since: float, job_ids: set[int], worker_ids: set[str]) -> dict[int, float]:
-        """job id -> the first start record time at or after ``since`` on these workers."""
-        starts: dict[int, float] = {}
-        for worker_id in worker_ids:
-            log_path = self.state.work_dir(worker_id) / "agent.jsonl"
-            if not log_path.exists():
-                continue
-            for record in checker.read_jsonl(log_path):
-                if (
-                    record.get("event") == "start"
-                    and record.get("job_id") in job_ids
-                    and record["time"] >= since
-                ):
-                    starts.setdefault(int(record["job_id"]), float(record["time"]))
-        return starts
-
-    async def _park_leader(self, leader: str, pid: int) -> Path:
-        """Arm the one-shot park and wait until the leader (``pid``, or the only process of its
-        container's park folder) sits in it (inside an open fenced transaction, after its epoch
-        check). Returns the file that holds it there."""
-        folder = self.park_dir(leader)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "arm").touch()
-        with trio.move_on_after(10.0):
-            while True:
-                found = list(folder.glob("parked.*"))
-                if self.docker is not None and found:
-                    return found[0]
-                parked = folder / f"parked.{pid}"
-                if parked in found:
-                    return parked
-                if found:  # a deposed replica's late write took it: release it and re-arm
-                    for other in found:
-                        other.unlink(missing_ok=True)
-                    (folder / "arm").touch()
-                await trio.sleep(0.005)
-        (folder / "arm").unlink(missing_ok=True)
-        raise _Abort("the leader did not reach the fenced-transaction fault point within 10 s")
-
-    def _restart(self) -> None:
+    def restart(self) -> None:
+        """Start again whatever of the cluster does not run (``up``)."""
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
-    async def kill_worker(self, client: ControlPlaneClient, events: StateDir) -> None:
+    async def kill_worker(self, client: ControlPlaneClient) -> None:
         """SIGKILL a worker's agent and start it again at once; counts whether the new agent
         continued its incarnation (took its jobs over, back within the fence time)."""
-        workers = [p.id for p in self.cluster.config().workers]
-        victim = self._rng.choice(workers)
-        before = await self._incarnation(client, victim)
-        pid = self._pid(victim)
-        os.kill(pid, signal.SIGKILL)
-        events.record_fault("kill", victim, time.time())
-        with trio.fail_after(10):
-            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
-                await trio.sleep(0.01)
-        self.result.worker_kills += 1
-        await trio.to_thread.run_sync(self._restart)
-        if before is not None and await self._incarnation(client, victim) == before:
-            self.result.worker_kills_continued += 1
+        await self._restart_worker(client, self._rng.choice([p.id for p in self.cluster.config().workers]))
 
     async def restart_worker(self, client: ControlPlaneClient) -> None:
         """A planned restart of a worker that runs jobs (any worker when none does): SIGHUP its
         agent (it asks for its restart hold and exits leaving its jobs running), wait for its
         exit, start it again; counts whether the new agent continued its incarnation. Not a
         fault: no event is recorded."""
-        if self.docker is not None:
-            raise _Abort("planned restarts keep no job in containers: a container's processes end with it")
+        if isinstance(self.cluster, DockerCluster):
+            raise FaultError(
+                "planned restarts keep no job in containers: a container's processes end with it"
+            )
         workers = [p.id for p in self.cluster.config().workers]
         try:
             status = await client.call("status", pb.StatusRequest())
@@ -693,16 +433,28 @@ class Harness:
         except StockadeError:
             busy = []
         victim = self._rng.choice(busy or workers)  # one with jobs, if any: what a restart must keep
+        await self._restart_worker(client, victim, signal.SIGHUP)
+
+    async def _restart_worker(
+        self, client: ControlPlaneClient, victim: str, sig: signal.Signals = signal.SIGKILL
+    ) -> None:
+        """Send ``sig`` to ``victim``'s agent, wait for its exit, start it again, and count the
+        kill (SIGKILL) or the planned restart (SIGHUP), and whether it continued."""
         before = await self._incarnation(client, victim)
-        pid = self._pid(victim)
-        os.kill(pid, signal.SIGHUP)
-        with trio.fail_after(15):
-            while not _gone(pid):  # noqa: ASYNC110 (another process's exit: nothing to wait on)
-                await trio.sleep(0.01)
-        self.result.worker_restarts += 1
-        await trio.to_thread.run_sync(self._restart)
+        await faults.wait_gone(
+            await faults.send(self.cluster, victim, sig), 10 if sig == signal.SIGKILL else 15
+        )
+        kill = sig == signal.SIGKILL
+        if kill:
+            self.result.worker_kills += 1
+        else:
+            self.result.worker_restarts += 1
+        await trio.to_thread.run_sync(self.restart)
         if before is not None and await self._incarnation(client, victim) == before:
-            self.result.worker_restarts_continued += 1
+            if kill:
+                self.result.worker_kills_continued += 1
+            else:
+                self.result.worker_restarts_continued += 1
 
     async def _incarnation(self, client: ControlPlaneClient, worker_id: str) -> int | None:
         """``worker_id``'s incarnation as the status shows it; None when no replica answered."""
@@ -713,30 +465,18 @@ class Harness:
         return next((int(w.incarnation) for w in status.workers if w.id == worker_id), None)
 
 
-def _gone(pid: int) -> bool:
-    """Whether process ``pid`` has exited (a zombie waiting to be reaped counts as gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-class _Abort(Exception):
-    """The run cannot go on (no leader, a process missing); recorded as an error."""
-
-
 @contextlib.contextmanager
 def recording_aborts(errors: list[str]) -> Iterator[None]:
-    """Record every :class:`_Abort` raised in the block, bare or from inside nurseries
+    """Record every :class:`ops.faults.FaultError` raised in the block, bare or from inside nurseries
     (which wrap it in an exception group), as a line of ``errors``, and end the block; any
     other exception propagates."""
     try:
         yield
-    except* _Abort as group:
+    except* FaultError as group:
         errors.extend(str(abort) for abort in _leaves(group))
 
 
-def _leaves(group: BaseExceptionGroup[_Abort]) -> list[BaseException]:
+def _leaves(group: BaseExceptionGroup[FaultError]) -> list[BaseException]:
     """The exceptions of ``group``, nested groups flattened."""
     leaves: list[BaseException] = []
     for exc in group.exceptions:

@@ -13,6 +13,7 @@ import attrs
 from rich.console import Group
 
 from ops import checker
+from ops.faults import Failover
 from ops.tables import VerdictRow, seconds_text, verdict_table
 
 FAILING_MAX_ATTEMPTS = 2
@@ -78,18 +79,6 @@ class ChaosSettings:
     finish_timeout_s: float = 300.0
     """How long to wait, after the injections, for every job to finish."""
     seed: int = 1
-
-
-@attrs.frozen(kw_only=True)
-class Failover:
-    """One injected failover and the time until a new leader showed in the status."""
-
-    kind: str
-    """kill, freeze or freeze_in_transaction."""
-    leader: str
-    epoch_before: int
-    epoch_after: int
-    seconds: float
 
 
 @attrs.define
@@ -193,9 +182,9 @@ class ChaosResult:
             },
             **counts,
             "failover_kill_p50_s": _p50(kills),
-            "failover_kill_max_s": round(max(kills), 3) if kills else None,
+            "failover_kill_max_s": _max(kills),
             "failover_freeze_p50_s": _p50(freezes),
-            "failover_freeze_max_s": round(max(freezes), 3) if freezes else None,
+            "failover_freeze_max_s": _max(freezes),
             "jobs_made_to_fail": self.jobs_made_to_fail,
             "worker_kills": self.worker_kills,
             "worker_kills_continued": self.worker_kills_continued,
@@ -207,7 +196,7 @@ class ChaosResult:
             "mass_partitions": len(self.mass_partitions),
             "db_restarts": len(self.db_outages),
             "db_back_to_placement_p50_s": _p50(recoveries),
-            "db_back_to_placement_max_s": round(max(recoveries), 3) if recoveries else None,
+            "db_back_to_placement_max_s": _max(recoveries),
             "db_failovers": len(self.db_failovers),
             "db_promotion_p50_s": _p50(self.promotions_s),
             "db_promotion_to_placement_p50_s": _p50(self.failover_placements_s),
@@ -230,68 +219,47 @@ def chaos_table(result: ChaosResult) -> Group:
     worker kills and partitions, then the first 20 details."""
     kills, freezes = result.kill_times, result.freeze_times
     partitions = len(result.partitions)
+    kills_text = f"{result.worker_kills} ({result.worker_kills_continued})"
     rows: list[VerdictRow] = [
         ("failovers (killed, frozen)", f"{len(kills)}, {len(freezes)}", None),
         *(checker.report_rows(result.report) if result.report is not None else []),
-        (
-            "failover_kill_p50_s / max",
-            f"{seconds_text(_p50(kills))} / {seconds_text(max(kills, default=None))}",
-            None,
-        ),
-        (
-            "failover_freeze_p50_s / max",
-            f"{seconds_text(_p50(freezes))} / {seconds_text(max(freezes, default=None))}",
-            None,
-        ),
+        ("failover_kill_p50_s / max", _p50_max_text(kills), None),
+        ("failover_freeze_p50_s / max", _p50_max_text(freezes), None),
         ("jobs_made_to_fail (retried once, must end failed)", str(result.jobs_made_to_fail), None),
-        (
-            "worker_kills (incarnation continued)",
-            f"{result.worker_kills} ({result.worker_kills_continued})",
-            None,
-        ),
+        ("worker_kills (incarnation continued)", kills_text, None),
         (
             "partitions (rejoined, ran jobs again)",
             f"{partitions} ({result.partitions_rejoined}, {result.partitions_worked_again})",
             result.partitions_rejoined == partitions if partitions else None,
         ),
-        ("duration", f"{round(result.duration_s, 1)} s", None),
     ]
     if result.worker_restarts:
-        rows.insert(
-            -1,
-            (
-                "worker_restarts (planned; incarnation continued)",
-                f"{result.worker_restarts} ({result.worker_restarts_continued})",
-                None,
-            ),
-        )
+        restarts = f"{result.worker_restarts} ({result.worker_restarts_continued})"
+        rows.append(("worker_restarts (planned; incarnation continued)", restarts, None))
     if result.mass_partitions:
-        rows.insert(-1, ("mass_partitions (every worker cut off)", str(len(result.mass_partitions)), None))
+        rows.append(("mass_partitions (every worker cut off)", str(len(result.mass_partitions)), None))
     if result.db_outages:
-        recoveries = result.placement_recoveries_s
-        rows.insert(-1, ("db_restarts", str(len(result.db_outages)), None))
-        rows.insert(
-            -1,
-            (
-                "db back to first placement p50 / max",
-                f"{seconds_text(_p50(recoveries))} / {seconds_text(max(recoveries, default=None))}",
-                None,
-            ),
+        rows.append(("db_restarts", str(len(result.db_outages)), None))
+        rows.append(
+            ("db back to first placement p50 / max", _p50_max_text(result.placement_recoveries_s), None)
         )
     if result.db_failovers:
-        promotions, placements, outages = (
-            result.promotions_s,
-            result.failover_placements_s,
-            result.failover_outages_s,
-        )
-        for label, values in (
-            ("db failovers: kill to promotion p50 / max", promotions),
-            ("db failovers: promotion to placement p50 / max", placements),
-            ("db failovers: kill to placement p50 / max", outages),
-        ):
-            rows.insert(-1, (label, f"{seconds_text(_p50(values))} / {seconds_text(_max(values))}", None))
-        rows.insert(-1, ("db_failovers", str(len(result.db_failovers)), None))
+        rows += [
+            ("db failovers: kill to promotion p50 / max", _p50_max_text(result.promotions_s), None),
+            (
+                "db failovers: promotion to placement p50 / max",
+                _p50_max_text(result.failover_placements_s),
+                None,
+            ),
+            ("db failovers: kill to placement p50 / max", _p50_max_text(result.failover_outages_s), None),
+            ("db_failovers", str(len(result.db_failovers)), None),
+        ]
+    rows.append(("duration", f"{round(result.duration_s, 1)} s", None))
     return Group(verdict_table(rows), *checker.details_lines(result.details))
+
+
+def _p50_max_text(values: Sequence[float]) -> str:
+    return f"{seconds_text(_p50(values))} / {seconds_text(max(values, default=None))}"
 
 
 def _max(values: Sequence[float]) -> float | None:

@@ -22,19 +22,13 @@ class Link:
     """The network between one worker and the control planes: up, or cut."""
 
     name: str
-    _healed: trio.Event = attrs.field(factory=trio.Event)
     stalled: set[trio.CancelScope] = attrs.field(factory=set)
     """Scopes of the connections through this link; cancelled (closed) on heal."""
     cut: bool = False
 
-    def __attrs_post_init__(self) -> None:
-        self._healed.set()
-
     def sever(self) -> None:
         """Cut the link: every byte in flight through it stops moving."""
-        if not self.cut:
-            self.cut = True
-            self._healed = trio.Event()
+        self.cut = True
 
     def heal(self) -> None:
         """Restore the link; connections stalled by the cut are closed."""
@@ -42,10 +36,6 @@ class Link:
             self.cut = False
             for scope in list(self.stalled):
                 scope.cancel()
-            self._healed.set()
-
-    async def wait_up(self) -> None:
-        await self._healed.wait()
 
 
 async def _pump(source: trio.abc.HalfCloseableStream, sink: trio.abc.HalfCloseableStream, link: Link) -> None:

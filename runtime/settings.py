@@ -183,7 +183,7 @@ class LedgerSettings:
     declaration adds its few workers). Deciders slice larger decisions into several writes,
     each fenced (a dead worker's thousands of assignments end 500 at a time), and write fewer
     while the server cancels their writes (:mod:`actors.write_size`); the ledger refuses a
-    larger request. Measured on the 2-core VM (``python -m ops.measure_fence``): 500 rows hold
+    larger request. Measured on the 2-core VM (``python -m ops.bench.measure_fence``): 500 rows hold
     the share lock 10 to 40 ms, idle or beside two CPU burners."""
 
     @property

@@ -5,20 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import Annotated, Any
 
 import typer
 
 from ops.cli.base import bench_app
-from ops.cli.common import (
-    EXIT_INVALID,
-    EXIT_UNAVAILABLE,
-    console,
-    err_console,
-    errors,
-    fail,
-    interruptible,
-)
+from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, console, err_console, errors, fail, interruptible
 from ops.config import ClusterError, default_state_dir
 from runtime.settings import PLACEMENT_POLICIES
 
@@ -30,6 +23,16 @@ JsonPathOption = Annotated[
         " (default: bench-<name>.json in the current folder).",
     ),
 ]
+
+
+def _state_dir_option(what: str, name: str) -> Any:
+    """``--state-dir``: where the ``what`` of ``stockade bench <name>`` lives."""
+    return typer.Option(
+        help=f"State folder of the {what} (default: bench-{name} in the state folder, "
+        "./.stockade or $STOCKADE_STATE_DIR)."
+    )
+
+
 InsecureBenchOption = Annotated[
     bool,
     typer.Option("--insecure", help="Run the cluster without TLS (to compare with the default, mutual TLS)."),
@@ -47,20 +50,14 @@ def bench_failover(
         int, typer.Option(min=0, help="Worker SIGKILLs to time until their jobs run elsewhere.")
     ] = 10,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench cluster (default: bench-failover in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench cluster", "failover")] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:
     """Time to a new leader after kills, freezes and clean stops, and time until a killed
     worker's jobs run elsewhere, on a fresh local cluster with the default settings."""
     import trio
 
-    from ops.bench import FailoverBenchSettings, failover_table, run_failover_bench
+    from ops.bench.failover import FailoverBenchSettings, failover_table, run_failover_bench
     from ops.cluster import LocalCluster, StateDir
 
     cluster = LocalCluster(StateDir(state_dir or (default_state_dir() / "bench-failover")), insecure=insecure)
@@ -98,13 +95,7 @@ def bench_pack(
         ),
     ] = 105.0,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench clusters (default: bench-pack in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "pack")] = None,
     insecure: InsecureBenchOption = False,
     heartbeat_interval_s: Annotated[
         float,
@@ -128,12 +119,12 @@ def bench_pack(
     all submitted at once and then arriving over time; then a burst into an empty cluster, and
     the round time as the queue and the cluster grow."""
 
-    from ops import benchpack
+    from ops.bench import pack
     from runtime import log as runtime_log
 
     policies = tuple(p.strip() for p in policy.split(",") if p.strip())
-    if not policies or any(p not in benchpack.POLICIES for p in policies):
-        fail(f"--policy must list some of {', '.join(benchpack.POLICIES)}, got {policy!r}", EXIT_INVALID)
+    if not policies or any(p not in pack.POLICIES for p in policies):
+        fail(f"--policy must list some of {', '.join(pack.POLICIES)}, got {policy!r}", EXIT_INVALID)
     if 0 < arrival_rate < 1:
         # An open range typer cannot state: 0 (skip) or at least 1.
         fail(
@@ -141,11 +132,9 @@ def bench_pack(
             f"got {arrival_rate}",
             EXIT_INVALID,
         )
-    out = json_path or Path("bench-pack.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    out = _json_out(json_path, "pack")
     runtime_log.configure(level="WARNING")  # the scale curve runs a placer in this process
-    settings = benchpack.PackSettings(
+    settings = pack.PackSettings(
         jobs=jobs,
         workers=workers,
         seed=seed,
@@ -160,16 +149,10 @@ def bench_pack(
         heartbeat_interval_s=heartbeat_interval_s,
     )
     with interruptible(), errors():
-        report = benchpack.run_pack(
+        report = pack.run_pack(
             settings, state_dir or (default_state_dir() / "bench-pack"), err_console().print
         )
-    console().print(benchpack.render(report))
-    benchpack.save(out, report)
-    picture = out.with_suffix(".png")
-    benchpack.plot(report, picture)
-    console().print(f"wrote {out} and {picture}")
-    if not report.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+    _show_and_save(pack, report, out)
 
 
 @bench_app.command("overload")
@@ -182,13 +165,7 @@ def bench_overload(
     sleep_ms: Annotated[int, typer.Option(help="Duration of a sleep job, milliseconds.")] = 500,
     workers: Annotated[int, typer.Option(help="Workers, one agent process each.")] = 5,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the cluster (default: bench-overload in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("cluster", "overload")] = None,
 ) -> None:
     """Raise the offered load step by step past what this machine can do, then drop it back:
     goodput per step (jobs finished per second), what was shed, and the disturbances, with a PNG
@@ -196,28 +173,20 @@ def bench_overload(
     was lost."""
     import trio
 
-    from ops import benchoverload
+    from ops.bench import overload
 
     try:
         offered = tuple(float(r) for r in rates.split(","))
     except ValueError:
         fail(f"--rates must be numbers (jobs/s) separated by commas, got {rates!r}", EXIT_INVALID)
-    out = json_path or Path("bench-overload.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    out = _json_out(json_path, "overload")
     with interruptible(), errors():
-        settings = benchoverload.OverloadSettings(
+        settings = overload.OverloadSettings(
             rates=offered, step_s=step_s, kind=kind, sleep_ms=sleep_ms, workers=workers
         )
         root = state_dir or (default_state_dir() / "bench-overload")
-        result = trio.run(benchoverload.run_overload, settings, root, err_console().print)
-    console().print(benchoverload.render(result))
-    benchoverload.save(out, result)
-    picture = out.with_suffix(".png")
-    benchoverload.plot(result, picture)
-    console().print(f"wrote {out} and {picture}")
-    if not result.ok:
-        raise typer.Exit(EXIT_UNAVAILABLE)
+        result = trio.run(overload.run_overload, settings, root, err_console().print)
+    _show_and_save(overload, result, out)
 
 
 @bench_app.command("unschedulable")
@@ -232,17 +201,11 @@ def bench_unschedulable(
         int,
         typer.Option(min=0, max=100_000, help="Most rounds run to store the reasons before the timed ones."),
     ] = 1_000,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench database (default: bench-unschedulable in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench database", "unschedulable")] = None,
 ) -> None:
     """Time the real placer round (read, decision, fenced commit) against a queue of jobs no
     worker can hold beside small ones: round p50 / p99 / max in milliseconds."""
-    from ops.benchpack.unschedulable import bench_unschedulable as run
+    from ops.bench.pack.unschedulable import bench_unschedulable as run
     from runtime import log as runtime_log
 
     runtime_log.configure(level="WARNING")  # the placer runs in this process
@@ -271,7 +234,7 @@ def bench_scale(
         typer.Option(
             "--real-agents",
             help="Run steps of at most 200 workers as real agents in fleets; larger steps (and all "
-            "without this flag) use the load generator (ops/loadgen.py).",
+            "without this flag) use the load generator (ops/bench/loadgen/).",
         ),
     ] = False,
     pending_jobs: Annotated[
@@ -289,13 +252,7 @@ def bench_scale(
     ] = None,
     kills: Annotated[int, typer.Option(min=0, max=100, help="Workers killed per step.")] = 3,
     json_path: JsonPathOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder of the bench clusters (default: bench-scale in the state folder, "
-            "./.stockade or $STOCKADE_STATE_DIR)."
-        ),
-    ] = None,
+    state_dir: Annotated[Path | None, _state_dir_option("bench clusters", "scale")] = None,
     insecure: InsecureBenchOption = False,
 ) -> None:
     """Heartbeats recorded per second, their acknowledgement latency, control-plane and database
@@ -304,17 +261,15 @@ def bench_scale(
     cluster each; with a PNG of how each grows per doubling. Exits 1 on a false death."""
     import trio
 
-    from ops import benchscale, scalereport
+    from ops.bench import scale, scale_report
     from runtime.errors import InvalidArgument
 
     try:
-        counts = scalereport.parse_workers(workers)
+        counts = scale_report.parse_workers(workers)
     except InvalidArgument as exc:
         fail(str(exc), EXIT_INVALID)
-    out = json_path or Path("bench-scale.json")
-    if not out.parent.resolve().is_dir():
-        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
-    settings = benchscale.ScaleSettings(
+    out = _json_out(json_path, "scale")
+    settings = scale.ScaleSettings(
         workers=counts,
         duration_s=duration_s,
         real_agents=real_agents,
@@ -325,11 +280,26 @@ def bench_scale(
     )
     root = state_dir or (default_state_dir() / "bench-scale")
     with interruptible(), errors():
-        report = trio.run(benchscale.run_scale, settings, root, err_console().print)
-    console().print(scalereport.render(report))
-    scalereport.save(out, report)
+        report = trio.run(scale.run_scale, settings, root, err_console().print)
+    _show_and_save(scale_report, report, out)
+
+
+def _json_out(json_path: Path | None, name: str) -> Path:
+    """Where ``--json`` puts the results (default ``bench-<name>.json``); exits 2 when its folder
+    does not exist."""
+    out = json_path or Path(f"bench-{name}.json")
+    if not out.parent.resolve().is_dir():
+        fail(f"--json: folder {out.parent} does not exist", EXIT_INVALID)
+    return out
+
+
+def _show_and_save(results: ModuleType, result: Any, out: Path) -> None:
+    """Print ``result`` as ``results.render`` does, save it as JSON to ``out`` and its picture
+    next to it (``results.save``, ``results.plot``); exits 1 when ``result`` is not ok."""
+    console().print(results.render(result))
+    results.save(out, result)
     picture = out.with_suffix(".png")
-    scalereport.plot(report, picture)
+    results.plot(result, picture)
     console().print(f"wrote {out} and {picture}")
-    if not report.ok:
+    if not result.ok:
         raise typer.Exit(EXIT_UNAVAILABLE)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,43 +32,39 @@ if TYPE_CHECKING:
     from ops.cluster import ClusterConfig
 
 
+def _count(help_text: str) -> Any:
+    """A ``--option`` that counts faults (0 or more)."""
+    return typer.Option(min=0, help=help_text)
+
+
+def _seconds(help_text: str) -> Any:
+    """A ``--option`` that says how long a fault lasts (at least 10 ms)."""
+    return typer.Option(min=0.01, help=help_text)
+
+
 @app.command("chaos")
 def chaos(
     failovers: Annotated[
         int, typer.Argument(min=0, help="Leader failovers to inject (kill, freeze, ...).")
     ] = 200,
-    worker_kills: Annotated[
-        int, typer.Option(min=0, help="Workers to SIGKILL and restart along the way.")
-    ] = 0,
+    worker_kills: Annotated[int, _count("Workers to SIGKILL and restart along the way.")] = 0,
     worker_restarts: Annotated[
         int,
-        typer.Option(
-            min=0,
-            help="Planned restarts of workers along the way: SIGHUP (the agent exits leaving its jobs "
-            "running), then started again; the new agent must keep every job.",
+        _count(
+            "Planned restarts of workers along the way: SIGHUP (the agent exits leaving its jobs "
+            "running), then started again; the new agent must keep every job."
         ),
     ] = 0,
     partitions: Annotated[
-        int, typer.Option(min=0, help="Times to cut a worker off from every control plane, then heal it.")
+        int, _count("Times to cut a worker off from every control plane, then heal it.")
     ] = 0,
-    partition_s: Annotated[
-        float, typer.Option(min=0.01, help="How long each partition lasts, seconds.")
-    ] = 4.0,
+    partition_s: Annotated[float, _seconds("How long each partition lasts, seconds.")] = 4.0,
     mass_partitions: Annotated[
-        int,
-        typer.Option(
-            min=0, help="Times to cut every worker off from every control plane at once, then heal them."
-        ),
+        int, _count("Times to cut every worker off from every control plane at once, then heal them.")
     ] = 0,
-    mass_partition_s: Annotated[
-        float, typer.Option(min=0.01, help="How long each cut of every worker lasts, seconds.")
-    ] = 10.0,
+    mass_partition_s: Annotated[float, _seconds("How long each cut of every worker lasts, seconds.")] = 10.0,
     db_restarts: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.",
-        ),
+        int, _count("Times to stop the database (fast shutdown or SIGKILL) for 2-12 s, then start it again.")
     ] = 0,
     ha_db: Annotated[
         bool,
@@ -78,10 +74,9 @@ def chaos(
     ] = False,
     db_failovers: Annotated[
         int,
-        typer.Option(
-            min=0,
-            help="With --ha-db: times to SIGKILL the database's primary, let Patroni promote the standby, "
-            "and start the old primary again as the standby.",
+        _count(
+            "With --ha-db: times to SIGKILL the database's primary, let Patroni promote the standby, "
+            "and start the old primary again as the standby."
         ),
     ] = 0,
     workers: Annotated[int, typer.Option(min=1, help="Workers in the chaos cluster.")] = 10,
@@ -120,7 +115,8 @@ def chaos(
     when a safety count is not 0 or a job did not finish."""
     import trio
 
-    from ops.chaos import ChaosSettings, Harness, chaos_table
+    from ops.chaos import Harness
+    from ops.chaosresult import ChaosSettings, chaos_table
     from ops.cluster import DockerCluster, LocalCluster, StateDir
 
     if docker and ha_db:

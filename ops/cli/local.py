@@ -48,8 +48,6 @@ from ops.config import (
 
 if TYPE_CHECKING:
     from ops.cluster import DockerCluster, LocalCluster, UpResult
-    from protocol import pb
-    from runtime.client import ControlPlaneClient
 
 
 def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
@@ -637,12 +635,8 @@ def kill_leader(
     timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 30.0,
 ) -> None:
     """SIGKILL the current leader's process (a local cluster's; found through cluster.json)."""
-    import trio
-
-    from ops import rpc
+    from ops import faults, rpc
     from ops.cluster import cluster_at
-    from protocol import pb
-    from runtime.errors import StockadeError
 
     with errors():
         cluster = cluster_at(recorded_local_state())
@@ -650,28 +644,18 @@ def kill_leader(
         status = rpc.status(addresses, tls=client_tls())
         if not status.leader:
             fail(f"there is no leader right now (last epoch {status.epoch})")
+        since = time.monotonic()
         pid = cluster.kill(status.leader)
-        killed_at = time.monotonic()
         console().print(f"killed leader {status.leader} (pid {pid}) at epoch {status.epoch}")
         if not wait:
             return
-        old_epoch = int(status.epoch)
-
-        async def body(client: ControlPlaneClient) -> pb.StatusReply | None:
-            with trio.move_on_after(timeout_s):
-                while True:
-                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
-                        reply: pb.StatusReply = await client.call("status", pb.StatusRequest())
-                        if reply.leader and reply.epoch > old_epoch:
-                            return reply
-                    await trio.sleep(0.05)
-            return None
-
-        new = rpc.with_client(addresses, body, timeout_s=0.5, tls=client_tls())
-        elapsed_s = time.monotonic() - killed_at
-        if new is None:
-            fail(f"no new leader {timeout_s:g} s after the kill")
-        console().print(f"new leader {new.leader} at epoch {new.epoch}, {elapsed_s:.2f} s after the kill")
+        leader, epoch, elapsed_s = rpc.with_client(
+            addresses,
+            lambda _: faults.new_leader(
+                cluster, status.leader, status.epoch, since=since, timeout_s=timeout_s, tls=client_tls()
+            ),
+        )
+        console().print(f"new leader {leader} at epoch {epoch}, {elapsed_s:.2f} s after the kill")
 
 
 @app.command("kill-worker")
@@ -683,21 +667,16 @@ def kill_worker(
     timeout_s: Annotated[float, typer.Option(min=0, help="How long --wait waits, seconds.")] = 60.0,
 ) -> None:
     """SIGKILL the busiest live worker (most CPU allocated) of the local cluster."""
-    import trio
-
-    from ops import rpc
+    from ops import faults, rpc
     from ops.cluster import cluster_at
-    from protocol import pb
-    from runtime.errors import StockadeError
 
     with errors():
         cluster = cluster_at(recorded_local_state())
         addresses = control_plane_addresses(control_planes)
         status = rpc.status(addresses, tls=client_tls())
         config = cluster.config()
-        live = cluster.pids(config)
-        candidates = [w for w in status.workers if w.state == "alive" and w.id in live]
-        if not candidates:
+        victim = faults.busiest_worker(status, cluster.pids(config))
+        if victim is None:
             if config.fleets:
                 fleets = ", ".join(f.id for f in config.fleets)
                 fail(
@@ -705,43 +684,25 @@ def kill_worker(
                     "killing a fleet kills all its workers"
                 )
             fail("no live worker of this cluster to kill")
-        victim = max(candidates, key=lambda w: (w.cpu_allocated_millis, w.id))
         job_ids = [int(j) for j in victim.job_ids]
+        killed_at = time.time()
         pid = cluster.kill(victim.id)
-        killed_at = time.monotonic()
         console().print(
             f"killed worker {victim.id} (pid {pid}) with {victim.cpu_allocated_millis} cpu_millis "
             f"allocated; its jobs: {' '.join(map(str, job_ids)) or 'none'}"
         )
         if not wait or not job_ids:
             return
-
-        async def body(client: ControlPlaneClient) -> list[pb.JobInfo] | None:
-            with trio.move_on_after(timeout_s):
-                while True:
-                    jobs = []
-                    with contextlib.suppress(StockadeError):  # a replica dying mid-call: ask again
-                        for job_id in job_ids:
-                            jobs.append(await client.call("get_job", pb.GetJobRequest(job_id=job_id)))
-                    if len(jobs) == len(job_ids) and all(_moved(j, victim.id) for j in jobs):
-                        return jobs
-                    await trio.sleep(0.1)
-            return None
-
-        moved = rpc.with_client(addresses, body, timeout_s=1.0, tls=client_tls())
-        elapsed_s = time.monotonic() - killed_at
-        if moved is None:
-            fail(f"the jobs of {victim.id} were not running elsewhere {timeout_s:g} s after the kill")
-        where = ", ".join(f"{j.job_id} on {j.worker_id or '-'} ({j.state})" for j in moved)
-        console().print(f"its jobs run elsewhere {elapsed_s:.2f} s after the kill: {where}")
-
-
-def _moved(job: pb.JobInfo, dead_worker: str) -> bool:
-    """Whether ``job`` no longer needs ``dead_worker``: running or ended on another worker,
-    ended there before the kill, or cancelled."""
-    if job.state in ("cancelled", "succeeded", "failed"):
-        return True
-    return job.worker_id != dead_worker and job.state == "running"
+        moved = rpc.with_client(
+            addresses,
+            lambda client: faults.jobs_moved(
+                client, cluster.state, victim.id, job_ids, killed_at, timeout_s=timeout_s
+            ),
+            timeout_s=1.0,
+            tls=client_tls(),
+        )
+        where = ", ".join(f"{j.job_id} on {j.worker_id or '-'} ({j.state})" for j in moved.jobs)
+        console().print(f"its jobs run elsewhere {moved.seconds:.2f} s after the kill: {where}")
 
 
 @app.command("prometheus-config")

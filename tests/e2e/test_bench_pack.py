@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.benchpack import PackSettings, run_policy
+from ops.bench.pack import PackSettings, run_policy
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ import attrs
 import psutil
 import pytest
 
-from ops import scalereport
-from ops.benchscale import ScaleSettings, run_scale
+from ops.bench import scale_report
+from ops.bench.scale import ScaleSettings, run_scale
 
 pytestmark = pytest.mark.e2e
 
@@ -43,16 +43,16 @@ async def test_a_tiny_scale_run_reports_every_field_and_stops_everything(tmp_pat
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = tmp_path / "bench-scale.json"
-    scalereport.save(out, report)
-    scalereport.plot(report, out.with_suffix(".png"))
+    scale_report.save(out, report)
+    scale_report.plot(report, out.with_suffix(".png"))
     data = json.loads(out.read_text())
     (point,) = data["points"]
-    assert set(point) == {f.name for f in attrs.fields(scalereport.ScalePoint)}
+    assert set(point) == {f.name for f in attrs.fields(scale_report.ScalePoint)}
     assert [k for k, v in point.items() if v is None and k not in MAY_BE_NONE] == []
     assert point["workers"] == 10 and point["mode"] == "loadgen"
     assert point["heartbeats"] > 0 and point["heartbeats_acked"] > 0 and point["heartbeat_failures"] == 0
     assert point["false_deaths"] == 0 and point["killed_workers"] == ["sim-1"]
     assert point["jobs_moved"] == 2 and point["jobs_not_moved"] == 0
     assert point["placer_rounds"] > 0
-    assert set(data["growth_per_doubling"]) == set(scalereport.GROWTH_METRICS)
+    assert set(data["growth_per_doubling"]) == set(scale_report.GROWTH_METRICS)
     assert out.with_suffix(".png").stat().st_size > 0

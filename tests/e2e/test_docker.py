@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ops.chaos import ChaosSettings, Harness
+from ops.chaos import Harness
+from ops.chaosresult import ChaosSettings
 from ops.cluster import DockerCluster, StateDir
 from ops.launcher.docker import CLUSTER_LABEL
 from protocol import pb

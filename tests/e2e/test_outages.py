@@ -20,7 +20,8 @@ import trio
 
 from agent.joblog import read_log
 from ops import checker
-from ops.chaos import ChaosSettings, Harness
+from ops.chaos import Harness
+from ops.chaosresult import ChaosSettings
 from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import asyncio_bridge

@@ -4,7 +4,7 @@ them)."""
 
 from __future__ import annotations
 
-from ops.benchpack import run_scale_point
+from ops.bench.pack import run_scale_point
 
 
 async def test_a_small_scale_point_runs_the_real_placer_rounds(database_url: str) -> None:

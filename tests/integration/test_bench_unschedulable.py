@@ -3,7 +3,7 @@ reason before timing, times the rounds asked for, and places small jobs as room 
 
 from __future__ import annotations
 
-from ops.benchpack.unschedulable import run_unschedulable
+from ops.bench.pack.unschedulable import run_unschedulable
 
 
 async def test_the_bench_settles_the_reasons_then_times_its_rounds(database_url: str) -> None:

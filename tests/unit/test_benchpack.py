@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ops.benchpack import (
+from ops.bench.pack import (
     WORKER_SHAPES,
     PhaseFigures,
     WaitFigures,

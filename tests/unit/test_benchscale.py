@@ -10,10 +10,10 @@ import attrs
 import pytest
 from typer.testing import CliRunner
 
-from ops.benchscale import bucket_delta, cpu_used, per_1000
-from ops.cli import EXIT_INVALID, app
-from ops.loadgen import LoadGenerator, SimulatedWorkerService, home_control_plane, percentile, worker_ids
-from ops.scalereport import (
+from ops.bench.loadgen.generator import LoadGenerator, home_control_plane, percentile, worker_ids
+from ops.bench.loadgen.service import SimulatedWorkerService
+from ops.bench.metrics import bucket_delta, cpu_used, per_1000
+from ops.bench.scale_report import (
     GROWTH_METRICS,
     WORKERS_LIMIT,
     ScalePoint,
@@ -21,6 +21,7 @@ from ops.scalereport import (
     growth_per_doubling,
     parse_workers,
 )
+from ops.cli import EXIT_INVALID, app
 from protocol import pb
 from runtime.errors import InvalidArgument
 
@@ -212,7 +213,7 @@ def test_the_interval_a_reply_names_wins_over_the_own_setting() -> None:
     interval; a reply without it, or with 0, keeps the generator's own."""
     from types import SimpleNamespace
 
-    from ops.loadgen import _interval_of
+    from ops.bench.loadgen.generator import _interval_of
 
     assert _interval_of(SimpleNamespace(heartbeat_interval_ms=2500), 1.0) == 2.5
     assert _interval_of(SimpleNamespace(heartbeat_interval_ms=0), 1.0) == 1.0
@@ -222,7 +223,7 @@ def test_the_interval_a_reply_names_wins_over_the_own_setting() -> None:
 def test_gc_pauses_over_a_bound_count_the_window_only() -> None:
     """Two endpoints' pause histograms: the collections longer than 0.1 s in the window are
     those above the 0.1 bucket in the differences, summed (here 1 + 2)."""
-    from ops.benchscale import MetricsDelta, Scraped
+    from ops.bench.metrics import MetricsDelta, Scraped
 
     def scraped(le_01: float, total: float) -> Scraped:
         return Scraped(
@@ -245,7 +246,7 @@ def test_the_table_shows_every_measure_of_four_steps_whole_in_80_columns() -> No
 
     from rich.console import Console
 
-    from ops.scalereport import render
+    from ops.bench.scale_report import render
 
     points = [
         _point(n, recovery_p50_s=13.661, ack_p99_ms=1837.776, workers_dead_rows=696)

@@ -6,20 +6,21 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ops.chaos import _Abort, recording_aborts
+from ops.chaos import recording_aborts
+from ops.faults import FaultError
 
 
 async def test_an_abort_inside_a_nursery_is_recorded_not_raised() -> None:
     errors: list[str] = []
     with recording_aborts(errors):
         async with trio.open_nursery():
-            raise _Abort("no new leader within 20 s after cp-3 failed")
+            raise FaultError("no new leader within 20 s after cp-3 failed")
     assert errors == ["no new leader within 20 s after cp-3 failed"]
 
 
 async def test_aborts_of_several_tasks_are_all_recorded() -> None:
     async def fail(message: str) -> None:
-        raise _Abort(message)
+        raise FaultError(message)
 
     errors: list[str] = []
     with recording_aborts(errors):
@@ -32,7 +33,7 @@ async def test_aborts_of_several_tasks_are_all_recorded() -> None:
 async def test_a_bare_abort_is_recorded() -> None:
     errors: list[str] = []
     with recording_aborts(errors):
-        raise _Abort("no worker has jobs")
+        raise FaultError("no worker has jobs")
     assert errors == ["no worker has jobs"]
 
 

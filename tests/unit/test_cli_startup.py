@@ -53,6 +53,7 @@ SERVER_SIDE = (
     "ops.pg",
     "ops.pg_user",
     "ops.chaos",
+    "ops.faults",
     "ops.checker",
 )
 """The control plane, the agent, the database driver and the bridge's database and server

@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ops import benchpack
-from ops.bench import FailoverFigures, FailoverSamples, failover_table
-from ops.benchoverload import OverloadResult, OverloadSettings, StepResult, render, save
-from ops.benchpack import (
+from ops.bench import pack
+from ops.bench.failover import FailoverFigures, FailoverSamples, failover_table
+from ops.bench.overload import OverloadResult, OverloadSettings, StepResult, render, save
+from ops.bench.pack import (
     BurstResult,
     PackReport,
     PackSettings,
@@ -26,9 +26,10 @@ from ops.benchpack import (
     Scenario,
     WaitFigures,
 )
-from ops.chaos import ChaosResult, Failover, chaos_table
+from ops.chaosresult import ChaosResult, chaos_table
 from ops.checker import CheckReport, History, check_table
 from ops.cli import EXIT_INVALID, app
+from ops.faults import Failover
 from ops.invariants import check
 
 REPORT = CheckReport(
@@ -141,11 +142,11 @@ def test_the_pack_report_keeps_its_json_keys_and_ratios(tmp_path: Path) -> None:
         "100 workers: p50 1 ms -> 2 ms"
     )
     assert report.ok
-    shown = text(benchpack.render(report))
+    shown = text(pack.render(report))
     assert "cpu_use_waiting" in shown and "best_fit / worst_fit: cpu_use_waiting x1.5" in shown
     assert "burst: 10 of 10 jobs started in 2.0 s" in shown
     assert "best_fit: database commits slower than 1 s: 1.5 s at 3 s" in shown
-    benchpack.save(tmp_path / "pack.json", report)
+    pack.save(tmp_path / "pack.json", report)
     assert json.loads((tmp_path / "pack.json").read_text())["policies"][0]["policy"] == "best_fit"
 
 

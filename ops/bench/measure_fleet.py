@@ -1,26 +1,8 @@
 """What a fleet process costs per heartbeat: its CPU time over a window divided by the heartbeats
-the control planes recorded in it.
-
-Reads a running local cluster (``stockade up --workers N --fleet-size N``) from its state
-folder: the fleet processes' pids (``pids/<fleet id>.pid``) and every control plane's
-``/metrics`` address (``cluster.json``). Over ``--window-s`` seconds it reads each fleet's CPU
-time (user + system, children excluded, from ``/proc/<pid>/stat`` through psutil) and the sum of
-``stockade_heartbeats_recorded_total`` over the control planes, and prints one JSON line::
-
-    {"fleets": 1, "workers": 125, "window_s": 60.06, "cpu_s": 25.98, "heartbeats": 12519.0,
-     "heartbeats_per_s": 208.5, "cpu_ms_per_heartbeat": 2.0752, "cpu_share": 0.4326,
-     "connections_to_control_planes": 3}
-
-``cpu_share`` is the fleets' CPU time over the window (1.0: one core busy);
-``connections_to_control_planes`` counts the fleets' established TCP connections to the
-control planes' gRPC addresses at the end of the window. The heartbeats are
-every worker's, so run it on a cluster whose workers all live in the measured fleets::
-
-    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade up --workers 125 --fleet-size 125
-    STOCKADE_STATE_DIR=fleet-measure/.stockade python -m ops.measure_fleet --window-s 60
-    STOCKADE_STATE_DIR=fleet-measure/.stockade stockade down
-
-docs/benchmarks.md ("A fleet's CPU per heartbeat") has the figures.
+the control planes recorded in it, as one JSON line (``cpu_ms_per_heartbeat``, ``cpu_share``,
+``connections_to_control_planes``), read from a running local cluster whose workers all live in
+the measured fleets. How to run it and the figures: docs/benchmarks.md, "A fleet's CPU per
+heartbeat".
 """
 
 from __future__ import annotations
@@ -28,12 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
+from ops.bench import metrics
 from ops.config import default_state_dir
 from ops.launcher.state import StateDir
 from ops.pidfile import read_pid
@@ -48,17 +29,9 @@ def heartbeats_recorded(metrics_addresses: list[str]) -> float:
     Raises:
         OSError: a control plane's /metrics did not answer.
     """
-    total = 0.0
-    for address in metrics_addresses:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5.0) as answer:
-            text = answer.read().decode()
-        total += sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == HEARTBEATS_RECORDED
-        )
-    return total
+    return sum(
+        metrics.total(metrics.samples(metrics.fetch_text(a)), HEARTBEATS_RECORDED) for a in metrics_addresses
+    )
 
 
 def cpu_s(processes: list[psutil.Process]) -> float:
@@ -129,7 +102,9 @@ def measure(state_dir: Path, window_s: float) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m ops.measure_fleet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.bench.measure_fleet", description=__doc__.split("\n")[0]
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,

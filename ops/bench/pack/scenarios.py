@@ -1,6 +1,6 @@
 """The scenarios of ``stockade bench pack``, each on a cluster or a database of its own: the
 stream under one policy (all at once or arriving), the burst, the scale curve's points, and
-:func:`run_pack`, which runs them all as the command asks. See :mod:`ops.benchpack`.
+:func:`run_pack`, which runs them all as the command asks. See :mod:`ops.bench.pack`.
 """
 
 from __future__ import annotations
@@ -16,22 +16,17 @@ from pathlib import Path
 import attrs
 import trio
 
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import Placer
-from actors.placer_store import PgPlacerStore
-from actors.role import RoleView
-from actors.schema import apply_schema
 from ops import checker
-from ops.benchpack.figures import (
+from ops.bench.pack.figures import (
     PlacerFigures,
     overcommitted_workers,
     probe_figures,
     scrape,
     wait_figures,
 )
-from ops.benchpack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
-from ops.benchpack.stream import (
+from ops.bench.pack.report import BurstResult, PackReport, PolicyResult, ScalePoint, Scenario
+from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
+from ops.bench.pack.stream import (
     WORKER_SHAPES,
     PackSettings,
     arrival_times,
@@ -44,7 +39,6 @@ from ops.pg import EmbeddedPostgres, free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.settings import LedgerSettings, PlacerSettings
 
 
 def _cluster(
@@ -175,7 +169,7 @@ async def run_policy(
             of hosting them in fleets; the result then has ``agent_memory_mb``.
 
     Returns:
-        The figures described in :mod:`ops.benchpack`, the checker's counts and the samples:
+        The figures described in :mod:`ops.bench.pack`, the checker's counts and the samples:
         [seconds since the first submit, cpu use, memory use, pending, waiting (pending for
         ``settings.waiting_after_s`` or longer)].
     """
@@ -370,87 +364,35 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
 
 async def run_scale_point(database_url: str, pending: int, workers: int, rounds: int) -> ScalePoint:
     """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
-    async with asyncio_bridge():
-        await apply_schema(database_url)
-        db = await PgConnection.connect(database_url)
-        try:
-            await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
-            await db.execute(
-                "UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'"
-            )
-            await db.execute(
-                "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
-                " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
-                workers,
-            )
-            await db.execute(
-                "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
-            )
-            await db.execute(
-                "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
-                " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
-                " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
-                " FROM generate_series(1, $1) i",
-                pending,
-            )
-            await db.execute("ANALYZE")
-            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
-            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
-            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-            ledger = Ledger(
-                cp_id="bench",
-                database_url=database_url,
-                settings=LedgerSettings(),
-                inbox=ledger_recv,
-                lease_inbox=lease_send,
-            )
-            placer = Placer(
-                settings=PlacerSettings(),
-                store=PgPlacerStore(database_url=database_url, application_name="bench"),
-                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-                ledger=ledger_send,
-                dispatcher=dispatch_send,
-            )
-            times: list[float] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(ledger.run)
-                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
-                first = time.perf_counter()
-                await placer.round(1)  # reads the whole queue once
-                first_ms = (time.perf_counter() - first) * 1000
-                rng = random.Random(pending + workers)
-                for _ in range(rounds):
-                    worker = rng.randint(1, workers)
-                    # The simulated workers heartbeat, as live ones would (else they go stale
-                    # and the placer rightly places nothing on them).
-                    await db.execute("UPDATE workers SET last_heartbeat_at = now()")
-                    await db.execute(
-                        "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
-                        " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
-                        f"w-{worker}",
-                    )
-                    t = time.perf_counter()
-                    await placer.round(1)
-                    times.append((time.perf_counter() - t) * 1000)
-                    while True:
-                        try:
-                            dispatch_recv.receive_nowait()
-                        except trio.WouldBlock:
-                            break
-                nursery.cancel_scope.cancel()
-            await placer.store.close()  # type: ignore[attr-defined]
-        finally:
-            await db.close()
-    times.sort()
+    rng = random.Random(pending + workers)
+    async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
+        await bench.db.execute(
+            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+            " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
+            workers,
+        )
+        await bench.db.execute(
+            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
+        )
+        await bench.db.execute(
+            "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
+            " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
+            " (ARRAY[256,512,1024,2048])[1 + i % 4], 'sleep', 1000, nextval('pending_seq')"
+            " FROM generate_series(1, $1) i",
+            pending,
+        )
+        await bench.db.execute("ANALYZE")
+        first_ms, _ = await bench.round(free_room=False)  # reads the whole queue once
+        times = [(await bench.round())[0] for _ in range(rounds)]
+    p50, p99, top = percentiles_ms(times)
     return ScalePoint(
         pending=pending,
         workers=workers,
         first_round_ms=round(first_ms, 1),
-        round_p50_ms=round(statistics.median(times), 2),
-        round_p99_ms=round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
-        round_max_ms=round(times[-1], 2),
-        placed=placer.stats.placements,
+        round_p50_ms=p50,
+        round_p99_ms=p99,
+        round_max_ms=top,
+        placed=bench.placer.stats.placements,
     )
 
 

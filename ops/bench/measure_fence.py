@@ -14,7 +14,7 @@ The writes: a dead worker's ``--assignments`` active assignments ended
 ``--placements`` placements (``COMMIT_PLACEMENTS``) in one statement and in statements of
 ``--batch``. Each is repeated ``--repeat`` times; the figures are the median and the worst::
 
-    python -m ops.measure_fence [--database-url URL] [--assignments 2000] [--placements 2000]
+    python -m ops.bench.measure_fence [--database-url URL] [--assignments 2000] [--placements 2000]
                                 [--batch 500] [--repeat 5]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
@@ -22,7 +22,6 @@ Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temp
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -31,8 +30,8 @@ import attrs
 import trio
 
 from actors import queries, schema
-from ops.pg import database_or_temporary
-from runtime.aio import PgConnection, asyncio_bridge
+from ops.bench.measuring import measure_parser, run_on_database
+from runtime.aio import PgConnection
 
 EPOCH = 1
 HOLDER = "cp-m"
@@ -221,26 +220,23 @@ def _ms(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="a database to use (its schema is applied; it gets rows)")
+    parser = measure_parser(__doc__, database_help="a database to use (its schema is applied; it gets rows)")
     parser.add_argument("--assignments", type=int, default=2000, help="a dead worker's active assignments")
     parser.add_argument("--placements", type=int, default=2000, help="placements committed")
     parser.add_argument("--batch", type=int, default=500, help="rows per fenced write when sliced")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each shape")
     args = parser.parse_args()
 
-    async def run(url: str) -> list[tuple[str, list[Sample]]]:
-        async with asyncio_bridge():
-            return await measure(
-                url,
-                assignments=args.assignments,
-                placements=args.placements,
-                batch=args.batch,
-                repeat=args.repeat,
-            )
-
-    with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
-        results = trio.run(run, url)
+    results = run_on_database(
+        args.database_url,
+        lambda url: measure(
+            url,
+            assignments=args.assignments,
+            placements=args.placements,
+            batch=args.batch,
+            repeat=args.repeat,
+        ),
+    )
     print(f"{args.repeat} runs each; ms, median and worst")
     print(f"{'write':48} {'txns':>5} {'hold (longest txn)':>19} {'all txns':>15} {'renewal wait':>15}")
     for label, samples in results:

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import math
 import statistics
-import urllib.request
 from collections.abc import Sequence
 
 import attrs
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from ops import checker
+from ops.bench import metrics
 
 PHASES = ("read", "decide", "commit", "dispatch")
 """The phases of a placer round, each with a histogram of its own."""
 LARGE_CPU_MILLIS = 6000
-"""The stream's large jobs ask this much CPU or more (see :func:`ops.benchpack.stream.job_stream`)."""
+"""The stream's large jobs ask this much CPU or more (see :func:`ops.bench.pack.stream.job_stream`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -96,7 +95,7 @@ def placer_figures(text: str) -> PlacerFigures:
     """The placer's figures from a control plane's /metrics text (Prometheus' text format, read
     with ``prometheus_client``'s parser): round time quantiles and max, the p50 / p99 of each
     phase of a round, rounds and placements."""
-    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    samples = metrics.samples(text)
     buckets = _buckets(samples, "stockade_placer_round_seconds")
 
     def value(name: str) -> float:
@@ -120,7 +119,7 @@ def placer_figures(text: str) -> PlacerFigures:
 
 def scrape(address: str) -> PlacerFigures:
     """:func:`placer_figures` of the control plane whose /metrics is at ``address`` (host:port)."""
-    return placer_figures(urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode())
+    return placer_figures(metrics.fetch_text(address))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -129,7 +128,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def probe_figures(probes: Sequence[tuple[float, float]], *, stall_s: float = 1.0) -> ProbeFigures:
     """The p50, p99 and max commit latency (ms) over ``probes`` ((time s, latency s) pairs from
-    :func:`ops.benchpack.scenarios.probe_commits`), and each commit slower than ``stall_s``."""
+    :func:`ops.bench.pack.scenarios.probe_commits`), and each commit slower than ``stall_s``."""
     latencies = sorted(latency for _, latency in probes)
     if not latencies:
         return ProbeFigures()

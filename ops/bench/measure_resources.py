@@ -1,26 +1,10 @@
 """What enforcing a command job's resources does, measured: the CPU a job gets against its
 quota, and what the confinement adds to each job's start.
 
-Takes the mode an agent of this machine would get (``--mode``, default ``auto``;
-:func:`agent.cgroups.select_resources`) for a worker of its own, then:
-
-1. runs a job of ``--cpu-millis`` (500) that spins on four processes, for ``--spin-s`` (10)
-   seconds, and prints the cores it got by its own cgroup's accounting and how many CFS
-   periods its quota throttled it (``--burners N`` runs N CPU burners beside it, at the
-   measurer's priority, for that long);
-2. runs ``--starts`` (200) ``true`` jobs through :func:`agent.runtimes.run_job` (reapers forked
-   on the calling thread), alternately confined and not, and prints the medians end to end,
-   and those of making and removing a job's cgroup alone;
-3. with ``--v2-placement``, where the unified hierarchy exists (with controllers or without),
-   the same for jobs placed in a scratch cgroup there, born in it (``clone3``) and moved into
-   it after the fork: what the placement alone costs, no limits written.
-
-::
-
-    python -m ops.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200] [--v2-placement]
-
-It must run where an agent would (root, for the cgroup modes on most machines). Nothing is
-left behind: the worker's cgroups are removed at the end, and the burners killed.
+``python -m ops.bench.measure_resources [--mode auto] [--spin-s 10] [--burners 2] [--starts 200]
+[--v2-placement]``, where an agent would run (root, for the cgroup modes on most machines);
+nothing is left behind. What it runs and the figures: docs/benchmarks.md, "Enforced job
+resources".
 """
 
 from __future__ import annotations
@@ -31,13 +15,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 
 from agent.cgroup_mounts import Located, locate
 from agent.cgroups import select_resources
-from agent.resources import Confinement, JobLimits, JobResources, JobUsage
+from agent.resources import ConfinedJob, Confinement, JobLimits, JobResources, RlimitResources
 from agent.runtimes import run_job
 from runtime.jobs import CommandRuntime
 
@@ -88,16 +73,10 @@ async def _starts(
     times: dict[str, list[float]] = {"confined": [], "unconfined": [], "confine": [], "release": []}
     for index in range(count):
         confined = index % 2 == 0
-        began = time.perf_counter()
-        await run_job(
-            CommandRuntime(argv=("true",)),
-            job_dir=root / f"{index + 10}-{index + 10}",
-            stop=trio.Event(),
-            stop_grace_s=0.5,
-            resources=resources if confined else None,
-            limits=limits if confined else None,
+        took_s = await _true_job(
+            root / f"{index + 10}-{index + 10}", resources if confined else None, limits if confined else None
         )
-        times["confined" if confined else "unconfined"].append(time.perf_counter() - began)
+        times["confined" if confined else "unconfined"].append(took_s)
     for index in range(count // 2):
         began = time.perf_counter()
         job = resources.confine(f"{index + 10_000}-1", limits)
@@ -108,16 +87,18 @@ async def _starts(
     return times
 
 
-@attrs.frozen
-class _Placed:
-    name: str
-    confinement: Confinement
-
-    def usage(self) -> JobUsage:
-        return JobUsage()
-
-    def remove(self) -> bool:
-        return True
+async def _true_job(job_dir: Path, resources: JobResources | None, limits: JobLimits | None) -> float:
+    """Seconds a ``true`` job took, end to end."""
+    began = time.perf_counter()
+    await run_job(
+        CommandRuntime(argv=("true",)),
+        job_dir=job_dir,
+        stop=trio.Event(),
+        stop_grace_s=0.5,
+        resources=resources,
+        limits=limits,
+    )
+    return time.perf_counter() - began
 
 
 @attrs.frozen
@@ -127,10 +108,13 @@ class _Placement:
     folder: Path
     born_inside: bool
 
-    def confine(self, name: str, limits: JobLimits) -> _Placed:
+    def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
+        """A job placed in the folder: as one under rlimits (nothing counted, nothing to
+        remove), but with this confinement."""
         procs = (str(self.folder / "cgroup.procs"),)
         clone_into = str(self.folder) if self.born_inside else None
-        return _Placed(name=name, confinement=Confinement(cgroup_procs=procs, clone_into=clone_into))
+        unconfined: Any = RlimitResources().confine(name, limits)  # an attrs class
+        return attrs.evolve(unconfined, confinement=Confinement(cgroup_procs=procs, clone_into=clone_into))
 
 
 def _located_here() -> Located:
@@ -149,16 +133,7 @@ async def _v2_placement(root: Path, count: int) -> str:
         for index in range(count):
             kind = ("born", "moved", "none")[index % 3]
             resources = None if kind == "none" else _Placement(folder=folder, born_inside=kind == "born")
-            began = time.perf_counter()
-            await run_job(
-                CommandRuntime(argv=("true",)),
-                job_dir=root / f"v2-{index}",
-                stop=trio.Event(),
-                stop_grace_s=0.5,
-                resources=resources,  # type: ignore[arg-type]
-                limits=limits,
-            )
-            times[kind].append(time.perf_counter() - began)
+            times[kind].append(await _true_job(root / f"v2-{index}", resources, limits))  # type: ignore[arg-type]
     finally:
         folder.rmdir()
     return (

@@ -1,7 +1,7 @@
 """How long the HA PostgreSQL pair (:mod:`ops.hadb`) takes to start, and to fail over when the
 primary's host dies, with a client writing through the multi-host URL all along::
 
-    python -m ops.measure_hadb [--state-dir DIR] [--failovers 3]
+    python -m ops.bench.measure_hadb [--state-dir DIR] [--failovers 3]
 
 Without ``--state-dir`` it starts a pair in a temporary folder (and prints how long that took)
 and stops it at the end; with it, it uses the pair under DIR (``.stockade/hadb`` of a cluster

@@ -1,46 +1,16 @@
-"""A heartbeat load generator: thousands of simulated workers in one process.
-
-Each simulated worker speaks the public ControlPlane protocol as a worker does (RegisterWorker,
-Heartbeat with its running assignments and finished outcomes) and is served by one shared
-Worker gRPC endpoint that accepts Assign of sleep jobs and Cancel, checking epoch, incarnation
-and assignment ids as invariant 5 asks (docs/design.md). A sleep job "runs" until its duration
-has passed and is then reported succeeded by the next heartbeat. Nothing here imports the
-control plane: the generator keeps working whatever the control plane does inside.
-
-Shape of the load: ONE timer loop (a heap of due times) sends each worker's heartbeat at its
-interval (the reply's ``heartbeat_interval_ms`` when a control plane sends one, else
-``--interval-s``), phases spread evenly over the interval, the start of a job placed before
-pulling the next one forward as an agent's does (:func:`agent.fence.early_heartbeat_allowed`);
-a worker's heartbeats go to the control plane picked by :func:`home_control_plane` (a stable
-hash of its id), and to the next ones while that one fails. Connections: with ``--insecure``
-one per control plane, shared by every worker; with mutual TLS one per worker (its certificate
-names it, and a control plane lets a worker speak only for itself), to its home control plane.
-The Worker endpoint presents each worker's own certificate, chosen by the TLS server name a
-control plane asks for.
-
-Run as ``python -m ops.loadgen --workers N --control-planes host:port,...``; it prints JSON
-lines on stdout (``serving``, ``registered``, ``stats``, ``killed``) and reads commands, one
-JSON object per line, on stdin:
-
-- ``{"cmd": "stats", "reset": true}``: print the counts since the last reset (and reset).
-- ``{"cmd": "kill", "ids": ["sim-1"]}``: those workers die abruptly: no more heartbeats, and
-  their Worker service answers UNAVAILABLE (as a refused connection would).
-- ``{"cmd": "held"}``: print which workers hold running assignments.
-- ``{"cmd": "stop"}`` (or end of input): exit.
+"""The simulated workers of the load generator: :class:`LoadGenerator` (registration, the one
+timer of heartbeats, self-fences, kills), :class:`LoadStats`, :func:`worker_ids` and
+:func:`home_control_plane`. How they behave: docs/benchmarks.md, "The load generator".
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import heapq
-import json
 import math
 import random
 import ssl
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -55,13 +25,12 @@ import grpclib.exceptions
 import grpclib.server
 
 from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patient_deadline_s
-from ops.pg import free_port
 from protocol import pb
 from runtime import gcpause
 from runtime.settings import AgentSettings
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
-__all__ = ["LoadStats", "home_control_plane", "main", "percentile", "worker_ids"]
+__all__ = ["LoadGenerator", "LoadStats", "home_control_plane", "percentile", "worker_ids"]
 
 WORKER_PREFIX = "sim-"
 """Simulated workers are ``sim-1`` .. ``sim-N``."""
@@ -159,14 +128,14 @@ class LoadStats:
 
 
 @attrs.define
-class _Run:
+class SleepRun:
     job_id: int
     started: float
     ends: float
 
 
 @attrs.define
-class _Worker:
+class SimulatedWorker:
     id: str
     home: int
     interval_s: float
@@ -174,8 +143,8 @@ class _Worker:
     seq: int = 0
     incarnation: int = 0
     epoch_seen: int = 0
-    running: dict[int, _Run] = attrs.field(factory=dict)
-    finished: dict[int, _Run] = attrs.field(factory=dict)
+    running: dict[int, SleepRun] = attrs.field(factory=dict)
+    finished: dict[int, SleepRun] = attrs.field(factory=dict)
     """Ended on their own, not yet acknowledged by a heartbeat reply."""
     accepted: set[int] = attrs.field(factory=set)
     cancelled: set[int] = attrs.field(factory=set)
@@ -234,7 +203,7 @@ class LoadGenerator:
     cert_dir: Path | None
     prefix: str = WORKER_PREFIX
     advertise: str = ""
-    workers: dict[str, _Worker] = attrs.field(factory=dict)
+    workers: dict[str, SimulatedWorker] = attrs.field(factory=dict)
     stats: LoadStats = attrs.field(factory=LoadStats)
     gc_pauses: gcpause.GcPauses = attrs.field(factory=lambda: gcpause.GcPauses(warn_after_s=math.inf))
     """Times the process's collections while :func:`run` runs (logs none: stdout is the
@@ -260,7 +229,7 @@ class LoadGenerator:
             config=grpclib.config.Configuration(ssl_target_name_override=target.server_name),
         )
 
-    def _stub(self, worker: _Worker, index: int) -> pb.ControlPlaneStub:
+    def _stub(self, worker: SimulatedWorker, index: int) -> pb.ControlPlaneStub:
         if self.cert_dir is None:
             return pb.ControlPlaneStub(self._shared[index])
         channels: dict[int, grpclib.client.Channel] = worker.client
@@ -269,7 +238,7 @@ class LoadGenerator:
             channels[index] = self._channel(self.control_planes[index], tls)
         return pb.ControlPlaneStub(channels[index])
 
-    def _target(self, worker: _Worker) -> int:
+    def _target(self, worker: SimulatedWorker) -> int:
         """Its home control plane, or the next ones after failures in a row."""
         return (worker.home + worker.failures_in_row) % len(self.control_planes)
 
@@ -279,7 +248,7 @@ class LoadGenerator:
         """Make the workers (and, with TLS, each one's server context)."""
         ids = worker_ids(self.count, self.prefix)
         for worker_id in ids:
-            worker = _Worker(
+            worker = SimulatedWorker(
                 id=worker_id,
                 home=home_control_plane(worker_id, len(self.control_planes)),
                 interval_s=self.interval_s,
@@ -323,7 +292,7 @@ class LoadGenerator:
 
     # -- registration ----------------------------------------------------------------
 
-    async def register(self, worker: _Worker) -> None:
+    async def register(self, worker: SimulatedWorker) -> None:
         """Register ``worker`` (a new incarnation), retrying with jitter until it is done or
         the worker is killed; then schedule its first heartbeat at a random phase."""
         worker.registering = True
@@ -370,7 +339,7 @@ class LoadGenerator:
 
     # -- heartbeats ------------------------------------------------------------------
 
-    async def heartbeat(self, worker: _Worker) -> None:
+    async def heartbeat(self, worker: SimulatedWorker) -> None:
         now = time.monotonic()
         worker.settle(now)
         sent = set(worker.finished)
@@ -427,7 +396,7 @@ class LoadGenerator:
                 worker.cancelled.add(aid)
         worker.interval_s = _interval_of(reply, worker.interval_s)
 
-    def pull_forward(self, worker: _Worker, now: float) -> None:
+    def pull_forward(self, worker: SimulatedWorker, now: float) -> None:
         """A job placed before started on ``worker`` at ``now``: its next heartbeat comes early
         when an agent's would (:func:`agent.fence.early_heartbeat_allowed`), and the regular ones count
         from it."""
@@ -438,7 +407,7 @@ class LoadGenerator:
         heapq.heappush(self._heap, (now + EARLY_HEARTBEAT_GATHER_S, worker.id, worker.schedule))
         self._wake.set()
 
-    def _stop_all(self, worker: _Worker) -> None:
+    def _stop_all(self, worker: SimulatedWorker) -> None:
         """Stop every running job (they never finished: no outcome) and refuse them from now on."""
         worker.cancelled.update(worker.running)
         worker.running.clear()
@@ -469,7 +438,7 @@ class LoadGenerator:
             except TimeoutError:
                 pass
 
-    def fence_s(self, worker: _Worker) -> float:
+    def fence_s(self, worker: SimulatedWorker) -> float:
         """``worker``'s self-fence span, as an agent's (:func:`agent.fence.fence_after_s`):
         ``self_fence_s``, stretched with a longer told interval, kept 1 s below the told
         dead_after."""
@@ -499,178 +468,3 @@ def _interval_of(reply: Any, default_s: float) -> float:
     protocol has one and it is set), else ``default_s``."""
     interval_ms = getattr(reply, "heartbeat_interval_ms", 0) or 0
     return interval_ms / 1000 if interval_ms > 0 else default_s
-
-
-@attrs.define
-class SimulatedWorkerService(pb.WorkerBase):
-    """The Worker service of every simulated worker: sleep jobs only, checked as an agent does."""
-
-    gen: LoadGenerator
-
-    def _worker(self, worker_id: str) -> _Worker:
-        worker = self.gen.workers.get(worker_id)
-        if worker is None:
-            raise grpclib.exceptions.GRPCError(
-                grpclib.const.Status.INVALID_ARGUMENT, f"no worker {worker_id}"
-            )
-        if worker.killed:
-            raise grpclib.exceptions.GRPCError(grpclib.const.Status.UNAVAILABLE, f"{worker_id} is down")
-        return worker
-
-    def _refusal(self, worker: _Worker, epoch: int, incarnation: int) -> str | None:
-        if epoch < worker.epoch_seen:
-            return "stale_epoch"
-        worker.epoch_seen = epoch
-        if incarnation != worker.incarnation or worker.registering:
-            return "wrong_incarnation"
-        return None
-
-    async def assign(self, message: pb.AssignRequest) -> pb.AssignReply:
-        worker = self._worker(message.worker_id)
-        reason = self._refusal(worker, message.epoch, message.incarnation)
-        accepted, refused = [], []
-        now = time.monotonic()
-        for assignment in message.assignments:
-            aid = assignment.assignment_id
-            if reason is not None:
-                refused.append(pb.Refusal(assignment_id=aid, reason=reason))
-            elif aid in worker.cancelled:
-                refused.append(pb.Refusal(assignment_id=aid, reason="cancelled"))
-            elif aid in worker.accepted:
-                accepted.append(aid)  # a duplicate: acknowledged, not run twice
-            elif assignment.spec is None or assignment.spec.sleep is None:
-                refused.append(pb.Refusal(assignment_id=aid, reason="bad_spec"))
-            else:
-                worker.accepted.add(aid)
-                duration_s = assignment.spec.sleep.duration_ms / 1000
-                worker.running[aid] = _Run(job_id=assignment.job_id, started=now, ends=now + duration_s)
-                accepted.append(aid)
-                if assignment.placed_before:
-                    self.gen.pull_forward(worker, now)
-        return pb.AssignReply(accepted_ids=accepted, refused=refused, epoch_seen=worker.epoch_seen)
-
-    async def cancel(self, message: pb.CancelRequest) -> pb.CancelReply:
-        worker = self._worker(message.worker_id)
-        reason = self._refusal(worker, message.epoch, message.incarnation)
-        worker.settle(time.monotonic())
-        acknowledged, finished, refused = [], [], []
-        for aid in message.assignment_ids:
-            if reason is not None:
-                refused.append(pb.Refusal(assignment_id=aid, reason=reason))
-            elif aid in worker.cancelled:
-                acknowledged.append(aid)  # asked again: stopped already, as an agent answers
-            elif aid in worker.finished or (aid in worker.accepted and aid not in worker.running):
-                finished.append(aid)
-            else:
-                worker.running.pop(aid, None)
-                worker.cancelled.add(aid)
-                acknowledged.append(aid)
-        return pb.CancelReply(
-            acknowledged_ids=acknowledged,
-            finished_ids=finished,
-            refused=refused,
-            epoch_seen=worker.epoch_seen,
-        )
-
-
-def _say(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
-
-
-async def _commands(gen: LoadGenerator) -> None:
-    """Read commands from stdin (a thread feeds them in) until ``stop`` or end of input."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[str | None] = asyncio.Queue()
-
-    def read() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(queue.put_nowait, line)
-        loop.call_soon_threadsafe(queue.put_nowait, None)
-
-    threading.Thread(target=read, daemon=True).start()
-    while (line := await queue.get()) is not None:
-        try:
-            command = json.loads(line)
-        except json.JSONDecodeError:
-            _say("error", message=f"not JSON: {line.strip()!r}")
-            continue
-        match command.get("cmd"):
-            case "stats":
-                # The load generator's own collections (a pause here delays the acks it times).
-                pauses_s = [pause_s for _, pause_s in gen.gc_pauses.drain(time.monotonic())]
-                gen.stats.gc_pauses_s.extend(pauses_s)
-                _say("stats", **gen.stats.summary())
-                if command.get("reset"):
-                    gen.stats = LoadStats()
-            case "kill":
-                _say("killed", ids=gen.kill(command.get("ids", [])))
-            case "held":
-                _say("held", workers=gen.held())
-            case "stop":
-                return
-            case other:
-                _say("error", message=f"unknown command {other!r}")
-
-
-async def run(gen: LoadGenerator, listen_port: int) -> None:
-    """Serve the Worker endpoint, register every worker, heartbeat until told to stop."""
-    gen.setup()
-    gen.gc_pauses.install()
-    server = grpclib.server.Server([SimulatedWorkerService(gen)])
-    port = listen_port or free_port()
-    await server.start("127.0.0.1", port, ssl=gen.server_ssl())
-    gen.advertise = f"127.0.0.1:{port}"
-    _say("serving", address=gen.advertise, workers=gen.count)
-    timer = asyncio.get_running_loop().create_task(gen.timer_loop())
-    try:
-        registering = asyncio.get_running_loop().create_task(_register_all(gen))
-        await _commands(gen)
-        registering.cancel()
-    finally:
-        timer.cancel()
-        for task in list(gen._tasks):
-            task.cancel()
-        server.close()
-        gen.close()
-        gen.gc_pauses.uninstall()
-
-
-async def _register_all(gen: LoadGenerator) -> None:
-    await asyncio.gather(*(gen.register(w) for w in gen.workers.values()))
-    _say("registered", workers=len(gen.workers))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--control-planes", required=True, help="host:port,... of the control planes")
-    parser.add_argument("--workers", type=int, required=True, help="simulated workers (sim-1..sim-N)")
-    parser.add_argument("--cpu-millis", type=int, default=1000)
-    parser.add_argument("--memory-mb", type=int, default=1024)
-    parser.add_argument("--interval-s", type=float, default=1.0, help="heartbeat interval, seconds")
-    parser.add_argument("--timeout-s", type=float, default=1.5, help="heartbeat deadline, seconds")
-    parser.add_argument("--self-fence-s", type=float, default=3.5, help="self-fence after, seconds")
-    parser.add_argument("--cert-dir", type=Path, help="the cluster's certificates (sim-N.crt/.key)")
-    parser.add_argument("--insecure", action="store_true", help="plaintext gRPC")
-    parser.add_argument("--listen-port", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers must be >= 1, got {args.workers}")
-    if (args.cert_dir is None) != args.insecure:
-        parser.error("give exactly one of --cert-dir and --insecure")
-    gen = LoadGenerator(
-        control_planes=args.control_planes.split(","),
-        count=args.workers,
-        cpu_millis=args.cpu_millis,
-        memory_mb=args.memory_mb,
-        interval_s=args.interval_s,
-        timeout_s=args.timeout_s,
-        self_fence_s=args.self_fence_s,
-        cert_dir=args.cert_dir,
-        gc_pauses=gcpause.GcPauses(warn_after_s=math.inf, freeze_survivors=True),
-    )
-    gcpause.collect_less_often()  # as a control plane: 2,000 workers' state is a large heap
-    asyncio.run(run(gen, args.listen_port))
-
-
-if __name__ == "__main__":
-    main()

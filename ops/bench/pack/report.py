@@ -17,8 +17,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ops.benchpack.figures import PHASES, PlacerFigures, ProbeFigures, WaitFigures
-from ops.benchpack.stream import PackSettings
+from ops.bench.pack.figures import PHASES, PlacerFigures, ProbeFigures, WaitFigures
+from ops.bench.pack.stream import PackSettings
 
 DISTURBANCES = ("lease_losses", "worker_deaths", "self_fences", "extra_assignments", "lost_successes")
 """Counts a run with no injected fault must keep at 0, however loaded the machine."""
@@ -29,7 +29,7 @@ Sample = tuple[float, float, float, int, int]
 
 @attrs.frozen(kw_only=True)
 class PolicyResult:
-    """One policy's run of the stream in one scenario (:func:`ops.benchpack.scenarios.run_policy`)."""
+    """One policy's run of the stream in one scenario (:func:`ops.bench.pack.scenarios.run_policy`)."""
 
     policy: str
     arrival_rate_per_s: float | None

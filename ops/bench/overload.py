@@ -1,39 +1,11 @@
 """``stockade bench overload``: offered load raised step by step past what the machine can do.
 
-A fresh cluster (3 control planes and ``workers`` workers, each worker a process of its own, as
-``stockade up`` runs them) gets an open-loop stream of short jobs: for each rate of ``rates``
-(jobs per second), for ``step_s`` seconds, a batch of ``rate x batch_interval_s`` jobs every
-``batch_interval_s`` whatever happened to the previous batches (an open loop: the offered load
-does not drop because the cluster is slow, as with many independent users), then the first
-rate once more ("recovery"), then a drain with no new work. Each step reports:
-
-- ``offered_per_s``: jobs the generator tried to submit per second;
-- ``accepted_per_s``: jobs a control plane stored; ``shed_per_s``: jobs every replica answered
-  "busy" to (nothing stored), ``failed_per_s``: jobs whose submission got no answer at all;
-- ``goodput_per_s``: jobs that finished ``succeeded`` per second within the step (by their
-  ``finished_at``, database time), whenever they were submitted;
-- ``pending_at_end``: jobs pending when the step ended; ``finish_p50_s`` / ``finish_p99_s``:
-  seconds from submission to finish of the jobs submitted in the step (null while fewer than
-  half finished);
-- disturbances within the step: ``elections``, ``worker_deaths``, ``self_fences`` (from the
-  workers' logs).
-
-And for the whole run: ``peak_goodput_per_s``, ``last_step_over_peak`` (goodput at the highest
-offered load over the peak), ``recovery_over_first``, ``backlog_after_steps`` (jobs unfinished
-when the last step ended), ``drain_s`` (seconds until none was; null if not within
-``drain_limit_s``), ``unfinished_after_drain``, the checker's report of the run (``check``) and the
-``samples``.
-
-A system that degrades gracefully shows goodput rising with the offered load up to what the
-machine can do and levelling off there (shedding or queueing what it cannot take), the
-disturbances staying 0, and the recovery step's goodput back at the first step's. A
-metastable one shows goodput falling as load grows, and not coming back in the recovery step.
-The PNG (:func:`plot`) draws goodput and accepted load against offered load, and the whole
-run over time.
-
-Jobs: ``kind="command"`` runs ``true`` (each job is a real process start under its reaper, the
-work a machine runs out of first), ``kind="sleep"`` a sleep of ``sleep_ms`` (each job costs
-only the control plane's and agents' bookkeeping); both ask 10 cpu_millis and 16 MiB.
+A fresh cluster gets an open loop of short jobs, rate after rate (``OverloadSettings``), then
+the first rate again and a drain; each step's offered, accepted, shed and failed load, goodput,
+finish times and disturbances, and the run's peak, recovery and backlog, are
+:class:`OverloadResult`. What each figure means and how to read the curve (graceful: goodput
+levels off; metastable: it falls and does not come back): docs/benchmarks.md,
+"`just bench-overload`" and docs/design.md, "Benchmarks under overload".
 """
 
 from __future__ import annotations

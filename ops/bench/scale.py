@@ -1,20 +1,19 @@
 """``stockade bench scale``: what heartbeats and placement cost as the worker count doubles.
 
 For each worker count N, on a fresh cluster (3 control planes, one embedded PostgreSQL with
-``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.loadgen`, or real agents in
-fleets with ``--real-agents`` where N <= :data:`ops.scalereport.REAL_AGENTS_LIMIT`) hold sleep
+``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.bench.loadgen`, or real agents in
+fleets with ``--real-agents`` where N <= :data:`ops.bench.scale_report.REAL_AGENTS_LIMIT`) hold sleep
 jobs while a queue of ``pending_jobs`` more waits (topped up every second); after a warm-up,
 one window of ``duration_s`` is measured from outside the control plane only: its metrics
 endpoints, the database and the processes' CPU time. Early in the window a few workers that
 hold long jobs are killed (their heartbeats and Worker service stop at once) and their jobs are
 timed, by database time, from the kill to their new assignments confirmed running.
-What each figure means: :class:`ops.scalereport.ScalePoint`.
+What each figure means: :class:`ops.bench.scale_report.ScalePoint`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import statistics
@@ -26,17 +25,16 @@ from typing import Any
 
 import attr
 import attrs
-import psutil
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
-from ops.benchpack.figures import histogram_quantile
+from ops.bench.measure_heartbeat import table_update_counts
+from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
+from ops.bench.pack.figures import histogram_quantile
+from ops.bench.scale_report import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig
-from ops.measure_heartbeat import table_update_counts
 from ops.pg import EmbeddedPostgres, free_port
-from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
@@ -104,145 +102,8 @@ class ScaleSettings:
         return attr.asdict(self, retain_collection_types=False)
 
 
-# -- metrics --------------------------------------------------------------------------------
-
-
-def _samples(text: str) -> list[Any]:
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
-
-
-def _sum(samples: Sequence[Any], name: str) -> float:
-    """Sum of every series of ``name`` (whatever its labels)."""
-    return sum(s.value for s in samples if s.name == name)
-
-
-def _buckets(samples: Sequence[Any], name: str) -> dict[float, float]:
-    """Cumulative counts of histogram ``name`` by upper bound, summed over its series."""
-    found: dict[float, float] = {}
-    for s in samples:
-        if s.name == f"{name}_bucket":
-            upper = float(s.labels["le"])
-            found[upper] = found.get(upper, 0.0) + s.value
-    return found
-
-
-@attrs.frozen
-class Scraped:
-    """What one /metrics endpoint said that the bench reads."""
-
-    heartbeats: float
-    rounds: dict[float, float]
-    round_trips: dict[float, float]
-    agent_failures: float
-    gc_pauses: dict[float, float] = attrs.field(factory=dict)
-
-
-def scrape_endpoint(address: str) -> Scraped | None:
-    """The figures of the /metrics at ``address`` (host:port); None when it does not answer (a
-    fleet that was killed)."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
-            samples = _samples(reply.read().decode())
-    except (urllib.error.URLError, OSError):
-        return None
-    return Scraped(
-        heartbeats=_sum(samples, "stockade_heartbeats_recorded_total"),
-        rounds=_buckets(samples, "stockade_placer_round_seconds"),
-        round_trips=_buckets(samples, "stockade_agent_heartbeat_round_trip_seconds"),
-        agent_failures=_sum(samples, "stockade_agent_heartbeat_failures_total"),
-        gc_pauses=_buckets(samples, "stockade_gc_pause_seconds"),
-    )
-
-
-def read_metrics(addresses: Sequence[str]) -> dict[str, Scraped]:
-    """Address -> its figures, for every endpoint of ``addresses`` that answers."""
-    return {a: found for a in addresses if (found := scrape_endpoint(a)) is not None}
-
-
-@attrs.frozen
-class MetricsDelta:
-    """What happened between two :func:`read_metrics`, summed over the endpoints that answered
-    both times."""
-
-    heartbeats: float
-    rounds: list[tuple[float, float]]
-    round_trips: list[tuple[float, float]]
-    agent_failures: float
-    gc_pauses: list[tuple[float, float]] = attrs.field(factory=list)
-    """The control planes' (and agents') garbage-collection pauses, cumulative buckets."""
-
-    @classmethod
-    def of(cls, before: dict[str, Scraped], after: dict[str, Scraped]) -> MetricsDelta:
-        common = [a for a in after if a in before]
-        rounds: dict[float, float] = {}
-        trips: dict[float, float] = {}
-        pauses: dict[float, float] = {}
-        for address in common:
-            for upper, count in bucket_delta(before[address].gc_pauses, after[address].gc_pauses):
-                pauses[upper] = pauses.get(upper, 0.0) + count
-            for upper, count in bucket_delta(before[address].rounds, after[address].rounds):
-                rounds[upper] = rounds.get(upper, 0.0) + count
-            for upper, count in bucket_delta(before[address].round_trips, after[address].round_trips):
-                trips[upper] = trips.get(upper, 0.0) + count
-        return cls(
-            heartbeats=sum(after[a].heartbeats - before[a].heartbeats for a in common),
-            rounds=sorted(rounds.items()),
-            round_trips=sorted(trips.items()),
-            agent_failures=sum(after[a].agent_failures - before[a].agent_failures for a in common),
-            gc_pauses=sorted(pauses.items()),
-        )
-
-    def gc_pauses_over(self, seconds: float) -> int:
-        """Collections that held their process longer than ``seconds`` (a bucket bound)."""
-        counts = dict(self.gc_pauses)
-        return int(counts.get(math.inf, 0.0) - counts.get(seconds, 0.0))
-
-
-def bucket_delta(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
-    """The cumulative (upper bound, count) buckets of what happened between two snapshots."""
-    return sorted((upper, count - before.get(upper, 0.0)) for upper, count in after.items())
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
-
-
-def per_1000(amount: float | None, heartbeats: float) -> float | None:
-    """``amount`` per 1,000 heartbeats (None when there were none)."""
-    if amount is None or heartbeats <= 0:
-        return None
-    return round(amount * 1000 / heartbeats, 4)
-
-
-# -- CPU ------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pids: Sequence[int], *, with_children: bool = False) -> dict[int, float]:
-    """pid -> user + system CPU seconds of each live process of ``pids`` (and, with
-    ``with_children``, of their descendants: PostgreSQL's backends)."""
-    found: dict[int, float] = {}
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            family = [process, *(process.children(recursive=True) if with_children else [])]
-        except psutil.Error:
-            continue
-        for member in family:
-            try:
-                times = member.cpu_times()
-            except psutil.Error:
-                continue
-            found[member.pid] = times.user + times.system
-    return found
-
-
-def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds used between two :func:`cpu_seconds` readings (a process that started in
-    between counts whole; one that ended in between is lost)."""
-    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
 
 
 # -- SQL the bench reads --------------------------------------------------------------------
@@ -293,7 +154,7 @@ ELECTIONS = (
 
 @attrs.define
 class LoadGenProcess:
-    """``python -m ops.loadgen`` as a child: commands on its stdin, JSON lines on its stdout."""
+    """``python -m ops.bench.loadgen`` as a child: commands on its stdin, JSON lines on its stdout."""
 
     process: subprocess.Popen[str]
 
@@ -301,7 +162,7 @@ class LoadGenProcess:
     def start(cls, args: Sequence[str], log_path: Path) -> LoadGenProcess:
         log = log_path.open("w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "ops.loadgen", *args],
+            [sys.executable, "-m", "ops.bench.loadgen", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -439,8 +300,8 @@ class _Step:
         self.cluster.up(control_planes=3, workers=self.workers if self.real else 0, timeout_s=300)
         config = self.cluster.config()
         if not self.real:
+            from ops.bench.loadgen.generator import worker_ids
             from ops.certs import ensure_issued
-            from ops.loadgen import worker_ids
 
             args = [
                 "--control-planes",

@@ -11,7 +11,7 @@ per heartbeat, this process's CPU per 1,000 heartbeats (the ingest and the simul
 loop, which is small beside it), the handler's latency, and the ``workers`` table's updates
 and the share of them that were HOT::
 
-    python -m ops.measure_heartbeat_groups [--database-url URL] [--workers 300] [--seconds 10]
+    python -m ops.bench.measure_heartbeat_groups [--database-url URL] [--workers 300] [--seconds 10]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 The server processes' CPU is read from /proc, so it is counted only for a server on this machine.
@@ -19,7 +19,6 @@ The server processes' CPU is read from /proc, so it is counted only for a server
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import time
@@ -30,10 +29,10 @@ import trio
 
 from actors import ingest, schema
 from actors.ingest_gate import open_pool
-from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
-from ops.pg import database_or_temporary
+from ops.bench.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
+from ops.bench.measuring import measure_parser, run_on_database
 from protocol import pb
-from runtime.aio import PgConnection, asyncio_bridge
+from runtime.aio import PgConnection
 from runtime.client import new_idempotency_key
 from runtime.settings import IngestSettings
 
@@ -178,8 +177,7 @@ async def measure_mode(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="a database to use (its schema is applied)")
+    parser = measure_parser(__doc__, database_help="a database to use (its schema is applied)")
     parser.add_argument("--workers", type=int, default=300, help="simulated workers")
     parser.add_argument("--interval-s", type=float, default=0.25, help="each worker's heartbeat interval")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time per mode")
@@ -190,19 +188,13 @@ def main() -> None:
     args = parser.parse_args()
 
     async def run(url: str) -> list[dict[str, Any]]:
-        async with asyncio_bridge():
-            requests = await _setup(url, args.workers, args.running)
-            results = []
-            for wait_s in (0.0, args.wait_s):
-                results.append(
-                    await measure_mode(
-                        url, requests, wait_s=wait_s, seconds=args.seconds, interval_s=args.interval_s
-                    )
-                )
-            return results
+        requests = await _setup(url, args.workers, args.running)
+        return [
+            await measure_mode(url, requests, wait_s=wait_s, seconds=args.seconds, interval_s=args.interval_s)
+            for wait_s in (0.0, args.wait_s)
+        ]
 
-    with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
-        results = trio.run(run, url)
+    results = run_on_database(args.database_url, run)
     fleet = f"{args.workers} workers every {args.interval_s:g} s, {args.running} running each"
     print(f"{fleet}, {args.seconds:g} s a mode")
     for key in results[0]:

@@ -5,20 +5,19 @@ reports ``--running`` running assignments (the steady state of a busy worker), o
 its own, and prints the handler time per heartbeat (mean, p50, p99) and the round trips to
 the database per heartbeat (asyncpg calls, the pool's reset on release included)::
 
-    python -m ops.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
+    python -m ops.bench.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 The handler and the pool are the ingest's own, so running this file from another checkout
 (``PYTHONPATH=that-checkout``) measures that version.
 
 :func:`table_update_counts` reads how many of a table's row updates were HOT (for the
-``workers`` table, which every heartbeat updates); ``ops.measure_heartbeat_groups`` compares
+``workers`` table, which every heartbeat updates); ``ops.bench.measure_heartbeat_groups`` compares
 grouped and single heartbeats.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
@@ -26,12 +25,11 @@ from typing import Any
 
 import asyncpg
 import attrs
-import trio
 
 from actors import ingest, ingest_gate, ingest_heartbeats, queries, schema
-from ops.pg import database_or_temporary
+from ops.bench.measuring import measure_parser, run_on_database
 from protocol import pb
-from runtime.aio import PgConnection, PgPool, asyncio_bridge
+from runtime.aio import PgConnection, PgPool
 from runtime.client import new_idempotency_key
 
 _COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
@@ -173,18 +171,12 @@ async def measure(url: str, count: int, running: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="a database to use (its schema is applied)")
+    parser = measure_parser(__doc__, database_help="a database to use (its schema is applied)")
     parser.add_argument("--count", type=int, default=2000, help="heartbeats measured")
     parser.add_argument("--running", type=int, default=4, help="running assignments each heartbeat lists")
     args = parser.parse_args()
 
-    async def run(url: str) -> dict[str, float]:
-        async with asyncio_bridge():
-            return await measure(url, args.count, args.running)
-
-    with database_or_temporary(args.database_url, prefix="stockade-measure-") as url:
-        result = trio.run(run, url)
+    result = run_on_database(args.database_url, lambda url: measure(url, args.count, args.running))
     print(f"heartbeat handler at {ingest_heartbeats.__file__}")
     for key, value in result.items():
         print(f"  {key:28} {value:.3f}" if isinstance(value, float) else f"  {key:28} {value}")

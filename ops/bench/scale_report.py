@@ -1,6 +1,6 @@
 """What ``stockade bench scale`` reports: one :class:`ScalePoint` per worker count, their growth
 per doubling of the count, the table, the JSON and the picture. Pure, except :func:`save` and
-:func:`plot`, which write files. How the numbers are measured: :mod:`ops.benchscale`.
+:func:`plot`, which write files. How the numbers are measured: :mod:`ops.bench.scale`.
 """
 
 from __future__ import annotations

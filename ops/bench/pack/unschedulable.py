@@ -6,28 +6,21 @@ too much CPU, too much memory or both), ``schedulable`` small ones behind a busy
 that every round places a job or two. The first round reads the whole queue; the rounds after
 it store the unschedulable reasons (at most the fenced write's rows per round: ``settle``
 rounds); then ``rounds`` rounds are timed (read, decision, fenced commit), as in the scale
-curve of ``stockade bench pack`` (:func:`ops.benchpack.scenarios.run_scale_point`).
+curve of ``stockade bench pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import time
 from pathlib import Path
 
 import attrs
 import trio
 
-from actors.ledger import Ledger
-from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
-from actors.placer import Placer
-from actors.placer_store import PgPlacerStore
-from actors.role import RoleView
-from actors.schema import apply_schema
+from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
 from ops.pg import EmbeddedPostgres, free_port
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.settings import LedgerSettings, PlacerSettings
 
 WORKER_CPU_MILLIS = 16_000
 WORKER_MEMORY_MB = 32_768
@@ -68,9 +61,8 @@ class UnschedulableResult:
 
 
 async def _seed(db: PgConnection, *, unschedulable: int, schedulable: int, workers: int) -> None:
-    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring)."""
-    await db.execute("TRUNCATE assignments, jobs, workers, lease_history, stale_writes CASCADE")
-    await db.execute("UPDATE lease SET holder = 'bench', epoch = 1, expires_at = now() + interval '1 hour'")
+    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring), in
+    an emptied bench database."""
     await db.execute(
         "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
         " SELECT 'w-' || i, '127.0.0.1:1', $2, $3, i FROM generate_series(1, $1) i",
@@ -123,70 +115,25 @@ async def run_unschedulable(
         rounds: rounds timed once the reasons are stored.
         max_settle_rounds: most rounds run to store the reasons before timing begins.
     """
-    async with asyncio_bridge():
-        await apply_schema(database_url)
-        db = await PgConnection.connect(database_url)
-        try:
-            await _seed(db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
-            ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
-            lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](64)
-            dispatch_send, dispatch_recv = trio.open_memory_channel[DispatcherInbox](100_000)
-            _roles_send, roles_recv = trio.open_memory_channel[RoleChange](8)
-            ledger = Ledger(
-                cp_id="bench",
-                database_url=database_url,
-                settings=LedgerSettings(),
-                inbox=ledger_recv,
-                lease_inbox=lease_send,
-            )
-            placer = Placer(
-                settings=PlacerSettings(),
-                store=PgPlacerStore(database_url=database_url, application_name="bench"),
-                role=RoleView(changes=roles_recv, lease_inbox=lease_send),
-                ledger=ledger_send,
-                dispatcher=dispatch_send,
-            )
-            rng = random.Random(unschedulable + schedulable + workers)
-
-            async def one_round() -> tuple[float, float]:
-                # The simulated workers heartbeat, as live ones would, and one frees some room.
-                await db.execute("UPDATE workers SET last_heartbeat_at = now()")
-                await db.execute(
-                    "UPDATE worker_allocations SET cpu_allocated_millis = cpu_allocated_millis - 2000,"
-                    " memory_allocated_mb = memory_allocated_mb - 2048 WHERE worker_id = $1",
-                    f"w-{rng.randint(1, workers)}",
-                )
-                while True:
-                    try:
-                        dispatch_recv.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                started, cpu = time.perf_counter(), time.process_time()
-                await placer.round(1)
-                return (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
-
-            times: list[float] = []
-            cpu_times: list[float] = []
-            async with trio.open_nursery() as nursery:
-                await nursery.start(ledger.run)
-                first_ms, _ = await one_round()  # reads the whole queue once
-                settle = 0
-                while (
-                    sum(1 for r in placer.queue.reasons.values() if r.startswith("unschedulable"))
-                    < (unschedulable)
-                    and settle < max_settle_rounds
-                ):
-                    await one_round()
-                    settle += 1
-                for _ in range(rounds):
-                    wall_ms, cpu_ms = await one_round()
-                    times.append(wall_ms)
-                    cpu_times.append(cpu_ms)
-                nursery.cancel_scope.cancel()
-            await placer.store.close()  # type: ignore[attr-defined]
-        finally:
-            await db.close()
-    times.sort()
+    rng = random.Random(unschedulable + schedulable + workers)
+    async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
+        await _seed(bench.db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
+        times: list[float] = []
+        cpu_times: list[float] = []
+        first_ms, _ = await bench.round()  # reads the whole queue once
+        settle = 0
+        while (
+            sum(1 for r in bench.placer.queue.reasons.values() if r.startswith("unschedulable"))
+            < unschedulable
+            and settle < max_settle_rounds
+        ):
+            await bench.round()
+            settle += 1
+        for _ in range(rounds):
+            wall_ms, cpu_ms = await bench.round()
+            times.append(wall_ms)
+            cpu_times.append(cpu_ms)
+    p50, p99, top = percentiles_ms(times)
     return UnschedulableResult(
         unschedulable=unschedulable,
         schedulable=schedulable,
@@ -194,11 +141,11 @@ async def run_unschedulable(
         first_round_ms=round(first_ms, 1),
         settle_rounds=settle,
         rounds=len(times),
-        round_p50_ms=round(statistics.median(times), 2),
-        round_p99_ms=round(times[min(len(times) - 1, int(0.99 * len(times)))], 2),
-        round_max_ms=round(times[-1], 2),
+        round_p50_ms=p50,
+        round_p99_ms=p99,
+        round_max_ms=top,
         round_cpu_p50_ms=round(statistics.median(cpu_times), 2),
-        placed=placer.stats.placements,
+        placed=bench.placer.stats.placements,
     )
 
 

@@ -1,0 +1,82 @@
+"""The rules of ops.faults: which worker is the busiest, and when a killed worker's jobs moved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ops.faults import FaultError, busiest_worker, jobs_moved
+from ops.launcher.state import StateDir
+from protocol import pb
+
+KILLED_AT = 1000.0
+
+
+def _worker(worker_id: str, cpu: int, jobs: list[int], state: str = "alive") -> pb.WorkerInfo:
+    return pb.WorkerInfo(id=worker_id, state=state, cpu_allocated_millis=cpu, job_ids=jobs)
+
+
+def test_the_busiest_worker_is_the_live_one_with_the_most_cpu_allocated() -> None:
+    """Dead workers and workers without a process of their own (in a fleet) are passed over."""
+    status = pb.StatusReply(
+        workers=[
+            _worker("w-1", 2000, [1]),
+            _worker("w-2", 3000, [2], state="dead"),
+            _worker("w-3", 4000, [3]),
+            _worker("w-4", 1000, [4]),
+        ]
+    )
+    chosen = busiest_worker(status, {"w-1", "w-2", "w-4"})
+    assert chosen is not None and chosen.id == "w-1"
+    assert busiest_worker(status, set()) is None
+
+
+class _Jobs:
+    """A control plane that answers get_job from a table the test changes."""
+
+    def __init__(self, jobs: dict[int, pb.JobInfo]) -> None:
+        self.jobs = jobs
+
+    async def call(self, method: str, request: Any, **_: Any) -> pb.JobInfo:
+        assert method == "get_job"
+        return self.jobs[request.job_id]
+
+
+def _started(state: StateDir, worker_id: str, job_id: int, at: float) -> None:
+    folder = state.work_dir(worker_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "agent.jsonl").open("a") as log:
+        log.write(json.dumps({"event": "start", "job_id": job_id, "time": at}) + "\n")
+
+
+async def test_jobs_moved_when_each_started_elsewhere_after_the_kill(tmp_path: Path) -> None:
+    """A job that ended on the killed worker needs no move; the others count once another
+    worker's log starts them after the kill, timed to the last such start."""
+    state = StateDir(tmp_path)
+    client = _Jobs(
+        {
+            1: pb.JobInfo(job_id=1, state="succeeded", worker_id="w-1"),
+            2: pb.JobInfo(job_id=2, state="running", worker_id="w-2"),
+            3: pb.JobInfo(job_id=3, state="assigned", worker_id="w-3"),
+        }
+    )
+    _started(state, "w-2", 2, KILLED_AT + 1.5)
+    _started(state, "w-3", 3, KILLED_AT - 5)  # a start before the kill is not this move
+    with trio.move_on_after(0.3):
+        await jobs_moved(client, state, "w-1", [1, 2, 3], KILLED_AT, timeout_s=10)  # type: ignore[arg-type]
+        pytest.fail("job 3 has not started elsewhere since the kill")
+    _started(state, "w-3", 3, KILLED_AT + 2.25)
+    moved = await jobs_moved(client, state, "w-1", [1, 2, 3], KILLED_AT, timeout_s=10)  # type: ignore[arg-type]
+    assert moved.seconds == 2.25
+    assert [j.job_id for j in moved.jobs] == [1, 2, 3]
+
+
+async def test_jobs_not_moved_in_time_raise_a_fault_error(tmp_path: Path) -> None:
+    """A job still pending when the time is up: FaultError, naming the worker."""
+    client = _Jobs({1: pb.JobInfo(job_id=1, state="pending")})
+    with pytest.raises(FaultError, match=r"the jobs of w-1 did not run elsewhere within 0\.2 s"):
+        await jobs_moved(client, StateDir(tmp_path), "w-1", [1], KILLED_AT, timeout_s=0.2)  # type: ignore[arg-type]
