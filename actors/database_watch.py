@@ -17,7 +17,8 @@ Every replica samples, on a read connection of its own, every ``sample_interval_
 - the live and dead rows of :data:`HOT_TABLES` (``pg_stat_user_tables``), exported as
   ``stockade_database_live_rows`` and ``stockade_database_dead_rows``;
 
-and logs a warning when one crosses its threshold (:class:`runtime.settings.DatabaseWatchSettings`:
+and logs a warning when one crosses its threshold
+(:class:`runtime.settings.control_plane.DatabaseWatchSettings`:
 a transaction open longer than ``oldest_transaction_warn_s``, a table with more dead rows than
 ``dead_rows_warn_ratio`` times its live ones and more than ``dead_rows_warn_min``), naming the
 session (its pid, application, client and state, never its query, which may hold data), once
@@ -38,7 +39,7 @@ from runtime import log, metrics
 from runtime.aio import ReadStore
 from runtime.errors import DatabaseUnavailable
 from runtime.loops import Periodic
-from runtime.settings import DatabaseWatchSettings
+from runtime.settings.control_plane import DatabaseWatchSettings
 
 HOT_TABLES = ("assignments", "jobs", "lease", "workers")
 """The tables Stockade updates several times a second, whose dead rows are watched."""

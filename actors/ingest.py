@@ -125,7 +125,8 @@ from runtime.errors import (
     NotFound,
 )
 from runtime.lag import LoopLag
-from runtime.settings import IngestSettings, ReconcilerSettings
+from runtime.settings.control_plane import IngestSettings
+from runtime.settings.leader import ReconcilerSettings
 from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
 from runtime.validation import (
     check_drain_deadline_ms,

@@ -25,7 +25,8 @@ from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadlin
 from runtime.aio.pg import open_pool_when_reachable
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
-from runtime.settings import IngestSettings, session_ms
+from runtime.settings.control_plane import IngestSettings
+from runtime.settings.fields import session_ms
 
 
 def session_settings(settings: IngestSettings) -> dict[str, str]:

@@ -58,8 +58,8 @@ two bounds see to it:
   the rows (:mod:`actors.write_size`), so a slow database still gets writes it can finish. A
   fenced transaction runs at most two writing statements, so while its client is responsive
   it holds the lock at most 0.4 s
-  (:attr:`runtime.settings.LedgerSettings.longest_share_lock_hold_s`).
-  :class:`runtime.settings.ControlPlaneSettings` refuses settings in which that exceeds the
+  (:attr:`runtime.settings.leader.LedgerSettings.longest_share_lock_hold_s`).
+  :class:`runtime.settings.control_plane.ControlPlaneSettings` refuses settings in which that exceeds the
   lease's step-down margin. A client stalled between
   the statements of its transaction is bounded by ``idle_in_transaction_session_timeout``
   instead (the freeze above).
@@ -124,7 +124,8 @@ from actors.messages import (
 from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
-from runtime.settings import LedgerSettings, session_ms
+from runtime.settings.fields import session_ms
+from runtime.settings.leader import LedgerSettings
 
 T = TypeVar("T")
 

@@ -75,7 +75,7 @@ import numpy as np
 
 from runtime.constraints import Constraint, satisfied
 from runtime.loops import finish
-from runtime.settings import PLACEMENT_POLICIES
+from runtime.settings.leader import PLACEMENT_POLICIES
 
 Shape = tuple[int, int, bool, int]
 """What a job's unschedulable reason depends on: ``(cpu_millis, memory_mb, needs_container,
@@ -281,7 +281,7 @@ class Plan:
 
 
 POLICIES = PLACEMENT_POLICIES
-"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.PLACEMENT_POLICIES`)."""
+"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.leader.PLACEMENT_POLICIES`)."""
 
 
 def unschedulable_reason(job: PendingJob, workers: Sequence[WorkerRoom]) -> str | None:

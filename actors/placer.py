@@ -63,7 +63,7 @@ from runtime import faults, log, metrics
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.loops import finish, finish_in_slices
 from runtime.reply import Reply
-from runtime.settings import (
+from runtime.settings.leader import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
     PlacerSettings,
 )

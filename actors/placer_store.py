@@ -21,7 +21,7 @@ from actors.messages import WorkerRef
 from actors.placement import PendingJob, WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 ROWS_PER_STEP = 2000
 """Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""

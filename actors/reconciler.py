@@ -116,7 +116,7 @@ from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, StaleEpoch
 from runtime.reply import Reply
-from runtime.settings import (
+from runtime.settings.leader import (
     DEFAULT_MAX_ROWS_PER_FENCED_WRITE,
     ReconcilerSettings,
 )

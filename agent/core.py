@@ -164,7 +164,7 @@ from runtime.errors import FailedPrecondition, PermissionDenied, StockadeError, 
 from runtime.jobs import SleepRuntime
 from runtime.loops import Periodic
 from runtime.os_users import RunAs
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 T = TypeVar("T")
 

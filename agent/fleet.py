@@ -69,7 +69,7 @@ from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, oom, priority
 from runtime.client import ControlPlaneClient, home_index
 from runtime.errors import InvalidArgument, PermanentError
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 
 __all__ = [

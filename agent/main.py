@@ -42,7 +42,7 @@ from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
 from runtime.os_users import resolve_unprivileged_user
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 from runtime.tls import CONTROL_PLANE, server_context
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}

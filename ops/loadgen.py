@@ -58,7 +58,7 @@ from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patie
 from ops.pg import free_port
 from protocol import pb
 from runtime import gcpause
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
 __all__ = ["LoadStats", "home_control_plane", "main", "percentile", "worker_ids"]

@@ -35,7 +35,7 @@ from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 CP_ID = "cp-m"
 COMMITS = (

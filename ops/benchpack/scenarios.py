@@ -43,7 +43,10 @@ from ops.pg import EmbeddedPostgres, free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 
 def _cluster(

@@ -26,7 +26,10 @@ from actors.placer import PgPlacerStore, Placer
 from actors.role import RoleView
 from ops.pg import EmbeddedPostgres, free_port
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 WORKER_CPU_MILLIS = 16_000
 WORKER_MEMORY_MB = 32_768

@@ -20,7 +20,7 @@ from ops.cli.common import (
     interruptible,
 )
 from ops.config import ClusterError, default_state_dir
-from runtime.settings import PLACEMENT_POLICIES
+from runtime.settings.leader import PLACEMENT_POLICIES
 
 JsonPathOption = Annotated[
     Path | None,

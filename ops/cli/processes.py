@@ -23,19 +23,23 @@ from runtime.oom import (
     check_oom_score_adj,
 )
 from runtime.priority import DEFAULT_NICE, check_nice
-from runtime.settings import (
+from runtime.settings.agent import (
     JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
     MAX_JOB_PIDS,
     MAX_OUTPUT_MB,
     MIN_JOB_NICE,
     MIN_JOB_PIDS,
-    PLACEMENT_POLICIES,
     AgentSettings,
+    OutputSettings,
+)
+from runtime.settings.control_plane import (
     DatabaseWatchSettings,
     IngestSettings,
+)
+from runtime.settings.leader import (
+    PLACEMENT_POLICIES,
     LeaseSettings,
-    OutputSettings,
     PlacerSettings,
     ReconcilerSettings,
     fence_margin_refusal,
@@ -486,10 +490,12 @@ def control_plane(
     its role may do."""
     # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
-    from runtime.settings import (
-        MAX_STATEMENTS_PER_FENCED_WRITE,
+    from runtime.settings.control_plane import (
         ControlPlaneSettings,
         IngestSettings,
+    )
+    from runtime.settings.leader import (
+        MAX_STATEMENTS_PER_FENCED_WRITE,
         LeaseSettings,
         LedgerSettings,
         PlacerSettings,
@@ -803,7 +809,7 @@ def agent(
     calls the control planes with its own certificate."""
     from agent.main import main as agent_main
     from runtime.os_users import resolve_unprivileged_user
-    from runtime.settings import AgentSettings
+    from runtime.settings.agent import AgentSettings
     from runtime.tls import TlsFiles
 
     folder = _cert_folder(certs_dir, insecure)

@@ -58,7 +58,10 @@ from runtime.aio.bridge import CLEANUP_DEADLINE_S, connection_errors, run_aio
 from runtime.backoff import ReconnectSchedule
 from runtime.errors import DatabaseBusy, DatabaseRefused, DatabaseUnavailable, DuplicateKey
 from runtime.outage import OutageLog
-from runtime.settings import DEFAULT_READ_STATEMENT_TIMEOUT_S, session_ms
+from runtime.settings.fields import (
+    DEFAULT_READ_STATEMENT_TIMEOUT_S,
+    session_ms,
+)
 
 if TYPE_CHECKING:
     import asyncpg

@@ -22,7 +22,7 @@ from agent.reaper import FENCED_AT_FILE, write_fence_deadline
 from agent.runtimes import JobResult, RunOptions, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

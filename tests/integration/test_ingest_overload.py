@@ -29,7 +29,7 @@ from runtime.aio import (
 from runtime.backoff import FullJitterBackoff
 from runtime.client import ControlPlaneClient, with_idempotency_key
 from runtime.errors import Busy, ClusterBusy, DeadlineExceeded, Unavailable
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 # 3 connections: 2 for any work, 1 only for liveness; nothing may wait for one.
 SETTINGS = IngestSettings(

@@ -36,7 +36,10 @@ from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key
 from runtime.reply import Reply
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 SCHEMA = Path(__file__).parents[2] / "schema.sql"
 

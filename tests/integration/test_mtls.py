@@ -42,7 +42,8 @@ from runtime.aio.grpc_server import MAX_REQUEST_BYTES
 from runtime.client import with_idempotency_key
 from runtime.errors import HandshakeRefused, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from runtime.metrics import AUTH_REFUSALS
-from runtime.settings import AgentSettings, IngestSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import IngestSettings
 from runtime.tls import (
     ANY_CONTROL_PLANE,
     WORKER,

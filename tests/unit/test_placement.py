@@ -27,7 +27,7 @@ from actors.placement import (
     send_window,
 )
 from runtime.errors import InvalidArgument
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 workers_st = st.lists(
     st.builds(

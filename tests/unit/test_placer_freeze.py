@@ -32,7 +32,7 @@ from actors.role import RoleView
 from runtime import faults
 from runtime.errors import StaleEpoch
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 
 @attrs.define

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from actors.messages import CommittedAssignment, WorkerRef
 from actors.reconciler import Delivery, plan_deliveries, resend_due
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 PAYLOAD = JobSpec(name="j", cpu_millis=1, memory_mb=1, priority=0, runtime=SleepRuntime(duration_ms=1))
 WORKERS = [WorkerRef(worker_id=f"w-{i}", address=f"127.0.0.1:{i + 1}", incarnation=1) for i in range(4)]

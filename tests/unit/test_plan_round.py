@@ -15,7 +15,10 @@ from actors.messages import CommittedAssignment, WorkerRef
 from actors.placement import PendingJob, PendingQueue, WorkerRoom, placement_limit
 from actors.placer import LiveWorker, RoundPlan, plan_round
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import PLACEMENT_POLICIES, PlacerSettings
+from runtime.settings.leader import (
+    PLACEMENT_POLICIES,
+    PlacerSettings,
+)
 
 NOW = 100.0
 

@@ -21,7 +21,7 @@ from actors.placement import (
 )
 from actors.placer import LiveWorker, plan_round
 from runtime.constraints import Constraint
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 NOW = 100.0
 GPU = Constraint(key="gpu", op="=", values=("a100",))
