@@ -25,7 +25,7 @@ a running confirmation sets ``confirmed_at`` once, an outcome ends its assignmen
 recorded once, both by assignment id; ``record_heartbeat`` in schema.sql).
 
 A new mutating RPC gets all of this by two steps: its request carries a ``string
-idempotency_key`` (the client then fills it in, :func:`runtime.client.with_idempotency_key`),
+idempotency_key`` (the client then fills it in, :func:`runtime.idempotency_keys.with_idempotency_key`),
 and its handler runs its statement, made with :func:`actors.queries.once`, through
 ``ControlPlaneService._once`` (and adds a line to :func:`describe`, so a conflict names what it
 did).

@@ -20,7 +20,7 @@ is no module-level state). Its pieces:
   Registrations carry the unacknowledged outcomes too, so a job that succeeded just before a
   fence keeps its result. Both calls are hedged
   (:meth:`runtime.client.ControlPlaneClient.call_hedged`), starting at the worker's home
-  replica (:func:`runtime.client.home_index`): the preferred control plane may answer until
+  replica (:func:`runtime.routes.home_index`): the preferred control plane may answer until
   shortly before the fence deadline (a new registration, which holds no job, up to
   ``register_timeout_s``: :meth:`agent.fence.FenceClock.register_deadline_s`), and the next
   one is asked too after ``heartbeat_timeout_s`` of silence. Heartbeats go one at a time: the

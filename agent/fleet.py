@@ -26,7 +26,7 @@ One connection per control plane: the workers send their control-plane calls (re
 heartbeat, leave) over one shared :class:`runtime.client.ControlPlaneClient`, so the process
 holds one channel per control plane however many workers it hosts, not one per worker. Each
 worker's calls keep their own route through it (its home replica,
-:func:`runtime.client.home_index` of its id, and the replica that answered it last), their
+:func:`runtime.routes.home_index` of its id, and the replica that answered it last), their
 hedging and their deadlines; only the connections are shared. A worker whose spec lists the
 same control planes in another order (``stockade up`` rotates each worker's list) shares the
 client too, keeping the home its own list gives it. Over mutual TLS that client
@@ -67,8 +67,9 @@ from agent.core import Agent
 from agent.main import run_agent, serve_until_signal
 from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log, metrics, oom, priority
-from runtime.client import ControlPlaneClient, home_index
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, PermanentError
+from runtime.routes import home_index
 from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 

@@ -32,7 +32,7 @@ from actors import ingest, queries
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, PgPool, asyncio_bridge
-from runtime.client import new_idempotency_key
+from runtime.idempotency_keys import new_idempotency_key
 
 _COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
 

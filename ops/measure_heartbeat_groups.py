@@ -34,7 +34,7 @@ from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update
 from ops.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.client import new_idempotency_key
+from runtime.idempotency_keys import new_idempotency_key
 from runtime.settings.control_plane import IngestSettings
 
 CP_ID = "cp-m"

@@ -52,7 +52,7 @@ from ops.client.results import (
 from ops.client.settings import ClientSettings
 from runtime import validation
 from runtime.backoff import FullJitterBackoff
-from runtime.client import ControlPlaneClient, new_idempotency_key
+from runtime.client import ControlPlaneClient
 from runtime.errors import (
     ClusterBusy,
     DeadlineExceeded,
@@ -61,6 +61,7 @@ from runtime.errors import (
     NotFound,
     Unavailable,
 )
+from runtime.idempotency_keys import new_idempotency_key
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:
