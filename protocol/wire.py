@@ -217,13 +217,14 @@ def parse(message_type: type[M], data: bytes, *, field: str = "") -> M:
         raise ValueError(f"not a well-formed {message_type.__name__}: {exc!r}") from exc
 
 
+@attrs.define(auto_exc=True)
 class OutOfRange(ValueError):
     """An integer field's value, as sent, lies outside what the field's declared type holds.
 
     The message reads like ``runtime.errors.InvalidArgument``'s: ``spec.priority must be
     between -2147483648 and 2147483647 (int32), got 1099511627776``.
 
-    Args:
+    Attributes:
         field: the field's path in the request, e.g. ``"specs[3].cpu_millis"``.
         value: the value as sent: the varint read at 64 bits with the field's declared
             signedness (zigzag for ``sint``), or as it is when it needs more than 64 bits.
@@ -232,13 +233,14 @@ class OutOfRange(ValueError):
             for an unsigned field sent a negative number; empty when there is none.
     """
 
-    def __init__(self, field: str, value: int, rule: str, detail: str = "") -> None:
-        text = f"{field} {rule}, got {value}"
-        super().__init__(f"{text} ({detail})" if detail else text)
-        self.field = field
-        self.value = value
-        self.rule = rule
-        self.detail = detail
+    field: str
+    value: int
+    rule: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field} {self.rule}, got {self.value}"
+        return f"{text} ({self.detail})" if self.detail else text
 
 
 _UINT64_END = 1 << 64
