@@ -14,6 +14,7 @@ from runtime.settings.fields import (
     DEFAULT_READ_STATEMENT_TIMEOUT_S,
     advertise_address,
     an_id,
+    check_not_above,
     listen_host,
     non_negative,
     positive,
@@ -290,10 +291,10 @@ class ControlPlaneSettings:
                 f"holds the lease's share lock up to {MAX_STATEMENTS_PER_FENCED_WRITE} x it, and one "
                 f"begun as the leader steps down must end before its lease expires",
             )
-        if self.placer.max_placements_per_round > self.ledger.max_rows_per_fenced_write:
-            raise InvalidArgument(
-                "placer.max_placements_per_round",
-                self.placer.max_placements_per_round,
-                f"must be <= ledger.max_rows_per_fenced_write = {self.ledger.max_rows_per_fenced_write} "
-                f"(a round's placements are one fenced write)",
-            )
+        check_not_above(
+            "placer.max_placements_per_round",
+            self.placer.max_placements_per_round,
+            "ledger.max_rows_per_fenced_write",
+            self.ledger.max_rows_per_fenced_write,
+            "a round's placements are one fenced write",
+        )

@@ -79,6 +79,18 @@ def check_not_below(field: str, value: float, other: str, other_value: float) ->
         raise InvalidArgument(field, value, f"must be >= {other} = {other_value:g}")
 
 
+def check_not_above(field: str, value: int, other: str, other_value: int, why: str = "") -> None:
+    """The rule between two integer fields that ``field`` is at most ``other``; ``why`` is said
+    after it, in parentheses.
+
+    Raises:
+        InvalidArgument: ``value`` > ``other_value``; the message names both.
+    """
+    if value > other_value:
+        rule = f"must be <= {other} = {other_value}"
+        raise InvalidArgument(field, value, f"{rule} ({why})" if why else rule)
+
+
 def session_ms(seconds: float) -> str:
     """A duration as a PostgreSQL session setting's value: whole milliseconds, as text
     (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``)."""

@@ -13,6 +13,7 @@ from runtime.settings.agent import DEFAULT_SELF_FENCE_MARGIN_S, DEFAULT_STOP_GRA
 from runtime.settings.fields import (
     DEFAULT_READ_STATEMENT_TIMEOUT_S,
     between,
+    check_not_above,
     check_not_below,
     fraction,
     non_negative,
@@ -162,12 +163,12 @@ class PlacerSettings:
             )
 
     def __attrs_post_init__(self) -> None:
-        if self.initial_window > self.max_unconfirmed_per_worker:
-            raise InvalidArgument(
-                "initial_window",
-                self.initial_window,
-                f"must be <= max_unconfirmed_per_worker = {self.max_unconfirmed_per_worker}",
-            )
+        check_not_above(
+            "initial_window",
+            self.initial_window,
+            "max_unconfirmed_per_worker",
+            self.max_unconfirmed_per_worker,
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -313,12 +314,13 @@ class ReconcilerSettings:
                 f"must be below dead_after_s = {self.dead_after_s:g} (a worker fences itself"
                 " before dead_after, and must hear back at least once before it does)",
             )
-        if self.health_min_failed_jobs > self.health_window_runs:
-            raise InvalidArgument(
-                "health_min_failed_jobs",
-                self.health_min_failed_jobs,
-                f"must be <= health_window_runs = {self.health_window_runs} (the runs a worker is judged on)",
-            )
+        check_not_above(
+            "health_min_failed_jobs",
+            self.health_min_failed_jobs,
+            "health_window_runs",
+            self.health_window_runs,
+            "the runs a worker is judged on",
+        )
 
 
 def fence_margin_refusal(
