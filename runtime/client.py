@@ -77,7 +77,7 @@ class ControlPlaneClient:
             replica answered last.
         home_return_s: with a ``home_key``, how long after the client moved away from its home
             replica (another one answered) a walk starts at home again, in seconds (see
-            :meth:`_start_index`).
+            :meth:`runtime.routes.Route.start_index`).
 
     Raises:
         InvalidArgument: an empty list, a malformed address, a negative ``busy_retry_s`` or a
@@ -162,14 +162,6 @@ class ControlPlaneClient:
         assert home is not None
         return self.addresses[home]
 
-    def _start_index(self) -> int:
-        """The replica the client's own walks ask first (:meth:`Route.start_index`)."""
-        return self._route.start_index()
-
-    def _answered_by(self, index: int) -> None:
-        """Replica ``index`` answered the client's own walk (:meth:`Route.answered_by`)."""
-        self._route.answered_by(index)
-
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)
         if channel is None:
@@ -186,18 +178,14 @@ class ControlPlaneClient:
         - reads (:data:`HEDGED_RPCS`: status, get_job, get_job_events, list_jobs) are hedged: a replica that
           has not answered after ``timeout_s`` is not abandoned, the next one is asked too,
           and the first answer wins; the walk gives up ``timeout_s * (replicas + 1)`` after it
-          began. Abandoning a slow replica would have it finish the work anyway while the
-          next one starts it again: under load every replica did one listing for one
-          command, and the command still failed (see :meth:`call_hedged`).
+          began (see :meth:`call_hedged`).
         - everything else (submissions, cancels) waits ``timeout_s`` for each replica and
           then asks the next: there is no point in having two replicas work on one call.
 
         When every replica failed and at least one was busy, waits (capped exponential
         backoff, full jitter) and walks them all again, for up to ``busy_retry_s`` in all. A
         busy replica did not start the request. A mutating request gets its idempotency key
-        here (:func:`with_idempotency_key`), once for the whole call: a replica that stored it
-        and then failed to answer in time is not asked to carry it out again, the next one
-        answers with what the first stored.
+        here (:func:`with_idempotency_key`), once for the whole call.
 
         Raises:
             ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
@@ -259,7 +247,7 @@ class ControlPlaneClient:
         is the answer of them all."""
         walk = _Walk()
         count = len(self.addresses)
-        start = self._start_index()
+        start = self._route.start_index()
         for step in range(count):
             index = (start + step) % count
             try:
@@ -268,7 +256,7 @@ class ControlPlaneClient:
                 walk.busy = walk.busy or isinstance(exc, Busy)
                 walk.failures.append(exc)
                 continue
-            self._answered_by(index)
+            self._route.answered_by(index)
             walk.answer(reply)
             return walk
         return walk
@@ -292,12 +280,8 @@ class ControlPlaneClient:
         once. Each replica is asked at most once per call. The first answer wins: every other
         attempt is cancelled, and its replica becomes the preferred one.
 
-        Unlike a sequential walk, a slow replica is not given up on after ``timeout_s``: a
-        server that got the request usually does the work anyway (a cancelled handler even
-        drops its database connection), so abandoning it and asking the next one turns one
-        call into work on every replica exactly when they are overloaded. This is the hedged
-        request of Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013), with the hedge
-        sent after a fixed delay rather than a latency percentile.
+        Why a slow replica is not given up on: docs/design.md, "The control-plane client: walks,
+        hedges, homes and idempotency keys".
 
         Args:
             rpc: the ControlPlane method, snake_case (``"heartbeat"``).
