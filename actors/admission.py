@@ -15,7 +15,10 @@ from collections import deque
 import attrs
 import trio
 
-from runtime.settings import DEFAULT_WIRE_WORK_BURST_S, IngestSettings
+from runtime.settings.control_plane import (
+    DEFAULT_WIRE_WORK_BURST_S,
+    IngestSettings,
+)
 
 LIVENESS_RPCS = frozenset({"heartbeat", "register_worker", "leave_worker", "presence"})
 """The work that is never shed and may use the reserved connections (``presence``: this

@@ -39,7 +39,7 @@ from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import retry, run_until_signal
 from runtime.outage import OutageLog
-from runtime.settings import ControlPlaneSettings
+from runtime.settings.control_plane import ControlPlaneSettings
 from runtime.supervisor import RestartPolicy, supervise
 from runtime.threads import CrossLoopSender, OwnLoop, run_on_own_loop
 from runtime.tls import ClientTls, server_context

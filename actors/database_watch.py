@@ -19,7 +19,7 @@ from runtime import log, metrics
 from runtime.aio import ReadStore
 from runtime.errors import DatabaseUnavailable
 from runtime.loops import Periodic
-from runtime.settings import DatabaseWatchSettings
+from runtime.settings.control_plane import DatabaseWatchSettings
 
 HOT_TABLES = ("assignments", "jobs", "lease", "workers")
 """The tables Stockade updates several times a second, whose dead rows are watched."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from actors.reconciler_store import HeartbeatAge
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 
 def judged_dead_after_s(age: HeartbeatAge, dead_after_s: float) -> float:

@@ -12,7 +12,7 @@ import attrs
 
 from actors.messages import Dispatch, WorkerRef
 from actors.reconciler_store import Delivery
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 
 def resend_due(age_s: float, *, first_after_s: float, interval_s: float) -> bool:

@@ -27,7 +27,7 @@ from protocol import pb
 from runtime import log
 from runtime.aio import GrpcChannel
 from runtime.errors import StockadeError
-from runtime.settings import DispatchSettings
+from runtime.settings.leader import DispatchSettings
 from runtime.tls import WORKER, ClientTls, Expected
 from runtime.wire_jobs import job_spec_to_pb
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 JOB_FAULTS = ("timeout", "oom_killed", "workdir_not_found", "workdir_denied", "command_not_found")
 """End reasons of failed runs (the reason a failure's detail starts with, ``record_outcomes`` in

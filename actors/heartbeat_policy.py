@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 STEP_MS = 50
 """Intervals are whole multiples of this (ms), so small changes in the measured cost do not

@@ -33,7 +33,8 @@ from runtime import identifiers, log, metrics
 from runtime.aio import Send, serve_grpc, trio_service
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
-from runtime.settings import IngestSettings, ReconcilerSettings
+from runtime.settings.control_plane import IngestSettings
+from runtime.settings.leader import ReconcilerSettings
 from runtime.tls import OPERATOR, VIEWER, WORKER, ClientTls
 
 __all__ = ["ControlPlaneService", "Ingest"]

@@ -22,10 +22,11 @@ from protocol import wire
 from protocol.wire import Encoded
 from runtime import log, metrics
 from runtime.aio import PgConnection, PgPool, finish_despite_cancel, rpc_deadline
-from runtime.aio.pg import open_pool_when_reachable
+from runtime.aio.pg_reconnect import open_pool_when_reachable
 from runtime.errors import Busy, DatabaseUnavailable, DeadlineExceeded
 from runtime.lag import LoopLag
-from runtime.settings import IngestSettings, session_ms
+from runtime.settings.control_plane import IngestSettings
+from runtime.settings.fields import session_ms
 
 
 def session_settings(settings: IngestSettings) -> dict[str, str]:
@@ -79,7 +80,8 @@ async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> 
     No handler changes session state (no ``SET`` outside a transaction, no advisory lock, no
     ``LISTEN``, no cursor), so a connection given back skips asyncpg's reset query: one round
     trip fewer per request. While the database cannot be reached it waits, trying again with
-    backoff and logging the outage once per change (:func:`runtime.aio.pg.open_pool_when_reachable`);
+    backoff and logging the outage once per change
+    (:func:`runtime.aio.pg_reconnect.open_pool_when_reachable`);
     each call on a pooled connection goes unanswered for ``settings.answer_timeout_s`` at most.
 
     Raises:

@@ -26,7 +26,7 @@ from protocol import pb
 from runtime import identifiers, log, metrics
 from runtime.aio import require_worker, rpc_deadline
 from runtime.errors import DeadlineExceeded
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 
 def recorded_answer(

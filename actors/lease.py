@@ -21,7 +21,8 @@ from runtime import log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.aio.pg import CALL_MARGIN_S
 from runtime.errors import DatabaseBusy, DatabaseUnavailable
-from runtime.settings import LeaseSettings, session_ms
+from runtime.settings.fields import session_ms
+from runtime.settings.leader import LeaseSettings
 
 T_contra = TypeVar("T_contra", contravariant=True)
 

@@ -38,7 +38,8 @@ from runtime import faults, log, metrics
 from runtime.aio import PgConnection, ReconnectingConnection
 from runtime.errors import DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.reply import Reply
-from runtime.settings import LedgerSettings, session_ms
+from runtime.settings.fields import session_ms
+from runtime.settings.leader import LedgerSettings
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from protocol import pb
 from runtime import log, metrics, validation
 from runtime.aio import GrpcChannel, Send, rpc_deadline
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 from runtime.tls import WORKER, ClientTls, Expected
 
 STREAMS = ("stdout", "stderr")

@@ -19,7 +19,7 @@ from actors.pending_queue import PendingJob, PendingQueue
 from actors.rooms import ReasonCache, WorkerRoom, fits_by_kind, workers_key
 from runtime.constraints import satisfied
 from runtime.loops import finish
-from runtime.settings import PLACEMENT_POLICIES
+from runtime.settings.leader import PLACEMENT_POLICIES
 
 
 class Unschedulable(Mapping[int, str]):
@@ -96,7 +96,7 @@ class Plan:
 
 
 POLICIES = PLACEMENT_POLICIES
-"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.PLACEMENT_POLICIES`)."""
+"""The policies :func:`place_queue_steps` knows (:data:`runtime.settings.leader.PLACEMENT_POLICIES`)."""
 
 
 def place(

@@ -26,7 +26,7 @@ from actors.write_size import FencedWrites
 from runtime import faults, log, metrics
 from runtime.errors import DatabaseUnavailable, StaleEpoch
 from runtime.loops import finish_in_slices
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 
 def _not_before(waiting: list[WaitingJob]) -> dict[int, float]:

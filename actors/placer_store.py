@@ -22,7 +22,7 @@ from actors.pending_queue import PendingJob
 from actors.rooms import WorkerRoom
 from runtime.aio import ReadStore
 from runtime.constraints import Constraint
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 ROWS_PER_STEP = 2000
 """Pending-job rows the full read turns into objects between two checkpoints (about 4 ms)."""

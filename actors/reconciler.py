@@ -49,7 +49,7 @@ from actors.write_size import FencedWrites
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.errors import DatabaseUnavailable, StaleEpoch
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 TIMEOUT_MARGIN_S = 30.0
 """How long past its ``timeout_s`` (or a tenth of the timeout, when longer) a run may go before

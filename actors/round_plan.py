@@ -19,7 +19,7 @@ from actors.placement import Plan, Unschedulable, place_queue_steps
 from actors.placer_store import LiveWorker
 from actors.rooms import ReasonCache, placement_limit
 from runtime.loops import finish
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 RoundOutcome = Literal["unchanged", "nothing", "commit"]
 """What a round's plan says: ``unchanged`` (neither the queue nor any worker's room changed

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from runtime import identifiers, settings
+from runtime import identifiers
 from runtime.checks import check_int_between as _int_between
 from runtime.checks import check_text as _text
 from runtime.constraints import MAX_CONSTRAINTS, MAX_IN_VALUES
@@ -46,6 +46,7 @@ from runtime.jobs import (
     MAX_WORKDIR_BYTES,
     MIN_TIMEOUT_S,
 )
+from runtime.settings import agent as agent_settings
 from runtime.validation import (
     MAX_BATCH_JOBS,
     MAX_DRAIN_DEADLINE_MS,
@@ -123,7 +124,7 @@ MAX_HELD_ASSIGNMENTS = 100_000
 """Most assignments a restarted agent may say it holds in one registration (a worker runs at most
 one job per millicore, and a million-millicore worker of 10 ms jobs is not a case; the bound
 keeps the statement's array small)."""
-MAX_RESTART_HOLD_S = int(settings.MAX_RESTART_HOLD_S)
+MAX_RESTART_HOLD_S = int(agent_settings.MAX_RESTART_HOLD_S)
 """The longest restart hold a heartbeat may ask for, in seconds (ten minutes): a restart that
 takes longer is an outage, and the worker's jobs pause at the fence deadline after it."""
 MAX_RESTART_HOLD_MS = MAX_RESTART_HOLD_S * 1000

@@ -24,7 +24,7 @@ import trio
 from actors.messages import LedgerInbox
 from runtime.errors import DatabaseBusy, InvalidArgument
 from runtime.reply import Reply
-from runtime.settings import DEFAULT_MAX_ROWS_PER_FENCED_WRITE
+from runtime.settings.leader import DEFAULT_MAX_ROWS_PER_FENCED_WRITE
 
 
 @attrs.frozen

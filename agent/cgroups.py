@@ -43,7 +43,10 @@ from agent.resources import (
     memory_limit_bytes,
 )
 from agent.runtimes import owner_of
-from runtime.settings import AUTO, AgentSettings
+from runtime.settings.agent import (
+    AUTO,
+    AgentSettings,
+)
 
 AGENT_LEAF = "stockade-agent"
 """cgroup v2: the leaf the agent moves its process into (docs/design.md, "Job cgroups")."""

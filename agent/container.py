@@ -28,7 +28,7 @@ from agent.runtimes import ContainerJob, owner_of
 from agent.starts import Spawner
 from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import ContainerRuntime
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 PING_TIMEOUT_S = 2.0
 """How long the agent waits for the engine's answer to its ping at start, in seconds."""

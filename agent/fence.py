@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from agent.deadman import write_fence_deadline
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 MAX_PAUSES = 64
 """Pauses a :class:`FenceClock` remembers (for sleep jobs' durations)."""

@@ -23,9 +23,10 @@ from agent.core import Agent
 from agent.main import ProcessOptions, run_agent, serve_until_signal, start_process
 from agent.starts import Spawner, StartLimiter
 from runtime import identifiers, log
-from runtime.client import ControlPlaneClient, home_index
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, PermanentError
-from runtime.settings import AgentSettings
+from runtime.routes import home_index
+from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 
 __all__ = [

@@ -22,7 +22,7 @@ from agent.runtimes import ContainerJob, RunOptions, owner_of
 from agent.starts import StartTicket
 from runtime.jobs import CommandRuntime, ContainerRuntime, SleepRuntime
 from runtime.os_users import RunAs
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 _FAILURE_REASON = re.compile(r"([a-z_]{1,40}):")
 """A failure whose detail starts with a reason (``oom_killed: ...``, ``timeout: ...``), read as

@@ -21,7 +21,7 @@ from agent.output import OUTPUT_FILES, OutputFiles, data_start
 from agent.runtimes import job_dir_for
 from runtime import metrics
 from runtime.errors import Busy, InvalidArgument, NotFound
-from runtime.settings import OutputSettings
+from runtime.settings.agent import OutputSettings
 
 READ_THREADS = 4
 """Worker threads one agent's readers read on at once (each read is short; more readers wait)."""

@@ -42,7 +42,7 @@ from runtime.gcpause import GcPauses
 from runtime.lag import LoopLag
 from runtime.loops import run_until_signal
 from runtime.os_users import resolve_unprivileged_user
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 from runtime.tls import CONTROL_PLANE, server_context
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
@@ -94,7 +94,7 @@ async def run_agent(
         control_plane: how to reach the control plane; by default a
             :class:`GrpcControlPlane` over ``settings.control_planes`` whose calls are
             hedged after ``heartbeat_timeout_s`` and go first to the worker's home replica
-            (:func:`runtime.client.home_index` of its id).
+            (:func:`runtime.routes.home_index` of its id).
         start_limiter: the process's start slots; None: one of its own
             (``settings.max_concurrent_starts``).
         leave_turns: the process's turns for leave attempts at a clean stop; None: its own

@@ -28,7 +28,7 @@ import trio
 from agent import deadman
 from agent.runtimes import job_dir_for
 from runtime import metrics
-from runtime.settings import OutputSettings
+from runtime.settings.agent import OutputSettings
 
 OUTPUT_FILES = {"stdout": "stdout.log", "stderr": "stderr.log"}
 """Each output stream's file in a job's folder."""

@@ -20,7 +20,7 @@ import trio
 
 from runtime import log
 from runtime.errors import ResourcesUnavailable
-from runtime.settings import AUTO
+from runtime.settings.agent import AUTO
 
 RESOURCES_LABEL = "resources"
 """The worker label that says how its command jobs' resources are enforced (a :class:`Mode`)."""

@@ -42,7 +42,7 @@ from agent.starts import StartLimiter, StartTicket
 from runtime import metrics
 from runtime.jobs import SleepRuntime
 from runtime.os_users import RunAs
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 
 @attrs.define(eq=False, kw_only=True)

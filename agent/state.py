@@ -34,7 +34,7 @@ from agent.starts import StartLimiter
 from runtime import log, metrics
 from runtime.backoff import FullJitterBackoff
 from runtime.os_users import RunAs
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 LOG_EVERY_FAILURES = 20
 """Log the first failure of a streak, then every this-many (keeps a long outage quiet)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import trio
 
 from agent import deadman
-from runtime.settings import JOB_PROCESSES
+from runtime.settings.agent import JOB_PROCESSES
 
 _POLL_INTERVAL_S = JOB_PROCESSES.exit_poll_s
 REAPER_SLACK_S = JOB_PROCESSES.reaper_slack_s

@@ -27,7 +27,7 @@ from rich.text import Text
 from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
-from runtime.settings import DEFAULT_SELF_FENCE_AFTER_S
+from runtime.settings.agent import DEFAULT_SELF_FENCE_AFTER_S
 from runtime.text import read_lines
 
 # A fault explains a death when it began at most this long before the last heartbeat the

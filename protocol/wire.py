@@ -1,32 +1,10 @@
-"""Encoding and decoding large messages in steps, so a server can yield to its event loop.
+"""Encoding and decoding large messages in steps, so a server can yield to its event loop, and
+decoding that refuses an integer outside its field's type.
 
-betterproto2 encodes and decodes in pure Python: about 70 us per ``JobInfo`` on the 2-core
-development VM, so ``bytes()`` of a 1,000-job ``ListJobsReply`` holds the calling thread for
-70 to 110 ms in one piece, and decoding a 10,000-job ``SubmitJobsRequest`` for about 200 ms.
-On a server's event loop that is as long a wait for every other request, heartbeats included.
-
-:func:`encode_steps` and :func:`decode_steps` do the same work as generators that yield after
-every ``step_messages`` elements of the message's repeated message fields, and return the
-bytes (or the message) at the end; the caller lets other tasks run at each yield (the shape of
-``actors.placement.place_queue_steps``). They rely on two rules of the protobuf wire format
-(https://protobuf.dev/programming-guides/encoding/, "Last One Wins" and "Repeated Elements"):
-a parser accepts fields in any order, and each occurrence of a repeated message field appends
-one element, so ``encode(message without the list) + the list's elements, each framed as
-tag, length, bytes`` decodes to the same message as ``bytes(message)``.
-
-Integers are decoded as they were sent, or refused (:func:`parse`). betterproto2 keeps the low
-32 bits of a varint sent for a 32-bit field (``Message._postprocess_single`` masks it), so
-``priority = 2**40`` would arrive as 0 and ``cpu_millis = 2**32 + 500`` as 500, past any check
-made afterwards. :func:`check_integers` reads every varint of a message's integer fields before
-betterproto2 does, driven by the generated classes' field metadata (so a new field is covered
-without a line here), and raises :class:`OutOfRange` naming the field and the value as sent
-when it lies outside the field's declared type. Every decoding of a request goes through
-:func:`parse`: :func:`decode_steps`, :meth:`Encoded.decode` and the servers' codec
-(``runtime.aio.WireCodec``).
-
-:class:`Encoded` carries a message in wire form across the gRPC boundary: a server handler
-returns one to have its already-encoded reply sent as is, and receives one for a request it
-decodes itself (see ``runtime.aio.trio_service``).
+:func:`encode_steps` and :func:`decode_steps` yield after every ``step_messages`` elements;
+:func:`parse` decodes a request, raising :class:`OutOfRange` for an integer sent outside its
+field's type (:func:`check_integers`); :class:`Encoded` carries a message in wire form across
+the gRPC boundary. Why and how: docs/design.md, "Large messages in steps, and integers as sent".
 """
 
 from __future__ import annotations
@@ -239,13 +217,14 @@ def parse(message_type: type[M], data: bytes, *, field: str = "") -> M:
         raise ValueError(f"not a well-formed {message_type.__name__}: {exc!r}") from exc
 
 
+@attrs.define(auto_exc=True)
 class OutOfRange(ValueError):
     """An integer field's value, as sent, lies outside what the field's declared type holds.
 
     The message reads like ``runtime.errors.InvalidArgument``'s: ``spec.priority must be
     between -2147483648 and 2147483647 (int32), got 1099511627776``.
 
-    Args:
+    Attributes:
         field: the field's path in the request, e.g. ``"specs[3].cpu_millis"``.
         value: the value as sent: the varint read at 64 bits with the field's declared
             signedness (zigzag for ``sint``), or as it is when it needs more than 64 bits.
@@ -254,13 +233,14 @@ class OutOfRange(ValueError):
             for an unsigned field sent a negative number; empty when there is none.
     """
 
-    def __init__(self, field: str, value: int, rule: str, detail: str = "") -> None:
-        text = f"{field} {rule}, got {value}"
-        super().__init__(f"{text} ({detail})" if detail else text)
-        self.field = field
-        self.value = value
-        self.rule = rule
-        self.detail = detail
+    field: str
+    value: int
+    rule: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field} {self.rule}, got {self.value}"
+        return f"{text} ({self.detail})" if self.detail else text
 
 
 _UINT64_END = 1 << 64

@@ -2,7 +2,8 @@
 
 Supervision (:mod:`runtime.supervisor`), request/reply between actors (:mod:`runtime.reply`),
 the trio-asyncio bridge to asyncpg and grpclib (:mod:`runtime.aio`), the control-plane
-client with failover (:mod:`runtime.client`), settings (:mod:`runtime.settings`), errors
+client with failover (:mod:`runtime.client`, which replica it asks first :mod:`runtime.routes`,
+its idempotency keys :mod:`runtime.idempotency_keys`), settings (:mod:`runtime.settings`), errors
 (:mod:`runtime.errors`), logging (:mod:`runtime.log`), fault points for tests
 (:mod:`runtime.faults`), text of unbounded size read and shown in bounded size
 (:mod:`runtime.text`), and the one job spec every layer speaks (:mod:`runtime.jobs`, its

@@ -1,51 +1,19 @@
 """The control-plane client: any replica answers, and the client moves on when one does not.
 
-Used by the agent (register, heartbeat), the CLI and the tests. Holds one channel per
-address, tries the last address that answered first, and walks the list once on
-:class:`runtime.errors.Unavailable` before giving up with
-:class:`runtime.errors.NoControlPlaneReachable`.
-
-A replica that is overloaded answers :class:`runtime.errors.Busy` (it refused the request
-before doing any of it) and the client asks the next one. When a whole walk of the list met
-busy replicas and none that answered, the client waits, with capped exponential backoff and
-full jitter (:mod:`runtime.backoff`), and walks the list again, until ``busy_retry_s`` has
-passed; then it raises :class:`runtime.errors.ClusterBusy`. Hammering a saturated cluster with
-immediate retries would only feed its overload.
-
-Clients given a ``home_key`` (the agent, with its worker id) start at a home replica drawn
-from a stable hash of the key (:func:`home_index`), so workers spread their heartbeats and
-registrations over every replica instead of all asking the first; a client that moved on from
-a slow or dead home goes home again after ``home_return_s`` (:class:`_Route`). A client shared
-by many workers (a fleet process, :mod:`agent.fleet`) passes each call's ``home_key`` instead
-(:meth:`ControlPlaneClient.call_hedged`, with a home set by :meth:`ControlPlaneClient.add_route`
-when the worker's own list orders the replicas otherwise): each key then has its own home and
-its own preferred replica, as if it had a client of its own, over the same channels.
-
-The agent's heartbeats and registrations use :meth:`ControlPlaneClient.call_hedged` instead,
-and :meth:`ControlPlaneClient.call` walks the same way for reads: a slow replica is not
-abandoned (which turns one call into work on every replica) but given until a deadline, while
-the next replica is asked too once the first has been slow for a while.
-
-Server streams (:meth:`ControlPlaneClient.stream`, ReadJobLogs) walk the list the same way, one
-replica at a time, until one sends the stream's first message, and walk it again after a
-backoff while replicas answer busy; once a message has come the stream is that replica's, and
-a failure is not retried elsewhere (what was read would come twice).
-
-Mutating calls carry an idempotency key (:func:`with_idempotency_key`): a replica that stored a
-call and then failed to answer cannot be told from one that failed before, so the client asks
-the next one with the same request, and the key makes that copy return the first answer
-instead of carrying the call out again (``actors.idempotency``). The key is drawn once per call
-and sent on every retry and hedged copy of it; a new call gets a new one.
+:class:`ControlPlaneClient` walks the replicas for a call (:meth:`ControlPlaneClient.call`),
+hedges a slow one (:meth:`ControlPlaneClient.call_hedged`), opens server streams
+(:meth:`ControlPlaneClient.stream`), waits with backoff while every replica is busy (then
+:class:`runtime.errors.ClusterBusy`), starts at a home replica (:mod:`runtime.routes`) and
+sends every copy of a mutating call with one idempotency key (:mod:`runtime.idempotency_keys`).
+Used by the agent, the CLI and the tests. Why it walks as it does: docs/design.md, "The
+control-plane client: walks, hedges, homes and idempotency keys".
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import hashlib
 import math
 import random
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -64,7 +32,9 @@ from runtime.errors import (
     StockadeError,
     Unavailable,
 )
+from runtime.idempotency_keys import with_idempotency_key
 from runtime.identifiers import parse_addresses
+from runtime.routes import HOME_RETURN_S, Route, home_index
 from runtime.tls import ANY_CONTROL_PLANE, ClientTls, TlsFiles
 
 T = TypeVar("T")
@@ -72,102 +42,6 @@ T = TypeVar("T")
 HEDGED_RPCS = frozenset({"status", "get_job", "get_job_events", "list_jobs"})
 """The reads :meth:`ControlPlaneClient.call` hedges rather than abandons on a slow replica:
 asking a second replica changes nothing in the cluster."""
-
-
-HOME_RETURN_S = 30.0
-"""How long a client with a home replica (:class:`ControlPlaneClient`, ``home_key``) stays
-with the replica it moved on to before it tries its home first again, in seconds."""
-
-
-def home_index(key: str, replicas: int) -> int:
-    """The home replica of ``key`` among ``replicas`` control planes: an index in
-    ``0..replicas-1`` from the first 8 bytes of the BLAKE2b digest of ``key`` (UTF-8), big-endian,
-    modulo ``replicas``.
-
-    Stable across processes and Python versions (not ``hash()``, which is salted per process),
-    and uniform enough that 1,000 worker ids over 3 replicas give each within a few percent of a
-    third.
-
-    Raises:
-        InvalidArgument: ``replicas`` is not >= 1.
-    """
-    if replicas < 1:
-        raise InvalidArgument("replicas", replicas, "must be >= 1")
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % replicas
-
-
-def new_idempotency_key() -> str:
-    """A fresh idempotency key: a random UUID (122 random bits), so two clients never draw the
-    same one."""
-    return str(uuid.uuid4())
-
-
-def with_idempotency_key(request: T) -> T:
-    """``request`` with an idempotency key, for every attempt of one call.
-
-    A request that has an ``idempotency_key`` field left empty gets a copy with a fresh key; a
-    ``RegisterWorkerRequest`` whose ``agent_run_id`` (with ``registration_seq``, its key) is
-    empty gets a fresh run id and number 1, as a one-off registration. A key the caller set is
-    kept, so a caller that must survive its own restart (``stockade submit
-    --idempotency-key``) can send the same call again. The caller's object is never changed:
-    reusing it for another call draws another key. Other requests (reads, heartbeats) are
-    returned as they are.
-    """
-    if getattr(request, "idempotency_key", None) == "":
-        keyed = copy.copy(request)
-        keyed.idempotency_key = new_idempotency_key()  # type: ignore[attr-defined]
-        return keyed
-    if isinstance(request, pb.RegisterWorkerRequest) and not request.agent_run_id:
-        keyed_registration = copy.copy(request)
-        keyed_registration.agent_run_id = new_idempotency_key()
-        keyed_registration.registration_seq = request.registration_seq or 1
-        return keyed_registration  # type: ignore[return-value]
-    return request
-
-
-@attrs.define
-class _Route:
-    """Which replica a walk asks first, for one client or for one ``home_key`` of a shared one.
-
-    The rule: the replica that answered last is asked first, except that a route with a home
-    replica goes home again once ``home_return_s`` has passed since it moved away. Moving away
-    (another replica answered) starts the clock; after ``home_return_s`` the next walk starts
-    at home, and an answer from home ends the stay away; a home still slow or down is hedged
-    (or skipped) as any replica is, which moves the route away again and starts the clock
-    anew. So a replica that comes back gets its share of the load within ``home_return_s``,
-    and one that stays slow costs each of its routes one hedged call per ``home_return_s``.
-    """
-
-    home: int | None
-    """Index of the home replica; None: no home (start at 0, stay where answered)."""
-    home_return_s: float
-    preferred: int = 0
-    left_home_at: float | None = None
-    """Trio time when a replica other than home last took over as the preferred one."""
-
-    def __attrs_post_init__(self) -> None:
-        self.preferred = self.home or 0
-
-    def start_index(self) -> int:
-        """The replica a walk asks first (see the class docstring)."""
-        if (
-            self.home is not None
-            and self.preferred != self.home
-            and self.left_home_at is not None
-            and trio.current_time() - self.left_home_at >= self.home_return_s
-        ):
-            self.preferred = self.home
-            self.left_home_at = None
-        return self.preferred
-
-    def answered_by(self, index: int) -> None:
-        """Replica ``index`` answered: it is asked first from now on."""
-        if index == self.home:
-            self.left_home_at = None  # home again
-        elif self.left_home_at is None:
-            self.left_home_at = trio.current_time()  # moved away: the clock starts
-        self.preferred = index
 
 
 @attrs.define
@@ -203,7 +77,7 @@ class ControlPlaneClient:
             replica answered last.
         home_return_s: with a ``home_key``, how long after the client moved away from its home
             replica (another one answered) a walk starts at home again, in seconds (see
-            :meth:`_start_index`).
+            :meth:`runtime.routes.Route.start_index`).
 
     Raises:
         InvalidArgument: an empty list, a malformed address, a negative ``busy_retry_s`` or a
@@ -239,13 +113,13 @@ class ControlPlaneClient:
         self._channels: dict[str, GrpcChannel] = {}
         self._home_return_s = home_return_s
         self._route = self._new_route(home_key)
-        self._routes: dict[str, _Route] = {}
+        self._routes: dict[str, Route] = {}
         """The route of each ``home_key`` passed per call (a shared client's workers)."""
         self._tls_target = None if tls is None else ClientTls(tls).target(ANY_CONTROL_PLANE)
 
-    def _new_route(self, home_key: str | None) -> _Route:
+    def _new_route(self, home_key: str | None) -> Route:
         home = None if home_key is None else home_index(home_key, len(self.addresses))
-        return _Route(home=home, home_return_s=self._home_return_s)
+        return Route(home=home, home_return_s=self._home_return_s)
 
     def add_route(self, home_key: str, *, home: str | None = None) -> str:
         """Set up the route of calls made with ``home_key`` and return its home replica's
@@ -261,14 +135,14 @@ class ControlPlaneClient:
         if home is None:
             route = self._new_route(home_key)
         elif home in self.addresses:
-            route = _Route(home=self.addresses.index(home), home_return_s=self._home_return_s)
+            route = Route(home=self.addresses.index(home), home_return_s=self._home_return_s)
         else:
             raise InvalidArgument("home", home, f"must be one of the client's addresses {self.addresses}")
         self._routes[home_key] = route
         assert route.home is not None
         return self.addresses[route.home]
 
-    def _route_of(self, home_key: str | None) -> _Route:
+    def _route_of(self, home_key: str | None) -> Route:
         """The route of calls made for ``home_key`` (None: the client's own)."""
         if home_key is None:
             return self._route
@@ -288,14 +162,6 @@ class ControlPlaneClient:
         assert home is not None
         return self.addresses[home]
 
-    def _start_index(self) -> int:
-        """The replica the client's own walks ask first (:meth:`_Route.start_index`)."""
-        return self._route.start_index()
-
-    def _answered_by(self, index: int) -> None:
-        """Replica ``index`` answered the client's own walk (:meth:`_Route.answered_by`)."""
-        self._route.answered_by(index)
-
     def _channel(self, address: str) -> GrpcChannel:
         channel = self._channels.get(address)
         if channel is None:
@@ -312,18 +178,14 @@ class ControlPlaneClient:
         - reads (:data:`HEDGED_RPCS`: status, get_job, get_job_events, list_jobs) are hedged: a replica that
           has not answered after ``timeout_s`` is not abandoned, the next one is asked too,
           and the first answer wins; the walk gives up ``timeout_s * (replicas + 1)`` after it
-          began. Abandoning a slow replica would have it finish the work anyway while the
-          next one starts it again: under load every replica did one listing for one
-          command, and the command still failed (see :meth:`call_hedged`).
+          began (see :meth:`call_hedged`).
         - everything else (submissions, cancels) waits ``timeout_s`` for each replica and
           then asks the next: there is no point in having two replicas work on one call.
 
         When every replica failed and at least one was busy, waits (capped exponential
         backoff, full jitter) and walks them all again, for up to ``busy_retry_s`` in all. A
         busy replica did not start the request. A mutating request gets its idempotency key
-        here (:func:`with_idempotency_key`), once for the whole call: a replica that stored it
-        and then failed to answer in time is not asked to carry it out again, the next one
-        answers with what the first stored.
+        here (:func:`with_idempotency_key`), once for the whole call.
 
         Raises:
             ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
@@ -385,7 +247,7 @@ class ControlPlaneClient:
         is the answer of them all."""
         walk = _Walk()
         count = len(self.addresses)
-        start = self._start_index()
+        start = self._route.start_index()
         for step in range(count):
             index = (start + step) % count
             try:
@@ -394,7 +256,7 @@ class ControlPlaneClient:
                 walk.busy = walk.busy or isinstance(exc, Busy)
                 walk.failures.append(exc)
                 continue
-            self._answered_by(index)
+            self._route.answered_by(index)
             walk.answer(reply)
             return walk
         return walk
@@ -411,19 +273,15 @@ class ControlPlaneClient:
         """Call ``rpc`` with ``request``, asking the next replica too while the first is slow.
 
         The preferred replica (the last that answered, or the home replica:
-        :class:`_Route`; of ``home_key`` when given) gets the request first, with a deadline
+        :class:`Route`; of ``home_key`` when given) gets the request first, with a deadline
         of ``deadline_s``. Whenever ``hedge_after_s`` has passed without an answer, the same
         request also goes to the next replica, without cancelling what is in flight; an attempt
         that fails (a refused connection, UNAVAILABLE, busy) sends it to the next replica at
         once. Each replica is asked at most once per call. The first answer wins: every other
         attempt is cancelled, and its replica becomes the preferred one.
 
-        Unlike a sequential walk, a slow replica is not given up on after ``timeout_s``: a
-        server that got the request usually does the work anyway (a cancelled handler even
-        drops its database connection), so abandoning it and asking the next one turns one
-        call into work on every replica exactly when they are overloaded. This is the hedged
-        request of Dean and Barroso, "The Tail at Scale" (CACM 56(2), 2013), with the hedge
-        sent after a fixed delay rather than a latency percentile.
+        Why a slow replica is not given up on: docs/design.md, "The control-plane client: walks,
+        hedges, homes and idempotency keys".
 
         Args:
             rpc: the ControlPlane method, snake_case (``"heartbeat"``).
@@ -459,7 +317,7 @@ class ControlPlaneClient:
         *,
         hedge_after_s: float,
         deadline_s: float,
-        route: _Route | None = None,
+        route: Route | None = None,
     ) -> _Walk:
         """One hedged walk of the replicas (see :meth:`call_hedged`), on ``route`` (None: the
         client's own).
@@ -634,7 +492,7 @@ class ControlPlaneClient:
                 first = [await anext(messages)]
             except StopAsyncIteration:
                 first = []
-            yield _Opened(address, first, messages)
+            yield _opened(address, first, messages)
 
     @property
     def last_answered(self) -> str:
@@ -648,32 +506,22 @@ class ControlPlaneClient:
         self._channels.clear()
 
 
-class _Opened:
+async def _opened(address: str, first: list[Any], rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """The messages of a replica's stream that has opened (:meth:`ControlPlaneClient.stream`):
-    those of ``first``, then those of ``rest``, an async iterator; a failure of ``rest`` is
-    raised with a note naming the replica and how many messages had come."""
-
-    def __init__(self, address: str, first: list[Any], rest: AsyncIterator[Any]) -> None:
-        self._address = address
-        self._first = first
-        self._rest = rest
-        self._received = 0
-
-    def __aiter__(self) -> _Opened:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._first:
-            await trio.lowlevel.checkpoint()
-            message = self._first.pop(0)
-        else:
-            try:
-                message = await anext(self._rest)
-            except StockadeError as exc:
-                exc.add_note(
-                    f"the stream from {self._address} broke after {self._received} "
-                    f"message{'' if self._received == 1 else 's'}"
-                )
-                raise
-        self._received += 1
-        return message
+    those of ``first``, then those of ``rest``; a failure of ``rest`` is raised with a note
+    naming the replica and how many messages had come."""
+    for message in first:
+        await trio.lowlevel.checkpoint()
+        yield message
+    received = len(first)
+    while True:
+        try:
+            message = await anext(rest)
+        except StopAsyncIteration:
+            return
+        except StockadeError as exc:
+            plural = "" if received == 1 else "s"
+            exc.add_note(f"the stream from {address} broke after {received} message{plural}")
+            raise
+        received += 1
+        yield message

@@ -1,31 +1,9 @@
 """The web console's login token: a JWT signed with a user's client key, carrying its certificate.
 
-The console (:mod:`actors.console`) is read by browsers, which hold no client certificate of
-the cluster. ``stockade console`` (:mod:`ops.cli.console`) therefore signs a short-lived token
-with the user's own client key, and the console accepts a request whose ``Authorization:
-Bearer`` header carries one that :func:`verify_token` accepts. The token is a JSON Web Token
-(RFC 7519) in JWS compact form (RFC 7515), ``ES256`` (ECDSA P-256 with SHA-256, the key type
-``stockade certs`` issues), with the signer's certificate in the ``x5c`` header (RFC 7515,
-section 4.1.6), so a console needs nothing but the cluster CA to check it:
-
-1. the certificate was issued by the cluster CA, is within its validity, may authenticate a
-   client (extended key usage ``clientAuth``) and names exactly one Stockade identity whose
-   role is ``operator`` or ``viewer`` (:data:`CONSOLE_ROLES`);
-2. the signature verifies with that certificate's public key, so only the holder of the key
-   made the token;
-3. the claims name that same identity (``sub``, ``role``), the audience of this cluster's
-   consoles (``aud``: :func:`audience_of`, from the CA certificate's SHA-256, so a token made
-   for another cluster is refused even by a console that trusts a CA of the same name), and a
-   lifetime of at most ``max_lifetime_s`` that has begun and not ended (``iat``, ``exp``, Unix
-   seconds, with :data:`CLOCK_SKEW_S` of slack for the issuing machine's clock).
-
-A token is a bearer credential: whoever holds it reads the console until it expires (12 h at
-most). It never travels in a cookie (no cross-site request carries it) nor in a query string
-(no access log or ``Referer`` holds it): ``stockade console`` puts it in the URL's fragment,
-which browsers do not send, and the page moves it to ``sessionStorage`` at once.
-
-Times are wall-clock Unix seconds passed in by the caller (``now_unix_s``): a token's expiry
-and a certificate's validity are dates, not durations on a monotonic clock.
+``stockade console`` signs one (:func:`make_token`), the console checks it
+(:func:`verify_token`: the cluster CA, a role of :data:`CONSOLE_ROLES`, the signature, the
+claims and :func:`audience_of`). Times are wall-clock Unix seconds passed in by the caller. The
+rules and why: docs/design.md, "The web console's login token".
 """
 
 from __future__ import annotations

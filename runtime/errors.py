@@ -1,19 +1,8 @@
 """Stockade's exceptions: one base class, subclasses that say what the caller can do.
 
-- :class:`TemporaryError`: try again after ``retry_after_s`` (the supervisor restarts the actor).
-- :class:`PermanentError`: retrying will not help.
-- :class:`StaleEpoch`: this replica's epoch is no longer current; stop deciding.
-- :class:`InvalidArgument` / :class:`NotFound`: the caller's input is wrong (gRPC
-  INVALID_ARGUMENT / NOT_FOUND at the boundary).
-- :class:`Busy`: a replica refused new work because it is overloaded (gRPC RESOURCE_EXHAUSTED);
-  nothing was stored, so asking another replica, or the same one later, is safe.
-- :class:`IdempotencyConflict`: the request's idempotency key was first used for another
-  request (gRPC ALREADY_EXISTS); nothing was stored; send a new request with a new key.
-- :class:`FailedPrecondition`: the request is sound but what it names is not in the state it
-  needs (a job's output asked before the job started; gRPC FAILED_PRECONDITION); the same
-  request may succeed once that state changes.
-- :class:`PeerUnavailable`: a peer answered that something it needs (a worker, the database)
-  is out of its reach now (gRPC UNAVAILABLE from the peer itself); another peer may reach it.
+:class:`TemporaryError` may pass (try again after ``retry_after_s``), :class:`PermanentError`
+will not; :class:`StaleEpoch` says stop deciding. Each class says when it is raised and, for
+those that cross the gRPC boundary, its status there.
 """
 
 from __future__ import annotations
@@ -150,7 +139,8 @@ class StaleEpoch(StockadeError):
 
 
 class InvalidArgument(StockadeError, ValueError):
-    """Input that breaks a rule; the message names the field, the value and the limit.
+    """Input that breaks a rule; the message names the field, the value and the limit (gRPC
+    INVALID_ARGUMENT on the wire).
 
     Args:
         field: the offending field's name, e.g. ``"cpu_millis"``.
@@ -209,7 +199,7 @@ class DuplicateKey(StockadeError):
 
 
 class NotFound(StockadeError, LookupError):
-    """The named object (job, worker) does not exist."""
+    """The named object (job, worker) does not exist (gRPC NOT_FOUND on the wire)."""
 
 
 class LocalFileError(PermanentError):

@@ -1,34 +1,9 @@
 """Garbage-collector pauses: how long each of the interpreter's collections held every thread.
 
-A collection runs with the GIL held, so while it lasts no thread of the process runs: not the
-lease keeper's loop, not the ingest's, not the main loop. A control plane holding thousands of
-connections (the leader's to every worker) keeps millions of objects, and a full (generation 2)
-collection over them can stop it for longer than a lease renewal may take. The event-loop lag
-(:mod:`runtime.lag`) shows that every loop of a process woke late at once; this monitor says
-whether a collection was why.
-
-:class:`GcPauses` hooks ``gc.callbacks`` (called by the interpreter at the start and the stop of
-every collection, in the thread that triggered it, with no other collection able to start
-meanwhile). The hook only times the collection and appends ``(generation, seconds)`` to a deque
-(one atomic operation, no lock: a lock taken inside a collection could be held by the very
-thread it interrupted). :meth:`GcPauses.run`, a task of a trio loop, drains the deque every
-``interval_s`` into
-
-- a Prometheus histogram, ``stockade_gc_pause_seconds{generation=...}``;
-- a warning log line when a collection lasted longer than ``warn_after_s`` (at most one line
-  every ``log_every_s``, carrying how many long collections and the longest since the last
-  line, and the objects each generation tracks now).
-
-:func:`collect_less_often` raises the young generation's threshold, so that objects that live
-a few milliseconds are freed by their reference counts before a collection promotes them to the
-oldest generation, whose growth is what triggers full collections (see there). With
-``freeze_survivors`` the monitor also freezes (``gc.freeze()``) what survived each full
-collection, so the next one scans only what was promoted since: a full collection then costs in
-proportion to the heap's growth, not its size. What was frozen and later became cyclic garbage
-is not freed until ``thaw_every_s`` gives the frozen objects back (one full-heap collection per
-period; objects freed by their reference counts, most of them, are freed at once as always).
-This is ``gc.freeze()``'s use in its documentation (keeping long-lived objects out of
-collections), applied to every full collection's survivors rather than once.
+:class:`GcPauses` times every collection (``gc.callbacks``) and reports them
+(``stockade_gc_pause_seconds``, a warning past ``warn_after_s``), and may freeze what survived
+each full collection; :func:`collect_less_often` raises the young generation's threshold. Why
+and how: docs/design.md, "Garbage-collector pauses".
 """
 
 from __future__ import annotations

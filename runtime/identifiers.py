@@ -1,24 +1,10 @@
-"""Parsers of the identity-like fields: ids, addresses, labels. One parser per kind of field,
-used wherever such a field is accepted: registrations and heartbeats
-(:mod:`actors.validation`), settings (:mod:`runtime.settings`), the fleet spec, the CLI's
-options and the client's address lists. A value is taken whole or refused with
-:class:`runtime.errors.InvalidArgument` naming the field, the value and the rule; nothing is
-trimmed, decoded or guessed at.
+"""Parsers of the identity-like fields: ids (:func:`check_id`), addresses (:func:`parse_address`,
+:func:`parse_host`, :func:`parse_addresses`) and labels (:func:`check_labels`).
 
-- An id (worker, control plane, fleet, agent run): 1 to 64 of ``A-Z a-z 0-9 . _ -``, starting
-  with a letter or a digit. Ids name folders, log lines and metric labels, so they hold no
-  separator, space or control character.
-- An address, ``host:port``. The host is an IPv4 address in dotted decimal
-  (:class:`ipaddress.IPv4Address`: four decimal octets, no leading zeros), an IPv6 address in
-  brackets (:class:`ipaddress.IPv6Address`, without a zone), or a host name as RFC 1123
-  section 2.1 allows it: dot-separated labels of 1 to 63 letters, digits and hyphens, none
-  starting or ending with a hyphen, 253 characters at most, and a last label that is not all
-  digits (RFC 1123: "a valid host name can never have the dotted-decimal form #.#.#.#"). The
-  port is 1 to 65535 in decimal without a sign or leading zeros.
-- A label, as Kubernetes defines them ("Labels and Selectors", syntax and character set): the
-  key is a name of at most 63 characters, ``A-Z a-z 0-9``, with ``- _ .`` inside, optionally
-  after a prefix and a slash, the prefix a lower-case DNS subdomain (dot-separated labels as a
-  host name's) of at most 253 characters; the value is empty or a name like the key's.
+One parser per kind of field, used wherever such a field is accepted. A value is taken whole or
+refused with :class:`runtime.errors.InvalidArgument` naming the field, the value and the rule;
+nothing is trimmed, decoded or guessed at. The rules: docs/design.md, "Ids, addresses and
+labels".
 """
 
 from __future__ import annotations

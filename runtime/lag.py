@@ -1,23 +1,10 @@
 """Event-loop lag: how late a trio loop wakes a task that asked to wake at a given time.
 
-Every Stockade process runs one :class:`LoopLag` per trio loop (a control plane has three: its
-main loop, its ingest's and its lease keeper's; an agent or a fleet has one). The monitor sleeps
-until a deadline every ``interval_s`` and records by how much it woke late: that is how long
-any other task of the loop that became ready at the same moment waited too (a long computation
-between two checkpoints, a burst of ready tasks, or the process waiting for a CPU). The lag is
-
-- a Prometheus histogram, ``stockade_event_loop_lag_seconds{loop=...}``;
-- a warning log line when one wake is later than ``warn_after_s`` (at most one line every
-  ``log_every_s``, carrying how many late wakes and the worst since the previous line);
-- :attr:`LoopLag.recent_max_s`, the worst lag of the last ``window_s`` seconds, which a control
-  plane's ingest uses to shed new work before its heartbeat answers slow down;
-- :attr:`LoopLag.last_wake_monotonic`, the ``time.monotonic()`` of the last wake, which another
-  thread may read (a float attribute: reads and writes are atomic under the GIL) to tell a
-  loop that is merely slow from one that has stopped.
-
-Measuring with a sleeping task is the method of Node.js's ``monitorEventLoopDelay`` and of
-asyncio's debug mode (``slow_callback_duration``): the delay between a timer's due time and
-its callback.
+One :class:`LoopLag` per trio loop sleeps until a deadline every ``interval_s`` and records how
+late it woke: a histogram (``stockade_event_loop_lag_seconds{loop=...}``), a warning line past
+``warn_after_s``, :attr:`LoopLag.recent_max_s` (the ingest sheds new work on it) and
+:attr:`LoopLag.last_wake_monotonic` (read from another thread). Why and how: docs/design.md,
+"Event-loop lag".
 """
 
 from __future__ import annotations

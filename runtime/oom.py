@@ -1,26 +1,12 @@
 """Who the kernel's OOM killer takes first when the whole machine runs out of memory.
 
-When memory runs out on a machine (not in a job's own cgroup, which its limit handles), the
-kernel kills the process with the highest ``oom_score``: its share of memory, plus its
-``oom_score_adj`` (-1000..1000, ``/proc/PID/oom_score_adj``) in thousandths of the machine's
-memory; -1000 exempts a process. Every process inherits its parent's value, 0 by default, so
-without care an agent that holds little memory is as likely a victim as a job, and its loss
-fences every job of the worker. Kubernetes sets the values this way: the kubelet and the
-container runtime -999, guaranteed pods -997, burstable pods in between, best-effort pods 1000
-(kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction/, "Node out of memory
-behavior"). Stockade does the same: the agent (and a fleet) asks for
-:data:`DEFAULT_AGENT_OOM_SCORE_ADJ` at start (``--oom-score-adj``), its reapers and container
-supervisors inherit it (they are forked after), and each job's process raises its own to the
-worker's ``job_oom_score_adj`` (1000 by default) between fork and exec (:mod:`agent.reaper`), or
-its container is created with it (:mod:`agent.container_supervisor`).
-
-Raising a value is always allowed; lowering one below the process's ``oom_score_adj_min`` needs
-``CAP_SYS_RESOURCE`` (``fs/proc/base.c``, ``__set_oom_adj``). That minimum is whatever a
-writer holding the capability last set (systemd's ``OOMScoreAdjust=`` sets both), inherited,
-0 for a process nobody privileged touched, and not shown anywhere: so a process without the
-capability goes as low as the kernel lets it (found by trying, at most a dozen writes) and
-logs once what it could not get. A job started by a root agent raises its value while still
-root, which sets its minimum too: once it runs as the job user it cannot lower it again.
+The agent (and a fleet) asks for :data:`DEFAULT_AGENT_OOM_SCORE_ADJ` at start, its reapers and
+container supervisors inherit it, and each job raises its own to the worker's
+``job_oom_score_adj`` (1000 by default) between fork and exec, as the kubelet orders its pods.
+Lowering a value below the process's hidden ``oom_score_adj_min`` needs ``CAP_SYS_RESOURCE``
+(``fs/proc/base.c``, ``__set_oom_adj``): without it a process goes as low as the kernel lets it
+(found by trying, at most a dozen writes) and logs once what it could not get. docs/design.md,
+"Job runtimes" ("When the whole machine runs out of memory").
 """
 
 from __future__ import annotations

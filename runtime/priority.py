@@ -1,22 +1,8 @@
 """CPU priority for the processes that keep the cluster live.
 
-A control plane answers heartbeats and renews its lease; an agent heartbeats and fences itself
-when its answers stop. Both are cheap, but late is as bad as absent: a heartbeat answer later
-than the self-fence time stops a worker's jobs and has them placed again. Other work on the
-same machine (the jobs, other services, a CPU-burning process) must not be able to take the
-CPU they need. Cluster membership daemons solve this the same way: Corosync runs at real-time
-priority by default so that a loaded machine does not miss its token and fail over for
-nothing; Kubernetes reserves CPU for the kubelet and system daemons (``--kube-reserved``,
-``--system-reserved``) so that pods cannot starve them. Stockade asks for a lower nice value
-(``--nice``, -5 by default), which under Linux's CFS gives a process's threads about three
-times the CPU share of a nice-0 thread each (weights 3121 against 1024: the kernel's
-``sched_prio_to_weight`` table), without the risk a real-time busy loop carries.
-
-Lowering a nice value needs ``CAP_SYS_NICE`` (root has it). Without it the process runs at the
-priority it inherited and says so once at start; nothing else changes. On Linux the nice
-value is per thread and inherited by threads created later, so :func:`ask_for_priority` runs
-before a process starts its threads. A command job's reaper adds the agent's ``--job-nice`` to
-the agent's value, so jobs stay below the agent either way.
+:func:`ask_for_priority` lowers the process's nice value (``--nice``, -5 by default) before it
+starts its threads; without ``CAP_SYS_NICE`` the process keeps the priority it inherited and
+says so once. Why: docs/design.md, "CPU priority for liveness".
 """
 
 from __future__ import annotations

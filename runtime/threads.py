@@ -1,22 +1,10 @@
 """Actors on a trio loop of their own: a thread with its own ``trio.run`` and asyncio bridge.
 
-A control plane runs its lease keeper and its ingest each on a loop of its own, so that no work
-of the main loop (a placer round, a dispatch burst, a long log line) can delay a lease renewal
-or a heartbeat answer: those wait only for the database and for their own loop. Python's GIL is
-still shared, but the interpreter hands it over every ``sys.getswitchinterval()`` (5 ms) to a
-thread that wants it, so CPU-bound code on one loop delays the others by milliseconds, not by
-the length of its computation. Each thread is also scheduled by the kernel on its own, so a
-thread that mostly sleeps gets a CPU soon after it wakes on a machine that other processes
-saturate.
-
-:func:`run_on_own_loop` hosts one actor that way and follows the ``nursery.start`` protocol, so
-the supervisor restarts it like any other actor. Its loop has its own asyncio bridge (asyncpg
-and grpclib work in it as on the main loop) and its own :class:`runtime.lag.LoopLag`.
-
-Messages cross loops only through :meth:`OwnLoop.post` and :class:`CrossLoopSender`, which hand
-a call to the target loop with ``TrioToken.run_sync_soon``: never blocking, in order. A trio
-memory channel belongs to the loop whose tasks use it; a :class:`runtime.reply.Reply` may be
-answered from any loop (it hands the answer to its asker's loop itself).
+:func:`run_on_own_loop` hosts one actor that way (the ``nursery.start`` protocol, so the
+supervisor restarts it like any other), with its own asyncio bridge and
+:class:`runtime.lag.LoopLag`. Messages cross loops only through :meth:`OwnLoop.post` and
+:class:`CrossLoopSender` (``TrioToken.run_sync_soon``: never blocking, in order). Why:
+docs/design.md, "Actors on loops of their own".
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Mutual TLS between Stockade's processes: SSL contexts built from the cluster CA's files, and
-the identities its certificates carry.
+the identities its certificates carry (``spiffe://stockade/<role>/<id>``, read back by
+:func:`identity_of_peercert`; a fleet certificate names many workers, :attr:`Identity.workers`).
 
-Identity: every certificate the cluster CA issues (``stockade certs``, :mod:`ops.certs`)
-carries exactly one URI subject alternative name ``spiffe://stockade/<role>/<id>`` (the SPIFFE
-ID form, https://spiffe.io/docs/latest/spiffe-about/spiffe-concepts/#spiffe-id), read back by
-:func:`identity_of_peercert`. Roles (:data:`ROLES`): ``control-plane``, ``worker``,
-``operator``, ``viewer``. One exception: a *fleet certificate* (a client certificate of a
-process hosting many workers, :mod:`agent.fleet`) carries one ``spiffe://stockade/worker/<id>``
-URI per worker it may speak for, and nothing else; it names a fleet identity
-(:attr:`Identity.workers`), which a control plane lets speak for those workers only and which
-no client accepts as a server.
-
-Servers (a control plane's ControlPlane service, an agent's Worker service) require a client
-certificate signed by the CA (``CERT_REQUIRED``) and decide per RPC what the caller's role may
-do (:mod:`runtime.aio.grpc_server`). Clients verify the server's chain against the CA and then,
-instead of a host name, the identity the server must have: ``control-plane`` for any
-control-plane address, ``worker`` with the worker's id for the worker an assignment goes to
-(:class:`Expected`). Nomad checks a role name (``server.<region>.nomad``) instead of the host
-for the same reason: a certificate then works on whatever host or address its holder runs, and
-no certificate of another role or id can pose as the server a client meant to reach.
-
-TLS 1.3 only: both ends are Stockade's, and every OpenSSL that Python 3.11 links has it. Keys
-must not be readable by group or others (:func:`check_key_private`), as ssh and PostgreSQL
-insist for theirs.
-
-Every refused handshake is logged and counted (``stockade_auth_refusals_total`` with
-``reason="tls_handshake"``); the peer has no verified identity at that point, so the log line
-gives OpenSSL's reason (``certificate has expired``, ``unknown ca``, ``peer did not return a
-certificate``...).
+Servers require a client certificate of the CA; clients check the server's identity
+(:class:`Expected`) instead of its host name. TLS 1.3 only; keys must be private
+(:func:`check_key_private`); every refused handshake is logged and counted. Why: docs/design.md,
+"Mutual TLS: identities instead of host names".
 """
 
 from __future__ import annotations

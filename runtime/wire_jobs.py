@@ -39,12 +39,8 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         cpu_millis=spec.cpu_millis,
         memory_mb=spec.memory_mb,
         priority=spec.priority,
-        # Defaults are left unset, so a spec that uses none of the lifecycle fields has the
-        # wire form it had before they existed.
-        max_attempts=0 if spec.max_attempts == 1 else spec.max_attempts,
-        retry_backoff_ms=None
-        if spec.retry_backoff_s == DEFAULT_RETRY_BACKOFF_S
-        else _ms(spec.retry_backoff_s),
+        max_attempts=spec.max_attempts,
+        retry_backoff_ms=_ms(spec.retry_backoff_s),
         count_lost=spec.count_lost,
         timeout_ms=0 if spec.timeout_s is None else _ms(spec.timeout_s),
         constraints=[pb.Constraint(key=c.key, op=c.op, values=list(c.values)) for c in spec.constraints],

@@ -34,7 +34,10 @@ from actors.console.views import PackingRing, PackingSample
 from actors.logs import LogRelay
 from actors.queries import console as q
 from runtime import identifiers, log
-from runtime.settings import ConsoleSettings, IngestSettings
+from runtime.settings.control_plane import (
+    ConsoleSettings,
+    IngestSettings,
+)
 from runtime.tls import ClientTls, TlsFiles
 
 __all__ = ["INSECURE_HOST", "Console", "console_url"]

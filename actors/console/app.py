@@ -33,7 +33,7 @@ from protocol import pb
 from runtime import identifiers, log, validation
 from runtime.console_token import TokenRefused, audience_of, verify_token
 from runtime.errors import Busy, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from runtime.settings import ConsoleSettings
+from runtime.settings.control_plane import ConsoleSettings
 from runtime.tls import Identity
 
 __all__ = ["ConsoleApp", "TokenCheck", "build_app"]

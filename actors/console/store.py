@@ -24,7 +24,8 @@ from runtime import log
 from runtime.aio import PgConnection, PgPool
 from runtime.aio.pg import CALL_MARGIN_S
 from runtime.errors import DatabaseRefused, DatabaseUnavailable, TemporaryError
-from runtime.settings import ConsoleSettings, session_ms
+from runtime.settings.control_plane import ConsoleSettings
+from runtime.settings.fields import session_ms
 
 __all__ = ["ConsoleStore", "DatabaseDown"]
 

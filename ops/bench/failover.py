@@ -40,7 +40,7 @@ class FailoverBenchSettings:
     """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs
     to move. After each worker kill they are cancelled and replaced by fresh ones, so every kill
     times jobs lost for the first time: a job lost again waits a requeue backoff that doubles
-    with each loss (:attr:`runtime.settings.ReconcilerSettings.requeue_backoff_base_s`), which
+    with each loss (:attr:`runtime.settings.leader.ReconcilerSettings.requeue_backoff_base_s`), which
     would otherwise make later rounds time the backoff, not the recovery."""
 
 

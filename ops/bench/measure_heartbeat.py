@@ -30,7 +30,7 @@ from actors import ingest, ingest_gate, ingest_heartbeats, queries, schema
 from ops.bench.measuring import measure_parser, run_on_database
 from protocol import pb
 from runtime.aio import PgConnection, PgPool
-from runtime.client import new_idempotency_key
+from runtime.idempotency_keys import new_idempotency_key
 
 _COUNTED = ("execute", "fetch", "fetchrow", "fetchval")
 

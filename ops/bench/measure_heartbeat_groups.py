@@ -33,8 +33,8 @@ from ops.bench.measure_heartbeat import UpdateCounts, _count_round_trips, table_
 from ops.bench.measuring import measure_parser, run_on_database
 from protocol import pb
 from runtime.aio import PgConnection
-from runtime.client import new_idempotency_key
-from runtime.settings import IngestSettings
+from runtime.idempotency_keys import new_idempotency_key
+from runtime.settings.control_plane import IngestSettings
 
 CP_ID = "cp-m"
 COMMITS = (

@@ -39,7 +39,8 @@ from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
-from runtime.settings import AgentSettings, ReconcilerSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.leader import ReconcilerSettings
 
 __all__ = ["ScaleSettings", "run_scale"]
 

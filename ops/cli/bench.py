@@ -13,7 +13,7 @@ import typer
 from ops.cli.base import bench_app
 from ops.cli.common import EXIT_INVALID, EXIT_UNAVAILABLE, console, err_console, errors, fail, interruptible
 from ops.config import ClusterError, default_state_dir
-from runtime.settings import PLACEMENT_POLICIES
+from runtime.settings.leader import PLACEMENT_POLICIES
 
 JsonPathOption = Annotated[
     Path | None,

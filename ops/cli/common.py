@@ -438,7 +438,7 @@ def idempotency_key_of(option: str | None) -> str:
     Raises:
         InvalidArgument: the given key is empty, too long or holds a control character.
     """
-    from runtime.client import new_idempotency_key
+    from runtime.idempotency_keys import new_idempotency_key
 
     return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
 

@@ -34,12 +34,13 @@ from ops.client.results import (
 from ops.client.settings import ClientSettings
 from ops.client.streams import WAIT_POLL, LogStream
 from runtime import validation
-from runtime.client import ControlPlaneClient, new_idempotency_key
+from runtime.client import ControlPlaneClient
 from runtime.errors import (
     ClusterBusy,
     InvalidArgument,
     NoControlPlaneReachable,
 )
+from runtime.idempotency_keys import new_idempotency_key
 from runtime.jobs import JobSpec
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from agent.adoption import supervisor_of
 from agent.fence import FENCE_DEADLINE_FILE
 from ops import pidfile
 from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec, option_value
-from runtime.settings import DEFAULT_LEAVE_TIMEOUT_S
+from runtime.settings.agent import DEFAULT_LEAVE_TIMEOUT_S
 from runtime.text import tail_lines
 
 

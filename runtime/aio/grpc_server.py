@@ -7,22 +7,23 @@ given a ``send`` function (:data:`Send`), whose messages go out one by one under
 control. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
 :func:`finish_despite_cancel` keeps database work from being cancelled half way.
 :class:`WireCodec` sends replies already in wire form as they are, and hands a handler marked
-:func:`takes_encoded_request` its request undecoded. Why each exists is in
-:mod:`runtime.aio`'s docstring.
+:func:`takes_encoded_request` its request undecoded. Who called and what it may do:
+:mod:`runtime.aio.grpc_access`. Why each exists: docs/design.md, "The trio-asyncio boundary:
+errors, cancels, deadlines, streams".
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import math
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from typing import Any, TypeVar
 
-import attrs
 import betterproto2
 import grpclib.const
 import grpclib.exceptions
@@ -35,8 +36,8 @@ from grpclib.encoding.proto import ProtoCodec
 
 from protocol import wire
 from protocol.wire import Encoded
-from runtime import log
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio, run_trio
+from runtime.aio.grpc_access import NOBODY, RPC_CALLER, Access, Caller, caller_of, check_access
 from runtime.errors import (
     Busy,
     DatabaseUnavailable,
@@ -50,8 +51,9 @@ from runtime.errors import (
     StockadeError,
     TemporaryError,
 )
-from runtime.metrics import AUTH_REFUSALS
-from runtime.tls import TLS_HANDSHAKE_TIMEOUT_S, WORKER, Identity, identity_of_peercert
+from runtime.tls import TLS_HANDSHAKE_TIMEOUT_S
+
+T = TypeVar("T")
 
 _STATUS_OF: list[tuple[type[BaseException], grpclib.const.Status]] = [
     (Busy, grpclib.const.Status.RESOURCE_EXHAUSTED),
@@ -84,108 +86,10 @@ _RPC_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
 """The served request's deadline in trio time (trio side)."""
 
 
-@attrs.frozen
-class Caller:
-    """Who called the RPC being served: ``address`` (``host:port`` as seen by the server),
-    ``secure`` (the connection is mutual TLS) and the ``identity`` its verified client
-    certificate carries (None on a plaintext connection, or a certificate without one)."""
-
-    address: str
-    secure: bool = False
-    identity: Identity | None = None
-
-    def acts_as(self, roles: Collection[str]) -> bool:
-        """Whether the caller holds one of ``roles``: its certificate's role is among them, or
-        the connection is plaintext (a server run with ``--insecure`` checks no identity, and
-        lets everyone call everything)."""
-        if not self.secure:
-            return True
-        return self.identity is not None and self.identity.role in roles
-
-    def __str__(self) -> str:
-        who = str(self.identity) if self.identity else ("no identity" if self.secure else "plaintext")
-        return f"{who} at {self.address}"
-
-
-_NOBODY = Caller(address="-")
-
 _STREAM_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar(
-    "stockade_stream_caller", default=_NOBODY
+    "stockade_stream_caller", default=NOBODY
 )
 """The served request's caller (asyncio side)."""
-
-_RPC_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("stockade_rpc_caller", default=_NOBODY)
-"""The served request's caller (trio side)."""
-
-
-def rpc_caller() -> Caller:
-    """The caller of the RPC being handled (a placeholder with address ``"-"`` outside a
-    handler served by :func:`trio_service`)."""
-    return _RPC_CALLER.get()
-
-
-def _caller_of(stream: grpclib.server.Stream[Any, Any]) -> Caller:
-    peer = stream.peer
-    addr = peer.addr()
-    address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
-    # A TLS server here always requires a verified client certificate, so a connection without
-    # one is plaintext.
-    cert = peer.cert()
-    if cert is None:
-        return Caller(address=address)
-    return Caller(address=address, secure=True, identity=identity_of_peercert(cert))
-
-
-def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) -> PermissionDenied:
-    """Log a refused call with its caller, count it (``stockade_auth_refusals_total`` by
-    ``rpc`` and ``reason``) and return the :class:`runtime.errors.PermissionDenied` to raise.
-
-    Args:
-        rpc: the RPC's name, e.g. ``"heartbeat"``.
-        reason: ``no_identity``, ``role`` or ``id`` (the metric's label).
-        message: what was refused and what would be needed.
-        caller: default the caller of the RPC being handled.
-    """
-    caller = caller or rpc_caller()
-    AUTH_REFUSALS.labels(rpc=rpc, reason=reason).inc()
-    log.get("auth").warning(
-        "refused a call", rpc=rpc, reason=reason, peer=str(caller.identity or "-"), address=caller.address
-    )
-    return PermissionDenied(f"permission denied: {message}")
-
-
-def require_worker(rpc: str, worker_id: str) -> None:
-    """Refuse, on a mutual-TLS connection, a caller that may not speak as the worker
-    ``worker_id``: its certificate's role must be ``worker`` and it must name ``worker_id``,
-    as its one id or, a fleet certificate, among the workers it names
-    (:meth:`runtime.tls.Identity.speaks_for`); a plaintext connection (a server run with
-    ``--insecure``) is not checked.
-
-    Raises:
-        PermissionDenied: the caller is another worker, a fleet certificate not naming
-            ``worker_id``, or has another role (logged and counted).
-    """
-    caller = rpc_caller()
-    if not caller.secure:
-        return
-    identity = caller.identity
-    if identity is None or identity.role != WORKER:
-        raise refuse(
-            rpc, "role", f"{rpc} needs the worker certificate of {worker_id!r}; the caller is {caller}"
-        )
-    if identity.speaks_for(worker_id):
-        return
-    if identity.is_fleet:
-        raise refuse(
-            rpc,
-            "id",
-            f"{identity} may {rpc} only as one of the workers it names, not as {worker_id!r}",
-        )
-    raise refuse(
-        rpc,
-        "id",
-        f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
-    )
 
 
 def rpc_deadline() -> float:
@@ -223,28 +127,39 @@ def finish_despite_cancel(bound_s: float) -> Iterator[None]:
         raise DatabaseUnavailable(f"database work took longer than {bound_s:g} s") from exc
 
 
-async def _call_in_trio(
-    fn: Callable[[Any], Awaitable[Any]], message: Any, deadline_monotonic: float | None, caller: Caller
-) -> Any:
+async def _served_in_trio(
+    body: Callable[[], Awaitable[T]], deadline_monotonic: float | None, caller: Caller
+) -> T:
+    """``await body()``, the trio side of one served RPC, with its deadline and caller known
+    (:func:`rpc_deadline`, :func:`runtime.aio.grpc_access.rpc_caller`)."""
     # Converted here, in the trio task, so the hand-over from asyncio counts against the deadline.
     deadline = math.inf
     if deadline_monotonic is not None:
         deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
     token = _RPC_DEADLINE.set(deadline)
-    caller_token = _RPC_CALLER.set(caller)
+    caller_token = RPC_CALLER.set(caller)
     try:
-        result = await fn(message)
+        result = await body()
     except StockadeError:
         await trio.lowlevel.checkpoint()
         raise
     finally:
         _RPC_DEADLINE.reset(token)
-        _RPC_CALLER.reset(caller_token)
+        RPC_CALLER.reset(caller_token)
     # A client that gave up while the handler finished its work (finish_despite_cancel) gets no
     # answer: the cancel lands here, and grpclib ends the stream as cancelled instead of
     # trying to send a reply on a stream that is gone (which it logs as an error).
     await trio.lowlevel.checkpoint()
     return result
+
+
+async def _in_trio(body: Callable[[], Awaitable[T]]) -> T:
+    """Run ``body`` (:func:`_served_in_trio`) from the asyncio task serving the RPC; a
+    StockadeError it raises becomes the RPC's gRPC status."""
+    try:
+        return await run_trio(_served_in_trio, body, _STREAM_DEADLINE.get(), _STREAM_CALLER.get())
+    except StockadeError as exc:
+        raise _to_grpc_error(exc) from exc
 
 
 Send = Callable[[Any], Awaitable[None]]
@@ -253,38 +168,23 @@ it returns once grpclib has taken the message (HTTP/2 flow control: a client tha
 slowly makes it wait)."""
 
 
-async def _stream_in_trio(
-    fn: Callable[..., Any], message: Any, send: Send, deadline_monotonic: float | None, caller: Caller
-) -> None:
-    """Serve one server stream in trio: iterate ``fn(message)`` (an async generator) and send
-    each message, or await ``fn(message, send)``."""
-    deadline = math.inf
-    if deadline_monotonic is not None:
-        deadline = trio.current_time() + (deadline_monotonic - time.monotonic())
-    token = _RPC_DEADLINE.set(deadline)
-    caller_token = _RPC_CALLER.set(caller)
-    try:
-        if inspect.isasyncgenfunction(fn):
-            # Closed here, in this task, whatever ends the stream (a cancel included): the
-            # generator's own clean-up (closing a file it reads) runs at once, not when it is
-            # collected.
-            async with aclosing(fn(message)) as replies:
-                async for reply in replies:
-                    await send(reply)
-        else:
-            await fn(message, send)
-    except StockadeError:
-        await trio.lowlevel.checkpoint()
-        raise
-    finally:
-        _RPC_DEADLINE.reset(token)
-        _RPC_CALLER.reset(caller_token)
-    await trio.lowlevel.checkpoint()
+async def _send_stream(fn: Callable[..., Any], message: Any, send: Send) -> None:
+    """Serve one server stream: iterate ``fn(message)`` (an async generator) and send each
+    message, or await ``fn(message, send)``."""
+    if inspect.isasyncgenfunction(fn):
+        # Closed here, in this task, whatever ends the stream (a cancel included): the
+        # generator's own clean-up (closing a file it reads) runs at once, not when it is
+        # collected.
+        async with aclosing(fn(message)) as replies:
+            async for reply in replies:
+                await send(reply)
+    else:
+        await fn(message, send)
 
 
 def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[None]]:
     """A grpclib stream handler (asyncio side) for a server-streaming RPC served by
-    ``trio_fn``: it reads the one request, then runs the trio side (:func:`_stream_in_trio`),
+    ``trio_fn``: it reads the one request, then runs the trio side (:func:`_send_stream`),
     whose every message crosses back to be sent on this stream.
 
     Cancellation goes both ways: a client that resets the stream, or whose deadline passes,
@@ -294,15 +194,11 @@ def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[No
 
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
         request = await stream.recv_message()
-        caller = _STREAM_CALLER.get()
 
         async def send(reply: Any) -> None:
             await run_aio(stream.send_message, reply)
 
-        try:
-            await run_trio(_stream_in_trio, trio_fn, request, send, _STREAM_DEADLINE.get(), caller)
-        except StockadeError as exc:
-            raise _to_grpc_error(exc) from exc
+        await _in_trio(functools.partial(_send_stream, trio_fn, request, send))
 
     return handle
 
@@ -322,9 +218,9 @@ def _guarded(
     and make the request's deadline and caller known inside."""
 
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
-        caller = _caller_of(stream)
+        caller = caller_of(stream)
         try:
-            _check_access(rpc, access, caller)
+            check_access(rpc, access, caller)
         except PermissionDenied as exc:
             raise _to_grpc_error(exc) from None
         _limit_request_size(stream, rpc, max_request_bytes)
@@ -431,23 +327,6 @@ def _undecoded(message_type: type[Any]) -> type[Any]:
     return Undecoded
 
 
-Access = Mapping[str, Collection[str]]
-"""RPC name (snake case, ``"submit_jobs"``) -> the roles that may call it."""
-
-
-def _check_access(rpc: str, access: Access | None, caller: Caller) -> None:
-    if access is None or not caller.secure:
-        return
-    if caller.identity is None:
-        raise refuse(
-            rpc, "no_identity", f"{rpc}: the client certificate carries no Stockade identity", caller
-        )
-    allowed = access.get(rpc, ())
-    if caller.identity.role not in allowed:
-        needs = " or ".join(sorted(allowed)) or "a role no certificate has"
-        raise refuse(rpc, "role", f"{rpc} needs {needs}; the caller is {caller}", caller)
-
-
 def trio_service(
     base: type[ServiceBase],
     impl: object,
@@ -503,11 +382,7 @@ def trio_service(
             undecoded.add(name)
 
         async def rpc(self: Any, message: Any, _trio_fn: Any = trio_fn) -> Any:
-            caller = _STREAM_CALLER.get()
-            try:
-                return await run_trio(_call_in_trio, _trio_fn, message, _STREAM_DEADLINE.get(), caller)
-            except StockadeError as exc:
-                raise _to_grpc_error(exc) from exc
+            return await _in_trio(functools.partial(_trio_fn, message))
 
         methods[name] = rpc
 
@@ -556,9 +431,8 @@ class _Server(grpclib.server.Server):
     whose default is 60 s), announcing :data:`MAX_CONCURRENT_STREAMS` on each connection."""
 
     def _protocol_factory(self) -> grpclib.protocol.H2Protocol:
-        protocol = super()._protocol_factory()
-        protocol.__class__ = _Protocol
-        return protocol
+        made = super()._protocol_factory()  # registers the connection's handler with the server
+        return _Protocol(made.handler, made.config, made.h2_config)
 
     async def start_tls(
         self, host: str, port: int, context: ssl.SSLContext | None, handshake_timeout_s: float

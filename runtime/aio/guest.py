@@ -1,30 +1,10 @@
 """Trio as a guest of an asyncio program's own event loop, for code written for trio (the
 client) that an asyncio program calls.
 
-Trio's guest mode (``trio.lowlevel.start_guest_run``, "Using guest mode to run Trio on top of
-other event loops" in trio's documentation) runs a trio run on top of a running asyncio loop:
-trio's tasks take their steps in the loop's callbacks, on the loop's thread, and only trio's
-wait for I/O sits in a thread of its own. Inside such a run, :func:`runtime.aio.run_aio` runs
-asyncio code (grpclib) on the program's loop itself, with :func:`run_on_host`: there is no
-trio-asyncio loop, no second event loop and no thread per call, and ``trio_asyncio`` is never
-imported (importing it replaces asyncio's event loop policy for the whole process).
-
-- :func:`open_portal`: an asyncio async context manager that starts the guest run (or joins the
-  one already running on this loop: trio allows one run per thread) and gives a
-  :class:`TrioPortal`; the run ends when the last user leaves.
-- :meth:`TrioPortal.run`: await a trio function from asyncio. A cancel of the awaiting asyncio
-  task cancels the trio call; an error it raises comes out as itself.
-- :func:`run_on_host`: await an asyncio coroutine function from a trio task of the guest run.
-  A trio cancel cancels the asyncio task and waits for it to finish.
-
-An asyncio loop may itself be trio-asyncio's (once ``trio_asyncio`` is imported, ``asyncio.run``
-makes one of its loops, which runs inside a trio run): trio is running already then, and
-:func:`open_portal` crosses with that loop's own ``trio_as_future``
-(:func:`runtime.aio.bridge.run_trio_on`) instead of starting a guest run.
-
-The crossings of a guest run hand results over with ``call_soon_threadsafe`` and
-``TrioToken.run_sync_soon``, the two calls each side documents as safe from anywhere; neither
-side runs the other's code outside its own context.
+:func:`open_portal` starts the guest run (or joins the one running on this loop) and gives a
+:class:`TrioPortal`, whose :meth:`TrioPortal.run` awaits a trio function from asyncio;
+:func:`run_on_host` awaits asyncio code from a trio task of the guest run. How the crossings
+work: docs/design.md, "Trio as a guest of an asyncio program".
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import pytest
 from ops import rpc
 from ops.cluster import STATE_DIR_ENV, LocalCluster, UpResult
 from protocol import pb
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 from runtime.tls import TlsFiles
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import trio
 from actors.ingest import Ingest
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 from runtime.tls import ClientTls
 
 HOLD_LEASE = "UPDATE lease SET holder = 'cp-1', epoch = $1, expires_at = now() + interval '1 hour'"

@@ -28,7 +28,7 @@ from agent.joblog import read_log
 from agent.resources import JobResources, Mode
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

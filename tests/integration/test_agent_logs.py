@@ -23,7 +23,10 @@ from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument, NotFound
-from runtime.settings import AgentSettings, OutputSettings
+from runtime.settings.agent import (
+    AgentSettings,
+    OutputSettings,
+)
 
 RPC_TIMEOUT_S = 5.0
 MIB = 1024 * 1024

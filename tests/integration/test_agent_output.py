@@ -16,7 +16,7 @@ import trio
 from agent import output
 from agent.logs import _open, _read
 from agent.output import OutputFiles, OutputKeeper, data_start
-from runtime.settings import OutputSettings
+from runtime.settings.agent import OutputSettings
 
 MIB = 1024 * 1024
 

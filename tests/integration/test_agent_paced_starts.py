@@ -28,7 +28,7 @@ from agent.joblog import read_log
 from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -98,7 +98,7 @@ async def assign(address: str, incarnation: int, *assignments: pb.Assignment) ->
 def _agent_script(cp_port: int, work_dir: Path) -> str:
     return textwrap.dedent(f"""
         from agent.main import main
-        from runtime.settings import AgentSettings
+        from runtime.settings.agent import AgentSettings
         main(AgentSettings(worker_id="w-1", control_planes=["127.0.0.1:{cp_port}"],
                            cpu_millis=4000, memory_mb=8192, work_dir={str(work_dir)!r}))
     """)

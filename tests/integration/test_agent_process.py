@@ -80,7 +80,7 @@ async def _child_pid(pid_file: Path) -> int:
 def _agent_script(cp_port: int, work_dir: Path) -> str:
     return textwrap.dedent(f"""
         from agent.main import main
-        from runtime.settings import AgentSettings
+        from runtime.settings.agent import AgentSettings
         main(AgentSettings(worker_id="w-p", control_planes=["127.0.0.1:{cp_port}"],
                            cpu_millis=1000, memory_mb=1000, work_dir={str(work_dir)!r},
                            heartbeat_interval_s=0.1, stop_grace_s=2.0))

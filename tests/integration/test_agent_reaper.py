@@ -111,7 +111,7 @@ class AgentProcess:
 def _agent_script(cp_port: int, work_dir: Path, db_outage_grace_s: float) -> str:
     return textwrap.dedent(f"""
         from agent.main import main
-        from runtime.settings import AgentSettings
+        from runtime.settings.agent import AgentSettings
         main(AgentSettings(worker_id={WORKER!r}, control_planes=["127.0.0.1:{cp_port}"],
                            cpu_millis=1000, memory_mb=1000, work_dir={str(work_dir)!r},
                            heartbeat_interval_s={HEARTBEAT_S}, heartbeat_timeout_s=0.3,

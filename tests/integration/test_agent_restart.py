@@ -40,7 +40,7 @@ from agent.resources import ConfinedJob
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.jobs import CommandRuntime
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "pidfd_open"), reason="restarts keep jobs on Linux 5.3+"
@@ -127,7 +127,7 @@ class Host:
         options = ", ".join(f"{k}={v!r}" for k, v in settings.items())
         script = textwrap.dedent(f"""
             from agent.main import main
-            from runtime.settings import AgentSettings
+            from runtime.settings.agent import AgentSettings
             main(AgentSettings(worker_id={WORKER!r}, control_planes=["127.0.0.1:{self.cp_port}"],
                                work_dir={str(self.work_dir)!r},
                                heartbeat_interval_s={HEARTBEAT_S}, heartbeat_timeout_s=0.3,

@@ -23,7 +23,7 @@ from agent.messages import JobState
 from agent.runtimes import RunOptions, run_job
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.os_users import RunAs, resolve_unprivileged_user
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

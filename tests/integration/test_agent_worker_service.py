@@ -17,7 +17,7 @@ from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 RPC_TIMEOUT_S = 5.0
 

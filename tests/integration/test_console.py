@@ -25,7 +25,7 @@ from actors.console import Console, console_url
 from ops.certs import init_cluster
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.console_token import make_token
-from runtime.settings import ConsoleSettings
+from runtime.settings.control_plane import ConsoleSettings
 from runtime.tls import TlsFiles
 
 DEAD_DATABASE_URL = "postgresql://postgres@127.0.0.1:9/stockade"

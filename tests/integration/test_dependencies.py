@@ -354,7 +354,7 @@ async def test_a_settling_write_under_a_stale_epoch_changes_nothing(
     )  # a job with no dependency
     ledger_send, ledger_recv = trio.open_memory_channel[LedgerInbox](8)
     lease_send, _lease_recv = trio.open_memory_channel[LeaseInbox](8)
-    from runtime.settings import LedgerSettings
+    from runtime.settings.leader import LedgerSettings
 
     ledger = Ledger(
         cp_id="cp-1",

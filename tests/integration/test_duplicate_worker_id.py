@@ -15,7 +15,7 @@ from agent.core import Agent
 from agent.main import run_agent
 from runtime.aio import PgConnection
 from runtime.errors import FailedPrecondition
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 TIMEOUT_S = 20.0
 

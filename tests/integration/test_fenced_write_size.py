@@ -36,7 +36,11 @@ from runtime import faults
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DatabaseUnavailable, InvalidArgument
 from runtime.reply import Reply
-from runtime.settings import LeaseSettings, LedgerSettings, ReconcilerSettings
+from runtime.settings.leader import (
+    LeaseSettings,
+    LedgerSettings,
+    ReconcilerSettings,
+)
 
 LEDGER = LedgerSettings()
 BATCH = LEDGER.max_rows_per_fenced_write

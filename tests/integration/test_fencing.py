@@ -33,7 +33,7 @@ from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DatabaseUnavailable, DuplicateKey, StaleEpoch
 from runtime.jobs import CommandRuntime, SleepRuntime
 from runtime.reply import Reply
-from runtime.settings import LedgerSettings
+from runtime.settings.leader import LedgerSettings
 
 MAX_ROWS = LedgerSettings().max_rows_per_fenced_write
 

@@ -17,7 +17,7 @@ from agent.fleet import FleetWorker, fleet_settings, run_fleet, shared_client
 from ops import certs as certs_module
 from protocol import pb
 from runtime.aio import asyncio_bridge, require_worker, rpc_caller, serve_grpc, trio_service
-from runtime.client import home_index
+from runtime.routes import home_index
 from runtime.tls import Identity, TlsFiles, server_context
 
 WORKERS = ("w-1", "w-2", "w-3", "w-4", "w-5")

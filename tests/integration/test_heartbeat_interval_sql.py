@@ -21,7 +21,7 @@ from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from actors.reconciler_store import PgReconcilerStore
 from protocol import pb
 from runtime.client import ControlPlaneClient
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 DEFAULTS = default_policy(ReconcilerSettings())
 

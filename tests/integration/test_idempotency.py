@@ -23,7 +23,7 @@ from runtime import faults
 from runtime.aio import GrpcChannel, PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import ClusterBusy, DatabaseUnavailable, IdempotencyConflict, InvalidArgument, NotFound
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ from protocol import pb
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, NotFound
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 
 @pytest.fixture

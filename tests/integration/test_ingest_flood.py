@@ -21,8 +21,8 @@ from serving import serve_ingests
 
 from protocol import pb
 from runtime.aio import GrpcChannel
-from runtime.client import with_idempotency_key
 from runtime.errors import Busy
+from runtime.idempotency_keys import with_idempotency_key
 from runtime.lag import LoopLag
 
 ROOT = Path(__file__).parents[2]

@@ -27,9 +27,10 @@ from runtime.aio import (
     trio_service,
 )
 from runtime.backoff import FullJitterBackoff
-from runtime.client import ControlPlaneClient, with_idempotency_key
+from runtime.client import ControlPlaneClient
 from runtime.errors import Busy, ClusterBusy, DeadlineExceeded, Unavailable
-from runtime.settings import IngestSettings
+from runtime.idempotency_keys import with_idempotency_key
+from runtime.settings.control_plane import IngestSettings
 
 # 3 connections: 2 for any work, 1 only for liveness; nothing may wait for one.
 SETTINGS = IngestSettings(

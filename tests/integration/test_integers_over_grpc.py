@@ -20,7 +20,7 @@ from protocol import pb
 from runtime.aio import PgConnection, run_aio
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 TABLES = ("jobs", "workers", "assignments")
 

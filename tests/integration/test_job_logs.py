@@ -34,7 +34,11 @@ from runtime.errors import (
     PeerUnavailable,
     PermissionDenied,
 )
-from runtime.settings import AgentSettings, IngestSettings, OutputSettings
+from runtime.settings.agent import (
+    AgentSettings,
+    OutputSettings,
+)
+from runtime.settings.control_plane import IngestSettings
 from runtime.tls import WORKER, ClientTls, Expected, TlsFiles, server_context
 
 EPOCH = 1

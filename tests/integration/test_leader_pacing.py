@@ -33,9 +33,12 @@ from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.client import new_idempotency_key
+from runtime.idempotency_keys import new_idempotency_key
 from runtime.reply import Reply
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 COUNTERS_MATCH = """
 SELECT bool_and(w.unconfirmed_assignments = coalesce(a.unconfirmed, 0)

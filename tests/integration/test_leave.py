@@ -21,7 +21,7 @@ from protocol import pb
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 EPOCH = 1
 RUN = "run-a"

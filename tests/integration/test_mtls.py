@@ -39,10 +39,11 @@ from ops.config import CERTS_DIR_ENV, CONFIG_ENV, IDENTITY_ENV, INSECURE_ENV, ST
 from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection, asyncio_bridge, serve_grpc, trio_service
 from runtime.aio.grpc_server import MAX_REQUEST_BYTES
-from runtime.client import with_idempotency_key
 from runtime.errors import HandshakeRefused, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from runtime.idempotency_keys import with_idempotency_key
 from runtime.metrics import AUTH_REFUSALS
-from runtime.settings import AgentSettings, IngestSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import IngestSettings
 from runtime.tls import (
     ANY_CONTROL_PLANE,
     WORKER,

@@ -61,7 +61,7 @@ def _script(kind: str, cp_port: int, work_dir: Path, options: dict[str, Any]) ->
         with open("/proc/self/oom_score_adj", "w") as file:
             file.write("{START}")
         from {module} import main
-        from runtime.settings import AgentSettings
+        from runtime.settings.agent import AgentSettings
         {run}
     """)
 

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from actors.database_watch import DatabaseWatch, PgWatchStore
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.settings import DatabaseWatchSettings
+from runtime.settings.control_plane import DatabaseWatchSettings
 
 HANG_GUARD_S = 60.0
 """Bounds a wait for something the test makes happen, so a broken watch fails the test instead

@@ -232,7 +232,7 @@ async def test_a_fenced_write_that_meets_a_changed_schema_runs_again_from_its_fe
     from actors import queries
     from actors.ledger import Ledger
     from actors.messages import LeaseInbox, LedgerInbox
-    from runtime.settings import LedgerSettings
+    from runtime.settings.leader import LedgerSettings
 
     async with asyncio_bridge():
         admin = await PgConnection.connect(database_url)

@@ -20,7 +20,10 @@ from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 
 @pytest.fixture

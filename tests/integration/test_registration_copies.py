@@ -20,7 +20,8 @@ from runtime import faults
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.errors import DatabaseUnavailable
-from runtime.settings import AgentSettings, IngestSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import IngestSettings
 
 TIMEOUT_S = 30.0
 

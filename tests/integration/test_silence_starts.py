@@ -26,7 +26,7 @@ from actors import queries
 from runtime import faults
 from runtime.aio import PgConnection
 from runtime.client import ControlPlaneClient
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 EPOCH = 1
 HOLD_S = 2.0

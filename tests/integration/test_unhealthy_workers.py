@@ -37,7 +37,12 @@ from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.constraints import parse_constraint
 from runtime.jobs import ArrayRange, CommandRuntime, JobSpec
-from runtime.settings import AgentSettings, ControlPlaneSettings, PlacerSettings, ReconcilerSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import ControlPlaneSettings
+from runtime.settings.leader import (
+    PlacerSettings,
+    ReconcilerSettings,
+)
 from runtime.wire_jobs import job_spec_to_pb
 
 

@@ -19,8 +19,11 @@ from actors.placer import Placer
 from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from runtime.aio import PgConnection, asyncio_bridge
-from runtime.client import new_idempotency_key
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.idempotency_keys import new_idempotency_key
+from runtime.settings.leader import (
+    LedgerSettings,
+    PlacerSettings,
+)
 
 
 @pytest.fixture

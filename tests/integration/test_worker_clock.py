@@ -30,7 +30,8 @@ from ops.checker import runs_from_records
 from protocol import pb
 from runtime.aio import GrpcChannel, PgConnection
 from runtime.client import ControlPlaneClient
-from runtime.settings import AgentSettings, IngestSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import IngestSettings
 
 EPOCH = 1
 TIMEOUT_S = 20.0

@@ -23,7 +23,7 @@ from actors.admission import (
     turn_timeout_reason,
 )
 from runtime.errors import InvalidArgument
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 SETTINGS = IngestSettings(shed_lag_s=0.25, max_waiting_requests=4)
 OTHER_RPCS = ("submit_job", "submit_jobs", "cancel_job", "get_job", "list_jobs", "status")

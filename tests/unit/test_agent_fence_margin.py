@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.fence import fence_after_s
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 
 def settings(self_fence_after_s: float, stop_grace_s: float) -> AgentSettings:

@@ -42,7 +42,7 @@ from agent.messages import (
 )
 from runtime.errors import NoControlPlaneReachable, PermissionDenied
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 HEARTBEAT_S = 0.5
 TIMEOUT_S = 1.0

@@ -30,7 +30,7 @@ from runtime import metrics
 from runtime.errors import InvalidArgument
 from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.os_users import RunAs
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 
 @pytest.fixture

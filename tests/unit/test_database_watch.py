@@ -20,7 +20,7 @@ from actors.database_watch import (
     over_thresholds,
 )
 from runtime.errors import DatabaseUnavailable
-from runtime.settings import DatabaseWatchSettings
+from runtime.settings.control_plane import DatabaseWatchSettings
 
 SETTINGS = DatabaseWatchSettings(
     sample_interval_s=5.0, oldest_transaction_warn_s=60.0, dead_rows_warn_ratio=10.0, dead_rows_warn_min=1000

@@ -27,7 +27,7 @@ from ops.config import INSECURE_ENV
 from runtime import validation
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 SETTINGS = PlacerSettings(initial_window=100, max_unconfirmed_per_worker=100)
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import InvalidArgument
-from runtime.settings import ControlPlaneSettings, LeaseSettings, LedgerSettings, PlacerSettings
+from runtime.settings.control_plane import ControlPlaneSettings
+from runtime.settings.leader import (
+    LeaseSettings,
+    LedgerSettings,
+    PlacerSettings,
+)
 
 
 def control_plane(**groups: object) -> ControlPlaneSettings:

@@ -12,7 +12,7 @@ import trio.testing
 
 from actors.heartbeat_group import GroupAnswer, GroupedBeat, GroupMember, HeartbeatGrouper
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument
-from runtime.settings import IngestSettings
+from runtime.settings.control_plane import IngestSettings
 
 WAIT_S = 0.005
 

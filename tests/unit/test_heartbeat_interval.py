@@ -41,7 +41,10 @@ from actors.reconciler_store import HeartbeatAge
 from agent.fence import fence_after_s, told_refusal
 from agent.messages import Registered, Registration
 from runtime.errors import InvalidArgument
-from runtime.settings import ReconcilerSettings, fence_margin_refusal
+from runtime.settings.leader import (
+    ReconcilerSettings,
+    fence_margin_refusal,
+)
 
 SETTINGS = ReconcilerSettings()
 

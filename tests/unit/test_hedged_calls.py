@@ -26,7 +26,7 @@ from agent.core import Agent
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, NoControlPlaneReachable, Unavailable
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 HEDGE_S = 0.5
 DEADLINE_S = 1.4

@@ -29,7 +29,8 @@ from runtime.identifiers import (
     parse_address,
     parse_host,
 )
-from runtime.settings import AgentSettings, ControlPlaneSettings
+from runtime.settings.agent import AgentSettings
+from runtime.settings.control_plane import ControlPlaneSettings
 
 ISSUE_ADDRESSES = ["a b:80", "http://h:80", "a:b:80", "h\n:80", " :80", "-:1", "host:0080"]
 """The addresses the issue found stored as live workers."""

@@ -41,7 +41,11 @@ from agent.resources import (
     memory_limit_bytes,
 )
 from runtime.errors import InvalidArgument, ResourcesUnavailable
-from runtime.settings import AUTO, JOB_RESOURCES_CHOICES, AgentSettings
+from runtime.settings.agent import (
+    AUTO,
+    JOB_RESOURCES_CHOICES,
+    AgentSettings,
+)
 
 PID = 4242
 """The agent's process id in the fake trees."""

@@ -48,15 +48,22 @@ def test_a_message_with_one_runtime_comes_back_as_it_was_read(spec: JobSpec) -> 
 
 
 def test_the_wire_form_is_the_oneof_as_before() -> None:
-    """A sleep is the oneof's ``sleep``, a command its ``command``: the bytes a client of the
-    old hand-written conversions sent."""
+    """A sleep is the oneof's ``sleep``, a command its ``command``."""
     sleep = JobSpec(name="s", cpu_millis=500, memory_mb=256, priority=-3, runtime=SleepRuntime(duration_ms=0))
+    defaults = {"max_attempts": 1, "retry_backoff_ms": 1000}
     assert bytes(job_spec_to_pb(sleep)) == bytes(
-        pb.JobSpec(name="s", cpu_millis=500, memory_mb=256, priority=-3, sleep=pb.SleepRuntime(duration_ms=0))
+        pb.JobSpec(
+            name="s",
+            cpu_millis=500,
+            memory_mb=256,
+            priority=-3,
+            sleep=pb.SleepRuntime(duration_ms=0),
+            **defaults,
+        )
     )
     command = JobSpec(name="c", cpu_millis=1, memory_mb=1, runtime=CommandRuntime(argv=["echo", ""]))
     assert job_spec_to_pb(command) == pb.JobSpec(
-        name="c", cpu_millis=1, memory_mb=1, command=pb.CommandRuntime(argv=["echo", ""])
+        name="c", cpu_millis=1, memory_mb=1, command=pb.CommandRuntime(argv=["echo", ""]), **defaults
     )
 
 

@@ -18,7 +18,7 @@ from ops.launcher.procs import (
     terminate,
 )
 from ops.launcher.state import ProcessSpec
-from runtime.settings import DEFAULT_LEAVE_TIMEOUT_S
+from runtime.settings.agent import DEFAULT_LEAVE_TIMEOUT_S
 
 
 def spec(kind: str, *args: str) -> ProcessSpec:

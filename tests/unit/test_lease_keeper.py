@@ -19,7 +19,7 @@ from actors.lease import LeaseKeeper
 from actors.messages import Deposed, Elected, EpochSuperseded, LeaseInbox, QueryRole, RoleChange
 from runtime.errors import DatabaseBusy, DatabaseUnavailable
 from runtime.reply import Reply
-from runtime.settings import LeaseSettings
+from runtime.settings.leader import LeaseSettings
 
 SETTINGS = LeaseSettings(
     lease_ttl_s=2.0,

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.errors import InvalidArgument
 from runtime.oom import check_oom_score_adj
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/oom_score_adj is Linux's")
 

@@ -14,7 +14,7 @@ from agent.output import KEEP_FRACTION, JobFolder, expired, next_check_interval_
 from agent.service import log_query_from_pb
 from protocol import pb
 from runtime.errors import InvalidArgument
-from runtime.settings import OutputSettings
+from runtime.settings.agent import OutputSettings
 from runtime.validation import MAX_TAIL_LINES, check_tail_lines
 
 MIB = 1024 * 1024

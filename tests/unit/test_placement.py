@@ -19,7 +19,7 @@ from actors.pending_queue import PendingJob, PendingQueue
 from actors.placement import Plan, place, place_queue, place_queue_steps
 from actors.rooms import WorkerRoom, fits_some_room, placement_limit, send_window
 from runtime.errors import InvalidArgument
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 workers_st = st.lists(
     st.builds(

@@ -34,7 +34,7 @@ from actors.rooms import WorkerRoom
 from runtime import faults
 from runtime.errors import StaleEpoch
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 
 @attrs.define

@@ -28,7 +28,7 @@ from actors.rooms import WorkerRoom
 from actors.write_size import WriteSize
 from runtime.errors import DatabaseBusy
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 
 def waiting(job_id: int, xid: int, cpu: int = 1000, wait_s: float = 0.0, reason: str = "") -> WaitingJob:

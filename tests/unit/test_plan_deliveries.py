@@ -15,7 +15,7 @@ from actors.deliveries import plan_deliveries, resend_due
 from actors.messages import CommittedAssignment, WorkerRef
 from actors.reconciler_store import Delivery
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 PAYLOAD = JobSpec(name="j", cpu_millis=1, memory_mb=1, priority=0, runtime=SleepRuntime(duration_ms=1))
 WORKERS = [WorkerRef(worker_id=f"w-{i}", address=f"127.0.0.1:{i + 1}", incarnation=1) for i in range(4)]

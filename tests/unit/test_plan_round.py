@@ -18,7 +18,10 @@ from actors.placer_store import LiveWorker
 from actors.rooms import WorkerRoom, placement_limit
 from actors.round_plan import RoundPlan, plan_round
 from runtime.jobs import JobSpec, SleepRuntime
-from runtime.settings import PLACEMENT_POLICIES, PlacerSettings
+from runtime.settings.leader import (
+    PLACEMENT_POLICIES,
+    PlacerSettings,
+)
 
 NOW = 100.0
 

@@ -17,7 +17,7 @@ from actors.placer_store import LiveWorker
 from actors.rooms import ReasonCache, WorkerRoom, unschedulable_reason, workers_key
 from actors.round_plan import plan_round
 from runtime.constraints import Constraint
-from runtime.settings import PlacerSettings
+from runtime.settings.leader import PlacerSettings
 
 NOW = 100.0
 GPU = Constraint(key="gpu", op="=", values=("a100",))

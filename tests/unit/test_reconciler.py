@@ -53,7 +53,7 @@ from runtime import metrics
 from runtime.errors import DatabaseBusy, DatabaseUnavailable, InvalidArgument, StaleEpoch
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.reply import Reply
-from runtime.settings import ReconcilerSettings
+from runtime.settings.leader import ReconcilerSettings
 
 SETTINGS = ReconcilerSettings(
     reconcile_interval_s=1.0, dead_after_s=5.0, redispatch_after_s=1.0, cancel_unconfirmed_after_s=30.0

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from runtime import log
-from runtime.aio import pg
+from runtime.aio import pg, pg_reconnect
 from runtime.backoff import RECONNECT_BACKOFF, FullJitterBackoff, ReconnectSchedule
 from runtime.errors import DatabaseUnavailable, InvalidArgument
 from runtime.identifiers import check_database_url
@@ -148,7 +148,7 @@ async def test_a_reconnecting_connection_waits_the_schedule_and_logs_once(
 
     monkeypatch.setattr(pg.PgConnection, "connect", connect)
     with structlog.testing.capture_logs() as logs:
-        db = pg.ReconnectingConnection(
+        db = pg_reconnect.ReconnectingConnection(
             "postgresql://h/db", {}, owner="ledger", schedule=ReconnectSchedule(rng=Ceiling())
         )
         first = await db.wait_connected()
@@ -256,6 +256,7 @@ async def test_a_pool_fails_fast_until_its_next_connect_is_due(
         return await fn(*args, **kwargs)  # the fakes are trio-safe coroutines
 
     monkeypatch.setattr(pg, "run_aio", run_aio)
+    monkeypatch.setattr(pg_reconnect, "run_aio", run_aio)
     raw = FakeRawPool()
 
     async def borrow() -> int:
@@ -263,7 +264,7 @@ async def test_a_pool_fails_fast_until_its_next_connect_is_due(
             return int(await conn.fetchval("SELECT 1"))
 
     with structlog.testing.capture_logs() as logs:
-        pool = pg.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
+        pool = pg_reconnect.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
         pool.schedule = ReconnectSchedule(rng=Ceiling())
         with pytest.raises(DatabaseUnavailable, match="no database connection"):
             await borrow()
@@ -311,6 +312,7 @@ async def test_one_lost_pooled_connection_does_not_make_the_next_borrow_wait(
         return await fn(*args, **kwargs)
 
     monkeypatch.setattr(pg, "run_aio", run_aio)
+    monkeypatch.setattr(pg_reconnect, "run_aio", run_aio)
     raw = FakeRawPool()
     raw.refusing = False
     broken = BreakingRawConnection()
@@ -322,7 +324,7 @@ async def test_one_lost_pooled_connection_does_not_make_the_next_borrow_wait(
 
     raw.acquire = acquire  # type: ignore[method-assign]
     with structlog.testing.capture_logs() as logs:
-        pool = pg.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
+        pool = pg_reconnect.PgPool(raw, url="postgresql://h/db", owner="ingest")  # type: ignore[arg-type]
         with pytest.raises(DatabaseUnavailable, match="database connection lost"):
             async with pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")

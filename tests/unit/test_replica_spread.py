@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 from protocol import pb
-from runtime.client import ControlPlaneClient, home_index
+from runtime.client import ControlPlaneClient
 from runtime.errors import InvalidArgument, Unavailable
+from runtime.routes import home_index
 
 HEDGE_S = 0.5
 DEADLINE_S = 1.4

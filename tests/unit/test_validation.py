@@ -252,7 +252,8 @@ def test_ids_beyond_a_bigint_and_control_characters_are_refused() -> None:
 def test_settings_refuse_infinite_durations() -> None:
     """A duration of inf (say, a requeue backoff that would fail every requeue in SQL) is refused,
     naming the field, the rule and the value."""
-    from runtime.settings import IngestSettings, ReconcilerSettings
+    from runtime.settings.control_plane import IngestSettings
+    from runtime.settings.leader import ReconcilerSettings
 
     with pytest.raises(InvalidArgument, match="requeue_backoff_max_s must be a finite number > 0, got inf"):
         ReconcilerSettings(requeue_backoff_max_s=float("inf"))

@@ -27,7 +27,10 @@ from ops.cli.workers import schedule_line
 from ops.client.results import schedule_from_pb, status_from_pb
 from protocol import pb
 from runtime.errors import InvalidArgument
-from runtime.settings import PlacerSettings, ReconcilerSettings
+from runtime.settings.leader import (
+    PlacerSettings,
+    ReconcilerSettings,
+)
 
 HEALTH = ReconcilerSettings()
 PLACER = PlacerSettings(initial_window=100, max_unconfirmed_per_worker=100)

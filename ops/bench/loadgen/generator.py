@@ -27,7 +27,7 @@ import grpclib.server
 from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patient_deadline_s
 from protocol import pb
 from runtime import gcpause
-from runtime.settings import AgentSettings
+from runtime.settings.agent import AgentSettings
 from runtime.tls import ClientTls, Expected, TlsFiles, expected_server_name, server_context
 
 __all__ = ["LoadGenerator", "LoadStats", "home_control_plane", "percentile", "worker_ids"]

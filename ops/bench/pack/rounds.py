@@ -21,7 +21,7 @@ from actors.placer_store import PgPlacerStore
 from actors.role import RoleView
 from actors.schema import apply_schema
 from runtime.aio import PgConnection
-from runtime.settings import LedgerSettings, PlacerSettings
+from runtime.settings.leader import LedgerSettings, PlacerSettings
 
 
 @attrs.define

@@ -23,7 +23,7 @@ from typing import TypeVar
 import attrs
 import trio
 
-from runtime.settings import PLACEMENT_POLICIES
+from runtime.settings.leader import PLACEMENT_POLICIES
 
 WORKER_SHAPES = ((16000, 32768), (8000, 16384))
 POLICIES = PLACEMENT_POLICIES

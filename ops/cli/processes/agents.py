@@ -35,7 +35,7 @@ from runtime.oom import (
     check_oom_score_adj,
 )
 from runtime.priority import DEFAULT_NICE, check_nice
-from runtime.settings import (
+from runtime.settings.agent import (
     JOB_RESOURCES_CHOICES,
     MAX_JOB_NICE,
     MAX_JOB_PIDS,

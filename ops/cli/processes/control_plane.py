@@ -26,10 +26,9 @@ from ops.cli.processes import (
 )
 from runtime.errors import InvalidArgument
 from runtime.priority import DEFAULT_NICE, check_nice
-from runtime.settings import (
+from runtime.settings.control_plane import DatabaseWatchSettings, IngestSettings
+from runtime.settings.leader import (
     PLACEMENT_POLICIES,
-    DatabaseWatchSettings,
-    IngestSettings,
     LeaseSettings,
     PlacerSettings,
     ReconcilerSettings,
@@ -353,7 +352,8 @@ def control_plane(
     its role may do."""
     # Imported here: the client commands need neither the actors nor the agent.
     from actors.control_plane import main as control_plane_main
-    from runtime.settings import MAX_STATEMENTS_PER_FENCED_WRITE, ControlPlaneSettings, LedgerSettings
+    from runtime.settings.control_plane import ControlPlaneSettings
+    from runtime.settings.leader import MAX_STATEMENTS_PER_FENCED_WRITE, LedgerSettings
     from runtime.tls import TlsFiles
 
     if not database_url:

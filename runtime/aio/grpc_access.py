@@ -1,0 +1,141 @@
+"""Who called the RPC being served, and what its certificate's role may do: :class:`Caller`,
+:func:`rpc_caller`, :func:`check_access` (an :data:`Access` table per service),
+:func:`require_worker` and :func:`refuse` (log, count and build the refusal)."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import attrs
+import grpclib.server
+
+from runtime import log
+from runtime.errors import PermissionDenied
+from runtime.metrics import AUTH_REFUSALS
+from runtime.tls import WORKER, Identity, identity_of_peercert
+
+
+@attrs.frozen
+class Caller:
+    """Who called the RPC being served: ``address`` (``host:port`` as seen by the server),
+    ``secure`` (the connection is mutual TLS) and the ``identity`` its verified client
+    certificate carries (None on a plaintext connection, or a certificate without one)."""
+
+    address: str
+    secure: bool = False
+    identity: Identity | None = None
+
+    def acts_as(self, roles: Collection[str]) -> bool:
+        """Whether the caller holds one of ``roles``: its certificate's role is among them, or
+        the connection is plaintext (a server run with ``--insecure`` checks no identity, and
+        lets everyone call everything)."""
+        if not self.secure:
+            return True
+        return self.identity is not None and self.identity.role in roles
+
+    def __str__(self) -> str:
+        who = str(self.identity) if self.identity else ("no identity" if self.secure else "plaintext")
+        return f"{who} at {self.address}"
+
+
+NOBODY = Caller(address="-")
+"""The caller outside a served RPC."""
+
+RPC_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("stockade_rpc_caller", default=NOBODY)
+"""The served request's caller (trio side)."""
+
+
+def rpc_caller() -> Caller:
+    """The caller of the RPC being handled (a placeholder with address ``"-"`` outside a
+    handler served by :func:`trio_service`)."""
+    return RPC_CALLER.get()
+
+
+def caller_of(stream: grpclib.server.Stream[Any, Any]) -> Caller:
+    peer = stream.peer
+    addr = peer.addr()
+    address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
+    # A TLS server here always requires a verified client certificate, so a connection without
+    # one is plaintext.
+    cert = peer.cert()
+    if cert is None:
+        return Caller(address=address)
+    return Caller(address=address, secure=True, identity=identity_of_peercert(cert))
+
+
+def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) -> PermissionDenied:
+    """Log a refused call with its caller, count it (``stockade_auth_refusals_total`` by
+    ``rpc`` and ``reason``) and return the :class:`runtime.errors.PermissionDenied` to raise.
+
+    Args:
+        rpc: the RPC's name, e.g. ``"heartbeat"``.
+        reason: ``no_identity``, ``role`` or ``id`` (the metric's label).
+        message: what was refused and what would be needed.
+        caller: default the caller of the RPC being handled.
+    """
+    caller = caller or rpc_caller()
+    AUTH_REFUSALS.labels(rpc=rpc, reason=reason).inc()
+    log.get("auth").warning(
+        "refused a call", rpc=rpc, reason=reason, peer=str(caller.identity or "-"), address=caller.address
+    )
+    return PermissionDenied(f"permission denied: {message}")
+
+
+def require_worker(rpc: str, worker_id: str) -> None:
+    """Refuse, on a mutual-TLS connection, a caller that may not speak as the worker
+    ``worker_id``: its certificate's role must be ``worker`` and it must name ``worker_id``,
+    as its one id or, a fleet certificate, among the workers it names
+    (:meth:`runtime.tls.Identity.speaks_for`); a plaintext connection (a server run with
+    ``--insecure``) is not checked.
+
+    Raises:
+        PermissionDenied: the caller is another worker, a fleet certificate not naming
+            ``worker_id``, or has another role (logged and counted).
+    """
+    caller = rpc_caller()
+    if not caller.secure:
+        return
+    identity = caller.identity
+    if identity is None or identity.role != WORKER:
+        raise refuse(
+            rpc, "role", f"{rpc} needs the worker certificate of {worker_id!r}; the caller is {caller}"
+        )
+    if identity.speaks_for(worker_id):
+        return
+    if identity.is_fleet:
+        raise refuse(
+            rpc,
+            "id",
+            f"{identity} may {rpc} only as one of the workers it names, not as {worker_id!r}",
+        )
+    raise refuse(
+        rpc,
+        "id",
+        f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
+    )
+
+
+Access = Mapping[str, Collection[str]]
+"""RPC name (snake case, ``"submit_jobs"``) -> the roles that may call it."""
+
+
+def check_access(rpc: str, access: Access | None, caller: Caller) -> None:
+    """Refuse ``caller`` when ``access`` names no role of its for ``rpc`` (a plaintext caller,
+    or ``access`` None, is not checked).
+
+    Raises:
+        PermissionDenied: the caller has no identity, or a role ``rpc`` does not allow (logged
+            and counted, :func:`refuse`).
+    """
+    if access is None or not caller.secure:
+        return
+    if caller.identity is None:
+        raise refuse(
+            rpc, "no_identity", f"{rpc}: the client certificate carries no Stockade identity", caller
+        )
+    allowed = access.get(rpc, ())
+    if caller.identity.role not in allowed:
+        needs = " or ".join(sorted(allowed)) or "a role no certificate has"
+        raise refuse(rpc, "role", f"{rpc} needs {needs}; the caller is {caller}", caller)

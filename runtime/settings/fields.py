@@ -1,0 +1,97 @@
+"""What every settings group is built from: the field validators, and a duration as a
+PostgreSQL session setting (:func:`session_ms`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from runtime import identifiers
+from runtime.checks import check_int_between
+from runtime.errors import InvalidArgument
+
+DEFAULT_READ_STATEMENT_TIMEOUT_S = 5.0
+"""The default of the deciders' ``read_statement_timeout_s`` (placer, reconciler)."""
+
+
+def str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def an_id(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    identifiers.check_id(value, field=attribute.name)
+
+
+def listen_host(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    identifiers.parse_host(value, field=attribute.name)
+
+
+def advertise_address(instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    if value:
+        identifiers.parse_address(value, field=attribute.name)
+
+
+def positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
+
+
+def non_negative(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):
+        raise InvalidArgument(attribute.name, value, "must be a finite number >= 0")
+
+
+def fraction(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not 0 < value < 1:
+        raise InvalidArgument(attribute.name, value, "must be > 0 and < 1")
+
+
+def between(low: int, high: int) -> Any:
+    """A validator: an int from ``low`` to ``high`` (:func:`runtime.checks.check_int_between`)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+        check_int_between(attribute.name, value, low, high)
+
+    return check
+
+
+def integer_between(low: int, high: int) -> Any:
+    """A validator: an int (not a bool) from ``low`` to ``high``, else "must be an integer
+    between ``low`` and ``high``"."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InvalidArgument(attribute.name, value, f"must be an integer between {low} and {high}")
+
+    return check
+
+
+def check_not_below(field: str, value: float, other: str, other_value: float) -> None:
+    """The rule between two fields that ``field`` is at least ``other``.
+
+    Raises:
+        InvalidArgument: ``value`` < ``other_value``; the message names both.
+    """
+    if value < other_value:
+        raise InvalidArgument(field, value, f"must be >= {other} = {other_value:g}")
+
+
+def check_not_above(field: str, value: int, other: str, other_value: int, why: str = "") -> None:
+    """The rule between two integer fields that ``field`` is at most ``other``; ``why`` is said
+    after it, in parentheses.
+
+    Raises:
+        InvalidArgument: ``value`` > ``other_value``; the message names both.
+    """
+    if value > other_value:
+        rule = f"must be <= {other} = {other_value}"
+        raise InvalidArgument(field, value, f"{rule} ({why})" if why else rule)
+
+
+def session_ms(seconds: float) -> str:
+    """A duration as a PostgreSQL session setting's value: whole milliseconds, as text
+    (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``)."""
+    return str(int(seconds * 1000))
