@@ -35,7 +35,7 @@ from ops.benchpack.figures import histogram_quantile
 from ops.cluster import LocalCluster, StateDir
 from ops.launcher.state import ClusterConfig
 from ops.measure_heartbeat import table_update_counts
-from ops.pg import EmbeddedPostgres, free_port
+from ops.launcher.pg import EmbeddedPostgres, free_port
 from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge

@@ -80,7 +80,7 @@ __all__ = [
 
 SERVER_ROLES = ("control-plane", "worker", "database")
 """Roles whose certificates name hosts and serve TLS (they also call others as clients).
-``database`` is the embedded PostgreSQL's (:class:`ops.pg.PgTls`)."""
+``database`` is the embedded PostgreSQL's (:class:`ops.launcher.pg.PgTls`)."""
 CLIENT_ROLES = ("operator", "viewer")
 """Roles of CLI clients: client auth only."""
 ROLES = (*SERVER_ROLES, *CLIENT_ROLES)

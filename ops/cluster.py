@@ -6,7 +6,7 @@ Everything it knows lives in one state folder (``.stockade/`` in the current dir
 
     cluster.json    the database URL, every process's id, kind, address and arguments, and
                     the workers hosted in fleets (id, address, capacity, fleet)
-    pg/             the embedded PostgreSQL server (ops.pg), unless DATABASE_URL is given
+    pg/             the embedded PostgreSQL server (ops.launcher.pg), unless DATABASE_URL is given
     logs/<id>.log   each process's stdout and stderr
     pids/<id>.pid   each process's pid
     fleets/<id>.json  each fleet's spec file (the workers it hosts; see agent.fleet)
@@ -46,8 +46,10 @@ from ops.config import (
     parse_addresses,
     resolve_addresses,
 )
-from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, LocalCluster, UpResult
+from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
+from ops.launcher.driver import ClusterDriver, DownReport, UpResult
+from ops.launcher.procs import STOP_TIMEOUT_S
 from ops.launcher.state import (
     LISTEN_HOST,
     MARKER_ENV,
@@ -59,6 +61,7 @@ from ops.launcher.state import (
     iter_worker_logs,
     metrics_address,
 )
+from ops.launcher.up import READY_TIMEOUT_S
 
 __all__ = [
     "CONTROL_PLANES_ENV",
@@ -69,6 +72,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "WORKER_CAPACITIES",
     "ClusterConfig",
+    "ClusterDriver",
     "ClusterError",
     "DockerCluster",
     "DownReport",
@@ -86,7 +90,7 @@ __all__ = [
 ]
 
 
-def cluster_at(state: StateDir) -> LocalCluster | DockerCluster:
+def cluster_at(state: StateDir) -> ClusterDriver:
     """The launcher of the cluster recorded in ``state``: a :class:`DockerCluster` when it runs
     in containers, else (also when nothing is recorded) a :class:`LocalCluster`.
 

@@ -31,7 +31,7 @@ import attrs
 import trio
 
 from actors import ingest, queries
-from ops.pg import database_or_temporary
+from ops.launcher.pg import database_or_temporary
 from runtime.aio import PgConnection, asyncio_bridge
 
 EPOCH = 1

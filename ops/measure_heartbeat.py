@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from actors import ingest, queries
-from ops.pg import database_or_temporary
+from ops.launcher.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, PgPool, asyncio_bridge
 from runtime.client import new_idempotency_key

@@ -31,7 +31,7 @@ import trio
 from actors import ingest
 from actors.ingest_gate import open_pool
 from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
-from ops.pg import database_or_temporary
+from ops.launcher.pg import database_or_temporary
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key

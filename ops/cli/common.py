@@ -111,7 +111,7 @@ def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
 def _operational(exc: BaseException) -> bool:
     """Whether ``exc`` is an expected failure of the embedded database's control (its module is
     looked up only when loaded: an error of a module never imported cannot occur)."""
-    kind = getattr(sys.modules.get("ops.pg"), "EmbeddedPostgresError", None)
+    kind = getattr(sys.modules.get("ops.launcher.pg"), "EmbeddedPostgresError", None)
     return isinstance(kind, type) and isinstance(exc, kind)
 
 

@@ -47,12 +47,12 @@ from ops.config import (
 )
 
 if TYPE_CHECKING:
-    from ops.cluster import DockerCluster, LocalCluster, UpResult
+    from ops.cluster import ClusterDriver, LocalCluster, UpResult
     from protocol import pb
     from runtime.client import ControlPlaneClient
 
 
-def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
+def _print_up(result: UpResult, cluster: ClusterDriver) -> None:
     import rich.box
     from rich.table import Table
 
@@ -153,7 +153,7 @@ def _killed(killed: tuple[str, ...], deadlines_s: dict[str, float]) -> str:
 
 def _ha_roles(cluster: LocalCluster) -> str:
     """The HA pair's members and roles in a few words, e.g. ``pg-1 primary, pg-2 sync standby``."""
-    from ops.hadb import HaDatabaseError
+    from ops.launcher.hadb import HaDatabaseError
 
     try:
         members = cluster.ha_database().members()
@@ -305,7 +305,7 @@ def up(
     if ha_db_strict and not ha_db:
         fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
     if ha_db:
-        from ops.hadb import INSTALL_HINT, missing_tools
+        from ops.launcher.hadb import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:
@@ -346,7 +346,7 @@ def up(
         for args in process_args.values():
             if "--json-logs" not in args:
                 args.append("--json-logs")
-    cluster: LocalCluster | DockerCluster
+    cluster: ClusterDriver
     if docker:
         cluster = DockerCluster(
             state,
@@ -460,7 +460,7 @@ def _refusal(exc: UsageError, command: str) -> str:
     return f"{text[:1].lower()}{text[1:]} for stockade {command}"
 
 
-def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
+def _warn_json_logs_not_applied(result: UpResult, cluster: ClusterDriver) -> None:
     """``--json-logs`` reaches only the processes new to the cluster: those recorded in
     cluster.json run (or are started again) with the options recorded for them. Name those
     without it and how to apply it."""
@@ -479,19 +479,19 @@ def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | Docker
         )
 
 
-def _down_command(cluster: LocalCluster | DockerCluster) -> str:
+def _down_command(cluster: ClusterDriver) -> str:
     """The command that stops ``cluster``, as typed in the current folder."""
     if os.environ.get(STATE_DIR_ENV):
         return f"{STATE_DIR_ENV}={shlex.quote(str(cluster.state.root))} stockade down"
     return "stockade down"
 
 
-def _left_running(cluster: LocalCluster | DockerCluster) -> str:
+def _left_running(cluster: ClusterDriver) -> str:
     """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
     database) that run, and how to stop them; or that nothing runs."""
     from ops.cluster import LocalCluster
-    from ops.hadb import HaDatabaseError
-    from ops.pg import EmbeddedPostgres
+    from ops.launcher.hadb import HaDatabaseError
+    from ops.launcher.pg import EmbeddedPostgres
 
     if not isinstance(cluster, LocalCluster):
         with contextlib.suppress(ClusterError):
@@ -529,8 +529,8 @@ def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
     cluster still runs, with what runs (its processes, its database); else None (nothing
     recorded, the same folder, or a record whose cluster is gone: ``up`` then replaces it)."""
     from ops.cluster import LocalCluster, cluster_at
+    from ops.launcher.pg import EmbeddedPostgres
     from ops.launcher.state import StateDir
-    from ops.pg import EmbeddedPostgres
 
     other = recorded_local_cluster()
     if other is None or other == here.absolute() or not other.is_dir():
@@ -552,7 +552,7 @@ def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
     return other, " ".join(running)
 
 
-def _findable(cluster: LocalCluster | DockerCluster) -> str:
+def _findable(cluster: ClusterDriver) -> str:
     """``; the user config X names it: ...`` when the user config records ``cluster``, else
     nothing."""
     if recorded_local_cluster() != cluster.state.root.absolute():
@@ -568,7 +568,7 @@ def _record_quietly(state_dir: Path) -> None:
         record_local_cluster(state_dir)
 
 
-def _record(cluster: LocalCluster | DockerCluster) -> None:
+def _record(cluster: ClusterDriver) -> None:
     """Record the cluster in the user config; a config that cannot be written is said, not fatal."""
     try:
         path = record_local_cluster(cluster.state.root)

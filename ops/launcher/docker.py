@@ -41,18 +41,19 @@ import math
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import psutil
 
-from ops import pidfile, rpc
+from ops import pidfile
 from ops.launcher import procs, ready
-from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
-from ops.launcher.plan import LaunchOptions, check_counts, plan
-from ops.launcher.procs import stop_deadline_s
+from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.plan import LaunchOptions
+from ops.launcher.procs import STOP_TIMEOUT_S, stop_deadline_s
 from ops.launcher.state import (
     DOCKER_MAX_WORKERS,
     ClusterConfig,
@@ -60,14 +61,14 @@ from ops.launcher.state import (
     DockerSpec,
     ProcessSpec,
     StateDir,
-    tls_mode,
 )
-from ops.pg import EmbeddedPostgres
-from runtime.errors import StockadeError
+from ops.launcher.up import READY_TIMEOUT_S, Launcher
 
 if TYPE_CHECKING:
     import docker
     import docker.models.containers
+
+    from protocol import pb
 
 __all__ = ["CLUSTER_LABEL", "PROCESS_LABEL", "DockerCluster"]
 
@@ -110,7 +111,7 @@ def cpu_shares_of(process_id: str) -> int:
 
 
 @attrs.define
-class DockerCluster:
+class DockerCluster(Launcher):
     """Starts, finds and stops the containers of one state folder's cluster.
 
     Args:
@@ -138,7 +139,7 @@ class DockerCluster:
     extra_env: Callable[[str], dict[str, str]] | None = None
     extra_binds: Callable[[str], Sequence[Path]] | None = None
     on_start: Callable[[], None] | None = None
-    _starting_told: bool = attrs.field(default=False, init=False)
+    _spec: DockerSpec | None = attrs.field(default=None, init=False)
     _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
 
     # -- the engine ----------------------------------------------------------------------
@@ -199,50 +200,14 @@ class DockerCluster:
         """The machine's process 1 of ``spec``'s container while it runs (and is not paused)."""
         return pidfile.process(self.pids().get(spec.id))
 
-    # -- up ------------------------------------------------------------------------------
+    # -- what up asks of it (ops.launcher.up) ---------------------------------------------
 
-    def up(
-        self,
-        *,
-        control_planes: int | None = None,
-        workers: int | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> UpResult:
-        """Bring the cluster in containers to the asked size and wait until a control plane
-        leads and every worker is alive; containers that run are left alone, exited ones are
-        made again.
-
-        Args:
-            control_planes: cp-1..cp-N (1..9); None keeps the recorded count (3 for a new one).
-            workers: w-1..w-M (0..200); None keeps the recorded count (5 for a new one).
-            timeout_s: how long to wait for readiness without progress, seconds
-                (:func:`ops.launcher.ready.wait_ready`).
-            on_progress: told how far the cluster got while it is waited for (one line).
-
-        Raises:
-            ClusterError: no engine, no image (run ``stockade image build``), the folder runs a
-                cluster of processes, a count out of range, a container that exited, or the
-                cluster not ready in time (the message names the log to read).
-        """
+    def check_request(self, *, control_planes: int | None, workers: int | None) -> None:
+        """Raises ClusterError for more workers than a cluster in containers holds."""
         if workers is not None and workers > DOCKER_MAX_WORKERS:
             raise ClusterError(f"workers must be <= {DOCKER_MAX_WORKERS} in containers, got {workers}")
-        with self.state.locked():
-            return self._up(
-                control_planes=control_planes, workers=workers, timeout_s=timeout_s, on_progress=on_progress
-            )
 
-    def _up(
-        self,
-        *,
-        control_planes: int | None,
-        workers: int | None,
-        timeout_s: float,
-        on_progress: Callable[[str], None] | None,
-    ) -> UpResult:
-        self._starting_told = False
-        self.state.create()
-        previous = self.state.load()
+    def check_record(self, previous: ClusterConfig | None) -> None:
         if previous is not None and previous.docker is None:
             # Its database's files in pg/ belong to this machine's server (the container's must
             # never open them), and its addresses are 127.0.0.1's.
@@ -251,79 +216,74 @@ class DockerCluster:
                 "`stockade down` and use another state folder (STOCKADE_STATE_DIR) for the cluster in "
                 f"containers, or remove {self.state.root} to start afresh there"
             )
-        live_before = self.pids(previous) if previous is not None else {}
-        spec = previous.docker if previous is not None and previous.docker is not None else None
-        image = self._image(spec.image if spec is not None and live_before else None)
-        network = self._network(spec)
-        spec = DockerSpec(
+
+    def prepare(self, previous: ClusterConfig | None, live_before: dict[str, int]) -> None:
+        """Find the image and make the network (:meth:`_image`, :meth:`_network`)."""
+        recorded = previous.docker if previous is not None else None
+        image = self._image(recorded.image if recorded is not None and live_before else None)
+        network = self._network(recorded)
+        self._spec = DockerSpec(
             network=network.name,
             subnet=network.attrs["IPAM"]["Config"][0]["Subnet"],
             image=image,
             prefix=DockerSpec.prefix_for(self.state.root),
         )
-        cert_dir = None if self.insecure else str(self.state.cert_dir)
-        previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)
-        check_counts(previous, control_planes=control_planes, workers=workers)
-        database_started = self._start_database(spec)
-        database_url = EmbeddedPostgres(
-            data_dir=self.state.pg_dir, port=PG_PORT, listen_host=spec.address_of("pg")
-        ).url()
-        ports = iter(range(FIRST_PORT, FIRST_PORT + 10_000))
-        the_plan = plan(
-            previous,
-            state=self.state,
-            database_url=database_url,
-            pg_port=None,
-            control_planes=control_planes,
-            workers=workers,
-            running=live_before,
-            options=LaunchOptions(
-                cp_args=(*self.cp_args, *tls_args),
-                # No container jobs from an agent in a container: its job containers would be
-                # siblings on the engine, which nothing stops when the agent's container is
-                # killed (its supervisors die with it), so a requeued job could run twice. (A
-                # killed agent container's command jobs end with it: nothing is kept across a
-                # restart in containers.)
-                agent_args=(*self.agent_args, "--no-containers", *tls_args),
-                worker_capacities=self.worker_capacities,
-                metrics=True,
-                host_of=spec.address_of,
-            ),
-            free_port=lambda: next(ports),
+
+    def launch_options(self, tls_args: Sequence[str]) -> LaunchOptions:
+        return LaunchOptions(
+            cp_args=(*self.cp_args, *tls_args),
+            # No container jobs from an agent in a container: its job containers would be
+            # siblings on the engine, which nothing stops when the agent's container is
+            # killed (its supervisors die with it), so a requeued job could run twice. (A
+            # killed agent container's command jobs end with it: nothing is kept across a
+            # restart in containers.)
+            agent_args=(*self.agent_args, "--no-containers", *tls_args),
+            worker_capacities=self.worker_capacities,
+            metrics=True,
+            host_of=self._docker_spec().address_of,
         )
-        config = attrs.evolve(the_plan.config, cert_dir=cert_dir, docker=spec)
-        if cert_dir is not None:
-            self._issue_certificates(config)
-        self.state.save(config)
-        self._stop(the_plan.stop)
-        self._remove([p for p in the_plan.removed])
-        incarnations_before: dict[str, int] = {}
-        if live_before:
-            with contextlib.suppress(StockadeError):
-                before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
-                incarnations_before = {w.id: w.incarnation for w in before.workers}
-        started = []
-        for process in config.processes:
-            if process.id not in live_before:
-                self._start(process, config)
-                started.append(process.id)
-        status = ready.wait_ready(
+
+    def port_source(self) -> Callable[[], int]:
+        return iter(range(FIRST_PORT, FIRST_PORT + 10_000)).__next__
+
+    def recorded(self, config: ClusterConfig) -> ClusterConfig:
+        return attrs.evolve(config, docker=self._docker_spec())
+
+    def forget(self, process_ids: Sequence[str]) -> None:
+        containers = [c for p in process_ids if (c := self._container(p)) is not None]
+        _in_parallel(lambda c: c.remove(force=True), containers)
+
+    def to_start(self, config: ClusterConfig, live_before: dict[str, int]) -> list[ProcessSpec]:
+        return [p for p in config.processes if p.id not in live_before]
+
+    def wait_ready(
+        self,
+        config: ClusterConfig,
+        *,
+        restarted_workers: dict[str, int] | None = None,
+        started_at: dict[str, float] | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> pb.StatusReply:
+        """Poll until every control plane answers, one leads, and every worker is alive
+        (:func:`ops.launcher.ready.wait_ready`); a restarted worker is known by its new
+        incarnation (``started_at`` is not compared in containers).
+
+        Raises:
+            ClusterError: a container exited, or ``timeout_s`` passed.
+        """
+        return ready.wait_ready(
             self.state,
             config,
-            restarted={p: incarnations_before.get(p, 0) for p in started if p.startswith("w-")},
+            restarted=restarted_workers or {},
             timeout_s=timeout_s,
             check_exited=lambda: self._check_exited(config),
             on_progress=on_progress,
         )
-        return UpResult(
-            config=config,
-            started=tuple(started),
-            database_started=database_started,
-            status=status,
-            pids=self.pids(config),
-            stopped=tuple(p.id for p in the_plan.stop),
-            removed=the_plan.removed,
-        )
+
+    def _docker_spec(self) -> DockerSpec:
+        assert self._spec is not None, "prepare() comes first"
+        return self._spec
 
     def _image(self, running: str | None) -> str:
         """The id of the image to run: ``running`` (the recorded image of a cluster that runs,
@@ -400,7 +360,7 @@ class DockerCluster:
                 raise ClusterError(f"cannot create the Docker network {name}: {exc}") from exc
         raise ClusterError(f"no free /24 subnet left in {SUBNET_POOL} for the cluster's Docker network")
 
-    def _issue_certificates(self, config: ClusterConfig) -> None:
+    def issue_certificates(self, config: ClusterConfig) -> None:
         """Certificates for every control plane and worker naming its container address (one
         issued before without it is issued again), and the operator and viewer clients'.
 
@@ -429,13 +389,15 @@ class DockerCluster:
         except StockadeError as exc:
             raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 
-    def _start_database(self, spec: DockerSpec) -> bool:
-        """Start the database container unless it runs, and wait until it takes connections;
-        whether it was started now.
+    def start_database(
+        self, previous: ClusterConfig | None, live_before: dict[str, int], starting: Callable[[], None]
+    ) -> DatabaseStarted:
+        """Start the database container unless it runs, and wait until it takes connections.
 
         Raises:
             ClusterError: it exited or did not answer within :data:`DATABASE_READY_TIMEOUT_S`.
         """
+        spec = self._docker_spec()
         address = spec.address_of("pg")
         self.state.pg_dir.mkdir(parents=True, exist_ok=True)
         existing = self._container("pg")
@@ -443,12 +405,13 @@ class DockerCluster:
         if started:
             command = ["database", "--data-dir", str(self.state.pg_dir), "--port", str(PG_PORT)]
             command += ["--listen-host", address]
+            starting()
             self._run_container(spec, "pg", command, binds={self.state.pg_dir: "rw"})
         server = EmbeddedPostgres(data_dir=self.state.pg_dir, port=PG_PORT, listen_host=address)
         deadline = time.monotonic() + DATABASE_READY_TIMEOUT_S
         while True:
             if server.password_file.exists() and _accepts(address, PG_PORT):
-                return started
+                return DatabaseStarted(url=server.url(), pg_port=None, started=started)
             container = self._container("pg")
             if container is None or container.status == "exited":
                 raise ClusterError(
@@ -463,7 +426,7 @@ class DockerCluster:
                 )
             time.sleep(0.2)
 
-    def _start(self, process: ProcessSpec, config: ClusterConfig) -> None:
+    def start(self, process: ProcessSpec, config: ClusterConfig) -> None:
         """Make and start the container of a control plane or an agent."""
         assert config.docker is not None
         binds: dict[Path, str] = {}
@@ -499,9 +462,6 @@ class DockerCluster:
     ) -> None:
         """(Re)make the container of ``process_id`` running ``stockade COMMAND`` at its
         address, its output appended to its log, and start it."""
-        if self.on_start is not None and not self._starting_told:
-            self._starting_told = True
-            self.on_start()
         old = self._container(process_id)
         if old is not None:
             old.remove(force=True)
@@ -712,11 +672,12 @@ class DockerCluster:
             removed=tuple(removed),
         )
 
-    def _stop(self, specs: Iterable[ProcessSpec]) -> None:
+    def stop(self, specs: Sequence[ProcessSpec], config: ClusterConfig | None) -> Stopped:
         """``docker stop`` the containers of ``specs``, each given its deadline
-        (:meth:`_stop_deadline_s`)."""
+        (:meth:`_stop_deadline_s`); what it did is not reported."""
         containers = [(spec, c) for spec in specs if (c := self._container(spec.id)) is not None]
         _in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
+        return Stopped()
 
     def _stop_deadline_s(self, process_id: str) -> float:
         """How long ``docker stop`` gives ``process_id`` before SIGKILL: a worker's agent time to
@@ -730,10 +691,6 @@ class DockerCluster:
         except ClusterError:
             return STOP_TIMEOUT_S
         return stop_deadline_s(spec, 1)
-
-    def _remove(self, process_ids: Iterable[str]) -> None:
-        containers = [c for p in process_ids if (c := self._container(p)) is not None]
-        _in_parallel(lambda c: c.remove(force=True), containers)
 
 
 def _in_parallel(action: Callable[[Any], object], items: Sequence[Any]) -> None:

@@ -44,6 +44,9 @@ def cmdline(process: psutil.Process) -> list[str]:
 
 CONTROL_PLANE_STOP_S = 10.0
 """How long a control plane has from SIGTERM to exit (it hands its lease on) before SIGKILL."""
+STOP_TIMEOUT_S = CONTROL_PLANE_STOP_S
+"""How long a control plane (or a container, or a process killed on purpose) is waited for after
+SIGTERM before SIGKILL, in seconds; a worker's process has longer (:func:`stop_deadline_s`)."""
 WORKER_STOP_SLACK_S = 10.0
 """What a worker's process has from SIGTERM beyond its leave budget: its jobs' stop (SIGTERM,
 SIGKILL after the agent's stop_grace_s) and its exit, on a loaded machine, in seconds."""

@@ -280,7 +280,7 @@ class ClusterConfig:
     """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
     cluster runs with ``--insecure`` (a record from before certificates reads so too)."""
     ha_db: bool = False
-    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.hadb`):
+    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.launcher.hadb`):
     ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
     docker: DockerSpec | None = None
     """The cluster runs in containers (``up --docker``, :mod:`ops.launcher.docker`): the
@@ -426,7 +426,7 @@ class StateDir:
 
     @property
     def hadb_dir(self) -> Path:
-        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.hadb.HaPostgres`)."""
+        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.launcher.hadb.HaPostgres`)."""
         return self.root / "hadb"
 
     def log_path(self, process_id: str) -> Path:
@@ -533,59 +533,6 @@ class StateDir:
             json.dump(config.to_json(), out, indent=2)
             out.write("\n")
         os.replace(tmp, self.config_path)
-
-
-TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
-"""The process options that choose plaintext or mutual TLS, with how many values each takes."""
-
-
-def tls_mode(
-    previous: ClusterConfig | None, cert_dir: str | None, *, running: bool, root: Path
-) -> tuple[ClusterConfig | None, tuple[str, ...]]:
-    """The record to plan from and the TLS options of new processes, for a cluster asked to run
-    with the certificates of ``cert_dir`` (None: ``--insecure``).
-
-    Returns:
-        ``previous`` (its processes' TLS options rewritten when the mode changes), and
-        ``("--certs-dir", cert_dir)`` or ``("--insecure",)``.
-
-    Raises:
-        ClusterError: the mode changes while processes of the record run.
-    """
-    tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
-    if previous is not None and previous.cert_dir != cert_dir:
-        if running:
-            mode = "with --insecure" if previous.cert_dir is None else "with TLS"
-            raise ClusterError(f"the cluster of {root} runs {mode}; run `stockade down` first to change that")
-        previous = with_tls_args(previous, cert_dir, tls_args)
-    return previous, tls_args
-
-
-def with_tls_args(config: ClusterConfig, cert_dir: str | None, tls_args: Sequence[str]) -> ClusterConfig:
-    """``config`` with every recorded process's TLS options replaced by ``tls_args`` and
-    ``cert_dir`` recorded (for an ``up`` that changes the mode of a stopped cluster)."""
-
-    def replaced(args: Sequence[str]) -> tuple[str, ...]:
-        kept: list[str] = []
-        skip = 0
-        for arg in args:
-            if skip:
-                skip -= 1
-            elif arg in TLS_OPTIONS:
-                skip = TLS_OPTIONS[arg]
-            else:
-                kept.append(arg)
-        return (*kept, *tls_args)
-
-    def fix(specs: Sequence[ProcessSpec]) -> list[ProcessSpec]:
-        return [attrs.evolve(spec, args=replaced(spec.args)) for spec in specs]
-
-    return attrs.evolve(
-        config,
-        processes=fix(config.processes),
-        retired_control_planes=fix(config.retired_control_planes),
-        cert_dir=cert_dir,
-    )
 
 
 def metrics_address(spec: ProcessSpec) -> str | None:

@@ -17,7 +17,7 @@ import pytest
 
 from actors.ingest import apply_schema
 from ops.certs import CertDir, init_cluster
-from ops.pg import (
+from ops.launcher.pg import (
     PG_SUPERUSER,
     EmbeddedPostgres,
     PgTls,

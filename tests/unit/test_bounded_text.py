@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, pg
+from ops import checker, cli
+from ops.launcher import pg
 from ops.config import INSECURE_ENV
 from ops.launcher import procs
 from protocol import pb

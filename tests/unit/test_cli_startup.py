@@ -50,8 +50,8 @@ SERVER_SIDE = (
     "runtime.aio.pg",
     "runtime.aio.grpc_server",
     "ops.cluster",
-    "ops.pg",
-    "ops.pg_user",
+    "ops.launcher.pg",
+    "ops.launcher.pg_user",
     "ops.chaos",
     "ops.checker",
 )

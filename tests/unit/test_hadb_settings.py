@@ -1,4 +1,4 @@
-"""The HA PostgreSQL pair (ops/hadb.py, ops/hadb_config.py) without starting it: its settings, URL,
+"""The HA PostgreSQL pair (ops/launcher/hadb.py, ops/launcher/hadb_config.py) without starting it: its settings, URL,
 refusals, and what Patroni and etcd are started with."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops import hadb
+from ops.launcher import hadb
 from ops.cli import EXIT_INVALID, app
-from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
-from ops.hadb_config import EtcdMember, HaPasswords, PgMember, etcd_argv, patroni_config
+from ops.launcher.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
+from ops.launcher.hadb_config import EtcdMember, HaPasswords, PgMember, etcd_argv, patroni_config
 
 
 def test_the_default_timings_keep_patronis_rule() -> None:

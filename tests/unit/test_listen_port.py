@@ -1,5 +1,5 @@
 """Ports planned before their servers start come from below the kernel's ephemeral range, where
-no outgoing connection can take them meanwhile (ops.pg.free_listen_port)."""
+no outgoing connection can take them meanwhile (ops.launcher.pg.free_listen_port)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import pg
+from ops.launcher import pg
 
 
 def test_a_planned_port_is_below_the_ephemeral_range_and_free(

@@ -1,6 +1,6 @@
-"""The operating-system side of running the embedded PostgreSQL (:mod:`ops.pg`) as another user.
+"""The operating-system side of running the embedded PostgreSQL (:mod:`ops.launcher.pg`) as another user.
 
-PostgreSQL refuses to run as root. When this process is root, :mod:`ops.pg` runs the server's
+PostgreSQL refuses to run as root. When this process is root, :mod:`ops.launcher.pg` runs the server's
 binaries as a system user of their own (:func:`resolve_user`, which creates it on first use)
 that owns the server's files (:func:`chown`); the directories above them and the wheel's
 install tree are opened to other users just enough for that user to reach them

@@ -20,7 +20,7 @@ PostgreSQL refuses to run as root. When this process is root, the server runs
 as the system user ``stockade-pg`` (created on first use), which owns
 ``data_dir``; the directories above ``data_dir`` and the wheel's install tree
 are made traversable by other users so that it can reach them. The
-operating-system plumbing for that lives in :mod:`ops.pg_user`.
+operating-system plumbing for that lives in :mod:`ops.launcher.pg_user`.
 
 Authentication. The server listens on 127.0.0.1 only, and every TCP connection must prove the
 ``postgres`` role's password with SCRAM-SHA-256 (``initdb --auth-host=scram-sha-256``,
@@ -76,7 +76,7 @@ import attrs
 import psutil
 
 from ops import pidfile
-from ops.pg_user import (
+from ops.launcher.pg_user import (
     RunAs,
     UserNotCreated,
     chown,

@@ -16,7 +16,7 @@ What runs (every port on 127.0.0.1, chosen free at the first start and kept in `
   ``synchronous_mode`` and ``synchronous_mode_strict`` (see :class:`HaSettings`).
 
 When this process is root, Patroni (and so PostgreSQL, which refuses root) runs as the system
-user ``stockade-pg``, as :mod:`ops.pg` does for the single embedded server; etcd runs as us.
+user ``stockade-pg``, as :mod:`ops.launcher.pg` does for the single embedded server; etcd runs as us.
 
 Layout of the state folder (the launcher uses ``<state_dir>/hadb``)::
 
@@ -76,8 +76,8 @@ import attrs
 import psutil
 
 from ops import pidfile
-from ops.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
-from ops.pg import (
+from ops.launcher.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
+from ops.launcher.pg import (
     LISTEN_HOST,
     PG_SUPERUSER,
     POSTGRES_BIN_PATH,
@@ -85,7 +85,7 @@ from ops.pg import (
     SECRET_FILE_MODE,
     free_port,
 )
-from ops.pg_user import (
+from ops.launcher.pg_user import (
     RunAs,
     UserNotCreated,
     chown,
@@ -847,7 +847,7 @@ def _write_new_secret(path: Path, data: bytes, run_as: RunAs | None = None) -> N
 
 
 def _run_as() -> RunAs:
-    """The user Patroni runs as: :data:`ops.pg.RUN_AS_USER` when we are root, else us.
+    """The user Patroni runs as: :data:`ops.launcher.pg.RUN_AS_USER` when we are root, else us.
 
     Raises:
         HaStartError: we are root and that user could not be created.
