@@ -33,9 +33,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
 from ops.benchpack.figures import histogram_quantile
 from ops.cluster import LocalCluster, StateDir
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from ops.launcher.state import ClusterConfig
 from ops.measure_heartbeat import table_update_counts
-from ops.launcher.pg import EmbeddedPostgres, free_port
 from ops.scalereport import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge

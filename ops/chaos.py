@@ -48,7 +48,7 @@ import trio
 from ops import checker
 from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings, Failover, chaos_table
 from ops.cluster import ClusterError, DockerCluster, LocalCluster, StateDir
-from ops.launcher.hadb import HaDatabaseError
+from ops.launcher.hadb_members import HaDatabaseError
 from ops.netfault import Link, serve_proxy
 from protocol import pb
 from runtime.aio import asyncio_bridge

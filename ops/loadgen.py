@@ -55,7 +55,7 @@ import grpclib.exceptions
 import grpclib.server
 
 from agent.fence import EARLY_HEARTBEAT_GATHER_S, early_heartbeat_allowed, patient_deadline_s
-from ops.launcher.pg import free_port
+from ops.launcher.ports import free_port
 from protocol import pb
 from runtime import gcpause
 from runtime.settings import AgentSettings

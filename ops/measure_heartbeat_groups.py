@@ -30,8 +30,8 @@ import trio
 
 from actors import ingest
 from actors.ingest_gate import open_pool
-from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
 from ops.launcher.pg import database_or_temporary
+from ops.measure_heartbeat import UpdateCounts, _count_round_trips, table_update_counts
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import new_idempotency_key

@@ -54,7 +54,8 @@ from ops.config import (
     INSECURE_ENV,
     STATE_DIR_ENV,
 )
-from ops.launcher.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
+from ops.launcher.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env
+from ops.launcher.ports import free_port
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema.sql"
 TEMPLATE_DATABASE = "stockade_template"

@@ -39,7 +39,8 @@ from ops.benchpack.stream import (
     submit_arriving,
 )
 from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir, metrics_address
-from ops.launcher.pg import EmbeddedPostgres, free_port
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient

@@ -24,7 +24,8 @@ from actors.ledger import Ledger
 from actors.messages import DispatcherInbox, LeaseInbox, LedgerInbox, RoleChange
 from actors.placer import PgPlacerStore, Placer
 from actors.role import RoleView
-from ops.launcher.pg import EmbeddedPostgres, free_port
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.settings import LedgerSettings, PlacerSettings
 

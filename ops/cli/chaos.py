@@ -137,7 +137,7 @@ def chaos(
     if db_restarts and ha_db:
         fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
     if ha_db:
-        from ops.launcher.hadb import INSTALL_HINT, missing_tools
+        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:

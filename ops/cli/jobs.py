@@ -769,7 +769,8 @@ def status(
 
 def _ha_db_line(hadb_dir: Path) -> str:
     """One line on the local cluster's HA PostgreSQL: each member's role, state and port."""
-    from ops.launcher.hadb import HaDatabaseError, HaPostgres
+    from ops.launcher.hadb import HaPostgres
+    from ops.launcher.hadb_members import HaDatabaseError
 
     try:
         members = HaPostgres(hadb_dir).members()

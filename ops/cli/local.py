@@ -153,7 +153,7 @@ def _killed(killed: tuple[str, ...], deadlines_s: dict[str, float]) -> str:
 
 def _ha_roles(cluster: LocalCluster) -> str:
     """The HA pair's members and roles in a few words, e.g. ``pg-1 primary, pg-2 sync standby``."""
-    from ops.launcher.hadb import HaDatabaseError
+    from ops.launcher.hadb_members import HaDatabaseError
 
     try:
         members = cluster.ha_database().members()
@@ -305,7 +305,7 @@ def up(
     if ha_db_strict and not ha_db:
         fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
     if ha_db:
-        from ops.launcher.hadb import INSTALL_HINT, missing_tools
+        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:
@@ -490,7 +490,7 @@ def _left_running(cluster: ClusterDriver) -> str:
     """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
     database) that run, and how to stop them; or that nothing runs."""
     from ops.cluster import LocalCluster
-    from ops.launcher.hadb import HaDatabaseError
+    from ops.launcher.hadb_members import HaDatabaseError
     from ops.launcher.pg import EmbeddedPostgres
 
     if not isinstance(cluster, LocalCluster):

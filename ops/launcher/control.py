@@ -24,17 +24,19 @@ import psutil
 from ops import pidfile
 from ops.launcher import procs, ready
 from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
-from ops.launcher.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
+from ops.launcher.hadb import HaPostgres
+from ops.launcher.hadb_config import HaSettings
+from ops.launcher.hadb_members import HaDatabaseError, HaUnavailable
 from ops.launcher.pg import (
-    POSTGRES_BIN_PATH,
     EmbeddedPostgres,
     EmbeddedPostgresError,
     PgTls,
     PostgresStartError,
     database_url_from_env,
-    free_listen_port,
 )
+from ops.launcher.pg_tools import POSTGRES_BIN_PATH
 from ops.launcher.plan import LaunchOptions
+from ops.launcher.ports import free_listen_port
 from ops.launcher.procs import STOP_TIMEOUT_S
 from ops.launcher.state import (
     MARKER_ENV,
@@ -91,15 +93,15 @@ class LocalCluster(Launcher):
             server always asks TCP clients for its password (``state/pg/pgpass``, named by
             the URL), TLS or not.
         database_bin_path: the PostgreSQL binaries the embedded server runs from; None means
-            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.launcher.pg.tls_bin_path`),
+            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.launcher.pg_tools.tls_bin_path`),
             of the same major version as those that created ``state/pg``.
         ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.launcher.hadb.HaPostgres`)
             under ``state/hadb`` instead of the single embedded server; the control planes get
             its multi-host URL. A running cluster does not switch: ``down`` first.
         ha_db_strict: with ``ha_db``, a pair created by this call runs Patroni's
-            ``synchronous_mode_strict`` (:class:`ops.launcher.hadb.HaSettings`): no commit is acknowledged
-            while the primary is alone, so writes stall from a failover until the failed member
-            rejoins.
+            ``synchronous_mode_strict`` (:class:`ops.launcher.hadb_config.HaSettings`): no commit
+            is acknowledged while the primary is alone, so writes stall from a failover until the
+            failed member rejoins.
         on_start: called once per ``up``, just before it starts the first thing (the embedded
             database, the HA pair, a process), whether or not the ``up`` then completes:
             ``stockade up`` records the cluster in the user config there, so an ``up``

@@ -25,7 +25,8 @@ from typing import Any
 
 import attrs
 
-from ops.launcher.pg import LISTEN_HOST, PASSWORD_BYTES, PG_SUPERUSER
+from ops.launcher.pg_secrets import PASSWORD_BYTES, PG_SUPERUSER
+from ops.launcher.state import LISTEN_HOST
 
 __all__ = [
     "REPLICATION_USER",

@@ -11,7 +11,8 @@ import asyncpg
 import psutil
 import pytest
 
-from ops.launcher.pg import EmbeddedPostgres, PostgresStartError, free_port
+from ops.launcher.pg import EmbeddedPostgres, PostgresStartError
+from ops.launcher.ports import free_port
 
 SCHEMA_PATH = Path(__file__).parents[2] / "schema.sql"
 

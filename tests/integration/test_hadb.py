@@ -19,7 +19,8 @@ import asyncpg
 import psutil
 import pytest
 
-from ops.launcher.hadb import INSTALL_HINT, HaPostgres, missing_tools
+from ops.launcher.hadb import HaPostgres
+from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -51,7 +51,10 @@ SERVER_SIDE = (
     "runtime.aio.grpc_server",
     "ops.cluster",
     "ops.launcher.pg",
+    "ops.launcher.pg_secrets",
+    "ops.launcher.pg_tools",
     "ops.launcher.pg_user",
+    "ops.launcher.hadb_members",
     "ops.chaos",
     "ops.checker",
 )
