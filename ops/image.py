@@ -148,6 +148,27 @@ class BuildReport:
     steps: tuple[tuple[str, float], ...]
     """(step, seconds) in the order they ran."""
 
+    @classmethod
+    def of(
+        cls,
+        tag: str,
+        image: docker.models.images.Image,
+        *,
+        base_built: bool,
+        seconds: float,
+        steps: tuple[tuple[str, float], ...],
+    ) -> BuildReport:
+        """The report of ``image``; reused when no step ran."""
+        return cls(
+            tag=tag,
+            image_id=image.id,
+            size_bytes=int(image.attrs.get("Size", 0)),
+            reused=not steps,
+            base_built=base_built,
+            seconds=seconds,
+            steps=steps,
+        )
+
 
 def image_tag() -> str:
     """``stockade:<version>`` of the installed project."""
@@ -223,21 +244,13 @@ def _build(
     root = project_root()
     started = time.monotonic()
     steps: list[tuple[str, float]] = []
-    client = client or _client()
+    client = client or engine_client(timeout_s=600, error=ImageError)
     tag = image_tag()
     digest = source_digest(root, recipe)
     existing = _image(client, tag)
     if existing is not None and existing.labels.get(SOURCE_LABEL) == digest:
         progress(f"{tag} is current (sources {digest[:12]}): nothing to build")
-        return BuildReport(
-            tag=tag,
-            image_id=existing.id,
-            size_bytes=int(existing.attrs.get("Size", 0)),
-            reused=True,
-            base_built=False,
-            seconds=time.monotonic() - started,
-            steps=(),
-        )
+        return BuildReport.of(tag, existing, base_built=False, seconds=time.monotonic() - started, steps=())
 
     with _step(steps, "base", progress):
         base_built = ensure_base(recipe, client, progress)
@@ -256,15 +269,7 @@ def _build(
     progress(
         f"built {tag} ({image.short_id}, {int(image.attrs.get('Size', 0)) / 1e6:.0f} MB) in {seconds:.1f} s"
     )
-    return BuildReport(
-        tag=tag,
-        image_id=image.id,
-        size_bytes=int(image.attrs.get("Size", 0)),
-        reused=False,
-        base_built=base_built,
-        seconds=seconds,
-        steps=tuple(steps),
-    )
+    return BuildReport.of(tag, image, base_built=base_built, seconds=seconds, steps=tuple(steps))
 
 
 def ensure_base(recipe: ImageRecipe, client: docker.DockerClient, progress: Callable[[str], None]) -> bool:
@@ -450,19 +455,20 @@ def _docker_build(
     return image
 
 
-def _client() -> docker.DockerClient:
-    """A docker SDK client of the engine ``$DOCKER_HOST`` (or the local socket) names.
+def engine_client(*, timeout_s: float, error: type[Exception]) -> docker.DockerClient:
+    """A docker SDK client of the engine ``$DOCKER_HOST`` (or the local socket) names, each call
+    waiting up to ``timeout_s`` seconds.
 
     Raises:
-        ImageError: no engine answers.
+        error: no engine answers.
     """
     import docker
 
     try:
-        client = docker.from_env(timeout=600)
+        client = docker.from_env(timeout=timeout_s)
         client.ping()
     except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
-        raise ImageError(
+        raise error(
             f"no Docker engine answers ({type(exc).__name__}: {exc}); start one, or set DOCKER_HOST"
         ) from exc
     return client

@@ -1,42 +1,18 @@
-"""The local cluster in containers: ``stockade up --docker``.
+"""The local cluster in containers (``stockade up --docker``): :class:`DockerCluster`.
 
-:class:`DockerCluster` runs the database, the control planes and the workers of one state
-folder each in a container of its own, all of the image ``stockade:<version>``
-(:mod:`ops.image`), on a private Docker network made for the cluster, through the docker SDK.
-It keeps the record (``cluster.json``, with its ``docker`` part, :class:`DockerSpec`) and the
-state folder's layout of :class:`ops.launcher.LocalCluster`, so ``status``, ``jobs``,
-``submit``, ``check`` and the rest work on it unchanged:
-
-- **Addresses.** The network has a /24 subnet of ``172.29.0.0/16`` picked for the folder (the
-  next free one when the engine already uses it); every container has a fixed address in it
-  (:meth:`DockerSpec.address_of`) and listens there. The machine reaches them through the
-  network's bridge, so no port is published on its own interfaces. Certificates name those
-  addresses (IP SANs), and one issued before without them is issued again.
-- **Files.** A container sees only what it needs of the state folder, at the same path as on
-  the machine: the database its ``pg/`` (read-write); a control plane the CA certificate, its
-  own certificate and key, and the database's password file (read-only); a worker the same
-  certificates and its own work folder (read-write); every container the ``logs/`` folder,
-  where its process appends its output as a process of the local cluster does.
-- **Labels.** Every container and the network carry :data:`CLUSTER_LABEL` (the state folder's
-  absolute path) and containers :data:`PROCESS_LABEL` (``pg``, ``cp-N``, ``w-N``); ``down``
-  removes what carries this folder's label, and nothing else.
-- **Processes.** ``docker-init`` is each container's process 1 (``init=True``): it forwards
-  signals and reaps orphans (an agent's job reapers outlive nothing but still must be reaped).
-  ``kill`` is ``docker kill`` (the whole container dies); a clean stop is ``docker stop``
-  (SIGTERM, SIGKILL past the process's deadline: :func:`ops.launcher.procs.stop_deadline_s`),
-  workers first, so they leave cleanly.
-
-Faults for the chaos harness: :meth:`pause` and :meth:`unpause` (the cgroup freezer stops the
-whole container, its jobs included), :meth:`disconnect` and :meth:`connect` (a real network
-cut: the container leaves the network and comes back at its own address),
-:meth:`stop_container` and :meth:`start_container` (a database restart).
+The database, the control planes and the workers of one state folder each run in a container of
+the image ``stockade:<version>`` (:mod:`ops.image`) at a fixed address of a private network
+(:mod:`ops.launcher.docker_engine`), with the record and folder layout of the local cluster, so
+every client command works on it unchanged: docs/containers.md. Faults for the chaos harness:
+:meth:`DockerCluster.pause` (the cgroup freezer), :meth:`DockerCluster.disconnect` and
+:meth:`DockerCluster.connect` (a real network cut), :meth:`DockerCluster.stop_container` and
+:meth:`DockerCluster.start_container` (a database restart).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ipaddress
 import math
 import signal
 import socket
@@ -50,6 +26,7 @@ import psutil
 
 from ops import pidfile
 from ops.launcher import procs, ready
+from ops.launcher.docker_engine import CLUSTER_LABEL, PROCESS_LABEL, cluster_network, image_id, in_parallel
 from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
 from ops.launcher.pg import EmbeddedPostgres
 from ops.launcher.plan import LaunchOptions
@@ -70,15 +47,7 @@ if TYPE_CHECKING:
 
     from protocol import pb
 
-__all__ = ["CLUSTER_LABEL", "PROCESS_LABEL", "DockerCluster"]
-
-CLUSTER_LABEL = "org.stockade.cluster"
-"""Label on the network and every container of a cluster: its state folder's absolute path."""
-PROCESS_LABEL = "org.stockade.process"
-"""Label on each container: the process it runs (``pg``, ``cp-N``, ``w-N``)."""
-
-SUBNET_POOL = ipaddress.ip_network("172.29.0.0/16")
-"""Where the clusters' /24 networks are taken from."""
+__all__ = ["DockerCluster"]
 
 PG_PORT = 5432
 FIRST_PORT = 7001
@@ -152,16 +121,9 @@ class DockerCluster(Launcher):
             ClusterError: no engine answers.
         """
         if self._client is None:
-            import docker
+            from ops.image import engine_client
 
-            try:
-                client = docker.from_env(timeout=120)
-                client.ping()
-            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
-                raise ClusterError(
-                    f"no Docker engine answers ({type(exc).__name__}: {exc}); start one, or set DOCKER_HOST"
-                ) from exc
-            self._client = client
+            self._client = engine_client(timeout_s=120, error=ClusterError)
         return self._client
 
     def config(self) -> ClusterConfig:
@@ -218,10 +180,13 @@ class DockerCluster(Launcher):
             )
 
     def prepare(self, previous: ClusterConfig | None, live_before: dict[str, int]) -> None:
-        """Find the image and make the network (:meth:`_image`, :meth:`_network`)."""
+        """Find the image and make the network (:func:`ops.launcher.docker_engine.image_id`,
+        :func:`ops.launcher.docker_engine.cluster_network`)."""
         recorded = previous.docker if previous is not None else None
-        image = self._image(recorded.image if recorded is not None and live_before else None)
-        network = self._network(recorded)
+        image = image_id(
+            self.client, self.image, recorded.image if recorded is not None and live_before else None
+        )
+        network = cluster_network(self.client, self.state.root, recorded)
         self._spec = DockerSpec(
             network=network.name,
             subnet=network.attrs["IPAM"]["Config"][0]["Subnet"],
@@ -251,7 +216,7 @@ class DockerCluster(Launcher):
 
     def forget(self, process_ids: Sequence[str]) -> None:
         containers = [c for p in process_ids if (c := self._container(p)) is not None]
-        _in_parallel(lambda c: c.remove(force=True), containers)
+        in_parallel(lambda c: c.remove(force=True), containers)
 
     def to_start(self, config: ClusterConfig, live_before: dict[str, int]) -> list[ProcessSpec]:
         return [p for p in config.processes if p.id not in live_before]
@@ -284,81 +249,6 @@ class DockerCluster(Launcher):
     def _docker_spec(self) -> DockerSpec:
         assert self._spec is not None, "prepare() comes first"
         return self._spec
-
-    def _image(self, running: str | None) -> str:
-        """The id of the image to run: ``running`` (the recorded image of a cluster that runs,
-        so that containers made again run the same build), else the image :attr:`image` or
-        ``stockade:<version>`` names now. Run from a source tree, the default tag must have been
-        built from that tree's sources (another checkout's build may carry the tag).
-
-        Raises:
-            ClusterError: the engine does not hold it (images are built here, never pulled), or
-                it was built from other sources.
-        """
-        import docker.errors
-
-        from ops.image import SOURCE_LABEL, ImageError, ImageRecipe, image_tag, project_root, source_digest
-
-        if running is not None:
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                return str(self.client.images.get(running).id)
-        tag = self.image or image_tag()
-        try:
-            image = self.client.images.get(tag)
-        except docker.errors.ImageNotFound:
-            raise ClusterError(
-                f"the Docker engine has no image {tag}: build it with `stockade image build` "
-                "(or `just image`)"
-            ) from None
-        if self.image is None:
-            try:
-                digest = source_digest(project_root(), ImageRecipe())
-            except ImageError:
-                digest = None  # installed from a wheel: nothing to compare with
-            if digest is not None and image.labels.get(SOURCE_LABEL) != digest:
-                raise ClusterError(
-                    f"{tag} was built from other sources than {project_root()}'s (another checkout, or "
-                    "before a change): build it again with `stockade image build` (or `just image`)"
-                )
-        return str(image.id)
-
-    def _network(self, recorded: DockerSpec | None) -> Any:
-        """This folder's network: the one it has, else a new one on a free /24.
-
-        Raises:
-            ClusterError: no free /24 is left in :data:`SUBNET_POOL`.
-        """
-        import docker.errors
-
-        existing = self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"})
-        if existing:
-            network = existing[0]
-            network.reload()
-            return network
-        name = recorded.network if recorded is not None else DockerSpec.prefix_for(self.state.root)
-        taken = _subnets_in_use(self.client)
-        candidates: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(
-            SUBNET_POOL.subnets(new_prefix=24)
-        )
-        start = int(DockerSpec.prefix_for(self.state.root)[-8:], 16) % len(candidates)
-        if recorded is not None:
-            candidates.insert(0, ipaddress.ip_network(recorded.subnet))
-            start = 0
-        for subnet in [*candidates[start:], *candidates[:start]]:
-            if any(subnet.overlaps(other) for other in taken):
-                continue
-            import docker.types
-
-            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
-            try:
-                return self.client.networks.create(
-                    name, driver="bridge", ipam=ipam, labels={CLUSTER_LABEL: str(self.state.root)}
-                )
-            except docker.errors.APIError as exc:
-                if "overlap" in str(exc).lower():
-                    continue
-                raise ClusterError(f"cannot create the Docker network {name}: {exc}") from exc
-        raise ClusterError(f"no free /24 subnet left in {SUBNET_POOL} for the cluster's Docker network")
 
     def issue_certificates(self, config: ClusterConfig) -> None:
         """Certificates for every control plane and worker naming its container address (one
@@ -653,13 +543,13 @@ class DockerCluster(Launcher):
 
             for kind in ("w", "cp", "pg"):
                 running = [c for c in groups[kind] if c.status == "running"]
-                _in_parallel(lambda c: c.stop(timeout=math.ceil(deadline_s(c))), running)
+                in_parallel(lambda c: c.stop(timeout=math.ceil(deadline_s(c))), running)
                 names = [c.labels[PROCESS_LABEL] for c in running]
                 if kind == "pg":
                     database_stopped = bool(names)
                 else:
                     terminated += names
-            _in_parallel(lambda c: c.remove(force=True), containers)
+            in_parallel(lambda c: c.remove(force=True), containers)
             removed = [c.labels.get(PROCESS_LABEL, c.name) for c in containers]
             for network in self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"}):
                 network.remove()
@@ -676,7 +566,7 @@ class DockerCluster(Launcher):
         """``docker stop`` the containers of ``specs``, each given its deadline
         (:meth:`_stop_deadline_s`); what it did is not reported."""
         containers = [(spec, c) for spec in specs if (c := self._container(spec.id)) is not None]
-        _in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
+        in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
         return Stopped()
 
     def _stop_deadline_s(self, process_id: str) -> float:
@@ -691,24 +581,6 @@ class DockerCluster(Launcher):
         except ClusterError:
             return STOP_TIMEOUT_S
         return stop_deadline_s(spec, 1)
-
-
-def _in_parallel(action: Callable[[Any], object], items: Sequence[Any]) -> None:
-    """``action`` on each item from a few threads (each docker call waits for the engine)."""
-    if not items:
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-        for future in [pool.submit(action, item) for item in items]:
-            future.result()
-
-
-def _subnets_in_use(client: docker.DockerClient) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    taken = []
-    for network in client.networks.list():
-        for pool in (network.attrs.get("IPAM") or {}).get("Config") or []:
-            with contextlib.suppress(KeyError, ValueError):
-                taken.append(ipaddress.ip_network(pool["Subnet"]))
-    return taken
 
 
 def _accepts(host: str, port: int) -> bool:

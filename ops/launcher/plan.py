@@ -317,34 +317,36 @@ def _control_planes(
                 address=f"{host}:{port}",
                 args=("cp", "--id", cp_id, "--host", host, "--port", str(port), *options.cp_args),
             )
-            spec = _with_console(_with_metrics(spec, options, new_port), options, new_port)
+            spec = _with_metrics(spec, options, new_port)
+            # Its web console on a port of its own.
+            spec = _with_port(
+                spec, options, new_port, "--http-port", "console_address", wanted=options.console
+            )
         specs.append(spec)
     return specs
 
 
 def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
     """``spec`` serving Prometheus metrics on a port of its own, when ``options.metrics``."""
-    if not options.metrics:
-        return spec
-    port = new_port()
-    return attrs.evolve(
-        spec,
-        args=(*spec.args, "--metrics-port", str(port)),
-        metrics_address=f"{options.host_of(spec.id)}:{port}",
-    )
+    return _with_port(spec, options, new_port, "--metrics-port", "metrics_address", wanted=options.metrics)
 
 
-def _with_console(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
-    """``spec`` (a control plane) serving its web console on a port of its own, when
-    ``options.console``."""
-    if not options.console:
+def _with_port(
+    spec: ProcessSpec,
+    options: LaunchOptions,
+    new_port: Callable[[], int],
+    option: str,
+    field: str,
+    *,
+    wanted: bool,
+) -> ProcessSpec:
+    """``spec`` given ``option <new port>``, its address recorded in ``field``; as it is unless
+    ``wanted``."""
+    if not wanted:
         return spec
     port = new_port()
-    return attrs.evolve(
-        spec,
-        args=(*spec.args, "--http-port", str(port)),
-        console_address=f"{options.host_of(spec.id)}:{port}",
-    )
+    address = f"{options.host_of(spec.id)}:{port}"
+    return attrs.evolve(spec, args=(*spec.args, option, str(port)), **{field: address})
 
 
 def _rotated(cps: Sequence[ProcessSpec], index: int) -> list[str]:
