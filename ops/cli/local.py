@@ -491,7 +491,6 @@ def _left_running(cluster: ClusterDriver) -> str:
     database) that run, and how to stop them; or that nothing runs."""
     from ops.cluster import LocalCluster
     from ops.launcher.hadb_members import HaDatabaseError
-    from ops.launcher.pg import EmbeddedPostgres
 
     if not isinstance(cluster, LocalCluster):
         with contextlib.suppress(ClusterError):
@@ -504,12 +503,7 @@ def _left_running(cluster: ClusterDriver) -> str:
                 )
         return f"no container of {shown_path(cluster.state.root)} runs"
     with contextlib.suppress(ClusterError, HaDatabaseError):
-        config = cluster.state.load()
-        running = sorted(cluster.pids(config)) if config is not None else []
-        # The embedded server starts before cluster.json is first written: look at its data
-        # folder, whatever the record says (the port only names it; is_running reads the pid).
-        port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
-        database = EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running()
+        running, database = _processes_running(cluster)
         what = " ".join(running)
         if database:
             what = f"{what} and the embedded PostgreSQL" if what else "the embedded PostgreSQL"
@@ -524,12 +518,27 @@ def _left_running(cluster: ClusterDriver) -> str:
     return f"nothing of {shown_path(cluster.state.root)} runs"
 
 
+def _processes_running(cluster: LocalCluster) -> tuple[list[str], bool]:
+    """The ids of ``cluster``'s live processes, and whether its embedded database runs.
+
+    Raises:
+        ClusterError: cluster.json cannot be read.
+    """
+    from ops.launcher.pg import EmbeddedPostgres
+
+    config = cluster.state.load()
+    running = sorted(cluster.pids(config)) if config is not None else []
+    # The embedded server starts before cluster.json is first written: look at its data
+    # folder, whatever the record says (the port only names it; is_running reads the pid).
+    port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
+    return running, EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running()
+
+
 def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
     """The state folder the user config names, when it is not ``here`` and something of its
     cluster still runs, with what runs (its processes, its database); else None (nothing
     recorded, the same folder, or a record whose cluster is gone: ``up`` then replaces it)."""
     from ops.cluster import LocalCluster, cluster_at
-    from ops.launcher.pg import EmbeddedPostgres
     from ops.launcher.state import StateDir
 
     other = recorded_local_cluster()
@@ -542,10 +551,8 @@ def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
             containers = sorted(cluster.pids())
             running = [f"the containers of {' '.join(containers)}"] if containers else []
         else:
-            config = cluster.state.load()
-            running = sorted(cluster.pids(config)) if config is not None else []
-            port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
-            if EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running():
+            running, database = _processes_running(cluster)
+            if database:
                 running.append("embedded PostgreSQL")
     if not running:
         return None

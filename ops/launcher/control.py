@@ -16,13 +16,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import psutil
 
 from ops import pidfile
-from ops.launcher import procs, ready
+from ops.launcher import procs
 from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
 from ops.launcher.hadb import HaPostgres
 from ops.launcher.hadb_config import HaSettings
@@ -47,8 +47,7 @@ from ops.launcher.state import (
     WorkerSpec,
     str_tuple,
 )
-from ops.launcher.up import READY_TIMEOUT_S, Launcher
-from protocol import pb
+from ops.launcher.up import Launcher
 from runtime.errors import StockadeError
 
 __all__ = ["LocalCluster"]
@@ -108,6 +107,7 @@ class LocalCluster(Launcher):
             interrupted after that (Ctrl-C) leaves what it started findable from any folder.
     """
 
+    registrations_timed: ClassVar[bool] = True
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
     database_url: str | None = None
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
@@ -433,34 +433,7 @@ class LocalCluster(Launcher):
         tmp.write_text(json.dumps(entries, indent=2) + "\n")
         os.replace(tmp, path)
 
-    def wait_ready(
-        self,
-        config: ClusterConfig,
-        *,
-        restarted_workers: dict[str, int] | None = None,
-        started_at: dict[str, float] | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> pb.StatusReply:
-        """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.time()`` when a
-        restarted worker's process started, whose registration after it counts as its return).
-
-        Raises:
-            ClusterError: a process exited, or ``timeout_s`` passed; names what is missing
-                and the log files to read.
-        """
-        return ready.wait_ready(
-            self.state,
-            config,
-            restarted=restarted_workers or {},
-            timeout_s=timeout_s,
-            check_exited=lambda: self._check_exited(config),
-            started_at=started_at,
-            on_progress=on_progress,
-        )
-
-    def _check_exited(self, config: ClusterConfig) -> None:
+    def check_exited(self, config: ClusterConfig) -> None:
         """Raise ClusterError naming the first process this object started that has exited."""
         for spec in config.processes:
             process = self._children.get(spec.id)

@@ -19,13 +19,13 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import psutil
 
 from ops import pidfile
-from ops.launcher import procs, ready
+from ops.launcher import procs
 from ops.launcher.docker_engine import CLUSTER_LABEL, PROCESS_LABEL, cluster_network, image_id, in_parallel
 from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
 from ops.launcher.pg import EmbeddedPostgres
@@ -39,13 +39,12 @@ from ops.launcher.state import (
     ProcessSpec,
     StateDir,
 )
-from ops.launcher.up import READY_TIMEOUT_S, Launcher
+from ops.launcher.up import Launcher
 
 if TYPE_CHECKING:
     import docker
     import docker.models.containers
 
-    from protocol import pb
 
 __all__ = ["DockerCluster"]
 
@@ -99,6 +98,7 @@ class DockerCluster(Launcher):
             :class:`ops.launcher.LocalCluster`'s.
     """
 
+    registrations_timed: ClassVar[bool] = False
     state: StateDir
     insecure: bool = False
     cp_args: Sequence[str] = ()
@@ -220,31 +220,6 @@ class DockerCluster(Launcher):
 
     def to_start(self, config: ClusterConfig, live_before: dict[str, int]) -> list[ProcessSpec]:
         return [p for p in config.processes if p.id not in live_before]
-
-    def wait_ready(
-        self,
-        config: ClusterConfig,
-        *,
-        restarted_workers: dict[str, int] | None = None,
-        started_at: dict[str, float] | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> pb.StatusReply:
-        """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`); a restarted worker is known by its new
-        incarnation (``started_at`` is not compared in containers).
-
-        Raises:
-            ClusterError: a container exited, or ``timeout_s`` passed.
-        """
-        return ready.wait_ready(
-            self.state,
-            config,
-            restarted=restarted_workers or {},
-            timeout_s=timeout_s,
-            check_exited=lambda: self._check_exited(config),
-            on_progress=on_progress,
-        )
 
     def _docker_spec(self) -> DockerSpec:
         assert self._spec is not None, "prepare() comes first"
@@ -375,7 +350,7 @@ class DockerCluster(Launcher):
         )
         api.start(created["Id"])
 
-    def _check_exited(self, config: ClusterConfig) -> None:
+    def check_exited(self, config: ClusterConfig) -> None:
         for process in config.processes:
             container = self._container(process.id)
             if container is None or container.status == "exited":

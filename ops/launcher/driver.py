@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import attrs
 
@@ -106,6 +106,9 @@ class ClusterDriver(Protocol):
     state: StateDir
     insecure: bool
     on_start: Callable[[], None] | None
+    registrations_timed: ClassVar[bool]
+    """Whether ``up`` knows a restarted worker is back by a ``register`` line written since its
+    process started (processes); else by a new incarnation (containers)."""
 
     def config(self) -> ClusterConfig:
         """The recorded cluster. Raises ClusterError where none is recorded."""
@@ -187,12 +190,6 @@ class ClusterDriver(Protocol):
 
     def start(self, spec: ProcessSpec, config: ClusterConfig) -> None: ...
 
-    def wait_ready(
-        self,
-        config: ClusterConfig,
-        *,
-        restarted_workers: dict[str, int] | None = None,
-        started_at: dict[str, float] | None = None,
-        timeout_s: float = ...,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> pb.StatusReply: ...
+    def check_exited(self, config: ClusterConfig) -> None:
+        """Raise ClusterError naming the first process of ``config`` that exited, with its log's end."""
+        ...

@@ -536,15 +536,9 @@ class StateDir:
 
 
 def metrics_address(spec: ProcessSpec) -> str | None:
-    """host:port of a process's Prometheus /metrics, or None when it serves none.
-
-    Recorded in cluster.json (``metrics_address``); a record written before that field
-    existed is read from the ``--metrics-port`` on the process's command line.
-    """
-    if spec.metrics_address:
-        return spec.metrics_address
-    port = option_value(spec.args, "--metrics-port")
-    return f"{LISTEN_HOST}:{port}" if port and port != "0" else None
+    """host:port of a process's Prometheus /metrics (its recorded ``metrics_address``), or None
+    when it serves none."""
+    return spec.metrics_address or None
 
 
 def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Path]:
@@ -558,10 +552,7 @@ def console_url(spec: ProcessSpec, *, tls: bool) -> str | None:
     without TLS listens on 127.0.0.1 only, :mod:`actors.console`)."""
     address = spec.console_address
     if not address:
-        port = option_value(spec.args, "--http-port")
-        if not port or port == "0":
-            return None
-        address = f"{LISTEN_HOST}:{port}"
+        return None
     if not tls:
         return f"http://127.0.0.1:{address.rpartition(':')[2]}"
     return f"https://{address}"

@@ -147,11 +147,13 @@ def _up(
         driver.start(spec, config)
         started.append(spec.id)
     restarted = {w.id: p for p in started for w in config.workers_in(p)}
-    status = driver.wait_ready(
+    status = ready.wait_ready(
+        state,
         config,
-        restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
-        started_at={w: started_at[p] for w, p in restarted.items()},
+        restarted={w: incarnations_before.get(w, 0) for w in restarted},
         timeout_s=timeout_s,
+        check_exited=lambda: driver.check_exited(config),
+        started_at={w: started_at[p] for w, p in restarted.items()} if driver.registrations_timed else None,
         on_progress=on_progress,
     )
     return UpResult(
