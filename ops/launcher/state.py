@@ -88,14 +88,7 @@ class ProcessSpec:
     none (see :func:`console_url` for the URL)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "address": self.address,
-            "args": list(self.args),
-            "metrics_address": self.metrics_address,
-            "console_address": self.console_address,
-        }
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessSpec:
@@ -165,7 +158,7 @@ class DockerSpec:
         return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
 
     def to_json(self) -> dict[str, Any]:
-        return {"network": self.network, "subnet": self.subnet, "image": self.image, "prefix": self.prefix}
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DockerSpec:
@@ -206,15 +199,7 @@ class WorkerSpec:
         return None if self.process_id == self.id else self.process_id
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "address": self.address,
-            "cpu_millis": self.cpu_millis,
-            "memory_mb": self.memory_mb,
-            "process_id": self.process_id,
-            "advertise_address": self.advertise_address,
-            "control_planes": list(self.control_planes),
-        }
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerSpec:
