@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ import psutil
 
 from ops.launcher.hadb_config import PgMember
 from ops.launcher.pg_secrets import PG_SUPERUSER
+from ops.launcher.pg_tools import ask
 from ops.launcher.state import LISTEN_HOST
 from runtime.errors import PermanentError, TemporaryError
 
@@ -193,18 +193,10 @@ def accepts_read_write(member: PgMember, *, bin_path: Path, password_file: Path)
         f"passfile={password_file} target_session_attrs=read-write connect_timeout=2"
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    try:
-        completed = subprocess.run(
-            [str(bin_path / "psql"), "-X", "-A", "-t", "-c", "select 1", conninfo],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=env,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return completed.returncode == 0
+    completed = ask(
+        [str(bin_path / "psql"), "-X", "-A", "-t", "-c", "select 1", conninfo], timeout_s=5, env=env
+    )
+    return completed is not None and completed.returncode == 0
 
 
 def wait_gone(processes: Sequence[psutil.Process], timeout_s: float) -> bool:

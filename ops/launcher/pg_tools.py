@@ -17,7 +17,15 @@ from typing import IO
 from runtime.os_users import RunAs
 from runtime.text import tail_of
 
-__all__ = ["LOG_TAIL_LINES", "POSTGRES_BIN_PATH", "CommandFailed", "run_pg", "supports_tls", "tls_bin_path"]
+__all__ = [
+    "LOG_TAIL_LINES",
+    "POSTGRES_BIN_PATH",
+    "CommandFailed",
+    "ask",
+    "run_pg",
+    "supports_tls",
+    "tls_bin_path",
+]
 
 
 def _find_bin_path() -> Path:
@@ -110,18 +118,30 @@ def supports_tls(bin_path: Path) -> bool:
     """Whether the PostgreSQL binaries in ``bin_path`` were built with OpenSSL (their
     ``pg_config --configure`` has ``--with-openssl`` or ``--with-ssl=openssl``); False when
     there is no pg_config to ask."""
+    completed = ask([str(bin_path / "pg_config"), "--configure"], timeout_s=10)
+    if completed is None:
+        return False
+    return "--with-openssl" in completed.stdout or "--with-ssl=openssl" in completed.stdout
+
+
+def ask(
+    argv: Sequence[str], *, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """Run a short question to a PostgreSQL program (no input, output kept as text); None when
+    it could not run or took longer than ``timeout_s`` seconds."""
     try:
-        completed = subprocess.run(
-            [str(bin_path / "pg_config"), "--configure"],
+        return subprocess.run(
+            list(argv),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=10,
+            errors="replace",
+            env=env,
+            timeout=timeout_s,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--with-openssl" in completed.stdout or "--with-ssl=openssl" in completed.stdout
+        return None
 
 
 def tls_bin_path() -> Path | None:
