@@ -52,7 +52,6 @@ from runtime.errors import StockadeError
 
 __all__ = ["LocalCluster"]
 
-_LOG_TAIL_LINES = 20
 _PORT_ATTEMPTS = 3
 
 
@@ -441,7 +440,7 @@ class LocalCluster(Launcher):
                 log_path = self.state.log_path(spec.id)
                 raise ClusterError(
                     f"{spec.id} exited with code {process.returncode}; last lines of {log_path}:\n"
-                    + procs.tail(log_path, _LOG_TAIL_LINES)
+                    + procs.tail(log_path)
                 )
 
     # -- kill and down -----------------------------------------------------------------

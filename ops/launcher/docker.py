@@ -67,7 +67,6 @@ what 4 fleet processes do (4 x 1024), a control plane what a process at nice -5 
 DATABASE_READY_TIMEOUT_S = 60.0
 PAUSE_ATTEMPTS = 10
 PAUSE_RETRY_S = 0.1
-_LOG_TAIL_LINES = 20
 
 
 def cpu_shares_of(process_id: str) -> int:
@@ -281,7 +280,7 @@ class DockerCluster(Launcher):
             if container is None or container.status == "exited":
                 raise ClusterError(
                     f"the database container exited; last lines of {self.state.log_path('pg')}:\n"
-                    + procs.tail(self.state.log_path("pg"), _LOG_TAIL_LINES)
+                    + procs.tail(self.state.log_path("pg"))
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(
@@ -358,7 +357,7 @@ class DockerCluster(Launcher):
                 code = container.attrs["State"].get("ExitCode") if container is not None else "?"
                 raise ClusterError(
                     f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
-                    + procs.tail(log_path, _LOG_TAIL_LINES)
+                    + procs.tail(log_path)
                 )
 
     def agent_memory_mb(self) -> tuple[float, float, float] | None:

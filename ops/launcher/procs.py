@@ -176,7 +176,11 @@ def postmaster_port(pg_dir: Path) -> int | None:
     return pidfile.read_port(pg_dir / "data" / "postmaster.pid", line=3)
 
 
-def tail(path: Path, lines: int) -> str:
+LOG_TAIL_LINES = 20
+"""How many lines of a process's log an error message carries."""
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a process's log, read in bounded memory (a log may be large)."""
     try:
         return "\n".join(tail_lines(path, max_lines=lines).lines)
