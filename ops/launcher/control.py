@@ -158,15 +158,6 @@ class LocalCluster(Launcher):
             return process
         return None
 
-    def metrics_addresses(self) -> dict[str, str]:
-        """Process id -> ``127.0.0.1:port`` of its Prometheus /metrics, for every recorded
-        process that serves them (:meth:`ClusterConfig.metrics_addresses`).
-
-        Raises:
-            ClusterError: nothing is recorded in the state folder.
-        """
-        return self.config().metrics_addresses()
-
     def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
         """Process id -> pid of every live process of the cluster."""
         config = config or self.config()

@@ -120,6 +120,10 @@ class ClusterDriver(Protocol):
 
     def live_process(self, spec: ProcessSpec) -> psutil.Process | None: ...
 
+    def metrics_addresses(self) -> dict[str, str]:
+        """Process id -> host:port of its Prometheus /metrics."""
+        ...
+
     def up(
         self,
         *,

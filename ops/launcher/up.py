@@ -32,7 +32,16 @@ TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
 
 
 class Launcher:
-    """The ``up`` every driver shares."""
+    """What every driver shares: ``up``, and the addresses of what it runs."""
+
+    def metrics_addresses(self: ClusterDriver) -> dict[str, str]:
+        """Process id -> host:port of its Prometheus /metrics, for every recorded process that
+        serves them (:meth:`ClusterConfig.metrics_addresses`).
+
+        Raises:
+            ClusterError: nothing is recorded in the state folder.
+        """
+        return self.config().metrics_addresses()
 
     def up(
         self: ClusterDriver,
