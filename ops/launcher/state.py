@@ -263,7 +263,7 @@ class ClusterConfig:
     started with)."""
     cert_dir: str | None = None
     """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
-    cluster runs with ``--insecure`` (a record from before certificates reads so too)."""
+    cluster runs with ``--insecure``."""
     ha_db: bool = False
     """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.launcher.hadb`):
     ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
