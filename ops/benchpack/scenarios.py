@@ -47,9 +47,7 @@ from runtime.client import ControlPlaneClient
 from runtime.settings import LedgerSettings, PlacerSettings
 
 
-def _cluster(
-    root: Path, settings: PackSettings, policy: str, *, docker: bool = False
-) -> ClusterDriver:
+def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = False) -> ClusterDriver:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
     # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
     # control plane answers late), and the fence and dead_after widened to match; all four
