@@ -26,7 +26,7 @@ from runtime.tls import TRUST_DOMAIN, URI_PREFIX, Identity, check_key_private, f
 
 SERVER_ROLES = ("control-plane", "worker", "database")
 """Roles whose certificates name hosts and serve TLS (they also call others as clients).
-``database`` is the embedded PostgreSQL's (:class:`ops.pg.PgTls`)."""
+``database`` is the embedded PostgreSQL's (:class:`ops.launcher.pg.PgTls`)."""
 CLIENT_ROLES = ("operator", "viewer")
 """Roles of CLI clients: client auth only."""
 ROLES = (*SERVER_ROLES, *CLIENT_ROLES)

@@ -24,9 +24,9 @@ import trio
 from ops import checker, faults
 from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings
 from ops.faults import FaultError, fault_environment
-from ops.hadb import HaDatabaseError
 from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
+from ops.launcher.hadb_members import HaDatabaseError
 from ops.launcher.state import StateDir
 from ops.netfault import Link, serve_proxy
 from protocol import pb

@@ -1,39 +1,8 @@
-"""The local cluster: control planes and worker agents as background processes on this machine.
+"""The local cluster's public face: the launchers (:class:`LocalCluster`, :class:`DockerCluster`,
+both a :class:`ClusterDriver`), :func:`cluster_at` for a state folder, and the record's names.
 
-``stockade up`` / ``stockade down`` and the end-to-end tests drive a :class:`LocalCluster`.
-Everything it knows lives in one state folder (``.stockade/`` in the current directory, or
-``$STOCKADE_STATE_DIR``)::
-
-    cluster.json    the database URL, every process's id, kind, address and arguments, and
-                    the workers hosted in fleets (id, address, capacity, fleet)
-    pg/             the embedded PostgreSQL server (ops.pg), unless DATABASE_URL is given
-    logs/<id>.log   each process's stdout and stderr
-    pids/<id>.pid   each process's pid
-    fleets/<id>.json  each fleet's spec file (the workers it hosts; see agent.fleet)
-    workers/<id>/   each worker's work dir (agent.jsonl, jobs/<job>-<assignment>/std*.log)
-
-Each process is ``python -m ops.cli cp|agent|fleet ...`` in its own session, so closing the
-terminal does not stop the cluster. Workers run one per ``agent`` process, or, with
-``fleet_size`` K > 0, K per ``fleet`` process (fleet-1, fleet-2, ...): each still has its own
-id, port, registration, heartbeats and work dir, but a fleet lives and dies as one process.
-A pid file counts only while it names a live process whose command line is that process's
-(pids are reused). Every process carries the state
-folder in its environment (``STOCKADE_CLUSTER_DIR``), so ``down`` can find and stop
-stragglers whose pid file was lost, including the agents' job processes.
-
-``up`` is idempotent: the first run picks free ports and records them; later runs reuse
-them, leave live processes alone and start dead ones again (a killed leader comes back as a
-standby, a killed worker registers a new incarnation). Asked for other counts, ``up`` changes
-the cluster: it adds control planes and workers, or stops the surplus ones cleanly and drops
-them from cluster.json (:mod:`ops.launcher.plan`). Every process it adds serves Prometheus
-metrics on a port of its own, recorded in cluster.json (:meth:`ClusterConfig.metrics_addresses`).
-
-With ``up --docker`` the same folder and record describe a cluster in containers
-(:class:`ops.launcher.docker.DockerCluster`): the database, control planes and workers each in a
-container on a private Docker network; :func:`cluster_at` gives the right one for a folder.
-
-This module is the public face: the code lives in :mod:`ops.launcher` (state, plan, control,
-docker).
+The code lives in :mod:`ops.launcher`; the state folder and what ``up`` does with it:
+docs/design.md, "The local cluster's state folder".
 """
 
 from __future__ import annotations
@@ -46,8 +15,10 @@ from ops.config import (
     parse_addresses,
     resolve_addresses,
 )
-from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, LocalCluster, UpResult
+from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
+from ops.launcher.driver import ClusterDriver, DownReport, UpResult
+from ops.launcher.procs import STOP_TIMEOUT_S
 from ops.launcher.state import (
     LISTEN_HOST,
     MARKER_ENV,
@@ -59,6 +30,7 @@ from ops.launcher.state import (
     iter_worker_logs,
     metrics_address,
 )
+from ops.launcher.up import READY_TIMEOUT_S
 
 __all__ = [
     "CONTROL_PLANES_ENV",
@@ -69,6 +41,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "WORKER_CAPACITIES",
     "ClusterConfig",
+    "ClusterDriver",
     "ClusterError",
     "DockerCluster",
     "DownReport",
@@ -86,7 +59,7 @@ __all__ = [
 ]
 
 
-def cluster_at(state: StateDir) -> LocalCluster | DockerCluster:
+def cluster_at(state: StateDir) -> ClusterDriver:
     """The launcher of the cluster recorded in ``state``: a :class:`DockerCluster` when it runs
     in containers, else (also when nothing is recorded) a :class:`LocalCluster`.
 

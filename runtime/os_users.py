@@ -1,5 +1,5 @@
 """System users that this process runs other programs as: the embedded PostgreSQL's
-(:mod:`ops.pg_user`) and the agent's command jobs (:mod:`agent.runtimes`).
+(:mod:`ops.launcher.pg_user`) and the agent's command jobs (:mod:`agent.runtimes`).
 
 When this process is root, such a program runs as a system user of its own, created on first
 use (:func:`resolve_user`); when it is not root, the program runs as this process's user and

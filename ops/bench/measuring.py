@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import trio
 
-from ops.pg import database_or_temporary
+from ops.launcher.pg import database_or_temporary
 from runtime.aio import asyncio_bridge
 
 T = TypeVar("T")

@@ -33,8 +33,9 @@ from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, rea
 from ops.bench.pack.figures import histogram_quantile
 from ops.bench.scale_report import REAL_AGENTS_LIMIT, ScalePoint, ScaleReport
 from ops.cluster import LocalCluster, StateDir
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from ops.launcher.state import ClusterConfig
-from ops.pg import EmbeddedPostgres, free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient

@@ -117,7 +117,7 @@ def chaos(
 
     from ops.chaos import Harness
     from ops.chaosresult import ChaosSettings, chaos_table
-    from ops.cluster import DockerCluster, LocalCluster, StateDir
+    from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir
 
     if docker and ha_db:
         fail("--ha-db is not available with --docker: drop one of them", EXIT_INVALID)
@@ -133,13 +133,13 @@ def chaos(
     if db_restarts and ha_db:
         fail("--db-restarts restarts the embedded database; with --ha-db use --db-failovers", EXIT_INVALID)
     if ha_db:
-        from ops.hadb import INSTALL_HINT, missing_tools
+        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:
             fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
     root = state_dir or (default_state_dir() / "chaos")
-    cluster: LocalCluster | DockerCluster
+    cluster: ClusterDriver
     if docker:
         cluster = DockerCluster(StateDir(root), insecure=insecure)
     else:

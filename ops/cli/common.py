@@ -112,7 +112,7 @@ def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
 def _operational(exc: BaseException) -> bool:
     """Whether ``exc`` is an expected failure of the embedded database's control (its module is
     looked up only when loaded: an error of a module never imported cannot occur)."""
-    kind = getattr(sys.modules.get("ops.pg"), "EmbeddedPostgresError", None)
+    kind = getattr(sys.modules.get("ops.launcher.pg"), "EmbeddedPostgresError", None)
     return isinstance(kind, type) and isinstance(exc, kind)
 
 
@@ -409,7 +409,8 @@ def local_ha_db_dir(addresses: list[str]) -> Path | None:
 
 def ha_db_line(hadb_dir: Path) -> str:
     """One line on the local cluster's HA PostgreSQL: each member's role, state and port."""
-    from ops.hadb import HaDatabaseError, HaPostgres
+    from ops.launcher.hadb import HaPostgres
+    from ops.launcher.hadb_members import HaDatabaseError
 
     try:
         members = HaPostgres(hadb_dir).members()

@@ -8,7 +8,6 @@ and the protocol are imported by the command that runs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer._click.exceptions import BadOptionUsage, BadParameter, NoSuchOption, UsageError
 
-from ops.cli import params
+from ops.cli import local_report, params
 from ops.cli.base import app
 from ops.cli.common import (
     EXIT_INVALID,
@@ -41,124 +40,11 @@ from ops.config import (
     ClusterError,
     ClusterRequestRefused,
     forget_local_cluster,
-    record_local_cluster,
-    recorded_local_cluster,
     user_config_path,
 )
 
 if TYPE_CHECKING:
-    from ops.cluster import DockerCluster, LocalCluster, UpResult
-
-
-def _print_up(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
-    import rich.box
-    from rich.table import Table
-
-    from ops.cluster import LocalCluster
-
-    roles = {cp.id: cp.role for cp in result.status.control_planes}
-    workers = {w.id: w for w in result.status.workers}
-    metrics = result.config.metrics_addresses()
-    table = Table(box=rich.box.SIMPLE_HEAD, title="processes", title_justify="left", padding=(0, 1))
-    for column in ("id", "pid", "address", "metrics", "state", "capacity", ""):
-        table.add_column(column, no_wrap=True)
-    for spec in result.config.processes:
-        capacity = ""
-        note = "started" if spec.id in result.started else "was running"
-        if spec.kind == "cp":
-            state = "leader" if spec.id == result.status.leader else roles.get(spec.id, "?")
-        elif spec.kind == "fleet":
-            hosted = result.config.workers_in(spec.id)
-            alive = sum(1 for w in hosted if (s := workers.get(w.id)) is not None and s.state == "alive")
-            state = f"{alive}/{len(hosted)} alive"
-            capacity = f"{len(hosted)} workers: {hosted[0].id}..{hosted[-1].id}" if hosted else "no workers"
-        else:
-            worker = workers.get(spec.id)
-            state = worker.state if worker else "?"
-            capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
-        table.add_row(
-            spec.id,
-            str(result.pids.get(spec.id, "-")),
-            spec.address or "-",
-            metrics.get(spec.id, "-"),
-            state,
-            capacity,
-            note,
-        )
-    for hosted_worker in result.config.hosted_workers:
-        worker = workers.get(hosted_worker.id)
-        table.add_row(
-            hosted_worker.id,
-            str(result.pids.get(hosted_worker.process_id, "-")),
-            hosted_worker.address,
-            "-",
-            worker.state if worker else "?",
-            f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else "",
-            f"in {hosted_worker.process_id}",
-        )
-    console().print(table)
-    if result.removed:
-        stopped = f" (stopped {' '.join(result.stopped)})" if result.stopped else ""
-        console().print(f"removed   {' '.join(result.removed)}{stopped}")
-    if result.killed:
-        console().print(f"killed    {_killed(result.killed, result.stop_deadlines_s)}")
-    if result.config.docker is not None:
-        database = (
-            f"PostgreSQL in a container on {result.config.docker.network} ({result.config.docker.subnet})"
-        )
-    elif result.config.ha_db:
-        assert isinstance(cluster, LocalCluster)
-        database = f"HA PostgreSQL (Patroni + etcd, {_ha_roles(cluster)})"
-    elif result.config.embedded_pg_port:
-        database = "embedded PostgreSQL"
-    else:
-        database = "DATABASE_URL"
-    if result.database_started:
-        database += " (started)"
-
-    console().print(f"database  {database}: {result.config.database_url}")
-    console().print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
-    console().print(f"logs      {shown_path(cluster.state.root / 'logs')}/<id>.log")
-    if result.config.docker is not None:
-        console().print(
-            f"docker    image {result.config.docker.image}; containers {result.config.docker.prefix}-<id>, "
-            f"network {result.config.docker.network}"
-        )
-    if result.config.cert_dir is None:
-        console().print("tls       off (--insecure): plaintext, no identities")
-    else:
-        certs = shown_path(Path(result.config.cert_dir))
-        console().print(f"tls       mutual TLS with {certs}/; client commands present {certs}/operator.crt")
-    consoles = result.config.console_urls()
-    if consoles:
-        login = (
-            "plain HTTP on 127.0.0.1, no login (--insecure)"
-            if result.config.cert_dir is None
-            else "open one with `stockade console` (it prints each URL with a login token)"
-        )
-        console().print(f"console   {' '.join(consoles.values())}: {login}")
-
-
-def _killed(killed: tuple[str, ...], deadlines_s: dict[str, float]) -> str:
-    """The processes SIGKILLed at their stop deadline, each with its deadline, and what that
-    means for their workers."""
-    each = ", ".join(f"{p} ({deadlines_s[p]:g} s)" if p in deadlines_s else p for p in killed)
-    return (
-        f"{each}: still running that long after SIGTERM; workers of these that had not left "
-        "will be declared dead"
-    )
-
-
-def _ha_roles(cluster: LocalCluster) -> str:
-    """The HA pair's members and roles in a few words, e.g. ``pg-1 primary, pg-2 sync standby``."""
-    from ops.hadb import HaDatabaseError
-
-    try:
-        members = cluster.ha_database().members()
-    except HaDatabaseError as exc:
-        return f"members unknown: {exc}"
-    names = {"leader": "primary", "sync_standby": "sync standby"}
-    return ", ".join(f"{m.name} {names.get(m.role, m.role)}" for m in members)
+    from ops.cluster import ClusterDriver
 
 
 @app.command("up")
@@ -303,7 +189,7 @@ def up(
     if ha_db_strict and not ha_db:
         fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
     if ha_db:
-        from ops.hadb import INSTALL_HINT, missing_tools
+        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
         missing = missing_tools()
         if missing:
@@ -319,7 +205,7 @@ def up(
         "cp": process_options("--cp-args", cp_args, "cp"),
     }
     state = local_state()
-    other = _other_running_cluster(state.root)
+    other = local_report.other_running_cluster(state.root)
     if other is not None:
         other_root, running = other
         reach = f"{STATE_DIR_ENV}={shlex.quote(str(other_root))}"
@@ -344,14 +230,14 @@ def up(
         for args in process_args.values():
             if "--json-logs" not in args:
                 args.append("--json-logs")
-    cluster: LocalCluster | DockerCluster
+    cluster: ClusterDriver
     if docker:
         cluster = DockerCluster(
             state,
             agent_args=process_args["agent"],
             cp_args=process_args["cp"],
             insecure=insecure,
-            on_start=lambda: _record_quietly(state.root),
+            on_start=lambda: local_report.record_quietly(state.root),
         )
     else:
         cluster = LocalCluster(
@@ -362,11 +248,11 @@ def up(
             insecure=insecure,
             ha_db=ha_db,
             ha_db_strict=ha_db_strict,
-            on_start=lambda: _record_quietly(state.root),
+            on_start=lambda: local_report.record_quietly(state.root),
         )
     # Everything from here on ends with one line on Ctrl-C or SIGTERM, printing the result
     # and recording it included (ops.cli.common.interruptible).
-    with interruptible(lambda: _left_running(cluster)):
+    with interruptible(lambda: local_report.left_running(cluster)):
         with errors(), console().status("starting the cluster..."):
             try:
                 result = cluster.up(
@@ -378,11 +264,11 @@ def up(
             except ClusterRequestRefused:  # refused before anything started: nothing to say about that
                 raise
             except ClusterError as exc:
-                raise ClusterError(f"{exc}; {_left_running(cluster)}") from exc
-        _print_up(result, cluster)
+                raise ClusterError(f"{exc}; {local_report.left_running(cluster)}") from exc
+        local_report.print_up(result, cluster)
         if json_logs:
-            _warn_json_logs_not_applied(result, cluster)
-        _record(cluster)
+            local_report.warn_json_logs_not_applied(result, cluster)
+        local_report.record(cluster)
 
 
 _LAUNCHER_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -458,128 +344,6 @@ def _refusal(exc: UsageError, command: str) -> str:
     return f"{text[:1].lower()}{text[1:]} for stockade {command}"
 
 
-def _warn_json_logs_not_applied(result: UpResult, cluster: LocalCluster | DockerCluster) -> None:
-    """``--json-logs`` reaches only the processes new to the cluster: those recorded in
-    cluster.json run (or are started again) with the options recorded for them. Name those
-    without it and how to apply it."""
-    kept = [
-        spec.id
-        for spec in result.config.processes
-        if spec.kind in ("cp", "agent", "fleet") and "--json-logs" not in spec.args
-    ]
-    if kept:
-        err_console().print(
-            "note: --json-logs reaches only processes new to this cluster; these keep the options "
-            f"recorded for them and log console lines: {' '.join(kept)} (`{_down_command(cluster)}` "
-            "then `stockade up --json-logs` starts them all with it)",
-            markup=False,
-            soft_wrap=True,
-        )
-
-
-def _down_command(cluster: LocalCluster | DockerCluster) -> str:
-    """The command that stops ``cluster``, as typed in the current folder."""
-    if os.environ.get(STATE_DIR_ENV):
-        return f"{STATE_DIR_ENV}={shlex.quote(str(cluster.state.root))} stockade down"
-    return "stockade down"
-
-
-def _left_running(cluster: LocalCluster | DockerCluster) -> str:
-    """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
-    database) that run, and how to stop them; or that nothing runs."""
-    from ops.cluster import LocalCluster
-    from ops.hadb import HaDatabaseError
-    from ops.pg import EmbeddedPostgres
-
-    if not isinstance(cluster, LocalCluster):
-        with contextlib.suppress(ClusterError):
-            running = sorted(cluster.pids())
-            if running:
-                return (
-                    f"the containers of {' '.join(running)} still run (the cluster may not be ready); "
-                    f"`{_down_command(cluster)}` removes them, `stockade up --docker` again waits for "
-                    f"them{_findable(cluster)}"
-                )
-        return f"no container of {shown_path(cluster.state.root)} runs"
-    with contextlib.suppress(ClusterError, HaDatabaseError):
-        config = cluster.state.load()
-        running = sorted(cluster.pids(config)) if config is not None else []
-        # The embedded server starts before cluster.json is first written: look at its data
-        # folder, whatever the record says (the port only names it; is_running reads the pid).
-        port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
-        database = EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running()
-        what = " ".join(running)
-        if database:
-            what = f"{what} and the embedded PostgreSQL" if what else "the embedded PostgreSQL"
-        if cluster.ha_database().is_running():
-            what = f"{what} and the HA PostgreSQL" if what else "the HA PostgreSQL"
-        if what:
-            return (
-                f"{what} of {shown_path(cluster.state.root)} still run in the background (the cluster "
-                f"may not be ready); `{_down_command(cluster)}` stops them, `stockade up` again "
-                f"waits for them{_findable(cluster)}"
-            )
-    return f"nothing of {shown_path(cluster.state.root)} runs"
-
-
-def _other_running_cluster(here: Path) -> tuple[Path, str] | None:
-    """The state folder the user config names, when it is not ``here`` and something of its
-    cluster still runs, with what runs (its processes, its database); else None (nothing
-    recorded, the same folder, or a record whose cluster is gone: ``up`` then replaces it)."""
-    from ops.cluster import LocalCluster, cluster_at
-    from ops.launcher.state import StateDir
-    from ops.pg import EmbeddedPostgres
-
-    other = recorded_local_cluster()
-    if other is None or other == here.absolute() or not other.is_dir():
-        return None
-    running: list[str] = []
-    with contextlib.suppress(ClusterError):  # its record unreadable: its processes are not known
-        cluster = cluster_at(StateDir(other))
-        if not isinstance(cluster, LocalCluster):
-            containers = sorted(cluster.pids())
-            running = [f"the containers of {' '.join(containers)}"] if containers else []
-        else:
-            config = cluster.state.load()
-            running = sorted(cluster.pids(config)) if config is not None else []
-            port = config.embedded_pg_port if config is not None and config.embedded_pg_port else 5432
-            if EmbeddedPostgres(data_dir=cluster.state.pg_dir, port=port).is_running():
-                running.append("embedded PostgreSQL")
-    if not running:
-        return None
-    return other, " ".join(running)
-
-
-def _findable(cluster: LocalCluster | DockerCluster) -> str:
-    """``; the user config X names it: ...`` when the user config records ``cluster``, else
-    nothing."""
-    if recorded_local_cluster() != cluster.state.root.absolute():
-        return ""
-    return f"; {shown_path(user_config_path())} names it: client commands find it from any folder"
-
-
-def _record_quietly(state_dir: Path) -> None:
-    """Record ``state_dir`` in the user config before ``up`` starts anything, so an ``up``
-    interrupted after that leaves its processes findable; a config that cannot be written is
-    said once ``up`` is done (:func:`_record`)."""
-    with contextlib.suppress(ClusterError):
-        record_local_cluster(state_dir)
-
-
-def _record(cluster: LocalCluster | DockerCluster) -> None:
-    """Record the cluster in the user config; a config that cannot be written is said, not fatal."""
-    try:
-        path = record_local_cluster(cluster.state.root)
-    except ClusterError as exc:
-        err_console().print(
-            f"note: client commands outside this folder will not find this cluster: {exc}",
-            markup=False,
-            soft_wrap=True,
-        )
-        return
-    console().print(f"config    {path} names it: client commands find it from any folder")
-
-
 @app.command("down")
 def down() -> None:
     """Stop every process of the local cluster and the embedded database, and remove the
@@ -598,7 +362,7 @@ def down() -> None:
     if report.terminated:
         console().print("stopped " + " ".join(report.terminated))
     if report.killed:
-        console().print("killed " + _killed(report.killed, report.stop_deadlines_s))
+        console().print("killed " + local_report.killed_line(report.killed, report.stop_deadlines_s))
     if report.stragglers:
         console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
     if report.database_stopped:

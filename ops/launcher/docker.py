@@ -1,58 +1,36 @@
-"""The local cluster in containers: ``stockade up --docker``.
+"""The local cluster in containers (``stockade up --docker``): :class:`DockerCluster`.
 
-:class:`DockerCluster` runs the database, the control planes and the workers of one state
-folder each in a container of its own, all of the image ``stockade:<version>``
-(:mod:`ops.image`), on a private Docker network made for the cluster, through the docker SDK.
-It keeps the record (``cluster.json``, with its ``docker`` part, :class:`DockerSpec`) and the
-state folder's layout of :class:`ops.launcher.LocalCluster`, so ``status``, ``jobs``,
-``submit``, ``check`` and the rest work on it unchanged:
-
-- **Addresses.** The network has a /24 subnet of ``172.29.0.0/16`` picked for the folder (the
-  next free one when the engine already uses it); every container has a fixed address in it
-  (:meth:`DockerSpec.address_of`) and listens there. The machine reaches them through the
-  network's bridge, so no port is published on its own interfaces. Certificates name those
-  addresses (IP SANs), and one issued before without them is issued again.
-- **Files.** A container sees only what it needs of the state folder, at the same path as on
-  the machine: the database its ``pg/`` (read-write); a control plane the CA certificate, its
-  own certificate and key, and the database's password file (read-only); a worker the same
-  certificates and its own work folder (read-write); every container the ``logs/`` folder,
-  where its process appends its output as a process of the local cluster does.
-- **Labels.** Every container and the network carry :data:`CLUSTER_LABEL` (the state folder's
-  absolute path) and containers :data:`PROCESS_LABEL` (``pg``, ``cp-N``, ``w-N``); ``down``
-  removes what carries this folder's label, and nothing else.
-- **Processes.** ``docker-init`` is each container's process 1 (``init=True``): it forwards
-  signals and reaps orphans (an agent's job reapers outlive nothing but still must be reaped).
-  ``kill`` is ``docker kill`` (the whole container dies); a clean stop is ``docker stop``
-  (SIGTERM, SIGKILL past the process's deadline: :func:`ops.launcher.procs.stop_deadline_s`),
-  workers first, so they leave cleanly.
-
-Faults for the chaos harness: :meth:`pause` and :meth:`unpause` (the cgroup freezer stops the
-whole container, its jobs included), :meth:`disconnect` and :meth:`connect` (a real network
-cut: the container leaves the network and comes back at its own address),
-:meth:`stop_container` and :meth:`start_container` (a database restart).
+The database, the control planes and the workers of one state folder each run in a container of
+the image ``stockade:<version>`` (:mod:`ops.image`) at a fixed address of a private network
+(:mod:`ops.launcher.docker_engine`), with the record and folder layout of the local cluster, so
+every client command works on it unchanged: docs/containers.md. Faults for the chaos harness:
+:meth:`DockerCluster.pause` (the cgroup freezer), :meth:`DockerCluster.disconnect` and
+:meth:`DockerCluster.connect` (a real network cut), :meth:`DockerCluster.stop_container` and
+:meth:`DockerCluster.start_container` (a database restart).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ipaddress
 import math
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import psutil
 
-from ops import pidfile, rpc
-from ops.launcher import procs, ready
-from ops.launcher.control import READY_TIMEOUT_S, STOP_TIMEOUT_S, DownReport, UpResult
-from ops.launcher.plan import LaunchOptions, check_counts, plan
-from ops.launcher.procs import stop_deadline_s
+from ops import pidfile
+from ops.launcher import procs
+from ops.launcher.docker_engine import CLUSTER_LABEL, PROCESS_LABEL, cluster_network, image_id, in_parallel
+from ops.launcher.driver import DatabaseStarted, DownReport, Stopped
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.plan import LaunchOptions
+from ops.launcher.procs import STOP_TIMEOUT_S, stop_deadline_s
 from ops.launcher.state import (
     DOCKER_MAX_WORKERS,
     ClusterConfig,
@@ -60,24 +38,15 @@ from ops.launcher.state import (
     DockerSpec,
     ProcessSpec,
     StateDir,
-    tls_mode,
 )
-from ops.pg import EmbeddedPostgres
-from runtime.errors import StockadeError
+from ops.launcher.up import Launcher
 
 if TYPE_CHECKING:
     import docker
     import docker.models.containers
 
-__all__ = ["CLUSTER_LABEL", "PROCESS_LABEL", "DockerCluster"]
 
-CLUSTER_LABEL = "org.stockade.cluster"
-"""Label on the network and every container of a cluster: its state folder's absolute path."""
-PROCESS_LABEL = "org.stockade.process"
-"""Label on each container: the process it runs (``pg``, ``cp-N``, ``w-N``)."""
-
-SUBNET_POOL = ipaddress.ip_network("172.29.0.0/16")
-"""Where the clusters' /24 networks are taken from."""
+__all__ = ["DockerCluster"]
 
 PG_PORT = 5432
 FIRST_PORT = 7001
@@ -98,7 +67,6 @@ what 4 fleet processes do (4 x 1024), a control plane what a process at nice -5 
 DATABASE_READY_TIMEOUT_S = 60.0
 PAUSE_ATTEMPTS = 10
 PAUSE_RETRY_S = 0.1
-_LOG_TAIL_LINES = 20
 
 
 def cpu_shares_of(process_id: str) -> int:
@@ -110,7 +78,7 @@ def cpu_shares_of(process_id: str) -> int:
 
 
 @attrs.define
-class DockerCluster:
+class DockerCluster(Launcher):
     """Starts, finds and stops the containers of one state folder's cluster.
 
     Args:
@@ -129,6 +97,7 @@ class DockerCluster:
             :class:`ops.launcher.LocalCluster`'s.
     """
 
+    registrations_timed: ClassVar[bool] = False
     state: StateDir
     insecure: bool = False
     cp_args: Sequence[str] = ()
@@ -138,7 +107,7 @@ class DockerCluster:
     extra_env: Callable[[str], dict[str, str]] | None = None
     extra_binds: Callable[[str], Sequence[Path]] | None = None
     on_start: Callable[[], None] | None = None
-    _starting_told: bool = attrs.field(default=False, init=False)
+    _spec: DockerSpec | None = attrs.field(default=None, init=False)
     _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
 
     # -- the engine ----------------------------------------------------------------------
@@ -151,16 +120,9 @@ class DockerCluster:
             ClusterError: no engine answers.
         """
         if self._client is None:
-            import docker
+            from ops.image import engine_client
 
-            try:
-                client = docker.from_env(timeout=120)
-                client.ping()
-            except Exception as exc:  # docker.errors.DockerException, requests' errors, OSError
-                raise ClusterError(
-                    f"no Docker engine answers ({type(exc).__name__}: {exc}); start one, or set DOCKER_HOST"
-                ) from exc
-            self._client = client
+            self._client = engine_client(timeout_s=120, error=ClusterError)
         return self._client
 
     def config(self) -> ClusterConfig:
@@ -199,50 +161,14 @@ class DockerCluster:
         """The machine's process 1 of ``spec``'s container while it runs (and is not paused)."""
         return pidfile.process(self.pids().get(spec.id))
 
-    # -- up ------------------------------------------------------------------------------
+    # -- what up asks of it (ops.launcher.up) ---------------------------------------------
 
-    def up(
-        self,
-        *,
-        control_planes: int | None = None,
-        workers: int | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
-        on_progress: Callable[[str], None] | None = None,
-    ) -> UpResult:
-        """Bring the cluster in containers to the asked size and wait until a control plane
-        leads and every worker is alive; containers that run are left alone, exited ones are
-        made again.
-
-        Args:
-            control_planes: cp-1..cp-N (1..9); None keeps the recorded count (3 for a new one).
-            workers: w-1..w-M (0..200); None keeps the recorded count (5 for a new one).
-            timeout_s: how long to wait for readiness without progress, seconds
-                (:func:`ops.launcher.ready.wait_ready`).
-            on_progress: told how far the cluster got while it is waited for (one line).
-
-        Raises:
-            ClusterError: no engine, no image (run ``stockade image build``), the folder runs a
-                cluster of processes, a count out of range, a container that exited, or the
-                cluster not ready in time (the message names the log to read).
-        """
+    def check_request(self, *, control_planes: int | None, workers: int | None) -> None:
+        """Raises ClusterError for more workers than a cluster in containers holds."""
         if workers is not None and workers > DOCKER_MAX_WORKERS:
             raise ClusterError(f"workers must be <= {DOCKER_MAX_WORKERS} in containers, got {workers}")
-        with self.state.locked():
-            return self._up(
-                control_planes=control_planes, workers=workers, timeout_s=timeout_s, on_progress=on_progress
-            )
 
-    def _up(
-        self,
-        *,
-        control_planes: int | None,
-        workers: int | None,
-        timeout_s: float,
-        on_progress: Callable[[str], None] | None,
-    ) -> UpResult:
-        self._starting_told = False
-        self.state.create()
-        previous = self.state.load()
+    def check_record(self, previous: ClusterConfig | None) -> None:
         if previous is not None and previous.docker is None:
             # Its database's files in pg/ belong to this machine's server (the container's must
             # never open them), and its addresses are 127.0.0.1's.
@@ -251,156 +177,54 @@ class DockerCluster:
                 "`stockade down` and use another state folder (STOCKADE_STATE_DIR) for the cluster in "
                 f"containers, or remove {self.state.root} to start afresh there"
             )
-        live_before = self.pids(previous) if previous is not None else {}
-        spec = previous.docker if previous is not None and previous.docker is not None else None
-        image = self._image(spec.image if spec is not None and live_before else None)
-        network = self._network(spec)
-        spec = DockerSpec(
+
+    def prepare(self, previous: ClusterConfig | None, live_before: dict[str, int]) -> None:
+        """Find the image and make the network (:func:`ops.launcher.docker_engine.image_id`,
+        :func:`ops.launcher.docker_engine.cluster_network`)."""
+        recorded = previous.docker if previous is not None else None
+        image = image_id(
+            self.client, self.image, recorded.image if recorded is not None and live_before else None
+        )
+        network = cluster_network(self.client, self.state.root, recorded)
+        self._spec = DockerSpec(
             network=network.name,
             subnet=network.attrs["IPAM"]["Config"][0]["Subnet"],
             image=image,
             prefix=DockerSpec.prefix_for(self.state.root),
         )
-        cert_dir = None if self.insecure else str(self.state.cert_dir)
-        previous, tls_args = tls_mode(previous, cert_dir, running=bool(live_before), root=self.state.root)
-        check_counts(previous, control_planes=control_planes, workers=workers)
-        database_started = self._start_database(spec)
-        database_url = EmbeddedPostgres(
-            data_dir=self.state.pg_dir, port=PG_PORT, listen_host=spec.address_of("pg")
-        ).url()
-        ports = iter(range(FIRST_PORT, FIRST_PORT + 10_000))
-        the_plan = plan(
-            previous,
-            state=self.state,
-            database_url=database_url,
-            pg_port=None,
-            control_planes=control_planes,
-            workers=workers,
-            running=live_before,
-            options=LaunchOptions(
-                cp_args=(*self.cp_args, *tls_args),
-                # No container jobs from an agent in a container: its job containers would be
-                # siblings on the engine, which nothing stops when the agent's container is
-                # killed (its supervisors die with it), so a requeued job could run twice. (A
-                # killed agent container's command jobs end with it: nothing is kept across a
-                # restart in containers.)
-                agent_args=(*self.agent_args, "--no-containers", *tls_args),
-                worker_capacities=self.worker_capacities,
-                metrics=True,
-                host_of=spec.address_of,
-            ),
-            free_port=lambda: next(ports),
-        )
-        config = attrs.evolve(the_plan.config, cert_dir=cert_dir, docker=spec)
-        if cert_dir is not None:
-            self._issue_certificates(config)
-        self.state.save(config)
-        self._stop(the_plan.stop)
-        self._remove([p for p in the_plan.removed])
-        incarnations_before: dict[str, int] = {}
-        if live_before:
-            with contextlib.suppress(StockadeError):
-                before = rpc.status(config.control_plane_addresses, timeout_s=1.0, tls=config.client_tls)
-                incarnations_before = {w.id: w.incarnation for w in before.workers}
-        started = []
-        for process in config.processes:
-            if process.id not in live_before:
-                self._start(process, config)
-                started.append(process.id)
-        status = ready.wait_ready(
-            self.state,
-            config,
-            restarted={p: incarnations_before.get(p, 0) for p in started if p.startswith("w-")},
-            timeout_s=timeout_s,
-            check_exited=lambda: self._check_exited(config),
-            on_progress=on_progress,
-        )
-        return UpResult(
-            config=config,
-            started=tuple(started),
-            database_started=database_started,
-            status=status,
-            pids=self.pids(config),
-            stopped=tuple(p.id for p in the_plan.stop),
-            removed=the_plan.removed,
+
+    def launch_options(self, tls_args: Sequence[str]) -> LaunchOptions:
+        return LaunchOptions(
+            cp_args=(*self.cp_args, *tls_args),
+            # No container jobs from an agent in a container: its job containers would be
+            # siblings on the engine, which nothing stops when the agent's container is
+            # killed (its supervisors die with it), so a requeued job could run twice. (A
+            # killed agent container's command jobs end with it: nothing is kept across a
+            # restart in containers.)
+            agent_args=(*self.agent_args, "--no-containers", *tls_args),
+            worker_capacities=self.worker_capacities,
+            metrics=True,
+            host_of=self._docker_spec().address_of,
         )
 
-    def _image(self, running: str | None) -> str:
-        """The id of the image to run: ``running`` (the recorded image of a cluster that runs,
-        so that containers made again run the same build), else the image :attr:`image` or
-        ``stockade:<version>`` names now. Run from a source tree, the default tag must have been
-        built from that tree's sources (another checkout's build may carry the tag).
+    def port_source(self) -> Callable[[], int]:
+        return iter(range(FIRST_PORT, FIRST_PORT + 10_000)).__next__
 
-        Raises:
-            ClusterError: the engine does not hold it (images are built here, never pulled), or
-                it was built from other sources.
-        """
-        import docker.errors
+    def recorded(self, config: ClusterConfig) -> ClusterConfig:
+        return attrs.evolve(config, docker=self._docker_spec())
 
-        from ops.image import SOURCE_LABEL, ImageError, ImageRecipe, image_tag, project_root, source_digest
+    def forget(self, process_ids: Sequence[str]) -> None:
+        containers = [c for p in process_ids if (c := self._container(p)) is not None]
+        in_parallel(lambda c: c.remove(force=True), containers)
 
-        if running is not None:
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                return str(self.client.images.get(running).id)
-        tag = self.image or image_tag()
-        try:
-            image = self.client.images.get(tag)
-        except docker.errors.ImageNotFound:
-            raise ClusterError(
-                f"the Docker engine has no image {tag}: build it with `stockade image build` "
-                "(or `just image`)"
-            ) from None
-        if self.image is None:
-            try:
-                digest = source_digest(project_root(), ImageRecipe())
-            except ImageError:
-                digest = None  # installed from a wheel: nothing to compare with
-            if digest is not None and image.labels.get(SOURCE_LABEL) != digest:
-                raise ClusterError(
-                    f"{tag} was built from other sources than {project_root()}'s (another checkout, or "
-                    "before a change): build it again with `stockade image build` (or `just image`)"
-                )
-        return str(image.id)
+    def to_start(self, config: ClusterConfig, live_before: dict[str, int]) -> list[ProcessSpec]:
+        return [p for p in config.processes if p.id not in live_before]
 
-    def _network(self, recorded: DockerSpec | None) -> Any:
-        """This folder's network: the one it has, else a new one on a free /24.
+    def _docker_spec(self) -> DockerSpec:
+        assert self._spec is not None, "prepare() comes first"
+        return self._spec
 
-        Raises:
-            ClusterError: no free /24 is left in :data:`SUBNET_POOL`.
-        """
-        import docker.errors
-
-        existing = self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"})
-        if existing:
-            network = existing[0]
-            network.reload()
-            return network
-        name = recorded.network if recorded is not None else DockerSpec.prefix_for(self.state.root)
-        taken = _subnets_in_use(self.client)
-        candidates: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(
-            SUBNET_POOL.subnets(new_prefix=24)
-        )
-        start = int(DockerSpec.prefix_for(self.state.root)[-8:], 16) % len(candidates)
-        if recorded is not None:
-            candidates.insert(0, ipaddress.ip_network(recorded.subnet))
-            start = 0
-        for subnet in [*candidates[start:], *candidates[:start]]:
-            if any(subnet.overlaps(other) for other in taken):
-                continue
-            import docker.types
-
-            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
-            try:
-                return self.client.networks.create(
-                    name, driver="bridge", ipam=ipam, labels={CLUSTER_LABEL: str(self.state.root)}
-                )
-            except docker.errors.APIError as exc:
-                if "overlap" in str(exc).lower():
-                    continue
-                raise ClusterError(f"cannot create the Docker network {name}: {exc}") from exc
-        raise ClusterError(f"no free /24 subnet left in {SUBNET_POOL} for the cluster's Docker network")
-
-    def _issue_certificates(self, config: ClusterConfig) -> None:
+    def issue_certificates(self, config: ClusterConfig) -> None:
         """Certificates for every control plane and worker naming its container address (one
         issued before without it is issued again), and the operator and viewer clients'.
 
@@ -429,13 +253,15 @@ class DockerCluster:
         except StockadeError as exc:
             raise ClusterError(f"cannot make the cluster's certificates: {exc}") from exc
 
-    def _start_database(self, spec: DockerSpec) -> bool:
-        """Start the database container unless it runs, and wait until it takes connections;
-        whether it was started now.
+    def start_database(
+        self, previous: ClusterConfig | None, live_before: dict[str, int], starting: Callable[[], None]
+    ) -> DatabaseStarted:
+        """Start the database container unless it runs, and wait until it takes connections.
 
         Raises:
             ClusterError: it exited or did not answer within :data:`DATABASE_READY_TIMEOUT_S`.
         """
+        spec = self._docker_spec()
         address = spec.address_of("pg")
         self.state.pg_dir.mkdir(parents=True, exist_ok=True)
         existing = self._container("pg")
@@ -443,17 +269,18 @@ class DockerCluster:
         if started:
             command = ["database", "--data-dir", str(self.state.pg_dir), "--port", str(PG_PORT)]
             command += ["--listen-host", address]
+            starting()
             self._run_container(spec, "pg", command, binds={self.state.pg_dir: "rw"})
         server = EmbeddedPostgres(data_dir=self.state.pg_dir, port=PG_PORT, listen_host=address)
         deadline = time.monotonic() + DATABASE_READY_TIMEOUT_S
         while True:
             if server.password_file.exists() and _accepts(address, PG_PORT):
-                return started
+                return DatabaseStarted(url=server.url(), pg_port=None, started=started)
             container = self._container("pg")
             if container is None or container.status == "exited":
                 raise ClusterError(
                     f"the database container exited; last lines of {self.state.log_path('pg')}:\n"
-                    + procs.tail(self.state.log_path("pg"), _LOG_TAIL_LINES)
+                    + procs.tail(self.state.log_path("pg"))
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(
@@ -463,7 +290,7 @@ class DockerCluster:
                 )
             time.sleep(0.2)
 
-    def _start(self, process: ProcessSpec, config: ClusterConfig) -> None:
+    def start(self, process: ProcessSpec, config: ClusterConfig) -> None:
         """Make and start the container of a control plane or an agent."""
         assert config.docker is not None
         binds: dict[Path, str] = {}
@@ -499,9 +326,6 @@ class DockerCluster:
     ) -> None:
         """(Re)make the container of ``process_id`` running ``stockade COMMAND`` at its
         address, its output appended to its log, and start it."""
-        if self.on_start is not None and not self._starting_told:
-            self._starting_told = True
-            self.on_start()
         old = self._container(process_id)
         if old is not None:
             old.remove(force=True)
@@ -525,7 +349,7 @@ class DockerCluster:
         )
         api.start(created["Id"])
 
-    def _check_exited(self, config: ClusterConfig) -> None:
+    def check_exited(self, config: ClusterConfig) -> None:
         for process in config.processes:
             container = self._container(process.id)
             if container is None or container.status == "exited":
@@ -533,7 +357,7 @@ class DockerCluster:
                 code = container.attrs["State"].get("ExitCode") if container is not None else "?"
                 raise ClusterError(
                     f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
-                    + procs.tail(log_path, _LOG_TAIL_LINES)
+                    + procs.tail(log_path)
                 )
 
     def agent_memory_mb(self) -> tuple[float, float, float] | None:
@@ -693,13 +517,13 @@ class DockerCluster:
 
             for kind in ("w", "cp", "pg"):
                 running = [c for c in groups[kind] if c.status == "running"]
-                _in_parallel(lambda c: c.stop(timeout=math.ceil(deadline_s(c))), running)
+                in_parallel(lambda c: c.stop(timeout=math.ceil(deadline_s(c))), running)
                 names = [c.labels[PROCESS_LABEL] for c in running]
                 if kind == "pg":
                     database_stopped = bool(names)
                 else:
                     terminated += names
-            _in_parallel(lambda c: c.remove(force=True), containers)
+            in_parallel(lambda c: c.remove(force=True), containers)
             removed = [c.labels.get(PROCESS_LABEL, c.name) for c in containers]
             for network in self.client.networks.list(filters={"label": f"{CLUSTER_LABEL}={self.state.root}"}):
                 network.remove()
@@ -712,11 +536,12 @@ class DockerCluster:
             removed=tuple(removed),
         )
 
-    def _stop(self, specs: Iterable[ProcessSpec]) -> None:
+    def stop(self, specs: Sequence[ProcessSpec], config: ClusterConfig | None) -> Stopped:
         """``docker stop`` the containers of ``specs``, each given its deadline
-        (:meth:`_stop_deadline_s`)."""
+        (:meth:`_stop_deadline_s`); what it did is not reported."""
         containers = [(spec, c) for spec in specs if (c := self._container(spec.id)) is not None]
-        _in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
+        in_parallel(lambda pair: pair[1].stop(timeout=math.ceil(stop_deadline_s(pair[0], 1))), containers)
+        return Stopped()
 
     def _stop_deadline_s(self, process_id: str) -> float:
         """How long ``docker stop`` gives ``process_id`` before SIGKILL: a worker's agent time to
@@ -730,28 +555,6 @@ class DockerCluster:
         except ClusterError:
             return STOP_TIMEOUT_S
         return stop_deadline_s(spec, 1)
-
-    def _remove(self, process_ids: Iterable[str]) -> None:
-        containers = [c for p in process_ids if (c := self._container(p)) is not None]
-        _in_parallel(lambda c: c.remove(force=True), containers)
-
-
-def _in_parallel(action: Callable[[Any], object], items: Sequence[Any]) -> None:
-    """``action`` on each item from a few threads (each docker call waits for the engine)."""
-    if not items:
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-        for future in [pool.submit(action, item) for item in items]:
-            future.result()
-
-
-def _subnets_in_use(client: docker.DockerClient) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    taken = []
-    for network in client.networks.list():
-        for pool in (network.attrs.get("IPAM") or {}).get("Config") or []:
-            with contextlib.suppress(KeyError, ValueError):
-                taken.append(ipaddress.ip_network(pool["Subnet"]))
-    return taken
 
 
 def _accepts(host: str, port: int) -> bool:

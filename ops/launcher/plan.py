@@ -1,26 +1,7 @@
-"""What ``up`` starts and stops: a pure function of the record, the asked counts and what runs.
-
-:func:`plan` takes the recorded cluster (or None), the control planes and workers asked for
-(None: as recorded), the ids of the processes running now and a source of free ports, and
-returns the cluster.json to write, the processes to start and those to stop. It starts,
-signals and binds nothing, so it is tested without processes (ports come from the caller).
-
-The rules, in the order :func:`plan` applies them:
-
-1. The cluster has control planes ``cp-1..cp-N`` and workers ``w-1..w-M``; a recorded one
-   keeps its ports and arguments, a new one gets fresh ports (and, with ``metrics``, a
-   ``--metrics-port`` of its own; a new control plane, with ``console``, an ``--http-port``
-   for its web console).
-2. Recorded ones beyond N or M are surplus: their processes are stopped (SIGTERM: a worker
-   leaves the cluster cleanly, a control plane hands its lease on) and dropped from the
-   record. A fleet stops as one process, so a count that would keep some of a fleet's workers
-   and stop the others is refused, naming the counts that would not split it.
-3. New workers run as agent processes of their own, or K per new fleet (``fleet_size``);
-   recorded fleets are never regrouped.
-4. When the set of control planes changes, the recorded workers' control-plane lists are
-   rewritten for their next start (a running worker keeps the list it started with and
-   reaches the surviving control planes; a worker routed elsewhere, e.g. through the chaos
-   harness's proxies, is left alone).
+"""What ``up`` starts and stops: :func:`plan`, a pure function of the record, the asked counts and
+what runs, which returns the cluster.json to write, the processes to start and those to stop. It
+starts, signals and binds nothing, so it is tested without processes (ports come from the
+caller). Its rules: docs/design.md, "How up changes a cluster".
 """
 
 from __future__ import annotations
@@ -95,7 +76,8 @@ def plan(
     options: LaunchOptions,
     free_port: Callable[[], int],
 ) -> Plan:
-    """The plan that brings the recorded cluster to the asked counts (see the module docstring).
+    """The plan that brings the recorded cluster to the asked counts (its rules: docs/design.md,
+    "How up changes a cluster").
 
     Args:
         previous: the recorded cluster, or None for a new one.
@@ -317,34 +299,36 @@ def _control_planes(
                 address=f"{host}:{port}",
                 args=("cp", "--id", cp_id, "--host", host, "--port", str(port), *options.cp_args),
             )
-            spec = _with_console(_with_metrics(spec, options, new_port), options, new_port)
+            spec = _with_metrics(spec, options, new_port)
+            # Its web console on a port of its own.
+            spec = _with_port(
+                spec, options, new_port, "--http-port", "console_address", wanted=options.console
+            )
         specs.append(spec)
     return specs
 
 
 def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
     """``spec`` serving Prometheus metrics on a port of its own, when ``options.metrics``."""
-    if not options.metrics:
-        return spec
-    port = new_port()
-    return attrs.evolve(
-        spec,
-        args=(*spec.args, "--metrics-port", str(port)),
-        metrics_address=f"{options.host_of(spec.id)}:{port}",
-    )
+    return _with_port(spec, options, new_port, "--metrics-port", "metrics_address", wanted=options.metrics)
 
 
-def _with_console(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
-    """``spec`` (a control plane) serving its web console on a port of its own, when
-    ``options.console``."""
-    if not options.console:
+def _with_port(
+    spec: ProcessSpec,
+    options: LaunchOptions,
+    new_port: Callable[[], int],
+    option: str,
+    field: str,
+    *,
+    wanted: bool,
+) -> ProcessSpec:
+    """``spec`` given ``option <new port>``, its address recorded in ``field``; as it is unless
+    ``wanted``."""
+    if not wanted:
         return spec
     port = new_port()
-    return attrs.evolve(
-        spec,
-        args=(*spec.args, "--http-port", str(port)),
-        console_address=f"{options.host_of(spec.id)}:{port}",
-    )
+    address = f"{options.host_of(spec.id)}:{port}"
+    return attrs.evolve(spec, args=(*spec.args, option, str(port)), **{field: address})
 
 
 def _rotated(cps: Sequence[ProcessSpec], index: int) -> list[str]:

@@ -44,6 +44,9 @@ def cmdline(process: psutil.Process) -> list[str]:
 
 CONTROL_PLANE_STOP_S = 10.0
 """How long a control plane has from SIGTERM to exit (it hands its lease on) before SIGKILL."""
+STOP_TIMEOUT_S = CONTROL_PLANE_STOP_S
+"""How long a control plane (or a container, or a process killed on purpose) is waited for after
+SIGTERM before SIGKILL, in seconds; a worker's process has longer (:func:`stop_deadline_s`)."""
 WORKER_STOP_SLACK_S = 10.0
 """What a worker's process has from SIGTERM beyond its leave budget: its jobs' stop (SIGTERM,
 SIGKILL after the agent's stop_grace_s) and its exit, on a loaded machine, in seconds."""
@@ -173,7 +176,11 @@ def postmaster_port(pg_dir: Path) -> int | None:
     return pidfile.read_port(pg_dir / "data" / "postmaster.pid", line=3)
 
 
-def tail(path: Path, lines: int) -> str:
+LOG_TAIL_LINES = 20
+"""How many lines of a process's log an error message carries."""
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a process's log, read in bounded memory (a log may be large)."""
     try:
         return "\n".join(tail_lines(path, max_lines=lines).lines)

@@ -88,14 +88,7 @@ class ProcessSpec:
     none (see :func:`console_url` for the URL)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "address": self.address,
-            "args": list(self.args),
-            "metrics_address": self.metrics_address,
-            "console_address": self.console_address,
-        }
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessSpec:
@@ -165,7 +158,7 @@ class DockerSpec:
         return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
 
     def to_json(self) -> dict[str, Any]:
-        return {"network": self.network, "subnet": self.subnet, "image": self.image, "prefix": self.prefix}
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DockerSpec:
@@ -206,15 +199,7 @@ class WorkerSpec:
         return None if self.process_id == self.id else self.process_id
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "address": self.address,
-            "cpu_millis": self.cpu_millis,
-            "memory_mb": self.memory_mb,
-            "process_id": self.process_id,
-            "advertise_address": self.advertise_address,
-            "control_planes": list(self.control_planes),
-        }
+        return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerSpec:
@@ -278,9 +263,9 @@ class ClusterConfig:
     started with)."""
     cert_dir: str | None = None
     """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
-    cluster runs with ``--insecure`` (a record from before certificates reads so too)."""
+    cluster runs with ``--insecure``."""
     ha_db: bool = False
-    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.hadb`):
+    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.launcher.hadb`):
     ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
     docker: DockerSpec | None = None
     """The cluster runs in containers (``up --docker``, :mod:`ops.launcher.docker`): the
@@ -426,7 +411,7 @@ class StateDir:
 
     @property
     def hadb_dir(self) -> Path:
-        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.hadb.HaPostgres`)."""
+        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.launcher.hadb.HaPostgres`)."""
         return self.root / "hadb"
 
     def log_path(self, process_id: str) -> Path:
@@ -535,69 +520,10 @@ class StateDir:
         os.replace(tmp, self.config_path)
 
 
-TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
-"""The process options that choose plaintext or mutual TLS, with how many values each takes."""
-
-
-def tls_mode(
-    previous: ClusterConfig | None, cert_dir: str | None, *, running: bool, root: Path
-) -> tuple[ClusterConfig | None, tuple[str, ...]]:
-    """The record to plan from and the TLS options of new processes, for a cluster asked to run
-    with the certificates of ``cert_dir`` (None: ``--insecure``).
-
-    Returns:
-        ``previous`` (its processes' TLS options rewritten when the mode changes), and
-        ``("--certs-dir", cert_dir)`` or ``("--insecure",)``.
-
-    Raises:
-        ClusterError: the mode changes while processes of the record run.
-    """
-    tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
-    if previous is not None and previous.cert_dir != cert_dir:
-        if running:
-            mode = "with --insecure" if previous.cert_dir is None else "with TLS"
-            raise ClusterError(f"the cluster of {root} runs {mode}; run `stockade down` first to change that")
-        previous = with_tls_args(previous, cert_dir, tls_args)
-    return previous, tls_args
-
-
-def with_tls_args(config: ClusterConfig, cert_dir: str | None, tls_args: Sequence[str]) -> ClusterConfig:
-    """``config`` with every recorded process's TLS options replaced by ``tls_args`` and
-    ``cert_dir`` recorded (for an ``up`` that changes the mode of a stopped cluster)."""
-
-    def replaced(args: Sequence[str]) -> tuple[str, ...]:
-        kept: list[str] = []
-        skip = 0
-        for arg in args:
-            if skip:
-                skip -= 1
-            elif arg in TLS_OPTIONS:
-                skip = TLS_OPTIONS[arg]
-            else:
-                kept.append(arg)
-        return (*kept, *tls_args)
-
-    def fix(specs: Sequence[ProcessSpec]) -> list[ProcessSpec]:
-        return [attrs.evolve(spec, args=replaced(spec.args)) for spec in specs]
-
-    return attrs.evolve(
-        config,
-        processes=fix(config.processes),
-        retired_control_planes=fix(config.retired_control_planes),
-        cert_dir=cert_dir,
-    )
-
-
 def metrics_address(spec: ProcessSpec) -> str | None:
-    """host:port of a process's Prometheus /metrics, or None when it serves none.
-
-    Recorded in cluster.json (``metrics_address``); a record written before that field
-    existed is read from the ``--metrics-port`` on the process's command line.
-    """
-    if spec.metrics_address:
-        return spec.metrics_address
-    port = option_value(spec.args, "--metrics-port")
-    return f"{LISTEN_HOST}:{port}" if port and port != "0" else None
+    """host:port of a process's Prometheus /metrics (its recorded ``metrics_address``), or None
+    when it serves none."""
+    return spec.metrics_address or None
 
 
 def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Path]:
@@ -611,10 +537,7 @@ def console_url(spec: ProcessSpec, *, tls: bool) -> str | None:
     without TLS listens on 127.0.0.1 only, :mod:`actors.console`)."""
     address = spec.console_address
     if not address:
-        port = option_value(spec.args, "--http-port")
-        if not port or port == "0":
-            return None
-        address = f"{LISTEN_HOST}:{port}"
+        return None
     if not tls:
         return f"http://127.0.0.1:{address.rpartition(':')[2]}"
     return f"https://{address}"

@@ -15,7 +15,7 @@ import trio
 from ops.chaos import Harness
 from ops.chaosresult import ChaosSettings
 from ops.cluster import DockerCluster, StateDir
-from ops.launcher.docker import CLUSTER_LABEL
+from ops.launcher.docker_engine import CLUSTER_LABEL
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.pg import free_port
+from ops.launcher.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

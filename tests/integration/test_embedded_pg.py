@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL server (ops/pg.py) and the database fixtures built on it."""
+"""The embedded PostgreSQL server (ops/launcher/pg.py) and the database fixtures built on it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import asyncpg
 import psutil
 import pytest
 
-from ops.pg import EmbeddedPostgres, PostgresStartError, free_port
+from ops.launcher.pg import EmbeddedPostgres, PostgresStartError
+from ops.launcher.ports import free_port
 
 SCHEMA_PATH = Path(__file__).parents[2] / "schema.sql"
 

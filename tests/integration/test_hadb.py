@@ -1,4 +1,4 @@
-"""The HA PostgreSQL pair (ops/hadb.py): Patroni promotes the synchronous standby when the
+"""The HA PostgreSQL pair (ops/launcher/hadb.py): Patroni promotes the synchronous standby when the
 primary's host dies, the multi-host URL follows it, no acknowledged commit is lost, and the
 old primary rejoins as the standby.
 
@@ -19,7 +19,8 @@ import asyncpg
 import psutil
 import pytest
 
-from ops.hadb import INSTALL_HINT, HaPostgres, missing_tools
+from ops.launcher.hadb import HaPostgres
+from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +131,7 @@ def test_another_process_stops_every_process_of_the_pair(ha_pair: HaPostgres) ->
         p for p in psutil.process_iter(["cmdline"]) if str(ha_pair.root) in " ".join(p.info["cmdline"] or [])
     ]
     assert len(patroni_and_etcd) >= 5
-    code = f"from ops.hadb import HaPostgres; print(HaPostgres.attach({str(ha_pair.root)!r}).stop())"
+    code = f"from ops.launcher.hadb import HaPostgres; print(HaPostgres.attach({str(ha_pair.root)!r}).stop())"
     completed = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )

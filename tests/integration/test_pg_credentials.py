@@ -1,5 +1,5 @@
-"""The embedded PostgreSQL's credentials: a password on TCP, kept private, never shown; an older
-trust-only data directory secured in place; TLS with a certificate of the cluster CA."""
+"""The embedded PostgreSQL's credentials: a password on TCP, kept private, never shown; TLS with a
+certificate of the cluster CA."""
 
 from __future__ import annotations
 
@@ -17,15 +17,10 @@ import pytest
 
 from actors.schema import apply_schema
 from ops.certs import CertDir, init_cluster
-from ops.pg import (
-    PG_SUPERUSER,
-    EmbeddedPostgres,
-    PgTls,
-    PostgresStartError,
-    free_port,
-    supports_tls,
-    tls_bin_path,
-)
+from ops.launcher.pg import EmbeddedPostgres, PgTls, PostgresStartError
+from ops.launcher.pg_secrets import PG_SUPERUSER
+from ops.launcher.pg_tools import supports_tls, tls_bin_path
+from ops.launcher.ports import free_port
 from runtime.aio import PgConnection, asyncio_bridge
 
 TLS_BIN_PATH = tls_bin_path()
@@ -57,22 +52,6 @@ def with_query(url: str, **changes: str) -> str:
     parts = urllib.parse.urlsplit(url)
     query = dict(urllib.parse.parse_qsl(parts.query)) | changes
     return parts._replace(query=urllib.parse.urlencode(query)).geturl()
-
-
-def make_trusting(server: EmbeddedPostgres) -> None:
-    """Turn a running server into what an older version left running: TCP trusted (reloaded),
-    no password on the role, no password file."""
-    hba = server.pgdata / "pg_hba.conf"
-    # Written in place: the file keeps its owner (the server's user when we are root).
-    with hba.open("r+") as file:
-        text = file.read().replace("scram-sha-256", "trust")
-        file.seek(0)
-        file.truncate()
-        file.write(text)
-    fetchval(server.url(), "SELECT pg_reload_conf()")
-    fetchval(server.url(), f"ALTER ROLE {PG_SUPERUSER} PASSWORD NULL")
-    server.password_file.unlink()
-    assert fetchval(without_query(server.url()), "SELECT 1") == 1
 
 
 @pytest.fixture
@@ -143,31 +122,13 @@ def test_an_exposed_password_file_is_refused(server: EmbeddedPostgres) -> None:
         server.start()
 
 
-def test_a_trusting_data_dir_is_secured_at_the_next_start(server: EmbeddedPostgres) -> None:
-    """A stopped data dir that trusted TCP and had no password file gets both at start()."""
-    make_trusting(server)
+def test_a_removed_password_file_gets_a_new_password(server: EmbeddedPostgres) -> None:
+    """start() after the password file was removed makes a new password and sets it."""
+    password = password_of(server)
     server.stop()
-
+    server.password_file.unlink()
     url = server.start()
-    with pytest.raises(asyncpg.InvalidPasswordError):
-        fetchval(without_query(url), "SELECT 1")
-    assert fetchval(url, "SELECT 1") == 1
-    assert stat.S_IMODE(server.password_file.stat().st_mode) == 0o600
-    hba = (server.pgdata / "pg_hba.conf").read_text()
-    host_methods = {line.split()[-1] for line in hba.splitlines() if line.startswith("host")}
-    assert host_methods == {"scram-sha-256"}
-    assert "local   all             all                                     trust" in hba
-
-
-def test_a_running_trusting_server_is_secured_without_a_restart(server: EmbeddedPostgres) -> None:
-    """start() on a running server that trusts TCP sets the password and reloads it in place."""
-    make_trusting(server)
-    pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
-
-    url = server.start()
-    assert int((server.pgdata / "postmaster.pid").read_text().split()[0]) == pid
-    with pytest.raises(asyncpg.InvalidPasswordError):
-        fetchval(without_query(url), "SELECT 1")
+    assert password_of(server) != password
     assert fetchval(url, "SELECT 1") == 1
 
 

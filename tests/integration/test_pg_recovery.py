@@ -17,7 +17,7 @@ import pytest
 import structlog
 import trio
 
-from ops.pg import free_port
+from ops.launcher.ports import free_port
 from runtime import metrics
 from runtime.aio import PgConnection, PgPool, ReconnectingConnection, asyncio_bridge, pg
 from runtime.errors import DatabaseUnavailable

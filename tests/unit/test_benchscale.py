@@ -201,7 +201,7 @@ async def test_a_finished_sleep_is_reported_succeeded_until_acknowledged() -> No
 
 def test_the_embedded_server_loads_the_libraries_asked_for(tmp_path: Path) -> None:
     """``preload_libraries`` becomes ``shared_preload_libraries``; none asked, none set."""
-    from ops.pg import EmbeddedPostgres
+    from ops.launcher.pg import EmbeddedPostgres
 
     asked = EmbeddedPostgres(data_dir=tmp_path, port=5999, preload_libraries=("pg_stat_statements",))
     assert asked.server_settings()["shared_preload_libraries"] == "pg_stat_statements"

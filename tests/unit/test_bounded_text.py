@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.joblog import read_log
-from ops import checker, cli, pg
+from ops import checker, cli
 from ops.config import INSECURE_ENV
-from ops.launcher import procs
+from ops.launcher import pg, pg_tools, procs
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.text import (
@@ -137,7 +137,7 @@ def _pg_log_tail(path: Path) -> str:
 
 def _pg_output_tail(path: Path) -> str:
     with huge_line_file(path, after=b"last line\n").open("rb") as output:
-        return pg._output_tail(output)
+        return pg_tools.output_tail(output)
 
 
 @pytest.mark.parametrize(

@@ -239,12 +239,14 @@ def test_status_shows_where_the_local_clusters_processes_serve_metrics(
                     kind="cp",
                     address="127.0.0.1:7501",
                     args=("cp", "--id", "cp-1", "--metrics-port", "9101"),
+                    metrics_address="127.0.0.1:9101",
                 ),
                 ProcessSpec(
                     id="fleet-1",
                     kind="fleet",
                     address="",
                     args=("fleet", "--id", "fleet-1", "--metrics-port", "9102"),
+                    metrics_address="127.0.0.1:9102",
                 ),
             ],
             hosted_workers=[

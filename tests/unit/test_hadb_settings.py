@@ -1,5 +1,5 @@
-"""The HA PostgreSQL pair (ops/hadb.py, ops/hadb_config.py) without starting it: its settings, URL,
-refusals, and what Patroni and etcd are started with."""
+"""The HA PostgreSQL pair (ops/launcher/hadb.py, ops/launcher/hadb_config.py) without starting it:
+its settings, URL, refusals, and what Patroni and etcd are started with."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops import hadb
 from ops.cli import EXIT_INVALID, app
-from ops.hadb import HaDatabaseError, HaPostgres, HaSettings, HaUnavailable
-from ops.hadb_config import EtcdMember, HaPasswords, PgMember, etcd_argv, patroni_config
+from ops.launcher import hadb, hadb_members
+from ops.launcher.hadb import HaPostgres
+from ops.launcher.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
+from ops.launcher.hadb_members import HaDatabaseError, HaUnavailable
 
 
 def test_the_default_timings_keep_patronis_rule() -> None:
@@ -82,7 +83,7 @@ def test_up_ha_db_without_patroni_is_one_line_and_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`stockade up --ha-db` where Patroni is missing prints one line and exits 2, starting nothing."""
-    monkeypatch.setattr(hadb, "missing_tools", lambda: ["patroni"])
+    monkeypatch.setattr(hadb_members, "missing_tools", lambda: ["patroni"])
     monkeypatch.setenv("STOCKADE_STATE_DIR", str(tmp_path / "state"))
     result = CliRunner().invoke(app, ["up", "--ha-db"])
     assert result.exit_code == EXIT_INVALID

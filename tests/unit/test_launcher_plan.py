@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from ops.cluster import ClusterConfig, ClusterError, ProcessSpec, StateDir, metrics_address
+from ops.cluster import ClusterConfig, ClusterError, StateDir
 from ops.launcher.docker import cpu_shares_of
 from ops.launcher.plan import LaunchOptions, Plan, plan
 from ops.launcher.ready import FRESH_HEARTBEAT_S, fresh_heartbeat_s
@@ -214,16 +214,6 @@ def test_metrics_can_be_left_off(tmp_path: Path) -> None:
     config = Planner(tmp_path, metrics=False)(None).config
     assert config.metrics_addresses() == {}
     assert not any("--metrics-port" in p.args for p in config.processes)
-
-
-def test_an_older_record_without_metrics_addresses_is_read_from_the_arguments() -> None:
-    """A cluster.json written before ``metrics_address`` existed still names the port given on
-    the command line."""
-    spec = ProcessSpec.from_json(
-        {"id": "cp-1", "kind": "cp", "address": "127.0.0.1:1", "args": ["cp", "--metrics-port", "9100"]}
-    )
-    assert metrics_address(spec) == "127.0.0.1:9100"
-    assert metrics_address(ProcessSpec(id="w-1", kind="agent", address="127.0.0.1:2", args=())) is None
 
 
 @pytest.mark.parametrize(("control_planes", "workers"), [(0, 5), (10, 5), (3, -1), (3, 1001)])

@@ -24,8 +24,8 @@ from ops import pidfile, rpc
 from ops.cli import EXIT_INTERRUPTED
 from ops.cli.common import interruptible
 from ops.launcher import procs
+from ops.launcher.pg import EmbeddedPostgres
 from ops.launcher.state import ClusterError, StateDir
-from ops.pg import EmbeddedPostgres
 from runtime.client import ControlPlaneClient
 
 ROOT = Path(__file__).parents[2]

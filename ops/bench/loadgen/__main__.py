@@ -26,7 +26,7 @@ import grpclib.server
 
 from ops.bench.loadgen.generator import LoadGenerator, LoadStats
 from ops.bench.loadgen.service import SimulatedWorkerService
-from ops.pg import free_port
+from ops.launcher.ports import free_port
 from runtime import gcpause
 
 

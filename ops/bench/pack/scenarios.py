@@ -34,16 +34,15 @@ from ops.bench.pack.stream import (
     lower_bound_s,
     submit_arriving,
 )
-from ops.cluster import DockerCluster, LocalCluster, StateDir, metrics_address
-from ops.pg import EmbeddedPostgres, free_port
+from ops.cluster import ClusterDriver, DockerCluster, LocalCluster, StateDir, metrics_address
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
 
 
-def _cluster(
-    root: Path, settings: PackSettings, policy: str, *, docker: bool = False
-) -> LocalCluster | DockerCluster:
+def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = False) -> ClusterDriver:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
     # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
     # control plane answers late), and the fence and dead_after widened to match; all four
@@ -89,7 +88,7 @@ def _cluster(
     )
 
 
-async def _start_afresh(cluster: LocalCluster | DockerCluster, workers: int) -> None:
+async def _start_afresh(cluster: ClusterDriver, workers: int) -> None:
     """Start ``cluster`` anew (whatever ran in its state folder stopped and removed) and wait
     until it is ready."""
     await trio.to_thread.run_sync(cluster.down)

@@ -19,7 +19,8 @@ import attrs
 import trio
 
 from ops.bench.pack.rounds import BenchPlacer, percentiles_ms
-from ops.pg import EmbeddedPostgres, free_port
+from ops.launcher.pg import EmbeddedPostgres
+from ops.launcher.ports import free_port
 from runtime.aio import PgConnection, asyncio_bridge
 
 WORKER_CPU_MILLIS = 16_000

@@ -34,7 +34,7 @@ def database(
     import signal
     import time
 
-    from ops.pg import EmbeddedPostgres, EmbeddedPostgresError
+    from ops.launcher.pg import EmbeddedPostgres, EmbeddedPostgresError
 
     if not 1 <= port <= 65535:
         fail(f"--port must be in 1..65535, got {port}", EXIT_INVALID)

