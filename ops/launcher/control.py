@@ -34,7 +34,7 @@ from ops.launcher.pg import (
     PostgresStartError,
     database_url_from_env,
 )
-from ops.launcher.pg_tools import POSTGRES_BIN_PATH
+from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.plan import LaunchOptions
 from ops.launcher.ports import free_listen_port
 from ops.launcher.procs import STOP_TIMEOUT_S
@@ -354,7 +354,7 @@ class LocalCluster(Launcher):
             port=port,
             fast_unsafe=False,
             tls=self.database_tls,
-            bin_path=self.database_bin_path or POSTGRES_BIN_PATH,
+            bin_path=self.database_bin_path or postgres_bin_path(),
         )
 
     def start(self, spec: ProcessSpec, config: ClusterConfig) -> None:

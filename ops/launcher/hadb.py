@@ -47,7 +47,7 @@ from ops.launcher.hadb_members import (
     wait_gone,
 )
 from ops.launcher.pg_secrets import PG_SUPERUSER, write_secret
-from ops.launcher.pg_tools import POSTGRES_BIN_PATH
+from ops.launcher.pg_tools import postgres_bin_path
 from ops.launcher.pg_user import ensure_install_readable, flocked, server_user, socket_dir
 from ops.launcher.ports import free_port
 from ops.launcher.state import LISTEN_HOST
@@ -89,7 +89,7 @@ class HaPostgres:
 
     root: Path = attrs.field(converter=lambda p: Path(p).absolute())
     settings: HaSettings = attrs.field(factory=HaSettings)
-    bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
+    bin_path: Path = attrs.field(factory=postgres_bin_path, converter=Path)
     _etcd: tuple[EtcdMember, ...] = attrs.field(default=(), init=False)
     _pg: tuple[PgMember, ...] = attrs.field(default=(), init=False)
 

