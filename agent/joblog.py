@@ -1,7 +1,7 @@
 """The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
 
 :class:`JobLog` writes it, one flushed line per event (:class:`LogEvent`), dated by the
-database's clock (:mod:`agent.dbclock`); :func:`read_log` reads it back for the checker. The
+database's clock (:mod:`agent.dbclock`); :func:`runtime.text.read_jsonl` reads it back for the checker. The
 keys of each line and when each is written: docs/design.md, "The job log: agent.jsonl".
 """
 
@@ -17,7 +17,6 @@ import attrs
 import trio
 
 from agent.dbclock import DatabaseClock
-from runtime.text import read_lines
 
 
 class LogEvent(StrEnum):
@@ -164,20 +163,3 @@ class JobLog:
             self._waiting.pop(0)
             if line.on_written is not None:
                 line.on_written(dated)
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """Every record of a ``agent.jsonl`` file, in order; a torn last line is skipped, and so is
-    a line longer than any record (:func:`runtime.text.read_lines`), without being held.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    records: list[dict[str, Any]] = []
-    with path.open("rb") as file:
-        for line in read_lines(file):
-            try:
-                records.append(json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-    return records

@@ -33,6 +33,7 @@ from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
+from runtime.text import read_jsonl
 
 
 @attrs.define
@@ -317,7 +318,7 @@ class Harness:
         rejoined = 0
         count = 0
         for worker_id, _, healed_at in self.result.partitions:
-            records = checker.read_jsonl(self.state.work_dir(worker_id) / "agent.jsonl")
+            records = read_jsonl(self.state.work_dir(worker_id) / "agent.jsonl")
             back = [
                 r["time"]
                 for r in records

@@ -11,7 +11,6 @@ and what it counts".
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -28,7 +27,7 @@ from ops.tables import VerdictRow, verdict_table
 from runtime.aio import PgConnection
 from runtime.errors import InvalidArgument
 from runtime.settings.agent import DEFAULT_SELF_FENCE_AFTER_S
-from runtime.text import read_lines
+from runtime.text import read_jsonl
 
 # A fault explains a death when it began at most this long before the last heartbeat the
 # database recorded (a kill lands between heartbeats) and before the declaration.
@@ -357,19 +356,6 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
                 )
             )
     return runs
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object line of ``path``; a torn last line (a killed writer) is skipped, and so
-    is a line longer than any record (:func:`runtime.text.read_lines`), without being held."""
-    records = []
-    with path.open("rb") as lines:
-        for line in read_lines(lines):
-            try:
-                records.append(json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-    return records
 
 
 def parse_fault(text: str) -> FaultEvent:

@@ -22,13 +22,13 @@ import attrs
 import psutil
 import trio
 
-from ops import checker
 from ops.config import ClusterError
 from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
 from protocol import pb
 from runtime.client import ControlPlaneClient
 from runtime.errors import StockadeError
+from runtime.text import read_jsonl
 
 if TYPE_CHECKING:
     from ops.launcher.driver import ClusterDriver
@@ -326,7 +326,7 @@ def _starts_after(state: StateDir, since: float, job_ids: set[int], worker_ids: 
         log_path = state.work_dir(worker_id) / "agent.jsonl"
         if not log_path.exists():
             continue
-        for record in checker.read_jsonl(log_path):
+        for record in read_jsonl(log_path):
             if record.get("event") == "start" and record.get("job_id") in job_ids and record["time"] >= since:
                 starts.setdefault(int(record["job_id"]), float(record["time"]))
     return starts

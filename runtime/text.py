@@ -11,7 +11,7 @@ the input is:
 - :func:`cut_line` cuts one line of text to a number of UTF-8 bytes, keeping its start and
   its end and saying how many bytes it left out between them;
 - :func:`read_lines` reads a file of records line by line and skips, without holding it, a
-  line longer than any record.
+  line longer than any record; :func:`read_jsonl` reads a file of JSON records so.
 
 Sizes are UTF-8 bytes throughout, never characters, so a limit means the same memory for any
 script. A cut never splits a UTF-8 sequence; invalid UTF-8 in a file shows as U+FFFD.
@@ -19,10 +19,11 @@ script. A cut never splits a UTF-8 sequence; invalid UTF-8 in a file shows as U+
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import attrs
 
@@ -103,6 +104,24 @@ def read_lines(file: IO[bytes], max_bytes: int = RECORD_MAX_BYTES) -> Iterator[b
                 line = file.readline(max_bytes + 1)
             continue
         yield line.removesuffix(b"\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object line of ``path`` (an ``agent.jsonl``, an ``events.jsonl``), in order; a
+    torn last line (a killed writer) is skipped, and so is a line longer than any record
+    (:func:`read_lines`), without being held.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    records: list[dict[str, Any]] = []
+    with path.open("rb") as file:
+        for line in read_lines(file):
+            try:
+                records.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+    return records
 
 
 def head_bytes(text: str, max_bytes: int) -> str:

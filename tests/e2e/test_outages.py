@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent.joblog import read_log
 from ops import checker
 from ops.chaos import Harness
 from ops.chaosresult import ChaosSettings
@@ -26,6 +25,7 @@ from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.text import read_jsonl as read_log
 
 pytestmark = pytest.mark.e2e
 

@@ -27,6 +27,7 @@ from ops.cluster import LocalCluster, UpResult
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.os_users import ensure_traversable
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -279,11 +280,7 @@ def test_an_agent_back_after_dead_after_follows_the_self_fence_rule(
         wait_for(moved, timeout_s=60, what="the jobs to run on w-2")
         cluster.up(control_planes=1, workers=2)
         wait_for_the_end(up, job_ids, database_url)
-        stops = [
-            r
-            for r in checker.read_jsonl(cluster.state.work_dir("w-1") / "agent.jsonl")
-            if r["event"] == "stop"
-        ]
+        stops = [r for r in read_jsonl(cluster.state.work_dir("w-1") / "agent.jsonl") if r["event"] == "stop"]
         assert len(stops) == 3 and {s["reason"] for s in stops} == {"self_fence"}
         for index in range(3):
             written = lines(folder, index)

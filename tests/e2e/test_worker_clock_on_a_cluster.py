@@ -22,6 +22,7 @@ from test_cluster import fetch, wait_for
 from ops import checker, invariants, rpc
 from ops.cluster import LocalCluster
 from protocol import pb
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -115,7 +116,7 @@ def test_jobs_on_a_worker_whose_clock_is_off_and_stepped_read_in_database_time(
     offset.write_text("-600\n")  # stepped back twenty minutes while they run
     wait_for(lambda: states() == ["succeeded", "succeeded"], timeout_s=30, what="both jobs to succeed")
 
-    records = checker.read_jsonl(local.state.work_dir("w-1") / "agent.jsonl")
+    records = read_jsonl(local.state.work_dir("w-1") / "agent.jsonl")
     runs = {run.job_id: run for run in checker.runs_from_records(records)}
     assert sorted(runs) == sorted(job_ids) and not invariants.double_runs(runs.values())
     for job_id in job_ids:

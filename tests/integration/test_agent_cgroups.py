@@ -24,11 +24,11 @@ import pytest
 import trio
 
 from agent.cgroups import select_resources, worker_key
-from agent.joblog import read_log
 from agent.resources import JobResources, Mode
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
+from runtime.text import read_jsonl as read_log
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

@@ -24,11 +24,11 @@ import pytest
 import trio
 
 from agent.core import Agent
-from agent.joblog import read_log
 from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
+from runtime.text import read_jsonl as read_log
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

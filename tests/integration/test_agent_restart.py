@@ -34,13 +34,13 @@ from agent import adoption, job_record
 from agent.cgroups import select_resources, worker_key
 from agent.deadman import FENCED_AT_FILE, REPORT_FILE, read_fence_deadline, write_fence_deadline
 from agent.job_record import RECORD_FILE
-from agent.joblog import read_log
 from agent.reaper import reaper_argv
 from agent.resources import ConfinedJob
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.jobs import CommandRuntime
 from runtime.settings.agent import AgentSettings
+from runtime.text import read_jsonl as read_log
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "pidfd_open"), reason="restarts keep jobs on Linux 5.3+"

@@ -17,9 +17,9 @@ import trio
 from jobfiles import job_writable
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.joblog import read_log
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
+from runtime.text import read_jsonl as read_log
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 

@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 
 from actors.dispatcher import GrpcWorkerCalls
 from agent.core import Agent
-from agent.joblog import read_log
 from agent.main import run_agent
 from agent.messages import (
     HeartbeatAnswer,
@@ -44,6 +43,7 @@ from runtime.idempotency_keys import with_idempotency_key
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
+from runtime.text import read_jsonl as read_log
 from runtime.tls import (
     ANY_CONTROL_PLANE,
     WORKER,

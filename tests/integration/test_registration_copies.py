@@ -13,7 +13,6 @@ import trio
 from serving import serve_ingests
 
 from agent.core import Agent
-from agent.joblog import read_log
 from agent.main import run_agent
 from protocol import pb
 from runtime import faults
@@ -22,6 +21,7 @@ from runtime.client import ControlPlaneClient
 from runtime.errors import DatabaseUnavailable
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
+from runtime.text import read_jsonl as read_log
 
 TIMEOUT_S = 30.0
 

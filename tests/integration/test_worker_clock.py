@@ -24,7 +24,6 @@ from serving import HOLD_LEASE, serve_ingests
 
 from actors import queries
 from agent.core import Agent
-from agent.joblog import read_log
 from agent.main import run_agent
 from ops.checker import runs_from_records
 from protocol import pb
@@ -32,6 +31,7 @@ from runtime.aio import GrpcChannel, PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
+from runtime.text import read_jsonl as read_log
 
 EPOCH = 1
 TIMEOUT_S = 20.0

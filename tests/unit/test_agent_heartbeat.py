@@ -28,7 +28,6 @@ import trio.testing
 from agent import dbclock as agent_dbclock
 from agent import fence as agent_fence
 from agent.core import Agent
-from agent.joblog import read_log
 from agent.messages import (
     AssignOrder,
     CancelOrder,
@@ -43,6 +42,7 @@ from agent.messages import (
 from runtime.errors import NoControlPlaneReachable, PermissionDenied
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings.agent import AgentSettings
+from runtime.text import read_jsonl as read_log
 
 HEARTBEAT_S = 0.5
 TIMEOUT_S = 1.0

@@ -20,12 +20,12 @@ from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settin
 
 from agent.core import Agent
 from agent.job_results import JobResult
-from agent.joblog import read_log
 from agent.leave import LEAVE_BACKOFF
 from agent.messages import JobState, Leave, LeaveAnswer
 from runtime.errors import Busy
 from runtime.jobs import JobRuntime, SleepRuntime
 from runtime.os_users import RunAs
+from runtime.text import read_jsonl as read_log
 
 STOP_S = 0.4
 LEAVE_TIMEOUT_S = 0.8

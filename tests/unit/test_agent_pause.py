@@ -30,10 +30,10 @@ from test_agent_heartbeat import (
 
 from agent.core import Agent
 from agent.job_results import JobResult
-from agent.joblog import read_log
 from agent.messages import JobState
 from agent.sleep_jobs import sleep_end
 from runtime.jobs import JobRuntime
+from runtime.text import read_jsonl as read_log
 
 GRACE_S = 20.0
 

@@ -22,7 +22,6 @@ from test_agent_heartbeat import HEARTBEAT_S, ScriptedControlPlane, agent_settin
 
 from agent.core import Agent
 from agent.job_results import JobResult
-from agent.joblog import read_log
 from agent.messages import AssignOrder, CancelOrder, JobOrder, JobState
 from agent.runtimes import run_job
 from agent.starts import Spawner, StartLimiter, StartTicket
@@ -31,6 +30,7 @@ from runtime.errors import InvalidArgument
 from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
+from runtime.text import read_jsonl as read_log
 
 
 @pytest.fixture

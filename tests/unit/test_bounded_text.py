@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent.joblog import read_log
-from ops import checker, cli
+from ops import cli
 from ops.config import INSECURE_ENV
 from ops.launcher import pg, pg_tools, procs
 from protocol import pb
@@ -29,9 +28,11 @@ from runtime.text import (
     cut_marker,
     fit_line,
     head_bytes,
+    read_jsonl,
     read_lines,
     tail_lines,
 )
+from runtime.text import read_jsonl as read_log
 
 HUGE_LINE_BYTES = 200 * 1024 * 1024
 """The issue's job output: one line of 200 MB."""
@@ -216,7 +217,7 @@ def test_record_files_skip_a_line_longer_than_any_record_without_holding_it(tmp_
     records, peak = peak_bytes(lambda: read_log(path))
     assert records == [{"event": "start", "job_id": 1}, {"event": "stop", "job_id": 1}]
     assert peak < PEAK_LIMIT_BYTES
-    records, peak = peak_bytes(lambda: checker.read_jsonl(path))
+    records, peak = peak_bytes(lambda: read_jsonl(path))
     assert len(records) == 2 and peak < PEAK_LIMIT_BYTES  # type: ignore[arg-type]
 
 

@@ -17,7 +17,8 @@ from test_agent_heartbeat import WALL_AT_ZERO, ScriptedControlPlane, assign, run
 
 from agent.control_plane import outcome_to_pb
 from agent.dbclock import MAX_DRIFT, DatabaseClock, Reading
-from agent.joblog import JobLog, LogEvent, read_log
+from agent.joblog import JobLog, LogEvent
+from runtime.text import read_jsonl as read_log
 
 
 @pytest.fixture

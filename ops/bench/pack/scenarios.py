@@ -40,6 +40,7 @@ from ops.launcher.ports import free_port
 from protocol import pb
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.client import ControlPlaneClient
+from runtime.text import read_jsonl
 
 
 def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = False) -> ClusterDriver:
@@ -337,7 +338,7 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
                         for worker in config.workers:
                             log_path = cluster.state.work_dir(worker.id) / "agent.jsonl"
                             if log_path.exists():
-                                for record in checker.read_jsonl(log_path):
+                                for record in read_jsonl(log_path):
                                     if record.get("event") == "start":
                                         started.setdefault(int(record["job_id"]), float(record["time"]))
                         progress(f"burst: {len(started)} of {settings.burst_jobs} started")
