@@ -9,8 +9,8 @@ and their sources: docs/design.md, "Placement: the policies".
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import ParamSpec, TypeVar
 
 import attrs
 import numpy as np
@@ -123,21 +123,6 @@ def place(
     queue = PendingQueue()
     queue.replace(jobs)
     return place_queue(queue, workers, policy=policy, max_reservations=max_reservations)
-
-
-def place_queue(queue: PendingQueue, workers: Sequence[WorkerRoom], **options: Any) -> Plan:
-    """:func:`place` on a :class:`PendingQueue`, in its order: :func:`place_queue_steps` run to
-    its end in one go, with the same options (``policy``, ``max_placements``,
-    ``max_reservations``, ``reserve_after_s``, ``now``, ``reason_cache``).
-
-    Cost: one vectorised pass over the queue to keep only jobs that fit some free room (tested
-    against the Pareto frontier of the free rooms, a binary search per job; in a full cluster
-    almost none fit), then one vectorised pass over the workers per candidate.
-
-    Raises:
-        ValueError: unknown policy, or a negative ``max_reservations``.
-    """
-    return finish(place_queue_steps(queue, workers, **options))
 
 
 STEP_VISITS = 256
@@ -329,6 +314,29 @@ def place_queue_steps(
         reservations=reservations,
         held_back=held_back,
     )
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def in_one_go(steps: Callable[P, Generator[None, None, T]]) -> Callable[P, T]:
+    """The sliced computation ``steps`` as a function that runs it to its end at once
+    (:func:`runtime.loops.finish`), with the same parameters."""
+
+    def whole(*args: P.args, **kwargs: P.kwargs) -> T:
+        return finish(steps(*args, **kwargs))
+
+    return whole
+
+
+place_queue = in_one_go(place_queue_steps)
+""":func:`place` on a :class:`PendingQueue`, in its order: :func:`place_queue_steps` run to its end
+in one go (its parameters, its errors).
+
+Cost: one vectorised pass over the queue to keep only jobs that fit some free room (tested against
+the Pareto frontier of the free rooms, a binary search per job; in a full cluster almost none fit),
+then one vectorised pass over the workers per candidate."""
 
 
 MISSES_BEFORE_REFILTER = 32

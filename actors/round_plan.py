@@ -15,10 +15,9 @@ import numpy as np
 
 from actors.messages import CommittedAssignment, Dispatch, Placement, WorkerRef
 from actors.pending_queue import PendingQueue
-from actors.placement import Plan, Unschedulable, place_queue_steps
+from actors.placement import Plan, Unschedulable, in_one_go, place_queue_steps
 from actors.placer_store import LiveWorker
 from actors.rooms import ReasonCache, placement_limit
-from runtime.loops import finish
 from runtime.settings.leader import PlacerSettings
 
 RoundOutcome = Literal["unchanged", "nothing", "commit"]
@@ -278,14 +277,6 @@ def plan_round_steps(
     )
 
 
-def plan_round(
-    queue: PendingQueue, workers: Sequence[LiveWorker], settings: PlacerSettings, **options: Any
-) -> RoundPlan:
-    """What one round commits and dispatches: a pure function of the round's inputs,
-    :func:`plan_round_steps` run to its end in one go, with the same options (``max_rows``,
-    ``now``, ``idle_fingerprint``, ``reason_cache``).
-
-    Raises:
-        ValueError: the settings name an unknown policy.
-    """
-    return finish(plan_round_steps(queue, workers, settings, **options))
+plan_round = in_one_go(plan_round_steps)
+"""What one round commits and dispatches: a pure function of the round's inputs,
+:func:`plan_round_steps` run to its end in one go (its parameters, its errors)."""

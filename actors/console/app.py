@@ -305,7 +305,6 @@ class ConsoleApp:
             else:
                 role = "down"
             replicas.append({**dict(row), "role": role})
-        by_state = {r["state"]: int(r["count"]) for r in counts}
         return Part(
             status=200,
             template="parts/cluster.html",
@@ -314,7 +313,7 @@ class ConsoleApp:
                 "leader": leader,
                 "replicas": replicas,
                 "elections": elections,
-                "job_counts": [(s, by_state.get(s, 0)) for s in validation.JOB_STATES],
+                "job_counts": views.job_counts(counts),
             },
         )
 
@@ -376,7 +375,6 @@ class ConsoleApp:
             )
 
         rows, counts = await self.store.read(reads)
-        by_state = {r["state"]: int(r["count"]) for r in counts}
         return Part(
             status=200,
             template="parts/jobs.html",
@@ -384,7 +382,7 @@ class ConsoleApp:
                 "jobs": rows,
                 "filters": filters,
                 "states": validation.JOB_STATES,
-                "job_counts": [(s, by_state.get(s, 0)) for s in validation.JOB_STATES],
+                "job_counts": views.job_counts(counts),
                 "limit": q.MAX_JOBS_LISTED,
             },
         )

@@ -18,6 +18,7 @@ import attrs
 
 from actors.ingest_replies import schedule_of
 from runtime.jobs import task_name
+from runtime.validation import JOB_STATES
 
 __all__ = [
     "Bar",
@@ -58,6 +59,12 @@ def clock(unix_s: float | None) -> str:
     if unix_s is None:
         return "-"
     return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def job_counts(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """Jobs per state (rows of ``state``, ``count``): every one of ``JOB_STATES`` in order, 0: none."""
+    by_state = {r["state"]: int(r["count"]) for r in rows}
+    return [(s, by_state.get(s, 0)) for s in JOB_STATES]
 
 
 def job_name(row: Mapping[str, Any]) -> str:
