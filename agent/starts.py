@@ -1,31 +1,7 @@
-"""How command jobs start without holding up the agent: start slots and the spawner thread.
-
-Starting a command job costs the machine a fork and exec of a Python interpreter (the job's
-reaper, :mod:`agent.reaper`) and that interpreter's start-up, before the job itself runs.
-Measured in issue 9: one Assign of 80 ``true`` jobs made the agent call ``subprocess.Popen``
-80 times back to back on its trio thread, which blocked the loop for about 550 ms, and the 80
-Python start-ups then took the CPU for about a second; the agent's heartbeats went
-unacknowledged for 1.5 s and it fenced itself, again and again. Two things keep starts from
-delaying heartbeats:
-
-- :class:`StartLimiter`: at most ``max_concurrent_starts`` command jobs of the process are
-  *starting* at once. A job takes a slot just before its reaper is forked and gives it back
-  when the reaper says the start is over (it exec'd the job, or could not: the start pipe, see
-  :mod:`agent.reaper`) or has ended; the other jobs wait, in the order they asked (trio's
-  parking lots are FIFO), each holding the capacity it was accepted with. The limit is per
-  process, not per worker: the CPU the start-ups take is the machine's, so every agent of a
-  fleet (:mod:`agent.fleet`) shares one limiter.
-- :class:`Spawner`: the fork and exec run on one dedicated, long-lived thread of the process,
-  fed through a queue, and the result (a ``Popen``) is handed back to trio with
-  ``TrioToken.run_sync_soon``, so the loop never waits for a fork. It is one thread, for the
-  whole process, for as long as the process's agents run, and not ``trio.to_thread``: a
-  container job's supervisor has ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked
-  it ends, and trio retires an idle worker thread after 10 s, which would kill every container
-  whose supervisor it forked. (A command job's reaper has none: it outlives even the agent,
-  :mod:`agent.reaper`.)
-
-Sleep jobs have no process and take no slot.
-"""
+"""How command jobs start without holding up the agent: :class:`StartLimiter` (at most
+``max_concurrent_starts`` command jobs of the process starting at once, shared by every agent
+of a fleet) and :class:`Spawner` (the forks and execs on one long-lived thread of the process).
+Why both, and why not ``trio.to_thread``: docs/design.md, "Starting command jobs"."""
 
 from __future__ import annotations
 

@@ -15,9 +15,8 @@ only calls a gRPC server loads neither the database side nor the server side:
   (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`);
 - :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel` (unary calls and server streams).
 
-A test that replaces a name patches it in the module that holds it. How errors, cancels,
-deadlines, streams and encoding cross the boundary: docs/design.md, "The trio-asyncio boundary:
-errors, cancels, deadlines, streams".
+A test patches a name in the module that holds it. How errors, cancels, deadlines, streams and
+encoding cross: docs/design.md, "The trio-asyncio boundary: errors, cancels, deadlines, streams".
 """
 
 from __future__ import annotations
