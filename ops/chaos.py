@@ -26,6 +26,7 @@ from ops.chaosresult import FAILING_MAX_ATTEMPTS, ChaosResult, ChaosSettings
 from ops.faults import FaultError, fault_environment
 from ops.launcher.control import LocalCluster
 from ops.launcher.docker import DockerCluster
+from ops.launcher.driver import ClusterDriver
 from ops.launcher.hadb_members import HaDatabaseError
 from ops.launcher.state import StateDir
 from ops.netfault import Link, serve_proxy
@@ -38,11 +39,11 @@ from runtime.text import read_jsonl
 
 @attrs.define
 class Harness:
-    """Runs one chaos scenario against a :class:`LocalCluster`, or a :class:`DockerCluster`
-    (``--docker``: its faults are the containers', :mod:`ops.faults`)."""
+    """Runs one chaos scenario against any :class:`ClusterDriver`: a :class:`LocalCluster`, or a
+    :class:`DockerCluster` (``--docker``: its faults are the containers', :mod:`ops.faults`)."""
 
     settings: ChaosSettings
-    cluster: LocalCluster | DockerCluster
+    cluster: ClusterDriver
     progress: Callable[[str], None] = print
     result: ChaosResult = attrs.field(factory=ChaosResult)
     _rng: random.Random = attrs.field(init=False)
@@ -177,7 +178,7 @@ class Harness:
             self.cluster.extra_binds = lambda process_id: (
                 [park_dir(process_id)] if process_id.startswith("cp-") else []
             )
-        else:
+        elif isinstance(self.cluster, LocalCluster):
             self.cluster.extra_env.update(fault_environment(self.fault_dir))
         self.cluster.up(control_planes=self.settings.control_planes, workers=self.settings.workers)
 
@@ -288,7 +289,7 @@ class Harness:
         for Patroni to promote the standby, then start the old primary again (it rejoins as the
         standby) and wait for a leader. A fault of the whole cluster (``db_failover``, target
         ``database``) from the kill to the promotion."""
-        if not self.settings.ha_db or isinstance(self.cluster, DockerCluster):
+        if not self.settings.ha_db or not isinstance(self.cluster, LocalCluster):
             raise FaultError("--db-failovers needs --ha-db (and processes, not containers)")
         ha = self.cluster.ha_database()
         killed_at = time.time()

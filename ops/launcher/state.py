@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -62,6 +62,8 @@ def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(items)
 
 
+_Record = TypeVar("_Record", bound=attrs.AttrsInstance)
+
 LOCK_WAIT_S = 300.0
 """How long ``up`` or ``down`` waits for another one holding the state folder's lock, in
 seconds (an ``up`` holds it while it waits for its cluster: 60 s by default)."""
@@ -86,20 +88,6 @@ class ProcessSpec:
     console_address: str = ""
     """host:port of a control plane's web console (its ``--http-port``); empty when it serves
     none (see :func:`console_url` for the URL)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProcessSpec:
-        return cls(
-            id=data["id"],
-            kind=data["kind"],
-            address=data["address"],
-            args=data["args"],
-            metrics_address=data.get("metrics_address", ""),
-            console_address=data.get("console_address", ""),
-        )
 
     @property
     def port(self) -> int:
@@ -157,13 +145,6 @@ class DockerSpec:
         """``stockade-<8 hex digits of the state folder's path>``: one cluster per folder."""
         return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
 
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DockerSpec:
-        return cls(network=data["network"], subnet=data["subnet"], image=data["image"], prefix=data["prefix"])
-
 
 def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
     return tuple(items)
@@ -177,9 +158,9 @@ class WorkerSpec:
     """``w-1``..."""
     address: str
     """host:port its Worker service listens on."""
-    cpu_millis: int
+    cpu_millis: int = attrs.field(converter=int)
     """CPU it offers, in millicores."""
-    memory_mb: int
+    memory_mb: int = attrs.field(converter=int)
     """Memory it offers, in MiB."""
     process_id: str
     """The process that runs it: its own id for an agent process, else its fleet's id."""
@@ -197,21 +178,6 @@ class WorkerSpec:
     def fleet(self) -> str | None:
         """The id of the fleet that hosts it, or None when it is an agent process of its own."""
         return None if self.process_id == self.id else self.process_id
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> WorkerSpec:
-        return cls(
-            id=data["id"],
-            address=data["address"],
-            cpu_millis=int(data["cpu_millis"]),
-            memory_mb=int(data["memory_mb"]),
-            process_id=data["process_id"],
-            advertise_address=data.get("advertise_address", ""),
-            control_planes=data.get("control_planes", ()),
-        )
 
     @classmethod
     def of_agent(cls, spec: ProcessSpec) -> WorkerSpec:
@@ -238,6 +204,17 @@ def option_value(args: Sequence[str], name: str) -> str | None:
 
 def _worker_tuple(items: Iterable[WorkerSpec]) -> tuple[WorkerSpec, ...]:
     return tuple(items)
+
+
+def _record(cls: type[_Record], data: dict[str, Any]) -> _Record:
+    """A record of cluster.json (a process, a worker, a network) from its JSON object
+    (``attrs.asdict``'s): its fields by name; a field missing there takes its default.
+
+    Raises:
+        KeyError: a field without a default is missing.
+    """
+    fields = attrs.fields(cls)
+    return cls(**{f.name: data[f.name] for f in fields if f.name in data or f.default is attrs.NOTHING})
 
 
 def worker_order(worker_id: str) -> tuple[int, str]:
@@ -368,12 +345,12 @@ class ClusterConfig:
             "version": CONFIG_VERSION,
             "database_url": self.database_url,
             "embedded_pg_port": self.embedded_pg_port,
-            "processes": [p.to_json() for p in self.processes],
-            "hosted_workers": [w.to_json() for w in self.hosted_workers],
-            "retired_control_planes": [p.to_json() for p in self.retired_control_planes],
+            "processes": [attrs.asdict(p) for p in self.processes],
+            "hosted_workers": [attrs.asdict(w) for w in self.hosted_workers],
+            "retired_control_planes": [attrs.asdict(p) for p in self.retired_control_planes],
             "cert_dir": self.cert_dir,
             "ha_db": self.ha_db,
-            **({"docker": self.docker.to_json()} if self.docker is not None else {}),
+            **({"docker": attrs.asdict(self.docker)} if self.docker is not None else {}),
         }
 
     @classmethod
@@ -381,12 +358,12 @@ class ClusterConfig:
         return cls(
             database_url=data["database_url"],
             embedded_pg_port=data.get("embedded_pg_port"),
-            processes=[ProcessSpec.from_json(p) for p in data["processes"]],
-            hosted_workers=[WorkerSpec.from_json(w) for w in data.get("hosted_workers", [])],
-            retired_control_planes=[ProcessSpec.from_json(p) for p in data.get("retired_control_planes", [])],
+            processes=[_record(ProcessSpec, p) for p in data["processes"]],
+            hosted_workers=[_record(WorkerSpec, w) for w in data.get("hosted_workers", [])],
+            retired_control_planes=[_record(ProcessSpec, p) for p in data.get("retired_control_planes", [])],
             cert_dir=data.get("cert_dir"),
             ha_db=bool(data.get("ha_db", False)),
-            docker=DockerSpec.from_json(data["docker"]) if data.get("docker") else None,
+            docker=_record(DockerSpec, data["docker"]) if data.get("docker") else None,
         )
 
 

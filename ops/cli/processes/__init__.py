@@ -58,6 +58,18 @@ class Option:
         self.info = info or typer.Option(**declared)
 
 
+def settings_rows(group: str, default: Callable[[str], Any]) -> Callable[..., dict[str, Option]]:
+    """The row constructor of the options that set fields of settings group ``group``: given a
+    field's name, its option's name (``option``; default: the field's) and Typer parameters, the
+    one-row table of that option, whose default is ``default(field)``."""
+
+    def row(field: str, *, option: str = "", **declared: Any) -> dict[str, Option]:
+        setting = field if option else ""
+        return {option or field: Option(default(field), group=group, setting=setting, **declared)}
+
+    return row
+
+
 Options = dict[str, Any]
 """The values of a command's declared options, by name."""
 

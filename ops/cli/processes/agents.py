@@ -23,6 +23,7 @@ from ops.cli.processes import (
     cert_folder,
     check_tls_files,
     settings_fields,
+    settings_rows,
     with_options,
 )
 from ops.config import named_addresses
@@ -55,110 +56,93 @@ def _default(name: str) -> Any:
     return getattr(attrs.fields(AgentSettings), name).default
 
 
+_agent = settings_rows("agent", _default)
+
 WORKER_OPTIONS: dict[str, Option] = {
-    "heartbeat_interval_s": Option(
-        _default("heartbeat_interval_s"),
-        group="agent",
+    **_agent(
+        "heartbeat_interval_s",
         help="Time between heartbeats until the cluster tells another interval, seconds (the "
         "self-fence span stretches in proportion with a longer one).",
     ),
-    "heartbeat_interval_min_s": Option(
-        _default("heartbeat_interval_min_s"),
-        group="agent",
-        help="Refuse a heartbeat interval the cluster tells below this, seconds.",
+    **_agent(
+        "heartbeat_interval_min_s", help="Refuse a heartbeat interval the cluster tells below this, seconds."
     ),
-    "heartbeat_interval_max_s": Option(
-        _default("heartbeat_interval_max_s"),
-        group="agent",
-        help="Refuse a heartbeat interval the cluster tells above this, seconds.",
+    **_agent(
+        "heartbeat_interval_max_s", help="Refuse a heartbeat interval the cluster tells above this, seconds."
     ),
-    "heartbeat_timeout_s": Option(
-        _default("heartbeat_timeout_s"),
-        group="agent",
+    **_agent(
+        "heartbeat_timeout_s",
         help="Send a heartbeat (or registration) to the next control plane too after this long "
         "without an answer, seconds (the first may still answer until shortly before the fence deadline).",
     ),
-    "self_fence_after_s": Option(
-        _default("self_fence_after_s"),
-        group="agent",
+    **_agent(
+        "self_fence_after_s",
         help="Pause every job after this long without an acknowledged heartbeat, seconds.",
     ),
-    "db_outage_grace_s": Option(
-        _default("db_outage_grace_s"),
-        group="agent",
+    **_agent(
+        "db_outage_grace_s",
         min=0.0,
         help="Kill paused jobs after this long without an acknowledged heartbeat, seconds: the longest "
         "database outage (or cut-off) running work survives; 0: kill at the fence, no pause.",
     ),
-    "restart_hold_s": Option(
-        _default("restart_hold_s"),
-        group="agent",
+    **_agent(
+        "restart_hold_s",
         min=0.0,
         max=600.0,
         help="On SIGHUP (a planned restart: the agent exits leaving its jobs running, for the agent "
         "started next on the same work dir to take over) ask the control planes to hold the worker "
         "this long, seconds: no silence counts and nothing is placed on it meanwhile; 0: no hold.",
     ),
-    "leave_timeout_s": Option(
-        _default("leave_timeout_s"),
-        group="agent",
+    **_agent(
+        "leave_timeout_s",
         help="At a clean stop, once every job has ended, keep trying this long to have a control plane "
         "record that the worker left, seconds (past it the worker is declared dead after dead_after "
         "instead).",
     ),
-    "register_timeout_s": Option(
-        _default("register_timeout_s"),
-        group="agent",
+    **_agent(
+        "register_timeout_s",
         help="How long a new registration (which holds no job), or a paused worker's heartbeat after "
         "calls that failed, waits at most for its answer, seconds.",
     ),
-    "register_retry_max_s": Option(
-        _default("register_retry_max_s"),
-        group="agent",
+    **_agent(
+        "register_retry_max_s",
         help="Registration retries wait a jittered pause whose ceiling doubles per failed attempt up "
         "to this, seconds.",
     ),
-    "max_concurrent_starts": Option(
-        _default("max_concurrent_starts"),
-        group="agent",
+    **_agent(
+        "max_concurrent_starts",
         help="Most command jobs of this process starting at once (from their reaper's fork until the "
         "job has exec'd); the others wait, holding their capacity.",
     ),
-    "max_concurrent_leaves": Option(
-        _default("max_concurrent_leaves"),
-        group="agent",
+    **_agent(
+        "max_concurrent_leaves",
         help="At a clean stop, most of this process's workers asking a control plane to record their "
         "leave at once (a fleet's workers take turns).",
     ),
-    "job_nice": Option(
-        _default("job_nice"),
-        group="agent",
+    **_agent(
+        "job_nice",
         help=f"Run command jobs this much lower in CPU priority than the agent (nice, "
         f"{MIN_JOB_NICE}..{MAX_JOB_NICE}; 0: the agent's priority).",
     ),
-    "job_oom_score_adj": Option(
-        _default("job_oom_score_adj"),
-        group="agent",
+    **_agent(
+        "job_oom_score_adj",
         help=f"oom_score_adj of command and container jobs ({MIN_JOB_OOM_SCORE_ADJ}..{MAX_OOM_SCORE_ADJ}): "
         "when the machine runs out of memory the kernel kills the highest first; 1000: a job before "
         "anything else.",
     ),
-    "job_pids_max": Option(
-        _default("job_pids_max"),
-        group="agent",
+    **_agent(
+        "job_pids_max",
         help=f"Most processes (and threads) one command job may have at once ({MIN_JOB_PIDS}.."
         f"{MAX_JOB_PIDS}; its cgroup's pids.max: not enforced in rlimit mode).",
     ),
-    "job_resources": Option(
-        _default("job_resources"),
-        group="agent",
+    **_agent(
+        "job_resources",
         help=f"How command jobs' cpu_millis and memory_mb are enforced ({', '.join(JOB_RESOURCES_CHOICES)}): "
         "auto takes cgroup2, else cgroup1, else rlimit (RLIMIT_AS only); a mode named must work "
         "here or the agent does not start. Registered as the label resources=<mode>.",
     ),
-    "job_user": Option(
-        _default("job_user"),
-        group="agent",
+    **_agent(
+        "job_user",
         help="When the agent runs as root, run command jobs as this system user (created on first "
         "use; never root). Ignored when the agent is not root: jobs run as its user.",
     ),

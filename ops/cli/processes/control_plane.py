@@ -4,6 +4,7 @@ it shows."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ from ops.cli.processes import (
     cert_folder,
     check_tls_files,
     settings_fields,
+    settings_rows,
     with_options,
 )
 from runtime.errors import InvalidArgument
@@ -40,191 +42,142 @@ _LEASE = LeaseSettings()
 _PLACER = PlacerSettings()
 _RECONCILER = ReconcilerSettings()
 _WATCH = DatabaseWatchSettings()
+_ingest = settings_rows("ingest", functools.partial(getattr, _INGEST))
+_lease = settings_rows("lease", functools.partial(getattr, _LEASE))
+_placer = settings_rows("placer", functools.partial(getattr, _PLACER))
+_reconciler = settings_rows("reconciler", functools.partial(getattr, _RECONCILER))
+_watch = settings_rows("database_watch", functools.partial(getattr, _WATCH))
 
 
 CONTROL_PLANE_OPTIONS: dict[str, Option] = {
-    "lease_ttl_s": Option(_LEASE.lease_ttl_s, group="lease", help="Lease time to live, seconds."),
-    "max_main_loop_stall_s": Option(
-        _LEASE.max_main_loop_stall_s,
-        group="lease",
+    **_lease("lease_ttl_s", help="Lease time to live, seconds."),
+    **_lease(
+        "max_main_loop_stall_s",
         help="Step down (and take no lease) while the main loop, where decisions are made, "
         "has not run for this long, seconds.",
     ),
-    "round_interval_s": Option(
-        _PLACER.round_interval_s, group="placer", help="Placer round interval, seconds."
-    ),
-    "reconcile_interval_s": Option(
-        _RECONCILER.reconcile_interval_s, group="reconciler", help="Reconcile pass interval, seconds."
-    ),
-    "dead_after_s": Option(
-        _RECONCILER.dead_after_s,
-        group="reconciler",
-        help="A worker silent this long is declared dead, seconds.",
-    ),
-    "policy": Option(
-        _PLACER.policy, group="placer", help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."
-    ),
-    "max_reservations": Option(
-        _PLACER.max_reservations,
-        group="placer",
+    **_placer("round_interval_s", help="Placer round interval, seconds."),
+    **_reconciler("reconcile_interval_s", help="Reconcile pass interval, seconds."),
+    **_reconciler("dead_after_s", help="A worker silent this long is declared dead, seconds."),
+    **_placer("policy", help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."),
+    **_placer(
+        "max_reservations",
         help="Workers a placer round may keep free for jobs that fit no free room yet (0: none).",
     ),
-    "reserve_after_s": Option(
-        _PLACER.reserve_after_s,
-        group="placer",
-        help="Only a job queued this long may reserve a worker, seconds.",
+    **_placer("reserve_after_s", help="Only a job queued this long may reserve a worker, seconds."),
+    **_ingest(
+        "pool_size", option="ingest_pool_size", help="Database connections of the ControlPlane service."
     ),
-    "ingest_pool_size": Option(
-        _INGEST.pool_size,
-        group="ingest",
-        setting="pool_size",
-        help="Database connections of the ControlPlane service.",
-    ),
-    "liveness_reserved_connections": Option(
-        _INGEST.liveness_reserved_connections,
-        group="ingest",
+    **_ingest(
+        "liveness_reserved_connections",
         help="Of those, connections only heartbeats and registrations may use.",
     ),
-    "shed_lag_s": Option(
-        _INGEST.shed_lag_s,
-        group="ingest",
+    **_ingest(
+        "shed_lag_s",
         help="Answer new work 'busy' while the service's event loop lags more than this, seconds.",
     ),
-    "max_requests_in_progress": Option(
-        _INGEST.max_requests_in_progress,
-        group="ingest",
+    **_ingest(
+        "max_requests_in_progress",
         help="Requests other than heartbeats and registrations served at once, from admission "
         "until their reply is encoded; the rest wait their turn.",
     ),
-    "max_waiting_requests": Option(
-        _INGEST.max_waiting_requests,
-        group="ingest",
+    **_ingest(
+        "max_waiting_requests",
         help="Answer new work 'busy' when this many requests already wait for their turn.",
     ),
-    "heartbeat_group_wait_s": Option(
-        _INGEST.heartbeat_group_wait_s,
-        group="ingest",
+    **_ingest(
+        "heartbeat_group_wait_s",
         help="Gather heartbeats this long and record them in one statement, seconds (0: one "
         "statement per heartbeat; at most 0.1).",
     ),
-    "heartbeat_group_max": Option(
-        _INGEST.heartbeat_group_max,
-        group="ingest",
-        help="Most heartbeats one statement records (a full group closes at once).",
+    **_ingest(
+        "heartbeat_group_max", help="Most heartbeats one statement records (a full group closes at once)."
     ),
-    "heartbeat_groups_in_flight": Option(
-        _INGEST.heartbeat_groups_in_flight,
-        group="ingest",
+    **_ingest(
+        "heartbeat_groups_in_flight",
         min=1,
         help="Most group statements run at once; a group that waits for one keeps gathering.",
     ),
-    "max_admission_wait_s": Option(
-        _INGEST.max_admission_wait_s,
-        group="ingest",
-        help="Answer new work 'busy' that has waited this long for its turn, seconds.",
+    **_ingest(
+        "max_admission_wait_s", help="Answer new work 'busy' that has waited this long for its turn, seconds."
     ),
-    "max_wire_work_share": Option(
-        _INGEST.max_wire_work_share,
-        group="ingest",
+    **_ingest(
+        "max_wire_work_share",
         help="Most of the service's event-loop time that encoding and decoding large messages "
         "may take, a fraction (0.25: a quarter).",
     ),
-    "wire_step_messages": Option(
-        _INGEST.wire_step_messages,
-        group="ingest",
+    **_ingest(
+        "wire_step_messages",
         help="Elements of a large reply encoded (or request decoded) between two yields to the "
         "service's event loop.",
     ),
-    "max_pending_jobs": Option(
-        _INGEST.max_pending_jobs,
-        group="ingest",
+    **_ingest(
+        "max_pending_jobs",
         help="Answer submissions 'busy' while this many jobs are pending (0: no limit); "
         "a batch that arrives under the limit is taken whole.",
     ),
-    "idempotency_key_retention_s": Option(
-        _INGEST.idempotency_key_retention_s,
-        group="ingest",
+    **_ingest(
+        "idempotency_key_retention_s",
         help="Keep a mutating call's idempotency key and answer this long after its first use, "
         "seconds: a retry within it gets the first answer, a copy after it is a new call.",
     ),
-    "max_log_streams": Option(
-        _INGEST.max_log_streams,
-        group="ingest",
+    **_ingest(
+        "max_log_streams",
         help="Job output streams (stockade logs) this replica relays at once; one more is "
         "answered 'busy' (another replica takes it).",
     ),
-    "initial_window": Option(
-        _PLACER.initial_window,
-        group="placer",
+    **_placer(
+        "initial_window",
         help="Unconfirmed assignments a worker may hold before a heartbeat confirmed any; "
         "one more per confirmed assignment.",
     ),
-    "max_unconfirmed_per_worker": Option(
-        _PLACER.max_unconfirmed_per_worker,
-        group="placer",
+    **_placer(
+        "max_unconfirmed_per_worker",
         help="Most unconfirmed assignments a worker may hold (the window's ceiling).",
     ),
-    "trial_run_s": Option(
-        _PLACER.trial_run_s,
-        group="placer",
+    **_placer(
+        "trial_run_s",
         min=0.0,
         help="A newly registered worker, or one whose unhealthy mark was cleared, takes one job at "
         "a time until a run there succeeded or ran this long, seconds; 0: no trial.",
     ),
-    "requeue_backoff_base_s": Option(
-        _RECONCILER.requeue_backoff_base_s,
-        group="reconciler",
+    **_reconciler(
+        "requeue_backoff_base_s",
         help="A job lost with its worker waits a random time below this before it is placed "
         "again, doubling with every further loss, seconds.",
     ),
-    "requeue_backoff_max_s": Option(
-        _RECONCILER.requeue_backoff_max_s,
-        group="reconciler",
-        help="Largest bound of the requeue backoff, seconds.",
-    ),
-    "death_burst": Option(
-        _RECONCILER.death_burst, group="reconciler", help="Most workers declared dead at once."
-    ),
-    "deaths_per_s": Option(
-        _RECONCILER.deaths_per_s,
-        group="reconciler",
-        help="Dead-worker declarations per second beyond the burst.",
-    ),
-    "mass_silence_fraction": Option(
-        _RECONCILER.mass_silence_fraction,
-        group="reconciler",
+    **_reconciler("requeue_backoff_max_s", help="Largest bound of the requeue backoff, seconds."),
+    **_reconciler("death_burst", help="Most workers declared dead at once."),
+    **_reconciler("deaths_per_s", help="Dead-worker declarations per second beyond the burst."),
+    **_reconciler(
+        "mass_silence_fraction",
         help="Declare no worker dead while more than this fraction of the alive workers "
         "(and at least 3) are silent for --suspect-after-s at once.",
     ),
-    "mass_silence_max_s": Option(
-        _RECONCILER.mass_silence_max_s,
-        group="reconciler",
+    **_reconciler(
+        "mass_silence_max_s",
         min=0.001,
         help="A mass silence holds declarations for at most this long, seconds; keep it above the "
         "agents' --db-outage-grace-s.",
     ),
-    "heartbeat_interval_min_s": Option(
-        _RECONCILER.heartbeat_interval_min_s,
-        group="reconciler",
+    **_reconciler(
+        "heartbeat_interval_min_s",
         min=0.001,
         help="The shortest heartbeat interval the leader asks of workers (a small cluster's), seconds.",
     ),
-    "heartbeat_interval_max_s": Option(
-        _RECONCILER.heartbeat_interval_max_s,
-        group="reconciler",
+    **_reconciler(
+        "heartbeat_interval_max_s",
         min=0.001,
         help="The longest heartbeat interval the leader asks of workers however large the cluster, "
         "seconds: with --dead-after-intervals it bounds how long a dead worker goes unnoticed.",
     ),
-    "heartbeat_cpu_budget": Option(
-        _RECONCILER.heartbeat_cpu_budget,
-        group="reconciler",
+    **_reconciler(
+        "heartbeat_cpu_budget",
         help="The share of a core each control plane may spend on heartbeats (above 0, below 1): "
         "the interval grows with the cluster to keep their measured cost within it.",
     ),
-    "dead_after_intervals": Option(
-        _RECONCILER.dead_after_intervals,
-        group="reconciler",
+    **_reconciler(
+        "dead_after_intervals",
         help="A worker is declared dead after this many heartbeat intervals without one, never "
         "sooner than --dead-after-s (at least 3).",
     ),
@@ -236,77 +189,66 @@ CONTROL_PLANE_OPTIONS: dict[str, Option] = {
         help="A worker silent this long counts toward a mass silence, seconds (default: half of "
         "--dead-after-s).",
     ),
-    "contact_gap_s": Option(
-        _RECONCILER.contact_gap_s,
-        group="reconciler",
+    **_reconciler(
+        "contact_gap_s",
         min=0.001,
         help="After the leader's reads of the workers' silence were interrupted this long (its "
         "database was unreachable), silence counts anew, seconds.",
     ),
-    "oldest_transaction_warn_s": Option(
-        _WATCH.oldest_transaction_warn_s,
-        group="database_watch",
+    **_watch(
+        "oldest_transaction_warn_s",
         min=0.001,
         help="Warn when a transaction (any session's) has been open in the database longer than "
         "this, seconds: vacuum cannot remove dead rows meanwhile.",
     ),
-    "dead_rows_warn_ratio": Option(
-        _WATCH.dead_rows_warn_ratio,
-        group="database_watch",
+    **_watch(
+        "dead_rows_warn_ratio",
         min=0.001,
         help=f"Warn when workers, jobs, assignments or lease holds more dead rows than this many "
         f"times its live ones (and more than {_WATCH.dead_rows_warn_min}).",
     ),
-    "health_interval_s": Option(
-        _RECONCILER.health_interval_s,
-        group="reconciler",
+    **_reconciler(
+        "health_interval_s",
         min=0.001,
         help="How often the leader judges the workers' health from their recent runs, seconds.",
     ),
-    "health_window_runs": Option(
-        _RECONCILER.health_window_runs,
-        group="reconciler",
+    **_reconciler(
+        "health_window_runs",
         min=1,
         max=1000,
         help="A worker's health is judged on its last this many ended runs.",
     ),
-    "health_window_s": Option(
-        _RECONCILER.health_window_s,
-        group="reconciler",
+    **_reconciler(
+        "health_window_s",
         min=0.001,
         help="Judge a worker's health only on runs that ended within this many seconds.",
     ),
-    "health_min_failed_jobs": Option(
-        _RECONCILER.health_min_failed_jobs,
-        group="reconciler",
+    **_reconciler(
+        "health_min_failed_jobs",
         min=1,
         max=1000,
         help="Mark a worker unhealthy only when runs of at least this many different jobs failed there.",
     ),
-    "health_min_failure_rate": Option(
-        _RECONCILER.health_min_failure_rate,
-        group="reconciler",
+    **_reconciler(
+        "health_min_failure_rate",
         help="Mark a worker unhealthy only when at least this fraction of its judged runs failed "
         "(above 0, at most 1).",
     ),
-    "health_rate_factor": Option(
-        _RECONCILER.health_rate_factor,
-        group="reconciler",
+    **_reconciler(
+        "health_rate_factor",
         help="Mark a worker unhealthy only when its runs fail at least this many times as often as "
         "the other workers' (at least 1).",
     ),
-    "health_min_compared_runs": Option(
-        _RECONCILER.health_min_compared_runs,
-        group="reconciler",
+    **_reconciler(
+        "health_min_compared_runs",
         min=1,
         max=1000,
         help="Compare a worker's failure rate with the other workers' only when they ended at least "
         "this many runs over the same span; with fewer, mark it only when jobs that failed there "
         "succeeded elsewhere.",
     ),
-    "health_probe_after_s": Option(
-        _RECONCILER.health_probe_after_s,
-        group="reconciler",
+    **_reconciler(
+        "health_probe_after_s",
         min=0.0,
         help="This long after a worker was marked unhealthy, one job at a time may be placed there "
         "as a probe (its success clears the mark), seconds; 0: no probes.",
