@@ -9,15 +9,10 @@ statement timeout), and prints, for each shape of write:
   upper bound of how long the share lock was held;
 - renewal wait: the longest a renewal sent meanwhile took.
 
-The writes: a dead worker's ``--assignments`` active assignments ended
-(``END_ORPHANED_ASSIGNMENTS``) in one transaction and in transactions of ``--batch`` rows, and
-``--placements`` placements (``COMMIT_PLACEMENTS``) in one statement and in statements of
-``--batch``. Each is repeated ``--repeat`` times; the figures are the median and the worst::
-
-    python -m ops.bench.measure_fence [--database-url URL] [--assignments 2000] [--placements 2000]
-                                [--batch 500] [--repeat 5]
-
-Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
+The writes: ``--assignments`` of a dead worker's assignments ended (``END_ORPHANED_ASSIGNMENTS``)
+and ``--placements`` placements (``COMMIT_PLACEMENTS``), each all at once and in ``--batch`` rows,
+``--repeat`` times (median and worst); ``python -m ops.bench.measure_fence --help``. Without
+``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
 """
 
 from __future__ import annotations
