@@ -182,48 +182,13 @@ def up(
     """
     from ops.cluster import DockerCluster, LocalCluster
 
-    if docker:
-        for given, name in ((ha_db, "--ha-db"), (fleet_size, "--fleet-size")):
-            if given:
-                fail(f"{name} is not available with --docker: drop one of them", EXIT_INVALID)
-    if ha_db_strict and not ha_db:
-        fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
-    if ha_db:
-        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
-
-        missing = missing_tools()
-        if missing:
-            fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
-        if os.environ.get("DATABASE_URL"):
-            fail(
-                "--ha-db starts its own database, and DATABASE_URL is set; unset it, or drop --ha-db "
-                "to use that database",
-                EXIT_INVALID,
-            )
+    _refuse_conflicting_options(docker=docker, ha_db=ha_db, ha_db_strict=ha_db_strict, fleet_size=fleet_size)
     process_args = {
         "agent": process_options("--agent-args", agent_args, "fleet" if fleet_size else "agent"),
         "cp": process_options("--cp-args", cp_args, "cp"),
     }
     state = local_state()
-    other = local_report.other_running_cluster(state.root)
-    if other is not None:
-        other_root, running = other
-        reach = f"{STATE_DIR_ENV}={shlex.quote(str(other_root))}"
-        if not force:
-            fail(
-                f"the cluster of {other_root} runs ({running}) and the user config "
-                f"{shown_path(user_config_path())} names it, so client commands reach it from any "
-                f"folder; `stockade up` here would start a second cluster in {shown_path(state.root)} "
-                f"and point them here instead. Stop it first (`{reach} stockade down`), or run "
-                f"`stockade up --force` to start a second one anyway"
-            )
-        err_console().print(
-            f"warning: the cluster of {other_root} runs ({running}); starting a second one here "
-            f"(--force): client commands will reach this one, and that one stays reachable with "
-            f"`{reach} stockade status` (`{reach} stockade down` stops it)",
-            markup=False,
-            soft_wrap=True,
-        )
+    _refuse_second_cluster(state.root, force=force)
     if insecure:
         warn_insecure("the cluster")
     if json_logs:
@@ -342,6 +307,52 @@ def _refusal(exc: UsageError, command: str) -> str:
     text = exc.format_message().rstrip(".")
     text = f"{field} {text}" if field and not text.startswith(field) else text
     return f"{text[:1].lower()}{text[1:]} for stockade {command}"
+
+
+def _refuse_conflicting_options(*, docker: bool, ha_db: bool, ha_db_strict: bool, fleet_size: int) -> None:
+    """Exit 2 on options of `up` that do not go together, or --ha-db without its tools."""
+    if docker:
+        for given, name in ((ha_db, "--ha-db"), (fleet_size, "--fleet-size")):
+            if given:
+                fail(f"{name} is not available with --docker: drop one of them", EXIT_INVALID)
+    if ha_db_strict and not ha_db:
+        fail("--ha-db-strict is a mode of --ha-db: give both, or neither", EXIT_INVALID)
+    if ha_db:
+        from ops.launcher.hadb_members import INSTALL_HINT, missing_tools
+
+        missing = missing_tools()
+        if missing:
+            fail(f"--ha-db needs {', '.join(missing)}: {INSTALL_HINT}", EXIT_INVALID)
+        if os.environ.get("DATABASE_URL"):
+            fail(
+                "--ha-db starts its own database, and DATABASE_URL is set; unset it, or drop --ha-db "
+                "to use that database",
+                EXIT_INVALID,
+            )
+
+
+def _refuse_second_cluster(root: Path, *, force: bool) -> None:
+    """Exit 1 while another folder's cluster runs and the user config names it (unless --force:
+    then say so)."""
+    other = local_report.other_running_cluster(root)
+    if other is not None:
+        other_root, running = other
+        reach = f"{STATE_DIR_ENV}={shlex.quote(str(other_root))}"
+        if not force:
+            fail(
+                f"the cluster of {other_root} runs ({running}) and the user config "
+                f"{shown_path(user_config_path())} names it, so client commands reach it from any "
+                f"folder; `stockade up` here would start a second cluster in {shown_path(root)} "
+                f"and point them here instead. Stop it first (`{reach} stockade down`), or run "
+                f"`stockade up --force` to start a second one anyway"
+            )
+        err_console().print(
+            f"warning: the cluster of {other_root} runs ({running}); starting a second one here "
+            f"(--force): client commands will reach this one, and that one stays reachable with "
+            f"`{reach} stockade status` (`{reach} stockade down` stops it)",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("down")
