@@ -4,6 +4,7 @@ busy (nothing stored), and the client moves on, backs off and gets through."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from runtime.aio import (
     serve_grpc,
     trio_service,
 )
+from runtime.aio.grpc_access import Caller
 from runtime.backoff import FullJitterBackoff
 from runtime.client import ControlPlaneClient
 from runtime.errors import Busy, ClusterBusy, DeadlineExceeded, Unavailable
@@ -381,8 +383,8 @@ async def test_a_request_whose_deadline_has_passed_is_not_started(database_url: 
             with pytest.raises(DeadlineExceeded, match="submit_jobs: the client's deadline passed"):
                 # What trio_service runs for a request handed over 10 ms after its deadline.
                 late = time.monotonic() - 0.01
-                await grpc_server._call_in_trio(
-                    service(ingest).submit_jobs, one_job(), late, grpc_server.Caller(address="-")
+                await grpc_server._served_in_trio(
+                    functools.partial(service(ingest).submit_jobs, one_job()), late, Caller(address="-")
                 )
             assert expired_count("submit_jobs") == before + 1
             assert service(ingest).gate.held == 0
