@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import psutil
@@ -106,7 +106,6 @@ class LocalCluster(Launcher):
             interrupted after that (Ctrl-C) leaves what it started findable from any folder.
     """
 
-    registrations_timed: ClassVar[bool] = True
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
     database_url: str | None = None
     cp_args: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)

@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import psutil
@@ -97,7 +97,6 @@ class DockerCluster(Launcher):
             :class:`ops.launcher.LocalCluster`'s.
     """
 
-    registrations_timed: ClassVar[bool] = False
     state: StateDir
     insecure: bool = False
     cp_args: Sequence[str] = ()

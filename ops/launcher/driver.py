@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -106,9 +106,6 @@ class ClusterDriver(Protocol):
     state: StateDir
     insecure: bool
     on_start: Callable[[], None] | None
-    registrations_timed: ClassVar[bool]
-    """Whether ``up`` knows a restarted worker is back by a ``register`` line written since its
-    process started (processes); else by a new incarnation (containers)."""
 
     def config(self) -> ClusterConfig:
         """The recorded cluster. Raises ClusterError where none is recorded."""

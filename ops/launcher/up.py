@@ -162,7 +162,7 @@ def _up(
         restarted={w: incarnations_before.get(w, 0) for w in restarted},
         timeout_s=timeout_s,
         check_exited=lambda: driver.check_exited(config),
-        started_at={w: started_at[p] for w, p in restarted.items()} if driver.registrations_timed else None,
+        started_at={w: started_at[p] for w, p in restarted.items()},
         on_progress=on_progress,
     )
     return UpResult(
