@@ -227,12 +227,14 @@ async def freeze_leader(
     old, epoch = await leader(client, timeout_s=timeout_s)
     pid = pid_of(cluster, old)
     parked = None if fault_dir is None else await _park(cluster, park_dir(cluster, fault_dir, old), pid)
-    since = time.monotonic()
     frozen_at = time.time()
     try:
         await trio.to_thread.run_sync(cluster.pause, old)
     except ClusterError as exc:
         raise FaultError(str(exc)) from exc
+    # Timed from the freeze, not from asking for it: the driver's own work (finding the
+    # process, the engine's call) is not the takeover's.
+    since = time.monotonic()
     try:
         _, new_epoch, seconds = await new_leader(
             cluster, old, epoch, since=since, timeout_s=timeout_s, tls=tls
