@@ -84,10 +84,10 @@ check *ARGS:
 test: lint
     pytest -q
 
-# The edit loop, about a minute: ruff, then the unit tests with few examples per property test (tests/properties.py)
+# The edit loop, under a minute: ruff, then the unit tests on two processes with few examples per property test (tests/properties.py)
 test-fast:
     ruff check .
-    STOCKADE_TEST_PROFILE=fast pytest -q tests/unit
+    STOCKADE_TEST_PROFILE=fast pytest -q -n 2 tests/unit
 
 # ruff, mypy, the import-layer contract, and the generated protocol code being current
 lint:

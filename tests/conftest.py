@@ -388,3 +388,17 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.register_profile("fast", max_examples=properties.FAST_EXAMPLES)
     if properties.fast():
         settings.load_profile("fast")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_consoles() -> Iterator[None]:
+    """Each test's CLI output at its own terminal width: the CLI's consoles are made once per
+    process (``ops.cli.common.console``), at the width of the first command that printed, so a
+    test would otherwise print at whatever width an earlier test of the same process had."""
+    from ops.cli.common import console, err_console
+
+    console.cache_clear()
+    err_console.cache_clear()
+    yield
+    console.cache_clear()
+    err_console.cache_clear()

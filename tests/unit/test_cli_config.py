@@ -217,7 +217,7 @@ def test_down_removes_the_record_of_its_cluster(
     monkeypatch.chdir(project)
     report = DownReport(terminated=("cp-1",), killed=(), stragglers=(), database_stopped=False)
     monkeypatch.setattr(cluster_module.LocalCluster, "down", lambda self, **_: report)
-    result = CliRunner().invoke(app, ["down"])
+    result = CliRunner().invoke(app, ["down"], env={"COLUMNS": "400"})  # the path on one line
     assert result.exit_code == 0, result.output
     assert "stopped cp-1" in result.output and f"removed it from {config.user_config_path()}" in result.output
     assert not config.user_config_path().exists()  # [local] was all it held
