@@ -235,13 +235,14 @@ async def test_the_reaper_kills_the_job_once_the_fence_deadline_passes(tmp_path:
 async def test_a_deadline_that_moves_on_keeps_the_job_running(tmp_path: Path) -> None:
     """The reaper reads the deadline file anew: a job whose deadline keeps moving runs on."""
     deadline_file = tmp_path / "fence_deadline"
-    _deadline_in(deadline_file, 0.3)
+    # Each move leaves 2 s: a loaded machine may run the mover late, never that late.
+    _deadline_in(deadline_file, 2.0)
     stop = trio.Event()
 
     async def heartbeat_then_stop() -> None:
-        for _ in range(8):  # 0.8 s, well past the first deadline
+        for _ in range(25):  # 2.5 s, past the first deadline
             await trio.sleep(0.1)
-            _deadline_in(deadline_file, 0.3)
+            _deadline_in(deadline_file, 2.0)
         stop.set()
 
     async with trio.open_nursery() as nursery:

@@ -340,7 +340,7 @@ async def test_parts_answer_cross_origin_requests_only_from_the_clusters_console
     async with console_on(database_url, tls=TlsFiles.in_dir(certs, "cp-1")) as console:
         # The sampler reads the consoles' list at start; wait for it to have run.
         assert console.app is not None
-        for _ in range(100):
+        for _ in range(600):
             if any(cp_id == "cp-2" for cp_id, _ in console.app.consoles):
                 break
             await trio.sleep(0.05)
