@@ -287,6 +287,13 @@ CREATE TABLE IF NOT EXISTS schema_version (
     version     integer     PRIMARY KEY,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
+-- This file's version: the newest migration's (actors/migrations/).
+INSERT INTO schema_version (version) VALUES (3) ON CONFLICT (version) DO NOTHING;
+
+-- ================================================================ routines
+-- Everything below is functions, triggers and views, each CREATE OR REPLACE: applied with the
+-- rest to a new database, and again, whole, with the newest migration to an older one
+-- (actors/schema.py), so each routine is written here once and a migration never copies one.
 
 -- ---------------------------------------------------------------- allocations (triggers)
 
@@ -489,14 +496,6 @@ CREATE OR REPLACE FUNCTION retries(
     SELECT NOT p_cancel_requested AND p_failures + p_spent < p_max_attempts
 $$;
 
--- What a worker reported for an assignment that ended on its own: succeeded or failed, and
--- its exit code. Set with the end of an active assignment, and also on an assignment the
--- leader had already ended as lost when the report came in late (the worker fenced itself,
--- or was declared dead, just after its job ended); such an assignment stays lost.
-ALTER TABLE assignments ADD COLUMN IF NOT EXISTS outcome text
-    CHECK (outcome IN ('succeeded', 'failed'));
-ALTER TABLE assignments ADD COLUMN IF NOT EXISTS exit_code integer;
-
 -- When a run a worker reported ran, by the database's clock: the worker measures how long the
 -- run lasted and how long before its report was sent the run ended, with its monotonic clock
 -- (protocol: JobOutcome.run_ms, ended_ago_ms), never its wall clock, which may be off by any
@@ -516,6 +515,27 @@ CREATE OR REPLACE FUNCTION run_started_at(
 ) RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT greatest(p_created_at, p_finished_at - p_run_ms * interval '1 millisecond')
 $$;
+-- The jobs of assignments that ended with no attempt spent (not started, released by a
+-- restarted agent, drained: queries.RELEASE_UNHELD_ASSIGNMENTS, END_DRAINED_ASSIGNMENTS,
+-- record_outcomes), called in the transaction that ends them: each still assigned or running
+-- is pending again at once (no loss counted, no backoff; not started, no reason), or cancelled
+-- if its cancel was asked (its last run's start kept). Returns the ids changed.
+CREATE OR REPLACE FUNCTION requeue_unspent(p_job_ids bigint[]) RETURNS bigint[] LANGUAGE sql AS $$
+    WITH requeued AS (
+        UPDATE jobs j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+               finished_at = CASE WHEN j.cancel_requested THEN now() END,
+               started_at = CASE WHEN j.cancel_requested THEN j.started_at END,
+               pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
+               pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
+                                  ELSE pg_current_xact_id()::text::bigint END,
+               reason = CASE WHEN j.cancel_requested THEN j.reason ELSE '' END
+         WHERE j.id = ANY(p_job_ids) AND j.state IN ('assigned', 'running')
+     RETURNING j.id
+    )
+    SELECT coalesce(array_agg(id), '{}') FROM requeued
+$$;
+
 -- ---------------------------------------------------------------- heartbeats and outcomes
 
 -- What to tell a worker: the policy row, or (before the leader chose one) the caller's defaults.
@@ -545,6 +565,7 @@ DECLARE
     late integer;
     late_ids bigint[];
     revived bigint[];
+    requeued bigint[];  -- not started: the jobs placed again (requeue_unspent)
 BEGIN
     -- Retries (the job lifecycle): a failed run of an active assignment spends one of its job's
     -- max_attempts (counted on the assignment); while attempts are left, and no cancel was
@@ -651,16 +672,7 @@ BEGIN
          WHERE a.id = o.assignment_id AND a.worker_id = p_worker_id AND a.state = 'active'
      RETURNING a.job_id
     )
-    UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
-           started_at = NULL,
-           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
-                              ELSE pg_current_xact_id()::text::bigint END,
-           reason = ''
-      FROM stopped
-     WHERE j.id = stopped.job_id AND j.state IN ('assigned', 'running');
+    SELECT requeue_unspent(array_agg(job_id)) INTO requeued FROM stopped;
 
     IF late > 0 THEN
         -- A late outcome ends the job (step 3 above), but a late failure of a job with
@@ -986,6 +998,3 @@ BEGIN
                                  AND x.incarnation > p_incarnations[g.n]) AS t(newer)
      ORDER BY g.n;
 END $$;
-
--- This file's version: the newest migration's (actors/migrations/).
-INSERT INTO schema_version (version) VALUES (2) ON CONFLICT (version) DO NOTHING;

@@ -1,7 +1,8 @@
 """The database schema's application, at every control plane's start: ``schema.sql`` whole to a
 new database, else the numbered migrations (``actors/migrations/NNNN_*.sql``) the database has not
 had yet, in order, each in a transaction of its own with its version recorded in
-``schema_version``; under an advisory lock, so replicas that start together apply it once
+``schema_version``, the newest with schema.sql's routines (functions, triggers, views) again;
+under an advisory lock, so replicas that start together apply it once
 (docs/design.md, "The database schema").
 
 Main names: :func:`apply_schema`, :func:`migrations`, :data:`SCHEMA_PATH`.
@@ -32,6 +33,8 @@ SCHEMA_CALL_TIMEOUT_S = 60.0
 is one statement, and a replica may wait here for another applying it."""
 
 _MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+_STATEMENT = re.compile(r"^\s*[^-\s]", re.MULTILINE)
+"""A line that is neither blank nor a comment."""
 
 
 @attrs.frozen
@@ -60,12 +63,29 @@ def migrations(folder: Path = MIGRATIONS_PATH) -> list[Migration]:
     return [found[version] for version in sorted(found)]
 
 
+ROUTINES_MARKER = "-- ================================================================ routines\n"
+"""The line of schema.sql after which come only its functions, triggers and views."""
+
+
+def routines(schema_sql: str) -> str:
+    """The functions, triggers and views of ``schema_sql`` (all CREATE OR REPLACE): applied again
+    with the newest migration, so a migration never copies a routine.
+
+    Raises:
+        ValueError: ``schema_sql`` has no :data:`ROUTINES_MARKER` line.
+    """
+    _, marker, after = schema_sql.partition(ROUTINES_MARKER)
+    if not marker:
+        raise ValueError(f"schema.sql has no line {ROUTINES_MARKER.strip()!r} before its routines")
+    return after
+
+
 async def apply_schema(database_url: str) -> None:
     """Bring the database to the newest schema: ``schema.sql`` to a new one (it records its own
     version), else each migration newer than the database's version (an earlier release's
-    database without versions counts as version 1), serialised across replicas by an advisory
-    lock. A database at the newest version, or at a newer one, is left alone; a read-only one is
-    refused all the same.
+    database without versions counts as version 1), the newest with :func:`routines`,
+    serialised across replicas by an advisory lock. A database at the newest version, or at a
+    newer one, is left alone; a read-only one is refused all the same.
 
     Raises:
         DatabaseUnavailable: the database cannot be reached, or is read-only (a standby).
@@ -85,11 +105,15 @@ async def apply_schema(database_url: str) -> None:
                 await conn.execute(SCHEMA_PATH.read_text())
                 return
             version = await conn.fetchval(queries.SCHEMA_VERSION) if state["versioned"] else 1
-            for migration in migrations():
-                if migration.version > version:
-                    async with conn.transaction():
-                        await conn.execute(migration.path.read_text())
-                        await conn.execute(queries.RECORD_SCHEMA_VERSION, migration.version)
+            due = [migration for migration in migrations() if migration.version > version]
+            for migration in due:
+                sql = migration.path.read_text()
+                if migration is due[-1]:
+                    sql += "\n" + routines(SCHEMA_PATH.read_text())
+                async with conn.transaction():
+                    if _STATEMENT.search(sql):  # one of comments only would fail asyncpg
+                        await conn.execute(sql)
+                    await conn.execute(queries.RECORD_SCHEMA_VERSION, migration.version)
             await conn.execute(queries.CHECK_WRITABLE)
         finally:
             # A connection dropped by the error (a read-only server, a lost link) holds no lock

@@ -319,9 +319,8 @@ RETURNING incarnation
 # other active assignment of that incarnation on the worker's word (as a not_started outcome
 # does, schema.sql record_outcomes): its agent runs none of them (it stopped whatever else of
 # that incarnation it found running, and waited until it was gone, before it asked) and refuses
-# them from the reply on. They end 'stopped' (end_reason 'released') and their jobs are pending
-# again at once, with no attempt spent, no loss counted and no backoff; a job whose cancel was
-# asked ends cancelled. Returns the ended ids.
+# them from the reply on. They end 'stopped' (end_reason 'released') and their jobs go to
+# schema.sql's requeue_unspent. Returns the ended ids.
 RELEASE_UNHELD_ASSIGNMENTS = """
 WITH released AS (
     UPDATE assignments a
@@ -330,20 +329,8 @@ WITH released AS (
      WHERE a.worker_id = $1 AND a.worker_incarnation = $2 AND a.state = 'active'
        AND NOT (a.id = ANY($3::bigint[]))
  RETURNING a.id, a.job_id
-),
-requeued AS (
-    UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
-           started_at = CASE WHEN j.cancel_requested THEN j.started_at ELSE NULL END,
-           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
-                              ELSE pg_current_xact_id()::text::bigint END,
-           reason = CASE WHEN j.cancel_requested THEN j.reason ELSE '' END
-      FROM released r
-     WHERE j.id = r.job_id AND j.state IN ('assigned', 'running')
 )
-SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM released
+SELECT coalesce(array_agg(id ORDER BY id), '{}'), requeue_unspent(array_agg(job_id)) FROM released
 """
 
 # $1 worker id, $2 a continued incarnation. The assignments its continuation released

@@ -302,8 +302,7 @@ SELECT id FROM ended
 
 # $1 epoch, $2 assignment ids. The end of a drain's deadline (actors/reconciler.py): only for
 # assignments whose worker acknowledged the stop (invariant 6). They end as stopped ('drained'), as
-# a clean leave's do, and their jobs are pending again at once: no loss counted, no backoff
-# (losses and not_before untouched), the reason kept; a job whose cancel was asked ends cancelled.
+# a clean leave's do, and their jobs go to schema.sql's requeue_unspent.
 END_DRAINED_ASSIGNMENTS = """
 WITH ended AS (
     UPDATE assignments
@@ -311,18 +310,8 @@ WITH ended AS (
      WHERE id = ANY($2::bigint[]) AND state = 'active'
  RETURNING id, job_id
 ),
-requeued AS (
-    UPDATE jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
-           finished_at = CASE WHEN j.cancel_requested THEN now() ELSE NULL END,
-           started_at = CASE WHEN j.cancel_requested THEN j.started_at ELSE NULL END,
-           pending_seq = CASE WHEN j.cancel_requested THEN j.pending_seq ELSE nextval('pending_seq') END,
-           pending_xid = CASE WHEN j.cancel_requested THEN j.pending_xid
-                              ELSE pg_current_xact_id()::text::bigint END
-      FROM ended e
-     WHERE j.id = e.job_id AND j.state IN ('assigned', 'running')
-)
-SELECT id FROM ended
+requeued AS (SELECT requeue_unspent(array_agg(job_id)) FROM ended)
+SELECT e.id FROM ended e, requeued
 """
 
 # $1 worker ids, $2 the health_version each was judged at, $3 whether to mark it unhealthy (true)

@@ -460,6 +460,43 @@ async def test_a_not_started_report_ends_the_assignment_and_places_the_job_again
     assert (await cluster.job(job_id))["state"] == "assigned"
 
 
+async def test_every_end_without_an_attempt_spent_leaves_its_job_alike(cluster: Cluster) -> None:
+    """A not_started report, a restarted agent's release and a drain's end leave a running job
+    the same way (schema.sql, requeue_unspent): pending with no start and no reason, or, when
+    its cancel was asked, cancelled with its run's start and its reason kept."""
+    incarnation = await cluster.register("w-1")
+    found: dict[tuple[str, bool], dict[str, object]] = {}
+    for how in ("not_started", "released", "drained"):
+        for cancel in (False, True):
+            job_id = await cluster.submit()
+            aid = await cluster.place(job_id, "w-1", incarnation)
+            assert aid is not None
+            await cluster.admin.execute(
+                "UPDATE jobs SET state = 'running', started_at = now(), reason = 'r',"
+                " cancel_requested = $2 WHERE id = $1",
+                job_id,
+                cancel,
+            )
+            if how == "not_started":
+                await cluster.heartbeat("w-1", incarnation, outcome(aid, job_id, "not_started", None, "x"))
+            elif how == "released":
+                await cluster.admin.fetchval(queries.RELEASE_UNHELD_ASSIGNMENTS, "w-1", incarnation, [])
+            else:
+                await cluster.admin.fetch(queries.END_DRAINED_ASSIGNMENTS, EPOCH, [aid])
+            row = await cluster.admin.fetchrow(
+                "SELECT state, started_at IS NOT NULL AS started, reason FROM jobs WHERE id = $1", job_id
+            )
+            assert row is not None
+            found[how, cancel] = dict(row)
+    assert found == {
+        (how, cancel): {"state": "cancelled", "started": True, "reason": "r"}
+        if cancel
+        else {"state": "pending", "started": False, "reason": ""}
+        for how in ("not_started", "released", "drained")
+        for cancel in (False, True)
+    }
+
+
 async def test_a_reported_run_is_dated_by_the_databases_clock(cluster: Cluster) -> None:
     """An outcome says how long its run lasted and how long before its report it ended, by the
     worker's monotonic clock: the job finished that long before the database recorded the report

@@ -1,0 +1,3 @@
+-- Version 3: one rule, requeue_unspent, for the jobs of assignments that ended with no attempt
+-- spent (not started, released, drained), where there were three that differed for a
+-- cancelled job's start and reason. Routines only: schema.sql's, applied with this migration.
