@@ -13,7 +13,7 @@ import pytest
 import trio
 from conftest import execute, quote_ident, with_database
 
-from actors.schema import SCHEMA_PATH, apply_schema, migrations
+from actors.schema import SCHEMA_PATH, apply_schema, migrations, routines
 from runtime.aio import PgConnection, asyncio_bridge
 from runtime.errors import DatabaseUnavailable
 from runtime.jobs import MAX_RETRY_BACKOFF_S
@@ -86,6 +86,20 @@ def test_schema_sql_records_the_newest_migrations_version() -> None:
     """schema.sql, which makes a new database at the newest version, says which one that is."""
     recorded = re.findall(r"INSERT INTO schema_version \(version\) VALUES \((\d+)\)", SCHEMA_PATH.read_text())
     assert recorded == [str(newest_version())]
+
+
+def test_schema_sqls_routines_are_only_functions_triggers_and_views_that_replace_themselves() -> None:
+    """What the newest migration applies again (schema.sql after its routines line) can be
+    applied to any database at that version: no table, index or row, only CREATE OR REPLACE."""
+    statements = re.findall(
+        r"^(?:CREATE|ALTER|DROP|INSERT|UPDATE|DELETE|GRANT|COMMENT)\b.*",
+        routines(SCHEMA_PATH.read_text()),
+        re.M,
+    )
+    assert statements
+    assert [s for s in statements if not re.match(r"CREATE OR REPLACE (FUNCTION|TRIGGER|VIEW) ", s)] == []
+    with pytest.raises(ValueError, match="routines"):
+        routines("CREATE TABLE t (id int);\n")
 
 
 async def test_a_new_database_gets_schema_sql_at_the_newest_version(databases: tuple[str, str]) -> None:
