@@ -25,7 +25,7 @@ from ops.cluster import LocalCluster
 from protocol import pb
 from runtime.aio import asyncio_bridge
 from runtime.client import ControlPlaneClient
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def _all_back_since(cluster: LocalCluster, since: float) -> bool:
     """Whether every worker logged a ``resume`` (or a registration) at or after ``since``."""
     for worker in cluster.config().workers:
         log = cluster.state.work_dir(worker.id) / "agent.jsonl"
-        records = read_log(log) if log.exists() else []
+        records = read_jsonl(log) if log.exists() else []
         if not any(r["event"] in ("resume", "register") and r["time"] >= since for r in records):
             return False
     return True
@@ -92,7 +92,7 @@ def _events(cluster: LocalCluster) -> list[str]:
     for worker in cluster.config().workers:
         log = cluster.state.work_dir(worker.id) / "agent.jsonl"
         if log.exists():
-            found += [r["event"] for r in read_log(log)]
+            found += [r["event"] for r in read_jsonl(log)]
     return found
 
 

@@ -28,7 +28,7 @@ from agent.resources import JobResources, Mode
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -237,7 +237,7 @@ def _assert_heartbeats_on_time(agent: Running, work_dir: Path, *, since: float) 
     times = [t for t, _ in agent.cp.beats if t >= since]
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert max(gaps) < FENCE_S / 2, f"longest gap between heartbeats {max(gaps):.2f} s"
-    assert not [r for r in read_log(work_dir / "agent.jsonl") if r["event"] in ("pause", "self_fence")]
+    assert not [r for r in read_jsonl(work_dir / "agent.jsonl") if r["event"] in ("pause", "self_fence")]
 
 
 async def test_jobs_spinning_on_every_core_leave_the_agents_heartbeats_on_time(

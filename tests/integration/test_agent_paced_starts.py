@@ -28,7 +28,7 @@ from agent.main import run_agent
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -136,7 +136,7 @@ async def test_200_command_jobs_in_one_assign_all_succeed_and_heartbeats_keep_go
         aid: ("succeeded", 0) for aid in range(1, JOBS + 1)
     }
     assert len(cp.registrations) == 1
-    records = read_log(work_dir / "agent.jsonl")
+    records = read_jsonl(work_dir / "agent.jsonl")
     assert [r for r in records if r["event"] in ("self_fence", "register")][1:] == []
     stops = [r for r in records if r["event"] == "stop"]
     assert len(stops) == JOBS and all(r["reason"] == "succeeded" and r["started"] for r in stops)
@@ -201,10 +201,10 @@ async def test_a_job_whose_reaper_finds_the_fence_deadline_passed_is_logged_as_n
         reply = await assign(agent.address, 1, command(1, ["touch", str(marker)]))
         assert list(reply.accepted_ids) == [1]
         with trio.fail_after(10):
-            while not [r for r in read_log(agent.joblog.path) if r["event"] == "stop"]:  # noqa: ASYNC110 (a file)
+            while not [r for r in read_jsonl(agent.joblog.path) if r["event"] == "stop"]:  # noqa: ASYNC110 (a file)
                 await trio.sleep(0.02)
         (agent.fence_deadline_path.parent / "fence_deadline.tmp").rmdir()
-    events = {r["event"]: r for r in read_log(agent.joblog.path)}
+    events = {r["event"]: r for r in read_jsonl(agent.joblog.path)}
     stop = events["stop"]
     assert (stop["assignment_id"], stop["reason"], stop["started"]) == (1, "self_fence", False)
     assert "exit_code" not in stop

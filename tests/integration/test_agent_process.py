@@ -15,7 +15,7 @@ from jobfiles import job_writable
 
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -143,7 +143,7 @@ async def test_signal_stops_jobs_then_exits_zero(tmp_path: Path, signum: signal.
                 await agent.wait()
             nursery.cancel_scope.cancel()
             stderr_file.close()
-    records = read_log(tmp_path / "agent.jsonl")
+    records = read_jsonl(tmp_path / "agent.jsonl")
     stops = [(r["assignment_id"], r["reason"], r.get("exit_code")) for r in records if r["event"] == "stop"]
     assert stops == [(1, "shutdown", -15)]
     # Then it left, once its job's process was gone, naming the life and the run that registered.

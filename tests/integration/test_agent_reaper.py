@@ -33,7 +33,7 @@ from jobfiles import job_writable
 from agent.deadman import read_fence_deadline
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reapers need Linux")
 
@@ -90,7 +90,7 @@ class AgentProcess:
 
     def stops(self) -> list[dict[str, Any]]:
         log = self.work_dir / "agent.jsonl"
-        return [r for r in read_log(log) if r["event"] == "stop"] if log.exists() else []
+        return [r for r in read_jsonl(log) if r["event"] == "stop"] if log.exists() else []
 
     def leftovers(self) -> list[psutil.Process]:
         """Live (not zombie) processes of this test other than the agent itself: those marked
@@ -269,7 +269,7 @@ async def test_frozen_agent_sleep_job_stops_at_the_fence_deadline(tmp_path: Path
         assert stop["time"] == pytest.approx(deadline, abs=0.01)
         reported = [o for hb in agent.cp.heartbeats[heartbeats_before:] for o in hb.finished]
         assert reported == []
-        records = read_log(agent.work_dir / "agent.jsonl")
+        records = read_jsonl(agent.work_dir / "agent.jsonl")
         assert [r["event"] for r in records] == ["register", "start", "self_fence", "stop", "register"]
 
 
@@ -296,8 +296,9 @@ async def test_a_command_job_that_ended_before_the_fence_deadline_keeps_its_succ
         ]
         assert [(o.assignment_id, o.state, o.exit_code) for o in reported] == [(1, "succeeded", 0)]
         log = agent.work_dir / "agent.jsonl"
-        await wait_for(lambda: [r["event"] for r in read_log(log)].count("register") == 2)
-        assert [r["event"] for r in read_log(log)] == ["register", "start", "self_fence", "stop", "register"]
+        await wait_for(lambda: [r["event"] for r in read_jsonl(log)].count("register") == 2)
+        events = [r["event"] for r in read_jsonl(log)]
+        assert events == ["register", "start", "self_fence", "stop", "register"]
 
 
 # ---------------------------------------------------------------- pause through an outage
@@ -340,7 +341,7 @@ async def test_a_frozen_agents_command_job_is_paused_at_the_deadline_and_resumed
         agent.process.send_signal(signal.SIGCONT)
         await wait_for(lambda: stamps(out)[-1] > last + 0.2)
         assert agent.stops() == []
-        events = [r["event"] for r in read_log(agent.work_dir / "agent.jsonl")]
+        events = [r["event"] for r in read_jsonl(agent.work_dir / "agent.jsonl")]
         assert events == ["register", "start", "pause", "resume"]
         assert len(agent.cp.registrations) == 1
 
@@ -362,7 +363,7 @@ async def test_a_paused_job_whose_assignment_ended_meanwhile_is_killed_never_res
         assert agent.leftovers() == []
         (stop,) = agent.stops()
         assert deadline - 0.05 <= stop["time"] <= deadline + 0.3
-        events = [r["event"] for r in read_log(agent.work_dir / "agent.jsonl")]
+        events = [r["event"] for r in read_jsonl(agent.work_dir / "agent.jsonl")]
         assert events == ["register", "start", "pause", "stop", "resume"]
 
 

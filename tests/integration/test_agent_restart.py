@@ -40,7 +40,7 @@ from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.jobs import CommandRuntime
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "pidfd_open"), reason="restarts keep jobs on Linux 5.3+"
@@ -153,7 +153,7 @@ class Host:
 
     def records(self) -> list[dict[str, Any]]:
         log = self.work_dir / "agent.jsonl"
-        return read_log(log) if log.exists() else []
+        return read_jsonl(log) if log.exists() else []
 
     def stops(self) -> list[dict[str, Any]]:
         return [r for r in self.records() if r["event"] == "stop"]
@@ -610,9 +610,9 @@ async def test_a_fleet_restarted_with_sighup_keeps_every_workers_jobs(tmp_path: 
             assert cp.incarnations == before
             for i in (1, 2):
                 log = tmp_path / f"w-{i}" / "agent.jsonl"
-                await wait_for(lambda log=log: any(r["event"] == "stop" for r in read_log(log)))
-                assert [r["reason"] for r in read_log(log) if r["event"] == "stop"] == ["succeeded"]
-                assert not any(r["event"] == "pause" for r in read_log(log))
+                await wait_for(lambda log=log: any(r["event"] == "stop" for r in read_jsonl(log)))
+                assert [r["reason"] for r in read_jsonl(log) if r["event"] == "stop"] == ["succeeded"]
+                assert not any(r["event"] == "pause" for r in read_jsonl(log))
         finally:
             if fleet.poll() is None:
                 fleet.send_signal(signal.SIGTERM)

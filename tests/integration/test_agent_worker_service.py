@@ -17,7 +17,7 @@ from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
 from runtime.errors import InvalidArgument
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 RPC_TIMEOUT_S = 5.0
 
@@ -91,7 +91,7 @@ class Harness:
         return reply
 
     def log(self) -> list[dict[str, Any]]:
-        return read_log(self.work_dir / "agent.jsonl")
+        return read_jsonl(self.work_dir / "agent.jsonl")
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import pb
 from runtime.aio import GrpcChannel, asyncio_bridge, serve_grpc, trio_service
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="command jobs need Linux")
 
@@ -193,7 +193,7 @@ async def test_sigterm_stops_every_workers_jobs_then_exits_zero(tmp_path: Path) 
                     await fleet.wait()
                 nursery.cancel_scope.cancel()
     for aid, worker_id in enumerate(["w-1", "w-2"], start=1):
-        records = read_log(tmp_path / worker_id / "agent.jsonl")
+        records = read_jsonl(tmp_path / worker_id / "agent.jsonl")
         assert {r["worker_id"] for r in records} == {worker_id}
         stops = [(r["assignment_id"], r["reason"]) for r in records if r["event"] == "stop"]
         assert stops == [(aid, "shutdown")]

@@ -43,7 +43,7 @@ from runtime.idempotency_keys import with_idempotency_key
 from runtime.metrics import AUTH_REFUSALS
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 from runtime.tls import (
     ANY_CONTROL_PLANE,
     WORKER,
@@ -507,7 +507,7 @@ async def assign(address: str, tls: TlsTarget) -> pb.AssignReply:
 
 def started_jobs(agent: Agent) -> list[dict[str, Any]]:
     path = agent.work_dir / "agent.jsonl"
-    return [r for r in read_log(path) if r["event"] == "start"] if path.exists() else []
+    return [r for r in read_jsonl(path) if r["event"] == "start"] if path.exists() else []
 
 
 @pytest.mark.parametrize("caller", ["w-2", "operator"])

@@ -21,7 +21,7 @@ from runtime.client import ControlPlaneClient
 from runtime.errors import DatabaseUnavailable
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 TIMEOUT_S = 30.0
 
@@ -101,7 +101,7 @@ async def test_a_registration_whose_answer_is_lost_or_late_makes_one_incarnation
             nursery.cancel_scope.cancel()
     assert row is not None and (row["incarnation"], row["state"]) == (agent.incarnation, "alive")
     assert numbers == agent.incarnation == 1
-    registers = [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "register"]
+    registers = [r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "register"]
     assert len(registers) == 1
 
 

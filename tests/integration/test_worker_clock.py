@@ -31,7 +31,7 @@ from runtime.aio import GrpcChannel, PgConnection
 from runtime.client import ControlPlaneClient
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import IngestSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 EPOCH = 1
 TIMEOUT_S = 20.0
@@ -198,6 +198,6 @@ async def test_a_job_on_a_worker_whose_clock_is_off_and_stepped_reads_in_databas
     assert kinds == ["submitted", "placed", "confirmed", "ended", "final"]
     at = [e.at_unix_s for e in history.events]
     assert at == sorted(at)
-    (run,) = runs_from_records(read_log(c.work_dir / "agent.jsonl"))
+    (run,) = runs_from_records(read_jsonl(c.work_dir / "agent.jsonl"))
     assert (run.job_id, run.assignment_id, run.stop_reason) == (job_id, aid, "succeeded")
     assert t["created"] <= run.started_at <= run.ended_at <= t["ended"]

@@ -42,7 +42,7 @@ from agent.messages import (
 from runtime.errors import NoControlPlaneReachable, PermissionDenied
 from runtime.jobs import JobSpec, SleepRuntime
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 HEARTBEAT_S = 0.5
 TIMEOUT_S = 1.0
@@ -194,7 +194,7 @@ def assign(agent: Agent, *jobs: JobOrder, epoch: int = 1) -> dict[int, str]:
 
 def stops(tmp_path: Path) -> dict[int, str]:
     return {
-        r["assignment_id"]: r["reason"] for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "stop"
+        r["assignment_id"]: r["reason"] for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "stop"
     }
 
 
@@ -383,7 +383,7 @@ async def test_self_fence_stops_jobs_after_self_fence_after_s_and_not_before(
         assert agent.running_assignment_ids == ()
         assert assign(agent, sleep_job(3)) == {3: "fenced"}
     assert stops(tmp_path) == {1: "self_fence", 2: "self_fence"}
-    events = [r["event"] for r in read_log(tmp_path / "agent.jsonl")]
+    events = [r["event"] for r in read_jsonl(tmp_path / "agent.jsonl")]
     assert events == ["register", "start", "start", "self_fence", "stop", "stop", "leave"]
 
 
@@ -457,7 +457,7 @@ async def test_fenced_agent_registers_again_when_a_heartbeat_gets_through(
         # ... and it stays up: the new registration reset the fence deadline.
         await trio.sleep(FENCE_S * 2)
         assert not agent.self_fenced and agent.running_assignment_ids == (2,)
-    registers = [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "register"]
+    registers = [r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "register"]
     assert [r["incarnation"] for r in registers] == [1, 2]
     assert stops(tmp_path) == {1: "self_fence", 2: "shutdown"}
 
@@ -626,7 +626,7 @@ async def test_start_and_stop_lines_carry_the_assign_epoch(tmp_path: Path, autoj
         await agent.wait_registered()
         assign(agent, sleep_job(1, duration_s=0.1), epoch=2)
         await trio.sleep(0.2)
-    records = read_log(tmp_path / "agent.jsonl")
+    records = read_jsonl(tmp_path / "agent.jsonl")
     start, stop = (r for r in records if r["event"] in ("start", "stop"))
     for record in (start, stop):
         assert set(record) >= {
@@ -671,7 +671,7 @@ async def test_job_whose_start_line_cannot_be_written_is_not_started(
         assert (outcome.assignment_id, outcome.state.value, outcome.exit_code) == (1, "failed", None)
         assert "cannot write the start line" in outcome.detail and "No space left" in outcome.detail
         assert assign(agent, sleep_job(2)) == {2: "accepted"}  # the capacity is free again
-    assert [r["event"] for r in read_log(tmp_path / "agent.jsonl") if r["assignment_id"] == 1] == []
+    assert [r["event"] for r in read_jsonl(tmp_path / "agent.jsonl") if r["assignment_id"] == 1] == []
 
 
 DRIFT_S = 0.01
@@ -692,7 +692,7 @@ def clocks_follow_mock_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _records(tmp_path: Path, event: str) -> list[dict[str, Any]]:
-    return [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == event]
+    return [r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == event]
 
 
 @pytest.mark.parametrize("attempt", range(8))  # trio runs the tasks woken together in random order

@@ -25,7 +25,7 @@ from agent.messages import JobState, Leave, LeaveAnswer
 from runtime.errors import Busy
 from runtime.jobs import JobRuntime, SleepRuntime
 from runtime.os_users import RunAs
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 STOP_S = 0.4
 LEAVE_TIMEOUT_S = 0.8
@@ -93,7 +93,7 @@ class LeaveProbe(ScriptedControlPlane):
     async def leave(self, request: Leave, *, deadline_s: float) -> LeaveAnswer:
         assert self.agent is not None
         self.running_at_leave.append(self.agent.running_assignment_ids)
-        log = read_log(self.agent.work_dir / "agent.jsonl")
+        log = read_jsonl(self.agent.work_dir / "agent.jsonl")
         self.stops_logged_at_leave.append(sum(1 for r in log if r["event"] == "stop"))
         answer = await super().leave(request, deadline_s=deadline_s)
         return self.answer or answer
@@ -123,7 +123,7 @@ async def run_then_stop(
 
 
 def log_events(tmp_path: Path) -> list[dict[str, Any]]:
-    return read_log(tmp_path / "agent.jsonl")
+    return read_jsonl(tmp_path / "agent.jsonl")
 
 
 async def test_a_clean_stop_leaves_only_after_every_job_has_ended(

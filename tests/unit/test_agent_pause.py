@@ -33,7 +33,7 @@ from agent.job_results import JobResult
 from agent.messages import JobState
 from agent.sleep_jobs import sleep_end
 from runtime.jobs import JobRuntime
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 GRACE_S = 20.0
 
@@ -41,11 +41,11 @@ __all__ = ["clocks_follow_mock_time"]  # a fixture, used by name
 
 
 def events(tmp_path: Path) -> list[str]:
-    return [r["event"] for r in read_log(tmp_path / "agent.jsonl")]
+    return [r["event"] for r in read_jsonl(tmp_path / "agent.jsonl")]
 
 
 def stop_lines(tmp_path: Path) -> dict[int, dict[str, Any]]:
-    return {r["assignment_id"]: r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "stop"}
+    return {r["assignment_id"]: r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "stop"}
 
 
 async def test_an_outage_shorter_than_the_grace_pauses_and_resumes_every_job(
@@ -92,9 +92,9 @@ async def test_paused_time_does_not_count_against_a_sleep_jobs_duration(
         await trio.sleep(15.0)
     (line,) = stop_lines(tmp_path).values()
     assert line["reason"] == "succeeded"
-    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
-    resume_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "resume")
-    start_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "start")
+    pause_line = next(r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    resume_line = next(r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "resume")
+    start_line = next(r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "start")
     paused_s = resume_line["time"] - pause_line["time"]
     assert 4.0 < paused_s < 9.0
     assert line["time"] - start_line["time"] == pytest.approx(10.0 + paused_s, abs=0.05)
@@ -119,7 +119,7 @@ async def test_a_paused_job_whose_assignment_ended_is_stopped_and_the_rest_resum
         assert agent.running_assignment_ids == (2,)
     lines = stop_lines(tmp_path)
     assert lines[1]["reason"] == "stopped_by_control_plane"
-    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    pause_line = next(r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "pause")
     assert lines[1]["time"] == pytest.approx(pause_line["time"], abs=0.01)
     assert events(tmp_path).index("stop") < events(tmp_path).index("resume")
 
@@ -144,7 +144,7 @@ async def test_paused_jobs_are_killed_at_the_grace_and_the_worker_registers_agai
         assert agent.incarnation == 2
     assert stops(tmp_path) == {1: "self_fence"}
     assert events(tmp_path)[:5] == ["register", "start", "pause", "self_fence", "stop"]
-    pause_line = next(r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == "pause")
+    pause_line = next(r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == "pause")
     assert stop_lines(tmp_path)[1]["time"] == pytest.approx(pause_line["time"], abs=0.01)
 
 

@@ -30,7 +30,7 @@ from runtime.errors import InvalidArgument
 from runtime.jobs import CommandRuntime, JobRuntime, JobSpec, SleepRuntime
 from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 
 @pytest.fixture
@@ -280,7 +280,7 @@ def assign(agent: Agent, *jobs: JobOrder) -> dict[int, str]:
 
 
 def lines(tmp_path: Path, event: str) -> list[dict[str, Any]]:
-    return [r for r in read_log(tmp_path / "agent.jsonl") if r["event"] == event]
+    return [r for r in read_jsonl(tmp_path / "agent.jsonl") if r["event"] == event]
 
 
 async def test_a_batch_of_80_command_jobs_starts_two_at_a_time_and_heartbeats_keep_time(
@@ -370,7 +370,7 @@ async def test_a_fence_stops_the_jobs_waiting_for_a_start_slot_before_they_start
         await trio.sleep_until(t0 + 4.5)  # job 2's start (2 s from t0 + 2) is over, it stops
         assert agent.running_assignment_ids == ()
     assert [aid for _, aid in runner.spawned] == [1, 2]
-    events = [(r["event"], r["assignment_id"]) for r in read_log(tmp_path / "agent.jsonl")]
+    events = [(r["event"], r["assignment_id"]) for r in read_jsonl(tmp_path / "agent.jsonl")]
     assert events == [
         ("register", None),
         ("start", 1),

@@ -32,7 +32,6 @@ from runtime.text import (
     read_lines,
     tail_lines,
 )
-from runtime.text import read_jsonl as read_log
 
 HUGE_LINE_BYTES = 200 * 1024 * 1024
 """The issue's job output: one line of 200 MB."""
@@ -214,7 +213,7 @@ def test_record_files_skip_a_line_longer_than_any_record_without_holding_it(tmp_
         before=b'{"event": "start", "job_id": 1}\n',
         after=b'{"event": "stop", "job_id": 1}\n',
     )
-    records, peak = peak_bytes(lambda: read_log(path))
+    records, peak = peak_bytes(lambda: read_jsonl(path))
     assert records == [{"event": "start", "job_id": 1}, {"event": "stop", "job_id": 1}]
     assert peak < PEAK_LIMIT_BYTES
     records, peak = peak_bytes(lambda: read_jsonl(path))

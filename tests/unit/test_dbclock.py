@@ -18,7 +18,7 @@ from test_agent_heartbeat import WALL_AT_ZERO, ScriptedControlPlane, assign, run
 from agent.control_plane import outcome_to_pb
 from agent.dbclock import MAX_DRIFT, DatabaseClock, Reading
 from agent.joblog import JobLog, LogEvent
-from runtime.text import read_jsonl as read_log
+from runtime.text import read_jsonl
 
 
 @pytest.fixture
@@ -93,11 +93,11 @@ async def test_lines_wait_for_the_clock_and_a_stop_is_never_dated_before_its_sta
     written: list[float] = []
     at = trio.current_time()
     assert log.write(LogEvent.STOP, incarnation=1, epoch=1, job_id=1, assignment_id=1, at=at) is None
-    assert read_log(tmp_path / "agent.jsonl") == []
+    assert read_jsonl(tmp_path / "agent.jsonl") == []
     log.write(LogEvent.REGISTER, incarnation=2, epoch=1, on_written=written.append)
     log.clock.observe(1000.0, sent_at=at, received_at=at + 0.5)
     log.flush()
-    lines = read_log(tmp_path / "agent.jsonl")
+    lines = read_jsonl(tmp_path / "agent.jsonl")
     assert [line["event"] for line in lines] == ["stop", "register"]
     assert lines[0]["time"] == pytest.approx(999.5)  # the earliest, half a second before the reading
     assert written == [lines[1]["time"]] and "clock" not in lines[0]
@@ -113,7 +113,7 @@ async def test_lines_wait_for_the_clock_and_a_stop_is_never_dated_before_its_sta
     worker_log.clock.observe(None, sent_at=at, received_at=at)
     worker_log.write(LogEvent.REGISTER, incarnation=1, epoch=1)
     worker_log.close()
-    assert read_log(tmp_path / "worker.jsonl")[0]["clock"] == "worker"
+    assert read_jsonl(tmp_path / "worker.jsonl")[0]["clock"] == "worker"
 
 
 @pytest.mark.parametrize("step_s", [600.0, -600.0])
@@ -139,6 +139,6 @@ async def test_an_agent_whose_wall_clock_is_stepped_reports_and_logs_by_the_data
     assert outcome.ended_at == pytest.approx(began + 2.0)
     message = outcome_to_pb(outcome, now=sent_at)
     assert (message.run_ms, message.ended_ago_ms) == (2000, round((sent_at - began - 2.0) * 1000))
-    lines = {line["event"]: line for line in read_log(tmp_path / "agent.jsonl")}
+    lines = {line["event"]: line for line in read_jsonl(tmp_path / "agent.jsonl")}
     assert lines["start"]["time"] == pytest.approx(WALL_AT_ZERO + began, abs=0.01)
     assert lines["stop"]["time"] == pytest.approx(WALL_AT_ZERO + began + 2.0, abs=0.01)
