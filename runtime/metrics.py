@@ -15,34 +15,12 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+# fmt: off
 ROUND_BUCKETS_S = (
-    0.0005,
-    0.001,
-    0.0015,
-    0.002,
-    0.003,
-    0.004,
-    0.005,
-    0.006,
-    0.008,
-    0.01,
-    0.0125,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    1.0,
-    2.0,
-    5.0,
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02,
+    0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
 )
+# fmt: on
 
 PLACER_ROUND_SECONDS = Histogram(
     "stockade_placer_round_seconds",
