@@ -26,18 +26,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from runtime.errors import PermanentError
 from runtime.tls import OPERATOR, VIEWER, Identity, TlsFiles, parse_identity_uri
 
-__all__ = [
-    "CLOCK_SKEW_S",
-    "CONSOLE_ROLES",
-    "MAX_LIFETIME_S",
-    "MAX_TOKEN_BYTES",
-    "TokenClaims",
-    "TokenRefused",
-    "audience_of",
-    "make_token",
-    "verify_token",
-]
-
 CONSOLE_ROLES = (OPERATOR, VIEWER)
 """The roles whose certificates may sign a console token: the console only reads."""
 MAX_LIFETIME_S = 12 * 3600.0

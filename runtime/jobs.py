@@ -1,22 +1,11 @@
 """A job's spec, the one shape every layer speaks: what to run and what it reserves.
 
-:class:`JobSpec` holds a job's name, its resource requests (``cpu_millis``: millicores, 1000 =
-one core; ``memory_mb``: MiB), its priority and its runtime, one of :data:`JobRuntime`:
-
-- :class:`SleepRuntime`: hold the resources for ``duration_ms`` milliseconds, do no work
-  (benchmarks, chaos);
-- :class:`CommandRuntime`: run ``argv`` as a child process (``agent/runtimes.py``);
-- :class:`ContainerRuntime`: run ``argv`` in a Docker container of ``image``, on a worker whose
-  engine answered when its agent started (``agent/container.py``).
-
-Each runtime knows its own rules (:meth:`SleepRuntime.check`), how it reads to a person
-(:meth:`SleepRuntime.describe`) and its name (``kind``, also the database's ``jobs.runtime``).
-Where a spec comes from or goes to lives elsewhere, one module each: the wire
-(:mod:`runtime.wire_jobs`), the database (``actors/queries.py``), a process (``agent/runtimes.py``).
-
-The limits are the control plane's (:meth:`JobSpec.check`); ``actors.validation`` lists them
-with every other limit for the README. Sizes are counted in bytes of UTF-8
-(:mod:`runtime.checks`).
+:class:`JobSpec` holds a job's name, resources, priority and runtime, one of
+:data:`JobRuntime` (:class:`SleepRuntime`, :class:`CommandRuntime`, :class:`ContainerRuntime`),
+each with its rules (``check``), its line for people (``describe``) and its name (``kind``,
+the database's ``jobs.runtime``). Its other forms: :mod:`runtime.wire_jobs`,
+``actors/queries/jobs.py``, ``agent/runtimes.py``. The limits are the control plane's
+(:meth:`JobSpec.check`, listed in ``actors.validation``); sizes are bytes of UTF-8.
 """
 
 from __future__ import annotations
@@ -49,7 +38,7 @@ MIN_CONTAINER_CPU_MILLIS = 10
 under 1 ms of the 100 ms period: "failed to write 100 to cpu.cfs_quota_us")."""
 MIN_CONTAINER_MEMORY_MB = 6
 """Least memory of a container job: the engine refuses a limit under 6 MiB."""
-RUNTIME_RULE = "must be exactly one of sleep, command or container"
+RUNTIME_RULE = "must be exactly one of sleep, command or container"  # (field ``runtime``)
 MAX_ATTEMPTS = 100
 """Most runs of one job (``max_attempts``)."""
 DEFAULT_RETRY_BACKOFF_S = 1.0
@@ -85,7 +74,18 @@ MAX_ARRAY_INDEX = 1_000_000
 """Largest task index of an array."""
 MAX_ID = 2**63 - 1
 """Largest job id (a bigint)."""
-"""The rule a spec without a runtime (or, on the wire, with two) breaks (field ``runtime``)."""
+
+
+def _argv(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
+    return tuple(value)
+
+
+def _ids(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -105,10 +105,6 @@ class SleepRuntime:
     def describe(self) -> str:
         """One line for people: ``sleep 2.5 s``."""
         return f"sleep {self.duration_ms / 1000:g} s"
-
-
-def _argv(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -169,10 +165,8 @@ IMAGE_RULE = (
 
 def check_image(field: str, image: str) -> str:
     """``image``, once it is found to be a Docker image reference (``repository[:tag][@digest]``,
-    the grammar of Docker's ``reference`` package) of at most :data:`MAX_IMAGE_BYTES` bytes.
-
-    Nothing else gets through to a worker's engine: no whitespace, NUL or shell metacharacters,
-    no path (``/etc/passwd``, ``./x``, ``a/../b``), no uppercase path component.
+    the grammar of Docker's ``reference`` package) of at most :data:`MAX_IMAGE_BYTES` bytes: no
+    whitespace, NUL, shell metacharacter, path (``./x``, ``a/../b``) or uppercase path component.
 
     Raises:
         InvalidArgument: naming ``field``, the rule broken and the value.
@@ -294,20 +288,11 @@ def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[st
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
-def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
-    return tuple(value)
-
-
-def _ids(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(value)
-
-
 def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
     more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, is not of
     :data:`ENV_NAME_PATTERN` or starts with :data:`RESERVED_ENV_PREFIX`, a name given twice, a
-    value holding a NUL, or more than :data:`MAX_ENV_BYTES` bytes in all. The control plane
-    applies it to every submission (:meth:`JobSpec.check`), the client before sending."""
+    value holding a NUL, or more than :data:`MAX_ENV_BYTES` bytes in all."""
     pairs = list(env)
     if len(pairs) > MAX_ENV_VARS:
         raise InvalidArgument(field, len(pairs), f"must have at most {MAX_ENV_VARS} names")
@@ -406,8 +391,6 @@ class JobSpec:
         self.runtime.check()
         self._check_lifecycle()
         if isinstance(self.runtime, ContainerRuntime):
-            # Docker's own floors: a CPU quota under 10 ms per 100 ms period (runc writes
-            # cpu.cfs_quota_us >= 1000) and a memory limit under 6 MiB are refused by the engine.
             for field, value, low in (
                 ("cpu_millis", self.cpu_millis, MIN_CONTAINER_CPU_MILLIS),
                 ("memory_mb", self.memory_mb, MIN_CONTAINER_MEMORY_MB),

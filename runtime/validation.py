@@ -23,26 +23,6 @@ from runtime.errors import InvalidArgument
 if TYPE_CHECKING:
     from runtime.jobs import JobSpec
 
-__all__ = [
-    "BATCH_ARRAY_RULE",
-    "JOB_STATES",
-    "MAX_BATCH_JOBS",
-    "MAX_DRAIN_DEADLINE_MS",
-    "MAX_DRAIN_DEADLINE_S",
-    "MAX_ID",
-    "MAX_IDEMPOTENCY_KEY_BYTES",
-    "MAX_LIST_LIMIT",
-    "MAX_TAIL_LINES",
-    "check_drain_deadline_ms",
-    "check_drain_deadline_s",
-    "check_idempotency_key",
-    "check_job_id",
-    "check_jobs",
-    "check_jobs_steps",
-    "check_list",
-    "check_tail_lines",
-    "check_worker_id",
-]
 
 T = TypeVar("T")
 
