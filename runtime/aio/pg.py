@@ -1,14 +1,10 @@
 """PostgreSQL from trio: one owner's asyncpg connection behind the bridge (:class:`PgConnection`).
 
-Errors are translated here: a broken connection, or a call unanswered for ``call_timeout_s``,
-becomes :class:`runtime.errors.DatabaseUnavailable`, a statement the server gave up on
-:class:`runtime.errors.DatabaseBusy`, a broken unique index :class:`runtime.errors.DuplicateKey`.
-A trio cancel that lands inside an asyncpg call terminates the connection; close and rollback
-are shielded, with a deadline of their own. Every TCP connection gets keepalives
-(:func:`set_keepalives`); a multi-host URL connects to a writable server
-(:func:`connect_options`). The owners that open connections again are in
-:mod:`runtime.aio.pg_reconnect`. Why each wait is bounded as it is: docs/design.md, "Database
-connections from trio: every wait bounded". asyncpg is imported when first needed.
+Errors are translated here (see :class:`PgConnection`); a trio cancel inside an asyncpg call
+terminates the connection; close and rollback are shielded, with a deadline of their own. The
+owners that connect again: :mod:`runtime.aio.pg_reconnect`. Why each wait is bounded as it is:
+docs/design.md, "Database connections from trio: every wait bounded". asyncpg is imported when
+first needed.
 """
 
 from __future__ import annotations
@@ -132,8 +128,7 @@ def connect_options(url: str) -> dict[str, Any]:
 
 def set_keepalives(raw: Any) -> None:
     """Turn on TCP keepalives (and ``TCP_USER_TIMEOUT`` on Linux) on the socket of the asyncpg
-    connection ``raw``; a Unix-socket connection is left as it is. See the module docstring
-    for the values and why."""
+    connection ``raw`` (values: ``KEEPALIVE_*``); a Unix-socket connection is left as it is."""
     transport = getattr(raw, "_transport", None)
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -223,17 +218,10 @@ class PgConnection:
         call_timeout_s: float | None = None,
         on_outcome: Outcome | None = None,
     ) -> PgConnection:
-        """Connect to ``url``; ``server_settings`` are PostgreSQL session settings. The
-        connection gets TCP keepalives (:func:`set_keepalives`) and, for a multi-host URL, goes
-        to a writable server (:func:`connect_options`).
-
-        Args:
-            url: the database URL.
-            server_settings: PostgreSQL session settings.
-            connect_timeout_s: longest the connect may take, in seconds.
-            call_timeout_s: longest each later call may go unanswered, in seconds (None: no
-                bound).
-            on_outcome: told how each later call ended.
+        """Connect to ``url`` within ``connect_timeout_s`` seconds; ``server_settings`` are
+        PostgreSQL session settings, the other arguments the class's. The connection gets TCP
+        keepalives (:func:`set_keepalives`) and, for a multi-host URL, a writable server
+        (:func:`connect_options`).
 
         Raises:
             DatabaseUnavailable: the server could not be reached in ``connect_timeout_s``.
@@ -306,8 +294,7 @@ class PgConnection:
                 raise
             self._answered()
             return result
-        # The call was cancelled at the deadline: its protocol state is unknown, so the
-        # connection goes.
+        # Cancelled at the deadline: the protocol state is unknown, so the connection goes.
         unanswered = DatabaseUnavailable(
             f"the database did not answer within call_timeout_s = {limit_s:g} s; connection dropped"
         )
@@ -338,9 +325,6 @@ class PgConnection:
     async def transaction(self) -> AsyncIterator[PgConnection]:
         """``BEGIN`` ... ``COMMIT`` around the body; ``ROLLBACK`` (shielded) when it raises.
 
-        A body that may meet a statement invalidated by a schema change should be a function
-        run by :meth:`run_in_transaction` instead, which runs it again whole.
-
         Raises:
             DatabaseUnavailable: the connection broke, including at COMMIT. A COMMIT whose
                 answer was lost is ambiguous: the caller must not assume it failed.
@@ -356,11 +340,9 @@ class PgConnection:
 
     async def run_in_transaction(self, body: Callable[[PgConnection], Awaitable[T]], *, what: str) -> T:
         """``body(self)`` in one transaction (:meth:`transaction`); when a schema change
-        invalidated a statement cached on this connection (:func:`stale_statement_errors`),
-        the transaction is rolled back, the connection's statement and type caches are
-        cleared, and ``body`` runs once more from its start in a new transaction. A statement
-        is never retried on its own: the first run's earlier statements were rolled back with
-        it, and ``body`` may have decided on what they returned.
+        invalidated a statement cached on this connection (:func:`stale_statement_errors`), the
+        caches are cleared and ``body`` runs once more, whole, in a new transaction (never one
+        statement alone: ``body`` may have decided on what the earlier ones returned).
 
         Args:
             body: the transaction's statements; may run twice, so it must not act outside
