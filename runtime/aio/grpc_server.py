@@ -38,6 +38,7 @@ from protocol import wire
 from protocol.wire import Encoded
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio, run_trio
 from runtime.aio.grpc_access import NOBODY, RPC_CALLER, Access, Caller, caller_of, check_access
+from runtime.aio.grpc_client import snake_case
 from runtime.errors import (
     Busy,
     DatabaseUnavailable,
@@ -345,7 +346,7 @@ def trio_service(
         handlers = base.__mapping__(self)  # type: ignore[attr-defined]
         mapped = {}
         for path, handler in handlers.items():
-            name = _snake_case(path.rpartition("/")[2])
+            name = snake_case(path.rpartition("/")[2])
             func = _stream_handler(streams[name]) if name in streams else handler.func
             handler = handler._replace(func=_guarded(func, name, access, max_request_bytes))
             if name in undecoded:
@@ -355,11 +356,6 @@ def trio_service(
 
     methods["__mapping__"] = mapping
     return type(f"Trio{base.__name__}", (base,), methods)()
-
-
-def _snake_case(rpc: str) -> str:
-    """``"SubmitJobs"`` -> ``"submit_jobs"`` (the generated methods' names)."""
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
 
 
 MAX_CONCURRENT_STREAMS = 1000
