@@ -21,6 +21,7 @@ import attrs
 from runtime.checks import check_int_between, check_text, utf8_bytes
 from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
+from runtime.validation import MAX_ID
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
@@ -72,8 +73,6 @@ MAX_ARRAY_TASKS = 10_000
 """Most tasks of one array (as many as one batch submission)."""
 MAX_ARRAY_INDEX = 1_000_000
 """Largest task index of an array."""
-MAX_ID = 2**63 - 1
-"""Largest job id (a bigint)."""
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
