@@ -46,7 +46,7 @@ asking a second replica changes nothing in the cluster."""
 
 @attrs.define
 class _Walk:
-    """What one walk of the replicas got: an answer, or how each replica failed."""
+    """What one walk of the replicas got: an answer, or how each failed."""
 
     reply: Any = None
     answered: bool = False
@@ -71,13 +71,11 @@ class ControlPlaneClient:
         tls: this client's mutual-TLS files (every call then presents its certificate and
             accepts only servers with a ``control-plane`` certificate from the same CA);
             None: plaintext, for a cluster run with ``--insecure``.
-        home_key: spreads clients over the replicas (the agent passes its worker id): the
-            client's home replica is :func:`home_index` of it, and calls go there first. None:
-            the first address is the starting point and the client stays with whichever
-            replica answered last.
-        home_return_s: with a ``home_key``, how long after the client moved away from its home
-            replica (another one answered) a walk starts at home again, in seconds (see
-            :meth:`runtime.routes.Route.start_index`).
+        home_key: spreads clients over the replicas (the agent passes its worker id): calls go
+            first to :func:`home_index` of it. None: start at the first address, then stay with
+            whichever replica answered last.
+        home_return_s: with a ``home_key``, how long after moving away from home a walk starts
+            there again, in seconds (:class:`runtime.routes.Route`).
 
     Raises:
         InvalidArgument: an empty list, a malformed address, a negative ``busy_retry_s`` or a
@@ -266,8 +264,7 @@ class ControlPlaneClient:
             hedge_after_s: seconds without an answer before the next replica is asked too.
             deadline_s: seconds after which the call gives up, every attempt included.
             home_key: the key whose route this call takes (a shared client passes each
-                worker's id: its home replica is :func:`home_index` of it, and which replica
-                answered it last is kept per key); None: the client's own route.
+                worker's id); None: the client's own route.
 
         Every copy of a mutating request carries one idempotency key.
 

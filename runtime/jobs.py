@@ -62,9 +62,8 @@ MAX_ENV_BYTES = 64 * 1024
 RESERVED_ENV_PREFIX = "STOCKADE_"
 """Environment names the worker sets itself (``STOCKADE_ARRAY_INDEX``, ``STOCKADE_JOB_ID``)."""
 HIDDEN_ENV_VALUE = "<hidden>"
-"""What stands for each environment value in a job shown to someone who may not read the values
-(a viewer's GetJob, ListJobs and Status replies, the web console): the names stay, since they
-say what the job is given, but values may be secrets (:meth:`JobSpec.env_values_hidden`)."""
+"""What stands for each environment value (perhaps a secret) in a job shown to someone who may
+not read the values (:meth:`JobSpec.env_values_hidden`)."""
 MAX_WORKDIR_BYTES = 4096
 """Longest ``workdir``, PATH_MAX."""
 MAX_AFTER = 100
@@ -129,8 +128,7 @@ class CommandRuntime:
 
 
 def _check_argv(field: str, argv: tuple[str, ...], *, allow_empty: bool) -> None:
-    """The argv rules of :meth:`CommandRuntime.check`, for ``field`` (empty allowed when
-    ``allow_empty``: a container with no argv runs its image's own command)."""
+    """The argv rules of :meth:`CommandRuntime.check`, for ``field``."""
     if not argv:
         if allow_empty:
             return
@@ -198,9 +196,8 @@ class ContainerRuntime:
     entry point and command."""
 
     def check(self) -> None:
-        """Raises InvalidArgument (``container.image``, ``container.argv`` or
-        ``container.argv[i]``): an image that is no Docker reference, or argv past a command's
-        limits."""
+        """Raises InvalidArgument (``container.image``, ``container.argv[i]``...): an image that
+        is no Docker reference, or argv past a command's limits."""
         check_image("container.image", self.image)
         _check_argv("container.argv", self.argv, allow_empty=True)
 
@@ -215,11 +212,10 @@ JobRuntime = SleepRuntime | CommandRuntime | ContainerRuntime
 
 @attrs.frozen(kw_only=True)
 class ArrayRange:
-    """An array submission: one task per index ``first_index..last_index`` (both included),
-    each a job of the same spec with ``STOCKADE_ARRAY_INDEX`` in its environment, at most
-    ``max_running`` of them pending, assigned or running at once (0: no limit; the others wait:
-    :mod:`actors.dependencies` says when they are released). Slurm's ``--array``
-    (``sbatch --array=1-100%10``) is the model."""
+    """An array submission (Slurm's ``--array=1-100%10``): one task per index
+    ``first_index..last_index`` (both included), each a job of the same spec with
+    ``STOCKADE_ARRAY_INDEX`` in its environment, at most ``max_running`` of them pending,
+    assigned or running at once (0: no limit)."""
 
     first_index: int
     last_index: int
@@ -231,13 +227,8 @@ class ArrayRange:
         return self.last_index - self.first_index + 1
 
     def check(self) -> ArrayRange:
-        """This range, once it is found within the limits.
-
-        Raises:
-            InvalidArgument: an index outside 0..:data:`MAX_ARRAY_INDEX`, ``last_index`` below
-                ``first_index``, more than :data:`MAX_ARRAY_TASKS` tasks, or ``max_running``
-                outside 0..:data:`MAX_ARRAY_TASKS`.
-        """
+        """This range, once it is found within the limits (:data:`MAX_ARRAY_INDEX`,
+        :data:`MAX_ARRAY_TASKS`, ``last_index`` not below ``first_index``); else InvalidArgument."""
         if self.last_index < self.first_index:
             raise InvalidArgument(
                 "array", self.describe(), "must end at or after its first index (first-last, e.g. 1-100)"
@@ -261,11 +252,8 @@ ARRAY_SYNTAX = "must be FIRST-LAST[%MAX_RUNNING] or INDEX (e.g. 1-100%10)"
 
 
 def parse_array(text: str, *, field: str = "array") -> ArrayRange:
-    """An :class:`ArrayRange` from ``1-100``, ``1-100%10`` or ``7`` (one task), checked.
-
-    Raises:
-        InvalidArgument: ``text`` is not of that form, or the range breaks a limit.
-    """
+    """An :class:`ArrayRange` from ``1-100``, ``1-100%10`` or ``7`` (one task), checked
+    (InvalidArgument naming ``field``)."""
     found = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?(?:%\s*(\d{1,9})\s*)?", text, re.ASCII)
     if found is None:
         raise InvalidArgument(field, text, ARRAY_SYNTAX)
@@ -318,11 +306,7 @@ def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
 
 def check_seconds(field: str, value: float, *, low: float, high: float, low_open: bool = False) -> float:
     """``value`` (seconds), once it is found a finite number within ``low..high`` (above
-    ``low`` when ``low_open``).
-
-    Raises:
-        InvalidArgument: NaN, an infinity, or outside the range.
-    """
+    ``low`` when ``low_open``); else InvalidArgument."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidArgument(field, value, "must be a finite number of seconds")
     if value > high or value < low or (low_open and value == low):
@@ -333,12 +317,8 @@ def check_seconds(field: str, value: float, *, low: float, high: float, low_open
 
 @attrs.frozen(kw_only=True)
 class JobSpec:
-    """A job as submitted: what it runs and what it reserves while it runs.
-
-    Built unchecked (a spec off the wire may break any rule: the control plane refuses it with
-    :meth:`check`, an agent refuses it as ``bad_spec``); a spec read back from the database was
-    checked when it was stored.
-    """
+    """A job as submitted: what it runs and what it reserves while it runs. Built unchecked
+    (a spec off the wire may break any rule): :meth:`check` it."""
 
     name: str
     """For people; 1 to :data:`MAX_NAME_BYTES` bytes of UTF-8, no control characters."""
