@@ -33,8 +33,7 @@ URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
 
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
 """A server drops a connection whose TLS handshake has not finished after this long, seconds
-(asyncio's own default is 60 s: a client that connects and sends nothing would hold a socket
-and a file descriptor that long)."""
+(asyncio's own default is 60 s)."""
 
 
 class KeyFileExposed(LocalFileError):

@@ -1,15 +1,12 @@
 """The gRPC server side: trio handlers served by grpclib.
 
-:func:`serve_grpc` serves services built by :func:`trio_service`, which runs each RPC's trio
-handler through :func:`runtime.aio.bridge.run_trio` and turns the StockadeErrors it raises into
-gRPC statuses. A server-streaming RPC's handler is a trio async generator, or a coroutine
-given a ``send`` function (:data:`Send`), whose messages go out one by one under HTTP/2 flow
-control. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
+:func:`serve_grpc` serves services built by :func:`trio_service` (each RPC's trio handler run
+through :func:`runtime.aio.bridge.run_trio`, its StockadeErrors turned into gRPC statuses).
+Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
 :func:`finish_despite_cancel` keeps database work from being cancelled half way.
-:class:`WireCodec` sends replies already in wire form as they are, and hands a handler marked
-:func:`takes_encoded_request` its request undecoded. Who called and what it may do:
-:mod:`runtime.aio.grpc_access`. Why each exists: docs/design.md, "The trio-asyncio boundary:
-errors, cancels, deadlines, streams".
+:class:`WireCodec` sends replies already in wire form as they are. Who called and what it may
+do: :mod:`runtime.aio.grpc_access`. Why each exists: docs/design.md, "The trio-asyncio
+boundary: errors, cancels, deadlines, streams".
 """
 
 from __future__ import annotations
@@ -146,8 +143,7 @@ async def _in_trio(body: Callable[[], Awaitable[T]]) -> T:
 
 Send = Callable[[Any], Awaitable[None]]
 """What a server-streaming handler given a send function calls with each message (trio side);
-it returns once grpclib has taken the message (HTTP/2 flow control: a client that reads
-slowly makes it wait)."""
+it returns once grpclib has taken the message (HTTP/2 flow control)."""
 
 
 async def _send_stream(fn: Callable[..., Any], message: Any, send: Send) -> None:
@@ -179,9 +175,8 @@ def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[No
 
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-"""The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB;
-10,000 sleep jobs in one SubmitJobs take about 0.5 MiB). A larger one is refused from its
-length prefix, before its body is read."""
+"""The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB),
+refused from its length prefix, before its body is read."""
 
 
 def _guarded(
@@ -360,10 +355,8 @@ def trio_service(
 
 MAX_CONCURRENT_STREAMS = 1000
 """The most calls a client may have open at once on one connection (HTTP/2's
-``SETTINGS_MAX_CONCURRENT_STREAMS``; h2's default, which grpclib keeps, is 100). A fleet sends
-every hosted worker's calls over one connection per control plane (:mod:`agent.fleet`): 125
-workers registering at once, or hedged to a replica when theirs is slow, would otherwise queue
-on the client for a free stream."""
+``SETTINGS_MAX_CONCURRENT_STREAMS``; h2's default is 100): a fleet sends every hosted worker's
+calls over one connection per control plane (:mod:`agent.fleet`)."""
 
 
 class _Protocol(grpclib.protocol.H2Protocol):

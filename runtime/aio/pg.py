@@ -91,10 +91,8 @@ def unreachable_errors() -> tuple[type[BaseException], ...]:
 @functools.cache
 def stale_statement_errors() -> tuple[type[BaseException], ...]:
     """The errors that mean a schema change invalidated a statement (or type) asyncpg had
-    cached: SQLSTATE 0A000 "cached plan must not change result type" after an ``ALTER TABLE``
-    (``InvalidCachedStatementError``), or a changed composite type. Outside a transaction
-    asyncpg prepares the statement again itself; inside one the transaction is aborted and
-    must run again whole (:meth:`PgConnection.run_in_transaction`)."""
+    cached (SQLSTATE 0A000 after an ``ALTER TABLE``); inside a transaction it must run again
+    whole (:meth:`PgConnection.run_in_transaction`)."""
     import asyncpg
 
     return tuple(getattr(asyncpg.exceptions, name) for name in _STALE_STATEMENT_ERRORS)
@@ -183,17 +181,14 @@ class PgConnection:
     """One asyncpg connection owned by one actor, callable from trio.
 
     Create with :meth:`connect`; every method may raise :class:`DatabaseUnavailable` when the
-    connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then closes
-    it and connects again), :class:`DatabaseBusy` when the server gave up on the statement,
-    and :class:`DuplicateKey` when it broke a unique index. Other SQL errors propagate as
-    asyncpg's own ``PostgresError`` subclasses.
+    connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then connects
+    again), :class:`DatabaseBusy` when the server gave up on the statement, and
+    :class:`DuplicateKey` when it broke a unique index; other SQL errors are asyncpg's own.
 
     Args:
         raw: the asyncpg connection (or a pool's proxy of one).
-        call_timeout_s: longest one call may go unanswered, in seconds. None: no bound, for
-            operator tools whose statements may run long (the checker, the benchmarks);
-            every control-plane owner passes one (:class:`ReconnectingConnection`,
-            :class:`PgPool`, the schema's connection).
+        call_timeout_s: longest one call may go unanswered, in seconds (None: no bound, for
+            operator tools whose statements may run long).
         on_outcome: told how each call ended (see :data:`Outcome`); None: nobody.
     """
 
