@@ -134,10 +134,9 @@ class PlacerSettings:
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""
     trial_run_s: float = attrs.field(default=5.0, validator=non_negative)
-    """A worker on trial (newly registered, or whose unhealthy mark was cleared: see
-    :mod:`actors.health`) takes one job at a time until a run there of its incarnation, since
-    then, succeeded or ran this long, in seconds: a broken worker cannot swallow a burst of jobs
-    before its failures are judged. 0: no trial."""
+    """A worker on trial (newly registered, or whose unhealthy mark was cleared:
+    :mod:`actors.health`) takes one job at a time until a run there since then succeeded or
+    ran this long, in seconds. 0: no trial."""
 
     resync_interval_s: float = attrs.field(default=30.0, validator=positive)
     """Read the whole pending queue again this often (and at every election), in seconds."""
@@ -199,10 +198,9 @@ class ReconcilerSettings:
     ``dead_after_s``). Shorter than ``dead_after_s``, so that workers cut off together are
     seen together before the first of them would be declared dead."""
     contact_gap_s: float = attrs.field(default=1.0, validator=positive)
-    """When the leader's reads of the workers' silence were interrupted for longer than this
-    (its database was unreachable, or it was stalled), silence counts anew from the first read
-    after (seconds; DESIGN.md, "Outages"). It grows in proportion when the workers are judged by
-    a longer dead_after than ``dead_after_s`` (:func:`actors.reconciler.contact_gap_for_s`)."""
+    """When the leader's reads of the workers' silence were interrupted for longer than this,
+    silence counts anew from the first read after (seconds; DESIGN.md, "Outages"); it grows
+    with a longer dead_after (:func:`actors.reconciler.contact_gap_for_s`)."""
     held_log_every_s: float = attrs.field(default=5.0, validator=positive)
     """At most one log line per this many seconds about held declarations, per reason."""
     read_statement_timeout_s: float = attrs.field(
@@ -243,15 +241,13 @@ class ReconcilerSettings:
     interval grows with the cluster so that the heartbeats' measured cost stays within it."""
     dead_after_intervals: float = attrs.field(default=4.0)
     """A worker is declared dead after this many heartbeat intervals without one, never sooner
-    than ``dead_after_s`` (at least 3: the self-fence, below it by the agent's stop grace and
-    margin, must leave room for a late heartbeat)."""
+    than ``dead_after_s`` (at least 3, room for a late heartbeat before the self-fence)."""
     heartbeat_policy_every_s: float = attrs.field(default=1.0, validator=positive)
     """How often the leader chooses the heartbeat interval again, in seconds."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a
-    time may be placed on it again as a probe: its success clears the mark, its failure renews
-    it, in seconds. 0: no probes (only a run already there succeeding, or ``stockade
-    uncordon``, clears it)."""
+    time may be placed on it again as a probe, whose success clears the mark, in seconds. 0: no
+    probes (only a run there succeeding, or ``stockade uncordon``, clears it)."""
 
     @health_min_failure_rate.validator
     def _rate(self, attribute: attrs.Attribute[float], value: float) -> None:
