@@ -380,22 +380,17 @@ class ControlPlaneClient:
         take it up where it stopped). Leaving the block ends the call.
 
         Args:
-            rpc: the ControlPlane method.
-            request: its request.
             first_message_s: the longest wait for each replica's first message, the connection
                 included, in seconds; None: no limit.
             idle_s: the longest wait for each later message, in seconds; None: no limit.
             timeout_s: the deadline of the whole stream, in seconds; None: none.
 
         Raises:
-            NoControlPlaneReachable: no replica opened the stream and none was busy; the
-                message says how each failed (its ``failures``: a
-                :class:`runtime.errors.PeerUnavailable` for each replica that answered
-                UNAVAILABLE).
-            ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
-                not open the stream).
+            NoControlPlaneReachable, ClusterBusy: as :meth:`call` (a
+                :class:`runtime.errors.PeerUnavailable` in ``failures`` for each replica that
+                answered UNAVAILABLE).
             InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: a
-                replica refused the request (every replica would say the same).
+                replica refused the request.
             Unavailable: (from the iteration) the open stream broke or fell silent for
                 ``idle_s``.
         """

@@ -340,12 +340,10 @@ def describe_tls_error(exc: BaseException) -> str | None:
     """A one-line reason for a TLS failure somewhere in ``exc``'s causes (None if none is)."""
     seen: BaseException | None = exc
     while seen is not None:
+        if isinstance(seen, PeerIdentityMismatch):
+            return str(seen)
         if isinstance(seen, ssl.SSLCertVerificationError):
-            return (
-                str(seen)
-                if isinstance(seen, PeerIdentityMismatch)
-                else (f"the server's certificate was refused: {seen.verify_message or seen.reason}")
-            )
+            return f"the server's certificate was refused: {seen.verify_message or seen.reason}"
         if isinstance(seen, ssl.SSLError):
             return _ssl_reason(seen)
         seen = seen.__cause__ or seen.__context__
