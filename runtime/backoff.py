@@ -3,14 +3,9 @@ connection owners that connect again to a database that went away
 (:class:`ReconnectSchedule`, :data:`RECONNECT_BACKOFF`).
 
 "Full jitter" from Marc Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog
-(2015): the n-th wait is drawn uniformly from ``[0, min(cap, base * 2**n)]``. Spreading the
-waits over the whole interval, not around its end, is what keeps many clients that were
-refused at the same moment from coming back at the same moment; of the variants the article
-compares, it does the least work in total for about the same completion time.
-
-The same rule in SQL is ``full_jitter_s`` in schema.sql: the database draws the waits of job
-requeues (a retry's delay, a loss's backoff), so that they are written with the requeue and a new
-leader honours them; this one draws the waits of network retries, in the processes that retry.
+(2015): the n-th wait is drawn uniformly from ``[0, min(cap, base * 2**n)]``, so clients refused
+at the same moment do not come back at the same moment. The same rule in SQL is
+``full_jitter_s`` in schema.sql (the waits of job requeues, written with the requeue).
 """
 
 from __future__ import annotations
@@ -20,28 +15,16 @@ import random
 
 import attrs
 
-from runtime.errors import InvalidArgument
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
+from runtime.settings.fields import positive
 
 
 @attrs.frozen(kw_only=True)
 class FullJitterBackoff:
-    """The waits between attempts: uniform in ``[0, min(cap_s, base_s * 2**attempt)]``.
+    """The waits between attempts: uniform in ``[0, min(cap_s, base_s * 2**attempt)]`` seconds;
+    InvalidArgument if ``base_s`` or ``cap_s`` is not > 0."""
 
-    Args:
-        base_s: the ceiling of the first wait, in seconds.
-        cap_s: the ceiling no wait exceeds, in seconds.
-
-    Raises:
-        InvalidArgument: ``base_s`` or ``cap_s`` is not > 0.
-    """
-
-    base_s: float = attrs.field(default=0.1, validator=_positive)
-    cap_s: float = attrs.field(default=2.0, validator=_positive)
+    base_s: float = attrs.field(default=0.1, validator=positive)
+    cap_s: float = attrs.field(default=2.0, validator=positive)
 
     def ceiling_s(self, attempt: int) -> float:
         """The largest wait after ``attempt`` failed rounds (0 for the first wait), in seconds."""
@@ -54,28 +37,16 @@ class FullJitterBackoff:
 
 
 RECONNECT_BACKOFF = FullJitterBackoff(base_s=0.05, cap_s=2.0)
-"""The waits between failed connects to the database, for every connection owner.
-
-The first wait is below 50 ms, so a connection dropped by a blip (a restarted server, a
-failover) is back at once; the cap of 2 s is the longest a control plane stays away from a
-database that has come back: it is the lease's ttl, so a replica returns within about one
-lease ttl of its database, and workers (whose dead_after is 2.5 s) are not declared dead
-because the control plane was slow to notice. A larger cap saves next to nothing: one connect
-attempt every 2 s is no load on a server."""
+"""The waits between failed connects to the database, for every connection owner: the first
+below 50 ms, so a blip is over at once; the cap is the lease's ttl, so a replica returns within
+about one ttl of its database (before its workers' dead_after, 2.5 s)."""
 
 
 @attrs.define
 class ReconnectSchedule:
     """When a connection owner may try to connect again: after its n-th failed connect in a
-    row (n = 0, 1, ...) a wait drawn from ``backoff`` (capped, growing, full jitter); a
-    successful connect resets it, so the next outage starts from the shortest wait again.
-
-    Pure: the caller passes the time (trio seconds), so a test drives it with any clock.
-
-    Args:
-        backoff: the waits' bounds.
-        rng: draws the waits.
-    """
+    row (n = 0, 1, ...) a wait drawn from ``backoff`` with ``rng``; a success resets it. Pure:
+    the caller passes the time (trio seconds)."""
 
     backoff: FullJitterBackoff = RECONNECT_BACKOFF
     rng: random.Random = attrs.field(factory=random.Random)

@@ -2,12 +2,7 @@
 
 Each raises :class:`runtime.errors.InvalidArgument` naming the field, the value and the rule
 (``cpu_millis must be between 1 and 1000000, got 0``). Sizes are bytes of UTF-8, the form text
-takes on the wire and in the database, so a limit means the same for any script (a name of 128
-bytes is 128 ASCII letters or 42 CJK ones).
-
-Used by :mod:`runtime.jobs` (a job's spec), :mod:`runtime.validation` (the rest of what a client
-sends, checked by the client and the control plane alike) and :mod:`actors.validation` (what
-only the control plane receives).
+takes on the wire and in the database, so a limit means the same for any script.
 """
 
 from __future__ import annotations
@@ -24,12 +19,7 @@ zero-width joiners of emoji and of Persian) are allowed."""
 
 
 def utf8_bytes(field: str, value: str) -> int:
-    """The size of ``value`` in UTF-8, the unit of every size limit here.
-
-    Raises:
-        InvalidArgument: ``value`` holds a lone surrogate (text that is not Unicode, such as a
-            file name in another encoding), which has no UTF-8 form.
-    """
+    """The size of ``value`` in UTF-8; InvalidArgument for a lone surrogate (no UTF-8 form)."""
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError:
@@ -39,19 +29,10 @@ def utf8_bytes(field: str, value: str) -> int:
 def check_text(
     field: str, value: str, *, max_bytes: int, allow_empty: bool = False, printable: bool = False
 ) -> str:
-    """``value``, once it is found to hold no NUL byte, at most ``max_bytes`` bytes of UTF-8, and
-    something (unless ``allow_empty``).
-
-    Args:
-        field: named in the error.
-        value: the text.
-        max_bytes: the most UTF-8 bytes it may take.
-        allow_empty: accept ``""``.
-        printable: refuse control characters too (newlines, escapes) and
-            :data:`BIDI_CONTROLS`: for text shown on one line, such as a job's name.
-
-    Raises:
-        InvalidArgument: the first rule ``value`` breaks, in the order above.
+    """``value``, once it is found to hold no NUL byte (nor, when ``printable``, a control
+    character or one of :data:`BIDI_CONTROLS`: text shown on one line), something (unless
+    ``allow_empty``) and at most ``max_bytes`` bytes of UTF-8; else InvalidArgument naming
+    ``field`` and the first rule broken.
     """
     if "\x00" in value:
         raise InvalidArgument(field, value, "must not contain NUL bytes")
@@ -70,11 +51,7 @@ def check_text(
 
 
 def check_int_between(field: str, value: int, low: int, high: int) -> int:
-    """``value``, once it is found between ``low`` and ``high`` (both included).
-
-    Raises:
-        InvalidArgument: ``value`` is outside ``low..high``.
-    """
+    """``value``, once it is found between ``low`` and ``high`` (both included), else InvalidArgument."""
     if not low <= value <= high:
         raise InvalidArgument(field, value, f"must be between {low} and {high}")
     return value

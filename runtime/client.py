@@ -46,7 +46,7 @@ asking a second replica changes nothing in the cluster."""
 
 @attrs.define
 class _Walk:
-    """What one walk of the replicas got: an answer, or how each replica failed."""
+    """What one walk of the replicas got: an answer, or how each failed."""
 
     reply: Any = None
     answered: bool = False
@@ -71,13 +71,11 @@ class ControlPlaneClient:
         tls: this client's mutual-TLS files (every call then presents its certificate and
             accepts only servers with a ``control-plane`` certificate from the same CA);
             None: plaintext, for a cluster run with ``--insecure``.
-        home_key: spreads clients over the replicas (the agent passes its worker id): the
-            client's home replica is :func:`home_index` of it, and calls go there first. None:
-            the first address is the starting point and the client stays with whichever
-            replica answered last.
-        home_return_s: with a ``home_key``, how long after the client moved away from its home
-            replica (another one answered) a walk starts at home again, in seconds (see
-            :meth:`runtime.routes.Route.start_index`).
+        home_key: spreads clients over the replicas (the agent passes its worker id): calls go
+            first to :func:`home_index` of it. None: start at the first address, then stay with
+            whichever replica answered last.
+        home_return_s: with a ``home_key``, how long after moving away from home a walk starts
+            there again, in seconds (:class:`runtime.routes.Route`).
 
     Raises:
         InvalidArgument: an empty list, a malformed address, a negative ``busy_retry_s`` or a
@@ -123,11 +121,8 @@ class ControlPlaneClient:
 
     def add_route(self, home_key: str, *, home: str | None = None) -> str:
         """Set up the route of calls made with ``home_key`` and return its home replica's
-        address: ``home`` when given, else :func:`home_index` of the key among this client's
-        addresses. A shared client's worker whose own list orders the replicas otherwise (the
-        local launcher rotates each worker's list) passes the home its own list gives it, so
-        it keeps the home it would have with a client of its own. Calls with a ``home_key``
-        never set up here take the default home.
+        address: ``home`` when given (a shared client's worker whose own list orders the
+        replicas otherwise keeps its own home), else :func:`home_index` of the key.
 
         Raises:
             InvalidArgument: ``home`` is not one of this client's addresses.
@@ -143,13 +138,11 @@ class ControlPlaneClient:
         return self.addresses[route.home]
 
     def _route_of(self, home_key: str | None) -> Route:
-        """The route of calls made for ``home_key`` (None: the client's own)."""
         if home_key is None:
             return self._route
-        route = self._routes.get(home_key)
-        if route is None:
-            route = self._routes[home_key] = self._new_route(home_key)
-        return route
+        if home_key not in self._routes:
+            self._routes[home_key] = self._new_route(home_key)
+        return self._routes[home_key]
 
     @property
     def home(self) -> str | None:
@@ -163,29 +156,20 @@ class ControlPlaneClient:
         return self.addresses[home]
 
     def _channel(self, address: str) -> GrpcChannel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = GrpcChannel(address, tls=self._tls_target)
-        return channel
+        if address not in self._channels:
+            self._channels[address] = GrpcChannel(address, tls=self._tls_target)
+        return self._channels[address]
 
     async def call(self, rpc: str, request: Any, *, timeout_s: float | None = None) -> Any:
         """Call ControlPlane method ``rpc`` (snake_case, e.g. ``"submit_job"``) with ``request``.
 
-        Walks the replicas, starting with the one that answered last. A replica that is
-        unreachable or answers busy is skipped at once. How a slow replica is treated depends
-        on the RPC:
-
-        - reads (:data:`HEDGED_RPCS`: status, get_job, get_job_events, list_jobs) are hedged: a replica that
-          has not answered after ``timeout_s`` is not abandoned, the next one is asked too,
-          and the first answer wins; the walk gives up ``timeout_s * (replicas + 1)`` after it
-          began (see :meth:`call_hedged`).
-        - everything else (submissions, cancels) waits ``timeout_s`` for each replica and
-          then asks the next: there is no point in having two replicas work on one call.
-
-        When every replica failed and at least one was busy, waits (capped exponential
-        backoff, full jitter) and walks them all again, for up to ``busy_retry_s`` in all. A
-        busy replica did not start the request. A mutating request gets its idempotency key
-        here (:func:`with_idempotency_key`), once for the whole call.
+        Walks the replicas, starting with the one that answered last, skipping at once one
+        that is unreachable or busy. A slow replica: :data:`HEDGED_RPCS` are hedged (the next
+        one is asked too after ``timeout_s``, the first answer wins, the walk gives up after
+        ``timeout_s * (replicas + 1)``: :meth:`call_hedged`); every other call waits
+        ``timeout_s`` per replica, then asks the next. When every replica failed and one was
+        busy, walks again after a backoff, for up to ``busy_retry_s``. A mutating request gets
+        one idempotency key for the whole call (:func:`with_idempotency_key`).
 
         Raises:
             ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
@@ -213,12 +197,8 @@ class ControlPlaneClient:
         return await self._walk_while_busy(walk_once)
 
     async def _walk_while_busy(self, walk_once: Callable[[], Awaitable[_Walk]]) -> Any:
-        """What ``walk_once()`` got, walking the replicas again, after a backoff, while a walk
-        met busy replicas and no answer, for up to ``busy_retry_s`` (see :meth:`call`).
-
-        Raises:
-            ClusterBusy, NoControlPlaneReachable: as :meth:`call`.
-        """
+        """What ``walk_once()`` got, walking again after a backoff while a walk met busy
+        replicas and no answer, for up to ``busy_retry_s``; raises as :meth:`call`."""
         started = trio.current_time()
         walks = 0
         while True:
@@ -241,10 +221,9 @@ class ControlPlaneClient:
             await trio.sleep(min(left_s, self.busy_backoff.delay_s(walks - 1, self._rng)))
 
     async def _sequential_walk(self, attempt: Callable[[int], Awaitable[Any]]) -> _Walk:
-        """Ask each replica in turn, starting with the one that answered last, until one
-        answers: ``await attempt(index)`` for ``self.addresses[index]``, where
-        :class:`runtime.errors.Unavailable` passes on to the next replica and any other error
-        is the answer of them all."""
+        """``await attempt(index)`` on each replica in turn, from the one that answered last,
+        until one answers; :class:`Unavailable` passes on to the next, any other error is
+        the answer of them all."""
         walk = _Walk()
         count = len(self.addresses)
         start = self._route.start_index()
@@ -272,16 +251,12 @@ class ControlPlaneClient:
     ) -> Any:
         """Call ``rpc`` with ``request``, asking the next replica too while the first is slow.
 
-        The preferred replica (the last that answered, or the home replica:
-        :class:`Route`; of ``home_key`` when given) gets the request first, with a deadline
-        of ``deadline_s``. Whenever ``hedge_after_s`` has passed without an answer, the same
-        request also goes to the next replica, without cancelling what is in flight; an attempt
-        that fails (a refused connection, UNAVAILABLE, busy) sends it to the next replica at
-        once. Each replica is asked at most once per call. The first answer wins: every other
-        attempt is cancelled, and its replica becomes the preferred one.
-
-        Why a slow replica is not given up on: docs/design.md, "The control-plane client: walks,
-        hedges, homes and idempotency keys".
+        The preferred replica (:class:`Route`, of ``home_key`` when given) is asked first.
+        Whenever ``hedge_after_s`` passes without an answer, the next replica is asked too,
+        without cancelling what is in flight; a failed attempt (refused, UNAVAILABLE, busy)
+        moves on at once. Each replica is asked at most once; the first answer wins, the other
+        attempts are cancelled, and its replica becomes the preferred one. Why: docs/design.md,
+        "The control-plane client: walks, hedges, homes and idempotency keys".
 
         Args:
             rpc: the ControlPlane method, snake_case (``"heartbeat"``).
@@ -289,11 +264,9 @@ class ControlPlaneClient:
             hedge_after_s: seconds without an answer before the next replica is asked too.
             deadline_s: seconds after which the call gives up, every attempt included.
             home_key: the key whose route this call takes (a shared client passes each
-                worker's id: its home replica is :func:`home_index` of it, and which replica
-                answered it last is kept per key); None: the client's own route.
+                worker's id); None: the client's own route.
 
-        A mutating request gets its idempotency key here, once for every copy
-        (:func:`with_idempotency_key`).
+        Every copy of a mutating request carries one idempotency key.
 
         Raises:
             NoControlPlaneReachable: every replica failed, or none answered within
@@ -319,12 +292,8 @@ class ControlPlaneClient:
         deadline_s: float,
         route: Route | None = None,
     ) -> _Walk:
-        """One hedged walk of the replicas (see :meth:`call_hedged`), on ``route`` (None: the
-        client's own).
-
-        Raises:
-            InvalidArgument, NotFound, RemoteError: a replica refused the request itself.
-        """
+        """One hedged walk of the replicas (:meth:`call_hedged`) on ``route`` (None: the
+        client's own); raises a replica's refusal of the request itself."""
         route = route or self._route
         count = len(self.addresses)
         start = route.start_index()
@@ -375,7 +344,6 @@ class ControlPlaneClient:
         return walk
 
     def _unreachable(self, walk: _Walk) -> NoControlPlaneReachable:
-        """The error of a walk that no replica answered, saying how each failed."""
         return NoControlPlaneReachable(
             "no control plane answered: " + "; ".join(map(str, walk.failures)),
             addresses=self.addresses,
@@ -383,13 +351,9 @@ class ControlPlaneClient:
         )
 
     async def _attempt(self, index: int, rpc: str, request: Any, *, timeout_s: float) -> Any:
-        """One call of ``rpc`` to ``self.addresses[index]`` (what :meth:`call_hedged` runs per
-        replica; tests replace it with scripted replicas).
-
-        Raises:
-            Unavailable: the replica did not answer in ``timeout_s`` or could not be reached.
-            InvalidArgument, NotFound, RemoteError: the replica refused the request.
-        """
+        """One call of ``rpc`` to ``self.addresses[index]`` (tests replace it with scripted
+        replicas); raises :class:`Unavailable` when it was not reached or slower than
+        ``timeout_s``, else the replica's refusal."""
         channel = self._channel(self.addresses[index])
         method: Callable[..., Awaitable[Any]] = getattr(channel.stub(pb.ControlPlaneStub), rpc)
         return await channel.call(method, request, timeout_s=timeout_s)
@@ -407,87 +371,47 @@ class ControlPlaneClient:
         """A server-streaming ControlPlane call (``rpc`` in snake_case, e.g.
         ``"read_job_logs"``) on the first replica that opens it; the block reads its messages.
 
-        ``async with client.stream("read_job_logs", request, first_message_s=10) as chunks:
-        async for chunk in chunks: ...``. Walks the replicas in turn, starting with the one
-        that answered last (a stream is never asked of two replicas at once), until one sends
-        the stream's first message (or ends it at once): a replica that cannot be reached, is
-        busy, sends nothing within ``first_message_s``, or answers UNAVAILABLE (something it
-        needs, such as the worker it would relay from, is out of its reach) is left for the
-        next. When a whole walk failed and some replica was busy, the walk is made again after
-        a backoff, for up to ``busy_retry_s``, as :meth:`call` does. Once a replica has sent a
-        message the stream is its own and is read to its end: a failure after that is raised
-        from the iteration as it is, with a note saying how many messages had come (a stream
-        that broke half way cannot be taken up by another replica where it stopped: what was
-        read would come again). Leaving the block, however it is left, ends the call (the
-        replica's handler is cancelled).
+        Walks the replicas one at a time, from the one that answered last, until one sends its
+        first message (or ends the stream): one that cannot be reached, is busy, sends nothing
+        within ``first_message_s`` or answers UNAVAILABLE (e.g. the worker it would relay from
+        is out of its reach) is left for the next; busy walks are retried as :meth:`call` does.
+        Once a replica has sent a message the stream is its own: a later failure is raised from
+        the iteration with a note of how many messages had come (another replica could not
+        take it up where it stopped). Leaving the block ends the call.
 
         Args:
-            rpc: the ControlPlane method.
-            request: its request.
             first_message_s: the longest wait for each replica's first message, the connection
                 included, in seconds; None: no limit.
             idle_s: the longest wait for each later message, in seconds; None: no limit.
             timeout_s: the deadline of the whole stream, in seconds; None: none.
 
         Raises:
-            NoControlPlaneReachable: no replica opened the stream and none was busy; the
-                message says how each failed (its ``failures``: a
-                :class:`runtime.errors.PeerUnavailable` for each replica that answered
-                UNAVAILABLE).
-            ClusterBusy: replicas kept answering busy for ``busy_retry_s`` (and the others did
-                not open the stream).
+            NoControlPlaneReachable, ClusterBusy: as :meth:`call` (a
+                :class:`runtime.errors.PeerUnavailable` in ``failures`` for each replica that
+                answered UNAVAILABLE).
             InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: a
-                replica refused the request (every replica would say the same).
+                replica refused the request.
             Unavailable: (from the iteration) the open stream broke or fell silent for
                 ``idle_s``.
         """
+        limits = {"first_message_s": first_message_s, "idle_s": idle_s, "timeout_s": timeout_s}
         async with contextlib.AsyncExitStack() as opened:
 
             def attempt(index: int) -> Awaitable[AsyncIterator[Any]]:
-                return opened.enter_async_context(
-                    self._stream_attempt(
-                        index,
-                        rpc,
-                        request,
-                        first_message_s=first_message_s,
-                        idle_s=idle_s,
-                        timeout_s=timeout_s,
-                    )
-                )
+                return opened.enter_async_context(self._stream_attempt(index, rpc, request, **limits))
 
             messages: AsyncIterator[Any] = await self._walk_while_busy(lambda: self._sequential_walk(attempt))
             yield messages
 
     @asynccontextmanager
     async def _stream_attempt(
-        self,
-        index: int,
-        rpc: str,
-        request: Any,
-        *,
-        first_message_s: float | None,
-        idle_s: float | None,
-        timeout_s: float | None,
+        self, index: int, rpc: str, request: Any, **limits: float | None
     ) -> AsyncIterator[AsyncIterator[Any]]:
-        """``rpc``'s stream on ``self.addresses[index]``, entered once its first message has
-        come; the block reads every message, that first one included (what :meth:`stream`
-        runs per replica; tests replace it with scripted replicas).
-
-        Raises (on entering):
-            Unavailable: the replica could not be reached, was busy, sent nothing within
-                ``first_message_s``, or answered UNAVAILABLE.
-            InvalidArgument, NotFound, FailedPrecondition, PermissionDenied, RemoteError: the
-                replica refused the request.
-        """
+        """``rpc``'s stream on ``self.addresses[index]`` (``limits``: as :meth:`stream`),
+        entered once its first message has come; the block reads every message, that first one
+        included (tests replace it with scripted replicas). Raises on entering as :meth:`_attempt`."""
         address = self.addresses[index]
-        async with self._channel(address).stream(
-            pb.ControlPlaneBase,
-            rpc,
-            request,
-            first_message_s=first_message_s,
-            idle_s=idle_s,
-            timeout_s=timeout_s,
-        ) as messages:
+        async with self._channel(address).stream(pb.ControlPlaneBase, rpc, request, **limits) as messages:
             try:
                 first = [await anext(messages)]
             except StopAsyncIteration:

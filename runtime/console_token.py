@@ -26,18 +26,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from runtime.errors import PermanentError
 from runtime.tls import OPERATOR, VIEWER, Identity, TlsFiles, parse_identity_uri
 
-__all__ = [
-    "CLOCK_SKEW_S",
-    "CONSOLE_ROLES",
-    "MAX_LIFETIME_S",
-    "MAX_TOKEN_BYTES",
-    "TokenClaims",
-    "TokenRefused",
-    "audience_of",
-    "make_token",
-    "verify_token",
-]
-
 CONSOLE_ROLES = (OPERATOR, VIEWER)
 """The roles whose certificates may sign a console token: the console only reads."""
 MAX_LIFETIME_S = 12 * 3600.0
@@ -89,8 +77,7 @@ def make_token(files: TlsFiles, *, now_unix_s: float, lifetime_s: float) -> str:
     cluster whose CA is ``files.ca_path``.
 
     Args:
-        files: the user's TLS files (``ca.crt``, ``<identity>.crt``, ``<identity>.key``).
-        now_unix_s: the time the token is issued at (``iat``), Unix seconds.
+        now_unix_s: the time the token is issued at (``iat``).
         lifetime_s: seconds until it expires; at most :data:`MAX_LIFETIME_S`.
 
     Raises:
@@ -165,18 +152,9 @@ def verify_token(
     now_unix_s: float,
     max_lifetime_s: float = MAX_LIFETIME_S,
 ) -> TokenClaims:
-    """The claims of ``token`` once every check of the module docstring has passed.
-
-    Args:
-        token: the JWS compact form (``header.claims.signature``).
-        ca: the cluster CA's certificate.
-        audience: :func:`audience_of` that CA.
-        now_unix_s: the time now, Unix seconds.
-        max_lifetime_s: the longest ``exp - iat`` accepted, in seconds.
-
-    Raises:
-        TokenRefused: a check failed; the message names which.
-    """
+    """The claims of ``token`` (JWS compact form) once every check of the module docstring has
+    passed, with ``audience`` :func:`audience_of` ``ca``; TokenRefused naming the check that
+    failed. ``max_lifetime_s``: the longest ``exp - iat`` accepted."""
     if len(token) > MAX_TOKEN_BYTES:
         raise TokenRefused(f"the token is {len(token)} bytes long: at most {MAX_TOKEN_BYTES} are accepted")
     parts = token.split(".")

@@ -13,16 +13,14 @@ selectors ("Labels and Selectors") and Nomad's ``constraint`` blocks spell them:
 ``key in (a,b)``    the worker has label ``key`` with one of the values
 ==================  =================================================
 
-Keys and values follow the label syntax of :mod:`runtime.identifiers` (Kubernetes': a key is
-``[prefix/]name``, a value a name), so none holds a space, ``=``, ``!``, a comma or a
-parenthesis, and the text form above parses without quoting.
+Keys and values follow the label syntax of :mod:`runtime.identifiers`, so the text form above
+parses without quoting.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import ClassVar
 
 import attrs
 
@@ -61,15 +59,10 @@ class Constraint:
     """The value compared (one for ``=`` and ``!=``; one or more for ``in``; none for
     ``exists``)."""
 
-    text_form: ClassVar[str] = "key=value | key!=value | key | key in (a,b)"
-
     def check(self, field: str) -> Constraint:
         """This constraint, once its key, operator and values are found well formed.
 
-        Args:
-            field: its name in errors, e.g. ``constraints[2]``.
-
-        Raises:
+        Raises (naming ``field``, e.g. ``constraints[2]``):
             InvalidArgument: an unknown operator (``field.op``), a bad key (``field.key``), a
                 bad value or a wrong number of them (``field.values``).
         """
@@ -79,11 +72,7 @@ class Constraint:
         check_label_key(self.key, field=f"{field}.key")
         wanted = {"=": (1, 1), "!=": (1, 1), "exists": (0, 0), "in": (1, MAX_IN_VALUES)}[self.op]
         if not wanted[0] <= len(self.values) <= wanted[1]:
-            count = (
-                "no values"
-                if wanted[1] == 0
-                else ("exactly one value" if wanted[1] == 1 else f"1 to {MAX_IN_VALUES} values")
-            )
+            count = {0: "no values", 1: "exactly one value"}.get(wanted[1], f"1 to {MAX_IN_VALUES} values")
             raise InvalidArgument(
                 f"{field}.values", list(self.values), f"must hold {count} for operator {self.op!r}"
             )
@@ -118,9 +107,8 @@ class Constraint:
 
 
 def parse_constraint(text: str, *, field: str = "constraint") -> Constraint:
-    """A constraint from its text form (see the module docstring), checked.
-
-    Spaces around the operator and inside ``in ( , )`` are allowed.
+    """A constraint from its text form (see the module docstring; spaces around the operator
+    and inside ``in ( , )`` are allowed), checked.
 
     Raises:
         InvalidArgument: ``text`` holds a NUL, is empty or too long, parses as no operator, or

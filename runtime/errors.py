@@ -15,12 +15,7 @@ class StockadeError(Exception):
 
 
 class TemporaryError(StockadeError):
-    """A failure that may pass: retry after ``retry_after_s`` seconds.
-
-    Args:
-        message: what failed.
-        retry_after_s: the suggested delay before trying again, in seconds.
-    """
+    """A failure that may pass: retry after ``retry_after_s`` seconds (a suggestion)."""
 
     def __init__(self, message: str, *, retry_after_s: float = 0.5) -> None:
         super().__init__(message)
@@ -55,9 +50,6 @@ class PeerUnavailable(Unavailable):
     (a worker it relays from, the database) is out of its reach now. Another peer may reach
     it; the message names the peer, and ``detail`` holds the peer's own words.
 
-    Args:
-        message: the peer's address and what it said.
-        detail: what the peer said, e.g. ``"worker w-2 at 127.0.0.2:7302 is unreachable: ..."``.
     """
 
     def __init__(self, message: str, *, detail: str = "") -> None:
@@ -74,12 +66,9 @@ class NoControlPlaneReachable(Unavailable):
     """Every control-plane address in the list failed; the message lists why for each.
 
     Args:
-        message: what failed, e.g. ``"no control plane answered: 127.0.0.1:7101 refused the
-            connection; ..."``.
         addresses: the addresses asked, in the caller's order (empty when not known).
         failures: how each asked replica failed, in the order they failed (empty when not
             known); every one a :class:`ConnectionRefused` means the cluster is not running.
-        retry_after_s: the suggested delay before trying again, in seconds.
     """
 
     def __init__(
@@ -96,17 +85,9 @@ class NoControlPlaneReachable(Unavailable):
 
 
 class Busy(Unavailable):
-    """A control plane is overloaded and refused the request before doing any of it.
-
-    Raised by the ingest when it sheds new work (gRPC RESOURCE_EXHAUSTED on the wire) and by
-    :meth:`runtime.aio.GrpcChannel.call` when a peer answers RESOURCE_EXHAUSTED. A busy answer
-    means the request was not started: nothing was stored, so retrying it (a submission
-    included) elsewhere or later never duplicates it.
-
-    Args:
-        message: who is busy and why, e.g. ``"busy: cp-1 is overloaded (...), try another
-            replica"``.
-        retry_after_s: the suggested delay before asking this replica again, in seconds.
+    """A control plane is overloaded and refused the request before doing any of it (gRPC
+    RESOURCE_EXHAUSTED on the wire): nothing was stored, so retrying it elsewhere or later
+    never duplicates it. ``retry_after_s``: before asking this replica again.
     """
 
     def __init__(self, message: str, *, retry_after_s: float = 0.1) -> None:
@@ -165,15 +146,9 @@ class InvalidArgument(StockadeError, ValueError):
 class IdempotencyConflict(StockadeError):
     """The request's idempotency key was first used for a different request; nothing was stored.
 
-    Not retried: every replica holds the same key and would say the same. gRPC ALREADY_EXISTS
-    on the wire: the thing the key names, the first request and what it did, already exists
-    (FAILED_PRECONDITION says the system is in the wrong state, and is :class:`StaleEpoch`'s).
-
-    Args:
-        message: the key, what it was first used for (naming the job or the incarnation it
-            created) and what to do, e.g. ``"idempotency_key 'k-1' was first used for
-            submit_job with another request (it created job 17); nothing was stored; send a new
-            request with a new key"``.
+    Not retried: every replica would say the same. gRPC ALREADY_EXISTS on the wire (what the
+    key names already exists). The message names the key, what it was first used for and
+    what to do.
     """
 
 

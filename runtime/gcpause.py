@@ -9,7 +9,6 @@ and how: docs/design.md, "Garbage-collector pauses".
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections import deque
 from typing import Any
@@ -22,20 +21,17 @@ from runtime import log, metrics
 
 @attrs.define(eq=False, kw_only=True)
 class GcPauses:
-    """The collection monitor of one process. :meth:`install` it, run :meth:`run` on one loop,
-    :meth:`uninstall` it at the end (or use it as a context manager).
+    """The collection monitor of one process: :meth:`run` on one loop (or :meth:`install`,
+    :meth:`drain` and :meth:`uninstall`, or use it as a context manager).
 
     Args:
         interval_s: how often the timed collections are recorded, in seconds.
         warn_after_s: a collection longer than this, in seconds, is logged.
         log_every_s: at most one warning line per this many seconds.
-        freeze_survivors: after every full collection, move what survived it to the permanent
-            generation (``gc.freeze()``), so that the next full collection scans only what was
-            promoted since, not the whole heap (see :func:`collect_less_often` for why).
-        thaw_every_s: with ``freeze_survivors``, give the frozen objects back to the collector
-            (``gc.unfreeze()``) this often, in seconds, so that what became cyclic garbage
-            after it was frozen is freed by the next full collection (which then takes as long
-            as one over the whole heap, once per period).
+        freeze_survivors: after every full collection, ``gc.freeze()`` what survived it, so
+            that the next one scans only what was promoted since.
+        thaw_every_s: with ``freeze_survivors``, ``gc.unfreeze()`` this often, in seconds, so
+            that what became cyclic garbage after it was frozen is freed.
     """
 
     interval_s: float = 1.0
@@ -45,13 +41,10 @@ class GcPauses:
     thaw_every_s: float = 3600.0
     _started_at: float | None = None
     _done: deque[tuple[int, float]] = attrs.field(factory=lambda: deque(maxlen=10_000))
-    _long_since_log: int = 0
-    _longest_since_log_s: float = 0.0
-    _logged_at: float = -math.inf
+    _long: log.Tally = attrs.field(factory=log.Tally)
     _frozen_objects: int = 0
     """The permanent generation's size, read after each full collection only: counting it
-    (``gc.get_freeze_count()``) walks every frozen object, about 17 ms for 500,000 here, with
-    every thread held."""
+    walks every frozen object, with every thread held."""
     _log: Any = attrs.field(factory=lambda: log.get("gc"))
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -87,29 +80,23 @@ class GcPauses:
     def drain(self, now: float) -> list[tuple[int, float]]:
         """Record the collections timed since the last call, at trio time ``now``: the metric,
         and a warning line for long ones (rate-limited). Returns them as (generation, s)."""
-        done: list[tuple[int, float]] = []
-        while self._done:
-            done.append(self._done.popleft())
+        done = [self._done.popleft() for _ in range(len(self._done))]
         for generation, pause_s in done:
             metrics.GC_PAUSE_SECONDS.labels(str(generation)).observe(pause_s)
             if pause_s > self.warn_after_s:
-                self._long_since_log += 1
-                self._longest_since_log_s = max(self._longest_since_log_s, pause_s)
+                self._long.add(pause_s)
         if any(generation == 2 for generation, _ in done):
             self._frozen_objects = gc.get_freeze_count()
             metrics.GC_FROZEN_OBJECTS.set(self._frozen_objects)
-        if self._long_since_log and now - self._logged_at >= self.log_every_s:
+        if long := self._long.take(now, self.log_every_s):
             self._log.warning(
                 "garbage collection paused every thread",
-                long_collections=self._long_since_log,
-                longest_s=round(self._longest_since_log_s, 3),
+                long_collections=long[0],
+                longest_s=round(long[1], 3),
                 warn_after_s=self.warn_after_s,
                 tracked_objects=gc.get_count(),
                 frozen_objects=self._frozen_objects,
             )
-            self._logged_at = now
-            self._long_since_log = 0
-            self._longest_since_log_s = 0.0
         return done
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -156,10 +143,7 @@ def collect_less_often() -> tuple[int, int, int]:
     heap every 5 to 6 s, each holding every thread for 0.6 to 1.1 s (measured with
     :class:`GcPauses`; long enough to lose the lease). With a young generation 14 times larger
     most of them are freed by their reference counts before a collection can promote them.
-    Larger is worse: at 50,000 allocations a young collection itself held a loaded leader for
-    0.1 to 0.5 s, and a middle one (20 young ones' survivors) 1.3 s. Full collections still come
-    as the heap grows: :class:`GcPauses` with ``freeze_survivors`` keeps what survived one out
-    of the next.
+    Larger is worse: at 50,000 a young collection itself held a loaded leader for 0.1 to 0.5 s.
     """
     _, _, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_THRESHOLD, oldest)

@@ -20,14 +20,10 @@ def new_idempotency_key() -> str:
 
 
 def with_idempotency_key(request: T) -> T:
-    """``request`` with an idempotency key, for every attempt of one call.
-
-    A request that has an ``idempotency_key`` field left empty gets a copy with a fresh key; a
-    ``RegisterWorkerRequest`` whose ``agent_run_id`` (with ``registration_seq``, its key) is
-    empty gets a fresh run id and number 1, as a one-off registration. A key the caller set is
-    kept, so a caller that must survive its own restart (``stockade submit
-    --idempotency-key``) can send the same call again. The caller's object is never changed:
-    reusing it for another call draws another key. Other requests (reads, heartbeats) are
+    """``request`` with an idempotency key, for every attempt of one call: a copy with a fresh
+    key when its ``idempotency_key`` is empty (a ``RegisterWorkerRequest`` without
+    ``agent_run_id``: a fresh run id and number 1). A key the caller set is kept (``stockade
+    submit --idempotency-key``); the caller's object is never changed; other requests are
     returned as they are.
     """
     if getattr(request, "idempotency_key", None) == "":

@@ -32,15 +32,8 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
 def check_id(value: str, *, field: str) -> str:
-    """``value`` if it is an id (1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit).
-
-    Args:
-        value: the id as given.
-        field: its name in errors, e.g. ``"worker_id"``.
-
-    Raises:
-        InvalidArgument: ``value`` is not a string or breaks the rule.
-    """
+    """``value`` if it is an id (1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit);
+    else InvalidArgument naming ``field`` (e.g. ``"worker_id"``)."""
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise InvalidArgument(field, value, ID_RULE)
     return value
@@ -80,27 +73,14 @@ ADDRESS_HOST_RULE = "an IPv4 address, an IPv6 address in brackets or an RFC 1123
 
 def parse_host(text: str, *, field: str) -> str:
     """``text`` if it is a host on its own: an IPv4 address, a bare IPv6 address (``::1``) or
-    an RFC 1123 host name (for a listening socket; an address's host is :func:`parse_address`'s).
-
-    Args:
-        text: the host as given.
-        field: its name in errors, e.g. ``"listen_host"``.
-
-    Raises:
-        InvalidArgument: ``text`` is none of the three.
-    """
+    an RFC 1123 host name (for a listening socket); else InvalidArgument naming ``field``."""
     if isinstance(text, str) and (_is_ipv4(text) or _is_ipv6(text) or is_host_name(text)):
         return text
     raise InvalidArgument(field, text, f"must be {HOST_RULE}")
 
 
 def parse_address(text: str, *, field: str = "address") -> Address:
-    """``text`` as ``host:port`` (see the module docstring for what a host and a port may be).
-
-    Args:
-        text: the address as given, e.g. ``"127.0.0.1:7101"``, ``"[::1]:7101"``,
-            ``"w-1.example.org:7201"``.
-        field: its name in errors.
+    """``text`` as ``host:port`` (``"127.0.0.1:7101"``, ``"[::1]:7101"``, ``"w-1.example:7201"``).
 
     Raises:
         InvalidArgument: ``text`` is not such an address; the rule names the part at fault.
@@ -171,21 +151,12 @@ def url_without_password(url: str) -> str:
 
 
 def parse_addresses(texts: Sequence[str], *, field: str) -> tuple[Address, ...]:
-    """Every item of ``texts`` as an address; the field is named with the item's index
-    (``control_planes[1]``).
-
-    Raises:
-        InvalidArgument: an item is not an address.
-    """
+    """Every item of ``texts`` as an address; an error names the item's index (``control_planes[1]``)."""
     return tuple(parse_address(text, field=f"{field}[{index}]") for index, text in enumerate(texts))
 
 
 def check_label_key(key: str, *, field: str = "labels") -> str:
-    """``key`` if it is a label key: ``[prefix/]name`` (see the module docstring).
-
-    Raises:
-        InvalidArgument: the key breaks the rule; the field is named ``labels key``.
-    """
+    """``key`` if it is a label key, ``[prefix/]name``; else InvalidArgument (``labels key``)."""
     rule = (
         f"must be a name of 1-{MAX_LABEL_NAME_CHARS} characters of A-Z a-z 0-9 - _ . starting and "
         f"ending with a letter or digit, optionally after a lower-case DNS subdomain and a slash"
@@ -201,15 +172,8 @@ def check_label_key(key: str, *, field: str = "labels") -> str:
 
 
 def check_label_value(value: str, *, field: str) -> str:
-    """``value`` if it is a label value: empty, or a name as a key's (see the module docstring).
-
-    Args:
-        value: the value as given.
-        field: its name in errors, e.g. ``"labels[zone]"``.
-
-    Raises:
-        InvalidArgument: the value breaks the rule.
-    """
+    """``value`` if it is a label value, empty or a name as a key's; else InvalidArgument
+    naming ``field`` (e.g. ``"labels[zone]"``)."""
     if not isinstance(value, str) or (value and not _LABEL_NAME.fullmatch(value)):
         raise InvalidArgument(
             field,
@@ -237,32 +201,23 @@ def check_labels(labels: Mapping[str, str], *, field: str = "labels") -> dict[st
 
 def _is_ipv4(text: str) -> bool:
     try:
-        ipaddress.IPv4Address(text)
+        return bool(ipaddress.IPv4Address(text))
     except ValueError:
         return False
-    return True
 
 
 def _is_ipv6(text: str) -> bool:
-    if "%" in text:  # a zone (fe80::1%eth0) only means something on the machine that wrote it
-        return False
-    try:
-        ipaddress.IPv6Address(text)
+    try:  # a zone (fe80::1%eth0) only means something on the machine that wrote it
+        return "%" not in text and bool(ipaddress.IPv6Address(text))
     except ValueError:
         return False
-    return True
 
 
 def parse_labels(
     items: Sequence[str], *, field: str = "--label", reserved: Sequence[str] = ("container",)
 ) -> dict[str, str]:
-    """Labels from ``key=value`` items (a command line's repeated ``--label``), each checked
-    (:func:`check_label_key`, :func:`check_label_value`).
-
-    Args:
-        items: the items as given.
-        field: their name in errors.
-        reserved: keys the agent sets itself, refused here.
+    """Labels from ``key=value`` items (a command line's repeated ``--label``), each checked;
+    ``reserved``: keys the agent sets itself, refused here.
 
     Raises:
         InvalidArgument: an item without ``=``, a bad key or value, a key given twice or

@@ -1,22 +1,11 @@
 """A job's spec, the one shape every layer speaks: what to run and what it reserves.
 
-:class:`JobSpec` holds a job's name, its resource requests (``cpu_millis``: millicores, 1000 =
-one core; ``memory_mb``: MiB), its priority and its runtime, one of :data:`JobRuntime`:
-
-- :class:`SleepRuntime`: hold the resources for ``duration_ms`` milliseconds, do no work
-  (benchmarks, chaos);
-- :class:`CommandRuntime`: run ``argv`` as a child process (``agent/runtimes.py``);
-- :class:`ContainerRuntime`: run ``argv`` in a Docker container of ``image``, on a worker whose
-  engine answered when its agent started (``agent/container.py``).
-
-Each runtime knows its own rules (:meth:`SleepRuntime.check`), how it reads to a person
-(:meth:`SleepRuntime.describe`) and its name (``kind``, also the database's ``jobs.runtime``).
-Where a spec comes from or goes to lives elsewhere, one module each: the wire
-(:mod:`runtime.wire_jobs`), the database (``actors/queries.py``), a process (``agent/runtimes.py``).
-
-The limits are the control plane's (:meth:`JobSpec.check`); ``actors.validation`` lists them
-with every other limit for the README. Sizes are counted in bytes of UTF-8
-(:mod:`runtime.checks`).
+:class:`JobSpec` holds a job's name, resources, priority and runtime, one of
+:data:`JobRuntime` (:class:`SleepRuntime`, :class:`CommandRuntime`, :class:`ContainerRuntime`),
+each with its rules (``check``), its line for people (``describe``) and its name (``kind``,
+the database's ``jobs.runtime``). Its other forms: :mod:`runtime.wire_jobs`,
+``actors/queries/jobs.py``, ``agent/runtimes.py``. The limits are the control plane's
+(:meth:`JobSpec.check`, listed in ``actors.validation``); sizes are bytes of UTF-8.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ import attrs
 from runtime.checks import check_int_between, check_text, utf8_bytes
 from runtime.constraints import Constraint, check_constraints
 from runtime.errors import InvalidArgument
+from runtime.validation import MAX_ID
 
 MAX_CPU_MILLIS = 1_000_000  # 1000 cores
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
@@ -49,7 +39,7 @@ MIN_CONTAINER_CPU_MILLIS = 10
 under 1 ms of the 100 ms period: "failed to write 100 to cpu.cfs_quota_us")."""
 MIN_CONTAINER_MEMORY_MB = 6
 """Least memory of a container job: the engine refuses a limit under 6 MiB."""
-RUNTIME_RULE = "must be exactly one of sleep, command or container"
+RUNTIME_RULE = "must be exactly one of sleep, command or container"  # (field ``runtime``)
 MAX_ATTEMPTS = 100
 """Most runs of one job (``max_attempts``)."""
 DEFAULT_RETRY_BACKOFF_S = 1.0
@@ -72,9 +62,8 @@ MAX_ENV_BYTES = 64 * 1024
 RESERVED_ENV_PREFIX = "STOCKADE_"
 """Environment names the worker sets itself (``STOCKADE_ARRAY_INDEX``, ``STOCKADE_JOB_ID``)."""
 HIDDEN_ENV_VALUE = "<hidden>"
-"""What stands for each environment value in a job shown to someone who may not read the values
-(a viewer's GetJob, ListJobs and Status replies, the web console): the names stay, since they
-say what the job is given, but values may be secrets (:meth:`JobSpec.env_values_hidden`)."""
+"""What stands for each environment value (perhaps a secret) in a job shown to someone who may
+not read the values (:meth:`JobSpec.env_values_hidden`)."""
 MAX_WORKDIR_BYTES = 4096
 """Longest ``workdir``, PATH_MAX."""
 MAX_AFTER = 100
@@ -83,9 +72,18 @@ MAX_ARRAY_TASKS = 10_000
 """Most tasks of one array (as many as one batch submission)."""
 MAX_ARRAY_INDEX = 1_000_000
 """Largest task index of an array."""
-MAX_ID = 2**63 - 1
-"""Largest job id (a bigint)."""
-"""The rule a spec without a runtime (or, on the wire, with two) breaks (field ``runtime``)."""
+
+
+def _argv(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
+    return tuple(value)
+
+
+def _ids(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -105,10 +103,6 @@ class SleepRuntime:
     def describe(self) -> str:
         """One line for people: ``sleep 2.5 s``."""
         return f"sleep {self.duration_ms / 1000:g} s"
-
-
-def _argv(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -134,8 +128,7 @@ class CommandRuntime:
 
 
 def _check_argv(field: str, argv: tuple[str, ...], *, allow_empty: bool) -> None:
-    """The argv rules of :meth:`CommandRuntime.check`, for ``field`` (empty allowed when
-    ``allow_empty``: a container with no argv runs its image's own command)."""
+    """The argv rules of :meth:`CommandRuntime.check`, for ``field``."""
     if not argv:
         if allow_empty:
             return
@@ -169,10 +162,8 @@ IMAGE_RULE = (
 
 def check_image(field: str, image: str) -> str:
     """``image``, once it is found to be a Docker image reference (``repository[:tag][@digest]``,
-    the grammar of Docker's ``reference`` package) of at most :data:`MAX_IMAGE_BYTES` bytes.
-
-    Nothing else gets through to a worker's engine: no whitespace, NUL or shell metacharacters,
-    no path (``/etc/passwd``, ``./x``, ``a/../b``), no uppercase path component.
+    the grammar of Docker's ``reference`` package) of at most :data:`MAX_IMAGE_BYTES` bytes: no
+    whitespace, NUL, shell metacharacter, path (``./x``, ``a/../b``) or uppercase path component.
 
     Raises:
         InvalidArgument: naming ``field``, the rule broken and the value.
@@ -205,9 +196,8 @@ class ContainerRuntime:
     entry point and command."""
 
     def check(self) -> None:
-        """Raises InvalidArgument (``container.image``, ``container.argv`` or
-        ``container.argv[i]``): an image that is no Docker reference, or argv past a command's
-        limits."""
+        """Raises InvalidArgument (``container.image``, ``container.argv[i]``...): an image that
+        is no Docker reference, or argv past a command's limits."""
         check_image("container.image", self.image)
         _check_argv("container.argv", self.argv, allow_empty=True)
 
@@ -222,11 +212,10 @@ JobRuntime = SleepRuntime | CommandRuntime | ContainerRuntime
 
 @attrs.frozen(kw_only=True)
 class ArrayRange:
-    """An array submission: one task per index ``first_index..last_index`` (both included),
-    each a job of the same spec with ``STOCKADE_ARRAY_INDEX`` in its environment, at most
-    ``max_running`` of them pending, assigned or running at once (0: no limit; the others wait:
-    :mod:`actors.dependencies` says when they are released). Slurm's ``--array``
-    (``sbatch --array=1-100%10``) is the model."""
+    """An array submission (Slurm's ``--array=1-100%10``): one task per index
+    ``first_index..last_index`` (both included), each a job of the same spec with
+    ``STOCKADE_ARRAY_INDEX`` in its environment, at most ``max_running`` of them pending,
+    assigned or running at once (0: no limit)."""
 
     first_index: int
     last_index: int
@@ -238,13 +227,8 @@ class ArrayRange:
         return self.last_index - self.first_index + 1
 
     def check(self) -> ArrayRange:
-        """This range, once it is found within the limits.
-
-        Raises:
-            InvalidArgument: an index outside 0..:data:`MAX_ARRAY_INDEX`, ``last_index`` below
-                ``first_index``, more than :data:`MAX_ARRAY_TASKS` tasks, or ``max_running``
-                outside 0..:data:`MAX_ARRAY_TASKS`.
-        """
+        """This range, once it is found within the limits (:data:`MAX_ARRAY_INDEX`,
+        :data:`MAX_ARRAY_TASKS`, ``last_index`` not below ``first_index``); else InvalidArgument."""
         if self.last_index < self.first_index:
             raise InvalidArgument(
                 "array", self.describe(), "must end at or after its first index (first-last, e.g. 1-100)"
@@ -268,11 +252,8 @@ ARRAY_SYNTAX = "must be FIRST-LAST[%MAX_RUNNING] or INDEX (e.g. 1-100%10)"
 
 
 def parse_array(text: str, *, field: str = "array") -> ArrayRange:
-    """An :class:`ArrayRange` from ``1-100``, ``1-100%10`` or ``7`` (one task), checked.
-
-    Raises:
-        InvalidArgument: ``text`` is not of that form, or the range breaks a limit.
-    """
+    """An :class:`ArrayRange` from ``1-100``, ``1-100%10`` or ``7`` (one task), checked
+    (InvalidArgument naming ``field``)."""
     found = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?(?:%\s*(\d{1,9})\s*)?", text, re.ASCII)
     if found is None:
         raise InvalidArgument(field, text, ARRAY_SYNTAX)
@@ -294,20 +275,11 @@ def _env(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[st
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
-def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
-    return tuple(value)
-
-
-def _ids(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(value)
-
-
 def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
     """Raises InvalidArgument (``env`` or ``env[NAME]``) for an environment that breaks a rule:
     more than :data:`MAX_ENV_VARS` names, a name that is empty, holds ``=`` or a NUL, is not of
     :data:`ENV_NAME_PATTERN` or starts with :data:`RESERVED_ENV_PREFIX`, a name given twice, a
-    value holding a NUL, or more than :data:`MAX_ENV_BYTES` bytes in all. The control plane
-    applies it to every submission (:meth:`JobSpec.check`), the client before sending."""
+    value holding a NUL, or more than :data:`MAX_ENV_BYTES` bytes in all."""
     pairs = list(env)
     if len(pairs) > MAX_ENV_VARS:
         raise InvalidArgument(field, len(pairs), f"must have at most {MAX_ENV_VARS} names")
@@ -334,11 +306,7 @@ def check_env(env: Iterable[tuple[str, str]], *, field: str = "env") -> None:
 
 def check_seconds(field: str, value: float, *, low: float, high: float, low_open: bool = False) -> float:
     """``value`` (seconds), once it is found a finite number within ``low..high`` (above
-    ``low`` when ``low_open``).
-
-    Raises:
-        InvalidArgument: NaN, an infinity, or outside the range.
-    """
+    ``low`` when ``low_open``); else InvalidArgument."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidArgument(field, value, "must be a finite number of seconds")
     if value > high or value < low or (low_open and value == low):
@@ -349,12 +317,8 @@ def check_seconds(field: str, value: float, *, low: float, high: float, low_open
 
 @attrs.frozen(kw_only=True)
 class JobSpec:
-    """A job as submitted: what it runs and what it reserves while it runs.
-
-    Built unchecked (a spec off the wire may break any rule: the control plane refuses it with
-    :meth:`check`, an agent refuses it as ``bad_spec``); a spec read back from the database was
-    checked when it was stored.
-    """
+    """A job as submitted: what it runs and what it reserves while it runs. Built unchecked
+    (a spec off the wire may break any rule): :meth:`check` it."""
 
     name: str
     """For people; 1 to :data:`MAX_NAME_BYTES` bytes of UTF-8, no control characters."""
@@ -406,8 +370,6 @@ class JobSpec:
         self.runtime.check()
         self._check_lifecycle()
         if isinstance(self.runtime, ContainerRuntime):
-            # Docker's own floors: a CPU quota under 10 ms per 100 ms period (runc writes
-            # cpu.cfs_quota_us >= 1000) and a memory limit under 6 MiB are refused by the engine.
             for field, value, low in (
                 ("cpu_millis", self.cpu_millis, MIN_CONTAINER_CPU_MILLIS),
                 ("memory_mb", self.memory_mb, MIN_CONTAINER_MEMORY_MB),

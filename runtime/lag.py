@@ -1,15 +1,12 @@
 """Event-loop lag: how late a trio loop wakes a task that asked to wake at a given time.
 
-One :class:`LoopLag` per trio loop sleeps until a deadline every ``interval_s`` and records how
-late it woke: a histogram (``stockade_event_loop_lag_seconds{loop=...}``), a warning line past
-``warn_after_s``, :attr:`LoopLag.recent_max_s` (the ingest sheds new work on it) and
-:attr:`LoopLag.last_wake_monotonic` (read from another thread). Why and how: docs/design.md,
-"Event-loop lag".
+One :class:`LoopLag` per trio loop records it as a histogram, a warning line,
+:attr:`LoopLag.recent_max_s` and :attr:`LoopLag.last_wake_monotonic`. Why and how:
+docs/design.md, "Event-loop lag".
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import Any
@@ -41,9 +38,7 @@ class LoopLag:
     """``time.monotonic()`` at the monitor's last wake (readable from any thread)."""
     _recent: deque[tuple[float, float]] = attrs.field(factory=deque)
     """(trio time of the wake, lag in s) of the wakes within ``window_s``."""
-    _late_since_log: int = 0
-    _worst_since_log_s: float = 0.0
-    _logged_at: float = -math.inf
+    _late: log.Tally = attrs.field(factory=log.Tally)
     _log: Any = attrs.field(factory=lambda: log.get("loop_lag"))
 
     @property
@@ -60,20 +55,16 @@ class LoopLag:
             self._recent.popleft()
         metrics.EVENT_LOOP_LAG_SECONDS.labels(self.loop).observe(lag)
         if lag > self.warn_after_s:
-            self._late_since_log += 1
-            self._worst_since_log_s = max(self._worst_since_log_s, lag)
-            if woke - self._logged_at >= self.log_every_s:
+            self._late.add(lag)
+            if late := self._late.take(woke, self.log_every_s):
                 self._log.warning(
                     "event loop lagging",
                     loop=self.loop,
                     lag_s=round(lag, 3),
-                    late_wakes=self._late_since_log,
-                    worst_lag_s=round(self._worst_since_log_s, 3),
+                    late_wakes=late[0],
+                    worst_lag_s=round(late[1], 3),
                     warn_after_s=self.warn_after_s,
                 )
-                self._logged_at = woke
-                self._late_since_log = 0
-                self._worst_since_log_s = 0.0
         return lag
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

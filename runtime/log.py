@@ -16,9 +16,11 @@ line per job: a round of 500 placements costs one line on the hot path, and ``jq
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any
 
+import attrs
 import structlog
 
 
@@ -71,3 +73,26 @@ def bind(**context: Any) -> None:
 def get(name: str) -> Any:
     """A logger that adds ``actor=name`` to every line."""
     return structlog.get_logger().bind(actor=name)
+
+
+@attrs.define
+class Tally:
+    """Events worth a warning (a late wake, a long collection), counted between two lines so
+    that at most one line is logged per interval: :meth:`add` each, then :meth:`take`."""
+
+    count: int = 0
+    worst: float = 0.0
+    logged_at: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.worst = max(self.worst, value)
+
+    def take(self, now: float, every_s: float) -> tuple[int, float] | None:
+        """``(count, worst)`` since the last line, starting the count again, when some event
+        was counted and the last line is at least ``every_s`` old at ``now``; else None."""
+        if not self.count or now - self.logged_at < every_s:
+            return None
+        taken = (self.count, self.worst)
+        self.count, self.worst, self.logged_at = 0, 0.0, now
+        return taken

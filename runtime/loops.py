@@ -1,18 +1,9 @@
-"""The three loops every Stockade process writes: a periodic one, a retry with backoff, and a
-process main that stops on a signal. Written once here, on trio's clock, so
-``trio.testing.MockClock`` drives each to exact times.
-
-- :class:`Periodic`: ticks at a fixed rate (``trio.current_time`` and ``sleep_until``, the
-  shape trio-util's ``periodic`` has): a tick whose work took longer than the interval is
-  followed at once, not by a burst of the ticks it missed, and later ticks count from it.
-- :func:`retry`: call until the call succeeds, waiting between failures with capped
-  exponential backoff and full jitter (:class:`runtime.backoff.FullJitterBackoff`).
-- :func:`run_until_signal`: run a process's work until SIGTERM or SIGINT, then cancel it
-  cleanly (its ``finally`` blocks and shielded clean-up run before it returns).
-
-And the two ways to finish a computation written in slices (a generator that yields between
-slices and returns its result, such as :func:`actors.placement.place_queue_steps`):
-:func:`finish` at once, :func:`finish_in_slices` letting other tasks run between slices.
+"""The loops every Stockade process writes, once, on trio's clock (so ``MockClock`` drives
+each to exact times): :class:`Periodic` (a fixed rate, trio-util's ``periodic`` shape),
+:func:`retry` (capped exponential backoff, full jitter) and :func:`run_until_signal` (a
+process's work until SIGTERM or SIGINT); and :func:`finish` and :func:`finish_in_slices` for a
+computation written in slices (a generator that yields between slices and returns its result,
+such as :func:`actors.placement.place_queue_steps`).
 """
 
 from __future__ import annotations
@@ -38,16 +29,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class Periodic:
     """Ticks every ``interval_s`` seconds of trio time, at a fixed rate.
 
-    The first :meth:`tick` is due at once, or ``interval_s`` after ``last_at`` when given; each
-    later one is due ``interval_s`` after the previous tick's due time, or at once when that has
-    passed already (work that overran the interval is followed at once, and the ticks it missed
-    are dropped, not made up in a burst). :meth:`restart` makes the next tick due at once (after
-    a pause, such as waiting to be elected).
-
-    Args:
-        interval_s: seconds between ticks (> 0).
-        last_at: trio time of a tick before the first (the first tick is then due
-            ``interval_s`` after it); None: the first tick is due at once.
+    Each :meth:`tick` is due ``interval_s`` after the previous tick's due time (``last_at``;
+    None: at once), or at once when that has passed already: the ticks that overrunning work
+    missed are dropped, not made up in a burst.
 
     Raises:
         InvalidArgument: ``interval_s`` is not > 0.
@@ -90,20 +74,13 @@ async def retry(
     on_retry: Callable[[Exception, float], None] | None = None,
 ) -> T:
     """Call ``attempt`` until it returns, waiting after the n-th failure (n = 0, 1, ...) a time
-    drawn uniformly below ``min(backoff.cap_s, backoff.base_s * 2**n)``: capped exponential
-    backoff with full jitter ("Exponential Backoff And Jitter", Marc Brooker, AWS Architecture
-    Blog, 2015), so processes that failed at the same moment do not come back at the same one.
+    drawn uniformly below ``min(backoff.cap_s, backoff.base_s * 2**n)`` (full jitter,
+    :mod:`runtime.backoff`).
 
     Args:
-        attempt: the call to make (no arguments).
-        retry_on: the errors that are worth another try; any other propagates at once, as
-            does cancellation.
-        backoff: the waits' bounds.
+        retry_on: the errors that are worth another try; any other propagates at once.
         rng: draws the waits; None: a fresh :class:`random.Random`.
         on_retry: called with the error and the wait (seconds) before each wait, e.g. to log.
-
-    Returns:
-        What the first successful call returned.
     """
     rng = rng or random.Random()
     failures = 0
@@ -130,17 +107,8 @@ async def run_until_signal(
     returns. Signals are watched from before ``main`` starts, so a process still starting (or
     waiting for its database) stops on one too. Must run in the main thread.
 
-    Args:
-        main: the process's work (no arguments).
-        logger: a :mod:`runtime.log` logger.
-        message: the log line written when a signal arrives.
-        signals: the signals that stop ``main``.
-
-    Returns:
-        The signal that stopped ``main``, or None when it returned on its own.
-
-    Raises:
-        Whatever ``main`` raised (inside an ExceptionGroup, as trio's nurseries raise them).
+    Returns the signal that stopped ``main``, or None when it returned on its own; raises what
+    ``main`` raised (inside an ExceptionGroup).
     """
     stopped_by: signal.Signals | None = None
     with trio.open_signal_receiver(*signals) as received:

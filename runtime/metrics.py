@@ -1,9 +1,4 @@
-"""Prometheus metrics of a Stockade process (prometheus-client), served on ``--metrics-port``.
-
-The placer's round time is a histogram with fine buckets; quantiles are estimated from it by
-linear interpolation within a bucket, as Prometheus' ``histogram_quantile`` does
-(prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile).
-"""
+"""Prometheus metrics of a Stockade process (prometheus-client), served on ``--metrics-port``."""
 
 from __future__ import annotations
 
@@ -15,34 +10,13 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+# Fine buckets: quantiles are interpolated linearly within one (Prometheus' histogram_quantile).
+# fmt: off
 ROUND_BUCKETS_S = (
-    0.0005,
-    0.001,
-    0.0015,
-    0.002,
-    0.003,
-    0.004,
-    0.005,
-    0.006,
-    0.008,
-    0.01,
-    0.0125,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    1.0,
-    2.0,
-    5.0,
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02,
+    0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
 )
+# fmt: on
 
 PLACER_ROUND_SECONDS = Histogram(
     "stockade_placer_round_seconds",
@@ -345,9 +319,7 @@ CLUSTER_MEMORY_ALLOCATED_MB = Gauge(
 def set_cluster_packing(
     *, workers: int, cpu_millis: int, cpu_allocated_millis: int, memory_mb: int, memory_allocated_mb: int
 ) -> None:
-    """Set the cluster packing gauges (:data:`CLUSTER_CPU_CAPACITY_MILLIS` and the others):
-    ``workers`` live workers offering ``cpu_millis`` (millicores) and ``memory_mb`` (MiB), of
-    which ``cpu_allocated_millis`` and ``memory_allocated_mb`` are held; all 0 on a standby."""
+    """Set the cluster packing gauges (``CLUSTER_*``; all 0 on a standby)."""
     CLUSTER_LIVE_WORKERS.set(workers)
     CLUSTER_CPU_CAPACITY_MILLIS.set(cpu_millis)
     CLUSTER_CPU_ALLOCATED_MILLIS.set(cpu_allocated_millis)
@@ -375,16 +347,9 @@ class WorkerReading:
 
 
 class WorkerGauges(Collector):
-    """Gauges of every worker of this process, read from its agent when Prometheus scrapes
-    (on the metrics server's thread), so that the heartbeat path pays nothing for them:
-
-    - ``stockade_agent_jobs_running{worker_id}``
-    - ``stockade_agent_heartbeat_ack_age_seconds{worker_id}``
-    - ``stockade_agent_fence_after_seconds{worker_id}``
-    - ``stockade_agent_fence_state{worker_id, state}``: 1 for the current state, 0 for the others.
-
-    A reader must only read plain attributes (it runs on another thread than the agent's trio
-    loop) and must not raise.
+    """Gauges of every worker of this process (:meth:`collect`), read from its agent when
+    Prometheus scrapes, so that the heartbeat path pays nothing for them. A reader runs on the
+    metrics server's thread: it must only read plain attributes, and must not raise.
     """
 
     def __init__(self) -> None:

@@ -33,13 +33,9 @@ _PATH = "/proc/self/oom_score_adj"
 
 @attrs.frozen
 class OomScore:
-    """What :func:`protect_process` did.
-
-    Args:
-        asked: the ``oom_score_adj`` asked for.
-        now: the value in effect afterwards (None where ``/proc`` has no such file).
-        refused: why the kernel refused what was asked (empty when it did not).
-    """
+    """What :func:`protect_process` did: the ``oom_score_adj`` ``asked`` for, the one in effect
+    ``now`` (None where ``/proc`` has no such file), and why the kernel ``refused`` (empty when
+    it did not)."""
 
     asked: int
     now: int | None
@@ -47,11 +43,7 @@ class OomScore:
 
 
 def check_oom_score_adj(value: int, *, field: str = "oom_score_adj", low: int = MIN_OOM_SCORE_ADJ) -> int:
-    """``value`` if it is an integer in ``low``..1000.
-
-    Raises:
-        InvalidArgument: it is not; the message names ``field``, the value and the range.
-    """
+    """``value`` if it is an integer in ``low``..1000, else InvalidArgument naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_OOM_SCORE_ADJ:
         raise InvalidArgument(field, value, f"must be an integer between {low} and {MAX_OOM_SCORE_ADJ}")
     return value
@@ -82,15 +74,8 @@ def protect_process(asked: int, *, log: Any | None = None) -> OomScore:
     process takes the lowest value it may set between ``asked`` and its current one, and a
     warning says so once.
 
-    Args:
-        asked: the value asked for, -1000..1000 (lower: killed later).
-        log: a structlog logger; told once (a warning) when the kernel refuses.
-
-    Returns:
-        what was asked and what is in effect.
-
-    Raises:
-        InvalidArgument: ``asked`` is outside -1000..1000.
+    ``asked``: -1000..1000 (lower: killed later; InvalidArgument outside); ``log`` is told once
+    (a warning) when the kernel refuses.
     """
     check_oom_score_adj(asked)
     current = read_oom_score_adj()
@@ -99,9 +84,8 @@ def protect_process(asked: int, *, log: Any | None = None) -> OomScore:
     try:
         if _write(asked):
             return OomScore(asked=asked, now=read_oom_score_adj())
-        # Refused: the lowest value accepted lies in (asked, current]; acceptance is monotonic
-        # (the kernel takes every value at or above the hidden minimum), so bisect. The value in
-        # effect is always ``high``: the last accepted write, or the one we started from.
+        # Refused: the kernel takes every value at or above its hidden minimum, so bisect
+        # (asked, current] for the lowest accepted; ``high`` is always the value in effect.
         low, high = asked, current  # low refused, high accepted
         while high - low > 1:
             middle = (low + high) // 2

@@ -2,8 +2,7 @@
 (:mod:`ops.launcher.pg_user`) and the agent's command jobs (:mod:`agent.runtimes`).
 
 When this process is root, such a program runs as a system user of its own, created on first
-use (:func:`resolve_user`); when it is not root, the program runs as this process's user and
-nothing changes on disk.
+use (:func:`resolve_user`); else as this process's user.
 """
 
 from __future__ import annotations
@@ -102,9 +101,6 @@ def add_mode(path: Path, bits: int) -> None:
 
 
 def ensure_traversable(directory: Path) -> None:
-    """Add g+x,o+x to ``directory`` and each of its parents, up to /.
-
-    Only the search bit is added: other users may pass through, not list.
-    """
+    """Add g+x,o+x to ``directory`` and each of its parents, up to / (pass through, not list)."""
     for path in (directory, *directory.parents):
         add_mode(path, stat.S_IXGRP | stat.S_IXOTH)

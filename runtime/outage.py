@@ -1,59 +1,36 @@
 """One log line per change of a database's reachability, not one per attempt.
 
-Every connection owner (the lease keeper's store, the ledger, the ingest's pool, the deciders'
-read stores, the schema at start-up) tells its :class:`OutageLog` how each connect or call
-went. The log then says:
-
-- ``database unreachable`` (warning) once, when the first failure follows a success (or the
-  start), with the error and the target (the URL, its password shown as ``***``);
-- ``database still unreachable`` (warning) at most every ``remind_every_s`` while failures go
-  on, with the attempts so far, ``down_for_s`` and the last error: the line an operator sees
-  repeat when ``DATABASE_URL`` points nowhere;
-- ``database reachable again`` (info) once, at the first success after failures, with
-  ``down_for_s`` and the attempts it took.
-
-Failures in between log nothing. Time is trio's (``trio.current_time``), so a mock clock
-drives it; a caller may pass ``now`` itself.
+Every connection owner tells its :class:`OutageLog` how each connect or call went. The log
+then says ``database unreachable`` (warning) once, when the first failure follows a success (or
+the start), with the error and the target (the URL, its password shown as ``***``); ``database
+still unreachable`` (warning) at most every ``remind_every_s`` while failures go on, with the
+attempts so far, ``down_for_s`` and the last error; ``database reachable again`` (info) once,
+at the first success after failures. Failures in between log nothing. Time is trio's; a caller
+may pass ``now`` itself.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
 import trio
 
-from runtime.errors import InvalidArgument
 from runtime.identifiers import url_without_password
+from runtime.settings.fields import positive
 
 DEFAULT_REMIND_EVERY_S = 10.0
 """How often a continuing outage is logged again, in seconds."""
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise InvalidArgument(attribute.name, value, "must be a finite number > 0")
-
-
 @attrs.define
 class OutageLog:
     """Whether one owner's database is reachable, logged on each change (see the module
-    docstring).
-
-    Args:
-        logger: a :mod:`runtime.log` logger (the owner's: its ``actor`` names who lost the
-            database).
-        target: the database URL; logged with its password replaced by ``***``.
-        remind_every_s: seconds between ``database still unreachable`` lines.
-
-    Raises:
-        InvalidArgument: ``remind_every_s`` is not a finite number > 0.
-    """
+    docstring) on the owner's ``logger``; InvalidArgument if ``remind_every_s`` is not > 0."""
 
     logger: Any
     target: str = attrs.field(converter=url_without_password)
-    remind_every_s: float = attrs.field(default=DEFAULT_REMIND_EVERY_S, validator=_positive)
+    remind_every_s: float = attrs.field(default=DEFAULT_REMIND_EVERY_S, validator=positive)
     down_since: float | None = None
     """Trio time of the first failure of the current outage; None while reachable."""
     attempts: int = 0
@@ -84,8 +61,7 @@ class OutageLog:
             )
 
     def succeeded(self, *, now: float | None = None) -> None:
-        """Record a successful connect or call at ``now`` (trio seconds; default: the current
-        time)."""
+        """Record a successful connect or call at ``now`` (trio seconds; default: the current time)."""
         if self.down_since is None:
             return
         now = trio.current_time() if now is None else now

@@ -23,13 +23,8 @@ DEFAULT_NICE = -5
 
 @attrs.frozen
 class Priority:
-    """What :func:`ask_for_priority` did.
-
-    Args:
-        asked: the nice value asked for.
-        now: the nice value in effect afterwards.
-        refused: why the system refused it (empty when it did not).
-    """
+    """What :func:`ask_for_priority` did: the nice value ``asked`` for, the one in effect
+    ``now``, and why the system ``refused`` (empty when it did not)."""
 
     asked: int
     now: int
@@ -37,30 +32,16 @@ class Priority:
 
 
 def check_nice(nice: int) -> int:
-    """``nice`` if it lies in -20..19.
-
-    Raises:
-        InvalidArgument: it does not; the message names ``nice``, the value and the range.
-    """
+    """``nice`` if it lies in -20..19, else InvalidArgument."""
     if not MIN_NICE <= nice <= MAX_NICE:
         raise InvalidArgument("nice", nice, f"must be between {MIN_NICE} and {MAX_NICE}")
     return nice
 
 
 def ask_for_priority(nice: int, *, log: Any | None = None) -> Priority:
-    """Set the calling thread's nice value to ``nice`` unless it is already at least that high
-    a priority (a lower or equal value); threads it starts later inherit it.
-
-    Args:
-        nice: the nice value asked for, -20..19 (lower: more CPU).
-        log: a structlog logger; told once (a warning) when the system refuses.
-
-    Returns:
-        what was asked and what is in effect.
-
-    Raises:
-        InvalidArgument: ``nice`` is outside -20..19.
-    """
+    """Set the calling thread's nice value to ``nice`` (-20..19, lower: more CPU) unless it is
+    already at least that high a priority; threads it starts later inherit it. ``log`` is told
+    once (a warning) when the system refuses. InvalidArgument: ``nice`` is out of range."""
     return _raise_priority(0, nice, children=False, log=log, what="CPU priority")
 
 
@@ -75,20 +56,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def renice_server(pid: int, nice: int, *, log: Any | None = None) -> Priority:
-    """Give a server process that forks a process per connection (PostgreSQL's postmaster) and
-    its current children the nice value ``nice``; children it forks later inherit it.
-
-    Args:
-        pid: the server's pid.
-        nice: the nice value asked for, -20..19.
-        log: a structlog logger; told once (a warning) when the system refuses.
-
-    Returns:
-        what was asked and the server's nice value afterwards.
-
-    Raises:
-        InvalidArgument: ``nice`` is outside -20..19.
-    """
+    """:func:`ask_for_priority` for a server process ``pid`` that forks a process per
+    connection (PostgreSQL's postmaster) and its current children; later ones inherit it."""
     return _raise_priority(pid, nice, children=True, log=log, what="database server's CPU priority")
 
 

@@ -1,13 +1,9 @@
 """Request/reply between actors: a request message carries a :class:`Reply` slot.
 
 The asker creates ``Reply()``, puts it in its request, sends the request and awaits
-``reply.wait()``. The answering actor calls ``reply.set(value)`` or ``reply.fail(exc)``
-exactly once. A test standing in for an actor holds the other end of the channel and
-scripts the answer: late (sleep first), lost (never answer) or failed.
-
-The answering actor may run on another loop in another thread (:mod:`runtime.threads`): an
-answer given from a thread other than the asker's is handed to the asker's loop and delivered
-there.
+``reply.wait()``; the answering actor calls ``reply.set(value)`` or ``reply.fail(exc)`` exactly
+once, possibly from another loop's thread (:mod:`runtime.threads`): the answer is then handed to
+the asker's loop.
 """
 
 from __future__ import annotations

@@ -17,17 +17,9 @@ with the replica it moved on to before it tries its home first again, in seconds
 
 
 def home_index(key: str, replicas: int) -> int:
-    """The home replica of ``key`` among ``replicas`` control planes: an index in
-    ``0..replicas-1`` from the first 8 bytes of the BLAKE2b digest of ``key`` (UTF-8), big-endian,
-    modulo ``replicas``.
-
-    Stable across processes and Python versions (not ``hash()``, which is salted per process),
-    and uniform enough that 1,000 worker ids over 3 replicas give each within a few percent of a
-    third.
-
-    Raises:
-        InvalidArgument: ``replicas`` is not >= 1.
-    """
+    """The home replica of ``key`` among ``replicas`` (>= 1) control planes: the first 8 bytes
+    of the BLAKE2b digest of ``key`` (UTF-8), big-endian, modulo ``replicas`` (stable across
+    processes, unlike ``hash()``)."""
     if replicas < 1:
         raise InvalidArgument("replicas", replicas, "must be >= 1")
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
@@ -38,13 +30,10 @@ def home_index(key: str, replicas: int) -> int:
 class Route:
     """Which replica a walk asks first, for one client or for one ``home_key`` of a shared one.
 
-    The rule: the replica that answered last is asked first, except that a route with a home
-    replica goes home again once ``home_return_s`` has passed since it moved away. Moving away
-    (another replica answered) starts the clock; after ``home_return_s`` the next walk starts
-    at home, and an answer from home ends the stay away; a home still slow or down is hedged
-    (or skipped) as any replica is, which moves the route away again and starts the clock
-    anew. So a replica that comes back gets its share of the load within ``home_return_s``,
-    and one that stays slow costs each of its routes one hedged call per ``home_return_s``.
+    The replica that answered last is asked first, except that a route with a home replica
+    starts at home again once ``home_return_s`` has passed since another replica answered. So
+    a replica that comes back gets its share of the load within ``home_return_s``, and one that
+    stays slow costs each of its routes one hedged call per ``home_return_s``.
     """
 
     home: int | None

@@ -65,15 +65,8 @@ async def supervise(
     policy: RestartPolicy = RestartPolicy(),
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``actor`` (called as ``await nursery.start(actor)``) and restart it when it crashes.
-
-    Signals ``task_status.started()`` once the actor's first start succeeded. Returns when the
-    actor returns.
-
-    Args:
-        name: the actor's name, for logs.
-        actor: an async callable taking ``task_status=`` (the ``nursery.start`` protocol).
-        policy: restart limits and backoff.
+    """Run ``actor`` (``await nursery.start(actor)``) and restart it when it crashes;
+    ``task_status.started()`` once its first start succeeded; returns when it returns.
 
     Raises:
         ActorGaveUp: the actor crashed more than ``policy.max_restarts`` times within

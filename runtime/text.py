@@ -1,20 +1,11 @@
 """Text of unbounded size, shown or passed on in bounded size.
 
-A job's output file, a process's log, a message built from a user's input: any of them may be
-one line of hundreds of megabytes. Whatever shows such text, or passes it on to a peer with a
-limit of its own, goes through here and holds at most a fixed number of bytes, however large
-the input is:
-
-- :func:`tail_lines` reads only the end of a file (one seek, one read of at most
-  ``max_bytes``), so its memory and time do not grow with the file, and cuts every line it
-  returns to ``max_line_bytes``;
-- :func:`cut_line` cuts one line of text to a number of UTF-8 bytes, keeping its start and
-  its end and saying how many bytes it left out between them;
-- :func:`read_lines` reads a file of records line by line and skips, without holding it, a
-  line longer than any record; :func:`read_jsonl` reads a file of JSON records so.
-
-Sizes are UTF-8 bytes throughout, never characters, so a limit means the same memory for any
-script. A cut never splits a UTF-8 sequence; invalid UTF-8 in a file shows as U+FFFD.
+A job's output, a process's log, a message built from a user's input may be one line of
+hundreds of megabytes; whatever shows it or passes it on goes through here and holds at most a
+fixed number of bytes: :func:`tail_lines` (the end of a file, one seek and one read),
+:func:`cut_line` (one line cut to its start and end), :func:`read_lines` and :func:`read_jsonl`
+(records, skipping a line longer than any record). Sizes are UTF-8 bytes, never characters; a
+cut never splits a UTF-8 sequence; invalid UTF-8 in a file shows as U+FFFD.
 """
 
 from __future__ import annotations
@@ -74,11 +65,7 @@ def _cut(data: bytes, max_bytes: int) -> str:
 def cut_line(text: str, max_bytes: int = LINE_MAX_BYTES) -> str:
     """``text`` if its UTF-8 encoding has at most ``max_bytes`` bytes; else its first and last
     bytes (``max_bytes`` in all, half each) joined by :func:`cut_marker`, which says how many
-    bytes were left out. The marker's own bytes come on top of ``max_bytes``.
-
-    Args:
-        text: one line (or any text: newlines are kept as they are).
-        max_bytes: most UTF-8 bytes of ``text`` kept (>= 0).
+    bytes were left out. The marker's own bytes come on top of ``max_bytes`` (>= 0).
     """
     data = text.encode("utf-8", errors="surrogatepass")
     return text if len(data) <= max_bytes else _cut(data, max_bytes)
@@ -91,12 +78,8 @@ RECORD_MAX_BYTES = 64 * 1024
 def read_lines(file: IO[bytes], max_bytes: int = RECORD_MAX_BYTES) -> Iterator[bytes]:
     """Each line of ``file`` from its position on, without its ``\\n``, holding at most
     ``max_bytes + 1`` bytes in memory at a time: a longer line (a corrupt file, say a run of
-    NUL bytes a crash left behind) is read past in pieces and skipped, not returned.
-
-    For records a program wrote itself (JSON lines), where a line that long cannot be one.
-
-    Raises:
-        OSError: the file cannot be read.
+    NUL bytes a crash left behind) is read past in pieces and skipped (OSError if the file
+    cannot be read).
     """
     while line := file.readline(max_bytes + 1):
         if len(line) > max_bytes and not line.endswith(b"\n"):
@@ -109,10 +92,7 @@ def read_lines(file: IO[bytes], max_bytes: int = RECORD_MAX_BYTES) -> Iterator[b
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every JSON object line of ``path`` (an ``agent.jsonl``, an ``events.jsonl``), in order; a
     torn last line (a killed writer) is skipped, and so is a line longer than any record
-    (:func:`read_lines`), without being held.
-
-    Raises:
-        OSError: the file cannot be read.
+    (:func:`read_lines`), without being held (OSError if the file cannot be read).
     """
     records: list[dict[str, Any]] = []
     with path.open("rb") as file:
@@ -133,10 +113,7 @@ def head_bytes(text: str, max_bytes: int) -> str:
 def fit_line(text: str, max_bytes: int) -> str:
     """``text`` cut as :func:`cut_line` does, but to at most ``max_bytes`` bytes of UTF-8 in
     all, the marker included: for a peer's limit on what it accepts. A lone surrogate (which
-    has no UTF-8 form) becomes ``?``.
-
-    Args:
-        max_bytes: at least :data:`FIT_MIN_BYTES`.
+    has no UTF-8 form) becomes ``?``. ``max_bytes``: at least the marker's longest form.
     """
     data = text.encode("utf-8", errors="replace")
     if len(data) <= max_bytes:
@@ -145,8 +122,6 @@ def fit_line(text: str, max_bytes: int) -> str:
 
 
 _MARKER_MAX_BYTES = len(cut_marker(2**64).encode())
-FIT_MIN_BYTES = _MARKER_MAX_BYTES
-"""The least ``max_bytes`` :func:`fit_line` takes: room for its marker."""
 
 
 @attrs.frozen(kw_only=True)
@@ -205,19 +180,12 @@ def tail_lines(
     max_line_bytes: int = LINE_MAX_BYTES,
 ) -> Tail:
     """The last ``max_lines`` lines of the last ``max_bytes`` bytes of a file, in memory and
-    time bounded by ``max_bytes`` whatever the file's size (a job's output of one 200 MB line
-    costs what a short one does).
+    time bounded by ``max_bytes`` whatever the file's size.
 
     A line longer than ``max_line_bytes`` keeps its start and its end with the number of bytes
     cut between them (:func:`cut_line`); the first line read, when it begins before the part
     read, is marked so (:data:`EARLIER_MARKER`) and keeps its end. Lines end at ``\\n``
     (a ``\\r`` before it is dropped); a last line without one counts.
-
-    Args:
-        path: the file.
-        max_lines: most lines returned (the last ones).
-        max_bytes: most bytes read, from the end of the file.
-        max_line_bytes: most UTF-8 bytes of one line shown, besides the markers.
 
     Raises:
         OSError: the file cannot be opened or read.

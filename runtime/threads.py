@@ -25,17 +25,9 @@ T = TypeVar("T")
 
 
 class CrossLoopSender(Generic[T]):
-    """``send_nowait`` into a memory channel of another loop, from any thread.
-
-    The message is handed to the channel's loop and sent there; a full channel drops it with a
-    warning (the senders using this are role changes and rare requests, whose receivers resync
-    when they restart). Messages posted from one thread arrive in the order they were posted.
-
-    Args:
-        channel: the send side, used by tasks of the loop that ``token`` names.
-        token: that loop's ``trio.lowlevel.current_trio_token()``.
-        name: for the warning.
-    """
+    """``send_nowait`` into a memory channel of the loop ``token`` names, from any thread, in
+    order; a full channel drops the message with a warning naming ``name`` (role changes and
+    rare requests, whose receivers resync when they restart)."""
 
     def __init__(self, channel: trio.MemorySendChannel[T], token: trio.lowlevel.TrioToken, name: str) -> None:
         self._channel = channel
@@ -60,11 +52,8 @@ class CrossLoopSender(Generic[T]):
 
 @attrs.define(eq=False)
 class OwnLoop:
-    """The handle of one hosted loop: post calls to it while it runs.
-
-    Calls posted while no loop runs (before the first start, or between a crash and the
-    supervisor's restart) are kept and run first thing on the next loop.
-    """
+    """The handle of one hosted loop: post calls to it; those posted while no loop runs are run
+    first thing on the next."""
 
     name: str
     monitor_lag: bool = True
@@ -106,14 +95,10 @@ async def run_on_own_loop(
 ) -> None:
     """Run ``actor`` (the ``nursery.start`` protocol) on a new thread with a trio loop of its own.
 
-    The thread's loop opens an asyncio bridge, starts a :class:`LoopLag` named ``loop.name``
-    (unless ``loop.monitor_lag`` is False), then ``await nursery.start(actor)``;
-    ``task_status.started()`` follows the actor's. The actor's logging context is this task's
-    (``contextvars`` are copied into the thread).
-
-    Returns when the actor returns. Cancelling this task cancels the hosted loop and waits
-    (shielded) until its actor has finished its own cleanup, so a cancelled control plane
-    leaves no thread behind.
+    The thread's loop opens an asyncio bridge, starts a :class:`LoopLag` (with
+    ``loop.monitor_lag``), then ``await nursery.start(actor)``; ``task_status.started()``
+    follows the actor's, and the ``contextvars`` are copied into the thread. Cancelling this
+    task cancels the hosted loop and waits (shielded) until its actor has cleaned up.
 
     Raises:
         Exception: whatever the actor raised (out of the hosted loop's single-error groups).

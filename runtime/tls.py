@@ -21,33 +21,6 @@ import attrs
 
 from runtime.errors import LocalFileError
 
-__all__ = [
-    "ANY_CONTROL_PLANE",
-    "CONTROL_PLANE",
-    "OPERATOR",
-    "ROLES",
-    "TLS_HANDSHAKE_TIMEOUT_S",
-    "TRUST_DOMAIN",
-    "URI_PREFIX",
-    "VIEWER",
-    "WORKER",
-    "ClientTls",
-    "Expected",
-    "Identity",
-    "KeyFileExposed",
-    "PeerIdentityMismatch",
-    "TlsFiles",
-    "TlsFilesInvalid",
-    "TlsTarget",
-    "check_key_private",
-    "describe_tls_error",
-    "expected_server_name",
-    "fleet_identity",
-    "identity_of_peercert",
-    "parse_identity_uri",
-    "server_context",
-]
-
 CONTROL_PLANE = "control-plane"
 WORKER = "worker"
 OPERATOR = "operator"
@@ -60,8 +33,7 @@ URI_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
 
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
 """A server drops a connection whose TLS handshake has not finished after this long, seconds
-(asyncio's own default is 60 s: a client that connects and sends nothing would hold a socket
-and a file descriptor that long)."""
+(asyncio's own default is 60 s)."""
 
 
 class KeyFileExposed(LocalFileError):
@@ -89,9 +61,8 @@ class Identity:
     role: str
     id: str
     workers: frozenset[str] = frozenset()
-    """A fleet certificate's worker ids (role ``worker``, one URI SAN each; its ``id`` is then
-    the subject's common name, e.g. ``fleet-1``, shown in messages and never checked); empty
-    for every other certificate."""
+    """A fleet certificate's worker ids (one URI SAN each; its ``id`` is then the subject's
+    common name, shown in messages only); empty for every other certificate."""
 
     @property
     def uri(self) -> str:
@@ -100,8 +71,7 @@ class Identity:
 
     @property
     def uris(self) -> tuple[str, ...]:
-        """Every URI SAN the certificate carries: :attr:`uri`, or a fleet certificate's one
-        ``spiffe://stockade/worker/<id>`` per worker, in id order."""
+        """Every URI SAN the certificate carries: :attr:`uri`, or one per fleet worker, by id."""
         if not self.workers:
             return (self.uri,)
         return tuple(f"{URI_PREFIX}{WORKER}/{w}" for w in sorted(self.workers))
@@ -137,9 +107,8 @@ def parse_identity_uri(uri: str) -> Identity | None:
 
 def fleet_identity(uris: Sequence[str], common_name: str) -> Identity | None:
     """The fleet identity that ``uris`` (a certificate's URI SANs, at least two) name, or None
-    when they name none: each must be a distinct ``spiffe://stockade/worker/<id>`` (any other
-    role, trust domain or a repeated worker and the certificate names no identity at all).
-    ``common_name`` (the subject's CN) becomes its ``id``, shown in messages only."""
+    unless each is a distinct ``spiffe://stockade/worker/<id>``. ``common_name`` (the subject's
+    CN) becomes its ``id``, shown in messages only."""
     if len(uris) < 2:
         return None
     workers = set()
@@ -153,10 +122,8 @@ def fleet_identity(uris: Sequence[str], common_name: str) -> Identity | None:
 
 def identity_of_peercert(peercert: dict[str, Any] | None) -> Identity | None:
     """The identity in a verified peer certificate as :meth:`ssl.SSLObject.getpeercert` gives
-    it (``{"subjectAltName": (("URI", "spiffe://..."), ...), ...}``); None when there is no
-    certificate, or its URIs are neither exactly one Stockade identity nor a fleet
-    certificate's worker URIs (:func:`fleet_identity`); a certificate also naming another trust
-    domain's identity names none here."""
+    it; None when there is none, or its URIs are neither exactly one Stockade identity nor a
+    fleet's worker URIs (:func:`fleet_identity`)."""
     if not peercert:
         return None
     uris = [value for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"]
@@ -263,11 +230,7 @@ class _ServerSSLObject(ssl.SSLObject):
 
 def server_context(files: TlsFiles) -> ssl.SSLContext:
     """A server context: presents ``files``' certificate and requires a client certificate
-    signed by the CA (TLS 1.3, ALPN ``h2``).
-
-    Raises:
-        TlsFilesInvalid, KeyFileExposed: see :meth:`TlsFiles.check`.
-    """
+    signed by the CA (TLS 1.3, ALPN ``h2``); raises as :meth:`TlsFiles.check`."""
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
     files._load_into(context)
     context.sslobject_class = _ServerSSLObject
@@ -300,10 +263,9 @@ ANY_CONTROL_PLANE = Expected(CONTROL_PLANE)
 
 
 def expected_server_name(expected: Expected) -> str:
-    """The name a client sends (TLS SNI, ``server_hostname``) to say whom it expects:
-    ``<role>.stockade`` for any holder of the role, ``<role>-<32 hex digits>.stockade`` for one
-    id (the first 128 bits of the SHA-256 of the id: an id may be longer than a DNS label's 63
-    characters or hold characters a host name may not)."""
+    """The name a client sends (TLS SNI) to say whom it expects: ``<role>.stockade``, or
+    ``<role>-<first 32 hex digits of the id's SHA-256>.stockade`` for one id (an id may not be
+    a valid DNS label)."""
     if expected.id is None:
         return f"{expected.role}.{TRUST_DOMAIN}"
     digest = hashlib.sha256(expected.id.encode()).hexdigest()[:32]
@@ -322,12 +284,9 @@ class TlsTarget:
 @attrs.define
 class ClientTls:
     """A client's mutual TLS: its files, loaded once into one context, and the identity it
-    expects of each server it calls (:meth:`target`).
-
-    Every connection made with the context checks, once the chain is verified, that the
-    server's certificate names the identity its ``server_hostname`` stands for
-    (:func:`expected_server_name`); so one context (its certificate and key parsed once) serves
-    calls to any number of workers, each accepting only its own worker.
+    expects of each server it calls (:meth:`target`). Each connection checks that the server's
+    certificate names the identity its ``server_hostname`` stands for
+    (:func:`expected_server_name`), so one context serves calls to any number of workers.
 
     Raises (on :meth:`target`):
         TlsFilesInvalid, KeyFileExposed: see :meth:`TlsFiles.check`.
@@ -344,16 +303,13 @@ class ClientTls:
         return self.files.cert_path.stem
 
     def target(self, expected: Expected = ANY_CONTROL_PLANE) -> TlsTarget:
-        """What a channel needs to reach a server that must hold a certificate for
-        ``expected``: this client's context and the server name standing for ``expected``."""
+        """This client's context and the server name standing for ``expected``."""
         name = expected_server_name(expected)
         self._expected_by_name[name] = expected
         return TlsTarget(context=self.context(), server_name=name)
 
     def context(self) -> ssl.SSLContext:
-        """The client context (built on first use): presents this client's certificate, and
-        accepts a server only when the CA signed it and it names the identity the
-        connection's server name stands for."""
+        """The client context (built on first use)."""
         if self._context is None:
             context = _base_context(ssl.PROTOCOL_TLS_CLIENT)
             context.check_hostname = False  # the identity is checked instead (module docstring)
@@ -384,12 +340,10 @@ def describe_tls_error(exc: BaseException) -> str | None:
     """A one-line reason for a TLS failure somewhere in ``exc``'s causes (None if none is)."""
     seen: BaseException | None = exc
     while seen is not None:
+        if isinstance(seen, PeerIdentityMismatch):
+            return str(seen)
         if isinstance(seen, ssl.SSLCertVerificationError):
-            return (
-                str(seen)
-                if isinstance(seen, PeerIdentityMismatch)
-                else (f"the server's certificate was refused: {seen.verify_message or seen.reason}")
-            )
+            return f"the server's certificate was refused: {seen.verify_message or seen.reason}"
         if isinstance(seen, ssl.SSLError):
             return _ssl_reason(seen)
         seen = seen.__cause__ or seen.__context__

@@ -7,9 +7,7 @@ limit (``job_id must be between 1 and 9223372036854775807, got 0``). A job's spe
 with it (:meth:`runtime.jobs.JobSpec.check`); what only the control plane receives (a worker's
 registration, heartbeats, outcomes) is checked in :mod:`actors.validation`, whose ``LIMITS``
 lists every limit, these included, for ``docs/limits.md``.
-
-Imports stay light (the standard library, :mod:`runtime.checks`, :mod:`runtime.errors`):
-``stockade --help`` loads this module.
+Imports stay light: ``stockade --help`` loads this module.
 """
 
 from __future__ import annotations
@@ -23,26 +21,6 @@ from runtime.errors import InvalidArgument
 if TYPE_CHECKING:
     from runtime.jobs import JobSpec
 
-__all__ = [
-    "BATCH_ARRAY_RULE",
-    "JOB_STATES",
-    "MAX_BATCH_JOBS",
-    "MAX_DRAIN_DEADLINE_MS",
-    "MAX_DRAIN_DEADLINE_S",
-    "MAX_ID",
-    "MAX_IDEMPOTENCY_KEY_BYTES",
-    "MAX_LIST_LIMIT",
-    "MAX_TAIL_LINES",
-    "check_drain_deadline_ms",
-    "check_drain_deadline_s",
-    "check_idempotency_key",
-    "check_job_id",
-    "check_jobs",
-    "check_jobs_steps",
-    "check_list",
-    "check_tail_lines",
-    "check_worker_id",
-]
 
 T = TypeVar("T")
 
@@ -72,12 +50,8 @@ def check_job_id(job_id: int) -> int:
 
 
 def check_idempotency_key(key: str) -> str:
-    """Check a mutating call's idempotency key (:mod:`actors.idempotency`).
-
-    Raises:
-        InvalidArgument: an empty key (the call could not be told from its retry), one longer
-            than 128 bytes in UTF-8, or one with a NUL byte or a control character.
-    """
+    """Check a mutating call's idempotency key: InvalidArgument if empty, over
+    :data:`MAX_IDEMPOTENCY_KEY_BYTES` in UTF-8, or holding a NUL or control character."""
     return check_text("idempotency_key", key, max_bytes=MAX_IDEMPOTENCY_KEY_BYTES, printable=True)
 
 
@@ -105,14 +79,9 @@ def check_jobs_steps(
     checked and returns the checked jobs, so a large batch need not hold the event loop.
 
     Args:
-        specs: the batch.
         spec_of: turns one item of ``specs`` into a :class:`runtime.jobs.JobSpec` (such as
-            :func:`runtime.wire_jobs.job_spec_from_pb`); an InvalidArgument it raises is
-            named with the item's index as a check's is.
+            :func:`runtime.wire_jobs.job_spec_from_pb`); its errors are named with the index too.
         step_jobs: jobs checked between two yields (at least 1).
-
-    Raises:
-        InvalidArgument: as :func:`check_jobs`.
     """
     if not specs:
         raise InvalidArgument("specs", [], "must hold at least one job")
@@ -133,11 +102,8 @@ def check_jobs_steps(
 
 
 def check_list(state: str, limit: int) -> tuple[str, int]:
-    """Check a ListJobs request; a limit of 0 means 100.
-
-    Raises:
-        InvalidArgument: unknown state, or a limit outside 0..MAX_LIST_LIMIT.
-    """
+    """Check a ListJobs request (a limit of 0 means 100): InvalidArgument for an unknown state
+    or a limit outside 0..MAX_LIST_LIMIT."""
     if state and state not in JOB_STATES:
         raise InvalidArgument("state", state, f"must be empty or one of {', '.join(JOB_STATES)}")
     if not 0 <= limit <= MAX_LIST_LIMIT:
@@ -146,33 +112,22 @@ def check_list(state: str, limit: int) -> tuple[str, int]:
 
 
 def check_tail_lines(tail_lines: int) -> int:
-    """The lines a ReadJobLogs (or a worker's ReadLogs) tail asks for.
-
-    Raises:
-        InvalidArgument: outside 0..:data:`MAX_TAIL_LINES`.
-    """
+    """The lines a ReadJobLogs (or ReadLogs) tail asks for; InvalidArgument past :data:`MAX_TAIL_LINES`."""
     if not 0 <= tail_lines <= MAX_TAIL_LINES:
         raise InvalidArgument("tail_lines", tail_lines, f"must be between 0 and {MAX_TAIL_LINES:,}")
     return tail_lines
 
 
 def check_worker_id(worker_id: str) -> str:
-    """A worker id named by an operator (cordon, uncordon, drain).
-
-    Raises:
-        InvalidArgument: not an id (:func:`runtime.identifiers.check_id`).
-    """
+    """A worker id named by an operator (cordon, uncordon, drain); InvalidArgument if not an id."""
     from runtime import identifiers  # attrs and ipaddress: only for calls that name a worker
 
     return identifiers.check_id(worker_id, field="worker_id")
 
 
 def check_drain_deadline_s(deadline_s: float) -> float:
-    """A drain's deadline as an operator gives it (``stockade drain --deadline-s``), in seconds.
-
-    Raises:
-        InvalidArgument: NaN, negative, or over :data:`MAX_DRAIN_DEADLINE_S` (one week).
-    """
+    """A drain's deadline in seconds (``stockade drain --deadline-s``); InvalidArgument if NaN,
+    negative, or over :data:`MAX_DRAIN_DEADLINE_S`."""
     if not 0 <= deadline_s <= MAX_DRAIN_DEADLINE_S:  # NaN compares false: refused too
         raise InvalidArgument(
             "deadline_s", deadline_s, f"must be between 0 and {MAX_DRAIN_DEADLINE_S} seconds (one week)"
@@ -181,9 +136,5 @@ def check_drain_deadline_s(deadline_s: float) -> float:
 
 
 def check_drain_deadline_ms(deadline_ms: int) -> int:
-    """A drain's deadline as DrainWorker carries it, in milliseconds.
-
-    Raises:
-        InvalidArgument: over :data:`MAX_DRAIN_DEADLINE_MS` (one week).
-    """
+    """A drain's deadline as DrainWorker carries it, in milliseconds (at most a week)."""
     return check_int_between("deadline_ms", deadline_ms, 0, MAX_DRAIN_DEADLINE_MS)

@@ -1,15 +1,13 @@
 """A job's spec on the wire: :class:`runtime.jobs.JobSpec` <-> ``pb.JobSpec``.
 
-The one place the protobuf shape of a job meets the domain's: the runtime is the message's
-``runtime`` oneof (``sleep`` = :class:`~runtime.jobs.SleepRuntime`, ``command`` =
-:class:`~runtime.jobs.CommandRuntime`, ``container`` = :class:`~runtime.jobs.ContainerRuntime`).
-Every gRPC boundary that carries a spec converts it
-here: the control plane's submissions and job listings (``actors/ingest.py``), the leader's
-assignments (``actors/dispatcher.py``), the agent's Worker service (``agent/service.py``) and
-the CLI. Nothing is checked here but the oneof; the rules are :meth:`JobSpec.check`'s.
+The one place the protobuf shape of a job meets the domain's (the runtime is the message's
+``runtime`` oneof); every gRPC boundary that carries a spec converts it here. Nothing is
+checked here but the oneof; the rules are :meth:`JobSpec.check`'s.
 """
 
 from __future__ import annotations
+
+import attrs
 
 from protocol import pb
 from runtime.constraints import Constraint
@@ -49,11 +47,7 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         after=list(spec.after),
     )
     if spec.array is not None:
-        message.array = pb.JobArray(
-            first_index=spec.array.first_index,
-            last_index=spec.array.last_index,
-            max_running=spec.array.max_running,
-        )
+        message.array = pb.JobArray(**attrs.asdict(spec.array))
     match spec.runtime:
         case SleepRuntime(duration_ms=duration_ms):
             message.sleep = pb.SleepRuntime(duration_ms=duration_ms)
@@ -69,18 +63,10 @@ def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
 def job_spec_from_pb(message: pb.JobSpec | None, *, strict: bool = True) -> JobSpec:
     """A ``JobSpec`` message as a :class:`JobSpec`, unchecked (None reads as an empty message).
 
-    A message whose oneof sets no runtime gives a spec whose runtime is None. One that
-    sets several (protobuf keeps the last one it reads, betterproto2 keeps them all) is refused,
-    or with ``strict=False`` read as naming none.
-
-    Args:
-        message: the message, as decoded.
-        strict: refuse a message with several runtimes set (the control plane, which tells
-            the client); False: give it no runtime (an agent, which refuses it as ``bad_spec``).
-
-    Raises:
-        InvalidArgument: ``strict`` and several runtimes set (field ``runtime``, value
-            ``"both"``).
+    A message that sets no runtime gives a spec whose runtime is None. One that sets several
+    (betterproto2 keeps them all) is refused (InvalidArgument, field ``runtime``, value
+    ``"both"``), or with ``strict=False`` (an agent, which refuses it as ``bad_spec``) read as
+    naming none.
     """
     message = message or pb.JobSpec()
     runtime: JobRuntime | None = None

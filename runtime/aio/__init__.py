@@ -1,22 +1,12 @@
 """The trio-asyncio bridge: asyncpg and grpclib used from trio code.
 
 Each process opens one asyncio loop on top of trio (:func:`asyncio_bridge`); every call into
-those libraries goes through this package, whose :mod:`runtime.aio.bridge` is the only caller
-of ``aio_as_trio`` (and of ``trio_as_aio``). Names are imported from here (``from runtime.aio
-import PgConnection``), each module loaded on first use of one of its names, so a client that
-only calls a gRPC server loads neither the database side nor the server side:
-
-- :mod:`runtime.aio.bridge`: the loop and the crossings, :func:`run_aio` and :func:`run_trio`;
-- :mod:`runtime.aio.guest`: trio as a guest of an asyncio program's own loop (:func:`open_portal`);
-- :mod:`runtime.aio.pg`, :mod:`runtime.aio.pg_reconnect`: :class:`PgConnection`,
-  :class:`ReconnectingConnection`, :class:`ReadStore`, :class:`PgPool`;
-- :mod:`runtime.aio.grpc_server`: :func:`serve_grpc`, :func:`trio_service`, :class:`WireCodec`,
-  :func:`rpc_deadline`, :func:`finish_despite_cancel`; who called, :mod:`runtime.aio.grpc_access`
-  (:class:`Caller`, :func:`rpc_caller`, :func:`require_worker`, :func:`refuse`);
-- :mod:`runtime.aio.grpc_client`: :class:`GrpcChannel` (unary calls and server streams).
-
-A test patches a name in the module that holds it. How errors, cancels, deadlines, streams and
-encoding cross: docs/design.md, "The trio-asyncio boundary: errors, cancels, deadlines, streams".
+those libraries goes through this package (:mod:`runtime.aio.bridge` is the only caller of
+``aio_as_trio`` and ``trio_as_aio``). Names are imported from here, each module loaded on first
+use of one of its names (``_NAMES_OF``), so a client that only calls a gRPC server loads
+neither the database side nor the server side. A test patches a name in the module that holds
+it. How errors, cancels, deadlines, streams and encoding cross: docs/design.md, "The
+trio-asyncio boundary: errors, cancels, deadlines, streams".
 """
 
 from __future__ import annotations
@@ -90,11 +80,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """``runtime.aio.NAME``: the name from the module that holds it, imported on first use
-    (PEP 562) and kept here after that.
-
-    Raises:
-        AttributeError: no module of the package holds ``name``.
-    """
+    (PEP 562) and kept here after that; AttributeError if no module holds it."""
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,11 @@
 """The bridge itself: the asyncio loop on top of trio, and the two crossings between them.
 
-:func:`asyncio_bridge` opens the loop once per process. :func:`run_aio` awaits asyncio code
-from trio and is the only caller of ``trio_asyncio.aio_as_trio``; :func:`run_trio` awaits trio
-code from asyncio (a served RPC's handler) and is the only caller of ``trio_as_aio``. The rest
-of :mod:`runtime.aio` crosses through these two. :func:`connection_errors` says which errors
-mean a broken database connection, for the loop's exception handler here and for
-:mod:`runtime.aio.pg`.
-
-The other way round, trio as a guest of an asyncio program's own loop (:mod:`runtime.aio.guest`,
-for the asyncio face of the client), :func:`run_aio` runs asyncio code on that loop instead:
-there is no trio-asyncio loop then. ``trio_asyncio`` is imported only when a trio-asyncio loop
-is opened or crossed: importing it replaces asyncio's event loop policy for the whole process
-(a later ``asyncio.run`` gets trio-asyncio's loop), which an asyncio program using the client
-should not get.
+:func:`asyncio_bridge` opens the loop once per process. :func:`run_aio` (asyncio code from
+trio) and :func:`run_trio` (trio code from asyncio) are the only callers of ``aio_as_trio`` and
+``trio_as_aio``. In a trio guest run (:mod:`runtime.aio.guest`), :func:`run_aio` runs asyncio
+code on the host loop instead. ``trio_asyncio`` is imported only when a trio-asyncio loop is
+opened or crossed: importing it replaces asyncio's event loop policy for the whole process,
+which an asyncio program using the client should not get.
 """
 
 from __future__ import annotations
@@ -37,17 +30,12 @@ before the connection is dropped (or the server left to close on its own)."""
 
 @asynccontextmanager
 async def asyncio_bridge() -> AsyncIterator[None]:
-    """Open the asyncio loop that asyncpg and grpclib run on, for the body of the block.
+    """Open the asyncio loop that asyncpg and grpclib run on (once per process, around
+    everything else), for the body of the block.
 
-    Open it once per process, around everything else (``trio_asyncio.open_loop``).
-
-    trio-asyncio's loop raises every error reported to its exception handler into its
-    nursery, which ends the process. One report is routine, not a failure: a future that
-    ended with a connection error nobody retrieved. asyncpg leaves one behind when a call is
-    cancelled (a gRPC handler past its deadline) and its connection is then terminated (see
-    :class:`runtime.aio.pg.PgConnection`): the pending reply's future gets
-    ``ConnectionError('unexpected connection_lost() call')`` after its awaiter has gone. Those
-    are logged; every other report still ends the process.
+    trio-asyncio raises every error reported to the loop's exception handler, which ends the
+    process. One is routine and only logged: a connection error nobody retrieved, which asyncpg
+    leaves behind when a cancelled call's connection is terminated.
     """
     import trio_asyncio
 
@@ -67,14 +55,10 @@ _BRIDGE_LOOPS: trio.lowlevel.RunVar[frozenset[asyncio.AbstractEventLoop]] = trio
 
 
 def asyncio_bridge_open() -> bool:
-    """Whether the calling trio task can cross to asyncio already: inside
-    :func:`asyncio_bridge` of this trio run (its loop in this task's context), or in a trio run
-    that is a guest of an asyncio loop (:mod:`runtime.aio.guest`). Code that may be called
-    either way (the client) opens the bridge itself only when this is False.
-
-    The loop must be this run's: a thread started with ``trio.to_thread`` inherits its caller's
-    context variables, trio-asyncio's ``current_loop`` included, and a ``trio.run`` in that
-    thread must not use the other run's loop (trio fails with an internal error)."""
+    """Whether the calling trio task can cross to asyncio already: inside this trio run's
+    :func:`asyncio_bridge`, or in a guest run (:mod:`runtime.aio.guest`). The loop must be this
+    run's: a ``trio.run`` in a thread inherits its caller's ``current_loop``, which it must not
+    use."""
     if guest.host_loop() is not None:
         return True
     trio_asyncio = sys.modules.get("trio_asyncio")
@@ -106,9 +90,8 @@ async def run_aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) ->
 
 async def run_trio_on(loop: asyncio.AbstractEventLoop, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Await the trio coroutine function ``fn(*args)`` from asyncio code running on ``loop``, a
-    trio-asyncio loop (``trio_asyncio.BaseTrioEventLoop``: one ``asyncio.run`` makes once
-    trio_asyncio is imported), named rather than looked up, since a loop not opened with
-    ``open_loop`` is no task's ``current_loop``. A cancel of the awaiting task cancels ``fn``."""
+    trio-asyncio loop not opened with ``open_loop`` (so no task's ``current_loop``). A cancel
+    of the awaiting task cancels ``fn``."""
     return await loop.trio_as_future(fn, *args)  # type: ignore[attr-defined, no-any-return]
 
 
@@ -120,13 +103,10 @@ async def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return await trio_asyncio.trio_as_aio(fn)(*args)  # type: ignore[no-any-return]
 
 
-# asyncpg is imported when first needed, not with this module: a client (``stockade status``)
-# uses the bridge and gRPC only, and should not pay for loading the database driver.
-
-
 @functools.cache
 def connection_errors() -> tuple[type[BaseException], ...]:
-    """The errors that mean a connection is broken (the owner reconnects)."""
+    """The errors that mean a connection is broken (the owner reconnects); asyncpg is imported
+    only here, so a client does not load it."""
     import asyncpg
 
     return (

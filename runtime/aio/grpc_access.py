@@ -43,8 +43,7 @@ class Caller:
 NOBODY = Caller(address="-")
 """The caller outside a served RPC."""
 
-RPC_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("stockade_rpc_caller", default=NOBODY)
-"""The served request's caller (trio side)."""
+RPC_CALLER = contextvars.ContextVar[Caller]("stockade_rpc_caller", default=NOBODY)  # trio side
 
 
 def rpc_caller() -> Caller:
@@ -66,15 +65,9 @@ def caller_of(stream: grpclib.server.Stream[Any, Any]) -> Caller:
 
 
 def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) -> PermissionDenied:
-    """Log a refused call with its caller, count it (``stockade_auth_refusals_total`` by
-    ``rpc`` and ``reason``) and return the :class:`runtime.errors.PermissionDenied` to raise.
-
-    Args:
-        rpc: the RPC's name, e.g. ``"heartbeat"``.
-        reason: ``no_identity``, ``role`` or ``id`` (the metric's label).
-        message: what was refused and what would be needed.
-        caller: default the caller of the RPC being handled.
-    """
+    """Log a refused call with its caller (default: the RPC's), count it
+    (``stockade_auth_refusals_total`` by ``rpc`` and ``reason``: ``no_identity``, ``role`` or
+    ``id``) and return the :class:`runtime.errors.PermissionDenied` to raise."""
     caller = caller or rpc_caller()
     AUTH_REFUSALS.labels(rpc=rpc, reason=reason).inc()
     log.get("auth").warning(
@@ -85,14 +78,11 @@ def refuse(rpc: str, reason: str, message: str, caller: Caller | None = None) ->
 
 def require_worker(rpc: str, worker_id: str) -> None:
     """Refuse, on a mutual-TLS connection, a caller that may not speak as the worker
-    ``worker_id``: its certificate's role must be ``worker`` and it must name ``worker_id``,
-    as its one id or, a fleet certificate, among the workers it names
-    (:meth:`runtime.tls.Identity.speaks_for`); a plaintext connection (a server run with
-    ``--insecure``) is not checked.
+    ``worker_id`` (:meth:`runtime.tls.Identity.speaks_for`); plaintext is not checked.
 
     Raises:
-        PermissionDenied: the caller is another worker, a fleet certificate not naming
-            ``worker_id``, or has another role (logged and counted).
+        PermissionDenied: another worker, a fleet not naming ``worker_id``, or another role
+            (logged and counted).
     """
     caller = rpc_caller()
     if not caller.secure:
@@ -104,17 +94,8 @@ def require_worker(rpc: str, worker_id: str) -> None:
         )
     if identity.speaks_for(worker_id):
         return
-    if identity.is_fleet:
-        raise refuse(
-            rpc,
-            "id",
-            f"{identity} may {rpc} only as one of the workers it names, not as {worker_id!r}",
-        )
-    raise refuse(
-        rpc,
-        "id",
-        f"{identity} may {rpc} only as worker_id {identity.id!r}, not as {worker_id!r}",
-    )
+    allowed = "one of the workers it names" if identity.is_fleet else f"worker_id {identity.id!r}"
+    raise refuse(rpc, "id", f"{identity} may {rpc} only as {allowed}, not as {worker_id!r}")
 
 
 Access = Mapping[str, Collection[str]]
@@ -122,13 +103,8 @@ Access = Mapping[str, Collection[str]]
 
 
 def check_access(rpc: str, access: Access | None, caller: Caller) -> None:
-    """Refuse ``caller`` when ``access`` names no role of its for ``rpc`` (a plaintext caller,
-    or ``access`` None, is not checked).
-
-    Raises:
-        PermissionDenied: the caller has no identity, or a role ``rpc`` does not allow (logged
-            and counted, :func:`refuse`).
-    """
+    """Refuse ``caller`` (PermissionDenied, :func:`refuse`) when ``access`` names no role of its
+    for ``rpc`` (a plaintext caller, or ``access`` None, is not checked)."""
     if access is None or not caller.secure:
         return
     if caller.identity is None:

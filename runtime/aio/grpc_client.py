@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import attrs
 import grpclib.client
 import grpclib.config
 import grpclib.const
@@ -126,14 +127,8 @@ class GrpcChannel:
                 return PeerUnavailable(f"{self.address}: UNAVAILABLE: {message}", detail=message)
             if exc.status in _RETRYABLE_STATUS:
                 return Unavailable(f"{self.address}: {exc.status.name}: {message}")
-            if exc.status == grpclib.const.Status.INVALID_ARGUMENT:
-                return _RemoteInvalid(message)
-            if exc.status == grpclib.const.Status.NOT_FOUND:
-                return NotFound(message)
-            if exc.status == grpclib.const.Status.FAILED_PRECONDITION:
-                return FailedPrecondition(message)
-            if exc.status == grpclib.const.Status.ALREADY_EXISTS:
-                return IdempotencyConflict(message)
+            if exc.status in _REFUSALS:
+                return _REFUSALS[exc.status](message)
             if exc.status in (grpclib.const.Status.PERMISSION_DENIED, grpclib.const.Status.UNAUTHENTICATED):
                 return PermissionDenied(f"{self.address}: {message}")
             return RemoteError(exc.status.name, message)
@@ -168,26 +163,15 @@ class GrpcChannel:
         """A server-streaming call of ``service``'s ``rpc`` (snake_case, e.g. ``"read_logs"`` of
         ``pb.WorkerBase``) with ``request``, whose messages the block reads.
 
-        ``async with channel.stream(pb.WorkerBase, "read_logs", request, first_message_s=5)
-        as messages: async for message in messages: ...``. The call is made when the first
-        message is asked for; each message is read when the block asks for it, and the
-        server's sends wait meanwhile (HTTP/2 flow control), so a slow reader costs memory on
-        neither side. Leaving the block, however it is left (a cancel included), resets the
-        stream if it has not ended: the server's handler is cancelled.
-
-        No task runs beside the block (each read crosses to asyncio and back), so an error
-        the block raises comes out as itself, not in an exception group.
+        The call is made when the first message is asked for; each message is read when the
+        block asks for it (HTTP/2 flow control holds the server's sends meanwhile). Leaving the
+        block, however it is left, resets the stream if it has not ended. No task runs beside
+        the block, so an error it raises comes out as itself, not in an exception group.
 
         Args:
-            service: the generated service base class (its routes and message types).
-            rpc: the method, snake_case.
-            request: its request message.
             first_message_s: the longest wait for the first message (or the stream's end), the
-                connection included, in seconds; None: no limit (a server that may stay quiet
-                before it sends anything; the caller bounds the wait itself).
-            idle_s: the longest wait for each later message, in seconds; None: no limit (a
-                server that sends keep-alive messages while idle lets a client tell a quiet
-                stream from a dead peer).
+                connection included, in seconds; None: no limit.
+            idle_s: the longest wait for each later message, in seconds; None: no limit.
             timeout_s: the deadline of the whole call (sent as ``grpc-timeout``), in seconds;
                 None: none.
 
@@ -254,46 +238,44 @@ class _RemoteInvalid(InvalidArgument):
         self.detail = ""
 
 
+_REFUSALS: dict[grpclib.const.Status, Callable[[str], StockadeError]] = {
+    grpclib.const.Status.INVALID_ARGUMENT: _RemoteInvalid,
+    grpclib.const.Status.NOT_FOUND: NotFound,
+    grpclib.const.Status.FAILED_PRECONDITION: FailedPrecondition,
+    grpclib.const.Status.ALREADY_EXISTS: IdempotencyConflict,
+}
+"""The peer's own refusals, whose message is kept whole."""
+
+
 @functools.cache
 def _route(service: type[ServiceBase], rpc: str) -> tuple[str, type[Any], type[Any]]:
     """The path, request type and reply type of ``service``'s method ``rpc`` (snake_case), from
-    the generated base's handler table.
-
-    Raises:
-        ValueError: ``service`` has no such method.
-    """
+    the generated base's handler table; ValueError if it has none."""
     mapping: dict[str, Any] = service().__mapping__()  # type: ignore[abstract, attr-defined]
     for path, handler in mapping.items():
-        name = path.rpartition("/")[2]
-        if "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_") == rpc:
+        if snake_case(path.rpartition("/")[2]) == rpc:
             return path, handler.request_type, handler.reply_type
     raise ValueError(f"{service.__name__} has no method {rpc!r}")
 
 
+def snake_case(rpc: str) -> str:
+    """``"SubmitJobs"`` -> ``"submit_jobs"`` (the generated methods' names)."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
+
+
+@attrs.define
 class _Messages:
-    """The messages of one server stream (:meth:`GrpcChannel.stream`), as an async iterator.
+    """The messages of one server stream (:meth:`GrpcChannel.stream`), as an async iterator;
+    every step is one crossing to asyncio (grpclib's stream needs no task of its own)."""
 
-    Every step is one crossing to asyncio (:func:`runtime.aio.bridge.run_aio`): grpclib's
-    stream needs no task of its own between them (its deadline timer cancels whichever task
-    is reading when it fires)."""
-
-    def __init__(
-        self,
-        channel: GrpcChannel,
-        call: grpclib.client.Stream[Any, Any],
-        request: Any,
-        *,
-        first_message_s: float | None,
-        idle_s: float | None,
-    ) -> None:
-        self._channel = channel
-        self._call = call
-        self._request = request
-        self._first_message_s = first_message_s
-        self._idle_s = idle_s
-        self._entered = False
-        self._ended = False
-        self._received = 0
+    _channel: GrpcChannel
+    _call: grpclib.client.Stream[Any, Any]
+    _request: Any
+    _first_message_s: float | None
+    _idle_s: float | None
+    _entered: bool = False
+    _ended: bool = False
+    _received: int = 0
 
     def __aiter__(self) -> _Messages:
         return self

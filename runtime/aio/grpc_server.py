@@ -1,15 +1,12 @@
 """The gRPC server side: trio handlers served by grpclib.
 
-:func:`serve_grpc` serves services built by :func:`trio_service`, which runs each RPC's trio
-handler through :func:`runtime.aio.bridge.run_trio` and turns the StockadeErrors it raises into
-gRPC statuses. A server-streaming RPC's handler is a trio async generator, or a coroutine
-given a ``send`` function (:data:`Send`), whose messages go out one by one under HTTP/2 flow
-control. Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
+:func:`serve_grpc` serves services built by :func:`trio_service` (each RPC's trio handler run
+through :func:`runtime.aio.bridge.run_trio`, its StockadeErrors turned into gRPC statuses).
+Inside a handler, :func:`rpc_deadline` tells when its client stops waiting and
 :func:`finish_despite_cancel` keeps database work from being cancelled half way.
-:class:`WireCodec` sends replies already in wire form as they are, and hands a handler marked
-:func:`takes_encoded_request` its request undecoded. Who called and what it may do:
-:mod:`runtime.aio.grpc_access`. Why each exists: docs/design.md, "The trio-asyncio boundary:
-errors, cancels, deadlines, streams".
+:class:`WireCodec` sends replies already in wire form as they are. Who called and what it may
+do: :mod:`runtime.aio.grpc_access`. Why each exists: docs/design.md, "The trio-asyncio
+boundary: errors, cancels, deadlines, streams".
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from protocol import wire
 from protocol.wire import Encoded
 from runtime.aio.bridge import CLEANUP_DEADLINE_S, run_aio, run_trio
 from runtime.aio.grpc_access import NOBODY, RPC_CALLER, Access, Caller, caller_of, check_access
+from runtime.aio.grpc_client import snake_case
 from runtime.errors import (
     Busy,
     DatabaseUnavailable,
@@ -75,21 +73,11 @@ def _to_grpc_error(exc: StockadeError) -> grpclib.exceptions.GRPCError:
     return grpclib.exceptions.GRPCError(grpclib.const.Status.INTERNAL, str(exc))
 
 
-_STREAM_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "stockade_stream_deadline", default=None
-)
-"""The served request's deadline as ``time.monotonic()`` (asyncio side; None: no grpc-timeout)."""
-
-_RPC_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
-    "stockade_rpc_deadline", default=math.inf
-)
-"""The served request's deadline in trio time (trio side)."""
-
-
-_STREAM_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar(
-    "stockade_stream_caller", default=NOBODY
-)
-"""The served request's caller (asyncio side)."""
+# The served request's deadline and caller: asyncio side (deadline as time.monotonic(), None: no
+# grpc-timeout), and the deadline in trio time on the trio side.
+_STREAM_DEADLINE = contextvars.ContextVar[float | None]("stockade_stream_deadline", default=None)
+_STREAM_CALLER = contextvars.ContextVar[Caller]("stockade_stream_caller", default=NOBODY)
+_RPC_DEADLINE = contextvars.ContextVar[float]("stockade_rpc_deadline", default=math.inf)
 
 
 def rpc_deadline() -> float:
@@ -104,21 +92,13 @@ def finish_despite_cancel(bound_s: float) -> Iterator[None]:
     """Run the body to its end even when an enclosing scope is cancelled meanwhile (an RPC's
     deadline passing, its client resetting the stream), for at most ``bound_s`` seconds.
 
-    For database work of a request handler: a cancel landing inside an asyncpg call terminates
-    the connection (:class:`runtime.aio.pg.PgConnection`), and a replica that answers late
-    would then reconnect, a new server process each time, on a machine that is already short of
-    CPU. The work's own server-side timeouts (``statement_timeout``, ``lock_timeout``) end it in
-    time; ``bound_s`` is the last resort for a connection that stalled with no server timeout to
-    end it, and only then is the connection dropped. A cancel that arrived meanwhile is
-    delivered at the caller's next checkpoint, so an answer nobody waits for is simply not
-    sent.
-
-    Args:
-        bound_s: the longest the body may run, in seconds.
+    For a handler's database work: a cancel inside an asyncpg call terminates the connection
+    (:class:`runtime.aio.pg.PgConnection`), and reconnecting costs a loaded server a new
+    process. The server-side timeouts end the work in time; ``bound_s`` is the last resort. A
+    cancel that arrived meanwhile is delivered at the caller's next checkpoint.
 
     Raises:
-        DatabaseUnavailable: the body ran longer than ``bound_s`` (it was cancelled at that
-            point; a connection in the middle of a call was terminated).
+        DatabaseUnavailable: the body ran longer than ``bound_s`` (it was cancelled then).
     """
     try:
         with trio.CancelScope(shield=True), trio.fail_after(bound_s):
@@ -130,8 +110,8 @@ def finish_despite_cancel(bound_s: float) -> Iterator[None]:
 async def _served_in_trio(
     body: Callable[[], Awaitable[T]], deadline_monotonic: float | None, caller: Caller
 ) -> T:
-    """``await body()``, the trio side of one served RPC, with its deadline and caller known
-    (:func:`rpc_deadline`, :func:`runtime.aio.grpc_access.rpc_caller`)."""
+    """``await body()``, the trio side of one served RPC, with :func:`rpc_deadline` and
+    :func:`runtime.aio.grpc_access.rpc_caller` set."""
     # Converted here, in the trio task, so the hand-over from asyncio counts against the deadline.
     deadline = math.inf
     if deadline_monotonic is not None:
@@ -146,16 +126,15 @@ async def _served_in_trio(
     finally:
         _RPC_DEADLINE.reset(token)
         RPC_CALLER.reset(caller_token)
-    # A client that gave up while the handler finished its work (finish_despite_cancel) gets no
-    # answer: the cancel lands here, and grpclib ends the stream as cancelled instead of
-    # trying to send a reply on a stream that is gone (which it logs as an error).
+    # A client that gave up meanwhile (finish_despite_cancel) gets no answer: the cancel lands
+    # here, so grpclib ends the stream as cancelled instead of logging a failed send.
     await trio.lowlevel.checkpoint()
     return result
 
 
 async def _in_trio(body: Callable[[], Awaitable[T]]) -> T:
-    """Run ``body`` (:func:`_served_in_trio`) from the asyncio task serving the RPC; a
-    StockadeError it raises becomes the RPC's gRPC status."""
+    """Run ``body`` in trio from the asyncio task serving the RPC; a StockadeError becomes its
+    gRPC status."""
     try:
         return await run_trio(_served_in_trio, body, _STREAM_DEADLINE.get(), _STREAM_CALLER.get())
     except StockadeError as exc:
@@ -164,17 +143,13 @@ async def _in_trio(body: Callable[[], Awaitable[T]]) -> T:
 
 Send = Callable[[Any], Awaitable[None]]
 """What a server-streaming handler given a send function calls with each message (trio side);
-it returns once grpclib has taken the message (HTTP/2 flow control: a client that reads
-slowly makes it wait)."""
+it returns once grpclib has taken the message (HTTP/2 flow control)."""
 
 
 async def _send_stream(fn: Callable[..., Any], message: Any, send: Send) -> None:
-    """Serve one server stream: iterate ``fn(message)`` (an async generator) and send each
-    message, or await ``fn(message, send)``."""
+    """Send each message of ``fn(message)`` (an async generator), or await ``fn(message, send)``."""
     if inspect.isasyncgenfunction(fn):
-        # Closed here, in this task, whatever ends the stream (a cancel included): the
-        # generator's own clean-up (closing a file it reads) runs at once, not when it is
-        # collected.
+        # Closed in this task however the stream ends, so its clean-up runs now, not at collection.
         async with aclosing(fn(message)) as replies:
             async for reply in replies:
                 await send(reply)
@@ -184,13 +159,9 @@ async def _send_stream(fn: Callable[..., Any], message: Any, send: Send) -> None
 
 def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[None]]:
     """A grpclib stream handler (asyncio side) for a server-streaming RPC served by
-    ``trio_fn``: it reads the one request, then runs the trio side (:func:`_send_stream`),
-    whose every message crosses back to be sent on this stream.
-
-    Cancellation goes both ways: a client that resets the stream, or whose deadline passes,
-    has grpclib cancel this task, which cancels the trio handler wherever it waits (reading a
-    file, a worker's stream it relays); a handler that returns or raises ends the stream (a
-    StockadeError as its status)."""
+    ``trio_fn``: reads the one request, then runs :func:`_send_stream` in trio. A client that
+    resets the stream or whose deadline passes cancels the trio handler; a handler that returns
+    or raises ends the stream."""
 
     async def handle(stream: grpclib.server.Stream[Any, Any]) -> None:
         request = await stream.recv_message()
@@ -204,9 +175,8 @@ def _stream_handler(trio_fn: Callable[..., Any]) -> Callable[[Any], Awaitable[No
 
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-"""The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB;
-10,000 sleep jobs in one SubmitJobs take about 0.5 MiB). A larger one is refused from its
-length prefix, before its body is read."""
+"""The largest request a service takes by default, in bytes (gRPC's own default is 4 MiB),
+refused from its length prefix, before its body is read."""
 
 
 def _guarded(
@@ -240,11 +210,8 @@ def _guarded(
 
 def _limit_request_size(stream: grpclib.server.Stream[Any, Any], rpc: str, max_request_bytes: int) -> None:
     """Make ``stream`` refuse a message longer than ``max_request_bytes`` (INVALID_ARGUMENT)
-    once its 5-byte length prefix is read, before its body is.
-
-    grpclib reads a message as ``recv_data(5)`` (the prefix) then ``recv_data(length)``
-    (``grpclib.stream.recv_message``) and has no limit of its own: the second read is checked
-    here, on the stream's HTTP/2 side (``stream._stream``, grpclib 0.4)."""
+    from its length prefix: grpclib reads ``recv_data(5)`` then ``recv_data(length)``, with no
+    limit of its own; the second read is checked on ``stream._stream`` (grpclib 0.4)."""
     inner = stream._stream
     read = inner.recv_data
 
@@ -270,12 +237,11 @@ class WireCodec(ProtoCodec):
     refused (INVALID_ARGUMENT naming the field and the value as sent) instead of truncated."""
 
     def decode(self, data: bytes, message_type: Any) -> Any:
-        """The request (or an :class:`protocol.wire.Encoded` of it, for a handler marked
-        :func:`takes_encoded_request`, which decodes it itself).
+        """The request (an ``Encoded`` of it for :func:`takes_encoded_request` handlers).
 
         Raises:
-            grpclib.exceptions.GRPCError: INVALID_ARGUMENT: an integer field's value as sent
-                lies outside its type, or ``data`` is not a well-formed request.
+            grpclib.exceptions.GRPCError: INVALID_ARGUMENT: an integer out of its field's type,
+                or ``data`` is not a well-formed request.
         """
         if not (isinstance(message_type, type) and issubclass(message_type, betterproto2.Message)):
             return super().decode(data, message_type)
@@ -290,11 +256,8 @@ class WireCodec(ProtoCodec):
         raise _to_grpc_error(error) from None
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        """The reply's bytes.
-
-        Raises:
-            TypeError: ``message`` is neither a ``message_type`` nor an ``Encoded`` of one.
-        """
+        """The reply's bytes; TypeError if ``message`` is neither a ``message_type`` nor an
+        ``Encoded`` of one."""
         if isinstance(message, Encoded):
             if message.message_type is not message_type:
                 raise TypeError(f"reply must be encoded from {message_type!r}, not {message.message_type!r}")
@@ -315,8 +278,7 @@ def takes_encoded_request(method: F) -> F:
 
 
 def _undecoded(message_type: type[Any]) -> type[Any]:
-    """A stand-in for ``message_type`` whose ``FromString`` keeps the bytes (what grpclib's
-    codec calls to decode a request)."""
+    """A stand-in for ``message_type`` whose ``FromString`` (grpclib's decode) keeps the bytes."""
 
     class Undecoded:
         @staticmethod
@@ -336,33 +298,22 @@ def trio_service(
 ) -> ServiceBase:
     """Wrap ``impl`` (trio ``async def`` methods named like ``base``'s RPCs) as a grpclib service.
 
-    Each RPC of the generated ``base`` class is served by the same-named trio method of
-    ``impl``, which takes the request message and returns the reply message; an RPC ``impl``
-    lacks answers UNIMPLEMENTED. A method may return its reply as a
-    :class:`protocol.wire.Encoded` (served by :func:`serve_grpc`'s :class:`WireCodec`), and one
-    marked :func:`takes_encoded_request` gets its request as one. Inside it,
-    :func:`rpc_deadline` tells when the client stops waiting. StockadeErrors become gRPC
-    statuses: Busy -> RESOURCE_EXHAUSTED, DeadlineExceeded -> DEADLINE_EXCEEDED,
-    InvalidArgument -> INVALID_ARGUMENT, NotFound -> NOT_FOUND, IdempotencyConflict ->
-    ALREADY_EXISTS, FailedPrecondition and StaleEpoch -> FAILED_PRECONDITION, TemporaryError ->
-    UNAVAILABLE, others -> INTERNAL.
+    Each RPC of ``base`` is served by the same-named trio method of ``impl`` (request in,
+    reply out; one ``impl`` lacks answers UNIMPLEMENTED). A reply may be a
+    :class:`protocol.wire.Encoded`; a method marked :func:`takes_encoded_request` gets its
+    request as one. StockadeErrors become gRPC statuses by ``_STATUS_OF`` (others: INTERNAL).
 
-    A server-streaming RPC (``rpc X(Req) returns (stream Reply)``) is served by a method that is
-    either a trio async generator, ``async def x(self, request) -> AsyncIterator[Reply]``,
-    each yielded message sent in turn, or a coroutine given a send function,
-    ``async def x(self, request, send: Send) -> None``, for a handler that must hold a nursery
-    or a cancel scope across its messages (a generator must not yield inside one). Either ends
-    the stream by returning; a StockadeError it raises, even after some messages, becomes the
-    stream's status. It is cancelled when its client resets the stream or its deadline passes
-    (:func:`rpc_deadline`), and each send waits while the client does not read (HTTP/2 flow
-    control), so a slow or vanished client holds up the handler's reading, never its memory.
+    A server-streaming RPC is served by a trio async generator
+    (``async def x(self, request) -> AsyncIterator[Reply]``) or by a coroutine given a send
+    function (``async def x(self, request, send: Send) -> None``), for a handler that must
+    hold a nursery or cancel scope across its messages. A StockadeError it raises, even after
+    some messages, becomes the stream's status; each send waits while the client does not
+    read (HTTP/2 flow control), so a slow client holds up the handler, never its memory.
 
     ``access`` (None: no check) names, for each RPC, the roles whose certificates may call it
-    on a mutual-TLS connection; an RPC it does not name is refused to everyone. A refusal is
-    PERMISSION_DENIED, logged and counted (:func:`refuse`), and comes before the request's body
-    is read. A plaintext connection (a server run with ``--insecure``) is not checked. A
-    request longer than ``max_request_bytes`` is refused (INVALID_ARGUMENT) from its length,
-    before its body is read.
+    on a mutual-TLS connection (plaintext is not checked); any other caller is refused
+    (PERMISSION_DENIED, logged and counted) before the request's body is read, as is a request
+    longer than ``max_request_bytes`` (INVALID_ARGUMENT).
     """
     methods: dict[str, Any] = {}
     undecoded: set[str] = set()
@@ -390,7 +341,7 @@ def trio_service(
         handlers = base.__mapping__(self)  # type: ignore[attr-defined]
         mapped = {}
         for path, handler in handlers.items():
-            name = _snake_case(path.rpartition("/")[2])
+            name = snake_case(path.rpartition("/")[2])
             func = _stream_handler(streams[name]) if name in streams else handler.func
             handler = handler._replace(func=_guarded(func, name, access, max_request_bytes))
             if name in undecoded:
@@ -402,17 +353,10 @@ def trio_service(
     return type(f"Trio{base.__name__}", (base,), methods)()
 
 
-def _snake_case(rpc: str) -> str:
-    """``"SubmitJobs"`` -> ``"submit_jobs"`` (the generated methods' names)."""
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
-
-
 MAX_CONCURRENT_STREAMS = 1000
 """The most calls a client may have open at once on one connection (HTTP/2's
-``SETTINGS_MAX_CONCURRENT_STREAMS``; h2's default, which grpclib keeps, is 100). A fleet sends
-every hosted worker's calls over one connection per control plane (:mod:`agent.fleet`): 125
-workers registering at once, or hedged to a replica when theirs is slow, would otherwise queue
-on the client for a free stream."""
+``SETTINGS_MAX_CONCURRENT_STREAMS``; h2's default is 100): a fleet sends every hosted worker's
+calls over one connection per control plane (:mod:`agent.fleet`)."""
 
 
 class _Protocol(grpclib.protocol.H2Protocol):
@@ -460,10 +404,8 @@ async def serve_grpc(
 ) -> None:
     """Serve ``services`` on ``host:port`` until cancelled; ``task_status.started(actual_port)``.
 
-    Replies in wire form are sent as they are (:class:`WireCodec`). With ``tls`` (a server
-    context, :func:`runtime.tls.server_context`) every connection is mutual TLS, and one whose
-    handshake has not finished after ``handshake_timeout_s`` seconds is dropped; None serves
-    plaintext.
+    With ``tls`` (:func:`runtime.tls.server_context`) every connection is mutual TLS, dropped
+    if its handshake takes over ``handshake_timeout_s`` seconds; None serves plaintext.
 
     Raises:
         OSError: the address could not be bound.

@@ -22,15 +22,11 @@ import trio
 
 T = TypeVar("T")
 
-_HOST_LOOP: trio.lowlevel.RunVar[asyncio.AbstractEventLoop | None] = trio.lowlevel.RunVar(
-    "stockade_host_loop", default=None
-)
-"""The asyncio loop this trio run is a guest of (None: not a guest run)."""
+_HOST_LOOP = trio.lowlevel.RunVar[asyncio.AbstractEventLoop | None]("stockade_host_loop", default=None)
 
 
 def host_loop() -> asyncio.AbstractEventLoop | None:
-    """The asyncio loop the current trio run is a guest of, or None when it is not a guest run
-    (call it from trio)."""
+    """The asyncio loop the current trio run is a guest of, or None (call it from trio)."""
     return _HOST_LOOP.get()
 
 
@@ -65,10 +61,8 @@ async def run_on_host(
 
 def _declare_running(loop: asyncio.AbstractEventLoop) -> None:
     """Make ``loop`` the running loop of asyncio code called from this trio task (and the tasks
-    it starts). Without trio-asyncio nothing needs doing: asyncio finds the loop that runs.
-    Imported, trio-asyncio answers ``asyncio.get_running_loop()`` (and ``get_event_loop()``)
-    inside a trio task from its ``current_loop`` context variable, None here, so asyncio code
-    that asks from a task of the guest run (grpclib's ``Channel()``) would find no loop."""
+    it starts): once imported, trio-asyncio answers ``asyncio.get_running_loop()`` inside a
+    trio task from its ``current_loop``, None here (grpclib's ``Channel()`` would find no loop)."""
     trio_asyncio = sys.modules.get("trio_asyncio")
     if trio_asyncio is not None:
         trio_asyncio.current_loop.set(loop)

@@ -1,14 +1,10 @@
 """PostgreSQL from trio: one owner's asyncpg connection behind the bridge (:class:`PgConnection`).
 
-Errors are translated here: a broken connection, or a call unanswered for ``call_timeout_s``,
-becomes :class:`runtime.errors.DatabaseUnavailable`, a statement the server gave up on
-:class:`runtime.errors.DatabaseBusy`, a broken unique index :class:`runtime.errors.DuplicateKey`.
-A trio cancel that lands inside an asyncpg call terminates the connection; close and rollback
-are shielded, with a deadline of their own. Every TCP connection gets keepalives
-(:func:`set_keepalives`); a multi-host URL connects to a writable server
-(:func:`connect_options`). The owners that open connections again are in
-:mod:`runtime.aio.pg_reconnect`. Why each wait is bounded as it is: docs/design.md, "Database
-connections from trio: every wait bounded". asyncpg is imported when first needed.
+Errors are translated here (see :class:`PgConnection`); a trio cancel inside an asyncpg call
+terminates the connection; close and rollback are shielded, with a deadline of their own. The
+owners that connect again: :mod:`runtime.aio.pg_reconnect`. Why each wait is bounded as it is:
+docs/design.md, "Database connections from trio: every wait bounded". asyncpg is imported when
+first needed.
 """
 
 from __future__ import annotations
@@ -95,10 +91,8 @@ def unreachable_errors() -> tuple[type[BaseException], ...]:
 @functools.cache
 def stale_statement_errors() -> tuple[type[BaseException], ...]:
     """The errors that mean a schema change invalidated a statement (or type) asyncpg had
-    cached: SQLSTATE 0A000 "cached plan must not change result type" after an ``ALTER TABLE``
-    (``InvalidCachedStatementError``), or a changed composite type. Outside a transaction
-    asyncpg prepares the statement again itself; inside one the transaction is aborted and
-    must run again whole (:meth:`PgConnection.run_in_transaction`)."""
+    cached (SQLSTATE 0A000 after an ``ALTER TABLE``); inside a transaction it must run again
+    whole (:meth:`PgConnection.run_in_transaction`)."""
     import asyncpg
 
     return tuple(getattr(asyncpg.exceptions, name) for name in _STALE_STATEMENT_ERRORS)
@@ -132,8 +126,7 @@ def connect_options(url: str) -> dict[str, Any]:
 
 def set_keepalives(raw: Any) -> None:
     """Turn on TCP keepalives (and ``TCP_USER_TIMEOUT`` on Linux) on the socket of the asyncpg
-    connection ``raw``; a Unix-socket connection is left as it is. See the module docstring
-    for the values and why."""
+    connection ``raw`` (values: ``KEEPALIVE_*``); a Unix-socket connection is left as it is."""
     transport = getattr(raw, "_transport", None)
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -188,17 +181,14 @@ class PgConnection:
     """One asyncpg connection owned by one actor, callable from trio.
 
     Create with :meth:`connect`; every method may raise :class:`DatabaseUnavailable` when the
-    connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then closes
-    it and connects again), :class:`DatabaseBusy` when the server gave up on the statement,
-    and :class:`DuplicateKey` when it broke a unique index. Other SQL errors propagate as
-    asyncpg's own ``PostgresError`` subclasses.
+    connection breaks or a call goes unanswered for ``call_timeout_s`` (the owner then connects
+    again), :class:`DatabaseBusy` when the server gave up on the statement, and
+    :class:`DuplicateKey` when it broke a unique index; other SQL errors are asyncpg's own.
 
     Args:
         raw: the asyncpg connection (or a pool's proxy of one).
-        call_timeout_s: longest one call may go unanswered, in seconds. None: no bound, for
-            operator tools whose statements may run long (the checker, the benchmarks);
-            every control-plane owner passes one (:class:`ReconnectingConnection`,
-            :class:`PgPool`, the schema's connection).
+        call_timeout_s: longest one call may go unanswered, in seconds (None: no bound, for
+            operator tools whose statements may run long).
         on_outcome: told how each call ended (see :data:`Outcome`); None: nobody.
     """
 
@@ -223,17 +213,10 @@ class PgConnection:
         call_timeout_s: float | None = None,
         on_outcome: Outcome | None = None,
     ) -> PgConnection:
-        """Connect to ``url``; ``server_settings`` are PostgreSQL session settings. The
-        connection gets TCP keepalives (:func:`set_keepalives`) and, for a multi-host URL, goes
-        to a writable server (:func:`connect_options`).
-
-        Args:
-            url: the database URL.
-            server_settings: PostgreSQL session settings.
-            connect_timeout_s: longest the connect may take, in seconds.
-            call_timeout_s: longest each later call may go unanswered, in seconds (None: no
-                bound).
-            on_outcome: told how each later call ended.
+        """Connect to ``url`` within ``connect_timeout_s`` seconds; ``server_settings`` are
+        PostgreSQL session settings, the other arguments the class's. The connection gets TCP
+        keepalives (:func:`set_keepalives`) and, for a multi-host URL, a writable server
+        (:func:`connect_options`).
 
         Raises:
             DatabaseUnavailable: the server could not be reached in ``connect_timeout_s``.
@@ -306,8 +289,7 @@ class PgConnection:
                 raise
             self._answered()
             return result
-        # The call was cancelled at the deadline: its protocol state is unknown, so the
-        # connection goes.
+        # Cancelled at the deadline: the protocol state is unknown, so the connection goes.
         unanswered = DatabaseUnavailable(
             f"the database did not answer within call_timeout_s = {limit_s:g} s; connection dropped"
         )
@@ -338,9 +320,6 @@ class PgConnection:
     async def transaction(self) -> AsyncIterator[PgConnection]:
         """``BEGIN`` ... ``COMMIT`` around the body; ``ROLLBACK`` (shielded) when it raises.
 
-        A body that may meet a statement invalidated by a schema change should be a function
-        run by :meth:`run_in_transaction` instead, which runs it again whole.
-
         Raises:
             DatabaseUnavailable: the connection broke, including at COMMIT. A COMMIT whose
                 answer was lost is ambiguous: the caller must not assume it failed.
@@ -356,11 +335,9 @@ class PgConnection:
 
     async def run_in_transaction(self, body: Callable[[PgConnection], Awaitable[T]], *, what: str) -> T:
         """``body(self)`` in one transaction (:meth:`transaction`); when a schema change
-        invalidated a statement cached on this connection (:func:`stale_statement_errors`),
-        the transaction is rolled back, the connection's statement and type caches are
-        cleared, and ``body`` runs once more from its start in a new transaction. A statement
-        is never retried on its own: the first run's earlier statements were rolled back with
-        it, and ``body`` may have decided on what they returned.
+        invalidated a statement cached on this connection (:func:`stale_statement_errors`), the
+        caches are cleared and ``body`` runs once more, whole, in a new transaction (never one
+        statement alone: ``body`` may have decided on what the earlier ones returned).
 
         Args:
             body: the transaction's statements; may run twice, so it must not act outside

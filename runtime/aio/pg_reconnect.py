@@ -42,12 +42,8 @@ when its owner sets no bound of its own, in seconds."""
 
 class ReconnectingConnection:
     """One owner's connection: opened on first use, and again on the next use after it broke
-    (a :class:`DatabaseUnavailable` leaves it closed).
-
-    After a failed connect the next one waits (:class:`runtime.backoff.ReconnectSchedule`:
-    below 50 ms at first, growing to at most 2 s, jittered, reset by a success); :meth:`get`
-    sleeps until then. Failed connects and calls, and the first success after them, are
-    logged once per change (:class:`runtime.outage.OutageLog`, on the owner's logger).
+    (a :class:`DatabaseUnavailable` leaves it closed); :meth:`get` waits out the schedule after
+    a failed connect, and the reachability is logged once per change (module docstring).
 
     Args:
         url: the database URL.
@@ -83,8 +79,7 @@ class ReconnectingConnection:
             self.outage.failed(error)
 
     async def get(self) -> PgConnection:
-        """The open connection, connecting first if needed (after the wait a failed connect
-        asked for, if it has not passed yet).
+        """The open connection, connecting first if needed (after the schedule's wait).
 
         Raises:
             DatabaseUnavailable: the server could not be reached.
@@ -107,9 +102,8 @@ class ReconnectingConnection:
             self.outage.failed(exc)
             raise
         except trio.Cancelled:
-            # The caller's own deadline ended the connect first (the lease keeper bounds each
-            # probe by its statement timeout): a failed attempt all the same, or a frozen
-            # server would be retried without backoff and its outage never logged.
+            # The caller's deadline ended the connect: a failed attempt all the same, or a
+            # frozen server would be retried without backoff and its outage never logged.
             self.schedule.failed(trio.current_time())
             self.outage.failed("no answer to the connect within its caller's deadline")
             raise
@@ -147,11 +141,9 @@ async def _set_keepalives_on(raw: Any) -> None:
 
 @attrs.define
 class ReadStore:
-    """A decider's reads on a connection of its own, opened on first use and again after a
-    failure (with backoff, see :class:`ReconnectingConnection`), each read bounded by
-    ``statement_timeout_s`` on the server and ``statement_timeout_s + CALL_MARGIN_S`` on the
-    client: the base of the actors' database stores (subclasses add their queries, and may
-    add session settings).
+    """The base of the actors' read stores: reads on a :class:`ReconnectingConnection` of its
+    own, each bounded by ``statement_timeout_s`` on the server and ``+ CALL_MARGIN_S`` on the
+    client (subclasses add their queries, and may add session settings).
 
     Args:
         database_url: the database URL.
@@ -190,13 +182,10 @@ class ReadStore:
 class PgPool:
     """A small asyncpg pool shared by concurrent request handlers (the ingest actor).
 
-    asyncpg opens a pooled connection again when one that broke is next acquired. While the
-    database is unreachable, an acquire within the wait a failed one asked for
-    (:class:`runtime.backoff.ReconnectSchedule`) fails at once instead of trying to connect,
-    so a flood of requests does not become a flood of connects; the reachability is logged
-    once per change (:class:`runtime.outage.OutageLog`, on the ``owner``'s logger). Only a
-    failed connect starts that wait: a call that loses its connection drops that one
-    connection (``stockade_database_connections_lost``), and the next borrow opens another.
+    While the database is unreachable, an acquire within the schedule's wait fails at once, so
+    a flood of requests is not a flood of connects. Only a failed connect starts that wait: a
+    call that loses its connection drops that one (``stockade_database_connections_lost``),
+    and the next borrow opens another.
     """
 
     def __init__(
@@ -233,18 +222,12 @@ class PgPool:
         each with TCP keepalives (:func:`set_keepalives`).
 
         Args:
-            url: the database URL.
-            size: most connections open at once.
-            server_settings: PostgreSQL session settings of every connection.
-            min_size: connections opened at once and kept open.
             idle_close_s: a connection unused this long is closed, in seconds (0: never).
-            reset_on_release: send asyncpg's reset query (``RESET ALL``, ``UNLISTEN *``,
-                ``CLOSE ALL``, advisory locks released) when a connection is given back: one
-                more round trip per borrow. False skips it, for owners whose work changes no
-                session state; an open transaction is rolled back either way.
-            owner: names the owner in the log (its ``actor``).
+            reset_on_release: send asyncpg's reset query (``RESET ALL``...) when a connection
+                is given back, one more round trip; False for owners that change no session
+                state (an open transaction is rolled back either way).
             connect_timeout_s: longest one connect (and one acquire) may take, in seconds.
-            call_timeout_s: longest one call may go unanswered, in seconds (None: no bound).
+            owner, call_timeout_s: as :class:`ReconnectingConnection`'s.
 
         Raises:
             DatabaseUnavailable: the server could not be reached.
@@ -269,8 +252,7 @@ class PgPool:
         )
 
     def _outcome(self, error: BaseException | None) -> None:
-        """A connect (an acquire that opened a connection) or a call ended: ``error`` None, it
-        was answered."""
+        """A connect ended (``error`` None: it succeeded)."""
         if error is None:
             self.schedule.succeeded()
             self.outage.succeeded()
@@ -280,12 +262,8 @@ class PgPool:
 
     def _call_outcome(self, error: BaseException | None) -> None:
         """A call on a borrowed connection ended. An answer ends an outage; a lost connection
-        (reset, unanswered within its call timeout, a session the server ended, a standby)
-        is dropped by :class:`PgConnection` and counts against that connection only: the
-        next borrow opens another, and a failed connect then starts the outage's wait. Making
-        every borrow wait for one broken connection would fail the heartbeats of a healthy
-        server (asyncpg leaves a connection whose session the server ended, e.g. by
-        ``idle_in_transaction_session_timeout``, unusable: "cannot switch to state ...")."""
+        counts against that connection only (waiting on every borrow for one broken connection
+        would fail the heartbeats of a healthy server)."""
         if error is None:
             self._outcome(None)
         else:
@@ -296,10 +274,9 @@ class PgPool:
         """Borrow a connection for the body of the block.
 
         Raises:
-            DatabaseUnavailable: no connection could be had within ``connect_timeout_s``, or
-                the database is unreachable and the next connect is not due yet.
+            DatabaseUnavailable: no connection within ``connect_timeout_s``, or the database
+                is unreachable and the next connect is not due yet.
         """
-
         wait_s = self.schedule.next_attempt_at - trio.current_time()
         if self.outage.is_down and wait_s > 0:
             raise DatabaseUnavailable(
@@ -328,9 +305,8 @@ class PgPool:
 async def open_pool_when_reachable(
     url: str, *, owner: str, schedule: ReconnectSchedule | None = None, **options: Any
 ) -> PgPool:
-    """:meth:`PgPool.create` again and again until the database answers, waiting between
-    attempts as ``schedule`` says (default: :class:`runtime.backoff.ReconnectSchedule`) and
-    logging the outage once per change; ``options`` go to :meth:`PgPool.create`.
+    """:meth:`PgPool.create` (with ``options``) again and again until the database answers,
+    waiting as ``schedule`` says and logging the outage once per change.
 
     Raises:
         DatabaseRefused: the server refused this client for good.

@@ -2,11 +2,8 @@
 
 Every timing knob and session setting of the actors and the agent is a field of a group; every
 group validates itself at construction and raises :class:`runtime.errors.InvalidArgument`
-naming the field, the value and the limit. The groups of the leader's work are in
-:mod:`runtime.settings.leader` (lease, ledger, placer, reconciler, dispatch), the replica's
-service and the whole replica in :mod:`runtime.settings.control_plane`
-(:class:`~runtime.settings.control_plane.ControlPlaneSettings` checks the rules between
-groups), the worker's in :mod:`runtime.settings.agent`, and what they are built from in
-:mod:`runtime.settings.fields`. Defaults: DESIGN.md's "Defaults today"; docs/settings.md lists
-the current values.
+naming the field, the value and the limit. By process: :mod:`runtime.settings.leader`,
+:mod:`runtime.settings.control_plane` (with the rules between groups),
+:mod:`runtime.settings.agent`; their validators: :mod:`runtime.settings.fields`.
+docs/settings.md lists the current values.
 """

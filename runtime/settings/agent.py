@@ -172,9 +172,8 @@ class AgentSettings:
     """A told heartbeat interval above this is refused (logged; the last good one is kept)."""
     heartbeat_timeout_s: float = attrs.field(default=0.5, validator=positive)
     """How long a heartbeat (or registration) waits for one control plane before it is sent
-    to the next one too, without giving up on the first (a hedged call, see
-    :meth:`runtime.client.ControlPlaneClient.call_hedged`); also the shortest deadline a call
-    gets. The call as a whole may wait until shortly before the fence deadline."""
+    to the next one too (:meth:`runtime.client.ControlPlaneClient.call_hedged`); also the
+    shortest deadline a call gets."""
     self_fence_after_s: float = attrs.field(default=DEFAULT_SELF_FENCE_AFTER_S, validator=positive)
     """Pause every job when no heartbeat sent in the last this-many seconds was acknowledged.
     Must stay below the control planes' dead_after_s by more than stop_grace_s."""
@@ -204,17 +203,13 @@ class AgentSettings:
     register_timeout_s: float = attrs.field(default=10.0, validator=positive)
     """The longest a new registration waits for an answer, in seconds, where the outage grace
     allows (:meth:`agent.fence.FenceClock.register_deadline_s`): a new incarnation holds no job,
-    so a late answer costs nothing, while giving up sends a copy into the queues the first one
-    still waits in, and an answer thrown away leaves the cluster waiting for the heartbeats of
-    a worker that does not know it registered. Also the longest a paused worker's heartbeat
-    waits, after calls that failed (:func:`agent.fence.patient_deadline_s`), for the same
-    reasons."""
+    so a late answer costs nothing, while giving up sends another copy into the queues. Also
+    the longest a paused worker's heartbeat waits after calls that failed
+    (:func:`agent.fence.patient_deadline_s`)."""
     register_retry_s: float = attrs.field(default=0.5, validator=positive)
     """The longest pause after the first failed registration attempt, in seconds: the pauses
-    while no control plane answers are drawn uniformly below a ceiling that starts here and
-    doubles with each failed attempt up to ``register_retry_max_s`` (full jitter,
-    :class:`runtime.backoff.FullJitterBackoff`), so workers that started together, or were
-    all refused by an overloaded control plane at once, do not come back at once."""
+    are drawn uniformly below a ceiling that starts here and doubles with each failed attempt
+    up to ``register_retry_max_s`` (:class:`runtime.backoff.FullJitterBackoff`)."""
     register_retry_max_s: float = attrs.field(default=5.0, validator=positive)
     """The cap of the registration retries' ceiling (see ``register_retry_s``), in seconds."""
     leave_timeout_s: float = attrs.field(default=DEFAULT_LEAVE_TIMEOUT_S, validator=positive)
@@ -223,23 +218,20 @@ class AgentSettings:
     again after a jittered backoff), in seconds; past it the worker is declared dead after
     dead_after_s instead. A launcher waits this long and more before it SIGKILLs an agent."""
     max_concurrent_leaves: int = attrs.field(default=4, validator=positive)
-    """Most leave attempts in flight at once in this process: the workers of a fleet stopping
-    together take turns, so their leaves do not reach the control planes all in one instant.
-    One limit per process, shared by every worker of a fleet."""
+    """Most leave attempts in flight at once in this process, shared by every worker of a
+    fleet, so a fleet's leaves do not reach the control planes all in one instant."""
     max_concurrent_starts: int = attrs.field(default=2, validator=positive)
-    """Most command jobs *starting* at once in this process (from the fork of a job's reaper
-    until the reaper has exec'd the job, or ended): the rest wait for a start slot, holding
-    their capacity. One limit per process, shared by every worker of a fleet."""
+    """Most command jobs *starting* at once in this process, shared by every worker of a fleet
+    (from the fork of a job's reaper until it has exec'd the job, or ended): the rest wait for
+    a start slot, holding their capacity."""
     job_nice: int = attrs.field(default=10, validator=integer_between(MIN_JOB_NICE, MAX_JOB_NICE))
     """How much lower a command job's CPU priority is than the agent's (added to the agent's
     nice value in the job's process just before it execs; the kernel caps it at 19); 0: the
     agent's. The job's reaper keeps the agent's priority."""
     job_oom_score_adj: int = attrs.field(default=DEFAULT_JOB_OOM_SCORE_ADJ)
-    """The ``oom_score_adj`` of every command job's processes (set in the job's process just
-    before it execs) and of every container job's (the container's), 0..1000: when the whole
-    machine runs out of memory the kernel kills the process with the highest score first, and
-    1000 makes it a job before anything else (:mod:`runtime.oom`). The agent and its reapers
-    keep the process's ``--oom-score-adj`` (-998)."""
+    """The ``oom_score_adj`` of every command and container job's processes, 0..1000 (1000: a
+    job is the first the kernel kills when the machine runs out of memory; :mod:`runtime.oom`).
+    The agent and its reapers keep the process's ``--oom-score-adj``."""
 
     job_pids_max: int = attrs.field(
         default=DEFAULT_JOB_PIDS_MAX, validator=integer_between(MIN_JOB_PIDS, MAX_JOB_PIDS)
@@ -310,15 +302,8 @@ class AgentSettings:
         identifiers.check_labels(value, field="labels")
 
     def __attrs_post_init__(self) -> None:
-        check_not_below(
-            "register_retry_max_s", self.register_retry_max_s, "register_retry_s", self.register_retry_s
-        )
-        check_not_below(
-            "heartbeat_interval_max_s",
-            self.heartbeat_interval_max_s,
-            "heartbeat_interval_min_s",
-            self.heartbeat_interval_min_s,
-        )
+        check_not_below(self, "register_retry_max_s", "register_retry_s")
+        check_not_below(self, "heartbeat_interval_max_s", "heartbeat_interval_min_s")
         if not self.heartbeat_interval_min_s <= self.heartbeat_interval_s <= self.heartbeat_interval_max_s:
             raise InvalidArgument(
                 "heartbeat_interval_s",

@@ -70,8 +70,7 @@ class IngestSettings:
     seconds (:class:`actors.admission.LoopShare`)."""
     wire_step_messages: int = attrs.field(default=32, validator=positive)
     """Elements of a large reply (a listing's jobs) encoded, or of a large request (a batch's
-    jobs) decoded and checked, between two yields to the service's event loop: about 2 ms of
-    work at 32 on the 2-core development VM."""
+    jobs) decoded and checked, between two yields to the service's event loop."""
     statement_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """Longest one statement of the service may run (its connections' ``statement_timeout``),
     in seconds."""
@@ -93,15 +92,13 @@ class IngestSettings:
     max_pending_jobs: int = attrs.field(default=20_000, validator=non_negative)
     """Refuse submissions ("busy") while this many jobs are pending (0: no limit). Soft: a
     replica counts the queue at most every ``pending_count_max_age_s``, and a batch that
-    arrives while the queue is under the limit is taken whole. Slurm's ``MaxJobCount``
-    (10,000 by default) is the same guard."""
+    arrives while the queue is under the limit is taken whole (Slurm's ``MaxJobCount``)."""
     pending_count_max_age_s: float = attrs.field(default=0.5, validator=positive)
     """How old the pending count a submission is admitted on may be, in seconds."""
     idempotency_key_retention_s: float = attrs.field(default=86_400.0, validator=positive)
     """How long a mutating call's idempotency key and answer are kept after its first use, in
-    seconds (24 h, as Stripe keeps its keys): a copy of the call that arrives within it gets
-    the first answer; one that arrives later is a new call. Keys older than this are deleted
-    within ``idempotency_sweep_interval_s`` (see :mod:`actors.idempotency`)."""
+    seconds (24 h, as Stripe keeps its keys): a copy arriving within it gets the first answer,
+    a later one is a new call (:mod:`actors.idempotency`)."""
     idempotency_sweep_interval_s: float = attrs.field(default=10.0, validator=positive)
     """How often each replica deletes expired idempotency keys, in seconds."""
     idempotency_sweep_rows: int = attrs.field(default=5_000, validator=positive)
@@ -109,8 +106,7 @@ class IngestSettings:
     removes fewer, or the service is busy)."""
     max_log_streams: int = attrs.field(default=64, validator=positive)
     """Job output streams (ReadJobLogs) one replica relays at once; one more is refused
-    ("busy", another replica may take it). Each holds no database connection once it is
-    open, only its two gRPC streams."""
+    ("busy", another replica may take it)."""
     log_open_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """The longest a replica waits for the first chunk of a job's output from its worker, the
     connection and its TLS handshake included, in seconds; past it the worker counts as
@@ -122,17 +118,15 @@ class IngestSettings:
     heartbeat_group_wait_s: float = attrs.field(default=0.005, validator=non_negative)
     """How long the ingest gathers liveness-only heartbeats before it records them together in
     one statement, in seconds (:mod:`actors.heartbeat_group`; docs/design.md, "Grouped
-    heartbeats"): 5 ms, against a heartbeat deadline of hundreds. 0: every heartbeat is its own
-    statement, as before groups existed (kept so a benchmark can compare the two). At most
+    heartbeats"). 0: every heartbeat is its own statement. At most
     :data:`MAX_HEARTBEAT_GROUP_WAIT_S`."""
     heartbeat_group_max: int = attrs.field(default=500, validator=positive)
     """Most heartbeats one group records (a full group is recorded at once, without waiting
     out ``heartbeat_group_wait_s``). At most :data:`MAX_HEARTBEAT_GROUP`."""
     heartbeat_groups_in_flight: int = attrs.field(default=2, validator=positive)
-    """Most group statements one ingest runs at once. A group whose wait ended while that many
-    run keeps gathering until one ends, so under load the groups grow (fewer, larger
-    statements: about 0.9 ms of database CPU per statement plus 28 µs per heartbeat) instead
-    of queueing for connections. At most ``liveness_reserved_connections`` is useful."""
+    """Most group statements one ingest runs at once; a group whose wait ended meanwhile keeps
+    gathering, so under load the groups grow instead of queueing for connections. At most
+    ``liveness_reserved_connections`` is useful."""
 
     def __attrs_post_init__(self) -> None:
         if self.max_wire_work_share > 1:
@@ -192,11 +186,9 @@ class ConsoleSettings:
 
 @attrs.frozen(kw_only=True)
 class DatabaseWatchSettings:
-    """What every replica watches in the database for what Stockade cannot fix itself, and
-    when it warns (:mod:`actors.database_watch`): a transaction left open (by anyone) keeps
-    PostgreSQL's vacuum from removing the row versions Stockade's updates leave behind, so the
-    tables it updates several times a second (workers, jobs, assignments, lease) grow dead
-    rows and slow every read of them."""
+    """What every replica watches in the database for what Stockade cannot fix itself (a
+    transaction left open, dead rows vacuum could not remove), and when it warns
+    (:mod:`actors.database_watch`)."""
 
     sample_interval_s: float = attrs.field(default=5.0, validator=positive)
     """How often the replica samples the oldest open transaction and the tables' rows, in
@@ -208,12 +200,10 @@ class DatabaseWatchSettings:
     has been open longer than this, in seconds; once per crossing, and a line again once none is."""
     dead_rows_warn_ratio: float = attrs.field(default=10.0, validator=positive)
     """A warning is logged when a watched table holds more dead row versions than this many times
-    its live rows (and more than ``dead_rows_warn_min``); once per crossing and table. Vacuum
-    left to itself keeps dead rows below about a fifth of the live ones plus 50
-    (``autovacuum_vacuum_scale_factor`` 0.2, ``autovacuum_vacuum_threshold`` 50)."""
+    its live rows (and more than ``dead_rows_warn_min``); once per crossing and table. (Vacuum
+    keeps dead rows below about a fifth of the live ones plus 50.)"""
     dead_rows_warn_min: int = attrs.field(default=1000, validator=positive)
-    """Fewer dead rows than this never warn, whatever the ratio: a table of a few live rows (the
-    lease's one) counts dozens of dead ones between two vacuums."""
+    """Fewer dead rows than this never warn, whatever the ratio (the lease's one row)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -235,12 +225,10 @@ class ControlPlaneSettings:
     """How often the replica records that it is up (control_planes.seen_at)."""
     schema_retry_base_s: float = attrs.field(default=0.05, validator=positive)
     """While the database cannot be reached at start-up, the schema is applied again after a
-    random wait below this, then below twice, four times ... this (seconds; capped
-    exponential backoff with full jitter, :func:`runtime.loops.retry`), as every connection
-    owner reconnects (:data:`runtime.backoff.RECONNECT_BACKOFF`)."""
+    random wait below this, then below twice, four times ... this (seconds; full jitter,
+    :func:`runtime.loops.retry`)."""
     schema_retry_max_s: float = attrs.field(default=2.0, validator=positive)
-    """The largest bound of that wait, in seconds: small, so a replica starts within about
-    2 s of its database coming up."""
+    """The largest bound of that wait, in seconds."""
     ingest: IngestSettings = attrs.field(factory=IngestSettings)
     lease: LeaseSettings = attrs.field(factory=LeaseSettings)
     ledger: LedgerSettings = attrs.field(factory=LedgerSettings)
@@ -292,9 +280,8 @@ class ControlPlaneSettings:
                 f"begun as the leader steps down must end before its lease expires",
             )
         check_not_above(
+            self,
             "placer.max_placements_per_round",
-            self.placer.max_placements_per_round,
             "ledger.max_rows_per_fenced_write",
-            self.ledger.max_rows_per_fenced_write,
             "a round's placements are one fenced write",
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -69,23 +70,18 @@ def integer_between(low: int, high: int) -> Any:
     return check
 
 
-def check_not_below(field: str, value: float, other: str, other_value: float) -> None:
-    """The rule between two fields that ``field`` is at least ``other``.
-
-    Raises:
-        InvalidArgument: ``value`` < ``other_value``; the message names both.
-    """
+def check_not_below(settings: Any, field: str, other: str) -> None:
+    """Raises InvalidArgument naming both unless ``settings``' ``field`` is at least its
+    ``other`` (dotted paths, as ``attrgetter`` reads them)."""
+    value, other_value = attrgetter(field, other)(settings)
     if value < other_value:
         raise InvalidArgument(field, value, f"must be >= {other} = {other_value:g}")
 
 
-def check_not_above(field: str, value: int, other: str, other_value: int, why: str = "") -> None:
-    """The rule between two integer fields that ``field`` is at most ``other``; ``why`` is said
-    after it, in parentheses.
-
-    Raises:
-        InvalidArgument: ``value`` > ``other_value``; the message names both.
-    """
+def check_not_above(settings: Any, field: str, other: str, why: str = "") -> None:
+    """Raises InvalidArgument naming both unless ``settings``' integer ``field`` is at most its
+    ``other``; ``why`` is said after the rule, in parentheses."""
+    value, other_value = attrgetter(field, other)(settings)
     if value > other_value:
         rule = f"must be <= {other} = {other_value}"
         raise InvalidArgument(field, value, f"{rule} ({why})" if why else rule)

@@ -21,8 +21,7 @@ from runtime.settings.fields import (
 )
 
 PLACEMENT_POLICIES = ("best_fit", "first_fit", "worst_fit")
-"""The placement policies :func:`actors.placement.place` knows, the default first (the one
-list: settings, the placer and the tools take it from here)."""
+"""The placement policies :func:`actors.placement.place` knows, the default first."""
 
 DEFAULT_DEAD_AFTER_S = 2.5
 """The default of ``ReconcilerSettings.dead_after_s`` (see there), which the ingest tells
@@ -95,18 +94,15 @@ class LedgerSettings:
     )
     """Most assignments one fenced write creates or ends, pending reasons included (a
     declaration adds its few workers). Deciders slice larger decisions into several writes,
-    each fenced (a dead worker's thousands of assignments end 500 at a time), and write fewer
-    while the server cancels their writes (:mod:`actors.write_size`); the ledger refuses a
-    larger request. Measured on the 2-core VM (``python -m ops.measure_fence``): 500 rows hold
-    the share lock 10 to 40 ms, idle or beside two CPU burners."""
+    and write fewer while the server cancels their writes (:mod:`actors.write_size`); the
+    ledger refuses a larger request. 500 rows hold the share lock 10 to 40 ms on 2 cores."""
 
     @property
     def longest_share_lock_hold_s(self) -> float:
         """The longest a fenced write can hold the lease's share lock, in seconds, while its
         client sends each statement promptly: ``MAX_STATEMENTS_PER_FENCED_WRITE`` statements,
-        each cancelled at ``statement_timeout_s`` (the fence itself and the COMMIT take no
-        time worth counting). A client frozen inside the transaction is bounded by
-        ``idle_in_transaction_timeout_s`` instead."""
+        each cancelled at ``statement_timeout_s`` (a frozen client is bounded by
+        ``idle_in_transaction_timeout_s`` instead)."""
         return MAX_STATEMENTS_PER_FENCED_WRITE * self.statement_timeout_s
 
 
@@ -120,8 +116,7 @@ class PlacerSettings:
     """Most pending jobs the placer holds (read highest priority and oldest first)."""
     max_placements_per_round: int = attrs.field(default=DEFAULT_MAX_ROWS_PER_FENCED_WRITE, validator=positive)
     """Most placements one round commits (one fenced statement): at most the ledger's
-    ``max_rows_per_fenced_write``. 2,000 in one statement held the lease's share lock up to
-    166 ms on the loaded 2-core VM, 500 up to 39 ms."""
+    ``max_rows_per_fenced_write``."""
     worker_fresh_s: float = attrs.field(default=1.0, validator=positive)
     """Place only on workers whose last heartbeat is at most this old (database time)."""
     policy: str = attrs.field(default=PLACEMENT_POLICIES[0])
@@ -139,10 +134,9 @@ class PlacerSettings:
     """Most unconfirmed assignments a worker may hold however many it confirmed (the send
     window's ceiling)."""
     trial_run_s: float = attrs.field(default=5.0, validator=non_negative)
-    """A worker on trial (newly registered, or whose unhealthy mark was cleared: see
-    :mod:`actors.health`) takes one job at a time until a run there of its incarnation, since
-    then, succeeded or ran this long, in seconds: a broken worker cannot swallow a burst of jobs
-    before its failures are judged. 0: no trial."""
+    """A worker on trial (newly registered, or whose unhealthy mark was cleared:
+    :mod:`actors.health`) takes one job at a time until a run there since then succeeded or
+    ran this long, in seconds. 0: no trial."""
 
     resync_interval_s: float = attrs.field(default=30.0, validator=positive)
     """Read the whole pending queue again this often (and at every election), in seconds."""
@@ -163,12 +157,7 @@ class PlacerSettings:
             )
 
     def __attrs_post_init__(self) -> None:
-        check_not_above(
-            "initial_window",
-            self.initial_window,
-            "max_unconfirmed_per_worker",
-            self.max_unconfirmed_per_worker,
-        )
+        check_not_above(self, "initial_window", "max_unconfirmed_per_worker")
 
 
 @attrs.frozen(kw_only=True)
@@ -187,9 +176,7 @@ class ReconcilerSettings:
     requeue_backoff_base_s: float = attrs.field(default=0.125, validator=positive)
     """A job requeued after its first loss (worker dead or registered again, assignment
     withdrawn) waits a random time below this before it is placed again; the bound doubles
-    with every further loss (seconds; see :func:`actors.reconciler.backoff_caps_s`). Short:
-    a first loss is the common case, a dead worker, and its jobs should move within a round
-    or two; the doubling is what holds back a job lost again and again."""
+    with every further loss (seconds; see :func:`actors.reconciler.backoff_caps_s`)."""
     requeue_backoff_max_s: float = attrs.field(default=30.0, validator=positive)
     """The bound of the requeue backoff never exceeds this (seconds)."""
     death_burst: int = attrs.field(default=3, validator=positive)
@@ -205,18 +192,15 @@ class ReconcilerSettings:
     mass_silence_max_s: float = attrs.field(default=60.0, validator=positive)
     """A mass silence holds declarations for at most this long (seconds); past it the silent
     workers are declared dead again, as the rate limit allows. Longer than the agents'
-    ``db_outage_grace_s`` (45 s): by then a cut-off worker has killed its paused jobs, so
-    holding on would only leave them unplaced (workers that really died stay silent for
-    ever)."""
+    ``db_outage_grace_s`` (45 s): by then a cut-off worker has killed its paused jobs."""
     suspect_after_s: float | None = attrs.field(default=None)
     """A worker silent this long counts toward mass silence (seconds; None: half of
     ``dead_after_s``). Shorter than ``dead_after_s``, so that workers cut off together are
     seen together before the first of them would be declared dead."""
     contact_gap_s: float = attrs.field(default=1.0, validator=positive)
-    """When the leader's reads of the workers' silence were interrupted for longer than this
-    (its database was unreachable, or it was stalled), silence counts anew from the first read
-    after (seconds; DESIGN.md, "Outages"). It grows in proportion when the workers are judged by
-    a longer dead_after than ``dead_after_s`` (:func:`actors.reconciler.contact_gap_for_s`)."""
+    """When the leader's reads of the workers' silence were interrupted for longer than this,
+    silence counts anew from the first read after (seconds; DESIGN.md, "Outages"); it grows
+    with a longer dead_after (:func:`actors.reconciler.contact_gap_for_s`)."""
     held_log_every_s: float = attrs.field(default=5.0, validator=positive)
     """At most one log line per this many seconds about held declarations, per reason."""
     read_statement_timeout_s: float = attrs.field(
@@ -251,22 +235,19 @@ class ReconcilerSettings:
     heartbeat_interval_max_s: float = attrs.field(default=10.0, validator=positive)
     """The longest heartbeat interval the leader asks of workers, in seconds, however large
     the cluster: it bounds how long a dead worker goes unnoticed (``dead_after_intervals`` of
-    it). 10 s, Nomad's shortest heartbeat TTL: a cluster whose heartbeats cost more than
-    the budget at this interval is past what its control planes can take (docs/scale.md)."""
+    it). 10 s, Nomad's shortest heartbeat TTL (docs/scale.md)."""
     heartbeat_cpu_budget: float = attrs.field(default=0.25, validator=fraction)
     """The share of a core each control plane may spend on heartbeats (above 0, below 1): the
     interval grows with the cluster so that the heartbeats' measured cost stays within it."""
     dead_after_intervals: float = attrs.field(default=4.0)
     """A worker is declared dead after this many heartbeat intervals without one, never sooner
-    than ``dead_after_s`` (at least 3: the self-fence, below it by the agent's stop grace and
-    margin, must leave room for a late heartbeat)."""
+    than ``dead_after_s`` (at least 3, room for a late heartbeat before the self-fence)."""
     heartbeat_policy_every_s: float = attrs.field(default=1.0, validator=positive)
     """How often the leader chooses the heartbeat interval again, in seconds."""
     health_probe_after_s: float = attrs.field(default=300.0, validator=non_negative)
     """This long after a worker was marked unhealthy (or a probe failed there), one job at a
-    time may be placed on it again as a probe: its success clears the mark, its failure renews
-    it, in seconds. 0: no probes (only a run already there succeeding, or ``stockade
-    uncordon``, clears it)."""
+    time may be placed on it again as a probe, whose success clears the mark, in seconds. 0: no
+    probes (only a run there succeeding, or ``stockade uncordon``, clears it)."""
 
     @health_min_failure_rate.validator
     def _rate(self, attribute: attrs.Attribute[float], value: float) -> None:
@@ -295,18 +276,8 @@ class ReconcilerSettings:
                 self.suspect_after_s,
                 f"must be > 0 and <= dead_after_s = {self.dead_after_s:g}",
             )
-        check_not_below(
-            "requeue_backoff_max_s",
-            self.requeue_backoff_max_s,
-            "requeue_backoff_base_s",
-            self.requeue_backoff_base_s,
-        )
-        check_not_below(
-            "heartbeat_interval_max_s",
-            self.heartbeat_interval_max_s,
-            "heartbeat_interval_min_s",
-            self.heartbeat_interval_min_s,
-        )
+        check_not_below(self, "requeue_backoff_max_s", "requeue_backoff_base_s")
+        check_not_below(self, "heartbeat_interval_max_s", "heartbeat_interval_min_s")
         if self.heartbeat_interval_min_s >= self.dead_after_s:
             raise InvalidArgument(
                 "heartbeat_interval_min_s",
@@ -315,11 +286,7 @@ class ReconcilerSettings:
                 " before dead_after, and must hear back at least once before it does)",
             )
         check_not_above(
-            "health_min_failed_jobs",
-            self.health_min_failed_jobs,
-            "health_window_runs",
-            self.health_window_runs,
-            "the runs a worker is judged on",
+            self, "health_min_failed_jobs", "health_window_runs", "the runs a worker is judged on"
         )
 
 
@@ -330,12 +297,11 @@ def fence_margin_refusal(
     self_fence_margin_s: float = DEFAULT_SELF_FENCE_MARGIN_S,
 ) -> str | None:
     """Why a control plane refuses ``settings`` at start, or None: with some heartbeat interval
-    it may tell (``heartbeat_interval_min_s`` .. ``heartbeat_interval_max_s``), the dead_after
-    that goes with it (``max(dead_after_s, interval x dead_after_intervals)``) leaves an agent a
-    self-fence span (dead_after - ``stop_grace_s`` - ``self_fence_margin_s``, the agents'
-    defaults unless given) no longer than the interval: its agents would refuse the interval,
-    or pause their jobs at every heartbeat. The span less the interval is lowest at an end of
-    the range or where the dead_after starts to follow the interval, so those are checked.
+    it may tell, the dead_after that goes with it (``max(dead_after_s, interval x
+    dead_after_intervals)``) leaves an agent a self-fence span (dead_after - ``stop_grace_s`` -
+    ``self_fence_margin_s``) no longer than the interval, so its agents would pause at every
+    heartbeat. The span less the interval is lowest at an end of the range or where the
+    dead_after starts to follow the interval, so those are checked.
     """
     low, high = settings.heartbeat_interval_min_s, settings.heartbeat_interval_max_s
     crossover = settings.dead_after_s / settings.dead_after_intervals
