@@ -155,19 +155,19 @@ def parse_addresses(texts: Sequence[str], *, field: str) -> tuple[Address, ...]:
     return tuple(parse_address(text, field=f"{field}[{index}]") for index, text in enumerate(texts))
 
 
-def check_label_key(key: str, *, field: str = "labels") -> str:
-    """``key`` if it is a label key, ``[prefix/]name``; else InvalidArgument (``labels key``)."""
+def check_label_key(key: str, *, field: str = "labels key") -> str:
+    """``key`` if it is a label key, ``[prefix/]name``; else InvalidArgument naming ``field``."""
     rule = (
         f"must be a name of 1-{MAX_LABEL_NAME_CHARS} characters of A-Z a-z 0-9 - _ . starting and "
         f"ending with a letter or digit, optionally after a lower-case DNS subdomain and a slash"
     )
     if not isinstance(key, str):
-        raise InvalidArgument(f"{field} key", key, rule)
+        raise InvalidArgument(field, key, rule)
     prefix, slash, name = key.rpartition("/")
     if slash and not (_is_dns_name(prefix) and prefix == prefix.lower()):
-        raise InvalidArgument(f"{field} key", key, rule)
+        raise InvalidArgument(field, key, rule)
     if not _LABEL_NAME.fullmatch(name):
-        raise InvalidArgument(f"{field} key", key, rule)
+        raise InvalidArgument(field, key, rule)
     return key
 
 
@@ -194,7 +194,7 @@ def check_labels(labels: Mapping[str, str], *, field: str = "labels") -> dict[st
     if len(labels) > MAX_LABELS:
         raise InvalidArgument(field, len(labels), f"must have at most {MAX_LABELS} labels")
     for key, value in labels.items():
-        check_label_key(key, field=field)
+        check_label_key(key, field=f"{field} key")
         check_label_value(value, field=f"{field}[{key}]")
     return dict(labels)
 

@@ -18,6 +18,7 @@ from agent.fleet import FleetSpecError, parse_fleet_spec
 from ops.cli import EXIT_INVALID, app
 from ops.cluster import parse_addresses
 from runtime.client import ControlPlaneClient
+from runtime.constraints import Constraint
 from runtime.errors import InvalidArgument
 from runtime.identifiers import (
     Address,
@@ -28,6 +29,7 @@ from runtime.identifiers import (
     format_address,
     parse_address,
     parse_host,
+    parse_labels,
 )
 from runtime.settings.agent import AgentSettings
 from runtime.settings.control_plane import ControlPlaneSettings
@@ -140,6 +142,19 @@ def test_a_bad_label_key_is_refused(key: str) -> None:
     lower-case DNS subdomain and a slash (Kubernetes' label syntax)."""
     with pytest.raises(InvalidArgument, match=r"^labels key must be a name of 1-63 characters"):
         check_label_key(key)
+
+
+def test_a_bad_label_key_names_its_field_once() -> None:
+    """Given as an option, in a constraint or in a registration, a bad key's error names the
+    field once (``--label key``, ``constraints[0].key``, ``labels key``)."""
+    for call, field in (
+        (lambda: parse_labels(["b@d=1"], field="--label"), "--label key"),
+        (lambda: Constraint(key="b@d", op="exists").check(field="constraints[0]"), "constraints[0].key"),
+        (lambda: check_labels({"b@d": "1"}), "labels key"),
+    ):
+        with pytest.raises(InvalidArgument) as caught:
+            call()
+        assert str(caught.value).startswith(f"{field} must be a name"), str(caught.value)
 
 
 @pytest.mark.parametrize("value", ["-a", "a-", "a b", "a\n", "x" * 64, "a/b", "é"])
