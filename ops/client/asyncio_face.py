@@ -1,8 +1,9 @@
 """The client for asyncio programs: :class:`AsyncioClient` runs the calls of
 :class:`ops.client.Client` in a trio guest run on the program's own event loop
 (:mod:`runtime.aio.guest`; on a trio-asyncio loop, through its ``trio_as_future``), so grpclib
-runs on that loop, no second loop or thread is opened and the loop policy is left alone. Arguments, results and errors are those of :class:`Client`; a
-cancel of the awaiting task (``asyncio.timeout``, ``task.cancel()``) cancels the call.
+runs on that loop, no second loop or thread is opened and the loop policy is left alone.
+Arguments, results and errors are those of :class:`Client`; a cancel of the awaiting task
+(``asyncio.timeout``, ``task.cancel()``) cancels the call.
 """
 
 from __future__ import annotations
