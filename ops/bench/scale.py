@@ -1,14 +1,11 @@
 """``stockade bench scale``: what heartbeats and placement cost as the worker count doubles.
 
-For each worker count N, on a fresh cluster (3 control planes, one embedded PostgreSQL with
-``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.bench.loadgen`, or real agents in
-fleets with ``--real-agents`` where N <= :data:`ops.bench.scale_report.REAL_AGENTS_LIMIT`) hold sleep
-jobs while a queue of ``pending_jobs`` more waits (topped up every second); after a warm-up,
-one window of ``duration_s`` is measured from outside the control plane only: its metrics
-endpoints, the database and the processes' CPU time. Early in the window a few workers that
-hold long jobs are killed (their heartbeats and Worker service stop at once) and their jobs are
-timed, by database time, from the kill to their new assignments confirmed running.
-What each figure means: :class:`ops.bench.scale_report.ScalePoint`.
+For each worker count N, on a fresh cluster (3 control planes, embedded PostgreSQL with
+``pg_stat_statements``): N workers (:mod:`ops.bench.loadgen`, or real agents with
+``--real-agents``) hold sleep jobs while ``pending_jobs`` more wait (topped up every second);
+after a warm-up one window of ``duration_s`` is measured from outside the control plane. Early
+in it a few workers holding long jobs are killed and their jobs timed, by database time, to
+their new assignments confirmed running. The figures: :class:`ops.bench.scale_report.ScalePoint`.
 """
 
 from __future__ import annotations

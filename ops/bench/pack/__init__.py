@@ -2,13 +2,6 @@
 policy on a seeded stream all at once and arriving, a burst into an empty cluster, and the
 placer round as the queue and the cluster grow (docs/benchmarks.md, "`just bench-pack`"; the
 figures: docs/design.md, "Packing figures").
-
-The package: :mod:`~ops.bench.pack.stream` (the seeded jobs, their arrivals, the makespan's
-lower bound, the settings), :mod:`~ops.bench.pack.scenarios` (each scenario on its own cluster,
-and :func:`run_pack` running them all), :mod:`~ops.bench.pack.figures` (what is computed from
-the measurements), :mod:`~ops.bench.pack.report` (the typed results, their table, picture and
-JSON), :mod:`~ops.bench.pack.rounds` (the placer round run in this process) and
-:mod:`~ops.bench.pack.unschedulable` (``stockade bench unschedulable``).
 """
 
 from ops.bench.pack.figures import (

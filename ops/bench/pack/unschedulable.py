@@ -1,12 +1,10 @@
 """``stockade bench unschedulable``: the real placer round while most pending jobs fit no worker.
 
-A database holds ``unschedulable`` pending jobs larger than every worker (a few dozen sizes,
-too much CPU, too much memory or both), ``schedulable`` small ones behind a busy cluster of
-``workers`` simulated workers, and before each round a little room is freed on one worker so
-that every round places a job or two. The first round reads the whole queue; the rounds after
-it store the unschedulable reasons (at most the fenced write's rows per round: ``settle``
-rounds); then ``rounds`` rounds are timed (read, decision, fenced commit), as in the scale
-curve of ``stockade bench pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`).
+A database holds ``unschedulable`` pending jobs larger than every worker and ``schedulable``
+small ones behind ``workers`` busy simulated workers; before each round a little room is freed
+on one worker so every round places a job or two. After ``settle`` rounds store the
+unschedulable reasons, ``rounds`` rounds are timed (read, decision, fenced commit), as in
+:func:`ops.bench.pack.scenarios.run_scale_point`.
 """
 
 from __future__ import annotations
