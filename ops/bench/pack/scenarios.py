@@ -45,30 +45,18 @@ from runtime.text import read_jsonl
 
 def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = False) -> ClusterDriver:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
-    # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
-    # control plane answers late), and the fence and dead_after widened to match; all four
-    # scale with settings.heartbeat_interval_s. The control planes' bounds pin the interval
-    # the leader tells the workers to that one: left to choose, it counted only its own cost
-    # (the 100 agents share the machine here) and told 0.25 to 0.95 s, and the heartbeats
-    # then took the CPU the placements are measured with (round p50 255 ms against 8 ms).
-    interval_s = settings.heartbeat_interval_s
-    cp_args = (
-        "--policy",
-        policy,
-        "--dead-after-s",
-        f"{5 * interval_s:g}",
-        "--heartbeat-interval-min-s",
-        f"{interval_s:g}",
-        "--heartbeat-interval-max-s",
-        f"{interval_s:g}",
+    # 100 workers on 2 cores: the heartbeat deadline, fence and dead_after widened to match the
+    # interval, which the control planes' bounds pin (left to choose, the leader counts only its
+    # own cost, not the 100 agents sharing the machine, and the heartbeats take the CPU the
+    # placements are measured with).
+    i = settings.heartbeat_interval_s
+    cp_args = tuple(
+        f"--policy {policy} --dead-after-s {5 * i:g} "
+        f"--heartbeat-interval-min-s {i:g} --heartbeat-interval-max-s {i:g}".split()
     )
-    agent_args = (
-        "--heartbeat-interval-s",
-        f"{interval_s:g}",
-        "--heartbeat-timeout-s",
-        f"{1.5 * interval_s:g}",
-        "--self-fence-after-s",
-        f"{3.5 * interval_s:g}",
+    agent_args = tuple(
+        f"--heartbeat-interval-s {i:g} --heartbeat-timeout-s {1.5 * i:g} "
+        f"--self-fence-after-s {3.5 * i:g}".split()
     )
     if docker:
         return DockerCluster(
@@ -125,14 +113,9 @@ INSERT INTO bench_commit_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET 
 async def probe_commits(
     database_url: str, probes: list[tuple[float, float]], *, started: float, interval_s: float = 0.2
 ) -> None:
-    """Commit one row every ``interval_s`` on a connection of its own, durably (the server's
-    default ``synchronous_commit``), and append (seconds since ``started``, commit latency in
-    seconds) to ``probes``, until cancelled.
-
-    The cluster's liveness rests on the database answering: a lease renewal, a heartbeat with
-    outcomes and every fenced write commit durably. When workers fence themselves at once, a
-    commit that took seconds at the same moment points at the database (its WAL flush, or its
-    processes waiting for a CPU); fast commits rule it out.
+    """Commit one row durably every ``interval_s`` on a connection of its own, and append
+    (seconds since ``started``, commit latency in seconds) to ``probes``, until cancelled: when
+    workers fence themselves at once, slow commits at that moment point at the database.
     """
     db = await PgConnection.connect(database_url)
     try:
@@ -169,9 +152,8 @@ async def run_policy(
             of hosting them in fleets; the result then has ``agent_memory_mb``.
 
     Returns:
-        The figures described in :mod:`ops.bench.pack`, the checker's counts and the samples:
-        [seconds since the first submit, cpu use, memory use, pending, waiting (pending for
-        ``settings.waiting_after_s`` or longer)].
+        The figures, the checker's counts and the samples: [seconds since the first submit, cpu
+        use, memory use, pending, waiting (pending for ``settings.waiting_after_s`` or longer)].
     """
     label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
     cluster = _cluster(root, settings, policy, docker=docker)
@@ -346,19 +328,12 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
                 client.close()
     finally:
         await trio.to_thread.run_sync(cluster.down)
-    if len(started) < settings.burst_jobs:
-        return BurstResult(
-            burst_jobs=settings.burst_jobs,
-            burst_started=len(started),
-            burst_s=None,
-            burst_placements_per_s=None,
-        )
-    elapsed = max(started.values()) - submitted_at
+    elapsed = max(started.values()) - submitted_at if len(started) >= settings.burst_jobs else None
     return BurstResult(
         burst_jobs=settings.burst_jobs,
         burst_started=len(started),
-        burst_s=round(elapsed, 2),
-        burst_placements_per_s=round(settings.burst_jobs / elapsed, 1),
+        burst_s=None if elapsed is None else round(elapsed, 2),
+        burst_placements_per_s=None if elapsed is None else round(settings.burst_jobs / elapsed, 1),
     )
 
 
