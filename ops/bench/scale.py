@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
+from ops.bench import heartbeat_flags
 from ops.bench.measure_heartbeat import table_update_counts
 from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
 from ops.bench.pack.figures import histogram_quantile
@@ -84,10 +85,8 @@ class ScaleSettings:
     pending_jobs: int = 10_000
     """Jobs kept pending (topped up every second) so each placer round reads a long queue."""
     heartbeat_interval_s: float | None = None
-    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere
-    (docs/design.md, "Heartbeat interval"), the workers starting from the agent's defaults; a
-    number: every worker heartbeats this often (deadline 1.5x, self-fence 3.5x) and the
-    control planes declare after 5x, as before the cluster chose."""
+    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere; a
+    number: every worker heartbeats this often (:func:`ops.bench.heartbeat_flags`)."""
     kills: int = 3
     """Workers killed in each step (each holding long jobs)."""
     job_s: tuple[float, float] = (10.0, 30.0)
@@ -267,29 +266,12 @@ class _Step:
             data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",)
         )
         url = self.pg.start()
+        cp_args, agent_args = ((), ()) if fixed_s is None else heartbeat_flags(fixed_s)
         self.cluster = LocalCluster(
             StateDir(self.root / "cluster"),
             database_url=url,
-            cp_args=()
-            if fixed_s is None
-            else (
-                "--dead-after-s",
-                f"{5 * fixed_s:g}",
-                "--heartbeat-interval-min-s",
-                f"{fixed_s:g}",
-                "--heartbeat-interval-max-s",
-                f"{fixed_s:g}",
-            ),
-            agent_args=()
-            if fixed_s is None
-            else (
-                "--heartbeat-interval-s",
-                f"{fixed_s:g}",
-                "--heartbeat-timeout-s",
-                f"{timeout_s:g}",
-                "--self-fence-after-s",
-                f"{fence_s:g}",
-            ),
+            cp_args=cp_args,
+            agent_args=agent_args,
             # At least four fleets, so killing one leaves workers to take its jobs.
             fleet_size=min(self.settings.fleet_size, max(1, -(-self.workers // 4))),
             worker_capacities=((WORKER_CPU_MILLIS, WORKER_MEMORY_MB),),
@@ -302,22 +284,10 @@ class _Step:
             from ops.bench.loadgen.generator import worker_ids
             from ops.certs import ensure_issued
 
-            args = [
-                "--control-planes",
-                ",".join(config.control_plane_addresses),
-                "--workers",
-                str(self.workers),
-                "--cpu-millis",
-                str(WORKER_CPU_MILLIS),
-                "--memory-mb",
-                str(WORKER_MEMORY_MB),
-                "--interval-s",
-                f"{interval_s:g}",
-                "--timeout-s",
-                f"{timeout_s:g}",
-                "--self-fence-s",
-                f"{fence_s:g}",
-            ]
+            args = ["--control-planes", ",".join(config.control_plane_addresses)]
+            args += f"--workers {self.workers} --cpu-millis {WORKER_CPU_MILLIS}".split()
+            args += f"--memory-mb {WORKER_MEMORY_MB} --interval-s {interval_s:g}".split()
+            args += f"--timeout-s {timeout_s:g} --self-fence-s {fence_s:g}".split()
             if self.settings.insecure:
                 args.append("--insecure")
             else:

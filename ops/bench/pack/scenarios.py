@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ops import checker
+from ops.bench import heartbeat_flags
 from ops.bench.pack.figures import (
     PlacerFigures,
     overcommitted_workers,
@@ -49,15 +50,8 @@ def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = 
     # interval, which the control planes' bounds pin (left to choose, the leader counts only its
     # own cost, not the 100 agents sharing the machine, and the heartbeats take the CPU the
     # placements are measured with).
-    i = settings.heartbeat_interval_s
-    cp_args = tuple(
-        f"--policy {policy} --dead-after-s {5 * i:g} "
-        f"--heartbeat-interval-min-s {i:g} --heartbeat-interval-max-s {i:g}".split()
-    )
-    agent_args = tuple(
-        f"--heartbeat-interval-s {i:g} --heartbeat-timeout-s {1.5 * i:g} "
-        f"--self-fence-after-s {3.5 * i:g}".split()
-    )
+    cp_args, agent_args = heartbeat_flags(settings.heartbeat_interval_s)
+    cp_args = ("--policy", policy, *cp_args)
     if docker:
         return DockerCluster(
             StateDir(root),
