@@ -335,14 +335,7 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
     """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
-        await bench.db.execute(
-            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
-            " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
-            workers,
-        )
-        await bench.db.execute(
-            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
-        )
+        await bench.add_busy_workers()
         await bench.db.execute(
             "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
             " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
