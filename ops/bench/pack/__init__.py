@@ -5,8 +5,6 @@ figures: docs/design.md, "Packing figures").
 """
 
 from ops.bench.pack.figures import (
-    LARGE_CPU_MILLIS,
-    PHASES,
     PhaseFigures,
     PlacerFigures,
     ProbeFigures,
@@ -14,8 +12,6 @@ from ops.bench.pack.figures import (
     histogram_quantile,
     overcommitted_workers,
     placer_figures,
-    probe_figures,
-    scrape,
     wait_figures,
 )
 from ops.bench.pack.report import (
@@ -24,16 +20,14 @@ from ops.bench.pack.report import (
     PolicyResult,
     ScalePoint,
     Scenario,
-    growth,
     plot,
     render,
     save,
 )
-from ops.bench.pack.scenarios import probe_commits, run_burst, run_pack, run_policy, run_scale_point
+from ops.bench.pack.scenarios import run_pack, run_policy, run_scale_point
 from ops.bench.pack.stream import (
     POLICIES,
     WORKER_SHAPES,
-    JobDraw,
     PackSettings,
     arrival_times,
     job_stream,
@@ -42,12 +36,9 @@ from ops.bench.pack.stream import (
 )
 
 __all__ = [
-    "LARGE_CPU_MILLIS",
-    "PHASES",
     "POLICIES",
     "WORKER_SHAPES",
     "BurstResult",
-    "JobDraw",
     "PackReport",
     "PackSettings",
     "PhaseFigures",
@@ -58,22 +49,17 @@ __all__ = [
     "Scenario",
     "WaitFigures",
     "arrival_times",
-    "growth",
     "histogram_quantile",
     "job_stream",
     "lower_bound_s",
     "overcommitted_workers",
     "placer_figures",
     "plot",
-    "probe_commits",
-    "probe_figures",
     "render",
-    "run_burst",
     "run_pack",
     "run_policy",
     "run_scale_point",
     "save",
-    "scrape",
     "submit_arriving",
     "wait_figures",
 ]
