@@ -162,11 +162,7 @@ def renamed(exc: InvalidArgument, rename: Callable[[str], str]) -> InvalidArgume
 
 
 def int_option(option: str, text: str | None) -> int | None:
-    """An integer option's value, None when not given.
-
-    Raises:
-        InvalidArgument: not a whole number (named by ``option``, with the text).
-    """
+    """An integer option's value, None when not given; InvalidArgument unless a whole number."""
     if text is None:
         return None
     if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", text) is None:
@@ -175,12 +171,8 @@ def int_option(option: str, text: str | None) -> int | None:
 
 
 def seconds_option(option: str, text: str | None) -> float | None:
-    """A seconds option's value, None when not given (NaN and infinities are left to the spec's
-    rules).
-
-    Raises:
-        InvalidArgument: not a number.
-    """
+    """A seconds option's value, None when not given; InvalidArgument unless a number (NaN and
+    infinities are left to the spec's rules)."""
     if text is None:
         return None
     try:
@@ -192,11 +184,7 @@ def seconds_option(option: str, text: str | None) -> float | None:
 
 
 def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
-    """``--env NAME=VALUE`` values as pairs, each split at its first ``=``.
-
-    Raises:
-        InvalidArgument: an item without ``=``.
-    """
+    """``--env NAME=VALUE`` values as pairs, split at the first ``=``; InvalidArgument without one."""
     pairs = []
     for item in items:
         name, equals, value = item.partition("=")
@@ -207,11 +195,8 @@ def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def ids_option(option: str, items: Iterable[str]) -> list[int]:
-    """``--after ID[,ID...]`` values (repeatable) as job ids, in order.
-
-    Raises:
-        InvalidArgument: an item that is not a comma-separated list of whole numbers.
-    """
+    """``--after ID[,ID...]`` values (repeatable) as job ids, in order; InvalidArgument unless
+    comma-separated whole numbers."""
     ids = []
     for item in items:
         for part in item.split(","):

@@ -73,13 +73,10 @@ def with_client(
     Raises:
         RunOverran: the run had not ended after ``limit_s``.
         KeyboardInterrupt: Ctrl-C (or SIGTERM turned into it) while the caller waited.
-        InvalidArgument: an address is malformed, or a replica refused the input.
-        ClusterBusy: every control plane stayed busy for ``busy_retry_s``.
-        NoControlPlaneReachable: no control plane answered.
-        PermissionDenied: the certificate's role may not make a call ``body`` made.
-        runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a file of ``tls`` is
-            missing or its key is readable by others.
-        Exception: whatever ``body`` raised, unwrapped.
+        InvalidArgument, runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a bad
+            address or certificate file (:class:`ControlPlaneClient`).
+        Exception: whatever ``body`` raised (ClusterBusy, NoControlPlaneReachable,
+            PermissionDenied, ...), unwrapped.
     """
 
     async def main() -> T | _Raised:

@@ -140,10 +140,9 @@ async def run_policy(
         root: the cluster's state folder (emptied first).
         progress: called with a line now and then.
         arrival_rate_per_s: None submits every job at the start; a rate (jobs per second, > 0)
-            submits job ``i`` at ``arrival_times(settings.jobs, rate, settings.seed)[i]``
-            seconds after the first submit, while sampling goes on.
-        docker: run each worker in a container of its own (``stockade up --docker``) instead
-            of hosting them in fleets; the result then has ``agent_memory_mb``.
+            submits them at :func:`arrival_times`.
+        docker: run each worker in a container of its own instead of in fleets (the result
+            then has ``agent_memory_mb``).
 
     Returns:
         The figures, the checker's counts and the samples: [seconds since the first submit, cpu
@@ -361,12 +360,8 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
 def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]) -> PackReport:
     """Run every scenario ``settings`` asks for, one after the other, each in a folder of
     ``root``: every policy all at once (and arriving, unless ``arrival_rate_per_s`` is 0),
-    then the burst and the scale curve (on an embedded PostgreSQL of its own).
-
-    Args:
-        settings: the run's settings.
-        root: the parent of the scenarios' state folders.
-        progress: called with a line now and then.
+    then the burst and the scale curve (on an embedded PostgreSQL of its own); ``progress`` is
+    called with a line now and then.
 
     Raises:
         ClusterError: a cluster could not be started.

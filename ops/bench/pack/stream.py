@@ -63,11 +63,6 @@ def arrival_times(count: int, rate_per_s: float, seed: int) -> list[float]:
     Job 0 arrives at 0.0; each later gap is exponential with mean ``1 / rate_per_s``, drawn from
     a ``random.Random("arrivals:{seed}")``: independent of :func:`job_stream`'s draws.
 
-    Args:
-        count: jobs, >= 0.
-        rate_per_s: mean arrivals per second, > 0.
-        seed: the job stream's seed.
-
     Returns:
         ``count`` non-decreasing times in seconds, the first 0.0.
 
