@@ -59,10 +59,12 @@ def q(expr: str, legend: str = "") -> Query:
     return Query(expr=expr, legend=legend)
 
 
-def _per(function: str, metric: str, selector: str, by: str = "", *, legend: str) -> Query:
+def _per(function: str, metric: str, selector: str, by: str = "", *, legend: str | None = None) -> Query:
     """A counter's ``rate`` or ``increase`` (``function``) over the rate interval, summed over
-    ``selector``'s processes (by the labels ``by``)."""
+    ``selector``'s processes (by the labels ``by``); the legend defaults to those labels."""
     summed = f"sum by ({by}) " if by else "sum"
+    if legend is None:
+        legend = " ".join(f"{{{{{label}}}}}" for label in by.split(", "))
     return q(f"{summed}({function}({metric}{{{selector}}}[{RATE}]))", legend)
 
 
@@ -118,15 +120,7 @@ ROWS: tuple[Row, ...] = (
                 description="Times a leader stopped leading: deposed (the database gave the lease to "
                 "another), renewal_late, main_loop_stalled, epoch_superseded (a fenced write saw a newer "
                 "epoch), released (clean stop).",
-                queries=(
-                    _per(
-                        "increase",
-                        "stockade_lease_step_downs_total",
-                        CP,
-                        "process, cause",
-                        legend="{{process}} {{cause}}",
-                    ),
-                ),
+                queries=(_per("increase", "stockade_lease_step_downs_total", CP, "process, cause"),),
                 width=8,
                 bars=True,
             ),
@@ -348,13 +342,7 @@ ROWS: tuple[Row, ...] = (
                 "wrong_incarnation, cancelled, no_room, fenced, ...), and duplicates acknowledged "
                 "without running twice.",
                 queries=(
-                    _per(
-                        "increase",
-                        "stockade_agent_assignments_refused_total",
-                        WORKERS,
-                        "request, reason",
-                        legend="{{request}} {{reason}}",
-                    ),
+                    _per("increase", "stockade_agent_assignments_refused_total", WORKERS, "request, reason"),
                     _per(
                         "increase", "stockade_agent_duplicate_assignments_total", WORKERS, legend="duplicate"
                     ),
