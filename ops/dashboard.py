@@ -109,9 +109,7 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 title="Elections",
                 description="Takeovers won, per control plane, in each interval.",
-                queries=(
-                    _per("increase", "stockade_lease_elections_total", CP, "process", legend="{{process}}"),
-                ),
+                queries=(_per("increase", "stockade_lease_elections_total", CP, "process"),),
                 width=8,
                 bars=True,
             ),
@@ -197,7 +195,7 @@ ROWS: tuple[Row, ...] = (
                 description="Heartbeats each control plane recorded for an alive incarnation, and those "
                 "it answered with reregister (the incarnation is no longer alive).",
                 queries=(
-                    _per("rate", "stockade_heartbeats_recorded_total", CP, "process", legend="{{process}}"),
+                    _per("rate", "stockade_heartbeats_recorded_total", CP, "process"),
                     _per("rate", "stockade_heartbeats_reregister_total", CP, legend="reregister (all)"),
                 ),
                 unit="reqps",
@@ -319,9 +317,7 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 title="Job starts by runtime",
                 description="Jobs the workers started per second.",
-                queries=(
-                    _per("rate", "stockade_agent_job_starts_total", WORKERS, "runtime", legend="{{runtime}}"),
-                ),
+                queries=(_per("rate", "stockade_agent_job_starts_total", WORKERS, "runtime"),),
                 width=12,
                 unit="ops",
             ),
@@ -329,9 +325,7 @@ ROWS: tuple[Row, ...] = (
                 title="Job stops by reason",
                 description="Jobs that ended on the workers per second, by reason (succeeded, failed, "
                 "oom_killed, timeout, cancelled, self_fence, ...).",
-                queries=(
-                    _per("rate", "stockade_agent_job_stops_total", WORKERS, "reason", legend="{{reason}}"),
-                ),
+                queries=(_per("rate", "stockade_agent_job_stops_total", WORKERS, "reason"),),
                 width=12,
                 unit="ops",
                 stack=True,
