@@ -1,8 +1,6 @@
-"""``stockade bench failover``: on a fresh local cluster (3 control planes, 5 workers, jobs
-running), the time from a fault to a new leader, for repeated SIGKILLs, SIGSTOP freezes (longer
-than the lease) and clean stops (SIGTERM), and the time from the busiest worker's SIGKILL until
-its jobs moved; the faults and their rules are :mod:`ops.faults`'. Timing goals live here,
-never in tests.
+"""``stockade bench failover``: on a fresh local cluster, the time from a fault to a new leader
+(SIGKILL, SIGSTOP longer than the lease, SIGTERM), and from the busiest worker's SIGKILL until its
+jobs moved (the rules: :mod:`ops.faults`).
 """
 
 from __future__ import annotations
