@@ -177,10 +177,7 @@ def local_state_dirs() -> Iterator[Path]:
     (read only if the first does not do) the one the user config's ``[local]`` table names."""
     first = default_state_dir()
     yield first
-    try:
-        recorded = recorded_state_dir(_load_user_config(user_config_path()))
-    except ClusterError:
-        return
+    recorded = recorded_local_cluster()
     if recorded is not None and recorded != first:
         yield recorded
 
