@@ -1,8 +1,7 @@
-"""The cluster's certificate authority and the certificates it issues, which the control
-planes, the agents and the CLI use for mutual TLS (:mod:`runtime.tls`): :func:`init_cluster`,
-:func:`issue`, :func:`ensure_issued`, :func:`describe` and :func:`identity_of`, over one folder
-(:class:`CertDir`). The roles, files and modes: docs/security.md, "Certificates"; the identity
-a certificate carries and the curve: docs/design.md, "Certificates: identity, files and curve".
+"""The cluster's certificate authority and the certificates it issues for mutual TLS
+(:mod:`runtime.tls`), over one folder (:class:`CertDir`). Roles, files and modes:
+docs/security.md, "Certificates"; identity and curve: docs/design.md, "Certificates: identity,
+files and curve".
 """
 
 from __future__ import annotations
@@ -194,12 +193,10 @@ def ensure_issued(
     *,
     fleets: Mapping[str, Sequence[str]] | None = None,
 ) -> list[IssuedCert]:
-    """Make sure ``cert_dir`` has a CA and a certificate and key for each ``(role, id)`` of
-    ``identities``, and a fleet certificate for each fleet id of ``fleets`` naming the worker
-    ids it maps to (:func:`issue` with ``workers``; a fleet of one worker gets none: its worker's
-    own certificate serves): create the CA if the folder has none, issue what is missing, keep
-    what is there (``stockade up`` calls this on every start, so a new cluster needs no extra
-    step).
+    """Make sure ``cert_dir`` has a CA, a certificate and key for each ``(role, id)`` of
+    ``identities``, and a fleet certificate for each fleet id of ``fleets`` naming its worker ids
+    (a fleet of one worker gets none: its worker's own serves); issue what is missing, keep what
+    is there (``stockade up`` calls this on every start).
 
     Returns:
         What was created now (the CA first, if it was), in ``identities`` order.
@@ -231,35 +228,15 @@ def _create_ca(cert_dir: Path, settings: CertSettings) -> IssuedCert:
     cert_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN),
-            x509.NameAttribute(NameOID.COMMON_NAME, "stockade cluster CA"),
-        ]
-    )
+    name = _name(COMMON_NAME="stockade cluster CA")
     ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    builder = _builder(name, name, ca_key, now + datetime.timedelta(days=settings.ca_valid_days), ca=True)
     ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(now + datetime.timedelta(days=settings.ca_valid_days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .add_extension(ski, critical=False)
+        builder.add_extension(ski, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_key(where.ca_key, ca_key)
-    _write_cert(where.ca_cert, ca_cert)
-    return IssuedCert(
-        identity=None,
-        cert_path=where.ca_cert,
-        key_path=where.ca_key,
-        not_valid_after=ca_cert.not_valid_after_utc,
-    )
+    return _write(None, where.ca_cert, ca_cert, where.ca_key, ca_key)
 
 
 def issue(
@@ -281,8 +258,7 @@ def issue(
         hosts: IP addresses or host names the holder serves on, besides :data:`DEFAULT_HOSTS`;
             server roles only.
         workers: the worker ids a fleet certificate may speak for (role ``worker`` only, at
-            least two, each a valid id, no repeats): the certificate is then a client one
-            carrying one worker URI SAN per id (module docstring); empty: an ordinary one.
+            least two, no repeats): a client certificate with one worker URI SAN per id.
         settings: validity periods (defaults: :class:`CertSettings`).
 
     Raises:
@@ -320,49 +296,24 @@ def issue(
         raise NotAStockadeCertificate(f"{where.ca_key} is not an EC private key")
     identity = Identity(role=role, id=id, workers=frozenset(workers))
     key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role in SERVER_ROLES and not fleet:
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+    not_after = min(_now() + datetime.timedelta(days=settings.cert_valid_days), ca_cert.not_valid_after_utc)
+    sans = [*map(x509.UniformResourceIdentifier, identity.uris), *names]
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN),
-                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                    x509.NameAttribute(NameOID.COMMON_NAME, id),
-                ]
-            )
+        _builder(
+            _name(ORGANIZATIONAL_UNIT_NAME=role, COMMON_NAME=id), ca_cert.subject, key, not_after, ca=False
         )
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(
-            min(now + datetime.timedelta(days=settings.cert_valid_days), ca_cert.not_valid_after_utc)
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(
-            x509.SubjectAlternativeName([*map(x509.UniformResourceIdentifier, identity.uris), *names]),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_key(where.key(id), key)
-    _write_cert(where.cert(id), cert)
-    return IssuedCert(
-        identity=identity,
-        cert_path=where.cert(id),
-        key_path=where.key(id),
-        not_valid_after=cert.not_valid_after_utc,
-    )
+    return _write(identity, where.cert(id), cert, where.key(id), key)
 
 
 def _check_fleet_workers(role: str, workers: Sequence[str], hosts: Sequence[str]) -> None:
@@ -390,13 +341,10 @@ def _check_fleet_workers(role: str, workers: Sequence[str], hosts: Sequence[str]
 
 
 def identity_of(cert: x509.Certificate) -> Identity:
-    """The role and id a certificate names in its ``spiffe://stockade/<role>/<id>`` URI SAN.
-
-    (Servers read a peer's identity from its verified certificate with
-    :func:`runtime.tls.identity_of_peercert`, which applies the same rule.)
-
-    A fleet certificate (several URIs, each ``spiffe://stockade/worker/<id>``) names a fleet
-    identity (:func:`runtime.tls.fleet_identity`: the workers, and its common name as id).
+    """The role and id a certificate names in its ``spiffe://stockade/<role>/<id>`` URI SAN (the
+    rule of :func:`runtime.tls.identity_of_peercert`); a fleet certificate (one
+    ``spiffe://stockade/worker/<id>`` per worker) names a fleet identity
+    (:func:`runtime.tls.fleet_identity`: the workers, its common name as id).
 
     Raises:
         NotAStockadeCertificate: not exactly one URI (another trust domain's counts: a server
@@ -437,11 +385,9 @@ _SHOWN_TIME = "%Y-%m-%d %H:%M"
 def diagnose_client_cert(ca_path: Path, cert_path: Path) -> str | None:
     """Why a server would refuse the client certificate at ``cert_path``, as far as the client
     can tell: it has expired or is not valid yet, or the CA at ``ca_path`` did not sign it.
-    None when it looks valid (or cannot be read: the TLS layer reports that itself).
-
-    A TLS 1.3 server checks a client's certificate after the client considers the handshake
-    done (RFC 8446 section 4.4.2.4), so the client sees only a lost connection; this names
-    the likely reason.
+    None when it looks valid (or cannot be read: the TLS layer reports that itself). A TLS 1.3
+    server checks a client's certificate after the client considers the handshake done (RFC 8446
+    section 4.4.2.4), so the client sees only a lost connection; this names the likely reason.
     """
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -532,24 +478,60 @@ def _refuse_existing(paths: Sequence[Path], what_to_do: str) -> None:
         )
 
 
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to a new file created with ``mode`` (``O_EXCL``: never over a file)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
+def _name(**attributes: str) -> x509.Name:
+    """A name in the trust domain's organization, with the ``NameOID`` attributes given."""
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN),
+            *(x509.NameAttribute(getattr(NameOID, oid), value) for oid, value in attributes.items()),
+        ]
+    )
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    not_after: datetime.datetime,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """A certificate for ``key``, valid from :data:`CLOCK_SKEW` ago, with the extensions all share."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(_key_usage(ca=ca), critical=True)
+    )
+
+
+def _write(
+    identity: Identity | None,
+    cert_path: Path,
+    cert: x509.Certificate,
+    key_path: Path,
+    key: ec.EllipticCurvePrivateKey,
+) -> IssuedCert:
+    """Write the key (mode 0600), then the certificate, each to a new file (``O_EXCL``)."""
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    _write_new(path, pem, KEY_MODE)
+    _write_new(key_path, pem, KEY_MODE)
+    _write_new(cert_path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+    return IssuedCert(
+        identity=identity, cert_path=cert_path, key_path=key_path, not_valid_after=cert.not_valid_after_utc
+    )
 
 
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
-    # A umask such as 077 would leave a certificate unreadable to the services that need it;
-    # it is public, so it gets exactly 0644 (keys are never widened this way).
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, CERT_MODE)
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    # Exactly ``mode`` whatever the umask: a umask such as 077 would leave a (public) certificate
+    # unreadable to the services that need it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "wb") as file:
-        os.fchmod(file.fileno(), CERT_MODE)
-        file.write(cert.public_bytes(serialization.Encoding.PEM))
+        os.fchmod(file.fileno(), mode)
+        file.write(data)

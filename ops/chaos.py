@@ -1,9 +1,6 @@
-"""``stockade chaos``: a fresh local cluster under a steady job stream and injected faults, then
-the checker. :class:`Harness` runs one scenario: leader failovers (kill and freeze, alternating;
-some frozen inside a fenced transaction), worker kills and planned restarts, partitions of one
-worker or of all, database restarts and failovers, each from :mod:`ops.faults` and recorded in
-``events.jsonl``; then it waits for every job and runs :func:`ops.checker.check_logs`. What a
-run does and what each fault means: docs/design.md, "Chaos".
+"""``stockade chaos``: a fresh local cluster under a steady job stream and injected faults
+(:mod:`ops.faults`, recorded in ``events.jsonl``), then the checker. What a run does and what
+each fault means: docs/design.md, "Chaos".
 """
 
 from __future__ import annotations
@@ -285,10 +282,9 @@ class Harness:
         await self.leader(client)
 
     async def fail_over_database(self, client: ControlPlaneClient) -> None:
-        """SIGKILL the HA database's primary (its Patroni and PostgreSQL: the host dies), wait
-        for Patroni to promote the standby, then start the old primary again (it rejoins as the
-        standby) and wait for a leader. A fault of the whole cluster (``db_failover``, target
-        ``database``) from the kill to the promotion."""
+        """SIGKILL the HA database's primary host, wait for the standby's promotion, start the old
+        primary again (as the standby) and wait for a leader; recorded as ``db_failover`` from
+        the kill to the promotion."""
         if not self.settings.ha_db or not isinstance(self.cluster, LocalCluster):
             raise FaultError("--db-failovers needs --ha-db (and processes, not containers)")
         ha = self.cluster.ha_database()
@@ -313,9 +309,8 @@ class Harness:
             raise FaultError(f"database failover: {killed.name} did not rejoin: {exc}") from exc
 
     def _rejoined(self, config: Any) -> tuple[int, int]:
-        """Partitions after which the worker came back (registered again, or, when it was not
-        declared dead meanwhile, resumed its paused jobs in the same incarnation), and after
-        which it also started a job again."""
+        """Partitions after which the worker came back (registered again, or resumed its paused
+        jobs), and after which it also started a job again."""
         rejoined = 0
         count = 0
         for worker_id, _, healed_at in self.result.partitions:
@@ -371,14 +366,10 @@ class Harness:
         self.progress("injections done; waiting for every job to finish")
         with trio.move_on_after(self.settings.finish_timeout_s):
             while True:
-                try:
+                with contextlib.suppress(StockadeError):
                     status = await client.call("status", pb.StatusRequest())
-                except StockadeError:
-                    await trio.sleep(0.5)
-                    continue
-                counts = {c.state: c.count for c in status.jobs}
-                if not any(counts.get(k, 0) for k in ("pending", "assigned", "running")):
-                    return
+                    if not any(c.count for c in status.jobs if c.state in ("pending", "assigned", "running")):
+                        return
                 await trio.sleep(0.5)
 
     # ------------------------------------------------------------ leaders and workers
@@ -419,9 +410,8 @@ class Harness:
 
     async def restart_worker(self, client: ControlPlaneClient) -> None:
         """A planned restart of a worker that runs jobs (any worker when none does): SIGHUP its
-        agent (it asks for its restart hold and exits leaving its jobs running), wait for its
-        exit, start it again; counts whether the new agent continued its incarnation. Not a
-        fault: no event is recorded."""
+        agent (it exits leaving its jobs running), start it again; counts whether the new agent
+        continued its incarnation. Not a fault: no event is recorded."""
         if isinstance(self.cluster, DockerCluster):
             raise FaultError(
                 "planned restarts keep no job in containers: a container's processes end with it"
@@ -469,9 +459,8 @@ class Harness:
 
 @contextlib.contextmanager
 def recording_aborts(errors: list[str]) -> Iterator[None]:
-    """Record every :class:`ops.faults.FaultError` raised in the block, bare or from inside nurseries
-    (which wrap it in an exception group), as a line of ``errors``, and end the block; any
-    other exception propagates."""
+    """Record every :class:`ops.faults.FaultError` raised in the block, bare or in exception
+    groups, as a line of ``errors``, and end the block; any other exception propagates."""
     try:
         yield
     except* FaultError as group:

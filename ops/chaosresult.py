@@ -1,7 +1,4 @@
-"""What ``stockade chaos`` is asked to do and what it found: :class:`ChaosSettings`,
-:class:`ChaosResult` (its JSON, :meth:`ChaosResult.to_json`) and its table
-(:func:`chaos_table`). The harness that fills it in is :mod:`ops.chaos`.
-"""
+"""What ``stockade chaos`` (:mod:`ops.chaos`) is asked to do and what it found, as JSON and a table."""
 
 from __future__ import annotations
 
@@ -29,32 +26,27 @@ class ChaosSettings:
     worker_kills: int = 0
     """Workers to SIGKILL (and restart) along the way, spread over the run."""
     worker_restarts: int = 0
-    """Planned restarts of workers along the way, spread over the run: SIGHUP (the agent asks
-    for its restart hold and exits leaving its jobs running), then the agent is started again
-    on the same work folder and takes them over."""
+    """Planned restarts of workers (SIGHUP: the agent exits leaving its jobs running, and is
+    started again to take them over), spread over the run."""
     partitions: int = 0
-    """Times to cut a worker off from every control plane for ``partition_s``, spread over
-    the run (each worker's traffic then goes through fault-injecting proxies)."""
+    """Times to cut a worker off from every control plane for ``partition_s``, spread over the run."""
     partition_s: float = 4.0
     """How long a partition lasts: longer than dead_after (2.5 s), so its jobs are moved."""
     mass_partitions: int = 0
-    """Times to cut every worker off from every control plane at once for
-    ``mass_partition_s``, spread over the run: the leader must hold its declarations (mass
-    silence) and the paused jobs resume when contact returns."""
+    """Times to cut every worker off at once for ``mass_partition_s``, spread over the run: the
+    leader must hold its declarations and the paused jobs resume when contact returns."""
     mass_partition_s: float = 10.0
     db_restarts: int = 0
-    """Times to stop the database (fast shutdown and SIGKILL, alternating), keep it down for a
-    random time in ``db_down_s`` and start it again, spread over the run."""
+    """Times to stop the database (fast shutdown and SIGKILL, alternating) for a random time in
+    ``db_down_s``, spread over the run."""
     db_down_s: tuple[float, float] = (2.0, 12.0)
     db_failovers: int = 0
-    """With ``ha_db``: times to SIGKILL the database's primary (its Patroni and PostgreSQL: the
-    host dies), wait for Patroni to promote the standby, and start the old primary again as
-    the new standby, spread over the run."""
+    """With ``ha_db``: times to SIGKILL the database's primary host, wait for the standby's
+    promotion and start the old primary again as the standby, spread over the run."""
     ha_db: bool = False
     """Run the chaos cluster on the HA PostgreSQL pair (``stockade up --ha-db``)."""
     docker: bool = False
-    """Run the chaos cluster in containers (``stockade up --docker``): freezes are ``docker
-    pause``, partitions network disconnections, database restarts container restarts."""
+    """Run the chaos cluster in containers (``stockade up --docker``)."""
     control_planes: int = 3
     workers: int = 10
     submit_rate_per_s: float = 12.0
@@ -62,16 +54,14 @@ class ChaosSettings:
     job_duration_s: tuple[float, float] = (0.2, 2.0)
     """Uniform range of the sleep jobs' durations."""
     failing_share: float = 0.1
-    """Share of the jobs (0 to 1) made to fail: a command that runs for a duration of the same
-    range and exits 3, with ``max_attempts`` :data:`FAILING_MAX_ATTEMPTS`, so it is retried and
-    must end failed, its attempts spent, while every other job must end succeeded."""
+    """Share of the jobs (0 to 1) made to fail: a command that exits 3, with ``max_attempts``
+    :data:`FAILING_MAX_ATTEMPTS`, so it must end failed, its attempts spent."""
     freeze_s: float = 3.0
     """How long a plain freeze lasts (more than the 2 s lease)."""
     mid_transaction_freeze_s: float = 5.0
     """How long a freeze inside a fenced transaction lasts (more than lease + idle timeout)."""
     mid_transaction_every: int = 5
-    """Freezes 2, 2 + this, 2 + 2 * this, ... park inside a fenced transaction (0: never), so
-    even a short run provokes the database's refusal of an old leader's write."""
+    """Freezes 2, 2 + this, 2 + 2 * this, ... park inside a fenced transaction (0: never)."""
     settle_s: float = 0.3
     """Pause after each failover, before the next."""
     new_leader_timeout_s: float = 20.0
@@ -88,27 +78,22 @@ class ChaosResult:
     failovers: list[Failover] = attrs.field(factory=list)
     worker_kills: int = 0
     worker_kills_continued: int = 0
-    """Killed workers whose restarted agent continued their incarnation (it took over their
-    jobs in time); the others registered again (their jobs were placed elsewhere)."""
+    """Killed workers whose restarted agent continued their incarnation (took their jobs over)."""
     worker_restarts: int = 0
     worker_restarts_continued: int = 0
-    """Planned restarts whose new agent continued the worker's incarnation (one whose jobs had
-    all ended meanwhile has nothing to keep and registers again)."""
+    """Planned restarts whose new agent continued the worker's incarnation."""
     partitions: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(worker, cut at, healed at) in Unix seconds."""
     partitions_rejoined: int = 0
-    """Partitions after which the worker came back: registered again (a new incarnation), or
-    resumed its paused jobs (it was not declared dead meanwhile: a mass silence held it)."""
+    """Partitions after which the worker came back: registered again, or resumed its paused jobs."""
     partitions_worked_again: int = 0
-    """Partitions after which the worker also started a job again (under best fit, an idle
-    cluster may leave a rejoined worker without work for a while)."""
+    """Partitions after which the worker also started a job again."""
     mass_partitions: list[tuple[float, float]] = attrs.field(factory=list)
     """(cut at, healed at) of each cut of every worker, Unix seconds."""
     db_outages: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(how it went down, down at, up again at) of each database restart, Unix seconds."""
     placement_recoveries_s: list[float] = attrs.field(factory=list)
-    """Per database outage: seconds from the database being up again to the first placement
-    committed after it."""
+    """Per database outage: seconds from the database up again to the first placement after it."""
     db_failovers: list[tuple[str, float, float]] = attrs.field(factory=list)
     """(the primary killed, killed at, standby promoted at) of each database failover, Unix s."""
     failover_placements_s: list[float] = attrs.field(factory=list)
@@ -121,8 +106,7 @@ class ChaosResult:
 
     @property
     def failover_outages_s(self) -> list[float]:
-        """Per database failover followed by a placement: seconds from the kill of the primary
-        to the first placement (the whole outage, as the cluster saw it)."""
+        """Per database failover followed by a placement: seconds from the kill of the primary to it."""
         return [p + r for p, r in zip(self.promotions_s, self.failover_placements_s, strict=False)]
 
     report: checker.CheckReport | None = None

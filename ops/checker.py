@@ -1,11 +1,8 @@
 """The checker: proves from the record that no job was placed or run twice.
 
-It reads the database history (:func:`load_history`), the workers' ``agent.jsonl``
-(:func:`load_runs`, :func:`load_records`) and the faults a harness recorded or an operator gave
-(:func:`load_events`, :func:`parse_fault`); :func:`ops.invariants.check` counts what they show
-(:func:`check_logs` does both), and :meth:`CheckReport.to_json` and :func:`check_table` show the
-verdict. What it reads and what each count means: docs/design.md, "The checker: what it reads
-and what it counts".
+It reads the database history, the workers' ``agent.jsonl`` and the faults a harness recorded
+or an operator gave; :func:`ops.invariants.check` counts what they show. What it reads and what
+each count means: docs/design.md, "The checker: what it reads and what it counts".
 """
 
 from __future__ import annotations
@@ -37,13 +34,10 @@ REPORT_SLACK_S = 3.0
 report the success: that success is not counted as lost."""
 KILLED_AGENT_RUN_ON_S = DEFAULT_SELF_FENCE_AFTER_S
 """How long after the kill of its agent a command job may still run, in seconds: its reaper
-outlives the agent and pauses it at the fence deadline the agent last wrote, the send time of
-its last acknowledged heartbeat (before the kill) plus the fence span (``self_fence_after_s``,
-the default the harnesses run with)."""
+pauses it at the fence deadline the agent last wrote (at most the fence span later)."""
 KILL_TAKES_S = 0.5
 """A kill is recorded when the signal is sent; the worker's last records may follow it by this
-much: in a container, SIGKILL of its process 1 ends the agent only as the kernel tears down the
-container's processes, and a stop record written meanwhile still could not be reported."""
+much (in a container, the agent ends only as the kernel tears down the container's processes)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -117,11 +111,10 @@ class Run:
 
 
 FAULT_KINDS = ("kill", "freeze", "partition", "db_outage", "db_failover", "mass_partition")
-"""What a harness (or an operator, by hand) injects: SIGKILL, SIGSTOP until SIGCONT, a network
-cut until healed; and faults of the whole cluster, whose target names no worker (so they
-explain no death): the database down until started again (``db_outage``) or from the kill of
-its primary until the standby's promotion (``db_failover``; target ``database``), every worker
-cut off from every control plane at once (``mass_partition``, target ``workers``)."""
+"""What a harness (or an operator) injects: SIGKILL, SIGSTOP until SIGCONT, a network cut until
+healed; and faults of the whole cluster, whose target names no worker (so they explain no
+death): the database down, or from the kill of its primary to the standby's promotion (target
+``database``), every worker cut off at once (target ``workers``)."""
 OUTAGE_KINDS = ("db_outage", "db_failover", "mass_partition")
 """Faults a cluster must ride out without killing running work."""
 OUTAGE_SLACK_S = 15.0
@@ -178,9 +171,8 @@ class CheckReport:
     unfinished_states: dict[str, int] = attrs.field(factory=dict)
     """The unfinished jobs by state (``pending``, ``waiting``, ``assigned``, ``running``)."""
     finish_required: bool = True
-    """Whether an unfinished job fails the check: True when the caller waited for every job
-    (a harness after its wait, ``stockade check --wait-s``), False for a look at a cluster that
-    may still be running some (``stockade check``), which reports them as running."""
+    """Whether an unfinished job fails the check (the caller waited for every job); False: a look
+    at a cluster that may still be running some, which reports them as running."""
 
     @property
     def ok(self) -> bool:
@@ -234,11 +226,8 @@ class CheckReport:
 
 
 def report_rows(report: CheckReport) -> list[VerdictRow]:
-    """The rows :func:`check_table` shows (also the checker's part of ``stockade chaos``'s table).
-
-    ``jobs_finished`` reads ``running`` while jobs are unfinished and that is no failure
-    (:attr:`CheckReport.finish_required`), and a ``jobs_unfinished`` row then says how many
-    in each state."""
+    """The rows :func:`check_table` shows (also the checker's part of ``stockade chaos``'s table);
+    unfinished jobs show as a ``jobs_unfinished`` row, by state."""
     finished: bool | str = not report.unfinished_job_ids
     if report.unfinished_job_ids and not report.finish_required:
         finished = "running"
@@ -306,16 +295,10 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
     """Pair start and stop records (one worker's ``agent.jsonl`` or several) into runs.
 
     A start with no stop ends :data:`KILLED_AGENT_RUN_ON_S` after the first kill of its worker
-    after it started, else never: a killed agent's reaper runs the job on until the fence
-    deadline the agent last wrote (and a restarted agent that takes the job over writes its
-    stop line later, in the same incarnation). Two start records of one assignment on one
-    worker count as two runs. A stop record with ``"started": false`` says its start never
-    became a run: both are dropped.
+    after it started, else never. Two start records of one assignment on one worker count as two
+    runs. A stop record with ``"started": false`` drops itself and its start.
     """
-    kills: dict[str, list[float]] = defaultdict(list)
-    for f in faults:
-        if f.kind == "kill":
-            kills[f.target].append(f.at)
+    kills = kill_times(faults)
     open_runs: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
     runs: list[Run] = []
     for record in records:
@@ -358,14 +341,21 @@ def runs_from_records(records: Iterable[dict[str, Any]], faults: Sequence[FaultE
     return runs
 
 
+def kill_times(faults: Iterable[FaultEvent]) -> dict[str, list[float]]:
+    """Worker id -> the times it was killed."""
+    kills: dict[str, list[float]] = defaultdict(list)
+    for f in faults:
+        if f.kind == "kill":
+            kills[f.target].append(f.at)
+    return kills
+
+
 def parse_fault(text: str) -> FaultEvent:
     """A fault injected by hand, written ``KIND:ID@TIME`` or ``KIND:ID@TIME..UNTIL``.
 
-    ``KIND`` is one of :data:`FAULT_KINDS`, ``ID`` the process or worker it hit (``w-3``,
-    ``cp-1``), ``TIME`` and ``UNTIL`` Unix seconds (``1764538392.5``) or ISO 8601 date-times
-    (``2026-11-30T21:33:12``, local time unless an offset is given). ``UNTIL`` (when a freeze
-    or partition ended) defaults to ``TIME``. Examples: ``kill:w-3@1764538392.5``,
-    ``freeze:w-2@2026-11-30T21:33:12..2026-11-30T21:33:20``.
+    ``KIND`` is one of :data:`FAULT_KINDS`, ``ID`` the process it hit (``w-3``), ``TIME`` and
+    ``UNTIL`` (default: ``TIME``) Unix seconds or ISO 8601 date-times (local time unless an
+    offset is given): ``freeze:w-2@2026-11-30T21:33:12..2026-11-30T21:33:20``.
 
     Raises:
         InvalidArgument: the text does not have that shape, the kind is unknown, a time cannot
@@ -533,8 +523,7 @@ async def wait_for_jobs(database_url: str, *, timeout_s: float, poll_s: float = 
 
 async def registered_workers(database_url: str) -> frozenset[str]:
     """The id of every worker that ever registered with the cluster of ``database_url`` (or was
-    declared dead there): those ``up`` started and those started by hand with ``stockade agent``
-    or ``stockade fleet`` alike. Needs the asyncio bridge open.
+    declared dead there), however it was started. Needs the asyncio bridge open.
 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
@@ -549,9 +538,7 @@ async def load_history(database_url: str) -> History:
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    # One snapshot: read one after the other on a running cluster, a job that succeeded between
-    # the reads of the assignments and of the jobs looked succeeded with no run that reported a
-    # success.
+    # One snapshot: else a job that succeeded between two reads looks succeeded with no success.
     async with _connection(database_url) as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         rows = await conn.fetch(ASSIGNMENT_HISTORY)

@@ -1,8 +1,6 @@
 """The local cluster's public face: the launchers (:class:`LocalCluster`, :class:`DockerCluster`,
-both a :class:`ClusterDriver`), :func:`cluster_at` for a state folder, and the record's names.
-
-The code lives in :mod:`ops.launcher`; the state folder and what ``up`` does with it:
-docs/design.md, "The local cluster's state folder".
+both a :class:`ClusterDriver`), :func:`cluster_at` for a state folder, and the record's names,
+from :mod:`ops.launcher` (docs/design.md, "The local cluster's state folder").
 """
 
 from __future__ import annotations

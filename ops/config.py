@@ -21,8 +21,7 @@ CONTROL_PLANES_ENV = "STOCKADE_CONTROL_PLANES"
 """Environment variable with comma-separated control-plane addresses for client commands."""
 
 CERTS_DIR_ENV = "STOCKADE_CERTS_DIR"
-"""Environment variable naming the folder of the client's certificates (``ca.crt``,
-``<identity>.crt``, ``<identity>.key``)."""
+"""Environment variable naming the folder of the client's certificates."""
 
 IDENTITY_ENV = "STOCKADE_IDENTITY"
 """Environment variable naming the client certificate to present (default ``operator``)."""
@@ -70,8 +69,7 @@ def user_config_path() -> Path:
 
 
 def parse_addresses(text: str) -> list[str]:
-    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped; spaces around an item are
-    the list's, not the item's).
+    """``"a:1, b:2"`` -> ``["a:1", "b:2"]`` (empty items dropped, items stripped).
 
     Raises:
         InvalidArgument: an item is not ``host:port`` (:func:`runtime.identifiers.parse_address`).
@@ -102,26 +100,20 @@ def named_addresses(text: str, *, field: str = "--control-planes") -> list[str]:
 
 def cluster_json_addresses(state_dir: Path) -> list[str] | None:
     """The control-plane addresses recorded in ``state_dir/cluster.json``, or None when it
-    records no cluster (read here without :mod:`ops.cluster`, which a client does not need).
+    records no cluster (read without :mod:`ops.cluster`, which a client does not need).
 
     Raises:
         ClusterError: cluster.json exists but cannot be read.
     """
     path = state_dir / CLUSTER_FILE
     try:
-        text = path.read_text()
+        processes = json.loads(path.read_text())["processes"]
+        addresses = [str(p["address"]) for p in processes if p["kind"] == "cp"]
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ClusterError(f"cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ClusterError(
-            f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
-        ) from exc
-    try:
-        processes = json.loads(text)["processes"]
-        addresses = [str(p["address"]) for p in processes if p["kind"] == "cp"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         raise ClusterError(
             f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
         ) from exc
@@ -181,15 +173,11 @@ def recorded_local_cluster() -> Path | None:
 
 
 def local_state_dirs() -> Iterator[Path]:
-    """The state folders a local cluster may be recorded in: ``./.stockade`` (or
-    ``$STOCKADE_STATE_DIR``), then the one the user config's ``[local]`` table names (a config
-    that cannot be read names none). The config is read only when the first does not do."""
+    """The state folders a local cluster may be recorded in: :func:`default_state_dir`, then
+    (read only if the first does not do) the one the user config's ``[local]`` table names."""
     first = default_state_dir()
     yield first
-    try:
-        recorded = recorded_state_dir(_load_user_config(user_config_path()))
-    except ClusterError:
-        return
+    recorded = recorded_local_cluster()
     if recorded is not None and recorded != first:
         yield recorded
 
@@ -255,14 +243,13 @@ def cluster_json_cert_dir(state_dir: Path) -> tuple[bool, Path | None]:
 
 
 def resolve_client_tls(state_dir: Path | None = None, *, identity: str | None = None) -> Any:
-    """The client's mutual-TLS files (a :class:`runtime.tls.TlsFiles`), or None for plaintext,
-    from the first source that says (see the module docstring for the order). The files are
-    not read here: a missing one is reported when the first call is made.
+    """The client's mutual-TLS files (a :class:`runtime.tls.TlsFiles`, not read here), or None
+    for plaintext, from the first source that says (see the module docstring for the order).
 
     Args:
         state_dir: the local state folder; None means :func:`default_state_dir`.
-        identity: the certificate to present (``operator``, ``viewer``); None: the one the
-            module docstring says (``$STOCKADE_IDENTITY``, the config's, else ``operator``).
+        identity: the certificate to present (``operator``, ``viewer``); None:
+            ``$STOCKADE_IDENTITY``, the config's, else ``operator``.
 
     Raises:
         ClusterError: the config file cannot be read, or its ``certs_dir``/``identity`` is not
@@ -303,9 +290,8 @@ def resolve_client_tls(state_dir: Path | None = None, *, identity: str | None = 
 
 
 def _without_local_table(text: str) -> str:
-    """``text`` without the ``[local]`` table: its header line and every line up to the next
-    table header (or the end), so the rest of the file is kept as written (ending in one
-    newline, or empty)."""
+    """``text`` without the ``[local]`` table (its header up to the next header), the rest kept
+    as written (ending in one newline, or empty)."""
     kept: list[str] = []
     inside = False
     for line in text.splitlines(keepends=True):
@@ -324,12 +310,11 @@ def _without_local_table(text: str) -> str:
 
 
 def _write_config(path: Path, text: str, *, records: Path | None) -> None:
-    """Replace the config file with ``text`` at once (a reader never sees half of it), after
-    checking that ``text`` is TOML whose ``[local]`` table names ``records`` (None: no table).
+    """Replace the config file with ``text`` atomically, if ``text`` is TOML whose ``[local]``
+    table names ``records`` (None: no table).
 
     Raises:
-        ClusterError: ``text`` fails that check (the file held something this line-wise editor
-            does not follow; it is left as it was).
+        ClusterError: ``text`` fails that check (the file is left as it was).
         OSError: the file cannot be written.
     """
     try:
@@ -350,8 +335,8 @@ def _write_config(path: Path, text: str, *, records: Path | None) -> None:
 
 
 def record_local_cluster(state_dir: Path) -> Path:
-    """Record ``state_dir`` as the local cluster in the user config (its ``[local]`` table), so
-    client commands find it from any folder; what else the file holds is kept.
+    """Record ``state_dir`` as the local cluster in the user config's ``[local]`` table, so
+    client commands find it from any folder.
 
     Returns:
         the config file's path.
@@ -379,7 +364,7 @@ def record_local_cluster(state_dir: Path) -> Path:
 
 def forget_local_cluster(state_dir: Path) -> Path | None:
     """Remove the user config's ``[local]`` table when it names ``state_dir`` (and the file,
-    when that table was all it held: ``up`` made it).
+    when that table was all it held).
 
     Returns:
         the config file's path when the table was removed, else None.
@@ -395,7 +380,7 @@ def forget_local_cluster(state_dir: Path) -> Path | None:
         if kept.strip():
             _write_config(path, kept, records=None)
         else:
-            path.unlink()  # the table was all it held: leave no empty file behind
+            path.unlink()
     except OSError as exc:
         raise ClusterError(f"cannot write the config file {path}: {exc.strerror}") from exc
     return path

@@ -59,10 +59,12 @@ def q(expr: str, legend: str = "") -> Query:
     return Query(expr=expr, legend=legend)
 
 
-def _per(function: str, metric: str, selector: str, by: str = "", *, legend: str) -> Query:
+def _per(function: str, metric: str, selector: str, by: str = "", *, legend: str | None = None) -> Query:
     """A counter's ``rate`` or ``increase`` (``function``) over the rate interval, summed over
-    ``selector``'s processes (by the labels ``by``)."""
+    ``selector``'s processes (by the labels ``by``); the legend defaults to those labels."""
     summed = f"sum by ({by}) " if by else "sum"
+    if legend is None:
+        legend = " ".join(f"{{{{{label}}}}}" for label in by.split(", "))
     return q(f"{summed}({function}({metric}{{{selector}}}[{RATE}]))", legend)
 
 
@@ -107,9 +109,7 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 title="Elections",
                 description="Takeovers won, per control plane, in each interval.",
-                queries=(
-                    _per("increase", "stockade_lease_elections_total", CP, "process", legend="{{process}}"),
-                ),
+                queries=(_per("increase", "stockade_lease_elections_total", CP, "process"),),
                 width=8,
                 bars=True,
             ),
@@ -118,15 +118,7 @@ ROWS: tuple[Row, ...] = (
                 description="Times a leader stopped leading: deposed (the database gave the lease to "
                 "another), renewal_late, main_loop_stalled, epoch_superseded (a fenced write saw a newer "
                 "epoch), released (clean stop).",
-                queries=(
-                    _per(
-                        "increase",
-                        "stockade_lease_step_downs_total",
-                        CP,
-                        "process, cause",
-                        legend="{{process}} {{cause}}",
-                    ),
-                ),
+                queries=(_per("increase", "stockade_lease_step_downs_total", CP, "process, cause"),),
                 width=8,
                 bars=True,
             ),
@@ -203,7 +195,7 @@ ROWS: tuple[Row, ...] = (
                 description="Heartbeats each control plane recorded for an alive incarnation, and those "
                 "it answered with reregister (the incarnation is no longer alive).",
                 queries=(
-                    _per("rate", "stockade_heartbeats_recorded_total", CP, "process", legend="{{process}}"),
+                    _per("rate", "stockade_heartbeats_recorded_total", CP, "process"),
                     _per("rate", "stockade_heartbeats_reregister_total", CP, legend="reregister (all)"),
                 ),
                 unit="reqps",
@@ -325,9 +317,7 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 title="Job starts by runtime",
                 description="Jobs the workers started per second.",
-                queries=(
-                    _per("rate", "stockade_agent_job_starts_total", WORKERS, "runtime", legend="{{runtime}}"),
-                ),
+                queries=(_per("rate", "stockade_agent_job_starts_total", WORKERS, "runtime"),),
                 width=12,
                 unit="ops",
             ),
@@ -335,9 +325,7 @@ ROWS: tuple[Row, ...] = (
                 title="Job stops by reason",
                 description="Jobs that ended on the workers per second, by reason (succeeded, failed, "
                 "oom_killed, timeout, cancelled, self_fence, ...).",
-                queries=(
-                    _per("rate", "stockade_agent_job_stops_total", WORKERS, "reason", legend="{{reason}}"),
-                ),
+                queries=(_per("rate", "stockade_agent_job_stops_total", WORKERS, "reason"),),
                 width=12,
                 unit="ops",
                 stack=True,
@@ -348,13 +336,7 @@ ROWS: tuple[Row, ...] = (
                 "wrong_incarnation, cancelled, no_room, fenced, ...), and duplicates acknowledged "
                 "without running twice.",
                 queries=(
-                    _per(
-                        "increase",
-                        "stockade_agent_assignments_refused_total",
-                        WORKERS,
-                        "request, reason",
-                        legend="{{request}} {{reason}}",
-                    ),
+                    _per("increase", "stockade_agent_assignments_refused_total", WORKERS, "request, reason"),
                     _per(
                         "increase", "stockade_agent_duplicate_assignments_total", WORKERS, legend="duplicate"
                     ),

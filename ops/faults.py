@@ -1,12 +1,8 @@
-"""The faults a cluster suffers, each with one rule for what it did: a leader killed, frozen or
-stopped (:func:`kill_leader`, :func:`freeze_leader`, each timed to
-:func:`new_leader`), the busiest worker killed (:func:`busiest_worker`, timed to
-:func:`jobs_moved`), a worker cut off (:func:`sever`, :func:`heal`), the database restarted
-(:func:`restart_database`). ``stockade kill-leader`` and ``kill-worker``, chaos
-(:mod:`ops.chaos`) and the failover benchmark (:mod:`ops.bench.failover`) all inject them here,
-on any :class:`~ops.launcher.driver.ClusterDriver`; a fault that differs in containers asks for
-a :class:`~ops.launcher.docker.DockerCluster`. Each rule is the stricter of the two that
-``kill-*`` and chaos had (docs/design.md, "Faults and their rules").
+"""The faults a cluster suffers, each with one rule for what it did (docs/design.md, "Faults and
+their rules"): a leader killed, frozen or stopped (timed to :func:`new_leader`), the busiest
+worker killed (timed to :func:`jobs_moved`), a worker cut off, the database restarted. The CLI's
+``kill-*``, chaos and the failover benchmark inject them here, on any
+:class:`~ops.launcher.driver.ClusterDriver`.
 """
 
 from __future__ import annotations
@@ -131,25 +127,34 @@ async def leader(client: ControlPlaneClient, *, timeout_s: float) -> tuple[str, 
     Raises:
         FaultError: none named one within ``timeout_s`` seconds.
     """
+    status = await _status_until(client, lambda s: bool(s.leader), timeout_s=timeout_s, every_s=0.05)
+    if status is None:
+        raise FaultError(f"no leader within {timeout_s:g} s")
+    return status.leader, status.epoch
+
+
+async def _status_until(
+    client: ControlPlaneClient, accept: Callable[[pb.StatusReply], bool], *, timeout_s: float, every_s: float
+) -> pb.StatusReply | None:
+    """The first status ``accept`` takes, asked every ``every_s``; None after ``timeout_s``."""
     with trio.move_on_after(timeout_s):
         while True:
             try:
                 status = await client.call("status", pb.StatusRequest())
-                if status.leader:
-                    return status.leader, status.epoch
+                if accept(status):
+                    return status
             except StockadeError:
                 pass
-            await trio.sleep(0.05)
-    raise FaultError(f"no leader within {timeout_s:g} s")
+            await trio.sleep(every_s)
+    return None
 
 
 async def new_leader(
     cluster: ClusterDriver, old: str, epoch: int, *, since: float, timeout_s: float, tls: TlsFiles | None
 ) -> tuple[str, int, float]:
     """The rule of a failover: a control plane other than ``old`` names a leader other than
-    ``old`` at an epoch above ``epoch`` (chaos's rule; ``kill-leader --wait`` took any leader
-    at a higher epoch). Only the others are asked (a frozen replica would hold each call to its
-    deadline), every 20 ms.
+    ``old`` at an epoch above ``epoch``. Only the others are asked (a frozen replica would hold
+    each call to its deadline), every 20 ms.
 
     Returns:
         The new leader, its epoch, and the seconds since ``since`` (``time.monotonic()``).
@@ -160,18 +165,17 @@ async def new_leader(
     addresses = [p.address for p in cluster.config().control_planes if p.id != old]
     probe = ControlPlaneClient(addresses, timeout_s=0.5, tls=tls)
     try:
-        with trio.move_on_after(timeout_s):
-            while True:
-                try:
-                    status = await probe.call("status", pb.StatusRequest())
-                    if status.leader and status.leader != old and status.epoch > epoch:
-                        return status.leader, status.epoch, time.monotonic() - since
-                except StockadeError:
-                    pass
-                await trio.sleep(0.02)
+        status = await _status_until(
+            probe,
+            lambda s: bool(s.leader) and s.leader != old and s.epoch > epoch,
+            timeout_s=timeout_s,
+            every_s=0.02,
+        )
     finally:
         probe.close()
-    raise FaultError(f"no new leader within {timeout_s:g} s after {old} failed")
+    if status is None:
+        raise FaultError(f"no new leader within {timeout_s:g} s after {old} failed")
+    return status.leader, status.epoch, time.monotonic() - since
 
 
 async def kill_leader(
@@ -214,12 +218,10 @@ async def freeze_leader(
     tls: TlsFiles | None,
     fault_dir: Path | None = None,
 ) -> Failover:
-    """Freeze the leader for ``freeze_s`` seconds (longer than the lease: SIGSTOP, or ``docker
-    pause`` of its container), time the takeover,
-    thaw it (it steps down on waking; what it tries to commit is refused); the freeze is
-    recorded. With ``fault_dir`` (where the control planes were told to park:
-    :func:`park_dir`), the leader is first parked inside an open fenced transaction,
-    so the database's refusal of an old leader's write is provoked, not left to luck.
+    """Freeze the leader for ``freeze_s`` seconds (SIGSTOP, or ``docker pause``), time the
+    takeover, thaw it (it steps down on waking); the freeze is recorded. With ``fault_dir``
+    (:func:`park_dir`), the leader is first parked inside an open fenced transaction, so the
+    database's refusal of an old leader's write is provoked, not left to luck.
 
     Raises:
         FaultError: no leader, no new one within ``timeout_s`` seconds, or it did not park.
@@ -295,8 +297,7 @@ async def jobs_moved(
     """The rule of a worker's recovery: every job of ``job_ids`` but those that ended on
     ``victim`` is on another worker, past pending, and that worker's log records its start at or
     after ``killed_at`` (Unix seconds; the database learns of a start only with the next
-    heartbeat). Chaos's rule: ``kill-worker --wait`` took a job ended anywhere, or running
-    elsewhere, as moved, timed when it asked. Asked every 50 ms.
+    heartbeat). Asked every 50 ms.
 
     Raises:
         FaultError: they did not all run elsewhere within ``timeout_s`` seconds.

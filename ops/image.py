@@ -1,8 +1,5 @@
-"""The Stockade image, ``stockade:<version>``, built on this machine without a registry:
-:func:`build_image`, in three stages each reused while its inputs stay the same (a debootstrap
-base, the dependency wheels, ``docker build`` without network), skipped whole when the image
-carries the same :func:`source_digest` (:data:`SOURCE_LABEL`). The stages, sizes and times:
-docs/containers.md.
+"""The Stockade image, ``stockade:<version>``, built on this machine without a registry
+(:func:`build_image`; stages, sizes and times: docs/containers.md).
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ IMAGE_REPOSITORY = "stockade"
 BASE_REPOSITORY = "stockade-base"
 
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "procps", "iproute2")
-"""Debian packages added to the minimal base: the interpreter and ``venv`` the image runs on,
-CA certificates, and ``ps``/``ip`` for an operator looking inside a container."""
+"""Debian packages added to the minimal base (``ps`` and ``ip`` for an operator looking inside)."""
 
 SOURCE_LABEL = "org.stockade.source"
 """Image label holding :func:`source_digest` of what the image was built from."""
@@ -75,8 +71,7 @@ _TRIMMED = (
     "var/cache/apt",
     "var/log",
 )
-"""Folders of the base emptied before import: documentation, translations, apt's lists and
-caches, logs (``debootstrap.log`` among them)."""
+"""Folders of the base emptied before import."""
 
 DEBOOTSTRAP_TIMEOUT_S = 900.0
 PIP_TIMEOUT_S = 900.0
@@ -91,14 +86,12 @@ class ImageRecipe:
     """What the base is made of, and where the build finds its inputs."""
 
     suite: str = "bookworm"
-    """Debian suite given to debootstrap: Debian 12, the release of the project's CI machines
-    (its Python 3.11 is the oldest the project supports)."""
+    """Debian suite given to debootstrap: Debian 12 (its Python 3.11 is the oldest supported)."""
     mirror: str = "http://deb.debian.org/debian"
     """Debian mirror debootstrap downloads from (the host's network, not the build's)."""
     packages: tuple[str, ...] = BASE_PACKAGES
     cache_dir: Path = attrs.field(factory=lambda: _default_cache_dir(), converter=Path)
-    """Where the wheelhouse and the build contexts are kept (``$XDG_CACHE_HOME/stockade``,
-    else ``~/.cache/stockade``)."""
+    """Where the wheelhouse and the build contexts are kept (``$XDG_CACHE_HOME/stockade``)."""
 
     def base_digest(self) -> str:
         """sha256 (first 16 hex digits) of the suite, variant and packages: the base's tag."""
@@ -169,13 +162,9 @@ def project_root() -> Path:
 
 
 def source_digest(root: Path, recipe: ImageRecipe) -> str:
-    """sha256 of everything the image is made of: the base recipe, ``pyproject.toml`` (the
-    dependencies among it), the root files of :data:`PROJECT_FILES` and every file of the
-    packages of :data:`PROJECT_PACKAGES` (``__pycache__`` left out), paths included.
-
-    Returns:
-        64 hex digits.
-    """
+    """sha256 (64 hex digits) of everything the image is made of: the base recipe, the files of
+    :data:`PROJECT_FILES` and of the packages of :data:`PROJECT_PACKAGES` (not ``__pycache__``),
+    paths included."""
     digest = hashlib.sha256()
     digest.update(recipe.base_digest().encode())
     paths = [root / name for name in PROJECT_FILES]
@@ -371,9 +360,8 @@ def _dependency_wheels(
 
 
 def _project_wheel(root: Path, out_dir: Path) -> None:
-    """Build the project's wheel (its dependencies left out) into ``out_dir``, from a copy of
-    exactly the files :func:`source_digest` hashed (a ``build/`` folder setuptools left in
-    the tree, holding files since deleted, never reaches the image).
+    """Build the project's wheel (no dependencies) into ``out_dir``, from a copy of exactly the
+    files :func:`source_digest` hashed (not a stale ``build/`` folder).
 
     Raises:
         ImageError: the build failed.
@@ -392,8 +380,7 @@ def _project_wheel(root: Path, out_dir: Path) -> None:
 
 
 def _dockerfile(base_tag: str) -> str:
-    """The build: the dependencies' venv in a stage of its own (cached while they stay the
-    same, and their wheels left behind), the project's wheel on top."""
+    """The build: the dependencies' venv in a stage of its own (cached), the project's wheel on top."""
     pip = f"{VENV}/bin/pip install --no-index --no-cache-dir --disable-pip-version-check"
     return (
         f"FROM {base_tag} AS deps\n"

@@ -1,8 +1,6 @@
-"""The checker's counts: each a pure function of the records :mod:`ops.checker` reads (double
-placements, double runs, false deaths, lost successes, jobs killed by an outage, wrong final
-states, extra assignments), and :func:`check`, which judges one run of the cluster with all of
-them into a :class:`ops.checker.CheckReport`. What each count means: docs/design.md, "The
-checker: what it reads and what it counts"."""
+"""The checker's counts, each a pure function of the records :mod:`ops.checker` reads, and
+:func:`check`, which judges one run of the cluster with all of them. What each count means:
+docs/design.md, "The checker: what it reads and what it counts"."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from ops.checker import (
     FaultEvent,
     History,
     Run,
+    kill_times,
 )
 
 
@@ -194,20 +193,14 @@ def lost_successes(
     records = list(assignments)
     by_id = {a.assignment_id: a for a in records}
     last = {a.job_id: a for a in sorted(records, key=lambda a: a.assignment_id)}
-    kills: dict[str, list[float]] = defaultdict(list)
-    for f in faults:
-        if f.kind == "kill":
-            kills[f.target].append(f.at)
+    kills = kill_times(faults)
     found: dict[int, str] = {}
     for run in runs:
         if run.stop_reason != "succeeded":
             continue
         record = by_id.get(run.assignment_id)
         if record is not None and (record.success_recorded or record.state == "active"):
-            # Still active: the worker's next heartbeat reports it (an interval of several
-            # seconds on a large cluster). If it never does, the assignment ends otherwise, or
-            # the job is unfinished when the check waited for every job.
-            continue
+            continue  # still active: the worker's next heartbeat reports it
         window = (run.ended_at - KILL_TAKES_S, run.ended_at + REPORT_SLACK_S)
         if any(window[0] <= k <= window[1] for k in kills.get(run.worker_id, ())):
             continue
@@ -286,9 +279,8 @@ def check(
             details.append(
                 f"{len(unfinished)} jobs not finished yet (not a failure; --wait-s S waits for them): {shown}"
             )
-    unfinished_states: dict[str, int] = {}
-    for state in sorted({history.job_states[j] for j in unfinished}, key=_state_order):
-        unfinished_states[state] = sum(1 for j in unfinished if history.job_states[j] == state)
+    states = [history.job_states[j] for j in unfinished]
+    unfinished_states = {s: states.count(s) for s in sorted(set(states), key=_state_order)}
     return CheckReport(
         double_placements=len(placed_twice),
         double_runs=len(ran_twice),

@@ -1,9 +1,7 @@
 """A job as a person writes it: a table of fields (:data:`FIELDS`) named as ``stockade submit``'s
-options with ``_`` for ``-`` (``constraints`` and ``env`` are the repeated ``--constraint`` and
-``--env``), the shape of a job file (:mod:`ops.jobfile`) and of ``stockade job ID --json``, so a
-job can be exported and submitted again: :func:`spec_of_table` and :func:`spec_of_options` read
-one into a checked :class:`runtime.jobs.JobSpec`, :func:`fields_of` writes one. Plain Python
-(no typer, no rich).
+options with ``_`` for ``-``, the shape of a job file (:mod:`ops.jobfile`) and of ``stockade job
+ID --json``: :func:`spec_of_table` and :func:`spec_of_options` read one into a checked
+:class:`runtime.jobs.JobSpec`, :func:`fields_of` writes one. Plain Python (no typer, no rich).
 """
 
 from __future__ import annotations
@@ -62,9 +60,8 @@ OPTIONS = {
     "after": "--after",
     "array": "--array",
 }
-"""``stockade submit``'s option of each lifecycle field, as its errors name it (the older
-fields' errors keep the spec's names: ``cpu_millis must be ...``; ``--image`` and
-``--sleep-s`` are named as options too)."""
+"""``stockade submit``'s option of each lifecycle field, as its errors name it (the older fields'
+errors keep the spec's names, but ``--image`` and ``--sleep-s``)."""
 _OPTION_NAMES = {**OPTIONS, "image": "--image", "sleep_s": "--sleep-s"}
 
 _WIRE_NAMES = {
@@ -123,22 +120,8 @@ def spec_of(fields: Mapping[str, Any]) -> JobSpec:
         if fields.get(required) is None:
             raise InvalidArgument(required, None, "must be given")
     runtime = runtime_of(fields)
-    optional = {
-        k: fields[k]
-        for k in (
-            "priority",
-            "max_attempts",
-            "retry_backoff_s",
-            "count_lost",
-            "timeout_s",
-            "constraints",
-            "env",
-            "workdir",
-            "after",
-            "array",
-        )
-        if fields.get(k) is not None
-    }
+    given_apart = ("name", "cpu_millis", "memory_mb", "sleep_s", "command", "image")
+    optional = {k: fields[k] for k in FIELDS if k not in given_apart and fields.get(k) is not None}
     spec = JobSpec(
         name=fields["name"] if fields.get("name") is not None else default_name(runtime),
         cpu_millis=fields["cpu_millis"],
@@ -179,11 +162,7 @@ def renamed(exc: InvalidArgument, rename: Callable[[str], str]) -> InvalidArgume
 
 
 def int_option(option: str, text: str | None) -> int | None:
-    """An integer option's value, None when not given.
-
-    Raises:
-        InvalidArgument: not a whole number (named by ``option``, with the text).
-    """
+    """An integer option's value, None when not given; InvalidArgument unless a whole number."""
     if text is None:
         return None
     if re.fullmatch(r"\s*[-+]?[0-9]{1,30}\s*", text) is None:
@@ -192,12 +171,8 @@ def int_option(option: str, text: str | None) -> int | None:
 
 
 def seconds_option(option: str, text: str | None) -> float | None:
-    """A seconds option's value, None when not given (NaN and infinities are read, and then
-    refused by the spec's rules, naming the option).
-
-    Raises:
-        InvalidArgument: not a number.
-    """
+    """A seconds option's value, None when not given; InvalidArgument unless a number (NaN and
+    infinities are left to the spec's rules)."""
     if text is None:
         return None
     try:
@@ -209,11 +184,7 @@ def seconds_option(option: str, text: str | None) -> float | None:
 
 
 def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
-    """``--env NAME=VALUE`` values as pairs, each split at its first ``=``.
-
-    Raises:
-        InvalidArgument: an item without ``=``.
-    """
+    """``--env NAME=VALUE`` values as pairs, split at the first ``=``; InvalidArgument without one."""
     pairs = []
     for item in items:
         name, equals, value = item.partition("=")
@@ -224,11 +195,8 @@ def env_option(option: str, items: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def ids_option(option: str, items: Iterable[str]) -> list[int]:
-    """``--after ID[,ID...]`` values (repeatable) as job ids, in order.
-
-    Raises:
-        InvalidArgument: an item that is not a comma-separated list of whole numbers.
-    """
+    """``--after ID[,ID...]`` values (repeatable) as job ids, in order; InvalidArgument unless
+    comma-separated whole numbers."""
     ids = []
     for item in items:
         for part in item.split(","):
@@ -240,9 +208,8 @@ def ids_option(option: str, items: Iterable[str]) -> list[int]:
 
 def spec_of_options(options: Mapping[str, Any]) -> JobSpec:
     """:func:`spec_of` for ``stockade submit``, from its options: the older ones as typer read
-    them, the lifecycle ones (:data:`OPTIONS`) as text, read here so that every error names the
-    option and the text given (``--max-attempts must be between 1 and 100, got 0``; typer's own
-    errors do not say the value).
+    them, the lifecycle ones (:data:`OPTIONS`) as text, so that every error names the option and
+    the text given (``--max-attempts must be between 1 and 100, got 0``).
 
     Raises:
         InvalidArgument: the first rule broken.
@@ -347,9 +314,8 @@ assert _READERS.keys() == FIELDS.keys()
 
 def spec_of_table(table: Mapping[str, Any]) -> JobSpec:
     """A checked :class:`JobSpec` from one job's table of fields, with the values a file's
-    parser gives (text, numbers, lists, tables; None or absent: the default), read and checked
-    as a job of a file is, so the errors are a file's without its name and line
-    (``max_attempts must be between 1 and 100, got 0``). ``status`` is ignored.
+    parser gives (None or absent: the default), with a job file's errors but its name and line.
+    ``status`` is ignored.
 
     Raises:
         InvalidArgument: an unknown field (with a suggestion), a value of the wrong type, or

@@ -2,15 +2,11 @@
 
 A file holds one job (its fields, :data:`ops.jobfields.FIELDS`, at the top level) or several,
 each a table in the list ``job`` (TOML ``[[job]]``; YAML ``job:`` with a list, or a list at the
-top level); a ``status`` table, what ``stockade job ID --json`` reports, is ignored (the README,
-"Job lifecycle", shows the shape). TOML is read by :mod:`tomllib`, YAML and JSON by PyYAML,
-whose nodes carry their line: every value goes through the rules of
-:meth:`runtime.jobs.JobSpec.check`, and an error names the file, the line and the field
-(``jobs.toml:7: max_attempts must be between 1 and 100, got 0``, a :class:`JobFileError`). A
-file is refused whole, before anything is sent, when it is larger than
-:data:`MAX_JOB_FILE_BYTES`, is not UTF-8, nests deeper than :data:`MAX_NESTING`, names a field
-that does not exist, or holds more than :data:`MAX_FILE_JOBS` jobs. Plain Python (no typer,
-no rich).
+top level); a ``status`` table (``stockade job ID --json``'s) is ignored. TOML, YAML or JSON;
+every value goes through :meth:`runtime.jobs.JobSpec.check`, and an error names the file, line
+and field (``jobs.toml:7: max_attempts must be between 1 and 100, got 0``). A file is refused
+whole, before anything is sent, when it is too large, not UTF-8, nested too deep, names an
+unknown field, or holds too many jobs. Plain Python (no typer, no rich).
 """
 
 from __future__ import annotations
@@ -24,19 +20,15 @@ from typing import Any
 
 from ops.jobfields import FIELDS, STATUS_KEY, spec_of_table, unknown_fields_message
 from runtime.errors import InvalidArgument
-from runtime.jobs import (
-    JobSpec,
-)
+from runtime.jobs import JobSpec
 
 MAX_JOB_FILE_BYTES = 1024 * 1024
-"""Largest job file, in bytes (1 MiB): 10,000 jobs of 100 bytes each. A larger file is refused
-by its size, before any of it is parsed."""
+"""Largest job file, in bytes (1 MiB: 10,000 jobs of 100 bytes each), refused before parsing."""
 MAX_NESTING = 16
-"""Deepest nesting of tables and lists in a job file (a job's deepest field, ``job[i].env``,
-is 3 levels)."""
+"""Deepest nesting of tables and lists in a job file (``job[i].env`` is 3 levels)."""
+_TOO_DEEP = f"a job file must nest at most {MAX_NESTING} levels deep"
 MAX_FILE_JOBS = 10_000
-"""Most jobs of one file: one SubmitJobs call (``runtime.validation.MAX_BATCH_JOBS``), so
-that the file is stored all or none."""
+"""Most jobs of one file: one SubmitJobs call (``runtime.validation.MAX_BATCH_JOBS``), all or none."""
 JOBS_KEY = "job"
 """The list of jobs in a file of several."""
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "yaml"}
@@ -118,9 +110,8 @@ def read_job_file_placed(
     path: Path | str, *, text_format: str | None = None
 ) -> tuple[list[JobSpec], Callable[[int, str], str]]:
     """The jobs of a job file, as :func:`read_job_file` gives them, and ``where(job, field)``:
-    ``jobs.toml:LINE`` of a job's field (the job's index in the file, from 0), or the file's
-    name alone when the line is not known. ``where`` places refusals only the cluster can make
-    (an ``after`` naming a job that does not exist) as the file's own errors are placed.
+    ``jobs.toml:LINE`` of a job's field (``job`` from 0), or the file's name when the line is not
+    known, to place refusals only the cluster can make (an ``after`` naming no job).
 
     Raises:
         JobFileError: as :func:`read_job_file`.
@@ -282,9 +273,9 @@ def _parse_toml(shown: str, text: str) -> tuple[list[Any], _Lines]:
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         raise JobFileError(f"{shown}:{found[1]}" if found else shown, f"not TOML: {message}") from None
     except RecursionError:
-        raise JobFileError(shown, f"a job file must nest at most {MAX_NESTING} levels deep") from None
+        raise JobFileError(shown, _TOO_DEEP) from None
     if _depth(document) > MAX_NESTING:
-        raise JobFileError(shown, f"a job file must nest at most {MAX_NESTING} levels deep")
+        raise JobFileError(shown, _TOO_DEEP)
     lines = _toml_lines(text)
     tables, _ = _jobs_of(shown, document, lambda path: lines.line(0, path))
     return tables, lines
@@ -363,7 +354,7 @@ def _parse_yaml(shown: str, text: str, kind: str = "YAML") -> tuple[list[Any], _
         where = f"{shown}:{mark.line + 1}" if mark is not None else shown
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         if "nesting depth" in problem:  # libyaml's own limit, met before the events are seen
-            raise JobFileError(where, f"a job file must nest at most {MAX_NESTING} levels deep") from None
+            raise JobFileError(where, _TOO_DEEP) from None
         raise JobFileError(where, f"not {kind}: {problem}") from None
     except yaml.YAMLError as exc:
         raise JobFileError(shown, f"not {kind}: {exc}") from None
@@ -390,7 +381,7 @@ def _check_yaml_events(shown: str, events: Iterable[Any]) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_NESTING:
-                raise JobFileError(where, f"a job file must nest at most {MAX_NESTING} levels deep")
+                raise JobFileError(where, _TOO_DEEP)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
         elif isinstance(event, yaml.AliasEvent):

@@ -49,8 +49,7 @@ def prometheus_config(
     *, targets_file: str = TARGETS_FILE, scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
 ) -> dict[str, Any]:
     """``prometheus.yml`` as a mapping: one job, ``stockade``, scraping the targets listed in
-    ``targets_file`` (a path relative to the configuration file's folder, as Prometheus reads
-    it) every ``scrape_interval_s`` seconds.
+    ``targets_file`` (relative to the configuration's folder) every ``scrape_interval_s`` seconds.
 
     Raises:
         ValueError: ``scrape_interval_s`` is not positive.
@@ -82,8 +81,7 @@ def write_prometheus_config(
     config: ClusterConfig, out_dir: Path, *, scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
 ) -> PrometheusFiles:
     """Write ``prometheus.yml`` and ``stockade-targets.json`` for ``config`` into ``out_dir``
-    (made if missing); each file is replaced atomically, so a running Prometheus never reads
-    half a file.
+    (made if missing), each replaced atomically.
 
     Raises:
         ValueError: ``scrape_interval_s`` is not positive.

@@ -1,12 +1,9 @@
 """A fault-injecting TCP proxy, to cut one worker off from every control plane and heal it.
 
-For each worker the chaos harness runs one proxy in front of its Worker service (the agent
-advertises the proxy's address, so the leader's calls pass through it) and one per control
-plane for the worker's own calls (its ``--control-planes`` list names the proxies). Cutting a
-worker's :class:`Link` stalls every connection through those proxies, in both directions, as
-dropped packets would: nothing is refused, calls just get no answer until their deadline. New
-connections are accepted and stalled too. Healing closes the stalled connections (as a TCP
-timeout would have) and lets new ones through.
+For each worker the chaos harness runs one proxy in front of its Worker service and one per
+control plane for the worker's own calls. Cutting a worker's :class:`Link` stalls every
+connection through those proxies (new ones too), in both directions, as dropped packets would.
+Healing closes the stalled connections (as a TCP timeout would have) and lets new ones through.
 """
 
 from __future__ import annotations

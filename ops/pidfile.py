@@ -1,13 +1,10 @@
 """Reading pid and port files (the launcher's ``pids/*.pid``, PostgreSQL's ``postmaster.pid``,
 Patroni's and etcd's): whatever a file holds, a reader gets a number in range or None.
 
-A file may be missing (never written, or removed by a stop), empty or cut short (read while
-its writer is writing it, or left so by an interrupted ``stockade up``), or hold nonsense (a
-negative pid: PostgreSQL's ``postmaster.pid`` names a single-user backend, as ``initdb`` runs,
-by the negative of its pid). Each of those means "not running" here, never an exception:
-``psutil.Process`` raises ValueError for a negative pid, which an interrupted ``up`` printed as
-a traceback. Nonsense in a complete file is said once per file and content, on stderr, when
-the reader asks for it (``warn``); a missing, empty or unfinished file is routine and silent.
+A missing, empty or cut-short file, or one holding nonsense (a negative pid: ``postmaster.pid``
+of a single-user backend, as ``initdb`` runs), means "not running", never an exception.
+Nonsense in a complete file is said once per file and content, on stderr, when the reader asks
+for it (``warn``).
 """
 
 from __future__ import annotations
@@ -65,8 +62,7 @@ def write_pid(path: Path, pid: int) -> None:
 
 
 def _read_line(path: Path, line: int) -> str | None:
-    """Line ``line`` of ``path``, stripped, when the file has it whole (a newline after it, or
-    more lines); None otherwise."""
+    """Line ``line`` of ``path``, stripped, when the file has it whole (a newline after it)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:

@@ -42,8 +42,8 @@ class RunOverran(Unavailable):
 
 
 @attrs.frozen
-class _Failed:
-    error: Exception
+class _Raised:
+    error: BaseException
 
 
 def with_client(
@@ -73,42 +73,38 @@ def with_client(
     Raises:
         RunOverran: the run had not ended after ``limit_s``.
         KeyboardInterrupt: Ctrl-C (or SIGTERM turned into it) while the caller waited.
-        InvalidArgument: an address is malformed, or a replica refused the input.
-        ClusterBusy: every control plane stayed busy for ``busy_retry_s``.
-        NoControlPlaneReachable: no control plane answered.
-        PermissionDenied: the certificate's role may not make a call ``body`` made.
-        runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a file of ``tls`` is
-            missing or its key is readable by others.
-        Exception: whatever ``body`` raised, unwrapped.
+        InvalidArgument, runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a bad
+            address or certificate file (:class:`ControlPlaneClient`).
+        Exception: whatever ``body`` raised (ClusterBusy, NoControlPlaneReachable,
+            PermissionDenied, ...), unwrapped.
     """
 
-    async def main() -> T | _Failed:
+    async def main() -> T | _Raised:
         async with asyncio_bridge():
             try:
                 client = ControlPlaneClient(
                     addresses, timeout_s=timeout_s, busy_retry_s=busy_retry_s, tls=tls
                 )
             except Exception as exc:
-                return _Failed(exc)
+                return _Raised(exc)
             try:
                 return await body(client)
             except Exception as exc:
                 # Leave the bridge's nursery first, so the error is not wrapped in a group.
-                return _Failed(exc)
+                return _Raised(exc)
             finally:
                 client.close()
 
     result = trio.run(main) if limit_s is None else _run_in_thread(main, limit_s)
-    if isinstance(result, _Failed):
+    if isinstance(result, _Raised):
         raise result.error
     return result
 
 
 def _run_in_thread(main: Callable[[], Awaitable[T]], limit_s: float) -> T:
     """``trio.run(main)`` in a daemon thread, waited for at most ``limit_s`` seconds by the
-    calling thread, which alone receives signals (Python runs their handlers in the main
-    thread, between its waits). On leaving early (the limit, Ctrl-C) the run is cancelled and
-    left to end on its own.
+    calling thread, which alone receives signals. On leaving early (the limit, Ctrl-C) the run
+    is cancelled and left to end on its own.
 
     Raises:
         RunOverran: the run had not ended after ``limit_s``.
@@ -150,11 +146,6 @@ def _run_in_thread(main: Callable[[], Awaitable[T]], limit_s: float) -> T:
     if isinstance(result, _Raised):
         raise result.error
     return result  # type: ignore[no-any-return]
-
-
-@attrs.frozen
-class _Raised:
-    error: BaseException
 
 
 def call(

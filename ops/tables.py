@@ -1,10 +1,5 @@
-"""Terminal tables shared by the renderers of results (chaos, check, the benchmarks).
-
-Each result class has one renderer next to it (:func:`ops.checker.check_table`,
-:func:`ops.chaos.chaos_table`, :func:`ops.bench.failover.failover_table`,
-:func:`ops.bench.pack.report.render`, :func:`ops.bench.overload.render`); they build their
-tables from the helpers here, so the terminal shows every result the same way.
-"""
+"""Terminal tables shared by the renderers of results (chaos, check, the benchmarks), so the
+terminal shows every result the same way."""
 
 from __future__ import annotations
 

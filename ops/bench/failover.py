@@ -1,8 +1,6 @@
-"""``stockade bench failover``: on a fresh local cluster (3 control planes, 5 workers, jobs
-running), the time from a fault to a new leader, for repeated SIGKILLs, SIGSTOP freezes (longer
-than the lease) and clean stops (SIGTERM), and the time from the busiest worker's SIGKILL until
-its jobs moved; the faults and their rules are :mod:`ops.faults`'. Timing goals live here,
-never in tests.
+"""``stockade bench failover``: on a fresh local cluster, the time from a fault to a new leader
+(SIGKILL, SIGSTOP longer than the lease, SIGTERM), and from the busiest worker's SIGKILL until its
+jobs moved (the rules: :mod:`ops.faults`).
 """
 
 from __future__ import annotations
@@ -38,10 +36,8 @@ class FailoverBenchSettings:
     workers: int = 5
     long_jobs: int = 24
     """Sleep jobs (500 cpu_millis, 256 MiB, 10 minutes) kept running so killed workers have jobs
-    to move. After each worker kill they are cancelled and replaced by fresh ones, so every kill
-    times jobs lost for the first time: a job lost again waits a requeue backoff that doubles
-    with each loss (:attr:`runtime.settings.leader.ReconcilerSettings.requeue_backoff_base_s`), which
-    would otherwise make later rounds time the backoff, not the recovery."""
+    to move; replaced by fresh ones after each worker kill, so no round times the requeue
+    backoff of a job lost again."""
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +52,15 @@ class FailoverSamples:
     """To a new leader after a SIGTERM of the leader."""
     worker_recovery: tuple[float, ...] = ()
     """From a worker's SIGKILL until every job it ran runs elsewhere."""
+
+
+_MEASURES = {
+    "kill": ("failover_kill", "new leader after SIGKILL"),
+    "freeze": ("failover_freeze", "new leader after SIGSTOP"),
+    "stop": ("failover_stop", "new leader after SIGTERM"),
+    "worker_recovery": ("worker_recovery", "killed worker's jobs running elsewhere"),
+}
+"""A field of :class:`FailoverSamples` -> the prefix of its figures' keys, and its table label."""
 
 
 @attrs.frozen(kw_only=True)
@@ -76,11 +81,8 @@ class FailoverFigures:
     def of(cls, samples: FailoverSamples) -> FailoverFigures:
         """The figures of ``samples`` (which are kept rounded to the millisecond)."""
         figures: dict[str, float | None] = {}
-        for kind in ("kill", "freeze", "stop"):
-            figures[f"failover_{kind}_p50_s"], figures[f"failover_{kind}_max_s"] = _summary(
-                getattr(samples, kind)
-            )
-        figures["worker_recovery_p50_s"], figures["worker_recovery_max_s"] = _summary(samples.worker_recovery)
+        for kind, (key, _) in _MEASURES.items():
+            figures[f"{key}_p50_s"], figures[f"{key}_max_s"] = _summary(getattr(samples, kind))
         rounded = FailoverSamples(
             **{k: tuple(round(v, 3) for v in vs) for k, vs in attrs.asdict(samples).items()}
         )
@@ -96,23 +98,9 @@ def failover_table(figures: FailoverFigures) -> Table:
     table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False)
     for column in ("measure", "runs", "p50", "max"):
         table.add_column(column, justify="left" if column == "measure" else "right")
-    samples = figures.samples
-    for label, p50, top, runs in [
-        ("new leader after SIGKILL", figures.failover_kill_p50_s, figures.failover_kill_max_s, samples.kill),
-        (
-            "new leader after SIGSTOP",
-            figures.failover_freeze_p50_s,
-            figures.failover_freeze_max_s,
-            samples.freeze,
-        ),
-        ("new leader after SIGTERM", figures.failover_stop_p50_s, figures.failover_stop_max_s, samples.stop),
-        (
-            "killed worker's jobs running elsewhere",
-            figures.worker_recovery_p50_s,
-            figures.worker_recovery_max_s,
-            samples.worker_recovery,
-        ),
-    ]:
+    for kind, (key, label) in _MEASURES.items():
+        p50, top = getattr(figures, f"{key}_p50_s"), getattr(figures, f"{key}_max_s")
+        runs = getattr(figures.samples, kind)
         table.add_row(label, str(len(runs)), seconds_text(p50), seconds_text(top))
     return table
 
@@ -178,9 +166,7 @@ async def run_failover_bench(
         progress=progress,
     )
     recoveries: list[float] = []
-    # The bridge opens first: a Ctrl-C while the cluster starts (in a thread trio must wait
-    # for) is then raised where the bridge can close, not in the middle of its opening, where
-    # it left trio-asyncio waiting for ever.
+    # The bridge opens first: a Ctrl-C during its opening left trio-asyncio waiting for ever.
     async with asyncio_bridge():
         await trio.to_thread.run_sync(harness.fresh_cluster)
         addresses, tls = cluster.config().control_plane_addresses, cluster.config().client_tls

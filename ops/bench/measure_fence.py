@@ -1,18 +1,10 @@
 """How long a fenced write holds the lease's share lock, and how long a renewal waits for it.
 
-Runs the fenced writes the ledger runs, on a database of its own, while another connection
-renews the lease back to back (``RENEW_LEASE``, as the lease keeper does, with its 1 s
-statement timeout), and prints, for each shape of write:
-
-- hold: from sending ``SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE`` to the COMMIT's answer
-  (for the placement statement, which carries its own fence, the statement's round trip): an
-  upper bound of how long the share lock was held;
-- renewal wait: the longest a renewal sent meanwhile took.
-
-The writes: ``--assignments`` of a dead worker's assignments ended (``END_ORPHANED_ASSIGNMENTS``)
-and ``--placements`` placements (``COMMIT_PLACEMENTS``), each all at once and in ``--batch`` rows,
-``--repeat`` times (median and worst); ``python -m ops.bench.measure_fence --help``. Without
-``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
+Runs the ledger's fenced writes (a dead worker's ``--assignments`` ended, ``--placements``
+placements committed), each all at once and in ``--batch`` rows, ``--repeat`` times, while
+another connection renews the lease back to back (1 s statement timeout), and prints the hold
+(from the fence's ``FOR KEY SHARE`` to the COMMIT's answer: an upper bound of the share lock)
+and the longest renewal meanwhile. Without ``--database-url`` it starts an embedded PostgreSQL.
 """
 
 from __future__ import annotations

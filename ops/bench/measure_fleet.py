@@ -1,8 +1,6 @@
 """What a fleet process costs per heartbeat: its CPU time over a window divided by the heartbeats
-the control planes recorded in it, as one JSON line (``cpu_ms_per_heartbeat``, ``cpu_share``,
-``connections_to_control_planes``), read from a running local cluster whose workers all live in
-the measured fleets. How to run it and the figures: docs/benchmarks.md, "A fleet's CPU per
-heartbeat".
+the control planes recorded in it, as one JSON line, from a running local cluster whose workers
+all live in fleets (docs/benchmarks.md, "A fleet's CPU per heartbeat").
 """
 
 from __future__ import annotations

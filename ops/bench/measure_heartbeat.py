@@ -1,19 +1,13 @@
 """How much one heartbeat costs a control plane: handler time and database round trips.
 
-Calls the ingest's Heartbeat handler directly (no gRPC), ``--count`` times for one worker that
-reports ``--running`` running assignments (the steady state of a busy worker), on a database of
-its own, and prints the handler time per heartbeat (mean, p50, p99) and the round trips to
-the database per heartbeat (asyncpg calls, the pool's reset on release included)::
+Calls the ingest's Heartbeat handler directly (no gRPC), ``--count`` times for one worker with
+``--running`` running assignments, and prints the handler time per heartbeat and the round
+trips to the database per heartbeat (the pool's reset on release included)::
 
     python -m ops.bench.measure_heartbeat [--database-url URL] [--count 2000] [--running 4]
 
 Without ``--database-url`` it starts an embedded PostgreSQL (fsync on) in a temporary folder.
-The handler and the pool are the ingest's own, so running this file from another checkout
-(``PYTHONPATH=that-checkout``) measures that version.
-
-:func:`table_update_counts` reads how many of a table's row updates were HOT (for the
-``workers`` table, which every heartbeat updates); ``ops.bench.measure_heartbeat_groups`` compares
-grouped and single heartbeats.
+Run from another checkout (``PYTHONPATH=that-checkout``), it measures that version's handler.
 """
 
 from __future__ import annotations

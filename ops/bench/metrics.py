@@ -1,7 +1,4 @@
-"""What the benchmarks read from outside the processes: their /metrics (:func:`fetch_text`,
-:func:`samples`, :func:`total`; for ``stockade bench scale`` :func:`read_metrics` and
-:class:`MetricsDelta` between two readings) and their CPU time (:func:`cpu_seconds`,
-:func:`cpu_used`)."""
+"""What the benchmarks read from outside the processes: their /metrics and their CPU time."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """``stockade bench overload``: offered load raised step by step past what the machine can do.
 
 A fresh cluster gets an open loop of short jobs, rate after rate (``OverloadSettings``), then
-the first rate again and a drain; each step's offered, accepted, shed and failed load, goodput,
-finish times and disturbances, and the run's peak, recovery and backlog, are
-:class:`OverloadResult`. What each figure means and how to read the curve (graceful: goodput
-levels off; metastable: it falls and does not come back): docs/benchmarks.md,
-"`just bench-overload`" and docs/design.md, "Benchmarks under overload".
+the first rate again and a drain (:class:`OverloadResult`). The figures and how to read the
+curve: docs/benchmarks.md, "`just bench-overload`" and docs/design.md, "Benchmarks under overload".
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """``stockade bench scale``: what heartbeats and placement cost as the worker count doubles.
 
-For each worker count N, on a fresh cluster (3 control planes, one embedded PostgreSQL with
-``pg_stat_statements`` loaded): N workers (simulated by :mod:`ops.bench.loadgen`, or real agents in
-fleets with ``--real-agents`` where N <= :data:`ops.bench.scale_report.REAL_AGENTS_LIMIT`) hold sleep
-jobs while a queue of ``pending_jobs`` more waits (topped up every second); after a warm-up,
-one window of ``duration_s`` is measured from outside the control plane only: its metrics
-endpoints, the database and the processes' CPU time. Early in the window a few workers that
-hold long jobs are killed (their heartbeats and Worker service stop at once) and their jobs are
-timed, by database time, from the kill to their new assignments confirmed running.
-What each figure means: :class:`ops.bench.scale_report.ScalePoint`.
+For each worker count N, on a fresh cluster (3 control planes, embedded PostgreSQL with
+``pg_stat_statements``): N workers (:mod:`ops.bench.loadgen`, or real agents with
+``--real-agents``) hold sleep jobs while ``pending_jobs`` more wait (topped up every second);
+after a warm-up one window of ``duration_s`` is measured from outside the control plane. Early
+in it a few workers holding long jobs are killed and their jobs timed, by database time, to
+their new assignments confirmed running. The figures: :class:`ops.bench.scale_report.ScalePoint`.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import attrs
 import trio
 
 from actors.heartbeat_policy import HeartbeatPolicy, default_policy
+from ops.bench import heartbeat_flags
 from ops.bench.measure_heartbeat import table_update_counts
 from ops.bench.metrics import MetricsDelta, cpu_seconds, cpu_used, per_1000, read_metrics
 from ops.bench.pack.figures import histogram_quantile
@@ -87,10 +85,8 @@ class ScaleSettings:
     pending_jobs: int = 10_000
     """Jobs kept pending (topped up every second) so each placer round reads a long queue."""
     heartbeat_interval_s: float | None = None
-    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere
-    (docs/design.md, "Heartbeat interval"), the workers starting from the agent's defaults; a
-    number: every worker heartbeats this often (deadline 1.5x, self-fence 3.5x) and the
-    control planes declare after 5x, as before the cluster chose."""
+    """None: the cluster chooses the heartbeat interval and dead_after as it would anywhere; a
+    number: every worker heartbeats this often (:func:`ops.bench.heartbeat_flags`)."""
     kills: int = 3
     """Workers killed in each step (each holding long jobs)."""
     job_s: tuple[float, float] = (10.0, 30.0)
@@ -270,29 +266,12 @@ class _Step:
             data_dir=self.root / "pg", port=free_port(), preload_libraries=("pg_stat_statements",)
         )
         url = self.pg.start()
+        cp_args, agent_args = ((), ()) if fixed_s is None else heartbeat_flags(fixed_s)
         self.cluster = LocalCluster(
             StateDir(self.root / "cluster"),
             database_url=url,
-            cp_args=()
-            if fixed_s is None
-            else (
-                "--dead-after-s",
-                f"{5 * fixed_s:g}",
-                "--heartbeat-interval-min-s",
-                f"{fixed_s:g}",
-                "--heartbeat-interval-max-s",
-                f"{fixed_s:g}",
-            ),
-            agent_args=()
-            if fixed_s is None
-            else (
-                "--heartbeat-interval-s",
-                f"{fixed_s:g}",
-                "--heartbeat-timeout-s",
-                f"{timeout_s:g}",
-                "--self-fence-after-s",
-                f"{fence_s:g}",
-            ),
+            cp_args=cp_args,
+            agent_args=agent_args,
             # At least four fleets, so killing one leaves workers to take its jobs.
             fleet_size=min(self.settings.fleet_size, max(1, -(-self.workers // 4))),
             worker_capacities=((WORKER_CPU_MILLIS, WORKER_MEMORY_MB),),
@@ -305,22 +284,10 @@ class _Step:
             from ops.bench.loadgen.generator import worker_ids
             from ops.certs import ensure_issued
 
-            args = [
-                "--control-planes",
-                ",".join(config.control_plane_addresses),
-                "--workers",
-                str(self.workers),
-                "--cpu-millis",
-                str(WORKER_CPU_MILLIS),
-                "--memory-mb",
-                str(WORKER_MEMORY_MB),
-                "--interval-s",
-                f"{interval_s:g}",
-                "--timeout-s",
-                f"{timeout_s:g}",
-                "--self-fence-s",
-                f"{fence_s:g}",
-            ]
+            args = ["--control-planes", ",".join(config.control_plane_addresses)]
+            args += f"--workers {self.workers} --cpu-millis {WORKER_CPU_MILLIS}".split()
+            args += f"--memory-mb {WORKER_MEMORY_MB} --interval-s {interval_s:g}".split()
+            args += f"--timeout-s {timeout_s:g} --self-fence-s {fence_s:g}".split()
             if self.settings.insecure:
                 args.append("--insecure")
             else:

@@ -38,9 +38,8 @@ DEFAULT_WORKERS = (100, 500, 1000, 2000)
 WORKERS_LIMIT = 20_000
 """Most simulated workers one step may have."""
 REAL_AGENTS_LIMIT = 200
-"""Most workers a step runs as real agents (in fleets) with ``--real-agents``; larger steps use
-the load generator: 200 agents are what this kind of machine (2 cores) hosts beside 3 control
-planes and the database."""
+"""Most workers a step runs as real agents (in fleets) with ``--real-agents`` (what a 2-core
+machine hosts beside 3 control planes and the database); larger steps use the load generator."""
 
 
 def parse_workers(text: str) -> tuple[int, ...]:
@@ -48,8 +47,7 @@ def parse_workers(text: str) -> tuple[int, ...]:
     no repeats; returned rising.
 
     Raises:
-        InvalidArgument: an empty list, a value that is not an integer or is out of range, or a
-            repeated value (the message names it and the limit).
+        InvalidArgument: an empty list, a value not an integer or out of range, or a repeat.
     """
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in parts):
@@ -74,10 +72,8 @@ def parse_workers(text: str) -> tuple[int, ...]:
 class ScalePoint:
     """What one step measured, over its window of ``duration_s`` (None: nothing measured).
 
-    CPU per 1,000 heartbeats divides the CPU time the processes used in the window (user +
-    system, seconds) by the heartbeats recorded in it: everything the process did in the window
-    counts (placer rounds, reconcile passes, submissions that kept the queue full), so it is an
-    upper bound on what heartbeats cost.
+    CPU per 1,000 heartbeats divides all the CPU time the processes used in the window (user +
+    system, seconds) by the heartbeats recorded in it: an upper bound on what heartbeats cost.
     """
 
     workers: int
@@ -85,15 +81,13 @@ class ScalePoint:
     """``loadgen`` (simulated workers) or ``real_agents`` (agents in fleets)."""
     duration_s: float
     heartbeat_interval_s: float
-    """The heartbeat interval in force at the window's end (the leader's choice, or the
-    bench's fixed one)."""
+    """The heartbeat interval in force at the window's end."""
     heartbeats: int
     """Heartbeats the control planes recorded in the window (their counters, summed)."""
     heartbeats_per_s: float
     heartbeats_acked: int
-    """Heartbeats the workers saw acknowledged (without reregister) in the window, counted on
-    the workers' side: a cross-check of ``heartbeats`` that does not depend on how the control
-    planes count (a control plane that records heartbeats in groups still acknowledges each)."""
+    """Heartbeats the workers saw acknowledged (without reregister) in the window: a cross-check
+    of ``heartbeats`` counted on the workers' side."""
     ack_p50_ms: float | None
     ack_p99_ms: float | None
     heartbeat_failures: int
@@ -106,8 +100,8 @@ class ScalePoint:
     db_calls_per_heartbeat: float | None
     """pg_stat_statements' calls of every statement in the window, per heartbeat."""
     loadgen_cpu_s_per_1000_heartbeats: float | None
-    """The load generator's own CPU (None with real agents): near 1 s per second it was the
-    bottleneck, and the latencies it measured include its own queueing."""
+    """The load generator's own CPU (None with real agents); near 1 s per second it was the
+    bottleneck."""
     false_deaths: int
     """Workers declared dead in the window that were not killed on purpose."""
     deaths: int
@@ -127,24 +121,20 @@ class ScalePoint:
     """From the kill (database time) to a job's new assignment confirmed running, p50 over jobs."""
     recovery_max_s: float | None
     recovery_declared_p50_s: float | None = None
-    """From the kill to a killed worker's death declared (``worker_deaths``), p50 over the
-    killed workers: the silence part of a recovery."""
+    """From the kill to a killed worker's death declared, p50 over the killed workers."""
     recovery_placed_p50_s: float | None = None
-    """From the kill to a lost job's first new assignment (placed elsewhere), p50 over jobs;
-    what is left until ``recovery_p50_s`` is the new worker's confirming heartbeat."""
+    """From the kill to a lost job's first new assignment elsewhere, p50 over jobs."""
     dead_after_s: float | None = None
     """The dead_after in force at the window's end (None: the control planes' default)."""
     workers_updates: int | None = None
-    """Row updates of the ``workers`` table in the window (``pg_stat_user_tables.n_tup_upd``;
-    every recorded heartbeat is one)."""
+    """Row updates of the ``workers`` table in the window (``pg_stat_user_tables.n_tup_upd``)."""
     workers_hot_share: float | None = None
-    """The share of those that were HOT updates (``n_tup_hot_upd``, 0 to 1): no index entry
-    written, the old version pruned in its page."""
+    """The share of those that were HOT updates (``n_tup_hot_upd``, 0 to 1)."""
     workers_dead_rows: int | None = None
     """Dead row versions of ``workers`` at the window's end (``n_dead_tup``)."""
     cp_gc_pauses_over_100_ms: int | None = None
     """Garbage collections longer than 100 ms in the control planes (and real agents) over the
-    window (``stockade_gc_pause_seconds``): each held every thread of its process."""
+    window (``stockade_gc_pause_seconds``)."""
     loadgen_gc_pause_max_ms: float | None = None
     """The load generator's longest garbage collection in the window (None: real agents)."""
 
@@ -233,8 +223,7 @@ _COLUMNS = (
 
 
 def render(report: ScaleReport) -> Table:
-    """The steps as a rich table, one row per measure and one column per worker count (a
-    narrow table: a terminal of 80 columns shows four steps whole)."""
+    """The steps as a rich table, one row per measure and one column per worker count."""
     table = Table(box=rich.box.SIMPLE_HEAD, show_edge=False, title="stockade bench scale")
     table.add_column("workers", no_wrap=True)
     for point in report.points:

@@ -1,20 +1,17 @@
-"""The client for asyncio programs: :class:`AsyncioClient`, the calls of
-:class:`ops.client.Client` (written once, in trio) run for an asyncio program.
-
-The calls run in a trio guest run on the program's own event loop (:mod:`runtime.aio.guest`,
-trio's guest mode): grpclib runs on that loop as it would in any asyncio program, nothing
-opens a second loop or a thread per call, and the program's event loop policy is left alone
-(``trio_asyncio`` is never imported). On a loop of trio-asyncio's (a program that imported it
-before ``asyncio.run``), which runs inside trio already, they cross with that loop's own
-``trio_as_future``. Arguments, results and errors are those of :class:`Client`; a cancel of the
-awaiting task (``asyncio.timeout``, ``task.cancel()``) cancels the call.
+"""The client for asyncio programs: :class:`AsyncioClient` runs the calls of
+:class:`ops.client.Client` in a trio guest run on the program's own event loop
+(:mod:`runtime.aio.guest`; on a trio-asyncio loop, through its ``trio_as_future``), so grpclib
+runs on that loop, no second loop or thread is opened and the loop policy is left alone.
+Arguments, results and errors are those of :class:`Client`; a cancel of the awaiting task
+(``asyncio.timeout``, ``task.cancel()``) cancels the call.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 from ops.client.core import Client
 from ops.client.results import CancelOutcome, ClusterStatus, Job, JobHistory, LogChunk, WorkerSchedule
@@ -22,6 +19,8 @@ from ops.client.settings import ClientSettings
 from ops.client.streams import ChunkStream, LogStream
 from runtime.aio.guest import TrioPortal, open_portal
 from runtime.jobs import JobSpec
+
+T = TypeVar("T")
 
 
 class AsyncioClient:
@@ -67,57 +66,51 @@ class AsyncioClient:
         """The ``host:port`` of the control plane that answered last (asked first next)."""
         return self._client.last_answered
 
+    async def _run(self, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        return await self._portal.run(functools.partial(call, *args, **kwargs))
+
     async def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> int:
         """Submit one job (or an array); return its id. As :meth:`Client.submit`.
 
         Raises:
-            InvalidArgument, IdempotencyConflict, NoControlPlaneReachable, ClusterBusy,
-                PermissionDenied: as :meth:`Client.submit`.
+            the errors of :meth:`Client.submit`.
         """
-        return await self._portal.run(
-            functools.partial(self._client.submit, spec, idempotency_key=idempotency_key)
-        )
+        return await self._run(self._client.submit, spec, idempotency_key=idempotency_key)
 
     async def submit_many(
         self, specs: Sequence[JobSpec], *, idempotency_key: str | None = None
     ) -> tuple[int, ...]:
-        """Submit up to 10,000 jobs in one call, all or none; return their ids in order. As
-        :meth:`Client.submit_many`.
+        """Submit up to 10,000 jobs, all or none; their ids in order. As :meth:`Client.submit_many`.
 
         Raises:
             the errors of :meth:`Client.submit_many`.
         """
-        return await self._portal.run(
-            functools.partial(self._client.submit_many, specs, idempotency_key=idempotency_key)
-        )
+        return await self._run(self._client.submit_many, specs, idempotency_key=idempotency_key)
 
     async def get(self, job_id: int) -> Job:
         """The job ``job_id`` now. As :meth:`Client.get`.
 
         Raises:
-            InvalidArgument, JobNotFound, NoControlPlaneReachable, ClusterBusy,
-                PermissionDenied: as :meth:`Client.get`.
+            the errors of :meth:`Client.get`.
         """
-        return await self._portal.run(self._client.get, job_id)
+        return await self._run(self._client.get, job_id)
 
     async def events(self, job_id: int) -> JobHistory:
         """The job's history, oldest first. As :meth:`Client.events`.
 
         Raises:
-            InvalidArgument, JobNotFound, NoControlPlaneReachable, ClusterBusy,
-                PermissionDenied: as :meth:`Client.events`.
+            the errors of :meth:`Client.events`.
         """
-        return await self._portal.run(self._client.events, job_id)
+        return await self._run(self._client.events, job_id)
 
     async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
-        """Wait until the job has ended and return it (reads at 0.1 s doubling to 2 s apart).
-        As :meth:`Client.wait`; ``asyncio.timeout`` around it works too.
+        """Wait until the job has ended and return it. As :meth:`Client.wait`; ``asyncio.timeout``
+        around it works too.
 
         Raises:
-            InvalidArgument, JobNotFound, WaitTimedOut, NoControlPlaneReachable, ClusterBusy,
-                PermissionDenied: as :meth:`Client.wait`.
+            the errors of :meth:`Client.wait`.
         """
-        return await self._portal.run(functools.partial(self._client.wait, job_id, timeout_s=timeout_s))
+        return await self._run(self._client.wait, job_id, timeout_s=timeout_s)
 
     async def cancel(
         self, job_id: int, *, only_this_task: bool = False, idempotency_key: str | None = None
@@ -127,10 +120,8 @@ class AsyncioClient:
         Raises:
             the errors of :meth:`Client.cancel`.
         """
-        return await self._portal.run(
-            functools.partial(
-                self._client.cancel, job_id, only_this_task=only_this_task, idempotency_key=idempotency_key
-            )
+        return await self._run(
+            self._client.cancel, job_id, only_this_task=only_this_task, idempotency_key=idempotency_key
         )
 
     async def list(self, *, state: str | None = None, limit: int = 100) -> tuple[Job, ...]:
@@ -139,15 +130,15 @@ class AsyncioClient:
         Raises:
             the errors of :meth:`Client.list`.
         """
-        return await self._portal.run(functools.partial(self._client.list, state=state, limit=limit))
+        return await self._run(self._client.list, state=state, limit=limit)
 
     async def status(self) -> ClusterStatus:
         """The cluster at a glance. As :meth:`Client.status`.
 
         Raises:
-            NoControlPlaneReachable, ClusterBusy, PermissionDenied: as :meth:`Client.status`.
+            the errors of :meth:`Client.status`.
         """
-        return await self._portal.run(self._client.status)
+        return await self._run(self._client.status)
 
     def logs(
         self,
@@ -158,13 +149,8 @@ class AsyncioClient:
         tail_lines: int | None = None,
         tail_max_bytes: int | None = None,
     ) -> AsyncioLogStream:
-        """A job's output as an async iterator of :class:`LogChunk`. As :meth:`Client.logs`
-        (``async for chunk in client.logs(7)``, or ``async with client.logs(7) as chunks``).
-
-        Raises:
-            InvalidArgument: a bad argument, at once; the iterator raises what
-                :meth:`Client.logs` lists.
-        """
+        """A job's output as an async iterator of :class:`LogChunk`. As :meth:`Client.logs`,
+        errors included (a bad argument raises InvalidArgument at once)."""
         return AsyncioLogStream(
             self._portal,
             self._client.logs(
@@ -178,9 +164,7 @@ class AsyncioClient:
         Raises:
             the errors of :meth:`Client.cordon`.
         """
-        return await self._portal.run(
-            functools.partial(self._client.cordon, worker_id, idempotency_key=idempotency_key)
-        )
+        return await self._run(self._client.cordon, worker_id, idempotency_key=idempotency_key)
 
     async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
         """Uncordon a worker. As :meth:`Client.uncordon`.
@@ -188,9 +172,7 @@ class AsyncioClient:
         Raises:
             the errors of :meth:`Client.cordon`.
         """
-        return await self._portal.run(
-            functools.partial(self._client.uncordon, worker_id, idempotency_key=idempotency_key)
-        )
+        return await self._run(self._client.uncordon, worker_id, idempotency_key=idempotency_key)
 
     async def drain(
         self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
@@ -201,10 +183,8 @@ class AsyncioClient:
         Raises:
             the errors of :meth:`Client.drain`.
         """
-        return await self._portal.run(
-            functools.partial(
-                self._client.drain, worker_id, deadline_s=deadline_s, idempotency_key=idempotency_key
-            )
+        return await self._run(
+            self._client.drain, worker_id, deadline_s=deadline_s, idempotency_key=idempotency_key
         )
 
 

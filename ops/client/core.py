@@ -1,10 +1,7 @@
-"""The client's calls, written once in trio: :class:`Client` (the trio face);
-:class:`ops.client.AsyncioClient` runs these same calls for asyncio programs.
-
-Every call goes through :class:`runtime.client.ControlPlaneClient` (failover between the
-replicas, hedged reads, busy backoff), every mutating call carries an idempotency key, and
-input is checked with the control plane's own rules before anything is sent: docs/client.md
-says how each behaves.
+"""The client's calls, written once in trio (:class:`Client`; :class:`ops.client.AsyncioClient`
+runs them for asyncio). Each goes through :class:`runtime.client.ControlPlaneClient` (failover,
+hedged reads, busy backoff), each mutating call carries an idempotency key, and input is checked
+with the control plane's own rules before anything is sent (docs/client.md).
 """
 
 from __future__ import annotations
@@ -48,13 +45,11 @@ if TYPE_CHECKING:
 
 
 SUBMIT_S_PER_JOB = 0.001
-"""Added to a batch submission's deadline per job, in seconds (10 s more for 10,000 jobs):
-decoding, checking and storing a batch takes about 0.2 ms a job on a loaded 2-core machine, so
-a fixed deadline would time a full batch out."""
+"""Added to a batch submission's deadline per job, in seconds: storing a batch takes about 0.2 ms
+a job on a loaded 2-core machine, so a fixed deadline would time a full batch out."""
 
 WAIT_UNREACHABLE_S = 30.0
-"""How long :meth:`Client.wait` goes on reading while no control plane answers (a restart of
-the whole cluster), in seconds, before it raises the last error."""
+"""How long :meth:`Client.wait` goes on reading while no control plane answers, in seconds."""
 
 LOG_STREAMS = ("stdout", "stderr")
 """The outputs of a job :meth:`Client.logs` reads."""
@@ -63,11 +58,8 @@ MAX_TAIL_BYTES = 2**64 - 1
 
 
 def _check_key(key: str | None) -> str:
-    """The key a mutating call sends: the caller's, checked, or a fresh random UUID.
-
-    Raises:
-        InvalidArgument: an empty key, one over 128 bytes, or one with a control character.
-    """
+    """The caller's key, checked (InvalidArgument: empty, over 128 bytes, a control character),
+    or a fresh random UUID."""
     return new_idempotency_key() if key is None else validation.check_idempotency_key(key)
 
 
@@ -84,11 +76,7 @@ def _is_int_in(value: object, low: int, high: int) -> bool:
 
 
 def _check_seconds(field: str, value: float | None) -> float:
-    """``value`` seconds (None: no limit, ``inf``).
-
-    Raises:
-        InvalidArgument: not a number > 0 (NaN included).
-    """
+    """``value`` seconds, None as ``inf``; InvalidArgument unless a number > 0 (not NaN)."""
     if value is None:
         return math.inf
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -97,11 +85,11 @@ def _check_seconds(field: str, value: float | None) -> float:
 
 
 class Client:
-    """A client of one Stockade cluster, for trio programs; open it with :meth:`open`.
+    """A client of one Stockade cluster, for trio programs; open it with :meth:`open` (made
+    directly, it needs :func:`runtime.aio.asyncio_bridge` around its calls and :meth:`close`).
 
-    Every method is a coroutine (but :meth:`logs`, which returns an async iterator) and may be
-    called from several tasks at once. Results are frozen attrs classes
-    (:mod:`ops.client.results`), never protobuf messages.
+    Every method is a coroutine (but :meth:`logs`, an async iterator), safe from several tasks
+    at once; results are frozen attrs classes (:mod:`ops.client.results`).
 
     Args:
         settings: where the cluster is and what to present (:meth:`ClientSettings.find`).
@@ -110,9 +98,6 @@ class Client:
         InvalidArgument: no address, or one that is not ``host:port``.
         runtime.tls.TlsFilesInvalid, runtime.tls.KeyFileExposed: a certificate file is
             missing, not PEM, or its key is readable by others.
-
-    Made directly, the client needs a trio-asyncio loop around its calls
-    (:func:`runtime.aio.asyncio_bridge`) and :meth:`close` at the end: :meth:`open` does both.
     """
 
     def __init__(self, settings: ClientSettings) -> None:
@@ -129,11 +114,9 @@ class Client:
     async def open(cls, settings: ClientSettings | None = None) -> AsyncIterator[Client]:
         """``async with Client.open() as client:`` a client, closed at the end of the block.
 
-        Opens the trio-asyncio loop that grpclib needs (:func:`runtime.aio.asyncio_bridge`)
-        when the calling task has none, so a trio program need not; one that has one already
-        (a Stockade process) shares it. Call the client from the task that opened it or from
-        tasks started inside the block (they inherit the loop). An error raised in the block
-        comes out as itself, not inside an exception group.
+        Opens the trio-asyncio loop grpclib needs (:func:`runtime.aio.asyncio_bridge`) unless
+        the task has one; call the client from this task or tasks started inside the block. An
+        error raised in the block comes out as itself, not in an exception group.
 
         Args:
             settings: where the cluster is and what to present; None:
@@ -176,23 +159,19 @@ class Client:
 
         Args:
             spec: the job (:func:`ops.client.job_spec` builds one from a job file's fields).
-            idempotency_key: this call's key, 1 to 128 bytes (default: a fresh random UUID,
-                the same on every retry of this call). The same key again, within 24 hours,
-                returns the first call's id and stores nothing; reuse it to submit the same job
-                safely after a crash of your own.
+            idempotency_key: this call's key, 1 to 128 bytes (default: a fresh random UUID).
+                The same key again within 24 hours returns the first call's id, storing nothing.
 
         Returns:
             the job's id; of an array, the array's (its first task's).
 
         Raises:
             InvalidArgument: the spec breaks a rule (:meth:`runtime.jobs.JobSpec.check`, the
-                field named as on the wire: ``cpu_millis``, ``sleep.duration_ms``) or the key
-                is bad; nothing was sent. A control plane's own refusal (``after`` naming a
-                job that does not exist) is raised as InvalidArgument too.
+                field named as on the wire: ``sleep.duration_ms``) or the key is bad, so nothing
+                was sent; or a control plane refused it (``after`` naming no job).
             IdempotencyConflict: the key was first used for another request; nothing stored.
-            NoControlPlaneReachable: no control plane answered (the message names every
-                address and how it failed; one may have stored the job: submit again with the
-                same key to learn its id without submitting it twice).
+            NoControlPlaneReachable: no control plane answered (one may have stored the job:
+                submit again with the same key to learn its id).
             ClusterBusy: every control plane stayed busy for ``busy_retry_s``; nothing stored.
             PermissionDenied: this client's certificate may not submit (a ``viewer``).
         """
@@ -251,11 +230,8 @@ class Client:
         return job_from_pb(await self._job_call("get_job", pb.GetJobRequest, job_id))
 
     async def events(self, job_id: int) -> JobHistory:
-        """The job ``job_id``'s history, rebuilt from the database: submitted, each placement
-        (worker, incarnation, epoch), confirmation, end (reason, outcome, exit code, the epoch
-        of a fenced end), the worker death that ended a run, each requeue (with its backoff),
-        the cancel request, dependency waits and the final state, oldest first
-        (:class:`JobEvent` says what each kind carries).
+        """The job ``job_id``'s history from the database, oldest first (:class:`JobEvent` lists
+        the kinds of event and what each carries).
 
         Raises:
             InvalidArgument: ``job_id`` outside 1..2**63-1; nothing was sent.
@@ -273,14 +249,11 @@ class Client:
             return await self._cp.call(rpc, make_request(job_id=job_id))
 
     async def wait(self, job_id: int, *, timeout_s: float | None = None) -> Job:
-        """Wait until the job ``job_id`` has ended (succeeded, failed or cancelled) and return
-        it as it ended.
+        """Wait until the job ``job_id`` has ended and return it as it ended.
 
-        Reads the job at once, then again after 0.1 s, 0.2 s, 0.4 s, ... doubling to 2 s at
-        most (:data:`WAIT_POLL`), so a job that ends is seen within 2 s of its end. While no
-        control plane answers, it keeps reading for up to :data:`WAIT_UNREACHABLE_S` (30 s),
-        then raises. For an array's id it waits for that task; the job's ``array_counts``
-        say how the other tasks stand.
+        Reads the job at once, then after 0.1 s, 0.2 s, ... doubling to 2 s (:data:`WAIT_POLL`).
+        While no control plane answers it keeps reading for :data:`WAIT_UNREACHABLE_S`. For an
+        array's id it waits for that task (``array_counts`` tell how the others stand).
 
         Args:
             job_id: the job.
@@ -289,10 +262,9 @@ class Client:
         Raises:
             InvalidArgument: a bad ``job_id`` or ``timeout_s``; nothing was sent.
             JobNotFound: no job has this id.
-            WaitTimedOut: ``timeout_s`` passed first (a :class:`TimeoutError`; its ``last``
-                is the job as last read); the job goes on.
-            NoControlPlaneReachable: no control plane answered for
-                :data:`WAIT_UNREACHABLE_S`.
+            WaitTimedOut: ``timeout_s`` passed first (a :class:`TimeoutError`; ``last`` is the
+                job as last read); the job goes on.
+            NoControlPlaneReachable: no control plane answered for :data:`WAIT_UNREACHABLE_S`.
             ClusterBusy, PermissionDenied: as :meth:`submit`.
         """
         _check_job_id(job_id)
@@ -323,14 +295,12 @@ class Client:
     async def cancel(
         self, job_id: int, *, only_this_task: bool = False, idempotency_key: str | None = None
     ) -> CancelOutcome:
-        """Cancel a job: at once while it is waiting or pending, through its worker once placed
-        (the outcome then says ``cancelling``: :meth:`wait` for its end). An array's id cancels
-        every task of it that has not ended.
+        """Cancel a job: at once while waiting or pending, through its worker once placed (the
+        outcome says ``cancelling``: :meth:`wait` for its end). An array's id cancels its tasks.
 
         Args:
             job_id: the job, or an array's id.
-            only_this_task: cancel the job ``job_id`` alone even when it is an array's first
-                task (whose id is the array's).
+            only_this_task: cancel only the job ``job_id`` even when it is an array's first task.
             idempotency_key: this call's key, as in :meth:`submit`.
 
         Raises:
@@ -394,47 +364,35 @@ class Client:
         tail_lines: int | None = None,
         tail_max_bytes: int | None = None,
     ) -> LogStream:
-        """A job's output, as an async iterator of :class:`ops.client.results.LogChunk` (each
-        chunk's ``data`` is bytes, in order, as the job wrote them), read from the worker that
-        ran it (its newest run that started) through any control plane.
-
-        Use ``async for chunk in client.logs(7):``, or ``async with client.logs(7) as
-        chunks:`` to close the stream as soon as the block is left. Nothing is sent before the
-        first chunk is asked for.
+        """A job's output (its newest run that started), as an async iterator of
+        :class:`ops.client.results.LogChunk`, read from its worker through any control plane:
+        ``async for chunk in client.logs(7):``, or ``async with client.logs(7) as chunks:`` to
+        close it when the block is left. Nothing is sent before the first chunk is asked for.
 
         Args:
             job_id: the job.
             stream: ``stdout`` or ``stderr``.
             follow: keep the stream open and send what the job writes until it ends (the last
                 chunk then has ``job_ended``); False: what there is now.
-            tail_lines: begin with the last ``tail_lines`` lines, 0 to 100,000 (0: none, only
-                what comes next; the control plane's limit,
-                ``runtime.validation.MAX_TAIL_LINES``); None: from the start of what the worker
-                keeps.
-            tail_max_bytes: with ``tail_lines``, begin no earlier than this many bytes before
-                the end, even if that cuts the first of those lines (bounds a tail of very long
-                lines); None: no bound.
+            tail_lines: begin with the last ``tail_lines`` lines, 0 (only what comes next) to
+                ``runtime.validation.MAX_TAIL_LINES``; None: all the worker keeps.
+            tail_max_bytes: with ``tail_lines``, begin at most this many bytes before the end,
+                even mid-line; None: no bound.
 
         Raises:
             InvalidArgument: a bad ``job_id``, ``stream``, ``tail_lines`` or
                 ``tail_max_bytes``, at once; nothing was sent.
 
-        The iterator raises, when it opens the stream: JobNotFound (no job has this id),
-        FailedPrecondition (the job has not started yet, or its worker keeps no output of
-        that run any more), InvalidArgument (a sleep job, which writes no output),
-        NoControlPlaneReachable (none opened the stream; where each replica answered that the
-        job's worker is out of its reach, its ``failures`` are PeerUnavailable naming the
-        worker and its address), ClusterBusy, PermissionDenied (as :meth:`submit`). A replica
-        that sends no first chunk within :data:`LOG_OPEN_S` is passed over. Once a chunk has
-        come, a stream that breaks (Unavailable: the control plane went away, or sent nothing
-        for :data:`LOG_IDLE_S`) is opened again on any replica from the byte after the last
-        one received, so nothing comes twice; after :data:`LOG_RESUMES` such openings in a row
-        with nothing received, the iteration ends with the last error.
-
-        With ``follow``, a run of the job that ended while the job will run again (it is
-        retried: ``max_attempts``, or placed again after its worker died) does not end the
-        iteration: it waits for the job's next run to start and goes on with that run's output
-        from its start (each chunk names its run, ``assignment_id``), until the job has ended.
+        The iterator raises, when it opens the stream: JobNotFound, FailedPrecondition (not
+        started yet, or its worker keeps no output of that run), InvalidArgument (a sleep job),
+        NoControlPlaneReachable (its ``failures`` are PeerUnavailable where a replica could not
+        reach the worker), ClusterBusy, PermissionDenied. A replica that sends no first chunk
+        within :data:`LOG_OPEN_S` is passed over. A stream that breaks after a chunk (Unavailable,
+        or nothing for :data:`LOG_IDLE_S`) is opened again on any replica from the next byte;
+        after :data:`LOG_RESUMES` such openings in a row with nothing received, the iteration
+        ends with the last error. With ``follow``, a run that ended while the job will run
+        again does not end the iteration: it goes on with the next run's output from its start
+        (each chunk names its ``assignment_id``), until the job has ended.
         """
         from protocol import pb
 
@@ -467,7 +425,7 @@ class Client:
 
     async def cordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
         """Cordon a worker: nothing new is placed on it; its running jobs go on. The cordon
-        belongs to the worker id and outlasts its agent's restart, until :meth:`uncordon`.
+        holds for the worker id across agent restarts, until :meth:`uncordon`.
 
         Raises:
             InvalidArgument: a bad ``worker_id`` or key; nothing was sent.
@@ -480,9 +438,8 @@ class Client:
         return await self._schedule("cordon_worker", pb.CordonWorkerRequest, worker_id, idempotency_key)
 
     async def uncordon(self, worker_id: str, *, idempotency_key: str | None = None) -> WorkerSchedule:
-        """Uncordon a worker: it takes placements again, and a drain of it ends (what the
-        drain stopped stays placed elsewhere), and so does a mark of it as unhealthy
-        (:attr:`ops.client.results.Worker.unhealthy`; its runs until now are not judged again).
+        """Uncordon a worker: it takes placements again; a drain of it ends (what it moved stays
+        moved), and so does a mark as unhealthy (:attr:`ops.client.results.Worker.unhealthy`).
 
         Raises:
             the errors of :meth:`cordon`.
@@ -494,9 +451,8 @@ class Client:
     async def drain(
         self, worker_id: str, *, deadline_s: float | None = None, idempotency_key: str | None = None
     ) -> WorkerSchedule:
-        """Drain a worker: cordon it, and let its jobs end there; at ``deadline_s`` the leader
-        stops those still running and places them elsewhere, without spending an attempt. The
-        result's ``drained`` says whether it is empty already; :meth:`status` tells later.
+        """Drain a worker: cordon it and let its jobs end; at ``deadline_s`` the leader stops those
+        still running and places them elsewhere, spending no attempt (``drained``: it is empty).
 
         Args:
             worker_id: the worker.

@@ -1,9 +1,5 @@
 """The errors the client raises of its own; with :mod:`runtime.errors`' (re-exported by
 :mod:`ops.client`) they are every error a call raises on purpose.
-
-Each says what the caller can do: :class:`JobNotFound` and :class:`WorkerNotFound` (a
-:class:`runtime.errors.NotFound`: the id names nothing, retrying will not help),
-:class:`WaitTimedOut` (a :class:`TimeoutError` too: the job may still end; wait again).
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ class WorkerNotFound(NotFound):
 
 
 class WaitTimedOut(StockadeError, TimeoutError):
-    """A job did not end within the time the caller gave ``wait``; it goes on (waiting again,
-    or cancelling it, is the caller's choice).
+    """A job did not end within the time the caller gave ``wait``; it goes on.
 
     Args:
         job_id: the job waited for.

@@ -1,11 +1,9 @@
-"""What the client's calls return: frozen attrs classes, built here from the control planes'
-replies, so protobuf types stop at the client.
+"""What the client's calls return: frozen attrs classes built from the control planes' replies.
 
-A value the wire sends as zero or empty for "none" (no worker yet, no exit code, a time not
-reached) is None here; ids are ints, times Unix seconds as floats (``*_unix_s``), durations
-seconds (``*_s``), CPU millicores (``cpu_millis``) and memory MiB (``memory_mb``). Pairs that a
-reply sends as a list or a map (counts by state, labels) are tuples of pairs, in the reply's
-order (labels sorted by key), so every result is immutable and compares by value.
+A value the wire sends as zero or empty for "none" (no worker yet, no exit code) is None here;
+times are Unix seconds as floats (``*_unix_s``), durations seconds (``*_s``), CPU millicores
+(``cpu_millis``), memory MiB (``memory_mb``). Lists and maps of pairs (counts by state, labels)
+are tuples of pairs in the reply's order (labels sorted by key): every result compares by value.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ class Attempt:
     """One run of a job: an assignment, from its placement to its end."""
 
     assignment_id: int
-    """The assignment's id."""
     worker_id: str | None
     """The worker it was placed on."""
     epoch: int
@@ -48,9 +45,9 @@ class Attempt:
     exit_code: int | None
     """The exit code of its process, when it had one."""
     created_unix_s: float | None
-    """When it was placed, Unix seconds."""
+    """When it was placed."""
     ended_unix_s: float | None
-    """When it ended, Unix seconds; None while it is active."""
+    """When it ended; None while it is active."""
     detail: str | None
     """What the worker said of its end (``exit code 1``, ``oom_killed: ...``)."""
     counted: bool
@@ -72,20 +69,17 @@ class Job:
     """Why it is in that state (``unschedulable: ...``, ``timeout: ...``,
     ``dependency_failed: job 12``), when the cluster says."""
     worker_id: str | None
-    """The worker of its latest assignment."""
+    """The worker of its latest assignment (``assignment_id``, made by the leader of ``epoch``)."""
     assignment_id: int | None
-    """Its latest assignment's id."""
     epoch: int | None
-    """The epoch of the leader that made its latest assignment."""
     exit_code: int | None
     """The exit code of its last run, when it had one."""
     submitted_unix_s: float | None
-    """When it was stored, Unix seconds (database time)."""
+    """When it was stored (this and the times below are database time)."""
     started_unix_s: float | None
-    """When its latest run started (database time: the worker measures its run, the database
-    dates it)."""
+    """When its latest run started."""
     finished_unix_s: float | None
-    """When it ended (database time)."""
+    """When it ended."""
     not_before_unix_s: float | None
     """A pending job waiting for its retry backoff is not placed before this time."""
     attempts: int
@@ -101,13 +95,11 @@ class Job:
     attempt_history: tuple[Attempt, ...]
     """Every run so far, oldest first."""
     stdout_path: str | None
-    """Its standard output's file on the worker's machine."""
+    """Its standard output's file on the worker's machine (``stderr_path``: its error's)."""
     stderr_path: str | None
-    """Its standard error's file on the worker's machine."""
     read_unix_s: float | None = None
-    """When the cluster read it (database time): how long a wait has left is
-    ``not_before_unix_s`` minus this, whatever this machine's clock says; None when the
-    control plane did not say."""
+    """When the cluster read it (database time; a backoff has ``not_before_unix_s`` minus this
+    left, whatever this machine's clock says); None when the control plane did not say."""
 
     @property
     def ended(self) -> bool:
@@ -150,13 +142,11 @@ class JobEvent:
     """
 
     kind: str
-    """What happened (above)."""
     at_unix_s: float | None
-    """When, Unix seconds, database time; the events are in the order of these times."""
+    """When (database time); the events are in the order of these times."""
     assignment_id: int | None
     """The run the event is of."""
     worker_id: str | None
-    """The worker."""
     incarnation: int | None
     """The worker's incarnation the run was addressed to (or that was declared dead)."""
     epoch: int | None
@@ -174,7 +164,7 @@ class JobEvent:
     detail: str | None
     """What the worker or the control plane said (``exit code 1``, ``waiting for job 3``)."""
     not_before_unix_s: float | None
-    """``requeued``: not placed again before this time, Unix seconds."""
+    """``requeued``: not placed again before this time."""
 
 
 @attrs.frozen(kw_only=True)
@@ -182,7 +172,6 @@ class JobHistory:
     """A job's history (``Client.events``): what the database keeps of its life, in time order."""
 
     job_id: int
-    """The job."""
     state: str
     """Its state now."""
     events: tuple[JobEvent, ...]
@@ -210,7 +199,6 @@ class ControlPlane:
     id: str
     """Its id (``cp-1``)."""
     address: str
-    """Its ``host:port``."""
     role: str
     """``leader``, ``standby`` or ``down``."""
     seen_unix_s: float | None
@@ -228,13 +216,11 @@ class Worker:
     state: str
     """``alive``, ``dead`` or ``left`` (stopped cleanly)."""
     cpu_millis: int
-    """Its capacity, millicores."""
+    """Its capacity (so ``memory_mb``)."""
     memory_mb: int
-    """Its capacity, MiB."""
     cpu_allocated_millis: int
-    """What its active assignments reserve, millicores."""
+    """What its active assignments reserve (so ``memory_allocated_mb``)."""
     memory_allocated_mb: int
-    """What its active assignments reserve, MiB."""
     job_ids: tuple[int, ...]
     """The jobs active on it."""
     incarnation: int
@@ -248,8 +234,7 @@ class Worker:
     drained: bool
     """A drain was asked and no job is active on it: its agent can be stopped."""
     drain_deadline_unix_s: float | None
-    """When a draining worker's remaining jobs are stopped and placed elsewhere; None: no
-    deadline."""
+    """When a draining worker's remaining jobs are stopped and placed elsewhere; None: none."""
     labels: tuple[tuple[str, str], ...]
     """Its labels (key, value), sorted by key."""
     unhealthy: bool = False
@@ -273,7 +258,6 @@ class ClusterStatus:
     answered_by: str
     """The id of the control plane that answered."""
     control_planes: tuple[ControlPlane, ...]
-    """Every replica."""
     workers: tuple[Worker, ...]
     """Every worker that ever registered."""
     job_counts: tuple[tuple[str, int], ...]
@@ -298,15 +282,11 @@ class WorkerSchedule:
     """A worker's schedule after a cordon, uncordon or drain (``Client.cordon``, ...)."""
 
     worker_id: str
-    """The worker."""
     cordoned: bool
-    """Nothing new is placed on it."""
+    """``cordoned`` to ``drain_deadline_unix_s``: as in :class:`Worker`."""
     draining: bool
-    """A drain was asked and jobs are still active on it."""
     drained: bool
-    """A drain was asked and no job is active on it."""
     drain_deadline_unix_s: float | None
-    """When its remaining jobs are stopped and placed elsewhere; None: no deadline."""
     job_ids: tuple[int, ...]
     """The jobs active on it when the request was recorded."""
     unhealthy: bool = False
@@ -325,13 +305,11 @@ class LogChunk:
     """Bytes the worker dropped before ``data`` (the oldest part of an output over its cap, or
     what it no longer keeps)."""
     job_ended: bool
-    """Set on the last chunk of a stream that ended because the job ended (following, the end
-    of its last run; without following, the end of the run read, which had ended)."""
+    """Set on the last chunk of a stream that ended because the job (or the run read) ended."""
     worker_id: str | None
     """The worker the output comes from."""
     assignment_id: int | None
-    """The run (assignment) the output is of: following a job that is retried, the chunks of
-    each run in turn."""
+    """The run the output is of (following a retried job, each run in turn)."""
     offset: int = 0
     """Where ``data`` begins in that run's output (the bytes it wrote before, dropped ones
     included)."""
@@ -346,7 +324,7 @@ def _none_if_zero(value: float) -> float | None:
 
 R = TypeVar("R")
 
-_FROM_WIRE: dict[str, Callable[[Any], Any]] = {
+_FROM_WIRE: dict[str, Callable[[Any], Any]] = {  # zero or empty is None where None may be
     "int": int,
     "float": float,
     "bool": bool,
@@ -357,8 +335,6 @@ _FROM_WIRE: dict[str, Callable[[Any], Any]] = {
     "str | None": lambda value: value or None,
     "tuple[int, ...]": _ints,
 }
-"""How a message's field becomes a result's field of each type: zero or empty is None where
-the result's field may be None (see the module docstring)."""
 
 
 def _from_pb(cls: type[R], message: Any, **given: Any) -> R:

@@ -1,13 +1,7 @@
-"""Where the client finds the cluster and what it presents: :class:`ClientSettings`, found
-the way ``stockade``'s commands find them (:mod:`ops.config`).
-
-Addresses: the ``control_planes`` given, else ``$STOCKADE_CONTROL_PLANES``, else the local
-cluster's ``.stockade/cluster.json`` (or ``$STOCKADE_STATE_DIR``'s), else the user config's
-``control_planes`` or the cluster ``stockade up`` recorded there. Certificates: mutual TLS with
-the client certificate found the same way (``$STOCKADE_CERTS_DIR`` and ``$STOCKADE_IDENTITY``,
-the local cluster's ``certs/``, the config's ``certs_dir`` and ``identity``; ``operator`` by
-default). Plaintext only when asked: ``insecure=True``, ``$STOCKADE_INSECURE=1``, a config with
-``insecure = true``, or a local cluster started with ``--insecure``.
+"""Where the client finds the cluster and what it presents: :class:`ClientSettings`, found as
+``stockade``'s commands find them (:mod:`ops.config`; the order: docs/design.md, "Where a client
+finds the cluster"). Mutual TLS with the ``operator`` certificate by default; plaintext only when
+asked (``insecure=True``, ``$STOCKADE_INSECURE=1``, the config, a local ``--insecure`` cluster).
 """
 
 from __future__ import annotations
@@ -43,12 +37,10 @@ def _non_negative_s(instance: object, attribute: attrs.Attribute[float], value: 
 
 @attrs.frozen(kw_only=True)
 class ClientSettings:
-    """What a client needs to call the cluster. Build it with :meth:`find` to find it as
-    ``stockade`` does, or give every field.
+    """What a client needs to call the cluster: :meth:`find` finds it as ``stockade`` does.
 
     Raises:
-        InvalidArgument: a timeout that is not a finite number of seconds in range (an
-            address is checked when the client is made).
+        InvalidArgument: a timeout out of range (addresses are checked by the client).
     """
 
     control_planes: tuple[str, ...] = attrs.field(converter=_addresses)
@@ -59,8 +51,8 @@ class ClientSettings:
     only servers with a ``control-plane`` certificate of that CA); None: plaintext, for a
     cluster run with ``--insecure``."""
     timeout_s: float = attrs.field(default=DEFAULT_TIMEOUT_S, validator=_positive_s)
-    """Deadline of one call to one control plane, in seconds. A read that a replica is slow to
-    answer is asked of the next one too after it (hedged); a write moves on after it."""
+    """Deadline of one call to one control plane, in seconds (a slow read is then also asked of
+    the next replica; a write moves on)."""
     busy_retry_s: float = attrs.field(default=DEFAULT_BUSY_RETRY_S, validator=_non_negative_s)
     """How long one call keeps asking again, with capped exponential backoff and full jitter,
     while every control plane answers busy, in seconds (0: ask each once)."""
@@ -79,11 +71,9 @@ class ClientSettings:
 
         Args:
             control_planes: ``"host:port,host:port"`` or a sequence of ``host:port``; None:
-                found (``$STOCKADE_CONTROL_PLANES``, ``.stockade/cluster.json``, the user
-                config).
-            insecure: speak plaintext, presenting no certificate (a cluster run with
-                ``--insecure``); False: mutual TLS unless the environment or the config says
-                ``insecure``.
+                found as ``stockade`` finds them.
+            insecure: plaintext, no certificate; False: mutual TLS unless the environment or
+                the config says ``insecure``.
             identity: the client certificate to present (``operator``, ``viewer``); None:
                 ``$STOCKADE_IDENTITY``, else the config's ``identity``, else ``operator``.
             timeout_s: see :attr:`timeout_s`.

@@ -1,12 +1,6 @@
-"""A job's spec from the fields of a job file, as Python values: :func:`job_spec`.
-
-The fields and their names are a job file's (:data:`ops.jobfields.FIELDS`, the options of
-``stockade submit`` with ``_``), and so are the checks and the errors: the spec is read by
-:func:`ops.jobfields.spec_of_table`, as ``stockade run`` reads each job of a file. The result is
-a :class:`runtime.jobs.JobSpec`, the one shape every layer speaks; one can also be made
-directly (its runtime a :class:`~runtime.jobs.SleepRuntime`, :class:`~runtime.jobs.CommandRuntime`
-or :class:`~runtime.jobs.ContainerRuntime`) and is checked by :meth:`JobSpec.check` when
-submitted.
+"""A job's spec from the fields of a job file, as Python values: :func:`job_spec`, read by
+:func:`ops.jobfields.spec_of_table` with a job file's names, checks and errors. A
+:class:`runtime.jobs.JobSpec` can also be made directly; it is checked when submitted.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ def job_spec(
         image: run in a Docker container of this image (already on the workers).
         name: for people; default: the command's basename, the image's name, or ``sleep``.
         priority: higher runs first (-1,000,000 to 1,000,000; default 0).
-        max_attempts: most runs, 1 to 100 (default 1): a failed run is placed again after
-            its backoff until they are spent.
+        max_attempts: most runs, 1 to 100 (default 1); a failed run is retried after a backoff.
         retry_backoff_s: the base of the backoff before a retry, 0 to 600 seconds (default 1).
         count_lost: a run lost with its worker spends an attempt too (default False).
         timeout_s: the longest run, 0.001 s to a week (default: no limit).
@@ -60,8 +53,7 @@ def job_spec(
         after: jobs that must all have succeeded first.
         array: ``"FIRST-LAST[%MAX_RUNNING]"`` (or an :class:`ArrayRange`): one task per index.
 
-    Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional
-    ``command``).
+    Give exactly one runtime: ``sleep_s``, ``command``, or ``image`` (with an optional ``command``).
 
     Raises:
         InvalidArgument: the first rule broken, naming the field as a job file does, the value

@@ -23,26 +23,22 @@ if TYPE_CHECKING:
 
 WAIT_POLL = FullJitterBackoff(base_s=0.1, cap_s=2.0)
 """The waits between two reads of a job in :meth:`Client.wait`: its ceilings, 0.1 s doubling
-to 2 s at most (0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, ... s; no jitter: a read is no retry, and a
-job that ends is seen within 2 s)."""
+to 2 s (no jitter: a read is no retry)."""
 LOG_OPEN_S = 10.0
 """How long a control plane may take to send the first chunk of a job's output, in seconds,
-before :meth:`Client.logs` asks the next one: it looks the job up and reaches its worker within
-its own ``log_open_timeout_s`` (5 s), and the worker sends a first chunk at once (its data
-possibly empty), following or not."""
+before :meth:`Client.logs` asks the next one (it reaches the worker within its own
+``log_open_timeout_s``, 5 s, and the worker sends a first chunk at once)."""
 LOG_RESUMES = 3
 """How many times in a row a broken output stream is opened again, from where it broke, before
 :meth:`Client.logs` gives up (each opening walks every replica)."""
 LOG_IDLE_S = 30.0
-"""The longest silence of an open output stream, in seconds: a control plane sends a keep-alive
-chunk every 5 s while following, and ends the stream itself after 20 s without word from the
-worker."""
+"""The longest silence of an open output stream, in seconds (a following control plane sends a
+keep-alive chunk every 5 s)."""
 
 
 class ChunkStream:
-    """What both faces' output streams share: an async iterator of :class:`LogChunk` and an
-    async context manager that closes the stream when left, over a subclass's :meth:`next`
-    and :meth:`aclose`."""
+    """An async iterator of :class:`LogChunk` and an async context manager that closes the stream
+    when left, over a subclass's :meth:`next` and :meth:`aclose`."""
 
     async def next(self) -> LogChunk | None:
         """The next chunk, or None at the end."""
@@ -69,20 +65,14 @@ class ChunkStream:
 
 
 class LogStream(ChunkStream):
-    """A job's output as it comes (:meth:`Client.logs`): an async iterator of
-    :class:`LogChunk` over :meth:`runtime.client.ControlPlaneClient.stream`, opened at the
-    first chunk asked for, closed at its end, at a failure, by :meth:`aclose`, or by leaving
-    ``async with``.
+    """A job's output as it comes (:meth:`Client.logs`), opened at the first chunk asked for,
+    closed at its end, at a failure, by :meth:`aclose`, or by leaving ``async with``.
 
-    It knows where it is in the output (each chunk's ``offset``), so a stream that breaks (the
-    relaying control plane went away, a connection was cut) is opened again on any replica for
-    the same run from the byte after the last one received, up to :data:`LOG_RESUMES` times in
-    a row: no byte comes twice and none is skipped (but those the worker dropped, which a chunk
-    says). With ``follow``, a run that ended while its job did not (the job will be retried) is
-    not the end: it waits for the job's next run to start and goes on with its output, from its
-    start, until the job has ended. Following from the start (no tail) begins with the job's
-    first run that started, so every run's output comes, in turn, even of runs that ended
-    before the stream was opened."""
+    A stream that breaks is opened again on any replica for the same run from the byte after
+    the last one received (each chunk's ``offset``), up to :data:`LOG_RESUMES` times in a row:
+    no byte comes twice and none is skipped. With ``follow``, a run that ended while its job did
+    not goes on with the next run's output, from its start, until the job has ended; following
+    with no tail begins with the job's first run that started, so every run's output comes."""
 
     def __init__(self, cp: ControlPlaneClient, request: pb.ReadJobLogsRequest, *, job_id: int) -> None:
         self._cp = cp
@@ -156,8 +146,7 @@ class LogStream(ChunkStream):
         return await anext(self._chunks, None)
 
     def _from_first_run(self) -> bool:
-        """Following the whole output (no tail, no run named) begins with the job's first run
-        that started, so that a retried job's every run is read in turn."""
+        """Following the whole output (no tail, no run named) begins with the job's first run."""
         request = self._request
         named = request.has_tail or bool(request.assignment_id) or bool(self._assignment_id)
         return request.follow and not named
@@ -211,8 +200,7 @@ class LogStream(ChunkStream):
         self._chunks = None
 
     async def aclose(self) -> None:
-        """End the stream, if it is open (idempotent; the control plane's handler is
-        cancelled)."""
+        """End the stream, if it is open (idempotent; the control plane's handler is cancelled)."""
         self._done = True
         await self._opened.aclose()
 

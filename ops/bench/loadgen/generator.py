@@ -52,7 +52,7 @@ CALL_DEADLINE_MARGIN_S = 0.1
 (the agent's ``call_deadline_margin_s``)."""
 PAUSED_CALL_CAP_S = cast(float, attrs.fields(AgentSettings).register_timeout_s.default)
 """The longest a heartbeat past the self-fence deadline waits for its answer, seconds (the
-agent's default ``register_timeout_s``: :func:`agent.fence.patient_deadline_s`)."""
+agent's default ``register_timeout_s``)."""
 
 
 def worker_ids(count: int, prefix: str = WORKER_PREFIX) -> list[str]:
@@ -62,22 +62,15 @@ def worker_ids(count: int, prefix: str = WORKER_PREFIX) -> list[str]:
 
 def home_control_plane(worker_id: str, control_planes: int) -> int:
     """The index (0-based) of the control plane a worker heartbeats to: the first 8 bytes of
-    the SHA-256 of its id, modulo ``control_planes``; stable across runs and processes.
-
-    Raises:
-        ValueError: ``control_planes`` is not >= 1.
-    """
+    the SHA-256 of its id, modulo ``control_planes`` (ValueError unless >= 1)."""
     if control_planes < 1:
         raise ValueError(f"control_planes must be >= 1, got {control_planes}")
     return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:8], "big") % control_planes
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank method; None when empty.
-
-    Raises:
-        ValueError: ``q`` is outside 0..1.
-    """
+    """The ``q`` quantile (0..1, else ValueError) of ``values`` by the nearest-rank method;
+    None when empty."""
     if not 0 <= q <= 1:
         raise ValueError(f"q must be in 0..1, got {q}")
     if not values:
@@ -154,13 +147,12 @@ class SimulatedWorker:
     """The dead_after the newest reply told (0: none): its self-fence is derived from it."""
     failures_in_row: int = 0
     waited_s: float = 0.0
-    """The last heartbeat's round trip, when it was sent before the self-fence deadline and
-    answered, else 0: the next one says it (waited_ms), as an agent's."""
+    """The last heartbeat's round trip if sent before the self-fence deadline and answered, else 0
+    (the next one says it, waited_ms)."""
     in_flight: bool = False
     registering: bool = False
     schedule: int = 0
-    """Bumped at each registration, and when a job's start pulls a heartbeat forward: heap
-    entries of an older schedule are dropped."""
+    """Bumped at each registration and early heartbeat: heap entries of an older one are dropped."""
     early_at: float = -math.inf
     """When a job's start last pulled a heartbeat forward (``time.monotonic()``)."""
     killed: bool = False
@@ -206,8 +198,7 @@ class LoadGenerator:
     workers: dict[str, SimulatedWorker] = attrs.field(factory=dict)
     stats: LoadStats = attrs.field(factory=LoadStats)
     gc_pauses: gcpause.GcPauses = attrs.field(factory=lambda: gcpause.GcPauses(warn_after_s=math.inf))
-    """Times the process's collections while :func:`run` runs (logs none: stdout is the
-    bench's protocol); :func:`main` gives one that also freezes full collections' survivors."""
+    """Times the process's collections (logs none: stdout is the bench's protocol)."""
     _heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     _shared: list[grpclib.client.Channel] = attrs.field(factory=list)
     _server_contexts: dict[str, ssl.SSLContext] = attrs.field(factory=dict)
@@ -263,8 +254,8 @@ class LoadGenerator:
             self._shared = [self._channel(address, None) for address in self.control_planes]
 
     def server_ssl(self) -> ssl.SSLContext | None:
-        """The Worker endpoint's context: it presents the certificate of the worker whose
-        server name the caller sends (SNI)."""
+        """The Worker endpoint's context: it presents the certificate of the worker the caller
+        names (SNI)."""
         if self.cert_dir is None:
             return None
         first = next(iter(self._server_contexts.values()))
@@ -355,8 +346,7 @@ class LoadGenerator:
         )
         worker.in_flight = True
         # As an agent's (agent.fence.FenceClock.call_deadline_s): until shortly before the
-        # self-fence deadline, so a slow answer still counts; past it (paused), the span, longer
-        # after each call in a row that failed; never less than timeout_s.
+        # self-fence deadline; past it (paused), longer after each failed call; at least timeout_s.
         fence_s = self.fence_s(worker)
         live_at_send = now < worker.last_ack + fence_s
         left_s = worker.last_ack + fence_s - now - CALL_DEADLINE_MARGIN_S
@@ -397,9 +387,8 @@ class LoadGenerator:
         worker.interval_s = _interval_of(reply, worker.interval_s)
 
     def pull_forward(self, worker: SimulatedWorker, now: float) -> None:
-        """A job placed before started on ``worker`` at ``now``: its next heartbeat comes early
-        when an agent's would (:func:`agent.fence.early_heartbeat_allowed`), and the regular ones count
-        from it."""
+        """A job placed before started on ``worker`` at ``now``: its next heartbeat comes early when
+        an agent's would (:func:`agent.fence.early_heartbeat_allowed`)."""
         if worker.registering or not early_heartbeat_allowed(now, worker.early_at, worker.interval_s):
             return
         worker.early_at = now
@@ -439,9 +428,7 @@ class LoadGenerator:
                 pass
 
     def fence_s(self, worker: SimulatedWorker) -> float:
-        """``worker``'s self-fence span, as an agent's (:func:`agent.fence.fence_after_s`):
-        ``self_fence_s``, stretched with a longer told interval, kept 1 s below the told
-        dead_after."""
+        """``worker``'s self-fence span, as an agent's (:func:`agent.fence.fence_after_s`)."""
         wanted = self.self_fence_s * max(1.0, worker.interval_s / self.interval_s)
         if not worker.dead_after_ms:
             return wanted
@@ -464,7 +451,6 @@ class LoadGenerator:
 
 
 def _interval_of(reply: Any, default_s: float) -> float:
-    """The heartbeat interval a reply asks for (a ``heartbeat_interval_ms`` field, when the
-    protocol has one and it is set), else ``default_s``."""
+    """The heartbeat interval a reply asks for (``heartbeat_interval_ms``, if set), else ``default_s``."""
     interval_ms = getattr(reply, "heartbeat_interval_ms", 0) or 0
     return interval_ms / 1000 if interval_ms > 0 else default_s

@@ -2,18 +2,9 @@
 policy on a seeded stream all at once and arriving, a burst into an empty cluster, and the
 placer round as the queue and the cluster grow (docs/benchmarks.md, "`just bench-pack`"; the
 figures: docs/design.md, "Packing figures").
-
-The package: :mod:`~ops.bench.pack.stream` (the seeded jobs, their arrivals, the makespan's
-lower bound, the settings), :mod:`~ops.bench.pack.scenarios` (each scenario on its own cluster,
-and :func:`run_pack` running them all), :mod:`~ops.bench.pack.figures` (what is computed from
-the measurements), :mod:`~ops.bench.pack.report` (the typed results, their table, picture and
-JSON), :mod:`~ops.bench.pack.rounds` (the placer round run in this process) and
-:mod:`~ops.bench.pack.unschedulable` (``stockade bench unschedulable``).
 """
 
 from ops.bench.pack.figures import (
-    LARGE_CPU_MILLIS,
-    PHASES,
     PhaseFigures,
     PlacerFigures,
     ProbeFigures,
@@ -21,8 +12,6 @@ from ops.bench.pack.figures import (
     histogram_quantile,
     overcommitted_workers,
     placer_figures,
-    probe_figures,
-    scrape,
     wait_figures,
 )
 from ops.bench.pack.report import (
@@ -31,16 +20,14 @@ from ops.bench.pack.report import (
     PolicyResult,
     ScalePoint,
     Scenario,
-    growth,
     plot,
     render,
     save,
 )
-from ops.bench.pack.scenarios import probe_commits, run_burst, run_pack, run_policy, run_scale_point
+from ops.bench.pack.scenarios import run_pack, run_policy, run_scale_point
 from ops.bench.pack.stream import (
     POLICIES,
     WORKER_SHAPES,
-    JobDraw,
     PackSettings,
     arrival_times,
     job_stream,
@@ -49,12 +36,9 @@ from ops.bench.pack.stream import (
 )
 
 __all__ = [
-    "LARGE_CPU_MILLIS",
-    "PHASES",
     "POLICIES",
     "WORKER_SHAPES",
     "BurstResult",
-    "JobDraw",
     "PackReport",
     "PackSettings",
     "PhaseFigures",
@@ -65,22 +49,17 @@ __all__ = [
     "Scenario",
     "WaitFigures",
     "arrival_times",
-    "growth",
     "histogram_quantile",
     "job_stream",
     "lower_bound_s",
     "overcommitted_workers",
     "placer_figures",
     "plot",
-    "probe_commits",
-    "probe_figures",
     "render",
-    "run_burst",
     "run_pack",
     "run_policy",
     "run_scale_point",
     "save",
-    "scrape",
     "submit_arriving",
     "wait_figures",
 ]

@@ -1,8 +1,5 @@
-"""The figures ``stockade bench pack`` reports, computed from what a run measured: the leader's
-placer histograms (its /metrics), the database's commit latencies, the jobs' waits for their
-first placement, and whether a worker was ever over-committed (from its own log).
-
-Pure functions of their inputs, except :func:`scrape`, which reads a /metrics page.
+"""The figures ``stockade bench pack`` reports, computed from what a run measured (pure, but
+:func:`scrape`, which reads a /metrics page).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The report of ``stockade bench pack``: typed results per policy, burst and scale point and for
-the whole run; one renderer for the terminal (:func:`render`), one picture (:func:`plot`), and
-the JSON written from the same objects (:meth:`PackReport.to_json`, keys as README describes).
-"""
+"""The report of ``stockade bench pack``: typed results, their table, picture and JSON."""
 
 from __future__ import annotations
 

@@ -78,6 +78,18 @@ class BenchPlacer:
         finally:
             await db.close()
 
+    async def add_busy_workers(self) -> None:
+        """Store the simulated workers: 16000 cpu_millis and 32768 MiB each, all but 100 cpu_millis
+        and 768 MiB of it allocated."""
+        await self.db.execute(
+            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
+            " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
+            self.workers,
+        )
+        await self.db.execute(
+            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
+        )
+
     async def round(self, *, free_room: bool = True) -> tuple[float, float]:
         """One round after the simulated workers heartbeat (as live ones would, else they go
         stale and the placer rightly places nothing on them) and, with ``free_room``, one of

@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ops import checker
+from ops.bench import heartbeat_flags
 from ops.bench.pack.figures import (
     PlacerFigures,
     overcommitted_workers,
@@ -45,31 +46,12 @@ from runtime.text import read_jsonl
 
 def _cluster(root: Path, settings: PackSettings, policy: str, *, docker: bool = False) -> ClusterDriver:
     capacities = tuple(WORKER_SHAPES[i % len(WORKER_SHAPES)] for i in range(settings.workers))
-    # 100 workers on 2 cores: heartbeats every second with a 1.5 s deadline (a saturated
-    # control plane answers late), and the fence and dead_after widened to match; all four
-    # scale with settings.heartbeat_interval_s. The control planes' bounds pin the interval
-    # the leader tells the workers to that one: left to choose, it counted only its own cost
-    # (the 100 agents share the machine here) and told 0.25 to 0.95 s, and the heartbeats
-    # then took the CPU the placements are measured with (round p50 255 ms against 8 ms).
-    interval_s = settings.heartbeat_interval_s
-    cp_args = (
-        "--policy",
-        policy,
-        "--dead-after-s",
-        f"{5 * interval_s:g}",
-        "--heartbeat-interval-min-s",
-        f"{interval_s:g}",
-        "--heartbeat-interval-max-s",
-        f"{interval_s:g}",
-    )
-    agent_args = (
-        "--heartbeat-interval-s",
-        f"{interval_s:g}",
-        "--heartbeat-timeout-s",
-        f"{1.5 * interval_s:g}",
-        "--self-fence-after-s",
-        f"{3.5 * interval_s:g}",
-    )
+    # 100 workers on 2 cores: the heartbeat deadline, fence and dead_after widened to match the
+    # interval, which the control planes' bounds pin (left to choose, the leader counts only its
+    # own cost, not the 100 agents sharing the machine, and the heartbeats take the CPU the
+    # placements are measured with).
+    cp_args, agent_args = heartbeat_flags(settings.heartbeat_interval_s)
+    cp_args = ("--policy", policy, *cp_args)
     if docker:
         return DockerCluster(
             StateDir(root),
@@ -125,14 +107,9 @@ INSERT INTO bench_commit_probe VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET 
 async def probe_commits(
     database_url: str, probes: list[tuple[float, float]], *, started: float, interval_s: float = 0.2
 ) -> None:
-    """Commit one row every ``interval_s`` on a connection of its own, durably (the server's
-    default ``synchronous_commit``), and append (seconds since ``started``, commit latency in
-    seconds) to ``probes``, until cancelled.
-
-    The cluster's liveness rests on the database answering: a lease renewal, a heartbeat with
-    outcomes and every fenced write commit durably. When workers fence themselves at once, a
-    commit that took seconds at the same moment points at the database (its WAL flush, or its
-    processes waiting for a CPU); fast commits rule it out.
+    """Commit one row durably every ``interval_s`` on a connection of its own, and append
+    (seconds since ``started``, commit latency in seconds) to ``probes``, until cancelled: when
+    workers fence themselves at once, slow commits at that moment point at the database.
     """
     db = await PgConnection.connect(database_url)
     try:
@@ -163,15 +140,13 @@ async def run_policy(
         root: the cluster's state folder (emptied first).
         progress: called with a line now and then.
         arrival_rate_per_s: None submits every job at the start; a rate (jobs per second, > 0)
-            submits job ``i`` at ``arrival_times(settings.jobs, rate, settings.seed)[i]``
-            seconds after the first submit, while sampling goes on.
-        docker: run each worker in a container of its own (``stockade up --docker``) instead
-            of hosting them in fleets; the result then has ``agent_memory_mb``.
+            submits them at :func:`arrival_times`.
+        docker: run each worker in a container of its own instead of in fleets (the result
+            then has ``agent_memory_mb``).
 
     Returns:
-        The figures described in :mod:`ops.bench.pack`, the checker's counts and the samples:
-        [seconds since the first submit, cpu use, memory use, pending, waiting (pending for
-        ``settings.waiting_after_s`` or longer)].
+        The figures, the checker's counts and the samples: [seconds since the first submit, cpu
+        use, memory use, pending, waiting (pending for ``settings.waiting_after_s`` or longer)].
     """
     label = policy if arrival_rate_per_s is None else f"{policy} arriving at {arrival_rate_per_s:g}/s"
     cluster = _cluster(root, settings, policy, docker=docker)
@@ -346,19 +321,12 @@ async def run_burst(settings: PackSettings, root: Path, progress: Callable[[str]
                 client.close()
     finally:
         await trio.to_thread.run_sync(cluster.down)
-    if len(started) < settings.burst_jobs:
-        return BurstResult(
-            burst_jobs=settings.burst_jobs,
-            burst_started=len(started),
-            burst_s=None,
-            burst_placements_per_s=None,
-        )
-    elapsed = max(started.values()) - submitted_at
+    elapsed = max(started.values()) - submitted_at if len(started) >= settings.burst_jobs else None
     return BurstResult(
         burst_jobs=settings.burst_jobs,
         burst_started=len(started),
-        burst_s=round(elapsed, 2),
-        burst_placements_per_s=round(settings.burst_jobs / elapsed, 1),
+        burst_s=None if elapsed is None else round(elapsed, 2),
+        burst_placements_per_s=None if elapsed is None else round(settings.burst_jobs / elapsed, 1),
     )
 
 
@@ -366,14 +334,7 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
     """The real placer round against ``pending`` jobs and ``workers`` simulated busy workers."""
     rng = random.Random(pending + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
-        await bench.db.execute(
-            "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
-            " SELECT 'w-' || i, '127.0.0.1:1', 16000, 32768, i FROM generate_series(1, $1) i",
-            workers,
-        )
-        await bench.db.execute(
-            "UPDATE worker_allocations SET cpu_allocated_millis = 15900, memory_allocated_mb = 32000"
-        )
+        await bench.add_busy_workers()
         await bench.db.execute(
             "INSERT INTO jobs (name, cpu_millis, memory_mb, runtime, sleep_ms, pending_seq)"
             " SELECT 'scale', (ARRAY[250,500,1000,2000,4000])[1 + i % 5],"
@@ -399,12 +360,8 @@ async def run_scale_point(database_url: str, pending: int, workers: int, rounds:
 def run_pack(settings: PackSettings, root: Path, progress: Callable[[str], None]) -> PackReport:
     """Run every scenario ``settings`` asks for, one after the other, each in a folder of
     ``root``: every policy all at once (and arriving, unless ``arrival_rate_per_s`` is 0),
-    then the burst and the scale curve (on an embedded PostgreSQL of its own).
-
-    Args:
-        settings: the run's settings.
-        root: the parent of the scenarios' state folders.
-        progress: called with a line now and then.
+    then the burst and the scale curve (on an embedded PostgreSQL of its own); ``progress`` is
+    called with a line now and then.
 
     Raises:
         ClusterError: a cluster could not be started.

@@ -7,9 +7,7 @@ GiB per core), 20 % CPU-heavy (2000-4000 cpu_millis, 1024-2048 MiB), 20 % memory
 durations log-normal with a median of 6 s and sigma 0.6, clipped to 1-30 s. Workers alternate
 16000/32768 and 8000/16384 (cpu_millis/memory_mb). Weighted by duration the stream asks about
 2.03 MiB per millicore and the workers offer 2.048, so both resources can be nearly full at
-once; a stream asking less memory per core than the workers offer caps memory use at that
-ratio (an earlier stream asked 1.52: memory use could not pass 0.74 with CPU full), and the
-mix of CPU-heavy and memory-heavy shapes makes a worker's leftover room matter.
+once, and the mix of CPU-heavy and memory-heavy shapes makes a worker's leftover room matter.
 """
 
 from __future__ import annotations
@@ -62,15 +60,8 @@ def job_stream(count: int, seed: int) -> list[JobDraw]:
 def arrival_times(count: int, rate_per_s: float, seed: int) -> list[float]:
     """Seconds after the first submit at which each of ``count`` jobs arrives: a Poisson process.
 
-    Job 0 arrives at 0.0; each later gap is exponential with mean ``1 / rate_per_s``. The gaps
-    come from a ``random.Random`` of their own, seeded with the string ``"arrivals:{seed}"``:
-    deterministic, and independent of :func:`job_stream`'s draws (seeded with the integer
-    ``seed`` itself, it would draw the very uniforms the stream draws).
-
-    Args:
-        count: jobs, >= 0.
-        rate_per_s: mean arrivals per second, > 0.
-        seed: the job stream's seed.
+    Job 0 arrives at 0.0; each later gap is exponential with mean ``1 / rate_per_s``, drawn from
+    a ``random.Random("arrivals:{seed}")``: independent of :func:`job_stream`'s draws.
 
     Returns:
         ``count`` non-decreasing times in seconds, the first 0.0.
@@ -120,9 +111,7 @@ async def submit_arriving(
 ) -> None:
     """Submit each item once its arrival time has come, in batches, in order.
 
-    Wakes at ``started`` and then every ``batch_interval_s`` (or at the next arrival, if that
-    is later) and passes ``submit`` every item not yet submitted whose arrival has come.
-    Returns once all are submitted.
+    Wakes at ``started``, then every ``batch_interval_s`` (or at the next arrival, if later).
 
     Args:
         submit: awaits the submission of one batch (a non-empty slice of ``items``).
@@ -166,12 +155,10 @@ class PackSettings:
     duration_scale: float = 1.0
     """Multiplies every job's duration (a smoke test runs the same stream faster)."""
     arrival_rate_per_s: float = 105.0
-    """Jobs per second of the arriving scenario (0: skip it). The 100 workers can run about
-    115.3 jobs/s of the 10,000-job stream of seed 1: their 1,200,000 cpu_millis over the
-    stream's mean of 10,407 cpu_millis x s per job (memory would allow 115.9: 2,457,600 MiB
-    over 21,210 MiB x s). 105 is about 91 % of that: near capacity the queue stays short, so
-    the room a policy leaves decides what can start (all at once, some small job always
-    fits). Not scaled by ``duration_scale``."""
+    """Jobs per second of the arriving scenario (0: skip it; not scaled by ``duration_scale``).
+    The 100 workers can run about 115.3 jobs/s of the 10,000-job stream of seed 1 (1,200,000
+    cpu_millis over 10,407 cpu_millis x s per job); near that the queue stays short, so the room
+    a policy leaves decides what can start."""
     insecure: bool = False
     """Run the clusters with ``--insecure`` (plaintext gRPC) instead of mutual TLS."""
     heartbeat_interval_s: float = 1.0
@@ -185,7 +172,5 @@ class PackSettings:
     """How often the arriving scenario submits every job whose arrival time has come."""
     waiting_after_s: float = 1.0
     """A job pending this long (seconds since its submission) is waiting for room:
-    ``cpu_use_waiting`` averages the samples taken while some job was. Ten placement rounds:
-    a job that just arrived waits for the next round, not for room, and counting the samples
-    where only such jobs were pending would measure the arrival process (while an empty
-    cluster fills, every sample has a batch of them) rather than the packing."""
+    ``cpu_use_waiting`` averages the samples taken while some job was. Ten placement rounds, so
+    a job that only waits for the next round does not count."""

@@ -1,12 +1,10 @@
 """``stockade bench unschedulable``: the real placer round while most pending jobs fit no worker.
 
-A database holds ``unschedulable`` pending jobs larger than every worker (a few dozen sizes,
-too much CPU, too much memory or both), ``schedulable`` small ones behind a busy cluster of
-``workers`` simulated workers, and before each round a little room is freed on one worker so
-that every round places a job or two. The first round reads the whole queue; the rounds after
-it store the unschedulable reasons (at most the fenced write's rows per round: ``settle``
-rounds); then ``rounds`` rounds are timed (read, decision, fenced commit), as in the scale
-curve of ``stockade bench pack`` (:func:`ops.bench.pack.scenarios.run_scale_point`).
+A database holds ``unschedulable`` pending jobs larger than every worker and ``schedulable``
+small ones behind ``workers`` busy simulated workers; before each round a little room is freed
+on one worker so every round places a job or two. After ``settle`` rounds store the
+unschedulable reasons, ``rounds`` rounds are timed (read, decision, fenced commit), as in
+:func:`ops.bench.pack.scenarios.run_scale_point`.
 """
 
 from __future__ import annotations
@@ -23,24 +21,17 @@ from ops.launcher.pg import EmbeddedPostgres
 from ops.launcher.ports import free_port
 from runtime.aio import PgConnection, asyncio_bridge
 
-WORKER_CPU_MILLIS = 16_000
-WORKER_MEMORY_MB = 32_768
-
 
 @attrs.frozen(kw_only=True)
 class UnschedulableResult:
     """Round times (milliseconds) of the placer against a queue mostly of unschedulable jobs.
 
     Attributes:
-        unschedulable: pending jobs no worker can hold.
-        schedulable: pending jobs that fit a worker once it has room.
-        workers: simulated workers (16000 cpu_millis, 32768 memory_mb, nearly full).
+        unschedulable, schedulable, workers: as :func:`run_unschedulable` was given them.
         first_round_ms: the round that read the whole queue.
         settle_rounds: rounds it took until every unschedulable reason was stored.
-        rounds: rounds timed after that.
-        round_p50_ms, round_p99_ms, round_max_ms: their median, 99th percentile and maximum.
-        round_cpu_p50_ms: the median CPU time of this process per timed round (the placer and
-            the ledger; on a shared machine the wall times also hold waits for the CPU).
+        rounds: rounds timed after that (p50, p99 and max of their wall time).
+        round_cpu_p50_ms: the median CPU time of this process (placer and ledger) per timed round.
         placed: jobs placed in all rounds.
     """
 
@@ -61,21 +52,8 @@ class UnschedulableResult:
         return "\n".join(f"{k}: {v}" for k, v in attrs.asdict(self).items())
 
 
-async def _seed(db: PgConnection, *, unschedulable: int, schedulable: int, workers: int) -> None:
-    """A nearly full cluster of ``workers`` and the pending jobs (see the module docstring), in
-    an emptied bench database."""
-    await db.execute(
-        "INSERT INTO workers (id, address, cpu_millis, memory_mb, incarnation)"
-        " SELECT 'w-' || i, '127.0.0.1:1', $2, $3, i FROM generate_series(1, $1) i",
-        workers,
-        WORKER_CPU_MILLIS,
-        WORKER_MEMORY_MB,
-    )
-    await db.execute(
-        "UPDATE worker_allocations SET cpu_allocated_millis = $1, memory_allocated_mb = $2",
-        WORKER_CPU_MILLIS - 100,
-        WORKER_MEMORY_MB - 768,
-    )
+async def _seed(db: PgConnection, *, unschedulable: int, schedulable: int) -> None:
+    """The pending jobs (see the module docstring), in an emptied bench database."""
     # Too much CPU (20000..64000 in steps of 4000), too much memory, or both.
     await db.execute(
         "INSERT INTO jobs (name, cpu_millis, memory_mb, priority, runtime, sleep_ms, pending_seq)"
@@ -118,7 +96,8 @@ async def run_unschedulable(
     """
     rng = random.Random(unschedulable + schedulable + workers)
     async with asyncio_bridge(), BenchPlacer.open(database_url, workers=workers, rng=rng) as bench:
-        await _seed(bench.db, unschedulable=unschedulable, schedulable=schedulable, workers=workers)
+        await bench.add_busy_workers()
+        await _seed(bench.db, unschedulable=unschedulable, schedulable=schedulable)
         times: list[float] = []
         cpu_times: list[float] = []
         first_ms, _ = await bench.round()  # reads the whole queue once
