@@ -76,7 +76,7 @@ def certs_issue(
         str,
         typer.Option(
             help="A fleet certificate: the worker ids, w-1,w-2,..., that the fleet process --id "
-            "may speak for to the control planes (role worker; a client certificate only).",
+            "may speak for to the control planes (role worker; a client certificate only)."
         ),
     ] = "",
     directory: DirOption = None,
@@ -84,12 +84,7 @@ def certs_issue(
     """Issue a certificate and key for one control plane, worker or client, signed by the CA.
 
     With --workers, a fleet's client certificate naming every worker it hosts."""
-    from ops.certs import (
-        CertificateAuthorityMissing,
-        CertificateExists,
-        NotAStockadeCertificate,
-        issue,
-    )
+    from ops.certs import CertificateAuthorityMissing, CertificateExists, NotAStockadeCertificate, issue
     from runtime.tls import KeyFileExposed
 
     try:
@@ -103,9 +98,7 @@ def certs_issue(
 
 
 @certs_app.command("show")
-def certs_show(
-    file: Annotated[Path, typer.Argument(help="A PEM certificate.", show_default=False)],
-) -> None:
+def certs_show(file: Annotated[Path, typer.Argument(help="A PEM certificate.", show_default=False)]) -> None:
     """Print a certificate's subject, role, id, SANs and validity."""
     from ops.certs import NotAStockadeCertificate, describe
 

@@ -109,10 +109,7 @@ def jobs(
     print_submitted(ids, specs)
 
 
-@app.command(
-    "submit",
-    context_settings={"allow_interspersed_args": False},
-)
+@app.command("submit", context_settings={"allow_interspersed_args": False})
 def submit(
     cpu_millis: Annotated[int, typer.Option(help="CPU the job needs, millicores (1000 = one core).")],
     memory_mb: Annotated[int, typer.Option(help="Memory the job needs, MiB.")],
@@ -140,8 +137,7 @@ def submit(
     name: Annotated[
         str | None,
         typer.Option(
-            help="Job name [default: the command's basename, the image's name, or sleep].",
-            show_default=False,
+            help="Job name [default: the command's basename, the image's name, or sleep].", show_default=False
         ),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
@@ -167,8 +163,7 @@ def submit(
     count_lost: Annotated[
         bool,
         typer.Option(
-            "--count-lost",
-            help="A run lost with its worker (dead, cut off) spends an attempt too.",
+            "--count-lost", help="A run lost with its worker (dead, cut off) spends an attempt too."
         ),
     ] = False,
     timeout_s: Annotated[
@@ -287,8 +282,7 @@ def run(
         ),
     ] = None,
     check: Annotated[
-        bool,
-        typer.Option("--check", help="Check the file and print its jobs; submit nothing."),
+        bool, typer.Option("--check", help="Check the file and print its jobs; submit nothing.")
     ] = False,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
@@ -550,10 +544,7 @@ def cancel(
 
 
 @app.command("status")
-def status(
-    as_json: JsonOption = False,
-    control_planes: ControlPlanesOption = None,
-) -> None:
+def status(as_json: JsonOption = False, control_planes: ControlPlanesOption = None) -> None:
     """Show the leader and its epoch, the control planes, the workers with their load, the jobs.
 
     --json prints one object: leader, epoch, control_planes, workers, jobs (counts by state),

@@ -78,8 +78,7 @@ def up(
         ),
     ] = "",
     cp_args: Annotated[
-        str,
-        typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
+        str, typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'.")
     ] = "",
     json_logs: Annotated[
         bool,

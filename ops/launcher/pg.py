@@ -22,12 +22,7 @@ import attrs
 import psutil
 
 from ops import pidfile
-from ops.launcher.pg_secrets import (
-    PG_SUPERUSER,
-    ensure_password_file,
-    scram_sha256_verifier,
-    write_secret,
-)
+from ops.launcher.pg_secrets import PG_SUPERUSER, ensure_password_file, scram_sha256_verifier, write_secret
 from ops.launcher.pg_tools import (
     LOG_TAIL_LINES,
     CommandFailed,
