@@ -1,9 +1,6 @@
-"""``stockade certs``: the cluster CA and its certificates (``init``, ``issue``, ``show``).
-
-:mod:`ops.certs` does the work; cryptography is imported only when one of these commands runs
-(every ``--help`` registers them). Invalid input, an existing CA on ``init``, a missing CA on
-``issue`` and a file that would be overwritten are one line and exit 2 with nothing written; a
-CA key that others can read is one line and exit 1.
+"""``stockade certs``: the cluster CA and its certificates (``init``, ``issue``, ``show``), made by
+:mod:`ops.certs`. A refusal is one line and exit 2 with nothing written; a CA key that others can
+read, exit 1.
 """
 
 from __future__ import annotations

@@ -239,11 +239,8 @@ class HaPostgres:
                 if rest_status(member, "/primary") == 200 and accepts_read_write(
                     member, bin_path=self.bin_path, password_file=self.password_file
                 ):
-                    return Promoted(
-                        name=member.name,
-                        port=member.pg_port,
-                        after_s=time.monotonic() - killed.at_monotonic_s,
-                    )
+                    after_s = time.monotonic() - killed.at_monotonic_s
+                    return Promoted(name=member.name, port=member.pg_port, after_s=after_s)
             if time.monotonic() >= deadline:
                 raise HaTimeout(
                     f"no member other than {killed.name} became primary within {timeout_s:g} s of "

@@ -287,13 +287,8 @@ class EmbeddedPostgres:
                 self.socket_dir.rmdir()
 
     def kill(self, *, timeout_s: float = 10.0) -> None:
-        """Crash the server: SIGKILL its postmaster and every process it started at once, as
-        when its host dies, and wait until they are gone (a later :meth:`start` runs crash
-        recovery). Does nothing if the server is not running.
-
-        Raises:
-            PostgresStopError: a process of the server is still alive after ``timeout_s``.
-        """
+        """Crash the server, as when its host dies: SIGKILL every process of it at once and wait
+        until they are gone (PostgresStopError where one outlives ``timeout_s``)."""
         postmaster = pidfile.process(self._postmaster_pid())
         if postmaster is None or not self.is_running():
             return
@@ -477,12 +472,8 @@ class EmbeddedPostgres:
 
 @contextlib.contextmanager
 def database_or_temporary(database_url: str | None, *, prefix: str = "stockade-") -> Iterator[str]:
-    """``database_url`` if given; otherwise a fresh embedded server (fsync on) in a temporary
-    folder whose name starts with ``prefix``, stopped and removed on leaving. Yields the URL.
-
-    Raises:
-        PostgresStartError: the temporary server could not start.
-    """
+    """Yields ``database_url`` if given, else the URL of a fresh embedded server in a temporary
+    folder (named from ``prefix``), stopped and removed on leaving."""
     if database_url:
         yield database_url
         return

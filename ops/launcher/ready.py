@@ -1,8 +1,5 @@
-"""Waiting for a started cluster: every control plane answers, one leads, every worker is alive.
-
-The wait goes on for as long as the cluster makes progress (:class:`WaitRule`): a large cluster
-takes a while to register every worker, and gives up only when nothing has improved for
-``timeout_s`` or when a cap that grows with the number of workers has passed.
+"""Waiting for a started cluster: every control plane answers, one leads, every worker is alive;
+for as long as the cluster makes progress, within a cap that grows with its workers (:class:`WaitRule`).
 """
 
 from __future__ import annotations
