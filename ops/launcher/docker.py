@@ -234,10 +234,7 @@ class DockerCluster(Launcher):
                 return DatabaseStarted(url=server.url(), pg_port=None, started=started)
             container = self._container("pg")
             if container is None or container.status == "exited":
-                raise ClusterError(
-                    f"the database container exited; last lines of {self.state.log_path('pg')}:\n"
-                    + procs.tail(self.state.log_path("pg"))
-                )
+                raise procs.exited("the database container exited", self.state.log_path("pg"))
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"the database at {address}:{PG_PORT} took no connection in "
@@ -307,11 +304,9 @@ class DockerCluster(Launcher):
         for process in config.processes:
             container = self._container(process.id)
             if container is None or container.status == "exited":
-                log_path = self.state.log_path(process.id)
                 code = container.attrs["State"].get("ExitCode") if container is not None else "?"
-                raise ClusterError(
-                    f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
-                    + procs.tail(log_path)
+                raise procs.exited(
+                    f"{process.id}'s container exited with code {code}", self.state.log_path(process.id)
                 )
 
     def agent_memory_mb(self) -> tuple[float, float, float] | None:

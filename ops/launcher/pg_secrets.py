@@ -36,9 +36,8 @@ def scram_sha256_verifier(
 ) -> str:
     """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (``pg_authid.rolpassword``).
 
-    Given in place of the password, PostgreSQL stores it as it is, so the server and its logs
-    never see the password. RFC 5802 section 3 with SHA-256 (RFC 7677), in PostgreSQL's text
-    form (``scram_build_secret`` in src/common/scram-common.c)::
+    Given in place of the password, it keeps the password from the server and its logs. RFC 5802
+    section 3 with SHA-256 (RFC 7677), as ``scram_build_secret`` (src/common/scram-common.c)::
 
         SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations)
         StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))

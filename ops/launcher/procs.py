@@ -17,7 +17,7 @@ import psutil
 from agent.adoption import supervisor_of
 from agent.fence import FENCE_DEADLINE_FILE
 from ops import pidfile
-from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec, option_value
+from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ClusterError, ProcessSpec, option_value
 from runtime.settings.agent import DEFAULT_LEAVE_TIMEOUT_S
 from runtime.text import tail_lines
 
@@ -172,6 +172,11 @@ def postmaster_port(pg_dir: Path) -> int | None:
 
 
 LOG_TAIL_LINES = 20
+
+
+def exited(what: str, log_path: Path) -> ClusterError:
+    """``what`` (a process that exited) and the last lines of its log, as one error."""
+    return ClusterError(f"{what}; last lines of {log_path}:\n" + tail(log_path))
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
