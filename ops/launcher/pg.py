@@ -303,8 +303,6 @@ class EmbeddedPostgres:
         if alive:
             raise PostgresStopError(f"processes {[p.pid for p in alive]} of the server outlived SIGKILL")
 
-    # -- internals -------------------------------------------------------------
-
     def _postmaster_pid(self) -> int | None:
         return pidfile.read_pid(self.pgdata / "postmaster.pid")
 

@@ -111,9 +111,8 @@ def _up(
     config = driver.recorded(attrs.evolve(the_plan.config, cert_dir=cert_dir))
     if cert_dir is not None:
         driver.issue_certificates(config)
-    # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
-    # record without them (the next up does not start them again; down still finds them by
-    # the state folder in their environment).
+    # Recorded before the surplus is stopped, so an interrupted up does not start them again
+    # (down still finds them by the state folder in their environment).
     state.save(config)
     stopped = driver.stop(the_plan.stop, previous)
     driver.forget(the_plan.removed)
