@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ops.client import Client
-    from ops.launcher.state import StateDir
+    from ops.launcher.state import ClusterConfig, StateDir
     from runtime.tls import TlsFiles
 
 T = TypeVar("T")
@@ -322,28 +322,8 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def local_metrics(addresses: list[str]) -> dict[str, str]:
-    """Process or worker id (a fleet's: the fleet's) -> ``host:port`` of its Prometheus metrics,
-    for the local cluster whose control planes are ``addresses``; else empty."""
-    from ops.config import local_state_dirs
-    from ops.launcher.state import StateDir
-
-    for folder in local_state_dirs():
-        with contextlib.suppress(StockadeError, OSError, ValueError):
-            config = StateDir(folder).load()
-            if config is None or set(config.control_plane_addresses) != set(addresses):
-                continue
-            found = config.metrics_addresses()
-            for worker in config.workers:
-                if worker.process_id in found:
-                    found.setdefault(worker.id, found[worker.process_id])
-            return found
-    return {}
-
-
-def local_ha_db_dir(addresses: list[str]) -> Path | None:
-    """The HA PostgreSQL folder (``hadb/``) of the local cluster whose control planes are
-    ``addresses``, when it runs with ``--ha-db``; else None."""
+def _local_cluster(addresses: list[str]) -> tuple[StateDir, ClusterConfig] | None:
+    """The state folder and record of the local cluster whose control planes are ``addresses``."""
     from ops.config import local_state_dirs
     from ops.launcher.state import StateDir
 
@@ -352,8 +332,28 @@ def local_ha_db_dir(addresses: list[str]) -> Path | None:
             state = StateDir(folder)
             config = state.load()
             if config is not None and set(config.control_plane_addresses) == set(addresses):
-                return state.hadb_dir if config.ha_db else None
+                return state, config
     return None
+
+
+def local_metrics(addresses: list[str]) -> dict[str, str]:
+    """Process or worker id (a fleet's: the fleet's) -> ``host:port`` of its Prometheus metrics,
+    for the local cluster whose control planes are ``addresses``; else empty."""
+    if (local := _local_cluster(addresses)) is None:
+        return {}
+    config = local[1]
+    found = config.metrics_addresses()
+    for worker in config.workers:
+        if worker.process_id in found:
+            found.setdefault(worker.id, found[worker.process_id])
+    return found
+
+
+def local_ha_db_dir(addresses: list[str]) -> Path | None:
+    """The ``hadb/`` folder of the local cluster whose control planes are ``addresses``, when it
+    runs with ``--ha-db``; else None."""
+    local = _local_cluster(addresses)
+    return local[0].hadb_dir if local is not None and local[1].ha_db else None
 
 
 def ha_db_line(hadb_dir: Path) -> str:

@@ -210,14 +210,8 @@ class HaPostgres:
         """SIGKILL the primary's Patroni and every process of its server at once, as when its host
         dies. HaDatabaseError where there is no running primary."""
         name = self.primary().name
-        victims: list[psutil.Process] = []
         patroni = self._live(name)
-        if patroni is not None:
-            victims.append(patroni)
-        postmaster = self._postmaster(name)
-        if postmaster is not None:
-            with contextlib.suppress(psutil.Error):
-                victims += [postmaster, *postmaster.children(recursive=True)]
+        victims = [*([patroni] if patroni is not None else []), *self._server(name)]
         for process in victims:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
@@ -420,16 +414,15 @@ class HaPostgres:
         marker = str(self.root / name if name.startswith("etcd") else self._config_path(name))
         return process if marker in argv else None
 
-    def _postmaster(self, name: str) -> psutil.Process | None:
+    def _server(self, name: str) -> list[psutil.Process]:
+        """Member ``name``'s live postmaster (from postmaster.pid) and every process it started."""
         process = pidfile.process(pidfile.read_pid(self._pgdata(name) / "postmaster.pid"))
-        if process is None:
-            return None
         try:
-            if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
-                return None
+            if process is None or process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+                return []
+            return [process, *process.children(recursive=True)]
         except (OSError, psutil.Error):
-            return None
-        return process
+            return []
 
     def _terminate(self, name: str, timeout_s: float) -> bool:
         process = self._live(name)
@@ -445,15 +438,11 @@ class HaPostgres:
 
     def _kill_orphan_postmaster(self, name: str) -> None:
         """SIGKILL a postmaster (and children) whose Patroni died: it would hold the data dir."""
-        postmaster = self._postmaster(name)
-        if postmaster is None:
-            return
-        with contextlib.suppress(psutil.Error):
-            victims = [postmaster, *postmaster.children(recursive=True)]
-            for process in victims:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            wait_gone(victims, 5.0)
+        victims = self._server(name)
+        for process in victims:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        wait_gone(victims, 5.0)
 
     def _wait_ready(self, deadline: float) -> None:
         last = "no Patroni answered"

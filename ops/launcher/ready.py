@@ -289,12 +289,15 @@ async def readiness_progress(
             continue
         answered.append(spec.id)
         status = status or reply
-    if status is None:
-        nothing = Progress(
-            answered=(), control_planes=len(config.control_planes), leader="", registered=0, live=0,
-            workers=len(config.workers), busy=tuple(busy),
+
+    def progress(leader: str = "", registered: int = 0, live: int = 0) -> Progress:
+        return Progress(
+            answered=tuple(answered), control_planes=len(config.control_planes), leader=leader,
+            registered=registered, live=live, workers=len(config.workers), busy=tuple(busy),
         )  # fmt: skip
-        return None, missing, nothing
+
+    if status is None:
+        return None, missing, progress()
     if not status.leader:
         logs = ", ".join(str(state.log_path(p.id)) for p in config.control_planes)
         missing.append(f"no leader elected (read {logs})")
@@ -321,16 +324,7 @@ async def readiness_progress(
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
         else:
             live += 1
-    progress = Progress(
-        answered=tuple(answered),
-        control_planes=len(config.control_planes),
-        leader=status.leader,
-        registered=registered,
-        live=live,
-        workers=len(config.workers),
-        busy=tuple(busy),
-    )
-    return status, missing, progress
+    return status, missing, progress(status.leader, registered, live)
 
 
 def registered_since(log_path: Path, since_unix_s: float) -> bool:
