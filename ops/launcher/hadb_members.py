@@ -56,8 +56,7 @@ class HaDatabaseError(PermanentError):
 
 
 class HaUnavailable(HaDatabaseError):
-    """etcd or Patroni (or its PostgreSQL driver or etcd client) is not installed; the message
-    says which and how to install it."""
+    """What the pair runs is not installed; the message says what and how to install it."""
 
 
 class HaStartError(HaDatabaseError):

@@ -172,9 +172,8 @@ class EmbeddedPostgres:
             "shared_buffers": "128MB",
             "log_min_messages": "warning",
             "fsync": "on",
-            # What an operator needs when heartbeats stall: any statement slower than 1 s (with
-            # its duration), any wait for a lock past deadlock_timeout (1 s), and every
-            # checkpoint with its write and sync times, in postgres.log.
+            # What an operator needs when heartbeats stall, in postgres.log: statements slower
+            # than 1 s, lock waits past deadlock_timeout (1 s), and every checkpoint's times.
             "log_min_duration_statement": "1000",
             "log_lock_waits": "on",
             "log_checkpoints": "on",

@@ -147,7 +147,6 @@ class WorkerSpec:
     """One worker of the cluster, whether it runs as an agent process or in a fleet."""
 
     id: str
-    """``w-1``..."""
     address: str
     """host:port its Worker service listens on."""
     cpu_millis: int = attrs.field(converter=int)
