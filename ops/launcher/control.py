@@ -116,12 +116,9 @@ class LocalCluster(Launcher):
             if process.status() == psutil.STATUS_ZOMBIE:
                 self._reap(spec.id)
                 return None
-            cmdline = process.cmdline()
+            return process if procs.runs_spec(process.cmdline(), spec) else None
         except psutil.Error:
             return None
-        if procs.runs_spec(cmdline, spec):
-            return process
-        return None
 
     def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
         config = config or self.config()

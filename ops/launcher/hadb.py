@@ -395,18 +395,13 @@ class HaPostgres:
                 )
         except OSError as exc:
             raise HaStartError(f"cannot start {name} ({argv[0]}): {exc}") from exc
-        pid_path = self._pid_path(name)
-        new = pid_path.with_name(pid_path.name + ".new")
-        new.write_text(f"{process.pid}\n")
-        new.replace(pid_path)
+        pidfile.write_pid(self._pid_path(name), process.pid)
 
     def _live(self, name: str) -> psutil.Process | None:
         """The process of ``name``'s pid file, if alive and its command line names our folder."""
         process = pidfile.process(pidfile.read_pid(self._pid_path(name), warn=True))
-        if process is None:
-            return None
         try:
-            if process.status() == psutil.STATUS_ZOMBIE:
+            if process is None or process.status() == psutil.STATUS_ZOMBIE:
                 return None
             argv = process.cmdline()
         except (OSError, psutil.Error):

@@ -316,14 +316,11 @@ class EmbeddedPostgres:
 
     def _running_port(self) -> int | None:
         path = self.pgdata / "postmaster.pid"
-        postmaster = pidfile.process(pidfile.read_pid(path))
-        if postmaster is None:
-            return None
+        process = pidfile.process(pidfile.read_pid(path))
         try:
-            alive = postmaster.status() != psutil.STATUS_ZOMBIE and postmaster.name() == "postgres"
+            if process is None or process.status() == psutil.STATUS_ZOMBIE or process.name() != "postgres":
+                return None
         except psutil.Error:
-            return None
-        if not alive:
             return None
         # Alive but the port line is not written yet: report the one we ask for.
         return pidfile.read_port(path, line=3) or self.port

@@ -101,16 +101,10 @@ def marked_processes(root: Path) -> list[psutil.Process]:
     found = []
     me = os.getpid()
     for process in psutil.process_iter():
-        if process.pid == me:
-            continue
-        try:
-            if process.environ().get(MARKER_ENV) != marker:
-                continue
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        found.append(process)
+        with contextlib.suppress(psutil.Error):
+            ours = process.pid != me and process.environ().get(MARKER_ENV) == marker
+            if ours and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
     return found
 
 
