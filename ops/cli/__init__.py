@@ -1,9 +1,5 @@
-"""The ``stockade`` command: run a control plane or an agent, drive the local cluster, use it.
-
-One module per command group (:data:`COMMANDS`), each of which only parses options, calls and
-renders answers; :mod:`ops.cli.common` holds what they share, :mod:`ops.cli.render` how answers
-are shown and :mod:`ops.cli.params` how option values are read. How a call stays fast and how it
-fails: docs/design.md, "The stockade command: start-up and failures".
+"""The ``stockade`` command: one module per command group (:data:`COMMANDS`). How a call stays
+fast and how it fails: docs/design.md, "The stockade command: start-up and failures".
 """
 
 from __future__ import annotations
@@ -51,12 +47,8 @@ CLIENT_GROUPS = ("jobs", "logs", "workers")
 
 
 def load_commands(args: Sequence[str] | None = None) -> typer.Typer:
-    """Register the command group that ``args`` (the command line after the program) names and
-    return the app; every group when ``args`` is None or names no known command first.
-
-    Returns:
-        The ``stockade`` Typer app.
-    """
+    """The ``stockade`` app with the command group that ``args`` (the command line after the
+    program) names registered; every group when ``args`` is None or names no known command first."""
     from ops.cli.base import app
 
     groups = [group for group, names in COMMANDS.items() if args and args[0] in names]
@@ -69,13 +61,9 @@ def main() -> None:
     """The console entry point (``stockade``).
 
     A client command (:data:`CLIENT_GROUPS`) runs with the garbage collector paused and, once
-    it has answered, ends the process at once (``os._exit`` after flushing its output) with
-    the exit status it chose: the interpreter's own teardown of the modules a call loads would
-    take another 50 ms, and nothing of such a call is left to close (its trio run has ended,
-    it writes no files). Any other command, and an unexpected error, ends the normal way.
-    Ctrl-C before a command has started (while its modules load) ends with one line and exit
-    status 130, not a traceback; a command that starts processes says itself what it leaves
-    (:func:`ops.cli.common.interruptible`).
+    it has answered, ends with ``os._exit`` after flushing its output: the interpreter's
+    teardown would take another 50 ms, and such a call has nothing left to close. Ctrl-C while
+    the modules load ends with one line and exit status 130.
     """
     args = sys.argv[1:]
     client = bool(args) and any(args[0] in COMMANDS[group] for group in CLIENT_GROUPS)

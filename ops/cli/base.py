@@ -40,10 +40,9 @@ class RefusedCommandLine(UsageError):
 
 
 def usage_line(exc: UsageError) -> str:
-    """What a refusal of Click's says, in the project's style (after ``error: ``): a bad value
-    as ``--limit must be an integer between 0 and 10000, got 20000`` (the option or argument,
-    the rule, the value); a missing or unknown option, argument or command as what is missing
-    or unknown, with the command whose ``--help`` lists what it takes."""
+    """What a refusal of Click's says, after ``error: ``: a bad value as ``--limit must be an
+    integer between 0 and 10000, got 20000``; a missing or unknown one, with the command whose
+    ``--help`` lists what it takes."""
     if isinstance(exc.__cause__, InvalidArgument):  # ops.cli.params: the rule and the value
         return str(exc.__cause__)
     command = exc.ctx.command_path if exc.ctx is not None else "stockade"
@@ -64,13 +63,9 @@ def usage_line(exc: UsageError) -> str:
 
 @contextlib.contextmanager
 def _one_line(group: TyperGroup | None = None, ctx: Any = None) -> Iterator[None]:
-    """Click's refusals of a command line, said by :func:`usage_line` (``stockade`` alone, or a
-    group alone, still prints its help).
-
-    Click's parser raises a refusal of a subcommand's line (``--tail`` without its value)
-    without a context, and nothing between the subcommand and its group gives it one: when
-    ``group`` had chosen a subcommand (``ctx.invoked_subcommand``), such a refusal is the
-    subcommand's, whose ``--help`` it names."""
+    """Click's refusals of a command line, said by :func:`usage_line` (a group alone still
+    prints its help). A refusal without a context, raised after ``group`` chose a subcommand,
+    is given the subcommand's, so that the line names its ``--help``."""
     try:
         yield
     except (RefusedCommandLine, NoArgsIsHelpError):
@@ -84,10 +79,8 @@ def _one_line(group: TyperGroup | None = None, ctx: Any = None) -> Iterator[None
 
 
 class StockadeGroup(TyperGroup):
-    """The ``stockade`` command group: every command line Click refuses while reading it (a bad
-    value, a missing or unknown option, argument or command) is one line, ``error: ...``, exit
-    status 2, as :func:`ops.cli.common.fail` says every other refusal, rather than Click's
-    usage block and ``Error: Invalid value ...``."""
+    """The ``stockade`` command group: every command line Click refuses is one line,
+    ``error: ...``, exit status 2, as :func:`ops.cli.common.fail` says every other refusal."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with _one_line():

@@ -1,9 +1,6 @@
-"""``stockade certs``: the cluster CA and its certificates (``init``, ``issue``, ``show``).
-
-:mod:`ops.certs` does the work; cryptography is imported only when one of these commands runs
-(every ``--help`` registers them). Invalid input, an existing CA on ``init``, a missing CA on
-``issue`` and a file that would be overwritten are one line and exit 2 with nothing written; a
-CA key that others can read is one line and exit 1.
+"""``stockade certs``: the cluster CA and its certificates (``init``, ``issue``, ``show``), made by
+:mod:`ops.certs`. A refusal is one line and exit 2 with nothing written; a CA key that others can
+read, exit 1.
 """
 
 from __future__ import annotations
@@ -76,7 +73,7 @@ def certs_issue(
         str,
         typer.Option(
             help="A fleet certificate: the worker ids, w-1,w-2,..., that the fleet process --id "
-            "may speak for to the control planes (role worker; a client certificate only).",
+            "may speak for to the control planes (role worker; a client certificate only)."
         ),
     ] = "",
     directory: DirOption = None,
@@ -84,12 +81,7 @@ def certs_issue(
     """Issue a certificate and key for one control plane, worker or client, signed by the CA.
 
     With --workers, a fleet's client certificate naming every worker it hosts."""
-    from ops.certs import (
-        CertificateAuthorityMissing,
-        CertificateExists,
-        NotAStockadeCertificate,
-        issue,
-    )
+    from ops.certs import CertificateAuthorityMissing, CertificateExists, NotAStockadeCertificate, issue
     from runtime.tls import KeyFileExposed
 
     try:
@@ -103,9 +95,7 @@ def certs_issue(
 
 
 @certs_app.command("show")
-def certs_show(
-    file: Annotated[Path, typer.Argument(help="A PEM certificate.", show_default=False)],
-) -> None:
+def certs_show(file: Annotated[Path, typer.Argument(help="A PEM certificate.", show_default=False)]) -> None:
     """Print a certificate's subject, role, id, SANs and validity."""
     from ops.certs import NotAStockadeCertificate, describe
 

@@ -253,15 +253,8 @@ def _faults_in_cluster(
     faults: list[FaultEvent], config: ClusterConfig, registered: Collection[str] = ()
 ) -> list[FaultEvent]:
     """``faults`` checked against the cluster's ids, a fault of a fleet process also counted for
-    every worker it hosts (they die with it).
-
-    Args:
-        faults: the faults given with ``--fault``.
-        config: the cluster's record (cluster.json): the processes ``up`` started and their workers.
-        registered: the workers its database knows (:func:`ops.checker.registered_workers`),
-            among them workers started by hand (``stockade agent --id w-ft ...``) against the
-            cluster, which cluster.json does not record: a fault of one is counted as any other
-            (its deaths explained; its own log is not read, it is not under the state folder).
+    every worker it hosts (they die with it). ``registered``: the workers its database knows,
+    which may include workers started by hand that cluster.json does not record.
 
     Raises:
         InvalidArgument: a fault names an id that is neither a process or worker of the cluster's

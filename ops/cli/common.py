@@ -1,8 +1,6 @@
 """What every command group shares: exit statuses, the consoles, the one-line error handling,
-Ctrl-C handling, and where the local cluster and the control planes are.
-
-Imports here stay light (no rich, trio, protocol or server side until a command asks for
-them): every ``stockade`` call, ``--help`` included, imports this module.
+Ctrl-C handling, and where the local cluster and the control planes are. Its imports stay light:
+every ``stockade`` call, ``--help`` included, imports this module.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 
@@ -48,7 +46,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ops.client import Client
-    from ops.launcher.state import StateDir
+    from ops.launcher.state import ClusterConfig, StateDir
     from runtime.tls import TlsFiles
 
 T = TypeVar("T")
@@ -61,8 +59,7 @@ EXIT_INVALID = 2
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)."""
 EXIT_TOO_LATE = 3
-"""Exit status of ``stockade cancel`` when the job had ended on its own before the cancel
-took effect (its end stands)."""
+"""Exit status of ``stockade cancel`` when the job had ended on its own before the cancel."""
 
 _PIPED_WIDTH = 120
 """Columns of output written to a pipe or file (rich would assume 80) unless $COLUMNS says."""
@@ -100,9 +97,6 @@ ControlPlanesOption = Annotated[
 ]
 
 
-# ---------------------------------------------------------------------------- helpers
-
-
 def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
     """Print ``error: message`` as one line on stderr and exit with ``code``."""
     err_console().print(f"error: {message}", markup=False, soft_wrap=True)
@@ -110,35 +104,27 @@ def fail(message: str, code: int = EXIT_UNAVAILABLE) -> NoReturn:
 
 
 def _operational(exc: BaseException) -> bool:
-    """Whether ``exc`` is an expected failure of the embedded database's control (its module is
-    looked up only when loaded: an error of a module never imported cannot occur)."""
+    """Whether ``exc`` is an EmbeddedPostgresError (looked up only where its module is loaded)."""
     kind = getattr(sys.modules.get("ops.launcher.pg"), "EmbeddedPostgresError", None)
     return isinstance(kind, type) and isinstance(exc, kind)
 
 
 def _sole_error(exc: BaseException) -> BaseException:
-    """The one error inside ``exc`` when it is an exception group (nested or not) around a
-    single error, as trio's nurseries raise them; else ``exc`` itself."""
+    """The one error inside nested exception groups of one error each, else ``exc`` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
 
 
 def _with_notes(message: str, exc: BaseException) -> str:
-    """``message`` followed by the notes added to ``exc`` on its way up (``add_note``), as
-    sentences of one line."""
+    """``message`` followed by ``exc``'s notes (``add_note``), as sentences of one line."""
     notes = getattr(exc, "__notes__", ())
     return ". ".join([message.rstrip("."), *notes]) if notes else message
 
 
 def unreachable_message(exc: NoControlPlaneReachable) -> str:
-    """One line for "no control plane answered": where it asked, and what to do.
-
-    When every address refused the connection, nothing listens there (the cluster is down) and
-    nothing was sent: the line says so and how to start it. Otherwise it says how each address
-    failed, followed by the notes added on the way up (a mutating command's key to run it
-    again with: a replica may have carried it out and failed to answer).
-    """
+    """One line for "no control plane answered": where it asked, and what to do (start the
+    cluster where every address refused the connection; else how each failed, and the notes)."""
     asked = ", ".join(exc.addresses) or "the given addresses"
     if exc.failures and all(isinstance(f, ConnectionRefused) for f in exc.failures):
         return (
@@ -157,8 +143,7 @@ def unreachable_message(exc: NoControlPlaneReachable) -> str:
 
 
 def _client_cert_problem() -> str | None:
-    """What is wrong with this client's certificate, if anything (it may be why the servers
-    closed the connections; :func:`ops.certs.diagnose_client_cert`)."""
+    """What is wrong with this client's certificate, if anything (why servers may close)."""
     tls = _client_files()
     if tls is None or isinstance(tls, ClusterError):
         return None
@@ -183,13 +168,9 @@ def database_message(exc: DatabaseUnavailable) -> str:
 
 @contextlib.contextmanager
 def errors() -> Iterator[None]:
-    """Turn Stockade's errors into one line on stderr and an exit status; no traceback.
-
-    Exit status 2 for invalid input (:data:`EXIT_INVALID`), 1 for the rest
-    (:data:`EXIT_UNAVAILABLE`: among them what cannot be done in the state found, such as the
-    output of a job that has not started). An error inside trio's exception groups (a nursery around a
-    single failure) is found and reported the same way; anything unexpected propagates.
-    """
+    """Turn Stockade's errors (also one alone in trio's exception groups) into one line on
+    stderr and exit status :data:`EXIT_INVALID` for invalid input, else :data:`EXIT_UNAVAILABLE`;
+    anything unexpected propagates."""
     try:
         yield
     except Exception as raised:
@@ -231,15 +212,10 @@ def interrupted(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
-    """For commands that start processes of their own (up, chaos, the benchmarks): SIGTERM
-    stops them as Ctrl-C does, so their clean-up (stopping the cluster they started) runs;
-    either ends with one line (``interrupted: `` and ``message()``, by default that what the
-    command started has been stopped) and exit status 130 instead of a traceback.
-
-    SIGTERM is turned into SIGINT, which trio delivers as KeyboardInterrupt where it is safe.
-    A shell starts a background job (``stockade chaos &`` in a script) with SIGINT ignored;
-    SIGINT then gets Python's handler back for the block, or SIGTERM would stop nothing.
-    """
+    """For commands that start processes of their own: SIGTERM acts as Ctrl-C (turned into
+    SIGINT, so their clean-up runs), and either ends with one line, ``interrupted: `` and
+    ``message()``, and exit status 130. A SIGINT ignored (a shell's background job) gets
+    Python's handler back for the block, or SIGTERM would stop nothing."""
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -258,9 +234,8 @@ def interruptible(message: Callable[[], str] | None = None) -> Iterator[None]:
 
 
 def _said_safely(message: Callable[[], str] | None) -> str:
-    """``message()`` (by default, that what the command started has been stopped); whatever it
-    raises, a second Ctrl-C included, a line that says it could not tell instead: an interrupted
-    command ends with one line, never a traceback."""
+    """``message()``, or, whatever it raises (a second Ctrl-C included), a line that says it
+    could not tell."""
     if message is None:
         return "what this command started has been stopped"
     try:
@@ -279,9 +254,8 @@ def local_state() -> StateDir:
 
 def recorded_local_state() -> StateDir:
     """The state folder of the local cluster client commands would call: ``./.stockade`` (or
-    ``$STOCKADE_STATE_DIR``) when it records a cluster, else the one the user config names
-    (``stockade up`` recorded it there), else ``./.stockade``. For commands that act on that
-    cluster's processes or files from any folder (``kill-leader``, ``kill-worker``, ``check``)."""
+    ``$STOCKADE_STATE_DIR``) when it records a cluster, else the one the user config names,
+    else ``./.stockade``."""
     from ops.config import local_state_dirs
     from ops.launcher.state import StateDir
 
@@ -299,8 +273,7 @@ def _identity_hint() -> str:
 
 
 def _client_files() -> TlsFiles | ClusterError | None:
-    """The client's certificate files for an error message: None for plaintext, or the error
-    that kept them from being found."""
+    """The client's certificate files, None for plaintext, or the error that kept them hidden."""
     try:
         files: TlsFiles | None = resolve_client_tls()
     except ClusterError as exc:
@@ -319,37 +292,15 @@ def warn_insecure(what: str) -> None:
     )
 
 
-def client_tls() -> Any:
-    """The client certificate files a client command presents (a
-    :class:`runtime.tls.TlsFiles`), or None for plaintext (:func:`ops.config.resolve_client_tls`).
-
-    Raises:
-        ClusterError: the user config cannot be read or names them wrongly.
-    """
-    return resolve_client_tls()
-
-
-def control_plane_addresses(option: str | None) -> list[str]:
-    """The control planes a client command calls: ``option``, else the environment, else the
-    local cluster's ``cluster.json``, else the user config (:mod:`ops.config`).
-
-    Raises:
-        ClusterError: none is given anywhere.
-        InvalidArgument: an address is not ``host:port``.
-    """
-    return resolve_addresses(option)
+client_tls = resolve_client_tls
+"""The client certificate files a client command presents, or None for plaintext."""
+control_plane_addresses = resolve_addresses
+"""The control planes a client command calls: the option, else where :mod:`ops.config` says."""
 
 
 def with_client(addresses: list[str], body: Callable[[Client], Awaitable[T]]) -> T:
     """Run ``await body(client)`` in a fresh trio run, ``client`` an :class:`ops.client.Client`
-    of the control planes at ``addresses`` presenting this command's certificate
-    (:func:`client_tls`), for a client command.
-
-    Raises:
-        ClusterError: the user config cannot be read.
-        InvalidArgument: an address is malformed.
-        Exception: what ``body`` raised (the client's errors), as itself.
-    """
+    of ``addresses`` presenting this command's certificate; raises what ``body`` raises."""
     import trio
 
     from ops.client import Client, ClientSettings
@@ -371,30 +322,8 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def local_metrics(addresses: list[str]) -> dict[str, str]:
-    """Where the local cluster whose control planes are ``addresses`` serves Prometheus
-    metrics: process or worker id -> ``host:port`` (a worker hosted in a fleet: its fleet's).
-    Empty when ``addresses`` are not a local cluster's, or it records none.
-    """
-    from ops.config import local_state_dirs
-    from ops.launcher.state import StateDir
-
-    for folder in local_state_dirs():
-        with contextlib.suppress(StockadeError, OSError, ValueError):
-            config = StateDir(folder).load()
-            if config is None or set(config.control_plane_addresses) != set(addresses):
-                continue
-            found = config.metrics_addresses()
-            for worker in config.workers:
-                if worker.process_id in found:
-                    found.setdefault(worker.id, found[worker.process_id])
-            return found
-    return {}
-
-
-def local_ha_db_dir(addresses: list[str]) -> Path | None:
-    """The HA PostgreSQL folder (``hadb/``) of the local cluster whose control planes are
-    ``addresses``, when it runs with ``--ha-db``; else None."""
+def _local_cluster(addresses: list[str]) -> tuple[StateDir, ClusterConfig] | None:
+    """The state folder and record of the local cluster whose control planes are ``addresses``."""
     from ops.config import local_state_dirs
     from ops.launcher.state import StateDir
 
@@ -403,8 +332,28 @@ def local_ha_db_dir(addresses: list[str]) -> Path | None:
             state = StateDir(folder)
             config = state.load()
             if config is not None and set(config.control_plane_addresses) == set(addresses):
-                return state.hadb_dir if config.ha_db else None
+                return state, config
     return None
+
+
+def local_metrics(addresses: list[str]) -> dict[str, str]:
+    """Process or worker id (a fleet's: the fleet's) -> ``host:port`` of its Prometheus metrics,
+    for the local cluster whose control planes are ``addresses``; else empty."""
+    if (local := _local_cluster(addresses)) is None:
+        return {}
+    config = local[1]
+    found = config.metrics_addresses()
+    for worker in config.workers:
+        if worker.process_id in found:
+            found.setdefault(worker.id, found[worker.process_id])
+    return found
+
+
+def local_ha_db_dir(addresses: list[str]) -> Path | None:
+    """The ``hadb/`` folder of the local cluster whose control planes are ``addresses``, when it
+    runs with ``--ha-db``; else None."""
+    local = _local_cluster(addresses)
+    return local[0].hadb_dir if local is not None and local[1].ha_db else None
 
 
 def ha_db_line(hadb_dir: Path) -> str:
@@ -434,11 +383,7 @@ IdempotencyKeyOption = Annotated[
 
 
 def idempotency_key_of(option: str | None) -> str:
-    """The key a mutating command sends: the one given, checked, or a fresh one.
-
-    Raises:
-        InvalidArgument: the given key is empty, too long or holds a control character.
-    """
+    """The key a mutating command sends: the one given, checked (InvalidArgument), or a fresh one."""
     from runtime.idempotency_keys import new_idempotency_key
 
     return new_idempotency_key() if option is None else validation.check_idempotency_key(option)
@@ -446,9 +391,7 @@ def idempotency_key_of(option: str | None) -> str:
 
 @contextlib.contextmanager
 def answer_unknown(key: str, what: str) -> Iterator[None]:
-    """When a mutating call ends without an answer, say how to learn what became of it: a
-    replica may have carried it out and failed to answer, and the same key returns that answer
-    instead of carrying it out twice."""
+    """When a mutating call ends without an answer, add how to learn what became of it."""
     try:
         yield
     except Unavailable as exc:
@@ -460,12 +403,8 @@ def answer_unknown(key: str, what: str) -> Iterator[None]:
 
 
 def batch_keys(key: str, batches: int) -> list[str]:
-    """The idempotency key of each batch of one submission: ``key`` itself for one batch,
-    ``key/1``, ``key/2``, ... for more (so running the command again sends the same ones).
-
-    Raises:
-        InvalidArgument: a derived key would be longer than the limit.
-    """
+    """The idempotency key of each batch of one submission: ``key`` for one batch, else
+    ``key/1``, ``key/2``, ... (InvalidArgument where one is too long)."""
     if batches == 1:
         return [key]
     return [validation.check_idempotency_key(f"{key}/{n}") for n in range(1, batches + 1)]

@@ -46,13 +46,8 @@ def _check_origin(url: str, *, shown: str) -> None:
 
 
 def console_urls(option: str | None) -> list[str]:
-    """The consoles to print: ``option`` (comma-separated origins), else those the local
-    cluster's record names.
-
-    Raises:
-        InvalidArgument: an entry of ``option`` is not an origin (``scheme://host[:port]``).
-        ClusterError: no console is known (the message says how to name one).
-    """
+    """The consoles to print: ``option`` (comma-separated origins: else InvalidArgument), else
+    those the local cluster's record names (ClusterError where none is known)."""
     from ops.config import ClusterError
 
     if option is not None:

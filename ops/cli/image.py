@@ -1,8 +1,5 @@
-"""``stockade image``: the Stockade image, built on this machine without a registry.
-
-:mod:`ops.image` does the work; the docker SDK is imported only when a command runs. A build
-that cannot be done (no engine, no debootstrap, not root, a failed download) is one line and
-exit 1.
+"""``stockade image``: the Stockade image, built on this machine without a registry
+(:mod:`ops.image`); a build that cannot be done is one line and exit 1.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""How ``stockade job`` shows one job: its fields and lifecycle (:func:`print_job`), its runs
-(:func:`attempts_view`) and, with ``--events``, its history as a table or JSON
-(:func:`events_table`, :func:`events_json`). Imported by the command when it runs (it loads
-rich)."""
+"""How ``stockade job`` shows one job (:func:`print_job`) and, with ``--events``, its history
+(:func:`events_table`, :func:`events_json`). Imported only when the command runs (it loads rich)."""
 
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ if TYPE_CHECKING:
 
 
 def _output_place(info: Job, path: str | None, flag: str) -> str:
-    """Where a job's stdout or stderr is: its file on the worker once the run reported it (the
-    path as the worker names it: a file of another machine, or of this one seen from another
-    folder, is not this command's to shorten), or, while it runs, the worker that writes it and
-    the command that reads it."""
+    """Where a job's stdout or stderr is: its file on the worker (as the worker names it) once
+    the run reported it, or, while it runs, the worker that writes it and the command that reads it."""
     if path:
         return path
     if info.worker_id and info.state in ("assigned", "running"):
@@ -38,8 +34,7 @@ def _output_place(info: Job, path: str | None, flag: str) -> str:
 
 
 def print_job(info: Job, tails: list[OutputTail]) -> None:
-    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and
-    stderr (``tails``, read through a control plane from the worker that keeps them)."""
+    """``stockade job``'s view: the job's fields, its runs, then the end of its stdout and stderr."""
     spec = info.spec
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold", no_wrap=True)
@@ -104,11 +99,9 @@ def print_job(info: Job, tails: list[OutputTail]) -> None:
 
 
 def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
-    """``stockade job``'s rows of a job's lifecycle: attempts spent of its most, the retry
-    wait (``retrying after 14:02:07 (in 3 s)``: how long is left is told against the time the
-    cluster read the job, database time, never this machine's clock; without that time, the
-    wait's end alone), backoff, timeout, constraints, the names of its environment (not the
-    values: they may be secrets), working directory, the jobs it waits for, its array."""
+    """``stockade job``'s rows of a job's lifecycle. The retry wait left is told against the time
+    the cluster read the job (database time), never this machine's clock; the environment's
+    names only (its values may be secrets)."""
     from runtime.jobs import JobSpec
 
     spec = info.spec or JobSpec(name="", cpu_millis=0, memory_mb=0, runtime=None)
@@ -141,8 +134,7 @@ def lifecycle_rows(info: Job) -> list[tuple[str, str]]:
 
 
 def attempts_table(attempts: Sequence[Attempt]) -> Table:
-    """A job's runs, oldest first: assignment, worker, epoch, start and end, how it ended, exit
-    code, whether it spent an attempt, and the worker's detail (wrapped, never cut)."""
+    """A job's runs, oldest first, the worker's detail wrapped, never cut."""
     table = Table(box=rich.box.SIMPLE_HEAD, padding=(0, 1), title="attempts", title_justify="left")
     for column in ATTEMPT_COLUMNS:
         table.add_column(
@@ -155,15 +147,12 @@ def attempts_table(attempts: Sequence[Attempt]) -> Table:
 
 
 ATTEMPT_DETAIL_MIN_WIDTH = 16
-"""The fewest columns the attempts table gives a run's detail."""
 ATTEMPT_COLUMNS = ("#", "assignment", "worker", "epoch", "placed", "ended", "end", "exit", "counted")
-"""The attempts table's columns before ``detail``: short values, each kept on one line. ``placed``
-is when the leader committed the assignment (``created_unix_s``), not when the run started on
-its worker (a later heartbeat confirms that; the job's own ``started`` is its first run's)."""
+"""The attempts table's columns before ``detail``, each kept on one line. ``placed`` is when the
+leader committed the assignment, not when the run started on its worker."""
 
 
 def _attempt_cells(number: int, attempt: Attempt) -> tuple[str, ...]:
-    """One run's values in :data:`ATTEMPT_COLUMNS` order."""
     return (
         str(number),
         str(attempt.assignment_id),
@@ -179,8 +168,7 @@ def _attempt_cells(number: int, attempt: Attempt) -> tuple[str, ...]:
 
 def _table_width(attempts: Sequence[Attempt]) -> int:
     """The columns :func:`attempts_table` needs to show its runs uncut, each detail given
-    :data:`ATTEMPT_DETAIL_MIN_WIDTH` (measured on the table drawn where nothing limits it: its
-    rows' text up to their last character; the rule under the header spans any width)."""
+    :data:`ATTEMPT_DETAIL_MIN_WIDTH` (measured on the table drawn 1000 columns wide)."""
     from rich.cells import cell_len
 
     narrow = [attrs.evolve(attempt, detail="x" * ATTEMPT_DETAIL_MIN_WIDTH) for attempt in attempts]
@@ -190,9 +178,8 @@ def _table_width(attempts: Sequence[Attempt]) -> int:
 
 
 def attempts_view(attempts: Sequence[Attempt], console: Console) -> Group:
-    """A job's runs as ``console`` can show them: :func:`attempts_table` when it fits in its
-    width, else one paragraph a run (``run 1: assignment 21, worker w-3, ...``) that wraps where
-    the terminal ends, so that no value is cut."""
+    """:func:`attempts_table` when it fits in ``console``'s width, else one paragraph a run
+    (``run 1: assignment 21, worker w-3, ...``) that wraps, so that no value is cut."""
     if _table_width(attempts) <= console.width:
         return Group(attempts_table(attempts))
     parts: list[Text] = [Text("attempts", style="italic")]
@@ -215,10 +202,8 @@ def _epoch_text(event: JobEvent) -> str:
 
 
 def event_text(event: JobEvent) -> str:
-    """What ``stockade job ID --events`` says of one event, after its time and kind: for a
-    placement ``assignment 5 on w-1 (incarnation 3), epoch 2 (cp-1)``, for a death ``w-1
-    (incarnation 3) declared dead, epoch 3 (cp-2); last heartbeat 12:00:01.250 UTC``, for an end
-    ``assignment 5 lost (worker_dead), fenced at epoch 3 (cp-2)``."""
+    """What ``stockade job ID --events`` says of one event, after its time and kind, e.g.
+    ``assignment 5 on w-1 (incarnation 3), epoch 2 (cp-1)``."""
     run = f"assignment {event.assignment_id}"
     exit_code = "" if event.exit_code is None else f", exit code {event.exit_code}"
     # A detail that only repeats the exit code ("exit code 0") is not said twice.
@@ -252,7 +237,6 @@ def event_text(event: JobEvent) -> str:
 
 
 def events_table(history: JobHistory) -> Table:
-    """``stockade job ID --events``: one row per event, oldest first: time, kind, what."""
     table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
     table.add_column(no_wrap=True)
     table.add_column(no_wrap=True, style="bold")
@@ -265,35 +249,21 @@ def events_table(history: JobHistory) -> Table:
 
 
 _EVENT_KEYS = (
-    "kind",
-    "at_unix_s",
-    "assignment_id",
-    "worker_id",
-    "incarnation",
-    "epoch",
-    "leader",
-    "state",
-    "reason",
-    "outcome",
-    "exit_code",
-    "detail",
-    "not_before_unix_s",
-)
+    "kind", "at_unix_s", "assignment_id", "worker_id", "incarnation", "epoch", "leader", "state", "reason",
+    "outcome", "exit_code", "detail", "not_before_unix_s",
+)  # fmt: skip
 """The keys of :func:`event_json`, in its order: the names of :class:`JobEvent`'s fields."""
 
 
 def event_json(event: JobEvent) -> dict[str, Any]:
-    """One event of a job's history as JSON, every key always present (null where it does not
-    apply): ``kind``, ``at_unix_s``, ``assignment_id``, ``worker_id``, ``incarnation``,
-    ``epoch``, ``leader``, ``state``, ``reason``, ``outcome``, ``exit_code``, ``detail``,
-    ``not_before_unix_s`` (:class:`ops.client.results.JobEvent` says which kind has which)."""
+    """One event of a job's history as JSON, every key of :data:`_EVENT_KEYS` always present
+    (null where it does not apply: :class:`ops.client.results.JobEvent`)."""
     return {key: getattr(event, key) for key in _EVENT_KEYS}
 
 
 def events_json(history: JobHistory) -> list[dict[str, Any]]:
-    """``stockade job ID --events --json``: the events as a JSON list, oldest first
-    (:func:`event_json`); for a job that has not ended, a last entry of kind ``now`` with its
-    state now (every other key null), as the table's last row."""
+    """``stockade job ID --events --json``: the events, oldest first, then for a job that has
+    not ended an entry of kind ``now`` with its state (every other key null)."""
     listed = [event_json(event) for event in history.events]
     if not history.events or history.events[-1].kind != "final":
         now = dict.fromkeys(_EVENT_KEYS)

@@ -1,9 +1,6 @@
-"""Client commands, through the Python client (:mod:`ops.client`): ``jobs``, ``submit``,
-``run``, ``job``, ``list``, ``cancel``, ``status``.
-
-Only light modules are imported at the top (every ``stockade`` call registers these
-commands); rich, trio, the protocol and the client are imported by the command that runs. Input
-is checked with the control plane's own rules (:mod:`runtime.validation`) before it is sent.
+"""Client commands, through the Python client (:mod:`ops.client`): ``jobs``, ``submit``, ``run``,
+``job``, ``list``, ``cancel``, ``status``. Input is checked with the control plane's own rules
+(:mod:`runtime.validation`) before it is sent.
 """
 
 from __future__ import annotations
@@ -53,9 +50,8 @@ MAX_JOBS_COUNT = 100_000
 """Most jobs one ``stockade jobs`` submits (in batches of 10,000)."""
 
 MAX_SLEEP_S = 7 * 24 * 3600
-"""The longest sleep job, in seconds (:data:`runtime.jobs.MAX_SLEEP_MS`), as the options' help
-and bounds state it; written out here so ``--help`` need not import the job spec (a unit test
-keeps them equal)."""
+""":data:`runtime.jobs.MAX_SLEEP_MS` in seconds, written out so that ``--help`` need not import
+the job spec (a unit test keeps them equal)."""
 
 
 def _submit(addresses: list[str], specs: list[JobSpec], *, key: str) -> list[int]:
@@ -109,10 +105,7 @@ def jobs(
     print_submitted(ids, specs)
 
 
-@app.command(
-    "submit",
-    context_settings={"allow_interspersed_args": False},
-)
+@app.command("submit", context_settings={"allow_interspersed_args": False})
 def submit(
     cpu_millis: Annotated[int, typer.Option(help="CPU the job needs, millicores (1000 = one core).")],
     memory_mb: Annotated[int, typer.Option(help="Memory the job needs, MiB.")],
@@ -140,8 +133,7 @@ def submit(
     name: Annotated[
         str | None,
         typer.Option(
-            help="Job name [default: the command's basename, the image's name, or sleep].",
-            show_default=False,
+            help="Job name [default: the command's basename, the image's name, or sleep].", show_default=False
         ),
     ] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first; ties by submission order.")] = 0,
@@ -167,8 +159,7 @@ def submit(
     count_lost: Annotated[
         bool,
         typer.Option(
-            "--count-lost",
-            help="A run lost with its worker (dead, cut off) spends an attempt too.",
+            "--count-lost", help="A run lost with its worker (dead, cut off) spends an attempt too."
         ),
     ] = False,
     timeout_s: Annotated[
@@ -287,8 +278,7 @@ def run(
         ),
     ] = None,
     check: Annotated[
-        bool,
-        typer.Option("--check", help="Check the file and print its jobs; submit nothing."),
+        bool, typer.Option("--check", help="Check the file and print its jobs; submit nothing.")
     ] = False,
     idempotency_key: IdempotencyKeyOption = None,
     control_planes: ControlPlanesOption = None,
@@ -406,15 +396,12 @@ def job(
 
 
 def _job_events(job_id: int, *, as_json: bool, control_planes: str | None) -> None:
-    """``stockade job ID --events``: the job's history (``Client.events``), as a table or, with
-    ``as_json``, a JSON list (:func:`ops.cli.job_view.events_json`)."""
-
-    async def body(client: Client) -> JobHistory:
-        return await client.events(job_id)
-
+    """``stockade job ID --events``: the job's history as a table or a JSON list."""
     with errors():
         validation.check_job_id(job_id)
-        history = with_client(control_plane_addresses(control_planes), body)
+        history: JobHistory = with_client(
+            control_plane_addresses(control_planes), lambda client: client.events(job_id)
+        )
     if as_json:
         from ops.cli.job_view import events_json
 
@@ -550,10 +537,7 @@ def cancel(
 
 
 @app.command("status")
-def status(
-    as_json: JsonOption = False,
-    control_planes: ControlPlanesOption = None,
-) -> None:
+def status(as_json: JsonOption = False, control_planes: ControlPlanesOption = None) -> None:
     """Show the leader and its epoch, the control planes, the workers with their load, the jobs.
 
     --json prints one object: leader, epoch, control_planes, workers, jobs (counts by state),

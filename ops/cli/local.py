@@ -1,9 +1,6 @@
 """Commands of the local cluster under ``.stockade/``: ``up``, ``down``, ``kill-leader``,
-``kill-worker``, ``prometheus-config``.
-
-``up`` records the cluster in the user config (:mod:`ops.config`) so client commands find it
-from any folder; ``down`` removes that record. The launcher (:mod:`ops.cluster`), rich, trio
-and the protocol are imported by the command that runs.
+``kill-worker``, ``prometheus-config``. ``up`` records the cluster in the user config
+(:mod:`ops.config`) so client commands find it from any folder; ``down`` removes that record.
 """
 
 from __future__ import annotations
@@ -81,8 +78,7 @@ def up(
         ),
     ] = "",
     cp_args: Annotated[
-        str,
-        typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'."),
+        str, typer.Option(help="Extra options for new control planes, one string, e.g. '--dead-after-s 5'.")
     ] = "",
     json_logs: Annotated[
         bool,
@@ -215,8 +211,6 @@ def up(
             ha_db_strict=ha_db_strict,
             on_start=lambda: local_report.record_quietly(state.root),
         )
-    # Everything from here on ends with one line on Ctrl-C or SIGTERM, printing the result
-    # and recording it included (ops.cli.common.interruptible).
     with interruptible(lambda: local_report.left_running(cluster)):
         with errors(), console().status("starting the cluster..."):
             try:
@@ -246,23 +240,15 @@ _LAUNCHER_OPTIONS: dict[str, tuple[str, ...]] = {
     ),
     "cp": ("--id", "cp-1", "--host", "127.0.0.1", "--port", "0"),
 }  # fmt: skip
-"""What the launcher puts before the extra options on each kind of process's command line
-(:mod:`ops.launcher.plan`), as placeholders: the extra options are read after them."""
+"""Placeholders of what the launcher puts before the extra options on each kind of process's
+command line."""
 
 
 def process_options(option: str, text: str, command: str) -> list[str]:
     """The extra options ``text`` given with ``option`` (``--agent-args``) for every new
-    ``stockade <command>`` process, split as a shell would, once ``stockade <command>`` itself
-    has read them after the launcher's own options, without running it: the same parser, the
-    same types and bounds (a finite number, an integer in range, a known option, its value).
-
-    ``up`` records the options with each process in cluster.json and every later ``up`` starts
-    the process with them again, so options the process would refuse must be refused here,
-    before anything is started or recorded.
-
-    Raises:
-        typer.Exit: (after :func:`ops.cli.common.fail`, exit 2) naming ``option``, what
-            ``stockade <command>`` refuses and why, and the text given.
+    ``stockade <command>`` process, split as a shell would and read by that command's own
+    parser without running it: ``up`` records them, so what the process would refuse is refused
+    here, before anything starts (exit 2, naming ``option``, the refusal and the text).
     """
     import typer.main
 
@@ -332,8 +318,7 @@ def _refuse_conflicting_options(*, docker: bool, ha_db: bool, ha_db_strict: bool
 
 
 def _refuse_second_cluster(root: Path, *, force: bool) -> None:
-    """Exit 1 while another folder's cluster runs and the user config names it (unless --force:
-    then say so)."""
+    """Exit 1 while another folder's cluster runs and the user config names it (--force: warn)."""
     other = local_report.other_running_cluster(root)
     if other is not None:
         other_root, running = other
@@ -370,30 +355,24 @@ def down() -> None:
         cluster = cluster_at(local_state())
         docker_mode = not isinstance(cluster, LocalCluster)
         report = cluster.down()
+    said = []
     if report.terminated:
-        console().print("stopped " + " ".join(report.terminated))
+        said.append("stopped " + " ".join(report.terminated))
     if report.killed:
-        console().print("killed " + local_report.killed_line(report.killed, report.stop_deadlines_s))
+        said.append("killed " + local_report.killed_line(report.killed, report.stop_deadlines_s))
     if report.stragglers:
-        console().print("killed stray processes " + " ".join(str(p) for p in report.stragglers))
+        said.append("killed stray processes " + " ".join(str(p) for p in report.stragglers))
     if report.database_stopped:
-        console().print("stopped the database container" if docker_mode else "stopped embedded PostgreSQL")
+        said.append("stopped the database container" if docker_mode else "stopped embedded PostgreSQL")
     if report.ha_db_stopped:
-        console().print("stopped HA PostgreSQL " + " ".join(report.ha_db_stopped))
+        said.append("stopped HA PostgreSQL " + " ".join(report.ha_db_stopped))
     if report.removed:
         containers = [r for r in report.removed if not r.startswith("network ")]
         networks = [r for r in report.removed if r.startswith("network ")]
         what = [f"the containers of {' '.join(containers)}"] if containers else []
-        console().print("removed " + " and the ".join(what + networks))
-    if not (
-        report.terminated
-        or report.killed
-        or report.stragglers
-        or report.database_stopped
-        or report.ha_db_stopped
-        or report.removed
-    ):
-        console().print("nothing was running")
+        said.append("removed " + " and the ".join(what + networks))
+    for line in said or ["nothing was running"]:
+        console().print(line)
     try:
         forgotten = forget_local_cluster(cluster.state.root)
     except ClusterError as exc:

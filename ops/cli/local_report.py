@@ -1,7 +1,5 @@
-"""What the local cluster's commands (:mod:`ops.cli.local`) say about it: the result of ``up``
-(:func:`print_up`), what an interrupted ``up`` leaves running (:func:`left_running`), another
-folder's cluster that still runs (:func:`other_running_cluster`), and the cluster's record in the
-user config (:func:`record`)."""
+"""What the local cluster's commands (:mod:`ops.cli.local`) say about it: ``up``'s result, what
+an interrupted ``up`` leaves running, another folder's cluster that still runs, the user config."""
 
 from __future__ import annotations
 
@@ -62,15 +60,8 @@ def print_up(result: UpResult, cluster: ClusterDriver) -> None:
             worker = workers.get(spec.id)
             state = worker.state if worker else "?"
             capacity = f"{worker.cpu_millis}m / {worker.memory_mb} MiB" if worker else ""
-        table.add_row(
-            spec.id,
-            str(result.pids.get(spec.id, "-")),
-            spec.address or "-",
-            metrics.get(spec.id, "-"),
-            state,
-            capacity,
-            note,
-        )
+        pid = str(result.pids.get(spec.id, "-"))
+        table.add_row(spec.id, pid, spec.address or "-", metrics.get(spec.id, "-"), state, capacity, note)
     for hosted_worker in result.config.hosted_workers:
         worker = workers.get(hosted_worker.id)
         table.add_row(
@@ -88,10 +79,8 @@ def print_up(result: UpResult, cluster: ClusterDriver) -> None:
         console().print(f"removed   {' '.join(result.removed)}{stopped}")
     if result.killed:
         console().print(f"killed    {killed_line(result.killed, result.stop_deadlines_s)}")
-    if result.config.docker is not None:
-        database = (
-            f"PostgreSQL in a container on {result.config.docker.network} ({result.config.docker.subnet})"
-        )
+    if (docker := result.config.docker) is not None:
+        database = f"PostgreSQL in a container on {docker.network} ({docker.subnet})"
     elif result.config.ha_db:
         assert isinstance(cluster, LocalCluster)
         database = f"HA PostgreSQL (Patroni + etcd, {ha_roles(cluster)})"
@@ -105,10 +94,9 @@ def print_up(result: UpResult, cluster: ClusterDriver) -> None:
     console().print(f"database  {database}: {result.config.database_url}")
     console().print(f"leader    {result.status.leader} at epoch {result.status.epoch}")
     console().print(f"logs      {shown_path(cluster.state.root / 'logs')}/<id>.log")
-    if result.config.docker is not None:
+    if docker is not None:
         console().print(
-            f"docker    image {result.config.docker.image}; containers {result.config.docker.prefix}-<id>, "
-            f"network {result.config.docker.network}"
+            f"docker    image {docker.image}; containers {docker.prefix}-<id>, network {docker.network}"
         )
     if result.config.cert_dir is None:
         console().print("tls       off (--insecure): plaintext, no identities")
@@ -126,8 +114,7 @@ def print_up(result: UpResult, cluster: ClusterDriver) -> None:
 
 
 def killed_line(killed: tuple[str, ...], deadlines_s: dict[str, float]) -> str:
-    """The processes SIGKILLed at their stop deadline, each with its deadline, and what that
-    means for their workers."""
+    """The processes SIGKILLed at their stop deadline, each with its deadline."""
     each = ", ".join(f"{p} ({deadlines_s[p]:g} s)" if p in deadlines_s else p for p in killed)
     return (
         f"{each}: still running that long after SIGTERM; workers of these that had not left "
@@ -148,9 +135,7 @@ def ha_roles(cluster: LocalCluster) -> str:
 
 
 def warn_json_logs_not_applied(result: UpResult, cluster: ClusterDriver) -> None:
-    """``--json-logs`` reaches only the processes new to the cluster: those recorded in
-    cluster.json run (or are started again) with the options recorded for them. Name those
-    without it and how to apply it."""
+    """Name the processes that keep their recorded options without ``--json-logs``."""
     kept = [
         spec.id
         for spec in result.config.processes
@@ -174,8 +159,7 @@ def down_command(cluster: ClusterDriver) -> str:
 
 
 def left_running(cluster: ClusterDriver) -> str:
-    """What an interrupted ``up`` leaves behind, in one line: the processes (and the embedded
-    database) that run, and how to stop them; or that nothing runs."""
+    """What an interrupted ``up`` leaves running, in one line, and how to stop it."""
     from ops.cluster import LocalCluster
     from ops.launcher.hadb_members import HaDatabaseError
 
@@ -206,11 +190,7 @@ def left_running(cluster: ClusterDriver) -> str:
 
 
 def processes_running(cluster: LocalCluster) -> tuple[list[str], bool]:
-    """The ids of ``cluster``'s live processes, and whether its embedded database runs.
-
-    Raises:
-        ClusterError: cluster.json cannot be read.
-    """
+    """The ids of ``cluster``'s live processes, and whether its embedded database runs."""
     from ops.launcher.pg import EmbeddedPostgres
 
     config = cluster.state.load()
@@ -223,8 +203,7 @@ def processes_running(cluster: LocalCluster) -> tuple[list[str], bool]:
 
 def other_running_cluster(here: Path) -> tuple[Path, str] | None:
     """The state folder the user config names, when it is not ``here`` and something of its
-    cluster still runs, with what runs (its processes, its database); else None (nothing
-    recorded, the same folder, or a record whose cluster is gone: ``up`` then replaces it)."""
+    cluster still runs, with what runs; else None."""
     from ops.cluster import LocalCluster, cluster_at
     from ops.launcher.state import StateDir
 
@@ -247,17 +226,15 @@ def other_running_cluster(here: Path) -> tuple[Path, str] | None:
 
 
 def findable(cluster: ClusterDriver) -> str:
-    """``; the user config X names it: ...`` when the user config records ``cluster``, else
-    nothing."""
+    """``; the user config X names it: ...`` when the user config records ``cluster``."""
     if recorded_local_cluster() != cluster.state.root.absolute():
         return ""
     return f"; {shown_path(user_config_path())} names it: client commands find it from any folder"
 
 
 def record_quietly(state_dir: Path) -> None:
-    """Record ``state_dir`` in the user config before ``up`` starts anything, so an ``up``
-    interrupted after that leaves its processes findable; a config that cannot be written is
-    said once ``up`` is done (:func:`record`)."""
+    """Record ``state_dir`` in the user config before ``up`` starts anything; errors are said
+    once ``up`` is done (:func:`record`)."""
     with contextlib.suppress(ClusterError):
         record_local_cluster(state_dir)
 

@@ -178,9 +178,6 @@ def logs(
             fail(said)
 
 
-# ---------------------------------------------------------------------------- stockade job
-
-
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's stdout and stderr that ``stockade job`` shows."""
 

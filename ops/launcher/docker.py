@@ -1,12 +1,10 @@
 """The local cluster in containers (``stockade up --docker``): :class:`DockerCluster`.
 
-The database, the control planes and the workers of one state folder each run in a container of
-the image ``stockade:<version>`` (:mod:`ops.image`) at a fixed address of a private network
-(:mod:`ops.launcher.docker_engine`), with the record and folder layout of the local cluster, so
-every client command works on it unchanged: docs/containers.md. Faults for the chaos harness:
-:meth:`DockerCluster.pause` (the cgroup freezer), :meth:`DockerCluster.disconnect` and
-:meth:`DockerCluster.connect` (a real network cut), :meth:`DockerCluster.stop_container` and
-:meth:`DockerCluster.start_container` (a database restart).
+Each process of one state folder runs in a container of ``stockade:<version>`` at a fixed address
+of a private network, with the local cluster's record and folder layout, so every client command
+works on it unchanged (docs/containers.md). Faults: :meth:`DockerCluster.pause`,
+:meth:`~DockerCluster.disconnect`/:meth:`~DockerCluster.connect` (a network cut),
+:meth:`~DockerCluster.stop_container`/:meth:`~DockerCluster.start_container`.
 """
 
 from __future__ import annotations
@@ -50,28 +48,21 @@ __all__ = ["DockerCluster"]
 
 PG_PORT = 5432
 FIRST_PORT = 7001
-"""Ports of the processes in their containers: cp-1 gets 7001, and so on (each container has
-its own address, so the numbers only have to differ within one record)."""
+"""Ports of the processes in their containers (each has its own address)."""
 
 DATABASE_CPU_SHARES = 4096
 CONTROL_PLANE_CPU_SHARES = 3072
 WORKER_CPU_SHARES = 40
-"""CPU weights of the containers (``docker run --cpu-shares``; the engine's default is 1024).
-The kernel shares a busy machine's CPU between cgroups first, then between the processes in
-each: with equal weights, 100 agent containers would get 100 shares of the CPU to the database's
-one and each control plane's one, and a control plane starved in the middle of a transaction
-loses its session (``idle_in_transaction_session_timeout``) again and again. These weights
-keep the processes' proportions of the cluster on the machine: the workers together weigh about
-what 4 fleet processes do (4 x 1024), a control plane what a process at nice -5 does (its
-``--nice``, which has no effect across cgroups), the database more than each control plane."""
+"""CPU weights of the containers (``--cpu-shares``; the engine's default is 1024). The kernel
+shares CPU between cgroups first: with equal weights 100 agent containers would starve the
+control planes mid-transaction. So the workers together weigh about 4 fleet processes, a control
+plane what nice -5 gives (``--nice`` has no effect across cgroups), the database more."""
 DATABASE_READY_TIMEOUT_S = 60.0
 PAUSE_ATTEMPTS = 10
 PAUSE_RETRY_S = 0.1
 
 
 def cpu_shares_of(process_id: str) -> int:
-    """The CPU weight of the container of ``pg``, ``cp-N`` or ``w-N`` (see
-    :data:`WORKER_CPU_SHARES`)."""
     if process_id == "pg":
         return DATABASE_CPU_SHARES
     return CONTROL_PLANE_CPU_SHARES if process_id.startswith("cp-") else WORKER_CPU_SHARES
@@ -83,18 +74,12 @@ class DockerCluster(Launcher):
 
     Args:
         state: the state folder.
-        insecure: run without TLS (development only), as :class:`ops.launcher.LocalCluster`.
-        cp_args: extra ``stockade cp`` options for every control plane.
-        agent_args: extra ``stockade agent`` options for every worker.
-        worker_capacities: (cpu_millis, memory_mb) of w-1, w-2, ..., cycling; None: the
-            defaults of the local cluster.
+        insecure, cp_args, agent_args, worker_capacities, on_start: as
+            :class:`ops.launcher.LocalCluster`'s.
         image: the image to run; None: ``stockade:<version>`` of this installation.
-        extra_env: process id -> environment added to its container (the chaos harness arms
-            its fault points with it); None: nothing added.
+        extra_env: process id -> environment added to its container (fault points).
         extra_binds: process id -> folders of the state folder its container also gets
             read-write, at the same path (created when missing).
-        on_start: called once per ``up``, just before it starts the first container, as
-            :class:`ops.launcher.LocalCluster`'s.
     """
 
     state: StateDir
@@ -109,15 +94,9 @@ class DockerCluster(Launcher):
     _spec: DockerSpec | None = attrs.field(default=None, init=False)
     _client: docker.DockerClient | None = attrs.field(default=None, alias="client")
 
-    # -- the engine ----------------------------------------------------------------------
-
     @property
     def client(self) -> docker.DockerClient:
-        """The docker SDK client (made on first use).
-
-        Raises:
-            ClusterError: no engine answers.
-        """
+        """The docker SDK client (made on first use); ClusterError where no engine answers."""
         if self._client is None:
             from ops.image import engine_client
 
@@ -125,11 +104,7 @@ class DockerCluster(Launcher):
         return self._client
 
     def config(self) -> ClusterConfig:
-        """The recorded cluster.
-
-        Raises:
-            ClusterError: nothing is recorded, or the record is not of a cluster in containers.
-        """
+        """The recorded cluster; ClusterError where none is, or not one in containers."""
         config = self.state.load()
         if config is None:
             raise ClusterError(f"no cluster recorded in {self.state.config_path}; run `stockade up --docker`")
@@ -138,7 +113,6 @@ class DockerCluster(Launcher):
         return config
 
     def _containers(self, **labels: str) -> list[docker.models.containers.Container]:
-        """This folder's containers (running or not) with ``labels`` as well."""
         filters = [f"{CLUSTER_LABEL}={self.state.root}", *(f"{k}={v}" for k, v in labels.items())]
         return list(self.client.containers.list(all=True, filters={"label": filters}))
 
@@ -147,8 +121,8 @@ class DockerCluster(Launcher):
         return found[0] if found else None
 
     def pids(self, config: ClusterConfig | None = None) -> dict[str, int]:
-        """Process id (``pg``, ``cp-N``, ``w-N``) -> the machine's pid of its container's
-        process 1, for every running container of this folder."""
+        """Process id (``pg``, ``cp-N``, ``w-N``) -> the machine's pid of its running container's
+        process 1."""
         found = {}
         for container in self._containers():
             state = container.attrs.get("State", {})
@@ -157,13 +131,9 @@ class DockerCluster(Launcher):
         return found
 
     def live_process(self, spec: ProcessSpec) -> psutil.Process | None:
-        """The machine's process 1 of ``spec``'s container while it runs (and is not paused)."""
         return pidfile.process(self.pids().get(spec.id))
 
-    # -- what up asks of it (ops.launcher.up) ---------------------------------------------
-
     def check_request(self, *, control_planes: int | None, workers: int | None) -> None:
-        """Raises ClusterError for more workers than a cluster in containers holds."""
         if workers is not None and workers > DOCKER_MAX_WORKERS:
             raise ClusterError(f"workers must be <= {DOCKER_MAX_WORKERS} in containers, got {workers}")
 
@@ -178,8 +148,6 @@ class DockerCluster(Launcher):
             )
 
     def prepare(self, previous: ClusterConfig | None, live_before: dict[str, int]) -> None:
-        """Find the image and make the network (:func:`ops.launcher.docker_engine.image_id`,
-        :func:`ops.launcher.docker_engine.cluster_network`)."""
         recorded = previous.docker if previous is not None else None
         image = image_id(
             self.client, self.image, recorded.image if recorded is not None and live_before else None
@@ -196,10 +164,7 @@ class DockerCluster(Launcher):
         return LaunchOptions(
             cp_args=(*self.cp_args, *tls_args),
             # No container jobs from an agent in a container: its job containers would be
-            # siblings on the engine, which nothing stops when the agent's container is
-            # killed (its supervisors die with it), so a requeued job could run twice. (A
-            # killed agent container's command jobs end with it: nothing is kept across a
-            # restart in containers.)
+            # siblings on the engine that outlive a killed agent, so a requeued job could run twice.
             agent_args=(*self.agent_args, "--no-containers", *tls_args),
             worker_capacities=self.worker_capacities,
             metrics=True,
@@ -225,11 +190,7 @@ class DockerCluster(Launcher):
 
     def issue_certificates(self, config: ClusterConfig) -> None:
         """Certificates for every control plane and worker naming its container address (one
-        issued before without it is issued again), and the operator and viewer clients'.
-
-        Raises:
-            ClusterError: a certificate could not be made.
-        """
+        without it is issued again), and the operator and viewer clients'."""
         from ops.certs import CertDir, describe, ensure_issued, issue
         from runtime.errors import StockadeError
 
@@ -255,11 +216,7 @@ class DockerCluster(Launcher):
     def start_database(
         self, previous: ClusterConfig | None, live_before: dict[str, int], starting: Callable[[], None]
     ) -> DatabaseStarted:
-        """Start the database container unless it runs, and wait until it takes connections.
-
-        Raises:
-            ClusterError: it exited or did not answer within :data:`DATABASE_READY_TIMEOUT_S`.
-        """
+        """Start the database container unless it runs, and wait until it takes connections."""
         spec = self._docker_spec()
         address = spec.address_of("pg")
         self.state.pg_dir.mkdir(parents=True, exist_ok=True)
@@ -277,10 +234,7 @@ class DockerCluster(Launcher):
                 return DatabaseStarted(url=server.url(), pg_port=None, started=started)
             container = self._container("pg")
             if container is None or container.status == "exited":
-                raise ClusterError(
-                    f"the database container exited; last lines of {self.state.log_path('pg')}:\n"
-                    + procs.tail(self.state.log_path("pg"))
-                )
+                raise procs.exited("the database container exited", self.state.log_path("pg"))
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"the database at {address}:{PG_PORT} took no connection in "
@@ -290,7 +244,6 @@ class DockerCluster(Launcher):
             time.sleep(0.2)
 
     def start(self, process: ProcessSpec, config: ClusterConfig) -> None:
-        """Make and start the container of a control plane or an agent."""
         assert config.docker is not None
         binds: dict[Path, str] = {}
         if config.cert_dir is not None:
@@ -323,8 +276,7 @@ class DockerCluster(Launcher):
         binds: dict[Path, str],
         environment: dict[str, str] | None = None,
     ) -> None:
-        """(Re)make the container of ``process_id`` running ``stockade COMMAND`` at its
-        address, its output appended to its log, and start it."""
+        """(Re)make and start the container of ``process_id`` running ``stockade COMMAND``."""
         old = self._container(process_id)
         if old is not None:
             old.remove(force=True)
@@ -352,17 +304,14 @@ class DockerCluster(Launcher):
         for process in config.processes:
             container = self._container(process.id)
             if container is None or container.status == "exited":
-                log_path = self.state.log_path(process.id)
                 code = container.attrs["State"].get("ExitCode") if container is not None else "?"
-                raise ClusterError(
-                    f"{process.id}'s container exited with code {code}; last lines of {log_path}:\n"
-                    + procs.tail(log_path)
+                raise procs.exited(
+                    f"{process.id}'s container exited with code {code}", self.state.log_path(process.id)
                 )
 
     def agent_memory_mb(self) -> tuple[float, float, float] | None:
         """The memory the workers' containers use now, MiB, as (min, median, max); None when
-        none runs. Usage less page cache, from the engine's stats (cgroup v1 ``cache``,
-        cgroup v2 ``inactive_file``), as ``docker stats`` shows it."""
+        none runs. Usage less page cache, as ``docker stats`` shows it."""
         import statistics
 
         def used_mb(container: Any) -> float | None:
@@ -380,15 +329,9 @@ class DockerCluster(Launcher):
             return None
         return round(min(found), 1), round(statistics.median(found), 1), round(max(found), 1)
 
-    # -- faults --------------------------------------------------------------------------
-
     def kill(self, process_id: str, sig: int = signal.SIGKILL) -> int:
-        """``docker kill --signal SIG`` the container of ``process_id``; returns the machine's
-        pid of its process 1. SIGKILL ends the whole container and is recorded as a kill.
-
-        Raises:
-            ClusterError: no such container, or it does not run.
-        """
+        """``docker kill --signal SIG``; returns the machine's pid of its process 1. SIGKILL is
+        recorded as a kill. ClusterError where it does not run."""
         container = self._running(process_id)
         pid = int(container.attrs["State"]["Pid"])
         container.kill(signal=int(sig))
@@ -399,15 +342,9 @@ class DockerCluster(Launcher):
         return pid
 
     def pause(self, process_id: str, *, attempts: int = PAUSE_ATTEMPTS) -> None:
-        """Freeze every process of the container (the cgroup freezer: ``docker pause``).
-
-        The freezer can fail for a moment ("unable to freeze": a process of the container was
-        between states it cannot be frozen in, such as a fork or an exit); runc gives up and
-        the engine answers 500. Tried ``attempts`` times, :data:`PAUSE_RETRY_S` apart.
-
-        Raises:
-            ClusterError: the container does not run, or every attempt failed.
-        """
+        """``docker pause``, tried ``attempts`` times: the freezer fails for a moment ("unable to
+        freeze") on a process mid-fork or mid-exit. ClusterError where it does not run, or
+        every attempt failed."""
         import docker.errors
 
         container = self._running(process_id)
@@ -442,12 +379,8 @@ class DockerCluster(Launcher):
                 raise ClusterError(f"cannot cut {process_id} off the network: {exc}") from exc
 
     def connect(self, process_id: str) -> None:
-        """Put the container back on the network, at its own address; one on it already (made
-        again meanwhile, say) stays as it is.
-
-        Raises:
-            ClusterError: it has no container, or the engine refused.
-        """
+        """Put the container back on the network, at its own address; one on it already stays
+        as it is. ClusterError where it has no container, or the engine refused."""
         import docker.errors
 
         config = self.config()
@@ -468,11 +401,7 @@ class DockerCluster(Launcher):
         self._running(process_id).stop(timeout=int(timeout_s))
 
     def start_container(self, process_id: str) -> None:
-        """``docker start`` of a stopped container, as it was made (same command and address).
-
-        Raises:
-            ClusterError: it has no container.
-        """
+        """``docker start`` of a stopped container; ClusterError where it has none."""
         container = self._container(process_id)
         if container is None:
             raise ClusterError(f"{process_id} has no container")
@@ -484,17 +413,10 @@ class DockerCluster(Launcher):
             raise ClusterError(f"{process_id} is not running (no running container of it)")
         return container
 
-    # -- down ----------------------------------------------------------------------------
-
     def down(self, *, timeout_s: float | None = None) -> DownReport:
-        """Stop every container of this folder (the workers first, then the control planes,
-        then the database: ``docker stop``, SIGKILL after ``timeout_s``, or with None each
-        one's own deadline, :meth:`_stop_deadline_s`), remove them and the network. Safe when
-        nothing runs.
-
-        Raises:
-            ClusterError: no engine answers.
-        """
+        """``docker stop`` every container of this folder (workers, then control planes, then
+        the database; SIGKILL after ``timeout_s``, or with None each one's own deadline), then
+        remove them and the network. ClusterError where no engine answers."""
         if not self.state.root.is_dir():
             return DownReport(terminated=(), killed=(), stragglers=(), database_stopped=False)
         with self.state.locked():
@@ -543,21 +465,15 @@ class DockerCluster(Launcher):
         return Stopped()
 
     def _stop_deadline_s(self, process_id: str) -> float:
-        """How long ``docker stop`` gives ``process_id`` before SIGKILL: a worker's agent time to
-        leave (:func:`ops.launcher.procs.stop_deadline_s`), anything else
-        :data:`STOP_TIMEOUT_S`."""
+        """:func:`ops.launcher.procs.stop_deadline_s` of a recorded process, else :data:`STOP_TIMEOUT_S`."""
         config = self.state.load()
-        if config is None:
-            return STOP_TIMEOUT_S
-        try:
-            spec = config.process(process_id)
-        except ClusterError:
-            return STOP_TIMEOUT_S
-        return stop_deadline_s(spec, 1)
+        with contextlib.suppress(ClusterError):
+            if config is not None:
+                return stop_deadline_s(config.process(process_id), 1)
+        return STOP_TIMEOUT_S
 
 
 def _accepts(host: str, port: int) -> bool:
-    """Whether ``host:port`` takes a TCP connection now."""
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True

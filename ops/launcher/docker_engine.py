@@ -23,18 +23,15 @@ PROCESS_LABEL = "org.stockade.process"
 """Label on each container: the process it runs (``pg``, ``cp-N``, ``w-N``)."""
 
 SUBNET_POOL = ipaddress.ip_network("172.29.0.0/16")
-"""Where the clusters' /24 networks are taken from."""
 
 
 def image_id(client: docker.DockerClient, image: str | None, running: str | None) -> str:
-    """The id of the image to run: ``running`` (the recorded image of a cluster that runs,
-    so that containers made again run the same build), else the image ``image`` or
-    ``stockade:<version>`` names now. Run from a source tree, the default tag must have been
-    built from that tree's sources (another checkout's build may carry the tag).
+    """The id of the image to run: ``running`` (a running cluster's, so that containers made
+    again run the same build), else what ``image`` or ``stockade:<version>`` names now.
 
     Raises:
-        ClusterError: the engine does not hold it (images are built here, never pulled), or
-            it was built from other sources.
+        ClusterError: the engine does not hold it (images are never pulled), or the default
+            tag was built from other sources than this source tree's.
     """
     import docker.errors
 
@@ -65,11 +62,7 @@ def image_id(client: docker.DockerClient, image: str | None, running: str | None
 
 def cluster_network(client: docker.DockerClient, root: Path, recorded: DockerSpec | None) -> Any:
     """The network of the cluster of state folder ``root``: the one it has, else a new one on a
-    free /24.
-
-    Raises:
-        ClusterError: no free /24 is left in :data:`SUBNET_POOL`.
-    """
+    free /24 of :data:`SUBNET_POOL` (ClusterError where none is left)."""
     import docker.errors
 
     existing = client.networks.list(filters={"label": f"{CLUSTER_LABEL}={root}"})

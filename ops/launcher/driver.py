@@ -1,11 +1,7 @@
 """The one face of a cluster's launcher: :class:`ClusterDriver`, and what its ``up`` and ``down``
-report (:class:`UpResult`, :class:`DownReport`).
-
-A cluster of processes on this machine (:class:`ops.launcher.control.LocalCluster`) and one in
-containers (:class:`ops.launcher.docker.DockerCluster`) are driven the same way: ``up`` and
-``down`` (``up`` written once, :mod:`ops.launcher.up`), and the faults that chaos, the benchmarks
-and ``stockade kill-*`` inject (a signal, a freeze). What differs (processes or containers, where
-the database runs) stays in the drivers.
+report (:class:`UpResult`, :class:`DownReport`). Processes on this machine
+(:class:`ops.launcher.control.LocalCluster`) and containers (:class:`ops.launcher.docker.DockerCluster`)
+are driven the same way; only what differs stays in the drivers.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ class UpResult:
     started: tuple[str, ...]
     """Ids of the processes this call started (the others were already running)."""
     database_started: bool
-    """True when this call started the embedded PostgreSQL server (or, with ``ha_db``, some
-    process of the HA pair; in containers, the database's container)."""
+    """True when this call started the database (or some process of it)."""
     status: pb.StatusReply
     """The status that showed the cluster ready."""
     pids: dict[str, int]
@@ -43,8 +38,7 @@ class UpResult:
     """Ids of the running processes this call stopped (SIGTERM) because the asked counts left
     them out."""
     killed: tuple[str, ...] = ()
-    """Those of ``stopped`` that were still running at their deadline and were SIGKILLed (the
-    workers of one were not given the time to leave: they will be declared dead)."""
+    """Those of ``stopped`` SIGKILLed at their deadline (their workers will be declared dead)."""
     stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
     """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
     removed: tuple[str, ...] = ()
@@ -63,11 +57,9 @@ class DownReport:
     """Pids of other processes carrying this cluster's marker, killed at the end."""
     database_stopped: bool
     ha_db_stopped: tuple[str, ...] = ()
-    """Members of the HA PostgreSQL pair (``pg-1``, ``etcd-1``...) that were running and were
-    stopped."""
+    """Members of the HA pair (``pg-1``, ``etcd-1``...) that were running and were stopped."""
     removed: tuple[str, ...] = ()
-    """A cluster in containers: every container removed (running or not, by process id) and
-    then its network (by name)."""
+    """In containers: every container removed (by process id), then its network."""
     stop_deadlines_s: dict[str, float] = attrs.field(factory=dict)
     """Process id -> how long it was given from SIGTERM before SIGKILL, in seconds."""
 
@@ -96,12 +88,9 @@ class DatabaseStarted:
 
 
 class ClusterDriver(Protocol):
-    """What every launcher does; ``process_id`` names a process of cluster.json
-    (``cp-1``, ``w-3``, ``fleet-1``, ``db``).
-
-    The first group is the public face; the second is what the one ``up``
-    (:class:`ops.launcher.up.Launcher`) asks of a driver.
-    """
+    """What every launcher does; ``process_id`` names a process of cluster.json (``cp-1``,
+    ``w-3``, ``fleet-1``, ``db``). The second group is what :class:`ops.launcher.up.Launcher`
+    asks of a driver."""
 
     state: StateDir
     insecure: bool

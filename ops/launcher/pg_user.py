@@ -1,13 +1,9 @@
-"""The operating-system side of running PostgreSQL here (:mod:`ops.launcher.pg`,
-:mod:`ops.launcher.hadb`): the user it runs as, its unix socket's folder, the lock between
-processes.
+"""The operating-system side of running PostgreSQL here: the user it runs as, its unix socket's
+folder, the lock between processes.
 
-PostgreSQL refuses to run as root. When this process is root, the server's binaries run as a
-system user of their own (:func:`server_user`, which creates it on first use) that owns the
-server's files (:func:`runtime.os_users.chown`); the directories above them and the wheel's
-install tree are opened to other users just enough for that user to reach them
-(:func:`runtime.os_users.ensure_traversable`, :func:`ensure_install_readable`). When this
-process is not root, the binaries run as it, and none of this changes anything on disk.
+PostgreSQL refuses to run as root: then the binaries run as a system user of their own
+(:func:`server_user`, created on first use) that owns the server's files, and the folders above
+them and the wheel's install are opened just enough for it to reach them.
 """
 
 from __future__ import annotations
@@ -28,18 +24,12 @@ from runtime.os_users import add_mode as _add_mode
 __all__ = ["RUN_AS_USER", "ensure_install_readable", "flocked", "server_user", "socket_dir"]
 
 RUN_AS_USER = "stockade-pg"
-"""The system user the server runs as when this process is root."""
-
 UNIX_SOCKET_PATH_MAX_BYTES = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
 
 
 def server_user(error: type[Exception]) -> RunAs:
-    """The user the binaries run as: :data:`RUN_AS_USER` when we are root, else us.
-
-    Raises:
-        error: we are root and :data:`RUN_AS_USER` could not be created.
-    """
+    """:data:`RUN_AS_USER` when we are root (``error`` where it cannot be created), else us."""
     try:
         return resolve_user(RUN_AS_USER)
     except UserNotCreated as exc:
@@ -57,7 +47,6 @@ def socket_dir(preferred: Path, port: int, *, owner: Path, prefix: str) -> Path:
 
 @contextlib.contextmanager
 def flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (between processes)."""
     with path.open("a") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
@@ -68,12 +57,8 @@ def flocked(path: Path) -> Iterator[None]:
 
 @functools.cache
 def ensure_install_readable(install_root: Path) -> None:
-    """Let other users run the binaries under ``install_root`` (the wheel's ``pginstall``) and
-    read its libraries and data: its ``bin``, ``lib`` and ``share``.
-
-    The wheel is normally installed world-readable; this only repairs an
-    install (or a venv path) that is not, such as one under a 0700 directory.
-    """
+    """Let other users run the binaries under ``install_root`` and read its ``lib`` and
+    ``share``: repairs an install that is not world-readable (under a 0700 folder, say)."""
     ensure_traversable(install_root)
     read_dir = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
     for name in ("bin", "lib", "share"):

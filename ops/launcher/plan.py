@@ -1,7 +1,5 @@
 """What ``up`` starts and stops: :func:`plan`, a pure function of the record, the asked counts and
-what runs, which returns the cluster.json to write, the processes to start and those to stop. It
-starts, signals and binds nothing, so it is tested without processes (ports come from the
-caller). Its rules: docs/design.md, "How up changes a cluster".
+what runs (ports come from the caller). Its rules: docs/design.md, "How up changes a cluster".
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ from ops.launcher.state import (
 __all__ = ["DEFAULT_CONTROL_PLANES", "DEFAULT_WORKERS", "LaunchOptions", "Plan", "check_counts", "plan"]
 
 DEFAULT_CONTROL_PLANES = 3
-"""Control planes of a new cluster when none are asked for."""
 DEFAULT_WORKERS = 5
-"""Workers of a new cluster when none are asked for."""
 
 
 @attrs.frozen(kw_only=True)
@@ -44,8 +40,7 @@ class LaunchOptions:
     """Give every new control plane an ``--http-port`` of its own: its web console."""
     worker_network: Callable[[str], tuple[str, list[str]]] | None = None
     host_of: Callable[[str], str] = lambda _process_id: LISTEN_HOST
-    """The address a new process listens on, by its id: 127.0.0.1 for processes on this
-    machine, the container's own address for a cluster in containers."""
+    """The address a new process listens on, by its id (a container's own, in containers)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -57,11 +52,9 @@ class Plan:
     start: tuple[str, ...]
     """Ids of the processes of ``config`` that do not run now, in ``config``'s order."""
     stop: tuple[ProcessSpec, ...]
-    """Running processes the asked counts leave out, to stop with SIGTERM: workers' processes
-    first, then control planes."""
+    """Running processes the asked counts leave out, workers' processes first."""
     removed: tuple[str, ...]
-    """Ids dropped from the record: control planes, workers (also those in fleets) and fleets,
-    running or not."""
+    """Ids dropped from the record (control planes, workers, fleets), running or not."""
 
 
 def plan(
@@ -76,25 +69,18 @@ def plan(
     options: LaunchOptions,
     free_port: Callable[[], int],
 ) -> Plan:
-    """The plan that brings the recorded cluster to the asked counts (its rules: docs/design.md,
-    "How up changes a cluster").
+    """The plan that brings the recorded cluster (``previous``, None for a new one) to the
+    asked counts.
 
     Args:
-        previous: the recorded cluster, or None for a new one.
-        state: the state folder (for the paths new processes are given).
-        database_url: the database the control planes use.
         pg_port: the embedded server's port (kept off the ports handed out), or None.
-        control_planes: control planes wanted (>= 1); None keeps the recorded count
-            (:data:`DEFAULT_CONTROL_PLANES` for a new cluster).
-        workers: workers wanted (>= 0); None keeps the recorded count
-            (:data:`DEFAULT_WORKERS` for a new cluster).
+        control_planes, workers: the counts wanted; None keeps the recorded count (or the
+            default for a new cluster).
         running: ids of the recorded processes that run now.
-        options: how new processes are made.
         free_port: returns a port that is free now; called once per port a new process needs.
 
     Raises:
-        ClusterRequestRefused: a count is out of range, or the asked worker count would split a fleet
-            (the message names the counts that would not).
+        ClusterRequestRefused: as :func:`check_counts`.
     """
     control_planes, workers = check_counts(previous, control_planes=control_planes, workers=workers)
     recorded = list(previous.processes) if previous is not None else []
@@ -127,19 +113,13 @@ def plan(
         kept = _retarget(kept, previous.control_plane_addresses, cps)
     config = _add_workers(kept, cps, workers, options, state, new_port)
     config = attrs.evolve(config, database_url=database_url, embedded_pg_port=pg_port)
-    return Plan(
-        config=config,
-        start=tuple(p.id for p in config.processes if p.id not in running),
-        stop=stop,
-        removed=removed,
-    )
+    start = tuple(p.id for p in config.processes if p.id not in running)
+    return Plan(config=config, start=start, stop=stop, removed=removed)
 
 
 MAX_CONTROL_PLANES = 9
-"""Most control planes of a local cluster (each is a process holding database connections)."""
 MAX_WORKERS = 1000
-"""Most workers of a local cluster: each takes one or two of this machine's ports, and the
-packing benchmark's 100 (up to its limit of 1,000) are the most it is meant for."""
+"""Most workers of a local cluster (the packing benchmark's limit)."""
 
 
 def check_counts(
@@ -149,8 +129,8 @@ def check_counts(
     read as the recorded count (or the default for a new cluster).
 
     Raises:
-        ClusterRequestRefused: a count is out of range, or the worker count would keep some workers of
-            a fleet and stop others (the message names the counts that would not).
+        ClusterRequestRefused: a count is out of range, or the worker count would split a fleet
+            (the message names the nearest counts that would not).
     """
     if control_planes is None:
         control_planes = len(previous.control_planes) if previous is not None else DEFAULT_CONTROL_PLANES
@@ -188,8 +168,7 @@ def _number(process_or_worker_id: str) -> int:
 def _surplus(
     previous: ClusterConfig | None, control_planes: int, workers: int, running: Collection[str]
 ) -> tuple[ClusterConfig, tuple[ProcessSpec, ...], tuple[str, ...]]:
-    """The record without what the counts (checked by :func:`check_counts`) leave out, the
-    running processes to stop, the ids removed."""
+    """The record without what the counts leave out, the running processes to stop, the ids removed."""
     if previous is None:
         return ClusterConfig(database_url="", embedded_pg_port=None, processes=()), (), ()
     surplus_workers = {w.id for w in previous.workers if _number(w.id) > workers}
@@ -254,8 +233,7 @@ def _what_count_stops(config: ClusterConfig, count: int) -> str:
 def _split_fleet_detail(
     config: ClusterConfig, workers: int, fleet_id: str, hosted: Sequence[str], dropped: Sequence[str]
 ) -> str:
-    """What ``workers`` would split, and what the nearest counts below and above that do not
-    split do."""
+    """What ``workers`` would split, and what the nearest counts that do not split do."""
     spans = [
         (min(_number(w.id) for w in members), max(_number(w.id) for w in members))
         for f in config.fleets
@@ -300,7 +278,6 @@ def _control_planes(
                 args=("cp", "--id", cp_id, "--host", host, "--port", str(port), *options.cp_args),
             )
             spec = _with_metrics(spec, options, new_port)
-            # Its web console on a port of its own.
             spec = _with_port(
                 spec, options, new_port, "--http-port", "console_address", wanted=options.console
             )
@@ -309,7 +286,6 @@ def _control_planes(
 
 
 def _with_metrics(spec: ProcessSpec, options: LaunchOptions, new_port: Callable[[], int]) -> ProcessSpec:
-    """``spec`` serving Prometheus metrics on a port of its own, when ``options.metrics``."""
     return _with_port(spec, options, new_port, "--metrics-port", "metrics_address", wanted=options.metrics)
 
 
@@ -322,8 +298,7 @@ def _with_port(
     *,
     wanted: bool,
 ) -> ProcessSpec:
-    """``spec`` given ``option <new port>``, its address recorded in ``field``; as it is unless
-    ``wanted``."""
+    """``spec`` given ``option <new port>``, its address recorded in ``field``, if ``wanted``."""
     if not wanted:
         return spec
     port = new_port()
@@ -332,11 +307,8 @@ def _with_port(
 
 
 def _rotated(cps: Sequence[ProcessSpec], index: int) -> list[str]:
-    """The control-plane addresses as worker ``w-index`` is given them.
-
-    Each worker heartbeats to the first control plane that answers; rotating the list spreads
-    the heartbeats instead of sending them all to cp-1.
-    """
+    """The control-plane addresses as worker ``w-index`` is given them: rotated, so that the
+    workers' heartbeats (to the first that answers) do not all go to cp-1."""
     shift = index % len(cps)
     return [p.address for p in [*cps[shift:], *cps[:shift]]]
 
@@ -417,24 +389,16 @@ def _add_workers(
             continue
         port = new_port()
         host = options.host_of(worker_id)
-        args: tuple[str, ...] = (
-            "agent",
-            "--id",
-            worker_id,
-            "--host",
-            host,
-            "--port",
-            str(port),
+        args: tuple[str, ...] = ("agent", "--id", worker_id, "--host", host, "--port", str(port))
+        args += (
             "--cpu-millis",
             str(cpu_millis),
             "--memory-mb",
             str(memory_mb),
             "--control-planes",
             ",".join(routed),
-            "--work-dir",
-            str(state.work_dir(worker_id)),
-            *options.agent_args,
         )
+        args += ("--work-dir", str(state.work_dir(worker_id)), *options.agent_args)
         if options.worker_network is not None:
             args = (*args, "--advertise-address", advertise)
         spec = ProcessSpec(id=worker_id, kind="agent", address=f"{host}:{port}", args=args)
@@ -450,22 +414,20 @@ def _add_workers(
         fleet_id = f"fleet-{next_number}"
         next_number += 1
         hosted_specs += [attrs.evolve(w, process_id=fleet_id) for w in new_hosted[start : start + size]]
+        args = (
+            "fleet",
+            "--id",
+            fleet_id,
+            "--spec",
+            str(state.fleet_spec_path(fleet_id)),
+            "--host",
+            LISTEN_HOST,
+        )
         fleet = ProcessSpec(
             id=fleet_id,
             kind="fleet",
             address="",
-            args=(
-                "fleet",
-                "--id",
-                fleet_id,
-                "--spec",
-                str(state.fleet_spec_path(fleet_id)),
-                "--host",
-                LISTEN_HOST,
-                "--control-planes",
-                addresses,
-                *options.agent_args,
-            ),
+            args=(*args, "--control-planes", addresses, *options.agent_args),
         )
         fleet_specs.append(_with_metrics(fleet, options, new_port))
     return attrs.evolve(kept, processes=[*cps, *agent_specs, *fleet_specs], hosted_workers=hosted_specs)

@@ -13,14 +13,7 @@ __all__ = ["LISTEN_PORTS_FROM", "free_listen_port", "free_port"]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago.
-
-    The port is released before returning, so another process may take it
-    first; callers that bind it later should expect that, rarely.
-
-    Returns:
-        the port number.
-    """
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it first)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LISTEN_HOST, 0))
         port: int = sock.getsockname()[1]
@@ -33,18 +26,10 @@ LISTEN_PORTS_FROM = 10000
 
 
 def free_listen_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago and that outgoing connections never
-    take: below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768 and up by
-    default), from :data:`LISTEN_PORTS_FROM`. For a server whose port is chosen before it starts
-    (``stockade up`` plans every process's port first): a port from the ephemeral range can be
-    taken meanwhile by any of the thousands of connections a large cluster opens (its
-    workers' to the control planes), and the server then fails to bind. Another process may
-    still bind it first, as with :func:`free_port`, which this falls back to when the range
-    cannot be read or no port below it is free.
-
-    Returns:
-        the port number.
-    """
+    """As :func:`free_port`, but below the kernel's ephemeral range (from
+    :data:`LISTEN_PORTS_FROM`), for a server whose port is planned before it starts: a large
+    cluster's outgoing connections could take an ephemeral one meanwhile. Falls back to
+    :func:`free_port` when the range cannot be read or no port below it is free."""
     try:
         low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):

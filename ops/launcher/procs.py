@@ -17,7 +17,7 @@ import psutil
 from agent.adoption import supervisor_of
 from agent.fence import FENCE_DEADLINE_FILE
 from ops import pidfile
-from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ProcessSpec, option_value
+from ops.launcher.state import LISTEN_HOST, MARKER_ENV, ClusterError, ProcessSpec, option_value
 from runtime.settings.agent import DEFAULT_LEAVE_TIMEOUT_S
 from runtime.text import tail_lines
 
@@ -35,7 +35,7 @@ def runs_spec(cmdline: Sequence[str], spec: ProcessSpec) -> bool:
 
 
 def cmdline(process: psutil.Process) -> list[str]:
-    """The command line of ``process``, or ``["?"]`` when it cannot be read."""
+    """``["?"]`` when it cannot be read."""
     try:
         return process.cmdline()
     except psutil.Error:
@@ -45,23 +45,21 @@ def cmdline(process: psutil.Process) -> list[str]:
 CONTROL_PLANE_STOP_S = 10.0
 """How long a control plane has from SIGTERM to exit (it hands its lease on) before SIGKILL."""
 STOP_TIMEOUT_S = CONTROL_PLANE_STOP_S
-"""How long a control plane (or a container, or a process killed on purpose) is waited for after
-SIGTERM before SIGKILL, in seconds; a worker's process has longer (:func:`stop_deadline_s`)."""
+"""How long a control plane, a container, or a process killed on purpose is waited for after
+SIGTERM before SIGKILL, in seconds."""
 WORKER_STOP_SLACK_S = 10.0
-"""What a worker's process has from SIGTERM beyond its leave budget: its jobs' stop (SIGTERM,
-SIGKILL after the agent's stop_grace_s) and its exit, on a loaded machine, in seconds."""
+"""What a worker's process has from SIGTERM beyond its leave budget (its jobs' stop and its
+exit, on a loaded machine), in seconds."""
 PER_WORKER_STOP_S = 0.5
-"""What a worker's process has from SIGTERM per worker it hosts, in seconds: a fleet's workers
-take turns to leave (``max_concurrent_leaves`` at a time), so many take longer than one."""
+"""What a worker's process has from SIGTERM per worker it hosts (a fleet's take turns to
+leave), in seconds."""
 
 
 def stop_deadline_s(spec: ProcessSpec, workers: int) -> float:
-    """How long the process of ``spec`` may take from SIGTERM to exit before it is SIGKILLed,
-    in seconds: :data:`CONTROL_PLANE_STOP_S` for a control plane; for a worker's process (an
-    agent hosts one worker, a fleet ``workers``) its leave budget (its ``--leave-timeout-s``,
-    else the agent's default) plus :data:`WORKER_STOP_SLACK_S` plus :data:`PER_WORKER_STOP_S`
-    per worker. A worker stopped on purpose stops its jobs and then tells a control plane that
-    it left; killed before that, it would be declared dead instead."""
+    """How long the process of ``spec`` may take from SIGTERM to exit before SIGKILL, in
+    seconds: :data:`CONTROL_PLANE_STOP_S` for a control plane; for a worker's process (hosting
+    ``workers``) its ``--leave-timeout-s`` (or the default) plus :data:`WORKER_STOP_SLACK_S`
+    plus :data:`PER_WORKER_STOP_S` per worker, so that it can leave rather than be declared dead."""
     if spec.kind == "cp":
         return CONTROL_PLANE_STOP_S
     leave_s = DEFAULT_LEAVE_TIMEOUT_S
@@ -103,16 +101,10 @@ def marked_processes(root: Path) -> list[psutil.Process]:
     found = []
     me = os.getpid()
     for process in psutil.process_iter():
-        if process.pid == me:
-            continue
-        try:
-            if process.environ().get(MARKER_ENV) != marker:
-                continue
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        found.append(process)
+        with contextlib.suppress(psutil.Error):
+            ours = process.pid != me and process.environ().get(MARKER_ENV) == marker
+            if ours and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
     return found
 
 
@@ -127,10 +119,9 @@ def kill_marked(root: Path) -> list[int]:
 
 
 def job_supervisors(root: Path) -> list[psutil.Process]:
-    """Live job supervisors of the cluster's workers (command jobs' reapers, container jobs'
-    supervisors): processes whose command line names the fence-deadline file of a work folder
-    under ``root`` (:func:`agent.adoption.supervisor_of`). They carry no marker (jobs get a
-    clean environment) and outlive a killed agent until its fence deadlines have passed."""
+    """Live job supervisors of the cluster's workers: processes whose command line names the
+    fence-deadline file of a work folder under ``root``. They carry no marker and outlive a
+    killed agent until its fence deadlines have passed."""
     deadlines = [str(path) for path in (root / "workers").glob(f"*/{FENCE_DEADLINE_FILE}")]
     if not deadlines:
         return []
@@ -145,9 +136,8 @@ def job_supervisors(root: Path) -> list[psutil.Process]:
 
 
 def kill_job_supervisors(root: Path) -> list[int]:
-    """Stop every job supervisor :func:`job_supervisors` finds: SIGUSR1 first (it kills its
-    job's whole tree, or its container, and exits), SIGKILL for those still alive 5 s later;
-    returns their pids."""
+    """SIGUSR1 every job supervisor (it kills its job and exits), SIGKILL those alive 5 s
+    later; returns their pids."""
     left = job_supervisors(root)
     for process in left:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -172,16 +162,19 @@ def port_free(port: int) -> bool:
 
 
 def postmaster_port(pg_dir: Path) -> int | None:
-    """The port in ``pg/data/postmaster.pid``, if there is one."""
     return pidfile.read_port(pg_dir / "data" / "postmaster.pid", line=3)
 
 
 LOG_TAIL_LINES = 20
-"""How many lines of a process's log an error message carries."""
+
+
+def exited(what: str, log_path: Path) -> ClusterError:
+    """``what`` (a process that exited) and the last lines of its log, as one error."""
+    return ClusterError(f"{what}; last lines of {log_path}:\n" + tail(log_path))
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a process's log, read in bounded memory (a log may be large)."""
+    """The last ``lines`` lines of a process's log, read in bounded memory."""
     try:
         return "\n".join(tail_lines(path, max_lines=lines).lines)
     except OSError as exc:

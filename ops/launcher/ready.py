@@ -1,8 +1,5 @@
-"""Waiting for a started cluster: every control plane answers, one leads, every worker is alive.
-
-The wait goes on for as long as the cluster makes progress (:class:`WaitRule`): a large cluster
-takes a while to register every worker, and gives up only when nothing has improved for
-``timeout_s`` or when a cap that grows with the number of workers has passed.
+"""Waiting for a started cluster: every control plane answers, one leads, every worker is alive;
+for as long as the cluster makes progress, within a cap that grows with its workers (:class:`WaitRule`).
 """
 
 from __future__ import annotations
@@ -23,36 +20,26 @@ from runtime.errors import ClusterBusy, Unavailable
 from runtime.text import tail_lines
 
 POLL_INTERVAL_S = 0.2
-"""How often readiness is asked again, in seconds."""
 STATUS_TIMEOUT_S = 1.0
-"""Deadline of a readiness status call to a control plane that answered the last one, in
-seconds."""
+"""Deadline of a readiness status call to a control plane that answered the last one, in s."""
 STATUS_TIMEOUT_MAX_S = 8.0
-"""The longest deadline of a readiness status call, in seconds: a control plane that did not
-answer in time is given twice as long at the next poll, up to this (a status of 500 workers
-from a replica busy registering them takes longer than a second, and asking again with the
-same short deadline would never see it)."""
+"""The longest deadline of a status call, in s: one not answered in time is given twice as long
+at the next poll (500 workers' status from a busy replica takes over a second)."""
 CAP_PER_WORKER_S = 1.0
 """How much each worker adds to the overall cap of a wait, in seconds (:class:`WaitRule`)."""
 PROGRESS_EVERY_S = 2.0
 """The shortest time between two progress lines, in seconds."""
 OVERRUN_GRACE_S = 10.0
 """How long past its cap a wait may run before its caller gives up on it whatever it is doing
-(:func:`ops.rpc.with_client`'s ``limit_s``), in seconds: a poll in progress when the cap passes
-ends within a few status calls' deadlines."""
+(:func:`ops.rpc.with_client`'s ``limit_s``), in seconds."""
 FRESH_HEARTBEAT_S = 2.0
 """A worker counts as alive only with a heartbeat younger than this, in seconds, or than two of
-its heartbeat intervals where the cluster's workers beat less often (:func:`fresh_heartbeat_s`,
-and the interval the cluster tells, which a status answer carries)."""
+its heartbeat intervals where the cluster's workers beat less often."""
 
 
 def fresh_heartbeat_s(config: ClusterConfig) -> float:
-    """How young a worker's last heartbeat must be for readiness, in seconds.
-
-    ``FRESH_HEARTBEAT_S``, or twice the longest ``--heartbeat-interval-s`` among the cluster's
-    agent and fleet processes when that is longer (a worker beating every 3 s is never seen
-    with a heartbeat younger than 2 s for long).
-    """
+    """``FRESH_HEARTBEAT_S``, or twice the longest ``--heartbeat-interval-s`` of the cluster's
+    agents and fleets when that is longer, in seconds."""
     intervals = [
         float(value)
         for spec in config.processes
@@ -69,7 +56,6 @@ class Progress:
     answered: tuple[str, ...]
     """The ids of the control planes that answered a status call."""
     control_planes: int
-    """How many control planes the cluster has."""
     leader: str
     """The leader's id; empty: none elected (or no control plane answered)."""
     registered: int
@@ -77,10 +63,8 @@ class Progress:
     live: int
     """Workers alive with a fresh heartbeat (and back, when restarted)."""
     workers: int
-    """How many workers the cluster has."""
     busy: tuple[str, ...] = ()
-    """The ids of the control planes that answered the status call 'busy' (alive, shedding
-    work under load, as in a registration storm)."""
+    """The ids of the control planes that answered 'busy' (alive, shedding load)."""
 
     def counts(self) -> tuple[int, int, int, int]:
         """(control planes answered, 1 if a leader, workers registered, workers live)."""
@@ -100,28 +84,18 @@ class Progress:
 
 @attrs.define
 class WaitRule:
-    """When a wait for a starting cluster gives up: after ``stall_s`` without progress, or
-    ``cap_s`` after it began, whichever comes first.
+    """When a wait for a starting cluster gives up: after ``stall_s`` seconds without progress,
+    or ``cap_s`` after ``started_at``, whichever comes first. Pure: the caller passes the time.
 
-    Progress is a new high of any of the counts of :meth:`Progress.counts` (control planes
-    answering, a leader, workers registered, workers live): a count that falls and rises again
-    to where it was is not progress, so a cluster whose workers churn does not hold the wait
-    for ever. A poll that every control plane answered 'busy' counts as neither: they are alive
-    and working through a load (a large cluster's registrations), so the time without progress
-    stops running while they are all busy, and the cap still ends the wait. Pure: the caller
-    passes the time (trio seconds).
-
-    Args:
-        stall_s: how long without progress before giving up, in seconds.
-        cap_s: how long in all before giving up, in seconds.
-        started_at: when the wait began.
+    Progress is a new high of any of :meth:`Progress.counts`, so a cluster whose workers churn
+    does not hold the wait for ever. While every control plane answers 'busy' (alive, working
+    through a load), the time without progress stops running; the cap still ends the wait.
     """
 
     stall_s: float
     cap_s: float
     started_at: float
     progress_at: float = attrs.field(default=attrs.Factory(lambda self: self.started_at, takes_self=True))
-    """When the last progress was seen."""
     best: tuple[int, ...] = (0, 0, 0, 0)
     """The highest of each count seen so far."""
 
@@ -164,15 +138,12 @@ async def wait_progressing(
     on_progress: Callable[[str], None] | None = None,
 ) -> tuple[pb.StatusReply | None, list[str], str]:
     """Poll (``await poll_once()``: a status or None, what is missing, how far the cluster got)
-    every :data:`POLL_INTERVAL_S` until nothing is missing or ``rule`` gives up; a poll still
-    running when ``rule``'s deadline comes is cancelled.
+    every :data:`POLL_INTERVAL_S` until nothing is missing or ``rule`` gives up (a poll running
+    at its deadline is cancelled); ``check_exited`` runs before each poll and may raise.
 
     Returns:
         the last status, what is still missing (empty: ready) and, when not ready, why the
         wait gave up and how far the cluster got.
-
-    Raises:
-        ClusterError: from ``check_exited``, called before each poll.
     """
     status: pb.StatusReply | None = None
     missing = ["no control plane answered a status call yet"]
@@ -214,38 +185,27 @@ def wait_ready(
     """Poll until every control plane answers, one leads, and every worker is alive.
 
     A worker counts once the status shows it alive with a fresh heartbeat, and, for a worker
-    in ``restarted`` (id -> incarnation before the restart), once its log has a ``register``
-    line written since its new process started, when ``started_at`` says when that was (an
-    agent that took over its predecessor's jobs continues its incarnation, and a heartbeat of
-    a predecessor killed just before may commit late), else under a new incarnation.
+    in ``restarted``, once its log has a ``register`` line written since its new process
+    started, where ``started_at`` says when, else under a new incarnation: an agent that took
+    over its predecessor's jobs keeps its incarnation, and a killed predecessor's heartbeat
+    may commit late.
 
     Args:
-        state: the state folder (its logs are named in the error).
-        config: the cluster to wait for.
         restarted: id -> incarnation before the restart, of the workers just started again.
         timeout_s: how long to wait without progress, in seconds; the whole wait is capped at
-            this plus :data:`CAP_PER_WORKER_S` per worker (:meth:`WaitRule.for_cluster`).
+            this plus :data:`CAP_PER_WORKER_S` per worker, plus :data:`OVERRUN_GRACE_S` for a
+            call that does not end.
         check_exited: called before each poll; raises ClusterError when a process exited.
-        started_at: id -> when the restarted worker's process was started (``time.time()``,
-            which on a local cluster's one machine is the database's clock: its log's lines
-            carry the database's clock, :mod:`agent.dbclock`).
-        on_progress: called with a line saying how far the cluster got (:meth:`Progress.line`)
-            when that changed, at most every :data:`PROGRESS_EVERY_S`; None: silent.
-
-    Every wait is bounded: each status call by its control plane's deadline (from
-    :data:`STATUS_TIMEOUT_S`, doubled after each call it did not answer in time, up to
-    :data:`STATUS_TIMEOUT_MAX_S`), each poll by the wait's deadline, and the whole wait,
-    whatever a call does, by its cap plus :data:`OVERRUN_GRACE_S`; the waiting happens in a
-    thread of its own, so Ctrl-C and SIGTERM end it at once (:func:`ops.rpc.with_client`,
-    ``limit_s``).
+        started_at: id -> when the restarted worker's process was started (``time.time()``:
+            on one machine, the database's clock its log's lines carry).
+        on_progress: called with :meth:`Progress.line` when that changed, at most every
+            :data:`PROGRESS_EVERY_S`.
 
     Raises:
-        ClusterError: a process exited, or the wait gave up (:class:`WaitRule`); says why, how
-            far the cluster got (which control planes answered, how many workers are live of
-            how many), what is missing and the log files to read.
-        KeyboardInterrupt: Ctrl-C (or SIGTERM, turned into it by the command) while waiting.
+        ClusterError: a process exited, or the wait gave up; says why, how far the cluster got,
+            what is missing and the log files to read.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM) while waiting.
     """
-
     cap_s = WaitRule.for_cluster(timeout_s=timeout_s, workers=len(config.workers), now=0.0).cap_s
 
     async def poll(_client: ControlPlaneClient) -> tuple[pb.StatusReply | None, list[str], str]:
@@ -274,19 +234,7 @@ def wait_ready(
 
 
 MISSING_SHOWN = 20
-"""How many missing things a "not ready" error names (a cluster of 500 workers could list 500)."""
-
-
-async def readiness(
-    state: StateDir,
-    config: ClusterConfig,
-    restarted: Mapping[str, int],
-    started_at: Mapping[str, float] | None = None,
-) -> tuple[pb.StatusReply | None, list[str]]:
-    """A status (the first control plane's that answered, or None) and what is not ready yet
-    (see :func:`wait_ready`)."""
-    status, missing, _ = await readiness_progress(state, config, restarted, started_at or {})
-    return status, missing
+"""How many missing things a "not ready" error names."""
 
 
 async def readiness_progress(
@@ -297,12 +245,12 @@ async def readiness_progress(
     *,
     limits: dict[str, float] | None = None,
 ) -> tuple[pb.StatusReply | None, list[str], Progress]:
-    """As :func:`readiness`, and how far the cluster got.
+    """A status (the first control plane's that answered, or None), what is not ready yet (see
+    :func:`wait_ready`) and how far the cluster got.
 
-    ``limits`` (control plane id -> the deadline of its status call, in seconds; missing ids
-    get :data:`STATUS_TIMEOUT_S`) is updated: doubled, up to :data:`STATUS_TIMEOUT_MAX_S`, for
-    a control plane that did not answer in time; back to :data:`STATUS_TIMEOUT_S` for one that
-    answered.
+    ``limits`` (control plane id -> the deadline of its status call, in seconds; default
+    :data:`STATUS_TIMEOUT_S`) is updated: doubled, up to :data:`STATUS_TIMEOUT_MAX_S`, for one
+    that did not answer in time, back to :data:`STATUS_TIMEOUT_S` for one that answered.
     """
     limits = {} if limits is None else limits
     missing: list[str] = []
@@ -341,12 +289,15 @@ async def readiness_progress(
             continue
         answered.append(spec.id)
         status = status or reply
-    if status is None:
-        nothing = Progress(
-            answered=(), control_planes=len(config.control_planes), leader="", registered=0, live=0,
-            workers=len(config.workers), busy=tuple(busy),
+
+    def progress(leader: str = "", registered: int = 0, live: int = 0) -> Progress:
+        return Progress(
+            answered=tuple(answered), control_planes=len(config.control_planes), leader=leader,
+            registered=registered, live=live, workers=len(config.workers), busy=tuple(busy),
         )  # fmt: skip
-        return None, missing, nothing
+
+    if status is None:
+        return None, missing, progress()
     if not status.leader:
         logs = ", ".join(str(state.log_path(p.id)) for p in config.control_planes)
         missing.append(f"no leader elected (read {logs})")
@@ -364,48 +315,16 @@ async def readiness_progress(
             missing.append(f"{worker_spec.id} not registered {log_hint}")
             continue
         registered += 1
-        if (
-            worker.state != "alive"
-            or worker.last_heartbeat_age_s > fresh_s
-            or (
-                worker_spec.id in restarted
-                and not _back(
-                    worker, restarted[worker_spec.id], _registered(state, worker_spec.id, started_at)
-                )
-            )
-        ):
+        back = worker_spec.id not in restarted or (
+            registered_since(state.work_dir(worker_spec.id) / "agent.jsonl", started_at[worker_spec.id])
+            if worker_spec.id in started_at
+            else worker.incarnation != restarted[worker_spec.id]
+        )
+        if worker.state != "alive" or worker.last_heartbeat_age_s > fresh_s or not back:
             missing.append(f"{worker_spec.id} not registered alive yet {log_hint}")
         else:
             live += 1
-    progress = Progress(
-        answered=tuple(answered),
-        control_planes=len(config.control_planes),
-        leader=status.leader,
-        registered=registered,
-        live=live,
-        workers=len(config.workers),
-        busy=tuple(busy),
-    )
-    return status, missing, progress
-
-
-def _registered(state: StateDir, worker_id: str, started_at: Mapping[str, float]) -> bool | None:
-    """Whether ``worker_id``'s new process registered since it was started; None when its start
-    time is not known."""
-    if worker_id not in started_at:
-        return None
-    return registered_since(state.work_dir(worker_id) / "agent.jsonl", started_at[worker_id])
-
-
-def _back(worker: pb.WorkerInfo, incarnation_before: int, registered: bool | None) -> bool:
-    """Whether a restarted worker's new process is back: ``registered`` (its log has a
-    ``register`` line since it was started: a new incarnation, or its predecessor's continued),
-    or, where that is not known (None), another incarnation than before
-    (``incarnation_before``; 0: unknown, taken as back). Not its row's heartbeat alone: a
-    heartbeat its killed predecessor sent may commit after the new process started."""
-    if registered is not None:
-        return registered
-    return worker.incarnation != incarnation_before
+    return status, missing, progress(status.leader, registered, live)
 
 
 def registered_since(log_path: Path, since_unix_s: float) -> bool:

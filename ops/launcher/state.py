@@ -1,9 +1,7 @@
 """The local cluster's state folder and what ``cluster.json`` records.
 
-Pure data and files: no processes are started or signalled here (:mod:`ops.launcher.control`
-does that), and the imports stay light (no trio, psutil or protocol), so a command that only
-reads the record (``stockade status`` printing the metrics addresses, say) pays for none of
-them. See :mod:`ops.cluster` for the folder's layout.
+Pure data and files, with light imports (no trio, psutil or protocol), so a command that only
+reads the record pays for none of them. The folder's layout: :mod:`ops.cluster`.
 """
 
 from __future__ import annotations
@@ -62,13 +60,19 @@ def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _specs(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
+    return tuple(items)
+
+
+def _workers(items: Iterable[WorkerSpec]) -> tuple[WorkerSpec, ...]:
+    return tuple(items)
+
+
 _Record = TypeVar("_Record", bound=attrs.AttrsInstance)
 
 LOCK_WAIT_S = 300.0
-"""How long ``up`` or ``down`` waits for another one holding the state folder's lock, in
-seconds (an ``up`` holds it while it waits for its cluster: 60 s by default)."""
+"""How long ``up`` or ``down`` waits for another one holding the state folder's lock, in seconds."""
 LOCK_POLL_S = 0.1
-"""How often a waiting ``up`` or ``down`` tries the lock again, in seconds."""
 
 
 @attrs.frozen(kw_only=True)
@@ -86,8 +90,7 @@ class ProcessSpec:
     metrics_address: str = ""
     """host:port of its Prometheus /metrics (its ``--metrics-port``); empty when it serves none."""
     console_address: str = ""
-    """host:port of a control plane's web console (its ``--http-port``); empty when it serves
-    none (see :func:`console_url` for the URL)."""
+    """host:port of a control plane's web console (its ``--http-port``); empty when it serves none."""
 
     @property
     def port(self) -> int:
@@ -102,27 +105,20 @@ planes and the workers, each at an address of its own."""
 
 @attrs.frozen(kw_only=True)
 class DockerSpec:
-    """Where a cluster in containers (``stockade up --docker``) lives: its private network and
-    image. Every process runs in a container of its own at a fixed address of the network's
-    /24 subnet: the database at host 2, ``cp-N`` at host 10+N, ``w-N`` at host 20+N; the
-    machine running the CLI reaches those addresses through the network's bridge, so nothing
-    is published on the machine's own interfaces."""
+    """Where a cluster in containers (``stockade up --docker``) lives. Each process has a
+    container at a fixed address of the network's /24 subnet (the database at host 2, ``cp-N``
+    at 10+N, ``w-N`` at 20+N), reached through the bridge: nothing is published."""
 
     network: str
-    """The Docker network's name."""
     subnet: str
-    """Its IPv4 subnet, a /24 (``172.29.N.0/24``)."""
+    """A /24 (``172.29.N.0/24``)."""
     image: str
-    """The image every container runs (``stockade:<version>``)."""
+    """``stockade:<version>``."""
     prefix: str
     """Container names are ``<prefix>-<process id>``."""
 
     def address_of(self, process_id: str) -> str:
-        """The container address of ``pg`` (the database), ``cp-N`` or ``w-N``.
-
-        Raises:
-            ClusterError: another id, or a number beyond what the subnet holds.
-        """
+        """The container address of ``pg``, ``cp-N`` or ``w-N``; ClusterError for another id."""
         kind, _, number = process_id.rpartition("-")
         if process_id == "pg":
             host = 2
@@ -146,16 +142,11 @@ class DockerSpec:
         return "stockade-" + hashlib.sha256(str(state_root.absolute()).encode()).hexdigest()[:8]
 
 
-def _spec_tuple(items: Iterable[ProcessSpec]) -> tuple[ProcessSpec, ...]:
-    return tuple(items)
-
-
 @attrs.frozen(kw_only=True)
 class WorkerSpec:
     """One worker of the cluster, whether it runs as an agent process or in a fleet."""
 
     id: str
-    """``w-1``..."""
     address: str
     """host:port its Worker service listens on."""
     cpu_millis: int = attrs.field(converter=int)
@@ -165,8 +156,7 @@ class WorkerSpec:
     process_id: str
     """The process that runs it: its own id for an agent process, else its fleet's id."""
     advertise_address: str = ""
-    """host:port the leader should call, when not ``address`` (recorded for fleet workers;
-    an agent process has it on its command line)."""
+    """host:port the leader should call, when not ``address`` (fleet workers only)."""
     control_planes: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     """Control-plane addresses of its own, when not the cluster's (as ``advertise_address``)."""
 
@@ -202,17 +192,9 @@ def option_value(args: Sequence[str], name: str) -> str | None:
     return found
 
 
-def _worker_tuple(items: Iterable[WorkerSpec]) -> tuple[WorkerSpec, ...]:
-    return tuple(items)
-
-
 def _record(cls: type[_Record], data: dict[str, Any]) -> _Record:
-    """A record of cluster.json (a process, a worker, a network) from its JSON object
-    (``attrs.asdict``'s): its fields by name; a field missing there takes its default.
-
-    Raises:
-        KeyError: a field without a default is missing.
-    """
+    """A record from its ``attrs.asdict`` JSON; missing fields take their defaults (KeyError
+    where there is none)."""
     fields = attrs.fields(cls)
     return cls(**{f.name: data[f.name] for f in fields if f.name in data or f.default is attrs.NOTHING})
 
@@ -230,27 +212,24 @@ class ClusterConfig:
     database_url: str
     embedded_pg_port: int | None
     """Port of the embedded server under ``pg/``; None when the database is DATABASE_URL's."""
-    processes: tuple[ProcessSpec, ...] = attrs.field(converter=_spec_tuple)
+    processes: tuple[ProcessSpec, ...] = attrs.field(converter=_specs)
     """The operating-system processes: control planes, agents and fleets."""
-    hosted_workers: tuple[WorkerSpec, ...] = attrs.field(default=(), converter=_worker_tuple)
+    hosted_workers: tuple[WorkerSpec, ...] = attrs.field(default=(), converter=_workers)
     """The workers that run in fleets (those in agent processes are in ``processes``)."""
-    retired_control_planes: tuple[ProcessSpec, ...] = attrs.field(default=(), converter=_spec_tuple)
+    retired_control_planes: tuple[ProcessSpec, ...] = attrs.field(default=(), converter=_specs)
     """Control planes an ``up`` with fewer of them stopped: their ports stay theirs, so one that
-    comes back listens where running workers still look for it (a worker keeps the list it
-    started with)."""
+    comes back listens where running workers (which keep their list) look for it."""
     cert_dir: str | None = None
-    """The folder of the cluster CA and every process's certificate (mutual TLS); None: the
-    cluster runs with ``--insecure``."""
+    """The cluster CA's and certificates' folder (mutual TLS); None: ``--insecure``."""
     ha_db: bool = False
-    """The database is the HA PostgreSQL pair under ``hadb/`` (``up --ha-db``, :mod:`ops.launcher.hadb`):
-    ``database_url`` is its multi-host URL and ``embedded_pg_port`` is None."""
+    """The database is the HA pair under ``hadb/`` (``up --ha-db``): ``database_url`` is its
+    multi-host URL."""
     docker: DockerSpec | None = None
-    """The cluster runs in containers (``up --docker``, :mod:`ops.launcher.docker`): the
-    database too, whose files are under ``pg/``; ``embedded_pg_port`` is None."""
+    """The cluster, database too, runs in containers (``up --docker``)."""
 
     @property
     def client_tls(self) -> TlsFiles | None:
-        """The operator's client certificate files for calling this cluster (None: plaintext)."""
+        """The operator's client certificate files (None: plaintext)."""
         return None if self.cert_dir is None else TlsFiles.in_dir(Path(self.cert_dir), "operator")
 
     @property
@@ -265,7 +244,6 @@ class ClusterConfig:
 
     @property
     def fleets(self) -> list[ProcessSpec]:
-        """The fleet processes, each hosting several workers (:meth:`workers_in`)."""
         return [p for p in self.processes if p.kind == "fleet"]
 
     @property
@@ -273,35 +251,20 @@ class ClusterConfig:
         return [p.address for p in self.control_planes]
 
     def metrics_addresses(self) -> dict[str, str]:
-        """Process id -> host:port of its Prometheus /metrics, for every process that serves
-        them (control planes, agents and fleets started by ``up``), in cluster.json's order."""
-        found = {}
-        for spec in self.processes:
-            address = metrics_address(spec)
-            if address is not None:
-                found[spec.id] = address
-        return found
+        """Process id -> host:port of its Prometheus /metrics, for each that serves them."""
+        return {spec.id: spec.metrics_address for spec in self.processes if spec.metrics_address}
 
     def console_urls(self) -> dict[str, str]:
-        """Control plane id -> the origin of its web console (:func:`console_url`), for every
-        control plane that serves one, in cluster.json's order."""
-        found = {}
-        for spec in self.control_planes:
-            url = console_url(spec, tls=self.cert_dir is not None)
-            if url is not None:
-                found[spec.id] = url
-        return found
+        """Control plane id -> the origin of its web console, for each that serves one."""
+        urls = {spec.id: console_url(spec, tls=self.cert_dir is not None) for spec in self.control_planes}
+        return {process_id: url for process_id, url in urls.items() if url is not None}
 
     def workers_in(self, process_id: str) -> list[WorkerSpec]:
         """The workers the process ``process_id`` runs: its own for an agent, a fleet's, or none."""
         return [w for w in self.workers if w.process_id == process_id]
 
     def worker(self, worker_id: str) -> WorkerSpec:
-        """The worker ``worker_id``, wherever it runs.
-
-        Raises:
-            ClusterError: no such worker in this cluster.
-        """
+        """The worker ``worker_id``, wherever it runs; ClusterError where there is none."""
         for worker in self.workers:
             if worker.id == worker_id:
                 return worker
@@ -309,23 +272,15 @@ class ClusterConfig:
         raise ClusterError(f"{worker_id} is not a worker of this cluster (it has {known})")
 
     def address_of(self, process_or_worker_id: str) -> str:
-        """host:port of a control plane or a worker (also one in a fleet).
-
-        Raises:
-            ClusterError: neither a control plane nor a worker of this cluster.
-        """
+        """host:port of a control plane or a worker; ClusterError for neither."""
         for spec in self.control_planes:
             if spec.id == process_or_worker_id:
                 return spec.address
         return self.worker(process_or_worker_id).address
 
     def process(self, process_id: str) -> ProcessSpec:
-        """The process named ``process_id``.
-
-        Raises:
-            ClusterError: no such process in this cluster; for a worker hosted in a fleet,
-                the message names the fleet (signal the fleet, which stops all its workers).
-        """
+        """The process named ``process_id``; ClusterError where there is none (for a worker in a
+        fleet, naming the fleet)."""
         for spec in self.processes:
             if spec.id == process_id:
                 return spec
@@ -379,7 +334,6 @@ class StateDir:
 
     @property
     def cert_dir(self) -> Path:
-        """Where ``up`` keeps the cluster CA and the certificates it issues."""
         return self.root / "certs"
 
     @property
@@ -388,7 +342,6 @@ class StateDir:
 
     @property
     def hadb_dir(self) -> Path:
-        """The HA PostgreSQL pair's folder (``up --ha-db``, :class:`ops.launcher.hadb.HaPostgres`)."""
         return self.root / "hadb"
 
     def log_path(self, process_id: str) -> Path:
@@ -400,8 +353,7 @@ class StateDir:
         return self.root / "events.jsonl"
 
     def record_fault(self, kind: str, target: str, at: float, until: float | None = None) -> None:
-        """Append one fault (``kind`` one of :data:`ops.checker.FAULT_KINDS`: kill, freeze or
-        partition of process ``target``, or an outage of the whole cluster; Unix seconds) to
+        """Append one fault (``kind`` of :data:`ops.checker.FAULT_KINDS`; Unix seconds) to
         :attr:`events_path`."""
         line = {"kind": kind, "target": target, "at": at, "until": at if until is None else until}
         with self.events_path.open("a", encoding="utf-8") as out:
@@ -414,8 +366,7 @@ class StateDir:
         return self.root / "workers" / worker_id
 
     def worker_dirs(self) -> list[Path]:
-        """Every worker's folder under ``workers/``: the recorded workers' and those of workers
-        an ``up`` stopped and dropped since (their logs still say how they stopped), by id."""
+        """Every worker's folder under ``workers/``, also of workers dropped since, by id."""
         try:
             found = [path for path in (self.root / "workers").iterdir() if path.is_dir()]
         except FileNotFoundError:
@@ -423,7 +374,6 @@ class StateDir:
         return sorted(found, key=lambda path: worker_order(path.name))
 
     def fleet_spec_path(self, fleet_id: str) -> Path:
-        """The spec file (``agent.fleet``) listing the workers fleet ``fleet_id`` hosts."""
         return self.root / "fleets" / f"{fleet_id}.json"
 
     def create(self) -> None:
@@ -432,16 +382,9 @@ class StateDir:
 
     @contextlib.contextmanager
     def locked(self, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-        """Hold an exclusive flock on ``.lock``, so two ``up``/``down`` never interleave; the
-        holder's pid is written in it.
-
-        Args:
-            wait_s: how long to wait for another holder, in seconds (polled: Ctrl-C ends the
-                wait at once).
-
-        Raises:
-            ClusterError: another process still held it after ``wait_s``; names its pid.
-        """
+        """Hold an exclusive flock on ``.lock`` (with the holder's pid in it), so two
+        ``up``/``down`` never interleave. ClusterError, naming the holder's pid, when another
+        still holds it after ``wait_s`` seconds (polled, so Ctrl-C ends the wait)."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
         with path.open("a+") as lock_file:
@@ -469,11 +412,7 @@ class StateDir:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
     def load(self) -> ClusterConfig | None:
-        """The recorded cluster, or None when there is none.
-
-        Raises:
-            ClusterError: cluster.json exists but cannot be read.
-        """
+        """The recorded cluster, or None; ClusterError where cluster.json cannot be read."""
         try:
             text = self.config_path.read_text()
             return ClusterConfig.from_json(json.loads(text))
@@ -498,8 +437,7 @@ class StateDir:
 
 
 def metrics_address(spec: ProcessSpec) -> str | None:
-    """host:port of a process's Prometheus /metrics (its recorded ``metrics_address``), or None
-    when it serves none."""
+    """host:port of a process's Prometheus /metrics, or None when it serves none."""
     return spec.metrics_address or None
 
 
@@ -509,9 +447,8 @@ def iter_worker_logs(state: StateDir, worker_ids: Iterable[str]) -> dict[str, Pa
 
 
 def console_url(spec: ProcessSpec, *, tls: bool) -> str | None:
-    """The origin of a control plane's web console, or None when it serves none: ``https://``
-    its recorded ``console_address`` with TLS, ``http://127.0.0.1:<port>`` without (a console
-    without TLS listens on 127.0.0.1 only, :mod:`actors.console`)."""
+    """The origin of a control plane's web console, or None: ``https://`` its address with TLS,
+    ``http://127.0.0.1:<port>`` without (where such a console listens)."""
     address = spec.console_address
     if not address:
         return None

@@ -1,10 +1,4 @@
-"""``up``, written once for every driver: :class:`Launcher`.
-
-The flow (the lock, the record and its TLS mode, the database, the plan, the certificates, the
-surplus stopped, what does not run started, the wait until ready, the result) is here; a driver
-(:class:`ops.launcher.control.LocalCluster`, :class:`ops.launcher.docker.DockerCluster`) holds
-only what differs, through :class:`ops.launcher.driver.ClusterDriver`.
-"""
+"""``up``, written once for every driver (:class:`ops.launcher.driver.ClusterDriver`): :class:`Launcher`."""
 
 from __future__ import annotations
 
@@ -28,19 +22,14 @@ READY_TIMEOUT_S = 60.0
 """How long ``up`` waits for a leader and every worker, in seconds."""
 
 TLS_OPTIONS = {"--insecure": 0, "--certs-dir": 1}
-"""The process options that choose plaintext or mutual TLS, with how many values each takes."""
+"""The process options that choose plaintext or mutual TLS -> how many values each takes."""
 
 
 class Launcher:
     """What every driver shares: ``up``, and the addresses of what it runs."""
 
     def metrics_addresses(self: ClusterDriver) -> dict[str, str]:
-        """Process id -> host:port of its Prometheus /metrics, for every recorded process that
-        serves them (:meth:`ClusterConfig.metrics_addresses`).
-
-        Raises:
-            ClusterError: nothing is recorded in the state folder.
-        """
+        """Process id -> host:port of its Prometheus /metrics; ClusterError where nothing is recorded."""
         return self.config().metrics_addresses()
 
     def up(
@@ -52,31 +41,23 @@ class Launcher:
         on_progress: Callable[[str], None] | None = None,
     ) -> UpResult:
         """Bring the cluster to the asked size, start what is not running, and wait until there
-        is a leader and every worker is alive.
-
-        Surplus control planes and workers (beyond cp-N and w-M) are stopped with SIGTERM (a
-        worker leaves the cluster cleanly, a control plane hands its lease on) and dropped
-        from cluster.json; see :func:`ops.launcher.plan.plan` for the rules. In containers,
-        those that run are left alone and exited ones are made again.
+        is a leader and every worker is alive. Surplus control planes and workers are stopped
+        with SIGTERM and dropped from cluster.json (:func:`ops.launcher.plan.plan`).
 
         Args:
-            control_planes: how many control planes (cp-1..cp-N) the cluster has; None keeps
-                the recorded count (3 for a new cluster; 1..9 in containers).
-            workers: how many workers (w-1..w-M) the cluster has; None keeps the recorded
-                count (5 for a new cluster; 0..200 in containers).
-            timeout_s: how long to wait for the cluster to be ready without progress, in
-                seconds (:func:`ops.launcher.ready.wait_ready`).
+            control_planes: how many control planes (cp-1..cp-N); None keeps the recorded
+                count (3 for a new cluster; 1..9 in containers).
+            workers: how many workers (w-1..w-M); None keeps the recorded count (5 for a new
+                cluster; 0..200 in containers).
+            timeout_s: how long to wait without progress, in seconds
+                (:func:`ops.launcher.ready.wait_ready`).
             on_progress: told how far the cluster got while it is waited for (one line).
-
-        Returns:
-            what was started and stopped, and the status that showed the cluster ready.
 
         Raises:
             ClusterError: a count is out of range or would split a fleet (nothing was
                 changed), the folder holds the other kind of cluster, the database or a
-                process could not be started (in containers: no engine, no image, run
-                ``stockade image build``), a process exited, or the cluster was not ready in
-                time; the message names the log to read.
+                process could not be started, a process exited, or the cluster was not ready
+                in time; the message names the log to read.
         """
         self.check_request(control_planes=control_planes, workers=workers)
         with self.state.locked():
@@ -100,7 +81,6 @@ def _up(
     told = False
 
     def starting() -> None:
-        """Tell ``on_start``, once per ``up``, that something is about to be started."""
         nonlocal told
         if driver.on_start is not None and not told:
             told = True
@@ -131,9 +111,8 @@ def _up(
     config = driver.recorded(attrs.evolve(the_plan.config, cert_dir=cert_dir))
     if cert_dir is not None:
         driver.issue_certificates(config)
-    # Recorded before the surplus is stopped: an up interrupted while it stops them leaves a
-    # record without them (the next up does not start them again; down still finds them by
-    # the state folder in their environment).
+    # Recorded before the surplus is stopped, so an interrupted up does not start them again
+    # (down still finds them by the state folder in their environment).
     state.save(config)
     stopped = driver.stop(the_plan.stop, previous)
     driver.forget(the_plan.removed)
@@ -181,16 +160,9 @@ def _up(
 def tls_mode(
     previous: ClusterConfig | None, cert_dir: str | None, *, running: bool, root: Path
 ) -> tuple[ClusterConfig | None, tuple[str, ...]]:
-    """The record to plan from and the TLS options of new processes, for a cluster asked to run
-    with the certificates of ``cert_dir`` (None: ``--insecure``).
-
-    Returns:
-        ``previous`` (its processes' TLS options rewritten when the mode changes), and
-        ``("--certs-dir", cert_dir)`` or ``("--insecure",)``.
-
-    Raises:
-        ClusterError: the mode changes while processes of the record run.
-    """
+    """``previous`` (its processes' TLS options rewritten when the mode changes) and the TLS
+    options of new processes, ``("--certs-dir", cert_dir)`` or ``("--insecure",)`` for a None
+    ``cert_dir``. ClusterError where the mode changes while processes of the record run."""
     tls_args = ("--insecure",) if cert_dir is None else ("--certs-dir", cert_dir)
     if previous is not None and previous.cert_dir != cert_dir:
         if running:
@@ -201,9 +173,6 @@ def tls_mode(
 
 
 def _with_tls_args(config: ClusterConfig, cert_dir: str | None, tls_args: tuple[str, ...]) -> ClusterConfig:
-    """``config`` with every recorded process's TLS options replaced by ``tls_args`` and
-    ``cert_dir`` recorded (for an ``up`` that changes the mode of a stopped cluster)."""
-
     def replaced(spec: ProcessSpec) -> ProcessSpec:
         kept: list[str] = []
         skip = 0

@@ -1,9 +1,6 @@
-"""Process commands, run in the foreground until SIGTERM or Ctrl-C: ``cp`` (one control-plane
-replica, :mod:`.control_plane`), ``agent`` and ``fleet`` (one worker, many workers in one
-process: :mod:`.agents`) and ``database`` (the embedded PostgreSQL server: what a database
-container runs, :mod:`.database`). This module holds what they share: options declared once, in
-tables of :class:`Option` that :func:`with_options` gives a command (:func:`settings_fields`
-reads a settings group's out of them), and the check of a process's certificate files."""
+"""Process commands, run in the foreground until SIGTERM or Ctrl-C: ``cp``, ``agent``, ``fleet``
+and ``database``. What they share: options declared once, in tables of :class:`Option` that
+:func:`with_options` gives a command, and the check of a process's certificate files."""
 
 from __future__ import annotations
 
@@ -121,13 +118,8 @@ def cert_folder(certs_dir: Path | None, insecure: bool) -> Path | None:
 
 def check_tls_files(folder: Path | None, role: str, ids: list[str], what: str) -> None:
     """Warn about --insecure (``folder`` None), or check ``folder``'s files for every id in
-    ``ids``: present, the key private, and the certificate issued to ``role`` with that id; so
-    a wrong one stops the start before anything runs.
-
-    Raises:
-        typer.Exit: a file is missing, its key is readable by others, or the certificate names
-            someone else (one line, exit 1).
-    """
+    ``ids``: present, the key private, the certificate issued to ``role`` with that id (else
+    one line, exit 1, before anything runs)."""
     from ops.certs import NotAStockadeCertificate, describe
     from ops.cli.common import warn_insecure
     from runtime.tls import TlsFiles

@@ -175,11 +175,7 @@ defaults from :class:`AgentSettings` and :class:`OutputSettings`."""
 
 
 def _settings_fields(options: Options) -> dict[str, Any]:
-    """The :class:`AgentSettings` fields the options set, every worker's the same.
-
-    Raises:
-        InvalidArgument: an output option out of range, naming its field.
-    """
+    """The :class:`AgentSettings` fields the options set, every worker's the same."""
     output = OutputSettings(
         max_output_mb=options["max_output_mb"], output_retention_s=options["output_retention_s"]
     )
@@ -197,11 +193,7 @@ def _main_arguments(options: Options) -> dict[str, Any]:
 
 
 def _check(options: Options) -> None:
-    """Check what only this machine can tell: the priorities asked for, the job user.
-
-    Raises:
-        InvalidArgument: a priority out of range, or no such job user to be had.
-    """
+    """Check what only this machine can tell (InvalidArgument): the priorities, the job user."""
     from runtime.os_users import resolve_unprivileged_user
 
     check_nice(options["nice"])
@@ -210,14 +202,9 @@ def _check(options: Options) -> None:
 
 
 def _fleet_certificate(folder: Path | None, fleet_id: str, worker_ids: list[str]) -> TlsFiles | None:
-    """The fleet certificate's files, ``<folder>/<fleet_id>.crt`` and ``.key``, checked: present
-    (None when the certificate is absent, or with --insecure), the key private, and a fleet
-    certificate that names every worker of ``worker_ids``.
-
-    Raises:
-        typer.Exit: the key is missing or readable by others, or the certificate is no fleet
-            certificate or leaves a hosted worker out (one line, exit 1).
-    """
+    """The fleet certificate's files, ``<folder>/<fleet_id>.crt`` and ``.key`` (None where absent,
+    or with --insecure), checked: the key private, a fleet certificate naming every worker of
+    ``worker_ids`` (else one line, exit 1)."""
     from ops.certs import NotAStockadeCertificate, describe
 
     if folder is None:
