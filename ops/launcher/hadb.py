@@ -58,6 +58,9 @@ ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
 PG_MEMBERS = ("pg-1", "pg-2")
 """The Patroni members, each with its own PostgreSQL data dir."""
 
+PRIMARY_ROLES = ("leader", "master", "primary")
+"""The roles a running primary is reported with, by Patroni's versions (3.x says ``leader``)."""
+
 _STOP_TIMEOUT_S = 30.0
 """Seconds for one process to exit after SIGTERM before SIGKILL."""
 _POLL_S = 0.1
@@ -202,7 +205,7 @@ class HaPostgres:
     def primary(self) -> Member:
         """The member Patroni holds as the running primary; HaDatabaseError where there is none."""
         for member in self.members():
-            if member.role in ("leader", "master", "primary") and member.state == "running":
+            if member.role in PRIMARY_ROLES and member.state == "running":
                 return member
         raise HaDatabaseError(f"the HA database of {self.root} has no running primary right now")
 
@@ -447,8 +450,8 @@ class HaPostgres:
                     raise HaStartError(f"{name} exited while starting{self._log_tail(name)}")
             try:
                 members = self.members()
-                roles = {(m.role, m.state) for m in members}
-                if ("leader", "running") in roles and ("sync_standby", "streaming") in roles:
+                primary = any(m.role in PRIMARY_ROLES and m.state == "running" for m in members)
+                if primary and any((m.role, m.state) == ("sync_standby", "streaming") for m in members):
                     return
                 last = ", ".join(f"{m.name} {m.role} {m.state}" for m in members) or "no members yet"
             except HaDatabaseError as exc:
