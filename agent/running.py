@@ -1,17 +1,13 @@
 """The agent's jobs from acceptance until they have really ended: one shielded task each.
 
 :class:`RunningJobs` gives every accepted job its task (a command job first waits for a start
-slot, :mod:`agent.starts`), writes its ``start`` line just before it begins and its ``stop``
-line once it has really ended, keeps the outcome of a job that ended on its own for the
-heartbeats, and frees the job's reservation. Which outcomes are reported, and when a job
-counts as stopped by the fence, is argued in :mod:`agent.core`; the fence state itself is
-the agent's :class:`agent.fence.FenceClock`, read here, and fencing is the agent's
-(``fence_if_due``, ``fence_now``), since it also changes what the agent accepts.
+slot, :mod:`agent.starts`), writes its ``start`` line just before it begins and its ``stop`` line
+once it has really ended, keeps the outcome of a job that ended on its own for the heartbeats,
+and frees the job's reservation. Fencing is the agent's (``fence_if_due``, ``fence_now``).
 
 Every started job has a record in its folder (:mod:`agent.adoption`) from its ``start`` line
 until its ``stop`` line, so that an agent started again on the same work folder can take it over
-(:meth:`RunningJobs.adopt`) or write its ``stop`` line and report its outcome when it ended while
-no agent watched it (:meth:`RunningJobs.settle_ended`).
+(:meth:`RunningJobs.adopt`) or settle it (:meth:`RunningJobs.settle_ended`).
 """
 
 from __future__ import annotations
@@ -61,8 +57,6 @@ class RunningJobs:
         fence_if_due: the agent's check of a passed fence deadline (it fences when so).
         fence_now: the agent's self-fence.
         logger: the agent's logger.
-        run_as: who command jobs run as; None: the agent's user.
-        resources: how command jobs' limits are enforced; None: they are not (tests).
     """
 
     settings: AgentSettings
@@ -94,14 +88,12 @@ class RunningJobs:
         return len(self._jobs)
 
     def added(self) -> trio.Event:
-        """An event set when the next job is added (accepted, or taken over from a previous
-        agent process): who waits for new jobs waits on it rather than looking again and again."""
+        """An event set when the next job is added (accepted, or taken over)."""
         return self._added
 
     def began(self) -> trio.Event:
-        """An event set when the next job placed before (moved, stopped or retried:
-        :attr:`agent.messages.JobOrder.placed_before`) starts after this call: the heartbeat
-        loop waits on it to report the run early (:func:`agent.fence.early_heartbeat_allowed`)."""
+        """An event set when the next job placed before (:attr:`agent.messages.JobOrder.placed_before`)
+        starts: the heartbeat loop waits on it to report the run early."""
         return self._began
 
     def _put(self, job: Job) -> None:
@@ -124,8 +116,7 @@ class RunningJobs:
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
-        """Assignments whose jobs have started and not ended yet (see
-        :attr:`agent.core.Agent.running_assignment_ids`)."""
+        """Assignments whose jobs have started and not ended yet."""
         return tuple(sorted(aid for aid, job in self._jobs.items() if job.started))
 
     def start(self, order: AssignOrder, to_start: tuple[JobOrder, ...]) -> None:
@@ -249,34 +240,38 @@ class RunningJobs:
             on_spawned=lambda pid: self._record_reaper(job, pid),
         )
         try:
-            result = await self.runner(
+            result = await self._run(
                 runtime,
-                job_dir=job_dir,
-                stop=job.stop,
-                stop_grace_s=self.settings.stop_grace_s,
-                fence_deadline_path=self.fence.path,
-                job_nice=self.settings.job_nice,
-                run_as=self.run_as,
+                job,
+                job_dir,
                 job_env={**dict(order.spec.env), **job_environment(order)},
                 on_started=(lambda: None) if ticket is None else ticket.release,
-                pause=self.fence,
                 **options,
             )
         except BaseException:
-            # A bug in a runtime: it has killed and reaped what it started before
-            # raising. Record the end, release the job, and let the error take the
-            # agent down (fail loud).
+            # A bug in a runtime: it has killed and reaped what it started before raising.
+            # Record the end, release the job, and let the error take the agent down.
             self._release(job)
             try:
-                self._write_job_line(
-                    LogEvent.STOP,
-                    job,
-                    reason=StopReason.FAILED.value,
-                )
+                self._write_job_line(LogEvent.STOP, job, reason=StopReason.FAILED.value)
             finally:
                 job.done.set()
             raise
         self._job_ended(job, result)
+
+    async def _run(self, runtime: Any, job: Job, job_dir: Path, **options: Any) -> JobResult:
+        """Run ``runtime`` for ``job`` with the agent's settings and ``options``."""
+        return await self.runner(
+            runtime,
+            job_dir=job_dir,
+            stop=job.stop,
+            stop_grace_s=self.settings.stop_grace_s,
+            fence_deadline_path=self.fence.path,
+            job_nice=self.settings.job_nice,
+            run_as=self.run_as,
+            pause=self.fence,
+            **options,
+        )
 
     def _report(self, job: Job, **outcome: Any) -> None:
         """Queue ``job``'s outcome (the :class:`Outcome` fields other than its ids) for the
@@ -373,12 +368,10 @@ class RunningJobs:
         pause_at_s: float | None,
         kill_at_s: float | None,
     ) -> Job | None:
-        """Take over a job the previous agent process of this work folder left running (found
-        by :func:`agent.adoption.survey`): it holds its reservation and has a task here as an
-        accepted job does, which watches its reaper (not this process's child) through a
-        pidfd, or, for a sleep job, holds it until ``go`` is set (the agent's incarnation is
-        continued) and then runs the rest of its duration. A stray (:attr:`Verdict.STRAY`) is
-        asked to stop at once. The job ends as any job, with its ``stop`` line and its outcome.
+        """Take over a job the previous agent process of this work folder left running (found by
+        :func:`agent.adoption.survey`): it holds its reservation and gets a task that watches its
+        reaper through a pidfd, or, for a sleep job, holds it until ``go`` is set and then runs
+        the rest of its duration. A stray (:attr:`Verdict.STRAY`) is asked to stop at once.
 
         Args:
             found: the job and its verdict (keepable, stray or sleep).
@@ -485,18 +478,8 @@ class RunningJobs:
                 job, attrs.evolve(record, began_monotonic_s=monotonic_of(job.started_at), paused_s=0.0)
             )
             rest, options = sleep_rest(record, record.runtime, ran_s=ran_s, now_s=monotonic_of(now))
-            result = await self.runner(
-                rest,
-                job_dir=job.job_dir or self.jobs_dir,
-                stop=job.stop,
-                stop_grace_s=self.settings.stop_grace_s,
-                fence_deadline_path=self.fence.path,
-                job_nice=self.settings.job_nice,
-                run_as=self.run_as,
-                job_env={},
-                on_started=lambda: None,
-                pause=self.fence,
-                **options,
+            result = await self._run(
+                rest, job, job.job_dir or self.jobs_dir, job_env={}, on_started=lambda: None, **options
             )
             self._job_ended(job, attrs.evolve(result, began_at=trio_time_of(record.started_monotonic_s)))
 
@@ -518,11 +501,10 @@ class RunningJobs:
             reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
-        # The runtime's end (a command job its reaper held or killed at the fence: when it was
-        # paused, or killed without a pause; a sleep job stopped while paused: when the pause
-        # began), dated by the database's clock, never before its start line. Its record goes
-        # once the line is written: a line that waits for the clock (a restarted agent's, before
-        # it registered) keeps it, so an agent killed meanwhile leaves the job to the next.
+        # The runtime's end (see _fenced), dated by the database's clock, never before its start
+        # line. Its record goes once the line is written: a line that waits for the clock (a
+        # restarted agent's, before it registered) keeps it, so an agent killed meanwhile leaves
+        # the job to the next.
         self._write_job_line(
             LogEvent.STOP,
             job,
@@ -546,10 +528,8 @@ class RunningJobs:
         )
         if fenced and not result.started and job.stop_reason is None:
             # The fence ended it before it started, on its own (its reaper found the deadline
-            # passed: an unreadable deadline file, a start past the kill deadline), and nobody
-            # asked for the stop. Said, so that the control plane ends the assignment: should
-            # this incarnation live on (a pause that resumes), nothing else would, and the job
-            # would stay running for ever. Carried by a registration too, like any outcome.
+            # passed), and nobody asked for the stop. Said, so that the control plane ends the
+            # assignment: should this incarnation live on, nothing else would.
             self._report(
                 job,
                 state=JobState.NOT_STARTED,
@@ -582,9 +562,8 @@ class RunningJobs:
         return result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
 
     def _write_job_line(self, event: LogEvent, job: Job, **fields: Any) -> float | None:
-        """Append ``event`` for ``job`` to the job log with its incarnation, the epoch of the
-        Assign that started it, its ids and ``fields`` (:meth:`agent.joblog.JobLog.write`);
-        returns the line's time (None: it waits for the database's clock).
+        """Append ``event`` for ``job`` to the job log with its incarnation, epoch, ids and
+        ``fields``; returns the line's time (None: it waits for the database's clock).
 
         Raises:
             OSError: the line could not be written.
