@@ -1,12 +1,7 @@
 """Restarts that keep jobs: how a restarted agent finds what its predecessor left running and
-takes it over.
+takes it over: :func:`survey`, :func:`plan_takeover`, :class:`ReaperWatch`.
 
-Main names: :func:`survey` (every supervisor of this work folder, each record judged by
-:func:`judge` as a :class:`Verdict`), :func:`plan_takeover` (what to settle, watch, keep and stop;
-:func:`fit` for a smaller capacity), :class:`ReaperWatch` and :func:`watch_supervisor` (a reaper
-this agent did not fork, held by a pidfd), :func:`stop_strays`, :func:`result_from_report` and
-:func:`lock_work_dir`. The job's record is :mod:`agent.job_record`'s. docs/design.md, "Restarts on
-the worker: the record, the survey and the takeover" (and "Restarts" for the safety argument).
+docs/design.md, "Restarts on the worker: the record, the survey and the takeover".
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -92,9 +88,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
     ``/proc/<pid>/stat``, or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            # The command name (field 2) is in parentheses and may hold spaces or ")": split
-            # after its last ")". Field 3 (the state) is then the first, field 4 the second,
-            # field 22 the 20th.
+            # The command name (field 2) may hold spaces or ")": split after its last ")".
             fields = file.read().rsplit(")", 1)[1].split()
             return int(fields[1]), int(fields[19])
     except (OSError, IndexError, ValueError):
@@ -191,9 +185,8 @@ def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
 
 
 def supervised_job_folders(deadline_path: str) -> frozenset[str]:
-    """The names of the job folders (``<job_id>-<assignment_id>``) in which a supervisor of the
-    worker whose fence-deadline file is ``deadline_path`` still runs: jobs a restarted agent
-    takes over or stops itself (:func:`survey`), whose cgroups must stay until then
+    """The names of the job folders in which a supervisor of the worker whose fence-deadline file
+    is ``deadline_path`` still runs: their cgroups stay for the takeover
     (:func:`agent.cgroups.resource_settings`)."""
     return frozenset(os.path.basename(info.cwd) for info, _ in supervisors(deadline_path))
 
@@ -261,13 +254,6 @@ def fit(
         else:
             dropped.append(job)
     return kept, dropped
-
-
-def incarnation_to_resume(records: Iterable[JobRecord]) -> int | None:
-    """The incarnation a restarted agent asks to continue: the newest its kept jobs run in
-    (an agent runs the jobs of one incarnation only: it stops all of them before it registers a
-    new one), or None when there is nothing to keep."""
-    return max((r.incarnation for r in records), default=None)
 
 
 def sleep_ran_s(record: JobRecord, *, now_s: float, pause_at_s: float | None) -> float:
@@ -364,18 +350,15 @@ def plan_takeover(
     """Decide what a restarted agent keeps of ``found``. Pure.
 
     Nothing is kept when the fence-deadline file's kill deadline is less than ``min_left_s``
-    ahead of ``now_s`` (``time.monotonic()``; the reapers kill their jobs at it, so a
-    continuation must get through well before), or when there are no pidfds (``pidfds``). Else
+    ahead of ``now_s`` (the reapers kill their jobs at it), or when there are no pidfds. Else
     the keepable jobs (:attr:`Verdict.KEEPABLE`) and the sleep jobs of the newest incarnation
-    among them (:func:`incarnation_to_resume`) are kept as far as they fit ``cpu_millis`` and
+    among them (an agent runs the jobs of one incarnation only) are kept as far as they fit ``cpu_millis`` and
     ``memory_mb`` (:func:`fit`); every other job still running is stopped (strays, older
     incarnations, those that do not fit). A sleep job whose duration ran out while no agent
     watched it is settled as succeeded.
 
     Args:
-        found: the survey.
-        cpu_millis: the capacity the agent offers now, in millicores.
-        memory_mb: the memory it offers now, in MiB.
+        cpu_millis, memory_mb: the capacity the agent offers now.
         now_s: ``time.monotonic()`` now.
         min_left_s: how far ahead the kill deadline must be for anything to be kept, in seconds.
         pidfds: whether the system has pidfds (``os.pidfd_open``).
@@ -408,25 +391,17 @@ def plan_takeover(
     elif not pidfds:
         stop.update({r.assignment_id: "this system has no pidfds to watch it with" for r in candidates})
     else:
-        incarnation = incarnation_to_resume(candidates)
+        incarnation = max((r.incarnation for r in candidates), default=None)
         same = [r for r in candidates if r.incarnation == incarnation]
-        stop.update(
-            {
-                r.assignment_id: f"it runs in incarnation {r.incarnation}, older than {incarnation}"
-                for r in candidates
-                if r.incarnation != incarnation
-            }
-        )
+        for r in candidates:
+            if r.incarnation != incarnation:
+                stop[r.assignment_id] = f"it runs in incarnation {r.incarnation}, older than {incarnation}"
         kept, dropped = fit(same, cpu_millis=cpu_millis, memory_mb=memory_mb)
-        stop.update(
-            {
-                r.assignment_id: (
-                    f"it does not fit the worker's capacity of {cpu_millis} cpu_millis and "
-                    f"{memory_mb} memory_mb beside the older jobs kept"
-                )
-                for r in dropped
-            }
-        )
+        for r in dropped:
+            stop[r.assignment_id] = (
+                f"it does not fit the worker's capacity of {cpu_millis} cpu_millis and "
+                f"{memory_mb} memory_mb beside the older jobs kept"
+            )
     return TakeoverPlan(
         settle=tuple(settle),
         watch=tuple(watch),
@@ -548,9 +523,6 @@ def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> Jo
     began = trio_time_of(record.started_monotonic_s)
     report = deadman.read_report(job_dir)
     if not report:
-        # No reaper recorded, none runs and none reported: the agent died before it forked one
-        # (or as the reaper began, which then started nothing). Nothing ran: the control plane
-        # places the job again at once (schema.sql, record_outcomes).
         unstarted = record.supervisor_pid is None and not stopped
         return JobResult(
             state=JobState.NOT_STARTED if unstarted else JobState.CANCELLED if stopped else JobState.FAILED,
@@ -579,8 +551,6 @@ async def stop_strays(strays: Sequence[ProcessInfo], *, stop_grace_s: float) -> 
     async with trio.open_nursery() as nursery:
         for watch, ticks in watches:
             watch.send(signal.SIGUSR1, ticks)
-            nursery.start_soon(_watch_stray, watch, ticks, stop, stop_grace_s)
-
-
-async def _watch_stray(watch: ReaperWatch, ticks: int, stop: trio.Event, stop_grace_s: float) -> None:
-    await watch_supervisor(watch, ticks=ticks, stop=stop, stop_grace_s=stop_grace_s)
+            nursery.start_soon(
+                partial(watch_supervisor, watch, ticks=ticks, stop=stop, stop_grace_s=stop_grace_s)
+            )

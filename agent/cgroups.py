@@ -1,12 +1,8 @@
 """Command jobs in cgroups (v2 and v1): a worker's subtree and a job's cgroup in each layout, and
-the choice of mode at agent start.
+the choice of mode at agent start (:func:`select_resources`, :func:`resource_settings`).
 
-Main names: :func:`select_resources` (``auto``: cgroup v2 where the agent's cgroup offers
-``cpu``, ``memory`` and ``pids`` and can be set up, else cgroup v1, else rlimits;
-:mod:`agent.resources` has the modes and the numbers), :class:`Cgroup2Resources` and
-:class:`Cgroup1Resources` (one worker's jobs), :func:`resource_settings` (the mode, logged and
-labelled). Where the hierarchies are: :mod:`agent.cgroup_mounts`. The layouts, the leftovers and
-what the kernel reports: docs/design.md, "Job cgroups: layouts and leftovers".
+The modes and the numbers: :mod:`agent.resources`; the layouts and leftovers: docs/design.md,
+"Job cgroups: layouts and leftovers".
 """
 
 from __future__ import annotations
@@ -43,10 +39,7 @@ from agent.resources import (
     memory_limit_bytes,
 )
 from agent.runtimes import owner_of
-from runtime.settings.agent import (
-    AUTO,
-    AgentSettings,
-)
+from runtime.settings.agent import AUTO, AgentSettings
 
 AGENT_LEAF = "stockade-agent"
 """cgroup v2: the leaf the agent moves its process into (docs/design.md, "Job cgroups")."""
@@ -65,8 +58,7 @@ def _read(path: Path) -> str:
 
 
 def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
-    """Make the cgroup ``folder`` (the kernel fills it with its interface files; a test's fake
-    tree replaces this to do the same)."""
+    """Make the cgroup ``folder`` (a test's fake tree replaces this)."""
     try:
         os.mkdir(folder)
     except FileExistsError:
@@ -75,8 +67,7 @@ def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
 
 
 def _make_job_dir(folder: Path, prepare: Callable[[], None]) -> None:
-    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone
-    (removed meanwhile: an empty folder of an agent that was killed looks like litter)."""
+    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone."""
     try:
         _mkdir(folder)
     except FileNotFoundError:
@@ -218,7 +209,7 @@ class Cgroup2Resources:
     def prepare(self) -> None:
         """Make the jobs' group and the worker's folder, handing the controllers down; nothing
         changes where they are there already. At start, and again should they have been
-        removed meanwhile (an empty folder of an agent that was killed looks like litter).
+        removed meanwhile (an empty folder of a killed agent looks like litter).
 
         Raises:
             OSError: they cannot be made or written.
@@ -517,11 +508,9 @@ async def resource_settings(
     settings: AgentSettings, logger: Any, *, host: Host | None = None, keep: Collection[str] = ()
 ) -> tuple[AgentSettings, JobResources]:
     """The worker's job resources (:func:`select_resources`), once the job cgroups an earlier
-    life of this worker left are removed but those named in ``keep`` (the job folders' names of
-    jobs whose supervisors still run, for the restarted agent to take over or stop:
-    :mod:`agent.adoption`), with ``settings`` given the label ``resources=<mode>``;
-    the mode, where, and why a better one was not taken are logged. The file system calls run
-    in a thread.
+    life of this worker left are removed but those named in ``keep`` (jobs whose supervisors still
+    run: :mod:`agent.adoption`), with ``settings`` given the label ``resources=<mode>``; the mode,
+    where, and why a better one was not taken are logged.
 
     Raises:
         ResourcesUnavailable: ``settings.job_resources`` names a mode that cannot be used here.

@@ -1,10 +1,8 @@
 """Fleet mode: many workers' agents in one process (``stockade fleet``).
 
-One ``trio.run`` and one :func:`agent.main.run_agent` task per worker, the workers read from a
-spec file (:func:`load_fleet_spec`, :func:`fleet_settings`), their control-plane calls over one
-shared client (:func:`shared_client`), one-for-all on failure (:class:`WorkerFailed`): the spec
-format, the shared connections and the fleet certificate are in docs/design.md, "Fleets: many
-workers in one process".
+One :func:`agent.main.run_agent` task per worker of a spec file (:func:`load_fleet_spec`), their
+calls over one shared client (:func:`shared_client`), one-for-all on failure
+(:class:`WorkerFailed`): docs/design.md, "Fleets: many workers in one process".
 """
 
 from __future__ import annotations
@@ -29,18 +27,6 @@ from runtime.routes import home_index
 from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 
-__all__ = [
-    "FleetSpecError",
-    "FleetWorker",
-    "WorkerFailed",
-    "fleet_settings",
-    "load_fleet_spec",
-    "main",
-    "parse_fleet_spec",
-    "run_fleet",
-    "shared_client",
-]
-
 REGISTRATION_STEP_S = 0.08
 """A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
 10 s (docs/design.md, "The agent's calls under load")."""
@@ -50,16 +36,8 @@ _OPTIONAL = ("advertise_address", "control_planes")
 
 
 class FleetSpecError(InvalidArgument):
-    """A fleet spec that cannot be used; the message names the file, the entry, the field,
-    the value and the rule.
-
-    Args:
-        source: where the spec came from (its path).
-        entry: what is wrong where, e.g. ``"entry 2 (id 'w-3')"``; empty for the whole spec.
-        field: the offending key, e.g. ``"port"``.
-        value: the value found.
-        rule: the rule it broke, e.g. ``"must be an integer in 0..65535"``.
-    """
+    """A fleet spec that cannot be used; the message names the file (``source``), the entry (e.g.
+    ``"entry 2 (id 'w-3')"``; empty for the whole spec), the field, the value and the rule."""
 
     def __init__(self, source: str, entry: str, field: str, value: object, rule: str) -> None:
         super().__init__(field, value, rule)
@@ -70,12 +48,8 @@ class FleetSpecError(InvalidArgument):
 
 
 class WorkerFailed(PermanentError):
-    """One worker of a fleet failed for good; the fleet stops.
-
-    Args:
-        worker_id: the worker whose agent failed.
-        error: what it failed with (an exception group is flattened into its leaves).
-    """
+    """One worker of a fleet failed for good with ``error`` (a group is flattened into its
+    leaves); the fleet stops."""
 
     def __init__(self, worker_id: str, error: BaseException) -> None:
         causes = "; ".join(_describe(e) for e in _leaves(error))
@@ -127,10 +101,8 @@ def parse_fleet_spec(
     """Check a decoded spec (the JSON list) and return its workers, in order.
 
     Args:
-        data: the decoded JSON.
         source: how to name the spec in errors (its path).
-        base_dir: the folder relative ``work_dir`` values are taken from (default: the
-            current directory).
+        base_dir: the folder relative ``work_dir`` values are taken from (default: the cwd).
 
     Raises:
         FleetSpecError: not a non-empty list of objects; a key missing, unknown or of the
@@ -178,13 +150,8 @@ def parse_fleet_spec(
             raise FleetSpecError(source, entry, "work_dir", work_dir, "must be a non-empty path")
         resolved = str((base / work_dir).absolute())
         if resolved in seen_dirs:
-            raise FleetSpecError(
-                source,
-                entry,
-                "work_dir",
-                work_dir,
-                f"is already used by {seen_dirs[resolved]} (one log per worker)",
-            )
+            rule = f"is already used by {seen_dirs[resolved]} (one log per worker)"
+            raise FleetSpecError(source, entry, "work_dir", work_dir, rule)
         advertise = item.get("advertise_address", "")
         if advertise != "":
             _parsed(identifiers.parse_address, advertise, source, entry, "advertise_address")
@@ -215,12 +182,7 @@ def parse_fleet_spec(
 
 
 def _parsed(parser: Callable[..., object], value: Any, source: str, entry: str, field: str) -> None:
-    """``parser(value, field=field)`` (a :mod:`runtime.identifiers` parser), its refusal told
-    as a :class:`FleetSpecError` of ``entry`` of the spec from ``source``.
-
-    Raises:
-        FleetSpecError: ``parser`` refused ``value``.
-    """
+    """``parser(value, field=field)``; its refusal raised as a :class:`FleetSpecError`."""
     try:
         parser(value, field=field)
     except InvalidArgument as exc:
@@ -257,13 +219,10 @@ def fleet_settings(
     """One :class:`AgentSettings` per worker.
 
     Args:
-        workers: the spec's workers.
         control_planes: the fleet's control-plane addresses (a worker's own list wins).
-        listen_host: the address every worker listens on.
         cert_dir: the folder of ``ca.crt`` and each worker's ``<id>.crt`` and ``<id>.key``
-            (mutual TLS, :class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
-        options: further :class:`AgentSettings` fields shared by all, e.g.
-            ``heartbeat_interval_s=1.0``.
+            (:class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
+        options: further :class:`AgentSettings` fields shared by all.
 
     Raises:
         InvalidArgument: a worker has no control-plane address, or an option is out of range.
@@ -295,25 +254,19 @@ def fleet_settings(
 def shared_client(
     workers: Sequence[AgentSettings], *, control_planes: Sequence[str], tls: TlsFiles | None
 ) -> ControlPlaneClient:
-    """The one control-plane client a fleet's workers share (docs/design.md, "Fleets: many
-    workers in one process").
+    """The one control-plane client a fleet's workers share, its per-call deadline the shortest
+    ``heartbeat_timeout_s`` of ``workers``.
 
     Args:
-        workers: the fleet's workers; the client's per-call deadline is the shortest
-            ``heartbeat_timeout_s`` among them (each worker's calls are hedged and bounded by
-            its own settings all the same).
         control_planes: the fleet's control-plane addresses; a worker with other addresses
             (not merely another order) keeps a client of its own (:func:`run_fleet`).
-        tls: the fleet certificate's files (a client certificate naming every worker it
-            hosts); None: plaintext (``--insecure``).
+        tls: the fleet certificate's files (naming every worker it hosts); None: plaintext.
 
     Raises:
         InvalidArgument: ``control_planes`` is empty or malformed.
     """
     return ControlPlaneClient(
-        control_planes,
-        timeout_s=min((w.heartbeat_timeout_s for w in workers), default=2.0),
-        tls=tls,
+        control_planes, timeout_s=min((w.heartbeat_timeout_s for w in workers), default=2.0), tls=tls
     )
 
 
@@ -326,11 +279,9 @@ async def _host(
     *,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one worker's agent with its id bound to every log line of its tasks, calling the
-    control planes through ``client`` when it is given and reaches the worker's control
-    planes, in any order (else through a client of its own)."""
-    # Each trio task runs in a copy of its parent's context: this binding reaches this
-    # agent's tasks (and the tasks they start) and no other worker's.
+    """Run one worker's agent with its id bound to every log line of its tasks (each trio task
+    runs in a copy of its parent's context), calling through ``client`` when it reaches the
+    worker's control planes, in any order (else through a client of its own)."""
     log.bind(worker_id=settings.worker_id)
     control_plane = None
     own = list(settings.control_planes)
@@ -362,27 +313,20 @@ async def run_fleet(
 ) -> None:
     """Run every worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Starts the agents one after the other, in the order of ``workers`` (each binds its port
-    before the next starts), their starts spread evenly over ``spread_s``, then signals
-    ``task_status.started(agents)`` (why spread: docs/design.md, "The agent's calls under
-    load"). On cancellation every agent stops its jobs (shielded) and logs each stop with
-    reason ``shutdown``, as a lone agent does.
-
-    The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
-    their settings; :func:`fleet_settings` gives them all the same), its turns for leave
-    attempts at a clean stop (the smallest ``max_concurrent_leaves``: every worker leaves,
-    a few at a time, retrying what no control plane answered; :meth:`agent.leave.Leaving._leave`)
-    and its one spawner thread, which ends only after every agent has stopped its jobs (see
-    :mod:`agent.starts`).
+    Starts the agents one after the other, in the order of ``workers``, spread evenly over
+    ``spread_s`` (docs/design.md, "The agent's calls under load"), then signals
+    ``task_status.started(agents)``. On cancellation every agent stops its jobs, as a lone agent
+    does. The workers share the process's start slots (the smallest ``max_concurrent_starts``),
+    its turns for leave attempts (the smallest ``max_concurrent_leaves``) and its one spawner
+    thread.
 
     Args:
-        workers: one settings object per worker.
         spread_s: seconds over which the starts are spread; None: the longest
             ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
             whichever is longer; 0: all at once.
-        client: the client the workers share (:func:`shared_client`; the caller closes it):
-            every worker whose ``control_planes`` are its addresses, in any order, calls
-            through it; None: each worker makes its own.
+        client: the client the workers share (the caller closes it): every worker whose
+            ``control_planes`` are its addresses, in any order, calls through it; None: each
+            worker makes its own.
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
@@ -407,23 +351,18 @@ async def run_fleet(
             task_status.started(agents)
 
 
-async def _serve_fleet(
-    workers: Sequence[AgentSettings], client: ControlPlaneClient | None, agents: list[Agent]
-) -> None:
-    try:
-        async with trio.open_nursery() as nursery:
-            agents.extend(await nursery.start(partial(run_fleet, workers, client=client)))
-    finally:
-        if client is not None:
-            client.close()  # every worker has left (or given up): nothing calls it any more
-
-
 async def _run_until_signal(workers: Sequence[AgentSettings], client: ControlPlaneClient | None) -> None:
+    async def serve(agents: list[Agent]) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                agents.extend(await nursery.start(partial(run_fleet, workers, client=client)))
+        finally:
+            if client is not None:
+                client.close()  # every worker has left (or given up): nothing calls it any more
+
     logger = log.get("fleet")
     await serve_until_signal(
-        partial(_serve_fleet, workers, client),
-        logger=logger,
-        message="stopping: signal received, stopping every worker's jobs",
+        serve, logger=logger, message="stopping: signal received, stopping every worker's jobs"
     )
     logger.info("fleet stopped")
 
@@ -439,17 +378,15 @@ def main(
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job of every worker is stopped (and logged) before this
-    returns, so the caller exits with status 0. On SIGHUP the process exits for a planned
-    restart of every worker, leaving their jobs running (:func:`agent.main.restart_on_signal`).
-    Must run in the main thread.
+    returns. On SIGHUP the process exits for a planned restart of every worker, leaving their
+    jobs running (:func:`agent.main.restart_on_signal`). Must run in the main thread.
 
     Args:
-        workers: one settings object per worker (:func:`fleet_settings`).
         fleet_id: this process's id, bound to every log line (``fleet_id``).
-        control_planes: the fleet's control-plane addresses: the workers that use these
-            share one client (:func:`shared_client`); empty: each worker has its own.
-        fleet_tls: the fleet certificate's files (mutual TLS); None with workers that use
-            TLS: no shared client, each worker calls with its own certificate.
+        control_planes: the fleet's control-plane addresses: the workers that use these share
+            one client (:func:`shared_client`); empty: each worker has its own.
+        fleet_tls: the fleet certificate's files; None with workers that use TLS: no shared
+            client, each worker calls with its own certificate.
         options: how the process runs (:class:`agent.main.ProcessOptions`); its metrics are
             served on the workers' listen host.
 
