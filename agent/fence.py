@@ -1,16 +1,10 @@
 """The agent's fence deadline: when it is, how it moves, and how the reapers learn it.
 
-The rules are in docs/design.md, "The agent's loops" (invariant 7 in DESIGN.md): the deadline
-is the send time of the newest acknowledged heartbeat (or registration) plus the self-fence
-span in force, and it is published to ``<work_dir>/fence_deadline`` for the reapers
-(:mod:`agent.reaper`) before the agent's own copy moves. :class:`FenceClock` holds that state
-for one agent; what fencing does to the jobs is :mod:`agent.self_fence`'s.
-
-All timing uses trio's clock; the conversions at the edge (:func:`monotonic_of` for the
-deadline file and the job records, :func:`trio_time_of` for what other processes wrote) are
-exact outside tests, since trio's system clock is ``CLOCK_MONOTONIC``, which runs on while the
-process is stopped. The wall clock is not read: the job log's times are the database's
-(:mod:`agent.dbclock`).
+The deadline is the send time of the newest acknowledged heartbeat (or registration) plus the
+self-fence span in force, published to ``<work_dir>/fence_deadline`` for the reapers before the
+agent's own copy moves (docs/design.md, "The agent's loops"). :class:`FenceClock` holds that
+state for one agent. All timing uses trio's clock; :func:`monotonic_of` and :func:`trio_time_of`
+convert at the edge, exactly outside tests (trio's system clock is ``CLOCK_MONOTONIC``).
 """
 
 from __future__ import annotations
@@ -57,10 +51,9 @@ def fence_after_s(
     must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
     below ``min_self_fence_s``). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
 
-    A heartbeat interval ``interval_s`` the cluster told, longer than the agent's own
-    ``heartbeat_interval_s``, stretches ``self_fence_after_s`` in proportion (as many missed
-    heartbeats are tolerated as at the agent's own interval), within the same limit
-    (docs/design.md, "Heartbeat interval").
+    A told heartbeat interval ``interval_s`` longer than the agent's own stretches
+    ``self_fence_after_s`` in proportion, within the same limit (docs/design.md, "Heartbeat
+    interval").
     """
     wanted = settings.self_fence_after_s
     if interval_s is not None and interval_s > settings.heartbeat_interval_s:
@@ -121,31 +114,25 @@ def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
 
 
 def early_heartbeat_allowed(now: float, last_early_at: float, interval_s: float) -> bool:
-    """Whether a job placed before (moved off a dead worker, stopped or retried:
-    ``Assignment.placed_before``) that started at ``now`` may pull the worker's next heartbeat
-    forward (so the control plane learns it runs, and a moved job counts as running elsewhere,
-    within milliseconds rather than up to an interval later): at most once every
-    :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last early one
-    (``last_early_at``), so that early heartbeats add at most a quarter to the heartbeat rate
-    the cluster chose; the regular heartbeats count from the early one. All in seconds, on one
-    clock."""
+    """Whether a job placed before (``Assignment.placed_before``) that started at ``now`` may pull
+    the worker's next heartbeat forward, so the control plane learns within milliseconds that it
+    runs: at most once every :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last
+    early one (``last_early_at``), so early heartbeats add at most a quarter to the heartbeat
+    rate. All in seconds, on one clock."""
     return now - last_early_at >= EARLY_HEARTBEAT_EVERY_INTERVALS * interval_s
 
 
 @attrs.define(eq=False, kw_only=True)
 class FenceClock:
-    """One agent's fence state: live or not, the deadline, and its publication.
-
-    Args:
-        settings: the agent's settings (self-fence span, call margins).
-        path: the fence-deadline file the reapers read.
-        logger: the agent's logger (a failed publication is logged there).
-    """
+    """One agent's fence state: live or not, the deadline, and its publication to the
+    fence-deadline file ``path`` (a failed publication is logged to ``logger``)."""
 
     settings: AgentSettings
     path: Path
     logger: Any
-    fence_after_s: float = attrs.field()
+    fence_after_s: float = attrs.field(
+        default=attrs.Factory(lambda self: self.settings.self_fence_after_s, takes_self=True)
+    )
     """The self-fence span in force: the setting, or less when the control planes'
     dead_after leaves too small a margin (see :func:`fence_after_s`)."""
     last_acked_send_time: float | None = None
@@ -168,10 +155,6 @@ class FenceClock:
     changed: trio.Event = attrs.field(factory=trio.Event)
     """Set (and replaced by a fresh one) whenever the jobs pause, resume or are fenced: what
     the agent's own timers (sleep jobs) wait on."""
-
-    @fence_after_s.default
-    def _setting(self) -> float:
-        return self.settings.self_fence_after_s
 
     def deadline(self) -> float | None:
         """The fence deadline in trio time; None before the first registration."""
@@ -283,13 +266,10 @@ class FenceClock:
         """How long a new registration (not the continuation of an incarnation that kept its
         jobs) may wait for an answer, in seconds.
 
-        A new incarnation holds no job (the agent stopped them all first), so an answer after
-        the fence deadline it sets (its send time plus the fence span) only pauses nothing until
-        the first heartbeat is answered. It may wait until ``call_deadline_margin_s`` before the
-        kill deadline such an answer sets (past that the agent would self-fence at once, and
-        register again), at most ``register_timeout_s``, never less than
-        :meth:`call_deadline_s`. With no outage grace (``db_outage_grace_s`` up to the fence
-        span) that is :meth:`call_deadline_s`.
+        A new incarnation holds no job, so an answer after the fence deadline it sets only pauses
+        nothing. It may wait until ``call_deadline_margin_s`` before the kill deadline such an
+        answer sets (past that the agent would self-fence at once), at most
+        ``register_timeout_s``, never less than :meth:`call_deadline_s`.
         """
         left_s = self.outage_grace_s() - self.settings.call_deadline_margin_s
         return max(self.call_deadline_s(), min(self.settings.register_timeout_s, left_s))
