@@ -1,11 +1,6 @@
-"""One worker's agent state, shared by the layers of :class:`agent.core.Agent`.
-
-:class:`AgentState` holds the fields that registration (:mod:`agent.registration`), heartbeats
-(:mod:`agent.heartbeat`), the pause and self-fence (:mod:`agent.self_fence`) and the leave
-(:mod:`agent.leave`) read and change together (the incarnation, the outcomes not acknowledged,
-live or fenced), and what every one of them takes from a reply (the database's clock, the
-heartbeat interval and dead_after the cluster tells). How they work together:
-docs/design.md, "The agent's loops".
+"""One worker's agent state, shared by the layers of :class:`agent.core.Agent`: the fields that
+registration, heartbeats, the pause and self-fence and the leave read and change together, and
+what each takes from a reply (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations
@@ -143,11 +138,10 @@ class AgentState(abc.ABC):
         """Assignments whose jobs have started and not ended yet (including those being
         stopped): what heartbeats report as running.
 
-        A job still waiting for a start slot is not listed (it holds its capacity here all the
-        same): to the control plane its assignment stays unconfirmed, and the leader hands a
-        worker at most a window of unconfirmed assignments (:mod:`actors.placement`), so what
-        it gives this worker is paced by what the worker really starts. One that waited past
-        the control plane's ``cancel_unconfirmed_after_s`` is cancelled here and placed again.
+        A job still waiting for a start slot is not listed (it holds its capacity all the same):
+        its assignment stays unconfirmed, and the leader hands a worker at most a window of
+        unconfirmed assignments (:mod:`actors.placement`), so it is paced by what the worker
+        really starts.
         """
         return self._jobs.running_assignment_ids
 
@@ -166,12 +160,8 @@ class AgentState(abc.ABC):
 
         A dead_after that is a number > 0 is always taken: the self-fence must fit below the
         dead_after the cluster judges the worker by. An interval :func:`agent.fence.told_refusal`
-        refuses (not a number > 0, outside ``heartbeat_interval_min_s`` ..
-        ``heartbeat_interval_max_s``, or leaving a self-fence span no longer than itself) is
-        logged (once per refused value) and the last good one kept. The self-fence span follows
-        what is taken (:func:`agent.fence.fence_after_s`). Each heartbeat says which dead_after
-        its fence is derived from, and the cluster judges the worker by the larger of that and
-        the one it told (docs/design.md, "Heartbeat interval").
+        refuses is logged (once per refused value) and the last good one kept. The self-fence
+        span follows what is taken (docs/design.md, "Heartbeat interval").
         """
         new_dead_after_s: float | None
         if dead_after_s is not None and math.isfinite(dead_after_s) and dead_after_s > 0:
