@@ -1,20 +1,13 @@
 """The per-job supervisor process of a container job: the reaper's protocol, with Docker calls.
 
 A container job's processes are the Docker engine's children, not the agent's, so this process
-takes the reaper's place (:mod:`agent.reaper`) and keeps its protocol and deadline loop
-(:class:`agent.deadman.Deadman`): the same start pipe, fence-deadline file, stops and report,
-the report with two keys more, ``reason`` (:class:`Reason`) with ``reason_detail``, and
-``removed=1`` once the container is removed. Two threads copy the container's log into the job's
-files, one waits in ``docker wait``, one pings the engine every :data:`PING_EVERY_S` seconds;
-an engine that is gone has the container's processes SIGKILLed here. docs/design.md, "Job
-runtimes", says what each step does.
+takes the reaper's place and keeps its protocol and deadline loop (:class:`agent.deadman.Deadman`),
+its report with ``reason`` (:class:`Reason`), ``reason_detail`` and ``removed=1`` more. Threads
+copy the container's log into the job's files, wait in ``docker wait`` and ping the engine; an
+engine that is gone has the container's processes SIGKILLed here. docs/design.md, "Job runtimes".
 
-Command line (:func:`agent.container.supervisor_argv`): ``python -I -c BOOTSTRAP SPEC_JSON``;
-``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
-``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
-``mem_bytes``, ``user`` (``uid:gid``; empty: the image's user), ``workdir`` and
-``oom_score_adj`` (null: the engine's default). The engine is the one ``DOCKER_HOST`` (and the
-other ``DOCKER_*`` variables the agent passes on) names, or the default socket.
+Command line (:func:`agent.container.supervisor_argv`): ``python -I -c BOOTSTRAP SPEC_JSON``; the
+engine is the one the ``DOCKER_*`` variables name, or the default socket.
 """
 
 from __future__ import annotations

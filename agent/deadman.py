@@ -1,12 +1,9 @@
 """The deadman switch of a job's supervisor process, and the files it shares with the agent.
 
 A command job's reaper (:mod:`agent.reaper`) and a container job's supervisor
-(:mod:`agent.container_supervisor`) keep one protocol with the agent: the fence-deadline file
-(:func:`write_fence_deadline`, :func:`read_fence_deadline`), the start pipe
-(:data:`STARTED_BYTE`), :data:`FENCED_AT_FILE` and the report (:func:`read_report`). Both run
-one deadline loop, :meth:`Deadman.supervise`: pause at the pause deadline, kill at the kill
-deadline, resume when the agent moves them on, a graceful stop on SIGTERM, a kill on SIGUSR1.
-docs/design.md, "The reaper: a job's deadman switch", says why.
+(:mod:`agent.container_supervisor`) keep one protocol with the agent (the fence-deadline file, the
+start pipe, :data:`FENCED_AT_FILE` and the report) and run one deadline loop,
+:meth:`Deadman.supervise`: docs/design.md, "The reaper: a job's deadman switch".
 
 Imports only the standard library: every reaper process imports it on its way to its job.
 """
