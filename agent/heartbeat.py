@@ -26,9 +26,8 @@ class Heartbeating(Registering):
             # A new incarnation: whatever was taken over and not kept is stopped first.
             await self._register(StopReason.RESTART)
         # Counted from the registration's send time, as after a heartbeat: a slow answer is
-        # followed at once, not an interval later, while the deadline runs from the send.
+        # followed at once (not by a burst), while the deadline runs from the send.
         assert self._fence.last_acked_send_time is not None
-        # A heartbeat that took longer than the interval is followed at once, not by a burst.
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         failures = 0
         began = self._jobs.began()
@@ -72,10 +71,8 @@ class Heartbeating(Registering):
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
             waited_ms=round(self._heartbeat_waited_s * 1000),
         )
-        # Said by the next heartbeat only when it was sent while live and answered: a call given
-        # up on, or one sent while paused through an outage, measures the outage (up to
-        # register_timeout_s), not how long the replicas take now (docs/design.md, "Heartbeat
-        # interval").
+        # Said by the next heartbeat only when it was sent while live and answered: one sent
+        # while paused through an outage measures the outage, not how long the replicas take now.
         live_at_send = self._fence.live.is_set()
         self._heartbeat_waited_s = 0.0
         try:
@@ -134,11 +131,9 @@ class Heartbeating(Registering):
     async def _on_answer_while_paused(
         self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
     ) -> None:
-        """Obey a heartbeat reply while the jobs are paused (the argument is in DESIGN.md,
-        "Outages"): register again if asked (every job is killed first); else kill the jobs
-        whose assignments the reply lists as ended and wait until they are gone; then resume
-        the others if the heartbeat's own deadline has not passed, else stay paused (the next
-        heartbeat tries again)."""
+        """Obey a heartbeat reply while the jobs are paused: register again if asked; else kill
+        the jobs whose assignments the reply lists as ended and wait until they are gone; then
+        resume the others if the heartbeat's own deadline has not passed, else stay paused."""
         self._admission.observe_epoch(answer.epoch)
         del self._unacked[: len(report.finished)]
         if answer.reregister:
@@ -146,11 +141,8 @@ class Heartbeating(Registering):
                 answer, "control plane asked to register again while paused", report.incarnation
             )
             return
-        # As on the live path: the span told with this answer counts from its send time (the
-        # cluster judges the worker by it from this heartbeat's record on), so the freshness
-        # below is judged by it. A paused worker still on the span it registered with would
-        # never resume while answers take longer than that (the first minutes of a large
-        # cluster), and would be killed at the grace with nothing to kill.
+        # As on the live path; the freshness below is judged by the span told. A paused worker
+        # still on the span it registered with would never resume while answers take longer.
         self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         for aid in answer.stop_assignment_ids:
             self._admission.ended_by_control_plane(aid)
@@ -165,8 +157,7 @@ class Heartbeating(Registering):
             return  # killed meanwhile (the kill deadline passed)
         if trio.current_time() >= sent_at + self._fence.fence_after_s:
             self._logger.info(
-                "heartbeat answered too late to resume on",
-                sent_s_ago=round(trio.current_time() - sent_at, 3),
+                "heartbeat answered too late to resume on", sent_s_ago=round(trio.current_time() - sent_at, 3)
             )
             return
         self._resume(sent_at)
