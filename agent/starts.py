@@ -67,11 +67,7 @@ class StartLimiter:
 
     A job takes a :meth:`ticket` when it is accepted (synchronously, so slots are granted in
     the order jobs were accepted, across every agent sharing the limiter), waits on it, and
-    releases it when its start is over. Create one per process (inside its ``trio.run``) and
-    pass it to every agent.
-
-    Args:
-        max_concurrent_starts: most jobs starting at once (>= 1).
+    releases it when its start is over. One per process (inside its ``trio.run``).
 
     Raises:
         InvalidArgument: ``max_concurrent_starts`` is below 1.
@@ -123,13 +119,9 @@ class _Done(Generic[T]):
 
 
 class Spawner:
-    """The one thread of a process that forks job reapers (see the module docstring).
-
-    Use it as a context manager around everything that starts command jobs: the thread starts
-    on entry; on exit it is told to end and joined. Leave the block only once every supervisor
-    it forked has ended (every agent using it has stopped its jobs), since a container
-    supervisor whose forking thread ends kills its container.
-    """
+    """The one thread of a process that forks job reapers, as a context manager around everything
+    that starts command jobs. Leave the block only once every supervisor it forked has ended,
+    since a container supervisor whose forking thread ends kills its container."""
 
     def __init__(self, *, name: str = "stockade-spawner") -> None:
         self._name = name
