@@ -49,13 +49,8 @@ not raise the newest epoch seen."""
 
 @attrs.define(kw_only=True)
 class Admission:
-    """The acceptance state of one worker and the rules that read and update it.
-
-    Args:
-        worker_id: this worker's id.
-        cpu_capacity_millis: CPU the worker offers, in millicores.
-        memory_capacity_mb: memory the worker offers, in MiB.
-    """
+    """The acceptance state of one worker (capacity in millicores and MiB) and the rules that
+    read and update it."""
 
     worker_id: str
     cpu_capacity_millis: int
@@ -127,8 +122,8 @@ class Admission:
         self.fenced = False
 
     def reserve(self, assignment_id: int, *, cpu_millis: int, memory_mb: int) -> None:
-        """Hold resources for a job this agent took over from its previous process (it was
-        accepted then): from now on it is running here, as an accepted one is."""
+        """Hold resources for an accepted job, or one this agent took over from its previous
+        process: from now on it is running here."""
         if assignment_id in self.running:
             return
         self.running[assignment_id] = Reservation(cpu_millis=cpu_millis, memory_mb=memory_mb)
@@ -178,34 +173,28 @@ class Admission:
         """
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=True)
         if reason is not None:
+            refused = tuple(Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments)
             return AssignDecision(
-                accepted_ids=(),
-                to_start=(),
-                refused=tuple(
-                    Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments
-                ),
-                epoch_seen=self.max_epoch_seen,
+                accepted_ids=(), to_start=(), refused=refused, epoch_seen=self.max_epoch_seen
             )
         accepted: list[int] = []
         to_start: list[JobOrder] = []
-        refused: list[Refusal] = []
+        refusals: list[Refusal] = []
         for job in order.assignments:
             verdict = self._admit(job)
             if verdict is None:
                 accepted.append(job.assignment_id)
                 if job.assignment_id not in self.running and job.assignment_id not in self.ended:
-                    self.running[job.assignment_id] = Reservation(
-                        cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
+                    self.reserve(
+                        job.assignment_id, cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
                     )
-                    self.cpu_used_millis += job.spec.cpu_millis
-                    self.memory_used_mb += job.spec.memory_mb
                     to_start.append(job)
             else:
-                refused.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
+                refusals.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
         return AssignDecision(
             accepted_ids=tuple(accepted),
             to_start=tuple(to_start),
-            refused=tuple(refused),
+            refused=tuple(refusals),
             epoch_seen=self.max_epoch_seen,
         )
 

@@ -29,7 +29,6 @@ from agent.resources import (
     JobResources,
     JobUsage,
     Mode,
-    ResourcesUnavailable,
     RlimitResources,
     cpu_quota_us,
     job_cpu_shares,
@@ -39,6 +38,7 @@ from agent.resources import (
     memory_limit_bytes,
 )
 from agent.runtimes import owner_of
+from runtime.errors import ResourcesUnavailable
 from runtime.settings.agent import AUTO, AgentSettings
 
 AGENT_LEAF = "stockade-agent"
