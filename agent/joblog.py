@@ -1,8 +1,6 @@
-"""The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
-
-:class:`JobLog` writes it, one flushed line per event (:class:`LogEvent`), dated by the
-database's clock (:mod:`agent.dbclock`); :func:`runtime.text.read_jsonl` reads it back for the checker. The
-keys of each line and when each is written: docs/design.md, "The job log: agent.jsonl".
+"""The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``): one
+flushed line per event, dated by the database's clock (:mod:`agent.dbclock`). The keys of each
+line and when each is written: docs/design.md, "The job log: agent.jsonl".
 """
 
 from __future__ import annotations
@@ -43,14 +41,8 @@ class _Line:
 
 
 class JobLog:
-    """Writes ``agent.jsonl`` lines for one worker.
-
-    Args:
-        path: the log file; its folder is created on :meth:`open`.
-        worker_id: written on every line.
-        clock: the database's clock as the agent knows it, which dates the lines; None: a clock
-            of its own (its owner tells it what the control plane answers).
-    """
+    """Writes ``agent.jsonl`` lines for one worker to ``path``, dated by ``clock`` (the
+    database's clock as the agent knows it; None: a clock of its own)."""
 
     def __init__(self, path: Path, *, worker_id: str, clock: DatabaseClock | None = None) -> None:
         self.path = path
@@ -91,9 +83,8 @@ class JobLog:
         left: bool = False,
         on_written: Callable[[float], None] | None = None,
     ) -> float | None:
-        """Append one line and flush it, dated by the database's clock (docs/design.md, "The job
-        log: agent.jsonl"); while that clock is not known yet, keep it until :meth:`flush` can
-        write it (and every line after it, so they stay in order).
+        """Append one line and flush it, dated by the database's clock; while that clock is not
+        known yet, keep it until :meth:`flush` can write it (and every line after it, in order).
 
         Args:
             at: trio time of the event when it happened before now (a stop the agent learns of
