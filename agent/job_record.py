@@ -1,7 +1,6 @@
 """A job's record (:class:`JobRecord`, in :data:`RECORD_FILE` of its folder): what the agent
 wrote when the job started, so that a restarted agent can prove the job's supervisor its own and
-take the job over (:mod:`agent.adoption`; docs/design.md, "Restarts on the worker: the record,
-the survey and the takeover").
+take the job over (:mod:`agent.adoption`).
 """
 
 from __future__ import annotations
@@ -55,11 +54,6 @@ class JobRecord:
     """A command job's reaper, once forked; None before (or for a sleep job)."""
     supervisor_start_ticks: int | None = None
     """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
-
-    @property
-    def reservation(self) -> tuple[int, int]:
-        """(cpu_millis, memory_mb) it holds."""
-        return self.cpu_millis, self.memory_mb
 
     def order(self) -> JobOrder:
         """The job as the agent's own structures hold it (its spec has what the record keeps)."""

@@ -27,10 +27,8 @@ def children() -> list[int]:
 
 def descendants() -> list[int]:
     """Every descendant of this process, parents before their children: the job's whole tree,
-    whatever process group or session its members moved to (this process is a subreaper, so
-    orphans stay in its tree). Read from ``/proc/<pid>/task/<tid>/children``, or by scanning
-    every process where the kernel lacks that file. A process that exits meanwhile is left out,
-    and one created meanwhile may be: callers repeat until the tree is stable."""
+    whatever process group or session its members moved to (this process is a subreaper). A
+    process created meanwhile may be left out: callers repeat until the tree is stable."""
     me = os.getpid()
     if os.path.exists(f"/proc/{me}/task/{me}/children"):
         children_of = _task_children
