@@ -81,13 +81,11 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if fstype not in ("cgroup", "cgroup2"):
             continue
         options = set(fields[dash + 3].split(",")) if len(fields) > dash + 3 else set()
+        v2 = fstype == "cgroup2"
+        controllers = frozenset() if v2 else frozenset(options - {"rw", "ro"})
+        root, mount_point = _unescape(fields[3]), Path(_unescape(fields[4]))
         mounts.append(
-            Mount(
-                mount_point=Path(_unescape(fields[4])),
-                root=_unescape(fields[3]),
-                version=2 if fstype == "cgroup2" else 1,
-                controllers=frozenset() if fstype == "cgroup2" else frozenset(options - {"rw", "ro"}),
-            )
+            Mount(mount_point=mount_point, root=root, version=2 if v2 else 1, controllers=controllers)
         )
     return mounts
 
@@ -146,8 +144,7 @@ class Located:
 
 def locate(mountinfo: str, proc_cgroup: str) -> Located:
     """Where this process's cgroups are, from its ``mountinfo`` and ``/proc/self/cgroup``
-    texts. Pure; whether they can be used is for :func:`open_cgroup2` and
-    :func:`open_cgroup1` to find out."""
+    texts. Pure; whether they can be used is for :mod:`agent.cgroups` to find out."""
     mounts = parse_mountinfo(mountinfo)
     cgroups = parse_proc_cgroup(proc_cgroup)
     v2: Path | None = None
