@@ -80,11 +80,10 @@ async def run_agent(
 ) -> None:
     """Run one worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Binds the Worker service on ``settings.listen_host:listen_port`` (0: a free port), then
-    signals ``task_status.started(agent)`` (``agent.address`` is the registered host:port)
-    and registers with the control plane in the background (retrying while none answers).
-    On cancellation it stops every running job (shielded; SIGTERM, then SIGKILL after
-    ``stop_grace_s``), logs each stop with reason ``shutdown``, and closes its connections.
+    Binds the Worker service (listen port 0: a free one), then signals
+    ``task_status.started(agent)`` and registers in the background. On cancellation it stops
+    every running job (shielded), logs each stop with reason ``shutdown``, and closes its
+    connections.
 
     Command jobs run as ``settings.job_user`` when this process is root, else as this process's
     user. Before anything else it labels the worker ``container=docker|none``
@@ -102,9 +101,9 @@ async def run_agent(
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
         runtime.os_users.UserNotCreated: this process is root and the job user could not be
-            created (or is root itself); nothing was started.
-        agent.resources.ResourcesUnavailable: ``settings.job_resources`` names a mode this
-            machine cannot do; nothing was started.
+            created (or is root itself).
+        runtime.errors.ResourcesUnavailable: ``settings.job_resources`` names a mode this
+            machine cannot do.
     """
     run_as = resolve_unprivileged_user(settings.job_user)
     logger = log.get("agent").bind(worker_id=settings.worker_id)

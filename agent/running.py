@@ -43,21 +43,8 @@ from runtime.settings.agent import AgentSettings
 
 @attrs.define(eq=False, kw_only=True)
 class RunningJobs:
-    """The jobs of one agent, by assignment id.
-
-    Args:
-        settings: the agent's settings (stop grace, nice level).
-        joblog: where start and stop lines go.
-        jobs_dir: the folder under which each job gets its own.
-        runner: what runs a job (:func:`agent.runtimes.job_runner`, or a stand-in in tests).
-        start_limiter: the process's start slots.
-        admission: the acceptance rules, told when a job has ended.
-        fence: the agent's fence state (live, fenced at, deadline file).
-        outcomes: the agent's list of outcomes not yet acknowledged; appended to.
-        fence_if_due: the agent's check of a passed fence deadline (it fences when so).
-        fence_now: the agent's self-fence.
-        logger: the agent's logger.
-    """
+    """The jobs of one agent, by assignment id. ``outcomes`` is the agent's list of outcomes not
+    yet acknowledged (appended to); ``fence_if_due`` and ``fence_now`` are the agent's."""
 
     settings: AgentSettings
     joblog: JobLog
@@ -351,22 +338,12 @@ class RunningJobs:
                 and not job.held
                 and isinstance(record.runtime, SleepRuntime)
             ):
-                self._write_record(
-                    job,
-                    attrs.evolve(
-                        record,
-                        began_monotonic_s=monotonic_of(job.started_at),
-                        paused_s=self.fence.paused_s_between(job.started_at, now),
-                    ),
-                )
+                paused_s = self.fence.paused_s_between(job.started_at, now)
+                began_s = monotonic_of(job.started_at)
+                self._write_record(job, attrs.evolve(record, began_monotonic_s=began_s, paused_s=paused_s))
 
     def adopt(
-        self,
-        found: Found,
-        *,
-        go: trio.Event,
-        pause_at_s: float | None,
-        kill_at_s: float | None,
+        self, found: Found, *, go: trio.Event, pause_at_s: float | None, kill_at_s: float | None
     ) -> Job | None:
         """Take over a job the previous agent process of this work folder left running (found by
         :func:`agent.adoption.survey`): it holds its reservation and gets a task that watches its
@@ -374,13 +351,10 @@ class RunningJobs:
         the rest of its duration. A stray (:attr:`Verdict.STRAY`) is asked to stop at once.
 
         Args:
-            found: the job and its verdict (keepable, stray or sleep).
             go: set once the control plane continued the incarnation.
             pause_at_s: the fence-deadline file's pause deadline as the previous process left it,
-                ``time.monotonic()`` seconds (None: none): a kept sleep job counts as paused
-                from it.
-            kill_at_s: the file's kill deadline: a sleep job not continued by then ends there,
-                as its reaper would kill a command job.
+                ``time.monotonic()`` seconds (None: none): a kept sleep job counts as paused from it.
+            kill_at_s: the file's kill deadline: a sleep job not continued by then ends there.
 
         Returns:
             The job, or None when its reaper exited meanwhile (the caller settles it with
@@ -416,7 +390,7 @@ class RunningJobs:
         self._put(job)
         return job
 
-    def settle_ended(self, found: Found, *, pause_at_s: float | None = None) -> None:
+    def settle_ended(self, found: Found) -> None:
         """Write the ``stop`` line of a job that ended while no agent watched it (its supervisor
         exited, :attr:`Verdict.ENDED`), from its report, and queue its outcome when it ended on
         its own; or of a sleep job whose duration ran out meanwhile. No checkpoint: the outcome
@@ -492,7 +466,8 @@ class RunningJobs:
             # update the file in time): the deadman's verdict stands for the whole worker.
             self.logger.warning("a reaper fenced its job before the agent fenced", **job.log_keys)
             self.fence_now()
-        fenced = self._fenced(job, result)
+        # Whether the fence stopped it: its reaper's fence, or the agent's self-fence.
+        fenced = result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
         if fenced:
             reason = StopReason.SELF_FENCE
         elif result.stopped and job.stop_reason is not None:
@@ -501,10 +476,10 @@ class RunningJobs:
             reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
-        # The runtime's end (see _fenced), dated by the database's clock, never before its start
-        # line. Its record goes once the line is written: a line that waits for the clock (a
-        # restarted agent's, before it registered) keeps it, so an agent killed meanwhile leaves
-        # the job to the next.
+        # The runtime's end (a command job held or killed at the fence: when it was paused; a
+        # sleep job stopped while paused: when the pause began), dated by the database's clock,
+        # never before its start line. Its record goes once the line is written: a line that
+        # waits for the clock keeps it, so an agent killed meanwhile leaves the job to the next.
         self._write_job_line(
             LogEvent.STOP,
             job,
@@ -530,14 +505,8 @@ class RunningJobs:
             # The fence ended it before it started, on its own (its reaper found the deadline
             # passed), and nobody asked for the stop. Said, so that the control plane ends the
             # assignment: should this incarnation live on, nothing else would.
-            self._report(
-                job,
-                state=JobState.NOT_STARTED,
-                exit_code=None,
-                run_s=0.0,
-                ended_at=result.ended_at,
-                detail=result.detail,
-            )
+            not_started = {"state": JobState.NOT_STARTED, "exit_code": None, "run_s": 0.0}
+            self._report(job, **not_started, ended_at=result.ended_at, detail=result.detail)
         elif not (result.stopped or fenced):
             self._report(
                 job,
@@ -549,17 +518,6 @@ class RunningJobs:
                 stderr_path=result.stderr_path,
                 detail=result.detail,
             )
-
-    def _fenced(self, job: Job, result: JobResult) -> bool:
-        """Whether the fence stopped ``job``: its reaper's fence, or the agent's self-fence.
-
-        Its end (``result.ended_at``) is its runtime's: a command job its reaper held or killed
-        at the fence ended when it was paused (or killed, without a pause); a sleep job stopped
-        while paused ended when the pause began, and one whose duration ran out while the agent
-        was frozen past its deadline had not run that long (its pause counts from the deadline,
-        see :mod:`agent.runtimes`).
-        """
-        return result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
 
     def _write_job_line(self, event: LogEvent, job: Job, **fields: Any) -> float | None:
         """Append ``event`` for ``job`` to the job log with its incarnation, epoch, ids and
