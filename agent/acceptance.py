@@ -81,14 +81,10 @@ class Admission:
     memory_used_mb: int = attrs.field(default=0, init=False)
     """Memory reserved by running assignments, in MiB (the sum over ``running``)."""
 
-    # ------------------------------------------------------------------ derived
-
     @property
     def accepting(self) -> bool:
         """True when rule 2 lets Assign requests through."""
         return not self.fenced and self.incarnation is not None
-
-    # ------------------------------------------------------------------ state changes
 
     def observe_epoch(self, epoch: int) -> None:
         """Raise the newest seen and confirmed epoch to ``epoch`` (a heartbeat or
@@ -145,8 +141,6 @@ class Admission:
         """Remember an id a heartbeat reply said is no longer active; True if it is running."""
         self.cancelled.add(assignment_id)
         return assignment_id in self.running
-
-    # ------------------------------------------------------------------ rules
 
     def _request_refusal(
         self, worker_id: str, incarnation: int, epoch: int, *, check_fence: bool

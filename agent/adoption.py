@@ -60,9 +60,6 @@ def lock_work_dir(work_dir: Path) -> int:
     return fd
 
 
-# ---------------------------------------------------------------------------- processes
-
-
 @attrs.frozen(kw_only=True)
 class ProcessInfo:
     """A process as ``/proc`` shows it."""
@@ -191,9 +188,6 @@ def supervised_job_folders(deadline_path: str) -> frozenset[str]:
     return frozenset(os.path.basename(info.cwd) for info, _ in supervisors(deadline_path))
 
 
-# ---------------------------------------------------------------------------- the rules
-
-
 class Verdict(StrEnum):
     """What a restarted agent does with a job its folder records (docs/design.md, "Restarts on
     the worker")."""
@@ -263,9 +257,6 @@ def sleep_ran_s(record: JobRecord, *, now_s: float, pause_at_s: float | None) ->
     Pure."""
     until = now_s if pause_at_s is None else min(now_s, pause_at_s)
     return max(0.0, until - record.began_monotonic_s - record.paused_s)
-
-
-# ---------------------------------------------------------------------------- the survey
 
 
 @attrs.frozen(kw_only=True)
@@ -411,9 +402,6 @@ def plan_takeover(
         strays=found.strays,
         kill_at_s=kill_at,
     )
-
-
-# ---------------------------------------------------------------------------- watching
 
 
 class ReaperWatch:

@@ -49,9 +49,6 @@ LEFTOVER_WAIT_S = 2.0
 """How long the agent waits, at start, for the processes of a leftover job cgroup to die."""
 
 
-# ---------------------------------------------------------------------------- file helpers
-
-
 def _read(path: Path) -> str:
     with open(path, encoding="ascii") as file:
         return file.read()
@@ -156,9 +153,6 @@ def _subdirs(folder: Path) -> list[Path]:
         return sorted(p for p in folder.iterdir() if p.is_dir())
     except OSError:
         return []
-
-
-# ---------------------------------------------------------------------------- cgroup v2
 
 
 @attrs.frozen(kw_only=True)
@@ -302,9 +296,6 @@ def open_cgroup2(
     return resources
 
 
-# ---------------------------------------------------------------------------- cgroup v1
-
-
 @attrs.frozen(kw_only=True)
 class Cgroup1Job:
     """One job's cgroups in the v1 hierarchies (one folder per hierarchy)."""
@@ -439,9 +430,6 @@ def open_cgroup1(
     except OSError as exc:
         raise ResourcesUnavailable(f"cannot set up job cgroups: {exc}") from exc
     return resources
-
-
-# ---------------------------------------------------------------------------- selection
 
 
 def select_resources(

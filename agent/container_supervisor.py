@@ -96,8 +96,6 @@ class _Supervisor(deadman.Deadman):
         self.pid = 0
         """The host pid of the container's init process (0: unknown)."""
 
-    # ------------------------------------------------------------------ engine calls
-
     def lose_engine(self, why: str) -> None:
         """The engine is gone: SIGKILL the container's processes ourselves
         (:meth:`kill_without_engine`), and end."""
@@ -182,8 +180,6 @@ class _Supervisor(deadman.Deadman):
     def unpause(self) -> None:
         self.call("unpause")
 
-    # ------------------------------------------------------------------ threads
-
     def wait_for_end(self) -> None:
         """Thread: block in ``docker wait`` until the container ends (or the engine goes)."""
         try:
@@ -224,8 +220,6 @@ class _Supervisor(deadman.Deadman):
         except Exception as exc:
             if self.engine_lost is None and not self.ended.is_set():
                 _say(f"cannot follow its {stream}: {exc}")
-
-    # ------------------------------------------------------------------ the run
 
     def client_args(self, timeout_s: float) -> dict[str, Any]:
         from docker.utils import kwargs_from_env

@@ -78,9 +78,6 @@ class StopReason(StrEnum):
     (:mod:`agent.adoption`)."""
 
 
-# ---------------------------------------------------------------------------- job orders
-
-
 @attrs.frozen(kw_only=True)
 class JobOrder:
     """One assignment as the leader sent it: the job's spec and where the assignment stands."""
@@ -100,9 +97,6 @@ class JobOrder:
     placed_before: bool = False
     """The job was placed before (moved off a dead worker, stopped, or retried): its start
     pulls the next heartbeat forward."""
-
-
-# ---------------------------------------------------------------------------- Worker service
 
 
 @attrs.frozen(kw_only=True)
@@ -160,9 +154,6 @@ class CancelDecision:
     finished_ids: tuple[int, ...] = ()
     """Ids whose job ended on its own (succeeded or failed) before the cancel took effect: not
     acknowledged, since the cancel changed nothing; their outcome travels with heartbeats."""
-
-
-# ---------------------------------------------------------------------------- control plane
 
 
 @attrs.frozen(kw_only=True)

@@ -42,9 +42,6 @@ _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 know the flag)."""
 
 
-# ---------------------------------------------------------------------------- pure rules
-
-
 def trim_to(size_bytes: int, kept_from: int, cap_bytes: int, block_bytes: int) -> int | None:
     """Where the kept part of a file should begin after a trim, or None when it is within its cap.
 
@@ -113,9 +110,6 @@ def expired(
         if f.assignment_id not in active and f.last_change_unix_s + retention_s < now_unix_s
     ]
     return sorted(old, key=lambda f: f.last_change_unix_s)[:limit]
-
-
-# ---------------------------------------------------------------------------- files
 
 
 def data_start(fd: int, offset: int) -> int:
@@ -274,9 +268,6 @@ def list_job_folders(jobs_dir: Path) -> list[JobFolder]:
         if changed is not None:
             found.append(JobFolder(path=Path(entry.path), assignment_id=ids[1], last_change_unix_s=changed))
     return found
-
-
-# ---------------------------------------------------------------------------- the keeper
 
 
 @attrs.define

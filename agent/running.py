@@ -291,8 +291,6 @@ class RunningJobs:
             self._release(job)
             job.done.set()
 
-    # ------------------------------------------------------------------ records and restarts
-
     def _forget_record(self, job: Job) -> None:
         """Remove ``job``'s record once its stop line is written (a restarted agent has nothing
         to do with it then), unless a planned restart keeps records."""
