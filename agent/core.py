@@ -240,12 +240,9 @@ class Agent(Leaving):
         """Prepare a planned restart: this process will exit leaving its jobs running, for an
         agent started again on the same work folder to take over (:mod:`agent.adoption`).
 
-        Stops accepting work, then has the next heartbeat ask for a restart hold of ``hold_s``
-        (the control planes count no silence of this worker and place nothing on it for that
-        long). Once a heartbeat the database acknowledged recorded it, the fence deadline moves
-        to that heartbeat's send time plus ``hold_s`` plus the fence span, and no heartbeat is
-        sent any more. Waits at most ``timeout_s`` (None: the fence span) for it. Safety:
-        docs/design.md, "Restarts".
+        Stops accepting work, then has the next heartbeat ask for a restart hold of ``hold_s``;
+        once recorded, the fence deadline moves on by it and no heartbeat is sent any more.
+        Waits at most ``timeout_s`` (None: the fence span) for it. docs/design.md, "Restarts".
 
         Returns:
             True once the hold is recorded; False when it was not within ``timeout_s`` (the

@@ -87,13 +87,11 @@ class JobLog:
         known yet, keep it until :meth:`flush` can write it (and every line after it, in order).
 
         Args:
-            at: trio time of the event when it happened before now (a stop the agent learns of
-                late); None: now.
+            at: trio time of the event when it happened before now; None: now.
             not_before_s: the line's ``time`` is not earlier than this (a stop's start line).
-            started: on a stop line, whether the job really ran (docs/design.md, "The job log").
+            started: on a stop line, whether the job really ran.
             left: on a leave line, whether a control plane recorded the worker as left.
-            on_written: called with the line's ``time`` once it is written (at once, or from
-                :meth:`flush`).
+            on_written: called with the line's ``time`` once it is written.
 
         Returns:
             The line's ``time``; None when it waits for the clock.

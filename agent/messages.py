@@ -1,10 +1,8 @@
 """The agent's own typed messages: what the Worker service receives, what the agent reports.
 
-Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`);
-everything inside the agent, including the pure acceptance rules, speaks these frozen attrs
-classes. Units are in the field names (``cpu_millis``, ``memory_mb``, ``duration_ms``,
-``*_unix_s`` for Unix seconds of the database's clock, ``*_at`` for times of trio's clock). A
-job's spec is the one every layer speaks, :class:`runtime.jobs.JobSpec`.
+Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`).
+Units are in the field names (``*_unix_s``: Unix seconds of the database's clock, ``*_at``: times
+of trio's clock).
 """
 
 from __future__ import annotations
@@ -49,9 +47,8 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
     NOT_STARTED = "not_started"
     """Accepted, never started, and ended by this worker on its own (its reaper found the fence
-    deadline passed and could not hold the start): reported so the control plane ends the
-    assignment and places the job again, since this incarnation lives on and nothing else
-    would end it (schema.sql, record_outcomes)."""
+    deadline passed): reported so the control plane ends the assignment and places the job
+    again (schema.sql, record_outcomes)."""
 
 
 class StopReason(StrEnum):
@@ -72,10 +69,7 @@ class StopReason(StrEnum):
     SHUTDOWN = "shutdown"
     """The agent was cancelled (SIGTERM, SIGINT, or its nursery ended)."""
     RESTART = "restart"
-    """A restarted agent found it running (its reaper outlived the previous agent process) and
-    did not keep it: it did not fit the worker's new capacity, its record did not prove it was
-    this worker's, or the control plane did not continue the incarnation it ran in
-    (:mod:`agent.adoption`)."""
+    """A restarted agent found it running and did not keep it (:mod:`agent.adoption`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -183,10 +177,9 @@ class Registration:
 
 @attrs.frozen(kw_only=True)
 class Registered:
-    """A RegisterWorker reply: this life's incarnation, the current epoch, and the control
-    planes' dead_after in seconds (None when the control plane did not say); for a registration
-    that asked to continue an incarnation, whether it was continued, the held assignments to stop
-    and those the control plane released (ended: refuse them)."""
+    """A RegisterWorker reply: this life's incarnation, the current epoch, the dead_after (None:
+    not said); for a continuation, whether it was continued, the held assignments to stop and
+    those the control plane released (ended: refuse them)."""
 
     incarnation: int
     epoch: int
@@ -195,17 +188,15 @@ class Registered:
     stop_assignment_ids: tuple[int, ...] = ()
     released_assignment_ids: tuple[int, ...] = ()
     database_unix_s: float | None = None
-    """The database's clock as the registration was recorded (:mod:`agent.dbclock`); None: the
-    control plane did not say."""
+    """The database's clock as the registration was recorded; None: not said."""
     heartbeat_interval_s: float | None = None
-    """The heartbeat interval the cluster asks for, in seconds, as told (unchecked: the agent
-    refuses one outside its bounds); None: the control plane did not say."""
+    """The heartbeat interval the cluster asks for (seconds, unchecked); None: not said."""
 
 
 MAX_OUTCOME_DETAIL_BYTES = 4096
-"""Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a heartbeat or a
-registration carrying a longer one (``actors.validation.MAX_DETAIL_BYTES``; a test keeps them
-equal), and an agent that could not report an outcome would fence itself for good."""
+"""Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a longer one
+(``actors.validation.MAX_DETAIL_BYTES``; a test keeps them equal), and an agent that could not
+report an outcome would fence itself for good."""
 MAX_OUTCOME_MS = 100 * 365 * 24 * 3600 * 1000
 """Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` say on the wire (the agent caps
 them to it, so the control plane never refuses them: ``actors.validation.MAX_OUTCOME_MS``)."""
@@ -266,8 +257,7 @@ class HeartbeatAnswer:
     """With ``reregister``: the registration that holds the worker id now, if it is alive in a
     newer incarnation."""
     database_unix_s: float | None = None
-    """The database's clock as the heartbeat was recorded (:mod:`agent.dbclock`); None: the
-    control plane did not say."""
+    """The database's clock as the heartbeat was recorded; None: not said."""
     heartbeat_interval_s: float | None = None
     """The heartbeat interval the cluster asks for (seconds, unchecked); None: not said."""
     dead_after_s: float | None = None

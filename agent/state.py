@@ -52,8 +52,7 @@ class AgentState(abc.ABC):
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self._rng = rng or random.Random()
-        """Draws the jitter of the registration retries."""
+        self._rng = rng or random.Random()  # the jitter of the registration retries
         self._register_backoff = FullJitterBackoff(
             base_s=settings.register_retry_s, cap_s=settings.register_retry_max_s
         )
@@ -62,13 +61,11 @@ class AgentState(abc.ABC):
         """host:port registered with the control plane; set by :meth:`run`."""
         self.work_dir = Path(settings.work_dir).resolve()
         self.jobs_dir = self.work_dir / "jobs"
-        self.database_clock = DatabaseClock()
-        """The database's clock as the replies tell it: the job log's times (:mod:`agent.dbclock`)."""
+        self.database_clock = DatabaseClock()  # as the replies tell it: the job log's times
         self.joblog = JobLog(
             self.work_dir / "agent.jsonl", worker_id=settings.worker_id, clock=self.database_clock
         )
         self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
-        """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
         self._logger = log.get("agent").bind(worker_id=settings.worker_id)
         self._cp = control_plane
         self._admission = Admission(
@@ -77,11 +74,8 @@ class AgentState(abc.ABC):
             memory_capacity_mb=settings.memory_mb,
         )
         self._fence = FenceClock(settings=settings, path=self.fence_deadline_path, logger=self._logger)
-        self._run_id = uuid.uuid4().hex
-        """This agent's run, for the control plane to tell copies of one registration apart
-        from a new one."""
-        self._registrations = 0
-        """Registrations begun in this run (the number of the current one)."""
+        self._run_id = uuid.uuid4().hex  # tells copies of one registration from a new one
+        self._registrations = 0  # begun in this run (the number of the current one)
         self._unacked: list[Outcome] = []
         self._leave_turns = leave_turns or trio.CapacityLimiter(settings.max_concurrent_leaves)
         self._jobs = RunningJobs(
@@ -100,33 +94,21 @@ class AgentState(abc.ABC):
             logger=self._logger,
         )
         self._registered_once = trio.Event()
-        self._takeover: adoption.TakeoverPlan | None = None
-        """What this agent found of its previous process (:meth:`_take_over`), until it has
-        been kept or stopped."""
-        self._continued = trio.Event()
-        """Set once the control plane continued the incarnation of the jobs taken over: their
-        sleep jobs run on from then."""
-        self._restart_hold_s: float | None = None
-        """While a planned restart asks for its hold (:meth:`prepare_restart`): how long."""
-        self._restart_granted = trio.Event()
-        """Set once a heartbeat the database acknowledged recorded the restart hold."""
+        self._takeover: adoption.TakeoverPlan | None = None  # until kept or stopped
+        self._continued = trio.Event()  # the taken-over jobs' incarnation was continued
+        self._restart_hold_s: float | None = None  # while a planned restart asks for its hold
+        self._restart_granted = trio.Event()  # a heartbeat recorded the restart hold
         self._heartbeat_failures = metrics.AGENT_HEARTBEAT_FAILURES.labels(self.worker_id)
         self.heartbeat_interval_s = settings.heartbeat_interval_s
-        """The heartbeat interval in force: the setting until the cluster tells another one
-        (docs/design.md, "Heartbeat interval")."""
+        """The heartbeat interval in force: the setting until the cluster tells another one."""
         self.dead_after_s: float | None = None
-        """The control planes' dead_after the self-fence is derived from now (the newest one a
-        reply told and the agent accepted); None: none told yet."""
-        self._refused_interval_s: float | None = None
-        """The last told interval refused: logged once, not at every reply."""
-        self._early_heartbeat_at = -math.inf
-        """When a job's start last pulled a heartbeat forward (trio time)."""
+        """The dead_after the self-fence is derived from now (the newest one told and accepted);
+        None: none told yet."""
+        self._refused_interval_s: float | None = None  # logged once, not at every reply
+        self._early_heartbeat_at = -math.inf  # when a job's start last pulled a heartbeat forward
         self._heartbeat_waited_s = 0.0
-        """The round trip of the last heartbeat if it was sent while live and answered, else 0
-        (s): the next one says it."""
-        self._clock: trio.abc.Clock | None = None
-        """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
-        server's thread for :meth:`metrics_reading`."""
+        """The round trip (s) of the last heartbeat if it was sent while live and answered, else 0."""
+        self._clock: trio.abc.Clock | None = None  # set by run(); read by the metrics thread
 
     @property
     def max_epoch_seen(self) -> int:
