@@ -28,8 +28,7 @@ PING_EVERY_S = 1.0
 """How often the engine is pinged while the container runs, in seconds."""
 PINGS_LOST = 3
 """Failed pings in a row after which the engine counts as gone: a slow engine (a loaded
-machine) must not get its containers killed, so a ping has :data:`PING_TIMEOUT_S` and the
-engine three chances; one whose socket is gone fails each at once (about 3 s in all)."""
+machine) must not get its containers killed; one whose socket is gone fails each at once."""
 API_TIMEOUT_S = 10.0
 """Timeout of one engine call (a ping: :data:`PING_TIMEOUT_S`), in seconds."""
 PING_TIMEOUT_S = 5.0
@@ -97,8 +96,7 @@ class _Supervisor(deadman.Deadman):
         """The host pid of the container's init process (0: unknown)."""
 
     def lose_engine(self, why: str) -> None:
-        """The engine is gone: SIGKILL the container's processes ourselves
-        (:meth:`kill_without_engine`), and end."""
+        """The engine is gone: SIGKILL the container's processes ourselves, and end."""
         if self.engine_lost is None:
             self.engine_lost = why
         self.kill_without_engine()
@@ -106,8 +104,7 @@ class _Supervisor(deadman.Deadman):
 
     def kill_without_engine(self) -> None:
         """SIGKILL the container's processes without the engine: every process whose cgroup
-        names the container's id (its init first, when known), so a process of anything else is
-        never hit; the container's pid namespace dies with its init."""
+        names the container's id (its init first, when known)."""
         if self.container is None:
             return
         victims = _processes_in_cgroup(self.container.id, first=self.pid)
@@ -158,9 +155,8 @@ class _Supervisor(deadman.Deadman):
 
     def pause(self) -> None:
         """Pause the container (``docker pause``) and record when. One that has just ended is
-        left to end on its own (its end stands, as a command job's that ended first); one whose
-        pause fails otherwise may be running, which the fence forbids: it is killed (through
-        the engine, and without it), never left running."""
+        left to end on its own; one whose pause fails otherwise may be running, which the fence
+        forbids: it is killed (through the engine, and without it)."""
         try:
             self.container.pause()
         except Exception as exc:
@@ -274,20 +270,16 @@ class _Supervisor(deadman.Deadman):
                 "(nothing is pulled: load or build it there)"
             )
         except Exception as exc:
-            if _engine_gone(exc):
-                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
-            return f"{Reason.CONTAINER_ERROR.value}: cannot create the container: {_explain(exc)}"
+            return _refused("create", exc)
         try:
             self.container.start()
         except Exception as exc:
-            text = _explain(exc)
             with contextlib.suppress(Exception):
                 self.container.remove(force=True)
+            text = _explain(exc)
             if "executable file not found" in text or "no such file or directory" in text:
                 return f"{Reason.COMMAND_NOT_FOUND.value}: {text}"
-            if _engine_gone(exc):
-                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
-            return f"{Reason.CONTAINER_ERROR.value}: cannot start the container: {text}"
+            return _refused("start", exc)
         with contextlib.suppress(Exception):
             self.container.reload()
             self.pid = int(self.container.attrs["State"]["Pid"] or 0)
@@ -399,15 +391,20 @@ def _thaw(pid: int) -> None:
 
 
 def _say(text: str) -> None:
-    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the
-    supervisor's (what the operator needs to know of an engine that failed the job)."""
+    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the supervisor's."""
     print(f"[stockade container supervisor] {text}", file=sys.stderr, flush=True)
 
 
 def _explain(exc: BaseException) -> str:
     """The engine's own words for a refused call, else the exception's."""
-    explanation = getattr(exc, "explanation", None)
-    return str(explanation or exc)
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _refused(what: str, exc: BaseException) -> str:
+    """The report's ``error`` for a container the engine did not ``what`` (create, start)."""
+    if _engine_gone(exc):
+        return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
+    return f"{Reason.CONTAINER_ERROR.value}: cannot {what} the container: {_explain(exc)}"
 
 
 def main(args: list[str]) -> int:

@@ -121,47 +121,42 @@ def parse_fleet_spec(
             raise FleetSpecError(source, entry, "worker", item, "must be a JSON object")
         if isinstance(item.get("id"), str) and item["id"]:
             entry = f"entry {index} (id {item['id']!r})"
+        bad = partial(FleetSpecError, source, entry)
+        parsed = partial(_parsed, source=source, entry=entry)
         for key in _REQUIRED:
             if key not in item:
-                raise FleetSpecError(source, entry, key, None, "is required")
+                raise bad(key, None, "is required")
         unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
         if unknown:
             known = ", ".join((*_REQUIRED, *_OPTIONAL))
-            raise FleetSpecError(source, entry, unknown[0], item[unknown[0]], f"is not a known key ({known})")
+            raise bad(unknown[0], item[unknown[0]], f"is not a known key ({known})")
 
         worker_id = item["id"]
-        _parsed(identifiers.check_id, worker_id, source, entry, "id")
+        parsed(identifiers.check_id, worker_id, "id")
         if worker_id in seen_ids:
-            raise FleetSpecError(
-                source, entry, "id", worker_id, f"is already used by entry {seen_ids[worker_id]}"
-            )
+            raise bad("id", worker_id, f"is already used by entry {seen_ids[worker_id]}")
         port = item["port"]
         if not _is_int(port) or not 0 <= port <= 65535:
-            raise FleetSpecError(
-                source, entry, "port", port, "must be an integer in 0..65535 (0: a free one)"
-            )
+            raise bad("port", port, "must be an integer in 0..65535 (0: a free one)")
         if port and port in seen_ports:
-            raise FleetSpecError(source, entry, "port", port, f"is already used by {seen_ports[port]}")
+            raise bad("port", port, f"is already used by {seen_ports[port]}")
         for key in ("cpu_millis", "memory_mb"):
             if not _is_int(item[key]) or item[key] <= 0:
-                raise FleetSpecError(source, entry, key, item[key], "must be an integer > 0")
+                raise bad(key, item[key], "must be an integer > 0")
         work_dir = item["work_dir"]
         if not isinstance(work_dir, str) or not work_dir:
-            raise FleetSpecError(source, entry, "work_dir", work_dir, "must be a non-empty path")
+            raise bad("work_dir", work_dir, "must be a non-empty path")
         resolved = str((base / work_dir).absolute())
         if resolved in seen_dirs:
-            rule = f"is already used by {seen_dirs[resolved]} (one log per worker)"
-            raise FleetSpecError(source, entry, "work_dir", work_dir, rule)
+            raise bad("work_dir", work_dir, f"is already used by {seen_dirs[resolved]} (one log per worker)")
         advertise = item.get("advertise_address", "")
         if advertise != "":
-            _parsed(identifiers.parse_address, advertise, source, entry, "advertise_address")
+            parsed(identifiers.parse_address, advertise, "advertise_address")
         control_planes = item.get("control_planes", [])
         if not isinstance(control_planes, list):
-            raise FleetSpecError(
-                source, entry, "control_planes", control_planes, "must be a list of host:port strings"
-            )
+            raise bad("control_planes", control_planes, "must be a list of host:port strings")
         for place, address in enumerate(control_planes):
-            _parsed(identifiers.parse_address, address, source, entry, f"control_planes[{place}]")
+            parsed(identifiers.parse_address, address, f"control_planes[{place}]")
 
         seen_ids[worker_id] = index
         if port:
@@ -181,7 +176,7 @@ def parse_fleet_spec(
     return workers
 
 
-def _parsed(parser: Callable[..., object], value: Any, source: str, entry: str, field: str) -> None:
+def _parsed(parser: Callable[..., object], value: Any, field: str, *, source: str, entry: str) -> None:
     """``parser(value, field=field)``; its refusal raised as a :class:`FleetSpecError`."""
     try:
         parser(value, field=field)
