@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import attrs
 import trio
@@ -29,13 +29,11 @@ from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
 
-_T = TypeVar("_T")
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The ``PATH`` of every command job (and of its reaper, which searches it for the program)."""
 WORK_SUBDIR = "work"
 """The working directory and ``HOME`` of a job that runs as another user: this folder inside
-its job folder, owned by that user (the job folder itself, with the reaper's files and the
-output logs, stays the agent's)."""
+its job folder, owned by that user (the job folder itself stays the agent's)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -44,12 +42,11 @@ class RunOptions:
 
     timeout_s: float | None = None
     """Stop the job once it has run this long (from its start, by the monotonic clock) and end it
-    failed with detail ``timeout: ...``; None: no limit. A command's reaper enforces it (also while
-    the agent is frozen); a sleep's and a container's the agent."""
+    failed with detail ``timeout: ...``; None: no limit. A command's reaper enforces it; a
+    sleep's and a container's the agent."""
     workdir: str = ""
-    """A command's working directory, an absolute path that must exist on the worker (else
-    the job fails, ``workdir_not_found: ...``); empty: the job's folder (or its ``work/``
-    when it runs as another user). A container job's is :attr:`ContainerJob.workdir`."""
+    """A command's working directory, an absolute path that must exist on the worker; empty:
+    the job's folder (or its ``work/`` when it runs as another user)."""
 
     @property
     def default(self) -> bool:
@@ -71,20 +68,17 @@ class ContainerJob:
     job_id: int
     assignment_id: int
     cpu_millis: int
-    """CPU, in millicores: the container's ``nano_cpus`` (times 1,000,000)."""
     memory_mb: int
-    """Memory, in MiB: the container's memory limit, swap included (none)."""
+    """The container's memory limit, swap included (none)."""
     user: str = ""
     """``uid:gid`` the container's processes run as (the agent's job user); empty: the image's."""
     owner: str = ""
-    """The agent's :func:`agent.container.owner_of` (its work folder's): in the container's name
-    and labels, so the agents of two clusters on one engine never take each other's."""
+    """:func:`owner_of` the agent's work folder: in the container's name and labels, so the
+    agents of two clusters on one engine never take each other's."""
     workdir: str = ""
-    """The job's ``workdir``: the working directory inside the container (Docker creates it
-    when the image lacks it); empty: the image's own."""
+    """The working directory inside the container; empty: the image's own."""
     oom_score_adj: int | None = None
-    """The container's ``oom_score_adj`` (Docker's ``--oom-score-adj``; :mod:`runtime.oom`);
-    None: the engine's default (0)."""
+    """The container's ``oom_score_adj`` (:mod:`runtime.oom`); None: the engine's default."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
@@ -110,9 +104,8 @@ def forks(runtime: JobRuntime) -> bool:
 
 
 def timed_by_agent_s(runtime: JobRuntime) -> float | None:
-    """How long a job the agent itself times runs, in seconds (a sleep: it has no process, so
-    the agent decides when it stopped; see :mod:`agent.core`); None for a runtime whose end
-    its process reports."""
+    """How long a job the agent itself times runs, in seconds (a sleep); None for a runtime
+    whose end its process reports."""
     return runtime.duration_ms / 1000.0 if isinstance(runtime, SleepRuntime) else None
 
 
