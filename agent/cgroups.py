@@ -7,6 +7,7 @@ The modes and the numbers: :mod:`agent.resources`; the layouts and leftovers: do
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -97,16 +98,12 @@ def _pids(folder: Path) -> list[int]:
 def _kill_members(folder: Path) -> None:
     """SIGKILL every process in the cgroup ``folder``: at once with ``cgroup.kill`` (v2, Linux
     5.14), else one by one (a process forking meanwhile is caught by the next call)."""
-    try:
+    with contextlib.suppress(OSError):
         if _write_if_present(folder / "cgroup.kill", "1"):
             return
-    except OSError:
-        pass
     for pid in _pids(folder):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _remove_dir(folder: Path) -> bool:
@@ -382,10 +379,8 @@ class Cgroup1Resources:
             if not _write_if_present(memory / "memory.memsw.limit_in_bytes", limit):
                 # Without swap accounting the job's swap cannot be limited; this asks the
                 # kernel not to swap its pages out at all (a hint, not a limit).
-                try:
+                with contextlib.suppress(OSError):
                     _write_if_present(memory / "memory.swappiness", "0")
-                except OSError:
-                    pass
             _write(folders["pids"] / "pids.max", str(self.pids_max))
         except BaseException:
             _remove_now(made, 0.0)
