@@ -55,6 +55,14 @@ def _read(path: Path) -> str:
         return file.read()
 
 
+def _keyed(path: Path) -> dict[str, int]:
+    """The values of the keyed cgroup file at ``path``; none when it cannot be read."""
+    try:
+        return parse_keyed(_read(path))
+    except OSError:
+        return {}
+
+
 def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
     """Make the cgroup ``folder`` (a test's fake tree replaces this)."""
     try:
@@ -164,14 +172,7 @@ class Cgroup2Job:
         return Confinement(cgroup_procs=(str(self.folder / "cgroup.procs"),), clone_into=str(self.folder))
 
     def usage(self) -> JobUsage:
-        try:
-            cpu = parse_keyed(_read(self.folder / "cpu.stat"))
-        except OSError:
-            cpu = {}
-        try:
-            memory = parse_keyed(_read(self.folder / "memory.events"))
-        except OSError:
-            memory = {}
+        cpu, memory = _keyed(self.folder / "cpu.stat"), _keyed(self.folder / "memory.events")
         usec = cpu.get("usage_usec")
         return JobUsage(
             cpu_s=None if usec is None else usec / 1e6,
@@ -306,22 +307,13 @@ class Cgroup1Job:
         return Confinement(cgroup_procs=tuple(str(f / "cgroup.procs") for f in _distinct(self.folders)))
 
     def usage(self) -> JobUsage:
-        def keyed(controller: str, file: str) -> dict[str, int]:
-            try:
-                return parse_keyed(_read(self.folders[controller] / file))
-            except (OSError, KeyError):
-                return {}
-
         cpu_s = None
-        if ACCOUNTING in self.folders:
-            try:
-                cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
-            except (OSError, ValueError):
-                cpu_s = None
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
         return JobUsage(
             cpu_s=cpu_s,
-            throttled_periods=keyed("cpu", "cpu.stat").get("nr_throttled"),
-            oom_kills=keyed("memory", "memory.oom_control").get("oom_kill", 0),
+            throttled_periods=_keyed(self.folders["cpu"] / "cpu.stat").get("nr_throttled"),
+            oom_kills=_keyed(self.folders["memory"] / "memory.oom_control").get("oom_kill", 0),
         )
 
     def remove(self) -> bool:
