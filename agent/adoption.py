@@ -330,13 +330,7 @@ class TakeoverPlan:
 
 
 def plan_takeover(
-    found: Survey,
-    *,
-    cpu_millis: int,
-    memory_mb: int,
-    now_s: float,
-    min_left_s: float,
-    pidfds: bool = True,
+    found: Survey, *, cpu_millis: int, memory_mb: int, now_s: float, min_left_s: float, pidfds: bool = True
 ) -> TakeoverPlan:
     """Decide what a restarted agent keeps of ``found``. Pure.
 
@@ -457,13 +451,7 @@ class ReaperWatch:
             self._pidfd = None
 
 
-async def watch_supervisor(
-    watch: ReaperWatch,
-    *,
-    ticks: int,
-    stop: trio.Event,
-    stop_grace_s: float,
-) -> bool:
+async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, stop_grace_s: float) -> bool:
     """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
     :func:`agent.supervised.wait_supervisor` does (SIGTERM; SIGUSR1 when it is not done
     :data:`REAPER_SLACK_S` after the grace; SIGKILL another :data:`REAPER_SLACK_S` later);

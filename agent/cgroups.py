@@ -420,12 +420,7 @@ def open_cgroup1(
 
 
 def select_resources(
-    choice: str,
-    *,
-    worker_key: str,
-    job_nice: int,
-    pids_max: int,
-    host: Host | None = None,
+    choice: str, *, worker_key: str, job_nice: int, pids_max: int, host: Host | None = None
 ) -> tuple[JobResources, list[str]]:
     """The worker's :class:`agent.resources.JobResources` for the ``job_resources`` setting
     ``choice``: ``auto`` takes the first of cgroup2, cgroup1, rlimit that can be set up here;
