@@ -93,11 +93,8 @@ class Admission:
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
 
     def registered(self, incarnation: int, epoch: int) -> None:
-        """Enter a new incarnation: forget this life's dedup memory and stop being fenced.
-
-        The agent stops every job before it registers again, so nothing should be running;
-        whatever still is keeps its reservation.
-        """
+        """Enter a new incarnation: forget this life's dedup memory and stop being fenced
+        (whatever still runs keeps its reservation)."""
         if incarnation != self.incarnation:
             self.ended.clear()
             self.finished.clear()
@@ -107,11 +104,9 @@ class Admission:
         self.fenced = False
 
     def continued(self, incarnation: int, epoch: int, *, released: tuple[int, ...] = ()) -> None:
-        """Keep ``incarnation``, which a restarted agent continued (:mod:`agent.adoption`), and
-        stop being fenced: unlike :meth:`registered`, this life's memory stays (what the agent
-        took over and what ended before it registered belong to it), and ``released`` (the
-        assignments the control plane ended because this agent does not run them) is
-        remembered as cancelled, so a late Assign of one is refused."""
+        """Keep ``incarnation``, which a restarted agent continued, and stop being fenced: unlike
+        :meth:`registered`, this life's memory stays, and ``released`` (the assignments the
+        control plane ended) is remembered as cancelled, so a late Assign of one is refused."""
         self.incarnation = incarnation
         self.cancelled.update(released)
         self.observe_epoch(epoch)

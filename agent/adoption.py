@@ -252,9 +252,8 @@ def fit(
 
 def sleep_ran_s(record: JobRecord, *, now_s: float, pause_at_s: float | None) -> float:
     """How long the sleep job of ``record`` has run by ``now_s`` (``time.monotonic()``): from its
-    start, less its recorded pauses, and not past ``pause_at_s``, the pause deadline of the
-    fence-deadline file (None: there is none), when its jobs paused while no agent watched them.
-    Pure."""
+    start, less its recorded pauses, and not past the file's pause deadline ``pause_at_s``
+    (None: none). Pure."""
     until = now_s if pause_at_s is None else min(now_s, pause_at_s)
     return max(0.0, until - record.began_monotonic_s - record.paused_s)
 
@@ -332,21 +331,14 @@ class TakeoverPlan:
 def plan_takeover(
     found: Survey, *, cpu_millis: int, memory_mb: int, now_s: float, min_left_s: float, pidfds: bool = True
 ) -> TakeoverPlan:
-    """Decide what a restarted agent keeps of ``found``. Pure.
+    """Decide what a restarted agent keeps of ``found``, now ``now_s`` (``time.monotonic()``).
+    Pure.
 
     Nothing is kept when the fence-deadline file's kill deadline is less than ``min_left_s``
-    ahead of ``now_s`` (the reapers kill their jobs at it), or when there are no pidfds. Else
-    the keepable jobs (:attr:`Verdict.KEEPABLE`) and the sleep jobs of the newest incarnation
-    among them (an agent runs the jobs of one incarnation only) are kept as far as they fit ``cpu_millis`` and
-    ``memory_mb`` (:func:`fit`); every other job still running is stopped (strays, older
-    incarnations, those that do not fit). A sleep job whose duration ran out while no agent
-    watched it is settled as succeeded.
-
-    Args:
-        cpu_millis, memory_mb: the capacity the agent offers now.
-        now_s: ``time.monotonic()`` now.
-        min_left_s: how far ahead the kill deadline must be for anything to be kept, in seconds.
-        pidfds: whether the system has pidfds (``os.pidfd_open``).
+    seconds ahead, or when there are no ``pidfds``. Else the keepable jobs and the sleep jobs of
+    the newest incarnation among them (an agent runs one incarnation's jobs only) are kept as
+    far as they fit ``cpu_millis`` and ``memory_mb`` (:func:`fit`); every other job still
+    running is stopped. A sleep job whose duration ran out meanwhile is settled as succeeded.
     """
     pause_at, kill_at = found.deadline if found.deadline is not None else (None, None)
     settle: list[Found] = []
@@ -453,9 +445,8 @@ class ReaperWatch:
 
 async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, stop_grace_s: float) -> bool:
     """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
-    :func:`agent.supervised.wait_supervisor` does (SIGTERM; SIGUSR1 when it is not done
-    :data:`REAPER_SLACK_S` after the grace; SIGKILL another :data:`REAPER_SLACK_S` later);
-    returns whether a stop was asked for. Closes the watch.
+    :func:`agent.supervised.wait_supervisor` does; returns whether a stop was asked for. Closes
+    the watch.
 
     Raises:
         trio.Cancelled: after having the supervisor kill the job and waiting for it (shielded).
@@ -490,11 +481,9 @@ async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, 
 
 
 def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> JobResult:
-    """How a job whose supervisor this agent did not fork ended, from its report (an exit status
-    it cannot know: the supervisor was not its child). ``stopped``: this agent asked for a stop.
-    A supervisor that left no report was killed (SIGKILL, the OOM killer): the job failed, unless
-    a stop was asked; with no supervisor recorded either, none was ever started: the job did not
-    start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
+    """How a job whose supervisor this agent did not fork ended, from its report. ``stopped``:
+    this agent asked for a stop. A supervisor that left no report was killed: the job failed,
+    unless a stop was asked; with no supervisor recorded either, the job did not start."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio_time_of(record.started_monotonic_s)
     report = deadman.read_report(job_dir)

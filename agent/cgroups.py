@@ -199,9 +199,8 @@ class Cgroup2Resources:
         return str(self.worker_dir)
 
     def prepare(self) -> None:
-        """Make the jobs' group and the worker's folder, handing the controllers down; nothing
-        changes where they are there already. At start, and again should they have been
-        removed meanwhile (an empty folder of a killed agent looks like litter).
+        """Make the jobs' group and the worker's folder, handing the controllers down (again
+        should they have been removed meanwhile).
 
         Raises:
             OSError: they cannot be made or written.
@@ -249,9 +248,8 @@ _ENABLE = "+cpu +memory +pids"
 def open_cgroup2(
     own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup2Resources:
-    """Set up the v2 layout (docs/design.md, "Job cgroups") from the agent's cgroup folder
-    ``own``: move process ``pid`` into the leaf unless it is there already (or ``own`` is the
-    root), hand the controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
+    """Set up the v2 layout from the agent's cgroup folder ``own``: move process ``pid`` into
+    the leaf unless it is there already, hand the controllers down to ``stockade-jobs/<worker_key>``.
 
     Raises:
         ResourcesUnavailable: the cgroup lacks a controller, holds other processes, or cannot
@@ -344,8 +342,7 @@ class Cgroup1Resources:
         return " ".join(str(p) for p in _distinct(self.worker_dirs))
 
     def prepare(self) -> None:
-        """Make the worker's folder in every hierarchy; nothing changes where they are there
-        already. At start, and again should they have been removed meanwhile.
+        """Make the worker's folder in every hierarchy (again should they have been removed).
 
         Raises:
             OSError: they cannot be made or written.
@@ -396,9 +393,9 @@ class Cgroup1Resources:
 def open_cgroup1(
     own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup1Resources:
-    """Set up the v1 layout (docs/design.md, "Job cgroups") under the agent's cgroup folder of each
-    controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
-    in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
+    """Set up the v1 layout under the agent's cgroup folder of each controller in ``own``: the
+    worker's folder ``stockade-<worker_key>`` in each hierarchy, its ``cpu.shares`` those of one
+    task at ``job_nice`` per CPU of ``cpus``.
 
     Raises:
         ResourcesUnavailable: a hierarchy is missing or cannot be written; the message says

@@ -53,12 +53,9 @@ def _client(timeout_s: float) -> Any:
 
 
 def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S) -> tuple[str, str]:
-    """The value of the worker's ``container`` label, and why when it is not ``docker``.
-
-    Blocking (an engine call): run it in a thread. ``docker`` when the engine answers a ping
-    within ``timeout_s`` seconds; ``none`` when it does not (the reason names the error), or
-    when ``labels`` already say ``container=none`` (the operator's choice, kept).
-    """
+    """The value of the worker's ``container`` label, and why when it is not ``docker``:
+    ``docker`` when the engine answers a ping within ``timeout_s`` seconds; ``none`` when it does
+    not, or when ``labels`` already say ``container=none``. Blocking: run it in a thread."""
     if labels.get("container") == "none":
         return "none", "the worker's labels say container=none"
     try:
@@ -164,8 +161,8 @@ async def run_container(
     on_started: Callable[[], None],
     job_env: Mapping[str, str],
 ) -> JobResult:
-    """Run one container job until it ends or ``stop`` is set (see :func:`agent.runtimes.run_job`
-    for the arguments and the result); return once its container has ended and is removed.
+    """:func:`agent.runtimes.run_job` for a container job: returns once its container has ended
+    and is removed.
 
     Raises:
         trio.Cancelled: after its supervisor killed the container (shielded).

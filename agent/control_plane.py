@@ -100,12 +100,8 @@ class HedgeDelay:
     """How long a call waits for one replica before the next one is asked too, in seconds:
     ``factor`` times the smoothed round trip of the calls that were answered, never below
     ``floor_s`` and never above a third of the call's deadline (room for two more replicas).
-    Why not a fixed delay: docs/design.md, "The agent's calls under load".
-
-    Args:
-        floor_s: the shortest delay (the agent's ``heartbeat_timeout_s``).
-        factor: the multiple of the smoothed round trip.
-        weight: the newest round trip's weight in the smoothing (exponential).
+    ``weight`` is the newest round trip's in the (exponential) smoothing. Why not a fixed
+    delay: docs/design.md, "The agent's calls under load".
     """
 
     floor_s: float
@@ -131,9 +127,8 @@ class GrpcControlPlane:
     """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
 
     Args:
-        client: the failover client (a fleet's, shared by its workers, or the agent's own).
         hedge_after_s: the shortest time without an answer from one replica before the next
-            one is asked too (the agent's ``heartbeat_timeout_s``; :class:`HedgeDelay`).
+            one is asked too (:class:`HedgeDelay`).
         home_key: passed with every call: a shared client's worker passes its id, so its calls go
             first to its own home replica; None: the client's own route.
     """

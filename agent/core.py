@@ -32,12 +32,9 @@ class Agent(Leaving):
     """One worker's agent. Serve its :meth:`assign`/:meth:`cancel` and run :meth:`run`.
 
     Args:
-        settings: this worker's settings.
-        control_plane: how to reach the control plane (a scripted stand-in in tests).
         start_limiter: the process's start slots (shared by the agents of a fleet); None: a
-            limiter of its own with ``settings.max_concurrent_starts`` slots.
-        leave_turns: the process's turns for leave attempts (shared by a fleet); None: a limiter
-            of its own with ``settings.max_concurrent_leaves``.
+            limiter of its own.
+        leave_turns: the process's turns for leave attempts (shared by a fleet); None: its own.
         runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
             the calling (trio) thread, for tests.
         run_as: who command jobs run as; None: this process's user, for tests.
@@ -163,12 +160,9 @@ class Agent(Leaving):
         return decision
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
-        """Apply the cancel rules; stop the running ones and return once they have ended.
-
-        The answer says what happened to each id (:meth:`agent.acceptance.Admission.cancel`):
-        a job that ended on its own, before the cancel or while it was being stopped, is
-        finished, not acknowledged.
-        """
+        """Apply the cancel rules; stop the running ones and return once they have ended. A job
+        that ended on its own, before the cancel or while it was being stopped, is finished, not
+        acknowledged."""
         self._fence_if_due()
         decision = self._admission.cancel(order)
         if decision.to_stop:
@@ -237,17 +231,11 @@ class Agent(Leaving):
                 os.close(lock)
 
     async def prepare_restart(self, hold_s: float, *, timeout_s: float | None = None) -> bool:
-        """Prepare a planned restart: this process will exit leaving its jobs running, for an
-        agent started again on the same work folder to take over (:mod:`agent.adoption`).
-
-        Stops accepting work, then has the next heartbeat ask for a restart hold of ``hold_s``;
-        once recorded, the fence deadline moves on by it and no heartbeat is sent any more.
-        Waits at most ``timeout_s`` (None: the fence span) for it. docs/design.md, "Restarts".
-
-        Returns:
-            True once the hold is recorded; False when it was not within ``timeout_s`` (the
-            jobs then pause at the fence deadline as for a killed agent).
-        """
+        """Prepare a planned restart: this process will exit leaving its jobs running for the
+        next agent on the same work folder. Stops accepting work, then has the next heartbeat
+        ask for a restart hold of ``hold_s``; once recorded, the fence deadline moves on by it
+        and no heartbeat is sent any more. Waits at most ``timeout_s`` (None: the fence span);
+        returns whether the hold was recorded. docs/design.md, "Restarts"."""
         self._admission.fenced = True  # nothing new from here on: it would not be reported
         self._admission.restarting = True  # refused as "restarting", not as "fenced"
         self._jobs.keep_records = True  # a job ending now is settled by the next agent

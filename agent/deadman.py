@@ -155,9 +155,7 @@ def load_libc() -> object:
 
 def exit_with(main: Callable[[list[str]], int]) -> None:
     """Run ``main`` on ``sys.argv``, then exit at once with its status: ``os._exit`` skips the
-    interpreter's shutdown (~2 ms): the report is written and closed, nothing else needs
-    finalizing (a container supervisor's daemon threads may still hold a connection to an
-    engine that does not answer)."""
+    interpreter's shutdown (~2 ms, and a container supervisor's daemon threads)."""
     code = main(sys.argv)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -270,10 +268,8 @@ class Deadman:
             self.kill_at = time.monotonic() + self.grace_s
 
     def resume(self) -> None:
-        """Let a paused job run again (the agent moved the deadline on, after a heartbeat the
-        database acknowledged). A stop the agent asked for before it moved the deadline is
-        still pending here (it signals before it writes): it wins, and the job never runs
-        again."""
+        """Let a paused job run again (the agent moved the deadline on). A stop the agent asked
+        for before it moved the deadline is still pending here: it wins."""
         if self.stop_pending():
             self.stop_job(at_once=True)
             return
