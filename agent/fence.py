@@ -101,11 +101,9 @@ the same assignment start meanwhile and are confirmed by the same heartbeat."""
 
 
 def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
-    """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` (the
-    self-fence span less the call margin), doubled for each of the ``failures`` calls in a row
-    that no control plane answered, at most ``cap_s`` (``register_timeout_s``), never less than
-    ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5). Why a paused worker waits so:
-    docs/design.md, "The agent's calls under load".
+    """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` doubled
+    for each of the ``failures`` calls in a row that no control plane answered, at most
+    ``cap_s``, never less than ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5).
     """
     return max(span_s, min(cap_s, span_s * 2.0 ** min(failures, 32)))
 
@@ -192,17 +190,15 @@ class FenceClock:
         return (self.paused or self.live.is_set()) and kill_at is not None and trio.current_time() >= kill_at
 
     def paused_since(self) -> float | None:
-        """The trio time the jobs count as paused from: while paused, :attr:`fenced_at`;
-        while live with the fence deadline passed (the agent has not noticed yet: it was
-        frozen), that deadline; otherwise None."""
+        """The trio time the jobs count as paused from: while paused, :attr:`fenced_at`; while
+        live with the fence deadline passed (not noticed yet), that deadline; otherwise None."""
         if self.paused or self.self_fenced:
             return self.fenced_at
         return self._missed_deadline()
 
     def paused_s_between(self, start: float, end: float) -> float:
-        """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, one
-        that lasts counted up to now, and, while live with the fence deadline passed (not
-        noticed yet), the time since that deadline."""
+        """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, and the
+        time since a passed fence deadline not noticed yet."""
         now = trio.current_time()
         total = 0.0
         spans: list[tuple[float, float]] = [

@@ -252,10 +252,7 @@ def shared_client(
     """The one control-plane client a fleet's workers share, its per-call deadline the shortest
     ``heartbeat_timeout_s`` of ``workers``.
 
-    Args:
-        control_planes: the fleet's control-plane addresses; a worker with other addresses
-            (not merely another order) keeps a client of its own (:func:`run_fleet`).
-        tls: the fleet certificate's files (naming every worker it hosts); None: plaintext.
+    ``tls``: the fleet certificate's files (naming every worker it hosts); None: plaintext.
 
     Raises:
         InvalidArgument: ``control_planes`` is empty or malformed.
@@ -308,20 +305,11 @@ async def run_fleet(
 ) -> None:
     """Run every worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Starts the agents one after the other, in the order of ``workers``, spread evenly over
-    ``spread_s`` (docs/design.md, "The agent's calls under load"), then signals
-    ``task_status.started(agents)``. On cancellation every agent stops its jobs, as a lone agent
-    does. The workers share the process's start slots (the smallest ``max_concurrent_starts``),
-    its turns for leave attempts (the smallest ``max_concurrent_leaves``) and its one spawner
-    thread.
-
-    Args:
-        spread_s: seconds over which the starts are spread; None: the longest
-            ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
-            whichever is longer; 0: all at once.
-        client: the client the workers share (the caller closes it): every worker whose
-            ``control_planes`` are its addresses, in any order, calls through it; None: each
-            worker makes its own.
+    Starts the agents in the order of ``workers``, spread evenly over ``spread_s`` seconds (None:
+    the longest ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
+    whichever is longer; 0: all at once), then signals ``task_status.started(agents)``. The
+    workers share the process's start slots, leave turns and spawner thread, and ``client``
+    (the caller closes it; None: each worker makes its own).
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
@@ -373,8 +361,7 @@ def main(
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job of every worker is stopped (and logged) before this
-    returns. On SIGHUP the process exits for a planned restart of every worker, leaving their
-    jobs running (:func:`agent.main.restart_on_signal`). Must run in the main thread.
+    returns; on SIGHUP the process exits for a planned restart. Must run in the main thread.
 
     Args:
         fleet_id: this process's id, bound to every log line (``fleet_id``).
@@ -382,8 +369,6 @@ def main(
             one client (:func:`shared_client`); empty: each worker has its own.
         fleet_tls: the fleet certificate's files; None with workers that use TLS: no shared
             client, each worker calls with its own certificate.
-        options: how the process runs (:class:`agent.main.ProcessOptions`); its metrics are
-            served on the workers' listen host.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's

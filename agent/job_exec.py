@@ -45,10 +45,8 @@ _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
 
 def fork_into(cgroup_dir: str) -> int | None:
     """``os.fork()``, the child born in the cgroup v2 folder ``cgroup_dir``: ``clone3`` with
-    ``CLONE_INTO_CGROUP`` (Linux 5.7; ``clone3(2)``), wrapped as ``os.fork`` wraps ``fork``
-    (``PyOS_BeforeFork``, then ``PyOS_AfterFork_Child`` or ``_Parent``, the interpreter's lock
-    held throughout). Returns the child's id in the parent and 0 in the child, or None when the
-    kernel cannot (an older one, another machine, a folder that cannot be opened): the caller
+    ``CLONE_INTO_CGROUP`` (Linux 5.7), wrapped as ``os.fork`` wraps ``fork``. Returns the
+    child's id in the parent and 0 in the child, or None when the kernel cannot: the caller
     forks and the child joins the cgroup itself."""
     number = _SYS_CLONE3.get(os.uname().machine)
     if number is None:

@@ -118,11 +118,10 @@ def command_result(
     began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
-    """The result of a command job from its reaper's report (see :func:`agent.deadman.read_report`)
-    and its start pipe (``exec_reported``: the reaper said the job exec'd), begun at trio time
-    ``began_at``. ``stopped`` is whether the agent asked for a stop; the report's own
-    ``stopped`` (whether the stop reached the job before it ended) decides when there is one.
-    A time the report lacks is now. Called in trio (its times are trio's clock)."""
+    """The result of a command job from its reaper's report and its start pipe
+    (``exec_reported``: the reaper said the job exec'd), begun at trio time ``began_at``.
+    ``stopped`` is whether the agent asked for a stop; the report's own ``stopped`` decides
+    when there is one. A time the report lacks is now."""
     now = trio.current_time()
     if "error" in report:
         ended_at = max(began_at, report_time(report, "ended_monotonic_s") or now)
@@ -178,11 +177,9 @@ def container_result(
     began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
-    """A container job's result from its supervisor's report: a command job's
-    (:func:`command_result`), with the report's ``reason`` first in the detail
-    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
-    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
-    added to its detail."""
+    """A container job's result from its supervisor's report: a command job's, with the report's
+    ``reason`` first in the detail and the job failed (when it was not stopped) whatever its
+    exit code. A job its supervisor paused or killed at the fence deadline stays fenced."""
     result = command_result(
         report, supervisor_code, stopped=stopped, exec_reported=exec_reported, began_at=began_at, paths=paths
     )

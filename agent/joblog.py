@@ -130,8 +130,8 @@ class JobLog:
         return record["time"] if not self._waiting else None
 
     def flush(self) -> None:
-        """Write the lines that wait for the database's clock, in order, once it is known (the
-        agent calls it after every reply it learns the clock from). No checkpoint.
+        """Write the lines that wait for the database's clock, in order, once it is known. No
+        checkpoint.
 
         Raises:
             OSError: a line could not be written (it and those after it still wait).

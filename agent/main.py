@@ -56,11 +56,8 @@ through a control plane (ControlPlane.ReadJobLogs), which checks their role and 
 
 
 def advertised_address(settings: AgentSettings, port: int) -> str:
-    """The host:port to register: ``advertise_address``, else the listen host and bound port.
-
-    A wildcard listen host (``0.0.0.0``, ``::``) cannot be called, so the machine's host
-    name stands in for it.
-    """
+    """The host:port to register: ``advertise_address``, else the listen host (the machine's
+    name for a wildcard one) and bound port."""
     if settings.advertise_address:
         return settings.advertise_address
     host = settings.listen_host
@@ -90,13 +87,8 @@ async def run_agent(
     (:func:`agent.container.container_settings`) and ``resources=cgroup2|cgroup1|rlimit``
     (:func:`agent.cgroups.resource_settings`), removing what an earlier life of it left.
 
-    Args:
-        control_plane: how to reach the control plane; by default a :class:`GrpcControlPlane`
-            over ``settings.control_planes``, first to the worker's home replica.
-        start_limiter: the process's start slots; None: one of its own.
-        leave_turns: the process's turns for leave attempts at a clean stop; None: its own.
-        spawner: the process's spawner thread (running); None: one of its own, for as long as
-            this agent runs.
+    ``control_plane``, ``start_limiter``, ``leave_turns`` and ``spawner`` (running): None, the
+    agent's own (a :class:`GrpcControlPlane` over ``settings.control_planes``).
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
@@ -278,9 +270,8 @@ def start_process(options: ProcessOptions, *, logger: str, metrics_host: str, **
 def main(settings: AgentSettings, **options: Unpack[ProcessOptions]) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
-    On the signal every running job is stopped (and logged) before this returns. On SIGHUP the
-    process exits for a planned restart, leaving its jobs running (:func:`restart_on_signal`).
-    Must run in the main thread (it installs signal handlers).
+    On the signal every running job is stopped (and logged) before this returns; on SIGHUP the
+    process exits for a planned restart (:func:`restart_on_signal`). Must run in the main thread.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
