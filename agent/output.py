@@ -151,9 +151,8 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
 
 class OutputFiles:
     """What the keeper and the readers of one agent share about its output files: a lock per
-    file, held around a trim and around each read (both on worker threads, never the event
-    loop), and, for the fallback without hole punching, how many bytes each file lost to
-    truncation (kept in ``<file>.removed`` too, for a later agent)."""
+    file, held around a trim and around each read (on worker threads), and how many bytes each
+    file lost to truncation (kept in ``<file>.removed`` too, for a later agent)."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
@@ -272,16 +271,13 @@ def list_job_folders(jobs_dir: Path) -> list[JobFolder]:
 
 @attrs.define
 class OutputKeeper:
-    """Caps the running jobs' output files and deletes old job folders (docs/design.md, "Jobs' output").
+    """Caps the running jobs' output files and deletes old job folders under ``jobs_dir``.
 
     Args:
-        jobs_dir: the agent's jobs folder (``<work_dir>/jobs``).
         active: ``(job_id, assignment_id)`` of the jobs the agent holds now.
-        files: the state shared with the readers.
-        worker_id: the metrics' label.
         added: the event set when the agent next holds a new job.
-        writing: ``(job_id, assignment_id)`` of the jobs among ``active`` that write output files
-            (a sleep job writes none), whose files are capped; None: all of ``active``.
+        writing: those of ``active`` that write output files (a sleep job writes none), whose
+            files are capped; None: all of ``active``.
     """
 
     jobs_dir: Path
@@ -329,9 +325,8 @@ class OutputKeeper:
 
     async def check_once(self) -> tuple[int, bool]:
         """Check (and trim) the output files of the jobs the agent holds, and once more those of
-        jobs that ended since the last check (they may have passed the cap just before their
-        end); returns the most any of them grew since the last check, in bytes, and whether
-        a job's files were seen for the first time."""
+        jobs that ended since the last check; returns the most any of them grew since the last
+        check, in bytes, and whether a job's files were seen for the first time."""
         running = {
             job_dir_for(self.jobs_dir, job_id, aid) / name
             for job_id, aid in (self.writing or self.active)()

@@ -122,8 +122,7 @@ class Registering(SelfFencing):
         """Stop every job, then register until a control plane answers (new incarnation).
 
         Raises:
-            PermissionDenied: the control plane refused this worker id (its certificate names
-                another worker).
+            PermissionDenied: the control plane refused this worker id.
         """
         self._leave_live()
         await self._jobs.stop(None, stop_reason)
@@ -203,9 +202,8 @@ class Registering(SelfFencing):
 
     async def _keep_taken_over(self) -> bool:
         """Stop what :meth:`_take_over` is not to keep and wait until it is gone, then ask the
-        control plane to continue the incarnation of the rest. True when it did: the kept jobs
-        run on in it (and this agent accepts work in it); False: register a new incarnation,
-        stopping the rest first."""
+        control plane to continue the incarnation of the rest. True when it did; False: register
+        a new incarnation, stopping the rest first."""
         plan, self._takeover = self._takeover, None
         if plan is None:
             return False

@@ -140,9 +140,8 @@ class ConfinedJob(Protocol):
         """What its cgroup counted so far (zeros and Nones without one)."""
 
     def remove(self) -> bool:
-        """Remove its cgroup; True once it is gone. One that still holds processes (its
-        reaper was killed, and its job's descendants live on) has them SIGKILLed and stays
-        for now: call again a little later."""
+        """Remove its cgroup; True once it is gone. One that still holds processes has them
+        SIGKILLed and stays for now: call again a little later."""
 
 
 class JobResources(Protocol):
@@ -218,9 +217,8 @@ attempt SIGKILLs them), in seconds: about 2 s in all."""
 
 async def release(job: ConfinedJob) -> JobUsage:
     """Read what ``job``'s cgroup counted, then remove it, once its reaper has exited; return
-    the usage. Shielded from cancellation (a cgroup is never left behind by a cancelled run).
-    One that cannot be removed after :data:`RELEASE_RETRIES_S` is logged and left: the next
-    start of the agent removes it (:meth:`JobResources.remove_leftovers`)."""
+    the usage. Shielded from cancellation. One that cannot be removed after
+    :data:`RELEASE_RETRIES_S` is logged and left for the next start of the agent."""
     with trio.CancelScope(shield=True):
         usage = job.usage()
         for wait_s in RELEASE_RETRIES_S:

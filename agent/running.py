@@ -355,8 +355,7 @@ class RunningJobs:
             kill_at_s: the file's kill deadline: a sleep job not continued by then ends there.
 
         Returns:
-            The job, or None when its reaper exited meanwhile (the caller settles it with
-            :meth:`settle_ended`).
+            The job, or None when its reaper exited meanwhile (settle it with :meth:`settle_ended`).
         """
         nursery = self.nursery
         assert nursery is not None, "adopted while not running"
@@ -389,10 +388,9 @@ class RunningJobs:
         return job
 
     def settle_ended(self, found: Found) -> None:
-        """Write the ``stop`` line of a job that ended while no agent watched it (its supervisor
-        exited, :attr:`Verdict.ENDED`), from its report, and queue its outcome when it ended on
-        its own; or of a sleep job whose duration ran out meanwhile. No checkpoint: the outcome
-        is queued before the registration that follows is sent."""
+        """Write the ``stop`` line of a job that ended while no agent watched it, from its report
+        (or of a sleep job whose duration ran out meanwhile), and queue its outcome when it ended
+        on its own. No checkpoint."""
         record = found.record
         job = self._take_over(found)
         if isinstance(record.runtime, SleepRuntime):
@@ -419,9 +417,7 @@ class RunningJobs:
 
     async def release_cgroup(self, name: str) -> JobUsage | None:
         """Remove the cgroup of a job a previous agent process started, in the job folder
-        ``name``, once its supervisor has exited (it was kept at this agent's start for it:
-        :func:`agent.cgroups.resource_settings`); what it counted (its OOM kills), or None when
-        there is none."""
+        ``name``, once its supervisor has exited; what it counted, or None when there is none."""
         confined = None if self.resources is None else self.resources.find(name)
         return None if confined is None else await release(confined)
 

@@ -159,8 +159,7 @@ async def run_job(
         ran at all.
 
     Raises:
-        trio.Cancelled: when cancelled, after having a command's reaper SIGKILL the job and
-            waiting for the reaper to exit (shielded).
+        trio.Cancelled: after having a command's reaper SIGKILL the job (shielded).
     """
     options = run_options or RunOptions()
     match runtime:
@@ -297,13 +296,8 @@ async def _run_command(
         )
 
     def spawn() -> tuple[subprocess.Popen[bytes], int, ConfinedJob | None]:
-        """Make the job's cgroup and start its reaper from the calling thread (the spawner's, or
-        the caller's: docs/design.md, "Command jobs on the agent's side").
-
-        Returns:
-            The reaper; the read end of its start pipe (non-blocking; the caller closes it):
-            :data:`agent.deadman.STARTED_BYTE` once the job has exec'd, EOF without it when the
-            reaper ended without starting it; and the job's cgroup, if any.
+        """Make the job's cgroup and start its reaper from the calling thread: the reaper, the
+        read end of its start pipe and the job's cgroup, if any.
 
         Raises:
             _CannotConfine: the job's cgroup could not be made.

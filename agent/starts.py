@@ -172,15 +172,11 @@ class Spawner:
             deliver(done)
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Call ``fn()`` on the spawner thread and return its result (or raise its error).
-
-        The wait is shielded from cancellation: a fork cannot be called back once begun, and
-        the process it made must reach the caller, who owns it (and kills it when cancelled).
-        The calls run one at a time, in the order given.
+        """Call ``fn()`` on the spawner thread (one call at a time, in order) and return its
+        result or raise its error. Shielded: the process a fork made must reach the caller.
 
         Raises:
             RuntimeError: the thread is not running.
-            BaseException: whatever ``fn`` raised.
         """
         if self._thread is None:
             raise RuntimeError(f"{self._name} thread is not running")

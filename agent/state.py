@@ -117,14 +117,9 @@ class AgentState(abc.ABC):
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
-        """Assignments whose jobs have started and not ended yet (including those being
-        stopped): what heartbeats report as running.
-
-        A job still waiting for a start slot is not listed (it holds its capacity all the same):
-        its assignment stays unconfirmed, and the leader hands a worker at most a window of
-        unconfirmed assignments (:mod:`actors.placement`), so it is paced by what the worker
-        really starts.
-        """
+        """Assignments whose jobs have started and not ended yet: what heartbeats report as
+        running. One waiting for a start slot stays unconfirmed, so the leader's window of
+        unconfirmed assignments paces a worker by what it really starts (:mod:`actors.placement`)."""
         return self._jobs.running_assignment_ids
 
     def _job_ids(self, assignment_ids: Iterable[int]) -> list[int | None]:

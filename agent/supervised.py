@@ -124,13 +124,11 @@ async def wait_supervisor(
     :data:`REAPER_SLACK_S` later) and calling ``on_started`` once its start pipe ``started_fd``
     said the start is over (it closes it); then reap it.
 
-    Returns:
-        Whether the stop was asked for, whether the start pipe said the job started, and the
-        supervisor's exit status.
+    Returns whether the stop was asked for, whether the start pipe said the job started, and
+    the supervisor's exit status.
 
     Raises:
-        trio.Cancelled: after having the supervisor kill the job and waiting for its exit
-            (shielded).
+        trio.Cancelled: after having the supervisor kill the job (shielded).
     """
     pid = proc.pid  # the supervisor; also its process group id (start_new_session)
     stopped = False
