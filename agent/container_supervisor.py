@@ -429,12 +429,11 @@ def main(args: list[str]) -> int:
         return deadman.refuse_fenced()
     error = supervisor.create()
     if error is not None:
-        deadman.write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
-        return deadman.EXIT_CANNOT_START
+        return deadman.cannot_start(error)
     deadman.tell_started(started_fd)
     log_threads = [
-        threading.Thread(target=supervisor.follow_log, args=("stdout", 1), daemon=True),
-        threading.Thread(target=supervisor.follow_log, args=("stderr", 2), daemon=True),
+        threading.Thread(target=supervisor.follow_log, args=stream, daemon=True)
+        for stream in (("stdout", 1), ("stderr", 2))
     ]
     for thread in log_threads:
         thread.start()

@@ -124,6 +124,12 @@ def write_report(**values: object) -> None:
     write_file(REPORT_FILE, "\n".join(lines) + "\n")
 
 
+def cannot_start(error: str) -> int:
+    """Report a job that could not be started, saying why; returns the exit status."""
+    write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
+    return EXIT_CANNOT_START
+
+
 def refuse_fenced() -> int:
     """Report a job not started because the fence deadline had passed; returns the exit
     status (that of a SIGKILL)."""

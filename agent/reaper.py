@@ -15,11 +15,11 @@ import time
 from agent import proctree
 from agent.deadman import (
     EXIT_AGENT_GONE,
-    EXIT_CANNOT_START,
     KILL_SIGNAL,
     POLL_S,
     PR_SET_PDEATHSIG,
     Deadman,
+    cannot_start,
     exit_with,
     load_libc,
     refuse_fenced,
@@ -252,12 +252,6 @@ class _Reaper(Deadman):
             signal.sigtimedwait((signal.SIGCHLD,), _SWEEP_WAIT_S)
 
 
-def _cannot_start(error: str) -> int:
-    """Report a job that could not be started, saying why; returns the exit status."""
-    write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
-    return EXIT_CANNOT_START
-
-
 def main(args: list[str]) -> int:
     """Run the reaper (docs/design.md, "The reaper"); returns its exit status."""
     if len(args) < 13 or args[11] != "--" or bool(args[6]) != bool(args[7]):
@@ -299,7 +293,7 @@ def main(args: list[str]) -> int:
         write_report(stopped=1, ended_monotonic_s=repr(time.monotonic()))
         return 128 + signal.SIGTERM
     if os.path.isabs(job_cwd) and not os.path.isdir(job_cwd):
-        return _cannot_start(f"workdir_not_found: {job_cwd!r} is not a directory on this worker")
+        return cannot_start(f"workdir_not_found: {job_cwd!r} is not a directory on this worker")
     try:
         reaper.job_pid = start_job(
             argv,
@@ -316,17 +310,17 @@ def main(args: list[str]) -> int:
         if timeout_s is not None:
             reaper.timeout_at = time.monotonic() + timeout_s
     except CannotConfine as exc:
-        return _cannot_start(
+        return cannot_start(
             f"resources_error: cannot confine {argv[0]!r} to its limits: {exc.filename}: "
             f"[Errno {exc.errno}] {exc.strerror}"
         )
     except WorkdirDenied as exc:
-        return _cannot_start(
+        return cannot_start(
             f"workdir_denied: the job's user cannot enter {exc.filename!r} on this worker "
             f"([Errno {exc.errno}] {exc.strerror})"
         )
     except OSError as exc:
-        return _cannot_start(f"cannot start {argv[0]!r}: {exc}")
+        return cannot_start(f"cannot start {argv[0]!r}: {exc}")
     tell_started(started_fd)
     status = reaper.supervise()
     reaper.sweep()
