@@ -33,12 +33,9 @@ LOCK_FILE = "agent.lock"
 
 
 def lock_work_dir(work_dir: Path) -> int:
-    """Lock ``work_dir`` for this agent process: one agent per work folder, or two would take
-    over the same jobs. The lock (``flock`` on :data:`LOCK_FILE`) goes with the process, also
-    when it is killed; the job supervisors never hold it (the descriptor is close-on-exec).
-
-    Returns:
-        The lock's file descriptor (close it to release the lock).
+    """Lock ``work_dir`` for this agent process (one agent per work folder, or two would take
+    over the same jobs); returns the lock's file descriptor (close it to release the lock). The
+    ``flock`` goes with the process, also when it is killed; job supervisors never hold it.
 
     Raises:
         LocalFileError: another live process holds the lock; the message names its pid.
@@ -125,9 +122,8 @@ def supervisor_of(argv: Sequence[str], deadline_path: str) -> Supervisor | None:
     """Whether a process with command line ``argv`` is a job supervisor of the worker whose
     fence-deadline file is ``deadline_path``, and which kind; None when it is not.
 
-    A reaper runs ``python -I -S -c BOOTSTRAP ... DEADLINE_FILE ... -- ARGV`` and a container
-    supervisor ``python -I -c BOOTSTRAP SPEC_JSON`` with the file in the spec: the bootstrap names
-    the module, and the deadline file this worker's work folder (one file per worker).
+    The bootstrap (``-c``) names the module, and the deadline file (before ``--`` for a reaper,
+    in the spec for a container supervisor) this worker's work folder.
     """
     try:
         code = list(argv).index("-c")
@@ -153,9 +149,8 @@ def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
     """Every live job supervisor of the worker whose fence-deadline file is ``deadline_path``
     (:func:`supervisor_of`), from a scan of ``/proc``; none where there is no ``/proc``.
 
-    A supervisor's child between its fork and its exec still shows the supervisor's command
-    line and folder: a process whose parent is a supervisor found here is that child, not a
-    supervisor, and is left out (else it could stand for its parent in the survey)."""
+    A process whose parent is a supervisor found here is its child between fork and exec (it
+    still shows the supervisor's command line), and is left out."""
     found = []
     marker = os.fsencode(deadline_path)
     try:
@@ -205,8 +200,7 @@ def judge(
     None: none runs there), and why, for the log. Pure.
 
     A reaper is kept only when it is of this worker, its pid and its start time are the
-    record's: the pid alone could name a process that reused it, and the start time alone a
-    process of another boot.
+    record's (the pid alone could name a process that reused it).
     """
     if isinstance(record.runtime, SleepRuntime):
         if record.worker_id != worker_id:
@@ -234,8 +228,7 @@ def fit(
     """Which of ``jobs`` a worker of ``cpu_millis`` and ``memory_mb`` keeps, and which it stops.
 
     Oldest start first (ties by assignment id): each is kept if it fits what the kept ones
-    before it left, else stopped, and the next ones are still tried (a small job may fit where
-    a large one did not). Pure.
+    before it left, else stopped, and the next ones are still tried. Pure.
     """
     kept: list[JobRecord] = []
     dropped: list[JobRecord] = []
@@ -391,11 +384,8 @@ def plan_takeover(
 
 
 class ReaperWatch:
-    """A supervisor this agent did not fork, held by a pidfd: signalled and waited for.
-
-    Open with :meth:`open`, which checks the process's start time *after* the pidfd exists, so
-    the pidfd refers to the process that was checked. Close with :meth:`close`.
-    """
+    """A supervisor this agent did not fork, held by a pidfd: signalled and waited for. Open with
+    :meth:`open`, which checks the process's start time *after* the pidfd exists."""
 
     def __init__(self, pid: int, pidfd: int | None) -> None:
         self.pid = pid

@@ -170,11 +170,8 @@ def exit_with(main: Callable[[list[str]], int]) -> None:
 
 class Deadman:
     """A job's supervisor's deadlines: the fence's (read from the agent's file), a graceful
-    stop's and the job's timeout, applied by one loop (:meth:`supervise`).
-
-    A subclass says how its job is killed, signalled, paused, resumed and reaped: :meth:`kill`,
-    :meth:`term`, :meth:`pause`, :meth:`unpause`, :meth:`job_exited` and :meth:`reap`.
-    """
+    stop's and the job's timeout, applied by one loop (:meth:`supervise`). A subclass says how
+    its job is killed, signalled, paused, resumed and reaped."""
 
     handled: tuple[int, ...] = (signal.SIGTERM, KILL_SIGNAL)
     """The signals :meth:`supervise` takes (blocked in the process, read with sigtimedwait)."""
@@ -260,10 +257,8 @@ class Deadman:
         return signal.SIGTERM in pending or KILL_SIGNAL in pending
 
     def stop_job(self, *, at_once: bool) -> None:
-        """Stop the job (SIGTERM, then a kill after the grace; or a kill ``at_once``, and
-        always at once while it is paused: a graceful stop would let it run again) unless it
-        has already ended: a stop that comes after the job ended on its own changes nothing,
-        and the job's end stays its own (``stopped`` is not set)."""
+        """Stop the job (SIGTERM, then a kill after the grace; or a kill ``at_once``, and always
+        at once while it is paused) unless it has already ended: then its end stays its own."""
         if self.job_exited():
             return
         self.stopped = True

@@ -67,9 +67,6 @@ def told_refusal(settings: AgentSettings, interval_s: float, dead_after_s: float
     must be a number within ``heartbeat_interval_min_s`` .. ``heartbeat_interval_max_s``, and
     the self-fence span it gives with that dead_after (:func:`fence_after_s`) longer than the
     interval, so that a heartbeat can be answered before the worker fences.
-
-    A told dead_after is never refused (only one that is not a number > 0 is ignored): the
-    self-fence must fit below the dead_after the cluster judges the worker by.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         return f"heartbeat interval must be > 0 s, got {interval_s:g}"
@@ -109,11 +106,9 @@ def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
 
 
 def early_heartbeat_allowed(now: float, last_early_at: float, interval_s: float) -> bool:
-    """Whether a job placed before (``Assignment.placed_before``) that started at ``now`` may pull
-    the worker's next heartbeat forward, so the control plane learns within milliseconds that it
-    runs: at most once every :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last
-    early one (``last_early_at``), so early heartbeats add at most a quarter to the heartbeat
-    rate. All in seconds, on one clock."""
+    """Whether a job placed before that started at ``now`` may pull the worker's next heartbeat
+    forward: at most once every :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last
+    early one (``last_early_at``). All in seconds, on one clock."""
     return now - last_early_at >= EARLY_HEARTBEAT_EVERY_INTERVALS * interval_s
 
 
@@ -238,11 +233,9 @@ class FenceClock:
     def call_deadline_s(self, failures: int = 0) -> float:
         """How long the next heartbeat or registration may wait for an answer, in seconds.
 
-        While live: until ``call_deadline_margin_s`` before the fence deadline (a slow
-        answer still keeps the jobs; a later one could not). Otherwise (registering, paused,
-        fenced) the self-fence span minus the margin, which bounds the deadline a registration
-        sets, stretched by :func:`patient_deadline_s` after ``failures`` calls in a row that no
-        control plane answered. Never less than ``heartbeat_timeout_s``.
+        While live: until ``call_deadline_margin_s`` before the fence deadline. Otherwise the
+        self-fence span minus the margin, stretched by :func:`patient_deadline_s` after
+        ``failures`` unanswered calls in a row. Never less than ``heartbeat_timeout_s``.
         """
         deadline = self.deadline()
         if self.live.is_set() and deadline is not None:
@@ -256,14 +249,9 @@ class FenceClock:
         return max(self.settings.heartbeat_timeout_s, left_s)
 
     def register_deadline_s(self) -> float:
-        """How long a new registration (not the continuation of an incarnation that kept its
-        jobs) may wait for an answer, in seconds.
-
-        A new incarnation holds no job, so an answer after the fence deadline it sets only pauses
-        nothing. It may wait until ``call_deadline_margin_s`` before the kill deadline such an
-        answer sets (past that the agent would self-fence at once), at most
-        ``register_timeout_s``, never less than :meth:`call_deadline_s`.
-        """
+        """How long a new registration may wait for an answer, in seconds: a new incarnation
+        holds no job, so until ``call_deadline_margin_s`` before the kill deadline such an answer
+        sets, at most ``register_timeout_s``, never less than :meth:`call_deadline_s`."""
         left_s = self.outage_grace_s() - self.settings.call_deadline_margin_s
         return max(self.call_deadline_s(), min(self.settings.register_timeout_s, left_s))
 
@@ -271,12 +259,9 @@ class FenceClock:
         """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s,
         with the kill deadline that goes with it (``db_outage_grace_s - fence_after_s`` later).
 
-        Called *before* the agent's own deadline moves, with no checkpoint until it does: an
-        agent frozen in between holds a deadline no later than the reapers' (the file's), and
-        both agree but for the few instructions after the rename.
-
-        A failed write is logged, not raised: the reapers keep the previous deadline and kill
-        their jobs at it, which fences the worker (fail safe, never unsafe).
+        Called *before* the agent's own deadline moves, with no checkpoint until it does, so an
+        agent frozen in between holds a deadline no later than the reapers'. A failed write is
+        logged, not raised: the reapers keep the previous deadline (fail safe).
         """
         try:
             grace_s = self.outage_grace_s() - self.fence_after_s
