@@ -116,11 +116,7 @@ def _kill_members(folder: Path) -> None:
 
 def _remove_dir(folder: Path) -> bool:
     """rmdir the cgroup ``folder``; True once it is gone. One that still holds processes has
-    them SIGKILLed and is left for now (False).
-
-    Raises:
-        OSError: the folder cannot be removed for another reason.
-    """
+    them SIGKILLed and is left for now (False); another failure raises OSError."""
     try:
         os.rmdir(folder)
     except FileNotFoundError:
@@ -423,8 +419,7 @@ def select_resources(
     ``choice``: ``auto`` takes the first of cgroup2, cgroup1, rlimit that can be set up here;
     a mode named is that one or an error. Blocking (file system calls): run it in a thread.
 
-    Returns:
-        The resources, and why each better mode was not taken (``auto``: ``"cgroup2: ..."``).
+    Returns the resources, and why each better mode was not taken (``"cgroup2: ..."``).
 
     Raises:
         ResourcesUnavailable: ``choice`` names a mode that cannot be used here.

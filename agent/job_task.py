@@ -30,8 +30,7 @@ the control plane reads it into the assignment's ``end_reason`` (``record_outcom
 
 def stop_metric_reason(reason: StopReason, detail: str) -> str:
     """The ``reason`` label of ``stockade_agent_job_stops`` for a job that stopped for
-    ``reason`` with ``detail``: the reason a failure's detail starts with (``oom_killed``,
-    ``timeout``, ``workdir_not_found``, ``image_not_found``, ...), else ``reason`` itself."""
+    ``reason`` with ``detail``: the reason a failure's detail starts with, else ``reason``."""
     if reason is StopReason.FAILED:
         named = _FAILURE_REASON.match(detail)
         if named is not None:

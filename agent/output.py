@@ -130,12 +130,8 @@ _libc: Any = None
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:
     """Free ``[offset, offset + length)`` of the file (it reads as NUL bytes after), keeping its
-    length: ``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``. False when the
-    filesystem cannot punch holes.
-
-    Raises:
-        OSError: any other failure.
-    """
+    length (``fallocate`` with ``FALLOC_FL_PUNCH_HOLE``). False when the filesystem cannot
+    punch holes; any other failure raises OSError."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -175,11 +171,8 @@ class OutputFiles:
         return self._removed[key]
 
     def add_removed(self, path: Path, count: int) -> None:
-        """Record that the file at ``path`` lost ``count`` more bytes to truncation (hold its lock).
-
-        Raises:
-            OSError: the record cannot be written.
-        """
+        """Record that the file at ``path`` lost ``count`` more bytes to truncation (hold its
+        lock); raises OSError when the record cannot be written."""
         total = self.removed_bytes(path) + count
         record = Path(str(path) + REMOVED_SUFFIX)
         scratch = record.with_name(record.name + ".tmp")

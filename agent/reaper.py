@@ -69,30 +69,22 @@ def reaper_argv(
     Args:
         python: the interpreter (``sys.executable``).
         parent_pid: the agent's process id; a reaper whose parent is already another process
-            (the agent died while it started) exits without starting the job.
-        stop_grace_s: seconds between SIGTERM and SIGKILL of a graceful stop.
+            exits without starting the job.
         fence_deadline_path: the agent's fence-deadline file, or None for no deadman.
-        job_nice: added to the job's nice value before it execs (0: unchanged).
         started_fd: the reaper's file descriptor of the write end of the start pipe (the
-            caller passes it on, e.g. ``pass_fds``), or None for none.
-        run_as_uid, run_as_gid: the user and group the job runs as (the reaper drops to them,
-            with no supplementary groups, just before the exec; both or neither); None: the
-            reaper's.
+            caller passes it on), or None for none.
+        run_as_uid, run_as_gid: the user and group the job runs as (both or neither, no
+            supplementary groups); None: the reaper's.
         job_cwd: the job's working directory: relative, in the job's folder, entered before the
             privilege drop; or absolute, a job's ``workdir``, entered after it (else the report's
             error says ``workdir_not_found`` or ``workdir_denied``); empty: the reaper's.
         timeout_s: once the job has run this long (monotonic clock), the reaper stops it as the
             agent's stop would and reports ``timed_out_after_s``; None: no limit.
-        cgroup_procs: the ``cgroup.procs`` files of the job's cgroups: the job's process writes
-            itself into each between fork and exec, before the privilege drop; one that cannot
-            be joined keeps the job from starting (``resources_error``). Empty: none.
-        address_space_bytes: the job's ``RLIMIT_AS`` (soft and hard, at most the reaper's
-            hard limit), set in the same place; None: unchanged.
-        clone_into: a cgroup v2 folder the job's process is to be born in (``clone3`` with
-            ``CLONE_INTO_CGROUP``), its ``cgroup.procs`` being one of ``cgroup_procs``; where the
-            kernel cannot, the process joins it after the fork. None: fork, then join.
-        oom_score_adj: the job's ``oom_score_adj`` (-1000..1000), written by its process between
-            fork and exec, before the privilege drop (:mod:`runtime.oom`). None: the reaper's.
+        cgroup_procs, address_space_bytes, clone_into: the job's confinement
+            (:class:`agent.resources.Confinement`); a failure keeps the job from starting
+            (``resources_error``).
+        oom_score_adj: the job's ``oom_score_adj`` (-1000..1000, :mod:`runtime.oom`); None: the
+            reaper's.
 
     Raises:
         ValueError: ``run_as_uid`` without ``run_as_gid`` (or the other way round), or a
@@ -221,10 +213,8 @@ class _Reaper(Deadman):
         return "start"
 
     def reap(self) -> int | None:
-        """Reap exited children; once the job's main process has exited, sweep, then reap it.
-
-        Returns the main process's wait status once it has been reaped, else None.
-        """
+        """Reap exited children; once the job's main process has exited, sweep, then reap it and
+        return its wait status (else None)."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)

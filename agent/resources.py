@@ -63,10 +63,8 @@ def memory_limit_bytes(memory_mb: int) -> int:
 
 def jobs_cpu_shares(job_nice: int, cpus: int = 1) -> int:
     """``cpu.shares`` (cgroup v1) of the group that holds a worker's jobs: what one task at
-    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`; nice 0 = 1024) per CPU of ``cpus``, 2..262144
-    (the kernel's range). A group's shares are spread over the CPUs its tasks run on, so on
-    each CPU the jobs together weigh about one such task beside the agent's threads, however
-    many processes they have."""
+    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`) per CPU of ``cpus``, 2..262144 (the kernel's
+    range): on each CPU the jobs together weigh about one such task, however many they are."""
     weight = NICE_TO_WEIGHT[min(max(job_nice, 0), len(NICE_TO_WEIGHT) - 1)]
     return min(262_144, max(2, weight * max(1, cpus)))
 

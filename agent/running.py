@@ -143,11 +143,8 @@ class RunningJobs:
             await job.done.wait()
 
     async def _run_job(self, job: Job) -> None:
-        """Wait for a start slot (command jobs), start the job, and record its end.
-
-        Shielded: a job ends only through its stop event, so shutdown too goes through
-        :meth:`stop` and every job gets its stop line after it has really ended.
-        """
+        """Wait for a start slot (command jobs), start the job, and record its end. Shielded: a
+        job ends only through its stop event, so it gets its stop line after it has really ended."""
         with trio.CancelScope(shield=True):
             ticket = job.start_ticket
             try:
@@ -515,11 +512,8 @@ class RunningJobs:
 
     def _write_job_line(self, event: LogEvent, job: Job, **fields: Any) -> float | None:
         """Append ``event`` for ``job`` to the job log with its incarnation, epoch, ids and
-        ``fields``; returns the line's time (None: it waits for the database's clock).
-
-        Raises:
-            OSError: the line could not be written.
-        """
+        ``fields``; returns the line's time (None: it waits for the database's clock). Raises
+        OSError when the line could not be written."""
         return self.joblog.write(
             event,
             incarnation=job.incarnation,
