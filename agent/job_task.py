@@ -23,9 +23,8 @@ from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
 
 _FAILURE_REASON = re.compile(r"([a-z_]{1,40}):")
-"""A failure whose detail starts with a reason (``oom_killed: ...``, ``timeout: ...``), read as
-the control plane reads it into the assignment's ``end_reason`` (``record_outcomes`` in
-``schema.sql``)."""
+"""A failure whose detail starts with a reason (``oom_killed: ...``), read as the control plane
+reads it into ``end_reason`` (``record_outcomes`` in ``schema.sql``)."""
 
 
 def stop_metric_reason(reason: StopReason, detail: str) -> str:
@@ -65,13 +64,11 @@ class Job:
     job_dir: Path | None = None
     """Its folder, where its record is (:mod:`agent.adoption`); None until it started."""
     record: JobRecord | None = None
-    """Its record as last written; None when it has none (not started, or it could not be
-    written: then a restarted agent does not keep it)."""
+    """Its record as last written; None when it has none (not started, or not written)."""
     adopted: bool = False
     """True for a job this agent took over from its previous process."""
     held: bool = False
-    """True while a sleep job taken over waits for its incarnation to be continued: its record
-    still holds the time it ran in the previous process's life, which this one does not know."""
+    """True while a sleep job taken over waits for its incarnation to be continued."""
 
     @classmethod
     def taken_over(cls, record: JobRecord, job_dir: Path) -> Job:

@@ -23,8 +23,7 @@ class RefusalReason(StrEnum):
     FENCED = "fenced"
     """The worker is self-fenced, not registered yet, (re)registering or shutting down."""
     RESTARTING = "restarting"
-    """The agent process is exiting for a planned restart (SIGHUP): it takes nothing new, the
-    next process on its work folder will. Not a fence: its jobs keep running."""
+    """The agent process is exiting for a planned restart (SIGHUP); its jobs keep running."""
     WRONG_INCARNATION = "wrong_incarnation"
     """The request was meant for another life of this worker."""
     STALE_EPOCH = "stale_epoch"
@@ -86,11 +85,10 @@ class JobOrder:
     array_index: int | None = None
     """A task of an array: its index; None: not a task."""
     array_id: int | None = None
-    """A task of an array: the array's id; None: not a task (or a control plane that did not
-    send it)."""
+    """A task of an array: the array's id; None: not a task (or not sent)."""
     placed_before: bool = False
-    """The job was placed before (moved off a dead worker, stopped, or retried): its start
-    pulls the next heartbeat forward."""
+    """The job was placed before (moved, stopped or retried): its start pulls the next heartbeat
+    forward."""
 
 
 @attrs.frozen(kw_only=True)
@@ -169,8 +167,7 @@ class Registration:
     registration_seq: int = 0
     """The number of this registration in the run: 1, 2, ...; the same for every attempt."""
     resume_incarnation: int = 0
-    """A restarted agent's ask to continue this incarnation, whose jobs it took over (0: a new
-    incarnation)."""
+    """A restarted agent's ask to continue this incarnation (0: a new one)."""
     held_assignment_ids: tuple[int, ...] = ()
     """With ``resume_incarnation``: the assignments of it whose jobs this agent runs."""
 
@@ -220,8 +217,7 @@ class Outcome:
     """Absolute path, empty for runtimes without output files."""
     stderr_path: str = ""
     detail: str = attrs.field(default="", converter=lambda d: fit_line(d, MAX_OUTCOME_DETAIL_BYTES))
-    """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES` (it may quote the job's
-    command, of up to 64 KiB)."""
+    """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -254,8 +250,7 @@ class HeartbeatAnswer:
     reregister: bool = False
     restart_hold_granted: bool = False
     newer: NewerRegistration | None = None
-    """With ``reregister``: the registration that holds the worker id now, if it is alive in a
-    newer incarnation."""
+    """With ``reregister``: the newer registration that holds the worker id now, if alive."""
     database_unix_s: float | None = None
     """The database's clock as the heartbeat was recorded; None: not said."""
     heartbeat_interval_s: float | None = None
