@@ -28,8 +28,7 @@ from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 
 REGISTRATION_STEP_S = 0.08
-"""A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
-10 s (docs/design.md, "The agent's calls under load")."""
+"""A fleet starts (and so registers) one worker this often at most, in seconds."""
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
 _OPTIONAL = ("advertise_address", "control_planes")

@@ -35,8 +35,7 @@ class Heartbeating(Registering):
             beats.interval_s = self.heartbeat_interval_s  # as the cluster tells it
             await self._until_heartbeat(beats, began)
             if self._restart_granted.is_set():
-                # The hold is recorded and the deadline moved on by it: no heartbeat may move
-                # it back before the process exits (prepare_restart).
+                # The hold is recorded: no heartbeat may move the deadline back before the exit.
                 await trio.sleep_forever()
             # Taken before the heartbeat lists what runs: a moved job that starts from here on
             # is in the next one, which it may pull forward.
@@ -104,8 +103,7 @@ class Heartbeating(Registering):
         if self._fence.paused:
             await self._on_answer_while_paused(report, answer, sent_at)
             return
-        # Before the deadline moves: the span told with this answer counts from its send time
-        # (the cluster judges the worker by it from this heartbeat's record on).
+        # Before the deadline moves: the span told with this answer counts from its send time.
         self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         self._fence.acknowledged(sent_at)
         self._admission.observe_epoch(answer.epoch)

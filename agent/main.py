@@ -114,8 +114,7 @@ async def run_agent(
         control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
     own_spawner = Spawner() if spawner is None else None
     try:
-        # The spawner thread outlives every job this agent starts: agent.run returns only
-        # once they all have ended (see agent.starts for why that matters).
+        # The spawner thread outlives every job this agent starts (agent.starts says why).
         with own_spawner or contextlib.nullcontext():
             agent = Agent(
                 settings,
@@ -161,8 +160,6 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
             partial(serve_grpc, [service], settings.listen_host, settings.listen_port, tls=tls)
         )
         await nursery.start(agent.run, advertised_address(settings, port))
-        # Caps the running jobs' output and deletes old job folders (agent.output); it stops
-        # with the agent, whose jobs have all ended by then.
         nursery.start_soon(keeper.run)
         log.get("agent").info(
             "worker service listening",
@@ -175,8 +172,7 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
 
 RESTART_SIGNAL = signal.SIGHUP
 """The signal that asks an agent (or a fleet) process for a planned restart: it exits leaving its
-jobs running, for the process started next on the same work folders to take over
-(:func:`restart_on_signal`). SIGTERM and SIGINT keep their meaning: a clean stop."""
+jobs running (:func:`restart_on_signal`). SIGTERM and SIGINT keep their meaning: a clean stop."""
 
 
 async def serve_until_signal(
@@ -247,13 +243,11 @@ class ProcessOptions(TypedDict, total=False):
     log_level: str
     """The lowest level logged (``"DEBUG"``, ``"INFO"``, ...; default ``"INFO"``)."""
     metrics_port: int | None
-    """Serve the process's Prometheus metrics on its listen host's ``metrics_port`` (one
-    endpoint for every worker of a fleet); None (default): don't."""
+    """Serve the process's Prometheus metrics on this port of its listen host; None: don't."""
     nice: int
     """The CPU priority to ask for before any thread starts (:mod:`runtime.priority`)."""
     oom_score_adj: int
-    """The OOM score this process (and every reaper it forks) asks for, before anything is
-    forked (:mod:`runtime.oom`); the jobs get their worker's ``job_oom_score_adj``."""
+    """The OOM score this process (and every reaper it forks) asks for (:mod:`runtime.oom`)."""
 
 
 def start_process(options: ProcessOptions, *, logger: str, metrics_host: str, **bind: str) -> None:

@@ -298,9 +298,8 @@ class OutputKeeper:
         last = trio.current_time()
         added = self.added()
         while True:
-            # Until due, or until the agent holds a new job (``added``, taken before the last
-            # check, is set): a job that floods from its first instant is looked at at once, and
-            # a fleet of a hundred idle workers costs no wake-ups.
+            # Until due, or until the agent holds a new job: a job that floods from its first
+            # instant is looked at at once, and idle workers cost no wake-ups.
             with trio.move_on_at(last + interval_s):
                 await added.wait()
             # Taken before the check: a job added while it runs sets it, so it is not missed.
@@ -311,8 +310,7 @@ class OutputKeeper:
                 grew, now - last, interval_s, self.settings.max_output_bytes, self.settings
             )
             if new_files:
-                # A job that just started: how fast it writes is not known yet, so look again soon
-                # (a job that floods from its first instant must not get a whole interval).
+                # A job that just started: how fast it writes is not known yet, so look again soon.
                 interval_s = self.settings.min_check_interval_s
             last = now
 
