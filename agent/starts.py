@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
+from agent.sleep_jobs import either
 from runtime import metrics
 from runtime.errors import InvalidArgument
 
@@ -40,15 +41,7 @@ class StartTicket:
         granted: the caller checks ``stop`` before it starts anything, and releases it.
         """
         if not self._granted.is_set() and not stop.is_set():
-            async with trio.open_nursery() as nursery:
-
-                async def give_up_when_stopped() -> None:
-                    await stop.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(give_up_when_stopped)
-                await self._granted.wait()
-                nursery.cancel_scope.cancel()
+            await either(self._granted, stop)
         if self._granted.is_set():
             return True
         self.release()
