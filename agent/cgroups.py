@@ -196,11 +196,7 @@ class Cgroup2Resources:
 
     def prepare(self) -> None:
         """Make the jobs' group and the worker's folder, handing the controllers down (again
-        should they have been removed meanwhile).
-
-        Raises:
-            OSError: they cannot be made or written.
-        """
+        should they have been removed meanwhile); OSError when they cannot be made or written."""
         jobs = self.worker_dir.parent
         _mkdir(jobs, exist_ok=True)
         _write(jobs / "cpu.weight", str(self.jobs_weight))
@@ -338,11 +334,8 @@ class Cgroup1Resources:
         return " ".join(str(p) for p in _distinct(self.worker_dirs))
 
     def prepare(self) -> None:
-        """Make the worker's folder in every hierarchy (again should they have been removed).
-
-        Raises:
-            OSError: they cannot be made or written.
-        """
+        """Make the worker's folder in every hierarchy (again should they have been removed);
+        OSError when they cannot be made or written."""
         for folder in _distinct(self.worker_dirs):
             _mkdir(folder, exist_ok=True)
         _write(self.worker_dirs["cpu"] / "cpu.shares", str(self.jobs_shares))

@@ -42,11 +42,8 @@ _ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_C
 
 
 def _client(timeout_s: float) -> Any:
-    """A Docker SDK client of the engine the environment names (``DOCKER_HOST``, ...).
-
-    Raises:
-        docker.errors.DockerException: no client can be made (a malformed ``DOCKER_HOST``).
-    """
+    """A Docker SDK client of the engine the environment names (``DOCKER_HOST``, ...); raises
+    ``docker.errors.DockerException`` when none can be made."""
     import docker
 
     return docker.from_env(timeout=timeout_s)
@@ -71,11 +68,8 @@ def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S
 
 def remove_leftovers(worker_id: str, owner: str, *, timeout_s: float = 10.0) -> list[str]:
     """Remove (force) every container labelled ``stockade.worker_id=<worker_id>`` and
-    ``stockade.owner=<owner>`` (:func:`owner_of` the work folder): those an earlier life of this
-    worker's agent left, and no other cluster's. Blocking: run it in a thread.
-
-    Returns:
-        The names of the containers removed.
+    ``stockade.owner=<owner>``: those an earlier life of this worker's agent left, and no other
+    cluster's; returns their names. Blocking: run it in a thread.
 
     Raises:
         docker.errors.DockerException, requests.RequestException: the engine did not answer.

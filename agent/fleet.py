@@ -184,11 +184,8 @@ def _parsed(parser: Callable[..., object], value: Any, field: str, *, source: st
 
 
 def load_fleet_spec(path: Path) -> list[FleetWorker]:
-    """Read and check the spec file at ``path`` (see :func:`parse_fleet_spec`).
-
-    Raises:
-        FleetSpecError: the file cannot be read, is not JSON, or breaks a rule.
-    """
+    """Read and check the spec file at ``path``; FleetSpecError when it cannot be read, is not
+    JSON, or breaks a rule (:func:`parse_fleet_spec`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -86,11 +86,8 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
-        """A record from :meth:`to_json`'s output.
-
-        Raises:
-            ValueError: not a record of this version (a torn or foreign file).
-        """
+        """A record from :meth:`to_json`'s output; ValueError when it is not a record of this
+        version (a torn or foreign file)."""
         try:
             data = json.loads(text)
             if data.pop("version") != RECORD_VERSION:
@@ -116,11 +113,8 @@ class JobRecord:
 
 
 def write_record(job_dir: Path, record: JobRecord) -> None:
-    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically.
-
-    Raises:
-        OSError: it cannot be written.
-    """
+    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically;
+    raises OSError when it cannot be written."""
     job_dir.mkdir(parents=True, exist_ok=True)
     tmp = job_dir / f"{RECORD_FILE}.tmp"
     tmp.write_text(record.to_json() + "\n", encoding="utf-8")

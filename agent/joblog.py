@@ -52,11 +52,8 @@ class JobLog:
         self._waiting: list[_Line] = []
 
     def open(self) -> None:
-        """Open for appending (creating the folder and the file as needed); idempotent.
-
-        Raises:
-            OSError: the folder or the file cannot be created.
-        """
+        """Open for appending (creating the folder and the file as needed); idempotent. Raises
+        OSError when the folder or the file cannot be created."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")

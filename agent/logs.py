@@ -25,15 +25,10 @@ READ_THREADS = 4
 
 
 def check_stream(stream: str) -> str:
-    """The output stream a request names: ``"stdout"`` (also for ``""``) or ``"stderr"``.
-
-    Raises:
-        InvalidArgument: any other name.
-    """
-    if stream in ("", "stdout"):
-        return "stdout"
-    if stream == "stderr":
-        return "stderr"
+    """The output stream a request names: ``"stdout"`` (also for ``""``) or ``"stderr"``; any
+    other name raises InvalidArgument."""
+    if stream in ("", "stdout", "stderr"):
+        return stream or "stdout"
     raise InvalidArgument("stream", stream, "must be stdout or stderr")
 
 

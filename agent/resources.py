@@ -154,11 +154,8 @@ class JobResources(Protocol):
         """Where its jobs' cgroups are (empty without cgroups), for the log line."""
 
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
-        """Make a job's confinement (its cgroup, with the limits written) before it starts.
-
-        Raises:
-            OSError: the cgroup cannot be created or its limits written.
-        """
+        """Make a job's confinement (its cgroup, with the limits written) before it starts;
+        raises OSError when the cgroup cannot be created or its limits written."""
 
     def find(self, name: str) -> ConfinedJob | None:
         """The confinement of a running job ``name``, or None (for measurements and tests)."""

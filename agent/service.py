@@ -38,12 +38,9 @@ MAX_OFFSET = 2**63 - 1
 
 
 def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
-    """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`.
-
-    Raises:
-        InvalidArgument: it names another worker, no job or assignment, an unknown stream,
-            too many tail lines or an offset past :data:`MAX_OFFSET`.
-    """
+    """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`;
+    InvalidArgument when it names another worker, no job or assignment, an unknown stream, too
+    many tail lines or an offset past :data:`MAX_OFFSET`."""
     identifiers.check_id(request.worker_id, field="worker_id")
     if request.worker_id != worker_id:
         raise InvalidArgument("worker_id", request.worker_id, f"must be this worker's id, {worker_id!r}")

@@ -35,10 +35,8 @@ def popen_supervisor(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start a job's supervisor process from the calling thread: ``command(started_fd)`` in
     ``job_dir``, the leader of a new session, its stdout and stderr appended to the job's files,
-    with ``env`` only, holding the write end of the start pipe as ``started_fd``.
-
-    Returns:
-        The process, and the read end of its start pipe (non-blocking; the caller closes it).
+    with ``env`` only, holding the write end of the start pipe as ``started_fd``. Returns the
+    process and the read end of its start pipe (non-blocking; the caller closes it).
 
     Raises:
         OSError: the output files cannot be opened, or the interpreter cannot be executed.
