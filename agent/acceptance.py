@@ -154,12 +154,8 @@ class Admission:
         return None
 
     def assign(self, order: AssignOrder) -> AssignDecision:
-        """Apply the Assign rules to ``order``; reserve resources of what is to be started.
-
-        Returns:
-            The ids accepted (new and duplicate), the orders the caller must start now (each
-            new id once, even if the request repeats it), the refusals and the newest epoch.
-        """
+        """Apply the Assign rules to ``order``; reserve resources of what is to be started: the
+        orders the caller must start now, each new id once even if the request repeats it."""
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=True)
         if reason is not None:
             refused = tuple(Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments)
@@ -204,12 +200,8 @@ class Admission:
 
     def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.
-
-        Returns:
-            The acknowledged ids, those of them that run now (the caller stops them, then
-            settles the decision with :meth:`settle_cancel` before it replies), the finished
-            ids, the refusals and the newest epoch.
-        """
+        The caller stops those that run now, then settles the decision with :meth:`settle_cancel`
+        before it replies."""
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=False)
         if reason is not None:
             return CancelDecision(

@@ -435,12 +435,8 @@ class ReaperWatch:
 
 async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, stop_grace_s: float) -> bool:
     """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
-    :func:`agent.supervised.wait_supervisor` does; returns whether a stop was asked for. Closes
-    the watch.
-
-    Raises:
-        trio.Cancelled: after having the supervisor kill the job and waiting for it (shielded).
-    """
+    :func:`agent.supervised.wait_supervisor` does (also when cancelled: shielded); returns
+    whether a stop was asked for. Closes the watch."""
     stopped = False
 
     async def stop_when_asked() -> None:

@@ -155,12 +155,8 @@ async def run_container(
     on_started: Callable[[], None],
     job_env: Mapping[str, str],
 ) -> JobResult:
-    """:func:`agent.runtimes.run_job` for a container job: returns once its container has ended
-    and is removed.
-
-    Raises:
-        trio.Cancelled: after its supervisor killed the container (shielded).
-    """
+    """:func:`agent.runtimes.run_job` for a container job: returns (or, cancelled, raises) once
+    its container has ended and is removed."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio.current_time()
     if job is None or stop.is_set():

@@ -46,11 +46,7 @@ def write_fence_deadline(
 ) -> None:
     """Atomically replace the fence-deadline file: jobs pause at ``pause_at_s`` and are killed
     at ``kill_at_s`` (both ``time.monotonic()`` seconds; None or not later than ``pause_at_s``:
-    killed at ``pause_at_s``, with no pause).
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    killed at ``pause_at_s``, with no pause). Raises OSError when it cannot be written."""
     path = os.fspath(path)
     tmp = f"{path}.tmp"
     kill_at_s = pause_at_s if kill_at_s is None else max(kill_at_s, pause_at_s)

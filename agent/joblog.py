@@ -128,11 +128,7 @@ class JobLog:
 
     def flush(self) -> None:
         """Write the lines that wait for the database's clock, in order, once it is known. No
-        checkpoint.
-
-        Raises:
-            OSError: a line could not be written (it and those after it still wait).
-        """
+        checkpoint. Raises OSError when a line could not be written (it and those after it wait)."""
         if self._file is None or not self.clock.known:
             return
         while self._waiting:

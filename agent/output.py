@@ -203,10 +203,7 @@ class Trim:
 def trim_file(path: Path, cap_bytes: int, files: OutputFiles) -> tuple[int, Trim | None]:
     """Check one output file and trim it when its kept part is over ``cap_bytes``; returns its
     length (the bytes the job wrote to it, truncated ones included) and the trim, if any. A
-    missing file is 0 bytes. Runs on a worker thread.
-
-    Raises:
-        OSError: the file cannot be opened or changed.
+    missing file is 0 bytes. Runs on a worker thread; OSError when the file cannot be changed.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)

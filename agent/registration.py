@@ -119,11 +119,8 @@ class Registering(SelfFencing):
             return reply, sent_at, failures + 1
 
     async def _register(self, stop_reason: StopReason) -> None:
-        """Stop every job, then register until a control plane answers (new incarnation).
-
-        Raises:
-            PermissionDenied: the control plane refused this worker id.
-        """
+        """Stop every job, then register until a control plane answers (new incarnation);
+        PermissionDenied when the control plane refused this worker id."""
         self._leave_live()
         await self._jobs.stop(None, stop_reason)
         try:

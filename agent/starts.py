@@ -166,11 +166,8 @@ class Spawner:
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Call ``fn()`` on the spawner thread (one call at a time, in order) and return its
-        result or raise its error. Shielded: the process a fork made must reach the caller.
-
-        Raises:
-            RuntimeError: the thread is not running.
-        """
+        result or raise its error (RuntimeError: the thread is not running). Shielded: the
+        process a fork made must reach the caller."""
         if self._thread is None:
             raise RuntimeError(f"{self._name} thread is not running")
         token = trio.lowlevel.current_trio_token()
