@@ -1,8 +1,6 @@
-"""The agent's heartbeats: :class:`Heartbeating`.
-
-Every ``heartbeat_interval_s`` (or sooner, once, when a moved job starts) one heartbeat reports
-what runs and every outcome not acknowledged, and its reply is obeyed: stop ids, register
-again, resume paused jobs, a restart hold recorded (docs/design.md, "The agent's loops").
+"""The agent's heartbeats (:class:`Heartbeating`): every ``heartbeat_interval_s`` (or sooner,
+once, when a moved job starts) one reports what runs and every outcome not acknowledged, and its
+reply is obeyed (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """A command job's process between the reaper's fork and the job's exec: its cgroups, rlimit, OOM
-score, session, working directory and user, then the exec (:func:`start_job`).
-
-Imports only the standard library (the reaper's start cost; docs/design.md, "The reaper: a job's
-deadman switch").
-"""
+score, session, working directory and user, then the exec (:func:`start_job`). Imports only the
+standard library (the reaper's start cost)."""
 
 from __future__ import annotations
 

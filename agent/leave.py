@@ -1,8 +1,6 @@
-"""The agent's leave at a clean stop: :class:`Leaving`.
-
-Once every job has ended the agent tells a control plane that its incarnation left, retrying
-with backoff within ``leave_timeout_s`` and heartbeating meanwhile (docs/design.md, "The
-agent's calls under load").
+"""The agent's leave at a clean stop (:class:`Leaving`): once every job has ended the agent tells
+a control plane that its incarnation left, retrying within ``leave_timeout_s`` and heartbeating
+meanwhile.
 """
 
 from __future__ import annotations

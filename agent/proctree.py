@@ -1,9 +1,6 @@
 """The process tree of a job's reaper, read from ``/proc``: its children, its descendants, their
-states, and the signals that kill them.
-
-Imports only the standard library (the reaper's start cost; docs/design.md, "The reaper: a job's
-deadman switch").
-"""
+states, and the signals that kill them. Imports only the standard library (the reaper's start
+cost)."""
 
 from __future__ import annotations
 

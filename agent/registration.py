@@ -1,8 +1,6 @@
-"""The agent's registrations: :class:`Registering`.
-
-A new incarnation (every job stopped first), or the continuation of the incarnation whose jobs a
-restarted agent took over (:mod:`agent.adoption`); both through one loop that retries with a
-capped, jittered backoff while no control plane answers (docs/design.md, "The agent's loops").
+"""The agent's registrations (:class:`Registering`): a new incarnation (every job stopped first),
+or the continuation of the incarnation whose jobs a restarted agent took over; both through one
+loop that retries with a capped, jittered backoff while no control plane answers.
 """
 
 from __future__ import annotations

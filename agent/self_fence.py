@@ -1,8 +1,6 @@
-"""The agent's pause and self-fence (invariant 7 in DESIGN.md): :class:`SelfFencing`.
-
-At the fence deadline every job pauses; a fresh acknowledged heartbeat resumes them; at the
-kill deadline they are killed and the worker self-fences (docs/design.md, "The agent's loops",
-and "Outages"). The deadlines themselves are :class:`agent.fence.FenceClock`'s.
+"""The agent's pause and self-fence (:class:`SelfFencing`): at the fence deadline every job
+pauses; a fresh acknowledged heartbeat resumes them; at the kill deadline they are killed and the
+worker self-fences (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Sleep jobs: no process, the agent decides when they stopped. One ends once it has *run* its
-full duration, the worker's pauses not counted (:class:`PauseView`), also when the agent notices
-later (it was frozen); stopped while paused, it ended when the pause began.
-"""
+full duration, the worker's pauses not counted, also when the agent notices later; stopped while
+paused, it ended when the pause began."""
 
 from __future__ import annotations
 
