@@ -496,8 +496,14 @@ class RunningJobs:
             # The fence ended it before it started, on its own (its reaper found the deadline
             # passed), and nobody asked for the stop. Said, so that the control plane ends the
             # assignment: should this incarnation live on, nothing else would.
-            not_started = {"state": JobState.NOT_STARTED, "exit_code": None, "run_s": 0.0}
-            self._report(job, **not_started, ended_at=result.ended_at, detail=result.detail)
+            self._report(
+                job,
+                state=JobState.NOT_STARTED,
+                exit_code=None,
+                run_s=0.0,
+                ended_at=result.ended_at,
+                detail=result.detail,
+            )
         elif not (result.stopped or fenced):
             self._report(
                 job,
