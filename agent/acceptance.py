@@ -49,13 +49,8 @@ not raise the newest epoch seen."""
 
 @attrs.define(kw_only=True)
 class Admission:
-    """The acceptance state of one worker and the rules that read and update it.
-
-    Args:
-        worker_id: this worker's id.
-        cpu_capacity_millis: CPU the worker offers, in millicores.
-        memory_capacity_mb: memory the worker offers, in MiB.
-    """
+    """The acceptance state of one worker (capacity in millicores and MiB) and the rules that
+    read and update it."""
 
     worker_id: str
     cpu_capacity_millis: int
@@ -86,14 +81,10 @@ class Admission:
     memory_used_mb: int = attrs.field(default=0, init=False)
     """Memory reserved by running assignments, in MiB (the sum over ``running``)."""
 
-    # ------------------------------------------------------------------ derived
-
     @property
     def accepting(self) -> bool:
         """True when rule 2 lets Assign requests through."""
         return not self.fenced and self.incarnation is not None
-
-    # ------------------------------------------------------------------ state changes
 
     def observe_epoch(self, epoch: int) -> None:
         """Raise the newest seen and confirmed epoch to ``epoch`` (a heartbeat or
@@ -102,11 +93,8 @@ class Admission:
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
 
     def registered(self, incarnation: int, epoch: int) -> None:
-        """Enter a new incarnation: forget this life's dedup memory and stop being fenced.
-
-        The agent stops every job before it registers again, so nothing should be running;
-        whatever still is keeps its reservation.
-        """
+        """Enter a new incarnation: forget this life's dedup memory and stop being fenced
+        (whatever still runs keeps its reservation)."""
         if incarnation != self.incarnation:
             self.ended.clear()
             self.finished.clear()
@@ -116,19 +104,17 @@ class Admission:
         self.fenced = False
 
     def continued(self, incarnation: int, epoch: int, *, released: tuple[int, ...] = ()) -> None:
-        """Keep ``incarnation``, which a restarted agent continued (:mod:`agent.adoption`), and
-        stop being fenced: unlike :meth:`registered`, this life's memory stays (what the agent
-        took over and what ended before it registered belong to it), and ``released`` (the
-        assignments the control plane ended because this agent does not run them) is
-        remembered as cancelled, so a late Assign of one is refused."""
+        """Keep ``incarnation``, which a restarted agent continued, and stop being fenced: unlike
+        :meth:`registered`, this life's memory stays, and ``released`` (the assignments the
+        control plane ended) is remembered as cancelled, so a late Assign of one is refused."""
         self.incarnation = incarnation
         self.cancelled.update(released)
         self.observe_epoch(epoch)
         self.fenced = False
 
     def reserve(self, assignment_id: int, *, cpu_millis: int, memory_mb: int) -> None:
-        """Hold resources for a job this agent took over from its previous process (it was
-        accepted then): from now on it is running here, as an accepted one is."""
+        """Hold resources for an accepted job, or one this agent took over from its previous
+        process: from now on it is running here."""
         if assignment_id in self.running:
             return
         self.running[assignment_id] = Reservation(cpu_millis=cpu_millis, memory_mb=memory_mb)
@@ -151,8 +137,6 @@ class Admission:
         self.cancelled.add(assignment_id)
         return assignment_id in self.running
 
-    # ------------------------------------------------------------------ rules
-
     def _request_refusal(
         self, worker_id: str, incarnation: int, epoch: int, *, check_fence: bool
     ) -> RefusalReason | None:
@@ -170,42 +154,32 @@ class Admission:
         return None
 
     def assign(self, order: AssignOrder) -> AssignDecision:
-        """Apply the Assign rules to ``order``; reserve resources of what is to be started.
-
-        Returns:
-            The ids accepted (new and duplicate), the orders the caller must start now (each
-            new id once, even if the request repeats it), the refusals and the newest epoch.
-        """
+        """Apply the Assign rules to ``order``; reserve resources of what is to be started: the
+        orders the caller must start now, each new id once even if the request repeats it."""
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=True)
         if reason is not None:
+            refused = tuple(Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments)
             return AssignDecision(
-                accepted_ids=(),
-                to_start=(),
-                refused=tuple(
-                    Refusal(assignment_id=a.assignment_id, reason=reason) for a in order.assignments
-                ),
-                epoch_seen=self.max_epoch_seen,
+                accepted_ids=(), to_start=(), refused=refused, epoch_seen=self.max_epoch_seen
             )
         accepted: list[int] = []
         to_start: list[JobOrder] = []
-        refused: list[Refusal] = []
+        refusals: list[Refusal] = []
         for job in order.assignments:
             verdict = self._admit(job)
             if verdict is None:
                 accepted.append(job.assignment_id)
                 if job.assignment_id not in self.running and job.assignment_id not in self.ended:
-                    self.running[job.assignment_id] = Reservation(
-                        cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
+                    self.reserve(
+                        job.assignment_id, cpu_millis=job.spec.cpu_millis, memory_mb=job.spec.memory_mb
                     )
-                    self.cpu_used_millis += job.spec.cpu_millis
-                    self.memory_used_mb += job.spec.memory_mb
                     to_start.append(job)
             else:
-                refused.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
+                refusals.append(Refusal(assignment_id=job.assignment_id, reason=verdict))
         return AssignDecision(
             accepted_ids=tuple(accepted),
             to_start=tuple(to_start),
-            refused=tuple(refused),
+            refused=tuple(refusals),
             epoch_seen=self.max_epoch_seen,
         )
 
@@ -226,12 +200,8 @@ class Admission:
 
     def cancel(self, order: CancelOrder) -> CancelDecision:
         """Apply the Cancel rules to ``order``; every acknowledged id is remembered as cancelled.
-
-        Returns:
-            The acknowledged ids, those of them that run now (the caller stops them, then
-            settles the decision with :meth:`settle_cancel` before it replies), the finished
-            ids, the refusals and the newest epoch.
-        """
+        The caller stops those that run now, then settles the decision with :meth:`settle_cancel`
+        before it replies."""
         reason = self._request_refusal(order.worker_id, order.incarnation, order.epoch, check_fence=False)
         if reason is not None:
             return CancelDecision(

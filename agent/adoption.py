@@ -1,12 +1,7 @@
 """Restarts that keep jobs: how a restarted agent finds what its predecessor left running and
-takes it over.
+takes it over: :func:`survey`, :func:`plan_takeover`, :class:`ReaperWatch`.
 
-Main names: :func:`survey` (every supervisor of this work folder, each record judged by
-:func:`judge` as a :class:`Verdict`), :func:`plan_takeover` (what to settle, watch, keep and stop;
-:func:`fit` for a smaller capacity), :class:`ReaperWatch` and :func:`watch_supervisor` (a reaper
-this agent did not fork, held by a pidfd), :func:`stop_strays`, :func:`result_from_report` and
-:func:`lock_work_dir`. The job's record is :mod:`agent.job_record`'s. docs/design.md, "Restarts on
-the worker: the record, the survey and the takeover" (and "Restarts" for the safety argument).
+docs/design.md, "Restarts on the worker: the record, the survey and the takeover".
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -37,12 +33,9 @@ LOCK_FILE = "agent.lock"
 
 
 def lock_work_dir(work_dir: Path) -> int:
-    """Lock ``work_dir`` for this agent process: one agent per work folder, or two would take
-    over the same jobs. The lock (``flock`` on :data:`LOCK_FILE`) goes with the process, also
-    when it is killed; the job supervisors never hold it (the descriptor is close-on-exec).
-
-    Returns:
-        The lock's file descriptor (close it to release the lock).
+    """Lock ``work_dir`` for this agent process (one agent per work folder, or two would take
+    over the same jobs); returns the lock's file descriptor (close it to release the lock). The
+    ``flock`` goes with the process, also when it is killed; job supervisors never hold it.
 
     Raises:
         LocalFileError: another live process holds the lock; the message names its pid.
@@ -62,9 +55,6 @@ def lock_work_dir(work_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-
-
-# ---------------------------------------------------------------------------- processes
 
 
 @attrs.frozen(kw_only=True)
@@ -92,9 +82,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
     ``/proc/<pid>/stat``, or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            # The command name (field 2) is in parentheses and may hold spaces or ")": split
-            # after its last ")". Field 3 (the state) is then the first, field 4 the second,
-            # field 22 the 20th.
+            # The command name (field 2) may hold spaces or ")": split after its last ")".
             fields = file.read().rsplit(")", 1)[1].split()
             return int(fields[1]), int(fields[19])
     except (OSError, IndexError, ValueError):
@@ -134,9 +122,8 @@ def supervisor_of(argv: Sequence[str], deadline_path: str) -> Supervisor | None:
     """Whether a process with command line ``argv`` is a job supervisor of the worker whose
     fence-deadline file is ``deadline_path``, and which kind; None when it is not.
 
-    A reaper runs ``python -I -S -c BOOTSTRAP ... DEADLINE_FILE ... -- ARGV`` and a container
-    supervisor ``python -I -c BOOTSTRAP SPEC_JSON`` with the file in the spec: the bootstrap names
-    the module, and the deadline file this worker's work folder (one file per worker).
+    The bootstrap (``-c``) names the module, and the deadline file (before ``--`` for a reaper,
+    in the spec for a container supervisor) this worker's work folder.
     """
     try:
         code = list(argv).index("-c")
@@ -162,9 +149,8 @@ def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
     """Every live job supervisor of the worker whose fence-deadline file is ``deadline_path``
     (:func:`supervisor_of`), from a scan of ``/proc``; none where there is no ``/proc``.
 
-    A supervisor's child between its fork and its exec still shows the supervisor's command
-    line and folder: a process whose parent is a supervisor found here is that child, not a
-    supervisor, and is left out (else it could stand for its parent in the survey)."""
+    A process whose parent is a supervisor found here is its child between fork and exec (it
+    still shows the supervisor's command line), and is left out."""
     found = []
     marker = os.fsencode(deadline_path)
     try:
@@ -191,14 +177,10 @@ def supervisors(deadline_path: str) -> list[tuple[ProcessInfo, Supervisor]]:
 
 
 def supervised_job_folders(deadline_path: str) -> frozenset[str]:
-    """The names of the job folders (``<job_id>-<assignment_id>``) in which a supervisor of the
-    worker whose fence-deadline file is ``deadline_path`` still runs: jobs a restarted agent
-    takes over or stops itself (:func:`survey`), whose cgroups must stay until then
+    """The names of the job folders in which a supervisor of the worker whose fence-deadline file
+    is ``deadline_path`` still runs: their cgroups stay for the takeover
     (:func:`agent.cgroups.resource_settings`)."""
     return frozenset(os.path.basename(info.cwd) for info, _ in supervisors(deadline_path))
-
-
-# ---------------------------------------------------------------------------- the rules
 
 
 class Verdict(StrEnum):
@@ -218,8 +200,7 @@ def judge(
     None: none runs there), and why, for the log. Pure.
 
     A reaper is kept only when it is of this worker, its pid and its start time are the
-    record's: the pid alone could name a process that reused it, and the start time alone a
-    process of another boot.
+    record's (the pid alone could name a process that reused it).
     """
     if isinstance(record.runtime, SleepRuntime):
         if record.worker_id != worker_id:
@@ -247,8 +228,7 @@ def fit(
     """Which of ``jobs`` a worker of ``cpu_millis`` and ``memory_mb`` keeps, and which it stops.
 
     Oldest start first (ties by assignment id): each is kept if it fits what the kept ones
-    before it left, else stopped, and the next ones are still tried (a small job may fit where
-    a large one did not). Pure.
+    before it left, else stopped, and the next ones are still tried. Pure.
     """
     kept: list[JobRecord] = []
     dropped: list[JobRecord] = []
@@ -263,23 +243,12 @@ def fit(
     return kept, dropped
 
 
-def incarnation_to_resume(records: Iterable[JobRecord]) -> int | None:
-    """The incarnation a restarted agent asks to continue: the newest its kept jobs run in
-    (an agent runs the jobs of one incarnation only: it stops all of them before it registers a
-    new one), or None when there is nothing to keep."""
-    return max((r.incarnation for r in records), default=None)
-
-
 def sleep_ran_s(record: JobRecord, *, now_s: float, pause_at_s: float | None) -> float:
     """How long the sleep job of ``record`` has run by ``now_s`` (``time.monotonic()``): from its
-    start, less its recorded pauses, and not past ``pause_at_s``, the pause deadline of the
-    fence-deadline file (None: there is none), when its jobs paused while no agent watched them.
-    Pure."""
+    start, less its recorded pauses, and not past the file's pause deadline ``pause_at_s``
+    (None: none). Pure."""
     until = now_s if pause_at_s is None else min(now_s, pause_at_s)
     return max(0.0, until - record.began_monotonic_s - record.paused_s)
-
-
-# ---------------------------------------------------------------------------- the survey
 
 
 @attrs.frozen(kw_only=True)
@@ -353,32 +322,16 @@ class TakeoverPlan:
 
 
 def plan_takeover(
-    found: Survey,
-    *,
-    cpu_millis: int,
-    memory_mb: int,
-    now_s: float,
-    min_left_s: float,
-    pidfds: bool = True,
+    found: Survey, *, cpu_millis: int, memory_mb: int, now_s: float, min_left_s: float, pidfds: bool = True
 ) -> TakeoverPlan:
-    """Decide what a restarted agent keeps of ``found``. Pure.
+    """Decide what a restarted agent keeps of ``found``, now ``now_s`` (``time.monotonic()``).
+    Pure.
 
     Nothing is kept when the fence-deadline file's kill deadline is less than ``min_left_s``
-    ahead of ``now_s`` (``time.monotonic()``; the reapers kill their jobs at it, so a
-    continuation must get through well before), or when there are no pidfds (``pidfds``). Else
-    the keepable jobs (:attr:`Verdict.KEEPABLE`) and the sleep jobs of the newest incarnation
-    among them (:func:`incarnation_to_resume`) are kept as far as they fit ``cpu_millis`` and
-    ``memory_mb`` (:func:`fit`); every other job still running is stopped (strays, older
-    incarnations, those that do not fit). A sleep job whose duration ran out while no agent
-    watched it is settled as succeeded.
-
-    Args:
-        found: the survey.
-        cpu_millis: the capacity the agent offers now, in millicores.
-        memory_mb: the memory it offers now, in MiB.
-        now_s: ``time.monotonic()`` now.
-        min_left_s: how far ahead the kill deadline must be for anything to be kept, in seconds.
-        pidfds: whether the system has pidfds (``os.pidfd_open``).
+    seconds ahead, or when there are no ``pidfds``. Else the keepable jobs and the sleep jobs of
+    the newest incarnation among them (an agent runs one incarnation's jobs only) are kept as
+    far as they fit ``cpu_millis`` and ``memory_mb`` (:func:`fit`); every other job still
+    running is stopped. A sleep job whose duration ran out meanwhile is settled as succeeded.
     """
     pause_at, kill_at = found.deadline if found.deadline is not None else (None, None)
     settle: list[Found] = []
@@ -408,25 +361,17 @@ def plan_takeover(
     elif not pidfds:
         stop.update({r.assignment_id: "this system has no pidfds to watch it with" for r in candidates})
     else:
-        incarnation = incarnation_to_resume(candidates)
+        incarnation = max((r.incarnation for r in candidates), default=None)
         same = [r for r in candidates if r.incarnation == incarnation]
-        stop.update(
-            {
-                r.assignment_id: f"it runs in incarnation {r.incarnation}, older than {incarnation}"
-                for r in candidates
-                if r.incarnation != incarnation
-            }
-        )
+        for r in candidates:
+            if r.incarnation != incarnation:
+                stop[r.assignment_id] = f"it runs in incarnation {r.incarnation}, older than {incarnation}"
         kept, dropped = fit(same, cpu_millis=cpu_millis, memory_mb=memory_mb)
-        stop.update(
-            {
-                r.assignment_id: (
-                    f"it does not fit the worker's capacity of {cpu_millis} cpu_millis and "
-                    f"{memory_mb} memory_mb beside the older jobs kept"
-                )
-                for r in dropped
-            }
-        )
+        for r in dropped:
+            stop[r.assignment_id] = (
+                f"it does not fit the worker's capacity of {cpu_millis} cpu_millis and "
+                f"{memory_mb} memory_mb beside the older jobs kept"
+            )
     return TakeoverPlan(
         settle=tuple(settle),
         watch=tuple(watch),
@@ -438,15 +383,9 @@ def plan_takeover(
     )
 
 
-# ---------------------------------------------------------------------------- watching
-
-
 class ReaperWatch:
-    """A supervisor this agent did not fork, held by a pidfd: signalled and waited for.
-
-    Open with :meth:`open`, which checks the process's start time *after* the pidfd exists, so
-    the pidfd refers to the process that was checked. Close with :meth:`close`.
-    """
+    """A supervisor this agent did not fork, held by a pidfd: signalled and waited for. Open with
+    :meth:`open`, which checks the process's start time *after* the pidfd exists."""
 
     def __init__(self, pid: int, pidfd: int | None) -> None:
         self.pid = pid
@@ -494,21 +433,10 @@ class ReaperWatch:
             self._pidfd = None
 
 
-async def watch_supervisor(
-    watch: ReaperWatch,
-    *,
-    ticks: int,
-    stop: trio.Event,
-    stop_grace_s: float,
-) -> bool:
+async def watch_supervisor(watch: ReaperWatch, *, ticks: int, stop: trio.Event, stop_grace_s: float) -> bool:
     """Wait until the supervisor held by ``watch`` has exited, passing a stop on as
-    :func:`agent.supervised.wait_supervisor` does (SIGTERM; SIGUSR1 when it is not done
-    :data:`REAPER_SLACK_S` after the grace; SIGKILL another :data:`REAPER_SLACK_S` later);
-    returns whether a stop was asked for. Closes the watch.
-
-    Raises:
-        trio.Cancelled: after having the supervisor kill the job and waiting for it (shielded).
-    """
+    :func:`agent.supervised.wait_supervisor` does (also when cancelled: shielded); returns
+    whether a stop was asked for. Closes the watch."""
     stopped = False
 
     async def stop_when_asked() -> None:
@@ -539,18 +467,13 @@ async def watch_supervisor(
 
 
 def result_from_report(record: JobRecord, job_dir: Path, *, stopped: bool) -> JobResult:
-    """How a job whose supervisor this agent did not fork ended, from its report (an exit status
-    it cannot know: the supervisor was not its child). ``stopped``: this agent asked for a stop.
-    A supervisor that left no report was killed (SIGKILL, the OOM killer): the job failed, unless
-    a stop was asked; with no supervisor recorded either, none was ever started: the job did not
-    start (:attr:`agent.messages.JobState.NOT_STARTED`)."""
+    """How a job whose supervisor this agent did not fork ended, from its report. ``stopped``:
+    this agent asked for a stop. A supervisor that left no report was killed: the job failed,
+    unless a stop was asked; with no supervisor recorded either, the job did not start."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio_time_of(record.started_monotonic_s)
     report = deadman.read_report(job_dir)
     if not report:
-        # No reaper recorded, none runs and none reported: the agent died before it forked one
-        # (or as the reaper began, which then started nothing). Nothing ran: the control plane
-        # places the job again at once (schema.sql, record_outcomes).
         unstarted = record.supervisor_pid is None and not stopped
         return JobResult(
             state=JobState.NOT_STARTED if unstarted else JobState.CANCELLED if stopped else JobState.FAILED,
@@ -579,8 +502,6 @@ async def stop_strays(strays: Sequence[ProcessInfo], *, stop_grace_s: float) -> 
     async with trio.open_nursery() as nursery:
         for watch, ticks in watches:
             watch.send(signal.SIGUSR1, ticks)
-            nursery.start_soon(_watch_stray, watch, ticks, stop, stop_grace_s)
-
-
-async def _watch_stray(watch: ReaperWatch, ticks: int, stop: trio.Event, stop_grace_s: float) -> None:
-    await watch_supervisor(watch, ticks=ticks, stop=stop, stop_grace_s=stop_grace_s)
+            nursery.start_soon(
+                partial(watch_supervisor, watch, ticks=ticks, stop=stop, stop_grace_s=stop_grace_s)
+            )

@@ -6,6 +6,7 @@ place in each hierarchy (``/proc/self/cgroup``), and :func:`locate`, which puts 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -51,17 +52,7 @@ class Mount:
 
 def _unescape(field: str) -> str:
     """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
@@ -81,13 +72,11 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if fstype not in ("cgroup", "cgroup2"):
             continue
         options = set(fields[dash + 3].split(",")) if len(fields) > dash + 3 else set()
+        v2 = fstype == "cgroup2"
+        controllers = frozenset() if v2 else frozenset(options - {"rw", "ro"})
+        root, mount_point = _unescape(fields[3]), Path(_unescape(fields[4]))
         mounts.append(
-            Mount(
-                mount_point=Path(_unescape(fields[4])),
-                root=_unescape(fields[3]),
-                version=2 if fstype == "cgroup2" else 1,
-                controllers=frozenset() if fstype == "cgroup2" else frozenset(options - {"rw", "ro"}),
-            )
+            Mount(mount_point=mount_point, root=root, version=2 if v2 else 1, controllers=controllers)
         )
     return mounts
 
@@ -146,8 +135,7 @@ class Located:
 
 def locate(mountinfo: str, proc_cgroup: str) -> Located:
     """Where this process's cgroups are, from its ``mountinfo`` and ``/proc/self/cgroup``
-    texts. Pure; whether they can be used is for :func:`open_cgroup2` and
-    :func:`open_cgroup1` to find out."""
+    texts. Pure; whether they can be used is for :mod:`agent.cgroups` to find out."""
     mounts = parse_mountinfo(mountinfo)
     cgroups = parse_proc_cgroup(proc_cgroup)
     v2: Path | None = None

@@ -1,16 +1,13 @@
 """Command jobs in cgroups (v2 and v1): a worker's subtree and a job's cgroup in each layout, and
-the choice of mode at agent start.
+the choice of mode at agent start (:func:`select_resources`, :func:`resource_settings`).
 
-Main names: :func:`select_resources` (``auto``: cgroup v2 where the agent's cgroup offers
-``cpu``, ``memory`` and ``pids`` and can be set up, else cgroup v1, else rlimits;
-:mod:`agent.resources` has the modes and the numbers), :class:`Cgroup2Resources` and
-:class:`Cgroup1Resources` (one worker's jobs), :func:`resource_settings` (the mode, logged and
-labelled). Where the hierarchies are: :mod:`agent.cgroup_mounts`. The layouts, the leftovers and
-what the kernel reports: docs/design.md, "Job cgroups: layouts and leftovers".
+The modes and the numbers: :mod:`agent.resources`; the layouts and leftovers: docs/design.md,
+"Job cgroups: layouts and leftovers".
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -33,7 +30,6 @@ from agent.resources import (
     JobResources,
     JobUsage,
     Mode,
-    ResourcesUnavailable,
     RlimitResources,
     cpu_quota_us,
     job_cpu_shares,
@@ -43,10 +39,8 @@ from agent.resources import (
     memory_limit_bytes,
 )
 from agent.runtimes import owner_of
-from runtime.settings.agent import (
-    AUTO,
-    AgentSettings,
-)
+from runtime.errors import ResourcesUnavailable
+from runtime.settings.agent import AUTO, AgentSettings
 
 AGENT_LEAF = "stockade-agent"
 """cgroup v2: the leaf the agent moves its process into (docs/design.md, "Job cgroups")."""
@@ -56,17 +50,21 @@ LEFTOVER_WAIT_S = 2.0
 """How long the agent waits, at start, for the processes of a leftover job cgroup to die."""
 
 
-# ---------------------------------------------------------------------------- file helpers
-
-
 def _read(path: Path) -> str:
     with open(path, encoding="ascii") as file:
         return file.read()
 
 
+def _keyed(path: Path) -> dict[str, int]:
+    """The values of the keyed cgroup file at ``path``; none when it cannot be read."""
+    try:
+        return parse_keyed(_read(path))
+    except OSError:
+        return {}
+
+
 def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
-    """Make the cgroup ``folder`` (the kernel fills it with its interface files; a test's fake
-    tree replaces this to do the same)."""
+    """Make the cgroup ``folder`` (a test's fake tree replaces this)."""
     try:
         os.mkdir(folder)
     except FileExistsError:
@@ -75,8 +73,7 @@ def _mkdir(folder: Path, *, exist_ok: bool = False) -> None:
 
 
 def _make_job_dir(folder: Path, prepare: Callable[[], None]) -> None:
-    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone
-    (removed meanwhile: an empty folder of an agent that was killed looks like litter)."""
+    """Make a job's cgroup ``folder``; its worker's folder too (``prepare``) when that is gone."""
     try:
         _mkdir(folder)
     except FileNotFoundError:
@@ -109,25 +106,17 @@ def _pids(folder: Path) -> list[int]:
 def _kill_members(folder: Path) -> None:
     """SIGKILL every process in the cgroup ``folder``: at once with ``cgroup.kill`` (v2, Linux
     5.14), else one by one (a process forking meanwhile is caught by the next call)."""
-    try:
+    with contextlib.suppress(OSError):
         if _write_if_present(folder / "cgroup.kill", "1"):
             return
-    except OSError:
-        pass
     for pid in _pids(folder):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _remove_dir(folder: Path) -> bool:
     """rmdir the cgroup ``folder``; True once it is gone. One that still holds processes has
-    them SIGKILLed and is left for now (False).
-
-    Raises:
-        OSError: the folder cannot be removed for another reason.
-    """
+    them SIGKILLed and is left for now (False); another failure raises OSError."""
     try:
         os.rmdir(folder)
     except FileNotFoundError:
@@ -167,9 +156,6 @@ def _subdirs(folder: Path) -> list[Path]:
         return []
 
 
-# ---------------------------------------------------------------------------- cgroup v2
-
-
 @attrs.frozen(kw_only=True)
 class Cgroup2Job:
     """One job's cgroup in the unified hierarchy."""
@@ -182,14 +168,7 @@ class Cgroup2Job:
         return Confinement(cgroup_procs=(str(self.folder / "cgroup.procs"),), clone_into=str(self.folder))
 
     def usage(self) -> JobUsage:
-        try:
-            cpu = parse_keyed(_read(self.folder / "cpu.stat"))
-        except OSError:
-            cpu = {}
-        try:
-            memory = parse_keyed(_read(self.folder / "memory.events"))
-        except OSError:
-            memory = {}
+        cpu, memory = _keyed(self.folder / "cpu.stat"), _keyed(self.folder / "memory.events")
         usec = cpu.get("usage_usec")
         return JobUsage(
             cpu_s=None if usec is None else usec / 1e6,
@@ -216,13 +195,8 @@ class Cgroup2Resources:
         return str(self.worker_dir)
 
     def prepare(self) -> None:
-        """Make the jobs' group and the worker's folder, handing the controllers down; nothing
-        changes where they are there already. At start, and again should they have been
-        removed meanwhile (an empty folder of an agent that was killed looks like litter).
-
-        Raises:
-            OSError: they cannot be made or written.
-        """
+        """Make the jobs' group and the worker's folder, handing the controllers down (again
+        should they have been removed meanwhile); OSError when they cannot be made or written."""
         jobs = self.worker_dir.parent
         _mkdir(jobs, exist_ok=True)
         _write(jobs / "cpu.weight", str(self.jobs_weight))
@@ -266,9 +240,8 @@ _ENABLE = "+cpu +memory +pids"
 def open_cgroup2(
     own: Path, *, pid: int, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup2Resources:
-    """Set up the v2 layout (docs/design.md, "Job cgroups") from the agent's cgroup folder
-    ``own``: move process ``pid`` into the leaf unless it is there already (or ``own`` is the
-    root), hand the controllers down to the worker's subtree ``stockade-jobs/<worker_key>``.
+    """Set up the v2 layout from the agent's cgroup folder ``own``: move process ``pid`` into
+    the leaf unless it is there already, hand the controllers down to ``stockade-jobs/<worker_key>``.
 
     Raises:
         ResourcesUnavailable: the cgroup lacks a controller, holds other processes, or cannot
@@ -311,9 +284,6 @@ def open_cgroup2(
     return resources
 
 
-# ---------------------------------------------------------------------------- cgroup v1
-
-
 @attrs.frozen(kw_only=True)
 class Cgroup1Job:
     """One job's cgroups in the v1 hierarchies (one folder per hierarchy)."""
@@ -327,22 +297,13 @@ class Cgroup1Job:
         return Confinement(cgroup_procs=tuple(str(f / "cgroup.procs") for f in _distinct(self.folders)))
 
     def usage(self) -> JobUsage:
-        def keyed(controller: str, file: str) -> dict[str, int]:
-            try:
-                return parse_keyed(_read(self.folders[controller] / file))
-            except (OSError, KeyError):
-                return {}
-
         cpu_s = None
-        if ACCOUNTING in self.folders:
-            try:
-                cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
-            except (OSError, ValueError):
-                cpu_s = None
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            cpu_s = int(_read(self.folders[ACCOUNTING] / "cpuacct.usage")) / 1e9
         return JobUsage(
             cpu_s=cpu_s,
-            throttled_periods=keyed("cpu", "cpu.stat").get("nr_throttled"),
-            oom_kills=keyed("memory", "memory.oom_control").get("oom_kill", 0),
+            throttled_periods=_keyed(self.folders["cpu"] / "cpu.stat").get("nr_throttled"),
+            oom_kills=_keyed(self.folders["memory"] / "memory.oom_control").get("oom_kill", 0),
         )
 
     def remove(self) -> bool:
@@ -373,12 +334,8 @@ class Cgroup1Resources:
         return " ".join(str(p) for p in _distinct(self.worker_dirs))
 
     def prepare(self) -> None:
-        """Make the worker's folder in every hierarchy; nothing changes where they are there
-        already. At start, and again should they have been removed meanwhile.
-
-        Raises:
-            OSError: they cannot be made or written.
-        """
+        """Make the worker's folder in every hierarchy (again should they have been removed);
+        OSError when they cannot be made or written."""
         for folder in _distinct(self.worker_dirs):
             _mkdir(folder, exist_ok=True)
         _write(self.worker_dirs["cpu"] / "cpu.shares", str(self.jobs_shares))
@@ -400,10 +357,8 @@ class Cgroup1Resources:
             if not _write_if_present(memory / "memory.memsw.limit_in_bytes", limit):
                 # Without swap accounting the job's swap cannot be limited; this asks the
                 # kernel not to swap its pages out at all (a hint, not a limit).
-                try:
+                with contextlib.suppress(OSError):
                     _write_if_present(memory / "memory.swappiness", "0")
-                except OSError:
-                    pass
             _write(folders["pids"] / "pids.max", str(self.pids_max))
         except BaseException:
             _remove_now(made, 0.0)
@@ -427,9 +382,9 @@ class Cgroup1Resources:
 def open_cgroup1(
     own: Mapping[str, Path], *, worker_key: str, job_nice: int, pids_max: int, cpus: int = 1
 ) -> Cgroup1Resources:
-    """Set up the v1 layout (docs/design.md, "Job cgroups") under the agent's cgroup folder of each
-    controller in ``own`` (:attr:`Located.v1`): the worker's folder ``stockade-<worker_key>``
-    in each hierarchy, its ``cpu.shares`` those of one task at ``job_nice`` per CPU of ``cpus``.
+    """Set up the v1 layout under the agent's cgroup folder of each controller in ``own``: the
+    worker's folder ``stockade-<worker_key>`` in each hierarchy, its ``cpu.shares`` those of one
+    task at ``job_nice`` per CPU of ``cpus``.
 
     Raises:
         ResourcesUnavailable: a hierarchy is missing or cannot be written; the message says
@@ -450,23 +405,14 @@ def open_cgroup1(
     return resources
 
 
-# ---------------------------------------------------------------------------- selection
-
-
 def select_resources(
-    choice: str,
-    *,
-    worker_key: str,
-    job_nice: int,
-    pids_max: int,
-    host: Host | None = None,
+    choice: str, *, worker_key: str, job_nice: int, pids_max: int, host: Host | None = None
 ) -> tuple[JobResources, list[str]]:
     """The worker's :class:`agent.resources.JobResources` for the ``job_resources`` setting
     ``choice``: ``auto`` takes the first of cgroup2, cgroup1, rlimit that can be set up here;
     a mode named is that one or an error. Blocking (file system calls): run it in a thread.
 
-    Returns:
-        The resources, and why each better mode was not taken (``auto``: ``"cgroup2: ..."``).
+    Returns the resources, and why each better mode was not taken (``"cgroup2: ..."``).
 
     Raises:
         ResourcesUnavailable: ``choice`` names a mode that cannot be used here.
@@ -517,11 +463,9 @@ async def resource_settings(
     settings: AgentSettings, logger: Any, *, host: Host | None = None, keep: Collection[str] = ()
 ) -> tuple[AgentSettings, JobResources]:
     """The worker's job resources (:func:`select_resources`), once the job cgroups an earlier
-    life of this worker left are removed but those named in ``keep`` (the job folders' names of
-    jobs whose supervisors still run, for the restarted agent to take over or stop:
-    :mod:`agent.adoption`), with ``settings`` given the label ``resources=<mode>``;
-    the mode, where, and why a better one was not taken are logged. The file system calls run
-    in a thread.
+    life of this worker left are removed but those named in ``keep`` (jobs whose supervisors still
+    run: :mod:`agent.adoption`), with ``settings`` given the label ``resources=<mode>``; the mode,
+    where, and why a better one was not taken are logged.
 
     Raises:
         ResourcesUnavailable: ``settings.job_resources`` names a mode that cannot be used here.

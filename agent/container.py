@@ -1,10 +1,6 @@
-"""Container jobs on the agent's side: whether this worker runs them, its leftovers, and a run.
-
-:func:`engine_label` (the worker label ``container=docker`` when the engine answers a ping,
-else ``container=none``), :func:`remove_leftovers` (containers labelled with this worker's id
-that an earlier life left), :func:`run_container` (one container job under its supervisor,
-:mod:`agent.container_supervisor`, started and waited for as a command job's reaper is) and
-:func:`supervisor_argv`. How a container runs and ends: docs/design.md, "Job runtimes".
+"""Container jobs on the agent's side: whether this worker runs them (:func:`engine_label`), its
+leftovers (:func:`remove_leftovers`), and a run (:func:`run_container`, under its supervisor,
+:mod:`agent.container_supervisor`). docs/design.md, "Job runtimes".
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -45,23 +42,17 @@ _ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_C
 
 
 def _client(timeout_s: float) -> Any:
-    """A Docker SDK client of the engine the environment names (``DOCKER_HOST``, ...).
-
-    Raises:
-        docker.errors.DockerException: no client can be made (a malformed ``DOCKER_HOST``).
-    """
+    """A Docker SDK client of the engine the environment names (``DOCKER_HOST``, ...); raises
+    ``docker.errors.DockerException`` when none can be made."""
     import docker
 
     return docker.from_env(timeout=timeout_s)
 
 
 def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S) -> tuple[str, str]:
-    """The value of the worker's ``container`` label, and why when it is not ``docker``.
-
-    Blocking (an engine call): run it in a thread. ``docker`` when the engine answers a ping
-    within ``timeout_s`` seconds; ``none`` when it does not (the reason names the error), or
-    when ``labels`` already say ``container=none`` (the operator's choice, kept).
-    """
+    """The value of the worker's ``container`` label, and why when it is not ``docker``:
+    ``docker`` when the engine answers a ping within ``timeout_s`` seconds; ``none`` when it does
+    not, or when ``labels`` already say ``container=none``. Blocking: run it in a thread."""
     if labels.get("container") == "none":
         return "none", "the worker's labels say container=none"
     try:
@@ -77,11 +68,8 @@ def engine_label(labels: Mapping[str, str], *, timeout_s: float = PING_TIMEOUT_S
 
 def remove_leftovers(worker_id: str, owner: str, *, timeout_s: float = 10.0) -> list[str]:
     """Remove (force) every container labelled ``stockade.worker_id=<worker_id>`` and
-    ``stockade.owner=<owner>`` (:func:`owner_of` the work folder): those an earlier life of this
-    worker's agent left, and no other cluster's. Blocking: run it in a thread.
-
-    Returns:
-        The names of the containers removed.
+    ``stockade.owner=<owner>``: those an earlier life of this worker's agent left, and no other
+    cluster's; returns their names. Blocking: run it in a thread.
 
     Raises:
         docker.errors.DockerException, requests.RequestException: the engine did not answer.
@@ -144,36 +132,6 @@ def supervisor_argv(
     return [sys.executable, "-I", "-c", container_supervisor.bootstrap(root), json.dumps(spec)]
 
 
-def _spawn(
-    runtime: ContainerRuntime,
-    job: ContainerJob,
-    *,
-    job_dir: Path,
-    paths: OutputPaths,
-    stop_grace_s: float,
-    fence_deadline_path: Path | None,
-    job_env: Mapping[str, str],
-) -> Any:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    deadman.clear_files(job_dir)
-    env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
-    env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    return popen_supervisor(
-        lambda started_fd: supervisor_argv(
-            runtime,
-            job,
-            started_fd=started_fd,
-            stop_grace_s=stop_grace_s,
-            fence_deadline_path=fence_deadline_path,
-            job_env=job_env,
-        ),
-        job_dir=job_dir,
-        stdout_path=Path(paths.stdout_path),
-        stderr_path=Path(paths.stderr_path),
-        env=env,
-    )
-
-
 def _remove_by_name(name: str) -> None:
     """Remove container ``name`` (force) if it is there; an engine that does not answer is let
     be (the next start of the agent removes it)."""
@@ -197,35 +155,36 @@ async def run_container(
     on_started: Callable[[], None],
     job_env: Mapping[str, str],
 ) -> JobResult:
-    """Run one container job until it ends or ``stop`` is set (see :func:`agent.runtimes.run_job`
-    for the arguments and the result); return once its container has ended and is removed.
-
-    Raises:
-        trio.Cancelled: after its supervisor killed the container (shielded).
-    """
+    """:func:`agent.runtimes.run_job` for a container job: returns (or, cancelled, raises) once
+    its container has ended and is removed."""
     paths = OutputPaths(stdout_path=str(job_dir / "stdout.log"), stderr_path=str(job_dir / "stderr.log"))
     began = trio.current_time()
     if job is None or stop.is_set():
         on_started()
-        return never_ran(
-            paths,
-            stopped=job is not None,
-            began_at=began,
-            ended_at=began,
-            detail="stopped before it was started"
-            if job is not None
-            else "a container job without its limits",
-        )
-    spawn = partial(
-        _spawn,
+        detail = "stopped before it was started" if job is not None else "a container job without its limits"
+        return never_ran(paths, stopped=job is not None, began_at=began, ended_at=began, detail=detail)
+    env = {k: os.environ[k] for k in _ENGINE_ENV if k in os.environ}
+    env["PATH"] = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    argv = partial(
+        supervisor_argv,
         runtime,
         job,
-        job_dir=job_dir,
-        paths=paths,
         stop_grace_s=stop_grace_s,
         fence_deadline_path=fence_deadline_path,
         job_env=job_env,
     )
+
+    def spawn() -> tuple[subprocess.Popen[bytes], int]:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        deadman.clear_files(job_dir)
+        return popen_supervisor(
+            lambda started_fd: argv(started_fd=started_fd),
+            job_dir=job_dir,
+            stdout_path=job_dir / "stdout.log",
+            stderr_path=job_dir / "stderr.log",
+            env=env,
+        )
+
     try:
         proc, started_fd = spawn() if spawner is None else await spawner.run(spawn)
     except OSError as exc:

@@ -1,20 +1,13 @@
 """The per-job supervisor process of a container job: the reaper's protocol, with Docker calls.
 
 A container job's processes are the Docker engine's children, not the agent's, so this process
-takes the reaper's place (:mod:`agent.reaper`) and keeps its protocol and deadline loop
-(:class:`agent.deadman.Deadman`): the same start pipe, fence-deadline file, stops and report,
-the report with two keys more, ``reason`` (:class:`Reason`) with ``reason_detail``, and
-``removed=1`` once the container is removed. Two threads copy the container's log into the job's
-files, one waits in ``docker wait``, one pings the engine every :data:`PING_EVERY_S` seconds;
-an engine that is gone has the container's processes SIGKILLed here. docs/design.md, "Job
-runtimes", says what each step does.
+takes the reaper's place and keeps its protocol and deadline loop (:class:`agent.deadman.Deadman`),
+its report with ``reason`` (:class:`Reason`), ``reason_detail`` and ``removed=1`` more. Threads
+copy the container's log into the job's files, wait in ``docker wait`` and ping the engine; an
+engine that is gone has the container's processes SIGKILLed here. docs/design.md, "Job runtimes".
 
-Command line (:func:`agent.container.supervisor_argv`): ``python -I -c BOOTSTRAP SPEC_JSON``;
-``SPEC_JSON`` holds ``parent_pid``, ``stop_grace_s``, ``deadline_path`` (empty: no deadman),
-``started_fd`` (-1: none), ``image``, ``argv``, ``name``, ``labels``, ``env``, ``nano_cpus``,
-``mem_bytes``, ``user`` (``uid:gid``; empty: the image's user), ``workdir`` and
-``oom_score_adj`` (null: the engine's default). The engine is the one ``DOCKER_HOST`` (and the
-other ``DOCKER_*`` variables the agent passes on) names, or the default socket.
+Command line (:func:`agent.container.supervisor_argv`): ``python -I -c BOOTSTRAP SPEC_JSON``; the
+engine is the one the ``DOCKER_*`` variables name, or the default socket.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ PING_EVERY_S = 1.0
 """How often the engine is pinged while the container runs, in seconds."""
 PINGS_LOST = 3
 """Failed pings in a row after which the engine counts as gone: a slow engine (a loaded
-machine) must not get its containers killed, so a ping has :data:`PING_TIMEOUT_S` and the
-engine three chances; one whose socket is gone fails each at once (about 3 s in all)."""
+machine) must not get its containers killed; one whose socket is gone fails each at once."""
 API_TIMEOUT_S = 10.0
 """Timeout of one engine call (a ping: :data:`PING_TIMEOUT_S`), in seconds."""
 PING_TIMEOUT_S = 5.0
@@ -103,11 +95,8 @@ class _Supervisor(deadman.Deadman):
         self.pid = 0
         """The host pid of the container's init process (0: unknown)."""
 
-    # ------------------------------------------------------------------ engine calls
-
     def lose_engine(self, why: str) -> None:
-        """The engine is gone: SIGKILL the container's processes ourselves
-        (:meth:`kill_without_engine`), and end."""
+        """The engine is gone: SIGKILL the container's processes ourselves, and end."""
         if self.engine_lost is None:
             self.engine_lost = why
         self.kill_without_engine()
@@ -115,8 +104,7 @@ class _Supervisor(deadman.Deadman):
 
     def kill_without_engine(self) -> None:
         """SIGKILL the container's processes without the engine: every process whose cgroup
-        names the container's id (its init first, when known), so a process of anything else is
-        never hit; the container's pid namespace dies with its init."""
+        names the container's id (its init first, when known)."""
         if self.container is None:
             return
         victims = _processes_in_cgroup(self.container.id, first=self.pid)
@@ -167,9 +155,8 @@ class _Supervisor(deadman.Deadman):
 
     def pause(self) -> None:
         """Pause the container (``docker pause``) and record when. One that has just ended is
-        left to end on its own (its end stands, as a command job's that ended first); one whose
-        pause fails otherwise may be running, which the fence forbids: it is killed (through
-        the engine, and without it), never left running."""
+        left to end on its own; one whose pause fails otherwise may be running, which the fence
+        forbids: it is killed (through the engine, and without it)."""
         try:
             self.container.pause()
         except Exception as exc:
@@ -188,8 +175,6 @@ class _Supervisor(deadman.Deadman):
 
     def unpause(self) -> None:
         self.call("unpause")
-
-    # ------------------------------------------------------------------ threads
 
     def wait_for_end(self) -> None:
         """Thread: block in ``docker wait`` until the container ends (or the engine goes)."""
@@ -231,8 +216,6 @@ class _Supervisor(deadman.Deadman):
         except Exception as exc:
             if self.engine_lost is None and not self.ended.is_set():
                 _say(f"cannot follow its {stream}: {exc}")
-
-    # ------------------------------------------------------------------ the run
 
     def client_args(self, timeout_s: float) -> dict[str, Any]:
         from docker.utils import kwargs_from_env
@@ -287,20 +270,16 @@ class _Supervisor(deadman.Deadman):
                 "(nothing is pulled: load or build it there)"
             )
         except Exception as exc:
-            if _engine_gone(exc):
-                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
-            return f"{Reason.CONTAINER_ERROR.value}: cannot create the container: {_explain(exc)}"
+            return _refused("create", exc)
         try:
             self.container.start()
         except Exception as exc:
-            text = _explain(exc)
             with contextlib.suppress(Exception):
                 self.container.remove(force=True)
+            text = _explain(exc)
             if "executable file not found" in text or "no such file or directory" in text:
                 return f"{Reason.COMMAND_NOT_FOUND.value}: {text}"
-            if _engine_gone(exc):
-                return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
-            return f"{Reason.CONTAINER_ERROR.value}: cannot start the container: {text}"
+            return _refused("start", exc)
         with contextlib.suppress(Exception):
             self.container.reload()
             self.pid = int(self.container.attrs["State"]["Pid"] or 0)
@@ -412,15 +391,20 @@ def _thaw(pid: int) -> None:
 
 
 def _say(text: str) -> None:
-    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the
-    supervisor's (what the operator needs to know of an engine that failed the job)."""
+    """One line of the supervisor's own in the job's ``stderr.log``, saying it is the supervisor's."""
     print(f"[stockade container supervisor] {text}", file=sys.stderr, flush=True)
 
 
 def _explain(exc: BaseException) -> str:
     """The engine's own words for a refused call, else the exception's."""
-    explanation = getattr(exc, "explanation", None)
-    return str(explanation or exc)
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _refused(what: str, exc: BaseException) -> str:
+    """The report's ``error`` for a container the engine did not ``what`` (create, start)."""
+    if _engine_gone(exc):
+        return f"{Reason.NO_CONTAINER_ENGINE.value}: the Docker engine stopped answering: {exc}"
+    return f"{Reason.CONTAINER_ERROR.value}: cannot {what} the container: {_explain(exc)}"
 
 
 def main(args: list[str]) -> int:
@@ -445,12 +429,11 @@ def main(args: list[str]) -> int:
         return deadman.refuse_fenced()
     error = supervisor.create()
     if error is not None:
-        deadman.write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
-        return deadman.EXIT_CANNOT_START
+        return deadman.cannot_start(error)
     deadman.tell_started(started_fd)
     log_threads = [
-        threading.Thread(target=supervisor.follow_log, args=("stdout", 1), daemon=True),
-        threading.Thread(target=supervisor.follow_log, args=("stderr", 2), daemon=True),
+        threading.Thread(target=supervisor.follow_log, args=stream, daemon=True)
+        for stream in (("stdout", 1), ("stderr", 2))
     ]
     for thread in log_threads:
         thread.start()

@@ -1,15 +1,9 @@
-"""The agent's view of the control plane: register and heartbeat, behind a small protocol.
+"""The agent's view of the control plane: register, heartbeat and leave, behind a small protocol.
 
-The agent talks to the control plane only through :class:`ControlPlane`, so a unit test can
-pass a scripted stand-in (answer, stall, fail) and drive the heartbeat and self-fence logic
-on a mock clock. :class:`GrpcControlPlane` is the production one: a thin wrapper over
-:class:`runtime.client.ControlPlaneClient` that converts between the agent's messages and
-protobuf and makes every call a hedged one (:meth:`ControlPlaneClient.call_hedged`): the
-preferred replica has until the caller's deadline to answer, and the next one is asked too
-once it has been silent for the hedge delay (:class:`HedgeDelay`: ``hedge_after_s``, or longer
-when every answer comes slowly, so an overloaded cluster is not sent each request two or three
-times over). A fleet's workers share one client (:mod:`agent.fleet`), each with its own
-``home_key`` (its worker id), so each still asks its own home replica first.
+The agent talks to the control plane only through :class:`ControlPlane`, so a unit test can pass
+a scripted stand-in and drive it on a mock clock. :class:`GrpcControlPlane` is the production
+one: it converts to and from protobuf and makes every call a hedged one
+(:meth:`runtime.client.ControlPlaneClient.call_hedged`, delayed by :class:`HedgeDelay`).
 """
 
 from __future__ import annotations
@@ -41,7 +35,7 @@ M = TypeVar("M", bound=betterproto2.Message)
 class ControlPlane(Protocol):
     """What the agent needs from the control plane.
 
-    Every method gives up ``deadline_s`` seconds after they were called, and raise
+    Every method gives up ``deadline_s`` seconds after it was called and raises
     :class:`runtime.errors.StockadeError` subclasses on failure
     (:class:`runtime.errors.Unavailable` when no replica answered in time); the agent retries.
     """
@@ -62,15 +56,6 @@ def whole_ms(seconds: float) -> int:
     return min(MAX_OUTCOME_MS, max(0, math.floor(seconds * 1000 + 1e-3)))
 
 
-def told_interval_s(interval_ms: int, dead_after_ms: int) -> float | None:
-    """The heartbeat interval a reply tells, in seconds, unchecked; None when the reply tells
-    neither an interval nor a dead_after (an older control plane). A reply that tells a
-    dead_after with an interval of 0 names an interval of 0 (which the agent refuses)."""
-    if not interval_ms and not dead_after_ms:
-        return None
-    return interval_ms / 1000
-
-
 def outcome_to_pb(outcome: Outcome, *, now: float) -> pb.JobOutcome:
     """An :class:`Outcome` as a ``JobOutcome`` message sent at trio time ``now``: its run's
     length, and how long before ``now`` it ended."""
@@ -88,37 +73,26 @@ def outcome_to_pb(outcome: Outcome, *, now: float) -> pb.JobOutcome:
     )
 
 
-def outcomes_to_pb(outcomes: tuple[Outcome, ...]) -> list[pb.JobOutcome]:
-    """``outcomes`` as ``JobOutcome`` messages sent now (trio's clock)."""
-    now = trio.current_time()
-    return [outcome_to_pb(o, now=now) for o in outcomes]
-
-
 def told(reply: pb.RegisterWorkerReply | pb.HeartbeatReply) -> dict[str, Any]:
-    """What a registration or heartbeat reply tells besides its answer: the database's clock
-    (``database_unix_s``), the heartbeat interval (:func:`told_interval_s`) and the dead_after
-    (``dead_after_s``), each None when the reply tells none (0)."""
+    """What a registration or heartbeat reply tells besides its answer, each None when the reply
+    tells none (0): the database's clock, the heartbeat interval (unchecked; a dead_after told
+    with an interval of 0 names an interval of 0, which the agent refuses) and the dead_after."""
+    interval_ms, dead_after_ms = reply.heartbeat_interval_ms, reply.dead_after_ms
     return {
         "database_unix_s": reply.database_unix_s or None,
-        "heartbeat_interval_s": told_interval_s(reply.heartbeat_interval_ms, reply.dead_after_ms),
-        "dead_after_s": reply.dead_after_ms / 1000 if reply.dead_after_ms else None,
+        "heartbeat_interval_s": interval_ms / 1000 if interval_ms or dead_after_ms else None,
+        "dead_after_s": dead_after_ms / 1000 if dead_after_ms else None,
     }
 
 
 def to_pb(request: Registration | HeartbeatReport | Leave, message: type[M]) -> M:
-    """``request`` as the protobuf ``message`` whose fields have the same names: its outcomes
-    as ``JobOutcome`` messages sent now, tuples as lists, mappings copied."""
-    fields: dict[str, Any] = {}
-    for field in attrs.fields(type(request)):
-        value = getattr(request, field.name)
-        if field.name == "finished":
-            value = outcomes_to_pb(value)
-        elif isinstance(value, tuple):
-            value = list(value)
-        elif isinstance(value, dict):
-            value = dict(value)
-        fields[field.name] = value
-    return message(**fields)
+    """``request`` as the protobuf ``message`` whose fields have the same names: tuples as lists,
+    its outcomes as ``JobOutcome`` messages sent now (trio's clock)."""
+    fields = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(request, recurse=False).items()
+    }
+    now = trio.current_time()
+    return message(**fields | {"finished": [outcome_to_pb(o, now=now) for o in request.finished]})
 
 
 @attrs.define
@@ -126,12 +100,8 @@ class HedgeDelay:
     """How long a call waits for one replica before the next one is asked too, in seconds:
     ``factor`` times the smoothed round trip of the calls that were answered, never below
     ``floor_s`` and never above a third of the call's deadline (room for two more replicas).
-    Why not a fixed delay: docs/design.md, "The agent's calls under load".
-
-    Args:
-        floor_s: the shortest delay (the agent's ``heartbeat_timeout_s``).
-        factor: the multiple of the smoothed round trip.
-        weight: the newest round trip's weight in the smoothing (exponential).
+    ``weight`` is the newest round trip's in the (exponential) smoothing. Why not a fixed
+    delay: docs/design.md, "The agent's calls under load".
     """
 
     floor_s: float
@@ -157,13 +127,10 @@ class GrpcControlPlane:
     """:class:`ControlPlane` over gRPC, through a :class:`ControlPlaneClient` it does not own.
 
     Args:
-        client: the failover client (a fleet's, shared by its workers, or the agent's own).
         hedge_after_s: the shortest time without an answer from one replica before the next
-            one is asked too (the agent's ``heartbeat_timeout_s``; :class:`HedgeDelay`).
-        home_key: passed with every call (:meth:`ControlPlaneClient.call_hedged`): a shared
-            client's worker passes its id, so its calls go first to its own home replica and
-            the replica that answered it last; None: the client's own route (its
-            ``home_key``).
+            one is asked too (:class:`HedgeDelay`).
+        home_key: passed with every call: a shared client's worker passes its id, so its calls go
+            first to its own home replica; None: the client's own route.
     """
 
     def __init__(
@@ -174,8 +141,7 @@ class GrpcControlPlane:
         self._home_key = home_key
 
     async def _call(self, rpc: str, request: Any, deadline_s: float) -> Any:
-        """Call ``rpc`` hedged (:meth:`runtime.client.ControlPlaneClient.call_hedged`) and
-        return its reply.
+        """Call ``rpc`` hedged and return its reply.
 
         Raises:
             NoControlPlaneReachable: no replica answered within ``deadline_s``.

@@ -1,12 +1,9 @@
 """The agent of one worker: :class:`Agent`, the Worker service's rules and the lifecycle.
 
-:class:`Agent` owns everything of one worker (several agents can live in one process: there is
-no module-level state). It is built in layers, each a module of its own over the shared
-:class:`agent.state.AgentState`: the pause and self-fence (:mod:`agent.self_fence`), the
-registrations (:mod:`agent.registration`), the heartbeats (:mod:`agent.heartbeat`) and the
-leave at a clean stop (:mod:`agent.leave`); this module adds the read-only views, Assign and
-Cancel (:mod:`agent.acceptance`) and :meth:`Agent.run`. How the pieces work together, and why
-no job runs in two places: docs/design.md, "The agent's loops".
+:class:`Agent` owns everything of one worker (no module-level state: several agents can live in
+one process). It is built in layers over :class:`agent.state.AgentState` (self_fence.py,
+registration.py, heartbeat.py, leave.py); this module adds the read-only views, Assign, Cancel
+and :meth:`Agent.run`. docs/design.md, "The agent's loops".
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from agent.messages import (
     AssignOrder,
     CancelDecision,
     CancelOrder,
-    JobOrder,
     Outcome,
     Refusal,
     RefusalReason,
@@ -36,20 +32,13 @@ class Agent(Leaving):
     """One worker's agent. Serve its :meth:`assign`/:meth:`cancel` and run :meth:`run`.
 
     Args:
-        settings: this worker's settings (capacity, timing, work folder).
-        control_plane: how to reach the control plane (:class:`agent.control_plane.GrpcControlPlane`
-            in production, a scripted stand-in in tests).
         start_limiter: the process's start slots (shared by the agents of a fleet); None: a
-            limiter of its own with ``settings.max_concurrent_starts`` slots.
-        leave_turns: the process's turns for leave attempts (shared by the agents of a fleet,
-            :meth:`_leave`); None: a limiter of its own with ``settings.max_concurrent_leaves``.
+            limiter of its own.
+        leave_turns: the process's turns for leave attempts (shared by a fleet); None: its own.
         runner: what runs the jobs; None: :func:`agent.runtimes.run_job` forking reapers on
-            the calling (trio) thread, for tests. :func:`agent.main.run_agent` passes one
-            bound to the process's spawner thread.
+            the calling (trio) thread, for tests.
         run_as: who command jobs run as; None: this process's user, for tests.
-            :func:`agent.main.run_agent` passes ``settings.job_user`` resolved.
-        resources: how command jobs' limits are enforced (:mod:`agent.resources`); None: they
-            are not, for tests. :func:`agent.main.run_agent` passes the mode found at start.
+        resources: how command jobs' limits are enforced; None: they are not, for tests.
         rng: draws the pauses between registration attempts; None: a fresh one.
     """
 
@@ -63,23 +52,21 @@ class Agent(Leaving):
         """True from a self-fence until the next registration."""
         return self._fence.self_fenced
 
-    def active_jobs(self) -> list[tuple[int, int]]:
-        """``(job_id, assignment_id)`` of every job accepted here that has not ended yet
-        (waiting for a start slot, running, or being stopped): whose folders are in use."""
-        return [(order.job_id, order.assignment_id) for order in self._held_orders()]
-
-    def output_jobs(self) -> list[tuple[int, int]]:
-        """Those of :meth:`active_jobs` that write output files: every job but a sleep job
-        (which has no process), whose folder the output keeper need not look at."""
+    def active_jobs(self, *, writing: bool = False) -> list[tuple[int, int]]:
+        """``(job_id, assignment_id)`` of every job accepted here that has not ended yet (waiting
+        for a start slot, running, or being stopped): whose folders are in use. ``writing``: only
+        those that write output files (every job but a sleep job)."""
+        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
+        orders = [job.order for job in jobs if job is not None]
         return [
-            (order.job_id, order.assignment_id)
-            for order in self._held_orders()
-            if not isinstance(order.spec.runtime, SleepRuntime)
+            (o.job_id, o.assignment_id)
+            for o in orders
+            if not (writing and isinstance(o.spec.runtime, SleepRuntime))
         ]
 
-    def _held_orders(self) -> list[JobOrder]:
-        jobs = (self._jobs.get(aid) for aid in self._jobs.ids())
-        return [job.order for job in jobs if job is not None]
+    def output_jobs(self) -> list[tuple[int, int]]:
+        """Those of :meth:`active_jobs` that write output files."""
+        return self.active_jobs(writing=True)
 
     def jobs_added(self) -> trio.Event:
         """An event set when the agent next holds a new job (:meth:`RunningJobs.added`)."""
@@ -126,10 +113,8 @@ class Agent(Leaving):
 
         Synchronous on purpose: the decision and its effect (the reservation, the job's task)
         happen with no checkpoint in between, so concurrent requests cannot both accept one
-        assignment or both take the last free capacity. Starting is not: each accepted job's
-        task waits for a start slot (command jobs), writes the ``start`` line and starts the
-        job after this has returned. A passed fence deadline fences the agent first, so
-        nothing is accepted after it.
+        assignment or both take the last free capacity. A passed fence deadline fences the
+        agent first, so nothing is accepted after it.
         """
         self._fence_if_due()
         if self._restart_hold_s is not None:
@@ -155,8 +140,7 @@ class Agent(Leaving):
                 )
         if decision.to_start:
             self._jobs.start(order, decision.to_start)
-            # One line per Assign request, its ids listed (runtime/log.py); each job's own lines
-            # (started, ended) follow with its keys.
+            # One line per Assign request, its ids listed (runtime/log.py).
             self._logger.info(
                 "assignments accepted",
                 epoch=order.epoch,
@@ -176,12 +160,9 @@ class Agent(Leaving):
         return decision
 
     async def cancel(self, order: CancelOrder) -> CancelDecision:
-        """Apply the cancel rules; stop the running ones and return once they have ended.
-
-        The answer says what happened to each id (:meth:`agent.acceptance.Admission.cancel`):
-        a job that ended on its own, before the cancel or while it was being stopped, is
-        finished, not acknowledged.
-        """
+        """Apply the cancel rules; stop the running ones and return once they have ended. A job
+        that ended on its own, before the cancel or while it was being stopped, is finished, not
+        acknowledged."""
         self._fence_if_due()
         decision = self._admission.cancel(order)
         if decision.to_stop:
@@ -205,11 +186,9 @@ class Agent(Leaving):
     ) -> None:
         """Register as ``address``, heartbeat and run jobs until cancelled.
 
-        Signals ``task_status.started(self)`` at once (before the first registration, which
-        waits for a control plane). On cancellation stops every job (shielded), writing a
-        ``stop`` line with reason ``shutdown`` for each, then, once all have ended, leaves:
-        tells a control plane that this incarnation stopped cleanly (:meth:`_leave`, at most
-        ``leave_timeout_s``), and returns by re-raising.
+        Signals ``task_status.started(self)`` at once (before the first registration). On
+        cancellation stops every job (shielded), each with a ``stop`` line of reason
+        ``shutdown``, then leaves (:meth:`_leave`, at most ``leave_timeout_s``) and re-raises.
 
         Raises:
             OSError: the work folder or the log file cannot be created.
@@ -252,21 +231,11 @@ class Agent(Leaving):
                 os.close(lock)
 
     async def prepare_restart(self, hold_s: float, *, timeout_s: float | None = None) -> bool:
-        """Prepare a planned restart: this process will exit leaving its jobs running, for an
-        agent started again on the same work folder to take over (:mod:`agent.adoption`).
-
-        Stops accepting work, then has the next heartbeat ask for a restart hold of ``hold_s``
-        (the control planes then count no silence of this worker and place nothing on it for
-        that long, from the heartbeat's commit). Once a heartbeat the database acknowledged
-        recorded it, the fence deadline moves to that heartbeat's send time plus ``hold_s`` plus
-        the fence span (the kill deadline as far), every sleep job's record is brought up to
-        date, and no heartbeat is sent any more. Waits at most ``timeout_s`` (None: the fence
-        span) for it. Safety: docs/design.md, "Restarts".
-
-        Returns:
-            True once the hold is recorded; False when it was not within ``timeout_s`` (the
-            jobs then pause at the fence deadline as for a killed agent).
-        """
+        """Prepare a planned restart: this process will exit leaving its jobs running for the
+        next agent on the same work folder. Stops accepting work, then has the next heartbeat
+        ask for a restart hold of ``hold_s``; once recorded, the fence deadline moves on by it
+        and no heartbeat is sent any more. Waits at most ``timeout_s`` (None: the fence span);
+        returns whether the hold was recorded. docs/design.md, "Restarts"."""
         self._admission.fenced = True  # nothing new from here on: it would not be reported
         self._admission.restarting = True  # refused as "restarting", not as "fenced"
         self._jobs.keep_records = True  # a job ending now is settled by the next agent

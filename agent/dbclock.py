@@ -4,7 +4,7 @@ Every registration and heartbeat reply carries the database's ``now()``; with tr
 such :class:`Reading` brackets the database's clock at any other instant, and
 :class:`DatabaseClock` keeps the one that brackets the present most tightly (Cristian's
 algorithm: F. Cristian, "Probabilistic clock synchronization", Distributed Computing 3(3),
-1989). Why, and how the job log uses it: docs/design.md, "Times: one clock".
+1989). docs/design.md, "Times: one clock".
 """
 
 from __future__ import annotations
@@ -23,13 +23,8 @@ is within about 100 ppm). A reading's bracket widens by this much of the time si
 
 @attrs.frozen(kw_only=True)
 class Reading:
-    """The database's clock read once, at some instant between two times of trio's clock.
-
-    Args:
-        database_unix_s: what it read, Unix seconds.
-        sent_at: trio time the request was sent.
-        received_at: trio time the reply arrived (not before ``sent_at``).
-    """
+    """The database's clock read once (Unix seconds), at some instant between the trio times
+    ``sent_at`` and ``received_at`` of a request and its reply."""
 
     database_unix_s: float
     sent_at: float
@@ -71,9 +66,9 @@ class DatabaseClock:
         when it brackets the present at least as tightly as the reading kept. Returns whether
         it was kept. No checkpoint."""
         if (
-            database_unix_s is None
+            not database_unix_s
             or not math.isfinite(database_unix_s)
-            or database_unix_s <= 0
+            or database_unix_s < 0
             or received_at < sent_at
         ):
             if self.reading is None:

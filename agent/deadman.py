@@ -1,12 +1,9 @@
 """The deadman switch of a job's supervisor process, and the files it shares with the agent.
 
 A command job's reaper (:mod:`agent.reaper`) and a container job's supervisor
-(:mod:`agent.container_supervisor`) keep one protocol with the agent: the fence-deadline file
-(:func:`write_fence_deadline`, :func:`read_fence_deadline`), the start pipe
-(:data:`STARTED_BYTE`), :data:`FENCED_AT_FILE` and the report (:func:`read_report`). Both run
-one deadline loop, :meth:`Deadman.supervise`: pause at the pause deadline, kill at the kill
-deadline, resume when the agent moves them on, a graceful stop on SIGTERM, a kill on SIGUSR1.
-docs/design.md, "The reaper: a job's deadman switch", says why.
+(:mod:`agent.container_supervisor`) keep one protocol with the agent (the fence-deadline file, the
+start pipe, :data:`FENCED_AT_FILE` and the report) and run one deadline loop,
+:meth:`Deadman.supervise`: docs/design.md, "The reaper: a job's deadman switch".
 
 Imports only the standard library: every reaper process imports it on its way to its job.
 """
@@ -49,11 +46,7 @@ def write_fence_deadline(
 ) -> None:
     """Atomically replace the fence-deadline file: jobs pause at ``pause_at_s`` and are killed
     at ``kill_at_s`` (both ``time.monotonic()`` seconds; None or not later than ``pause_at_s``:
-    killed at ``pause_at_s``, with no pause).
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    killed at ``pause_at_s``, with no pause). Raises OSError when it cannot be written."""
     path = os.fspath(path)
     tmp = f"{path}.tmp"
     kill_at_s = pause_at_s if kill_at_s is None else max(kill_at_s, pause_at_s)
@@ -127,6 +120,12 @@ def write_report(**values: object) -> None:
     write_file(REPORT_FILE, "\n".join(lines) + "\n")
 
 
+def cannot_start(error: str) -> int:
+    """Report a job that could not be started, saying why; returns the exit status."""
+    write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
+    return EXIT_CANNOT_START
+
+
 def refuse_fenced() -> int:
     """Report a job not started because the fence deadline had passed; returns the exit
     status (that of a SIGKILL)."""
@@ -158,9 +157,7 @@ def load_libc() -> object:
 
 def exit_with(main: Callable[[list[str]], int]) -> None:
     """Run ``main`` on ``sys.argv``, then exit at once with its status: ``os._exit`` skips the
-    interpreter's shutdown (~2 ms): the report is written and closed, nothing else needs
-    finalizing (a container supervisor's daemon threads may still hold a connection to an
-    engine that does not answer)."""
+    interpreter's shutdown (~2 ms, and a container supervisor's daemon threads)."""
     code = main(sys.argv)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -169,11 +166,8 @@ def exit_with(main: Callable[[list[str]], int]) -> None:
 
 class Deadman:
     """A job's supervisor's deadlines: the fence's (read from the agent's file), a graceful
-    stop's and the job's timeout, applied by one loop (:meth:`supervise`).
-
-    A subclass says how its job is killed, signalled, paused, resumed and reaped: :meth:`kill`,
-    :meth:`term`, :meth:`pause`, :meth:`unpause`, :meth:`job_exited` and :meth:`reap`.
-    """
+    stop's and the job's timeout, applied by one loop (:meth:`supervise`). A subclass says how
+    its job is killed, signalled, paused, resumed and reaped."""
 
     handled: tuple[int, ...] = (signal.SIGTERM, KILL_SIGNAL)
     """The signals :meth:`supervise` takes (blocked in the process, read with sigtimedwait)."""
@@ -259,10 +253,8 @@ class Deadman:
         return signal.SIGTERM in pending or KILL_SIGNAL in pending
 
     def stop_job(self, *, at_once: bool) -> None:
-        """Stop the job (SIGTERM, then a kill after the grace; or a kill ``at_once``, and
-        always at once while it is paused: a graceful stop would let it run again) unless it
-        has already ended: a stop that comes after the job ended on its own changes nothing,
-        and the job's end stays its own (``stopped`` is not set)."""
+        """Stop the job (SIGTERM, then a kill after the grace; or a kill ``at_once``, and always
+        at once while it is paused) unless it has already ended: then its end stays its own."""
         if self.job_exited():
             return
         self.stopped = True
@@ -273,10 +265,8 @@ class Deadman:
             self.kill_at = time.monotonic() + self.grace_s
 
     def resume(self) -> None:
-        """Let a paused job run again (the agent moved the deadline on, after a heartbeat the
-        database acknowledged). A stop the agent asked for before it moved the deadline is
-        still pending here (it signals before it writes): it wins, and the job never runs
-        again."""
+        """Let a paused job run again (the agent moved the deadline on). A stop the agent asked
+        for before it moved the deadline is still pending here: it wins."""
         if self.stop_pending():
             self.stop_job(at_once=True)
             return

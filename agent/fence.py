@@ -1,16 +1,10 @@
 """The agent's fence deadline: when it is, how it moves, and how the reapers learn it.
 
-The rules are in docs/design.md, "The agent's loops" (invariant 7 in DESIGN.md): the deadline
-is the send time of the newest acknowledged heartbeat (or registration) plus the self-fence
-span in force, and it is published to ``<work_dir>/fence_deadline`` for the reapers
-(:mod:`agent.reaper`) before the agent's own copy moves. :class:`FenceClock` holds that state
-for one agent; what fencing does to the jobs is :mod:`agent.self_fence`'s.
-
-All timing uses trio's clock; the conversions at the edge (:func:`monotonic_of` for the
-deadline file and the job records, :func:`trio_time_of` for what other processes wrote) are
-exact outside tests, since trio's system clock is ``CLOCK_MONOTONIC``, which runs on while the
-process is stopped. The wall clock is not read: the job log's times are the database's
-(:mod:`agent.dbclock`).
+The deadline is the send time of the newest acknowledged heartbeat (or registration) plus the
+self-fence span in force, published to ``<work_dir>/fence_deadline`` for the reapers before the
+agent's own copy moves (docs/design.md, "The agent's loops"). :class:`FenceClock` holds that
+state for one agent. All timing uses trio's clock; :func:`monotonic_of` and :func:`trio_time_of`
+convert at the edge, exactly outside tests (trio's system clock is ``CLOCK_MONOTONIC``).
 """
 
 from __future__ import annotations
@@ -49,18 +43,14 @@ def fence_after_s(
 ) -> float:
     """The self-fence deadline to use, in seconds.
 
-    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere.
-    The agent fences ``self_fence_after_s`` after the send time of its last acknowledged
-    heartbeat and then takes up to ``stop_grace_s`` to stop a job (SIGTERM, then SIGKILL); the
-    control planes declare it dead ``dead_after_s`` after the last heartbeat they recorded,
-    which was sent no earlier. So ``self_fence_after_s + stop_grace_s + self_fence_margin_s``
-    must not exceed ``dead_after_s``; when it would, the deadline is lowered to fit (never
-    below ``min_self_fence_s``). Unknown ``dead_after_s`` (an older control plane) keeps the setting.
+    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere, so
+    ``self_fence_after_s + stop_grace_s + self_fence_margin_s`` must not exceed
+    ``dead_after_s``; when it would, the deadline is lowered to fit (never below
+    ``min_self_fence_s``). Unknown ``dead_after_s`` keeps the setting.
 
-    A heartbeat interval ``interval_s`` the cluster told, longer than the agent's own
-    ``heartbeat_interval_s``, stretches ``self_fence_after_s`` in proportion (as many missed
-    heartbeats are tolerated as at the agent's own interval), within the same limit
-    (docs/design.md, "Heartbeat interval").
+    A told heartbeat interval ``interval_s`` longer than the agent's own stretches
+    ``self_fence_after_s`` in proportion, within the same limit (docs/design.md, "Heartbeat
+    interval").
     """
     wanted = settings.self_fence_after_s
     if interval_s is not None and interval_s > settings.heartbeat_interval_s:
@@ -77,9 +67,6 @@ def told_refusal(settings: AgentSettings, interval_s: float, dead_after_s: float
     must be a number within ``heartbeat_interval_min_s`` .. ``heartbeat_interval_max_s``, and
     the self-fence span it gives with that dead_after (:func:`fence_after_s`) longer than the
     interval, so that a heartbeat can be answered before the worker fences.
-
-    A told dead_after is never refused (only one that is not a number > 0 is ignored): the
-    self-fence must fit below the dead_after the cluster judges the worker by.
     """
     if not (math.isfinite(interval_s) and interval_s > 0):
         return f"heartbeat interval must be > 0 s, got {interval_s:g}"
@@ -111,41 +98,31 @@ the same assignment start meanwhile and are confirmed by the same heartbeat."""
 
 
 def patient_deadline_s(span_s: float, failures: int, cap_s: float) -> float:
-    """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` (the
-    self-fence span less the call margin), doubled for each of the ``failures`` calls in a row
-    that no control plane answered, at most ``cap_s`` (``register_timeout_s``), never less than
-    ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5). Why a paused worker waits so:
-    docs/design.md, "The agent's calls under load".
+    """How long a paused worker's heartbeat waits for an answer, in seconds: ``span_s`` doubled
+    for each of the ``failures`` calls in a row that no control plane answered, at most
+    ``cap_s``, never less than ``span_s``: TCP's retransmission backoff (RFC 6298, 5.5).
     """
     return max(span_s, min(cap_s, span_s * 2.0 ** min(failures, 32)))
 
 
 def early_heartbeat_allowed(now: float, last_early_at: float, interval_s: float) -> bool:
-    """Whether a job placed before (moved off a dead worker, stopped or retried:
-    ``Assignment.placed_before``) that started at ``now`` may pull the worker's next heartbeat
-    forward (so the control plane learns it runs, and a moved job counts as running elsewhere,
-    within milliseconds rather than up to an interval later): at most once every
-    :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last early one
-    (``last_early_at``), so that early heartbeats add at most a quarter to the heartbeat rate
-    the cluster chose; the regular heartbeats count from the early one. All in seconds, on one
-    clock."""
+    """Whether a job placed before that started at ``now`` may pull the worker's next heartbeat
+    forward: at most once every :data:`EARLY_HEARTBEAT_EVERY_INTERVALS` intervals since the last
+    early one (``last_early_at``). All in seconds, on one clock."""
     return now - last_early_at >= EARLY_HEARTBEAT_EVERY_INTERVALS * interval_s
 
 
 @attrs.define(eq=False, kw_only=True)
 class FenceClock:
-    """One agent's fence state: live or not, the deadline, and its publication.
-
-    Args:
-        settings: the agent's settings (self-fence span, call margins).
-        path: the fence-deadline file the reapers read.
-        logger: the agent's logger (a failed publication is logged there).
-    """
+    """One agent's fence state: live or not, the deadline, and its publication to the
+    fence-deadline file ``path`` (a failed publication is logged to ``logger``)."""
 
     settings: AgentSettings
     path: Path
     logger: Any
-    fence_after_s: float = attrs.field()
+    fence_after_s: float = attrs.field(
+        default=attrs.Factory(lambda self: self.settings.self_fence_after_s, takes_self=True)
+    )
     """The self-fence span in force: the setting, or less when the control planes'
     dead_after leaves too small a margin (see :func:`fence_after_s`)."""
     last_acked_send_time: float | None = None
@@ -168,10 +145,6 @@ class FenceClock:
     changed: trio.Event = attrs.field(factory=trio.Event)
     """Set (and replaced by a fresh one) whenever the jobs pause, resume or are fenced: what
     the agent's own timers (sleep jobs) wait on."""
-
-    @fence_after_s.default
-    def _setting(self) -> float:
-        return self.settings.self_fence_after_s
 
     def deadline(self) -> float | None:
         """The fence deadline in trio time; None before the first registration."""
@@ -212,17 +185,15 @@ class FenceClock:
         return (self.paused or self.live.is_set()) and kill_at is not None and trio.current_time() >= kill_at
 
     def paused_since(self) -> float | None:
-        """The trio time the jobs count as paused from: while paused, :attr:`fenced_at`;
-        while live with the fence deadline passed (the agent has not noticed yet: it was
-        frozen), that deadline; otherwise None."""
+        """The trio time the jobs count as paused from: while paused, :attr:`fenced_at`; while
+        live with the fence deadline passed (not noticed yet), that deadline; otherwise None."""
         if self.paused or self.self_fenced:
             return self.fenced_at
         return self._missed_deadline()
 
     def paused_s_between(self, start: float, end: float) -> float:
-        """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, one
-        that lasts counted up to now, and, while live with the fence deadline passed (not
-        noticed yet), the time since that deadline."""
+        """Seconds of pause between trio times ``start`` and ``end``: the recorded pauses, and the
+        time since a passed fence deadline not noticed yet."""
         now = trio.current_time()
         total = 0.0
         spans: list[tuple[float, float]] = [
@@ -262,11 +233,9 @@ class FenceClock:
     def call_deadline_s(self, failures: int = 0) -> float:
         """How long the next heartbeat or registration may wait for an answer, in seconds.
 
-        While live: until ``call_deadline_margin_s`` before the fence deadline (a slow
-        answer still keeps the jobs; a later one could not). Otherwise (registering, paused,
-        fenced) the self-fence span minus the margin, which bounds the deadline a registration
-        sets, stretched by :func:`patient_deadline_s` after ``failures`` calls in a row that no
-        control plane answered. Never less than ``heartbeat_timeout_s``.
+        While live: until ``call_deadline_margin_s`` before the fence deadline. Otherwise the
+        self-fence span minus the margin, stretched by :func:`patient_deadline_s` after
+        ``failures`` unanswered calls in a row. Never less than ``heartbeat_timeout_s``.
         """
         deadline = self.deadline()
         if self.live.is_set() and deadline is not None:
@@ -280,17 +249,9 @@ class FenceClock:
         return max(self.settings.heartbeat_timeout_s, left_s)
 
     def register_deadline_s(self) -> float:
-        """How long a new registration (not the continuation of an incarnation that kept its
-        jobs) may wait for an answer, in seconds.
-
-        A new incarnation holds no job (the agent stopped them all first), so an answer after
-        the fence deadline it sets (its send time plus the fence span) only pauses nothing until
-        the first heartbeat is answered. It may wait until ``call_deadline_margin_s`` before the
-        kill deadline such an answer sets (past that the agent would self-fence at once, and
-        register again), at most ``register_timeout_s``, never less than
-        :meth:`call_deadline_s`. With no outage grace (``db_outage_grace_s`` up to the fence
-        span) that is :meth:`call_deadline_s`.
-        """
+        """How long a new registration may wait for an answer, in seconds: a new incarnation
+        holds no job, so until ``call_deadline_margin_s`` before the kill deadline such an answer
+        sets, at most ``register_timeout_s``, never less than :meth:`call_deadline_s`."""
         left_s = self.outage_grace_s() - self.settings.call_deadline_margin_s
         return max(self.call_deadline_s(), min(self.settings.register_timeout_s, left_s))
 
@@ -298,12 +259,9 @@ class FenceClock:
         """Write ``deadline`` (trio time) for the reapers, atomically, as ``time.monotonic()`` s,
         with the kill deadline that goes with it (``db_outage_grace_s - fence_after_s`` later).
 
-        Called *before* the agent's own deadline moves, with no checkpoint until it does: an
-        agent frozen in between holds a deadline no later than the reapers' (the file's), and
-        both agree but for the few instructions after the rename.
-
-        A failed write is logged, not raised: the reapers keep the previous deadline and kill
-        their jobs at it, which fences the worker (fail safe, never unsafe).
+        Called *before* the agent's own deadline moves, with no checkpoint until it does, so an
+        agent frozen in between holds a deadline no later than the reapers'. A failed write is
+        logged, not raised: the reapers keep the previous deadline (fail safe).
         """
         try:
             grace_s = self.outage_grace_s() - self.fence_after_s

@@ -1,10 +1,8 @@
 """Fleet mode: many workers' agents in one process (``stockade fleet``).
 
-One ``trio.run`` and one :func:`agent.main.run_agent` task per worker, the workers read from a
-spec file (:func:`load_fleet_spec`, :func:`fleet_settings`), their control-plane calls over one
-shared client (:func:`shared_client`), one-for-all on failure (:class:`WorkerFailed`): the spec
-format, the shared connections and the fleet certificate are in docs/design.md, "Fleets: many
-workers in one process".
+One :func:`agent.main.run_agent` task per worker of a spec file (:func:`load_fleet_spec`), their
+calls over one shared client (:func:`shared_client`), one-for-all on failure
+(:class:`WorkerFailed`): docs/design.md, "Fleets: many workers in one process".
 """
 
 from __future__ import annotations
@@ -29,37 +27,16 @@ from runtime.routes import home_index
 from runtime.settings.agent import AgentSettings
 from runtime.tls import TlsFiles
 
-__all__ = [
-    "FleetSpecError",
-    "FleetWorker",
-    "WorkerFailed",
-    "fleet_settings",
-    "load_fleet_spec",
-    "main",
-    "parse_fleet_spec",
-    "run_fleet",
-    "shared_client",
-]
-
 REGISTRATION_STEP_S = 0.08
-"""A fleet starts (and so registers) one worker this often at most, in seconds: 125 workers over
-10 s (docs/design.md, "The agent's calls under load")."""
+"""A fleet starts (and so registers) one worker this often at most, in seconds."""
 
 _REQUIRED = ("id", "port", "cpu_millis", "memory_mb", "work_dir")
 _OPTIONAL = ("advertise_address", "control_planes")
 
 
 class FleetSpecError(InvalidArgument):
-    """A fleet spec that cannot be used; the message names the file, the entry, the field,
-    the value and the rule.
-
-    Args:
-        source: where the spec came from (its path).
-        entry: what is wrong where, e.g. ``"entry 2 (id 'w-3')"``; empty for the whole spec.
-        field: the offending key, e.g. ``"port"``.
-        value: the value found.
-        rule: the rule it broke, e.g. ``"must be an integer in 0..65535"``.
-    """
+    """A fleet spec that cannot be used; the message names the file (``source``), the entry (e.g.
+    ``"entry 2 (id 'w-3')"``; empty for the whole spec), the field, the value and the rule."""
 
     def __init__(self, source: str, entry: str, field: str, value: object, rule: str) -> None:
         super().__init__(field, value, rule)
@@ -70,12 +47,8 @@ class FleetSpecError(InvalidArgument):
 
 
 class WorkerFailed(PermanentError):
-    """One worker of a fleet failed for good; the fleet stops.
-
-    Args:
-        worker_id: the worker whose agent failed.
-        error: what it failed with (an exception group is flattened into its leaves).
-    """
+    """One worker of a fleet failed for good with ``error`` (a group is flattened into its
+    leaves); the fleet stops."""
 
     def __init__(self, worker_id: str, error: BaseException) -> None:
         causes = "; ".join(_describe(e) for e in _leaves(error))
@@ -127,10 +100,8 @@ def parse_fleet_spec(
     """Check a decoded spec (the JSON list) and return its workers, in order.
 
     Args:
-        data: the decoded JSON.
         source: how to name the spec in errors (its path).
-        base_dir: the folder relative ``work_dir`` values are taken from (default: the
-            current directory).
+        base_dir: the folder relative ``work_dir`` values are taken from (default: the cwd).
 
     Raises:
         FleetSpecError: not a non-empty list of objects; a key missing, unknown or of the
@@ -149,52 +120,42 @@ def parse_fleet_spec(
             raise FleetSpecError(source, entry, "worker", item, "must be a JSON object")
         if isinstance(item.get("id"), str) and item["id"]:
             entry = f"entry {index} (id {item['id']!r})"
+        bad = partial(FleetSpecError, source, entry)
+        parsed = partial(_parsed, source=source, entry=entry)
         for key in _REQUIRED:
             if key not in item:
-                raise FleetSpecError(source, entry, key, None, "is required")
+                raise bad(key, None, "is required")
         unknown = sorted(set(item) - set(_REQUIRED) - set(_OPTIONAL))
         if unknown:
             known = ", ".join((*_REQUIRED, *_OPTIONAL))
-            raise FleetSpecError(source, entry, unknown[0], item[unknown[0]], f"is not a known key ({known})")
+            raise bad(unknown[0], item[unknown[0]], f"is not a known key ({known})")
 
         worker_id = item["id"]
-        _parsed(identifiers.check_id, worker_id, source, entry, "id")
+        parsed(identifiers.check_id, worker_id, "id")
         if worker_id in seen_ids:
-            raise FleetSpecError(
-                source, entry, "id", worker_id, f"is already used by entry {seen_ids[worker_id]}"
-            )
+            raise bad("id", worker_id, f"is already used by entry {seen_ids[worker_id]}")
         port = item["port"]
         if not _is_int(port) or not 0 <= port <= 65535:
-            raise FleetSpecError(
-                source, entry, "port", port, "must be an integer in 0..65535 (0: a free one)"
-            )
+            raise bad("port", port, "must be an integer in 0..65535 (0: a free one)")
         if port and port in seen_ports:
-            raise FleetSpecError(source, entry, "port", port, f"is already used by {seen_ports[port]}")
+            raise bad("port", port, f"is already used by {seen_ports[port]}")
         for key in ("cpu_millis", "memory_mb"):
             if not _is_int(item[key]) or item[key] <= 0:
-                raise FleetSpecError(source, entry, key, item[key], "must be an integer > 0")
+                raise bad(key, item[key], "must be an integer > 0")
         work_dir = item["work_dir"]
         if not isinstance(work_dir, str) or not work_dir:
-            raise FleetSpecError(source, entry, "work_dir", work_dir, "must be a non-empty path")
+            raise bad("work_dir", work_dir, "must be a non-empty path")
         resolved = str((base / work_dir).absolute())
         if resolved in seen_dirs:
-            raise FleetSpecError(
-                source,
-                entry,
-                "work_dir",
-                work_dir,
-                f"is already used by {seen_dirs[resolved]} (one log per worker)",
-            )
+            raise bad("work_dir", work_dir, f"is already used by {seen_dirs[resolved]} (one log per worker)")
         advertise = item.get("advertise_address", "")
         if advertise != "":
-            _parsed(identifiers.parse_address, advertise, source, entry, "advertise_address")
+            parsed(identifiers.parse_address, advertise, "advertise_address")
         control_planes = item.get("control_planes", [])
         if not isinstance(control_planes, list):
-            raise FleetSpecError(
-                source, entry, "control_planes", control_planes, "must be a list of host:port strings"
-            )
+            raise bad("control_planes", control_planes, "must be a list of host:port strings")
         for place, address in enumerate(control_planes):
-            _parsed(identifiers.parse_address, address, source, entry, f"control_planes[{place}]")
+            parsed(identifiers.parse_address, address, f"control_planes[{place}]")
 
         seen_ids[worker_id] = index
         if port:
@@ -214,13 +175,8 @@ def parse_fleet_spec(
     return workers
 
 
-def _parsed(parser: Callable[..., object], value: Any, source: str, entry: str, field: str) -> None:
-    """``parser(value, field=field)`` (a :mod:`runtime.identifiers` parser), its refusal told
-    as a :class:`FleetSpecError` of ``entry`` of the spec from ``source``.
-
-    Raises:
-        FleetSpecError: ``parser`` refused ``value``.
-    """
+def _parsed(parser: Callable[..., object], value: Any, field: str, *, source: str, entry: str) -> None:
+    """``parser(value, field=field)``; its refusal raised as a :class:`FleetSpecError`."""
     try:
         parser(value, field=field)
     except InvalidArgument as exc:
@@ -228,11 +184,8 @@ def _parsed(parser: Callable[..., object], value: Any, source: str, entry: str, 
 
 
 def load_fleet_spec(path: Path) -> list[FleetWorker]:
-    """Read and check the spec file at ``path`` (see :func:`parse_fleet_spec`).
-
-    Raises:
-        FleetSpecError: the file cannot be read, is not JSON, or breaks a rule.
-    """
+    """Read and check the spec file at ``path``; FleetSpecError when it cannot be read, is not
+    JSON, or breaks a rule (:func:`parse_fleet_spec`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -257,13 +210,10 @@ def fleet_settings(
     """One :class:`AgentSettings` per worker.
 
     Args:
-        workers: the spec's workers.
         control_planes: the fleet's control-plane addresses (a worker's own list wins).
-        listen_host: the address every worker listens on.
         cert_dir: the folder of ``ca.crt`` and each worker's ``<id>.crt`` and ``<id>.key``
-            (mutual TLS, :class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
-        options: further :class:`AgentSettings` fields shared by all, e.g.
-            ``heartbeat_interval_s=1.0``.
+            (:class:`runtime.tls.TlsFiles`); None: plaintext (``--insecure``).
+        options: further :class:`AgentSettings` fields shared by all.
 
     Raises:
         InvalidArgument: a worker has no control-plane address, or an option is out of range.
@@ -295,25 +245,16 @@ def fleet_settings(
 def shared_client(
     workers: Sequence[AgentSettings], *, control_planes: Sequence[str], tls: TlsFiles | None
 ) -> ControlPlaneClient:
-    """The one control-plane client a fleet's workers share (docs/design.md, "Fleets: many
-    workers in one process").
+    """The one control-plane client a fleet's workers share, its per-call deadline the shortest
+    ``heartbeat_timeout_s`` of ``workers``.
 
-    Args:
-        workers: the fleet's workers; the client's per-call deadline is the shortest
-            ``heartbeat_timeout_s`` among them (each worker's calls are hedged and bounded by
-            its own settings all the same).
-        control_planes: the fleet's control-plane addresses; a worker with other addresses
-            (not merely another order) keeps a client of its own (:func:`run_fleet`).
-        tls: the fleet certificate's files (a client certificate naming every worker it
-            hosts); None: plaintext (``--insecure``).
+    ``tls``: the fleet certificate's files (naming every worker it hosts); None: plaintext.
 
     Raises:
         InvalidArgument: ``control_planes`` is empty or malformed.
     """
     return ControlPlaneClient(
-        control_planes,
-        timeout_s=min((w.heartbeat_timeout_s for w in workers), default=2.0),
-        tls=tls,
+        control_planes, timeout_s=min((w.heartbeat_timeout_s for w in workers), default=2.0), tls=tls
     )
 
 
@@ -326,11 +267,9 @@ async def _host(
     *,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one worker's agent with its id bound to every log line of its tasks, calling the
-    control planes through ``client`` when it is given and reaches the worker's control
-    planes, in any order (else through a client of its own)."""
-    # Each trio task runs in a copy of its parent's context: this binding reaches this
-    # agent's tasks (and the tasks they start) and no other worker's.
+    """Run one worker's agent with its id bound to every log line of its tasks (each trio task
+    runs in a copy of its parent's context), calling through ``client`` when it reaches the
+    worker's control planes, in any order (else through a client of its own)."""
     log.bind(worker_id=settings.worker_id)
     control_plane = None
     own = list(settings.control_planes)
@@ -362,27 +301,11 @@ async def run_fleet(
 ) -> None:
     """Run every worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Starts the agents one after the other, in the order of ``workers`` (each binds its port
-    before the next starts), their starts spread evenly over ``spread_s``, then signals
-    ``task_status.started(agents)`` (why spread: docs/design.md, "The agent's calls under
-    load"). On cancellation every agent stops its jobs (shielded) and logs each stop with
-    reason ``shutdown``, as a lone agent does.
-
-    The workers share the process's start slots (the smallest ``max_concurrent_starts`` of
-    their settings; :func:`fleet_settings` gives them all the same), its turns for leave
-    attempts at a clean stop (the smallest ``max_concurrent_leaves``: every worker leaves,
-    a few at a time, retrying what no control plane answered; :meth:`agent.leave.Leaving._leave`)
-    and its one spawner thread, which ends only after every agent has stopped its jobs (see
-    :mod:`agent.starts`).
-
-    Args:
-        workers: one settings object per worker.
-        spread_s: seconds over which the starts are spread; None: the longest
-            ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
-            whichever is longer; 0: all at once.
-        client: the client the workers share (:func:`shared_client`; the caller closes it):
-            every worker whose ``control_planes`` are its addresses, in any order, calls
-            through it; None: each worker makes its own.
+    Starts the agents in the order of ``workers``, spread evenly over ``spread_s`` seconds (None:
+    the longest ``heartbeat_interval_s`` of the workers or :data:`REGISTRATION_STEP_S` per worker,
+    whichever is longer; 0: all at once), then signals ``task_status.started(agents)``. The
+    workers share the process's start slots, leave turns and spawner thread, and ``client``
+    (the caller closes it; None: each worker makes its own).
 
     Raises:
         WorkerFailed: (inside an ExceptionGroup) a worker's agent failed; the others were
@@ -407,23 +330,18 @@ async def run_fleet(
             task_status.started(agents)
 
 
-async def _serve_fleet(
-    workers: Sequence[AgentSettings], client: ControlPlaneClient | None, agents: list[Agent]
-) -> None:
-    try:
-        async with trio.open_nursery() as nursery:
-            agents.extend(await nursery.start(partial(run_fleet, workers, client=client)))
-    finally:
-        if client is not None:
-            client.close()  # every worker has left (or given up): nothing calls it any more
-
-
 async def _run_until_signal(workers: Sequence[AgentSettings], client: ControlPlaneClient | None) -> None:
+    async def serve(agents: list[Agent]) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                agents.extend(await nursery.start(partial(run_fleet, workers, client=client)))
+        finally:
+            if client is not None:
+                client.close()  # every worker has left (or given up): nothing calls it any more
+
     logger = log.get("fleet")
     await serve_until_signal(
-        partial(_serve_fleet, workers, client),
-        logger=logger,
-        message="stopping: signal received, stopping every worker's jobs",
+        serve, logger=logger, message="stopping: signal received, stopping every worker's jobs"
     )
     logger.info("fleet stopped")
 
@@ -439,19 +357,14 @@ def main(
     """Run the fleet as this process's one job until SIGTERM or SIGINT, then return.
 
     On the signal every running job of every worker is stopped (and logged) before this
-    returns, so the caller exits with status 0. On SIGHUP the process exits for a planned
-    restart of every worker, leaving their jobs running (:func:`agent.main.restart_on_signal`).
-    Must run in the main thread.
+    returns; on SIGHUP the process exits for a planned restart. Must run in the main thread.
 
     Args:
-        workers: one settings object per worker (:func:`fleet_settings`).
         fleet_id: this process's id, bound to every log line (``fleet_id``).
-        control_planes: the fleet's control-plane addresses: the workers that use these
-            share one client (:func:`shared_client`); empty: each worker has its own.
-        fleet_tls: the fleet certificate's files (mutual TLS); None with workers that use
-            TLS: no shared client, each worker calls with its own certificate.
-        options: how the process runs (:class:`agent.main.ProcessOptions`); its metrics are
-            served on the workers' listen host.
+        control_planes: the fleet's control-plane addresses: the workers that use these share
+            one client (:func:`shared_client`); empty: each worker has its own.
+        fleet_tls: the fleet certificate's files; None with workers that use TLS: no shared
+            client, each worker calls with its own certificate.
 
     Raises:
         WorkerFailed: a worker's agent failed (the first one, unwrapped from trio's

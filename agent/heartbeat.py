@@ -1,8 +1,6 @@
-"""The agent's heartbeats: :class:`Heartbeating`.
-
-Every ``heartbeat_interval_s`` (or sooner, once, when a moved job starts) one heartbeat reports
-what runs and every outcome not acknowledged, and its reply is obeyed: stop ids, register
-again, resume paused jobs, a restart hold recorded (docs/design.md, "The agent's loops").
+"""The agent's heartbeats (:class:`Heartbeating`): every ``heartbeat_interval_s`` (or sooner,
+once, when a moved job starts) one reports what runs and every outcome not acknowledged, and its
+reply is obeyed (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ class Heartbeating(Registering):
             # A new incarnation: whatever was taken over and not kept is stopped first.
             await self._register(StopReason.RESTART)
         # Counted from the registration's send time, as after a heartbeat: a slow answer is
-        # followed at once, not an interval later, while the deadline runs from the send.
+        # followed at once (not by a burst), while the deadline runs from the send.
         assert self._fence.last_acked_send_time is not None
-        # A heartbeat that took longer than the interval is followed at once, not by a burst.
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         failures = 0
         began = self._jobs.began()
@@ -36,8 +33,7 @@ class Heartbeating(Registering):
             beats.interval_s = self.heartbeat_interval_s  # as the cluster tells it
             await self._until_heartbeat(beats, began)
             if self._restart_granted.is_set():
-                # The hold is recorded and the deadline moved on by it: no heartbeat may move
-                # it back before the process exits (prepare_restart).
+                # The hold is recorded: no heartbeat may move the deadline back before the exit.
                 await trio.sleep_forever()
             # Taken before the heartbeat lists what runs: a moved job that starts from here on
             # is in the next one, which it may pull forward.
@@ -72,10 +68,8 @@ class Heartbeating(Registering):
             restart_hold_ms=0 if self._restart_hold_s is None else round(self._restart_hold_s * 1000),
             waited_ms=round(self._heartbeat_waited_s * 1000),
         )
-        # Said by the next heartbeat only when it was sent while live and answered: a call given
-        # up on, or one sent while paused through an outage, measures the outage (up to
-        # register_timeout_s), not how long the replicas take now (docs/design.md, "Heartbeat
-        # interval").
+        # Said by the next heartbeat only when it was sent while live and answered: one sent
+        # while paused through an outage measures the outage, not how long the replicas take now.
         live_at_send = self._fence.live.is_set()
         self._heartbeat_waited_s = 0.0
         try:
@@ -107,8 +101,7 @@ class Heartbeating(Registering):
         if self._fence.paused:
             await self._on_answer_while_paused(report, answer, sent_at)
             return
-        # Before the deadline moves: the span told with this answer counts from its send time
-        # (the cluster judges the worker by it from this heartbeat's record on).
+        # Before the deadline moves: the span told with this answer counts from its send time.
         self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         self._fence.acknowledged(sent_at)
         self._admission.observe_epoch(answer.epoch)
@@ -134,11 +127,9 @@ class Heartbeating(Registering):
     async def _on_answer_while_paused(
         self, report: HeartbeatReport, answer: HeartbeatAnswer, sent_at: float
     ) -> None:
-        """Obey a heartbeat reply while the jobs are paused (the argument is in DESIGN.md,
-        "Outages"): register again if asked (every job is killed first); else kill the jobs
-        whose assignments the reply lists as ended and wait until they are gone; then resume
-        the others if the heartbeat's own deadline has not passed, else stay paused (the next
-        heartbeat tries again)."""
+        """Obey a heartbeat reply while the jobs are paused: register again if asked; else kill
+        the jobs whose assignments the reply lists as ended and wait until they are gone; then
+        resume the others if the heartbeat's own deadline has not passed, else stay paused."""
         self._admission.observe_epoch(answer.epoch)
         del self._unacked[: len(report.finished)]
         if answer.reregister:
@@ -146,11 +137,8 @@ class Heartbeating(Registering):
                 answer, "control plane asked to register again while paused", report.incarnation
             )
             return
-        # As on the live path: the span told with this answer counts from its send time (the
-        # cluster judges the worker by it from this heartbeat's record on), so the freshness
-        # below is judged by it. A paused worker still on the span it registered with would
-        # never resume while answers take longer than that (the first minutes of a large
-        # cluster), and would be killed at the grace with nothing to kill.
+        # As on the live path; the freshness below is judged by the span told. A paused worker
+        # still on the span it registered with would never resume while answers take longer.
         self._adopt_told(answer.heartbeat_interval_s, answer.dead_after_s)
         for aid in answer.stop_assignment_ids:
             self._admission.ended_by_control_plane(aid)
@@ -165,8 +153,7 @@ class Heartbeating(Registering):
             return  # killed meanwhile (the kill deadline passed)
         if trio.current_time() >= sent_at + self._fence.fence_after_s:
             self._logger.info(
-                "heartbeat answered too late to resume on",
-                sent_s_ago=round(trio.current_time() - sent_at, 3),
+                "heartbeat answered too late to resume on", sent_s_ago=round(trio.current_time() - sent_at, 3)
             )
             return
         self._resume(sent_at)

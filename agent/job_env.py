@@ -1,9 +1,6 @@
-"""The variables the agent sets in every job's environment, named in this one place.
-
-A command job gets them with ``PATH`` and ``HOME`` (:mod:`agent.runtimes`), a container job
-with :data:`WORKER_ID` (:mod:`agent.container`); nothing else of the agent's environment. A
-job's own variables may not start with ``STOCKADE_`` (``runtime.jobs.RESERVED_ENV_PREFIX``), so
-none of these can be overridden.
+"""The variables the agent sets in every job's environment, named in this one place. A job's own
+variables may not start with ``STOCKADE_`` (``runtime.jobs.RESERVED_ENV_PREFIX``), so none of
+these can be overridden.
 """
 
 from __future__ import annotations

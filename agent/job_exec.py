@@ -1,9 +1,6 @@
 """A command job's process between the reaper's fork and the job's exec: its cgroups, rlimit, OOM
-score, session, working directory and user, then the exec (:func:`start_job`).
-
-Imports only the standard library (the reaper's start cost; docs/design.md, "The reaper: a job's
-deadman switch").
-"""
+score, session, working directory and user, then the exec (:func:`start_job`). Imports only the
+standard library (the reaper's start cost)."""
 
 from __future__ import annotations
 
@@ -45,10 +42,8 @@ _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435}
 
 def fork_into(cgroup_dir: str) -> int | None:
     """``os.fork()``, the child born in the cgroup v2 folder ``cgroup_dir``: ``clone3`` with
-    ``CLONE_INTO_CGROUP`` (Linux 5.7; ``clone3(2)``), wrapped as ``os.fork`` wraps ``fork``
-    (``PyOS_BeforeFork``, then ``PyOS_AfterFork_Child`` or ``_Parent``, the interpreter's lock
-    held throughout). Returns the child's id in the parent and 0 in the child, or None when the
-    kernel cannot (an older one, another machine, a folder that cannot be opened): the caller
+    ``CLONE_INTO_CGROUP`` (Linux 5.7), wrapped as ``os.fork`` wraps ``fork``. Returns the
+    child's id in the parent and 0 in the child, or None when the kernel cannot: the caller
     forks and the child joins the cgroup itself."""
     number = _SYS_CLONE3.get(os.uname().machine)
     if number is None:
@@ -78,12 +73,8 @@ def fork_into(cgroup_dir: str) -> int | None:
 
 def initial_environ() -> dict[bytes, bytes] | None:
     """The environment this process was started with, as the agent passed it, or None where
-    ``/proc`` cannot say (the job then gets :data:`os.environ`).
-
-    Not :data:`os.environ`: the interpreter adds ``LC_CTYPE=C.UTF-8`` to it when it starts
-    with no locale (PEP 538), which a clean environment has not; ``/proc/self/environ`` keeps
-    the environment as it was at the exec.
-    """
+    ``/proc`` cannot say (the job then gets :data:`os.environ`, to which the interpreter adds
+    ``LC_CTYPE=C.UTF-8`` when it starts with no locale: PEP 538)."""
     try:
         with open("/proc/self/environ", "rb") as file:
             raw = file.read()
@@ -125,22 +116,17 @@ def start_job(
     ``address_space`` (resource, soft, hard; None: none), with ``oom_score_adj`` (None:
     the reaper's).
 
-    The job's process joins its cgroups first of all, before it runs anything of its own
-    and while it still has the reaper's rights (the job user may not write there), and
-    sets the rlimit; a failure there keeps the job from starting (it never runs
-    unconfined). The reaper stays where it is, outside the job's cgroups. With
-    ``clone_into`` (cgroup v2) the process is born in that cgroup instead
-    (:func:`fork_into`), where the kernel can do it: a migration waits for an RCU grace
-    period (the kernel's cgroup_threadgroup_rwsem), some 13 ms on the development
-    machine, a birth there does not.
+    The job's process joins its cgroups first of all, while it still has the reaper's rights,
+    and sets the rlimit; a failure there keeps the job from starting (it never runs
+    unconfined). With ``clone_into`` (cgroup v2) the process is born in that cgroup instead
+    (:func:`fork_into`), where the kernel can: a migration waits for an RCU grace period (some
+    13 ms on the development machine), a birth there does not.
 
-    The privilege drop happens in the child, after ``chdir`` into the job's own folder (a
-    relative ``cwd``) and before the exec, in the order that cannot be undone halfway:
-    ``setgroups([])``, ``setgid``, ``setuid``; an absolute ``cwd`` (the job's ``workdir``)
-    is entered after it, with the job user's rights. The
-    parent-death signal is set after it (a change of credentials clears it). Any failure
-    there keeps the job from starting (it never runs as the reaper's user instead). The
-    job gets ``env`` (None: this process's environment). Returns the job's process id.
+    The privilege drop happens in the child, after ``chdir`` into a relative ``cwd`` and before
+    the exec: ``setgroups([])``, ``setgid``, ``setuid``; an absolute ``cwd`` (the job's
+    ``workdir``) is entered after it, with the job user's rights. The parent-death signal is set
+    after it (a change of credentials clears it). Any failure there keeps the job from
+    starting. The job gets ``env`` (None: this process's environment). Returns its process id.
 
     Raises:
         CannotConfine: a cgroup could not be joined, or the rlimit set.

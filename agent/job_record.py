@@ -1,7 +1,6 @@
 """A job's record (:class:`JobRecord`, in :data:`RECORD_FILE` of its folder): what the agent
 wrote when the job started, so that a restarted agent can prove the job's supervisor its own and
-take the job over (:mod:`agent.adoption`; docs/design.md, "Restarts on the worker: the record,
-the survey and the takeover").
+take the job over (:mod:`agent.adoption`).
 """
 
 from __future__ import annotations
@@ -56,11 +55,6 @@ class JobRecord:
     supervisor_start_ticks: int | None = None
     """The reaper's start time, ``/proc/<pid>/stat`` field 22 (clock ticks since boot)."""
 
-    @property
-    def reservation(self) -> tuple[int, int]:
-        """(cpu_millis, memory_mb) it holds."""
-        return self.cpu_millis, self.memory_mb
-
     def order(self) -> JobOrder:
         """The job as the agent's own structures hold it (its spec has what the record keeps)."""
         return JobOrder(
@@ -92,11 +86,8 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, text: str) -> JobRecord:
-        """A record from :meth:`to_json`'s output.
-
-        Raises:
-            ValueError: not a record of this version (a torn or foreign file).
-        """
+        """A record from :meth:`to_json`'s output; ValueError when it is not a record of this
+        version (a torn or foreign file)."""
         try:
             data = json.loads(text)
             if data.pop("version") != RECORD_VERSION:
@@ -122,11 +113,8 @@ class JobRecord:
 
 
 def write_record(job_dir: Path, record: JobRecord) -> None:
-    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically.
-
-    Raises:
-        OSError: it cannot be written.
-    """
+    """Write ``record`` to ``job_dir`` (created if missing), replacing the previous one atomically;
+    raises OSError when it cannot be written."""
     job_dir.mkdir(parents=True, exist_ok=True)
     tmp = job_dir / f"{RECORD_FILE}.tmp"
     tmp.write_text(record.to_json() + "\n", encoding="utf-8")

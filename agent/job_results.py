@@ -1,10 +1,5 @@
 """How a job's run ended: :class:`JobResult`, and how it is read from a job supervisor's report
-(:func:`command_result`, :func:`container_result`) and the kernel's OOM kills (:func:`oom_killed`).
-
-A run's times are trio's clock (``began_at``, ``ended_at``), never the wall clock: the control
-plane dates the run by the database's clock from what they measure (its length, and how long
-before a report it ended), and the job log by the database's clock as the agent knows it
-(:mod:`agent.dbclock`).
+and the kernel's OOM kills. A run's times are trio's clock, never the wall clock.
 """
 
 from __future__ import annotations
@@ -93,14 +88,8 @@ def oom_killed(result: JobResult, oom_kills: int, limits: JobLimits | None) -> J
     """``result`` as failed with :func:`agent.resources.oom_detail` when the kernel's OOM killer
     hit the job in its cgroup (``oom_kills`` > 0) and the job ended on its own (a stop, a
     fence or its timeout keeps its own end), whatever its exit code, as for a container."""
-    if (
-        not oom_kills
-        or limits is None
-        or result.stopped
-        or result.fenced
-        or not result.started
-        or result.detail.startswith("timeout:")
-    ):
+    ended_itself = not (result.stopped or result.fenced or result.detail.startswith("timeout:"))
+    if not oom_kills or limits is None or not result.started or not ended_itself:
         return result
     return attrs.evolve(result, state=JobState.FAILED, detail=oom_detail(limits.memory_mb, result.detail))
 
@@ -115,8 +104,7 @@ def _parse(report: dict[str, str], key: str, kind: Callable[[str], _T]) -> _T | 
 def report_time(report: dict[str, str], key: str) -> float | None:
     """A time of a supervisor's report (``ended_monotonic_s``, ``fenced_monotonic_s``:
     ``CLOCK_MONOTONIC`` seconds, shared by every process of the machine) in trio's clock; None
-    when the report has none (or only the wall-clock time a supervisor of an older agent wrote,
-    which is not read)."""
+    when the report has none."""
     value = _parse(report, key, float)
     return None if value is None or not math.isfinite(value) else trio_time_of(value)
 
@@ -130,11 +118,10 @@ def command_result(
     began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
-    """The result of a command job from its reaper's report (see :func:`agent.deadman.read_report`)
-    and its start pipe (``exec_reported``: the reaper said the job exec'd), begun at trio time
-    ``began_at``. ``stopped`` is whether the agent asked for a stop; the report's own
-    ``stopped`` (whether the stop reached the job before it ended) decides when there is one.
-    A time the report lacks is now. Called in trio (its times are trio's clock)."""
+    """The result of a command job from its reaper's report and its start pipe
+    (``exec_reported``: the reaper said the job exec'd), begun at trio time ``began_at``.
+    ``stopped`` is whether the agent asked for a stop; the report's own ``stopped`` decides
+    when there is one. A time the report lacks is now."""
     now = trio.current_time()
     if "error" in report:
         ended_at = max(began_at, report_time(report, "ended_monotonic_s") or now)
@@ -158,8 +145,7 @@ def command_result(
     else:
         if "stopped" in report:
             # The reaper knows whether the stop reached the job before it ended: a job that
-            # ended on its own keeps its own end (and its outcome), even if the agent asked for
-            # a stop meanwhile (it thawed past its fence deadline, a cancel crossed the end).
+            # ended on its own keeps its own end (and its outcome).
             stopped = report["stopped"] == "1"
         state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
         timed_out_after_s = _parse(report, "timed_out_after_s", float)
@@ -191,11 +177,9 @@ def container_result(
     began_at: float,
     paths: OutputPaths,
 ) -> JobResult:
-    """A container job's result from its supervisor's report: a command job's
-    (:func:`command_result`), with the report's ``reason`` first in the detail
-    and the job failed (when it was not stopped) whatever its exit code. A job its supervisor
-    paused or killed at the fence deadline stays fenced (a stop, not an outcome), the reason
-    added to its detail."""
+    """A container job's result from its supervisor's report: a command job's, with the report's
+    ``reason`` first in the detail and the job failed (when it was not stopped) whatever its
+    exit code. A job its supervisor paused or killed at the fence deadline stays fenced."""
     result = command_result(
         report, supervisor_code, stopped=stopped, exec_reported=exec_reported, began_at=began_at, paths=paths
     )

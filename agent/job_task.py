@@ -1,7 +1,5 @@
-"""One accepted job of the agent (:class:`Job`) and what its runner is given beyond the common
-arguments (:func:`runner_options`); the label of its stop metric (:func:`stop_metric_reason`).
-Used by :mod:`agent.running`.
-"""
+"""One accepted job of the agent (:class:`Job`), what its runner is given beyond the common
+arguments (:func:`runner_options`), and the label of its stop metric."""
 
 from __future__ import annotations
 
@@ -25,15 +23,13 @@ from runtime.os_users import RunAs
 from runtime.settings.agent import AgentSettings
 
 _FAILURE_REASON = re.compile(r"([a-z_]{1,40}):")
-"""A failure whose detail starts with a reason (``oom_killed: ...``, ``timeout: ...``), read as
-the control plane reads it into the assignment's ``end_reason`` (``record_outcomes`` in
-``schema.sql``)."""
+"""A failure whose detail starts with a reason (``oom_killed: ...``), read as the control plane
+reads it into ``end_reason`` (``record_outcomes`` in ``schema.sql``)."""
 
 
 def stop_metric_reason(reason: StopReason, detail: str) -> str:
     """The ``reason`` label of ``stockade_agent_job_stops`` for a job that stopped for
-    ``reason`` with ``detail``: the reason a failure's detail starts with (``oom_killed``,
-    ``timeout``, ``workdir_not_found``, ``image_not_found``, ...), else ``reason`` itself."""
+    ``reason`` with ``detail``: the reason a failure's detail starts with, else ``reason``."""
     if reason is StopReason.FAILED:
         named = _FAILURE_REASON.match(detail)
         if named is not None:
@@ -68,13 +64,11 @@ class Job:
     job_dir: Path | None = None
     """Its folder, where its record is (:mod:`agent.adoption`); None until it started."""
     record: JobRecord | None = None
-    """Its record as last written; None when it has none (not started, or it could not be
-    written: then a restarted agent does not keep it)."""
+    """Its record as last written; None when it has none (not started, or not written)."""
     adopted: bool = False
     """True for a job this agent took over from its previous process."""
     held: bool = False
-    """True while a sleep job taken over waits for its incarnation to be continued: its record
-    still holds the time it ran in the previous process's life, which this one does not know."""
+    """True while a sleep job taken over waits for its incarnation to be continued."""
 
     @classmethod
     def taken_over(cls, record: JobRecord, job_dir: Path) -> Job:
@@ -93,9 +87,7 @@ class Job:
 
     @property
     def log_keys(self) -> dict[str, int]:
-        """The keys every log line about this job carries (runtime/log.py): ``job_id``,
-        ``assignment_id``, ``epoch`` (of the Assign that started it), ``incarnation``; the
-        agent's logger adds ``worker_id``."""
+        """The keys every log line about this job carries (runtime/log.py)."""
         return {
             "job_id": self.order.job_id,
             "assignment_id": self.order.assignment_id,
@@ -112,43 +104,33 @@ def runner_options(
     resources: JobResources | None,
     on_spawned: Callable[[int], None],
 ) -> dict[str, Any]:
-    """The arguments of :data:`agent.runtimes.JobRunner` that only some jobs are given (by name):
-    a container job's names and limits, a timeout or working directory its spec asks for, a
-    command job's resources and limits, ``on_spawned`` (its reaper's pid goes into its record)
-    and OOM score."""
+    """The arguments of :data:`agent.runtimes.JobRunner` that only some jobs are given (by name,
+    so runners of other jobs, tests' stand-ins among them, need not know them): a container
+    job's names and limits, a timeout or working directory its spec asks for, a command job's
+    resources and limits, ``on_spawned`` (its reaper's pid goes into its record) and OOM score
+    (the OOM killer's first choice: :mod:`runtime.oom`)."""
     runtime = order.spec.runtime
-    # Only a container job is given its names and limits (runners of other jobs, tests'
-    # stand-ins among them, need not know the argument).
-    given: dict[str, Any] = (
-        {
-            "container": ContainerJob(
-                worker_id=settings.worker_id,
-                job_id=order.job_id,
-                assignment_id=order.assignment_id,
-                cpu_millis=order.spec.cpu_millis,
-                memory_mb=order.spec.memory_mb,
-                user="" if run_as is None else f"{run_as.uid}:{run_as.gid}",
-                owner=owner_of(settings.work_dir),
-                workdir=order.spec.workdir,
-                oom_score_adj=settings.job_oom_score_adj,
-            )
-        }
-        if isinstance(runtime, ContainerRuntime)
-        else {}
-    )
+    given: dict[str, Any] = {}
+    if isinstance(runtime, ContainerRuntime):
+        given["container"] = ContainerJob(
+            worker_id=settings.worker_id,
+            job_id=order.job_id,
+            assignment_id=order.assignment_id,
+            cpu_millis=order.spec.cpu_millis,
+            memory_mb=order.spec.memory_mb,
+            user="" if run_as is None else f"{run_as.uid}:{run_as.gid}",
+            owner=owner_of(settings.work_dir),
+            workdir=order.spec.workdir,
+            oom_score_adj=settings.job_oom_score_adj,
+        )
     run_options = RunOptions(timeout_s=order.spec.timeout_s, workdir=order.spec.workdir)
     if not run_options.default:
-        # Given only when the spec asks for a timeout or a working directory (runners of
-        # other jobs, tests' stand-ins among them, need not know the argument).
         given["run_options"] = run_options
-    if resources is not None and isinstance(runtime, CommandRuntime):
-        # Likewise only to a command job of an agent that enforces resources.
-        given["resources"] = resources
-        given["limits"] = JobLimits(cpu_millis=order.spec.cpu_millis, memory_mb=order.spec.memory_mb)
     if isinstance(runtime, CommandRuntime):
-        # Its reaper's pid and start time go into the record once it is forked.
+        if resources is not None:
+            given["resources"] = resources
+            given["limits"] = JobLimits(cpu_millis=order.spec.cpu_millis, memory_mb=order.spec.memory_mb)
         given["on_spawned"] = on_spawned
-        # The OOM killer's first choice, before the agent and its reapers (runtime.oom).
         given["oom_score_adj"] = settings.job_oom_score_adj
     return given
 

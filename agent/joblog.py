@@ -1,8 +1,6 @@
-"""The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``).
-
-:class:`JobLog` writes it, one flushed line per event (:class:`LogEvent`), dated by the
-database's clock (:mod:`agent.dbclock`); :func:`runtime.text.read_jsonl` reads it back for the checker. The
-keys of each line and when each is written: docs/design.md, "The job log: agent.jsonl".
+"""The worker's append-only JSON-lines log of what it started and stopped (``agent.jsonl``): one
+flushed line per event, dated by the database's clock (:mod:`agent.dbclock`). The keys of each
+line and when each is written: docs/design.md, "The job log: agent.jsonl".
 """
 
 from __future__ import annotations
@@ -43,14 +41,8 @@ class _Line:
 
 
 class JobLog:
-    """Writes ``agent.jsonl`` lines for one worker.
-
-    Args:
-        path: the log file; its folder is created on :meth:`open`.
-        worker_id: written on every line.
-        clock: the database's clock as the agent knows it, which dates the lines; None: a clock
-            of its own (its owner tells it what the control plane answers).
-    """
+    """Writes ``agent.jsonl`` lines for one worker to ``path``, dated by ``clock`` (the
+    database's clock as the agent knows it; None: a clock of its own)."""
 
     def __init__(self, path: Path, *, worker_id: str, clock: DatabaseClock | None = None) -> None:
         self.path = path
@@ -60,11 +52,8 @@ class JobLog:
         self._waiting: list[_Line] = []
 
     def open(self) -> None:
-        """Open for appending (creating the folder and the file as needed); idempotent.
-
-        Raises:
-            OSError: the folder or the file cannot be created.
-        """
+        """Open for appending (creating the folder and the file as needed); idempotent. Raises
+        OSError when the folder or the file cannot be created."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
@@ -91,18 +80,15 @@ class JobLog:
         left: bool = False,
         on_written: Callable[[float], None] | None = None,
     ) -> float | None:
-        """Append one line and flush it, dated by the database's clock (docs/design.md, "The job
-        log: agent.jsonl"); while that clock is not known yet, keep it until :meth:`flush` can
-        write it (and every line after it, so they stay in order).
+        """Append one line and flush it, dated by the database's clock; while that clock is not
+        known yet, keep it until :meth:`flush` can write it (and every line after it, in order).
 
         Args:
-            at: trio time of the event when it happened before now (a stop the agent learns of
-                late); None: now.
+            at: trio time of the event when it happened before now; None: now.
             not_before_s: the line's ``time`` is not earlier than this (a stop's start line).
-            started: on a stop line, whether the job really ran (docs/design.md, "The job log").
+            started: on a stop line, whether the job really ran.
             left: on a leave line, whether a control plane recorded the worker as left.
-            on_written: called with the line's ``time`` once it is written (at once, or from
-                :meth:`flush`).
+            on_written: called with the line's ``time`` once it is written.
 
         Returns:
             The line's ``time``; None when it waits for the clock.
@@ -141,12 +127,8 @@ class JobLog:
         return record["time"] if not self._waiting else None
 
     def flush(self) -> None:
-        """Write the lines that wait for the database's clock, in order, once it is known (the
-        agent calls it after every reply it learns the clock from). No checkpoint.
-
-        Raises:
-            OSError: a line could not be written (it and those after it still wait).
-        """
+        """Write the lines that wait for the database's clock, in order, once it is known. No
+        checkpoint. Raises OSError when a line could not be written (it and those after it wait)."""
         if self._file is None or not self.clock.known:
             return
         while self._waiting:

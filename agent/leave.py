@@ -1,8 +1,6 @@
-"""The agent's leave at a clean stop: :class:`Leaving`.
-
-Once every job has ended the agent tells a control plane that its incarnation left, retrying
-with backoff within ``leave_timeout_s`` and heartbeating meanwhile (docs/design.md, "The
-agent's calls under load").
+"""The agent's leave at a clean stop (:class:`Leaving`): once every job has ended the agent tells
+a control plane that its incarnation left, retrying within ``leave_timeout_s`` and heartbeating
+meanwhile.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ class Leaving(Heartbeating):
         """Say that this worker stopped cleanly, once every job has ended, retrying what no
         control plane answered within ``leave_timeout_s`` while heartbeating; write the
         ``leave`` line at ``stopping_since`` (trio time: when heartbeats stopped). Never raises a
-        StockadeError; never called while a job runs. Why so: docs/design.md, "The agent's
-        calls under load"."""
+        StockadeError; never called while a job runs."""
         incarnation = self._admission.incarnation
         if incarnation is None:
             return  # never registered: no row of this life to leave
@@ -60,7 +57,7 @@ class Leaving(Heartbeating):
             agent_run_id=self._run_id,
             finished=tuple(self._unacked),
         )
-        result = await self._send_leave(request)
+        result = await self._heartbeating(lambda: self._leave_attempts(request))
         answer = result.answer
         left = answer is not None and answer.left
         if answer is not None:
@@ -82,12 +79,6 @@ class Leaving(Heartbeating):
                 error=result.error if answer is None else answer.detail,
             )
 
-    async def _send_leave(self, request: Leave) -> _LeaveResult:
-        """Send ``request`` until a control plane answers it, for at most ``leave_timeout_s``
-        from the first attempt (see :meth:`_leave`), heartbeating meanwhile; never raises a
-        StockadeError."""
-        return await self._heartbeating(lambda: self._leave_attempts(request))
-
     async def _heartbeating(self, work: Callable[[], Awaitable[T]]) -> T:
         """``await work()`` (a step of a clean stop: stopping the jobs, leaving) while heartbeating
         every ``heartbeat_interval_s`` (:meth:`_heartbeat_while_stopping`); at once when this
@@ -102,11 +93,10 @@ class Leaving(Heartbeating):
         return result
 
     async def _heartbeat_while_stopping(self, incarnation: int) -> None:
-        """Heartbeat every ``heartbeat_interval_s`` until cancelled, reporting what still runs
-        (jobs being stopped) and no outcome (the leave carries them); the answers are not
-        obeyed (everything here is being stopped), but for the epoch and the database's clock
-        they name. Without it a worker whose jobs take a while to stop, or whose leave waits,
-        would be declared dead before its leave arrives."""
+        """Heartbeat every ``heartbeat_interval_s`` until cancelled, reporting what still runs and no
+        outcome (the leave carries them); the answers are not obeyed but for the epoch and the
+        database's clock. Without it a worker whose jobs take a while to stop, or whose leave
+        waits, would be declared dead before its leave arrives."""
         beats = Periodic(self.heartbeat_interval_s, last_at=self._fence.last_acked_send_time)
         while True:
             await beats.tick()
@@ -125,7 +115,8 @@ class Leaving(Heartbeating):
         return self.settings.heartbeat_timeout_s * (len(self.settings.control_planes) + 1)
 
     async def _leave_attempts(self, request: Leave) -> _LeaveResult:
-        """The attempts of :meth:`_send_leave`, retried with backoff (see :meth:`_leave`)."""
+        """Send ``request`` until a control plane answers it, for at most ``leave_timeout_s`` from
+        the first attempt, retried with backoff; never raises a StockadeError."""
         settings = self.settings
         attempt_s = self._stopping_call_s()
         result = _LeaveResult(error=f"no control plane answered within {settings.leave_timeout_s:g} s")

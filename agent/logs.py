@@ -1,10 +1,7 @@
 r"""Worker.ReadLogs: one assignment's stdout or stderr, read from its job folder and sent in chunks.
 
-:class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`\ s (the
-Worker service turns them into ``LogChunk`` messages, :mod:`agent.service`), from the start,
-an ``offset`` or the last ``tail_lines`` (:func:`tail_start`), skipping what the worker no
-longer keeps, following the job with ``follow``. Reads run on worker threads, at most
-:data:`READ_THREADS`. What a stream sends, and when: docs/design.md, "Reading a job's output".
+:class:`LogReader` serves a :class:`LogQuery` as an async iterator of :class:`Piece`\ s, reading
+on worker threads: docs/design.md, "Reading a job's output".
 """
 
 from __future__ import annotations
@@ -28,15 +25,10 @@ READ_THREADS = 4
 
 
 def check_stream(stream: str) -> str:
-    """The output stream a request names: ``"stdout"`` (also for ``""``) or ``"stderr"``.
-
-    Raises:
-        InvalidArgument: any other name.
-    """
-    if stream in ("", "stdout"):
-        return "stdout"
-    if stream == "stderr":
-        return "stderr"
+    """The output stream a request names: ``"stdout"`` (also for ``""``) or ``"stderr"``; any
+    other name raises InvalidArgument."""
+    if stream in ("", "stdout", "stderr"):
+        return stream or "stdout"
     raise InvalidArgument("stream", stream, "must be stdout or stderr")
 
 
@@ -77,16 +69,9 @@ def tail_start(
     ``[kept_from, size)`` holds fewer (or exactly that many, beginning at ``kept_from`` with no
     way to tell whether an earlier line was dropped: None too when ``kept_from`` is above 0).
 
-    Lines end at ``\\n``; a file's last line counts with or without one (``tail -n``). Reads
-    backwards ``block`` bytes at a time with ``read_at(offset, length)``, so it reads only as
-    much as the lines take.
-
-    Args:
-        read_at: the bytes of the file at ``offset``, ``length`` of them.
-        kept_from: where the kept part begins.
-        size: the file's length.
-        lines: how many lines (>= 0; 0: the end of the file).
-        block: bytes per read (> 0).
+    Lines end at ``\\n``; a file's last line counts with or without one (``tail -n``); 0 lines
+    is the end of the file. Reads backwards ``block`` bytes (> 0) at a time with
+    ``read_at(offset, length)``, so it reads only as much as the lines take.
     """
     if lines == 0:
         return size
@@ -159,15 +144,8 @@ class _Opened:
 
 @attrs.define
 class LogReader:
-    """Serves ReadLogs for one agent (docs/design.md, "Reading a job's output").
-
-    Args:
-        worker_id: this worker (named in errors).
-        jobs_dir: the agent's jobs folder.
-        settings: chunk size, intervals, how many readers at once.
-        files: the state shared with the keeper (:class:`agent.output.OutputFiles`).
-        job_done: the agent's :meth:`agent.core.Agent.job_done`.
-    """
+    """Serves ReadLogs for one agent, sharing ``files`` with the output keeper; ``job_done`` is
+    the agent's :meth:`agent.core.Agent.job_done`."""
 
     worker_id: str
     jobs_dir: Path

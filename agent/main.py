@@ -1,12 +1,9 @@
 """The agent's entry points: :func:`run_agent` (async, composable) and :func:`main` (a process).
 
-:func:`run_agent` serves the Worker gRPC service, registers, heartbeats and runs jobs until it
-is cancelled. It keeps all of its state in its own objects, so one process can host many
-agents (the fleet mode runs one ``run_agent`` per worker under one asyncio bridge); what
-belongs to the process, its start slots and its spawner thread (:mod:`agent.starts`), is
-passed in. :func:`main` also measures the process's event-loop lag
-(:class:`runtime.lag.LoopLag`, loop ``agent``) and its garbage-collection pauses
-(:class:`runtime.gcpause.GcPauses`), and serves its Prometheus metrics.
+:func:`run_agent` keeps all of its state in its own objects, so one process can host many agents
+(the fleet mode); what belongs to the process, its start slots and its spawner thread
+(:mod:`agent.starts`), is passed in. :func:`main` also measures the process's event-loop lag and
+garbage-collection pauses, and serves its Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -59,11 +56,8 @@ through a control plane (ControlPlane.ReadJobLogs), which checks their role and 
 
 
 def advertised_address(settings: AgentSettings, port: int) -> str:
-    """The host:port to register: ``advertise_address``, else the listen host and bound port.
-
-    A wildcard listen host (``0.0.0.0``, ``::``) cannot be called, so the machine's host
-    name stands in for it.
-    """
+    """The host:port to register: ``advertise_address``, else the listen host (the machine's
+    name for a wildcard one) and bound port."""
     if settings.advertise_address:
         return settings.advertise_address
     host = settings.listen_host
@@ -83,49 +77,30 @@ async def run_agent(
 ) -> None:
     """Run one worker's agent until cancelled; the asyncio bridge must already be open.
 
-    Binds the Worker service on ``settings.listen_host:listen_port`` (0: a free port), then
-    signals ``task_status.started(agent)`` (``agent.address`` is the registered host:port)
-    and registers with the control plane in the background (retrying while none answers).
-    On cancellation it stops every running job (shielded; SIGTERM, then SIGKILL after
-    ``stop_grace_s``), logs each stop with reason ``shutdown``, and closes its connections.
+    Binds the Worker service (listen port 0: a free one), then signals
+    ``task_status.started(agent)`` and registers in the background. On cancellation it stops
+    every running job (shielded), logs each stop with reason ``shutdown``, and closes its
+    connections.
 
-    Args:
-        settings: the worker's settings.
-        control_plane: how to reach the control plane; by default a
-            :class:`GrpcControlPlane` over ``settings.control_planes`` whose calls are
-            hedged after ``heartbeat_timeout_s`` and go first to the worker's home replica
-            (:func:`runtime.routes.home_index` of its id).
-        start_limiter: the process's start slots; None: one of its own
-            (``settings.max_concurrent_starts``).
-        leave_turns: the process's turns for leave attempts at a clean stop; None: its own
-            (``settings.max_concurrent_leaves``).
-        spawner: the process's spawner thread (running); None: one of its own, for as long
-            as this agent runs.
+    Command jobs run as ``settings.job_user`` when this process is root, else as this process's
+    user. Before anything else it labels the worker ``container=docker|none``
+    (:func:`agent.container.container_settings`) and ``resources=cgroup2|cgroup1|rlimit``
+    (:func:`agent.cgroups.resource_settings`), removing what an earlier life of it left.
 
-    Command jobs run as ``settings.job_user`` when this process is root (the user is created
-    on first use), else as this process's user (:func:`runtime.os_users.resolve_user`).
-    Before anything else it pings the Docker engine and removes the containers an earlier life
-    of this worker left (:func:`agent.container.container_settings`): the worker registers
-    with the label ``container=docker`` when the engine answered, else ``container=none``.
-    Then it chooses how command jobs' resources are enforced (``settings.job_resources``,
-    :func:`agent.cgroups.resource_settings`), removes the job cgroups an earlier life left, and
-    registers the label ``resources=cgroup2|cgroup1|rlimit``; the worker's cgroup folder is
-    removed when it stops.
+    ``control_plane``, ``start_limiter``, ``leave_turns`` and ``spawner`` (running): None, the
+    agent's own (a :class:`GrpcControlPlane` over ``settings.control_planes``).
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written.
         runtime.os_users.UserNotCreated: this process is root and the job user could not be
-            created (or is root itself); nothing was started.
-        agent.resources.ResourcesUnavailable: ``settings.job_resources`` names a mode this
-            machine cannot do; nothing was started.
+            created (or is root itself).
+        runtime.errors.ResourcesUnavailable: ``settings.job_resources`` names a mode this
+            machine cannot do.
     """
     run_as = resolve_unprivileged_user(settings.job_user)
-    # The label container=docker|none, and no container of an earlier life left running.
     logger = log.get("agent").bind(worker_id=settings.worker_id)
     settings = await container_settings(settings, logger)
-    # The label resources=cgroup2|cgroup1|rlimit, and no job cgroup of an earlier life left.
-    # The cgroups of jobs whose supervisors still run stay: this agent takes them over (or
-    # stops them itself) once it runs (agent.adoption).
+    # The cgroups of jobs whose supervisors still run stay: this agent takes them over.
     live = adoption.supervised_job_folders(str(Path(settings.work_dir) / FENCE_DEADLINE_FILE))
     settings, resources = await resource_settings(settings, logger, keep=live)
     client: ControlPlaneClient | None = None
@@ -139,8 +114,7 @@ async def run_agent(
         control_plane = GrpcControlPlane(client, hedge_after_s=settings.heartbeat_timeout_s)
     own_spawner = Spawner() if spawner is None else None
     try:
-        # The spawner thread outlives every job this agent starts: agent.run returns only
-        # once they all have ended (see agent.starts for why that matters).
+        # The spawner thread outlives every job this agent starts (agent.starts says why).
         with own_spawner or contextlib.nullcontext():
             agent = Agent(
                 settings,
@@ -175,25 +149,17 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
         **place,
     )
     async with trio.open_nursery() as nursery:
+        service = trio_service(
+            pb.WorkerBase,
+            WorkerService(agent, logs),
+            access=WORKER_ACCESS,
+            max_request_bytes=MAX_ASSIGN_BYTES,
+        )
+        tls = None if settings.tls is None else server_context(settings.tls)
         port = await nursery.start(
-            partial(
-                serve_grpc,
-                [
-                    trio_service(
-                        pb.WorkerBase,
-                        WorkerService(agent, logs),
-                        access=WORKER_ACCESS,
-                        max_request_bytes=MAX_ASSIGN_BYTES,
-                    )
-                ],
-                settings.listen_host,
-                settings.listen_port,
-                tls=None if settings.tls is None else server_context(settings.tls),
-            )
+            partial(serve_grpc, [service], settings.listen_host, settings.listen_port, tls=tls)
         )
         await nursery.start(agent.run, advertised_address(settings, port))
-        # Caps the running jobs' output and deletes old job folders (agent.output); it stops
-        # with the agent, whose jobs have all ended by then.
         nursery.start_soon(keeper.run)
         log.get("agent").info(
             "worker service listening",
@@ -206,18 +172,15 @@ async def _serve_agent(agent: Agent, settings: AgentSettings, *, task_status: tr
 
 RESTART_SIGNAL = signal.SIGHUP
 """The signal that asks an agent (or a fleet) process for a planned restart: it exits leaving its
-jobs running, for the process started next on the same work folders to take over
-(:func:`restart_on_signal`). SIGTERM and SIGINT keep their meaning: a clean stop."""
+jobs running (:func:`restart_on_signal`). SIGTERM and SIGINT keep their meaning: a clean stop."""
 
 
 async def serve_until_signal(
     work: Callable[[list[Agent]], Awaitable[object]], *, logger: Any, message: str
 ) -> None:
-    """Run ``work`` beside the process's loop-lag probe (loop ``agent``), under the asyncio
-    bridge, until SIGTERM or SIGINT (:func:`runtime.loops.run_until_signal`, which logs
-    ``message``); the agent and the fleet processes both run so. ``work`` gets a list it fills
-    with its agents as they start: a :data:`RESTART_SIGNAL` restarts those
-    (:func:`restart_on_signal`)."""
+    """Run ``work`` beside the process's loop-lag and GC-pause probes, under the asyncio bridge,
+    until SIGTERM or SIGINT (logging ``message``). ``work`` gets a list it fills with its agents
+    as they start: a :data:`RESTART_SIGNAL` restarts those (:func:`restart_on_signal`)."""
     agents: list[Agent] = []
 
     async def serve() -> None:
@@ -231,12 +194,11 @@ async def serve_until_signal(
 
 
 async def restart_on_signal(agents: Sequence[Agent], logger: Any) -> None:
-    """On :data:`RESTART_SIGNAL`: a planned restart of this process's ``agents``. Each stops
-    taking work and has a heartbeat record a restart hold of its ``restart_hold_s``
-    (:meth:`agent.core.Agent.prepare_restart`, at most the fence span each, all at once); then
-    the process exits at once (status 0), leaving every job running under its reaper, which
-    the next process on the same work folder takes over. One whose hold was not recorded in
-    time leaves its jobs as a killed agent does: they pause at the fence deadline."""
+    """On :data:`RESTART_SIGNAL`: a planned restart of this process's ``agents``. Each has a
+    heartbeat record a restart hold (:meth:`agent.core.Agent.prepare_restart`, all at once);
+    then the process exits at once (status 0), leaving every job running under its reaper for the
+    next process on the same work folder. One whose hold was not recorded in time leaves its jobs
+    as a killed agent does."""
     with trio.open_signal_receiver(RESTART_SIGNAL) as received:
         async for _ in received:
             logger.warning(
@@ -263,16 +225,13 @@ async def _prepare_restart(agent: Agent, held: dict[str, bool]) -> None:
     held[agent.worker_id] = await agent.prepare_restart(agent.settings.restart_hold_s)
 
 
-async def _serve_one(settings: AgentSettings, agents: list[Agent]) -> None:
-    async with trio.open_nursery() as nursery:
-        agents.append(await nursery.start(run_agent, settings))
-
-
 async def _run_until_signal(settings: AgentSettings) -> None:
+    async def serve(agents: list[Agent]) -> None:
+        async with trio.open_nursery() as nursery:
+            agents.append(await nursery.start(run_agent, settings))
+
     logger = log.get("agent")
-    await serve_until_signal(
-        partial(_serve_one, settings), logger=logger, message="stopping: signal received, stopping every job"
-    )
+    await serve_until_signal(serve, logger=logger, message="stopping: signal received, stopping every job")
     logger.info("agent stopped")
 
 
@@ -284,13 +243,11 @@ class ProcessOptions(TypedDict, total=False):
     log_level: str
     """The lowest level logged (``"DEBUG"``, ``"INFO"``, ...; default ``"INFO"``)."""
     metrics_port: int | None
-    """Serve the process's Prometheus metrics on its listen host's ``metrics_port`` (one
-    endpoint for every worker of a fleet); None (default): don't."""
+    """Serve the process's Prometheus metrics on this port of its listen host; None: don't."""
     nice: int
     """The CPU priority to ask for before any thread starts (:mod:`runtime.priority`)."""
     oom_score_adj: int
-    """The OOM score this process (and every reaper it forks) asks for, before anything is
-    forked (:mod:`runtime.oom`); the jobs get their worker's ``job_oom_score_adj``."""
+    """The OOM score this process (and every reaper it forks) asks for (:mod:`runtime.oom`)."""
 
 
 def start_process(options: ProcessOptions, *, logger: str, metrics_host: str, **bind: str) -> None:
@@ -307,14 +264,8 @@ def start_process(options: ProcessOptions, *, logger: str, metrics_host: str, **
 def main(settings: AgentSettings, **options: Unpack[ProcessOptions]) -> None:
     """Run the agent as this process's one job until SIGTERM or SIGINT, then return.
 
-    On the signal every running job is stopped (and logged) before this returns, so the
-    caller exits with status 0. On SIGHUP the process exits for a planned restart, leaving its
-    jobs running (:func:`restart_on_signal`). Must run in the main thread (it installs signal
-    handlers).
-
-    Args:
-        settings: the worker's settings.
-        options: how the process runs (:class:`ProcessOptions`).
+    On the signal every running job is stopped (and logged) before this returns; on SIGHUP the
+    process exits for a planned restart (:func:`restart_on_signal`). Must run in the main thread.
 
     Raises:
         OSError: the listen address cannot be bound, or the work folder cannot be written
@@ -322,6 +273,3 @@ def main(settings: AgentSettings, **options: Unpack[ProcessOptions]) -> None:
     """
     start_process(options, logger="agent", metrics_host=settings.listen_host, worker_id=settings.worker_id)
     trio.run(_run_until_signal, settings)
-
-
-__all__ = ["Agent", "main", "run_agent"]

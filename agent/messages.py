@@ -1,10 +1,8 @@
 """The agent's own typed messages: what the Worker service receives, what the agent reports.
 
-Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`);
-everything inside the agent, including the pure acceptance rules, speaks these frozen attrs
-classes. Units are in the field names (``cpu_millis``, ``memory_mb``, ``duration_ms``,
-``*_unix_s`` for Unix seconds of the database's clock, ``*_at`` for times of trio's clock). A
-job's spec is the one every layer speaks, :class:`runtime.jobs.JobSpec`.
+Protobuf types stop at the gRPC boundary (:mod:`agent.service`, :mod:`agent.control_plane`).
+Units are in the field names (``*_unix_s``: Unix seconds of the database's clock, ``*_at``: times
+of trio's clock).
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ class RefusalReason(StrEnum):
     FENCED = "fenced"
     """The worker is self-fenced, not registered yet, (re)registering or shutting down."""
     RESTARTING = "restarting"
-    """The agent process is exiting for a planned restart (SIGHUP): it takes nothing new, the
-    next process on its work folder will. Not a fence: its jobs keep running."""
+    """The agent process is exiting for a planned restart (SIGHUP); its jobs keep running."""
     WRONG_INCARNATION = "wrong_incarnation"
     """The request was meant for another life of this worker."""
     STALE_EPOCH = "stale_epoch"
@@ -49,9 +46,8 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
     NOT_STARTED = "not_started"
     """Accepted, never started, and ended by this worker on its own (its reaper found the fence
-    deadline passed and could not hold the start): reported so the control plane ends the
-    assignment and places the job again, since this incarnation lives on and nothing else
-    would end it (schema.sql, record_outcomes)."""
+    deadline passed): reported so the control plane ends the assignment and places the job
+    again (schema.sql, record_outcomes)."""
 
 
 class StopReason(StrEnum):
@@ -72,13 +68,7 @@ class StopReason(StrEnum):
     SHUTDOWN = "shutdown"
     """The agent was cancelled (SIGTERM, SIGINT, or its nursery ended)."""
     RESTART = "restart"
-    """A restarted agent found it running (its reaper outlived the previous agent process) and
-    did not keep it: it did not fit the worker's new capacity, its record did not prove it was
-    this worker's, or the control plane did not continue the incarnation it ran in
-    (:mod:`agent.adoption`)."""
-
-
-# ---------------------------------------------------------------------------- job orders
+    """A restarted agent found it running and did not keep it (:mod:`agent.adoption`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -95,14 +85,10 @@ class JobOrder:
     array_index: int | None = None
     """A task of an array: its index; None: not a task."""
     array_id: int | None = None
-    """A task of an array: the array's id; None: not a task (or a control plane that did not
-    send it)."""
+    """A task of an array: the array's id; None: not a task (or not sent)."""
     placed_before: bool = False
-    """The job was placed before (moved off a dead worker, stopped, or retried): its start
-    pulls the next heartbeat forward."""
-
-
-# ---------------------------------------------------------------------------- Worker service
+    """The job was placed before (moved, stopped or retried): its start pulls the next heartbeat
+    forward."""
 
 
 @attrs.frozen(kw_only=True)
@@ -162,9 +148,6 @@ class CancelDecision:
     acknowledged, since the cancel changed nothing; their outcome travels with heartbeats."""
 
 
-# ---------------------------------------------------------------------------- control plane
-
-
 @attrs.frozen(kw_only=True)
 class Registration:
     """A RegisterWorker request."""
@@ -184,18 +167,16 @@ class Registration:
     registration_seq: int = 0
     """The number of this registration in the run: 1, 2, ...; the same for every attempt."""
     resume_incarnation: int = 0
-    """A restarted agent's ask to continue this incarnation, whose jobs it took over (0: a new
-    incarnation)."""
+    """A restarted agent's ask to continue this incarnation (0: a new one)."""
     held_assignment_ids: tuple[int, ...] = ()
     """With ``resume_incarnation``: the assignments of it whose jobs this agent runs."""
 
 
 @attrs.frozen(kw_only=True)
 class Registered:
-    """A RegisterWorker reply: this life's incarnation, the current epoch, and the control
-    planes' dead_after in seconds (None when the control plane did not say); for a registration
-    that asked to continue an incarnation, whether it was continued, the held assignments to stop
-    and those the control plane released (ended: refuse them)."""
+    """A RegisterWorker reply: this life's incarnation, the current epoch, the dead_after (None:
+    not said); for a continuation, whether it was continued, the held assignments to stop and
+    those the control plane released (ended: refuse them)."""
 
     incarnation: int
     epoch: int
@@ -204,17 +185,15 @@ class Registered:
     stop_assignment_ids: tuple[int, ...] = ()
     released_assignment_ids: tuple[int, ...] = ()
     database_unix_s: float | None = None
-    """The database's clock as the registration was recorded (:mod:`agent.dbclock`); None: the
-    control plane did not say."""
+    """The database's clock as the registration was recorded; None: not said."""
     heartbeat_interval_s: float | None = None
-    """The heartbeat interval the cluster asks for, in seconds, as told (unchecked: the agent
-    refuses one outside its bounds); None: the control plane did not say."""
+    """The heartbeat interval the cluster asks for (seconds, unchecked); None: not said."""
 
 
 MAX_OUTCOME_DETAIL_BYTES = 4096
-"""Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a heartbeat or a
-registration carrying a longer one (``actors.validation.MAX_DETAIL_BYTES``; a test keeps them
-equal), and an agent that could not report an outcome would fence itself for good."""
+"""Most UTF-8 bytes of an outcome's ``detail``: the control plane refuses a longer one
+(``actors.validation.MAX_DETAIL_BYTES``; a test keeps them equal), and an agent that could not
+report an outcome would fence itself for good."""
 MAX_OUTCOME_MS = 100 * 365 * 24 * 3600 * 1000
 """Most milliseconds an outcome's ``run_ms`` and ``ended_ago_ms`` say on the wire (the agent caps
 them to it, so the control plane never refuses them: ``actors.validation.MAX_OUTCOME_MS``)."""
@@ -238,8 +217,7 @@ class Outcome:
     """Absolute path, empty for runtimes without output files."""
     stderr_path: str = ""
     detail: str = attrs.field(default="", converter=lambda d: fit_line(d, MAX_OUTCOME_DETAIL_BYTES))
-    """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES` (it may quote the job's
-    command, of up to 64 KiB)."""
+    """Why it ended as it did, cut to :data:`MAX_OUTCOME_DETAIL_BYTES`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -272,11 +250,9 @@ class HeartbeatAnswer:
     reregister: bool = False
     restart_hold_granted: bool = False
     newer: NewerRegistration | None = None
-    """With ``reregister``: the registration that holds the worker id now, if it is alive in a
-    newer incarnation."""
+    """With ``reregister``: the newer registration that holds the worker id now, if alive."""
     database_unix_s: float | None = None
-    """The database's clock as the heartbeat was recorded (:mod:`agent.dbclock`); None: the
-    control plane did not say."""
+    """The database's clock as the heartbeat was recorded; None: not said."""
     heartbeat_interval_s: float | None = None
     """The heartbeat interval the cluster asks for (seconds, unchecked); None: not said."""
     dead_after_s: float | None = None

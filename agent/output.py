@@ -1,12 +1,9 @@
 """A worker's jobs' output files: capped while the jobs write them, deleted a while after.
 
-:class:`OutputKeeper`, one task per agent, trims the running jobs' ``stdout.log`` and
-``stderr.log`` over ``max_output_mb`` by punching a hole at their head (:func:`punch_hole`, or
-truncating where the filesystem cannot: ``<name>.removed`` counts the loss), and deletes the
-folders of jobs that ended more than ``output_retention_s`` ago (:func:`expired`). The pure rules
-(:func:`trim_to`, :func:`next_check_interval_s`, :func:`expired`, :func:`parse_folder_name`) are
-apart from the file work. Why punching, and what it costs: docs/design.md, "Jobs' output: caps
-and retention".
+:class:`OutputKeeper`, one task per agent, trims the running jobs' output files over
+``max_output_mb`` by punching a hole at their head (or truncating where the filesystem cannot:
+``<name>.removed`` counts the loss), and deletes the folders of jobs that ended more than
+``output_retention_s`` ago. docs/design.md, "Jobs' output: caps and retention".
 """
 
 from __future__ import annotations
@@ -45,22 +42,13 @@ _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 know the flag)."""
 
 
-# ---------------------------------------------------------------------------- pure rules
-
-
 def trim_to(size_bytes: int, kept_from: int, cap_bytes: int, block_bytes: int) -> int | None:
     """Where the kept part of a file should begin after a trim, or None when it is within its cap.
 
-    The file holds ``size_bytes``, of which ``[kept_from, size_bytes)`` are kept. Past the cap,
-    the new start keeps at least :data:`KEEP_FRACTION` of the cap (the newest bytes), rounded
-    down to a multiple of ``block_bytes`` (holes are punched in whole blocks); so the kept
-    part is then between 7/8 of the cap and that plus one block.
-
-    Args:
-        size_bytes: the file's length.
-        kept_from: the offset its kept part begins at (what was dropped lies before).
-        cap_bytes: the most it may keep (> 0).
-        block_bytes: the filesystem's block size (> 0).
+    The file holds ``size_bytes``, of which ``[kept_from, size_bytes)`` are kept. Past
+    ``cap_bytes`` (> 0), the new start keeps at least :data:`KEEP_FRACTION` of the cap (the newest
+    bytes), rounded down to a multiple of ``block_bytes`` (> 0; holes are punched in whole
+    blocks); so the kept part is then between 7/8 of the cap and that plus one block.
     """
     if size_bytes - kept_from <= cap_bytes:
         return None
@@ -74,18 +62,11 @@ def next_check_interval_s(
 ) -> float:
     """The time until the next check of the output sizes, in seconds.
 
-    A file that grew ``grew_bytes`` over the last ``elapsed_s`` would, at that rate, pass its
-    cap by an eighth of it (the room a trim leaves) in ``cap / 8 / rate`` seconds: the next
-    check comes then, but at most twice the ``previous_s`` interval, so that quiet checks
-    lengthen it step by step (a job that starts writing after a quiet spell is caught within
-    about that spell), and always between ``min_check_interval_s`` and ``check_interval_s``.
-
-    Args:
-        grew_bytes: the most any watched file grew since the last check.
-        elapsed_s: the time since the last check, in seconds.
-        previous_s: the interval chosen last time, in seconds.
-        cap_bytes: the cap.
-        settings: the interval bounds.
+    A file that grew ``grew_bytes`` (the most any watched file grew) over the last ``elapsed_s``
+    seconds would, at that rate, pass ``cap_bytes`` by an eighth of it (the room a trim leaves)
+    in ``cap / 8 / rate`` seconds: the next check comes then, but at most twice the
+    ``previous_s`` interval, so that quiet checks lengthen it step by step, and always between
+    ``min_check_interval_s`` and ``check_interval_s``.
     """
     wanted = 2 * previous_s
     if grew_bytes > 0 and elapsed_s > 0:
@@ -97,13 +78,7 @@ def parse_folder_name(name: str) -> tuple[int, int] | None:
     """``(job_id, assignment_id)`` of a job folder's name ``<job_id>-<assignment_id>``; None for
     any other name."""
     job, sep, assignment = name.partition("-")
-    if (
-        not sep
-        or not job.isdigit()
-        or not assignment.isdigit()
-        or not job.isascii()
-        or not assignment.isascii()
-    ):
+    if not (sep and job.isdigit() and assignment.isdigit() and (job + assignment).isascii()):
         return None
     return int(job), int(assignment)
 
@@ -134,11 +109,7 @@ def expired(
         for f in folders
         if f.assignment_id not in active and f.last_change_unix_s + retention_s < now_unix_s
     ]
-    old.sort(key=lambda f: f.last_change_unix_s)
-    return old[:limit]
-
-
-# ---------------------------------------------------------------------------- files
+    return sorted(old, key=lambda f: f.last_change_unix_s)[:limit]
 
 
 def data_start(fd: int, offset: int) -> int:
@@ -159,12 +130,8 @@ _libc: Any = None
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:
     """Free ``[offset, offset + length)`` of the file (it reads as NUL bytes after), keeping its
-    length: ``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``. False when the
-    filesystem cannot punch holes.
-
-    Raises:
-        OSError: any other failure.
-    """
+    length (``fallocate`` with ``FALLOC_FL_PUNCH_HOLE``). False when the filesystem cannot
+    punch holes; any other failure raises OSError."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -180,9 +147,8 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
 
 class OutputFiles:
     """What the keeper and the readers of one agent share about its output files: a lock per
-    file, held around a trim and around each read (both on worker threads, never the event
-    loop), and, for the fallback without hole punching, how many bytes each file lost to
-    truncation (kept in ``<file>.removed`` too, for a later agent)."""
+    file, held around a trim and around each read (on worker threads), and how many bytes each
+    file lost to truncation (kept in ``<file>.removed`` too, for a later agent)."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
@@ -205,11 +171,8 @@ class OutputFiles:
         return self._removed[key]
 
     def add_removed(self, path: Path, count: int) -> None:
-        """Record that the file at ``path`` lost ``count`` more bytes to truncation (hold its lock).
-
-        Raises:
-            OSError: the record cannot be written.
-        """
+        """Record that the file at ``path`` lost ``count`` more bytes to truncation (hold its
+        lock); raises OSError when the record cannot be written."""
         total = self.removed_bytes(path) + count
         record = Path(str(path) + REMOVED_SUFFIX)
         scratch = record.with_name(record.name + ".tmp")
@@ -238,12 +201,9 @@ class Trim:
 
 
 def trim_file(path: Path, cap_bytes: int, files: OutputFiles) -> tuple[int, Trim | None]:
-    """Check one output file and trim it when its kept part is over ``cap_bytes`` (docs/design.md,
-    "Jobs' output: caps and retention"); returns its length (the bytes the job wrote to it, truncated ones
-    included) and the trim, if any. A missing file is 0 bytes. Runs on a worker thread.
-
-    Raises:
-        OSError: the file cannot be opened or changed.
+    """Check one output file and trim it when its kept part is over ``cap_bytes``; returns its
+    length (the bytes the job wrote to it, truncated ones included) and the trim, if any. A
+    missing file is 0 bytes. Runs on a worker thread; OSError when the file cannot be changed.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -299,26 +259,15 @@ def list_job_folders(jobs_dir: Path) -> list[JobFolder]:
     return found
 
 
-# ---------------------------------------------------------------------------- the keeper
-
-
 @attrs.define
 class OutputKeeper:
-    """Caps the running jobs' output files and deletes old job folders (docs/design.md, "Jobs' output").
+    """Caps the running jobs' output files and deletes old job folders under ``jobs_dir``.
 
     Args:
-        jobs_dir: the agent's jobs folder (``<work_dir>/jobs``).
-        settings: the caps, the retention and the intervals.
-        active: ``(job_id, assignment_id)`` of the jobs the agent holds now
-            (:meth:`agent.core.Agent.active_jobs`).
-        files: the state shared with the readers.
-        logger: the agent's logger.
-        worker_id: the metrics' label.
-        added: the event set when the agent next holds a new job
-            (:meth:`agent.core.Agent.jobs_added`).
-        writing: ``(job_id, assignment_id)`` of the jobs among ``active`` that write output
-            files (:meth:`agent.core.Agent.output_jobs`; a sleep job writes none), whose files
-            are capped; None: all of ``active``.
+        active: ``(job_id, assignment_id)`` of the jobs the agent holds now.
+        added: the event set when the agent next holds a new job.
+        writing: those of ``active`` that write output files (a sleep job writes none), whose
+            files are capped; None: all of ``active``.
     """
 
     jobs_dir: Path
@@ -346,7 +295,10 @@ class OutputKeeper:
         last = trio.current_time()
         added = self.added()
         while True:
-            await self._wait_for_check(last + interval_s, added)
+            # Until due, or until the agent holds a new job: a job that floods from its first
+            # instant is looked at at once, and idle workers cost no wake-ups.
+            with trio.move_on_at(last + interval_s):
+                await added.wait()
             # Taken before the check: a job added while it runs sets it, so it is not missed.
             added = self.added()
             grew, new_files = await self.check_once()
@@ -355,23 +307,14 @@ class OutputKeeper:
                 grew, now - last, interval_s, self.settings.max_output_bytes, self.settings
             )
             if new_files:
-                # A job that just started: how fast it writes is not known yet, so look again soon
-                # (a job that floods from its first instant must not get a whole interval).
+                # A job that just started: how fast it writes is not known yet, so look again soon.
                 interval_s = self.settings.min_check_interval_s
             last = now
 
-    async def _wait_for_check(self, due: float, added: trio.Event) -> None:
-        """Sleep until ``due``, or until the agent holds a new job (``added``, taken before the
-        last check, is set): a job that floods from its first instant is looked at at once, and
-        a fleet of a hundred idle workers costs no wake-ups."""
-        with trio.move_on_at(due):
-            await added.wait()
-
     async def check_once(self) -> tuple[int, bool]:
         """Check (and trim) the output files of the jobs the agent holds, and once more those of
-        jobs that ended since the last check (they may have passed the cap just before their
-        end); returns the most any of them grew since the last check, in bytes, and whether
-        a job's files were seen for the first time."""
+        jobs that ended since the last check; returns the most any of them grew since the last
+        check, in bytes, and whether a job's files were seen for the first time."""
         running = {
             job_dir_for(self.jobs_dir, job_id, aid) / name
             for job_id, aid in (self.writing or self.active)()
@@ -410,19 +353,16 @@ class OutputKeeper:
             return
         self._warned.add(trim.path)
         if trim.punched:
-            self.logger.info(
-                "output over its cap: dropping its oldest part",
-                path=str(trim.path),
-                max_output_mb=self.settings.max_output_mb,
-                dropped_bytes=trim.dropped_bytes,
-            )
+            say, event = self.logger.info, "output over its cap: dropping its oldest part"
         else:
-            self.logger.warning(
-                "output over its cap on a filesystem without hole punching: truncated it whole",
-                path=str(trim.path),
-                max_output_mb=self.settings.max_output_mb,
-                dropped_bytes=trim.dropped_bytes,
-            )
+            say = self.logger.warning
+            event = "output over its cap on a filesystem without hole punching: truncated it whole"
+        say(
+            event,
+            path=str(trim.path),
+            max_output_mb=self.settings.max_output_mb,
+            dropped_bytes=trim.dropped_bytes,
+        )
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -447,9 +387,7 @@ class OutputKeeper:
             return 0
         deleted = await trio.to_thread.run_sync(self._delete, doomed)
         self.logger.info(
-            "deleted old job folders",
-            folders=deleted,
-            output_retention_s=self.settings.output_retention_s,
+            "deleted old job folders", folders=deleted, output_retention_s=self.settings.output_retention_s
         )
         return deleted
 

@@ -1,9 +1,6 @@
 """The process tree of a job's reaper, read from ``/proc``: its children, its descendants, their
-states, and the signals that kill them.
-
-Imports only the standard library (the reaper's start cost; docs/design.md, "The reaper: a job's
-deadman switch").
-"""
+states, and the signals that kill them. Imports only the standard library (the reaper's start
+cost)."""
 
 from __future__ import annotations
 
@@ -27,10 +24,8 @@ def children() -> list[int]:
 
 def descendants() -> list[int]:
     """Every descendant of this process, parents before their children: the job's whole tree,
-    whatever process group or session its members moved to (this process is a subreaper, so
-    orphans stay in its tree). Read from ``/proc/<pid>/task/<tid>/children``, or by scanning
-    every process where the kernel lacks that file. A process that exits meanwhile is left out,
-    and one created meanwhile may be: callers repeat until the tree is stable."""
+    whatever process group or session its members moved to (this process is a subreaper). A
+    process created meanwhile may be left out: callers repeat until the tree is stable."""
     me = os.getpid()
     if os.path.exists(f"/proc/{me}/task/{me}/children"):
         children_of = _task_children

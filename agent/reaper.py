@@ -1,12 +1,9 @@
 """The per-job supervisor ("reaper") of a command job: a small process of its own that starts the
 job, outlives the agent, pauses and kills the job at the fence deadlines, forwards stops and
-reports the job's end.
+reports the job's end: :func:`reaper_argv` (its command line) and :func:`run` (its entry point).
 
-Main names: :func:`reaper_argv` (the agent's side: the reaper's command line) and :func:`run`
-(the reaper's entry point). Its deadline loop and the files it shares with the agent are
-:mod:`agent.deadman`'s, its process tree :mod:`agent.proctree`'s, the job's fork and exec
-:mod:`agent.job_exec`'s. It imports nothing but the standard library and those modules. Why it
-exists and what it promises: docs/design.md, "The reaper: a job's deadman switch".
+It imports nothing but the standard library and the agent modules it runs on (deadman.py,
+proctree.py, job_exec.py). docs/design.md, "The reaper: a job's deadman switch".
 """
 
 from __future__ import annotations
@@ -18,11 +15,11 @@ import time
 from agent import proctree
 from agent.deadman import (
     EXIT_AGENT_GONE,
-    EXIT_CANNOT_START,
     KILL_SIGNAL,
     POLL_S,
     PR_SET_PDEATHSIG,
     Deadman,
+    cannot_start,
     exit_with,
     load_libc,
     refuse_fenced,
@@ -72,38 +69,22 @@ def reaper_argv(
     Args:
         python: the interpreter (``sys.executable``).
         parent_pid: the agent's process id; a reaper whose parent is already another process
-            (the agent died while it started) exits without starting the job.
-        stop_grace_s: seconds between SIGTERM and SIGKILL of a graceful stop.
+            exits without starting the job.
         fence_deadline_path: the agent's fence-deadline file, or None for no deadman.
-        argv: the job's command.
-        job_nice: added to the job's nice value before it execs (0: unchanged).
         started_fd: the reaper's file descriptor of the write end of the start pipe (the
-            caller passes it on, e.g. ``pass_fds``), or None for none.
-        run_as_uid: the user the job runs as (the reaper drops to it, and to ``run_as_gid``
-            with no supplementary groups, just before the exec), or None: the reaper's.
-        run_as_gid: the job's group; given exactly when ``run_as_uid`` is.
-        job_cwd: the job's working directory: relative to the reaper's, the job's folder,
-            entered before the privilege drop; or absolute, a job's ``workdir``, entered after
-            it with the job user's rights, which must be a directory (else the job is not
-            started and the report's error says ``workdir_not_found``) the job's user may enter
-            (else ``workdir_denied``); empty: the reaper's.
-        timeout_s: the job's ``timeout_s``: once it has run this long (by the monotonic clock,
-            from its start), the reaper stops it as the agent's stop would (SIGTERM to its group, SIGKILL
-            after the grace) and reports ``timed_out=1``; None: no limit.
-        cgroup_procs: the ``cgroup.procs`` files of the job's cgroups (made by the agent,
-            :mod:`agent.cgroups`): the job's process writes itself into each between fork and
-            exec, before the privilege drop; one that cannot be joined keeps the job from
-            starting (the report's error says ``resources_error``). Empty: none.
-        address_space_bytes: the job's ``RLIMIT_AS`` (soft and hard, at most the reaper's
-            hard limit), set in the same place; None: unchanged.
-        clone_into: a cgroup v2 folder the job's process is to be born in (``clone3`` with
-            ``CLONE_INTO_CGROUP``, which spares the migration's cost), its ``cgroup.procs``
-            being the one of ``cgroup_procs``; where the kernel cannot, the process joins it
-            after the fork as above. None: fork, then join.
-        oom_score_adj: the job's ``/proc/self/oom_score_adj`` (-1000..1000), written by its
-            process between fork and exec, before the privilege drop (so a root reaper's job
-            cannot lower it again as the job user; :mod:`runtime.oom`); the reaper keeps the
-            agent's. None: the job inherits the reaper's.
+            caller passes it on), or None for none.
+        run_as_uid, run_as_gid: the user and group the job runs as (both or neither, no
+            supplementary groups); None: the reaper's.
+        job_cwd: the job's working directory: relative, in the job's folder, entered before the
+            privilege drop; or absolute, a job's ``workdir``, entered after it (else the report's
+            error says ``workdir_not_found`` or ``workdir_denied``); empty: the reaper's.
+        timeout_s: once the job has run this long (monotonic clock), the reaper stops it as the
+            agent's stop would and reports ``timed_out_after_s``; None: no limit.
+        cgroup_procs, address_space_bytes, clone_into: the job's confinement
+            (:class:`agent.resources.Confinement`); a failure keeps the job from starting
+            (``resources_error``).
+        oom_score_adj: the job's ``oom_score_adj`` (-1000..1000, :mod:`runtime.oom`); None: the
+            reaper's.
 
     Raises:
         ValueError: ``run_as_uid`` without ``run_as_gid`` (or the other way round), or a
@@ -144,21 +125,11 @@ def reaper_argv(
 def _parse_confine(field: str) -> tuple[tuple[str, ...], int | None, str | None, int | None]:
     """The cgroup.procs files, the address-space limit, the cgroup to be born in and the OOM
     score of a ``CONFINE`` field (:func:`reaper_argv`); a key it does not know is skipped."""
-    cgroups: list[str] = []
-    address_space: int | None = None
-    clone_into: str | None = None
-    oom_score_adj: int | None = None
-    for line in field.split("\n") if field else ():
-        key, _, value = line.partition("=")
-        if key == "cgroup":
-            cgroups.append(value)
-        elif key == "as":
-            address_space = int(value)
-        elif key == "clone_into":
-            clone_into = value
-        elif key == "oom_score_adj":
-            oom_score_adj = int(value)
-    return tuple(cgroups), address_space, clone_into, oom_score_adj
+    pairs = [line.partition("=")[::2] for line in field.split("\n")] if field else []
+    last = dict(pairs)
+    number = {key: int(last[key]) if key in last else None for key in ("as", "oom_score_adj")}
+    cgroups = tuple(value for key, value in pairs if key == "cgroup")
+    return cgroups, number["as"], last.get("clone_into"), number["oom_score_adj"]
 
 
 class _Reaper(Deadman):
@@ -189,11 +160,10 @@ class _Reaper(Deadman):
         return info is not None and info.si_pid == self.job_pid
 
     def pause(self) -> None:
-        """Hold the job: SIGSTOP to every process of its tree (:func:`agent.proctree.descendants`, whatever
-        group or session each is in), round after round until none of them runs (a process
-        may fork before its stop takes effect; a stopped one cannot), and record when, in
-        :data:`agent.deadman.FENCED_AT_FILE`: a job killed later, while still paused, did no work after
-        this. A process the job had stopped itself is left as it is, and not resumed later."""
+        """Hold the job: SIGSTOP to every process of its tree, whatever group or session each is
+        in, round after round until none of them runs (a process may fork before its stop takes
+        effect), and record when. A process the job had stopped itself is left as it is, and
+        not resumed later."""
         for _ in range(_PAUSE_ROUNDS):
             running = False
             for pid in proctree.descendants():
@@ -226,13 +196,11 @@ class _Reaper(Deadman):
         self.stopped_pids = []
 
     def hold_start(self) -> str:
-        """Before the job has started, wait while the pause deadline has passed (the agent's
-        jobs are paused, this one is held before its start), as :meth:`watch_fence` holds a
-        started one. Returns ``"start"`` once the agent moved the deadlines on and asked for no
-        stop (a stop it signalled before it moved them is still pending here and wins),
-        ``"fenced"`` at the kill deadline (also at once when the file could not be read: both
-        deadlines count as passed), ``"stopped"`` when a stop (SIGTERM) or a kill (SIGUSR1)
-        came first."""
+        """Before the job has started, wait while the pause deadline has passed, as
+        :meth:`watch_fence` holds a started one. Returns ``"start"`` once the agent moved the
+        deadlines on and asked for no stop (a pending stop wins), ``"fenced"`` at the kill
+        deadline (at once when the file could not be read), ``"stopped"`` when a stop (SIGTERM)
+        or a kill (SIGUSR1) came first."""
         while self.fence_due():
             if self.kill_due() or self.fence_kill_at is None:
                 return "fenced"
@@ -245,10 +213,8 @@ class _Reaper(Deadman):
         return "start"
 
     def reap(self) -> int | None:
-        """Reap exited children; once the job's main process has exited, sweep, then reap it.
-
-        Returns the main process's wait status once it has been reaped, else None.
-        """
+        """Reap exited children; once the job's main process has exited, sweep, then reap it and
+        return its wait status (else None)."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -276,12 +242,6 @@ class _Reaper(Deadman):
             signal.sigtimedwait((signal.SIGCHLD,), _SWEEP_WAIT_S)
 
 
-def _cannot_start(error: str) -> int:
-    """Report a job that could not be started, saying why; returns the exit status."""
-    write_report(error=error, ended_monotonic_s=repr(time.monotonic()))
-    return EXIT_CANNOT_START
-
-
 def main(args: list[str]) -> int:
     """Run the reaper (docs/design.md, "The reaper"); returns its exit status."""
     if len(args) < 13 or args[11] != "--" or bool(args[6]) != bool(args[7]):
@@ -307,8 +267,7 @@ def main(args: list[str]) -> int:
     if libc is not None:
         if not deadline_path:
             # No deadman (a tool's run_job, outside an agent): nothing could take the job over,
-            # nor stop it later, so it dies with its parent, as every job did before restarts
-            # kept them (the parent-death signal fires when the forking thread ends).
+            # nor stop it later, so it dies with its parent.
             libc.prctl(PR_SET_PDEATHSIG, KILL_SIGNAL, 0, 0, 0)  # type: ignore[attr-defined]
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != parent_pid:
@@ -324,7 +283,7 @@ def main(args: list[str]) -> int:
         write_report(stopped=1, ended_monotonic_s=repr(time.monotonic()))
         return 128 + signal.SIGTERM
     if os.path.isabs(job_cwd) and not os.path.isdir(job_cwd):
-        return _cannot_start(f"workdir_not_found: {job_cwd!r} is not a directory on this worker")
+        return cannot_start(f"workdir_not_found: {job_cwd!r} is not a directory on this worker")
     try:
         reaper.job_pid = start_job(
             argv,
@@ -341,17 +300,17 @@ def main(args: list[str]) -> int:
         if timeout_s is not None:
             reaper.timeout_at = time.monotonic() + timeout_s
     except CannotConfine as exc:
-        return _cannot_start(
+        return cannot_start(
             f"resources_error: cannot confine {argv[0]!r} to its limits: {exc.filename}: "
             f"[Errno {exc.errno}] {exc.strerror}"
         )
     except WorkdirDenied as exc:
-        return _cannot_start(
+        return cannot_start(
             f"workdir_denied: the job's user cannot enter {exc.filename!r} on this worker "
             f"([Errno {exc.errno}] {exc.strerror})"
         )
     except OSError as exc:
-        return _cannot_start(f"cannot start {argv[0]!r}: {exc}")
+        return cannot_start(f"cannot start {argv[0]!r}: {exc}")
     tell_started(started_fd)
     status = reaper.supervise()
     reaper.sweep()

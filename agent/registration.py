@@ -1,8 +1,6 @@
-"""The agent's registrations: :class:`Registering`.
-
-A new incarnation (every job stopped first), or the continuation of the incarnation whose jobs a
-restarted agent took over (:mod:`agent.adoption`); both through one loop that retries with a
-capped, jittered backoff while no control plane answers (docs/design.md, "The agent's loops").
+"""The agent's registrations (:class:`Registering`): a new incarnation (every job stopped first),
+or the continuation of the incarnation whose jobs a restarted agent took over; both through one
+loop that retries with a capped, jittered backoff while no control plane answers.
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ class Registering(SelfFencing):
     continues its incarnation."""
 
     async def _replaced_if_so(self, answer: HeartbeatAnswer) -> None:
-        """When another agent process registered this worker's id since this one did (a newer
-        incarnation alive under another agent run), two agents share the id: registering again
-        would only take it back, and each would end the other's jobs in turn. The later one
-        keeps the id; this one stops every job and ends.
+        """When another agent process registered this worker's id since this one did, two agents
+        share the id: registering again would only take it back, and each would end the other's
+        jobs in turn. The later one keeps the id; this one stops every job and ends.
 
         Raises:
             FailedPrecondition: always, naming the other agent's address and incarnation.
@@ -82,15 +79,13 @@ class Registering(SelfFencing):
         return the reply, its send time and the attempts made.
 
         Every attempt carries the outcomes no reply has acknowledged yet (``finished``), dropped
-        once it succeeded. After the ``failures``-th failed attempt it pauses, capped and with
-        full jitter (``register_retry_s``, ``register_retry_max_s``; docs/design.md, "The
-        agent's calls under load"). The first failure of a streak is logged as ``failed`` with
-        ``keys`` (an error when ``escalate`` and not a :class:`TemporaryError`), then every
-        ``LOG_EVERY_FAILURES``-th.
+        once it succeeded. After a failed attempt it pauses, capped and with full jitter
+        (``register_retry_s``, ``register_retry_max_s``). The first failure of a streak is
+        logged as ``failed`` with ``keys`` (an error when ``escalate`` and not a
+        :class:`TemporaryError`), then every ``LOG_EVERY_FAILURES``-th.
 
         Raises:
-            PermissionDenied: a control plane refused the registration (every replica
-                applies the same rule: retrying cannot help).
+            PermissionDenied: a control plane refused the registration (retrying cannot help).
         """
         self._registrations += 1  # one number for every attempt of this registration
         failures = 0
@@ -122,12 +117,8 @@ class Registering(SelfFencing):
             return reply, sent_at, failures + 1
 
     async def _register(self, stop_reason: StopReason) -> None:
-        """Stop every job, then register until a control plane answers (new incarnation).
-
-        Raises:
-            PermissionDenied: the control plane refused this worker id (its certificate names
-                another worker).
-        """
+        """Stop every job, then register until a control plane answers (new incarnation);
+        PermissionDenied when the control plane refused this worker id."""
         self._leave_live()
         await self._jobs.stop(None, stop_reason)
         try:
@@ -161,10 +152,8 @@ class Registering(SelfFencing):
     def _take_over(self) -> None:
         """Find what the previous agent process of this work folder left running and take it
         over (:mod:`agent.adoption`): jobs that ended meanwhile get their ``stop`` lines and their
-        outcomes now, the others a task that watches them, holding their reservations; those
-        not to be kept (strays, older incarnations, those that do not fit a smaller capacity,
-        all of them when the kill deadline is near) are asked to stop. No checkpoint: called
-        before the heartbeat loop, which stops what is not kept and asks the control plane to
+        outcomes now, the others a task that watches them; those not to be kept are asked to
+        stop. No checkpoint: called before the heartbeat loop, which asks the control plane to
         continue the incarnation of the rest (:meth:`_keep_taken_over`)."""
         found = adoption.survey(
             self.jobs_dir, worker_id=self.worker_id, deadline_path=self.fence_deadline_path
@@ -208,9 +197,8 @@ class Registering(SelfFencing):
 
     async def _keep_taken_over(self) -> bool:
         """Stop what :meth:`_take_over` is not to keep and wait until it is gone, then ask the
-        control plane to continue the incarnation of the rest. True when it did: the kept jobs
-        run on in it (and this agent accepts work in it); False: register a new incarnation,
-        stopping the rest first."""
+        control plane to continue the incarnation of the rest. True when it did; False: register
+        a new incarnation, stopping the rest first."""
         plan, self._takeover = self._takeover, None
         if plan is None:
             return False
@@ -224,13 +212,11 @@ class Registering(SelfFencing):
 
     async def _continue_incarnation(self, incarnation: int, keep: set[int], kill_at_s: float | None) -> bool:
         """Register asking to continue ``incarnation`` with the jobs of ``keep`` still running
-        (retrying while no control plane answers, until their kill deadline ``kill_at_s``,
-        ``time.monotonic()``, is less than a fence span ahead). On a
-        reply that continued it: remember what the control plane released, stop what it lists
-        as ended, and, if the registration's own fence deadline is still ahead, move the
-        deadline on (the reapers resume paused jobs on it, as after an acknowledged heartbeat)
-        and go live. Returns False when the incarnation was not continued, or the reply came too
-        late to resume on: the caller registers anew, stopping every job first."""
+        (retrying until their kill deadline ``kill_at_s``, ``time.monotonic()``, is less than a
+        fence span ahead). On a reply that continued it: remember what the control plane
+        released, stop what it lists as ended, and, if the registration's own fence deadline is
+        still ahead, move the deadline on and go live. Returns False when the incarnation was not
+        continued, or the reply came too late to resume on: the caller registers anew."""
         held: tuple[int, ...] = ()
 
         def request(finished: tuple[Outcome, ...], failures: int) -> Registration | None:

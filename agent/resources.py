@@ -1,12 +1,7 @@
-"""Enforced resources for command jobs: what a job's limits are, and how they are applied.
-
-The modes (:class:`Mode`: cgroup2, cgroup1, rlimit; chosen at agent start by
-:func:`agent.cgroups.select_resources` and registered as the worker label ``resources=<mode>``),
-the arithmetic both cgroup versions apply (:func:`cpu_quota_us`, :func:`memory_limit_bytes`,
-:func:`jobs_cpu_shares`, :func:`jobs_cpu_weight`, :func:`job_cpu_shares`,
-:func:`job_cpu_weight`), a job's confinement (:class:`JobResources`, :class:`ConfinedJob`,
-:func:`release`) and the detail of a job the OOM killer hit (:func:`oom_detail`).
-docs/design.md, "Job runtimes", says what each mode enforces and who does what.
+"""Enforced resources for command jobs: the modes (:class:`Mode`, chosen at agent start by
+:func:`agent.cgroups.select_resources`), the arithmetic both cgroup versions apply, a job's
+confinement (:class:`JobResources`, :class:`ConfinedJob`, :func:`release`) and the detail of a job
+the OOM killer hit. docs/design.md, "Job runtimes", says what each mode enforces.
 """
 
 from __future__ import annotations
@@ -19,8 +14,6 @@ import attrs
 import trio
 
 from runtime import log
-from runtime.errors import ResourcesUnavailable
-from runtime.settings.agent import AUTO
 
 RESOURCES_LABEL = "resources"
 """The worker label that says how its command jobs' resources are enforced (a :class:`Mode`)."""
@@ -70,10 +63,8 @@ def memory_limit_bytes(memory_mb: int) -> int:
 
 def jobs_cpu_shares(job_nice: int, cpus: int = 1) -> int:
     """``cpu.shares`` (cgroup v1) of the group that holds a worker's jobs: what one task at
-    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`; nice 0 = 1024) per CPU of ``cpus``, 2..262144
-    (the kernel's range). A group's shares are spread over the CPUs its tasks run on, so on
-    each CPU the jobs together weigh about one such task beside the agent's threads (and
-    whatever else shares the agent's cgroup), however many processes they have."""
+    ``job_nice`` weighs (:data:`NICE_TO_WEIGHT`) per CPU of ``cpus``, 2..262144 (the kernel's
+    range): on each CPU the jobs together weigh about one such task, however many they are."""
     weight = NICE_TO_WEIGHT[min(max(job_nice, 0), len(NICE_TO_WEIGHT) - 1)]
     return min(262_144, max(2, weight * max(1, cpus)))
 
@@ -99,8 +90,7 @@ def job_cpu_weight(cpu_millis: int) -> int:
 
 def oom_detail(memory_mb: int, exit_detail: str) -> str:
     """The detail of a job the kernel's OOM killer hit in its cgroup; its prefix ``oom_killed``
-    is the reason the control plane records (``record_outcomes`` in ``schema.sql``), as for a
-    container (:mod:`agent.container_supervisor`)."""
+    is the reason the control plane records (``record_outcomes`` in ``schema.sql``)."""
     return (
         f"oom_killed: the kernel killed it: it used more than its memory_mb of {memory_mb} "
         f"(no swap) ({exit_detail})"
@@ -118,8 +108,7 @@ class Confinement:
     """``RLIMIT_AS`` (soft and hard), or None: unchanged."""
     clone_into: str | None = None
     """cgroup v2: the job's cgroup folder, for its process to be born in (``clone3`` with
-    ``CLONE_INTO_CGROUP``, sparing the migration's wait); where the kernel cannot, it joins
-    :attr:`cgroup_procs` after the fork. None: fork, then join."""
+    ``CLONE_INTO_CGROUP``); None: fork, then join :attr:`cgroup_procs`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -149,9 +138,8 @@ class ConfinedJob(Protocol):
         """What its cgroup counted so far (zeros and Nones without one)."""
 
     def remove(self) -> bool:
-        """Remove its cgroup; True once it is gone. One that still holds processes (its
-        reaper was killed, and its job's descendants live on) has them SIGKILLed and stays
-        for now: call again a little later."""
+        """Remove its cgroup; True once it is gone. One that still holds processes has them
+        SIGKILLed and stays for now: call again a little later."""
 
 
 class JobResources(Protocol):
@@ -166,11 +154,8 @@ class JobResources(Protocol):
         """Where its jobs' cgroups are (empty without cgroups), for the log line."""
 
     def confine(self, name: str, limits: JobLimits) -> ConfinedJob:
-        """Make a job's confinement (its cgroup, with the limits written) before it starts.
-
-        Raises:
-            OSError: the cgroup cannot be created or its limits written.
-        """
+        """Make a job's confinement (its cgroup, with the limits written) before it starts;
+        raises OSError when the cgroup cannot be created or its limits written."""
 
     def find(self, name: str) -> ConfinedJob | None:
         """The confinement of a running job ``name``, or None (for measurements and tests)."""
@@ -227,9 +212,8 @@ attempt SIGKILLs them), in seconds: about 2 s in all."""
 
 async def release(job: ConfinedJob) -> JobUsage:
     """Read what ``job``'s cgroup counted, then remove it, once its reaper has exited; return
-    the usage. Shielded from cancellation (a cgroup is never left behind by a cancelled run).
-    One that cannot be removed after :data:`RELEASE_RETRIES_S` is logged and left: the next
-    start of the agent removes it (:meth:`JobResources.remove_leftovers`)."""
+    the usage. Shielded from cancellation. One that cannot be removed after
+    :data:`RELEASE_RETRIES_S` is logged and left for the next start of the agent."""
     with trio.CancelScope(shield=True):
         usage = job.usage()
         for wait_s in RELEASE_RETRIES_S:
@@ -245,26 +229,3 @@ async def release(job: ConfinedJob) -> JobUsage:
                 "a job's cgroup still holds processes: left for the next start", job=job.name
             )
     return usage
-
-
-__all__ = [
-    "AUTO",
-    "CPU_PERIOD_US",
-    "RESOURCES_LABEL",
-    "ConfinedJob",
-    "Confinement",
-    "JobLimits",
-    "JobResources",
-    "JobUsage",
-    "Mode",
-    "ResourcesUnavailable",
-    "RlimitResources",
-    "cpu_quota_us",
-    "job_cpu_shares",
-    "job_cpu_weight",
-    "jobs_cpu_shares",
-    "jobs_cpu_weight",
-    "memory_limit_bytes",
-    "oom_detail",
-    "release",
-]

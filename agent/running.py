@@ -1,17 +1,13 @@
 """The agent's jobs from acceptance until they have really ended: one shielded task each.
 
 :class:`RunningJobs` gives every accepted job its task (a command job first waits for a start
-slot, :mod:`agent.starts`), writes its ``start`` line just before it begins and its ``stop``
-line once it has really ended, keeps the outcome of a job that ended on its own for the
-heartbeats, and frees the job's reservation. Which outcomes are reported, and when a job
-counts as stopped by the fence, is argued in :mod:`agent.core`; the fence state itself is
-the agent's :class:`agent.fence.FenceClock`, read here, and fencing is the agent's
-(``fence_if_due``, ``fence_now``), since it also changes what the agent accepts.
+slot, :mod:`agent.starts`), writes its ``start`` line just before it begins and its ``stop`` line
+once it has really ended, keeps the outcome of a job that ended on its own for the heartbeats,
+and frees the job's reservation. Fencing is the agent's (``fence_if_due``, ``fence_now``).
 
 Every started job has a record in its folder (:mod:`agent.adoption`) from its ``start`` line
 until its ``stop`` line, so that an agent started again on the same work folder can take it over
-(:meth:`RunningJobs.adopt`) or write its ``stop`` line and report its outcome when it ended while
-no agent watched it (:meth:`RunningJobs.settle_ended`).
+(:meth:`RunningJobs.adopt`) or settle it (:meth:`RunningJobs.settle_ended`).
 """
 
 from __future__ import annotations
@@ -47,23 +43,8 @@ from runtime.settings.agent import AgentSettings
 
 @attrs.define(eq=False, kw_only=True)
 class RunningJobs:
-    """The jobs of one agent, by assignment id.
-
-    Args:
-        settings: the agent's settings (stop grace, nice level).
-        joblog: where start and stop lines go.
-        jobs_dir: the folder under which each job gets its own.
-        runner: what runs a job (:func:`agent.runtimes.job_runner`, or a stand-in in tests).
-        start_limiter: the process's start slots.
-        admission: the acceptance rules, told when a job has ended.
-        fence: the agent's fence state (live, fenced at, deadline file).
-        outcomes: the agent's list of outcomes not yet acknowledged; appended to.
-        fence_if_due: the agent's check of a passed fence deadline (it fences when so).
-        fence_now: the agent's self-fence.
-        logger: the agent's logger.
-        run_as: who command jobs run as; None: the agent's user.
-        resources: how command jobs' limits are enforced; None: they are not (tests).
-    """
+    """The jobs of one agent, by assignment id. ``outcomes`` is the agent's list of outcomes not
+    yet acknowledged (appended to); ``fence_if_due`` and ``fence_now`` are the agent's."""
 
     settings: AgentSettings
     joblog: JobLog
@@ -94,14 +75,12 @@ class RunningJobs:
         return len(self._jobs)
 
     def added(self) -> trio.Event:
-        """An event set when the next job is added (accepted, or taken over from a previous
-        agent process): who waits for new jobs waits on it rather than looking again and again."""
+        """An event set when the next job is added (accepted, or taken over)."""
         return self._added
 
     def began(self) -> trio.Event:
-        """An event set when the next job placed before (moved, stopped or retried:
-        :attr:`agent.messages.JobOrder.placed_before`) starts after this call: the heartbeat
-        loop waits on it to report the run early (:func:`agent.fence.early_heartbeat_allowed`)."""
+        """An event set when the next job placed before (:attr:`agent.messages.JobOrder.placed_before`)
+        starts: the heartbeat loop waits on it to report the run early."""
         return self._began
 
     def _put(self, job: Job) -> None:
@@ -124,8 +103,7 @@ class RunningJobs:
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
-        """Assignments whose jobs have started and not ended yet (see
-        :attr:`agent.core.Agent.running_assignment_ids`)."""
+        """Assignments whose jobs have started and not ended yet."""
         return tuple(sorted(aid for aid, job in self._jobs.items() if job.started))
 
     def start(self, order: AssignOrder, to_start: tuple[JobOrder, ...]) -> None:
@@ -165,11 +143,8 @@ class RunningJobs:
             await job.done.wait()
 
     async def _run_job(self, job: Job) -> None:
-        """Wait for a start slot (command jobs), start the job, and record its end.
-
-        Shielded: a job ends only through its stop event, so shutdown too goes through
-        :meth:`stop` and every job gets its stop line after it has really ended.
-        """
+        """Wait for a start slot (command jobs), start the job, and record its end. Shielded: a
+        job ends only through its stop event, so it gets its stop line after it has really ended."""
         with trio.CancelScope(shield=True):
             ticket = job.start_ticket
             try:
@@ -249,34 +224,38 @@ class RunningJobs:
             on_spawned=lambda pid: self._record_reaper(job, pid),
         )
         try:
-            result = await self.runner(
+            result = await self._run(
                 runtime,
-                job_dir=job_dir,
-                stop=job.stop,
-                stop_grace_s=self.settings.stop_grace_s,
-                fence_deadline_path=self.fence.path,
-                job_nice=self.settings.job_nice,
-                run_as=self.run_as,
+                job,
+                job_dir,
                 job_env={**dict(order.spec.env), **job_environment(order)},
                 on_started=(lambda: None) if ticket is None else ticket.release,
-                pause=self.fence,
                 **options,
             )
         except BaseException:
-            # A bug in a runtime: it has killed and reaped what it started before
-            # raising. Record the end, release the job, and let the error take the
-            # agent down (fail loud).
+            # A bug in a runtime: it has killed and reaped what it started before raising.
+            # Record the end, release the job, and let the error take the agent down.
             self._release(job)
             try:
-                self._write_job_line(
-                    LogEvent.STOP,
-                    job,
-                    reason=StopReason.FAILED.value,
-                )
+                self._write_job_line(LogEvent.STOP, job, reason=StopReason.FAILED.value)
             finally:
                 job.done.set()
             raise
         self._job_ended(job, result)
+
+    async def _run(self, runtime: Any, job: Job, job_dir: Path, **options: Any) -> JobResult:
+        """Run ``runtime`` for ``job`` with the agent's settings and ``options``."""
+        return await self.runner(
+            runtime,
+            job_dir=job_dir,
+            stop=job.stop,
+            stop_grace_s=self.settings.stop_grace_s,
+            fence_deadline_path=self.fence.path,
+            job_nice=self.settings.job_nice,
+            run_as=self.run_as,
+            pause=self.fence,
+            **options,
+        )
 
     def _report(self, job: Job, **outcome: Any) -> None:
         """Queue ``job``'s outcome (the :class:`Outcome` fields other than its ids) for the
@@ -308,8 +287,6 @@ class RunningJobs:
             # Also on an error (it takes the agent down): nobody may wait forever for the job.
             self._release(job)
             job.done.set()
-
-    # ------------------------------------------------------------------ records and restarts
 
     def _forget_record(self, job: Job) -> None:
         """Remove ``job``'s record once its stop line is written (a restarted agent has nothing
@@ -356,42 +333,26 @@ class RunningJobs:
                 and not job.held
                 and isinstance(record.runtime, SleepRuntime)
             ):
-                self._write_record(
-                    job,
-                    attrs.evolve(
-                        record,
-                        began_monotonic_s=monotonic_of(job.started_at),
-                        paused_s=self.fence.paused_s_between(job.started_at, now),
-                    ),
-                )
+                paused_s = self.fence.paused_s_between(job.started_at, now)
+                began_s = monotonic_of(job.started_at)
+                self._write_record(job, attrs.evolve(record, began_monotonic_s=began_s, paused_s=paused_s))
 
     def adopt(
-        self,
-        found: Found,
-        *,
-        go: trio.Event,
-        pause_at_s: float | None,
-        kill_at_s: float | None,
+        self, found: Found, *, go: trio.Event, pause_at_s: float | None, kill_at_s: float | None
     ) -> Job | None:
-        """Take over a job the previous agent process of this work folder left running (found
-        by :func:`agent.adoption.survey`): it holds its reservation and has a task here as an
-        accepted job does, which watches its reaper (not this process's child) through a
-        pidfd, or, for a sleep job, holds it until ``go`` is set (the agent's incarnation is
-        continued) and then runs the rest of its duration. A stray (:attr:`Verdict.STRAY`) is
-        asked to stop at once. The job ends as any job, with its ``stop`` line and its outcome.
+        """Take over a job the previous agent process of this work folder left running (found by
+        :func:`agent.adoption.survey`): it holds its reservation and gets a task that watches its
+        reaper through a pidfd, or, for a sleep job, holds it until ``go`` is set and then runs
+        the rest of its duration. A stray (:attr:`Verdict.STRAY`) is asked to stop at once.
 
         Args:
-            found: the job and its verdict (keepable, stray or sleep).
             go: set once the control plane continued the incarnation.
             pause_at_s: the fence-deadline file's pause deadline as the previous process left it,
-                ``time.monotonic()`` seconds (None: none): a kept sleep job counts as paused
-                from it.
-            kill_at_s: the file's kill deadline: a sleep job not continued by then ends there,
-                as its reaper would kill a command job.
+                ``time.monotonic()`` seconds (None: none): a kept sleep job counts as paused from it.
+            kill_at_s: the file's kill deadline: a sleep job not continued by then ends there.
 
         Returns:
-            The job, or None when its reaper exited meanwhile (the caller settles it with
-            :meth:`settle_ended`).
+            The job, or None when its reaper exited meanwhile (settle it with :meth:`settle_ended`).
         """
         nursery = self.nursery
         assert nursery is not None, "adopted while not running"
@@ -423,11 +384,10 @@ class RunningJobs:
         self._put(job)
         return job
 
-    def settle_ended(self, found: Found, *, pause_at_s: float | None = None) -> None:
-        """Write the ``stop`` line of a job that ended while no agent watched it (its supervisor
-        exited, :attr:`Verdict.ENDED`), from its report, and queue its outcome when it ended on
-        its own; or of a sleep job whose duration ran out meanwhile. No checkpoint: the outcome
-        is queued before the registration that follows is sent."""
+    def settle_ended(self, found: Found) -> None:
+        """Write the ``stop`` line of a job that ended while no agent watched it, from its report
+        (or of a sleep job whose duration ran out meanwhile), and queue its outcome when it ended
+        on its own. No checkpoint."""
         record = found.record
         job = self._take_over(found)
         if isinstance(record.runtime, SleepRuntime):
@@ -454,9 +414,7 @@ class RunningJobs:
 
     async def release_cgroup(self, name: str) -> JobUsage | None:
         """Remove the cgroup of a job a previous agent process started, in the job folder
-        ``name``, once its supervisor has exited (it was kept at this agent's start for it:
-        :func:`agent.cgroups.resource_settings`); what it counted (its OOM kills), or None when
-        there is none."""
+        ``name``, once its supervisor has exited; what it counted, or None when there is none."""
         confined = None if self.resources is None else self.resources.find(name)
         return None if confined is None else await release(confined)
 
@@ -485,18 +443,8 @@ class RunningJobs:
                 job, attrs.evolve(record, began_monotonic_s=monotonic_of(job.started_at), paused_s=0.0)
             )
             rest, options = sleep_rest(record, record.runtime, ran_s=ran_s, now_s=monotonic_of(now))
-            result = await self.runner(
-                rest,
-                job_dir=job.job_dir or self.jobs_dir,
-                stop=job.stop,
-                stop_grace_s=self.settings.stop_grace_s,
-                fence_deadline_path=self.fence.path,
-                job_nice=self.settings.job_nice,
-                run_as=self.run_as,
-                job_env={},
-                on_started=lambda: None,
-                pause=self.fence,
-                **options,
+            result = await self._run(
+                rest, job, job.job_dir or self.jobs_dir, job_env={}, on_started=lambda: None, **options
             )
             self._job_ended(job, attrs.evolve(result, began_at=trio_time_of(record.started_monotonic_s)))
 
@@ -509,7 +457,8 @@ class RunningJobs:
             # update the file in time): the deadman's verdict stands for the whole worker.
             self.logger.warning("a reaper fenced its job before the agent fenced", **job.log_keys)
             self.fence_now()
-        fenced = self._fenced(job, result)
+        # Whether the fence stopped it: its reaper's fence, or the agent's self-fence.
+        fenced = result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
         if fenced:
             reason = StopReason.SELF_FENCE
         elif result.stopped and job.stop_reason is not None:
@@ -518,11 +467,10 @@ class RunningJobs:
             reason = StopReason.RESTART  # taken over unstarted: its agent died as it started it
         else:
             reason = StopReason(result.state.value)
-        # The runtime's end (a command job its reaper held or killed at the fence: when it was
-        # paused, or killed without a pause; a sleep job stopped while paused: when the pause
-        # began), dated by the database's clock, never before its start line. Its record goes
-        # once the line is written: a line that waits for the clock (a restarted agent's, before
-        # it registered) keeps it, so an agent killed meanwhile leaves the job to the next.
+        # The runtime's end (a command job held or killed at the fence: when it was paused; a
+        # sleep job stopped while paused: when the pause began), dated by the database's clock,
+        # never before its start line. Its record goes once the line is written: a line that
+        # waits for the clock keeps it, so an agent killed meanwhile leaves the job to the next.
         self._write_job_line(
             LogEvent.STOP,
             job,
@@ -546,10 +494,8 @@ class RunningJobs:
         )
         if fenced and not result.started and job.stop_reason is None:
             # The fence ended it before it started, on its own (its reaper found the deadline
-            # passed: an unreadable deadline file, a start past the kill deadline), and nobody
-            # asked for the stop. Said, so that the control plane ends the assignment: should
-            # this incarnation live on (a pause that resumes), nothing else would, and the job
-            # would stay running for ever. Carried by a registration too, like any outcome.
+            # passed), and nobody asked for the stop. Said, so that the control plane ends the
+            # assignment: should this incarnation live on, nothing else would.
             self._report(
                 job,
                 state=JobState.NOT_STARTED,
@@ -570,25 +516,10 @@ class RunningJobs:
                 detail=result.detail,
             )
 
-    def _fenced(self, job: Job, result: JobResult) -> bool:
-        """Whether the fence stopped ``job``: its reaper's fence, or the agent's self-fence.
-
-        Its end (``result.ended_at``) is its runtime's: a command job its reaper held or killed
-        at the fence ended when it was paused (or killed, without a pause); a sleep job stopped
-        while paused ended when the pause began, and one whose duration ran out while the agent
-        was frozen past its deadline had not run that long (its pause counts from the deadline,
-        see :mod:`agent.runtimes`).
-        """
-        return result.fenced or (result.stopped and job.stop_reason is StopReason.SELF_FENCE)
-
     def _write_job_line(self, event: LogEvent, job: Job, **fields: Any) -> float | None:
-        """Append ``event`` for ``job`` to the job log with its incarnation, the epoch of the
-        Assign that started it, its ids and ``fields`` (:meth:`agent.joblog.JobLog.write`);
-        returns the line's time (None: it waits for the database's clock).
-
-        Raises:
-            OSError: the line could not be written.
-        """
+        """Append ``event`` for ``job`` to the job log with its incarnation, epoch, ids and
+        ``fields``; returns the line's time (None: it waits for the database's clock). Raises
+        OSError when the line could not be written."""
         return self.joblog.write(
             event,
             incarnation=job.incarnation,

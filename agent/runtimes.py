@@ -1,13 +1,8 @@
-"""Job runtimes: ``sleep`` (hold resources, do nothing: :mod:`agent.sleep_jobs`), ``command`` (a
-child process under its reaper, :mod:`agent.reaper`) and ``container`` (a Docker container,
-:mod:`agent.container`).
+"""Job runtimes: ``sleep`` (:mod:`agent.sleep_jobs`), ``command`` (a child process under its
+reaper, :mod:`agent.reaper`) and ``container`` (a Docker container, :mod:`agent.container`).
 
-:func:`run_job` runs one job until it ends on its own or until its ``stop`` event is set,
-and returns only once the job has really ended (for a command: its processes have exited
-and been reaped). It does not raise for a job that fails; a command that cannot be started
-is a failed result whose ``detail`` names the error (:mod:`agent.job_results`). How a command
-job runs (its folder, user, environment, reaper, stops, report, spawner thread, priority and
-resources): docs/design.md, "Command jobs on the agent's side".
+:func:`run_job` runs one job until it has really ended; it does not raise for a job that fails.
+How a command job runs: docs/design.md, "Command jobs on the agent's side".
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import attrs
 import trio
@@ -34,13 +29,11 @@ from agent.supervised import popen_supervisor, wait_supervisor
 from runtime.jobs import CommandRuntime, ContainerRuntime, JobRuntime, SleepRuntime
 from runtime.os_users import RunAs, chown, ensure_traversable
 
-_T = TypeVar("_T")
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 """The ``PATH`` of every command job (and of its reaper, which searches it for the program)."""
 WORK_SUBDIR = "work"
 """The working directory and ``HOME`` of a job that runs as another user: this folder inside
-its job folder, owned by that user (the job folder itself, with the reaper's files and the
-output logs, stays the agent's)."""
+its job folder, owned by that user (the job folder itself stays the agent's)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -48,13 +41,12 @@ class RunOptions:
     """What a job's spec asks of its run beyond the runtime (``runtime.jobs.JobSpec``)."""
 
     timeout_s: float | None = None
-    """Stop the job once it has run this long (from its start, by the monotonic clock) and end it failed
-    with detail ``timeout: ...``; None: no limit. A command's reaper enforces it (also while
-    the agent is frozen); a sleep's and a container's the agent."""
+    """Stop the job once it has run this long (from its start, by the monotonic clock) and end it
+    failed with detail ``timeout: ...``; None: no limit. A command's reaper enforces it; a
+    sleep's and a container's the agent."""
     workdir: str = ""
-    """A command's working directory, an absolute path that must exist on the worker (else
-    the job fails, ``workdir_not_found: ...``); empty: the job's folder (or its ``work/``
-    when it runs as another user). A container job's is :attr:`ContainerJob.workdir`."""
+    """A command's working directory, an absolute path that must exist on the worker; empty:
+    the job's folder (or its ``work/`` when it runs as another user)."""
 
     @property
     def default(self) -> bool:
@@ -70,36 +62,28 @@ def owner_of(work_dir: str) -> str:
 
 @attrs.frozen(kw_only=True)
 class ContainerJob:
-    """What a container job needs besides its runtime: whose it is (the container's name and
-    labels) and its limits (the container's hard limits)."""
+    """What a container job needs besides its runtime: whose it is and its limits."""
 
     worker_id: str
     job_id: int
     assignment_id: int
     cpu_millis: int
-    """CPU, in millicores: the container's ``nano_cpus`` (times 1,000,000)."""
     memory_mb: int
-    """Memory, in MiB: the container's memory limit, swap included (none)."""
+    """The container's memory limit, swap included (none)."""
     user: str = ""
     """``uid:gid`` the container's processes run as (the agent's job user); empty: the image's."""
     owner: str = ""
-    """The agent's :func:`agent.container.owner_of` (its work folder's): in the container's name
-    and labels, so the agents of two clusters on one engine never take each other's."""
+    """:func:`owner_of` the agent's work folder: in the container's name and labels, so the
+    agents of two clusters on one engine never take each other's."""
     workdir: str = ""
-    """The job's ``workdir``: the working directory inside the container (Docker creates it
-    when the image lacks it); empty: the image's own."""
+    """The working directory inside the container; empty: the image's own."""
     oom_score_adj: int | None = None
-    """The container's ``oom_score_adj`` (Docker's ``--oom-score-adj``; :mod:`runtime.oom`);
-    None: the engine's default (0)."""
+    """The container's ``oom_score_adj`` (:mod:`runtime.oom`); None: the engine's default."""
 
 
 def job_dir_for(jobs_dir: Path, job_id: int, assignment_id: int) -> Path:
     """The folder of one assignment's files: ``<jobs_dir>/<job_id>-<assignment_id>``."""
     return jobs_dir / f"{job_id}-{assignment_id}"
-
-
-def _nothing() -> None:
-    pass
 
 
 def cannot_run(runtime: JobRuntime) -> str | None:
@@ -120,9 +104,8 @@ def forks(runtime: JobRuntime) -> bool:
 
 
 def timed_by_agent_s(runtime: JobRuntime) -> float | None:
-    """How long a job the agent itself times runs, in seconds (a sleep: it has no process, so
-    the agent decides when it stopped; see :mod:`agent.core`); None for a runtime whose end
-    its process reports."""
+    """How long a job the agent itself times runs, in seconds (a sleep); None for a runtime
+    whose end its process reports."""
     return runtime.duration_ms / 1000.0 if isinstance(runtime, SleepRuntime) else None
 
 
@@ -135,7 +118,7 @@ async def run_job(
     fence_deadline_path: Path | None = None,
     job_nice: int = 0,
     spawner: Spawner | None = None,
-    on_started: Callable[[], None] = _nothing,
+    on_started: Callable[[], None] = lambda: None,
     run_as: RunAs | None = None,
     job_env: Mapping[str, str] | None = None,
     pause: PauseView | None = None,
@@ -151,40 +134,32 @@ async def run_job(
     Args:
         runtime: what to run.
         job_dir: the job's folder (created for command jobs; must be absolute).
-        stop: set it to stop the job early (SIGTERM, then SIGKILL after ``stop_grace_s``).
-        stop_grace_s: seconds between SIGTERM and SIGKILL.
-        fence_deadline_path: the worker's fence-deadline file (see :mod:`agent.reaper`); a
-            command's reaper kills it once that deadline has passed. None: no deadman.
-        job_nice: added to a command's nice value (lower CPU priority), 0..19.
+        stop: set it to stop the job early (SIGTERM, then SIGKILL after ``stop_grace_s`` seconds).
+        fence_deadline_path: the worker's fence-deadline file (:mod:`agent.reaper`); a command's
+            reaper kills it once that deadline has passed. None: no deadman.
+        job_nice: added to a command's nice value, 0..19.
         spawner: the thread that forks a command's reaper; None: the calling thread.
-        on_started: called once, when the start is over: a command has exec'd or could not
-            be started (a sleep job: at once); at the latest just before this returns.
-        run_as: the user a command runs as; None, or this process's own user: as this process,
-            in ``job_dir``. Another user: in ``job_dir/work`` (its ``HOME``, owned by it).
-        job_env: variables a command gets besides ``PATH`` (:data:`JOB_PATH`) and ``HOME``
-            (its working directory); nothing else of this process's environment is passed on.
-        pause: the worker's pauses, which a sleep job's duration does not count (a command
-            is paused by its reaper); None: never paused.
-        container: a container job's names and limits (required for one; a container job
-            without it fails at once).
-        run_options: the spec's timeout and working directory (:class:`RunOptions`); None:
-            neither.
-        resources: how the worker enforces a command's limits (:mod:`agent.resources`);
-            None, or no ``limits``: not at all (tools and tests).
-        limits: the command's ``cpu_millis`` and ``memory_mb``.
-        on_spawned: called with a command's reaper's pid once it is forked (the agent records
-            it, so that a restarted agent can take the job over: :mod:`agent.adoption`).
-        oom_score_adj: a command's ``oom_score_adj``, set in its process before the exec
-            (:mod:`runtime.oom`); None: it inherits this process's. (A container job's is in
-            ``container``.)
+        on_started: called once, when the start is over: a command has exec'd or could not be
+            started (a sleep job: at once); at the latest just before this returns.
+        run_as: the user a command runs as; None, or this process's own user: in ``job_dir``.
+            Another user: in ``job_dir/work`` (its ``HOME``, owned by it).
+        job_env: variables a command gets besides ``PATH`` (:data:`JOB_PATH`) and ``HOME``;
+            nothing else of this process's environment is passed on.
+        pause: the worker's pauses, which a sleep job's duration does not count; None: never.
+        container: a container job's names and limits (a container job without it fails).
+        run_options: the spec's timeout and working directory; None: neither.
+        resources: how the worker enforces a command's ``limits`` (``cpu_millis``,
+            ``memory_mb``); None, or no ``limits``: not at all (tools and tests).
+        on_spawned: called with a command's reaper's pid once it is forked (recorded for a
+            restarted agent: :mod:`agent.adoption`).
+        oom_score_adj: a command's ``oom_score_adj`` (:mod:`runtime.oom`); None: inherited.
 
     Returns:
-        The result; ``stopped`` tells a stop from a natural end, ``started`` whether a
-        command ran at all.
+        The result; ``stopped`` tells a stop from a natural end, ``started`` whether a command
+        ran at all.
 
     Raises:
-        trio.Cancelled: when cancelled, after having a command's reaper SIGKILL the job and
-            waiting for the reaper to exit (shielded).
+        trio.Cancelled: after having a command's reaper SIGKILL the job (shielded).
     """
     options = run_options or RunOptions()
     match runtime:
@@ -292,71 +267,6 @@ def job_runner(spawner: Spawner | None) -> JobRunner:
     return partial(run_job, spawner=spawner)
 
 
-def _spawn_reaper(
-    argv: tuple[str, ...],
-    *,
-    job_dir: Path,
-    stdout_path: Path,
-    stderr_path: Path,
-    stop_grace_s: float,
-    fence_deadline_path: Path | None,
-    job_nice: int,
-    run_as: RunAs | None,
-    job_env: Mapping[str, str],
-    options: RunOptions,
-    confinement: Confinement,
-    oom_score_adj: int | None = None,
-) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the job's reaper from the calling thread (the spawner's, or the caller's:
-    docs/design.md, "Command jobs on the agent's side").
-
-    Returns:
-        The reaper, and the read end of its start pipe (non-blocking; the caller closes it):
-        :data:`agent.deadman.STARTED_BYTE` once the job has exec'd, EOF without it when the
-        reaper ended without starting it.
-
-    Raises:
-        OSError: the folder or the output files cannot be created, or the interpreter cannot
-            be executed.
-    """
-    job_dir.mkdir(parents=True, exist_ok=True)
-    deadman.clear_files(job_dir)
-    switch = run_as is not None and run_as.is_other_user
-    home = job_dir
-    if switch:
-        assert run_as is not None
-        home = job_dir / WORK_SUBDIR
-        home.mkdir(mode=0o700, exist_ok=True)
-        chown(home, run_as)
-        ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
-    # The job's own PATH or HOME (its spec's env) wins over the defaults.
-    env = {"PATH": JOB_PATH, "HOME": str(home), **job_env}
-    command = partial(
-        reaper.reaper_argv,
-        sys.executable,
-        parent_pid=os.getpid(),
-        stop_grace_s=stop_grace_s,
-        fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
-        argv=argv,
-        job_nice=job_nice,
-        run_as_uid=run_as.uid if switch and run_as else None,
-        run_as_gid=run_as.gid if switch and run_as else None,
-        job_cwd=options.workdir or (WORK_SUBDIR if switch else ""),
-        timeout_s=options.timeout_s,
-        cgroup_procs=confinement.cgroup_procs,
-        address_space_bytes=confinement.address_space_bytes,
-        clone_into=confinement.clone_into,
-        oom_score_adj=oom_score_adj,
-    )
-    return popen_supervisor(
-        lambda started_fd: command(started_fd=started_fd),
-        job_dir=job_dir,
-        stdout_path=stdout_path,
-        stderr_path=stderr_path,
-        env=env,
-    )
-
-
 async def _run_command(
     spec: CommandRuntime,
     *,
@@ -384,31 +294,58 @@ async def _run_command(
         return never_ran(
             paths, stopped=True, began_at=began, ended_at=began, detail="stopped before it was started"
         )
-    spawn_reaper = partial(
-        _spawn_reaper,
-        spec.argv,
-        job_dir=job_dir,
-        stdout_path=stdout_path,
-        stderr_path=stderr_path,
-        stop_grace_s=stop_grace_s,
-        fence_deadline_path=fence_deadline_path,
-        job_nice=job_nice,
-        run_as=run_as,
-        job_env=job_env,
-        options=options,
-        oom_score_adj=oom_score_adj,
-    )
 
     def spawn() -> tuple[subprocess.Popen[bytes], int, ConfinedJob | None]:
+        """Make the job's cgroup and start its reaper from the calling thread: the reaper, the
+        read end of its start pipe and the job's cgroup, if any.
+
+        Raises:
+            _CannotConfine: the job's cgroup could not be made.
+            OSError: the folder or the output files cannot be created, or the interpreter cannot
+                be executed.
+        """
         confined = None
         if resources is not None and limits is not None:
             try:
                 confined = resources.confine(job_dir.name, limits)
             except OSError as exc:
                 raise _CannotConfine(f"resources_error: cannot make the job's cgroup: {exc}") from exc
+        confinement = Confinement() if confined is None else confined.confinement
         try:
-            proc, started_fd = spawn_reaper(
-                confinement=Confinement() if confined is None else confined.confinement
+            job_dir.mkdir(parents=True, exist_ok=True)
+            deadman.clear_files(job_dir)
+            switch = run_as is not None and run_as.is_other_user
+            home = job_dir
+            if switch:
+                assert run_as is not None
+                home = job_dir / WORK_SUBDIR
+                home.mkdir(mode=0o700, exist_ok=True)
+                chown(home, run_as)
+                ensure_traversable(job_dir)  # the job may reach its HOME by path, not only as its cwd
+            command = partial(
+                reaper.reaper_argv,
+                sys.executable,
+                parent_pid=os.getpid(),
+                stop_grace_s=stop_grace_s,
+                fence_deadline_path=None if fence_deadline_path is None else str(fence_deadline_path),
+                argv=spec.argv,
+                job_nice=job_nice,
+                run_as_uid=run_as.uid if switch and run_as else None,
+                run_as_gid=run_as.gid if switch and run_as else None,
+                job_cwd=options.workdir or (WORK_SUBDIR if switch else ""),
+                timeout_s=options.timeout_s,
+                cgroup_procs=confinement.cgroup_procs,
+                address_space_bytes=confinement.address_space_bytes,
+                clone_into=confinement.clone_into,
+                oom_score_adj=oom_score_adj,
+            )
+            proc, started_fd = popen_supervisor(
+                lambda started_fd: command(started_fd=started_fd),
+                job_dir=job_dir,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
+                # The job's own PATH or HOME (its spec's env) wins over the defaults.
+                env={"PATH": JOB_PATH, "HOME": str(home), **job_env},
             )
         except BaseException:
             if confined is not None:

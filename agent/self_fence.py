@@ -1,8 +1,6 @@
-"""The agent's pause and self-fence (invariant 7 in DESIGN.md): :class:`SelfFencing`.
-
-At the fence deadline every job pauses; a fresh acknowledged heartbeat resumes them; at the
-kill deadline they are killed and the worker self-fences (docs/design.md, "The agent's loops",
-and "Outages"). The deadlines themselves are :class:`agent.fence.FenceClock`'s.
+"""The agent's pause and self-fence (:class:`SelfFencing`): at the fence deadline every job
+pauses; a fresh acknowledged heartbeat resumes them; at the kill deadline they are killed and the
+worker self-fences (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations
@@ -22,10 +20,9 @@ class SelfFencing(AgentState):
         """Pause every job now if live and the fence deadline has passed; kill them (self-fence)
         if the kill deadline has passed too. True if it paused or fenced now."""
         if self._fence.kill_due():
-            if self._holds_no_job():
+            if not self._jobs:
                 # Nothing to kill: a self-fence would only throw this incarnation away and
-                # register another, for no job's sake (in a registration storm, hundreds of
-                # them). The worker stays paused instead, as through any outage.
+                # register another, for no job's sake. The worker stays paused instead.
                 if self._fence.paused:
                     return False
                 self._pause_now()
@@ -37,24 +34,17 @@ class SelfFencing(AgentState):
             return True
         return False
 
-    def _holds_no_job(self) -> bool:
-        """True when no job of this incarnation is running, paused or stopping: a self-fence
-        would have nothing to kill. Nothing new is accepted while paused, so it stays true
-        until the jobs resume."""
-        return len(self._jobs) == 0
-
     def _pause_now(self) -> None:
         """Pause every job at once, with no checkpoint: refuse work, log it, hold the jobs.
 
-        Command jobs are held by their reapers, which read the same deadline from the
-        fence-deadline file (SIGSTOP); sleep jobs stop counting their duration. They count as
-        paused from the fence deadline (or from now, when that came first). With no outage
-        grace (``db_outage_grace_s`` not above the fence span) this is a self-fence.
+        Command jobs are held by their reapers, which read the same deadline from the file;
+        sleep jobs stop counting their duration. They count as paused from the fence deadline
+        (or from now, when that came first). With no outage grace this is a self-fence.
         """
         fence = self._fence
         if fence.paused or fence.self_fenced:
             return
-        if fence.outage_grace_s() <= fence.fence_after_s and not self._holds_no_job():
+        if fence.outage_grace_s() <= fence.fence_after_s and self._jobs:
             self._fence_now()
             return
         now = trio.current_time()
@@ -77,9 +67,8 @@ class SelfFencing(AgentState):
 
     def _resume(self, sent_at: float) -> None:
         """Resume the paused jobs, with no checkpoint: a heartbeat sent at ``sent_at`` was
-        acknowledged by the database, fresh enough that its deadline has not passed, and every
-        job it did not list as stopped still has its assignment active on this incarnation.
-        The new deadline is published first (the reapers SIGCONT their jobs when they see it)."""
+        acknowledged, fresh enough that its deadline has not passed. The new deadline is
+        published first (the reapers SIGCONT their jobs when they see it)."""
         fence = self._fence
         now = trio.current_time()
         paused_from = fence.fenced_at

@@ -11,12 +11,7 @@ from collections.abc import AsyncIterator
 
 from agent.core import Agent
 from agent.logs import LogQuery, LogReader, check_stream
-from agent.messages import (
-    AssignOrder,
-    CancelOrder,
-    JobOrder,
-    Refusal,
-)
+from agent.messages import AssignOrder, CancelOrder, JobOrder, Refusal
 from protocol import pb
 from runtime import identifiers
 from runtime.errors import InvalidArgument
@@ -38,37 +33,14 @@ def job_order_from_pb(assignment: pb.Assignment) -> JobOrder:
     )
 
 
-def assign_order_from_pb(request: pb.AssignRequest) -> AssignOrder:
-    """An ``AssignRequest`` as an :class:`AssignOrder`."""
-    return AssignOrder(
-        epoch=request.epoch,
-        worker_id=request.worker_id,
-        incarnation=request.incarnation,
-        assignments=tuple(job_order_from_pb(a) for a in request.assignments),
-    )
-
-
-def cancel_order_from_pb(request: pb.CancelRequest) -> CancelOrder:
-    """A ``CancelRequest`` as a :class:`CancelOrder`."""
-    return CancelOrder(
-        epoch=request.epoch,
-        worker_id=request.worker_id,
-        incarnation=request.incarnation,
-        assignment_ids=tuple(request.assignment_ids),
-    )
-
-
 MAX_OFFSET = 2**63 - 1
 """The largest output offset a read may begin at (a file offset, ``off_t``)."""
 
 
 def log_query_from_pb(request: pb.ReadLogsRequest, worker_id: str) -> LogQuery:
-    """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`.
-
-    Raises:
-        InvalidArgument: it names another worker, no job or assignment, an unknown stream,
-            too many tail lines or an offset past :data:`MAX_OFFSET`.
-    """
+    """A ``ReadLogsRequest`` meant for worker ``worker_id`` as a :class:`agent.logs.LogQuery`;
+    InvalidArgument when it names another worker, no job or assignment, an unknown stream, too
+    many tail lines or an offset past :data:`MAX_OFFSET`."""
     identifiers.check_id(request.worker_id, field="worker_id")
     if request.worker_id != worker_id:
         raise InvalidArgument("worker_id", request.worker_id, f"must be this worker's id, {worker_id!r}")
@@ -93,12 +65,8 @@ def _refusals_to_pb(refused: tuple[Refusal, ...]) -> list[pb.Refusal]:
 
 
 class WorkerService:
-    """Implements the Worker service's RPCs for one agent (trio methods, protobuf messages).
-
-    Args:
-        agent: the agent whose rules and jobs answer.
-        logs: what reads its jobs' output (ReadLogs); None: ReadLogs finds nothing.
-    """
+    """Implements the Worker service's RPCs for one agent; ``logs`` reads its jobs' output
+    (None: ReadLogs finds nothing)."""
 
     def __init__(self, agent: Agent, logs: LogReader | None = None) -> None:
         self._agent = agent
@@ -106,7 +74,15 @@ class WorkerService:
 
     async def assign(self, request: pb.AssignRequest) -> pb.AssignReply:
         """Assign: start what the acceptance rules accept; answer accepted and refused ids."""
-        decision = self._agent.assign(assign_order_from_pb(request))
+        assignments = tuple(job_order_from_pb(a) for a in request.assignments)
+        decision = self._agent.assign(
+            AssignOrder(
+                epoch=request.epoch,
+                worker_id=request.worker_id,
+                incarnation=request.incarnation,
+                assignments=assignments,
+            )
+        )
         return pb.AssignReply(
             accepted_ids=list(decision.accepted_ids),
             refused=_refusals_to_pb(decision.refused),
@@ -116,7 +92,14 @@ class WorkerService:
     async def cancel(self, request: pb.CancelRequest) -> pb.CancelReply:
         """Cancel: stop the running ones (waiting until they ended), refuse the never started
         ones forever, and name those that had ended on their own as finished."""
-        decision = await self._agent.cancel(cancel_order_from_pb(request))
+        decision = await self._agent.cancel(
+            CancelOrder(
+                epoch=request.epoch,
+                worker_id=request.worker_id,
+                incarnation=request.incarnation,
+                assignment_ids=tuple(request.assignment_ids),
+            )
+        )
         return pb.CancelReply(
             acknowledged_ids=list(decision.acknowledged_ids),
             finished_ids=list(decision.finished_ids),

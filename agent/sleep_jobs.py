@@ -1,7 +1,6 @@
 """Sleep jobs: no process, the agent decides when they stopped. One ends once it has *run* its
-full duration, the worker's pauses not counted (:class:`PauseView`), also when the agent notices
-later (it was frozen); stopped while paused, it ended when the pause began.
-"""
+full duration, the worker's pauses not counted, also when the agent notices later; stopped while
+paused, it ended when the pause began."""
 
 from __future__ import annotations
 
@@ -62,10 +61,8 @@ def sleep_end(began: float, duration_s: float, pause: PauseView, now: float) -> 
 
 
 async def run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView | None = None) -> JobResult:
-    """Hold the job's resources for its duration, its pauses not counted: it ends at the first
-    time it has *run* that long (also when the agent notices later: it was frozen), or when
-    ``stop`` is set; stopped while paused, it ended when the pause began (it did no work
-    after)."""
+    """Hold the job's resources for its duration, its pauses not counted (see the module
+    docstring), or until ``stop`` is set."""
     began = trio.current_time()
     duration_s = spec.duration_ms / 1000.0
     end = began + duration_s
@@ -74,12 +71,9 @@ async def run_sleep(spec: SleepRuntime, *, stop: trio.Event, pause: PauseView | 
         if pause is not None:
             end = sleep_end(began, duration_s, pause, now)
         if end <= now:
+            # Ended when it ran out, even if noticed later.
             return JobResult(
-                state=JobState.SUCCEEDED,
-                stopped=False,
-                exit_code=0,
-                began_at=began,
-                ended_at=end,  # when it ran out, even if noticed later
+                state=JobState.SUCCEEDED, stopped=False, exit_code=0, began_at=began, ended_at=end
             )
         held_from = None if pause is None else pause.paused_since()
         if stop.is_set():

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
+from agent.sleep_jobs import either
 from runtime import metrics
 from runtime.errors import InvalidArgument
 
@@ -40,15 +41,7 @@ class StartTicket:
         granted: the caller checks ``stop`` before it starts anything, and releases it.
         """
         if not self._granted.is_set() and not stop.is_set():
-            async with trio.open_nursery() as nursery:
-
-                async def give_up_when_stopped() -> None:
-                    await stop.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(give_up_when_stopped)
-                await self._granted.wait()
-                nursery.cancel_scope.cancel()
+            await either(self._granted, stop)
         if self._granted.is_set():
             return True
         self.release()
@@ -67,11 +60,7 @@ class StartLimiter:
 
     A job takes a :meth:`ticket` when it is accepted (synchronously, so slots are granted in
     the order jobs were accepted, across every agent sharing the limiter), waits on it, and
-    releases it when its start is over. Create one per process (inside its ``trio.run``) and
-    pass it to every agent.
-
-    Args:
-        max_concurrent_starts: most jobs starting at once (>= 1).
+    releases it when its start is over. One per process (inside its ``trio.run``).
 
     Raises:
         InvalidArgument: ``max_concurrent_starts`` is below 1.
@@ -123,13 +112,9 @@ class _Done(Generic[T]):
 
 
 class Spawner:
-    """The one thread of a process that forks job reapers (see the module docstring).
-
-    Use it as a context manager around everything that starts command jobs: the thread starts
-    on entry; on exit it is told to end and joined. Leave the block only once every supervisor
-    it forked has ended (every agent using it has stopped its jobs), since a container
-    supervisor whose forking thread ends kills its container.
-    """
+    """The one thread of a process that forks job reapers, as a context manager around everything
+    that starts command jobs. Leave the block only once every supervisor it forked has ended,
+    since a container supervisor whose forking thread ends kills its container."""
 
     def __init__(self, *, name: str = "stockade-spawner") -> None:
         self._name = name
@@ -180,16 +165,9 @@ class Spawner:
             deliver(done)
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Call ``fn()`` on the spawner thread and return its result (or raise its error).
-
-        The wait is shielded from cancellation: a fork cannot be called back once begun, and
-        the process it made must reach the caller, who owns it (and kills it when cancelled).
-        The calls run one at a time, in the order given.
-
-        Raises:
-            RuntimeError: the thread is not running.
-            BaseException: whatever ``fn`` raised.
-        """
+        """Call ``fn()`` on the spawner thread (one call at a time, in order) and return its
+        result or raise its error (RuntimeError: the thread is not running). Shielded: the
+        process a fork made must reach the caller."""
         if self._thread is None:
             raise RuntimeError(f"{self._name} thread is not running")
         token = trio.lowlevel.current_trio_token()

@@ -1,11 +1,6 @@
-"""One worker's agent state, shared by the layers of :class:`agent.core.Agent`.
-
-:class:`AgentState` holds the fields that registration (:mod:`agent.registration`), heartbeats
-(:mod:`agent.heartbeat`), the pause and self-fence (:mod:`agent.self_fence`) and the leave
-(:mod:`agent.leave`) read and change together (the incarnation, the outcomes not acknowledged,
-live or fenced), and what every one of them takes from a reply (the database's clock, the
-heartbeat interval and dead_after the cluster tells). How they work together:
-docs/design.md, "The agent's loops".
+"""One worker's agent state, shared by the layers of :class:`agent.core.Agent`: the fields that
+registration, heartbeats, the pause and self-fence and the leave read and change together, and
+what each takes from a reply (docs/design.md, "The agent's loops").
 """
 
 from __future__ import annotations
@@ -57,8 +52,7 @@ class AgentState(abc.ABC):
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self._rng = rng or random.Random()
-        """Draws the jitter of the registration retries."""
+        self._rng = rng or random.Random()  # the jitter of the registration retries
         self._register_backoff = FullJitterBackoff(
             base_s=settings.register_retry_s, cap_s=settings.register_retry_max_s
         )
@@ -67,13 +61,11 @@ class AgentState(abc.ABC):
         """host:port registered with the control plane; set by :meth:`run`."""
         self.work_dir = Path(settings.work_dir).resolve()
         self.jobs_dir = self.work_dir / "jobs"
-        self.database_clock = DatabaseClock()
-        """The database's clock as the replies tell it: the job log's times (:mod:`agent.dbclock`)."""
+        self.database_clock = DatabaseClock()  # as the replies tell it: the job log's times
         self.joblog = JobLog(
             self.work_dir / "agent.jsonl", worker_id=settings.worker_id, clock=self.database_clock
         )
         self.fence_deadline_path = self.work_dir / FENCE_DEADLINE_FILE
-        """Where the fence deadline is published to the reapers (see :mod:`agent.reaper`)."""
         self._logger = log.get("agent").bind(worker_id=settings.worker_id)
         self._cp = control_plane
         self._admission = Admission(
@@ -82,11 +74,8 @@ class AgentState(abc.ABC):
             memory_capacity_mb=settings.memory_mb,
         )
         self._fence = FenceClock(settings=settings, path=self.fence_deadline_path, logger=self._logger)
-        self._run_id = uuid.uuid4().hex
-        """This agent's run, for the control plane to tell copies of one registration apart
-        from a new one."""
-        self._registrations = 0
-        """Registrations begun in this run (the number of the current one)."""
+        self._run_id = uuid.uuid4().hex  # tells copies of one registration from a new one
+        self._registrations = 0  # begun in this run (the number of the current one)
         self._unacked: list[Outcome] = []
         self._leave_turns = leave_turns or trio.CapacityLimiter(settings.max_concurrent_leaves)
         self._jobs = RunningJobs(
@@ -105,33 +94,21 @@ class AgentState(abc.ABC):
             logger=self._logger,
         )
         self._registered_once = trio.Event()
-        self._takeover: adoption.TakeoverPlan | None = None
-        """What this agent found of its previous process (:meth:`_take_over`), until it has
-        been kept or stopped."""
-        self._continued = trio.Event()
-        """Set once the control plane continued the incarnation of the jobs taken over: their
-        sleep jobs run on from then."""
-        self._restart_hold_s: float | None = None
-        """While a planned restart asks for its hold (:meth:`prepare_restart`): how long."""
-        self._restart_granted = trio.Event()
-        """Set once a heartbeat the database acknowledged recorded the restart hold."""
+        self._takeover: adoption.TakeoverPlan | None = None  # until kept or stopped
+        self._continued = trio.Event()  # the taken-over jobs' incarnation was continued
+        self._restart_hold_s: float | None = None  # while a planned restart asks for its hold
+        self._restart_granted = trio.Event()  # a heartbeat recorded the restart hold
         self._heartbeat_failures = metrics.AGENT_HEARTBEAT_FAILURES.labels(self.worker_id)
         self.heartbeat_interval_s = settings.heartbeat_interval_s
-        """The heartbeat interval in force: the setting until the cluster tells another one
-        (docs/design.md, "Heartbeat interval")."""
+        """The heartbeat interval in force: the setting until the cluster tells another one."""
         self.dead_after_s: float | None = None
-        """The control planes' dead_after the self-fence is derived from now (the newest one a
-        reply told and the agent accepted); None: none told yet."""
-        self._refused_interval_s: float | None = None
-        """The last told interval refused: logged once, not at every reply."""
-        self._early_heartbeat_at = -math.inf
-        """When a job's start last pulled a heartbeat forward (trio time)."""
+        """The dead_after the self-fence is derived from now (the newest one told and accepted);
+        None: none told yet."""
+        self._refused_interval_s: float | None = None  # logged once, not at every reply
+        self._early_heartbeat_at = -math.inf  # when a job's start last pulled a heartbeat forward
         self._heartbeat_waited_s = 0.0
-        """The round trip of the last heartbeat if it was sent while live and answered, else 0
-        (s): the next one says it."""
-        self._clock: trio.abc.Clock | None = None
-        """The trio clock this agent runs on (set by :meth:`run`): read by the metrics
-        server's thread for :meth:`metrics_reading`."""
+        """The round trip (s) of the last heartbeat if it was sent while live and answered, else 0."""
+        self._clock: trio.abc.Clock | None = None  # set by run(); read by the metrics thread
 
     @property
     def max_epoch_seen(self) -> int:
@@ -140,15 +117,9 @@ class AgentState(abc.ABC):
 
     @property
     def running_assignment_ids(self) -> tuple[int, ...]:
-        """Assignments whose jobs have started and not ended yet (including those being
-        stopped): what heartbeats report as running.
-
-        A job still waiting for a start slot is not listed (it holds its capacity here all the
-        same): to the control plane its assignment stays unconfirmed, and the leader hands a
-        worker at most a window of unconfirmed assignments (:mod:`actors.placement`), so what
-        it gives this worker is paced by what the worker really starts. One that waited past
-        the control plane's ``cancel_unconfirmed_after_s`` is cancelled here and placed again.
-        """
+        """Assignments whose jobs have started and not ended yet: what heartbeats report as
+        running. One waiting for a start slot stays unconfirmed, so the leader's window of
+        unconfirmed assignments paces a worker by what it really starts (:mod:`actors.placement`)."""
         return self._jobs.running_assignment_ids
 
     def _job_ids(self, assignment_ids: Iterable[int]) -> list[int | None]:
@@ -166,12 +137,8 @@ class AgentState(abc.ABC):
 
         A dead_after that is a number > 0 is always taken: the self-fence must fit below the
         dead_after the cluster judges the worker by. An interval :func:`agent.fence.told_refusal`
-        refuses (not a number > 0, outside ``heartbeat_interval_min_s`` ..
-        ``heartbeat_interval_max_s``, or leaving a self-fence span no longer than itself) is
-        logged (once per refused value) and the last good one kept. The self-fence span follows
-        what is taken (:func:`agent.fence.fence_after_s`). Each heartbeat says which dead_after
-        its fence is derived from, and the cluster judges the worker by the larger of that and
-        the one it told (docs/design.md, "Heartbeat interval").
+        refuses is logged (once per refused value) and the last good one kept. The self-fence
+        span follows what is taken (docs/design.md, "Heartbeat interval").
         """
         new_dead_after_s: float | None
         if dead_after_s is not None and math.isfinite(dead_after_s) and dead_after_s > 0:

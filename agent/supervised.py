@@ -1,16 +1,9 @@
 """A job's supervisor process, from the agent's side: started, told to stop, waited for.
 
-Command jobs run under a reaper (:mod:`agent.reaper`) and container jobs under a container
-supervisor (:mod:`agent.container_supervisor`); the agent treats both alike:
-:func:`popen_supervisor` starts one (on the process's spawner thread, see :mod:`agent.starts`)
-with the write end of its start pipe, and :func:`wait_supervisor` waits for its exit while
-passing a stop on (SIGTERM; SIGUSR1 once it is late; SIGKILL of its group last), calls
-``on_started`` when the start pipe says the start is over, and reaps it. Its report file is read
-by the runtime (:func:`agent.deadman.read_report`).
-
-The agent waits for a supervisor's exit through a pidfd (``os.pidfd_open``), polling ``waitid``
-every 50 ms where pidfds are missing. The exit is observed before the supervisor is reaped, so
-the sweep of its group cannot hit a recycled process id.
+Command jobs' reapers and container jobs' supervisors alike: :func:`popen_supervisor` starts one
+with the write end of its start pipe, and :func:`wait_supervisor` waits for its exit (through a
+pidfd, else polling ``waitid``) while passing a stop on. The exit is observed before the
+supervisor is reaped, so the sweep of its group cannot hit a recycled process id.
 """
 
 from __future__ import annotations
@@ -40,13 +33,10 @@ def popen_supervisor(
     stderr_path: Path,
     env: Mapping[str, str],
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start a job's supervisor process (a reaper, or a container's supervisor) from the
-    calling thread: ``command(started_fd)`` in ``job_dir``, the leader of a new session, its
-    stdout and stderr appended to the job's files, with ``env`` only, holding the write end of
-    the start pipe as ``started_fd``.
-
-    Returns:
-        The process, and the read end of its start pipe (non-blocking; the caller closes it).
+    """Start a job's supervisor process from the calling thread: ``command(started_fd)`` in
+    ``job_dir``, the leader of a new session, its stdout and stderr appended to the job's files,
+    with ``env`` only, holding the write end of the start pipe as ``started_fd``. Returns the
+    process and the read end of its start pipe (non-blocking; the caller closes it).
 
     Raises:
         OSError: the output files cannot be opened, or the interpreter cannot be executed.
@@ -127,18 +117,16 @@ async def wait_supervisor(
     stop_grace_s: float,
     on_started: Callable[[], None],
 ) -> tuple[bool, bool, int]:
-    """Wait until a job's supervisor (a reaper, or a container's supervisor) has exited, passing
-    on a stop (SIGTERM; SIGUSR1 when it is not done :data:`REAPER_SLACK_S` after the grace;
-    SIGKILL of its group another :data:`REAPER_SLACK_S` later) and calling ``on_started`` once
-    its start pipe ``started_fd`` said the start is over (it closes it); then reap it.
+    """Wait until a job's supervisor has exited, passing on a stop (SIGTERM; SIGUSR1 when it is
+    not done :data:`REAPER_SLACK_S` after the grace; SIGKILL of its group another
+    :data:`REAPER_SLACK_S` later) and calling ``on_started`` once its start pipe ``started_fd``
+    said the start is over (it closes it); then reap it.
 
-    Returns:
-        Whether the stop was asked for, whether the start pipe said the job started, and the
-        supervisor's exit status.
+    Returns whether the stop was asked for, whether the start pipe said the job started, and
+    the supervisor's exit status.
 
     Raises:
-        trio.Cancelled: after having the supervisor kill the job and waiting for its exit
-            (shielded).
+        trio.Cancelled: after having the supervisor kill the job (shielded).
     """
     pid = proc.pid  # the supervisor; also its process group id (start_new_session)
     stopped = False
