@@ -29,7 +29,10 @@ Container jobs' tests get their image here too (``job_image``, built by
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
+import json
 import os
 import shutil
 import stat
@@ -40,6 +43,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import container_images
@@ -298,21 +302,59 @@ def _interpreter_reachable_by_the_job_user() -> Iterator[None]:
     """Many tests' command jobs run ``sys.executable``; run as root, the agent runs them as its
     job user, who must be able to reach that interpreter. Where it lies under a folder closed
     to other users (``/root/.pyenv`` with /root at 0700), the search bit (o+x: pass through,
-    not list) is added to each closed parent for the session and taken away after it."""
-    if os.geteuid() != 0:
+    not list) is added to each closed parent for the session and taken away after the last
+    session that needs it (sessions beside it, pytest-xdist's workers included, count
+    themselves in a shared file under a lock)."""
+    closed = [
+        folder
+        for folder in Path(os.path.realpath(sys.executable)).parents
+        if stat.S_IMODE(folder.stat().st_mode) & stat.S_IXOTH == 0
+    ]
+    if os.geteuid() != 0 or (not closed and not _SEARCH_BITS.exists()):
         yield
         return
-    closed: list[tuple[Path, int]] = []
-    for folder in Path(os.path.realpath(sys.executable)).parents:
-        mode = stat.S_IMODE(folder.stat().st_mode)
-        if mode & stat.S_IXOTH == 0:
-            closed.append((folder, mode))
-            folder.chmod(mode | stat.S_IXOTH)
+    with _search_bits() as state:
+        for folder in closed:
+            state["modes"].setdefault(str(folder), stat.S_IMODE(folder.stat().st_mode))
+            folder.chmod(state["modes"][str(folder)] | stat.S_IXOTH)
+        state["pids"].append(os.getpid())
     try:
         yield
     finally:
-        for folder, mode in closed:
-            folder.chmod(mode)
+        with _search_bits() as state:
+            state["pids"] = [pid for pid in state["pids"] if pid != os.getpid() and _alive(pid)]
+            if not state["pids"]:
+                for folder, mode in state["modes"].items():
+                    Path(folder).chmod(mode)
+                state["modes"].clear()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+_SEARCH_BITS = Path(tempfile.gettempdir()) / "stockade-test-search-bits.json"
+"""The folders given o+x for test sessions (``modes``: each one's mode before) and the pids of
+the sessions that need them (``pids``)."""
+
+
+@contextlib.contextmanager
+def _search_bits() -> Iterator[dict[str, Any]]:
+    """:data:`_SEARCH_BITS` read and written back under an exclusive lock; removed once no
+    session needs it."""
+    with open(_SEARCH_BITS.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        empty: dict[str, Any] = {"modes": {}, "pids": []}
+        state = json.loads(_SEARCH_BITS.read_text()) if _SEARCH_BITS.exists() else empty
+        yield state
+        if state["pids"]:
+            _SEARCH_BITS.write_text(json.dumps(state))
+        else:
+            _SEARCH_BITS.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
