@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.errors import InvalidArgument, StockadeError
+
+T = TypeVar("T")
 
 STATE_DIR_ENV = "STOCKADE_STATE_DIR"
 """Environment variable that overrides the state folder (default ``./.stockade``)."""
@@ -98,17 +100,15 @@ def named_addresses(text: str, *, field: str = "--control-planes") -> list[str]:
     return addresses
 
 
-def cluster_json_addresses(state_dir: Path) -> list[str] | None:
-    """The control-plane addresses recorded in ``state_dir/cluster.json``, or None when it
-    records no cluster (read without :mod:`ops.cluster`, which a client does not need).
+def read_cluster_file(path: Path, parse: Callable[[Any], T]) -> T | None:
+    """``parse`` of the JSON in the cluster file ``path``, or None when there is none.
 
     Raises:
-        ClusterError: cluster.json exists but cannot be read.
+        ClusterError: it exists but cannot be read, or is not a cluster file (``parse`` raised
+            ValueError, KeyError or TypeError).
     """
-    path = state_dir / CLUSTER_FILE
     try:
-        processes = json.loads(path.read_text())["processes"]
-        addresses = [str(p["address"]) for p in processes if p["kind"] == "cp"]
+        return parse(json.loads(path.read_text()))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -117,6 +117,19 @@ def cluster_json_addresses(state_dir: Path) -> list[str] | None:
         raise ClusterError(
             f"{path} is not a Stockade cluster file ({exc}); remove it and run up again"
         ) from exc
+
+
+def cluster_json_addresses(state_dir: Path) -> list[str] | None:
+    """The control-plane addresses recorded in ``state_dir/cluster.json``, or None when it
+    records no cluster (read without :mod:`ops.cluster`, which a client does not need).
+
+    Raises:
+        ClusterError: cluster.json exists but cannot be read.
+    """
+    addresses = read_cluster_file(
+        state_dir / CLUSTER_FILE,
+        lambda recorded: [str(p["address"]) for p in recorded["processes"] if p["kind"] == "cp"],
+    )
     return addresses or None
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ops.config import STATE_DIR_ENV, ClusterError
+from ops.config import STATE_DIR_ENV, ClusterError, read_cluster_file
 from runtime.tls import TlsFiles
 
 __all__ = [
@@ -413,17 +413,7 @@ class StateDir:
 
     def load(self) -> ClusterConfig | None:
         """The recorded cluster, or None; ClusterError where cluster.json cannot be read."""
-        try:
-            text = self.config_path.read_text()
-            return ClusterConfig.from_json(json.loads(text))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise ClusterError(f"cannot read {self.config_path}: {exc.strerror}") from exc
-        except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
-            raise ClusterError(
-                f"{self.config_path} is not a Stockade cluster file ({exc}); remove it and run up again"
-            ) from exc
+        return read_cluster_file(self.config_path, ClusterConfig.from_json)
 
     def save(self, config: ClusterConfig) -> None:
         """Write cluster.json atomically, readable by this user only (the URL may hold a password)."""
