@@ -43,7 +43,10 @@ def fence_after_s(
 ) -> float:
     """The self-fence deadline to use, in seconds.
 
-    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere, so
+    Invariant 7: a cut-off worker stops its jobs before the cluster may place them elsewhere.
+    The agent fences ``self_fence_after_s`` after the send time of its last acknowledged
+    heartbeat and takes up to ``stop_grace_s`` to stop a job; the control planes declare it dead
+    ``dead_after_s`` after the last heartbeat they recorded, which was sent no earlier. So
     ``self_fence_after_s + stop_grace_s + self_fence_margin_s`` must not exceed
     ``dead_after_s``; when it would, the deadline is lowered to fit (never below
     ``min_self_fence_s``). Unknown ``dead_after_s`` keeps the setting.
