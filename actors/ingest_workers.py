@@ -42,12 +42,10 @@ def registration_args(
 
 
 def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes) -> int:
-    """The incarnation of the registration stored in ``row`` (the worker's), which ``request``
-    is a copy of (same agent run and number).
+    """The incarnation of the registration stored in ``row``, which ``request`` is a copy of.
 
     Raises:
-        IdempotencyConflict: the stored registration asked for another address, capacity or
-            labels (``digest`` differs).
+        IdempotencyConflict: the stored one asked for another address, capacity or labels.
     """
     stored = row["registration_sha256"]
     if stored is not None and bytes(stored) != digest:
@@ -59,8 +57,7 @@ def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes
                 incarnation=row["incarnation"],
             )
         )
-    incarnation: int = row["incarnation"]
-    return incarnation
+    return int(row["incarnation"])
 
 
 @attrs.define
@@ -101,11 +98,9 @@ class WorkerHandlers(HeartbeatHandlers):
             await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
             if finished:
                 await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
-            # A copy of a registration already applied (a hedged or retried one) is told apart
-            # first, under the row's lock: REGISTER_WORKER draws the incarnation from a sequence
-            # before its conflict check, so running it for every copy would use up a number each
-            # (a storm of copies read as a storm of incarnations). REGISTER_WORKER's own condition
-            # still refuses a copy, should one get past this.
+            # A copy of an applied registration is told apart first, under the row's lock:
+            # REGISTER_WORKER draws the incarnation from a sequence before its conflict check,
+            # so each copy would use up a number.
             row = await conn.fetchrow(queries.WORKER_REGISTRATION, request.worker_id)
             again: bool = (
                 row is not None
@@ -175,14 +170,10 @@ class WorkerHandlers(HeartbeatHandlers):
         digest: bytes,
     ) -> pb.RegisterWorkerReply:
         """A restarted agent's registration that asks to continue ``request.resume_incarnation``
-        (docs/design.md, "Restarts"), in one transaction: the outcomes first (whatever comes of
-        the rest), then the row continued only if it is still alive in that incarnation
-        (:data:`actors.queries.CONTINUE_WORKER`), and then the active assignments of it that the
-        agent does not hold released and the held ones confirmed. A copy of a continuation
-        already applied (same agent run and number) gets ``resumed`` again and releases
-        nothing more: assignments placed on the continued incarnation since are its agent's.
-        Anything else (the row dead, left, registered again, unknown) continues nothing and is
-        answered ``resumed: false``, incarnation 0.
+        (docs/design.md, "Restarts"), in one transaction: the outcomes, then the row continued
+        only if still alive in that incarnation, the unheld assignments released and the held
+        ones confirmed. A copy of an applied continuation gets ``resumed`` again and releases
+        nothing more; anything else is answered ``resumed: false``, incarnation 0.
 
         Raises:
             IdempotencyConflict: a copy of an applied continuation with another address,
@@ -198,7 +189,6 @@ class WorkerHandlers(HeartbeatHandlers):
             continued = await conn.fetchval(
                 queries.CONTINUE_WORKER, *registration_args(request, labels, digest), incarnation
             )
-            released: list[int] = []
             if continued is None:
                 row = await conn.fetchrow(queries.WORKER_REGISTRATION, worker_id)
                 copy = (
@@ -213,24 +203,19 @@ class WorkerHandlers(HeartbeatHandlers):
                 same_registration(row, request, digest)
                 released = list(await conn.fetchval(queries.RELEASED_ASSIGNMENTS, worker_id, incarnation))
             else:
-                released = list(
-                    await conn.fetchval(
-                        queries.RELEASE_UNHELD_ASSIGNMENTS, worker_id, incarnation, list(held)
-                    )
-                )
-            stop = list(
-                await conn.fetchval(queries.CONFIRM_HELD_ASSIGNMENTS, worker_id, incarnation, list(held))
-            )
+                sql = queries.RELEASE_UNHELD_ASSIGNMENTS
+                released = list(await conn.fetchval(sql, worker_id, incarnation, list(held)))
+            sql = queries.CONFIRM_HELD_ASSIGNMENTS
+            stop = list(await conn.fetchval(sql, worker_id, incarnation, list(held)))
             await faults.hit("ingest.promise_before_commit")
+            defaults = self._told_defaults()
             if continued is not None:
                 # Last, so the worker's silence counts from the commit, not from the start.
                 told = await conn.fetchrow(
-                    queries.STAMP_REGISTRATION, worker_id, incarnation, False, *self._told_defaults()
+                    queries.STAMP_REGISTRATION, worker_id, incarnation, False, *defaults
                 )
             else:  # a copy answered again: what it tells is recorded too, nothing is stamped
-                told = await conn.fetchrow(
-                    queries.TELL_WORKER, worker_id, incarnation, *self._told_defaults()
-                )
+                told = await conn.fetchrow(queries.TELL_WORKER, worker_id, incarnation, *defaults)
             return True, stop, released, await conn.fetchrow(queries.EPOCH_AND_CLOCK), told
 
         async with self.database("register_worker") as conn:
@@ -266,15 +251,11 @@ class WorkerHandlers(HeartbeatHandlers):
         )
 
     async def leave_worker(self, request: pb.LeaveWorkerRequest) -> pb.LeaveWorkerReply:
-        """Record a clean stop: the worker's outcomes, then its row ``left`` (an unfenced write,
-        like a heartbeat), if the request names the incarnation that is alive now and the
-        agent run that registered it. The leader ends that incarnation's assignments as
-        stopped and requeues their jobs in its next reconcile pass (a fenced write).
-
-        The agent sends it only once it has stopped every job. Anything else (an earlier
-        incarnation, another run, a worker already declared dead or unknown) changes nothing
-        and is answered ``left: false`` with the reason; a copy of a leave already applied
-        is answered ``left: true`` again.
+        """Record a clean stop, sent once the agent stopped every job: the worker's outcomes,
+        then its row ``left`` if the request names the alive incarnation and the agent run that
+        registered it (the leader then ends its assignments and requeues their jobs). Anything
+        else changes nothing and is answered ``left: false`` with the reason; a copy of an
+        applied leave is answered ``left: true`` again.
 
         Raises:
             InvalidArgument: a field out of range (nothing is stored).
@@ -314,8 +295,7 @@ class WorkerHandlers(HeartbeatHandlers):
     async def _worker_schedule(
         self, rpc: str, sql: str, worker_id: str, *args: Any, key: str, items: list[Any]
     ) -> pb.WorkerScheduleReply:
-        """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``
-        (an unfenced request: the placer and the reconciler act on it while leader).
+        """Carry out a cordon, uncordon or drain of ``worker_id`` once per idempotency ``key``.
 
         Raises:
             NotFound: no worker has that id; nothing was stored.
@@ -362,9 +342,7 @@ class WorkerHandlers(HeartbeatHandlers):
         """Drain a worker: cordon it, and with a deadline have the leader stop and requeue
         what still runs there once it has passed (see ``schema.sql``, drain and cordon)."""
         worker_id = check_worker_id(request.worker_id)
-        deadline_ms = None
-        if request.has_deadline:
-            deadline_ms = check_drain_deadline_ms(request.deadline_ms)
+        deadline_ms = check_drain_deadline_ms(request.deadline_ms) if request.has_deadline else None
         key = check_idempotency_key(request.idempotency_key)
         deadline_s = None if deadline_ms is None else deadline_ms / 1000
         return await self._worker_schedule(
