@@ -41,6 +41,7 @@ SESSION_SETTINGS = session_settings(IngestSettings())
 """Session settings of ingest's connections with the default :class:`IngestSettings`."""
 
 T = TypeVar("T")
+DEADLINE_PASSED = "the client's deadline passed before the request could start"
 
 
 async def run_in_slices(steps: Generator[None, None, T], share: admission.LoopShare | None = None) -> T:
@@ -213,7 +214,7 @@ class AdmittedService:
     def _check_deadline(self, rpc: str, deadline: float) -> None:
         if trio.current_time() >= deadline:
             metrics.INGEST_EXPIRED_REQUESTS.labels(rpc).inc()
-            raise DeadlineExceeded(f"{rpc}: the client's deadline passed before the request could start")
+            raise DeadlineExceeded(f"{rpc}: {DEADLINE_PASSED}")
 
     def _record_shed(self, rpc: str, reason: str) -> None:
         metrics.INGEST_SHED_REQUESTS.labels(rpc).inc()
