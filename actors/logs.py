@@ -74,10 +74,8 @@ def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
     Raises:
         NotFound: no job has that id.
         InvalidArgument: it is a sleep job (which writes no output).
-        FailedPrecondition: none of its runs has started (the message says its state), or
-            the run asked for is not one of its runs that started.
-        Unavailable: the run's worker was declared dead or left the cluster; the message
-            names it and its address.
+        FailedPrecondition: none of its runs (or not the one asked for) has started.
+        Unavailable: the run's worker was declared dead or left the cluster.
     """
     if row is None:
         raise NotFound(f"job_id {job_id} not found")
@@ -108,28 +106,21 @@ def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
         worker_id=row["worker_id"],
         address=row["address"],
     )
-    if row["worker_state"] == "dead":
+    gone = {"dead": "was declared dead", "left": "left the cluster (its agent stopped)"}.get(
+        row["worker_state"]
+    )
+    if gone:
         raise Unavailable(
-            f"worker {source.worker_id} at {source.address} was declared dead: the output of job {job_id} "
+            f"worker {source.worker_id} at {source.address} {gone}: the output of job {job_id} "
             f"(assignment {source.assignment_id}) is kept on that worker only"
-        )
-    if row["worker_state"] == "left":
-        raise Unavailable(
-            f"worker {source.worker_id} at {source.address} left the cluster (its agent stopped): the "
-            f"output of job {job_id} (assignment {source.assignment_id}) is kept on that worker only"
         )
     return source
 
 
 @attrs.define
 class LogRelay:
-    """Relays a worker's ReadLogs stream to a ReadJobLogs caller (module docstring).
-
-    Args:
-        cp_id: this replica, named in busy answers.
-        settings: the timeouts and how many streams at once.
-        tls: this replica's client certificate for calling workers; None: plaintext.
-    """
+    """Relays a worker's ReadLogs stream to a ReadJobLogs caller; ``tls``: this replica's client
+    certificate for calling workers (None: plaintext)."""
 
     cp_id: str
     settings: IngestSettings
@@ -147,11 +138,7 @@ class LogRelay:
         return channel
 
     def admit(self) -> None:
-        """Refuse a stream beyond ``max_log_streams``.
-
-        Raises:
-            Busy: this replica relays that many already.
-        """
+        """Raise Busy when this replica relays ``max_log_streams`` streams already."""
         if self.streams >= self.settings.max_log_streams:
             raise Busy(
                 f"busy: {self.cp_id} relays {self.streams} output streams already "
@@ -196,19 +183,21 @@ class LogRelay:
             ) as chunks:
                 async for chunk in chunks:
                     await send(chunk)
-        except NotFound as exc:
-            _log_failure(source, request, exc)
-            raise FailedPrecondition(str(exc)) from exc
-        except Busy as exc:
-            _log_failure(source, request, exc)
-            raise Busy(f"{worker}: {exc}") from exc
-        except PermissionDenied as exc:
-            # The worker refused this replica's certificate: a fault of the cluster's, not the
-            # caller's; another replica may be let in.
-            _log_failure(source, request, exc)
-            raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
-        except Unavailable as exc:
-            _log_failure(source, request, exc)
+        except (NotFound, Busy, PermissionDenied, Unavailable) as exc:
+            log.get("logs").info(
+                "output relay failed",
+                job_id=source.job_id,
+                assignment_id=source.assignment_id,
+                worker_id=source.worker_id,
+                stream=request.stream,
+                error=str(exc),
+            )
+            if isinstance(exc, NotFound):
+                raise FailedPrecondition(str(exc)) from exc
+            if isinstance(exc, Busy):
+                raise Busy(f"{worker}: {exc}") from exc
+            if isinstance(exc, PermissionDenied):  # a fault of the cluster's: another replica may be let in
+                raise Unavailable(f"{worker} refused {self.cp_id}: {exc}") from exc
             raise Unavailable(
                 f"{worker} is unreachable ({exc}): the output of job {source.job_id} (assignment "
                 f"{source.assignment_id}) is kept on that worker only"
@@ -222,15 +211,3 @@ class LogRelay:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-
-
-def _log_failure(source: LogSource, request: pb.ReadJobLogsRequest, exc: Exception) -> None:
-    """One line for a relay its worker failed, keyed by the job, its run and its worker."""
-    log.get("logs").info(
-        "output relay failed",
-        job_id=source.job_id,
-        assignment_id=source.assignment_id,
-        worker_id=source.worker_id,
-        stream=request.stream,
-        error=str(exc),
-    )

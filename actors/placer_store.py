@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -183,7 +183,7 @@ def _constraints(text: str | None) -> tuple[Constraint, ...]:
     )
 
 
-def _live_worker(w: Mapping[str, Any]) -> LiveWorker:
+def _live_worker(w: Any) -> LiveWorker:
     """A :class:`LiveWorker` from its :data:`_WORKER_COLUMNS`."""
     return LiveWorker(
         ref=WorkerRef(worker_id=w["id"], address=w["address"], incarnation=int(w["incarnation"])),
