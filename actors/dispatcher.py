@@ -57,13 +57,8 @@ class WorkerCalls(Protocol):
 
 @attrs.define
 class GrpcWorkerCalls:
-    """:class:`WorkerCalls` over real gRPC, one cached channel per worker and address.
-
-    With ``tls`` every call is mutual TLS with this replica's certificate, and a channel
-    accepts only the certificate of the worker the request names (``worker`` role, its id):
-    an assignment never reaches a process that holds another worker's certificate, whatever
-    address that worker registered.
-    """
+    """:class:`WorkerCalls` over real gRPC, one cached channel per worker and address; with
+    ``tls``, mutual TLS that accepts only the certificate of the worker the request names."""
 
     tls: ClientTls | None = None
     _channels: dict[tuple[str, str], GrpcChannel] = attrs.field(factory=dict)
@@ -85,13 +80,8 @@ class GrpcWorkerCalls:
         return await channel.call(channel.stub(pb.WorkerStub).cancel, request, timeout_s=timeout_s)
 
     async def connect(self, address: str, worker_id: str, timeout_s: float) -> None:
-        """Open the connection to ``worker_id`` at ``address`` now (TLS handshake included),
-        so its first call does not wait for it.
-
-        Raises:
-            StockadeError: it could not be opened within ``timeout_s`` (see
-                :meth:`runtime.aio.GrpcChannel.connect`).
-        """
+        """Open the connection to ``worker_id`` at ``address`` now, so its first call does not
+        wait for it; raises StockadeError when not open within ``timeout_s``."""
         await self._channel(address, worker_id).connect(timeout_s=timeout_s)
 
     def close(self) -> None:
@@ -202,13 +192,9 @@ class Dispatcher:
         try:
             reply = await self.calls.cancel(w.address, request, self.settings.rpc_timeout_s)
         except StockadeError as exc:
+            ids = {"job_ids": list(message.job_ids), "assignment_ids": list(message.assignment_ids)}
             self._log.warning(
-                "cancel failed",
-                epoch=message.epoch,
-                worker_id=w.worker_id,
-                job_ids=list(message.job_ids),
-                assignment_ids=list(message.assignment_ids),
-                error=str(exc),
+                "cancel failed", epoch=message.epoch, worker_id=w.worker_id, **ids, error=str(exc)
             )
             message.reply.set(())
             return
@@ -216,10 +202,11 @@ class Dispatcher:
             self._stale(message.epoch, reply.epoch_seen)
         if reply.finished_ids:
             # Ended on their own first: their outcome, from a heartbeat, decides their jobs.
+            ended = list(reply.finished_ids)
             self._log.info(
                 "cancel came after the jobs ended",
                 epoch=message.epoch,
                 worker_id=w.worker_id,
-                assignment_ids=list(reply.finished_ids),
+                assignment_ids=ended,
             )
         message.reply.set(tuple(reply.acknowledged_ids))
