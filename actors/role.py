@@ -63,12 +63,10 @@ class RoleView:
         on_standby: Callable[[], None] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """A deciding actor's loop: ask for the role, follow its changes, signal
-        ``task_status.started()``, then call ``step(epoch)`` every ``interval_s`` seconds (at a
-        fixed rate, :class:`runtime.loops.Periodic`) while leader, the first at once after each
-        election; until cancelled. ``step`` handles its own errors; one it raises ends the loop.
-        ``on_standby`` (no checkpoint) is called whenever the loop finds itself not leading and
-        starts waiting for an election: at the start as a standby, and after each step-down.
+        """A deciding actor's loop: ask for the role, follow its changes, then call
+        ``step(epoch)`` every ``interval_s`` seconds (at a fixed rate) while leader, the first at
+        once after each election, until cancelled; an error ``step`` raises ends the loop.
+        ``on_standby`` (no checkpoint) is called whenever the loop starts waiting for an election.
         """
         await self.query()
         async with trio.open_nursery() as nursery:
