@@ -89,14 +89,9 @@ def judge_deaths(
     (kubernetes.io/docs/concepts/architecture/nodes/#rate-limits-on-eviction). Holding a
     declaration back is always safe: a silent worker fences itself.
 
-    Args:
-        ages: every alive worker incarnation and its heartbeat age (seconds, database time).
-        settings: ``dead_after_s``, ``death_burst``, ``deaths_per_s``,
-            ``mass_silence_fraction``, ``mass_silence_min_workers``.
-        bucket: the declarations' tokens as the previous pass left them.
-        now: trio time of this pass (seconds).
-        hold_on_mass_silence: False once a mass silence has lasted ``mass_silence_max_s``:
-            it is still reported, but no longer holds the declarations.
+    ``ages``: every alive worker incarnation's heartbeat age (database time); ``bucket``: as the
+    previous pass left it; ``now``: trio time. With ``hold_on_mass_silence`` False (a mass
+    silence lasted ``mass_silence_max_s``) a mass silence is reported but holds nothing back.
     """
     silent = sorted(
         (a for a in ages if a.age_s > judged_dead_after_s(a, settings.dead_after_s)),

@@ -44,19 +44,15 @@ from runtime.settings.leader import LedgerSettings
 
 T = TypeVar("T")
 
-# Test-only switch for the negative control (tests/e2e/unfenced_launcher.py flips it in a
-# control-plane process it starts): with fencing off there is no epoch check and no share
-# lock, no idle-in-transaction timeout, and placements claim jobs whatever their state, so a
-# frozen old leader's write commits when it wakes. Not reachable from the CLI, the settings or
-# the environment.
+# Test-only switch for the negative control (tests/e2e/unfenced_launcher.py flips it): with
+# fencing off a frozen old leader's write commits when it wakes. Not reachable from the CLI,
+# the settings or the environment.
 _FENCING_ENABLED = True
 
 
 def decision_log_keys(message: LedgerInbox) -> dict[str, Any]:
-    """The ids a fenced decision is about, as log keys (runtime/log.py: a line about a batch
-    lists its ids): ``job_ids`` (and ``worker_ids``, in parallel) of placements, ``worker_ids``
-    of dead-worker declarations, ``assignment_ids`` of ended assignments, ``job_ids`` of
-    settled waiting jobs."""
+    """The ids a fenced decision is about, as log keys (``job_ids``, ``worker_ids``,
+    ``assignment_ids``; runtime/log.py: a line about a batch lists its ids)."""
     match message:
         case CommitPlacements(placements=placements):
             return {
@@ -205,15 +201,10 @@ class Ledger:
         that carries the fence itself and returns (the epoch it saw, its result).
 
         Args:
-            epoch: the epoch the decision was made under.
             what: a short description, for ``stale_writes`` and logs.
-            op: the decision's writes, given the connection (inside the transaction, or outside
-                any with ``statement``).
             kind: names the fault points ``ledger.<kind>.before_transaction`` and
-                ``ledger.<kind>.after_epoch_check`` (``ledger.after_epoch_check`` catches every
-                kind), or ``ledger.<kind>.before_statement``.
-            log_keys: the decision's ids, added to the line that logs a refusal
-                (:func:`decision_log_keys`).
+                ``ledger.<kind>.after_epoch_check``, or ``ledger.<kind>.before_statement``.
+            log_keys: the decision's ids, for the line that logs a refusal.
 
         Returns:
             ``op``'s result (with ``statement``: the second of its pair).

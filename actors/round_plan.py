@@ -144,15 +144,11 @@ def plan_round_steps(
     pending reasons that changed fill what the placements leave of ``max_rows``.
 
     Args:
-        queue: the pending jobs.
-        workers: the live workers, with their allocation and send-window counters.
-        settings: the policy, the bounds per round and per worker, the reservations.
         max_rows: most rows the round's fenced statement may carry (placements and reasons).
         now: the queue's clock at the read (seconds): backoffs and reservation waits end by it.
         idle_fingerprint: the fingerprint of the last round that found nothing to do, if the
             queue has not changed since; a round with the same one decides nothing.
-        reason_cache: a memo of unschedulable reasons kept by the caller; the plan is the same
-            without it.
+        reason_cache: a memo of unschedulable reasons kept by the caller.
 
     Raises:
         ValueError: the settings name an unknown policy.
