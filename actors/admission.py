@@ -22,14 +22,9 @@ replica's own liveness record, not an RPC)."""
 
 @attrs.frozen(kw_only=True)
 class Load:
-    """How loaded the ingest is at the moment a request arrives.
-
-    Args:
-        lag_s: the ingest loop's worst lag over the last second, in seconds.
-        in_progress: requests other than liveness work holding a turn.
-        waiting: requests other than liveness work waiting for a turn.
-        would_wait: whether this request would have to wait for its turn.
-    """
+    """How loaded the ingest is as a request arrives: the loop's worst lag over the last second,
+    the requests other than liveness work holding a turn and waiting for one, and whether this
+    request would have to wait."""
 
     lag_s: float
     in_progress: int
@@ -184,11 +179,7 @@ class LoopShare:
     """A token bucket of the ingest loop's time for the sliced CPU work of requests other than
     liveness work (docs/design.md, "Admission", rule 5): tokens (seconds of loop time) accrue at
     ``share`` per second up to ``burst_s``; a slice spends what it took; a negative balance is
-    paid back by pausing.
-
-    Args:
-        share: the fraction of the loop's time the slices may take (0 < share <= 1).
-        burst_s: the most time saved up while idle, in seconds.
+    paid back by pausing (0 < ``share`` <= 1).
     """
 
     share: float

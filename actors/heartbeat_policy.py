@@ -88,19 +88,11 @@ def _bounds_ms(settings: ReconcilerSettings) -> tuple[int, int]:
     return low_ms, max(low_ms, math.floor(settings.heartbeat_interval_max_s * 1000 / STEP_MS) * STEP_MS)
 
 
-@attrs.frozen
-class _Wanted:
-    """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
-    measured, the default stood in), and why."""
-
-    interval_ms: int
-    cost_us: float | None
-    why: str
-
-
 def _wanted(
     workers: int, costs_us: Sequence[float], waits_ms: Sequence[float], settings: ReconcilerSettings
-) -> _Wanted:
+) -> tuple[int, float | None, str]:
+    """The interval the rule wants (ms, within the bounds), the cost it used (None: none was
+    measured, the default stood in), and why."""
     low_ms, high_ms = _bounds_ms(settings)
     measured = sorted(c for c in costs_us if math.isfinite(c) and c > 0)
     replicas = max(1, len(measured))
@@ -118,7 +110,7 @@ def _wanted(
     interval_ms = min(high_ms, _whole_steps(max(wanted_ms, low_ms)))
     if interval_ms == high_ms and wanted_ms > high_ms:
         why += f": capped at heartbeat_interval_max_s = {settings.heartbeat_interval_max_s:g}"
-    return _Wanted(interval_ms=interval_ms, cost_us=cost_us, why=why)
+    return interval_ms, cost_us, why
 
 
 def wanted_interval_ms(
@@ -128,8 +120,8 @@ def wanted_interval_ms(
     and :data:`HYSTERESIS` (what :class:`LongestWithin` keeps); the arguments as
     :func:`choose_policy`'s. None while no replica has measured a cost (a guess is not to be held
     for :data:`SHRINK_AFTER_S`)."""
-    wanted = _wanted(workers, costs_us, waits_ms, settings)
-    return None if wanted.cost_us is None else wanted.interval_ms
+    interval_ms, cost_us, _ = _wanted(workers, costs_us, waits_ms, settings)
+    return None if cost_us is None else interval_ms
 
 
 def choose_policy(
@@ -158,8 +150,7 @@ def choose_policy(
         the bounds, else the new policy.
     """
     low_ms, high_ms = _bounds_ms(settings)
-    wanted = _wanted(workers, costs_us, waits_ms, settings)
-    interval_ms, cost_us, why = wanted.interval_ms, wanted.cost_us, wanted.why
+    interval_ms, cost_us, why = _wanted(workers, costs_us, waits_ms, settings)
     held_ms = min(high_ms, _whole_steps(floor_ms)) if floor_ms > 0 else 0
     if held_ms > interval_ms:
         interval_ms = held_ms
@@ -217,11 +208,7 @@ class HeartbeatWaits:
     """How long the heartbeats a replica recorded had waited for their answers, as their workers
     report it (``HeartbeatRequest.waited_ms``), over the last ``window_s`` seconds, counted per
     worker (docs/design.md, "Heartbeat interval"): each worker's largest wait within the window
-    (its latest once that largest is older) is one value.
-
-    Args:
-        window_s: how far back a reported wait counts (s).
-        min_workers: fewer workers reporting within the window than this: no percentile.
+    (its latest once that largest is older) is one value; fewer than ``min_workers``: none.
     """
 
     window_s: float = 10.0

@@ -87,14 +87,8 @@ async def open_pool(cp_id: str, database_url: str, settings: IngestSettings) -> 
 
 @attrs.define
 class AdmittedService:
-    """Admission for the RPC handlers of one replica's ingest.
-
-    Args:
-        cp_id: this replica's id, named in busy answers.
-        pool: the ingest's connections (``settings.pool_size`` of them).
-        settings: capacity and shedding limits.
-        lag: the ingest loop's lag monitor (its :attr:`~runtime.lag.LoopLag.recent_max_s`).
-    """
+    """Admission for the RPC handlers of one replica's ingest (``lag``: the loop's lag monitor,
+    which shedding reads)."""
 
     cp_id: str
     pool: PgPool

@@ -60,13 +60,8 @@ class WaitingJob:
 class PendingMark:
     """Where the placer's next incremental read of pending jobs begins: every job whose
     ``(pending_xid, pending_seq)`` is above ``(xid, seq)``, and those at or below it that a
-    transaction in ``in_flight`` made pending (docs/design.md, "The placer's incremental read").
-
-    Attributes:
-        xid: the mark's transaction id (``pending_xid``); 0 before any read.
-        seq: the mark's ``pending_seq`` within ``xid``.
-        in_flight: ids of transactions, below ``xid``, still in progress at the last read.
-    """
+    transaction in ``in_flight`` (below ``xid``, in progress at the last read) made pending;
+    ``xid`` 0 before any read (docs/design.md, "The placer's incremental read")."""
 
     xid: int = 0
     seq: int = 0

@@ -115,18 +115,8 @@ def _ok(template: str, **values: Any) -> Part:
 
 @attrs.define
 class ConsoleApp:
-    """The console of one replica (see the module docstring).
-
-    Args:
-        cp_id: this replica.
-        own_url: this console's origin (``https://127.0.0.1:7301``).
-        store: the console's database reads.
-        settings: the console's settings.
-        tokens: checks login tokens; None: no login (a cluster run with ``--insecure``).
-        logs: relays the tail of a job's output from its worker.
-        ring: the packing samples.
-        clock: the wall clock, Unix seconds.
-    """
+    """The console of one replica: ``own_url`` its origin (``https://127.0.0.1:7301``),
+    ``tokens`` None for no login (a cluster run with ``--insecure``), ``clock`` the wall clock."""
 
     cp_id: str
     own_url: str
