@@ -1,10 +1,8 @@
 """The dispatcher: the leader's gRPC calls to workers (Assign batches, Cancel).
 
-Receives :class:`Dispatch` (fire and forget: a lost batch is re-sent by the reconciler, the
-worker deduplicates by assignment id) and :class:`CancelOnWorker` (answered with the ids the
-worker acknowledged). Calls run concurrently, at most ``max_concurrent_calls`` at once, each
-with a deadline. A worker that refuses with ``stale_epoch`` has seen a newer epoch: the lease
-keeper is told (:class:`EpochSuperseded`). Protobuf stops here.
+:class:`Dispatch` is fire and forget (the reconciler re-sends a lost batch; the worker
+deduplicates); :class:`CancelOnWorker` is answered with the ids the worker acknowledged. At most
+``max_concurrent_calls`` at once; a ``stale_epoch`` refusal tells the lease keeper.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The ledger: the one connection that runs fenced writes, and owns the epoch share lock.
 
-Every decision (placements, dead-worker declarations, ended assignments, a drain's requeues,
-worker health marks) is a request to :class:`Ledger` carrying the epoch the decider acts under;
-it runs in a fenced transaction (a placer round's placements: one fenced statement,
-``queries.COMMIT_PLACEMENTS``) of at most ``max_rows_per_fenced_write`` rows, and a refused one
-is recorded and reported to the lease keeper. docs/design.md, "How decisions are fenced" and
-"The ledger".
+Every decision is a request to :class:`Ledger` carrying the epoch the decider acts under; it
+runs in a fenced transaction (placements: one fenced statement) of at most
+``max_rows_per_fenced_write`` rows, and a refused one is recorded and reported to the lease
+keeper. docs/design.md, "How decisions are fenced" and "The ledger".
 """
 
 from __future__ import annotations
@@ -88,15 +86,12 @@ class Ledger:
         server_settings = {
             "application_name": f"stockade {self.cp_id} ledger",
             "idle_in_transaction_session_timeout": session_ms(s.idle_in_transaction_timeout_s),
-            # The longest a fenced statement holds the lease's share lock (see the module
-            # docstring), waits for a row another session locked included.
+            # The longest a fenced statement holds the lease's share lock, row-lock waits included.
             "statement_timeout": session_ms(s.statement_timeout_s),
             "lock_timeout": session_ms(s.statement_timeout_s),
-            # Plan each prepared statement once: its plan does not depend on the arrays passed,
-            # and planning the placement statement again every round cost about 0.4 ms.
+            # Plan each prepared statement once (planning the placement statement cost 0.4 ms).
             "plan_cache_mode": "force_generic_plan",
-            # A statement whose client dropped it (answer deadline, lost connection) is ended
-            # by the server within this long instead of running on to its end.
+            # A statement whose client dropped it is ended by the server within this long.
             "client_connection_check_interval": session_ms(s.client_check_interval_s),
         }
         if not _FENCING_ENABLED:
@@ -105,9 +100,7 @@ class Ledger:
             self.database_url,
             server_settings,
             owner="ledger",
-            # A fenced write is bounded as a whole by answer_timeout_s (_answer_deadline); the
-            # same bound on each call covers the rest (the epoch read after a lost connection,
-            # the record of a refused write) without cutting a slow COMMIT shorter than before.
+            # A fenced write is bounded as a whole by _answer_deadline; this bounds the other calls.
             call_timeout_s=s.answer_timeout_s,
         )
 

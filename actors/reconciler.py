@@ -1,12 +1,9 @@
 """The reconciler: the leader's repair pass, every ``reconcile_interval_s`` (0.25 s).
 
-Each pass, while leader: declares silent workers dead and ends orphaned assignments
-(:mod:`actors.deaths`), re-sends or withdraws unconfirmed assignments
-(:func:`actors.deliveries.plan_deliveries`), cancels on workers what users cancelled, what ran
-past its timeout and what a drain's deadline leaves (:mod:`actors.cancellations`), settles
-waiting jobs (:mod:`actors.dependencies`), and, now and then, judges the workers' health
-(:func:`actors.health.judge_health`) and chooses the heartbeat interval. A job is placed again
-only after its active assignment has ended (invariant 6). docs/design.md, "The reconciler's pass".
+Each pass, while leader: dead workers and orphaned assignments (:mod:`actors.deaths`),
+unconfirmed assignments (:mod:`actors.deliveries`), cancellations on workers
+(:mod:`actors.cancellations`), waiting jobs (:mod:`actors.dependencies`), and now and then the
+workers' health and the heartbeat interval. docs/design.md, "The reconciler's pass".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Following the lease keeper's role changes from another actor.
 
-An actor that decides (placer, reconciler) asks :class:`QueryRole` when it starts (it may be a
-restart that missed messages), then applies :class:`Elected` / :class:`Deposed` from its role
-channel, ignoring any whose ``seq`` is not newer than what it has (messages buffered while it
-was down). The view is advisory: the ledger's fence decides what commits.
+A deciding actor asks :class:`QueryRole` when it (re)starts, then applies the changes from its
+role channel whose ``seq`` is newer. The view is advisory: the ledger's fence decides.
 """
 
 from __future__ import annotations
