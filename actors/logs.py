@@ -24,6 +24,8 @@ from runtime.tls import WORKER, ClientTls, Expected
 STREAMS = ("stdout", "stderr")
 MAX_OFFSET = 2**63 - 1
 """The largest output offset a read may begin at (a worker's file offset, ``off_t``)."""
+_PASSED_ON = ("follow", "has_tail", "tail_lines", "tail_max_bytes", "has_offset")
+"""The fields of a ReadJobLogs request that its worker's ReadLogs request carries as they are."""
 
 
 @attrs.frozen(kw_only=True)
@@ -53,17 +55,9 @@ def check_read_job_logs(request: pb.ReadJobLogsRequest) -> pb.ReadJobLogsRequest
         check_assignment_id(request.assignment_id)
     if request.has_offset and request.offset > MAX_OFFSET:
         raise InvalidArgument("offset", request.offset, f"must be at most {MAX_OFFSET}")
-    return pb.ReadJobLogsRequest(
-        job_id=request.job_id,
-        stream=stream,
-        follow=request.follow,
-        has_tail=request.has_tail,
-        tail_lines=request.tail_lines,
-        tail_max_bytes=request.tail_max_bytes,
-        assignment_id=request.assignment_id,
-        has_offset=request.has_offset,
-        offset=request.offset if request.has_offset else 0,
-    )
+    offset = request.offset if request.has_offset else 0
+    kept = {field: getattr(request, field) for field in (*_PASSED_ON, "job_id", "assignment_id")}
+    return pb.ReadJobLogsRequest(stream=stream, offset=offset, **kept)
 
 
 def log_source(job_id: int, row: Any, assignment_id: int = 0) -> LogSource:
@@ -159,13 +153,7 @@ class LogRelay:
             worker_id=source.worker_id,
             job_id=source.job_id,
             assignment_id=source.assignment_id,
-            stream=request.stream,
-            follow=request.follow,
-            has_tail=request.has_tail,
-            tail_lines=request.tail_lines,
-            tail_max_bytes=request.tail_max_bytes,
-            has_offset=request.has_offset,
-            offset=request.offset,
+            **{field: getattr(request, field) for field in (*_PASSED_ON, "stream", "offset")},
         )
         deadline = rpc_deadline()
         timeout_s = None if math.isinf(deadline) else max(0.001, deadline - trio.current_time())
