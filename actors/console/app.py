@@ -109,8 +109,8 @@ class PageStatus(Exception):
 PageFn = Callable[[Request], Awaitable[Part]]
 
 
-def _ok(template: str, **values: Any) -> Part:
-    return Part(status=200, template=f"parts/{template}.html", values=values)
+def _page_part(template: str, status: int = 200, **values: Any) -> Part:
+    return Part(status=status, template=f"parts/{template}.html", values=values)
 
 
 @attrs.define
@@ -199,7 +199,7 @@ class ConsoleApp:
         if now - self._refusals_logged_at.get(reason, -math.inf) >= REFUSAL_LOG_EVERY_S:
             self._refusals_logged_at[reason] = now
             self._log.warning("console refused a request", reason=reason)
-        return Part(status=401, template="parts/unauthorized.html", values={"reason": reason})
+        return _page_part("unauthorized", 401, reason=reason)
 
     async def _part(self, request: Request, page: PageFn) -> Response:
         cors = self._cors_headers(request)
@@ -221,22 +221,17 @@ class ConsoleApp:
         except TokenRefused as exc:
             part = self._refused(str(exc))
         except PageStatus as exc:
-            part = Part(status=exc.status, template="parts/status.html", values={"message": exc.message})
+            part = _page_part("status", exc.status, message=exc.message)
         except DatabaseDown as exc:
-            part = Part(
-                status=503,
-                template="parts/down.html",
-                values={
-                    "error": str(exc),
-                    "since_unix_s": exc.since_unix_s,
-                    "down_for_s": self.clock() - exc.since_unix_s,
-                },
+            down_for_s = self.clock() - exc.since_unix_s
+            part = _page_part(
+                "down", 503, error=str(exc), since_unix_s=exc.since_unix_s, down_for_s=down_for_s
             )
         except Exception as exc:  # a bug: one log line, a 500 part, no traceback to the server's log
             self._log.error(
                 "console page failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}"
             )
-            part = Part(status=500, template="parts/status.html", values={"message": PAGE_FAILED})
+            part = _page_part("status", 500, message=PAGE_FAILED)
         html = self.render(
             part.template,
             **part.values,
@@ -288,7 +283,7 @@ class ConsoleApp:
             {**dict(row), "role": "leader" if row["id"] == leader else "standby" if row["up"] else "down"}
             for row in cps
         ]
-        return _ok(
+        return _page_part(
             "cluster",
             lease=lease,
             leader=leader,
@@ -308,7 +303,7 @@ class ConsoleApp:
 
     async def workers(self, request: Request) -> Part:
         rows = await self.store.read(lambda conn: conn.fetch(q.CONSOLE_WORKERS))
-        return _ok("workers", workers=[self._worker_view(r) for r in rows])
+        return _page_part("workers", workers=[self._worker_view(r) for r in rows])
 
     async def worker(self, request: Request) -> Part:
         worker_id = request.path_params["worker_id"]
@@ -329,7 +324,7 @@ class ConsoleApp:
         row, runs = await self.store.read(reads)
         if row is None:
             raise PageStatus(404, f"no worker {worker_id!r} has registered with this cluster")
-        return _ok("worker", worker=self._worker_view(row), runs=runs)
+        return _page_part("worker", worker=self._worker_view(row), runs=runs)
 
     async def jobs(self, request: Request) -> Part:
         state = request.query_params.get("state", "")
@@ -349,7 +344,7 @@ class ConsoleApp:
             )
 
         rows, counts = await self.store.read(reads)
-        return _ok(
+        return _page_part(
             "jobs",
             jobs=rows,
             filters=filters,
@@ -381,7 +376,9 @@ class ConsoleApp:
         spec = job_spec_of(row).env_values_hidden()
         outputs, output_note = await self._output_tails(job_id, row["runtime"], source_row)
         job = {key: value for key, value in row.items() if key != "env"}
-        return _ok("job", job=job, spec=spec, attempts=attempts, outputs=outputs, output_note=output_note)
+        return _page_part(
+            "job", job=job, spec=spec, attempts=attempts, outputs=outputs, output_note=output_note
+        )
 
     async def _output_tails(
         self, job_id: int, runtime: str, source_row: Any
@@ -435,7 +432,7 @@ class ConsoleApp:
         now = self.clock()
         chart = views.packing_chart(samples, now_unix_s=now, span_s=self.settings.history_s)
         latest = samples[-1] if samples else None
-        return _ok(
+        return _page_part(
             "packing",
             chart=chart,
             latest=latest,
