@@ -32,17 +32,9 @@ class Unschedulable(Mapping[int, str]):
     """
 
     def __init__(
-        self,
-        at: np.ndarray | None = None,
-        ids: np.ndarray | None = None,
-        shapes: np.ndarray | None = None,
-        by_shape: Mapping[int, str] | None = None,
+        self, at: np.ndarray, ids: np.ndarray, shapes: np.ndarray, by_shape: Mapping[int, str]
     ) -> None:
-        empty = np.empty(0, dtype=np.int64)
-        self.at = empty if at is None else at
-        self.ids = empty if ids is None else ids
-        self.shapes = empty if shapes is None else shapes
-        self.by_shape: Mapping[int, str] = by_shape or {}
+        self.at, self.ids, self.shapes, self.by_shape = at, ids, shapes, by_shape
         self._dict: dict[int, str] | None = None
 
     def _built(self) -> dict[int, str]:
@@ -82,11 +74,6 @@ class Plan:
     held_back: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
     """job_id -> the workers where it failed, for the jobs not placed because only those had
     room for it (it waits for another: :func:`elsewhere`)."""
-
-    @property
-    def placements_by_job(self) -> dict[int, str]:
-        """job_id -> worker_id."""
-        return dict(self.placements)
 
 
 def place(

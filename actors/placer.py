@@ -203,8 +203,6 @@ class Placer(FencedWrites):
         self.stats.placements += len(committed)
         metrics.PLACEMENTS.inc(len(committed))
         if committed:
-            # One line per round that placed, its ids as parallel lists (runtime/log.py): a round
-            # of 500 placements costs one line, not 500.
             self._log.info(
                 "placed",
                 epoch=epoch,

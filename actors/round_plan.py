@@ -197,7 +197,7 @@ def plan_round_steps(
         now=now,
         reason_cache=reason_cache,
     )
-    placed = plan.placements_by_job
+    placed = dict(plan.placements)
     reasons = _changed_unschedulable(queue, plan.unschedulable, cordoned, unhealthy)
     waiting = {job_id: waiting_elsewhere(failed_on) for job_id, failed_on in plan.held_back.items()}
     reasons += [(job_id, r) for job_id, r in waiting.items() if queue.reasons.get(job_id) != r]

@@ -141,9 +141,7 @@ class ConsoleApp:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters["duration"] = views.duration
-        self._env.filters["clock"] = views.clock
-        self._env.filters["job_name"] = views.job_name
+        self._env.filters.update(duration=views.duration, clock=views.clock, job_name=views.job_name)
         for name in self._env.list_templates():
             self._env.get_template(name)  # compiled now, not on a page's first request
         folder = importlib.resources.files("actors.console") / "static"
