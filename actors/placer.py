@@ -21,7 +21,7 @@ from actors.pending_queue import PendingQueue
 from actors.placer_store import LiveWorker, PendingMark, PlacerStore, WaitingJob
 from actors.role import RoleView
 from actors.rooms import ReasonCache
-from actors.round_plan import RoundPlan, plan_round_steps
+from actors.round_plan import plan_round_steps
 from actors.write_size import FencedWrites
 from runtime import faults, log, metrics
 from runtime.errors import DatabaseUnavailable, StaleEpoch
@@ -168,7 +168,16 @@ class Placer(FencedWrites):
         if not len(self.queue):
             metrics.ROUNDS.labels("empty").inc()
             return ()
-        plan = await self._plan(workers, now=read_done)
+        steps = plan_round_steps(
+            self.queue,
+            workers,
+            self.settings,
+            max_rows=self.write_size().rows,
+            now=read_done,
+            idle_fingerprint=self._idle_fingerprint,
+            reason_cache=self._reasons,
+        )
+        plan = await finish_in_slices(steps)  # a checkpoint between slices; only this task changes the queue
         metrics.PLACER_BACKOFF_JOBS.set(len(plan.backing_off))
         metrics.PLACER_PHASE_SECONDS.labels("read").observe(read_done - started)
         if plan.outcome == "unchanged":
@@ -228,20 +237,6 @@ class Placer(FencedWrites):
         except trio.WouldBlock:
             return
         self._connected.update((ref.worker_id, ref.address) for ref in new)
-
-    async def _plan(self, workers: list[LiveWorker], *, now: float) -> RoundPlan:
-        """The round's :class:`RoundPlan`, decided in slices with a checkpoint between them (only
-        this task changes the queue)."""
-        steps = plan_round_steps(
-            self.queue,
-            workers,
-            self.settings,
-            max_rows=self.write_size().rows,
-            now=now,
-            idle_fingerprint=self._idle_fingerprint,
-            reason_cache=self._reasons,
-        )
-        return await finish_in_slices(steps)
 
     def _observe(self, started: float, placed: int, outcome: str) -> None:
         elapsed = trio.current_time() - started

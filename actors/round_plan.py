@@ -91,12 +91,6 @@ def not_counting_cordoned(reason: str, cordoned: Sequence[str], unhealthy: Seque
     return f"{reason} (not counting {'; '.join(left_out)})"
 
 
-def waiting_elsewhere(failed_on: Sequence[str]) -> str:
-    """The pending reason of a retry that only workers where it failed have room for now:
-    ``"waiting for a worker where it has not failed (failed on w-3)"``."""
-    return f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
-
-
 def probe_limit(worker: LiveWorker, limit: int) -> int:
     """Most jobs a round may place on ``worker`` with a send window of ``limit``: ``limit`` for a
     healthy worker out of trial; one job while it holds none for a worker on trial and for an
@@ -199,7 +193,11 @@ def plan_round_steps(
     )
     placed = dict(plan.placements)
     reasons = _changed_unschedulable(queue, plan.unschedulable, cordoned, unhealthy)
-    waiting = {job_id: waiting_elsewhere(failed_on) for job_id, failed_on in plan.held_back.items()}
+    # A retry that only workers where it failed have room for now.
+    waiting = {
+        job_id: f"waiting for a worker where it has not failed (failed on {_named(sorted(failed_on))})"
+        for job_id, failed_on in plan.held_back.items()
+    }
     reasons += [(job_id, r) for job_id, r in waiting.items() if queue.reasons.get(job_id) != r]
     # A stored reason no longer holds once the job is placed or may be (a job waiting out its
     # backoff keeps the reason its requeue wrote). Found among the jobs with a stored reason
