@@ -95,7 +95,6 @@ class Cancellations:
         epoch: int,
         worker: WorkerRef,
         group: Sequence[Delivery],
-        *,
         requeue: bool,
         reason: str,
         requeue_backoff_caps_s: tuple[float, ...],

@@ -265,13 +265,12 @@ class Reconciler(FencedWrites):
                 # A term's first pass: the policy step has not read the interval yet.
                 inputs = await self.store.heartbeat_policy_inputs(POLICY_COSTS_SEEN_WITHIN_S)
                 self._interval_s = (inputs.current or default_policy(s)).interval_ms / 1000
-            interval_s = self._interval_s
             plan = plan_deliveries(
                 unconfirmed,
                 s,
                 first_pass=first_pass,
                 since_last_read_s=since_last_read_s,
-                heartbeat_interval_s=interval_s,
+                heartbeat_interval_s=self._interval_s,
             )
             self._hand_over(plan.dispatches(epoch))
         with self._step("cancels"):
@@ -286,16 +285,9 @@ class Reconciler(FencedWrites):
                 *((worker, group, False, TIMED_OUT) for worker, group in by_worker(overdue)),
                 *((worker, group, True, DRAINED) for worker, group in by_worker(drained)),
             ]
+            caps = self.requeue_backoff_caps_s
             for worker, group, requeue, reason in cancellations:
-                self._cancels.start(
-                    background,
-                    epoch,
-                    worker,
-                    group,
-                    requeue=requeue,
-                    reason=reason,
-                    requeue_backoff_caps_s=self.requeue_backoff_caps_s,
-                )
+                self._cancels.start(background, epoch, worker, group, requeue, reason, caps)
         with self._step("settle"):
             await self.settle_waiting(epoch)
         if first_pass or trio.current_time() - self._health_judged_at >= s.health_interval_s:
