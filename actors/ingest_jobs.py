@@ -185,11 +185,9 @@ class JobHandlers(AdmittedService):
                 check_jobs_steps(batch.specs, spec_of=job_spec_from_pb, step_jobs=step), self.wire_share
             )
             key = check_idempotency_key(batch.idempotency_key)
+            items = (idempotency.job_item(j) for j in jobs)
             digest = await run_in_slices(
-                idempotency.digest_steps(
-                    "submit_jobs", (idempotency.job_item(j) for j in jobs), step_items=step
-                ),
-                self.wire_share,
+                idempotency.digest_steps("submit_jobs", items, step_items=step), self.wire_share
             )
 
             async def first_missing(conn: PgConnection) -> InvalidArgument:

@@ -76,7 +76,6 @@ class ReconcilerStore(Protocol):
 
     async def waiting_jobs(self, limit: int) -> list[WaitingJob]:
         """At most ``limit`` waiting jobs the leader can settle now (``queries.WAITING_JOBS``)."""
-        ...
 
     async def drain_due(self) -> list[Delivery]:
         """Active assignments of workers whose drain deadline has passed (not those whose
@@ -85,12 +84,10 @@ class ReconcilerStore(Protocol):
     async def heartbeat_policy_inputs(self, seen_within_s: float) -> PolicyInputs:
         """The heartbeat policy in force and the heartbeat costs of the control planes seen in
         the last ``seen_within_s`` seconds (database time)."""
-        ...
 
     async def worker_runs(self, most: int, window_s: float) -> list[WorkerRuns]:
         """Every alive worker, its health, and its judged runs (:mod:`actors.health`): at most
         ``most`` per worker, newest first, ended within ``window_s`` seconds (database time)."""
-        ...
 
     async def close(self) -> None:
         """Close the store's connection (a later read opens another)."""
