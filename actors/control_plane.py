@@ -93,6 +93,7 @@ async def run_control_plane(
     placer_roles_send, placer_roles_recv = trio.open_memory_channel[RoleChange](16)
     reconciler_roles_send, reconciler_roles_recv = trio.open_memory_channel[RoleChange](16)
 
+    client_tls = None if settings.tls is None else ClientTls(settings.tls)
     console = None
     if settings.http_port is not None:
         console = Console(
@@ -121,20 +122,16 @@ async def run_control_plane(
         advertise_address=settings.advertise_address,
         console_url=None if console is None else console.url,
         tls=None if settings.tls is None else server_context(settings.tls),
-        worker_tls=None if settings.tls is None else ClientTls(settings.tls),
+        worker_tls=client_tls,
     )
     ledger = Ledger(
-        cp_id=settings.cp_id,
-        database_url=settings.database_url,
-        settings=settings.ledger,
-        inbox=ledger_recv,
-        lease_inbox=lease_send,
+        settings.cp_id, settings.database_url, settings.ledger, inbox=ledger_recv, lease_inbox=lease_send
     )
     dispatcher = Dispatcher(
         settings=settings.dispatch,
         inbox=dispatch_recv,
         lease_inbox=lease_send,
-        calls=GrpcWorkerCalls(tls=None if settings.tls is None else ClientTls(settings.tls)),
+        calls=GrpcWorkerCalls(tls=client_tls),
     )
     main_lag = LoopLag(loop="main")
     main_token = trio.lowlevel.current_trio_token()

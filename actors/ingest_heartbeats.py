@@ -35,14 +35,14 @@ def recorded_answer(
 ) -> GroupAnswer:
     """The answer to a heartbeat from its statement's ``row``; ``newer``: the agent run id,
     address and incarnation of a registration that took the worker's id over (None each: none)."""
+    said = {
+        k: row[k]
+        for k in ("alive", "current_epoch", "database_unix_s", "told_interval_ms", "told_dead_after_ms")
+    }
     return GroupAnswer(
-        alive=row["alive"],
+        **said,
         skipped=skipped,
         stop_assignment_ids=tuple(row["stop_assignment_ids"]),
-        current_epoch=row["current_epoch"],
-        database_unix_s=row["database_unix_s"],
-        told_interval_ms=row["told_interval_ms"],
-        told_dead_after_ms=row["told_dead_after_ms"],
         newer_agent_run_id=newer[0],
         newer_address=newer[1],
         newer_incarnation=newer[2],

@@ -29,16 +29,8 @@ def registration_args(
     request: pb.RegisterWorkerRequest, labels: dict[str, str], digest: bytes
 ) -> tuple[Any, ...]:
     """The parameters REGISTER_WORKER and CONTINUE_WORKER begin with, in their order."""
-    return (
-        request.worker_id,
-        request.address,
-        request.cpu_millis,
-        request.memory_mb,
-        json.dumps(labels),
-        request.agent_run_id,
-        request.registration_seq,
-        digest,
-    )
+    asked = (request.worker_id, request.address, request.cpu_millis, request.memory_mb, json.dumps(labels))
+    return (*asked, request.agent_run_id, request.registration_seq, digest)
 
 
 def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes) -> int:
@@ -323,20 +315,19 @@ class WorkerHandlers(HeartbeatHandlers):
 
     async def cordon_worker(self, request: pb.CordonWorkerRequest) -> pb.WorkerScheduleReply:
         """Cordon a worker: no new placement on it; its running jobs go on."""
-        worker_id = check_worker_id(request.worker_id)
-        key = check_idempotency_key(request.idempotency_key)
-        return await self._worker_schedule(
-            "cordon_worker", queries.CORDON_WORKER, worker_id, key=key, items=[worker_id]
-        )
+        return await self._cordon("cordon_worker", queries.CORDON_WORKER, request)
 
     async def uncordon_worker(self, request: pb.UncordonWorkerRequest) -> pb.WorkerScheduleReply:
         """End a worker's cordon and any drain of it, and clear its mark as unhealthy: it takes
         placements again."""
+        return await self._cordon("uncordon_worker", queries.UNCORDON_WORKER, request)
+
+    async def _cordon(
+        self, rpc: str, sql: str, request: pb.CordonWorkerRequest | pb.UncordonWorkerRequest
+    ) -> pb.WorkerScheduleReply:
         worker_id = check_worker_id(request.worker_id)
         key = check_idempotency_key(request.idempotency_key)
-        return await self._worker_schedule(
-            "uncordon_worker", queries.UNCORDON_WORKER, worker_id, key=key, items=[worker_id]
-        )
+        return await self._worker_schedule(rpc, sql, worker_id, key=key, items=[worker_id])
 
     async def drain_worker(self, request: pb.DrainWorkerRequest) -> pb.WorkerScheduleReply:
         """Drain a worker: cordon it, and with a deadline have the leader stop and requeue
