@@ -151,8 +151,6 @@ class LeaseKeeper:
     """Whether the last takeover probe failed."""
     _log: Any = attrs.field(factory=lambda: log.get("lease"))
 
-    # ------------------------------------------------------------ role changes
-
     def _publish(self, change: RoleChange) -> None:
         self._role = change
         for channel in self.subscribers:
@@ -187,8 +185,6 @@ class LeaseKeeper:
             self._relinquish.append(epoch)
         if self._leader_wait is not None:
             self._leader_wait.cancel()
-
-    # ------------------------------------------------------------ the actor
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep (or wait for) the lease until cancelled; release it on the way out."""

@@ -310,8 +310,6 @@ class Ledger:
         except trio.WouldBlock:
             pass
 
-    # ------------------------------------------------------------ the decisions' writes
-
     async def _commit_placements(
         self, conn: PgConnection, message: CommitPlacements
     ) -> tuple[int, tuple[CommittedAssignment, ...]]:

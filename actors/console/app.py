@@ -150,8 +150,6 @@ class ConsoleApp:
             "console.css": ((folder / "console.css").read_bytes(), "text/css; charset=utf-8"),
         }
 
-    # ------------------------------------------------------------------ plumbing
-
     def allowed_origins(self) -> set[str]:
         """The origins whose pages may read this console's parts: every known console's."""
         return {self.own_url, *(url for _, url in self.consoles)}
@@ -263,8 +261,6 @@ class ConsoleApp:
     def _static_file(self, name: str) -> Response:
         body, media_type = self._static[name]
         return Response(body, media_type=media_type, headers={"X-Content-Type-Options": "nosniff"})
-
-    # ------------------------------------------------------------------ pages
 
     async def cluster(self, request: Request) -> Part:
         async def reads(conn: Any) -> tuple[Any, ...]:
@@ -440,8 +436,6 @@ class ConsoleApp:
             sample_interval_s=self.settings.sample_interval_s,
             db_down_since=self.store.down_since_unix_s,
         )
-
-    # ------------------------------------------------------------------ the application
 
     def pages(self) -> list[tuple[str, PageFn]]:
         """(path, page) of every page."""
