@@ -450,9 +450,7 @@ class Reconciler(FencedWrites):
         assert self._bucket is not None
         self._bucket = self._bucket.take(len(dead))
         metrics.WORKER_DEATHS.inc(len(dead))
-        requeued, ended = list(batch.requeued_job_ids), list(batch.orphaned_assignment_ids)
-        ended_jobs, ended_on = list(batch.orphaned_job_ids), list(batch.orphaned_worker_ids)
-        transactions = 1
+        batches = [batch]
         try:
             while batch.more_orphans:
                 rows = self.write_size().rows
@@ -464,12 +462,10 @@ class Reconciler(FencedWrites):
                         reply=reply,
                     )
                 )
-                transactions += 1
-                requeued += batch.requeued_job_ids
-                ended += batch.orphaned_assignment_ids
-                ended_jobs += batch.orphaned_job_ids
-                ended_on += batch.orphaned_worker_ids
+                batches.append(batch)
         finally:
+            requeued = [i for b in batches for i in b.requeued_job_ids]
+            ended = [i for b in batches for i in b.orphaned_assignment_ids]
             if dead or ended:
                 self._log.warning(
                     "reconciled",
@@ -477,10 +473,10 @@ class Reconciler(FencedWrites):
                     dead_workers=list(dead),
                     requeued_jobs=len(requeued),
                     ended_assignments=len(ended),
-                    transactions=transactions,
+                    transactions=len(batches),
                     assignment_ids=ended,
-                    job_ids=ended_jobs,
-                    worker_ids=ended_on,
+                    job_ids=[i for b in batches for i in b.orphaned_job_ids],
+                    worker_ids=[i for b in batches for i in b.orphaned_worker_ids],
                     requeued_job_ids=requeued,
                 )
         return ReconcileResult(
