@@ -52,6 +52,14 @@ def same_registration(row: Any, request: pb.RegisterWorkerRequest, digest: bytes
     return int(row["incarnation"])
 
 
+async def lock_and_record(conn: PgConnection, worker_id: str, finished: list[pb.JobOutcome]) -> None:
+    """Lock the worker's row first, as heartbeats and registrations take it (one lock order),
+    then record its ``finished`` outcomes, whatever comes of the rest (a result is never lost)."""
+    await conn.fetchval(queries.LOCK_WORKER, worker_id)
+    if finished:
+        await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+
+
 @attrs.define
 class WorkerHandlers(HeartbeatHandlers):
     """The worker RPCs of :class:`actors.ingest.ControlPlaneService` but Heartbeat."""
@@ -87,9 +95,7 @@ class WorkerHandlers(HeartbeatHandlers):
             # so the sweep of the old one finds these assignments finished. Before all, the
             # worker's registrations one at a time (queries.LOCK_REGISTRATION).
             await conn.fetchval(queries.LOCK_REGISTRATION, request.worker_id)
-            await conn.fetchval(queries.LOCK_WORKER, request.worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, request.worker_id, *outcome_arrays(finished))
+            await lock_and_record(conn, request.worker_id, finished)
             # A copy of an applied registration is told apart first, under the row's lock:
             # REGISTER_WORKER draws the incarnation from a sequence before its conflict check,
             # so each copy would use up a number.
@@ -174,10 +180,7 @@ class WorkerHandlers(HeartbeatHandlers):
         worker_id, incarnation = request.worker_id, request.resume_incarnation
 
         async def resume(conn: PgConnection) -> tuple[bool, list[int], list[int], Any, Any]:
-            # The worker's row first, as heartbeats and registrations take it (one lock order).
-            await conn.fetchval(queries.LOCK_WORKER, worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+            await lock_and_record(conn, worker_id, finished)
             continued = await conn.fetchval(
                 queries.CONTINUE_WORKER, *registration_args(request, labels, digest), incarnation
             )
@@ -261,11 +264,7 @@ class WorkerHandlers(HeartbeatHandlers):
         worker_id, incarnation = request.worker_id, request.incarnation
 
         async def leave(conn: PgConnection) -> tuple[Any, int]:
-            # The worker's row first, as heartbeats and registrations take it (one lock order),
-            # then the outcomes, recorded whatever the leave's fate (a result is never lost).
-            await conn.fetchval(queries.LOCK_WORKER, worker_id)
-            if finished:
-                await conn.fetchval(queries.RECORD_OUTCOMES, worker_id, *outcome_arrays(finished))
+            await lock_and_record(conn, worker_id, finished)
             row = await conn.fetchrow(queries.LEAVE_WORKER, worker_id, incarnation, request.agent_run_id)
             await faults.hit("ingest.promise_before_commit")
             return row, await conn.fetchval(queries.CURRENT_EPOCH)

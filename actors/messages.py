@@ -15,8 +15,6 @@ from actors.heartbeat_policy import HeartbeatPolicy
 from runtime.jobs import JobSpec
 from runtime.reply import Reply
 
-# ---------------------------------------------------------------- lease keeper -> everyone
-
 
 @attrs.frozen(kw_only=True)
 class Elected:
@@ -37,8 +35,6 @@ class Deposed:
 
 RoleChange = Elected | Deposed
 
-# ---------------------------------------------------------------- -> lease keeper
-
 
 @attrs.frozen(kw_only=True)
 class EpochSuperseded:
@@ -56,8 +52,6 @@ class QueryRole:
 
 
 LeaseInbox = EpochSuperseded | QueryRole
-
-# ---------------------------------------------------------------- -> ledger (fenced writes)
 
 
 @attrs.frozen(kw_only=True)
@@ -234,8 +228,6 @@ LedgerInbox = (
     | RecordWorkerHealth
     | SetHeartbeatPolicy
 )
-
-# ---------------------------------------------------------------- -> dispatcher (worker RPCs)
 
 
 @attrs.frozen(kw_only=True)
