@@ -167,16 +167,11 @@ class HeartbeatGrouper:
     async def _record(self, gathered: list[GroupMember]) -> None:
         """Record ``gathered`` (its withdrawn members left out), holding one of the statement
         slots its gathering acquired, and give the slot back."""
+        group = [member for member in gathered if not member.withdrawn]
         try:
-            await self._record_members([member for member in gathered if not member.withdrawn])
-        finally:
-            self._slots.release()
-
-    async def _record_members(self, group: list[GroupMember]) -> None:
-        if not group:
-            return
-        metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
-        try:
+            if not group:
+                return
+            metrics.HEARTBEAT_GROUP_HEARTBEATS.observe(len(group))
             try:
                 answers = await self.record_group(group)
                 if len(answers) != len(group):
@@ -196,6 +191,7 @@ class HeartbeatGrouper:
             # Cancelled (the ingest stops): nobody is left waiting.
             for member in group:
                 member.settle(None, DatabaseUnavailable("heartbeat not recorded: the ingest is stopping"))
+            self._slots.release()
 
 
 def _own_copy(exc: Exception) -> Exception:

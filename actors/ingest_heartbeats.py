@@ -144,11 +144,8 @@ class HeartbeatHandlers(JobHandlers):
             now = trio.current_time()
             left_out = [m.withdrawn or m.beat.deadline <= now for m in members]
             live = [m.beat for m, out in zip(members, left_out, strict=True) if not out]
-            running_ids: list[int] = []
-            running_members: list[int] = []
-            for member, beat in enumerate(live, start=1):
-                running_ids.extend(beat.running_assignment_ids)
-                running_members.extend([member] * len(beat.running_assignment_ids))
+            running_ids = [a for beat in live for a in beat.running_assignment_ids]
+            running_members = [n for n, beat in enumerate(live, start=1) for _ in beat.running_assignment_ids]
             rows = []
             if live:
                 rows = await conn.fetch(
