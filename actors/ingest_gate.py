@@ -107,14 +107,11 @@ class AdmittedService:
     _log: Any = attrs.field(init=False, factory=lambda: log.get("ingest"))
 
     def __attrs_post_init__(self) -> None:
+        s = self.settings
         self.gate = admission.AdmissionGate(
-            size=self.settings.pool_size,
-            reserved=self.settings.liveness_reserved_connections,
-            max_other=self.settings.max_requests_in_progress,
+            s.pool_size, s.liveness_reserved_connections, s.max_requests_in_progress
         )
-        self.wire_share = admission.LoopShare(
-            share=self.settings.max_wire_work_share, burst_s=self.settings.wire_work_burst_s
-        )
+        self.wire_share = admission.LoopShare(share=s.max_wire_work_share, burst_s=s.wire_work_burst_s)
 
     @asynccontextmanager
     async def admitted(self, rpc: str) -> AsyncIterator[None]:
@@ -156,12 +153,9 @@ class AdmittedService:
                 raise DatabaseUnavailable(
                     f"no database connection within {self.settings.liveness_connection_wait_s:g} s"
                 )
+            waited_s, in_progress = trio.current_time() - arrived, self.gate.held_other
             reason = admission.turn_timeout_reason(
-                rpc,
-                waited_s=trio.current_time() - arrived,
-                in_progress=self.gate.held_other,
-                cp_id=self.cp_id,
-                settings=self.settings,
+                rpc, waited_s=waited_s, in_progress=in_progress, cp_id=self.cp_id, settings=self.settings
             )
             self._record_shed(rpc, reason)
             raise Busy(reason)

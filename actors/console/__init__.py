@@ -77,9 +77,7 @@ class Console:
         from hypercorn.config import Config
         from hypercorn.trio import serve
 
-        store = ConsoleStore(
-            cp_id=self.cp_id, database_url=self.database_url, settings=self.settings, clock=self.clock
-        )
+        store = ConsoleStore(self.cp_id, self.database_url, self.settings, self.clock)
         config = Config()
         config.accesslog = None
         config.loglevel = "WARNING"
@@ -90,11 +88,7 @@ class Console:
             self.tls.check()
             config.certfile, config.keyfile = str(self.tls.cert_path), str(self.tls.key_path)
             config.bind = [identifiers.format_address(self.listen_host, self.http_port)]
-            tokens = TokenCheck(
-                ca_pem=self.tls.ca_path.read_bytes(),
-                max_lifetime_s=self.settings.max_token_lifetime_s,
-                clock=self.clock,
-            )
+            tokens = TokenCheck(self.tls.ca_path.read_bytes(), self.settings.max_token_lifetime_s, self.clock)
         else:
             config.bind = [f"{INSECURE_HOST}:{self.http_port}"]
         # Built on a thread: compiling the templates takes a few hundred ms of CPU.
@@ -107,9 +101,7 @@ class Console:
                 settings=self.settings,
                 tokens=tokens,
                 logs=LogRelay(
-                    cp_id=self.cp_id,
-                    settings=IngestSettings(),
-                    tls=None if self.tls is None else ClientTls(self.tls),
+                    self.cp_id, IngestSettings(), None if self.tls is None else ClientTls(self.tls)
                 ),
                 ring=PackingRing(size=self.settings.history_samples),
                 clock=self.clock,
