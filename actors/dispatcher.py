@@ -7,6 +7,7 @@ deduplicates); :class:`CancelOnWorker` is answered with the ids the worker ackno
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import attrs
@@ -126,10 +127,8 @@ class Dispatcher:
 
     def _stale(self, epoch: int, epoch_seen: int) -> None:
         if epoch_seen > epoch:
-            try:
+            with contextlib.suppress(trio.WouldBlock):
                 self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
-            except trio.WouldBlock:
-                pass
 
     async def _connect(self, message: Connect) -> None:
         """Open the connections ``message`` names, one after the other (a background task

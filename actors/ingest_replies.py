@@ -183,16 +183,21 @@ def schedule_of(*, cordoned: bool, drain_requested: bool, active_jobs: int) -> S
     )
 
 
+def _schedule_fields(row: Any) -> dict[str, bool]:
+    """``cordoned``, ``draining`` and ``drained`` of a worker's row that lists its ``job_ids``."""
+    drain_requested, active_jobs = bool(row["drain_requested"]), len(row["job_ids"])
+    return attrs.asdict(
+        schedule_of(cordoned=bool(row["cordoned"]), drain_requested=drain_requested, active_jobs=active_jobs)
+    )
+
+
 def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
     """A ``WorkerScheduleReply`` from an answer row of :data:`actors.queries.CORDON_WORKER`,
     ``UNCORDON_WORKER`` or ``DRAIN_WORKER`` (a JSON object: the stored answer)."""
     job_ids = [int(j) for j in row["job_ids"]]
-    schedule = schedule_of(
-        cordoned=bool(row["cordoned"]), drain_requested=bool(row["drain_requested"]), active_jobs=len(job_ids)
-    )
     return pb.WorkerScheduleReply(
         worker_id=row["id"],
-        **attrs.asdict(schedule),
+        **_schedule_fields(row),
         drain_deadline_unix_s=row["drain_deadline_unix_s"] or 0.0,
         job_ids=job_ids,
         unhealthy=bool(row.get("unhealthy", False)),
@@ -202,11 +207,6 @@ def worker_schedule_reply(row: Any) -> pb.WorkerScheduleReply:
 
 def _worker_info(r: Any) -> pb.WorkerInfo:
     """A ``WorkerInfo`` from a row of :data:`actors.queries.STATUS_WORKERS`."""
-    schedule = schedule_of(
-        cordoned=bool(r["cordoned"]),
-        drain_requested=bool(r["drain_requested"]),
-        active_jobs=len(r["job_ids"]),
-    )
     return pb.WorkerInfo(
         id=r["id"],
         address=r["address"],
@@ -218,7 +218,7 @@ def _worker_info(r: Any) -> pb.WorkerInfo:
         job_ids=list(r["job_ids"]),
         incarnation=r["incarnation"],
         last_heartbeat_age_s=r["heartbeat_age_s"],
-        **attrs.asdict(schedule),
+        **_schedule_fields(r),
         drain_deadline_unix_s=r["drain_deadline_unix_s"] or 0.0,
         labels=json.loads(r["labels"]) if r["labels"] else {},
         unhealthy=bool(r["unhealthy"]),

@@ -8,6 +8,7 @@ is fenced by the epoch in the ledger. docs/design.md, "The lease keeper".
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -234,10 +235,8 @@ class LeaseKeeper:
             if self.epoch is None:
                 while self._relinquish:
                     with trio.move_on_after(s.statement_timeout_s):
-                        try:
+                        with suppress(DatabaseUnavailable):  # a broken connection has let go of it already
                             await store.relinquish(self._relinquish[0])
-                        except DatabaseUnavailable:
-                            pass  # a broken connection has let go of it already
                     self._relinquish.pop(0)
                 sent = trio.current_time()
                 epoch: int | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import attrs
@@ -305,10 +305,8 @@ class Ledger:
             await conn.execute(queries.RECORD_STALE_WRITE, self.cp_id, epoch, epoch_seen, what)
         except DatabaseUnavailable as exc:
             self._log.warning("could not record refused write", error=str(exc))
-        try:
+        with suppress(trio.WouldBlock):
             self.lease_inbox.send_nowait(EpochSuperseded(epoch=epoch, epoch_seen=epoch_seen))
-        except trio.WouldBlock:
-            pass
 
     async def _commit_placements(
         self, conn: PgConnection, message: CommitPlacements
